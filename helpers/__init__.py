@@ -1,0 +1,24 @@
+"""The course's helpers: small modules, one job each. Everything is importable from the top level.
+
+devices   which devices to use (real or simulated GPUs), honest timing
+data      Fashion-MNIST through torchvision
+models    LeNet (functional and as a module), ResNet-18
+parallel  data parallelism from scratch: get_params, allreduce, split_batch
+training  sgd, train_batch, train, evaluate_accuracy
+plotting  live training plot, progress bar, glue
+splits    Part I: splitting a model across layers and within a layer, and what each costs
+distributed  Part III: DistributedDataParallel workers and launchers
+fast      Part IV: the fast data-parallel trainer and its parts
+checks    exercise checks (imported as helpers.checks)
+"""
+from .config import choose, quick
+from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
+                   load_tensors)
+from .devices import Timer, get_devices, num_gpus, require_gpus, synchronize, try_all_gpus, try_gpu
+from .models import (init_lenet_params, lenet, lenet_module, loss, num_params, resnet18)
+from .parallel import allreduce, get_params, split_batch
+from .plotting import Animator, glue, progress
+from .training import default_run_size, evaluate_accuracy, sgd, train, train_batch
+from .splits import *        # noqa: F401,F403
+from .distributed import *   # noqa: F401,F403
+from .fast import *          # noqa: F401,F403

@@ -1,0 +1,35 @@
+"""Run sizes: one switch (COURSE_QUICK) shrinks every experiment so CI finishes in minutes."""
+import os
+
+QUICK_ENV = "COURSE_QUICK"   # set to 1: tiny data subsets, one or two epochs (CI, a quick look)
+FULL_ENV = "COURSE_FULL"     # set to 1: full sizes even without a GPU (slow on a laptop)
+
+_told = set()
+
+
+def _flag(name):
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def quick():
+    """True when COURSE_QUICK asks for CI-sized runs."""
+    return _flag(QUICK_ENV)
+
+
+def choose(full, small, what="this experiment"):
+    """Return `full` sizes, or `small` ones in quick mode or on a CPU-only machine (says so once).
+
+    `full` and `small` are usually dicts such as dict(num_epochs=10, subset=None).
+    """
+    import torch
+
+    if quick():
+        reason = f"quick mode ({QUICK_ENV}=1)"
+    elif not torch.cuda.is_available() and not _flag(FULL_ENV):
+        reason = f"no GPU, so it is scaled down (set {FULL_ENV}=1 for the full size)"
+    else:
+        return full
+    if what not in _told:
+        _told.add(what)
+        print(f"Running {what} at reduced size: {reason}: {small}")
+    return small

@@ -1,0 +1,90 @@
+"""Fashion-MNIST through torchvision, into a writable data folder (COURSE_DATA overrides it)."""
+import os
+import socket
+from pathlib import Path
+
+import torch
+import torchvision
+from torch.utils import data
+from torchvision import transforms
+
+DATA_ENV = "COURSE_DATA"
+FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+LABELS = ("t-shirt", "trouser", "pullover", "dress", "coat",
+          "sandal", "shirt", "sneaker", "bag", "ankle boot")
+
+
+class DataMissingError(RuntimeError):
+    """Fashion-MNIST is not on disk and could not be downloaded."""
+
+
+def data_dir():
+    """The data folder: $COURSE_DATA, else `data/` at the repository root (git-ignored)."""
+    if os.environ.get(DATA_ENV):
+        return Path(os.environ[DATA_ENV]).expanduser()
+    return Path(__file__).resolve().parent.parent / "data"
+
+
+def fashion_mnist(train=True, transform=None, root=None):
+    """The torchvision dataset, downloaded on first use (a seeded raw/ folder skips the network)."""
+    root = Path(root) if root is not None else data_dir()
+    raw = root / "FashionMNIST" / "raw"
+    old_timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30)   # torchvision's urllib calls have none: never hang offline
+    try:
+        return torchvision.datasets.FashionMNIST(
+            root=str(root), train=train, download=True, transform=transform or transforms.ToTensor())
+    except Exception as e:  # URLError, timeouts, md5 mismatch: all mean "the data is not here"
+        _remove_partial(raw)
+        raise DataMissingError(
+            f"Fashion-MNIST is not in {raw} and downloading it failed ({type(e).__name__}: {e}). "
+            f"Put the four original files {', '.join(FILES)} in that folder (torchvision checks "
+            f"their md5s), or set {DATA_ENV} to a folder whose FashionMNIST/raw/ holds them.") from e
+    finally:
+        socket.setdefaulttimeout(old_timeout)
+
+
+def _remove_partial(raw):
+    """Delete half-downloaded archives (wrong md5), so the next try starts clean."""
+    from torchvision.datasets.utils import check_integrity
+
+    for url, sum_ in torchvision.datasets.FashionMNIST.resources:
+        f = raw / os.path.basename(url)
+        if f.exists() and not check_integrity(str(f), sum_):
+            f.unlink()
+
+
+def load_data_fashion_mnist(batch_size, subset=None, resize=None, num_workers=None):
+    """Reference-style loaders: per-image ToTensor transforms in DataLoader workers.
+
+    `subset` keeps the first `subset` training images and subset // 5 test images (quick runs).
+    Returns (train_iter, test_iter).
+    """
+    trans = [transforms.ToTensor()]
+    if resize:
+        trans.insert(0, transforms.Resize(resize))
+    trans = transforms.Compose(trans)
+    train, test = fashion_mnist(True, trans), fashion_mnist(False, trans)
+    if subset is not None:
+        train = data.Subset(train, range(min(subset, len(train))))
+        test = data.Subset(test, range(min(max(subset // 5, 1), len(test))))
+    if num_workers is None:
+        num_workers = min(4, os.cpu_count() or 1)
+    kw = dict(num_workers=num_workers, persistent_workers=num_workers > 0)
+    return (data.DataLoader(train, batch_size, shuffle=True, **kw),
+            data.DataLoader(test, batch_size, shuffle=False, **kw))
+
+
+def load_tensors(train=True, subset=None, device="cpu"):
+    """The whole split as two tensors (X float in [0, 1], shape (n, 1, 28, 28); y int64).
+
+    No per-image transform: this is what a resident, on-device data pipeline starts from.
+    """
+    ds = fashion_mnist(train)
+    X, y = ds.data, ds.targets
+    if subset is not None:
+        n = subset if train else max(subset // 5, 1)
+        X, y = X[:n], y[:n]
+    X = X.to(device=device, dtype=torch.float32).div_(255).unsqueeze(1)
+    return X, y.to(device)

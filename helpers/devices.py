@@ -1,0 +1,104 @@
+"""Which devices to use, and timing that is honest about asynchronous GPUs."""
+import time
+
+import torch
+
+
+def num_gpus():
+    """The number of CUDA GPUs (0 on a CPU-only machine; makes no CUDA call there)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def try_gpu(i=0):
+    """GPU i if it exists, else the CPU."""
+    return torch.device(f"cuda:{i}") if num_gpus() > i else torch.device("cpu")
+
+
+def try_all_gpus():
+    """All GPUs, or [cpu] when there are none (never an empty list)."""
+    return [torch.device(f"cuda:{i}") for i in range(num_gpus())] or [torch.device("cpu")]
+
+
+def get_devices(k, simulate=True):
+    """k devices for data-parallel code: real GPUs where there are enough.
+
+    Otherwise, with `simulate=True`, the missing ones are simulated on the devices there are (the
+    GPUs round-robin, or the CPU), and one line says so. The code path stays the same; the speed
+    does not. With `simulate=False`, too few GPUs is an error.
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    n = num_gpus()
+    if n >= k:
+        return [torch.device(f"cuda:{i}") for i in range(k)]
+    if not simulate:
+        raise RuntimeError(
+            f"asked for {k} GPUs but found {n}: use k <= {n}, or get_devices({k}, simulate=True) "
+            "to simulate the missing ones (correct results, no speed-up)")
+    base = try_all_gpus()
+    if n == 0 and k == 1:
+        print("No GPU found: running on the CPU.")
+        return base
+    devices = [base[i % len(base)] for i in range(k)]
+    where = "the CPU" if n == 0 else f"{n} GPU{'s' if n > 1 else ''}"
+    print(f"Simulating {k} devices on {where} ({k - n} missing GPU{'s' if k - n > 1 else ''}): "
+          "results are exact, timings are not a speed-up.")
+    return devices
+
+
+def require_gpus(k):
+    """Raise a clear error unless at least k real GPUs are present."""
+    n = num_gpus()
+    if n < k:
+        raise RuntimeError(f"this needs {k} GPU(s), found {n}; run it on a GPU machine, or use "
+                           "get_devices(k) to simulate them")
+    return [torch.device(f"cuda:{i}") for i in range(k)]
+
+
+def synchronize(devices):
+    """Wait for queued work on the CUDA devices in `devices`; no CUDA call for CPU devices."""
+    if isinstance(devices, torch.device):
+        devices = [devices]
+    for d in {torch.device(d) for d in devices}:
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+class Timer:
+    """Wall-clock timer that synchronises the given devices before reading the clock.
+
+    GPUs run asynchronously: without the synchronise, a timer measures only how long it took to
+    queue the work.
+    """
+
+    def __init__(self, devices=()):
+        self.devices = list(devices) if not isinstance(devices, torch.device) else [devices]
+        self.times = []
+
+    def start(self):
+        synchronize(self.devices)
+        self._t0 = time.perf_counter()
+
+    def stop(self):
+        synchronize(self.devices)
+        self.times.append(time.perf_counter() - self._t0)
+        return self.times[-1]
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def sum(self):
+        return sum(self.times)
+
+    def avg(self):
+        return self.sum() / len(self.times)
+
+    def median(self, skip=0):
+        """Median of the recorded times, leaving out the first `skip` (warm-up) if there are more."""
+        s = sorted(self.times[skip:] if len(self.times) > skip else self.times)
+        m = len(s) // 2
+        return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2

@@ -1,0 +1,2 @@
+"""(work in progress)"""
+__all__ = []

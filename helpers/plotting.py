@@ -1,0 +1,69 @@
+"""Figures and progress: a live training plot, a progress bar, and numbers glued into the prose."""
+import matplotlib.pyplot as plt
+
+
+def in_notebook():
+    """True inside a Jupyter kernel (where figures can be displayed and updated in place)."""
+    try:
+        from IPython import get_ipython
+        return get_ipython() is not None and "IPKernelApp" in get_ipython().config
+    except ImportError:
+        return False
+
+
+class Animator:
+    """Lines that grow epoch by epoch, redrawn in place in Jupyter (one figure, not one per epoch)."""
+
+    def __init__(self, xlabel=None, ylabel=None, legend=(), xlim=None, ylim=None,
+                 figsize=(4.5, 3)):
+        self.fig, self.ax = plt.subplots(figsize=figsize)
+        plt.close(self.fig)   # shown through the display handle only, not again at cell end
+        self.labels = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim)
+        self.legend, self.X, self.Y, self.handle = list(legend), None, None, None
+
+    def add(self, x, ys):
+        ys = list(ys) if hasattr(ys, "__len__") else [ys]
+        if self.X is None:
+            self.X, self.Y = [[] for _ in ys], [[] for _ in ys]
+        for i, y in enumerate(ys):
+            if y is not None:
+                self.X[i].append(x)
+                self.Y[i].append(y)
+        self.ax.cla()
+        for i, (xs, y_s) in enumerate(zip(self.X, self.Y)):
+            self.ax.plot(xs, y_s, "-o", markersize=3,
+                         label=self.legend[i] if i < len(self.legend) else None)
+        self.ax.set(**{k: v for k, v in self.labels.items() if v is not None})
+        self.ax.grid(True, alpha=0.3)
+        if self.legend:
+            self.ax.legend()
+        self._show()
+
+    def _show(self):
+        if not in_notebook():
+            return
+        from IPython.display import display
+        if self.handle is None:
+            self.handle = display(self.fig, display_id=True)
+        else:
+            self.handle.update(self.fig)
+
+
+def progress(iterable, **kwargs):
+    """A progress bar (tqdm: a widget in Jupyter, text elsewhere). TQDM_DISABLE=1 turns it off,
+    as the book build and the tests do."""
+    from tqdm.auto import tqdm
+    return tqdm(iterable, leave=False, **kwargs)
+
+
+def glue(name, value, display=True):
+    """Make a computed value available to the prose ({glue:text}`name`) via myst-nb.
+
+    Falls back to a plain display where myst-nb is not installed (e.g. Colab)."""
+    try:
+        from myst_nb import glue as _glue
+    except ImportError:
+        if display:
+            print(f"{name} = {value}")
+        return
+    _glue(name, value, display=display)

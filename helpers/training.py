@@ -1,0 +1,81 @@
+"""Training loops: the from-scratch data-parallel trainer of Part II, and evaluation."""
+import torch
+
+from .config import choose
+from .data import load_data_fashion_mnist
+from .devices import Timer, get_devices
+from .models import init_lenet_params, lenet, loss
+from .parallel import allreduce, get_params, split_batch
+from .plotting import Animator, progress
+
+
+def sgd(params, lr, batch_size):
+    """Minibatch SGD on summed losses: divide by the batch size here, then clear the gradients."""
+    with torch.no_grad():
+        for param in params:
+            param -= lr * param.grad / batch_size
+            param.grad.zero_()
+
+
+def train_batch(X, y, device_params, devices, lr):
+    """One data-parallel SGD step on a minibatch; returns the summed loss (on devices[0]).
+
+    Convention: each shard's loss is summed, gradients are all-reduced (summed), and sgd divides by
+    the GLOBAL batch size, which equals the gradient of the mean loss over the whole batch.
+    """
+    X_shards, y_shards = split_batch(X, y, devices)
+    ls = [loss(lenet(X_shard, W), y_shard).sum()
+          for X_shard, y_shard, W in zip(X_shards, y_shards, device_params)]
+    for l in ls:   # backward runs on each device separately
+        l.backward()
+    with torch.no_grad():
+        for i in range(len(device_params[0])):
+            allreduce([device_params[c][i].grad for c in range(len(devices))])
+    for param in device_params:   # every replica takes the same step
+        sgd(param, lr, X.shape[0])
+    return sum(l.detach().to(devices[0]) for l in ls)
+
+
+def evaluate_accuracy(net, data_iter, device):
+    """Fraction of correct predictions of `net` (a callable on X) over `data_iter`, on `device`."""
+    correct, total = torch.zeros((), device=device), 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.to(device), y.to(device)
+            correct += (net(X).argmax(dim=1) == y).sum()
+            total += y.numel()
+    return correct.item() / total
+
+
+def train(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, plot=True):
+    """Train the functional LeNet on Fashion-MNIST on `num_gpus` devices (simulated if missing).
+
+    Returns a dict with the final test accuracy, median seconds per epoch (epochs 2 onwards, the
+    first pays for warm-up) and the trained parameters.
+    """
+    devices = get_devices(num_gpus)
+    train_iter, test_iter = load_data_fashion_mnist(batch_size, subset=subset)
+    device_params = [get_params(init_lenet_params(seed=seed), d) for d in devices]
+    animator = Animator(xlabel="epoch", xlim=[1, num_epochs], ylim=[0, 2.5],
+                        legend=["train loss", "test acc"]) if plot else None
+    timer, n = Timer(devices), len(train_iter.dataset)
+    for epoch in range(num_epochs):
+        timer.start()
+        total_loss = torch.zeros((), device=devices[0])
+        for X, y in progress(train_iter, desc=f"epoch {epoch + 1}"):
+            total_loss += train_batch(X, y, device_params, devices, lr)
+        timer.stop()
+        test_acc = evaluate_accuracy(lambda X: lenet(X, device_params[0]), test_iter, devices[0])
+        if animator:
+            animator.add(epoch + 1, (total_loss.item() / n, test_acc))
+    sec = timer.median(skip=1)
+    print(f"{num_gpus} device(s): test acc {test_acc:.3f}, {sec:.2f} s/epoch "
+          f"on {[str(d) for d in devices]}")
+    return dict(num_gpus=num_gpus, test_acc=test_acc, sec_per_epoch=sec,
+                epoch_times=timer.times, params=device_params[0])
+
+
+def default_run_size():
+    """Sizes for train(): the prose's 10 epochs on all data, or a small run on a CPU / in CI."""
+    return choose(dict(num_epochs=10, subset=None), dict(num_epochs=4, subset=25600),
+                  what="LeNet training")

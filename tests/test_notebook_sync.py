@@ -1,0 +1,65 @@
+"""The code a notebook builds is the code `helpers` ships.
+
+Every top-level function or class a notebook defines under the name of a `helpers` export must be
+the same code (docstrings and comments aside). Drafts and deliberately buggy variants in the
+notebooks use other names (e.g. `allreduce_rebinding`).
+"""
+import ast
+import inspect
+import json
+
+import pytest
+
+import helpers
+from book_files import ROOT, toc_notebooks
+
+
+def _strip_docstrings(node):
+    for n in ast.walk(node):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                    and isinstance(first.value.value, str):
+                n.body = n.body[1:] or [ast.Pass()]
+    return ast.dump(node, include_attributes=False)
+
+
+def notebook_definitions(path):
+    """(name, ast node) of every top-level def/class in the notebook's code cells."""
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        src = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                yield node.name, node
+
+
+def shared_definitions():
+    for path in toc_notebooks():
+        for name, node in notebook_definitions(path):
+            obj = getattr(helpers, name, None)
+            if obj is not None and (inspect.isfunction(obj) or inspect.isclass(obj)):
+                yield pytest.param(path, name, node, id=f"{path.relative_to(ROOT)}::{name}")
+
+
+@pytest.mark.parametrize("path,name,node", list(shared_definitions()))
+def test_notebook_code_matches_helpers(path, name, node):
+    shipped = ast.parse(inspect.getsource(getattr(helpers, name))).body[0]
+    assert _strip_docstrings(node) == _strip_docstrings(shipped), (
+        f"{path.name} defines {name}() differently from helpers.{name}: keep them identical, "
+        f"or give the notebook's draft another name")
+
+
+def test_sync_covers_part_two():
+    """Guard the guard: Part II must define its functions in the notebook and be compared."""
+    names = {name for p in toc_notebooks() if p.name == "scratch.ipynb"
+             for name, _ in notebook_definitions(p)}
+    required = {"lenet", "get_params", "allreduce", "split_batch", "train_batch", "train"}
+    assert required <= names, f"scratch.ipynb no longer defines {sorted(required - names)}"
