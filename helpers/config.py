@@ -16,15 +16,16 @@ def quick():
     return _flag(QUICK_ENV)
 
 
-def choose(full, small, what="this experiment"):
-    """Return `full` sizes, or `small` ones in quick mode or on a CPU-only machine (says so once).
+def choose(full, small, what="this experiment", *, tiny=None):
+    """The sizes for an experiment, saying once when they are not the full ones.
 
-    `full` and `small` are usually dicts such as dict(num_epochs=10, subset=None).
+    `full` on a GPU (or with COURSE_FULL=1), `small` on a CPU-only machine (a reader's laptop),
+    `tiny` in quick mode (CI; defaults to `small`). Usually dicts like dict(num_epochs=10).
     """
     import torch
 
     if quick():
-        reason = f"quick mode ({QUICK_ENV}=1)"
+        reason, small = f"quick mode ({QUICK_ENV}=1)", small if tiny is None else tiny
     elif not torch.cuda.is_available() and not _flag(FULL_ENV):
         reason = f"no GPU, so it is scaled down (set {FULL_ENV}=1 for the full size)"
     else:

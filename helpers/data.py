@@ -55,11 +55,11 @@ def _remove_partial(raw):
             f.unlink()
 
 
-def load_data_fashion_mnist(batch_size, subset=None, resize=None, num_workers=None):
+def load_data_fashion_mnist(batch_size, subset=None, resize=None, num_workers=None, seed=None):
     """Reference-style loaders: per-image ToTensor transforms in DataLoader workers.
 
-    `subset` keeps the first `subset` training images and subset // 5 test images (quick runs).
-    Returns (train_iter, test_iter).
+    `subset` keeps the first `subset` training images and subset // 5 test images (quick runs);
+    `seed` fixes the shuffling order. Returns (train_iter, test_iter).
     """
     trans = [transforms.ToTensor()]
     if resize:
@@ -72,7 +72,8 @@ def load_data_fashion_mnist(batch_size, subset=None, resize=None, num_workers=No
     if num_workers is None:
         num_workers = min(4, os.cpu_count() or 1)
     kw = dict(num_workers=num_workers, persistent_workers=num_workers > 0)
-    return (data.DataLoader(train, batch_size, shuffle=True, **kw),
+    g = torch.Generator().manual_seed(seed) if seed is not None else None
+    return (data.DataLoader(train, batch_size, shuffle=True, generator=g, **kw),
             data.DataLoader(test, batch_size, shuffle=False, **kw))
 
 

@@ -1,4 +1,6 @@
 """Figures and progress: a live training plot, a progress bar, and numbers glued into the prose."""
+import os
+
 import matplotlib.pyplot as plt
 
 
@@ -51,9 +53,10 @@ class Animator:
 
 def progress(iterable, **kwargs):
     """A progress bar (tqdm: a widget in Jupyter, text elsewhere). TQDM_DISABLE=1 turns it off,
-    as the book build and the tests do."""
+    as the book build and the tests do (tqdm's notebook bar ignores that variable by itself)."""
     from tqdm.auto import tqdm
-    return tqdm(iterable, leave=False, **kwargs)
+    disable = os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true", "yes")
+    return tqdm(iterable, leave=False, disable=disable, **kwargs)
 
 
 def glue(name, value, display=True):

@@ -54,7 +54,7 @@ def train(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, plot=Tru
     first pays for warm-up) and the trained parameters.
     """
     devices = get_devices(num_gpus)
-    train_iter, test_iter = load_data_fashion_mnist(batch_size, subset=subset)
+    train_iter, test_iter = load_data_fashion_mnist(batch_size, subset=subset, seed=seed)
     device_params = [get_params(init_lenet_params(seed=seed), d) for d in devices]
     animator = Animator(xlabel="epoch", xlim=[1, num_epochs], ylim=[0, 2.5],
                         legend=["train loss", "test acc"]) if plot else None
@@ -76,6 +76,7 @@ def train(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, plot=Tru
 
 
 def default_run_size():
-    """Sizes for train(): the prose's 10 epochs on all data, or a small run on a CPU / in CI."""
+    """Sizes for train(): the prose's 10 epochs on all data; 4 epochs of 25,600 images on a CPU
+    (enough to learn); one tiny epoch in quick mode (CI: the learning check is a unit test)."""
     return choose(dict(num_epochs=10, subset=None), dict(num_epochs=4, subset=25600),
-                  what="LeNet training")
+                  what="LeNet training", tiny=dict(num_epochs=1, subset=2560))

@@ -1,0 +1,67 @@
+"""Device helpers: [cpu] never [], simulation says so, strict mode errors, no CUDA call on a CPU."""
+import pytest
+import torch
+
+import helpers
+from helpers import devices
+
+
+def test_try_all_gpus_is_never_empty():
+    ds = helpers.try_all_gpus()
+    assert ds, "try_all_gpus must return [cpu] without GPUs, never []"
+    if not torch.cuda.is_available():
+        assert ds == [torch.device("cpu")]
+        assert helpers.try_gpu() == torch.device("cpu")
+        assert helpers.try_gpu(3) == torch.device("cpu")
+
+
+def test_get_devices_simulates_missing_gpus_and_says_so(capsys, monkeypatch):
+    monkeypatch.setattr(devices, "num_gpus", lambda: 0)
+    ds = helpers.get_devices(3)
+    assert ds == [torch.device("cpu")] * 3
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "Simulating 3 devices on the CPU" in out
+
+
+def test_get_devices_round_robins_over_real_gpus(monkeypatch, capsys):
+    monkeypatch.setattr(devices, "num_gpus", lambda: 2)
+    monkeypatch.setattr(devices, "try_all_gpus",
+                        lambda: [torch.device("cuda:0"), torch.device("cuda:1")])
+    assert [str(d) for d in helpers.get_devices(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert "Simulating 4 devices on 2 GPUs" in capsys.readouterr().out
+    assert [str(d) for d in helpers.get_devices(2)] == ["cuda:0", "cuda:1"]
+    assert capsys.readouterr().out == ""   # enough GPUs: nothing simulated, nothing said
+
+
+def test_too_few_gpus_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(devices, "num_gpus", lambda: 1)
+    with pytest.raises(RuntimeError, match="asked for 4 GPUs but found 1"):
+        helpers.get_devices(4, simulate=False)
+    with pytest.raises(RuntimeError, match="needs 2 GPU"):
+        helpers.require_gpus(2)
+    with pytest.raises(ValueError):
+        helpers.get_devices(0)
+
+
+def test_synchronize_makes_no_cuda_call_for_cpu_devices(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("torch.cuda.synchronize called for CPU devices")
+    monkeypatch.setattr(torch.cuda, "synchronize", boom)
+    helpers.synchronize([torch.device("cpu"), torch.device("cpu")])
+    with helpers.Timer([torch.device("cpu")]) as t:
+        pass
+    assert len(t.times) == 1 and t.times[0] >= 0
+
+
+def test_synchronize_calls_cuda_for_each_cuda_device_once(monkeypatch):
+    seen = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: seen.append(str(d)))
+    helpers.synchronize([torch.device("cuda:0"), torch.device("cuda:0"), torch.device("cuda:1"),
+                         torch.device("cpu")])
+    assert sorted(seen) == ["cuda:0", "cuda:1"]
+
+
+def test_timer_median_skips_warmup():
+    t = helpers.Timer()
+    t.times = [10.0, 1.0, 3.0, 2.0]
+    assert t.median(skip=1) == 2.0 and t.median() == 2.5
