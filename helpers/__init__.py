@@ -20,5 +20,8 @@ from .parallel import allreduce, get_params, split_batch
 from .plotting import Animator, glue, progress
 from .training import default_run_size, evaluate_accuracy, sgd, train, train_batch
 from .splits import *        # noqa: F401,F403
+from .costs import *         # noqa: F401,F403
 from .distributed import *   # noqa: F401,F403
+from .ddp_worker import *    # noqa: F401,F403
 from .fast import *          # noqa: F401,F403
+from .comm import *          # noqa: F401,F403

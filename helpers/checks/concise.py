@@ -1,4 +1,261 @@
-"""Checks for the exercises of concise."""
-from ._core import expect, run_check  # noqa: F401
+"""Checks for the exercises of Part III: DataParallel, custom modules, DDP with torchrun, BatchNorm.
 
-__all__ = []
+Every check runs in this process on the CPU, on fresh random inputs; none starts a process group.
+"""
+import contextlib
+
+import torch
+from torch import nn
+
+from ._core import CheckFailed, as_number, expect, fresh_generator, randint, run_check
+
+__all__ = ["check_dp_shard_sizes", "check_lr_at", "check_strip_module_prefix",
+           "check_accumulate_gradients", "check_rank_shard", "check_torchrun_command",
+           "check_global_mean_var"]
+
+
+def _int_list(value, call):
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    try:
+        out = [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise CheckFailed(f"{call} returned {value!r}, expected a list of ints")
+    return out
+
+
+# --- DataParallel -----------------------------------------------------------------------------
+def check_dp_shard_sizes(fn):
+    """fn(batch_size, k): the sizes of the pieces DataParallel's scatter (torch.chunk) makes."""
+
+    def body(fn):
+        g = fresh_generator()
+        k = randint(g, 3, 8)
+        cases = [(randint(g, 1, 70), randint(g, 2, 8)) for _ in range(6)]
+        cases += [(k * randint(g, 2, 5) + 1, k), (k + 1, k)]   # e.g. 5 over 4: chunk makes 3 pieces
+        for n, k in cases:
+            call = f"dp_shard_sizes({n}, {k})"
+            want = [len(c) for c in torch.arange(n).chunk(k)]
+            got = _int_list(fn(n, k), call)
+            if got == want:
+                continue
+            split = [len(c) for c in torch.arange(n).tensor_split(k)]
+            hint = (": that is tensor_split; scatter uses torch.chunk (pieces of ceil(n/k) rows, "
+                    "so maybe fewer than k pieces)") if got == split else ""
+            raise CheckFailed(f"{call} returned {got}, expected {want}{hint}")
+
+    return run_check("dp_shard_sizes", body, fn)
+
+
+def check_lr_at(fn):
+    """fn(step, base_lr, base_batch, batch, warmup_steps): linear scaling plus linear warm-up."""
+
+    def body(fn):
+        g = fresh_generator()
+        for case in range(4):
+            base_lr = randint(g, 1, 20) / 100
+            base_batch = 2 ** randint(g, 5, 8)
+            batch = base_batch * randint(g, 2, 8)
+            warmup = randint(g, 2, 12) if case == 0 else randint(g, 0, 12)
+            peak = base_lr * batch / base_batch
+            for step in range(warmup + 3):
+                want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
+                call = f"lr_at({step}, {base_lr}, {base_batch}, {batch}, {warmup})"
+                got = as_number(fn(step, base_lr, base_batch, batch, warmup), call)
+                if abs(got - want) > 1e-9 * max(1, want):
+                    if warmup and step < warmup and abs(got - peak) < 1e-9:
+                        msg = "during the warm-up the rate must ramp up, not start at the peak"
+                    elif abs(got - base_lr) < 1e-12 and batch != base_batch:
+                        msg = "the rate must grow with the batch (linear scaling)"
+                    elif warmup and abs(got - peak * step / warmup) < 1e-9:
+                        msg = "off by one: step 0 is the first step and already gets 1/warmup"
+                    else:
+                        msg = f"expected {want:.6g}"
+                    raise CheckFailed(f"{call} returned {got:.6g}: {msg}")
+
+    return run_check("lr_at", body, fn)
+
+
+# --- custom modules ---------------------------------------------------------------------------
+def check_strip_module_prefix(fn):
+    """fn(state_dict) -> a new dict whose keys lose ONE leading "module." (others untouched)."""
+
+    def body(fn):
+        g = fresh_generator()
+        names = ["weight", "bias", "running_mean", "submodule.weight", "encoder.module.bias",
+                 "modules.0.weight", "head.module_scale"]
+        keys = [names[i] for i in torch.randperm(len(names), generator=g).tolist()]
+        tensors = {k: torch.randn(2, generator=g) for k in keys}
+        for wrapped in (True, False):
+            sd = {("module." + k if wrapped else k): v for k, v in tensors.items()}
+            before = dict(sd)
+            got = fn(sd)
+            expect(isinstance(got, dict), f"strip_module_prefix returned {type(got).__name__}, "
+                                          "expected a dict")
+            expect(sd == before and list(sd) == list(before),
+                   "strip_module_prefix changed its argument: return a new dict")
+            for k in keys:
+                expect(k in got, f'key "{k}" is missing from the result (keys: {sorted(got)[:4]}'
+                                 '...): strip only a LEADING "module.", once')
+                expect(got[k] is tensors[k] or torch.equal(got[k], tensors[k]),
+                       f'the tensor under "{k}" changed')
+            expect(len(got) == len(keys), f"the result has {len(got)} keys, expected {len(keys)}")
+
+    return run_check("strip_module_prefix", body, fn)
+
+
+class _SyncRecorder(nn.Module):
+    """A linear model with DDP's no_sync() interface: records, for each backward, whether the
+    forward ran with gradient synchronisation on (DDP decides at forward time)."""
+
+    def __init__(self, g):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):   # leave the notebook's random numbers alone
+            self.lin = nn.Linear(5, 1)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(1, 5, generator=g))
+        self.sync, self.backwards = True, []
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        old, self.sync = self.sync, False
+        try:
+            yield
+        finally:
+            self.sync = old
+
+    def forward(self, X):
+        out, sync = self.lin(X), self.sync
+        if out.requires_grad:
+            out.register_hook(lambda grad: self.backwards.append(sync) or grad)
+        return out
+
+
+def check_accumulate_gradients(fn):
+    """fn(model, loss_fn, micro_batches): gradients of the mean loss over all micro-batches,
+    synchronising (leaving no_sync) only on the last backward."""
+
+    def body(fn):
+        g = fresh_generator()
+        k = randint(g, 2, 5)
+        micro = [(torch.randn(4, 5, generator=g), torch.randn(4, 1, generator=g)) for _ in range(k)]
+        model, loss_fn = _SyncRecorder(g), nn.MSELoss()
+        fn(model, loss_fn, micro)
+        syncs = model.backwards
+        expect(len(syncs) == k, f"{len(syncs)} backward passes for {k} micro-batches, expected {k}")
+        expect(syncs[-1], "the last backward ran inside no_sync(): the gradients are never "
+                          "all-reduced")
+        expect(not any(syncs[:-1]), f"backward {syncs.index(True) + 1} of {k} synchronised: only "
+                                    "the last one should (wrap the others in model.no_sync())")
+        ref = _SyncRecorder(g)
+        ref.load_state_dict(model.state_dict())
+        X, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])
+        loss_fn(ref(X), y).backward()
+        grad, want = model.lin.weight.grad, ref.lin.weight.grad
+        expect(grad is not None, "no gradient on the model's weights")
+        if torch.allclose(grad, want * k, atol=1e-5):
+            raise CheckFailed(f"gradients are {k}x too large: divide each micro-batch's loss by "
+                              f"the number of micro-batches ({k})")
+        expect(torch.allclose(grad, want, atol=1e-5),
+               "the accumulated gradient is not that of the mean loss over all micro-batches")
+
+    return run_check("accumulate_gradients", body, fn)
+
+
+# --- DDP with torchrun ------------------------------------------------------------------------
+def check_rank_shard(fn):
+    """fn(n, rank, world_size) -> this rank's indices; together the ranks cover 0..n-1 once each,
+    in shares that differ by at most one."""
+
+    def body(fn):
+        g = fresh_generator()
+        cases = [(randint(g, 0, 40), randint(g, 1, 6)) for _ in range(5)] + [(3, 5)]
+        for n, w in cases:
+            shards = [_int_list(fn(n, r, w), f"rank_shard({n}, {r}, {w})") for r in range(w)]
+            seen = sorted(i for s in shards for i in s)
+            dup = sorted({i for i in seen if seen.count(i) > 1})
+            expect(not dup, f"with n={n}, world_size={w}: examples {dup[:5]} are on two ranks "
+                            "(padding counts them twice)")
+            missing = sorted(set(range(n)) - set(seen))
+            expect(not missing,
+                   f"with n={n}, world_size={w}: examples {missing[:5]} are on no rank")
+            expect(set(seen) <= set(range(n)), f"with n={n}: indices outside 0..{n - 1}")
+            sizes = [len(s) for s in shards]
+            expect(max(sizes) - min(sizes) <= 1, f"with n={n}, world_size={w}: shares {sizes} "
+                                                 "differ by more than one")
+
+    return run_check("rank_shard", body, fn)
+
+
+def _flag(cmd, name):
+    forms = {name, name.replace("-", "_")}
+    for i, a in enumerate(cmd):
+        if a in forms and i + 1 < len(cmd):
+            return cmd[i + 1]
+        for f in forms:
+            if a.startswith(f + "="):
+                return a.split("=", 1)[1]
+    return None
+
+
+def check_torchrun_command(fn):
+    """fn(script, nnodes, node_rank, nproc, addr, port) -> the argument list of a torchrun launch
+    (static rendezvous) for one node."""
+
+    def body(fn):
+        import sys
+        g = fresh_generator()
+        nnodes, nproc, port = randint(g, 2, 8), randint(g, 1, 8), randint(g, 20000, 40000)
+        node_rank = randint(g, 0, nnodes - 1)
+        addr = f"10.0.{randint(g, 0, 255)}.{randint(g, 1, 254)}"
+        cmd = fn("train.py", nnodes, node_rank, nproc, addr, port)
+        expect(isinstance(cmd, (list, tuple)) and all(isinstance(a, str) for a in cmd),
+               f"expected a list of strings (for subprocess), got {cmd!r}")
+        cmd = list(cmd)
+        expect(cmd[:3] == [sys.executable, "-m", "torch.distributed.run"],
+               "start with [sys.executable, '-m', 'torch.distributed.run'] (the venv's torch)")
+        expect("--standalone" not in cmd, "--standalone is for one machine: it ignores the others")
+        want = {"--nnodes": nnodes, "--node-rank": node_rank, "--nproc-per-node": nproc,
+                "--master-addr": addr, "--master-port": port}
+        for name, value in want.items():
+            got = _flag(cmd, name)
+            expect(got is not None, f"{name} is missing")
+            expect(got == str(value), f"{name} is {got}, expected {value}")
+        expect("train.py" in cmd, "the script is missing")
+        before = cmd[:cmd.index("train.py")]
+        expect(all(_flag(before, n) is not None for n in want),
+               "the launcher's options go BEFORE the script (after it they go to the script)")
+
+    return run_check("torchrun_command", body, fn)
+
+
+# --- BatchNorm across devices -----------------------------------------------------------------
+def check_global_mean_var(fn):
+    """fn(counts, sums, sumsqs) -> (mean, var): per-channel mean and biased variance of the
+    global batch from each rank's count, per-channel sum and sum of squares."""
+
+    def body(fn):
+        g = fresh_generator()
+        w, c = randint(g, 2, 5), randint(g, 1, 6)
+        shards = [torch.randn(randint(g, 1, 4) + 4 * i, c, generator=g) * 2 + 1 for i in range(w)]
+        counts = torch.tensor([float(len(s)) for s in shards])
+        sums = torch.stack([s.sum(0) for s in shards])
+        sumsqs = torch.stack([(s * s).sum(0) for s in shards])
+        got = fn(counts, sums, sumsqs)
+        expect(isinstance(got, (tuple, list)) and len(got) == 2, "return (mean, var)")
+        mean, var = (torch.as_tensor(t, dtype=torch.float32) for t in got)
+        allx = torch.cat(shards)
+        expect(mean.shape == (c,) and var.shape == (c,),
+               f"mean and var should have shape ({c},), one value per channel")
+        avg_of_means = torch.stack([s.mean(0) for s in shards]).mean(0)
+        if not torch.allclose(mean, allx.mean(0), atol=1e-4):
+            if torch.allclose(mean, avg_of_means, atol=1e-4):
+                raise CheckFailed("mean is the average of the ranks' means: with shards of "
+                                  "different sizes, weight by the counts")
+            raise CheckFailed("mean is not the global batch's mean")
+        if torch.allclose(var, allx.var(0, unbiased=True), atol=1e-4):
+            raise CheckFailed("var is the unbiased variance: normalisation uses the biased one")
+        expect(torch.allclose(var, allx.var(0, unbiased=False), atol=1e-4),
+               "var is not the global batch's (biased) variance")
+
+    return run_check("global_mean_var", body, fn)

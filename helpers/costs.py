@@ -1,0 +1,147 @@
+"""Part I: what each of the three splits costs per training step, from a real model's sizes.
+
+Sizes are measured, not typed: parameters by counting, activations with forward hooks on one
+small batch. The model is an nn.Sequential (LeNet and ResNet-18 of helpers.models are).
+"""
+import functools
+
+import torch
+from torch import nn
+
+__all__ = ["SPLITS", "layer_sizes", "balanced_cuts", "ring_allreduce_bytes", "split_costs",
+           "plot_costs"]
+
+SPLITS = ("data", "network", "within layer")
+
+
+def layer_sizes(net, input_shape):
+    """One dict per top-level layer of `net`: its parameters, its output size per example
+    (what a network split sends on), the activations its leaf modules keep per example (what
+    backward needs), and (inputs, outputs) per example of each conv or dense layer inside it."""
+    children, rows, hooks = list(net), [], []
+    for child in children:
+        rows.append(dict(name=type(child).__name__, params=sum(p.numel() for p in child.parameters()),
+                         out=0, acts=0, weighted=[]))
+
+    def on_child(i, module, inputs, output):
+        rows[i]["out"] = output[0].numel()
+
+    def on_leaf(i, module, inputs, output):
+        rows[i]["acts"] += output[0].numel()
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            rows[i]["weighted"].append((inputs[0][0].numel(), output[0].numel()))
+
+    for i, child in enumerate(children):
+        hooks.append(child.register_forward_hook(functools.partial(on_child, i)))
+        leaves = [m for m in child.modules() if not list(m.children())]
+        for leaf in leaves:
+            hooks.append(leaf.register_forward_hook(functools.partial(on_leaf, i)))
+    was_training = net.training
+    try:
+        net.eval()
+        with torch.no_grad():   # one example is enough: we record sizes per example
+            net(torch.zeros((1, *input_shape), device=next(net.parameters()).device))
+    finally:
+        net.train(was_training)
+        for h in hooks:
+            h.remove()
+    return rows
+
+
+def balanced_cuts(weights, k):
+    """Cut points that split `weights` into k contiguous, non-empty groups whose largest sum is as
+    small as possible (how a network split places layers on devices)."""
+    n = len(weights)
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot place {n} layers on {k} devices: use 1 to {n} devices")
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+
+    @functools.lru_cache(maxsize=None)
+    def best(i, parts):   # (largest group sum, cuts) for weights[i:] in `parts` groups
+        if parts == 1:
+            return prefix[n] - prefix[i], ()
+        return min((max(prefix[j] - prefix[i], best(j, parts - 1)[0]), (j, *best(j, parts - 1)[1]))
+                   for j in range(i + 1, n - parts + 2))
+
+    return list(best(0, k)[1])
+
+
+def ring_allreduce_bytes(nbytes, k):
+    """Bytes each of k devices sends in a ring all-reduce of `nbytes`: 2 (k-1)/k of them."""
+    return 2 * (k - 1) / k * nbytes
+
+
+def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4):
+    """Per training step, for each split in SPLITS: the bytes the busiest device sends, the
+    memory of the fullest device (params, grads, activations, in bytes), the number of
+    synchronisation points and the seconds the sending takes at `bandwidth_gbs` GB/s.
+
+    data: every device holds the model and 1/k of the batch; one all-reduce of the gradients.
+    network: contiguous layers per device (balanced by memory), the whole batch passes through
+      each; the activation at each cut goes forward, its gradient back, once per micro-batch.
+    within layer: every conv/dense layer is split k ways by output channels/units; its outputs
+      are all-gathered after it (forward), its input gradients all-reduced (backward); each
+      device keeps the gathered, full activations.
+    """
+    b, n = bytes_per_value, batch_size
+    P = sum(r["params"] for r in sizes)
+    A = sum(r["acts"] for r in sizes)
+    costs = {}
+
+    shard = -(-n // k)    # the largest shard of the batch
+    sent = ring_allreduce_bytes(P * b, k)
+    costs["data"] = dict(sent=sent, params=P * b, grads=P * b, acts=shard * A * b,
+                         syncs=int(k > 1))
+
+    weights = [2 * r["params"] + n * r["acts"] for r in sizes]
+    bounds = [0, *balanced_cuts(weights, k), len(sizes)]
+    stages = [sizes[a:c] for a, c in zip(bounds, bounds[1:])]
+    per_device = []
+    for s, stage in enumerate(stages):
+        p = sum(r["params"] for r in stage)
+        out = n * stage[-1]["out"] * b if s < k - 1 else 0                  # activations forward
+        back = n * sizes[bounds[s] - 1]["out"] * b if s > 0 else 0         # gradients back
+        per_device.append(dict(sent=out + back, params=p * b, grads=p * b,
+                               acts=n * sum(r["acts"] for r in stage) * b))
+    fullest = max(per_device, key=lambda d: d["params"] + d["grads"] + d["acts"])
+    costs["network"] = dict(fullest, sent=max(d["sent"] for d in per_device),
+                            syncs=2 * (k - 1) * num_microbatches, cuts=bounds[1:-1])
+
+    layers = [io for r in sizes for io in r["weighted"]]
+    weighted = sum(r["params"] for r in sizes if r["weighted"])
+    p_dev = -(-weighted // k) + (P - weighted)    # conv/dense weights split, the rest replicated
+    sent = sum((k - 1) / k * n * o * b for _, o in layers)                       # all-gathers
+    sent += sum(ring_allreduce_bytes(n * i * b, k) for i, _ in layers[1:])       # all-reduces
+    costs["within layer"] = dict(sent=sent, params=p_dev * b, grads=p_dev * b, acts=n * A * b,
+                                 syncs=(2 * len(layers) - 1) if k > 1 else 0)
+    for c in costs.values():
+        c["memory"] = c["params"] + c["grads"] + c["acts"]
+        c["seconds"] = c["sent"] / (bandwidth_gbs * 1e9)
+    return costs
+
+
+def plot_costs(costs, axes=None, title=None):
+    """Three bar charts of split_costs' result: MB sent, memory (stacked), sync points."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _, axes = plt.subplots(1, 3, figsize=(10, 3), layout="constrained")
+    names = list(costs)
+    MB = 1e6
+    axes[0].bar(names, [costs[s]["sent"] / MB for s in names], color="tab:red")
+    axes[0].set(ylabel="MB sent per device", title="communication")
+    bottom = [0.0] * len(names)
+    for part, color in (("params", "tab:blue"), ("grads", "tab:cyan"), ("acts", "tab:green")):
+        vals = [costs[s][part] / MB for s in names]
+        axes[1].bar(names, vals, bottom=bottom, color=color, label=part)
+        bottom = [a + v for a, v in zip(bottom, vals)]
+    axes[1].set(ylabel="MB on the fullest device", title="memory")
+    axes[1].legend(fontsize=8)
+    axes[2].bar(names, [costs[s]["syncs"] for s in names], color="tab:purple")
+    axes[2].set(ylabel="per step", title="sync points")
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=8)
+    if title:
+        axes[0].figure.suptitle(title)
+    return axes

@@ -1,0 +1,324 @@
+"""Build the student edition of the course: `make student` (or run this script).
+
+    python scripts/student_edition.py [--out student] [--course _build/nbgrader] [NOTEBOOK ...]
+
+For every chapter notebook in _toc.yml (or the ones given) it writes `<out>/<path under book/>`:
+solution code replaced by `raise NotImplementedError()`, solution prose removed, outputs cleared,
+every check cell kept. The work is nbgrader's (`nbgrader generate_assignment`); this script only
+turns the course's cell tags into nbgrader's cell metadata first:
+
+    code cell tagged `solution`      -> nbgrader solution cell (the `### BEGIN/END SOLUTION`
+                                        region becomes the stub)
+    markdown cell tagged `solution`  -> removed (a worked answer, the book folds it in a dropdown)
+    code cell tagged `check`         -> nbgrader autograder test cell, 1 point, locked
+    tag `nbval-check-output`         -> removed (outputs are cleared, nothing left to compare)
+
+Each chapter becomes one nbgrader assignment (`gpus`, `part2_scratch`, ...) in an nbgrader course
+folder (`--course`, default `_build/nbgrader`): `source/` holds the tagged notebooks, `release/`
+nbgrader's student versions and `gradebook.db` the test cells, so the teacher can go on with
+`nbgrader collect` / `nbgrader autograde` / `nbgrader generate_feedback` in that folder (see
+book/teachers.md).
+"""
+import argparse
+import ast
+import copy
+import logging
+import os
+import pathlib
+import re
+import shutil
+import sys
+
+import nbformat
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from book_files import toc_entries  # noqa: E402
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+STUB = "raise NotImplementedError()"
+DROP_TAGS = {"nbval-check-output", "hide-input"}   # the stub is the student's to see and edit
+
+
+NBGRADER_CONFIG = f"""\
+# Written by scripts/student_edition.py: run nbgrader's commands in this folder (book/teachers.md).
+c = get_config()  # noqa: F821
+import os
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.course_id = "multigpu-course"
+c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\n{STUB}"}}
+c.Execute.timeout = 1800   # per cell, as the book build allows; quick mode needs seconds
+"""
+
+
+class EditionError(ValueError):
+    """A notebook does not follow the exercise conventions (CONTRIBUTING.md)."""
+
+
+def chapters():
+    """The chapter notebooks of _toc.yml, in its order. An entry with no file yet (a chapter
+    being written) is left out with a warning; tests/test_book.py fails for it."""
+    found = []
+    for entry in toc_entries():
+        path = ROOT / (entry + ".ipynb")
+        if path.exists():
+            found.append(path)
+        elif not (ROOT / (entry + ".md")).exists():
+            print(f"warning: _toc.yml lists {entry}, which does not exist yet", file=sys.stderr)
+    return found
+
+
+def tags(cell):
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def is_solution(cell):
+    return "solution" in tags(cell)
+
+
+def is_check(cell):
+    return cell["cell_type"] == "code" and "check" in tags(cell)
+
+
+def source(cell):
+    s = cell["source"]
+    return "".join(s) if isinstance(s, list) else s
+
+
+def _relative(path):
+    """A chapter's path under book/ (a notebook elsewhere, e.g. a test's, keeps its name)."""
+    path = pathlib.Path(path).resolve()
+    try:
+        return path.relative_to(ROOT / "book")
+    except ValueError:
+        return pathlib.Path(path.name)
+
+
+def assignment_id(path):
+    """`book/part2/scratch.ipynb` -> `part2_scratch` (nbgrader ids are plain names)."""
+    return "_".join(_relative(path).with_suffix("").parts)
+
+
+def student_path(path, out):
+    """`book/part2/scratch.ipynb` -> `<out>/part2/scratch.ipynb`."""
+    return pathlib.Path(out) / _relative(path)
+
+
+def _grade_id(kind, cell, index, taken):
+    """A stable id for the gradebook: the function the cell defines (solution) or the check it
+    calls (check), else the cell's position."""
+    name = None
+    try:
+        tree = ast.parse(source(cell))
+        if kind == "solution":
+            name = next((n.name for n in tree.body
+                         if isinstance(n, (ast.FunctionDef, ast.ClassDef))), None)
+        else:
+            name = next((n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call)
+                         and isinstance(n.func, ast.Name) and n.func.id.startswith("check")), None)
+    except SyntaxError:
+        pass
+    grade_id = f"{kind}-{name}" if name else f"{kind}-cell{index}"
+    while grade_id in taken:
+        grade_id += "-2"
+    taken.add(grade_id)
+    return grade_id
+
+
+def nbgrader_source(nb, name="notebook"):
+    """A copy of `nb` with the course's tags turned into nbgrader's cell metadata."""
+    nb = copy.deepcopy(nb)
+    cells, taken = [], set()
+    for index, cell in enumerate(nb.cells):
+        if is_solution(cell) and cell.cell_type == "markdown":
+            continue
+        cell.metadata.pop("nbgrader", None)
+        if is_solution(cell):
+            if cell.cell_type != "code":
+                raise EditionError(f"{name}: cell {index} is tagged `solution` but is a "
+                                   f"{cell.cell_type} cell")
+            text = source(cell)
+            if BEGIN not in text or END not in text:
+                raise EditionError(f"{name}: solution cell {index} has no `{BEGIN}` / `{END}` "
+                                   "markers, so the whole cell would be replaced: put the markers "
+                                   "around the function body")
+            cell.metadata["nbgrader"] = dict(
+                solution=True, grade=False, locked=False, task=False, schema_version=3,
+                grade_id=_grade_id("solution", cell, index, taken))
+        elif is_check(cell):
+            cell.metadata["nbgrader"] = dict(
+                solution=False, grade=True, locked=True, task=False, points=1, schema_version=3,
+                grade_id=_grade_id("check", cell, index, taken))
+        elif BEGIN in source(cell):
+            raise EditionError(f"{name}: cell {index} has `{BEGIN}` but is not tagged `solution`: "
+                               "its solution would be handed out")
+        for key in ("execution", "ExecuteTime"):   # run timestamps of the book's last execution
+            cell.metadata.pop(key, None)
+        kept = [t for t in tags(cell) if t not in DROP_TAGS]
+        if kept:
+            cell.metadata["tags"] = kept
+        else:
+            cell.metadata.pop("tags", None)
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+# --- the exercise table of the teacher's guide ------------------------------------------------
+EXERCISE = re.compile(r"^###\s+Exercise\s+(\d+)\s*[:.]?\s*(.*?)\s*$", re.M)
+LEVEL = re.compile(r"\b(warm[- ]?up|core|open[- ]ended|stretch|challenge)\b", re.I)
+TIME = re.compile(r"(\d+)(?:\s*(?:-|–|to)\s*(\d+))?\s*(min(?:ute)?s?|h(?:ours?)?)\b", re.I)
+TABLE_BEGIN, TABLE_END = "<!-- exercise-table: begin -->", "<!-- exercise-table: end -->"
+TEACHERS = ROOT / "book" / "teachers.md"
+
+
+def chapter_title(nb, path):
+    for cell in nb.cells:
+        m = cell.cell_type == "markdown" and re.search(r"^#\s+(.+)$", source(cell), re.M)
+        if m:
+            return m.group(1).strip()
+    return pathlib.Path(path).stem
+
+
+def exercises(path):
+    """The exercises of a chapter notebook, in order: dicts with number, title, level, minutes
+    (the upper bound of the time the heading's cell states), check (the check function(s) its
+    check cells call, or "worked answer")."""
+    nb = nbformat.read(path, as_version=4)
+    found = []
+    for cell in nb.cells:
+        text = source(cell)
+        if cell.cell_type == "markdown" and not is_solution(cell):
+            heads = list(EXERCISE.finditer(text))
+            for i, m in enumerate(heads):
+                part = text[m.start():heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+                level, time = LEVEL.search(part), TIME.search(part)
+                minutes = None
+                if time:
+                    minutes = int(time.group(2) or time.group(1))
+                    minutes *= 60 if time.group(3).lower().startswith("h") else 1
+                title = re.sub(r"\s*[(\[][^)\]]*(?:min|warm|core|open)[^)\]]*[)\]]", "",
+                               m.group(2), flags=re.I).strip(" .:*_")
+                found.append(dict(number=int(m.group(1)), title=title.replace("|", "\\|"),
+                                  level=level.group(1).lower().replace(" ", "-") if level else None,
+                                  minutes=minutes, checks=[], worked=False))
+        elif found and is_check(cell):
+            found[-1]["checks"] += re.findall(r"\b(check_\w+)\s*\(", text)
+        elif found and is_solution(cell) and cell.cell_type == "markdown":
+            found[-1]["worked"] = True
+    for ex in found:
+        ex["check"] = ", ".join(f"`{c}`" for c in ex.pop("checks")) or (
+            "worked answer" if ex.pop("worked") else "—")
+        ex.pop("worked", None)
+    return found
+
+
+def exercise_table(notebooks=None):
+    """The Markdown table of every chapter's exercises, for book/teachers.md."""
+    rows, total = [], 0
+    for path in chapters() if notebooks is None else notebooks:
+        nb = nbformat.read(path, as_version=4)
+        title = chapter_title(nb, path)
+        for ex in exercises(path):
+            total += ex["minutes"] or 0
+            minutes = f"{ex['minutes']} min" if ex["minutes"] else "?"
+            rows.append(f"| {title} | {ex['number']}. {ex['title']} | {ex['level'] or '?'} | "
+                        f"{minutes} | {ex['check']} |")
+            title = ""   # the chapter's name once, on its first row
+    head = ["| Chapter | Exercise | Level | Time | Checked by |",
+            "|---|---|---|---|---|"]
+    summary = (f"\n\nIn all: {len(rows)} exercises, about {total / 60:.1f} hours."
+               if rows else "")
+    return "\n".join(head + rows) + summary
+
+
+def update_teachers_guide(path=TEACHERS, notebooks=None):
+    """Rewrite the table between the exercise-table markers of the teacher's guide; return
+    whether the file changed."""
+    text = pathlib.Path(path).read_text()
+    begin, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
+    new = text[:begin] + "\n" + exercise_table(notebooks) + "\n" + text[end:]
+    if new != text:
+        pathlib.Path(path).write_text(new)
+    return new != text
+
+
+def _quiet_nbgrader():
+    for name in ("NbGraderAPI", "GenerateAssignment", "traitlets", "nbgrader"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def build(notebooks=None, out=ROOT / "student", course=ROOT / "_build" / "nbgrader", quiet=False,
+          gradebook=True):
+    """Write the student edition of `notebooks` (default: every chapter in _toc.yml) into `out`;
+    return the paths written. `gradebook=False` skips nbgrader's database (faster; nothing to
+    autograde against), as `nbgrader generate_assignment --no-db` does."""
+    from nbgrader.apps import NbGraderAPI   # imported here: ~1 s, and only this command needs it
+    from traitlets.config import Config
+
+    # nbgrader runs the `alembic` command (its gradebook's migrations): find it beside this Python
+    # even when the venv is not activated (`.venv/bin/python scripts/student_edition.py`)
+    os.environ["PATH"] = os.pathsep.join([str(pathlib.Path(sys.executable).parent),
+                                          os.environ.get("PATH", "")])
+    notebooks = [pathlib.Path(p).resolve()
+                 for p in (chapters() if notebooks is None else notebooks)]
+    out, course = pathlib.Path(out).resolve(), pathlib.Path(course).resolve()
+    config = Config()
+    config.CourseDirectory.root = str(course)
+    config.CourseDirectory.course_id = "multigpu-course"
+    config.ClearSolutions.code_stub = {"python": f"# YOUR CODE HERE\n{STUB}"}
+    if not gradebook:
+        config.GenerateAssignment.no_database = True
+        config.SaveCells.enabled = False
+    course.mkdir(parents=True, exist_ok=True)
+    if not (course / "nbgrader_config.py").exists():   # so `nbgrader ...` works inside the folder
+        (course / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
+    api = NbGraderAPI(config=config)
+    _quiet_nbgrader()
+    written = []
+    for path in notebooks:
+        aid = assignment_id(path)
+        nb = nbformat.read(path, as_version=4)
+        src_dir = course / "source" / aid
+        if src_dir.exists():
+            shutil.rmtree(src_dir)
+        src_dir.mkdir(parents=True)
+        nbformat.write(nbgrader_source(nb, name=str(_relative(path))), src_dir / path.name)
+        result = api.generate_assignment(aid, force=True, create=True)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader generate_assignment {aid} failed:\n"
+                               f"{result.get('error', '')}\n{result.get('log', '')}")
+        released = course / "release" / aid / path.name
+        target = student_path(path, out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(released, target)
+        written.append(target)
+        if not quiet:
+            print(f"{_relative(path)} -> {target}  (nbgrader assignment {aid!r})")
+    return written
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", help="chapter notebooks (default: all in _toc.yml)")
+    parser.add_argument("--out", default=str(ROOT / "student"), help="where the handout goes")
+    parser.add_argument("--course", default=str(ROOT / "_build" / "nbgrader"),
+                        help="the nbgrader course folder (source/, release/, gradebook.db)")
+    parser.add_argument("--update-teachers-guide", action="store_true",
+                        help="only rewrite book/teachers.md's exercise table from the notebooks")
+    args = parser.parse_args(argv)
+    if args.update_teachers_guide:
+        changed = update_teachers_guide(notebooks=args.notebooks or None)
+        print(f"{TEACHERS.relative_to(ROOT)}: " + ("table updated" if changed else "up to date"))
+        return
+    out = pathlib.Path(args.out)
+    if not args.notebooks:   # a full build leaves no stale chapter behind
+        for stale in out.rglob("*.ipynb"):
+            stale.unlink()
+    written = build(args.notebooks or None, out, args.course)
+    print(f"student edition: {len(written)} notebook(s) in {out}/; "
+          f"nbgrader course in {args.course}/")
+
+
+if __name__ == "__main__":
+    main()

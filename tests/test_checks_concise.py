@@ -1,0 +1,195 @@
+"""The checks of Part III's exercises (helpers/checks/concise.py): the reference solutions pass,
+a stub reports "not done", and typical wrong answers fail with their message."""
+import sys
+
+import pytest
+import torch
+
+from helpers.checks import (check_accumulate_gradients, check_dp_shard_sizes, check_global_mean_var,
+                            check_lr_at, check_rank_shard, check_strip_module_prefix,
+                            check_torchrun_command)
+
+
+# The reference solutions, as the notebooks have them between the nbgrader markers.
+def dp_shard_sizes(batch_size, k):
+    ### BEGIN SOLUTION
+    size = -(-batch_size // k)   # torch.chunk: pieces of ceil(n / k) rows, the last one smaller
+    return [min(size, batch_size - i) for i in range(0, batch_size, size)]
+    ### END SOLUTION
+
+
+def lr_at(step, base_lr, base_batch, batch, warmup_steps):
+    ### BEGIN SOLUTION
+    peak = base_lr * batch / base_batch
+    return peak * min(1.0, (step + 1) / warmup_steps) if warmup_steps else peak
+    ### END SOLUTION
+
+
+def strip_module_prefix(state_dict):
+    ### BEGIN SOLUTION
+    return {k.removeprefix("module."): v for k, v in state_dict.items()}
+    ### END SOLUTION
+
+
+def accumulate_gradients(model, loss_fn, micro_batches):
+    ### BEGIN SOLUTION
+    k = len(micro_batches)
+    for i, (X, y) in enumerate(micro_batches):
+        last = i == k - 1
+        with (torch.enable_grad() if last else model.no_sync()):
+            (loss_fn(model(X), y) / k).backward()
+    ### END SOLUTION
+
+
+def rank_shard(n, rank, world_size):
+    ### BEGIN SOLUTION
+    return list(range(rank, n, world_size))
+    ### END SOLUTION
+
+
+def torchrun_command(script, nnodes, node_rank, nproc, addr, port):
+    ### BEGIN SOLUTION
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+            "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
+            "--master-addr", addr, "--master-port", str(port), script]
+    ### END SOLUTION
+
+
+def global_mean_var(counts, sums, sumsqs):
+    ### BEGIN SOLUTION
+    n = counts.sum()
+    mean = sums.sum(0) / n
+    return mean, sumsqs.sum(0) / n - mean * mean
+    ### END SOLUTION
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+CHECKS = [(check_dp_shard_sizes, dp_shard_sizes), (check_lr_at, lr_at),
+          (check_strip_module_prefix, strip_module_prefix),
+          (check_accumulate_gradients, accumulate_gradients), (check_rank_shard, rank_shard),
+          (check_torchrun_command, torchrun_command), (check_global_mean_var, global_mean_var)]
+IDS = [c.__name__ for c, _ in CHECKS]
+
+
+@pytest.mark.parametrize("check,solution", CHECKS, ids=IDS)
+def test_reference_solution_passes(check, solution):
+    for _ in range(5):
+        result = check(solution)
+        assert result and result.status == "passed", result
+
+
+@pytest.mark.parametrize("check,solution", CHECKS, ids=IDS)
+def test_stub_reports_not_done(check, solution, capsys):
+    result = check(stub)
+    assert result.status == "not done" and not result
+    assert "not done yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check,solution", CHECKS, ids=IDS)
+def test_inputs_are_fresh(check, solution):
+    seen = [[], []]
+    for run in seen:
+        check(lambda *a: (run.append(repr(a)), solution(*a))[1])
+    assert seen[0] and seen[0] != seen[1]
+
+
+def test_checks_leave_torch_random_state_alone():
+    state = torch.get_rng_state()
+    for check, solution in CHECKS:
+        check(solution)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def failed(result, *words):
+    return result.status == "failed" and all(w in result.message for w in words)
+
+
+def test_dp_shard_sizes_is_not_tensor_split():
+    r = check_dp_shard_sizes(lambda n, k: [len(c) for c in torch.arange(n).tensor_split(k)])
+    assert failed(r, "torch.chunk")
+
+
+def test_lr_at_wrong_answers():
+    assert failed(check_lr_at(lambda s, lr, b0, b, w: lr), "linear scaling")
+    assert failed(check_lr_at(lambda s, lr, b0, b, w: lr * b / b0), "ramp up")
+    assert failed(check_lr_at(lambda s, lr, b0, b, w: lr * b / b0 * min(1, s / w) if w
+                              else lr * b / b0), "off by one")
+
+
+def test_strip_module_prefix_with_replace_breaks_submodules():
+    r = check_strip_module_prefix(lambda sd: {k.replace("module.", ""): v for k, v in sd.items()})
+    assert failed(r, "LEADING")
+
+
+def test_strip_module_prefix_must_not_modify_its_argument():
+    def in_place(sd):
+        for k in list(sd):
+            sd[k.removeprefix("module.")] = sd.pop(k)
+        return sd
+    assert failed(check_strip_module_prefix(in_place), "new dict")
+
+
+def test_accumulate_gradients_wrong_answers():
+    def no_no_sync(model, loss_fn, micro):
+        for X, y in micro:
+            (loss_fn(model(X), y) / len(micro)).backward()
+
+    def unscaled(model, loss_fn, micro):
+        for i, (X, y) in enumerate(micro):
+            with (torch.enable_grad() if i == len(micro) - 1 else model.no_sync()):
+                loss_fn(model(X), y).backward()
+
+    def all_no_sync(model, loss_fn, micro):
+        with model.no_sync():
+            for X, y in micro:
+                (loss_fn(model(X), y) / len(micro)).backward()
+
+    assert failed(check_accumulate_gradients(no_no_sync), "only the last")
+    assert failed(check_accumulate_gradients(unscaled), "too large")
+    assert failed(check_accumulate_gradients(all_no_sync), "never all-reduced")
+
+
+def test_rank_shard_with_padding_fails():
+    def padded(n, rank, w):   # DistributedSampler's way: pad to a multiple of w
+        idx = list(range(n)) + list(range(n))[: (-n) % w]
+        return idx[rank::w]
+    assert failed(check_rank_shard(padded), "two ranks")
+
+
+def test_rank_shard_uneven_fails():
+    assert failed(check_rank_shard(lambda n, r, w: list(range(n)) if r == 0 else []), "differ")
+
+
+def test_torchrun_command_wrong_answers():
+    def standalone(script, nnodes, node_rank, nproc, addr, port):
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                str(nproc), script]
+
+    def after_script(script, nnodes, node_rank, nproc, addr, port):
+        return [sys.executable, "-m", "torch.distributed.run", script, "--nnodes", str(nnodes),
+                "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
+                "--master-addr", addr, "--master-port", str(port)]
+
+    def wrong_rank(script, nnodes, node_rank, nproc, addr, port):
+        return torchrun_command(script, nnodes, 0 if node_rank else 1, nproc, addr, port)
+
+    assert failed(check_torchrun_command(standalone), "--standalone")
+    assert failed(check_torchrun_command(after_script), "BEFORE")
+    assert failed(check_torchrun_command(wrong_rank), "--node-rank")
+
+
+def test_global_mean_var_wrong_answers():
+    def mean_of_means(counts, sums, sumsqs):
+        mean = (sums / counts[:, None]).mean(0)
+        return mean, sumsqs.sum(0) / counts.sum() - mean ** 2
+
+    def unbiased(counts, sums, sumsqs):
+        n = counts.sum()
+        mean = sums.sum(0) / n
+        return mean, (sumsqs.sum(0) / n - mean * mean) * n / (n - 1)
+
+    assert failed(check_global_mean_var(mean_of_means), "weight by the counts")
+    assert failed(check_global_mean_var(unbiased), "unbiased")

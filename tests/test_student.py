@@ -1,0 +1,266 @@
+"""The classroom: exercises in every chapter, and a student edition without the solutions.
+
+Builds the student edition (scripts/student_edition.py, nbgrader) of every chapter in _toc.yml
+and of a small sample notebook into a temporary folder; nothing is executed here (`make
+test-student` runs the student notebooks under nbval).
+"""
+import ast
+import re
+import sys
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+import helpers.checks
+from book_files import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import student_edition as se  # noqa: E402
+
+# the chapters in _toc.yml whose notebook exists (tests/test_book.py fails for a missing one)
+CHAPTERS = se.chapters()
+IDS = [str(p.relative_to(ROOT)) for p in CHAPTERS]
+# which chapters a check module belongs to (helpers/checks/<module>.py)
+MODULE_CHAPTERS = {"gpus": "book/gpus.ipynb", "splits": "book/part1/", "scratch": "book/part2/",
+                   "concise": "book/part3/", "fast": "book/part4/"}
+
+
+def read(path):
+    return nbformat.read(path, as_version=4)
+
+
+def lines(text):
+    return {line.strip() for line in text.splitlines()}
+
+
+def nontrivial(line):
+    """A line that gives something away: not blank, not only punctuation, not a bare keyword."""
+    return (len(line) >= 6 and not line.startswith("#") and re.search(r"[A-Za-z0-9]", line)
+            and line not in {"return", "else:", "continue", "break", "pass", ":::", "```"})
+
+
+def solution_lines(nb):
+    """The non-trivial lines of the solutions (marked code, worked answers) that the chapter
+    does not also show outside them."""
+    secret, public = set(), set()
+    for cell in nb.cells:
+        text = se.source(cell)
+        if not se.is_solution(cell):
+            public |= lines(text)
+        elif cell.cell_type == "markdown":
+            secret |= lines(text)
+        else:
+            inside = False
+            for line in text.splitlines():
+                if se.BEGIN in line or se.END in line:
+                    inside = se.BEGIN in line
+                    continue
+                (secret if inside else public).add(line.strip())
+    return {line for line in secret - public if nontrivial(line)}
+
+
+def sample_notebook():
+    """A chapter in miniature: a code cell with a checked output, two code exercises (solution
+    cell, check cell with its stored pass), an open-ended one with a worked answer."""
+    def code(src, tags, text=None):
+        cell = new_code_cell(src, metadata={"tags": tags})
+        if text:
+            cell.outputs = [new_output("stream", name="stdout", text=text)]
+        return cell
+
+    cells = [
+        new_markdown_cell("# A sample chapter"),
+        code("import torch\nfrom helpers.checks import check_matmul_flops, check_shard_sizes\n"
+             "print(torch.ones(2).shape)", ["nbval-check-output"], "torch.Size([2])\n"),
+        new_markdown_cell("## Exercises\n\n### Exercise 1: Count the work\n*Warm-up, 5 min.*"),
+        code('def matmul_flops(n):\n    """Operations of an n×n by n×n product."""\n'
+             "    ### BEGIN SOLUTION\n    flops_per_entry = 2 * n   # SECRET ONE\n"
+             "    return flops_per_entry * n * n\n    ### END SOLUTION", ["solution", "hide-input"]),
+        code("check_matmul_flops(matmul_flops)", ["check", "nbval-check-output"],
+             "matmul_flops: ✔ passed\n"),
+        new_markdown_cell("### Exercise 2: Shard sizes (core, 10–15 minutes)"),
+        code("def shard_sizes(n, k):\n    ### BEGIN SOLUTION\n    if n < k:\n"
+             '        raise ValueError("SECRET TWO")\n    q, r = divmod(n, k)\n'
+             "    return [q + 1] * r + [q] * (k - r)\n    ### END SOLUTION",
+             ["solution", "hide-input"]),
+        code("check_shard_sizes(shard_sizes)", ["check", "nbval-check-output"],
+             "shard_sizes: ✔ passed\n"),
+        new_markdown_cell("### Exercise 3: Why? (open-ended, 1 h)"),
+        new_markdown_cell(":::{dropdown} A worked answer\nBecause of SECRET PROSE.\n:::",
+                          metadata={"tags": ["solution"]}),
+        code('print("after the exercises")', []),
+    ]
+    return new_notebook(cells=cells, metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}})
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory):
+    """The student edition of the sample and of every chapter, built once (nbgrader)."""
+    base = tmp_path_factory.mktemp("classroom")
+    sample = base / "sample.ipynb"
+    nbformat.write(sample_notebook(), sample)
+    out = base / "student"
+    se.build([sample] + CHAPTERS, out=out, course=base / "course", quiet=True, gradebook=False)
+    return {"out": out, "sample": sample, "course": base / "course"}
+
+
+def student_copy(edition, path):
+    return read(se.student_path(path, edition["out"]))
+
+
+# --- the student edition, on a sample and on every chapter -------------------------------------
+def test_sample_edition(edition):
+    original, student = read(edition["sample"]), student_copy(edition, edition["sample"])
+    text = "\n".join(se.source(c) for c in student.cells)
+    assert solution_lines(original) >= {"flops_per_entry = 2 * n   # SECRET ONE",
+                                        'raise ValueError("SECRET TWO")',
+                                        "Because of SECRET PROSE."}
+    assert "SECRET" not in text and "BEGIN SOLUTION" not in text
+    stubs = [se.source(c) for c in student.cells if se.is_solution(c)]
+    assert len(stubs) == 2 and all(s.rstrip().endswith(se.STUB) for s in stubs)
+    assert stubs[0].startswith('def matmul_flops(n):\n    """Operations of an n×n by n×n product."""')
+    assert [se.source(c) for c in student.cells if se.is_check(c)] == [
+        "check_matmul_flops(matmul_flops)", "check_shard_sizes(shard_sizes)"]
+    assert not any("nbval-check-output" in se.tags(c) for c in student.cells)
+    assert not any(c.get("outputs") for c in student.cells)
+    assert se.source(student.cells[-1]) == 'print("after the exercises")'
+    grade = [c.metadata["nbgrader"] for c in student.cells if se.is_check(c)]
+    assert all(g["grade"] and g["locked"] and g["points"] == 1 for g in grade)
+    assert (edition["course"] / "source" / "sample" / "sample.ipynb").exists()
+
+
+def test_gradebook_for_autograding(tmp_path):
+    """With the gradebook (what `make student` does), nbgrader knows every check cell of the
+    assignment, ready for `nbgrader autograde`."""
+    from nbgrader.api import Gradebook
+
+    nbformat.write(sample_notebook(), tmp_path / "sample.ipynb")
+    course = tmp_path / "course"
+    se.build([tmp_path / "sample.ipynb"], out=tmp_path / "student", course=course, quiet=True)
+    assert (course / "nbgrader_config.py").exists()
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        cells = gb.find_notebook("sample", "sample").grade_cells
+        assert sorted(c.name for c in cells) == ["check-check_matmul_flops",
+                                                  "check-check_shard_sizes"]
+        assert gb.find_assignment("sample").max_score == 2
+
+
+def test_sample_exercise_table(edition):
+    table = se.exercise_table([edition["sample"]])
+    assert "| A sample chapter | 1. Count the work | warm-up | 5 min | `check_matmul_flops` |" in table
+    assert "|  | 2. Shard sizes | core | 15 min | `check_shard_sizes` |" in table
+    assert "|  | 3. Why? | open-ended | 60 min | worked answer |" in table
+    assert "In all: 3 exercises, about 1.3 hours." in table
+
+
+def test_solutions_must_be_marked():
+    nb = sample_notebook()
+    nb.cells[3].source = "def matmul_flops(n):\n    return 2 * n**3"
+    with pytest.raises(se.EditionError, match="no `### BEGIN SOLUTION`"):
+        se.nbgrader_source(nb)
+    nb = sample_notebook()
+    nb.cells[3].metadata["tags"] = []
+    with pytest.raises(se.EditionError, match="is not tagged `solution`"):
+        se.nbgrader_source(nb)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_no_solution_in_student_edition(path, edition):
+    secret = solution_lines(read(path))
+    student_file = se.student_path(path, edition["out"])
+    student = read(student_file)
+    shown = set().union(*(lines(se.source(c)) for c in student.cells))
+    leaked = sorted(secret & shown)
+    assert not leaked, f"{student_file.name} gives solutions away: {leaked}"
+    assert "BEGIN SOLUTION" not in student_file.read_text()
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_student_edition_keeps_checks_and_drops_prose(path, edition):
+    original, student = read(path), student_copy(edition, path)
+    assert [se.source(c) for c in student.cells if se.is_check(c)] == \
+        [se.source(c) for c in original.cells if se.is_check(c)], "every check cell is kept"
+    assert not [c for c in student.cells if se.is_solution(c) and c.cell_type == "markdown"]
+    for cell in student.cells:
+        if se.is_solution(cell):
+            assert se.STUB in se.source(cell)
+        assert not cell.get("outputs"), "outputs are cleared"
+        assert "nbval-check-output" not in se.tags(cell), \
+            "outputs are cleared: nbval has nothing to compare"
+    kept = [c for c in original.cells if not (se.is_solution(c) and c.cell_type == "markdown")]
+    assert len(student.cells) == len(kept)
+
+
+# --- the chapters follow the exercise conventions (CONTRIBUTING.md) -------------------------------
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_chapter_has_exercises(path):
+    nb = read(path)
+    text = "\n".join(se.source(c) for c in nb.cells if c.cell_type == "markdown")
+    assert re.search(r"^## Exercises\s*$", text, re.M), "the chapter needs a `## Exercises` section"
+    found = se.exercises(path)
+    assert len(found) >= 3, f"{len(found)} `### Exercise N: title` headings; at least three"
+    for ex in found:
+        assert ex["level"] and ex["minutes"], (
+            f"Exercise {ex['number']} ({ex['title']}) must state its level (warm-up, core, "
+            "open-ended) and its time (e.g. '10 min') in its heading's cell")
+    assert any(se.is_check(c) for c in nb.cells), "at least one exercise with a check cell"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_solution_cells_have_markers_inside_a_function(path):
+    for i, cell in enumerate(read(path).cells):
+        if not (se.is_solution(cell) and cell.cell_type == "code"):
+            continue
+        text = se.source(cell)
+        begin = [l for l in text.splitlines() if se.BEGIN in l]
+        end = [l for l in text.splitlines() if se.END in l]
+        assert len(begin) == len(end) >= 1, f"cell {i}: needs {se.BEGIN} ... {se.END}"
+        assert text.index(se.BEGIN) < text.index(se.END), f"cell {i}: markers in the wrong order"
+        assert all(l.startswith((" ", "\t")) for l in begin), \
+            f"cell {i}: the markers go inside the function body, so the stub keeps the `def`"
+        assert any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in ast.parse(text).body)
+        assert "hide-input" in se.tags(cell), f"cell {i}: tag it hide-input so the book folds it"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_check_cells_store_a_pass(path):
+    """nbval compares a check cell's stored output: stored as a pass, the book's test run proves
+    that the reference solution passes its check."""
+    for i, cell in enumerate(read(path).cells):
+        if not se.is_check(cell):
+            continue
+        assert "nbval-check-output" in se.tags(cell), f"check cell {i}: tag it nbval-check-output"
+        out = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        assert "✔ passed" in out and "failed" not in out and "not done" not in out, (
+            f"check cell {i} stores {out!r}: the reference solution must pass "
+            "(make outputs NB=...)")
+
+
+def test_every_check_is_called_from_a_notebook():
+    called = set()
+    for path in CHAPTERS:
+        for cell in read(path).cells:
+            if se.is_check(cell):
+                called |= set(re.findall(r"\b(check_\w+)\s*\(", se.source(cell)))
+    listed = [str(p.relative_to(ROOT)) for p in CHAPTERS]
+    missing = []
+    for name in sorted(dir(helpers.checks)):
+        if not (name.startswith("check_") and callable(getattr(helpers.checks, name))):
+            continue
+        module = getattr(helpers.checks, name).__module__.rsplit(".", 1)[-1]
+        chapter = MODULE_CHAPTERS.get(module)
+        in_toc = chapter is not None and any(p.startswith(chapter) for p in listed)
+        if (in_toc or chapter is None) and name not in called:
+            missing.append(f"{name} (helpers/checks/{module}.py)")
+    assert not missing, f"no check cell calls {missing}: add its exercise or remove the check"
+
+
+def test_teachers_guide_table_matches_the_notebooks():
+    text = se.TEACHERS.read_text()
+    begin = text.index(se.TABLE_BEGIN) + len(se.TABLE_BEGIN)
+    table = text[begin:text.index(se.TABLE_END)].strip()
+    assert table == se.exercise_table(CHAPTERS), (
+        "book/teachers.md's exercise table is out of date: run "
+        ".venv/bin/python scripts/student_edition.py --update-teachers-guide")
