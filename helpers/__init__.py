@@ -6,9 +6,9 @@ models    LeNet (functional and as a module), ResNet-18
 parallel  data parallelism from scratch: get_params, allreduce, split_batch
 training  sgd, train_batch, train, evaluate_accuracy
 plotting  live training plot, progress bar, glue
-splits    Part I: splitting a model across layers and within a layer, and what each costs
-distributed  Part III: DistributedDataParallel workers and launchers
-fast      Part IV: the fast data-parallel trainer and its parts
+splits    Part I: splitting a model across layers and within a layer (costs: what each split costs)
+distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
+fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick

@@ -37,13 +37,20 @@ def train_batch(X, y, device_params, devices, lr):
 
 
 def evaluate_accuracy(net, data_iter, device):
-    """Fraction of correct predictions of `net` (a callable on X) over `data_iter`, on `device`."""
+    """Fraction of correct predictions of `net` (a callable on X) over `data_iter`, on `device`.
+
+    A module is put in eval mode meanwhile (BatchNorm then uses its running statistics)."""
+    was_training = isinstance(net, torch.nn.Module) and net.training
+    if was_training:
+        net.eval()
     correct, total = torch.zeros((), device=device), 0
     with torch.no_grad():
         for X, y in data_iter:
             X, y = X.to(device), y.to(device)
             correct += (net(X).argmax(dim=1) == y).sum()
             total += y.numel()
+    if was_training:
+        net.train()
     return correct.item() / total
 
 

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Regenerate book/_vendor/: the JavaScript the rendered book would otherwise fetch from public
+# CDNs, so that the pages work offline (a classroom, a cluster login node, a laptop on a train):
+#   ipywidgets/  the widget manager (@jupyter-widgets/html-manager) and its loader (require.js);
+#                myst-nb's default loads both from cdnjs/jsdelivr, and offline widgets are blank.
+#   mathjax/     MathJax 3 (Sphinx's default mathjax_path is jsdelivr): the combined TeX+CHTML
+#                component, the TeX extensions it autoloads (\boldsymbol, \cancel, ...) and fonts.
+# _config.yml points at these files (sphinx.config: html_static_path, nb_ipywidgets_js,
+# mathjax_path); bump versions in both places. Needs npm and the npm registry.
+# Usage: scripts/vendor-widgets.sh   (from anywhere)
+set -euo pipefail
+HTML_MANAGER=@jupyter-widgets/html-manager@1.0.6   # the version myst-nb 1.4 loads; renders ipywidgets 8
+REQUIREJS=requirejs@2.3.4
+MATHJAX=mathjax@3.2.2
+root="$(cd "$(dirname "$0")/.." && pwd)"
+dest="$root/book/_vendor"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+(cd "$tmp" && npm pack --silent "$HTML_MANAGER" "$REQUIREJS" "$MATHJAX" >/dev/null)
+for pkg in hm:jupyter-widgets-html-manager rq:requirejs mj:mathjax; do
+  mkdir -p "$tmp/${pkg%%:*}"
+  tar xzf "$tmp/${pkg#*:}"-[0-9]*.tgz -C "$tmp/${pkg%%:*}" --strip-components=1
+done
+rm -rf "$dest"
+mkdir -p "$dest/ipywidgets" "$dest/mathjax/input/tex" "$dest/mathjax/output/chtml/fonts"
+# embed-amd.js bundles @jupyter-widgets/base, controls and output (everything ipywidgets makes);
+# the other dist files (embed.js and its chunks, fonts, source maps) are not used by it.
+cp "$tmp/hm/dist/embed-amd.js" "$dest/ipywidgets/embed-amd.js"
+cp "$tmp/hm/LICENSE" "$dest/ipywidgets/LICENSE-html-manager.txt"
+cp "$tmp/rq/require.js" "$dest/ipywidgets/require.js"     # MIT licence in the file's header
+# config.js, loaded between require.js and embed-amd.js, fixes two things the manager does on a
+# Sphinx page: (1) its CSS asks for its Font Awesome fonts at <require.js baseUrl>/@jupyter-widgets/
+# [html-manager/dist/] (page-relative by default: 404s on every widget page), so baseUrl becomes
+# this folder and the fonts are copied where the CSS looks; (2) @jupyter-widgets/controls 2.0
+# typesets widget labels with MathJax 2's MathJax.Hub.Queue, which MathJax 3 lacks: a TypeError on
+# every page with math and widgets. The shim hands the label to MathJax 3 instead.
+for d in "@jupyter-widgets" "@jupyter-widgets/html-manager/dist"; do
+  mkdir -p "$dest/ipywidgets/$d"
+  cp "$tmp"/hm/dist/*.woff2 "$dest/ipywidgets/$d/"
+done
+cat > "$dest/ipywidgets/config.js" <<'JS'
+// Written by scripts/vendor-widgets.sh. Loaded after require.js, before embed-amd.js.
+// 1. The widget manager's fonts resolve against require.js's baseUrl: this folder (they are here).
+require.config({baseUrl: document.currentScript.src.replace(/[^/]*$/, "")});
+// 2. Widget labels are typeset with MathJax 2's API; the book loads MathJax 3 (deferred, so it
+//    exists by DOMContentLoaded; widgets render at window load).
+document.addEventListener("DOMContentLoaded", function () {
+  var M = window.MathJax;
+  if (M && M.version && !M.Hub) {
+    M.Hub = {Queue: function (job) {
+      var el = job && job[2];
+      M.startup.promise.then(function () { return M.typesetPromise(el ? [el] : undefined); });
+    }};
+  }
+});
+JS
+cp "$tmp/mj/es5/tex-mml-chtml.js" "$dest/mathjax/"
+cp -r "$tmp/mj/es5/input/tex/extensions" "$dest/mathjax/input/tex/"
+cp -r "$tmp/mj/es5/output/chtml/fonts/woff-v2" "$dest/mathjax/output/chtml/fonts/"
+cp "$tmp/mj/LICENSE" "$dest/mathjax/LICENSE-mathjax.txt"
+{
+  echo "Vendored by scripts/vendor-widgets.sh on $(date -u +%Y-%m-%d) from the npm registry:"
+  echo "  $HTML_MANAGER  dist/embed-amd.js, LICENSE   -> ipywidgets/"
+  echo "  $REQUIREJS  require.js                     -> ipywidgets/"
+  echo "  $MATHJAX  es5/tex-mml-chtml.js, es5/input/tex/extensions/, es5/output/chtml/fonts/woff-v2/ -> mathjax/"
+  echo "sha256:"
+  (cd "$dest" && sha256sum ipywidgets/embed-amd.js ipywidgets/require.js mathjax/tex-mml-chtml.js | sed 's/^/  /')
+} > "$dest/SOURCES.txt"
+echo "wrote ${dest#$root/}/ ($(du -sh "$dest" | cut -f1))"

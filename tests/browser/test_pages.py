@@ -1,0 +1,99 @@
+"""Every page of the rendered book, as a reader sees it in Chromium, offline.
+
+Needs the built book (`make test-book`, which `make test` runs first). For each page in _toc.yml:
+no console error, no failed local request, no broken internal link or image, no error in a cell
+output, every notebook figure a real image, math rendered, widgets rendered without internet,
+launch and download buttons opening the right notebook. A full-page screenshot of each page goes
+to artifacts/screenshots/<entry>.png (CI keeps it), with <entry>.json beside it: the problems
+found and the external requests the page tried (blocked: the book must work offline).
+"""
+import json
+import re
+import urllib.parse
+
+import pytest
+
+from pagecheck import (check_launch_buttons, check_page, check_widget_figures, open_page,
+                       toc_entries_of)
+
+
+def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
+    html = site / f"{entry}.html"
+    assert html.is_file(), f"{entry} is in _toc.yml but {html} was not built"
+    seen = open_page(browser, base_url + entry + ".html", base_url)
+    try:
+        shot = shots / f"{entry}.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        seen.page.screenshot(path=str(shot), full_page=True)
+        problems = check_page(seen, base_url, site)
+        problems += check_widget_figures(seen.page)
+        if (book_dir / f"{entry}.ipynb").is_file():
+            problems += check_launch_buttons(seen.page, entry, book_dir,
+                                             book_config.get("repository", {}),
+                                             book_config.get("launch_buttons", {}))
+    finally:
+        seen.page.close()
+    problems = list(dict.fromkeys(problems))
+    shot.with_suffix(".json").write_text(json.dumps(
+        {"page": f"{entry}.html", "problems": problems, "blocked_external": seen.blocked},
+        indent=1))
+    assert not problems, f"{entry}.html (screenshot {shot}):\n  " + "\n  ".join(problems)
+
+
+def _search_word(site, entry):
+    """A word of the page's title: searching it must find that page."""
+    text = (site / f"{entry}.html").read_text()
+    h1 = re.search(r"<h1[^>]*>(.*?)</h1>", text, re.S)
+    assert h1, f"{entry}.html has no <h1>"
+    words = re.findall(r"[A-Za-z]{5,}", re.sub(r"<[^>]+>", " ", h1.group(1)))
+    assert words, f"no word to search for in the title of {entry}"
+    return max(words, key=len).lower()
+
+
+def test_search_works_offline(browser, base_url, site, book_dir):
+    entry = toc_entries_of(book_dir)[-1]
+    word = _search_word(site, entry)
+    seen = open_page(browser, base_url + "search.html?q=" + urllib.parse.quote(word), base_url)
+    try:
+        seen.page.wait_for_selector("#search-results .search-summary, #search-results ul.search li",
+                                    timeout=15_000)
+        seen.page.wait_for_function(
+            "() => !document.querySelector('#search-results h2') || "
+            "!/Searching/.test(document.querySelector('#search-results h2').textContent)",
+            timeout=15_000)
+        hits = seen.page.eval_on_selector_all("#search-results ul.search li a",
+                                              "as => as.map(a => a.href)")
+        problems = seen.console_errors + seen.local_failures
+    finally:
+        seen.page.close()
+    assert not problems, problems
+    assert hits, f"searching {word!r} on search.html found nothing"
+    assert any(urllib.parse.urlsplit(h).path.endswith(f"/{entry}.html") for h in hits), \
+        f"searching {word!r} did not find {entry}.html, only {hits[:5]}"
+
+
+def test_widgets_and_math_work_from_disk(browser, site):
+    """A reader without a server opens _build/html/... straight from disk (file://)."""
+    pages = [p for p in sorted(site.rglob("*.html"))
+             if "application/vnd.jupyter.widget-state+json" in p.read_text(errors="replace")]
+    if not pages:
+        pytest.skip("no page with widgets in this book")
+    base = site.as_uri() + "/"
+    seen = open_page(browser, pages[0].as_uri(), base)
+    try:
+        problems = check_page(seen, base, site)
+    finally:
+        seen.page.close()
+    assert not problems, f"{pages[0].relative_to(site)} from disk:\n  " + "\n  ".join(problems)
+
+
+def test_chapter_has_runs_on_badge(entry, site, book_dir):
+    """Every notebook chapter says where it runs and how long it takes (book/_ext/course_badges.py):
+    a markdown cell under the title with ```{runs-on} cpu gpu gpus``` (the places it runs on)."""
+    if not (book_dir / f"{entry}.ipynb").is_file():
+        pytest.skip("not a notebook")
+    html = (site / f"{entry}.html").read_text()
+    badge = re.search(r'<p class="runs-on">(.*?)</p>', html, re.S)
+    assert badge, f"{entry}: no runs-on badge; add ```{{runs-on}} cpu gpu gpus``` under the title"
+    text = re.sub(r"<[^>]+>", "", badge.group(1))
+    assert "Runs on:" in text and "Run time:" in text, text
