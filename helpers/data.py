@@ -20,10 +20,14 @@ class DataMissingError(RuntimeError):
 
 
 def data_dir():
-    """The data folder: $COURSE_DATA, else `data/` at the repository root (git-ignored)."""
+    """The data folder: $COURSE_DATA, else `data/` at the repository root (git-ignored), or
+    ~/.cache/multigpu-course/data when helpers is installed from a package (e.g. in Colab)."""
     if os.environ.get(DATA_ENV):
         return Path(os.environ[DATA_ENV]).expanduser()
-    return Path(__file__).resolve().parent.parent / "data"
+    repo = Path(__file__).resolve().parent.parent
+    if (repo / "pyproject.toml").exists():
+        return repo / "data"
+    return Path.home() / ".cache" / "multigpu-course" / "data"
 
 
 def fashion_mnist(train=True, transform=None, root=None):
