@@ -221,8 +221,10 @@ def gloo_allreduce_worker(rank, world_size, sizes, reps, port, out_path, backend
 
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init: NCCL's communicator and barrier use this GPU
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     results = {}
     try:
         warm = torch.ones(1024, device=device)

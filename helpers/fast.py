@@ -102,6 +102,9 @@ class FastDataParallel:
         self.use_graph = one_gpu if cuda_graph is None else bool(cuda_graph)
         self.warmup, self.graphs, self.seen = warmup, {}, Counter()
         self.side = torch.cuda.Stream(self.devices[0]) if self.use_graph else None
+        # torch.cuda.graph's default capture stream is created once, on whatever device is current
+        # then; capture on a stream of OUR GPU instead (it may not be the current device)
+        self.capture_stream = torch.cuda.Stream(self.devices[0]) if self.use_graph else None
         if replica_streams and not one_gpu:
             raise ValueError("replica_streams needs every replica on one and the same GPU")
         self.streams = ([torch.cuda.Stream(self.devices[0]) for _ in range(self.k)]
@@ -163,8 +166,9 @@ class FastDataParallel:
             cur.wait_stream(self.side)
             return out
         static_idx, graph = idx.clone(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):                  # records the step, does not run it
-            static_loss = self._step_eager(static_idx)
+        with torch.cuda.device(self.devices[0]), \
+                torch.cuda.graph(graph, stream=self.capture_stream):
+            static_loss = self._step_eager(static_idx)   # records the step, does not run it
         self.graphs[n] = (graph, static_idx, static_loss)
         graph.replay()                                 # now run this step for real
         return static_loss
