@@ -5,7 +5,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-JB     := $(BIN)/jupyter-book build . -W -n --keep-going
+JB     := $(BIN)/jupyter-book build . --all -W -n --keep-going
 export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
 
