@@ -14,7 +14,8 @@ checks    exercise checks (imported as helpers.checks)
 from .config import choose, quick
 from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
                    load_tensors)
-from .devices import Timer, get_devices, num_gpus, require_gpus, synchronize, try_all_gpus, try_gpu
+from .devices import (Timer, exact_float32, get_devices, num_gpus, require_gpus, synchronize,
+                      try_all_gpus, try_gpu)
 from .models import (init_lenet_params, lenet, lenet_module, loss, num_params, resnet18)
 from .parallel import allreduce, get_params, split_batch
 from .plotting import Animator, glue, progress

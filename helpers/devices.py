@@ -102,3 +102,11 @@ class Timer:
         s = sorted(self.times[skip:] if len(self.times) > skip else self.times)
         m = len(s) // 2
         return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
+def exact_float32():
+    """Turn TF32 off on NVIDIA GPUs (Ampere and newer use it for convolutions by default), so
+    results compared across devices, splits and code paths agree to float32 precision.
+    Nothing changes on a CPU."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False

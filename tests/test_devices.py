@@ -65,3 +65,14 @@ def test_timer_median_skips_warmup():
     t = helpers.Timer()
     t.times = [10.0, 1.0, 3.0, 2.0]
     assert t.median(skip=1) == 2.0 and t.median() == 2.5
+
+
+def test_exact_float32_turns_tf32_off():
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        helpers.exact_float32()
+        assert torch.backends.cudnn.allow_tf32 is False
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
