@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 __all__ = ["SPLITS", "layer_sizes", "balanced_cuts", "ring_allreduce_bytes", "split_costs",
-           "plot_costs"]
+           "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES", "sharding_costs"]
 
 SPLITS = ("data", "network", "within layer")
 
@@ -145,3 +145,45 @@ def plot_costs(costs, axes=None, title=None):
     if title:
         axes[0].figure.suptitle(title)
     return axes
+
+
+# Bytes of optimizer state per parameter: plain SGD keeps none, momentum one fp32 buffer, Adam two
+# (exp_avg, exp_avg_sq); mixed-precision Adam also keeps an fp32 master copy (4 + 4 + 4 = 12,
+# and its bf16/fp16 weights and gradients are counted at dtype_bytes=2).
+OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8, "mixed_adam": 12}
+SHARDING_STAGES = ("dp", "zero1", "zero2", "zero3")
+
+
+def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4):
+    """Per rank and per step, for plain data parallelism ("dp") and ZeRO stages 1-3: the bytes of
+    parameters, gradients and optimizer state each rank holds, and the bytes it sends.
+
+    ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 the parameters too.
+    Traffic: dp all-reduces the gradients (2 (k-1)/k of them, ring); ZeRO-1 and ZeRO-2
+    reduce-scatter the gradients and all-gather the updated parameters, (k-1)/k each, the same
+    total; ZeRO-3 all-gathers the parameters again for backward: 3 (k-1)/k.
+    With optimizer="mixed_adam" the classic mixed-precision ZeRO accounting (2 + 2 + 12 bytes per
+    parameter) needs dtype_bytes=2.
+    """
+    if stage not in SHARDING_STAGES:
+        raise ValueError(f"stage must be one of {SHARDING_STAGES}, not {stage!r}")
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(f"optimizer must be one of {tuple(OPTIMIZER_STATE_BYTES)}, "
+                         f"not {optimizer!r}")
+    if int(world) != world or world < 1 or n_params < 0:
+        raise ValueError(f"need world >= 1 (an integer) and n_params >= 0, got {world}, {n_params}")
+    k = int(world)
+    params = n_params * dtype_bytes
+    grads = n_params * dtype_bytes
+    optim = n_params * OPTIMIZER_STATE_BYTES[optimizer]
+    level = SHARDING_STAGES.index(stage)
+    if level >= 1:
+        optim /= k
+    if level >= 2:
+        grads /= k
+    if level >= 3:
+        params /= k
+    passes = 3 if stage == "zero3" else 2
+    sent = passes * (k - 1) / k * n_params * dtype_bytes
+    return dict(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
+                total_bytes=params + grads + optim, sent_bytes=sent)
