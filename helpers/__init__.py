@@ -7,6 +7,7 @@ parallel  data parallelism from scratch: get_params, allreduce, split_batch
 training  sgd, train_batch, train, evaluate_accuracy
 plotting  live training plot, progress bar, glue
 splits    Part I: splitting a model across layers and within a layer (costs: what each split costs)
+tensor_parallel  Part I: ring all-reduce over simulated devices, Megatron's f/g and its MLP
 distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
 checks    exercise checks (imported as helpers.checks)
@@ -21,6 +22,7 @@ from .parallel import allreduce, get_params, split_batch
 from .plotting import Animator, glue, progress
 from .training import default_run_size, evaluate_accuracy, sgd, train, train_batch
 from .splits import *        # noqa: F401,F403
+from .tensor_parallel import *  # noqa: F401,F403
 from .costs import *         # noqa: F401,F403
 from .distributed import *   # noqa: F401,F403
 from .ddp_worker import *    # noqa: F401,F403

@@ -1,6 +1,7 @@
 """The checks of the foundation chapter's exercises (helpers/checks/gpus.py): the reference
 solutions pass, a stub reports "not done", and typical wrong answers fail with their message."""
 import pytest
+import torch
 
 from helpers.checks import check_copy_time, check_matmul_flops, check_tensor_bytes
 
@@ -88,3 +89,33 @@ def test_copy_time_wrong():
     assert "multiply it by 1e9" in r.message
     r = check_copy_time(lambda b, bw, lat: 1e-5)
     assert r.status == "failed" and "expected latency_s + num_bytes" in r.message
+
+
+# ---- fit_copy_model: the check makes its own measurements, so a fit must use them -------------
+def fit_copy_model(nbytes, seconds):
+    t = torch.tensor(seconds, dtype=torch.float64)
+    A = torch.stack([torch.ones_like(t), torch.tensor(nbytes, dtype=torch.float64)], 1)
+    sol = torch.linalg.lstsq(A / t[:, None], torch.ones(len(t), 1, dtype=torch.float64)).solution
+    alpha, slope = sol.squeeze(1).tolist()
+    return alpha, 1 / slope / 1e9
+
+
+def test_fit_copy_model():
+    from helpers.checks import check_fit_copy_model
+    for _ in range(5):            # fresh random data each time: the worked answer always passes
+        assert check_fit_copy_model(fit_copy_model)
+    assert check_fit_copy_model(stub).status == "not done"
+    # typical numbers, not a fit: passes only by luck, and never four times in a row
+    assert_fails(check_fit_copy_model(lambda n, t: (10e-6, 25.0)), "these copies were made")
+    def largest_only(n, t):       # bandwidth from the largest copy, no latency
+        return 0.0, n[-1] / t[-1] / 1e9
+    assert_fails(check_fit_copy_model(largest_only), "smallest copies")
+    def bytes_per_s(n, t):
+        a, b = fit_copy_model(n, t)
+        return a, b * 1e9
+    assert_fails(check_fit_copy_model(bytes_per_s), "bytes/s")
+
+
+def assert_fails(result, words):
+    assert result.status == "failed", result
+    assert words in result.message, result.message

@@ -6,6 +6,9 @@ import torch
 from torch.nn import functional as F
 
 from helpers import balanced_cuts
+from helpers import (CommLog, copy_to_shards, megatron_mlp, reduce_from_shards, ring_all_reduce,
+                     send)
+from helpers.checks import (check_bytes_sent_naive_vs_ring, check_gated_mlp_column_then_row)
 from helpers.checks import (check_combine_mean_grads, check_conv_split_in_channels,
                             check_gpipe_time, check_largest_batch_data_parallel,
                             check_microbatches_for_bubble, check_mlp_column_then_row,
@@ -40,18 +43,30 @@ def partial_sum_bytes(n, d_out, k, bytes_per_value=4):
     return (k - 1) * n * d_out * bytes_per_value
 
 
-def conv_split_in_channels(X, W, b, devices):
+def conv_split_in_channels(X, W, b, devices, log=None):
     k = len(devices)
-    partials = [F.conv2d(Xi.to(d), Wi.to(d)) for Xi, Wi, d in
-                zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1), devices)]
-    return sum(P.to(devices[0]) for P in partials) + b.to(devices[0]).reshape(1, -1, 1, 1)
+    partials = [F.conv2d(send(Xi, 0, i, devices, log, "input"), Wi.to(devices[i]))
+                for i, (Xi, Wi) in enumerate(zip(X.tensor_split(k, dim=1),
+                                                 W.tensor_split(k, dim=1)))]
+    Y = sum(send(P, i, 0, devices, log, "partial sum") for i, P in enumerate(partials))
+    return Y + b.to(devices[0]).reshape(1, -1, 1, 1)
 
 
-def mlp_column_then_row(X, W1, b1, W2, b2, devices):
+mlp_column_then_row = megatron_mlp
+
+
+def gated_mlp_column_then_row(X, W1, V, W2, devices, log=None):
     k = len(devices)
-    partials = [F.relu(X.to(d) @ W1i.to(d) + b1i.to(d)) @ W2i.to(d) for W1i, b1i, W2i, d in
-                zip(W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k), devices)]
-    return sum(P.to(devices[0]) for P in partials) + b2.to(devices[0])
+    Xs = copy_to_shards(X, devices, log)
+    shards = zip(Xs, W1.tensor_split(k, dim=1), V.tensor_split(k, dim=1), W2.tensor_split(k),
+                 devices)
+    partials = [(F.silu(Xi @ W1i.to(d)) * (Xi @ Vi.to(d))) @ W2i.to(d)
+                for Xi, W1i, Vi, W2i, d in shards]
+    return reduce_from_shards(partials, devices, log)
+
+
+def bytes_sent(nbytes, k):
+    return (k - 1) * nbytes, 2 * (k - 1) / k * nbytes
 
 
 def combine_mean_grads(grads, sizes):
@@ -116,36 +131,88 @@ def test_partial_sum_bytes():
 def test_conv_split_in_channels():
     assert check_conv_split_in_channels(conv_split_in_channels)
     assert check_conv_split_in_channels(stub).status == "not done"
-    def no_bias(X, W, b, devices):
-        return conv_split_in_channels(X, W, torch.zeros_like(b), devices)
-    def bias_each(X, W, b, devices):
-        k = len(devices)
-        return sum(F.conv2d(Xi, Wi, b) for Xi, Wi in
-                   zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1)))
-    def drop_shard(X, W, b, devices):
+    def unsplit(X, W, b, devices, log):           # the plain convolution: right numbers, no split
+        return F.conv2d(X, W, b)
+    def local_sum(X, W, b, devices, log):         # split, but the partial sums never travel
         k = len(devices)
         return sum(F.conv2d(Xi, Wi) for Xi, Wi in
-                   list(zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1)))[:-1]) \
-            + b.reshape(1, -1, 1, 1)
-    def detached(X, W, b, devices):
-        return conv_split_in_channels(X, W.detach(), b.detach(), devices)
+                   zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1))) + b.reshape(1, -1, 1, 1)
+    def no_bias(X, W, b, devices, log):
+        return conv_split_in_channels(X, W, torch.zeros_like(b), devices, log)
+    def bias_each(X, W, b, devices, log):
+        k = len(devices)
+        return sum(send(F.conv2d(Xi, Wi, b), i, 0, devices, log) for i, (Xi, Wi) in
+                   enumerate(zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1))))
+    def detached(X, W, b, devices, log):
+        return conv_split_in_channels(X, W.detach(), b.detach(), devices, log)
+    assert_fails(check_conv_split_in_channels(unsplit), "saw all")
+    assert_fails(check_conv_split_in_channels(local_sum), "not a plain sum")
     assert_fails(check_conv_split_in_channels(no_bias), "bias is missing")
     assert_fails(check_conv_split_in_channels(bias_each), "added")
-    assert_fails(check_conv_split_in_channels(drop_shard), "partial sum")
     assert_fails(check_conv_split_in_channels(detached), "autograd")
 
 
 def test_mlp_column_then_row():
     assert check_mlp_column_then_row(mlp_column_then_row)
     assert check_mlp_column_then_row(stub).status == "not done"
-    def bias_each(X, W1, b1, W2, b2, devices):
+    def unsplit(X, W1, b1, W2, b2, devices, log):      # the review's counter-example
+        return F.relu(X @ W1 + b1) @ W2 + b2
+    def gather_hidden(X, W1, b1, W2, b2, devices, log):   # column split, then the whole W2
         k = len(devices)
-        return sum(F.relu(X @ a + c) @ w + b2 for a, c, w in
-                   zip(W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k)))
-    def relu_after_sum(X, W1, b1, W2, b2, devices):   # relu of the wrong thing
-        return F.relu(X @ W1 @ W2 + b2)
+        H = torch.cat([F.relu(X @ a + c) for a, c in
+                       zip(W1.tensor_split(k, dim=1), b1.tensor_split(k))], dim=1)
+        return H @ W2 + b2
+    def local_sum(X, W1, b1, W2, b2, devices, log):    # split right, summed on one device, unsent
+        k = len(devices)
+        return sum(F.relu(X @ a + c) @ w for a, c, w in
+                   zip(W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k))) + b2
+    def no_f(X, W1, b1, W2, b2, devices, log):         # g but no f: the input gradient is not reduced
+        k = len(devices)
+        partials = [F.relu(X @ a + c) @ w for a, c, w in
+                    zip(W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k))]
+        return reduce_from_shards(partials, devices, log) + b2
+    def bias_each(X, W1, b1, W2, b2, devices, log):
+        k = len(devices)
+        Xs = copy_to_shards(X, devices, log)
+        partials = [F.relu(Xi @ a + c) @ w + b2 for Xi, a, c, w in
+                    zip(Xs, W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k))]
+        return reduce_from_shards(partials, devices, log)
+    assert_fails(check_mlp_column_then_row(unsplit), "used the whole W1")
+    assert_fails(check_mlp_column_then_row(gather_hidden), "hidden units at once")
+    assert_fails(check_mlp_column_then_row(local_sum), "without any communication")
+    assert_fails(check_mlp_column_then_row(no_f), "copy_to_shards (f)")
     assert_fails(check_mlp_column_then_row(bias_each), "added")
-    assert_fails(check_mlp_column_then_row(relu_after_sum), "differs")
+
+
+def test_gated_mlp_column_then_row():
+    assert check_gated_mlp_column_then_row(gated_mlp_column_then_row)
+    assert check_gated_mlp_column_then_row(stub).status == "not done"
+    def unsplit(X, W1, V, W2, devices, log):
+        return (F.silu(X @ W1) * (X @ V)) @ W2
+    def local_sum(X, W1, V, W2, devices, log):
+        k = len(devices)
+        return sum((F.silu(X @ a) * (X @ v)) @ w for a, v, w in
+                   zip(W1.tensor_split(k, dim=1), V.tensor_split(k, dim=1), W2.tensor_split(k)))
+    def mismatched(X, W1, V, W2, devices, log):         # gate and value split at other columns
+        k = len(devices)
+        Xs = copy_to_shards(X, devices, log)
+        partials = [(F.silu(Xi @ a) * (Xi @ v)) @ w for Xi, a, v, w in
+                    zip(Xs, W1.tensor_split(k, dim=1), [V[:, i::k] for i in range(k)],
+                        W2.tensor_split(k))]
+        return reduce_from_shards(partials, devices, log)
+    assert_fails(check_gated_mlp_column_then_row(unsplit), "used the whole W1")
+    assert_fails(check_gated_mlp_column_then_row(local_sum), "without any communication")
+    assert_fails(check_gated_mlp_column_then_row(mismatched), "same columns")
+
+
+def test_bytes_sent_naive_vs_ring():
+    assert check_bytes_sent_naive_vs_ring(bytes_sent)
+    assert check_bytes_sent_naive_vs_ring(stub).status == "not done"
+    assert_fails(check_bytes_sent_naive_vs_ring(lambda n, k: (2 * (k - 1) * n, 2 * (k - 1) / k * n)),
+                 "sends AND receives")
+    assert_fails(check_bytes_sent_naive_vs_ring(lambda n, k: ((k - 1) * n, (k - 1) / k * n)),
+                 "reduce-scatter alone")
+    assert_fails(check_bytes_sent_naive_vs_ring(lambda n, k: (3 * n, 1.75 * n)), "")
 
 
 def test_combine_mean_grads():

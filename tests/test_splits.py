@@ -205,3 +205,82 @@ def test_resnet_costs_measured():
     c = split_costs(sizes, 4, 128, 16.0)
     assert c["within layer"]["sent"] > c["data"]["sent"]   # activations outweigh gradients
     assert c["network"]["memory"] < c["data"]["memory"] * 4
+
+
+# ---- tensor_parallel: the ring all-reduce and the Megatron MLP over simulated devices -----------
+from helpers import (copy_to_shards, max_abs_diff, megatron_mlp, reduce_from_shards,  # noqa: E402
+                     ring_all_reduce, ring_bytes_per_device)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_ring_all_reduce_sums_and_sends_2_k_minus_1_over_k(k):
+    devices = [torch.device("cpu")] * k
+    xs = [torch.randn(4, 3 * k) for _ in range(k)]
+    originals = [x.clone() for x in xs]
+    log = CommLog()
+    out = ring_all_reduce(xs, devices, log)
+    want = sum(originals)
+    assert all(torch.allclose(o, want, atol=1e-6) for o in out)
+    assert all(torch.equal(x, o) for x, o in zip(xs, originals))   # the inputs are left alone
+    nbytes = 4 * xs[0].numel()
+    for i in range(k):   # 12k elements: chunks are equal, so the formula holds exactly
+        assert log.sent_by(i) == ring_bytes_per_device(nbytes, k)
+    assert log.total("all-reduce: reduce-scatter") == log.total("all-reduce: all-gather") \
+        == (k - 1) * nbytes
+
+
+def test_ring_all_reduce_uneven_chunks_total():
+    k, devices = 4, [torch.device("cpu")] * 4
+    xs = [torch.randn(7) for _ in range(k)]
+    log = CommLog()
+    out = ring_all_reduce(xs, devices, log)
+    assert torch.allclose(out[2], sum(xs), atol=1e-6)
+    assert log.total() == 2 * (k - 1) * 7 * 4       # every chunk goes k-1 hops, twice
+
+
+def test_ring_all_reduce_rejects_wrong_count():
+    with pytest.raises(ValueError, match="one per device"):
+        ring_all_reduce([torch.ones(2)], [torch.device("cpu")] * 2)
+
+
+def test_f_and_g_communicate_only_where_megatron_says():
+    devices = [torch.device("cpu")] * 3
+    X = torch.randn(4, 6, requires_grad=True)
+    log = CommLog()
+    Xs = copy_to_shards(X, devices, log)
+    assert log.total() == 0 and all(torch.equal(x, X) for x in Xs)   # f forward: identity
+    assert all(x.data_ptr() != X.data_ptr() for x in Xs)             # real copies
+    Y = reduce_from_shards([x * (i + 1) for i, x in enumerate(Xs)], devices, log)
+    assert torch.allclose(Y, 6 * X) and log.total("g forward: reduce-scatter") > 0
+    fwd = log.total()
+    Y.sum().backward()                                               # g backward: identity,
+    assert torch.allclose(X.grad, torch.full_like(X, 6.0))           # f backward: all-reduce
+    assert log.total("f backward: reduce-scatter") > 0 and log.total() == 2 * fwd
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_megatron_mlp_equals_unsplit_mlp(k):
+    devices = [torch.device("cpu")] * k
+    g = torch.Generator().manual_seed(k)
+    n, d, h, o = 6, 5, 12, 4
+    tensors = [torch.randn(*s, generator=g).requires_grad_()
+               for s in [(n, d), (d, h), (h,), (h, o), (o,)]]
+    log = CommLog()
+    Y = megatron_mlp(*tensors, devices, log)
+    R = torch.randn(Y.shape, generator=g)
+    got = torch.autograd.grad((Y * R).sum(), tensors)
+    X, W1, b1, W2, b2 = tensors
+    Y0 = torch.relu(X @ W1 + b1) @ W2 + b2
+    want = torch.autograd.grad((Y0 * R).sum(), tensors)
+    assert max_abs_diff(Y, Y0) < 1e-4 and max_abs_diff(list(got), list(want)) < 1e-4
+    # one all-reduce of the output forward, one of the input gradient backward
+    assert log.total("g forward: reduce-scatter") + log.total("g forward: all-gather") \
+        == 2 * (k - 1) * n * o * 4
+    assert log.total("f backward: reduce-scatter") + log.total("f backward: all-gather") \
+        == 2 * (k - 1) * n * d * 4
+    assert log.total() == 2 * (k - 1) * (n * o + n * d) * 4
+
+
+def test_max_abs_diff():
+    assert max_abs_diff(torch.zeros(3), torch.tensor([0.0, -2.0, 1.0])) == 2.0
+    assert max_abs_diff([torch.ones(2)], [torch.ones(2)]) == 0.0

@@ -127,3 +127,45 @@ def check_copy_time(fn):
                                        f"{got:.3e} s: a copy of 0 bytes takes latency_s")
 
     return run_check("copy_time", body, fn)
+
+
+# ---------------------------------------------------------------------------------------------
+__all__ += ["check_fit_copy_model"]
+
+
+def check_fit_copy_model(fn):
+    """fn(nbytes, seconds) returns (latency_s, bandwidth_gbs) fitted to measured copy times
+    t = latency_s + nbytes / (bandwidth_gbs·1e9). The check makes fresh measurements from a random
+    latency and bandwidth (with 2% noise), so only a fit that uses them can pass."""
+
+    def body(fn):
+        g = fresh_generator()
+        for _ in range(4):
+            alpha = randint(g, 2, 50) * 1e-6                     # 2 to 50 µs
+            gbs = randint(g, 10, 2000) / 10                      # 1 to 200 GB/s
+            top = math.log10(300 * alpha * gbs * 1e9)            # the largest copy: 300x alpha
+            nbytes = [round(10 ** (1.8 + (top - 1.8) * i / 11)) for i in range(12)]
+            noise = 1 + 0.04 * (torch.rand(12, generator=g, dtype=torch.float64) - 0.5)
+            seconds = [(alpha + b / (gbs * 1e9)) * float(e) for b, e in zip(nbytes, noise)]
+            call = f"fit_copy_model on copies of {nbytes[0]} to {nbytes[-1]} bytes"
+            got = fn(list(nbytes), list(seconds))
+            expect(isinstance(got, (tuple, list)) and len(got) == 2,
+                   f"{call} returned {got!r}: expected a pair (latency_s, bandwidth_gbs)")
+            lat, bw = (as_number(v, call) for v in got)
+            if not math.isclose(bw, gbs, rel_tol=0.15):
+                expect(not math.isclose(bw, gbs * 1e9, rel_tol=0.15),
+                       f"{call}: bandwidth {bw:.3g} looks like bytes/s: return GB/s (divide by 1e9)")
+                expect(not math.isclose(bw * gbs * 1e9, 1, rel_tol=0.15) and
+                       not math.isclose(bw * gbs, 1, rel_tol=0.15),
+                       f"{call}: {bw:.3g} is seconds per byte (the slope): the bandwidth is its "
+                       "inverse")
+                expect(False, f"{call}: bandwidth {bw:.3g} GB/s, but these copies were made at "
+                              f"{gbs:g} GB/s: fit the slope of time against bytes on the large copies")
+            if not math.isclose(lat, alpha, rel_tol=0.3):
+                expect(lat > 0.05 * alpha, f"{call}: latency {lat:.3g} s, but every copy here took "
+                       f"at least {min(seconds):.3g} s: the smallest copies show the latency")
+                expect(False, f"{call}: latency {lat:.3g} s, but these copies were made with "
+                              f"{alpha:.3g} s: the small copies decide it (an unweighted least-"
+                              "squares fit lets the large copies drown it; weigh each by 1/t)")
+
+    return run_check("fit_copy_model", body, fn)

@@ -7,9 +7,11 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from ..costs import balanced_cuts
-from ..splits import CommLog, dense_split_rows
+from ..splits import CommLog, dense_split_rows, send
+from ..tensor_parallel import ring_all_reduce
 from ._core import as_number, expect, fresh_generator, randint, run_check
 
 __all__ = ["check_microbatches_for_bubble", "check_split_by_params", "check_partial_sum_bytes",
@@ -112,19 +114,98 @@ def check_partial_sum_bytes(fn):
     return run_check("partial_sum_bytes", body, fn)
 
 
+# The within-layer checks watch what the answer computes (a TorchFunctionMode sees every torch call
+# of its forward) and what it sends (a CommLog): an unsplit computation, or partial sums added up
+# without any communication, compute the right numbers but skip the split.
+__all__ += ["check_gated_mlp_column_then_row", "check_bytes_sent_naive_vs_ring"]
+
+_MOVES = {"to", "tensor_split", "chunk", "split", "narrow", "__getitem__", "view", "reshape", "t",
+          "transpose", "contiguous", "detach", "clone", "size", "dim", "numel", "element_size",
+          "__get__", "requires_grad_", "data_ptr", "unbind", "view_as", "reshape_as", "cpu",
+          "cuda", "__len__", "__iter__", "__format__", "__repr__", "__bool__", "is_floating_point",
+          "get_device", "__hash__", "__eq__", "__setstate__", "__reduce_ex__", "__deepcopy__"}
+
+
+class _Watch(TorchFunctionMode):
+    """Records (op name, shapes of its tensor arguments) for every computing torch call."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        if name not in _MOVES:
+            shapes = []
+            for a in [*args, *kwargs.values()]:
+                for t in (a if isinstance(a, (list, tuple)) else [a]):
+                    if isinstance(t, torch.Tensor):
+                        shapes.append(tuple(t.shape))
+            self.calls.append((name, shapes))
+        return func(*args, **kwargs)
+
+
+def _watched(fn, *args):
+    """fn(*args) under a _Watch; returns (result, watch)."""
+    with _Watch() as watch:
+        out = fn(*args)
+    return out, watch
+
+
+def _first_call_with(watch, test):
+    """The first recorded (name, shapes) with a shape for which test(shape) holds, or None."""
+    for name, shapes in watch.calls:
+        for sh in shapes:
+            if test(sh):
+                return name, sh
+    return None
+
+
+def _upstream(Y, g):
+    return torch.randn(Y.shape, generator=g)
+
+
+def _grads_match(call, got, want, tensors, names, g):
+    """Backward through both with one random upstream gradient; every gradient must agree."""
+    R = _upstream(want, g)
+    gw = torch.autograd.grad((want * R).sum(), tensors, allow_unused=True)
+    expect(got.requires_grad, f"{call}: the output does not depend on the inputs through autograd: "
+                              "slice the tensors, do not detach them")
+    gg = torch.autograd.grad((got * R).sum(), tensors, allow_unused=True)
+    for name, a, b in zip(names, gg, gw):
+        expect(a is not None, f"{call}: the output does not depend on {name} through autograd: "
+                              "slice it, do not detach it")
+        expect(torch.allclose(a, b, rtol=1e-4, atol=1e-4),
+               f"{call}: the gradient of {name} differs from the unsplit layer's")
+
+
 def check_conv_split_in_channels(fn):
-    """fn(X, W, b, devices): conv2d(X, W, b) with the INPUT channels split over the devices."""
+    """fn(X, W, b, devices, log): conv2d(X, W, b) with the INPUT channels split over the devices:
+    device i convolves its channels of X with its slice of every filter (a partial sum of the whole
+    output), and the partial sums travel (logged in `log`) to be added up; the bias once."""
 
     def body(fn):
         g = fresh_generator()
         for _ in range(3):
-            k, c_in, c_out = randint(g, 2, 4), randint(g, 4, 9), randint(g, 2, 6)
-            X = torch.randn(2, c_in, 7, 7, generator=g)
+            k = randint(g, 2, 4)
+            c_in = randint(g, 3, 5) * k + randint(g, 1, k - 1)   # 7..23, never a shard's width
+            c_out, n, hw = randint(g, 2, 4), 2, 6
+            X = torch.randn(n, c_in, hw, hw, generator=g).requires_grad_()
             W = torch.randn(c_out, c_in, 3, 3, generator=g).requires_grad_()
             b = torch.randn(c_out, generator=g).requires_grad_()
             want = F.conv2d(X, W, b)
             call = f"conv_split_in_channels on {k} devices ({c_in} input channels)"
-            got = _tensor(fn(X, W, b, [CPU] * k), call, want.shape)
+            log = CommLog()
+            got, watch = _watched(fn, X, W, b, [CPU] * k, log)
+            got = _tensor(got, call, want.shape)
+            whole = _first_call_with(watch, lambda sh: len(sh) == 4 and sh[1] == c_in)
+            expect(whole is None, f"{call}: {whole and whole[0]} saw all {c_in} input channels at "
+                                  f"once (shape {whole and whole[1]}): device i convolves only its "
+                                  "slice of the input channels, with the matching slice of W")
+            convs = [c for c in watch.calls if "conv" in c[0]]
+            expect(len(convs) >= k, f"{call}: {len(convs)} convolutions ran, expected one per "
+                                    f"device ({k})")
             if not _close(got, want):
                 diff = (got.detach() - want.detach()).mean(dim=(0, 2, 3))
                 if torch.allclose(diff, -b.detach(), atol=1e-4):
@@ -132,38 +213,92 @@ def check_conv_split_in_channels(fn):
                 if torch.allclose(diff, (k - 1) * b.detach(), atol=1e-4):
                     expect(False, f"{call}: the bias was added {k} times; add it once, after the sum")
                 expect(False, f"{call}: the output differs from conv2d (is a shard's partial sum missing?)")
-            expect(got.requires_grad, f"{call}: the output does not depend on W and b through "
-                                      "autograd: slice them, do not detach them")
-            gW, = torch.autograd.grad(got.sum(), W, allow_unused=True)
-            expect(gW is not None and torch.allclose(gW, torch.autograd.grad(want.sum(), W)[0], atol=1e-4),
-                   f"{call}: the gradient of W differs: compute from W's slices, not from copies")
+            out_bytes = want.numel() * 4
+            expect(log.total() >= (k - 1) * out_bytes,
+                   f"{call}: {log.total()} bytes were sent, but the {k - 1} other devices each hold "
+                   f"a partial sum of {out_bytes} bytes that must travel to be added up: move them with "
+                   "send(P, i, 0, devices, log) (or an all-reduce), not a plain sum")
+            _grads_match(call, got, want, [X, W, b], ["X", "W", "b"], g)
 
     return run_check("conv_split_in_channels", body, fn)
 
 
-def check_mlp_column_then_row(fn):
-    """fn(X, W1, b1, W2, b2, devices) == relu(X @ W1 + b1) @ W2 + b2, W1 split by columns and W2
-    by rows, with ONE sum of partial results (the relu runs on each device's own columns)."""
+def _check_column_then_row(name, fn, gated):
+    """Shared body of the two MLP checks: watch the hidden units, count the all-reduces."""
 
     def body(fn):
         g = fresh_generator()
         for _ in range(3):
-            k, d, h, o, n = randint(g, 2, 4), randint(g, 3, 9), randint(g, 4, 12), randint(g, 2, 6), 5
-            X = torch.randn(n, d, generator=g)
-            W1, b1 = torch.randn(d, h, generator=g), torch.randn(h, generator=g)
-            W2, b2 = torch.randn(h, o, generator=g), torch.randn(o, generator=g)
-            want = F.relu(X @ W1 + b1) @ W2 + b2
-            call = f"mlp_column_then_row on {k} devices"
-            got = _tensor(fn(X, W1, b1, W2, b2, [CPU] * k), call, want.shape)
+            k = randint(g, 2, 4)
+            h = randint(g, 5, 6) * k + randint(g, 1, k - 1)      # never a shard's width
+            n, d, o = 3, randint(g, 2, 4), randint(g, 2, 3)       # n*o, d, shards: all below h
+            X = torch.randn(n, d, generator=g).requires_grad_()
+            W1 = torch.randn(d, h, generator=g).requires_grad_()
+            W2 = torch.randn(h, o, generator=g).requires_grad_()
+            if gated:
+                V = torch.randn(d, h, generator=g).requires_grad_()
+                args, names = [X, W1, V, W2], ["X", "W1", "V", "W2"]
+                want = (F.silu(X @ W1) * (X @ V)) @ W2
+                formula = "(silu(X @ W1) * (X @ V)) @ W2"
+            else:
+                b1 = torch.randn(h, generator=g).requires_grad_()
+                b2 = torch.randn(o, generator=g).requires_grad_()
+                args, names = [X, W1, b1, W2, b2], ["X", "W1", "b1", "W2", "b2"]
+                want = F.relu(X @ W1 + b1) @ W2 + b2
+                formula = "relu(X @ W1 + b1) @ W2 + b2"
+            call = f"{name} on {k} devices ({h} hidden units)"
+            log = CommLog()
+            got, watch = _watched(fn, *args, [CPU] * k, log)
+            got = _tensor(got, call, want.shape)
+            whole = _first_call_with(watch, lambda sh: h in sh)
+            if whole is not None:
+                op, sh = whole
+                which = (("the whole W1 or V" if gated else "the whole W1") if sh == (d, h) else "the whole W2" if sh == (h, o)
+                         else f"all {h} hidden units")
+                expect(False, f"{call}: {op} used {which} at once (shape {sh}): device i holds only "
+                              "its columns of W1" + (" and V" if gated else "")
+                              + " and the matching rows of W2, so no step ever sees every hidden "
+                              "unit")
+            fwd = log.total()
+            out_bytes = want.numel() * 4
+            expect(fwd > 0, f"{call}: the partial outputs were added up without any communication "
+                            "(nothing was logged): each device holds a partial sum; combine them "
+                            "with reduce_from_shards (g), an all-reduce")
+            expect(fwd >= (k - 1) * out_bytes,
+                   f"{call}: the forward sent {fwd} bytes, but adding up {k} partial outputs of "
+                   f"{out_bytes} bytes needs at least {(k - 1) * out_bytes}")
             if not _close(got, want):
-                d_ = (got - want).mean(dim=0)
-                if torch.allclose(d_, -b2, atol=1e-4):
-                    expect(False, f"{call}: b2 is missing")
-                if torch.allclose(d_, (k - 1) * b2, atol=1e-4):
-                    expect(False, f"{call}: b2 was added {k} times; add it once, after the sum")
-                expect(False, f"{call}: the output differs from relu(X @ W1 + b1) @ W2 + b2")
+                if not gated:
+                    d_ = (got - want).detach().mean(dim=0)
+                    if torch.allclose(d_, (k - 1) * b2.detach(), atol=1e-4):
+                        expect(False, f"{call}: b2 was added {k} times; add it once, after the sum")
+                    if torch.allclose(d_, -b2.detach(), atol=1e-4):
+                        expect(False, f"{call}: b2 is missing")
+                expect(False, f"{call}: the output differs from {formula}" + (
+                    " (split W1 and V at the same columns: a hidden unit's gate and value must be "
+                    "on the same device)" if gated else ""))
+            _grads_match(call, got, want, args, names, g)
+            bwd = log.total() - fwd
+            in_bytes = X.numel() * 4
+            expect(bwd >= (k - 1) * in_bytes,
+                   f"{call}: backward sent {bwd} bytes: each device's shard of W1 contributes a "
+                   f"part of the gradient of X ({in_bytes} bytes), and these parts must be "
+                   "all-reduced: start with copy_to_shards (f), whose backward does it")
 
-    return run_check("mlp_column_then_row", body, fn)
+    return run_check(name, body, fn)
+
+
+def check_mlp_column_then_row(fn):
+    """fn(X, W1, b1, W2, b2, devices, log) == relu(X @ W1 + b1) @ W2 + b2 with W1 split by columns
+    and W2 by the matching rows: no step sees all hidden units, one all-reduce forward (g), one
+    backward (f), all gradients right."""
+    return _check_column_then_row("mlp_column_then_row", fn, gated=False)
+
+
+def check_gated_mlp_column_then_row(fn):
+    """fn(X, W1, V, W2, devices, log) == (silu(X @ W1) * (X @ V)) @ W2, Megatron-style: W1 and V
+    split by the same columns, W2 by the matching rows, one all-reduce forward and one backward."""
+    return _check_column_then_row("gated_mlp_column_then_row", fn, gated=True)
 
 
 # ---- across the data -----------------------------------------------------------------------------
@@ -215,6 +350,53 @@ def check_reduce_then_broadcast(fn):
                            " (it still holds its own gradient)" if torch.allclose(orig, own[i]) else ""))
 
     return run_check("reduce_then_broadcast", body, fn)
+
+
+def _naive_allreduce(xs, devices, log):
+    """Reduce to device 0, then broadcast from it (steps 3 and 4 of data_parallel), logged."""
+    total = sum(send(x, i, 0, devices, log, "reduce") for i, x in enumerate(xs))
+    return [send(total, 0, i, devices, log, "broadcast") for i in range(len(xs))]
+
+
+def check_bytes_sent_naive_vs_ring(fn):
+    """fn(nbytes, k) -> (bytes device 0 sends when it reduces and broadcasts, bytes each device
+    sends in a ring all-reduce), for a gradient of nbytes on k devices; counted from real runs."""
+
+    def body(fn):
+        g = fresh_generator()
+        seen = set()
+        for _ in range(5):
+            k = randint(g, 2, 8)
+            n = k * randint(g, 1, 200)               # elements: a multiple of k, equal chunks
+            nbytes = 4 * n
+            xs = [torch.randn(n, generator=g) for _ in range(k)]
+            log_naive, log_ring = CommLog(), CommLog()
+            _naive_allreduce(xs, [CPU] * k, log_naive)
+            ring_all_reduce(xs, [CPU] * k, log_ring)
+            naive, ring = log_naive.sent_by(0), log_ring.sent_by(0)
+            call = f"bytes_sent({nbytes}, {k})"
+            got = fn(nbytes, k)
+            expect(isinstance(got, (tuple, list)) and len(got) == 2,
+                   f"{call} returned {got!r}: expected a pair (naive device 0, ring per device)")
+            got_naive, got_ring = (as_number(v, call) for v in got)
+            seen.add((got_naive, got_ring))
+            if got_naive != naive:
+                expect(got_naive != 2 * naive, f"{call}: device 0 sends {naive} bytes, you "
+                       f"returned {got_naive:g}, its sends AND receives: count only what it sends")
+                expect(got_naive != nbytes * k, f"{call}: device 0 sends {naive} bytes: the "
+                       f"sum goes to the {k - 1} OTHER devices, not to itself")
+                expect(False, f"{call}: device 0 sends {naive} bytes when it reduces then "
+                              f"broadcasts, you returned {got_naive:g}")
+            if not math.isclose(got_ring, ring, rel_tol=1e-9):
+                expect(not math.isclose(got_ring, ring / 2, rel_tol=1e-9),
+                       f"{call}: in the ring each device sends {ring} bytes, you returned "
+                       f"{got_ring:g}: that is the reduce-scatter alone; the all-gather sends as "
+                       "much again")
+                expect(False, f"{call}: in the ring each device sends {ring} bytes "
+                              f"(counted), you returned {got_ring:g}")
+        expect(len(seen) > 1, "bytes_sent returned the same pair for every input")
+
+    return run_check("bytes_sent_naive_vs_ring", body, fn)
 
 
 # ---- costs ---------------------------------------------------------------------------------------
