@@ -1,7 +1,7 @@
 """Part I: one training step split across layers (network split, GPipe pipeline) or within a layer.
 
 Every function takes `devices`, a list that may repeat a device (simulated GPUs): the results are
-exact either way. Transfers are logged by position in `devices`, so simulated devices count the
+the same either way (up to float32 rounding against the unsplit model). Transfers are logged by position in `devices`, so simulated devices count the
 bytes that real ones would send.
 """
 import copy
@@ -187,8 +187,9 @@ def dense_split_rows(X, W, b, devices, log=None):
     features by its rows, giving a partial sum of the WHOLE output; the partial sums are added up
     on devices[0], and the bias is added once, after the sum."""
     k = len(devices)
+    shards = zip(X.tensor_split(k, dim=1), W.tensor_split(k))
     partials = [torch.mm(send(Xi, 0, i, devices, log, "input"), Wi.to(devices[i]))
-                for i, (Xi, Wi) in enumerate(zip(X.tensor_split(k, dim=1), W.tensor_split(k)))]
+                for i, (Xi, Wi) in enumerate(shards)]
     Y = sum(send(P, i, 0, devices, log, "partial sum") for i, P in enumerate(partials))
     return Y + b.to(devices[0])
 
