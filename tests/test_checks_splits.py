@@ -9,9 +9,10 @@ from helpers import balanced_cuts
 from helpers import (CommLog, copy_to_shards, megatron_mlp, reduce_from_shards, ring_all_reduce,
                      send)
 from helpers.checks import (check_bytes_sent_naive_vs_ring, check_gated_mlp_column_then_row)
+from helpers.checks.splits import check_mlp_column_then_row
 from helpers.checks import (check_combine_mean_grads, check_conv_split_in_channels,
                             check_gpipe_time, check_largest_batch_data_parallel,
-                            check_microbatches_for_bubble, check_mlp_column_then_row,
+                            check_microbatches_for_bubble,
                             check_partial_sum_bytes, check_reduce_then_broadcast,
                             check_split_by_params)
 
