@@ -123,7 +123,8 @@ _MOVES = {"to", "tensor_split", "chunk", "split", "narrow", "__getitem__", "view
           "transpose", "contiguous", "detach", "clone", "size", "dim", "numel", "element_size",
           "__get__", "requires_grad_", "data_ptr", "unbind", "view_as", "reshape_as", "cpu",
           "cuda", "__len__", "__iter__", "__format__", "__repr__", "__bool__", "is_floating_point",
-          "get_device", "__hash__", "__eq__", "__setstate__", "__reduce_ex__", "__deepcopy__"}
+          "get_device", "__hash__", "__eq__", "__setstate__", "__reduce_ex__", "__deepcopy__",
+          "permute", "unsqueeze", "squeeze", "expand", "flatten", "movedim", "swapaxes"}
 
 
 class _Watch(TorchFunctionMode):
