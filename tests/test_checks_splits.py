@@ -6,8 +6,7 @@ import torch
 from torch.nn import functional as F
 
 from helpers import balanced_cuts
-from helpers import (CommLog, copy_to_shards, megatron_mlp, reduce_from_shards, ring_all_reduce,
-                     send)
+from helpers import copy_to_shards, megatron_mlp, reduce_from_shards, send
 from helpers.checks import (check_bytes_sent_naive_vs_ring, check_gated_mlp_column_then_row)
 from helpers.checks.splits import check_mlp_column_then_row
 from helpers.checks import (check_combine_mean_grads, check_conv_split_in_channels,

@@ -208,7 +208,7 @@ def test_resnet_costs_measured():
 
 
 # ---- tensor_parallel: the ring all-reduce and the Megatron MLP over simulated devices -----------
-from helpers import (copy_to_shards, max_abs_diff, megatron_mlp, reduce_from_shards,  # noqa: E402
+from helpers import (copy_to_shards, max_abs_diff, megatron_mlp, reduce_from_shards,
                      ring_all_reduce, ring_bytes_per_device)
 
 

@@ -200,7 +200,7 @@ def check_conv_split_in_channels(fn):
             log = CommLog()
             got, watch = _watched(fn, X, W, b, [CPU] * k, log)
             got = _tensor(got, call, want.shape)
-            whole = _first_call_with(watch, lambda sh: len(sh) == 4 and sh[1] == c_in)
+            whole = _first_call_with(watch, lambda sh, c=c_in: len(sh) == 4 and sh[1] == c)
             expect(whole is None, f"{call}: {whole and whole[0]} saw all {c_in} input channels at "
                                   f"once (shape {whole and whole[1]}): device i convolves only its "
                                   "slice of the input channels, with the matching slice of W")
@@ -251,7 +251,7 @@ def _check_column_then_row(name, fn, gated):
             log = CommLog()
             got, watch = _watched(fn, *args, [CPU] * k, log)
             got = _tensor(got, call, want.shape)
-            whole = _first_call_with(watch, lambda sh: h in sh)
+            whole = _first_call_with(watch, lambda sh, h=h: h in sh)
             if whole is not None:
                 op, sh = whole
                 which = (("the whole W1 or V" if gated else "the whole W1") if sh == (d, h) else "the whole W2" if sh == (h, o)
