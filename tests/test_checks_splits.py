@@ -122,7 +122,7 @@ def test_split_by_params():
     def even_layers(net, devices):   # as many layers per stage, not as many parameters
         k = len(devices)
         bounds = [round(i * len(net) / k) for i in range(k + 1)]
-        return [copy.deepcopy(net[a:b]) for a, b in zip(bounds, bounds[1:])]
+        return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
     results = [check_split_by_params(even_layers) for _ in range(5)]
     assert any(r.status == "failed" and "a better cut" in r.message for r in results)
     def fresh_weights(net, devices):   # right cuts, but the layers re-initialised
@@ -133,6 +133,9 @@ def test_split_by_params():
                     layer.reset_parameters()
         return stages
     assert_fails(check_split_by_params(fresh_weights), "do not compute")
+    def stays_put(net, devices):    # right cuts, copies, but never moved to the devices
+        return [s.cpu() for s in split_by_params(net, [torch.device("cpu")] * len(devices))]
+    assert_fails(check_split_by_params(stays_put), "move each stage to its device")
 
 
 def test_partial_sum_bytes():

@@ -84,6 +84,12 @@ def check_split_by_params(fn):
             for s in stages:
                 h = s(h)
             expect(_close(h, net(X)), "the stages, run in order, do not compute what net computes")
+            # placement: stage i lives on devices[i] (meta devices stand in for GPUs: no memory)
+            mixed = [torch.device("meta") if i % 2 else CPU for i in range(k)]
+            for i, s in enumerate(fn(net, mixed)):
+                where = {str(p.device) for p in s.parameters()}
+                expect(where <= {str(mixed[i])}, f"stage {i}'s parameters are on {sorted(where)}, "
+                                                 f"expected {mixed[i]}: move each stage to its device")
             sizes = [sum(p.numel() for p in s.parameters()) for s in stages]
             per_layer = [sum(p.numel() for p in m.parameters()) for m in net]
             bounds = [0, *balanced_cuts(per_layer, k), len(per_layer)]
