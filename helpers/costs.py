@@ -1,23 +1,58 @@
 """Part I: what each of the three splits costs per training step, from a real model's sizes.
 
-Sizes are measured, not typed: parameters by counting, activations with forward hooks on one
-small batch. The model is an nn.Sequential (LeNet and ResNet-18 of helpers.models are).
+Sizes are measured, not typed: parameters by counting, activations as the tensors autograd saves
+for backward (torch.autograd.graph.saved_tensors_hooks). The model is an nn.Sequential (LeNet and
+ResNet-18 of helpers.models are).
 """
+import copy
 import functools
 
 import torch
 from torch import nn
 
-__all__ = ["SPLITS", "layer_sizes", "balanced_cuts", "ring_allreduce_bytes", "split_costs",
-           "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES", "sharding_costs"]
+__all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_allreduce_bytes",
+           "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES",
+           "sharding_costs", "ZERO_ROWS"]
 
 SPLITS = ("data", "network", "within layer")
+ZERO_ROWS = ("ZeRO-1", "ZeRO-2", "ZeRO-3")
+
+
+def saved_per_layer(net, X):
+    """Bytes of the tensors autograd saves for backward while each top-level layer of `net` runs
+    on X: every storage counted once (a view such as Flatten's output adds nothing), the
+    parameters left out. Works on the meta device too (no memory is used there)."""
+    params = {id(q) for q in net.parameters()}
+    param_ptrs = {q.untyped_storage().data_ptr() for q in net.parameters() if q.device.type != "meta"}
+    seen, keep, per_layer, current = set(), [], [0] * len(net), [0]
+
+    def pack(t):
+        if t.device.type == "meta":   # no storage address: the tensor a view was taken of
+            base = t._base if t._base is not None else t
+            key, is_param = ("meta", id(base)), id(base) in params
+        else:
+            key = t.untyped_storage().data_ptr()
+            is_param = key in param_ptrs
+        if not is_param and key not in seen:
+            seen.add(key)
+            keep.append(t)            # keeps the id from being reused while we count
+            per_layer[current[0]] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        h = X
+        for i, layer in enumerate(net):
+            current[0] = i
+            h = layer(h)
+    return per_layer
 
 
 def layer_sizes(net, input_shape):
     """One dict per top-level layer of `net`: its parameters, its output size per example
-    (what a network split sends on), the activations its leaf modules keep per example (what
-    backward needs), and (inputs, outputs) per example of each conv or dense layer inside it."""
+    (what a network split sends on), the activations autograd saves for its backward per example
+    (in float32 values: saved bytes / 4, measured as the difference between batches of 4 and 2,
+    in training mode on a copy of net), and (inputs, outputs) per example of each conv or dense
+    layer inside it (what a within-layer split exchanges)."""
     children, rows, hooks = list(net), [], []
     for child in children:
         rows.append(dict(name=type(child).__name__, params=sum(p.numel() for p in child.parameters()),
@@ -27,7 +62,6 @@ def layer_sizes(net, input_shape):
         rows[i]["out"] = output[0].numel()
 
     def on_leaf(i, module, inputs, output):
-        rows[i]["acts"] += output[0].numel()
         if isinstance(module, (nn.Conv2d, nn.Linear)):
             rows[i]["weighted"].append((inputs[0][0].numel(), output[0].numel()))
 
@@ -36,15 +70,21 @@ def layer_sizes(net, input_shape):
         leaves = [m for m in child.modules() if not list(m.children())]
         for leaf in leaves:
             hooks.append(leaf.register_forward_hook(functools.partial(on_leaf, i)))
+    device = next(net.parameters()).device
     was_training = net.training
     try:
         net.eval()
         with torch.no_grad():   # one example is enough: we record sizes per example
-            net(torch.zeros((1, *input_shape), device=next(net.parameters()).device))
+            net(torch.zeros((1, *input_shape), device=device))
     finally:
         net.train(was_training)
         for h in hooks:
             h.remove()
+    twin = copy.deepcopy(net).train()    # training mode (BatchNorm saves what it uses), own buffers
+    two, four = (saved_per_layer(twin, torch.zeros((n, *input_shape), device=device))
+                 for n in (2, 4))
+    for row, a, b in zip(rows, two, four):
+        row["acts"] = round((b - a) / 2 / 4)
     return rows
 
 
@@ -73,29 +113,40 @@ def ring_allreduce_bytes(nbytes, k):
     return 2 * (k - 1) / k * nbytes
 
 
-def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4):
-    """Per training step, for each split in SPLITS: the bytes the busiest device sends, the
-    memory of the fullest device (params, grads, activations, in bytes), the number of
-    synchronisation points and the seconds the sending takes at `bandwidth_gbs` GB/s.
+def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4,
+                optimizer="sgd", latency_us=0.0, zero=False):
+    """Per training step, for each split in SPLITS (and ZERO_ROWS when zero=True): the bytes the
+    busiest device sends, the memory of the fullest device (params, grads, optimizer state,
+    activations, in bytes), the collectives and the point-to-point hand-offs of the step, the
+    messages the busiest device sends, and the seconds its sending takes in the alpha-beta model:
+    messages * latency_us + bytes / bandwidth_gbs.
 
-    data: every device holds the model and 1/k of the batch; one all-reduce of the gradients.
+    data: every device holds the model, its optimizer state and 1/k of the batch; one ring
+      all-reduce of the gradients (2(k-1) messages per device).
     network: contiguous layers per device (balanced by memory), the whole batch passes through
       each; the activation at each cut goes forward, its gradient back, once per micro-batch.
     within layer: every conv/dense layer is split k ways by output channels/units; its outputs
       are all-gathered after it (forward), its input gradients all-reduced (backward); each
       device keeps the gathered, full activations.
+    ZeRO-1/2/3: data parallelism with the optimizer state, then the gradients, then the
+      parameters sharded k ways (sharding_costs); ZeRO-3 gathers each layer's parameters for its
+      forward and again for its backward.
     """
-    b, n = bytes_per_value, batch_size
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(f"optimizer must be one of {tuple(OPTIMIZER_STATE_BYTES)}, "
+                         f"not {optimizer!r}")
+    b, n, m = bytes_per_value, batch_size, num_microbatches
+    ob = OPTIMIZER_STATE_BYTES[optimizer]
     P = sum(r["params"] for r in sizes)
     A = sum(r["acts"] for r in sizes)
     costs = {}
 
     shard = -(-n // k)    # the largest shard of the batch
-    sent = ring_allreduce_bytes(P * b, k)
-    costs["data"] = dict(sent=sent, params=P * b, grads=P * b, acts=shard * A * b,
-                         syncs=int(k > 1))
+    costs["data"] = dict(sent=ring_allreduce_bytes(P * b, k), params=P * b, grads=P * b,
+                         optim=P * ob, acts=shard * A * b, collectives=int(k > 1), handoffs=0,
+                         messages=2 * (k - 1))
 
-    weights = [2 * r["params"] + n * r["acts"] for r in sizes]
+    weights = [(2 * b + ob) * r["params"] + n * b * r["acts"] for r in sizes]
     bounds = [0, *balanced_cuts(weights, k), len(sizes)]
     stages = [sizes[a:c] for a, c in zip(bounds, bounds[1:])]
     per_device = []
@@ -103,27 +154,41 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
         p = sum(r["params"] for r in stage)
         out = n * stage[-1]["out"] * b if s < k - 1 else 0                  # activations forward
         back = n * sizes[bounds[s] - 1]["out"] * b if s > 0 else 0         # gradients back
-        per_device.append(dict(sent=out + back, params=p * b, grads=p * b,
-                               acts=n * sum(r["acts"] for r in stage) * b))
-    fullest = max(per_device, key=lambda d: d["params"] + d["grads"] + d["acts"])
+        per_device.append(dict(sent=out + back, params=p * b, grads=p * b, optim=p * ob,
+                               acts=n * sum(r["acts"] for r in stage) * b,
+                               messages=m * ((s < k - 1) + (s > 0))))
+    fullest = max(per_device, key=lambda d: d["params"] + d["grads"] + d["optim"] + d["acts"])
     costs["network"] = dict(fullest, sent=max(d["sent"] for d in per_device),
-                            syncs=2 * (k - 1) * num_microbatches, cuts=bounds[1:-1])
+                            messages=max(d["messages"] for d in per_device), collectives=0,
+                            handoffs=2 * (k - 1) * m, cuts=bounds[1:-1])
 
     layers = [io for r in sizes for io in r["weighted"]]
     weighted = sum(r["params"] for r in sizes if r["weighted"])
     p_dev = -(-weighted // k) + (P - weighted)    # conv/dense weights split, the rest replicated
     sent = sum((k - 1) / k * n * o * b for _, o in layers)                       # all-gathers
     sent += sum(ring_allreduce_bytes(n * i * b, k) for i, _ in layers[1:])       # all-reduces
-    costs["within layer"] = dict(sent=sent, params=p_dev * b, grads=p_dev * b, acts=n * A * b,
-                                 syncs=(2 * len(layers) - 1) if k > 1 else 0)
+    L = len(layers) if k > 1 else 0
+    costs["within layer"] = dict(sent=sent, params=p_dev * b, grads=p_dev * b, optim=p_dev * ob,
+                                 acts=n * A * b, collectives=max(0, 2 * L - 1), handoffs=0,
+                                 messages=(k - 1) * L + 2 * (k - 1) * max(0, L - 1))
+    if zero:
+        with_params = sum(1 for r in sizes if r["params"]) if k > 1 else 0
+        for row, stage in zip(ZERO_ROWS, SHARDING_STAGES[1:]):
+            z = sharding_costs(P, k, stage, optimizer, b)
+            coll = 3 * with_params if stage == "zero3" else 2 * int(k > 1)
+            costs[row] = dict(sent=z["sent_bytes"], params=z["params_bytes"],
+                              grads=z["grads_bytes"], optim=z["optim_bytes"], acts=shard * A * b,
+                              collectives=coll, handoffs=0, messages=coll * (k - 1))
     for c in costs.values():
-        c["memory"] = c["params"] + c["grads"] + c["acts"]
-        c["seconds"] = c["sent"] / (bandwidth_gbs * 1e9)
+        c["memory"] = c["params"] + c["grads"] + c["optim"] + c["acts"]
+        c["seconds_latency"] = c["messages"] * latency_us * 1e-6
+        c["seconds_bandwidth"] = c["sent"] / (bandwidth_gbs * 1e9)
+        c["seconds"] = c["seconds_latency"] + c["seconds_bandwidth"]
     return costs
 
 
 def plot_costs(costs, axes=None, title=None):
-    """Three bar charts of split_costs' result: MB sent, memory (stacked), sync points."""
+    """Three bar charts of split_costs' result: MB sent, memory (stacked), messages sent."""
     import matplotlib.pyplot as plt
     if axes is None:
         _, axes = plt.subplots(1, 3, figsize=(10, 3), layout="constrained")
@@ -132,16 +197,18 @@ def plot_costs(costs, axes=None, title=None):
     axes[0].bar(names, [costs[s]["sent"] / MB for s in names], color="tab:red")
     axes[0].set(ylabel="MB sent per device", title="communication")
     bottom = [0.0] * len(names)
-    for part, color in (("params", "tab:blue"), ("grads", "tab:cyan"), ("acts", "tab:green")):
+    parts = (("params", "tab:blue"), ("grads", "tab:cyan"), ("optim", "tab:olive"),
+             ("acts", "tab:green"))
+    for part, color in parts:
         vals = [costs[s][part] / MB for s in names]
         axes[1].bar(names, vals, bottom=bottom, color=color, label=part)
         bottom = [a + v for a, v in zip(bottom, vals)]
     axes[1].set(ylabel="MB on the fullest device", title="memory")
     axes[1].legend(fontsize=8)
-    axes[2].bar(names, [costs[s]["syncs"] for s in names], color="tab:purple")
-    axes[2].set(ylabel="per step", title="sync points")
+    axes[2].bar(names, [costs[s]["messages"] for s in names], color="tab:purple")
+    axes[2].set(ylabel="per step", title="messages the busiest device sends")
     for ax in axes:
-        ax.tick_params(axis="x", labelsize=8)
+        ax.tick_params(axis="x", labelsize=8, labelrotation=30 if len(names) > 3 else 0)
     if title:
         axes[0].figure.suptitle(title)
     return axes

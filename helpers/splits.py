@@ -1,7 +1,7 @@
 """Part I: one training step split across layers (network split, GPipe pipeline) or within a layer.
 
-Every function takes `devices`, a list that may repeat a device (simulated GPUs): the results are
-the same either way (up to float32 rounding against the unsplit model). Transfers are logged by position in `devices`, so simulated devices count the
+Every function takes `devices`, a list that may repeat a device (simulated GPUs): the results
+agree with one device up to float32 rounding either way. Transfers are logged by position in `devices`, so simulated devices count the
 bytes that real ones would send.
 """
 import copy
@@ -10,8 +10,13 @@ import time
 import torch
 from torch.nn import functional as F
 
+from .devices import synchronize
+
 __all__ = ["CommLog", "send", "all_close", "split_sequential", "network_split_forward",
            "pipeline_step", "bubble_fraction", "schedule_bubble", "plot_schedule",
+           "gpipe_order", "one_f_one_b_order", "check_orders", "clock_ticks", "run_schedule",
+           "stage_forward", "stage_backward", "pipeline_1f1b", "replay", "measured_bubble",
+           "peak_live", "multiply_adds", "plot_live",
            "conv_split_channels", "dense_split_columns", "dense_split_rows", "lenet_within_layer"]
 
 
@@ -70,63 +75,205 @@ def network_split_forward(stages, X, devices, log=None):
     return X
 
 
-def pipeline_step(stages, X, y, loss, devices, num_microbatches, log=None):
-    """Forward and backward of one GPipe step; returns (mean loss, schedule).
+def gpipe_order(p, m):
+    """GPipe's order: every stage runs the forwards of all m micro-batches, then their
+    backwards, last micro-batch first. One list of ("F" or "B", micro-batch) per stage."""
+    return [[("F", j) for j in range(m)] + [("B", j) for j in reversed(range(m))]
+            for _ in range(p)]
 
-    The batch is cut into micro-batches. At clock tick t, stage s runs the forward of micro-batch
-    t - s; after all forwards, the backwards run in reverse. The stages' .grad accumulate the
-    gradient of the mean loss over the whole batch, as one unsplit step would.
-    `schedule` lists what ran: dict(stage, micro, phase 'F' or 'B', tick, start, end), with start
-    and end in seconds since the step began (when Python issued the work).
-    """
-    p, m, n = len(stages), num_microbatches, X.shape[0]
-    Xs, ys = X.tensor_split(m), y.tensor_split(m)
-    inputs = [[None] * m for _ in range(p)]    # each stage keeps its inputs and outputs for backward
-    outputs = [[None] * m for _ in range(p)]
-    schedule, total, t0 = [], 0.0, time.perf_counter()
 
-    def record(s, j, phase, tick, start):
-        schedule.append(dict(stage=s, micro=j, phase=phase, tick=tick, start=start - t0,
-                             end=time.perf_counter() - t0))
+def one_f_one_b_order(p, m):
+    """1F1B (PipeDream-Flush): stage s runs p-1-s forwards to fill the pipeline, then one
+    forward and one backward in turn, then the remaining backwards. Same format as gpipe_order."""
+    orders = []
+    for s in range(p):
+        warm = min(p - 1 - s, m)
+        ops = [("F", j) for j in range(warm)]
+        for j in range(m - warm):
+            ops += [("F", warm + j), ("B", j)]
+        orders.append(ops + [("B", j) for j in range(m - warm, m)])
+    return orders
 
-    for tick in range(m + p - 1):              # forward: micro-batch j reaches stage s at tick j+s
+
+def _needs(s, phase, j, p):
+    """The op that must have run before (s, phase, j): the previous stage's forward of the same
+    micro-batch, the next stage's backward (the last stage: its own forward); None for the first."""
+    if phase == "F":
+        return (s - 1, "F", j) if s > 0 else None
+    return (s + 1, "B", j) if s < p - 1 else (s, "F", j)
+
+
+def check_orders(orders):
+    """The number of micro-batches of per-stage orders, or ValueError naming what is wrong:
+    every stage must run the forward and the backward of every micro-batch exactly once."""
+    if not isinstance(orders, (list, tuple)) or not orders:
+        raise ValueError("expected one list of (phase, micro-batch) per stage")
+    m = sum(1 for op in orders[0] if tuple(op)[0] == "F")
+    want = sorted([("B", j) for j in range(m)] + [("F", j) for j in range(m)])
+    for s, ops in enumerate(orders):
+        got = sorted(tuple(op) for op in ops)
+        if got != want:
+            raise ValueError(f"stage {s} runs {got}; every stage must run ('F', j) and ('B', j) "
+                             f"once for each micro-batch j in range({m})")
+    return m
+
+
+def clock_ticks(orders):
+    """{(stage, phase, micro): tick}: each stage runs its order one op per clock tick, as soon as
+    the op it needs (_needs) ran in an earlier tick. ValueError if some stage would wait forever."""
+    p, total = len(orders), sum(len(ops) for ops in orders)
+    done, pos, tick = {}, [0] * p, 0
+    while len(done) < total:
+        ready = []
         for s in range(p):
-            j = tick - s
-            if 0 <= j < m:
-                start = time.perf_counter()
-                if s == 0:
-                    h = Xs[j].to(devices[0])
-                else:
-                    h = send(outputs[s - 1][j].detach(), s - 1, s, devices, log, "activation")
-                    h.requires_grad_()
-                inputs[s][j], outputs[s][j] = h, stages[s](h)
-                record(s, j, "F", tick, start)
-    for tick in range(m + p - 1):              # backward: last stage, last micro-batch first
-        for s in reversed(range(p)):
-            j = m - 1 - tick + (p - 1 - s)
-            if 0 <= j < m:
-                start = time.perf_counter()
-                if s == p - 1:
-                    l = loss(outputs[s][j], ys[j].to(devices[s])).sum() / n
-                    l.backward()
-                    total = total + l.detach()
-                else:
-                    grad = send(inputs[s + 1][j].grad, s + 1, s, devices, log, "gradient")
-                    outputs[s][j].backward(grad)
-                record(s, j, "B", m + p - 1 + tick, start)
+            if pos[s] < len(orders[s]):
+                phase, j = orders[s][pos[s]]
+                need = _needs(s, phase, j, p)
+                if need is None or done.get(need, tick) < tick:
+                    ready.append((s, phase, j))
+        if not ready:
+            s = min(s for s in range(p) if pos[s] < len(orders[s]))
+            phase, j = orders[s][pos[s]]
+            raise ValueError(f"deadlock at tick {tick}: stage {s} waits forever for "
+                             f"{_needs(s, phase, j, p)} before its {(phase, j)}")
+        for s, phase, j in ready:
+            done[(s, phase, j)] = tick
+            pos[s] += 1
+        tick += 1
+    return done
+
+
+def run_schedule(stages, X, y, loss, devices, orders, log=None, timed=False):
+    """Forward and backward of one step, each stage running its `orders` (gpipe_order,
+    one_f_one_b_order) on its device; returns (mean loss, schedule).
+
+    The stages' .grad accumulate the gradient of the mean loss over the whole batch. `schedule`
+    lists what ran, in the order it ran: dict(stage, micro, phase, tick, start, end, live), start
+    and end in seconds since the step began, `live` the micro-batches whose activations the stage
+    holds after the op. timed=True waits for each op's device, so end - start is its busy time.
+    """
+    m, p, n = check_orders(orders), len(stages), X.shape[0]
+    Xs, ys = X.tensor_split(m), y.tensor_split(m)
+    inputs, outputs = [{} for _ in range(p)], [{} for _ in range(p)]   # kept for backward
+    handoff = [{} for _ in range(p)]      # input gradients, waiting to go back a stage
+    ticks = clock_ticks(orders)
+    schedule, total, t0 = [], 0.0, time.perf_counter()
+    for (s, phase, j), tick in sorted(ticks.items(), key=lambda kv: (kv[1], kv[0][0])):
+        start = time.perf_counter()
+        if phase == "F":
+            inputs[s][j], outputs[s][j] = stage_forward(stages, s, j, Xs, outputs, devices, log)
+        else:
+            total = total + stage_backward(stages, s, j, ys, n, inputs, outputs, handoff,
+                                           loss, devices, log)
+        if timed:
+            synchronize([devices[s]])
+        schedule.append(dict(stage=s, micro=j, phase=phase, tick=tick, start=start - t0,
+                             end=time.perf_counter() - t0, live=len(outputs[s])))
     return float(total), schedule
 
 
+def stage_forward(stages, s, j, Xs, outputs, devices, log=None):
+    """Stage s's forward of micro-batch j: its input (the batch, or the previous stage's output
+    cut out of the graph, so each stage's backward runs on its own) and its output."""
+    if s == 0:
+        h = Xs[j].to(devices[0])
+    else:
+        h = send(outputs[s - 1][j].detach(), s - 1, s, devices, log, "activation")
+        h.requires_grad_()
+    return h, stages[s](h)
+
+
+def stage_backward(stages, s, j, ys, n, inputs, outputs, handoff, loss, devices, log=None):
+    """Stage s's backward of micro-batch j; frees its activations and leaves its input gradient
+    for the stage before. The last stage starts from the loss, divided by the WHOLE batch size n
+    so that the micro-batches' gradients add up to the mean loss's. Returns its loss (or 0)."""
+    l = 0.0
+    if s == len(stages) - 1:
+        l = loss(outputs[s][j], ys[j].to(devices[s])).sum() / n
+        l.backward()
+        l = l.detach()
+    else:
+        grad = send(handoff[s + 1].pop(j), s + 1, s, devices, log, "gradient")
+        outputs[s][j].backward(grad)
+    h, _ = inputs[s].pop(j), outputs[s].pop(j)
+    if s > 0:
+        handoff[s][j] = h.grad
+    return l
+
+
+def pipeline_step(stages, X, y, loss, devices, num_microbatches, log=None, timed=False):
+    """One GPipe step with `num_microbatches` micro-batches; returns (mean loss, schedule)."""
+    orders = gpipe_order(len(stages), num_microbatches)
+    return run_schedule(stages, X, y, loss, devices, orders, log, timed)
+
+
+def pipeline_1f1b(stages, X, y, loss, devices, num_microbatches, log=None, timed=False):
+    """One 1F1B step with `num_microbatches` micro-batches; returns (mean loss, schedule)."""
+    orders = one_f_one_b_order(len(stages), num_microbatches)
+    return run_schedule(stages, X, y, loss, devices, orders, log, timed)
+
+
 def bubble_fraction(p, m):
-    """Share of idle device time in a GPipe step with p stages and m micro-batches."""
+    """Share of idle device time in a GPipe step with p EQUAL stages and m micro-batches."""
     return (p - 1) / (m + p - 1)
 
 
 def schedule_bubble(schedule):
-    """Idle share measured from a recorded schedule: empty (stage, tick) slots over all slots."""
+    """Idle share counted from a recorded schedule: empty (stage, tick) slots over all slots.
+    It counts the slots the schedule built, so it assumes every op takes one tick."""
     p = 1 + max(e["stage"] for e in schedule)
     ticks = 1 + max(e["tick"] for e in schedule)
     return 1 - len({(e["stage"], e["tick"]) for e in schedule}) / (p * ticks)
+
+
+def replay(schedule):
+    """The schedule as it would run with every stage on its own device, all in parallel: each op
+    takes its measured time (end - start) and starts when its stage is free and the op it needs
+    has finished. Returns a copy with start and end replaced."""
+    p = 1 + max(e["stage"] for e in schedule)
+    free, finish, out = [0.0] * p, {}, []
+    for e in sorted(schedule, key=lambda e: (e["tick"], e["stage"])):
+        s = e["stage"]
+        start = max(free[s], finish.get(_needs(s, e["phase"], e["micro"], p), 0.0))
+        end = start + e["end"] - e["start"]
+        finish[(s, e["phase"], e["micro"])] = free[s] = end
+        out.append(dict(e, start=start, end=end))
+    return out
+
+
+def measured_bubble(schedule):
+    """Time-weighted idle share from the measured busy time of every op: 1 - busy / (p * span)
+    of the replayed schedule (see replay). Unequal stages make it larger than (p-1)/(m+p-1)."""
+    p = 1 + max(e["stage"] for e in schedule)
+    ran = replay(schedule)
+    busy = sum(e["end"] - e["start"] for e in ran)
+    return 1 - busy / (p * max(e["end"] for e in ran))
+
+
+def peak_live(schedule):
+    """Per stage, the most micro-batches whose activations it held at once, counted from the run."""
+    p = 1 + max(e["stage"] for e in schedule)
+    return [max(e["live"] for e in schedule if e["stage"] == s) for s in range(p)]
+
+
+def multiply_adds(net, input_shape):
+    """Multiply-adds of one example's forward through each top-level layer of an nn.Sequential
+    (convolutions and dense layers; the rest counted as 0)."""
+    counts = []
+    h = torch.zeros((1, *input_shape), device=next(net.parameters()).device)
+    with torch.no_grad():
+        for layer in net:
+            out = layer(h)
+            macs = 0
+            for mod in layer.modules():
+                if isinstance(mod, torch.nn.Linear):
+                    macs += out.numel() // out.shape[-1] * mod.in_features * mod.out_features
+                elif isinstance(mod, torch.nn.Conv2d):
+                    k = mod.in_channels // mod.groups * mod.kernel_size[0] * mod.kernel_size[1]
+                    macs += out.numel() * k
+            counts.append(macs)
+            h = out
+    return counts
 
 
 def plot_schedule(schedule, ax=None, title=None, clock="tick"):
@@ -155,6 +302,25 @@ def plot_schedule(schedule, ax=None, title=None, clock="tick"):
                        Patch(color="tab:orange", label="backward"),
                        Patch(facecolor="0.93", hatch="//", edgecolor="0.8", label="idle")],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    return ax
+
+
+def plot_live(schedule, ax=None, title=None):
+    """Per stage, the micro-batches whose activations it holds, tick by tick (a step plot)."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 2.5))
+    p = 1 + max(e["stage"] for e in schedule)
+    ticks = 1 + max(e["tick"] for e in schedule)
+    for s in range(p):
+        live, now = [], 0
+        at = {e["tick"]: e["live"] for e in schedule if e["stage"] == s}
+        for t in range(ticks):
+            now = at.get(t, now)
+            live.append(now)
+        ax.step(range(ticks), live, where="post", label=f"device {s}")
+    ax.set(xlabel="clock tick", ylabel="live micro-batches", title=title, xlim=(0, ticks))
+    ax.legend(fontsize=8, frameon=False)
     return ax
 
 

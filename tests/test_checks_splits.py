@@ -14,6 +14,7 @@ from helpers.checks import (check_combine_mean_grads, check_conv_split_in_channe
                             check_microbatches_for_bubble,
                             check_partial_sum_bytes, check_reduce_then_broadcast,
                             check_split_by_params)
+from helpers.checks import check_order_1f1b, check_saved_bytes
 
 
 def stub(*args):
@@ -83,10 +84,38 @@ def gpipe_time(t_stage, p, m):
     return (m + p - 1) * t_stage / m
 
 
-def largest_batch_data_parallel(sizes, k, memory_bytes):
+def largest_batch_data_parallel(sizes, k, memory_bytes, optimizer):
+    state = {"sgd": 0, "momentum": 4, "adam": 8}[optimizer]
     P = sum(r["params"] for r in sizes)
     A = sum(r["acts"] for r in sizes)
-    return k * max(0, (memory_bytes - 8 * P) // (4 * A))
+    return k * max(0, (memory_bytes - (8 + state) * P) // (4 * A))
+
+
+def order_1f1b(p, m):
+    orders = []
+    for s in range(p):
+        warm = min(p - 1 - s, m)
+        ops = [("F", j) for j in range(warm)]
+        for j in range(m - warm):
+            ops += [("F", warm + j), ("B", j)]
+        orders.append(ops + [("B", j) for j in range(m - warm, m)])
+    return orders
+
+
+def saved_bytes(net, X):
+    seen, keep = {}, []
+    params = {q.untyped_storage().data_ptr() for q in net.parameters()}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+            keep.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(X)
+    return sum(seen.values())
 
 
 # ---- the tests -----------------------------------------------------------------------------------
@@ -108,7 +137,7 @@ def test_split_by_params():
     def even_layers(net, devices):   # as many layers per stage, not as many parameters
         k = len(devices)
         bounds = [round(i * len(net) / k) for i in range(k + 1)]
-        return [copy.deepcopy(net[a:b]) for a, b in zip(bounds, bounds[1:])]
+        return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
     results = [check_split_by_params(even_layers) for _ in range(5)]
     assert any(r.status == "failed" and "a better cut" in r.message for r in results)
     def fresh_weights(net, devices):   # right cuts, but the layers re-initialised
@@ -119,6 +148,9 @@ def test_split_by_params():
                     layer.reset_parameters()
         return stages
     assert_fails(check_split_by_params(fresh_weights), "do not compute")
+    def stays_put(net, devices):    # right cuts, copies, but never moved to the devices
+        return [s.cpu() for s in split_by_params(net, [torch.device("cpu")] * len(devices))]
+    assert_fails(check_split_by_params(stays_put), "move each stage to its device")
 
 
 def test_partial_sum_bytes():
@@ -246,10 +278,64 @@ def test_gpipe_time():
 def test_largest_batch_data_parallel():
     assert check_largest_batch_data_parallel(largest_batch_data_parallel)
     assert check_largest_batch_data_parallel(stub).status == "not done"
-    def per_device(sizes, k, memory):
-        return largest_batch_data_parallel(sizes, k, memory) // k
-    def no_grads(sizes, k, memory):   # forgets the gradients
+    def per_device(sizes, k, memory, optimizer):
+        return largest_batch_data_parallel(sizes, k, memory, optimizer) // k
+    def no_grads(sizes, k, memory, optimizer):   # forgets the gradients
         P, A = sum(r["params"] for r in sizes), sum(r["acts"] for r in sizes)
         return k * max(0, (memory - 4 * P) // (4 * A))
-    assert_fails(check_largest_batch_data_parallel(per_device), "largest batch")
-    assert_fails(check_largest_batch_data_parallel(no_grads), "")
+    def no_state(sizes, k, memory, optimizer):   # forgets the optimizer state
+        return largest_batch_data_parallel(sizes, k, memory, "sgd")
+    def state_sharded(sizes, k, memory, optimizer):   # as if the state were split k ways (ZeRO)
+        P, A = sum(r["params"] for r in sizes), sum(r["acts"] for r in sizes)
+        state = {"sgd": 0, "momentum": 4, "adam": 8}[optimizer]
+        return k * max(0, int(memory - 8 * P - state * P / k) // (4 * A))
+    assert_fails(check_largest_batch_data_parallel(per_device), "multiply by k")
+    assert_fails(check_largest_batch_data_parallel(no_grads), "the largest batch is")
+    assert_fails(check_largest_batch_data_parallel(no_state), "bytes of state per parameter")
+    assert_fails(check_largest_batch_data_parallel(state_sharded), "the largest batch is")
+
+
+def test_order_1f1b():
+    assert check_order_1f1b(order_1f1b)
+    assert check_order_1f1b(stub).status == "not done"
+    def gpipe(p, m):     # all forwards, then all backwards: m live micro-batches
+        return [[("F", j) for j in range(m)] + [("B", j) for j in reversed(range(m))]
+                for _ in range(p)]
+    def one_at_a_time(p, m):   # F then B for each micro-batch: no overlap between stages
+        return [[op for j in range(m) for op in (("F", j), ("B", j))] for _ in range(p)]
+    def backward_first(p, m):   # a backward before its forward: can never run
+        return [[("B", 0), ("F", 0)] + [op for j in range(1, m) for op in (("F", j), ("B", j))]
+                for _ in range(p)]
+    def drops_one(p, m):        # the last micro-batch never runs
+        return [ops[:-2] for ops in order_1f1b(p, m)]
+    assert_fails(check_order_1f1b(gpipe), "micro-batches at once")
+    assert_fails(check_order_1f1b(one_at_a_time), "ticks")
+    assert_fails(check_order_1f1b(backward_first), "cannot run")
+    assert_fails(check_order_1f1b(drops_one), "once for each micro-batch")
+    assert_fails(check_order_1f1b(lambda p, m: None), "one per stage")
+
+
+def test_saved_bytes():
+    assert check_saved_bytes(saved_bytes)
+    assert check_saved_bytes(stub).status == "not done"
+    def leaf_outputs(net, X):   # what the layers output (the old layer_sizes estimate)
+        sizes = []
+        hooks = [m.register_forward_hook(lambda m, i, o: sizes.append(o.numel() * 4)) for m in net]
+        net(X)
+        for h in hooks:
+            h.remove()
+        return sum(sizes)
+    def every_pack(net, X):     # no dedupe: a tensor saved by two layers counts twice
+        total = [0]
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            net(X)
+        params = sum(q.numel() * 4 for q in net.parameters())
+        return total[0] - params
+    def with_params(net, X):    # the weights counted as activations
+        return saved_bytes(net, X) + sum(q.numel() * 4 for q in net.parameters())
+    assert_fails(check_saved_bytes(leaf_outputs), "what the layers output")
+    assert_fails(check_saved_bytes(every_pack), "count each storage once")
+    assert_fails(check_saved_bytes(with_params), "not activations")

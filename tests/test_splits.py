@@ -13,6 +13,9 @@ from helpers import (CommLog, all_close, bubble_fraction, conv_split_channels, d
                      dense_split_rows, layer_sizes, lenet, lenet_module, lenet_within_layer,
                      network_split_forward, pipeline_step, schedule_bubble, split_costs,
                      split_sequential)
+from helpers import (clock_ticks, gpipe_order, measured_bubble, multiply_adds, one_f_one_b_order,
+                     peak_live, pipeline_1f1b, replay, run_schedule, saved_per_layer,
+                     sharding_costs)
 from helpers.models import LENET_SHAPES
 
 torch.backends.cudnn.allow_tf32 = False   # exact float32 convolutions on GPUs too
@@ -192,10 +195,12 @@ def test_lenet_costs_by_hand():
     assert c4["data"]["sent"] == pytest.approx(1.5 * 516272)
     assert c4["data"]["acts"] == 64 * sum(r["acts"] for r in sizes) * 4
     # within a layer: weights split 4 ways, 4 all-gathers and 3 all-reduces
-    assert c4["within layer"]["params"] == 129068 // 4 * 4 and c4["within layer"]["syncs"] == 7
+    assert c4["within layer"]["params"] == 129068 // 4 * 4
+    assert c4["within layer"]["collectives"] == 7
     # network split at 2 devices: one cut, its activation forward and gradient back
     cut = c2["network"]["cuts"][0]
-    assert c2["network"]["sent"] == 256 * sizes[cut - 1]["out"] * 4 and c2["network"]["syncs"] == 2
+    assert c2["network"]["sent"] == 256 * sizes[cut - 1]["out"] * 4
+    assert c2["network"]["handoffs"] == 2 and c2["network"]["collectives"] == 0
 
 
 def test_resnet_costs_measured():
@@ -284,3 +289,157 @@ def test_megatron_mlp_equals_unsplit_mlp(k):
 def test_max_abs_diff():
     assert max_abs_diff(torch.zeros(3), torch.tensor([0.0, -2.0, 1.0])) == 2.0
     assert max_abs_diff([torch.ones(2)], [torch.ones(2)]) == 0.0
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 5), (3, 2), (4, 6)])
+def test_1f1b_same_step_same_bubble_fewer_live(p, m):
+    net, X, y, l, grads = reference(n=12)
+    cuts = {2: [7], 3: [3, 7], 4: [3, 6, 8]}[p]
+    devs = devices(p)
+    runs = {}
+    for fn in (pipeline_step, pipeline_1f1b):
+        stages = split_sequential(net, cuts, devs)
+        log = CommLog()
+        total, schedule = fn(stages, X, y, helpers.loss, devs, m, log)
+        assert total == pytest.approx(l, rel=1e-5)
+        assert all_close([p_.grad for s in stages for p_ in s.parameters()], grads)
+        assert len(log.transfers) == 2 * (p - 1) * m
+        runs[fn.__name__] = schedule
+    gpipe, ofob = runs["pipeline_step"], runs["pipeline_1f1b"]
+    assert schedule_bubble(ofob) == pytest.approx(schedule_bubble(gpipe))
+    assert schedule_bubble(ofob) == pytest.approx(bubble_fraction(p, m))
+    assert peak_live(gpipe) == [m] * p                                   # GPipe keeps all m
+    assert peak_live(ofob) == [min(m, p - s) for s in range(p)]          # 1F1B at most p - s
+    # every activation was freed after its backward
+    assert all(e["live"] == 0 for e in (gpipe[-1], ofob[-1]))
+
+
+def test_clock_ticks_and_deadlock():
+    ticks = clock_ticks(gpipe_order(2, 3))
+    assert ticks[(0, "F", 2)] == 2 and ticks[(1, "F", 2)] == 3 and ticks[(1, "B", 2)] == 4
+    assert 1 + max(clock_ticks(one_f_one_b_order(3, 5)).values()) == 2 * (5 + 3 - 1)
+    with pytest.raises(ValueError, match="waits forever"):
+        clock_ticks([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])
+    net, X, y, l, grads = reference(n=4)
+    devs = devices(2)
+    with pytest.raises(ValueError, match="once for each micro-batch"):
+        run_schedule(split_sequential(net, [7], devs), X, y, helpers.loss, devs,
+                     [[("F", 0), ("B", 0)], [("F", 0)]])
+
+
+def fake_schedule(durations, orders):
+    """A recorded schedule whose ops took `durations[stage]` seconds each."""
+    return [dict(stage=s, micro=j, phase=ph, tick=t, start=0.0, end=durations[s], live=0)
+            for (s, ph, j), t in clock_ticks(orders).items()]
+
+
+def test_measured_bubble_weighs_time():
+    p, m = 2, 4
+    equal = fake_schedule([1.0, 1.0], gpipe_order(p, m))
+    assert measured_bubble(equal) == pytest.approx(bubble_fraction(p, m))
+    # stage 1 takes almost no time: device 1 idles almost all the step, device 0 almost never
+    lopsided = fake_schedule([1.0, 1e-6], gpipe_order(p, m))
+    assert measured_bubble(lopsided) == pytest.approx(0.5, abs=1e-4)
+    assert schedule_bubble(lopsided) == pytest.approx(bubble_fraction(p, m))   # slots can't see it
+    ran = replay(fake_schedule([1.0, 2.0], one_f_one_b_order(p, m)))
+    for e in ran:    # an op never starts before the op it needs has finished
+        if e["phase"] == "F" and e["stage"] == 1:
+            (before,) = [f for f in ran if f["stage"] == 0 and f["phase"] == "F"
+                         and f["micro"] == e["micro"]]
+            assert e["start"] >= before["end"]
+
+
+def test_multiply_adds_of_lenet_by_hand():
+    macs = multiply_adds(lenet_module(), (1, 28, 28))
+    assert macs[0] == 20 * 26 * 26 * 9 and macs[3] == 50 * 9 * 9 * 20 * 25
+    assert macs[7] == 800 * 128 and macs[9] == 128 * 10 and sum(macs) == sum(macs[i] for i in (0, 3, 7, 9))
+
+
+def test_saved_activations_of_lenet_by_hand():
+    """What autograd keeps for LeNet's backward, per example: the input, the ReLUs' outputs and
+    the poolings' outputs (taken by the next layer; Flatten's view adds nothing)."""
+    sizes = layer_sizes(lenet_module(), (1, 28, 28))
+    assert sum(r["acts"] for r in sizes) == 784 + 13520 + 3380 + 4050 + 800 + 128 == 22662
+    net = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    X = torch.randn(4, 5)
+    # Linear saves X; ReLU its output, which the second Linear saves again (counted once)
+    assert saved_per_layer(net, X) == [4 * 5 * 4, 4 * 7 * 4, 0]
+
+
+def test_saved_activations_on_meta():
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64, device="meta"), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 64, device="meta"))
+    sizes = layer_sizes(net, (64,))
+    assert [r["acts"] for r in sizes] == [64, 64, 0]
+
+
+def test_costs_optimizer_state_and_latency():
+    sizes = layer_sizes(lenet_module(), (1, 28, 28))
+    P = 129068
+    for opt, per in (("sgd", 0), ("momentum", 4), ("adam", 8)):
+        c = split_costs(sizes, 4, 256, 16.0, optimizer=opt, latency_us=5.0, zero=True)
+        assert c["data"]["optim"] == per * P                       # replicated on every device
+        assert c["within layer"]["optim"] == per * (-(-P // 4))    # divided by k
+        assert c["ZeRO-1"]["optim"] == pytest.approx(per * P / 4)
+        assert c["ZeRO-1"]["sent"] == pytest.approx(c["data"]["sent"])
+        assert c["ZeRO-3"]["sent"] == pytest.approx(1.5 * c["data"]["sent"])
+        for row in c.values():
+            assert row["seconds"] == pytest.approx(row["messages"] * 5e-6 + row["sent"] / 16e9)
+    c = split_costs(sizes, 4, 256, 16.0, num_microbatches=3)
+    # a ring all-reduce: 2(k-1) messages per device; the middle stages send 2 per micro-batch
+    assert c["data"]["messages"] == 6 and c["data"]["collectives"] == 1
+    assert c["network"]["messages"] == 6 and c["network"]["handoffs"] == 2 * 3 * 3
+    assert split_costs(sizes, 1, 256, 16.0, zero=True)["ZeRO-3"]["messages"] == 0
+    with pytest.raises(ValueError, match="optimizer must be"):
+        split_costs(sizes, 2, 256, 16.0, optimizer="lion")
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_sharding_costs(k):
+    n = 1000
+    mixed = {st: sharding_costs(n, k, st, "mixed_adam", 2) for st in ("dp", "zero1", "zero2", "zero3")}
+    assert mixed["dp"]["total_bytes"] == 16 * n                      # 2 + 2 + 12 per parameter
+    assert mixed["zero1"]["total_bytes"] == pytest.approx((2 + 2 + 12 / k) * n)
+    assert mixed["zero2"]["total_bytes"] == pytest.approx((2 + (2 + 12) / k) * n)
+    assert mixed["zero3"]["total_bytes"] == pytest.approx(16 * n / k)
+    ring = 2 * (k - 1) / k * 2 * n
+    assert mixed["dp"]["sent_bytes"] == mixed["zero1"]["sent_bytes"] == pytest.approx(ring)
+    assert mixed["zero2"]["sent_bytes"] == pytest.approx(ring)
+    assert mixed["zero3"]["sent_bytes"] == pytest.approx(1.5 * ring)
+    for opt, per in (("sgd", 0), ("momentum", 4), ("adam", 8)):
+        assert sharding_costs(n, k, "dp", opt)["optim_bytes"] == per * n
+    with pytest.raises(ValueError, match="stage must be"):
+        sharding_costs(n, k, "zero4")
+    with pytest.raises(ValueError, match="optimizer must be"):
+        sharding_costs(n, k, "dp", "adagrad")
+    with pytest.raises(ValueError, match="world"):
+        sharding_costs(n, 0, "dp")
+
+
+
+def code_cells(path):
+    """{cell id: source} of the notebook's code cells."""
+    import json
+    nb = json.loads(path.read_text())
+    return {c.get("id"): "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"}
+
+
+def test_network_split_proof_catches_shared_layers():
+    """The chapter's proof (its own cells, run here) passes the copying split and FAILS for
+    stages that are net's own layers, whose gradients come out doubled."""
+    from book_files import ROOT
+    cells = code_cells(ROOT / "book/part1/network_split.ipynb")
+    setup = ["5f59a128", "dc25f92b", "c8032c6e", "1b311bd3"]   # net, split_sequential, ...
+    proof = cells["604ec897"]
+    missing = [i for i in setup if i not in cells]
+    assert not missing, f"network_split.ipynb lost the cells {missing}"
+    split_step = [src for src in cells.values() if src.startswith("def split_step")]
+    assert len(split_step) == 1
+    ns = dict(copy=__import__("copy"), torch=torch, helpers=helpers, CommLog=CommLog,
+              all_close=all_close, loss=helpers.loss, send=helpers.send,
+              lenet_module=lenet_module, glue=lambda *a: None, devices=devices(2))
+    for src in [cells[i] for i in setup] + split_step:
+        exec(src, ns)
+    exec(proof, dict(ns))                   # the chapter's split passes
+    buggy = proof.replace("split_sequential(net, [7], devices)", "[net[:7], net[7:]]")
+    assert buggy != proof
+    with pytest.raises(AssertionError, match="gradients differ"):
+        exec(buggy, dict(ns))

@@ -2,6 +2,7 @@
 
 Every check runs on plain CPU tensors (several "devices" are all the CPU), on fresh random inputs.
 """
+import copy
 import math
 
 import torch
@@ -9,14 +10,16 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..costs import balanced_cuts
-from ..splits import CommLog, dense_split_rows, send
+from ..costs import OPTIMIZER_STATE_BYTES, balanced_cuts, saved_per_layer
+from ..splits import (CommLog, all_close, check_orders, clock_ticks, dense_split_rows, peak_live,
+                      run_schedule, send)
 from ..tensor_parallel import ring_all_reduce
-from ._core import as_number, expect, fresh_generator, randint, run_check
+from ._core import CheckFailed, as_number, expect, fresh_generator, randint, run_check
 
 __all__ = ["check_microbatches_for_bubble", "check_split_by_params", "check_partial_sum_bytes",
            "check_conv_split_in_channels", "check_combine_mean_grads",
            "check_reduce_then_broadcast", "check_gpipe_time", "check_largest_batch_data_parallel"]
+__all__ += ["check_order_1f1b", "check_saved_bytes"]     # network_split and costs
 
 CPU = torch.device("cpu")
 
@@ -83,6 +86,12 @@ def check_split_by_params(fn):
             for s in stages:
                 h = s(h)
             expect(_close(h, net(X)), "the stages, run in order, do not compute what net computes")
+            # placement: stage i lives on devices[i] (meta devices stand in for GPUs: no memory)
+            mixed = [torch.device("meta") if i % 2 else CPU for i in range(k)]
+            for i, s in enumerate(fn(net, mixed)):
+                where = {str(p.device) for p in s.parameters()}
+                expect(where <= {str(mixed[i])}, f"stage {i}'s parameters are on {sorted(where)}, "
+                                                 f"expected {mixed[i]}: move each stage to its device")
             sizes = [sum(p.numel() for p in s.parameters()) for s in stages]
             per_layer = [sum(p.numel() for p in m.parameters()) for m in net]
             bounds = [0, *balanced_cuts(per_layer, k), len(per_layer)]
@@ -91,6 +100,69 @@ def check_split_by_params(fn):
                                        f"(stages: {sizes}); a better cut gets it down to {best}")
 
     return run_check("split_by_params", body, fn)
+
+
+def _mlp_stages(g, p):
+    """p stages of a small random MLP (its copy unsplit) and a batch for them."""
+    widths = [randint(g, 3, 12) for _ in range(p + 1)]
+    layers = [nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in zip(widths, widths[1:])]
+    with torch.no_grad():
+        for layer in layers:
+            for q in layer.parameters():
+                q.copy_(torch.randn(q.shape, generator=g) * 0.5)
+    return nn.Sequential(*layers), widths
+
+
+def check_order_1f1b(fn):
+    """fn(p, m): per stage, the list of ("F", j) / ("B", j) that 1F1B runs. The check RUNS the
+    order (helpers.run_schedule) on fresh stages: same loss and gradients as the unsplit model,
+    GPipe's 2(m+p-1) ticks, and at most p - s live micro-batches on stage s, counted from the run."""
+
+    def body(fn):
+        g = fresh_generator()
+        cases = [(randint(g, 2, 4), 0) for _ in range(3)] + [(2, 1), (3, 2)]
+        for p, m in cases:
+            m = m or randint(g, p + 1, 8)       # more micro-batches than stages: GPipe keeps m
+            call = f"order_1f1b({p}, {m})"
+            orders = fn(p, m)
+            expect(isinstance(orders, (list, tuple)) and len(orders) == p,
+                   f"{call} should return {p} lists, one per stage, got {type(orders).__name__}"
+                   + (f" of length {len(orders)}" if hasattr(orders, "__len__") else ""))
+            orders = [[tuple(op) for op in ops] for ops in orders]
+            try:
+                got_m = check_orders(orders)
+            except (ValueError, TypeError, IndexError) as e:
+                raise CheckFailed(f"{call}: {e}") from None
+            expect(got_m == m, f"{call}: stage 0 runs {got_m} forwards, expected {m}")
+            try:
+                ticks = 1 + max(clock_ticks(orders).values())
+            except ValueError as e:
+                raise CheckFailed(f"{call} cannot run: {e}") from None
+            net, widths = _mlp_stages(g, p)
+            X = torch.randn(2 * m, widths[0], generator=g)
+            y = torch.randn(2 * m, widths[-1], generator=g)
+            mse = lambda out, t: ((out - t) ** 2).sum(dim=1)
+            want = mse(net(X), y).mean()
+            want.backward()
+            stages = [copy.deepcopy(layer) for layer in net]
+            for st in stages:
+                st.zero_grad()
+            total, schedule = run_schedule(stages, X, y, mse, [CPU] * p, orders)
+            grads = [q.grad for st in stages for q in st.parameters()]
+            expect(abs(total - want.item()) <= 1e-4 * max(1.0, abs(want.item()))
+                   and all_close(grads, [q.grad for q in net.parameters()]),
+                   f"{call}: the step's loss or gradients differ from the unsplit model's")
+            expect(ticks == 2 * (m + p - 1),
+                   f"{call} takes {ticks} ticks; 1F1B keeps GPipe's 2(m+p-1) = {2 * (m + p - 1)}"
+                   " (start each stage with the forwards that fill the pipeline)")
+            live = peak_live(schedule)
+            for s_, n_live in enumerate(live):
+                expect(n_live <= p - s_,
+                       f"{call}: stage {s_} held {n_live} micro-batches at once (peaks counted "
+                       f"from the run: {live}); 1F1B holds at most p - s = {p - s_}: run a "
+                       "backward as soon as one can run")
+
+    return run_check("order_1f1b", body, fn)
 
 
 # ---- within a layer ------------------------------------------------------------------------------
@@ -232,7 +304,7 @@ def _check_column_then_row(name, fn, gated):
         for _ in range(3):
             k = randint(g, 2, 4)
             h = randint(g, 5, 6) * k + randint(g, 1, k - 1)      # never a shard's width
-            n, d, o = 3, randint(g, 2, 4), randint(g, 2, 3)       # n*o, d, shards: all below h
+            n, d, o = 3, 2 * randint(g, 1, 2), randint(g, 2, 3)   # d != n: shapes tell X from W1
             X = torch.randn(n, d, generator=g).requires_grad_()
             W1 = torch.randn(d, h, generator=g).requires_grad_()
             W2 = torch.randn(h, o, generator=g).requires_grad_()
@@ -421,8 +493,9 @@ def check_gpipe_time(fn):
 
 
 def check_largest_batch_data_parallel(fn):
-    """fn(sizes, k, memory_bytes): the largest global batch whose data-parallel step fits in
-    `memory_bytes` per device (split_costs' model), 0 if even one example per device does not."""
+    """fn(sizes, k, memory_bytes, optimizer): the largest global batch whose data-parallel step
+    fits in `memory_bytes` per device (split_costs' model: float32 parameters and gradients, the
+    optimizer's state, activations of the largest shard), 0 if one example per device does not."""
 
     def body(fn):
         g = fresh_generator()
@@ -431,15 +504,70 @@ def check_largest_batch_data_parallel(fn):
         sizes = [dict(name="layer", params=P // 4, out=a, acts=a, weighted=[]) for a in acts]
         total_p = 4 * (P // 4)
         per_example = sum(acts) * 4
-        for _ in range(4):
-            k = randint(g, 1, 8)
-            memory = 8 * total_p + randint(g, 0, 300) * per_example + randint(g, 0, per_example - 1)
-            n = k * ((memory - 8 * total_p) // per_example)
-            got = as_number(fn(sizes, k, memory), f"largest_batch_data_parallel(…, k={k}, …)")
-            expect(got == n, f"on {k} devices with {memory} bytes each, the largest batch is {n}, "
-                             f"you returned {got:g}" + (
-                                 " (the batch is split over the devices)" if got * k == n else ""))
-        expect(as_number(fn(sizes, 2, 8 * total_p - 1), "largest_batch_data_parallel") == 0,
-               "when the parameters and gradients alone do not fit, the answer is 0")
+        names = ["momentum", "adam", "sgd", "adam", "momentum"]
+        for optimizer in names:
+            k = randint(g, 2, 8)
+            fixed = (8 + OPTIMIZER_STATE_BYTES[optimizer]) * total_p
+            memory = fixed + randint(g, 1, 300) * per_example + randint(g, 0, per_example - 1)
+            want = k * ((memory - fixed) // per_example)
+            call = f"largest_batch_data_parallel(…, k={k}, …, {optimizer!r})"
+            got = as_number(fn(sizes, k, memory, optimizer), call)
+            hint = ""
+            if got * k == want:
+                hint = " (the batch is split over the devices: multiply by k)"
+            elif got == k * ((memory - 8 * total_p) // per_example) != want:
+                hint = f" ({optimizer} keeps {OPTIMIZER_STATE_BYTES[optimizer]} bytes of state " \
+                       "per parameter on every device)"
+            expect(got == want, f"{call} with {memory} bytes per device: the largest batch is "
+                                f"{want}, you returned {got:g}{hint}")
+        small = (8 + OPTIMIZER_STATE_BYTES["adam"]) * total_p - 1
+        expect(as_number(fn(sizes, 2, small, "adam"), "largest_batch_data_parallel") == 0,
+               "when the parameters, gradients and optimizer state alone do not fit, the answer "
+               "is 0")
 
     return run_check("largest_batch_data_parallel", body, fn)
+
+
+def _random_net(g):
+    """A small random conv net with a view (Flatten), pooling and ReLUs."""
+    c1, c2, hidden = randint(g, 2, 6), randint(g, 2, 6), randint(g, 4, 16)
+    pool = nn.MaxPool2d(2) if randint(g, 0, 1) else nn.AvgPool2d(2)
+    side = randint(g, 8, 12)
+    net = nn.Sequential(nn.Conv2d(1, c1, 3), nn.ReLU(), pool, nn.Conv2d(c1, c2, 3), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(c2 * ((side - 2) // 2 - 2) ** 2, hidden),
+                        nn.ReLU(), nn.Linear(hidden, 3))
+    return net, torch.randn(randint(g, 1, 4), 1, side, side, generator=g)
+
+
+def check_saved_bytes(fn):
+    """fn(net, X): the bytes of activations autograd saves for backward in net(X), each storage
+    once, parameters left out (as helpers.saved_per_layer measures them)."""
+
+    def body(fn):
+        g = fresh_generator()
+        for _ in range(4):
+            net, X = _random_net(g)
+            want = sum(saved_per_layer(net, X))
+            call = f"saved_bytes on a batch of {X.shape[0]}"
+            got = as_number(fn(net, X), call)
+            outputs = []
+            hooks = [m.register_forward_hook(lambda m, i, o: outputs.append(o.numel() * 4))
+                     for m in net]
+            with torch.no_grad():
+                net(X)
+            for h in hooks:
+                h.remove()
+            params = sum(q.numel() * 4 for q in net.parameters())
+            hint = ""
+            if got in (sum(outputs), sum(outputs) + X.numel() * 4):
+                hint = " (that is what the layers output; autograd keeps other tensors: count " \
+                       "what saved_tensors_hooks packs)"
+            elif got == want + params:
+                hint = " (the weights are parameters, not activations: leave them out)"
+            elif got > want:
+                hint = " (a tensor saved twice, or a view of a saved one, takes its memory " \
+                       "once: count each storage once, and no parameters)"
+            expect(got == want, f"{call}: autograd saved {want} bytes of activations, you "
+                                f"returned {got:g}{hint}")
+
+    return run_check("saved_bytes", body, fn)
