@@ -1,17 +1,12 @@
-"""Two fixes for console errors every page of the book otherwise shows (tests/browser finds them).
+"""A fix for a console error every page of the book otherwise shows (tests/browser finds it).
 
-1. Sphinx 7.4 writes inline scripts added by extensions after the builder started twice
-   (`prepare_writing` re-adds the registry's scripts as filename '' beside the builder's filename
-   None). sphinx-thebe's inline script declares `const THEBE_JS_URL`, so the second copy throws
-   "Identifier 'THEBE_JS_URL' has already been declared" on every page.
-2. pydata-sphinx-theme 0.17 logs "Got invalid theme mode: . Resetting to auto." for every new
-   visitor when the template variable `default_mode` is empty (sphinx-book-theme leaves it so).
+Sphinx 7.4 writes inline scripts added by extensions after the builder started twice
+(`prepare_writing` re-adds the registry's scripts as filename '' beside the builder's filename
+None). sphinx-thebe's inline script declares `const THEBE_JS_URL`, so the second copy throws
+"Identifier 'THEBE_JS_URL' has already been declared" on every page. The fix uses Sphinx's
+private `_JavaScript` class: requirements pin sphinx exactly (requirements/lock.txt).
+The theme's light/dark default needs no code: `html_context: {default_mode: auto}` in _config.yml.
 """
-
-
-def default_mode(app, pagename, templatename, context, doctree):
-    if not context.get("default_mode"):
-        context["default_mode"] = "auto"   # pydata-sphinx-theme's template variable
 
 
 def dedupe_inline_scripts(app, env):
@@ -34,6 +29,5 @@ def dedupe_inline_scripts(app, env):
 
 
 def setup(app):
-    app.connect("html-page-context", default_mode)
     app.connect("env-updated", dedupe_inline_scripts)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
