@@ -146,3 +146,20 @@ def test_figure_names_are_unique():
                 seen.setdefault(name, []).append(str(path.relative_to(ROOT)))
     dup = {n: ps for n, ps in seen.items() if len(ps) > 1}
     assert not dup, f"figure names used twice ({{numref}} needs unique ones): {dup}"
+
+
+def test_vendored_files_match_their_recorded_hashes():
+    """book/_vendor is what scripts/vendor-widgets.sh installed with `npm ci` (integrity-checked
+    against scripts/vendor/package-lock.json): SOURCES.txt lists every file with its sha256."""
+    import hashlib
+    vendor = ROOT / "book" / "_vendor"
+    listed = {}
+    for line in (vendor / "SOURCES.txt").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and len(parts[0]) == 64:
+            listed[parts[1]] = parts[0]
+    files = {str(p.relative_to(vendor)) for p in vendor.rglob("*")
+             if p.is_file() and p.name != "SOURCES.txt"}
+    assert files == set(listed), f"unlisted {files - set(listed)}, missing {set(listed) - files}"
+    bad = [f for f in files if hashlib.sha256((vendor / f).read_bytes()).hexdigest() != listed[f]]
+    assert not bad, f"changed by hand (rerun scripts/vendor-widgets.sh): {bad}"

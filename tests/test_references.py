@@ -1,14 +1,14 @@
 """The bibliography and the glossary hold exactly the keys and terms the chapters may use (the
 brief's lists), each entry complete, and every {cite} / {term} in the book resolves."""
-import pathlib
 import re
 
 import pytest
 
 from book_files import ROOT, book_sources
 
-KEYS = {"huang2019gpipe", "narayanan2019pipedream", "narayanan2021megatron", "shoeybi2019megatron",
-        "rajbhandari2020zero", "li2020ddp", "zhao2023fsdp", "goyal2017accurate", "patarasuk2009ring",
+KEYS = {"huang2019gpipe", "narayanan2019pipedream", "narayanan2021megatron",
+        "shoeybi2019megatron", "rajbhandari2020zero", "li2020ddp", "zhao2023fsdp",
+        "goyal2017accurate", "patarasuk2009ring",
         "thakur2005collectives", "zhang2023d2l", "korthikanti2023sequence", "chen2016checkpointing",
         "micikevicius2018mixed", "sergeev2018horovod", "ultrascale2025", "austin2025scaling",
         "paszke2019pytorch"}

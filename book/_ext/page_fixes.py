@@ -6,6 +6,13 @@ None). sphinx-thebe's inline script declares `const THEBE_JS_URL`, so the second
 "Identifier 'THEBE_JS_URL' has already been declared" on every page. The fix uses Sphinx's
 private `_JavaScript` class: requirements pin sphinx exactly (requirements/lock.txt).
 The theme's light/dark default needs no code: `html_context: {default_mode: auto}` in _config.yml.
+
+Also two accessibility fixes that axe-core reports (tests/browser/test_accessibility.py):
+- label-content-name-mismatch (serious): myst-nb 1.4 writes `<summary aria-label="Toggle hidden
+  content">` around "Show code cell source", so a screen reader says another name than the one
+  shown. The label goes; the visible text names the toggle.
+- aria-required-children (critical): docutils 0.21 writes the bibliography as `role="list"` whose
+  entries have the deprecated role `doc-biblioentry`, not `listitem`. They become list items.
 """
 
 
@@ -28,6 +35,20 @@ def dedupe_inline_scripts(app, env):
     files[:] = fixed
 
 
+ARIA_FIXES = [('<summary aria-label="Toggle hidden content">', "<summary>"),
+              (' role="doc-biblioentry"', ' role="listitem"')]
+
+
+def aria_fixes(app, pagename, templatename, context, doctree):
+    """The two markup fixes above, on the page body Sphinx is about to write."""
+    body = context.get("body")
+    if body:
+        for old, new in ARIA_FIXES:
+            body = body.replace(old, new)
+        context["body"] = body
+
+
 def setup(app):
+    app.connect("html-page-context", aria_fixes)
     app.connect("env-updated", dedupe_inline_scripts)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
