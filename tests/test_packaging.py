@@ -42,6 +42,7 @@ def test_python_floor_is_the_same_everywhere():
     assert f"--python-version {floor}" in make, "make lock resolves for the floor"
     assert f"sys.version_info < ({floor.replace('.', ', ')})" in make, "make venv checks the floor"
     assert f"Programming Language :: Python :: {floor}" in PYPROJECT["project"]["classifiers"]
+    assert (ROOT / "binder" / "runtime.txt").read_text().strip() == f"python-{floor}"
 
 
 def test_install_groups_exist_as_extras_and_files():
