@@ -134,8 +134,9 @@ NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
 errors = [f"cell {i}: {o.get('ename')}: {o.get('evalue')}" for i, c in enumerate(nb.cells)
           if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"
           and "raises-exception" not in c.metadata.get("tags", [])]
+last = "".join(o.get("text", "") for o in nb.cells[-1].get("outputs", []))
 nbformat.write(nb, sys.argv[1])
-print(json.dumps(errors))
+print(json.dumps({"errors": errors, "probe": last}))
 """
 
 
@@ -146,8 +147,8 @@ def _colab_venv():
     if not (py.exists() and stamp.exists() and stamp.read_text() == " ".join(COLAB_STACK)):
         shutil.rmtree(VENV, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "--quiet", *COLAB_STACK], check=True,
-                       env=_clean_env())
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-compile", *COLAB_STACK],
+                       check=True, env=_clean_env())
         subprocess.run([str(py), "-m", "ipykernel", "install", "--sys-prefix", "--name",
                         "python3"], check=True, env=_clean_env(), capture_output=True)
         stamp.write_text(" ".join(COLAB_STACK))
@@ -165,6 +166,10 @@ def test_a_notebook_runs_in_an_emulated_colab(tmp_path):
     nb_path = tmp_path / NOTEBOOK.name
     shutil.copy(NOTEBOOK, nb_path)
     assert _script().main([str(nb_path)]) == 0
+    nb = nbformat.read(nb_path, as_version=4)   # a last cell: which Python and helpers ran it
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import sys, helpers; print(sys.executable); print(helpers.__file__)"))
+    nbformat.write(nb, nb_path)
     env = _clean_env(COURSE_SETUP_FROM=str(ROOT), COURSE_QUICK="1",
                      PATH=f"{py.parent}{os.pathsep}{os.environ.get('PATH', '')}",
                      JUPYTER_PATH=str(VENV / "share" / "jupyter"))
@@ -172,8 +177,13 @@ def test_a_notebook_runs_in_an_emulated_colab(tmp_path):
     run = subprocess.run([str(py), "-c", RUNNER, str(nb_path), str(tmp_path)], env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    errors = json.loads(run.stdout.strip().splitlines()[-1])
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    errors = result["errors"]
     assert not errors, f"{NOTEBOOK.name} in the emulated Colab:\n  " + "\n  ".join(errors)
+    kernel_python, helpers_file = result["probe"].split()
+    assert pathlib.Path(kernel_python).parent == py.parent, \
+        f"the notebook ran in {kernel_python}, not the emulated Colab's {py}"
+    assert pathlib.Path(helpers_file).resolve().is_relative_to(ROOT), helpers_file
     where = subprocess.run([str(py), "-c", "import helpers; print(helpers.__file__)"],
                            env=_clean_env(), cwd=tmp_path, capture_output=True, text=True)
     assert where.returncode == 0, "the set-up cell did not install helpers into the environment"
