@@ -10,6 +10,7 @@ splits    Part I: splitting a model across layers and within a layer (costs: wha
 tensor_parallel  Part I: ring all-reduce over simulated devices, Megatron's f/g and its MLP
 distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
+paths     script_path: the course's scripts (scripts/ddp) in a checkout or an installed copy
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -28,3 +29,4 @@ from .distributed import *   # noqa: F401,F403
 from .ddp_worker import *    # noqa: F401,F403
 from .fast import *          # noqa: F401,F403
 from .comm import *          # noqa: F401,F403
+from .paths import *         # noqa: F401,F403

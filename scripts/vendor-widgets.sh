@@ -6,21 +6,25 @@
 #   mathjax/     MathJax 3 (Sphinx's default mathjax_path is jsdelivr): the combined TeX+CHTML
 #                component, the TeX extensions it autoloads (\boldsymbol, \cancel, ...) and fonts.
 # _config.yml points at these files (sphinx.config: html_static_path, nb_ipywidgets_js,
-# mathjax_path); bump versions in both places. Needs npm and the npm registry.
+# mathjax_path). The versions and their integrity hashes are those of scripts/vendor/package.json
+# and package-lock.json (`npm ci` refuses a tarball whose hash differs); to bump one, edit
+# package.json there, run `npm install --package-lock-only` in that folder, then this script.
+# SOURCES.txt records the sha256 of every vendored file. Needs npm and the npm registry.
 # Usage: scripts/vendor-widgets.sh   (from anywhere)
 set -euo pipefail
-HTML_MANAGER=@jupyter-widgets/html-manager@1.0.6   # the version myst-nb 1.4 loads; renders ipywidgets 8
-REQUIREJS=requirejs@2.3.4
-MATHJAX=mathjax@3.2.2
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dest="$root/book/_vendor"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-(cd "$tmp" && npm pack --silent "$HTML_MANAGER" "$REQUIREJS" "$MATHJAX" >/dev/null)
-for pkg in hm:jupyter-widgets-html-manager rq:requirejs mj:mathjax; do
-  mkdir -p "$tmp/${pkg%%:*}"
-  tar xzf "$tmp/${pkg#*:}"-[0-9]*.tgz -C "$tmp/${pkg%%:*}" --strip-components=1
-done
+cp "$root/scripts/vendor/package.json" "$root/scripts/vendor/package-lock.json" "$tmp/"
+(cd "$tmp" && npm ci --silent --ignore-scripts --no-audit --no-fund)
+version() { node -p "require('$tmp/node_modules/$1/package.json').version"; }
+HTML_MANAGER=@jupyter-widgets/html-manager@$(version @jupyter-widgets/html-manager)
+REQUIREJS=requirejs@$(version requirejs)
+MATHJAX=mathjax@$(version mathjax)
+ln -s "$tmp/node_modules/@jupyter-widgets/html-manager" "$tmp/hm"
+ln -s "$tmp/node_modules/requirejs" "$tmp/rq"
+ln -s "$tmp/node_modules/mathjax" "$tmp/mj"
 rm -rf "$dest"
 mkdir -p "$dest/ipywidgets" "$dest/mathjax/input/tex" "$dest/mathjax/output/chtml/fonts"
 # embed-amd.js bundles @jupyter-widgets/base, controls and output (everything ipywidgets makes);
@@ -53,17 +57,36 @@ document.addEventListener("DOMContentLoaded", function () {
     }};
   }
 });
+// 3. Accessibility (axe-core in tests/browser): the manager's sliders have no accessible name and
+//    the images it draws no alt text. A slider is named after its widget's label; a widget's image
+//    is the live twin of the static figure (with its own alt text) that the chapter shows beside it.
+(function () {
+  function name(root) {
+    root.querySelectorAll('[role="slider"]:not([aria-label])').forEach(function (s) {
+      var w = s.closest('.widget-inline-hbox') || s.parentElement;
+      var label = w && w.querySelector('.widget-label');
+      var text = label && (label.textContent || label.title || '').trim();
+      s.setAttribute('aria-label', text || 'slider');
+    });
+    root.querySelectorAll('.widget-subarea img:not([alt])').forEach(function (i) {
+      i.setAttribute('alt', 'Figure drawn by the interactive widget; the static figure beside it ' +
+                            'shows the same computation and describes it.');
+    });
+  }
+  new MutationObserver(function () { name(document); })
+    .observe(document.documentElement, {childList: true, subtree: true});
+})();
 JS
 cp "$tmp/mj/es5/tex-mml-chtml.js" "$dest/mathjax/"
 cp -r "$tmp/mj/es5/input/tex/extensions" "$dest/mathjax/input/tex/"
 cp -r "$tmp/mj/es5/output/chtml/fonts/woff-v2" "$dest/mathjax/output/chtml/fonts/"
 cp "$tmp/mj/LICENSE" "$dest/mathjax/LICENSE-mathjax.txt"
 {
-  echo "Vendored by scripts/vendor-widgets.sh on $(date -u +%Y-%m-%d) from the npm registry:"
+  echo "Vendored by scripts/vendor-widgets.sh on $(date -u +%Y-%m-%d) with npm ci (scripts/vendor/package-lock.json):"
   echo "  $HTML_MANAGER  dist/embed-amd.js, LICENSE   -> ipywidgets/"
   echo "  $REQUIREJS  require.js                     -> ipywidgets/"
   echo "  $MATHJAX  es5/tex-mml-chtml.js, es5/input/tex/extensions/, es5/output/chtml/fonts/woff-v2/ -> mathjax/"
   echo "sha256:"
-  (cd "$dest" && sha256sum ipywidgets/embed-amd.js ipywidgets/require.js mathjax/tex-mml-chtml.js | sed 's/^/  /')
+  (cd "$dest" && find . -type f ! -name SOURCES.txt | sed 's|^\./||' | LC_ALL=C sort | xargs sha256sum | sed 's/^/  /')
 } > "$dest/SOURCES.txt"
 echo "wrote ${dest#$root/}/ ($(du -sh "$dest" | cut -f1))"

@@ -32,7 +32,8 @@ def entry_path(entry):
         p = ROOT / (entry + suffix)
         if p.exists():
             return p
-    raise FileNotFoundError(f"_toc.yml lists {entry!r} but neither {entry}.ipynb nor {entry}.md exists")
+    raise FileNotFoundError(
+        f"_toc.yml lists {entry!r} but neither {entry}.ipynb nor {entry}.md exists")
 
 
 def toc_notebooks():

@@ -1,4 +1,6 @@
 """The book's table of contents and notebooks are consistent (no kernel needed)."""
+import ast
+import functools
 import json
 
 import pytest
@@ -25,3 +27,139 @@ def test_notebook_metadata(path):
     for i, cell in enumerate(nb["cells"]):
         for out in cell.get("outputs", []):
             assert out.get("output_type") != "error", f"cell {i} has a stored error output"
+
+
+# ---------------------------------------------------------------- figures: alt text and captions
+PLOT_ATTRS = {"imshow", "show", "savefig", "subplots", "figure", "bar", "barh", "scatter", "hist",
+              "plot", "matshow"}
+NOT_AXES = {"helpers", "torch", "nn", "dist", "np", "parallel", "comm"}
+
+
+def _parse(source):
+    code = "\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!")))
+    try:
+        return ast.parse(code)
+    except SyntaxError:
+        return None
+
+
+def _calls(node, plotters, top_only):
+    """Plotting calls under `node`: plt.*, plot*(...), Animator(...), ax.imshow/scatter/...(...),
+    and calls of `plotters` (functions known to draw) unless given plot=False."""
+    found = []
+    if top_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                      ast.Lambda)):
+        return found
+    if isinstance(node, ast.Call):
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        base = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else ""
+        off = any(k.arg == "plot" and isinstance(k.value, ast.Constant) and not k.value.value
+                  for k in node.keywords)
+        if (base == "plt" or name.startswith("plot") or name == "Animator"
+                or (name in PLOT_ATTRS and base and base not in NOT_AXES)
+                or (name in plotters and not off)):
+            found.append(f"{base + '.' if base else ''}{name}")
+    for child in ast.iter_child_nodes(node):
+        found += _calls(child, plotters, top_only)
+    return found
+
+
+def _plotters(trees):
+    """Names of the functions defined in `trees` whose bodies draw (they plot when called)."""
+    names = set()
+    for tree in trees:
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    any(_calls(s, set(), False) for s in node.body):
+                names.add(node.name)
+    return names
+
+
+@functools.lru_cache(maxsize=1)
+def helpers_plotters():
+    return frozenset(_plotters(_parse(p.read_text()) for p in (ROOT / "helpers").glob("*.py")))
+
+
+def _plot_calls(source, plotters=frozenset()):
+    """The plotting calls a cell makes at its top level (not inside a def or class). Empty for
+    cells that only define functions."""
+    tree = _parse(source)
+    if tree is None:
+        return []
+    return [c for node in tree.body for c in _calls(node, plotters | helpers_plotters(), True)]
+
+
+def figure_problems(path):
+    """Plotting cells of a notebook without myst-nb alt text, caption or figure name."""
+    nb = json.loads(path.read_text())
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    plotters = frozenset(_plotters(map(_parse, code)))
+    problems = []
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        calls = _plot_calls("".join(cell["source"]), plotters)
+        if not calls:
+            continue
+        meta = cell.get("metadata", {}).get("mystnb", {})
+        missing = [k for k, v in (("image.alt", meta.get("image", {}).get("alt")),
+                                  ("figure.caption", meta.get("figure", {}).get("caption")),
+                                  ("figure.name", meta.get("figure", {}).get("name"))) if not v]
+        name = meta.get("figure", {}).get("name") or ""
+        if name and not name.startswith("fig-"):
+            missing.append(f"figure.name {name!r} should start with 'fig-'")
+        if missing:
+            problems.append(f"cell {i} ({cell.get('id', '?')}, calls {calls[0]}): "
+                            f"no mystnb {', '.join(missing)}")
+    return problems
+
+
+def test_plot_calls_are_found():
+    assert _plot_calls("plt.plot(x)\n") == ["plt.plot"]
+    assert _plot_calls("helpers.plot_costs(c)") == ["helpers.plot_costs"]
+    assert _plot_calls("anim = Animator(xlabel='epoch')") == ["Animator"]
+    assert _plot_calls("def plot_it(x):\n    plt.plot(x)\n") == [], "a def draws nothing"
+    assert _plot_calls("helpers.show(helpers.train)") == [], "helpers.show prints source code"
+    assert _plot_calls("x = 1\n%matplotlib inline") == []
+    assert _plot_calls("nn.parallel.scatter(X, gpus)") == [], "not a plot"
+    assert _plot_calls("r = helpers.train(1, 256, 0.1)") == ["helpers.train"], "train draws"
+    assert _plot_calls("r = helpers.train(1, 256, 0.1, plot=False)") == []
+    assert _plot_calls("r = train(2)", frozenset({"train"})) == ["train"]
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_figure_has_alt_text_and_a_caption(path):
+    """Every cell that draws a figure carries myst-nb metadata: alt text for screen readers, a
+    caption and a book-unique `fig-...` name for {numref}:
+    "mystnb": {"image": {"alt": "..."}, "figure": {"caption": "...", "name": "fig-..."}}"""
+    problems = figure_problems(path)
+    assert not problems, f"{path.relative_to(ROOT)}:\n  " + "\n  ".join(problems)
+
+
+def test_figure_names_are_unique():
+    seen = {}
+    for path in toc_notebooks():
+        for cell in json.loads(path.read_text())["cells"]:
+            name = cell.get("metadata", {}).get("mystnb", {}).get("figure", {}).get("name")
+            if name:
+                seen.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    dup = {n: ps for n, ps in seen.items() if len(ps) > 1}
+    assert not dup, f"figure names used twice ({{numref}} needs unique ones): {dup}"
+
+
+def test_vendored_files_match_their_recorded_hashes():
+    """book/_vendor is what scripts/vendor-widgets.sh installed with `npm ci` (integrity-checked
+    against scripts/vendor/package-lock.json): SOURCES.txt lists every file with its sha256."""
+    import hashlib
+    vendor = ROOT / "book" / "_vendor"
+    listed = {}
+    for line in (vendor / "SOURCES.txt").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and len(parts[0]) == 64:
+            listed[parts[1]] = parts[0]
+    files = {str(p.relative_to(vendor)) for p in vendor.rglob("*")
+             if p.is_file() and p.name != "SOURCES.txt"}
+    assert files == set(listed), f"unlisted {files - set(listed)}, missing {set(listed) - files}"
+    bad = [f for f in files if hashlib.sha256((vendor / f).read_bytes()).hexdigest() != listed[f]]
+    assert not bad, f"changed by hand (rerun scripts/vendor-widgets.sh): {bad}"

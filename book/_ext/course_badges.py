@@ -9,9 +9,12 @@ The arguments say where the chapter runs: ``cpu`` (a CPU-only laptop), ``gpu`` (
 ``gpus`` (several GPUs). The line also shows how long the whole notebook took to execute, in
 quick mode (COURSE_QUICK=1) and at full size (a GPU, or COURSE_FULL=1). Nobody types these times:
 every book build executes the notebooks (``execute_notebooks: force``), myst-nb measures each
-run, and this extension stores the measurement in ``book/_ext/timings.json`` under the mode of
-that build, with the machine and the date. A build in the other mode (CI is quick, a GPU build is
-full) fills in the other column; commit the file to keep both. A mode never measured says so.
+run, and this extension stores the measurement in ``_build/timings.json`` (never a tracked file:
+a build leaves the work tree clean) under the mode of that build, with the machine and the date,
+on top of the committed record ``book/_ext/timings.json``. A build in the other mode (CI is
+quick, a GPU build is full) fills in the other column; to publish a measurement, copy
+``_build/timings.json`` over ``book/_ext/timings.json`` and commit it. A mode never measured says
+so. A build with execution off (``make test-book``) measures nothing and shows the record.
 A build on a CPU without COURSE_QUICK runs the scaled-down sizes (helpers.choose) and is shown as
 such when measured. The times are those of the machine named beside them, whatever else it ran.
 """
@@ -26,7 +29,13 @@ from sphinx.util.docutils import SphinxDirective
 
 logger = logging.getLogger(__name__)
 
-TIMINGS = pathlib.Path(__file__).resolve().parent / "timings.json"
+RECORD = pathlib.Path(__file__).resolve().parent / "timings.json"   # committed, read only
+
+
+def timings_path(app):
+    """Where this build writes its measurements: _build/timings.json beside _build/html."""
+    out = pathlib.Path(app.outdir).resolve()
+    return (out.parent if out.name == "html" else out) / "timings.json"
 PLACES = {"cpu": "CPU", "gpu": "one GPU", "gpus": "several GPUs"}
 MODES = {"quick": "quick mode", "full": "full size", "small": "scaled down (no GPU)"}
 
@@ -54,11 +63,20 @@ def fmt_seconds(s):
     return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
 
 
-def load_timings():
+def _read(path):
     try:
-        return json.loads(TIMINGS.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def load_timings(app=None):
+    """The committed record, updated by what earlier builds into the same _build measured."""
+    timings = _read(RECORD)
+    if app is not None:
+        for doc, modes in _read(timings_path(app)).items():
+            timings.setdefault(doc, {}).update(modes)
+    return timings
 
 
 class runs_on_node(nodes.General, nodes.Element):
@@ -85,7 +103,7 @@ def _badge(text, kind):
 
 
 def resolve(app, doctree, docname):
-    timings = getattr(app.env, "course_timings", None) or load_timings()
+    timings = getattr(app.env, "course_timings", None) or load_timings(app)
     for node in doctree.findall(runs_on_node):
         para = nodes.paragraph(classes=["runs-on"])
         para += nodes.strong("Runs on: ", "Runs on: ")
@@ -118,7 +136,7 @@ def record(app, env):
         data = NbMetadataCollector.get_doc_data(env)
     except Exception:  # noqa: BLE001
         data = {}
-    timings = load_timings()
+    timings = load_timings(app)
     mode, machine = build_mode()
     today = datetime.date.today().isoformat()
     changed = False
@@ -133,8 +151,12 @@ def record(app, env):
             changed = True
     env.course_timings = timings
     if changed:
-        TIMINGS.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
-        logger.info(f"[course_badges] {mode} run times recorded in {TIMINGS.name}")
+        path = timings_path(app)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)   # atomic: a killed build leaves the old file
+        logger.info(f"[course_badges] {mode} run times recorded in {path}")
 
 
 def remember_read(app, env, docnames):

@@ -1,4 +1,4 @@
-"""Fixtures for the browser tests: headless Debian Chromium driven by Playwright, and a local server.
+"""Fixtures for the browser tests: headless Debian Chromium driven by Playwright, a local server.
 
 Which book: the repository's own (its `_toc.yml`, `_build/html` built by `make test-book`), or
 another one with `--book-dir DIR` / `COURSE_BOOK_DIR=DIR` (a small scratch book while developing).

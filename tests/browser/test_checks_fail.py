@@ -36,7 +36,8 @@ def _page(body, state=None, math=False):
                  for n in ("require.js", "config.js", "embed-amd.js")]
     if math:
         head.append('<script defer src="_static/mathjax/tex-mml-chtml.js"></script>')
-    return f"<!DOCTYPE html><html><head>{''.join(head)}</head><body><main>{body}</main></body></html>"
+    return (f"<!DOCTYPE html><html><head>{''.join(head)}</head>"
+            f"<body><main>{body}</main></body></html>")
 
 
 def _cell(output_html, tags=(), source="x = 1"):
@@ -65,7 +66,8 @@ def synthetic(tmp_path_factory):
     pages = {
         # a page with everything working: must give no problem at all (the checks are not blind)
         "good.html": _page(
-            '<h1 id="top">Good</h1><p>Inline <span class="math notranslate nohighlight">\\(x^2\\)</span>'
+            '<h1 id="top">Good</h1><p>Inline '
+            '<span class="math notranslate nohighlight">\\(x^2\\)</span>'
             ' and <a href="good.html#top">a link</a>, <a href="#top">another</a>.</p>'
             + _cell('<img src="figure.png" alt="a plot">')
             + _cell(_view(good_views[0]))
@@ -82,7 +84,8 @@ def synthetic(tmp_path_factory):
         "error_text.html": _page(_cell(
             '<div class="output stream highlight-myst-ansi"><pre>epoch 1\n'
             'RuntimeError: Expected all tensors to be on the same device</pre></div>')),
-        "broken_link.html": _page('<a href="missing.html">gone</a> <a href="good.html#nope">no anchor</a>'),
+        "broken_link.html": _page('<a href="missing.html">gone</a> '
+                                  '<a href="good.html#nope">no anchor</a>'),
         "broken_image.html": _page('<img src="nope.png" alt="lost">'),
         "blank_figure.html": _page(_cell('<img src="blank.png">')),
         "tiny_figure.html": _page(_cell('<img src="tiny.png">')),
