@@ -9,6 +9,8 @@ plotting  live training plot, progress bar, glue
 splits    Part I: splitting a model across layers and within a layer (costs: what each split costs)
 distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
+checkpoint  files written atomically (checkpoints, metrics), snapshots to resume from bitwise
+validate  inputs checked at every entry point, before any work (one global-batch rule)
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -22,6 +24,8 @@ from .plotting import Animator, glue, progress
 from .training import default_run_size, evaluate_accuracy, sgd, train, train_batch
 from .splits import *        # noqa: F401,F403
 from .costs import *         # noqa: F401,F403
+from .checkpoint import *    # noqa: F401,F403
+from .validate import *      # noqa: F401,F403
 from .distributed import *   # noqa: F401,F403
 from .ddp_worker import *    # noqa: F401,F403
 from .fast import *          # noqa: F401,F403
