@@ -174,3 +174,28 @@ def test_the_three_scripts_share_one_batch_rule():
         assert "helpers.resolve_args(" in src, f"{name} does not check its arguments"
         assert "% world_size" not in src and "// 3 * 3" not in src, f"{name} has its own rule"
     assert isinstance(helpers.script_parser("x"), argparse.ArgumentParser)
+
+
+@pytest.mark.parametrize("script,argv,words", [
+    ("single.py", ["--dry-run", "--save", "/no/such/dir/model.pt"], "--save /no/such/dir"),
+    ("single.py", ["--dry-run", "--epochs", "0"], "--epochs must be at least 1"),
+    ("spawn.py", ["--nprocs", "3", "--dry-run"], "use a multiple of 3 (63 or 66)"),
+    ("torchrun.py", ["--dry-run", "--backend", "nccl"], "use --backend gloo"),
+])
+def test_scripts_refuse_before_loading_data_or_starting_processes(script, argv, words, capsys,
+                                                                  monkeypatch):
+    """Run as `python script argv` (in this process): exit 2 with the fix, and nothing loaded,
+    spawned or joined first."""
+    import runpy
+    import sys
+
+    from book_files import ROOT
+    no_gpu(monkeypatch)
+    for name in ("load_tensors", "setup"):
+        monkeypatch.setattr(helpers, name, lambda *a, **k: pytest.fail(f"{name} ran first"))
+    monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: pytest.fail("spawned"))
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(ROOT / "scripts" / "ddp" / script), run_name="__main__")
+    assert e.value.code == 2
+    assert words in capsys.readouterr().err

@@ -131,3 +131,22 @@ def test_a_corrupt_archive_that_cannot_be_removed_names_the_real_cause(monkeypat
         helpers.fashion_mnist(train=False)
     msg = str(e.value)
     assert "damaged archive" in msg and "read-only" in msg, msg
+
+
+def test_a_missing_file_in_a_read_only_folder_says_read_only(monkeypatch, tmp_path):
+    """Extraction needs to write: in a read-only folder the headline is that, not the network."""
+    raw = copy_data(tmp_path)
+    (raw / "t10k-images-idx3-ubyte").unlink()
+    monkeypatch.setattr(data, "_writable", lambda folder: False)
+
+    def no_write(*a, **k):
+        raise PermissionError(13, "Permission denied (simulated read-only folder)")
+    monkeypatch.setattr(data.torchvision.datasets.mnist, "extract_archive", no_write, raising=False)
+    monkeypatch.setattr(data.torchvision.datasets.utils, "extract_archive", no_write)
+    monkeypatch.setattr(socket, "create_connection",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError("offline (simulated)")))
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    with pytest.raises(helpers.DataMissingError) as e:
+        helpers.fashion_mnist(train=False)
+    msg = str(e.value)
+    assert "read-only" in msg and "COURSE_DATA" in msg and "downloading it failed" not in msg, msg
