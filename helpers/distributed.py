@@ -23,8 +23,8 @@ from .validate import check_backend
 
 __all__ = ["choose_backend", "env_ranks", "rank_device", "setup", "teardown", "free_port",
            "get_rank", "get_world_size", "log0", "unwrap", "save_checkpoint", "load_checkpoint",
-           "save_snapshot_all", "shard_indices", "exact_counts", "evaluate_exact", "CPUSyncBatchNorm",
-           "convert_sync_batchnorm"]
+           "save_snapshot_all", "shard_indices", "exact_counts", "evaluate_exact",
+           "CPUSyncBatchNorm", "convert_sync_batchnorm"]
 
 
 def choose_backend(local_world_size=1):

@@ -199,3 +199,12 @@ def test_scripts_refuse_before_loading_data_or_starting_processes(script, argv, 
         runpy.run_path(str(ROOT / "scripts" / "ddp" / script), run_name="__main__")
     assert e.value.code == 2
     assert words in capsys.readouterr().err
+
+
+def test_torchrun_docs_suggest_a_unique_rendezvous_id_and_a_free_port():
+    """Reliability row 10: a reused --rdzv-id or a busy port waits silently for minutes, so the
+    script's docstring must not suggest a fixed id, and must say why."""
+    from book_files import ROOT
+    doc = (ROOT / "scripts" / "ddp" / "torchrun.py").read_text().split('"""')[1]
+    assert "--rdzv-id job1" not in doc and "--master-port 29500" not in doc
+    assert "UNIQUE" in doc and "waits silently" in doc and "must be free" in doc
