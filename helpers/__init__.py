@@ -11,6 +11,8 @@ tensor_parallel  Part I: ring all-reduce over simulated devices, Megatron's f/g 
 distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
 paths     script_path: the course's scripts (scripts/ddp) in a checkout or an installed copy
+checkpoint  files written atomically (checkpoints, metrics), snapshots to resume from bitwise
+validate  inputs checked at every entry point, before any work (one global-batch rule)
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -25,6 +27,8 @@ from .training import default_run_size, evaluate_accuracy, sgd, train, train_bat
 from .splits import *        # noqa: F401,F403
 from .tensor_parallel import *  # noqa: F401,F403
 from .costs import *         # noqa: F401,F403
+from .checkpoint import *    # noqa: F401,F403
+from .validate import *      # noqa: F401,F403
 from .distributed import *   # noqa: F401,F403
 from .ddp_worker import *    # noqa: F401,F403
 from .fast import *          # noqa: F401,F403

@@ -8,9 +8,17 @@ import torchvision
 from torch.utils import data
 from torchvision import transforms
 
+from .validate import check_positive_int
+
 DATA_ENV = "COURSE_DATA"
 FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
          "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+# Byte sizes of the four extracted (gunzipped) files, computed once from torchvision's verified
+# archives: len(gzip.open(f).read()) for each .gz (a 16-byte header + 28*28 bytes per image; an
+# 8-byte header + 1 byte per label). A file of another size is truncated or is not the original.
+EXTRACTED_SIZES = {"train-images-idx3-ubyte": 47040016, "train-labels-idx1-ubyte": 60008,
+                   "t10k-images-idx3-ubyte": 7840016, "t10k-labels-idx1-ubyte": 10008}
+MAGIC = {"images": 2051, "labels": 2049}   # the idx format's first 4 bytes (big-endian)
 LABELS = ("t-shirt", "trouser", "pullover", "dress", "coat",
           "sandal", "shirt", "sneaker", "bag", "ankle boot")
 
@@ -34,12 +42,18 @@ def fashion_mnist(train=True, transform=None, root=None):
     """The torchvision dataset, downloaded on first use (a seeded raw/ folder skips the network)."""
     root = Path(root) if root is not None else data_dir()
     raw = root / "FashionMNIST" / "raw"
+    _check_extracted(raw)   # bad extracted files go; torchvision re-extracts the archives
     old_timeout = socket.getdefaulttimeout()
     socket.setdefaulttimeout(30)   # torchvision's urllib calls have none: never hang offline
     try:
         return torchvision.datasets.FashionMNIST(
             root=str(root), train=train, download=True, transform=transform or transforms.ToTensor())
     except Exception as e:  # URLError, timeouts, md5 mismatch: all mean "the data is not here"
+        if isinstance(e, PermissionError) or not _writable(raw):
+            raise DataMissingError(
+                f"cannot write into {raw} ({type(e).__name__}: {e}): the folder is read-only, "
+                "so the archives cannot be downloaded or extracted there. Make it writable, or "
+                f"copy it to a writable folder and set {DATA_ENV} to that folder.") from e
         _remove_partial(raw)
         raise DataMissingError(
             f"Fashion-MNIST is not in {raw} and downloading it failed ({type(e).__name__}: {e}). "
@@ -49,6 +63,50 @@ def fashion_mnist(train=True, transform=None, root=None):
         socket.setdefaulttimeout(old_timeout)
 
 
+def _writable(folder):
+    """True if files can be created in `folder` (or in the nearest existing folder above it)."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _unlink(f, why):
+    try:
+        f.unlink()
+    except PermissionError as e:
+        raise DataMissingError(
+            f"{f} is {why} but cannot be removed ({e}): its folder is read-only. Make "
+            f"{f.parent} writable, or copy the data to a writable folder and set {DATA_ENV} "
+            "to it.") from e
+
+
+def _bad_extracted(f, size):
+    """Why the extracted file `f` is not the original (None if it looks right)."""
+    got = f.stat().st_size
+    if got != size:
+        return f"{got:,} bytes, expected {size:,} (truncated or not the original)"
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        kind = "labels" if "labels" in f.name else "images"
+        if int.from_bytes(head[:4], "big") != MAGIC[kind]:
+            return "not an idx file (wrong header)"
+        if kind == "labels" and max(fh.read()) > 9:
+            return "labels above 9 (the file is corrupt)"
+    return None
+
+
+def _check_extracted(raw):
+    """Remove extracted files whose size or content is wrong, so that torchvision extracts them
+    again from the archives (which it verifies by md5). A read-only folder gets a clear error."""
+    for name, size in EXTRACTED_SIZES.items():
+        f = raw / name
+        if f.exists():
+            why = _bad_extracted(f, size)
+            if why:
+                _unlink(f, f"damaged ({why})")
+
+
 def _remove_partial(raw):
     """Delete half-downloaded archives (wrong md5), so the next try starts clean."""
     from torchvision.datasets.utils import check_integrity
@@ -56,7 +114,7 @@ def _remove_partial(raw):
     for url, sum_ in torchvision.datasets.FashionMNIST.resources:
         f = raw / os.path.basename(url)
         if f.exists() and not check_integrity(str(f), sum_):
-            f.unlink()
+            _unlink(f, "a damaged archive (wrong md5)")
 
 
 def load_data_fashion_mnist(batch_size, subset=None, resize=None, num_workers=None, seed=None):
@@ -65,6 +123,8 @@ def load_data_fashion_mnist(batch_size, subset=None, resize=None, num_workers=No
     `subset` keeps the first `subset` training images and subset // 5 test images (quick runs);
     `seed` fixes the shuffling order. Returns (train_iter, test_iter).
     """
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(subset, "subset", allow_none=True)
     trans = [transforms.ToTensor()]
     if resize:
         trans.insert(0, transforms.Resize(resize))
@@ -86,6 +146,7 @@ def load_tensors(train=True, subset=None, device="cpu"):
 
     No per-image transform: this is what a resident, on-device data pipeline starts from.
     """
+    check_positive_int(subset, "subset", allow_none=True)
     ds = fashion_mnist(train)
     X, y = ds.data, ds.targets
     if subset is not None:

@@ -6,13 +6,14 @@ process cannot find a function that was defined in a notebook's __main__.
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .data import load_tensors
 from .distributed import convert_sync_batchnorm, evaluate_exact, setup, teardown, unwrap
 
 __all__ = ["TwoInputNet", "side_features", "bn_net", "bn_stats", "global_batches",
-           "train_bn_steps", "bn_worker"]
+           "train_bn_steps", "bn_worker", "join_worker"]
 
 
 class TwoInputNet(nn.Module):
@@ -107,4 +108,29 @@ def bn_worker(rank, world_size, port, cfg):
             stats=bn_stats(model), acc=correct / total, total=total,
             state={k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()})
     torch.save(results, f"{cfg['out']}.rank{rank}.pt")
+    teardown()
+
+
+def join_worker(rank, world_size, port, out, use_join=True, timeout=20):
+    """mp.spawn target for uneven inputs: rank r trains on 3 + 2r batches. Under `Join`, a rank
+    that runs out of data shadows the others' gradient all-reduces (with zeros) until all are done,
+    so nobody waits forever. Saves {steps, weight, finished} to f"{out}.rank{rank}.pt"."""
+    rank, world_size, device = setup(rank, world_size, master_port=port, backend="gloo",
+                                     timeout=timeout)
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(4, 1))   # CPU and gloo: a lesson about collectives, not speed
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps, g = 3 + 2 * rank, torch.Generator().manual_seed(rank)
+    finished = True
+    try:
+        with Join([model], enable=use_join):
+            for _ in range(steps):
+                loss = model(torch.randn(8, 4, generator=g)).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    except RuntimeError:   # without Join: the rank with more batches times out waiting
+        finished = False
+    torch.save(dict(steps=steps, finished=finished, weight=model.module.weight.detach().clone()),
+               f"{out}.rank{rank}.pt")
     teardown()

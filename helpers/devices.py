@@ -11,6 +11,8 @@ def num_gpus():
 
 def try_gpu(i=0):
     """GPU i if it exists, else the CPU."""
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise ValueError(f"GPU index must be an int >= 0, got {i!r}: try_gpu(0) is the first GPU")
     return torch.device(f"cuda:{i}") if num_gpus() > i else torch.device("cpu")
 
 
@@ -32,8 +34,9 @@ def get_devices(k, simulate=True):
     if n >= k:
         return [torch.device(f"cuda:{i}") for i in range(k)]
     if not simulate:
+        fewer = f"use k <= {n}, or " if n else "run on a machine with GPUs, or use "
         raise RuntimeError(
-            f"asked for {k} GPUs but found {n}: use k <= {n}, or get_devices({k}, simulate=True) "
+            f"asked for {k} GPUs but found {n}: {fewer}get_devices({k}, simulate=True) "
             "to simulate the missing ones (correct results, no speed-up)")
     base = try_all_gpus()
     if n == 0 and k == 1:
@@ -48,6 +51,8 @@ def get_devices(k, simulate=True):
 
 def require_gpus(k):
     """Raise a clear error unless at least k real GPUs are present."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int (how many GPUs this needs), got {k!r}")
     n = num_gpus()
     if n < k:
         raise RuntimeError(f"this needs {k} GPU(s), found {n}; run it on a GPU machine, or use "
@@ -99,6 +104,8 @@ class Timer:
 
     def median(self, skip=0):
         """Median of the recorded times, leaving out the first `skip` (warm-up) if there are more."""
+        if not self.times:
+            raise ValueError("no times recorded yet: time at least one run (start/stop)")
         s = sorted(self.times[skip:] if len(self.times) > skip else self.times)
         m = len(s) // 2
         return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2

@@ -17,12 +17,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from .checkpoint import atomic_save, rng_state, save_snapshot
 from .devices import num_gpus
+from .validate import check_backend
 
 __all__ = ["choose_backend", "env_ranks", "rank_device", "setup", "teardown", "free_port",
            "get_rank", "get_world_size", "log0", "unwrap", "save_checkpoint", "load_checkpoint",
-           "shard_indices", "exact_counts", "evaluate_exact", "CPUSyncBatchNorm",
-           "convert_sync_batchnorm"]
+           "save_snapshot_all", "shard_indices", "exact_counts", "evaluate_exact",
+           "CPUSyncBatchNorm", "convert_sync_batchnorm"]
 
 
 def choose_backend(local_world_size=1):
@@ -80,14 +82,30 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
         os.environ["MASTER_ADDR"] = master_addr or "127.0.0.1"
     if master_port is not None:
         os.environ["MASTER_PORT"] = str(master_port)
-    backend = backend or choose_backend(local_world_size)
+    backend = check_backend(backend, local_world_size) or choose_backend(local_world_size)
     device = rank_device(local_rank)
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # ranks sharing a CPU: split its cores, or their threads fight (torchrun sets 1 per rank)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout))
+    timeout = datetime.timedelta(seconds=timeout)
+    store = _attempt_store(timeout)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                            **({"store": store} if store is not None else {}))
     return rank, world_size, device
+
+
+def _attempt_store(timeout):
+    """Under torchrun, the launcher's key-value store with keys private to this attempt.
+
+    After `--max-restarts` restarts the group, the new ranks would otherwise find the addresses
+    the dead attempt published there and try to connect to them (seen with torch 2.14:
+    "Gloo connectFullMesh failed ... Connection refused", then another restart)."""
+    e = os.environ
+    if e.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in e:
+        return None
+    store = dist.TCPStore(e["MASTER_ADDR"], int(e["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"/course/attempt_{e['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def teardown():
@@ -122,8 +140,19 @@ def save_checkpoint(model, path):
     Other ranks that then read the file must wait for it (dist.barrier())."""
     if get_rank() != 0:
         return False
-    torch.save(unwrap(model).state_dict(), path)
+    atomic_save(unwrap(model).state_dict(), path)   # a kill mid-save keeps the old file whole
     return True
+
+
+def save_snapshot_all(path, model, optimizer, epoch, history=()):
+    """Every rank calls it (it gathers each rank's RNG states: a collective); rank 0 writes the
+    snapshot atomically. `epoch` is the next epoch to run."""
+    rngs = [rng_state()]
+    if get_world_size() > 1:
+        rngs = [None] * get_world_size()
+        dist.all_gather_object(rngs, rng_state())
+    if get_rank() == 0:
+        save_snapshot(path, model, optimizer, epoch, history, rng=rngs)
 
 
 def load_checkpoint(model, path, map_location="cpu"):

@@ -21,6 +21,7 @@ from .devices import Timer, get_devices
 from .models import init_lenet_params, lenet, loss
 from .plotting import Animator
 from .training import evaluate_accuracy
+from .validate import check_lr, check_positive_int, check_seed
 
 __all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy"]
 
@@ -205,8 +206,15 @@ def train_fast(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, cud
 
     Same model, initialisation (`seed`), optimizer and batch size as `train`; the data order is
     ResidentLoader's. Returns the same dict as `train` (test_acc, sec_per_epoch, epoch_times,
-    params) plus `used_graph`.
+    params) plus `used_graph`. Like `train`, a last batch shorter than the device count is
+    trained on (empty shards on some devices), and seed=None means a different run each time.
     """
+    for name, v in dict(num_gpus=num_gpus, batch_size=batch_size, num_epochs=num_epochs).items():
+        check_positive_int(v, name)
+    check_positive_int(subset, "subset", allow_none=True)
+    check_lr(lr)
+    if check_seed(seed) is None:   # as train(seed=None): a fresh random start and data order
+        seed = int(torch.randint(2 ** 62, ()))
     devices = get_devices(num_gpus)
     X, y = load_tensors(True, subset, devices[0])
     X_test, y_test = load_tensors(False, subset, devices[0])

@@ -21,7 +21,7 @@ def lenet(X, params):
     W1, b1, W2, b2, W3, b3, W4, b4 = params
     h1 = F.avg_pool2d(F.relu(F.conv2d(X, W1, b1)), kernel_size=2, stride=2)
     h2 = F.avg_pool2d(F.relu(F.conv2d(h1, W2, b2)), kernel_size=2, stride=2)
-    h2 = h2.reshape(h2.shape[0], -1)
+    h2 = h2.flatten(1)   # not reshape(n, -1): that fails for an empty shard (n = 0)
     h3 = F.relu(torch.mm(h2, W3) + b3)   # W3 is (in, out), so mm, not F.linear
     return torch.mm(h3, W4) + b4
 

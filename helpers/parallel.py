@@ -31,14 +31,15 @@ def allreduce(data):
 def split_batch(X, y, devices):
     """Split X and y into len(devices) paired shards, one on each device.
 
-    Shard sizes differ by at most one (torch.tensor_split), so any batch of at least
-    len(devices) examples works; `nn.parallel.scatter` would need CUDA.
+    Shard sizes differ by at most one (torch.tensor_split). A batch smaller than the number of
+    devices (an epoch's short last batch) leaves some shards empty: those replicas add a zero
+    gradient, and the sum over devices is still the whole batch's. `nn.parallel.scatter` would
+    need CUDA.
     """
     k = len(devices)
+    if k == 0:
+        raise ValueError("no devices given: pass at least one, e.g. helpers.get_devices(1)")
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; they must pair up")
-    if X.shape[0] < k:
-        raise ValueError(f"a batch of {X.shape[0]} examples cannot be split over {k} devices: "
-                         f"use a batch of at least {k}, or fewer devices")
     return ([x.to(d) for x, d in zip(X.tensor_split(k), devices)],
             [t.to(d) for t, d in zip(y.tensor_split(k), devices)])

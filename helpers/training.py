@@ -7,6 +7,7 @@ from .devices import Timer, get_devices
 from .models import init_lenet_params, lenet, loss
 from .parallel import allreduce, get_params, split_batch
 from .plotting import Animator, progress
+from .validate import check_lr, check_positive_int, check_seed, check_step
 
 
 def sgd(params, lr, batch_size):
@@ -22,7 +23,9 @@ def train_batch(X, y, device_params, devices, lr):
 
     Convention: each shard's loss is summed, gradients are all-reduced (summed), and sgd divides by
     the GLOBAL batch size, which equals the gradient of the mean loss over the whole batch.
+    A batch smaller than the number of devices leaves some shards empty (zero gradients there).
     """
+    check_step(X, y, device_params, devices, lr)   # before any replica computes or steps
     X_shards, y_shards = split_batch(X, y, devices)
     ls = [loss(lenet(X_shard, W), y_shard).sum()
           for X_shard, y_shard, W in zip(X_shards, y_shards, device_params)]
@@ -58,8 +61,15 @@ def train(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, plot=Tru
     """Train the functional LeNet on Fashion-MNIST on `num_gpus` devices (simulated if missing).
 
     Returns a dict with the final test accuracy, median seconds per epoch (epochs 2 onwards, the
-    first pays for warm-up) and the trained parameters.
+    first pays for warm-up) and the trained parameters. An epoch's last batch may be shorter
+    than the device count: it is trained on, some devices getting an empty shard.
     """
+    check_positive_int(num_gpus, "num_gpus")
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(num_epochs, "num_epochs")
+    check_positive_int(subset, "subset", allow_none=True)
+    check_lr(lr)
+    check_seed(seed)
     devices = get_devices(num_gpus)
     train_iter, test_iter = load_data_fashion_mnist(batch_size, subset=subset, seed=seed)
     device_params = [get_params(init_lenet_params(seed=seed), d) for d in devices]

@@ -79,16 +79,88 @@ def check_metrics(path, reference):
     return m
 
 
-def test_two_ranks_equal_one_process_on_the_combined_batch(tmp_path, reference):
-    ckpt, metrics = tmp_path / "model.pt", tmp_path / "m.json"
-    r = subprocess.run([*LAUNCH, "--standalone", "--nproc-per-node", "2", str(SCRIPT), *ARGS,
-                        "--save", str(ckpt), "--metrics", str(metrics)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=CPU_ENV)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert_same_model(ckpt, reference)
-    m = check_metrics(metrics, reference)
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """Two torchrun jobs at once (2 ranks each, gloo): one uninterrupted; one whose rank 1
+    SIGKILLs itself at step 6 (in epoch 2) on the first attempt only, under --max-restarts 1, with
+    a snapshot after every epoch. Returns {name: (CompletedProcess-like, folder)}."""
+    d = tmp_path_factory.mktemp("launches")
+    jobs = {"plain": [], "killed": ["--snapshot", str(d / "killed" / "snap.pt"), "--fail-rank",
+                                    "1", "--fail-step", "6", "--fail-mode", "kill",
+                                    "--fail-once", str(d / "killed" / "marker")]}
+    procs = {}
+    for name, extra in jobs.items():
+        (d / name).mkdir()
+        restarts = ["--max-restarts", "1"] if name == "killed" else []
+        procs[name] = subprocess.Popen(
+            [*LAUNCH, "--standalone", "--nproc-per-node", "2", *restarts, str(SCRIPT), *ARGS,
+             "--timeout", "30", "--save", str(d / name / "model.pt"),
+             "--metrics", str(d / name / "m.json"), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)
+    try:
+        outs = {name: p.communicate(timeout=150)[0] for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+    return {name: (procs[name].returncode, outs[name], d / name) for name in jobs}
+
+
+def test_two_ranks_equal_one_process_on_the_combined_batch(launches, reference):
+    rc, out, d = launches["plain"]
+    assert rc == 0, out[-4000:]
+    assert_same_model(d / "model.pt", reference)
+    m = check_metrics(d / "m.json", reference)
     assert m["world_size"] == 2 and m["steps"] == 8
-    assert r.stdout.count("epoch 1:") == 1, "only rank 0 logs"
+    assert out.count("epoch 1:") == 1, "only rank 0 logs"
+    assert [len(h["rank_losses"]) for h in m["history"]] == [2, 2], "per-rank losses recorded"
+
+
+def test_a_killed_rank_under_max_restarts_resumes_to_the_same_parameters(launches, reference):
+    """torchrun restarts the whole group after rank 1's SIGKILL; every rank reloads the epoch-1
+    snapshot; the job finishes with exactly (bitwise) the parameters of the uninterrupted job."""
+    rc, out, d = launches["killed"]
+    assert rc == 0, out[-4000:]
+    assert "failing on purpose at step 6 (kill)" in out, out[-3000:]
+    assert "resuming from" in out and "at epoch 2" in out, out[-3000:]
+    plain = torch.load(launches["plain"][2] / "model.pt", weights_only=True)
+    killed = torch.load(d / "model.pt", weights_only=True)
+    for k, v in plain.items():
+        assert torch.equal(killed[k], v), f"{k} differs after the restart"
+    m = json.loads((d / "m.json").read_text())
+    assert [h["epoch"] for h in m["history"]] == [1, 2], "each epoch once in the history"
+    assert [h["attempt"] for h in m["history"]] == [0, 1], "epoch 2 ran in the restarted group"
+    assert m["steps"] == 8
+
+
+def run_script(name, *argv):
+    """Run a script in THIS process (no new interpreter to start: fast), as `python name argv`."""
+    import contextlib
+    import io
+    import runpy
+    old, out = sys.argv, io.StringIO()
+    sys.argv = [name, *map(str, argv)]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(SCRIPT.parent / name), run_name="__main__")
+    finally:
+        sys.argv = old
+    return out.getvalue()
+
+
+def test_single_process_stopped_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path):
+    """single.py: 1 epoch with --snapshot, then the same command with --epochs 3 continues from
+    it; the result equals a 3-epoch run that never stopped, bitwise."""
+    args = ["--subset", 192, "--batch-size", 64, "--lr", 0.1, "--seed", 5]
+    snap = tmp_path / "snap.pt"
+    run_script("single.py", *args, "--epochs", 3, "--save", tmp_path / "whole.pt")
+    run_script("single.py", *args, "--epochs", 1, "--snapshot", snap)
+    torch.manual_seed(123)   # whatever the RNGs hold now, the snapshot restores them
+    out = run_script("single.py", *args, "--epochs", 3, "--snapshot", snap, "--resume",
+                     "--save", tmp_path / "resumed.pt")
+    assert "resuming from" in out and "epoch 1:" not in out and "epoch 3:" in out, out
+    a = torch.load(tmp_path / "whole.pt", weights_only=True)
+    b = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run differs from the whole run"
 
 
 def test_the_earlier_steps_run_spawn_equals_one_process_too(tmp_path, reference):
@@ -218,3 +290,106 @@ def test_cpu_sync_batchnorm_matches_batchnorm(world_of_one, monkeypatch):
     assert torch.allclose(Y1, Y2, atol=1e-5) and torch.allclose(X1.grad, X2.grad, atol=1e-5)
     assert torch.allclose(bn.running_var, sync.running_var, atol=1e-5)
     assert torch.allclose(bn.running_mean, sync.running_mean, atol=1e-6)
+
+
+# --- checkpoints that a kill cannot destroy ---
+
+def _kill_while_saving(tmp_path, save, kills=30, seed=0):
+    """Fork a child that saves versions 1, 2, 3, ... of a ~4 MB state to one path, without end;
+    SIGKILL it at a random moment, then load the file: returns how many kills left a file that
+    does not load (or holds a torn mix of versions). Version 0 is written first, completely."""
+    import random
+    import signal
+
+    path, rng = tmp_path / "ckpt.pt", random.Random(seed)
+    state = lambda v: {"w": torch.full((1024, 1024), float(v)), "version": v}   # 4 MB
+    hd.atomic_save(state(0), path)
+    broken = 0
+    for _ in range(kills):
+        pid = os.fork()
+        if pid == 0:   # the child: save forever, until killed
+            try:
+                v = 1
+                while True:
+                    save(state(v), path)
+                    v += 1
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0.0, 0.08))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        try:
+            s = torch.load(path, weights_only=True)
+            ok = bool((s["w"] == s["version"]).all())
+        except Exception:
+            ok = False
+        broken += not ok
+        if not ok:
+            hd.atomic_save(state(0), path)   # start the next round from a good file
+    return broken
+
+
+def test_a_checkpoint_killed_mid_save_always_loads(tmp_path):
+    """30 SIGKILLs at random moments of atomic saves: the file on disk always loads (the old
+    version or the new one), and no temporary file is left in the way of the next save."""
+    assert _kill_while_saving(tmp_path, hd.atomic_save) == 0
+    hd.atomic_save({"x": torch.ones(1)}, tmp_path / "ckpt.pt")   # leftovers do not block it
+
+
+def test_the_same_kills_break_a_plain_torch_save(tmp_path):
+    """The harness above can fail: writing straight to the final path (what save_checkpoint and
+    single.py did) leaves files that do not load."""
+    assert _kill_while_saving(tmp_path, torch.save, kills=15) > 0
+
+
+def test_save_checkpoint_and_metrics_are_atomic_writes(tmp_path, monkeypatch):
+    """Every writer goes through atomic_write: a failure mid-write leaves the old file whole."""
+    import helpers.checkpoint as hc
+    hd.atomic_save({"v": torch.zeros(3)}, tmp_path / "a.pt")
+    hc.write_json(tmp_path / "m.json", {"v": 0})
+
+    def exploding_save(obj, f):
+        f.write(b"half")
+        raise OSError("disk full (simulated)")
+    monkeypatch.setattr(hc.torch, "save", exploding_save)
+    with pytest.raises(OSError):
+        hd.save_checkpoint(nn.Linear(2, 2), tmp_path / "a.pt")
+    assert torch.equal(torch.load(tmp_path / "a.pt", weights_only=True)["v"], torch.zeros(3))
+    monkeypatch.setattr(hc.json, "dump", lambda obj, f, **k: (f.write("{"), 1 / 0))
+    with pytest.raises(ZeroDivisionError):
+        hc.write_json(tmp_path / "m.json", {"v": 1})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"v": 0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "m.json"], "no temp files left"
+
+
+def test_snapshot_restores_model_optimizer_epoch_and_rngs(tmp_path):
+    """A snapshot taken mid-run continues bitwise: dropout draws from torch's RNG, momentum lives
+    in the optimizer, numpy and random are restored too."""
+    import random
+
+    import numpy as np
+
+    def run(net, opt, steps):
+        for _ in range(steps):
+            X = torch.randn(8, 4) + random.random() + float(np.random.rand())
+            loss = net(X).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def fresh():
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+        return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    random.seed(1), np.random.seed(2)
+    net, opt = fresh()
+    run(net, opt, 3)
+    helpers.save_snapshot(tmp_path / "s.pt", net, opt, epoch=3, history=[{"epoch": 3}])
+    run(net, opt, 4)
+    torch.manual_seed(99), random.seed(99), np.random.seed(99)   # the crash loses all of it
+    net2, opt2 = fresh()
+    epoch, history = helpers.load_snapshot(tmp_path / "s.pt", net2, opt2)
+    run(net2, opt2, 4)
+    assert epoch == 3 and history == [{"epoch": 3}]
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), net2.parameters()))

@@ -4,4 +4,5 @@ from .gpus import *             # noqa: F401,F403  foundation chapter
 from .splits import *           # noqa: F401,F403  Part I
 from .scratch import *          # noqa: F401,F403  Part II
 from .concise import *          # noqa: F401,F403  Part III
+from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
 from .fast import *             # noqa: F401,F403  Part IV

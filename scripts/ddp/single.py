@@ -1,40 +1,33 @@
 """Step 1 of 3: train LeNet on Fashion-MNIST in ONE process. The next steps (spawn.py, torchrun.py)
 add the lines that make it data-parallel; everything else stays.
 
-    python scripts/ddp/single.py --dry-run   # 2 short epochs on 512 images (CI)
+    python scripts/ddp/single.py --dry-run                  # 2 short epochs on 512 images (CI)
+    python scripts/ddp/single.py --snapshot run.pt          # stop it any time, run it again:
+                                                            # it continues where it stopped
+Every argument is checked before any work is done; --dry-run only fills in what was not given.
 """
-import argparse
-import json
+import os
 import time
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 import helpers
 
-p = argparse.ArgumentParser()
-p.add_argument("--epochs", type=int, default=10)
-p.add_argument("--batch-size", type=int, default=256)
-p.add_argument("--lr", type=float, default=0.2)
-p.add_argument("--subset", type=int, default=None, help="first N training images (None: all)")
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--dry-run", action="store_true", help="CI size: 2 short epochs on 512 images")
-p.add_argument("--save", default=None, help="save the model's state_dict here")
-p.add_argument("--metrics", default=None, help="write a JSON summary here")
-args = p.parse_args()
-if args.dry_run:
-    args.epochs, args.subset, args.batch_size = 2, 512, 64
+p = helpers.script_parser(__doc__)
+args = helpers.resolve_args(p.parse_args(), parser=p)
 
 device = helpers.try_gpu()
 print(f"1 process on {device}")
 
-# --- data: the whole training set, reshuffled each epoch ---
+# --- data: the whole training set, reshuffled each epoch (the order depends on seed + epoch) ---
 X, y = helpers.load_tensors(True, args.subset)
 X_test, y_test = helpers.load_tensors(False, args.subset)
 train_set = TensorDataset(X, y)
-train_iter = DataLoader(train_set, args.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(args.seed))
+sampler = DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True, seed=args.seed)
+train_iter = DataLoader(train_set, args.batch_size, sampler=sampler)
 
 # --- model ---
 torch.manual_seed(args.seed)
@@ -42,8 +35,15 @@ model = helpers.lenet_module().to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 loss_fn = nn.CrossEntropyLoss()
 
-step, times = 0, []
-for epoch in range(args.epochs):
+# --- resume: model, optimizer, next epoch and RNG states from the last snapshot ---
+start, history = 0, []
+if args.snapshot and os.path.exists(args.snapshot):
+    start, history = helpers.load_snapshot(args.snapshot, model, optimizer)
+    print(f"resuming from {args.snapshot} at epoch {start + 1}")
+
+step = start * len(train_iter)
+for epoch in range(start, args.epochs):
+    sampler.set_epoch(epoch)
     t0 = time.perf_counter()
     loss_sum = torch.zeros(2, device=device)
     for Xb, yb in train_iter:
@@ -54,15 +54,22 @@ for epoch in range(args.epochs):
         optimizer.step()
         loss_sum += torch.stack([loss.detach() * len(yb), torch.tensor(len(yb), device=device)])
         step += 1
+    rank_sums = [loss_sum]
     correct, total = helpers.evaluate_exact(model, X_test, y_test, device)
     helpers.synchronize(device)
-    times.append(time.perf_counter() - t0)
-    print(f"epoch {epoch + 1}: train loss {(loss_sum[0] / loss_sum[1]).item():.3f}, "
-          f"test acc {correct / total:.3f} on {total} images, {times[-1]:.2f} s")
+    history.append(dict(epoch=epoch + 1, loss=(loss_sum[0] / loss_sum[1]).item(),
+                        rank_losses=[(s[0] / s[1]).item() for s in rank_sums],
+                        test_acc=correct / total, seconds=time.perf_counter() - t0,
+                        attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))))
+    print(f"epoch {epoch + 1}: train loss {history[-1]['loss']:.3f}, "
+          f"test acc {correct / total:.3f} on {total} images, {history[-1]['seconds']:.2f} s")
+    if args.snapshot:
+        helpers.save_snapshot_all(args.snapshot, model, optimizer, epoch + 1, history)
 
+correct, total = helpers.evaluate_exact(model, X_test, y_test, device)   # the final model
 if args.save:
-    torch.save(model.state_dict(), args.save)
+    helpers.save_checkpoint(model, args.save)   # atomically: a kill mid-save keeps the old file
 if args.metrics:
-    with open(args.metrics, "w") as f:
-        json.dump(dict(world_size=1, device=str(device), steps=step, test_correct=correct,
-                       test_total=total, test_acc=correct / total, epoch_times=times), f)
+    helpers.write_json(args.metrics, dict(
+        world_size=1, device=str(device), steps=step, test_correct=correct, test_total=total,
+        test_acc=correct / total, epoch_times=[h["seconds"] for h in history], history=history))

@@ -3,9 +3,9 @@ torch.multiprocessing.spawn. The training body of single.py moves into main(rank
 spawn pickles by name: it must live in a file (a script or a module), never in a notebook.
 
     python scripts/ddp/spawn.py --nprocs 2 --dry-run
+Every argument is checked before any process starts; --dry-run only fills in what was not given.
 """
-import argparse
-import json
+import os
 import time
 
 import torch
@@ -22,7 +22,7 @@ import helpers
 def main(rank, world_size, port, args):
     # --- join the process group: this rank's number comes from spawn ---
     rank, world_size, device = helpers.setup(rank, world_size, master_port=port,
-                                             timeout=args.timeout)
+                                             backend=args.backend, timeout=args.timeout)
     helpers.log0(f"{world_size} ranks, backend {dist.get_backend()}, rank 0 on {device}")
 
     # --- data: every rank sees its own shard, reshuffled each epoch by set_epoch ---
@@ -40,8 +40,14 @@ def main(rank, world_size, port, args):
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 
-    step, times = 0, []
-    for epoch in range(args.epochs):
+    # --- resume: model, optimizer, next epoch and RNG states from the last snapshot ---
+    start, history = 0, []
+    if args.snapshot and os.path.exists(args.snapshot):
+        start, history = helpers.load_snapshot(args.snapshot, model, optimizer, rank)
+        helpers.log0(f"resuming from {args.snapshot} at epoch {start + 1}")
+
+    step = start * len(train_iter)
+    for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)   # without it every epoch repeats epoch 0's order
         t0 = time.perf_counter()
         loss_sum = torch.zeros(2, device=device)
@@ -53,36 +59,36 @@ def main(rank, world_size, port, args):
             optimizer.step()
             loss_sum += torch.stack([loss.detach() * len(yb), torch.tensor(len(yb), device=device)])
             step += 1
-        dist.all_reduce(loss_sum)   # every rank runs the same collectives, evaluation included
+        rank_sums = [torch.zeros_like(loss_sum) for _ in range(world_size)]
+        dist.all_gather(rank_sums, loss_sum)   # every rank runs the same collectives
+        loss_sum = sum(rank_sums)
         correct, total = helpers.evaluate_exact(model, X_test, y_test, device)
         helpers.synchronize(device)
-        times.append(time.perf_counter() - t0)
-        helpers.log0(f"epoch {epoch + 1}: train loss {(loss_sum[0] / loss_sum[1]).item():.3f}, "
-                     f"test acc {correct / total:.3f} on {total} images, {times[-1]:.2f} s")
+        history.append(dict(epoch=epoch + 1, loss=(loss_sum[0] / loss_sum[1]).item(),
+                            rank_losses=[(s[0] / s[1]).item() for s in rank_sums],
+                            test_acc=correct / total, seconds=time.perf_counter() - t0))
+        helpers.log0(f"epoch {epoch + 1}: train loss {history[-1]['loss']:.3f}, "
+                     f"test acc {correct / total:.3f} on {total} images, "
+                     f"{history[-1]['seconds']:.2f} s")
+        if args.snapshot:
+            helpers.save_snapshot_all(args.snapshot, model, optimizer, epoch + 1, history)
+    correct, total = helpers.evaluate_exact(model, X_test, y_test, device)   # the final model
 
     if args.save:
-        helpers.save_checkpoint(model, args.save)   # rank 0 only, keys without "module."
+        helpers.save_checkpoint(model, args.save)   # rank 0 only, atomically, no "module."
     if args.metrics and rank == 0:
-        with open(args.metrics, "w") as f:
-            json.dump(dict(world_size=world_size, backend=dist.get_backend(), device=str(device),
-                           steps=step, test_correct=correct, test_total=total,
-                           test_acc=correct / total, epoch_times=times), f)
+        helpers.write_json(args.metrics, dict(
+            world_size=world_size, backend=dist.get_backend(), device=str(device), steps=step,
+            test_correct=correct, test_total=total, test_acc=correct / total,
+            epoch_times=[h["seconds"] for h in history], history=history))
     helpers.teardown()
 
 
 if __name__ == "__main__":   # spawn re-imports this file in each child: guard the launch
-    p = argparse.ArgumentParser()
-    p.add_argument("--nprocs", type=int, default=max(helpers.num_gpus(), 2))
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=256, help="global batch, split over ranks")
-    p.add_argument("--lr", type=float, default=0.2)
-    p.add_argument("--subset", type=int, default=None, help="first N training images")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dry-run", action="store_true", help="CI size: 2 short epochs, 512 images")
-    p.add_argument("--save", default=None, help="rank 0 saves the model's state_dict here")
-    p.add_argument("--metrics", default=None, help="rank 0 writes a JSON summary here")
-    p.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")
+    p = helpers.script_parser(__doc__, distributed=True)
+    p.add_argument("--nprocs", type=int, default=max(helpers.num_gpus(), 2), help="ranks")
     args = p.parse_args()
-    if args.dry_run:
-        args.epochs, args.subset, args.batch_size = 2, 512, 64
+    if args.nprocs < 1:
+        p.error(f"--nprocs must be at least 1, got {args.nprocs}")
+    args = helpers.resolve_args(args, args.nprocs, args.nprocs, parser=p)
     mp.spawn(main, args=(args.nprocs, helpers.free_port(), args), nprocs=args.nprocs)

@@ -2,17 +2,25 @@
 its RANK, LOCAL_RANK and WORLD_SIZE. The same file runs on one machine or on many.
 
     # one machine, 2 ranks (gloo on a CPU, NCCL when each rank has a GPU)
-    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         scripts/ddp/torchrun.py --dry-run
-    # two machines: run on each, with --node-rank 0 on the machine at MASTER_IP, 1 on the other
-    python -m torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 8 \
-        --master-addr MASTER_IP --master-port 29500 scripts/ddp/torchrun.py
-    # or elastic rendezvous (ranks handed out on arrival, no --node-rank):
-    #   --rdzv-backend c10d --rdzv-endpoint MASTER_IP:29500 --rdzv-id job1
+    # a job that survives a dead rank: torchrun restarts ALL ranks (up to 3 times), and every
+    # rank continues from the last snapshot
+    python -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 3 \\
+        scripts/ddp/torchrun.py --snapshot snap.pt
+    # two machines: run on each, with --node-rank 0 on the machine at MASTER_IP, 1 on the other;
+    # PORT must be free on MASTER_IP (a busy port makes the others wait silently)
+    python -m torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 8 \\
+        --master-addr MASTER_IP --master-port PORT scripts/ddp/torchrun.py
+    # or elastic rendezvous (ranks handed out on arrival, no --node-rank), with an id UNIQUE to
+    # this job (e.g. $SLURM_JOB_ID or $(uuidgen)): a second job that reuses an id or an endpoint
+    # still in use waits silently for minutes instead of failing
+    #   --rdzv-backend c10d --rdzv-endpoint MASTER_IP:PORT --rdzv-id $SLURM_JOB_ID
+Every argument is checked before the process group starts; --dry-run only fills in what was not
+given.
 """
-import argparse
-import json
 import os
+import signal
 import time
 
 import torch
@@ -24,30 +32,20 @@ from torch.utils.data.distributed import DistributedSampler
 
 import helpers
 
-p = argparse.ArgumentParser()
-p.add_argument("--epochs", type=int, default=10)
-p.add_argument("--batch-size", type=int, default=256, help="global batch, split over the ranks")
-p.add_argument("--lr", type=float, default=0.2)
-p.add_argument("--subset", type=int, default=None, help="first N training images (None: all)")
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--dry-run", action="store_true", help="CI size: 2 short epochs on 512 images")
-p.add_argument("--save", default=None, help="rank 0 saves the model's state_dict here")
-p.add_argument("--metrics", default=None, help="rank 0 writes a JSON summary here")
-p.add_argument("--backend", default=None, help="gloo or nccl (default: nccl iff a GPU per rank)")
-p.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait")
+p = helpers.script_parser(__doc__, distributed=True)
 p.add_argument("--fail-rank", type=int, default=-1, help="(demo) this rank fails ...")
-p.add_argument("--fail-step", type=int, default=3, help="(demo) ... at this step ...")
-p.add_argument("--fail-mode", default="exit", choices=["exit", "hang"], help="(demo) ... so")
-args = p.parse_args()
-if args.dry_run:
-    args.epochs, args.subset, args.batch_size = 2, 512, 64
+p.add_argument("--fail-step", type=int, default=3, help="(demo) ... at this global step ...")
+p.add_argument("--fail-mode", default="exit", choices=["exit", "kill", "hang"],
+               help="(demo) ... so (exit: os._exit(3); kill: SIGKILL; hang: stops responding)")
+p.add_argument("--fail-once", default=None,
+               help="(demo) ... only if this marker file does not exist yet (it is created)")
+_, _, env_world, env_local_world = helpers.env_ranks()
+args = helpers.resolve_args(p.parse_args(), env_world, env_local_world, parser=p)
 
 # --- join the process group: ranks from torchrun's environment variables ---
 rank, world_size, device = helpers.setup(backend=args.backend, timeout=args.timeout)
 backend = dist.get_backend()
 helpers.log0(f"{world_size} ranks, backend {backend}, rank 0 on {device}")
-if args.batch_size % world_size:
-    raise SystemExit(f"--batch-size {args.batch_size} must be divisible by {world_size} ranks")
 
 # --- data: every rank sees its own shard, reshuffled each epoch by set_epoch ---
 X, y = helpers.load_tensors(True, args.subset)
@@ -64,19 +62,36 @@ model = DDP(helpers.lenet_module().to(device),
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 loss_fn = nn.CrossEntropyLoss()
 
-step, times = 0, []
+# --- resume: model, optimizer, next epoch and RNG states from the last snapshot ---
+start, history = 0, []
+if args.snapshot and os.path.exists(args.snapshot):
+    start, history = helpers.load_snapshot(args.snapshot, model, optimizer, rank)
+    helpers.log0(f"resuming from {args.snapshot} at epoch {start + 1}")
+
+
+def fail_on_purpose(step):
+    """The fault-tolerance demo: this rank dies (or hangs) at the given step, once."""
+    if args.fail_once:
+        if os.path.exists(args.fail_once):
+            return
+        open(args.fail_once, "w").close()
+    print(f"rank {rank}: failing on purpose at step {step} ({args.fail_mode})", flush=True)
+    if args.fail_mode == "exit":
+        os._exit(3)
+    if args.fail_mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(100 * args.timeout)   # "hang": alive but no longer in step
+
+
+step = start * len(train_iter)
 try:
-    for epoch in range(args.epochs):
+    for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)   # without it every epoch repeats epoch 0's order
         t0 = time.perf_counter()
         loss_sum = torch.zeros(2, device=device)
         for Xb, yb in train_iter:
             if rank == args.fail_rank and step == args.fail_step:
-                print(f"rank {rank}: failing on purpose at step {step} ({args.fail_mode})",
-                      flush=True)
-                if args.fail_mode == "exit":
-                    os._exit(3)
-                time.sleep(100 * args.timeout)   # "hang": alive but no longer in step
+                fail_on_purpose(step)
             Xb, yb = Xb.to(device), yb.to(device)
             loss = loss_fn(model(Xb), yb)
             optimizer.zero_grad(set_to_none=True)
@@ -84,22 +99,31 @@ try:
             optimizer.step()
             loss_sum += torch.stack([loss.detach() * len(yb), torch.tensor(len(yb), device=device)])
             step += 1
-        dist.all_reduce(loss_sum)   # every rank runs the same collectives, evaluation included
+        rank_sums = [torch.zeros_like(loss_sum) for _ in range(world_size)]
+        dist.all_gather(rank_sums, loss_sum)   # every rank runs the same collectives
+        loss_sum = sum(rank_sums)
         correct, total = helpers.evaluate_exact(model, X_test, y_test, device)
         helpers.synchronize(device)
-        times.append(time.perf_counter() - t0)
-        helpers.log0(f"epoch {epoch + 1}: train loss {(loss_sum[0] / loss_sum[1]).item():.3f}, "
-                     f"test acc {correct / total:.3f} on {total} images, {times[-1]:.2f} s")
+        history.append(dict(epoch=epoch + 1, loss=(loss_sum[0] / loss_sum[1]).item(),
+                            rank_losses=[(s[0] / s[1]).item() for s in rank_sums],
+                            test_acc=correct / total, seconds=time.perf_counter() - t0,
+                            attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))))
+        helpers.log0(f"epoch {epoch + 1}: train loss {history[-1]['loss']:.3f}, "
+                     f"test acc {correct / total:.3f} on {total} images, "
+                     f"{history[-1]['seconds']:.2f} s")
+        if args.snapshot:
+            helpers.save_snapshot_all(args.snapshot, model, optimizer, epoch + 1, history)
+    correct, total = helpers.evaluate_exact(model, X_test, y_test, device)   # the final model
 except RuntimeError as e:   # a collective timed out or a peer vanished
     print(f"rank {rank}: ERROR in a collective at step {step}: another rank died or stopped "
           f"responding (timeout {args.timeout:g} s).\n  {str(e).splitlines()[0]}", flush=True)
     raise
 
 if args.save:
-    helpers.save_checkpoint(model, args.save)   # rank 0 only, keys without "module."
+    helpers.save_checkpoint(model, args.save)   # rank 0 only, atomically, keys without "module."
 if args.metrics and rank == 0:
-    with open(args.metrics, "w") as f:
-        json.dump(dict(world_size=world_size, backend=backend, device=str(device), steps=step,
-                       test_correct=correct, test_total=total, test_acc=correct / total,
-                       epoch_times=times), f)
+    helpers.write_json(args.metrics, dict(
+        world_size=world_size, backend=backend, device=str(device), steps=step,
+        test_correct=correct, test_total=total, test_acc=correct / total,
+        epoch_times=[h["seconds"] for h in history], history=history))
 helpers.teardown()

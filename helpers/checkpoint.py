@@ -1,0 +1,118 @@
+"""Files that a crash cannot destroy, and snapshots a run can resume from bitwise.
+
+Every file the course writes (checkpoints, snapshots, metrics) goes through `atomic_write`: the
+bytes go to a temporary file in the SAME folder, are flushed and fsynced, and `os.replace` then
+swaps it in. A kill at any moment leaves either the old file or the new one, never half of one
+(`os.replace` is atomic within one file system; a temporary file elsewhere would not be).
+
+A snapshot holds what a continuation needs to be exactly the run that was never stopped: the
+model, the optimizer state, the next epoch (the sampler's epoch: `set_epoch` makes the data order
+a function of it) and the random number generators (torch CPU, CUDA where present, Python's
+`random`, NumPy's) of every rank.
+"""
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+__all__ = ["atomic_write", "atomic_save", "write_json", "rng_state", "set_rng_state",
+           "save_snapshot", "load_snapshot"]
+
+
+def atomic_write(path, write, mode="wb"):
+    """Write a file all at once or not at all: `write(f)` fills a temporary file next to `path`,
+    which is flushed, fsynced and renamed over `path`. On any error the old file stays."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())   # the bytes are on disk before the name points at them
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:   # make the rename itself durable (not possible on every platform)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return path
+
+
+def atomic_save(obj, path):
+    """torch.save(obj, path), atomically."""
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def write_json(path, obj):
+    """json.dump(obj) to `path`, atomically."""
+    return atomic_write(path, lambda f: json.dump(obj, f, indent=1), mode="w")
+
+
+def rng_state():
+    """The states of every random number generator a training step may draw from, as plain
+    Python values (lists of ints), so they pickle anywhere (all_gather_object, weights_only)."""
+    state = {"torch": torch.get_rng_state().tolist(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    try:
+        import numpy as np
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (name, keys.tolist(), int(pos), int(has_gauss), float(cached))
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state):
+    """Restore what `rng_state()` returned."""
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    if "numpy" in state:
+        import numpy as np
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _unwrapped_state(model):
+    while hasattr(model, "module"):   # DataParallel / DistributedDataParallel
+        model = model.module
+    return model
+
+
+def save_snapshot(path, model, optimizer, epoch, history=(), rng=None):
+    """Atomically save what a resumed run needs. `epoch` is the NEXT epoch to run. `rng` is a list
+    of per-rank `rng_state()`s (gathered by the caller under DDP); this process's by default."""
+    snap = {"model": _unwrapped_state(model).state_dict(), "optimizer": optimizer.state_dict(),
+            "epoch": int(epoch), "rng": rng if rng is not None else [rng_state()],
+            "history": list(history)}
+    return atomic_save(snap, path)
+
+
+def load_snapshot(path, model, optimizer, rank=0):
+    """Restore a snapshot into `model` and `optimizer` and this rank's RNGs; returns
+    (next epoch, history). Loads with weights_only=True: tensors and plain values only."""
+    snap = torch.load(path, map_location="cpu", weights_only=True)
+    state = snap["model"]
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    _unwrapped_state(model).load_state_dict(state)
+    optimizer.load_state_dict(snap["optimizer"])
+    rngs = snap["rng"]
+    if rank >= len(rngs):
+        raise ValueError(f"{path} holds the RNG states of {len(rngs)} rank(s), this is rank "
+                         f"{rank}: resume with the world size that saved it, or start afresh")
+    set_rng_state(rngs[rank])
+    return snap["epoch"], snap["history"]

@@ -1,0 +1,190 @@
+"""Checks for the exercises of the DistributedDataParallel-with-torchrun chapter (Part III).
+
+Each runs the answer on fresh random inputs and instruments what it does: the sampler exercise
+may not call DistributedSampler, the loss exercise is judged by the gradients DDP's averaging
+makes of it on unequal shards, and the resume exercise may not call helpers' own loader; its
+continuation must be bitwise the run that was never stopped.
+"""
+import os
+import random
+import tempfile
+from contextlib import ExitStack, contextmanager
+from unittest import mock
+
+import torch
+from torch import nn
+from torch.utils.data.distributed import DistributedSampler
+
+from ._core import CheckFailed, expect, fresh_generator, randint, run_check
+
+__all__ = ["check_sampler_shard", "check_rank_loss", "check_resume"]
+
+
+@contextmanager
+def _forbidden(targets, advice):
+    """Make each of `targets` (dotted names) raise CheckFailed while the answer runs."""
+    def refuse(*a, **k):
+        raise CheckFailed(advice)
+    with ExitStack() as stack:
+        for t in targets.split():
+            stack.enter_context(mock.patch(t, side_effect=refuse))
+        yield
+
+
+def _indices(value, what):
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    try:
+        out = [int(i) for i in value]
+    except (TypeError, ValueError):
+        raise CheckFailed(f"{what} returned {type(value).__name__}, expected a list of indices")
+    return out
+
+
+def check_sampler_shard(fn):
+    """fn(n, rank, world_size, epoch, seed) must be the indices DistributedSampler(shuffle=True)
+    gives that rank in that epoch, computed without DistributedSampler."""
+    def body(fn):
+        g = fresh_generator()
+        cases = [(randint(g, 5, 40), None, randint(g, 2, 4), randint(g, 1, 5), randint(g, 0, 99))
+                 for _ in range(6)]
+        cases.append((10, None, 4, 1, 0))   # 10 over 4 ranks: padding needed
+        for n, _, w, epoch, seed in cases:
+            for r in range(w):
+                what = f"sampler_shard({n}, {r}, {w}, epoch={epoch}, seed={seed})"
+                with _forbidden("torch.utils.data.distributed.DistributedSampler.__iter__",
+                                "compute the shard yourself: do not iterate a "
+                                "DistributedSampler"):
+                    got = _indices(fn(n, r, w, epoch, seed), what)
+                s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=True, seed=seed)
+                s.set_epoch(epoch)
+                want = list(s)
+                expect(len(got) == len(want),
+                       f"{what} has {len(got)} indices, expected {len(want)}: the sampler pads "
+                       f"the permutation (repeating its first indices) to a multiple of {w} so "
+                       "every rank runs the same number of steps")
+                if got != want:
+                    s.set_epoch(0)
+                    expect(got != list(s) or epoch == 0,
+                           f"{what} is epoch 0's shard: the permutation is seeded with seed + "
+                           "epoch (that is what set_epoch changes)")
+                    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+                    padded = (perm.tolist() * (w + 1))[:len(want) * w]
+                    chunk = padded[r * len(want):(r + 1) * len(want)]
+                    expect(got != chunk, f"{what} is a contiguous block: the sampler takes every "
+                                         f"{w}-th index of the padded permutation, from {r}")
+                    raise CheckFailed(f"{what} = {got[:8]}..., expected {want[:8]}...")
+    return run_check("sampler_shard", body, fn)
+
+
+def _grads(model, scalar):
+    model.zero_grad()
+    scalar.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def check_rank_loss(fn):
+    """fn(losses, global_batch, world_size) -> the scalar a rank backpropagates (from its
+    per-example losses) so that DDP's AVERAGE of the ranks' gradients is the gradient of the mean
+    loss over the whole global batch, also when the ranks' shards differ in size."""
+    def body(fn):
+        g = fresh_generator()
+        for uneven in (False, True):
+            w = randint(g, 2, 4)
+            sizes = ([randint(g, 1, 9) for _ in range(w)] if uneven else [randint(g, 2, 6)] * w)
+            if uneven and len(set(sizes)) == 1:
+                sizes[0] += 3
+            n = sum(sizes)
+            torch.manual_seed(randint(g, 0, 10**6))
+            model = nn.Linear(3, 2)
+            X, y = torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g)
+            per_example = lambda idx: nn.functional.cross_entropy(model(X[idx]), y[idx],
+                                                                  reduction="none")
+            want = _grads(model, per_example(slice(None)).mean())
+            ranks, start = [], 0
+            for s in sizes:
+                out = fn(per_example(slice(start, start + s)), n, w)
+                expect(isinstance(out, torch.Tensor) and out.numel() == 1,
+                       f"rank_loss returned {type(out).__name__}, expected a 0-d tensor")
+                expect(out.requires_grad, "rank_loss's result has no gradient: compute it from "
+                                          "`losses` (do not detach or call .item())")
+                ranks.append(_grads(model, out.reshape(())))
+                start += s
+            got = [sum(r[i] for r in ranks) / w for i in range(len(want))]   # what DDP does
+            ratio = float(got[0].norm() / want[0].norm())
+            ok = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want))
+            if not ok:
+                shape = f"shards of {sizes} examples over {w} ranks"
+                expect(abs(ratio - 1 / w) > 1e-3, f"{shape}: the gradient is {w} times too "
+                       "small: DDP already divides the summed gradients by the world size")
+                expect(abs(ratio - n / w) > 1e-3, f"{shape}: the "
+                       f"gradient is {n / w:g} times too large: a sum must be scaled")
+                expect(uneven is False, f"{shape}: right only when every rank has the same "
+                       "number of examples; with unequal shards the mean of per-rank means is not "
+                       "the global mean: weight each rank by its share of the global batch")
+                raise CheckFailed(f"{shape}: the averaged gradient is not that of the mean loss "
+                                  f"over all {n} examples")
+    return run_check("rank_loss", body, fn)
+
+
+def _training_run(model, opt, steps):
+    """Steps that draw from torch's and Python's RNGs (dropout, noise) and use momentum."""
+    for _ in range(steps):
+        X = torch.randn(16, 4) * (1 + random.random())
+        loss = model(X).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _fresh(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def check_resume(fn):
+    """fn(path, model, optimizer) restores a snapshot written by helpers.save_snapshot into a
+    fresh model and optimizer, restores torch's and Python's RNGs, and returns the next epoch;
+    the continuation must then equal the uninterrupted run bitwise."""
+    from .. import checkpoint
+
+    def body(fn):
+        g = fresh_generator()
+        seed, before, after, epoch = (randint(g, 0, 10**6), randint(g, 2, 5), randint(g, 2, 5),
+                                      randint(g, 1, 20))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "snapshot.pt")
+            random.seed(seed)
+            model, opt = _fresh(seed)
+            _training_run(model, opt, before)
+            checkpoint.save_snapshot(path, model, opt, epoch)
+            _training_run(model, opt, after)               # the run that was never stopped
+            torch.manual_seed(seed + 1)
+            random.seed(seed + 1)                          # a new process: other RNG states
+            model2, opt2 = _fresh(seed + 2)
+            with _forbidden("helpers.checkpoint.load_snapshot helpers.load_snapshot",
+                            "restore it yourself: do not call helpers.load_snapshot"), \
+                    _forbidden("helpers.checkpoint.set_rng_state helpers.set_rng_state",
+                               "restore the RNGs yourself: do not call helpers.set_rng_state"):
+                got_epoch = fn(path, model2, opt2)
+            snap = torch.load(path, weights_only=True)
+            expect(all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(),
+                                                          snap["model"].values())),
+                   "the model's parameters are not the snapshot's: model.load_state_dict")
+            expect(bool(opt2.state_dict()["state"]),
+                   "the optimizer has no momentum buffers: load its state too "
+                   "(optimizer.load_state_dict), or the next steps lose their momentum")
+            expect(torch.get_rng_state().tolist() == snap["rng"][0]["torch"],
+                   "torch's RNG is not the snapshot's: dropout would draw other masks; "
+                   "torch.set_rng_state(torch.tensor(..., dtype=torch.uint8))")
+            expect(random.getstate()[1] == tuple(snap["rng"][0]["python"][1]),
+                   "Python's random is not restored: random.setstate(...) (the version, a "
+                   "tuple of the state, the gauss value)")
+            expect(got_epoch == epoch, f"returned {got_epoch!r}, expected the next epoch "
+                                       f"{epoch} from the snapshot")
+            _training_run(model2, opt2, after)
+            expect(all(torch.equal(a, b) for a, b in zip(model.parameters(),
+                                                          model2.parameters())),
+                   "the continuation differs from the run that never stopped")
+    return run_check("resume", body, fn)

@@ -1,0 +1,204 @@
+"""Inputs checked at the entry of every trainer and script, before any work is done.
+
+Each check raises a clear error that names the fix (TypeError for a wrong kind of value,
+ValueError for a wrong value). The rule for a global batch that does not split evenly over the
+ranks lives here, once, for single.py, spawn.py and torchrun.py: refuse, and name the nearest
+batch sizes that do split.
+"""
+import argparse
+import math
+import numbers
+import os
+from pathlib import Path
+
+import torch
+
+from .devices import num_gpus
+
+__all__ = ["check_positive_int", "check_lr", "check_seed", "check_images", "check_global_batch",
+           "check_backend", "check_output_path", "check_step", "script_parser", "resolve_args"]
+
+BACKENDS = ("gloo", "nccl")
+
+
+def check_positive_int(value, name, allow_none=False):
+    """`value` must be an int >= 1 (None too if `allow_none`); returns it."""
+    if value is None and allow_none:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        hint = (f": pass {name}={int(value)}" if isinstance(value, float) and value.is_integer()
+                and value >= 1 else "")
+        raise TypeError(f"{name} must be a whole number (int), got {value!r} "
+                        f"({type(value).__name__}){hint}")
+    if value < 1:
+        none = " or None (all of it)" if allow_none else ""
+        raise ValueError(f"{name} must be at least 1{none}, got {value}")
+    return int(value)
+
+
+def check_lr(lr):
+    """The learning rate must be a finite number > 0 (a float or an int, not a string)."""
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+        hint = f": pass lr={lr} without quotes" if isinstance(lr, str) else ": e.g. lr=0.1"
+        raise TypeError(f"lr must be a number, got {lr!r} ({type(lr).__name__}){hint}")
+    if not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be a finite number above 0, got {lr}: e.g. lr=0.1")
+    return float(lr)
+
+
+def check_seed(seed):
+    """None (a different run each time) or an int (the same run each time)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be an int or None, got {seed!r} ({type(seed).__name__})")
+    return seed
+
+
+def check_images(X, y=None):
+    """X must be float images of shape (n, 1, 28, 28) (what LeNet takes); y integer labels of
+    length n."""
+    if not isinstance(X, torch.Tensor):
+        raise TypeError(f"X must be a torch.Tensor, got {type(X).__name__}: torch.as_tensor(X)")
+    if not X.is_floating_point():
+        raise TypeError(f"X has dtype {X.dtype}; LeNet needs floats: X.float() / 255 "
+                        "(pixels in [0, 1])")
+    if X.dim() == 3 and X.shape[1:] == (28, 28):
+        raise ValueError(f"X has shape {tuple(X.shape)}, LeNet needs (n, 1, 28, 28): add the "
+                         "channel dimension: X.unsqueeze(1)")
+    if X.dim() != 4 or X.shape[1:] != (1, 28, 28):
+        raise ValueError(f"X has shape {tuple(X.shape)}, LeNet needs (n, 1, 28, 28) "
+                         "(one 28x28 grey-scale channel per image)")
+    if y is not None:
+        if not isinstance(y, torch.Tensor) or y.is_floating_point() or y.dim() != 1:
+            what = f"dtype {y.dtype}, shape {tuple(y.shape)}" if isinstance(y, torch.Tensor) \
+                else type(y).__name__
+            raise TypeError(f"y must be a 1-D tensor of integer class labels, got {what}: "
+                            "y.long().view(-1)")
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; they must "
+                             "pair up")
+    return X
+
+
+def check_global_batch(batch_size, world_size, flag="--batch-size"):
+    """THE rule for all three scripts: the global batch must split evenly over the ranks (every
+    rank takes batch_size // world_size examples a step). Otherwise refuse, naming the fix."""
+    check_positive_int(batch_size, flag.lstrip("-").replace("-", "_"))
+    check_positive_int(world_size, "world_size")
+    if batch_size % world_size:
+        lo = batch_size // world_size * world_size
+        near = " or ".join(str(b) for b in (lo, lo + world_size) if b > 0)
+        raise ValueError(f"{flag} {batch_size} does not split evenly over {world_size} ranks: "
+                         f"use a multiple of {world_size} ({near}), or another number of ranks")
+    return batch_size // world_size
+
+
+def check_backend(backend, local_world_size=1):
+    """None (let helpers.choose_backend pick), "gloo", or "nccl" where every rank on this
+    machine has a GPU of its own."""
+    if backend is None:
+        return None
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}: "
+                         "use gloo (CPUs) or nccl (one GPU per rank), or omit it")
+    if backend == "nccl":
+        n = num_gpus()
+        if not torch.distributed.is_nccl_available() or n < local_world_size:
+            raise ValueError(f"backend nccl needs one GPU per rank: {local_world_size} rank(s) "
+                             f"here, {n} GPU(s): use --backend gloo, or omit --backend "
+                             "(the default picks what works)")
+    return backend
+
+
+def check_output_path(path, flag):
+    """A file we will write at the END of a run must be writable at its START."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder: give a file name, e.g. {path / 'out.pt'}")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path}: the folder {folder} does not exist: create it first "
+                         f"(mkdir -p {folder}) or fix the path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: the folder {folder} is not writable: choose a "
+                         "folder you can write to")
+    return path
+
+
+def check_step(X, y, device_params, devices, lr):
+    """What train_batch needs, checked before any replica computes or steps: a replica per
+    device, images of the right shape, a numeric learning rate."""
+    devices = list(devices)
+    if not devices:
+        raise ValueError("no devices given: pass at least one, e.g. helpers.get_devices(1)")
+    if len(device_params) != len(devices):
+        raise ValueError(f"{len(device_params)} replicas for {len(devices)} devices: make one "
+                         "replica per device, [get_params(params, d) for d in devices]")
+    check_images(X, y)
+    if X.shape[0] == 0:
+        raise ValueError("an empty batch: give at least one example")
+    check_lr(lr)
+
+
+# --- the three scripts' command lines ---
+
+def script_parser(doc, distributed=False):
+    """The arguments single.py, spawn.py and torchrun.py share. Sizes default to None so that
+    `resolve_args` can tell what the user typed from what --dry-run may fill in."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default 10)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="GLOBAL batch, split evenly over the ranks (default 256)")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.2)")
+    p.add_argument("--subset", type=int, default=None, help="first N training images (all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dry-run", action="store_true",
+                   help="CI size: fills in 2 epochs, 512 images, batch 64 where not given")
+    who = "rank 0 " if distributed else ""
+    p.add_argument("--save", default=None, help=f"{who}saves the model's state_dict here")
+    p.add_argument("--metrics", default=None, help=f"{who}writes a JSON summary here")
+    p.add_argument("--snapshot", default=None,
+                   help="saved after every epoch (model, optimizer, epoch, RNGs); a run that\n"
+                        "finds it continues from it")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --snapshot, which must exist")
+    if distributed:
+        p.add_argument("--backend", default=None, choices=BACKENDS,
+                       help="default: nccl when every rank has a GPU, gloo otherwise")
+        p.add_argument("--timeout", type=float, default=60,
+                       help="seconds a collective may wait")
+    return p
+
+
+DEFAULTS = dict(epochs=10, batch_size=256, lr=0.2)
+DRY_RUN = dict(epochs=2, batch_size=64, subset=512)
+
+
+def resolve_args(args, world_size=1, local_world_size=1, parser=None):
+    """Fill in what the user did not give (--dry-run sizes first, then the defaults) and check
+    every argument, before any process group, data or model exists. Errors go through
+    `parser.error` (exit code 2, usage line) when a parser is given."""
+    try:
+        for k, v in {**DEFAULTS, **(DRY_RUN if args.dry_run else {})}.items():
+            if getattr(args, k, None) is None and (args.dry_run or k in DEFAULTS):
+                setattr(args, k, v)
+        check_positive_int(args.epochs, "--epochs")
+        check_positive_int(args.subset, "--subset", allow_none=True)
+        check_lr(args.lr)
+        check_global_batch(args.batch_size, world_size)
+        if getattr(args, "backend", None) is not None:
+            check_backend(args.backend, local_world_size)
+        if getattr(args, "timeout", 1) <= 0:
+            raise ValueError(f"--timeout must be above 0 seconds, got {args.timeout}")
+        check_output_path(args.save, "--save")
+        check_output_path(args.metrics, "--metrics")
+        check_output_path(args.snapshot, "--snapshot")
+        if args.resume and not (args.snapshot and os.path.exists(args.snapshot)):
+            raise ValueError("--resume needs --snapshot PATH of an existing snapshot"
+                             + (f" ({args.snapshot} does not exist)" if args.snapshot else ""))
+    except (TypeError, ValueError) as e:
+        if parser is None:
+            raise
+        parser.error(str(e))
+    return args

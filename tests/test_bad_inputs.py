@@ -1,0 +1,210 @@
+"""Every bad input a careless user tried (../shared/reviews/reliability.md), one row each: the call,
+the exact error type, and the words that name the fix. All are raised before any work is done.
+"""
+import argparse
+import math
+
+import pytest
+import torch
+
+import helpers
+
+CPU = torch.device("cpu")
+X4 = torch.rand(4, 1, 28, 28)
+Y4 = torch.arange(4)
+
+
+def params_on(k):
+    return [helpers.get_params(helpers.init_lenet_params(seed=0), CPU) for _ in range(k)]
+
+
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(helpers.devices, "num_gpus", lambda: 0)
+    monkeypatch.setattr(helpers.validate, "num_gpus", lambda: 0)
+
+
+# (id, call, exception type, words that must appear in the message)
+ROWS = [
+    ("load_tensors subset=-5", lambda: helpers.load_tensors(True, subset=-5), ValueError,
+     "subset must be at least 1"),
+    ("load_tensors subset=0", lambda: helpers.load_tensors(True, subset=0), ValueError,
+     "at least 1"),
+    ("loaders batch_size=0", lambda: helpers.load_data_fashion_mnist(0), ValueError,
+     "batch_size must be at least 1"),
+    ("try_gpu(-1)", lambda: helpers.try_gpu(-1), ValueError, "try_gpu(0)"),
+    ("require_gpus(0)", lambda: helpers.require_gpus(0), ValueError, "positive int"),
+    ("split_batch no devices", lambda: helpers.split_batch(X4, Y4, []), ValueError,
+     "at least one"),
+    ("split_batch unpaired", lambda: helpers.split_batch(X4, Y4[:3], [CPU]), ValueError,
+     "pair up"),
+    ("train_batch X (N,28,28)",
+     lambda: helpers.train_batch(X4[:, 0], Y4, params_on(1), [CPU], 0.1), ValueError,
+     "add the channel dimension: X.unsqueeze(1)"),
+    ("train_batch X uint8",
+     lambda: helpers.train_batch((X4 * 255).to(torch.uint8), Y4, params_on(1), [CPU], 0.1),
+     TypeError, "X.float() / 255"),
+    ("train_batch y float",
+     lambda: helpers.train_batch(X4, Y4.float(), params_on(1), [CPU], 0.1), TypeError,
+     "y.long()"),
+    ("train_batch lr='0.1'",
+     lambda: helpers.train_batch(X4, Y4, params_on(1), [CPU], "0.1"), TypeError,
+     "pass lr=0.1 without quotes"),
+    ("train_batch lr=None", lambda: helpers.train_batch(X4, Y4, params_on(1), [CPU], None),
+     TypeError, "lr must be a number"),
+    ("train_batch lr=nan", lambda: helpers.train_batch(X4, Y4, params_on(1), [CPU], math.nan),
+     ValueError, "finite number above 0"),
+    ("train_batch 3 replicas, 2 devices",
+     lambda: helpers.train_batch(X4, Y4, params_on(3), [CPU] * 2, 0.1), ValueError,
+     "one replica per device"),
+    ("train_batch empty batch",
+     lambda: helpers.train_batch(X4[:0], Y4[:0], params_on(1), [CPU], 0.1), ValueError,
+     "at least one example"),
+    ("train num_epochs=0", lambda: helpers.train(1, 64, 0.1, num_epochs=0), ValueError,
+     "num_epochs must be at least 1"),
+    ("train lr='0.1'", lambda: helpers.train(1, 64, "0.1"), TypeError, "without quotes"),
+    ("train batch_size=64.0", lambda: helpers.train(1, 64.0, 0.1), TypeError,
+     "pass batch_size=64"),
+    ("train seed='0'", lambda: helpers.train(1, 64, 0.1, seed="0"), TypeError,
+     "int or None"),
+    ("train_fast batch_size=0", lambda: helpers.train_fast(1, 0, 0.1), ValueError,
+     "batch_size must be at least 1"),
+    ("train_fast batch_size=64.0", lambda: helpers.train_fast(1, 64.0, 0.1), TypeError,
+     "pass batch_size=64"),
+    ("train_fast subset=0", lambda: helpers.train_fast(1, 64, 0.1, subset=0), ValueError,
+     "subset must be at least 1"),
+    ("train_fast lr=None", lambda: helpers.train_fast(1, 64, None), TypeError,
+     "lr must be a number"),
+    ("Timer.median with no times", lambda: helpers.Timer().median(), ValueError,
+     "no times recorded"),
+    ("global batch 64 over 3 ranks", lambda: helpers.check_global_batch(64, 3), ValueError,
+     "use a multiple of 3 (63 or 66)"),
+    ("backend mpi", lambda: helpers.check_backend("mpi"), ValueError, "use gloo"),
+    ("output in a missing folder", lambda: helpers.check_output_path("/no/such/dir/m.json",
+                                                                     "--metrics"),
+     ValueError, "does not exist: create it first"),
+    ("output is a folder", lambda: helpers.check_output_path("/tmp", "--save"), ValueError,
+     "is a folder: give a file name"),
+]
+
+
+@pytest.mark.parametrize("call,exc,words", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_names_the_fix(call, exc, words):
+    with pytest.raises(exc) as e:
+        call()
+    assert words in str(e.value), f"{type(e.value).__name__}: {e.value}"
+
+
+def test_get_devices_without_gpus_does_not_suggest_k_0(monkeypatch):
+    no_gpu(monkeypatch)
+    with pytest.raises(RuntimeError) as e:
+        helpers.get_devices(2, simulate=False)
+    assert "k <= 0" not in str(e.value) and "simulate=True" in str(e.value)
+
+
+def test_nccl_without_a_gpu_per_rank_says_use_gloo(monkeypatch):
+    no_gpu(monkeypatch)
+    with pytest.raises(ValueError, match="use --backend gloo, or omit --backend"):
+        helpers.check_backend("nccl", local_world_size=2)
+    with pytest.raises(ValueError, match="use --backend gloo"):   # setup() checks it first
+        helpers.setup(0, 1, backend="nccl", master_port=helpers.free_port())
+    assert not torch.distributed.is_initialized()
+
+
+def test_a_refused_train_batch_leaves_the_replicas_untouched():
+    """Reliability row 4: wrong replica counts are refused BEFORE any replica steps or
+    accumulates a gradient, so a corrected retry is exactly one step."""
+    for replicas, devices in ((3, 2), (2, 3)):
+        ps = params_on(replicas)
+        before = [[p.detach().clone() for p in r] for r in ps]
+        with pytest.raises(ValueError, match="one replica per device"):
+            helpers.train_batch(X4, Y4, ps, [CPU] * devices, 0.1)
+        assert all(p.grad is None for r in ps for p in r), "gradients accumulated"
+        assert all(torch.equal(p, b) for r, rb in zip(ps, before) for p, b in zip(r, rb))
+
+
+# --- the scripts' command lines: parsed and checked as the scripts do, in this process ---
+
+def resolve(argv, world_size=1, distributed=True):
+    p = helpers.script_parser("test", distributed=distributed)
+    return helpers.resolve_args(p.parse_args([str(a) for a in argv]), world_size, world_size,
+                                parser=p)
+
+
+SCRIPT_ROWS = [
+    ("--epochs 0", ["--epochs", 0], 1, "--epochs must be at least 1"),
+    ("--subset 0", ["--subset", 0], 1, "--subset must be at least 1"),
+    ("--subset -5", ["--subset", -5], 1, "at least 1"),
+    ("--batch-size 0", ["--batch-size", 0], 1, "at least 1"),
+    ("--lr 0", ["--lr", 0], 1, "finite number above 0"),
+    ("--lr nan", ["--lr", "nan"], 1, "finite number above 0"),
+    ("--batch-size 64 on 3 ranks", ["--batch-size", 64], 3, "use a multiple of 3 (63 or 66)"),
+    ("--dry-run on 3 ranks", ["--dry-run"], 3, "--batch-size 64 does not split evenly"),
+    ("--save into a missing folder", ["--save", "/no/such/dir/m.pt"], 1, "does not exist"),
+    ("--metrics into a missing folder", ["--metrics", "/no/such/m.json"], 1, "does not exist"),
+    ("--resume without a snapshot", ["--resume", "--snapshot", "/tmp/none.pt"], 1,
+     "--resume needs --snapshot"),
+    ("--timeout 0", ["--timeout", 0], 1, "--timeout must be above 0"),
+    ("--backend mpi (choices)", ["--backend", "mpi"], 1, "invalid choice: 'mpi'"),
+]
+
+
+@pytest.mark.parametrize("argv,world,words", [r[1:] for r in SCRIPT_ROWS],
+                         ids=[r[0] for r in SCRIPT_ROWS])
+def test_script_argument_is_refused_before_any_work(argv, world, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        resolve(argv, world)
+    assert e.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_dry_run_fills_only_what_the_user_did_not_give():
+    a = resolve(["--dry-run", "--batch-size", 66, "--epochs", 5], world_size=3)
+    assert (a.batch_size, a.epochs, a.subset, a.lr) == (66, 5, 512, 0.2)
+    a = resolve(["--dry-run"], world_size=2)
+    assert (a.batch_size, a.epochs, a.subset) == (64, 2, 512)
+    a = resolve([], world_size=2)
+    assert (a.batch_size, a.epochs, a.subset, a.lr) == (256, 10, None, 0.2)
+
+
+def test_the_three_scripts_share_one_batch_rule():
+    """single, spawn and torchrun all call resolve_args, which calls check_global_batch."""
+    from book_files import ROOT
+    for name in ("single.py", "spawn.py", "torchrun.py"):
+        src = (ROOT / "scripts" / "ddp" / name).read_text()
+        assert "helpers.resolve_args(" in src, f"{name} does not check its arguments"
+        assert "% world_size" not in src and "// 3 * 3" not in src, f"{name} has its own rule"
+    assert isinstance(helpers.script_parser("x"), argparse.ArgumentParser)
+
+
+@pytest.mark.parametrize("script,argv,words", [
+    ("single.py", ["--dry-run", "--save", "/no/such/dir/model.pt"], "--save /no/such/dir"),
+    ("single.py", ["--dry-run", "--epochs", "0"], "--epochs must be at least 1"),
+    ("spawn.py", ["--nprocs", "3", "--dry-run"], "use a multiple of 3 (63 or 66)"),
+    ("torchrun.py", ["--dry-run", "--backend", "nccl"], "use --backend gloo"),
+])
+def test_scripts_refuse_before_loading_data_or_starting_processes(script, argv, words, capsys,
+                                                                  monkeypatch):
+    """Run as `python script argv` (in this process): exit 2 with the fix, and nothing loaded,
+    spawned or joined first."""
+    import runpy
+    import sys
+
+    from book_files import ROOT
+    no_gpu(monkeypatch)
+    for name in ("load_tensors", "setup"):
+        monkeypatch.setattr(helpers, name, lambda *a, **k: pytest.fail(f"{name} ran first"))
+    monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: pytest.fail("spawned"))
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(ROOT / "scripts" / "ddp" / script), run_name="__main__")
+    assert e.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_torchrun_docs_suggest_a_unique_rendezvous_id_and_a_free_port():
+    """Reliability row 10: a reused --rdzv-id or a busy port waits silently for minutes, so the
+    script's docstring must not suggest a fixed id, and must say why."""
+    from book_files import ROOT
+    doc = (ROOT / "scripts" / "ddp" / "torchrun.py").read_text().split('"""')[1]
+    assert "--rdzv-id job1" not in doc and "--master-port 29500" not in doc
+    assert "UNIQUE" in doc and "waits silently" in doc and "must be free" in doc
