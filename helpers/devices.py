@@ -45,7 +45,7 @@ def get_devices(k, simulate=True):
     devices = [base[i % len(base)] for i in range(k)]
     where = "the CPU" if n == 0 else f"{n} GPU{'s' if n > 1 else ''}"
     print(f"Simulating {k} devices on {where} ({k - n} missing GPU{'s' if k - n > 1 else ''}): "
-          "results are exact, timings are not a speed-up.")
+          "results as on one device up to float32 rounding, no speed-up.")
     return devices
 
 
@@ -103,7 +103,7 @@ class Timer:
         return self.sum() / len(self.times)
 
     def median(self, skip=0):
-        """Median of the recorded times, leaving out the first `skip` (warm-up) if there are more."""
+        """Median of the recorded times, leaving out the first `skip` (warm-up) if more remain."""
         if not self.times:
             raise ValueError("no times recorded yet: time at least one run (start/stop)")
         s = sorted(self.times[skip:] if len(self.times) > skip else self.times)
