@@ -9,6 +9,10 @@ plotting  live training plot, progress bar, glue
 splits    Part I: splitting a model across layers and within a layer (costs: what each split costs)
 distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
+ddp_scratch  Part III: DDPFromScratch, data parallelism across processes built by hand
+zero      Part V: ZeRO-1 (ShardedOptimizer) and ZeRO-2 (Zero2); fsdp_scratch: ZeRO-3, FSDPFromScratch
+tiny_models  Part V: a deep MLP and a tiny decoder-only transformer; traffic: bytes sent, counted
+shard_workers  Parts III and V: multi-process experiments started from notebooks (run_ranks)
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -26,3 +30,9 @@ from .distributed import *   # noqa: F401,F403
 from .ddp_worker import *    # noqa: F401,F403
 from .fast import *          # noqa: F401,F403
 from .comm import *          # noqa: F401,F403
+from .ddp_scratch import *   # noqa: F401,F403
+from .tiny_models import *   # noqa: F401,F403
+from .zero import *          # noqa: F401,F403
+from .fsdp_scratch import *  # noqa: F401,F403
+from .traffic import *       # noqa: F401,F403
+from .shard_workers import *  # noqa: F401,F403
