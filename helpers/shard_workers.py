@@ -177,9 +177,14 @@ def exp_zero1(rank, world, device, num_steps=5, batch_size=8, sizes=None):
             model.finish_gradient_synchronization()
             opt.step()
             opt.zero_grad()
-        state = optimizer_state_bytes(opt.local if impl == "scratch" else opt.optim)
-        res[impl] = dict(diff=max_diff(params_of(model.module), ref), state_bytes=state)
-    return dict(res, param_bytes=sum(p.numel() * 4 for p in model.module.parameters()))
+        state = optimizer_state_bytes(opt.local) if impl == "scratch" and opt.local else \
+            optimizer_state_bytes(opt.optim) if impl == "torch" else 0
+        res[impl] = dict(diff=max_diff(params_of(model.module), ref), state_bytes=state,
+                         params=params_of(model.module))
+    between = max_diff(res["scratch"].pop("params"), res["torch"].pop("params"))
+    return dict(res, scratch_vs_torch=between,
+                param_bytes=sum(p.numel() * 4 for p in model.module.parameters()),
+                largest=max(p.numel() for p in model.module.parameters()))
 
 
 def exp_zero2(rank, world, device, num_steps=5, batch_size=8, bucket_mb=None, sizes=None):
