@@ -5,3 +5,4 @@ from .splits import *           # noqa: F401,F403  Part I
 from .scratch import *          # noqa: F401,F403  Part II
 from .concise import *          # noqa: F401,F403  Part III
 from .fast import *             # noqa: F401,F403  Part IV
+from .sharding import *         # noqa: F401,F403  Part III (DDP from scratch) and Part V
