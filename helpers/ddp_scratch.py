@@ -73,6 +73,7 @@ class DDPFromScratch(nn.Module):
             self._launch(i)
 
     def _launch(self, i):
+        self.timeline.append((time.perf_counter(), "launch", i))
         bucket = self.buckets[i]
         for p in bucket:   # a parameter that took no part in this forward contributes zeros
             if p.grad is None:
@@ -83,7 +84,6 @@ class DDPFromScratch(nn.Module):
         else:
             flat = torch.cat([p.grad.reshape(-1) for p in bucket])
             work = dist.all_reduce(flat, async_op=True)
-        self.timeline.append((time.perf_counter(), "launch", i))
         self._pending[i] = (work, flat)
 
     def finish_gradient_synchronization(self):
