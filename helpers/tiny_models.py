@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["deep_mlp", "TinyLM", "Block", "counting_tokens", "model_bytes"]
+__all__ = ["deep_mlp", "TinyLM", "TinyBlock", "counting_tokens", "model_bytes"]
 
 
 def deep_mlp(d_in=32, width=64, depth=4, num_classes=10):
@@ -21,7 +21,7 @@ def deep_mlp(d_in=32, width=64, depth=4, num_classes=10):
     return nn.Sequential(*layers, nn.Linear(d, num_classes))
 
 
-class Block(nn.Module):
+class TinyBlock(nn.Module):
     """Pre-norm transformer block: causal self-attention then an MLP, each with a residual."""
 
     def __init__(self, d_model, n_heads):
@@ -51,7 +51,7 @@ class TinyLM(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(TinyBlock(d_model, n_heads) for _ in range(n_layers))
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         if tied:

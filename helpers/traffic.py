@@ -12,7 +12,7 @@ from collections import Counter
 
 import torch.distributed as dist
 
-__all__ = ["count_traffic", "TrafficLog", "tensor_bytes"]
+__all__ = ["count_traffic", "TrafficLog"]
 
 _FACTORS = {"all_reduce": 2.0, "reduce_scatter_tensor": 1.0, "all_gather_into_tensor": 1.0,
             "all_gather_single": 1.0, "reduce_scatter_single": 1.0, "broadcast": 1.0}
