@@ -54,6 +54,8 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList(TinyBlock(d_model, n_heads) for _ in range(n_layers))
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
+        for emb in (self.tok, self.pos):   # GPT-2's init: small embeddings, logits near zero
+            nn.init.normal_(emb.weight, std=0.02)
         if tied:
             self.head.weight = self.tok.weight
 
