@@ -6,9 +6,17 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 import helpers
-from helpers.checks import (check_bucket_params, check_checkpointed_forward, check_gather_layer,
-                            check_grad_shard, check_overlap_hooks, check_partition,
-                            check_saved_bytes, check_shard_flat, check_zero1_optimizer)
+from helpers.checks import (
+    check_bucket_params,
+    check_checkpointed_forward,
+    check_gather_layer,
+    check_grad_shard,
+    check_overlap_hooks,
+    check_partition,
+    check_saved_bytes,
+    check_shard_flat,
+    check_zero1_optimizer,
+)
 
 
 # The reference solutions, as the notebooks have them between the nbgrader markers.

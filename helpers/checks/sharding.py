@@ -5,13 +5,11 @@ active, `torch.distributed` believes it is rank `rank` of `world` ranks, and eve
 answer calls is recorded (name, bytes, async or not, when) and answered with the other ranks'
 data, which the check chooses. So a check sees what an answer sends, not only what it returns.
 """
-import contextlib
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint  # noqa: F401  (the answers use it)
 
 from ._core import CheckFailed, expect, fresh_generator, randint, run_check
 
