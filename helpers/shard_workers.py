@@ -70,7 +70,7 @@ def local(batch, rank, world, device):
     return X.tensor_split(world)[rank].to(device), y.tensor_split(world)[rank].to(device)
 
 
-def adamw_groups(module, lr=1e-2, weight_decay=0.1):
+def adamw_groups(module, lr=1e-3, weight_decay=0.1):
     """Two param groups, as in practice: weight decay on matrices, none on biases and norms."""
     ps = [p for p in module.parameters() if p.requires_grad]
     return [dict(params=[p for p in ps if p.dim() >= 2], weight_decay=weight_decay),
@@ -191,13 +191,13 @@ def exp_zero2(rank, world, device, num_steps=5, batch_size=8, bucket_mb=None, si
     """Zero2 (AdamW, weight decay on every parameter) against one process."""
     batches = make_batches("mlp", num_steps, batch_size)
     ref_model = make_model("mlp", **(sizes or {})).to(device)
-    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-3, weight_decay=0.1)
     for X, y in batches:
         loss_fn(ref_model(X.to(device)), y.to(device)).backward()
         ref_opt.step()
         ref_opt.zero_grad()
     model = Zero2(make_model("mlp", **(sizes or {})).to(device), torch.optim.AdamW,
-                  bucket_mb=bucket_mb, lr=1e-2, weight_decay=0.1)
+                  bucket_mb=bucket_mb, lr=1e-3, weight_decay=0.1)
     for batch in batches:
         X, y = local(batch, rank, world, device)
         loss_fn(model(X), y).backward()
@@ -244,10 +244,10 @@ def exp_fsdp(rank, world, device, kind="lm", compute_dtype=None, num_steps=4, ba
 
 
 def plain_optimizer(params, optim):
-    """One param group: AdamW (lr 1e-2, no weight decay) or SGD (lr 0.05, momentum 0.9)."""
+    """One param group: AdamW (lr 1e-3, no weight decay) or SGD (lr 0.05, momentum 0.9)."""
     if optim == "sgd":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
 
 
 def rel_diff(a, b, start):
@@ -316,7 +316,7 @@ def exp_fsdp2(rank, world, device, kind="mlp", compute_dtype=None, num_steps=4, 
             model = fsdp2_model(kind, world, device, dtype, sizes=sizes)
         else:
             model = FSDPFromScratch(make_model(kind, **(sizes or {})).to(device), compute_dtype=dtype)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
         with count_traffic() as log:
             for batch in batches:
                 X, y = local(batch, rank, world, device)
