@@ -98,9 +98,13 @@ def train_reference(kind, batches, device, num_steps, optim="adamw", compute_dty
 
 
 def make_optimizer(module, optim):
+    """"sgd": SGD with momentum; "adamw" or "adamw_groups": AdamW with two param groups;
+    "sgd_groups": SGD with momentum and the same two groups (weight decay on matrices)."""
     if optim == "sgd":
         return torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     groups, kw = adamw_groups(module)
+    if optim == "sgd_groups":
+        return torch.optim.SGD(groups, lr=0.05, momentum=0.9)
     return torch.optim.AdamW(groups, **kw)
 
 
@@ -155,20 +159,23 @@ def exp_timeline(rank, world, device, bucket_mb=None, sizes=None, repeats=3):
                 backward_s=t1 - t0, finish_s=t2 - t0, num_buckets=len(model.buckets))
 
 
-def exp_zero1(rank, world, device, num_steps=5, batch_size=8, sizes=None):
-    """ShardedOptimizer(AdamW, two param groups) and torch's ZeroRedundancyOptimizer against the
-    unsharded AdamW; and the optimizer state each rank holds."""
+def exp_zero1(rank, world, device, num_steps=5, batch_size=8, sizes=None, optim="adamw"):
+    """ShardedOptimizer(AdamW or SGD with momentum, two param groups) and torch's
+    ZeroRedundancyOptimizer against the unsharded optimizer; and the state each rank holds."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     batches = make_batches("mlp", num_steps, batch_size)
-    ref = train_reference("mlp", batches, device, num_steps, sizes=sizes)
+    ref = train_reference("mlp", batches, device, num_steps, sizes=sizes, optim=optim + "_groups")
+    cls = torch.optim.AdamW if optim == "adamw" else torch.optim.SGD
     res = {}
     for impl in ("scratch", "torch"):
         model = DDPFromScratch(make_model("mlp", **(sizes or {})).to(device))
         groups, kw = adamw_groups(model.module)
+        if optim == "sgd":
+            kw = dict(lr=0.05, momentum=0.9)
         if impl == "scratch":
-            opt = ShardedOptimizer(groups, torch.optim.AdamW, **kw)
+            opt = ShardedOptimizer(groups, cls, **kw)
         else:
-            opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW,
+            opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls,
                                           weight_decay=groups[0]["weight_decay"], **kw)
             opt.add_param_group(groups[1])
         for batch in batches:

@@ -21,7 +21,7 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two(ckpt):
     return helpers.run_ranks(2, [
-        ("zero1", {}), ("zero2", {}), ("zero2:buckets", dict(bucket_mb=0.01)),
+        ("zero1", {}), ("zero1:sgd", dict(optim="sgd")), ("zero2", {}), ("zero2:buckets", dict(bucket_mb=0.01)),
         ("fsdp", dict(kind="lm", optim="sgd")), ("fsdp:mlp", dict(kind="mlp")),
         ("fsdp:bf16", dict(kind="lm", optim="sgd", compute_dtype="bfloat16")),
         ("fsdp2", {}), ("fsdp2:bf16", dict(compute_dtype="bfloat16")),
@@ -38,6 +38,8 @@ def test_zero1_equals_adamw_and_torch_zero(two):
         z = rank["zero1"]
         assert z["scratch"]["diff"] <= 1e-5 and z["torch"]["diff"] <= 1e-5, z
         assert z["scratch_vs_torch"] <= 1e-7, z
+        s = rank["zero1:sgd"]   # any optimizer class: SGD with momentum, two groups
+        assert s["scratch"]["diff"] <= 1e-6 and s["scratch_vs_torch"] <= 1e-7, s
     states = [rank["zero1"]["scratch"]["state_bytes"] for rank in two]
     full = 8 * N   # AdamW: exp_avg and exp_avg_sq, fp32
     assert full <= sum(states) <= full + 4 * 2 * len(list(MLP.parameters()))   # + step counters
