@@ -13,6 +13,10 @@ fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and 
 paths     script_path: the course's scripts (scripts/ddp) in a checkout or an installed copy
 checkpoint  files written atomically (checkpoints, metrics), snapshots to resume from bitwise
 validate  inputs checked at every entry point, before any work (one global-batch rule)
+ddp_scratch  Part III: DDPFromScratch, data parallelism across processes built by hand
+zero      Part V: ZeRO-1 (ShardedOptimizer) and ZeRO-2 (Zero2); fsdp_scratch: ZeRO-3, FSDPFromScratch
+tiny_models  Part V: a deep MLP and a tiny decoder-only transformer; traffic: bytes sent, counted
+shard_workers  Parts III and V: multi-process experiments started from notebooks (run_ranks)
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -34,3 +38,9 @@ from .ddp_worker import *    # noqa: F401,F403
 from .fast import *          # noqa: F401,F403
 from .comm import *          # noqa: F401,F403
 from .paths import *         # noqa: F401,F403
+from .ddp_scratch import *   # noqa: F401,F403
+from .tiny_models import *   # noqa: F401,F403
+from .zero import *          # noqa: F401,F403
+from .fsdp_scratch import *  # noqa: F401,F403
+from .traffic import *       # noqa: F401,F403
+from .shard_workers import *  # noqa: F401,F403

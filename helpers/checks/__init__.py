@@ -6,3 +6,4 @@ from .scratch import *          # noqa: F401,F403  Part II
 from .concise import *          # noqa: F401,F403  Part III
 from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
 from .fast import *             # noqa: F401,F403  Part IV
+from .sharding import *         # noqa: F401,F403  Part III (DDP from scratch) and Part V

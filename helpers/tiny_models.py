@@ -1,0 +1,81 @@
+"""Part V: small models where sharding matters yet which train on 2 CPU cores.
+
+`deep_mlp`: many equal layers, so the parameters (not the activations) dominate memory.
+`TinyLM`: a decoder-only transformer (tied input/output embedding) on a synthetic next-token task.
+"""
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["deep_mlp", "TinyLM", "TinyBlock", "counting_tokens", "model_bytes"]
+
+
+def deep_mlp(d_in=32, width=64, depth=4, num_classes=10):
+    """`depth` hidden Linear+ReLU layers of `width`, then a classifier: parameters ~ depth*width^2."""
+    layers, d = [], d_in
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.ReLU()]
+        d = width
+    return nn.Sequential(*layers, nn.Linear(d, num_classes))
+
+
+class TinyBlock(nn.Module):
+    """Pre-norm transformer block: causal self-attention then an MLP, each with a residual."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.up, self.down = nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(n, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_heads)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(n, t, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class TinyLM(nn.Module):
+    """A decoder-only transformer: token + position embeddings, `n_layers` blocks, a final norm and
+    an output head that shares the token embedding's weight when `tied` (as GPT-2 does)."""
+
+    def __init__(self, vocab=32, d_model=32, n_layers=2, n_heads=2, seq_len=16, tied=True):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(TinyBlock(d_model, n_heads) for _ in range(n_layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        for emb in (self.tok, self.pos):   # GPT-2's init: small embeddings, logits near zero
+            nn.init.normal_(emb.weight, std=0.02)
+        if tied:
+            self.head.weight = self.tok.weight
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def counting_tokens(n, seq_len=16, vocab=32, seed=0):
+    """n sequences that count up mod `vocab` from a random start with a random stride in 1..3:
+    the next token is predictable from the previous two. Returns (inputs, targets), each (n, seq_len)."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(vocab, (n, 1), generator=g)
+    stride = torch.randint(1, 4, (n, 1), generator=g)
+    seq = (start + stride * torch.arange(seq_len + 1)) % vocab
+    return seq[:, :-1], seq[:, 1:]
+
+
+def model_bytes(module):
+    """Bytes of a module's parameters, each shared (tied) tensor counted once."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())

@@ -1,0 +1,276 @@
+"""The checks of DDP from scratch and Part V (helpers/checks/sharding.py): the reference solutions
+pass, a stub reports "not done", and answers that skip the concept fail with their message."""
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
+
+import helpers
+from helpers.checks import (
+    check_bucket_params,
+    check_checkpointed_forward,
+    check_gather_layer,
+    check_grad_shard,
+    check_overlap_hooks,
+    check_partition,
+    check_saved_bytes,
+    check_shard_flat,
+    check_zero1_optimizer,
+)
+
+
+# The reference solutions, as the notebooks have them between the nbgrader markers.
+def bucket_params(params, bucket_mb):
+    limit = None if bucket_mb is None else bucket_mb * 2**20
+    buckets, current, size, seen = [], [], 0, set()
+    for p in reversed(list(params)):
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if limit is None or size >= limit:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def overlap_hooks(model):
+    handles = []
+
+    def hook(p):
+        handles.append(dist.all_reduce(p.grad, async_op=True))
+
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for h in handles:
+            h.wait()
+        handles.clear()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(dist.get_world_size())
+    return finish
+
+
+def partition(sizes, world):
+    load, owner = [0] * world, [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        r = min(range(world), key=lambda r: load[r])
+        owner[i] = r
+        load[r] += sizes[i]
+    return owner
+
+
+def zero1_optimizer(params, rank, world, lr):
+    owners = helpers.partition_by_size([p.numel() for p in params], world)
+    mine = [p for p, r in zip(params, owners) if r == rank]
+    return torch.optim.AdamW(mine, lr=lr)
+
+
+def grad_shard(flat_grad):
+    world = dist.get_world_size()
+    flat = torch.cat([flat_grad, flat_grad.new_zeros(-flat_grad.numel() % world)])
+    out = flat.new_empty(flat.numel() // world)
+    dist.reduce_scatter_tensor(out, flat)
+    return out / world
+
+
+def shard_flat(tensors, rank, world):
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    flat = torch.cat([flat, flat.new_zeros(-flat.numel() % world)])
+    return flat.chunk(world)[rank].clone()
+
+
+def gather_layer(shard, shapes):
+    world = dist.get_world_size()
+    full = shard.new_empty(shard.numel() * world)
+    dist.all_gather_into_tensor(full, shard)
+    out, offset = [], 0
+    for s in shapes:
+        out.append(full[offset:offset + s.numel()].view(s))
+        offset += s.numel()
+    return out
+
+
+def saved_bytes(f, *inputs):
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        f(*inputs)
+    return total
+
+
+def checkpointed_forward(blocks, x):
+    for b in blocks:
+        x = checkpoint(b, x, use_reentrant=False)
+    return x
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+# Answers that look right but skip the idea.
+def bucket_forward_order(params, bucket_mb):
+    return bucket_params(list(params)[::-1], bucket_mb)
+
+
+def bucket_with_frozen(params, bucket_mb):
+    params = list(params)
+    frozen = [p for p in params if not p.requires_grad]
+    return bucket_params(params, bucket_mb) + [frozen]
+
+
+def hooks_after_backward(model):
+    def finish():   # all-reduces only once backward is over: no overlap
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, async_op=True).wait()
+                p.grad.div_(dist.get_world_size())
+    return finish
+
+
+def hooks_sync(model):
+    def hook(p):
+        dist.all_reduce(p.grad)
+        p.grad.div_(dist.get_world_size())
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+    return lambda: None
+
+
+def hooks_sum(model):
+    handles = []
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(
+                lambda p: handles.append(dist.all_reduce(p.grad, async_op=True)))
+    return lambda: [h.wait() for h in handles]
+
+
+def partition_round_robin(sizes, world):
+    return [i % world for i in range(len(sizes))]
+
+
+def partition_contiguous(sizes, world):
+    return [i * world // len(sizes) for i in range(len(sizes))]
+
+
+def zero1_all_params(params, rank, world, lr):
+    return torch.optim.AdamW(params, lr=lr)
+
+
+def zero1_round_robin(params, rank, world, lr):
+    return torch.optim.AdamW(params[rank::world], lr=lr)
+
+
+def grad_shard_allreduce(flat_grad):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    flat = torch.cat([flat_grad, flat_grad.new_zeros(-flat_grad.numel() % world)])
+    dist.all_reduce(flat)
+    return flat.chunk(world)[rank] / world
+
+
+def grad_shard_sum(flat_grad):
+    return grad_shard(flat_grad) * dist.get_world_size()
+
+
+def shard_unpadded(tensors, rank, world):
+    return torch.cat([t.reshape(-1) for t in tensors]).tensor_split(world)[rank].clone()
+
+
+def shard_each_tensor(tensors, rank, world):
+    return torch.cat([shard_flat([t], rank, world) for t in tensors])
+
+
+def gather_broadcast(shard, shapes):
+    world = dist.get_world_size()
+    full = torch.cat([shard] * world)
+    dist.broadcast(full, src=0)
+    return gather_split(full, shapes)
+
+
+def gather_split(full, shapes):
+    out, offset = [], 0
+    for s in shapes:
+        out.append(full[offset:offset + s.numel()].view(s))
+        offset += s.numel()
+    return out
+
+
+def gather_local_only(shard, shapes):
+    world = dist.get_world_size()
+    return gather_split(torch.cat([shard] * world), shapes)
+
+
+def saved_output_bytes(f, *inputs):
+    out = f(*inputs)
+    return out.numel() * out.element_size()
+
+
+def saved_input_bytes(f, *inputs):
+    return sum(t.numel() * t.element_size() for t in inputs)
+
+
+def forward_plain(blocks, x):
+    for b in blocks:
+        x = b(x)
+    return x
+
+
+def forward_no_grad(blocks, x):
+    with torch.no_grad():
+        return forward_plain(blocks, x)
+
+
+CASES = [
+    (check_bucket_params, bucket_params, [(bucket_forward_order, "reverse order"),
+                                          (bucket_with_frozen, "frozen parameter")]),
+    (check_overlap_hooks, overlap_hooks, [(hooks_after_backward, "during backward"),
+                                          (hooks_sync, "async_op=True"),
+                                          (hooks_sum, "divide it by the world size")]),
+    (check_partition, partition, [(partition_round_robin, "differ by at most"),
+                                  (partition_contiguous, "differ by at most")]),
+    (check_zero1_optimizer, zero1_optimizer, [(zero1_all_params, "about 1/world"),
+                                              (zero1_round_robin, "balance them by size")]),
+    (check_grad_shard, grad_shard, [(grad_shard_allreduce, "twice what a reduce-scatter"),
+                                    (grad_shard_sum, "divide by the world size")]),
+    (check_shard_flat, shard_flat, [(shard_unpadded, "must be equal"),
+                                    (shard_each_tensor, "pad it once")]),
+    (check_gather_layer, gather_layer, [(gather_broadcast, "used broadcast"),
+                                        (gather_local_only, "did not all-gather")]),
+    (check_saved_bytes, saved_bytes, [(saved_output_bytes, "size of the output"),
+                                      (saved_input_bytes, "expected")]),
+    (check_checkpointed_forward, checkpointed_forward, [(forward_plain, "checkpoint each block"),
+                                                        (forward_no_grad, "has no gradient")]),
+]
+
+
+@pytest.mark.parametrize("check,solution,wrong", CASES, ids=[c[0].__name__ for c in CASES])
+def test_solution_passes_stub_not_done_wrong_fails(check, solution, wrong):
+    for _ in range(3):   # fresh random inputs every time
+        assert check(solution).passed
+    assert check(stub).status == "not done"
+    for answer, message in wrong:
+        result = check(answer)
+        assert result.status == "failed", answer.__name__
+        assert message in result.message, (answer.__name__, result.message)
+
+
+def test_fake_world_restores_torch_distributed():
+    before = dist.all_reduce, dist.get_world_size
+    with helpers.checks.FakeWorld(3, 1):
+        assert dist.get_world_size() == 3 and dist.get_rank() == 1
+    assert (dist.all_reduce, dist.get_world_size) == before
+    assert not dist.is_initialized()
