@@ -23,7 +23,8 @@ def saved_per_layer(net, X):
     on X: every storage counted once (a view such as Flatten's output adds nothing), the
     parameters left out. Works on the meta device too (no memory is used there)."""
     params = {id(q) for q in net.parameters()}
-    param_ptrs = {q.untyped_storage().data_ptr() for q in net.parameters() if q.device.type != "meta"}
+    param_ptrs = {q.untyped_storage().data_ptr() for q in net.parameters()
+                  if q.device.type != "meta"}
     seen, keep, per_layer, current = set(), [], [0] * len(net), [0]
 
     def pack(t):
@@ -55,7 +56,8 @@ def layer_sizes(net, input_shape):
     layer inside it (what a within-layer split exchanges)."""
     children, rows, hooks = list(net), [], []
     for child in children:
-        rows.append(dict(name=type(child).__name__, params=sum(p.numel() for p in child.parameters()),
+        rows.append(dict(name=type(child).__name__,
+                         params=sum(p.numel() for p in child.parameters()),
                          out=0, acts=0, weighted=[]))
 
     def on_child(i, module, inputs, output):

@@ -47,7 +47,8 @@ def fashion_mnist(train=True, transform=None, root=None):
     socket.setdefaulttimeout(30)   # torchvision's urllib calls have none: never hang offline
     try:
         return torchvision.datasets.FashionMNIST(
-            root=str(root), train=train, download=True, transform=transform or transforms.ToTensor())
+            root=str(root), train=train, download=True,
+            transform=transform or transforms.ToTensor())
     except Exception as e:  # URLError, timeouts, md5 mismatch: all mean "the data is not here"
         if isinstance(e, PermissionError) or not _writable(raw):
             raise DataMissingError(
@@ -58,7 +59,8 @@ def fashion_mnist(train=True, transform=None, root=None):
         raise DataMissingError(
             f"Fashion-MNIST is not in {raw} and downloading it failed ({type(e).__name__}: {e}). "
             f"Put the four original files {', '.join(FILES)} in that folder (torchvision checks "
-            f"their md5s), or set {DATA_ENV} to a folder whose FashionMNIST/raw/ holds them.") from e
+            f"their md5s), or set {DATA_ENV} to a folder whose FashionMNIST/raw/ holds "
+            "them.") from e
     finally:
         socket.setdefaulttimeout(old_timeout)
 

@@ -1,5 +1,4 @@
 """Data parallelism from scratch: copy parameters, split a batch, sum gradients (Part II)."""
-import torch
 
 
 def get_params(params, device):

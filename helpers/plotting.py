@@ -14,7 +14,8 @@ def in_notebook():
 
 
 class Animator:
-    """Lines that grow epoch by epoch, redrawn in place in Jupyter (one figure, not one per epoch)."""
+    """Lines that grow epoch by epoch, redrawn in place in Jupyter (one figure, not one per
+    epoch)."""
 
     def __init__(self, xlabel=None, ylabel=None, legend=(), xlim=None, ylim=None,
                  figsize=(4.5, 3)):

@@ -1,8 +1,8 @@
 """Part I: one training step split across layers (network split, GPipe pipeline) or within a layer.
 
 Every function takes `devices`, a list that may repeat a device (simulated GPUs): the results
-agree with one device up to float32 rounding either way. Transfers are logged by position in `devices`, so simulated devices count the
-bytes that real ones would send.
+agree with one device up to float32 rounding either way. Transfers are logged by position in
+`devices`, so simulated devices count the bytes that real ones would send.
 """
 import copy
 import time
@@ -46,22 +46,25 @@ def send(t, src, dst, devices, log=None, what=""):
 
 
 def all_close(xs, ys, rtol=1e-4, atol=1e-5):
-    """True when two tensors (or two lists of tensors) have equal shapes and values within rounding."""
+    """True when two tensors (or two lists of tensors) have equal shapes and values within
+    rounding."""
     if isinstance(xs, torch.Tensor):
         xs, ys = [xs], [ys]
     return len(xs) == len(ys) and all(
-        x.shape == y.shape and torch.allclose(x.detach().cpu(), y.detach().cpu(), rtol=rtol, atol=atol)
+        x.shape == y.shape
+        and torch.allclose(x.detach().cpu(), y.detach().cpu(), rtol=rtol, atol=atol)
         for x, y in zip(xs, ys))
 
 
-# ---- Across layers: network split and the GPipe pipeline ------------------------------------------
+# ---- Across layers: network split and the GPipe pipeline ----------------------------------------
 
 def split_sequential(net, cuts, devices):
     """Cut an nn.Sequential before the layer indices in `cuts`; stage i is an independent copy of
     its layers on devices[i] (a copy even on the same device, so stages never share storage)."""
     bounds = [0, *cuts, len(net)]
     if len(bounds) - 1 != len(devices):
-        raise ValueError(f"{len(cuts)} cuts make {len(bounds) - 1} stages for {len(devices)} devices")
+        raise ValueError(
+            f"{len(cuts)} cuts make {len(bounds) - 1} stages for {len(devices)} devices")
     return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
 
 
@@ -364,7 +367,8 @@ def lenet_within_layer(X, params, devices, log=None):
     """helpers.lenet with every layer split over the devices by output channels or units."""
     W1, b1, W2, b2, W3, b3, W4, b4 = params
     h1 = F.avg_pool2d(F.relu(conv_split_channels(X, W1, b1, devices, log)), kernel_size=2, stride=2)
-    h2 = F.avg_pool2d(F.relu(conv_split_channels(h1, W2, b2, devices, log)), kernel_size=2, stride=2)
+    h2 = F.avg_pool2d(F.relu(conv_split_channels(h1, W2, b2, devices, log)), kernel_size=2,
+                      stride=2)
     h2 = h2.reshape(h2.shape[0], -1)
     h3 = F.relu(dense_split_columns(h2, W3, b3, devices, log))
     return dense_split_columns(h3, W4, b4, devices, log)

@@ -1,4 +1,5 @@
-"""Part I: collectives and the Megatron MLP over simulated devices (lists of tensors, one per device).
+"""Part I: collectives and the Megatron MLP over simulated devices (lists of tensors, one per
+device).
 
 The ring all-reduce (reduce-scatter, then all-gather) moves every chunk with `splits.send`, so a
 CommLog counts the bytes each device would put on its link. `f` and `g` are Megatron-LM's two
@@ -12,8 +13,8 @@ from torch.nn import functional as F
 from .splits import send
 
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "ring_bytes_per_device",
-           "max_abs_diff", "CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
-           "megatron_mlp"]
+           "max_abs_diff", "CopyToShards", "ReduceFromShards", "copy_to_shards",
+           "reduce_from_shards", "megatron_mlp"]
 
 
 def ring_reduce_scatter(xs, devices, log=None, what="reduce-scatter"):

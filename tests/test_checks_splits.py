@@ -198,7 +198,7 @@ def test_mlp_column_then_row():
         k = len(devices)
         return sum(F.relu(X @ a + c) @ w for a, c, w in
                    zip(W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k))) + b2
-    def no_f(X, W1, b1, W2, b2, devices, log):         # g but no f: the input gradient is not reduced
+    def no_f(X, W1, b1, W2, b2, devices, log):   # g but no f: the input gradient is not reduced
         k = len(devices)
         partials = [F.relu(X @ a + c) @ w for a, c, w in
                     zip(W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k))]
@@ -240,7 +240,8 @@ def test_gated_mlp_column_then_row():
 def test_bytes_sent_naive_vs_ring():
     assert check_bytes_sent_naive_vs_ring(bytes_sent)
     assert check_bytes_sent_naive_vs_ring(stub).status == "not done"
-    assert_fails(check_bytes_sent_naive_vs_ring(lambda n, k: (2 * (k - 1) * n, 2 * (k - 1) / k * n)),
+    assert_fails(check_bytes_sent_naive_vs_ring(
+                     lambda n, k: (2 * (k - 1) * n, 2 * (k - 1) / k * n)),
                  "sends AND receives")
     assert_fails(check_bytes_sent_naive_vs_ring(lambda n, k: ((k - 1) * n, (k - 1) / k * n)),
                  "reduce-scatter alone")

@@ -59,7 +59,7 @@ def test_a_corrupt_archive_is_removed_not_kept(monkeypatch, tmp_path):
     assert (raw / data.FILES[0]).exists(), "good archives are kept"
 
 
-# --- data-folder states (reliability row 6); always on copies in tmp_path, never the shared data ---
+# --- data-folder states (reliability row 6); always on copies in tmp_path, never the shared data
 
 def copy_data(tmp_path):
     raw = tmp_path / "FashionMNIST" / "raw"

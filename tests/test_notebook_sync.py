@@ -18,7 +18,8 @@ def _strip_docstrings(node):
     for n in ast.walk(node):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body:
             first = n.body[0]
-            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+            if isinstance(first, ast.Expr) \
+                    and isinstance(getattr(first, "value", None), ast.Constant) \
                     and isinstance(first.value.value, str):
                 n.body = n.body[1:] or [ast.Pass()]
     return ast.dump(node, include_attributes=False)

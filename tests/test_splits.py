@@ -16,6 +16,8 @@ from helpers import (CommLog, all_close, bubble_fraction, conv_split_channels, d
 from helpers import (clock_ticks, gpipe_order, measured_bubble, multiply_adds, one_f_one_b_order,
                      peak_live, pipeline_1f1b, replay, run_schedule, saved_per_layer,
                      sharding_costs)
+from helpers import (copy_to_shards, max_abs_diff, megatron_mlp, reduce_from_shards,
+                     ring_all_reduce, ring_bytes_per_device)
 from helpers.models import LENET_SHAPES
 
 torch.backends.cudnn.allow_tf32 = False   # exact float32 convolutions on GPUs too
@@ -32,21 +34,25 @@ def leaves(*shapes, seed=0):
 
 
 def same_as_unsplit(split, full, tensors, X):
-    """Outputs and gradients (w.r.t. `tensors`) of split(X, *tensors) equal those of full(X, *tensors)."""
+    """Outputs and gradients (w.r.t. `tensors`) of split(X, *tensors) equal those of
+    full(X, *tensors)."""
     outs, grads = [], []
     for fn in (split, full):
         for t in tensors:
             t.grad = None
         Y = fn(X, *tensors)
-        (Y * torch.arange(Y.numel(), dtype=Y.dtype, device=Y.device).reshape(Y.shape).cos()).sum().backward()
+        (Y * torch.arange(Y.numel(), dtype=Y.dtype, device=Y.device)
+         .reshape(Y.shape).cos()).sum().backward()
         outs.append(Y)
-        grads.append([t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in tensors])
+        grads.append([t.grad.clone() if t.grad is not None else torch.zeros_like(t)
+                      for t in tensors])
     return all_close(outs[0], outs[1]) and all_close(grads[0], grads[1])
 
 
 # deliberately broken splits: each must be caught by same_as_unsplit
 def conv_drop_shard(X, W, b, devs):
-    Ys = [F.conv2d(X, Wi, bi) for Wi, bi in zip(W.tensor_split(len(devs)), b.tensor_split(len(devs)))]
+    Ys = [F.conv2d(X, Wi, bi)
+          for Wi, bi in zip(W.tensor_split(len(devs)), b.tensor_split(len(devs)))]
     return torch.cat(Ys[:-1] + [torch.zeros_like(Ys[-1])], dim=1)   # last device's shard lost
 
 
@@ -60,7 +66,8 @@ def rows_drop_partial(X, W, b, devs):
 
 
 def rows_bias_each(X, W, b, devs):
-    parts = [Xi @ Wi + b for Xi, Wi in zip(X.tensor_split(len(devs), dim=1), W.tensor_split(len(devs)))]
+    parts = [Xi @ Wi + b
+             for Xi, Wi in zip(X.tensor_split(len(devs), dim=1), W.tensor_split(len(devs)))]
     return sum(parts)            # bias added k times
 
 
@@ -94,7 +101,8 @@ def test_dense_split_rows(k):
     assert same_as_unsplit(lambda X, W, b: dense_split_rows(X, W, b, devs), full, [W, b], X)
     if k > 1:
         for broken in (rows_drop_partial, rows_bias_each):
-            assert not same_as_unsplit(lambda X, W, b: broken(X, W, b, devs), full, [W, b], X), broken
+            assert not same_as_unsplit(lambda X, W, b: broken(X, W, b, devs),
+                                       full, [W, b], X), broken
     log = CommLog()
     dense_split_rows(X, W, b, devs, log)
     assert log.total("partial sum") == (k - 1) * 5 * 4 * 4   # k-1 partial sums of (5, 4) floats
@@ -213,8 +221,6 @@ def test_resnet_costs_measured():
 
 
 # ---- tensor_parallel: the ring all-reduce and the Megatron MLP over simulated devices -----------
-from helpers import (copy_to_shards, max_abs_diff, megatron_mlp, reduce_from_shards,
-                     ring_all_reduce, ring_bytes_per_device)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
@@ -350,7 +356,8 @@ def test_measured_bubble_weighs_time():
 def test_multiply_adds_of_lenet_by_hand():
     macs = multiply_adds(lenet_module(), (1, 28, 28))
     assert macs[0] == 20 * 26 * 26 * 9 and macs[3] == 50 * 9 * 9 * 20 * 25
-    assert macs[7] == 800 * 128 and macs[9] == 128 * 10 and sum(macs) == sum(macs[i] for i in (0, 3, 7, 9))
+    assert (macs[7] == 800 * 128 and macs[9] == 128 * 10
+            and sum(macs) == sum(macs[i] for i in (0, 3, 7, 9)))
 
 
 def test_saved_activations_of_lenet_by_hand():
@@ -395,7 +402,8 @@ def test_costs_optimizer_state_and_latency():
 @pytest.mark.parametrize("k", [1, 2, 8])
 def test_sharding_costs(k):
     n = 1000
-    mixed = {st: sharding_costs(n, k, st, "mixed_adam", 2) for st in ("dp", "zero1", "zero2", "zero3")}
+    mixed = {st: sharding_costs(n, k, st, "mixed_adam", 2)
+             for st in ("dp", "zero1", "zero2", "zero3")}
     assert mixed["dp"]["total_bytes"] == 16 * n                      # 2 + 2 + 12 per parameter
     assert mixed["zero1"]["total_bytes"] == pytest.approx((2 + 2 + 12 / k) * n)
     assert mixed["zero2"]["total_bytes"] == pytest.approx((2 + (2 + 12) / k) * n)

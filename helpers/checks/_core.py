@@ -42,7 +42,8 @@ class Result:
         return self.passed
 
     def __repr__(self):
-        mark = {"passed": "✔ passed", "not done": "… not done yet", "failed": "✘ failed"}[self.status]
+        mark = {"passed": "✔ passed", "not done": "… not done yet",
+                "failed": "✘ failed"}[self.status]
         return f"{self.name}: {mark}" + (f": {self.message}" if self.message else "")
 
     def _ipython_display_(self):

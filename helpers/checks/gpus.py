@@ -154,13 +154,15 @@ def check_fit_copy_model(fn):
             lat, bw = (as_number(v, call) for v in got)
             if not math.isclose(bw, gbs, rel_tol=0.15):
                 expect(not math.isclose(bw, gbs * 1e9, rel_tol=0.15),
-                       f"{call}: bandwidth {bw:.3g} looks like bytes/s: return GB/s (divide by 1e9)")
+                       f"{call}: bandwidth {bw:.3g} looks like bytes/s: return GB/s "
+                       "(divide by 1e9)")
                 expect(not math.isclose(bw * gbs * 1e9, 1, rel_tol=0.15) and
                        not math.isclose(bw * gbs, 1, rel_tol=0.15),
                        f"{call}: {bw:.3g} is seconds per byte (the slope): the bandwidth is its "
                        "inverse")
                 expect(False, f"{call}: bandwidth {bw:.3g} GB/s, but these copies were made at "
-                              f"{gbs:g} GB/s: fit the slope of time against bytes on the large copies")
+                              f"{gbs:g} GB/s: fit the slope of time against bytes on the large "
+                              "copies")
             if not math.isclose(lat, alpha, rel_tol=0.3):
                 expect(lat > 0.05 * alpha, f"{call}: latency {lat:.3g} s, but every copy here took "
                        f"at least {min(seconds):.3g} s: the smallest copies show the latency")

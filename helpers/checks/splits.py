@@ -26,17 +26,19 @@ CPU = torch.device("cpu")
 
 def _close(got, want, rtol=1e-4, atol=1e-5):
     return (isinstance(got, torch.Tensor) and got.shape == want.shape
-            and torch.allclose(got.detach().float().cpu(), want.detach().float(), rtol=rtol, atol=atol))
+            and torch.allclose(got.detach().float().cpu(), want.detach().float(),
+                               rtol=rtol, atol=atol))
 
 
 def _tensor(value, call, shape):
-    expect(isinstance(value, torch.Tensor), f"{call} returned {type(value).__name__}, expected a tensor")
+    expect(isinstance(value, torch.Tensor),
+           f"{call} returned {type(value).__name__}, expected a tensor")
     expect(tuple(value.shape) == tuple(shape),
            f"{call} returned shape {tuple(value.shape)}, expected {tuple(shape)}")
     return value
 
 
-# ---- network split --------------------------------------------------------------------------------
+# ---- network split -------------------------------------------------------------------------------
 def check_microbatches_for_bubble(fn):
     """fn(p, target): the fewest micro-batches m with bubble (p-1)/(m+p-1) <= target."""
 
@@ -48,8 +50,8 @@ def check_microbatches_for_bubble(fn):
             while (p - 1) / (want + p - 1) > target + 1e-12:
                 want += 1
             got = as_number(fn(p, target), f"microbatches_for_bubble({p}, {target})")
-            expect(got == want, f"microbatches_for_bubble({p}, {target}) returned {got:g}, expected "
-                                f"{want}: with {want} micro-batches the bubble is "
+            expect(got == want, f"microbatches_for_bubble({p}, {target}) returned {got:g}, "
+                                f"expected {want}: with {want} micro-batches the bubble is "
                                 f"{(p - 1) / (want + p - 1):.3f}" + (
                                     f", with {want - 1} it is {(p - 1) / (want + p - 2):.3f}"
                                     if want > 1 else ""))
@@ -90,8 +92,9 @@ def check_split_by_params(fn):
             mixed = [torch.device("meta") if i % 2 else CPU for i in range(k)]
             for i, s in enumerate(fn(net, mixed)):
                 where = {str(p.device) for p in s.parameters()}
-                expect(where <= {str(mixed[i])}, f"stage {i}'s parameters are on {sorted(where)}, "
-                                                 f"expected {mixed[i]}: move each stage to its device")
+                expect(where <= {str(mixed[i])},
+                       f"stage {i}'s parameters are on {sorted(where)}, "
+                       f"expected {mixed[i]}: move each stage to its device")
             sizes = [sum(p.numel() for p in s.parameters()) for s in stages]
             per_layer = [sum(p.numel() for p in m.parameters()) for m in net]
             bounds = [0, *balanced_cuts(per_layer, k), len(per_layer)]
@@ -116,7 +119,8 @@ def _mlp_stages(g, p):
 def check_order_1f1b(fn):
     """fn(p, m): per stage, the list of ("F", j) / ("B", j) that 1F1B runs. The check RUNS the
     order (helpers.run_schedule) on fresh stages: same loss and gradients as the unsplit model,
-    GPipe's 2(m+p-1) ticks, and at most p - s live micro-batches on stage s, counted from the run."""
+    GPipe's 2(m+p-1) ticks, and at most p - s live micro-batches on stage s, counted from the
+    run."""
 
     def body(fn):
         g = fresh_generator()
@@ -173,13 +177,15 @@ def check_partial_sum_bytes(fn):
     def body(fn):
         g = fresh_generator()
         for _ in range(5):
-            n, d_in, d_out, k = randint(g, 1, 64), randint(g, 8, 32), randint(g, 1, 50), randint(g, 1, 8)
+            n, d_in, d_out, k = (randint(g, 1, 64), randint(g, 8, 32), randint(g, 1, 50),
+                                 randint(g, 1, 8))
             log = CommLog()
             dense_split_rows(torch.randn(n, d_in), torch.randn(d_in, d_out), torch.randn(d_out),
                              [CPU] * k, log)
             want = log.total("partial sum")
             got = as_number(fn(n, d_out, k), f"partial_sum_bytes({n}, {d_out}, {k})")
-            hint = " (the device that adds them up sends nothing)" if got == k * n * d_out * 4 else ""
+            hint = (" (the device that adds them up sends nothing)"
+                    if got == k * n * d_out * 4 else "")
             expect(got == want, f"partial_sum_bytes({n}, {d_out}, {k}) returned {got:g}, but the "
                                 f"split sent {want} bytes of partial sums{hint}")
 
@@ -284,13 +290,15 @@ def check_conv_split_in_channels(fn):
                 if torch.allclose(diff, -b.detach(), atol=1e-4):
                     expect(False, f"{call}: the bias is missing")
                 if torch.allclose(diff, (k - 1) * b.detach(), atol=1e-4):
-                    expect(False, f"{call}: the bias was added {k} times; add it once, after the sum")
-                expect(False, f"{call}: the output differs from conv2d (is a shard's partial sum missing?)")
+                    expect(False,
+                           f"{call}: the bias was added {k} times; add it once, after the sum")
+                expect(False, f"{call}: the output differs from conv2d (is a shard's partial "
+                              "sum missing?)")
             out_bytes = want.numel() * 4
             expect(log.total() >= (k - 1) * out_bytes,
-                   f"{call}: {log.total()} bytes were sent, but the {k - 1} other devices each hold "
-                   f"a partial sum of {out_bytes} bytes that must travel to be added up: move them with "
-                   "send(P, i, 0, devices, log) (or an all-reduce), not a plain sum")
+                   f"{call}: {log.total()} bytes were sent, but the {k - 1} other devices each "
+                   f"hold a partial sum of {out_bytes} bytes that must travel to be added up: "
+                   "move them with send(P, i, 0, devices, log) (or an all-reduce), not a plain sum")
             _grads_match(call, got, want, [X, W, b], ["X", "W", "b"], g)
 
     return run_check("conv_split_in_channels", body, fn)
@@ -326,10 +334,11 @@ def _check_column_then_row(name, fn, gated):
             whole = _first_call_with(watch, lambda sh, h=h: h in sh)
             if whole is not None:
                 op, sh = whole
-                which = (("the whole W1 or V" if gated else "the whole W1") if sh == (d, h) else "the whole W2" if sh == (h, o)
+                which = (("the whole W1 or V" if gated else "the whole W1") if sh == (d, h)
+                         else "the whole W2" if sh == (h, o)
                          else f"all {h} hidden units")
-                expect(False, f"{call}: {op} used {which} at once (shape {sh}): device i holds only "
-                              "its columns of W1" + (" and V" if gated else "")
+                expect(False, f"{call}: {op} used {which} at once (shape {sh}): device i holds "
+                              "only its columns of W1" + (" and V" if gated else "")
                               + " and the matching rows of W2, so no step ever sees every hidden "
                               "unit")
             fwd = log.total()
@@ -378,7 +387,8 @@ def check_gated_mlp_column_then_row(fn):
 
 # ---- across the data -----------------------------------------------------------------------------
 def check_combine_mean_grads(fn):
-    """fn(grads, sizes): the full batch's mean-loss gradient from each shard's mean-loss gradient."""
+    """fn(grads, sizes): the full batch's mean-loss gradient from each shard's mean-loss
+    gradient."""
 
     def body(fn):
         g = fresh_generator()
@@ -393,12 +403,15 @@ def check_combine_mean_grads(fn):
                           f"combine_mean_grads(…, sizes={sizes})", want.shape)
             if not _close(got, want):
                 if _close(got, sum(grads) / k):
-                    expect(False, f"with shard sizes {sizes} a plain average of the shard gradients "
-                                  "overweights the small shards: weight each by its size")
+                    expect(False,
+                           f"with shard sizes {sizes} a plain average of the shard gradients "
+                           "overweights the small shards: weight each by its size")
                 if _close(got, sum(grads)):
-                    expect(False, "you summed the shard gradients: each is a mean over its shard, so "
-                                  "weight it by the shard's size and divide by the batch size")
-                expect(False, f"the result differs from the full batch's mean gradient (sizes {sizes})")
+                    expect(False,
+                           "you summed the shard gradients: each is a mean over its shard, so "
+                           "weight it by the shard's size and divide by the batch size")
+                expect(False,
+                       f"the result differs from the full batch's mean gradient (sizes {sizes})")
 
     return run_check("combine_mean_grads", body, fn)
 
@@ -422,7 +435,8 @@ def check_reduce_then_broadcast(fn):
                            "gradient still holds its local value: write into it in place (copy_)")
                 expect(torch.allclose(orig, want, atol=1e-5),
                        f"tensor {i} does not hold the sum of the {k} gradients" + (
-                           " (it still holds its own gradient)" if torch.allclose(orig, own[i]) else ""))
+                           " (it still holds its own gradient)"
+                           if torch.allclose(orig, own[i]) else ""))
 
     return run_check("reduce_then_broadcast", body, fn)
 
