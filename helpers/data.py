@@ -4,9 +4,7 @@ import socket
 from pathlib import Path
 
 import torch
-import torchvision
 from torch.utils import data
-from torchvision import transforms
 
 from .validate import check_positive_int
 
@@ -40,6 +38,8 @@ def data_dir():
 
 def fashion_mnist(train=True, transform=None, root=None):
     """The torchvision dataset, downloaded on first use (a seeded raw/ folder skips the network)."""
+    import torchvision   # imported here: worker processes that never load data start faster
+    from torchvision import transforms
     root = Path(root) if root is not None else data_dir()
     raw = root / "FashionMNIST" / "raw"
     _check_extracted(raw)   # bad extracted files go; torchvision re-extracts the archives
@@ -111,6 +111,7 @@ def _check_extracted(raw):
 
 def _remove_partial(raw):
     """Delete half-downloaded archives (wrong md5), so the next try starts clean."""
+    import torchvision
     from torchvision.datasets.utils import check_integrity
 
     for url, sum_ in torchvision.datasets.FashionMNIST.resources:
@@ -127,6 +128,7 @@ def load_data_fashion_mnist(batch_size, subset=None, resize=None, num_workers=No
     """
     check_positive_int(batch_size, "batch_size")
     check_positive_int(subset, "subset", allow_none=True)
+    from torchvision import transforms
     trans = [transforms.ToTensor()]
     if resize:
         trans.insert(0, transforms.Resize(resize))

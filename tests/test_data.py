@@ -4,6 +4,7 @@ import socket
 import time
 
 import pytest
+import torchvision
 
 import helpers
 from helpers import data
@@ -141,9 +142,9 @@ def test_a_missing_file_in_a_read_only_folder_says_read_only(monkeypatch, tmp_pa
 
     def no_write(*a, **k):
         raise PermissionError(13, "Permission denied (simulated read-only folder)")
-    monkeypatch.setattr(data.torchvision.datasets.mnist, "extract_archive", no_write,
+    monkeypatch.setattr(torchvision.datasets.mnist, "extract_archive", no_write,
                         raising=False)
-    monkeypatch.setattr(data.torchvision.datasets.utils, "extract_archive", no_write)
+    monkeypatch.setattr(torchvision.datasets.utils, "extract_archive", no_write)
     monkeypatch.setattr(socket, "create_connection",
                         lambda *a, **k: (_ for _ in ()).throw(OSError("offline (simulated)")))
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
