@@ -1,0 +1,337 @@
+"""Part VI: a pipeline across processes, from scratch and with torch.distributed.pipelining.
+
+Each rank holds one stage (contiguous layers) of the same nn.Sequential. A training step cuts
+the batch into micro-batches; activations go forward to the next rank and their gradients come
+back, with send/recv (isend: sends never block). The order of the forward (F) and backward (B)
+passes on each rank is the schedule: GPipe (all F, then all B) or 1F1B (a short warm-up of F,
+then one F and one B in turn), same result, different memory.
+"""
+import copy
+import inspect
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .costs import balanced_cuts
+from .ranks import DistComm
+
+__all__ = ["pipeline_net", "stage_of", "gpipe_order", "one_f_one_b_order", "pipeline_rank_step",
+           "unsplit_step", "measured_bubble", "busy_times", "layer_times", "cuts_by",
+           "pipeline_worker", "pipelining_available", "sum_loss"]
+
+
+def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
+    """A token classifier as an nn.Sequential: an embedding (many parameters, almost no
+    compute), `depth` Linear+Tanh blocks (few parameters, all the compute), a linear head."""
+    torch.manual_seed(seed)
+    blocks = [nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(depth)]
+    return nn.Sequential(nn.Embedding(vocab, width), *blocks, nn.Linear(width, classes))
+
+
+def stage_of(net, cuts, rank):
+    """Rank `rank`'s stage: an independent copy of the layers between its cuts."""
+    bounds = [0, *cuts, len(net)]
+    if not 0 <= rank < len(bounds) - 1:
+        raise ValueError(f"{len(cuts)} cuts make {len(bounds) - 1} stages: no stage {rank}")
+    return copy.deepcopy(net[bounds[rank]:bounds[rank + 1]])
+
+
+def sum_loss(out, y):
+    """Cross-entropy summed over the rows (divide by the batch size for the mean)."""
+    return F.cross_entropy(out, y, reduction="sum")
+
+
+def gpipe_order(m, p, rank):
+    """GPipe: every forward, then every backward: m micro-batches live at the peak."""
+    return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+
+
+def one_f_one_b_order(m, p, rank):
+    """1F1B: p - rank - 1 forwards to fill the pipe, then one forward and one backward in turn,
+    then the remaining backwards. At most p - rank micro-batches are live on this rank."""
+    warm = min(p - rank - 1, m)
+    order = [("F", j) for j in range(warm)]
+    for i in range(m - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", j) for j in range(m - warm, m)]
+
+
+class _SavedBytes:
+    """Bytes autograd saves for backward (torch.autograd.graph.saved_tensors_hooks), each storage
+    counted once, the stage's parameters left out: the activations a micro-batch keeps alive."""
+
+    def __init__(self, params):
+        self.skip = {p.untyped_storage().data_ptr() for p in params}
+        self.seen, self.bytes = set(), 0
+
+    def pack(self, t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in self.skip and s.data_ptr() not in self.seen:
+            self.seen.add(s.data_ptr())
+            self.bytes += s.nbytes()
+        return t
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+
+def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, in_shape,
+                       loss_fn=sum_loss):
+    """One training step of this rank's stage, in the given order of ("F"|"B", micro-batch).
+
+    Rank 0 cuts X into micro-batches; the others receive their input from rank - 1 (shape
+    (rows, *in_shape)); the last rank computes loss_fn(out, y_j) / batch_size, so the stages'
+    .grad add up to the gradient of the mean loss, as one unsplit step. Returns dict(loss (last
+    rank, else None), timeline: dicts stage/micro/phase/start/end (time.perf_counter seconds),
+    peak_live: most micro-batches held at once, peak_bytes: most activation bytes held at once).
+    """
+    r, p, m = comm.rank, comm.world, num_microbatches
+    first, last = r == 0, r == p - 1
+    rows = [len(c) for c in torch.arange(batch_size).tensor_split(m)]
+    Xs = X.tensor_split(m) if first else None
+    ys = y.tensor_split(m) if last else None
+    params = list(stage.parameters())
+    held, total, timeline, live, peak, peak_bytes = {}, 0.0, [], 0, 0, 0
+    for phase, j in order:
+        if phase == "F":
+            if first:
+                h = Xs[j]
+            else:
+                h = comm.recv(r - 1, (rows[j], *in_shape), tag=j).requires_grad_()
+            start = time.perf_counter()
+            with _SavedBytes(params) as saved:
+                out = stage(h)
+                if last:
+                    out = loss_fn(out, ys[j]) / batch_size
+            timeline.append(dict(stage=r, micro=j, phase="F", start=start,
+                                 end=time.perf_counter()))
+            if last:
+                total += float(out.detach())
+            else:
+                comm.send(out, r + 1, tag=j)
+            held[j] = (h, out, saved.bytes)
+            live += 1
+            peak = max(peak, live)
+            peak_bytes = max(peak_bytes, sum(b for _, _, b in held.values()))
+        else:
+            h, out, _ = held.pop(j)
+            grad = None if last else comm.recv(r + 1, out.shape, tag=j)
+            start = time.perf_counter()
+            out.backward(grad)
+            timeline.append(dict(stage=r, micro=j, phase="B", start=start,
+                                 end=time.perf_counter()))
+            if not first:
+                comm.send(h.grad, r - 1, tag=j)
+            live -= 1
+    comm.wait()
+    if held:
+        raise RuntimeError(f"rank {r}: micro-batches {sorted(held)} never ran backward")
+    return dict(loss=total if last else None, timeline=timeline, peak_live=peak,
+                peak_bytes=peak_bytes)
+
+
+def unsplit_step(net, X, y, loss_fn=sum_loss):
+    """The reference: one forward and backward of the whole net on the whole batch. Returns
+    (mean loss, list of gradients in net.parameters() order)."""
+    net.zero_grad()
+    loss = loss_fn(net(X), y) / X.shape[0]
+    loss.backward()
+    return float(loss.detach()), [p.grad.clone() for p in net.parameters()]
+
+
+def busy_times(timelines):
+    """Seconds each rank spent computing (its F and B boxes), from the per-rank timelines."""
+    return [sum(e["end"] - e["start"] for e in tl) for tl in timelines]
+
+
+def measured_bubble(timelines):
+    """Idle share of the step: 1 - busy time / (ranks x span from the first start to the last
+    end). All ranks read time.perf_counter, one clock for every process on a machine."""
+    events = [e for tl in timelines for e in tl]
+    span = max(e["end"] for e in events) - min(e["start"] for e in events)
+    return 1 - sum(busy_times(timelines)) / (len(timelines) * span)
+
+
+def layer_times(net, X, y, repeats=5, loss_fn=sum_loss):
+    """Median seconds of forward + backward of each top-level layer of `net` on batch X, one
+    thread (as each rank runs). The last layer's backward includes the loss."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        inputs, h = [], X
+        with torch.no_grad():
+            for layer in net:
+                inputs.append(h)
+                h = layer(h)
+        times = []
+        for i, layer in enumerate(net):
+            runs = []
+            for _ in range(repeats):
+                x = inputs[i].clone().requires_grad_(inputs[i].is_floating_point())
+                start = time.perf_counter()
+                out = layer(x)
+                out = loss_fn(out, y) if i == len(net) - 1 else out.sum()
+                out.backward()
+                runs.append(time.perf_counter() - start)
+            times.append(sorted(runs)[len(runs) // 2])
+        return times
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cuts_by(weights, p):
+    """Cuts that balance `weights` (per-layer parameter counts, or measured seconds) over p
+    stages: the largest stage as small as possible (helpers.balanced_cuts)."""
+    return balanced_cuts(list(weights), p)
+
+
+# --- torch.distributed.pipelining ------------------------------------------------------------
+def pipelining_available(name):
+    """True when torch.distributed.pipelining has the schedule class `name` on this torch."""
+    try:
+        import torch.distributed.pipelining as pp
+    except ImportError:
+        return False
+    return hasattr(pp, name)
+
+
+class _Mark(torch.autograd.Function):
+    """Identity whose backward calls `note()`: marks when a gradient passes a point."""
+
+    @staticmethod
+    def forward(ctx, x, note):
+        ctx.note = note
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.note()
+        return g, None
+
+
+class _Timed(nn.Module):
+    """A stage that records its F and B boxes (backward: from the gradient reaching the output
+    to the gradient leaving the first float tensor of the stage)."""
+
+    def __init__(self, stage, rank, timeline):
+        super().__init__()
+        self.stage, self.rank, self.timeline = stage, rank, timeline
+        self.f = self.b = 0
+
+    def _b_start(self):
+        self._b0 = time.perf_counter()
+
+    def _b_end(self):
+        self.timeline.append(dict(stage=self.rank, micro=self.b, phase="B", start=self._b0,
+                                  end=time.perf_counter()))
+        self.b += 1
+
+    def forward(self, x):
+        start = time.perf_counter()
+        layers = list(self.stage)
+        if not x.is_floating_point():      # token ids: mark after the embedding
+            x, layers = layers[0](x), layers[1:]
+        x = _Mark.apply(x, self._b_end)
+        for layer in layers:
+            x = layer(x)
+        x = _Mark.apply(x, self._b_start)
+        self.timeline.append(dict(stage=self.rank, micro=self.f, phase="F", start=start,
+                                  end=time.perf_counter()))
+        self.f += 1
+        return x
+
+
+def _schedule_kwargs(cls, n_microbatches, loss_fn):
+    kw = dict(n_microbatches=n_microbatches, loss_fn=loss_fn)
+    if "scale_grads" in inspect.signature(cls.__init__).parameters:
+        kw["scale_grads"] = False          # our loss is already divided by the batch size
+    return kw
+
+
+def _pipelining_run(net, cuts, rank, world, device, X, y, m, schedule):
+    """One step of torch.distributed.pipelining's `schedule` (class name); returns what
+    pipeline_rank_step returns (no activation counts) plus this rank's gradients."""
+    import torch.distributed.pipelining as pp
+    n = X.shape[0]
+    loss_fn = lambda out, t: sum_loss(out, t) / n                           # noqa: E731
+    timeline = []
+    interleaved = schedule in ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS")
+    per_rank = 2 if interleaved else 1
+    num_stages = world * per_rank
+    ids = [rank + k * world for k in range(per_rank)]      # looped placement: r, r + world
+    bounds_cuts = cuts if len(cuts) == num_stages - 1 else cuts_by(
+        [1] * len(net), num_stages)
+    mods = [_Timed(stage_of(net, bounds_cuts, i).to(device), rank, timeline) for i in ids]
+    stages = [pp.PipelineStage(mod, i, num_stages, device) for mod, i in zip(mods, ids)]
+    cls = getattr(pp, schedule)
+    sched = cls(stages if interleaved else stages[0], **_schedule_kwargs(cls, m, loss_fn))
+    losses = []
+    Xs = X.to(device) if rank == 0 else None
+    last_rank = (num_stages - 1) % world
+    if rank == 0 and rank == last_rank:
+        sched.step(Xs, target=y.to(device), losses=losses)
+    elif rank == 0:
+        sched.step(Xs)
+    elif rank == last_rank:
+        sched.step(target=y.to(device), losses=losses)
+    else:
+        sched.step()
+    grads = {i: [p.grad.detach().cpu().clone() for p in mod.stage.parameters()]
+             for i, mod in zip(ids, mods)}
+    loss = float(sum(float(l) for l in losses)) if rank == last_rank else None
+    return dict(loss=loss, timeline=timeline, grads=grads, cuts=bounds_cuts)
+
+
+def pipeline_worker(rank, world, cfg):
+    """spawn_ranks target, several runs in one launch. cfg: net (kwargs of pipeline_net),
+    batch_size, seed, runs: list of dict(kind="scratch"|"pipelining", schedule ("gpipe",
+    "1f1b" or a torch schedule class name), m, cuts, repeats). Returns one dict per run:
+    loss, grads (of the first repeat), timelines (one per repeat), peak_live, peak_bytes."""
+    device = cfg["device"]
+    net = pipeline_net(**cfg.get("net", {})).to(device)
+    g = torch.Generator().manual_seed(cfg.get("seed", 0))
+    n = cfg["batch_size"]
+    X = torch.randint(0, net[0].num_embeddings, (n,), generator=g).to(device)
+    y = torch.randint(0, net[-1].out_features, (n,), generator=g).to(device)
+    width = net[0].embedding_dim
+    comm = DistComm(device=device)
+    orders = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
+    results = []
+    for run in cfg["runs"]:
+        out = dict(run, timelines=[], skipped=None)
+        if run.get("kind", "scratch") == "pipelining":
+            if not pipelining_available(run["schedule"]):
+                out["skipped"] = f"torch {torch.__version__} has no {run['schedule']}"
+                results.append(out)
+                continue
+            for rep in range(run.get("repeats", 1)):
+                got = _pipelining_run(net, run["cuts"], rank, world, device, X, y, run["m"],
+                                      run["schedule"])
+                out["timelines"].append(got.pop("timeline"))
+                if rep == 0:
+                    out.update(got)
+            results.append(out)
+            continue
+        stage = stage_of(net, run["cuts"], rank)
+        order = orders[run["schedule"]](run["m"], world, rank)
+        for rep in range(run.get("repeats", 1)):
+            stage.zero_grad()
+            got = pipeline_rank_step(stage, comm, order, X if rank == 0 else None,
+                                     y if rank == world - 1 else None, run["m"], n, (width,))
+            out["timelines"].append(got["timeline"])
+            if rep == 0:
+                out.update(loss=got["loss"], peak_live=got["peak_live"],
+                           peak_bytes=got["peak_bytes"],
+                           grads={rank: [p.grad.detach().cpu().clone()
+                                         for p in stage.parameters()]})
+        out["bytes_sent"] = comm.bytes_sent() / max(1, run.get("repeats", 1))
+        comm.log = []
+        results.append(out)
+    return results
