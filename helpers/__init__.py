@@ -9,6 +9,9 @@ plotting  live training plot, progress bar, glue
 splits    Part I: splitting a model across layers and within a layer (costs: what each split costs)
 distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
+ranks     Part VI: send/recv/all-reduce over torch.distributed or threads, counted; spawn_ranks
+pipeline_dist  Part VI: a pipeline across processes (GPipe, 1F1B), torch's pipelining
+tp_dist   Part VI: tensor parallel across processes (Megatron f/g, heads), DTensor, a 2D mesh
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -26,3 +29,6 @@ from .distributed import *   # noqa: F401,F403
 from .ddp_worker import *    # noqa: F401,F403
 from .fast import *          # noqa: F401,F403
 from .comm import *          # noqa: F401,F403
+from .ranks import *         # noqa: F401,F403
+from .pipeline_dist import * # noqa: F401,F403
+from .tp_dist import *       # noqa: F401,F403

@@ -17,9 +17,9 @@ from torch import nn
 from .costs import balanced_cuts
 from .ranks import DistComm
 
-__all__ = ["pipeline_net", "stage_of", "gpipe_order", "one_f_one_b_order", "pipeline_rank_step",
-           "unsplit_step", "measured_bubble", "busy_times", "layer_times", "cuts_by",
-           "pipeline_worker", "pipelining_available", "sum_loss"]
+__all__ = ["pipeline_net", "stage_of", "gpipe_rank_order", "one_f_one_b_rank_order",
+           "pipeline_rank_step", "unsplit_step", "timeline_bubble", "busy_times", "layer_times",
+           "cuts_by", "pipeline_worker", "pipelining_available", "sum_loss"]
 
 
 def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
@@ -43,12 +43,12 @@ def sum_loss(out, y):
     return F.cross_entropy(out, y, reduction="sum")
 
 
-def gpipe_order(m, p, rank):
+def gpipe_rank_order(m, p, rank):
     """GPipe: every forward, then every backward: m micro-batches live at the peak."""
     return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
 
 
-def one_f_one_b_order(m, p, rank):
+def one_f_one_b_rank_order(m, p, rank):
     """1F1B: p - rank - 1 forwards to fill the pipe, then one forward and one backward in turn,
     then the remaining backwards. At most p - rank micro-batches are live on this rank."""
     warm = min(p - rank - 1, m)
@@ -151,7 +151,7 @@ def busy_times(timelines):
     return [sum(e["end"] - e["start"] for e in tl) for tl in timelines]
 
 
-def measured_bubble(timelines):
+def timeline_bubble(timelines):
     """Idle share of the step: 1 - busy time / (ranks x span from the first start to the last
     end). All ranks read time.perf_counter, one clock for every process on a machine."""
     events = [e for tl in timelines for e in tl]
@@ -285,7 +285,7 @@ def _pipelining_run(net, cuts, rank, world, device, X, y, m, schedule):
         sched.step()
     grads = {i: [p.grad.detach().cpu().clone() for p in mod.stage.parameters()]
              for i, mod in zip(ids, mods)}
-    loss = float(sum(float(l) for l in losses)) if rank == last_rank else None
+    loss = float(sum(float(v) for v in losses)) if rank == last_rank else None
     return dict(loss=loss, timeline=timeline, grads=grads, cuts=bounds_cuts)
 
 
@@ -302,7 +302,7 @@ def pipeline_worker(rank, world, cfg):
     y = torch.randint(0, net[-1].out_features, (n,), generator=g).to(device)
     width = net[0].embedding_dim
     comm = DistComm(device=device)
-    orders = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
+    orders = {"gpipe": gpipe_rank_order, "1f1b": one_f_one_b_rank_order}
     results = []
     for run in cfg["runs"]:
         out = dict(run, timelines=[], skipped=None)

@@ -17,14 +17,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .ranks import DistComm
 
-__all__ = ["MLP", "Attention", "Block", "small_block", "CopyToTP", "ReduceFromTP",
+__all__ = ["SmallMLP", "SmallAttention", "SmallBlock", "small_block", "CopyToTP", "ReduceFromTP",
            "copy_to_tp", "reduce_from_tp", "TPMLP", "TPAttention", "TPBlock", "split_dims",
-           "shard", "gather_shards", "FuncolBytes", "tp_plan", "tp_worker", "mesh2d_worker",
+           "shard_of", "gather_shards", "FuncolBytes", "tp_plan", "tp_worker", "mesh2d_worker",
            "block_inputs", "block_loss"]
 
 
 # --- the small transformer block (the unsplit reference) --------------------------------------
-class MLP(nn.Module):
+class SmallMLP(nn.Module):
     """Linear up to `hidden`, GELU, linear back down."""
 
     def __init__(self, width, hidden):
@@ -35,7 +35,7 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
-class Attention(nn.Module):
+class SmallAttention(nn.Module):
     """Causal self-attention with separate q, k, v projections (so each can be split by whole
     heads). The head count comes from the tensor: a rank holding half the heads just works."""
 
@@ -55,13 +55,13 @@ class Attention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
-class Block(nn.Module):
+class SmallBlock(nn.Module):
     """A pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
     def __init__(self, width=32, heads=4, hidden=None):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn, self.mlp = Attention(width, heads), MLP(width, hidden or 4 * width)
+        self.attn, self.mlp = SmallAttention(width, heads), SmallMLP(width, hidden or 4 * width)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -69,9 +69,9 @@ class Block(nn.Module):
 
 
 def small_block(width=32, heads=4, hidden=None, seed=0):
-    """The Block with weights from `seed` (every rank builds the same one)."""
+    """The SmallBlock with weights from `seed` (every rank builds the same one)."""
     torch.manual_seed(seed)
-    return Block(width, heads, hidden)
+    return SmallBlock(width, heads, hidden)
 
 
 def block_inputs(batch, seq, width, seed=0):
@@ -121,7 +121,7 @@ def reduce_from_tp(x, comm):
     return ReduceFromTP.apply(x, comm)
 
 
-def shard(t, dim, rank, k):
+def shard_of(t, dim, rank, k):
     """Rank `rank`'s slice of `t` along `dim` in k equal pieces (a copy)."""
     if t.shape[dim] % k:
         raise ValueError(f"size {t.shape[dim]} along dim {dim} does not split into {k} ranks")
@@ -131,12 +131,12 @@ def shard(t, dim, rank, k):
 def _sharded_linear(full, dim, rank, k, bias=True):
     """An nn.Linear holding rank's slice of `full` (dim 0: output columns, dim 1: input rows;
     a row-split keeps the whole bias, added once after the all-reduce)."""
-    w = shard(full.weight, dim, rank, k)
+    w = shard_of(full.weight, dim, rank, k)
     lin = nn.Linear(w.shape[1], w.shape[0], bias=bias)
     with torch.no_grad():
         lin.weight.copy_(w)
         if bias:
-            lin.bias.copy_(shard(full.bias, 0, rank, k) if dim == 0 else full.bias)
+            lin.bias.copy_(shard_of(full.bias, 0, rank, k) if dim == 0 else full.bias)
     return lin
 
 
@@ -181,7 +181,7 @@ class TPAttention(nn.Module):
 
 
 class TPBlock(nn.Module):
-    """The Block, tensor parallel: layer norms replicated, attention and MLP split."""
+    """The SmallBlock, tensor parallel: layer norms replicated, attention and MLP split."""
 
     def __init__(self, block, comm):
         super().__init__()
@@ -194,7 +194,7 @@ class TPBlock(nn.Module):
 
 
 def split_dims(names):
-    """For each parameter name of a Block/MLP: the dim it is split along across ranks (0 for
+    """For each parameter name of a SmallBlock/SmallMLP: the dim it is split along (0 for
     column-split weights and their biases, 1 for row-split weights), None if replicated."""
     dims = {}
     for name in names:
@@ -263,7 +263,7 @@ class FuncolBytes(TorchDispatchMode):
 
 
 def tp_plan(block=True, prepare_input=True):
-    """The parallelize_module plan for the Block (or for an MLP alone with block=False).
+    """The parallelize_module plan for the SmallBlock (or for a SmallMLP alone: block=False).
     prepare_input: turn the attention's input into one replicated DTensor, so q, k and v share
     it and backward all-reduces its gradient once, not once per projection."""
     from torch.distributed.tensor import Replicate
@@ -305,7 +305,7 @@ def _run(module, X, R, counter):
 
 
 def tp_worker(rank, world, cfg):
-    """spawn_ranks target: the from-scratch TP MLP and TP Block, and the DTensor Block (with and
+    """spawn_ranks target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
     without PrepareModuleInput), on the same weights and input. Returns {name: result} where a
     result has out, grads (this rank's slices) and the fwd/bwd logs of (op, bytes)."""
     device = cfg["device"]
@@ -330,7 +330,7 @@ def tp_worker(rank, world, cfg):
 
 
 def mesh2d_worker(rank, world, cfg):
-    """spawn_ranks target on 4 ranks: a 2x2 device mesh ("dp", "tp"); the Block tensor parallel
+    """spawn_ranks target on 4 ranks: a 2x2 device mesh ("dp", "tp"); the SmallBlock tensor parallel
     over "tp" (parallelize_module) and data parallel over "dp" (each dp group gets half of each
     global batch; gradients averaged over "dp" by FSDP2 fully_shard, or by an all-reduce where
     fully_shard is unavailable). SGD for cfg["steps"] steps; returns the full weights

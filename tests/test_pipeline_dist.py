@@ -4,9 +4,9 @@ gradient) on 2 gloo ranks; the schedules' live micro-batches; the same code on 4
 import pytest
 import torch
 
-from helpers.pipeline_dist import (cuts_by, gpipe_order, measured_bubble, one_f_one_b_order,
+from helpers.pipeline_dist import (cuts_by, gpipe_rank_order, one_f_one_b_rank_order,
                                    pipeline_net, pipeline_rank_step, pipeline_worker, stage_of,
-                                   unsplit_step)
+                                   timeline_bubble, unsplit_step)
 from helpers.ranks import run_threads, spawn_ranks
 
 NET = dict(vocab=64, width=16, depth=4)
@@ -19,7 +19,8 @@ RUNS = [dict(schedule="gpipe", m=M, cuts=[3]), dict(schedule="1f1b", m=M, cuts=[
 
 def batch(seed=3):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, NET["vocab"], (N,), generator=g), torch.randint(0, 10, (N,), generator=g)
+    return (torch.randint(0, NET["vocab"], (N,), generator=g),
+            torch.randint(0, 10, (N,), generator=g))
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +74,17 @@ def test_live_microbatches(ranks):
 def test_timelines_give_a_bubble(ranks):
     tls = [r[0]["timelines"][0] for r in ranks]
     assert all(len(tl) == 2 * M for tl in tls)
-    assert 0 < measured_bubble(tls) < 1
+    assert 0 < timeline_bubble(tls) < 1
 
 
 def test_orders():
     for m, p in [(1, 4), (3, 4), (8, 4), (5, 2)]:
         for rank in range(p):
-            for order in (gpipe_order(m, p, rank), one_f_one_b_order(m, p, rank)):
+            for order in (gpipe_rank_order(m, p, rank), one_f_one_b_rank_order(m, p, rank)):
                 assert sorted(order) == sorted([("F", j) for j in range(m)] +
                                                [("B", j) for j in range(m)])
                 assert all(order.index(("F", j)) < order.index(("B", j)) for j in range(m))
-    assert one_f_one_b_order(4, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+    assert one_f_one_b_rank_order(4, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
                                           ("F", 3), ("B", 2), ("B", 3)]
 
 
@@ -96,7 +97,7 @@ def _thread_step(comm, net, cuts, X, y, m, schedule):
     return out, [p.grad for p in stage.parameters()]
 
 
-@pytest.mark.parametrize("schedule", [gpipe_order, one_f_one_b_order])
+@pytest.mark.parametrize("schedule", [gpipe_rank_order, one_f_one_b_rank_order])
 def test_four_stages_on_threads(schedule):
     """The same rank code on 4 ranks (threads standing in for processes), 6 micro-batches."""
     net = pipeline_net(**NET)
@@ -109,7 +110,7 @@ def test_four_stages_on_threads(schedule):
     for a, b in zip(got, grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     peaks = [r[0]["peak_live"] for r in results]
-    assert peaks == ([6] * 4 if schedule is gpipe_order else [4, 3, 2, 1])
+    assert peaks == ([6] * 4 if schedule is gpipe_rank_order else [4, 3, 2, 1])
     assert [c.calls("send") for c in comms] == [6, 12, 12, 6]
 
 

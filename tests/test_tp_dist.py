@@ -1,4 +1,4 @@
-"""Tensor parallel across processes (helpers/tp_dist.py): the Megatron MLP and the block with
+"""Tensor parallel across processes (helpers/tp_dist.py): the Megatron SmallMLP and the block with
 attention split by heads, from scratch (f/g over torch.distributed) and with DTensor, equal to
 the unsplit block (outputs, parameter and input gradients) on 2 gloo ranks, with the
 communication each does counted; the same code on 4 thread-ranks."""
@@ -53,7 +53,7 @@ def test_shards_are_half(ranks, name):
 
 
 def test_one_all_reduce_each_way_per_sublayer(ranks):
-    """Megatron: one all-reduce of one activation in forward and one in backward, per MLP (and
+    """Megatron: one all-reduce of one activation in forward and one in backward, per SmallMLP (and
     per attention); DTensor with PrepareModuleInput does the same, without it one per q/k/v."""
     ops = lambda log: [(op, b) for op, _, b in log]                          # noqa: E731
     r = ranks[0]

@@ -5,3 +5,4 @@ from .splits import *           # noqa: F401,F403  Part I
 from .scratch import *          # noqa: F401,F403  Part II
 from .concise import *          # noqa: F401,F403  Part III
 from .fast import *             # noqa: F401,F403  Part IV
+from .splits_dist import *      # noqa: F401,F403  Part VI
