@@ -19,7 +19,7 @@ from .ranks import DistComm
 
 __all__ = ["pipeline_net", "stage_of", "gpipe_rank_order", "one_f_one_b_rank_order",
            "pipeline_rank_step", "unsplit_step", "timeline_bubble", "busy_times", "layer_times",
-           "cuts_by", "pipeline_worker", "pipelining_available", "sum_loss"]
+           "cuts_by", "pipeline_worker", "pipelining_available", "sum_loss", "as_schedule"]
 
 
 def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
@@ -82,6 +82,12 @@ class _SavedBytes:
         self.hooks.__exit__(*exc)
 
 
+def _sync(t):
+    """On a GPU, wait for the queued work before reading the clock (else the boxes are short)."""
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+
+
 def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, in_shape,
                        loss_fn=sum_loss):
     """One training step of this rank's stage, in the given order of ("F"|"B", micro-batch).
@@ -110,6 +116,7 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
                 out = stage(h)
                 if last:
                     out = loss_fn(out, ys[j]) / batch_size
+            _sync(out)
             timeline.append(dict(stage=r, micro=j, phase="F", start=start,
                                  end=time.perf_counter()))
             if last:
@@ -125,6 +132,7 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
             grad = None if last else comm.recv(r + 1, out.shape, tag=j)
             start = time.perf_counter()
             out.backward(grad)
+            _sync(out)
             timeline.append(dict(stage=r, micro=j, phase="B", start=start,
                                  end=time.perf_counter()))
             if not first:
@@ -157,6 +165,14 @@ def timeline_bubble(timelines):
     events = [e for tl in timelines for e in tl]
     span = max(e["end"] for e in events) - min(e["start"] for e in events)
     return 1 - sum(busy_times(timelines)) / (len(timelines) * span)
+
+
+def as_schedule(timelines):
+    """The per-rank timelines as one list for helpers.plot_schedule(clock="time"): seconds since
+    the first box started on any rank."""
+    t0 = min(e["start"] for tl in timelines for e in tl)
+    return [dict(e, start=e["start"] - t0, end=e["end"] - t0, tick=0)
+            for tl in timelines for e in tl]
 
 
 def layer_times(net, X, y, repeats=5, loss_fn=sum_loss):
@@ -285,7 +301,7 @@ def _pipelining_run(net, cuts, rank, world, device, X, y, m, schedule):
         sched.step()
     grads = {i: [p.grad.detach().cpu().clone() for p in mod.stage.parameters()]
              for i, mod in zip(ids, mods)}
-    loss = float(sum(float(v) for v in losses)) if rank == last_rank else None
+    loss = float(sum(float(v.detach()) for v in losses)) if rank == last_rank else None
     return dict(loss=loss, timeline=timeline, grads=grads, cuts=bounds_cuts)
 
 
