@@ -19,7 +19,8 @@ from .ranks import DistComm
 
 __all__ = ["pipeline_net", "stage_of", "gpipe_rank_order", "one_f_one_b_rank_order",
            "pipeline_rank_step", "unsplit_step", "timeline_bubble", "busy_times", "layer_times",
-           "cuts_by", "pipeline_worker", "pipelining_available", "sum_loss", "as_schedule"]
+           "cuts_by", "pipeline_worker", "pipelining_available", "sum_loss", "as_schedule",
+           "LiveActivations"]
 
 
 def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
@@ -58,23 +59,61 @@ def one_f_one_b_rank_order(m, p, rank):
     return order + [("B", j) for j in range(m - warm, m)]
 
 
-class _SavedBytes:
-    """Bytes autograd saves for backward (torch.autograd.graph.saved_tensors_hooks), each storage
-    counted once, the stage's parameters left out: the activations a micro-batch keeps alive."""
+class LiveActivations:
+    """What autograd keeps alive on one rank, measured: every tensor saved for backward
+    (torch.autograd.graph.saved_tensors_hooks) is wrapped in a holder that reports when autograd
+    frees it (after that micro-batch's backward, or when its graph is dropped). A micro-batch
+    is live while any of its saved tensors is; parameters are not counted as activations."""
 
-    def __init__(self, params):
+    def __init__(self):
+        self.live, self.bytes, self.peak_live, self.peak_bytes = 0, 0, 0, 0
+
+    def micro_batch(self, params):
+        """Context manager: everything saved inside belongs to one new micro-batch."""
+        return _MicroBatch(self, params)
+
+    def _grow(self, n_live, n_bytes):
+        self.live += n_live
+        self.bytes += n_bytes
+        self.peak_live = max(self.peak_live, self.live)
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+
+class _Held:
+    __slots__ = ("t", "mb", "nbytes")
+
+    def __init__(self, t, mb, nbytes):
+        self.t, self.mb, self.nbytes = t, mb, nbytes
+
+    def __del__(self):
+        self.mb.release(self.nbytes)
+
+
+class _MicroBatch:
+    def __init__(self, tracker, params):
+        self.tracker, self.held, self.seen = tracker, 0, set()
         self.skip = {p.untyped_storage().data_ptr() for p in params}
-        self.seen, self.bytes = set(), 0
+        self.bytes = 0
 
     def pack(self, t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in self.skip and s.data_ptr() not in self.seen:
-            self.seen.add(s.data_ptr())
-            self.bytes += s.nbytes()
-        return t
+        ptr = t.untyped_storage().data_ptr()
+        nbytes = 0
+        if ptr not in self.skip and ptr not in self.seen and not t.is_meta:
+            self.seen.add(ptr)
+            nbytes = t.untyped_storage().nbytes()
+        if self.held == 0:
+            self.tracker._grow(1, 0)           # the micro-batch becomes live
+        self.held += 1
+        self.bytes += nbytes
+        self.tracker._grow(0, nbytes)
+        return _Held(t, self, nbytes)
+
+    def release(self, nbytes):
+        self.held -= 1
+        self.tracker._grow(-1 if self.held == 0 else 0, -nbytes)
 
     def __enter__(self):
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda h: h.t)
         self.hooks.__enter__()
         return self
 
@@ -96,7 +135,8 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
     (rows, *in_shape)); the last rank computes loss_fn(out, y_j) / batch_size, so the stages'
     .grad add up to the gradient of the mean loss, as one unsplit step. Returns dict(loss (last
     rank, else None), timeline: dicts stage/micro/phase/start/end (time.perf_counter seconds),
-    peak_live: most micro-batches held at once, peak_bytes: most activation bytes held at once).
+    peak_live: most micro-batches whose saved activations autograd held at once, peak_bytes:
+    most bytes of them (LiveActivations)).
     """
     r, p, m = comm.rank, comm.world, num_microbatches
     first, last = r == 0, r == p - 1
@@ -104,7 +144,8 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
     Xs = X.tensor_split(m) if first else None
     ys = y.tensor_split(m) if last else None
     params = list(stage.parameters())
-    held, total, timeline, live, peak, peak_bytes = {}, 0.0, [], 0, 0, 0
+    acts = LiveActivations()
+    held, total, timeline = {}, 0.0, []
     for phase, j in order:
         if phase == "F":
             if first:
@@ -112,7 +153,7 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
             else:
                 h = comm.recv(r - 1, (rows[j], *in_shape), tag=j).requires_grad_()
             start = time.perf_counter()
-            with _SavedBytes(params) as saved:
+            with acts.micro_batch(params):
                 out = stage(h)
                 if last:
                     out = loss_fn(out, ys[j]) / batch_size
@@ -123,12 +164,9 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
                 total += float(out.detach())
             else:
                 comm.send(out, r + 1, tag=j)
-            held[j] = (h, out, saved.bytes)
-            live += 1
-            peak = max(peak, live)
-            peak_bytes = max(peak_bytes, sum(b for _, _, b in held.values()))
+            held[j] = (h, out)
         else:
-            h, out, _ = held.pop(j)
+            h, out = held.pop(j)
             grad = None if last else comm.recv(r + 1, out.shape, tag=j)
             start = time.perf_counter()
             out.backward(grad)
@@ -137,12 +175,12 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
                                  end=time.perf_counter()))
             if not first:
                 comm.send(h.grad, r - 1, tag=j)
-            live -= 1
+            del h, out                    # autograd has freed what it saved for j
     comm.wait()
     if held:
         raise RuntimeError(f"rank {r}: micro-batches {sorted(held)} never ran backward")
-    return dict(loss=total if last else None, timeline=timeline, peak_live=peak,
-                peak_bytes=peak_bytes)
+    return dict(loss=total if last else None, timeline=timeline, peak_live=acts.peak_live,
+                peak_bytes=acts.peak_bytes)
 
 
 def unsplit_step(net, X, y, loss_fn=sum_loss):
@@ -234,11 +272,12 @@ class _Mark(torch.autograd.Function):
 
 class _Timed(nn.Module):
     """A stage that records its F and B boxes (backward: from the gradient reaching the output
-    to the gradient leaving the first float tensor of the stage)."""
+    to the gradient leaving the first float tensor of the stage) and the activations autograd
+    saves for each micro-batch until its backward. `memory` is shared by a rank's stages."""
 
-    def __init__(self, stage, rank, timeline):
+    def __init__(self, stage, rank, timeline, memory):
         super().__init__()
-        self.stage, self.rank, self.timeline = stage, rank, timeline
+        self.stage, self.rank, self.timeline, self.memory = stage, rank, timeline, memory
         self.f = self.b = 0
 
     def _b_start(self):
@@ -250,14 +289,17 @@ class _Timed(nn.Module):
         self.b += 1
 
     def forward(self, x):
+        if x.is_meta or not torch.is_grad_enabled():   # PipelineStage's shape inference
+            return self.stage(x)
         start = time.perf_counter()
         layers = list(self.stage)
-        if not x.is_floating_point():      # token ids: mark after the embedding
-            x, layers = layers[0](x), layers[1:]
-        x = _Mark.apply(x, self._b_end)
-        for layer in layers:
-            x = layer(x)
-        x = _Mark.apply(x, self._b_start)
+        with self.memory.micro_batch(self.stage.parameters()):
+            if not x.is_floating_point():      # token ids: mark after the embedding
+                x, layers = layers[0](x), layers[1:]
+            x = _Mark.apply(x, self._b_end)
+            for layer in layers:
+                x = layer(x)
+            x = _Mark.apply(x, self._b_start)
         self.timeline.append(dict(stage=self.rank, micro=self.f, phase="F", start=start,
                                   end=time.perf_counter()))
         self.f += 1
@@ -271,38 +313,45 @@ def _schedule_kwargs(cls, n_microbatches, loss_fn):
     return kw
 
 
-def _pipelining_run(net, cuts, rank, world, device, X, y, m, schedule):
-    """One step of torch.distributed.pipelining's `schedule` (class name); returns what
-    pipeline_rank_step returns (no activation counts) plus this rank's gradients."""
+def _pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats):
+    """`repeats` steps of torch.distributed.pipelining's `schedule` (a class name) on stages
+    built once. Returns the first step's loss and this rank's gradients, every step's
+    timeline, and the activations autograd held at the peak of the last step (the first step
+    also runs each stage once to infer shapes)."""
     import torch.distributed.pipelining as pp
     n = X.shape[0]
     loss_fn = lambda out, t: sum_loss(out, t) / n                           # noqa: E731
-    timeline = []
+    timeline, memory = [], LiveActivations()
     interleaved = schedule in ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS")
     per_rank = 2 if interleaved else 1
     num_stages = world * per_rank
     ids = [rank + k * world for k in range(per_rank)]      # looped placement: r, r + world
     bounds_cuts = cuts if len(cuts) == num_stages - 1 else cuts_by(
         [1] * len(net), num_stages)
-    mods = [_Timed(stage_of(net, bounds_cuts, i).to(device), rank, timeline) for i in ids]
+    mods = [_Timed(stage_of(net, bounds_cuts, i).to(device), rank, timeline, memory)
+            for i in ids]
     stages = [pp.PipelineStage(mod, i, num_stages, device) for mod, i in zip(mods, ids)]
     cls = getattr(pp, schedule)
     sched = cls(stages if interleaved else stages[0], **_schedule_kwargs(cls, m, loss_fn))
-    losses = []
-    Xs = X.to(device) if rank == 0 else None
     last_rank = (num_stages - 1) % world
-    if rank == 0 and rank == last_rank:
-        sched.step(Xs, target=y.to(device), losses=losses)
-    elif rank == 0:
-        sched.step(Xs)
-    elif rank == last_rank:
-        sched.step(target=y.to(device), losses=losses)
-    else:
-        sched.step()
-    grads = {i: [p.grad.detach().cpu().clone() for p in mod.stage.parameters()]
-             for i, mod in zip(ids, mods)}
-    loss = float(sum(float(v.detach()) for v in losses)) if rank == last_rank else None
-    return dict(loss=loss, timeline=timeline, grads=grads, cuts=bounds_cuts)
+    out = dict(timelines=[], cuts=bounds_cuts)
+    for rep in range(repeats):
+        for mod in mods:
+            mod.zero_grad()
+            mod.f = mod.b = 0
+        timeline.clear()
+        memory.__init__()
+        losses = []
+        kwargs = dict(target=y.to(device), losses=losses) if rank == last_rank else {}
+        sched.step(*([X.to(device)] if rank == 0 else []), **kwargs)
+        out["timelines"].append(list(timeline))
+        if rep == 0:
+            out["grads"] = {i: [p.grad.detach().cpu().clone() for p in mod.stage.parameters()]
+                            for i, mod in zip(ids, mods)}
+            out["loss"] = (float(sum(float(v.detach()) for v in losses))
+                           if rank == last_rank else None)
+    out.update(peak_live=memory.peak_live, peak_bytes=memory.peak_bytes)
+    return out
 
 
 def pipeline_worker(rank, world, cfg):
@@ -327,12 +376,8 @@ def pipeline_worker(rank, world, cfg):
                 out["skipped"] = f"torch {torch.__version__} has no {run['schedule']}"
                 results.append(out)
                 continue
-            for rep in range(run.get("repeats", 1)):
-                got = _pipelining_run(net, run["cuts"], rank, world, device, X, y, run["m"],
-                                      run["schedule"])
-                out["timelines"].append(got.pop("timeline"))
-                if rep == 0:
-                    out.update(got)
+            out.update(_pipelining_runs(net, run["cuts"], rank, world, device, X, y,
+                                        run["m"], run["schedule"], run.get("repeats", 1)))
             results.append(out)
             continue
         stage = stage_of(net, run["cuts"], rank)
