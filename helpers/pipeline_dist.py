@@ -354,11 +354,32 @@ def _pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats)
     return out
 
 
+def _pingpong(comm, rank, shape, repeats):
+    """Half the round trip of a `shape` float32 message from rank 0 to rank 1 and back, per
+    repeat (seconds, measured on rank 0); other ranks take no part."""
+    times = []
+    t = torch.ones(shape, device=comm.device)
+    for k in range(repeats + 1):               # the first round warms the connection up
+        start = time.perf_counter()
+        if rank == 0:
+            comm.send(t, 1, tag=10_000 + k)
+            comm.recv(1, shape, tag=20_000 + k)
+        elif rank == 1:
+            back = comm.recv(0, shape, tag=10_000 + k)
+            comm.send(back, 0, tag=20_000 + k)
+        comm.wait()
+        if k:
+            times.append((time.perf_counter() - start) / 2)
+    comm.log = []
+    return times
+
+
 def pipeline_worker(rank, world, cfg):
     """spawn_ranks target, several runs in one launch. cfg: net (kwargs of pipeline_net),
     batch_size, seed, runs: list of dict(kind="scratch"|"pipelining", schedule ("gpipe",
-    "1f1b" or a torch schedule class name), m, cuts, repeats). Returns one dict per run:
-    loss, grads (of the first repeat), timelines (one per repeat), peak_live, peak_bytes."""
+    "1f1b" or a torch schedule class name), m, cuts, repeats), or dict(kind="pingpong", rows,
+    repeats). Returns one dict per run: loss, grads (of the first repeat), timelines (one per
+    repeat), peak_live, peak_bytes; for a ping-pong, seconds (one-way, per repeat)."""
     device = cfg["device"]
     net = pipeline_net(**cfg.get("net", {})).to(device)
     g = torch.Generator().manual_seed(cfg.get("seed", 0))
@@ -371,6 +392,10 @@ def pipeline_worker(rank, world, cfg):
     results = []
     for run in cfg["runs"]:
         out = dict(run, timelines=[], skipped=None)
+        if run.get("kind") == "pingpong":       # one-way time of a message between 0 and 1
+            out["seconds"] = _pingpong(comm, rank, (run["rows"], width), run["repeats"])
+            results.append(out)
+            continue
         if run.get("kind", "scratch") == "pipelining":
             if not pipelining_available(run["schedule"]):
                 out["skipped"] = f"torch {torch.__version__} has no {run['schedule']}"

@@ -15,7 +15,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from .devices import num_gpus
+from .devices import exact_float32, num_gpus
 from .distributed import choose_backend, free_port, setup, teardown
 
 __all__ = ["DistComm", "ThreadWorld", "ThreadComm", "run_threads", "spawn_ranks",
@@ -170,7 +170,8 @@ def backend_line(world):
 
 def _spawned(rank, world, port, fn, cfg, out):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)   # one thread per rank: ranks share the machine's cores
+    exact_float32()            # every worker compares float32 results with the unsplit model
     _, _, device = setup(rank, world, master_port=port, timeout=cfg.get("timeout", 120))
     if dist.get_backend() != "nccl":
         device = torch.device("cpu")   # gloo: tensors stay on the CPU (see backend_line)
