@@ -37,6 +37,8 @@ def _threads(fn, world, *args):
 def _timelines(g, p, m, equal):
     """Per-rank timelines of a GPipe step with stage times that are equal or not."""
     base = [1.0] * p if equal else [randint(g, 1, 9) / 4 for _ in range(p)]
+    if not equal:
+        base[-1] = base[0] + randint(g, 1, 4) / 4      # at least two stages differ
     done = [[0.0] * m for _ in range(p)]
     tls, free = [[] for _ in range(p)], [0.0] * p
     for j in range(m):
@@ -296,8 +298,8 @@ def check_tp_ring_bytes(fn):
     def body(fn):
         from ..tp_dist import small_block
         g = fresh_generator()
-        for _ in range(3):
-            k = (2, 4)[randint(g, 0, 1)]
+        for case in range(3):   # k = 4 always once: for k = 2 the ring sends the payload
+            k = 4 if case == 0 else (2, 4)[randint(g, 0, 1)]
             batch, seq, heads = randint(g, 1, 3), randint(g, 2, 5), k * randint(g, 1, 2)
             width = heads * randint(g, 1, 3)
             with torch.random.fork_rng():      # leave the notebook's random numbers alone
