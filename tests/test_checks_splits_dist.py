@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.checks import (check_cuts_for_times, check_dp_average, check_idle_share,
+                            check_local_shape,
                             check_megatron_mlp, check_mesh_groups, check_pipeline_forward,
                             check_row_parallel_linear, check_tp_ring_bytes)
 from helpers.costs import balanced_cuts
@@ -87,6 +88,16 @@ def dp_average(grads, comm):
     ### END SOLUTION
 
 
+def local_shape(shape, split_dim, dp, tp):
+    ### BEGIN SOLUTION
+    shape = list(shape)
+    if split_dim is not None:
+        shape[split_dim] //= tp       # tensor parallel slice
+    shape[0] //= dp                   # FSDP shards dim 0 of what is left
+    return tuple(shape)
+    ### END SOLUTION
+
+
 def stub(*args):
     raise NotImplementedError()
 
@@ -94,7 +105,8 @@ def stub(*args):
 CASES = [(check_idle_share, idle_share), (check_pipeline_forward, pipeline_forward),
          (check_cuts_for_times, cuts_for_times), (check_row_parallel_linear, row_parallel_linear),
          (check_megatron_mlp, megatron_mlp), (check_tp_ring_bytes, tp_ring_bytes),
-         (check_mesh_groups, mesh_groups), (check_dp_average, dp_average)]
+         (check_mesh_groups, mesh_groups), (check_dp_average, dp_average),
+         (check_local_shape, local_shape)]
 IDS = [c.__name__ for c, _ in CASES]
 
 
@@ -263,3 +275,28 @@ def test_dp_average_wrong():
     failed(check_dp_average(divide_only), "never called all_reduce")
     failed(check_dp_average(sum_only), "divide")
     failed(check_dp_average(new_tensors), "in place")
+
+
+def test_local_shape_wrong():
+    def tp_only(shape, split_dim, dp, tp):
+        shape = list(shape)
+        if split_dim is not None:
+            shape[split_dim] //= tp
+        return tuple(shape)
+
+    def both_on_dim0(shape, split_dim, dp, tp):     # FSDP and TP along the same dim always
+        shape = list(shape)
+        shape[0] //= dp * (tp if split_dim is not None else 1)
+        return tuple(shape)
+
+    def fsdp_ignores_replicated(shape, split_dim, dp, tp):
+        shape = list(shape)
+        if split_dim is None:
+            return tuple(shape)
+        shape[split_dim] //= tp
+        shape[0] //= dp
+        return tuple(shape)
+
+    failed(check_local_shape(tp_only), "FSDP shards it again")
+    failed(check_local_shape(both_on_dim0), "row-wise")
+    failed(check_local_shape(fsdp_ignores_replicated), "replicated")

@@ -46,5 +46,7 @@ def test_mesh_coordinates_and_shards(ranks):
     shapes = ranks[0]["local_shapes"]
     # up: split by tp (columns) and by dp (FSDP's dim-0 shard): a quarter of the rows
     assert shapes["mlp.up.weight"] == (64 // 4, 16)
-    assert shapes["mlp.down.weight"] in ((16 // 2, 32), (16, 32))
+    # down: split by tp along its input (dim 1), then by FSDP along dim 0
+    assert shapes["mlp.down.weight"] == (16 // 2, 64 // 2)
+    assert shapes["ln1.weight"] == (16 // 2,)
     assert all(r["how"] == ranks[0]["how"] for r in ranks)

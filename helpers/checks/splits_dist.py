@@ -14,7 +14,7 @@ from ._core import CheckFailed, as_number, expect, fresh_generator, randint, run
 
 __all__ = ["check_idle_share", "check_pipeline_forward", "check_cuts_for_times",
            "check_row_parallel_linear", "check_megatron_mlp", "check_tp_ring_bytes",
-           "check_mesh_groups", "check_dp_average"]
+           "check_mesh_groups", "check_dp_average", "check_local_shape"]
 
 TIMEOUT = 2.0   # seconds a thread-rank waits for a message that never comes
 
@@ -385,3 +385,47 @@ def check_dp_average(fn):
                            "(the tensors must be changed in place)")
 
     return run_check("dp_average", body, fn)
+
+
+def check_local_shape(fn):
+    """fn(shape, split_dim, dp, tp) -> the shape one rank holds of a weight of `shape` split by
+    tensor parallelism along `split_dim` (0: column-wise, 1: row-wise, None: replicated) over
+    tp ranks, then sharded by FSDP (fully_shard shards dim 0) over dp ranks."""
+
+    def body(fn):
+        g = fresh_generator()
+        for _ in range(4):
+            dp, tp = randint(g, 2, 4), randint(g, 2, 4)
+            while dp == tp:
+                tp = randint(g, 2, 4)
+            for split_dim in (0, 1, None):
+                shape = [dp * tp * randint(g, 1, 3), tp * randint(g, 1, 3)]
+                if split_dim is None:
+                    shape = [dp * randint(g, 1, 5)]
+                want = list(shape)
+                if split_dim is not None:
+                    want[split_dim] //= tp
+                want[0] //= dp
+                call = f"local_shape({tuple(shape)}, {split_dim}, dp={dp}, tp={tp})"
+                got = fn(tuple(shape), split_dim, dp, tp)
+                try:
+                    got = [int(v) for v in got]
+                except (TypeError, ValueError):
+                    raise CheckFailed(f"{call} returned {got!r}, expected a shape")
+                if got == want:
+                    continue
+                only_tp = list(shape)
+                if split_dim is not None:
+                    only_tp[split_dim] //= tp
+                if split_dim is None and got == list(shape):
+                    msg = "a replicated weight is still sharded by FSDP over dp"
+                elif got == only_tp:
+                    msg = "that is the tensor-parallel slice; FSDP shards it again over dp"
+                elif split_dim == 1 and got[0] * dp * tp == shape[0]:
+                    msg = ("a row-wise weight is split along dim 1 by tp; FSDP then shards "
+                           "dim 0 over dp")
+                else:
+                    msg = f"expected {tuple(want)}"
+                raise CheckFailed(f"{call} returned {tuple(got)}: {msg}")
+
+    return run_check("local_shape", body, fn)
