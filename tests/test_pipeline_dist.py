@@ -123,3 +123,19 @@ def test_four_stages_on_threads(schedule):
 def test_cuts_by_balance():
     assert cuts_by([10, 1, 1, 1, 1], 2) == [1]
     assert cuts_by([0.0, 1, 1, 1, 1], 2) == [3]
+
+
+def test_spawn_refuses_a_notebook_function():
+    def worker(rank, world, cfg):
+        return rank
+    worker.__module__ = "__main__"
+    with pytest.raises(ValueError, match="cannot pickle"):
+        spawn_ranks(worker, 2, quiet=True)
+
+
+def test_a_missing_send_times_out_with_a_message():
+    def lonely(comm):
+        if comm.rank == 1:
+            comm.recv(0, (2,))
+    with pytest.raises(TimeoutError, match="never sent"):
+        run_threads(lonely, 2, timeout=0.2)
