@@ -17,6 +17,9 @@ ddp_scratch  Part III: DDPFromScratch, data parallelism across processes built b
 zero      Part V: ZeRO-1 (ShardedOptimizer) and ZeRO-2 (Zero2); fsdp_scratch: ZeRO-3, FSDPFromScratch
 tiny_models  Part V: a deep MLP and a tiny decoder-only transformer; traffic: bytes sent, counted
 shard_workers  Parts III and V: multi-process experiments started from notebooks (run_ranks)
+ranks     Part VI: send/recv/all-reduce over torch.distributed or threads, counted; spawn_ranks
+pipeline_dist  Part VI: a pipeline across processes (GPipe, 1F1B), torch's pipelining
+tp_dist   Part VI: tensor parallel across processes (Megatron f/g, heads), DTensor, a 2D mesh
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -44,3 +47,6 @@ from .zero import *          # noqa: F401,F403
 from .fsdp_scratch import *  # noqa: F401,F403
 from .traffic import *       # noqa: F401,F403
 from .shard_workers import *  # noqa: F401,F403
+from .ranks import *         # noqa: F401,F403
+from .pipeline_dist import * # noqa: F401,F403
+from .tp_dist import *       # noqa: F401,F403

@@ -7,3 +7,4 @@ from .concise import *          # noqa: F401,F403  Part III
 from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
 from .fast import *             # noqa: F401,F403  Part IV
 from .sharding import *         # noqa: F401,F403  Part III (DDP from scratch) and Part V
+from .splits_dist import *      # noqa: F401,F403  Part VI
