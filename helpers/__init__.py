@@ -9,6 +9,8 @@ plotting  live training plot, progress bar, glue
 splits    Part I: splitting a model across layers and within a layer (costs: what each split costs)
 distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
+workers   Part IV: real data-parallel worker processes on a CPU (gloo, one thread each, pinned)
+gpu_reference  Part IV: the committed GPU reference run, shown beside the reader's figures
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -26,3 +28,5 @@ from .distributed import *   # noqa: F401,F403
 from .ddp_worker import *    # noqa: F401,F403
 from .fast import *          # noqa: F401,F403
 from .comm import *          # noqa: F401,F403
+from .workers import *       # noqa: F401,F403
+from .gpu_reference import *  # noqa: F401,F403
