@@ -10,6 +10,7 @@ splits    Part I: splitting a model across layers and within a layer (costs: wha
 distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
 workers   Part IV: real data-parallel worker processes on a CPU (gloo, one thread each, pinned)
+profiling Part IV: the profiler without native log noise, counting a step's calls
 gpu_reference  Part IV: the committed GPU reference run, shown beside the reader's figures
 checks    exercise checks (imported as helpers.checks)
 """
@@ -30,3 +31,4 @@ from .fast import *          # noqa: F401,F403
 from .comm import *          # noqa: F401,F403
 from .workers import *       # noqa: F401,F403
 from .gpu_reference import *  # noqa: F401,F403
+from .profiling import *     # noqa: F401,F403
