@@ -54,86 +54,105 @@ def _flat_params(params):
     return flat_replica(params, torch.device("cpu"))
 
 
-def _timed_run(run, rank, world_size, X, y, lr, seed):
-    """Time `run['reps']` repeats of `run['steps']` data-parallel SGD steps on this rank."""
-    import torch.distributed as dist
+class _Trainer:
+    """One rank's share of one timing run for k workers: its own LeNet (same initialisation on
+    every rank) and its own generator of global batches (the same on every rank and every k)."""
 
-    from .models import init_lenet_params, lenet, loss
-    from .training import sgd
-    B, mode = run["global_batch"], run.get("mode", "fast")
-    if mode not in MODES:
-        raise ValueError(f"mode {mode!r}: use one of {MODES}")
-    if B % world_size:
-        raise ValueError(f"global batch {B} does not split evenly over {world_size} workers")
-    if mode == "fast":
-        flat, flat_grad, params = _flat_params(init_lenet_params(seed=seed))
-    else:
-        params = [p.requires_grad_() for p in init_lenet_params(seed=seed)]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-    g = torch.Generator().manual_seed(seed)   # the same global batches on every rank
-    n, reps, steps = X.shape[0], run["reps"], run["steps"]
-    out = dict(step_s=[], compute_s=[], comm_s=[], update_s=[])
-    for r in range(reps + 1):                  # repeat 0 warms up (allocations, first calls)
+    def __init__(self, run, k, lr, seed):
+        from .models import init_lenet_params
+        self.B, self.mode, self.k, self.lr = run["global_batch"], run.get("mode", "fast"), k, lr
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: use one of {MODES}")
+        if self.B % k:
+            raise ValueError(f"global batch {self.B} does not split evenly over {k} workers")
+        if self.mode == "fast":
+            self.flat, self.flat_grad, self.params = _flat_params(init_lenet_params(seed=seed))
+        else:
+            self.params = [p.requires_grad_() for p in init_lenet_params(seed=seed)]
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+        self.g = torch.Generator().manual_seed(seed)
+
+    def repeat(self, steps, rank, X, y, group):
+        """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update."""
+        import torch.distributed as dist
+
+        from .models import lenet, loss
+        from .training import sgd
         comp = comm = upd = 0.0
-        if world_size > 1:
-            dist.barrier()
         t_start = time.perf_counter()
         for _ in range(steps):
-            idx = torch.randint(0, n, (B,), generator=g).tensor_split(world_size)[rank]
+            idx = torch.randint(0, X.shape[0], (self.B,), generator=self.g)
+            idx = idx.tensor_split(self.k)[rank]
             t0 = time.perf_counter()
-            loss(lenet(X[idx], params), y[idx]).sum().backward()
+            loss(lenet(X[idx], self.params), y[idx]).sum().backward()
             t1 = time.perf_counter()
-            if world_size > 1:
-                if mode == "fast":
-                    dist.all_reduce(flat_grad)              # one message
+            if self.k > 1:
+                if self.mode == "fast":
+                    dist.all_reduce(self.flat_grad, group=group)    # one message
                 else:
-                    for p in params:                        # one message per tensor
-                        dist.all_reduce(p.grad)
+                    for p in self.params:                           # one message per tensor
+                        dist.all_reduce(p.grad, group=group)
             t2 = time.perf_counter()
-            if mode == "fast":
+            if self.mode == "fast":
                 with torch.no_grad():
-                    flat.sub_(flat_grad, alpha=lr / B)
-                    flat_grad.zero_()
+                    self.flat.sub_(self.flat_grad, alpha=self.lr / self.B)
+                    self.flat_grad.zero_()
             else:
-                sgd(params, lr, B)
+                sgd(self.params, self.lr, self.B)
             t3 = time.perf_counter()
             comp, comm, upd = comp + t1 - t0, comm + t2 - t1, upd + t3 - t2
         total = time.perf_counter() - t_start
-        if r > 0:
-            for key, v in zip(out, (total, comp, comm, upd)):
-                out[key].append(v / steps)
-    if run.get("return_params"):
-        out["params"] = [p.detach().tolist() for p in params]
-    return out
+        return [v / steps for v in (total, comp, comm, upd)]
 
 
 def dp_timing_worker(rank, world_size, port, cfg, out_path):
-    """mp.spawn target: run every timing in cfg['runs'] on this rank; rank 0 writes JSON.
+    """mp.spawn target: time every run of cfg['runs'] for every worker count of cfg['ks'] on
+    this rank; rank 0 writes JSON.
 
-    cfg: runs (list of dicts: name, global_batch, steps, reps, mode 'fast' or 'reference',
-    return_params), subset (training images to sample from), lr, seed. Step s of every repeat
-    trains on the s-th global batch of `torch.randint(0, n, (B,))` from a generator seeded with
-    `seed` (the same on every rank); rank r takes its `tensor_split` slice."""
+    cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
+    mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
+    The counts take turns within each repeat, all in this one set of processes, so that they
+    share the same conditions (a machine's load drifts): for k workers, ranks 0..k-1 train
+    (a process group of their own) while the others wait at a barrier. Repeat 0 warms up and is
+    not kept. Every k trains on the same global batches: `torch.randint(0, n, (B,))` from a
+    generator seeded with `seed`, rank r taking its `tensor_split` slice."""
+    import torch.distributed as dist
+
     from .data import load_tensors
     from .devices import exact_float32
     core = pin_to_core(rank)
     exact_float32()
     _init_gloo(rank, world_size, port)
-    import torch.distributed as dist
     try:
+        ks, lr, seed = cfg["ks"], cfg.get("lr", 0.2), cfg.get("seed", 0)
+        groups = {k: dist.new_group(list(range(k))) if 1 < k < world_size else None
+                  for k in ks}                       # every rank must call new_group
         X, y = load_tensors(True, cfg.get("subset", 4096))
-        results = {}
+        results = {str(k): {} for k in ks}
         for run in cfg["runs"]:
-            results[run["name"]] = _timed_run(run, rank, world_size, X, y, cfg.get("lr", 0.2),
-                                              cfg.get("seed", 0))
+            trainers = {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
+            out = {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": []} for k in ks}
+            for r in range(run["reps"] + 1):
+                for k in ks:
+                    if world_size > 1:
+                        dist.barrier()
+                    if rank < k:
+                        times = trainers[k].repeat(run["steps"], rank, X, y, groups[k])
+                        if r > 0:
+                            for key, v in zip(out[k], times):
+                                out[k][key].append(v)
+            for k in ks:
+                if run.get("return_params") and rank < k:
+                    out[k]["params"] = [p.detach().tolist() for p in trainers[k].params]
+                results[str(k)][run["name"]] = out[k]
         cores = [core]
         if world_size > 1:
             cores = [None] * world_size
             dist.all_gather_object(cores, core)
         if rank == 0:
-            _write_json(out_path, dict(results=results, cores=cores, world_size=world_size,
-                                       threads=torch.get_num_threads()))
+            _write_json(out_path, {"results": results, "cores": cores,
+                                   "threads": torch.get_num_threads()})
     finally:
         dist.destroy_process_group()
 
@@ -168,21 +187,27 @@ def _spawn(fn, world_size, args, timeout=600):
             os.environ["OMP_NUM_THREADS"] = old
 
 
-def time_data_parallel(world_size, runs, subset=4096, lr=0.2, seed=0):
-    """Run the timing `runs` (see dp_timing_worker) on `world_size` gloo worker processes, one
-    thread each, pinned to cores. Returns {name: {step_s, compute_s, comm_s, update_s: seconds
-    per step, one per repeat}} plus 'cores' (the core each rank ran on)."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
+def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0):
+    """Time the data-parallel `runs` (see dp_timing_worker) for each worker count in `ks` (an int
+    or a list), on max(ks) gloo worker processes with one thread each, pinned to cores; the
+    counts take turns in the same processes. Returns {k: {name: {step_s, compute_s, comm_s,
+    update_s: seconds per step, one per repeat}}} plus 'cores' (the core of each rank)."""
+    ks = [ks] if isinstance(ks, int) else sorted(set(ks))
+    if not ks or ks[0] < 1:
+        raise ValueError(f"worker counts must be at least 1, got {ks}")
     for run in runs:
         missing = {"name", "global_batch", "steps", "reps"} - set(run)
         if missing:
             raise ValueError(f"run {run} lacks {sorted(missing)}")
         if run["reps"] < 1 or run["steps"] < 1:
             raise ValueError(f"run {run['name']!r}: reps and steps must be at least 1")
-    cfg = dict(runs=list(runs), subset=subset, lr=lr, seed=seed)
-    got = _spawn(dp_timing_worker, world_size, (cfg,))
-    res = got["results"]
+        bad = [k for k in ks if run["global_batch"] % k]
+        if bad:
+            raise ValueError(f"run {run['name']!r}: global batch {run['global_batch']} does not "
+                             f"split evenly over {bad} workers")
+    cfg = {"ks": ks, "runs": list(runs), "subset": subset, "lr": lr, "seed": seed}
+    got = _spawn(dp_timing_worker, ks[-1], (cfg,))
+    res = {int(k): v for k, v in got["results"].items()}
     res["cores"] = got["cores"]
     return res
 
