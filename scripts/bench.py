@@ -14,7 +14,8 @@ The in-process rows run in this process (one thread on a CPU, so a rank is a cor
 ranks are spawned from it. For each row: median seconds per epoch (epochs 2 onwards) with its
 spread, final test accuracy, peak GPU memory, and its speed relative to the reference. Quick size
 (--quick, COURSE_QUICK=1) is for CI: it says that its figures are too short to compare. Full size
-is all of Fashion-MNIST for 10 epochs; on a CPU pass --epochs/--subset for a run of minutes.
+(on a GPU, or with COURSE_FULL=1) is all of Fashion-MNIST for 10 epochs; on a CPU the default is
+4 epochs of 10,240 images, minutes on 2 cores. --epochs/--subset override either.
 It reports figures; it is not a timed test.
 """
 import argparse
@@ -36,6 +37,7 @@ import torch  # noqa: E402
 import helpers  # noqa: E402
 
 QUICK = dict(num_epochs=3, subset=1024)
+CPU = dict(num_epochs=4, subset=10240)   # minutes on 2 cores: long enough for the ratios
 FULL = dict(num_epochs=10, subset=None)
 COMPILE_QUICK_ON_CPU = False   # a first CPU compile costs tens of seconds: too much for CI
 
@@ -86,6 +88,12 @@ def run_compiled(args, size):
         opt.zero_grad(set_to_none=False)
         return loss.detach()
 
+    import logging
+    logging.getLogger("torch").setLevel(logging.ERROR)   # compiler notes are not results
+    try:
+        torch._logging.set_logs(all=logging.ERROR)
+    except (AttributeError, TypeError):   # older torch: the logger level above suffices
+        pass
     compiled = torch.compile(step, mode="reduce-overhead")
     loader = helpers.ResidentLoader(X, y, args.batch_size, seed=args.seed)
     peak_memory_reset()
@@ -120,7 +128,8 @@ def main(argv=None):
 
     gpu = torch.cuda.is_available()
     quick = args.quick or helpers.quick()
-    size = dict(QUICK if quick else FULL)
+    with contextlib.redirect_stdout(io.StringIO()):
+        size = dict(QUICK if args.quick else helpers.choose(FULL, CPU, tiny=QUICK))
     if args.epochs is not None:
         size["num_epochs"] = args.epochs
     if args.subset is not None:
@@ -129,7 +138,7 @@ def main(argv=None):
     if not gpu:
         torch.set_num_threads(1)   # one core per rank everywhere: rows compare like with like
     where = torch.cuda.get_device_name(0) if gpu else f"CPU ({os.cpu_count()} cores)"
-    print(f"bench: {'quick' if quick else 'chosen'} size {size}, batch {args.batch_size}, "
+    print(f"bench: {'quick' if quick else 'full' if size == FULL else 'CPU'} size {size}, batch {args.batch_size}, "
           f"lr {args.lr}, on {where}, torch {torch.__version__}")
     if not gpu:
         print("bench: no GPU: in-process rows use 1 thread, each DDP rank is a gloo process with "
@@ -183,7 +192,7 @@ def main(argv=None):
     print(f"bench: {len(rows)} rows in {time.perf_counter() - t_start:.0f} s")
     if quick:
         print("bench: quick size: a few steps per epoch, so these figures are too short to "
-              "compare; run without --quick (with --epochs/--subset on a CPU) for ratios")
+              "compare; run without --quick for ratios")
     if args.json:
         out = dict(quick=quick, size=size, batch_size=args.batch_size, lr=args.lr, device=where,
                    torch=torch.__version__, python=platform.python_version(),
