@@ -31,7 +31,9 @@ def check_time_it(time_it):
         t = time_it(fn, [torch.device("cpu")], reps)
         expect(isinstance(t, float), f"return a float (seconds), got {type(t).__name__}")
         expect(len(calls) >= reps, f"fn ran {len(calls)} times, expected at least reps={reps}")
-        expect(delay * 0.9 <= t <= delay * 1.5 + 0.004,
+        # generous above (a loaded grading server wakes sleepers late), yet below the 3 calls
+        # or more that a total instead of a median adds up to
+        expect(delay * 0.9 <= t <= delay * 2.5,
                f"fn sleeps {delay * 1e3:.0f} ms a call but time_it says {t * 1e3:.2f} ms: "
                "return the median of per-call times, in seconds")
     return run_check("time_it", body)
