@@ -13,8 +13,8 @@ from .parallel import split_batch
 from .training import sgd
 
 __all__ = ["flatten", "unflatten_into", "flat_allreduce", "bucketed_allreduce", "ring_allreduce",
-           "ring_volume", "OverlapReducer", "train_batch_overlap", "allreduce_time", "fit_alpha_beta",
-           "gloo_allreduce_worker", "time_gloo_allreduce"]
+           "ring_volume", "OverlapReducer", "train_batch_overlap", "allreduce_time",
+           "fit_alpha_beta", "gloo_allreduce_worker", "time_gloo_allreduce"]
 
 
 def flatten(tensors):

@@ -80,7 +80,7 @@ class FastDataParallel:
                  replica_streams=False):
         self.devices, self.k = [torch.device(d) for d in devices], len(devices)
         self.flat_params, self.flat_grads, self.params = [], [], []
-        for d in self.devices:   # flatten copies: every replica owns its storage, even on one device
+        for d in self.devices:   # flatten copies: each replica owns its storage, even on one device
             fp, fg, views = flat_replica(params, d)
             self.flat_params.append(fp)
             self.flat_grads.append(fg)

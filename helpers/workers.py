@@ -220,8 +220,9 @@ def spread(times):
 # --- correctness across processes (tests): the course's allreduces against torch's --------------
 
 def allreduce_compare_worker(rank, world_size, port, cfg, out_path):
-    """mp.spawn target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with torch.distributed;
-    rank 0 writes the inputs of every rank and the results, for comparison in one process."""
+    """mp.spawn target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with
+    torch.distributed; rank 0 writes the inputs of every rank and the results, for comparison
+    in one process."""
     from .devices import exact_float32
     torch.set_num_threads(1)
     exact_float32()

@@ -138,7 +138,8 @@ def main(argv=None):
     if not gpu:
         torch.set_num_threads(1)   # one core per rank everywhere: rows compare like with like
     where = torch.cuda.get_device_name(0) if gpu else f"CPU ({os.cpu_count()} cores)"
-    print(f"bench: {'quick' if quick else 'full' if size == FULL else 'CPU'} size {size}, batch {args.batch_size}, "
+    label = "quick" if quick else "full" if size == FULL else "CPU"
+    print(f"bench: {label} size {size}, batch {args.batch_size}, "
           f"lr {args.lr}, on {where}, torch {torch.__version__}")
     if not gpu:
         print("bench: no GPU: in-process rows use 1 thread, each DDP rank is a gloo process with "

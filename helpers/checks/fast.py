@@ -6,8 +6,9 @@ import torch
 
 from ._core import expect, fresh_generator, run_check
 
-__all__ = ["check_time_it", "check_time_shares", "check_predicted_speedup", "check_bucket_allreduce",
-           "check_ring_allreduce", "check_amdahl_speedup", "check_fit_latency_bandwidth",
+__all__ = ["check_time_it", "check_time_shares", "check_predicted_speedup",
+           "check_bucket_allreduce", "check_ring_allreduce", "check_amdahl_speedup",
+           "check_fit_latency_bandwidth",
            "check_ring_allreduce_seconds", "check_crossover_bytes"]
 
 
