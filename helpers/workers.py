@@ -332,6 +332,7 @@ def bench_worker(rank, world_size, port, cfg, out_path):
                               for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
             results[wrapper] = dict(
                 epoch_times=times, test_acc=correct / len(y_test),
+                param_sum=float(sum(p.detach().double().abs().sum() for p in net.parameters())),
                 peak_mem_mib=torch.cuda.max_memory_allocated(device) / 2**20 if nccl else None)
         if rank == 0:
             _write_json(out_path, results)

@@ -169,6 +169,7 @@ def main(argv=None):
             r = got[w]
             rows.append(row(w, k, r["epoch_times"], r["test_acc"], r["peak_mem_mib"],
                             f"{backend}, {k} process(es)"))
+            rows[-1]["param_sum"] = r["param_sum"]   # the same for every rank count and wrapper
 
     ref = rows[0]["sec_per_epoch"]
     print(f"\n{'trainer':<10} {'ranks':>5} {'s/epoch':>9} {'spread':>17} {'test acc':>8} "
