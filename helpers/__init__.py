@@ -20,6 +20,9 @@ shard_workers  Parts III and V: multi-process experiments started from notebooks
 ranks     Part VI: send/recv/all-reduce over torch.distributed or threads, counted; spawn_ranks
 pipeline_dist  Part VI: a pipeline across processes (GPipe, 1F1B), torch's pipelining
 tp_dist   Part VI: tensor parallel across processes (Megatron f/g, heads), DTensor, a 2D mesh
+workers   Part IV: real data-parallel worker processes on a CPU (gloo, one thread each, pinned)
+profiling Part IV: the profiler without native log noise, counting a step's calls
+gpu_reference  Part IV: the committed GPU reference run, shown beside the reader's figures
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -50,3 +53,6 @@ from .shard_workers import *  # noqa: F401,F403
 from .ranks import *         # noqa: F401,F403
 from .pipeline_dist import * # noqa: F401,F403
 from .tp_dist import *       # noqa: F401,F403
+from .workers import *       # noqa: F401,F403
+from .gpu_reference import *  # noqa: F401,F403
+from .profiling import *     # noqa: F401,F403

@@ -13,8 +13,8 @@ from .parallel import split_batch
 from .training import sgd
 
 __all__ = ["flatten", "unflatten_into", "flat_allreduce", "bucketed_allreduce", "ring_allreduce",
-           "ring_volume", "OverlapReducer", "train_batch_overlap", "allreduce_time", "fit_alpha_beta",
-           "gloo_allreduce_worker", "time_gloo_allreduce"]
+           "ring_volume", "OverlapReducer", "train_batch_overlap", "allreduce_time",
+           "fit_alpha_beta", "gloo_allreduce_worker", "time_gloo_allreduce"]
 
 
 def flatten(tensors):
@@ -104,7 +104,10 @@ class OverlapReducer:
 
     `device_params[c]` are replica c's parameters. A post-accumulate-grad hook on each marks its
     gradient ready; when every replica's gradients of a bucket are ready, the bucket is reduced
-    at once (on CUDA, on a side stream), while autograd goes on computing earlier layers.
+    at once, while autograd goes on computing earlier layers. On CUDA only replica 0's GPU, where
+    the sum is formed, gets a side stream for the reduction; work on the other GPUs is queued on
+    their current streams. So replica 0's GPU overlaps the reduction with its backward; the other
+    GPUs do not (DDP gives every rank its own communication stream).
     Buckets are filled in reverse parameter order: the last layer's gradients arrive first.
     Call `wait()` after backward and before the optimizer step.
     """
@@ -225,6 +228,8 @@ def gloo_allreduce_worker(rank, world_size, sizes, reps, port, out_path, backend
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init: NCCL's communicator and barrier use this GPU
     dist.init_process_group(backend, rank=rank, world_size=world_size)
+    from .devices import exact_float32
+    exact_float32()   # no TF32 on GPUs in this process either
     results = {}
     try:
         warm = torch.ones(1024, device=device)

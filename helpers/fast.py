@@ -23,7 +23,8 @@ from .plotting import Animator
 from .training import evaluate_accuracy
 from .validate import check_lr, check_positive_int, check_seed
 
-__all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy"]
+__all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy",
+           "flat_replica"]
 
 
 class ResidentLoader:
@@ -78,23 +79,16 @@ class FastDataParallel:
 
     def __init__(self, params, devices, lr, X, y, cuda_graph=None, warmup=3, compile=False,
                  replica_streams=False):
-        self.devices, self.k, self.lr = [torch.device(d) for d in devices], len(devices), lr
-        shapes = [p.shape for p in params]
+        self.devices, self.k = [torch.device(d) for d in devices], len(devices)
         self.flat_params, self.flat_grads, self.params = [], [], []
-        for d in self.devices:
-            fp = flatten([p.detach() for p in params]).to(d)
-            if fp.data_ptr() in {f.data_ptr() for f in self.flat_params}:
-                fp = fp.clone()   # simulated devices: each replica owns its storage
-            fg, views, off = torch.zeros_like(fp), [], 0
-            for s in shapes:
-                m = math.prod(s)
-                v = fp[off:off + m].view(s).requires_grad_()
-                v.grad = fg[off:off + m].view(s)   # autograd accumulates into it, in place
-                views.append(v)
-                off += m
+        for d in self.devices:   # flatten copies: each replica owns its storage, even on one device
+            fp, fg, views = flat_replica(params, d)
             self.flat_params.append(fp)
             self.flat_grads.append(fg)
             self.params.append(views)
+        # lr lives in a tensor per device that the step reads (a CUDA graph replays the reads, so
+        # a schedule that sets `net.lr` each epoch takes effect; a float would be baked in)
+        self._lr = [torch.tensor(float(lr), device=d) for d in self.devices]
         self.data = {d: (X.to(d), y.to(d)) for d in dict.fromkeys(self.devices)}
         one_gpu = len(self.data) == 1 and self.devices[0].type == "cuda"
         if cuda_graph and not one_gpu:
@@ -113,6 +107,15 @@ class FastDataParallel:
         self.loss_fn = _replica_loss
         if compile:
             self.loss_fn = _try_compile(_replica_loss)
+
+    @property
+    def lr(self):
+        return self._lr[0].item()
+
+    @lr.setter
+    def lr(self, value):
+        for t in self._lr:   # in place: a captured graph reads these very tensors
+            t.fill_(float(value))
 
     def _step_eager(self, idx):
         if self.streams:
@@ -142,8 +145,8 @@ class FastDataParallel:
     def _reduce_and_update(self, ls, batch_size):
         with torch.no_grad():
             _sum_into_all(self.flat_grads)            # one allreduce of the flat gradients
-            for fp, fg in zip(self.flat_params, self.flat_grads):
-                fp.sub_(fg.mul(self.lr).div_(batch_size))   # = param -= lr * grad / batch_size
+            for fp, fg, lr in zip(self.flat_params, self.flat_grads, self._lr):
+                fp.sub_(fg.mul(lr).div_(batch_size))   # = param -= lr * grad / batch_size
                 fg.zero_()
         return sum(l.detach().to(self.devices[0]) for l in ls)
 
@@ -176,22 +179,39 @@ class FastDataParallel:
 
 
 def _try_compile(fn):
-    """torch.compile(fn) if it works here, else fn (with a warning), decided on the first call."""
-    state = {}
+    """torch.compile(fn) where it works here, else fn. A failure on ANY call (the first compile,
+    or a recompile for a new batch size) warns once and switches to eager for good."""
+    state = {"fn": None}
 
     def wrapped(*args):
-        if "fn" not in state:
-            try:
-                compiled = torch.compile(fn)
-                out = compiled(*args)
-                state["fn"] = compiled
-                return out
-            except Exception as e:  # no compiler, unsupported platform, ...: stay eager
-                warnings.warn(f"torch.compile unavailable here ({type(e).__name__}: "
-                              f"{str(e)[:120]}); running eagerly")
-                state["fn"] = fn
-        return state["fn"](*args)
+        if state["fn"] is fn:
+            return fn(*args)
+        try:
+            if state["fn"] is None:
+                state["fn"] = torch.compile(fn)
+            return state["fn"](*args)
+        except Exception as e:  # no compiler, unsupported platform or shape, ...: stay eager
+            warnings.warn(f"torch.compile failed here ({type(e).__name__}: {str(e)[:120]}); "
+                          "running eagerly from now on")
+            state["fn"] = fn
+            return fn(*args)
     return wrapped
+
+
+def flat_replica(params, device):
+    """One replica on `device`: (flat parameters, flat gradients, views). The views are leaf
+    tensors into the flat parameters, each with `.grad` a view into the flat gradients, so
+    autograd accumulates into the flat buffer and one operation can reduce or update them all.
+    `flatten` copies, so two replicas never share storage, even on one device."""
+    fp = flatten([p.detach() for p in params]).to(device)
+    fg, views, off = torch.zeros_like(fp), [], 0
+    for p in params:
+        m = p.numel()
+        v = fp[off:off + m].view(p.shape).requires_grad_()
+        v.grad = fg[off:off + m].view(p.shape)   # autograd accumulates into it, in place
+        views.append(v)
+        off += m
+    return fp, fg, views
 
 
 def resident_accuracy(params, X, y, chunk=2048):

@@ -6,6 +6,7 @@ import torch
 
 import helpers
 from helpers.checks import (check_amdahl_speedup, check_bucket_allreduce, check_crossover_bytes,
+                            check_predicted_speedup,
                             check_fit_latency_bandwidth, check_ring_allreduce,
                             check_ring_allreduce_seconds, check_time_it, check_time_shares)
 
@@ -42,6 +43,10 @@ def amdahl_speedup(shares, factors):
     return 1 / sum(s / factors.get(n, 1.0) for n, s in shares.items())
 
 
+def predicted_speedup(compute_s, comm_s, k):
+    return 1.0 if k == 1 else compute_s / (compute_s / k + comm_s)
+
+
 def ring_seconds(n_bytes, k, alpha, beta):
     return helpers.allreduce_time(n_bytes, k, alpha, beta)
 
@@ -68,6 +73,16 @@ def test_time_shares():
                   "failed", "largest share first")
     assert_status(check_time_shares(lambda s: dict(sorted(s.items(), key=lambda kv: -kv[1]))),
                   "failed", "share of")
+
+
+def test_predicted_speedup():
+    assert_status(check_predicted_speedup(predicted_speedup), "passed")
+    assert_status(check_predicted_speedup(stub), "not done")
+    assert_status(check_predicted_speedup(lambda c, m, k: float(k)), "failed", "ideal k")
+    assert_status(check_predicted_speedup(lambda c, m, k: c / (c + m)), "failed",
+                  "never splits the compute")
+    assert_status(check_predicted_speedup(lambda c, m, k: c / (c / k + k * m)), "failed",
+                  "expected")
 
 
 def test_bucket_allreduce():
@@ -111,6 +126,9 @@ def test_amdahl_speedup():
     assert_status(check_amdahl_speedup(stub), "not done")
     assert_status(check_amdahl_speedup(lambda sh, f: sum(f.values()) or 1.0), "failed",
                   "speed-up")
+    # the shares-weighted mean of the factors: speeds averaged instead of times
+    assert_status(check_amdahl_speedup(lambda sh, f: sum(s * f.get(n, 1.0) for n, s in sh.items())),
+                  "failed", "sum of share / factor")
 
 
 def test_fit_latency_bandwidth():
@@ -121,6 +139,10 @@ def test_fit_latency_bandwidth():
         a, b = helpers.fit_alpha_beta(n, t)
         return a, 1 / b
     assert_status(check_fit_latency_bandwidth(slope_not_bandwidth), "failed", "beta")
+
+    def no_latency(n, t):   # bandwidth only: total bytes over total time, no intercept
+        return 0.0, sum(n) / sum(t)
+    assert_status(check_fit_latency_bandwidth(no_latency), "failed", "alpha")
 
 
 def test_ring_allreduce_seconds():
@@ -136,6 +158,7 @@ def test_crossover_bytes():
     assert_status(check_crossover_bytes(lambda a, b: a * b), "passed")
     assert_status(check_crossover_bytes(stub), "not done")
     assert_status(check_crossover_bytes(lambda a, b: a / b), "failed", "bytes")
+    assert_status(check_crossover_bytes(lambda a, b: b / a), "failed", "bytes")
 
 
 def test_checks_are_exported():
