@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from .checkpoint import atomic_save, rng_state, save_snapshot
-from .devices import num_gpus
+from .devices import exact_float32, num_gpus
 from .validate import check_backend
 
 __all__ = ["choose_backend", "env_ranks", "rank_device", "setup", "teardown", "free_port",
@@ -84,6 +84,7 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
         os.environ["MASTER_PORT"] = str(master_port)
     backend = check_backend(backend, local_world_size) or choose_backend(local_world_size)
     device = rank_device(local_rank)
+    exact_float32()   # the course compares ranks with one process: no TF32 on Ampere and newer
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # ranks sharing a CPU: split its cores, or their threads fight (torchrun sets 1 per rank)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))

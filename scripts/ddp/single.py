@@ -31,6 +31,7 @@ train_iter = DataLoader(train_set, args.batch_size, sampler=sampler)
 
 # --- model ---
 torch.manual_seed(args.seed)
+helpers.exact_float32()   # the same float32 maths as the DDP runs it is compared with
 model = helpers.lenet_module().to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 loss_fn = nn.CrossEntropyLoss()
