@@ -140,6 +140,51 @@ print(json.dumps({"errors": errors, "probe": last}))
 """
 
 
+# Colab ships torch and torchvision preinstalled. Installing them into the emulation costs minutes
+# and 5 GB (the only pair on these machines is the CUDA build), so the venv gets links to this
+# interpreter's copies of them and of what they need, made after pip has run there: no later pip
+# call in the venv replaces them (the set-up cell's `pip install -e` finds torch satisfied).
+PREINSTALLED = ("torch", "torchvision")
+
+
+def _requirement_closure(names):
+    """The installed distributions `names` need, themselves included (markers evaluated here)."""
+    from importlib import metadata
+    from packaging.requirements import Requirement
+    seen, todo = {}, list(names)
+    while todo:
+        try:
+            dist = metadata.distribution(todo.pop())
+        except metadata.PackageNotFoundError:
+            continue
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen[key] = dist
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def _link_preinstalled(py):
+    """Symlink PREINSTALLED and their requirements into the venv, skipping what pip put there."""
+    site = pathlib.Path(subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip())
+    have = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], check=True,
+                          capture_output=True, text=True, env=_clean_env()).stdout
+    have = {line.split("==")[0].lower().replace("_", "-") for line in have.splitlines()}
+    for key, dist in _requirement_closure(PREINSTALLED).items():
+        if key in have:
+            continue
+        for top in {pathlib.PurePath(f).parts[0] for f in dist.files or []}:
+            source = pathlib.Path(dist.locate_file(top))
+            if top != ".." and source.exists() and not (site / top).exists():
+                (site / top).symlink_to(source)
+
+
 def _colab_venv():
     """A venv with Colab's stack only, cached under _build/ (rebuilt when the stack changes)."""
     py = VENV / "bin" / "python"
@@ -147,8 +192,10 @@ def _colab_venv():
     if not (py.exists() and stamp.exists() and stamp.read_text() == " ".join(COLAB_STACK)):
         shutil.rmtree(VENV, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-compile", *COLAB_STACK],
+        rest = [name for name in COLAB_STACK if name not in PREINSTALLED]
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-compile", *rest],
                        check=True, env=_clean_env())
+        _link_preinstalled(py)
         subprocess.run([str(py), "-m", "ipykernel", "install", "--sys-prefix", "--name",
                         "python3"], check=True, env=_clean_env(), capture_output=True)
         stamp.write_text(" ".join(COLAB_STACK))
