@@ -1,5 +1,6 @@
 """The checks of Part III's exercises (helpers/checks/concise.py): the reference solutions pass,
 a stub reports "not done", and typical wrong answers fail with their message."""
+import contextlib
 import sys
 
 import pytest
@@ -36,7 +37,7 @@ def accumulate_gradients(model, loss_fn, micro_batches):
     k = len(micro_batches)
     for i, (X, y) in enumerate(micro_batches):
         last = i == k - 1
-        with (torch.enable_grad() if last else model.no_sync()):
+        with (contextlib.nullcontext() if last else model.no_sync()):
             (loss_fn(model(X), y) / k).backward()
     ### END SOLUTION
 
@@ -55,11 +56,13 @@ def torchrun_command(script, nnodes, node_rank, nproc, addr, port):
     ### END SOLUTION
 
 
-def global_mean_var(counts, sums, sumsqs):
+def global_mean_var(counts, means, variances):
     ### BEGIN SOLUTION
     n = counts.sum()
-    mean = sums.sum(0) / n
-    return mean, sumsqs.sum(0) / n - mean * mean
+    w = (counts / n)[:, None]                  # each rank's share of the batch
+    mean = (w * means).sum(0)
+    var = (w * (variances + (means - mean) ** 2)).sum(0)
+    return mean, var
     ### END SOLUTION
 
 
@@ -139,7 +142,7 @@ def test_accumulate_gradients_wrong_answers():
 
     def unscaled(model, loss_fn, micro):
         for i, (X, y) in enumerate(micro):
-            with (torch.enable_grad() if i == len(micro) - 1 else model.no_sync()):
+            with (contextlib.nullcontext() if i == len(micro) - 1 else model.no_sync()):
                 loss_fn(model(X), y).backward()
 
     def all_no_sync(model, loss_fn, micro):
@@ -182,14 +185,28 @@ def test_torchrun_command_wrong_answers():
 
 
 def test_global_mean_var_wrong_answers():
-    def mean_of_means(counts, sums, sumsqs):
-        mean = (sums / counts[:, None]).mean(0)
-        return mean, sumsqs.sum(0) / counts.sum() - mean ** 2
+    def mean_of_means(counts, means, variances):
+        mean = means.mean(0)
+        return mean, (variances + (means - mean) ** 2).mean(0)
 
-    def unbiased(counts, sums, sumsqs):
+    def within_only(counts, means, variances):
+        w = (counts / counts.sum())[:, None]
+        return (w * means).sum(0), (w * variances).sum(0)
+
+    def unbiased(counts, means, variances):
         n = counts.sum()
-        mean = sums.sum(0) / n
-        return mean, (sumsqs.sum(0) / n - mean * mean) * n / (n - 1)
+        mean, var = global_mean_var(counts, means, variances)
+        return mean, var * n / (n - 1)
 
-    assert failed(check_global_mean_var(mean_of_means), "weight by the counts")
+    def naive(counts, means, variances):
+        """Rebuild sums and sums of squares, then E[x^2] - E[x]^2 in float32."""
+        n = counts.sum()
+        sums = counts[:, None] * means
+        sumsqs = counts[:, None] * (variances + means ** 2)
+        mean = sums.sum(0) / n
+        return mean, sumsqs.sum(0) / n - mean * mean
+
+    assert failed(check_global_mean_var(mean_of_means), "weight each mean by its rank's count")
+    assert failed(check_global_mean_var(within_only), "leaves out how far each rank's mean")
     assert failed(check_global_mean_var(unbiased), "unbiased")
+    assert failed(check_global_mean_var(naive), "E[x^2] - E[x]^2")

@@ -231,31 +231,58 @@ def check_torchrun_command(fn):
 
 # --- BatchNorm across devices -----------------------------------------------------------------
 def check_global_mean_var(fn):
-    """fn(counts, sums, sumsqs) -> (mean, var): per-channel mean and biased variance of the
-    global batch from each rank's count, per-channel sum and sum of squares."""
+    """fn(counts, means, variances) -> (mean, var): per-channel mean and biased variance of the
+    global batch from what nn.SyncBatchNorm all-gathers, each rank's count and per-channel mean
+    and biased variance (shapes (world_size,) and (world_size, channels), float32).
+
+    The shards have a large mean and a small spread, as activations often do: rebuilding sums
+    of squares and computing E[x^2] - E[x]^2 in float32 loses the variance to rounding and fails,
+    as do ignoring the counts, ignoring the spread between the ranks' means, and the unbiased
+    variance."""
 
     def body(fn):
         g = fresh_generator()
         w, c = randint(g, 2, 5), randint(g, 1, 6)
-        shards = [torch.randn(randint(g, 1, 4) + 4 * i, c, generator=g) * 2 + 1 for i in range(w)]
+        offset = 2000 + 3000 * torch.rand(c, generator=g, dtype=torch.float64)
+        shards = [torch.randn(randint(g, 1, 4) + 4 * i, c, generator=g, dtype=torch.float64)
+                  * (0.5 + i) + offset + 3 * i for i in range(w)]
         counts = torch.tensor([float(len(s)) for s in shards])
-        sums = torch.stack([s.sum(0) for s in shards])
-        sumsqs = torch.stack([(s * s).sum(0) for s in shards])
-        got = fn(counts, sums, sumsqs)
+        means = torch.stack([s.mean(0) for s in shards]).float()
+        variances = torch.stack([s.var(0, unbiased=False) for s in shards]).float()
+        n64, m64, v64 = counts.double(), means.double(), variances.double()
+        want_mean = (n64[:, None] * m64).sum(0) / n64.sum()   # from the float32 inputs, exactly
+        want_var = (n64[:, None] * (v64 + (m64 - want_mean) ** 2)).sum(0) / n64.sum()
+        got = fn(counts.clone(), means.clone(), variances.clone())
         expect(isinstance(got, (tuple, list)) and len(got) == 2, "return (mean, var)")
-        mean, var = (torch.as_tensor(t, dtype=torch.float32) for t in got)
-        allx = torch.cat(shards)
+        mean, var = (torch.as_tensor(t).double() for t in got)
         expect(mean.shape == (c,) and var.shape == (c,),
                f"mean and var should have shape ({c},), one value per channel")
-        avg_of_means = torch.stack([s.mean(0) for s in shards]).mean(0)
-        if not torch.allclose(mean, allx.mean(0), atol=1e-4):
-            if torch.allclose(mean, avg_of_means, atol=1e-4):
+        n = counts.sum()
+        if not torch.allclose(mean, want_mean, rtol=1e-6, atol=1e-4):
+            if torch.allclose(mean, m64.mean(0), rtol=1e-6, atol=1e-4):
                 raise CheckFailed("mean is the average of the ranks' means: with shards of "
-                                  "different sizes, weight by the counts")
-            raise CheckFailed("mean is not the global batch's mean")
-        if torch.allclose(var, allx.var(0, unbiased=True), atol=1e-4):
+                                  "different sizes, weight each mean by its rank's count")
+            raise CheckFailed("mean is not the global batch's mean (the count-weighted mean "
+                              "of the ranks' means)")
+        tol = dict(rtol=1e-5, atol=1e-5)
+        if torch.allclose(var, want_var, **tol):
+            return
+        within = (counts[:, None].double() * v64).sum(0) / n
+        if torch.allclose(var, within, **tol):
+            raise CheckFailed("var is the count-weighted mean of the ranks' variances: it "
+                              "leaves out how far each rank's mean lies from the global mean "
+                              "(add count * (mean_r - mean)**2 for every rank)")
+        if torch.allclose(var, want_var * n / (n - 1), **tol):
             raise CheckFailed("var is the unbiased variance: normalisation uses the biased one")
-        expect(torch.allclose(var, allx.var(0, unbiased=False), atol=1e-4),
-               "var is not the global batch's (biased) variance")
+        sumsq = (counts[:, None] * (variances + means * means)).sum(0)   # float32, as given
+        mean32 = (counts[:, None] * means).sum(0) / n
+        naive = (sumsq / n - mean32 * mean32).double()
+        worst = (var - want_var).abs().max().item()
+        if (var - naive).abs().max() < (var - want_var).abs().max():
+            raise CheckFailed(f"var is off by up to {worst:.3g}: E[x^2] - E[x]^2 subtracts two "
+                              "numbers near mean**2 and float32 rounding eats the variance; "
+                              "combine the ranks' variances and the spread of their means "
+                              "instead (no squares of raw values)")
+        raise CheckFailed("var is not the global batch's (biased) variance")
 
     return run_check("global_mean_var", body, fn)
