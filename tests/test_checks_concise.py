@@ -1,12 +1,15 @@
 """The checks of Part III's exercises (helpers/checks/concise.py): the reference solutions pass,
 a stub reports "not done", and typical wrong answers fail with their message."""
 import contextlib
+import copy
 import sys
 
 import pytest
 import torch
 
-from helpers.checks import (check_accumulate_gradients, check_dp_shard_sizes, check_global_mean_var,
+from helpers.checks import (check_dp_forward, check_sync_bn_input_grads,
+                            check_unused_parameters, check_update_running_stats,
+                            check_accumulate_gradients, check_dp_shard_sizes, check_global_mean_var,
                             check_lr_at, check_rank_shard, check_strip_module_prefix,
                             check_torchrun_command)
 
@@ -66,6 +69,49 @@ def global_mean_var(counts, means, variances):
     ### END SOLUTION
 
 
+def dp_forward(net, X, devices):
+    ### BEGIN SOLUTION
+    replicas = [copy.deepcopy(net).to(d) for d in devices]       # replicate
+    pieces = X.chunk(len(devices))                                 # scatter
+    outs = [r(x.to(d)) for r, x, d in zip(replicas, pieces, devices)]   # parallel_apply
+    return torch.cat([o.to(devices[0]) for o in outs])             # gather
+    ### END SOLUTION
+
+
+def unused_parameters(model, loss):
+    ### BEGIN SOLUTION
+    seen, stack = set(), [loss.grad_fn]
+    while stack:   # walk the autograd graph from the loss, as DDP does
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):   # AccumulateGrad: a leaf the loss reaches
+            seen.add(node.variable)
+        stack += [f for f, _ in node.next_functions]
+    return sorted(n for n, p in model.named_parameters()
+                  if not any(p is v for v in seen if isinstance(v, torch.Tensor)))
+    ### END SOLUTION
+
+
+def update_running_stats(running_mean, running_var, mean, var, n, momentum):
+    ### BEGIN SOLUTION
+    new_mean = (1 - momentum) * running_mean + momentum * mean
+    new_var = (1 - momentum) * running_var + momentum * var * n / (n - 1)
+    return new_mean, new_var
+    ### END SOLUTION
+
+
+def sync_bn_input_grads(dys, x_hats, invstd):
+    ### BEGIN SOLUTION
+    n = sum(d.shape[0] for d in dys)                     # all-reduced count
+    sum_dy = sum(d.sum(0) for d in dys)                  # all-reduce of two sums
+    sum_dy_xhat = sum((d * x).sum(0) for d, x in zip(dys, x_hats))
+    return [invstd * (d - sum_dy / n - x * sum_dy_xhat / n)
+            for d, x in zip(dys, x_hats)]
+    ### END SOLUTION
+
+
 def stub(*args):
     raise NotImplementedError()
 
@@ -73,7 +119,10 @@ def stub(*args):
 CHECKS = [(check_dp_shard_sizes, dp_shard_sizes), (check_lr_at, lr_at),
           (check_strip_module_prefix, strip_module_prefix),
           (check_accumulate_gradients, accumulate_gradients), (check_rank_shard, rank_shard),
-          (check_torchrun_command, torchrun_command), (check_global_mean_var, global_mean_var)]
+          (check_torchrun_command, torchrun_command), (check_global_mean_var, global_mean_var),
+          (check_dp_forward, dp_forward), (check_unused_parameters, unused_parameters),
+          (check_update_running_stats, update_running_stats),
+          (check_sync_bn_input_grads, sync_bn_input_grads)]
 IDS = [c.__name__ for c, _ in CHECKS]
 
 
@@ -210,3 +259,57 @@ def test_global_mean_var_wrong_answers():
     assert failed(check_global_mean_var(within_only), "leaves out how far each rank's mean")
     assert failed(check_global_mean_var(unbiased), "unbiased")
     assert failed(check_global_mean_var(naive), "E[x^2] - E[x]^2")
+
+
+def test_dp_forward_wrong_answers():
+    def unsplit(net, X, devices):
+        return net(X)
+
+    def tensor_split(net, X, devices):
+        replicas = [copy.deepcopy(net) for _ in devices]
+        return torch.cat([r(x) for r, x in zip(replicas, X.tensor_split(len(devices)))])
+
+    def one_module(net, X, devices):
+        return torch.cat([net(x) for x in X.chunk(len(devices))])
+
+    assert failed(check_dp_forward(unsplit), "ran once on all")
+    assert failed(check_dp_forward(tensor_split), "tensor_split")
+    assert failed(check_dp_forward(one_module), "original module ran")
+
+
+def test_unused_parameters_wrong_answers():
+    def by_backward(model, loss):
+        loss.backward()
+        return sorted(n for n, p in model.named_parameters() if p.grad is None)
+
+    def zero_grad_means_unused(model, loss):
+        names, params = zip(*model.named_parameters())
+        grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+        return sorted(n for n, gr in zip(names, grads) if gr is None or not gr.any())
+
+    assert failed(check_unused_parameters(by_backward), "ran a backward")
+    assert failed(check_unused_parameters(zero_grad_means_unused), "zero weight")
+
+
+def test_update_running_stats_wrong_answers():
+    def biased(rm, rv, mean, var, n, m):
+        return (1 - m) * rm + m * mean, (1 - m) * rv + m * var
+
+    def flipped(rm, rv, mean, var, n, m):
+        return m * rm + (1 - m) * mean, m * rv + (1 - m) * var * n / (n - 1)
+
+    assert failed(check_update_running_stats(biased), "unbiased")
+    assert failed(check_update_running_stats(flipped), "NEW batch mean")
+
+
+def test_sync_bn_input_grads_wrong_answers():
+    def local(dys, x_hats, invstd):
+        return [invstd * (d - d.mean(0) - x * (d * x).mean(0)) for d, x in zip(dys, x_hats)]
+
+    def mean_of_means(dys, x_hats, invstd):
+        m1 = torch.stack([d.mean(0) for d in dys]).mean(0)
+        m2 = torch.stack([(d * x).mean(0) for d, x in zip(dys, x_hats)]).mean(0)
+        return [invstd * (d - m1 - x * m2) for d, x in zip(dys, x_hats)]
+
+    assert failed(check_sync_bn_input_grads(local), "per-device")
+    assert failed(check_sync_bn_input_grads(mean_of_means), "averaged the ranks' means")
