@@ -164,6 +164,19 @@ def test_dp_shard_sizes_is_not_tensor_split():
     assert failed(r, "torch.chunk")
 
 
+def test_dp_shard_sizes_with_empty_pieces_fails():
+    """Always k pieces, padded with empty ones: chunk returns fewer pieces instead."""
+    def padded(n, k):
+        sizes = [len(c) for c in torch.arange(n).chunk(k)]
+        return sizes + [0] * (k - len(sizes))
+    assert failed(check_dp_shard_sizes(padded), "get no piece at all")
+
+
+def test_dp_shard_sizes_floor_division_fails():
+    assert failed(check_dp_shard_sizes(lambda n, k: [n // k] * (k - 1) + [n - n // k * (k - 1)]),
+                  "expected")
+
+
 def test_lr_at_wrong_answers():
     assert failed(check_lr_at(lambda s, lr, b0, b, w: lr), "linear scaling")
     assert failed(check_lr_at(lambda s, lr, b0, b, w: lr * b / b0), "ramp up")

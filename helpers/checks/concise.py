@@ -43,6 +43,9 @@ def check_dp_shard_sizes(fn):
             split = [len(c) for c in torch.arange(n).tensor_split(k)]
             hint = (": that is tensor_split; scatter uses torch.chunk (pieces of ceil(n/k) rows, "
                     "so maybe fewer than k pieces)") if got == split else ""
+            if not hint and got[:len(want)] == want and not any(got[len(want):]):
+                hint = (f": torch.chunk returns only {len(want)} pieces here, so "
+                        f"{k - len(want)} GPU(s) get no piece at all (not an empty one)")
             raise CheckFailed(f"{call} returned {got}, expected {want}{hint}")
 
     return run_check("dp_shard_sizes", body, fn)
