@@ -5,7 +5,6 @@ Every check runs on plain CPU tensors (several "devices" are all the CPU), so a 
 import math
 
 import torch
-from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._core import CheckFailed, as_number, expect, fresh_generator, randint, run_check
