@@ -197,56 +197,101 @@ def evaluate_exact(net, X, y, device, batch_size=1024):
     return exact_counts(correct, len(idx), device)
 
 
-class _AllReduceSum(torch.autograd.Function):
-    """all_reduce (sum) that autograd can go through: the backward all-reduces the gradients."""
+def _combine_stats(counts, means, variances):
+    """Mean and biased variance of the union of groups from each group's count, mean and biased
+    variance (Chan et al.'s parallel formula): no E[x^2] - E[x]^2, whose subtraction of two large
+    numbers loses the digits of a small variance."""
+    n = counts.sum()
+    mean = (counts[:, None] * means).sum(0) / n
+    m2 = (counts[:, None] * (variances + (means - mean) ** 2)).sum(0)
+    return mean, m2 / n, n
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    """The communication of nn.SyncBatchNorm, on any backend: the forward ALL-GATHERS each rank's
+    (count, per-channel mean, per-channel variance) and combines them; the backward ALL-REDUCES
+    the per-channel sums of the upstream gradient and of gradient * x_hat, which the input
+    gradient needs from the whole global batch. The weight and bias gradients stay local (DDP
+    averages them over the ranks like any parameter's)."""
 
     @staticmethod
-    def forward(ctx, x):
-        x = x.clone()
-        dist.all_reduce(x)
-        return x
+    def forward(ctx, X, weight, bias, eps):
+        dims = [0] + list(range(2, X.dim()))
+        count = torch.tensor([X.numel() / X.shape[1]], dtype=X.dtype, device=X.device)
+        local = torch.cat([count, X.mean(dims), X.var(dims, unbiased=False)])
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, local)
+        stats = torch.stack(gathered)                     # (world_size, 1 + 2 * channels)
+        c = X.shape[1]
+        mean, var, n = _combine_stats(stats[:, 0], stats[:, 1:1 + c], stats[:, 1 + c:])
+        shape = [1, c] + [1] * (X.dim() - 2)
+        invstd = torch.rsqrt(var + eps)
+        X_hat = (X - mean.view(shape)) * invstd.view(shape)
+        ctx.save_for_backward(X_hat, invstd, weight, n)
+        ctx.dims, ctx.shape = dims, shape
+        ctx.mark_non_differentiable(mean, var, n)
+        Y = X_hat
+        if weight is not None:
+            Y = Y * weight.view(shape) + bias.view(shape)
+        return Y, mean, var, n
 
     @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
+    def backward(ctx, dY, _dmean, _dvar, _dn):
+        X_hat, invstd, weight, n = ctx.saved_tensors
+        dims, shape = ctx.dims, ctx.shape
+        sum_dy, sum_dy_xhat = dY.sum(dims), (dY * X_hat).sum(dims)
+        grad_w = grad_b = None
+        if weight is not None:
+            grad_w, grad_b = sum_dy_xhat.clone(), sum_dy.clone()   # local, as nn.SyncBatchNorm
+        both = torch.cat([sum_dy, sum_dy_xhat])
+        dist.all_reduce(both)                                       # over the global batch
+        c = X_hat.shape[1]
+        mean_dy, mean_dy_xhat = both[:c] / n, both[c:] / n
+        scale = invstd if weight is None else invstd * weight
+        dX = (dY - mean_dy.view(shape) - X_hat * mean_dy_xhat.view(shape)) * scale.view(shape)
+        return dX, grad_w, grad_b, None
 
 
-class CPUSyncBatchNorm(nn.BatchNorm2d):
-    """BatchNorm2d whose batch statistics come from the whole global batch (all ranks), for the
-    CPU, where nn.SyncBatchNorm refuses to run. Same idea as nn.SyncBatchNorm: all-reduce each
-    channel's count, sum and sum of squares (differentiably: the backward is synchronised too)."""
+class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm (1d, 2d or 3d inputs) whose batch statistics come from the whole global batch
+    (all ranks), for the CPU, where nn.SyncBatchNorm refuses to run. It communicates as
+    nn.SyncBatchNorm does: all-gather of each rank's (count, mean, variance) in the forward,
+    all-reduce of two per-channel gradient sums in the backward. Outside training, or in a world
+    of one, it is a plain BatchNorm."""
+
+    def _check_input_dim(self, X):
+        if X.dim() < 2:
+            raise ValueError(f"expected an input of at least 2 dimensions (N, C, ...), got "
+                             f"{X.dim()}")
 
     def forward(self, X):
         if not (self.training and get_world_size() > 1):
             return super().forward(X)
-        dims = (0, 2, 3)
-        n = torch.tensor([X.numel() / X.shape[1]], dtype=X.dtype, device=X.device)
-        stats = _AllReduceSum.apply(torch.cat([n, X.sum(dims), (X * X).sum(dims)]))
-        count, c = stats[0], X.shape[1]
-        mean, meansq = stats[1:1 + c] / count, stats[1 + c:] / count
-        var = meansq - mean * mean
-        with torch.no_grad():
-            self.num_batches_tracked += 1
-            m = self.momentum if self.momentum is not None else 1 / int(self.num_batches_tracked)
-            self.running_mean.mul_(1 - m).add_(m * mean.detach())
-            self.running_var.mul_(1 - m).add_(m * var.detach() * count / (count - 1))
-        shape = (1, c, 1, 1)
-        Y = (X - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
-        return Y * self.weight.view(shape) + self.bias.view(shape)
+        self._check_input_dim(X)
+        Y, mean, var, n = _SyncBatchNormFunction.apply(X, self.weight, self.bias, self.eps)
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                m = self.momentum if self.momentum is not None \
+                    else 1 / int(self.num_batches_tracked)
+                self.running_mean.mul_(1 - m).add_(m * mean)
+                self.running_var.mul_(1 - m).add_(m * var * n / (n - 1))   # unbiased, as BN
+        return Y
 
 
 def convert_sync_batchnorm(model, device):
-    """Every BatchNorm layer made to use global-batch statistics under DDP: nn.SyncBatchNorm on
-    GPUs, CPUSyncBatchNorm on the CPU. Convert BEFORE wrapping the model in DDP."""
+    """Every BatchNorm layer (1d, 2d, 3d) made to use global-batch statistics under DDP:
+    nn.SyncBatchNorm on GPUs, CPUSyncBatchNorm on the CPU, keeping eps, momentum, affine,
+    track_running_stats, the parameters and the buffers. Convert BEFORE wrapping in DDP."""
     if torch.device(device).type != "cpu":
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if isinstance(model, nn.modules.batchnorm._BatchNorm) and \
+            not isinstance(model, CPUSyncBatchNorm):
+        new = CPUSyncBatchNorm(model.num_features, model.eps, model.momentum, model.affine,
+                               model.track_running_stats)
+        new.load_state_dict(model.state_dict())
+        new.train(model.training)
+        return new
     for name, child in model.named_children():
-        if isinstance(child, nn.BatchNorm2d):
-            new = CPUSyncBatchNorm(child.num_features, child.eps, child.momentum)
-            new.load_state_dict(child.state_dict())
-            setattr(model, name, new)
-        else:
-            convert_sync_batchnorm(child, device)
+        setattr(model, name, convert_sync_batchnorm(child, device))
     return model

@@ -1,12 +1,10 @@
 """The checks of Part II's exercises (helpers/checks/scratch.py): the reference solutions pass, a
 stub reports "not done", and typical wrong answers (an off-by-one split, an allreduce that rebinds)
 fail with their message."""
-import copy
-
 import pytest
 import torch
 
-from helpers import allreduce, split_batch
+from helpers import allreduce, get_params, split_batch
 from helpers.checks import check_allreduce_spread, check_evaluate_accuracy_multi, check_shard_sizes
 
 
@@ -35,16 +33,16 @@ def allreduce_spread(data):
     ### END SOLUTION
 
 
-def evaluate_accuracy_multi(net, data_iter, devices):
+def evaluate_accuracy_multi(net, params, data_iter, devices):
     ### BEGIN SOLUTION
-    replicas = [copy.deepcopy(net).to(d) for d in devices]   # one copy of the net per device
-    correct = [torch.zeros((), device=d) for d in devices]   # counted where the shard is
+    replicas = [get_params(params, d) for d in devices]    # one copy per device
+    correct = [torch.zeros((), device=d) for d in devices]  # counted where the shard is
     total = 0
     with torch.no_grad():
         for X, y in data_iter:
             X_shards, y_shards = split_batch(X, y, devices)
-            for i, (replica, X_shard, y_shard) in enumerate(zip(replicas, X_shards, y_shards)):
-                correct[i] += (replica(X_shard).argmax(dim=1) == y_shard).sum()
+            for i, (W, X_shard, y_shard) in enumerate(zip(replicas, X_shards, y_shards)):
+                correct[i] += (net(X_shard, W).argmax(dim=1) == y_shard).sum()
             total += y.numel()
     return sum(c.item() for c in correct) / total
     ### END SOLUTION
@@ -202,19 +200,83 @@ def test_allreduce_spread_doing_nothing_fails():
     assert r.status == "failed" and "is unchanged" in r.message
 
 
-def test_allreduce_spread_accepts_the_plain_allreduce_values():
-    """The check tests the result and the in-place contract (the spreading is the exercise's
-    point, judged by reading the code): the shipped allreduce gives those right."""
-    assert check_allreduce_spread(allreduce)
+def test_allreduce_spread_through_device_0_fails():
+    """Part II's own allreduce gives the right values, but device 0 does every addition."""
+    r = check_allreduce_spread(allreduce)
+    assert r.status == "failed" and "device 0 did all" in r.message and "spread them" in r.message
+
+
+def test_allreduce_spread_stack_and_sum_fails():
+    """Stacking everything and summing it is the same funnel, written in one line."""
+    def stacked(data):
+        total = torch.stack(data).sum(dim=0)
+        for t in data:
+            t.copy_(total)
+    r = check_allreduce_spread(stacked)
+    assert r.status == "failed" and "device 0 did all" in r.message
+
+
+def test_allreduce_spread_everyone_sums_everything_fails():
+    """Balanced, but every device adds up the whole tensors: k times the work."""
+    def everyone(data):
+        sums = [t.clone() for t in data]
+        for i, s in enumerate(sums):
+            for j, t in enumerate(data):
+                if i != j:
+                    s.add_(t)
+        for t, s in zip(data, sums):
+            t.copy_(s)
+    r = check_allreduce_spread(everyone)
+    assert r.status == "failed" and "additions in all" in r.message
+    assert "only its own chunk" in r.message
+
+
+def test_allreduce_spread_chunks_summed_on_device_0_fails():
+    """Chunk by chunk, but every chunk summed into device 0's memory."""
+    def chunks_on_0(data):
+        k = len(data)
+        chunks = [t.view(-1).tensor_split(k) for t in data]
+        for j in range(k):
+            for i in range(1, k):
+                chunks[0][j].add_(chunks[i][j])
+        for i in range(1, k):
+            data[i].copy_(data[0])
+    r = check_allreduce_spread(chunks_on_0)
+    assert r.status == "failed" and "device 0 did all" in r.message
 
 
 # --- evaluate_accuracy_multi -----------------------------------------------------------------
+def test_evaluate_accuracy_multi_unsplit_fails():
+    """The one-device evaluation: right number, but nothing is split."""
+    def unsplit(net, params, data_iter, devices):
+        correct = total = 0
+        for X, y in data_iter:
+            correct += (net(X, params).argmax(1) == y).sum().item()
+            total += len(y)
+        return correct / total
+    r = check_evaluate_accuracy_multi(unsplit)
+    assert r.status == "failed" and "ran on whole batches" in r.message
+
+
+def test_evaluate_accuracy_multi_shared_params_fails():
+    """Split, but every shard runs with the one original set of parameters."""
+    def shared(net, params, data_iter, devices):
+        correct = total = 0
+        for X, y in data_iter:
+            for Xs, ys in zip(*split_batch(X, y, devices)):
+                correct += (net(Xs, params).argmax(1) == ys).sum().item()
+            total += len(y)
+        return correct / total
+    r = check_evaluate_accuracy_multi(shared)
+    assert r.status == "failed" and "original parameters" in r.message
+
+
 def test_evaluate_accuracy_multi_first_shard_only():
-    def first_shard(net, data_iter, devices):
+    def first_shard(net, params, data_iter, devices):
         correct = total = 0
         for X, y in data_iter:
             X_shards, y_shards = split_batch(X, y, devices)
-            correct += (net(X_shards[0]).argmax(1) == y_shards[0]).sum().item()
+            correct += (net(X_shards[0], params).argmax(1) == y_shards[0]).sum().item()
             total += len(y_shards[0])
         return correct / total
     r = check_evaluate_accuracy_multi(first_shard)
@@ -222,27 +284,32 @@ def test_evaluate_accuracy_multi_first_shard_only():
 
 
 def test_evaluate_accuracy_multi_mean_of_batches():
-    def mean_of_batches(net, data_iter, devices):
-        accs = [(net(X).argmax(1) == y).float().mean().item() for X, y in data_iter]
+    def mean_of_batches(net, params, data_iter, devices):
+        replicas = [get_params(params, d) for d in devices]
+        accs = []
+        for X, y in data_iter:
+            right = sum((net(Xs, W).argmax(1) == ys).sum().item()
+                        for Xs, ys, W in zip(*split_batch(X, y, devices), replicas))
+            accs.append(right / len(y))
         return sum(accs) / len(accs)
     r = check_evaluate_accuracy_multi(mean_of_batches)
     assert r.status == "failed" and "mean of the per-batch accuracies" in r.message
 
 
 def test_evaluate_accuracy_multi_count_and_constant():
-    def count(net, data_iter, devices):
-        return sum((net(X).argmax(1) == y).sum().item() for X, y in data_iter)
+    def count(net, params, data_iter, devices):
+        return sum((net(X, params).argmax(1) == y).sum().item() for X, y in data_iter)
     r = check_evaluate_accuracy_multi(count)
     assert r.status == "failed" and "the number of correct predictions" in r.message
-    r = check_evaluate_accuracy_multi(lambda net, data_iter, devices: 0.25)
+    r = check_evaluate_accuracy_multi(lambda net, params, data_iter, devices: 0.25)
     assert r.status == "failed" and "expected" in r.message
 
 
 def test_evaluate_accuracy_multi_must_not_train():
-    def trains(net, data_iter, devices):
+    def trains(net, params, data_iter, devices):
         with torch.no_grad():
-            for p in net.parameters():
+            for p in params:
                 p.zero_()
-        return evaluate_accuracy_multi(net, data_iter, devices)
+        return evaluate_accuracy_multi(net, params, data_iter, devices)
     r = check_evaluate_accuracy_multi(trains)
-    assert r.status == "failed" and "changed the net's parameters" in r.message
+    assert r.status == "failed" and "changed the parameters" in r.message

@@ -5,7 +5,7 @@ Every check runs on plain CPU tensors (several "devices" are all the CPU), so a 
 import math
 
 import torch
-from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._core import CheckFailed, as_number, expect, fresh_generator, randint, run_check
 
@@ -84,9 +84,57 @@ def check_shard_sizes(fn):
 
 
 # ---------------------------------------------------------------------------------------------
+_ADDS = {"add", "add_", "sum", "addcmul", "addcmul_", "sub", "sub_"}
+
+
+class _AddLog(TorchDispatchMode):
+    """Counts, per simulated device, the elements that device adds while the mode is active.
+
+    Every check tensor stands for one device; its storage says which. An in-place addition counts
+    for the device whose storage it writes into (`owner.add_(other)`), a new tensor belongs to the
+    device of its first input (so `a.clone()` stays on a's device, and adds into it count there).
+    On one CPU `.to(device)` moves nothing, so this is how the check sees where the work ran.
+    """
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.where = {t.untyped_storage().data_ptr(): i for i, t in enumerate(tensors)}
+        self.added = [0] * len(tensors)
+
+    def _device_of(self, t):
+        return self.where.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) \
+            else None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                inputs += [t for t in a if isinstance(t, torch.Tensor)]
+        dev = next((d for d in map(self._device_of, inputs) if d is not None), None)
+        if dev is None:
+            return out
+        name = func.__name__.split(".")[0]
+        if name in _ADDS and inputs:
+            first = inputs[0]
+            n = first.numel() - (out.numel() if name == "sum" else 0)
+            self.added[dev] += n if name == "sum" else out.numel()
+        results = out if isinstance(out, (list, tuple)) else [out]
+        for r in results:
+            if isinstance(r, torch.Tensor):
+                self.where.setdefault(r.untyped_storage().data_ptr(), dev)
+        return out
+
+
 def check_allreduce_spread(fn):
-    """fn(data) sums a list of tensors in place, spreading the work over the devices: afterwards
-    every tensor of the list (the same tensor objects, the same storage) holds the sum."""
+    """fn(data) sums a list of tensors in place, spreading the additions over the devices: device
+    i sums chunk i (a reduce-scatter), then sends it to all (an all-gather). Afterwards every
+    tensor of the list (the same tensor objects, the same storage) holds the sum.
+
+    The tensors stand for k devices, and the check counts the additions each device does
+    (`_AddLog`): funnelling everything through device 0 (Part II's `allreduce`) or letting every
+    device add up the whole tensors gives the right values but fails."""
 
     def body(fn):
         g = fresh_generator()
@@ -100,7 +148,9 @@ def check_allreduce_spread(fn):
             before = [t.clone() for t in data]
             want = torch.stack(before).sum(dim=0)
             tensors, ptrs = list(data), [t.data_ptr() for t in data]
-            fn(data)
+            log = _AddLog(data)
+            with log:
+                fn(data)
             what = f"for {count} tensor{'s' if count > 1 else ''} of shape {tuple(shape)}"
             expect(isinstance(data, list) and len(data) == count,
                    f"{what}: the list now has {len(data)} items; allreduce must keep the list "
@@ -132,27 +182,55 @@ def check_allreduce_spread(fn):
                 expect(False, f"{what}: tensor {i} holds wrong values: element {j} (in chunk "
                               f"{chunk} of {count}) is {flat_t[j].item():g}, expected "
                               f"{flat_want[j].item():g}, the sum over all {count} tensors{tail}")
+            if count == 1:
+                continue
+            n = math.prod(shape)
+            need, share = (count - 1) * n, (count - 1) * len(bounds[0])
+            total, busiest = sum(log.added), max(range(count), key=log.added.__getitem__)
+            expect(log.added[busiest] <= share or log.added[busiest] < total,
+                   f"{what}: device {busiest} did all {total} additions; spread them: device i "
+                   f"adds the other devices' chunk i into its own chunk i (at most {share} "
+                   "additions each), in place, then sends it to the others")
+            expect(total <= need, f"{what}: the devices did {total} additions in all, "
+                                  f"{total / need:.1f} times the {need} an allreduce needs: "
+                                  "each device should add up only its own chunk, then send it")
+            expect(log.added[busiest] <= share,
+                   f"{what}: device {busiest} did {log.added[busiest]} of the {total} additions "
+                   f"(per device: {log.added}); spread them: device i adds the other devices' "
+                   f"chunk i into its own chunk i (at most {share} additions each), in place")
 
     return run_check("allreduce_spread", body, fn)
 
 
 # ---------------------------------------------------------------------------------------------
-def _random_linear(g, num_inputs, num_outputs):
-    """A linear net with random weights drawn from `g` (not from torch's global generator)."""
-    net = nn.utils.skip_init(nn.Linear, num_inputs, num_outputs)
-    with torch.no_grad():
-        net.weight.copy_(torch.randn(num_outputs, num_inputs, generator=g))
-        net.bias.copy_(torch.randn(num_outputs, generator=g))
-    return net
+def _random_linear_params(g, num_inputs, num_outputs):
+    """The parameters [W (in, out), b] of a functional linear net, drawn from `g` (not from
+    torch's global generator)."""
+    return [torch.randn(num_inputs, num_outputs, generator=g), torch.randn(num_outputs, generator=g)]
+
+
+class _RecordingNet:
+    """A functional net `net(X, params)` (a linear layer) that records every call: how many
+    examples it saw, and which parameter tensors it used (their storage)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, X, params):
+        W, b = params
+        self.calls.append((X.shape[0], W.untyped_storage().data_ptr()))
+        return torch.mm(X, W) + b
 
 
 def check_evaluate_accuracy_multi(fn):
-    """fn(net, data_iter, devices) returns the test accuracy of `net` with every batch split over
-    `devices`: the same number as the single-device evaluate_accuracy, uneven batches included."""
+    """fn(net, params, data_iter, devices) returns the test accuracy of the functional net
+    `net(X, params)` with every batch split over `devices`, each device using its own copy of
+    `params`: the same number as the single-device evaluation, uneven batches included.
+
+    The net records its calls: evaluating whole batches on one device, or every shard with the
+    one original set of parameters, gives the right number but fails."""
 
     def body(fn):
-        from ..training import evaluate_accuracy
-
         g = fresh_generator()
         for _ in range(3):
             k = randint(g, 2, 4)
@@ -163,42 +241,63 @@ def check_evaluate_accuracy_multi(fn):
             num_inputs, num_classes = randint(g, 3, 8), randint(g, 2, 5)
             X = torch.randn(n, num_inputs, generator=g)
             y = torch.randint(0, num_classes, (n,), generator=g)
-            net = _random_linear(g, num_inputs, num_classes)
-            params = [p.detach().clone() for p in net.parameters()]
+            params = _random_linear_params(g, num_inputs, num_classes)
+            saved = [p.clone() for p in params]
             data_iter = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y),
                                                     batch_size=batch_size,
                                                     generator=torch.Generator())
             devices = [CPU] * k
-            want = evaluate_accuracy(net, data_iter, CPU)
+            net = _RecordingNet()
+            with torch.no_grad():
+                right = [(net(Xb, params).argmax(dim=1) == yb) for Xb, yb in data_iter]
+            want = sum(int(r.sum()) for r in right) / n
+            net.calls.clear()
             what = (f"evaluate_accuracy_multi on {n} examples in batches of {batch_size} (the last "
                     f"has {last}) over {k} devices")
-            got = as_number(fn(net, data_iter, devices), what)
-            expect(all(torch.equal(p, q) for p, q in zip(net.parameters(), params)),
-                   f"{what} changed the net's parameters: evaluation must leave them as they are")
-            if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
-                continue
-            with torch.no_grad():
-                right = [(net(Xb).argmax(dim=1) == yb) for Xb, yb in data_iter]
-            shards = [r.tensor_split(k) for r in right]
-            correct = sum(int(r.sum()) for r in right)
-            expect(got != correct, f"{what} returned {got:g}, the number of correct predictions; "
-                                   f"expected the fraction {want:.4f} (divide by the {n} examples)")
-            first = sum(int(s[0].sum()) for s in shards)
-            first_n = sum(len(s[0]) for s in shards)
-            expect(not (math.isclose(got, first / first_n) or math.isclose(got, first / n)),
-                   f"{what} returned {got:.4f}, expected {want:.4f}: it counts only the first "
-                   "device's shard of each batch; add up the correct predictions of every shard")
-            per_batch = sum(float(r.float().mean()) for r in right) / len(right)
-            expect(not math.isclose(got, per_batch),
-                   f"{what} returned {got:.4f}, the mean of the per-batch accuracies; expected "
-                   f"{want:.4f}: with a short last batch, count correct predictions and examples "
-                   "over all batches, then divide")
-            per_shard = [float(p.float().mean()) for s in shards for p in s]
-            expect(not math.isclose(got, sum(per_shard) / len(per_shard)),
-                   f"{what} returned {got:.4f}, the mean of the per-shard accuracies; expected "
-                   f"{want:.4f}: shards differ in size, so count correct predictions and examples, "
-                   "then divide")
-            expect(False, f"{what} returned {got:.4f}, expected {want:.4f} (the single-device "
-                          "accuracy)")
+            got = as_number(fn(net, params, data_iter, devices), what)
+            expect(all(torch.equal(p, q) for p, q in zip(params, saved)),
+                   f"{what} changed the parameters: evaluation must leave them as they are")
+            if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+                shards = [r.tensor_split(k) for r in right]
+                correct = sum(int(r.sum()) for r in right)
+                expect(got != correct, f"{what} returned {got:g}, the number of correct "
+                                       f"predictions; expected the fraction {want:.4f} (divide "
+                                       f"by the {n} examples)")
+                first = sum(int(s[0].sum()) for s in shards)
+                first_n = sum(len(s[0]) for s in shards)
+                expect(not (math.isclose(got, first / first_n) or math.isclose(got, first / n)),
+                       f"{what} returned {got:.4f}, expected {want:.4f}: it counts only the first "
+                       "device's shard of each batch; add up the correct predictions of every "
+                       "shard")
+                per_batch = sum(int(r.sum()) / len(r) for r in right) / len(right)
+                expect(not math.isclose(got, per_batch, rel_tol=1e-6),
+                       f"{what} returned {got:.4f}, the mean of the per-batch accuracies; "
+                       f"expected {want:.4f}: with a short last batch, count correct predictions "
+                       "and examples over all batches, then divide")
+                per_shard = [int(p.sum()) / len(p) for s in shards for p in s]
+                expect(not math.isclose(got, sum(per_shard) / len(per_shard), rel_tol=1e-6),
+                       f"{what} returned {got:.4f}, the mean of the per-shard accuracies; "
+                       f"expected {want:.4f}: shards differ in size, so count correct predictions "
+                       "and examples, then divide")
+                expect(False, f"{what} returned {got:.4f}, expected {want:.4f} (the "
+                              "single-device accuracy)")
+            sizes = sorted({m for m, _ in net.calls})
+            expect(batch_size not in sizes,
+                   f"{what}: the net ran on whole batches of {batch_size} examples; split each "
+                   f"batch over the {k} devices (split_batch) and run every shard on its device")
+            shard_sizes = {len(s) for b in range(n // batch_size)
+                           for s in torch.arange(batch_size).tensor_split(k)}
+            expect(shard_sizes <= set(sizes),
+                   f"{what}: the net saw batches of {sizes} examples, but the shards of a batch "
+                   f"of {batch_size} over {k} devices have {sorted(shard_sizes)}: split every "
+                   "batch with split_batch")
+            original = params[0].untyped_storage().data_ptr()
+            used = {ptr for _, ptr in net.calls}
+            expect(original not in used,
+                   f"{what}: the shards ran with the original parameters; give each device its "
+                   "own copy (get_params(params, device)), as training does")
+            expect(len(used) >= k,
+                   f"{what}: the {k} devices shared {len(used)} set(s) of parameters; give each "
+                   "device its own copy (get_params(params, device))")
 
     return run_check("evaluate_accuracy_multi", body, fn)

@@ -1,0 +1,146 @@
+"""End to end, as a teacher grades: `nbgrader autograde` on submissions made from the student
+edition gives full marks to the worked solutions, zero to the untouched stubs, and zero on an
+exercise for a concept-skipping wrong answer (full marks on the others).
+
+To stay fast it grades one representative assignment, built from the real chapters: the
+exercise cells (solution and check cells, as the chapters have them) of Part II's three checked
+exercises, DataParallel's learning-rate schedule, gradient accumulation and the global BatchNorm
+statistics. Four submissions, one kernel run each: solved, untouched, and two with the wrong
+answers of alternate exercises.
+"""
+import os
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from book_files import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import student_edition as se  # noqa: E402
+
+PRELUDE = "import contextlib\n\nimport torch\n\nfrom helpers import get_params, split_batch"
+
+# exercise function -> (chapter it comes from, a wrong answer that skips the concept)
+EXERCISES = {
+    "shard_sizes": ("book/part2/scratch.ipynb", '''
+def shard_sizes(n, k):   # torch.chunk's sizes, not tensor_split's
+    return [len(c) for c in torch.arange(n).chunk(k)]
+'''),
+    "allreduce_spread": ("book/part2/scratch.ipynb", '''
+def allreduce_spread(data):   # Part II's allreduce: every addition on device 0
+    from helpers import allreduce
+    allreduce(data)
+'''),
+    "evaluate_accuracy_multi": ("book/part2/scratch.ipynb", '''
+def evaluate_accuracy_multi(net, params, data_iter, devices):   # nothing split
+    correct = total = 0
+    for X, y in data_iter:
+        correct += (net(X, params).argmax(1) == y).sum().item()
+        total += len(y)
+    return correct / total
+'''),
+    "lr_at": ("book/part3/dataparallel.ipynb", '''
+def lr_at(step, base_lr, base_batch, batch, warmup_steps):   # no warm-up
+    return base_lr * batch / base_batch
+'''),
+    "accumulate_gradients": ("book/part3/custom_modules.ipynb", '''
+def accumulate_gradients(model, loss_fn, micro_batches):   # every backward synchronises
+    for X, y in micro_batches:
+        (loss_fn(model(X), y) / len(micro_batches)).backward()
+'''),
+    "global_mean_var": ("book/part3/syncbn.ipynb", '''
+def global_mean_var(counts, means, variances):   # E[x^2] - E[x]^2 in float32
+    n = counts.sum()
+    sumsqs = counts[:, None] * (variances + means ** 2)
+    mean = (counts[:, None] * means).sum(0) / n
+    return mean, sumsqs.sum(0) / n - mean * mean
+'''),
+}
+NAMES = list(EXERCISES)
+
+
+def _exercise_cells(name, chapter):
+    """The solution cell defining `name` in the chapter and the check cell after it."""
+    cells = nbformat.read(ROOT / chapter, as_version=4).cells
+    i = next(i for i, c in enumerate(cells) if se.is_solution(c) and c.cell_type == "code"
+             and f"def {name}(" in se.source(c))
+    j = next(j for j in range(i + 1, len(cells)) if se.is_check(cells[j]))
+    return [cells[i], cells[j]]
+
+
+def representative_notebook():
+    cells = [new_code_cell(PRELUDE)]
+    for name, (chapter, _) in EXERCISES.items():
+        cells += _exercise_cells(name, chapter)
+    return new_notebook(cells=cells, metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}})
+
+
+def _submission(released, answers):
+    """The released notebook with each solution cell's source set from `answers`
+    (function name -> source); the other solution cells stay as handed out (stubs)."""
+    nb = nbformat.read(released, as_version=4)
+    for cell in nb.cells:
+        if not cell.metadata.get("nbgrader", {}).get("solution"):
+            continue
+        name = next((n for n in NAMES if f"def {n}(" in se.source(cell)), None)
+        if name in answers:
+            cell.source = answers[name]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("autograde")
+    path = base / "representative.ipynb"
+    nbformat.write(representative_notebook(), path)
+    course = base / "course"
+    se.build([path], out=base / "student", course=course, quiet=True)
+    aid = se.assignment_id(path)
+    released = course / "release" / aid / path.name
+    solved = {name: se.source(_exercise_cells(name, ch)[0]) for name, (ch, _) in EXERCISES.items()}
+    wrong = {name: src for name, (_, src) in EXERCISES.items()}
+    odd, even = NAMES[0::2], NAMES[1::2]
+    submissions = {
+        "solved": solved,
+        "untouched": {},
+        "wrong_a": {n: (wrong[n] if n in odd else solved[n]) for n in NAMES},
+        "wrong_b": {n: (wrong[n] if n in even else solved[n]) for n in NAMES},
+    }
+    for student, answers in submissions.items():
+        target = course / "submitted" / student / aid / path.name
+        target.parent.mkdir(parents=True)
+        nbformat.write(_submission(released, answers), target)
+    env = dict(os.environ, COURSE_QUICK="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+               PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "autograde", aid, "--force"],
+                         cwd=course, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    from nbgrader.api import Gradebook
+    scores = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for student in submissions:
+            nb = gb.find_submission_notebook(path.stem, aid, student)
+            scores[student] = {g.name.removeprefix("check-check_"): g.score for g in nb.grades}
+    return scores, odd, even
+
+
+def test_worked_solutions_get_full_marks(graded):
+    scores, _, _ = graded
+    assert scores["solved"] == {n: 1 for n in NAMES}
+
+
+def test_untouched_stubs_get_zero(graded):
+    scores, _, _ = graded
+    assert scores["untouched"] == {n: 0 for n in NAMES}
+
+
+@pytest.mark.parametrize("student,which", [("wrong_a", 1), ("wrong_b", 2)])
+def test_a_wrong_answer_scores_zero_on_its_exercise_only(graded, student, which):
+    scores, odd, even = graded
+    wrong = odd if which == 1 else even
+    assert scores[student] == {n: 0 if n in wrong else 1 for n in NAMES}

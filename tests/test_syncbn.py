@@ -1,0 +1,118 @@
+"""CPUSyncBatchNorm over 2 real gloo ranks equals one BatchNorm on the combined batch (forward,
+running statistics, input and parameter gradients), and convert_sync_batchnorm keeps every
+setting of the layers it replaces."""
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import helpers
+import helpers.distributed as hd
+
+SHAPES = {1: (6, 3), 2: (6, 3, 4, 5), 3: (6, 3, 2, 3, 4)}
+BN = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
+
+
+def _inputs(dim):
+    g = torch.Generator().manual_seed(dim)
+    X = torch.randn(SHAPES[dim], generator=g) * 3 + 1e3   # a large mean: E[x^2]-E[x]^2 fails
+    w = torch.randn(SHAPES[dim], generator=g)              # a random upstream gradient
+    return X, w
+
+
+def _worker(rank, world_size, port, out):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    torch.set_num_threads(1)
+    results = {}
+    for dim in SHAPES:
+        X, w = _inputs(dim)
+        torch.manual_seed(0)
+        bn = BN[dim](3, momentum=0.3)
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 2)
+            bn.bias.uniform_(-1, 1)
+        sync = hd.convert_sync_batchnorm(nn.Sequential(bn), "cpu")[0]
+        rows = torch.tensor([4, 2])                       # unequal shards: 4 and 2 examples
+        Xr = X.split(rows.tolist())[rank].clone().requires_grad_()
+        wr = w.split(rows.tolist())[rank]
+        for _ in range(2):                                # two steps: running stats compound
+            Y = sync(Xr)
+        (Y * wr).sum().backward()
+        grads = [p.grad.clone() for p in sync.parameters()]
+        for gr in grads:
+            dist.all_reduce(gr)                           # what DDP does with the sum of losses
+        results[dim] = dict(Y=Y.detach(), dX=Xr.grad, grads=grads, type=type(sync).__name__,
+                            mean=sync.running_mean.clone(), var=sync.running_var.clone())
+    torch.save(results, f"{out}.{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("syncbn") / "r")
+    mp.spawn(_worker, args=(2, hd.free_port(), out), nprocs=2)
+    return [torch.load(f"{out}.{r}.pt", weights_only=True) for r in range(2)]
+
+
+@pytest.mark.parametrize("dim", sorted(SHAPES))
+def test_two_gloo_ranks_equal_one_batchnorm_on_the_combined_batch(two_ranks, dim):
+    X, w = _inputs(dim)
+    torch.manual_seed(0)
+    bn = BN[dim](3, momentum=0.3)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 2)
+        bn.bias.uniform_(-1, 1)
+    X = X.clone().requires_grad_()
+    for _ in range(2):
+        Y = bn(X)
+    (Y * w).sum().backward()
+    r0, r1 = two_ranks[0][dim], two_ranks[1][dim]
+    assert r0["type"] == "CPUSyncBatchNorm"
+    torch.testing.assert_close(torch.cat([r0["Y"], r1["Y"]]), Y.detach(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.cat([r0["dX"], r1["dX"]]), X.grad, atol=1e-4, rtol=1e-4)
+    for r in (r0, r1):
+        torch.testing.assert_close(r["mean"], bn.running_mean, atol=1e-3, rtol=1e-6)
+        torch.testing.assert_close(r["var"], bn.running_var, atol=1e-4, rtol=1e-4)
+        for got, p in zip(r["grads"], bn.parameters()):
+            torch.testing.assert_close(got, p.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_the_naive_variance_would_fail_here():
+    """The inputs above are chosen so that E[x^2] - E[x]^2 in float32 is visibly wrong: the
+    test above would catch the unstable formula."""
+    X, _ = _inputs(2)
+    dims = (0, 2, 3)
+    naive = (X * X).mean(dims) - X.mean(dims) ** 2
+    assert (naive - X.var(dims, unbiased=False)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("cls", [nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d])
+@pytest.mark.parametrize("affine,track", [(True, True), (False, True), (True, False),
+                                          (False, False)])
+def test_convert_keeps_every_setting(cls, affine, track):
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(cls(5, eps=1e-3, momentum=0.25,
+                                                             affine=affine,
+                                                             track_running_stats=track)))
+    if affine:
+        with torch.no_grad():
+            model[1][0].weight.fill_(2.0)
+    if track:
+        model[1][0].running_mean.fill_(0.5)
+    new = hd.convert_sync_batchnorm(model, "cpu")[1][0]
+    assert isinstance(new, hd.CPUSyncBatchNorm)
+    assert (new.num_features, new.eps, new.momentum, new.affine, new.track_running_stats) == \
+        (5, 1e-3, 0.25, affine, track)
+    if affine:
+        assert torch.equal(new.weight, torch.full((5,), 2.0))
+    if track:
+        assert torch.equal(new.running_mean, torch.full((5,), 0.5))
+    else:
+        assert new.running_mean is None
+
+
+def test_exported():
+    assert helpers.CPUSyncBatchNorm is hd.CPUSyncBatchNorm
