@@ -8,13 +8,15 @@ training  sgd, train_batch, train, evaluate_accuracy
 plotting  live training plot, progress bar, glue
 splits    Part I: splitting a model across layers and within a layer (costs: what each split costs)
 tensor_parallel  Part I: ring all-reduce over simulated devices, Megatron's f/g and its MLP
-distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints (ddp_worker: spawned workers)
+distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints
+          (ddp_worker: spawned workers)
 fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
 paths     script_path: the course's scripts (scripts/ddp) in a checkout or an installed copy
 checkpoint  files written atomically (checkpoints, metrics), snapshots to resume from bitwise
 validate  inputs checked at every entry point, before any work (one global-batch rule)
 ddp_scratch  Part III: DDPFromScratch, data parallelism across processes built by hand
-zero      Part V: ZeRO-1 (ShardedOptimizer) and ZeRO-2 (Zero2); fsdp_scratch: ZeRO-3, FSDPFromScratch
+zero      Part V: ZeRO-1 (ShardedOptimizer) and ZeRO-2 (Zero2);
+          fsdp_scratch: ZeRO-3, FSDPFromScratch
 tiny_models  Part V: a deep MLP and a tiny decoder-only transformer; traffic: bytes sent, counted
 shard_workers  Parts III and V: multi-process experiments started from notebooks (run_ranks)
 ranks     Part VI: send/recv/all-reduce over torch.distributed or threads, counted; spawn_ranks

@@ -188,7 +188,8 @@ def _spawned(rank, world, port, fn, cfg, out):
 def spawn_ranks(fn, world, cfg=None, quiet=False):
     """Start `world` processes (mp.spawn) that each join the process group and run
     fn(rank, world, cfg) (cfg["device"]: the rank's device); returns the list of what each
-    returned (tensors moved to the CPU by the worker). `fn` must live in an importable module (not a notebook)."""
+    returned (tensors moved to the CPU by the worker). `fn` must live in an importable module
+    (not a notebook)."""
     import torch.multiprocessing as mp
     if getattr(fn, "__module__", "__main__") == "__main__":
         raise ValueError(f"{fn.__name__} is defined in the notebook or script: mp.spawn cannot "

@@ -47,7 +47,8 @@ def make_batches(kind, num_steps, batch_size, seed=1, d_in=32, **_):
     if kind in ("tied", "lm"):
         X, y = counting_tokens(num_steps * batch_size, seed=seed)
         return list(zip(X.split(batch_size), y.split(batch_size)))
-    return [(torch.randn(batch_size, d_in, generator=g), torch.randint(10, (batch_size,), generator=g))
+    return [(torch.randn(batch_size, d_in, generator=g),
+             torch.randint(10, (batch_size,), generator=g))
             for _ in range(num_steps)]
 
 
@@ -77,7 +78,8 @@ def adamw_groups(module, lr=1e-3, weight_decay=0.1):
             dict(params=[p for p in ps if p.dim() < 2], weight_decay=0.0)], dict(lr=lr)
 
 
-def train_reference(kind, batches, device, num_steps, optim="adamw", compute_dtype=None, sizes=None):
+def train_reference(kind, batches, device, num_steps, optim="adamw", compute_dtype=None,
+                    sizes=None):
     """One process, the combined batch, the same init: what every distributed run must equal."""
     model = make_model(kind, **(sizes or {})).to(device)
     opt = make_optimizer(model, optim)
@@ -116,7 +118,8 @@ def exp_ddp(rank, world, device, cases, num_steps=3, batch_size=8):
         ref = train_reference(kind, batches, device, num_steps, optim="sgd")
         diffs = {}
         for impl in ("scratch", "torch"):
-            net = make_model(kind, seed=rank).to(device)   # different init per rank: broadcast fixes it
+            # different init per rank: broadcast fixes it
+            net = make_model(kind, seed=rank).to(device)
             if impl == "scratch":
                 model = DDPFromScratch(net, bucket_mb=bucket_mb)
             else:
@@ -258,7 +261,8 @@ def plain_optimizer(params, optim):
 
 
 def rel_diff(a, b, start):
-    """||a - b|| / ||b - start||: how far apart two runs ended, relative to how far training moved."""
+    """||a - b|| / ||b - start||: how far apart two runs ended, relative to how far training
+    moved."""
     num = sum(float((a[k].float() - b[k].float()).pow(2).sum()) for k in a)
     den = sum(float((b[k].float() - start[k].float()).pow(2).sum()) for k in a)
     return (num / den) ** 0.5
@@ -322,7 +326,8 @@ def exp_fsdp2(rank, world, device, kind="mlp", compute_dtype=None, num_steps=4, 
         if impl == "fsdp2":
             model = fsdp2_model(kind, world, device, dtype, sizes=sizes)
         else:
-            model = FSDPFromScratch(make_model(kind, **(sizes or {})).to(device), compute_dtype=dtype)
+            model = FSDPFromScratch(make_model(kind, **(sizes or {})).to(device),
+                                    compute_dtype=dtype)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
         with count_traffic() as log:
             for batch in batches:
@@ -339,7 +344,8 @@ def exp_fsdp2(rank, world, device, kind="mlp", compute_dtype=None, num_steps=4, 
             runs[impl] = model.gather_full_params()
         runs[impl + "_sent"] = log.sent_bytes / num_steps
     ref = ref_nodecay(kind, batches, device, num_steps, dtype, sizes)
-    return dict(diff=max_diff(runs["fsdp2"], ref), diff_scratch=max_diff(runs["fsdp2"], runs["scratch"]),
+    return dict(diff=max_diff(runs["fsdp2"], ref),
+                diff_scratch=max_diff(runs["fsdp2"], runs["scratch"]),
                 local_bytes=local_bytes, full_bytes=sum(t.numel() * 4 for t in ref.values()),
                 sent_fsdp2=runs["fsdp2_sent"], sent_scratch=runs["scratch_sent"])
 
@@ -412,7 +418,8 @@ def exp_memory(rank, world, device, sizes=None, stages=("dp", "zero1", "zero2", 
             peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
             opt.zero_grad()
         local_opt = opt.local if stage == "zero1" else opt.optimizer if stage == "zero2" else opt
-        params = held_bytes(model.parameters()) if stage == "zero3" else held_bytes(net.parameters())
+        params = (held_bytes(model.parameters()) if stage == "zero3"
+                  else held_bytes(net.parameters()))
         out[stage] = dict(n_params=n_params, params_bytes=params, grads_bytes=grads,
                           optim_bytes=optimizer_state_bytes(local_opt) if local_opt else 0,
                           sent_bytes=log.sent_bytes, calls=dict(log.calls), cuda_peak=peak)
@@ -442,8 +449,9 @@ def _worker(rank, world, port, experiments, out_dir, backend):
 
 def run_ranks(world, experiments, backend=None):
     """Run the experiments [(name, kwargs), ...] on `world` processes; returns a list with each
-    rank's {name: result}. A name may carry a label ("fsdp:bf16") to run one experiment twice. NCCL with one GPU per rank when there are enough GPUs, gloo on the CPU
-    otherwise (it says so)."""
+    rank's {name: result}. A name may carry a label ("fsdp:bf16") to run one experiment twice.
+    NCCL with one GPU per rank when there are enough GPUs, gloo on the CPU otherwise (it says
+    so)."""
     unknown = [name for name, _ in experiments if name.split(":")[0] not in EXPERIMENTS]
     if unknown:
         raise ValueError(f"unknown experiments {unknown}: choose from {sorted(EXPERIMENTS)}")

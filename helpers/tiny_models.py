@@ -13,7 +13,8 @@ __all__ = ["deep_mlp", "TinyLM", "TinyBlock", "counting_tokens", "model_bytes"]
 
 
 def deep_mlp(d_in=32, width=64, depth=4, num_classes=10):
-    """`depth` hidden Linear+ReLU layers of `width`, then a classifier: parameters ~ depth*width^2."""
+    """`depth` hidden Linear+ReLU layers of `width`, then a classifier: parameters ~
+    depth*width^2."""
     layers, d = [], d_in
     for _ in range(depth):
         layers += [nn.Linear(d, width), nn.ReLU()]
@@ -68,7 +69,8 @@ class TinyLM(nn.Module):
 
 def counting_tokens(n, seq_len=16, vocab=32, seed=0):
     """n sequences that count up mod `vocab` from a random start with a random stride in 1..3:
-    the next token is predictable from the previous two. Returns (inputs, targets), each (n, seq_len)."""
+    the next token is predictable from the previous two. Returns (inputs, targets), each
+    (n, seq_len)."""
     g = torch.Generator().manual_seed(seed)
     start = torch.randint(vocab, (n, 1), generator=g)
     stride = torch.randint(1, 4, (n, 1), generator=g)

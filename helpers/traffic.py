@@ -51,7 +51,8 @@ def _full_tensor(name, args, kwargs):
 
 @contextlib.contextmanager
 def count_traffic():
-    """Count what this rank sends through dist collectives inside the block (yields a TrafficLog)."""
+    """Count what this rank sends through dist collectives inside the block (yields a
+    TrafficLog)."""
     log, saved = TrafficLog(), {}
     for name in _FACTORS:
         fn = getattr(dist, name, None)

@@ -171,7 +171,8 @@ def test_allreduce_spread_replacing_storage_fails():
         for t in data:
             t.data = total.clone()
     r = check_allreduce_spread(replace_storage)
-    assert r.status == "failed" and "was not updated in place: its storage was replaced" in r.message
+    assert (r.status == "failed"
+            and "was not updated in place: its storage was replaced" in r.message)
 
 
 def test_allreduce_spread_even_chunks_only_fails():

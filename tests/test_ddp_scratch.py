@@ -52,7 +52,8 @@ def test_allreduces_start_before_backward_ends(runs, name):
         # the first all-reduce is in flight before autograd has produced the last gradient
         assert launches[0] < grads[-1] < t["backward_s"], t
         # buckets go in reverse parameter order: the output layer's first
-        assert [i for _, what, i in t["events"] if what == "launch"] == list(range(t["num_buckets"]))
+        assert ([i for _, what, i in t["events"] if what == "launch"]
+                == list(range(t["num_buckets"])))
 
 
 def test_make_buckets_reverse_order_and_size():

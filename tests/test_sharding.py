@@ -21,7 +21,8 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two(ckpt):
     return helpers.run_ranks(2, [
-        ("zero1", {}), ("zero1:sgd", dict(optim="sgd")), ("zero2", {}), ("zero2:buckets", dict(bucket_mb=0.01)),
+        ("zero1", {}), ("zero1:sgd", dict(optim="sgd")), ("zero2", {}),
+        ("zero2:buckets", dict(bucket_mb=0.01)),
         ("fsdp", dict(kind="lm", optim="sgd")), ("fsdp:mlp", dict(kind="mlp")),
         ("fsdp:bf16", dict(kind="lm", optim="sgd", compute_dtype="bfloat16")),
         ("fsdp2", {}), ("fsdp2:bf16", dict(compute_dtype="bfloat16")),

@@ -76,7 +76,8 @@ def sample_notebook():
         new_markdown_cell("## Exercises\n\n### Exercise 1: Count the work\n*Warm-up, 5 min.*"),
         code('def matmul_flops(n):\n    """Operations of an n×n by n×n product."""\n'
              "    ### BEGIN SOLUTION\n    flops_per_entry = 2 * n   # SECRET ONE\n"
-             "    return flops_per_entry * n * n\n    ### END SOLUTION", ["solution", "hide-input"]),
+             "    return flops_per_entry * n * n\n    ### END SOLUTION",
+             ["solution", "hide-input"]),
         code("check_matmul_flops(matmul_flops)", ["check", "nbval-check-output"],
              "matmul_flops: ✔ passed\n"),
         new_markdown_cell("### Exercise 2: Shard sizes (core, 10–15 minutes)"),
@@ -120,7 +121,8 @@ def test_sample_edition(edition):
     assert "SECRET" not in text and "BEGIN SOLUTION" not in text
     stubs = [se.source(c) for c in student.cells if se.is_solution(c)]
     assert len(stubs) == 2 and all(s.rstrip().endswith(se.STUB) for s in stubs)
-    assert stubs[0].startswith('def matmul_flops(n):\n    """Operations of an n×n by n×n product."""')
+    assert stubs[0].startswith('def matmul_flops(n):\n'
+                               '    """Operations of an n×n by n×n product."""')
     assert [se.source(c) for c in student.cells if se.is_check(c)] == [
         "check_matmul_flops(matmul_flops)", "check_shard_sizes(shard_sizes)"]
     assert not any("nbval-check-output" in se.tags(c) for c in student.cells)
@@ -149,7 +151,8 @@ def test_gradebook_for_autograding(tmp_path):
 
 def test_sample_exercise_table(edition):
     table = se.exercise_table([edition["sample"]])
-    assert "| A sample chapter | 1. Count the work | warm-up | 5 min | `check_matmul_flops` |" in table
+    assert ("| A sample chapter | 1. Count the work | warm-up | 5 min | "
+            "`check_matmul_flops` |") in table
     assert "|  | 2. Shard sizes | core | 15 min | `check_shard_sizes` |" in table
     assert "|  | 3. Why? | open-ended | 60 min | worked answer |" in table
     assert "In all: 3 exercises, about 1.3 hours." in table

@@ -206,7 +206,8 @@ def check_allreduce_spread(fn):
 def _random_linear_params(g, num_inputs, num_outputs):
     """The parameters [W (in, out), b] of a functional linear net, drawn from `g` (not from
     torch's global generator)."""
-    return [torch.randn(num_inputs, num_outputs, generator=g), torch.randn(num_outputs, generator=g)]
+    return [torch.randn(num_inputs, num_outputs, generator=g),
+            torch.randn(num_outputs, generator=g)]
 
 
 class _RecordingNet:

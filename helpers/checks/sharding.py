@@ -91,8 +91,10 @@ class FakeWorld:
         fake = dict(get_world_size=lambda group=None: self.world,
                     get_rank=lambda group=None: self.rank, is_initialized=lambda: True,
                     all_reduce=self.all_reduce, broadcast=self.broadcast,
-                    reduce_scatter_tensor=self.reduce_scatter, reduce_scatter_single=self.reduce_scatter,
-                    all_gather_into_tensor=self.all_gather_into, all_gather_single=self.all_gather_into,
+                    reduce_scatter_tensor=self.reduce_scatter,
+                    reduce_scatter_single=self.reduce_scatter,
+                    all_gather_into_tensor=self.all_gather_into,
+                    all_gather_single=self.all_gather_into,
                     all_gather=self.all_gather_list, barrier=lambda *a, **k: None)
         for n, f in fake.items():
             setattr(dist, n, f)
@@ -138,7 +140,8 @@ def check_bucket_params(fn):
             got = fn(params, bucket_mb)
             want = _reference_buckets(params, bucket_mb)
             flat = [p for b in got for p in b]
-            call = f"bucket_params(params, {bucket_mb if bucket_mb is None else round(bucket_mb, 6)})"
+            call = ("bucket_params(params, "
+                    f"{bucket_mb if bucket_mb is None else round(bucket_mb, 6)})")
             expect(all(p.requires_grad for p in flat),
                    f"{call} put a frozen parameter (requires_grad=False) in a bucket: it has no "
                    "gradient to reduce")
