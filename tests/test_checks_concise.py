@@ -2,7 +2,6 @@
 a stub reports "not done", and typical wrong answers fail with their message."""
 import contextlib
 import copy
-import sys
 
 import pytest
 import torch
@@ -10,8 +9,7 @@ import torch
 from helpers.checks import (check_dp_forward, check_sync_bn_input_grads,
                             check_unused_parameters, check_update_running_stats,
                             check_accumulate_gradients, check_dp_shard_sizes, check_global_mean_var,
-                            check_lr_at, check_rank_shard, check_strip_module_prefix,
-                            check_torchrun_command)
+                            check_lr_at, check_strip_module_prefix)
 
 
 # The reference solutions, as the notebooks have them between the nbgrader markers.
@@ -42,20 +40,6 @@ def accumulate_gradients(model, loss_fn, micro_batches):
         last = i == k - 1
         with (contextlib.nullcontext() if last else model.no_sync()):
             (loss_fn(model(X), y) / k).backward()
-    ### END SOLUTION
-
-
-def rank_shard(n, rank, world_size):
-    ### BEGIN SOLUTION
-    return list(range(rank, n, world_size))
-    ### END SOLUTION
-
-
-def torchrun_command(script, nnodes, node_rank, nproc, addr, port):
-    ### BEGIN SOLUTION
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-            "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
-            "--master-addr", addr, "--master-port", str(port), script]
     ### END SOLUTION
 
 
@@ -118,8 +102,8 @@ def stub(*args):
 
 CHECKS = [(check_dp_shard_sizes, dp_shard_sizes), (check_lr_at, lr_at),
           (check_strip_module_prefix, strip_module_prefix),
-          (check_accumulate_gradients, accumulate_gradients), (check_rank_shard, rank_shard),
-          (check_torchrun_command, torchrun_command), (check_global_mean_var, global_mean_var),
+          (check_accumulate_gradients, accumulate_gradients),
+          (check_global_mean_var, global_mean_var),
           (check_dp_forward, dp_forward), (check_unused_parameters, unused_parameters),
           (check_update_running_stats, update_running_stats),
           (check_sync_bn_input_grads, sync_bn_input_grads)]
@@ -215,35 +199,6 @@ def test_accumulate_gradients_wrong_answers():
     assert failed(check_accumulate_gradients(no_no_sync), "only the last")
     assert failed(check_accumulate_gradients(unscaled), "too large")
     assert failed(check_accumulate_gradients(all_no_sync), "never all-reduced")
-
-
-def test_rank_shard_with_padding_fails():
-    def padded(n, rank, w):   # DistributedSampler's way: pad to a multiple of w
-        idx = list(range(n)) + list(range(n))[: (-n) % w]
-        return idx[rank::w]
-    assert failed(check_rank_shard(padded), "two ranks")
-
-
-def test_rank_shard_uneven_fails():
-    assert failed(check_rank_shard(lambda n, r, w: list(range(n)) if r == 0 else []), "differ")
-
-
-def test_torchrun_command_wrong_answers():
-    def standalone(script, nnodes, node_rank, nproc, addr, port):
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                str(nproc), script]
-
-    def after_script(script, nnodes, node_rank, nproc, addr, port):
-        return [sys.executable, "-m", "torch.distributed.run", script, "--nnodes", str(nnodes),
-                "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
-                "--master-addr", addr, "--master-port", str(port)]
-
-    def wrong_rank(script, nnodes, node_rank, nproc, addr, port):
-        return torchrun_command(script, nnodes, 0 if node_rank else 1, nproc, addr, port)
-
-    assert failed(check_torchrun_command(standalone), "--standalone")
-    assert failed(check_torchrun_command(after_script), "BEFORE")
-    assert failed(check_torchrun_command(wrong_rank), "--node-rank")
 
 
 def test_global_mean_var_wrong_answers():

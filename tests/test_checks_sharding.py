@@ -13,7 +13,7 @@ from helpers.checks import (
     check_grad_shard,
     check_overlap_hooks,
     check_partition,
-    check_saved_bytes,
+    check_saved_bytes_of_call,
     check_shard_flat,
     check_zero1_optimizer,
 )
@@ -250,7 +250,7 @@ CASES = [
                                     (shard_each_tensor, "pad it once")]),
     (check_gather_layer, gather_layer, [(gather_broadcast, "used broadcast"),
                                         (gather_local_only, "did not all-gather")]),
-    (check_saved_bytes, saved_bytes, [(saved_output_bytes, "size of the output"),
+    (check_saved_bytes_of_call, saved_bytes, [(saved_output_bytes, "size of the output"),
                                       (saved_input_bytes, "expected")]),
     (check_checkpointed_forward, checkpointed_forward, [(forward_plain, "checkpoint each block"),
                                                         (forward_no_grad, "has no gradient")]),

@@ -10,7 +10,7 @@ from torch import nn
 from ._core import CheckFailed, as_number, expect, fresh_generator, randint, run_check
 
 __all__ = ["check_dp_shard_sizes", "check_lr_at", "check_strip_module_prefix",
-           "check_accumulate_gradients", "check_rank_shard", "check_torchrun_command",
+           "check_accumulate_gradients",
            "check_global_mean_var", "check_dp_forward", "check_unused_parameters",
            "check_update_running_stats", "check_sync_bn_input_grads"]
 
@@ -166,74 +166,6 @@ def check_accumulate_gradients(fn):
     return run_check("accumulate_gradients", body, fn)
 
 
-# --- DDP with torchrun ------------------------------------------------------------------------
-def check_rank_shard(fn):
-    """fn(n, rank, world_size) -> this rank's indices; together the ranks cover 0..n-1 once each,
-    in shares that differ by at most one."""
-
-    def body(fn):
-        g = fresh_generator()
-        cases = [(randint(g, 0, 40), randint(g, 1, 6)) for _ in range(5)] + [(3, 5)]
-        for n, w in cases:
-            shards = [_int_list(fn(n, r, w), f"rank_shard({n}, {r}, {w})") for r in range(w)]
-            seen = sorted(i for s in shards for i in s)
-            dup = sorted({i for i in seen if seen.count(i) > 1})
-            expect(not dup, f"with n={n}, world_size={w}: examples {dup[:5]} are on two ranks "
-                            "(padding counts them twice)")
-            missing = sorted(set(range(n)) - set(seen))
-            expect(not missing,
-                   f"with n={n}, world_size={w}: examples {missing[:5]} are on no rank")
-            expect(set(seen) <= set(range(n)), f"with n={n}: indices outside 0..{n - 1}")
-            sizes = [len(s) for s in shards]
-            expect(max(sizes) - min(sizes) <= 1, f"with n={n}, world_size={w}: shares {sizes} "
-                                                 "differ by more than one")
-
-    return run_check("rank_shard", body, fn)
-
-
-def _flag(cmd, name):
-    forms = {name, name.replace("-", "_")}
-    for i, a in enumerate(cmd):
-        if a in forms and i + 1 < len(cmd):
-            return cmd[i + 1]
-        for f in forms:
-            if a.startswith(f + "="):
-                return a.split("=", 1)[1]
-    return None
-
-
-def check_torchrun_command(fn):
-    """fn(script, nnodes, node_rank, nproc, addr, port) -> the argument list of a torchrun launch
-    (static rendezvous) for one node."""
-
-    def body(fn):
-        import sys
-        g = fresh_generator()
-        nnodes, nproc, port = randint(g, 2, 8), randint(g, 1, 8), randint(g, 20000, 40000)
-        node_rank = randint(g, 0, nnodes - 1)
-        addr = f"10.0.{randint(g, 0, 255)}.{randint(g, 1, 254)}"
-        cmd = fn("train.py", nnodes, node_rank, nproc, addr, port)
-        expect(isinstance(cmd, (list, tuple)) and all(isinstance(a, str) for a in cmd),
-               f"expected a list of strings (for subprocess), got {cmd!r}")
-        cmd = list(cmd)
-        expect(cmd[:3] == [sys.executable, "-m", "torch.distributed.run"],
-               "start with [sys.executable, '-m', 'torch.distributed.run'] (the venv's torch)")
-        expect("--standalone" not in cmd, "--standalone is for one machine: it ignores the others")
-        want = {"--nnodes": nnodes, "--node-rank": node_rank, "--nproc-per-node": nproc,
-                "--master-addr": addr, "--master-port": port}
-        for name, value in want.items():
-            got = _flag(cmd, name)
-            expect(got is not None, f"{name} is missing")
-            expect(got == str(value), f"{name} is {got}, expected {value}")
-        expect("train.py" in cmd, "the script is missing")
-        before = cmd[:cmd.index("train.py")]
-        expect(all(_flag(before, n) is not None for n in want),
-               "the launcher's options go BEFORE the script (after it they go to the script)")
-
-    return run_check("torchrun_command", body, fn)
-
-
-# --- BatchNorm across devices -----------------------------------------------------------------
 def check_global_mean_var(fn):
     """fn(counts, means, variances) -> (mean, var): per-channel mean and biased variance of the
     global batch from what nn.SyncBatchNorm all-gathers, each rank's count and per-channel mean

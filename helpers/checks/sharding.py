@@ -15,7 +15,7 @@ from ._core import CheckFailed, expect, fresh_generator, randint, run_check
 
 __all__ = ["FakeWorld", "check_bucket_params", "check_overlap_hooks", "check_partition",
            "check_zero1_optimizer", "check_grad_shard", "check_shard_flat", "check_gather_layer",
-           "check_saved_bytes", "check_checkpointed_forward"]
+           "check_saved_bytes_of_call", "check_checkpointed_forward"]
 
 
 class _Done:
@@ -413,7 +413,7 @@ def _reference_saved_bytes(f, *inputs):
     return total[0]
 
 
-def check_saved_bytes(fn):
+def check_saved_bytes_of_call(fn):
     """fn(f, *inputs) -> bytes of the tensors autograd saves for backward while f(*inputs) runs."""
 
     def body(fn):
@@ -428,7 +428,7 @@ def check_saved_bytes(fn):
             want = _reference_saved_bytes(f, x, W)
             got = fn(f, x, W)
             expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-                   f"saved_bytes returned {got!r}, expected a number of bytes")
+                   f"saved_bytes_of_call returned {got!r}, expected a number of bytes")
             out = f(x, W)
             expect(not (got == out.numel() * out.element_size() and got != want),
                    f"for {what} with x {tuple(x.shape)}, W {tuple(W.shape)}: {got} bytes is the "
@@ -437,7 +437,7 @@ def check_saved_bytes(fn):
                                 f"{got} bytes, expected {want} (count every tensor the pack hook "
                                 "of saved_tensors_hooks receives)")
 
-    return run_check("saved_bytes", body, fn)
+    return run_check("saved_bytes_of_call", body, fn)
 
 
 def check_checkpointed_forward(fn):
