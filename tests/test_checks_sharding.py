@@ -7,7 +7,9 @@ from torch.utils.checkpoint import checkpoint
 
 import helpers
 from helpers.checks import (
+    check_average_bucket,
     check_bucket_params,
+    check_choose_checkpoints,
     check_checkpointed_forward,
     check_gather_layer,
     check_grad_shard,
@@ -16,6 +18,7 @@ from helpers.checks import (
     check_saved_bytes_of_call,
     check_shard_flat,
     check_zero1_optimizer,
+    check_zero3_sent_bytes,
 )
 
 
@@ -55,6 +58,16 @@ def overlap_hooks(model):
             if p.grad is not None:
                 p.grad.div_(dist.get_world_size())
     return finish
+
+
+def average_bucket(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:   # write into each gradient (rebinding changes nothing)
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def partition(sizes, world):
@@ -97,6 +110,14 @@ def gather_layer(shard, shapes):
     return out
 
 
+def zero3_sent_bytes(layers, world):
+    shard = 0   # elements of this rank's padded flat shards, one per layer
+    for layer in layers:
+        n = sum(p.numel() for p in layer.parameters())
+        shard += -(-n // world)
+    return 3 * (world - 1) * shard * 4
+
+
 def saved_bytes(f, *inputs):
     total = 0
 
@@ -114,6 +135,35 @@ def checkpointed_forward(blocks, x):
     for b in blocks:
         x = checkpoint(b, x, use_reentrant=False)
     return x
+
+
+def choose_checkpoints(blocks, x, budget):
+    def kept(f, h):   # bytes autograd saves while f(h) runs
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            f(h)
+        return total
+
+    freed, left, h = [], 0, x
+    for b in blocks:   # a checkpointed block still keeps its input
+        plain = kept(b, h)
+        ckpt = kept(lambda h: checkpoint(b, h, use_reentrant=False), h)
+        freed.append(plain - ckpt)
+        left += plain
+        h = b(h)
+    chosen = []
+    for i in sorted(range(len(blocks)), key=lambda i: -freed[i]):
+        if left <= budget:
+            break
+        chosen.append(i)
+        left -= freed[i]
+    return chosen
 
 
 def stub(*args):
@@ -157,6 +207,32 @@ def hooks_sum(model):
             p.register_post_accumulate_grad_hook(
                 lambda p: handles.append(dist.all_reduce(p.grad, async_op=True)))
     return lambda: [h.wait() for h in handles]
+
+
+def average_each(grads):
+    for g in grads:   # one message per gradient: the latency is paid len(grads) times
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+
+
+def average_no_copy_back(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+
+
+def average_sum(grads):
+    average_bucket(grads)
+    for g in grads:
+        g *= dist.get_world_size()
+
+
+def average_rebind(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for i, g in enumerate(list(grads)):
+        grads[i] = flat[:g.numel()].view_as(g)   # rebinds the list item, the tensor is untouched
 
 
 def partition_round_robin(sizes, world):
@@ -214,6 +290,21 @@ def gather_local_only(shard, shapes):
     return gather_split(torch.cat([shard] * world), shapes)
 
 
+def zero3_like_dp(layers, world):
+    n = sum(p.numel() for m in layers for p in m.parameters())
+    return 2 * (world - 1) / world * n * 4
+
+
+def zero3_whole_shards(layers, world):
+    return zero3_sent_bytes(layers, world) * world // max(world - 1, 1) if world > 1 else \
+        3 * sum(p.numel() for m in layers for p in m.parameters()) * 4
+
+
+def zero3_unpadded(layers, world):
+    n = sum(p.numel() for m in layers for p in m.parameters())
+    return 3 * (world - 1) / world * n * 4
+
+
 def saved_output_bytes(f, *inputs):
     out = f(*inputs)
     return out.numel() * out.element_size()
@@ -234,12 +325,57 @@ def forward_no_grad(blocks, x):
         return forward_plain(blocks, x)
 
 
+def checkpoint_all(blocks, x, budget):
+    return list(range(len(blocks)))
+
+
+def checkpoint_by_params(blocks, x, budget):
+    """Greedy on parameter count (a guess), stopping on the measured bytes."""
+    gain, h = [], x
+    for b in blocks:
+        gain.append(saved_bytes(b, h)
+                    - saved_bytes(lambda h: checkpoint(b, h, use_reentrant=False), h))
+        h = b(h)
+    left = saved_bytes(lambda h: forward_plain(blocks, h), x)
+    chosen = []
+    for i in sorted(range(len(blocks)), key=lambda i: -sum(p.numel() for p in
+                                                            blocks[i].parameters())):
+        if left <= budget:
+            break
+        chosen.append(i)
+        left -= gain[i]
+    return chosen
+
+
+def checkpoint_ignoring_input(blocks, x, budget):
+    """Counts a checkpointed block as saving nothing: it keeps its input."""
+    saved, h = [], x
+    for b in blocks:
+        saved.append(saved_bytes(b, h))
+        h = b(h)
+    chosen, left = [], sum(saved)
+    for i in sorted(range(len(blocks)), key=lambda i: -saved[i]):
+        if left <= budget:
+            break
+        chosen.append(i)
+        left -= saved[i]
+    return chosen
+
+
+def checkpoint_none(blocks, x, budget):
+    return []
+
+
 CASES = [
     (check_bucket_params, bucket_params, [(bucket_forward_order, "reverse order"),
                                           (bucket_with_frozen, "frozen parameter")]),
     (check_overlap_hooks, overlap_hooks, [(hooks_after_backward, "during backward"),
                                           (hooks_sync, "async_op=True"),
                                           (hooks_sum, "divide it by the world size")]),
+    (check_average_bucket, average_bucket, [(average_each, "expected one"),
+                                            (average_no_copy_back, "unchanged"),
+                                            (average_sum, "divide by the world size"),
+                                            (average_rebind, "in place")]),
     (check_partition, partition, [(partition_round_robin, "differ by at most"),
                                   (partition_contiguous, "differ by at most")]),
     (check_zero1_optimizer, zero1_optimizer, [(zero1_all_params, "about 1/world"),
@@ -250,10 +386,16 @@ CASES = [
                                     (shard_each_tensor, "pad it once")]),
     (check_gather_layer, gather_layer, [(gather_broadcast, "used broadcast"),
                                         (gather_local_only, "did not all-gather")]),
+    (check_zero3_sent_bytes, zero3_sent_bytes, [(zero3_like_dp, "data parallelism"),
+                                                (zero3_whole_shards, "k-1 shards"),
+                                                (zero3_unpadded, "padding")]),
     (check_saved_bytes_of_call, saved_bytes, [(saved_output_bytes, "size of the output"),
                                       (saved_input_bytes, "expected")]),
     (check_checkpointed_forward, checkpointed_forward, [(forward_plain, "checkpoint each block"),
                                                         (forward_no_grad, "has no gradient")]),
+    (check_choose_checkpoints, choose_checkpoints, [
+        (checkpoint_all, "suffice"), (checkpoint_by_params, "suffice"),
+        (checkpoint_none, "over the budget"), (checkpoint_ignoring_input, "keeps its input")]),
 ]
 
 

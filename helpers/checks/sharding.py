@@ -13,9 +13,10 @@ from torch.nn import functional as F
 
 from ._core import CheckFailed, expect, fresh_generator, randint, run_check
 
-__all__ = ["FakeWorld", "check_bucket_params", "check_overlap_hooks", "check_partition",
-           "check_zero1_optimizer", "check_grad_shard", "check_shard_flat", "check_gather_layer",
-           "check_saved_bytes_of_call", "check_checkpointed_forward"]
+__all__ = ["FakeWorld", "check_bucket_params", "check_overlap_hooks", "check_average_bucket",
+           "check_partition", "check_zero1_optimizer", "check_grad_shard", "check_shard_flat",
+           "check_gather_layer", "check_zero3_sent_bytes", "check_saved_bytes_of_call",
+           "check_checkpointed_forward", "check_choose_checkpoints"]
 
 
 class _Done:
@@ -209,6 +210,52 @@ def check_overlap_hooks(fn):
     return run_check("overlap_hooks", body, fn)
 
 
+def check_average_bucket(fn):
+    """fn(grads) averages a bucket of gradients over the ranks, in place, with ONE all-reduce of
+    a flat buffer. Run as a rank of a simulated world whose other ranks send other gradients."""
+
+    def body(fn):
+        g = fresh_generator()
+        for _ in range(3):
+            world, rank = randint(g, 2, 4), 0
+            shapes = [tuple(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
+                      for _ in range(randint(g, 3, 6))]
+            grads = [torch.randn(s, generator=g) for s in shapes]
+            n = sum(t.numel() for t in grads)
+            others = [torch.randn(n, generator=g) for _ in range(world - 1)]
+            mine = torch.cat([t.reshape(-1) for t in grads])
+            want = (mine + sum(others)) / world
+
+            def from_others(name, tensor):   # the other ranks' buffers, if it is the bucket's
+                return sum(others) if tensor.numel() == n else torch.zeros_like(tensor)
+
+            ids = [id(t) for t in grads]
+            with FakeWorld(world, rank, from_others) as w:
+                fn(grads)
+            call = f"average_bucket ({len(shapes)} gradients {shapes}, world {world})"
+            expect(w.count("all_reduce") > 0, f"{call} called no all_reduce")
+            expect(w.count("all_reduce") == 1,
+                   f"{call} made {w.count('all_reduce')} all-reduces, expected one: flatten the "
+                   "bucket into one buffer, so it pays the latency of one message")
+            sent = w.calls[0]["bytes"]
+            expect(sent == 4 * n,
+                   f"{call} all-reduced {sent} bytes, expected the whole bucket, {4 * n}")
+            expect([id(t) for t in grads] == ids and
+                   [tuple(t.shape) for t in grads] == shapes,
+                   f"{call} replaced or reshaped the gradient tensors: write into them in place")
+            got = torch.cat([t.reshape(-1) for t in grads])
+            expect(not torch.equal(got, mine),
+                   f"{call} left the gradients unchanged: the flat buffer is a copy, copy its "
+                   "averaged slices back into each gradient")
+            expect(not torch.allclose(got, want * world, atol=1e-5),
+                   f"{call} left the sum over the ranks: divide by the world size")
+            expect(torch.allclose(got, want, atol=1e-5),
+                   f"{call}: the gradients are not the average over the ranks (copy slice i of "
+                   "the buffer back into gradient i, in order)")
+
+    return run_check("average_bucket", body, fn)
+
+
 # --- ZeRO-1 and ZeRO-2 -------------------------------------------------------------------------
 def _owners(fn, sizes, world, call):
     got = fn(list(sizes), world)
@@ -400,6 +447,52 @@ def check_gather_layer(fn):
     return run_check("gather_layer", body, fn)
 
 
+def _random_layers(g):
+    widths = [randint(g, 3, 17) for _ in range(randint(g, 3, 5))]
+    with torch.random.fork_rng(devices=[]):   # leave the notebook's random numbers alone
+        torch.manual_seed(randint(g, 0, 10**6))
+        layers = [nn.Linear(a, b, bias=bool(randint(g, 0, 1)))
+                  for a, b in zip(widths, widths[1:])]
+    return layers, widths
+
+
+def check_zero3_sent_bytes(fn):
+    """fn(layers, world) -> bytes one rank sends over a ring in one ZeRO-3 training step: each
+    layer's padded flat shard all-gathered in forward and again in backward, its gradient
+    reduce-scattered (float32)."""
+
+    def body(fn):
+        g = fresh_generator()
+        for case in range(6):
+            layers, widths = _random_layers(g)
+            world = (1, 2)[case] if case < 2 else randint(g, 3, 8)
+            counts = [sum(p.numel() for p in m.parameters()) for m in layers]
+            shard = sum(-(-c // world) for c in counts)    # padded, per layer
+            want = 3 * (world - 1) * shard * 4
+            got = fn(layers, world)
+            call = f"zero3_sent_bytes(Linear layers {widths}, world {world})"
+            expect(isinstance(got, (int, float)) and not isinstance(got, bool),
+                   f"{call} returned {got!r}, expected a number of bytes")
+            n = sum(counts) * 4
+
+            def near(*values):
+                return got != want and any(abs(got - v) < 1e-6 for v in values)
+
+            expect(not near(2 * (world - 1) / world * n, 2 * (world - 1) * shard * 4),
+                   f"{call} = {got}: that is what data parallelism's all-reduce sends, 2(k-1)/k "
+                   "of the parameter bytes; ZeRO-3 all-gathers the weights twice (forward and "
+                   "again in backward) and reduce-scatters the gradient")
+            expect(not near(3 * n, 3 * world * shard * 4),
+                   f"{call} = {got}: over a ring each rank sends k-1 shards per collective, not "
+                   "all k (its own shard is already where it belongs)")
+            expect(not near(3 * (world - 1) / world * n),
+                   f"{call} = {got}: that forgets the padding: each layer's flat vector is "
+                   "padded to a multiple of the world size, so a shard is ceil(numel / world)")
+            expect(got == want, f"{call} = {got}, expected {want}")
+
+    return run_check("zero3_sent_bytes", body, fn)
+
+
 # --- FSDP2 chapter: memory of activations -------------------------------------------------------
 def _reference_saved_bytes(f, *inputs):
     total = [0]
@@ -491,3 +584,74 @@ def _seq(blocks, x):
     for b in blocks:
         x = b(x)
     return x
+
+
+def _blocks_with_saved(g, spec=None, d=None, n=None):
+    """Blocks (Linear, `tanhs` Tanh, Linear) whose saved bytes do not follow their parameter
+    counts: each Tanh saves its output but has no parameter. spec: [(hidden, tanhs), ...]."""
+    d, n = d or randint(g, 4, 10), n or randint(g, 4, 12)
+    spec = spec or [(d * randint(g, 1, 4), randint(g, 1, 5)) for _ in range(randint(g, 4, 6))]
+    with torch.random.fork_rng(devices=[]):   # leave the notebook's random numbers alone
+        torch.manual_seed(randint(g, 0, 10**6))
+        blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, h), *[nn.Tanh() for _ in range(r)],
+                                             nn.Linear(h, d)) for h, r in spec)
+    x = torch.randn(n, d, generator=g, requires_grad=True)
+    from torch.utils.checkpoint import checkpoint
+    saved, gain, h = [], [], x
+    for b in blocks:   # a checkpointed block still keeps its input
+        saved.append(_reference_saved_bytes(b, h))
+        gain.append(saved[-1] - _reference_saved_bytes(
+            lambda h: checkpoint(b, h, use_reentrant=False), h))
+        h = b(h)
+    return blocks, x, saved, gain
+
+
+def check_choose_checkpoints(fn):
+    """fn(blocks, x, budget) -> the indices of the fewest blocks to checkpoint so that autograd
+    saves at most `budget` bytes in a forward of the blocks in turn. Checked by running that
+    forward with the chosen blocks checkpointed, under saved_tensors_hooks."""
+    from torch.utils.checkpoint import checkpoint
+
+    def body(fn):
+        g = fresh_generator()
+        for case in range(5):
+            if case < 2:   # the blocks with the most parameters are not the ones that save most
+                blocks, x, saved, gain = _blocks_with_saved(
+                    g, [(32, 1), (16, 5), (16, 5), (32, 1)], d=8, n=64)
+                # case 1: one block would do if checkpointing freed all it saves (not its input)
+                budget = sum(saved) - (gain[1] + gain[2] if case == 0 else saved[1])
+            else:
+                blocks, x, saved, gain = _blocks_with_saved(g)
+                budget = int(sum(saved) * (0.25 + 0.4 * torch.rand(1, generator=g).item()))
+            total = sum(saved)
+            got = fn(blocks, x, budget)
+            call = f"choose_checkpoints({len(blocks)} blocks, budget {budget} of {total} bytes)"
+            try:
+                chosen = sorted({int(i) for i in got})
+            except (TypeError, ValueError):
+                raise CheckFailed(f"{call} returned {got!r}, expected a list of block indices")
+            expect(all(0 <= i < len(blocks) for i in chosen),
+                   f"{call} returned an index outside 0..{len(blocks) - 1}")
+
+            def run(x):
+                for i, b in enumerate(blocks):
+                    x = checkpoint(b, x, use_reentrant=False) if i in chosen else b(x)
+                return x
+
+            measured = _reference_saved_bytes(run, x)
+            expect(measured <= budget,
+                   f"{call}: with blocks {chosen} checkpointed autograd saves {measured} bytes, "
+                   "over the budget (measure with saved_tensors_hooks what each block saves, "
+                   "plainly and checkpointed: a checkpointed block still keeps its input)")
+            left, fewest = total, 0
+            for s in sorted(gain, reverse=True):
+                if left <= budget:
+                    break
+                left, fewest = left - s, fewest + 1
+            expect(len(chosen) == fewest,
+                   f"{call}: checkpointed {len(chosen)} blocks {chosen}, {fewest} suffice: each "
+                   "checkpoint costs a recompute, so checkpoint first the blocks whose "
+                   "checkpointing frees the most bytes (measured, not guessed from parameters "
+                   "or position)")
+
+    return run_check("choose_checkpoints", body, fn)
