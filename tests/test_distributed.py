@@ -295,51 +295,60 @@ def test_cpu_sync_batchnorm_matches_batchnorm(world_of_one, monkeypatch):
 # --- checkpoints that a kill cannot destroy ---
 
 def _kill_while_saving(tmp_path, save, kills=30, seed=0):
-    """Fork a child that saves versions 1, 2, 3, ... of a ~4 MB state to one path, without end;
-    SIGKILL it at a random moment, then load the file: returns how many kills left a file that
-    does not load (or holds a torn mix of versions). Version 0 is written first, completely."""
+    """Fork a child that saves versions 1, 2, 1, 2, ... of a ~4 MB state to one path, without
+    end; SIGKILL it at a random moment, then load the file. Returns (broken, saved): how many
+    kills left a file that does not load (or holds a torn mix of versions), and how many found a
+    version the child wrote (so the harness really saw saves happen). Version 0 goes first.
+
+    The states are built before forking: the child only serialises and writes. A forked child
+    that computes with torch can hang on the parent's thread pool, and then saves nothing."""
     import random
     import signal
 
     path, rng = tmp_path / "ckpt.pt", random.Random(seed)
     state = lambda v: {"w": torch.full((1024, 1024), float(v)), "version": v}   # 4 MB
+    versions = [state(1), state(2)]
     hd.atomic_save(state(0), path)
-    broken = 0
+    broken = saved = 0
     for _ in range(kills):
         pid = os.fork()
         if pid == 0:   # the child: save forever, until killed
             try:
-                v = 1
+                i = 0
                 while True:
-                    save(state(v), path)
-                    v += 1
+                    save(versions[i % 2], path)
+                    i += 1
             finally:
                 os._exit(0)
-        time.sleep(rng.uniform(0.0, 0.08))
+        time.sleep(rng.uniform(0.005, 0.08))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         try:
             s = torch.load(path, weights_only=True)
             ok = bool((s["w"] == s["version"]).all())
+            saved += ok and s["version"] > 0
         except Exception:
             ok = False
         broken += not ok
         if not ok:
             hd.atomic_save(state(0), path)   # start the next round from a good file
-    return broken
+    return broken, saved
 
 
 def test_a_checkpoint_killed_mid_save_always_loads(tmp_path):
     """30 SIGKILLs at random moments of atomic saves: the file on disk always loads (the old
     version or the new one), and no temporary file is left in the way of the next save."""
-    assert _kill_while_saving(tmp_path, hd.atomic_save) == 0
+    broken, saved = _kill_while_saving(tmp_path, hd.atomic_save)
+    assert saved > 0, "the child never finished a save: the harness tested nothing"
+    assert broken == 0
     hd.atomic_save({"x": torch.ones(1)}, tmp_path / "ckpt.pt")   # leftovers do not block it
 
 
 def test_the_same_kills_break_a_plain_torch_save(tmp_path):
     """The harness above can fail: writing straight to the final path (what save_checkpoint and
     single.py did) leaves files that do not load."""
-    assert _kill_while_saving(tmp_path, torch.save, kills=15) > 0
+    broken, _ = _kill_while_saving(tmp_path, torch.save, kills=15)
+    assert broken > 0
 
 
 def test_save_checkpoint_and_metrics_are_atomic_writes(tmp_path, monkeypatch):
