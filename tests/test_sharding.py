@@ -5,7 +5,7 @@ import pytest
 
 import helpers
 
-U_BF16 = 2.0 ** -9   # unit roundoff of bfloat16 (8 significant bits)
+U_BF16 = 2.0 ** -8   # unit roundoff of bfloat16 (8 significant bits)
 MLP = helpers.deep_mlp()
 N = sum(p.numel() for p in MLP.parameters())
 LARGEST = max(p.numel() for p in MLP.parameters())
@@ -75,7 +75,7 @@ def test_fsdp_scratch_bf16_within_rounding(two):
     by 4u of how far training moved them. For scale: bf16 itself moves them further from fp32."""
     for rank in two:
         b = rank["fsdp:bf16"]
-        assert b["rel_diff"] <= 4 * U_BF16, b
+        assert b["rel_diff"] <= 2 * U_BF16, b
         assert b["rel_diff"] < b["rel_precision_gap"], b
 
 

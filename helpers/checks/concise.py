@@ -263,10 +263,12 @@ def check_dp_forward(fn):
     def body(fn):
         g = fresh_generator()
         for _ in range(3):
-            k = randint(g, 2, 4)
+            k = randint(g, 3, 4)   # with 2 devices chunk and tensor_split always agree
             n = randint(g, 2 * k + 1, 6 * k)
-            if n % k == 0 or len(torch.arange(n).chunk(k)) < k:
-                n += 1
+            while (len(torch.arange(n).chunk(k)) < k
+                   or [len(c) for c in torch.arange(n).chunk(k)]
+                   == [len(c) for c in torch.arange(n).tensor_split(k)]):
+                n += 1   # a batch where the two ways of cutting differ
             n_in, n_out = randint(g, 2, 6), randint(g, 2, 5)
             log = _CallLog()
             net = _RecordingLinear(g, n_in, n_out, log)
