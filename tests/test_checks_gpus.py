@@ -61,9 +61,10 @@ def test_inputs_are_fresh(check, solution):
 
 def test_matmul_flops_wrong():
     r = check_matmul_flops(lambda n: 2 * 64**3)   # right for the n shown in the notebook only
-    assert r.status == "failed" and "expected 2·n³" in r.message
-    r = check_matmul_flops(lambda n: 1000)
-    assert r.status == "failed" and "returned 1000, expected 2·n³" in r.message
+    # (2·64³ is also 2·n² for n = 512, which the check may draw and then names)
+    assert r.status == "failed" and ("expected 2·n³" in r.message or "2·n²" in r.message)
+    r = check_matmul_flops(lambda n: 1001)          # neither n³ nor 2·n² for any integer n
+    assert r.status == "failed" and "returned 1001, expected 2·n³" in r.message
     assert "two operations" in check_matmul_flops(lambda n: n**3).message
     assert "n² output entries" in check_matmul_flops(lambda n: 2 * n * n).message
     assert "expected a number" in check_matmul_flops(lambda n: None).message

@@ -90,8 +90,20 @@ def fresh_generator(seed=None):
     not change the random numbers the rest of the notebook draws.
     """
     if seed is None:
-        seed = random.SystemRandom().randrange(2**31)
+        seed = (_SEEDS or random.SystemRandom()).randrange(2**31)
     return torch.Generator().manual_seed(seed)
+
+
+# The course's own test suite replays the same draws on every run (tests/conftest.py calls
+# replay_seeds per test): inputs stay fresh from call to call, and a rare unlucky draw cannot
+# make CI flaky. Readers and graders always get seeds from the operating system.
+_SEEDS = None
+
+
+def replay_seeds(seed):
+    """Draw check inputs from a sequence seeded with `seed` (None: the operating system again)."""
+    global _SEEDS
+    _SEEDS = None if seed is None else random.Random(seed)
 
 
 def randint(g, low, high):

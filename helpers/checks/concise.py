@@ -41,11 +41,13 @@ def check_dp_shard_sizes(fn):
             if got == want:
                 continue
             split = [len(c) for c in torch.arange(n).tensor_split(k)]
-            hint = (": that is tensor_split; scatter uses torch.chunk (pieces of ceil(n/k) rows, "
-                    "so maybe fewer than k pieces)") if got == split else ""
-            if not hint and got[:len(want)] == want and not any(got[len(want):]):
+            hint = ""
+            if got[:len(want)] == want and not any(got[len(want):]):   # the more specific one
                 hint = (f": torch.chunk returns only {len(want)} pieces here, so "
                         f"{k - len(want)} GPU(s) get no piece at all (not an empty one)")
+            elif got == split:
+                hint = (": that is tensor_split; scatter uses torch.chunk (pieces of ceil(n/k) "
+                        "rows, so maybe fewer than k pieces)")
             raise CheckFailed(f"{call} returned {got}, expected {want}{hint}")
 
     return run_check("dp_shard_sizes", body, fn)

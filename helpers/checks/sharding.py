@@ -247,7 +247,8 @@ def check_average_bucket(fn):
             expect(not torch.equal(got, mine),
                    f"{call} left the gradients unchanged: the flat buffer is a copy, copy its "
                    "averaged slices back into each gradient")
-            expect(not torch.allclose(got, want * world, atol=1e-5),
+            # (a last rank's shard may be all padding: zeros, where sum and mean agree)
+            expect(not (want.abs().max() > 1e-3 and torch.allclose(got, want * world, atol=1e-5)),
                    f"{call} left the sum over the ranks: divide by the world size")
             expect(torch.allclose(got, want, atol=1e-5),
                    f"{call}: the gradients are not the average over the ranks (copy slice i of "
@@ -366,7 +367,8 @@ def check_grad_shard(fn):
             expect(torch.is_tensor(got) and got.shape == want.shape,
                    f"{call} returned shape {tuple(getattr(got, 'shape', ()))}, expected "
                    f"{tuple(want.shape)} (pad to a multiple of the world size, then 1/world)")
-            expect(not torch.allclose(got, want * world, atol=1e-5),
+            # (a last rank's shard may be all padding: zeros, where sum and mean agree)
+            expect(not (want.abs().max() > 1e-3 and torch.allclose(got, want * world, atol=1e-5)),
                    f"{call} returned the sum over the ranks: divide by the world size")
             expect(torch.allclose(got, want, atol=1e-5),
                    f"{call} returned the wrong values: expected this rank's slice of the averaged "
