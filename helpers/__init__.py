@@ -25,6 +25,7 @@ tp_dist   Part VI: tensor parallel across processes (Megatron f/g, heads), DTens
 workers   Part IV: real data-parallel worker processes on a CPU (gloo, one thread each, pinned)
 profiling Part IV: the profiler without native log noise, counting a step's calls
 gpu_reference  Part IV: the committed GPU reference run, shown beside the reader's figures
+prose     claims the prose makes about a run, asserted (claim)
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -58,3 +59,4 @@ from .tp_dist import *       # noqa: F401,F403
 from .workers import *       # noqa: F401,F403
 from .gpu_reference import *  # noqa: F401,F403
 from .profiling import *     # noqa: F401,F403
+from .prose import *         # noqa: F401,F403
