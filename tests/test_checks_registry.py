@@ -36,7 +36,6 @@ PENDING = {
 }
 # Parts 0-II: converted by engineer "harness" (this branch), removed as they land
 PENDING |= {
-    "check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model",
     "check_microbatches_for_bubble", "check_split_by_params", "check_order_1f1b",
     "check_partial_sum_bytes", "check_conv_split_in_channels", "check_gated_mlp_column_then_row",
     "check_reduce_then_broadcast", "check_combine_mean_grads", "check_bytes_sent_naive_vs_ring",
