@@ -214,14 +214,14 @@ def _check_column_then_row(fn, gated):
         gpus = FakeGPUs(k)
         fakes = [gpus.tensor(t, 0) for t in args]
         Y, rec = gpus.run(fn, *fakes, gpus.devices, CommLog(), what=call)
-        _spread(call, rec, Y, gpus.devices, macs, "the weights' columns (W1" +
-                (", V" if gated else "") + ") and rows (W2)")
         for op in rec.ancestors(Y):
             if op.flops is not None:
                 expect(all(h not in r.shape for r in op.reads),
                        f"{call}: {op.name} on {describe_device(op.device)} used all {h} hidden "
                        "units at once: device i holds only its columns of W1" +
                        (" and V" if gated else "") + " and the matching rows of W2")
+        _spread(call, rec, Y, gpus.devices, macs, "the weights' columns (W1" +
+                (", V" if gated else "") + ") and rows (W2)")
         _megatron_structure(call, Y, fakes[0], k)
 
 
