@@ -40,7 +40,7 @@ STUB = "raise NotImplementedError()"
 DROP_TAGS = {"nbval-check-output", "hide-input"}   # the stub is the student's to see and edit
 # Appended to every check cell of the nbgrader source, hidden from the handout and restored by
 # `nbgrader autograde`: the check runs again from a fresh import of the course, loaded by path,
-# so a cell that patched helpers.checks (or the harness) cannot score (helpers/checks/_core/fresh.py).
+# so a cell that patched helpers.checks (or the harness) cannot score (checks/_core/fresh.py).
 REGRADE = """
 ### BEGIN HIDDEN TESTS
 import importlib.util as _u

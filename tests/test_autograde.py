@@ -6,8 +6,8 @@ of shortcuts, one of which patches the checks (the reliability review's L16).
 To stay fast it grades one representative assignment, built from the real chapters: the
 exercise cells (solution and check cells, as the chapters have them) of Part II's three checked
 exercises, DataParallel's learning-rate schedule, gradient accumulation and the global BatchNorm
-statistics. Five submissions, one kernel run each: solved, untouched, shortcuts everywhere, and two with the
-shortcuts of alternate exercises.
+statistics. Five submissions, one kernel run each: solved, untouched, shortcuts
+everywhere, and two with the shortcuts of alternate exercises.
 """
 import os
 import subprocess
