@@ -34,14 +34,6 @@ PENDING = {
     "check_time_it", "check_time_shares", "check_tp_ring_bytes", "check_unused_parameters",
     "check_update_running_stats", "check_zero1_optimizer", "check_zero3_sent_bytes",
 }
-# Parts 0-II: converted by engineer "harness" (this branch), removed as they land
-PENDING |= {
-    "check_microbatches_for_bubble", "check_split_by_params", "check_order_1f1b",
-    "check_partial_sum_bytes", "check_conv_split_in_channels", "check_gated_mlp_column_then_row",
-    "check_reduce_then_broadcast", "check_combine_mean_grads", "check_bytes_sent_naive_vs_ring",
-    "check_gpipe_time", "check_largest_batch_data_parallel", "check_saved_bytes",
-    "check_shard_sizes", "check_allreduce_spread", "check_evaluate_accuracy_multi",
-}
 CHECKS = sorted(n for n in dir(helpers.checks) if n.startswith("check_")
                 and callable(getattr(helpers.checks, n)))
 
@@ -80,3 +72,14 @@ def test_a_stub_is_not_done_yet(name, monkeypatch, capsys):
     def stub(*args, **kwargs):
         raise NotImplementedError()
     assert getattr(helpers.checks, name)(stub).status == "not done"
+
+
+def test_teachers_guide_lists_what_every_check_observes():
+    import sys
+    sys.path.insert(0, str(TESTS.parent / "scripts"))
+    import student_edition as se
+    text = se.TEACHERS.read_text()
+    begin = text.index(se.CHECKS_BEGIN) + len(se.CHECKS_BEGIN)
+    assert text[begin:text.index(se.CHECKS_END)].strip() == se.checks_table(), (
+        "book/teachers.md's checks table is out of date: run "
+        ".venv/bin/python scripts/student_edition.py --update-teachers-guide")
