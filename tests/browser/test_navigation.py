@@ -20,7 +20,8 @@ _VISIBLE_TOGGLE_JS = """(selector) => {
     if (!r.width || !r.height) continue;
     const x = r.left + r.width / 2, y = r.top + r.height / 2;
     const hit = document.elementFromPoint(x, y);
-    if (hit && b.contains(hit)) return {x, y, index: [...document.querySelectorAll(selector)].indexOf(b)};
+    const index = [...document.querySelectorAll(selector)].indexOf(b);
+    if (hit && b.contains(hit)) return {x, y, index};
   }
   return null;
 }"""

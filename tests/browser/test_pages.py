@@ -4,8 +4,9 @@ Needs the built book (`make test-book`, which `make test` runs first). For each 
 no console error, no failed local request, no broken internal link or image, no error in a cell
 output, every notebook figure a real image, math rendered, widgets rendered without internet,
 launch and download buttons opening the right notebook, no text running past its column (at
-1280 px and on a phone, 390 px) and no page scrolling sideways on a phone. A full-page screenshot of each page goes
-to artifacts/screenshots/<entry>.png (CI keeps it), with <entry>.json beside it: the problems
+1280 px and on a phone, 390 px) and no page scrolling sideways on a phone. A full-page
+screenshot of each page goes to artifacts/screenshots/<entry>.png (CI keeps it), with
+<entry>.json beside it: the problems
 found and the external requests the page tried (blocked: the book must work offline).
 """
 import json
