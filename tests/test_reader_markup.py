@@ -17,7 +17,9 @@ import helpers
 from book_files import ROOT, toc_notebooks
 
 READER_MARKUP_APPLIED = False   # the integrator flips this once book/ is converted
-RAW = re.compile(r"\{(glue(:text)?|term|cite(:[pt])?|numref|doc)\}`|^\s*(```|:::)\{[\w-]+\}", re.M)
+# in rendered HTML a role's backticks have become <code>, a directive's fence a code block
+RAW = re.compile(r"\{(?:glue(?::text)?|term|cite(?::[pt])?|numref|doc)\}|language-\{[\w-]+\}|"
+                 r"(?:```|:::)\{[\w-]+\}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,7 +108,7 @@ def _rendered_text(nb):
     html = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", html, flags=re.S)
     html = re.sub(r'<div class="jp-InputArea[^"]*jp-Cell-inputArea".*?</div>\s*</div>', " ",
                   html, flags=re.S)   # the code cells' source: Python, not prose
-    return re.sub(r"<[^>]+>", " ", html)
+    return re.sub(r"<(?![^>]*language-\{)[^>]+>", " ", html)   # tags out, directives' kept
 
 
 @pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
