@@ -7,7 +7,6 @@ the converter's output of the current notebooks, in memory; afterwards it checks
 are (READER_MARKUP_APPLIED below)."""
 import functools
 import importlib.util
-import pathlib
 import re
 
 import nbformat
