@@ -63,7 +63,10 @@ def progress(iterable, **kwargs):
 def glue(name, value, display=True):
     """Make a computed value available to the prose ({glue:text}`name`) via myst-nb.
 
-    Falls back to a plain display where myst-nb is not installed (e.g. Colab)."""
+    Falls back to a plain display where myst-nb is not installed (e.g. Colab). The value is
+    also recorded for helpers.say, which fills the prose's numbers in from it."""
+    from .prose import remember
+    remember(name, value)
     try:
         from myst_nb import glue as _glue
     except ImportError:
