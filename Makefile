@@ -20,6 +20,9 @@ CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_PINS ?= $(shell $(PYTHON) scripts/lock_subset.py --torch-pins $(LOCK))
 
 # The venv from the lock file: every package pinned with its hash (requirements/lock.txt).
+# A venv outside this tree (VENV=/elsewhere/.venv, shared by several git worktrees) is used as it
+# is: reinstalling it from here would point its editable `helpers` at this tree.
+ifneq ($(filter $(CURDIR)/%,$(abspath $(VENV))),)
 $(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11 or newer is needed (numpy 2.4)" if sys.version_info < (3, 11) else 0)'
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +38,10 @@ else
 endif
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
+else
+$(STAMP):
+	@test -x $(BIN)/python || (echo "no venv at $(VENV)"; exit 1)
+endif
 
 venv: $(STAMP)
 
