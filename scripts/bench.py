@@ -158,9 +158,10 @@ def main(argv=None):
         except Exception as e:   # no compiler, unsupported platform: say why, go on
             print(f"bench: compile row skipped: torch.compile failed here "
                   f"({type(e).__name__}: {str(e).splitlines()[0][:160]})")
-    have_scratch = importlib.util.find_spec("helpers.ddp_scratch") is not None
+    have_scratch = importlib.util.find_spec("helpers.data_parallel.scratch") is not None
     if not have_scratch:
-        print("bench: DDPFromScratch row skipped: helpers.ddp_scratch is not importable here")
+        print("bench: DDPFromScratch row skipped: helpers.data_parallel.scratch is not "
+              "importable here")
     for k in ranks:
         wrappers = ["ddp"] + (["scratch"] if have_scratch and k > 1 else [])
         got, backend = helpers.bench_ranks(k, wrappers, args.batch_size, args.lr,

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import helpers
-from helpers.ddp_scratch import make_buckets
+from helpers import make_buckets
 
 CASES = [("mlp", None), ("mlp", 0.004), ("mlp", 25), ("tied", None), ("tied", 0.01),
          ("frozen", 0.004)]

@@ -20,7 +20,9 @@ from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import helpers
-import helpers.distributed as hd
+import helpers as hd
+from helpers.data_parallel import torch_api
+from helpers.runtime import group
 from book_files import ROOT
 
 SCRIPT = ROOT / "scripts" / "ddp" / "torchrun.py"
@@ -244,10 +246,10 @@ def test_set_epoch_changes_the_order_and_forgetting_it_does_not():
 
 
 def test_backend_choice(monkeypatch):
-    monkeypatch.setattr(hd.dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(group.dist, "is_nccl_available", lambda: True)
     for gpus, ranks, expected in [(0, 1, "gloo"), (0, 2, "gloo"), (1, 1, "nccl"),
                                   (1, 2, "gloo"), (2, 2, "nccl"), (8, 4, "nccl")]:
-        monkeypatch.setattr(hd, "num_gpus", lambda g=gpus: g)
+        monkeypatch.setattr(group, "num_gpus", lambda g=gpus: g)
         assert hd.choose_backend(ranks) == expected, (gpus, ranks)
 
 
@@ -277,7 +279,7 @@ def test_evaluate_exact_and_checkpoints(world_of_one, tmp_path):
 def test_cpu_sync_batchnorm_matches_batchnorm(world_of_one, monkeypatch):
     """The statistics path of CPUSyncBatchNorm (forced on, over a world of one) gives BatchNorm2d's
     outputs, gradients and running statistics."""
-    monkeypatch.setattr(hd, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch_api, "get_world_size", lambda: 2)
     torch.manual_seed(0)
     bn = nn.BatchNorm2d(3)
     sync = hd.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3)), "cpu")[0]
@@ -353,7 +355,7 @@ def test_the_same_kills_break_a_plain_torch_save(tmp_path):
 
 def test_save_checkpoint_and_metrics_are_atomic_writes(tmp_path, monkeypatch):
     """Every writer goes through atomic_write: a failure mid-write leaves the old file whole."""
-    import helpers.checkpoint as hc
+    import helpers.runtime.checkpoint as hc
     hd.atomic_save({"v": torch.zeros(3)}, tmp_path / "a.pt")
     hc.write_json(tmp_path / "m.json", {"v": 0})
 

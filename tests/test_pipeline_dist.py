@@ -1,13 +1,12 @@
-"""Pipeline across processes (helpers/pipeline_dist.py): GPipe and 1F1B from scratch with
+"""Pipeline across processes (helpers/pipeline_parallel/): GPipe and 1F1B from scratch with
 send/recv, and torch.distributed.pipelining, each equal to the unsplit model (loss and every
 gradient) on 2 gloo ranks; the schedules' live micro-batches; the same code on 4 thread-ranks."""
 import pytest
 import torch
 
-from helpers.pipeline_dist import (cuts_by, gpipe_rank_order, one_f_one_b_rank_order,
-                                   pipeline_net, pipeline_rank_step, pipeline_worker, stage_of,
-                                   timeline_bubble, unsplit_step)
-from helpers.ranks import run_threads, spawn_ranks
+from helpers import (cuts_by, gpipe_rank_order, one_f_one_b_rank_order, pipeline_net,
+                     pipeline_rank_step, pipeline_worker, run_threads, spawn_ranks, stage_of,
+                     timeline_bubble, unsplit_step)
 
 NET = dict(vocab=64, width=16, depth=4)
 N, M = 12, 4

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import helpers
-import helpers.distributed as hd
+import helpers.data_parallel.torch_api as hd
 
 SHAPES = {1: (6, 3), 2: (6, 3, 4, 5), 3: (6, 3, 2, 3, 4)}
 BN = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
@@ -54,7 +54,7 @@ def _worker(rank, world_size, port, out):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("syncbn") / "r")
-    mp.spawn(_worker, args=(2, hd.free_port(), out), nprocs=2)
+    mp.spawn(_worker, args=(2, helpers.free_port(), out), nprocs=2)
     return [torch.load(f"{out}.{r}.pt", weights_only=True) for r in range(2)]
 
 

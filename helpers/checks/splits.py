@@ -11,9 +11,8 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..costs import OPTIMIZER_STATE_BYTES, balanced_cuts, saved_per_layer
-from ..splits import (CommLog, all_close, check_orders, clock_ticks, dense_split_rows, peak_live,
-                      run_schedule, send)
-from ..tensor_parallel import ring_all_reduce
+from .. import (CommLog, all_close, check_orders, clock_ticks, dense_split_rows, peak_live,
+                ring_all_reduce, run_schedule, send)
 from ._core import CheckFailed, as_number, expect, fresh_generator, randint, run_check
 
 __all__ = ["check_microbatches_for_bubble", "check_split_by_params", "check_partial_sum_bytes",

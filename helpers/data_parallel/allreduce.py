@@ -8,13 +8,12 @@ import time
 
 import torch
 
-from .models import lenet, loss
-from .parallel import split_batch
-from .training import sgd
+from ..models import lenet, loss
+from .simulated import sgd, split_batch
 
-__all__ = ["flatten", "unflatten_into", "flat_allreduce", "bucketed_allreduce", "ring_allreduce",
-           "ring_volume", "OverlapReducer", "train_batch_overlap", "allreduce_time",
-           "fit_alpha_beta", "gloo_allreduce_worker", "time_gloo_allreduce"]
+__all__ = ["flatten", "unflatten_into", "sum_into_all", "flat_allreduce", "bucketed_allreduce",
+           "ring_allreduce", "ring_volume", "OverlapReducer", "train_batch_overlap",
+           "allreduce_time", "fit_alpha_beta", "gloo_allreduce_worker", "time_gloo_allreduce"]
 
 
 def flatten(tensors):
@@ -34,7 +33,7 @@ def unflatten_into(flat, tensors):
         offset += n
 
 
-def _sum_into_all(bufs):
+def sum_into_all(bufs):
     """The naive allreduce of Part II on whole buffers: sum into bufs[0], copy back to the rest."""
     for i in range(1, len(bufs)):
         bufs[0].add_(bufs[i].to(bufs[0].device))
@@ -46,7 +45,7 @@ def flat_allreduce(grads):
     """Allreduce k replicas' gradient lists (`grads[c]` = the list on device c) through ONE flat
     buffer per device: 2(k-1) copies in all, instead of 2(k-1) per parameter."""
     bufs = [flatten(g) for g in grads]
-    _sum_into_all(bufs)
+    sum_into_all(bufs)
     for buf, g in zip(bufs, grads):
         unflatten_into(buf, g)
 
@@ -228,7 +227,7 @@ def gloo_allreduce_worker(rank, world_size, sizes, reps, port, out_path, backend
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init: NCCL's communicator and barrier use this GPU
     dist.init_process_group(backend, rank=rank, world_size=world_size)
-    from .devices import exact_float32
+    from ..devices import exact_float32
     exact_float32()   # no TF32 on GPUs in this process either
     results = {}
     try:

@@ -59,7 +59,7 @@ class _Trainer:
     every rank) and its own generator of global batches (the same on every rank and every k)."""
 
     def __init__(self, run, k, lr, seed):
-        from .models import init_lenet_params
+        from ..models import init_lenet_params
         self.B, self.mode, self.k, self.lr = run["global_batch"], run.get("mode", "fast"), k, lr
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: use one of {MODES}")
@@ -77,8 +77,8 @@ class _Trainer:
         """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update."""
         import torch.distributed as dist
 
-        from .models import lenet, loss
-        from .training import sgd
+        from ..models import lenet, loss
+        from .simulated import sgd
         comp = comm = upd = 0.0
         t_start = time.perf_counter()
         for _ in range(steps):
@@ -119,8 +119,8 @@ def dp_timing_worker(rank, world_size, port, cfg, out_path):
     generator seeded with `seed`, rank r taking its `tensor_split` slice."""
     import torch.distributed as dist
 
-    from .data import load_tensors
-    from .devices import exact_float32
+    from ..data import load_tensors
+    from ..devices import exact_float32
     core = pin_to_core(rank)
     exact_float32()
     _init_gloo(rank, world_size, port)
@@ -170,7 +170,7 @@ def _spawn(fn, world_size, args, timeout=600):
     rank 0 wrote. OMP_NUM_THREADS=1 is set for the children before they import torch."""
     import torch.multiprocessing as mp
 
-    from .distributed import free_port
+    from ..runtime.group import free_port
     old = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
@@ -223,7 +223,7 @@ def allreduce_compare_worker(rank, world_size, port, cfg, out_path):
     """mp.spawn target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with
     torch.distributed; rank 0 writes the inputs of every rank and the results, for comparison
     in one process."""
-    from .devices import exact_float32
+    from ..devices import exact_float32
     torch.set_num_threads(1)
     exact_float32()
     _init_gloo(rank, world_size, port)
@@ -254,7 +254,7 @@ def compare_with_dist_all_reduce(shapes, world_size=2, seed=0):
 def lenet_module_from(params):
     """helpers.lenet_module() holding the functional LeNet's `params` (the same initialisation as
     the from-scratch trainers; the dense weights are stored transposed in nn.Linear)."""
-    from .models import lenet_module
+    from ..models import lenet_module
     net = lenet_module()
     convs = [m for m in net if isinstance(m, torch.nn.Conv2d)]
     dense = [m for m in net if isinstance(m, torch.nn.Linear)]
@@ -278,10 +278,10 @@ def bench_worker(rank, world_size, port, cfg, out_path):
     import torch.distributed as dist
     from torch.nn import functional as F
 
-    from .data import load_tensors
-    from .devices import exact_float32
+    from ..data import load_tensors
+    from ..devices import exact_float32
     from .fast import ResidentLoader
-    from .models import init_lenet_params
+    from ..models import init_lenet_params
     nccl = cfg["backend"] == "nccl"
     if nccl:
         device = torch.device(f"cuda:{rank}")
@@ -303,7 +303,7 @@ def bench_worker(rank, world_size, port, cfg, out_path):
                 model = torch.nn.parallel.DistributedDataParallel(
                     net, device_ids=[rank] if nccl else None)
             else:
-                from .ddp_scratch import DDPFromScratch   # written on another branch
+                from .scratch import DDPFromScratch
                 model = DDPFromScratch(net)
             opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
             loader = ResidentLoader(X, y, cfg["batch_size"], seed=cfg["seed"])

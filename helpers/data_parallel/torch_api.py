@@ -1,167 +1,20 @@
-"""Part III: torch.distributed set-up that runs on a CPU, on one GPU and on many.
+"""Part III: torch's data parallelism on a CPU, on one GPU and on many: evaluation that counts
+each example once, synchronised BatchNorm (also on the CPU, where nn.SyncBatchNorm refuses), and
+the models of the custom-module and BatchNorm chapters.
 
-One process per rank. Every function works the same under `torchrun` (ranks from the environment)
-and under `mp.spawn` (ranks passed in). The rules it encodes (see the notes on what learners hit):
-- NCCL only when every rank on this machine has a GPU of its own; gloo otherwise (no GPU, or more
-  ranks than GPUs: two NCCL ranks on one GPU fail with "Duplicate GPU detected").
-- `torch.cuda.set_device(local_rank)` before anything touches CUDA.
-- A `timeout` on the process group, so a dead or divergent rank ends the run with an error.
-- Every rank runs the same collectives (evaluation too), and evaluation counts each example once.
+Every rank runs the same collectives (evaluation too), and evaluation counts each example once.
 """
-import datetime
-import os
-import socket
-
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+from torch.nn import functional as F
 
-from .checkpoint import atomic_save, rng_state, save_snapshot
-from .devices import exact_float32, num_gpus
-from .validate import check_backend
+from ..models import unwrap
+from ..runtime.group import get_rank, get_world_size
 
-__all__ = ["choose_backend", "env_ranks", "rank_device", "setup", "teardown", "free_port",
-           "get_rank", "get_world_size", "log0", "unwrap", "save_checkpoint", "load_checkpoint",
-           "save_snapshot_all", "shard_indices", "exact_counts", "evaluate_exact",
-           "CPUSyncBatchNorm", "convert_sync_batchnorm"]
-
-
-def choose_backend(local_world_size=1):
-    """"nccl" when every one of the `local_world_size` ranks on this machine has its own GPU,
-    "gloo" otherwise (no GPU, or ranks outnumbering GPUs)."""
-    if dist.is_nccl_available() and 0 < local_world_size <= num_gpus():
-        return "nccl"
-    return "gloo"
-
-
-def env_ranks():
-    """(rank, local_rank, world_size, local_world_size) as torchrun sets them; (0, 0, 1, 1) when
-    the process was started without a launcher."""
-    e = os.environ
-    world_size = int(e.get("WORLD_SIZE", 1))
-    return (int(e.get("RANK", 0)), int(e.get("LOCAL_RANK", 0)), world_size,
-            int(e.get("LOCAL_WORLD_SIZE", world_size)))
-
-
-def rank_device(local_rank):
-    """This rank's device: GPU `local_rank` (round-robin if ranks outnumber GPUs), made the
-    current CUDA device; the CPU on a machine without GPUs."""
-    n = num_gpus()
-    if n == 0:
-        return torch.device("cpu")
-    device = torch.device("cuda", local_rank % n)
-    torch.cuda.set_device(device)
-    return device
-
-
-def free_port():
-    """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT / --rdzv-endpoint)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, backend=None,
-          timeout=60, master_addr=None, master_port=None):
-    """Join the process group and pick this rank's device. Returns (rank, world_size, device).
-
-    Under torchrun call it without arguments. Under mp.spawn pass rank, world_size and a
-    master_port (all ranks the same). `timeout` (seconds) bounds every collective: a rank that
-    waits longer for its peers raises instead of hanging.
-    """
-    env_rank, env_local, env_world, env_local_world = env_ranks()
-    spawned = rank is not None   # mp.spawn: one machine, so local rank = rank
-    rank = rank if spawned else env_rank
-    world_size = world_size if world_size is not None else env_world
-    if local_rank is None:
-        local_rank = rank if spawned else env_local
-    if local_world_size is None:
-        local_world_size = world_size if spawned else env_local_world
-    if master_addr is not None or "MASTER_ADDR" not in os.environ:
-        os.environ["MASTER_ADDR"] = master_addr or "127.0.0.1"
-    if master_port is not None:
-        os.environ["MASTER_PORT"] = str(master_port)
-    backend = check_backend(backend, local_world_size) or choose_backend(local_world_size)
-    device = rank_device(local_rank)
-    exact_float32()   # the course compares ranks with one process: no TF32 on Ampere and newer
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # ranks sharing a CPU: split its cores, or their threads fight (torchrun sets 1 per rank)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
-    timeout = datetime.timedelta(seconds=timeout)
-    store = _attempt_store(timeout)
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
-                            **({"store": store} if store is not None else {}))
-    return rank, world_size, device
-
-
-def _attempt_store(timeout):
-    """Under torchrun, the launcher's key-value store with keys private to this attempt.
-
-    After `--max-restarts` restarts the group, the new ranks would otherwise find the addresses
-    the dead attempt published there and try to connect to them (seen with torch 2.14:
-    "Gloo connectFullMesh failed ... Connection refused", then another restart)."""
-    e = os.environ
-    if e.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in e:
-        return None
-    store = dist.TCPStore(e["MASTER_ADDR"], int(e["MASTER_PORT"]), is_master=False,
-                          timeout=timeout)
-    return dist.PrefixStore(f"/course/attempt_{e['TORCHELASTIC_RESTART_COUNT']}", store)
-
-
-def teardown():
-    """Leave the process group (safe to call when there is none)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def get_rank():
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def get_world_size():
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def log0(*args, **kwargs):
-    """print() on rank 0 only: one log, not one per rank."""
-    if get_rank() == 0:
-        print(*args, **kwargs, flush=True)
-
-
-def unwrap(model):
-    """The module inside DataParallel / DistributedDataParallel (the model itself otherwise)."""
-    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-        model = model.module
-    return model
-
-
-def save_checkpoint(model, path):
-    """Rank 0 saves the UNWRAPPED state_dict (keys without "module."); returns True where saved.
-    Other ranks that then read the file must wait for it (dist.barrier())."""
-    if get_rank() != 0:
-        return False
-    atomic_save(unwrap(model).state_dict(), path)   # a kill mid-save keeps the old file whole
-    return True
-
-
-def save_snapshot_all(path, model, optimizer, epoch, history=()):
-    """Every rank calls it (it gathers each rank's RNG states: a collective); rank 0 writes the
-    snapshot atomically. `epoch` is the next epoch to run."""
-    rngs = [rng_state()]
-    if get_world_size() > 1:
-        rngs = [None] * get_world_size()
-        dist.all_gather_object(rngs, rng_state())
-    if get_rank() == 0:
-        save_snapshot(path, model, optimizer, epoch, history, rng=rngs)
-
-
-def load_checkpoint(model, path, map_location="cpu"):
-    """Load a state_dict saved with or without the wrapper's "module." prefix, safely
-    (weights_only=True: tensors only, no arbitrary pickled code)."""
-    state = torch.load(path, map_location=map_location, weights_only=True)
-    consume_prefix_in_state_dict_if_present(state, "module.")
-    return unwrap(model).load_state_dict(state)
+__all__ = ["shard_indices", "exact_counts", "evaluate_exact", "SyncBatchNormFunction",
+           "CPUSyncBatchNorm", "convert_sync_batchnorm", "TwoInputNet", "side_features", "bn_net",
+           "bn_stats", "global_batches", "train_bn_steps"]
 
 
 def shard_indices(n, rank, world_size):
@@ -207,7 +60,7 @@ def _combine_stats(counts, means, variances):
     return mean, m2 / n, n
 
 
-class _SyncBatchNormFunction(torch.autograd.Function):
+class SyncBatchNormFunction(torch.autograd.Function):
     """The communication of nn.SyncBatchNorm, on any backend: the forward ALL-GATHERS each rank's
     (count, per-channel mean, per-channel variance) and combines them; the backward ALL-REDUCES
     the per-channel sums of the upstream gradient and of gradient * x_hat, which the input
@@ -268,7 +121,7 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if not (self.training and get_world_size() > 1):
             return super().forward(X)
         self._check_input_dim(X)
-        Y, mean, var, n = _SyncBatchNormFunction.apply(X, self.weight, self.bias, self.eps)
+        Y, mean, var, n = SyncBatchNormFunction.apply(X, self.weight, self.bias, self.eps)
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked += 1
@@ -295,3 +148,74 @@ def convert_sync_batchnorm(model, device):
     for name, child in model.named_children():
         setattr(model, name, convert_sync_batchnorm(child, device))
     return model
+
+
+class TwoInputNet(nn.Module):
+    """A module of the kind readers bring: two inputs (an image and a few side features), buffers
+    (input normalisation and a call counter), a dict output, and an auxiliary head used only in
+    some steps (`aux=True`)."""
+
+    def __init__(self, num_side=4, hidden=64, num_classes=10):
+        super().__init__()
+        self.num_classes = num_classes
+        self.register_buffer("mean", torch.tensor(0.286))   # Fashion-MNIST pixel mean and std
+        self.register_buffer("std", torch.tensor(0.353))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.image = nn.Sequential(nn.Conv2d(1, 8, 5, stride=2), nn.ReLU(), nn.Flatten(),
+                                   nn.Linear(8 * 12 * 12, hidden), nn.ReLU())
+        self.side = nn.Linear(num_side, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+        self.aux_head = nn.Linear(hidden, 1)   # predicts the mean brightness; not every step
+
+    def forward(self, X, side, aux=False):
+        self.calls += 1
+        h = self.image((X - self.mean) / self.std) + F.relu(self.side(side))
+        out = {"logits": self.head(h), "embedding": h}
+        if aux:
+            out["aux"] = self.aux_head(h).squeeze(1)
+        return out
+
+
+def side_features(X):
+    """Four side features per image: the mean brightness of its four quadrants, shape (n, 4)."""
+    q = X.unfold(2, 14, 14).unfold(3, 14, 14)   # (n, 1, 2, 2, 14, 14)
+    return q.mean(dim=(-1, -2)).reshape(X.shape[0], 4)
+
+
+def bn_net(channels=16, num_classes=10):
+    """A small CNN with two BatchNorm layers (the BatchNorm chapter's model)."""
+    c = channels
+    return nn.Sequential(
+        nn.Conv2d(1, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(), nn.AvgPool2d(2),
+        nn.Conv2d(c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(), nn.AvgPool2d(2),
+        nn.Flatten(), nn.Linear(2 * c * 7 * 7, num_classes))
+
+
+def bn_stats(model):
+    """{layer name: (running_mean, running_var)} of every BatchNorm layer, on the CPU."""
+    return {name: (m.running_mean.detach().cpu().clone(), m.running_var.detach().cpu().clone())
+            for name, m in unwrap(model).named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+
+
+def global_batches(n, batch_size, num_steps, seed=0):
+    """Indices of `num_steps` global batches drawn from n examples, shape (num_steps, batch_size);
+    the same on every rank (same seed), so each rank can take its slice of each."""
+    g = torch.Generator().manual_seed(seed)
+    need = num_steps * batch_size
+    perm = torch.cat([torch.randperm(n, generator=g) for _ in range(-(-need // n))])
+    return perm[:need].view(num_steps, batch_size)
+
+
+def train_bn_steps(model, X, y, batches, lr, device, rank=0, world_size=1):
+    """SGD (momentum 0.9) over the given global batches; this rank trains on its slice of each."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    model.train()
+    for idx in batches:
+        idx = idx.tensor_split(world_size)[rank]
+        loss = F.cross_entropy(model(X[idx].to(device)), y[idx].to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return model
+

@@ -17,10 +17,15 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from ..models import unwrap
+from .group import get_rank, get_world_size
+
 __all__ = ["atomic_write", "atomic_save", "write_json", "rng_state", "set_rng_state",
-           "save_snapshot", "load_snapshot"]
+           "save_snapshot", "load_snapshot", "save_checkpoint", "save_snapshot_all",
+           "load_checkpoint"]
 
 
 def atomic_write(path, write, mode="wb"):
@@ -116,3 +121,32 @@ def load_snapshot(path, model, optimizer, rank=0):
                          f"{rank}: resume with the world size that saved it, or start afresh")
     set_rng_state(rngs[rank])
     return snap["epoch"], snap["history"]
+
+
+# ---- under DDP: one writer, every rank's RNG states ---------------------------------------
+def save_checkpoint(model, path):
+    """Rank 0 saves the UNWRAPPED state_dict (keys without "module."); returns True where saved.
+    Other ranks that then read the file must wait for it (dist.barrier())."""
+    if get_rank() != 0:
+        return False
+    atomic_save(unwrap(model).state_dict(), path)   # a kill mid-save keeps the old file whole
+    return True
+
+
+def save_snapshot_all(path, model, optimizer, epoch, history=()):
+    """Every rank calls it (it gathers each rank's RNG states: a collective); rank 0 writes the
+    snapshot atomically. `epoch` is the next epoch to run."""
+    rngs = [rng_state()]
+    if get_world_size() > 1:
+        rngs = [None] * get_world_size()
+        dist.all_gather_object(rngs, rng_state())
+    if get_rank() == 0:
+        save_snapshot(path, model, optimizer, epoch, history, rng=rngs)
+
+
+def load_checkpoint(model, path, map_location="cpu"):
+    """Load a state_dict saved with or without the wrapper's "module." prefix, safely
+    (weights_only=True: tensors only, no arbitrary pickled code)."""
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    return unwrap(model).load_state_dict(state)

@@ -15,8 +15,8 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from .devices import exact_float32, num_gpus
-from .distributed import choose_backend, free_port, setup, teardown
+from ..devices import exact_float32, num_gpus
+from .group import choose_backend, free_port, setup, teardown
 
 __all__ = ["DistComm", "ThreadWorld", "ThreadComm", "run_threads", "spawn_ranks",
            "backend_line"]

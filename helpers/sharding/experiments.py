@@ -17,49 +17,20 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
 
-from .ddp_scratch import DDPFromScratch
-from .distributed import free_port, setup, teardown
+from ..compare import max_diff, rel_diff
+from ..data_parallel.scratch import DDPFromScratch
+from ..runtime.group import free_port, setup, teardown
+from ..runtime.traffic import count_traffic
+from ..tiny_models import make_batches, make_model
 from .fsdp_scratch import FSDPFromScratch
-from .tiny_models import TinyLM, counting_tokens, deep_mlp
-from .traffic import count_traffic
+from .torch_api import fsdp2_model, full_params
 from .zero import ShardedOptimizer, Zero2, optimizer_state_bytes
 
-__all__ = ["run_ranks", "make_model", "make_batches", "max_diff", "EXPERIMENTS"]
-
-
-def make_model(kind, seed=0, **sizes):
-    """The experiments' models: "mlp" (deep MLP), "frozen" (its first layer frozen), "tied"
-    (TinyLM with tied embeddings), "lm" (TinyLM, untied)."""
-    torch.manual_seed(seed)
-    if kind in ("mlp", "frozen"):
-        net = deep_mlp(**sizes)
-        if kind == "frozen":
-            net[0].requires_grad_(False)
-        return net
-    if kind in ("tied", "lm"):
-        return TinyLM(tied=kind == "tied", **sizes)
-    raise ValueError(f"unknown model kind {kind!r}: use mlp, frozen, tied or lm")
-
-
-def make_batches(kind, num_steps, batch_size, seed=1, d_in=32, **_):
-    """The same `num_steps` global batches on every rank: a list of (X, y)."""
-    g = torch.Generator().manual_seed(seed)
-    if kind in ("tied", "lm"):
-        X, y = counting_tokens(num_steps * batch_size, seed=seed)
-        return list(zip(X.split(batch_size), y.split(batch_size)))
-    return [(torch.randn(batch_size, d_in, generator=g),
-             torch.randint(10, (batch_size,), generator=g))
-            for _ in range(num_steps)]
+__all__ = ["run_ranks", "EXPERIMENTS"]
 
 
 def loss_fn(out, y):
     return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
-
-
-def max_diff(a, b):
-    """Largest absolute difference between two {name: tensor} dicts (same names)."""
-    assert a.keys() == b.keys(), (sorted(a), sorted(b))
-    return max(float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in a)
 
 
 def params_of(module):
@@ -260,14 +231,6 @@ def plain_optimizer(params, optim):
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
 
 
-def rel_diff(a, b, start):
-    """||a - b|| / ||b - start||: how far apart two runs ended, relative to how far training
-    moved."""
-    num = sum(float((a[k].float() - b[k].float()).pow(2).sum()) for k in a)
-    den = sum(float((b[k].float() - start[k].float()).pow(2).sum()) for k in a)
-    return (num / den) ** 0.5
-
-
 def ref_nodecay(kind, batches, device, num_steps, dtype, sizes, optim="adamw"):
     """One process on the combined batch, one param group (the FSDP runs step all shards alike);
     with `dtype`, a low-precision copy computes and the fp32 weights take its gradients."""
@@ -285,35 +248,6 @@ def ref_nodecay(kind, batches, device, num_steps, dtype, sizes, optim="adamw"):
         opt.step()
         opt.zero_grad()
     return params_of(model)
-
-
-def _fsdp2():
-    """fully_shard and MixedPrecisionPolicy: public in torch.distributed.fsdp since torch 2.6,
-    under torch.distributed._composable.fsdp before."""
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    except ImportError:
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-    return fully_shard, MixedPrecisionPolicy
-
-
-def fsdp2_model(kind, world, device, param_dtype=None, seed=0, sizes=None):
-    """`make_model(kind)` with fully_shard on every layer that holds parameters, then the root."""
-    from torch.distributed.device_mesh import init_device_mesh
-    fully_shard, MixedPrecisionPolicy = _fsdp2()
-    model = make_model(kind, seed=seed, **(sizes or {})).to(device)
-    mesh = init_device_mesh(device.type, (world,))
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for m in list(model.modules())[1:]:
-        if any(True for _ in m.parameters(recurse=False)):
-            fully_shard(m, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
-    return model
-
-
-def full_params(model):
-    """{name: full tensor} of a fully_shard model (every rank must call: it all-gathers)."""
-    return {n: p.full_tensor().detach().cpu() for n, p in model.named_parameters()}
 
 
 def exp_fsdp2(rank, world, device, kind="mlp", compute_dtype=None, num_steps=4, batch_size=8,
