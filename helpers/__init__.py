@@ -36,14 +36,19 @@ from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_al
                     split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
                     sharding_costs, ZERO_ROWS)
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
+from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
+                          make_optimizer, plain_optimizer, train_one_process,
+                          train_one_process_plain)
 from .profiling import quiet_native_stderr, profile_cpu, count_ops
 from .prose import ClaimFailed, claim, claims_made
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference)
 from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
                             get_rank, get_world_size, log0)
-from .runtime.comm import (DistComm, ThreadWorld, ThreadComm, run_threads, spawn_ranks,
-                           backend_line)
+from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
+                             run_in_turn, spawn_ranks)
+from .runtime.progress import report_progress, ProgressLine, report_to
+from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
 from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
 from .runtime.checkpoint import (atomic_write, atomic_save, write_json, rng_state, set_rng_state,
                                  save_snapshot, load_snapshot, save_checkpoint, save_snapshot_all,
@@ -53,7 +58,7 @@ from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, t
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
                                       bucketed_allreduce, ring_allreduce, ring_volume,
                                       OverlapReducer, train_batch_overlap, allreduce_time,
-                                      fit_alpha_beta, gloo_allreduce_worker, time_gloo_allreduce)
+                                      fit_alpha_beta)
 from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, resident_accuracy,
                                  flat_replica)
 from .data_parallel.scratch import DDPFromScratch, make_buckets
@@ -61,16 +66,20 @@ from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exac
                                       SyncBatchNormFunction, CPUSyncBatchNorm,
                                       convert_sync_batchnorm, TwoInputNet, side_features, bn_net,
                                       bn_stats, global_batches, train_bn_steps)
-from .data_parallel.experiments import bn_worker, join_worker
+from .data_parallel.experiments import (ddp_vs_one_process, gradient_timeline, bn_vs_syncbn,
+                                        uneven_inputs_join)
 from .data_parallel.speed import (pin_to_core, dp_timing_worker, time_data_parallel, spread,
                                   allreduce_compare_worker, compare_with_dist_all_reduce,
-                                  lenet_module_from, bench_worker, bench_ranks)
+                                  lenet_module_from, bench_worker, bench_ranks,
+                                  gloo_allreduce_worker, time_gloo_allreduce)
 from .sharding.zero import (partition_by_size, ShardedOptimizer, Zero2, flat_shard,
                             all_gather_flat, optimizer_state_bytes, padded_flat,
                             reduce_scatter_flat)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
 from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
-from .sharding.experiments import run_ranks, EXPERIMENTS
+from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
+                                   fsdp_scratch_vs_one_process, fsdp2_vs_one_process,
+                                   dcp_save_sharded, dcp_load_resharded, memory_per_stage)
 from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_orders,
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,

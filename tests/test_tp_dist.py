@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import (TPBlock, TPMLP, block_inputs, block_loss, gather_shards, run_threads,
-                     small_block, spawn_ranks, split_dims, tp_worker)
+                     small_block, launch, split_dims, tp_worker)
 
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=2, seq=6, width=16)
@@ -15,7 +15,7 @@ ACT_BYTES = 2 * 6 * 16 * 4          # one (batch, seq, width) float32 activation
 
 @pytest.fixture(scope="module")
 def ranks():
-    return spawn_ranks(tp_worker, 2, dict(block=BLOCK, inputs=INPUTS), quiet=True)
+    return launch(tp_worker, 2, dict(block=BLOCK, inputs=INPUTS), quiet=True)
 
 
 def reference(part):

@@ -7,20 +7,22 @@ summing gradients with `torch.distributed.all_reduce` (gloo). A worker times eac
 (forward + backward), its communication (the all-reduce, including any wait for the other
 workers) and its update, so a step's split is measured, not assumed.
 
-The worker functions live here because mp.spawn pickles its target by name: a function defined
-in a notebook cannot be found by the child process.
+The workers are launch targets fn(rank, world, cfg) (helpers.launch): a spawned rank imports
+its function by name, so they live here rather than in a notebook.
 """
-import json
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 
+from ..runtime.group import choose_backend
+from ..runtime.launch import launch, take
+from ..runtime.progress import report_progress
+
 __all__ = ["pin_to_core", "dp_timing_worker", "time_data_parallel", "spread",
            "allreduce_compare_worker", "compare_with_dist_all_reduce", "lenet_module_from",
-           "bench_worker", "bench_ranks"]
+           "bench_worker", "bench_ranks", "gloo_allreduce_worker", "time_gloo_allreduce"]
 
 MODES = ("fast", "reference")   # one flat all-reduce + fused update / one per parameter tensor
 
@@ -37,15 +39,6 @@ def pin_to_core(rank):
     core = cores[rank % len(cores)]
     os.sched_setaffinity(0, {core})
     return core
-
-
-def _init_gloo(rank, world_size, port, timeout=120):
-    import datetime
-
-    import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout))
 
 
 def _flat_params(params):
@@ -106,9 +99,9 @@ class _Trainer:
         return [v / steps for v in (total, comp, comm, upd)]
 
 
-def dp_timing_worker(rank, world_size, port, cfg, out_path):
-    """mp.spawn target: time every run of cfg['runs'] for every worker count of cfg['ks'] on
-    this rank; rank 0 writes JSON.
+def dp_timing_worker(rank, world_size, cfg):
+    """Launch target (gloo): time every run of cfg['runs'] for every worker count of cfg['ks']
+    on this rank; rank 0 returns them (the others None).
 
     cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
     mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
@@ -120,74 +113,40 @@ def dp_timing_worker(rank, world_size, port, cfg, out_path):
     import torch.distributed as dist
 
     from ..data import load_tensors
-    from ..devices import exact_float32
     core = pin_to_core(rank)
-    exact_float32()
-    _init_gloo(rank, world_size, port)
-    try:
-        ks, lr, seed = cfg["ks"], cfg.get("lr", 0.2), cfg.get("seed", 0)
-        groups = {k: dist.new_group(list(range(k))) if 1 < k < world_size else None
-                  for k in ks}                       # every rank must call new_group
-        X, y = load_tensors(True, cfg.get("subset", 4096))
-        results = {str(k): {} for k in ks}
-        for run in cfg["runs"]:
-            trainers = {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
-            out = {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": []} for k in ks}
-            for r in range(run["reps"] + 1):
-                for k in ks:
-                    if world_size > 1:
-                        dist.barrier()
-                    if rank < k:
-                        times = trainers[k].repeat(run["steps"], rank, X, y, groups[k])
-                        if r > 0:
-                            for key, v in zip(out[k], times):
-                                out[k][key].append(v)
+    ks, runs, subset, lr, seed = take(cfg, "ks", "runs", subset=4096, lr=0.2, seed=0)
+    groups = {k: dist.new_group(list(range(k))) if 1 < k < world_size else None
+              for k in ks}                       # every rank must call new_group
+    X, y = load_tensors(True, subset)
+    results = {str(k): {} for k in ks}
+    done, total = 0, sum(run["reps"] + 1 for run in runs)
+    for run in runs:
+        trainers = {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
+        out = {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": []} for k in ks}
+        for r in range(run["reps"] + 1):
+            done += 1
+            report_progress(done, total, "timed repeat")
             for k in ks:
-                if run.get("return_params") and rank < k:
-                    out[k]["params"] = [p.detach().tolist() for p in trainers[k].params]
-                results[str(k)][run["name"]] = out[k]
-        cores = [core]
-        if world_size > 1:
-            cores = [None] * world_size
-            dist.all_gather_object(cores, core)
-        if rank == 0:
-            _write_json(out_path, {"results": results, "cores": cores,
-                                   "threads": torch.get_num_threads()})
-    finally:
-        dist.destroy_process_group()
+                if world_size > 1:
+                    dist.barrier()
+                if rank < k:
+                    times = trainers[k].repeat(run["steps"], rank, X, y, groups[k])
+                    if r > 0:
+                        for key, v in zip(out[k], times):
+                            out[k][key].append(v)
+        for k in ks:
+            if run.get("return_params") and rank < k:
+                out[k]["params"] = [p.detach().tolist() for p in trainers[k].params]
+            results[str(k)][run["name"]] = out[k]
+    cores = [core]
+    if world_size > 1:
+        cores = [None] * world_size
+        dist.all_gather_object(cores, core)
+    if rank == 0:
+        return {"results": results, "cores": cores, "threads": torch.get_num_threads()}
 
 
-def _write_json(path, obj):
-    """Write JSON atomically: a temporary file in the same folder, then a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
-def _spawn(fn, world_size, args, timeout=600):
-    """Start `world_size` processes of fn(rank, world_size, port, *args, out) and return what
-    rank 0 wrote. OMP_NUM_THREADS=1 is set for the children before they import torch."""
-    import torch.multiprocessing as mp
-
-    from ..runtime.group import free_port
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "out.json")
-            mp.spawn(fn, args=(world_size, free_port(), *args, out), nprocs=world_size,
-                     join=True)
-            with open(out) as f:
-                return json.load(f)
-    finally:
-        if old is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = old
-
-
-def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0):
+def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False):
     """Time the data-parallel `runs` (see dp_timing_worker) for each worker count in `ks` (an int
     or a list), on max(ks) gloo worker processes with one thread each, pinned to cores; the
     counts take turns in the same processes. Returns {k: {name: {step_s, compute_s, comm_s,
@@ -206,7 +165,7 @@ def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0):
             raise ValueError(f"run {run['name']!r}: global batch {run['global_batch']} does not "
                              f"split evenly over {bad} workers")
     cfg = {"ks": ks, "runs": list(runs), "subset": subset, "lr": lr, "seed": seed}
-    got = _spawn(dp_timing_worker, ks[-1], (cfg,))
+    got = launch(dp_timing_worker, ks[-1], cfg, backend="gloo", quiet=quiet)[0]
     res = {int(k): v for k, v in got["results"].items()}
     res["cores"] = got["cores"]
     return res
@@ -219,34 +178,28 @@ def spread(times):
 
 # --- correctness across processes (tests): the course's allreduces against torch's --------------
 
-def allreduce_compare_worker(rank, world_size, port, cfg, out_path):
-    """mp.spawn target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with
-    torch.distributed; rank 0 writes the inputs of every rank and the results, for comparison
+def allreduce_compare_worker(rank, world_size, cfg):
+    """Launch target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with
+    torch.distributed; rank 0 returns the inputs of every rank and the results, for comparison
     in one process."""
-    from ..devices import exact_float32
-    torch.set_num_threads(1)
-    exact_float32()
-    _init_gloo(rank, world_size, port)
     import torch.distributed as dist
-    try:
-        g = torch.Generator().manual_seed(cfg["seed"] + rank)
-        mine = [torch.randn(s, generator=g) for s in cfg["shapes"]]
-        inputs = [None] * world_size
-        dist.all_gather_object(inputs, [t.tolist() for t in mine])
-        for t in mine:
-            dist.all_reduce(t)
-        if rank == 0:
-            _write_json(out_path, dict(inputs=inputs, sums=[t.tolist() for t in mine]))
-    finally:
-        dist.destroy_process_group()
+    shapes, seed = take(cfg, "shapes", "seed")
+    g = torch.Generator().manual_seed(seed + rank)
+    mine = [torch.randn(s, generator=g) for s in shapes]
+    inputs = [None] * world_size
+    dist.all_gather_object(inputs, mine)
+    for t in mine:
+        dist.all_reduce(t)
+    if rank == 0:
+        return dict(inputs=inputs, sums=mine)
 
 
 def compare_with_dist_all_reduce(shapes, world_size=2, seed=0):
     """Inputs of each rank and torch.distributed.all_reduce's sums, as tensors:
     (inputs[rank][i], sums[i])."""
-    got = _spawn(allreduce_compare_worker, world_size, (dict(shapes=shapes, seed=seed),))
-    inputs = [[torch.tensor(t) for t in rank] for rank in got["inputs"]]
-    return inputs, [torch.tensor(t) for t in got["sums"]]
+    got = launch(allreduce_compare_worker, world_size, dict(shapes=shapes, seed=seed),
+                 backend="gloo", quiet=True)[0]
+    return got["inputs"], got["sums"]
 
 
 # --- the benchmark's library rows: torch DDP and DDPFromScratch on real ranks (scripts/bench.py) --
@@ -266,78 +219,66 @@ def lenet_module_from(params):
     return net
 
 
-def bench_worker(rank, world_size, port, cfg, out_path):
-    """mp.spawn target for scripts/bench.py: train LeNet with each wrapper in cfg['wrappers']
+def bench_worker(rank, world_size, cfg):
+    """Launch target for scripts/bench.py: train LeNet with each wrapper in cfg['wrappers']
     ('ddp': torch's DistributedDataParallel, 'scratch': helpers.DDPFromScratch) from the same
     initialisation, batch cfg['batch_size'] split over the ranks, SGD at cfg['lr'], on the
-    resident data in ResidentLoader's order. Rank 0 writes per wrapper: epoch_times, test_acc,
-    peak_mem_mib. NCCL with one GPU per rank when cfg['backend'] == 'nccl', else gloo on CPUs
-    with one thread per rank, pinned."""
-    import datetime
-
+    resident data in ResidentLoader's order. Rank 0 returns per wrapper: epoch_times, test_acc,
+    peak_mem_mib. NCCL with one GPU per rank, or gloo on CPUs with one thread per rank, pinned."""
     import torch.distributed as dist
     from torch.nn import functional as F
 
     from ..data import load_tensors
-    from ..devices import exact_float32
-    from .fast import ResidentLoader
     from ..models import init_lenet_params
-    nccl = cfg["backend"] == "nccl"
-    if nccl:
-        device = torch.device(f"cuda:{rank}")
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    from .fast import ResidentLoader
+    from .scratch import DDPFromScratch
+    device, wrappers, batch_size, lr, num_epochs, subset, seed = take(
+        cfg, "device", "wrappers", "batch_size", "lr", "num_epochs", "subset", "seed")
+    nccl = device.type == "cuda"
+    if not nccl:
         pin_to_core(rank)
-    exact_float32()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(cfg["backend"], rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=300))
-    try:
-        X, y = load_tensors(True, cfg["subset"], device)
-        X_test, y_test = load_tensors(False, cfg["subset"], device)
-        results = {}
-        for wrapper in cfg["wrappers"]:
-            net = lenet_module_from(init_lenet_params(seed=cfg["seed"])).to(device)
-            if wrapper == "ddp":
-                model = torch.nn.parallel.DistributedDataParallel(
-                    net, device_ids=[rank] if nccl else None)
-            else:
-                from .scratch import DDPFromScratch
-                model = DDPFromScratch(net)
-            opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
-            loader = ResidentLoader(X, y, cfg["batch_size"], seed=cfg["seed"])
+    X, y = load_tensors(True, subset, device)
+    X_test, y_test = load_tensors(False, subset, device)
+    results = {}
+    for wrapper in wrappers:
+        net = lenet_module_from(init_lenet_params(seed=seed)).to(device)
+        if wrapper == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(
+                net, device_ids=[device.index] if nccl else None)
+        else:
+            model = DDPFromScratch(net)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        loader = ResidentLoader(X, y, batch_size, seed=seed)
+        if nccl:
+            torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for epoch in range(num_epochs):
+            report_progress(epoch + 1, num_epochs, f"{wrapper} epoch")
+            dist.barrier()
             if nccl:
-                torch.cuda.reset_peak_memory_stats(device)
-            times = []
-            for _ in range(cfg["num_epochs"]):
-                dist.barrier()
-                if nccl:
-                    torch.cuda.synchronize(device)
-                t0 = time.perf_counter()
-                for idx in loader.index_batches():
-                    idx = idx.tensor_split(world_size)[rank]
-                    loss = F.cross_entropy(model(X[idx]), y[idx])   # mean; ranks average
-                    opt.zero_grad(set_to_none=False)
-                    loss.backward()
-                    if wrapper == "scratch":
-                        model.finish_gradient_synchronization()
-                    opt.step()
-                if nccl:
-                    torch.cuda.synchronize(device)
-                dist.barrier()
-                times.append(time.perf_counter() - t0)
-            with torch.no_grad():
-                correct = sum(int((net(Xc).argmax(1) == yc).sum())
-                              for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
-            results[wrapper] = dict(
-                epoch_times=times, test_acc=correct / len(y_test),
-                param_sum=float(sum(p.detach().double().abs().sum() for p in net.parameters())),
-                peak_mem_mib=torch.cuda.max_memory_allocated(device) / 2**20 if nccl else None)
-        if rank == 0:
-            _write_json(out_path, results)
-    finally:
-        dist.destroy_process_group()
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            for idx in loader.index_batches():
+                idx = idx.tensor_split(world_size)[rank]
+                loss = F.cross_entropy(model(X[idx]), y[idx])   # mean; ranks average
+                opt.zero_grad(set_to_none=False)
+                loss.backward()
+                if wrapper == "scratch":
+                    model.finish_gradient_synchronization()
+                opt.step()
+            if nccl:
+                torch.cuda.synchronize(device)
+            dist.barrier()
+            times.append(time.perf_counter() - t0)
+        with torch.no_grad():
+            correct = sum(int((net(Xc).argmax(1) == yc).sum())
+                          for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
+        results[wrapper] = dict(
+            epoch_times=times, test_acc=correct / len(y_test),
+            param_sum=float(sum(p.detach().double().abs().sum() for p in net.parameters())),
+            peak_mem_mib=torch.cuda.max_memory_allocated(device) / 2**20 if nccl else None)
+    if rank == 0:
+        return results
 
 
 def bench_ranks(world_size, wrappers, batch_size=256, lr=0.2, num_epochs=3, subset=None, seed=0):
@@ -345,7 +286,47 @@ def bench_ranks(world_size, wrappers, batch_size=256, lr=0.2, num_epochs=3, subs
     else gloo processes on the CPU, one thread each) and return rank 0's results and backend."""
     if batch_size % world_size:
         raise ValueError(f"batch {batch_size} does not split evenly over {world_size} ranks")
-    backend = "nccl" if torch.cuda.device_count() >= world_size else "gloo"
+    backend = choose_backend(world_size)
     cfg = dict(wrappers=list(wrappers), batch_size=batch_size, lr=lr, num_epochs=num_epochs,
-               subset=subset, seed=seed, backend=backend)
-    return _spawn(bench_worker, world_size, (cfg,)), backend
+               subset=subset, seed=seed)
+    return launch(bench_worker, world_size, cfg, backend=backend, quiet=True)[0], backend
+
+
+# --- one all-reduce, timed across processes (scaling.ipynb's alpha-beta fit) --------------------
+def gloo_allreduce_worker(rank, world_size, cfg):
+    """Launch target: time all_reduce of float32 tensors of cfg['sizes'] elements (the fastest
+    of cfg['reps'] calls: other processes' noise only adds time); rank 0 returns
+    {size: seconds}. On NCCL each rank uses its own GPU (cfg['device'])."""
+    import torch.distributed as dist
+    device, sizes, reps = take(cfg, "device", "sizes", "reps")
+    results = {}
+    warm = torch.ones(1024, device=device)
+    for _ in range(10):                # connection set-up, first-call costs
+        dist.all_reduce(warm)
+    for i, n in enumerate(sizes):
+        report_progress(i + 1, len(sizes), "message size")
+        x = torch.ones(n, device=device)
+        times = []
+        for r in range(reps + 2):      # two warm-up calls
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if r >= 2:
+                times.append(time.perf_counter() - t0)
+        results[n] = min(times)
+        if x[0].item() != world_size ** (reps + 2):
+            raise RuntimeError(f"all_reduce gave {x[0].item()}, expected "
+                               f"{world_size ** (reps + 2)}")
+    if rank == 0:
+        return results
+
+
+def time_gloo_allreduce(sizes, world_size=2, reps=5, backend="gloo", quiet=False):
+    """Start `world_size` ranks and return {elements: seconds} of one all_reduce (fastest of
+    `reps`)."""
+    cfg = dict(sizes=list(sizes), reps=reps)
+    return launch(gloo_allreduce_worker, world_size, cfg, backend=backend, quiet=quiet)[0]

@@ -6,6 +6,7 @@ import time
 import torch
 
 from ..runtime.comm import DistComm
+from ..runtime.progress import report_progress
 from .schedules import gpipe_rank_order, one_f_one_b_rank_order
 from .scratch import pipeline_net, pipeline_rank_step, stage_of
 from .torch_api import pipelining_available, pipelining_runs
@@ -49,7 +50,8 @@ def pipeline_worker(rank, world, cfg):
     comm = DistComm(device=device)
     orders = {"gpipe": gpipe_rank_order, "1f1b": one_f_one_b_rank_order}
     results = []
-    for run in cfg["runs"]:
+    for i, run in enumerate(cfg["runs"]):
+        report_progress(i + 1, len(cfg["runs"]), "run")
         out = dict(run, timelines=[], skipped=None)
         if run.get("kind") == "pingpong":       # one-way time of a message between 0 and 1
             out["seconds"] = _pingpong(comm, rank, (run["rows"], width), run["repeats"])

@@ -28,21 +28,25 @@ __all__ = ["atomic_write", "atomic_save", "write_json", "rng_state", "set_rng_st
            "load_checkpoint"]
 
 
-def atomic_write(path, write, mode="wb"):
+def atomic_write(path, write, mode="wb", durable=True):
     """Write a file all at once or not at all: `write(f)` fills a temporary file next to `path`,
-    which is flushed, fsynced and renamed over `path`. On any error the old file stays."""
+    which is flushed, fsynced and renamed over `path`. On any error the old file stays.
+    durable=False skips the fsyncs (a progress note: whole or absent, not worth a disk flush)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())   # the bytes are on disk before the name points at them
+            if durable:
+                os.fsync(f.fileno())   # the bytes are on disk before the name points at them
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    if not durable:
+        return path
     try:   # make the rename itself durable (not possible on every platform)
         dfd = os.open(path.parent, os.O_RDONLY)
         try:

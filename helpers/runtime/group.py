@@ -61,12 +61,13 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
           timeout=60, master_addr=None, master_port=None):
     """Join the process group and pick this rank's device. Returns (rank, world_size, device).
 
-    Under torchrun call it without arguments. Under mp.spawn pass rank, world_size and a
-    master_port (all ranks the same). `timeout` (seconds) bounds every collective: a rank that
+    Under torchrun call it without arguments. Started another way on one machine
+    (helpers.launch, scripts/ddp/spawn.py) pass rank, world_size and a master_port (all ranks
+    the same). `timeout` (seconds) bounds every collective: a rank that
     waits longer for its peers raises instead of hanging.
     """
     env_rank, env_local, env_world, env_local_world = env_ranks()
-    spawned = rank is not None   # mp.spawn: one machine, so local rank = rank
+    spawned = rank is not None   # started on one machine: local rank = rank
     rank = rank if spawned else env_rank
     world_size = world_size if world_size is not None else env_world
     if local_rank is None:

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.comm import DistComm
+from ..runtime.progress import report_progress
 from ..runtime.traffic import FuncolBytes
 from .scratch import TPBlock, TPMLP, block_inputs, block_loss, small_block
 from .torch_api import tp_plan
@@ -88,6 +89,7 @@ def mesh2d_worker(rank, world, cfg):
     opt = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.1))
     losses = []
     for step in range(cfg.get("steps", 3)):
+        report_progress(step + 1, cfg.get("steps", 3), "step")
         X, R = block_inputs(**dict(cfg["inputs"], seed=step))
         rows = X.shape[0] // dp
         Xs = X[dp_rank * rows:(dp_rank + 1) * rows].to(device)
