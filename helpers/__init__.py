@@ -50,9 +50,9 @@ from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, ta
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
 from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
-from .runtime.checkpoint import (atomic_write, atomic_save, write_json, rng_state, set_rng_state,
-                                 save_snapshot, load_snapshot, save_checkpoint, save_snapshot_all,
-                                 load_checkpoint)
+from .runtime.files import atomic_write, atomic_save, write_json, read_json
+from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
+                                 save_checkpoint, save_snapshot_all, load_checkpoint)
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,

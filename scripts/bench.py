@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import importlib.util
 import io
-import json
 import os
 import platform
 import statistics
@@ -202,10 +201,7 @@ def main(argv=None):
                    cuda=torch.version.cuda, threads=torch.get_num_threads(), rows=rows,
                    ratios=ratios, argv=sys.argv[1:] if argv is None else argv,
                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        tmp = f"{args.json}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=2)
-        os.replace(tmp, args.json)
+        helpers.write_json(args.json, out, indent=2)
         print(f"bench: results written to {args.json}")
     return rows, ratios
 

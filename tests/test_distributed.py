@@ -4,7 +4,6 @@ The launches are the proof of the chapter: 2 ranks train exactly like 1 process 
 batch; a dead or stuck rank ends the run (non-zero exit) within the timeout; two "nodes" on one
 machine meet over loopback.
 """
-import datetime
 import json
 import os
 import subprocess
@@ -13,7 +12,6 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
@@ -255,10 +253,9 @@ def test_backend_choice(monkeypatch):
 
 @pytest.fixture
 def world_of_one():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{hd.free_port()}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    helpers.setup(0, 1, master_port=helpers.free_port(), backend="gloo", timeout=30)
     yield
-    dist.destroy_process_group()
+    helpers.teardown()
 
 
 def test_evaluate_exact_and_checkpoints(world_of_one, tmp_path):
@@ -344,6 +341,8 @@ def test_a_checkpoint_killed_mid_save_always_loads(tmp_path):
     assert saved > 0, "the child never finished a save: the harness tested nothing"
     assert broken == 0
     hd.atomic_save({"x": torch.ones(1)}, tmp_path / "ckpt.pt")   # leftovers do not block it
+    left = [p.name for p in tmp_path.iterdir() if p.name != "ckpt.pt"]
+    assert not left, f"the next save removes what the killed writers left: {left}"
 
 
 def test_the_same_kills_break_a_plain_torch_save(tmp_path):
@@ -355,14 +354,14 @@ def test_the_same_kills_break_a_plain_torch_save(tmp_path):
 
 def test_save_checkpoint_and_metrics_are_atomic_writes(tmp_path, monkeypatch):
     """Every writer goes through atomic_write: a failure mid-write leaves the old file whole."""
-    import helpers.runtime.checkpoint as hc
+    import helpers.runtime.files as hc
     hd.atomic_save({"v": torch.zeros(3)}, tmp_path / "a.pt")
     hc.write_json(tmp_path / "m.json", {"v": 0})
 
     def exploding_save(obj, f):
         f.write(b"half")
         raise OSError("disk full (simulated)")
-    monkeypatch.setattr(hc.torch, "save", exploding_save)
+    monkeypatch.setattr(torch, "save", exploding_save)
     with pytest.raises(OSError):
         hd.save_checkpoint(nn.Linear(2, 2), tmp_path / "a.pt")
     assert torch.equal(torch.load(tmp_path / "a.pt", weights_only=True)["v"], torch.zeros(3))

@@ -74,7 +74,8 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
         local_rank = rank if spawned else env_local
     if local_world_size is None:
         local_world_size = world_size if spawned else env_local_world
-    if master_addr is not None or "MASTER_ADDR" not in os.environ:
+    if master_addr is not None or spawned or "MASTER_ADDR" not in os.environ:
+        # started on one machine: this one, whatever MASTER_ADDR a shell left behind
         os.environ["MASTER_ADDR"] = master_addr or "127.0.0.1"
     if master_port is not None:
         os.environ["MASTER_PORT"] = str(master_port)

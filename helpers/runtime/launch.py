@@ -32,7 +32,7 @@ import torch
 
 from ..devices import num_gpus
 from ..validate import check_backend, check_positive_int
-from .checkpoint import atomic_save, write_json
+from .files import atomic_save, write_json
 from .group import choose_backend, free_port
 from .progress import ProgressLine
 

@@ -7,7 +7,7 @@ notebook's stored outputs do not pile up progress.
 import sys
 import time
 
-from .checkpoint import atomic_write
+from .files import atomic_write
 
 __all__ = ["report_progress", "ProgressLine", "report_to"]
 
