@@ -81,7 +81,8 @@ def train_3d_scratch(rank, world, cfg):
     losses, seconds, peak = [], [], 0
     batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])
     for X, y in batches:
-        Xl, yl = X.tensor_split(dp)[c["dp"]], y.tensor_split(dp)[c["dp"]]
+        # copies, as a data loader gives them (a view would keep the whole data set alive)
+        Xl, yl = X.tensor_split(dp)[c["dp"]].clone(), y.tensor_split(dp)[c["dp"]].clone()
         tp_comm.log, pp_comm.log = [], []
         start = time.perf_counter()
         with model.no_sync():
