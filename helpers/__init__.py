@@ -26,6 +26,9 @@ workers   Part IV: real data-parallel worker processes on a CPU (gloo, one threa
 profiling Part IV: the profiler without native log noise, counting a step's calls
 gpu_reference  Part IV: the committed GPU reference run, shown beside the reader's figures
 prose     claims the prose makes about a run, asserted (claim)
+context_parallel  Part VII: ring attention by hand, torch's context_parallel
+expert_parallel   Part VII: a mixture-of-experts layer, its experts spread with all-to-all
+composed  Part VII: the small GPT on a 3-D mesh (by hand and with torch's engines), the planner
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -60,3 +63,6 @@ from .workers import *       # noqa: F401,F403
 from .gpu_reference import *  # noqa: F401,F403
 from .profiling import *     # noqa: F401,F403
 from .prose import *         # noqa: F401,F403
+from .context_parallel import *   # noqa: F401,F403  Part VII: ring attention, context_parallel
+from .expert_parallel import *    # noqa: F401,F403  Part VII: MoE, expert parallelism
+from .composed import *           # noqa: F401,F403  Part VII: the 3-D GPT and the planner

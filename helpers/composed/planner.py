@@ -43,15 +43,15 @@ def _moe(model):
 def _stage_params(model, lay, r):
     """Parameters one rank of pipeline stage r holds (its tensor-parallel and expert share)."""
     h, V, s = model["width"], model["vocab"], model["seq"]
-    tp, ep, E = lay["tp"], lay.get("ep", 1), _moe(model)[0]
+    tp, ep, E = lay.get("tp", 1), lay.get("ep", 1), _moe(model)[0]
     per_block = block_params(h, tp)
     if E:   # the MLP (8 h^2 + 4 h split, h replicated) becomes E / ep experts and a router
         mlp = (8 * h * h + 4 * h) // tp + h
         per_block += (E // ep - 1) * mlp + h * E + E
-    n = model["layers"] // lay["pp"] * per_block
+    n = model["layers"] // lay.get("pp", 1) * per_block
     if r == 0:
         n += (V + s) * h
-    if r == lay["pp"] - 1:
+    if r == lay.get("pp", 1) - 1:
         n += 2 * h + h * V
     return n
 
