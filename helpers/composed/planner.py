@@ -177,13 +177,13 @@ def plan(model, gpu, n_gpus, optimizer="adam", dtype_bytes=2, top=None, **kw):
 def format_plan(rows, gpu=None):
     """The plan as a text table, one layout a line."""
     head = (f"{'dp':>3} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'ZeRO':>6} "
-            f"{'recompute':>9} {'m':>3} {'GiB/GPU':>8} {'step s':>8}")
+            f"{'recompute':>9} {'m':>3} {'GB/GPU':>8} {'step s':>8}")
     lines = [head]
     for r in rows:
         lines.append(f"{r['dp']:>3} {r['tp']:>3} {r['pp']:>3} {r['cp']:>3} {r['ep']:>3} "
                      f"{r['zero']:>6} {r['recompute']:>9} {r['m']:>3} "
-                     f"{r['memory'] / 2**30:>8.2f} {r['seconds']:>8.3g}")
+                     f"{r['memory'] / 1e9:>8.2f} {r['seconds']:>8.3g}")
     if not rows:
-        lines.append("no layout fits" + (f" in {gpu['memory'] / 2**30:.0f} GiB" if gpu else ""))
+        lines.append("no layout fits" + (f" in {gpu['memory'] / 1e9:.0f} GB" if gpu else ""))
     return "\n".join(lines)
 
