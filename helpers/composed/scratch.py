@@ -52,7 +52,7 @@ def build_stage(net, cuts, pp_rank, tp_comm):
 def _optimizer(params, cfg):
     """SGD with momentum: Adam would turn rounding noise in near-zero gradients into full-size
     steps (it divides by the gradient's own size), and the runs could not be compared."""
-    return torch.optim.SGD(params, lr=cfg.get("lr", 0.3), momentum=0.9)
+    return torch.optim.SGD(params, lr=cfg.get("lr", 0.05), momentum=0.9)
 
 
 def train_3d_scratch(rank, world, cfg):

@@ -53,7 +53,7 @@ def train_3d_torch(rank, world, cfg):
     if "scale_grads" in inspect.signature(pp_api.Schedule1F1B.__init__).parameters:
         kwargs["scale_grads"] = False                     # the loss is already a mean
     schedule = pp_api.Schedule1F1B(pstage, **kwargs)      # 3. pipeline over "pp"
-    opt = torch.optim.SGD(stage.parameters(), lr=cfg.get("lr", 0.3), momentum=0.9)
+    opt = torch.optim.SGD(stage.parameters(), lr=cfg.get("lr", 0.05), momentum=0.9)
     first, last = c["pp"] == 0, c["pp"] == pp - 1
     losses, seconds = [], []
     batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])
