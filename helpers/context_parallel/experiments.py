@@ -8,7 +8,7 @@ from ..tp_dist import SmallAttention
 from .scratch import CPAttention, attention_reference, ring_attention, shard_sequence
 from .torch_api import torch_context_parallel
 
-__all__ = ["qkv_inputs", "saved_bytes", "cp_attention_run", "cp_activation_memory",
+__all__ = ["qkv_inputs", "autograd_saved_bytes", "cp_attention_run", "cp_activation_memory",
            "cp_torch_run", "cp_chapter"]
 
 
@@ -18,7 +18,7 @@ def qkv_inputs(B, H, T, D, seed=0):
     return [torch.randn(B, H, T, D, generator=g) for _ in range(4)]
 
 
-def saved_bytes(fn, params=()):
+def autograd_saved_bytes(fn, params=()):
     """Bytes of the tensors autograd saves for backward while fn() runs (each storage once,
     parameters left out): the activation memory that backward will need."""
     skip = {p.untyped_storage().data_ptr() for p in params}
@@ -73,7 +73,7 @@ def cp_activation_memory(rank, world, cfg):
         R = torch.randn(cfg["batch"], T, cfg["width"], generator=g)
         attn.zero_grad()
         Xl = shard_sequence(X, world, rank, dim=1).requires_grad_()
-        nbytes, out = saved_bytes(lambda: layer(Xl), attn.parameters())
+        nbytes, out = autograd_saved_bytes(lambda: layer(Xl), attn.parameters())
         (out * shard_sequence(R, world, rank, dim=1)).sum().backward()
         grads = [p.grad.clone() for p in attn.parameters()]
         for t in grads:
