@@ -12,3 +12,4 @@ def train_3d_both(rank, world, cfg):
     if cfg.get("torch", True):
         out["torch"] = train_3d_torch(rank, world, cfg)
     return out
+

@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tiny_models import TinyLM, counting_tokens
-from ..tp_dist import SmallBlock
+from .. import SmallBlock, TinyLM, counting_tokens   # the flat façade
 
 __all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches", "rank_grid",
            "coords_of", "stage_cuts"]

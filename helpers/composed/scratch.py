@@ -14,13 +14,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..pipeline_dist import one_f_one_b_rank_order, pipeline_rank_step, stage_of
-from ..costs import ring_allreduce_bytes
-from ..ddp_scratch import DDPFromScratch
-from ..ranks import DistComm
-from ..tp_dist import SmallBlock, TPBlock
-from ..traffic import count_traffic
-from ..zero import optimizer_state_bytes
+# the course's pieces, through the flat façade (their modules are moving, their names are not)
+from .. import (DDPFromScratch, DistComm, SmallBlock, TPBlock, count_traffic,
+                one_f_one_b_rank_order, optimizer_state_bytes, pipeline_rank_step,
+                ring_allreduce_bytes, stage_of)
 from .gpt import (MESH_DIMS, coords_of, gpt, gpt_batches, gpt_layers, gpt_loss, rank_grid,
                   stage_cuts)
 

@@ -7,8 +7,7 @@ import time
 
 import torch
 
-from ..pipeline_dist import stage_of
-from ..tp_dist import SmallBlock, tp_plan
+from .. import SmallBlock, stage_of, tp_plan   # the flat façade
 from .gpt import MESH_DIMS, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 
 __all__ = ["train_3d_torch"]

@@ -3,8 +3,7 @@ helpers.spawn_ranks. Every rank builds the same global tensors from cfg["seed"] 
 share of the sequence, so each result can be set beside the unsplit computation."""
 import torch
 
-from ..ranks import DistComm
-from ..tp_dist import SmallAttention
+from .. import DistComm, SmallAttention   # the flat façade: these modules are moving
 from .scratch import CPAttention, attention_reference, ring_attention, shard_sequence
 from .torch_api import torch_context_parallel
 

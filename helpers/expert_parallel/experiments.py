@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from ..ranks import DistComm
+from .. import DistComm
 from .moe import MoE, moe_inputs
 from .scratch import ExpertParallelMoE
 
