@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from helpers.composed import one_process_run, rank_grid, stage_costs, train_3d_both
-from helpers.ranks import spawn_ranks
-from helpers.tp_dist import gather_shards
+from helpers import gather_shards, launch
 
 SHAPE = (2, 2, 2)
 MODEL = dict(vocab=16, width=16, layers=2, heads=2, seq=8)
@@ -16,7 +15,7 @@ CFG = dict(shape=SHAPE, model=MODEL, batch=4, m=2, steps=2)
 
 @pytest.fixture(scope="module")
 def ranks():
-    return spawn_ranks(train_3d_both, 8, CFG, quiet=True)
+    return launch(train_3d_both, 8, CFG, quiet=True)
 
 
 @pytest.fixture(scope="module")

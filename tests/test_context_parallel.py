@@ -11,7 +11,7 @@ from helpers.context_parallel import (attention_reference, block_work, cp_chapte
                                       unshard_sequence)
 from helpers.context_parallel.experiments import qkv_inputs
 from helpers.costs import ring_attention_bytes
-from helpers.ranks import run_threads, spawn_ranks
+from helpers import launch, run_threads
 
 SIZE = dict(B=1, H=2, T=16, D=4)
 CFG = dict(attention=dict(SIZE, causal=True, layouts=("contiguous", "zigzag")),
@@ -21,7 +21,7 @@ CFG = dict(attention=dict(SIZE, causal=True, layouts=("contiguous", "zigzag")),
 
 @pytest.fixture(scope="module")
 def ranks():
-    return spawn_ranks(cp_chapter, 2, CFG, quiet=True)
+    return launch(cp_chapter, 2, CFG, quiet=True)
 
 
 def reference(causal=True):

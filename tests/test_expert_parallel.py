@@ -10,7 +10,7 @@ from helpers.costs import moe_dispatch_bytes
 from helpers.expert_parallel import (MoE, ExpertParallelMoE, ep_chapter, expert_capacity,
                                      load_balancing_loss, moe_inputs, moe_step, route)
 from helpers.expert_parallel.experiments import AUX
-from helpers.ranks import run_threads, spawn_ranks
+from helpers import launch, run_threads
 
 MOE = dict(width=8, hidden=16, n_experts=4, k=2)
 TOKENS, FACTORS = 32, [1.25, 0.5, None]
@@ -21,7 +21,7 @@ CFG = dict(equal=dict(moe=MOE, tokens=TOKENS, factors=FACTORS),
 
 @pytest.fixture(scope="module")
 def ranks():
-    return spawn_ranks(ep_chapter, 2, CFG, quiet=True)
+    return launch(ep_chapter, 2, CFG, quiet=True)
 
 
 def unsplit(factor, groups):

@@ -53,7 +53,7 @@ def _optimizer(params, cfg):
 
 
 def train_3d_scratch(rank, world, cfg):
-    """spawn_ranks target: cfg["steps"] SGD steps of the GPT (cfg["model"]: kwargs of gpt) on a
+    """launch target: cfg["steps"] SGD steps of the GPT (cfg["model"]: kwargs of gpt) on a
     cfg["shape"] = (pp, dp, tp) mesh, cfg["batch"] sequences per global batch, cfg["m"]
     micro-batches per data-parallel rank. Returns this rank's coords and groups, its weights
     (its tensor-parallel slices, named as in gpt_layers: a slice of an nn.Sequential keeps the

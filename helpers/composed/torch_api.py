@@ -22,7 +22,7 @@ def _fully_shard():
 
 
 def train_3d_torch(rank, world, cfg):
-    """spawn_ranks target with the cfg of train_3d_scratch. Returns this rank's coords, the full
+    """launch target with the cfg of train_3d_scratch. Returns this rank's coords, the full
     weights (rank 0; gathered with full_tensor), the losses (last stage), the seconds per step
     and the mesh's groups as torch built them."""
     import torch.distributed.pipelining as pp_api

@@ -1,5 +1,5 @@
 """Part VII, context parallelism: the chapter's runs, `fn(rank, world, cfg) -> result` for
-helpers.spawn_ranks. Every rank builds the same global tensors from cfg["seed"] and keeps its
+helpers.launch. Every rank builds the same global tensors from cfg["seed"] and keeps its
 share of the sequence, so each result can be set beside the unsplit computation."""
 import torch
 

@@ -1,5 +1,5 @@
 """Part VII, expert parallelism: the chapter's runs, `fn(rank, world, cfg) -> result` for
-helpers.spawn_ranks. Every rank builds the same MoE and the same global tokens from the seeds
+helpers.launch. Every rank builds the same MoE and the same global tokens from the seeds
 and keeps its group of tokens and its experts."""
 import time
 
