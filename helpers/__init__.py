@@ -46,7 +46,7 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
                           make_optimizer, plain_optimizer, train_one_process,
                           train_one_process_plain)
 from .profiling import quiet_native_stderr, profile_cpu, count_ops
-from .prose import ClaimFailed, claim, claims_made
+from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference)
 from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
