@@ -67,7 +67,7 @@ def pipeline_worker(rank, world, cfg):
             results.append(out)
             continue
         stage = stage_of(net, run["cuts"], rank)
-        order = orders[run["schedule"]](run["m"], world, rank)
+        order = orders[run["schedule"]](world, run["m"], rank)
         for rep in range(run.get("repeats", 1)):
             stage.zero_grad()
             got = pipeline_rank_step(stage, comm, order, X if rank == 0 else None,
