@@ -32,9 +32,9 @@ from .plotting import Animator, glue, progress
 from .paths import script_path
 from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
                        check_backend, check_output_path, check_step, script_parser, resolve_args)
-from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_allreduce_bytes,
-                    split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
-                    sharding_costs, ZERO_ROWS)
+from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
+                    ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
+                    OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS)
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,
@@ -56,9 +56,8 @@ from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_s
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
-                                      bucketed_allreduce, ring_allreduce, ring_volume,
-                                      OverlapReducer, train_batch_overlap, allreduce_time,
-                                      fit_alpha_beta)
+                                      bucketed_allreduce, ring_allreduce, OverlapReducer,
+                                      train_batch_overlap, allreduce_time, fit_alpha_beta)
 from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, resident_accuracy,
                                  flat_replica)
 from .data_parallel.scratch import DDPFromScratch, make_buckets
@@ -93,10 +92,9 @@ from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_st
 from .pipeline_parallel.torch_api import pipelining_available, pipelining_runs
 from .pipeline_parallel.experiments import pipeline_worker
 from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
-                                        ring_bytes_per_device, CopyToShards, ReduceFromShards,
-                                        copy_to_shards, reduce_from_shards, megatron_mlp,
-                                        conv_split_channels, dense_split_columns,
-                                        dense_split_rows, lenet_within_layer)
+                                        CopyToShards, ReduceFromShards, copy_to_shards,
+                                        reduce_from_shards, megatron_mlp, conv_split_channels,
+                                        dense_split_columns, dense_split_rows, lenet_within_layer)
 from .tensor_parallel.scratch import (SmallMLP, SmallAttention, SmallBlock, small_block, CopyToTP,
                                       ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
                                       TPAttention, TPBlock, split_dims, shard_of, gather_shards,
