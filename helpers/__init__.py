@@ -35,7 +35,7 @@ from .validate import (check_positive_int, check_lr, check_seed, check_images, c
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
                     ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
                     OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS)
-from .compare import all_close, max_abs_diff, max_diff, rel_diff
+from .compare import all_close, max_diff, max_abs_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,
                           train_one_process_plain)

@@ -292,9 +292,19 @@ def test_megatron_mlp_equals_unsplit_mlp(k):
     assert log.total() == 2 * (k - 1) * (n * o + n * d) * 4
 
 
-def test_max_abs_diff():
+def test_one_comparator_for_tensors_lists_and_dicts():
     assert max_abs_diff(torch.zeros(3), torch.tensor([0.0, -2.0, 1.0])) == 2.0
     assert max_abs_diff([torch.ones(2)], [torch.ones(2)]) == 0.0
+    a, b = {"w": torch.ones(2), "b": torch.zeros(1)}, {"w": torch.ones(2), "b": torch.ones(1)}
+    assert helpers.max_diff(a, b) == 1.0 and helpers.max_diff is max_abs_diff
+    assert all_close(a, a) and not all_close(a, b)
+    # what does not pair up is refused (max_diff) or unequal (all_close), never half compared
+    for x, y in [([torch.ones(2)], [torch.ones(2)] * 2), (a, {"w": torch.ones(2)}),
+                 (torch.ones(2), torch.ones(3)), ([], [])]:
+        with pytest.raises(ValueError):
+            helpers.max_diff(x, y)
+        assert not all_close(x, y)
+    assert helpers.max_diff(torch.tensor([1.0]), torch.tensor([1.0 + 2**-20])) == 2**-20
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 5), (3, 2), (4, 6)])
 def test_1f1b_same_step_same_bubble_fewer_live(p, m):
     net, X, y, l, grads = reference(n=12)
