@@ -49,7 +49,8 @@ from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, ta
                              run_in_turn, spawn_ranks)
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
-from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
+from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
+                              TrafficLog, FuncolBytes)
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
 from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
                                  save_checkpoint, save_snapshot_all, load_checkpoint)
