@@ -8,12 +8,15 @@ home module                 what lives there                     e.g.
 config, devices, data       run sizes, devices, Fashion-MNIST    choose, get_devices, load_tensors
 models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18, TinyLM, make_model
 plotting, paths, validate   plots and glue, scripts, checks      glue, script_path, check_lr
-costs, compare              cost formulas, comparators           split_costs, all_close, max_diff
+costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
+                            unsplit runs everything is compared  train_one_process
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
 runtime.group               THE init_process_group               setup, teardown, choose_backend
-runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, spawn_ranks
-runtime.traffic             bytes counted                        CommLog, send, count_traffic
-runtime.checkpoint          atomic files, snapshots              atomic_write, save_snapshot
+runtime.launch              THE way ranks start                  launch, run_ranks, RankFailed
+runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, run_threads
+runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
+runtime.files               THE atomic writer                    atomic_write, write_json
+runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
 pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
