@@ -17,6 +17,7 @@ runtime.comm                counted send/recv over ranks/threads DistComm, Threa
 runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
 runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
+runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
 pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
@@ -43,7 +44,7 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
                           make_optimizer, plain_optimizer, train_one_process,
                           train_one_process_plain)
 from .profiling import quiet_native_stderr, profile_cpu, count_ops
-from .prose import ClaimFailed, claim, claims_made
+from .prose import ClaimFailed, claim, claims_made, say, glued, formatted
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference)
 from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
@@ -55,6 +56,7 @@ from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_th
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
                               TrafficLog, FuncolBytes)
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
+from .runtime.emulate import Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits
 from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
                                  save_checkpoint, save_snapshot_all, load_checkpoint)
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,

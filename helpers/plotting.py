@@ -3,16 +3,9 @@ import os
 
 import matplotlib.pyplot as plt
 
+from .config import in_notebook
+
 __all__ = ["Animator", "glue", "progress"]
-
-
-def in_notebook():
-    """True inside a Jupyter kernel (where figures can be displayed and updated in place)."""
-    try:
-        from IPython import get_ipython
-        return get_ipython() is not None and "IPKernelApp" in get_ipython().config
-    except ImportError:
-        return False
 
 
 class Animator:
@@ -65,7 +58,10 @@ def progress(iterable, **kwargs):
 def glue(name, value, display=True):
     """Make a computed value available to the prose ({glue:text}`name`) via myst-nb.
 
-    Falls back to a plain display where myst-nb is not installed (e.g. Colab)."""
+    Falls back to a plain display where myst-nb is not installed (e.g. Colab). The value is
+    also recorded for helpers.say, which fills the prose's numbers in from it."""
+    from .prose import remember
+    remember(name, value)
     try:
         from myst_nb import glue as _glue
     except ImportError:

@@ -156,8 +156,12 @@ def broken_rules(deps):
 
 
 def node(m):
-    """What the drawing shows a module as: its folder (runtime/ and the splits), or itself."""
-    return folder(m) + "/" if folder(m) else (m or "__init__")
+    """What the drawing shows a module as: a split's (or the checks') folder, or the module
+    itself (runtime/'s modules too: they span layers, from files below reference to launch)."""
+    f = folder(m)
+    if f and f != "runtime":
+        return f + "/"
+    return m.replace(".", "/") if m else "__init__"
 
 
 def condensed(deps):
@@ -190,11 +194,13 @@ def drawing(deps):
     depth = layers(graph_)
     members = {}
     for m in deps:
-        if folder(m) and "." in m:
+        if node(m).endswith("/") and "." in m:
             members.setdefault(node(m), []).append(m.split(".", 1)[1])
-    lines = ["```text", "layer  what (a folder with its modules, or a top-level module)"]
-    for d in sorted(set(depth.values()), reverse=True):
-        here = sorted(v for v in depth if depth[v] == d)
+    lines = ["```text", "layer  a split's folder with its modules, or a module "
+             "(each imports lower layers only)"]
+    shown = {v for v in depth if v != "runtime"}          # runtime/__init__.py: a docstring
+    for d in sorted({depth[v] for v in shown}, reverse=True):
+        here = sorted(v for v in shown if depth[v] == d)
         folders = [v for v in here if v.endswith("/")]
         modules = [v for v in here if not v.endswith("/")]
         rows = [f"{v} {' '.join(sorted(members.get(v, [])))}".rstrip() for v in folders]
