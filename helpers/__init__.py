@@ -79,7 +79,7 @@ from .data_parallel.speed import (pin_to_core, dp_timing_worker, time_data_paral
                                   gloo_allreduce_worker, time_gloo_allreduce)
 from .sharding.zero import (partition_by_size, ShardedOptimizer, Zero2, flat_shard,
                             all_gather_flat, optimizer_state_bytes, padded_flat,
-                            reduce_scatter_flat)
+                            reduce_scatter_flat, clip_sharded_grad_norm_)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
 from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
 from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
