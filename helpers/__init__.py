@@ -48,7 +48,7 @@ from .prose import ClaimFailed, claim, claims_made, say, glued, formatted
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference)
 from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
-                            get_rank, get_world_size, log0)
+                            get_rank, get_world_size, log0, die_with_parent)
 from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
                              run_in_turn, spawn_ranks)
 from .runtime.progress import report_progress, ProgressLine, report_to
