@@ -11,7 +11,8 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_allreduce_bytes",
+__all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_bytes_per_device",
+           "ring_allreduce_bytes", "ring_volume",
            "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES",
            "sharding_costs", "ZERO_ROWS", "RECOMPUTE", "activation_bytes_per_token",
            "block_params", "ring_attention_bytes", "moe_dispatch_bytes", "train_flops_per_token"]
@@ -112,9 +113,14 @@ def balanced_cuts(weights, k):
     return list(best(0, k)[1])
 
 
-def ring_allreduce_bytes(nbytes, k):
-    """Bytes each of k devices sends in a ring all-reduce of `nbytes`: 2 (k-1)/k of them."""
+def ring_bytes_per_device(nbytes, k):
+    """Bytes each of k devices sends in a ring all-reduce of `nbytes`: 2 (k-1)/k of them
+    (reduce-scatter, then all-gather). THE ring volume: every cost and count uses this one."""
     return 2 * (k - 1) / k * nbytes
+
+
+ring_allreduce_bytes = ring_bytes_per_device   # the names Parts I, IV and VI call it by
+ring_volume = ring_bytes_per_device
 
 
 def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4,

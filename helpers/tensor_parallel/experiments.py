@@ -37,7 +37,7 @@ def _run(module, X, R, counter):
 
 
 def tp_worker(rank, world, cfg):
-    """spawn_ranks target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
+    """Launch target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
     without PrepareModuleInput), on the same weights and input. Returns {name: result} where a
     result has out, grads (this rank's slices) and the fwd/bwd logs of (op, bytes)."""
     device = cfg["device"]
@@ -62,7 +62,7 @@ def tp_worker(rank, world, cfg):
 
 
 def mesh2d_worker(rank, world, cfg):
-    """spawn_ranks target on 4 ranks: a 2x2 device mesh ("dp", "tp"); the SmallBlock tensor parallel
+    """Launch target on 4 ranks: a 2x2 device mesh ("dp", "tp"); the SmallBlock tensor parallel
     over "tp" (parallelize_module) and data parallel over "dp" (each dp group gets half of each
     global batch; gradients averaged over "dp" by FSDP2 fully_shard, or by an all-reduce where
     fully_shard is unavailable). SGD for cfg["steps"] steps; returns the full weights
