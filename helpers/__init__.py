@@ -34,7 +34,8 @@ from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_
                    load_tensors)
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
 from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
-                          make_batches)
+                          make_batches, SmallMLP, SmallAttention, SmallBlock, small_block,
+                          block_inputs, block_loss)
 from .plotting import Animator, glue, progress
 from .paths import script_path
 from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
@@ -106,10 +107,8 @@ from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ri
                                         CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,
                                         dense_split_columns, dense_split_rows, lenet_within_layer)
-from .tensor_parallel.scratch import (SmallMLP, SmallAttention, SmallBlock, small_block, CopyToTP,
-                                      ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
-                                      TPAttention, TPBlock, split_dims, shard_of, gather_shards,
-                                      block_inputs, block_loss)
+from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
+                                      TPAttention, TPBlock, split_dims, shard_of, gather_shards)
 from .tensor_parallel.torch_api import tp_plan
 from .tensor_parallel.experiments import tp_worker, mesh2d_worker
 from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import SmallBlock, TinyLM, counting_tokens   # the flat façade
+from ..tiny_models import SmallBlock, TinyLM, counting_tokens
 
 __all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches", "rank_grid",
            "coords_of", "stage_cuts"]

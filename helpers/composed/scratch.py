@@ -14,10 +14,16 @@ import time
 import torch
 import torch.distributed as dist
 
-# the course's pieces, through the flat façade (their modules are moving, their names are not)
-from .. import (DDPFromScratch, DistComm, SmallBlock, TPBlock, count_traffic,
-                one_f_one_b_rank_order, optimizer_state_bytes, pipeline_rank_step,
-                ring_allreduce_bytes, stage_of)
+# the course's pieces, composed
+from ..costs import ring_allreduce_bytes
+from ..data_parallel.scratch import DDPFromScratch
+from ..pipeline_parallel.schedules import one_f_one_b_rank_order
+from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
+from ..runtime.comm import DistComm
+from ..runtime.traffic import count_traffic
+from ..sharding.zero import optimizer_state_bytes
+from ..tensor_parallel.scratch import TPBlock
+from ..tiny_models import SmallBlock
 from .gpt import (MESH_DIMS, coords_of, gpt, gpt_batches, gpt_layers, gpt_loss, rank_grid,
                   stage_cuts)
 

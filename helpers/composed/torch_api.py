@@ -7,7 +7,9 @@ import time
 
 import torch
 
-from .. import SmallBlock, stage_of, tp_plan   # the flat façade
+from ..pipeline_parallel.scratch import stage_of
+from ..tensor_parallel.torch_api import tp_plan
+from ..tiny_models import SmallBlock
 from .gpt import MESH_DIMS, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 
 __all__ = ["train_3d_torch"]

@@ -3,7 +3,8 @@ helpers.launch. Every rank builds the same global tensors from cfg["seed"] and k
 share of the sequence, so each result can be set beside the unsplit computation."""
 import torch
 
-from .. import DistComm, SmallAttention   # the flat façade: these modules are moving
+from ..runtime.comm import DistComm
+from ..tiny_models import SmallAttention
 from .scratch import CPAttention, attention_reference, ring_attention, shard_sequence
 from .torch_api import torch_context_parallel
 

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from .. import DistComm
+from ..runtime.comm import DistComm
 from .moe import MoE, moe_inputs
 from .scratch import ExpertParallelMoE
 

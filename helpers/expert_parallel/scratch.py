@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import DistComm   # through the flat façade
+from ..runtime.comm import DistComm
 from .moe import expert_capacity, load_balancing_loss, route
 
 __all__ = ["all_to_all", "AllToAll", "ExpertParallelMoE"]

@@ -10,7 +10,8 @@ import torch.distributed as dist
 from ..runtime.comm import DistComm
 from ..runtime.progress import report_progress
 from ..runtime.traffic import FuncolBytes
-from .scratch import TPBlock, TPMLP, block_inputs, block_loss, small_block
+from ..tiny_models import block_inputs, block_loss, small_block
+from .scratch import TPBlock, TPMLP
 from .torch_api import tp_plan
 
 __all__ = ["tp_worker", "mesh2d_worker"]
