@@ -76,7 +76,7 @@ def zero2_vs_one_process(rank, world, cfg):
         X, y = local_batch(batch, rank, world, device)
         flat_cross_entropy(model(X), y).backward()
         model.finish_gradient_synchronization()
-        grad_bytes = sum(s.grad.numel() * 4 for s in model.shards) + sum(
+        grad_bytes = held_bytes(model.shard_grads) + sum(   # Zero2 keeps only its shard
             p.grad.numel() * 4 for p in model.module.parameters() if p.grad is not None)
         model.step()
         model.zero_grad()
@@ -219,7 +219,7 @@ def memory_per_stage(rank, world, cfg):
                 model.finish_gradient_synchronization()
                 if stage in ("zero2", "zero3"):
                     grads = held_bytes(p.grad for p in model.parameters()) if stage == "zero3" \
-                        else held_bytes(s.grad for s in model.shards)
+                        else held_bytes(model.shard_grads)
                 else:
                     grads = held_bytes(p.grad for p in net.parameters())
                 opt.step()
