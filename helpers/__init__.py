@@ -35,7 +35,8 @@ from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_by
 from .plotting import Animator, glue, progress
 from .paths import script_path
 from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
-                       check_backend, check_output_path, check_step, script_parser, resolve_args)
+                       check_backend, check_output_path, check_step, script_parser, resolve_args,
+                       SnapshotError, check_snapshot)
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_allreduce_bytes,
                     split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
                     sharding_costs, ZERO_ROWS, RECOMPUTE, activation_bytes_per_token,
