@@ -39,12 +39,22 @@ from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_by
 from .plotting import Animator, glue, progress
 from .paths import script_path
 from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
+<<<<<<< HEAD
                        check_backend, check_output_path, check_step, script_parser, resolve_args)
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
                     ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
                     OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS, RECOMPUTE,
                     activation_bytes_per_token, block_params, ring_attention_bytes,
                     moe_dispatch_bytes, train_flops_per_token)
+=======
+                       check_backend, check_output_path, check_step, script_parser, resolve_args,
+                       SnapshotError, check_snapshot)
+from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_allreduce_bytes,
+                    split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
+                    sharding_costs, ZERO_ROWS, RECOMPUTE, activation_bytes_per_token,
+                    block_params, ring_attention_bytes, moe_dispatch_bytes,
+                    train_flops_per_token)
+>>>>>>> reliab
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,

@@ -31,8 +31,9 @@ def get_devices(k, simulate=True):
     GPUs round-robin, or the CPU), and one line says so. The code path stays the same; the speed
     does not. With `simulate=False`, too few GPUs is an error.
     """
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int (how many devices), got {k!r}: e.g. "
+                         "get_devices(2)")
     n = num_gpus()
     if n >= k:
         return [torch.device(f"cuda:{i}") for i in range(k)]

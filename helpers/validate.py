@@ -6,9 +6,12 @@ ranks lives here, once, for single.py, spawn.py and torchrun.py: refuse, and nam
 batch sizes that do split.
 """
 import argparse
+import collections.abc
+import itertools
 import math
 import numbers
 import os
+import shlex
 from pathlib import Path
 
 import torch
@@ -16,7 +19,8 @@ import torch
 from .devices import num_gpus
 
 __all__ = ["check_positive_int", "check_lr", "check_seed", "check_images", "check_global_batch",
-           "check_backend", "check_output_path", "check_step", "script_parser", "resolve_args"]
+           "check_backend", "check_output_path", "check_step", "script_parser", "resolve_args",
+           "SnapshotError", "check_snapshot"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -76,19 +80,24 @@ def check_images(X, y=None):
         if y.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; they must "
                              "pair up")
+        if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < 10:
+            raise ValueError(f"y holds labels from {int(y.min())} to {int(y.max())}; LeNet has "
+                             "10 classes, so labels must be 0..9 (Fashion-MNIST's classes)")
     return X
 
 
-def check_global_batch(batch_size, world_size, flag="--batch-size"):
+def check_global_batch(batch_size, world_size, flag="--batch-size", note=""):
     """THE rule for all three scripts: the global batch must split evenly over the ranks (every
-    rank takes batch_size // world_size examples a step). Otherwise refuse, naming the fix."""
-    check_positive_int(batch_size, flag.lstrip("-").replace("-", "_"))
+    rank takes batch_size // world_size examples a step). Otherwise refuse, naming the fix.
+    `note` says where an untyped value came from (" (the --dry-run default)")."""
+    check_positive_int(batch_size, flag)
     check_positive_int(world_size, "world_size")
     if batch_size % world_size:
         lo = batch_size // world_size * world_size
         near = " or ".join(str(b) for b in (lo, lo + world_size) if b > 0)
-        raise ValueError(f"{flag} {batch_size} does not split evenly over {world_size} ranks: "
-                         f"use a multiple of {world_size} ({near}), or another number of ranks")
+        raise ValueError(f"{flag} {batch_size}{note} does not split evenly over {world_size} "
+                         f"ranks: use a multiple of {world_size} ({near}), e.g. {flag} "
+                         f"{lo + world_size}, or another number of ranks")
     return batch_size // world_size
 
 
@@ -115,7 +124,8 @@ def check_output_path(path, flag):
         return None
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{flag} {path} is a folder: give a file name, e.g. {path / 'out.pt'}")
+        name = {"--metrics": "metrics.json", "--snapshot": "snapshot.pt"}.get(flag, "model.pt")
+        raise ValueError(f"{flag} {path} is a folder: give a file name, e.g. {path / name}")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise ValueError(f"{flag} {path}: the folder {folder} does not exist: create it first "
@@ -129,7 +139,9 @@ def check_output_path(path, flag):
 def check_step(X, y, device_params, devices, lr):
     """What train_batch needs, checked before any replica computes or steps: a replica per
     device, images of the right shape, a numeric learning rate."""
-    devices = list(devices)
+    if not isinstance(devices, collections.abc.Sequence):
+        raise TypeError(f"devices must be a list, got a {type(devices).__name__} (it can be read "
+                        "only once, and every step reads it): pass list(devices)")
     if not devices:
         raise ValueError("no devices given: pass at least one, e.g. helpers.get_devices(1)")
     if len(device_params) != len(devices):
@@ -138,7 +150,65 @@ def check_step(X, y, device_params, devices, lr):
     check_images(X, y)
     if X.shape[0] == 0:
         raise ValueError("an empty batch: give at least one example")
+    dtype = device_params[0][0].dtype if device_params and len(device_params[0]) else X.dtype
+    if X.dtype != dtype:
+        raise TypeError(f"X is {X.dtype} but the parameters are {dtype}: convert one to the "
+                        f"other, e.g. X.to({dtype})")
     check_lr(lr)
+
+
+# --- snapshots (runtime.checkpoint writes them; read here, so the scripts can check theirs) ---
+
+class SnapshotError(ValueError):
+    """A --snapshot file that cannot be resumed from: damaged, another kind of file, or saved by
+    another number of ranks."""
+
+
+SNAPSHOT_KEYS = ("model", "optimizer", "epoch", "rng", "history")
+
+
+def check_snapshot(path, world_size=None):
+    """The snapshot at `path` (what helpers.save_snapshot writes), loaded safely (weights_only:
+    tensors and plain values, no code) and checked. Otherwise a SnapshotError that names the
+    file, what is wrong with it and what to do. `world_size`: the ranks about to resume."""
+    fix = (f"delete it to start afresh (rm {shlex.quote(str(path))}), or give --snapshot "
+           "another file")
+    if os.path.getsize(path) == 0:
+        raise SnapshotError(f"the snapshot {path} is empty (0 bytes): {fix}")
+    try:
+        snap = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:   # truncated, random bytes, JSON, pickled code: torch's many errors
+        raise SnapshotError(f"the snapshot {path} cannot be read ({_load_error(e)}): it is "
+                            f"damaged (truncated?) or not a snapshot: {fix}") from e
+    if isinstance(snap, dict) and snap and all(isinstance(v, torch.Tensor)
+                                               for v in snap.values()):
+        raise SnapshotError(f"{path} is a model's state_dict (what --save writes), not a snapshot "
+                            "(model, optimizer, epoch, random states): give --save and "
+                            f"--snapshot different files; {fix}")
+    missing = [k for k in SNAPSHOT_KEYS if not isinstance(snap, dict) or k not in snap]
+    if missing or not (isinstance(snap["epoch"], int) and snap["epoch"] >= 0
+                       and isinstance(snap["rng"], list) and snap["rng"]
+                       and isinstance(snap["optimizer"], dict)
+                       and snap["optimizer"].get("param_groups")):
+        what = f"it lacks {', '.join(missing)}" if missing else "its epoch, rng or optimizer " \
+            "entry is not what helpers.save_snapshot writes"
+        raise SnapshotError(f"{path} is not a snapshot ({what}): {fix}")
+    saved = len(snap["rng"])
+    if world_size is not None and saved != world_size:
+        raise SnapshotError(f"{path} was saved by {saved} rank(s) and this run has {world_size}: "
+                            f"resume with {saved} rank(s) (each rank's data order and random "
+                            f"states are in it), or {fix}")
+    return snap
+
+
+def _load_error(e):
+    """torch.load's error in one short line (its weights_only refusals run to a paragraph)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Weights only load failed"):
+        why = [ln for ln in lines[1:] if not ln.startswith(("Please file", "Check the doc"))]
+        return "weights_only=True refused it" + (f": {why[0][:120]}" if why else "")
+    first = lines[0].split(". ")[0][:120] if lines else ""
+    return type(e).__name__ + (f": {first}" if first else "")
 
 
 # --- the three scripts' command lines ---
@@ -177,28 +247,69 @@ DRY_RUN = dict(epochs=2, batch_size=64, subset=512)
 
 def resolve_args(args, world_size=1, local_world_size=1, parser=None):
     """Fill in what the user did not give (--dry-run sizes first, then the defaults) and check
-    every argument, before any process group, data or model exists. Errors go through
+    every argument, before any process group, data or model exists; an existing --snapshot is
+    read and checked against the run (its ranks, its epochs, its lr). Errors go through
     `parser.error` (exit code 2, usage line) when a parser is given."""
     try:
+        typed_lr = args.lr is not None
+        filled = {}
         for k, v in {**DEFAULTS, **(DRY_RUN if args.dry_run else {})}.items():
             if getattr(args, k, None) is None and (args.dry_run or k in DEFAULTS):
                 setattr(args, k, v)
+                filled[k] = " (the --dry-run default)" if args.dry_run and k in DRY_RUN \
+                    else " (the default)"
         check_positive_int(args.epochs, "--epochs")
         check_positive_int(args.subset, "--subset", allow_none=True)
         check_lr(args.lr)
-        check_global_batch(args.batch_size, world_size)
+        check_global_batch(args.batch_size, world_size, note=filled.get("batch_size", ""))
         if getattr(args, "backend", None) is not None:
             check_backend(args.backend, local_world_size)
-        if getattr(args, "timeout", 1) <= 0:
-            raise ValueError(f"--timeout must be above 0 seconds, got {args.timeout}")
-        check_output_path(args.save, "--save")
-        check_output_path(args.metrics, "--metrics")
-        check_output_path(args.snapshot, "--snapshot")
+        timeout = getattr(args, "timeout", 1)
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"--timeout must be a finite number of seconds above 0, got "
+                             f"{timeout}: e.g. --timeout 60")
+        outputs = [(f"--{k}", getattr(args, k)) for k in ("save", "metrics", "snapshot")
+                   if getattr(args, k)]
+        for flag, path in outputs:
+            check_output_path(path, flag)
+        for (f1, p1), (f2, p2) in itertools.combinations(outputs, 2):
+            if os.path.realpath(p1) == os.path.realpath(p2):
+                raise ValueError(f"{f1} and {f2} are the same file {p1}: each needs its own "
+                                 f"(one would overwrite the other), e.g. {f1} a.pt {f2} b.pt")
         if args.resume and not (args.snapshot and os.path.exists(args.snapshot)):
             raise ValueError("--resume needs --snapshot PATH of an existing snapshot"
                              + (f" ({args.snapshot} does not exist)" if args.snapshot else ""))
+        if args.snapshot and os.path.exists(args.snapshot):
+            _check_resume(args, world_size, typed_lr)
     except (TypeError, ValueError) as e:
         if parser is None:
             raise
         parser.error(str(e))
     return args
+
+
+def _check_resume(args, world_size, typed_lr):
+    """What resuming from args.snapshot means for this run, decided and said before any work:
+    a snapshot past --epochs is refused, a finished one trains nothing and keeps the outputs
+    that run wrote, a typed --lr replaces the saved one (else the saved one goes on)."""
+    say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)
+    snap = check_snapshot(args.snapshot, world_size)
+    done, path = snap["epoch"], args.snapshot
+    if done > args.epochs:
+        raise ValueError(f"--snapshot {path} has already run {done} epochs, more than --epochs "
+                         f"{args.epochs}: pass --epochs {done} or more to continue it, or delete "
+                         "it (or give --snapshot another file) to start afresh")
+    if done == args.epochs:
+        say(f"--snapshot {path} already holds all {done} epochs: nothing left to train (pass "
+            f"--epochs above {done} to train on)", flush=True)
+        for k in ("save", "metrics"):
+            if getattr(args, k) and os.path.exists(getattr(args, k)):
+                say(f"--{k} {getattr(args, k)}: kept as the finished run wrote it", flush=True)
+                setattr(args, k, None)
+    saved_lr = snap["optimizer"]["param_groups"][0].get("lr")
+    if not isinstance(saved_lr, numbers.Real):
+        return
+    if not typed_lr:
+        args.lr = float(saved_lr)
+    elif args.lr != saved_lr:
+        say(f"--lr {args.lr:g} replaces the lr {saved_lr:g} saved in {path}", flush=True)

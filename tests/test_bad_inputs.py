@@ -84,6 +84,19 @@ ROWS = [
      ValueError, "does not exist: create it first"),
     ("output is a folder", lambda: helpers.check_output_path("/tmp", "--save"), ValueError,
      "is a folder: give a file name"),
+    # review round 2, L17
+    ("--metrics is a folder", lambda: helpers.check_output_path("/tmp", "--metrics"), ValueError,
+     "e.g. /tmp/metrics.json"),
+    ("get_devices(True)", lambda: helpers.get_devices(True), ValueError, "e.g. get_devices(2)"),
+    ("train_batch labels 0..12",
+     lambda: helpers.train_batch(X4, torch.tensor([0, 1, 12, 3]), params_on(1), [CPU], 0.1),
+     ValueError, "labels must be 0..9"),
+    ("train_batch devices from a generator",
+     lambda: helpers.train_batch(X4, Y4, params_on(2), (d for d in [CPU, CPU]), 0.1), TypeError,
+     "pass list(devices)"),
+    ("train_batch X float64",
+     lambda: helpers.train_batch(X4.double(), Y4, params_on(1), [CPU], 0.1), TypeError,
+     "X.to(torch.float32)"),
 ]
 
 
@@ -134,16 +147,20 @@ SCRIPT_ROWS = [
     ("--epochs 0", ["--epochs", 0], 1, "--epochs must be at least 1"),
     ("--subset 0", ["--subset", 0], 1, "--subset must be at least 1"),
     ("--subset -5", ["--subset", -5], 1, "at least 1"),
-    ("--batch-size 0", ["--batch-size", 0], 1, "at least 1"),
+    ("--batch-size 0", ["--batch-size", 0], 1, "--batch-size must be at least 1"),
     ("--lr 0", ["--lr", 0], 1, "finite number above 0"),
     ("--lr nan", ["--lr", "nan"], 1, "finite number above 0"),
     ("--batch-size 64 on 3 ranks", ["--batch-size", 64], 3, "use a multiple of 3 (63 or 66)"),
-    ("--dry-run on 3 ranks", ["--dry-run"], 3, "--batch-size 64 does not split evenly"),
+    ("--dry-run on 3 ranks", ["--dry-run"], 3,
+     "--batch-size 64 (the --dry-run default) does not split evenly over 3 ranks"),
+    ("the default on 3 ranks", [], 3, "--batch-size 256 (the default) does not split"),
     ("--save into a missing folder", ["--save", "/no/such/dir/m.pt"], 1, "does not exist"),
     ("--metrics into a missing folder", ["--metrics", "/no/such/m.json"], 1, "does not exist"),
     ("--resume without a snapshot", ["--resume", "--snapshot", "/tmp/none.pt"], 1,
      "--resume needs --snapshot"),
-    ("--timeout 0", ["--timeout", 0], 1, "--timeout must be above 0"),
+    ("--timeout 0", ["--timeout", 0], 1, "--timeout must be a finite number of seconds above 0"),
+    ("--timeout nan", ["--timeout", "nan"], 1, "--timeout must be a finite number"),
+    ("--timeout inf", ["--timeout", "inf"], 1, "--timeout must be a finite number"),
     ("--backend mpi (choices)", ["--backend", "mpi"], 1, "invalid choice: 'mpi'"),
 ]
 

@@ -1,10 +1,13 @@
 """Fashion-MNIST loading: the seeded files load; missing data offline is a clear, fast error."""
+import errno
+import os
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pytest
-import torchvision
+import torch
 
 import helpers
 from helpers import data
@@ -97,58 +100,177 @@ def test_a_damaged_extracted_file_is_extracted_again_offline(monkeypatch, tmp_pa
     assert f.read_bytes() == b
 
 
-def _read_only(monkeypatch, raw):
-    """Simulate a read-only folder (chmod does not stop root): removing files in it fails."""
-    real_unlink = data.Path.unlink
+def _read_only(monkeypatch, raw, code=errno.EROFS):
+    """Simulate a read-only folder (chmod does not stop root): creating, replacing or removing
+    a file in `raw` fails with `code` (EROFS: a read-only mount; EACCES: no permission)."""
+    def refuse(path):
+        raise OSError(code, os.strerror(code), str(path))
 
-    def unlink(self, *a, **k):
-        if self.parent == raw:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_unlink(self, *a, **k)
-    monkeypatch.setattr(data.Path, "unlink", unlink)
+    def inside(path):
+        return Path(path).parent == raw
+    real = {f: getattr(os, f) for f in ("open", "unlink", "replace", "access")}
+
+    def open_(path, flags, *a, **k):
+        if inside(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            refuse(path)
+        return real["open"](path, flags, *a, **k)
+
+    def unlink(path, *a, **k):
+        return refuse(path) if inside(path) else real["unlink"](path, *a, **k)
+
+    def replace(src, dst, *a, **k):
+        return refuse(dst) if inside(dst) else real["replace"](src, dst, *a, **k)
+
+    def access(path, mode, *a, **k):
+        return False if Path(path) == raw and mode & os.W_OK else real["access"](path, mode)
+    for name, f in (("open", open_), ("unlink", unlink), ("replace", replace),
+                    ("access", access)):
+        monkeypatch.setattr(os, name, f)
 
 
-def test_a_damaged_file_in_a_read_only_folder_names_the_real_cause(monkeypatch, tmp_path):
+def offline(monkeypatch):
+    monkeypatch.setattr(socket, "create_connection",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError("offline (simulated)")))
+
+
+READ_ONLY = pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES], ids=["EROFS", "EACCES"])
+
+
+@READ_ONLY
+@pytest.mark.parametrize("damage", ["truncated", "right size, wrong bytes"])
+def test_a_damaged_file_in_a_read_only_folder_names_the_real_cause(monkeypatch, tmp_path,
+                                                                   code, damage):
+    """Review L5: a read-only mount (EROFS), not only a folder without permission, says which
+    file is damaged and that the folder is read-only; never a bare OSError."""
     raw = copy_data(tmp_path)
-    (raw / "t10k-labels-idx1-ubyte").write_bytes(b"short")
-    _read_only(monkeypatch, raw)
+    f = raw / "t10k-labels-idx1-ubyte"
+    b = f.read_bytes()
+    f.write_bytes(b"short" if damage == "truncated" else b[:8] + b[9:] + b[8:9])
+    _read_only(monkeypatch, raw, code)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     with pytest.raises(helpers.DataMissingError) as e:
         helpers.fashion_mnist(train=False)
     msg = str(e.value)
-    assert "damaged" in msg and "read-only" in msg and "COURSE_DATA" in msg, msg
+    assert str(f) in msg and "damaged" in msg and "read-only" in msg and "COURSE_DATA" in msg
     assert "downloading it failed" not in msg
 
 
-def test_a_corrupt_archive_that_cannot_be_removed_names_the_real_cause(monkeypatch, tmp_path):
+@READ_ONLY
+def test_a_corrupt_archive_that_cannot_be_removed_names_the_real_cause(monkeypatch, tmp_path,
+                                                                       code):
     raw = copy_data(tmp_path)
     (raw / data.FILES[3]).write_bytes(b"half a download")
     (raw / data.FILES[3][:-3]).unlink()
-    monkeypatch.setattr(socket, "create_connection",
-                        lambda *a, **k: (_ for _ in ()).throw(OSError("offline (simulated)")))
-    _read_only(monkeypatch, raw)
+    offline(monkeypatch)
+    _read_only(monkeypatch, raw, code)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     with pytest.raises(helpers.DataMissingError) as e:
         helpers.fashion_mnist(train=False)
     msg = str(e.value)
-    assert "damaged archive" in msg and "read-only" in msg, msg
+    assert "damaged archive" in msg and "read-only" in msg and data.FILES[3] in msg, msg
 
 
-def test_a_missing_file_in_a_read_only_folder_says_read_only(monkeypatch, tmp_path):
+@READ_ONLY
+def test_a_missing_file_in_a_read_only_folder_says_read_only(monkeypatch, tmp_path, code):
     """Extraction needs to write: in a read-only folder the headline is that, not the network."""
     raw = copy_data(tmp_path)
     (raw / "t10k-images-idx3-ubyte").unlink()
-    monkeypatch.setattr(data, "_writable", lambda folder: False)
-
-    def no_write(*a, **k):
-        raise PermissionError(13, "Permission denied (simulated read-only folder)")
-    monkeypatch.setattr(torchvision.datasets.mnist, "extract_archive", no_write,
-                        raising=False)
-    monkeypatch.setattr(torchvision.datasets.utils, "extract_archive", no_write)
-    monkeypatch.setattr(socket, "create_connection",
-                        lambda *a, **k: (_ for _ in ()).throw(OSError("offline (simulated)")))
+    offline(monkeypatch)
+    _read_only(monkeypatch, raw, code)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     with pytest.raises(helpers.DataMissingError) as e:
         helpers.fashion_mnist(train=False)
     msg = str(e.value)
     assert "read-only" in msg and "COURSE_DATA" in msg and "downloading it failed" not in msg, msg
+    assert "t10k-images-idx3-ubyte is missing" in msg
+
+
+def test_a_complete_read_only_folder_loads(monkeypatch, tmp_path):
+    """Nothing to change, nothing to write: the lock and the md5 record are optional."""
+    raw = copy_data(tmp_path)
+    _read_only(monkeypatch, raw)
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    assert len(helpers.fashion_mnist(train=False)) == 10000
+    assert not (raw / data.VERIFIED).exists() and not (raw / ".lock").exists()
+
+
+# --- the extracted files' md5s (review L6) and a damaged archive named (L7) ---
+
+@pytest.mark.parametrize("damage", ["random pixels", "labels shifted"])
+def test_right_size_wrong_bytes_is_detected_and_extracted_again(monkeypatch, tmp_path, damage):
+    """Size and header right, content not: the md5 tells, and the archive restores it."""
+    raw = copy_data(tmp_path)
+    name = "t10k-images-idx3-ubyte" if damage == "random pixels" else "t10k-labels-idx1-ubyte"
+    f = raw / name
+    good = f.read_bytes()
+    head = 16 if "images" in name else 8
+    body = (torch.randint(0, 256, (len(good) - head,), dtype=torch.uint8).numpy().tobytes()
+            if damage == "random pixels" else bytes((b + 1) % 10 for b in good[head:]))
+    f.write_bytes(good[:head] + body)
+    offline(monkeypatch)
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    ds = helpers.fashion_mnist(train=False)
+    assert f.read_bytes() == good
+    assert abs(ds.data.float().mean().item() / 255 - 0.2868) < 1e-3
+
+
+def test_a_verified_file_is_not_hashed_again_until_it_changes(monkeypatch, tmp_path):
+    """The md5s cost a load about 0.5 s: they are checked once, recorded with each file's size,
+    times and inode, and checked again only when one of those changes."""
+    raw = copy_data(tmp_path)
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    helpers.fashion_mnist(train=False)                       # hashes the four files once
+    hashed = []
+    real_md5 = data._md5
+    monkeypatch.setattr(data, "_md5", lambda f: hashed.append(f.name) or real_md5(f))
+    helpers.fashion_mnist(train=False)
+    assert hashed == [], "a verified, unchanged file was hashed again"
+    f = raw / "t10k-labels-idx1-ubyte"
+    b = bytearray(f.read_bytes())
+    b[100] = (b[100] + 1) % 10                               # changed in place, same size
+    f.write_bytes(bytes(b))
+    offline(monkeypatch)
+    ds = helpers.fashion_mnist(train=False)
+    assert hashed == ["t10k-labels-idx1-ubyte"] and ds.targets[92] == (b[100] - 1) % 10
+
+
+def test_a_damaged_archive_is_named_and_said_to_be_removed(monkeypatch, tmp_path):
+    """Review L7: one flipped byte in an archive whose extracted file is missing, offline."""
+    raw = copy_data(tmp_path)
+    gz = raw / data.FILES[3]
+    b = bytearray(gz.read_bytes())
+    b[2000] ^= 0xFF
+    gz.write_bytes(bytes(b))
+    (raw / data.FILES[3][:-3]).unlink()
+    offline(monkeypatch)
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    with pytest.raises(helpers.DataMissingError) as e:
+        helpers.fashion_mnist(train=False)
+    msg = str(e.value)
+    assert f"{gz} was damaged" in msg and "has been removed" in msg, msg
+    assert not gz.exists()
+
+
+# --- several processes loading a fresh folder at once (review H1) ---
+
+def test_ranks_loading_a_fresh_folder_at_once_all_load(tmp_path):
+    """Three ranks (helpers.launch) load a folder holding only the four .gz archives at the same
+    moment, three times over: every load succeeds with the known figures. Before the lock, a rank
+    deleted the file another was still extracting (8 of 12 loads failed in the review)."""
+    import reliability_ranks
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for f in data.FILES:   # read only: hard links where the file system allows
+        src = helpers.data_dir() / "FashionMNIST" / "raw" / f
+        try:
+            os.link(src, raw / f)
+        except OSError:
+            shutil.copyfile(src, raw / f)
+    out = helpers.launch(reliability_ranks.load_at_once, 3, dict(root=str(tmp_path), trials=3,
+                                                          train=True), timeout=240, quiet=True)
+    want = reliability_ranks.summary(helpers.fashion_mnist(train=True))   # the course's own copy
+    bad = [(r, t, got) for r, trials in enumerate(out) for t, got in enumerate(trials)
+           if got != want]
+    assert not bad, f"{len(bad)} of {3 * 3} loads failed, e.g. {bad[0]}"
+    assert reliability_ranks.summary(helpers.fashion_mnist(False, root=tmp_path)) == \
+        reliability_ranks.summary(helpers.fashion_mnist(False))

@@ -49,3 +49,31 @@ def test_files_get_the_umask_mode_and_an_overwrite_keeps_its_mode(tmp_path):
     assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o640
     assert helpers.read_json(tmp_path / "m.json") == {"v": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "m.json"]
+
+
+def test_a_full_disk_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
+    """Review L3: torch.save on a full disk raises "enforce fail ... unexpected pos"; the writer
+    says "no space left on device" instead, and the old file still loads. The temporary file is
+    made to write into /dev/full, where every write fails with ENOSPC (as on a full disk)."""
+    import errno
+
+    import pytest
+    import torch
+
+    from helpers.runtime import files
+    path = tmp_path / "snap.pt"
+    helpers.atomic_save({"w": torch.zeros(3)}, path)
+    real = files._open_temporary
+
+    def full(p, host):
+        tmp, fd = real(p, host)
+        os.close(fd)
+        return tmp, os.open("/dev/full", os.O_WRONLY)
+    monkeypatch.setattr(files, "_open_temporary", full)
+    with pytest.raises(OSError) as e:
+        helpers.atomic_save({"w": torch.ones(100_000)}, path)
+    assert e.value.errno == errno.ENOSPC
+    msg = str(e.value)
+    assert f"no space left on device while writing {path}" in msg and "old file is kept" in msg
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.zeros(3))
+    assert os.listdir(tmp_path) == ["snap.pt"], "the temporary file is removed"

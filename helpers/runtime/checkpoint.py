@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from ..models import unwrap
+from ..validate import check_snapshot
 from .files import atomic_save
 from .group import get_rank, get_world_size
 
@@ -63,19 +64,22 @@ def save_snapshot(path, model, optimizer, epoch, history=(), rng=None):
     return atomic_save(snap, path)
 
 
-def load_snapshot(path, model, optimizer, rank=0):
+def load_snapshot(path, model, optimizer, rank=0, lr=None):
     """Restore a snapshot into `model` and `optimizer` and this rank's RNGs; returns
-    (next epoch, history). Loads with weights_only=True: tensors and plain values only."""
-    snap = torch.load(path, map_location="cpu", weights_only=True)
+    (next epoch, history). Loads with weights_only=True: tensors and plain values only. A damaged
+    or foreign file, or one saved by another number of ranks, is refused (SnapshotError, naming
+    the file and what to do) before anything is restored. `lr`: where given, every parameter
+    group goes on with it instead of the saved learning rate."""
+    world = max(get_world_size(), rank + 1)   # (a rank given without a process group: at least)
+    snap = check_snapshot(path, world_size=world)
     state = snap["model"]
     consume_prefix_in_state_dict_if_present(state, "module.")
     _unwrapped_state(model).load_state_dict(state)
     optimizer.load_state_dict(snap["optimizer"])
-    rngs = snap["rng"]
-    if rank >= len(rngs):
-        raise ValueError(f"{path} holds the RNG states of {len(rngs)} rank(s), this is rank "
-                         f"{rank}: resume with the world size that saved it, or start afresh")
-    set_rng_state(rngs[rank])
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    set_rng_state(snap["rng"][rank])
     return snap["epoch"], snap["history"]
 
 

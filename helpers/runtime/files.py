@@ -7,6 +7,7 @@ elsewhere would not be). The temporary file is named `.NAME.HOST.PID.XXXX.tmp`, 
 of NAME removes what a killed writer left (its process is gone), and it is created with the
 umask's mode (as open() would), keeping the mode of the file it replaces.
 """
+import errno
 import json
 import os
 import secrets
@@ -53,6 +54,17 @@ def _remove_stale(path, host):
             pass                                      # another writer cleaned it first
 
 
+def _no_space(e):
+    """True if `e`, or an error it arose from, is a full disk or an exceeded quota."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _open_temporary(path, host):
     """A new temporary file next to `path`, created with mode 0666 & ~umask (what open() gives;
     mkstemp would give 0600)."""
@@ -83,9 +95,13 @@ def atomic_write(path, write, mode="wb", durable=True):
             if durable:
                 os.fsync(f.fileno())   # the bytes are on disk before the name points at them
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if _no_space(e):   # torch.save turns ENOSPC into "enforce fail ... unexpected pos"
+            kept = "the old file is kept" if path.exists() else "nothing was written"
+            raise OSError(errno.ENOSPC, f"no space left on device while writing {path} ({kept}):"
+                          f" free some space on {path.parent}'s disk, or write elsewhere") from e
         raise
     if durable:
         try:   # make the rename itself durable (not possible on every platform)

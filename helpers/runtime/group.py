@@ -7,9 +7,12 @@ and under the launcher (ranks passed in). The rules it encodes (see the notes on
   ranks than GPUs: two NCCL ranks on one GPU fail with "Duplicate GPU detected").
 - `torch.cuda.set_device(local_rank)` before anything touches CUDA.
 - A `timeout` on the process group, so a dead or divergent rank ends the run with an error.
+- Ranks started on one machine meet at a store that listens on 127.0.0.1 only (torch's own
+  listens on every interface, without authentication); under torchrun the store is torchrun's.
 """
 import ctypes
 import datetime
+import math
 import multiprocessing
 import os
 import signal
@@ -87,6 +90,10 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
         os.environ["MASTER_ADDR"] = master_addr or "127.0.0.1"
     if master_port is not None:
         os.environ["MASTER_PORT"] = str(master_port)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds above 0, got {timeout!r}: "
+                         "e.g. timeout=60")
     backend = check_backend(backend, local_world_size) or choose_backend(local_world_size)
     parent = multiprocessing.parent_process()     # only to know who started us, if anyone did
     if spawned and parent is not None:
@@ -98,6 +105,8 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
     timeout = datetime.timedelta(seconds=timeout)
     store = _attempt_store(timeout)
+    if store is None and spawned and os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
+        store = _loopback_store(rank, world_size, int(os.environ["MASTER_PORT"]), timeout)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
                             **({"store": store} if store is not None else {}))
     return rank, world_size, device
@@ -115,6 +124,32 @@ def _attempt_store(timeout):
     store = dist.TCPStore(e["MASTER_ADDR"], int(e["MASTER_PORT"]), is_master=False,
                           timeout=timeout)
     return dist.PrefixStore(f"/course/attempt_{e['TORCHELASTIC_RESTART_COUNT']}", store)
+
+
+def _loopback_store(rank, world_size, port, timeout):
+    """The store ranks on this machine meet at, its server on 127.0.0.1 only: rank 0 binds the
+    socket itself and hands it to torch (TCPStore's master_listen_fd), since torch's own server
+    listens on every interface. Where torch refuses the socket, its own server, as before."""
+    if rank != 0:
+        return dist.TCPStore("127.0.0.1", port, world_size, False, timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(max(128, world_size))
+    except OSError:
+        sock.close()
+        raise
+    for use_libuv in (True, False):   # (older torch: the libuv server takes no socket)
+        try:
+            store = dist.TCPStore("127.0.0.1", port, world_size, True, timeout,
+                                  master_listen_fd=sock.fileno(), use_libuv=use_libuv)
+        except (RuntimeError, TypeError, ValueError):
+            continue
+        sock.detach()                 # the store owns the socket now: Python must not close it
+        return store
+    sock.close()
+    return dist.TCPStore("127.0.0.1", port, world_size, True, timeout)
 
 
 def teardown():

@@ -39,7 +39,7 @@ loss_fn = nn.CrossEntropyLoss()
 # --- resume: model, optimizer, next epoch and RNG states from the last snapshot ---
 start, history = 0, []
 if args.snapshot and os.path.exists(args.snapshot):
-    start, history = helpers.load_snapshot(args.snapshot, model, optimizer)
+    start, history = helpers.load_snapshot(args.snapshot, model, optimizer, lr=args.lr)
     print(f"resuming from {args.snapshot} at epoch {start + 1}")
 
 step = start * len(train_iter)

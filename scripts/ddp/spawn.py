@@ -43,7 +43,7 @@ def main(rank, world_size, port, args):
     # --- resume: model, optimizer, next epoch and RNG states from the last snapshot ---
     start, history = 0, []
     if args.snapshot and os.path.exists(args.snapshot):
-        start, history = helpers.load_snapshot(args.snapshot, model, optimizer, rank)
+        start, history = helpers.load_snapshot(args.snapshot, model, optimizer, rank, args.lr)
         helpers.log0(f"resuming from {args.snapshot} at epoch {start + 1}")
 
     step = start * len(train_iter)

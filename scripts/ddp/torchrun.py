@@ -16,6 +16,10 @@ its RANK, LOCAL_RANK and WORLD_SIZE. The same file runs on one machine or on man
     # this job (e.g. $SLURM_JOB_ID or $(uuidgen)): a second job that reuses an id or an endpoint
     # still in use waits silently for minutes instead of failing
     #   --rdzv-backend c10d --rdzv-endpoint MASTER_IP:PORT --rdzv-id $SLURM_JOB_ID
+torchrun's own key-value store (the rendezvous) listens on EVERY network interface of its
+machine, without authentication, even with --standalone (torch 2.14: seen with `ss -ltnp`): run
+it on a machine and network you trust, or firewall its ports. (helpers.launch and spawn.py start
+their own store on 127.0.0.1 only.)
 Every argument is checked before the process group starts; --dry-run only fills in what was not
 given.
 """
@@ -65,7 +69,7 @@ loss_fn = nn.CrossEntropyLoss()
 # --- resume: model, optimizer, next epoch and RNG states from the last snapshot ---
 start, history = 0, []
 if args.snapshot and os.path.exists(args.snapshot):
-    start, history = helpers.load_snapshot(args.snapshot, model, optimizer, rank)
+    start, history = helpers.load_snapshot(args.snapshot, model, optimizer, rank, args.lr)
     helpers.log0(f"resuming from {args.snapshot} at epoch {start + 1}")
 
 
