@@ -626,4 +626,50 @@ def save_nothing(ctx, op, *args, **kwargs):
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+# ---- fsdp2: Exercise 6 (resume from a DCP checkpoint) -----------------------------------------
+@worked("check_dcp_resume")
+def dcp_resume(model, optimizer, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+
+
+@other("check_dcp_resume", "a Stateful app state")
+def dcp_resume_stateful(model, optimizer, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    class App(Stateful):
+        def state_dict(self):
+            m, o = get_state_dict(model, optimizer)
+            return {"model": m, "optim": o}
+
+        def load_state_dict(self, sd):
+            set_state_dict(model, optimizer, model_state_dict=sd["model"],
+                           optim_state_dict=sd["optim"])
+    app = App()
+    state = app.state_dict()
+    dcp.load(state, checkpoint_id=path)
+    app.load_state_dict(state)
+
+
+@shortcut("check_dcp_resume", "the model only", "moments did not come back")
+def dcp_resume_model_only(model, optimizer, path):
+    import torch.distributed.checkpoint as dcp
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    model.load_state_dict(state["model"])
+
+
+@shortcut("check_dcp_resume", "torch.load of the folder", "your code raised")
+def dcp_resume_torch_load(model, optimizer, path):
+    sd = torch.load(path)
+    model.load_state_dict(sd["model"])
+
+
 test_case = parametrize_cases(__name__)

@@ -152,6 +152,10 @@ def test_refusals_name_the_fix(two):
     assert "not a module of the model" in r["fsdp: a unit not in the model"]
     assert "floating dtype" in r["fsdp: int8 compute"]
     assert "finish_gradient_synchronization()" in r["zero2: step() before finish"]
+    assert "consolidate_state_dict(to=0)" in \
+        r["zero1: state_dict() before consolidate_state_dict()"]
+    got = float(r["fsdp: a float64 model"].split(", ")[1].split()[0])
+    assert r["fsdp: a float64 model"].startswith("accepted") and got <= 1e-12
 
 
 def test_zero2_accumulation_both_ways_equals_one_process(two):

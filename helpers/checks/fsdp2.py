@@ -12,7 +12,7 @@ from torch.utils.checkpoint import checkpoint
 from ._core import CheckFailed, Recorder, as_int, check, expect, fresh_generator, randint
 
 __all__ = ["check_saved_bytes_of_call", "check_checkpointed_forward", "check_choose_checkpoints",
-           "check_save_matmuls", "saved_bytes"]
+           "check_save_matmuls", "check_dcp_resume", "saved_bytes"]
 
 
 def saved_bytes(f, *inputs, params=()):
@@ -282,3 +282,60 @@ def check_save_matmuls(fn):
            "backward recomputed no pointwise operation (gelu, tanh): everything was saved, as "
            "without checkpointing; return PREFER_RECOMPUTE for the operations that are not "
            "matrix products")
+
+
+def _train(net, opt, g, steps, d):
+    for _ in range(steps):
+        x = torch.randn(6, d, generator=g)
+        net(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@check("dcp_resume", references=["dcp_load_resharded"], observes=[
+    "a fresh model and AdamW (another initialisation) after the answer loaded a checkpoint "
+    "written by torch.distributed.checkpoint as {\"model\": ..., \"optim\": ...} from "
+    "get_state_dict: every parameter and every optimizer state tensor, and the next step, "
+    "against the run that saved it"])
+def check_dcp_resume(fn):
+    """fn(model, optimizer, path) -> load into model and optimizer the checkpoint at path,
+    saved with dcp.save({"model": model_sd, "optim": optim_sd}) from get_state_dict."""
+    import tempfile
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    g = fresh_generator()
+    d, h = randint(g, 3, 8), randint(g, 3, 8)
+
+    def build(seed):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net = nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, 2))
+        return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
+    net, opt = build(randint(g, 0, 10**6))
+    _train(net, opt, g, randint(g, 1, 3), d)
+    path = tempfile.mkdtemp(prefix="dcp-check-")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model_sd, optim_sd = get_state_dict(net, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        fresh, fresh_opt = build(randint(g, 0, 10**6))
+        fn(fresh, fresh_opt, path)
+    for (n, p), q in zip(net.named_parameters(), fresh.parameters()):
+        expect(torch.equal(p, q), f"after loading, {n} is not the saved one")
+    saved, got = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+    expect(len(got) == len(saved),
+           f"after loading the optimizer holds state for {len(got)} of {len(saved)} "
+           "parameters: AdamW's moments did not come back. Load the optimizer's part too "
+           "(get_state_dict(model, optimizer) gives both; set_state_dict puts them back)")
+    for i, st in saved.items():
+        for k, v in st.items():
+            expect(torch.is_tensor(got[i].get(k)) and torch.equal(got[i][k], v),
+                   f"after loading, the optimizer's {k} of parameter {i} is not the saved one")
+    g2 = fresh_generator()
+    seed = randint(g2, 0, 10**6)
+    for model, o in ((net, opt), (fresh, fresh_opt)):
+        _train(model, o, torch.Generator().manual_seed(seed), 1, d)
+    for (n, p), q in zip(net.named_parameters(), fresh.parameters()):
+        expect(torch.allclose(p, q, atol=1e-6), f"the step after loading moved {n} elsewhere")

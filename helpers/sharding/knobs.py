@@ -20,7 +20,7 @@ from .fsdp_scratch import FSDPFromScratch
 from .memory import PeakBytes
 from .mixed import MixedPrecisionZero
 from .torch_api import fsdp2_api, full_params
-from .zero import Zero2, all_gather_flat
+from .zero import ShardedOptimizer, Zero2, all_gather_flat
 
 __all__ = ["zero2_accumulation", "clip_over_shards", "fsdp_knobs", "mixed_precision_zero",
            "refusals"]
@@ -232,4 +232,21 @@ def refusals(rank, world, cfg):
     flat_cross_entropy(z(X), y).backward()
     attempt("zero2: step() before finish", z.step)
     z.finish_gradient_synchronization()
+    opt = ShardedOptimizer(make_model("mlp").parameters(), torch.optim.AdamW, lr=1e-3)
+    attempt("zero1: state_dict() before consolidate_state_dict()", opt.state_dict)
+    # supported, not refused: a float64 model trains in float64 (shards and gradients too)
+    net = make_model("mlp").double()
+    model = FSDPFromScratch(net)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref = make_model("mlp").double()
+    ref_sgd = torch.optim.SGD(ref.parameters(), lr=0.1)
+    X, y = make_batches("mlp", 1, 8)[0]
+    flat_cross_entropy(ref(X.double()), y).backward()
+    ref_sgd.step()
+    Xr, yr = local_batch((X.double(), y), rank, world, device)
+    flat_cross_entropy(model(Xr), yr).backward()
+    model.finish_gradient_synchronization()
+    sgd.step()
+    diff = max_diff(model.gather_full_params(), params_of(ref))
+    out["fsdp: a float64 model"] = f"accepted: trains in float64, {diff:.1e} from one process"
     return out
