@@ -151,6 +151,8 @@ def test_refusals_name_the_fix(two):
     assert "in no unit" in r["fsdp: units that leave parameters out"]
     assert "not a module of the model" in r["fsdp: a unit not in the model"]
     assert "floating dtype" in r["fsdp: int8 compute"]
+    assert "given twice" in r["fsdp: a unit given twice"]
+    assert "no trainable parameter" in r["fsdp: a unit without trainable parameters"]
     assert "finish_gradient_synchronization()" in r["zero2: step() before finish"]
     assert "consolidate_state_dict(to=0)" in \
         r["zero1: state_dict() before consolidate_state_dict()"]

@@ -18,7 +18,7 @@ import re
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")   # pinned in requirements/test.txt
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import helpers  # noqa: E402
@@ -99,8 +99,17 @@ def scratch_names():
     return sorted(n for n in WRAPPERS if ":" not in n)
 
 
+# every kind of layer, 3 and 4 ranks, 3 micro-batches and a resume, whatever the draws
+HARD = [dict(seed=7, d_in=4, width=5, d_out=3, blocks=["frozen", "reused", "tied", "unused"],
+             world=3, batch=2, accum=3, num_steps=3, optim="adamw", groups=True, resume_at=2),
+        dict(seed=11, d_in=2, width=7, d_out=2, blocks=["tied", "plain"], world=4, batch=1,
+             accum=2, num_steps=2, optim="momentum", groups=False, resume_at=1)]
+
+
 @settings(settings.get_profile(PROFILE))
 @given(case=cases())
+@example(case=HARD[0])
+@example(case=HARD[1])
 @pytest.mark.parametrize("name", scratch_names())
 def test_wrapper_equals_one_process_and_torch(pools, name, case):
     got = check_wrapper(pools, name, case)

@@ -225,6 +225,11 @@ def refusals(rank, world, cfg):
     attempt("fsdp: units that leave parameters out", lambda: FSDPFromScratch(net, units=[net[0]]))
     attempt("fsdp: a unit not in the model",
             lambda: FSDPFromScratch(make_model("mlp"), units=[nn.Linear(3, 3)]))
+    net = make_model("mlp")
+    attempt("fsdp: a unit given twice", lambda: FSDPFromScratch(net, units=[net[0], net[0], net]))
+    net = make_model("mlp")
+    attempt("fsdp: a unit without trainable parameters",
+            lambda: FSDPFromScratch(net, units=[net[1], net]))   # net[1] is a ReLU
     attempt("fsdp: int8 compute", lambda: FSDPFromScratch(make_model("mlp"),
                                                           compute_dtype=torch.int8))
     z = Zero2(make_model("mlp"), torch.optim.AdamW, lr=1e-3)
