@@ -11,3 +11,4 @@ from .zero import *             # noqa: F401,F403  Part V: ZeRO
 from .fsdp_scratch import *     # noqa: F401,F403  Part V: FSDP from scratch
 from .fsdp2 import *            # noqa: F401,F403  Part V: FSDP2, recomputation
 from .splits_dist import *      # noqa: F401,F403  Part VI
+from .part7 import *           # noqa: F401,F403  Part VII

@@ -35,7 +35,7 @@ def _pingpong(comm, rank, shape, repeats):
 
 
 def pipeline_worker(rank, world, cfg):
-    """spawn_ranks target, several runs in one launch. cfg: net (kwargs of pipeline_net),
+    """Launch target, several runs in one launch. cfg: net (kwargs of pipeline_net),
     batch_size, seed, runs: list of dict(kind="scratch"|"pipelining", schedule ("gpipe",
     "1f1b" or a torch schedule class name), m, cuts, repeats), or dict(kind="pingpong", rows,
     repeats). Returns one dict per run: loss, grads (of the first repeat), timelines (one per
@@ -67,7 +67,7 @@ def pipeline_worker(rank, world, cfg):
             results.append(out)
             continue
         stage = stage_of(net, run["cuts"], rank)
-        order = orders[run["schedule"]](run["m"], world, rank)
+        order = orders[run["schedule"]](world, run["m"], rank)
         for rep in range(run.get("repeats", 1)):
             stage.zero_grad()
             got = pipeline_rank_step(stage, comm, order, X if rank == 0 else None,

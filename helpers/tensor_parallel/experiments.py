@@ -10,7 +10,8 @@ import torch.distributed as dist
 from ..runtime.comm import DistComm
 from ..runtime.progress import report_progress
 from ..runtime.traffic import FuncolBytes
-from .scratch import TPBlock, TPMLP, block_inputs, block_loss, small_block
+from ..tiny_models import block_inputs, block_loss, small_block
+from .scratch import TPBlock, TPMLP
 from .torch_api import tp_plan
 
 __all__ = ["tp_worker", "mesh2d_worker"]
@@ -37,7 +38,7 @@ def _run(module, X, R, counter):
 
 
 def tp_worker(rank, world, cfg):
-    """spawn_ranks target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
+    """Launch target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
     without PrepareModuleInput), on the same weights and input. Returns {name: result} where a
     result has out, grads (this rank's slices) and the fwd/bwd logs of (op, bytes)."""
     device = cfg["device"]
@@ -62,7 +63,7 @@ def tp_worker(rank, world, cfg):
 
 
 def mesh2d_worker(rank, world, cfg):
-    """spawn_ranks target on 4 ranks: a 2x2 device mesh ("dp", "tp"); the SmallBlock tensor parallel
+    """Launch target on 4 ranks: a 2x2 device mesh ("dp", "tp"); the SmallBlock tensor parallel
     over "tp" (parallelize_module) and data parallel over "dp" (each dp group gets half of each
     global batch; gradients averaged over "dp" by FSDP2 fully_shard, or by an all-reduce where
     fully_shard is unavailable). SGD for cfg["steps"] steps; returns the full weights
