@@ -100,7 +100,13 @@ from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
 from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
 from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
                                    fsdp_scratch_vs_one_process, fsdp2_vs_one_process,
-                                   dcp_save_sharded, dcp_load_resharded, memory_per_stage)
+                                   dcp_save_sharded, dcp_load_resharded, memory_per_stage,
+                                   zero1_checkpoint, full_optimizer_state, train_step,
+                                   held_bytes)
+from .sharding.knobs import (zero2_accumulation, clip_over_shards, fsdp_knobs,
+                             mixed_precision_zero, refusals)
+from .sharding.mixed import MixedPrecisionZero
+from .sharding.memory import PeakBytes
 from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_orders,
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,

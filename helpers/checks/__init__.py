@@ -6,6 +6,9 @@ from .scratch import *          # noqa: F401,F403  Part II
 from .concise import *          # noqa: F401,F403  Part III
 from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
 from .fast import *             # noqa: F401,F403  Part IV
-from .sharding import *         # noqa: F401,F403  Part III (DDP from scratch) and Part V
+from .sharding import *         # noqa: F401,F403  Part III (DDP from scratch)
+from .zero import *             # noqa: F401,F403  Part V: ZeRO
+from .fsdp_scratch import *     # noqa: F401,F403  Part V: FSDP from scratch
+from .fsdp2 import *            # noqa: F401,F403  Part V: FSDP2, recomputation
 from .splits_dist import *      # noqa: F401,F403  Part VI
 from .part7 import *           # noqa: F401,F403  Part VII

@@ -96,6 +96,8 @@ def save_checkpoint(model, path):
 def save_snapshot_all(path, model, optimizer, epoch, history=()):
     """Every rank calls it (it gathers each rank's RNG states: a collective); rank 0 writes the
     snapshot atomically. `epoch` is the next epoch to run."""
+    if hasattr(optimizer, "consolidate_state_dict"):   # ZeRO: each rank holds a share
+        optimizer.consolidate_state_dict(to=0)          # (ZeroRedundancyOptimizer, ours)
     rngs = [rng_state()]
     if get_world_size() > 1:
         rngs = [None] * get_world_size()

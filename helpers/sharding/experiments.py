@@ -15,11 +15,13 @@ from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
 from .fsdp_scratch import FSDPFromScratch
+from .memory import PeakBytes
 from .torch_api import fsdp2_model, full_params
 from .zero import ShardedOptimizer, Zero2, optimizer_state_bytes
 
 __all__ = ["zero1_vs_one_process", "zero2_vs_one_process", "fsdp_scratch_vs_one_process",
-           "fsdp2_vs_one_process", "dcp_save_sharded", "dcp_load_resharded", "memory_per_stage"]
+           "fsdp2_vs_one_process", "dcp_save_sharded", "dcp_load_resharded", "memory_per_stage",
+           "zero1_checkpoint", "full_optimizer_state", "train_step", "held_bytes"]
 
 
 def zero1_vs_one_process(rank, world, cfg):
@@ -155,33 +157,107 @@ def fsdp2_vs_one_process(rank, world, cfg):
 
 
 def dcp_save_sharded(rank, world, cfg):
-    """Train a fully_shard model a little and save it with torch.distributed.checkpoint: each rank
-    writes only its shards. Returns the full parameters (to compare after loading)."""
+    """Train a fully_shard model and its AdamW a little; save both with
+    torch.distributed.checkpoint (each rank writes only its shards); then train one step more.
+    Returns the full parameters and optimizer state at the save, and after that step."""
     device, path, kind, num_steps, batch_size, sizes = \
-        take(cfg, "device", "path", kind="mlp", num_steps=2, batch_size=8, sizes=None)
+        take(cfg, "device", "path", kind="mlp", num_steps=2, batch_size=12, sizes=None)
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     model = fsdp2_model(kind, world, device, sizes=sizes)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for batch in make_batches(kind, num_steps, batch_size):
-        X, y = local_batch(batch, rank, world, device)
-        flat_cross_entropy(model(X), y).backward()
-        opt.step()
-        opt.zero_grad()
-    dcp.save({"model": model.state_dict()}, checkpoint_id=path)
-    return dict(full=full_params(model),
-                local_bytes=sum(p.to_local().numel() * 4 for p in model.parameters()))
+    batches = make_batches(kind, num_steps + 1, batch_size)
+    for batch in batches[:num_steps]:
+        train_step(model, opt, batch, rank, world, device)
+    model_sd, optim_sd = get_state_dict(model, opt)      # DTensor shards, named by parameter
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    saved = dict(full=full_params(model), optim=full_optimizer_state(model, opt),
+                 local_bytes=sum(p.to_local().numel() * 4 for p in model.parameters()))
+    train_step(model, opt, batches[num_steps], rank, world, device)
+    return dict(saved, after=full_params(model))
 
 
 def dcp_load_resharded(rank, world, cfg):
-    """A fresh fully_shard model on `world` ranks (any number) loads the sharded checkpoint."""
-    device, path, kind, sizes = take(cfg, "device", "path", kind="mlp", sizes=None)
+    """A fresh fully_shard model and AdamW on `world` ranks (any number) load the checkpoint,
+    model and optimizer state, and train the step the saving run trained after saving."""
+    device, path, kind, num_steps, batch_size, sizes = \
+        take(cfg, "device", "path", kind="mlp", num_steps=2, batch_size=12, sizes=None)
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     model = fsdp2_model(kind, world, device, seed=123, sizes=sizes)   # other init: load must win
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=path)
-    model.load_state_dict(state["model"])
-    return dict(full=full_params(model),
-                local_bytes=sum(p.to_local().numel() * 4 for p in model.parameters()))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model_sd, optim_sd = get_state_dict(model, opt)      # this world's shards, to load into
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)                  # each rank reads the slices it needs
+    set_state_dict(model, opt, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    loaded = dict(full=full_params(model), optim=full_optimizer_state(model, opt),
+                  local_bytes=sum(p.to_local().numel() * 4 for p in model.parameters()))
+    batch = make_batches(kind, num_steps + 1, batch_size)[num_steps]
+    train_step(model, opt, batch, rank, world, device)
+    return dict(loaded, after=full_params(model))
+
+
+def train_step(model, opt, batch, rank, world, device):
+    X, y = local_batch(batch, rank, world, device)
+    flat_cross_entropy(model(X), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def full_optimizer_state(model, opt):
+    """{parameter name + "." + state key: full tensor} of a fully_shard model's optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    sd = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    return {f"{n}.{k}": (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
+            for n, st in sd["state"].items() for k, v in st.items() if torch.is_tensor(v)}
+
+
+def zero1_checkpoint(rank, world, cfg):
+    """ShardedOptimizer (AdamW) saved mid-run the way torch's ZeroRedundancyOptimizer is (the
+    shards consolidated on rank 0 into the unsharded optimizer's state dict), loaded into a fresh
+    one and into plain AdamW on one process; each run on, against the uninterrupted run."""
+    device, path, num_steps, batch_size = \
+        take(cfg, "device", "path", num_steps=4, batch_size=8)
+    import torch.distributed as dist
+    batches = make_batches("mlp", num_steps, batch_size)
+    half = num_steps // 2
+
+    def run(model, opt, part):
+        for batch in part:
+            X, y = local_batch(batch, rank, world, device)
+            flat_cross_entropy(model(X), y).backward()
+            model.finish_gradient_synchronization()
+            opt.step()
+            opt.zero_grad()
+    model = DDPFromScratch(make_model("mlp").to(device))
+    opt = ShardedOptimizer(model.module.parameters(), torch.optim.AdamW, lr=1e-3)
+    run(model, opt, batches[:half])
+    opt.consolidate_state_dict(to=0)
+    if rank == 0:
+        torch.save(dict(model=model.module.state_dict(), optim=opt.state_dict()), path)
+    dist.barrier()
+    run(model, opt, batches[half:])
+    sd = torch.load(path, weights_only=False)
+    fresh = DDPFromScratch(make_model("mlp", seed=9).to(device))
+    fresh.module.load_state_dict(sd["model"])
+    opt2 = ShardedOptimizer(fresh.module.parameters(), torch.optim.AdamW, lr=1e-3)
+    opt2.load_state_dict(sd["optim"])
+    entries = len(opt2.local.state) if opt2.local else 0
+    run(fresh, opt2, batches[half:])
+    plain = make_model("mlp")          # the consolidated state dict is plain AdamW's
+    plain.load_state_dict(sd["model"])
+    popt = torch.optim.AdamW(plain.parameters(), lr=1e-3)
+    popt.load_state_dict(sd["optim"])
+    for X, y in batches[half:]:
+        flat_cross_entropy(plain(X), y).backward()
+        popt.step()
+        popt.zero_grad()
+    return dict(resumed_diff=max_diff(params_of(fresh.module), params_of(model.module)),
+                plain_diff=max_diff(params_of(plain), params_of(model.module)),
+                entries_after_load=entries, owned=sum(1 for p in opt.all_params
+                                                      if opt.owner[id(p)] == rank),
+                saved_entries=len(sd["optim"]["state"]))
 
 
 def held_bytes(tensors):
@@ -189,13 +265,16 @@ def held_bytes(tensors):
 
 
 def memory_per_stage(rank, world, cfg):
-    """Per stage: bytes of parameters, gradients and optimizer state this rank holds after a
-    step (read from its tensors), the bytes it sent during that step, and on a GPU the peak of
+    """Per stage: bytes of parameters, gradients and optimizer state this rank holds (gradients
+    after finish, before the step), the bytes it sent during the step, and the PEAK during the
+    step (forward, backward, finish, step), measured: parameters and optimizer state plus the
+    most bytes of storages created during the step alive at once (activations, gradients,
+    gathered weights, communication buffers; PeakBytes); on a GPU also
     torch.cuda.max_memory_allocated."""
     device, sizes, stages, batch_size = \
         take(cfg, "device", sizes=None, stages=("dp", "zero1", "zero2", "zero3"), batch_size=16)
     X, y = local_batch(make_batches("mlp", 1, batch_size, d_in=(sizes or {}).get("d_in", 32))[0],
-                 rank, world, device)
+                       rank, world, device)
     out = {}
     for stage in stages:
         net = make_model("mlp", **(sizes or {})).to(device)
@@ -210,11 +289,15 @@ def memory_per_stage(rank, world, cfg):
         else:
             model = FSDPFromScratch(net)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        local_opt = opt.local if stage == "zero1" else opt.optimizer if stage == "zero2" else opt
+        held = list(model.parameters()) + list(net.parameters())
         for step in range(2):   # the first step creates the optimizer state
             if device.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats(device)
-            with count_traffic() as log:
+            state = [v for s in (local_opt.state.values() if local_opt else ())
+                     for v in s.values() if torch.is_tensor(v)]
+            with count_traffic() as log, PeakBytes().skip(held + state) as peak:
                 flat_cross_entropy(model(X), y).backward()
                 model.finish_gradient_synchronization()
                 if stage in ("zero2", "zero3"):
@@ -223,12 +306,13 @@ def memory_per_stage(rank, world, cfg):
                 else:
                     grads = held_bytes(p.grad for p in net.parameters())
                 opt.step()
-            peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-            opt.zero_grad()
-        local_opt = opt.local if stage == "zero1" else opt.optimizer if stage == "zero2" else opt
+                opt.zero_grad()
+            cuda = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         params = (held_bytes(model.parameters()) if stage == "zero3"
                   else held_bytes(net.parameters()))
+        optim = optimizer_state_bytes(local_opt) if local_opt else 0
         out[stage] = dict(n_params=n_params, params_bytes=params, grads_bytes=grads,
-                          optim_bytes=optimizer_state_bytes(local_opt) if local_opt else 0,
-                          sent_bytes=log.sent_bytes, calls=dict(log.calls), cuda_peak=peak)
+                          optim_bytes=optim, sent_bytes=log.sent_bytes, calls=dict(log.calls),
+                          transient_peak=peak.peak, peak_bytes=params + optim + peak.peak,
+                          cuda_peak=cuda)
     return out

@@ -91,6 +91,7 @@ class FSDPUnit:
         self.owner.forward_order(self)
         self.full = GatherParams.apply(self.shard, self)
         self.set_views(self.full)
+        self.owner.log("compute", self)
         if self.owner.reshard_after_forward:
             self.hooks = saved_tensors_hooks(self.pack, self.unpack)
             self.hooks.__enter__()
@@ -208,7 +209,6 @@ class FSDPFromScratch(nn.Module):
     def forward_order(self, unit):
         if self._recording and unit not in self._order:
             self._order.append(unit)
-        self.log("compute", unit)
 
     def prefetch_after(self, unit, backward):
         """Start the all-gather of the unit that runs next (forward order, or reversed)."""

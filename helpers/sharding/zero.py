@@ -51,6 +51,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("ShardedOptimizer needs a process group: call helpers.setup() or "
                                "dist.init_process_group(...) first")
         super().__init__(params, defaults)
+        # every setting of the inner optimizer (AdamW's betas, eps, ...) in our groups too, so
+        # a consolidated state dict is the unsharded optimizer's, loadable by optimizer_cls
+        full = optimizer_cls([torch.zeros(1, requires_grad=True)], **defaults).defaults
+        self.defaults = {**full, **self.defaults}
+        for g in self.param_groups:
+            for k, v in full.items():
+                g.setdefault(k, v)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.all_params = [p for g in self.param_groups for p in g["params"]]
         with torch.no_grad():   # every rank starts from rank 0's weights, as DDP does
@@ -147,7 +154,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.local is None:
             return
         inner = self.local.state_dict()
-        inner["state"] = {k: state[g] for k, g in enumerate(self._global) if g in state}
+        inner["state"] = {k: {n: v.clone() if torch.is_tensor(v) else v   # not the caller's
+                              for n, v in state[g].items()}                # tensors: stepping
+                          for k, g in enumerate(self._global) if g in state}  # changes them
         self.local.load_state_dict(inner)
         self.state = self.local.state
 
@@ -316,7 +325,7 @@ class Zero2(nn.Module):
     @torch.no_grad()
     def step(self):
         """Step this rank's shards, then all-gather them into every rank's full parameters."""
-        if any(self._pending.values()):
+        if any(self._pending.values()) or any(p.grad is not None for p in self.params):
             raise RuntimeError("gradients are still being reduced: call "
                                "finish_gradient_synchronization() after the last backward, "
                                "before step()")

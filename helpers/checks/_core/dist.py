@@ -137,6 +137,10 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False):
                              _copy_into(output), async_op)
 
 
+all_gather_single = all_gather_into_tensor      # torch 2.14's names for them
+reduce_scatter_single = reduce_scatter_tensor
+
+
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
     ranks = _ranks(group)
 

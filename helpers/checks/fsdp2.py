@@ -1,0 +1,341 @@
+"""Checks for the exercises of Part V's FSDP2 chapter (book/part5/fsdp2.ipynb): the memory of
+activations and recomputation.
+
+Activation bytes are the course's one measure (costs.saved_per_layer's): every storage autograd
+saves counted once, parameters left out. Recomputation is seen from the blocks' own hooks (which
+block recomputes when, in backward) and from the aten operations backward runs (Recorder).
+"""
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ._core import CheckFailed, Recorder, as_int, check, expect, fresh_generator, randint
+
+__all__ = ["check_saved_bytes_of_call", "check_checkpointed_forward", "check_choose_checkpoints",
+           "check_save_matmuls", "check_dcp_resume", "saved_bytes"]
+
+
+def saved_bytes(f, *inputs, params=()):
+    """Bytes autograd saves for backward while f(*inputs) runs: each storage once, the storages
+    of `params` (and of f's parameters, when f is a module) left out."""
+    params = list(params) + (list(f.parameters()) if isinstance(f, nn.Module) else [])
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen, keep = set(), []
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in skip and key not in seen:
+            seen.add(key)
+            keep.append(t)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        f(*inputs)
+    return sum(t.untyped_storage().nbytes() for t in keep)
+
+
+class _Twice(nn.Module):
+    """Saves one activation twice (y * y) and a view of another (a.t() @ a)."""
+
+    def __init__(self, d, h):
+        super().__init__()
+        self.lin = nn.Linear(d, h)
+
+    def forward(self, x):
+        a = torch.tanh(self.lin(x))
+        return (a.t() @ a).sum() + (a * a).sum()
+
+
+@check("saved_bytes_of_call", references=["saved_per_layer"], observes=[
+    "the number returned (any real type) for fresh modules and inputs, against the bytes of "
+    "the distinct storages autograd saves, parameters left out"])
+def check_saved_bytes_of_call(fn):
+    """fn(f, *inputs) -> bytes of the tensors autograd saves for backward while the module f
+    runs on inputs: each storage once (a tensor saved twice, or a view of one already counted,
+    adds nothing), f's parameters left out (they are weights, not activations)."""
+    g = fresh_generator()
+    n, d, h = randint(g, 3, 20), randint(g, 3, 20), randint(g, 3, 20)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(randint(g, 0, 10**6))
+        cases = [("tanh(lin(x)) used as a.t() @ a and a * a", _Twice(d, h)),
+                 ("Linear", nn.Linear(d, h)),
+                 ("Linear, Tanh, Linear", nn.Sequential(nn.Linear(d, h), nn.Tanh(),
+                                                         nn.Linear(h, d))),
+                 ("ReLU (saves its output)", nn.ReLU())]
+    x = torch.randn(n, d, generator=g, requires_grad=True)
+    for what, f in cases:
+        call = f"saved_bytes_of_call({what}, x of shape {tuple(x.shape)})"
+        want = saved_bytes(f, x)
+        got = as_int(fn(f, x), call)
+        calls, weights = [0], [0]
+        ps = {p.untyped_storage().data_ptr() for p in f.parameters()}
+
+        def pack(t):
+            calls[0] += t.numel() * t.element_size()
+            if t.untyped_storage().data_ptr() in ps:
+                weights[0] += t.numel() * t.element_size()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = f(x)
+        expect(not (got == out.numel() * out.element_size() and got != want),
+               f"{call}: {got} bytes is the size of the output, not what autograd saves")
+        with_params = saved_bytes(lambda x: f(x), x)   # each storage once, weights kept
+        expect(not (weights[0] and got == with_params != want),
+               f"{call}: {got} bytes counts the parameters ({weights[0]} bytes of weights "
+               "reach the pack hook): leave out the storages of f's parameters")
+        expect(not (got == calls[0] and got != want),
+               f"{call}: {got} bytes sums every tensor the pack hook receives: a tensor saved "
+               "by two operations, and the weights (views of the parameters), are counted; "
+               "count each storage once and leave the parameters out")
+        expect(got == want, f"{call}: {got} bytes, expected {want}")
+
+
+def _ffn_blocks(g, d, depth):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(randint(g, 0, 10**6))
+        return nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.Tanh(), nn.Linear(4 * d, d))
+                             for _ in range(depth))
+
+
+def _seq(blocks, x):
+    for b in blocks:
+        x = b(x)
+    return x
+
+
+def _graph_names(t):
+    names, todo, seen = set(), [t.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo += [n for n, _ in node.next_functions]
+    return names
+
+
+@check("checkpointed_forward", observes=[
+    "the output, and the gradients after backward, against the plain forward",
+    "the bytes autograd saves (each storage once, no parameters) against the plain forward's",
+    "which block each backward step recomputes, from the blocks' own hooks: each block's "
+    "forward again right after its output's gradient arrives, one block at a time",
+    "the autograd graph: no reentrant checkpoint (CheckpointFunctionBackward)"])
+def check_checkpointed_forward(fn):
+    """fn(blocks, x) -> the output of the blocks applied in turn, each block under its own
+    torch.utils.checkpoint.checkpoint(..., use_reentrant=False)."""
+    g = fresh_generator()
+    d, n, depth = randint(g, 8, 24), randint(g, 4, 12), randint(g, 3, 5)
+    blocks = _ffn_blocks(g, d, depth)
+    log, phase = [], ["forward"]
+    for i, b in enumerate(blocks):
+        b.register_forward_pre_hook(lambda m, a, i=i: log.append((phase[0], "fwd", i)))
+
+        def out_hook(m, a, out, i=i):
+            if phase[0] == "forward" and out.requires_grad:
+                out.register_hook(lambda grad: log.append(("backward", "grad", i)))
+        b.register_forward_hook(out_hook)
+    x = torch.randn(n, d, generator=g, requires_grad=True)
+    params = list(blocks.parameters())
+    plain_saved = saved_bytes(lambda x: _seq(blocks, x), x, params=params)
+    plain = _seq(blocks, x)
+    plain.sum().backward()
+    want = {k: p.grad.clone() for k, p in blocks.named_parameters()}
+    blocks.zero_grad(set_to_none=True)
+    saved = saved_bytes(lambda x: fn(blocks, x), x, params=params)
+    log.clear()
+    out = fn(blocks, x)
+    expect(torch.is_tensor(out) and out.requires_grad,
+           "the output of checkpointed_forward has no gradient: the checkpointed blocks must stay "
+           "in the graph (no torch.no_grad or detach)")
+    expect(out.shape == plain.shape and torch.allclose(out, plain, atol=1e-5),
+           "checkpointed_forward returned a different output than applying the blocks")
+    expect(not any("CheckpointFunction" in name for name in _graph_names(out)),
+           "the graph holds a reentrant checkpoint (use_reentrant=True): use "
+           "checkpoint(..., use_reentrant=False), which composes with hooks and FSDP")
+    phase[0] = "backward"
+    out.sum().backward()
+    expect(all(p.grad is not None for p in blocks.parameters()),
+           "after backward some parameters have no gradient: the checkpointed blocks must stay "
+           "in the graph (no torch.no_grad or detach)")
+    for k, p in blocks.named_parameters():
+        expect(torch.allclose(p.grad, want[k], atol=1e-5), f"the gradient of {k} differs")
+    expect(saved < plain_saved / 2,
+           f"autograd saved {saved} bytes, {saved / plain_saved:.0%} of the {plain_saved} "
+           "without checkpointing: checkpoint each block, so only its input is kept")
+    back = [(kind, i) for ph, kind, i in log if ph == "backward"]
+    redo = [i for kind, i in back if kind == "fwd"]
+    expect(sorted(redo) == list(range(depth)),
+           f"backward recomputed blocks {redo}: checkpointing recomputes every block's forward "
+           "once during backward")
+    for i in range(depth):   # block i recomputed after its output's gradient arrived, alone
+        start = back.index(("grad", i)) if ("grad", i) in back else 0
+        between = [j for kind, j in back[start:] if kind == "fwd"][:1]
+        expect(between == [i],
+               f"backward recomputed blocks {redo} in the order {[j for _, j in back]}: all at "
+               "once (one checkpoint around several blocks), so their activations are all alive "
+               "together and backward's peak is not reduced; give each block its own checkpoint")
+
+
+def _blocks_with_saved(g, spec=None, d=None, n=None):
+    """Blocks (Linear, `tanhs` Tanh, Linear) whose saved bytes do not follow their parameter
+    counts: each Tanh saves its output but has no parameter. spec: [(hidden, tanhs), ...]."""
+    d, n = d or randint(g, 4, 10), n or randint(g, 4, 12)
+    spec = spec or [(d * randint(g, 1, 4), randint(g, 1, 5)) for _ in range(randint(g, 4, 6))]
+    with torch.random.fork_rng(devices=[]):   # leave the notebook's random numbers alone
+        torch.manual_seed(randint(g, 0, 10**6))
+        blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, h), *[nn.Tanh() for _ in range(r)],
+                                             nn.Linear(h, d)) for h, r in spec)
+    x = torch.randn(n, d, generator=g, requires_grad=True)
+    saved, gain, h = [], [], x
+    for b in blocks:   # a checkpointed block still keeps its input
+        saved.append(saved_bytes(b, h))
+        gain.append(saved[-1] - saved_bytes(
+            lambda h: checkpoint(b, h, use_reentrant=False), h, params=b.parameters()))
+        h = b(h)
+    return blocks, x, saved, gain
+
+
+@check("choose_checkpoints", observes=[
+    "the forward of the blocks with the returned ones checkpointed, measured (each storage "
+    "once, no parameters) against the budget",
+    "how many blocks were chosen, against the fewest that meet the budget"])
+def check_choose_checkpoints(fn):
+    """fn(blocks, x, budget) -> the indices of the fewest blocks to checkpoint so that autograd
+    saves at most `budget` bytes in a forward of the blocks in turn."""
+    g = fresh_generator()
+    for case in range(5):
+        if case < 2:   # the blocks with the most parameters are not the ones that save most
+            blocks, x, saved, gain = _blocks_with_saved(
+                g, [(32, 1), (16, 5), (16, 5), (32, 1)], d=8, n=64)
+            # case 1: one block would do if checkpointing freed all it saves (not its input)
+            budget = sum(saved) - (gain[1] + gain[2] if case == 0 else saved[1])
+        else:
+            blocks, x, saved, gain = _blocks_with_saved(g)
+            budget = int(sum(saved) * (0.25 + 0.4 * torch.rand(1, generator=g).item()))
+        total = sum(saved)
+        got = fn(blocks, x, budget)
+        call = f"choose_checkpoints({len(blocks)} blocks, budget {budget} of {total} bytes)"
+        try:
+            chosen = sorted({as_int(i, call) for i in got})
+        except TypeError:
+            raise CheckFailed(f"{call} returned {got!r}, expected a list of block indices") \
+                from None
+        expect(all(0 <= i < len(blocks) for i in chosen),
+               f"{call} returned an index outside 0..{len(blocks) - 1}")
+
+        def run(x):
+            for i, b in enumerate(blocks):
+                x = checkpoint(b, x, use_reentrant=False) if i in chosen else b(x)
+            return x
+        measured = saved_bytes(run, x, params=blocks.parameters())
+        expect(measured <= budget,
+               f"{call}: with blocks {chosen} checkpointed autograd saves {measured} bytes, over "
+               "the budget (measure what each block saves, plainly and checkpointed: a "
+               "checkpointed block still keeps its input)")
+        left, fewest = total, 0
+        for s in sorted(gain, reverse=True):
+            if left <= budget:
+                break
+            left, fewest = left - s, fewest + 1
+        expect(len(chosen) == fewest,
+               f"{call}: checkpointed {len(chosen)} blocks {chosen}, {fewest} suffice: each "
+               "checkpoint costs a recompute, so checkpoint first the blocks whose checkpointing "
+               "frees the most bytes (measured, not guessed from parameters or position)")
+
+
+@check("save_matmuls", observes=[
+    "the aten operations backward runs with a block checkpointed under the returned policy "
+    "(create_selective_checkpoint_contexts), against backward without checkpointing: no matrix "
+    "product run again, the pointwise operations recomputed",
+    "the gradients against the plain block's"])
+def check_save_matmuls(fn):
+    """fn(ctx, op, *args, **kwargs) -> a torch.utils.checkpoint.CheckpointPolicy: MUST_SAVE for
+    matrix products (aten mm, addmm, bmm), PREFER_RECOMPUTE for everything else."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+    g = fresh_generator()
+    d, n = randint(g, 4, 12), randint(g, 3, 9)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(randint(g, 0, 10**6))
+        block = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d, bias=False),
+                              nn.Tanh())
+    x = torch.randn(n, d, generator=g, requires_grad=True)
+
+    def backward_ops(run):
+        block.zero_grad(set_to_none=True)
+        out = run(x)
+        with Recorder() as rec:
+            out.sum().backward()
+        return [op.name for op in rec.ops], {k: p.grad.clone() for k, p in
+                                             block.named_parameters()}
+    plain, want = backward_ops(block)
+    ops, got = backward_ops(lambda x: checkpoint(
+        block, x, use_reentrant=False,
+        context_fn=lambda: create_selective_checkpoint_contexts(fn)))
+    for k in want:
+        expect(torch.allclose(got[k], want[k], atol=1e-5), f"the gradient of {k} differs")
+    again = {name: ops.count(name) - plain.count(name) for name in ("addmm", "mm", "bmm")}
+    expect(not any(v > 0 for v in again.values()),
+           f"backward ran matrix products again ({ {k: v for k, v in again.items() if v} }): "
+           "return CheckpointPolicy.MUST_SAVE for aten mm, addmm and bmm, so their outputs are "
+           "kept and only cheap operations are recomputed")
+    expect(ops.count("gelu") > plain.count("gelu") and ops.count("tanh") > plain.count("tanh"),
+           "backward recomputed no pointwise operation (gelu, tanh): everything was saved, as "
+           "without checkpointing; return PREFER_RECOMPUTE for the operations that are not "
+           "matrix products")
+
+
+def _train(net, opt, g, steps, d):
+    for _ in range(steps):
+        x = torch.randn(6, d, generator=g)
+        net(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@check("dcp_resume", references=["dcp_load_resharded"], observes=[
+    "a fresh model and AdamW (another initialisation) after the answer loaded a checkpoint "
+    "written by torch.distributed.checkpoint as {\"model\": ..., \"optim\": ...} from "
+    "get_state_dict: every parameter and every optimizer state tensor, and the next step, "
+    "against the run that saved it"])
+def check_dcp_resume(fn):
+    """fn(model, optimizer, path) -> load into model and optimizer the checkpoint at path,
+    saved with dcp.save({"model": model_sd, "optim": optim_sd}) from get_state_dict."""
+    import tempfile
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    g = fresh_generator()
+    d, h = randint(g, 3, 8), randint(g, 3, 8)
+
+    def build(seed):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net = nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, 2))
+        return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
+    net, opt = build(randint(g, 0, 10**6))
+    _train(net, opt, g, randint(g, 1, 3), d)
+    path = tempfile.mkdtemp(prefix="dcp-check-")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model_sd, optim_sd = get_state_dict(net, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        fresh, fresh_opt = build(randint(g, 0, 10**6))
+        fn(fresh, fresh_opt, path)
+    for (n, p), q in zip(net.named_parameters(), fresh.parameters()):
+        expect(torch.equal(p, q), f"after loading, {n} is not the saved one")
+    saved, got = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+    expect(len(got) == len(saved),
+           f"after loading the optimizer holds state for {len(got)} of {len(saved)} "
+           "parameters: AdamW's moments did not come back. Load the optimizer's part too "
+           "(get_state_dict(model, optimizer) gives both; set_state_dict puts them back)")
+    for i, st in saved.items():
+        for k, v in st.items():
+            expect(torch.is_tensor(got[i].get(k)) and torch.equal(got[i][k], v),
+                   f"after loading, the optimizer's {k} of parameter {i} is not the saved one")
+    g2 = fresh_generator()
+    seed = randint(g2, 0, 10**6)
+    for model, o in ((net, opt), (fresh, fresh_opt)):
+        _train(model, o, torch.Generator().manual_seed(seed), 1, d)
+    for (n, p), q in zip(net.named_parameters(), fresh.parameters()):
+        expect(torch.allclose(p, q, atol=1e-6), f"the step after loading moved {n} elsewhere")

@@ -1,0 +1,244 @@
+"""Checks for the exercises of Part V's FSDP-from-scratch chapter (book/part5/fsdp_scratch.ipynb).
+
+Shards are judged by their values, lengths and memory; gathers and clipping by what a World of
+thread ranks saw travel (every collective, its bytes); units by building helpers.FSDPFromScratch
+with them and training a step against one process.
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ._core import CheckFailed, World, as_number, check, expect, fresh_generator, randint
+
+__all__ = ["check_shard_flat", "check_gather_layer", "check_zero3_sent_bytes",
+           "check_clip_sharded", "check_fsdp_units"]
+
+
+@check("shard_flat", references=["flat_shard", "padded_flat"], observes=[
+    "the shards returned for every rank of fresh tensors and world sizes: equal lengths, rank "
+    "order giving the flattened zero-padded vector, no memory shared with the inputs"])
+def check_shard_flat(fn):
+    """fn(tensors, rank, world) -> this rank's equal-length slice of the flattened, zero-padded
+    tensors (a new tensor)."""
+    g = fresh_generator()
+    for case in range(5):
+        world = randint(g, 2, 5) if case else 2
+        shapes = [tuple(randint(g, 1, 5) for _ in range(randint(g, 1, 2)))
+                  for _ in range(randint(g, 2, 4))] if case else [(3,), (1, 3)]
+        tensors = [torch.randn(s, generator=g) for s in shapes]
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        n = flat.numel()
+        flat = torch.cat([flat, flat.new_zeros(-n % world)])
+        shards = [fn(tensors, r, world) for r in range(world)]
+        call = f"shard_flat({shapes}, rank, {world})"
+        expect(all(torch.is_tensor(s) for s in shards), f"{call} must return tensors")
+        lengths = [int(s.numel()) for s in shards]
+        expect(len(set(lengths)) == 1,
+               f"{call}: the ranks' shards have lengths {lengths}: they must be equal (pad the "
+               "flat vector with zeros to a multiple of world) for all-gather and reduce-scatter")
+        expect(sum(lengths) == flat.numel(),
+               f"{call}: shards of {lengths} elements for {n} numbers padded to {flat.numel()}: "
+               "flatten all the tensors into one vector, then pad it once")
+        expect(all(s.dim() == 1 for s in shards), f"{call}: each shard must be a flat vector")
+        got = torch.cat([s.reshape(-1) for s in shards])
+        expect(torch.equal(got, flat),
+               f"{call}: the shards, put together in rank order, are not the flattened tensors "
+               "(each rank holds a contiguous slice of ONE flat vector, not a piece of every "
+               "tensor)")
+        expect(all(s.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+                   for s in shards for t in tensors),
+               f"{call}: a shard shares memory with a full tensor, so freeing the full tensors "
+               "frees nothing")
+
+
+@check("gather_layer", references=["all_gather_flat"], observes=[
+    "every collective each rank of a fresh world of thread ranks calls and its bytes: exactly "
+    "one all-gather of the shard",
+    "the tensors returned, against the layer's full tensors"])
+def check_gather_layer(fn):
+    """fn(shard, shapes) -> the layer's full tensors (one per shape), all-gathered from every
+    rank's shard with one all-gather, the padding dropped. Run on every rank of a world."""
+    g = fresh_generator()
+    for _ in range(3):
+        world = randint(g, 2, 4)
+        shapes = [torch.Size(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
+                  for _ in range(randint(g, 1, 3))]
+        full = [torch.randn(s, generator=g) for s in shapes]
+        flat = torch.cat([t.reshape(-1) for t in full])
+        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % world)])
+        shards = list(flat.chunk(world))
+        w = World(world)
+        outs = w.run(lambda comm: fn(shards[comm.rank].clone(), list(shapes)))
+        call = f"gather_layer ({world} ranks, shapes {[tuple(s) for s in shapes]})"
+        expect(not w.sent("broadcast"),
+               f"{call} used broadcast: each rank holds a different shard, every one is needed: "
+               "all-gather them")
+        for r in range(world):
+            gathers = w.sent("all_gather", rank=r)
+            expect(gathers, f"{call}: rank {r} did not all-gather the shards")
+            expect(len(gathers) == 1 and gathers[0].nbytes == shards[r].numel() * 4,
+                   f"{call}: rank {r} ran {len(gathers)} all-gathers of "
+                   f"{[m.nbytes for m in gathers]} bytes: one all-gather of its "
+                   f"{shards[r].numel() * 4}-byte shard brings every rank's")
+            got = list(outs[r])
+            expect(len(got) == len(shapes),
+                   f"{call}: rank {r} returned {len(got)} tensors for {len(shapes)} shapes")
+            for i, (a, b) in enumerate(zip(got, full)):
+                expect(tuple(a.shape) == tuple(b.shape),
+                       f"{call}: tensor {i} has shape {tuple(a.shape)}, expected "
+                       f"{tuple(b.shape)} (drop the padding, then split the flat vector in order)")
+                expect(torch.equal(a, b), f"{call}: tensor {i} has the wrong values")
+
+
+def _random_layers(g):
+    widths = [randint(g, 3, 17) for _ in range(randint(g, 3, 5))]
+    with torch.random.fork_rng(devices=[]):   # leave the notebook's random numbers alone
+        torch.manual_seed(randint(g, 0, 10**6))
+        layers = [nn.Linear(a, b, bias=bool(randint(g, 0, 1)))
+                  for a, b in zip(widths, widths[1:])]
+    return layers, widths
+
+
+@check("zero3_sent_bytes", observes=[
+    "the number returned (any real type) for fresh random layers and world sizes 1 to 8, "
+    "against 3 (k-1) padded shards per layer"])
+def check_zero3_sent_bytes(fn):
+    """fn(layers, world) -> bytes one rank sends over a ring in one ZeRO-3 training step: each
+    layer's padded flat shard all-gathered in forward and again in backward, its gradient
+    reduce-scattered (float32)."""
+    g = fresh_generator()
+    for case in range(6):
+        layers, widths = _random_layers(g)
+        world = (1, 2)[case] if case < 2 else randint(g, 3, 8)
+        counts = [sum(p.numel() for p in m.parameters()) for m in layers]
+        shard = sum(-(-c // world) for c in counts)    # padded, per layer
+        want = 3 * (world - 1) * shard * 4
+        call = f"zero3_sent_bytes(Linear layers {widths}, world {world})"
+        got = as_number(fn(layers, world), call)
+        n = sum(counts) * 4
+
+        def near(*values):
+            return got != want and any(abs(got - v) < 1e-6 for v in values)
+
+        expect(not near(2 * (world - 1) / world * n, 2 * (world - 1) * shard * 4),
+               f"{call} = {got:g}: that is what data parallelism's all-reduce sends, 2(k-1)/k of "
+               "the parameter bytes; ZeRO-3 all-gathers the weights twice (forward and again in "
+               "backward) and reduce-scatters the gradient")
+        expect(not near(3 * n, 3 * world * shard * 4),
+               f"{call} = {got:g}: over a ring each rank sends k-1 shards per collective, not all "
+               "k (its own shard is already where it belongs)")
+        expect(not near(3 * (world - 1) / world * n),
+               f"{call} = {got:g}: that forgets the padding: each layer's flat vector is padded "
+               "to a multiple of the world size, so a shard is ceil(numel / world)")
+        expect(abs(got - want) < 1e-6, f"{call} = {got:g}, expected {want}")
+
+
+@check("clip_sharded", references=["clip_sharded_grad_norm_", "FSDPFromScratch.clip_grad_norm_",
+                                   "Zero2.clip_grad_norm_"], observes=[
+    "the norm each rank of a fresh world returns and the gradients it leaves, against the "
+    "norm of the whole gradient (every rank's shards) and torch's clipping rule",
+    "every collective and its bytes: a few numbers all-reduced, not the gradients gathered"])
+def check_clip_sharded(fn):
+    """fn(shards, max_norm) -> clip the gradients of this rank's `shards` (tensors with .grad;
+    every element of the model on exactly one rank) by the norm of the WHOLE gradient, as
+    torch.nn.utils.clip_grad_norm_ would on one process; return that norm."""
+    g = fresh_generator()
+    for case in range(3):
+        world = randint(g, 2, 4)
+        sizes = [[randint(g, 20, 60) for _ in range(randint(g, 1, 3))] for _ in range(world)]
+        scale = [2.0 ** randint(g, -3, 3) for _ in range(world)]   # uneven: local norms differ
+        grads = [[torch.randn(n, generator=g) * scale[r] for n in sizes[r]] for r in range(world)]
+        total = float(torch.cat([t for ts in grads for t in ts]).norm())
+        max_norm = total * (0.3 if case < 2 else 2.0)   # the last case: no clipping needed
+        coef = min(1.0, max_norm / (total + 1e-6))
+        shards = [[nn.Parameter(torch.zeros(n)) for n in sizes[r]] for r in range(world)]
+        for r in range(world):
+            for p, gr in zip(shards[r], grads[r]):
+                p.grad = gr.clone()
+        w = World(world)
+        norms = w.run(lambda comm: fn(shards[comm.rank], max_norm))
+        call = f"clip_sharded ({world} ranks, max_norm {max_norm:.3g})"
+        grad_bytes = [4 * sum(s) for s in sizes]
+        for r in range(world):
+            sent = sum(m.nbytes for m in w.messages if m.rank == r and m.op != "recv")
+            expect(sent < min(grad_bytes) / 2,
+                   f"{call}: rank {r} sent {sent} bytes for {grad_bytes[r]} bytes of gradient: "
+                   "all-reduce one number (the sum of squares), not the gradients")
+            got = as_number(norms[r], call)
+            local = float(torch.cat(grads[r]).norm())
+            expect(not (abs(got - local) < 1e-4 * local and abs(local - total) > 1e-3 * total),
+                   f"{call}: rank {r} returned {got:.4g}, the norm of its own shards: each rank "
+                   f"holds part of the gradient, the whole one has norm {total:.4g} (sum the "
+                   "squared norms over the ranks with an all-reduce, then take the root)")
+            expect(abs(got - total) <= 1e-4 * total,
+                   f"{call}: rank {r} returned {got:.4g}, the norm of the whole gradient is "
+                   f"{total:.4g}")
+            for p, gr in zip(shards[r], grads[r]):
+                expect(torch.allclose(p.grad, gr * coef, rtol=1e-4, atol=1e-6),
+                       f"{call}: rank {r}'s gradients are not scaled by max_norm / (norm + 1e-6)"
+                       f" = {coef:.4g} (capped at 1), the factor torch's clip_grad_norm_ uses")
+
+
+class TiedLM(nn.Module):
+    """Embedding, blocks, and a head that shares the embedding's weight."""
+
+    def __init__(self, vocab, d, depth):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.Tanh())
+                                    for _ in range(depth))
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.head(h)
+
+
+@check("fsdp_units", references=[], observes=[
+    "helpers.FSDPFromScratch built with the units returned, on every rank of a fresh world, "
+    "on a model whose head shares the embedding's weight: accepted, one unit per block",
+    "one training step with those units against one process"])
+def check_fsdp_units(fn):
+    """fn(model) -> the units= for helpers.FSDPFromScratch(model) of a TiedLM: each block its
+    own unit, and the tied embedding and head together (FSDP2's way: the blocks, then the model
+    itself, whose unit takes what no inner unit holds)."""
+    from ..sharding.fsdp_scratch import FSDPFromScratch
+    g = fresh_generator()
+    world, vocab, d, depth = randint(g, 2, 3), randint(g, 5, 9), randint(g, 3, 6), randint(g, 2, 4)
+    seed = randint(g, 0, 10**6)
+    x = torch.randint(0, vocab, (world * 2, randint(g, 2, 4)), generator=g)
+
+    def build():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return TiedLM(vocab, d, depth)
+    ref = build()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    F.cross_entropy(ref(x[:, :-1]).reshape(-1, vocab), x[:, 1:].reshape(-1)).backward()
+    opt.step()
+    nets = [build() for _ in range(world)]
+    units = [fn(net) for net in nets]
+
+    def rank(comm):
+        try:
+            model = FSDPFromScratch(nets[comm.rank], units=units[comm.rank])
+        except (ValueError, TypeError) as e:
+            raise CheckFailed(f"FSDPFromScratch refused your units: {e}") from None
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        xs = x[comm.rank * 2:(comm.rank + 1) * 2]
+        F.cross_entropy(model(xs[:, :-1]).reshape(-1, vocab), xs[:, 1:].reshape(-1)).backward()
+        model.finish_gradient_synchronization()
+        opt.step()
+        return len(model.units), model.gather_full_params()
+    out = World(world).run(rank)
+    call = f"fsdp_units (a TiedLM with {depth} blocks)"
+    count, full = out[0]
+    expect(count >= depth + 1,
+           f"{call}: {count} unit(s): the whole model is gathered at once, so no rank ever holds "
+           "less than all the weights; give each block a unit of its own")
+    for n, p in ref.named_parameters():
+        expect(n in full and torch.allclose(full[n], p.detach(), atol=1e-5),
+               f"{call}: after one step {n} differs from one process")

@@ -1,0 +1,236 @@
+"""Checks for the exercises of Part V's ZeRO chapter (book/part5/zero.ipynb).
+
+Partitions are judged by the loads they make against the greedy bound on cases where dealing
+sorted tensors out without looking at the loads is worse; optimizers by the values they step to;
+collectives by what a World of thread ranks saw travel (dist.* calls of every correct form).
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ._core import CheckFailed, World, as_int, as_number, check, expect, fresh_generator, randint
+
+__all__ = ["check_partition", "check_zero1_optimizer", "check_grad_shard",
+           "check_accumulate_zero2", "check_mixed_zero_bytes"]
+
+
+def _owners(fn, sizes, world, call):
+    got = fn(list(sizes), world)
+    if isinstance(got, torch.Tensor):
+        got = got.tolist()
+    try:
+        got = [as_int(r, call) for r in got]
+    except TypeError:
+        raise CheckFailed(f"{call} returned {got!r}, expected a list of ranks") from None
+    expect(len(got) == len(sizes), f"{call} returned {len(got)} owners for {len(sizes)} tensors")
+    expect(all(0 <= r < world for r in got), f"{call} returned a rank outside 0..{world - 1}")
+    return got
+
+
+def _greedy_max(sizes, world):
+    """The largest load of largest-first-to-the-least-loaded (unique whatever the ties)."""
+    load = [0] * world
+    for s in sorted(sizes, reverse=True):
+        load[load.index(min(load))] += s
+    return max(load)
+
+
+@check("partition", references=["partition_by_size"], observes=[
+    "the loads the returned owners make, on fresh sizes and on cases where dealing sorted "
+    "tensors out in turn (round-robin or snake), by index, or in contiguous runs is worse",
+    "the largest load against that of largest-first-to-the-least-loaded (any answer at least "
+    "as good passes)"])
+def check_partition(fn):
+    """fn(sizes, world) -> the owning rank of each tensor: largest first, each to the least
+    loaded rank (or any partition whose largest load is no larger)."""
+    g = fresh_generator()
+    cases = [([randint(g, 1, 1000) for _ in range(randint(g, 6, 20))], randint(g, 2, 5))
+             for _ in range(4)]
+    cases += [([1000, 10] * 4, 2), ([1000] * 4 + [10] * 4, 2),      # by index, contiguous
+              ([10, 9, 8, 1, 1, 1], 2),                              # sorted round-robin, snake
+              ([7, 7, 6, 6, 5, 4, 4, 4], 3), ([5000] + [10] * 9, 4)]
+    perm = torch.randperm(6, generator=g).tolist()
+    cases.append(([[10, 9, 8, 1, 1, 1][i] for i in perm], 2))        # the same, shuffled
+    for sizes, world in cases:
+        call = f"partition({sizes}, {world})"
+        owners = _owners(fn, sizes, world, call)
+        load = [sum(s for s, r in zip(sizes, owners) if r == k) for k in range(world)]
+        best = _greedy_max(sizes, world)
+        expect(max(load) <= best,
+               f"{call}: the ranks hold {load} elements, the largest {max(load)}; giving each "
+               f"tensor, largest first, to the rank with the least load so far gives at most "
+               f"{best}. Dealing tensors out in a fixed order never looks at the loads")
+
+
+@check("zero1_optimizer", references=["ShardedOptimizer"], observes=[
+    "the optimizer returned on every rank of a fresh world: its class, learning rate and what "
+    "one step does to each parameter (against torch.optim.AdamW with that lr)",
+    "which parameters each rank steps and the bytes of state it holds: one owner each, "
+    "balanced by size"])
+def check_zero1_optimizer(fn):
+    """fn(params, rank, world, lr) -> a torch.optim.AdamW over this rank's share of params."""
+    g = fresh_generator()
+    world = randint(g, 2, 4)
+    lr = [1e-2, 3e-3, 0.05][randint(g, 0, 2)]
+    big, small = (randint(g, 20, 30), randint(g, 20, 30)), (randint(g, 2, 5),)
+    # a big matrix at every world-th place: dealing them out by index is unbalanced
+    shapes = [big if i % world == 0 else small for i in range(3 * world + 1)]
+    start = [torch.randn(s, generator=g) for s in shapes]
+    grads = [torch.randn(s, generator=g) for s in shapes]
+    owned = {}
+    for rank in range(world):
+        params = [nn.Parameter(t.clone()) for t in start]
+        opt = fn(params, rank, world, lr)
+        call = f"zero1_optimizer(params, rank {rank}, world {world}, lr {lr})"
+        expect(isinstance(opt, torch.optim.Optimizer),
+               f"{call} returned {type(opt).__name__}, expected a torch optimizer")
+        expect(isinstance(opt, torch.optim.AdamW),
+               f"{call} returned {type(opt).__name__}: the exercise asks for torch.optim.AdamW "
+               "(Adam's weight decay is coupled to the gradient; AdamW's is not)")
+        lrs = {float(grp["lr"]) for grp in opt.param_groups}
+        expect(lrs == {lr}, f"{call}: the optimizer's learning rate is {sorted(lrs)}, not {lr}")
+        for p, gr in zip(params, grads):
+            p.grad = gr.clone()
+        opt.step()
+        stepped = [i for i, (p, b) in enumerate(zip(params, start)) if not torch.equal(p, b)]
+        state = sum(v.numel() * v.element_size() for st in opt.state.values()
+                    for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+        total = 8 * sum(p.numel() for p in params)
+        expect(len(stepped) < len(shapes),
+               f"rank {rank} of {world} stepped every parameter and holds {state} bytes of "
+               f"optimizer state, {state / total:.0%} of the unsharded {total}: ZeRO-1 keeps "
+               "about 1/world (build the optimizer over this rank's parameters only)")
+        expect(state == 8 * sum(params[i].numel() for i in stepped),
+               f"rank {rank}: the optimizer state does not match the parameters it stepped")
+        for i in stepped:   # one AdamW step from the same start: the values of AdamW
+            q = nn.Parameter(start[i].clone())
+            q.grad = grads[i].clone()
+            torch.optim.AdamW([q], lr=lr).step()
+            expect(torch.allclose(params[i], q, atol=1e-6),
+                   f"{call}: parameter {i} moved to other values than one AdamW step (lr {lr}, "
+                   "default weight decay) gives")
+            expect(i not in owned, f"parameter {i} is stepped by ranks {owned.get(i)} and "
+                                   f"{rank}: each parameter has exactly one owner")
+            owned[i] = rank
+    missing = sorted(set(range(len(shapes))) - set(owned))
+    expect(not missing, f"no rank steps parameters {missing}")
+    sizes = [torch.Size(s).numel() for s in shapes]
+    load = [sum(n for i, n in enumerate(sizes) if owned[i] == r) for r in range(world)]
+    expect(max(load) <= _greedy_max(sizes, world),
+           f"the ranks own {load} elements (optimizer state {[8 * n for n in load]} bytes): "
+           "balance them by size, so each holds about 1/world")
+
+
+@check("grad_shard", references=["reduce_scatter_flat"], observes=[
+    "every collective each rank of a fresh world of thread ranks calls (list or tensor form, "
+    "async results delivered at wait()), and the bytes it hands over",
+    "the returned slice against the average of every rank's padded gradient"])
+def check_grad_shard(fn):
+    """fn(flat_grad) -> this rank's averaged shard of the flat gradient (padded to a multiple
+    of the world size), through one reduce-scatter. Run on every rank of a world."""
+    g = fresh_generator()
+    for case in range(3):
+        world, n = randint(g, 2, 4), randint(g, 5, 40)
+        if case == 0:
+            n = world * randint(g, 2, 6) + 1          # surely padded
+        grads = [torch.randn(n, generator=g) for _ in range(world)]
+        w = World(world)
+        got = w.run(lambda comm: fn(grads[comm.rank].clone()))
+        pad = -n % world
+        full = torch.cat([sum(grads), torch.zeros(pad)]) / world
+        call = f"grad_shard ({world} ranks, {n} gradients)"
+        expect(not w.sent("all_reduce"),
+               f"{call} called all_reduce: it sends twice what a reduce-scatter sends and leaves "
+               "the whole gradient on every rank; ZeRO-2 reduce-scatters")
+        for r in range(world):
+            rs = w.sent("reduce_scatter", rank=r)
+            expect(len(rs) == 1, f"{call}: rank {r} made {len(rs)} reduce-scatters, expected one")
+            expect(rs[0].nbytes == 4 * (n + pad),
+                   f"{call}: rank {r} reduce-scattered {rs[0].nbytes} bytes; pad the {n} "
+                   f"gradients to {n + pad} (a multiple of the world size) and send them once")
+            want = full.chunk(world)[r]
+            out = got[r]
+            expect(torch.is_tensor(out) and out.shape == want.shape,
+                   f"{call}: rank {r} returned shape {tuple(getattr(out, 'shape', ()))}, "
+                   f"expected {tuple(want.shape)} (1/world of the padded gradient)")
+            expect(not (want.abs().max() > 1e-3 and torch.allclose(out, want * world, atol=1e-5)),
+                   f"{call}: rank {r} returned the sum over the ranks: divide by the world size")
+            expect(torch.allclose(out, want, atol=1e-5),
+                   f"{call}: rank {r} returned the wrong values: expected its slice of the "
+                   "averaged gradient (an async reduce-scatter delivers only at wait())")
+
+
+def _mlp(seed, d, h, k):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, k))
+
+
+@check("accumulate_zero2", references=[], observes=[
+    "the weights after the answer's step with helpers.Zero2 on every rank of a fresh world, "
+    "against one process on all micro-batches (AdamW)",
+    "the reduce-scatters each rank ran: one per bucket per step (no_sync until the last "
+    "micro-batch), not one per micro-batch"])
+def check_accumulate_zero2(fn):
+    """fn(model, micro_batches) -> one optimizer step of a helpers.Zero2 `model` over the list
+    of (X, y) micro-batches: each loss divided by their number, full gradients kept under
+    no_sync() until the last backward, then finish, step, zero_grad."""
+    from ..sharding.zero import Zero2
+    g = fresh_generator()
+    world, m = randint(g, 2, 3), randint(g, 2, 4)
+    d, h, k, b = randint(g, 3, 7), randint(g, 3, 9), randint(g, 2, 4), randint(g, 1, 3)
+    seed = randint(g, 0, 10**6)
+    X = torch.randn(m, world * b, d, generator=g)
+    y = torch.randint(0, k, (m, world * b), generator=g)
+    ref = _mlp(seed, d, h, k)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for i in range(m):
+        (F.cross_entropy(ref(X[i]), y[i]) / m).backward()
+    opt.step()
+    w = World(world)
+    nets = [_mlp(seed, d, h, k) for _ in range(world)]   # built here: threads share one RNG
+
+    def rank(comm):
+        model = Zero2(nets[comm.rank], torch.optim.AdamW, lr=1e-2)
+        rows = slice(comm.rank * b, (comm.rank + 1) * b)
+        fn(model, [(X[i, rows], y[i, rows]) for i in range(m)])
+        return model, {n: p.detach().clone() for n, p in model.module.named_parameters()}
+    out = w.run(rank)
+    call = f"accumulate_zero2 ({world} ranks, {m} micro-batches)"
+    buckets = len(out[0][0].buckets)
+    for r, (model, got) in enumerate(out):
+        rs = len(w.sent("reduce_scatter", rank=r))
+        expect(rs <= buckets,
+               f"{call}: rank {r} ran {rs} reduce-scatters for {buckets} buckets: one per "
+               "micro-batch. Keep the full gradients under model.no_sync() for all but the "
+               "last backward, so each bucket is reduced once per step")
+        expect(rs == buckets, f"{call}: rank {r} ran {rs} reduce-scatters, expected {buckets}: "
+                              "call finish_gradient_synchronization() before step()")
+        for n, p in ref.named_parameters():
+            gap = float((got[n] - p.detach()).abs().max())
+            expect(gap <= 2e-5,
+                   f"{call}: after your step {n} differs from one process on all the "
+                   f"micro-batches by {gap:.1e} (divide each loss by the number of "
+                   "micro-batches; zero_grad only after the step)")
+
+
+@check("mixed_zero_bytes", references=["sharding_costs"], observes=[
+    "the number returned for each stage and fresh world sizes, against the mixed-precision "
+    "accounting (bf16 weights and gradients, fp32 master weights, momentum and variance)"])
+def check_mixed_zero_bytes(fn):
+    """fn(stage, k) -> bytes per parameter one rank holds in mixed-precision Adam training:
+    2 (bf16 weights) + 2 (bf16 gradients) + 12 (fp32 master, momentum, variance), sharded by k
+    from stage "zero1" (the 12), "zero2" (and the gradients), "zero3" (and the weights)."""
+    g = fresh_generator()
+    for k in (1, randint(g, 2, 5), randint(g, 6, 64)):
+        for stage, want in [("dp", 16), ("zero1", 4 + 12 / k), ("zero2", 2 + 14 / k),
+                            ("zero3", 16 / k)]:
+            call = f"mixed_zero_bytes({stage!r}, {k})"
+            got = as_number(fn(stage, k), call)
+            fp32 = {"dp": 16, "zero1": 8 + 8 / k, "zero2": 4 + 12 / k, "zero3": 16 / k}[stage]
+            expect(not (abs(got - fp32) < 1e-9 and abs(fp32 - want) > 1e-9),
+                   f"{call} = {got:g}: that is float32 training's 4 + 4 + 8; mixed precision "
+                   "keeps 2 + 2 bytes of bf16 weights and gradients and 12 of fp32 state")
+            expect(abs(got - want) < 1e-9 * max(1, want),
+                   f"{call} = {got:g}, expected {want:g}: ZeRO-1 shards the 12 bytes of fp32 "
+                   "state, ZeRO-2 the 2 of gradients too, ZeRO-3 the 2 of weights too")

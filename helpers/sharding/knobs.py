@@ -1,0 +1,257 @@
+"""Part V's experiments on what production sharding adds, each a launch target fn(rank, world,
+cfg) checked against one process: gradient accumulation with ZeRO-2 (a reduce-scatter per
+micro-batch, or no_sync), clipping by the global norm over shards, FSDP's reshard_after_forward
+and prefetching (by hand and with FSDP2's API), ZeRO in mixed precision (bytes per parameter),
+and the cases each wrapper refuses, with their messages.
+"""
+import contextlib
+import copy
+
+import torch
+from torch import nn
+
+from ..compare import max_diff, rel_diff
+from ..costs import sharding_costs
+from ..one_process import flat_cross_entropy, local_batch, params_of
+from ..runtime.launch import take
+from ..runtime.traffic import count_traffic
+from ..tiny_models import make_batches, make_model
+from .fsdp_scratch import FSDPFromScratch
+from .memory import PeakBytes
+from .mixed import MixedPrecisionZero
+from .torch_api import fsdp2_api, full_params
+from .zero import ShardedOptimizer, Zero2, all_gather_flat
+
+__all__ = ["zero2_accumulation", "clip_over_shards", "fsdp_knobs", "mixed_precision_zero",
+           "refusals"]
+
+
+def _one_process(batches, micro, sizes, clip=None):
+    """AdamW (lr 1e-3, weight decay 0.1, one group) on one process: `micro` micro-batches per
+    step, each loss divided by `micro`; optionally clipped by the global norm."""
+    net = make_model("mlp", **(sizes or {}))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
+    norms = []
+    for s in range(len(batches) // micro):
+        for X, y in batches[s * micro:(s + 1) * micro]:
+            (flat_cross_entropy(net(X), y) / micro).backward()
+        if clip is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), clip)))
+        opt.step()
+        opt.zero_grad()
+    return params_of(net), norms
+
+
+def zero2_accumulation(rank, world, cfg):
+    """Zero2 with `micro` micro-batches per step, both ways torch offers: a reduce-scatter after
+    every backward ("every": ZeRO-2's memory), or no_sync for all but the last ("no_sync": full
+    gradients kept, reduced once); each against one process, with the bytes sent per step and
+    the cost model's all-reduce of plain data parallelism (DDP with no_sync) for scale."""
+    device, micro, num_steps, batch_size, sizes = \
+        take(cfg, "device", micro=8, num_steps=2, batch_size=8, sizes=None)
+    batches = make_batches("mlp", num_steps * micro, batch_size)
+    ref, _ = _one_process(batches, micro, sizes)
+    out = {}
+    for mode in ("every", "no_sync"):
+        model = Zero2(make_model("mlp", **(sizes or {})).to(device), torch.optim.AdamW, lr=1e-3,
+                      weight_decay=0.1)
+        with count_traffic() as log:
+            for s in range(num_steps):
+                for m, batch in enumerate(batches[s * micro:(s + 1) * micro]):
+                    X, y = local_batch(batch, rank, world, device)
+                    quiet = mode == "no_sync" and m < micro - 1
+                    with model.no_sync() if quiet else contextlib.nullcontext():
+                        (flat_cross_entropy(model(X), y) / micro).backward()
+                model.finish_gradient_synchronization()
+                model.step()
+                model.zero_grad()
+        out[mode] = dict(diff=max_diff(params_of(model.module), ref),
+                         sent=log.sent_bytes / num_steps, calls=dict(log.calls))
+    n = sum(p.numel() for p in model.module.parameters())
+    out["dp_sent"] = sharding_costs(n, world, "dp")["sent_bytes"]
+    out["micro"] = micro
+    return out
+
+
+def clip_over_shards(rank, world, cfg):
+    """clip_grad_norm_ with sharded gradients: what torch's clip_grad_norm_ on this rank's
+    shards returns (its local norm), against the wrappers' clip by the global norm and one
+    process; and the trained weights of each against one process."""
+    device, max_norm, num_steps, batch_size, sizes = \
+        take(cfg, "device", max_norm=0.5, num_steps=3, batch_size=8, sizes=None)
+    batches = make_batches("mlp", num_steps, batch_size)
+    ref, ref_norms = _one_process(batches, 1, sizes, clip=max_norm)
+    out = dict(one_process_norms=ref_norms)
+    for kind in ("zero2", "fsdp"):
+        net = make_model("mlp", **(sizes or {})).to(device)
+        if kind == "zero2":
+            model = Zero2(net, torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+            opt, shards = model, lambda: [piece for _, piece, *_ in model.pieces]
+        else:
+            model = FSDPFromScratch(net)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+            shards = model.parameters
+        local, norms = [], []
+        for batch in batches:
+            X, y = local_batch(batch, rank, world, device)
+            flat_cross_entropy(model(X), y).backward()
+            model.finish_gradient_synchronization()
+            grads = [p.grad for p in shards() if p.grad is not None]
+            local.append(float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads]))))
+            norms.append(float(model.clip_grad_norm_(max_norm)))
+            opt.step()
+            opt.zero_grad()
+        final = model.gather_full_params() if kind == "fsdp" else params_of(model.module)
+        out[kind] = dict(local_norms=local, norms=norms, diff=max_diff(final, ref))
+    return out
+
+
+def _fsdp2_layers(world, device, reshard, prefetch, sizes):
+    fully_shard, _ = fsdp2_api()
+    from torch.distributed.device_mesh import init_device_mesh
+    net = make_model("mlp", **(sizes or {})).to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    layers = [m for m in net if isinstance(m, nn.Linear)]
+    for m in layers:
+        fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+    if prefetch:   # FSDP2 prefetches one unit ahead by itself; explicit lists say which
+        for a, b in zip(layers, layers[1:]):
+            a.set_modules_to_forward_prefetch([b])
+            b.set_modules_to_backward_prefetch([a])
+    return net
+
+
+def fsdp_knobs(rank, world, cfg):
+    """FSDP's knobs, by hand (FSDPFromScratch) and in FSDP2: reshard_after_forward (True: ZeRO-3,
+    all-gather again for backward; False: keep the weights, ZeRO-2's traffic) and prefetching.
+    Each: the difference to one process, all-gathers per step, bytes sent; by hand also the peak
+    of gathered weights and the step's timeline (gather issued, waited, unit computing)."""
+    device, num_steps, batch_size, sizes = \
+        take(cfg, "device", num_steps=2, batch_size=8, sizes=None)
+    batches = make_batches("mlp", num_steps, batch_size)
+    ref = make_model("mlp", **(sizes or {}))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
+    for X, y in batches:
+        flat_cross_entropy(ref(X), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    ref = params_of(ref)
+    out = {}
+    for impl, reshard, prefetch in [("scratch", True, False), ("scratch", False, False),
+                                    ("scratch", True, True), ("fsdp2", True, False),
+                                    ("fsdp2", False, False), ("fsdp2", True, True)]:
+        if impl == "scratch":
+            model = FSDPFromScratch(make_model("mlp", **(sizes or {})).to(device),
+                                    reshard_after_forward=reshard, prefetch=prefetch)
+        else:
+            model = _fsdp2_layers(world, device, reshard, prefetch, sizes)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+        with count_traffic() as log, PeakBytes().skip(list(model.parameters())) as peak:
+            for batch in batches:
+                X, y = local_batch(batch, rank, world, device)
+                flat_cross_entropy(model(X), y).backward()
+                if impl == "scratch":
+                    model.finish_gradient_synchronization()
+                opt.step()
+                opt.zero_grad()
+        gathers = sum(v for k, v in log.calls.items() if k.startswith("all_gather"))
+        full = model.gather_full_params() if impl == "scratch" else full_params(model)
+        row = dict(diff=max_diff(full, ref), gathers=gathers / num_steps,
+                   sent=log.sent_bytes / num_steps, transient_peak=peak.peak)
+        if impl == "scratch":
+            row.update(peak_gathered=model.peak_live_bytes, events=list(model.events))
+        out[f"{impl}:reshard={reshard}:prefetch={prefetch}"] = row
+    return out
+
+
+def mixed_precision_zero(rank, world, cfg):
+    """MixedPrecisionZero (bf16 weights and gradients, fp32 master shards) against one process
+    in the same mixed precision, and against float32 training; the bytes this rank holds per
+    parameter, by kind, after backward (the ZeRO paper's 2 + 2 + 12/k), and the step's peak."""
+    device, num_steps, batch_size, sizes = \
+        take(cfg, "device", num_steps=4, batch_size=8, sizes=None)
+    batches = make_batches("mlp", num_steps, batch_size)
+    low = torch.bfloat16
+
+    def one_process(dtype):
+        net = make_model("mlp", **(sizes or {})).to(device)
+        master = copy.deepcopy(net)
+        opt = torch.optim.AdamW(master.parameters(), lr=1e-3, weight_decay=0.1)
+        for X, y in batches:
+            net = copy.deepcopy(master).to(dtype)
+            flat_cross_entropy(net(X.to(dtype)), y).backward()
+            for p, q in zip(master.parameters(), net.parameters()):
+                p.grad = q.grad.float()
+            opt.step()
+            opt.zero_grad()
+        return params_of(master)
+    ref, fp32 = one_process(low), one_process(torch.float32)
+    net = make_model("mlp", **(sizes or {})).to(device).to(low)
+    opt = MixedPrecisionZero(net, lr=1e-3, weight_decay=0.1)
+    n = sum(p.numel() for p in net.parameters())
+    for X, y in batches:
+        X, y = local_batch((X, y), rank, world, device)
+        with PeakBytes().skip(opt.params + [opt.master]) as peak:
+            flat_cross_entropy(net(X.to(low)), y).backward()
+            held = opt.held_bytes()
+            opt.step()
+            opt.zero_grad()
+    flat, _ = all_gather_flat(opt.master.detach(), world)   # the float32 master weights
+    master, offset = {}, 0
+    for name, p in net.named_parameters():
+        master[name] = flat[offset:offset + p.numel()].view(p.shape).clone()
+        offset += p.numel()
+    start = params_of(make_model("mlp", **(sizes or {})))
+    return dict(per_param={k: v / n for k, v in held.items()}, n_params=n,
+                transient_peak=peak.peak, diff=max_diff(master, ref),
+                rel_diff=rel_diff(master, ref, start), rel_precision_gap=rel_diff(fp32, ref, start))
+
+
+def refusals(rank, world, cfg):
+    """What each wrapper refuses, with its message (raised before any work)."""
+    (device,) = take(cfg, "device")
+    out = {}
+
+    def attempt(name, build):
+        try:
+            build()
+            out[name] = None
+        except (ValueError, TypeError, RuntimeError) as e:
+            out[name] = f"{type(e).__name__}: {e}"
+    attempt("fsdp: tied weights, default units",
+            lambda: FSDPFromScratch(make_model("tied", d_model=16, n_layers=1, n_heads=2)))
+    net = make_model("mlp")
+    attempt("fsdp: units that leave parameters out", lambda: FSDPFromScratch(net, units=[net[0]]))
+    attempt("fsdp: a unit not in the model",
+            lambda: FSDPFromScratch(make_model("mlp"), units=[nn.Linear(3, 3)]))
+    net = make_model("mlp")
+    attempt("fsdp: a unit given twice", lambda: FSDPFromScratch(net, units=[net[0], net[0], net]))
+    net = make_model("mlp")
+    attempt("fsdp: a unit without trainable parameters",
+            lambda: FSDPFromScratch(net, units=[net[1], net]))   # net[1] is a ReLU
+    attempt("fsdp: int8 compute", lambda: FSDPFromScratch(make_model("mlp"),
+                                                          compute_dtype=torch.int8))
+    z = Zero2(make_model("mlp"), torch.optim.AdamW, lr=1e-3)
+    X, y = local_batch(make_batches("mlp", 1, 8)[0], rank, world, device)
+    flat_cross_entropy(z(X), y).backward()
+    attempt("zero2: step() before finish", z.step)
+    z.finish_gradient_synchronization()
+    opt = ShardedOptimizer(make_model("mlp").parameters(), torch.optim.AdamW, lr=1e-3)
+    attempt("zero1: state_dict() before consolidate_state_dict()", opt.state_dict)
+    # supported, not refused: a float64 model trains in float64 (shards and gradients too)
+    net = make_model("mlp").double()
+    model = FSDPFromScratch(net)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref = make_model("mlp").double()
+    ref_sgd = torch.optim.SGD(ref.parameters(), lr=0.1)
+    X, y = make_batches("mlp", 1, 8)[0]
+    flat_cross_entropy(ref(X.double()), y).backward()
+    ref_sgd.step()
+    Xr, yr = local_batch((X.double(), y), rank, world, device)
+    flat_cross_entropy(model(Xr), yr).backward()
+    model.finish_gradient_synchronization()
+    sgd.step()
+    diff = max_diff(model.gather_full_params(), params_of(ref))
+    out["fsdp: a float64 model"] = f"accepted: trains in float64, {diff:.1e} from one process"
+    return out
