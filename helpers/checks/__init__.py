@@ -3,8 +3,10 @@ from ._core import *            # noqa: F401,F403  the framework: run_check, exp
 from .gpus import *             # noqa: F401,F403  foundation chapter
 from .splits import *           # noqa: F401,F403  Part I (network_split, within_layer, ...)
 from .scratch import *          # noqa: F401,F403  Part II
-from .concise import *          # noqa: F401,F403  Part III
+from .wrappers import *         # noqa: F401,F403  Part III: DataParallel, custom modules
 from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
+from .ddp_scratch import *      # noqa: F401,F403  Part III: DDP from scratch
+from .syncbn import *           # noqa: F401,F403  Part III: BatchNorm across devices
 from .fast import *             # noqa: F401,F403  Part IV
-from .sharding import *         # noqa: F401,F403  Part III (DDP from scratch) and Part V
+from .sharding import *         # noqa: F401,F403  Part V
 from .splits_dist import *      # noqa: F401,F403  Part VI

@@ -1,4 +1,4 @@
-"""Checks for the exercises of DDP from scratch (Part III) and Part V (ZeRO, FSDP, FSDP2).
+"""Checks for the exercises of Part V (ZeRO, FSDP, FSDP2).
 
 They run in this process, on the CPU. Collectives are instrumented by `FakeWorld`: while it is
 active, `torch.distributed` believes it is rank `rank` of `world` ranks, and every collective the
@@ -9,14 +9,12 @@ data, which the check chooses. So a check sees what an answer sends, not only wh
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F
 
 from ._core import CheckFailed, expect, fresh_generator, randint, run_check
 
-__all__ = ["FakeWorld", "check_bucket_params", "check_overlap_hooks", "check_average_bucket",
-           "check_partition", "check_zero1_optimizer", "check_grad_shard", "check_shard_flat",
-           "check_gather_layer", "check_zero3_sent_bytes", "check_saved_bytes_of_call",
-           "check_checkpointed_forward", "check_choose_checkpoints"]
+__all__ = ["FakeWorld", "check_partition", "check_zero1_optimizer", "check_grad_shard",
+           "check_shard_flat", "check_gather_layer", "check_zero3_sent_bytes",
+           "check_saved_bytes_of_call", "check_checkpointed_forward", "check_choose_checkpoints"]
 
 
 class _Done:
@@ -120,141 +118,6 @@ def _random_mlp(g, frozen=False):
     if frozen:
         net[2].requires_grad_(False)
     return net, widths
-
-
-# --- DDP from scratch ---------------------------------------------------------------------------
-def _reference_buckets(params, bucket_mb):
-    from .. import make_buckets
-    return make_buckets(params, bucket_mb)
-
-
-def check_bucket_params(fn):
-    """fn(params, bucket_mb) -> list of lists of parameters, as DDPFromScratch buckets them."""
-
-    def body(fn):
-        g = fresh_generator()
-        net, _ = _random_mlp(g, frozen=True)
-        params = list(net.parameters())
-        names = {id(p): n for n, p in net.named_parameters()}
-        sizes = sorted(p.numel() * 4 for p in params)
-        for bucket_mb in (None, sizes[len(sizes) // 2] / 2**20, 1.0):
-            got = fn(params, bucket_mb)
-            want = _reference_buckets(params, bucket_mb)
-            flat = [p for b in got for p in b]
-            call = ("bucket_params(params, "
-                    f"{bucket_mb if bucket_mb is None else round(bucket_mb, 6)})")
-            expect(all(p.requires_grad for p in flat),
-                   f"{call} put a frozen parameter (requires_grad=False) in a bucket: it has no "
-                   "gradient to reduce")
-            expect(len({id(p) for p in flat}) == len(flat),
-                   f"{call} has a parameter twice: a shared (tied) parameter is reduced once")
-            expect({id(p) for p in flat} == {id(p) for b in want for p in b},
-                   f"{call} leaves out a trainable parameter")
-            expect([id(p) for p in flat] == [id(p) for b in want for p in b],
-                   f"{call} starts with {names[id(flat[0])]}, expected {names[id(want[0][0])]}: "
-                   "backward produces the last layer's gradients first, so buckets fill in "
-                   "reverse order")
-            expect([len(b) for b in got] == [len(b) for b in want],
-                   f"{call} made buckets of {[len(b) for b in got]} parameters, expected "
-                   f"{[len(b) for b in want]}: close a bucket as soon as it holds bucket_mb MB")
-
-    return run_check("bucket_params", body, fn)
-
-
-def check_overlap_hooks(fn):
-    """fn(model) registers hooks that all-reduce each gradient asynchronously as soon as it is
-    ready and returns finish(), which waits and averages. Checked as rank 0 of a simulated world
-    whose other ranks send the same gradients (so the average is this rank's own gradient)."""
-
-    def body(fn):
-        g = fresh_generator()
-        net, widths = _random_mlp(g, frozen=True)
-        world = randint(g, 2, 4)
-        X, y = torch.randn(8, widths[0], generator=g), torch.randn(8, widths[-1], generator=g)
-        F.mse_loss(net(X), y).backward()
-        want = {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad}
-        net.zero_grad(set_to_none=True)
-        trainable = len(want)
-        with FakeWorld(world, 0) as w:
-            finish = fn(net)
-            expect(callable(finish), "overlap_hooks(model) must return a function finish()")
-            launched_before_first = []
-            net[0].weight.register_post_accumulate_grad_hook(
-                lambda p: launched_before_first.append(w.count("all_reduce")))
-            F.mse_loss(net(X), y).backward()
-            during = w.count("all_reduce")
-            finish()
-        expect(w.count("all_reduce") > 0, "no all_reduce was called")
-        expect(during > 0 and launched_before_first and launched_before_first[0] > 0,
-               "no all-reduce was launched during backward: launch it from the gradient hook, so "
-               "communication overlaps the rest of backward")
-        expect(all(c["async_op"] for c in w.calls if c["name"] == "all_reduce"),
-               "all_reduce was called without async_op=True: backward then waits for every "
-               "all-reduce instead of overlapping it")
-        expect(all(c["waited"] for c in w.calls if c["name"] == "all_reduce"),
-               "finish() did not wait() for every all-reduce handle")
-        expect(net[2].weight.grad is None, "a frozen parameter got a gradient")
-        expect(w.count("all_reduce") == trainable,
-               f"{w.count('all_reduce')} all-reduces for {trainable} trainable parameters: "
-               "one each (frozen ones have nothing to reduce)")
-        for n, p in net.named_parameters():
-            if n not in want:
-                continue
-            expect(p.grad is not None, f"{n} has no gradient after finish()")
-            expect(not torch.allclose(p.grad, want[n] * world, atol=1e-6),
-                   f"{n}.grad is the sum over the {world} ranks: divide it by the world size")
-            expect(torch.allclose(p.grad, want[n], atol=1e-6),
-                   f"{n}.grad after finish() is {float(p.grad.norm()):.4g} in norm, expected the "
-                   f"average {float(want[n].norm()):.4g}")
-
-    return run_check("overlap_hooks", body, fn)
-
-
-def check_average_bucket(fn):
-    """fn(grads) averages a bucket of gradients over the ranks, in place, with ONE all-reduce of
-    a flat buffer. Run as a rank of a simulated world whose other ranks send other gradients."""
-
-    def body(fn):
-        g = fresh_generator()
-        for _ in range(3):
-            world, rank = randint(g, 2, 4), 0
-            shapes = [tuple(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
-                      for _ in range(randint(g, 3, 6))]
-            grads = [torch.randn(s, generator=g) for s in shapes]
-            n = sum(t.numel() for t in grads)
-            others = [torch.randn(n, generator=g) for _ in range(world - 1)]
-            mine = torch.cat([t.reshape(-1) for t in grads])
-            want = (mine + sum(others)) / world
-
-            def from_others(name, tensor):   # the other ranks' buffers, if it is the bucket's
-                return sum(others) if tensor.numel() == n else torch.zeros_like(tensor)
-
-            ids = [id(t) for t in grads]
-            with FakeWorld(world, rank, from_others) as w:
-                fn(grads)
-            call = f"average_bucket ({len(shapes)} gradients {shapes}, world {world})"
-            expect(w.count("all_reduce") > 0, f"{call} called no all_reduce")
-            expect(w.count("all_reduce") == 1,
-                   f"{call} made {w.count('all_reduce')} all-reduces, expected one: flatten the "
-                   "bucket into one buffer, so it pays the latency of one message")
-            sent = w.calls[0]["bytes"]
-            expect(sent == 4 * n,
-                   f"{call} all-reduced {sent} bytes, expected the whole bucket, {4 * n}")
-            expect([id(t) for t in grads] == ids and
-                   [tuple(t.shape) for t in grads] == shapes,
-                   f"{call} replaced or reshaped the gradient tensors: write into them in place")
-            got = torch.cat([t.reshape(-1) for t in grads])
-            expect(not torch.equal(got, mine),
-                   f"{call} left the gradients unchanged: the flat buffer is a copy, copy its "
-                   "averaged slices back into each gradient")
-            # (a last rank's shard may be all padding: zeros, where sum and mean agree)
-            expect(not (want.abs().max() > 1e-3 and torch.allclose(got, want * world, atol=1e-5)),
-                   f"{call} left the sum over the ranks: divide by the world size")
-            expect(torch.allclose(got, want, atol=1e-5),
-                   f"{call}: the gradients are not the average over the ranks (copy slice i of "
-                   "the buffer back into gradient i, in order)")
-
-    return run_check("average_bucket", body, fn)
 
 
 # --- ZeRO-1 and ZeRO-2 -------------------------------------------------------------------------
