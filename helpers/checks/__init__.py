@@ -10,3 +10,4 @@ from .syncbn import *           # noqa: F401,F403  Part III: BatchNorm across de
 from .fast import *             # noqa: F401,F403  Part IV
 from .sharding import *         # noqa: F401,F403  Part V
 from .splits_dist import *      # noqa: F401,F403  Part VI
+from .part7 import *           # noqa: F401,F403  Part VII

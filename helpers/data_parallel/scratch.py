@@ -70,25 +70,24 @@ class DDPFromScratch(nn.Module):
     parameters that some ranks (or all) skip in a step, tied and frozen parameters. Refused with
     an error naming the fix: two backward passes before finish outside no_sync, a forward or an
     optimizer step before finish, models that differ between ranks, a bucket mixing dtypes or
-    devices. `process_group`: the ranks to average over (all by default). `overlap=False`
+    devices. `group`: the data-parallel ranks to average over (all by default). `overlap=False`
     launches every all-reduce in finish (the baseline to time overlap against). `timeline`
     holds this step's (time.perf_counter(), "grad" | "launch" | "done", bucket index) ("done":
     the all-reduce completed, as the host saw it: meaningful with gloo, not with NCCL).
     """
 
-    def __init__(self, module, bucket_mb=None, overlap=True, process_group=None):
+    def __init__(self, module, bucket_mb=None, overlap=True, group=None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("DDPFromScratch needs a process group: call helpers.setup() or "
                                "dist.init_process_group(...) first")
-        self.module, self.overlap, self.group = module, overlap, process_group
-        self.world = dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
-        _check_same_model(module, self.rank, self.world, process_group)
-        src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+        self.module, self.overlap, self.group = module, overlap, group
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        _check_same_model(module, self.rank, self.world, group)
+        src = 0 if group is None else dist.get_global_rank(group, 0)
         with torch.no_grad():   # every rank starts from the group's first rank's weights
             for t in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(t, src=src, group=process_group)
+                dist.broadcast(t, src=src, group=group)
         self.buckets = make_buckets(module.parameters(), bucket_mb)
         for i, b in enumerate(self.buckets):
             kinds = sorted({f"{p.dtype} on {p.device}" for p in b})

@@ -236,7 +236,7 @@ def scratch_skipped_step(rank, world, cfg):
     import datetime
     device, timeout = take(cfg, "device", timeout=3)
     group = dist.new_group(timeout=datetime.timedelta(seconds=timeout))
-    model = DDPFromScratch(make_model("mlp", seed=0).to(device), process_group=group)
+    model = DDPFromScratch(make_model("mlp", seed=0).to(device), group=group)
     message = None
     if rank == 0:
         flat_cross_entropy(model(torch.randn(4, 32)), torch.randint(10, (4,))).backward()
