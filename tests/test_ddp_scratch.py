@@ -9,7 +9,7 @@ from torch import nn
 
 import helpers
 from helpers import make_buckets
-from helpers.data_parallel import scratch_experiments as E
+from helpers.data_parallel import overlap_experiments as O, scratch_experiments as E
 
 CASES = [("mlp", None), ("mlp", 0.004), ("mlp", 25), ("tied", None), ("tied", 0.01),
          ("frozen", 0.004)]
@@ -22,9 +22,10 @@ def runs():
         ("unused", E.unused_vs_torch, {}),
         ("accumulation", E.accumulation_vs_torch, {}),
         ("refusals", E.scratch_refusals, {}),
-        ("timeline", E.gradient_timeline, {}),
-        ("timeline:buckets", E.gradient_timeline, dict(bucket_mb=0.01)),
-        ("trace", E.ddp_scratch_trace, dict(steps=2)),
+        ("timeline", O.gradient_timeline, {}),
+        ("timeline:buckets", O.gradient_timeline, dict(bucket_mb=0.01)),
+        ("trace", O.ddp_scratch_trace, dict(steps=2)),
+        ("emulated", O.emulated_overlap, dict(steps=1)),
         ("skipped", E.scratch_skipped_step, dict(timeout=2))], backend="gloo")
 
 
@@ -143,6 +144,20 @@ def test_the_trace_shows_launches_inside_backward_only_with_overlap(runs):
             else:
                 assert inside == 0 and tr["hidden_ms"] == 0, tr["hidden_ms"]
             assert 0 <= tr["hidden_ms"] <= tr["comm_ms"]
+
+
+def test_emulated_overlap_keeps_the_schedule_shape(runs):
+    """Issue 21: in emulated durations the step with overlap ends before the step that
+    all-reduces after backward, which lasts backward plus every all-reduce; with overlap the
+    first all-reduce runs before backward ends."""
+    for rank in runs:
+        e = rank["emulated"]
+        ov, after = e["overlap"], e["after"]
+        assert ov["comm"][0][0] < ov["backward"], ov
+        assert after["comm"][0][0] >= after["backward"] - 1e-9, after
+        comm = sum(b - a for a, b in after["comm"])
+        assert after["step"] >= after["backward"] + comm - 1e-6, after
+        assert ov["step"] < after["step"], (ov["step"], after["step"])
 
 
 def test_make_buckets_reverse_order_and_size():
