@@ -75,7 +75,7 @@ from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exac
                                       bn_stats, global_batches, train_bn_steps)
 from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights, bn_step_times,
                                         uneven_inputs_join)
-from .data_parallel.scratch_experiments import (ddp_vs_one_process, unused_vs_torch,
+from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
                                                 scratch_skipped_step)
 from .data_parallel.overlap_experiments import (gradient_timeline, overlap_step_times,
