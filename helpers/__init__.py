@@ -87,8 +87,13 @@ from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exac
                                       SyncBatchNormFunction, CPUSyncBatchNorm,
                                       convert_sync_batchnorm, TwoInputNet, side_features, bn_net,
                                       bn_stats, global_batches, train_bn_steps)
-from .data_parallel.experiments import (ddp_vs_one_process, gradient_timeline, bn_vs_syncbn,
+from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights, bn_step_times,
                                         uneven_inputs_join)
+from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
+                                                accumulation_vs_torch, scratch_refusals,
+                                                scratch_skipped_step)
+from .data_parallel.overlap_experiments import (gradient_timeline, overlap_step_times,
+                                                ddp_scratch_trace, emulated_overlap)
 from .data_parallel.speed import (pin_to_core, dp_timing_worker, time_data_parallel, spread,
                                   allreduce_compare_worker, compare_with_dist_all_reduce,
                                   lenet_module_from, bench_worker, bench_ranks,

@@ -1,12 +1,15 @@
-"""Part III: DDPFromScratch on 2 gloo processes equals one process on the combined batch and
-torch's DDP (several bucket sizes, tied weights, frozen parameters), and its all-reduces start
-while backward still runs."""
+"""Part III: DDPFromScratch on real gloo processes equals one process on the combined batch and
+torch's DDP: bucket sizes, tied weights, frozen parameters, parameters that some ranks skip
+(torch's DDP with find_unused_parameters=True), gradient accumulation with no_sync; it refuses
+what it cannot average (with an error naming the fix, on every rank); its all-reduces launch in
+bucket order while backward still runs, and complete (timelines and a profiler trace)."""
 import pytest
 import torch
 from torch import nn
 
 import helpers
 from helpers import make_buckets
+from helpers.data_parallel import overlap_experiments as O, scratch_experiments as E
 
 CASES = [("mlp", None), ("mlp", 0.004), ("mlp", 25), ("tied", None), ("tied", 0.01),
          ("frozen", 0.004)]
@@ -15,9 +18,23 @@ CASES = [("mlp", None), ("mlp", 0.004), ("mlp", 25), ("tied", None), ("tied", 0.
 @pytest.fixture(scope="module")
 def runs():
     return helpers.run_ranks(2, [
-        ("ddp", helpers.ddp_vs_one_process, dict(cases=CASES)),
-        ("timeline", helpers.gradient_timeline, {}),
-        ("timeline:buckets", helpers.gradient_timeline, dict(bucket_mb=0.01))], backend="gloo")
+        ("ddp", E.ddp_vs_one_process, dict(cases=CASES)),
+        ("unused", E.unused_vs_torch, {}),
+        ("accumulation", E.accumulation_vs_torch, {}),
+        ("refusals", E.scratch_refusals, {}),
+        ("timeline", O.gradient_timeline, {}),
+        ("timeline:buckets", O.gradient_timeline, dict(bucket_mb=0.01)),
+        ("trace", O.ddp_scratch_trace, dict(steps=2)),
+        ("emulated", O.emulated_overlap, dict(steps=1)),
+        ("skipped", E.scratch_skipped_step, dict(timeout=2))], backend="gloo")
+
+
+@pytest.fixture(scope="module")
+def runs3():
+    """Three ranks: world sizes that do not divide evenly, and another rank pattern."""
+    return helpers.run_ranks(3, [
+        ("unused", E.unused_vs_torch, dict(bucket_sizes=(None, 25), num_steps=2)),
+        ("accumulation", E.accumulation_vs_torch, dict(ks=(2,)))], backend="gloo")
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{k}-{b}" for k, b in CASES])
@@ -44,18 +61,103 @@ def test_one_allreduce_per_bucket_tied_once_frozen_skipped(runs):
         remove_duplicate=False))) - 1   # head.weight is tok.weight: reduced once
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_parameters_some_ranks_skip_are_averaged_as_torch_ddp_does(runs, runs3, world):
+    """Review H2/S1: rank-dependent branches (b on even ranks, the auxiliary head on the last),
+    a layer no rank uses: equal to one process and to DDP(find_unused_parameters=True) with SGD
+    momentum and AdamW with weight decay groups; the unused layer keeps .grad None (AdamW would
+    otherwise decay it)."""
+    ranks = runs if world == 2 else runs3
+    for rank in ranks:
+        for case in rank["unused"]:
+            assert case["diff"] <= 1e-6, case
+            assert case["never_none"], case
+    for case, other in zip(ranks[0]["unused"], ranks[-1]["unused"]):   # replicas agree
+        assert helpers.max_diff(case["state"], other["state"]) == 0, case["bucket_mb"]
+    by = {(c["optim"], c["bucket_mb"]): c["state"] for c in ranks[0]["unused"]}
+    for (optim, bucket_mb), state in by.items():
+        assert helpers.max_diff(state, by[(optim, "torch")]) <= 1e-6, (optim, bucket_mb)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_accumulation_with_no_sync_equals_the_whole_batch(runs, runs3, world):
+    """Review M5: k micro-batches, all but the last inside no_sync (or all, and finish averages
+    the sum): the whole batch's step, as torch's DDP with no_sync gives; one all-reduce per
+    bucket per step, not per micro-batch."""
+    ranks = runs if world == 2 else runs3
+    for rank in ranks:
+        for case in rank["accumulation"]:
+            assert case["diff"] <= 1e-6, case
+        for case in rank["accumulation"]:
+            if case["how"] != "torch":   # one all-reduce per bucket per step, whatever k
+                assert case["calls"] == case["num_buckets"], case
+
+
+@pytest.mark.parametrize("name", ["two_backwards", "forward_before_finish", "step_early",
+                                  "other_model", "mixed_dtypes", "trainable_later"])
+def test_what_it_cannot_average_is_refused_on_every_rank(runs, name):
+    for rank in runs:
+        got = rank["refusals"][name]
+        assert got is not None, f"{name}: no error"
+        assert got["words"], got["message"]
+
+
+def test_a_second_finish_communicates_nothing(runs):
+    """Review 5.8/5.9/L12: finish again, or on one rank only, is a no-op (no collective a peer
+    would wait for)."""
+    assert [rank["refusals"]["extra_finish_calls"] for rank in runs] == [0, 0]
+
+
+def test_a_step_one_rank_skipped_times_out_with_a_clear_error(runs):
+    message = runs[0]["skipped"]
+    assert message is not None and "another rank skipped one" in message, message
+    assert runs[1]["skipped"] is None
+
+
 @pytest.mark.parametrize("name", ["timeline", "timeline:buckets"])
-def test_allreduces_start_before_backward_ends(runs, name):
+def test_allreduces_start_in_order_before_backward_ends_and_complete(runs, name):
     for rank in runs:
         t = rank[name]
-        launches = [s for s, what, _ in t["events"] if what == "launch"]
+        launches = [(s, i) for s, what, i in t["events"] if what == "launch"]
         grads = [s for s, what, _ in t["events"] if what == "grad"]
+        done = {i: s for s, what, i in t["events"] if what == "done"}
         assert len(launches) == t["num_buckets"] > 1
         # the first all-reduce is in flight before autograd has produced the last gradient
-        assert launches[0] < grads[-1] < t["backward_s"], t
-        # buckets go in reverse parameter order: the output layer's first
-        assert ([i for _, what, i in t["events"] if what == "launch"]
-                == list(range(t["num_buckets"])))
+        assert launches[0][0] < grads[-1] < t["backward_s"], t
+        # launched strictly in bucket order (the output layer's first) on every rank
+        assert [i for _, i in launches] == list(range(t["num_buckets"]))
+        # each completed (seen through its future), after it was launched
+        assert sorted(done) == list(range(t["num_buckets"])), t
+        assert all(done[i] >= s for s, i in launches), t
+
+
+def test_the_trace_shows_launches_inside_backward_only_with_overlap(runs):
+    for rank in runs:
+        for mode, tr in rank["trace"].items():
+            lanes = {lane for lane, _, _ in tr["events"]}
+            assert {"forward", "backward", "finish", "launch", "all-reduce"} <= lanes, lanes
+            backward = [(t, t + d) for lane, t, d in tr["events"] if lane == "backward"]
+            inside = sum(1 for lane, t, _ in tr["events"] if lane == "launch"
+                         and any(a <= t <= b for a, b in backward))
+            if mode == "overlap":
+                assert inside > 0 and tr["hidden_ms"] > 0, tr["hidden_ms"]
+            else:
+                assert inside == 0 and tr["hidden_ms"] == 0, tr["hidden_ms"]
+            assert 0 <= tr["hidden_ms"] <= tr["comm_ms"]
+
+
+def test_emulated_overlap_keeps_the_schedule_shape(runs):
+    """Issue 21: in emulated durations the step with overlap ends before the step that
+    all-reduces after backward, which lasts backward plus every all-reduce; with overlap the
+    first all-reduce runs before backward ends."""
+    for rank in runs:
+        e = rank["emulated"]
+        ov, after = e["overlap"], e["after"]
+        assert ov["comm"][0][0] < ov["backward"], ov
+        assert after["comm"][0][0] >= after["backward"] - 1e-9, after
+        comm = sum(b - a for a, b in after["comm"])
+        assert after["step"] >= after["backward"] + comm - 1e-6, after
+        assert ov["step"] < after["step"], (ov["step"], after["step"])
 
 
 def test_make_buckets_reverse_order_and_size():

@@ -97,6 +97,12 @@ def launches(tmp_path_factory):
              "--timeout", "30", "--save", str(d / name / "model.pt"),
              "--metrics", str(d / name / "m.json"), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)
+    (d / "minimal").mkdir()                    # the plain-torch script, beside them
+    jobs["minimal"] = []
+    procs["minimal"] = subprocess.Popen(
+        [*LAUNCH, "--standalone", "--nproc-per-node", "2", str(SCRIPT.parent / "minimal.py"),
+         "--steps", "12", "--save", str(d / "minimal" / "model.pt")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)
     try:
         outs = {name: p.communicate(timeout=150)[0] for name, p in procs.items()}
     finally:
@@ -130,6 +136,48 @@ def test_a_killed_rank_under_max_restarts_resumes_to_the_same_parameters(launche
     assert [h["epoch"] for h in m["history"]] == [1, 2], "each epoch once in the history"
     assert [h["attempt"] for h in m["history"]] == [0, 1], "epoch 2 ran in the restarted group"
     assert m["steps"] == 8
+
+
+def minimal_reference(steps, batch_size=64, world=2):
+    """One process doing what scripts/ddp/minimal.py does on `world` ranks: each step on the
+    combined batch of the ranks' shards (equal shards: the mean of means is the mean)."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(512, 16, generator=g)
+    y = X @ torch.randn(16, 1, generator=g) + 0.1 * torch.randn(512, 1, generator=g)
+    dataset = TensorDataset(X, y)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    step, epoch = 0, 0
+    while step < steps:
+        shards = []
+        for r in range(world):
+            s = DistributedSampler(dataset, num_replicas=world, rank=r, shuffle=True, seed=0)
+            s.set_epoch(epoch)
+            shards.append(torch.tensor(list(s)).split(batch_size // world))
+        for parts in zip(*shards):
+            idx = torch.cat(parts)
+            loss = F.mse_loss(net(X[idx]), y[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step == steps:
+                break
+        epoch += 1
+    return net
+
+
+def test_the_plain_torch_script_trains_like_one_process(launches):
+    """scripts/ddp/minimal.py (init_process_group, LOCAL_RANK, set_device by hand; rank 0 saves
+    while the others wait) equals one process on the combined batch."""
+    rc, out, d = launches["minimal"]
+    assert rc == 0, out[-4000:]
+    assert "2 ranks over gloo, 12 steps" in out, out[-2000:]
+    state = torch.load(d / "model.pt", weights_only=True)
+    assert not any(k.startswith("module.") for k in state)
+    for k, v in minimal_reference(12).state_dict().items():
+        assert (state[k] - v).abs().max() < 1e-5, k
 
 
 def run_script(name, *argv):

@@ -11,7 +11,7 @@ KEYS = {"huang2019gpipe", "narayanan2019pipedream", "narayanan2021megatron",
         "goyal2017accurate", "patarasuk2009ring",
         "thakur2005collectives", "zhang2023d2l", "korthikanti2023sequence", "chen2016checkpointing",
         "micikevicius2018mixed", "sergeev2018horovod", "ultrascale2025", "austin2025scaling",
-        "paszke2019pytorch"}
+        "paszke2019pytorch", "wu2018group", "peng2018megdet", "pytorch2025dataparallel"}
 TERMS = {"rank", "world size", "process group", "backend", "collective", "all-reduce",
          "reduce-scatter", "all-gather", "broadcast", "ring all-reduce", "replica", "shard",
          "bucket", "micro-batch", "pipeline stage", "bubble", "tensor parallelism",

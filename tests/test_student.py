@@ -23,7 +23,8 @@ CHAPTERS = se.chapters()
 IDS = [str(p.relative_to(ROOT)) for p in CHAPTERS]
 # which chapters a check module belongs to (helpers/checks/<module>.py)
 MODULE_CHAPTERS = {"gpus": "book/gpus.ipynb", "splits": "book/part1/", "scratch": "book/part2/",
-                   "concise": "book/part3/", "fast": "book/part4/"}
+                   "wrappers": "book/part3/", "ddp": "book/part3/", "ddp_scratch": "book/part3/",
+                   "syncbn": "book/part3/", "fast": "book/part4/"}
 
 
 def read(path):

@@ -20,6 +20,7 @@ weights (broadcast), as the one-process run does.
 Adding a wrapper: a class with the methods of `Wrapper`, registered in WRAPPERS under its name;
 the property test runs every registered name on every drawn case.
 """
+import contextlib
 import os
 
 import torch
@@ -380,6 +381,55 @@ class Zero2Torch(FSDP2Torch):
         return case
 
 
+class DDPScratch(Wrapper):
+    """helpers.DDPFromScratch (buckets of a few parameters, launched in order); accumulation
+    with no_sync() for all but the last micro-batch; checkpoint on rank 0, loaded by every
+    rank (every replica holds the same weights and optimizer state)."""
+
+    bucket_mb = 1e-4
+
+    def build(self, case, net):
+        model = helpers.DDPFromScratch(net, bucket_mb=self.bucket_mb)
+        return dict(net=net, model=model, opt=make_optimizer(case, net.named_parameters()), m=0)
+
+    def micro(self, obj, X, y, case):
+        obj["m"] += 1
+        last = obj["m"] == case["accum"]
+        with contextlib.nullcontext() if last else obj["model"].no_sync():
+            loss_of(obj["model"](X), y, case["accum"]).backward()
+
+    def finish(self, obj):
+        obj["model"].finish_gradient_synchronization()
+
+    def step(self, obj):
+        self.finish(obj)
+        obj["opt"].step()
+        obj["opt"].zero_grad()
+        obj["m"] = 0
+
+    def save(self, obj, path, rank):
+        if rank == 0:
+            torch.save(dict(model=obj["net"].state_dict(), opt=obj["opt"].state_dict()), path)
+
+    def load(self, obj, path, rank):
+        sd = torch.load(path, weights_only=False)
+        obj["net"].load_state_dict(sd["model"])
+        obj["opt"].load_state_dict(sd["opt"])
+
+
+class DDPTorch(DDPScratch):
+    """torch's DistributedDataParallel, the same way (find_unused_parameters where a block is
+    never used)."""
+
+    def build(self, case, net):
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(net, find_unused_parameters="unused" in case["blocks"])
+        return dict(net=net, model=model, opt=make_optimizer(case, net.named_parameters()), m=0)
+
+    def finish(self, obj):
+        pass    # torch's DDP finishes inside the last backward
+
+
 WRAPPERS = {
     "zero1": Zero1Scratch(),
     "zero1:torch": Zero1Torch(),
@@ -387,5 +437,6 @@ WRAPPERS = {
     "zero2:torch": Zero2Torch(),
     "fsdp": FSDPScratch(),
     "fsdp:torch": FSDP2Torch(),
-    # "ddp", "ddp:torch": helpers.DDPFromScratch and torch's DDP (Part III) go here
+    "ddp": DDPScratch(),
+    "ddp:torch": DDPTorch(),
 }

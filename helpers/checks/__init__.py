@@ -3,10 +3,11 @@ from ._core import *            # noqa: F401,F403  the framework: run_check, exp
 from .gpus import *             # noqa: F401,F403  foundation chapter
 from .splits import *           # noqa: F401,F403  Part I (network_split, within_layer, ...)
 from .scratch import *          # noqa: F401,F403  Part II
-from .concise import *          # noqa: F401,F403  Part III
+from .wrappers import *         # noqa: F401,F403  Part III: DataParallel, custom modules
 from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
+from .ddp_scratch import *      # noqa: F401,F403  Part III: DDP from scratch
+from .syncbn import *           # noqa: F401,F403  Part III: BatchNorm across devices
 from .fast import *             # noqa: F401,F403  Part IV
-from .sharding import *         # noqa: F401,F403  Part III (DDP from scratch)
 from .zero import *             # noqa: F401,F403  Part V: ZeRO
 from .fsdp_scratch import *     # noqa: F401,F403  Part V: FSDP from scratch
 from .fsdp2 import *            # noqa: F401,F403  Part V: FSDP2, recomputation

@@ -1,80 +1,90 @@
 """Checks for the exercises of the DistributedDataParallel-with-torchrun chapter (Part III).
 
-Each runs the answer on fresh random inputs and instruments what it does: the sampler exercise
-may not call DistributedSampler, the loss exercise is judged by the gradients DDP's averaging
-makes of it on unequal shards, and the resume exercise may not call helpers' own loader; its
-continuation must be bitwise the run that was never stopped.
+The sampler exercise may not reach DistributedSampler (by identity: a name bound earlier counts),
+the loss exercise is judged by the gradients DDP's averaging makes of it on unequal shards, and
+the resume exercise may not reach the course's loader or RNG restorer; its continuation must be
+bitwise the run that was never stopped.
 """
 import os
 import random
 import tempfile
-from contextlib import ExitStack, contextmanager
-from unittest import mock
 
 import torch
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
-from ._core import CheckFailed, expect, fresh_generator, randint, run_check
+from ._core import CheckFailed, check, expect, fresh_generator, randint
+from ._core.references import Reference, scan
 
 __all__ = ["check_sampler_shard", "check_rank_loss", "check_resume"]
-
-
-@contextmanager
-def _forbidden(targets, advice):
-    """Make each of `targets` (dotted names) raise CheckFailed while the answer runs."""
-    def refuse(*a, **k):
-        raise CheckFailed(advice)
-    with ExitStack() as stack:
-        for t in targets.split():
-            stack.enter_context(mock.patch(t, side_effect=refuse))
-        yield
 
 
 def _indices(value, what):
     if isinstance(value, torch.Tensor):
         value = value.tolist()
     try:
-        out = [int(i) for i in value]
+        return [int(i) for i in value]
     except (TypeError, ValueError):
-        raise CheckFailed(f"{what} returned {type(value).__name__}, expected a list of indices")
-    return out
+        raise CheckFailed(f"{what} returned {type(value).__name__}, expected a list of "
+                          "indices") from None
 
 
+class _Torch(Reference):
+    def __repr__(self):
+        return self.name
+
+
+def _refuse_sampler(*args, **kwargs):
+    raise CheckFailed("compute the shard yourself: do not iterate a DistributedSampler")
+
+
+@check("sampler_shard", observes=[
+    "the indices returned for fresh (n, rank, world, epoch, seed), padding included, against "
+    "DistributedSampler's",
+    "by identity: the answer's code may not reach DistributedSampler or its __iter__ (a copy "
+    "bound before the check runs included), and DistributedSampler.__iter__ raises while it "
+    "runs"])
 def check_sampler_shard(fn):
     """fn(n, rank, world_size, epoch, seed) must be the indices DistributedSampler(shuffle=True)
     gives that rank in that epoch, computed without DistributedSampler."""
-    def body(fn):
-        g = fresh_generator()
-        cases = [(randint(g, 5, 40), None, randint(g, 2, 4), randint(g, 1, 5), randint(g, 0, 99))
-                 for _ in range(6)]
-        cases.append((10, None, 4, 1, 0))   # 10 over 4 ranks: padding needed
-        for n, _, w, epoch, seed in cases:
-            for r in range(w):
-                what = f"sampler_shard({n}, {r}, {w}, epoch={epoch}, seed={seed})"
-                with _forbidden("torch.utils.data.distributed.DistributedSampler.__iter__",
-                                "compute the shard yourself: do not iterate a "
-                                "DistributedSampler"):
-                    got = _indices(fn(n, r, w, epoch, seed), what)
-                s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=True, seed=seed)
-                s.set_epoch(epoch)
-                want = list(s)
-                expect(len(got) == len(want),
-                       f"{what} has {len(got)} indices, expected {len(want)}: the sampler pads "
-                       f"the permutation (repeating its first indices) to a multiple of {w} so "
-                       "every rank runs the same number of steps")
-                if got != want:
-                    s.set_epoch(0)
-                    expect(got != list(s) or epoch == 0,
-                           f"{what} is epoch 0's shard: the permutation is seeded with seed + "
-                           "epoch (that is what set_epoch changes)")
-                    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-                    padded = (perm.tolist() * (w + 1))[:len(want) * w]
-                    chunk = padded[r * len(want):(r + 1) * len(want)]
-                    expect(got != chunk, f"{what} is a contiguous block: the sampler takes every "
-                                         f"{w}-th index of the padded permutation, from {r}")
-                    raise CheckFailed(f"{what} = {got[:8]}..., expected {want[:8]}...")
-    return run_check("sampler_shard", body, fn)
+    try:
+        scan(fn.fn, [_Torch("DistributedSampler", DistributedSampler),
+                     _Torch("DistributedSampler.__iter__", DistributedSampler.__iter__)],
+             "sampler_shard")
+    except CheckFailed:
+        raise CheckFailed("compute the shard yourself: your code uses DistributedSampler (or "
+                          "its __iter__), which the exercise asks you to write") from None
+    g = fresh_generator()
+    cases = [(randint(g, 5, 40), randint(g, 2, 4), randint(g, 1, 5), randint(g, 0, 99))
+             for _ in range(6)]
+    cases.append((10, 4, 1, 0))   # 10 over 4 ranks: padding needed
+    for n, w, epoch, seed in cases:
+        for r in range(w):
+            what = f"sampler_shard({n}, {r}, {w}, epoch={epoch}, seed={seed})"
+            saved, DistributedSampler.__iter__ = DistributedSampler.__iter__, _refuse_sampler
+            try:
+                got = _indices(fn(n, r, w, epoch, seed), what)
+            finally:
+                DistributedSampler.__iter__ = saved
+            s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=True, seed=seed)
+            s.set_epoch(epoch)
+            want = list(s)
+            expect(len(got) == len(want),
+                   f"{what} has {len(got)} indices, expected {len(want)}: the sampler pads the "
+                   f"permutation (repeating its first indices) to a multiple of {w} so every "
+                   "rank runs the same number of steps")
+            if got == want:
+                continue
+            s.set_epoch(0)
+            expect(got != list(s) or epoch == 0,
+                   f"{what} is epoch 0's shard: the permutation is seeded with seed + epoch "
+                   "(that is what set_epoch changes)")
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+            padded = (perm.tolist() * (w + 1))[:len(want) * w]
+            expect(got != padded[r * len(want):(r + 1) * len(want)],
+                   f"{what} is a contiguous block: the sampler takes every {w}-th index of the "
+                   f"padded permutation, from {r}")
+            raise CheckFailed(f"{what} = {got[:8]}..., expected {want[:8]}...")
 
 
 def _grads(model, scalar):
@@ -83,48 +93,53 @@ def _grads(model, scalar):
     return [p.grad.clone() for p in model.parameters()]
 
 
+@check("rank_loss", observes=[
+    "the gradient DDP's averaging (the mean over ranks of each rank's gradient) makes of the "
+    "scalar returned, on equal and on unequal random shards, against the gradient of the mean "
+    "loss over the whole global batch"])
 def check_rank_loss(fn):
     """fn(losses, global_batch, world_size) -> the scalar a rank backpropagates (from its
     per-example losses) so that DDP's AVERAGE of the ranks' gradients is the gradient of the mean
     loss over the whole global batch, also when the ranks' shards differ in size."""
-    def body(fn):
-        g = fresh_generator()
-        for uneven in (False, True):
-            w = randint(g, 2, 4)
-            sizes = ([randint(g, 1, 9) for _ in range(w)] if uneven else [randint(g, 2, 6)] * w)
-            if uneven and len(set(sizes)) == 1:
-                sizes[0] += 3
-            n = sum(sizes)
+    g = fresh_generator()
+    for uneven in (False, True):
+        w = randint(g, 2, 4)
+        sizes = [randint(g, 1, 9) for _ in range(w)] if uneven else [randint(g, 2, 6)] * w
+        if uneven and len(set(sizes)) == 1:
+            sizes[0] += 3
+        n = sum(sizes)
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(randint(g, 0, 10**6))
             model = nn.Linear(3, 2)
-            X, y = torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g)
-            per_example = lambda idx: nn.functional.cross_entropy(model(X[idx]), y[idx],
-                                                                  reduction="none")
-            want = _grads(model, per_example(slice(None)).mean())
-            ranks, start = [], 0
-            for s in sizes:
-                out = fn(per_example(slice(start, start + s)), n, w)
-                expect(isinstance(out, torch.Tensor) and out.numel() == 1,
-                       f"rank_loss returned {type(out).__name__}, expected a 0-d tensor")
-                expect(out.requires_grad, "rank_loss's result has no gradient: compute it from "
-                                          "`losses` (do not detach or call .item())")
-                ranks.append(_grads(model, out.reshape(())))
-                start += s
-            got = [sum(r[i] for r in ranks) / w for i in range(len(want))]   # what DDP does
-            ratio = float(got[0].norm() / want[0].norm())
-            ok = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want))
-            if not ok:
-                shape = f"shards of {sizes} examples over {w} ranks"
-                expect(abs(ratio - 1 / w) > 1e-3, f"{shape}: the gradient is {w} times too "
-                       "small: DDP already divides the summed gradients by the world size")
-                expect(abs(ratio - n / w) > 1e-3, f"{shape}: the "
-                       f"gradient is {n / w:g} times too large: a sum must be scaled")
-                expect(uneven is False, f"{shape}: right only when every rank has the same "
-                       "number of examples; with unequal shards the mean of per-rank means is not "
-                       "the global mean: weight each rank by its share of the global batch")
-                raise CheckFailed(f"{shape}: the averaged gradient is not that of the mean loss "
-                                  f"over all {n} examples")
-    return run_check("rank_loss", body, fn)
+        X, y = torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g)
+
+        def per_example(idx):
+            return nn.functional.cross_entropy(model(X[idx]), y[idx], reduction="none")
+        want = _grads(model, per_example(slice(None)).mean())
+        ranks, start = [], 0
+        for s in sizes:
+            out = fn(per_example(slice(start, start + s)), n, w)
+            expect(isinstance(out, torch.Tensor) and out.numel() == 1,
+                   f"rank_loss returned {type(out).__name__}, expected a 0-d tensor")
+            expect(out.requires_grad, "rank_loss's result has no gradient: compute it from "
+                                      "`losses` (do not detach or call .item())")
+            ranks.append(_grads(model, out.reshape(())))
+            start += s
+        got = [sum(r[i] for r in ranks) / w for i in range(len(want))]   # what DDP does
+        if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want)):
+            continue
+        ratio = float(got[0].norm() / want[0].norm())
+        shape = f"shards of {sizes} examples over {w} ranks"
+        expect(abs(ratio - 1 / w) > 1e-3, f"{shape}: the gradient is {w} times too small: DDP "
+                                          "already divides the summed gradients by the world size")
+        expect(abs(ratio - n / w) > 1e-3, f"{shape}: the gradient is {n / w:g} times too large: "
+                                          "a sum must be scaled")
+        expect(uneven is False, f"{shape}: right only when every rank has the same number of "
+                                "examples; with unequal shards the mean of per-rank means is not "
+                                "the global mean: weight each rank by its share of the global "
+                                "batch")
+        raise CheckFailed(f"{shape}: the averaged gradient is not that of the mean loss over all "
+                          f"{n} examples")
 
 
 def _training_run(model, opt, steps):
@@ -143,16 +158,20 @@ def _fresh(seed):
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
+@check("resume", references=["load_snapshot", "set_rng_state"], observes=[
+    "after the answer ran: the model's and the optimizer's state, torch's and Python's RNG "
+    "states against the snapshot's, the epoch returned",
+    "the continuation (dropout and momentum) against the run that was never stopped, bitwise"])
 def check_resume(fn):
     """fn(path, model, optimizer) restores a snapshot written by helpers.save_snapshot into a
     fresh model and optimizer, restores torch's and Python's RNGs, and returns the next epoch;
     the continuation must then equal the uninterrupted run bitwise."""
     from ..runtime import checkpoint
-
-    def body(fn):
-        g = fresh_generator()
-        seed, before, after, epoch = (randint(g, 0, 10**6), randint(g, 2, 5), randint(g, 2, 5),
-                                      randint(g, 1, 20))
+    g = fresh_generator()
+    seed, before, after, epoch = (randint(g, 0, 10**6), randint(g, 2, 5), randint(g, 2, 5),
+                                  randint(g, 1, 20))
+    state = (torch.get_rng_state(), random.getstate())     # the notebook's RNGs, given back
+    try:
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "snapshot.pt")
             random.seed(seed)
@@ -163,11 +182,7 @@ def check_resume(fn):
             torch.manual_seed(seed + 1)
             random.seed(seed + 1)                          # a new process: other RNG states
             model2, opt2 = _fresh(seed + 2)
-            with _forbidden("helpers.runtime.checkpoint.load_snapshot helpers.load_snapshot",
-                            "restore it yourself: do not call helpers.load_snapshot"), \
-                    _forbidden("helpers.runtime.checkpoint.set_rng_state helpers.set_rng_state",
-                               "restore the RNGs yourself: do not call helpers.set_rng_state"):
-                got_epoch = fn(path, model2, opt2)
+            got_epoch = fn(path, model2, opt2)
             snap = torch.load(path, weights_only=True)
             expect(all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(),
                                                           snap["model"].values())),
@@ -179,12 +194,14 @@ def check_resume(fn):
                    "torch's RNG is not the snapshot's: dropout would draw other masks; "
                    "torch.set_rng_state(torch.tensor(..., dtype=torch.uint8))")
             expect(random.getstate()[1] == tuple(snap["rng"][0]["python"][1]),
-                   "Python's random is not restored: random.setstate(...) (the version, a "
-                   "tuple of the state, the gauss value)")
+                   "Python's random is not restored: random.setstate(...) (the version, a tuple "
+                   "of the state, the gauss value)")
             expect(got_epoch == epoch, f"returned {got_epoch!r}, expected the next epoch "
                                        f"{epoch} from the snapshot")
             _training_run(model2, opt2, after)
             expect(all(torch.equal(a, b) for a, b in zip(model.parameters(),
                                                           model2.parameters())),
                    "the continuation differs from the run that never stopped")
-    return run_check("resume", body, fn)
+    finally:
+        torch.set_rng_state(state[0])
+        random.setstate(state[1])

@@ -1,10 +1,7 @@
-"""Part III's data-parallel experiments across processes, each a launch target
-fn(rank, world, cfg): DDPFromScratch and torch's DDP against one process, when gradients are
-ready and all-reduced, BatchNorm per device against synchronised BatchNorm, uneven inputs with
-and without Join. Each compares with one process on the combined batch and returns numbers.
+"""Part III's experiments with torch's own data parallelism across processes, each a launch
+target fn(rank, world, cfg): BatchNorm per device against synchronised BatchNorm, uneven inputs
+with and without Join. (DDPFromScratch's are in scratch_experiments.py.)
 """
-import time
-
 import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join
@@ -12,72 +9,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..data import load_tensors
 from ..models import unwrap
-from ..compare import max_diff
-from ..one_process import flat_cross_entropy, local_batch, make_optimizer, params_of, \
-    train_one_process
 from ..runtime.launch import take
 from ..runtime.progress import report_progress
-from ..runtime.traffic import count_traffic
-from ..tiny_models import make_batches, make_model
-from .scratch import DDPFromScratch
 from .torch_api import bn_net, bn_stats, convert_sync_batchnorm, evaluate_exact, global_batches, \
     train_bn_steps
 
-__all__ = ["ddp_vs_one_process", "gradient_timeline", "bn_vs_syncbn", "uneven_inputs_join"]
-
-
-def ddp_vs_one_process(rank, world, cfg):
-    """DDPFromScratch and torch's DDP against one process, for each (model kind, bucket_mb)."""
-    device, cases, num_steps, batch_size = take(cfg, "device", "cases", num_steps=3, batch_size=8)
-    out = []
-    for kind, bucket_mb in cases:
-        batches = make_batches(kind, num_steps, batch_size)
-        ref = train_one_process(kind, batches, device, num_steps, optim="sgd")
-        diffs = {}
-        for impl in ("scratch", "torch"):
-            # different init per rank: broadcast fixes it
-            net = make_model(kind, seed=rank).to(device)
-            if impl == "scratch":
-                model = DDPFromScratch(net, bucket_mb=bucket_mb)
-            else:
-                model = nn.parallel.DistributedDataParallel(
-                    net, bucket_cap_mb=bucket_mb if bucket_mb is not None else 25)
-            opt = make_optimizer(model.module, "sgd")
-            for batch in batches:
-                X, y = local_batch(batch, rank, world, device)
-                with count_traffic() as log:
-                    flat_cross_entropy(model(X), y).backward()
-                    if impl == "scratch":
-                        model.finish_gradient_synchronization()
-                opt.step()
-                opt.zero_grad()
-            diffs[impl] = max_diff(params_of(model.module), ref)
-            if impl == "scratch":
-                diffs["calls"] = log.calls["all_reduce"]   # all-reduces in the last step
-                diffs["num_buckets"] = len(model.buckets)
-                diffs["sizes"] = [len(b) for b in model.buckets]
-        out.append(dict(kind=kind, bucket_mb=bucket_mb, **diffs,
-                        num_trainable=sum(1 for p in net.parameters() if p.requires_grad)))
-    return out
-
-
-def gradient_timeline(rank, world, cfg):
-    """When each gradient is ready and each all-reduce is launched, relative to backward's start
-    and end (seconds); the last of `repeats` steps (the first ones warm up)."""
-    device, bucket_mb, sizes, repeats = take(cfg, "device", bucket_mb=None, sizes=None, repeats=3)
-    model = DDPFromScratch(make_model("mlp", **(sizes or {})).to(device), bucket_mb=bucket_mb)
-    batch = make_batches("mlp", 1, 64, d_in=(sizes or {}).get("d_in", 32))[0]
-    X, y = local_batch(batch, rank, world, device)
-    for _ in range(repeats):
-        loss = flat_cross_entropy(model(X), y)
-        t0 = time.perf_counter()
-        loss.backward()
-        t1 = time.perf_counter()
-        model.finish_gradient_synchronization()
-        t2 = time.perf_counter()
-        model.zero_grad()
-    return dict(events=[(t - t0, what, i) for t, what, i in model.timeline],
-                backward_s=t1 - t0, finish_s=t2 - t0, num_buckets=len(model.buckets))
+__all__ = ["bn_vs_syncbn", "bn_grads_same_weights", "bn_step_times", "uneven_inputs_join"]
 
 
 def bn_vs_syncbn(rank, world, cfg):
@@ -103,6 +40,76 @@ def bn_vs_syncbn(rank, world, cfg):
             stats=bn_stats(model), acc=correct / total, total=total,
             state={k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()})
     return results
+
+
+def _flat_grad(model):
+    return torch.cat([p.grad.reshape(-1) for p in unwrap(model).parameters()]).cpu()
+
+
+def bn_grads_same_weights(rank, world, cfg):
+    """The comparison on the same weights: for each state in cfg["states"] (bn_net state dicts
+    along one training run) and its global batch (cfg["batches"], indices), the gradient DDP
+    leaves (averaged over the ranks) with per-device BatchNorm and with synchronised BatchNorm,
+    each from that same state. Returns {"bn": [flat grad, ...], "syncbn": [...]}."""
+    device, subset, states, batches, channels = take(cfg, "device", "subset", "states",
+                                                     "batches", channels=16)
+    X, y = load_tensors(True, subset)
+    out = {}
+    for variant in ("bn", "syncbn"):
+        net = bn_net(channels).to(device)
+        if variant == "syncbn":
+            net = convert_sync_batchnorm(net, device)
+        model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
+                    broadcast_buffers=False)
+        grads = []
+        for state, idx in zip(states, batches):
+            unwrap(model).load_state_dict(state)
+            model.train()
+            idx = idx.tensor_split(world)[rank]
+            model.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(X[idx].to(device)), y[idx].to(device)).backward()
+            grads.append(_flat_grad(model))
+        out[variant] = grads
+    return out
+
+
+def bn_step_times(rank, world, cfg):
+    """Seconds of a training step (forward, backward, optimizer) of bn_net under DDP with
+    per-device BatchNorm and with synchronised BatchNorm, timed in turns (the order reversed
+    every other round, the ranks meeting in a barrier before each step) after `warmup`
+    rounds. Returns {"bn": [...], "syncbn": [...]}, one sample per round."""
+    import time
+
+    import torch.distributed as dist
+    device, subset, batch_size, rounds, warmup, channels = take(
+        cfg, "device", subset=2048, batch_size=32, rounds=7, warmup=2, channels=16)
+    X, y = load_tensors(True, subset)
+    idx = global_batches(len(y), batch_size, 1, 0)[0].tensor_split(world)[rank]
+    Xb, yb = X[idx].to(device), y[idx].to(device)
+    models = {}
+    for variant in ("bn", "syncbn"):
+        torch.manual_seed(0)
+        net = bn_net(channels).to(device)
+        if variant == "syncbn":
+            net = convert_sync_batchnorm(net, device)
+        model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+        models[variant] = (model, torch.optim.SGD(model.parameters(), lr=0.01))
+    times = {v: [] for v in models}
+    for r in range(warmup + rounds):
+        for variant in (("bn", "syncbn") if r % 2 == 0 else ("syncbn", "bn")):
+            model, opt = models[variant]
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            nn.functional.cross_entropy(model(Xb), yb).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if r >= warmup:
+                times[variant].append(time.perf_counter() - t0)
+    return times
 
 
 def uneven_inputs_join(rank, world, cfg):

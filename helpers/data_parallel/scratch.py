@@ -1,12 +1,16 @@
 """Part III: DistributedDataParallel built from scratch, one process per rank.
 
 What torch's DDP does, in a page: broadcast the weights from rank 0 once, then, during backward,
-all-reduce each gradient (or bucket of gradients) asynchronously as soon as autograd has produced
-it, so communication overlaps the rest of the backward pass. Buckets fill in reverse parameter
-order, the order in which backward produces gradients.
+all-reduce each bucket of gradients asynchronously as soon as autograd has produced all of it,
+so communication overlaps the rest of the backward pass. Buckets fill in reverse parameter order
+(the order in which backward produces gradients) and are launched strictly in index order on
+every rank, so the ranks' collectives pair up even when a rank skips some parameters.
 """
 import contextlib
+import functools
 import time
+import weakref
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -34,88 +38,246 @@ def make_buckets(params, bucket_mb=None):
     return buckets
 
 
+_LIVE = weakref.WeakSet()     # wrappers whose gradients may be unsynchronised (optimizer guard)
+_GUARD = []                   # the one optimizer step pre-hook, registered once
+
+
+def _grad_hook(me, param):
+    model = me()
+    if model is not None:
+        model._grad_ready(param)
+
+
+def _step_guard(optimizer, args, kwargs):
+    """Refuse optimizer.step() on gradients a DDPFromScratch has not averaged yet."""
+    for model in list(_LIVE):
+        if model._open and model._owns(optimizer):
+            raise RuntimeError(
+                f"rank {model.rank}: optimizer.step() before finish_gradient_synchronization(): "
+                "the gradients are still this rank's own, not the average over the ranks. Call "
+                "model.finish_gradient_synchronization() after the last loss.backward() of the "
+                "step, then optimizer.step()")
+
+
 class DDPFromScratch(nn.Module):
     """Data parallelism across processes: same weights everywhere, gradients averaged by
     asynchronous all-reduces launched from gradient hooks while backward still runs.
 
-    After `loss.backward()` call `finish_gradient_synchronization()`, then `optimizer.step()`.
-    `timeline` records (seconds, "grad" or "launch", bucket index) for the current step.
-    `group`: the data-parallel ranks (default: all); inside `no_sync()` gradients accumulate
-    (several micro-batches) and finish_gradient_synchronization reduces them all at the end.
+    Per step: `loss.backward()`, then `finish_gradient_synchronization()`, then
+    `optimizer.step()`. Gradient accumulation: run all but the last micro-batch (forward and
+    backward) inside `with model.no_sync():`, as with torch's DDP; or all of them inside it and
+    let finish synchronise the sum. Supported like torch's DDP with find_unused_parameters=True:
+    parameters that some ranks (or all) skip in a step, tied and frozen parameters. Refused with
+    an error naming the fix: two backward passes before finish outside no_sync, a forward or an
+    optimizer step before finish, models that differ between ranks, a bucket mixing dtypes or
+    devices. `group`: the data-parallel ranks to average over (all by default). `overlap=False`
+    launches every all-reduce in finish (the baseline to time overlap against). `timeline`
+    holds this step's (time.perf_counter(), "grad" | "launch" | "done", bucket index) ("done":
+    the all-reduce completed, as the host saw it: meaningful with gloo, not with NCCL).
     """
 
-    def __init__(self, module, bucket_mb=None, group=None):
+    def __init__(self, module, bucket_mb=None, overlap=True, group=None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("DDPFromScratch needs a process group: call helpers.setup() or "
                                "dist.init_process_group(...) first")
-        self.module, self.group, self.sync = module, group, True
-        self.world = dist.get_world_size(group)
+        self.module, self.overlap, self.group = module, overlap, group
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        _check_same_model(module, self.rank, self.world, group)
         src = 0 if group is None else dist.get_global_rank(group, 0)
-        with torch.no_grad():   # every rank starts from rank 0's weights and buffers
+        with torch.no_grad():   # every rank starts from the group's first rank's weights
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t, src=src, group=group)
         self.buckets = make_buckets(module.parameters(), bucket_mb)
-        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
-        for p in (p for b in self.buckets for p in b):
-            p.register_post_accumulate_grad_hook(self._grad_ready)
-        self._ready = [0] * len(self.buckets)
-        self._pending = {}   # bucket index -> (work handle, flat buffer or None)
+        for i, b in enumerate(self.buckets):
+            kinds = sorted({f"{p.dtype} on {p.device}" for p in b})
+            if len(kinds) > 1:
+                raise ValueError(f"bucket {i} mixes {' and '.join(kinds)}: one all-reduce "
+                                 "needs one dtype on one device; use bucket_mb=None (one "
+                                 "parameter per bucket) or give the model one dtype")
+        self._params = [p for b in self.buckets for p in b]
+        self._index = {id(p): k for k, p in enumerate(self._params)}
+        self._bucket_of = [i for i, b in enumerate(self.buckets) for _ in b]
+        me = weakref.ref(self)   # hooks that hold no wrapper: no cycle through the params,
+        for p in self._params:   # so a dropped wrapper is freed at once, not at exit
+            p.register_post_accumulate_grad_hook(functools.partial(_grad_hook, me))
+        self._require_sync = True     # False inside no_sync()
+        self._sync_backward = True    # decided by the last forward, as torch's DDP does
+        self._reset()
         self.timeline = []
+        _LIVE.add(self)
+        if not _GUARD:   # one global hook (torch >= 2.0) for every optimizer and wrapper
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+            _GUARD.append(register_optimizer_step_pre_hook(_step_guard))
 
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+    def _reset(self):
+        self._open = False                          # a forward or backward since finish
+        self._used = [False] * len(self._params)    # got a gradient since the last finish
+        self._counted = [False] * len(self._params)  # ... in this synchronised backward
+        self._ready = [0] * len(self.buckets)
+        self._next = 0                              # the next bucket to launch, in order
+        self._pending = []                          # (bucket index, work, flat buffer)
+
+    def _owns(self, optimizer):
+        ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        return any(id(p) in ids for p in self._params)
+
+    def _start(self):
+        """The first forward or gradient since finish: a new step, a new timeline."""
+        if not self._open:
+            self._open, self.timeline = True, []
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside only accumulate .grad (what torch's DDP.no_sync does)."""
-        self.sync = False
+        """Forward and backward inside accumulate gradients locally, without communication; the
+        next synchronised backward (or finish) averages the accumulated sum."""
+        old, self._require_sync = self._require_sync, False
         try:
             yield
         finally:
-            self.sync = True
+            self._require_sync = old
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():
+            if any(self._counted):
+                raise RuntimeError(
+                    f"rank {self.rank}: forward before finish_gradient_synchronization(): the "
+                    "previous backward's all-reduces were never finished, so its gradients are "
+                    "not averaged. Call model.finish_gradient_synchronization() after each "
+                    "synchronised backward; to accumulate micro-batches, run all but the last "
+                    "inside `with model.no_sync():`")
+            self._start()
+            self._sync_backward = self._require_sync
+        return self.module(*args, **kwargs)
 
     def _grad_ready(self, param):
-        """Autograd has accumulated param.grad: launch its bucket's all-reduce once it is full."""
-        if not self.sync:
-            return
-        if not self._pending and not any(self._ready):   # first gradient of a new step
-            self.timeline = []
-        i = self._bucket_of[id(param)]
+        """Autograd has accumulated param.grad: count it; launch every bucket, in index order,
+        that is complete and has all earlier buckets launched."""
+        k = self._index[id(param)]
+        i = self._bucket_of[k]
+        self._start()
         self.timeline.append((time.perf_counter(), "grad", i))
+        self._used[k] = True
+        if not (self._sync_backward and self.overlap):
+            return      # accumulating (no_sync), or all-reduces left to finish (overlap=False)
+        if self._counted[k]:
+            raise RuntimeError(
+                f"rank {self.rank}: a second backward before finish_gradient_synchronization() "
+                f"({self._name(param)} got its gradient twice). Its all-reduce is already in "
+                "flight with the first gradient, so the second would be lost. To accumulate "
+                "gradients, run all but the last micro-batch inside `with model.no_sync():`; "
+                "otherwise call finish_gradient_synchronization() after every backward")
+        self._counted[k] = True
         self._ready[i] += 1
-        if self._ready[i] == len(self.buckets[i]):
-            self._launch(i)
+        while self._next < len(self.buckets) and \
+                self._ready[self._next] == len(self.buckets[self._next]):
+            self._launch(self._next)
+
+    def _name(self, param):
+        return next((n for n, p in self.module.named_parameters() if p is param), "a parameter")
 
     def _launch(self, i):
+        """All-reduce bucket i: each gradient divided by the world size first (as torch's DDP
+        does), zeros for a parameter this rank did not use; the last bucket also carries which
+        parameters this rank used, so every rank learns which ones nobody used."""
         self.timeline.append((time.perf_counter(), "launch", i))
-        bucket = self.buckets[i]
-        for p in bucket:   # a parameter that took no part in this forward contributes zeros
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if len(bucket) == 1:
-            flat = None
-            work = dist.all_reduce(bucket[0].grad, async_op=True, group=self.group)
-        else:
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-            work = dist.all_reduce(flat, async_op=True, group=self.group)
-        self._pending[i] = (work, flat)
+        start = sum(len(b) for b in self.buckets[:i])
+        parts = [self._params[start + j].grad.reshape(-1) / self.world
+                 if self._used[start + j] and self._params[start + j].grad is not None
+                 else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                 for j, p in enumerate(self.buckets[i])]
+        if i == len(self.buckets) - 1:
+            p = self.buckets[i][0]
+            parts.append(torch.tensor(self._used, dtype=p.dtype, device=p.device))
+        flat = torch.cat(parts)
+        work = dist.all_reduce(flat, group=self.group, async_op=True)
+        self._on_done(work, i)
+        self._pending.append((i, work, flat))
+        self._next = i + 1
+
+    def _on_done(self, work, i):
+        try:
+            fut = work.get_future()
+        except (RuntimeError, AttributeError):   # a backend without futures
+            return
+        timeline = self.timeline    # this step's (a late completion never lands in the next)
+        fut.then(lambda _: timeline.append((time.perf_counter(), "done", i)))
 
     def finish_gradient_synchronization(self):
-        """Wait for every all-reduce and leave the averaged gradient in each p.grad."""
-        for i in range(len(self.buckets)):   # buckets no hook launched (unused parameters)
-            if i not in self._pending:
-                self._launch(i)
-        for i, (work, flat) in self._pending.items():
-            work.wait()
-            bucket = self.buckets[i]
-            if flat is None:
-                bucket[0].grad.div_(self.world)
-                continue
-            offset = 0
-            for p in bucket:
+        """Launch the buckets still waiting (in index order), wait for every all-reduce and
+        leave the averaged gradient in each p.grad; a parameter no rank used keeps its .grad
+        (None after zero_grad), as under torch's DDP. Without a forward or backward since the
+        last finish there is nothing to do (no communication)."""
+        self._check_no_new_trainable()
+        if not self._open or not self.buckets:
+            self._reset()
+            return
+        while self._next < len(self.buckets):
+            self._launch(self._next)
+        results = []
+        for i, work, flat in self._pending:
+            try:
+                work.wait()
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"rank {self.rank}: bucket {i}'s all-reduce did not complete: "
+                    f"{str(e).splitlines()[0]}. Every rank must run the same forward/backward "
+                    "passes and call finish_gradient_synchronization() after the same ones; "
+                    "another rank skipped one, took another path, or died") from e
+            results.append((i, flat))
+        used_by = results[-1][1][-len(self._params):]
+        for i, flat in results:
+            start, offset = sum(len(b) for b in self.buckets[:i]), 0
+            for j, p in enumerate(self.buckets[i]):
                 n = p.numel()
-                p.grad.copy_(flat[offset:offset + n].view_as(p.grad)).div_(self.world)
+                if used_by[start + j] > 0:      # someone used it: the average (zeros included)
+                    avg = flat[offset:offset + n].view_as(p)
+                    if p.grad is None:
+                        p.grad = avg.clone()
+                    else:
+                        p.grad.copy_(avg)
                 offset += n
-        self._ready = [0] * len(self.buckets)
-        self._pending = {}
+        self._reset()
+
+    def _check_no_new_trainable(self):
+        extra = [n for n, p in self.module.named_parameters()
+                 if p.requires_grad and id(p) not in self._index]
+        if extra:
+            raise RuntimeError(f"{extra[:3]} became trainable after DDPFromScratch was built, so "
+                               "no bucket holds them and their gradients would never be "
+                               "averaged: set requires_grad before wrapping the model")
+
+
+def _signature(module):
+    """What must agree across ranks: every parameter's and buffer's name, shape, dtype and
+    requires_grad, in order."""
+    return [(n, tuple(t.shape), str(t.dtype), t.requires_grad)
+            for n, t in [*module.named_parameters(), *module.named_buffers()]]
+
+
+def _check_same_model(module, rank, world, group=None):
+    """Refuse, on every rank alike, models that differ between the ranks (torch's DDP checks
+    this too): one all_gather of a fingerprint, a second one only to name the difference."""
+    sig = _signature(module)
+    device = next(module.parameters(), torch.empty(0)).device
+    mine = torch.tensor([len(sig), zlib.crc32(repr(sig).encode())], dtype=torch.int64,
+                        device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    if all(torch.equal(e, every[0]) for e in every):
+        return
+    other = next(r for r, e in enumerate(every) if not torch.equal(e, every[0]))
+    counts = [int(e[0]) for e in every]
+    if len(set(counts)) > 1:
+        raise ValueError(f"rank {other}'s model has {counts[other]} parameters and buffers, rank "
+                         f"0's {counts[0]}: build the same model on every rank before wrapping it")
+    entries = torch.tensor([zlib.crc32(repr(s).encode()) for s in sig], dtype=torch.int64,
+                           device=device)
+    all_entries = [torch.empty_like(entries) for _ in range(world)]
+    dist.all_gather(all_entries, entries, group=group)
+    differ = [r for r, e in enumerate(all_entries) if not torch.equal(e, all_entries[0])]
+    k = int((all_entries[differ[0]] != all_entries[0]).nonzero()[0])
+    name, shape, dtype, trainable = sig[k]
+    raise ValueError(f"the models differ between ranks: rank(s) {differ} differ from rank 0 at "
+                     f"{name!r} (on this rank, {rank}: shape {shape}, {dtype}, requires_grad="
+                     f"{trainable}): build the same model on every rank before wrapping it")

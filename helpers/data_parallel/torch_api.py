@@ -62,18 +62,19 @@ def _combine_stats(counts, means, variances):
 
 class SyncBatchNormFunction(torch.autograd.Function):
     """The communication of nn.SyncBatchNorm, on any backend: the forward ALL-GATHERS each rank's
-    (count, per-channel mean, per-channel variance) and combines them; the backward ALL-REDUCES
-    the per-channel sums of the upstream gradient and of gradient * x_hat, which the input
-    gradient needs from the whole global batch. The weight and bias gradients stay local (DDP
+    (count, per-channel mean, per-channel variance) and combines them (nn.SyncBatchNorm gathers
+    the inverse standard deviation instead of the variance); the backward ALL-REDUCES the
+    per-channel sums of the upstream gradient and of gradient * x_hat, which the input gradient
+    needs from the whole global batch. The weight and bias gradients stay local (DDP
     averages them over the ranks like any parameter's)."""
 
     @staticmethod
-    def forward(ctx, X, weight, bias, eps):
+    def forward(ctx, X, weight, bias, eps, group=None):
         dims = [0] + list(range(2, X.dim()))
         count = torch.tensor([X.numel() / X.shape[1]], dtype=X.dtype, device=X.device)
         local = torch.cat([count, X.mean(dims), X.var(dims, unbiased=False)])
-        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, local)
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, local, group=group)
         stats = torch.stack(gathered)                     # (world_size, 1 + 2 * channels)
         c = X.shape[1]
         mean, var, n = _combine_stats(stats[:, 0], stats[:, 1:1 + c], stats[:, 1 + c:])
@@ -81,7 +82,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         invstd = torch.rsqrt(var + eps)
         X_hat = (X - mean.view(shape)) * invstd.view(shape)
         ctx.save_for_backward(X_hat, invstd, weight, n)
-        ctx.dims, ctx.shape = dims, shape
+        ctx.dims, ctx.shape, ctx.group = dims, shape, group
         ctx.mark_non_differentiable(mean, var, n)
         Y = X_hat
         if weight is not None:
@@ -97,12 +98,12 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if weight is not None:
             grad_w, grad_b = sum_dy_xhat.clone(), sum_dy.clone()   # local, as nn.SyncBatchNorm
         both = torch.cat([sum_dy, sum_dy_xhat])
-        dist.all_reduce(both)                                       # over the global batch
+        dist.all_reduce(both, group=ctx.group)                      # over the global batch
         c = X_hat.shape[1]
         mean_dy, mean_dy_xhat = both[:c] / n, both[c:] / n
         scale = invstd if weight is None else invstd * weight
         dX = (dY - mean_dy.view(shape) - X_hat * mean_dy_xhat.view(shape)) * scale.view(shape)
-        return dX, grad_w, grad_b, None
+        return dX, grad_w, grad_b, None, None
 
 
 class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -110,7 +111,13 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     (all ranks), for the CPU, where nn.SyncBatchNorm refuses to run. It communicates as
     nn.SyncBatchNorm does: all-gather of each rank's (count, mean, variance) in the forward,
     all-reduce of two per-channel gradient sums in the backward. Outside training, or in a world
-    of one, it is a plain BatchNorm."""
+    of one, it is a plain BatchNorm. `process_group`: the ranks to synchronise over (all by
+    default), as nn.SyncBatchNorm's."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, process_group=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_group = process_group
 
     def _check_input_dim(self, X):
         if X.dim() < 2:
@@ -118,10 +125,12 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                              f"{X.dim()}")
 
     def forward(self, X):
-        if not (self.training and get_world_size() > 1):
+        if not (self.training and dist.is_initialized()
+                and dist.get_world_size(self.process_group) > 1):
             return super().forward(X)
         self._check_input_dim(X)
-        Y, mean, var, n = SyncBatchNormFunction.apply(X, self.weight, self.bias, self.eps)
+        Y, mean, var, n = SyncBatchNormFunction.apply(X, self.weight, self.bias, self.eps,
+                                                      self.process_group)
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked += 1
@@ -132,21 +141,22 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         return Y
 
 
-def convert_sync_batchnorm(model, device):
-    """Every BatchNorm layer (1d, 2d, 3d) made to use global-batch statistics under DDP:
-    nn.SyncBatchNorm on GPUs, CPUSyncBatchNorm on the CPU, keeping eps, momentum, affine,
-    track_running_stats, the parameters and the buffers. Convert BEFORE wrapping in DDP."""
+def convert_sync_batchnorm(model, device, process_group=None):
+    """Every BatchNorm layer (1d, 2d, 3d) made to use the statistics of the whole batch of
+    `process_group`'s ranks (all by default) under DDP: nn.SyncBatchNorm on GPUs,
+    CPUSyncBatchNorm on the CPU, keeping eps, momentum, affine, track_running_stats, the
+    parameters and the buffers. Convert BEFORE wrapping in DDP."""
     if torch.device(device).type != "cpu":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
     if isinstance(model, nn.modules.batchnorm._BatchNorm) and \
             not isinstance(model, CPUSyncBatchNorm):
         new = CPUSyncBatchNorm(model.num_features, model.eps, model.momentum, model.affine,
-                               model.track_running_stats)
+                               model.track_running_stats, process_group)
         new.load_state_dict(model.state_dict())
         new.train(model.training)
         return new
     for name, child in model.named_children():
-        setattr(model, name, convert_sync_batchnorm(child, device))
+        setattr(model, name, convert_sync_batchnorm(child, device, process_group))
     return model
 
 
@@ -207,15 +217,21 @@ def global_batches(n, batch_size, num_steps, seed=0):
     return perm[:need].view(num_steps, batch_size)
 
 
-def train_bn_steps(model, X, y, batches, lr, device, rank=0, world_size=1):
-    """SGD (momentum 0.9) over the given global batches; this rank trains on its slice of each."""
+def train_bn_steps(model, X, y, batches, lr, device, rank=0, world_size=1, keep_every=None):
+    """SGD (momentum 0.9) over the given global batches; this rank trains on its slice of each.
+    With `keep_every`: also returns the model's state (CPU copies) before every `keep_every`-th
+    step, as a list of (step, state_dict)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model.train()
-    for idx in batches:
+    kept = []
+    for step, idx in enumerate(batches):
+        if keep_every and step % keep_every == 0:
+            kept.append((step, {k: v.detach().cpu().clone()
+                                for k, v in unwrap(model).state_dict().items()}))
         idx = idx.tensor_split(world_size)[rank]
         loss = F.cross_entropy(model(X[idx].to(device)), y[idx].to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return model
+    return (model, kept) if keep_every else model
 

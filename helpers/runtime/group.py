@@ -12,6 +12,7 @@ and under the launcher (ranks passed in). The rules it encodes (see the notes on
 """
 import ctypes
 import datetime
+import gc
 import math
 import multiprocessing
 import os
@@ -153,8 +154,14 @@ def _loopback_store(rank, world_size, port, timeout):
 
 
 def teardown():
-    """Leave the process group (safe to call when there is none)."""
+    """Leave the process group (safe to call when there is none).
+
+    Objects that hold the group (a DDP model's reducer) keep it, and gloo's threads, alive past
+    destroy_process_group; freed only at interpreter exit, they can abort the process ("terminate
+    called without an active exception") or hang it (seen with torch 2.11). Drop such objects
+    before calling this (`del model`); unreachable ones (reference cycles) are collected here."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -253,6 +253,7 @@ def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout):
     torch.set_num_threads(1)
     out = Path(out)
     progress.report_to(out / f"rank{rank}.progress")
+    code = 0
     try:
         _, _, device = setup(rank, world, backend=backend, master_addr="127.0.0.1",
                              master_port=port, timeout=timeout)
@@ -260,13 +261,20 @@ def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout):
             device = torch.device("cpu")       # gloo: tensors stay on the CPU (backend_line)
         result = fn(rank, world, dict(cfg, device=device))
         atomic_save(result, out / f"rank{rank}.pt")
+        del result
     except BaseException as e:   # noqa: BLE001 - handed to the caller, whatever it is
         write_json(out / f"rank{rank}.error.json", dict(
             kind=type(e).__name__, message=str(e), traceback=traceback.format_exc(),
             time=time.time()))
-        sys.exit(1)
+        code = 1
     finally:
         teardown()
+    # The result (or the error) is handed in: leave without the interpreter's shutdown, where
+    # C++ threads still holding Python objects can abort the process (torch 2.11: "terminate
+    # called without an active exception") or hang it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # ---- threads ---------------------------------------------------------------------------------

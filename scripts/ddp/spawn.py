@@ -37,6 +37,7 @@ def main(rank, world_size, port, args):
     torch.manual_seed(args.seed)
     model = DDP(helpers.lenet_module().to(device),
                 device_ids=[device.index] if device.type == "cuda" else None)
+    torch.manual_seed(args.seed + 1 + rank)   # then per-rank randomness (dropout, augmentation)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -81,6 +82,9 @@ def main(rank, world_size, port, args):
             world_size=world_size, backend=dist.get_backend(), device=str(device), steps=step,
             test_correct=correct, test_total=total, test_acc=correct / total,
             epoch_times=[h["seconds"] for h in history], history=history))
+    # DDP holds the process group: drop it first, so that leaving the group ends gloo's threads
+    # now, not at interpreter exit (where torch 2.11 can abort or hang)
+    del model, optimizer
     helpers.teardown()
 
 

@@ -63,6 +63,7 @@ train_iter = DataLoader(train_set, args.batch_size // world_size, sampler=sample
 torch.manual_seed(args.seed)
 model = DDP(helpers.lenet_module().to(device),
             device_ids=[device.index] if device.type == "cuda" else None)
+torch.manual_seed(args.seed + 1 + rank)   # then per-rank randomness (dropout, augmentation)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 loss_fn = nn.CrossEntropyLoss()
 
@@ -130,4 +131,7 @@ if args.metrics and rank == 0:
         world_size=world_size, backend=backend, device=str(device), steps=step,
         test_correct=correct, test_total=total, test_acc=correct / total,
         epoch_times=[h["seconds"] for h in history], history=history))
+# DDP holds the process group: drop it first, so that leaving the group ends gloo's threads
+# now, not at interpreter exit (where torch 2.11 can abort or hang)
+del model, optimizer
 helpers.teardown()

@@ -1,0 +1,270 @@
+"""Checks for the exercises of DDP from scratch (Part III).
+
+Communication runs on the harness's World: ranks are threads, `torch.distributed` is the World
+while they run, and every collective is recorded (which storage it was handed, its bytes, when it
+was launched and when it was waited for) next to the check's own marks ("backward returned").
+So a check sees what an answer sent and when, never what it reports.
+"""
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ._core import World, check, expect, fresh_generator, randint, storage_key
+
+__all__ = ["check_bucket_params", "check_overlap_hooks", "check_average_bucket",
+           "check_scratch_accumulate"]
+
+
+def _random_mlp(g, frozen=False, seed=None):
+    widths = [randint(g, 3, 12) for _ in range(randint(g, 4, 6))]
+    torch.manual_seed(randint(g, 0, 10**6) if seed is None else seed)
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    net = nn.Sequential(*layers[:-1])
+    if frozen:
+        net[2].requires_grad_(False)
+    return net, widths
+
+
+def _buckets(params, bucket_mb):
+    """The buckets DDPFromScratch makes (reverse order, closed at bucket_mb, frozen left out,
+    shared once), written here so that the course's make_buckets can stay blocked."""
+    seen, out, current, size = set(), [], [], 0
+    limit = None if bucket_mb is None else bucket_mb * 2**20
+    for p in reversed(list(params)):
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if limit is None or size >= limit:
+            out.append(current)
+            current, size = [], 0
+    return out + ([current] if current else [])
+
+
+@check("bucket_params", references=["make_buckets"], observes=[
+    "the buckets returned (lists of the very parameter objects) for a random MLP with a frozen "
+    "layer and a parameter listed twice, at three bucket sizes: order, membership, sizes"])
+def check_bucket_params(fn):
+    """fn(params, bucket_mb) -> list of lists of parameters, as DDPFromScratch buckets them."""
+    g = fresh_generator()
+    net, _ = _random_mlp(g, frozen=True)
+    params = list(net.parameters())
+    params.insert(randint(g, 0, len(params)), params[-1])          # listed twice (tied)
+    names = {id(p): n for n, p in net.named_parameters()}
+    sizes = sorted(p.numel() * 4 for p in net.parameters())
+    for bucket_mb in (None, sizes[len(sizes) // 2] / 2**20, 1.0):
+        got = fn(list(params), bucket_mb)
+        want = _buckets(params, bucket_mb)
+        call = f"bucket_params(params, {bucket_mb if bucket_mb is None else round(bucket_mb, 6)})"
+        expect(isinstance(got, (list, tuple)) and all(isinstance(b, (list, tuple)) for b in got),
+               f"{call} returned {type(got).__name__}, expected a list of lists of parameters")
+        flat = [p for b in got for p in b]
+        expect(all(isinstance(p, torch.Tensor) for p in flat),
+               f"{call}: a bucket holds something other than the parameters themselves")
+        expect(all(p.requires_grad for p in flat),
+               f"{call} put a frozen parameter (requires_grad=False) in a bucket: it has no "
+               "gradient to reduce")
+        expect(len({id(p) for p in flat}) == len(flat),
+               f"{call} has a parameter twice: a shared (tied) parameter is reduced once")
+        expect({id(p) for p in flat} == {id(p) for b in want for p in b},
+               f"{call} leaves out a trainable parameter")
+        expect([id(p) for p in flat] == [id(p) for b in want for p in b],
+               f"{call} starts with {names[id(flat[0])]}, expected {names[id(want[0][0])]}: "
+               "backward produces the last layer's gradients first, so buckets fill in "
+               "reverse order")
+        expect([len(b) for b in got] == [len(b) for b in want],
+               f"{call} made buckets of {[len(b) for b in got]} parameters, expected "
+               f"{[len(b) for b in want]}: close a bucket as soon as it holds bucket_mb MB")
+
+
+def _rank_data(g, widths, world, rows=6):
+    return [(torch.randn(rows, widths[0], generator=g), torch.randn(rows, widths[-1], generator=g))
+            for _ in range(world)]
+
+
+def _average_grads(make, data):
+    """The gradients DDP must leave: the mean over the ranks of each rank's own gradient."""
+    per_rank = []
+    for X, y in data:
+        net = make()
+        F.mse_loss(net(X), y).backward()
+        per_rank.append({n: p.grad.clone() for n, p in net.named_parameters()
+                         if p.grad is not None})
+    return {n: sum(r[n] for r in per_rank) / len(per_rank) for n in per_rank[0]}
+
+
+@check("overlap_hooks", observes=[
+    "on a World of 2-4 thread ranks with different data each: every all_reduce call (the storage "
+    "it was handed, async or not, when it was launched and waited for) against the check's own "
+    "mark when loss.backward() returned",
+    "the gradients after finish() against the mean of the ranks' own gradients"])
+def check_overlap_hooks(fn):
+    """fn(model) registers hooks that all-reduce each gradient asynchronously as soon as it is
+    ready and returns finish(), which waits and averages; run by every rank of a World."""
+    g = fresh_generator()
+    world = randint(g, 2, 4)
+    seed = randint(g, 0, 10**6)
+    _, widths = _random_mlp(g, frozen=True, seed=seed)
+    data = _rank_data(g, widths, world)
+
+    def make():
+        torch.manual_seed(seed)
+        layers = []
+        for a, b in zip(widths, widths[1:]):
+            layers += [nn.Linear(a, b), nn.Tanh()]
+        net = nn.Sequential(*layers[:-1])
+        net[2].requires_grad_(False)
+        return net
+    want = _average_grads(make, data)
+    w = World(world)
+    grads_at_hook = [dict() for _ in range(world)]
+
+    def rank_fn(comm):
+        net = make()
+        finish = fn(net)
+        expect(callable(finish), "overlap_hooks(model) must return a function finish()")
+        for n, p in net.named_parameters():     # which storage holds each gradient, once ready
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(
+                    lambda p, n=n: grads_at_hook[comm.rank].__setitem__(n, storage_key(p.grad)))
+        X, y = data[comm.rank]
+        F.mse_loss(net(X), y).backward()
+        mark = w.mark("backward returned")
+        finish()
+        return mark, {n: p.grad.clone() if p.grad is not None else None
+                      for n, p in net.named_parameters()}
+    results = w.run(rank_fn)
+    trainable = len(want)
+    for r, (mark, grads) in enumerate(results):
+        calls = w.sent("all_reduce", rank=r)
+        expect(calls, "no all_reduce was called")
+        expect(all(m.async_op for m in calls),
+               "all_reduce was called without async_op=True: backward then waits for every "
+               "all-reduce instead of overlapping it")
+        expect(any(m.seq < mark for m in calls),
+               "no all-reduce was launched during backward: launch it from the gradient hook, so "
+               "communication overlaps the rest of backward")
+        expect(all(m.waited is not None for m in calls),
+               "finish() did not wait() for every all-reduce handle")
+        early = [m for m in calls if m.waited < mark]
+        expect(not early, f"{len(early)} all-reduce(s) were waited for inside backward (in the "
+                          "hook): backward then stalls on every gradient; wait only in finish()")
+        own = set(grads_at_hook[r].values())
+        expect(all(m.key in own for m in calls),
+               "an all-reduce was handed a tensor that is not a parameter's .grad (a clone or a "
+               "copy): its result never reaches the gradient; all-reduce p.grad itself")
+        expect(len(calls) == trainable,
+               f"{len(calls)} all-reduces for {trainable} trainable parameters: one each (frozen "
+               "ones have nothing to reduce)")
+        expect(grads["2.weight"] is None, "a frozen parameter got a gradient")
+        for n, avg in want.items():
+            got = grads[n]
+            expect(got is not None, f"{n} has no gradient after finish()")
+            expect(not torch.allclose(got, avg * world, atol=1e-6),
+                   f"{n}.grad is the sum over the {world} ranks: divide it by the world size")
+            expect(torch.allclose(got, avg, atol=1e-6),
+                   f"{n}.grad after finish() is {float(got.norm()):.4g} in norm, expected the "
+                   f"average over the ranks, {float(avg.norm()):.4g}")
+
+
+@check("average_bucket", observes=[
+    "on a World of 2-4 thread ranks with different gradients: the all_reduce calls (count, "
+    "bytes) and the gradients afterwards (the same tensor objects, in place)"])
+def check_average_bucket(fn):
+    """fn(grads) averages a bucket of gradients over the ranks, in place, with ONE all-reduce of
+    a flat buffer; run by every rank of a World whose ranks hold different gradients."""
+    g = fresh_generator()
+    for _ in range(2):
+        world = randint(g, 2, 4)
+        shapes = [tuple(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
+                  for _ in range(randint(g, 3, 6))]
+        data = [[torch.randn(s, generator=g) for s in shapes] for _ in range(world)]
+        n = sum(t.numel() for t in data[0])
+        want = torch.stack([torch.cat([t.reshape(-1) for t in d]) for d in data]).mean(0)
+        w = World(world)
+
+        def rank_fn(comm):
+            grads = [t.clone() for t in data[comm.rank]]
+            ids = [id(t) for t in grads]
+            fn(grads)
+            return grads, ids
+        results = w.run(rank_fn)
+        call = f"average_bucket ({len(shapes)} gradients {shapes}, world {world})"
+        calls = w.sent("all_reduce", rank=0)
+        expect(calls, f"{call} called no all_reduce")
+        expect(len(calls) == 1, f"{call} made {len(calls)} all-reduces, expected one: flatten "
+                                "the bucket into one buffer, so it pays the latency of one message")
+        expect(calls[0].nbytes == 4 * n,
+               f"{call} all-reduced {calls[0].nbytes} bytes, expected the whole bucket, {4 * n}")
+        for r, (grads, ids) in enumerate(results):
+            expect([id(t) for t in grads] == ids and [tuple(t.shape) for t in grads] == shapes,
+                   f"{call} replaced or reshaped the gradient tensors: write into them in place")
+            got = torch.cat([t.reshape(-1) for t in grads])
+            mine = torch.cat([t.reshape(-1) for t in data[r]])
+            expect(not torch.equal(got, mine),
+                   f"{call} left the gradients unchanged: the flat buffer is a copy, copy its "
+                   "averaged slices back into each gradient")
+            expect(not torch.allclose(got, want * world, atol=1e-5),
+                   f"{call} left the sum over the ranks: divide by the world size")
+            expect(torch.allclose(got, want, atol=1e-5),
+                   f"{call}: the gradients are not the average over the ranks (copy slice i of "
+                   "the buffer back into gradient i, in order)")
+
+
+@check("scratch_accumulate", observes=[
+    "a real DDPFromScratch on a World of 2-3 thread ranks: the backward passes per micro-batch "
+    "(counted by a hook), the all_reduce calls of the step, any refusal the wrapper raised",
+    "the gradients after the step against the mean-loss gradient over every rank's "
+    "micro-batches"])
+def check_scratch_accumulate(fn):
+    """fn(model, loss_fn, micro_batches): one accumulation step with helpers.DDPFromScratch,
+    every micro-batch forward and backward, one all-reduce per bucket, ending with finish."""
+    from ..data_parallel.scratch import DDPFromScratch
+    g = fresh_generator()
+    world, k = randint(g, 2, 3), randint(g, 2, 4)
+    seed = randint(g, 0, 10**6)
+    _, widths = _random_mlp(g, seed=seed)
+    data = [[(torch.randn(3, widths[0], generator=g), torch.randn(3, widths[-1], generator=g))
+             for _ in range(k)] for _ in range(world)]
+
+    def make():
+        torch.manual_seed(seed)
+        layers = []
+        for a, b in zip(widths, widths[1:]):
+            layers += [nn.Linear(a, b), nn.Tanh()]
+        return nn.Sequential(*layers[:-1])
+    whole = [(torch.cat([X for X, _ in d]), torch.cat([y for _, y in d])) for d in data]
+    want = _average_grads(make, whole)
+    w = World(world, timeout=15)
+    backwards = [0] * world
+
+    def rank_fn(comm):
+        net = make()
+        model = DDPFromScratch(net)
+        first = next(p for p in net.parameters())
+        first.register_post_accumulate_grad_hook(
+            lambda p: backwards.__setitem__(comm.rank, backwards[comm.rank] + 1))
+        before = len(w.sent("all_reduce", rank=comm.rank))
+        fn(model, nn.MSELoss(), list(data[comm.rank]))
+        calls = len(w.sent("all_reduce", rank=comm.rank)) - before
+        expect(not model._open, "the step ended with gradients not yet averaged: call "
+                                "model.finish_gradient_synchronization() at the end")
+        return calls, len(model.buckets), {n: p.grad.clone() for n, p in net.named_parameters()}
+    results = w.run(rank_fn)
+    for r, (calls, buckets, grads) in enumerate(results):
+        expect(backwards[r] == k, f"rank {r} ran {backwards[r]} backward pass(es) for {k} micro-"
+                                  "batches: each micro-batch needs its own forward and backward "
+                                  "(that is what keeps the memory of one micro-batch)")
+        expect(calls == buckets, f"rank {r} made {calls} all-reduces for {buckets} buckets: "
+                                 "communicate once per step, not once per micro-batch (all but "
+                                 "the last micro-batch inside `with model.no_sync():`)")
+        for n, avg in want.items():
+            if torch.allclose(grads[n], avg * k, atol=1e-5):
+                expect(False, f"the gradients are {k}x too large: divide each micro-batch's loss "
+                              f"by the number of micro-batches ({k})")
+            expect(torch.allclose(grads[n], avg, atol=1e-5),
+                   f"rank {r}: {n}.grad is not the gradient of the mean loss over all the "
+                   "micro-batches, averaged over the ranks")

@@ -1,0 +1,165 @@
+"""Checks for the exercises of the BatchNorm-across-devices chapter (Part III).
+
+The statistics exercise runs with the Recorder watching (the dtype of every operation: the
+exercise is about float32, where E[x^2] - E[x]^2 fails); the synchronised backward runs on the
+harness's World, every rank a thread, and what travels between the ranks is recorded.
+"""
+import torch
+from torch import nn
+
+from ._core import (CheckFailed, Recorder, World, check, expect, fresh_generator, randint,
+                    unit_roundoff)
+
+__all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn_input_grad"]
+
+
+@check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm"], observes=[
+    "the mean and biased variance returned for float32 shards of unequal sizes with a large mean "
+    "and a small spread (where E[x^2] - E[x]^2 loses the variance), against the exact values",
+    "the dtype of every operation the answer ran: float32 only (float64 would hide the "
+    "rounding the exercise is about)"])
+def check_global_mean_var(fn):
+    """fn(counts, means, variances) -> (mean, var): per-channel mean and biased variance of the
+    global batch from each rank's count and per-channel mean and biased variance (shapes
+    (world_size,) and (world_size, channels), float32), computed in float32."""
+    g = fresh_generator()
+    w, c = randint(g, 2, 5), randint(g, 1, 6)
+    offset = 2000 + 3000 * torch.rand(c, generator=g, dtype=torch.float64)
+    shards = [torch.randn(randint(g, 1, 4) + 4 * i, c, generator=g, dtype=torch.float64)
+              * (0.5 + i) + offset + 3 * i for i in range(w)]
+    counts = torch.tensor([float(len(s)) for s in shards])
+    means = torch.stack([s.mean(0) for s in shards]).float()
+    variances = torch.stack([s.var(0, unbiased=False) for s in shards]).float()
+    n64, m64, v64 = counts.double(), means.double(), variances.double()
+    want_mean = (n64[:, None] * m64).sum(0) / n64.sum()   # from the float32 inputs, exactly
+    want_var = (n64[:, None] * (v64 + (m64 - want_mean) ** 2)).sum(0) / n64.sum()
+    with Recorder() as rec:
+        got = fn(counts.clone(), means.clone(), variances.clone())
+    wide = sorted({op.name for op in rec.ops
+                   if any(r.dtype == torch.float64 for r in op.reads + op.writes + op.outputs)})
+    expect(not wide, f"your code computed in float64 ({', '.join(wide[:4])}): the exercise is "
+                     "about float32, the precision BatchNorm works in; combine the ranks' "
+                     "statistics so that float32 suffices (no squares of raw values)")
+    expect(isinstance(got, (tuple, list)) and len(got) == 2, "return (mean, var)")
+    mean, var = (torch.as_tensor(t).double() for t in got)
+    expect(mean.shape == (c,) and var.shape == (c,),
+           f"mean and var should have shape ({c},), one value per channel")
+    n = counts.sum()
+    if not torch.allclose(mean, want_mean, rtol=1e-6, atol=1e-4):
+        expect(not torch.allclose(mean, m64.mean(0), rtol=1e-6, atol=1e-4),
+               "mean is the average of the ranks' means: with shards of different sizes, weight "
+               "each mean by its rank's count")
+        raise CheckFailed("mean is not the global batch's mean (the count-weighted mean of the "
+                          "ranks' means)")
+    # a stable combination in float32 errs by a few roundings of the variance; E[x^2] - E[x]^2
+    # by about u * mean**2, here thousands of times more
+    tol = dict(rtol=64 * unit_roundoff(torch.float32), atol=1e-5)
+    if torch.allclose(var, want_var, **tol):
+        return
+    within = (counts[:, None].double() * v64).sum(0) / n
+    expect(not torch.allclose(var, within, **tol),
+           "var is the count-weighted mean of the ranks' variances: it leaves out how far each "
+           "rank's mean lies from the global mean (add count * (mean_r - mean)**2 for every rank)")
+    expect(not torch.allclose(var, want_var * n / (n - 1), **tol),
+           "var is the unbiased variance: normalisation uses the biased one")
+    sumsq = (counts[:, None] * (variances + means * means)).sum(0)   # float32, as given
+    mean32 = (counts[:, None] * means).sum(0) / n
+    naive = (sumsq / n - mean32 * mean32).double()
+    worst = (var - want_var).abs().max().item()
+    expect((var - naive).abs().max() >= (var - want_var).abs().max(),
+           f"var is off by up to {worst:.3g}: E[x^2] - E[x]^2 subtracts two numbers near "
+           "mean**2 and float32 rounding eats the variance; combine the ranks' variances and "
+           "the spread of their means instead (no squares of raw values)")
+    raise CheckFailed("var is not the global batch's (biased) variance")
+
+
+@check("update_running_stats", observes=[
+    "the running mean and variance returned for fresh statistics and momenta, against what "
+    "nn.BatchNorm1d stores after the same training step"])
+def check_update_running_stats(fn):
+    """fn(running_mean, running_var, mean, var, n, momentum) -> the new (running_mean,
+    running_var) of a BatchNorm after one training step whose batch had per-channel mean `mean`,
+    biased variance `var` and n values per channel: the running variance takes the UNBIASED
+    variance (var * n / (n - 1)), and `momentum` is the weight of the new value."""
+    g = fresh_generator()
+    for _ in range(2):
+        c, n = randint(g, 2, 6), randint(g, 2, 12)
+        momentum = [0.1, 0.25, 0.3, 0.5][randint(g, 0, 3)]
+        rm, rv = torch.randn(c, generator=g), torch.rand(c, generator=g) + 0.5
+        X = torch.randn(n, c, generator=g) * 2 + 1
+        mean, var = X.mean(0), X.var(0, unbiased=False)
+        bn = nn.BatchNorm1d(c, momentum=momentum)
+        with torch.no_grad():
+            bn.running_mean.copy_(rm)
+            bn.running_var.copy_(rv)
+        bn(X)
+        got = fn(rm.clone(), rv.clone(), mean.clone(), var.clone(), n, momentum)
+        expect(isinstance(got, (tuple, list)) and len(got) == 2,
+               "return (running_mean, running_var)")
+        new_mean, new_var = (torch.as_tensor(t, dtype=torch.float32) for t in got)
+        if not torch.allclose(new_mean, bn.running_mean, atol=1e-5):
+            flipped = momentum * rm + (1 - momentum) * mean
+            expect(not torch.allclose(new_mean, flipped, atol=1e-5),
+                   f"running_mean: momentum {momentum} is the weight of the NEW batch mean "
+                   "(PyTorch's convention), not of the old running value")
+            raise CheckFailed("running_mean is not (1 - momentum) * running_mean + momentum * "
+                              "mean")
+        biased = (1 - momentum) * rv + momentum * var
+        expect(not torch.allclose(new_var, biased, atol=1e-5),
+               "running_var used the biased batch variance; BatchNorm stores the unbiased one "
+               f"(var * n / (n - 1), here n = {n})")
+        expect(torch.allclose(new_var, bn.running_var, atol=1e-5),
+               "running_var is not (1 - momentum) * running_var + momentum * unbiased var")
+
+
+@check("sync_bn_input_grad", references=["SyncBatchNormFunction"], observes=[
+    "on a World of 2-4 thread ranks holding different numbers of rows: every collective the "
+    "answer called and how many bytes it sent",
+    "each rank's input gradient against autograd's for one BatchNorm over the whole global "
+    "batch"])
+def check_sync_bn_input_grad(fn):
+    """fn(dy, x_hat, invstd, n) on every rank: this rank's input gradient of a synchronised
+    BatchNorm (weight 1), dX = invstd * (dY - mean(dY) - X_hat * mean(dY * X_hat)), the means
+    over the GLOBAL batch of n rows per channel, from per-channel sums all-reduced over the ranks
+    (only 2 values per channel travel)."""
+    g = fresh_generator()
+    w, c = randint(g, 2, 4), randint(g, 1, 4)
+    rows = [randint(g, 2, 6) + 3 * r for r in range(w)]
+    X = torch.randn(sum(rows), c, generator=g) * 2 + 1
+    dY = torch.randn(sum(rows), c, generator=g)
+    Xg = X.clone().requires_grad_()
+    mean, var = Xg.mean(0), Xg.var(0, unbiased=False)
+    invstd = torch.rsqrt(var + 1e-5)
+    ((Xg - mean) * invstd * dY).sum().backward()
+    want = Xg.grad.split(rows)
+    x_hat = (X - X.mean(0)) * torch.rsqrt(X.var(0, unbiased=False) + 1e-5)
+    dys, x_hats = dY.split(rows), x_hat.split(rows)
+    world = World(w)
+
+    def rank_fn(comm):
+        r = comm.rank
+        return fn(dys[r].clone(), x_hats[r].clone(), invstd.detach().clone(), sum(rows))
+    got = world.run(rank_fn)
+    sent = [m for m in world.messages if m.rank == 0 and m.op != "recv"]
+    big = [m for m in sent if m.nbytes > 2 * c * 4]
+    if big:
+        raise CheckFailed(f"rank 0 sent {big[0].op} of {big[0].nbytes} bytes: only the two "
+                          f"per-channel sums ({2 * c * 4} bytes) need to travel, never the rows")
+    expect(any(m.op == "all_reduce" for m in sent),
+           "no all_reduce: each rank used only its own rows, which is per-device BatchNorm's "
+           "gradient; all-reduce (sum) the per-channel sums of dY and dY * X_hat over the ranks")
+    for r in range(w):
+        t = got[r]
+        expect(isinstance(t, torch.Tensor) and t.shape == dys[r].shape,
+               f"rank {r} returned {type(t).__name__}, expected its input gradient of shape "
+               f"{tuple(dys[r].shape)}")
+        if torch.allclose(t, want[r], atol=1e-4, rtol=1e-4):
+            continue
+        m1 = torch.stack([d.mean(0) for d in dys]).mean(0)
+        m2 = torch.stack([(d * x).mean(0) for d, x in zip(dys, x_hats)]).mean(0)
+        avg = invstd * (dys[r] - m1 - x_hats[r] * m2)
+        expect(not torch.allclose(t, avg, atol=1e-4, rtol=1e-4),
+               "you averaged the ranks' means: ranks hold different numbers of rows, so add the "
+               "SUMS over the ranks, then divide by the global count n")
+        raise CheckFailed(f"rank {r}'s gradient is not the synchronised BatchNorm's input "
+                          "gradient")

@@ -1,0 +1,125 @@
+"""The checks of the BatchNorm-across-devices chapter (helpers/checks/syncbn.py): the worked
+answers, shortcuts of different kinds (the review's cheats included: E[x^2] - E[x]^2 in float64),
+other right answers (tests/check_cases.py)."""
+import torch
+import torch.distributed as dist
+
+from check_cases import other, parametrize_cases, shortcut, worked
+
+
+# ---- global_mean_var ---------------------------------------------------------------------------
+@worked("check_global_mean_var")
+def global_mean_var(counts, means, variances):
+    n = counts.sum()
+    w = (counts / n)[:, None]                  # each rank's share of the batch
+    mean = (w * means).sum(0)
+    var = (w * (variances + (means - mean) ** 2)).sum(0)
+    return mean, var
+
+
+@other("check_global_mean_var", "shifted by rank 0's mean, numpy")
+def global_mean_var_shifted(counts, means, variances):
+    c, m, v = counts.numpy()[:, None], means.numpy(), variances.numpy()
+    d = m - m[0]                               # exact: close float32 numbers
+    n = c.sum()
+    shift = (c * d).sum(0) / n
+    return m[0] + shift, (c * (v + d * d)).sum(0) / n - shift * shift
+
+
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float64 (review B7)", "float64")
+def global_mean_var_float64(counts, means, variances):
+    c, m, v = counts.double()[:, None], means.double(), variances.double()
+    n = c.sum()
+    mean = (c * m).sum(0) / n
+    return mean.float(), ((c * (v + m * m)).sum(0) / n - mean * mean).float()
+
+
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float32", "float32 rounding")
+def global_mean_var_naive(counts, means, variances):
+    n = counts.sum()
+    mean = (counts[:, None] * means).sum(0) / n
+    return mean, (counts[:, None] * (variances + means ** 2)).sum(0) / n - mean * mean
+
+
+@shortcut("check_global_mean_var", "ignores the spread of the means", "leaves out how far")
+def global_mean_var_within(counts, means, variances):
+    n = counts.sum()
+    return (counts[:, None] * means).sum(0) / n, (counts[:, None] * variances).sum(0) / n
+
+
+@shortcut("check_global_mean_var", "unweighted mean", "weight each mean")
+def global_mean_var_unweighted(counts, means, variances):
+    mean = means.mean(0)
+    return mean, (variances + (means - mean) ** 2).mean(0)
+
+
+# ---- update_running_stats ----------------------------------------------------------------------
+@worked("check_update_running_stats")
+def update_running_stats(running_mean, running_var, mean, var, n, momentum):
+    new_mean = (1 - momentum) * running_mean + momentum * mean
+    new_var = (1 - momentum) * running_var + momentum * var * n / (n - 1)
+    return new_mean, new_var
+
+
+@other("check_update_running_stats", "lerp, lists")
+def update_running_stats_lerp(running_mean, running_var, mean, var, n, momentum):
+    return (torch.lerp(running_mean, mean, momentum).tolist(),
+            torch.lerp(running_var, var * (n / (n - 1)), momentum).tolist())
+
+
+@shortcut("check_update_running_stats", "the biased variance", "unbiased one")
+def update_running_stats_biased(running_mean, running_var, mean, var, n, momentum):
+    return ((1 - momentum) * running_mean + momentum * mean,
+            (1 - momentum) * running_var + momentum * var)
+
+
+@shortcut("check_update_running_stats", "momentum the other way", "weight of the NEW")
+def update_running_stats_flipped(running_mean, running_var, mean, var, n, momentum):
+    return (momentum * running_mean + (1 - momentum) * mean,
+            momentum * running_var + (1 - momentum) * var * n / (n - 1))
+
+
+# ---- sync_bn_input_grad ------------------------------------------------------------------------
+@worked("check_sync_bn_input_grad")
+def sync_bn_input_grad(dy, x_hat, invstd, n):
+    sums = torch.cat([dy.sum(0), (dy * x_hat).sum(0)])   # this rank's two per-channel sums
+    dist.all_reduce(sums)                                 # summed over the ranks
+    mean_dy, mean_dy_xhat = (sums / n).chunk(2)
+    return invstd * (dy - mean_dy - x_hat * mean_dy_xhat)
+
+
+@other("check_sync_bn_input_grad", "two all-reduces, einsum")
+def sync_bn_input_grad_two(dy, x_hat, invstd, n):
+    s1, s2 = dy.sum(0), torch.einsum("nc,nc->c", dy, x_hat)
+    dist.all_reduce(s1)
+    dist.all_reduce(s2)
+    return invstd * (dy - s1 / n - x_hat * (s2 / n))
+
+
+@shortcut("check_sync_bn_input_grad", "this rank's own means", "per-device BatchNorm")
+def sync_bn_input_grad_local(dy, x_hat, invstd, n):
+    return invstd * (dy - dy.mean(0) - x_hat * (dy * x_hat).mean(0))
+
+
+@shortcut("check_sync_bn_input_grad", "all-gathers the rows", "never the rows")
+def sync_bn_input_grad_gather(dy, x_hat, invstd, n):
+    sizes = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([float(len(dy))]))
+    width = int(max(s.item() for s in sizes))
+    pad = torch.zeros(width - len(dy), dy.shape[1])
+    rows = [torch.zeros(width, 2 * dy.shape[1]) for _ in sizes]
+    dist.all_gather(rows, torch.cat([torch.cat([dy, dy * x_hat], 1), torch.cat([pad, pad], 1)]))
+    total = torch.cat(rows).sum(0)
+    c = dy.shape[1]
+    return invstd * (dy - total[:c] / n - x_hat * total[c:] / n)
+
+
+@shortcut("check_sync_bn_input_grad", "averages the ranks' means", "SUMS over the ranks")
+def sync_bn_input_grad_avg(dy, x_hat, invstd, n):
+    means = torch.cat([dy.mean(0), (dy * x_hat).mean(0)])
+    dist.all_reduce(means)
+    m1, m2 = (means / dist.get_world_size()).chunk(2)
+    return invstd * (dy - m1 - x_hat * m2)
+
+
+test_case = parametrize_cases(__name__)

@@ -1,0 +1,250 @@
+"""The checks of Part III's DataParallel and custom-modules chapters (helpers/checks/wrappers.py):
+the worked answers, shortcuts of different kinds (the review's cheats included), other right
+answers (tests/check_cases.py)."""
+import contextlib
+import copy
+
+import numpy as np
+import torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+import helpers
+from check_cases import other, parametrize_cases, shortcut, worked
+
+
+# ---- dp_shard_sizes ----------------------------------------------------------------------------
+@worked("check_dp_shard_sizes")
+def dp_shard_sizes(batch_size, k):
+    size = -(-batch_size // k)   # torch.chunk: pieces of ceil(n / k) rows
+    return [min(size, batch_size - i) for i in range(0, batch_size, size)]
+
+
+@other("check_dp_shard_sizes", "a loop, numpy ints")
+def dp_shard_sizes_loop(batch_size, k):
+    size, out, left = (batch_size + k - 1) // k, [], batch_size
+    while left > 0:
+        out.append(np.int64(min(size, left)))
+        left -= size
+    return out
+
+
+@shortcut("check_dp_shard_sizes", "calls torch.chunk (review D6)", "no torch.chunk")
+def dp_shard_sizes_chunk(batch_size, k):
+    return [len(c) for c in torch.arange(batch_size).chunk(k)]
+
+
+@shortcut("check_dp_shard_sizes", "tensor_split's sizes", "that is tensor_split")
+def dp_shard_sizes_split(batch_size, k):
+    q, r = divmod(batch_size, k)
+    return [q + (i < r) for i in range(k)]
+
+
+@shortcut("check_dp_shard_sizes", "k pieces, empty ones included", "get no piece at all")
+def dp_shard_sizes_padded(batch_size, k):
+    size = -(-batch_size // k)
+    return [max(0, min(size, batch_size - i * size)) for i in range(k)]
+
+
+# ---- lr_at -------------------------------------------------------------------------------------
+@worked("check_lr_at")
+def lr_at(step, base_lr, base_batch, batch, warmup_steps):
+    peak = base_lr * batch / base_batch
+    return peak * min(1.0, (step + 1) / warmup_steps) if warmup_steps else peak
+
+
+@other("check_lr_at", "numpy float, another arrangement")
+def lr_at_numpy(step, base_lr, base_batch, batch, warmup_steps):
+    frac = 1.0 if warmup_steps == 0 or step >= warmup_steps else (step + 1) / warmup_steps
+    return np.float64(base_lr) * (batch / base_batch) * frac
+
+
+@shortcut("check_lr_at", "no warm-up", "ramp up")
+def lr_at_no_warmup(step, base_lr, base_batch, batch, warmup_steps):
+    return base_lr * batch / base_batch
+
+
+@shortcut("check_lr_at", "no scaling", "grow with the batch")
+def lr_at_unscaled(step, base_lr, base_batch, batch, warmup_steps):
+    return base_lr * min(1.0, (step + 1) / warmup_steps) if warmup_steps else base_lr
+
+
+@shortcut("check_lr_at", "warm-up off by one", "off by one")
+def lr_at_off_by_one(step, base_lr, base_batch, batch, warmup_steps):
+    peak = base_lr * batch / base_batch
+    return peak * min(1.0, step / warmup_steps) if warmup_steps else peak
+
+
+# ---- dp_forward --------------------------------------------------------------------------------
+@worked("check_dp_forward")
+def dp_forward(net, X, devices):
+    replicas = [copy.deepcopy(net).to(d) for d in devices]        # replicate
+    pieces = X.chunk(len(devices))                                 # scatter
+    outs = [r(x.to(d)) for r, x, d in zip(replicas, pieces, devices)]
+    return torch.cat([o.to(devices[0]) for o in outs])            # gather
+
+
+@other("check_dp_forward", "a loop, the original as a template only")
+def dp_forward_loop(net, X, devices):
+    outs = []
+    for d, x in zip(devices, torch.chunk(X, len(devices))):
+        outs.append(copy.deepcopy(net).to(d)(x.to(d)).to(devices[0]))
+    return torch.cat(outs, dim=0)
+
+
+@shortcut("check_dp_forward", "never moves anything (review)", "simulated GPUs")
+def dp_forward_no_moves(net, X, devices):
+    replicas = [copy.deepcopy(net) for _ in devices]
+    return torch.cat([r(x) for r, x in zip(replicas, X.chunk(len(devices)))])
+
+
+@shortcut("check_dp_forward", "one replica runs every piece", "original module ran")
+def dp_forward_original(net, X, devices):
+    return torch.cat([net(x) for x in X.chunk(len(devices))])
+
+
+@shortcut("check_dp_forward", "tensor_split", "tensor_split's sizes")
+def dp_forward_split(net, X, devices):
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    outs = [r(x.to(d)) for r, x, d in zip(replicas, X.tensor_split(len(devices)), devices)]
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+@shortcut("check_dp_forward", "the whole batch at once", "ran once on all")
+def dp_forward_whole(net, X, devices):
+    return net(X)
+
+
+# ---- strip_module_prefix -----------------------------------------------------------------------
+@worked("check_strip_module_prefix")
+def strip_module_prefix(state_dict):
+    return {k.removeprefix("module."): v for k, v in state_dict.items()}
+
+
+@other("check_strip_module_prefix", "slicing, an ordered loop")
+def strip_module_prefix_loop(state_dict):
+    out = {}
+    for key, value in state_dict.items():
+        out[key[7:] if key.startswith("module.") else key] = value
+    return out
+
+
+@shortcut("check_strip_module_prefix", "str.replace everywhere", "LEADING")
+def strip_module_prefix_replace(state_dict):
+    return {k.replace("module.", ""): v for k, v in state_dict.items()}
+
+
+_CONSUME = consume_prefix_in_state_dict_if_present
+
+
+@shortcut("check_strip_module_prefix", "torch's consume_prefix (bound earlier)", "does it for you")
+def strip_module_prefix_torch(state_dict):
+    out = dict(state_dict)
+    _CONSUME(out, "module.")
+    return out
+
+
+@shortcut("check_strip_module_prefix", "the course's loader", "course's own answer")
+def strip_module_prefix_course(state_dict):
+    return helpers.load_checkpoint(state_dict, "module.")
+
+
+@shortcut("check_strip_module_prefix", "changes its argument", "changed its argument")
+def strip_module_prefix_in_place(state_dict):
+    for k in list(state_dict):
+        if k.startswith("module."):
+            state_dict[k[7:]] = state_dict.pop(k)
+    return state_dict
+
+
+# ---- accumulate_gradients ----------------------------------------------------------------------
+@worked("check_accumulate_gradients")
+def accumulate_gradients(model, loss_fn, micro_batches):
+    total = sum(len(y) for _, y in micro_batches)
+    for i, (X, y) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with (contextlib.nullcontext() if last else model.no_sync()):
+            (loss_fn(model(X), y) * len(y) / total).backward()
+
+
+@other("check_accumulate_gradients", "an ExitStack, summed losses scaled by the rows")
+def accumulate_gradients_stack(model, loss_fn, micro_batches):
+    total = sum(len(X) for X, _ in micro_batches)
+    for i, (X, y) in enumerate(micro_batches):
+        with contextlib.ExitStack() as stack:
+            if i < len(micro_batches) - 1:
+                stack.enter_context(model.no_sync())
+            ((model(X) - y).pow(2).sum() / total).backward()
+
+
+@shortcut("check_accumulate_gradients", "one backward for all (review)", "once per micro-batch")
+def accumulate_gradients_one_backward(model, loss_fn, micro_batches):
+    total = sum(len(y) for _, y in micro_batches)
+    losses = []
+    for i, (X, y) in enumerate(micro_batches):
+        with (contextlib.nullcontext() if i == len(micro_batches) - 1 else model.no_sync()):
+            losses.append(loss_fn(model(X), y) * len(y) / total)
+    sum(losses).backward()
+
+
+@shortcut("check_accumulate_gradients", "every backward synchronises", "only the last one")
+def accumulate_gradients_always_sync(model, loss_fn, micro_batches):
+    total = sum(len(y) for _, y in micro_batches)
+    for X, y in micro_batches:
+        (loss_fn(model(X), y) * len(y) / total).backward()
+
+
+@shortcut("check_accumulate_gradients", "divides by k (the chapter's loop)", "share of all")
+def accumulate_gradients_by_k(model, loss_fn, micro_batches):
+    k = len(micro_batches)
+    for i, (X, y) in enumerate(micro_batches):
+        with (contextlib.nullcontext() if i == k - 1 else model.no_sync()):
+            (loss_fn(model(X), y) / k).backward()
+
+
+# ---- unused_parameters -------------------------------------------------------------------------
+@worked("check_unused_parameters")
+def unused_parameters(model, loss):
+    seen, stack = set(), [loss.grad_fn]
+    while stack:   # walk the autograd graph from the loss, as DDP does
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):   # AccumulateGrad: a leaf reached
+            seen.add(node.variable)
+        stack += [f for f, _ in node.next_functions]
+    reached = [v for v in seen if isinstance(v, torch.Tensor)]
+    return sorted(n for n, p in model.named_parameters()
+                  if not any(p is v for v in reached))
+
+
+@other("check_unused_parameters", "recursive walk, ids of leaves")
+def unused_parameters_recursive(model, loss):
+    leaves, visited = set(), set()
+
+    def walk(node):
+        if node is None or node in visited:
+            return
+        visited.add(node)
+        if hasattr(node, "variable"):
+            leaves.add(id(node.variable))
+        for nxt, _ in node.next_functions:
+            walk(nxt)
+    walk(loss.grad_fn)
+    return [n for n, p in sorted(model.named_parameters()) if id(p) not in leaves]
+
+
+@shortcut("check_unused_parameters", "autograd.grad (review C6)", "torch.autograd.grad runs one")
+def unused_parameters_grad(model, loss):
+    names, params = zip(*model.named_parameters())
+    grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+    return sorted(n for n, g in zip(names, grads) if g is None)
+
+
+@shortcut("check_unused_parameters", "runs backward", "ran a backward pass")
+def unused_parameters_backward(model, loss):
+    loss.backward(retain_graph=True)
+    return sorted(n for n, p in model.named_parameters() if p.grad is None)
+
+
+test_case = parametrize_cases(__name__)
