@@ -52,7 +52,8 @@ from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
 from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
-from .runtime.emulate import Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits
+from .runtime.emulate import (Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits,
+                              model_time)
 from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
                                  save_checkpoint, save_snapshot_all, load_checkpoint)
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
@@ -90,10 +91,17 @@ from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_
 from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
                                           run_schedule, stage_forward, stage_backward,
                                           pipeline_1f1b, multiply_adds)
-from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
-                                        layer_times, cuts_by, sum_loss, LiveActivations)
-from .pipeline_parallel.torch_api import pipelining_available, pipelining_runs
-from .pipeline_parallel.experiments import pipeline_worker
+from .pipeline_parallel.scratch import (pipeline_net, check_cuts, stage_of, check_pipeline_step,
+                                        pipeline_rank_step, unsplit_step, layer_times, cuts_by,
+                                        sum_loss, LiveActivations)
+from .pipeline_parallel.timelines import (box_needs, pipeline_model_time, replay_orders,
+                                          replayed_bubble, with_ready, wait_parts,
+                                          zero_bubble_rank_order,
+                                          interleaved_bubble, zero_bubble_bubble, bubble_added)
+from .pipeline_parallel.torch_api import (pipelining_available, check_pipelining, make_schedule,
+                                          pipelining_step, pipelining_runs, LOOPED_SCHEDULES)
+from .pipeline_parallel.experiments import (pipeline_worker, forward_flops, box_model,
+                                            PIPELINE_ORDERS)
 from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
                                         ring_bytes_per_device, CopyToShards, ReduceFromShards,
                                         copy_to_shards, reduce_from_shards, megatron_mlp,
