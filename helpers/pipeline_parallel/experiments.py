@@ -102,7 +102,7 @@ def pipeline_worker(rank, world, cfg):
     X = torch.randint(0, net[0].num_embeddings, (n,), generator=g).to(device)
     y = torch.randint(0, net[-1].out_features, (n,), generator=g).to(device)
     width = net[0].embedding_dim
-    comm = DistComm(device=device)
+    comm = cfg.get("comm") or DistComm(device=device)     # threads: launch(..., threads=True)
     results = []
     for i, run in enumerate(cfg["runs"]):
         report_progress(i + 1, len(cfg["runs"]), "run")
