@@ -93,7 +93,7 @@ from .pipeline_parallel.simulated import (split_sequential, network_split_forwar
                                           pipeline_1f1b, multiply_adds)
 from .pipeline_parallel.scratch import (pipeline_net, check_cuts, stage_of, check_pipeline_step,
                                         pipeline_rank_step, unsplit_step, layer_times, cuts_by,
-                                        sum_loss, LiveActivations)
+                                        sum_loss, LiveActivations, LinearTape)
 from .pipeline_parallel.timelines import (box_needs, pipeline_model_time, replay_orders,
                                           replayed_bubble, with_ready, wait_parts,
                                           zero_bubble_rank_order,

@@ -23,15 +23,13 @@ for path in sorted(TESTS.glob("test_checks_*.py")):
 PENDING = {
     "check_accumulate_gradients", "check_amdahl_speedup", "check_average_bucket",
     "check_bucket_allreduce", "check_bucket_params", "check_checkpointed_forward",
-    "check_choose_checkpoints", "check_crossover_bytes", "check_cuts_for_times",
-    "check_dp_average", "check_dp_forward", "check_dp_shard_sizes", "check_fit_latency_bandwidth",
-    "check_gather_layer", "check_global_mean_var", "check_grad_shard", "check_idle_share",
-    "check_local_shape", "check_lr_at", "check_megatron_mlp", "check_mesh_groups",
-    "check_overlap_hooks", "check_partition", "check_pipeline_forward", "check_predicted_speedup",
-    "check_rank_loss", "check_resume", "check_ring_allreduce", "check_ring_allreduce_seconds",
-    "check_row_parallel_linear", "check_sampler_shard", "check_saved_bytes_of_call",
-    "check_shard_flat", "check_strip_module_prefix", "check_sync_bn_input_grads",
-    "check_time_it", "check_time_shares", "check_tp_ring_bytes", "check_unused_parameters",
+    "check_choose_checkpoints", "check_crossover_bytes", "check_dp_forward",
+    "check_dp_shard_sizes", "check_fit_latency_bandwidth", "check_gather_layer",
+    "check_global_mean_var", "check_grad_shard", "check_lr_at", "check_overlap_hooks",
+    "check_partition", "check_predicted_speedup", "check_rank_loss", "check_resume",
+    "check_ring_allreduce", "check_ring_allreduce_seconds", "check_sampler_shard",
+    "check_saved_bytes_of_call", "check_shard_flat", "check_strip_module_prefix",
+    "check_sync_bn_input_grads", "check_time_it", "check_time_shares", "check_unused_parameters",
     "check_update_running_stats", "check_zero1_optimizer", "check_zero3_sent_bytes",
 }
 CHECKS = sorted(n for n in dir(helpers.checks) if n.startswith("check_")

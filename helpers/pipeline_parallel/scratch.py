@@ -16,7 +16,7 @@ from torch import nn
 from ..costs import balanced_cuts
 
 __all__ = ["pipeline_net", "check_cuts", "stage_of", "check_pipeline_step", "pipeline_rank_step",
-           "unsplit_step", "layer_times", "cuts_by", "sum_loss", "LiveActivations"]
+           "unsplit_step", "layer_times", "cuts_by", "sum_loss", "LiveActivations", "LinearTape"]
 
 
 def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
@@ -154,7 +154,7 @@ def check_pipeline_step(order, X, y, num_microbatches, batch_size, first, last, 
                              "out of order: F before B before W")
 
 
-class _LinearTape:
+class LinearTape:
     """The zero-bubble split by hand: in forward, every nn.Linear of the stage records its input;
     B asks autograd for the input's gradient and every Linear output's gradient only, and W turns
     those into the weight gradients, dW = dy^T x and db = sum(dy), later, with no graph."""
@@ -225,7 +225,7 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
     rows = [len(c) for c in torch.arange(batch_size).tensor_split(m)]
     Xs = X.tensor_split(m) if first else None
     ys = y.tensor_split(m) if last else None
-    tape = _LinearTape(stage) if any(ph == "W" for ph, _ in order) else None
+    tape = LinearTape(stage) if any(ph == "W" for ph, _ in order) else None
     acts = LiveActivations()
     held, total, n0 = {}, 0.0, len(clock.boxes)
     info = lambda j: dict(stage=r, virtual=r, micro=j, rows=rows[j])          # noqa: E731
