@@ -111,5 +111,9 @@ from .tensor_parallel.scratch import (SmallMLP, SmallAttention, SmallBlock, smal
                                       ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
                                       TPAttention, TPBlock, split_dims, shard_of, gather_shards,
                                       block_inputs, block_loss)
-from .tensor_parallel.torch_api import tp_plan
+from .tensor_parallel.torch_api import tp_plan, sp_plan, vocab_plan
+from .tensor_parallel.sequence import (GatherSequence, ScatterSequence, gather_sequence,
+                                       scatter_sequence, SPBlock, sync_replicated_grads,
+                                       saved_activation_bytes, VocabEmbedding,
+                                       vocab_parallel_cross_entropy, TinyTPLM, tiny_tp_lm)
 from .tensor_parallel.experiments import tp_worker, mesh2d_worker

@@ -10,18 +10,30 @@ import torch.distributed as dist
 from ..runtime.comm import DistComm
 from ..runtime.progress import report_progress
 from ..runtime.traffic import FuncolBytes
-from .scratch import TPBlock, TPMLP, block_inputs, block_loss, small_block
-from .torch_api import tp_plan
+from .scratch import TPBlock, TPMLP, block_inputs, block_loss, copy_to_tp, shard_of, small_block
+from .sequence import (SPBlock, VocabEmbedding, saved_activation_bytes, sync_replicated_grads,
+                       tiny_tp_lm, vocab_parallel_cross_entropy)
+from .torch_api import sp_plan, tp_plan, vocab_plan
 
-__all__ = ["tp_worker", "mesh2d_worker"]
+__all__ = ["tp_worker", "sp_runs", "vocab_runs", "mesh2d_worker"]
 
 
 def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _grad_like(p):
+    """A parameter's gradient, this rank's piece laid out as the parameter is: DTensor may
+    leave it Partial (a sequence-parallel layer norm's: each rank holds part of the sum) or
+    Replicate (a vocabulary-split embedding's), and redistributing does the missing step."""
+    g = p.grad
+    if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
+        g = g.redistribute(p.device_mesh, p.placements)
+    return _local(g)
+
+
 def _grads(module):
-    return {n: _local(p.grad).detach().cpu().clone() for n, p in module.named_parameters()}
+    return {n: _grad_like(p).detach().cpu().clone() for n, p in module.named_parameters()}
 
 
 def _run(module, X, R, counter):
@@ -58,7 +70,82 @@ def tp_worker(rank, world, cfg):
             got = _run(module, X, R, counter)
         got["comm_counts"] = {str(k): v for k, v in debug.get_comm_counts().items()}
         results[name] = got
+    results.update(sp_runs(rank, world, block, X, R, comm, mesh))
+    if cfg.get("lm"):
+        results.update(vocab_runs(rank, world, cfg["lm"], comm, mesh))
     return results
+
+
+def _seq(t, rank, world):
+    return t.chunk(world, 1)[rank].contiguous()
+
+
+def sp_runs(rank, world, block, X, R, comm, mesh):
+    """The block without and with sequence parallelism, by hand (SPBlock) and with DTensor
+    (sp_plan), on this rank's positions: output and input-gradient shards, the gradients, the
+    collectives in forward and backward, and the activations autograd saved in forward."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    out = {}
+    for name in ("unsplit", "tp", "sp"):
+        module = {"unsplit": lambda: copy.deepcopy(block), "tp": lambda: TPBlock(block, comm),
+                  "sp": lambda: SPBlock(block, comm)}[name]()
+        x = (X if name != "sp" else _seq(X, rank, world)).detach().clone().requires_grad_()
+        comm.log = []
+        y, saved = saved_activation_bytes(module, x, params=module.parameters())
+        fwd = list(comm.log)
+        block_loss(y, R if name != "sp" else _seq(R, rank, world)).backward()
+        if name == "sp":
+            sync_replicated_grads(module, comm)
+        out[name] = dict(out=y.detach().cpu().clone(), x_grad=x.grad.detach().cpu().clone(),
+                         grads=_grads(module), saved=saved, fwd=fwd,
+                         bwd=list(comm.log[len(fwd):]))
+    module = parallelize_module(copy.deepcopy(block), mesh, sp_plan())
+    x = _seq(X, rank, world).detach().clone().requires_grad_()
+    with FuncolBytes() as counter:
+        y, saved = saved_activation_bytes(module, x, params=module.parameters())
+        fwd = list(counter.log)
+        block_loss(_local(y), _seq(R, rank, world)).backward()
+    placements = {n: str(getattr(p.grad, "placements", None)) for n, p in
+                  module.named_parameters() if n.startswith("ln")}
+    out["sp_dtensor"] = dict(out=_local(y).detach().cpu().clone(), grads=_grads(module),
+                             ln_grad_placements=placements,
+                             x_grad=x.grad.detach().cpu().clone(), saved=saved, fwd=fwd,
+                             bwd=list(counter.log[len(fwd):]))
+    return out
+
+
+def vocab_runs(rank, world, lm_cfg, comm, mesh):
+    """The TinyTPLM with its vocabulary split, by hand (VocabEmbedding, a column-split head,
+    vocab_parallel_cross_entropy) and with DTensor (vocab_plan, loss_parallel): the loss, the
+    gradients of this rank's slices, the collectives, and the logits' bytes on this rank."""
+    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+    lm = tiny_tp_lm(**lm_cfg["model"])
+    g = torch.Generator().manual_seed(lm_cfg.get("seed", 0))
+    ids = torch.randint(0, lm.head.out_features, (lm_cfg["batch"], lm_cfg["seq"]), generator=g)
+    y = torch.randint(0, lm.head.out_features, ids.shape, generator=g)
+    emb, blk = VocabEmbedding(lm.emb, comm), TPBlock(lm.block, comm)
+    head_w = torch.nn.Parameter(shard_of(lm.head.weight, 0, rank, world))
+    comm.log = []
+    logits = torch.nn.functional.linear(copy_to_tp(blk(emb(ids)), comm), head_w)
+    loss = vocab_parallel_cross_entropy(logits, y, comm, start=rank * head_w.shape[0])
+    fwd = list(comm.log)
+    loss.backward()
+    grads = dict(_grads(blk), **{"emb.weight": emb.weight.grad.detach().clone(),
+                                 "head.weight": head_w.grad.detach().clone()})
+    out = {"vocab": dict(loss=loss.item(), grads=grads, fwd=fwd, bwd=list(comm.log[len(fwd):]),
+                         logits_bytes=logits.numel() * logits.element_size())}
+    model = parallelize_module(copy.deepcopy(lm), mesh, vocab_plan())
+    with FuncolBytes() as counter:
+        logits = model(ids)
+        with loss_parallel():
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            loss.backward()
+    placements = {n: (str(p.placements), str(p.grad.placements))
+                  for n, p in model.named_parameters() if not n.startswith("block")}
+    out["vocab_dtensor"] = dict(loss=_local(loss).item(), grads=_grads(model), log=counter.log,
+                                placements=placements,
+                                logits_bytes=_local(logits).numel() * 4)
+    return out
 
 
 def mesh2d_worker(rank, world, cfg):
