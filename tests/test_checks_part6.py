@@ -370,4 +370,61 @@ def local_shape_chunk(shape, split_dim, dp, tp, dp_rank):
     return (0, *t.shape[1:])
 
 
+
+
+# ---- the loss over a split vocabulary -----------------------------------------------------------
+worked("check_vocab_loss")(solution("tensor_parallel_dist.ipynb", "vocab_loss"))
+
+
+@shortcut("check_vocab_loss", "gathers the logits", "gathered the logits")
+def vocab_gathered(logits, target, comm, start):
+    parts = [torch.empty_like(logits) for _ in range(comm.world)]
+    dist.all_gather(parts, logits.detach())
+    parts[comm.rank] = logits
+    return F.cross_entropy(torch.cat(parts, -1), target)
+
+
+@shortcut("check_vocab_loss", "its own columns only, no communication", "never communicated")
+def vocab_local(logits, target, comm, start):
+    local = (target - start).clamp(0, logits.shape[-1] - 1)
+    return F.cross_entropy(logits, local)
+
+
+@shortcut("check_vocab_loss", "no maximum taken out", "overflowed")
+def vocab_no_max(logits, target, comm, start):
+    total = reduce_from_tp(logits.exp().sum(-1), comm)
+    local = target - start
+    mine = (local >= 0) & (local < logits.shape[-1])
+    picked = logits.gather(-1, local.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+    return (total.log() - reduce_from_tp(picked * mine, comm)).mean()
+
+
+@shortcut("check_vocab_loss", "the course's vocab_parallel_cross_entropy", REFUSED)
+def vocab_reference(logits, target, comm, start):
+    return helpers.vocab_parallel_cross_entropy(logits, target, comm, start)
+
+
+class _SumAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@other("check_vocab_loss", "log-sum-exp per rank, combined with its own g")
+def vocab_lse(logits, target, comm, start):
+    top = logits.detach().amax(-1)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    total = _SumAll.apply(torch.exp(torch.logsumexp(logits, -1) - top))
+    onehot = F.one_hot((target - start).clamp(0, logits.shape[-1] - 1), logits.shape[-1])
+    mine = ((target >= start) & (target < start + logits.shape[-1])).unsqueeze(-1)
+    picked = _SumAll.apply((logits * onehot * mine).sum(-1))
+    return (total.log() + top - picked).mean()
+
+
 test_case = parametrize_cases(__name__)

@@ -8,7 +8,7 @@ import torch
 from ._core import CheckFailed, World, as_number, check, expect, fresh_generator, randint
 
 __all__ = ["check_row_parallel_linear", "check_megatron_mlp", "check_tp_ring_bytes",
-           "check_mesh_groups", "check_dp_average", "check_local_shape"]
+           "check_mesh_groups", "check_dp_average", "check_local_shape", "check_vocab_loss"]
 
 TIMEOUT = 2.0
 
@@ -281,3 +281,59 @@ def check_local_shape(fn):
                 else:
                     msg = f"expected {tuple(want)}"
                 raise CheckFailed(f"{call} returned {tuple(got)}: {msg}")
+
+
+# --- the loss over a split vocabulary -----------------------------------------------------------
+def _vocab_rank(comm, fn, logits, target):
+    k, r = comm.world, comm.rank
+    v = logits.shape[-1] // k
+    mine = logits[:, r * v:(r + 1) * v].clone().requires_grad_()
+    loss = fn(mine, target, comm, r * v)
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        raise CheckFailed(f"rank {r} returned {type(loss).__name__} without a gradient path: "
+                          "compute the loss from the logits with differentiable operations")
+    loss.backward()
+    return loss.detach(), mine.grad
+
+
+@check("vocab_loss", references=["vocab_parallel_cross_entropy"], observes=[
+    "on 2 and 4 thread ranks: every collective each rank called and its bytes (at most one "
+    "number per row: the logits never travel)",
+    "every rank's loss and its logits' gradient against the unsplit cross-entropy, with logits "
+    "large enough that exp() overflows without the maximum taken out first"])
+def check_vocab_loss(fn):
+    """fn(logits, target, comm, start): the mean cross-entropy over a vocabulary split along
+    the ranks (this rank: columns start .. start + V/k), differentiable."""
+    g = fresh_generator()
+    for k in (2, 4):
+        n, v = randint(g, 3, 6), randint(g, 3, 5)
+        logits = torch.randn(n, k * v, generator=g) * 3
+        logits[randint(g, 0, n - 1)] += 120.0            # exp(120) overflows float32
+        target = torch.randint(0, k * v, (n,), generator=g)
+        ref = logits.clone().requires_grad_()
+        want = torch.nn.functional.cross_entropy(ref, target)
+        want.backward()
+        world = World(k, timeout=TIMEOUT)
+        results = world.run(_vocab_rank, fn, logits, target)
+        for r in range(k):
+            sent = [m for m in world.sent(rank=r) if m.op != "recv"]
+            expect(sent, f"on {k} ranks rank {r} never communicated: no rank holds the whole "
+                         "logits, so the sums over the vocabulary must be all-reduced")
+            big = [m for m in sent if m.nbytes * (len(m.ranks or ()) if m.op == "all_gather"
+                                                  else 1) > n * 8]
+            if big:
+                raise CheckFailed(f"rank {r} moved {big[0].nbytes} bytes in one {big[0].op} "
+                                  f"(there are {n} rows): it gathered the logits; all-reduce "
+                                  "one number per row instead (a maximum, a sum, the target's "
+                                  "logit)")
+        for r, (loss, grad) in enumerate(results):
+            expect(torch.isfinite(loss).all(),
+                   f"rank {r}'s loss is {loss.item()}: exp() overflowed on logits near 120; "
+                   "subtract the maximum over all ranks first")
+            expect(abs(loss.item() - want.item()) <= 1e-4 * max(1.0, abs(want.item())),
+                   f"on {k} ranks rank {r}'s loss is {loss.item():.6f}, the unsplit "
+                   f"cross-entropy {want.item():.6f}")
+            expect(grad is not None and torch.allclose(
+                grad, ref.grad[:, r * v:(r + 1) * v], atol=1e-5),
+                   f"rank {r}'s gradient of its logits differs from its columns of the "
+                   "unsplit one (the sums must pass the gradient back: g)")
