@@ -110,10 +110,11 @@ from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ri
 from .tensor_parallel.scratch import (SmallMLP, SmallAttention, SmallBlock, small_block, CopyToTP,
                                       ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
                                       TPAttention, TPBlock, split_dims, shard_of, gather_shards,
-                                      block_inputs, block_loss)
+                                      block_inputs, block_loss, small_stack)
 from .tensor_parallel.torch_api import tp_plan, sp_plan, vocab_plan
 from .tensor_parallel.sequence import (GatherSequence, ScatterSequence, gather_sequence,
                                        scatter_sequence, SPBlock, sync_replicated_grads,
                                        saved_activation_bytes, VocabEmbedding,
                                        vocab_parallel_cross_entropy, TinyTPLM, tiny_tp_lm)
-from .tensor_parallel.experiments import tp_worker, mesh2d_worker
+from .tensor_parallel.experiments import (tp_worker, sp_runs, vocab_runs, mesh2d_worker,
+                                          hsdp_worker)

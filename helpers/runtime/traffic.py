@@ -54,18 +54,24 @@ def tensor_bytes(t):
 
 
 class TrafficLog:
-    """Per collective name: calls and bytes sent by this rank; `sent_bytes` in all."""
+    """Per collective name: calls and bytes sent by this rank; `sent_bytes` in all. `by_group`:
+    the same per process group, keyed by the group's global ranks (a mesh dimension's)."""
 
     def __init__(self):
         self.calls, self.bytes = Counter(), Counter()
+        self.by_group = {}
 
     @property
     def sent_bytes(self):
         return sum(self.bytes.values())
 
-    def add(self, name, full_bytes, world):
+    def add(self, name, full_bytes, world, ranks=None):
+        sent = _FACTORS[name] * (world - 1) / world * full_bytes
         self.calls[name] += 1
-        self.bytes[name] += _FACTORS[name] * (world - 1) / world * full_bytes
+        self.bytes[name] += sent
+        calls, nbytes = self.by_group.setdefault(tuple(ranks or ()), (Counter(), Counter()))
+        calls[name] += 1
+        nbytes[name] += sent
 
     def __repr__(self):
         return f"TrafficLog({dict(self.calls)}, sent_bytes={self.sent_bytes:.0f})"
@@ -80,10 +86,22 @@ def _full_tensor(name, args, kwargs):
     return kwargs.get("tensor", args[0] if args else None)
 
 
+_GROUP_AT = {"all_reduce": 2, "reduce_scatter_tensor": 3, "all_gather_into_tensor": 2,
+             "all_gather_single": 2, "reduce_scatter_single": 3, "broadcast": 2}
+
+
+def _group(name, args, kwargs):
+    """The process group a collective call names (None: the default group)."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    i = _GROUP_AT[name]
+    return args[i] if len(args) > i else None
+
+
 @contextlib.contextmanager
 def count_traffic():
     """Count what this rank sends through dist collectives inside the block (yields a
-    TrafficLog)."""
+    TrafficLog): each collective as a ring over the ranks of ITS group."""
     log, saved = TrafficLog(), {}
     for name in _FACTORS:
         fn = getattr(dist, name, None)
@@ -92,7 +110,9 @@ def count_traffic():
         saved[name] = fn
 
         def wrapper(*args, _name=name, _fn=fn, **kwargs):
-            log.add(_name, tensor_bytes(_full_tensor(_name, args, kwargs)), dist.get_world_size())
+            group = _group(_name, args, kwargs)
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            log.add(_name, tensor_bytes(_full_tensor(_name, args, kwargs)), len(ranks), ranks)
             return _fn(*args, **kwargs)
         setattr(dist, name, wrapper)
     try:

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SmallMLP", "SmallAttention", "SmallBlock", "small_block", "CopyToTP", "ReduceFromTP",
-           "copy_to_tp", "reduce_from_tp", "TPMLP", "TPAttention", "TPBlock", "split_dims",
-           "shard_of", "gather_shards", "block_inputs", "block_loss"]
+__all__ = ["SmallMLP", "SmallAttention", "SmallBlock", "small_block", "small_stack", "CopyToTP",
+           "ReduceFromTP", "copy_to_tp", "reduce_from_tp", "TPMLP", "TPAttention", "TPBlock",
+           "split_dims", "shard_of", "gather_shards", "block_inputs", "block_loss"]
 
 
 # --- the small transformer block (the unsplit reference) --------------------------------------
@@ -66,6 +66,13 @@ def small_block(width=32, heads=4, hidden=None, seed=0):
     """The SmallBlock with weights from `seed` (every rank builds the same one)."""
     torch.manual_seed(seed)
     return SmallBlock(width, heads, hidden)
+
+
+def small_stack(blocks=2, width=32, heads=4, seed=0):
+    """`blocks` SmallBlocks in an nn.Sequential, weights from `seed` (every rank builds the
+    same): a model with more than one block, so each can be its own FSDP unit."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[SmallBlock(width, heads) for _ in range(blocks)])
 
 
 def block_inputs(batch, seq, width, seed=0):
