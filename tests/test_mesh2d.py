@@ -10,7 +10,7 @@ from helpers import (block_inputs, block_loss, hsdp_worker, mesh2d_worker, run_r
 
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=4, seq=4, width=16)
-STEPS, LR, BLOCKS = 2, 0.1, 2
+STEPS, LR, BLOCKS = 1, 0.1, 2
 
 
 @pytest.fixture(scope="module")

@@ -257,9 +257,10 @@ def hsdp_worker(rank, world, cfg):
     fully_shard(odd, mesh=mesh["shard"])
     odd_local = {n: tuple(p.to_local().shape) for n, p in odd.named_parameters()}
     odd_full = {n: p.full_tensor().detach().cpu() for n, p in odd.named_parameters()}
+    full = {n: p.full_tensor().detach().cpu().clone()       # a collective: every rank
+            for n, p in model.named_parameters()}
     return dict(losses=losses, traffic=traffic, groups=groups,
-                weights={n: p.full_tensor().detach().cpu().clone()
-                         for n, p in model.named_parameters()} if rank == 0 else None,
+                weights=full if rank == 0 else None,
                 local_shapes={n: tuple(p.to_local().shape) for n, p in model.named_parameters()},
                 placements=str(p0.placements), odd_local=odd_local,
                 odd_equal=all(torch.equal(odd_full[n], want[n]) for n in want))
