@@ -427,4 +427,34 @@ def vocab_lse(logits, target, comm, start):
     return (total.log() + top - picked).mean()
 
 
+
+
+# ---- the weight gradient, later (zero bubble) ---------------------------------------------------
+worked("check_weight_grads")(solution("pipeline_dist.ipynb", "weight_grads"))
+
+
+@shortcut("check_weight_grads", "the transpose", "the transpose")
+def wgrad_transposed(x, dy):
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    return x2.T @ dy2, dy2.sum(0)
+
+
+@shortcut("check_weight_grads", "the forward run again, through autograd", "forward again")
+def wgrad_autograd(x, dy):
+    w = torch.zeros(dy.shape[-1], x.shape[-1], requires_grad=True)
+    b = torch.zeros(dy.shape[-1], requires_grad=True)
+    return torch.autograd.grad(F.linear(x, w, b), (w, b), dy)
+
+
+@shortcut("check_weight_grads", "the bias summed over the last rows only", "bias")
+def wgrad_bias_rows(x, dy):
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    return dy2.T @ x2, dy.sum(-2) if dy.dim() > 2 else dy2.mean(0)
+
+
+@other("check_weight_grads", "einsum over the leading dimensions")
+def wgrad_einsum(x, dy):
+    return torch.einsum("...o,...i->oi", dy, x), dy.sum(dim=tuple(range(dy.dim() - 1)))
+
+
 test_case = parametrize_cases(__name__)

@@ -9,7 +9,7 @@ from .. import balanced_cuts, check_pipelining
 from ._core import CheckFailed, World, as_int, as_number, check, expect, fresh_generator, randint
 
 __all__ = ["check_idle_share", "check_pipeline_forward", "check_cuts_for_times",
-           "check_microbatches_for"]
+           "check_microbatches_for", "check_weight_grads"]
 
 TIMEOUT = 2.0   # seconds a thread-rank waits for a message that never comes
 
@@ -235,3 +235,48 @@ def check_microbatches_for(fn):
                           f"{wanted}" + (" (on a tie take the larger: more micro-batches, a "
                                          "smaller bubble)" if abs(best - wanted) ==
                                          abs(m - wanted) else ""))
+
+
+# --- the weight gradient, later (zero bubble) ---------------------------------------------------
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "dot", "mv"}
+
+
+@check("weight_grads", references=["LinearTape"], observes=[
+    "the (dW, db) returned for fresh inputs x of 2 and 3 dimensions and output gradients dy, "
+    "against autograd's gradients of an nn.Linear",
+    "every aten operation the answer ran (Recorder): one matrix product, no forward again"])
+def check_weight_grads(fn):
+    """fn(x, dy) -> (dW, db): an nn.Linear's weight and bias gradients from the input x it
+    saw and the gradient dy of its output, as the zero-bubble W box computes them."""
+    from ._core import Recorder
+    g = fresh_generator()
+    for shape in ((randint(g, 3, 6),), (randint(g, 2, 3), randint(g, 2, 4))):
+        d_in, d_out = randint(g, 2, 5), randint(g, 3, 6)
+        while d_out == d_in:
+            d_out = randint(g, 2, 6)
+        x = torch.randn(*shape, d_in, generator=g)
+        dy = torch.randn(*shape, d_out, generator=g)
+        lin = nn.Linear(d_in, d_out)
+        lin(x).backward(dy)
+        call = f"weight_grads(x of shape {tuple(x.shape)}, dy of shape {tuple(dy.shape)})"
+        with Recorder() as rec:
+            got = fn(x.clone(), dy.clone())
+        expect(isinstance(got, (tuple, list)) and len(got) == 2,
+               f"{call} returned {type(got).__name__}, expected (dW, db)")
+        dW, db = (torch.as_tensor(t) for t in got)
+        if tuple(dW.shape) == (d_in, d_out):
+            raise CheckFailed(f"{call}: dW has shape {tuple(dW.shape)}, the transpose of the "
+                              f"weight's ({d_out}, {d_in}): dW = dy^T x")
+        expect(tuple(dW.shape) == (d_out, d_in) and tuple(db.shape) == (d_out,),
+               f"{call} returned shapes {tuple(dW.shape)} and {tuple(db.shape)}, expected "
+               f"({d_out}, {d_in}) and ({d_out},)")
+        products = [op.name for op in rec.ops if op.name in _MATMULS]
+        expect(len(products) <= 1,
+               f"{call} ran {len(products)} matrix products ({', '.join(products)}): it ran "
+               "the layer's forward again; W needs only x and dy, one product dy^T x")
+        expect(torch.allclose(dW, lin.weight.grad, atol=1e-5),
+               f"{call}: dW differs from the weight's gradient by "
+               f"{(dW - lin.weight.grad).abs().max():.3g}")
+        expect(torch.allclose(db, lin.bias.grad, atol=1e-5),
+               f"{call}: db differs from the bias's gradient (sum dy over every row, of every "
+               "leading dimension)")
