@@ -8,17 +8,23 @@ home module                 what lives there                     e.g.
 config, devices, data       run sizes, devices, Fashion-MNIST    choose, get_devices, load_tensors
 models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18, TinyLM, make_model
 plotting, paths, validate   plots and glue, scripts, checks      glue, script_path, check_lr
-costs, compare              cost formulas, comparators           split_costs, all_close, max_diff
+costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
+                            unsplit runs everything is compared  train_one_process
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
 runtime.group               THE init_process_group               setup, teardown, choose_backend
-runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, spawn_ranks
-runtime.traffic             bytes counted                        CommLog, send, count_traffic
-runtime.checkpoint          atomic files, snapshots              atomic_write, save_snapshot
+runtime.launch              THE way ranks start                  launch, run_ranks, RankFailed
+runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, run_threads
+runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
+runtime.files               THE atomic writer                    atomic_write, write_json
+runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
 runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
 pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
 tensor_parallel.*           Part I (simulated), Part VI          megatron_mlp, TPBlock, tp_plan
+context_parallel.*          Part VII: the sequence split         ring_attention, CPAttention
+expert_parallel.*           Part VII: mixture of experts         MoE, ExpertParallelMoE
+composed.*                  Part VII: all at once, the planner   train_3d_scratch, plan
 checks                      exercise checks (helpers.checks)     check_split_batch, ...
 """
 from .config import choose, quick
@@ -28,29 +34,33 @@ from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_
                    load_tensors)
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
 from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
-                          make_batches)
+                          make_batches, SmallMLP, SmallAttention, SmallBlock, small_block,
+                          small_stack, block_inputs, block_loss)
 from .plotting import Animator, glue, progress
 from .paths import script_path
 from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
                        check_backend, check_output_path, check_step, script_parser, resolve_args)
-from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_allreduce_bytes,
-                    split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
-                    sharding_costs, ZERO_ROWS)
+from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
+                    ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
+                    OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS, RECOMPUTE,
+                    activation_bytes_per_token, block_params, ring_attention_bytes,
+                    moe_dispatch_bytes, train_flops_per_token)
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,
                           train_one_process_plain)
 from .profiling import quiet_native_stderr, profile_cpu, count_ops
-from .prose import ClaimFailed, claim, claims_made
+from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference)
 from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
-                            get_rank, get_world_size, log0)
+                            get_rank, get_world_size, log0, die_with_parent)
 from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
                              run_in_turn, spawn_ranks)
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
-from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
+from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
+                              TrafficLog, FuncolBytes)
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
 from .runtime.emulate import (Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits,
                               model_time)
@@ -59,9 +69,8 @@ from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_s
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
-                                      bucketed_allreduce, ring_allreduce, ring_volume,
-                                      OverlapReducer, train_batch_overlap, allreduce_time,
-                                      fit_alpha_beta)
+                                      bucketed_allreduce, ring_allreduce, OverlapReducer,
+                                      train_batch_overlap, allreduce_time, fit_alpha_beta)
 from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, resident_accuracy,
                                  flat_replica)
 from .data_parallel.scratch import DDPFromScratch, make_buckets
@@ -77,7 +86,7 @@ from .data_parallel.speed import (pin_to_core, dp_timing_worker, time_data_paral
                                   gloo_allreduce_worker, time_gloo_allreduce)
 from .sharding.zero import (partition_by_size, ShardedOptimizer, Zero2, flat_shard,
                             all_gather_flat, optimizer_state_bytes, padded_flat,
-                            reduce_scatter_flat)
+                            reduce_scatter_flat, clip_sharded_grad_norm_)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
 from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
 from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
@@ -103,14 +112,11 @@ from .pipeline_parallel.torch_api import (pipelining_available, check_pipelining
 from .pipeline_parallel.experiments import (pipeline_worker, forward_flops, box_model,
                                             PIPELINE_ORDERS)
 from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
-                                        ring_bytes_per_device, CopyToShards, ReduceFromShards,
-                                        copy_to_shards, reduce_from_shards, megatron_mlp,
-                                        conv_split_channels, dense_split_columns,
-                                        dense_split_rows, lenet_within_layer)
-from .tensor_parallel.scratch import (SmallMLP, SmallAttention, SmallBlock, small_block, CopyToTP,
-                                      ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
-                                      TPAttention, TPBlock, split_dims, shard_of, gather_shards,
-                                      block_inputs, block_loss, small_stack)
+                                        CopyToShards, ReduceFromShards, copy_to_shards,
+                                        reduce_from_shards, megatron_mlp, conv_split_channels,
+                                        dense_split_columns, dense_split_rows, lenet_within_layer)
+from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
+                                      TPAttention, TPBlock, split_dims, shard_of, gather_shards)
 from .tensor_parallel.torch_api import tp_plan, sp_plan, vocab_plan
 from .tensor_parallel.sequence import (GatherSequence, ScatterSequence, gather_sequence,
                                        scatter_sequence, SPBlock, sync_replicated_grads,
@@ -118,3 +124,20 @@ from .tensor_parallel.sequence import (GatherSequence, ScatterSequence, gather_s
                                        vocab_parallel_cross_entropy, TinyTPLM, tiny_tp_lm)
 from .tensor_parallel.experiments import (tp_worker, sp_runs, vocab_runs, mesh2d_worker,
                                           hsdp_worker)
+from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
+                                       attention_reference, block_attention, merge_blocks,
+                                       ring_attention, RingAttention, block_work, CPAttention)
+from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
+from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
+                                           cp_activation_memory, cp_torch_run, cp_chapter)
+from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
+from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
+from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter
+from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches, rank_grid,
+                           coords_of, stage_cuts)
+from .composed.scratch import new_groups, build_stage, train_3d_scratch, one_process_run
+from .composed.torch_api import train_3d_torch
+from .composed.experiments import train_3d_both
+from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
+                               candidate_layouts, plan,
+                               format_plan)

@@ -36,3 +36,12 @@ def choose(full, small, what="this experiment", *, tiny=None):
         _told.add(what)
         print(f"Running {what} at reduced size: {reason}: {small}")
     return small
+
+
+def in_notebook():
+    """True inside a Jupyter kernel (where figures can be displayed and updated in place)."""
+    try:
+        from IPython import get_ipython
+        return get_ipython() is not None and "IPKernelApp" in get_ipython().config
+    except ImportError:
+        return False

@@ -3,16 +3,9 @@ import os
 
 import matplotlib.pyplot as plt
 
+from .config import in_notebook
+
 __all__ = ["Animator", "glue", "progress"]
-
-
-def in_notebook():
-    """True inside a Jupyter kernel (where figures can be displayed and updated in place)."""
-    try:
-        from IPython import get_ipython
-        return get_ipython() is not None and "IPKernelApp" in get_ipython().config
-    except ImportError:
-        return False
 
 
 class Animator:

@@ -88,7 +88,7 @@ def say(text):
     """Display `text` (Markdown with {name:fmt} fields) with this run's numbers.
 
     In Jupyter it is rendered as Markdown (the book shows it as prose); elsewhere it prints."""
-    from .plotting import in_notebook
+    from .config import in_notebook
     out = formatted(text.strip("\n"))
     if in_notebook():
         from IPython.display import Markdown, display

@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["deep_mlp", "TinyLM", "TinyBlock", "counting_tokens", "model_bytes", "make_model",
-           "make_batches"]
+           "make_batches", "SmallMLP", "SmallAttention", "SmallBlock", "small_block",
+           "small_stack", "block_inputs", "block_loss"]
 
 
 def deep_mlp(d_in=32, width=64, depth=4, num_classes=10):
@@ -47,13 +48,16 @@ class TinyBlock(nn.Module):
 
 class TinyLM(nn.Module):
     """A decoder-only transformer: token + position embeddings, `n_layers` blocks, a final norm and
-    an output head that shares the token embedding's weight when `tied` (as GPT-2 does)."""
+    an output head that shares the token embedding's weight when `tied` (as GPT-2 does).
+    `make_block(d_model, n_heads)` builds each block (default TinyBlock; Part VII passes
+    helpers.SmallBlock, whose separate q, k, v split by heads for tensor parallelism)."""
 
-    def __init__(self, vocab=32, d_model=32, n_layers=2, n_heads=2, seq_len=16, tied=True):
+    def __init__(self, vocab=32, d_model=32, n_layers=2, n_heads=2, seq_len=16, tied=True,
+                 make_block=TinyBlock):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(TinyBlock(d_model, n_heads) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(make_block(d_model, n_heads) for _ in range(n_layers))
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         for emb in (self.tok, self.pos):   # GPT-2's init: small embeddings, logits near zero
@@ -108,3 +112,72 @@ def make_batches(kind, num_steps, batch_size, seed=1, d_in=32, **_):
     return [(torch.randn(batch_size, d_in, generator=g),
              torch.randint(10, (batch_size,), generator=g))
             for _ in range(num_steps)]
+
+
+# --- the small transformer block (the unsplit reference) --------------------------------------
+class SmallMLP(nn.Module):
+    """Linear up to `hidden`, GELU, linear back down."""
+
+    def __init__(self, width, hidden):
+        super().__init__()
+        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class SmallAttention(nn.Module):
+    """Causal self-attention with separate q, k, v projections (so each can be split by whole
+    heads). The head count comes from the tensor: a rank holding half the heads just works."""
+
+    def __init__(self, width, heads):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} must be a multiple of heads {heads}")
+        self.head_dim = width // heads
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = (lin(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+                   for lin in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SmallBlock(nn.Module):
+    """A pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, width=32, heads=4, hidden=None):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn, self.mlp = SmallAttention(width, heads), SmallMLP(width, hidden or 4 * width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+def small_block(width=32, heads=4, hidden=None, seed=0):
+    """The SmallBlock with weights from `seed` (every rank builds the same one)."""
+    torch.manual_seed(seed)
+    return SmallBlock(width, heads, hidden)
+
+
+def small_stack(blocks=2, width=32, heads=4, seed=0):
+    """`blocks` SmallBlocks in an nn.Sequential, weights from `seed` (every rank builds the
+    same): a model with more than one block, so each can be its own FSDP unit."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[SmallBlock(width, heads) for _ in range(blocks)])
+
+
+def block_inputs(batch, seq, width, seed=0):
+    """Input X (batch, seq, width) and the weights R of the loss (out * R).sum()."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, seq, width, generator=g), torch.randn(batch, seq, width, generator=g)
+
+
+def block_loss(out, R):
+    """A loss whose gradient reaches every output element differently."""
+    return (out * R).sum()

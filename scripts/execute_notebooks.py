@@ -18,14 +18,22 @@ sys.path.insert(0, str(ROOT / "tests"))
 from book_files import toc_notebooks  # noqa: E402
 
 
+def _empty_display(o):
+    """A display emptied after use (helpers.launch's progress line, cleared when the ranks end)."""
+    return o.get("output_type") == "display_data" and \
+        all(not v for v in o.get("data", {}).values())
+
+
 def clean(nb):
-    """Drop stderr streams; return the error outputs of cells not meant to raise, one line each."""
+    """Drop stderr streams and emptied displays; return the error outputs of cells not meant to
+    raise, one line each."""
     errors = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         cell.outputs = [o for o in cell.get("outputs", [])
-                        if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+                        if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+                        and not _empty_display(o)]
         if "raises-exception" in cell.get("metadata", {}).get("tags", []):
             continue
         for o in cell.outputs:

@@ -47,6 +47,14 @@ def test_outputs_lose_stderr_and_errors_are_refused():
     nb = _nb()
     assert mod.clean(nb) == []
     assert [o["name"] for o in nb.cells[0].outputs] == ["stdout"], "stderr must be dropped"
+    shown = nbformat.v4.new_code_cell("helpers.launch(...)")      # its progress line, emptied
+    shown.outputs = [nbformat.v4.new_output("stream", name="stdout", text="2 ranks\n"),
+                     nbformat.v4.new_output("display_data", data={"text/plain": ""}),
+                     nbformat.v4.new_output("display_data", data={"text/plain": "a figure"})]
+    nb.cells = [shown]
+    assert mod.clean(nb) == []
+    assert [o.get("name") or o["data"]["text/plain"] for o in shown.outputs] == \
+        ["stdout", "a figure"], "an emptied display is dropped, nothing else"
     bad = _nb()
     err = nbformat.v4.new_code_cell("1/0")
     err.outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="division by "

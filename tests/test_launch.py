@@ -148,3 +148,42 @@ def test_progress_shows_one_line_on_a_terminal_and_clears_it(tmp_path, monkeypat
     line.close()
     assert fake.getvalue().endswith("\r") and fake.getvalue().count("\n") == 0
     assert progress.ProgressLine(2, tmp_path, quiet=True).mode is None
+
+
+def _children(pid):
+    """Pids of the processes whose parent is `pid` (Linux /proc)."""
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        if f"\nPPid:\t{pid}\n" in text and "\nState:\tZ" not in text:
+            out.append(int(status.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_killing_spawn_py_leaves_no_rank_running():
+    """Review L15 for the script that teaches mp.spawn: its ranks join through helpers.setup,
+    which makes them leave with their parent."""
+    script = ROOT / "scripts" / "ddp" / "spawn.py"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    parent = subprocess.Popen([sys.executable, str(script), "--nprocs", "2", "--backend", "gloo",
+                               "--subset", "64", "--batch-size", "32", "--epochs", "100000"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in parent.stdout:                 # rank 0 logs once every rank has joined
+            if line.startswith("epoch 1:"):
+                break
+        ranks = _children(parent.pid)
+        assert len(ranks) >= 2, "both ranks started"
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(30)
+        t0 = time.monotonic()
+        while not all(_gone(p) for p in ranks) and time.monotonic() - t0 < 15:
+            time.sleep(0.2)
+        assert all(_gone(p) for p in ranks), "spawn.py's ranks outlived their parent"
+    finally:
+        parent.kill()

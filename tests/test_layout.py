@@ -3,6 +3,7 @@ and the install ships every folder of helpers/."""
 import ast
 import importlib
 import pathlib
+import sys
 import tomllib
 
 import helpers
@@ -47,3 +48,48 @@ def test_the_install_ships_every_folder_of_helpers():
     folders = {"helpers." + ".".join(p.parent.relative_to(PKG).parts) if p.parent != PKG
                else "helpers" for p in PKG.rglob("__init__.py")}
     assert folders <= listed, f"add to pyproject's packages: {sorted(folders - listed)}"
+
+
+# --- the layers (scripts/package_layers.py) ---------------------------------------------------
+sys.path.insert(0, str(ROOT / "scripts"))
+import package_layers as layers  # noqa: E402
+
+
+def test_the_layering_has_no_cycle_and_keeps_its_rules():
+    deps = layers.graph()
+    assert deps["runtime.launch"] >= {"runtime.group", "runtime.files"}, "the graph sees imports"
+    assert not layers.broken_rules(deps)
+
+
+def test_the_rules_catch_what_they_guard():
+    """Each rule on a small made-up package: the check fails where it should."""
+    ok = {"": {"runtime.launch", "data_parallel.scratch"}, "devices": set(),
+          "runtime.launch": {"devices"}, "data_parallel.scratch": {"runtime.launch", "devices"},
+          "sharding.zero": {"data_parallel.scratch"}, "checks": {"", "sharding.zero"}}
+    assert layers.broken_rules(ok) == []
+    bad = dict(ok, **{"runtime.launch": {"devices", "data_parallel.scratch"}})
+    assert any("runtime.launch imports the split data_parallel" in b
+               for b in layers.broken_rules(bad))
+    assert any("import cycle" in b for b in layers.broken_rules(bad))
+    bad = dict(ok, **{"pipeline_parallel.scratch": {"tensor_parallel.scratch"},
+                      "tensor_parallel.scratch": set()})
+    assert any("pipeline_parallel.scratch imports the split tensor_parallel" in b
+               for b in layers.broken_rules(bad))
+    bad = dict(ok, **{"devices": {"runtime.launch"}})               # top-level <-> runtime/
+    assert any("cycle" in b for b in layers.broken_rules(bad))
+    bad = dict(ok, **{"data_parallel.scratch": {""}})
+    assert any("imports the façade" in b for b in layers.broken_rules(bad))
+
+
+def test_contributing_shows_the_current_layers():
+    assert layers.current_drawing() == layers.drawing(layers.graph()), (
+        "CONTRIBUTING.md's drawing of the layers is stale: "
+        "python scripts/package_layers.py --write")
+
+
+def test_no_module_over_400_lines():
+    """helpers/checks/ aside: its owner is splitting it (issue 19)."""
+    long = {str(p.relative_to(ROOT)): n for p in PKG.rglob("*.py")
+            if "checks" not in p.relative_to(PKG).parts
+            and (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these modules: {long}"

@@ -111,17 +111,17 @@ def test_timelines_give_a_bubble(ranks):
 def test_orders():
     for m, p in [(1, 4), (3, 4), (8, 4), (5, 2)]:
         for rank in range(p):
-            for order in (gpipe_rank_order(m, p, rank), one_f_one_b_rank_order(m, p, rank)):
+            for order in (gpipe_rank_order(p, m, rank), one_f_one_b_rank_order(p, m, rank)):
                 assert sorted(order) == sorted([("F", j) for j in range(m)] +
                                                [("B", j) for j in range(m)])
                 assert all(order.index(("F", j)) < order.index(("B", j)) for j in range(m))
-    assert one_f_one_b_rank_order(4, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
-                                          ("F", 3), ("B", 2), ("B", 3)]
+    assert one_f_one_b_rank_order(2, 4, 0) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+                                               ("F", 3), ("B", 2), ("B", 3)]
 
 
 def _thread_step(comm, net, cuts, X, y, m, schedule):
     stage = stage_of(net, cuts, comm.rank)
-    order = schedule(m, comm.world, comm.rank)
+    order = schedule(comm.world, m, comm.rank)
     out = pipeline_rank_step(stage, comm, order, X if comm.rank == 0 else None,
                              y if comm.rank == comm.world - 1 else None, m, X.shape[0],
                              (net[0].embedding_dim,))
@@ -237,7 +237,7 @@ def test_a_step_refuses_bad_input_before_any_message(change, words):
 
     def step(comm):
         m = change.get("m", 2)
-        order = change.get("order") or one_f_one_b_rank_order(max(m, 1), 2, comm.rank)
+        order = change.get("order") or one_f_one_b_rank_order(2, max(m, 1), comm.rank)
         stage = stage_of(net, [3], comm.rank, stages=2)
         pipeline_rank_step(stage, comm, order, X if comm.rank == 0 else None,
                            y if comm.rank == 1 else None, m, change.get("batch_size", 8),

@@ -13,9 +13,9 @@ from helpers import (CommLog, all_close, bubble_fraction, conv_split_channels, d
                      dense_split_rows, layer_sizes, lenet, lenet_module, lenet_within_layer,
                      network_split_forward, pipeline_step, schedule_bubble, split_costs,
                      split_sequential)
-from helpers import (clock_ticks, gpipe_order, measured_bubble, multiply_adds, one_f_one_b_order,
-                     peak_live, pipeline_1f1b, replay, run_schedule, saved_per_layer,
-                     sharding_costs)
+from helpers import (clock_ticks, gpipe_order, gpipe_rank_order, measured_bubble, multiply_adds,
+                     one_f_one_b_order, one_f_one_b_rank_order, peak_live, pipeline_1f1b, replay,
+                     run_schedule, saved_per_layer, sharding_costs)
 from helpers import (copy_to_shards, max_abs_diff, megatron_mlp, reduce_from_shards,
                      ring_all_reduce, ring_bytes_per_device)
 from helpers.models import LENET_SHAPES
@@ -292,9 +292,19 @@ def test_megatron_mlp_equals_unsplit_mlp(k):
     assert log.total() == 2 * (k - 1) * (n * o + n * d) * 4
 
 
-def test_max_abs_diff():
+def test_one_comparator_for_tensors_lists_and_dicts():
     assert max_abs_diff(torch.zeros(3), torch.tensor([0.0, -2.0, 1.0])) == 2.0
     assert max_abs_diff([torch.ones(2)], [torch.ones(2)]) == 0.0
+    a, b = {"w": torch.ones(2), "b": torch.zeros(1)}, {"w": torch.ones(2), "b": torch.ones(1)}
+    assert helpers.max_diff(a, b) == 1.0 and helpers.max_diff is max_abs_diff
+    assert all_close(a, a) and not all_close(a, b)
+    # what does not pair up is refused (max_diff) or unequal (all_close), never half compared
+    for x, y in [([torch.ones(2)], [torch.ones(2)] * 2), (a, {"w": torch.ones(2)}),
+                 (torch.ones(2), torch.ones(3)), ([], [])]:
+        with pytest.raises(ValueError):
+            helpers.max_diff(x, y)
+        assert not all_close(x, y)
+    assert helpers.max_diff(torch.tensor([1.0]), torch.tensor([1.0 + 2**-20])) == 2**-20
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 5), (3, 2), (4, 6)])
 def test_1f1b_same_step_same_bubble_fewer_live(p, m):
     net, X, y, l, grads = reference(n=12)
@@ -318,9 +328,20 @@ def test_1f1b_same_step_same_bubble_fewer_live(p, m):
     assert all(e["live"] == 0 for e in (gpipe[-1], ofob[-1]))
 
 
+def test_one_convention_for_every_part():
+    """Part I's orders (every stage) and Part VI's (one rank) are the same orders, (p, m) in that
+    order everywhere, and GPipe runs its backwards in the order of its forwards."""
+    for p in range(1, 5):
+        for m in range(1, 7):
+            assert gpipe_order(p, m) == [gpipe_rank_order(p, m, r) for r in range(p)]
+            assert one_f_one_b_order(p, m) == [one_f_one_b_rank_order(p, m, r) for r in range(p)]
+            assert gpipe_order(p, m)[0][m:] == [("B", j) for j in range(m)]
+
+
 def test_clock_ticks_and_deadlock():
     ticks = clock_ticks(gpipe_order(2, 3))
-    assert ticks[(0, "F", 2)] == 2 and ticks[(1, "F", 2)] == 3 and ticks[(1, "B", 2)] == 4
+    assert ticks[(0, "F", 2)] == 2 and ticks[(1, "F", 2)] == 3 and ticks[(1, "B", 0)] == 4
+    assert ticks[(1, "B", 2)] == 6 and ticks[(0, "B", 2)] == 7   # backwards in forward order
     assert 1 + max(clock_ticks(one_f_one_b_order(3, 5)).values()) == 2 * (5 + 3 - 1)
     with pytest.raises(ValueError, match="waits forever"):
         clock_ticks([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])

@@ -151,3 +151,33 @@ def test_vocab_parallel_loss_and_gradients_equal_one_process(ranks, name):
         got = torch.cat([r[name]["grads"][key] for r in ranks])
         want = lm.get_parameter(key).grad
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_the_two_f_g_pairs_are_the_same_operators():
+    """Part I's f/g over simulated devices (copy_to_shards, reduce_from_shards) and Part VI's over
+    a comm (copy_to_tp, reduce_from_tp): each chapter builds its own, and around a column-split
+    then row-split pair of layers they give the same output and input gradient, the unsplit
+    ones."""
+    import helpers
+    g = torch.Generator().manual_seed(0)
+    X, A, B, R = (torch.randn(*s, generator=g) for s in ((3, 8), (8, 4), (4, 8), (3, 8)))
+    k = 2
+    As, Bs = A.chunk(k, dim=1), B.chunk(k, dim=0)
+    devices = [torch.device("cpu")] * k
+    Xs = X.clone().requires_grad_()
+    shards = helpers.copy_to_shards(Xs, devices)
+    Y = helpers.reduce_from_shards([x @ a @ b for x, a, b in zip(shards, As, Bs)], devices)
+    (Y * R).sum().backward()
+
+    def rank(r, world, cfg):
+        x = X.clone().requires_grad_()
+        y = helpers.reduce_from_tp(helpers.copy_to_tp(x, cfg["comm"]) @ As[r] @ Bs[r],
+                                   cfg["comm"])
+        (y * R).sum().backward()
+        return y.detach(), x.grad
+
+    for y, dx in helpers.launch(rank, k, threads=True, timeout=10):
+        torch.testing.assert_close(y, Y.detach())
+        torch.testing.assert_close(dx, Xs.grad)
+    torch.testing.assert_close(Y.detach(), X @ A @ B)
+    torch.testing.assert_close(Xs.grad, R @ (A @ B).T)

@@ -6,11 +6,12 @@ import threading
 
 import torch
 
+from ..costs import ring_bytes_per_device
 from ..models import lenet, loss
 from .simulated import sgd, split_batch
 
 __all__ = ["flatten", "unflatten_into", "sum_into_all", "flat_allreduce", "bucketed_allreduce",
-           "ring_allreduce", "ring_volume", "OverlapReducer", "train_batch_overlap",
+           "ring_allreduce", "OverlapReducer", "train_batch_overlap",
            "allreduce_time", "fit_alpha_beta"]
 
 
@@ -89,11 +90,6 @@ def ring_allreduce(data):
             chunks[dst][c].copy_(chunks[i][c])
             sent[i] += chunks[i][c].numel()
     return sent
-
-
-def ring_volume(n, k):
-    """Elements each device sends in a ring allreduce of n elements over k devices: 2(k-1)/k n."""
-    return 2 * (k - 1) / k * n
 
 
 class OverlapReducer:
@@ -193,7 +189,7 @@ def allreduce_time(n_bytes, k, alpha, beta, algorithm="ring"):
     if k <= 1:
         return 0.0
     if algorithm == "ring":
-        return 2 * (k - 1) * alpha + 2 * (k - 1) / k * n_bytes / beta
+        return 2 * (k - 1) * alpha + ring_bytes_per_device(n_bytes, k) / beta
     if algorithm == "naive":
         return 2 * (k - 1) * (alpha + n_bytes / beta)
     raise ValueError(f"unknown algorithm {algorithm!r}: 'ring' or 'naive'")

@@ -7,7 +7,8 @@
 - one backward call for all replicas (autograd runs the devices in parallel);
 - on a GPU, the whole step is captured once as a CUDA graph and replayed: one launch per step
   instead of a few hundred.
-The allreduce variants (flat, bucketed, ring, overlapped with backward) are in helpers/comm.py.
+The allreduce variants (flat, bucketed, ring, overlapped with backward) are in
+data_parallel/allreduce.py.
 """
 import math
 import warnings

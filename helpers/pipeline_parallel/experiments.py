@@ -86,7 +86,7 @@ def _check_runs(runs, n, world, num_layers):
 
 
 def pipeline_worker(rank, world, cfg):
-    """launch target, several runs in one launch. cfg: net (kwargs of pipeline_net),
+    """Launch target, several runs in one launch. cfg: net (kwargs of pipeline_net),
     batch_size, seed, rates (dict of helpers.Rates' figures; default: Rates.load()), runs: list
     of dict(kind="scratch"|"pipelining", schedule ("gpipe", "1f1b", "zb" or a torch schedule
     class name), m, cuts, repeats, emulate (a Clock scale: emulated boxes; absent: real), equal
@@ -122,7 +122,7 @@ def pipeline_worker(rank, world, cfg):
             results.append(out)
             continue
         stage = stage_of(net, run["cuts"], rank, world)
-        order = PIPELINE_ORDERS[run["schedule"]](run["m"], world, rank)
+        order = PIPELINE_ORDERS[run["schedule"]](world, run["m"], rank)
         seconds = (lambda ph, j, rows: model(rank, ph, rows)) if model else None
         for rep in range(run.get("repeats", 1)):
             stage.zero_grad()

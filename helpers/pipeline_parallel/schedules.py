@@ -1,8 +1,14 @@
 """Pipeline schedules: the order of forward (F) and backward (B) passes on each stage, the clock
 they run to, their bubble and what they keep alive; drawn as one row per device.
 
-Part I runs them on simulated devices (pipeline_parallel.simulated), Part VI across processes
-(pipeline_parallel.scratch). An order is a list of ("F" or "B", micro-batch) per stage.
+One convention for every Part: p stages, m micro-batches, always in that order (p, m[, rank]);
+an order is a list of ("F" or "B", micro-batch). gpipe_order(p, m) / one_f_one_b_order(p, m)
+give every stage's (Part I runs them on simulated devices, pipeline_parallel.simulated);
+gpipe_rank_order(p, m, rank) / one_f_one_b_rank_order(p, m, rank) give one rank's (Part VI,
+across processes, pipeline_parallel.scratch): the same orders, row `rank` (tests/test_splits.py
+checks that). GPipe runs the backwards in the order of the forwards, first micro-batch first,
+as torch.distributed.pipelining's ScheduleGPipe does (reversed would be a valid GPipe too: the
+ticks, the bubble and the peak of live micro-batches are the same).
 """
 __all__ = ["gpipe_order", "one_f_one_b_order", "check_orders", "clock_ticks", "bubble_fraction",
            "schedule_bubble", "replay", "measured_bubble", "peak_live", "plot_schedule",
@@ -12,22 +18,15 @@ __all__ = ["gpipe_order", "one_f_one_b_order", "check_orders", "clock_ticks", "b
 
 def gpipe_order(p, m):
     """GPipe's order: every stage runs the forwards of all m micro-batches, then their
-    backwards, last micro-batch first. One list of ("F" or "B", micro-batch) per stage."""
-    return [[("F", j) for j in range(m)] + [("B", j) for j in reversed(range(m))]
-            for _ in range(p)]
+    backwards, first micro-batch first. One list of ("F" or "B", micro-batch) per stage."""
+    return [[("F", j) for j in range(m)]
+            + [("B", j) for j in range(m)] for _ in range(p)]
 
 
 def one_f_one_b_order(p, m):
     """1F1B (PipeDream-Flush): stage s runs p-1-s forwards to fill the pipeline, then one
     forward and one backward in turn, then the remaining backwards. Same format as gpipe_order."""
-    orders = []
-    for s in range(p):
-        warm = min(p - 1 - s, m)
-        ops = [("F", j) for j in range(warm)]
-        for j in range(m - warm):
-            ops += [("F", warm + j), ("B", j)]
-        orders.append(ops + [("B", j) for j in range(m - warm, m)])
-    return orders
+    return [one_f_one_b_rank_order(p, m, s) for s in range(p)]
 
 
 def _needs(s, phase, j, p):
@@ -177,12 +176,12 @@ def plot_live(schedule, ax=None, title=None):
 
 
 # ---- a rank's own order, and its measured timeline (Part VI) -------------------------------
-def gpipe_rank_order(m, p, rank):
+def gpipe_rank_order(p, m, rank):
     """GPipe: every forward, then every backward: m micro-batches live at the peak."""
     return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
 
 
-def one_f_one_b_rank_order(m, p, rank):
+def one_f_one_b_rank_order(p, m, rank):
     """1F1B: p - rank - 1 forwards to fill the pipe, then one forward and one backward in turn,
     then the remaining backwards. At most p - rank micro-batches are live on this rank."""
     warm = min(p - rank - 1, m)

@@ -145,7 +145,7 @@ def check_pipeline_step(order, X, y, num_microbatches, batch_size, first, last, 
     if phases not in (["B", "F"], ["B", "F", "W"]) or sorted(map(tuple, order)) != want:
         raise ValueError(f"the order must run F and B (and W, if any) once for each of the "
                          f"{num_microbatches} micro-batches, got {list(order)}: build it with "
-                         "helpers.one_f_one_b_rank_order(m, p, rank) for the same m")
+                         "helpers.one_f_one_b_rank_order(p, m, rank) for the same m")
     pos = {tuple(op): i for i, op in enumerate(order)}
     for j in range(num_microbatches):
         chain = [pos[(ph, j)] for ph in ("F", "B", "W") if (ph, j) in pos]

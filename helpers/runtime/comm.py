@@ -15,21 +15,9 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from .traffic import CountsSent
+
 __all__ = ["DistComm", "ThreadWorld", "ThreadComm", "run_threads", "run_thread_ranks"]
-
-
-class _Counting:
-    """Shared by both comms: `log` holds (op, peer, bytes) for every message this rank sent."""
-
-    def _count(self, op, t, peer=None):
-        self.log.append((op, peer, t.numel() * t.element_size()))
-
-    def bytes_sent(self, op=None):
-        """Bytes this rank handed to the network (an all-reduce counts its payload once)."""
-        return sum(b for o, _, b in self.log if op is None or o == op)
-
-    def calls(self, op):
-        return sum(1 for o, _, _ in self.log if o == op)
 
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
@@ -41,12 +29,12 @@ def _check_split(t, dim, world):
                          "equal pieces: make it a multiple of the number of ranks")
 
 
-class DistComm(_Counting):
+class DistComm(CountsSent):
     """torch.distributed behind send/recv/all_reduce, counting bytes. Sends are isend (they never
     block, so a schedule cannot deadlock on them); `wait()` finishes the outstanding ones."""
 
     def __init__(self, group=None, device=None):
-        self.group, self.log, self._pending = group, [], []
+        self.group, self._pending = group, []
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = device or torch.device("cpu")
 
@@ -107,12 +95,12 @@ class ThreadWorld:
             return self.boxes[key]
 
 
-class ThreadComm(_Counting):
+class ThreadComm(CountsSent):
     """The DistComm calls for one thread of a ThreadWorld. A rank that waits longer than the
     world's timeout for a message or a collective raises (instead of hanging a check)."""
 
     def __init__(self, world, rank):
-        self.w, self.rank, self.world, self.log = world, rank, world.world, []
+        self.w, self.rank, self.world = world, rank, world.world
         self.device = torch.device("cpu")
 
     def send(self, t, dst, tag=0):

@@ -8,9 +8,15 @@ and under the launcher (ranks passed in). The rules it encodes (see the notes on
 - `torch.cuda.set_device(local_rank)` before anything touches CUDA.
 - A `timeout` on the process group, so a dead or divergent rank ends the run with an error.
 """
+import ctypes
 import datetime
+import multiprocessing
 import os
+import signal
 import socket
+import sys
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -19,7 +25,9 @@ from ..devices import exact_float32, num_gpus
 from ..validate import check_backend
 
 __all__ = ["choose_backend", "env_ranks", "rank_device", "setup", "teardown", "free_port",
-           "get_rank", "get_world_size", "log0"]
+           "get_rank", "get_world_size", "log0", "die_with_parent"]
+
+_watched = False
 
 
 def choose_backend(local_world_size=1):
@@ -80,6 +88,9 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
     if master_port is not None:
         os.environ["MASTER_PORT"] = str(master_port)
     backend = check_backend(backend, local_world_size) or choose_backend(local_world_size)
+    parent = multiprocessing.parent_process()     # only to know who started us, if anyone did
+    if spawned and parent is not None:
+        die_with_parent(parent.pid)   # mp.spawn's ranks (scripts/ddp/spawn.py): no orphans
     device = rank_device(local_rank)
     exact_float32()   # the course compares ranks with one process: no TF32 on Ampere and newer
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -124,3 +135,26 @@ def log0(*args, **kwargs):
     """print() on rank 0 only: one log, not one per rank."""
     if get_rank() == 0:
         print(*args, **kwargs, flush=True)
+
+
+def die_with_parent(parent):
+    """This rank leaves when `parent` (the process that started it) dies, whatever killed it
+    (SIGTERM, Ctrl-C, a killed kernel): the kernel signals it on Linux (PR_SET_PDEATHSIG), a
+    thread that watches the parent's pid covers the rest. Once per process."""
+    global _watched
+    if _watched:
+        return
+    _watched = True
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    if os.getppid() != parent:       # it died before prctl took effect
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()

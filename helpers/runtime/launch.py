@@ -13,7 +13,6 @@ with the caller (Ctrl-C, SIGTERM, a killed kernel) instead of running on as orph
 Inside a rank, `report_progress(step, total, what)` (runtime.progress) shows how far it got on
 the caller's one progress line, updated in place while the ranks run.
 """
-import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -22,7 +21,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -247,29 +245,11 @@ def _stop(procs):
 
 
 # ---- inside a rank -------------------------------------------------------------------------
-def _die_with_parent(parent):
-    """Leave when the caller dies (SIGTERM, a killed kernel): the kernel signals us on Linux
-    (PR_SET_PDEATHSIG); a watcher thread that polls the parent's pid covers the rest."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-    if os.getppid() != parent:       # it died before prctl took effect
-        os._exit(1)
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout):
     """A spawned rank: join the group, run fn, hand in its result or its error."""
-    _die_with_parent(parent)
     from . import progress
-    from .group import setup, teardown
+    from .group import die_with_parent, setup, teardown
+    die_with_parent(parent)
     torch.set_num_threads(1)
     out = Path(out)
     progress.report_to(out / f"rank{rank}.progress")

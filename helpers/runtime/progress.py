@@ -42,7 +42,7 @@ class ProgressLine:
     emptied at the end, so stored outputs keep only the backend line."""
 
     def __init__(self, world, out, quiet):
-        from ..plotting import in_notebook
+        from ..config import in_notebook
         self.world, self.out, self.t0 = world, out, time.monotonic()
         self.mode = None if quiet else "jupyter" if in_notebook() else \
             "tty" if sys.stderr.isatty() else None

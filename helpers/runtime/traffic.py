@@ -1,41 +1,106 @@
-"""Bytes moved, counted: between simulated devices, between ranks, through DTensor.
+"""Bytes sent, counted on ONE log: a `ByteLog` of Transfer(op, src, dst, nbytes) records.
 
+Every counter of the course writes there and answers from it:
 - `send(t, src, dst, devices, log)` moves a tensor between simulated devices (Part I) and adds
-  its bytes to a `CommLog` of (from index, to index, bytes, what).
+  its bytes to a `CommLog` (src, dst: device indices; op: what was sent, e.g. "activation");
+- the comms (runtime.comm: DistComm, ThreadComm) add one record per message a rank sends;
 - `count_traffic()` wraps dist.all_reduce, reduce_scatter_tensor, all_gather_into_tensor /
-  all_gather_single and broadcast while it is active, and adds up, for this rank, the bytes the
-  bandwidth-optimal (ring) algorithm of each collective sends: all-reduce 2(k-1)/k of the tensor,
-  reduce-scatter and all-gather (k-1)/k of the full tensor, broadcast (k-1)/k (pipelined ring,
-  averaged over the ranks). gloo does not report what it really sent; this is the volume the
-  cost model of Part I counts, taken from the tensors the code really passed.
-- `FuncolBytes` counts the functional collectives DTensor dispatches.
+  all_gather_single and broadcast while it is active, and adds, for this rank, the bytes the
+  bandwidth-optimal (ring) algorithm of each collective sends (costs.ring_bytes_per_device: an
+  all-reduce 2(k-1)/k of the tensor, reduce-scatter, all-gather and broadcast half of that).
+  gloo does not report what it really sent; this is the volume the cost model of Part I
+  counts, taken from the tensors the code really passed;
+- `FuncolBytes` adds the functional collectives DTensor dispatches.
 """
 import contextlib
 from collections import Counter
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CommLog", "send", "count_traffic", "TrafficLog", "FuncolBytes"]
+from ..costs import ring_bytes_per_device
+
+__all__ = ["Transfer", "ByteLog", "CountsSent", "CommLog", "send", "count_traffic",
+           "TrafficLog", "FuncolBytes"]
 
 
-class CommLog:
-    """The transfers between devices: (from index, to index, bytes, what)."""
+class Transfer(NamedTuple):
+    """One message or collective: what (op), from whom, to whom (None: a collective), bytes."""
+    op: str
+    src: object
+    dst: object
+    nbytes: float
+
+
+class ByteLog:
+    """The one log of bytes sent: Transfer records, and the sums every counter answers with."""
 
     def __init__(self):
-        self.transfers = []
+        self.records = []
+
+    def record(self, op, nbytes, src=None, dst=None):
+        self.records.append(Transfer(op, src, dst, nbytes))
+
+    def total(self, op=None):
+        """Bytes in all (or only those of `op`)."""
+        return sum(r.nbytes for r in self.records if op is None or r.op == op)
+
+    def count(self, op=None):
+        """How many records (of `op`)."""
+        return sum(1 for r in self.records if op is None or r.op == op)
+
+    def sent_by(self, src):
+        """Bytes that `src` sent."""
+        return sum(r.nbytes for r in self.records if r.src == src)
+
+
+class CountsSent:
+    """A rank's counts on a ByteLog (`traffic`): `log` lists (op, peer, bytes) per message,
+    `bytes_sent(op)` and `calls(op)` sum them; assigning `log = []` starts afresh."""
+
+    @property
+    def traffic(self):
+        if "_traffic" not in self.__dict__:
+            self._traffic = ByteLog()
+        return self._traffic
+
+    @property
+    def log(self):
+        return [(r.op, r.dst, r.nbytes) for r in self.traffic.records]
+
+    @log.setter
+    def log(self, entries):
+        self._traffic = ByteLog()
+        for op, peer, nbytes in entries:
+            self._traffic.record(op, nbytes, getattr(self, "rank", None), peer)
+
+    def _count(self, op, t, peer=None):
+        self.traffic.record(op, t.numel() * t.element_size(), getattr(self, "rank", None), peer)
+
+    def bytes_sent(self, op=None):
+        """Bytes this rank handed to the network (an all-reduce counts its payload once)."""
+        return self.traffic.total(op)
+
+    def calls(self, op):
+        return self.traffic.count(op)
+
+
+class CommLog(ByteLog):
+    """The transfers between simulated devices: `transfers` lists (from index, to index, bytes,
+    what)."""
 
     def add(self, src, dst, nbytes, what=""):
-        self.transfers.append((src, dst, nbytes, what))
+        self.record(what, nbytes, src, dst)
+
+    @property
+    def transfers(self):
+        return [(r.src, r.dst, r.nbytes, r.op) for r in self.records]
 
     def total(self, what=None):
         """Bytes moved in all (or only those labelled `what`)."""
-        return sum(b for _, _, b, w in self.transfers if what is None or w == what)
-
-    def sent_by(self, i):
-        """Bytes that device index i sent."""
-        return sum(b for s, _, b, _ in self.transfers if s == i)
+        return super().total(what)
 
 
 def send(t, src, dst, devices, log=None, what=""):
@@ -45,33 +110,47 @@ def send(t, src, dst, devices, log=None, what=""):
     return t.to(devices[dst])
 
 
-_FACTORS = {"all_reduce": 2.0, "reduce_scatter_tensor": 1.0, "all_gather_into_tensor": 1.0,
-            "all_gather_single": 1.0, "reduce_scatter_single": 1.0, "broadcast": 1.0}
+# an all-reduce is a reduce-scatter then an all-gather: each of those sends half its volume
+_SHARE = {"all_reduce": 1.0, "reduce_scatter_tensor": 0.5, "all_gather_into_tensor": 0.5,
+          "all_gather_single": 0.5, "reduce_scatter_single": 0.5, "broadcast": 0.5}
 
 
 def tensor_bytes(t):
     return t.numel() * t.element_size()
 
 
-class TrafficLog:
-    """Per collective name: calls and bytes sent by this rank; `sent_bytes` in all. `by_group`:
-    the same per process group, keyed by the group's global ranks (a mesh dimension's)."""
+class TrafficLog(ByteLog):
+    """What this rank sent through dist collectives: `calls` and `bytes` per collective name,
+    `sent_bytes` in all; `by_group`: the same per process group, keyed by the group's global
+    ranks (a mesh dimension's), which each record keeps as its dst."""
 
-    def __init__(self):
-        self.calls, self.bytes = Counter(), Counter()
-        self.by_group = {}
+    def add(self, name, full_bytes, world, ranks=None):
+        self.record(name, _SHARE[name] * ring_bytes_per_device(full_bytes, world),
+                    dst=tuple(ranks) if ranks else None)
+
+    @property
+    def calls(self):
+        return Counter(r.op for r in self.records)
+
+    @property
+    def bytes(self):
+        out = Counter()
+        for r in self.records:
+            out[r.op] += r.nbytes
+        return out
 
     @property
     def sent_bytes(self):
-        return sum(self.bytes.values())
+        return self.total()
 
-    def add(self, name, full_bytes, world, ranks=None):
-        sent = _FACTORS[name] * (world - 1) / world * full_bytes
-        self.calls[name] += 1
-        self.bytes[name] += sent
-        calls, nbytes = self.by_group.setdefault(tuple(ranks or ()), (Counter(), Counter()))
-        calls[name] += 1
-        nbytes[name] += sent
+    @property
+    def by_group(self):
+        out = {}
+        for r in self.records:
+            calls, nbytes = out.setdefault(r.dst or (), (Counter(), Counter()))
+            calls[r.op] += 1
+            nbytes[r.op] += r.nbytes
+        return out
 
     def __repr__(self):
         return f"TrafficLog({dict(self.calls)}, sent_bytes={self.sent_bytes:.0f})"
@@ -103,14 +182,14 @@ def count_traffic():
     """Count what this rank sends through dist collectives inside the block (yields a
     TrafficLog): each collective as a ring over the ranks of ITS group."""
     log, saved = TrafficLog(), {}
-    for name in _FACTORS:
+    for name in _SHARE:
         fn = getattr(dist, name, None)
         if fn is None:
             continue
         saved[name] = fn
 
         def wrapper(*args, _name=name, _fn=fn, **kwargs):
-            group = _group(_name, args, kwargs)
+            group = _group(_name, args, kwargs)     # a subgroup's ring has its own size
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
             log.add(_name, tensor_bytes(_full_tensor(_name, args, kwargs)), len(ranks), ranks)
             return _fn(*args, **kwargs)
@@ -123,7 +202,7 @@ def count_traffic():
 
 
 # --- DTensor's collectives -----------------------------------------------------------------
-class FuncolBytes(TorchDispatchMode):
+class FuncolBytes(CountsSent, TorchDispatchMode):
     """Counts the collectives DTensor runs, and the bytes of each (its input tensor), by watching
     the functional collective ops (torch.ops._c10d_functional) as they are dispatched."""
 
@@ -148,11 +227,12 @@ class FuncolBytes(TorchDispatchMode):
             tensors = first if isinstance(first, (list, tuple)) else [first]
             nbytes = sum(t.numel() * t.element_size() for t in tensors
                          if isinstance(t, torch.Tensor))
-            self.log.append((name, None, nbytes))
+            self.traffic.record(name, nbytes)
         return func(*args, **kwargs)
 
     def bytes_sent(self, op=None):
-        return sum(b for o, _, b in self.log if op is None or op in o)
+        """Bytes of the collectives whose name contains `op` ("all_reduce": also all_reduce_)."""
+        return sum(r.nbytes for r in self.traffic.records if op is None or op in r.op)
 
     def calls(self, op):
-        return sum(1 for o, _, _ in self.log if op in o)
+        return sum(1 for r in self.traffic.records if op in r.op)

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from ..runtime.comm import DistComm
 from ..runtime.progress import report_progress
 from ..runtime.traffic import FuncolBytes, count_traffic
-from .scratch import (TPBlock, TPMLP, block_inputs, block_loss, copy_to_tp, shard_of, small_block,
-                      small_stack)
+from ..tiny_models import block_inputs, block_loss, small_block, small_stack
+from .scratch import TPBlock, TPMLP, copy_to_tp, shard_of
 from .sequence import (SPBlock, VocabEmbedding, saved_activation_bytes, sync_replicated_grads,
                        tiny_tp_lm, vocab_parallel_cross_entropy)
 from .torch_api import sp_plan, tp_plan, vocab_plan
@@ -50,7 +50,7 @@ def _run(module, X, R, counter):
 
 
 def tp_worker(rank, world, cfg):
-    """spawn_ranks target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
+    """Launch target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
     without PrepareModuleInput), on the same weights and input. Returns {name: result} where a
     result has out, grads (this rank's slices) and the fwd/bwd logs of (op, bytes)."""
     device = cfg["device"]
@@ -168,7 +168,7 @@ def _per_dim(log, tp_log, groups):
 
 
 def mesh2d_worker(rank, world, cfg):
-    """launch target on 4 ranks: a 2x2 device mesh ("dp", "tp"); a stack of SmallBlocks, each
+    """Launch target on 4 ranks: a 2x2 device mesh ("dp", "tp"); a stack of SmallBlocks, each
     tensor parallel over "tp" (parallelize_module) and data parallel over "dp" (each dp group
     gets half of each global batch): cfg["wrap"] "block" (fully_shard per block, then the root,
     as FSDP2 is meant to be used) or "root" (the root only). SGD for cfg["steps"] steps; returns

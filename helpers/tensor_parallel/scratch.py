@@ -12,81 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SmallMLP", "SmallAttention", "SmallBlock", "small_block", "small_stack", "CopyToTP",
-           "ReduceFromTP", "copy_to_tp", "reduce_from_tp", "TPMLP", "TPAttention", "TPBlock",
-           "split_dims", "shard_of", "gather_shards", "block_inputs", "block_loss"]
+from ..tiny_models import SmallAttention, SmallBlock, SmallMLP  # noqa: F401  the unsplit block
+
+__all__ = ["CopyToTP", "ReduceFromTP", "copy_to_tp", "reduce_from_tp", "TPMLP", "TPAttention",
+           "TPBlock", "split_dims", "shard_of", "gather_shards"]
 
 
-# --- the small transformer block (the unsplit reference) --------------------------------------
-class SmallMLP(nn.Module):
-    """Linear up to `hidden`, GELU, linear back down."""
-
-    def __init__(self, width, hidden):
-        super().__init__()
-        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
-
-
-class SmallAttention(nn.Module):
-    """Causal self-attention with separate q, k, v projections (so each can be split by whole
-    heads). The head count comes from the tensor: a rank holding half the heads just works."""
-
-    def __init__(self, width, heads):
-        super().__init__()
-        if width % heads:
-            raise ValueError(f"width {width} must be a multiple of heads {heads}")
-        self.head_dim = width // heads
-        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        q, k, v = (lin(x).view(B, T, -1, self.head_dim).transpose(1, 2)
-                   for lin in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
-
-
-class SmallBlock(nn.Module):
-    """A pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
-
-    def __init__(self, width=32, heads=4, hidden=None):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn, self.mlp = SmallAttention(width, heads), SmallMLP(width, hidden or 4 * width)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-def small_block(width=32, heads=4, hidden=None, seed=0):
-    """The SmallBlock with weights from `seed` (every rank builds the same one)."""
-    torch.manual_seed(seed)
-    return SmallBlock(width, heads, hidden)
-
-
-def small_stack(blocks=2, width=32, heads=4, seed=0):
-    """`blocks` SmallBlocks in an nn.Sequential, weights from `seed` (every rank builds the
-    same): a model with more than one block, so each can be its own FSDP unit."""
-    torch.manual_seed(seed)
-    return nn.Sequential(*[SmallBlock(width, heads) for _ in range(blocks)])
-
-
-def block_inputs(batch, seq, width, seed=0):
-    """Input X (batch, seq, width) and the weights R of the loss (out * R).sum()."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, seq, width, generator=g), torch.randn(batch, seq, width, generator=g)
-
-
-def block_loss(out, R):
-    """A loss whose gradient reaches every output element differently."""
-    return (out * R).sum()
-
-
-# --- f and g: the two communication operators of Megatron-LM ----------------------------------
 class CopyToTP(torch.autograd.Function):
     """f: identity in forward; in backward, all-reduce the gradient (each rank's slice of the
     layer sent back only its part of the input's gradient)."""

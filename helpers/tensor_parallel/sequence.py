@@ -148,7 +148,7 @@ class TinyTPLM(nn.Module):
 
     def __init__(self, vocab, width, heads):
         super().__init__()
-        from .scratch import SmallBlock
+        from ..tiny_models import SmallBlock
         self.emb, self.block = nn.Embedding(vocab, width), SmallBlock(width, heads)
         self.head = nn.Linear(width, vocab, bias=False)
 

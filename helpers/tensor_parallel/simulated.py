@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from ..runtime.traffic import send
 
-__all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "ring_bytes_per_device",
+__all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
            "CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
            "megatron_mlp", "conv_split_channels", "dense_split_columns", "dense_split_rows",
            "lenet_within_layer"]
@@ -53,11 +53,6 @@ def ring_all_reduce(xs, devices, log=None, what="all-reduce"):
     chunks = ring_reduce_scatter(xs, devices, log, f"{what}: reduce-scatter")
     chunks = ring_all_gather(chunks, devices, log, f"{what}: all-gather")
     return [torch.cat(c).reshape(x.shape) for c, x in zip(chunks, xs)]
-
-
-def ring_bytes_per_device(nbytes, k):
-    """Bytes each device sends in a ring all-reduce of nbytes over k devices: 2(k-1)/k nbytes."""
-    return 2 * (k - 1) / k * nbytes
 
 
 class CopyToShards(torch.autograd.Function):
