@@ -35,26 +35,17 @@ from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
 from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
                           make_batches, SmallMLP, SmallAttention, SmallBlock, small_block,
-                          block_inputs, block_loss)
+                          small_stack, block_inputs, block_loss)
 from .plotting import Animator, glue, progress
 from .paths import script_path
 from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
-<<<<<<< HEAD
-                       check_backend, check_output_path, check_step, script_parser, resolve_args)
+                       check_backend, check_output_path, check_step, script_parser, resolve_args,
+                       SnapshotError, check_snapshot)
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
                     ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
                     OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS, RECOMPUTE,
                     activation_bytes_per_token, block_params, ring_attention_bytes,
                     moe_dispatch_bytes, train_flops_per_token)
-=======
-                       check_backend, check_output_path, check_step, script_parser, resolve_args,
-                       SnapshotError, check_snapshot)
-from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_allreduce_bytes,
-                    split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
-                    sharding_costs, ZERO_ROWS, RECOMPUTE, activation_bytes_per_token,
-                    block_params, ring_attention_bytes, moe_dispatch_bytes,
-                    train_flops_per_token)
->>>>>>> reliab
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,
@@ -72,7 +63,8 @@ from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_th
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
                               TrafficLog, FuncolBytes)
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
-from .runtime.emulate import Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits
+from .runtime.emulate import (Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits,
+                              model_time)
 from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
                                  save_checkpoint, save_snapshot_all, load_checkpoint)
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
@@ -120,18 +112,30 @@ from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_
 from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
                                           run_schedule, stage_forward, stage_backward,
                                           pipeline_1f1b, multiply_adds)
-from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
-                                        layer_times, cuts_by, sum_loss, LiveActivations)
-from .pipeline_parallel.torch_api import pipelining_available, pipelining_runs
-from .pipeline_parallel.experiments import pipeline_worker
+from .pipeline_parallel.scratch import (pipeline_net, check_cuts, stage_of, check_pipeline_step,
+                                        pipeline_rank_step, unsplit_step, layer_times, cuts_by,
+                                        sum_loss, LiveActivations, LinearTape)
+from .pipeline_parallel.timelines import (box_needs, pipeline_model_time, replay_orders,
+                                          replayed_bubble, with_ready, wait_parts,
+                                          zero_bubble_rank_order,
+                                          interleaved_bubble, zero_bubble_bubble, bubble_added)
+from .pipeline_parallel.torch_api import (pipelining_available, check_pipelining, make_schedule,
+                                          pipelining_step, pipelining_runs, LOOPED_SCHEDULES)
+from .pipeline_parallel.experiments import (pipeline_worker, forward_flops, box_model,
+                                            PIPELINE_ORDERS)
 from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
                                         CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,
                                         dense_split_columns, dense_split_rows, lenet_within_layer)
 from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
                                       TPAttention, TPBlock, split_dims, shard_of, gather_shards)
-from .tensor_parallel.torch_api import tp_plan
-from .tensor_parallel.experiments import tp_worker, mesh2d_worker
+from .tensor_parallel.torch_api import tp_plan, sp_plan, vocab_plan
+from .tensor_parallel.sequence import (GatherSequence, ScatterSequence, gather_sequence,
+                                       scatter_sequence, SPBlock, sync_replicated_grads,
+                                       saved_activation_bytes, VocabEmbedding,
+                                       vocab_parallel_cross_entropy, TinyTPLM, tiny_tp_lm)
+from .tensor_parallel.experiments import (tp_worker, sp_runs, vocab_runs, mesh2d_worker,
+                                          hsdp_worker)
 from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
                                        attention_reference, block_attention, merge_blocks,
                                        ring_attention, RingAttention, block_work, CPAttention)

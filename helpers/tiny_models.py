@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 __all__ = ["deep_mlp", "TinyLM", "TinyBlock", "counting_tokens", "model_bytes", "make_model",
            "make_batches", "SmallMLP", "SmallAttention", "SmallBlock", "small_block",
-           "block_inputs", "block_loss"]
+           "small_stack", "block_inputs", "block_loss"]
 
 
 def deep_mlp(d_in=32, width=64, depth=4, num_classes=10):
@@ -165,6 +165,13 @@ def small_block(width=32, heads=4, hidden=None, seed=0):
     return SmallBlock(width, heads, hidden)
 
 
+def small_stack(blocks=2, width=32, heads=4, seed=0):
+    """`blocks` SmallBlocks in an nn.Sequential, weights from `seed` (every rank builds the
+    same): a model with more than one block, so each can be its own FSDP unit."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[SmallBlock(width, heads) for _ in range(blocks)])
+
+
 def block_inputs(batch, seq, width, seed=0):
     """Input X (batch, seq, width) and the weights R of the loss (out * R).sum()."""
     g = torch.Generator().manual_seed(seed)
@@ -174,6 +181,3 @@ def block_inputs(batch, seq, width, seed=0):
 def block_loss(out, R):
     """A loss whose gradient reaches every output element differently."""
     return (out * R).sum()
-
-
-# --- f and g: the two communication operators of Megatron-LM ----------------------------------

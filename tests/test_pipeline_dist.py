@@ -1,19 +1,39 @@
-"""Pipeline across processes (helpers/pipeline_parallel/): GPipe and 1F1B from scratch with
-send/recv, and torch.distributed.pipelining, each equal to the unsplit model (loss and every
-gradient) on 2 gloo ranks; the schedules' live micro-batches; the same code on 4 thread-ranks."""
+"""Pipeline across processes (helpers/pipeline_parallel/): GPipe, 1F1B and zero bubble from
+scratch with send/recv, and torch.distributed.pipelining (interleaved and zero bubble too), each
+equal to the unsplit model (loss and every gradient) on 2 gloo ranks; the schedules' live
+micro-batches; the same code on 4 thread-ranks. Emulated, beside a busy process, the bubble
+follows its formula (issue 21); bad cuts, m, batch sizes and orders are refused before any
+work (issue 24)."""
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
-from helpers import (cuts_by, gpipe_rank_order, one_f_one_b_rank_order, pipeline_net,
-                     pipeline_rank_step, pipeline_worker, run_threads, launch, stage_of,
-                     timeline_bubble, unsplit_step)
+from helpers import (RankFailed, Rates, box_model, bubble_fraction, check_pipelining, cuts_by,
+                     gpipe_rank_order, interleaved_bubble, launch, one_f_one_b_rank_order,
+                     pipeline_model_time, pipeline_net, pipeline_rank_step, pipeline_worker,
+                     run_threads, stage_of, timeline_bubble, unsplit_step, zero_bubble_bubble,
+                     zero_bubble_rank_order)
 
 NET = dict(vocab=64, width=16, depth=4)
-N, M = 12, 4
+N, M = 16, 4
+FREE = dict(flops_per_s=50e12, alpha=0.0, beta=float("inf"), source="free messages")
+# emulated boxes: the smallest (a forward of N/8 rows) lasts 10 ms of wall time
+SCALE = 0.01 / box_model(pipeline_net(**NET), [3], Rates(**FREE), equal=True)(0, "F", N // 8)
+EMULATED = [dict(schedule=s, m=m, cuts=[3], emulate=SCALE, equal=True)
+            for s in ("gpipe", "1f1b") for m in (1, 2, 8)]
+EMULATED += [dict(schedule="zb", m=8, cuts=[3], emulate=SCALE, equal=True),
+             dict(kind="pipelining", schedule="ScheduleInterleaved1F1B", m=8, cuts=[2, 3, 5],
+                  emulate=SCALE, equal=True)]
 RUNS = [dict(schedule="gpipe", m=M, cuts=[3]), dict(schedule="1f1b", m=M, cuts=[3]),
         dict(kind="pipelining", schedule="ScheduleGPipe", m=M, cuts=[3], repeats=2),
         dict(kind="pipelining", schedule="Schedule1F1B", m=M, cuts=[3], repeats=2),
-        dict(kind="pipelining", schedule="ScheduleInterleaved1F1B", m=M, cuts=[3])]
+        dict(kind="pipelining", schedule="ScheduleInterleaved1F1B", m=M, cuts=[2, 3, 5]),
+        dict(schedule="zb", m=M, cuts=[3]),
+        dict(kind="pipelining", schedule="ScheduleInterleavedZeroBubble", m=M,
+             cuts=[2, 3, 5])] + EMULATED
 
 
 def batch(seed=3):
@@ -24,9 +44,14 @@ def batch(seed=3):
 
 @pytest.fixture(scope="module")
 def ranks():
-    """One launch of 2 gloo processes for every run."""
-    return launch(pipeline_worker, 2, dict(net=NET, batch_size=N, seed=3, runs=RUNS),
-                  quiet=True)
+    """One launch of 2 gloo processes for every run, a busy process beside them (2 cores)."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        return launch(pipeline_worker, 2, dict(net=NET, batch_size=N, seed=3, runs=RUNS,
+                                               rates=FREE), quiet=True)
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +67,8 @@ def stitched(results, i):
     return [g for stage in sorted(grads) for g in grads[stage]]
 
 
-@pytest.mark.parametrize("i", range(len(RUNS)), ids=[r["schedule"] for r in RUNS])
+@pytest.mark.parametrize("i", range(len(RUNS)), ids=[
+    r["schedule"] + (f"-m{r['m']}-emulated" if "emulate" in r else "") for r in RUNS])
 def test_equal_to_unsplit(ranks, reference, i):
     if ranks[0][i]["skipped"]:
         pytest.skip(ranks[0][i]["skipped"])
@@ -102,7 +128,8 @@ def _thread_step(comm, net, cuts, X, y, m, schedule):
     return out, [p.grad for p in stage.parameters()]
 
 
-@pytest.mark.parametrize("schedule", [gpipe_rank_order, one_f_one_b_rank_order])
+@pytest.mark.parametrize("schedule", [gpipe_rank_order, one_f_one_b_rank_order,
+                                      zero_bubble_rank_order])
 def test_four_stages_on_threads(schedule):
     """The same rank code on 4 ranks (threads standing in for processes), 6 micro-batches."""
     net = pipeline_net(**NET)
@@ -117,6 +144,8 @@ def test_four_stages_on_threads(schedule):
     peaks = [r[0]["peak_live"] for r in results]
     assert peaks == ([6] * 4 if schedule is gpipe_rank_order else [4, 3, 2, 1])
     assert [c.calls("send") for c in comms] == [6, 12, 12, 6]
+    phases = {b["phase"] for r in results for b in r[0]["timeline"]}
+    assert phases == ({"F", "B", "W"} if schedule is zero_bubble_rank_order else {"F", "B"})
 
 
 def test_cuts_by_balance():
@@ -130,3 +159,100 @@ def test_a_missing_send_times_out_with_a_message():
             comm.recv(0, (2,))
     with pytest.raises(TimeoutError, match="never sent"):
         run_threads(lonely, 2, timeout=0.2)
+
+
+# ---- emulated: the schedule apart from the machine (issue 21) -----------------------------------
+def _formula(run):
+    m = run["m"]
+    return {"gpipe": bubble_fraction(2, m), "1f1b": bubble_fraction(2, m),
+            "zb": zero_bubble_bubble(2, m),
+            "ScheduleInterleaved1F1B": interleaved_bubble(2, m, 2)}[run["schedule"]]
+
+
+@pytest.mark.parametrize("i", range(len(RUNS) - len(EMULATED), len(RUNS)),
+                         ids=[f"{r['schedule']}-m{r['m']}" for r in EMULATED])
+def test_emulated_bubble_follows_its_formula_beside_a_busy_process(ranks, i):
+    """Each box's math ran for real (test_equal_to_unsplit), each rank slept out the box's
+    modelled time, and on the model's clock the bubble is the formula's (within 10%), though
+    a busy process shared the 2 cores with the ranks."""
+    run = RUNS[i]
+    tls = [r[i]["timelines"][0] for r in ranks]
+    stages = 4 if run.get("kind") == "pipelining" else 2
+    modelled = pipeline_model_time(tls, stages, NET["width"] * 4, Rates(**FREE))
+    want = _formula(run)
+    assert timeline_bubble(modelled) == pytest.approx(want, rel=0.1)
+    for tl in tls:                    # the ranks waited: every box lasted its scaled time
+        for b in tl:
+            assert b["end"] - b["start"] >= b["modelled"] * SCALE * 0.999
+
+
+def test_emulated_bubble_falls_with_m(ranks):
+    first = len(RUNS) - len(EMULATED)
+    for s in ("gpipe", "1f1b"):
+        got = []
+        for i in range(first, len(RUNS)):
+            if RUNS[i]["schedule"] == s:
+                tls = [r[i]["timelines"][0] for r in ranks]
+                got.append(timeline_bubble(pipeline_model_time(tls, 2, 64, Rates(**FREE))))
+        assert got == sorted(got, reverse=True) and got[0] > 2 * got[-1]
+
+
+# ---- refused before any work (issue 24) ------------------------------------------------------
+def test_cuts_are_checked_against_the_ranks_and_the_layers():
+    net = pipeline_net(**NET)
+    with pytest.raises(ValueError, match="make 3 stages for 2 ranks"):
+        stage_of(net, [2, 4], 0, stages=2)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        stage_of(net, [4, 2], 0, stages=3)
+    with pytest.raises(ValueError, match="empty"):
+        stage_of(net, [0], 0, stages=2)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        stage_of(net, [len(net)], 0)
+
+
+def _run_worker(cfg, world=2):
+    return launch(pipeline_worker, world, dict(dict(net=NET, batch_size=8, seed=0), **cfg),
+                  threads=True, timeout=20)
+
+
+def test_the_worker_refuses_three_stages_on_two_ranks_before_any_work():
+    """Review M6: these cuts ran silently, a hidden activation taken as the logits."""
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match="3 stages for 2 ranks"):
+        _run_worker(dict(runs=[dict(schedule="1f1b", m=2, cuts=[2]),
+                               dict(schedule="1f1b", m=2, cuts=[2, 4])]))
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(m=0), "num_microbatches must be a positive int"),
+    (dict(batch_size=5), r"pass batch_size=X\.shape\[0\]"),
+    (dict(order=[("F", 0), ("B", 0)]), "once for each of the 2"),
+    (dict(order=[("B", 0), ("F", 0), ("F", 1), ("B", 1)]), "out of order"),
+])
+def test_a_step_refuses_bad_input_before_any_message(change, words):
+    net = pipeline_net(**NET)
+    X, y = batch()
+    X, y = X[:8], y[:8]
+
+    def step(comm):
+        m = change.get("m", 2)
+        order = change.get("order") or one_f_one_b_rank_order(2, max(m, 1), comm.rank)
+        stage = stage_of(net, [3], comm.rank, stages=2)
+        pipeline_rank_step(stage, comm, order, X if comm.rank == 0 else None,
+                           y if comm.rank == 1 else None, m, change.get("batch_size", 8),
+                           (NET["width"],))
+    with pytest.raises(ValueError, match=words):
+        run_threads(step, 2, timeout=2)
+
+
+def test_torch_schedules_refuse_a_batch_m_does_not_divide():
+    """Review: Schedule1F1B with 10 rows in 4 micro-batches failed on the last rank while the
+    other blocked until the timeout; the course's wrapper refuses it on every rank, first."""
+    with pytest.raises(ValueError, match="do not divide a batch of 10.*multiple of 4"):
+        check_pipelining("Schedule1F1B", 10, 4, 2, 6, [3])
+    with pytest.raises(ValueError, match="2 cuts make 3 stages for 4 ranks"):
+        check_pipelining("ScheduleInterleaved1F1B", 8, 4, 2, 6, [2, 4])
+    assert check_pipelining("ScheduleInterleaved1F1B", 8, 4, 2, 6, [1, 3, 5]) == 4
+    with pytest.raises(ValueError, match="has no"):
+        check_pipelining("ScheduleNoSuch", 8, 4, 2, 6, [3])

@@ -1,21 +1,24 @@
 """Tensor parallel across processes (helpers/tensor_parallel/): the Megatron SmallMLP and the
 block with attention split by heads, from scratch (f/g over torch.distributed) and with DTensor,
 equal to the unsplit block (outputs, parameter and input gradients) on 2 gloo ranks, with the
-communication each does counted; the same code on 4 thread-ranks."""
+communication each does counted; the same code on 4 thread-ranks. Sequence parallelism (by hand
+and SequenceParallel) and the vocabulary split (by hand and loss_parallel), equal to one
+process, their collectives and saved activations measured."""
 import pytest
 import torch
 
-from helpers import (TPBlock, TPMLP, block_inputs, block_loss, gather_shards, run_threads,
-                     small_block, launch, split_dims, tp_worker)
+from helpers import (SPBlock, TPBlock, TPMLP, block_inputs, block_loss, gather_shards,
+                     run_threads, small_block, launch, split_dims, tiny_tp_lm, tp_worker)
 
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=2, seq=6, width=16)
 ACT_BYTES = 2 * 6 * 16 * 4          # one (batch, seq, width) float32 activation
+LM = dict(model=dict(vocab=32, width=16, heads=4), batch=2, seq=6)
 
 
 @pytest.fixture(scope="module")
 def ranks():
-    return launch(tp_worker, 2, dict(block=BLOCK, inputs=INPUTS), quiet=True)
+    return launch(tp_worker, 2, dict(block=BLOCK, inputs=INPUTS, lm=LM), quiet=True)
 
 
 def reference(part):
@@ -91,6 +94,63 @@ def test_heads_must_divide():
     block = small_block(width=12, heads=3)
     with pytest.raises(ValueError, match="heads do not split"):
         run_threads(lambda comm: TPBlock(block, comm), 2)
+
+
+# ---- sequence parallelism ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["sp", "sp_dtensor"])
+def test_sequence_parallel_equals_unsplit(ranks, name):
+    """Each rank holds half the positions: the halves put together are the unsplit output and
+    input gradient, and the gradients (the replicated ones summed over ranks) are too."""
+    out, grads, x_grad = reference("block")
+    torch.testing.assert_close(torch.cat([r[name]["out"] for r in ranks], 1), out,
+                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.cat([r[name]["x_grad"] for r in ranks], 1), x_grad,
+                               rtol=1e-5, atol=1e-6)
+    got = gather_shards([r[name]["grads"] for r in ranks])
+    for n in grads:
+        torch.testing.assert_close(got[n], grads[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_sequence_parallel_moves_the_same_bytes_and_saves_less(ranks):
+    """An all-gather of a half and a reduce-scatter of the whole replace each all-reduce: per
+    rank the ring sends (k-1)/k of an activation for each, 2(k-1)/k for the pair, as the
+    all-reduce; the activations autograd saves per rank shrink (the norm regions hold half)."""
+    ops = lambda log: [(op, b) for op, _, b in log]                          # noqa: E731
+    r = ranks[0]
+    pair = [("all_gather", ACT_BYTES // 2), ("reduce_scatter", ACT_BYTES)]
+    assert ops(r["sp"]["fwd"]) == pair * 2
+    assert ops(r["sp"]["bwd"])[:4] == pair * 2            # then the replicated gradients
+    assert {op for op, _ in ops(r["sp"]["bwd"])[4:]} == {"all_reduce"}
+    dt = ops(r["sp_dtensor"]["fwd"])
+    assert [op for op, _ in dt] == ["all_gather_into_tensor", "reduce_scatter_tensor"] * 2
+    assert all(r["sp"]["saved"] < r["tp"]["saved"] < r["unsplit"]["saved"] for r in ranks)
+    assert r["sp_dtensor"]["saved"] == r["sp"]["saved"]
+
+
+def test_sp_needs_the_sequence_to_divide():
+    block = small_block(**BLOCK)
+    X = torch.randn(2, 5, 16)
+    with pytest.raises(ValueError, match="does not split into 2"):
+        run_threads(lambda comm: SPBlock(block, comm)(X[:, :3] if comm.rank == 0
+                                                      else X[:, 3:]), 2)
+
+
+# ---- the vocabulary split ------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["vocab", "vocab_dtensor"])
+def test_vocab_parallel_loss_and_gradients_equal_one_process(ranks, name):
+    lm = tiny_tp_lm(**LM["model"])
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 32, (LM["batch"], LM["seq"]), generator=g)
+    y = torch.randint(0, 32, ids.shape, generator=g)
+    loss = torch.nn.functional.cross_entropy(lm(ids).flatten(0, 1), y.flatten())
+    loss.backward()
+    for r in ranks:
+        assert r[name]["loss"] == pytest.approx(loss.item(), rel=1e-5)
+        assert r[name]["logits_bytes"] == LM["batch"] * LM["seq"] * 16 * 4   # half the vocab
+    for key in ("emb.weight", "head.weight"):
+        got = torch.cat([r[name]["grads"][key] for r in ranks])
+        want = lm.get_parameter(key).grad
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=key)
 
 
 def test_the_two_f_g_pairs_are_the_same_operators():

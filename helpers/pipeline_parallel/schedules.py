@@ -120,8 +120,12 @@ def peak_live(schedule):
     return [max(e["live"] for e in schedule if e["stage"] == s) for s in range(p)]
 
 
+_COLORS = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
+
+
 def plot_schedule(schedule, ax=None, title=None, clock="tick"):
-    """Draw a recorded schedule: one row per device, one box per forward (F) or backward (B);
+    """Draw a recorded schedule: one row per device, one box per forward (F), backward (B) or
+    weight-gradient box (W, zero bubble);
     clock="tick" places boxes by schedule slot, clock="time" by the measured seconds."""
     import matplotlib.pyplot as plt
     p = 1 + max(e["stage"] for e in schedule)
@@ -133,7 +137,7 @@ def plot_schedule(schedule, ax=None, title=None, clock="tick"):
     for e in schedule:
         left, width = span(e)
         ax.barh(e["stage"], width, left=left, height=0.8, edgecolor="white",
-                color="tab:blue" if e["phase"] == "F" else "tab:orange")
+                color=_COLORS.get(e["phase"], "tab:orange"))
         if clock == "tick":
             ax.text(left + 0.5, e["stage"], f"{e['phase']}{e['micro']}", ha="center",
                     va="center", color="white", fontsize=8)
@@ -142,9 +146,12 @@ def plot_schedule(schedule, ax=None, title=None, clock="tick"):
            title=title or f"bubble {schedule_bubble(schedule):.0%}")
     ax.invert_yaxis()
     from matplotlib.patches import Patch
-    ax.legend(handles=[Patch(color="tab:blue", label="forward"),
-                       Patch(color="tab:orange", label="backward"),
-                       Patch(facecolor="0.93", hatch="//", edgecolor="0.8", label="idle")],
+    handles = [Patch(color="tab:blue", label="forward"), Patch(color="tab:orange", label=(
+        "backward (input gradient)" if any(e["phase"] == "W" for e in schedule) else "backward"))]
+    if any(e["phase"] == "W" for e in schedule):
+        handles.append(Patch(color="tab:green", label="weight gradient"))
+    ax.legend(handles=handles + [Patch(facecolor="0.93", hatch="//", edgecolor="0.8",
+                                       label="idle")],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     return ax
 

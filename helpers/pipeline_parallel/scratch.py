@@ -15,8 +15,8 @@ from torch import nn
 
 from ..costs import balanced_cuts
 
-__all__ = ["pipeline_net", "stage_of", "pipeline_rank_step", "unsplit_step", "layer_times",
-           "cuts_by", "sum_loss", "LiveActivations"]
+__all__ = ["pipeline_net", "check_cuts", "stage_of", "check_pipeline_step", "pipeline_rank_step",
+           "unsplit_step", "layer_times", "cuts_by", "sum_loss", "LiveActivations", "LinearTape"]
 
 
 def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
@@ -27,8 +27,27 @@ def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
     return nn.Sequential(nn.Embedding(vocab, width), *blocks, nn.Linear(width, classes))
 
 
-def stage_of(net, cuts, rank):
-    """Rank `rank`'s stage: an independent copy of the layers between its cuts."""
+def check_cuts(cuts, num_layers, stages=None):
+    """The cuts as a list of ints, or ValueError naming the fix: strictly increasing, within
+    1..num_layers-1 (no stage is empty), and `stages` - 1 of them when the count is known."""
+    try:
+        cuts = [int(c) for c in cuts]
+    except (TypeError, ValueError):
+        raise ValueError(f"cuts must be a list of layer indices, got {cuts!r}") from None
+    bounds = [0, *cuts, num_layers]
+    if any(a >= b for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cuts {cuts} of a {num_layers}-layer net leave a stage empty or repeat "
+                         f"layers: give strictly increasing indices within 1..{num_layers - 1}")
+    if stages is not None and len(cuts) + 1 != stages:
+        raise ValueError(f"{len(cuts)} cuts make {len(cuts) + 1} stages for {stages} ranks: give "
+                         f"{stages - 1} cuts (e.g. helpers.cuts_by(times, {stages}))")
+    return cuts
+
+
+def stage_of(net, cuts, rank, stages=None):
+    """Rank `rank`'s stage: an independent copy of the layers between its cuts. `stages` (the
+    number of ranks in the pipeline) is checked against the cuts: pass it."""
+    cuts = check_cuts(cuts, len(net), stages)
     bounds = [0, *cuts, len(net)]
     if not 0 <= rank < len(bounds) - 1:
         raise ValueError(f"{len(cuts)} cuts make {len(bounds) - 1} stages: no stage {rank}")
@@ -108,58 +127,144 @@ def _sync(t):
         torch.cuda.synchronize(t.device)
 
 
+def check_pipeline_step(order, X, y, num_microbatches, batch_size, first, last, stage=None):
+    """ValueError naming the fix, before any work, for what pipeline_rank_step cannot run: m and
+    the batch size positive ints; X (first rank) and y (last rank) with batch_size rows; an empty
+    stage; an order that does not run F, then B (then W, if any) once per micro-batch."""
+    for name, v in (("num_microbatches", num_microbatches), ("batch_size", batch_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    for name, t, here in (("X", X, first), ("y", y, last)):
+        if here and (t is None or t.shape[0] != batch_size):
+            raise ValueError(f"{name} has {None if t is None else t.shape[0]} rows but "
+                             f"batch_size is {batch_size}: pass batch_size={name}.shape[0]")
+    if stage is not None and isinstance(stage, nn.Sequential) and len(stage) == 0:
+        raise ValueError("this rank's stage has no layers: cut so every stage gets one")
+    phases = sorted({ph for ph, _ in order})
+    want = sorted((ph, j) for ph in phases for j in range(num_microbatches))
+    if phases not in (["B", "F"], ["B", "F", "W"]) or sorted(map(tuple, order)) != want:
+        raise ValueError(f"the order must run F and B (and W, if any) once for each of the "
+                         f"{num_microbatches} micro-batches, got {list(order)}: build it with "
+                         "helpers.one_f_one_b_rank_order(p, m, rank) for the same m")
+    pos = {tuple(op): i for i, op in enumerate(order)}
+    for j in range(num_microbatches):
+        chain = [pos[(ph, j)] for ph in ("F", "B", "W") if (ph, j) in pos]
+        if chain != sorted(chain):
+            raise ValueError(f"micro-batch {j} runs {[ph for ph in 'FBW' if (ph, j) in pos]} "
+                             "out of order: F before B before W")
+
+
+class LinearTape:
+    """The zero-bubble split by hand: in forward, every nn.Linear of the stage records its input;
+    B asks autograd for the input's gradient and every Linear output's gradient only, and W turns
+    those into the weight gradients, dW = dy^T x and db = sum(dy), later, with no graph."""
+
+    def __init__(self, stage):
+        self.linears = [mod for mod in stage.modules() if isinstance(mod, nn.Linear)]
+        own = {id(p) for mod in self.linears for p in mod.parameters()}
+        self.others = [p for p in stage.parameters() if id(p) not in own and p.requires_grad]
+        self.taped, self.pending = {}, {}
+
+    def forward(self, stage, h, j):
+        seen = []
+        hooks = [mod.register_forward_hook(lambda mod, a, out: seen.append((mod, a[0], out)))
+                 for mod in self.linears]
+        try:
+            out = stage(h)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        self.taped[j] = seen
+        return out
+
+    def backward_input(self, out, grad, h, j):
+        """B: the gradients of h and of every Linear's output (and of the other parameters)."""
+        seen = self.taped.pop(j)
+        wrt = ([h] if h.requires_grad else []) + [o for _, _, o in seen] + self.others
+        got = torch.autograd.grad(out, wrt, grad, allow_unused=True)
+        if h.requires_grad:
+            h.grad, got = got[0], got[1:]
+        dys, rest = got[:len(seen)], got[len(seen):]
+        for p, g in zip(self.others, rest):
+            if g is None:
+                continue
+            p.grad = g if p.grad is None else p.grad + g
+        self.pending[j] = [(mod, x.detach(), dy) for (mod, x, _), dy in zip(seen, dys)]
+
+    def backward_weight(self, j):
+        """W: the Linear weights' gradients from what B left (inputs and output gradients)."""
+        for mod, x, dy in self.pending.pop(j):
+            if dy is None:                     # a Linear whose output the loss never used
+                continue
+            x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+            for p, g in ((mod.weight, dy2.T @ x2), (mod.bias, dy2.sum(0))):
+                if p is not None and p.requires_grad:
+                    p.grad = g if p.grad is None else p.grad + g
+
+
 def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, in_shape,
-                       loss_fn=sum_loss):
-    """One training step of this rank's stage, in the given order of ("F"|"B", micro-batch).
+                       loss_fn=sum_loss, clock=None, box_seconds=None):
+    """One training step of this rank's stage, in the given order of ("F"|"B"|"W", micro-batch).
 
     Rank 0 cuts X into micro-batches; the others receive their input from rank - 1 (shape
     (rows, *in_shape)); the last rank computes loss_fn(out, y_j) / batch_size, so the stages'
-    .grad add up to the gradient of the mean loss, as one unsplit step. Returns dict(loss (last
-    rank, else None), timeline: dicts stage/micro/phase/start/end (time.perf_counter seconds),
+    .grad add up to the gradient of the mean loss, as one unsplit step. An order with W boxes
+    splits backward (zero bubble): B computes the input gradient, W the weight gradients.
+    clock: a helpers.Clock (emulate=True waits out box_seconds(phase, j, rows) after the math).
+    Returns dict(loss (last rank, else None), timeline: the Clock's boxes, dicts stage/micro/
+    phase/start/end/sent/rows/modelled (time.perf_counter seconds; sent: when the box's output
+    was handed to the next rank),
     peak_live: most micro-batches whose saved activations autograd held at once, peak_bytes:
     most bytes of them (LiveActivations)).
     """
+    from ..runtime.emulate import Clock
     r, p, m = comm.rank, comm.world, num_microbatches
     first, last = r == 0, r == p - 1
+    check_pipeline_step(order, X, y, m, batch_size, first, last, stage)
+    clock = clock or Clock()
     rows = [len(c) for c in torch.arange(batch_size).tensor_split(m)]
     Xs = X.tensor_split(m) if first else None
     ys = y.tensor_split(m) if last else None
-    params = list(stage.parameters())
+    tape = LinearTape(stage) if any(ph == "W" for ph, _ in order) else None
     acts = LiveActivations()
-    held, total, timeline = {}, 0.0, []
+    held, total, n0 = {}, 0.0, len(clock.boxes)
+    info = lambda j: dict(stage=r, virtual=r, micro=j, rows=rows[j])          # noqa: E731
+    seconds = (lambda ph, j: box_seconds(ph, j, rows[j])) if box_seconds else (lambda ph, j: None)
     for phase, j in order:
         if phase == "F":
-            if first:
-                h = Xs[j]
-            else:
-                h = comm.recv(r - 1, (rows[j], *in_shape), tag=j).requires_grad_()
-            start = time.perf_counter()
-            with acts.micro_batch(params):
-                out = stage(h)
-                if last:
-                    out = loss_fn(out, ys[j]) / batch_size
-            _sync(out)
-            timeline.append(dict(stage=r, micro=j, phase="F", start=start,
-                                 end=time.perf_counter()))
+            h = Xs[j] if first else comm.recv(r - 1, (rows[j], *in_shape), tag=j).requires_grad_()
+            with clock.box("F", seconds("F", j), phase="F", **info(j)) as box:
+                with acts.micro_batch(stage.parameters()):
+                    out = tape.forward(stage, h, j) if tape else stage(h)
+                    if last:
+                        out = loss_fn(out, ys[j]) / batch_size
+                _sync(out)
             if last:
                 total += float(out.detach())
             else:
                 comm.send(out, r + 1, tag=j)
+                box["sent"] = clock.now()
             held[j] = (h, out)
-        else:
+        elif phase == "B":
             h, out = held.pop(j)
             grad = None if last else comm.recv(r + 1, out.shape, tag=j)
-            start = time.perf_counter()
-            out.backward(grad)
-            _sync(out)
-            timeline.append(dict(stage=r, micro=j, phase="B", start=start,
-                                 end=time.perf_counter()))
+            with clock.box("B", seconds("B", j), phase="B", **info(j)) as box:
+                if tape:
+                    tape.backward_input(out, grad, h, j)
+                else:
+                    out.backward(grad)
+                _sync(out)
             if not first:
                 comm.send(h.grad, r - 1, tag=j)
+                box["sent"] = clock.now()
             del h, out                    # autograd has freed what it saved for j
+        else:
+            with clock.box("W", seconds("W", j), phase="W", **info(j)):
+                tape.backward_weight(j)
     comm.wait()
     if held:
         raise RuntimeError(f"rank {r}: micro-batches {sorted(held)} never ran backward")
+    timeline = [dict(b) for b in clock.boxes[n0:]]
     return dict(loss=total if last else None, timeline=timeline, peak_live=acts.peak_live,
                 peak_bytes=acts.peak_bytes)
 

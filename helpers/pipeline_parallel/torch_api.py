@@ -1,15 +1,23 @@
-"""Part VI: the same pipeline with torch.distributed.pipelining (PipelineStage and its schedule
-classes), each stage timed and its live activations measured as in the hand-built one.
+"""Part VI: the same pipeline with torch.distributed.pipelining: a PipelineStage per stage, a
+schedule object, step() on every rank. Each box (forward_one_chunk, backward_one_chunk,
+backward_weight_one_chunk) is timed, or emulated, by a helpers.Clock, and the activations autograd
+saves are measured as in the hand-built pipeline.
+
+torch's schedules cut the batch with torch.tensor_split into equal micro-batches and infer
+static shapes from the first: a batch that m does not divide fails on the last rank while the
+others block until the timeout. `check_pipelining` refuses it (and the rest) before any work.
 """
 import inspect
-import time
 
 import torch
-from torch import nn
 
-from .scratch import LiveActivations, cuts_by, stage_of, sum_loss
+from .scratch import LiveActivations, check_cuts, stage_of, sum_loss
 
-__all__ = ["pipelining_available", "pipelining_runs"]
+__all__ = ["pipelining_available", "check_pipelining", "make_schedule", "pipelining_step",
+           "pipelining_runs", "LOOPED_SCHEDULES"]
+
+LOOPED_SCHEDULES = ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS",
+                    "ScheduleInterleavedZeroBubble")
 
 
 def pipelining_available(name):
@@ -21,101 +29,106 @@ def pipelining_available(name):
     return hasattr(pp, name)
 
 
-class _Mark(torch.autograd.Function):
-    """Identity whose backward calls `note()`: marks when a gradient passes a point."""
-
-    @staticmethod
-    def forward(ctx, x, note):
-        ctx.note = note
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        ctx.note()
-        return g, None
-
-
-class _Timed(nn.Module):
-    """A stage that records its F and B boxes (backward: from the gradient reaching the output
-    to the gradient leaving the first float tensor of the stage) and the activations autograd
-    saves for each micro-batch until its backward. `memory` is shared by a rank's stages."""
-
-    def __init__(self, stage, rank, timeline, memory):
-        super().__init__()
-        self.stage, self.rank, self.timeline, self.memory = stage, rank, timeline, memory
-        self.f = self.b = 0
-
-    def _b_start(self):
-        self._b0 = time.perf_counter()
-
-    def _b_end(self):
-        self.timeline.append(dict(stage=self.rank, micro=self.b, phase="B", start=self._b0,
-                                  end=time.perf_counter()))
-        self.b += 1
-
-    def forward(self, x):
-        if x.is_meta or not torch.is_grad_enabled():   # PipelineStage's shape inference
-            return self.stage(x)
-        start = time.perf_counter()
-        layers = list(self.stage)
-        with self.memory.micro_batch(self.stage.parameters()):
-            if not x.is_floating_point():      # token ids: mark after the embedding
-                x, layers = layers[0](x), layers[1:]
-            x = _Mark.apply(x, self._b_end)
-            for layer in layers:
-                x = layer(x)
-            x = _Mark.apply(x, self._b_start)
-        self.timeline.append(dict(stage=self.rank, micro=self.f, phase="F", start=start,
-                                  end=time.perf_counter()))
-        self.f += 1
-        return x
+def check_pipelining(schedule, batch_size, m, world, num_layers, cuts):
+    """ValueError naming the fix, on every rank before any work, for what torch's schedules
+    cannot run: m must divide the batch (equal micro-batches), the schedule must exist, and
+    the cuts must give one stage per rank (two per rank, looped r, r + world, when interleaved)."""
+    if not pipelining_available(schedule):
+        raise ValueError(f"torch {torch.__version__} has no torch.distributed.pipelining."
+                         f"{schedule}: pick one of its Schedule* classes")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"n_microbatches must be a positive int, got {m!r}")
+    if batch_size % m:
+        fits = [k for k in range(1, min(batch_size, 4 * m) + 1) if batch_size % k == 0]
+        raise ValueError(f"torch's {schedule} needs equal micro-batches, and {m} micro-batches "
+                         f"do not divide a batch of {batch_size}: use a batch size that is a "
+                         f"multiple of {m}, or m in {fits[-4:]} (the course's "
+                         "pipeline_rank_step runs uneven micro-batches)")
+    stages = world * (2 if schedule in LOOPED_SCHEDULES else 1)
+    check_cuts(cuts, num_layers, stages)
+    return stages
 
 
-def _schedule_kwargs(cls, n_microbatches, loss_fn):
-    kw = dict(n_microbatches=n_microbatches, loss_fn=loss_fn)
-    if "scale_grads" in inspect.signature(cls.__init__).parameters:
-        kw["scale_grads"] = False          # our loss is already divided by the batch size
-    return kw
-
-
-def pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats):
-    """`repeats` steps of torch.distributed.pipelining's `schedule` (a class name) on stages
-    built once. Returns the first step's loss and this rank's gradients, every step's
-    timeline, and the activations autograd held at the peak of the last step (the first step
-    also runs each stage once to infer shapes)."""
-    import torch.distributed.pipelining as pp
-    n = X.shape[0]
-    loss_fn = lambda out, t: sum_loss(out, t) / n                           # noqa: E731
-    timeline, memory = [], LiveActivations()
-    interleaved = schedule in ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS")
-    per_rank = 2 if interleaved else 1
-    num_stages = world * per_rank
-    ids = [rank + k * world for k in range(per_rank)]      # looped placement: r, r + world
-    bounds_cuts = cuts if len(cuts) == num_stages - 1 else cuts_by(
-        [1] * len(net), num_stages)
-    mods = [_Timed(stage_of(net, bounds_cuts, i).to(device), rank, timeline, memory)
-            for i in ids]
-    stages = [pp.PipelineStage(mod, i, num_stages, device) for mod, i in zip(mods, ids)]
+def make_schedule(stage_modules, stage_ids, num_stages, device, m, loss_fn, schedule):
+    """The production code: one PipelineStage per stage this rank holds, and the schedule.
+    scale_grads=False because our loss is already divided by the whole batch (the default
+    would divide the summed micro-batch gradients by m once more)."""
+    from torch.distributed import pipelining as pp
+    stages = [pp.PipelineStage(mod, i, num_stages, device)
+              for mod, i in zip(stage_modules, stage_ids)]
     cls = getattr(pp, schedule)
-    sched = cls(stages if interleaved else stages[0], **_schedule_kwargs(cls, m, loss_fn))
-    last_rank = (num_stages - 1) % world
-    out = dict(timelines=[], cuts=bounds_cuts)
+    kwargs = dict(n_microbatches=m, loss_fn=loss_fn)
+    if "scale_grads" in inspect.signature(cls.__init__).parameters:
+        kwargs["scale_grads"] = False
+    return cls(stages if schedule in LOOPED_SCHEDULES else stages[0], **kwargs), stages
+
+
+def pipelining_step(sched, rank, first, last, X, y):
+    """One step: the rank holding the first stage passes the batch, the one holding the last
+    passes the targets and gets one loss per micro-batch back, the others pass nothing."""
+    losses = []
+    kwargs = dict(target=y, losses=losses) if last else {}
+    sched.step(*([X] if first else []), **kwargs)
+    return losses if last else None
+
+
+def _timed(stage, clock, memory, seconds, rank, rows):
+    """Wrap the stage's three box methods: each runs inside clock.box (real math, then the
+    modelled time when the clock emulates); forwards record what autograd saves."""
+    fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, \
+        stage.backward_weight_one_chunk
+    info = dict(stage=rank, virtual=stage.stage_index, rows=rows)   # stage: the row drawn in
+
+    def forward_one_chunk(j, *args, **kwargs):
+        with clock.box("F", seconds("F"), micro=j, phase="F", **info):
+            with memory.micro_batch(stage.submod.parameters()):
+                return fwd(j, *args, **kwargs)
+
+    def backward_one_chunk(j, *args, **kwargs):
+        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        ph = "B" if full else "I"                 # I: the input gradient only (zero bubble)
+        with clock.box(ph, seconds(ph), micro=j, phase="B", full=bool(full), **info):
+            return bwd(j, *args, **kwargs)
+
+    def backward_weight_one_chunk(j, *args, **kwargs):
+        with clock.box("W", seconds("W"), micro=j, phase="W", **info):
+            return wgt(j, *args, **kwargs)
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats, clock=None,
+                    box_seconds=None):
+    """`repeats` steps of torch.distributed.pipelining's `schedule` (a class name) on stages
+    built once. box_seconds(stage, phase, rows) -> modelled seconds (for an emulating clock).
+    Returns the first step's loss and this rank's gradients, every step's timeline, and the
+    activations autograd held at the peak of the last step (the first step also runs each
+    stage once to infer shapes)."""
+    from ..runtime.emulate import Clock
+    n = X.shape[0]
+    num_stages = check_pipelining(schedule, n, m, world, len(net), cuts)
+    loss_fn = lambda out, t: sum_loss(out, t) / n                           # noqa: E731
+    clock, memory = clock or Clock(), LiveActivations()
+    ids = list(range(rank, num_stages, world))            # looped placement: r, r + world
+    mods = [stage_of(net, cuts, i, num_stages).to(device) for i in ids]
+    sched, stages = make_schedule(mods, ids, num_stages, device, m, loss_fn, schedule)
+    for st in stages:
+        secs = (lambda ph, i=st.stage_index: box_seconds(i, ph, n // m)) if box_seconds \
+            else (lambda ph: None)
+        _timed(st, clock, memory, secs, rank, n // m)
+    first, last = 0 in ids, num_stages - 1 in ids
+    out = dict(timelines=[], cuts=list(cuts), stages=ids)
     for rep in range(repeats):
         for mod in mods:
             mod.zero_grad()
-            mod.f = mod.b = 0
-        timeline.clear()
+        n0 = len(clock.boxes)
         memory.__init__()
-        losses = []
-        kwargs = dict(target=y.to(device), losses=losses) if rank == last_rank else {}
-        sched.step(*([X.to(device)] if rank == 0 else []), **kwargs)
-        out["timelines"].append(list(timeline))
+        losses = pipelining_step(sched, rank, first, last, X.to(device), y.to(device))
+        out["timelines"].append([dict(b) for b in clock.boxes[n0:]])
         if rep == 0:
-            out["grads"] = {i: [p.grad.detach().cpu().clone() for p in mod.stage.parameters()]
+            out["grads"] = {i: [p.grad.detach().cpu().clone() for p in mod.parameters()]
                             for i, mod in zip(ids, mods)}
-            out["loss"] = (float(sum(float(v.detach()) for v in losses))
-                           if rank == last_rank else None)
+            out["loss"] = float(sum(float(v.detach()) for v in losses)) if last else None
     out.update(peak_live=memory.peak_live, peak_bytes=memory.peak_bytes)
     return out
-
-

@@ -1,6 +1,7 @@
 """One small interface for what ranks say to each other, counted.
 
-`DistComm` wraps torch.distributed (point-to-point sends, all-reduce) and counts the bytes each
+`DistComm` wraps torch.distributed (point-to-point sends, all-reduce, all-gather and
+reduce-scatter along a dimension) and counts the bytes each
 rank sends; `ThreadComm` gives the same calls to threads of one process (the exercise checks run
 students' functions that way: a function defined in a notebook cannot be imported by a spawned
 rank). Code written against a comm runs on real gloo/NCCL ranks and in a check alike.
@@ -17,6 +18,15 @@ import torch.distributed as dist
 from .traffic import CountsSent
 
 __all__ = ["DistComm", "ThreadWorld", "ThreadComm", "run_threads", "run_thread_ranks"]
+
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def _check_split(t, dim, world):
+    if t.shape[dim] % world:
+        raise ValueError(f"size {t.shape[dim]} along dim {dim} does not split into {world} "
+                         "equal pieces: make it a multiple of the number of ranks")
 
 
 class DistComm(CountsSent):
@@ -41,11 +51,28 @@ class DistComm(CountsSent):
         dist.recv(buf, self._global(src), group=self.group, tag=tag)
         return buf
 
-    def all_reduce(self, t):
-        """Sum `t` over the ranks, in place."""
+    def all_reduce(self, t, op="sum"):
+        """Sum `t` over the ranks, in place (op="max": the largest value)."""
         self._count("all_reduce", t)
-        dist.all_reduce(t, group=self.group)
+        dist.all_reduce(t, op=_OPS[op], group=self.group)
         return t
+
+    def all_gather(self, t, dim=0):
+        """Every rank's `t`, concatenated along `dim` in rank order (a new tensor)."""
+        t = t.detach().contiguous()
+        self._count("all_gather", t)
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t, group=self.group)
+        return torch.cat(parts, dim)
+
+    def reduce_scatter(self, t, dim=0):
+        """This rank's piece along `dim` (k equal pieces) of the sum of every rank's `t`."""
+        _check_split(t, dim, self.world)
+        pieces = [p.contiguous() for p in t.detach().chunk(self.world, dim)]
+        self._count("reduce_scatter", t)
+        out = torch.empty_like(pieces[self.rank])
+        dist.reduce_scatter(out, pieces, group=self.group)
+        return out
 
     def wait(self):
         for handle, _ in self._pending:
@@ -94,20 +121,36 @@ class ThreadComm(CountsSent):
                              f"got {tuple(t.shape)}")
         return t
 
-    def all_reduce(self, t):
-        self._count("all_reduce", t)
+    def _exchange(self, t, what):
+        """Every rank's copy of `t`, in rank order (a barrier on each side)."""
         w = self.w
         try:
             w.slots[self.rank] = t.detach().clone()
             w.barrier.wait()
-            total = sum(w.slots[1:], w.slots[0].clone())
+            got = list(w.slots)
             w.barrier.wait()
         except threading.BrokenBarrierError:
-            raise TimeoutError(f"rank {self.rank} called all_reduce but not every rank "
+            raise TimeoutError(f"rank {self.rank} called {what} but not every rank "
                                "did") from None
+        return got
+
+    def all_reduce(self, t, op="sum"):
+        self._count("all_reduce", t)
+        got = self._exchange(t, "all_reduce")
+        total = torch.stack(got).amax(0) if op == "max" else sum(got[1:], got[0].clone())
         with torch.no_grad():
             t.copy_(total)
         return t
+
+    def all_gather(self, t, dim=0):
+        self._count("all_gather", t)
+        return torch.cat(self._exchange(t, "all_gather"), dim)
+
+    def reduce_scatter(self, t, dim=0):
+        _check_split(t, dim, self.world)
+        self._count("reduce_scatter", t)
+        got = self._exchange(t, "reduce_scatter")
+        return sum(got[1:], got[0].clone()).chunk(self.world, dim)[self.rank].clone()
 
     def wait(self):
         pass

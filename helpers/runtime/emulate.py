@@ -16,14 +16,19 @@ on 2 cores keep the schedule's shape: the modelled waits, not the cores, set the
 `Clock()` (emulate=False) records the same boxes of the real run, so both modes are drawn and
 compared by the same code. Wall seconds are kept; `scale` stretches every modelled duration
 (a 5 us GPU box cannot be slept on a CPU), so a share of time (a bubble, an overlap) is in
-model units what it is in wall units. `waits(boxes)` splits the idle time before each box into
-waiting for its input (the schedule) and the delay after the input was sent (the machine).
+model units what it is in wall units. A loaded machine still wakes a sleeping rank late, so
+`model_time` also runs the recorded boxes on the model's clock alone: each rank's boxes in the
+order they ran, each its modelled seconds, each after the box it needs (plus the message's
+modelled time): the schedule's own timeline, the same on every machine. `waits(boxes)` splits
+the idle time before each box into waiting for its input (the schedule) and the delay after the
+input was sent (the machine).
 """
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "sleep_until", "waits"]
+__all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "sleep_until", "waits",
+           "model_time"]
 
 
 def sleep_until(deadline, now=time.perf_counter):
@@ -40,10 +45,11 @@ class Clock:
     seconds (the real math first, then a sleep for the rest); compute and overrun say how long
     the math took and by how much it outlasted the modelled time (then the box is late)."""
 
-    def __init__(self, emulate=False, scale=1.0, now=time.perf_counter):
+    def __init__(self, emulate=False, scale=1.0, now=time.perf_counter, sleep=True):
         if not (isinstance(scale, (int, float)) and scale > 0):
             raise ValueError(f"Clock: scale must be a positive number, got {scale!r}")
         self.emulate, self.scale, self.now = bool(emulate), float(scale), now
+        self.sleep = bool(sleep)          # False: record the modelled times only (tests)
         self.boxes, self.marks = [], []
 
     @contextmanager
@@ -61,7 +67,8 @@ class Clock:
         if self.emulate:
             target = start + seconds * self.scale
             record["overrun"] = max(0.0, done - target)
-            sleep_until(target, self.now)
+            if self.sleep:
+                sleep_until(target, self.now)
         record["end"] = self.now()
         self.boxes.append(record)
 
@@ -146,3 +153,35 @@ def waits(boxes, step_start=None):
         total["delay"] += idle - wait_input
         prev = max(prev, b["end"])
     return total
+
+
+def model_time(timelines, key, needs, message=None):
+    """The recorded boxes on the model's clock: timelines[r] is rank r's boxes in the order they
+    ran (each with its "modelled" seconds); key(box) names a box, needs(box) names the box it
+    waits for (or None); message(box) is the modelled seconds of the message it waited for when
+    that box ran on another rank. Each box starts when its rank is free and its input is there.
+    Returns copies with start and end in model seconds. ValueError on a cycle."""
+    where = {key(b): r for r, tl in enumerate(timelines) for b in tl}
+    pos, free, end = [0] * len(timelines), [0.0] * len(timelines), {}
+    out = [[] for _ in timelines]
+    while any(pos[r] < len(tl) for r, tl in enumerate(timelines)):
+        moved = False
+        for r, tl in enumerate(timelines):
+            while pos[r] < len(tl):
+                b = tl[pos[r]]
+                need = needs(b)
+                if need is not None and need not in end:
+                    if need not in where:
+                        raise ValueError(f"box {key(b)} needs {need}, which never ran")
+                    break
+                ready = 0.0
+                if need is not None:
+                    ready = end[need] + (message(b) if message and where[need] != r else 0.0)
+                start = max(free[r], ready)
+                free[r] = end[key(b)] = start + b["modelled"]
+                out[r].append(dict(b, start=start, end=free[r]))
+                pos[r] += 1
+                moved = True
+        if not moved:
+            raise ValueError("the recorded boxes wait for each other in a cycle")
+    return out

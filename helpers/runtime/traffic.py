@@ -121,10 +121,12 @@ def tensor_bytes(t):
 
 class TrafficLog(ByteLog):
     """What this rank sent through dist collectives: `calls` and `bytes` per collective name,
-    `sent_bytes` in all."""
+    `sent_bytes` in all; `by_group`: the same per process group, keyed by the group's global
+    ranks (a mesh dimension's), which each record keeps as its dst."""
 
-    def add(self, name, full_bytes, world):
-        self.record(name, _SHARE[name] * ring_bytes_per_device(full_bytes, world))
+    def add(self, name, full_bytes, world, ranks=None):
+        self.record(name, _SHARE[name] * ring_bytes_per_device(full_bytes, world),
+                    dst=tuple(ranks) if ranks else None)
 
     @property
     def calls(self):
@@ -141,6 +143,15 @@ class TrafficLog(ByteLog):
     def sent_bytes(self):
         return self.total()
 
+    @property
+    def by_group(self):
+        out = {}
+        for r in self.records:
+            calls, nbytes = out.setdefault(r.dst or (), (Counter(), Counter()))
+            calls[r.op] += 1
+            nbytes[r.op] += r.nbytes
+        return out
+
     def __repr__(self):
         return f"TrafficLog({dict(self.calls)}, sent_bytes={self.sent_bytes:.0f})"
 
@@ -154,10 +165,22 @@ def _full_tensor(name, args, kwargs):
     return kwargs.get("tensor", args[0] if args else None)
 
 
+_GROUP_AT = {"all_reduce": 2, "reduce_scatter_tensor": 3, "all_gather_into_tensor": 2,
+             "all_gather_single": 2, "reduce_scatter_single": 3, "broadcast": 2}
+
+
+def _group(name, args, kwargs):
+    """The process group a collective call names (None: the default group)."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    i = _GROUP_AT[name]
+    return args[i] if len(args) > i else None
+
+
 @contextlib.contextmanager
 def count_traffic():
     """Count what this rank sends through dist collectives inside the block (yields a
-    TrafficLog)."""
+    TrafficLog): each collective as a ring over the ranks of ITS group."""
     log, saved = TrafficLog(), {}
     for name in _SHARE:
         fn = getattr(dist, name, None)
@@ -166,9 +189,9 @@ def count_traffic():
         saved[name] = fn
 
         def wrapper(*args, _name=name, _fn=fn, **kwargs):
-            group = kwargs.get("group")       # a subgroup's ring has its own size
-            log.add(_name, tensor_bytes(_full_tensor(_name, args, kwargs)),
-                    dist.get_world_size(group))
+            group = _group(_name, args, kwargs)     # a subgroup's ring has its own size
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            log.add(_name, tensor_bytes(_full_tensor(_name, args, kwargs)), len(ranks), ranks)
             return _fn(*args, **kwargs)
         setattr(dist, name, wrapper)
     try:

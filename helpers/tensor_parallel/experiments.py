@@ -9,20 +9,32 @@ import torch.distributed as dist
 
 from ..runtime.comm import DistComm
 from ..runtime.progress import report_progress
-from ..runtime.traffic import FuncolBytes
-from ..tiny_models import block_inputs, block_loss, small_block
-from .scratch import TPBlock, TPMLP
-from .torch_api import tp_plan
+from ..runtime.traffic import FuncolBytes, count_traffic
+from ..tiny_models import block_inputs, block_loss, small_block, small_stack
+from .scratch import TPBlock, TPMLP, copy_to_tp, shard_of
+from .sequence import (SPBlock, VocabEmbedding, saved_activation_bytes, sync_replicated_grads,
+                       tiny_tp_lm, vocab_parallel_cross_entropy)
+from .torch_api import sp_plan, tp_plan, vocab_plan
 
-__all__ = ["tp_worker", "mesh2d_worker"]
+__all__ = ["tp_worker", "sp_runs", "vocab_runs", "mesh2d_worker", "hsdp_worker"]
 
 
 def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _grad_like(p):
+    """A parameter's gradient, this rank's piece laid out as the parameter is: DTensor may
+    leave it Partial (a sequence-parallel layer norm's: each rank holds part of the sum) or
+    Replicate (a vocabulary-split embedding's), and redistributing does the missing step."""
+    g = p.grad
+    if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
+        g = g.redistribute(p.device_mesh, p.placements)
+    return _local(g)
+
+
 def _grads(module):
-    return {n: _local(p.grad).detach().cpu().clone() for n, p in module.named_parameters()}
+    return {n: _grad_like(p).detach().cpu().clone() for n, p in module.named_parameters()}
 
 
 def _run(module, X, R, counter):
@@ -59,16 +71,111 @@ def tp_worker(rank, world, cfg):
             got = _run(module, X, R, counter)
         got["comm_counts"] = {str(k): v for k, v in debug.get_comm_counts().items()}
         results[name] = got
+    results.update(sp_runs(rank, world, block, X, R, comm, mesh))
+    if cfg.get("lm"):
+        results.update(vocab_runs(rank, world, cfg["lm"], comm, mesh))
     return results
 
 
+def _seq(t, rank, world):
+    return t.chunk(world, 1)[rank].contiguous()
+
+
+def sp_runs(rank, world, block, X, R, comm, mesh):
+    """The block without and with sequence parallelism, by hand (SPBlock) and with DTensor
+    (sp_plan), on this rank's positions: output and input-gradient shards, the gradients, the
+    collectives in forward and backward, and the activations autograd saved in forward."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    out = {}
+    for name in ("unsplit", "tp", "sp"):
+        module = {"unsplit": lambda: copy.deepcopy(block), "tp": lambda: TPBlock(block, comm),
+                  "sp": lambda: SPBlock(block, comm)}[name]()
+        x = (X if name != "sp" else _seq(X, rank, world)).detach().clone().requires_grad_()
+        comm.log = []
+        y, saved = saved_activation_bytes(module, x, params=module.parameters())
+        fwd = list(comm.log)
+        block_loss(y, R if name != "sp" else _seq(R, rank, world)).backward()
+        if name == "sp":
+            sync_replicated_grads(module, comm)
+        out[name] = dict(out=y.detach().cpu().clone(), x_grad=x.grad.detach().cpu().clone(),
+                         grads=_grads(module), saved=saved, fwd=fwd,
+                         bwd=list(comm.log[len(fwd):]))
+    module = parallelize_module(copy.deepcopy(block), mesh, sp_plan())
+    x = _seq(X, rank, world).detach().clone().requires_grad_()
+    with FuncolBytes() as counter:
+        y, saved = saved_activation_bytes(module, x, params=module.parameters())
+        fwd = list(counter.log)
+        block_loss(_local(y), _seq(R, rank, world)).backward()
+    placements = {n: str(getattr(p.grad, "placements", None)) for n, p in
+                  module.named_parameters() if n.startswith("ln")}
+    out["sp_dtensor"] = dict(out=_local(y).detach().cpu().clone(), grads=_grads(module),
+                             ln_grad_placements=placements,
+                             x_grad=x.grad.detach().cpu().clone(), saved=saved, fwd=fwd,
+                             bwd=list(counter.log[len(fwd):]))
+    return out
+
+
+def vocab_runs(rank, world, lm_cfg, comm, mesh):
+    """The TinyTPLM with its vocabulary split, by hand (VocabEmbedding, a column-split head,
+    vocab_parallel_cross_entropy) and with DTensor (vocab_plan, loss_parallel): the loss, the
+    gradients of this rank's slices, the collectives, and the logits' bytes on this rank."""
+    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+    lm = tiny_tp_lm(**lm_cfg["model"])
+    g = torch.Generator().manual_seed(lm_cfg.get("seed", 0))
+    ids = torch.randint(0, lm.head.out_features, (lm_cfg["batch"], lm_cfg["seq"]), generator=g)
+    y = torch.randint(0, lm.head.out_features, ids.shape, generator=g)
+    emb, blk = VocabEmbedding(lm.emb, comm), TPBlock(lm.block, comm)
+    head_w = torch.nn.Parameter(shard_of(lm.head.weight, 0, rank, world))
+    comm.log = []
+    logits = torch.nn.functional.linear(copy_to_tp(blk(emb(ids)), comm), head_w)
+    loss = vocab_parallel_cross_entropy(logits, y, comm, start=rank * head_w.shape[0])
+    fwd = list(comm.log)
+    loss.backward()
+    grads = dict(_grads(blk), **{"emb.weight": emb.weight.grad.detach().clone(),
+                                 "head.weight": head_w.grad.detach().clone()})
+    out = {"vocab": dict(loss=loss.item(), grads=grads, fwd=fwd, bwd=list(comm.log[len(fwd):]),
+                         logits_bytes=logits.numel() * logits.element_size())}
+    model = parallelize_module(copy.deepcopy(lm), mesh, vocab_plan())
+    with FuncolBytes() as counter:
+        logits = model(ids)
+        with loss_parallel():
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            loss.backward()
+    placements = {n: (str(p.placements), str(p.grad.placements))
+                  for n, p in model.named_parameters() if not n.startswith("block")}
+    out["vocab_dtensor"] = dict(loss=_local(loss).item(), grads=_grads(model), log=counter.log,
+                                placements=placements,
+                                logits_bytes=_local(logits).numel() * 4)
+    return out
+
+
+def _per_dim(log, tp_log, groups):
+    """A step's collectives by mesh dimension: {dim: {op: [calls, ring bytes sent]}}. FSDP's
+    go through torch.distributed (count_traffic, by group); DTensor's tensor-parallel ones are
+    functional collectives (FuncolBytes: payloads, turned into ring bytes here)."""
+    out = {}
+    for ranks, (calls, nbytes) in log.by_group.items():
+        dim = next((d for d, g in groups.items() if tuple(g) == ranks), str(ranks))
+        out[dim] = {op: [calls[op], nbytes[op]] for op in calls}
+    k = len(groups["tp"])
+    ring = {"all_reduce": 2 * (k - 1) / k, "all_gather_into_tensor": k - 1,
+            "reduce_scatter_tensor": (k - 1) / k}
+    for op, _, b in tp_log.log:
+        row = out.setdefault("tp", {}).setdefault(op, [0, 0.0])
+        row[0] += 1
+        row[1] += ring.get(op, 1.0) * b
+    return out
+
+
 def mesh2d_worker(rank, world, cfg):
-    """Launch target on 4 ranks: a 2x2 device mesh ("dp", "tp"); the SmallBlock tensor parallel
-    over "tp" (parallelize_module) and data parallel over "dp" (each dp group gets half of each
-    global batch; gradients averaged over "dp" by FSDP2 fully_shard, or by an all-reduce where
-    fully_shard is unavailable). SGD for cfg["steps"] steps; returns the full weights
-    (rank 0), the losses and how the dp dimension was done."""
+    """Launch target on 4 ranks: a 2x2 device mesh ("dp", "tp"); a stack of SmallBlocks, each
+    tensor parallel over "tp" (parallelize_module) and data parallel over "dp" (each dp group
+    gets half of each global batch): cfg["wrap"] "block" (fully_shard per block, then the root,
+    as FSDP2 is meant to be used) or "root" (the root only). SGD for cfg["steps"] steps; returns
+    the full weights (rank 0), the losses, the local shapes, and the last step's collectives
+    per mesh dimension."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
     import logging
     # full_tensor() of a 2D-sharded weight warns that it gathers in two steps: true, harmless
@@ -77,33 +184,26 @@ def mesh2d_worker(rank, world, cfg):
     dp, tp = cfg.get("shape", (2, 2))
     mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh["dp"].get_local_rank()
-    block = small_block(**cfg.get("block", {})).to(device)
-    model = parallelize_module(block, mesh["tp"], tp_plan(True, True))
-    how = "manual all-reduce over dp"
-    if cfg.get("fsdp", True):
-        try:
-            from torch.distributed.fsdp import fully_shard
-            model = fully_shard(model, mesh=mesh["dp"])
-            how = "fully_shard over dp"
-        except Exception as e:   # noqa: BLE001 - old torch without FSDP2 on a 2D mesh
-            how = f"manual all-reduce over dp (fully_shard: {type(e).__name__})"
+    model = small_stack(cfg.get("blocks", 2), **cfg.get("block", {})).to(device)
+    for block in model:                        # tensor parallel inside each block, over "tp"
+        parallelize_module(block, mesh["tp"], tp_plan(True, True))
+    if cfg.get("wrap", "block") == "block":
+        for block in model:                    # one FSDP unit per block, over "dp"
+            fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])        # the root: what no block holds
     opt = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.1))
-    losses = []
-    for step in range(cfg.get("steps", 3)):
-        report_progress(step + 1, cfg.get("steps", 3), "step")
+    losses, steps = [], cfg.get("steps", 3)
+    groups = {d: dist.get_process_group_ranks(mesh.get_group(d)) for d in ("dp", "tp")}
+    for step in range(steps):
+        report_progress(step + 1, steps, "step")
         X, R = block_inputs(**dict(cfg["inputs"], seed=step))
         rows = X.shape[0] // dp
         Xs = X[dp_rank * rows:(dp_rank + 1) * rows].to(device)
         Rs = R[dp_rank * rows:(dp_rank + 1) * rows].to(device)
         opt.zero_grad()
-        loss = block_loss(_local(model(Xs)), Rs) / X.shape[0] * dp   # mean over this dp shard
-        loss.backward()
-        if how.startswith("manual"):
-            group = mesh.get_group("dp")
-            for p in model.parameters():
-                g = _local(p.grad)
-                dist.all_reduce(g, group=group)
-                g /= dp
+        with count_traffic() as log, FuncolBytes() as tp_log:
+            loss = block_loss(_local(model(Xs)), Rs) / X.shape[0] * dp   # this dp shard's mean
+            loss.backward()
         opt.step()
         total = loss.detach().clone() / dp
         dist.all_reduce(total, group=mesh.get_group("dp"))
@@ -111,5 +211,56 @@ def mesh2d_worker(rank, world, cfg):
     full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
             for n, p in model.named_parameters()}
     local = {n: tuple(_local(p).shape) for n, p in model.named_parameters()}
-    return dict(weights=full if rank == 0 else None, losses=losses, how=how, local_shapes=local,
-                coords=(dp_rank, mesh["tp"].get_local_rank()))
+    return dict(weights=full if rank == 0 else None, losses=losses, local_shapes=local,
+                coords=(dp_rank, mesh["tp"].get_local_rank()),
+                traffic=_per_dim(log, tp_log, groups), groups=groups)
+
+
+def hsdp_worker(rank, world, cfg):
+    """launch target on 4 ranks: HSDP, fully_shard over a 2-D mesh ("replicate", "shard"):
+    each parameter sharded over "shard" (2 ranks), replicated over "replicate" (2 groups), so
+    gradients are reduce-scattered within a group and all-reduced across; each of the 4 ranks
+    trains on a quarter of the batch. Also an nn.Linear(5, 3) fully_shard over "shard": rows
+    that do not divide (torch.chunk: 2 and 1). Returns losses, weights (rank 0), local shapes,
+    the placements, the last step's collectives per mesh dimension."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    device = cfg["device"]
+    mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = small_stack(cfg.get("blocks", 2), **cfg.get("block", {})).to(device)
+    for block in model:
+        fully_shard(block, mesh=mesh)          # a 2-D mesh: HSDP (replicate, shard)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.1))
+    groups = {d: dist.get_process_group_ranks(mesh.get_group(d)) for d in ("replicate", "shard")}
+    losses = []
+    for step in range(cfg.get("steps", 3)):
+        X, R = block_inputs(**dict(cfg["inputs"], seed=step))
+        rows = X.shape[0] // world
+        Xs, Rs = (t[rank * rows:(rank + 1) * rows].to(device) for t in (X, R))
+        opt.zero_grad()
+        with count_traffic() as log:
+            loss = block_loss(model(Xs), Rs) / X.shape[0] * world
+            loss.backward()
+        opt.step()
+        total = loss.detach().clone() / world
+        dist.all_reduce(total)
+        losses.append(float(total))
+    traffic = {}
+    for ranks, (calls, nbytes) in log.by_group.items():
+        dim = next((d for d, g in groups.items() if tuple(g) == ranks), str(ranks))
+        traffic[dim] = {op: [calls[op], nbytes[op]] for op in calls}
+    p0 = next(model.parameters())
+    torch.manual_seed(1)
+    odd = torch.nn.Linear(5, 3).to(device)
+    want = {n: p.detach().cpu().clone() for n, p in odd.named_parameters()}
+    fully_shard(odd, mesh=mesh["shard"])
+    odd_local = {n: tuple(p.to_local().shape) for n, p in odd.named_parameters()}
+    odd_full = {n: p.full_tensor().detach().cpu() for n, p in odd.named_parameters()}
+    full = {n: p.full_tensor().detach().cpu().clone()       # a collective: every rank
+            for n, p in model.named_parameters()}
+    return dict(losses=losses, traffic=traffic, groups=groups,
+                weights=full if rank == 0 else None,
+                local_shapes={n: tuple(p.to_local().shape) for n, p in model.named_parameters()},
+                placements=str(p0.placements), odd_local=odd_local,
+                odd_equal=all(torch.equal(odd_full[n], want[n]) for n in want))

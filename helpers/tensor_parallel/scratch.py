@@ -81,10 +81,13 @@ class TPMLP(nn.Module):
         self.up = _sharded_linear(mlp.up, 0, r, k)
         self.down = _sharded_linear(mlp.down, 1, r, k)
 
+    def partial(self, x):
+        """This rank's partial output (its hidden columns' share), before any sum."""
+        return F.linear(F.gelu(self.up(x)), self.down.weight)
+
     def forward(self, x):
-        x = copy_to_tp(x, self.comm)
-        partial = F.linear(F.gelu(self.up(x)), self.down.weight)
-        return reduce_from_tp(partial, self.comm) + self.down.bias
+        x = copy_to_tp(x, self.comm)                                   # f
+        return reduce_from_tp(self.partial(x), self.comm) + self.down.bias   # g, bias once
 
 
 class TPAttention(nn.Module):
@@ -102,14 +105,17 @@ class TPAttention(nn.Module):
                                   for lin in (attn.q, attn.k, attn.v))
         self.proj = _sharded_linear(attn.proj, 1, r, k)
 
-    def forward(self, x):
+    def partial(self, x):
+        """This rank's heads, projected: its partial output, before any sum."""
         B, T, _ = x.shape
-        x = copy_to_tp(x, self.comm)
         q, k, v = (lin(x).view(B, T, -1, self.head_dim).transpose(1, 2)
                    for lin in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        partial = F.linear(y.transpose(1, 2).reshape(B, T, -1), self.proj.weight)
-        return reduce_from_tp(partial, self.comm) + self.proj.bias
+        return F.linear(y.transpose(1, 2).reshape(B, T, -1), self.proj.weight)
+
+    def forward(self, x):
+        x = copy_to_tp(x, self.comm)                                   # f
+        return reduce_from_tp(self.partial(x), self.comm) + self.proj.bias   # g, bias once
 
 
 class TPBlock(nn.Module):

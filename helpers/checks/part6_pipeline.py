@@ -1,0 +1,282 @@
+"""Checks for the exercises of Part VI's pipeline chapter (pipeline_dist): the idle share of
+measured boxes, a forward-only pipeline run on thread ranks whose every message and stage call
+is recorded (micro-batch j must travel on before j + 1 comes in), cuts by measured time, and a
+micro-batch count PyTorch's schedules accept."""
+import torch
+from torch import nn
+
+from .. import balanced_cuts, check_pipelining
+from ._core import CheckFailed, World, as_int, as_number, check, expect, fresh_generator, randint
+
+__all__ = ["check_idle_share", "check_pipeline_forward", "check_cuts_for_times",
+           "check_microbatches_for", "check_weight_grads"]
+
+TIMEOUT = 2.0   # seconds a thread-rank waits for a message that never comes
+
+
+# --- idle share -------------------------------------------------------------------------------
+def _timelines(g, p, m, equal):
+    """Per-rank timelines of a GPipe step with stage times that are equal or not."""
+    base = [1.0] * p if equal else [randint(g, 1, 9) / 4 for _ in range(p)]
+    if not equal:
+        base[-1] = base[0] + randint(g, 1, 4) / 4      # at least two stages differ
+    done = [[0.0] * m for _ in range(p)]
+    tls, free = [[] for _ in range(p)], [0.0] * p
+    for j in range(m):
+        for s in range(p):
+            start = max(free[s], done[s - 1][j] if s else 0.0)
+            end = start + base[s]
+            tls[s].append(dict(stage=s, micro=j, phase="F", start=start + 100, end=end + 100))
+            done[s][j], free[s] = end, end
+    for j in range(m):
+        for s in reversed(range(p)):
+            start = max(free[s], done[s + 1][j] if s < p - 1 else 0.0)
+            end = start + 2 * base[s]
+            tls[s].append(dict(stage=s, micro=j, phase="B", start=start + 100, end=end + 100))
+            done[s][j], free[s] = end, end
+    return tls
+
+
+def _bubble(tls):
+    events = [e for tl in tls for e in tl]
+    span = max(e["end"] for e in events) - min(e["start"] for e in events)
+    return 1 - sum(e["end"] - e["start"] for e in events) / (len(tls) * span)
+
+
+@check("idle_share", references=["timeline_bubble", "busy_times"], observes=[
+    "the share returned for fresh GPipe timelines (equal and unequal stages, the step starting "
+    "at t = 100 s) against the idle rank-time over p x the span, computed by the check"])
+def check_idle_share(fn):
+    """fn(timelines) -> idle share of the step, from per-rank lists of F/B boxes."""
+    g = fresh_generator()
+    for equal in (True, False, False):
+        p, m = randint(g, 2, 4), randint(g, 1, 8)
+        tls = _timelines(g, p, m, equal)
+        want = _bubble(tls)
+        got = as_number(fn([list(tl) for tl in tls]), "idle_share(timelines)")
+        if abs(got - want) < 1e-9:
+            continue
+        formula = (p - 1) / (m + p - 1)
+        spans = [max(e["end"] for e in tl) - min(e["start"] for e in tl) for tl in tls]
+        own = 1 - sum(sum(e["end"] - e["start"] for e in tl) / s
+                      for tl, s in zip(tls, spans)) / p
+        if abs(got - formula) < 1e-9 and not equal:
+            msg = ("that is (p-1)/(m+p-1), which assumes equal stages; these stages differ: "
+                   "measure the idle time from the boxes")
+        elif abs(got - own) < 1e-9:
+            msg = ("each rank's idle time must be counted over the whole step (first start "
+                   "to last end on any rank), not over that rank's own span")
+        else:
+            msg = f"expected {want:.4f}"
+        raise CheckFailed(f"with p={p}, m={m} you returned {got:.4f}: {msg}")
+
+
+# --- a forward-only pipeline ------------------------------------------------------------------
+class _Watched(nn.Module):
+    """The stage the answer is given: every call leaves ("F", rows) in its rank's timeline."""
+
+    def __init__(self, stage, world):
+        super().__init__()
+        self.stage, self.world = stage, world
+
+    def forward(self, x):
+        self.world.mark(("F", int(x.shape[0])))
+        return self.stage(x)
+
+
+def _forward_rank(comm, fn, stages, X, m, n, widths):
+    r = comm.rank
+    return fn(stages[r], comm, X if r == 0 else None, m, n, (widths[r],))
+
+
+def _events(world, s):
+    """Rank s's recorded steps in order: ("F", rows), ("send", k), ("recv", k) (k-th message)."""
+    out, counts = [], {"send": 0, "recv": 0}
+    for _, kind, detail in world.timeline[s]:
+        if kind == "mark":
+            out.append(detail)
+        elif kind in counts:
+            out.append((kind, counts[kind]))
+            counts[kind] += 1
+    return out
+
+
+def _check_overlap(events, s, p, m, rows):
+    forwards = [e for e in events if e[0] == "F"]
+    expect(not (len(forwards) == 1 and m > 1),
+           f"rank {s} ran its stage once, on all {sum(rows)} rows: run it on each micro-batch "
+           "as it arrives, so the stages overlap")
+    expect([e[1] for e in forwards] == rows,
+           f"rank {s} ran its stage on {[e[1] for e in forwards]} rows, expected one call per "
+           f"micro-batch, in order: {rows}")
+    at = {e: i for i, e in enumerate(events)}
+    f_at = [i for i, e in enumerate(events) if e[0] == "F"]
+    for j in range(m - 1):
+        if s < p - 1:
+            later = at[("recv", j + 1)] if s > 0 else f_at[j + 1]
+            expect(at[("send", j)] < later,
+                   f"rank {s} {'received' if s > 0 else 'computed'} micro-batch {j + 1} before "
+                   f"it sent micro-batch {j} on: pass each micro-batch on as soon as it is "
+                   "computed, so the next stage works while this one computes the next")
+        if s > 0:
+            expect(f_at[j] < at[("recv", j + 1)],
+                   f"rank {s} received micro-batch {j + 1} before it computed micro-batch {j}: "
+                   "compute each micro-batch as it arrives, so the stages overlap")
+
+
+@check("pipeline_forward", observes=[
+    "on 2 and 3 thread ranks: every message (sender, receiver, bytes, order) and every call "
+    "of each rank's stage (rows), recorded by the harness's World",
+    "one stage call per micro-batch; rank r sends micro-batch j before it receives (or, rank "
+    "0, computes) j + 1, and computes j before it receives j + 1: the stages overlap",
+    "the last rank's output against the unsplit net"])
+def check_pipeline_forward(fn):
+    """fn(stage, comm, X, num_microbatches, batch_size, in_shape): a forward-only pipeline; the
+    last rank returns the output of the whole net (the other ranks return anything)."""
+    g = fresh_generator()
+    for p in (2, 3):
+        m, n = randint(g, 3, 4), randint(g, 6, 12)
+        widths = [randint(g, 3, 7) for _ in range(p + 1)]
+        with torch.random.fork_rng():      # leave the notebook's random numbers alone
+            torch.manual_seed(int(torch.randint(0, 2**31, (), generator=g)))
+            stages = [nn.Sequential(nn.Linear(widths[s], widths[s + 1]), nn.Tanh())
+                      for s in range(p)]
+        X = torch.randn(n, widths[0], generator=g)
+        with torch.no_grad():
+            want = nn.Sequential(*stages)(X)
+        world = World(p, timeout=TIMEOUT)
+        watched = [_Watched(st, world) for st in stages]
+        results = world.run(_forward_rank, fn, watched, X, m, n, widths)
+        rows = [len(c) for c in torch.arange(n).tensor_split(m)]
+        for s in range(p - 1):
+            sends = [(msg.dst, msg.nbytes) for msg in world.sent("send", rank=s)]
+            expect(sends, f"on {p} ranks rank {s} sent nothing to rank {s + 1}: each "
+                          "stage must pass its output on with comm.send")
+            expect(all(dst == s + 1 for dst, _ in sends),
+                   f"rank {s} sent to ranks {sorted({d for d, _ in sends})}; a stage sends "
+                   f"only to the next one ({s + 1})")
+            expect(len(sends) == m,
+                   f"rank {s} sent {len(sends)} message(s), expected one per micro-batch "
+                   f"({m}): cut the batch into micro-batches so the stages overlap")
+            want_bytes = [rr * widths[s + 1] * 4 for rr in rows]
+            expect([b for _, b in sends] == want_bytes,
+                   f"rank {s} sent messages of {[b for _, b in sends]} bytes, expected "
+                   f"{want_bytes}: one micro-batch of stage {s}'s output each, in order")
+        for s in range(p):
+            _check_overlap(_events(world, s), s, p, m, rows)
+        got = results[-1]
+        expect(isinstance(got, torch.Tensor),
+               f"the last rank returned {type(got).__name__}, expected the output tensor")
+        expect(tuple(got.shape) == tuple(want.shape),
+               f"the last rank returned shape {tuple(got.shape)}, expected "
+               f"{tuple(want.shape)} (all micro-batches, in order)")
+        expect(torch.allclose(got.detach(), want, atol=1e-5),
+               f"on {p} ranks the output differs from the unsplit net (by "
+               f"{(got.detach() - want).abs().max():.3g})")
+
+
+# --- cuts by measured time --------------------------------------------------------------------
+@check("cuts_for_times", references=["balanced_cuts", "cuts_by"], observes=[
+    "the cuts returned for fresh per-layer times (one slow first layer among them): valid "
+    "(increasing, no empty stage) and with a slowest stage no slower than the best cut's, "
+    "computed by the check"])
+def check_cuts_for_times(fn):
+    """fn(times, p) -> cuts: p-1 increasing layer indices that make the slowest stage as fast
+    as possible, for per-layer measured `times`."""
+    g = fresh_generator()
+    for case in range(6):
+        L, p = randint(g, 4, 10), randint(g, 2, 4)
+        times = [randint(g, 1, 40) / 10 for _ in range(L)]
+        if case == 0:                  # one slow layer first: equal counts are far off
+            times[0] = sum(times)
+        call = f"cuts_for_times({times}, {p})"
+        got = fn(list(times), p)
+        try:
+            cuts = [as_int(c, call) for c in got]
+        except TypeError:
+            raise CheckFailed(f"{call} returned {got!r}, expected a list of ints") from None
+        expect(len(cuts) == p - 1, f"{call} returned {len(cuts)} cuts, expected {p - 1}")
+        expect(all(a < b for a, b in zip([0] + cuts, cuts + [L])),
+               f"{call} returned {cuts}: cuts must increase within 1..{L - 1}, so every "
+               "stage gets at least one layer")
+        bounds = [0, *cuts, L]
+        slowest = max(sum(times[a:b]) for a, b in zip(bounds, bounds[1:]))
+        best_cuts = balanced_cuts(times, p)
+        bb = [0, *best_cuts, L]
+        best = max(sum(times[a:b]) for a, b in zip(bb, bb[1:]))
+        if slowest > best + 1e-9:
+            even = [round(L * i / p) for i in range(1, p)]
+            hint = (": that gives every stage the same number of layers; balance the "
+                    "measured times instead") if cuts == even else ""
+            raise CheckFailed(f"{call} returned {cuts}: slowest stage {slowest:.2f} s, "
+                              f"but {best_cuts} gives {best:.2f} s{hint}")
+
+
+# --- a micro-batch count PyTorch's schedules accept -------------------------------------------
+@check("microbatches_for", observes=[
+    "each count returned is fed to helpers.check_pipelining (PyTorch's schedules): it must be "
+    "accepted, and no accepted count may be closer to the one wanted (a tie: the larger)"])
+def check_microbatches_for(fn):
+    """fn(batch_size, wanted) -> the micro-batch count closest to `wanted` (the larger on a tie)
+    that torch.distributed.pipelining's schedules accept for `batch_size`."""
+    g = fresh_generator()
+    cases = [(10, 4), (12, 5), (7, 3), (16, 8)]
+    cases += [(randint(g, 6, 60), randint(g, 2, 9)) for _ in range(4)]
+    for n, wanted in cases:
+        call = f"microbatches_for({n}, {wanted})"
+        m = as_int(fn(n, wanted), call)
+        try:
+            check_pipelining("Schedule1F1B", n, m, 2, 4, [2])
+        except ValueError as e:
+            raise CheckFailed(f"{call} returned {m}, which PyTorch's schedules refuse: {e}")
+        ok = [k for k in range(1, n + 1) if n % k == 0]
+        best = min(ok, key=lambda k: (abs(k - wanted), -k))
+        expect(m == best, f"{call} returned {m}; {best} is accepted too and closer to "
+                          f"{wanted}" + (" (on a tie take the larger: more micro-batches, a "
+                                         "smaller bubble)" if abs(best - wanted) ==
+                                         abs(m - wanted) else ""))
+
+
+# --- the weight gradient, later (zero bubble) ---------------------------------------------------
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "dot", "mv"}
+
+
+@check("weight_grads", references=["LinearTape"], observes=[
+    "the (dW, db) returned for fresh inputs x of 2 and 3 dimensions and output gradients dy, "
+    "against autograd's gradients of an nn.Linear",
+    "every aten operation the answer ran (Recorder): one matrix product, no forward again"])
+def check_weight_grads(fn):
+    """fn(x, dy) -> (dW, db): an nn.Linear's weight and bias gradients from the input x it
+    saw and the gradient dy of its output, as the zero-bubble W box computes them."""
+    from ._core import Recorder
+    g = fresh_generator()
+    for shape in ((randint(g, 3, 6),), (randint(g, 2, 3), randint(g, 2, 4))):
+        d_in, d_out = randint(g, 2, 5), randint(g, 3, 6)
+        while d_out == d_in:
+            d_out = randint(g, 2, 6)
+        x = torch.randn(*shape, d_in, generator=g)
+        dy = torch.randn(*shape, d_out, generator=g)
+        lin = nn.Linear(d_in, d_out)
+        lin(x).backward(dy)
+        call = f"weight_grads(x of shape {tuple(x.shape)}, dy of shape {tuple(dy.shape)})"
+        with Recorder() as rec:
+            got = fn(x.clone(), dy.clone())
+        expect(isinstance(got, (tuple, list)) and len(got) == 2,
+               f"{call} returned {type(got).__name__}, expected (dW, db)")
+        dW, db = (torch.as_tensor(t) for t in got)
+        if tuple(dW.shape) == (d_in, d_out):
+            raise CheckFailed(f"{call}: dW has shape {tuple(dW.shape)}, the transpose of the "
+                              f"weight's ({d_out}, {d_in}): dW = dy^T x")
+        expect(tuple(dW.shape) == (d_out, d_in) and tuple(db.shape) == (d_out,),
+               f"{call} returned shapes {tuple(dW.shape)} and {tuple(db.shape)}, expected "
+               f"({d_out}, {d_in}) and ({d_out},)")
+        products = [op.name for op in rec.ops if op.name in _MATMULS]
+        expect(len(products) <= 1,
+               f"{call} ran {len(products)} matrix products ({', '.join(products)}): it ran "
+               "the layer's forward again; W needs only x and dy, one product dy^T x")
+        expect(torch.allclose(dW, lin.weight.grad, atol=1e-5),
+               f"{call}: dW differs from the weight's gradient by "
+               f"{(dW - lin.weight.grad).abs().max():.3g}")
+        expect(torch.allclose(db, lin.bias.grad, atol=1e-5),
+               f"{call}: db differs from the bias's gradient (sum dy over every row, of every "
+               "leading dimension)")

@@ -1,0 +1,339 @@
+"""Checks for the exercises of Part VI's tensor-parallel and 2-D chapters (tensor_parallel_dist,
+mesh2d). The answers run on thread ranks of the harness's World, which records every
+collective (who called it, with which tensor, how many bytes, forward or backward), so an
+answer that computes the unsplit product on one rank, or skips a collective, fails for that
+reason even when its numbers come out right."""
+import torch
+
+from ._core import CheckFailed, World, as_number, check, expect, fresh_generator, randint
+
+__all__ = ["check_row_parallel_linear", "check_megatron_mlp", "check_tp_ring_bytes",
+           "check_mesh_groups", "check_dp_average", "check_local_shape", "check_vocab_loss"]
+
+TIMEOUT = 2.0
+
+
+def _reduces(world, rank, since=0):
+    return [m for m in world.sent("all_reduce", rank=rank) if m.seq >= since]
+
+
+# --- tensor parallel ----------------------------------------------------------------------------
+def _row_rank(comm, fn, x, W, b):
+    k, r = comm.world, comm.rank
+    return fn(x.chunk(k, -1)[r].clone(), W.chunk(k, 1)[r].clone(), b.clone(), comm)
+
+
+@check("row_parallel_linear", references=["TPMLP", "dense_split_rows"], observes=[
+    "on 2 and 4 thread ranks: the collectives each rank called (one all-reduce each, of the "
+    "partial output's bytes) and every rank's output against x @ W.T + b"])
+def check_row_parallel_linear(fn):
+    """fn(x_shard, w_shard, b, comm): a row-split linear layer; every rank returns x @ W.T + b."""
+    g = fresh_generator()
+    for k in (2, 4):
+        n, d_in, d_out = randint(g, 2, 5), k * randint(g, 1, 4), randint(g, 2, 6)
+        x, W = torch.randn(n, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
+        b = torch.randn(d_out, generator=g)
+        want = x @ W.T + b
+        world = World(k, timeout=TIMEOUT)
+        results = world.run(_row_rank, fn, x, W, b)
+        calls = [len(world.sent(rank=r)) for r in range(k)]
+        reduces = [len(_reduces(world, r)) for r in range(k)]
+        partial = x.chunk(k, -1)[0] @ W.chunk(k, 1)[0].T
+        r0 = results[0]
+        expect(isinstance(r0, torch.Tensor), f"rank 0 returned {type(r0).__name__}")
+        if calls[0] == 0 and torch.allclose(r0, partial + b, atol=1e-5):
+            raise CheckFailed(f"on {k} ranks rank 0 returned only its partial sum: "
+                              "all-reduce the partial products (comm.all_reduce)")
+        expect(reduces == [1] * k and calls == [1] * k,
+               f"on {k} ranks the ranks called {calls} collectives ({reduces} all-reduces); a "
+               "row-split layer needs exactly one all-reduce each, of the partial output")
+        nbytes = _reduces(world, 0)[0].nbytes
+        expect(nbytes == n * d_out * 4,
+               f"rank 0 all-reduced {nbytes} bytes; the partial output is {n * d_out * 4}")
+        for r, y in enumerate(results):
+            if torch.allclose(y, want + (k - 1) * b, atol=1e-5):
+                raise CheckFailed("the bias was added on every rank before the all-reduce, "
+                                  f"so it counts {k} times: add it once, after")
+            expect(torch.allclose(y, want, atol=1e-5),
+                   f"on {k} ranks rank {r}'s output differs from x @ W.T + b by "
+                   f"{(y - want).abs().max():.3g}")
+
+
+def _mlp_rank(comm, fn, world, x, W1, b1, W2, b2, R):
+    k, r = comm.world, comm.rank
+    shards = [W1.chunk(k, 0)[r], b1.chunk(k, 0)[r], W2.chunk(k, 1)[r], b2]
+    shards = [s.clone().requires_grad_() for s in shards]
+    x = x.clone().requires_grad_()
+    out = fn(x, *shards, comm)
+    split = world.mark("forward done")
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        raise CheckFailed(f"rank {r} returned {type(out).__name__} without a gradient path: "
+                          "build it from x and the shards with differentiable operations")
+    (out * R).sum().backward()
+    return out.detach(), x.grad, [s.grad for s in shards], split
+
+
+@check("megatron_mlp", references=["TPMLP", "megatron_mlp"], observes=[
+    "on 2 and 4 thread ranks: the collectives each rank called in forward and in backward "
+    "(one all-reduce each, of at most one activation's bytes: no weight travels)",
+    "every rank's output, x's gradient and each shard's gradient against the unsplit MLP"])
+def check_megatron_mlp(fn):
+    """fn(x, up_w, up_b, down_w, down_b, comm): the Megatron SmallMLP on one rank's shards (up
+    split by columns, down by rows), with f and g, differentiable: every rank returns the whole
+    output, and x gets the whole gradient."""
+    g = fresh_generator()
+    for k in (2, 4):
+        # more hidden units than rows: rebuilt weights are bigger than an activation
+        n, d, h = randint(g, 2, 3), randint(g, 3, 6), k * randint(g, 2, 3)
+        x = torch.randn(n, d, generator=g)
+        W1, b1 = torch.randn(h, d, generator=g), torch.randn(h, generator=g)
+        W2, b2 = torch.randn(d, h, generator=g), torch.randn(d, generator=g)
+        R = torch.randn(n, d, generator=g)
+        ref = [t.clone().requires_grad_() for t in (x, W1, b1, W2, b2)]
+        out = torch.nn.functional.gelu(ref[0] @ ref[1].T + ref[2]) @ ref[3].T + ref[4]
+        (out * R).sum().backward()
+        world = World(k, timeout=TIMEOUT)
+        results = world.run(lambda comm, *a: _mlp_rank(comm, fn, world, *a), x, W1, b1, W2,
+                            b2, R)
+        act = n * d * 4
+        for r, (o, xg, grads, split) in enumerate(results):
+            fwd = [m for m in world.sent(rank=r) if m.seq < split and m.op != "recv"]
+            bwd = [m for m in world.sent(rank=r) if m.seq > split and m.op != "recv"]
+            expect(fwd, f"on {k} ranks rank {r} did not communicate in forward: the partial "
+                        "outputs of the row-split layer must be all-reduced (g)")
+            moved = [m.nbytes * (len(m.ranks) if m.op == "all_gather" else 1) for m in fwd]
+            expect(max(moved) <= act,
+                   f"rank {r} moved {max(moved)} bytes in one {fwd[0].op} in forward, more "
+                   f"than one activation ({act} bytes): that rebuilds weights; a "
+                   "tensor-parallel MLP keeps its shard and communicates only the output")
+            expect(len(fwd) == 1 and fwd[0].op == "all_reduce",
+                   f"rank {r} made {[m.op for m in fwd]} in forward, expected one all-reduce "
+                   "(g, after the row-split layer)")
+            expect(torch.allclose(o, out.detach(), atol=1e-4),
+                   f"on {k} ranks rank {r}'s output differs from the unsplit MLP by "
+                   f"{(o - out.detach()).abs().max():.3g}")
+            expect(xg is not None and len(bwd) == 1 and bwd[0].op == "all_reduce"
+                   and bwd[0].nbytes == act,
+                   f"rank {r} made {len(bwd)} all-reduces in backward, expected one of "
+                   "x's gradient (f: identity forward, all-reduce backward)")
+            expect(torch.allclose(xg, ref[0].grad, atol=1e-4),
+                   f"rank {r}'s gradient of x differs from the unsplit one: it is only "
+                   "this rank's part unless f all-reduces it")
+            want = [ref[1].grad.chunk(k, 0)[r], ref[2].grad.chunk(k, 0)[r],
+                    ref[3].grad.chunk(k, 1)[r], ref[4].grad]
+            for name, got, w in zip(("up_w", "up_b", "down_w", "down_b"), grads, want):
+                expect(got is not None and torch.allclose(got, w, atol=1e-4),
+                       f"rank {r}'s gradient of {name} differs from its slice of the "
+                       "unsplit gradient")
+
+
+def _block_bytes(comm, block, X, R):
+    from .. import TPBlock, block_loss
+    X = X.clone().requires_grad_()
+    block_loss(TPBlock(block, comm)(X), R).backward()
+    return comm.bytes_sent("all_reduce")
+
+
+@check("tp_ring_bytes", references=["ring_allreduce_bytes", "ring_bytes_per_device"],
+       observes=["the number returned for fresh (batch, seq, width, k), against the payload "
+                 "the from-scratch TPBlock all-reduces on k thread ranks (recorded) times the "
+                 "ring's 2(k-1)/k"])
+def check_tp_ring_bytes(fn):
+    """fn(batch, seq, width, k): bytes each rank sends in one forward and backward of the
+    tensor-parallel SmallBlock over k ranks, its all-reduces done as rings."""
+    from .. import small_block
+    g = fresh_generator()
+    for case in range(3):   # k = 4 always once: for k = 2 the ring sends the payload
+        k = 4 if case == 0 else (2, 4)[randint(g, 0, 1)]
+        batch, seq, heads = randint(g, 1, 3), randint(g, 2, 5), k * randint(g, 1, 2)
+        width = heads * randint(g, 1, 3)
+        with torch.random.fork_rng():      # leave the notebook's random numbers alone
+            block = small_block(width, heads, seed=randint(g, 0, 1000))
+        X = torch.randn(batch, seq, width, generator=g)
+        R = torch.randn(batch, seq, width, generator=g)
+        payloads = World(k, timeout=TIMEOUT).run(_block_bytes, block, X, R)
+        want = payloads[0] * 2 * (k - 1) / k
+        call = f"tp_ring_bytes({batch}, {seq}, {width}, {k})"
+        got = as_number(fn(batch, seq, width, k), call)
+        if abs(got - want) <= 1e-6 * want:
+            continue
+        if abs(got - want / 2) <= 1e-6 * want:
+            msg = "that is forward only: backward all-reduces as many activations"
+        elif abs(got - payloads[0]) <= 1e-6 * want:
+            msg = "that is the payload; a ring all-reduce sends 2(k-1)/k of it per rank"
+        else:
+            msg = f"the block's all-reduces carried {payloads[0]} bytes, so expected {want:g}"
+        raise CheckFailed(f"{call} returned {got:g}: {msg}")
+
+
+# --- 2D -------------------------------------------------------------------------------------------
+@check("mesh_groups", observes=["the coordinates and groups returned for every rank of fresh "
+                                "dp x tp meshes, against init_device_mesh's row-major layout"])
+def check_mesh_groups(fn):
+    """fn(rank, dp, tp) -> dict(coords=(i, j), tp_group=[ranks], dp_group=[ranks]) for a
+    row-major dp x tp mesh (init_device_mesh's layout: tp neighbours have consecutive ranks)."""
+    g = fresh_generator()
+    shapes = [(2, 2), (randint(g, 2, 4), randint(g, 2, 4)), (randint(g, 1, 3), 4), (3, 2)]
+    for dp, tp in shapes:
+        mesh = torch.arange(dp * tp).view(dp, tp)
+        for rank in range(dp * tp):
+            i, j = rank // tp, rank % tp
+            want = dict(coords=(i, j), tp_group=mesh[i].tolist(), dp_group=mesh[:, j].tolist())
+            call = f"mesh_groups({rank}, {dp}, {tp})"
+            got = fn(rank, dp, tp)
+            expect(isinstance(got, dict) and set(got) >= set(want),
+                   f"{call} returned {got!r}; expected a dict with keys coords, tp_group, "
+                   "dp_group")
+            got = dict(coords=tuple(int(c) for c in got["coords"]),
+                       tp_group=[int(r) for r in got["tp_group"]],
+                       dp_group=[int(r) for r in got["dp_group"]])
+            if got["tp_group"] == want["dp_group"] != want["tp_group"]:
+                raise CheckFailed(f"{call}: the groups are swapped; tp neighbours sit in one "
+                                  "row of the mesh (consecutive ranks, one node)")
+            for key in ("coords", "tp_group", "dp_group"):
+                expect(got[key] == want[key], f"{call}: {key} is {got[key]}, expected "
+                                              f"{want[key]}")
+
+
+def _dp_rank(comm, fn, grads):
+    mine = [g[comm.rank].clone() for g in grads]
+    fn(mine, comm)
+    return mine
+
+
+@check("dp_average", observes=[
+    "on 2 and 3 thread ranks: the all-reduces each rank called, and each rank's own tensors "
+    "(changed in place) against the mean over ranks"])
+def check_dp_average(fn):
+    """fn(grads, comm): average each gradient tensor over the data-parallel ranks, in place."""
+    g = fresh_generator()
+    for k in (2, 3):
+        shapes = [(randint(g, 1, 4), randint(g, 1, 4)) for _ in range(randint(g, 2, 3))]
+        grads = [torch.randn(k, *s, generator=g) for s in shapes]
+        world = World(k, timeout=TIMEOUT)
+        results = world.run(_dp_rank, fn, grads)
+        expect(world.sent("all_reduce", rank=0),
+               f"on {k} ranks rank 0 never called all_reduce: each rank only has its own "
+               "gradients until they are summed across ranks")
+        for r, mine in enumerate(results):
+            for t, full, s in zip(mine, grads, shapes):
+                if torch.allclose(t, full.sum(0), atol=1e-5):
+                    raise CheckFailed(f"rank {r} holds the sum over {k} ranks: divide by "
+                                      "the number of ranks for the average")
+                expect(torch.allclose(t, full.mean(0), atol=1e-5),
+                       f"on {k} ranks rank {r}'s gradient of shape {s} is not the average "
+                       "(the tensors must be changed in place)")
+
+
+def _fsdp_rows(n, dp, rank):
+    """Rows of dim 0 that FSDP2 gives `rank`: torch.chunk into dp pieces of ceil(n / dp) rows,
+    the last smaller, ranks beyond the pieces an empty shard."""
+    c = -(-n // dp)
+    return max(0, min(c, n - rank * c))
+
+
+@check("local_shape", observes=[
+    "the shape returned for every dp rank of fresh weights (column-wise, row-wise, "
+    "replicated), dim 0 divisible by dp and not, against TP's slice then FSDP2's torch.chunk "
+    "of dim 0 (ceil rows, the last shard smaller, empty shards past the end)"])
+def check_local_shape(fn):
+    """fn(shape, split_dim, dp, tp, dp_rank) -> the shape the rank at dp index `dp_rank` holds of a
+    weight of `shape`, split by tensor parallelism along `split_dim` (0: column-wise, 1:
+    row-wise, None: replicated) over tp ranks, then sharded by fully_shard over dp ranks."""
+    g = fresh_generator()
+    for case in range(6):
+        dp, tp = randint(g, 2, 4), randint(g, 2, 4)
+        uneven = case % 2 == 1
+        for split_dim in (0, 1, None):
+            rows = dp * randint(g, 1, 3) + (randint(g, 1, dp - 1) if uneven else 0)
+            shape = [rows * (tp if split_dim == 0 else 1), tp * randint(g, 1, 3)]
+            if split_dim is None:
+                shape = [rows]
+            for dp_rank in range(dp):
+                want = list(shape)
+                if split_dim is not None:
+                    want[split_dim] //= tp
+                want[0] = _fsdp_rows(want[0], dp, dp_rank)
+                call = f"local_shape({tuple(shape)}, {split_dim}, dp={dp}, tp={tp}, " \
+                       f"dp_rank={dp_rank})"
+                got = fn(tuple(shape), split_dim, dp, tp, dp_rank)
+                try:
+                    got = [int(v) for v in got]
+                except (TypeError, ValueError):
+                    raise CheckFailed(f"{call} returned {got!r}, expected a shape") from None
+                if got == want:
+                    continue
+                only_tp = list(shape)
+                if split_dim is not None:
+                    only_tp[split_dim] //= tp
+                floor = list(only_tp)
+                floor[0] //= dp
+                if split_dim is None and got == list(shape):
+                    msg = "a replicated weight is still sharded by FSDP over dp"
+                elif got == only_tp:
+                    msg = "that is the tensor-parallel slice; FSDP shards it again over dp"
+                elif got == floor:
+                    msg = (f"{only_tp[0]} rows do not split evenly over {dp} ranks: FSDP2 cuts "
+                           "dim 0 with torch.chunk (ceil(rows / dp) each, the last smaller)")
+                elif split_dim == 1 and got[0] * dp * tp == shape[0]:
+                    msg = ("a row-wise weight is split along dim 1 by tp; FSDP then shards "
+                           "dim 0 over dp")
+                else:
+                    msg = f"expected {tuple(want)}"
+                raise CheckFailed(f"{call} returned {tuple(got)}: {msg}")
+
+
+# --- the loss over a split vocabulary -----------------------------------------------------------
+def _vocab_rank(comm, fn, logits, target):
+    k, r = comm.world, comm.rank
+    v = logits.shape[-1] // k
+    mine = logits[:, r * v:(r + 1) * v].clone().requires_grad_()
+    loss = fn(mine, target, comm, r * v)
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        raise CheckFailed(f"rank {r} returned {type(loss).__name__} without a gradient path: "
+                          "compute the loss from the logits with differentiable operations")
+    loss.backward()
+    return loss.detach(), mine.grad
+
+
+@check("vocab_loss", references=["vocab_parallel_cross_entropy"], observes=[
+    "on 2 and 4 thread ranks: every collective each rank called and its bytes (at most one "
+    "number per row: the logits never travel)",
+    "every rank's loss and its logits' gradient against the unsplit cross-entropy, with logits "
+    "large enough that exp() overflows without the maximum taken out first"])
+def check_vocab_loss(fn):
+    """fn(logits, target, comm, start): the mean cross-entropy over a vocabulary split along
+    the ranks (this rank: columns start .. start + V/k), differentiable."""
+    g = fresh_generator()
+    for k in (2, 4):
+        n, v = randint(g, 3, 6), randint(g, 3, 5)
+        logits = torch.randn(n, k * v, generator=g) * 3
+        logits[randint(g, 0, n - 1)] += 120.0            # exp(120) overflows float32
+        target = torch.randint(0, k * v, (n,), generator=g)
+        ref = logits.clone().requires_grad_()
+        want = torch.nn.functional.cross_entropy(ref, target)
+        want.backward()
+        world = World(k, timeout=TIMEOUT)
+        results = world.run(_vocab_rank, fn, logits, target)
+        for r in range(k):
+            sent = [m for m in world.sent(rank=r) if m.op != "recv"]
+            expect(sent, f"on {k} ranks rank {r} never communicated: no rank holds the whole "
+                         "logits, so the sums over the vocabulary must be all-reduced")
+            big = [m for m in sent if m.nbytes * (len(m.ranks or ()) if m.op == "all_gather"
+                                                  else 1) > n * 8]
+            if big:
+                raise CheckFailed(f"rank {r} moved {big[0].nbytes} bytes in one {big[0].op} "
+                                  f"(there are {n} rows): it gathered the logits; all-reduce "
+                                  "one number per row instead (a maximum, a sum, the target's "
+                                  "logit)")
+        for r, (loss, grad) in enumerate(results):
+            expect(torch.isfinite(loss).all(),
+                   f"rank {r}'s loss is {loss.item()}: exp() overflowed on logits near 120; "
+                   "subtract the maximum over all ranks first")
+            expect(abs(loss.item() - want.item()) <= 1e-4 * max(1.0, abs(want.item())),
+                   f"on {k} ranks rank {r}'s loss is {loss.item():.6f}, the unsplit "
+                   f"cross-entropy {want.item():.6f}")
+            expect(grad is not None and torch.allclose(
+                grad, ref.grad[:, r * v:(r + 1) * v], atol=1e-5),
+                   f"rank {r}'s gradient of its logits differs from its columns of the "
+                   "unsplit one (the sums must pass the gradient back: g)")
