@@ -34,7 +34,7 @@ from .validate import (check_positive_int, check_lr, check_seed, check_images, c
                        check_backend, check_output_path, check_step, script_parser, resolve_args)
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_allreduce_bytes,
                     split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
-                    sharding_costs, ZERO_ROWS)
+                    sharding_costs, ZERO_ROWS, network_cuts, BACKWARD_SHARE)
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,
@@ -84,10 +84,12 @@ from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,
                                           gpipe_rank_order, one_f_one_b_rank_order, busy_times,
-                                          timeline_bubble, as_schedule)
+                                          timeline_bubble, as_schedule, unequal_bubble,
+                                          interleaved_order, interleaved_ticks,
+                                          interleaved_bubble, stage_times, with_durations)
 from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
                                           run_schedule, stage_forward, stage_backward,
-                                          pipeline_1f1b, multiply_adds)
+                                          pipeline_1f1b, multiply_adds, run_interleaved)
 from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
                                         layer_times, cuts_by, sum_loss, LiveActivations)
 from .pipeline_parallel.torch_api import pipelining_available, pipelining_runs
