@@ -163,7 +163,8 @@ def peak_live(schedule):
 
 def plot_schedule(schedule, ax=None, title=None, clock="tick"):
     """Draw a recorded schedule: one row per device, one box per forward (F) or backward (B);
-    clock="tick" places boxes by schedule slot, clock="time" by the measured seconds."""
+    clock="tick" places boxes by schedule slot, clock="time" by the measured seconds. The ops of
+    an interleaved schedule's odd chunks (e["chunk"]) are drawn lighter."""
     import matplotlib.pyplot as plt
     p = 1 + max(e["stage"] for e in schedule)
     if ax is None:
@@ -171,10 +172,11 @@ def plot_schedule(schedule, ax=None, title=None, clock="tick"):
     span = lambda e: (e["tick"], 1) if clock == "tick" else (e["start"], e["end"] - e["start"])
     end = max(sum(span(e)) for e in schedule)
     ax.barh(range(p), [end] * p, height=0.8, color="0.93", hatch="//", edgecolor="0.8")
+    colors = {"F": ("tab:blue", "#9ecae1"), "B": ("tab:orange", "#fdae6b")}   # chunk 0, 1
     for e in schedule:
         left, width = span(e)
         ax.barh(e["stage"], width, left=left, height=0.8, edgecolor="white",
-                color="tab:blue" if e["phase"] == "F" else "tab:orange")
+                color=colors[e["phase"]][e.get("chunk", 0) % 2])
         if clock == "tick":
             ax.text(left + 0.5, e["stage"], f"{e['phase']}{e['micro']}", ha="center",
                     va="center", color="white", fontsize=8)
