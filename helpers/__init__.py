@@ -14,6 +14,7 @@ runtime.group               THE init_process_group               setup, teardown
 runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, spawn_ranks
 runtime.traffic             bytes counted                        CommLog, send, count_traffic
 runtime.checkpoint          atomic files, snapshots              atomic_write, save_snapshot
+runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
 pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
@@ -51,6 +52,7 @@ from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
 from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
+from .runtime.emulate import Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits
 from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
                                  save_checkpoint, save_snapshot_all, load_checkpoint)
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,

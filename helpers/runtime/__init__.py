@@ -2,5 +2,6 @@
 
 launch (starting ranks), group (joining the process group), comm (counted send/recv and
 collectives over torch.distributed or threads), traffic (bytes counted), checkpoint (files a
-crash cannot destroy, snapshots).
+crash cannot destroy, snapshots), emulate (emulated
+durations for schedule lessons: real math, modelled time).
 """
