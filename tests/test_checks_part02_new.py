@@ -123,6 +123,23 @@ def _heads(X, Wq, Wk, Wv, Wo, e):
 
 @worked("check_attention_by_heads")
 def attention_by_heads(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
+    k, t, e = len(devices), X.shape[0], Wq.shape[1] // heads
+    Xs = copy_to_shards(X, devices, log)                               # f
+    q, r = divmod(heads, k)
+    first, partials = 0, []
+    for i, (Xi, d) in enumerate(zip(Xs, devices)):
+        h = q + (i < r)                       # whole heads, as tensor_split
+        cols = slice(first * e, (first + h) * e)
+        first += h
+        Q, K, V = ((Xi @ W[:, cols].to(d)).reshape(t, h, e).transpose(0, 1)
+                   for W in (Wq, Wk, Wv))                      # heads first
+        A = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(e), dim=-1) @ V
+        partials.append(A.transpose(0, 1).reshape(t, h * e) @ Wo[cols].to(d))
+    return reduce_from_shards(partials, devices, log)                  # g
+
+
+@other("check_attention_by_heads", "index tensors per head")
+def attention_by_heads_indexed(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
     k, e = len(devices), Wq.shape[1] // heads
     Xs = copy_to_shards(X, devices, log)                                # f
     cols = [idx * e + torch.arange(e) for idx in torch.arange(heads)]
