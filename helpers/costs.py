@@ -137,6 +137,8 @@ def network_cuts(memory, sent, k):
     @functools.lru_cache(maxsize=None)
     def best(i, parts):   # (max bytes a device sends, cuts) for layers i.. in `parts` stages
         if parts == 1:
+            if prefix[n] - prefix[i] > fullest:
+                return float("inf"), ()
             return (sent[i - 1] if i > 0 else 0), ()
         options = []
         for j in range(i + 1, n - parts + 2):
