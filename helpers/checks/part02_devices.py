@@ -71,8 +71,9 @@ def check_attention_by_heads(fn):
 @check("sharded_server_step", observes=[
     "on CPU tensors: afterwards every replica (the same tensor objects, the same storage) holds "
     "the SGD step on the sum of all devices' gradients, uneven chunks included",
-    "on k simulated GPUs: no device computed more than its chunk's sum and update, and every "
-    "replica's new values came from every device (each serves its chunk)"])
+    "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "
+    "other device, the server of its chunk, and no device added up more than its chunk's "
+    "share"])
 def check_sharded_server_step(fn):
     """fn(params, grads, devices, lr): params[i], grads[i] flat tensors on devices[i]. Device j
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
