@@ -45,7 +45,8 @@ from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_by
                     ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
                     OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS, RECOMPUTE,
                     activation_bytes_per_token, block_params, ring_attention_bytes,
-                    moe_dispatch_bytes, train_flops_per_token)
+                    moe_dispatch_bytes, train_flops_per_token, network_cuts,
+                    BACKWARD_SHARE)
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,
@@ -108,10 +109,12 @@ from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,
                                           gpipe_rank_order, one_f_one_b_rank_order, busy_times,
-                                          timeline_bubble, as_schedule)
+                                          timeline_bubble, as_schedule, unequal_bubble,
+                                          interleaved_order, interleaved_ticks,
+                                          interleaved_bubble, stage_times, with_durations)
 from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
                                           run_schedule, stage_forward, stage_backward,
-                                          pipeline_1f1b, multiply_adds)
+                                          pipeline_1f1b, multiply_adds, run_interleaved)
 from .pipeline_parallel.scratch import (pipeline_net, check_cuts, stage_of, check_pipeline_step,
                                         pipeline_rank_step, unsplit_step, layer_times, cuts_by,
                                         sum_loss, LiveActivations, LinearTape)

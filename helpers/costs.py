@@ -15,10 +15,14 @@ __all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_by
            "ring_allreduce_bytes", "ring_volume",
            "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES",
            "sharding_costs", "ZERO_ROWS", "RECOMPUTE", "activation_bytes_per_token",
-           "block_params", "ring_attention_bytes", "moe_dispatch_bytes", "train_flops_per_token"]
+           "block_params", "ring_attention_bytes", "moe_dispatch_bytes", "train_flops_per_token",
+           "network_cuts", "BACKWARD_SHARE"]
 
 SPLITS = ("data", "network", "within layer")
 ZERO_ROWS = ("ZeRO-1", "ZeRO-2", "ZeRO-3")
+# A step's compute: forward 2 FLOPs per multiply-add, backward twice the forward; so the backward
+# is 2/3 of it (the time a gradient all-reduce can hide behind).
+BACKWARD_SHARE = 2 / 3
 
 
 def saved_per_layer(net, X):
@@ -56,12 +60,13 @@ def layer_sizes(net, input_shape):
     (what a network split sends on), the activations autograd saves for its backward per example
     (in float32 values: saved bytes / 4, measured as the difference between batches of 4 and 2,
     in training mode on a copy of net), and (inputs, outputs) per example of each conv or dense
-    layer inside it (what a within-layer split exchanges)."""
+    layer inside it (what a within-layer split exchanges), and its multiply-adds per example
+    (`macs`: convolutions and dense layers; the compute the step-time model divides)."""
     children, rows, hooks = list(net), [], []
     for child in children:
         rows.append(dict(name=type(child).__name__,
                          params=sum(p.numel() for p in child.parameters()),
-                         out=0, acts=0, weighted=[]))
+                         out=0, acts=0, weighted=[], macs=0))
 
     def on_child(i, module, inputs, output):
         rows[i]["out"] = output[0].numel()
@@ -69,6 +74,9 @@ def layer_sizes(net, input_shape):
     def on_leaf(i, module, inputs, output):
         if isinstance(module, (nn.Conv2d, nn.Linear)):
             rows[i]["weighted"].append((inputs[0][0].numel(), output[0].numel()))
+            fan_in = (module.in_features if isinstance(module, nn.Linear) else
+                      module.in_channels // module.groups * module.weight[0, 0].numel())
+            rows[i]["macs"] += output[0].numel() * fan_in
 
     for i, child in enumerate(children):
         hooks.append(child.register_forward_hook(functools.partial(on_child, i)))
@@ -113,6 +121,43 @@ def balanced_cuts(weights, k):
     return list(best(0, k)[1])
 
 
+def network_cuts(memory, sent, k):
+    """Where a network split cuts: among the placements of the layers on k devices (contiguous,
+    none empty) whose fullest device holds the least (`memory[i]`: bytes of layer i), the one whose
+    busiest device sends the least; `sent[i]`: bytes that cross a cut right after layer i (its
+    output forward, the gradient back). A cut before a lone ReLU balances memory as well as a
+    cut after it, and sends a large activation twice: the second criterion avoids it."""
+    n = len(memory)
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot place {n} layers on {k} devices: use 1 to {n} devices")
+    if k == 1:
+        return []
+    bounds = [0, *balanced_cuts(memory, k), n]
+    fullest = max(sum(memory[a:b]) for a, b in zip(bounds, bounds[1:]))
+    prefix = [0]
+    for w in memory:
+        prefix.append(prefix[-1] + w)
+
+    @functools.lru_cache(maxsize=None)
+    def best(i, parts):   # (max bytes a device sends, cuts) for layers i.. in `parts` stages
+        if parts == 1:
+            if prefix[n] - prefix[i] > fullest:
+                return float("inf"), ()
+            return (sent[i - 1] if i > 0 else 0), ()
+        options = []
+        for j in range(i + 1, n - parts + 2):
+            if prefix[j] - prefix[i] > fullest:
+                break
+            rest = best(j, parts - 1)
+            if rest[0] == float("inf"):
+                continue
+            here = (sent[i - 1] if i > 0 else 0) + sent[j - 1]
+            options.append((max(here, rest[0]), (j, *rest[1])))
+        return min(options) if options else (float("inf"), ())
+
+    return list(best(0, k)[1])
+
+
 def ring_bytes_per_device(nbytes, k):
     """Bytes each of k devices sends in a ring all-reduce of `nbytes`: 2 (k-1)/k of them
     (reduce-scatter, then all-gather). THE ring volume: every cost and count uses this one."""
@@ -124,7 +169,7 @@ ring_volume = ring_bytes_per_device
 
 
 def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4,
-                optimizer="sgd", latency_us=0.0, zero=False):
+                optimizer="sgd", latency_us=0.0, zero=False, tflops=None):
     """Per training step, for each split in SPLITS (and ZERO_ROWS when zero=True): the bytes the
     busiest device sends, the memory of the fullest device (params, grads, optimizer state,
     activations, in bytes), the collectives and the point-to-point hand-offs of the step, the
@@ -133,14 +178,23 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
 
     data: every device holds the model, its optimizer state and 1/k of the batch; one ring
       all-reduce of the gradients (2(k-1) messages per device).
-    network: contiguous layers per device (balanced by memory), the whole batch passes through
-      each; the activation at each cut goes forward, its gradient back, once per micro-batch.
+    network: contiguous layers per device (network_cuts: the fullest device as small as it can
+      be, then the busiest sender), the whole batch passes through each; the activation at each
+      cut goes forward, its gradient back, once per micro-batch.
     within layer: every conv/dense layer is split k ways by output channels/units; its outputs
       are all-gathered after it (forward), its input gradients all-reduced (backward); each
       device keeps the gathered, full activations.
     ZeRO-1/2/3: data parallelism with the optimizer state, then the gradients, then the
       parameters sharded k ways (sharding_costs); ZeRO-3 gathers each layer's parameters for its
       forward and again for its backward.
+
+    With `tflops` (a device's speed, in 10^12 FLOP/s) each row also gets the seconds of a step:
+    `seconds_compute` (6 FLOPs per multiply-add per example, divided as the split divides it),
+    `seconds_exposed` (the communication that does not overlap with compute) and
+    `seconds_step`, their sum. data, ZeRO-1/2: the all-reduce can hide behind the backward (2/3
+    of the compute); ZeRO-3 behind the whole step (prefetched gathers); within layer: none (every
+    collective sits between two layers); network: GPipe over the stages' compute
+    (((m-1) max + sum) / m), exposed: one micro-batch's hand-offs through every cut and back.
     """
     if optimizer not in OPTIMIZER_STATE_BYTES:
         raise ValueError(f"optimizer must be one of {tuple(OPTIMIZER_STATE_BYTES)}, "
@@ -157,7 +211,8 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
                          messages=2 * (k - 1))
 
     weights = [(2 * b + ob) * r["params"] + n * b * r["acts"] for r in sizes]
-    bounds = [0, *balanced_cuts(weights, k), len(sizes)]
+    crossing = [2 * n * r["out"] * b for r in sizes]     # a cut after layer i: forward and back
+    bounds = [0, *network_cuts(weights, crossing, k), len(sizes)]
     stages = [sizes[a:c] for a, c in zip(bounds, bounds[1:])]
     per_device = []
     for s, stage in enumerate(stages):
@@ -170,7 +225,7 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     fullest = max(per_device, key=lambda d: d["params"] + d["grads"] + d["optim"] + d["acts"])
     costs["network"] = dict(fullest, sent=max(d["sent"] for d in per_device),
                             messages=max(d["messages"] for d in per_device), collectives=0,
-                            handoffs=2 * (k - 1) * m, cuts=bounds[1:-1])
+                            handoffs=2 * (k - 1) * m, cuts=bounds[1:-1], microbatches=m)
 
     layers = [io for r in sizes for io in r["weighted"]]
     weighted = sum(r["params"] for r in sizes if r["weighted"])
@@ -194,7 +249,30 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
         c["seconds_latency"] = c["messages"] * latency_us * 1e-6
         c["seconds_bandwidth"] = c["sent"] / (bandwidth_gbs * 1e9)
         c["seconds"] = c["seconds_latency"] + c["seconds_bandwidth"]
+    if tflops is not None:
+        _step_seconds(costs, sizes, stages, k, n, m, b, tflops, latency_us, bandwidth_gbs)
     return costs
+
+
+def _step_seconds(costs, sizes, stages, k, n, m, b, tflops, latency_us, bandwidth_gbs):
+    """Adds seconds_compute, seconds_exposed and seconds_step to every row (see split_costs)."""
+    if not tflops > 0:
+        raise ValueError(f"tflops must be > 0 (a device's speed in 10^12 FLOP/s), got {tflops!r}")
+    rate = tflops * 1e12
+    whole = 6 * n * sum(r["macs"] for r in sizes) / rate       # the step on one device
+    for name, c in costs.items():
+        if name == "network":
+            per_stage = [6 * n * sum(r["macs"] for r in st) / rate for st in stages]
+            compute = ((m - 1) * max(per_stage) + sum(per_stage)) / m
+            cuts = [st[-1]["out"] for st in stages[:-1]]
+            exposed = sum(2 * (latency_us * 1e-6 + n / m * o * b / (bandwidth_gbs * 1e9))
+                          for o in cuts)
+        else:
+            compute = whole / k
+            hide = {"within layer": 0.0, "ZeRO-3": compute}.get(name, BACKWARD_SHARE * compute)
+            exposed = max(0.0, c["seconds"] - hide)
+        c["seconds_compute"], c["seconds_exposed"] = compute, exposed
+        c["seconds_step"] = compute + exposed
 
 
 def plot_costs(costs, axes=None, title=None):

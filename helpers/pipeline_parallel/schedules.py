@@ -13,7 +13,9 @@ ticks, the bubble and the peak of live micro-batches are the same).
 __all__ = ["gpipe_order", "one_f_one_b_order", "check_orders", "clock_ticks", "bubble_fraction",
            "schedule_bubble", "replay", "measured_bubble", "peak_live", "plot_schedule",
            "plot_live", "gpipe_rank_order", "one_f_one_b_rank_order", "busy_times",
-           "timeline_bubble", "as_schedule"]
+           "timeline_bubble", "as_schedule", "unequal_bubble", "interleaved_order",
+           "interleaved_ticks", "interleaved_bubble", "stage_times",
+           "with_durations"]
 
 
 def gpipe_order(p, m):
@@ -82,6 +84,25 @@ def bubble_fraction(p, m):
     return (p - 1) / (m + p - 1)
 
 
+def unequal_bubble(forward, backward, m):
+    """Idle share of a GPipe step on stages of UNEQUAL speed: stage s takes forward[s] and
+    backward[s] seconds per micro-batch, m micro-batches, each stage on its own device.
+
+    The forwards flow through the stages like jobs through a production line: the last one
+    leaves after sum(forward) + (m-1) * max(forward); the backwards likewise. So the step lasts
+    span = sum(forward + backward) + (m-1) * (max(forward) + max(backward)), and the bubble is
+    1 - m * sum(forward + backward) / (p * span). With equal stages it is (p-1)/(m+p-1)."""
+    p = len(forward)
+    if p == 0 or len(backward) != p:
+        raise ValueError(f"need one forward and one backward time per stage, got {len(forward)} "
+                         f"and {len(backward)}")
+    if m < 1:
+        raise ValueError(f"need at least one micro-batch, got m={m}")
+    work = sum(forward) + sum(backward)
+    span = work + (m - 1) * (max(forward) + max(backward))
+    return 1 - m * work / (p * span)
+
+
 def schedule_bubble(schedule):
     """Idle share counted from a recorded schedule: empty (stage, tick) slots over all slots.
     It counts the slots the schedule built, so it assumes every op takes one tick."""
@@ -114,19 +135,37 @@ def measured_bubble(schedule):
     return 1 - busy / (p * max(e["end"] for e in ran))
 
 
+def stage_times(schedule):
+    """Per stage, the mean busy seconds of one forward and of one backward (end - start of the
+    recorded ops): the inputs of unequal_bubble. Returns (forward, backward), one list each."""
+    p = 1 + max(e["stage"] for e in schedule)
+    mean = lambda s, ph: (lambda t: sum(t) / len(t))(
+        [e["end"] - e["start"] for e in schedule if e["stage"] == s and e["phase"] == ph])
+    return [mean(s, "F") for s in range(p)], [mean(s, "B") for s in range(p)]
+
+
+def with_durations(schedule, forward, backward):
+    """The schedule replayed (see replay) with modelled durations instead of measured ones: every
+    forward of stage s takes forward[s] seconds, every backward backward[s]. The order and the
+    dependencies are the recorded ones; the durations no longer depend on how busy the machine
+    was while it ran."""
+    boxes = [dict(e, start=0.0, end=(forward if e["phase"] == "F" else backward)[e["stage"]])
+             for e in schedule]
+    return replay(boxes)
+
+
 def peak_live(schedule):
     """Per stage, the most micro-batches whose activations it held at once, counted from the run."""
     p = 1 + max(e["stage"] for e in schedule)
     return [max(e["live"] for e in schedule if e["stage"] == s) for s in range(p)]
 
 
-_COLORS = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
-
 
 def plot_schedule(schedule, ax=None, title=None, clock="tick"):
     """Draw a recorded schedule: one row per device, one box per forward (F), backward (B) or
-    weight-gradient box (W, zero bubble);
-    clock="tick" places boxes by schedule slot, clock="time" by the measured seconds."""
+    weight-gradient box (W, zero bubble); clock="tick" places boxes by schedule slot,
+    clock="time" by the measured seconds. The ops of an interleaved schedule's odd chunks
+    (e["chunk"]) are drawn lighter."""
     import matplotlib.pyplot as plt
     p = 1 + max(e["stage"] for e in schedule)
     if ax is None:
@@ -134,10 +173,12 @@ def plot_schedule(schedule, ax=None, title=None, clock="tick"):
     span = lambda e: (e["tick"], 1) if clock == "tick" else (e["start"], e["end"] - e["start"])
     end = max(sum(span(e)) for e in schedule)
     ax.barh(range(p), [end] * p, height=0.8, color="0.93", hatch="//", edgecolor="0.8")
+    colors = {"F": ("tab:blue", "#9ecae1"), "B": ("tab:orange", "#fdae6b"),
+              "W": ("tab:green", "#a1d99b")}   # chunk 0, 1
     for e in schedule:
         left, width = span(e)
         ax.barh(e["stage"], width, left=left, height=0.8, edgecolor="white",
-                color=_COLORS.get(e["phase"], "tab:orange"))
+                color=colors[e["phase"]][e.get("chunk", 0) % 2])
         if clock == "tick":
             ax.text(left + 0.5, e["stage"], f"{e['phase']}{e['micro']}", ha="center",
                     va="center", color="white", fontsize=8)
@@ -212,3 +253,70 @@ def as_schedule(timelines):
             for tl in timelines for e in tl]
 
 
+
+
+# ---- interleaved 1F1B: v model chunks per device (Narayanan et al. 2021) --------------------
+def interleaved_order(p, m, v=2):
+    """Interleaved 1F1B (Megatron-LM): device d holds v chunks of the model, chunk c being
+    virtual stage c*p + d. Micro-batches go through the chunks in groups of p; device d warms up
+    with 2(p-1-d) + (v-1)p forwards, then runs one forward and one backward in turn, then the
+    remaining backwards. One list of (phase, micro-batch, chunk) per device. m must be a
+    multiple of p (the groups)."""
+    if p < 1 or v < 1 or m < 1 or m % p:
+        raise ValueError(f"interleaving needs p, v >= 1 and m a multiple of p; got p={p}, m={m}, "
+                         f"v={v} (use m = {max(1, -(-m // p)) * p})")
+    total = m * v
+
+    def forward(k):        # the k-th forward a device runs: (micro-batch, chunk)
+        return (k // (p * v)) * p + k % p, (k // p) % v
+
+    def backward(k):
+        return (k // (p * v)) * p + k % p, v - 1 - (k // p) % v
+
+    orders = []
+    for d in range(p):
+        warm = total if m == p else min(total, 2 * (p - 1 - d) + (v - 1) * p)
+        ops = [("F", *forward(k)) for k in range(warm)]
+        for i in range(total - warm):
+            ops += [("F", *forward(warm + i)), ("B", *backward(i))]
+        orders.append(ops + [("B", *backward(k)) for k in range(total - warm, total)])
+    return orders
+
+
+def interleaved_ticks(orders, v):
+    """{(device, phase, micro, chunk): tick} for per-device orders of (phase, micro, chunk):
+    each device runs one chunk's op per tick (a tick is 1/v of a whole stage's op), as soon as
+    the op it needs ran in an earlier tick: the forward of virtual stage q needs q-1's forward,
+    its backward q+1's backward (the last virtual stage: its own forward)."""
+    p = len(orders)
+    last = v * p - 1
+    total = sum(len(ops) for ops in orders)
+    done, pos, tick = {}, [0] * p, 0
+
+    def need(d, phase, j, c):
+        q = c * p + d
+        if phase == "F":
+            return None if q == 0 else ((q - 1) % p, "F", j, (q - 1) // p)
+        return (d, "F", j, c) if q == last else ((q + 1) % p, "B", j, (q + 1) // p)
+
+    while len(done) < total:
+        ready = []
+        for d in range(p):
+            if pos[d] < len(orders[d]):
+                op = (d, *orders[d][pos[d]])
+                before = need(*op)
+                if before is None or done.get(before, tick) < tick:
+                    ready.append(op)
+        if not ready:
+            raise ValueError(f"deadlock at tick {tick}: no device can run its next op")
+        for op in ready:
+            done[op] = tick
+            pos[op[0]] += 1
+        tick += 1
+    return done
+
+
+def interleaved_bubble(p, m, v):
+    """Idle share of interleaved 1F1B on p equal devices, v chunks each, m micro-batches: the
+    fill and drain shrink to (p-1) chunk-ops of 1/v of a stage, so (p-1) / (v*m + p-1)."""
+    return (p - 1) / (v * m + p - 1)

@@ -11,10 +11,11 @@ import torch
 
 from ..devices import synchronize
 from ..runtime.traffic import send
-from .schedules import check_orders, clock_ticks, gpipe_order, one_f_one_b_order
+from .schedules import (check_orders, clock_ticks, gpipe_order, interleaved_ticks,
+                        one_f_one_b_order)
 
 __all__ = ["split_sequential", "network_split_forward", "pipeline_step", "run_schedule",
-           "stage_forward", "stage_backward", "pipeline_1f1b", "multiply_adds"]
+           "stage_forward", "stage_backward", "pipeline_1f1b", "multiply_adds", "run_interleaved"]
 
 
 def split_sequential(net, cuts, devices):
@@ -105,6 +106,36 @@ def pipeline_1f1b(stages, X, y, loss, devices, num_microbatches, log=None, timed
     """One 1F1B step with `num_microbatches` micro-batches; returns (mean loss, schedule)."""
     orders = one_f_one_b_order(len(stages), num_microbatches)
     return run_schedule(stages, X, y, loss, devices, orders, log, timed)
+
+
+def run_interleaved(chunks, X, y, loss, devices, orders, log=None):
+    """One step of an interleaved schedule (schedules.interleaved_order): `chunks` are the v*p
+    pieces of the model in order, chunk c*p + d on devices[d]; orders[d] lists device d's
+    (phase, micro-batch, chunk). Runs tick by tick (interleaved_ticks); returns (mean loss,
+    schedule) with one entry per op: stage (the device), chunk, micro, phase, tick, start, end,
+    live (micro-batches whose activations the device holds, over all its chunks)."""
+    p = len(devices)
+    v = len(chunks) // p
+    if v * p != len(chunks) or v < 1:
+        raise ValueError(f"{len(chunks)} chunks cannot be spread evenly over {p} devices")
+    m = sum(1 for op in orders[0] if op[0] == "F") // v
+    placed = [devices[q % p] for q in range(len(chunks))]   # virtual stage q -> its device
+    Xs, ys, n = X.tensor_split(m), y.tensor_split(m), X.shape[0]
+    inputs, outputs = [{} for _ in chunks], [{} for _ in chunks]
+    handoff = [{} for _ in chunks]
+    ticks = interleaved_ticks(orders, v)
+    schedule, total, t0 = [], 0.0, time.perf_counter()
+    for (d, phase, j, c), tick in sorted(ticks.items(), key=lambda kv: (kv[1], kv[0][0])):
+        q, start = c * p + d, time.perf_counter()
+        if phase == "F":
+            inputs[q][j], outputs[q][j] = stage_forward(chunks, q, j, Xs, outputs, placed, log)
+        else:
+            total = total + stage_backward(chunks, q, j, ys, n, inputs, outputs, handoff, loss,
+                                           placed, log)
+        live = sum(len(outputs[c2 * p + d]) for c2 in range(v))
+        schedule.append(dict(stage=d, chunk=c, micro=j, phase=phase, tick=tick,
+                             start=start - t0, end=time.perf_counter() - t0, live=live))
+    return float(total), schedule
 
 
 def multiply_adds(net, input_shape):
