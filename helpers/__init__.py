@@ -26,6 +26,7 @@ workers   Part IV: real data-parallel worker processes on a CPU (gloo, one threa
 profiling Part IV: the profiler without native log noise, counting a step's calls
 gpu_reference  Part IV: the committed GPU reference run, shown beside the reader's figures
 prose     claims the prose makes about a run, asserted (claim)
+timing    measure(), interleave(), compare(): medians with spreads, ratios with "within noise"
 checks    exercise checks (imported as helpers.checks)
 """
 from .config import choose, quick
@@ -60,3 +61,4 @@ from .workers import *       # noqa: F401,F403
 from .gpu_reference import *  # noqa: F401,F403
 from .profiling import *     # noqa: F401,F403
 from .prose import *         # noqa: F401,F403
+from .timing import *        # noqa: F401,F403

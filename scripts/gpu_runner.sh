@@ -1,51 +1,146 @@
 #!/usr/bin/env bash
-# The course's GPU reference run, for a bare GPU machine whose Python has torch but no Jupyter
-# packages and no package index (e.g. a lent H200 runner). It runs the unit tests, every notebook
-# under nbval at FULL size (COURSE_FULL=1), and the benchmark at full size, then rewrites the
-# committed reference/gpu_reference.json (GPU, versions, date, command, figures) that Part IV's
-# chapters show beside the reader's own. Commit that file afterwards.
+# The course's GPU reference run, in one command, for a bare GPU machine whose Python has torch
+# (the pinned 2.14 or 2.11) but no Jupyter packages and no package index (e.g. a lent H200).
 #
-# Prepare on a machine with an index (see ../shared/notes/toolchain.md), in the repository root:
-#   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any \
-#     -d .whl nbval ipykernel ipywidgets nbclient nbformat pyyaml matplotlib
-#   mkdir -p .seed && cp "$COURSE_DATA"/FashionMNIST/raw/*.gz .seed/   # or let torchvision fetch
-# (.whl/ and .seed/ are ignored by git), copy the repository over, and run:
-#   bash scripts/gpu_runner.sh [OUTDIR]          # logs and bench.json go to OUTDIR
+#   bash scripts/gpu_runner.sh --prepare                 # FIRST, on a machine with an index:
+#        Jupyter/test wheels for the GPU machine's Python into .whl/, Fashion-MNIST into .seed/
+#   bash scripts/gpu_runner.sh [--steps S] [OUTDIR]      # on the GPU machine (repo root)
+#   bash scripts/gpu_runner.sh --dry-run [OUTDIR]        # CI: every step, tiny, on a CPU, seconds
+#
+# Steps (--steps unit,nbval,bench,record is the default; each leaves its results in OUTDIR, so
+# they can run in separate sessions, each under its own time limit):
+#   unit    the unit tests (quick mode; the book-build and student-edition tests need the book
+#           toolchain and are left out) -> unit.log, unit.xml
+#   nbval   every notebook under nbval at FULL size (COURSE_FULL=1), NB_TIMEOUT seconds each
+#           (default 900), NOTEBOOKS to choose some (default book/**/*.ipynb) -> nbval.log/.xml
+#   bench   scripts/bench.py at full size with the GPU targets (fast <= 0.15 s/epoch, >= 10x the
+#           reference, 2 devices sharing one GPU <= 1.2x one) -> bench.log, bench.json
+#   record  gathers them, with env.json (GPU, versions, date, commit: captured by every step on
+#           the GPU), into reference/gpu_reference.json and OUTDIR/gpu_reference.json; commit
+#           that file. Steps that did not run are named there as not run.
+# .whl/ and .seed/ are git-ignored: carry them over with the repository (about 50 MB).
+# PYTHON (default python3) is the interpreter; PYVER (default 3.12) the GPU machine's Python
+# for --prepare; COURSE_COMMIT names the commit where the copy has no .git.
 set -uo pipefail
-out=${1:-artifacts/gpu}; mkdir -p "$out"
-command="bash scripts/gpu_runner.sh $*"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+mode=run steps=unit,nbval,bench,record out=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) mode=prepare ;;
+    --dry-run) mode=dry ;;
+    --steps) steps=${2:?--steps needs a list such as unit,bench}; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -*) echo "gpu_runner.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) out=$1 ;;
+  esac
+  shift
+done
+for s in ${steps//,/ }; do
+  case "$s" in unit|nbval|bench|record) ;; *)
+    echo "gpu_runner.sh: unknown step '$s': choose among unit,nbval,bench,record" >&2; exit 2 ;;
+  esac
+done
+command="bash scripts/gpu_runner.sh $([ $mode = dry ] && echo --dry-run) --steps $steps"
+
+if [ $mode = prepare ]; then
+  set -e
+  # the Jupyter and test stack the notebooks and tests need, pinned as in requirements/lock.txt,
+  # for the GPU machine's Python (its torch stays); torchvision for both torch lines (2.14, 2.11)
+  $PY -m pip download --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
+    --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any -d .whl \
+    nbval==0.11.0 ipykernel==7.4.0 ipywidgets==8.1.9 nbclient==0.11.0 nbformat==5.11.1 \
+    pytest==9.2.0 matplotlib==3.11.2 pyyaml==6.0.4
+  for tv in 0.29.1 0.26.0; do
+    $PY -m pip download --only-binary=:all: --python-version "${PYVER:-3.12}" \
+      --implementation cp --platform manylinux_2_28_x86_64 --no-deps -d .whl/torchvision \
+      "torchvision==$tv" || echo "gpu_runner.sh: torchvision $tv not found (the GPU's own stays)"
+  done
+  mkdir -p .seed && cp "${COURSE_DATA:-data}"/FashionMNIST/raw/*.gz .seed/
+  du -sh .whl .seed
+  echo "gpu_runner.sh: prepared; carry .whl and .seed with the repository to the GPU machine"
+  exit 0
 fi
-if [ -d .seed ]; then mkdir -p data/FashionMNIST/raw && cp -n .seed/*.gz data/FashionMNIST/raw/; fi
-export TQDM_DISABLE=1 PYTHONUNBUFFERED=1 COURSE_FULL=1
-unset COURSE_QUICK
-python3 - <<'EOF' | tee "$out/env.txt"
+
+out=${out:-artifacts/gpu$([ $mode = dry ] && echo -dry)}
+mkdir -p "$out" || exit 1
+out=$(cd "$out" && pwd)
+# wheels: install only the distributions this Python lacks (its own torch, numpy... stay first)
+if [ -d .whl ]; then
+  $PY - "$out/site" <<'EOF' || exit 1
+import glob, importlib.metadata as md, re, subprocess, sys
 import torch
-print("torch", torch.__version__, "CUDA", torch.version.cuda, "| GPUs:", torch.cuda.device_count(),
-      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
-if not torch.cuda.is_available():
-    raise SystemExit("gpu_runner.sh: no GPU visible: this script records GPU runs only")
+need = []
+tv = {"2.14": "0.29", "2.11": "0.26"}.get(".".join(torch.__version__.split(".")[:2]))
+for w in sorted(glob.glob(".whl/*.whl") + glob.glob(f".whl/torchvision/torchvision-{tv}*.whl")):
+    name = re.split(r"-\d", w.rsplit("/", 1)[-1], maxsplit=1)[0]
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        need.append(w)
+print(f"gpu_runner: installing {len(need)} wheel(s) this Python lacks into {sys.argv[1]}")
+if need:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--no-compile", "--target", sys.argv[1], *need], check=True)
 EOF
-[ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+fi
+export PYTHONPATH=$PWD:$out/site${PYTHONPATH:+:$PYTHONPATH}
+if [ -d .seed ]; then mkdir -p data/FashionMNIST/raw && cp -n .seed/*.gz data/FashionMNIST/raw/; fi
+export COURSE_DATA=${COURSE_DATA:-$PWD/data} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
+unset COURSE_QUICK COURSE_FULL
+dry=$([ $mode = dry ] && echo --dry-run)
+$PY -c "from helpers.gpu_reference import main; main()" env "$out" $dry || exit 1
 status=0
-python3 -m pytest -q tests --ignore=tests/browser -p no:cacheprovider > "$out/unit.log" 2>&1 || status=1
-tail -5 "$out/unit.log"
-python3 -m pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider book > "$out/nbval.log" 2>&1 || status=1
-tail -15 "$out/nbval.log"
-python3 scripts/bench.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_runner.sh: the benchmark failed"; exit 1; }
-python3 - "$out" "$command" <<'EOF'
+
+# the tests that need the book toolchain (jupyter-book, nbgrader, a browser) test no GPU code
+book_tests="--ignore=tests/browser --ignore=tests/test_book.py --ignore=tests/test_student.py
+  --ignore=tests/test_autograde.py --ignore=tests/test_build_scripts.py --ignore=tests/test_colab.py"
+for s in ${steps//,/ }; do
+  case "$s" in
+  unit)
+    if [ $mode = dry ]; then sel="tests/test_timing.py"; else sel="tests $book_tests"; fi
+    # shellcheck disable=SC2086
+    COURSE_QUICK=1 $PY -m pytest -q -p no:cacheprovider $sel --junitxml "$out/unit.xml" \
+      > "$out/unit.log" 2>&1 || status=1
+    tail -3 "$out/unit.log" ;;
+  nbval)
+    if [ $mode = dry ]; then   # the plumbing (kernel, PYTHONPATH, helpers): a two-cell notebook
+      nbs="$out/dry.ipynb"
+      $PY - "$nbs" <<'EOF' || exit 1
 import sys
-from helpers.gpu_reference import write_gpu_reference
-out, command = sys.argv[1], sys.argv[2]
-tail = lambda name: open(f"{out}/{name}").read().splitlines()[-15:]
-ref = write_gpu_reference(f"{out}/bench.json", command,
-                          logs={"unit": tail("unit.log"), "nbval": tail("nbval.log")})
-print("gpu_runner.sh: wrote reference/gpu_reference.json for", ref["gpu"], ref["date"])
+import nbformat as f
+nb = f.v4.new_notebook()
+nb.cells = [f.v4.new_code_cell("import helpers, torch"),
+            f.v4.new_code_cell("print(helpers.describe_gpu_reference(), torch.__version__)")]
+nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+f.write(nb, sys.argv[1])
 EOF
+      full=
+    else
+      nbs=${NOTEBOOKS:-$(find book -name '*.ipynb' -not -path '*/_build/*' | sort)}
+      full=1
+    fi
+    # shellcheck disable=SC2086
+    COURSE_FULL=$full $PY -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+      --nbval-cell-timeout "${NB_TIMEOUT:-900}" --junitxml "$out/nbval.xml" $nbs \
+      > "$out/nbval.log" 2>&1 || status=1
+    tail -3 "$out/nbval.log" ;;
+  bench)
+    if [ $mode = dry ]; then
+      args="--quick --epochs 2 --subset 256 --rounds 1 --rows reference,fast,fast-shared
+        --ranks 2 --check-steps 2 --targets gpu"
+    else
+      args="--targets gpu"
+      export COURSE_FULL=1
+    fi
+    # shellcheck disable=SC2086
+    $PY scripts/bench.py $args --json "$out/bench.json" > "$out/bench.log" 2>&1 || status=1
+    grep -E "^(target|bench:)" "$out/bench.log" | tail -8
+    unset COURSE_FULL ;;
+  record)
+    $PY -c "from helpers.gpu_reference import main; main()" record "$out" "$command" $dry \
+      || status=1 ;;
+  esac
+done
+[ $status -eq 0 ] || echo "gpu_runner.sh: a step failed: see the logs in $out"
 exit $status
