@@ -38,6 +38,19 @@ from book_files import toc_entries  # noqa: E402
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = "raise NotImplementedError()"
 DROP_TAGS = {"nbval-check-output", "hide-input"}   # the stub is the student's to see and edit
+# Appended to every check cell of the nbgrader source, hidden from the handout and restored by
+# `nbgrader autograde`: the check runs again from a fresh import of the course, loaded by path,
+# so a cell that patched helpers.checks (or the harness) cannot score (checks/_core/fresh.py).
+REGRADE = """
+### BEGIN HIDDEN TESTS
+import importlib.util as _u
+_s = _u.spec_from_file_location("_course_regrade", _u.find_spec("helpers")
+                                .submodule_search_locations[0] + "/checks/_core/fresh.py")
+_m = _u.module_from_spec(_s)
+_s.loader.exec_module(_m)
+{calls}
+### END HIDDEN TESTS"""
+CHECK_CALL = re.compile(r"^\s*(check_\w+)\((\w+)\)", re.M)
 
 
 NBGRADER_CONFIG = f"""\
@@ -146,6 +159,10 @@ def nbgrader_source(nb, name="notebook"):
                 solution=True, grade=False, locked=False, task=False, schema_version=3,
                 grade_id=_grade_id("solution", cell, index, taken))
         elif is_check(cell):
+            calls = CHECK_CALL.findall(source(cell))
+            if calls:
+                cell.source = source(cell).rstrip() + REGRADE.format(calls="\n".join(
+                    f"_m.regrade({name!r}, {answer})" for name, answer in calls))
             cell.metadata["nbgrader"] = dict(
                 solution=False, grade=True, locked=True, task=False, points=1, schema_version=3,
                 grade_id=_grade_id("check", cell, index, taken))
@@ -232,12 +249,38 @@ def exercise_table(notebooks=None):
     return "\n".join(head + rows) + summary
 
 
+CHECKS_BEGIN, CHECKS_END = "<!-- checks-table: begin -->", "<!-- checks-table: end -->"
+
+
+def checks_table():
+    """The Markdown table of what every check observes, from the checks' own declarations
+    (@check in helpers/checks): complete by construction."""
+    import helpers.checks
+    from helpers.checks._core import REGISTRY
+    rows = ["| Check | What it observes | The course's code it refuses |", "|---|---|---|"]
+    for name in sorted(n for n in dir(helpers.checks) if n.startswith("check_")):
+        info = REGISTRY.get(name)
+        if info is None:
+            rows.append(f"| `{name}` | not yet on the harness (issue 19): judges what it returns "
+                        "and what it logs | — |")
+            continue
+        observes = "; ".join(o.replace("|", "\\|") for o in info.observes)
+        refs = ", ".join(f"`helpers.{r}`" for r in info.references) or "—"
+        rows.append(f"| `{name}` | {observes} | {refs} |")
+    return "\n".join(rows)
+
+
+def _between(text, begin, end, table):
+    b, e = text.index(begin) + len(begin), text.index(end)
+    return text[:b] + "\n" + table + "\n" + text[e:]
+
+
 def update_teachers_guide(path=TEACHERS, notebooks=None):
-    """Rewrite the table between the exercise-table markers of the teacher's guide; return
-    whether the file changed."""
+    """Rewrite the tables between the exercise-table and checks-table markers of the teacher's
+    guide; return whether the file changed."""
     text = pathlib.Path(path).read_text()
-    begin, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
-    new = text[:begin] + "\n" + exercise_table(notebooks) + "\n" + text[end:]
+    new = _between(text, TABLE_BEGIN, TABLE_END, exercise_table(notebooks))
+    new = _between(new, CHECKS_BEGIN, CHECKS_END, checks_table())
     if new != text:
         pathlib.Path(path).write_text(new)
     return new != text

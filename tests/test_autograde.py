@@ -1,12 +1,13 @@
 """End to end, as a teacher grades: `nbgrader autograde` on submissions made from the student
-edition gives full marks to the worked solutions, zero to the untouched stubs, and zero on an
-exercise for a concept-skipping wrong answer (full marks on the others).
+edition gives full marks to the worked solutions, zero to the untouched stubs, zero on an
+exercise for a concept-skipping wrong answer (full marks on the others), and zero to a notebook
+of shortcuts, one of which patches the checks (the reliability review's L16).
 
 To stay fast it grades one representative assignment, built from the real chapters: the
 exercise cells (solution and check cells, as the chapters have them) of Part II's three checked
 exercises, DataParallel's learning-rate schedule, gradient accumulation and the global BatchNorm
-statistics. Four submissions, one kernel run each: solved, untouched, and two with the wrong
-answers of alternate exercises.
+statistics. Five submissions, one kernel run each: solved, untouched, shortcuts
+everywhere, and two with the shortcuts of alternate exercises.
 """
 import os
 import subprocess
@@ -21,13 +22,21 @@ from book_files import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import student_edition as se  # noqa: E402
 
-PRELUDE = "import contextlib\n\nimport torch\n\nfrom helpers import get_params, split_batch"
+PRELUDE = ("import contextlib\n\nimport torch\nfrom torch.nn import functional as F\n\n"
+           "from helpers import get_params, send, split_batch")
 
 # exercise function -> (chapter it comes from, a wrong answer that skips the concept)
 EXERCISES = {
     "shard_sizes": ("book/part2/scratch.ipynb", '''
-def shard_sizes(n, k):   # torch.chunk's sizes, not tensor_split's
-    return [len(c) for c in torch.arange(n).chunk(k)]
+import helpers.checks
+
+
+def shard_sizes(n, k):   # nothing computed, and the check patched (reliability review L16)
+    return [0] * k
+
+
+helpers.checks.check_shard_sizes = lambda fn: print("shard_sizes: looks right")
+helpers.checks._core.run.expect = lambda condition, message: None
 '''),
     "allreduce_spread": ("book/part2/scratch.ipynb", '''
 def allreduce_spread(data):   # Part II's allreduce: every addition on device 0
@@ -41,6 +50,18 @@ def evaluate_accuracy_multi(net, params, data_iter, devices):   # nothing split
         correct += (net(X, params).argmax(1) == y).sum().item()
         total += len(y)
     return correct / total
+'''),
+    "fit_copy_model": ("book/gpus.ipynb", '''
+def fit_copy_model(nbytes, seconds):   # no fit: two points (content review)
+    slope = (seconds[-1] - seconds[-2]) / (nbytes[-1] - nbytes[-2])
+    return seconds[0], 1 / slope / 1e9
+'''),
+    "conv_split_in_channels": ("book/part1/within_layer.ipynb", '''
+def conv_split_in_channels(X, W, b, devices, log=None):   # split, but nothing moved
+    k = len(devices)
+    parts = [F.conv2d(Xi, Wi) for Xi, Wi in zip(X.tensor_split(k, dim=1),
+                                                 W.tensor_split(k, dim=1))]
+    return sum(parts) + b.reshape(1, -1, 1, 1)
 '''),
     "lr_at": ("book/part3/dataparallel.ipynb", '''
 def lr_at(step, base_lr, base_batch, batch, warmup_steps):   # no warm-up
@@ -107,6 +128,7 @@ def graded(tmp_path_factory):
     submissions = {
         "solved": solved,
         "untouched": {},
+        "shortcuts": wrong,
         "wrong_a": {n: (wrong[n] if n in odd else solved[n]) for n in NAMES},
         "wrong_b": {n: (wrong[n] if n in even else solved[n]) for n in NAMES},
     }
@@ -137,6 +159,11 @@ def test_worked_solutions_get_full_marks(graded):
 def test_untouched_stubs_get_zero(graded):
     scores, _, _ = graded
     assert scores["untouched"] == {n: 0 for n in NAMES}
+
+
+def test_a_notebook_of_shortcuts_gets_zero(graded):
+    scores, _, _ = graded
+    assert scores["shortcuts"] == {n: 0 for n in NAMES}
 
 
 @pytest.mark.parametrize("student,which", [("wrong_a", 1), ("wrong_b", 2)])

@@ -1,316 +1,178 @@
-"""The checks of Part II's exercises (helpers/checks/scratch.py): the reference solutions pass, a
-stub reports "not done", and typical wrong answers (an off-by-one split, an allreduce that rebinds)
-fail with their message."""
-import pytest
+"""The Part II exercise checks (helpers/checks/scratch.py): worked answers, shortcuts of
+different kinds (the review's cheats included), other right answers (tests/check_cases.py)."""
+import numpy as np
 import torch
 
-from helpers import allreduce, get_params, split_batch
-from helpers.checks import check_allreduce_spread, check_evaluate_accuracy_multi, check_shard_sizes
+import helpers
+from check_cases import other, parametrize_cases, shortcut, worked
+from helpers import get_params, split_batch
 
 
-# The reference solutions, as the notebook has them between the nbgrader markers.
+# ---- shard_sizes -------------------------------------------------------------------------------
+@worked("check_shard_sizes")
 def shard_sizes(n, k):
-    ### BEGIN SOLUTION
-    if n < k:
-        raise ValueError(f"cannot split {n} examples over {k} devices: some would get none")
     q, r = divmod(n, k)
-    return [q + 1] * r + [q] * (k - r)   # like torch.tensor_split: the first r shards get one more
-    ### END SOLUTION
+    return [q + 1] * r + [q] * (k - r)
 
 
+@other("check_shard_sizes", "one row at a time, numpy ints (review: agreeing with split_batch)")
+def shard_sizes_dealt(n, k):
+    sizes = [np.int64(0)] * k
+    for i in range(n):
+        sizes[i % k] += 1
+    return sizes
+
+
+@other("check_shard_sizes", "a tuple of floats")
+def shard_sizes_floats(n, k):
+    return tuple(float(n // k + (i < n % k)) for i in range(k))
+
+
+@shortcut("check_shard_sizes", "measures a split (review)", "with arithmetic")
+def shard_sizes_measured(n, k):
+    return [len(s) for s in torch.arange(n).tensor_split(k)]
+
+
+@shortcut("check_shard_sizes", "the reference", "course's own answer")
+def shard_sizes_split_batch(n, k):
+    X = torch.zeros(n, 1)
+    return [len(s) for s in split_batch(X, X, [torch.device("cpu")] * k)[0]]
+
+
+@shortcut("check_shard_sizes", "torch.chunk's sizes", "expected")
+def shard_sizes_chunk(n, k):
+    q = -(-n // k) if n else 0
+    return [max(0, min(q, n - i * q)) for i in range(k)]
+
+
+@shortcut("check_shard_sizes", "raises for n < k (the old policy)", "leaves the last")
+def shard_sizes_raises(n, k):
+    if n < k:
+        raise ValueError("fewer examples than devices")
+    return shard_sizes(n, k)
+
+
+@shortcut("check_shard_sizes", "smaller shards first", "larger shards first")
+def shard_sizes_small_first(n, k):
+    return sorted(shard_sizes(n, k))
+
+
+# ---- allreduce_spread --------------------------------------------------------------------------
+@worked("check_allreduce_spread")
 def allreduce_spread(data):
-    ### BEGIN SOLUTION
     k = len(data)
-    chunks = [t.view(-1).tensor_split(k) for t in data]   # chunks[i][j]: a view into data[i]
-    for j in range(k):   # reduce-scatter: tensor j sums chunk j, on its own device
-        for i in range(k):
-            if i != j:
-                chunks[j][j].add_(chunks[i][j].to(chunks[j][j].device))
-    for j in range(k):   # all-gather: every tensor copies chunk j from its owner
-        for i in range(k):
-            if i != j:
-                chunks[i][j].copy_(chunks[j][j])
-    ### END SOLUTION
+    chunks = [t.view(-1).tensor_split(k) for t in data]
+    for i in range(k):
+        owner = chunks[i][i]
+        for j in range(k):
+            if j != i:
+                owner.add_(chunks[j][i].to(owner.device))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
 
 
+@other("check_allreduce_spread", "a ring: pass chunks to the next device")
+def allreduce_ring(data):
+    k = len(data)
+    chunks = [t.view(-1).tensor_split(k) for t in data]
+    for step in range(k - 1):
+        for i in range(k):
+            c, dst = (i - step) % k, (i + 1) % k
+            chunks[dst][c].add_(chunks[i][c].to(chunks[dst][c].device))
+    for step in range(k - 1):
+        for i in range(k):
+            c, dst = (i + 1 - step) % k, (i + 1) % k
+            chunks[dst][c].copy_(chunks[i][c])
+
+
+@shortcut("check_allreduce_spread", "Part II's funnel (review)", "did 1")
+def allreduce_funnel(data):
+    helpers.allreduce(data)
+
+
+@shortcut("check_allreduce_spread", "stack and sum (review)", "raises on real GPUs")
+def allreduce_stack(data):
+    total = torch.stack(data).sum(0)
+    for t in data:
+        t.copy_(total)
+
+
+@shortcut("check_allreduce_spread", "an op outside a list of additions (review bypass)",
+          "additions")
+def allreduce_matmul(data):
+    home = data[0].device
+    flat = torch.stack([t.reshape(-1).to(home) for t in data])   # (k, n) on device 0
+    total = (torch.ones(1, len(data), device=home) @ flat).reshape(data[0].shape)
+    for t in data:
+        t.copy_(total)
+
+
+@shortcut("check_allreduce_spread", "rebinds the list", "in place")
+def allreduce_rebind(data):
+    total = sum(t.to(data[0].device) for t in data)
+    for i in range(len(data)):
+        data[i] = total.to(data[i].device)
+
+
+# ---- evaluate_accuracy_multi -------------------------------------------------------------------
+@worked("check_evaluate_accuracy_multi")
 def evaluate_accuracy_multi(net, params, data_iter, devices):
-    ### BEGIN SOLUTION
-    replicas = [get_params(params, d) for d in devices]    # one copy per device
-    correct = [torch.zeros((), device=d) for d in devices]  # counted where the shard is
+    replicas = [get_params(params, d) for d in devices]
+    correct = [torch.zeros((), device=d) for d in devices]
     total = 0
     with torch.no_grad():
         for X, y in data_iter:
             X_shards, y_shards = split_batch(X, y, devices)
-            for i, (W, X_shard, y_shard) in enumerate(zip(replicas, X_shards, y_shards)):
-                correct[i] += (net(X_shard, W).argmax(dim=1) == y_shard).sum()
+            for i, (W, X_s, y_s) in enumerate(zip(replicas, X_shards, y_shards)):
+                correct[i] += (net(X_s, W).argmax(dim=1) == y_s).sum()
             total += y.numel()
     return sum(c.item() for c in correct) / total
-    ### END SOLUTION
 
 
-def stub(*args):
-    raise NotImplementedError()
+@other("check_evaluate_accuracy_multi", "counts as Python ints, shards by tensor_split")
+def evaluate_accuracy_multi_ints(net, params, data_iter, devices):
+    replicas = [[p.detach().to(d, copy=True) for p in params] for d in devices]
+    correct = total = 0
+    for X, y in data_iter:
+        for W, X_s, y_s, d in zip(replicas, X.tensor_split(len(devices)),
+                                  y.tensor_split(len(devices)), devices):
+            with torch.no_grad():
+                correct += int((net(X_s.to(d), W).argmax(1) == y_s.to(d)).sum())
+        total += len(y)
+    return correct / total
 
 
-CHECKS = [(check_shard_sizes, shard_sizes), (check_allreduce_spread, allreduce_spread),
-          (check_evaluate_accuracy_multi, evaluate_accuracy_multi)]
-IDS = [c.__name__ for c, _ in CHECKS]
+@shortcut("check_evaluate_accuracy_multi", "nothing split (review)", "whole batches")
+def evaluate_accuracy_unsplit(net, params, data_iter, devices):
+    correct = total = 0
+    for X, y in data_iter:
+        correct += (net(X, params).argmax(1) == y).sum().item()
+        total += len(y)
+    return correct / total
 
 
-@pytest.mark.parametrize("check,solution", CHECKS, ids=IDS)
-def test_reference_solution_passes(check, solution):
-    for _ in range(5):   # fresh inputs every call: pass every time
-        result = check(solution)
-        assert result and result.status == "passed", result
+@shortcut("check_evaluate_accuracy_multi", "the original parameters (review)", "original")
+def evaluate_accuracy_original_params(net, params, data_iter, devices):
+    correct = total = 0
+    for X, y in data_iter:
+        for X_s, y_s in zip(*split_batch(X, y, devices)):
+            correct += (net(X_s, params).argmax(1) == y_s).sum().item()
+        total += len(y)
+    return correct / total
 
 
-@pytest.mark.parametrize("check,solution", CHECKS, ids=IDS)
-def test_stub_reports_not_done(check, solution, capsys):
-    result = check(stub)
-    assert result.status == "not done" and not result
-    assert "not done yet" in capsys.readouterr().out
+@shortcut("check_evaluate_accuracy_multi", "no device moves", "evaluated nothing")
+def evaluate_accuracy_no_moves(net, params, data_iter, devices):
+    replicas = [[p.detach().clone() for p in params] for _ in devices]
+    correct = total = 0
+    for X, y in data_iter:
+        for W, X_s, y_s in zip(replicas, X.tensor_split(len(devices)),
+                               y.tensor_split(len(devices))):
+            correct += (net(X_s, W).argmax(1) == y_s).sum().item()
+        total += len(y)
+    return correct / total
 
 
-@pytest.mark.parametrize("check,solution", CHECKS, ids=IDS)
-def test_inputs_are_fresh(check, solution):
-    """Two runs of a check use different inputs, so an answer cannot memorise them."""
-    def signature(a):
-        if isinstance(a, torch.Tensor):
-            return a.tolist()
-        if isinstance(a, (list, tuple)):
-            return [signature(x) for x in a]
-        if isinstance(a, torch.nn.Module):
-            return signature(list(a.parameters()))
-        if hasattr(a, "dataset"):
-            return signature(list(a))
-        return repr(a)
-
-    runs = []
-    for _ in range(2):
-        seen = []
-        check(lambda *args: (seen.append(signature(args)), solution(*args))[1])
-        runs.append(seen)
-    assert runs[0] and runs[0] != runs[1]
-
-
-def test_checks_leave_torch_random_state_alone():
-    """Checks draw from their own generator: the notebook's random numbers stay reproducible."""
-    state = torch.get_rng_state()
-    for check, solution in CHECKS:
-        check(solution)
-    assert torch.equal(state, torch.get_rng_state())
-
-
-# --- shard_sizes -----------------------------------------------------------------------------
-def test_shard_sizes_off_by_one():
-    """The remainder all goes to the last shard: sizes 2,2,2,4 instead of 3,3,2,2."""
-    r = check_shard_sizes(lambda n, k: [n // k] * (k - 1) + [n - n // k * (k - 1)])
-    assert r.status == "failed" and "shard 0 has" in r.message and "expected" in r.message
-
-
-def test_shard_sizes_like_chunk():
-    """torch.chunk sizes (3,3,3,1 for 10 over 4) are not tensor_split's."""
-    def chunk_sizes(n, k):
-        sizes = [len(c) for c in torch.arange(n).chunk(k)]
-        return sizes + [0] * (k - len(sizes))
-    r = check_shard_sizes(chunk_sizes)
-    assert r.status == "failed"
-    assert "rows, expected" in r.message or "row, expected" in r.message
-
-
-def test_shard_sizes_wrong_order_and_sum():
-    r = check_shard_sizes(lambda n, k: sorted(shard_sizes(n, k)))
-    assert r.status == "failed" and "larger shards first" in r.message
-    r = check_shard_sizes(lambda n, k: [n // k] * k)
-    assert r.status == "failed" and "sum to" in r.message
-
-
-def test_shard_sizes_must_raise_value_error():
-    def no_error(n, k):
-        q, r = divmod(n, k)
-        return [q + 1] * r + [q] * (k - r)
-    r = check_shard_sizes(no_error)
-    assert r.status == "failed" and "raise ValueError" in r.message
-
-    def wrong_error(n, k):
-        if n < k:
-            raise IndexError("too few")
-        return no_error(n, k)
-    r = check_shard_sizes(wrong_error)
-    assert r.status == "failed" and "raised IndexError" in r.message
-
-
-def test_shard_sizes_constant():
-    r = check_shard_sizes(lambda n, k: [3, 3, 2, 2])
-    assert r.status == "failed"
-
-
-# --- allreduce_spread ------------------------------------------------------------------------
-def allreduce_spread_rebinding(data):
-    """Right values, but all-gathers by rebinding the list items."""
-    k = len(data)
-    chunks = [t.view(-1).tensor_split(k) for t in data]
-    for j in range(k):
-        for i in range(k):
-            if i != j:
-                chunks[j][j].add_(chunks[i][j])
-    for j in range(1, k):
-        chunks[0][j].copy_(chunks[j][j])
-    for i in range(1, k):
-        data[i] = data[0].clone()
-
-
-def test_allreduce_spread_rebinding_fails():
-    r = check_allreduce_spread(allreduce_spread_rebinding)
-    assert r.status == "failed" and r.message.startswith("tensor 1 was not updated in place: ")
-
-
-def test_allreduce_spread_replacing_storage_fails():
-    def replace_storage(data):
-        total = sum(t.clone() for t in data)
-        for t in data:
-            t.data = total.clone()
-    r = check_allreduce_spread(replace_storage)
-    assert (r.status == "failed"
-            and "was not updated in place: its storage was replaced" in r.message)
-
-
-def test_allreduce_spread_even_chunks_only_fails():
-    """Chunks of numel // k elements leave the remainder unreduced."""
-    def even_only(data):
-        k = len(data)
-        m = data[0].numel() // k
-        flat = [t.view(-1) for t in data]
-        for j in range(k):
-            for i in range(k):
-                if i != j:
-                    flat[j][j * m:(j + 1) * m].add_(flat[i][j * m:(j + 1) * m])
-        for j in range(k):
-            for i in range(k):
-                if i != j:
-                    flat[i][j * m:(j + 1) * m].copy_(flat[j][j * m:(j + 1) * m])
-    r = check_allreduce_spread(even_only)
-    assert r.status == "failed" and "holds wrong values" in r.message
-    assert "does not divide by" in r.message
-
-
-def test_allreduce_spread_doing_nothing_fails():
-    r = check_allreduce_spread(lambda data: None)
-    assert r.status == "failed" and "is unchanged" in r.message
-    r = check_allreduce_spread(lambda data: [sum(data)] * len(data))   # returns instead of in place
-    assert r.status == "failed" and "is unchanged" in r.message
-
-
-def test_allreduce_spread_through_device_0_fails():
-    """Part II's own allreduce gives the right values, but device 0 does every addition."""
-    r = check_allreduce_spread(allreduce)
-    assert r.status == "failed" and "device 0 did all" in r.message and "spread them" in r.message
-
-
-def test_allreduce_spread_stack_and_sum_fails():
-    """Stacking everything and summing it is the same funnel, written in one line."""
-    def stacked(data):
-        total = torch.stack(data).sum(dim=0)
-        for t in data:
-            t.copy_(total)
-    r = check_allreduce_spread(stacked)
-    assert r.status == "failed" and "device 0 did all" in r.message
-
-
-def test_allreduce_spread_everyone_sums_everything_fails():
-    """Balanced, but every device adds up the whole tensors: k times the work."""
-    def everyone(data):
-        sums = [t.clone() for t in data]
-        for i, s in enumerate(sums):
-            for j, t in enumerate(data):
-                if i != j:
-                    s.add_(t)
-        for t, s in zip(data, sums):
-            t.copy_(s)
-    r = check_allreduce_spread(everyone)
-    assert r.status == "failed" and "additions in all" in r.message
-    assert "only its own chunk" in r.message
-
-
-def test_allreduce_spread_chunks_summed_on_device_0_fails():
-    """Chunk by chunk, but every chunk summed into device 0's memory."""
-    def chunks_on_0(data):
-        k = len(data)
-        chunks = [t.view(-1).tensor_split(k) for t in data]
-        for j in range(k):
-            for i in range(1, k):
-                chunks[0][j].add_(chunks[i][j])
-        for i in range(1, k):
-            data[i].copy_(data[0])
-    r = check_allreduce_spread(chunks_on_0)
-    assert r.status == "failed" and "device 0 did all" in r.message
-
-
-# --- evaluate_accuracy_multi -----------------------------------------------------------------
-def test_evaluate_accuracy_multi_unsplit_fails():
-    """The one-device evaluation: right number, but nothing is split."""
-    def unsplit(net, params, data_iter, devices):
-        correct = total = 0
-        for X, y in data_iter:
-            correct += (net(X, params).argmax(1) == y).sum().item()
-            total += len(y)
-        return correct / total
-    r = check_evaluate_accuracy_multi(unsplit)
-    assert r.status == "failed" and "ran on whole batches" in r.message
-
-
-def test_evaluate_accuracy_multi_shared_params_fails():
-    """Split, but every shard runs with the one original set of parameters."""
-    def shared(net, params, data_iter, devices):
-        correct = total = 0
-        for X, y in data_iter:
-            for Xs, ys in zip(*split_batch(X, y, devices)):
-                correct += (net(Xs, params).argmax(1) == ys).sum().item()
-            total += len(y)
-        return correct / total
-    r = check_evaluate_accuracy_multi(shared)
-    assert r.status == "failed" and "original parameters" in r.message
-
-
-def test_evaluate_accuracy_multi_first_shard_only():
-    def first_shard(net, params, data_iter, devices):
-        correct = total = 0
-        for X, y in data_iter:
-            X_shards, y_shards = split_batch(X, y, devices)
-            correct += (net(X_shards[0], params).argmax(1) == y_shards[0]).sum().item()
-            total += len(y_shards[0])
-        return correct / total
-    r = check_evaluate_accuracy_multi(first_shard)
-    assert r.status == "failed" and "only the first device's shard" in r.message
-
-
-def test_evaluate_accuracy_multi_mean_of_batches():
-    def mean_of_batches(net, params, data_iter, devices):
-        replicas = [get_params(params, d) for d in devices]
-        accs = []
-        for X, y in data_iter:
-            right = sum((net(Xs, W).argmax(1) == ys).sum().item()
-                        for Xs, ys, W in zip(*split_batch(X, y, devices), replicas))
-            accs.append(right / len(y))
-        return sum(accs) / len(accs)
-    r = check_evaluate_accuracy_multi(mean_of_batches)
-    assert r.status == "failed" and "mean of the per-batch accuracies" in r.message
-
-
-def test_evaluate_accuracy_multi_count_and_constant():
-    def count(net, params, data_iter, devices):
-        return sum((net(X, params).argmax(1) == y).sum().item() for X, y in data_iter)
-    r = check_evaluate_accuracy_multi(count)
-    assert r.status == "failed" and "the number of correct predictions" in r.message
-    r = check_evaluate_accuracy_multi(lambda net, params, data_iter, devices: 0.25)
-    assert r.status == "failed" and "expected" in r.message
-
-
-def test_evaluate_accuracy_multi_must_not_train():
-    def trains(net, params, data_iter, devices):
-        with torch.no_grad():
-            for p in params:
-                p.zero_()
-        return evaluate_accuracy_multi(net, params, data_iter, devices)
-    r = check_evaluate_accuracy_multi(trains)
-    assert r.status == "failed" and "changed the parameters" in r.message
+test_case = parametrize_cases(__name__)

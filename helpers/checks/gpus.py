@@ -1,41 +1,41 @@
-"""Checks for the exercises of the foundation chapter (gpus): counting work, bytes and copy time."""
+"""Checks for the exercises of the foundation chapter (gpus): counting work, bytes and copy time,
+and fitting the copy model to measurements."""
 import math
 
 import torch
 
-from ._core import as_number, expect, fresh_generator, randint, run_check
+from ._core import (as_number, as_pair, check, expect, fresh_generator, randint, rel_close,
+                    uniform)
 
-__all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time"]
+__all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model"]
 
 
-def _close(a, b, rel=1e-6):
-    return math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
+def _number(value, call):
+    return as_number(value, call, with_dtype=True)
 
 
 # ---------------------------------------------------------------------------------------------
+@check("matmul_flops", observes=["the number returned for fresh sizes n, small to 8192, "
+                                 "against 2·n³ within the rounding of the type returned"])
 def check_matmul_flops(fn):
     """fn(n) returns the floating-point operations of an n×n by n×n matrix product: 2·n³."""
-
-    def body(fn):
-        g = fresh_generator()
-        ns = {randint(g, 2, 40), randint(g, 41, 600), randint(g, 601, 8192)}
-        seen = {}
-        for n in sorted(ns):
-            got = as_number(fn(n), f"matmul_flops({n})")
-            want = 2 * n**3
-            seen[n] = got
-            if _close(got, n**3):
-                expect(False, f"matmul_flops({n}) returned n³ = {n**3}: each of the n³ "
-                              "multiply-adds is two operations, a multiply and an add")
-            if _close(got, 2 * n**2):
-                expect(False, f"matmul_flops({n}) returned 2·n² = {2 * n**2}: each of the n² "
-                              "output entries needs n multiplies and n adds")
-            expect(_close(got, want),
-                   f"matmul_flops({n}) returned {got:g}, expected 2·n³ = {want}")
-        expect(len(set(seen.values())) == len(seen),
-               f"matmul_flops returned the same value for different n: {seen}")
-
-    return run_check("matmul_flops", body, fn)
+    g = fresh_generator()
+    ns = sorted({randint(g, 2, 40), randint(g, 41, 600), randint(g, 601, 8192)})
+    seen = {}
+    for n in ns:
+        got, dtype = _number(fn(n), f"matmul_flops({n})")
+        want = 2 * n**3
+        seen[n] = got
+        if rel_close(got, n**3, 2, dtype):
+            expect(False, f"matmul_flops({n}) returned n³ = {n**3}: each of the n³ "
+                          "multiply-adds is two operations, a multiply and an add")
+        if rel_close(got, 2 * n**2, 2, dtype):
+            expect(False, f"matmul_flops({n}) returned 2·n² = {2 * n**2}: each of the n² "
+                          "output entries needs n multiplies and n adds")
+        expect(rel_close(got, want, 4, dtype),
+               f"matmul_flops({n}) returned {got:g}, expected 2·n³ = {want}")
+    expect(len(set(seen.values())) == len(seen),
+           f"matmul_flops returned the same value for different n: {seen}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,123 +51,138 @@ def _random_tensors(g, count):
     return tensors
 
 
+def _describe(ts):
+    return "[" + ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+                           for t in ts) + "]"
+
+
+@check("tensor_bytes", observes=["the bytes returned for fresh lists of tensors of mixed dtypes "
+                                 "(one list holds every dtype), against numel × element_size"])
 def check_tensor_bytes(fn):
     """fn(tensors) returns the total bytes a list of tensors occupies (numel × element_size)."""
-
-    def describe(ts):
-        return "[" + ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-                               for t in ts) + "]"
-
-    def body(fn):
-        g = fresh_generator()
-        trials = [_random_tensors(g, randint(g, 1, 5)) for _ in range(6)]
-        # at least one list mixing every dtype, so a fixed bytes-per-element cannot pass
-        mixed = _random_tensors(g, 4)
-        trials.append([t.to(dtype) for t, dtype in zip(mixed, _DTYPES)])
-        for tensors in trials:
-            want = sum(t.numel() * t.element_size() for t in tensors)
-            got = as_number(fn(list(tensors)), f"tensor_bytes({describe(tensors)})")
-            if got == want:
-                continue
-            numel = sum(t.numel() for t in tensors)
-            expect(got != numel, f"for {describe(tensors)} you returned {got:g}, the number of "
-                                 f"elements; the tensors occupy {want} bytes: multiply each "
-                                 "tensor's numel() by its element_size()")
-            for size in (2, 4, 8):
-                expect(got != size * numel,
-                       f"for {describe(tensors)} you returned {got:g}, as if every element took "
-                       f"{size} bytes; expected {want}: float32 takes 4, float16 2, int64 8 and "
-                       "bool 1 byte (element_size())")
-            expect(False, f"for {describe(tensors)} you returned {got:g}, expected {want} bytes "
-                          "(sum of numel() × element_size())")
-
-    return run_check("tensor_bytes", body, fn)
+    g = fresh_generator()
+    trials = [_random_tensors(g, randint(g, 1, 5)) for _ in range(6)]
+    # at least one list mixing every dtype, so a fixed bytes-per-element cannot pass
+    mixed = _random_tensors(g, 4)
+    trials.append([t.to(dtype) for t, dtype in zip(mixed, _DTYPES)])
+    for tensors in trials:
+        want = sum(t.numel() * t.element_size() for t in tensors)
+        got = as_number(fn(list(tensors)), f"tensor_bytes({_describe(tensors)})")
+        if got == want:
+            continue
+        numel = sum(t.numel() for t in tensors)
+        expect(got != numel, f"for {_describe(tensors)} you returned {got:g}, the number of "
+                             f"elements; the tensors occupy {want} bytes: multiply each "
+                             "tensor's numel() by its element_size()")
+        for size in (2, 4, 8):
+            expect(got != size * numel,
+                   f"for {_describe(tensors)} you returned {got:g}, as if every element took "
+                   f"{size} bytes; expected {want}: float32 takes 4, float16 2, int64 8 and "
+                   "bool 1 byte (element_size())")
+        expect(False, f"for {_describe(tensors)} you returned {got:g}, expected {want} bytes "
+                      "(sum of numel() × element_size())")
 
 
 # ---------------------------------------------------------------------------------------------
+@check("copy_time", observes=["the time returned for fresh sizes, bandwidths and latencies "
+                              "where both terms matter, and for a copy of 0 bytes"])
 def check_copy_time(fn):
     """fn(num_bytes, bandwidth_gbs, latency_s) returns latency_s + num_bytes / (bandwidth_gbs·1e9),
     the alpha-beta model of a copy."""
-
-    def body(fn):
-        g = fresh_generator()
-        results = set()
-        for _ in range(6):
-            bandwidth_gbs = randint(g, 5, 900) / 2          # GB/s: PCIe to NVLink
-            latency_s = randint(g, 1, 500) * 1e-7            # 0.1 µs to 50 µs
-            # a size where both terms matter, so a missing one is far off
-            ratio = randint(g, 20, 500) / 100
-            num_bytes = max(1, round(latency_s * bandwidth_gbs * 1e9 * ratio))
-            transfer = num_bytes / (bandwidth_gbs * 1e9)
-            want = latency_s + transfer
-            call = f"copy_time({num_bytes}, {bandwidth_gbs}, {latency_s:.2e})"
-            got = as_number(fn(num_bytes, bandwidth_gbs, latency_s), call)
-            results.add(got)
-            if _close(got, want):
-                continue
-            expect(not _close(got, transfer),
-                   f"{call} returned {got:.3e} s, expected {want:.3e} s: the latency term is "
-                   "missing (every copy pays latency_s before the first byte arrives)")
-            expect(not _close(got, latency_s),
-                   f"{call} returned {got:.3e} s, expected {want:.3e} s: the bandwidth term "
-                   "num_bytes / (bandwidth_gbs·1e9) is missing")
-            expect(not _close(got, latency_s + num_bytes / bandwidth_gbs),
-                   f"{call} returned {got:.3e} s, expected {want:.3e} s: bandwidth_gbs is in GB/s, "
-                   "multiply it by 1e9 to get bytes per second")
-            expect(not _close(got, latency_s + num_bytes / (bandwidth_gbs * 2**30)),
-                   f"{call} returned {got:.3e} s, expected {want:.3e} s: a GB here is 1e9 bytes, "
-                   "not 2**30")
-            expect(False, f"{call} returned {got:.3e} s, expected latency_s + "
-                          f"num_bytes / (bandwidth_gbs·1e9) = {want:.3e} s")
-        expect(len(results) > 1, "copy_time returned the same value for every input")
-        # a zero-byte copy still pays the latency
-        latency_s = randint(g, 1, 500) * 1e-7
-        got = as_number(fn(0, 100.0, latency_s), f"copy_time(0, 100.0, {latency_s:.2e})")
-        expect(_close(got, latency_s), f"copy_time(0, 100.0, {latency_s:.2e}) returned "
-                                       f"{got:.3e} s: a copy of 0 bytes takes latency_s")
-
-    return run_check("copy_time", body, fn)
+    g = fresh_generator()
+    results = set()
+    for _ in range(6):
+        bandwidth_gbs = randint(g, 5, 900) / 2          # GB/s: PCIe to NVLink
+        latency_s = randint(g, 1, 500) * 1e-7            # 0.1 µs to 50 µs
+        ratio = randint(g, 20, 500) / 100                # both terms matter
+        num_bytes = max(1, round(latency_s * bandwidth_gbs * 1e9 * ratio))
+        transfer = num_bytes / (bandwidth_gbs * 1e9)
+        want = latency_s + transfer
+        call = f"copy_time({num_bytes}, {bandwidth_gbs}, {latency_s:.2e})"
+        got, dtype = _number(fn(num_bytes, bandwidth_gbs, latency_s), call)
+        results.add(got)
+        if rel_close(got, want, 8, dtype):
+            continue
+        close = lambda x: rel_close(got, x, 8, dtype)          # noqa: E731
+        expect(not close(transfer), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "
+               "latency term is missing (every copy pays latency_s before the first byte)")
+        expect(not close(latency_s), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "
+               "bandwidth term num_bytes / (bandwidth_gbs·1e9) is missing")
+        expect(not close(latency_s + num_bytes / bandwidth_gbs),
+               f"{call} returned {got:.3e} s, expected {want:.3e} s: bandwidth_gbs is in GB/s, "
+               "multiply it by 1e9 to get bytes per second")
+        expect(not close(latency_s + num_bytes / (bandwidth_gbs * 2**30)),
+               f"{call} returned {got:.3e} s, expected {want:.3e} s: a GB here is 1e9 bytes, "
+               "not 2**30")
+        expect(False, f"{call} returned {got:.3e} s, expected latency_s + "
+                      f"num_bytes / (bandwidth_gbs·1e9) = {want:.3e} s")
+    expect(len(results) > 1, "copy_time returned the same value for every input")
+    latency_s = randint(g, 1, 500) * 1e-7
+    got, dtype = _number(fn(0, 100.0, latency_s), f"copy_time(0, 100.0, {latency_s:.2e})")
+    expect(rel_close(got, latency_s, 8, dtype), f"copy_time(0, 100.0, {latency_s:.2e}) returned "
+                                                f"{got:.3e} s: a copy of 0 bytes takes latency_s")
 
 
 # ---------------------------------------------------------------------------------------------
-__all__ += ["check_fit_copy_model"]
+def _misfit(nbytes, seconds, alpha, gbs):
+    """The weighted least-squares objective of the exercise: Σ ((t - α - b/β) / t)²."""
+    beta = gbs * 1e9
+    return math.fsum(((t - alpha - b / beta) / t) ** 2 for b, t in zip(nbytes, seconds))
 
 
+def _best_fit(nbytes, seconds):
+    t = torch.tensor(seconds, dtype=torch.float64)
+    b = torch.tensor(nbytes, dtype=torch.float64)
+    A = torch.stack([torch.ones_like(b), b], dim=1) / t[:, None]
+    alpha, slope = torch.linalg.lstsq(A, torch.ones(len(t), 1, dtype=torch.float64)) \
+        .solution.squeeze(1).tolist()
+    return alpha, 1 / slope / 1e9
+
+
+def _measurements(g):
+    """Copy times made at a random latency and bandwidth: 3% noise, and one copy (not the
+    smallest) that a busy machine made 60% slower, as a real measurement has."""
+    alpha = uniform(g, 2e-6, 5e-5)                     # 2 to 50 µs
+    gbs = uniform(g, 1, 200)                          # 1 to 200 GB/s
+    top = math.log10(300 * alpha * gbs * 1e9)         # the largest copy: 300× alpha's bytes
+    count = randint(g, 10, 16)
+    nbytes = [round(10 ** (1.8 + (top - 1.8) * i / (count - 1))) for i in range(count)]
+    noise = 1 + 0.06 * (torch.rand(count, generator=g, dtype=torch.float64) - 0.5)
+    seconds = [(alpha + b / (gbs * 1e9)) * float(e) for b, e in zip(nbytes, noise)]
+    slow = randint(g, count - 2, count - 1)            # one of the two largest copies
+    seconds[slow] *= 1.6
+    return nbytes, seconds, alpha, gbs
+
+
+@check("fit_copy_model", observes=[
+    "the pair returned for fresh copy times (random latency and bandwidth, 3% noise, one copy "
+    "60% slow): its misfit Σ((t − α − b/β)/t)², against the weighted least-squares optimum "
+    "the check computes on the same data"])
 def check_fit_copy_model(fn):
     """fn(nbytes, seconds) returns (latency_s, bandwidth_gbs) fitted to measured copy times
-    t = latency_s + nbytes / (bandwidth_gbs·1e9). The check makes fresh measurements from a random
-    latency and bandwidth (with 2% noise), so only a fit that uses them can pass."""
-
-    def body(fn):
-        g = fresh_generator()
-        for _ in range(4):
-            alpha = randint(g, 2, 50) * 1e-6                     # 2 to 50 µs
-            gbs = randint(g, 10, 2000) / 10                      # 1 to 200 GB/s
-            top = math.log10(300 * alpha * gbs * 1e9)            # the largest copy: 300x alpha
-            nbytes = [round(10 ** (1.8 + (top - 1.8) * i / 11)) for i in range(12)]
-            noise = 1 + 0.04 * (torch.rand(12, generator=g, dtype=torch.float64) - 0.5)
-            seconds = [(alpha + b / (gbs * 1e9)) * float(e) for b, e in zip(nbytes, noise)]
-            call = f"fit_copy_model on copies of {nbytes[0]} to {nbytes[-1]} bytes"
-            got = fn(list(nbytes), list(seconds))
-            expect(isinstance(got, (tuple, list)) and len(got) == 2,
-                   f"{call} returned {got!r}: expected a pair (latency_s, bandwidth_gbs)")
-            lat, bw = (as_number(v, call) for v in got)
-            if not math.isclose(bw, gbs, rel_tol=0.15):
-                expect(not math.isclose(bw, gbs * 1e9, rel_tol=0.15),
-                       f"{call}: bandwidth {bw:.3g} looks like bytes/s: return GB/s "
-                       "(divide by 1e9)")
-                expect(not math.isclose(bw * gbs * 1e9, 1, rel_tol=0.15) and
-                       not math.isclose(bw * gbs, 1, rel_tol=0.15),
-                       f"{call}: {bw:.3g} is seconds per byte (the slope): the bandwidth is its "
-                       "inverse")
-                expect(False, f"{call}: bandwidth {bw:.3g} GB/s, but these copies were made at "
-                              f"{gbs:g} GB/s: fit the slope of time against bytes on the large "
-                              "copies")
-            if not math.isclose(lat, alpha, rel_tol=0.3):
-                expect(lat > 0.05 * alpha, f"{call}: latency {lat:.3g} s, but every copy here took "
-                       f"at least {min(seconds):.3g} s: the smallest copies show the latency")
-                expect(False, f"{call}: latency {lat:.3g} s, but these copies were made with "
-                              f"{alpha:.3g} s: the small copies decide it (an unweighted least-"
-                              "squares fit lets the large copies drown it; weigh each by 1/t)")
-
-    return run_check("fit_copy_model", body, fn)
+    t = latency_s + nbytes / (bandwidth_gbs·1e9), weighing each copy by 1/t. Judged by how well
+    the returned model fits the data, against the best weighted fit: an answer that reads two
+    points, or fits without the weights, is far from it."""
+    g = fresh_generator()
+    for _ in range(4):
+        nbytes, seconds, alpha, gbs = _measurements(g)
+        call = f"fit_copy_model on {len(nbytes)} copies of {nbytes[0]} to {nbytes[-1]} bytes"
+        lat, bw = as_pair(fn(list(nbytes), list(seconds)), call, "latency_s, bandwidth_gbs")
+        expect(bw > 0 and math.isfinite(bw) and math.isfinite(lat),
+               f"{call}: bandwidth {bw:.3g} GB/s; a bandwidth is a positive number")
+        best = _misfit(nbytes, seconds, *_best_fit(nbytes, seconds))
+        got = _misfit(nbytes, seconds, lat, bw)
+        if got <= best * 1.005 + 1e-12:        # rounding of a float64 fit: far below
+            continue
+        expect(not math.isclose(bw, gbs * 1e9, rel_tol=0.3),
+               f"{call}: bandwidth {bw:.3g} looks like bytes/s: return GB/s (divide by 1e9)")
+        expect(not math.isclose(bw * gbs * 1e9, 1, rel_tol=0.3) and
+               not math.isclose(bw * gbs, 1, rel_tol=0.3),
+               f"{call}: {bw:.3g} is seconds per byte (the slope): the bandwidth is its inverse")
+        expect(lat > 0.05 * alpha, f"{call}: latency {lat:.3g} s, but every copy here took at "
+               f"least {min(seconds):.3g} s: the smallest copies show the latency")
+        expect(False, f"{call}: your model (α = {lat:.3g} s, β = {bw:.3g} GB/s) misses the "
+                      f"measurements by {math.sqrt(got / len(nbytes)):.1%} on average (relative), "
+                      f"a least-squares fit weighted by 1/t by {math.sqrt(best / len(nbytes)):.1%}:"
+                      " fit all the copies, each equation weighed by 1/t (reading two points, or "
+                      "an unweighted fit, lets a few copies decide)")

@@ -1,0 +1,30 @@
+"""The check harness: every `check_*` judges what the answer DID, observed from below, never
+what it reports about itself.
+
+run.py        run_check, Result, CheckFailed, HarnessError: one line for the reader, an exception
+              for a grader, the blame on the answer or on the harness
+declare.py    @check(exercise, observes=[...], references=[...]): the registry teachers.md and
+              the tests read; the answer is called with the exercise's references blocked
+references.py no reference shortcut: the course's own answer is unreachable, by identity
+inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
+              float rounding
+observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions
+fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
+world.py      World: ranks as threads, a network that records every message; dist.py plays
+              torch.distributed for them
+fresh.py      regrade: grading from a fresh import of the course (a patched check cannot score)
+"""
+from .declare import Answer, check
+from .fake import FakeGPUs
+from .inputs import (as_int, as_number, as_pair, fresh_generator, gamma, randint, rel_close,
+                     replay_seeds, uniform, unit_roundoff)
+from .observe import Op, Recorder, Ref, describe_device, storage_key
+from .run import (REGISTRY, CheckFailed, CheckInfo, HarnessError, ReferenceUsed, Result, expect,
+                  grading, is_reader_code, run_check)
+from .world import Message, RankComm, RankFailed, World
+
+__all__ = ["CheckFailed", "HarnessError", "Result", "run_check", "expect", "fresh_generator",
+           "check", "REGISTRY"]
+_ = (Answer, FakeGPUs, as_int, as_number, as_pair, gamma, randint, rel_close, replay_seeds,
+     uniform, unit_roundoff, Op, Recorder, Ref, describe_device, storage_key, CheckInfo,
+     ReferenceUsed, grading, is_reader_code, Message, RankComm, RankFailed, World)

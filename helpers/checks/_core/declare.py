@@ -1,0 +1,43 @@
+"""Declaring a check: `@check(exercise, observes=[...], references=[...])` (see run.py)."""
+import functools
+
+from .references import blocked, resolve, scan
+from .run import REGISTRY, CheckInfo, run_check
+
+__all__ = ["check", "Answer"]
+
+
+class Answer:
+    """The reader's function as a check calls it: while it runs, the exercise's references are
+    unavailable (references.blocked). Everything else passes through."""
+
+    def __init__(self, fn, exercise, references):
+        self.fn, self.exercise, self.references = fn, exercise, references
+        self.__name__ = getattr(fn, "__name__", exercise)
+
+    def __call__(self, *args, **kwargs):
+        with blocked(self.references, self.exercise):
+            return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+
+def check(exercise, *, observes, references=()):
+    """Declare a check: `body(fn)` judges the reader's `fn` (called through Answer) and raises
+    CheckFailed with the reason; the check function returned runs it through run_check, after
+    refusing an answer that reaches a reference or the checks themselves (references.scan).
+    `references` are names of the flat façade (`"balanced_cuts"`, `"CommLog.total"`)."""
+    def declare(body):
+        @functools.wraps(body)
+        def check_fn(fn):
+            def judged(fn):
+                refs = resolve(references)
+                scan(fn, refs, exercise)
+                body(Answer(fn, exercise, refs))
+            return run_check(exercise, judged, fn, declared=True)
+        info = CheckInfo(body.__name__, exercise, observes, references, body.__module__)
+        check_fn.info = info
+        REGISTRY[body.__name__] = info
+        return check_fn
+    return declare

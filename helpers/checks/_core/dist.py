@@ -1,0 +1,278 @@
+"""torch.distributed, played by a World's threads (world.py): while `torch_distributed(world)` is
+active, `dist.<call>` from a rank's thread goes to the world (from any other thread, to torch's
+own function). Every correct form of a call is accepted: list and tensor forms of
+reduce_scatter and all_gather, async_op=True, groups from new_group, the ReduceOp of the call.
+"""
+import contextlib
+import functools
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["torch_distributed", "Group"]
+
+_WORLD = None          # the World whose ranks are running (one at a time)
+
+
+class Group:
+    """A process group of the simulated world (dist.new_group)."""
+
+    def __init__(self, ranks):
+        self.ranks = list(ranks)
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        r = _WORLD.rank
+        return self.ranks.index(r) if r in self.ranks else -1
+
+    def __repr__(self):
+        return f"Group({self.ranks})"
+
+
+def _ranks(group):
+    return group.ranks if isinstance(group, Group) else list(range(_WORLD.size))
+
+
+def _reduce(op, tensors):
+    op = dist.ReduceOp.SUM if op is None else op
+    stacked = torch.stack([t.to(tensors[0].dtype) for t in tensors])
+    if op == dist.ReduceOp.SUM:
+        return stacked.sum(0)
+    if op == dist.ReduceOp.AVG:
+        return stacked.sum(0) / len(tensors)
+    if op == dist.ReduceOp.MAX:
+        return stacked.max(0).values
+    if op == dist.ReduceOp.MIN:
+        return stacked.min(0).values
+    if op == dist.ReduceOp.PRODUCT:
+        return stacked.prod(0)
+    raise ValueError(f"the simulated world does not implement reduce op {op}")
+
+
+def _snap(t):
+    return t.detach().clone()
+
+
+def _copy_into(out):
+    return lambda value: out.copy_(value.reshape(out.shape).to(out.dtype))
+
+
+# --- the calls ----------------------------------------------------------------------------------
+def all_reduce(tensor, op=None, group=None, async_op=False):
+    ranks = _ranks(group)
+    return _WORLD.collective("all_reduce", ranks, tensor, _snap(tensor),
+                             lambda ps: [_reduce(op, ps)] * len(ps), _copy_into(tensor), async_op)
+
+
+def broadcast(tensor, src=0, group=None, async_op=False, group_src=None):
+    ranks = _ranks(group)
+    src = ranks[group_src] if group_src is not None else src
+    return _WORLD.collective("broadcast", ranks, tensor, _snap(tensor),
+                             lambda ps: [ps[ranks.index(src)]] * len(ps), _copy_into(tensor),
+                             async_op)
+
+
+def reduce(tensor, dst=0, op=None, group=None, async_op=False, group_dst=None):
+    ranks = _ranks(group)
+    dst = ranks[group_dst] if group_dst is not None else dst
+    mine = _WORLD.rank
+
+    def deliver(value):
+        if mine == dst:
+            tensor.copy_(value)
+    return _WORLD.collective("reduce", ranks, tensor, _snap(tensor),
+                             lambda ps: [_reduce(op, ps)] * len(ps), deliver, async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    ranks = _ranks(group)
+
+    def deliver(values):
+        for out, v in zip(tensor_list, values):
+            out.copy_(v.reshape(out.shape))
+    if len(tensor_list) != len(ranks):
+        raise ValueError(f"all_gather: {len(tensor_list)} output tensors for {len(ranks)} ranks")
+    return _WORLD.collective("all_gather", ranks, tensor, _snap(tensor),
+                             lambda ps: [ps] * len(ps), deliver, async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    ranks = _ranks(group)
+    if output_tensor.numel() != input_tensor.numel() * len(ranks):
+        raise ValueError(f"all_gather_into_tensor: the output has {output_tensor.numel()} "
+                         f"elements, the input {input_tensor.numel()}: the output must be world "
+                         f"({len(ranks)}) times the input")
+    return _WORLD.collective("all_gather", ranks, input_tensor, _snap(input_tensor),
+                             lambda ps: [torch.cat([p.reshape(-1) for p in ps])] * len(ps),
+                             _copy_into(output_tensor), async_op)
+
+
+def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
+    ranks = _ranks(group)
+    if len(input_list) != len(ranks):
+        raise ValueError(f"reduce_scatter: {len(input_list)} input tensors for {len(ranks)} ranks")
+    flat = torch.cat([t.detach().reshape(-1) for t in input_list])
+    sizes = [t.numel() for t in input_list]
+
+    def combine(ps):
+        parts = [p.split(sizes) for p in ps]
+        return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
+    return _WORLD.collective("reduce_scatter", ranks, flat, flat.clone(), combine,
+                             _copy_into(output), async_op)
+
+
+def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False):
+    ranks = _ranks(group)
+    if input.numel() != output.numel() * len(ranks):
+        raise ValueError(f"reduce_scatter_tensor: the input has {input.numel()} elements, the "
+                         f"output {output.numel()}: the input must be world ({len(ranks)}) "
+                         "times the output")
+
+    def combine(ps):
+        parts = [p.reshape(-1).chunk(len(ps)) for p in ps]
+        return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
+    return _WORLD.collective("reduce_scatter", ranks, input, _snap(input), combine,
+                             _copy_into(output), async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    ranks = _ranks(group)
+
+    def deliver(values):
+        for out, v in zip(output_tensor_list, values):
+            out.copy_(v.reshape(out.shape))
+    flat = torch.cat([t.detach().reshape(-1) for t in input_tensor_list])
+    return _WORLD.collective("all_to_all", ranks, flat, [_snap(t) for t in input_tensor_list],
+                             lambda ps: [[p[i] for p in ps] for i in range(len(ps))], deliver,
+                             async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False):
+    ranks = _ranks(group)
+    n = len(ranks)
+    pieces = list(input.split(input_split_sizes if input_split_sizes else input.shape[0] // n))
+
+    def deliver(values):
+        output.copy_(torch.cat(values).reshape(output.shape))
+    return _WORLD.collective("all_to_all", ranks, input, [_snap(p) for p in pieces],
+                             lambda ps: [[p[i] for p in ps] for i in range(n)], deliver, async_op)
+
+
+def barrier(group=None, async_op=False, device_ids=None):
+    ranks = _ranks(group)
+    return _WORLD.collective("barrier", ranks, None, None, lambda ps: [None] * len(ps),
+                             lambda _: None, async_op)
+
+
+def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+    dst = _ranks(group)[group_dst] if group_dst is not None else dst
+    _WORLD.send(tensor, dst, tag)
+
+
+def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    dst = _ranks(group)[group_dst] if group_dst is not None else dst
+    m = _WORLD.send(tensor, dst, tag, async_op=True)
+    work = _Done(m)
+    return work
+
+
+def recv(tensor, src=None, group=None, tag=0, group_src=None):
+    src = _ranks(group)[group_src] if group_src is not None else src
+    _WORLD.recv(src, tag, out=tensor)
+    return src
+
+
+def irecv(tensor, src=None, group=None, tag=0, group_src=None):
+    from .world import Work
+    src = _ranks(group)[group_src] if group_src is not None else src
+    world, rank = _WORLD, _WORLD.rank
+
+    def deliver():
+        world.recv(src, tag, out=tensor)
+    m = _Marker(rank)
+    return Work(world, m, deliver)
+
+
+class _Done:
+    """isend's handle: the message is on its way already."""
+
+    def __init__(self, message):
+        self.message = message
+
+    def wait(self, timeout=None):
+        if self.message.waited is None:
+            self.message.waited = _WORLD.event(self.message.rank, "wait", self.message)
+        return True
+
+    def is_completed(self):
+        return True
+
+
+class _Marker:
+    """The Message-like record an irecv's wait() fills in."""
+
+    def __init__(self, rank):
+        self.rank, self.waited = rank, None
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None, **kwargs):
+    return Group(range(_WORLD.size) if ranks is None else ranks)
+
+
+def get_rank(group=None):
+    if isinstance(group, Group):
+        return group.rank()
+    return _WORLD.rank
+
+
+def get_world_size(group=None):
+    return len(_ranks(group))
+
+
+def get_global_rank(group, group_rank):
+    return _ranks(group)[group_rank]
+
+
+def get_process_group_ranks(group):
+    return list(_ranks(group))
+
+
+_CALLS = {name: obj for name, obj in dict(globals()).items()
+          if callable(obj) and not name.startswith("_") and name not in (
+              "torch_distributed", "Group", "contextlib", "functools", "torch", "dist")}
+_CALLS.update(is_initialized=lambda: True, get_backend=lambda group=None: "gloo")
+
+
+def _dispatch(name, original):
+    @functools.wraps(original) if original is not None else (lambda f: f)
+    def call(*args, **kwargs):
+        if _WORLD is not None and _WORLD.rank is not None:
+            return _CALLS[name](*args, **kwargs)
+        if original is None:
+            raise RuntimeError(f"torch.distributed.{name} is not available here")
+        return original(*args, **kwargs)
+    return call
+
+
+@contextlib.contextmanager
+def torch_distributed(world):
+    """Route torch.distributed's calls from `world`'s rank threads to `world`."""
+    global _WORLD
+    if _WORLD is not None:
+        raise RuntimeError("one simulated world at a time")
+    saved = {name: getattr(dist, name, None) for name in _CALLS}
+    _WORLD = world
+    for name, original in saved.items():
+        setattr(dist, name, _dispatch(name, original))
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            if original is None:
+                delattr(dist, name)
+            else:
+                setattr(dist, name, original)
+        _WORLD = None

@@ -1,0 +1,122 @@
+"""Simulated GPUs for placement: `FakeGPUs(k)` gives tensors on cuda:0 … cuda:k-1 on any
+machine, CPU-only included.
+
+torch's FakeTensorMode keeps shapes, dtypes and devices but no values: an operation on a tensor
+of cuda:1 runs "on cuda:1", `.to("cuda:0")` moves it, and an operation that mixes two devices
+raises, as it would on real GPUs. So a device exercise runs twice: on CPU tensors for the values,
+and here for where each tensor went and what crossed between devices (a Recorder is active).
+Values are unknown here: `.item()` and `torch.equal` get placeholders, so the answer's returned
+value means nothing; only what it did counts.
+"""
+import contextlib
+
+import torch
+import torch.utils
+
+from .observe import Recorder, describe_device
+from .run import CheckFailed, HarnessError
+
+__all__ = ["FakeGPUs"]
+
+
+def _fake_tensor_module():
+    from torch._subclasses import fake_tensor
+    return fake_tensor
+
+
+class FakeGPUs:
+    """k simulated GPUs. `tensor(t, i)` copies a real tensor's shape, dtype (and requires_grad)
+    to cuda:i; `run(fn, *args)` runs the answer on them and returns (its result, the Recorder)."""
+
+    def __init__(self, k):
+        ft = _fake_tensor_module()
+        self.k = k
+        self.mode = ft.FakeTensorMode(allow_non_fake_inputs=True)
+        self.devices = [torch.device("cuda", i) for i in range(k)]
+
+    def tensor(self, t, i=0, requires_grad=None):
+        """A fake copy of `t` on devices[i] (a leaf; requires_grad as `t` unless given)."""
+        with self.mode:
+            f = self.mode.from_tensor(t.detach()).to(self.devices[i])
+        if requires_grad if requires_grad is not None else t.requires_grad:
+            f.requires_grad_()
+        return f
+
+    @contextlib.contextmanager
+    def active(self):
+        """The fake mode with a recorder on top, and the patches fake devices need."""
+        recorder = Recorder(answer_scalars=True)
+        with _fake_module_moves(self.mode), _no_cuda_sync(), self.mode, recorder:
+            yield recorder
+
+    def run(self, fn, *args, what="your code", **kwargs):
+        """fn(*args, **kwargs) on the fake devices: (result, recorder). An operation that mixes
+        devices fails the check naming the tensors and their devices; an operation the
+        simulation cannot run is the harness's error, not the answer's."""
+        ft = _fake_tensor_module()
+        with self.active() as recorder:
+            try:
+                out = fn(*args, **kwargs)
+            except RuntimeError as e:         # torch 2.14: FakeTensorDeviceMismatchError
+                if _mixes_devices(e):
+                    raise CheckFailed(mixed_devices(recorder, what)) from e
+                raise
+            except (ft.DataDependentOutputException, ft.DynamicOutputShapeException,
+                    ft.UnsupportedOperatorException) as e:
+                name = recorder.failed[0] if recorder.failed else type(e).__name__
+                raise HarnessError(f"the simulated GPUs cannot run {name} (its result depends "
+                                   "on values they do not have): not a problem with your "
+                                   "answer") from e
+        return out, recorder
+
+
+def _mixes_devices(e):
+    text = str(e)
+    return any(words in text for words in ("Expected all tensors to be on the same device",
+                                           "found at least two devices",
+                                           "found two different devices"))   # torch 2.11
+
+
+def mixed_devices(recorder, what="your code"):
+    """The reader's words for the operation that mixed devices."""
+    if recorder.failed is None:
+        return (f"{what} mixed tensors on different devices in one operation: on real GPUs "
+                "that raises; move each tensor to the device that computes with it first")
+    name, refs = recorder.failed
+    places = sorted({describe_device(r.device) for r in refs})
+    parts = ", ".join(f"a {list(r.shape)} tensor on {describe_device(r.device)}" for r in refs)
+    return (f"{what} ran {name} on {parts}: one operation on {' and '.join(places)} raises on "
+            "real GPUs; move each tensor to the device that computes with it first "
+            "(.to(device))")
+
+
+@contextlib.contextmanager
+def _fake_module_moves(mode):
+    """`module.to(device)` on fake parameters swaps tensors, which refuses tensors with weak
+    references; the fake mode's memo holds some. Drop those entries before a swap."""
+    original = torch.utils.swap_tensors
+
+    def swap(t1, t2):
+        memo = getattr(getattr(mode, "fake_tensor_converter", None), "tensor_memo", None)
+        if memo is not None:
+            for key, value in list(memo.items()):
+                if value is t1 or value is t2:
+                    del memo[key]
+        return original(t1, t2)
+
+    torch.utils.swap_tensors = swap
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
+@contextlib.contextmanager
+def _no_cuda_sync():
+    """torch.cuda.synchronize() (a timer's, helpers.synchronize's) has nothing to wait for."""
+    saved = torch.cuda.synchronize
+    torch.cuda.synchronize = lambda device=None: None
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize = saved

@@ -1,0 +1,60 @@
+"""Grading that a notebook cannot tamper with: `regrade(check_name, answer)` runs a check from a
+fresh import of the course (new module objects, under a private name, left out of sys.modules),
+so a solution cell that replaced `helpers.checks.check_x`, `run_check`, `expect` or any other
+part of the checks and the harness does not change the verdict.
+
+The student edition's check cells call it in a hidden test (scripts/student_edition.py), loading
+this file by its path, not through `helpers`:
+
+    ### BEGIN HIDDEN TESTS
+    (import this file by path)(...).regrade("check_shard_sizes", shard_sizes)
+    ### END HIDDEN TESTS
+
+What it cannot stop: a notebook that rewrites Python's import system or torch itself; nbgrader's
+locked cells and hidden tests are the guard there. This file imports nothing from the course at
+its top, so that it can be loaded alone.
+"""
+import contextlib
+import importlib
+import importlib.util
+import io
+import itertools
+import pathlib
+import sys
+
+_COUNTER = itertools.count()
+HELPERS = pathlib.Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def fresh_course():
+    """A new import of the helpers package (this file's) under a private name, made now, after
+    every cell of the notebook ran: no cell can have touched it. Dropped afterwards."""
+    name = f"_graded_helpers_{next(_COUNTER)}"
+    spec = importlib.util.spec_from_file_location(
+        name, HELPERS / "__init__.py", submodule_search_locations=[str(HELPERS)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    try:
+        spec.loader.exec_module(package)
+        yield importlib.import_module(f"{name}.checks")
+    finally:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+
+
+def regrade(check_name, answer):
+    """Run `check_name` of a fresh import on `answer`; raise AssertionError unless it passes."""
+    with fresh_course() as checks:
+        check, core = getattr(checks, check_name), checks._core
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                result = check(answer)
+        except (core.CheckFailed, core.HarnessError) as e:
+            message = str(e)
+        else:
+            if result:
+                return result
+            message = repr(result)
+    print(f"graded again from a fresh import of the checks: {message}")
+    raise AssertionError(message)

@@ -1,0 +1,110 @@
+"""Fresh inputs for checks, and what an answer returns read as numbers.
+
+Inputs come from a generator seeded by the operating system (never torch's global one: a check
+must not change the notebook's random numbers); the course's tests replay fixed seeds instead.
+Numbers are accepted in any real type (int, float, numpy scalars, 0-d tensors); tolerances come
+from the precision of the type the answer computed in, not from luck.
+"""
+import fractions
+import numbers
+import random
+
+import torch
+
+from .run import CheckFailed, expect
+
+__all__ = ["fresh_generator", "replay_seeds", "randint", "uniform", "as_number", "as_int",
+           "as_pair", "unit_roundoff", "gamma", "rel_close"]
+
+# The course's own test suite replays the same draws on every run (tests/conftest.py calls
+# replay_seeds per test): inputs stay fresh from call to call, and a rare unlucky draw cannot
+# make CI flaky. Readers and graders always get seeds from the operating system.
+_SEEDS = None
+
+
+def replay_seeds(seed):
+    """Draw check inputs from a sequence seeded with `seed` (None: the operating system again)."""
+    global _SEEDS
+    _SEEDS = None if seed is None else random.Random(seed)
+
+
+def fresh_generator(seed=None):
+    """A random generator for fresh check inputs (a new seed each call unless given)."""
+    if seed is None:
+        seed = (_SEEDS or random.SystemRandom()).randrange(2**31)
+    return torch.Generator().manual_seed(seed)
+
+
+def randint(g, low, high):
+    """A random int in [low, high] (both included) drawn from generator `g`."""
+    return int(torch.randint(low, high + 1, (), generator=g))
+
+
+def uniform(g, low, high):
+    """A random float in [low, high) drawn from generator `g`."""
+    return low + (high - low) * float(torch.rand((), generator=g, dtype=torch.float64))
+
+
+_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11,
+             torch.bfloat16: 2.0**-8}
+
+
+def unit_roundoff(dtype=torch.float64):
+    """u = half the machine epsilon of `dtype`: one rounding changes a value by at most u·|x|."""
+    return _ROUNDOFF.get(dtype, 2.0**-53)
+
+
+def gamma(n, dtype=torch.float64):
+    """Higham's γ_n = n·u / (1 - n·u): the relative error bound of n roundings in a row."""
+    u = unit_roundoff(dtype)
+    return n * u / (1 - n * u)
+
+
+def rel_close(got, want, steps, dtype=torch.float64):
+    """|got - want| <= γ_steps(dtype)·|want| (or, for want == 0, got == 0)."""
+    return abs(got - want) <= gamma(steps, dtype) * abs(want)
+
+
+def _precision(value):
+    """The dtype the answer's number was computed in (for its tolerance)."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    name = type(value).__name__
+    return {"float32": torch.float32, "float16": torch.float16}.get(name, torch.float64)
+
+
+def as_number(value, what, with_dtype=False):
+    """`value` as a Python float: ints, floats, fractions, numpy scalars and 0-d arrays, tensors
+    of one element; or fail saying what came back. `with_dtype=True` also returns the dtype the
+    number was computed in (float64 for Python numbers), for its tolerance."""
+    dtype = _precision(value)
+    if isinstance(value, torch.Tensor):
+        expect(value.numel() == 1, f"{what} returned a tensor of shape {tuple(value.shape)}, "
+                                   "expected a single number")
+        expect(value.dtype != torch.bool, f"{what} returned a boolean tensor, expected a number")
+        value = value.detach().cpu().item()
+    elif hasattr(value, "ndim") and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()             # a 0-d numpy array
+    expect(not isinstance(value, bool) and type(value).__name__ != "bool_",
+           f"{what} returned {value!r}, expected a number")
+    if not isinstance(value, numbers.Real):
+        raise CheckFailed(f"{what} returned {value!r} ({type(value).__name__}), expected a number")
+    number = float(value) if not isinstance(value, fractions.Fraction) else float(value)
+    return (number, dtype) if with_dtype else number
+
+
+def as_int(value, what):
+    """`value` as a Python int, when it is a whole number of any real type (3, 3.0, np.int64)."""
+    number = as_number(value, what)
+    expect(number == number and abs(number) != float("inf") and number.is_integer(),
+           f"{what} returned {value!r}, expected a whole number")
+    return int(number)
+
+
+def as_pair(value, what, names):
+    """Two numbers returned as a tuple or list (or a 2-element tensor), as floats."""
+    if isinstance(value, torch.Tensor) and value.numel() == 2:
+        value = value.reshape(-1).tolist()
+    expect(isinstance(value, (tuple, list)) and len(value) == 2,
+           f"{what} returned {value!r}: expected a pair ({names})")
+    return tuple(as_number(v, what) for v in value)

@@ -1,0 +1,280 @@
+"""What an answer computed, seen from below: every aten operation it ran, on which device, on
+which storages, and what flowed into what.
+
+`Recorder` is a TorchDispatchMode (one per thread: modes are thread-local). For each operation it
+keeps an `Op`: name, device, the tensors read and written (storage, version, shape, dtype). From
+that a check can ask
+- `work_by_device()`, `adds_by_device()`: how many elements each device computed, added up;
+- `transfers()`: every copy between devices (`.to`, `copy_`), with the storage it read;
+- `ancestors(t)`: the operations whose results flowed into tensor `t` (a dataflow walk over
+  storage versions, so in-place additions into views count);
+- `first_error_op`: the operation that raised (for "this mixed cuda:0 and cuda:1").
+Storages are told apart by their StorageImpl (real, meta and fake tensors alike); the recorder
+keeps every storage it saw alive, so no address is reused while it records.
+"""
+import collections
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
+
+aten = torch.ops.aten
+
+# additions: elements added per call (anything else counts as work, not as additions)
+_ELEMENTWISE_ADDS = {"add", "add_", "sub", "sub_", "addcmul", "addcmul_", "addcdiv", "addcdiv_",
+                     "rsub", "lerp", "lerp_", "_foreach_add", "_foreach_add_"}
+_REDUCING_ADDS = {"sum", "mean", "nansum", "cumsum", "cumsum_", "logsumexp", "norm",
+                  "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace"}
+_SCATTER_ADDS = {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put",
+                 "index_put_", "_index_put_impl_", "scatter_reduce", "scatter_reduce_",
+                 "embedding_dense_backward", "bincount"}
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "dot", "vdot", "mv", "addmv", "addbmm",
+            "convolution", "convolution_backward", "_convolution", "linear", "einsum",
+            "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"}
+# no computation: moves, views, metadata, fresh tensors
+_NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "lift_fresh_copy",
+             "detach", "detach_", "alias", "empty", "empty_like", "empty_strided", "zeros",
+             "zeros_like", "ones", "ones_like", "full", "full_like", "new_empty", "new_zeros",
+             "new_ones", "new_full", "new_empty_strided", "scalar_tensor", "arange", "randn",
+             "rand", "randint", "normal_", "uniform_", "zero_", "fill_", "set_", "cat", "stack",
+             "split", "split_with_sizes", "unbind", "_local_scalar_dense", "equal",
+             "_has_compatible_shallow_copy_type", "resize_", "contiguous", "_unsafe_view",
+             "unsqueeze_", "squeeze_", "t_", "transpose_", "as_strided_", "constant_pad_nd",
+             "index_select", "gather", "masked_fill_", "masked_fill", "where", "expand_copy",
+             "slice_scatter", "select_scatter", "permute_copy", "_foreach_copy_"}
+
+
+def storage_key(t):
+    """The identity of a tensor's storage (views share it)."""
+    return t.untyped_storage()._cdata
+
+
+def describe_device(device):
+    d = torch.device(device)
+    return "the CPU" if d.type == "cpu" else str(d)
+
+
+class Ref:
+    """A tensor as one operation saw it."""
+
+    __slots__ = ("key", "version", "shape", "dtype", "device", "numel")
+
+    def __init__(self, t, version):
+        self.key, self.version = storage_key(t), version
+        self.shape, self.dtype, self.device = tuple(t.shape), t.dtype, t.device
+        self.numel = t.numel()
+
+    @property
+    def nbytes(self):
+        return self.numel * self.dtype.itemsize
+
+    def __repr__(self):
+        return f"{list(self.shape)} on {describe_device(self.device)}"
+
+
+class Op:
+    """One aten operation: what it read, what it wrote, where."""
+
+    __slots__ = ("index", "name", "func", "reads", "writes", "outputs", "device", "flops",
+                 "view", "thread")
+
+    def __init__(self, index, func):
+        self.index, self.func = index, func
+        self.name = func.__name__.split(".")[0]
+        self.reads, self.writes, self.outputs = [], [], []
+        self.device, self.flops, self.view = None, None, False
+
+    @property
+    def is_transfer(self):
+        """A copy from one device to another."""
+        if self.name not in ("_to_copy", "copy_", "_copy_from") or not self.reads:
+            return False
+        dst = (self.writes or self.outputs)
+        return bool(dst) and self.src_device != dst[0].device
+
+    @property
+    def src_device(self):
+        return self.reads[-1 if self.name == "copy_" else 0].device
+
+    @property
+    def is_work(self):
+        return not self.view and self.name not in _NOT_WORK and bool(self.reads)
+
+    @property
+    def work(self):
+        """Elements computed: multiply-adds for products, else the larger of elements read and
+        written."""
+        if not self.is_work:
+            return 0
+        if self.flops is not None:
+            return self.flops // 2
+        read = sum(r.numel for r in self.reads)
+        written = sum(r.numel for r in self.writes + self.outputs)
+        return max(read, written)
+
+    @property
+    def adds(self):
+        """Elements added (additions of products, sums, in-place accumulations)."""
+        if not self.is_work:
+            return 0
+        out = sum(r.numel for r in (self.writes or self.outputs))
+        if self.name in _ELEMENTWISE_ADDS:
+            return out
+        if self.name in _REDUCING_ADDS:
+            return max(sum(r.numel for r in self.reads[:1]) - out, out if "cum" in self.name
+                       else 0)
+        if self.name in _SCATTER_ADDS:
+            return max((r.numel for r in self.reads[1:]), default=out)
+        if self.flops is not None:
+            return self.flops // 2
+        return 0
+
+    def __repr__(self):
+        args = ", ".join(map(repr, self.reads))
+        return f"{self.name}({args}) on {describe_device(self.device) if self.device else '-'}"
+
+
+def _tensors(tree):
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+class Recorder(TorchDispatchMode):
+    """Records every aten operation run while it is active (see the module's docstring).
+    `answer_scalars=True` answers data-dependent calls (`.item()`, `torch.equal`) with a
+    placeholder instead of raising: on fake devices values are unknown, placement is not."""
+
+    def __init__(self, answer_scalars=False):
+        super().__init__()
+        self.ops, self.answer_scalars = [], answer_scalars
+        self.version = collections.Counter()     # storage key -> writes so far
+        self.producer = {}                       # (key, version) -> op index
+        self.failed = None                       # (func, reads) of the operation that raised
+        self._keep = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        if self.answer_scalars and name == "_local_scalar_dense":
+            return _placeholder(args[0].dtype)
+        if self.answer_scalars and name == "equal":
+            return True
+        inputs = _tensors((args, kwargs))
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if self.failed is None:
+                self.failed = (name, [Ref(t, self.version[storage_key(t)]) for t in inputs])
+            raise
+        if name in ("device", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim",
+                    "is_same_size", "_has_compatible_shallow_copy_type"):
+            return out
+        self._record(func, args, kwargs, inputs, out)
+        return out
+
+    def _record(self, func, args, kwargs, inputs, out):
+        op = Op(len(self.ops), func)
+        schema = func._schema
+        written = set()
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = args[i] if i < len(args) else kwargs.get(arg.name)
+                for t in _tensors(value):
+                    written.add(id(t))
+        op.view = any(r.alias_info is not None and not r.alias_info.is_write
+                      for r in schema.returns)
+        for t in inputs:
+            op.reads.append(Ref(t, self.version[storage_key(t)]))
+        outs = _tensors(out)
+        for t in inputs:
+            if id(t) in written:
+                key = storage_key(t)
+                self.version[key] += 1
+                op.writes.append(Ref(t, self.version[key]))
+                self.producer[(key, self.version[key])] = op.index
+        if not op.view:
+            for t in outs:
+                if id(t) in written:
+                    continue
+                key = storage_key(t)
+                self.version[key] += 1
+                op.outputs.append(Ref(t, self.version[key]))
+                self.producer[(key, self.version[key])] = op.index
+                self._keep.append(t)
+        self._keep.extend(inputs)
+        devices = [r.device for r in op.writes + op.outputs] or [r.device for r in op.reads]
+        op.device = devices[0] if devices else None
+        packet = getattr(func, "_overloadpacket", None)
+        if op.name in _MATMULS or packet in _flop_registry():
+            try:
+                op.flops = int(_flop_registry()[packet](*args, **kwargs, out_val=out))
+            except Exception:    # noqa: BLE001 - no formula for this overload: count elements
+                op.flops = None
+        self.ops.append(op)
+
+    # --- questions a check asks --------------------------------------------------------------
+    def work_by_device(self, ops=None):
+        """{device: elements computed there}."""
+        return self._sum(ops, "work")
+
+    def adds_by_device(self, ops=None):
+        """{device: elements added there}."""
+        return self._sum(ops, "adds")
+
+    def _sum(self, ops, what):
+        total = collections.Counter()
+        for op in self.ops if ops is None else ops:
+            value = getattr(op, what)
+            if value:
+                total[op.device] += value
+        return dict(total)
+
+    def transfers(self, ops=None):
+        """The copies between devices, in order."""
+        return [op for op in (self.ops if ops is None else ops) if op.is_transfer]
+
+    def named(self, *names):
+        return [op for op in self.ops if op.name in names]
+
+    def latest(self, t):
+        """(storage key, version) of tensor `t` now."""
+        key = storage_key(t)
+        return key, self.version[key]
+
+    def ancestors(self, *tensors):
+        """The operations whose results flowed into `tensors` (in order of running)."""
+        todo = [self.latest(t) for t in tensors]
+        seen, found = set(), set()
+        while todo:
+            ref = todo.pop()
+            if ref in seen:
+                continue
+            seen.add(ref)
+            index = self.producer.get(ref)
+            if index is None:
+                continue
+            found.add(index)
+            op = self.ops[index]
+            todo.extend((r.key, r.version) for r in op.reads)
+        return [self.ops[i] for i in sorted(found)]
+
+
+def _placeholder(dtype):
+    if dtype == torch.bool:
+        return False
+    return 0 if not dtype.is_floating_point and not dtype.is_complex else 0.0
+
+
+_FLOPS = None
+
+
+def _flop_registry():
+    global _FLOPS
+    if _FLOPS is None:
+        try:
+            from torch.utils.flop_counter import flop_registry
+            _FLOPS = flop_registry
+        except ImportError:
+            _FLOPS = {}
+    return _FLOPS

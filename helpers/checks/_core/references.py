@@ -1,0 +1,266 @@
+"""No reference shortcut: while a check runs, the course's own answer to the exercise is out of
+reach of the reader's answer.
+
+Two guards, by identity, so that a name bound earlier (`spl = helpers.saved_per_layer`) does not
+slip through:
+- `scan` walks what the answer's code can reach before it runs: the globals and module
+  attributes its bytecode loads, its closure and defaults, recursively through the reader's own
+  functions and the course's helpers (whose code may call the reference in turn);
+- `blocked` replaces the reference in every course module while the answer runs, so a lookup
+  the scan cannot see (getattr with a computed name) raises ReferenceUsed inside the answer.
+A function is identified by where its code lives (file, line, name), so the fresh copy of the
+course that grading imports (fresh.py) recognises the reader's copy of it too. An answer that
+reaches the checks themselves, or the fake tensors the checks simulate devices with, is refused
+as well.
+"""
+import builtins
+import contextlib
+import dis
+import functools
+import importlib
+import inspect
+import os
+import sys
+import threading
+import types
+
+from .run import CheckFailed, ReferenceUsed, is_reader_code
+
+__all__ = ["resolve", "scan", "blocked", "identity", "Reference"]
+
+_PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's name)
+_COURSE = {_PACKAGE, "helpers"}                  # the fresh copy guards the notebook's helpers
+_HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.overrides")
+
+
+class Reference:
+    """A course object the exercise asks the reader to write: its façade name and identity."""
+
+    def __init__(self, name, obj):
+        self.name, self.obj, self.key = name, obj, identity(obj)
+
+    def __repr__(self):
+        return f"helpers.{self.name}"
+
+
+def identity(obj):
+    """A key that is the same for one function in two imports of the course: where its code
+    lives. Classes by module path (without the package's name) and qualified name."""
+    obj = getattr(obj, "__func__", obj)
+    obj = getattr(obj, "__wrapped__", obj)
+    code = getattr(obj, "__code__", None)
+    if isinstance(code, types.CodeType):
+        return ("code", os.path.realpath(code.co_filename), code.co_firstlineno, code.co_name)
+    if isinstance(obj, type):
+        return ("class", obj.__module__.split(".", 1)[-1], obj.__qualname__)
+    return ("id", id(obj))
+
+
+def resolve(names):
+    """The References for façade names ("balanced_cuts", "CommLog.total")."""
+    package = importlib.import_module(_PACKAGE)
+    refs = []
+    for name in names:
+        obj = package
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        refs.append(Reference(name, obj))
+    return tuple(refs)
+
+
+def _codes(code):
+    """A code object and every code object nested in it (lambdas, inner functions)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _loads(fn):
+    """(name, object) for every global, closure variable, module attribute and import the
+    bytecode of `fn` (and of the functions nested in it) loads."""
+    globals_ = getattr(fn, "__globals__", {})
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    for code in _codes(fn.__code__):
+        current = importing = None
+        for ins in dis.get_instructions(code):
+            op, arg = ins.opname, ins.argval
+            found = None
+            if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+                found = globals_.get(arg, getattr(builtins, arg, None))
+            elif op in ("LOAD_DEREF", "LOAD_CLOSURE") and arg in cells:
+                found = cells[arg].cell_contents if _cell_filled(cells[arg]) else None
+            elif op in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(current, (types.ModuleType,
+                                                                               type)):
+                found = getattr(current, arg, None)
+            elif op == "IMPORT_NAME":
+                found = importing = sys.modules.get(arg) or sys.modules.get(arg.split(".")[0])
+            elif op == "IMPORT_FROM" and isinstance(importing, types.ModuleType):
+                found = getattr(importing, arg, None)
+                if found is None:
+                    found = sys.modules.get(f"{importing.__name__}.{arg}")
+            elif op == "POP_TOP":
+                importing = None
+            current = found
+            if found is not None:
+                yield arg, found
+
+
+def _expandable(obj):
+    """A function whose code the walk reads: the reader's, or the course's helpers'."""
+    code = getattr(obj, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return False
+    return is_reader_code(code.co_filename) or (
+        getattr(obj, "__module__", "") or "").split(".")[0] in _COURSE
+
+
+def _children(obj):
+    """What `obj` gives the walk next: (label, child) pairs."""
+    if isinstance(obj, functools.partial):
+        yield "partial", obj.func
+        yield from (("arg", a) for a in (*obj.args, *obj.keywords.values()))
+        return
+    if inspect.ismethod(obj):
+        yield "method", obj.__func__
+        return
+    if isinstance(obj, (staticmethod, classmethod)):
+        yield "method", obj.__func__
+        return
+    if isinstance(obj, type):
+        if is_reader_code(getattr(sys.modules.get(obj.__module__), "__file__", None) or "<"):
+            for name, member in vars(obj).items():
+                if callable(member) or isinstance(member, (staticmethod, classmethod)):
+                    yield name, member
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        yield from (("item", x) for x in list(obj)[:200])
+        return
+    if isinstance(obj, dict):
+        yield from ((str(k), v) for k, v in list(obj.items())[:200])
+        return
+    if callable(obj) and not inspect.isroutine(obj) and not isinstance(obj, type):
+        call = getattr(type(obj), "__call__", None)     # a callable object of the reader's
+        if _expandable(call):
+            yield "__call__", call
+    wrapped = getattr(obj, "__wrapped__", None)
+    if wrapped is not None:
+        yield "wrapped", wrapped
+    if _expandable(obj):
+        yield from _loads(obj)
+        yield from (("closure", c.cell_contents) for c in (obj.__closure__ or ())
+                    if _cell_filled(c))
+        yield from (("default", d) for d in (obj.__defaults__ or ()))
+        yield from (("default", d) for d in (obj.__kwdefaults__ or {}).values())
+
+
+def _cell_filled(cell):
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _is_harness(obj):
+    """The checks (this package) or the machinery that simulates devices for them."""
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "")
+    name = name or ""
+    return name.startswith((*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
+
+
+def scan(fn, refs, exercise, limit=20000):
+    """Refuse an answer whose code can reach one of `refs`, or the checks, before running it."""
+    if not callable(fn):
+        raise CheckFailed(f"expected the function {exercise}, got {type(fn).__name__}")
+    keys = {ref.key: ref for ref in refs}
+    seen, stack = set(), [(fn, getattr(fn, "__name__", exercise))]
+    while stack and len(seen) < limit:
+        obj, path = stack.pop()
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+            continue
+        seen.add(id(obj))
+        ref = keys.get(identity(obj)) if callable(obj) or isinstance(obj, type) else None
+        if ref is not None:
+            raise CheckFailed(f"the exercise asks you to write {exercise} yourself, but your "
+                              f"code uses {ref} (the course's own answer), through {path}: it is "
+                              "unavailable while the check runs")
+        if obj is not fn and _is_harness(obj):
+            raise CheckFailed(f"your code uses the course's checks or their simulated devices "
+                              f"({path}): an answer must do the work itself, not consult or "
+                              "change the check")
+        if isinstance(obj, types.ModuleType):
+            continue
+        for label, child in _children(obj):
+            stack.append((child, f"{path} → {label}"))
+
+
+# --- while the answer runs ----------------------------------------------------------------------
+_LOCK = threading.RLock()
+_ACTIVE = {"depth": 0, "patched": [], "used": []}   # shared by the ranks (threads) of one run
+
+
+def _stub(ref, exercise):
+    def unavailable(*args, **kwargs):
+        _ACTIVE["used"].append(ref)
+        raise ReferenceUsed(_message(ref, exercise))
+    unavailable.__name__ = unavailable.__qualname__ = ref.name.split(".")[-1]
+    return unavailable
+
+
+def _message(ref, exercise):
+    return (f"the exercise asks you to write {exercise} yourself, but your code called {ref} "
+            "(the course's own answer), which is unavailable while the check runs")
+
+
+def _patch(refs, exercise):
+    keys = {ref.key: ref for ref in refs}
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] not in _COURSE or ".checks" in name:
+            continue
+        for attr, value in list(vars(module).items()):
+            ref = keys.get(identity(value)) if callable(value) else None
+            if ref is not None and not isinstance(value, type):   # classes stay: isinstance
+                _ACTIVE["patched"].append((module, attr, value))
+                setattr(module, attr, _stub(ref, exercise))
+    for ref in refs:                   # methods: "CommLog.total"
+        owner, _, method = ref.name.rpartition(".")
+        cls = _owner(owner) if owner else None
+        if isinstance(cls, type) and method in vars(cls):
+            _ACTIVE["patched"].append((cls, method, vars(cls)[method]))
+            setattr(cls, method, _stub(ref, exercise))
+
+
+@contextlib.contextmanager
+def blocked(refs, exercise):
+    """Replace every reference in the course's modules by a stub that raises ReferenceUsed while
+    the block runs; fail afterwards if the answer called one (even if it caught the error).
+    Ranks running the same answer on threads share one patching (the first in patches, the last
+    out restores)."""
+    if not refs:
+        yield
+        return
+    with _LOCK:
+        if _ACTIVE["depth"] == 0:
+            _ACTIVE["used"] = []
+            _patch(refs, exercise)
+        _ACTIVE["depth"] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _ACTIVE["depth"] -= 1
+            used = list(_ACTIVE["used"])
+            if _ACTIVE["depth"] == 0:
+                for owner, attr, value in reversed(_ACTIVE["patched"]):
+                    setattr(owner, attr, value)
+                _ACTIVE["patched"] = []
+    if used:
+        raise ReferenceUsed(_message(used[0], exercise))
+
+
+def _owner(dotted):
+    obj = importlib.import_module(_PACKAGE)
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+    return obj

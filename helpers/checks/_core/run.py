@@ -1,0 +1,168 @@
+"""Running a check: one line for the reader, an exception for a grader, and the blame where it
+belongs: on the answer (failed, not done yet) or on the check itself (an error of the harness).
+
+A check is declared with `@check`: its exercise, what it observes (for book/teachers.md) and the
+course's references that the answer may not use (see references.py):
+
+    @check("matmul_flops", observes=["the number returned for fresh sizes n"])
+    def check_matmul_flops(fn):
+        g = fresh_generator()
+        ...
+        expect(got == want, f"matmul_flops({n}) returned {got}, expected {want}")
+
+In a notebook the check prints one line. Under nbgrader's autograder (it sets
+NBGRADER_EXECUTION) or with COURSE_GRADING=1 a check that did not pass also raises, so the
+grader's test cell fails.
+"""
+import functools
+import os
+import pathlib
+import sys
+import sysconfig
+import traceback
+
+__all__ = ["CheckFailed", "HarnessError", "ReferenceUsed", "Result", "run_check", "expect",
+           "grading", "REGISTRY", "CheckInfo", "is_reader_code"]
+
+GRADING_ENVS = ("NBGRADER_EXECUTION", "COURSE_GRADING")
+
+
+class CheckFailed(AssertionError):
+    """A specific reason why an answer is wrong."""
+
+
+class HarnessError(RuntimeError):
+    """The check itself could not judge the answer (a limit of the simulation, a bug of the
+    check): never reported as the reader's mistake."""
+
+
+class ReferenceUsed(BaseException):
+    """Raised inside the answer when it calls a reference the exercise asks it to write. A
+    BaseException, so an answer's `except Exception` cannot swallow it."""
+
+
+class Result:
+    """The outcome of a check: truthy when passed; prints as one line for the reader."""
+
+    MARKS = {"passed": "✔ passed", "not done": "… not done yet", "failed": "✘ failed",
+             "error": "⚠ the check itself failed (not your answer)"}
+
+    def __init__(self, name, status, message=""):
+        self.name, self.status, self.message = name, status, message
+
+    @property
+    def passed(self):
+        return self.status == "passed"
+
+    def __bool__(self):
+        return self.passed
+
+    def __repr__(self):
+        return f"{self.name}: {self.MARKS[self.status]}" + (
+            f": {self.message}" if self.message else "")
+
+    def _ipython_display_(self):
+        """run_check has printed the line already: a cell ending in a check shows it once."""
+
+
+def grading():
+    """True while an autograder runs the notebook (nbgrader sets NBGRADER_EXECUTION)."""
+    return any(os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+               for name in GRADING_ENVS)
+
+
+# --- whose code raised? -----------------------------------------------------------------------
+# The reader's code is whatever is not the course's helpers, torch, an installed package or the
+# standard library: a notebook cell, a test file, a script.
+_HELPERS = pathlib.Path(__file__).resolve().parents[2]
+_LIBRARIES = {pathlib.Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")
+              if (p := sysconfig.get_paths().get(key))}
+_LIBRARIES |= {pathlib.Path(p).resolve() for p in sys.path if "site-packages" in p}
+
+
+@functools.lru_cache(maxsize=4096)
+def is_reader_code(filename):
+    """True when `filename` (a code object's co_filename) holds the reader's code."""
+    if filename.startswith("<frozen"):
+        return False
+    if filename.startswith("<"):
+        return True                      # <ipython-input-…>, <stdin>, exec'd cells
+    path = pathlib.Path(filename).resolve()
+    return not any(path.is_relative_to(root) for root in (_HELPERS, *_LIBRARIES))
+
+
+_DECLARE = str(pathlib.Path(__file__).with_name("declare.py"))
+
+
+def _blame(exc, declared):
+    """("stub" | "answer" | "harness", frame) for an exception out of a check body. In a
+    declared check the answer is what ran inside Answer.__call__; in an older check, whatever
+    passed through the reader's files."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if declared:
+        calls = [i for i, f in enumerate(frames) if f.filename == _DECLARE and f.name == "__call__"]
+        inside = frames[calls[0] + 1:] if calls else []
+    else:
+        inside = frames
+    reader = [f for f in inside if is_reader_code(f.filename)]
+    if not inside or not reader:
+        return "harness", frames[-1] if frames else None
+    if isinstance(exc, NotImplementedError) and is_reader_code(frames[-1].filename):
+        return "stub", frames[-1]
+    return "answer", reader[-1]
+
+
+def _answer_error(exc, frame):
+    where = f" (in {frame.name}, line {frame.lineno})" if frame and frame.name != "<module>" else ""
+    return f"your code raised {type(exc).__name__}: {exc}{where}"
+
+
+def run_check(name, body, *args, declared=False):
+    """Run `body(*args)` and report: CheckFailed -> failed with its message; the stub's
+    NotImplementedError -> not done yet; an exception out of the reader's code -> failed, saying
+    what it raised; any other exception -> an error of the check itself. Prints and returns a
+    Result; while grading, a result that did not pass is raised (CheckFailed, or HarnessError)."""
+    try:
+        body(*args)
+    except CheckFailed as e:
+        result = Result(name, "failed", str(e))
+    except ReferenceUsed as e:
+        result = Result(name, "failed", str(e))
+    except Exception as e:   # noqa: BLE001 - sorted out below, never lost
+        kind, frame = _blame(e, declared)
+        if kind == "stub":
+            result = Result(name, "not done",
+                            "replace the `raise NotImplementedError()` with your code")
+        elif kind == "answer":
+            result = Result(name, "failed", _answer_error(e, frame))
+        else:
+            where = f" at {pathlib.Path(frame.filename).name}:{frame.lineno}" if frame else ""
+            result = Result(name, "error", f"{type(e).__name__}: {e}{where}. Please report it; "
+                                           "your answer was not judged")
+    else:
+        result = Result(name, "passed")
+    print(result)
+    if not result.passed and grading():
+        raise (HarnessError if result.status == "error" else CheckFailed)(repr(result))
+    return result
+
+
+def expect(condition, message):
+    """Fail the check with `message` unless `condition` holds."""
+    if not condition:
+        raise CheckFailed(message)
+
+
+# --- declared checks --------------------------------------------------------------------------
+class CheckInfo:
+    """What a check declares: its exercise, what it observes, the references it blocks."""
+
+    def __init__(self, name, exercise, observes, references, module):
+        self.name, self.exercise, self.module = name, exercise, module
+        self.observes, self.references = tuple(observes), tuple(references)
+
+    def __repr__(self):
+        return f"CheckInfo({self.name!r}, exercise={self.exercise!r})"
+
+
+REGISTRY = {}   # check function name -> CheckInfo, filled by @check at import

@@ -1,0 +1,111 @@
+"""Checks for the exercises of Part I's costs chapter: a GPipe step's time, the largest batch
+data parallelism fits, the bytes autograd saves."""
+import torch
+from torch import nn
+
+from .. import OPTIMIZER_STATE_BYTES, saved_per_layer
+from ._core import as_int, as_number, check, expect, fresh_generator, randint, rel_close
+
+__all__ = ["check_gpipe_time", "check_largest_batch_data_parallel", "check_saved_bytes"]
+
+
+@check("gpipe_time", observes=["the time returned for fresh (t_stage, p, m), m > 1 and p > 1 "
+                               "included, against (m + p - 1) ticks of t_stage / m"])
+def check_gpipe_time(fn):
+    """fn(t_stage, p, m): the time of a GPipe step with p equal stages and m micro-batches, where
+    t_stage is one stage's forward+backward time on the whole batch."""
+    g = fresh_generator()
+    cases = [(randint(g, 1, 100) / 10, randint(g, 2, 8), randint(g, 2, 16)) for _ in range(5)]
+    cases.append((randint(g, 1, 100) / 10, 1, randint(g, 1, 16)))
+    for t, p, m in cases:
+        want = (m + p - 1) * t / m
+        call = f"gpipe_time({t}, {p}, {m})"
+        got, dtype = as_number(fn(t, p, m), call, with_dtype=True)
+        if rel_close(got, want, 6, dtype):
+            continue
+        hint = ""
+        if rel_close(got, (m + p - 1) * t, 6, dtype):
+            hint = ": a tick runs one micro-batch, t_stage / m, not the whole batch"
+        elif rel_close(got, t * p, 6, dtype) or rel_close(got, t, 6, dtype):
+            hint = ": count the ticks, m + p - 1, while the pipeline fills and drains"
+        expect(False, f"{call} returned {got:g}, expected {want:g}: {m + p - 1} ticks of "
+                      f"{t / m:g} s each{hint}")
+
+
+@check("largest_batch_data_parallel", references=["split_costs"], observes=[
+    "the batch returned for fresh layer sizes, devices, memories and optimizers, against the "
+    "largest batch the memory model fits (the check's arithmetic), and 0 when nothing fits"])
+def check_largest_batch_data_parallel(fn):
+    """fn(sizes, k, memory_bytes, optimizer): the largest global batch whose data-parallel step
+    fits in `memory_bytes` per device (split_costs' model: float32 parameters and gradients, the
+    optimizer's state, activations of the largest shard), 0 if one example per device does not."""
+    g = fresh_generator()
+    P = randint(g, 20000, 100000)     # more parameters than activations per example, as in
+    acts = [randint(g, 10, 2000) for _ in range(4)]   # LeNet: forgetting the grads shows
+    sizes = [dict(name="layer", params=P // 4, out=a, acts=a, weighted=[]) for a in acts]
+    total_p = 4 * (P // 4)
+    per_example = sum(acts) * 4
+    names = ["momentum", "adam", "sgd", "adam", "momentum"]
+    for optimizer in names:
+        k = randint(g, 2, 8)
+        fixed = (8 + OPTIMIZER_STATE_BYTES[optimizer]) * total_p
+        memory = fixed + randint(g, 1, 300) * per_example + randint(g, 0, per_example - 1)
+        want = k * ((memory - fixed) // per_example)
+        call = f"largest_batch_data_parallel(…, k={k}, …, {optimizer!r})"
+        got = as_int(fn(sizes, k, memory, optimizer), call)
+        hint = ""
+        if got * k == want:
+            hint = " (the batch is split over the devices: multiply by k)"
+        elif got == k * ((memory - 8 * total_p) // per_example) != want:
+            hint = f" ({optimizer} keeps {OPTIMIZER_STATE_BYTES[optimizer]} bytes of state " \
+                   "per parameter on every device)"
+        expect(got == want, f"{call} with {memory} bytes per device: the largest batch is "
+                            f"{want}, you returned {got:g}{hint}")
+    small = (8 + OPTIMIZER_STATE_BYTES["adam"]) * total_p - 1
+    expect(as_int(fn(sizes, 2, small, "adam"), "largest_batch_data_parallel") == 0,
+           "when the parameters, gradients and optimizer state alone do not fit, the answer "
+           "is 0")
+
+
+def _random_net(g):
+    """A small random conv net with a view (Flatten), pooling and ReLUs."""
+    c1, c2, hidden = randint(g, 2, 6), randint(g, 2, 6), randint(g, 4, 16)
+    pool = nn.MaxPool2d(2) if randint(g, 0, 1) else nn.AvgPool2d(2)
+    side = randint(g, 8, 12)
+    net = nn.Sequential(nn.Conv2d(1, c1, 3), nn.ReLU(), pool, nn.Conv2d(c1, c2, 3), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(c2 * ((side - 2) // 2 - 2) ** 2, hidden),
+                        nn.ReLU(), nn.Linear(hidden, 3))
+    return net, torch.randn(randint(g, 1, 4), 1, side, side, generator=g)
+
+
+@check("saved_bytes", references=["saved_per_layer"], observes=[
+    "the bytes returned for fresh random conv nets (views, pooling, ReLUs), against what "
+    "autograd saves in the check's own count; helpers.saved_per_layer is unavailable"])
+def check_saved_bytes(fn):
+    """fn(net, X): the bytes of activations autograd saves for backward in net(X), each storage
+    once, parameters left out (as helpers.saved_per_layer measures them)."""
+    g = fresh_generator()
+    for _ in range(4):
+        net, X = _random_net(g)
+        want = sum(saved_per_layer(net, X))
+        call = f"saved_bytes on a batch of {X.shape[0]}"
+        got = as_int(fn(net, X), call)
+        outputs = []
+        hooks = [m.register_forward_hook(lambda m, i, o: outputs.append(o.numel() * 4))
+                 for m in net]
+        with torch.no_grad():
+            net(X)
+        for h in hooks:
+            h.remove()
+        params = sum(q.numel() * 4 for q in net.parameters())
+        hint = ""
+        if got in (sum(outputs), sum(outputs) + X.numel() * 4):
+            hint = " (that is what the layers output; autograd keeps other tensors: count " \
+                   "what saved_tensors_hooks packs)"
+        elif got == want + params:
+            hint = " (the weights are parameters, not activations: leave them out)"
+        elif got > want:
+            hint = " (a tensor saved twice, or a view of a saved one, takes its memory " \
+                   "once: count each storage once, and no parameters)"
+        expect(got == want, f"{call}: autograd saved {want} bytes of activations, you "
+                            f"returned {got:g}{hint}")

@@ -1,0 +1,83 @@
+"""The cases every check is tested on (issue 19): the worked answer passes, shortcuts of at least
+two different kinds fail with the message that names the skipped step, and at least one other
+correct answer passes. A test module registers its answers with the decorators below and runs
+them with `parametrize_cases(__name__)`; tests/test_checks_registry.py reads CASES and fails for
+a check that lacks any of the three kinds.
+
+    @worked("check_shard_sizes")
+    def shard_sizes(n, k): ...
+
+    @shortcut("check_shard_sizes", "measures a split", "with arithmetic")
+    def shard_sizes_by_splitting(n, k): ...
+
+    @other("check_shard_sizes")
+    def shard_sizes_by_loop(n, k): ...
+
+    test_case = parametrize_cases(__name__)
+"""
+import collections
+
+import pytest
+
+CASES = collections.defaultdict(lambda: {"worked": [], "shortcuts": [], "others": []})
+
+
+class Case:
+    def __init__(self, check, kind, fn, module, label=None, words=None):
+        self.check, self.kind, self.fn, self.module = check, kind, fn, module
+        self.label, self.words = label, words
+
+    def __repr__(self):
+        tail = f"[{self.label}]" if self.label else ""
+        return f"{self.check}:{self.kind}:{self.fn.__name__}{tail}"
+
+    def judge(self):
+        import helpers.checks
+        result = getattr(helpers.checks, self.check)(self.fn)
+        if self.kind == "shortcut":
+            assert result.status == "failed", f"{self}: the shortcut was not rejected: {result}"
+            words = [self.words] if isinstance(self.words, str) else self.words
+            for w in words:
+                assert w in result.message, f"{self}: {w!r} not in {result.message!r}"
+        else:
+            assert result.status == "passed", f"{self}: a right answer was rejected: {result}"
+
+
+def _register(check, kind, label=None, words=None):
+    def add(fn):
+        case = Case(check, kind, fn, fn.__module__, label, words)
+        CASES[check][{"worked": "worked", "shortcut": "shortcuts", "other": "others"}[kind]].append(
+            case)
+        return fn
+    return add
+
+
+def worked(check):
+    """The notebook's worked answer (the solution cell's body)."""
+    return _register(check, "worked")
+
+
+def shortcut(check, kind, words):
+    """An answer that skips the concept: `kind` names what it skips (two kinds at least per
+    check), `words` (a string or a list) must be in the check's message."""
+    return _register(check, "shortcut", kind, words)
+
+
+def other(check, label=None):
+    """Another correct answer, written differently (a different API form, number type, order)."""
+    return _register(check, "other", label)
+
+
+def cases_of(module):
+    return [c for cases in CASES.values() for kind in cases.values() for c in kind
+            if c.module == module]
+
+
+def parametrize_cases(module):
+    """A test function running every case registered in `module`."""
+    @pytest.mark.parametrize("case", cases_of(module), ids=repr)
+    def test_case(case, monkeypatch):
+        monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+        monkeypatch.delenv("COURSE_GRADING", raising=False)
+        case.judge()
+    return test_case
