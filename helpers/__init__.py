@@ -23,6 +23,7 @@ ranks     Part VI: send/recv/all-reduce over torch.distributed or threads, count
 pipeline_dist  Part VI: a pipeline across processes (GPipe, 1F1B), torch's pipelining
 tp_dist   Part VI: tensor parallel across processes (Megatron f/g, heads), DTensor, a 2D mesh
 workers   Part IV: real data-parallel worker processes on a CPU (gloo, one thread each, pinned)
+ddp_runs  Part IV: a profiler trace of DDP steps, DDP's knobs timed (launch targets)
 profiling Part IV: the profiler without native log noise, counting a step's calls
 gpu_reference  Part IV: the committed GPU reference run, shown beside the reader's figures
 prose     claims the prose makes about a run, asserted (claim)
@@ -58,6 +59,7 @@ from .ranks import *         # noqa: F401,F403
 from .pipeline_dist import * # noqa: F401,F403
 from .tp_dist import *       # noqa: F401,F403
 from .workers import *       # noqa: F401,F403
+from .ddp_runs import *      # noqa: F401,F403
 from .gpu_reference import *  # noqa: F401,F403
 from .profiling import *     # noqa: F401,F403
 from .prose import *         # noqa: F401,F403

@@ -320,6 +320,8 @@ def main(argv=None):
             got.update(seed=seed, sec_per_epoch=timing.Measurement(t[1:]).median,
                        first_epoch_extra_s=t[0] - timing.Measurement(t[1:]).median)
             r["rounds"].append(got)
+            print(f"bench: round {rnd + 1}/{rounds}: {r['name']}: {got['sec_per_epoch']:.3f} "
+                  f"s/epoch, test acc {got['test_acc']:.3f}", flush=True)
         load.append(timing.machine_load())
     rows = [r for r in rows if len(r["rounds"]) == rounds]   # a row that failed is left out
     if not rows:
