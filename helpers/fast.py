@@ -30,7 +30,7 @@ from .training import evaluate_accuracy
 from .validate import check_lr, check_positive_int, check_seed
 
 __all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy",
-           "flat_replica", "train_fast_rank"]
+           "flat_replica", "train_fast_rank", "replica_flat_grad"]
 
 
 class ResidentLoader:
@@ -66,7 +66,7 @@ def _replica_loss(X, y, params):
     return loss(lenet(X, params), y).sum()
 
 
-def _replica_flat_grad(X, y, params):
+def replica_flat_grad(X, y, params):
     """(the replica's gradients as one flat tensor, its summed loss): forward and backward in
     one function, so that torch.compile sees (and fuses) both."""
     grads, l = torch.func.grad_and_value(_replica_loss, argnums=2)(X, y, params)
@@ -85,7 +85,7 @@ class FastDataParallel:
     per process: it does not span devices); True = insist; False = never. The first `warmup` steps
     of each batch size run eagerly on a side stream (real training steps), the next one is
     captured and every later one replayed. compile=True computes each replica's gradients with
-    one torch.compile'd forward+backward (`_replica_flat_grad`), falling back to eager (with a
+    one torch.compile'd forward+backward (`replica_flat_grad`), falling back to eager (with a
     warning) where compiling fails; each new batch size may compile again. replica_streams=True
     (one GPU only) runs each replica's forward and backward on its own CUDA stream, so that
     replicas sharing a GPU can run at the same time (inside the graph too); the arithmetic is
@@ -126,7 +126,7 @@ class FastDataParallel:
             raise ValueError("replica_streams needs every replica on one and the same GPU")
         self.streams = ([torch.cuda.Stream(self.devices[0]) for _ in range(self.k)]
                         if replica_streams else None)
-        self.grad_fn = _try_compile(_replica_flat_grad) if compile else None
+        self.grad_fn = _try_compile(replica_flat_grad) if compile else None
         # what grad_fn differentiates: the same views, outside autograd's own recording
         self.plain = [[p.detach() for p in views] for views in self.params]
 

@@ -17,7 +17,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
-           "capture_env"]
+           "capture_env", "gpu_figures"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
@@ -58,6 +58,22 @@ def describe_gpu_reference(path=None):
     missing = [s for s in STEPS if s not in ref.get("steps", {})]
     tail = [f"  steps not run: {', '.join(missing)}"] if missing else []
     return "\n".join([head] + rows + ratios + tail)
+
+
+def gpu_figures(path=None):
+    """What a chapter cites from the committed GPU run: {"gpu", "date", "sec_per_epoch": {row name:
+    median s/epoch}, "ratios": {ratio name: {median, spread, verdict}}, "sentence": where the
+    figures come from}; None when no GPU run exists (then the chapter's GPU claims are
+    predictions, and it says so)."""
+    ref = gpu_reference(path)
+    if not ref.get("exists") or not ref.get("bench"):
+        return None
+    bench = ref["bench"]
+    return dict(gpu=ref["gpu"], date=ref["date"],
+                sec_per_epoch={r["name"]: r["sec_per_epoch"]["median"] for r in bench["rows"]},
+                ratios=bench.get("ratios", {}),
+                sentence=f"the committed GPU reference run ({ref['gpu']}, torch {ref['torch']}, "
+                         f"{ref['date']}; reference/gpu_reference.json)")
 
 
 def capture_env(path, dry_run=False):

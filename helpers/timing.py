@@ -2,7 +2,8 @@
 "within noise" when the spread of the ratio crosses 1.
 
     m = measure(fn, repeats=5, warmup=1)     # fn() timed 5 times after 1 untimed call
-    m.median, m.lo, m.hi, m.samples          # seconds; the spread is min-max of the samples
+    m.median, m.lo, m.hi, m.samples          # seconds; the spread lo-hi: min to max of the
+                                             # samples (without the extreme tenths from 10 on)
     rounds = interleave({"a": f, "b": g}, rounds=5)   # ABAB...: each round times each once
     r = compare(rounds["a"], rounds["b"])    # how many times as fast b is as a, per round
     r.median, r.lo, r.hi, r.verdict          # verdict: "faster", "slower" or "within noise"
@@ -41,21 +42,22 @@ class Measurement:
 
     @property
     def lo(self):
-        return min(self.samples)
+        return _trimmed(self.samples)[0]
 
     @property
     def hi(self):
-        return max(self.samples)
+        return _trimmed(self.samples)[-1]
 
     @property
     def spread(self):
-        """(min, max) of the samples."""
+        """(lo, hi): min and max of the samples, leaving out the most extreme tenth at each end
+        when there are 10 or more (a stray hiccup of a shared machine touches one sample)."""
         return self.lo, self.hi
 
     def __str__(self):
         scale, unit = (1e3, "ms") if self.unit == "s" and self.hi < 1 else (1, self.unit)
         return (f"{self.median * scale:.3g} {unit} ({self.lo * scale:.3g}-{self.hi * scale:.3g},"
-                f" {len(self.samples)} runs)")
+                f" {len(self.samples)} samples)")
 
     def to_dict(self):
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples}
@@ -65,8 +67,8 @@ class Measurement:
 class Ratio:
     """How many times as fast `new` is as `base` (base time / new time), one sample per round.
 
-    verdict: "faster" when every sample is above 1, "slower" when every one is below 1, else
-    "within noise" (the run cannot tell them apart)."""
+    verdict: "faster" when the whole spread (lo, hi: as Measurement's) is above 1, "slower" when
+    it is below 1, else "within noise" (the run cannot tell them apart)."""
     samples: list
 
     def __post_init__(self):
@@ -99,6 +101,12 @@ class Ratio:
     def to_dict(self):
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples,
                 "verdict": self.verdict}
+
+
+def _trimmed(samples):
+    """The samples sorted, without the lowest and highest tenth when there are 10 or more."""
+    s, cut = sorted(samples), len(samples) // 10
+    return s[cut:len(s) - cut]
 
 
 def _timed(fn, devices, clock):

@@ -340,6 +340,8 @@ def main(argv=None):
         if r["trainer"] == "fast" and r["where"] == "ranks":
             pairs += [(r, o) for o in rows if o["where"] == "ranks" and o["n"] == r["n"]
                       and o is not r]
+        if r["trainer"] == "scratch":               # the course's DDP against torch's
+            pairs += [(r, o) for o in rows if o["name"] == f"ddp_ranks_{r['n']}"]
         if r["where"] == "ranks" and r["n"] > 1:   # k ranks against one
             pairs += [(r, o) for o in rows if o["name"] == f"{r['trainer']}_ranks_1"]
     for a, b in pairs:

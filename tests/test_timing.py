@@ -79,6 +79,15 @@ def test_a_ratio_whose_spread_crosses_one_is_within_noise():
     assert slower.verdict == "slower" and slower.word == "slower than"
 
 
+def test_the_spread_leaves_out_stray_hiccups_of_many_samples():
+    few = timing.Measurement([1.0, 1.1, 9.0])                # fewer than 10: min to max
+    assert (few.lo, few.hi) == (1.0, 9.0)
+    many = timing.Measurement([1.0 + i / 100 for i in range(18)] + [0.1, 50.0])
+    assert (many.lo, many.hi) == (1.01, 1.16), "the extreme tenth at each end is left out"
+    assert timing.Ratio([1.2] * 9 + [0.5]).verdict == "faster", "one hiccup in ten rounds"
+    assert timing.Ratio([1.2] * 8 + [0.5, 0.6]).verdict == "within noise"
+
+
 def test_unpaired_comparison_takes_every_pair():
     base, new = timing.Measurement([2.0, 4.0]), timing.Measurement([1.0, 2.0, 4.0])
     r = timing.compare(base, new, paired=False)
