@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine (see README):
 #   make book   build the HTML book into _build/html (creates .venv on first use)
 #   make test   run every test: lint, unit tests, notebooks under nbval, the book build, the browser
-#               test, the Colab emulation, the student edition
+#               test, the whole-book PDF, the Colab emulation, the student edition
+# TORCH=cpu (CPU CI): the venv gets torch's CPU wheels instead of the CUDA build of the lock.
 VENV   ?= .venv
 PYTHON ?= python3
 BIN    := $(VENV)/bin
@@ -11,17 +12,36 @@ JB     := $(BIN)/jupyter-book build . --all -W -n --keep-going
 export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: book test lint test-unit test-notebooks test-book test-browser student test-student bench gpu-dry \
-	outputs lock venv clean
+.PHONY: book test lint test-unit test-notebooks test-book test-browser student test-student bench \
+	gpu-dry outputs lock venv clean book-static pdf test-pdf
+TORCH ?=
+CPU_INDEX := https://download.pytorch.org/whl/cpu
+# With TORCH=cpu: which CPU wheels (default: the lock's versions; CI's oldest-torch job names older)
+TORCH_PINS ?= $(shell $(PYTHON) scripts/lock_subset.py --torch-pins $(LOCK))
 
 # The venv from the lock file: every package pinned with its hash (requirements/lock.txt).
+# A venv outside this tree (VENV=/elsewhere/.venv, shared by several git worktrees) is used as it
+# is: reinstalling it from here would point its editable `helpers` at this tree.
+ifneq ($(filter $(CURDIR)/%,$(abspath $(VENV))),)
 $(STAMP): $(LOCK) pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11 or newer is needed (numpy 2.4)" if sys.version_info < (3, 11) else 0)'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
+# TORCH=cpu: the CPU wheels of torch and torchvision from the PyTorch index (not hashed: the
+# lock holds PyPI's CUDA build), then the lock without them and what only that build needs.
+ifeq ($(TORCH),cpu)
+	$(BIN)/pip install --quiet --index-url $(CPU_INDEX) $(TORCH_PINS)
+	$(PYTHON) scripts/lock_subset.py --cpu $(LOCK) -o $(VENV)/lock-cpu.txt
+	$(BIN)/pip install --quiet --require-hashes -r $(VENV)/lock-cpu.txt
+else
 	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+endif
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
+else
+$(STAMP):
+	@test -x $(BIN)/python || (echo "no venv at $(VENV)"; exit 1)
+endif
 
 venv: $(STAMP)
 
@@ -44,14 +64,40 @@ else
 endif
 	@echo "The book is in _build/html/ (open _build/html/index.html)"
 
+# The hosted Pages build: the book from the stored outputs, in a venv of the book's tools only
+# (requirements/book.txt's packages from the lock, with their hashes: no torch, about 270 MB).
+BOOK_VENV ?= .venv-book
+$(BOOK_VENV)/.installed: $(LOCK) requirements/book.txt
+	$(PYTHON) -m venv $(BOOK_VENV)
+	$(PYTHON) scripts/lock_subset.py --only requirements/book.txt $(LOCK) -o $(BOOK_VENV)/lock-book.txt
+	$(BOOK_VENV)/bin/pip install --quiet --require-hashes -r $(BOOK_VENV)/lock-book.txt
+	touch $@
+
+book-static: $(BOOK_VENV)/.installed
+	$(PYTHON) scripts/book_config.py --execute off --out _build/_config.book.yml
+	$(BOOK_VENV)/bin/jupyter-book build . --all -W -n --keep-going --config _build/_config.book.yml
+	@echo "The book is in _build/html/ (open _build/html/index.html)"
+
+# The whole book as one PDF (_build/pdf/book.pdf): Sphinx's single-page HTML from the stored
+# outputs, printed by the Chromium the browser test drives (scripts/book_pdf.py).
+pdf: $(STAMP)
+	$(BIN)/python scripts/book_config.py --execute off --out _build/_config.pdf.yml
+	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going --config _build/_config.pdf.yml
+	$(BIN)/python scripts/book_pdf.py
+
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
 # test-browser depends on test-book, the book it tests.
 test: export COURSE_QUICK := 1
-test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-student bench gpu-dry
+test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf test-student bench \
+	gpu-dry
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
+# The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
+# security audit (offline: no GitHub API).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(BIN)/zizmor --offline .github/workflows
 
 # Unit tests, the book's consistency tests and the Colab emulation (tests/test_colab.py).
 test-unit: $(STAMP)
@@ -75,6 +121,10 @@ test-browser: $(STAMP) test-book node_modules/.installed
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
 		|| (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/pytest -q -p no:cacheprovider tests/browser
+
+# The PDF in CI: built after the browser test (which installs chromium), in about a minute.
+test-pdf: test-browser
+	$(MAKE) --no-print-directory pdf
 
 # The pinned JavaScript (axe-core for the browser test), with integrity hashes from the lock.
 node_modules/.installed: package.json package-lock.json
@@ -106,4 +156,4 @@ outputs: $(STAMP)
 	env -u COURSE_QUICK -u COURSE_FULL $(BIN)/python scripts/execute_notebooks.py $(NB)
 
 clean:
-	rm -rf _build student artifacts
+	rm -rf _build student artifacts $(BOOK_VENV)

@@ -3,6 +3,8 @@ import os
 
 import matplotlib.pyplot as plt
 
+__all__ = ["Animator", "glue", "progress"]
+
 
 def in_notebook():
     """True inside a Jupyter kernel (where figures can be displayed and updated in place)."""
@@ -63,7 +65,10 @@ def progress(iterable, **kwargs):
 def glue(name, value, display=True):
     """Make a computed value available to the prose ({glue:text}`name`) via myst-nb.
 
-    Falls back to a plain display where myst-nb is not installed (e.g. Colab)."""
+    Falls back to a plain display where myst-nb is not installed (e.g. Colab). The value is
+    also recorded for helpers.say, which fills the prose's numbers in from it."""
+    from .prose import remember
+    remember(name, value)
     try:
         from myst_nb import glue as _glue
     except ImportError:

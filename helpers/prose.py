@@ -6,7 +6,9 @@ than one")`. When a run contradicts the sentence, `make outputs` stops with Clai
 the claim, instead of storing a page that says the opposite of its numbers.
 """
 
-__all__ = ["ClaimFailed", "claim", "claims_made"]
+import string
+
+__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted"]
 
 _made = []
 
@@ -32,3 +34,64 @@ def claim(holds, says, **measured):
 def claims_made():
     """The claims asserted so far in this process (what a page's hidden cells checked)."""
     return list(_made)
+
+
+# ---------------------------------------------------------------- prose that carries numbers
+# The notebooks' prose reads the same in the book, JupyterLab, Colab, VS Code and on GitHub:
+# a paragraph with measured numbers is a hidden code cell `helpers.say("""... {name:.2f} ...""")`
+# (scripts/reader_markup.py writes them) that displays Markdown with the values glued earlier in
+# this kernel (helpers.glue records them here). Literal braces are doubled, as in str.format.
+
+_glued = {}
+
+
+class _Missing(KeyError):
+    pass
+
+
+def remember(name, value):
+    """Record a glued value for say() (helpers.glue calls it)."""
+    _glued[name] = value
+
+
+def glued():
+    """The values glued so far in this process, by name."""
+    return dict(_glued)
+
+
+class _Formatter(string.Formatter):
+    """str.format, except that a number glued as text takes a number's format (as myst-nb's
+    {glue:text}`name:.2f` does with the text of the value)."""
+
+    def format_field(self, value, spec):
+        try:
+            return format(value, spec)
+        except (ValueError, TypeError):
+            if isinstance(value, str):
+                return format(float(value), spec)
+            raise
+
+
+def formatted(text, values=None):
+    """`text` with its {name:fmt} fields filled from `values` (default: the glued values).
+
+    A field naming nothing glued raises a KeyError that names it and says where it comes from."""
+    values = _glued if values is None else values
+    try:
+        return _Formatter().vformat(text, (), values)
+    except KeyError as e:
+        raise _Missing(f"the text uses {e.args[0]!r}, which no cell has glued yet: run the "
+                       "cells above (helpers.glue) first") from None
+
+
+def say(text):
+    """Display `text` (Markdown with {name:fmt} fields) with this run's numbers.
+
+    In Jupyter it is rendered as Markdown (the book shows it as prose); elsewhere it prints."""
+    from .plotting import in_notebook
+    out = formatted(text.strip("\n"))
+    if in_notebook():
+        from IPython.display import Markdown, display
+        display(Markdown(out))
+    else:
+        print(out)

@@ -5,12 +5,12 @@
     m.median, m.lo, m.hi, m.samples          # seconds; the spread lo-hi: min to max of the
                                              # samples (without the extreme tenths from 10 on)
     rounds = interleave({"a": f, "b": g}, rounds=5)   # ABAB...: each round times each once
-    r = compare(rounds["a"], rounds["b"])    # how many times as fast b is as a, per round
+    r = ratio(rounds["a"], rounds["b"])      # how many times as fast b is as a, per round
     r.median, r.lo, r.hi, r.verdict          # verdict: "faster", "slower" or "within noise"
 
 A machine's speed drifts (other programs, clock boosts, caches), so two things timed one after
 the other are not timed under the same conditions. `interleave` times them in turns, round after
-round, and `compare` divides them round by round: a ratio's spread is then the spread of ratios
+round, and `ratio` divides them round by round: a ratio's spread is then the spread of ratios
 measured side by side, not of two separate runs. A ratio whose spread crosses 1.0 is reported as
 "within noise": the run cannot tell the two apart. GPUs run asynchronously: pass `devices` and
 the clock is read only after they have finished (helpers.synchronize).
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .devices import synchronize
 
-__all__ = ["Measurement", "Ratio", "measure", "interleave", "compare", "machine_load"]
+__all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load"]
 
 
 @dataclass
@@ -153,7 +153,7 @@ def interleave(fns, rounds=5, warmup=1, devices=(), clock=time.perf_counter):
     return {name: Measurement(s) for name, s in samples.items()}
 
 
-def compare(base, new, paired=True):
+def ratio(base, new, paired=True):
     """How many times as fast `new` is as `base`: a Ratio of base time / new time.
 
     paired=True (Measurements from the same rounds of `interleave`): divided round by round.
@@ -167,7 +167,7 @@ def compare(base, new, paired=True):
         return Ratio([b / n for b, n in zip(base.samples, new.samples)])
     if paired and len(base.samples) > 1 and len(new.samples) > 1:
         raise ValueError(f"paired samples must come from the same rounds: {len(base.samples)} "
-                         f"against {len(new.samples)}; use compare(..., paired=False)")
+                         f"against {len(new.samples)}; use ratio(..., paired=False)")
     return Ratio([b / n for b in base.samples for n in new.samples])
 
 

@@ -201,7 +201,8 @@ def run_on_ranks(row, size, args, seed, compile_ok):
     if name == "fast":
         cfg = dict(batch_size=args.batch_size, lr=args.lr, num_epochs=size["num_epochs"],
                    subset=size["subset"], seed=seed, compile=compile_ok)
-        r, backend = launch_ranks(helpers.train_fast_rank, k, cfg)
+        backend = helpers.choose_backend(k)
+        r = helpers.launch(helpers.train_fast_rank, k, cfg, quiet=True)[0]
         note = f"{backend}, {k} process(es)" + (", compiled" if r["compiled"] else "")
     else:
         got, backend = helpers.bench_ranks(k, [name], args.batch_size, args.lr,
@@ -209,13 +210,6 @@ def run_on_ranks(row, size, args, seed, compile_ok):
         r, note = got[name], f"{backend}, {k} process(es)"
     return dict(epoch_times=r["epoch_times"], test_acc=r["test_acc"], note=note,
                 param_sum=r["param_sum"])
-
-
-def launch_ranks(fn, world, cfg):
-    """fn(rank, world, cfg) on `world` processes (gloo on the CPU, one thread each, pinned;
-    NCCL with a GPU per rank where there are enough); rank 0's result and the backend."""
-    from helpers.fast import _spawn_ranks
-    return _spawn_ranks(fn, world, cfg)
 
 
 # --- the checks: same arithmetic, and the targets ------------------------------------------------
@@ -297,9 +291,10 @@ def main(argv=None):
     if not compile_ok:
         print("bench: no torch.compile rows" + (" (--no-compile)" if args.no_compile else
               ": at quick size on a CPU a first compile alone costs tens of seconds"))
-    if importlib.util.find_spec("helpers.ddp_scratch") is None:
+    if importlib.util.find_spec("helpers.data_parallel.scratch") is None:
         rows = [r for r in rows if r["trainer"] != "scratch"]
-        print("bench: DDPFromScratch rows skipped: helpers.ddp_scratch is not importable here")
+        print("bench: DDPFromScratch rows skipped: helpers.data_parallel.scratch is not "
+              "importable here")
     load = [timing.machine_load()]
     t_start = time.perf_counter()
     for r in rows:
@@ -345,7 +340,7 @@ def main(argv=None):
         if r["where"] == "ranks" and r["n"] > 1:   # k ranks against one
             pairs += [(r, o) for o in rows if o["name"] == f"{r['trainer']}_ranks_1"]
     for a, b in pairs:
-        ratios[f"{a['name']}_over_{b['name']}"] = timing.compare(b["sec_per_epoch"],
+        ratios[f"{a['name']}_over_{b['name']}"] = timing.ratio(b["sec_per_epoch"],
                                                                  a["sec_per_epoch"]).to_dict()
     print_table(rows, ref)
     print("\nratios (speed: how many times as fast, round by round; > 1 is faster):")
@@ -380,7 +375,7 @@ def main(argv=None):
                argv=sys.argv[1:] if argv is None else list(argv),
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if args.json:
-        helpers.write_json(args.json, out)
+        helpers.write_json(args.json, out, indent=1)
         print(f"bench: results written to {args.json}")
     return out
 

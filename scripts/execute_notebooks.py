@@ -43,9 +43,8 @@ def execute(path):
     errors = clean(nb)
     if errors:
         raise SystemExit(f"{path}: stored outputs not updated, errors:\n  " + "\n  ".join(errors))
-    tmp = path.with_name(path.name + ".tmp")
-    nbformat.write(nb, tmp)
-    tmp.replace(path)
+    import helpers   # the one atomic writer: a kill mid-write keeps the old notebook whole
+    helpers.atomic_write(path, lambda f: nbformat.write(nb, f), mode="w")
     print("executed", path)
 
 

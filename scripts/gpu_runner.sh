@@ -89,7 +89,7 @@ if [ -d .seed ]; then mkdir -p data/FashionMNIST/raw && cp -n .seed/*.gz data/Fa
 export COURSE_DATA=${COURSE_DATA:-$PWD/data} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 unset COURSE_QUICK COURSE_FULL
 dry=$([ $mode = dry ] && echo --dry-run)
-$PY -c "from helpers.gpu_reference import main; main()" env "$out" $dry || exit 1
+$PY -c "from helpers.reference import main; main()" env "$out" $dry || exit 1
 status=0
 
 # the tests that need the book toolchain (jupyter-book, nbgrader, a browser) test no GPU code
@@ -138,7 +138,7 @@ EOF
     grep -E "^(target|bench:)" "$out/bench.log" | tail -8
     unset COURSE_FULL ;;
   record)
-    $PY -c "from helpers.gpu_reference import main; main()" record "$out" "$command" $dry \
+    $PY -c "from helpers.reference import main; main()" record "$out" "$command" $dry \
       || status=1 ;;
   esac
 done

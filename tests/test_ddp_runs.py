@@ -4,7 +4,6 @@ arithmetic."""
 import json
 
 import helpers
-from helpers.fast import _spawn_ranks
 
 
 def test_trace_events_and_overlap_from_a_chrome_trace(tmp_path):
@@ -30,8 +29,9 @@ def test_trace_events_and_overlap_from_a_chrome_trace(tmp_path):
 
 
 def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
-    got, _ = _spawn_ranks(helpers.ddp_trace, 2, dict(trace_dir=str(tmp_path), width=128,
-                                                     depth=4, batch=16, bucket_mb=0.05, steps=2))
+    got = helpers.launch(helpers.ddp_trace, 2, dict(trace_dir=str(tmp_path), width=128, depth=4,
+                                                    batch=16, bucket_mb=0.05, steps=2),
+                         quiet=True)[0]
     events = got["events"]
     assert (tmp_path / "ddp_rank0.json").exists() and (tmp_path / "ddp_rank1.json").exists()
     backward = [e for e in events if e["name"] == "backward"]
@@ -44,8 +44,8 @@ def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
 
 
 def test_ddp_knobs_keep_the_arithmetic_except_compression():
-    got, _ = _spawn_ranks(helpers.ddp_knobs, 2, dict(width=64, depth=3, batch=8, steps=2,
-                                                     rounds=2))
+    got = helpers.launch(helpers.ddp_knobs, 2, dict(width=64, depth=3, batch=8, steps=2,
+                                                    rounds=2), quiet=True)[0]
     assert all(len(s) == 2 and min(s) > 0 for s in got["step_s"].values())
     for knob, diff in got["max_diff"].items():
         if "compression" in knob:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-gr = importlib.import_module("helpers.gpu_reference")   # the module, not the façade's function
+gr = importlib.import_module("helpers.reference")
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
 failures="1" skipped="1" tests="4"><testcase classname="tests.test_a" name="test_ok"/>

@@ -63,19 +63,19 @@ def test_interleave_takes_turns_and_reverses_every_other_round():
     assert got["a"].samples == [2.0] * 3 and got["b"].samples == [1.0] * 3
 
 
-def test_compare_divides_round_by_round():
+def test_ratio_divides_round_by_round():
     base = timing.Measurement([2.0, 4.0, 3.0])
     new = timing.Measurement([1.0, 2.0, 1.0])
-    r = timing.compare(base, new)
+    r = timing.ratio(base, new)
     assert r.samples == [2.0, 2.0, 3.0]
     assert (r.median, r.lo, r.hi, r.verdict) == (2.0, 2.0, 3.0, "faster")
     assert "faster" in str(r) and r.word == "faster than"
 
 
 def test_a_ratio_whose_spread_crosses_one_is_within_noise():
-    r = timing.compare(timing.Measurement([1.0, 1.0, 1.0]), timing.Measurement([0.9, 1.1, 1.0]))
+    r = timing.ratio(timing.Measurement([1.0, 1.0, 1.0]), timing.Measurement([0.9, 1.1, 1.0]))
     assert r.lo < 1 < r.hi and r.verdict == "within noise" and "within noise" in str(r)
-    slower = timing.compare(timing.Measurement([1.0, 1.0]), timing.Measurement([2.0, 3.0]))
+    slower = timing.ratio(timing.Measurement([1.0, 1.0]), timing.Measurement([2.0, 3.0]))
     assert slower.verdict == "slower" and slower.word == "slower than"
 
 
@@ -90,11 +90,11 @@ def test_the_spread_leaves_out_stray_hiccups_of_many_samples():
 
 def test_unpaired_comparison_takes_every_pair():
     base, new = timing.Measurement([2.0, 4.0]), timing.Measurement([1.0, 2.0, 4.0])
-    r = timing.compare(base, new, paired=False)
+    r = timing.ratio(base, new, paired=False)
     assert sorted(r.samples) == sorted(b / n for b, n in itertools.product([2, 4], [1, 2, 4]))
     assert (r.lo, r.hi) == (0.5, 4.0)
     with pytest.raises(ValueError, match="same rounds"):
-        timing.compare(base, new)   # paired samples from different runs: refused, not guessed
+        timing.ratio(base, new)   # paired samples from different runs: refused, not guessed
 
 
 def test_measure_really_times_work():
@@ -102,7 +102,7 @@ def test_measure_really_times_work():
     x = torch.randn(256, 256)
     small = timing.measure(lambda: x @ x, repeats=5)
     big = timing.measure(lambda: [x @ x for _ in range(50)], repeats=5)
-    assert timing.compare(big, small).median > 5   # medians: one preempted sample cannot flip it
+    assert timing.ratio(big, small).median > 5   # medians: one preempted sample cannot flip it
     assert all(s > 0 for s in small.samples)
 
 

@@ -5,6 +5,10 @@ Chapter authors put this under the chapter title (a markdown cell of the noteboo
     ```{runs-on} cpu gpu gpus
     ```
 
+or, as plain Markdown that reads the same outside the book (scripts/reader_markup.py writes it)::
+
+    *Runs on: CPU, one GPU, several GPUs.*
+
 The arguments say where the chapter runs: ``cpu`` (a CPU-only laptop), ``gpu`` (one GPU),
 ``gpus`` (several GPUs). The line also shows how long the whole notebook took to execute, in
 quick mode (COURSE_QUICK=1) and at full size (a GPU, or COURSE_FULL=1). Nobody types these times:
@@ -98,6 +102,32 @@ class RunsOn(SphinxDirective):
         return [node]
 
 
+LINE_PREFIX = "Runs on: "
+
+
+def places_of_line(text):
+    """['cpu', 'gpus'] for the line "Runs on: CPU, several GPUs." (what scripts/reader_markup.py
+    writes for ```{runs-on} cpu gpus```, so that a notebook outside the book says it too);
+    None for any other text."""
+    text = text.strip()
+    if not (text.startswith(LINE_PREFIX) and text.endswith(".")):
+        return None
+    words = [w.strip() for w in text[len(LINE_PREFIX):-1].split(",")]
+    names = {v: k for k, v in PLACES.items()}
+    if not words or any(w not in names for w in words):
+        return None
+    return [names[w] for w in words]
+
+
+def badge_lines(app, doctree):
+    """The plain "Runs on: ..." line of a chapter becomes the badge (as the directive does)."""
+    docname = app.env.docname
+    for para in list(doctree.findall(nodes.paragraph)):
+        places = places_of_line(para.astext())
+        if places:
+            para.replace_self(runs_on_node(places=places, docname=docname))
+
+
 def _badge(text, kind):
     return nodes.inline(text, text, classes=["sd-badge", f"sd-bg-{kind}", f"sd-bg-text-{kind}"])
 
@@ -167,6 +197,7 @@ def remember_read(app, env, docnames):
 def setup(app):
     app.add_node(runs_on_node)
     app.add_directive("runs-on", RunsOn)
+    app.connect("doctree-read", badge_lines)
     app.connect("env-before-read-docs", remember_read)
     app.connect("env-updated", record)
     app.connect("doctree-resolved", resolve)

@@ -358,3 +358,43 @@ def check_widget_figures(page):
     (a matplotlib output) in the same cell or the cell just before or after it."""
     return [f"widget without a static figure beside it (cell starting {src!r})"
             for src in page.evaluate(_WIDGET_FIGURE_JS, VIEW_MIME)]
+
+
+# Text that runs past its column: cell outputs and inline code wider than the box they sit in
+# (scrolled sideways or cut), and, at phone width, a page wider than the screen.
+_FITS_JS = """() => {
+  const out = [];
+  for (const el of document.querySelectorAll('main .cell_output pre, main code.literal')) {
+    if (el.closest('.highlight, .course-explorer')) continue;   // code cells scroll by design
+    const r = el.getBoundingClientRect();
+    if (!r.width) continue;
+    const box = el.closest('.cell_output, p, li, td, dd, dt') || el.parentElement;
+    const over = Math.max(el.scrollWidth - el.clientWidth,
+                          r.right - box.getBoundingClientRect().right);
+    if (over > 2) out.push({text: (el.textContent || '').trim().slice(0, 60), over: Math.round(over)});
+  }
+  return {items: out, page: document.documentElement.scrollWidth - window.innerWidth,
+          width: window.innerWidth};
+}"""
+
+PHONE_WIDTH = 390
+
+
+def check_fits(page, phone_width=PHONE_WIDTH):
+    """Text outputs and inline code that run past their column at this width and at phone width,
+    and a page wider than a phone's screen. Leaves the page at phone width."""
+    problems = []
+    size = page.viewport_size or {"width": 1280, "height": 900}
+    for width in dict.fromkeys([size["width"], phone_width]):
+        page.set_viewport_size({"width": width, "height": size["height"]})
+        page.wait_for_timeout(50)
+        seen = page.evaluate(_FITS_JS)
+        for item in seen["items"][:5]:
+            problems.append(f"at {width} px a text runs {item['over']} px past its column: "
+                            f"{item['text']!r}")
+        if len(seen["items"]) > 5:
+            problems.append(f"at {width} px {len(seen['items']) - 5} more texts run past their "
+                            f"column")
+        if width == phone_width and seen["page"] > 1:
+            problems.append(f"at {width} px the page scrolls sideways by {seen['page']} px")
+    return problems

@@ -10,7 +10,8 @@ import shutil
 import pytest
 from PIL import Image, ImageDraw
 
-from pagecheck import check_launch_buttons, check_page, check_widget_figures, open_page, serve
+from pagecheck import (check_fits, check_launch_buttons, check_page, check_widget_figures,
+                       open_page, serve)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VENDOR = ROOT / "book" / "_vendor"
@@ -106,6 +107,9 @@ def synthetic(tmp_path_factory):
             '<script src="_static/ipywidgets/config.js"></script>', ''),
         "widget_alone.html": _page(_cell(_view(good_views[0])) + _cell("<pre>text</pre>"),
                                    state=good_state),
+        "wide.html": _page(
+            '<p>See <code class="literal">' + "torch.distributed." * 12 + '</code></p>'
+            + _cell('<pre>' + "x" * 400 + '</pre>')),
         "external.html": _page('<img src="https://example.org/plot.png">'),
         "launch.html": _page(
             '<a href="https://colab.research.google.com/github/multigpu-course/multigpu-course/'
@@ -209,3 +213,21 @@ def test_launch_buttons_must_open_the_notebook(browser, synthetic):
     finally:
         seen.page.close()
     assert any("book/part2/gone.ipynb is not a file of the repository" in p for p in problems)
+
+
+def test_text_past_its_column_is_reported(browser, synthetic):
+    """An unwrapped wide output and long inline code: reported at both widths, with the page's
+    sideways scroll on a phone; the good page fits."""
+    base, site, _ = synthetic
+    found = {}
+    for name in ("good.html", "wide.html"):
+        seen = open_page(browser, base + name, base, timeout=3000)
+        try:
+            seen.page.set_viewport_size({"width": 1280, "height": 900})
+            found[name] = check_fits(seen.page)
+        finally:
+            seen.page.close()
+    assert found["good.html"] == [], found["good.html"]
+    text = "\n".join(found["wide.html"])
+    assert "at 1280 px a text runs" in text and "'xxxx" in text, text
+    assert "at 390 px the page scrolls sideways" in text, text

@@ -3,8 +3,10 @@
 Needs the built book (`make test-book`, which `make test` runs first). For each page in _toc.yml:
 no console error, no failed local request, no broken internal link or image, no error in a cell
 output, every notebook figure a real image, math rendered, widgets rendered without internet,
-launch and download buttons opening the right notebook. A full-page screenshot of each page goes
-to artifacts/screenshots/<entry>.png (CI keeps it), with <entry>.json beside it: the problems
+launch and download buttons opening the right notebook, no text running past its column (at
+1280 px and on a phone, 390 px) and no page scrolling sideways on a phone. A full-page
+screenshot of each page goes to artifacts/screenshots/<entry>.png (CI keeps it), with
+<entry>.json beside it: the problems
 found and the external requests the page tried (blocked: the book must work offline).
 """
 import json
@@ -13,8 +15,8 @@ import urllib.parse
 
 import pytest
 
-from pagecheck import (check_launch_buttons, check_page, check_widget_figures, open_page,
-                       toc_entries_of)
+from pagecheck import (check_fits, check_launch_buttons, check_page, check_widget_figures,
+                       open_page, toc_entries_of)
 
 
 def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
@@ -31,6 +33,7 @@ def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
             problems += check_launch_buttons(seen.page, entry, book_dir,
                                              book_config.get("repository", {}),
                                              book_config.get("launch_buttons", {}))
+        problems += check_fits(seen.page)   # last: it leaves the page at phone width
     finally:
         seen.page.close()
     problems = list(dict.fromkeys(problems))

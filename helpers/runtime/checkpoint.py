@@ -1,0 +1,108 @@
+"""Checkpoints and snapshots a run can resume from bitwise, written atomically (runtime.files:
+a kill at any moment leaves either the old file or the new one, never half of one).
+
+A snapshot holds what a continuation needs to be exactly the run that was never stopped: the
+model, the optimizer state, the next epoch (the sampler's epoch: `set_epoch` makes the data order
+a function of it) and the random number generators (torch CPU, CUDA where present, Python's
+`random`, NumPy's) of every rank.
+"""
+import random
+
+import torch
+import torch.distributed as dist
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+from ..models import unwrap
+from .files import atomic_save
+from .group import get_rank, get_world_size
+
+__all__ = ["rng_state", "set_rng_state", "save_snapshot", "load_snapshot", "save_checkpoint",
+           "save_snapshot_all", "load_checkpoint"]
+
+
+def rng_state():
+    """The states of every random number generator a training step may draw from, as plain
+    Python values (lists of ints), so they pickle anywhere (all_gather_object, weights_only)."""
+    state = {"torch": torch.get_rng_state().tolist(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    try:
+        import numpy as np
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (name, keys.tolist(), int(pos), int(has_gauss), float(cached))
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state):
+    """Restore what `rng_state()` returned."""
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    if "numpy" in state:
+        import numpy as np
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _unwrapped_state(model):
+    while hasattr(model, "module"):   # DataParallel / DistributedDataParallel
+        model = model.module
+    return model
+
+
+def save_snapshot(path, model, optimizer, epoch, history=(), rng=None):
+    """Atomically save what a resumed run needs. `epoch` is the NEXT epoch to run. `rng` is a list
+    of per-rank `rng_state()`s (gathered by the caller under DDP); this process's by default."""
+    snap = {"model": _unwrapped_state(model).state_dict(), "optimizer": optimizer.state_dict(),
+            "epoch": int(epoch), "rng": rng if rng is not None else [rng_state()],
+            "history": list(history)}
+    return atomic_save(snap, path)
+
+
+def load_snapshot(path, model, optimizer, rank=0):
+    """Restore a snapshot into `model` and `optimizer` and this rank's RNGs; returns
+    (next epoch, history). Loads with weights_only=True: tensors and plain values only."""
+    snap = torch.load(path, map_location="cpu", weights_only=True)
+    state = snap["model"]
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    _unwrapped_state(model).load_state_dict(state)
+    optimizer.load_state_dict(snap["optimizer"])
+    rngs = snap["rng"]
+    if rank >= len(rngs):
+        raise ValueError(f"{path} holds the RNG states of {len(rngs)} rank(s), this is rank "
+                         f"{rank}: resume with the world size that saved it, or start afresh")
+    set_rng_state(rngs[rank])
+    return snap["epoch"], snap["history"]
+
+
+# ---- under DDP: one writer, every rank's RNG states ---------------------------------------
+def save_checkpoint(model, path):
+    """Rank 0 saves the UNWRAPPED state_dict (keys without "module."); returns True where saved.
+    Other ranks that then read the file must wait for it (dist.barrier())."""
+    if get_rank() != 0:
+        return False
+    atomic_save(unwrap(model).state_dict(), path)   # a kill mid-save keeps the old file whole
+    return True
+
+
+def save_snapshot_all(path, model, optimizer, epoch, history=()):
+    """Every rank calls it (it gathers each rank's RNG states: a collective); rank 0 writes the
+    snapshot atomically. `epoch` is the next epoch to run."""
+    rngs = [rng_state()]
+    if get_world_size() > 1:
+        rngs = [None] * get_world_size()
+        dist.all_gather_object(rngs, rng_state())
+    if get_rank() == 0:
+        save_snapshot(path, model, optimizer, epoch, history, rng=rngs)
+
+
+def load_checkpoint(model, path, map_location="cpu"):
+    """Load a state_dict saved with or without the wrapper's "module." prefix, safely
+    (weights_only=True: tensors only, no arbitrary pickled code)."""
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    return unwrap(model).load_state_dict(state)

@@ -1,0 +1,159 @@
+"""Part I: splitting within a layer over simulated devices (lists of tensors, one per device):
+a convolution or a dense layer in shards, ring collectives, and the Megatron MLP.
+
+The ring all-reduce (reduce-scatter, then all-gather) moves every chunk with `runtime.traffic.send`,
+so a CommLog counts the bytes each device would put on its link. `f` and `g` are Megatron-LM's
+two operators (Shoeybi et al., 2019) as autograd functions: f (copy_to_shards) is the identity
+forward and an all-reduce backward, g (reduce_from_shards) an all-reduce forward and the identity
+backward.
+"""
+import torch
+from torch.nn import functional as F
+
+from ..runtime.traffic import send
+
+__all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "ring_bytes_per_device",
+           "CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
+           "megatron_mlp", "conv_split_channels", "dense_split_columns", "dense_split_rows",
+           "lenet_within_layer"]
+
+
+def ring_reduce_scatter(xs, devices, log=None, what="reduce-scatter"):
+    """Ring reduce-scatter of k same-shape tensors (xs[i] on devices[i]): each is cut into k
+    chunks; in k-1 steps device i passes one chunk to device i+1, which adds its own.
+    Returns chunks[i][c], device i's copy of chunk c: chunk (i+1) % k holds the full sum."""
+    k = len(xs)
+    chunks = [list(x.reshape(-1).tensor_split(k)) for x in xs]
+    for step in range(k - 1):
+        for i in range(k):
+            c, dst = (i - step) % k, (i + 1) % k
+            chunks[dst][c] = chunks[dst][c] + send(chunks[i][c], i, dst, devices, log, what)
+    return chunks
+
+
+def ring_all_gather(chunks, devices, log=None, what="all-gather"):
+    """Ring all-gather after ring_reduce_scatter: device i starts with the full chunk (i+1) % k
+    and in k-1 steps passes the newest chunk it holds to device i+1. Returns the chunks."""
+    k = len(chunks)
+    chunks = [list(c) for c in chunks]
+    for step in range(k - 1):
+        for i in range(k):
+            c, dst = (i + 1 - step) % k, (i + 1) % k
+            chunks[dst][c] = send(chunks[i][c], i, dst, devices, log, what)
+    return chunks
+
+
+def ring_all_reduce(xs, devices, log=None, what="all-reduce"):
+    """Sum of the k tensors xs (xs[i] on devices[i]), returned to every device as a new tensor:
+    reduce-scatter, then all-gather. Each device sends 2(k-1) chunks, 2(k-1)/k of a tensor."""
+    if len(xs) != len(devices):
+        raise ValueError(f"{len(xs)} tensors for {len(devices)} devices: give one per device")
+    if len(xs) == 1:
+        return [xs[0]]
+    chunks = ring_reduce_scatter(xs, devices, log, f"{what}: reduce-scatter")
+    chunks = ring_all_gather(chunks, devices, log, f"{what}: all-gather")
+    return [torch.cat(c).reshape(x.shape) for c, x in zip(chunks, xs)]
+
+
+def ring_bytes_per_device(nbytes, k):
+    """Bytes each device sends in a ring all-reduce of nbytes over k devices: 2(k-1)/k nbytes."""
+    return 2 * (k - 1) / k * nbytes
+
+
+class CopyToShards(torch.autograd.Function):
+    """Megatron's f: forward, the identity (every device already holds X, as the previous block's
+    all-reduce left it, so the copies here log nothing); backward, all-reduce the k devices'
+    gradients of X, since each device's shard of the next layer contributes to it."""
+
+    @staticmethod
+    def forward(ctx, X, devices, log):
+        ctx.devices, ctx.log, ctx.home = devices, log, X.device
+        return tuple(X.to(d, copy=True) for d in devices)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        total = ring_all_reduce(list(grads), ctx.devices, ctx.log, "f backward")
+        return total[0].to(ctx.home), None, None
+
+
+class ReduceFromShards(torch.autograd.Function):
+    """Megatron's g: forward, all-reduce the k devices' partial sums; backward, the identity
+    (every device holds the gradient of the summed output already: the copies log nothing)."""
+
+    @staticmethod
+    def forward(ctx, devices, log, *partials):
+        ctx.devices = devices
+        return ring_all_reduce(list(partials), devices, log, "g forward")[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None, None, *(grad.to(d, copy=True) for d in ctx.devices))
+
+
+def copy_to_shards(X, devices, log=None):
+    """Megatron's f: X on every device (identity forward, all-reduce of its gradient backward)."""
+    return CopyToShards.apply(X, devices, log)
+
+
+def reduce_from_shards(partials, devices, log=None):
+    """Megatron's g: the sum of the devices' partial results (all-reduce forward, identity
+    backward), as seen on devices[0]."""
+    return ReduceFromShards.apply(devices, log, *partials)
+
+
+def megatron_mlp(X, W1, b1, W2, b2, devices, log=None):
+    """relu(X @ W1 + b1) @ W2 + b2 on k devices: W1 split by columns (hidden units), W2 by the
+    matching rows. Each device applies the ReLU to its own hidden units; one all-reduce (g) adds
+    the partial outputs, and b2 is added once, after it."""
+    k = len(devices)
+    Xs = copy_to_shards(X, devices, log)                                 # f
+    shards = zip(Xs, W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k), devices)
+    partials = [F.relu(Xi @ W1i.to(d) + b1i.to(d)) @ W2i.to(d) for Xi, W1i, b1i, W2i, d in shards]
+    return reduce_from_shards(partials, devices, log) + b2.to(devices[0])   # g, then b2 once
+
+
+# ---- Within a layer: shards of a convolution or a dense layer on k devices ----------------------
+# The weight shards are moved to their device inside the call to keep the code short; a real
+# system keeps each shard resident on its device, so only activations are logged.
+
+def conv_split_channels(X, W, b, devices, log=None, **conv_args):
+    """A convolution with its output channels split over the devices: device i computes its
+    channels from the whole input; the outputs are gathered on devices[0]."""
+    k, Ys = len(devices), []
+    for i, (Wi, bi) in enumerate(zip(W.tensor_split(k), b.tensor_split(k))):
+        Xi = send(X, 0, i, devices, log, "input")
+        Ys.append(F.conv2d(Xi, Wi.to(devices[i]), bi.to(devices[i]), **conv_args))
+    return torch.cat([send(Y, i, 0, devices, log, "output") for i, Y in enumerate(Ys)], dim=1)
+
+
+def dense_split_columns(X, W, b, devices, log=None):
+    """X @ W + b with W (in, out) split by columns (output units): device i computes its outputs
+    from the whole input; the outputs are gathered on devices[0]."""
+    k, Ys = len(devices), []
+    for i, (Wi, bi) in enumerate(zip(W.tensor_split(k, dim=1), b.tensor_split(k))):
+        Xi = send(X, 0, i, devices, log, "input")
+        Ys.append(torch.mm(Xi, Wi.to(devices[i])) + bi.to(devices[i]))
+    return torch.cat([send(Y, i, 0, devices, log, "output") for i, Y in enumerate(Ys)], dim=1)
+
+
+def dense_split_rows(X, W, b, devices, log=None):
+    """X @ W + b with W split by rows (input features): device i multiplies its slice of the
+    features by its rows, giving a partial sum of the WHOLE output; the partial sums are added up
+    on devices[0], and the bias is added once, after the sum."""
+    k = len(devices)
+    shards = zip(X.tensor_split(k, dim=1), W.tensor_split(k))
+    partials = [torch.mm(send(Xi, 0, i, devices, log, "input"), Wi.to(devices[i]))
+                for i, (Xi, Wi) in enumerate(shards)]
+    Y = sum(send(P, i, 0, devices, log, "partial sum") for i, P in enumerate(partials))
+    return Y + b.to(devices[0])
+
+
+def lenet_within_layer(X, params, devices, log=None):
+    """helpers.lenet with every layer split over the devices by output channels or units."""
+    W1, b1, W2, b2, W3, b3, W4, b4 = params
+    h1 = F.avg_pool2d(F.relu(conv_split_channels(X, W1, b1, devices, log)), kernel_size=2, stride=2)
+    h2 = F.avg_pool2d(F.relu(conv_split_channels(h1, W2, b2, devices, log)), kernel_size=2,
+                      stride=2)
+    h2 = h2.reshape(h2.shape[0], -1)
+    h3 = F.relu(dense_split_columns(h2, W3, b3, devices, log))
+    return dense_split_columns(h3, W4, b4, devices, log)

@@ -1,0 +1,61 @@
+"""The reader-facing metadata: bibliography labels as the text cites, one version everywhere."""
+import importlib.util
+import pathlib
+import tomllib
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _ext(name):
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test",
+                                                  ROOT / "book" / "_ext" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _entry(authors, year="2019"):
+    from pybtex.database import Entry, Person
+    return Entry("article", fields={"year": year, "title": "t"},
+                 persons={"author": [Person(a) for a in authors]})
+
+
+@pytest.mark.parametrize("authors, label", [
+    (["Li, Shen"], "Li, 2019"),
+    (["Chen, Tianqi", "Xu, Bing"], "Chen and Xu, 2019"),
+    (["Huang, Yanping", "Cheng, Youlong", "Bapna, Ankur"], "Huang et al., 2019"),
+    (["Sergeev, Alexander", "Del Balso, Mike"], "Sergeev and Del Balso, 2019"),
+])
+def test_labels_are_author_year(authors, label):
+    assert _ext("bib_style").author_year(_entry(authors)) == label
+
+
+def test_equal_labels_get_letters():
+    style = _ext("bib_style").AuthorYearLabels()
+    labels = list(style.format_labels([_entry(["Li, A"]), _entry(["Li, B"]), _entry(["Wu, C"])]))
+    assert labels == ["Li, 2019a", "Li, 2019b", "Wu, 2019"]
+
+
+def test_the_course_bibliography_needs_no_letters():
+    """sphinxcontrib-bibtex's author-year citation in the text has no a/b suffix: two entries
+    with the same authors and year would be cited alike and labelled differently."""
+    from pybtex.database import parse_file
+    mod = _ext("bib_style")
+    entries = parse_file(str(ROOT / "book" / "references.bib")).entries.values()
+    labels = [mod.author_year(e) for e in entries]
+    assert len(labels) >= 10
+    assert len(set(labels)) == len(labels), sorted(labels)
+
+
+def test_one_version_everywhere():
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert _ext("course_version").course_version() == version
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert str(cff["version"]) == version, "CITATION.cff's version is pyproject's"
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert f"## [{version}]" in changelog, f"CHANGELOG.md has no section for {version}"
+    assert "{{ version }}" in (ROOT / "book" / "intro.md").read_text(), \
+        "the landing page shows the version from pyproject ({{ version }})"

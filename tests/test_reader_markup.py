@@ -1,0 +1,125 @@
+"""The notebooks read well outside the book: scripts/reader_markup.py rewrites MyST into Markdown
+(numbers through helpers.say), and a notebook rendered by nbconvert (what GitHub and JupyterLab
+show, without Sphinx) has no raw role or directive left.
+
+Until the integrator applies the converter to book/ (see its report), the rendering test runs on
+the converter's output of the current notebooks, in memory; afterwards it checks them as they
+are (READER_MARKUP_APPLIED below)."""
+import functools
+import importlib.util
+import re
+
+import nbformat
+import pytest
+
+import helpers
+from book_files import ROOT, toc_notebooks
+
+READER_MARKUP_APPLIED = False   # the integrator flips this once book/ is converted
+# in rendered HTML a role's backticks have become <code>, a directive's fence a code block
+RAW = re.compile(r"\{(?:glue(?::text)?|term|cite(?::[pt])?|numref|doc)\}|language-\{[\w-]+\}|"
+                 r"(?:```|:::)\{[\w-]+\}")
+
+
+@functools.lru_cache(maxsize=1)
+def _script():
+    spec = importlib.util.spec_from_file_location("reader_markup",
+                                                  ROOT / "scripts" / "reader_markup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _notebook():
+    nb = nbformat.v4.new_notebook()
+    glue = nbformat.v4.new_code_cell("import helpers\nhelpers.glue('x', 0.5, display=False)")
+    glue.outputs = [nbformat.v4.new_output(
+        "display_data", data={"application/papermill.record/text/plain": "0.5"},
+        metadata={"scrapbook": {"name": "x", "mime_prefix": "application/papermill.record/"}})]
+    fig = nbformat.v4.new_code_cell("plot()", metadata={"mystnb": {"figure": {"name": "fig-a"}}})
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Title\n\n```{runs-on} cpu gpus\n```\n\nA {term}`rank` "
+                                      "and {cite:p}`li2020ddp`."),
+        glue,
+        nbformat.v4.new_markdown_cell("## Result\n\nIt took {glue:text}`x:.2f` s, $\\frac{a}{b}$"
+                                      " ({numref}`fig-a`).\n\nNo number here."),
+        fig,
+        nbformat.v4.new_markdown_cell("```{dropdown} Answer\nIt is {glue:text}`x:.0%`.\n```",
+                                      metadata={"tags": ["solution"]}),
+        nbformat.v4.new_markdown_cell("```{note}\nSee {doc}`../glossary`.\n```"),
+    ]
+    return nb
+
+
+def test_the_converter_writes_plain_markdown_and_say_cells():
+    mod = _script()
+    path = ROOT / "book" / "part1" / "x.ipynb"   # where the links are relative from
+    new, problems = mod.convert(_notebook(), path)
+    assert problems == []
+    assert mod.raw_markup(new) == []
+    md = [c.source for c in new.cells if c.cell_type == "markdown"]
+    text = "\n".join(md)
+    assert "*Runs on: CPU, several GPUs.*" in text
+    assert "book/glossary.html#term-rank)" in text and "[rank](" in text
+    assert "[[Li et al., 2020](" in text and "bibliography.html#cite-li2020ddp" in text
+    assert "> **Note.**" in text and "[Glossary](" in text
+    assert "## Result" in md, "headings stay markdown (the page's table of contents)"
+    says = [c for c in new.cells if c.get("metadata", {}).get("course", {}).get("prose")]
+    assert len(says) == 2
+    first = says[0]
+    assert first.source.startswith("#@title") and 'helpers.say(r"""' in first.source
+    assert "{x:.2f}" in first.source and "\\frac{{a}}{{b}}" in first.source
+    assert "[the figure below](#fig-a)" in first.source
+    assert first.metadata["tags"] == ["remove-input"]
+    assert first.metadata["jupyter"]["source_hidden"] and first.metadata["cellView"] == "form"
+    out = first.outputs[0]["data"]["text/markdown"]
+    assert "It took 0.50 s, $\\frac{a}{b}$" in out, out
+    assert says[1].metadata["tags"] == ["remove-input", "solution"]
+    assert "<details>" in says[1].source and "It is 50%." in says[1].outputs[0]["data"][
+        "text/markdown"]
+    assert all(len(ln) <= 79 for c in says for ln in c.source.splitlines())
+    again, _ = mod.convert(new, path)
+    assert [c.source for c in again.cells] == [c.source for c in new.cells], "not idempotent"
+
+
+def test_text_used_before_it_is_glued_is_reported():
+    mod = _script()
+    nb = _notebook()
+    nb.cells.insert(0, nb.cells.pop(2))   # the result before the glue
+    _, problems = mod.convert(nb, ROOT / "book" / "part1" / "x.ipynb")
+    assert any("uses ['x'] before the cell that glues them" in p for p in problems), problems
+
+
+def test_say_fills_in_this_runs_values(capsys):
+    helpers.glue("reader_test_v", 0.123456, display=False)
+    assert helpers.formatted("v={reader_test_v:.2f} {{k}}") == "v=0.12 {k}"
+    assert helpers.formatted("{n:.1f}", {"n": "2.25"}) == "2.2", "text glued numbers format too"
+    with pytest.raises(KeyError, match="no cell has glued yet"):
+        helpers.formatted("{never_glued}")
+    helpers.say("value {reader_test_v:.3f}")
+    assert "value 0.123" in capsys.readouterr().out
+
+
+def _rendered_text(nb):
+    """What nbconvert's HTML shows of the markdown cells and the Markdown outputs, as text."""
+    from nbconvert import HTMLExporter
+    html, _ = HTMLExporter(template_name="basic").from_notebook_node(nb)
+    html = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", html, flags=re.S)
+    html = re.sub(r'<div class="jp-InputArea[^"]*jp-Cell-inputArea".*?</div>\s*</div>', " ",
+                  html, flags=re.S)   # the code cells' source: Python, not prose
+    return re.sub(r"<(?![^>]*language-\{)[^>]+>", " ", html)   # tags out, directives' kept
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_notebook_renders_without_raw_markup(path):
+    nb = nbformat.read(path, as_version=4)
+    if not READER_MARKUP_APPLIED:
+        nb, _ = _script().convert(nb, path)
+    prose = nbformat.v4.new_notebook()
+    prose.cells = [c for c in nb.cells if c.cell_type == "markdown"
+                   or c.get("metadata", {}).get("course", {}).get("prose")]
+    for c in prose.cells:
+        if c.cell_type == "code":
+            c.source = ""   # only its output is prose
+    found = RAW.findall(_rendered_text(prose))
+    assert not found, f"{path.relative_to(ROOT)}: raw MyST left: {found[:5]}"
