@@ -135,10 +135,19 @@ def write_gpu_reference(outdir, command, path=None, dry_run=False):
     if dry_run and os.path.abspath(path) == os.path.abspath(REFERENCE_PATH):
         raise ValueError("a dry run must not overwrite the committed reference file")
     steps = {}
-    for step in ("unit", "nbval"):
-        xml = os.path.join(outdir, f"{step}.xml")
-        if os.path.exists(xml):
-            steps[step] = _junit(xml)
+    if os.path.exists(os.path.join(outdir, "unit.xml")):
+        steps["unit"] = _junit(os.path.join(outdir, "unit.xml"))
+    nbs = sorted(f for f in os.listdir(outdir) if f.startswith("nbval-") and f.endswith(".xml"))
+    if nbs:   # one file per notebook: summed, with each notebook's own verdict
+        per = {f[len("nbval-"):-len(".xml")]: _junit(os.path.join(outdir, f)) for f in nbs}
+        steps["nbval"] = {k: sum(v[k] for v in per.values())
+                          for k in ("tests", "failures", "errors", "skipped", "passed")}
+        steps["nbval"]["failed"] = sum((v["failed"] for v in per.values()), [])
+        steps["nbval"]["notebooks"] = {name: "failed" if v["failures"] or v["errors"]
+                                       else "passed" for name, v in per.items()}
+        skipped = os.path.join(outdir, "nbval-not-run.txt")
+        steps["nbval"]["not_run"] = (open(skipped).read().split()
+                                     if os.path.exists(skipped) else [])
     bench = None
     if os.path.exists(os.path.join(outdir, "bench.json")):
         bench = read_json(os.path.join(outdir, "bench.json"))
