@@ -290,6 +290,24 @@ def test_cuda_graph_step_equals_train_batch(k, streams):
         assert max_diff(ref[c], net.params[c]) < 1e-4
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_graph_of_the_compiled_step_equals_train_batch():
+    """compile=True inside a CUDA graph (the benchmark's fast-compile row on a GPU)."""
+    dev = torch.device("cuda:0")
+    X, y = (t.to(dev) for t in fake_data(256))
+    p0 = init_lenet_params(seed=1)
+    ref = [get_params(p0, dev)]
+    net = FastDataParallel(p0, [dev], 0.2, X, y, cuda_graph=True, warmup=2, compile=True)
+    loader = ResidentLoader(X, y, 64, seed=3)   # one batch size: warm-up, capture, replays
+    for _ in range(3):
+        for idx in loader.index_batches():
+            train_batch(X[idx], y[idx], ref, [dev], 0.2)
+            net.step(idx)
+    torch.cuda.synchronize()
+    assert set(net.graphs) == {64} and net.compiled
+    assert max_diff(ref[0], net.params[0]) < 1e-4
+
+
 def test_train_fast_follows_the_resident_loader_order():
     """train_fast = train_batch over ResidentLoader's batches, with the same init and seed."""
     r = helpers.train_fast(2, 128, 0.2, num_epochs=2, subset=300, seed=4, verbose=False)

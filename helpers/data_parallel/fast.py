@@ -8,7 +8,8 @@ rounding with torch.compile or on a GPU) -- only faster:
 - one backward call for all replicas (autograd runs the devices in parallel);
 - compile=True: each replica's forward AND backward are one torch.compile'd function
   (torch.func.grad_and_value), which on a CPU fuses the elementwise work and lays the
-  convolutions out channels-last (about twice as fast there; the first steps pay the compile);
+  convolutions out channels-last (1.5 to 2 times as fast a step there, as measured by
+  scripts/bench.py; the first steps pay the compile);
 - on a GPU, the whole step is captured once as a CUDA graph and replayed: one launch per step
   instead of a few hundred;
 - across processes (group=...), each rank trains on its slice of the global batch and the flat
