@@ -3,10 +3,11 @@ reader's own figures. `scripts/gpu_runner.sh` writes it on a GPU machine; until 
 file says that no GPU run exists and the chapters say so.
 
 The runner's steps each leave their results in one folder (env.json: the machine, captured on
-the GPU; unit.xml, nbval.xml: the test results; bench.json: the benchmark), so the steps can run
+the GPU; unit.xml, nbval.json: the test results; bench.json: the benchmark), so the steps can run
 in separate sessions; `record` gathers them into the reference file and names what did not run.
     python -c "from helpers.reference import main; main()" env OUTDIR [--dry-run]
     python -c "from helpers.reference import main; main()" record OUTDIR COMMAND [--dry-run]
+    python -c "from helpers.reference import main; main()" nbval OUTDIR NOTEBOOK JUNIT SECONDS
 """
 import datetime
 import os
@@ -18,7 +19,7 @@ import xml.etree.ElementTree as ET
 from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
-           "capture_env", "gpu_figures"]
+           "capture_env", "gpu_figures", "add_notebook"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
@@ -120,6 +121,20 @@ def _junit(path):
                 - counts["skipped"], failed=failed)
 
 
+def add_notebook(outdir, notebook, junit=None, seconds=None):
+    """Record one notebook's nbval result (a junit file; None: the budget left it out) in
+    outdir/nbval.json, keeping the others' (a later session adds to an earlier one's)."""
+    path = os.path.join(outdir, "nbval.json")
+    per = read_json(path) if os.path.exists(path) else {}
+    per[notebook] = (dict(_junit(junit), ran=True, seconds=seconds) if junit and
+                     os.path.exists(junit) else per.get(notebook, {"ran": False}))
+    write_json(path, per)
+    v = per[notebook]
+    print(f"gpu_runner: nbval {notebook}: " + (f"{v['passed']} passed, {v['failures']} failed, "
+                                               f"{v['errors']} errors, {seconds} s"
+                                               if v.get("ran") else "not run (budget)"))
+
+
 def write_gpu_reference(outdir, command, path=None, dry_run=False):
     """Gather the runner's results in `outdir` into the reference file (atomically) and return
     it. A dry run (a CPU exercising the steps) is marked so and never written over the committed
@@ -137,17 +152,15 @@ def write_gpu_reference(outdir, command, path=None, dry_run=False):
     steps = {}
     if os.path.exists(os.path.join(outdir, "unit.xml")):
         steps["unit"] = _junit(os.path.join(outdir, "unit.xml"))
-    nbs = sorted(f for f in os.listdir(outdir) if f.startswith("nbval-") and f.endswith(".xml"))
-    if nbs:   # one file per notebook: summed, with each notebook's own verdict
-        per = {f[len("nbval-"):-len(".xml")]: _junit(os.path.join(outdir, f)) for f in nbs}
-        steps["nbval"] = {k: sum(v[k] for v in per.values())
+    if os.path.exists(os.path.join(outdir, "nbval.json")):
+        per = read_json(os.path.join(outdir, "nbval.json"))
+        ran = {nb: v for nb, v in per.items() if v.get("ran", True)}
+        steps["nbval"] = {k: sum(v[k] for v in ran.values())
                           for k in ("tests", "failures", "errors", "skipped", "passed")}
-        steps["nbval"]["failed"] = sum((v["failed"] for v in per.values()), [])
-        steps["nbval"]["notebooks"] = {name: "failed" if v["failures"] or v["errors"]
-                                       else "passed" for name, v in per.items()}
-        skipped = os.path.join(outdir, "nbval-not-run.txt")
-        steps["nbval"]["not_run"] = (open(skipped).read().split()
-                                     if os.path.exists(skipped) else [])
+        steps["nbval"]["failed"] = sum((v["failed"] for v in ran.values()), [])
+        steps["nbval"]["notebooks"] = {nb: "failed" if v["failures"] or v["errors"] else "passed"
+                                       for nb, v in ran.items()}
+        steps["nbval"]["not_run"] = sorted(nb for nb in per if nb not in ran)
     bench = None
     if os.path.exists(os.path.join(outdir, "bench.json")):
         bench = read_json(os.path.join(outdir, "bench.json"))
@@ -166,11 +179,16 @@ def write_gpu_reference(outdir, command, path=None, dry_run=False):
 def main(argv=None):
     """The runner's command line: env OUTDIR [--dry-run] | record OUTDIR COMMAND [--dry-run]."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[0] not in ("env", "record") or argv[0] == "record" and len(argv) < 3:
+    if len(argv) < 2 or argv[0] not in ("env", "record", "nbval") \
+            or argv[0] in ("record", "nbval") and len(argv) < 3:
         raise SystemExit("usage: main() with env OUTDIR [--dry-run] | record OUTDIR COMMAND "
-                         f"[--dry-run]; got {argv}")
+                         f"[--dry-run] | nbval OUTDIR NOTEBOOK (JUNIT SECONDS | --not-run); "
+                         f"got {argv}")
     what, outdir, dry = argv[0], argv[1], "--dry-run" in argv
-    if what == "env":
+    if what == "nbval":
+        ran = "--not-run" not in argv and len(argv) >= 5
+        add_notebook(outdir, argv[2], argv[3] if ran else None, int(argv[4]) if ran else None)
+    elif what == "env":
         capture_env(os.path.join(outdir, "env.json"), dry_run=dry)
     elif what == "record":
         ref = write_gpu_reference(outdir, argv[2], dry_run=dry)

@@ -13,7 +13,8 @@
 #           toolchain and are left out) -> unit.log, unit.xml
 #   nbval   every notebook under nbval at FULL size (COURSE_FULL=1), one at a time, NB_TIMEOUT
 #           seconds a cell (default 900), NOTEBOOKS to choose some (default book/**/*.ipynb)
-#           -> nbval.log, nbval-NAME.xml each (nbval-not-run.txt: those the budget left out)
+#           -> nbval.log, nbval.json (each notebook's result, and those the budget left out;
+#           a later session adds to it: copy the earlier OUTDIR's files into the new one first)
 #   bench   scripts/bench.py at full size with the GPU targets (fast <= 0.15 s/epoch, >= 10x the
 #           reference, 2 devices sharing one GPU <= 1.2x one) -> bench.log, bench.json; rows on
 #           ranks with NCCL, one GPU each (BENCH_RANKS; default 1, or 1,2 with 2 GPUs)
@@ -82,7 +83,7 @@ mkdir -p "$out" || exit 1
 out=$(cd "$out" && pwd)
 # wheels: install only the distributions this Python lacks (its own torch, numpy... stay first)
 if [ -d .whl ]; then
-  $PY - "$out/site" "$mode" <<'EOF' || exit 1
+  $PY - "${SITE:-/tmp/gpu-runner-site}" "$mode" <<'EOF' || exit 1
 import glob, importlib.metadata as md, re, subprocess, sys
 import torch
 need = []
@@ -104,7 +105,7 @@ if need:
                     "--no-compile", "--target", sys.argv[1], *need], check=True)
 EOF
 fi
-export PYTHONPATH=$PWD:$out/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD:${SITE:-/tmp/gpu-runner-site}${PYTHONPATH:+:$PYTHONPATH}
 if [ -d .seed ]; then mkdir -p data/FashionMNIST/raw && cp -n .seed/*.gz data/FashionMNIST/raw/; fi
 export COURSE_DATA=${COURSE_DATA:-$PWD/data} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 unset COURSE_QUICK COURSE_FULL
@@ -127,8 +128,9 @@ for s in ${steps//,/ }; do
       --junitxml "$out/unit.xml" > "$out/unit.log" 2>&1 || status=1
     tail -3 "$out/unit.log" ;;
   nbval)
+    tmp=$(mktemp -d)
     if [ $mode = dry ]; then   # the plumbing (kernel, PYTHONPATH, helpers): a two-cell notebook
-      nbs="$out/dry.ipynb"
+      nbs="$tmp/dry.ipynb"
       $PY - "$nbs" <<'EOF' || exit 1
 import sys
 import nbformat as f
@@ -143,15 +145,21 @@ EOF
       nbs=${NOTEBOOKS:-$(find book -name '*.ipynb' -not -path '*/_build/*' | sort)}
       full=1
     fi
-    # one notebook at a time, each with its own results, while the budget (DEADLINE) lasts
+    # one notebook at a time while the budget (DEADLINE) lasts; each one's result goes into
+    # nbval.json at once (a device returns 8 files: one summary, not a file per notebook)
     for nb in $nbs; do
-      name=$(basename "$nb" .ipynb)
-      if [ "$(left)" -lt 120 ]; then echo "$nb" >> "$out/nbval-not-run.txt"; continue; fi
+      t0=$(date +%s)
+      if [ "$(left)" -lt 120 ]; then
+        $PY -c "from helpers.reference import main; main()" nbval "$out" "$nb" --not-run
+        continue
+      fi
       COURSE_FULL=$full timeout "$(left)" $PY -m pytest -q -p no:cacheprovider --nbval-lax \
         --nbval-current-env --nbval-cell-timeout "${NB_TIMEOUT:-900}" \
-        --junitxml "$out/nbval-$name.xml" "$nb" >> "$out/nbval.log" 2>&1 || status=1
-      echo "gpu_runner: nbval $nb: $(tail -1 "$out/nbval.log")"
-    done ;;
+        --junitxml "$tmp/nb.xml" "$nb" >> "$out/nbval.log" 2>&1 || status=1
+      $PY -c "from helpers.reference import main; main()" nbval "$out" "$nb" "$tmp/nb.xml" \
+        "$(( $(date +%s) - t0 ))"
+    done
+    rm -rf "$tmp" ;;
   bench)
     if [ $mode = dry ]; then
       args="--quick --epochs 2 --subset 256 --rounds 1 --rows reference,fast,fast-shared

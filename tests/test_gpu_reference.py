@@ -20,9 +20,11 @@ def outdir_with(tmp_path, gpu_count=1, bench=True):
                commit="abc1234")
     (tmp_path / "env.json").write_text(json.dumps(env))
     (tmp_path / "unit.xml").write_text(JUNIT)
-    (tmp_path / "nbval-fixes.xml").write_text(JUNIT.replace('failures="1"', 'failures="0"')
-                                              .replace('<failure message="x"/>', ''))
-    (tmp_path / "nbval-not-run.txt").write_text("book/part5/zero.ipynb\n")
+    ok = tmp_path / "ok.xml"
+    ok.write_text(JUNIT.replace('failures="1"', 'failures="0"').replace('<failure message="x"/>',
+                                                                        ''))
+    gr.add_notebook(str(tmp_path), "book/part4/fixes.ipynb", str(ok), 12)
+    gr.add_notebook(str(tmp_path), "book/part5/zero.ipynb")   # the budget left it out
     if bench:
         (tmp_path / "bench.json").write_text(json.dumps(dict(
             rows=[dict(trainer="fast", n=1, where="process",
@@ -44,12 +46,16 @@ def test_record_gathers_the_steps_with_their_provenance(tmp_path):
     assert ref["gpu"] == "NVIDIA H200" and ref["torch"] == "2.11.0" and ref["exists"]
     assert ref["steps"]["unit"]["failed"] == ["tests.test_a::test_bad"]
     assert (ref["steps"]["unit"]["passed"], ref["steps"]["unit"]["skipped"]) == (2, 1)
-    assert ref["steps"]["nbval"]["notebooks"] == {"fixes": "passed"}
+    assert ref["steps"]["nbval"]["notebooks"] == {"book/part4/fixes.ipynb": "passed"}
     assert ref["steps"]["nbval"]["not_run"] == ["book/part5/zero.ipynb"], "the budget's leftovers"
     assert ref["not_run"] == [], ref["not_run"]
     text = gr.describe_gpu_reference(str(target))
     assert "NVIDIA H200" in text and "0.120 s/epoch" in text and "12.00x (faster)" in text
-    (out / "nbval-fixes.xml").unlink()
+    gr.add_notebook(str(out), "book/part5/zero.ipynb", str(out / "ok.xml"), 30)   # later session
+    later = gr.write_gpu_reference(str(out), "cmd", path=str(target))["steps"]["nbval"]
+    assert later["notebooks"] == {"book/part4/fixes.ipynb": "passed",
+                                  "book/part5/zero.ipynb": "passed"} and not later["not_run"]
+    (out / "nbval.json").unlink()
     ref = gr.write_gpu_reference(str(out), "cmd", path=str(target))
     assert ref["not_run"] == ["nbval"], "a step that did not run is named"
     assert "steps not run: nbval" in gr.describe_gpu_reference(str(target))
