@@ -46,6 +46,7 @@ FULL = dict(num_epochs=10, subset=None)
 IN_PROCESS = ("reference", "fast", "fast-eager", "fast-compile", "fast-shared", "compile")
 ON_RANKS = ("ddp", "scratch", "fast")
 GPU_TARGETS = dict(fast_sec=0.15, fast_over_reference=10.0, shared_over_one=1.2)
+RANK_TIMEOUT = 3600.0   # seconds a row on ranks may take: a busy 2-core machine is slow
 
 
 # --- arguments: all checked before any row runs ----------------------------------------------
@@ -202,11 +203,12 @@ def run_on_ranks(row, size, args, seed, compile_ok):
         cfg = dict(batch_size=args.batch_size, lr=args.lr, num_epochs=size["num_epochs"],
                    subset=size["subset"], seed=seed, compile=compile_ok)
         backend = helpers.choose_backend(k)
-        r = helpers.launch(helpers.train_fast_rank, k, cfg, quiet=True)[0]
+        r = helpers.launch(helpers.train_fast_rank, k, cfg, quiet=True, timeout=RANK_TIMEOUT)[0]
         note = f"{backend}, {k} process(es)" + (", compiled" if r["compiled"] else "")
     else:
         got, backend = helpers.bench_ranks(k, [name], args.batch_size, args.lr,
-                                           size["num_epochs"], size["subset"], seed)
+                                           size["num_epochs"], size["subset"], seed,
+                                           timeout=RANK_TIMEOUT)
         r, note = got[name], f"{backend}, {k} process(es)"
     return dict(epoch_times=r["epoch_times"], test_acc=r["test_acc"], note=note,
                 param_sum=r["param_sum"])
