@@ -13,7 +13,7 @@ export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
 
 .PHONY: book test lint test-unit test-notebooks test-book test-browser student test-student bench \
-	outputs lock venv clean book-static pdf test-pdf
+	gpu-dry outputs lock venv clean book-static pdf test-pdf
 TORCH ?=
 CPU_INDEX := https://download.pytorch.org/whl/cpu
 # With TORCH=cpu: which CPU wheels (default: the lock's versions; CI's oldest-torch job names older)
@@ -88,7 +88,8 @@ pdf: $(STAMP)
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
 # test-browser depends on test-book, the book it tests.
 test: export COURSE_QUICK := 1
-test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf test-student bench
+test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf test-student bench \
+	gpu-dry
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
 # The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
@@ -142,6 +143,11 @@ test-student: student
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
+
+# The GPU reference run's every step (unit tests, nbval, bench, record) at tiny size on a CPU, so
+# that scripts/gpu_runner.sh cannot rot before a GPU day (it never touches reference/).
+gpu-dry: $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/gpu_runner.sh --dry-run _build/gpu-dry
 
 # Re-execute every notebook in place at the CPU DEFAULT size (never quick mode: these outputs
 # are what the published pages show and what nbval compares on cells tagged nbval-check-output).

@@ -11,6 +11,7 @@ plotting, paths, validate   plots and glue, scripts, checks      glue, script_pa
 costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
                             unsplit runs everything is compared  train_one_process
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
+timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks, RankFailed
 runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, run_threads
@@ -51,10 +52,11 @@ from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,
                           train_one_process_plain)
-from .profiling import quiet_native_stderr, profile_cpu, count_ops
+from .profiling import quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
-                        write_gpu_reference)
+                        write_gpu_reference, gpu_figures, capture_env)
+from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
 from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
                             get_rank, get_world_size, log0, die_with_parent)
 from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
@@ -74,14 +76,14 @@ from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, fla
                                       bucketed_allreduce, ring_allreduce, OverlapReducer,
                                       train_batch_overlap, allreduce_time, fit_alpha_beta)
 from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, resident_accuracy,
-                                 flat_replica)
+                                 flat_replica, replica_flat_grad, train_fast_rank)
 from .data_parallel.scratch import DDPFromScratch, make_buckets
 from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exact,
                                       SyncBatchNormFunction, CPUSyncBatchNorm,
                                       convert_sync_batchnorm, TwoInputNet, side_features, bn_net,
                                       bn_stats, global_batches, train_bn_steps)
 from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights, bn_step_times,
-                                        uneven_inputs_join)
+                                        uneven_inputs_join, ddp_trace, ddp_knobs)
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
                                                 scratch_skipped_step)

@@ -8,7 +8,7 @@ import contextlib
 import os
 import sys
 
-__all__ = ["quiet_native_stderr", "profile_cpu", "count_ops"]
+__all__ = ["quiet_native_stderr", "profile_cpu", "count_ops", "trace_events", "overlap_ms"]
 
 
 @contextlib.contextmanager
@@ -55,3 +55,58 @@ def count_ops(prof, steps=1):
     python_ops = sum(1 for e in top if e.name.startswith("aten::"))
     backward = sum(1 for e in top if e.name.startswith("autograd::engine::evaluate_function"))
     return {"python_ops": python_ops / steps, "backward_nodes": backward / steps}
+
+
+REGIONS = ("forward", "backward", "optimizer")
+
+
+def trace_events(path, regions=REGIONS):
+    """The events of an exported Chrome trace (`prof.export_chrome_trace(path)`) that make a
+    step's timeline: the record_function regions (lane 'compute'), the all-reduces that DDP
+    launches (lane 'launch': `c10d::allreduce_` on the training thread) and the ones gloo runs
+    (lane 'all-reduce': `gloo:all_reduce` on gloo's own threads). A list of dicts name, lane,
+    start_ms, dur_ms, step (counted from 0), times from the first region's start."""
+    import json
+    with open(path) as f:
+        trace = json.load(f)
+    evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    picked = []
+    for e in evs:
+        name = e["name"]
+        lane = ("compute" if name in regions else "launch" if name.startswith("c10d::allreduce")
+                else "all-reduce" if name.startswith(("gloo:all_reduce", "nccl:all_reduce"))
+                else None)
+        if lane:
+            picked.append((float(e["ts"]), float(e["dur"]), name, lane))
+    if not picked:
+        return []
+    starts = sorted(ts for ts, _, name, lane in picked if name == regions[0])
+    t0 = starts[0] if starts else min(p[0] for p in picked)
+    out = []
+    for ts, dur, name, lane in sorted(picked):
+        step = sum(1 for s in starts if s <= ts) - 1
+        out.append(dict(name=name, lane=lane, start_ms=(ts - t0) / 1e3, dur_ms=dur / 1e3,
+                        step=max(step, 0)))
+    return out
+
+
+def _union(spans):
+    """Sorted, non-overlapping spans covering the same time as `spans` (start, end) pairs."""
+    out = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def overlap_ms(events, region="backward"):
+    """(ms during which some all-reduce ran while `region` was running, ms during which some
+    all-reduce ran at all): how much communication the region hid. Concurrent all-reduces (gloo
+    runs several threads) count once."""
+    comm = _union((e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
+                  if e["lane"] == "all-reduce")
+    spans = [(e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events if e["name"] == region]
+    hidden = sum(max(0.0, min(b, s1) - max(a, s0)) for a, b in comm for s0, s1 in spans)
+    return hidden, sum(b - a for a, b in comm)

@@ -1,26 +1,40 @@
 """Part IV: the committed GPU reference run (reference/gpu_reference.json), shown beside the
 reader's own figures. `scripts/gpu_runner.sh` writes it on a GPU machine; until one has run, the
 file says that no GPU run exists and the chapters say so.
+
+The runner's steps each leave their results in one folder (env.json: the machine, captured on
+the GPU; unit.xml, nbval.json: the test results; bench.json: the benchmark), so the steps can run
+in separate sessions; `record` gathers them into the reference file and names what did not run.
+    python -c "from helpers.reference import main; main()" env OUTDIR [--dry-run]
+    python -c "from helpers.reference import main; main()" record OUTDIR COMMAND [--dry-run]
+    python -c "from helpers.reference import main; main()" nbval OUTDIR NOTEBOOK JUNIT SECONDS
 """
 import datetime
 import os
 import platform
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 
 from .runtime.files import read_json, write_json
 
-__all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference"]
+__all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
+           "capture_env", "gpu_figures", "add_notebook"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
+STEPS = ("unit", "nbval", "bench")
 
 
 def gpu_reference(path=None):
     """The reference run as a dict; {'exists': False, ...} when no GPU run has been recorded (or
-    the file is missing, e.g. in a pip install without the repository)."""
+    the file is missing, e.g. in a pip install without the repository, or is a dry run)."""
     path = path or REFERENCE_PATH
     if not os.path.exists(path):
         return {"exists": False, "note": f"no reference file at {path}"}
     ref = read_json(path)
+    if ref.get("dry_run"):
+        return {"exists": False, "note": f"{path} is a dry run on a CPU, not a GPU run"}
     if ref.get("exists") and not all(ref.get(k) for k in ("gpu", "torch", "date", "command")):
         raise ValueError(f"{path} claims a GPU run but does not name its GPU, torch version, "
                          "date and command: rewrite it with scripts/gpu_runner.sh")
@@ -28,8 +42,8 @@ def gpu_reference(path=None):
 
 
 def describe_gpu_reference(path=None):
-    """One line for a chapter: where the committed GPU figures come from, or that there are none,
-    then the benchmark's rows (s/epoch, test accuracy) and ratios when a run exists."""
+    """A few lines for a chapter: where the committed GPU figures come from, or that there are
+    none; then the benchmark's rows (s/epoch, test accuracy) and ratios when a run exists."""
     ref = gpu_reference(path)
     if not ref.get("exists"):
         return ("GPU reference run: none exists yet (reference/gpu_reference.json says so); "
@@ -37,23 +51,155 @@ def describe_gpu_reference(path=None):
     head = (f"GPU reference run (not this machine): {ref['gpu']}, torch {ref['torch']}, "
             f"CUDA {ref.get('cuda')}, {ref['date']}, command `{ref['command']}`")
     bench = ref.get("bench") or {}
-    rows = [f"  {r['trainer']} ({r['devices']} rank(s)/device(s)): {r['sec_per_epoch']:.3f} "
-            f"s/epoch, test acc {r['test_acc']:.3f}" for r in bench.get("rows", [])]
-    ratios = [f"  {k}: {v:.2f}" for k, v in bench.get("ratios", {}).items()]
-    return "\n".join([head] + rows + ratios)
+    rows = [f"  {r['trainer']} ({r['n']} {'rank(s)' if r['where'] == 'ranks' else 'device(s)'})"
+            f": {r['sec_per_epoch']['median']:.3f} s/epoch, test acc "
+            f"{r['test_acc']['median']:.3f}" for r in bench.get("rows", [])]
+    ratios = [f"  {k}: {v['median']:.2f}x ({v['verdict']})"
+              for k, v in bench.get("ratios", {}).items()]
+    missing = [s for s in STEPS if s not in ref.get("steps", {})]
+    tail = [f"  steps not run: {', '.join(missing)}"] if missing else []
+    return "\n".join([head] + rows + ratios + tail)
 
 
-def write_gpu_reference(bench_json, command, logs=None, path=None):
-    """Record a GPU run: the benchmark's JSON, the GPU, versions, date and command, and the tails
-    of the test logs (a dict name -> text). Written atomically."""
+def gpu_figures(path=None):
+    """What a chapter cites from the committed GPU run: {"gpu", "date", "sec_per_epoch": {row name:
+    median s/epoch}, "ratios": {ratio name: {median, spread, verdict}}, "sentence": where the
+    figures come from}; None when no GPU run exists (then the chapter's GPU claims are
+    predictions, and it says so)."""
+    ref = gpu_reference(path)
+    if not ref.get("exists") or not ref.get("bench"):
+        return None
+    bench = ref["bench"]
+    return dict(gpu=ref["gpu"], date=ref["date"],
+                sec_per_epoch={r["name"]: r["sec_per_epoch"]["median"] for r in bench["rows"]},
+                ratios=bench.get("ratios", {}),
+                sentence=f"the committed GPU reference run ({ref['gpu']}, torch {ref['torch']}, "
+                         f"{ref['date']}; reference/gpu_reference.json)")
+
+
+def capture_env(path, dry_run=False):
+    """Write what the reference file says about the machine (GPU, versions, date) to `path`:
+    called on the GPU machine itself, so that `record` can run anywhere later."""
     import torch
-    if not torch.cuda.is_available():
-        raise RuntimeError("write_gpu_reference records GPU runs only: no GPU is visible here")
-    bench = read_json(bench_json)
-    ref = {"exists": True, "gpu": torch.cuda.get_device_name(0),
-           "gpu_count": torch.cuda.device_count(), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "python": platform.python_version(),
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "command": command, "bench": bench, "logs": logs or {}}
-    write_json(path or REFERENCE_PATH, ref, indent=2)
+    gpu = torch.cuda.is_available()
+    if not gpu and not dry_run:
+        raise SystemExit("gpu_runner: no GPU visible here: this records GPU runs only "
+                         "(--dry-run exercises the steps on a CPU)")
+    env = {"gpu": torch.cuda.get_device_name(0) if gpu else "none (dry run)",
+           "gpu_count": torch.cuda.device_count() if gpu else 0,
+           "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cudnn": torch.backends.cudnn.version() if gpu else None,
+           "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
+           "python": platform.python_version(), "platform": platform.platform(),
+           "cpus": os.cpu_count(), "commit": _commit(),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    write_json(path, env)
+    print(f"gpu_runner: {env['gpu']} (x{env['gpu_count']}), torch {env['torch']}, CUDA "
+          f"{env['cuda']}, Python {env['python']}, commit {env['commit']}")
+    return env
+
+
+def _commit():
+    if os.environ.get("COURSE_COMMIT"):
+        return os.environ["COURSE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _junit(path):
+    """Counts and the failing test names of a pytest --junitxml file."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors",
+                                                                  "skipped")}
+    failed = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s
+              if c.find("failure") is not None or c.find("error") is not None]
+    return dict(counts, passed=counts["tests"] - counts["failures"] - counts["errors"]
+                - counts["skipped"], failed=failed)
+
+
+def add_notebook(outdir, notebook, junit=None, seconds=None):
+    """Record one notebook's nbval result (a junit file; None: the budget left it out) in
+    outdir/nbval.json, keeping the others' (a later session adds to an earlier one's)."""
+    path = os.path.join(outdir, "nbval.json")
+    per = read_json(path) if os.path.exists(path) else {}
+    per[notebook] = (dict(_junit(junit), ran=True, seconds=seconds) if junit and
+                     os.path.exists(junit) else per.get(notebook, {"ran": False}))
+    write_json(path, per)
+    v = per[notebook]
+    print(f"gpu_runner: nbval {notebook}: " + (f"{v['passed']} passed, {v['failures']} failed, "
+                                               f"{v['errors']} errors, {seconds} s"
+                                               if v.get("ran") else "not run (budget)"))
+
+
+def write_gpu_reference(outdir, command, path=None, dry_run=False):
+    """Gather the runner's results in `outdir` into the reference file (atomically) and return
+    it. A dry run (a CPU exercising the steps) is marked so and never written over the committed
+    file; a real one needs env.json captured on a GPU."""
+    env_path = os.path.join(outdir, "env.json")
+    if not os.path.exists(env_path):
+        raise FileNotFoundError(f"{env_path} is missing: run a step of scripts/gpu_runner.sh "
+                                "on the GPU machine first (each step captures it)")
+    env = read_json(env_path)
+    if not dry_run and not env.get("gpu_count"):
+        raise RuntimeError(f"{env_path} was captured without a GPU: only a GPU run is recorded")
+    path = path or (os.path.join(outdir, "gpu_reference.json") if dry_run else REFERENCE_PATH)
+    if dry_run and os.path.abspath(path) == os.path.abspath(REFERENCE_PATH):
+        raise ValueError("a dry run must not overwrite the committed reference file")
+    steps = {}
+    if os.path.exists(os.path.join(outdir, "unit.xml")):
+        steps["unit"] = _junit(os.path.join(outdir, "unit.xml"))
+    if os.path.exists(os.path.join(outdir, "nbval.json")):
+        per = read_json(os.path.join(outdir, "nbval.json"))
+        ran = {nb: v for nb, v in per.items() if v.get("ran", True)}
+        steps["nbval"] = {k: sum(v[k] for v in ran.values())
+                          for k in ("tests", "failures", "errors", "skipped", "passed")}
+        steps["nbval"]["failed"] = sum((v["failed"] for v in ran.values()), [])
+        steps["nbval"]["notebooks"] = {nb: "failed" if v["failures"] or v["errors"] else "passed"
+                                       for nb, v in ran.items()}
+        steps["nbval"]["not_run"] = sorted(nb for nb in per if nb not in ran)
+    bench = None
+    if os.path.exists(os.path.join(outdir, "bench.json")):
+        bench = read_json(os.path.join(outdir, "bench.json"))
+        steps["bench"] = {"targets": bench.get("targets")}
+    ref = dict(env, exists=True, dry_run=dry_run, command=command, steps=steps, bench=bench,
+               not_run=[s for s in STEPS if s not in steps],
+               recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
+                   "%Y-%m-%d %H:%M UTC"))
+    write_json(path, ref)
+    copy = os.path.join(outdir, "gpu_reference.json")
+    if os.path.abspath(copy) != os.path.abspath(path):   # a copy that travels back with outdir
+        write_json(copy, ref)
     return ref
+
+
+def main(argv=None):
+    """The runner's command line: env OUTDIR [--dry-run] | record OUTDIR COMMAND [--dry-run]."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or argv[0] not in ("env", "record", "nbval") \
+            or argv[0] in ("record", "nbval") and len(argv) < 3:
+        raise SystemExit("usage: main() with env OUTDIR [--dry-run] | record OUTDIR COMMAND "
+                         f"[--dry-run] | nbval OUTDIR NOTEBOOK (JUNIT SECONDS | --not-run); "
+                         f"got {argv}")
+    what, outdir, dry = argv[0], argv[1], "--dry-run" in argv
+    if what == "nbval":
+        ran = "--not-run" not in argv and len(argv) >= 5
+        add_notebook(outdir, argv[2], argv[3] if ran else None, int(argv[4]) if ran else None)
+    elif what == "env":
+        capture_env(os.path.join(outdir, "env.json"), dry_run=dry)
+    elif what == "record":
+        ref = write_gpu_reference(outdir, argv[2], dry_run=dry)
+        print(f"gpu_runner: wrote {os.path.join(outdir, 'gpu_reference.json')}"
+              + ("" if dry else f" and {REFERENCE_PATH}"))
+        for s, v in ref["steps"].items():
+            if s == "bench":
+                got = [f"{t['target']}: {'met' if t['met'] else 'NOT met'}"
+                       for t in (v.get("targets") or {}).get("verdicts", [])]
+            else:
+                got = {k: v[k] for k in ("passed", "failures", "errors", "skipped")}
+            print(f"gpu_runner: {s}: {got}")
+        print(f"gpu_runner: recorded {ref['gpu']}, {ref['date']}; not run: "
+              f"{', '.join(ref['not_run']) or 'none'}")

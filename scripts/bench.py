@@ -1,22 +1,27 @@
 """Benchmark: the course's trainers against what a reader would pick instead, in ONE command.
 
-    python scripts/bench.py [--quick] [--epochs N] [--subset N] [--ranks 1,2] [--json out.json]
+    python scripts/bench.py [--quick] [--epochs N] [--subset N] [--ranks 1,2] [--rounds 3]
+                            [--rows reference,fast,...] [--targets cpu|gpu|none] [--json out.json]
 
-Every row trains the same LeNet from the same initialisation, batch 256, lr 0.2, plain SGD, for the
-same epochs:
-  reference   helpers.train (Part II: per-image DataLoader, per-parameter allreduce), 1 device
-  fast        helpers.train_fast (Part IV: resident data, flat fused step, CUDA graph on a GPU)
-  compile     torch.compile(mode="reduce-overhead") of the plain nn.Module's step, 1 device
-  ddp         torch's DistributedDataParallel on 1 and 2 ranks (NCCL, one GPU per rank; else gloo
-              processes on the CPU, one thread each, pinned to cores)
-  scratch     helpers.DDPFromScratch on the same ranks, when that module exists
-The in-process rows run in this process (one thread on a CPU, so a rank is a core everywhere); the
-ranks are spawned from it. For each row: median seconds per epoch (epochs 2 onwards) with its
-spread, final test accuracy, peak GPU memory, and its speed relative to the reference. Quick size
-(--quick, COURSE_QUICK=1) is for CI: it says that its figures are too short to compare. Full size
-(on a GPU, or with COURSE_FULL=1) is all of Fashion-MNIST for 10 epochs; on a CPU the default is
-4 epochs of 25,600 images, minutes on 2 cores. --epochs/--subset override either.
-It reports figures; it is not a timed test.
+Every row trains the same LeNet from the same initialisation, batch 256, lr 0.2, plain SGD:
+  reference     helpers.train (Part II: per-image DataLoader, per-parameter allreduce), 1 device
+  fast          helpers.train_fast (Part IV: resident data, flat fused step), in its fastest form
+                here: compiled forward+backward on a CPU, a CUDA graph on a GPU
+  fast-eager    the same without compiling (CPU; what the chapters run)
+  fast-compile  the CUDA graph AND the compiled forward+backward (GPU: does compiling pay there?)
+  fast-shared   2 devices sharing one GPU (GPU only: the 2-devices-on-one target)
+  compile       torch.compile(mode="reduce-overhead") of the plain nn.Module's step, 1 device
+  ddp, scratch, fast (with --ranks)  torch's DistributedDataParallel, helpers.DDPFromScratch and
+                the fast trainer on k ranks (NCCL, one GPU per rank; else gloo processes on the
+                CPU, one thread each, pinned to cores)
+The rows take turns: every round runs each row once, in the opposite order every other round
+(ABAB...), and round r uses seed + r, so a row's test accuracy comes from --rounds seeds. A row's
+figure in a round is its median seconds per epoch from epoch 2 on (epoch 1 pays for warm-up and
+compiling: its excess is reported); each ratio is divided round by round (helpers.timing), with
+its median and spread, and "within noise" where the spread crosses 1. The JSON keeps every
+sample. Quick size (--quick, COURSE_QUICK=1) is for CI: too short to compare. Full size (on a
+GPU, or with COURSE_FULL=1): all of Fashion-MNIST for 10 epochs; on a CPU the default is 4
+epochs of 25,600 images. Every argument is checked before any row runs.
 """
 import argparse
 import contextlib
@@ -24,7 +29,6 @@ import importlib.util
 import io
 import os
 import platform
-import statistics
 import sys
 import time
 
@@ -34,50 +38,142 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 
 import helpers  # noqa: E402
+from helpers import timing  # noqa: E402
 
 QUICK = dict(num_epochs=3, subset=1024)
 CPU = dict(num_epochs=4, subset=25600)   # minutes on 2 cores: enough to learn, and to compare
 FULL = dict(num_epochs=10, subset=None)
-COMPILE_QUICK_ON_CPU = False   # a first CPU compile costs tens of seconds: too much for CI
+IN_PROCESS = ("reference", "fast", "fast-eager", "fast-compile", "fast-shared", "compile")
+ON_RANKS = ("ddp", "scratch", "fast")
+GPU_TARGETS = dict(fast_sec=0.15, fast_over_reference=10.0, shared_over_one=1.2)
+RANK_TIMEOUT = 3600.0   # seconds a row on ranks may take: a busy 2-core machine is slow
 
 
-def median_spread(times):
-    """(median, min, max) of the epoch times from epoch 2 on (epoch 1 pays for warm-up)."""
-    t = times[1:] if len(times) > 1 else times
-    return statistics.median(t), min(t), max(t)
+# --- arguments: all checked before any row runs ----------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="CI size: too short to compare")
+    p.add_argument("--epochs", type=int, help="epochs per row (at least 2: epoch 1 is warm-up)")
+    p.add_argument("--subset", type=int, help="training images (default: all, or 1024 quick)")
+    p.add_argument("--ranks", help="rank counts for the rows on ranks, e.g. 1,2 (empty: none;"
+                   " default 1,2, or 2 at quick size)")
+    p.add_argument("--rows", help="trainers to run, comma-separated (default: all that apply)")
+    p.add_argument("--rounds", type=int, help="rounds (seeds) per row (default 3; 1 quick)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check-steps", type=int, default=20,
+                   help="steps of the same-arithmetic check (reference against fast)")
+    p.add_argument("--no-compile", action="store_true", help="no torch.compile anywhere")
+    p.add_argument("--targets", choices=("auto", "cpu", "gpu", "none"), default="auto",
+                   help="the issue's targets to judge (auto: gpu on a GPU, cpu otherwise)")
+    p.add_argument("--json", help="also write the results (every sample) to this JSON file")
+    args = p.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
-def peak_memory_reset():
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats(0)
+def check_args(args):
+    """Refuse, with the fix, anything that would fail or mislead later (review M7)."""
+    if args.epochs is not None and args.epochs < 2:
+        raise ValueError("--epochs must be at least 2: epoch 1 is warm-up and is not counted")
+    for name in ("subset", "batch_size", "rounds", "check_steps"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+    if not args.lr > 0:
+        raise ValueError(f"--lr must be positive, got {args.lr}")
+    if args.ranks is None:
+        args.ranks = "2" if args.quick or helpers.quick() else "1,2"
+    try:
+        args.ranks = [int(k) for k in args.ranks.split(",") if k.strip()]
+    except ValueError:
+        raise ValueError(f"--ranks {args.ranks!r} is not a comma-separated list of rank counts: "
+                         "use e.g. --ranks 1,2 (or --ranks '' for none)") from None
+    bad = [k for k in args.ranks if k < 1]
+    if bad:
+        raise ValueError(f"--ranks must be at least 1 each, got {bad}: use e.g. --ranks 1,2")
+    for k in args.ranks:
+        if args.batch_size % k:
+            lo = args.batch_size - args.batch_size % k
+            hi = lo + k
+            raise ValueError(f"batch {args.batch_size} does not split evenly over {k} ranks: use "
+                             f"--batch-size {lo or hi} or {hi}, or other --ranks")
+    known = IN_PROCESS + ON_RANKS
+    if args.rows is not None:
+        args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+        unknown = [r for r in args.rows if r not in known]
+        if unknown or not args.rows:
+            raise ValueError(f"--rows {unknown or 'empty'}: choose among {', '.join(known)}")
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(folder):
+            raise ValueError(f"--json {args.json}: the folder {folder} does not exist: create "
+                             "it first, or write the JSON elsewhere")
+        if not os.access(folder, os.W_OK):
+            raise ValueError(f"--json {args.json}: the folder {folder} is not writable")
 
 
-def peak_memory_mib():
-    return torch.cuda.max_memory_allocated(0) / 2**20 if torch.cuda.is_available() else None
+def plan(args, gpu):
+    """The size, rounds and rows this run does (a row: trainer, devices or ranks, where)."""
+    quick = args.quick or helpers.quick()
+    with contextlib.redirect_stdout(io.StringIO()):
+        size = dict(QUICK if args.quick else helpers.choose(FULL, CPU, tiny=QUICK))
+    size["num_epochs"] = args.epochs or size["num_epochs"]
+    size["subset"] = args.subset or size["subset"]
+    rounds = args.rounds or (1 if quick else 3)
+    compile_ok = not args.no_compile and (gpu or not quick)   # a CPU compile: tens of seconds
+    wanted = args.rows or [r for r in IN_PROCESS + ON_RANKS if r != "fast-shared" or gpu]
+    rows = []
+    for name in IN_PROCESS:
+        if name not in wanted or (name == "fast-shared" and not gpu and not args.rows):
+            continue   # 2 simulated devices on a CPU run one after the other: asked for only
+        if name in ("compile", "fast-compile") and not compile_ok:
+            continue
+        if name == "fast-compile" and not gpu or name == "fast-eager" and gpu:
+            continue
+        if name == "fast-eager" and not compile_ok:
+            continue   # the fast row itself runs eagerly then
+        rows.append(dict(trainer=name, n=2 if name == "fast-shared" else 1, where="process"))
+    for k in args.ranks:
+        for name in ON_RANKS:
+            if name in wanted and (name != "scratch" or k > 1):
+                rows.append(dict(trainer=name, n=k, where="ranks"))
+    return quick, size, rounds, compile_ok, rows
 
 
-def row(name, ranks, epoch_times, test_acc, peak_mem, note=""):
-    med, lo, hi = median_spread(epoch_times)
-    return dict(trainer=name, devices=ranks, sec_per_epoch=med, spread=[lo, hi],
-                epoch_times=epoch_times, test_acc=test_acc, peak_mem_mib=peak_mem, note=note)
+# --- the rows ----------------------------------------------------------------------------------
 
-
-def run_in_process(name, fn, args, size):
-    peak_memory_reset()
-    kw = dict(num_epochs=size["num_epochs"], subset=size["subset"], seed=args.seed, plot=False)
+def run_in_process(row, size, args, seed, gpu, compile_ok):
+    kw = dict(num_epochs=size["num_epochs"], subset=size["subset"], seed=seed, plot=False)
+    if row["trainer"] == "reference":
+        fn = helpers.train
+    elif row["trainer"] == "compile":
+        return run_compiled(size, args, seed)
+    else:
+        fn = helpers.train_fast
+        kw.update(verbose=False, compile=compile_ok and (row["trainer"] == "fast-compile"
+                                                        or row["trainer"] == "fast" and not gpu))
+        if row["trainer"] == "fast-shared":
+            kw.update(replica_streams=gpu)
     with contextlib.redirect_stdout(io.StringIO()):   # the trainers' own lines: the table says it
-        r = fn(1, args.batch_size, args.lr, **kw)
-    note = "CUDA graph" if r.get("used_graph") else ""
-    return row(name, 1, r["epoch_times"], r["test_acc"], peak_memory_mib(), note)
+        r = fn(row["n"], args.batch_size, args.lr, **kw)
+    notes = [w for w, on in (("CUDA graph", r.get("used_graph")),
+                             ("compiled", r.get("compiled"))) if on]
+    return dict(epoch_times=r["epoch_times"], test_acc=r["test_acc"], note=", ".join(notes))
 
 
-def run_compiled(args, size):
+def run_compiled(size, args, seed):
     """torch.compile(mode='reduce-overhead') of one SGD step of the plain module."""
     from torch.nn import functional as F
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     X, y = helpers.load_tensors(True, size["subset"], device)
     X_test, y_test = helpers.load_tensors(False, size["subset"], device)
-    net = helpers.lenet_module_from(helpers.init_lenet_params(seed=args.seed)).to(device)
+    net = helpers.lenet_module_from(helpers.init_lenet_params(seed=seed)).to(device)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
 
     def step(Xb, yb):
@@ -87,123 +183,216 @@ def run_compiled(args, size):
         opt.zero_grad(set_to_none=False)
         return loss.detach()
 
-    import logging
-    logging.getLogger("torch").setLevel(logging.ERROR)   # compiler notes are not results
-    try:
-        torch._logging.set_logs(all=logging.ERROR)
-    except (AttributeError, TypeError):   # older torch: the logger level above suffices
-        pass
     compiled = torch.compile(step, mode="reduce-overhead")
-    loader = helpers.ResidentLoader(X, y, args.batch_size, seed=args.seed)
-    peak_memory_reset()
+    loader = helpers.ResidentLoader(X, y, args.batch_size, seed=seed)
     times = []
     for _ in range(size["num_epochs"]):
-        timer = helpers.Timer([device])
-        with timer:
+        with helpers.Timer([device]) as timer:
             for idx in loader.index_batches():
                 compiled(X[idx], y[idx])
         times.append(timer.times[-1])
     with torch.no_grad():
         correct = sum(int((net(Xc).argmax(1) == yc).sum())
                       for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
-    return row("compile", 1, times, correct / len(y_test), peak_memory_mib(),
-               "first epoch includes compiling")
+    return dict(epoch_times=times, test_acc=correct / len(y_test), note="")
 
+
+def run_on_ranks(row, size, args, seed, compile_ok):
+    k, name = row["n"], row["trainer"]
+    if name == "fast":
+        cfg = dict(batch_size=args.batch_size, lr=args.lr, num_epochs=size["num_epochs"],
+                   subset=size["subset"], seed=seed, compile=compile_ok)
+        backend = helpers.choose_backend(k)
+        r = helpers.launch(helpers.train_fast_rank, k, cfg, quiet=True, timeout=RANK_TIMEOUT)[0]
+        note = f"{backend}, {k} process(es)" + (", compiled" if r["compiled"] else "")
+    else:
+        got, backend = helpers.bench_ranks(k, [name], args.batch_size, args.lr,
+                                           size["num_epochs"], size["subset"], seed,
+                                           timeout=RANK_TIMEOUT)
+        r, note = got[name], f"{backend}, {k} process(es)"
+    return dict(epoch_times=r["epoch_times"], test_acc=r["test_acc"], note=note,
+                param_sum=r["param_sum"])
+
+
+# --- the checks: same arithmetic, and the targets ------------------------------------------------
+
+def same_arithmetic(size, args, steps, compile_ok):
+    """Max |parameter difference| between Part II's train_batch and the fast trainer, fed the
+    same batches (ResidentLoader's order) from the same start, after `steps` steps."""
+    X, y = helpers.load_tensors(True, size["subset"])
+    p0 = helpers.init_lenet_params(seed=args.seed)
+    ref = [helpers.get_params(p0, "cpu")]
+    nets = {"eager": helpers.FastDataParallel(p0, ["cpu"], args.lr, X, y)}
+    if compile_ok:
+        nets["compiled"] = helpers.FastDataParallel(p0, ["cpu"], args.lr, X, y, compile=True)
+    loader = helpers.ResidentLoader(X, y, args.batch_size, seed=args.seed)
+    batches = (loader.index_batches() * steps)[:steps]
+    for idx in batches:
+        helpers.train_batch(X[idx], y[idx], ref, ["cpu"], args.lr)
+        for net in nets.values():
+            net.step(idx)
+    return {name: max((a - b).abs().max().item() for a, b in zip(ref[0], net.params[0]))
+            for name, net in nets.items()}
+
+
+def judge(targets, rows, ratios):
+    """The issue's targets, each with its figure and whether the whole spread meets it."""
+    key = {(r["trainer"], r["n"], r["where"]): r for r in rows}
+    out = []
+
+    def add(what, ratio, limit=1.0):
+        if ratio is not None:
+            out.append(dict(target=what, median=ratio["median"], spread=ratio["spread"],
+                            limit=limit, met=ratio["spread"][0] > limit))
+    if targets == "cpu":
+        for r in rows:
+            if r["where"] == "process" and r["trainer"] not in ("fast", "fast-eager"):
+                add(f"fast faster than {r['trainer']}", ratios.get(f"fast_1_over_{r['name']}"))
+        add("fast at least 2x the reference", ratios.get("fast_1_over_reference_1"), 2.0)
+        for k in sorted({r["n"] for r in rows if r["where"] == "ranks"}):
+            add(f"fast on {k} ranks faster than ddp on {k}",
+                ratios.get(f"fast_ranks_{k}_over_ddp_ranks_{k}"))
+    elif targets == "gpu":
+        fast = key.get(("fast", 1, "process"))
+        if fast:
+            sec = fast["sec_per_epoch"]
+            out.append(dict(target=f"fast <= {GPU_TARGETS['fast_sec']} s/epoch",
+                            median=sec.median, spread=[sec.lo, sec.hi],
+                            limit=GPU_TARGETS["fast_sec"], met=sec.hi <= GPU_TARGETS["fast_sec"]))
+        add(f"fast at least {GPU_TARGETS['fast_over_reference']:.0f}x the reference",
+            ratios.get("fast_1_over_reference_1"), GPU_TARGETS["fast_over_reference"])
+        shared = ratios.get("fast_1_over_fast-shared_2")   # two devices' time / one's
+        if shared:
+            lim = GPU_TARGETS["shared_over_one"]
+            out.append(dict(target=f"2 devices sharing one GPU <= {lim}x one device's time",
+                            median=shared["median"], spread=shared["spread"], limit=lim,
+                            met=shared["spread"][1] <= lim))
+        if len(out) < 3:
+            print("bench: some GPU targets were not measured (their rows did not run)")
+    return out
+
+
+# --- the run -------------------------------------------------------------------------------------
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="CI size: too short to compare")
-    p.add_argument("--epochs", type=int, help="epochs per row (at least 2: epoch 1 is warm-up)")
-    p.add_argument("--subset", type=int, help="training images (default: all, or 1024 quick)")
-    p.add_argument("--ranks", default="1,2", help="rank counts for the DDP rows (default 1,2)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=0.2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
-    p.add_argument("--json", help="also write the results to this JSON file (atomically)")
-    args = p.parse_args(argv)
-    if args.epochs is not None and args.epochs < 2:
-        p.error("--epochs must be at least 2: epoch 1 is warm-up and is not counted")
-
+    args = parse_args(argv)
     gpu = torch.cuda.is_available()
-    quick = args.quick or helpers.quick()
-    with contextlib.redirect_stdout(io.StringIO()):
-        size = dict(QUICK if args.quick else helpers.choose(FULL, CPU, tiny=QUICK))
-    if args.epochs is not None:
-        size["num_epochs"] = args.epochs
-    if args.subset is not None:
-        size["subset"] = args.subset
-    ranks = [int(k) for k in args.ranks.split(",")]
+    quick, size, rounds, compile_ok, rows = plan(args, gpu)
     if not gpu:
         torch.set_num_threads(1)   # one core per rank everywhere: rows compare like with like
     where = torch.cuda.get_device_name(0) if gpu else f"CPU ({os.cpu_count()} cores)"
+    targets = args.targets if args.targets != "auto" else "none" if quick else (
+        "gpu" if gpu else "cpu")
     label = "quick" if quick else "full" if size == FULL else "CPU"
-    print(f"bench: {label} size {size}, batch {args.batch_size}, "
-          f"lr {args.lr}, on {where}, torch {torch.__version__}")
+    print(f"bench: {label} size {size}, batch {args.batch_size}, lr {args.lr}, {rounds} "
+          f"round(s) (seeds {args.seed}-{args.seed + rounds - 1}), on {where}, "
+          f"torch {torch.__version__}")
     if not gpu:
-        print("bench: no GPU: in-process rows use 1 thread, each DDP rank is a gloo process with "
-              "1 thread on its own core; the figures are CPU figures, not GPU ones")
-    t_start = time.perf_counter()
-    rows = [run_in_process("reference", helpers.train, args, size),
-            run_in_process("fast", helpers.train_fast, args, size)]
-    if args.no_compile:
-        print("bench: compile row skipped (--no-compile)")
-    elif quick and not gpu and not COMPILE_QUICK_ON_CPU:
-        print("bench: compile row skipped at quick size on a CPU: its first compile alone costs "
-              "tens of seconds here (run without --quick to include it)")
-    else:
-        try:
-            rows.append(run_compiled(args, size))
-        except Exception as e:   # no compiler, unsupported platform: say why, go on
-            print(f"bench: compile row skipped: torch.compile failed here "
-                  f"({type(e).__name__}: {str(e).splitlines()[0][:160]})")
-    have_scratch = importlib.util.find_spec("helpers.data_parallel.scratch") is not None
-    if not have_scratch:
-        print("bench: DDPFromScratch row skipped: helpers.data_parallel.scratch is not "
+        print("bench: no GPU: in-process rows use 1 thread, each rank is a gloo process with 1 "
+              "thread on its own core; the figures are CPU figures, not GPU ones")
+    if not compile_ok:
+        print("bench: no torch.compile rows" + (" (--no-compile)" if args.no_compile else
+              ": at quick size on a CPU a first compile alone costs tens of seconds"))
+    if importlib.util.find_spec("helpers.data_parallel.scratch") is None:
+        rows = [r for r in rows if r["trainer"] != "scratch"]
+        print("bench: DDPFromScratch rows skipped: helpers.data_parallel.scratch is not "
               "importable here")
-    for k in ranks:
-        wrappers = ["ddp"] + (["scratch"] if have_scratch and k > 1 else [])
-        got, backend = helpers.bench_ranks(k, wrappers, args.batch_size, args.lr,
-                                           size["num_epochs"], size["subset"], args.seed)
-        for w in wrappers:
-            r = got[w]
-            rows.append(row(w, k, r["epoch_times"], r["test_acc"], r["peak_mem_mib"],
-                            f"{backend}, {k} process(es)"))
-            rows[-1]["param_sum"] = r["param_sum"]   # the same for every rank count and wrapper
-
-    ref = rows[0]["sec_per_epoch"]
-    print(f"\n{'trainer':<10} {'ranks':>5} {'s/epoch':>9} {'spread':>17} {'test acc':>8} "
-          f"{'peak mem':>10} {'speed':>7}  note")
+    load = [timing.machine_load()]
+    t_start = time.perf_counter()
     for r in rows:
-        mem = "n/a" if r["peak_mem_mib"] is None else f"{r['peak_mem_mib']:.0f} MiB"
-        lo, hi = r["spread"]
-        print(f"{r['trainer']:<10} {r['devices']:>5} {r['sec_per_epoch']:>9.3f} "
-              f"{lo:>8.3f}-{hi:<8.3f} {r['test_acc']:>8.3f} {mem:>10} "
-              f"{ref / r['sec_per_epoch']:>6.2f}x  {r['note']}")
-    get = {(r["trainer"], r["devices"]): r["sec_per_epoch"] for r in rows}
-    ratios = {f"{r['trainer']}_{r['devices']}_speed_over_reference": ref / r["sec_per_epoch"]
-              for r in rows[1:]}
-    for w in ("ddp", "scratch"):
-        if (w, 1) in get and (w, 2) in get:
-            ratios[f"{w}_2_over_1_speed"] = get[w, 1] / get[w, 2]
-    if ("scratch", 2) in get and ("ddp", 2) in get:
-        ratios["scratch_over_ddp_2_speed"] = get["ddp", 2] / get["scratch", 2]
-    print("\nratios (speed: how many times as fast; > 1 is faster):")
+        r.update(name=f"{r['trainer']}_{r['n']}" if r["where"] == "process"
+                 else f"{r['trainer']}_ranks_{r['n']}", rounds=[])
+    for rnd in range(rounds):
+        seed = args.seed + rnd
+        for r in (rows if rnd % 2 == 0 else rows[::-1]):
+            try:
+                got = (run_in_process(r, size, args, seed, gpu, compile_ok)
+                       if r["where"] == "process" else run_on_ranks(r, size, args, seed,
+                                                                    compile_ok))
+            except Exception as e:   # e.g. no compiler: say why, keep the other rows
+                r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                print(f"bench: {r['name']} failed in round {rnd + 1}: {r['error']}")
+                continue
+            t = got["epoch_times"]
+            got.update(seed=seed, sec_per_epoch=timing.Measurement(t[1:]).median,
+                       first_epoch_extra_s=t[0] - timing.Measurement(t[1:]).median)
+            r["rounds"].append(got)
+            print(f"bench: round {rnd + 1}/{rounds}: {r['name']}: {got['sec_per_epoch']:.3f} "
+                  f"s/epoch, test acc {got['test_acc']:.3f}", flush=True)
+        load.append(timing.machine_load())
+    rows = [r for r in rows if len(r["rounds"]) == rounds]   # a row that failed is left out
+    if not rows:
+        raise SystemExit("bench: every row failed (see above)")
+    for r in rows:
+        r["sec_per_epoch"] = timing.Measurement([x["sec_per_epoch"] for x in r["rounds"]])
+        r["test_acc"] = timing.Measurement([x["test_acc"] for x in r["rounds"]], unit="")
+        r["note"] = r["rounds"][-1]["note"]
+    ratios = {}
+    ref = next((r for r in rows if r["trainer"] == "reference"), None)
+    pairs = [(r, ref) for r in rows if ref and r is not ref]
+    fast = next((r for r in rows if r["name"] == "fast_1"), None)
+    pairs += [(fast, r) for r in rows if fast and r["where"] == "process" and r is not fast
+              and r is not ref]
+    for r in rows:
+        if r["trainer"] == "fast" and r["where"] == "ranks":
+            pairs += [(r, o) for o in rows if o["where"] == "ranks" and o["n"] == r["n"]
+                      and o is not r]
+        if r["trainer"] == "scratch":               # the course's DDP against torch's
+            pairs += [(r, o) for o in rows if o["name"] == f"ddp_ranks_{r['n']}"]
+        if r["where"] == "ranks" and r["n"] > 1:   # k ranks against one
+            pairs += [(r, o) for o in rows if o["name"] == f"{r['trainer']}_ranks_1"]
+    for a, b in pairs:
+        ratios[f"{a['name']}_over_{b['name']}"] = timing.ratio(b["sec_per_epoch"],
+                                                                 a["sec_per_epoch"]).to_dict()
+    print_table(rows, ref)
+    print("\nratios (speed: how many times as fast, round by round; > 1 is faster):")
     for name, v in ratios.items():
-        print(f"  {name}: {v:.2f}")
-    print(f"bench: {len(rows)} rows in {time.perf_counter() - t_start:.0f} s")
+        print(f"  {name}: {v['median']:.2f}x ({v['spread'][0]:.2f}-{v['spread'][1]:.2f}) "
+              f"{v['verdict']}")
+    diffs = same_arithmetic(size, args, args.check_steps, compile_ok and not gpu)
+    print(f"\nsame arithmetic: after {args.check_steps} steps from the same start on the same "
+          "batches, max |parameter difference| from Part II's train_batch: "
+          + ", ".join(f"fast {k} {v:.2g}" for k, v in diffs.items()))
+    print("  (rows fed another order or rounding end elsewhere: near chance the 0.01-initialised "
+          "LeNet amplifies any difference, so compare accuracies over the seeds)")
+    verdicts = judge(targets, rows, ratios)
+    for v in verdicts:
+        print(f"target: {v['target']}: {v['median']:.3g} ({v['spread'][0]:.3g}-"
+              f"{v['spread'][1]:.3g}): {'met' if v['met'] else 'NOT met'}")
+    load.append(timing.machine_load())
+    busy = [f"{x:.2f}" for x in load if x is not None]
+    print(f"bench: {len(rows)} rows x {rounds} round(s) in {time.perf_counter() - t_start:.0f} s;"
+          f" machine load (1-min load average per core) {', '.join(busy) or 'unknown'}")
     if quick:
         print("bench: quick size: a few steps per epoch, so these figures are too short to "
               "compare; run without --quick for ratios")
+    out = dict(quick=quick, size=size, rounds=rounds, batch_size=args.batch_size, lr=args.lr,
+               seed=args.seed, device=where, torch=torch.__version__,
+               python=platform.python_version(), cuda=torch.version.cuda,
+               threads=torch.get_num_threads(), machine_load=load,
+               rows=[dict(r, sec_per_epoch=r["sec_per_epoch"].to_dict(),
+                          test_acc=r["test_acc"].to_dict()) for r in rows],
+               ratios=ratios, same_arithmetic=dict(steps=args.check_steps, max_diff=diffs),
+               targets=dict(kind=targets, verdicts=verdicts),
+               argv=sys.argv[1:] if argv is None else list(argv),
+               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if args.json:
-        out = dict(quick=quick, size=size, batch_size=args.batch_size, lr=args.lr, device=where,
-                   torch=torch.__version__, python=platform.python_version(),
-                   cuda=torch.version.cuda, threads=torch.get_num_threads(), rows=rows,
-                   ratios=ratios, argv=sys.argv[1:] if argv is None else argv,
-                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        helpers.write_json(args.json, out, indent=2)
+        helpers.write_json(args.json, out, indent=1)
         print(f"bench: results written to {args.json}")
-    return rows, ratios
+    return out
+
+
+def print_table(rows, ref):
+    print(f"\n{'trainer':<12} {'n':>2} {'s/epoch':>8} {'spread':>15} {'test acc':>18} "
+          f"{'1st ep +s':>9} {'speed':>6}  note")
+    for r in rows:
+        s, a = r["sec_per_epoch"], r["test_acc"]
+        speed = f"{ref['sec_per_epoch'].median / s.median:.2f}x" if ref else "-"
+        extra = timing.Measurement([x["first_epoch_extra_s"] for x in r["rounds"]]).median
+        where = "ranks" if r["where"] == "ranks" else "dev"
+        print(f"{r['trainer']:<12} {r['n']:>2} {s.median:>8.3f} {s.lo:>7.3f}-{s.hi:<7.3f} "
+              f"{a.median:>6.3f} ({a.lo:.3f}-{a.hi:.3f}) {extra:>9.1f} {speed:>6}  "
+              f"{r['n']} {where}; {r['note']}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,19 @@
 """Part IV: the fast data-parallel trainer. Same model, same optimizer, same data order as Part II's
-`train_batch`, so the same parameters come out (within float rounding) -- only faster:
+`train_batch`, so the same parameters come out (bitwise on a CPU in eager mode; within float
+rounding with torch.compile or on a GPU) -- only faster:
 
 - the data live on the device as two tensors; a batch is an index gather (ResidentLoader);
 - each replica's parameters and gradients are views into ONE flat buffer, so the allreduce and the
   SGD update are one operation each, not one per parameter (FastDataParallel);
 - one backward call for all replicas (autograd runs the devices in parallel);
+- compile=True: each replica's forward AND backward are one torch.compile'd function
+  (torch.func.grad_and_value), which on a CPU fuses the elementwise work and lays the
+  convolutions out channels-last (1.5 to 2 times as fast a step there, as measured by
+  scripts/bench.py; the first steps pay the compile);
 - on a GPU, the whole step is captured once as a CUDA graph and replayed: one launch per step
-  instead of a few hundred.
+  instead of a few hundred;
+- across processes (group=...), each rank trains on its slice of the global batch and the flat
+  gradients travel in ONE all_reduce.
 The allreduce variants (flat, bucketed, ring, overlapped with backward) are in
 data_parallel/allreduce.py.
 """
@@ -25,7 +32,7 @@ from .allreduce import flatten, sum_into_all
 from .simulated import evaluate_accuracy
 
 __all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy",
-           "flat_replica"]
+           "flat_replica", "train_fast_rank", "replica_flat_grad"]
 
 
 class ResidentLoader:
@@ -61,6 +68,13 @@ def _replica_loss(X, y, params):
     return loss(lenet(X, params), y).sum()
 
 
+def replica_flat_grad(X, y, params):
+    """(the replica's gradients as one flat tensor, its summed loss): forward and backward in
+    one function, so that torch.compile sees (and fuses) both."""
+    grads, l = torch.func.grad_and_value(_replica_loss, argnums=2)(X, y, params)
+    return torch.cat([g.reshape(-1) for g in grads]), l
+
+
 class FastDataParallel:
     """k replicas of LeNet whose parameters and gradients live in one flat buffer per device.
 
@@ -70,16 +84,21 @@ class FastDataParallel:
     `param -= lr * grad / batch_size` -- the arithmetic of Part II's train_batch, fused.
 
     cuda_graph: None = capture the step as a CUDA graph when all replicas share one GPU (one graph
-    cannot span devices); True = insist; False = never. The first `warmup` steps of each batch
-    size run eagerly on a side stream (real training steps), the next one is captured and every
-    later one replayed. compile=True wraps the forward+loss in torch.compile, falling back to eager
-    (with a warning) where compiling fails. replica_streams=True (one GPU only) runs each
-    replica's forward and backward on its own CUDA stream, so that replicas sharing a GPU can run
-    at the same time (inside the graph too); the arithmetic is unchanged.
+    per process: it does not span devices); True = insist; False = never. The first `warmup` steps
+    of each batch size run eagerly on a side stream (real training steps), the next one is
+    captured and every later one replayed. compile=True computes each replica's gradients with
+    one torch.compile'd forward+backward (`replica_flat_grad`), falling back to eager (with a
+    warning) where compiling fails; each new batch size may compile again. replica_streams=True
+    (one GPU only) runs each replica's forward and backward on its own CUDA stream, so that
+    replicas sharing a GPU can run at the same time (inside the graph too); the arithmetic is
+    unchanged. group: a torch.distributed process group (e.g. torch.distributed.group.WORLD):
+    this process is one rank of it, `step(idx)` trains on its `idx.tensor_split(world)[rank]`
+    slice of the global batch idx (split again over `devices`), and the flat gradients are
+    summed over the ranks with one all_reduce before the update (no CUDA graph then).
     """
 
     def __init__(self, params, devices, lr, X, y, cuda_graph=None, warmup=3, compile=False,
-                 replica_streams=False):
+                 replica_streams=False, group=None):
         self.devices, self.k = [torch.device(d) for d in devices], len(devices)
         self.flat_params, self.flat_grads, self.params = [], [], []
         for d in self.devices:   # flatten copies: each replica owns its storage, even on one device
@@ -95,7 +114,11 @@ class FastDataParallel:
         if cuda_graph and not one_gpu:
             raise ValueError("a CUDA graph needs every replica on one and the same GPU, got "
                              f"{[str(d) for d in self.devices]}")
-        self.use_graph = one_gpu if cuda_graph is None else bool(cuda_graph)
+        if cuda_graph and group is not None:
+            raise ValueError("cuda_graph=True with a process group is not supported here: the "
+                             "all_reduce runs outside a graph (use cuda_graph=None or False)")
+        self.group = group
+        self.use_graph = (one_gpu and group is None) if cuda_graph is None else bool(cuda_graph)
         self.warmup, self.graphs, self.seen = warmup, {}, Counter()
         self.side = torch.cuda.Stream(self.devices[0]) if self.use_graph else None
         # torch.cuda.graph's default capture stream is created once, on whatever device is current
@@ -105,9 +128,14 @@ class FastDataParallel:
             raise ValueError("replica_streams needs every replica on one and the same GPU")
         self.streams = ([torch.cuda.Stream(self.devices[0]) for _ in range(self.k)]
                         if replica_streams else None)
-        self.loss_fn = _replica_loss
-        if compile:
-            self.loss_fn = _try_compile(_replica_loss)
+        self.grad_fn = _try_compile(replica_flat_grad) if compile else None
+        # what grad_fn differentiates: the same views, outside autograd's own recording
+        self.plain = [[p.detach() for p in views] for views in self.params]
+
+    @property
+    def compiled(self):
+        """True while the step runs torch.compile'd code (asked for, and no failure so far)."""
+        return self.grad_fn is not None and not self.grad_fn.eager()
 
     @property
     def lr(self):
@@ -118,15 +146,29 @@ class FastDataParallel:
         for t in self._lr:   # in place: a captured graph reads these very tensors
             t.fill_(float(value))
 
+    def _shards(self, idx):
+        """This process's slice of the global batch idx (all of it without a group), split over
+        the devices as split_batch does."""
+        if self.group is not None:
+            import torch.distributed as dist
+            idx = idx.tensor_split(dist.get_world_size(self.group))[dist.get_rank(self.group)]
+        return idx.tensor_split(self.k)
+
     def _step_eager(self, idx):
         if self.streams:
             return self._step_streams(idx)
         ls = []
-        for d, shard, params in zip(self.devices, idx.tensor_split(self.k), self.params):
+        for c, (d, shard, params) in enumerate(zip(self.devices, self._shards(idx), self.params)):
             Xd, yd = self.data[d]
             shard = shard.to(d, non_blocking=True)
-            ls.append(self.loss_fn(Xd[shard], yd[shard], params))
-        torch.autograd.backward(ls)
+            if self.grad_fn:                           # forward and backward in one call
+                g, l = self.grad_fn(Xd[shard], yd[shard], self.plain[c])
+                self.flat_grads[c].copy_(g)
+                ls.append(l)
+            else:
+                ls.append(_replica_loss(Xd[shard], yd[shard], params))
+        if not self.grad_fn:
+            torch.autograd.backward(ls)
         return self._reduce_and_update(ls, idx.numel())
 
     def _step_streams(self, idx):
@@ -134,26 +176,39 @@ class FastDataParallel:
         cur = torch.cuda.current_stream(self.devices[0])
         Xd, yd = self.data[self.devices[0]]
         ls = []
-        for s, shard, params in zip(self.streams, idx.tensor_split(self.k), self.params):
+        for c, (s, shard, params) in enumerate(zip(self.streams, self._shards(idx),
+                                                   self.params)):
             s.wait_stream(cur)                        # fork: sees the batch and the last update
             with torch.cuda.stream(s):
-                ls.append(self.loss_fn(Xd[shard], yd[shard], params))
-        torch.autograd.backward(ls)                   # backward ops run on their forward's stream
+                if self.grad_fn:
+                    g, l = self.grad_fn(Xd[shard], yd[shard], self.plain[c])
+                    self.flat_grads[c].copy_(g)
+                    ls.append(l)
+                else:
+                    ls.append(_replica_loss(Xd[shard], yd[shard], params))
+        if not self.grad_fn:
+            torch.autograd.backward(ls)               # backward ops run on their forward's stream
         for s in self.streams:
             cur.wait_stream(s)                        # join before the allreduce reads the grads
         return self._reduce_and_update(ls, idx.numel())
 
     def _reduce_and_update(self, ls, batch_size):
         with torch.no_grad():
-            sum_into_all(self.flat_grads)            # one allreduce of the flat gradients
+            sum_into_all(self.flat_grads)             # one allreduce of the flat gradients
+            if self.group is not None:                # ... and one message between processes
+                import torch.distributed as dist
+                dist.all_reduce(self.flat_grads[0], group=self.group)
+                for fg in self.flat_grads[1:]:
+                    fg.copy_(self.flat_grads[0])
             for fp, fg, lr in zip(self.flat_params, self.flat_grads, self._lr):
                 fp.sub_(fg.mul(lr).div_(batch_size))   # = param -= lr * grad / batch_size
                 fg.zero_()
         return sum(l.detach().to(self.devices[0]) for l in ls)
 
     def step(self, idx):
-        """One SGD step on X[idx]; returns the summed loss on devices[0] (with a CUDA graph: a
-        static tensor that the next step overwrites, so use or copy it before then)."""
+        """One SGD step on X[idx]; returns the summed loss on devices[0] (of this rank's slice
+        with a group; with a CUDA graph: a static tensor that the next step overwrites, so use
+        or copy it before then)."""
         if not self.use_graph:
             return self._step_eager(idx)
         n = idx.numel()
@@ -181,7 +236,8 @@ class FastDataParallel:
 
 def _try_compile(fn):
     """torch.compile(fn) where it works here, else fn. A failure on ANY call (the first compile,
-    or a recompile for a new batch size) warns once and switches to eager for good."""
+    or a recompile for a new batch size) warns once and switches to eager for good;
+    `wrapped.eager()` says whether that happened."""
     state = {"fn": None}
 
     def wrapped(*args):
@@ -196,6 +252,7 @@ def _try_compile(fn):
                           "running eagerly from now on")
             state["fn"] = fn
             return fn(*args)
+    wrapped.eager = lambda: state["fn"] is fn
     return wrapped
 
 
@@ -223,12 +280,14 @@ def resident_accuracy(params, X, y, chunk=2048):
 
 def train_fast(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, cuda_graph=None,
                compile=False, replica_streams=False, plot=False, verbose=True):
-    """Part II's experiment, fast: resident data, fused flat step, CUDA graph on one GPU.
+    """Part II's experiment, fast: resident data, fused flat step, CUDA graph on one GPU, and
+    with compile=True a torch.compile'd forward and backward (its first epoch pays the compile).
 
     Same model, initialisation (`seed`), optimizer and batch size as `train`; the data order is
     ResidentLoader's. Returns the same dict as `train` (test_acc, sec_per_epoch, epoch_times,
-    params) plus `used_graph`. Like `train`, a last batch shorter than the device count is
-    trained on (empty shards on some devices), and seed=None means a different run each time.
+    params) plus `used_graph` and `compiled` (False where compiling failed and it ran eagerly).
+    Like `train`, a last batch shorter than the device count is trained on (empty shards on some
+    devices), and seed=None means a different run each time.
     """
     for name, v in dict(num_gpus=num_gpus, batch_size=batch_size, num_epochs=num_epochs).items():
         check_positive_int(v, name)
@@ -257,7 +316,50 @@ def train_fast(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, cud
             animator.add(epoch + 1, (total_loss.item() / X.shape[0], test_acc))
     sec = timer.median(skip=1)
     if verbose:
+        how = [w for w, on in (("CUDA graph", net.use_graph), ("compiled", net.compiled)) if on]
         print(f"{num_gpus} device(s), fast: test acc {test_acc:.3f}, {sec:.3f} s/epoch "
-              f"on {[str(d) for d in devices]}{' (CUDA graph)' if net.use_graph else ''}")
+              f"on {[str(d) for d in devices]}" + (f" ({', '.join(how)})" if how else ""))
     return dict(num_gpus=num_gpus, test_acc=test_acc, sec_per_epoch=sec,
-                epoch_times=timer.times, params=net.params[0], used_graph=net.use_graph)
+                epoch_times=timer.times, params=net.params[0], used_graph=net.use_graph,
+                compiled=net.compiled)
+
+
+def train_fast_rank(rank, world, cfg):
+    """One rank of the fast trainer across processes, a launch target (`helpers.launch`): the
+    default process group is already set up, `cfg["device"]` (default: the CPU) is this rank's.
+
+    Every rank builds the same LeNet (`cfg["seed"]`) and draws the same global batches of
+    `cfg["batch_size"]` (ResidentLoader's order); FastDataParallel(group=WORLD) trains on this
+    rank's slice and sums the flat gradients with one all_reduce. cfg: batch_size, lr,
+    num_epochs, subset, seed, compile (default False), return_params. Returns this rank's
+    epoch_times (from one barrier to the next: the slowest rank's time), test_acc, param_sum (the
+    sum of |params| in float64: equal on every rank), compiled, and the parameters as lists when
+    return_params is set."""
+    import time
+
+    import torch.distributed as dist
+    device = torch.device(cfg.get("device", "cpu"))
+    if device.type == "cpu":   # as the benchmark's other ranks: one thread, on a core of its own
+        from .speed import pin_to_core
+        pin_to_core(rank)
+    X, y = load_tensors(True, cfg["subset"], device)
+    X_test, y_test = load_tensors(False, cfg["subset"], device)
+    net = FastDataParallel(init_lenet_params(seed=cfg["seed"]), [device], cfg["lr"], X, y,
+                           compile=cfg.get("compile", False), group=dist.group.WORLD)
+    loader = ResidentLoader(X, y, cfg["batch_size"], seed=cfg["seed"])
+    times = []
+    for _ in range(cfg["num_epochs"]):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for idx in loader.index_batches():
+            net.step(idx)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    params = net.params[0]
+    return dict(epoch_times=times, test_acc=resident_accuracy(params, X_test, y_test),
+                param_sum=float(sum(p.detach().double().abs().sum() for p in params)),
+                compiled=net.compiled,
+                params=[p.tolist() for p in params] if cfg.get("return_params") else None)
+

@@ -281,15 +281,18 @@ def bench_worker(rank, world_size, cfg):
         return results
 
 
-def bench_ranks(world_size, wrappers, batch_size=256, lr=0.2, num_epochs=3, subset=None, seed=0):
+def bench_ranks(world_size, wrappers, batch_size=256, lr=0.2, num_epochs=3, subset=None, seed=0,
+                timeout=3600.0):
     """Run bench_worker on `world_size` ranks (NCCL, one per GPU, when there are enough GPUs;
-    else gloo processes on the CPU, one thread each) and return rank 0's results and backend."""
+    else gloo processes on the CPU, one thread each) and return rank 0's results and backend.
+    `timeout`: seconds the ranks may take (a busy machine's full-size run takes minutes)."""
     if batch_size % world_size:
         raise ValueError(f"batch {batch_size} does not split evenly over {world_size} ranks")
     backend = choose_backend(world_size)
     cfg = dict(wrappers=list(wrappers), batch_size=batch_size, lr=lr, num_epochs=num_epochs,
                subset=subset, seed=seed)
-    return launch(bench_worker, world_size, cfg, backend=backend, quiet=True)[0], backend
+    return launch(bench_worker, world_size, cfg, backend=backend, quiet=True,
+                  timeout=timeout)[0], backend
 
 
 # --- one all-reduce, timed across processes (scaling.ipynb's alpha-beta fit) --------------------

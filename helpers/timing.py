@@ -1,0 +1,180 @@
+"""Timing done right: warm-up, repeats, the median and its spread, and ratios that say
+"within noise" when the spread of the ratio crosses 1.
+
+    m = measure(fn, repeats=5, warmup=1)     # fn() timed 5 times after 1 untimed call
+    m.median, m.lo, m.hi, m.samples          # seconds; the spread lo-hi: min to max of the
+                                             # samples (without the extreme tenths from 10 on)
+    rounds = interleave({"a": f, "b": g}, rounds=5)   # ABAB...: each round times each once
+    r = ratio(rounds["a"], rounds["b"])      # how many times as fast b is as a, per round
+    r.median, r.lo, r.hi, r.verdict          # verdict: "faster", "slower" or "within noise"
+
+A machine's speed drifts (other programs, clock boosts, caches), so two things timed one after
+the other are not timed under the same conditions. `interleave` times them in turns, round after
+round, and `ratio` divides them round by round: a ratio's spread is then the spread of ratios
+measured side by side, not of two separate runs. A ratio whose spread crosses 1.0 is reported as
+"within noise": the run cannot tell the two apart. GPUs run asynchronously: pass `devices` and
+the clock is read only after they have finished (helpers.synchronize).
+"""
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from .devices import synchronize
+
+__all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load"]
+
+
+@dataclass
+class Measurement:
+    """Repeated timings of one thing (seconds, or any unit): median, min and max, samples."""
+    samples: list = field(default_factory=list)
+    unit: str = "s"
+
+    def __post_init__(self):
+        self.samples = [float(s) for s in self.samples]
+        if not self.samples:
+            raise ValueError("a Measurement needs at least one sample")
+
+    @property
+    def median(self):
+        return statistics.median(self.samples)
+
+    @property
+    def lo(self):
+        return _trimmed(self.samples)[0]
+
+    @property
+    def hi(self):
+        return _trimmed(self.samples)[-1]
+
+    @property
+    def spread(self):
+        """(lo, hi): min and max of the samples, leaving out the most extreme tenth at each end
+        when there are 10 or more (a stray hiccup of a shared machine touches one sample)."""
+        return self.lo, self.hi
+
+    def __str__(self):
+        scale, unit = (1e3, "ms") if self.unit == "s" and self.hi < 1 else (1, self.unit)
+        return (f"{self.median * scale:.3g} {unit} ({self.lo * scale:.3g}-{self.hi * scale:.3g},"
+                f" {len(self.samples)} samples)")
+
+    def to_dict(self):
+        return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples}
+
+
+@dataclass
+class Ratio:
+    """How many times as fast `new` is as `base` (base time / new time), one sample per round.
+
+    verdict: "faster" when the whole spread (lo, hi: as Measurement's) is above 1, "slower" when
+    it is below 1, else "within noise" (the run cannot tell them apart)."""
+    samples: list
+
+    def __post_init__(self):
+        self.samples = [float(s) for s in self.samples]
+        if not self.samples:
+            raise ValueError("a Ratio needs at least one sample")
+
+    median = Measurement.median
+    lo = Measurement.lo
+    hi = Measurement.hi
+
+    @property
+    def verdict(self):
+        if self.lo > 1:
+            return "faster"
+        if self.hi < 1:
+            return "slower"
+        return "within noise"
+
+    @property
+    def word(self):
+        """The verdict as a comparison: 'faster than', 'slower than', 'within noise of'."""
+        return {"faster": "faster than", "slower": "slower than"}.get(self.verdict,
+                                                                         "within noise of")
+
+    def __str__(self):
+        return (f"{self.median:.2f}x ({self.lo:.2f}-{self.hi:.2f}, {len(self.samples)} rounds):"
+                f" {self.verdict}")
+
+    def to_dict(self):
+        return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples,
+                "verdict": self.verdict}
+
+
+def _trimmed(samples):
+    """The samples sorted, without the lowest and highest tenth when there are 10 or more."""
+    s, cut = sorted(samples), len(samples) // 10
+    return s[cut:len(s) - cut]
+
+
+def _timed(fn, devices, clock):
+    synchronize(devices)
+    t0 = clock()
+    fn()
+    synchronize(devices)
+    return clock() - t0
+
+
+def _check_counts(repeats, warmup, what="repeats"):
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"{what} must be an int >= 1, got {repeats!r} (5 or more for a claim)")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+
+
+def measure(fn, repeats=5, warmup=1, devices=(), clock=time.perf_counter):
+    """Time fn() `repeats` times after `warmup` untimed calls (first calls pay for caches,
+    allocations, compilation); the devices are synchronised around each call."""
+    _check_counts(repeats, warmup)
+    for _ in range(warmup):
+        fn()
+        synchronize(devices)
+    return Measurement([_timed(fn, devices, clock) for _ in range(repeats)])
+
+
+def interleave(fns, rounds=5, warmup=1, devices=(), clock=time.perf_counter):
+    """Time every fn of the dict `fns` once per round, in turns (ABAB..., the order reversed
+    every other round so that none always runs first), after `warmup` untimed rounds.
+    Returns {name: Measurement}; sample i of every name comes from round i."""
+    _check_counts(rounds, warmup, "rounds")
+    if not fns:
+        raise ValueError("interleave needs at least one function to time")
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+        synchronize(devices)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name].append(_timed(fns[name], devices, clock))
+    return {name: Measurement(s) for name, s in samples.items()}
+
+
+def ratio(base, new, paired=True):
+    """How many times as fast `new` is as `base`: a Ratio of base time / new time.
+
+    paired=True (Measurements from the same rounds of `interleave`): divided round by round.
+    paired=False (timed apart): every sample of one divided by every sample of the other, so
+    the spread is the widest the two allow (base.lo / new.hi to base.hi / new.lo)."""
+    if isinstance(base, (int, float)):
+        base = Measurement([base])
+    if isinstance(new, (int, float)):
+        new = Measurement([new])
+    if paired and len(base.samples) == len(new.samples):
+        return Ratio([b / n for b, n in zip(base.samples, new.samples)])
+    if paired and len(base.samples) > 1 and len(new.samples) > 1:
+        raise ValueError(f"paired samples must come from the same rounds: {len(base.samples)} "
+                         f"against {len(new.samples)}; use ratio(..., paired=False)")
+    return Ratio([b / n for b in base.samples for n in new.samples])
+
+
+def machine_load():
+    """How busy this machine is: the 1-minute load average per core (about 0 when idle, 1 when
+    every core is in use; above 1 processes wait for a core), or None where unknown."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        return None

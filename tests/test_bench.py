@@ -1,0 +1,77 @@
+"""scripts/bench.py: arguments refused before any row runs, rows in turns over seeds, every sample
+kept, ratios with their spread and verdict, and the same-arithmetic check."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from book_files import ROOT
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--ranks", "a"], "comma-separated list"),
+    (["--ranks", ","], None),                      # no ranks at all: allowed (in-process rows)
+    (["--ranks", "0"], "at least 1"),
+    (["--ranks", "-1"], "at least 1"),
+    (["--batch-size", "255", "--ranks", "2"], "--batch-size 254 or 256"),
+    (["--batch-size", "0"], "at least 1"),
+    (["--subset", "-3"], "at least 1"),
+    (["--epochs", "1"], "epoch 1 is warm-up"),
+    (["--lr", "-1"], "positive"),
+    (["--rounds", "0"], "at least 1"),
+    (["--rows", "fast,nope"], "choose among"),
+    (["--json", "/no/such/dir/out.json"], "does not exist"),
+])
+def test_bad_arguments_are_refused_before_any_row_runs(argv, says, monkeypatch, capsys):
+    bench = load_bench()
+
+    def no_rows(*a, **kw):
+        raise AssertionError("a row ran before the arguments were checked")
+    monkeypatch.setattr(bench, "run_in_process", no_rows)
+    monkeypatch.setattr(bench, "run_on_ranks", no_rows)
+    if says is None:
+        assert bench.parse_args(argv).ranks == []
+        return
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+
+
+def test_bench_rows_take_turns_over_seeds_and_keep_every_sample(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--epochs", "2",
+         "--subset", "256", "--rounds", "2", "--rows", "reference,fast", "--ranks", "2",
+         "--check-steps", "3", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={**os.environ, "TQDM_DISABLE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text, res = proc.stdout, json.loads(out.read_text())
+    assert "too short to compare" in text
+    got = {r["name"]: r for r in res["rows"]}
+    assert set(got) == {"reference_1", "fast_1", "fast_ranks_2"}, set(got)
+    for r in got.values():
+        assert [x["seed"] for x in r["rounds"]] == [0, 1], "round r runs seed + r"
+        assert all(len(x["epoch_times"]) == 2 for x in r["rounds"]), "every epoch kept"
+        assert r["sec_per_epoch"]["samples"] == [x["sec_per_epoch"] for x in r["rounds"]]
+        assert len(r["test_acc"]["samples"]) == 2
+    ratio = res["ratios"]["fast_1_over_reference_1"]
+    ref, fast = got["reference_1"]["sec_per_epoch"], got["fast_1"]["sec_per_epoch"]
+    assert ratio["samples"] == [a / b for a, b in zip(ref["samples"], fast["samples"])]
+    assert ratio["verdict"] in ("faster", "slower", "within noise")
+    assert "fast_1_over_reference_1" in text and ratio["verdict"] in text
+    assert res["same_arithmetic"]["max_diff"]["eager"] == 0, "same batches, same arithmetic"
+    assert "max |parameter difference|" in text
+    assert res["machine_load"] and "machine load" in text

@@ -1,0 +1,98 @@
+"""The GPU reference file: what the runner's steps leave is gathered with its provenance; a dry run
+is never taken for a GPU run; the committed file says honestly whether a GPU run exists."""
+import importlib
+import json
+
+import pytest
+
+gr = importlib.import_module("helpers.reference")
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
+failures="1" skipped="1" tests="4"><testcase classname="tests.test_a" name="test_ok"/>
+<testcase classname="tests.test_a" name="test_bad"><failure message="x"/></testcase>
+<testcase classname="tests.test_a" name="test_skip"><skipped/></testcase>
+<testcase classname="tests.test_a" name="test_ok2"/></testsuite></testsuites>"""
+
+
+def outdir_with(tmp_path, gpu_count=1, bench=True):
+    env = dict(gpu="NVIDIA H200" if gpu_count else "none (dry run)", gpu_count=gpu_count,
+               torch="2.11.0", cuda="13.0", python="3.12.3", date="2026-12-02 10:00 UTC",
+               commit="abc1234")
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    (tmp_path / "unit.xml").write_text(JUNIT)
+    ok = tmp_path / "ok.xml"
+    ok.write_text(JUNIT.replace('failures="1"', 'failures="0"').replace('<failure message="x"/>',
+                                                                        ''))
+    gr.add_notebook(str(tmp_path), "book/part4/fixes.ipynb", str(ok), 12)
+    gr.add_notebook(str(tmp_path), "book/part5/zero.ipynb")   # the budget left it out
+    if bench:
+        (tmp_path / "bench.json").write_text(json.dumps(dict(
+            rows=[dict(trainer="fast", n=1, where="process",
+                       sec_per_epoch=dict(median=0.12, spread=[0.11, 0.13], samples=[0.12]),
+                       test_acc=dict(median=0.84, spread=[0.84, 0.84], samples=[0.84]))],
+            ratios={"fast_1_over_reference_1": dict(median=12.0, spread=[11.0, 13.0],
+                                                    samples=[12.0], verdict="faster")},
+            targets=dict(kind="gpu", verdicts=[dict(target="t", median=1, spread=[1, 1],
+                                                    limit=2, met=True)]))))
+    return tmp_path
+
+
+def test_record_gathers_the_steps_with_their_provenance(tmp_path):
+    out = outdir_with(tmp_path)
+    target = tmp_path / "ref.json"
+    ref = gr.write_gpu_reference(str(out), "bash scripts/gpu_runner.sh", path=str(target))
+    assert json.loads(target.read_text()) == ref
+    assert json.loads((out / "gpu_reference.json").read_text()) == ref, "a copy travels back"
+    assert ref["gpu"] == "NVIDIA H200" and ref["torch"] == "2.11.0" and ref["exists"]
+    assert ref["steps"]["unit"]["failed"] == ["tests.test_a::test_bad"]
+    assert (ref["steps"]["unit"]["passed"], ref["steps"]["unit"]["skipped"]) == (2, 1)
+    assert ref["steps"]["nbval"]["notebooks"] == {"book/part4/fixes.ipynb": "passed"}
+    assert ref["steps"]["nbval"]["not_run"] == ["book/part5/zero.ipynb"], "the budget's leftovers"
+    assert ref["not_run"] == [], ref["not_run"]
+    text = gr.describe_gpu_reference(str(target))
+    assert "NVIDIA H200" in text and "0.120 s/epoch" in text and "12.00x (faster)" in text
+    gr.add_notebook(str(out), "book/part5/zero.ipynb", str(out / "ok.xml"), 30)   # later session
+    later = gr.write_gpu_reference(str(out), "cmd", path=str(target))["steps"]["nbval"]
+    assert later["notebooks"] == {"book/part4/fixes.ipynb": "passed",
+                                  "book/part5/zero.ipynb": "passed"} and not later["not_run"]
+    (out / "nbval.json").unlink()
+    ref = gr.write_gpu_reference(str(out), "cmd", path=str(target))
+    assert ref["not_run"] == ["nbval"], "a step that did not run is named"
+    assert "steps not run: nbval" in gr.describe_gpu_reference(str(target))
+
+
+def test_a_cpu_capture_is_not_recorded_as_a_gpu_run(tmp_path):
+    out = outdir_with(tmp_path, gpu_count=0)
+    with pytest.raises(RuntimeError, match="without a GPU"):
+        gr.write_gpu_reference(str(out), "cmd", path=str(tmp_path / "ref.json"))
+
+
+def test_a_dry_run_never_passes_for_a_gpu_run(tmp_path):
+    out = outdir_with(tmp_path, gpu_count=0, bench=False)
+    with pytest.raises(ValueError, match="must not overwrite"):
+        gr.write_gpu_reference(str(out), "cmd", path=gr.REFERENCE_PATH, dry_run=True)
+    ref = gr.write_gpu_reference(str(out), "cmd", dry_run=True)
+    assert ref["dry_run"] and (out / "gpu_reference.json").exists()
+    seen = gr.gpu_reference(str(out / "gpu_reference.json"))
+    assert seen["exists"] is False and "dry run" in seen["note"]
+    assert "none exists yet" in gr.describe_gpu_reference(str(out / "gpu_reference.json"))
+
+
+def test_record_needs_the_machine_captured_on_the_gpu(tmp_path):
+    with pytest.raises(FileNotFoundError, match="env.json"):
+        gr.write_gpu_reference(str(tmp_path), "cmd", path=str(tmp_path / "ref.json"))
+
+
+def test_a_claimed_run_without_provenance_is_refused(tmp_path):
+    bad = tmp_path / "ref.json"
+    bad.write_text(json.dumps({"exists": True, "gpu": "H200"}))
+    with pytest.raises(ValueError, match="does not name"):
+        gr.gpu_reference(str(bad))
+
+
+def test_the_committed_file_is_honest():
+    ref = gr.gpu_reference()
+    if ref.get("exists"):
+        assert not ref.get("dry_run") and ref["gpu_count"] >= 1 and ref["bench"]
+    else:
+        assert "none exists yet" in gr.describe_gpu_reference()

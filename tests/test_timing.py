@@ -1,0 +1,111 @@
+"""helpers.timing: warm-up, repeats, medians with spreads, ratios round by round, "within noise"."""
+import itertools
+
+import pytest
+import torch
+
+from helpers import timing
+
+
+class FakeClock:
+    """A clock that advances only when a timed function says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def spend(self, seconds):
+        self.now += seconds
+
+
+def test_measure_warms_up_then_times_each_repeat():
+    clock, calls = FakeClock(), []
+    durations = iter([9.0, 1.0, 3.0, 2.0])   # the first call (warm-up) is slow and not kept
+
+    def fn():
+        calls.append(1)
+        clock.spend(next(durations))
+    m = timing.measure(fn, repeats=3, warmup=1, clock=clock)
+    assert len(calls) == 4
+    assert m.samples == [1.0, 3.0, 2.0]
+    assert (m.median, m.lo, m.hi) == (2.0, 1.0, 3.0)
+    assert m.to_dict() == {"median": 2.0, "spread": [1.0, 3.0], "samples": [1.0, 3.0, 2.0]}
+
+
+def test_measure_synchronises_the_devices(monkeypatch):
+    seen = []
+    monkeypatch.setattr(timing, "synchronize", lambda devices: seen.append(("sync", devices)))
+    timing.measure(lambda: seen.append("fn"), repeats=2, warmup=0, devices=["cuda:0"])
+    assert seen == [("sync", ["cuda:0"]), "fn", ("sync", ["cuda:0"])] * 2, seen
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, None])
+def test_bad_counts_are_refused(bad):
+    with pytest.raises(ValueError, match="repeats"):
+        timing.measure(lambda: None, repeats=bad)
+    with pytest.raises(ValueError, match="rounds"):
+        timing.interleave({"a": lambda: None}, rounds=bad)
+
+
+def test_interleave_takes_turns_and_reverses_every_other_round():
+    clock, order = FakeClock(), []
+
+    def make(name, seconds):
+        def fn():
+            order.append(name)
+            clock.spend(seconds)
+        return fn
+    got = timing.interleave({"a": make("a", 2.0), "b": make("b", 1.0)}, rounds=3, warmup=1,
+                            clock=clock)
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"], order   # warm-up, then ABBAAB
+    assert got["a"].samples == [2.0] * 3 and got["b"].samples == [1.0] * 3
+
+
+def test_ratio_divides_round_by_round():
+    base = timing.Measurement([2.0, 4.0, 3.0])
+    new = timing.Measurement([1.0, 2.0, 1.0])
+    r = timing.ratio(base, new)
+    assert r.samples == [2.0, 2.0, 3.0]
+    assert (r.median, r.lo, r.hi, r.verdict) == (2.0, 2.0, 3.0, "faster")
+    assert "faster" in str(r) and r.word == "faster than"
+
+
+def test_a_ratio_whose_spread_crosses_one_is_within_noise():
+    r = timing.ratio(timing.Measurement([1.0, 1.0, 1.0]), timing.Measurement([0.9, 1.1, 1.0]))
+    assert r.lo < 1 < r.hi and r.verdict == "within noise" and "within noise" in str(r)
+    slower = timing.ratio(timing.Measurement([1.0, 1.0]), timing.Measurement([2.0, 3.0]))
+    assert slower.verdict == "slower" and slower.word == "slower than"
+
+
+def test_the_spread_leaves_out_stray_hiccups_of_many_samples():
+    few = timing.Measurement([1.0, 1.1, 9.0])                # fewer than 10: min to max
+    assert (few.lo, few.hi) == (1.0, 9.0)
+    many = timing.Measurement([1.0 + i / 100 for i in range(18)] + [0.1, 50.0])
+    assert (many.lo, many.hi) == (1.01, 1.16), "the extreme tenth at each end is left out"
+    assert timing.Ratio([1.2] * 9 + [0.5]).verdict == "faster", "one hiccup in ten rounds"
+    assert timing.Ratio([1.2] * 8 + [0.5, 0.6]).verdict == "within noise"
+
+
+def test_unpaired_comparison_takes_every_pair():
+    base, new = timing.Measurement([2.0, 4.0]), timing.Measurement([1.0, 2.0, 4.0])
+    r = timing.ratio(base, new, paired=False)
+    assert sorted(r.samples) == sorted(b / n for b, n in itertools.product([2, 4], [1, 2, 4]))
+    assert (r.lo, r.hi) == (0.5, 4.0)
+    with pytest.raises(ValueError, match="same rounds"):
+        timing.ratio(base, new)   # paired samples from different runs: refused, not guessed
+
+
+def test_measure_really_times_work():
+    """On a real clock, more work takes longer: the machinery measures, it does not make up."""
+    x = torch.randn(256, 256)
+    small = timing.measure(lambda: x @ x, repeats=5)
+    big = timing.measure(lambda: [x @ x for _ in range(50)], repeats=5)
+    assert timing.ratio(big, small).median > 5   # medians: one preempted sample cannot flip it
+    assert all(s > 0 for s in small.samples)
+
+
+def test_machine_load_is_a_number_or_none():
+    load = timing.machine_load()
+    assert load is None or load >= 0
