@@ -40,6 +40,7 @@ from .training import default_run_size, evaluate_accuracy, sgd, train, train_bat
 from .splits import *        # noqa: F401,F403
 from .tensor_parallel import *  # noqa: F401,F403
 from .costs import *         # noqa: F401,F403
+from .cost_explorer import cost_explorer_html, cost_grid, with_static_twin
 from .checkpoint import *    # noqa: F401,F403
 from .validate import *      # noqa: F401,F403
 from .distributed import *   # noqa: F401,F403
