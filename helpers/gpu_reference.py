@@ -7,16 +7,26 @@ import json
 import os
 import platform
 
+from .paths import course_file
+
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
 
 
+def _committed_reference():
+    """The checkout's file, else the copy a plain install ships (helpers/_reference/)."""
+    try:
+        return str(course_file("gpu_reference.json"))
+    except FileNotFoundError:
+        return REFERENCE_PATH
+
+
 def gpu_reference(path=None):
     """The reference run as a dict; {'exists': False, ...} when no GPU run has been recorded (or
-    the file is missing, e.g. in a pip install without the repository)."""
-    path = path or REFERENCE_PATH
+    the file is missing)."""
+    path = path or _committed_reference()
     if not os.path.exists(path):
         return {"exists": False, "note": f"no reference file at {path}"}
     with open(path) as f:
