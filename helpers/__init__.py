@@ -1,63 +1,109 @@
-"""The course's helpers: small modules, one job each. Everything is importable from the top level.
+"""The course's helpers: the one flat façade. Every public name is importable as `helpers.X`.
 
-devices   which devices to use (real or simulated GPUs), honest timing
-data      Fashion-MNIST through torchvision
-models    LeNet (functional and as a module), ResNet-18
-parallel  data parallelism from scratch: get_params, allreduce, split_batch
-training  sgd, train_batch, train, evaluate_accuracy
-plotting  live training plot, progress bar, glue
-splits    Part I: splitting a model across layers and within a layer (costs: what each split costs)
-tensor_parallel  Part I: ring all-reduce over simulated devices, Megatron's f/g and its MLP
-distributed  Part III: DistributedDataParallel set-up, samplers, checkpoints
-          (ddp_worker: spawned workers)
-fast      Part IV: the fast data-parallel trainer (comm: allreduce variants and their cost model)
-paths     script_path: the course's scripts (scripts/ddp) in a checkout or an installed copy
-checkpoint  files written atomically (checkpoints, metrics), snapshots to resume from bitwise
-validate  inputs checked at every entry point, before any work (one global-batch rule)
-ddp_scratch  Part III: DDPFromScratch, data parallelism across processes built by hand
-zero      Part V: ZeRO-1 (ShardedOptimizer) and ZeRO-2 (Zero2);
-          fsdp_scratch: ZeRO-3, FSDPFromScratch
-tiny_models  Part V: a deep MLP and a tiny decoder-only transformer; traffic: bytes sent, counted
-shard_workers  Parts III and V: multi-process experiments started from notebooks (run_ranks)
-ranks     Part VI: send/recv/all-reduce over torch.distributed or threads, counted; spawn_ranks
-pipeline_dist  Part VI: a pipeline across processes (GPipe, 1F1B), torch's pipelining
-tp_dist   Part VI: tensor parallel across processes (Megatron f/g, heads), DTensor, a 2D mesh
-workers   Part IV: real data-parallel worker processes on a CPU (gloo, one thread each, pinned)
-profiling Part IV: the profiler without native log noise, counting a step's calls
-gpu_reference  Part IV: the committed GPU reference run, shown beside the reader's figures
-prose     claims the prose makes about a run, asserted (claim)
-checks    exercise checks (imported as helpers.checks)
+Each name has one home module (the import lines below list them; `helpers.X.__module__` says
+it too). Folders name the split, files the version: simulated (one process, Part I/II), scratch
+(by hand across processes), torch_api (torch's own), experiments (the chapters' runs).
+
+home module                 what lives there                     e.g.
+config, devices, data       run sizes, devices, Fashion-MNIST    choose, get_devices, load_tensors
+models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18, TinyLM, make_model
+plotting, paths, validate   plots and glue, scripts, checks      glue, script_path, check_lr
+costs, compare              cost formulas, comparators           split_costs, all_close, max_diff
+cost_explorer               the cost explorer's static twin      with_static_twin
+profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
+runtime.group               THE init_process_group               setup, teardown, choose_backend
+runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, spawn_ranks
+runtime.traffic             bytes counted                        CommLog, send, count_traffic
+runtime.checkpoint          atomic files, snapshots              atomic_write, save_snapshot
+runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
+data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
+sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
+pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
+tensor_parallel.*           Part I (simulated), Part VI          megatron_mlp, TPBlock, tp_plan
+checks                      exercise checks (helpers.checks)     check_split_batch, ...
 """
 from .config import choose, quick
-from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
-                   load_tensors)
 from .devices import (Timer, exact_float32, get_devices, num_gpus, require_gpus, synchronize,
                       try_all_gpus, try_gpu)
-from .models import (init_lenet_params, lenet, lenet_module, loss, num_params, resnet18)
-from .parallel import allreduce, get_params, split_batch
+from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
+                   load_tensors)
+from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
+from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
+                          make_batches)
 from .plotting import Animator, glue, progress
-from .training import default_run_size, evaluate_accuracy, sgd, train, train_batch
-from .splits import *        # noqa: F401,F403
-from .tensor_parallel import *  # noqa: F401,F403
-from .costs import *         # noqa: F401,F403
-from .cost_explorer import cost_explorer_html, cost_grid, with_static_twin
-from .checkpoint import *    # noqa: F401,F403
-from .validate import *      # noqa: F401,F403
-from .distributed import *   # noqa: F401,F403
-from .ddp_worker import *    # noqa: F401,F403
-from .fast import *          # noqa: F401,F403
-from .comm import *          # noqa: F401,F403
-from .paths import *         # noqa: F401,F403
-from .ddp_scratch import *   # noqa: F401,F403
-from .tiny_models import *   # noqa: F401,F403
-from .zero import *          # noqa: F401,F403
-from .fsdp_scratch import *  # noqa: F401,F403
-from .traffic import *       # noqa: F401,F403
-from .shard_workers import *  # noqa: F401,F403
-from .ranks import *         # noqa: F401,F403
-from .pipeline_dist import * # noqa: F401,F403
-from .tp_dist import *       # noqa: F401,F403
-from .workers import *       # noqa: F401,F403
-from .gpu_reference import *  # noqa: F401,F403
-from .profiling import *     # noqa: F401,F403
-from .prose import *         # noqa: F401,F403
+from .paths import script_path, course_file
+from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
+                       check_backend, check_output_path, check_step, script_parser, resolve_args)
+from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_allreduce_bytes,
+                    split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
+                    sharding_costs, ZERO_ROWS)
+from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
+from .compare import all_close, max_abs_diff, max_diff, rel_diff
+from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
+                          make_optimizer, plain_optimizer, train_one_process,
+                          train_one_process_plain)
+from .profiling import quiet_native_stderr, profile_cpu, count_ops
+from .prose import ClaimFailed, claim, claims_made, say, glued, formatted
+from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
+                        write_gpu_reference)
+from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
+                            get_rank, get_world_size, log0)
+from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
+                             run_in_turn, spawn_ranks)
+from .runtime.progress import report_progress, ProgressLine, report_to
+from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
+from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
+from .runtime.files import atomic_write, atomic_save, write_json, read_json
+from .runtime.emulate import Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits
+from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
+                                 save_checkpoint, save_snapshot_all, load_checkpoint)
+from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
+                                      evaluate_accuracy, default_run_size)
+from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
+                                      bucketed_allreduce, ring_allreduce, ring_volume,
+                                      OverlapReducer, train_batch_overlap, allreduce_time,
+                                      fit_alpha_beta)
+from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, resident_accuracy,
+                                 flat_replica)
+from .data_parallel.scratch import DDPFromScratch, make_buckets
+from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exact,
+                                      SyncBatchNormFunction, CPUSyncBatchNorm,
+                                      convert_sync_batchnorm, TwoInputNet, side_features, bn_net,
+                                      bn_stats, global_batches, train_bn_steps)
+from .data_parallel.experiments import (ddp_vs_one_process, gradient_timeline, bn_vs_syncbn,
+                                        uneven_inputs_join)
+from .data_parallel.speed import (pin_to_core, dp_timing_worker, time_data_parallel, spread,
+                                  allreduce_compare_worker, compare_with_dist_all_reduce,
+                                  lenet_module_from, bench_worker, bench_ranks,
+                                  gloo_allreduce_worker, time_gloo_allreduce)
+from .sharding.zero import (partition_by_size, ShardedOptimizer, Zero2, flat_shard,
+                            all_gather_flat, optimizer_state_bytes, padded_flat,
+                            reduce_scatter_flat)
+from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
+from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
+from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
+                                   fsdp_scratch_vs_one_process, fsdp2_vs_one_process,
+                                   dcp_save_sharded, dcp_load_resharded, memory_per_stage)
+from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_orders,
+                                          clock_ticks, bubble_fraction, schedule_bubble, replay,
+                                          measured_bubble, peak_live, plot_schedule, plot_live,
+                                          gpipe_rank_order, one_f_one_b_rank_order, busy_times,
+                                          timeline_bubble, as_schedule)
+from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
+                                          run_schedule, stage_forward, stage_backward,
+                                          pipeline_1f1b, multiply_adds)
+from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
+                                        layer_times, cuts_by, sum_loss, LiveActivations)
+from .pipeline_parallel.torch_api import pipelining_available, pipelining_runs
+from .pipeline_parallel.experiments import pipeline_worker
+from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
+                                        ring_bytes_per_device, CopyToShards, ReduceFromShards,
+                                        copy_to_shards, reduce_from_shards, megatron_mlp,
+                                        conv_split_channels, dense_split_columns,
+                                        dense_split_rows, lenet_within_layer)
+from .tensor_parallel.scratch import (SmallMLP, SmallAttention, SmallBlock, small_block, CopyToTP,
+                                      ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
+                                      TPAttention, TPBlock, split_dims, shard_of, gather_shards,
+                                      block_inputs, block_loss)
+from .tensor_parallel.torch_api import tp_plan
+from .tensor_parallel.experiments import tp_worker, mesh2d_worker

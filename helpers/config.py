@@ -1,6 +1,8 @@
 """Run sizes: one switch (COURSE_QUICK) shrinks every experiment so CI finishes in minutes."""
 import os
 
+__all__ = ["choose", "quick"]
+
 QUICK_ENV = "COURSE_QUICK"   # set to 1: tiny data subsets, one or two epochs (CI, a quick look)
 FULL_ENV = "COURSE_FULL"     # set to 1: full sizes even without a GPU (slow on a laptop)
 

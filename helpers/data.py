@@ -8,6 +8,9 @@ from torch.utils import data
 
 from .validate import check_positive_int
 
+__all__ = ["DataMissingError", "data_dir", "fashion_mnist", "load_data_fashion_mnist",
+           "load_tensors"]
+
 DATA_ENV = "COURSE_DATA"
 FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
          "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")

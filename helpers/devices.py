@@ -3,6 +3,9 @@ import time
 
 import torch
 
+__all__ = ["Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus", "synchronize",
+           "try_all_gpus", "try_gpu"]
+
 
 def num_gpus():
     """The number of CUDA GPUs (0 on a CPU-only machine; makes no CUDA call there)."""

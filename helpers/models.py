@@ -3,6 +3,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+__all__ = ["init_lenet_params", "lenet", "lenet_module", "loss", "num_params", "resnet18",
+           "unwrap"]
+
 # Shapes of the reference LeNet's parameters: two convolutions, two dense layers, with biases.
 LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,), (128, 10), (10,)]
 
@@ -72,3 +75,10 @@ def resnet18(num_classes=10, in_channels=1, width=64):
         stage(w, w, True), stage(w, 2 * w, False), stage(2 * w, 4 * w, False),
         stage(4 * w, 8 * w, False),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, num_classes))
+
+
+def unwrap(model):
+    """The module inside DataParallel / DistributedDataParallel (the model itself otherwise)."""
+    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        model = model.module
+    return model

@@ -3,6 +3,8 @@ import os
 
 import matplotlib.pyplot as plt
 
+__all__ = ["Animator", "glue", "progress"]
+
 
 def in_notebook():
     """True inside a Jupyter kernel (where figures can be displayed and updated in place)."""

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["deep_mlp", "TinyLM", "TinyBlock", "counting_tokens", "model_bytes"]
+__all__ = ["deep_mlp", "TinyLM", "TinyBlock", "counting_tokens", "model_bytes", "make_model",
+           "make_batches"]
 
 
 def deep_mlp(d_in=32, width=64, depth=4, num_classes=10):
@@ -81,3 +82,29 @@ def counting_tokens(n, seq_len=16, vocab=32, seed=0):
 def model_bytes(module):
     """Bytes of a module's parameters, each shared (tied) tensor counted once."""
     return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+# ---- the models and batches of Part V's experiments --------------------------------------
+def make_model(kind, seed=0, **sizes):
+    """The experiments' models: "mlp" (deep MLP), "frozen" (its first layer frozen), "tied"
+    (TinyLM with tied embeddings), "lm" (TinyLM, untied)."""
+    torch.manual_seed(seed)
+    if kind in ("mlp", "frozen"):
+        net = deep_mlp(**sizes)
+        if kind == "frozen":
+            net[0].requires_grad_(False)
+        return net
+    if kind in ("tied", "lm"):
+        return TinyLM(tied=kind == "tied", **sizes)
+    raise ValueError(f"unknown model kind {kind!r}: use mlp, frozen, tied or lm")
+
+
+def make_batches(kind, num_steps, batch_size, seed=1, d_in=32, **_):
+    """The same `num_steps` global batches on every rank: a list of (X, y)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind in ("tied", "lm"):
+        X, y = counting_tokens(num_steps * batch_size, seed=seed)
+        return list(zip(X.split(batch_size), y.split(batch_size)))
+    return [(torch.randn(batch_size, d_in, generator=g),
+             torch.randint(10, (batch_size,), generator=g))
+            for _ in range(num_steps)]

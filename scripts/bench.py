@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import importlib.util
 import io
-import json
 import os
 import platform
 import statistics
@@ -158,9 +157,10 @@ def main(argv=None):
         except Exception as e:   # no compiler, unsupported platform: say why, go on
             print(f"bench: compile row skipped: torch.compile failed here "
                   f"({type(e).__name__}: {str(e).splitlines()[0][:160]})")
-    have_scratch = importlib.util.find_spec("helpers.ddp_scratch") is not None
+    have_scratch = importlib.util.find_spec("helpers.data_parallel.scratch") is not None
     if not have_scratch:
-        print("bench: DDPFromScratch row skipped: helpers.ddp_scratch is not importable here")
+        print("bench: DDPFromScratch row skipped: helpers.data_parallel.scratch is not "
+              "importable here")
     for k in ranks:
         wrappers = ["ddp"] + (["scratch"] if have_scratch and k > 1 else [])
         got, backend = helpers.bench_ranks(k, wrappers, args.batch_size, args.lr,
@@ -201,10 +201,7 @@ def main(argv=None):
                    cuda=torch.version.cuda, threads=torch.get_num_threads(), rows=rows,
                    ratios=ratios, argv=sys.argv[1:] if argv is None else argv,
                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-        tmp = f"{args.json}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=2)
-        os.replace(tmp, args.json)
+        helpers.write_json(args.json, out, indent=2)
         print(f"bench: results written to {args.json}")
     return rows, ratios
 

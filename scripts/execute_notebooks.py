@@ -192,7 +192,7 @@ def execute(path, store=True, record=None):
         raise SystemExit(f"{path}: stored outputs not updated, errors:\n  " + "\n  ".join(errors))
     if store:
         drop_unshown_widget_state(nb)
-        from helpers import atomic_write
+        from helpers import atomic_write   # the one atomic writer: a kill keeps the old file
         atomic_write(path, lambda f: nbformat.write(nb, f), mode="w")
     entry.update(machine=where, date=datetime.date.today().isoformat(),
                  torch=torch.__version__.split("+")[0], stored=store)

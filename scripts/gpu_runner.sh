@@ -41,7 +41,7 @@ python3 scripts/bench.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_runner.sh: the benchmark failed"; exit 1; }
 python3 - "$out" "$command" <<'EOF'
 import sys
-from helpers.gpu_reference import write_gpu_reference
+from helpers import write_gpu_reference
 out, command = sys.argv[1], sys.argv[2]
 tail = lambda name: open(f"{out}/{name}").read().splitlines()[-15:]
 ref = write_gpu_reference(f"{out}/bench.json", command,

@@ -78,7 +78,8 @@ def _plotters(trees):
 
 @functools.lru_cache(maxsize=1)
 def helpers_plotters():
-    return frozenset(_plotters(_parse(p.read_text()) for p in (ROOT / "helpers").glob("*.py")))
+    modules = [p for p in (ROOT / "helpers").rglob("*.py") if "checks" not in p.parts]
+    return frozenset(_plotters(_parse(p.read_text()) for p in modules))
 
 
 def _plot_calls(source, plotters=frozenset()):

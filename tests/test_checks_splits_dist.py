@@ -8,8 +8,7 @@ from helpers.checks import (check_cuts_for_times, check_dp_average, check_idle_s
                             check_local_shape,
                             check_megatron_mlp, check_mesh_groups, check_pipeline_forward,
                             check_row_parallel_linear, check_tp_ring_bytes)
-from helpers.costs import balanced_cuts
-from helpers.tp_dist import copy_to_tp, reduce_from_tp
+from helpers import balanced_cuts, copy_to_tp, reduce_from_tp
 
 
 # --- the reference solutions, as the notebooks have them between the nbgrader markers ---------

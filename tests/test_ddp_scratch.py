@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import helpers
-from helpers.ddp_scratch import make_buckets
+from helpers import make_buckets
 
 CASES = [("mlp", None), ("mlp", 0.004), ("mlp", 25), ("tied", None), ("tied", 0.01),
          ("frozen", 0.004)]
@@ -14,8 +14,10 @@ CASES = [("mlp", None), ("mlp", 0.004), ("mlp", 25), ("tied", None), ("tied", 0.
 
 @pytest.fixture(scope="module")
 def runs():
-    return helpers.run_ranks(2, [("ddp", dict(cases=CASES)), ("timeline", {}),
-                                 ("timeline:buckets", dict(bucket_mb=0.01))], backend="gloo")
+    return helpers.run_ranks(2, [
+        ("ddp", helpers.ddp_vs_one_process, dict(cases=CASES)),
+        ("timeline", helpers.gradient_timeline, {}),
+        ("timeline:buckets", helpers.gradient_timeline, dict(bucket_mb=0.01))], backend="gloo")
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{k}-{b}" for k, b in CASES])

@@ -4,7 +4,6 @@ The launches are the proof of the chapter: 2 ranks train exactly like 1 process 
 batch; a dead or stuck rank ends the run (non-zero exit) within the timeout; two "nodes" on one
 machine meet over loopback.
 """
-import datetime
 import json
 import os
 import subprocess
@@ -13,14 +12,15 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import helpers
-import helpers.distributed as hd
+import helpers as hd
+from helpers.data_parallel import torch_api
+from helpers.runtime import group
 from book_files import ROOT
 
 SCRIPT = ROOT / "scripts" / "ddp" / "torchrun.py"
@@ -244,19 +244,18 @@ def test_set_epoch_changes_the_order_and_forgetting_it_does_not():
 
 
 def test_backend_choice(monkeypatch):
-    monkeypatch.setattr(hd.dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(group.dist, "is_nccl_available", lambda: True)
     for gpus, ranks, expected in [(0, 1, "gloo"), (0, 2, "gloo"), (1, 1, "nccl"),
                                   (1, 2, "gloo"), (2, 2, "nccl"), (8, 4, "nccl")]:
-        monkeypatch.setattr(hd, "num_gpus", lambda g=gpus: g)
+        monkeypatch.setattr(group, "num_gpus", lambda g=gpus: g)
         assert hd.choose_backend(ranks) == expected, (gpus, ranks)
 
 
 @pytest.fixture
 def world_of_one():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{hd.free_port()}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    helpers.setup(0, 1, master_port=helpers.free_port(), backend="gloo", timeout=30)
     yield
-    dist.destroy_process_group()
+    helpers.teardown()
 
 
 def test_evaluate_exact_and_checkpoints(world_of_one, tmp_path):
@@ -277,7 +276,7 @@ def test_evaluate_exact_and_checkpoints(world_of_one, tmp_path):
 def test_cpu_sync_batchnorm_matches_batchnorm(world_of_one, monkeypatch):
     """The statistics path of CPUSyncBatchNorm (forced on, over a world of one) gives BatchNorm2d's
     outputs, gradients and running statistics."""
-    monkeypatch.setattr(hd, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch_api, "get_world_size", lambda: 2)
     torch.manual_seed(0)
     bn = nn.BatchNorm2d(3)
     sync = hd.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3)), "cpu")[0]
@@ -342,6 +341,8 @@ def test_a_checkpoint_killed_mid_save_always_loads(tmp_path):
     assert saved > 0, "the child never finished a save: the harness tested nothing"
     assert broken == 0
     hd.atomic_save({"x": torch.ones(1)}, tmp_path / "ckpt.pt")   # leftovers do not block it
+    left = [p.name for p in tmp_path.iterdir() if p.name != "ckpt.pt"]
+    assert not left, f"the next save removes what the killed writers left: {left}"
 
 
 def test_the_same_kills_break_a_plain_torch_save(tmp_path):
@@ -353,14 +354,14 @@ def test_the_same_kills_break_a_plain_torch_save(tmp_path):
 
 def test_save_checkpoint_and_metrics_are_atomic_writes(tmp_path, monkeypatch):
     """Every writer goes through atomic_write: a failure mid-write leaves the old file whole."""
-    import helpers.checkpoint as hc
+    import helpers.runtime.files as hc
     hd.atomic_save({"v": torch.zeros(3)}, tmp_path / "a.pt")
     hc.write_json(tmp_path / "m.json", {"v": 0})
 
     def exploding_save(obj, f):
         f.write(b"half")
         raise OSError("disk full (simulated)")
-    monkeypatch.setattr(hc.torch, "save", exploding_save)
+    monkeypatch.setattr(torch, "save", exploding_save)
     with pytest.raises(OSError):
         hd.save_checkpoint(nn.Linear(2, 2), tmp_path / "a.pt")
     assert torch.equal(torch.load(tmp_path / "a.pt", weights_only=True)["v"], torch.zeros(3))

@@ -400,7 +400,7 @@ def test_bench_quick_runs_every_row_and_reports_ratios(tmp_path):
     res = json.loads(out.read_text())
     got = {(r["trainer"], r["devices"]) for r in res["rows"]}
     assert {("reference", 1), ("fast", 1), ("ddp", 1), ("ddp", 2)} <= got, got
-    scratch = __import__("importlib").util.find_spec("helpers.ddp_scratch") is not None
+    scratch = __import__("importlib").util.find_spec("helpers.data_parallel.scratch") is not None
     assert (("scratch", 2) in got) == scratch, "DDPFromScratch row iff the module exists"
     if not scratch:
         assert "DDPFromScratch row skipped" in text

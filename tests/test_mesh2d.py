@@ -1,10 +1,9 @@
-"""2D parallelism (helpers/tp_dist.mesh2d_worker): a 2x2 device mesh of 4 gloo processes,
-tensor parallel over "tp", data parallel (FSDP2) over "dp", trains like one process."""
+"""2D parallelism (helpers.tensor_parallel.experiments.mesh2d_worker): a 2x2 device mesh of 4 gloo
+processes, tensor parallel over "tp", data parallel (FSDP2) over "dp", trains like one process."""
 import pytest
 import torch
 
-from helpers.ranks import spawn_ranks
-from helpers.tp_dist import block_inputs, block_loss, mesh2d_worker, small_block
+from helpers import block_inputs, block_loss, launch, mesh2d_worker, small_block
 
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=4, seq=4, width=16)
@@ -13,8 +12,8 @@ STEPS, LR = 2, 0.1
 
 @pytest.fixture(scope="module")
 def ranks():
-    return spawn_ranks(mesh2d_worker, 4, dict(block=BLOCK, inputs=INPUTS, steps=STEPS, lr=LR),
-                       quiet=True)
+    return launch(mesh2d_worker, 4, dict(block=BLOCK, inputs=INPUTS, steps=STEPS, lr=LR),
+                  quiet=True)
 
 
 def one_process():

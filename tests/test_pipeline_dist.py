@@ -1,13 +1,12 @@
-"""Pipeline across processes (helpers/pipeline_dist.py): GPipe and 1F1B from scratch with
+"""Pipeline across processes (helpers/pipeline_parallel/): GPipe and 1F1B from scratch with
 send/recv, and torch.distributed.pipelining, each equal to the unsplit model (loss and every
 gradient) on 2 gloo ranks; the schedules' live micro-batches; the same code on 4 thread-ranks."""
 import pytest
 import torch
 
-from helpers.pipeline_dist import (cuts_by, gpipe_rank_order, one_f_one_b_rank_order,
-                                   pipeline_net, pipeline_rank_step, pipeline_worker, stage_of,
-                                   timeline_bubble, unsplit_step)
-from helpers.ranks import run_threads, spawn_ranks
+from helpers import (cuts_by, gpipe_rank_order, one_f_one_b_rank_order, pipeline_net,
+                     pipeline_rank_step, pipeline_worker, run_threads, launch, stage_of,
+                     timeline_bubble, unsplit_step)
 
 NET = dict(vocab=64, width=16, depth=4)
 N, M = 12, 4
@@ -26,8 +25,8 @@ def batch(seed=3):
 @pytest.fixture(scope="module")
 def ranks():
     """One launch of 2 gloo processes for every run."""
-    return spawn_ranks(pipeline_worker, 2, dict(net=NET, batch_size=N, seed=3, runs=RUNS),
-                       quiet=True)
+    return launch(pipeline_worker, 2, dict(net=NET, batch_size=N, seed=3, runs=RUNS),
+                  quiet=True)
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +122,6 @@ def test_four_stages_on_threads(schedule):
 def test_cuts_by_balance():
     assert cuts_by([10, 1, 1, 1, 1], 2) == [1]
     assert cuts_by([0.0, 1, 1, 1, 1], 2) == [3]
-
-
-def test_spawn_refuses_a_notebook_function():
-    def worker(rank, world, cfg):
-        return rank
-    worker.__module__ = "__main__"
-    with pytest.raises(ValueError, match="cannot pickle"):
-        spawn_ranks(worker, 2, quiet=True)
 
 
 def test_a_missing_send_times_out_with_a_message():

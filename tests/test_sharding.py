@@ -20,18 +20,26 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two(ckpt):
+    h = helpers
     return helpers.run_ranks(2, [
-        ("zero1", {}), ("zero1:sgd", dict(optim="sgd")), ("zero2", {}),
-        ("zero2:buckets", dict(bucket_mb=0.01)),
-        ("fsdp", dict(kind="lm", optim="sgd")), ("fsdp:mlp", dict(kind="mlp")),
-        ("fsdp:bf16", dict(kind="lm", optim="sgd", compute_dtype="bfloat16")),
-        ("fsdp2", {}), ("fsdp2:bf16", dict(compute_dtype="bfloat16")),
-        ("dcp_save", dict(path=ckpt)), ("memory", {})], backend="gloo")
+        ("zero1", h.zero1_vs_one_process, {}),
+        ("zero1:sgd", h.zero1_vs_one_process, dict(optim="sgd")),
+        ("zero2", h.zero2_vs_one_process, {}),
+        ("zero2:buckets", h.zero2_vs_one_process, dict(bucket_mb=0.01)),
+        ("fsdp", h.fsdp_scratch_vs_one_process, dict(kind="lm", optim="sgd")),
+        ("fsdp:mlp", h.fsdp_scratch_vs_one_process, dict(kind="mlp")),
+        ("fsdp:bf16", h.fsdp_scratch_vs_one_process,
+         dict(kind="lm", optim="sgd", compute_dtype="bfloat16")),
+        ("fsdp2", h.fsdp2_vs_one_process, {}),
+        ("fsdp2:bf16", h.fsdp2_vs_one_process, dict(compute_dtype="bfloat16")),
+        ("dcp_save", h.dcp_save_sharded, dict(path=ckpt)),
+        ("memory", h.memory_per_stage, {})], backend="gloo")
 
 
 @pytest.fixture(scope="module")
 def four(two, ckpt):
-    return helpers.run_ranks(4, [("dcp_load", dict(path=ckpt)), ("memory", {})], backend="gloo")
+    return helpers.run_ranks(4, [("dcp_load", helpers.dcp_load_resharded, dict(path=ckpt)),
+                                 ("memory", helpers.memory_per_stage, {})], backend="gloo")
 
 
 def test_zero1_equals_adamw_and_torch_zero(two):

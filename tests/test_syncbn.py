@@ -1,16 +1,13 @@
 """CPUSyncBatchNorm over 2 real gloo ranks equals one BatchNorm on the combined batch (forward,
 running statistics, input and parameter gradients), and convert_sync_batchnorm keeps every
 setting of the layers it replaces."""
-import datetime
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import helpers
-import helpers.distributed as hd
+import helpers.data_parallel.torch_api as hd
 
 SHAPES = {1: (6, 3), 2: (6, 3, 4, 5), 3: (6, 3, 2, 3, 4)}
 BN = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
@@ -23,10 +20,8 @@ def _inputs(dim):
     return X, w
 
 
-def _worker(rank, world_size, port, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
-    torch.set_num_threads(1)
+def _worker(rank, world_size, cfg):
+    """A launch target: the layer's outputs, gradients and statistics on this rank's shard."""
     results = {}
     for dim in SHAPES:
         X, w = _inputs(dim)
@@ -47,15 +42,12 @@ def _worker(rank, world_size, port, out):
             dist.all_reduce(gr)                           # what DDP does with the sum of losses
         results[dim] = dict(Y=Y.detach(), dX=Xr.grad, grads=grads, type=type(sync).__name__,
                             mean=sync.running_mean.clone(), var=sync.running_var.clone())
-    torch.save(results, f"{out}.{rank}.pt")
-    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("syncbn") / "r")
-    mp.spawn(_worker, args=(2, hd.free_port(), out), nprocs=2)
-    return [torch.load(f"{out}.{r}.pt", weights_only=True) for r in range(2)]
+def two_ranks():
+    return helpers.launch(_worker, 2, backend="gloo", quiet=True)
 
 
 @pytest.mark.parametrize("dim", sorted(SHAPES))

@@ -1,13 +1,12 @@
-"""Tensor parallel across processes (helpers/tp_dist.py): the Megatron SmallMLP and the block with
-attention split by heads, from scratch (f/g over torch.distributed) and with DTensor, equal to
-the unsplit block (outputs, parameter and input gradients) on 2 gloo ranks, with the
+"""Tensor parallel across processes (helpers/tensor_parallel/): the Megatron SmallMLP and the
+block with attention split by heads, from scratch (f/g over torch.distributed) and with DTensor,
+equal to the unsplit block (outputs, parameter and input gradients) on 2 gloo ranks, with the
 communication each does counted; the same code on 4 thread-ranks."""
 import pytest
 import torch
 
-from helpers.ranks import run_threads, spawn_ranks
-from helpers.tp_dist import (TPBlock, TPMLP, block_inputs, block_loss, gather_shards,
-                             small_block, split_dims, tp_worker)
+from helpers import (TPBlock, TPMLP, block_inputs, block_loss, gather_shards, run_threads,
+                     small_block, launch, split_dims, tp_worker)
 
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=2, seq=6, width=16)
@@ -16,7 +15,7 @@ ACT_BYTES = 2 * 6 * 16 * 4          # one (batch, seq, width) float32 activation
 
 @pytest.fixture(scope="module")
 def ranks():
-    return spawn_ranks(tp_worker, 2, dict(block=BLOCK, inputs=INPUTS), quiet=True)
+    return launch(tp_worker, 2, dict(block=BLOCK, inputs=INPUTS), quiet=True)
 
 
 def reference(part):

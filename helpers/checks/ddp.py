@@ -147,7 +147,7 @@ def check_resume(fn):
     """fn(path, model, optimizer) restores a snapshot written by helpers.save_snapshot into a
     fresh model and optimizer, restores torch's and Python's RNGs, and returns the next epoch;
     the continuation must then equal the uninterrupted run bitwise."""
-    from .. import checkpoint
+    from ..runtime import checkpoint
 
     def body(fn):
         g = fresh_generator()
@@ -163,9 +163,9 @@ def check_resume(fn):
             torch.manual_seed(seed + 1)
             random.seed(seed + 1)                          # a new process: other RNG states
             model2, opt2 = _fresh(seed + 2)
-            with _forbidden("helpers.checkpoint.load_snapshot helpers.load_snapshot",
+            with _forbidden("helpers.runtime.checkpoint.load_snapshot helpers.load_snapshot",
                             "restore it yourself: do not call helpers.load_snapshot"), \
-                    _forbidden("helpers.checkpoint.set_rng_state helpers.set_rng_state",
+                    _forbidden("helpers.runtime.checkpoint.set_rng_state helpers.set_rng_state",
                                "restore the RNGs yourself: do not call helpers.set_rng_state"):
                 got_epoch = fn(path, model2, opt2)
             snap = torch.load(path, weights_only=True)

@@ -124,7 +124,7 @@ def _random_mlp(g, frozen=False):
 
 # --- DDP from scratch ---------------------------------------------------------------------------
 def _reference_buckets(params, bucket_mb):
-    from ..ddp_scratch import make_buckets
+    from .. import make_buckets
     return make_buckets(params, bucket_mb)
 
 

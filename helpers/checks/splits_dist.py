@@ -1,6 +1,6 @@
 """Checks for the exercises of Part VI: pipeline and tensor parallel across processes, 2D.
 
-The student's functions run on ranks played by threads of this process (helpers.ranks
+The student's functions run on ranks played by threads of this process (helpers.runtime.comm
 ThreadComm: the same send/recv/all_reduce calls as DistComm over torch.distributed), so a check
 sees every message an answer sends: an answer that computes the unsplit product on one rank, or
 skips a send, fails for that reason even when its numbers come out right.
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..costs import balanced_cuts
-from ..ranks import run_threads
+from .. import run_threads
 from ._core import CheckFailed, as_number, expect, fresh_generator, randint, run_check
 
 __all__ = ["check_idle_share", "check_pipeline_forward", "check_cuts_for_times",
@@ -284,7 +284,7 @@ def check_megatron_mlp(fn):
 
 
 def _block_bytes(comm, block, X, R):
-    from ..tp_dist import TPBlock, block_loss
+    from .. import TPBlock, block_loss
     X = X.clone().requires_grad_()
     block_loss(TPBlock(block, comm)(X), R).backward()
     return comm.bytes_sent("all_reduce")
@@ -296,7 +296,7 @@ def check_tp_ring_bytes(fn):
     payload the TPBlock really all-reduces (counted), times the ring's 2(k-1)/k."""
 
     def body(fn):
-        from ..tp_dist import small_block
+        from .. import small_block
         g = fresh_generator()
         for case in range(3):   # k = 4 always once: for k = 2 the ring sends the payload
             k = 4 if case == 0 else (2, 4)[randint(g, 0, 1)]

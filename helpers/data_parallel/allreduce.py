@@ -2,19 +2,16 @@
 
 Every variant leaves each tensor holding the elementwise sum, in place, like `helpers.allreduce`.
 """
-import os
 import threading
-import time
 
 import torch
 
-from .models import lenet, loss
-from .parallel import split_batch
-from .training import sgd
+from ..models import lenet, loss
+from .simulated import sgd, split_batch
 
-__all__ = ["flatten", "unflatten_into", "flat_allreduce", "bucketed_allreduce", "ring_allreduce",
-           "ring_volume", "OverlapReducer", "train_batch_overlap", "allreduce_time",
-           "fit_alpha_beta", "gloo_allreduce_worker", "time_gloo_allreduce"]
+__all__ = ["flatten", "unflatten_into", "sum_into_all", "flat_allreduce", "bucketed_allreduce",
+           "ring_allreduce", "ring_volume", "OverlapReducer", "train_batch_overlap",
+           "allreduce_time", "fit_alpha_beta"]
 
 
 def flatten(tensors):
@@ -34,7 +31,7 @@ def unflatten_into(flat, tensors):
         offset += n
 
 
-def _sum_into_all(bufs):
+def sum_into_all(bufs):
     """The naive allreduce of Part II on whole buffers: sum into bufs[0], copy back to the rest."""
     for i in range(1, len(bufs)):
         bufs[0].add_(bufs[i].to(bufs[0].device))
@@ -46,7 +43,7 @@ def flat_allreduce(grads):
     """Allreduce k replicas' gradient lists (`grads[c]` = the list on device c) through ONE flat
     buffer per device: 2(k-1) copies in all, instead of 2(k-1) per parameter."""
     bufs = [flatten(g) for g in grads]
-    _sum_into_all(bufs)
+    sum_into_all(bufs)
     for buf, g in zip(bufs, grads):
         unflatten_into(buf, g)
 
@@ -214,65 +211,3 @@ def fit_alpha_beta(n_bytes, seconds):
     sol = torch.linalg.lstsq(A, torch.ones(len(t), 1, dtype=torch.float64)).solution.squeeze(1)
     alpha, inv_beta = sol.tolist()
     return max(alpha, 0.0), (1 / inv_beta if inv_beta > 0 else float("inf"))
-
-
-def gloo_allreduce_worker(rank, world_size, sizes, reps, port, out_path, backend="gloo"):
-    """mp.spawn target: time all_reduce of float32 tensors of `sizes` elements (the fastest of
-    `reps` calls: other processes' noise only adds time); rank 0 writes {size: seconds} to
-    out_path. On 'nccl', rank r uses cuda:r."""
-    import json
-
-    import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # before init: NCCL's communicator and barrier use this GPU
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
-    from .devices import exact_float32
-    exact_float32()   # no TF32 on GPUs in this process either
-    results = {}
-    try:
-        warm = torch.ones(1024, device=device)
-        for _ in range(10):                # connection set-up, first-call costs
-            dist.all_reduce(warm)
-        for n in sizes:
-            x = torch.ones(n, device=device)
-            times = []
-            for r in range(reps + 2):      # two warm-up calls
-                dist.barrier()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t0 = time.perf_counter()
-                dist.all_reduce(x)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                if r >= 2:
-                    times.append(time.perf_counter() - t0)
-            results[n] = min(times)
-            if x[0].item() != world_size ** (reps + 2):
-                raise RuntimeError(f"all_reduce gave {x[0].item()}, expected "
-                                   f"{world_size ** (reps + 2)}")
-        if rank == 0:
-            with open(out_path, "w") as f:
-                json.dump({str(n): t for n, t in results.items()}, f)
-    finally:
-        dist.destroy_process_group()
-
-
-def time_gloo_allreduce(sizes, world_size=2, reps=5, backend="gloo"):
-    """Spawn `world_size` processes and return {elements: seconds} of one all_reduce (fastest of
-    `reps`)."""
-    import json
-    import socket
-    import tempfile
-
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "times.json")
-        mp.spawn(gloo_allreduce_worker, args=(world_size, list(sizes), reps, port, out, backend),
-                 nprocs=world_size, join=True)
-        with open(out) as f:
-            return {int(n): t for n, t in json.load(f).items()}

@@ -1,25 +1,20 @@
-"""Part VI: one small interface for what ranks say to each other, and a launcher.
+"""One small interface for what ranks say to each other, counted.
 
 `DistComm` wraps torch.distributed (point-to-point sends, all-reduce) and counts the bytes each
 rank sends; `ThreadComm` gives the same calls to threads of one process (the exercise checks run
-students' functions that way: notebook functions cannot be pickled for mp.spawn). Code written
-against a comm runs on real gloo/NCCL ranks and in a check alike.
-`spawn_ranks` starts one process per rank (mp.spawn) and collects what each returns.
+students' functions that way: a function defined in a notebook cannot be imported by a spawned
+rank). Code written against a comm runs on real gloo/NCCL ranks and in a check alike.
 """
-import os
 import queue
-import tempfile
 import threading
+import time
+import traceback
 from collections import defaultdict
 
 import torch
 import torch.distributed as dist
 
-from .devices import exact_float32, num_gpus
-from .distributed import choose_backend, free_port, setup, teardown
-
-__all__ = ["DistComm", "ThreadWorld", "ThreadComm", "run_threads", "spawn_ranks",
-           "backend_line"]
+__all__ = ["DistComm", "ThreadWorld", "ThreadComm", "run_threads", "run_thread_ranks"]
 
 
 class _Counting:
@@ -130,74 +125,36 @@ class ThreadComm(_Counting):
         pass
 
 
+def run_thread_ranks(call, w, deadline_s):
+    """call(rank) on one thread per rank of the ThreadWorld `w`, for at most `deadline_s` seconds.
+    Returns (results, errors, alive): errors as (rank, exception, traceback text), the first
+    cause first (a rank's TimeoutError usually follows another rank's failure); alive: the
+    ranks still running at the deadline."""
+    results, errors = [None] * w.world, []
+
+    def target(r):
+        try:
+            results[r] = call(r)
+        except BaseException as e:   # noqa: BLE001 - handed to the caller
+            errors.append((r, e, traceback.format_exc()))
+            w.barrier.abort()        # the other ranks stop waiting for this one
+
+    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(w.world)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + deadline_s
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    errors.sort(key=lambda e: isinstance(e[1], TimeoutError))   # stable: order of occurrence
+    return results, errors, [r for r, t in enumerate(threads) if t.is_alive()]
+
+
 def run_threads(fn, world, *args, timeout=5.0):
     """Run fn(comm, *args) on `world` threads, one per rank; returns (results, comms) in rank
     order. The first exception any rank raised is raised again here."""
     w = ThreadWorld(world, timeout)
     comms = [ThreadComm(w, r) for r in range(world)]
-    results, errors = [None] * world, [None] * world
-
-    def target(r):
-        try:
-            results[r] = fn(comms[r], *args)
-        except BaseException as e:   # noqa: BLE001 - handed to the caller
-            errors[r] = e
-            w.barrier.abort()        # the other ranks stop waiting for this one
-
-    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout * 4 + 30)
-    firsts = [e for e in errors if e is not None and not isinstance(e, TimeoutError)]
-    firsts += [e for e in errors if isinstance(e, TimeoutError)]
-    if firsts:
-        raise firsts[0]
+    results, errors, _ = run_thread_ranks(lambda r: fn(comms[r], *args), w, timeout * 4 + 30)
+    if errors:
+        raise errors[0][1]
     return results, comms
-
-
-def backend_line(world):
-    """One line saying which backend `world` ranks on this machine get, and why."""
-    gpus = num_gpus()
-    backend = choose_backend(world)
-    if backend == "nccl":
-        return f"{world} ranks, one GPU each: NCCL"
-    if gpus:
-        return (f"{world} ranks but {gpus} GPU(s): ranks outnumber GPUs, so gloo, "
-                "computing on the CPU")
-    return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
-
-
-def _spawned(rank, world, port, fn, cfg, out):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)   # one thread per rank: ranks share the machine's cores
-    exact_float32()            # every worker compares float32 results with the unsplit model
-    _, _, device = setup(rank, world, master_port=port, timeout=cfg.get("timeout", 120))
-    if dist.get_backend() != "nccl":
-        device = torch.device("cpu")   # gloo: tensors stay on the CPU (see backend_line)
-    cfg = dict(cfg, device=device)
-    try:
-        result = fn(rank, world, cfg)
-        tmp = f"{out}.rank{rank}.tmp"
-        torch.save(result, tmp)
-        os.replace(tmp, f"{out}.rank{rank}.pt")   # atomic: a half-written file is never read
-    finally:
-        teardown()
-
-
-def spawn_ranks(fn, world, cfg=None, quiet=False):
-    """Start `world` processes (mp.spawn) that each join the process group and run
-    fn(rank, world, cfg) (cfg["device"]: the rank's device); returns the list of what each
-    returned (tensors moved to the CPU by the worker). `fn` must live in an importable module
-    (not a notebook)."""
-    import torch.multiprocessing as mp
-    if getattr(fn, "__module__", "__main__") == "__main__":
-        raise ValueError(f"{fn.__name__} is defined in the notebook or script: mp.spawn cannot "
-                         "pickle it; put it in a module (helpers) and import it")
-    cfg = dict(cfg or {})
-    if not quiet:
-        print(backend_line(world))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result")
-        mp.spawn(_spawned, args=(world, free_port(), fn, cfg, out), nprocs=world, join=True)
-        return [torch.load(f"{out}.rank{r}.pt", weights_only=False) for r in range(world)]

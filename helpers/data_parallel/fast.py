@@ -15,13 +15,13 @@ from collections import Counter
 
 import torch
 
-from .comm import _sum_into_all, flatten
-from .data import load_tensors
-from .devices import Timer, get_devices
-from .models import init_lenet_params, lenet, loss
-from .plotting import Animator
-from .training import evaluate_accuracy
-from .validate import check_lr, check_positive_int, check_seed
+from ..data import load_tensors
+from ..devices import Timer, get_devices
+from ..models import init_lenet_params, lenet, loss
+from ..plotting import Animator
+from ..validate import check_lr, check_positive_int, check_seed
+from .allreduce import flatten, sum_into_all
+from .simulated import evaluate_accuracy
 
 __all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy",
            "flat_replica"]
@@ -144,7 +144,7 @@ class FastDataParallel:
 
     def _reduce_and_update(self, ls, batch_size):
         with torch.no_grad():
-            _sum_into_all(self.flat_grads)            # one allreduce of the flat gradients
+            sum_into_all(self.flat_grads)            # one allreduce of the flat gradients
             for fp, fg, lr in zip(self.flat_params, self.flat_grads, self._lr):
                 fp.sub_(fg.mul(lr).div_(batch_size))   # = param -= lr * grad / batch_size
                 fg.zero_()

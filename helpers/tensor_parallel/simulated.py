@@ -1,20 +1,21 @@
-"""Part I: collectives and the Megatron MLP over simulated devices (lists of tensors, one per
-device).
+"""Part I: splitting within a layer over simulated devices (lists of tensors, one per device):
+a convolution or a dense layer in shards, ring collectives, and the Megatron MLP.
 
-The ring all-reduce (reduce-scatter, then all-gather) moves every chunk with `splits.send`, so a
-CommLog counts the bytes each device would put on its link. `f` and `g` are Megatron-LM's two
-operators (Shoeybi et al., 2019) as autograd functions: f (copy_to_shards) is the identity
+The ring all-reduce (reduce-scatter, then all-gather) moves every chunk with `runtime.traffic.send`,
+so a CommLog counts the bytes each device would put on its link. `f` and `g` are Megatron-LM's
+two operators (Shoeybi et al., 2019) as autograd functions: f (copy_to_shards) is the identity
 forward and an all-reduce backward, g (reduce_from_shards) an all-reduce forward and the identity
 backward.
 """
 import torch
 from torch.nn import functional as F
 
-from .splits import send
+from ..runtime.traffic import send
 
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce", "ring_bytes_per_device",
-           "max_abs_diff", "CopyToShards", "ReduceFromShards", "copy_to_shards",
-           "reduce_from_shards", "megatron_mlp"]
+           "CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
+           "megatron_mlp", "conv_split_channels", "dense_split_columns", "dense_split_rows",
+           "lenet_within_layer"]
 
 
 def ring_reduce_scatter(xs, devices, log=None, what="reduce-scatter"):
@@ -57,14 +58,6 @@ def ring_all_reduce(xs, devices, log=None, what="all-reduce"):
 def ring_bytes_per_device(nbytes, k):
     """Bytes each device sends in a ring all-reduce of nbytes over k devices: 2(k-1)/k nbytes."""
     return 2 * (k - 1) / k * nbytes
-
-
-def max_abs_diff(xs, ys):
-    """Largest absolute difference between two tensors or two lists of tensors."""
-    if isinstance(xs, torch.Tensor):
-        xs, ys = [xs], [ys]
-    return max(float((x.detach().cpu().double() - y.detach().cpu().double()).abs().max())
-               for x, y in zip(xs, ys))
 
 
 class CopyToShards(torch.autograd.Function):
@@ -117,3 +110,50 @@ def megatron_mlp(X, W1, b1, W2, b2, devices, log=None):
     shards = zip(Xs, W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k), devices)
     partials = [F.relu(Xi @ W1i.to(d) + b1i.to(d)) @ W2i.to(d) for Xi, W1i, b1i, W2i, d in shards]
     return reduce_from_shards(partials, devices, log) + b2.to(devices[0])   # g, then b2 once
+
+
+# ---- Within a layer: shards of a convolution or a dense layer on k devices ----------------------
+# The weight shards are moved to their device inside the call to keep the code short; a real
+# system keeps each shard resident on its device, so only activations are logged.
+
+def conv_split_channels(X, W, b, devices, log=None, **conv_args):
+    """A convolution with its output channels split over the devices: device i computes its
+    channels from the whole input; the outputs are gathered on devices[0]."""
+    k, Ys = len(devices), []
+    for i, (Wi, bi) in enumerate(zip(W.tensor_split(k), b.tensor_split(k))):
+        Xi = send(X, 0, i, devices, log, "input")
+        Ys.append(F.conv2d(Xi, Wi.to(devices[i]), bi.to(devices[i]), **conv_args))
+    return torch.cat([send(Y, i, 0, devices, log, "output") for i, Y in enumerate(Ys)], dim=1)
+
+
+def dense_split_columns(X, W, b, devices, log=None):
+    """X @ W + b with W (in, out) split by columns (output units): device i computes its outputs
+    from the whole input; the outputs are gathered on devices[0]."""
+    k, Ys = len(devices), []
+    for i, (Wi, bi) in enumerate(zip(W.tensor_split(k, dim=1), b.tensor_split(k))):
+        Xi = send(X, 0, i, devices, log, "input")
+        Ys.append(torch.mm(Xi, Wi.to(devices[i])) + bi.to(devices[i]))
+    return torch.cat([send(Y, i, 0, devices, log, "output") for i, Y in enumerate(Ys)], dim=1)
+
+
+def dense_split_rows(X, W, b, devices, log=None):
+    """X @ W + b with W split by rows (input features): device i multiplies its slice of the
+    features by its rows, giving a partial sum of the WHOLE output; the partial sums are added up
+    on devices[0], and the bias is added once, after the sum."""
+    k = len(devices)
+    shards = zip(X.tensor_split(k, dim=1), W.tensor_split(k))
+    partials = [torch.mm(send(Xi, 0, i, devices, log, "input"), Wi.to(devices[i]))
+                for i, (Xi, Wi) in enumerate(shards)]
+    Y = sum(send(P, i, 0, devices, log, "partial sum") for i, P in enumerate(partials))
+    return Y + b.to(devices[0])
+
+
+def lenet_within_layer(X, params, devices, log=None):
+    """helpers.lenet with every layer split over the devices by output channels or units."""
+    W1, b1, W2, b2, W3, b3, W4, b4 = params
+    h1 = F.avg_pool2d(F.relu(conv_split_channels(X, W1, b1, devices, log)), kernel_size=2, stride=2)
+    h2 = F.avg_pool2d(F.relu(conv_split_channels(h1, W2, b2, devices, log)), kernel_size=2,
+                      stride=2)
+    h2 = h2.reshape(h2.shape[0], -1)
+    h3 = F.relu(dense_split_columns(h2, W3, b3, devices, log))
+    return dense_split_columns(h3, W4, b4, devices, log)

@@ -14,7 +14,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from .zero import all_gather_flat, flat_shard, reduce_scatter_flat
 
-__all__ = ["FSDPFromScratch"]
+__all__ = ["FSDPFromScratch", "GatherParams", "FSDPUnit"]
 
 
 def _set_attr(module, dotted, value):
@@ -24,7 +24,7 @@ def _set_attr(module, dotted, value):
     setattr(module, name, value)
 
 
-class _GatherParams(torch.autograd.Function):
+class GatherParams(torch.autograd.Function):
     """shard -> the layer's full flat weights; backward hands their gradient to the unit, which
     reduce-scatters it (the shard's gradient arrives in finish_gradient_synchronization)."""
 
@@ -39,7 +39,7 @@ class _GatherParams(torch.autograd.Function):
         return None, None
 
 
-class _Unit:
+class FSDPUnit:
     """One layer (a module) and the flat shard of its parameters on this rank."""
 
     def __init__(self, owner, module, names):
@@ -69,7 +69,7 @@ class _Unit:
             offset += shape.numel()
 
     def pre_forward(self, module, args):
-        self.full = _GatherParams.apply(self.shard, self)
+        self.full = GatherParams.apply(self.shard, self)
         self.set_views(self.full)
         self.hooks = saved_tensors_hooks(self.pack, self.unpack)
         self.hooks.__enter__()
@@ -141,7 +141,7 @@ class FSDPFromScratch(nn.Module):
         self.module = module
         self.units = []
         for u in units:
-            unit = _Unit(self, u, [n for n, _ in u.named_parameters(recurse=not own)])
+            unit = FSDPUnit(self, u, [n for n, _ in u.named_parameters(recurse=not own)])
             self.units.append(unit)
             u.register_forward_pre_hook(unit.pre_forward)
             u.register_forward_hook(unit.post_forward)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .ddp_scratch import make_buckets
+from ..data_parallel.scratch import make_buckets
 
 __all__ = ["partition_by_size", "ShardedOptimizer", "Zero2", "flat_shard", "all_gather_flat",
            "optimizer_state_bytes", "padded_flat", "reduce_scatter_flat"]

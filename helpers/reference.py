@@ -3,11 +3,11 @@ reader's own figures. `scripts/gpu_runner.sh` writes it on a GPU machine; until 
 file says that no GPU run exists and the chapters say so.
 """
 import datetime
-import json
 import os
 import platform
 
 from .paths import course_file
+from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference"]
 
@@ -29,8 +29,7 @@ def gpu_reference(path=None):
     path = path or _committed_reference()
     if not os.path.exists(path):
         return {"exists": False, "note": f"no reference file at {path}"}
-    with open(path) as f:
-        ref = json.load(f)
+    ref = read_json(path)
     if ref.get("exists") and not all(ref.get(k) for k in ("gpu", "torch", "date", "command")):
         raise ValueError(f"{path} claims a GPU run but does not name its GPU, torch version, "
                          "date and command: rewrite it with scripts/gpu_runner.sh")
@@ -59,16 +58,11 @@ def write_gpu_reference(bench_json, command, logs=None, path=None):
     import torch
     if not torch.cuda.is_available():
         raise RuntimeError("write_gpu_reference records GPU runs only: no GPU is visible here")
-    with open(bench_json) as f:
-        bench = json.load(f)
+    bench = read_json(bench_json)
     ref = {"exists": True, "gpu": torch.cuda.get_device_name(0),
            "gpu_count": torch.cuda.device_count(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "command": command, "bench": bench, "logs": logs or {}}
-    path = path or REFERENCE_PATH
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(ref, f, indent=2)
-    os.replace(tmp, path)
+    write_json(path or REFERENCE_PATH, ref, indent=2)
     return ref

@@ -1,62 +1,23 @@
-"""Files that a crash cannot destroy, and snapshots a run can resume from bitwise.
-
-Every file the course writes (checkpoints, snapshots, metrics) goes through `atomic_write`: the
-bytes go to a temporary file in the SAME folder, are flushed and fsynced, and `os.replace` then
-swaps it in. A kill at any moment leaves either the old file or the new one, never half of one
-(`os.replace` is atomic within one file system; a temporary file elsewhere would not be).
+"""Checkpoints and snapshots a run can resume from bitwise, written atomically (runtime.files:
+a kill at any moment leaves either the old file or the new one, never half of one).
 
 A snapshot holds what a continuation needs to be exactly the run that was never stopped: the
 model, the optimizer state, the next epoch (the sampler's epoch: `set_epoch` makes the data order
 a function of it) and the random number generators (torch CPU, CUDA where present, Python's
 `random`, NumPy's) of every rank.
 """
-import json
-import os
 import random
-import tempfile
-from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-__all__ = ["atomic_write", "atomic_save", "write_json", "rng_state", "set_rng_state",
-           "save_snapshot", "load_snapshot"]
+from ..models import unwrap
+from .files import atomic_save
+from .group import get_rank, get_world_size
 
-
-def atomic_write(path, write, mode="wb"):
-    """Write a file all at once or not at all: `write(f)` fills a temporary file next to `path`,
-    which is flushed, fsynced and renamed over `path`. On any error the old file stays."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())   # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:   # make the rename itself durable (not possible on every platform)
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-    return path
-
-
-def atomic_save(obj, path):
-    """torch.save(obj, path), atomically."""
-    return atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def write_json(path, obj):
-    """json.dump(obj) to `path`, atomically."""
-    return atomic_write(path, lambda f: json.dump(obj, f, indent=1), mode="w")
+__all__ = ["rng_state", "set_rng_state", "save_snapshot", "load_snapshot", "save_checkpoint",
+           "save_snapshot_all", "load_checkpoint"]
 
 
 def rng_state():
@@ -116,3 +77,32 @@ def load_snapshot(path, model, optimizer, rank=0):
                          f"{rank}: resume with the world size that saved it, or start afresh")
     set_rng_state(rngs[rank])
     return snap["epoch"], snap["history"]
+
+
+# ---- under DDP: one writer, every rank's RNG states ---------------------------------------
+def save_checkpoint(model, path):
+    """Rank 0 saves the UNWRAPPED state_dict (keys without "module."); returns True where saved.
+    Other ranks that then read the file must wait for it (dist.barrier())."""
+    if get_rank() != 0:
+        return False
+    atomic_save(unwrap(model).state_dict(), path)   # a kill mid-save keeps the old file whole
+    return True
+
+
+def save_snapshot_all(path, model, optimizer, epoch, history=()):
+    """Every rank calls it (it gathers each rank's RNG states: a collective); rank 0 writes the
+    snapshot atomically. `epoch` is the next epoch to run."""
+    rngs = [rng_state()]
+    if get_world_size() > 1:
+        rngs = [None] * get_world_size()
+        dist.all_gather_object(rngs, rng_state())
+    if get_rank() == 0:
+        save_snapshot(path, model, optimizer, epoch, history, rng=rngs)
+
+
+def load_checkpoint(model, path, map_location="cpu"):
+    """Load a state_dict saved with or without the wrapper's "module." prefix, safely
+    (weights_only=True: tensors only, no arbitrary pickled code)."""
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    return unwrap(model).load_state_dict(state)

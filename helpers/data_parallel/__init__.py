@@ -1,0 +1,6 @@
+"""Data parallelism: every device holds the whole model and a slice of the batch.
+
+simulated (Part II, one process), allreduce (Part IV's variants and their cost), fast (Part IV's
+fast trainer), scratch (DDPFromScratch across processes), torch_api (torch's DDP helpers,
+SyncBatchNorm), experiments (Part III's runs across processes), speed (Part IV's timed runs).
+"""

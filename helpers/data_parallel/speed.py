@@ -1,0 +1,332 @@
+"""Part IV: real data-parallel workers on a CPU -- k gloo processes, one thread each, pinned.
+
+Simulated devices in one process run one after another, so their timings say nothing about
+parallel speed. Here each worker is its own process with one thread on its own core (as far as
+there are cores), and the k workers train LeNet on their slices of the same global batches,
+summing gradients with `torch.distributed.all_reduce` (gloo). A worker times each step's compute
+(forward + backward), its communication (the all-reduce, including any wait for the other
+workers) and its update, so a step's split is measured, not assumed.
+
+The workers are launch targets fn(rank, world, cfg) (helpers.launch): a spawned rank imports
+its function by name, so they live here rather than in a notebook.
+"""
+import os
+import statistics
+import time
+
+import torch
+
+from ..runtime.group import choose_backend
+from ..runtime.launch import launch, take
+from ..runtime.progress import report_progress
+
+__all__ = ["pin_to_core", "dp_timing_worker", "time_data_parallel", "spread",
+           "allreduce_compare_worker", "compare_with_dist_all_reduce", "lenet_module_from",
+           "bench_worker", "bench_ranks", "gloo_allreduce_worker", "time_gloo_allreduce"]
+
+MODES = ("fast", "reference")   # one flat all-reduce + fused update / one per parameter tensor
+
+
+def pin_to_core(rank):
+    """One thread, pinned to core `rank` modulo the cores this process may use; returns it.
+
+    Without pinning, k processes on k cores may share one while another idles; without one thread
+    each, every process would spread over all cores and the k processes would fight for them."""
+    torch.set_num_threads(1)
+    if not hasattr(os, "sched_setaffinity"):   # macOS, Windows: no pinning, one thread still
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[rank % len(cores)]
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def _flat_params(params):
+    """Parameters as views into one flat buffer, gradients as views into another (fast mode)."""
+    from .fast import flat_replica
+    return flat_replica(params, torch.device("cpu"))
+
+
+class _Trainer:
+    """One rank's share of one timing run for k workers: its own LeNet (same initialisation on
+    every rank) and its own generator of global batches (the same on every rank and every k)."""
+
+    def __init__(self, run, k, lr, seed):
+        from ..models import init_lenet_params
+        self.B, self.mode, self.k, self.lr = run["global_batch"], run.get("mode", "fast"), k, lr
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: use one of {MODES}")
+        if self.B % k:
+            raise ValueError(f"global batch {self.B} does not split evenly over {k} workers")
+        if self.mode == "fast":
+            self.flat, self.flat_grad, self.params = _flat_params(init_lenet_params(seed=seed))
+        else:
+            self.params = [p.requires_grad_() for p in init_lenet_params(seed=seed)]
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+        self.g = torch.Generator().manual_seed(seed)
+
+    def repeat(self, steps, rank, X, y, group):
+        """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update."""
+        import torch.distributed as dist
+
+        from ..models import lenet, loss
+        from .simulated import sgd
+        comp = comm = upd = 0.0
+        t_start = time.perf_counter()
+        for _ in range(steps):
+            idx = torch.randint(0, X.shape[0], (self.B,), generator=self.g)
+            idx = idx.tensor_split(self.k)[rank]
+            t0 = time.perf_counter()
+            loss(lenet(X[idx], self.params), y[idx]).sum().backward()
+            t1 = time.perf_counter()
+            if self.k > 1:
+                if self.mode == "fast":
+                    dist.all_reduce(self.flat_grad, group=group)    # one message
+                else:
+                    for p in self.params:                           # one message per tensor
+                        dist.all_reduce(p.grad, group=group)
+            t2 = time.perf_counter()
+            if self.mode == "fast":
+                with torch.no_grad():
+                    self.flat.sub_(self.flat_grad, alpha=self.lr / self.B)
+                    self.flat_grad.zero_()
+            else:
+                sgd(self.params, self.lr, self.B)
+            t3 = time.perf_counter()
+            comp, comm, upd = comp + t1 - t0, comm + t2 - t1, upd + t3 - t2
+        total = time.perf_counter() - t_start
+        return [v / steps for v in (total, comp, comm, upd)]
+
+
+def dp_timing_worker(rank, world_size, cfg):
+    """Launch target (gloo): time every run of cfg['runs'] for every worker count of cfg['ks']
+    on this rank; rank 0 returns them (the others None).
+
+    cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
+    mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
+    The counts take turns within each repeat, all in this one set of processes, so that they
+    share the same conditions (a machine's load drifts): for k workers, ranks 0..k-1 train
+    (a process group of their own) while the others wait at a barrier. Repeat 0 warms up and is
+    not kept. Every k trains on the same global batches: `torch.randint(0, n, (B,))` from a
+    generator seeded with `seed`, rank r taking its `tensor_split` slice."""
+    import torch.distributed as dist
+
+    from ..data import load_tensors
+    core = pin_to_core(rank)
+    ks, runs, subset, lr, seed = take(cfg, "ks", "runs", subset=4096, lr=0.2, seed=0)
+    groups = {k: dist.new_group(list(range(k))) if 1 < k < world_size else None
+              for k in ks}                       # every rank must call new_group
+    X, y = load_tensors(True, subset)
+    results = {str(k): {} for k in ks}
+    done, total = 0, sum(run["reps"] + 1 for run in runs)
+    for run in runs:
+        trainers = {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
+        out = {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": []} for k in ks}
+        for r in range(run["reps"] + 1):
+            done += 1
+            report_progress(done, total, "timed repeat")
+            for k in ks:
+                if world_size > 1:
+                    dist.barrier()
+                if rank < k:
+                    times = trainers[k].repeat(run["steps"], rank, X, y, groups[k])
+                    if r > 0:
+                        for key, v in zip(out[k], times):
+                            out[k][key].append(v)
+        for k in ks:
+            if run.get("return_params") and rank < k:
+                out[k]["params"] = [p.detach().tolist() for p in trainers[k].params]
+            results[str(k)][run["name"]] = out[k]
+    cores = [core]
+    if world_size > 1:
+        cores = [None] * world_size
+        dist.all_gather_object(cores, core)
+    if rank == 0:
+        return {"results": results, "cores": cores, "threads": torch.get_num_threads()}
+
+
+def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False):
+    """Time the data-parallel `runs` (see dp_timing_worker) for each worker count in `ks` (an int
+    or a list), on max(ks) gloo worker processes with one thread each, pinned to cores; the
+    counts take turns in the same processes. Returns {k: {name: {step_s, compute_s, comm_s,
+    update_s: seconds per step, one per repeat}}} plus 'cores' (the core of each rank)."""
+    ks = [ks] if isinstance(ks, int) else sorted(set(ks))
+    if not ks or ks[0] < 1:
+        raise ValueError(f"worker counts must be at least 1, got {ks}")
+    for run in runs:
+        missing = {"name", "global_batch", "steps", "reps"} - set(run)
+        if missing:
+            raise ValueError(f"run {run} lacks {sorted(missing)}")
+        if run["reps"] < 1 or run["steps"] < 1:
+            raise ValueError(f"run {run['name']!r}: reps and steps must be at least 1")
+        bad = [k for k in ks if run["global_batch"] % k]
+        if bad:
+            raise ValueError(f"run {run['name']!r}: global batch {run['global_batch']} does not "
+                             f"split evenly over {bad} workers")
+    cfg = {"ks": ks, "runs": list(runs), "subset": subset, "lr": lr, "seed": seed}
+    got = launch(dp_timing_worker, ks[-1], cfg, backend="gloo", quiet=quiet)[0]
+    res = {int(k): v for k, v in got["results"].items()}
+    res["cores"] = got["cores"]
+    return res
+
+
+def spread(times):
+    """(median, min, max) of a list of timings."""
+    return statistics.median(times), min(times), max(times)
+
+
+# --- correctness across processes (tests): the course's allreduces against torch's --------------
+
+def allreduce_compare_worker(rank, world_size, cfg):
+    """Launch target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with
+    torch.distributed; rank 0 returns the inputs of every rank and the results, for comparison
+    in one process."""
+    import torch.distributed as dist
+    shapes, seed = take(cfg, "shapes", "seed")
+    g = torch.Generator().manual_seed(seed + rank)
+    mine = [torch.randn(s, generator=g) for s in shapes]
+    inputs = [None] * world_size
+    dist.all_gather_object(inputs, mine)
+    for t in mine:
+        dist.all_reduce(t)
+    if rank == 0:
+        return dict(inputs=inputs, sums=mine)
+
+
+def compare_with_dist_all_reduce(shapes, world_size=2, seed=0):
+    """Inputs of each rank and torch.distributed.all_reduce's sums, as tensors:
+    (inputs[rank][i], sums[i])."""
+    got = launch(allreduce_compare_worker, world_size, dict(shapes=shapes, seed=seed),
+                 backend="gloo", quiet=True)[0]
+    return got["inputs"], got["sums"]
+
+
+# --- the benchmark's library rows: torch DDP and DDPFromScratch on real ranks (scripts/bench.py) --
+
+def lenet_module_from(params):
+    """helpers.lenet_module() holding the functional LeNet's `params` (the same initialisation as
+    the from-scratch trainers; the dense weights are stored transposed in nn.Linear)."""
+    from ..models import lenet_module
+    net = lenet_module()
+    convs = [m for m in net if isinstance(m, torch.nn.Conv2d)]
+    dense = [m for m in net if isinstance(m, torch.nn.Linear)]
+    W1, b1, W2, b2, W3, b3, W4, b4 = params
+    with torch.no_grad():
+        for m, (w, b) in zip(convs + dense, [(W1, b1), (W2, b2), (W3.T, b3), (W4.T, b4)]):
+            m.weight.copy_(w)
+            m.bias.copy_(b)
+    return net
+
+
+def bench_worker(rank, world_size, cfg):
+    """Launch target for scripts/bench.py: train LeNet with each wrapper in cfg['wrappers']
+    ('ddp': torch's DistributedDataParallel, 'scratch': helpers.DDPFromScratch) from the same
+    initialisation, batch cfg['batch_size'] split over the ranks, SGD at cfg['lr'], on the
+    resident data in ResidentLoader's order. Rank 0 returns per wrapper: epoch_times, test_acc,
+    peak_mem_mib. NCCL with one GPU per rank, or gloo on CPUs with one thread per rank, pinned."""
+    import torch.distributed as dist
+    from torch.nn import functional as F
+
+    from ..data import load_tensors
+    from ..models import init_lenet_params
+    from .fast import ResidentLoader
+    from .scratch import DDPFromScratch
+    device, wrappers, batch_size, lr, num_epochs, subset, seed = take(
+        cfg, "device", "wrappers", "batch_size", "lr", "num_epochs", "subset", "seed")
+    nccl = device.type == "cuda"
+    if not nccl:
+        pin_to_core(rank)
+    X, y = load_tensors(True, subset, device)
+    X_test, y_test = load_tensors(False, subset, device)
+    results = {}
+    for wrapper in wrappers:
+        net = lenet_module_from(init_lenet_params(seed=seed)).to(device)
+        if wrapper == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(
+                net, device_ids=[device.index] if nccl else None)
+        else:
+            model = DDPFromScratch(net)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        loader = ResidentLoader(X, y, batch_size, seed=seed)
+        if nccl:
+            torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for epoch in range(num_epochs):
+            report_progress(epoch + 1, num_epochs, f"{wrapper} epoch")
+            dist.barrier()
+            if nccl:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            for idx in loader.index_batches():
+                idx = idx.tensor_split(world_size)[rank]
+                loss = F.cross_entropy(model(X[idx]), y[idx])   # mean; ranks average
+                opt.zero_grad(set_to_none=False)
+                loss.backward()
+                if wrapper == "scratch":
+                    model.finish_gradient_synchronization()
+                opt.step()
+            if nccl:
+                torch.cuda.synchronize(device)
+            dist.barrier()
+            times.append(time.perf_counter() - t0)
+        with torch.no_grad():
+            correct = sum(int((net(Xc).argmax(1) == yc).sum())
+                          for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
+        results[wrapper] = dict(
+            epoch_times=times, test_acc=correct / len(y_test),
+            param_sum=float(sum(p.detach().double().abs().sum() for p in net.parameters())),
+            peak_mem_mib=torch.cuda.max_memory_allocated(device) / 2**20 if nccl else None)
+    if rank == 0:
+        return results
+
+
+def bench_ranks(world_size, wrappers, batch_size=256, lr=0.2, num_epochs=3, subset=None, seed=0):
+    """Run bench_worker on `world_size` ranks (NCCL, one per GPU, when there are enough GPUs;
+    else gloo processes on the CPU, one thread each) and return rank 0's results and backend."""
+    if batch_size % world_size:
+        raise ValueError(f"batch {batch_size} does not split evenly over {world_size} ranks")
+    backend = choose_backend(world_size)
+    cfg = dict(wrappers=list(wrappers), batch_size=batch_size, lr=lr, num_epochs=num_epochs,
+               subset=subset, seed=seed)
+    return launch(bench_worker, world_size, cfg, backend=backend, quiet=True)[0], backend
+
+
+# --- one all-reduce, timed across processes (scaling.ipynb's alpha-beta fit) --------------------
+def gloo_allreduce_worker(rank, world_size, cfg):
+    """Launch target: time all_reduce of float32 tensors of cfg['sizes'] elements (the fastest
+    of cfg['reps'] calls: other processes' noise only adds time); rank 0 returns
+    {size: seconds}. On NCCL each rank uses its own GPU (cfg['device'])."""
+    import torch.distributed as dist
+    device, sizes, reps = take(cfg, "device", "sizes", "reps")
+    results = {}
+    warm = torch.ones(1024, device=device)
+    for _ in range(10):                # connection set-up, first-call costs
+        dist.all_reduce(warm)
+    for i, n in enumerate(sizes):
+        report_progress(i + 1, len(sizes), "message size")
+        x = torch.ones(n, device=device)
+        times = []
+        for r in range(reps + 2):      # two warm-up calls
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if r >= 2:
+                times.append(time.perf_counter() - t0)
+        results[n] = min(times)
+        if x[0].item() != world_size ** (reps + 2):
+            raise RuntimeError(f"all_reduce gave {x[0].item()}, expected "
+                               f"{world_size ** (reps + 2)}")
+    if rank == 0:
+        return results
+
+
+def time_gloo_allreduce(sizes, world_size=2, reps=5, backend="gloo", quiet=False):
+    """Start `world_size` ranks and return {elements: seconds} of one all_reduce (fastest of
+    `reps`)."""
+    cfg = dict(sizes=list(sizes), reps=reps)
+    return launch(gloo_allreduce_worker, world_size, cfg, backend=backend, quiet=quiet)[0]

@@ -1,0 +1,95 @@
+"""The one-process runs every distributed run is compared with: the same model, the same
+initialisation, the combined batch (Parts III and V), and the pieces they share: a rank's slice
+of a global batch, the loss, the optimizers and their param groups.
+"""
+import copy
+
+import torch
+from torch.nn import functional as F
+
+from .tiny_models import make_model
+
+__all__ = ["flat_cross_entropy", "params_of", "local_batch", "adamw_groups", "make_optimizer",
+           "plain_optimizer", "train_one_process", "train_one_process_plain"]
+
+
+def flat_cross_entropy(out, y):
+    """Cross-entropy of (batch, ..., classes) logits against (batch, ...) labels, in float32."""
+    return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def params_of(module):
+    """{name: a CPU copy of the parameter}: what runs are compared by."""
+    return {n: p.detach().clone().cpu() for n, p in module.named_parameters()}
+
+
+def local_batch(batch, rank, world, device):
+    """This rank's slice (tensor_split) of a global batch (X, y), on `device`."""
+    X, y = batch
+    return X.tensor_split(world)[rank].to(device), y.tensor_split(world)[rank].to(device)
+
+
+def adamw_groups(module, lr=1e-3, weight_decay=0.1):
+    """Two param groups, as in practice: weight decay on matrices, none on biases and norms."""
+    ps = [p for p in module.parameters() if p.requires_grad]
+    return [dict(params=[p for p in ps if p.dim() >= 2], weight_decay=weight_decay),
+            dict(params=[p for p in ps if p.dim() < 2], weight_decay=0.0)], dict(lr=lr)
+
+
+def make_optimizer(module, optim):
+    """"sgd": SGD with momentum; "adamw" or "adamw_groups": AdamW with two param groups;
+    "sgd_groups": SGD with momentum and the same two groups (weight decay on matrices)."""
+    if optim == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+    groups, kw = adamw_groups(module)
+    if optim == "sgd_groups":
+        return torch.optim.SGD(groups, lr=0.05, momentum=0.9)
+    return torch.optim.AdamW(groups, **kw)
+
+
+def plain_optimizer(params, optim):
+    """One param group: AdamW (lr 1e-3, no weight decay) or SGD (lr 0.05, momentum 0.9)."""
+    if optim == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+
+
+def train_one_process(kind, batches, device, num_steps, optim="adamw", compute_dtype=None,
+                    sizes=None):
+    """One process, the combined batch, the same init: what every distributed run must equal."""
+    model = make_model(kind, **(sizes or {})).to(device)
+    opt = make_optimizer(model, optim)
+    for X, y in batches[:num_steps]:
+        X, y = X.to(device), y.to(device)
+        if compute_dtype is None:
+            loss = flat_cross_entropy(model(X), y)
+            loss.backward()
+        else:   # low-precision copy for the compute, fp32 master weights and gradients
+            low = copy.deepcopy(model).to(compute_dtype)
+            Xl = X.to(compute_dtype) if X.is_floating_point() else X
+            flat_cross_entropy(low(Xl).float(), y).backward()
+            for p, q in zip(model.parameters(), low.parameters()):
+                p.grad = q.grad.float()
+        opt.step()
+        opt.zero_grad()
+    return params_of(model)
+
+
+def train_one_process_plain(kind, batches, device, num_steps, dtype, sizes, optim="adamw"):
+    """One process on the combined batch, one param group (the FSDP runs step all shards alike);
+    with `dtype`, a low-precision copy computes and the fp32 weights take its gradients."""
+    model = make_model(kind, **(sizes or {})).to(device)
+    opt = plain_optimizer(model.parameters(), optim)
+    for X, y in batches[:num_steps]:
+        X, y = X.to(device), y.to(device)
+        if dtype is None:
+            flat_cross_entropy(model(X), y).backward()
+        else:
+            low = copy.deepcopy(model).to(dtype)
+            Xl = X.to(dtype) if X.is_floating_point() else X
+            flat_cross_entropy(low(Xl).float(), y).backward()
+            for p, q in zip(model.parameters(), low.parameters()):
+                p.grad = q.grad.float()
+        opt.step()
+        opt.zero_grad()
+    return params_of(model)

@@ -1,0 +1,129 @@
+"""Part I: one training step split across layers (network split, GPipe and 1F1B pipelines).
+
+Every function takes `devices`, a list that may repeat a device (simulated GPUs): the results
+agree with one device up to float32 rounding either way. Transfers are logged by position in
+`devices` (runtime.traffic.send), so simulated devices count the bytes that real ones would send.
+"""
+import copy
+import time
+
+import torch
+
+from ..devices import synchronize
+from ..runtime.traffic import send
+from .schedules import check_orders, clock_ticks, gpipe_order, one_f_one_b_order
+
+__all__ = ["split_sequential", "network_split_forward", "pipeline_step", "run_schedule",
+           "stage_forward", "stage_backward", "pipeline_1f1b", "multiply_adds"]
+
+
+def split_sequential(net, cuts, devices):
+    """Cut an nn.Sequential before the layer indices in `cuts`; stage i is an independent copy of
+    its layers on devices[i] (a copy even on the same device, so stages never share storage)."""
+    bounds = [0, *cuts, len(net)]
+    if len(bounds) - 1 != len(devices):
+        raise ValueError(
+            f"{len(cuts)} cuts make {len(bounds) - 1} stages for {len(devices)} devices")
+    return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
+
+
+def network_split_forward(stages, X, devices, log=None):
+    """Run X through the stages in turn, moving each activation to the next stage's device."""
+    X = X.to(devices[0])
+    for i, stage in enumerate(stages):
+        if i > 0:
+            X = send(X, i - 1, i, devices, log, "activation")
+        X = stage(X)
+    return X
+
+
+def run_schedule(stages, X, y, loss, devices, orders, log=None, timed=False):
+    """Forward and backward of one step, each stage running its `orders` (gpipe_order,
+    one_f_one_b_order) on its device; returns (mean loss, schedule).
+
+    The stages' .grad accumulate the gradient of the mean loss over the whole batch. `schedule`
+    lists what ran, in the order it ran: dict(stage, micro, phase, tick, start, end, live), start
+    and end in seconds since the step began, `live` the micro-batches whose activations the stage
+    holds after the op. timed=True waits for each op's device, so end - start is its busy time.
+    """
+    m, p, n = check_orders(orders), len(stages), X.shape[0]
+    Xs, ys = X.tensor_split(m), y.tensor_split(m)
+    inputs, outputs = [{} for _ in range(p)], [{} for _ in range(p)]   # kept for backward
+    handoff = [{} for _ in range(p)]      # input gradients, waiting to go back a stage
+    ticks = clock_ticks(orders)
+    schedule, total, t0 = [], 0.0, time.perf_counter()
+    for (s, phase, j), tick in sorted(ticks.items(), key=lambda kv: (kv[1], kv[0][0])):
+        start = time.perf_counter()
+        if phase == "F":
+            inputs[s][j], outputs[s][j] = stage_forward(stages, s, j, Xs, outputs, devices, log)
+        else:
+            total = total + stage_backward(stages, s, j, ys, n, inputs, outputs, handoff,
+                                           loss, devices, log)
+        if timed:
+            synchronize([devices[s]])
+        schedule.append(dict(stage=s, micro=j, phase=phase, tick=tick, start=start - t0,
+                             end=time.perf_counter() - t0, live=len(outputs[s])))
+    return float(total), schedule
+
+
+def stage_forward(stages, s, j, Xs, outputs, devices, log=None):
+    """Stage s's forward of micro-batch j: its input (the batch, or the previous stage's output
+    cut out of the graph, so each stage's backward runs on its own) and its output."""
+    if s == 0:
+        h = Xs[j].to(devices[0])
+    else:
+        h = send(outputs[s - 1][j].detach(), s - 1, s, devices, log, "activation")
+        h.requires_grad_()
+    return h, stages[s](h)
+
+
+def stage_backward(stages, s, j, ys, n, inputs, outputs, handoff, loss, devices, log=None):
+    """Stage s's backward of micro-batch j; frees its activations and leaves its input gradient
+    for the stage before. The last stage starts from the loss, divided by the WHOLE batch size n
+    so that the micro-batches' gradients add up to the mean loss's. Returns its loss (or 0)."""
+    l = 0.0
+    if s == len(stages) - 1:
+        l = loss(outputs[s][j], ys[j].to(devices[s])).sum() / n
+        l.backward()
+        l = l.detach()
+    else:
+        grad = send(handoff[s + 1].pop(j), s + 1, s, devices, log, "gradient")
+        outputs[s][j].backward(grad)
+    h, _ = inputs[s].pop(j), outputs[s].pop(j)
+    if s > 0:
+        handoff[s][j] = h.grad
+    return l
+
+
+def pipeline_step(stages, X, y, loss, devices, num_microbatches, log=None, timed=False):
+    """One GPipe step with `num_microbatches` micro-batches; returns (mean loss, schedule)."""
+    orders = gpipe_order(len(stages), num_microbatches)
+    return run_schedule(stages, X, y, loss, devices, orders, log, timed)
+
+
+def pipeline_1f1b(stages, X, y, loss, devices, num_microbatches, log=None, timed=False):
+    """One 1F1B step with `num_microbatches` micro-batches; returns (mean loss, schedule)."""
+    orders = one_f_one_b_order(len(stages), num_microbatches)
+    return run_schedule(stages, X, y, loss, devices, orders, log, timed)
+
+
+def multiply_adds(net, input_shape):
+    """Multiply-adds of one example's forward through each top-level layer of an nn.Sequential
+    (convolutions and dense layers; the rest counted as 0)."""
+    counts = []
+    h = torch.zeros((1, *input_shape), device=next(net.parameters()).device)
+    with torch.no_grad():
+        for layer in net:
+            out = layer(h)
+            macs = 0
+            for mod in layer.modules():
+                if isinstance(mod, torch.nn.Linear):
+                    macs += out.numel() // out.shape[-1] * mod.in_features * mod.out_features
+                elif isinstance(mod, torch.nn.Conv2d):
+                    k = mod.in_channels // mod.groups * mod.kernel_size[0] * mod.kernel_size[1]
+                    macs += out.numel() * k
+            counts.append(macs)
+            h = out
+    return counts
+
+

@@ -1,0 +1,148 @@
+"""Emulated durations for schedule lessons: the schedule apart from the machine (issue 21).
+
+A schedule lesson (a pipeline's bubble, DDP's overlap, FSDP's prefetch) measured on two busy
+cores shows the cores, not the schedule: ranks wait for a core, not for each other. In emulated
+mode every box's math still runs for real (its values are checked), then the rank waits until
+the box has lasted its modelled duration, with a timed sleep that costs no CPU, so 2-8 ranks
+on 2 cores keep the schedule's shape: the modelled waits, not the cores, set the time.
+
+    rates = Rates.load()                       # the GPU reference run's, else assumed: .source
+    clock = Clock(emulate=True, scale=clock_scale(modelled, measured))
+    with clock.box("F", rates.compute(flops), micro=j):
+        out = stage(h)                         # real math, then the rest of the modelled time
+    clock.mark("sent", micro=j)                # a point in time (a message handed over)
+    clock.boxes, clock.marks                   # dicts: name, start, end, compute, modelled, ...
+
+`Clock()` (emulate=False) records the same boxes of the real run, so both modes are drawn and
+compared by the same code. Wall seconds are kept; `scale` stretches every modelled duration
+(a 5 us GPU box cannot be slept on a CPU), so a share of time (a bubble, an overlap) is in
+model units what it is in wall units. `waits(boxes)` splits the idle time before each box into
+waiting for its input (the schedule) and the delay after the input was sent (the machine).
+"""
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "sleep_until", "waits"]
+
+
+def sleep_until(deadline, now=time.perf_counter):
+    """Sleep (no CPU) until now() >= deadline. time.sleep may wake early: sleep again."""
+    while True:
+        left = deadline - now()
+        if left <= 0:
+            return
+        time.sleep(left)
+
+
+class Clock:
+    """One rank's boxes and marks. emulate=True: a box lasts at least scale * its modelled
+    seconds (the real math first, then a sleep for the rest); compute and overrun say how long
+    the math took and by how much it outlasted the modelled time (then the box is late)."""
+
+    def __init__(self, emulate=False, scale=1.0, now=time.perf_counter):
+        if not (isinstance(scale, (int, float)) and scale > 0):
+            raise ValueError(f"Clock: scale must be a positive number, got {scale!r}")
+        self.emulate, self.scale, self.now = bool(emulate), float(scale), now
+        self.boxes, self.marks = [], []
+
+    @contextmanager
+    def box(self, name, seconds=None, **info):
+        """Time the body as one box `name`; in emulated mode wait out `seconds` (modelled, before
+        scaling). `info` (micro-batch, stage, ...) is kept in the box's record."""
+        if self.emulate and not (isinstance(seconds, (int, float)) and seconds >= 0):
+            raise ValueError(f"Clock.box({name!r}): an emulated box needs its modelled seconds "
+                             f"(>= 0), got {seconds!r}: pass box(name, seconds)")
+        start = self.now()
+        record = dict(info, name=name, start=start, modelled=seconds)
+        yield record
+        done = self.now()
+        record["compute"] = done - start
+        if self.emulate:
+            target = start + seconds * self.scale
+            record["overrun"] = max(0.0, done - target)
+            sleep_until(target, self.now)
+        record["end"] = self.now()
+        self.boxes.append(record)
+
+    def mark(self, name, **info):
+        """A point in time (a message sent, a collective launched); returns its time."""
+        t = self.now()
+        self.marks.append(dict(info, name=name, time=t))
+        return t
+
+    def overruns(self):
+        """The boxes whose real math outlasted their modelled time (emulation then stretches the
+        schedule: choose a larger scale)."""
+        return [b for b in self.boxes if b.get("overrun", 0.0) > 0.0]
+
+
+def clock_scale(modelled, measured=(), factor=5.0, floor=0.01):
+    """A scale for Clock: every box lasts at least `floor` wall seconds, and at least `factor`
+    times its real math (`measured[i]` seconds for `modelled[i]`), so that the math and a busy
+    machine's delays stay small beside the waits the model sets."""
+    modelled = [float(s) for s in modelled]
+    if not modelled or min(modelled) <= 0:
+        raise ValueError(f"clock_scale: modelled durations must be positive, got {modelled}")
+    scale = floor / min(modelled)
+    for s, real in zip(modelled, measured):
+        scale = max(scale, factor * float(real) / s)
+    return max(scale, 1.0)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a box's duration is modelled from: compute at `flops_per_s`, a message of n bytes
+    in alpha + n / beta seconds. `source` says where the figures come from (print it)."""
+    flops_per_s: float
+    alpha: float
+    beta: float
+    source: str
+
+    def compute(self, flops):
+        """Seconds of `flops` floating-point operations."""
+        return flops / self.flops_per_s
+
+    def message(self, nbytes):
+        """Seconds of one message of `nbytes` bytes (alpha-beta)."""
+        return self.alpha + nbytes / self.beta
+
+    @classmethod
+    def load(cls, reference=None):
+        """The committed GPU reference run's rates (its "rates" entry: flops_per_s, alpha, beta,
+        measured by scripts/gpu_runner.sh), else ASSUMED_RATES. `reference`: a dict as
+        helpers.gpu_reference() returns, read from the repository when None."""
+        if reference is None:
+            from ..reference import gpu_reference
+            reference = gpu_reference()
+        rates = reference.get("rates") if reference.get("exists") else None
+        if not rates:
+            return ASSUMED_RATES
+        return cls(float(rates["flops_per_s"]), float(rates["alpha"]), float(rates["beta"]),
+                   f"measured on {reference['gpu']} (GPU reference run, {reference['date']}, "
+                   f"torch {reference['torch']})")
+
+
+ASSUMED_RATES = Rates(
+    flops_per_s=50e12, alpha=10e-6, beta=25e9,
+    source="assumed (no GPU reference run records rates yet): 50 TFLOP/s of compute, messages "
+           "of alpha = 10 us + bytes / (25 GB/s)")
+
+
+def waits(boxes, step_start=None):
+    """Where the idle time before each box went. `boxes`: one rank's boxes in the order they ran,
+    a box that needed another rank's output carrying `ready` (when that output was sent). For
+    each box: idle = start - previous end; input = the part spent before the input was sent
+    (the schedule's wait); delay = the rest (the message in flight, then the rank waiting for a
+    core: the machine's). Returns dict(idle, input, delay) in seconds, summed over the boxes."""
+    total = dict(idle=0.0, input=0.0, delay=0.0)
+    prev = step_start if step_start is not None else (boxes[0]["start"] if boxes else 0.0)
+    for b in boxes:
+        idle = max(0.0, b["start"] - prev)
+        ready = b.get("ready")
+        wait_input = min(idle, max(0.0, ready - prev)) if ready is not None else 0.0
+        total["idle"] += idle
+        total["input"] += wait_input
+        total["delay"] += idle - wait_input
+        prev = max(prev, b["end"])
+    return total

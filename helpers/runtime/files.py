@@ -1,0 +1,116 @@
+"""Files a crash cannot destroy: THE ONLY atomic writer. Every file the course writes goes here.
+
+`atomic_write(path, write)` lets `write(f)` fill a temporary file in the SAME folder, flushes and
+fsyncs it, and `os.replace` swaps it in: a kill at any moment leaves either the old file or the
+new one, never half of one (`os.replace` is atomic within one file system; a temporary file
+elsewhere would not be). The temporary file is named `.NAME.HOST.PID.XXXX.tmp`, so the next write
+of NAME removes what a killed writer left (its process is gone), and it is created with the
+umask's mode (as open() would), keeping the mode of the file it replaces.
+"""
+import json
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+
+__all__ = ["atomic_write", "atomic_save", "write_json", "read_json"]
+
+_STALE_ELSEWHERE_S = 24 * 3600   # a temporary file from another machine: removed after a day
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:              # e.g. PermissionError: it exists, owned by someone else
+        return True
+    return True
+
+
+def _remove_stale(path, host):
+    """Delete the temporary files that killed writers of `path` left behind: from this machine
+    when their process is gone, from another machine (a shared file system) after a day."""
+    prefix = f".{path.name}."
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return
+    for e in entries:
+        if not (e.name.startswith(prefix) and e.name.endswith(".tmp")):
+            continue
+        parts = e.name[len(prefix):-len(".tmp")].rsplit(".", 3)
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue                                  # not one of ours: leave it
+        who, pid = parts[0], int(parts[1])
+        try:
+            stale = (not _alive(pid)) if who == host else \
+                time.time() - e.stat().st_mtime > _STALE_ELSEWHERE_S
+            if stale and pid != os.getpid():
+                os.unlink(e.path)
+        except OSError:
+            pass                                      # another writer cleaned it first
+
+
+def _open_temporary(path, host):
+    """A new temporary file next to `path`, created with mode 0666 & ~umask (what open() gives;
+    mkstemp would give 0600)."""
+    while True:
+        tmp = path.parent / f".{path.name}.{host}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+
+
+def atomic_write(path, write, mode="wb", durable=True):
+    """Write a file all at once or not at all: `write(f)` fills a temporary file next to `path`,
+    which is flushed, fsynced and renamed over `path`. On any error the old file stays.
+    durable=False skips the fsyncs (a progress note: whole or absent, not worth a disk flush)."""
+    path = Path(path)
+    host = socket.gethostname().replace(".", "-") or "host"
+    _remove_stale(path, host)
+    tmp, fd = _open_temporary(path, host)
+    try:
+        with os.fdopen(fd, mode) as f:
+            try:
+                os.chmod(tmp, os.stat(path).st_mode & 0o7777)   # an overwrite keeps its mode
+            except FileNotFoundError:
+                pass
+            write(f)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())   # the bytes are on disk before the name points at them
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    if durable:
+        try:   # make the rename itself durable (not possible on every platform)
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+    return path
+
+
+def atomic_save(obj, path):
+    """torch.save(obj, path), atomically."""
+    import torch
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def write_json(path, obj, indent=1):
+    """json.dump(obj) to `path`, atomically."""
+    return atomic_write(path, lambda f: json.dump(obj, f, indent=indent), mode="w")
+
+
+def read_json(path):
+    """What write_json wrote (a whole file: atomic writes never leave half of one)."""
+    with open(path) as f:
+        return json.load(f)

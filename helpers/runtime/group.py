@@ -1,0 +1,126 @@
+"""Joining the process group: THE ONLY place that calls init_process_group (torchrun and
+launch alike), and the rank, device and backend rules every rank follows.
+
+One process per rank. Every function works the same under `torchrun` (ranks from the environment)
+and under the launcher (ranks passed in). The rules it encodes (see the notes on what learners hit):
+- NCCL only when every rank on this machine has a GPU of its own; gloo otherwise (no GPU, or more
+  ranks than GPUs: two NCCL ranks on one GPU fail with "Duplicate GPU detected").
+- `torch.cuda.set_device(local_rank)` before anything touches CUDA.
+- A `timeout` on the process group, so a dead or divergent rank ends the run with an error.
+"""
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from ..devices import exact_float32, num_gpus
+from ..validate import check_backend
+
+__all__ = ["choose_backend", "env_ranks", "rank_device", "setup", "teardown", "free_port",
+           "get_rank", "get_world_size", "log0"]
+
+
+def choose_backend(local_world_size=1):
+    """"nccl" when every one of the `local_world_size` ranks on this machine has its own GPU,
+    "gloo" otherwise (no GPU, or ranks outnumbering GPUs)."""
+    if dist.is_nccl_available() and 0 < local_world_size <= num_gpus():
+        return "nccl"
+    return "gloo"
+
+
+def env_ranks():
+    """(rank, local_rank, world_size, local_world_size) as torchrun sets them; (0, 0, 1, 1) when
+    the process was started without a launcher."""
+    e = os.environ
+    world_size = int(e.get("WORLD_SIZE", 1))
+    return (int(e.get("RANK", 0)), int(e.get("LOCAL_RANK", 0)), world_size,
+            int(e.get("LOCAL_WORLD_SIZE", world_size)))
+
+
+def rank_device(local_rank):
+    """This rank's device: GPU `local_rank` (round-robin if ranks outnumber GPUs), made the
+    current CUDA device; the CPU on a machine without GPUs."""
+    n = num_gpus()
+    if n == 0:
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % n)
+    torch.cuda.set_device(device)
+    return device
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT / --rdzv-endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, backend=None,
+          timeout=60, master_addr=None, master_port=None):
+    """Join the process group and pick this rank's device. Returns (rank, world_size, device).
+
+    Under torchrun call it without arguments. Started another way on one machine
+    (helpers.launch, scripts/ddp/spawn.py) pass rank, world_size and a master_port (all ranks
+    the same). `timeout` (seconds) bounds every collective: a rank that
+    waits longer for its peers raises instead of hanging.
+    """
+    env_rank, env_local, env_world, env_local_world = env_ranks()
+    spawned = rank is not None   # started on one machine: local rank = rank
+    rank = rank if spawned else env_rank
+    world_size = world_size if world_size is not None else env_world
+    if local_rank is None:
+        local_rank = rank if spawned else env_local
+    if local_world_size is None:
+        local_world_size = world_size if spawned else env_local_world
+    if master_addr is not None or spawned or "MASTER_ADDR" not in os.environ:
+        # started on one machine: this one, whatever MASTER_ADDR a shell left behind
+        os.environ["MASTER_ADDR"] = master_addr or "127.0.0.1"
+    if master_port is not None:
+        os.environ["MASTER_PORT"] = str(master_port)
+    backend = check_backend(backend, local_world_size) or choose_backend(local_world_size)
+    device = rank_device(local_rank)
+    exact_float32()   # the course compares ranks with one process: no TF32 on Ampere and newer
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # ranks sharing a CPU: split its cores, or their threads fight (torchrun sets 1 per rank)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    timeout = datetime.timedelta(seconds=timeout)
+    store = _attempt_store(timeout)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                            **({"store": store} if store is not None else {}))
+    return rank, world_size, device
+
+
+def _attempt_store(timeout):
+    """Under torchrun, the launcher's key-value store with keys private to this attempt.
+
+    After `--max-restarts` restarts the group, the new ranks would otherwise find the addresses
+    the dead attempt published there and try to connect to them (seen with torch 2.14:
+    "Gloo connectFullMesh failed ... Connection refused", then another restart)."""
+    e = os.environ
+    if e.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in e:
+        return None
+    store = dist.TCPStore(e["MASTER_ADDR"], int(e["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"/course/attempt_{e['TORCHELASTIC_RESTART_COUNT']}", store)
+
+
+def teardown():
+    """Leave the process group (safe to call when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def get_rank():
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def get_world_size():
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def log0(*args, **kwargs):
+    """print() on rank 0 only: one log, not one per rank."""
+    if get_rank() == 0:
+        print(*args, **kwargs, flush=True)

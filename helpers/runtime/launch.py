@@ -1,0 +1,344 @@
+"""Starting ranks: THE ONLY place that starts processes (or threads) to play ranks.
+
+`launch(fn, world, cfg)` runs fn(rank, world, cfg) on `world` ranks and returns what each
+returned, in rank order. Processes by default: each joins the default process group first
+(runtime.group.setup: gloo on a CPU, NCCL with one GPU per rank), runs with one intra-op thread,
+finds its device in cfg["device"] and hands its result back through a file written atomically.
+A rank that raises, dies or hangs past `timeout` ends the call with RankFailed or LaunchTimeout
+naming the rank and the cause; the other ranks are stopped, never left running. The ranks die
+with the caller (Ctrl-C, SIGTERM, a killed kernel) instead of running on as orphans.
+`threads=True` runs fn as threads of this process, talking through a ThreadComm in cfg["comm"]
+(exercise checks: any callable works, also one defined in a notebook).
+
+Inside a rank, `report_progress(step, total, what)` (runtime.progress) shows how far it got on
+the caller's one progress line, updated in place while the ranks run.
+"""
+import ctypes
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from ..devices import num_gpus
+from ..validate import check_backend, check_positive_int
+from .files import atomic_save, write_json
+from .group import choose_backend, free_port
+from .progress import ProgressLine
+
+__all__ = ["launch", "RankFailed", "LaunchTimeout", "backend_line", "take", "run_ranks",
+           "run_in_turn", "spawn_ranks"]
+
+_TAIL = 8          # traceback lines a RankFailed quotes
+_GRACE = 10.0      # seconds a rank that has handed in its result may take to leave the group
+
+
+class RankFailed(RuntimeError):
+    """A rank raised or died. `rank`, `cause` (one line), `tail` (its last traceback lines);
+    `original`: the exception itself when the ranks were threads."""
+
+    def __init__(self, rank, cause, tail="", original=None):
+        self.rank, self.cause, self.tail, self.original = rank, cause, tail, original
+        msg = f"rank {rank} failed: {cause}"
+        if tail:
+            msg += f"\n--- the end of rank {rank}'s traceback ---\n{tail}"
+        super().__init__(msg)
+
+
+class LaunchTimeout(TimeoutError):
+    """Ranks still running after the launch's timeout (they have been stopped). `ranks`: which."""
+
+    def __init__(self, ranks, timeout, progress=""):
+        self.ranks, self.timeout = ranks, timeout
+        super().__init__(f"rank(s) {ranks} still running after {timeout:g} s (stopped){progress}"
+                         ": a rank waits for a message or a collective that never comes, or the "
+                         "run needs more time (launch(..., timeout=...))")
+
+
+def backend_line(world, backend=None):
+    """One line saying which backend `world` ranks on this machine get, and why."""
+    gpus = num_gpus()
+    chosen = backend or choose_backend(world)
+    if chosen == "nccl":
+        return f"{world} ranks, one GPU each: NCCL"
+    if backend:
+        return f"{world} ranks, gloo on the CPU (asked for), one thread per rank"
+    if gpus:
+        return (f"{world} ranks but {gpus} GPU(s): ranks outnumber GPUs, so gloo, "
+                "computing on the CPU")
+    return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
+
+
+def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, quiet=False):
+    """Run fn(rank, world, cfg) on `world` ranks; returns [what rank 0 returned, ...].
+
+    Processes (default): `fn` must be importable (defined in a module, not a notebook), `cfg`
+    picklable; cfg["device"] is the rank's device. backend: None (gloo on the CPU, NCCL when
+    every rank has a GPU of its own), "gloo" or "nccl". threads=True: ranks are threads with a
+    ThreadComm in cfg["comm"] (no process group). quiet: no backend line, no progress line."""
+    check_positive_int(world, "world")
+    if not callable(fn):
+        raise TypeError(f"launch: fn must be a function fn(rank, world, cfg), got {fn!r}")
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"launch: timeout must be a positive number of seconds, got {timeout!r}")
+    cfg = dict(cfg or {})
+    if threads:
+        return _launch_threads(fn, world, cfg, timeout)
+    _check_importable(fn)
+    line = backend_line(world, check_backend(backend, world))
+    backend = backend or choose_backend(world)
+    try:
+        pickle.dumps(cfg)
+    except Exception as e:   # noqa: BLE001 - any pickling error is the same mistake
+        raise TypeError(f"launch: cfg must pickle to reach the ranks (numbers, strings, tensors, "
+                        f"lists and dicts of them): {type(e).__name__}: {e}") from None
+    if not quiet:
+        print(line, flush=True)
+    return _launch_processes(fn, world, cfg, backend, timeout, quiet)
+
+
+def take(cfg, *required, **defaults):
+    """The values of a launch target's cfg, in order: the `required` keys, then the keys of
+    `defaults` (their default when absent). A key it does not expect is an error (a typo would
+    otherwise run the default silently); "device" and "comm" may always be there."""
+    unknown = set(cfg) - set(required) - set(defaults) - {"device", "comm"}
+    missing = [k for k in required if k not in cfg]
+    if unknown or missing:
+        raise TypeError(f"cfg {'lacks ' + str(missing) if missing else ''}"
+                        f"{' and ' if unknown and missing else ''}"
+                        f"{'has unexpected ' + str(sorted(unknown)) if unknown else ''}: "
+                        f"expected {list(required)} and optionally {list(defaults)}")
+    return [cfg[k] for k in required] + [cfg.get(k, v) for k, v in defaults.items()]
+
+
+def _check_importable(fn):
+    """A spawned rank finds `fn` by module and name: refuse what it could not find."""
+    name = getattr(fn, "__name__", repr(fn))
+    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    found = sys.modules.get(mod) if mod not in (None, "__main__") else None
+    for part in qual.split(".") if found is not None else ():
+        found = getattr(found, part, None)
+    if found is not fn:
+        where = "in the notebook (or the script run as __main__)" if mod in (None, "__main__") \
+            else "inside a function, or as a lambda or partial"
+        raise ValueError(f"launch: {name} is defined {where}, so a spawned rank cannot import it. "
+                         f"Move {name} into a module (e.g. helpers/<split>/experiments.py) and "
+                         "import it from there, or run the ranks as threads: "
+                         "launch(..., threads=True)")
+
+
+@contextmanager
+def _environ(**values):
+    """os.environ with `values` set (spawned children copy it at start), restored after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _launch_processes(fn, world, cfg, backend, timeout, quiet):
+    out = Path(tempfile.mkdtemp(prefix="launch-"))
+    ctx = multiprocessing.get_context("spawn")      # a fresh interpreter per rank (CUDA-safe)
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, name=f"rank{r}",
+                         args=(r, world, port, backend, fn, cfg, str(out), os.getpid(), timeout))
+             for r in range(world)]
+    progress = ProgressLine(world, out, quiet)
+    try:
+        # one intra-op thread per rank (set before the child imports torch); this machine only,
+        # whatever MASTER_ADDR the caller's environment holds
+        with _environ(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)):
+            for p in procs:
+                p.start()
+        _wait(procs, out, timeout, progress)
+        return [torch.load(out / f"rank{r}.pt", map_location="cpu", weights_only=False)
+                for r in range(world)]
+    finally:
+        progress.close()
+        _stop(procs)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _wait(procs, out, timeout, progress):
+    """Until every rank has handed in its result; RankFailed or LaunchTimeout otherwise."""
+    deadline, done_at = time.monotonic() + timeout, None
+    while True:
+        _raise_first_failure(procs, out)
+        results = [(out / f"rank{r}.pt").exists() for r in range(len(procs))]
+        codes = [p.exitcode for p in procs]
+        for r, code in enumerate(codes):
+            if code == 0 and not results[r]:
+                raise RankFailed(r, "exited without handing in a result")
+        if all(results):
+            done_at = done_at or time.monotonic()
+            if all(c is not None for c in codes) or time.monotonic() - done_at > _GRACE:
+                return                            # _stop ends a rank stuck leaving the group
+        elif time.monotonic() > deadline:
+            running = [r for r, ok in enumerate(results) if not ok]
+            raise LaunchTimeout(running, timeout, progress.summary())
+        progress.update()
+        alive = [p.sentinel for p in procs if p.exitcode is None]
+        if alive:
+            multiprocessing.connection.wait(alive, timeout=0.2)   # wakes when a rank exits
+        else:
+            time.sleep(0.05)
+
+
+def _death(code):
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        hint = " (SIGKILL: often the system running out of memory)" if -code == 9 else ""
+        return f"died from signal {name}{hint} before handing in a result"
+    return f"exited with code {code} before handing in a result"
+
+
+def _raise_first_failure(procs, out):
+    """RankFailed for the rank whose failure came first: a rank that died without a word (a
+    signal) before any that raised, else the earliest exception. The others often fail only
+    because of it (their peer is gone); the message names them too."""
+    import json
+    errors, dead = {}, []
+    for r, p in enumerate(procs):
+        path = out / f"rank{r}.error.json"
+        if path.exists():
+            errors[r] = json.loads(path.read_text())
+        elif p.exitcode not in (None, 0) and not (out / f"rank{r}.pt").exists():
+            dead.append(r)
+    if not errors and not dead:
+        return
+    if dead:
+        r, cause, tail = dead[0], _death(procs[dead[0]].exitcode), ""
+    else:
+        r = min(errors, key=lambda k: errors[k]["time"])
+        cause = f"{errors[r]['kind']}: {errors[r]['message']}"
+        tail = "\n".join(errors[r]["traceback"].rstrip().splitlines()[-_TAIL:])
+    echoes = [f"rank {k}: {e['kind']}" for k, e in sorted(errors.items()) if k != r]
+    if echoes:
+        cause += f" (then {', '.join(echoes)})"
+    raise RankFailed(r, cause, tail)
+
+
+def _stop(procs):
+    """Terminate the ranks still alive, then kill those that ignore it."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(3)
+        if p.is_alive():
+            p.kill()
+            p.join(3)
+
+
+# ---- inside a rank -------------------------------------------------------------------------
+def _die_with_parent(parent):
+    """Leave when the caller dies (SIGTERM, a killed kernel): the kernel signals us on Linux
+    (PR_SET_PDEATHSIG); a watcher thread that polls the parent's pid covers the rest."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    if os.getppid() != parent:       # it died before prctl took effect
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout):
+    """A spawned rank: join the group, run fn, hand in its result or its error."""
+    _die_with_parent(parent)
+    from . import progress
+    from .group import setup, teardown
+    torch.set_num_threads(1)
+    out = Path(out)
+    progress.report_to(out / f"rank{rank}.progress")
+    try:
+        _, _, device = setup(rank, world, backend=backend, master_addr="127.0.0.1",
+                             master_port=port, timeout=timeout)
+        if backend != "nccl":
+            device = torch.device("cpu")       # gloo: tensors stay on the CPU (backend_line)
+        result = fn(rank, world, dict(cfg, device=device))
+        atomic_save(result, out / f"rank{rank}.pt")
+    except BaseException as e:   # noqa: BLE001 - handed to the caller, whatever it is
+        write_json(out / f"rank{rank}.error.json", dict(
+            kind=type(e).__name__, message=str(e), traceback=traceback.format_exc(),
+            time=time.time()))
+        sys.exit(1)
+    finally:
+        teardown()
+
+
+# ---- threads ---------------------------------------------------------------------------------
+def _launch_threads(fn, world, cfg, timeout):
+    from .comm import ThreadComm, ThreadWorld, run_thread_ranks
+    w = ThreadWorld(world, timeout / 2)    # a rank waiting for a message gives up first, naming it
+    comms = [ThreadComm(w, r) for r in range(world)]
+    device = torch.device("cpu")
+    results, errors, alive = run_thread_ranks(
+        lambda r: fn(r, world, dict(cfg, comm=comms[r], device=device)), w, timeout)
+    if errors:
+        r, e, tb = errors[0]
+        tail = "\n".join(tb.rstrip().splitlines()[-_TAIL:])
+        raise RankFailed(r, f"{type(e).__name__}: {e}", tail, original=e) from e
+    if alive:
+        raise LaunchTimeout(alive, timeout)
+    return results
+
+
+# ---- several experiments in one launch -------------------------------------------------------
+def run_in_turn(rank, world, cfg):
+    """A launch target running cfg["runs"], [(label, fn, kwargs), ...], one after another on
+    every rank (fn(rank, world, dict(kwargs, device=...)), a barrier between them); returns
+    {label: what fn returned}."""
+    import torch.distributed as dist
+
+    from .progress import report_progress
+    results = {}
+    for i, (label, fn, kwargs) in enumerate(cfg["runs"]):
+        report_progress(i + 1, len(cfg["runs"]), f"experiment ({label})")
+        results[label] = fn(rank, world, dict(kwargs, device=cfg["device"]))
+        dist.barrier()
+    return results
+
+
+def run_ranks(world, runs, backend=None, timeout=600.0):
+    """Start `world` ranks once and run the experiments `runs`, [(label, fn, kwargs), ...], in
+    turn on each (label: how its result is found, so one fn can run twice, e.g. "fsdp:bf16");
+    returns each rank's {label: result}. One launch: the ranks start (seconds) only once."""
+    runs = list(runs)
+    for run in runs:
+        if not (isinstance(run, tuple) and len(run) == 3 and isinstance(run[0], str)
+                and callable(run[1]) and isinstance(run[2], dict)):
+            raise ValueError(f"run_ranks: {run!r} is not (label, function, kwargs): pass the "
+                             "experiment itself, e.g. (\"zero1\", helpers.zero1_vs_one_process, "
+                             "{}); experiments are no longer looked up by name")
+        _check_importable(run[1])
+    labels = [label for label, _, _ in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"run_ranks: labels {labels} repeat; give each run its own "
+                         "(e.g. \"fsdp:bf16\")")
+    return launch(run_in_turn, world, dict(runs=runs), backend=backend, timeout=timeout)
+
+
+spawn_ranks = launch   # Part VI's first name for it

@@ -1,0 +1,4 @@
+"""Sharding the training state over data-parallel ranks: ZeRO-1/2 (zero), ZeRO-3 built by hand
+(fsdp_scratch), torch's FSDP2 (torch_api), Part V's experiments across processes (experiments).
+Builds on data_parallel (ZeRO is data parallelism with sharded state).
+"""

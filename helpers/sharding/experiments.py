@@ -1,0 +1,234 @@
+"""Part V's sharding experiments across processes, each a launch target fn(rank, world, cfg)
+(helpers.launch, or several in one launch with helpers.run_ranks). Each compares the sharded run
+with one process trained on the combined batch (computed on every rank, from the same seeds)
+and returns numbers, never booleans: ZeRO-1 and ZeRO-2 against torch's ZeroRedundancyOptimizer
+and one process, FSDP by hand and FSDP2, a sharded checkpoint saved on one world size and
+loaded on another, and the memory each stage holds per rank.
+"""
+import torch
+
+from ..compare import max_diff, rel_diff
+from ..data_parallel.scratch import DDPFromScratch
+from ..one_process import adamw_groups, flat_cross_entropy, local_batch, params_of, \
+    plain_optimizer, train_one_process, train_one_process_plain
+from ..runtime.launch import take
+from ..runtime.traffic import count_traffic
+from ..tiny_models import make_batches, make_model
+from .fsdp_scratch import FSDPFromScratch
+from .torch_api import fsdp2_model, full_params
+from .zero import ShardedOptimizer, Zero2, optimizer_state_bytes
+
+__all__ = ["zero1_vs_one_process", "zero2_vs_one_process", "fsdp_scratch_vs_one_process",
+           "fsdp2_vs_one_process", "dcp_save_sharded", "dcp_load_resharded", "memory_per_stage"]
+
+
+def zero1_vs_one_process(rank, world, cfg):
+    """ShardedOptimizer(AdamW or SGD with momentum, two param groups) and torch's
+    ZeroRedundancyOptimizer against the unsharded optimizer; and the state each rank holds."""
+    device, num_steps, batch_size, sizes, optim = \
+        take(cfg, "device", num_steps=5, batch_size=8, sizes=None, optim="adamw")
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    batches = make_batches("mlp", num_steps, batch_size)
+    ref = train_one_process("mlp", batches, device, num_steps, sizes=sizes, optim=optim + "_groups")
+    cls = torch.optim.AdamW if optim == "adamw" else torch.optim.SGD
+    res = {}
+    for impl in ("scratch", "torch"):
+        model = DDPFromScratch(make_model("mlp", **(sizes or {})).to(device))
+        groups, kw = adamw_groups(model.module)
+        if optim == "sgd":
+            kw = dict(lr=0.05, momentum=0.9)
+        if impl == "scratch":
+            opt = ShardedOptimizer(groups, cls, **kw)
+        else:
+            opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls,
+                                          weight_decay=groups[0]["weight_decay"], **kw)
+            opt.add_param_group(groups[1])
+        for batch in batches:
+            X, y = local_batch(batch, rank, world, device)
+            flat_cross_entropy(model(X), y).backward()
+            model.finish_gradient_synchronization()
+            opt.step()
+            opt.zero_grad()
+        state = optimizer_state_bytes(opt.local) if impl == "scratch" and opt.local else \
+            optimizer_state_bytes(opt.optim) if impl == "torch" else 0
+        res[impl] = dict(diff=max_diff(params_of(model.module), ref), state_bytes=state,
+                         params=params_of(model.module))
+    between = max_diff(res["scratch"].pop("params"), res["torch"].pop("params"))
+    return dict(res, scratch_vs_torch=between,
+                param_bytes=sum(p.numel() * 4 for p in model.module.parameters()),
+                largest=max(p.numel() for p in model.module.parameters()))
+
+
+def zero2_vs_one_process(rank, world, cfg):
+    """Zero2 (AdamW, weight decay on every parameter) against one process."""
+    device, num_steps, batch_size, bucket_mb, sizes = \
+        take(cfg, "device", num_steps=5, batch_size=8, bucket_mb=None, sizes=None)
+    batches = make_batches("mlp", num_steps, batch_size)
+    ref_model = make_model("mlp", **(sizes or {})).to(device)
+    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-3, weight_decay=0.1)
+    for X, y in batches:
+        flat_cross_entropy(ref_model(X.to(device)), y.to(device)).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    model = Zero2(make_model("mlp", **(sizes or {})).to(device), torch.optim.AdamW,
+                  bucket_mb=bucket_mb, lr=1e-3, weight_decay=0.1)
+    for batch in batches:
+        X, y = local_batch(batch, rank, world, device)
+        flat_cross_entropy(model(X), y).backward()
+        model.finish_gradient_synchronization()
+        grad_bytes = sum(s.grad.numel() * 4 for s in model.shards) + sum(
+            p.grad.numel() * 4 for p in model.module.parameters() if p.grad is not None)
+        model.step()
+        model.zero_grad()
+    return dict(diff=max_diff(params_of(model.module), params_of(ref_model)),
+                grad_bytes=grad_bytes, state_bytes=optimizer_state_bytes(model.optimizer))
+
+
+def fsdp_scratch_vs_one_process(rank, world, cfg):
+    """FSDPFromScratch against one process (fp32, or low precision against a one-process run
+    with the same low-precision compute); also the fp32 run, to size the precision's own effect."""
+    device, kind, compute_dtype, num_steps, batch_size, sizes, optim = \
+        take(cfg, "device", kind="lm", compute_dtype=None, num_steps=4, batch_size=8, sizes=None,
+             optim="adamw")
+    dtype = getattr(torch, compute_dtype) if compute_dtype else None
+    batches = make_batches(kind, num_steps, batch_size)
+    model = FSDPFromScratch(make_model(kind, seed=rank, **(sizes or {})).to(device),
+                            compute_dtype=dtype)
+    opt = plain_optimizer(model.parameters(), optim)
+    losses = []
+    for batch in batches:
+        X, y = local_batch(batch, rank, world, device)
+        loss = flat_cross_entropy(model(X), y)
+        loss.backward()
+        model.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    full = model.gather_full_params()
+    ref = train_one_process_plain(kind, batches, device, num_steps, dtype, sizes, optim)
+    start = params_of(make_model(kind, **(sizes or {})))
+    res = dict(diff=max_diff(full, ref), rel_diff=rel_diff(full, ref, start),
+               shard_bytes=sum(p.numel() * 4 for p in model.parameters()),
+               full_bytes=sum(t.numel() * 4 for t in full.values()),
+               state_bytes=optimizer_state_bytes(opt), peak_gathered_bytes=model.peak_live_bytes,
+               losses=losses)
+    if dtype is not None:
+        fp32 = train_one_process_plain(kind, batches, device, num_steps, None, sizes, optim)
+        res["precision_gap"] = max_diff(fp32, ref)
+        res["rel_precision_gap"] = rel_diff(fp32, ref, start)
+    return res
+
+
+def fsdp2_vs_one_process(rank, world, cfg):
+    """fully_shard per layer against one process and against FSDPFromScratch (same dtype)."""
+    device, kind, compute_dtype, num_steps, batch_size, sizes = \
+        take(cfg, "device", kind="mlp", compute_dtype=None, num_steps=4, batch_size=8, sizes=None)
+    dtype = getattr(torch, compute_dtype) if compute_dtype else None
+    batches = make_batches(kind, num_steps, batch_size)
+    runs = {}
+    for impl in ("fsdp2", "scratch"):
+        if impl == "fsdp2":
+            model = fsdp2_model(kind, world, device, dtype, sizes=sizes)
+        else:
+            model = FSDPFromScratch(make_model(kind, **(sizes or {})).to(device),
+                                    compute_dtype=dtype)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+        with count_traffic() as log:
+            for batch in batches:
+                X, y = local_batch(batch, rank, world, device)
+                flat_cross_entropy(model(X), y).backward()
+                if impl == "scratch":
+                    model.finish_gradient_synchronization()
+                opt.step()
+                opt.zero_grad()
+        if impl == "fsdp2":
+            local_bytes = sum(p.to_local().numel() * 4 for p in model.parameters())
+            runs[impl] = full_params(model)
+        else:
+            runs[impl] = model.gather_full_params()
+        runs[impl + "_sent"] = log.sent_bytes / num_steps
+    ref = train_one_process_plain(kind, batches, device, num_steps, dtype, sizes)
+    return dict(diff=max_diff(runs["fsdp2"], ref),
+                diff_scratch=max_diff(runs["fsdp2"], runs["scratch"]),
+                local_bytes=local_bytes, full_bytes=sum(t.numel() * 4 for t in ref.values()),
+                sent_fsdp2=runs["fsdp2_sent"], sent_scratch=runs["scratch_sent"])
+
+
+def dcp_save_sharded(rank, world, cfg):
+    """Train a fully_shard model a little and save it with torch.distributed.checkpoint: each rank
+    writes only its shards. Returns the full parameters (to compare after loading)."""
+    device, path, kind, num_steps, batch_size, sizes = \
+        take(cfg, "device", "path", kind="mlp", num_steps=2, batch_size=8, sizes=None)
+    import torch.distributed.checkpoint as dcp
+    model = fsdp2_model(kind, world, device, sizes=sizes)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for batch in make_batches(kind, num_steps, batch_size):
+        X, y = local_batch(batch, rank, world, device)
+        flat_cross_entropy(model(X), y).backward()
+        opt.step()
+        opt.zero_grad()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=path)
+    return dict(full=full_params(model),
+                local_bytes=sum(p.to_local().numel() * 4 for p in model.parameters()))
+
+
+def dcp_load_resharded(rank, world, cfg):
+    """A fresh fully_shard model on `world` ranks (any number) loads the sharded checkpoint."""
+    device, path, kind, sizes = take(cfg, "device", "path", kind="mlp", sizes=None)
+    import torch.distributed.checkpoint as dcp
+    model = fsdp2_model(kind, world, device, seed=123, sizes=sizes)   # other init: load must win
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    model.load_state_dict(state["model"])
+    return dict(full=full_params(model),
+                local_bytes=sum(p.to_local().numel() * 4 for p in model.parameters()))
+
+
+def held_bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def memory_per_stage(rank, world, cfg):
+    """Per stage: bytes of parameters, gradients and optimizer state this rank holds after a
+    step (read from its tensors), the bytes it sent during that step, and on a GPU the peak of
+    torch.cuda.max_memory_allocated."""
+    device, sizes, stages, batch_size = \
+        take(cfg, "device", sizes=None, stages=("dp", "zero1", "zero2", "zero3"), batch_size=16)
+    X, y = local_batch(make_batches("mlp", 1, batch_size, d_in=(sizes or {}).get("d_in", 32))[0],
+                 rank, world, device)
+    out = {}
+    for stage in stages:
+        net = make_model("mlp", **(sizes or {})).to(device)
+        n_params = sum(p.numel() for p in net.parameters())
+        if stage in ("dp", "zero1"):
+            model = DDPFromScratch(net)
+            opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if stage == "dp" else
+                   ShardedOptimizer(net.parameters(), torch.optim.AdamW, lr=1e-3))
+        elif stage == "zero2":
+            model = Zero2(net, torch.optim.AdamW, lr=1e-3)
+            opt = model
+        else:
+            model = FSDPFromScratch(net)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step in range(2):   # the first step creates the optimizer state
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(device)
+            with count_traffic() as log:
+                flat_cross_entropy(model(X), y).backward()
+                model.finish_gradient_synchronization()
+                if stage in ("zero2", "zero3"):
+                    grads = held_bytes(p.grad for p in model.parameters()) if stage == "zero3" \
+                        else held_bytes(s.grad for s in model.shards)
+                else:
+                    grads = held_bytes(p.grad for p in net.parameters())
+                opt.step()
+            peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+            opt.zero_grad()
+        local_opt = opt.local if stage == "zero1" else opt.optimizer if stage == "zero2" else opt
+        params = (held_bytes(model.parameters()) if stage == "zero3"
+                  else held_bytes(net.parameters()))
+        out[stage] = dict(n_params=n_params, params_bytes=params, grads_bytes=grads,
+                          optim_bytes=optimizer_state_bytes(local_opt) if local_opt else 0,
+                          sent_bytes=log.sent_bytes, calls=dict(log.calls), cuda_peak=peak)
+    return out

@@ -1,0 +1,6 @@
+"""Tensor parallelism: each layer split within, its shards on different devices.
+
+simulated (Part I: layer shards, ring collectives and Megatron's f/g over simulated devices),
+scratch (Part VI: f/g over a comm, TPMLP, TPBlock), torch_api (DTensor plans), experiments
+(Part VI's runs, the 2-D mesh).
+"""

@@ -1,0 +1,51 @@
+"""Rank functions for tests/test_launch.py: a spawned rank imports its function by name, so
+they live in a module (not in the test file, whose module name depends on how pytest runs)."""
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def report(rank, world, cfg):
+    """What a rank sees: its environment, threads and device, and an all-reduce's result."""
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return dict(rank=rank, world=world, sum=float(t), threads=torch.get_num_threads(),
+                master_addr=os.environ["MASTER_ADDR"], device=str(cfg["device"]),
+                backend=dist.get_backend(), pid=os.getpid(), tensor=torch.arange(3) * rank)
+
+
+def raise_on_rank_1(rank, world, cfg):
+    if rank == 1:
+        raise ValueError("the answer is not 42")
+    dist.barrier()          # rank 0 waits for rank 1, which never comes
+    return rank
+
+
+def die_on_rank_1(rank, world, cfg):
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    return rank
+
+
+def hang_on_rank_1(rank, world, cfg):
+    if rank == 1:
+        time.sleep(3600)
+    return rank
+
+
+def sleep_and_write_pid(rank, world, cfg):
+    """Write this rank's pid, then sleep: the test kills the launching process meanwhile."""
+    with open(os.path.join(cfg["folder"], f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(3600)
+
+
+def thread_sum(rank, world, cfg):
+    """A threads-mode rank: an all-reduce through the ThreadComm in cfg["comm"]."""
+    t = torch.tensor([float(rank + 1)])
+    cfg["comm"].all_reduce(t)
+    return float(t)

@@ -1,0 +1,150 @@
+"""helpers.launch, the one way ranks start: results per rank, a rank that raises, dies or hangs
+reported by rank (never a hang), functions a rank cannot import refused with the fix, threads,
+a stale MASTER_ADDR, and no orphans when the caller is killed."""
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import helpers
+import launch_targets as lt
+from helpers.runtime import progress
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _gone(pid):
+    """True once `pid` no longer runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    else:
+        return "\nState:\tZ" in state
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_results_come_back_per_rank_even_with_a_stale_master_addr(monkeypatch, capsys):
+    monkeypatch.setenv("MASTER_ADDR", "10.255.255.1")   # left over from another run: unroutable
+    got = helpers.launch(lt.report, 2)
+    assert [g["rank"] for g in got] == [0, 1] and all(g["world"] == 2 for g in got)
+    assert [g["sum"] for g in got] == [3.0, 3.0], "the ranks joined one group"
+    assert all(g["threads"] == 1 for g in got), "one intra-op thread per rank"
+    assert {g["master_addr"] for g in got} == {"127.0.0.1"}
+    assert {g["backend"] for g in got} == {"gloo"} and {g["device"] for g in got} == {"cpu"}
+    assert torch.equal(got[1]["tensor"], torch.arange(3)), "tensors come back"
+    assert len({g["pid"] for g in got} | {os.getpid()}) == 3, "one process per rank"
+    assert "2 ranks" in capsys.readouterr().out, "one line says what was chosen"
+
+
+def test_a_rank_that_raises_is_named_with_its_traceback():
+    t0 = time.monotonic()
+    with pytest.raises(helpers.RankFailed) as info:
+        helpers.launch(lt.raise_on_rank_1, 2, quiet=True, timeout=120)
+    e = info.value
+    assert e.rank == 1 and e.cause.startswith("ValueError: the answer is not 42")
+    assert "raise_on_rank_1" in e.tail and "rank 1 failed" in str(e)
+    assert time.monotonic() - t0 < 100, "rank 0 was stopped, not waited for"
+
+
+def test_a_killed_rank_is_an_error_not_a_hang():
+    with pytest.raises(helpers.RankFailed) as info:
+        helpers.launch(lt.die_on_rank_1, 2, quiet=True, timeout=120)
+    assert info.value.rank == 1 and "SIGKILL" in info.value.cause
+
+
+def test_a_hung_rank_times_out_and_is_stopped(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(helpers.LaunchTimeout) as info:
+        helpers.launch(lt.hang_on_rank_1, 2, quiet=True, timeout=8)
+    assert 1 in info.value.ranks and "still running after 8 s" in str(info.value)
+    assert time.monotonic() - t0 < 8 + 15, "stopped promptly after the timeout"
+
+
+def test_functions_a_rank_cannot_import_are_refused_with_the_fix():
+    def local(rank, world, cfg):
+        return rank
+    notebook = lambda rank, world, cfg: rank                      # noqa: E731
+    notebook.__module__ = "__main__"
+    for fn, where in [(local, "inside a function"), (notebook, "in the notebook")]:
+        with pytest.raises(ValueError, match=where) as info:
+            helpers.launch(fn, 2)
+        assert "into a module" in str(info.value) and "threads=True" in str(info.value)
+    with pytest.raises(TypeError, match="cfg must pickle"):
+        helpers.launch(lt.report, 2, dict(f=lambda: 0))
+    with pytest.raises(ValueError, match="world"):
+        helpers.launch(lt.report, 0)
+    with pytest.raises(ValueError, match="not .label, function, kwargs."):
+        helpers.run_ranks(2, [("zero1", {})])
+
+
+def test_threads_run_any_callable_through_a_thread_comm():
+    assert helpers.launch(lt.thread_sum, 3, threads=True) == [6.0, 6.0, 6.0]
+
+    def in_notebook(rank, world, cfg):
+        if rank == 2:
+            raise KeyError("no such shard")
+        return rank
+    with pytest.raises(helpers.RankFailed) as info:
+        helpers.launch(in_notebook, 3, threads=True, timeout=5)
+    assert info.value.rank == 2 and isinstance(info.value.original, KeyError)
+
+    def waits_forever(rank, world, cfg):
+        cfg["comm"].recv(1 - rank, (1,))                          # nobody sends
+    with pytest.raises(helpers.RankFailed, match="never sent"):
+        helpers.launch(waits_forever, 2, threads=True, timeout=2)
+
+
+def test_killing_the_caller_leaves_no_rank_running(tmp_path):
+    script = textwrap.dedent(f"""
+        import helpers, launch_targets
+        helpers.launch(launch_targets.sleep_and_write_pid, 2, dict(folder={str(tmp_path)!r}),
+                       quiet=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        pids, t0 = [], time.monotonic()
+        while len(pids) < 2 and time.monotonic() - t0 < 240 and parent.poll() is None:
+            time.sleep(0.2)
+            pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid") if p.read_text()]
+        assert len(pids) == 2, "both ranks started"
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(30)
+        t0 = time.monotonic()
+        while not all(_gone(p) for p in pids) and time.monotonic() - t0 < 15:
+            time.sleep(0.2)
+        assert all(_gone(p) for p in pids), "ranks outlived the launching process"
+    finally:
+        parent.kill()
+
+
+def test_progress_shows_one_line_on_a_terminal_and_clears_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "_progress_file", None)
+    helpers.report_progress(1, 10, "epoch")                         # outside a launch: nothing
+    assert not list(tmp_path.iterdir())
+    progress.report_to(tmp_path / "rank0.progress")
+    monkeypatch.setattr(progress, "_last_report", 0.0)
+    helpers.report_progress(3, 10, "epoch")
+    line = progress.ProgressLine(2, tmp_path, quiet=False)
+    line.mode, line.t0 = "tty", time.monotonic() - 5                # a terminal, 5 s in
+    fake = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", fake)
+    line.update()
+    assert fake.getvalue().startswith("\r2 ranks running, 5 s: rank 0 epoch 3/10")
+    line.close()
+    assert fake.getvalue().endswith("\r") and fake.getvalue().count("\n") == 0
+    assert progress.ProgressLine(2, tmp_path, quiet=True).mode is None
