@@ -10,10 +10,10 @@ seconds in JavaScript from the two continuous ones, as split_costs does:
 messages * latency + bytes / bandwidth. Without JavaScript it shows the default setting's table
 and no controls.
 """
+import hashlib
 import html
 import json
 import math
-import uuid
 
 from .costs import split_costs
 
@@ -85,13 +85,14 @@ def cost_explorer_html(grid, specs, title=""):
     """The twin: controls (hidden until its script runs), a table of the current setting, the
     grid as JSON. `specs`: {name: {"kind": "select"|"index"|"log", "value", "values" or
     "base"/"min"/"max"/"step"/"exponent"}}."""
-    uid = "ce-" + uuid.uuid4().hex[:8]
+    data = json.dumps(dict(grid, specs=specs), separators=(",", ":")).replace("</", "<\\/")
+    # ids for the labels, the same on every run of the same explorer (stored outputs stay put)
+    uid = "ce-" + hashlib.sha1((data + title).encode()).hexdigest()[:8]
     default = {n: s["value"] for n, s in specs.items()}
     rows = _rows(grid, default)
     body = "".join(f"<tr><th scope=\"row\">{html.escape(r[0])}</th>"
                    + "".join(f"<td>{v}</td>" for v in r[1:]) + "</tr>" for r in rows)
     controls = "".join(f"<div>{_control_html(n, specs[n], uid)}</div>" for n in specs)
-    data = json.dumps(dict(grid, specs=specs), separators=(",", ":")).replace("</", "<\\/")
     return (f'<div class="cost-explorer" id="{uid}"><style>{_CSS}</style>'
             f'<p class="ce-title">{html.escape(title)}</p>'
             f'<div class="ce-controls" hidden>{controls}</div>'
@@ -163,6 +164,7 @@ def with_static_twin(explorer, sizes):
         "book was built) and works out the seconds from the bandwidth and latency.")))
 
 
+# Colours are inherited: the book puts HTML outputs on a light card in dark mode too (myst-nb)
 _CSS = """
 .cost-explorer .ce-controls { display: grid; grid-template-columns: repeat(auto-fill,
   minmax(16rem, 1fr)); gap: .3rem 1.2rem; margin: .5rem 0; }
@@ -172,7 +174,8 @@ _CSS = """
 .cost-explorer output, .cost-explorer .ce-controls span { min-width: 3.5rem;
   font-variant-numeric: tabular-nums; }
 .cost-explorer table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
-.cost-explorer caption { caption-side: bottom; text-align: left; font-size: .85em; }
+.cost-explorer caption { caption-side: bottom; text-align: left; font-size: .85em;
+  color: inherit; }
 .cost-explorer th, .cost-explorer td { padding: .15rem .6rem; text-align: right; }
 .cost-explorer th[scope=row] { text-align: left; }
 """

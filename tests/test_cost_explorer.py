@@ -66,6 +66,8 @@ def test_the_twin_mirrors_the_widget_and_shows_its_default():
     assert specs["bandwidth_gbs"] == dict(kind="log", value=16.0, base=10.0, min=0.0, max=3.0,
                                           step=0.1, exponent=pytest.approx(1.2041, abs=1e-4))
     assert 'class="ce-controls" hidden' in html, "no control before its script runs"
+    again = helpers.with_static_twin(_explorer(), SIZES)._repr_mimebundle_()["text/html"]
+    assert again == html, "the same explorer must store the same HTML (no diff per run)"
     want = helpers.split_costs(SIZES["LeNet"], 4, 64, 16.0, optimizer="sgd", latency_us=10.0,
                                zero=True)
     cells = re.findall(r'<th scope="row">([^<]+)</th><td>([^<]+)</td><td>([^<]+)</td>'
