@@ -13,7 +13,8 @@ on a GPU or with COURSE_FULL=1; book/_ext/chapter_runs.py): the seconds from the
 start to the last cell's end (the cells' execution metadata, stored with the outputs), and,
 sampled every SAMPLE_S seconds, the memory of the kernel and every process it started (ranks,
 torchrun and its workers) added up, PSS where the system reports it (a page shared by several
-processes counted once), and the most processes alive at once. --no-store records a run
+processes counted once), the most processes alive at once, and the machine's mean load average
+(a run on a machine busy with other work is slower: the badge says so). --no-store records a run
 without storing its outputs (any size, quick mode included: what Binder readers run).
 """
 import argparse
@@ -76,7 +77,7 @@ class TreeSampler(threading.Thread):
     def __init__(self, pid, interval=SAMPLE_S):
         super().__init__(daemon=True)
         self.root, self.interval = psutil.Process(pid), interval
-        self.peak_bytes, self.processes, self.kind = 0, 0, "PSS"
+        self.peak_bytes, self.processes, self.kind, self.loads = 0, 0, "PSS", []
         self._done = threading.Event()
 
     def _memory(self, proc):
@@ -101,6 +102,12 @@ class TreeSampler(threading.Thread):
                 pass
         self.peak_bytes = max(self.peak_bytes, total)
         self.processes = max(self.processes, alive)
+        if hasattr(os, "getloadavg"):
+            self.loads.append(os.getloadavg()[0])
+
+    def load(self):
+        """The machine's mean load average over the run (None where the system has none)."""
+        return round(sum(self.loads) / len(self.loads), 1) if self.loads else None
 
     def run(self):
         while not self._done.is_set():
@@ -128,13 +135,16 @@ def cells_seconds(nb):
     return (max(ends) - min(starts)).total_seconds()
 
 
+def cpu_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def machine():
     """'2 CPU cores, no GPU' or '16 CPU cores, 2 x NVIDIA H100 80GB HBM3', and the GPU count."""
     import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpu = f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cores} CPU cores, {gpu}", n
+    return f"{cpu_cores()} CPU cores, {gpu}", n
 
 
 def run(path):
@@ -160,7 +170,7 @@ def run(path):
     seconds = cells_seconds(nb)
     t = sampler["t"]
     entry = dict(seconds=round(seconds if seconds is not None else wall, 1),
-                 peak_bytes=t.peak_bytes, processes=t.processes, memory=t.kind)
+                 peak_bytes=t.peak_bytes, processes=t.processes, memory=t.kind, load=t.load())
     return nb, entry, errors
 
 
@@ -194,7 +204,7 @@ def execute(path, store=True, record=None):
         drop_unshown_widget_state(nb)
         from helpers import atomic_write   # the one atomic writer: a kill keeps the old file
         atomic_write(path, lambda f: nbformat.write(nb, f), mode="w")
-    entry.update(machine=where, date=datetime.date.today().isoformat(),
+    entry.update(machine=where, cores=cpu_cores(), date=datetime.date.today().isoformat(),
                  torch=torch.__version__.split("+")[0], stored=store)
     record_run(docname(path), mode, entry, record)
     print(f"executed {path} ({chapter_runs.MODES[mode]}): {chapter_runs.run_text(entry)}, "

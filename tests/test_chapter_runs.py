@@ -53,6 +53,16 @@ def test_table_rows_come_from_the_record():
         ("2 CPU cores, no GPU", "2026-12-01")
 
 
+def test_a_run_on_a_busy_machine_says_so():
+    busy = dict(_run(90.0), load=13.4, cores=2)
+    record = {"book/a": {"small": busy}, "book/b": {"small": dict(_run(9.0), load=0.8, cores=2)}}
+    times, _ = chapter_runs.badge_text(record, "book/a", 1)
+    assert "a busy machine, load 13.4: slower than it would be alone" in times
+    assert "busy" not in chapter_runs.badge_text(record, "book/b", 1)[0]
+    rows = chapter_runs.table_rows(record, [("book/a", "A", 1), ("book/b", "B", 1)])
+    assert [r[1] for r in rows] == ["1 min 30 s (busy machine)", "9 s"]
+
+
 def test_a_chapter_missing_from_the_record_is_an_error():
     with pytest.raises(chapter_runs.MissingRun, match="make outputs NB=book/c.ipynb"):
         chapter_runs.table_rows(RECORD, [("book/a", "A", 2), ("book/c", "C", 1)])
@@ -189,6 +199,7 @@ def test_execute_records_a_run_and_refuses_errors(tmp_path, monkeypatch):
     assert mode == chapter_runs.run_mode({}, ex.machine()[1])
     assert entry["processes"] >= 2 and entry["peak_bytes"] >= 100 * 2 ** 20
     assert entry["stored"] and abs(entry["seconds"] - ex.cells_seconds(stored)) < 0.05
+    assert entry["cores"] >= 1 and entry["load"] is not None
     assert 1.5 <= entry["seconds"] < 60
     bad = nbformat.v4.new_notebook()
     bad.cells = [nbformat.v4.new_code_cell("1 / 0")]

@@ -85,9 +85,17 @@ def fmt_gpus(n):
     return {0: "none", 1: "1 GPU"}.get(n, f"{n} GPUs")
 
 
+def busy(entry):
+    """True when the run shared its machine: a mean load average above its CPU cores."""
+    load, cores = entry.get("load"), entry.get("cores")
+    return bool(load and cores and load > cores)
+
+
 def run_text(entry):
-    """'45 s (2 CPU cores, no GPU, 2026-12-02)'"""
-    return f"{fmt_seconds(entry['seconds'])} ({entry['machine']}, {entry['date']})"
+    """'45 s (2 CPU cores, no GPU, 2026-12-02)', and a note when the machine was busy."""
+    note = (f"; a busy machine, load {entry['load']:g}: slower than it would be alone"
+            if busy(entry) else "")
+    return f"{fmt_seconds(entry['seconds'])} ({entry['machine']}, {entry['date']}{note})"
 
 
 def needs_text(entry, gpus):
@@ -121,7 +129,8 @@ def table_rows(record, chapters):
     rows = []
     for doc, title, gpus in chapters:
         small, full = run_of(record, doc), run_of(record, doc, "full")
-        rows.append((title, fmt_seconds(small["seconds"]), fmt_bytes(small["peak_bytes"]),
+        took = fmt_seconds(small["seconds"]) + (" (busy machine)" if busy(small) else "")
+        rows.append((title, took, fmt_bytes(small["peak_bytes"]),
                      str(small["processes"]), fmt_gpus(gpus),
                      fmt_seconds(full["seconds"]) if full else "not measured yet"))
     return rows
