@@ -160,8 +160,8 @@ def with_static_twin(explorer, sizes):
     grid = cost_grid(sizes, specs["k"]["values"], specs["batch_size"]["values"],
                      specs["optimizer"]["values"])
     return _WithTwin(explorer, cost_explorer_html(grid, specs, title=(
-        "Move the controls: the page looks the numbers up (computed by split_costs when the "
-        "book was built) and works out the seconds from the bandwidth and latency.")))
+        "Move the controls: this page looks up the numbers split_costs computed when the "
+        "notebook ran, and works out the seconds from the bandwidth and latency.")))
 
 
 # Colours are inherited: the book puts HTML outputs on a light card in dark mode too (myst-nb)
