@@ -20,6 +20,9 @@ data_parallel.*             Parts II-IV                          train, allreduc
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
 pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
 tensor_parallel.*           Part I (simulated), Part VI          megatron_mlp, TPBlock, tp_plan
+context_parallel.*          Part VII: the sequence split         ring_attention, CPAttention
+expert_parallel.*           Part VII: mixture of experts         MoE, ExpertParallelMoE
+composed.*                  Part VII: all at once, the planner   train_3d_scratch, plan
 checks                      exercise checks (helpers.checks)     check_split_batch, ...
 """
 from .config import choose, quick
@@ -36,7 +39,9 @@ from .validate import (check_positive_int, check_lr, check_seed, check_images, c
                        check_backend, check_output_path, check_step, script_parser, resolve_args)
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_allreduce_bytes,
                     split_costs, plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES,
-                    sharding_costs, ZERO_ROWS)
+                    sharding_costs, ZERO_ROWS, RECOMPUTE, activation_bytes_per_token,
+                    block_params, ring_attention_bytes, moe_dispatch_bytes,
+                    train_flops_per_token)
 from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
@@ -78,7 +83,7 @@ from .data_parallel.speed import (pin_to_core, dp_timing_worker, time_data_paral
                                   gloo_allreduce_worker, time_gloo_allreduce)
 from .sharding.zero import (partition_by_size, ShardedOptimizer, Zero2, flat_shard,
                             all_gather_flat, optimizer_state_bytes, padded_flat,
-                            reduce_scatter_flat)
+                            reduce_scatter_flat, clip_sharded_grad_norm_)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
 from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
 from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
@@ -107,3 +112,20 @@ from .tensor_parallel.scratch import (SmallMLP, SmallAttention, SmallBlock, smal
                                       block_inputs, block_loss)
 from .tensor_parallel.torch_api import tp_plan
 from .tensor_parallel.experiments import tp_worker, mesh2d_worker
+from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
+                                       attention_reference, block_attention, merge_blocks,
+                                       ring_attention, RingAttention, block_work, CPAttention)
+from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
+from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
+                                           cp_activation_memory, cp_torch_run, cp_chapter)
+from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
+from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
+from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter
+from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches, rank_grid,
+                           coords_of, stage_cuts)
+from .composed.scratch import new_groups, build_stage, train_3d_scratch, one_process_run
+from .composed.torch_api import train_3d_torch
+from .composed.experiments import train_3d_both
+from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
+                               candidate_layouts, plan,
+                               format_plan)

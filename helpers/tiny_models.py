@@ -47,13 +47,16 @@ class TinyBlock(nn.Module):
 
 class TinyLM(nn.Module):
     """A decoder-only transformer: token + position embeddings, `n_layers` blocks, a final norm and
-    an output head that shares the token embedding's weight when `tied` (as GPT-2 does)."""
+    an output head that shares the token embedding's weight when `tied` (as GPT-2 does).
+    `make_block(d_model, n_heads)` builds each block (default TinyBlock; Part VII passes
+    helpers.SmallBlock, whose separate q, k, v split by heads for tensor parallelism)."""
 
-    def __init__(self, vocab=32, d_model=32, n_layers=2, n_heads=2, seq_len=16, tied=True):
+    def __init__(self, vocab=32, d_model=32, n_layers=2, n_heads=2, seq_len=16, tied=True,
+                 make_block=TinyBlock):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(TinyBlock(d_model, n_heads) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(make_block(d_model, n_heads) for _ in range(n_layers))
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         for emb in (self.tok, self.pos):   # GPT-2's init: small embeddings, logits near zero

@@ -8,3 +8,4 @@ from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
 from .fast import *             # noqa: F401,F403  Part IV
 from .sharding import *         # noqa: F401,F403  Part III (DDP from scratch) and Part V
 from .splits_dist import *      # noqa: F401,F403  Part VI
+from .part7 import *           # noqa: F401,F403  Part VII

@@ -5,6 +5,7 @@ all-reduce each gradient (or bucket of gradients) asynchronously as soon as auto
 it, so communication overlaps the rest of the backward pass. Buckets fill in reverse parameter
 order, the order in which backward produces gradients.
 """
+import contextlib
 import time
 
 import torch
@@ -39,18 +40,21 @@ class DDPFromScratch(nn.Module):
 
     After `loss.backward()` call `finish_gradient_synchronization()`, then `optimizer.step()`.
     `timeline` records (seconds, "grad" or "launch", bucket index) for the current step.
+    `group`: the data-parallel ranks (default: all); inside `no_sync()` gradients accumulate
+    (several micro-batches) and finish_gradient_synchronization reduces them all at the end.
     """
 
-    def __init__(self, module, bucket_mb=None):
+    def __init__(self, module, bucket_mb=None, group=None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("DDPFromScratch needs a process group: call helpers.setup() or "
                                "dist.init_process_group(...) first")
-        self.module = module
-        self.world = dist.get_world_size()
+        self.module, self.group, self.sync = module, group, True
+        self.world = dist.get_world_size(group)
+        src = 0 if group is None else dist.get_global_rank(group, 0)
         with torch.no_grad():   # every rank starts from rank 0's weights and buffers
             for t in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(t, src=0)
+                dist.broadcast(t, src=src, group=group)
         self.buckets = make_buckets(module.parameters(), bucket_mb)
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         for p in (p for b in self.buckets for p in b):
@@ -62,8 +66,19 @@ class DDPFromScratch(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate .grad (what torch's DDP.no_sync does)."""
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
+
     def _grad_ready(self, param):
         """Autograd has accumulated param.grad: launch its bucket's all-reduce once it is full."""
+        if not self.sync:
+            return
         if not self._pending and not any(self._ready):   # first gradient of a new step
             self.timeline = []
         i = self._bucket_of[id(param)]
@@ -80,10 +95,10 @@ class DDPFromScratch(nn.Module):
                 p.grad = torch.zeros_like(p)
         if len(bucket) == 1:
             flat = None
-            work = dist.all_reduce(bucket[0].grad, async_op=True)
+            work = dist.all_reduce(bucket[0].grad, async_op=True, group=self.group)
         else:
             flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-            work = dist.all_reduce(flat, async_op=True)
+            work = dist.all_reduce(flat, async_op=True, group=self.group)
         self._pending[i] = (work, flat)
 
     def finish_gradient_synchronization(self):

@@ -92,7 +92,9 @@ def count_traffic():
         saved[name] = fn
 
         def wrapper(*args, _name=name, _fn=fn, **kwargs):
-            log.add(_name, tensor_bytes(_full_tensor(_name, args, kwargs)), dist.get_world_size())
+            group = kwargs.get("group")       # a subgroup's ring has its own size
+            log.add(_name, tensor_bytes(_full_tensor(_name, args, kwargs)),
+                    dist.get_world_size(group))
             return _fn(*args, **kwargs)
         setattr(dist, name, wrapper)
     try:

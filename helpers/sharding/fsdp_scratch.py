@@ -5,14 +5,17 @@ tensors autograd would keep for backward are replaced by a note saying where the
 gathers them again and reduce-scatters their gradient, so each rank keeps only its shard of
 parameters, gradients and optimizer state.
 """
+import time
 import weakref
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from .zero import all_gather_flat, flat_shard, reduce_scatter_flat
+from .zero import all_gather_flat, check_flat_dtypes, clip_sharded_grad_norm_, flat_shard, \
+    reduce_scatter_flat
 
 __all__ = ["FSDPFromScratch", "GatherParams", "FSDPUnit"]
 
@@ -40,49 +43,71 @@ class GatherParams(torch.autograd.Function):
 
 
 class FSDPUnit:
-    """One layer (a module) and the flat shard of its parameters on this rank."""
+    """One layer (a module) and the flat shard of its trainable parameters on this rank."""
 
     def __init__(self, owner, module, names):
         self.owner, self.module, self.names = owner, module, names
         params = [module.get_parameter(n) for n in names]
         self.shapes = [p.shape for p in params]
+        # a weight tied inside the unit is registered under several names: set them all
+        aliases = {}
+        for n, p in module.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(n)
+        self.aliases = [aliases[id(p)] for p in params]
         self.shard = nn.Parameter(flat_shard(params, owner.rank, owner.world))
-        for n in names:   # the module keeps plain attributes, set only while they are gathered
-            *path, leaf = n.split(".")
-            sub = module.get_submodule(".".join(path))
+        for n in (a for names_of in self.aliases for a in names_of):
+            *path, leaf = n.split(".")   # the module keeps plain attributes, set only while
+            sub = module.get_submodule(".".join(path))   # they are gathered
             del sub._parameters[leaf]
             setattr(sub, leaf, None)
-        self.full = self.regathered = self.work = None
+        self.full = self.regathered = self.prefetched = None
+        self.works, self.unsharded_grad = [], None
 
-    def gather(self):
+    def gather(self, async_op=False):
+        if self.prefetched is not None:   # started earlier by another unit: wait for it
+            (full, work), self.prefetched = self.prefetched, None
+            self.owner.log("wait", self)
+            work.wait()
+            return full
         shard = self.shard.detach()
         if self.owner.compute_dtype is not None:
             shard = shard.to(self.owner.compute_dtype)   # gathered and computed in low precision
-        full, _ = all_gather_flat(shard, self.owner.world)
+        self.owner.log("gather", self)
+        full, work = all_gather_flat(shard, self.owner.world, async_op=async_op)
         self.owner.track(full)
+        if async_op:
+            self.prefetched = (full, work)
         return full
 
     def set_views(self, full):
         offset = 0
-        for n, shape in zip(self.names, self.shapes):
-            _set_attr(self.module, n, full[offset:offset + shape.numel()].view(shape))
+        for names, shape in zip(self.aliases, self.shapes):
+            view = None if full is None else full[offset:offset + shape.numel()].view(shape)
+            for n in names:
+                _set_attr(self.module, n, view)
             offset += shape.numel()
 
-    def pre_forward(self, module, args):
+    def pre_forward(self, module, args, kwargs):
+        self.owner.forward_order(self)
         self.full = GatherParams.apply(self.shard, self)
         self.set_views(self.full)
-        self.hooks = saved_tensors_hooks(self.pack, self.unpack)
-        self.hooks.__enter__()
+        if self.owner.reshard_after_forward:
+            self.hooks = saved_tensors_hooks(self.pack, self.unpack)
+            self.hooks.__enter__()
+        self.owner.prefetch_after(self, backward=False)
         dtype = self.owner.compute_dtype
         if dtype is not None:
-            args = tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a
-                         for a in args)
-        return args
+            def cast(a):
+                return a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a
+            args = tuple(cast(a) for a in args)
+            kwargs = {k: cast(v) for k, v in kwargs.items()}
+        return args, kwargs
 
     def post_forward(self, module, args, output):
-        self.hooks.__exit__(None, None, None)
-        for n in self.names:   # free the gathered weights: only the shard stays
-            _set_attr(self.module, n, None)
+        if self.owner.reshard_after_forward:
+            self.hooks.__exit__(None, None, None)
+        self.set_views(None)   # free the gathered weights: only the shard stays (or, without
+        #                        resharding, what autograd saved of them)
         self.full = None
         return output
 
@@ -97,59 +122,75 @@ class FSDPUnit:
         if isinstance(packed, tuple) and packed and packed[0] == "gathered":
             if self.regathered is None:   # first use in backward: all-gather again
                 self.regathered = self.gather()
+                self.owner.prefetch_after(self, backward=True)
             return self.regathered.as_strided(*packed[1:])
         return packed
 
     def reduce_scatter_grad(self, grad_full):
         self.regathered = None   # backward of this layer is done: free the weights again
-        grad = grad_full.float().contiguous()   # master gradients are fp32
+        grad = grad_full.to(self.shard.dtype)   # master gradients in the shards' dtype
+        if self.unsharded_grad is not None:   # accumulated under no_sync
+            grad = grad + self.unsharded_grad
+            self.unsharded_grad = None
+        if not self.owner.sync:
+            self.unsharded_grad = grad
+            return
         out = grad.new_empty(self.shard.numel())
-        self.work = (reduce_scatter_flat(out, grad), out)
+        self.works.append((reduce_scatter_flat(out, grad.contiguous()), out))
 
 
 class FSDPFromScratch(nn.Module):
-    """Fully sharded data parallelism: `parameters()` yields only this rank's flat shards (one
-    per layer), so an optimizer built on them holds 1/world of the state.
+    """Fully sharded data parallelism: `parameters()` yields this rank's flat shards (one per
+    unit) and the frozen parameters (whole on every rank: they have no gradient or optimizer
+    state), so an optimizer built on them holds 1/world of the state.
 
     After `loss.backward()` call `finish_gradient_synchronization()`, then `optimizer.step()`.
-    `compute_dtype` (torch.bfloat16 or torch.float16) casts the gathered weights and the inputs of
-    every layer; the shards and their gradients stay float32. Parameters shared between layers
-    (tied weights) are not supported: put the layers that share them in one unit.
+    Units: by default every module holding trainable parameters of its own; `units=` modules of
+    the model (a unit inside another takes its own parameters, the outer one the rest, as with
+    FSDP2); every trainable parameter must be in one, and a parameter shared by two (tied
+    weights) must be in a unit holding both. `compute_dtype` (torch.bfloat16 or torch.float16)
+    casts the gathered weights and the inputs of every unit; shards and their gradients keep the
+    model's dtype. Gradient accumulation: several backward() calls before finish sum (one
+    reduce-scatter each); under `no_sync()` full gradients accumulate and are reduced once.
+    `reshard_after_forward=False` keeps the gathered weights from forward to backward (no second
+    all-gather: ZeRO-2's traffic, more memory); `prefetch=True` starts the next unit's all-gather
+    before the current unit computes (in forward, and in backward for the unit before).
     """
 
-    def __init__(self, module, compute_dtype=None, units=None):
+    def __init__(self, module, compute_dtype=None, units=None, reshard_after_forward=True,
+                 prefetch=False):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("FSDPFromScratch needs a process group: call helpers.setup() or "
                                "dist.init_process_group(...) first")
+        if compute_dtype is not None and not (isinstance(compute_dtype, torch.dtype)
+                                              and compute_dtype.is_floating_point):
+            raise ValueError(f"compute_dtype must be a floating dtype (torch.bfloat16, "
+                             f"torch.float16) or None, got {compute_dtype!r}")
         self.rank, self.world, self.compute_dtype = dist.get_rank(), dist.get_world_size(), \
             compute_dtype
+        self.reshard_after_forward, self.prefetch = bool(reshard_after_forward), bool(prefetch)
         self.live_bytes = self.peak_live_bytes = 0   # gathered (full) weights alive right now
+        self.events, self.sync, self._order, self._recording = [], True, [], True
+        groups = unit_parameters(module, units)
+        for u, names in groups:
+            check_flat_dtypes([u.get_parameter(n) for n in names], "FSDPFromScratch")
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t, src=0)
-        own = units is None   # default: every module holding parameters of its own is a layer
-        if own:
-            units = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]
-        owners = {}
-        for u in units:
-            for n, p in u.named_parameters(recurse=not own):
-                if id(p) in owners:
-                    raise ValueError("a parameter is shared by two units (tied weights): use "
-                                     "TinyLM(tied=False) or pass units= that keep them together")
-                owners[id(p)] = u
         self.module = module
         self.units = []
-        for u in units:
-            unit = FSDPUnit(self, u, [n for n, _ in u.named_parameters(recurse=not own)])
+        for u, names in groups:
+            unit = FSDPUnit(self, u, names)
             self.units.append(unit)
-            u.register_forward_pre_hook(unit.pre_forward)
+            u.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
             u.register_forward_hook(unit.post_forward)
         where = {id(m): name for name, m in module.named_modules()}
         self.unit_prefix = {id(u): where[id(u.module)] + "." if where[id(u.module)] else ""
                             for u in self.units}
         self.flat_params = nn.ParameterList([u.shard for u in self.units])
 
+    # ---- bookkeeping: memory, order, events ----------------------------------------------------
     def track(self, full):
         """Count the bytes of a gathered weight buffer until it is freed."""
         n = full.numel() * full.element_size()
@@ -160,26 +201,86 @@ class FSDPFromScratch(nn.Module):
     def _freed(self, n):
         self.live_bytes -= n
 
+    def log(self, what, unit):
+        """(seconds, "gather" | "wait" | "compute", unit index): the timeline of this step."""
+        self.events.append((time.perf_counter(), what, self.units.index(unit)))
+
+    def forward_order(self, unit):
+        if self._recording and unit not in self._order:
+            self._order.append(unit)
+        self.log("compute", unit)
+
+    def prefetch_after(self, unit, backward):
+        """Start the all-gather of the unit that runs next (forward order, or reversed)."""
+        if not self.prefetch or unit not in self._order:
+            return
+        i = self._order.index(unit) + (-1 if backward else 1)
+        if 0 <= i < len(self._order):
+            nxt = self._order[i]
+            if nxt.prefetched is None and (not backward or nxt.regathered is None):
+                nxt.gather(async_op=True)
+
+    def drop_prefetched(self):
+        """Wait for and drop all-gathers started for a unit that did not run (they would hold
+        weights from before the next optimizer step)."""
+        for unit in self.units:
+            if unit.prefetched is not None:
+                unit.prefetched[1].wait()
+                unit.prefetched = None
+
     def forward(self, *args, **kwargs):
+        self.drop_prefetched()
+        self.events = []
         out = self.module(*args, **kwargs)
+        self._recording = False   # the first forward fixed the order prefetching follows
         if self.compute_dtype is not None and torch.is_tensor(out) and out.is_floating_point():
             out = out.float()
         return out
 
-    def finish_gradient_synchronization(self):
-        """Wait for the reduce-scatters: each shard's .grad is then its averaged gradient."""
-        for unit in self.units:
-            if unit.work is None:   # a layer this step did not use
-                unit.shard.grad = torch.zeros_like(unit.shard)
-                continue
-            work, out = unit.work
-            work.wait()
-            unit.shard.grad = out.div_(self.world)
-            unit.work = None
+    # ---- gradients ---------------------------------------------------------------------------
+    def set_requires_gradient_sync(self, requires):
+        """False: backward keeps each unit's full gradient (accumulated) instead of reducing it
+        (FSDP2's name); the first backward with True reduces the sum once."""
+        self.sync = bool(requires)
 
+    @contextmanager
+    def no_sync(self):
+        old, self.sync = self.sync, False
+        try:
+            yield
+        finally:
+            self.sync = old
+
+    def finish_gradient_synchronization(self):
+        """Wait for the reduce-scatters: each shard's .grad is then its averaged gradient (the
+        sum over every backward since the last finish; None for a unit no backward used)."""
+        self.drop_prefetched()
+        for unit in self.units:
+            if unit.unsharded_grad is not None:   # only no_sync backwards ran: reduce now
+                grad, unit.unsharded_grad = unit.unsharded_grad, None
+                out = grad.new_empty(unit.shard.numel())
+                unit.works.append((reduce_scatter_flat(out, grad.contiguous()), out))
+        for unit in self.units:
+            if not unit.works:   # a unit this step did not use: no gradient (not a zero one,
+                unit.shard.grad = None   # which AdamW would decay)
+                continue
+            total = None
+            for work, out in unit.works:
+                work.wait()
+                total = out if total is None else total.add_(out)
+            unit.shard.grad = total.div_(self.world)
+            unit.works = []
+
+    def clip_grad_norm_(self, max_norm):
+        """Clip by the norm of the whole gradient (every rank's shards; padding holds zeros);
+        returns it, as torch.nn.utils.clip_grad_norm_ does on one process."""
+        return clip_sharded_grad_norm_([u.shard for u in self.units], max_norm)
+
+    # ---- full parameters (consolidated) --------------------------------------------------------
     @torch.no_grad()
     def gather_full_params(self):
-        """{name: full fp32 tensor}, named like the wrapped module's parameters (all ranks call)."""
+        """{name: full tensor}, named like the wrapped module's trainable parameters (all ranks
+        call)."""
         full = {}
         for unit in self.units:
             flat, _ = all_gather_flat(unit.shard.detach(), self.world)
@@ -188,3 +289,59 @@ class FSDPFromScratch(nn.Module):
                 full[prefix + n] = flat[offset:offset + shape.numel()].view(shape).clone()
                 offset += shape.numel()
         return full
+
+    @torch.no_grad()
+    def load_full_params(self, full):
+        """Load {name: full tensor} (as gather_full_params gives): each rank keeps its slice."""
+        for unit in self.units:
+            prefix = self.unit_prefix[id(unit)]
+            missing = [prefix + n for n in unit.names if prefix + n not in full]
+            if missing:
+                raise KeyError(f"load_full_params: {missing} missing")
+            unit.shard.copy_(flat_shard([full[prefix + n] for n in unit.names], self.rank,
+                                        self.world))
+
+
+def unit_parameters(module, units):
+    """[(unit module, names of the trainable parameters it shards)], checked: units of the
+    model, none twice, none without parameters; every trainable parameter in exactly one."""
+    inside = {id(m) for m in module.modules()}
+    if units is None:   # every module holding trainable parameters of its own
+        units = [m for m in module.modules()
+                 if any(p.requires_grad for p in m.parameters(recurse=False))]
+        own = True
+    else:
+        units, own = list(units), False
+        for i, u in enumerate(units):
+            if not isinstance(u, nn.Module) or id(u) not in inside:
+                raise ValueError(f"units[{i}] ({type(u).__name__}) is not a module of the "
+                                 "model: pass the model's own modules (e.g. model[0])")
+            if any(u is v for v in units[:i]):
+                raise ValueError(f"units[{i}] ({type(u).__name__}) is given twice")
+        units = [m for m in module.modules() if any(m is u for u in units)]   # parents first
+    unit_of = {}   # parameter -> the innermost unit holding it
+    for u in units:   # modules() lists a parent before its children: later wins = innermost
+        for n, p in u.named_parameters(recurse=not own):
+            if not p.requires_grad:
+                continue
+            holder = unit_of.get(id(p))
+            if holder is not None and not any(m is u for m in holder[0].modules()):
+                raise ValueError("a parameter is shared by two units (tied weights): use "
+                                 "TinyLM(tied=False) or pass units= with one unit holding both "
+                                 "layers that share it")
+            unit_of[id(p)] = (u, n)
+    names = {id(u): [] for u in units}
+    for u, n in unit_of.values():
+        names[id(u)].append(n)
+    for i, u in enumerate(units):
+        if not names[id(u)] and not own:
+            raise ValueError(f"unit {type(u).__name__} holds no trainable parameter of its own "
+                             "(all are frozen or in inner units): leave it out of units=")
+    left = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in unit_of]
+    if left:
+        raise ValueError(f"trainable parameters {left} are in no unit: they would train "
+                         "unsynchronised. Add a unit holding them (the model itself as the "
+                         "outermost unit takes every parameter not in an inner one), or "
+                         "freeze them")
+    order = {id(u): [n for n, _ in u.named_parameters(recurse=not own)] for u in units}
+    return [(u, sorted(names[id(u)], key=order[id(u)].index)) for u in units if names[id(u)]]

@@ -4,6 +4,8 @@ the gradients too (`Zero2`): each rank keeps and updates about 1/world of them.
 Collectives go through `dist.<name>` looked up at call time, so a counting wrapper
 (`helpers.count_traffic`) sees every byte these classes send.
 """
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -11,7 +13,8 @@ from torch import nn
 from ..data_parallel.scratch import make_buckets
 
 __all__ = ["partition_by_size", "ShardedOptimizer", "Zero2", "flat_shard", "all_gather_flat",
-           "optimizer_state_bytes", "padded_flat", "reduce_scatter_flat"]
+           "optimizer_state_bytes", "padded_flat", "reduce_scatter_flat",
+           "clip_sharded_grad_norm_"]
 
 
 def partition_by_size(sizes, world):
@@ -37,21 +40,33 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     Every rank keeps full parameters and (averaged) full gradients, as in plain data parallelism;
     `step()` updates the parameters this rank owns, then each owner broadcasts its updated
-    parameters so every rank holds the same weights again.
+    parameters so every rank holds the same weights again. Checkpoints as torch's
+    ZeroRedundancyOptimizer: `consolidate_state_dict(to=0)` on every rank, then `state_dict()` on
+    rank 0 is the unsharded optimizer's; `load_state_dict` (any rank) takes such a full state
+    dict and keeps its own share. Per rank: `local_state_dict()` / `load_local_state_dict()`.
     """
 
     def __init__(self, params, optimizer_cls, **defaults):
+        if not dist.is_initialized():
+            raise RuntimeError("ShardedOptimizer needs a process group: call helpers.setup() or "
+                               "dist.init_process_group(...) first")
         super().__init__(params, defaults)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.all_params = [p for g in self.param_groups for p in g["params"]]
+        with torch.no_grad():   # every rank starts from rank 0's weights, as DDP does
+            for p in self.all_params:
+                dist.broadcast(p, src=0)
         owners = partition_by_size([p.numel() for p in self.all_params], self.world)
         self.owner = {id(p): r for p, r in zip(self.all_params, owners)}
+        self._index = {id(p): i for i, p in enumerate(self.all_params)}   # the unsharded index
         local = [{**g, "params": [p for p in g["params"] if self.owner[id(p)] == self.rank]}
                  for g in self.param_groups]
         self._local_index = [i for i, g in enumerate(local) if g["params"]]
         local = [local[i] for i in self._local_index]
+        self._global = [self._index[id(p)] for g in local for p in g["params"]]
         self.local = optimizer_cls(local, **defaults) if local else None
         self.state = self.local.state if local else {}
+        self._consolidated = None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -59,14 +74,82 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._sync_groups()
         if self.local is not None:
-            for i, g in zip(self._local_index, self.local.param_groups):
-                g.update({k: v for k, v in self.param_groups[i].items() if k != "params"})
             self.local.step()
         works = [dist.broadcast(p, src=self.owner[id(p)], async_op=True) for p in self.all_params]
         for w in works:
             w.wait()
         return loss
+
+    def _sync_groups(self):
+        """The inner groups take the outer ones' settings (a scheduler changes the outer lr)."""
+        for i, g in zip(self._local_index, self.local.param_groups if self.local else ()):
+            g.update({k: v for k, v in self.param_groups[i].items() if k != "params"})
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def local_state_dict(self):
+        """This rank's share of the state, keyed by the unsharded parameter index."""
+        inner = self.local.state_dict()["state"] if self.local else {}
+        return dict(world=self.world, rank=self.rank,
+                    state={self._global[k]: v for k, v in inner.items()})
+
+    def load_local_state_dict(self, sd):
+        """Load what local_state_dict() returned on this rank (same world size)."""
+        if sd.get("world") != self.world or sd.get("rank") != self.rank:
+            raise ValueError(f"a local state dict of rank {sd.get('rank')} of "
+                             f"{sd.get('world')} cannot load on rank {self.rank} of {self.world}:"
+                             " save a consolidated one (consolidate_state_dict, state_dict) "
+                             "to resume on another number of ranks")
+        self._load_local(sd["state"])
+
+    def consolidate_state_dict(self, to=0):
+        """Collect every rank's share on rank `to` (every rank calls it: a collective)."""
+        mine = self.local_state_dict()["state"]
+        if self.world == 1:
+            parts = [mine]
+        else:
+            parts = [None] * self.world if self.rank == to else None
+            dist.gather_object(mine, parts, dst=to)
+        self._consolidated = None
+        if self.rank == to:
+            state = {k: v for part in parts for k, v in part.items()}
+            groups, start = [], 0
+            for g in self.param_groups:
+                n = len(g["params"])
+                groups.append({**{k: v for k, v in g.items() if k != "params"},
+                               "params": list(range(start, start + n))})
+                start += n
+            self._consolidated = dict(state=dict(sorted(state.items())), param_groups=groups)
+
+    def state_dict(self):
+        """The unsharded optimizer's state dict (on the rank consolidate_state_dict sent to)."""
+        if self._consolidated is None:
+            raise RuntimeError("each rank holds only its share of the optimizer state: call "
+                               "consolidate_state_dict(to=0) on every rank first, then "
+                               "state_dict() on rank 0 (or local_state_dict() per rank)")
+        return self._consolidated
+
+    def load_state_dict(self, state_dict):
+        """Load a full (unsharded) state dict: this rank keeps its own parameters' state."""
+        groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError("the state dict's param groups do not match this optimizer's: "
+                             "build it over the same parameters, in the same groups")
+        ids = [i for g in groups for i in g["params"]]
+        for g, saved in zip(self.param_groups, groups):
+            g.update({k: v for k, v in saved.items() if k != "params"})
+        self._sync_groups()
+        state = state_dict["state"]
+        self._load_local({i: state[ids[i]] for i in range(len(ids)) if ids[i] in state})
+
+    def _load_local(self, state):
+        if self.local is None:
+            return
+        inner = self.local.state_dict()
+        inner["state"] = {k: state[g] for k, g in enumerate(self._global) if g in state}
+        self.local.load_state_dict(inner)
+        self.state = self.local.state
 
 
 def flat_shard(tensors, rank, world):
@@ -100,45 +183,85 @@ class Zero2(nn.Module):
     """ZeRO-2: data parallelism in which each rank keeps only its shard of the gradients and of
     the optimizer state.
 
-    Gradients are reduce-scattered bucket by bucket as backward produces them (the full gradient of
-    a bucket is freed at once); this rank's optimizer steps its flat shard of each bucket's
-    parameters, and an all-gather puts the updated parameters back on every rank.
+    Each bucket's parameters are views of one flat buffer cut into `world` equal slices; this
+    rank owns one. Gradients are reduce-scattered bucket by bucket as backward produces them (the
+    full gradient of a bucket is freed at once); the optimizer steps, in place, the pieces of
+    this rank's slice that belong to each parameter (so each keeps its param group, and one that
+    got no gradient on any rank is skipped, as torch skips it), and an all-gather puts the
+    updated parameters back on every rank.
     Usage: `loss.backward(); model.finish_gradient_synchronization(); model.step()`.
+    Gradient accumulation: several backward() calls before finish sum their gradients (each
+    reduce-scatters: ZeRO-2's memory), or inside `with model.no_sync():` the full gradients
+    accumulate locally and the first backward outside it reduces them once (DDP's traffic).
     """
 
-    def __init__(self, module, optimizer_cls, bucket_mb=None, **optim_kwargs):
+    def __init__(self, module, optimizer_cls, bucket_mb=None, param_groups=None, **optim_kwargs):
         super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("Zero2 needs a process group: call helpers.setup() or "
+                               "dist.init_process_group(...) first")
         self.module = module
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        check_flat_dtypes(trainable, "Zero2")
+        groups = check_groups(param_groups, trainable, "Zero2")
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t, src=0)
         self.buckets = make_buckets(module.parameters(), bucket_mb)
+        self.params = [p for b in self.buckets for p in b]
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         # each bucket's parameters become views of one flat buffer; this rank's shard is a slice
-        # of it, stepped in place, so no copy of the parameters is kept
-        self.flats, self.shards = [], []
-        for bucket in self.buckets:
+        # of it, and each parameter's part of the slice a piece the optimizer steps in place
+        self.flats, self.shards, self.pieces = [], [], []
+        for i, bucket in enumerate(self.buckets):
             flat = padded_flat(bucket, self.world)
-            offset = 0
+            n = flat.numel() // self.world
+            lo, offset = self.rank * n, 0
             for p in bucket:
                 p.data = flat[offset:offset + p.numel()].view_as(p)
+                a, b = max(offset, lo), min(offset + p.numel(), lo + n)
+                if a < b:
+                    self.pieces.append((p, nn.Parameter(flat[a:b]), i, a - lo, b - lo))
                 offset += p.numel()
             self.flats.append(flat)
-            self.shards.append(nn.Parameter(flat.chunk(self.world)[self.rank]))
-        self.optimizer = optimizer_cls(self.shards, **optim_kwargs)
-        for p in (p for b in self.buckets for p in b):
+            self.shards.append(flat[lo:lo + n])
+        group_of = {id(p): k for k, g in enumerate(groups) for p in g["params"]}
+        self.optimizer = optimizer_cls(
+            [{**{k: v for k, v in g.items() if k != "params"},
+              "params": [piece for p, piece, *_ in self.pieces if group_of[id(p)] == k]}
+             for k, g in enumerate(groups)], **optim_kwargs)
+        for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
-        self._ready, self._pending = [0] * len(self.buckets), {}
+        self.shard_grads = [None] * len(self.buckets)
+        self._sync, self._used = True, set()
+        self._pending = {i: [] for i in range(len(self.buckets))}
+        self._reset_backward()
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    # ---- backward: reduce-scatter each bucket once per backward, in bucket order ------------
+    def _reset_backward(self):
+        self._got, self._next, self._queued = [0] * len(self.buckets), 0, False
+
     def _grad_ready(self, param):
-        i = self._bucket_of[id(param)]
-        self._ready[i] += 1
-        if self._ready[i] == len(self.buckets[i]):
-            self._launch(i)
+        if not self._queued:   # once per backward: finish it when autograd is done
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._queued = True
+        self._used.add(id(param))
+        self._got[self._bucket_of[id(param)]] += 1
+        # launch in bucket order only, so every rank pairs the same reduce-scatters
+        while self._sync and self._next < len(self.buckets) and \
+                self._got[self._next] == len(self.buckets[self._next]):
+            self._launch(self._next)
+            self._next += 1
+
+    def _end_of_backward(self):
+        if self._sync:   # buckets with parameters this backward did not reach
+            for i in range(self._next, len(self.buckets)):
+                self._launch(i)
+        self._reset_backward()
 
     def _launch(self, i):
         bucket = self.buckets[i]
@@ -148,25 +271,113 @@ class Zero2(nn.Module):
         for p in bucket:
             p.grad = None   # the full gradient is not kept: only this rank's shard of it
         out = full.new_empty(full.numel() // self.world)
-        self._pending[i] = (reduce_scatter_flat(out, full), out)
+        self._pending[i].append((reduce_scatter_flat(out, full), out))
+
+    def set_requires_gradient_sync(self, requires):
+        """False: backward keeps full gradients locally (accumulated) instead of reducing them
+        (FSDP2's name for DDP's no_sync)."""
+        self._sync = bool(requires)
+
+    @contextmanager
+    def no_sync(self):
+        """Accumulate full gradients locally; the next backward outside reduces them once."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
 
     def finish_gradient_synchronization(self):
-        """Wait for the reduce-scatters; each shard's .grad is then its averaged gradient."""
-        for i in range(len(self.buckets)):
-            if i not in self._pending:
+        """Wait for the reduce-scatters; each parameter's piece then holds its averaged gradient
+        (None where no rank produced one)."""
+        if not any(self._pending.values()):   # e.g. every backward ran under no_sync
+            for i in range(len(self.buckets)):
                 self._launch(i)
-        for i, (work, out) in self._pending.items():
-            work.wait()
-            self.shards[i].grad = out.div_(self.world)
-        self._ready, self._pending = [0] * len(self.buckets), {}
+        used = torch.tensor([float(id(p) in self._used) for p in self.params])
+        if self.world > 1:
+            dist.all_reduce(used)
+        used = {id(p) for p, u in zip(self.params, used) if u > 0}
+        for i, works in self._pending.items():
+            total = None
+            for work, out in works:
+                work.wait()
+                total = out if total is None else total.add_(out)
+            self.shard_grads[i] = total.div_(self.world)
+        for p, piece, i, a, b in self.pieces:
+            piece.grad = self.shard_grads[i][a:b] if id(p) in used else None
+        self._pending = {i: [] for i in range(len(self.buckets))}
+        self._used = set()
+
+    def clip_grad_norm_(self, max_norm):
+        """Clip by the norm of the whole (averaged) gradient: the squared norms of every rank's
+        pieces, summed by an all-reduce; returns that norm (as torch.nn.utils.clip_grad_norm_)."""
+        return clip_sharded_grad_norm_([piece for _, piece, *_ in self.pieces], max_norm)
 
     @torch.no_grad()
     def step(self):
         """Step this rank's shards, then all-gather them into every rank's full parameters."""
+        if any(self._pending.values()):
+            raise RuntimeError("gradients are still being reduced: call "
+                               "finish_gradient_synchronization() after the last backward, "
+                               "before step()")
         self.optimizer.step()
         for flat, shard in zip(self.flats, self.shards):
-            gathered, _ = all_gather_flat(shard.detach().clone(), self.world)
+            gathered, _ = all_gather_flat(shard.clone(), self.world)
             flat.copy_(gathered)
 
     def zero_grad(self, set_to_none=True):
         self.optimizer.zero_grad(set_to_none=set_to_none)
+        self.shard_grads = [None] * len(self.buckets)
+        for p in self.params:
+            p.grad = None
+
+
+def clip_sharded_grad_norm_(shards, max_norm):
+    """clip_grad_norm_ over gradients sharded across the ranks (each element on one rank): the
+    global norm is the square root of the all-reduced sum of every rank's squared norm; every
+    rank then scales its shards by the same factor. Returns the global norm."""
+    grads = [s.grad for s in shards if s.grad is not None]
+    sq = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        sq += g.detach().double().pow(2).sum()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sq)
+    norm = sq.sqrt().float()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return norm
+
+
+def check_flat_dtypes(params, who):
+    """Flat buffers hold one dtype: refuse a mix (torch.cat would cast silently)."""
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) > 1:
+        raise ValueError(f"{who} packs parameters into flat buffers of one dtype, but the model "
+                         f"has {sorted(map(str, dtypes))}: cast it to one (e.g. model.float())")
+    if dtypes and not next(iter(dtypes)).is_floating_point:
+        raise ValueError(f"{who} trains floating-point parameters, got {dtypes.pop()}")
+
+
+def check_groups(param_groups, trainable, who):
+    """The param groups as given (each a dict with "params"), or one group; every trainable
+    parameter in exactly one group, nothing else."""
+    if param_groups is None:
+        return [dict(params=trainable)]
+    ids = {id(p) for p in trainable}
+    seen = set()
+    for g in param_groups:
+        if not isinstance(g, dict) or "params" not in g:
+            raise TypeError(f"{who}: param_groups must be a list of dicts with \"params\" "
+                            "(as torch optimizers take)")
+        for p in g["params"]:
+            if id(p) not in ids:
+                raise ValueError(f"{who}: a parameter of param_groups is not a trainable "
+                                 "parameter of the module (frozen, or of another model)")
+            if id(p) in seen:
+                raise ValueError(f"{who}: a parameter is in two param groups")
+            seen.add(id(p))
+    if seen != ids:
+        raise ValueError(f"{who}: {len(ids - seen)} trainable parameter(s) are in no param "
+                         "group: put every trainable parameter in one group")
+    return [dict(g, params=list(g["params"])) for g in param_groups]

@@ -1,0 +1,93 @@
+"""Part VII: the small GPT of the 3-D runs and the layout of ranks on a mesh.
+
+The model is the course's TinyLM (helpers.tiny_models) with helpers.SmallBlock blocks (separate
+q, k, v, so tensor parallelism splits whole heads) and an untied head (a pipeline puts the
+embedding and the head on different ranks). `gpt_layers` lays it out as an nn.Sequential
+(embedding, blocks, head) for the pipeline to cut.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import SmallBlock, TinyLM, counting_tokens   # the flat façade
+
+__all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches", "rank_grid",
+           "coords_of", "stage_cuts"]
+
+MESH_DIMS = ("pp", "dp", "tp")   # outermost first: tp ranks are consecutive (one node)
+
+
+def gpt(vocab=32, width=32, layers=4, heads=4, seq=16, seed=0):
+    """The 3-D runs' decoder-only transformer (the same weights from the same seed)."""
+    torch.manual_seed(seed)
+    return TinyLM(vocab, width, layers, heads, seq, tied=False, make_block=SmallBlock)
+
+
+class GPTEmbed(nn.Module):
+    """Token plus position embeddings (the TinyLM's own modules)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.tok, self.pos = lm.tok, lm.pos
+
+    def forward(self, idx):
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class GPTHead(nn.Module):
+    """The final layer norm and the output projection to the vocabulary."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.ln, self.head = lm.ln, lm.head
+
+    def forward(self, x):
+        return self.head(self.ln(x))
+
+
+def gpt_layers(lm):
+    """The TinyLM as an nn.Sequential: GPTEmbed, its blocks, GPTHead (the same modules)."""
+    return nn.Sequential(GPTEmbed(lm), *lm.blocks, GPTHead(lm))
+
+
+def gpt_loss(out, y):
+    """Next-token cross-entropy summed over the rows, averaged over the positions: divided by
+    the number of sequences it is the mean loss per token."""
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1),
+                           reduction="sum") / y.shape[-1]
+
+
+def gpt_batches(steps, batch, seq=16, vocab=32, seed=1):
+    """`steps` global batches (X, y) of counting sequences, the same on every rank."""
+    X, y = counting_tokens(steps * batch, seq_len=seq, vocab=vocab, seed=seed)
+    return list(zip(X.split(batch), y.split(batch)))
+
+
+def stage_cuts(layers, pp):
+    """Cuts of gpt_layers (layers blocks between the embedding and the head) into pp stages:
+    equal numbers of blocks, the embedding with the first, the head with the last."""
+    if layers % pp:
+        raise ValueError(f"{layers} blocks do not split into {pp} equal pipeline stages")
+    return [1 + i * layers // pp for i in range(1, pp)]
+
+
+def rank_grid(shape, names=MESH_DIMS):
+    """The process groups of a mesh laid out row-major (the last name varies fastest), as
+    init_device_mesh lays it out: {name: [[ranks of one group], ...]} for each dimension."""
+    n = 1
+    for s in shape:
+        n *= s
+    grid = torch.arange(n).view(*shape)
+    groups = {}
+    for d, name in enumerate(names):
+        moved = grid.movedim(d, -1).reshape(-1, shape[d])
+        groups[name] = [row.tolist() for row in moved]
+    return groups
+
+
+def coords_of(rank, shape, names=MESH_DIMS):
+    """{name: index} of a rank in the row-major mesh."""
+    out = {}
+    for name, s in zip(reversed(names), reversed(shape)):
+        rank, out[name] = divmod(rank, s)
+    return {name: out[name] for name in names}

@@ -1,0 +1,189 @@
+"""Part VII: a planner. Given a model, a GPU and a number of GPUs, it lists the layouts
+(dp, tp, pp, cp, ep, ZeRO stage, activation recomputation, micro-batches) whose memory fits,
+with the memory per GPU and the step time of the course's cost model (helpers.costs), fastest
+first.
+
+The model is the course's GPT shape: `layers` pre-norm blocks of `width` and `heads`, token and
+position embeddings, an untied head; `experts` > 0 makes every MLP a top-k MoE. Per pipeline
+stage the planner counts what a rank holds (parameters, gradients, optimizer state: sharded
+by ZeRO over dp x cp; saved activations: Korthikanti's per-token count times the micro-batches
+1F1B keeps alive on that stage) and what it sends per step along each dimension.
+"""
+import itertools
+
+from ..costs import (OPTIMIZER_STATE_BYTES, RECOMPUTE, SHARDING_STAGES,
+                     activation_bytes_per_token, block_params, moe_dispatch_bytes,
+                     ring_allreduce_bytes, ring_attention_bytes, sharding_costs,
+                     train_flops_per_token)
+
+__all__ = ["MODEL_KEYS", "GPU_KEYS", "check_model", "stage_costs", "layout_costs",
+           "candidate_layouts", "plan", "format_plan"]
+
+MODEL_KEYS = ("layers", "width", "heads", "vocab", "seq", "batch")
+GPU_KEYS = ("memory", "flops", "bandwidth")
+
+
+def check_model(model, gpu=None):
+    """Refuse a model (or GPU) description that misses a key or has a non-positive size."""
+    for what, d, keys in (("model", model, MODEL_KEYS), ("gpu", gpu, GPU_KEYS)):
+        if d is None:
+            continue
+        missing = [k for k in keys if k not in d]
+        if missing:
+            raise ValueError(f"the {what} needs {', '.join(missing)} (has {sorted(d)})")
+        bad = [k for k in keys if not d[k] > 0]
+        if bad:
+            raise ValueError(f"the {what}'s {', '.join(bad)} must be > 0")
+
+
+def _moe(model):
+    return model.get("experts", 0), model.get("k", 2), model.get("capacity_factor", 1.25)
+
+
+def _stage_params(model, lay, r):
+    """Parameters one rank of pipeline stage r holds (its tensor-parallel and expert share)."""
+    h, V, s = model["width"], model["vocab"], model["seq"]
+    tp, ep, E = lay.get("tp", 1), lay.get("ep", 1), _moe(model)[0]
+    per_block = block_params(h, tp)
+    if E:   # the MLP (8 h^2 + 4 h split, h replicated) becomes E / ep experts and a router
+        mlp = (8 * h * h + 4 * h) // tp + h
+        per_block += (E // ep - 1) * mlp + h * E + E
+    n = model["layers"] // lay.get("pp", 1) * per_block
+    if r == 0:
+        n += (V + s) * h
+    if r == lay.get("pp", 1) - 1:
+        n += 2 * h + h * V
+    return n
+
+
+def _active_params(model):
+    """Parameters one token passes through (a MoE token: k experts and the router)."""
+    h, V, s = model["width"], model["vocab"], model["seq"]
+    E, k, _ = _moe(model)
+    per_block = block_params(h) + ((k - 1) * (8 * h * h + 5 * h) + h * E + E if E else 0)
+    return model["layers"] * per_block + (V + s) * h + 2 * h + h * V
+
+
+def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout=False):
+    """Per pipeline stage (a list, stage 0 first), what one of its ranks holds and sends per
+    step: params, grads, optim, acts, memory (bytes) and bytes = {tp, pp, dp, cp, ep}.
+    `lay`: dp, tp, pp, cp, ep, zero (a stage of helpers.SHARDING_STAGES), recompute, m, sp."""
+    check_model(model)
+    h, a, s, V = (model[k] for k in ("width", "heads", "seq", "vocab"))
+    b = dtype_bytes
+    dp, tp, pp, cp, m = (lay.get(k, 1) for k in ("dp", "tp", "pp", "cp", "m"))
+    ep, sp, rec = lay.get("ep", 1), lay.get("sp", False), lay.get("recompute", "none")
+    E, k, cf = _moe(model)
+    rows = model["batch"] / (dp * m)                    # sequences per micro-batch
+    tokens = rows * s / cp                              # tokens per micro-batch on one rank
+    blocks = model["layers"] // pp
+    per_token = activation_bytes_per_token(h, a, s, tp, sp, rec, b, flash, dropout)
+    if E and rec != "full":                             # k x factor copies through the MLP
+        per_token += (k * cf - 1) * 8 * h * b / tp
+    full = activation_bytes_per_token(h, a, s, tp, sp, "none", b, flash, dropout)
+    out = []
+    for r in range(pp):
+        n = _stage_params(model, lay, r)
+        z = sharding_costs(n, dp * cp, lay.get("zero", "dp"), optimizer, b)
+        live = min(pp - r, m)                           # 1F1B: micro-batches alive at the peak
+        per_mb = blocks * tokens * per_token
+        if r == 0:
+            per_mb += tokens * 8 + s / cp * 8           # token ids, position ids (int64)
+        if r == pp - 1:
+            per_mb += tokens * (2 * h * b + 4 * V + 8 + 8)   # norm, head input, fp32 log-probs
+        # full recomputation: one block's activations come back while its backward runs
+        acts = live * per_mb + (tokens * full if rec == "full" else 0)
+        act = tokens * h * b                            # one activation of a micro-batch
+        sent = dict(tp=4 * blocks * m * ring_allreduce_bytes(act, tp),   # f and g, both ways
+                    pp=m * act * ((r < pp - 1) + (r > 0)), dp=z["sent_bytes"],
+                    cp=blocks * m * ring_attention_bytes(tokens, h, cp, tp, b),
+                    ep=blocks * m * moe_dispatch_bytes(tokens, h // tp, E, k, cf, ep, b)
+                    if E and ep > 1 else 0)
+        mem = z["params_bytes"] + z["grads_bytes"] + z["optim_bytes"] + acts
+        out.append(dict(stage=r, params=z["params_bytes"], grads=z["grads_bytes"],
+                        optim=z["optim_bytes"], acts=acts, memory=mem, bytes=sent,
+                        n_params=n))
+    return out
+
+
+def layout_costs(model, gpu, lay, optimizer="adam", dtype_bytes=2, mfu=0.4, **kw):
+    """One layout: the fullest rank's memory, the busiest rank's bytes, and the step time:
+    compute (FLOPs at mfu x the GPU's FLOP/s, stretched by the pipeline bubble (m + pp - 1) / m)
+    plus the communication that cannot hide: tensor, pipeline and expert traffic in full, data
+    and context traffic beyond the compute they overlap."""
+    check_model(model, gpu)
+    stages = stage_costs(model, lay, optimizer, dtype_bytes, **kw)
+    dp, tp, pp, cp, m = (lay.get(k, 1) for k in ("dp", "tp", "pp", "cp", "m"))
+    flops = train_flops_per_token(_active_params(model), model["layers"], model["width"],
+                                  model["seq"], lay.get("recompute", "none"))
+    compute = flops * model["batch"] * model["seq"] / (dp * tp * pp * cp)
+    compute /= mfu * gpu["flops"]
+    busy = max(stages, key=lambda st: sum(st["bytes"].values()))["bytes"]
+    link = gpu["bandwidth"]
+    exposed = (busy["tp"] + busy["pp"] + busy["ep"]) / link
+    exposed += max(0.0, busy["dp"] / link - compute * 2 / 3)   # overlaps the backward
+    exposed += max(0.0, busy["cp"] / link - compute)
+    seconds = compute * (m + pp - 1) / m + exposed
+    fullest = max(stages, key=lambda st: st["memory"])
+    return dict(lay, memory=fullest["memory"], bytes=sum(busy.values()), seconds=seconds,
+                compute_s=compute, exposed_s=exposed, stages=stages,
+                fits=fullest["memory"] <= gpu["memory"])
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(model, n_gpus, sp=True):
+    """Every layout the model allows on n_gpus: dp x tp x pp x cp = n_gpus with tp dividing the
+    heads and the width, pp the layers, 2 cp the sequence, dp the batch; ep dividing dp and
+    the experts; micro-batches m a power of two dividing the batch per dp rank (at most 16);
+    each ZeRO stage (only "dp" without data parallelism) and each recomputation."""
+    check_model(model)
+    E = _moe(model)[0]
+    out = []
+    for tp, pp, cp in itertools.product(_divisors(n_gpus), repeat=3):
+        if n_gpus % (tp * pp * cp):
+            continue
+        dp = n_gpus // (tp * pp * cp)
+        if (model["heads"] % tp or model["width"] % tp or model["layers"] % pp
+                or (cp > 1 and model["seq"] % (2 * cp)) or model["batch"] % dp):
+            continue
+        per_dp = model["batch"] // dp
+        ms = [m for m in (1, 2, 4, 8, 16) if per_dp % m == 0]
+        eps = [e for e in _divisors(dp) if E and E % e == 0] or [1]
+        zeros = SHARDING_STAGES if dp * cp > 1 else ("dp",)
+        for ep, m, zero, rec in itertools.product(eps, ms, zeros, RECOMPUTE):
+            out.append(dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
+                            m=m, sp=sp and tp > 1))
+    return out
+
+
+def plan(model, gpu, n_gpus, optimizer="adam", dtype_bytes=2, top=None, **kw):
+    """The layouts that fit in the GPU's memory, fastest first (then the fewest bytes sent by
+    the busiest rank, then the least memory)."""
+    check_model(model, gpu)
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(f"optimizer must be one of {tuple(OPTIMIZER_STATE_BYTES)}")
+    if int(n_gpus) != n_gpus or n_gpus < 1:
+        raise ValueError(f"n_gpus must be a whole number >= 1, not {n_gpus}")
+    rows = [layout_costs(model, gpu, lay, optimizer, dtype_bytes, **kw)
+            for lay in candidate_layouts(model, int(n_gpus))]
+    fits = sorted((r for r in rows if r["fits"]),
+                  key=lambda r: (r["seconds"], r["bytes"], r["memory"]))
+    return fits[:top] if top else fits
+
+
+def format_plan(rows, gpu=None):
+    """The plan as a text table, one layout a line."""
+    head = (f"{'dp':>3} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'ZeRO':>6} "
+            f"{'recompute':>9} {'m':>3} {'GB/GPU':>8} {'step s':>8}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['dp']:>3} {r['tp']:>3} {r['pp']:>3} {r['cp']:>3} {r['ep']:>3} "
+                     f"{r['zero']:>6} {r['recompute']:>9} {r['m']:>3} "
+                     f"{r['memory'] / 1e9:>8.2f} {r['seconds']:>8.3g}")
+    if not rows:
+        lines.append("no layout fits" + (f" in {gpu['memory'] / 1e9:.0f} GB" if gpu else ""))
+    return "\n".join(lines)
+

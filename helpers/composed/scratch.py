@@ -1,0 +1,122 @@
+"""Part VII: the small GPT on a 3-D mesh (pipeline x data x tensor), from the course's own pieces.
+
+Nothing here is new machinery; it is composition, in a fixed order:
+1. groups: one process group per row of each mesh dimension (`new_groups`, built once);
+2. pipeline: this rank's stage of the layers (helpers.stage_of), run with the 1F1B order of
+   helpers.pipeline_rank_step over the "pp" group;
+3. tensor parallel: every block of the stage replaced by its helpers.TPBlock over the "tp"
+   group (Megatron's f and g);
+4. data parallel: the stage wrapped in helpers.DDPFromScratch over the "dp" group, gradients
+   accumulated over the micro-batches (no_sync) and all-reduced once per step.
+"""
+import time
+
+import torch
+import torch.distributed as dist
+
+# the course's pieces, through the flat façade (their modules are moving, their names are not)
+from .. import (DDPFromScratch, DistComm, SmallBlock, TPBlock, count_traffic,
+                one_f_one_b_rank_order, optimizer_state_bytes, pipeline_rank_step,
+                ring_allreduce_bytes, stage_of)
+from .gpt import (MESH_DIMS, coords_of, gpt, gpt_batches, gpt_layers, gpt_loss, rank_grid,
+                  stage_cuts)
+
+__all__ = ["new_groups", "build_stage", "train_3d_scratch", "one_process_run"]
+
+
+def new_groups(shape, names=MESH_DIMS):
+    """{name: (group, ranks)}: this rank's process group along each mesh dimension. Every rank
+    creates every group, in the same order (torch.distributed requires it)."""
+    rank, mine = dist.get_rank(), {}
+    for name, groups in rank_grid(shape, names).items():
+        for ranks in groups:
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[name] = (group, ranks)
+    return mine
+
+
+def build_stage(net, cuts, pp_rank, tp_comm):
+    """This rank's pipeline stage of `net` (gpt_layers), each block tensor parallel over tp_comm
+    (a TPBlock holding this rank's heads and slices; a world-1 comm keeps them whole)."""
+    stage = stage_of(net, cuts, pp_rank)
+    for i, layer in enumerate(stage):
+        if isinstance(layer, SmallBlock):
+            stage[i] = TPBlock(layer, tp_comm)
+    return stage
+
+
+def _optimizer(params, cfg):
+    """SGD with momentum: Adam would turn rounding noise in near-zero gradients into full-size
+    steps (it divides by the gradient's own size), and the runs could not be compared."""
+    return torch.optim.SGD(params, lr=cfg.get("lr", 0.05), momentum=0.9)
+
+
+def train_3d_scratch(rank, world, cfg):
+    """launch target: cfg["steps"] SGD steps of the GPT (cfg["model"]: kwargs of gpt) on a
+    cfg["shape"] = (pp, dp, tp) mesh, cfg["batch"] sequences per global batch, cfg["m"]
+    micro-batches per data-parallel rank. Returns this rank's coords and groups, its weights
+    (its tensor-parallel slices, named as in gpt_layers: a slice of an nn.Sequential keeps the
+    names), the losses (last stage), the bytes it sent in the last step by dimension, its
+    memory (params, grads, optimizer state, peak saved activations) and seconds per step."""
+    pp, dp, tp = shape = tuple(cfg["shape"])
+    if pp * dp * tp != world:
+        raise ValueError(f"a {pp}x{dp}x{tp} mesh needs {pp * dp * tp} ranks, not {world}")
+    groups = new_groups(shape)
+    c = coords_of(rank, shape)
+    tp_comm = DistComm(groups["tp"][0], device=cfg["device"])
+    pp_comm = DistComm(groups["pp"][0], device=cfg["device"])
+    model_cfg = cfg["model"]
+    net = gpt_layers(gpt(**model_cfg))
+    cuts = stage_cuts(model_cfg["layers"], pp)
+    stage = build_stage(net, cuts, c["pp"], tp_comm)
+    model = DDPFromScratch(stage, group=groups["dp"][0])
+    opt = _optimizer(model.parameters(), cfg)
+    m, first, last = cfg.get("m", 2), c["pp"] == 0, c["pp"] == pp - 1
+    order = one_f_one_b_rank_order(m, pp, c["pp"])
+    in_shape = (model_cfg["seq"], model_cfg["width"])
+    losses, seconds, peak = [], [], 0
+    batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])
+    for X, y in batches:
+        # copies, as a data loader gives them (a view would keep the whole data set alive)
+        Xl, yl = X.tensor_split(dp)[c["dp"]].clone(), y.tensor_split(dp)[c["dp"]].clone()
+        tp_comm.log, pp_comm.log = [], []
+        start = time.perf_counter()
+        with model.no_sync():
+            got = pipeline_rank_step(model, pp_comm, order, Xl if first else None,
+                                     yl if last else None, m, len(Xl), in_shape,
+                                     loss_fn=gpt_loss)
+        with count_traffic() as dp_log:
+            model.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+        seconds.append(time.perf_counter() - start)
+        peak = max(peak, got["peak_bytes"])
+        if last:
+            loss = torch.tensor(got["loss"])
+            dist.all_reduce(loss, group=groups["dp"][0])
+            losses.append(float(loss) / dp)
+    tp_bytes = sum(ring_allreduce_bytes(b, tp) for op, _, b in tp_comm.log if op == "all_reduce")
+    params = sum(p.numel() * p.element_size() for p in stage.parameters())
+    return dict(coords=c, groups={k: v[1] for k, v in groups.items()}, losses=losses,
+                weights={n: p.detach().cpu().clone() for n, p in stage.named_parameters()},
+                bytes=dict(tp=tp_bytes, pp=pp_comm.bytes_sent(), dp=dp_log.sent_bytes),
+                memory=dict(params=params, grads=params, optim=optimizer_state_bytes(opt),
+                            acts=peak),
+                seconds=seconds)
+
+
+def one_process_run(cfg):
+    """The reference: the same GPT, batches and SGD steps in one process, whole batches.
+    Returns (losses, {name in gpt_layers: weight})."""
+    net = gpt_layers(gpt(**cfg["model"]))
+    opt = _optimizer(net.parameters(), cfg)
+    losses = []
+    for X, y in gpt_batches(cfg["steps"], cfg["batch"], cfg["model"]["seq"],
+                            cfg["model"]["vocab"]):
+        loss = gpt_loss(net(X), y) / len(X)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, {n: p.detach().clone() for n, p in net.named_parameters()}

@@ -1,0 +1,130 @@
+"""Part VII, context parallelism: the chapter's runs, `fn(rank, world, cfg) -> result` for
+helpers.launch. Every rank builds the same global tensors from cfg["seed"] and keeps its
+share of the sequence, so each result can be set beside the unsplit computation."""
+import torch
+
+from .. import DistComm, SmallAttention   # the flat façade: these modules are moving
+from .scratch import CPAttention, attention_reference, ring_attention, shard_sequence
+from .torch_api import torch_context_parallel
+
+__all__ = ["qkv_inputs", "autograd_saved_bytes", "cp_attention_run", "cp_activation_memory",
+           "cp_torch_run", "cp_chapter"]
+
+
+def qkv_inputs(B, H, T, D, seed=0):
+    """q, k, v and an output gradient, each (B, H, T, D), the same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=g) for _ in range(4)]
+
+
+def autograd_saved_bytes(fn, params=()):
+    """Bytes of the tensors autograd saves for backward while fn() runs (each storage once,
+    parameters left out): the activation memory that backward will need."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen, keep, total = set(), [], [0]
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip and ptr not in seen:
+            seen.add(ptr)
+            keep.append(t)
+            total[0] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return total[0], out
+
+
+def cp_attention_run(rank, world, cfg):
+    """Ring attention (causal or not) on this rank's tokens for each layout in cfg["layouts"]:
+    its output and q/k/v gradients, the scores it computed per block, the bytes it sent forward
+    and backward, and the calls. cfg: B, H, T, D, causal, layouts, seed."""
+    comm = DistComm(device=cfg["device"])
+    q, k, v, g = qkv_inputs(cfg["B"], cfg["H"], cfg["T"], cfg["D"], cfg.get("seed", 0))
+    results = {}
+    for layout in cfg.get("layouts", ("zigzag",)):
+        ql, kl, vl = (shard_sequence(t, world, rank, layout).requires_grad_() for t in (q, k, v))
+        stats = []
+        comm.log = []
+        out = ring_attention(ql, kl, vl, comm, cfg.get("causal", True), layout, stats)
+        fwd = comm.bytes_sent()
+        out.backward(shard_sequence(g, world, rank, layout))
+        results[layout] = dict(out=out.detach(), dq=ql.grad, dk=kl.grad, dv=vl.grad,
+                               work=stats, fwd_bytes=fwd, bwd_bytes=comm.bytes_sent() - fwd,
+                               sends=comm.calls("send"))
+    return results
+
+
+def cp_activation_memory(rank, world, cfg):
+    """Bytes saved for backward by one causal attention layer (projections and ring attention)
+    on this rank's tokens, for each sequence length in cfg["seqs"]; also whether its output and
+    gradients equal the unsplit layer's (max differences; rank 0 checks the whole sequence).
+    cfg: width, heads, batch, seqs, seed."""
+    comm = DistComm(device=cfg["device"])
+    torch.manual_seed(cfg.get("seed", 0))
+    attn = SmallAttention(cfg["width"], cfg["heads"])
+    layer = CPAttention(attn, comm)
+    rows = []
+    for T in cfg["seqs"]:
+        g = torch.Generator().manual_seed(T)
+        X = torch.randn(cfg["batch"], T, cfg["width"], generator=g)
+        R = torch.randn(cfg["batch"], T, cfg["width"], generator=g)
+        attn.zero_grad()
+        Xl = shard_sequence(X, world, rank, dim=1).requires_grad_()
+        nbytes, out = autograd_saved_bytes(lambda: layer(Xl), attn.parameters())
+        (out * shard_sequence(R, world, rank, dim=1)).sum().backward()
+        grads = [p.grad.clone() for p in attn.parameters()]
+        for t in grads:
+            comm.all_reduce(t)        # the weights' gradient: the sum over every rank's tokens
+        ref = attn_ref_grads(attn, X, R)
+        local = [shard_sequence(ref[n], world, rank, dim=1) for n in ("out", "x_grad")]
+        diff = max(float((a.detach() - b).abs().max())
+                   for a, b in zip(grads + [out, Xl.grad], ref["grads"] + local))
+        rows.append(dict(T=T, saved_bytes=nbytes, max_diff=diff))
+    return rows
+
+
+def attn_ref_grads(attn, X, R):
+    """The unsplit layer on the whole sequence (plain causal attention): output and gradients."""
+    a = attn
+    X = X.clone().requires_grad_()
+    params = list(a.parameters())
+    B, T, _ = X.shape
+    q, k, v = (lin(X).view(B, T, -1, a.head_dim).transpose(1, 2) for lin in (a.q, a.k, a.v))
+    y = attention_reference(q, k, v, causal=True)
+    out = a.proj(y.transpose(1, 2).reshape(B, T, -1))
+    grads = torch.autograd.grad((out * R).sum(), params + [X])
+    return dict(out=out.detach(), grads=list(grads[:-1]), x_grad=grads[-1])
+
+
+def cp_torch_run(rank, world, cfg):
+    """torch's context_parallel on a SmallAttention layer, against the unsplit layer on the same
+    input. Returns dict(ran, error, torch_version, device, max_diff (when it ran))."""
+    from torch.distributed.device_mesh import init_device_mesh
+    device = cfg["device"]
+    torch.manual_seed(cfg.get("seed", 0))
+    attn = SmallAttention(cfg["width"], cfg["heads"]).to(device)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(cfg["batch"], cfg["T"], cfg["width"], generator=g).to(device)
+    R = torch.randn(cfg["batch"], cfg["T"], cfg["width"], generator=g).to(device)
+    out = dict(torch_version=torch.__version__, device=str(device))
+    mesh = init_device_mesh(device.type, (world,))
+    got = torch_context_parallel(attn, X, mesh, R)
+    out.update(ran=got["ran"], error=got["error"])
+    if got["ran"]:   # the weights' gradients summed over the ranks: the whole sequence's
+        ref = attn_ref_grads(attn, X, R)
+        grads = [got["grads"][n].to(device) for n, _ in attn.named_parameters()]
+        for t in grads:
+            torch.distributed.all_reduce(t)
+        out["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(grads, ref["grads"]))
+    return out
+
+
+def cp_chapter(rank, world, cfg):
+    """The chapter's three runs in one launch (starting processes is the slow part on a CPU):
+    cfg["attention"], cfg["memory"], cfg["torch"] are the cfgs of the runs above."""
+    device = dict(device=cfg["device"])
+    return dict(attention=cp_attention_run(rank, world, dict(cfg["attention"], **device)),
+                memory=cp_activation_memory(rank, world, dict(cfg["memory"], **device)),
+                torch=cp_torch_run(rank, world, dict(cfg["torch"], **device)))

@@ -1,0 +1,90 @@
+"""Part VII: a mixture-of-experts layer in one process, the reference for expert parallelism.
+
+A router (one linear layer) scores every token against E experts (small MLPs); each token goes
+to its top-k experts, weighted by the router's probabilities. Each expert takes at most
+`capacity` tokens of a group (capacity factor x tokens x k / E, GShard's rule): the rest are
+dropped, first choices before second ones, earlier tokens first; a dropped choice adds nothing
+(the residual connection around the layer carries the token on). The load-balancing loss of
+Switch Transformers (E x sum_i f_i P_i) is smallest when the experts share the tokens evenly.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["expert_capacity", "route", "load_balancing_loss", "MoE", "moe_inputs"]
+
+
+def expert_capacity(tokens, n_experts, k, factor):
+    """Slots per expert for a group of `tokens`: ceil(factor * tokens * k / n_experts);
+    None (no limit: nothing dropped) when factor is None."""
+    if factor is None:
+        return None
+    if factor <= 0:
+        raise ValueError(f"capacity factor must be > 0 (or None for no limit), not {factor}")
+    return math.ceil(factor * tokens * k / n_experts)
+
+
+def route(logits, k, capacity):
+    """Top-k routing of one group of tokens (logits: (N, E)). Returns dict(probs (N, E),
+    expert (N, k), gate (N, k): the weights, renormalised over the k choices when k > 1,
+    slot (N, k): the place of each choice in its expert's queue, kept (N, k) bool)."""
+    probs = logits.softmax(-1)
+    top_p, expert = probs.topk(k, dim=-1)
+    gate = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
+    one_hot = F.one_hot(expert.t().reshape(-1), logits.shape[-1])   # choice-major order
+    slot = ((one_hot.cumsum(0) - 1) * one_hot).sum(-1).view(k, -1).t()
+    kept = torch.ones_like(slot, dtype=torch.bool) if capacity is None else slot < capacity
+    return dict(probs=probs, expert=expert, gate=gate, slot=slot, kept=kept)
+
+
+def load_balancing_loss(probs, expert, n_experts):
+    """Switch Transformer's auxiliary loss: E * sum_i f_i * P_i, f_i the share of the routed
+    choices that picked expert i, P_i the mean router probability of expert i. 1 when balanced."""
+    f = torch.bincount(expert.reshape(-1), minlength=n_experts).float() / expert.numel()
+    return n_experts * (f * probs.mean(0)).sum()
+
+
+def _expert(width, hidden):
+    return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+
+
+class MoE(nn.Module):
+    """A top-k MoE layer on tokens x (N, width). The tokens are cut into `groups` equal groups
+    (in expert parallelism: one per rank), each routed with its own capacity. forward returns
+    (y, aux) with aux = dict(loss (the mean of the groups' load-balancing losses), dropped
+    (choices dropped), tokens_per_expert (kept choices))."""
+
+    def __init__(self, width=16, hidden=32, n_experts=4, k=2, capacity_factor=1.25, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.n_experts, self.k, self.capacity_factor = n_experts, k, capacity_factor
+        self.router = nn.Linear(width, n_experts)
+        self.experts = nn.ModuleList(_expert(width, hidden) for _ in range(n_experts))
+
+    def forward(self, x, groups=1):
+        if x.shape[0] % groups:
+            raise ValueError(f"{x.shape[0]} tokens do not cut into {groups} equal groups")
+        ys, losses, dropped, counts = [], [], 0, torch.zeros(self.n_experts, dtype=torch.long)
+        for xg in x.chunk(groups):
+            r = route(self.router(xg), self.k,
+                      expert_capacity(len(xg), self.n_experts, self.k, self.capacity_factor))
+            y = torch.zeros_like(xg)
+            for e, expert in enumerate(self.experts):
+                tok, choice = torch.nonzero((r["expert"] == e) & r["kept"], as_tuple=True)
+                if len(tok):
+                    w = r["gate"][tok, choice][:, None]
+                    y = y.index_add(0, tok, w * expert(xg[tok]))
+                counts[e] += len(tok)
+            ys.append(y)
+            losses.append(load_balancing_loss(r["probs"], r["expert"], self.n_experts))
+            dropped += int((~r["kept"]).sum())
+        return torch.cat(ys), dict(loss=torch.stack(losses).mean(), dropped=dropped,
+                                   tokens_per_expert=counts)
+
+
+def moe_inputs(tokens, width, seed=0):
+    """Tokens X (tokens, width) and the weights R of the loss (y * R).sum(), same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(tokens, width, generator=g), torch.randn(tokens, width, generator=g)

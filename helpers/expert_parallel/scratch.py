@@ -1,0 +1,135 @@
+"""Part VII: expert parallelism by hand. Each rank holds E / world of the experts (and a copy of
+the router) and routes its own tokens; an all-to-all sends every token to the rank of its
+expert (dispatch), the experts run, and a second all-to-all brings the results back (combine).
+Backward runs the same two exchanges in reverse.
+
+With a capacity factor every rank sends a fixed (E, capacity, width) buffer: the bytes are
+known in advance, overflowing tokens are dropped, empty slots travel as zeros. Without one
+(dropless), the ranks first exchange how many tokens they will send, and a popular expert's
+rank receives (and computes) more than the others.
+"""
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import DistComm   # through the flat façade
+from .moe import expert_capacity, load_balancing_loss, route
+
+__all__ = ["all_to_all", "AllToAll", "ExpertParallelMoE"]
+
+
+def all_to_all(comm, x, in_splits, out_splits, tag=300):
+    """Rows in_splits[j] of x (in order) go to rank j; returns the rows received, out_splits[j]
+    from rank j, in rank order. Over torch.distributed: all_to_all_single (gloo and NCCL both
+    have it); over a ThreadComm (checks): a send to every other rank and a receive from each.
+    The bytes sent to other ranks are logged as "all_to_all"."""
+    in_splits, out_splits = [int(s) for s in in_splits], [int(s) for s in out_splits]
+    row = x[0].numel() * x.element_size() if len(x) else 0
+    sent = sum(s for j, s in enumerate(in_splits) if j != comm.rank) * row
+    if isinstance(comm, DistComm):
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=comm.group)
+        comm.log.append(("all_to_all", None, sent))
+        return out
+    pieces, n = list(x.split(in_splits)), len(comm.log)
+    for j in range(comm.world):
+        if j != comm.rank:
+            comm.send(pieces[j], j, tag=tag)
+    comm.log[n:] = [("all_to_all", peer, b) for _, peer, b in comm.log[n:]]
+    got = [pieces[j].clone() if j == comm.rank else
+           comm.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
+           for j in range(comm.world)]
+    return torch.cat(got)
+
+
+class AllToAll(torch.autograd.Function):
+    """all_to_all with a gradient: backward sends the gradients back the way the rows came."""
+
+    @staticmethod
+    def forward(ctx, x, comm, in_splits, out_splits):
+        ctx.comm, ctx.splits = comm, (in_splits, out_splits)
+        return all_to_all(comm, x, in_splits, out_splits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        in_splits, out_splits = ctx.splits
+        return all_to_all(ctx.comm, grad.contiguous(), out_splits, in_splits), None, None, None
+
+
+class ExpertParallelMoE(nn.Module):
+    """Rank comm.rank's part of `moe` (a helpers.MoE, the same on every rank): the router (a
+    replica: average or sum its gradient over the ranks, as data parallelism does) and experts
+    rank * E/world .. (rank + 1) * E/world - 1. forward(x) takes this rank's tokens (one group of
+    the unsplit layer) and returns (y, aux) as MoE does, plus aux["received"]: tokens each local
+    expert computed, and aux["sent_bytes"]: what this rank's all-to-alls sent."""
+
+    def __init__(self, moe, comm):
+        super().__init__()
+        E, w = moe.n_experts, comm.world
+        if E % w:
+            raise ValueError(f"{E} experts do not spread evenly over {w} ranks")
+        self.comm, self.E, self.k, self.factor = comm, E, moe.k, moe.capacity_factor
+        self.local = E // w
+        self.router = moe.router
+        first = comm.rank * self.local
+        self.experts = nn.ModuleList(moe.experts[first:first + self.local])
+
+    def _run_experts(self, rows, per_expert):
+        """rows: everything received, grouped by source rank then local expert; per_expert:
+        (world, local) row counts. Returns the outputs in the same order."""
+        counts = per_expert.reshape(-1).tolist()
+        chunks = list(rows.split(counts))
+        outs = list(chunks)
+        for e, expert in enumerate(self.experts):
+            idx = [s * self.local + e for s in range(self.comm.world)]
+            x = torch.cat([chunks[i] for i in idx])
+            y = expert(x) if len(x) else x
+            for i, part in zip(idx, y.split([counts[i] for i in idx])):
+                outs[i] = part
+        return torch.cat(outs)
+
+    def forward(self, x):
+        comm, w, E = self.comm, self.comm.world, self.E
+        start = len(comm.log)
+        r = route(self.router(x), self.k, expert_capacity(len(x), E, self.k, self.factor))
+        tok, choice = torch.nonzero(r["kept"], as_tuple=True)
+        expert, gate = r["expert"][tok, choice], r["gate"][tok, choice][:, None]
+        if self.factor is not None:            # fixed buffers: (E, capacity, width)
+            C = expert_capacity(len(x), E, self.k, self.factor)
+            pos = expert * C + r["slot"][tok, choice]
+            buf = x.new_zeros(E * C, x.shape[1]).index_add(0, pos, x[tok])
+            splits = [self.local * C] * w
+            got = AllToAll.apply(buf, comm, splits, splits)
+            per_expert = torch.full((w, self.local), C)
+            out = AllToAll.apply(self._run_experts(got, per_expert), comm, splits, splits)
+            back = out[pos]
+            # the real tokens among the slots each local expert computed (for the record)
+            received = _exchange_counts(comm, torch.bincount(expert, minlength=E),
+                                        self.local).sum(0)
+        else:                                  # dropless: variable splits, counts first
+            order = torch.argsort(expert, stable=True)
+            tok, expert, gate = tok[order], expert[order], gate[order]
+            counts = torch.bincount(expert, minlength=E)
+            real = _exchange_counts(comm, counts, self.local)      # (world, local) to receive
+            send_splits = counts.view(w, self.local).sum(1).tolist()
+            recv_splits = real.sum(1).tolist()
+            got = AllToAll.apply(x[tok], comm, send_splits, recv_splits)
+            out = AllToAll.apply(self._run_experts(got, real), comm, recv_splits, send_splits)
+            back, received = out, real.sum(0)
+        y = x.new_zeros(x.shape).index_add(0, tok, gate * back)
+        sent = sum(b for op, _, b in comm.log[start:] if op == "all_to_all")
+        aux = dict(loss=load_balancing_loss(r["probs"], r["expert"], E),
+                   dropped=int((~r["kept"]).sum()), tokens_per_expert=torch.bincount(
+                       r["expert"][r["kept"]], minlength=E), received=received,
+                   sent_bytes=sent)
+        return y, aux
+
+
+def _exchange_counts(comm, counts, local):
+    """Each rank's tokens per expert (E,) -> what this rank's `local` experts get from each rank,
+    (world, local). Logged as "counts" (a few integers), apart from the tokens' bytes."""
+    n = len(comm.log)
+    got = all_to_all(comm, counts.view(comm.world, local), [1] * comm.world, [1] * comm.world,
+                     tag=301)
+    comm.log[n:] = [("counts", peer, b) for _, peer, b in comm.log[n:]]
+    return got.view(comm.world, local)

@@ -1,0 +1,71 @@
+"""Everything at once (helpers/composed): the small GPT trained on a 2x2x2 mesh (pp x dp x tp)
+of 8 gloo processes, from the course's pieces and with torch's engines, equals one process in
+losses and weights; both build the groups of helpers.rank_grid; and the planner's cost model
+predicts each rank's memory within 15% and its bytes per step exactly."""
+import pytest
+import torch
+
+from helpers.composed import one_process_run, rank_grid, stage_costs, train_3d_both
+from helpers import gather_shards, launch
+
+SHAPE = (2, 2, 2)
+MODEL = dict(vocab=16, width=16, layers=2, heads=2, seq=8)
+CFG = dict(shape=SHAPE, model=MODEL, batch=4, m=2, steps=2)
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return launch(train_3d_both, 8, CFG, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return one_process_run(CFG)
+
+
+def _weights(ranks, kind):
+    got = {}
+    if kind == "torch":          # full_tensor() gathered them; one rank per stage keeps them
+        for r in ranks:
+            got.update(r["torch"]["weights"] or {})
+        return got
+    for p in range(SHAPE[0]):    # dp replicas agree; the tp slices are concatenated
+        got.update(gather_shards([r["scratch"]["weights"] for r in ranks
+                                  if r["scratch"]["coords"]["pp"] == p
+                                  and r["scratch"]["coords"]["dp"] == 0]))
+    return got
+
+
+@pytest.mark.parametrize("kind", ["scratch", "torch"])
+def test_equal_to_one_process(ranks, reference, kind):
+    losses, weights = reference
+    last = [r[kind] for r in ranks if r[kind]["coords"]["pp"] == SHAPE[0] - 1]
+    assert len(last) == 4
+    for r in last:
+        assert r["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    got = _weights(ranks, kind)
+    assert set(got) == set(weights)
+    for n, w in weights.items():
+        torch.testing.assert_close(got[n], w, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_groups_are_the_mesh(ranks):
+    grid = rank_grid(SHAPE)
+    for rank, r in enumerate(ranks):
+        for name in ("pp", "dp", "tp"):
+            mine = [g for g in grid[name] if rank in g]
+            assert r["scratch"]["groups"][name] == mine[0] == r["torch"]["groups"][name]
+
+
+def test_planner_predicts_memory_and_bytes(ranks):
+    model = dict(MODEL, batch=CFG["batch"])
+    lay = dict(dp=2, tp=2, pp=2, m=2, zero="dp")
+    stages = stage_costs(model, lay, optimizer="momentum", dtype_bytes=4)
+    for r in ranks:
+        got, want = r["scratch"], stages[r["scratch"]["coords"]["pp"]]
+        for part in ("params", "grads", "optim"):
+            assert got["memory"][part] == want[part]
+        measured = sum(got["memory"].values())
+        assert abs(want["memory"] - measured) <= 0.15 * measured
+        for dim in ("tp", "pp", "dp"):
+            assert got["bytes"][dim] == want["bytes"][dim], dim

@@ -1,0 +1,105 @@
+"""Expert parallelism (helpers/expert_parallel): the MoE layer with its experts spread over 2
+gloo processes (all_to_all_single dispatch and combine) equals the unsplit layer in outputs,
+input gradients, every weight's gradient and the tokens dropped, with and without a capacity
+limit; its all-to-alls send exactly what the cost model says; a skewed router drops tokens
+(capacity) or overloads one rank (dropless). Routing rules and 4 thread-ranks too."""
+import pytest
+import torch
+
+from helpers.costs import moe_dispatch_bytes
+from helpers.expert_parallel import (MoE, ExpertParallelMoE, ep_chapter, expert_capacity,
+                                     load_balancing_loss, moe_inputs, moe_step, route)
+from helpers.expert_parallel.experiments import AUX
+from helpers import launch, run_threads
+
+MOE = dict(width=8, hidden=16, n_experts=4, k=2)
+TOKENS, FACTORS = 32, [1.25, 0.5, None]
+CFG = dict(equal=dict(moe=MOE, tokens=TOKENS, factors=FACTORS),
+           imbalance=dict(moe=MOE, tokens=TOKENS, skews=[0.0, 4.0], factors=[1.25, None],
+                          repeats=1))
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return launch(ep_chapter, 2, CFG, quiet=True)
+
+
+def unsplit(factor, groups):
+    moe = MoE(**MOE, capacity_factor=factor)
+    X, R = moe_inputs(TOKENS, MOE["width"])
+    X.requires_grad_()
+    y, aux = moe(X, groups=groups)
+    ((y * R).sum() + AUX * aux["loss"]).backward()
+    return y.detach(), X.grad, {n: p.grad for n, p in moe.named_parameters()}, aux
+
+
+@pytest.mark.parametrize("i", range(len(FACTORS)))
+def test_equal_to_unsplit(ranks, i):
+    y, x_grad, grads, aux = unsplit(FACTORS[i], groups=2)
+    runs = [r["equal"][i] for r in ranks]
+    torch.testing.assert_close(torch.cat([r["y"] for r in runs]), y, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.cat([r["x_grad"] for r in runs]), x_grad,
+                               rtol=1e-5, atol=1e-6)
+    got = {}
+    for r in runs:
+        got.update(r["grads"])
+    assert set(got) == set(grads)
+    for n in grads:
+        torch.testing.assert_close(got[n], grads[n], rtol=1e-5, atol=1e-6, msg=n)
+    assert sum(r["dropped"] for r in runs) == aux["dropped"]
+    assert (aux["dropped"] > 0) == (FACTORS[i] == 0.5)
+
+
+def test_bytes_match_the_cost_model(ranks):
+    for r in ranks:
+        for run in r["equal"]:
+            if run["factor"] is None:
+                continue
+            want = moe_dispatch_bytes(run["tokens"], MOE["width"], MOE["n_experts"], MOE["k"],
+                                      run["factor"], 2)
+            assert run["fwd_bytes"] + run["bwd_bytes"] == want
+            assert run["fwd_bytes"] == run["bwd_bytes"]
+
+
+def test_imbalance_drops_tokens_or_overloads_a_rank(ranks):
+    rows = {(row["skew"], row["factor"], rank): row
+            for rank, r in enumerate(ranks) for row in r["imbalance"]}
+    dropped = lambda skew: sum(rows[(skew, 1.25, r)]["dropped"] for r in (0, 1))  # noqa: E731
+    assert dropped(4.0) > dropped(0.0)
+    # dropless: rank 0 holds expert 0, which a skewed router prefers
+    load = [rows[(4.0, None, r)]["received"] for r in (0, 1)]
+    assert load[0] > load[1]
+    assert sum(load) == sum(rows[(4.0, None, r)]["choices"] for r in (0, 1))
+    assert rows[(4.0, None, 0)]["aux_loss"] > rows[(0.0, None, 0)]["aux_loss"]
+
+
+def test_four_ranks_on_threads():
+    y, x_grad, grads, _ = unsplit(1.0, groups=4)
+    X, R = moe_inputs(TOKENS, MOE["width"])
+
+    def rank_fn(comm):
+        ep = ExpertParallelMoE(MoE(**MOE, capacity_factor=1.0), comm)
+        rows = slice(comm.rank * TOKENS // 4, (comm.rank + 1) * TOKENS // 4)
+        return moe_step(ep, comm, X[rows], R[rows])
+
+    results, comms = run_threads(rank_fn, 4)
+    torch.testing.assert_close(torch.cat([r[0] for r in results]), y, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.cat([r[1] for r in results]), x_grad, rtol=1e-5,
+                               atol=1e-6)
+    for c in comms:
+        assert {peer for op, peer, _ in c.log if op == "all_to_all"} == set(range(4)) - {c.rank}
+
+
+def test_routing_rules():
+    logits = torch.tensor([[3.0, 1, 0, 0], [3, 0, 1, 0], [0, 3, 0, 0], [3, 0, 0, 1]])
+    r = route(logits, k=2, capacity=2)
+    assert r["expert"][:, 0].tolist() == [0, 0, 1, 0]
+    # expert 0 takes the first two first choices; the third first choice for it is dropped
+    assert r["kept"][:, 0].tolist() == [True, True, True, False]
+    assert expert_capacity(32, 4, 2, 1.25) == 20 and expert_capacity(32, 4, 2, None) is None
+    uniform = torch.full((8, 4), 0.25)
+    assert float(load_balancing_loss(uniform, torch.arange(8).view(4, 2) % 4, 4)) == 1.0
+    with pytest.raises(ValueError, match="capacity factor"):
+        expert_capacity(8, 4, 2, 0)
+    with pytest.raises(ValueError, match="spread evenly"):
+        run_threads(lambda comm: ExpertParallelMoE(MoE(**MOE), comm), 3)

@@ -1,0 +1,391 @@
+"""The cases of the wrappers' property test (tests/test_wrappers_property.py), and how each wrapper
+trains one: a case is a plain dict (it travels to the ranks), a model built from it, its data, the
+one-process run every wrapper must equal, and per wrapper a class saying how to build it, run a
+micro-batch, step, save, load, read the full parameters, and what it refuses.
+
+A case:
+    seed, d_in, width, d_out        a stem Linear(d_in, width), blocks of width x width, a head
+    blocks                          kinds, in order: "plain", "frozen" (requires_grad False),
+                                    "reused" (called twice in one forward), "tied" (two layers
+                                    sharing one weight), "unused" (never called)
+    world, batch                    ranks; rows per rank per micro-batch
+    accum, num_steps                micro-batches per step (backward each), optimizer steps
+    optim, groups                   "sgd", "momentum" or "adamw"; groups: weight decay on
+                                    matrices only (two param groups) instead of one group
+    resume_at                       None, or the step before which every rank saves, builds a
+                                    fresh model (another init) and loads
+Ranks other than 0 build their model from another seed: each wrapper must start from rank 0's
+weights (broadcast), as the one-process run does.
+
+Adding a wrapper: a class with the methods of `Wrapper`, registered in WRAPPERS under its name;
+the property test runs every registered name on every drawn case.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+import helpers
+
+__all__ = ["WRAPPERS", "Wrapper", "build_net", "case_data", "one_process", "train_case"]
+
+
+# ---- the model ---------------------------------------------------------------------------------
+class TiedPair(nn.Module):
+    """Two square layers sharing one weight (their biases are their own)."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+        self.b.weight = self.a.weight
+
+    def forward(self, h):
+        return torch.tanh(self.b(torch.tanh(self.a(h))))
+
+
+class Block(nn.Module):
+    """One square layer of a given kind (see the module docstring)."""
+
+    def __init__(self, width, kind):
+        super().__init__()
+        self.kind, self.lin = kind, nn.Linear(width, width)
+        if kind == "frozen":
+            self.lin.requires_grad_(False)
+
+    def forward(self, h):
+        if self.kind == "unused":
+            return h
+        h = torch.tanh(self.lin(h))
+        return torch.tanh(self.lin(h)) if self.kind == "reused" else h
+
+
+class PropNet(nn.Module):
+    def __init__(self, case):
+        super().__init__()
+        w = case["width"]
+        self.stem = nn.Linear(case["d_in"], w)
+        self.blocks = nn.ModuleList(TiedPair(w) if k == "tied" else Block(w, k)
+                                    for k in case["blocks"])
+        self.head = nn.Linear(w, case["d_out"])
+
+    def forward(self, x):
+        h = torch.tanh(self.stem(x))
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def build_net(case, seed=None):
+    torch.manual_seed(case["seed"] if seed is None else seed)
+    return PropNet(case)
+
+
+def case_data(case):
+    """X (num_steps, accum, world * batch, d_in) and y (num_steps, accum, world * batch)."""
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    rows = case["world"] * case["batch"]
+    X = torch.randn(case["num_steps"], case["accum"], rows, case["d_in"], generator=g)
+    y = torch.randint(0, case["d_out"], (case["num_steps"], case["accum"], rows), generator=g)
+    return X, y
+
+
+def param_groups(case, params):
+    """The case's param groups over (name, parameter) pairs, trainable ones only."""
+    named = [(n, p) for n, p in params if p.requires_grad]
+    if case["optim"] != "adamw" or not case["groups"]:
+        return [dict(params=[p for _, p in named])]
+    return [dict(params=[p for _, p in named if p.dim() >= 2], weight_decay=0.1),
+            dict(params=[p for _, p in named if p.dim() < 2], weight_decay=0.0)]
+
+
+def optimizer_cls(case):
+    """(class, keyword arguments) of the case's optimizer."""
+    if case["optim"] == "sgd":
+        return torch.optim.SGD, dict(lr=0.1)
+    if case["optim"] == "momentum":
+        return torch.optim.SGD, dict(lr=0.05, momentum=0.9)
+    return torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)
+
+
+def make_optimizer(case, params):
+    cls, kw = optimizer_cls(case)
+    return cls(param_groups(case, params), **kw)
+
+
+def loss_of(out, y, accum):
+    return F.cross_entropy(out.float(), y) / accum
+
+
+def one_process(case):
+    """{name: tensor}: the model trained on the combined batches in one process."""
+    net = build_net(case)
+    opt = make_optimizer(case, net.named_parameters())
+    X, y = case_data(case)
+    for s in range(case["num_steps"]):
+        for m in range(case["accum"]):
+            loss_of(net(X[s, m]), y[s, m], case["accum"]).backward()
+        opt.step()
+        opt.zero_grad()
+    return helpers.params_of(net)
+
+
+# ---- one wrapper on one case -------------------------------------------------------------------
+class Wrapper:
+    """How the property test drives one wrapper. Override what differs."""
+
+    tol = 2e-5          # max |difference| to one process allowed (float32 rounding)
+
+    def adapt(self, case):
+        """The case as this wrapper runs it (e.g. one param group where it supports only one)."""
+        return case
+
+    def refuses(self, case):
+        """None, or a regular expression the wrapper's refusal (at build) must match."""
+        return None
+
+    def skip(self, case):
+        """None, or why this (torch) counterpart cannot run the case: it is then not compared."""
+        return None
+
+    def build(self, case, net):
+        raise NotImplementedError
+
+    def micro(self, obj, X, y, case):
+        loss_of(obj["model"](X), y, case["accum"]).backward()
+
+    def step(self, obj):
+        obj["opt"].step()
+        obj["opt"].zero_grad()
+
+    def save(self, obj, path, rank):
+        raise NotImplementedError(f"{type(self).__name__} cannot save yet")
+
+    def load(self, obj, path, rank):
+        raise NotImplementedError(f"{type(self).__name__} cannot load yet")
+
+    def params(self, obj):
+        """{name: full tensor} named like PropNet's parameters (all ranks call)."""
+        return helpers.params_of(obj["net"])
+
+
+class Refused(RuntimeError):
+    """The wrapper refused the case when it was built (before any work)."""
+
+
+def train_case(rank, world, cfg):
+    """Launch target: train cfg["case"] with WRAPPERS[cfg["wrapper"]]; the full parameters."""
+    case, wrapper, folder = cfg["case"], WRAPPERS[cfg["wrapper"]], cfg["dir"]
+    case = wrapper.adapt(case)
+    X, y = case_data(case)
+    rows = slice(rank * case["batch"], (rank + 1) * case["batch"])
+
+    def build(seed):
+        try:
+            return wrapper.build(case, build_net(case, seed))
+        except (ValueError, TypeError, RuntimeError, NotImplementedError) as e:
+            raise Refused(f"refused at build: {type(e).__name__}: {e}") from e
+    obj = build(case["seed"] + 1000 * rank)
+    for s in range(case["num_steps"]):
+        if s == case["resume_at"]:
+            path = os.path.join(folder, f"ckpt-{cfg['wrapper']}")
+            wrapper.save(obj, path, rank)
+            dist.barrier()
+            obj = build(case["seed"] + 7 + 1000 * rank)   # another init: the load must win
+            wrapper.load(obj, path, rank)
+        for m in range(case["accum"]):
+            wrapper.micro(obj, X[s, m, rows], y[s, m, rows], case)
+        wrapper.step(obj)
+    return wrapper.params(obj)
+
+
+def broadcast_module(net):
+    with torch.no_grad():
+        for t in [*net.parameters(), *net.buffers()]:
+            dist.broadcast(t, src=0)
+
+
+def average_gradients(params):
+    """Data parallelism's gradient average, done plainly (the harness's, not under test): a
+    parameter no rank used keeps grad None, as in one process."""
+    params = list(params)
+    used = torch.tensor([float(p.grad is not None) for p in params])
+    dist.all_reduce(used)
+    for p, u in zip(params, used):
+        if u == 0:
+            continue
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        dist.all_reduce(g)
+        p.grad = g / dist.get_world_size()
+
+
+# ---- the wrappers ------------------------------------------------------------------------------
+class Zero1Scratch(Wrapper):
+    """helpers.ShardedOptimizer over plainly averaged gradients; checkpoint consolidated on
+    rank 0 (state_dict after consolidate_state_dict), loaded by every rank."""
+
+    def build(self, case, net):
+        broadcast_module(net)   # data parallelism's start (DDP's job, not ZeRO-1's)
+        cls, kw = optimizer_cls(case)
+        opt = helpers.ShardedOptimizer(param_groups(case, net.named_parameters()), cls, **kw)
+        return dict(net=net, model=net, opt=opt)
+
+    def step(self, obj):
+        average_gradients(p for p in obj["net"].parameters() if p.requires_grad)
+        obj["opt"].step()
+        obj["opt"].zero_grad()
+
+    def save(self, obj, path, rank):
+        obj["opt"].consolidate_state_dict(to=0)
+        if rank == 0:
+            torch.save(dict(model=obj["net"].state_dict(), opt=obj["opt"].state_dict()), path)
+
+    def load(self, obj, path, rank):
+        sd = torch.load(path, weights_only=False)
+        obj["net"].load_state_dict(sd["model"])
+        obj["opt"].load_state_dict(sd["opt"])
+
+
+class Zero1Torch(Zero1Scratch):
+    """torch's ZeroRedundancyOptimizer, the same way."""
+
+    def build(self, case, net):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        broadcast_module(net)
+        cls, kw = optimizer_cls(case)
+        groups = param_groups(case, net.named_parameters())
+        first = {k: v for k, v in groups[0].items() if k != "params"}
+        opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls, **{**kw, **first})
+        for g in groups[1:]:
+            opt.add_param_group(g)
+        return dict(net=net, model=net, opt=opt)
+
+
+class Zero2Scratch(Wrapper):
+    """helpers.Zero2 (its own param groups); checkpoint per rank (module and optimizer)."""
+
+    def build(self, case, net):
+        cls, kw = optimizer_cls(case)
+        model = helpers.Zero2(net, cls, param_groups=param_groups(case, net.named_parameters()),
+                              **kw)
+        return dict(net=net, model=model, opt=model)
+
+    def step(self, obj):
+        obj["model"].finish_gradient_synchronization()
+        obj["model"].step()
+        obj["model"].zero_grad()
+
+    def save(self, obj, path, rank):
+        torch.save(dict(model=obj["model"].state_dict(),
+                        opt=obj["model"].optimizer.state_dict()), f"{path}.{rank}")
+
+    def load(self, obj, path, rank):
+        sd = torch.load(f"{path}.{rank}", weights_only=False)
+        obj["model"].load_state_dict(sd["model"])
+        obj["model"].optimizer.load_state_dict(sd["opt"])
+
+
+def fsdp_units(net):
+    """The units FSDP wraps: each trainable layer, a tied pair as one unit (it shares a
+    weight), frozen layers in none (they stay whole)."""
+    pairs = [m for m in net.modules() if isinstance(m, TiedPair)]
+    inner = {id(m) for p in pairs for m in p.modules()}
+    return pairs + [m for m in net.modules() if isinstance(m, nn.Linear) and id(m) not in inner
+                    and any(q.requires_grad for q in m.parameters())]
+
+
+class FSDPScratch(Wrapper):
+    """helpers.FSDPFromScratch with those units; checkpoint per rank (shards and optimizer)."""
+
+    def adapt(self, case):   # flat shards per unit: one param group
+        return dict(case, groups=False)
+
+    def build(self, case, net):
+        model = helpers.FSDPFromScratch(net, units=fsdp_units(net))
+        opt = make_optimizer(case, model.named_parameters())
+        return dict(net=net, model=model, opt=opt)
+
+    def step(self, obj):
+        obj["model"].finish_gradient_synchronization()
+        obj["opt"].step()
+        obj["opt"].zero_grad()
+
+    def save(self, obj, path, rank):
+        torch.save(dict(model=obj["model"].state_dict(), opt=obj["opt"].state_dict()),
+                   f"{path}.{rank}")
+
+    def load(self, obj, path, rank):
+        sd = torch.load(f"{path}.{rank}", weights_only=False)
+        obj["model"].load_state_dict(sd["model"])
+        obj["opt"].load_state_dict(sd["opt"])
+
+    def params(self, obj):
+        full = obj["model"].gather_full_params()
+        full.update({n: p.detach().clone() for n, p in obj["net"].named_parameters()})
+        return full
+
+
+class FSDP2Torch(Wrapper):
+    """torch's fully_shard on the same units, then the root; checkpoint with
+    torch.distributed.checkpoint (get_state_dict / set_state_dict)."""
+
+    reshard = True
+    adapt = FSDPScratch.adapt   # compared with FSDPFromScratch's runs: one param group
+
+    def skip(self, case):
+        if "unused" in case["blocks"] and case["resume_at"] is not None:
+            # a parameter that never had a gradient has no optimizer state when saved, but
+            # get_state_dict creates one for it when loading: dcp.load then fails with
+            # "Missing key in checkpoint state_dict: opt.state.<name>.step" (torch 2.14)
+            return "dcp.load of a parameter that never had a gradient"
+        return None
+
+    def build(self, case, net):
+        from torch.distributed.device_mesh import init_device_mesh
+        fully_shard, _ = helpers.fsdp2_api()
+        broadcast_module(net)   # fully_shard does not: each rank keeps its own init otherwise
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for u in fsdp_units(net):
+            fully_shard(u, mesh=mesh, reshard_after_forward=self.reshard)
+        fully_shard(net, mesh=mesh, reshard_after_forward=self.reshard)
+        return dict(net=net, model=net, opt=make_optimizer(case, net.named_parameters()))
+
+    def save(self, obj, path, rank):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        model_sd, opt_sd = get_state_dict(obj["net"], obj["opt"])
+        dcp.save(dict(model=model_sd, opt=opt_sd), checkpoint_id=path)
+
+    def load(self, obj, path, rank):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        model_sd, opt_sd = get_state_dict(obj["net"], obj["opt"])
+        state = dict(model=model_sd, opt=opt_sd)
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(obj["net"], obj["opt"], model_state_dict=state["model"],
+                       optim_state_dict=state["opt"])
+
+    def params(self, obj):
+        return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                for n, p in obj["net"].named_parameters()}
+
+
+class Zero2Torch(FSDP2Torch):
+    """ZeRO-2 in torch: fully_shard with reshard_after_forward=False (gathered once per step)."""
+
+    reshard = False
+
+    def adapt(self, case):
+        return case
+
+
+WRAPPERS = {
+    "zero1": Zero1Scratch(),
+    "zero1:torch": Zero1Torch(),
+    "zero2": Zero2Scratch(),
+    "zero2:torch": Zero2Torch(),
+    "fsdp": FSDPScratch(),
+    "fsdp:torch": FSDP2Torch(),
+    # "ddp", "ddp:torch": helpers.DDPFromScratch and torch's DDP (Part III) go here
+}
