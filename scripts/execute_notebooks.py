@@ -12,8 +12,9 @@ Each run is recorded under the size it ran at (quick mode, the CPU default size,
 on a GPU or with COURSE_FULL=1; book/_ext/chapter_runs.py): the seconds from the first cell's
 start to the last cell's end (the cells' execution metadata, stored with the outputs), and,
 sampled every SAMPLE_S seconds, the memory of the kernel and every process it started (ranks,
-torchrun and its workers) added up, PSS where the system reports it (a page shared by several
-processes counted once), the most processes alive at once, and the machine's mean load average
+torchrun and its workers) together, as they would need it on a machine of their own (each one's
+unique pages, the shared ones once: TreeSampler), the most processes alive at once, and the
+machine's mean load average
 (a run on a machine busy with other work is slower: the badge says so). --no-store records a run
 without storing its outputs (any size, quick mode included: what Binder readers run).
 """
@@ -70,37 +71,42 @@ def drop_unshown_widget_state(nb):
 
 
 class TreeSampler(threading.Thread):
-    """Samples a process and all its descendants: the largest sum of their memory and the most
-    processes alive at once. PSS (proportional set size) where the system reports it, else RSS
-    (which counts shared libraries once per process: an overestimate)."""
+    """Samples a process and all its descendants: the largest memory they hold together and the
+    most processes alive at once. The memory is what the tree would need on a machine of its
+    own: each process's unique pages (USS), plus the pages it shares counted once (the largest
+    RSS - USS among them: ranks of one Python share its libraries). PSS would split the shared
+    pages with every other process that maps them, so a busy machine would shrink it; RSS counts
+    the libraries once per process. Where USS is not reported: RSS, an overestimate."""
 
     def __init__(self, pid, interval=SAMPLE_S):
         super().__init__(daemon=True)
         self.root, self.interval = psutil.Process(pid), interval
-        self.peak_bytes, self.processes, self.kind, self.loads = 0, 0, "PSS", []
+        self.peak_bytes, self.processes, self.kind, self.loads = 0, 0, "USS+shared", []
         self._done = threading.Event()
 
     def _memory(self, proc):
-        if self.kind == "PSS":
+        """(unique, shared) bytes of one process."""
+        if self.kind != "RSS":
             try:
-                return proc.memory_full_info().pss
+                info = proc.memory_full_info()
+                return info.uss, max(0, info.rss - info.uss)
             except (AttributeError, psutil.AccessDenied):
                 self.kind = "RSS"
-        return proc.memory_info().rss
+        return proc.memory_info().rss, 0
 
     def sample(self):
         try:
             procs = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:   # the kernel is gone
             return
-        total, alive = 0, 0
+        unique, shared, alive = 0, 0, 0
         for proc in procs:
             try:
-                total += self._memory(proc)
-                alive += 1
+                u, s = self._memory(proc)
             except psutil.Error:   # ended between the listing and the reading
-                pass
-        self.peak_bytes = max(self.peak_bytes, total)
+                continue
+            unique, shared, alive = unique + u, max(shared, s), alive + 1
+        self.peak_bytes = max(self.peak_bytes, unique + shared)
         self.processes = max(self.processes, alive)
         if hasattr(os, "getloadavg"):
             self.loads.append(os.getloadavg()[0])
@@ -217,12 +223,14 @@ def main(argv=None):
     ap.add_argument("notebooks", nargs="*", type=pathlib.Path)
     ap.add_argument("--no-store", action="store_true",
                     help="record the run only; leave the notebook's stored outputs as they are")
+    ap.add_argument("--record", type=pathlib.Path, default=None,
+                    help="the record to write (default book/_ext/runs.json)")
     args = ap.parse_args(argv)
     if not args.no_store and chapter_runs.run_mode(os.environ, 0) == "quick":
         raise SystemExit("COURSE_QUICK is set: stored outputs come from the CPU default size. "
                          "Unset it (`make outputs` does), or record a quick run with --no-store.")
     for path in args.notebooks or toc_notebooks():
-        execute(path, store=not args.no_store)
+        execute(path, store=not args.no_store, record=args.record)
 
 
 if __name__ == "__main__":

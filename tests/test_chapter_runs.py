@@ -27,7 +27,7 @@ def _executor():
 
 def _run(seconds, peak_mib=100, processes=1, date="2026-12-01", machine="2 CPU cores, no GPU"):
     return dict(seconds=seconds, peak_bytes=peak_mib * 2 ** 20, processes=processes,
-                machine=machine, date=date, memory="PSS", torch="2.14.1", stored=True)
+                machine=machine, date=date, memory="USS+shared", torch="2.14.1", stored=True)
 
 
 RECORD = {"book/a": {"small": _run(45.0, 1500, 3), "full": _run(301.0, machine="1 x H100")},
