@@ -213,7 +213,7 @@ import json, sys
 import nbformat
 from nbclient import NotebookClient
 nb = nbformat.read(sys.argv[1], as_version=4)
-NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=True,
                resources={"metadata": {"path": sys.argv[2]}}).execute()
 errors = [f"cell {i}: {o.get('ename')}: {o.get('evalue')}" for i, c in enumerate(nb.cells)
           if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"
@@ -373,7 +373,7 @@ def test_a_notebook_runs_after_the_setup_cell(platform, tmp_path):
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     nbformat.write(nb, nb_path)
     run = subprocess.run([str(py), "-c", RUNNER, str(nb_path), str(cwd)], env=env, cwd=cwd,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert not result["errors"], f"{source.name} on emulated {platform}:\n  " + \
