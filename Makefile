@@ -151,7 +151,8 @@ gpu-dry: $(STAMP)
 
 # Re-execute every notebook in place at the CPU DEFAULT size (never quick mode: these outputs
 # are what the published pages show and what nbval compares on cells tagged nbval-check-output).
-# Strips stderr, fails on an error output. Run after editing a notebook: make outputs NB=book/x.ipynb
+# Strips stderr, fails on an error output, records each run (seconds, peak memory, processes) in
+# book/_ext/runs.json for the badges (commit it too). After editing a notebook: make outputs NB=book/x.ipynb
 outputs: $(STAMP)
 	env -u COURSE_QUICK -u COURSE_FULL $(BIN)/python scripts/execute_notebooks.py $(NB)
 

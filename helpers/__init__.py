@@ -10,6 +10,7 @@ models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18
 plotting, paths, validate   plots and glue, scripts, checks      glue, script_path, check_lr
 costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
                             unsplit runs everything is compared  train_one_process
+cost_explorer               the cost explorer's static twin      with_static_twin
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
@@ -38,7 +39,7 @@ from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_by
                           make_batches, SmallMLP, SmallAttention, SmallBlock, small_block,
                           small_stack, block_inputs, block_loss)
 from .plotting import Animator, glue, progress
-from .paths import script_path
+from .paths import script_path, course_file
 from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
                        check_backend, check_output_path, check_step, script_parser, resolve_args,
                        SnapshotError, check_snapshot)
@@ -48,6 +49,7 @@ from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_by
                     activation_bytes_per_token, block_params, ring_attention_bytes,
                     moe_dispatch_bytes, train_flops_per_token, network_cuts,
                     BACKWARD_SHARE)
+from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,

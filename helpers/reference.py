@@ -16,6 +16,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+from .paths import course_file
 from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
@@ -26,10 +27,18 @@ REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 STEPS = ("unit", "nbval", "bench")
 
 
+def _committed_reference():
+    """The checkout's file, else the copy a plain install ships (helpers/_reference/)."""
+    try:
+        return str(course_file("gpu_reference.json"))
+    except FileNotFoundError:
+        return REFERENCE_PATH
+
+
 def gpu_reference(path=None):
     """The reference run as a dict; {'exists': False, ...} when no GPU run has been recorded (or
     the file is missing, e.g. in a pip install without the repository, or is a dry run)."""
-    path = path or REFERENCE_PATH
+    path = path or _committed_reference()
     if not os.path.exists(path):
         return {"exists": False, "note": f"no reference file at {path}"}
     ref = read_json(path)

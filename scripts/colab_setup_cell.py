@@ -1,16 +1,24 @@
-"""Put the Colab set-up cell at the top of notebooks, or bring it up to date (idempotent).
+"""Put the set-up cell at the top of notebooks, or bring it up to date (idempotent).
 
 Usage: python scripts/colab_setup_cell.py [--check] [book/part1/x.ipynb ...]
-(default: every notebook in _toc.yml). The cell, tagged `remove-cell` (the book hides it), does
-something only in Colab ("google.colab" imported) or when COURSE_SETUP_FROM names a local
-checkout (tests/test_colab.py): it clones the course from _config.yml's repository (once) and
-installs `helpers` from it, with no pins of the packages Colab already has. Everywhere else
-(a checkout, Binder, nbval, the book build) it does nothing. `--check` changes nothing and
-exits 1 listing the notebooks whose cell is missing or stale.
+(default: every notebook in _toc.yml). The cell, tagged `remove-cell` (the book hides it),
+installs the course's `helpers` package wherever `import helpers` would fail: Colab, Kaggle,
+SageMaker Studio Lab, a downloaded notebook in any Jupyter. It installs the release the notebook
+belongs to: `pip install git+REPO@vX.Y.Z`, the tag of pyproject's
+version (the one source of the version: CHANGELOG.md, "Releases"), from _config.yml's repository.
+Where that tag does not exist yet (a version set but not tagged, a fork without tags), it installs
+the repository's branch instead (_config.yml's repository.branch) and says so in one line. A
+plain install, not a clone: the scripts the chapters run and the GPU reference run ship inside the
+package (pyproject.toml, helpers.script_path), it lands in the environment's site-packages, so
+the kernel imports it at once and every process a chapter starts (ranks, torchrun) finds it too.
+Where helpers is importable (a checkout, Binder, nbval, the book build) the cell does nothing.
+COURSE_REPO overrides the repository (a fork, or tests/test_colab.py's local one, offline).
+`--check` changes nothing and exits 1 listing the notebooks whose cell is missing or stale.
 """
 import argparse
 import pathlib
 import sys
+import tomllib
 
 import nbformat
 import yaml
@@ -23,33 +31,44 @@ CELL_ID = "course-setup"
 TAGS = ["remove-cell"]
 
 SOURCE = '''\
-# Colab: fetch the course and install its `helpers` package (nothing is
-# pinned: Colab's own torch stays). Elsewhere this cell does nothing.
+# Set-up: installs the course's `helpers` (release {tag}) where it is
+# missing: Colab, Kaggle, SageMaker Studio Lab, a downloaded notebook.
+# Where `import helpers` works already, this cell does nothing.
 # Written by scripts/colab_setup_cell.py: edit that script, not this cell.
+import importlib.util
 import os
 import subprocess
 import sys
 
-COURSE_REPO = "{url}"
-COURSE_BRANCH = "{branch}"
-if "google.colab" in sys.modules or os.environ.get("COURSE_SETUP_FROM"):
-    course = os.environ.get("COURSE_SETUP_FROM") or "/content/course"
-    if not os.path.isdir(course):
-        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch",
-                        COURSE_BRANCH, COURSE_REPO, course], check=True)
+REPO = os.environ.get(
+    "COURSE_REPO", "{url}")
+RELEASE = "{tag}"  # this book's version (the branch {branch} if not tagged)
+if importlib.util.find_spec("helpers") is None:
+    tags = subprocess.run(["git", "ls-remote", "--tags", REPO, RELEASE],
+                          capture_output=True, text=True)
+    if tags.returncode:
+        raise RuntimeError(f"cannot reach {{REPO}} (on Kaggle: turn Internet "
+                           f"on in the notebook's settings): {{tags.stderr}}")
+    ref = RELEASE if tags.stdout.strip() else "{branch}"
+    if ref != RELEASE:
+        print(f"{{REPO}} has no tag {{RELEASE}}: installing its branch {{ref}}")
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
-                    "-e", course], check=True)
-    sys.path.insert(0, course)  # this kernel; new processes read PYTHONPATH
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (course, os.environ.get("PYTHONPATH")) if p)
+                    f"git+{{REPO}}@{{ref}}"], check=True)
 '''
 
 
-def cell_source(config=None):
-    """The set-up cell's code for the repository and branch of _config.yml."""
+def release_tag(root=ROOT):
+    """v<version> of pyproject.toml: the tag a release of the book gets (CHANGELOG.md)."""
+    with open(pathlib.Path(root) / "pyproject.toml", "rb") as f:
+        return "v" + tomllib.load(f)["project"]["version"]
+
+
+def cell_source(config=None, tag=None):
+    """The set-up cell's code for _config.yml's repository and pyproject's version."""
     config = config or yaml.safe_load((ROOT / "_config.yml").read_text())
     repo = config["repository"]
-    return SOURCE.format(url=repo["url"].rstrip("/"), branch=repo.get("branch", "main"))
+    return SOURCE.format(url=repo["url"].rstrip("/"), branch=repo.get("branch", "main"),
+                         tag=tag or release_tag())
 
 
 def update(nb, source):

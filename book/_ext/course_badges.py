@@ -1,4 +1,5 @@
-"""A one-line "runs on" badge per chapter, with the measured time its notebook takes.
+"""A one-line "runs on" badge per chapter with its measured run time and needs, and the table of
+every chapter's needs on the landing page.
 
 Chapter authors put this under the chapter title (a markdown cell of the notebook)::
 
@@ -10,81 +11,37 @@ or, as plain Markdown that reads the same outside the book (scripts/reader_marku
     *Runs on: CPU, one GPU, several GPUs.*
 
 The arguments say where the chapter runs: ``cpu`` (a CPU-only laptop), ``gpu`` (one GPU),
-``gpus`` (several GPUs). The line also shows how long the whole notebook took to execute, in
-quick mode (COURSE_QUICK=1) and at full size (a GPU, or COURSE_FULL=1). Nobody types these times:
-every book build executes the notebooks (``execute_notebooks: force``), myst-nb measures each
-run, and this extension stores the measurement in ``_build/timings.json`` (never a tracked file:
-a build leaves the work tree clean) under the mode of that build, with the machine and the date,
-on top of the committed record ``book/_ext/timings.json``. A build in the other mode (CI is
-quick, a GPU build is full) fills in the other column; to publish a measurement, copy
-``_build/timings.json`` over ``book/_ext/timings.json`` and commit it. A mode never measured says
-so. A build with execution off (``make test-book``) measures nothing and shows the record.
-A build on a CPU without COURSE_QUICK runs the scaled-down sizes (helpers.choose) and is shown as
-such when measured. The times are those of the machine named beside them, whatever else it ran.
+``gpus`` (several GPUs). The badge adds how long the whole notebook took at the CPU default size
+(what a reader's laptop runs), in quick mode and at full size where measured, and what it needs
+(peak memory, processes, the GPUs it asks for). Nobody types these: `make outputs` measures the
+run whose outputs the pages show and records it in book/_ext/runs.json (book/_ext/chapter_runs.py).
+The landing page's ```{chapter-runs}``` directive makes the same numbers a table, one row per
+chapter of _toc.yml. A chapter without a run at the CPU default size, or without its GPU count,
+fails the build (-W) with a message naming the command that records one.
 """
-import datetime
-import json
-import os
 import pathlib
+import sys
 
+import yaml
 from docutils import nodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import chapter_runs  # noqa: E402
+
 logger = logging.getLogger(__name__)
 
-RECORD = pathlib.Path(__file__).resolve().parent / "timings.json"   # committed, read only
-
-
-def timings_path(app):
-    """Where this build writes its measurements: _build/timings.json beside _build/html."""
-    out = pathlib.Path(app.outdir).resolve()
-    return (out.parent if out.name == "html" else out) / "timings.json"
 PLACES = {"cpu": "CPU", "gpu": "one GPU", "gpus": "several GPUs"}
-MODES = {"quick": "quick mode", "full": "full size", "small": "scaled down (no GPU)"}
-
-
-def _flag(name):   # the same switch as helpers.config
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def build_mode():
-    """(mode, machine) of this build: the sizes helpers.choose picks, and where they ran."""
-    try:
-        import torch
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        gpu = f"{n} x {torch.cuda.get_device_name(0)}" if n else "no GPU"
-    except Exception:  # noqa: BLE001 - no torch: no GPU either
-        n, gpu = 0, "no GPU"
-    machine = f"{os.cpu_count()} CPU cores, {gpu}"
-    if _flag("COURSE_QUICK"):
-        return "quick", machine
-    return ("full" if n or _flag("COURSE_FULL") else "small"), machine
-
-
-def fmt_seconds(s):
-    s = round(s)
-    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
-
-
-def _read(path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def load_timings(app=None):
-    """The committed record, updated by what earlier builds into the same _build measured."""
-    timings = _read(RECORD)
-    if app is not None:
-        for doc, modes in _read(timings_path(app)).items():
-            timings.setdefault(doc, {}).update(modes)
-    return timings
+LINE_PREFIX = "Runs on: "
 
 
 class runs_on_node(nodes.General, nodes.Element):
-    """Placeholder: filled in once every notebook of the build has run (doctree-resolved)."""
+    """Placeholder: filled in when the page is written (doctree-resolved)."""
+
+
+class chapter_runs_node(nodes.General, nodes.Element):
+    """Placeholder for the table: the chapters' titles are known once every page is read."""
 
 
 class RunsOn(SphinxDirective):
@@ -99,10 +56,42 @@ class RunsOn(SphinxDirective):
         node = runs_on_node(places=[a for a in PLACES if a in self.arguments],
                             docname=self.env.docname)
         self.set_source_info(node)
+        self.env.note_dependency(str(chapter_runs.RECORD))
         return [node]
 
 
-LINE_PREFIX = "Runs on: "
+class ChapterRuns(SphinxDirective):
+    """```{chapter-runs}```: every notebook chapter's run time and needs (book/_ext/runs.json)."""
+    has_content = False
+
+    def run(self):
+        self.env.note_dependency(str(chapter_runs.RECORD))
+        for path in toc_notebooks(self.env.srcdir):
+            self.env.note_dependency(str(path))
+        node = chapter_runs_node()
+        self.set_source_info(node)
+        return [node]
+
+
+def toc_notebooks(srcdir):
+    """The notebooks of _toc.yml, in its order, as paths."""
+    srcdir = pathlib.Path(srcdir)
+    toc = yaml.safe_load((srcdir / "_toc.yml").read_text())
+    files = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(node["file"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(toc.get("parts", []))
+    stems = [f.removesuffix(".ipynb").removesuffix(".md") for f in files]
+    return [srcdir / f"{s}.ipynb" for s in stems if (srcdir / f"{s}.ipynb").is_file()]
 
 
 def places_of_line(text):
@@ -125,6 +114,7 @@ def badge_lines(app, doctree):
     for para in list(doctree.findall(nodes.paragraph)):
         places = places_of_line(para.astext())
         if places:
+            app.env.note_dependency(str(chapter_runs.RECORD))
             para.replace_self(runs_on_node(places=places, docname=docname))
 
 
@@ -132,73 +122,93 @@ def _badge(text, kind):
     return nodes.inline(text, text, classes=["sd-badge", f"sd-bg-{kind}", f"sd-bg-text-{kind}"])
 
 
-def resolve(app, doctree, docname):
-    timings = getattr(app.env, "course_timings", None) or load_timings(app)
+def _record(app):
+    """The record as this build read it (once per build: the app, not the pickled env)."""
+    if getattr(app, "course_runs", None) is None:
+        app.course_runs = chapter_runs.load()
+    return app.course_runs
+
+
+def _source(app, docname):
+    return pathlib.Path(app.env.doc2path(docname))
+
+
+def resolve_badges(app, doctree, docname):
     for node in doctree.findall(runs_on_node):
         para = nodes.paragraph(classes=["runs-on"])
         para += nodes.strong("Runs on: ", "Runs on: ")
         for place in node["places"]:
             para += _badge(PLACES[place], "primary")
             para += nodes.Text(" ")
-        mine = timings.get(node["docname"], {})
-        if _is_notebook(app, node["docname"]):
+        path = _source(app, node["docname"])
+        if path.suffix == ".ipynb":
+            try:
+                times, needs = chapter_runs.badge_text(_record(app), node["docname"],
+                                                       chapter_runs.gpus_wanted(path))
+            except chapter_runs.MissingRun as e:
+                logger.warning(str(e), location=node)
+                times, needs = "not measured", "not measured"
             para += nodes.Text("  Run time: ")
-            parts = []
-            for mode in ("quick", "small", "full"):
-                rec = mine.get(mode)
-                if rec:
-                    parts.append(f"{MODES[mode]} {fmt_seconds(rec['seconds'])} "
-                                 f"({rec['machine']}, {rec['date']})")
-                elif mode != "small":
-                    parts.append(f"{MODES[mode]} not measured yet")
-            para += nodes.emphasis("", "; ".join(parts))
+            para += nodes.emphasis("", times + ".")
+            para += nodes.Text("  Needs: ")
+            para += nodes.emphasis("", needs + ".")
         node.replace_self(para)
 
 
-def _is_notebook(app, docname):
-    return str(app.env.doc2path(docname)).endswith(".ipynb")
+def _table(head, rows):
+    table = nodes.table(classes=["chapter-runs"])
+    group = nodes.tgroup(cols=len(head))
+    table += group
+    group.extend(nodes.colspec(colwidth=1) for _ in head)
+    thead, tbody = nodes.thead(), nodes.tbody()
+    for part, cells_of in ((thead, [head]), (tbody, rows)):
+        for cells in cells_of:
+            row = nodes.row()
+            for cell in cells:
+                entry = nodes.entry()
+                entry += cell if isinstance(cell, nodes.paragraph) else nodes.paragraph(
+                    text=cell)
+                row += entry
+            part += row
+    group += thead
+    group += tbody
+    return table
 
 
-def record(app, env):
-    """After every notebook ran: store this build's measured run times under its mode."""
-    try:
-        from myst_nb.sphinx_ import NbMetadataCollector
-        data = NbMetadataCollector.get_doc_data(env)
-    except Exception:  # noqa: BLE001
-        data = {}
-    timings = load_timings(app)
-    mode, machine = build_mode()
-    today = datetime.date.today().isoformat()
-    changed = False
-    for docname in getattr(env, "course_read_now", ()):
-        ex = (data.get(docname) or {}).get("exec_data") or {}
-        # executed by this build (not a cache hit, not an earlier build's record)
-        if ex.get("succeeded") and ex.get("runtime") is not None \
-                and ex.get("method") in ("force", "auto", "inline") \
-                and ex.get("mtime", 0) >= getattr(env, "course_build_start", float("inf")):
-            timings.setdefault(docname, {})[mode] = {
-                "seconds": round(float(ex["runtime"]), 1), "machine": machine, "date": today}
-            changed = True
-    env.course_timings = timings
-    if changed:
-        path = timings_path(app)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)   # atomic: a killed build leaves the old file
-        logger.info(f"[course_badges] {mode} run times recorded in {path}")
-
-
-def remember_read(app, env, docnames):
-    env.course_read_now = list(docnames)
-    env.course_build_start = datetime.datetime.now().timestamp()
+def resolve_table(app, doctree, docname):
+    for node in list(doctree.findall(chapter_runs_node)):
+        record, chapters = _record(app), []
+        srcdir = pathlib.Path(app.env.srcdir)
+        try:
+            for path in toc_notebooks(srcdir):
+                doc = path.relative_to(srcdir).with_suffix("").as_posix()
+                title = app.env.titles[doc].astext() if doc in app.env.titles else doc
+                chapters.append((doc, title, chapter_runs.gpus_wanted(path)))
+            rows = chapter_runs.table_rows(record, chapters)
+        except chapter_runs.MissingRun as e:
+            logger.warning(str(e), location=node)
+            node.replace_self(nodes.paragraph(text=f"(no table: {e})"))
+            continue
+        linked = []
+        for (doc, _, _), row in zip(chapters, rows):
+            ref = nodes.reference("", row[0], internal=True,
+                                  refuri=app.builder.get_relative_uri(docname, doc))
+            linked.append((nodes.paragraph("", "", ref), *row[1:]))
+        where, when = chapter_runs.machines(record, [c[0] for c in chapters])
+        caption = nodes.paragraph(text=(
+            f"Measured at the {chapter_runs.MODES[chapter_runs.REQUIRED]} on {where}, {when}; "
+            "peak memory of the notebook's kernel and every process it starts, added up; the "
+            "GPUs are what the chapter asks for (fewer are simulated). Full size: on a GPU "
+            "machine."))
+        node.replace_self([_table(chapter_runs.TABLE_HEAD, linked), caption])
 
 
 def setup(app):
     app.add_node(runs_on_node)
+    app.add_node(chapter_runs_node)
     app.add_directive("runs-on", RunsOn)
+    app.add_directive("chapter-runs", ChapterRuns)
     app.connect("doctree-read", badge_lines)
-    app.connect("env-before-read-docs", remember_read)
-    app.connect("env-updated", record)
-    app.connect("doctree-resolved", resolve)
-    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
+    app.connect("doctree-resolved", resolve_badges)
+    app.connect("doctree-resolved", resolve_table)
+    return {"version": "2.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,145 @@
+"""The measured runs of the chapters, and what a reader needs to run each (book/_ext/runs.json).
+
+`make outputs` (scripts/execute_notebooks.py) executes a notebook and records, under the size
+it ran at, how long it took, the peak memory of its kernel and every process the kernel started
+(ranks, torchrun), and the most processes alive at once. The chapter badges and the table on the
+landing page (book/_ext/course_badges.py) read the record; nobody types these numbers. The GPUs
+a chapter asks for are not measured but declared: `"course": {"gpus": N}` in the notebook's
+metadata, the most devices (ranks, simulated GPUs) any of its cells asks for; 0 for none.
+
+Plain Python (json only): the Sphinx extension runs where torch is absent (the Pages build).
+"""
+import json
+import pathlib
+
+HERE = pathlib.Path(__file__).resolve().parent
+RECORD = HERE / "runs.json"   # committed; written by scripts/execute_notebooks.py only
+# The sizes helpers.choose picks: quick mode (COURSE_QUICK=1), the CPU default size (no GPU, the
+# scaled-down sizes a reader's laptop runs) and the full size (a GPU, or COURSE_FULL=1).
+MODES = {"small": "CPU default size", "quick": "quick mode", "full": "full size"}
+REQUIRED = "small"   # every chapter has a run at this size; the others show where they exist
+FIELDS = ("seconds", "peak_bytes", "processes", "machine", "date")
+
+
+class MissingRun(LookupError):
+    """A chapter has no recorded run (or no GPU count) where one is required."""
+
+
+def _flag(value):   # the same reading of a switch as helpers.config
+    return (value or "").strip().lower() not in ("", "0", "false", "no")
+
+
+def run_mode(env, num_gpus):
+    """The size a run picks (helpers.choose): 'quick', 'full' or 'small'."""
+    if _flag(env.get("COURSE_QUICK")):
+        return "quick"
+    return "full" if num_gpus or _flag(env.get("COURSE_FULL")) else "small"
+
+
+def load(path=None):
+    """{docname: {mode: entry}} of the record (default RECORD); {} when there is none yet."""
+    path = pathlib.Path(path or RECORD)
+    if not path.exists():
+        return {}
+    record = json.loads(path.read_text())
+    for doc, modes in record.items():
+        for mode, entry in modes.items():
+            missing = [f for f in FIELDS if f not in entry]
+            if mode not in MODES or missing:
+                raise ValueError(f"{path}: {doc} {mode}: not a run record (unknown size, or "
+                                 f"missing {missing}); rewrite it with `make outputs`")
+    return record
+
+
+def run_of(record, doc, mode=REQUIRED):
+    """The entry of `doc` at `mode`; MissingRun naming the fix when the required one is absent,
+    None for another size never measured."""
+    entry = record.get(doc, {}).get(mode)
+    if entry is None and mode == REQUIRED:
+        raise MissingRun(f"{doc} has no run at the {MODES[mode]} in book/_ext/{RECORD.name}: run "
+                         f"`make outputs NB={doc}.ipynb` (it records one) and commit the file")
+    return entry
+
+
+def gpus_wanted(notebook):
+    """The notebook's declared `"course": {"gpus": N}` metadata (an int >= 0)."""
+    meta = json.loads(pathlib.Path(notebook).read_text()).get("metadata", {})
+    gpus = (meta.get("course") or {}).get("gpus")
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        raise MissingRun(f"{notebook}: no GPU count in its metadata; add "
+                         '"course": {"gpus": N} (the most devices a cell asks for, 0 for none)')
+    return gpus
+
+
+def fmt_seconds(s):
+    s = round(s)
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
+
+
+def fmt_bytes(b):
+    mib = b / 2 ** 20
+    return f"{mib / 1024:.1f} GiB" if mib >= 1000 else f"{mib:.0f} MiB"
+
+
+def fmt_gpus(n):
+    return {0: "none", 1: "1 GPU"}.get(n, f"{n} GPUs")
+
+
+def busy(entry):
+    """True when the run shared its machine: a mean load average above its CPU cores."""
+    load, cores = entry.get("load"), entry.get("cores")
+    return bool(load and cores and load > cores)
+
+
+def run_text(entry):
+    """'45 s (2 CPU cores, no GPU, 2026-12-02)', and a note when the machine was busy."""
+    note = (f"; a busy machine, load {entry['load']:g}: slower than it would be alone"
+            if busy(entry) else "")
+    return f"{fmt_seconds(entry['seconds'])} ({entry['machine']}, {entry['date']}{note})"
+
+
+def needs_text(entry, gpus):
+    """What a reader needs, from the run at the CPU default size and the declared GPUs."""
+    procs = entry["processes"]
+    gpu = ("no GPU" if gpus == 0 else
+           f"asks for {fmt_gpus(gpus)} (simulated on the CPU or on fewer GPUs where missing)")
+    return (f"{fmt_bytes(entry['peak_bytes'])} of memory at most, "
+            f"{procs} process{'es' if procs != 1 else ''} at once; {gpu}")
+
+
+def badge_text(record, doc, gpus):
+    """The run-time and needs sentences of a chapter's badge."""
+    parts = [f"{MODES[REQUIRED]} {run_text(run_of(record, doc))}"]
+    for mode in ("quick", "full"):
+        entry = run_of(record, doc, mode)
+        if entry:
+            parts.append(f"{MODES[mode]} {run_text(entry)}")
+        elif mode == "full":
+            parts.append(f"{MODES[mode]} not measured yet")
+    return "; ".join(parts), needs_text(run_of(record, doc), gpus)
+
+
+TABLE_HEAD = ("chapter", "run time", "peak memory", "processes", "GPUs it asks for",
+              "full size")
+
+
+def table_rows(record, chapters):
+    """One row per (docname, title, gpus) of `chapters`, in TABLE_HEAD's columns (strings), from
+    the CPU default size's runs; MissingRun for a chapter without one."""
+    rows = []
+    for doc, title, gpus in chapters:
+        small, full = run_of(record, doc), run_of(record, doc, "full")
+        took = fmt_seconds(small["seconds"]) + (" (busy machine)" if busy(small) else "")
+        rows.append((title, took, fmt_bytes(small["peak_bytes"]),
+                     str(small["processes"]), fmt_gpus(gpus),
+                     fmt_seconds(full["seconds"]) if full else "not measured yet"))
+    return rows
+
+
+def machines(record, docs, mode=REQUIRED):
+    """The machines and dates the runs of `docs` at `mode` come from, for the table's caption."""
+    runs = [record[d][mode] for d in docs if mode in record.get(d, {})]
+    names = sorted({r["machine"] for r in runs})
+    dates = sorted({r["date"] for r in runs})
+    span = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}" if dates else ""
+    return ", ".join(names), span

@@ -1,0 +1,83 @@
+"""The cost explorer of book/part1/costs works on the static page: its controls move, and the
+numbers that follow are split_costs' for the new setting (helpers/cost_explorer.py looks them up
+in a grid and works the seconds out from the bandwidth and latency). Without its script the page
+shows the default setting's table and no control at all."""
+import pytest
+
+from pagecheck import open_page
+
+PAGE = "book/part1/costs.html"
+READ_JS = """() => {
+  const root = document.querySelector('.cost-explorer');
+  return {hidden: root.querySelector('.ce-controls').hidden,
+          widgets: document.querySelectorAll('.jupyter-widgets, .widget-subarea').length,
+          rows: [...root.querySelectorAll('tbody tr')].map(tr =>
+            [tr.querySelector('th').textContent, ...[...tr.querySelectorAll('td')]
+              .map(td => td.textContent)])};
+}"""
+
+
+@pytest.fixture(scope="module")
+def sizes():
+    import helpers
+    return {"LeNet": helpers.layer_sizes(helpers.lenet_module(), (1, 28, 28)),
+            "ResNet-18": helpers.layer_sizes(helpers.resnet18(), (1, 28, 28))}
+
+
+def _expected(sizes, model, k, batch, bandwidth, latency, optimizer):
+    import helpers
+    c = helpers.split_costs(sizes[model], k, batch, bandwidth, optimizer=optimizer,
+                            latency_us=latency, zero=True)
+    return {s: (d["sent"] / 1e6, d["memory"] / 1e6, d["messages"], 1e3 * d["seconds"])
+            for s, d in c.items()}
+
+
+def _check(rows, want):
+    assert [r[0] for r in rows] == list(want)
+    for split, sent, memory, messages, ms in rows:
+        w = want[split]
+        assert abs(float(sent) - w[0]) <= 0.005 and abs(float(memory) - w[1]) <= 0.05, split
+        assert int(messages) == w[2] and abs(float(ms) - w[3]) <= 0.005, (split, ms, w[3])
+
+
+def test_moving_the_controls_recomputes_the_numbers(browser, base_url, sizes):
+    seen = open_page(browser, base_url + PAGE, base_url)
+    page = seen.page
+    try:
+        start = page.evaluate(READ_JS)
+        assert not start["hidden"], "the explorer's controls stay hidden: its script did not run"
+        assert start["widgets"] == 0, "the page shows the widget (dead without a kernel)"
+        _check(start["rows"], _expected(sizes, "ResNet-18", 4, 256, 16.0, 10.0, "adam"))
+        k = page.locator('.cost-explorer input[data-param="k"]')
+        k.focus()
+        for _ in range(3):                       # k 4 -> 7, as a reader's keyboard would
+            page.keyboard.press("ArrowRight")
+        moved = page.evaluate(READ_JS)["rows"]
+        assert moved != start["rows"], "the numbers did not change when k moved"
+        _check(moved, _expected(sizes, "ResNet-18", 7, 256, 16.0, 10.0, "adam"))
+        assert k.get_attribute("aria-valuetext") == "7"
+        page.select_option('.cost-explorer select[data-param="model"]', "LeNet")
+        page.select_option('.cost-explorer select[data-param="optimizer"]', "sgd")
+        batch = page.locator('.cost-explorer input[data-param="batch_size"]')
+        batch.focus()
+        page.keyboard.press("ArrowLeft")         # 256 -> 128
+        bandwidth = page.locator('.cost-explorer input[data-param="bandwidth_gbs"]')
+        bandwidth.focus()
+        page.keyboard.press("End")               # 10^3 GB/s
+        _check(page.evaluate(READ_JS)["rows"],
+               _expected(sizes, "LeNet", 7, 128, 1000.0, 10.0, "sgd"))
+        problems = seen.console_errors + seen.local_failures
+    finally:
+        page.close()
+    assert not problems, problems
+
+
+def test_without_its_script_no_control_shows(site):
+    """A viewer that runs no script (GitHub, a sanitized notebook) sees the default setting's
+    table and no control; the page carries no widget and loads no widget manager."""
+    html = (site / PAGE).read_text()
+    assert html.count('class="cost-explorer"') == 1
+    assert 'class="ce-controls" hidden' in html
+    assert html.count('<th scope="row">') == 6, "the default setting's table, one row per split"
+    assert "application/vnd.jupyter.widget-view+json" not in html
+    assert "/_static/ipywidgets/" not in html, "the widget manager loads for nothing"

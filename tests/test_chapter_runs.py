@@ -1,0 +1,223 @@
+"""The chapters' measured runs (book/_ext/runs.json): how `make outputs` records them
+(scripts/execute_notebooks.py), and the badges and landing-page table built from them
+(book/_ext/chapter_runs.py, course_badges.py). The built pages: tests/browser/test_badges.py."""
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import pytest
+
+from book_files import ROOT, toc_notebooks
+
+EXT = ROOT / "book" / "_ext"
+sys.path.insert(0, str(EXT))
+import chapter_runs  # noqa: E402
+
+
+def _executor():
+    spec = importlib.util.spec_from_file_location("execute_notebooks",
+                                                  ROOT / "scripts" / "execute_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(seconds, peak_mib=100, processes=1, date="2026-12-01", machine="2 CPU cores, no GPU"):
+    return dict(seconds=seconds, peak_bytes=peak_mib * 2 ** 20, processes=processes,
+                machine=machine, date=date, memory="USS+shared", torch="2.14.1", stored=True)
+
+
+RECORD = {"book/a": {"small": _run(45.0, 1500, 3), "full": _run(301.0, machine="1 x H100")},
+          "book/b": {"small": _run(4.4), "quick": _run(2.0)}}
+
+
+# ---------------------------------------------------------------- what the pages say
+def test_badge_says_the_recorded_times_and_needs():
+    times, needs = chapter_runs.badge_text(RECORD, "book/a", 2)
+    assert times == ("CPU default size 45 s (2 CPU cores, no GPU, 2026-12-01); "
+                     "full size 5 min 01 s (1 x H100, 2026-12-01)")
+    assert needs.startswith("1.5 GiB of memory at most, 3 processes at once; asks for 2 GPUs")
+    times, needs = chapter_runs.badge_text(RECORD, "book/b", 0)
+    assert "quick mode 2 s" in times and times.endswith("full size not measured yet")
+    assert needs == "100 MiB of memory at most, 1 process at once; no GPU"
+
+
+def test_table_rows_come_from_the_record():
+    rows = chapter_runs.table_rows(RECORD, [("book/a", "A", 2), ("book/b", "B", 0)])
+    assert rows == [("A", "45 s", "1.5 GiB", "3", "2 GPUs", "5 min 01 s"),
+                    ("B", "4 s", "100 MiB", "1", "none", "not measured yet")]
+    assert chapter_runs.machines(RECORD, ["book/a", "book/b"]) == \
+        ("2 CPU cores, no GPU", "2026-12-01")
+
+
+def test_a_run_on_a_busy_machine_says_so():
+    busy = dict(_run(90.0), load=13.4, cores=2)
+    record = {"book/a": {"small": busy}, "book/b": {"small": dict(_run(9.0), load=0.8, cores=2)}}
+    times, _ = chapter_runs.badge_text(record, "book/a", 1)
+    assert "a busy machine, load 13.4: slower than it would be alone" in times
+    assert "busy" not in chapter_runs.badge_text(record, "book/b", 1)[0]
+    rows = chapter_runs.table_rows(record, [("book/a", "A", 1), ("book/b", "B", 1)])
+    assert [r[1] for r in rows] == ["1 min 30 s (busy machine)", "9 s"]
+
+
+def test_a_chapter_missing_from_the_record_is_an_error():
+    with pytest.raises(chapter_runs.MissingRun, match="make outputs NB=book/c.ipynb"):
+        chapter_runs.table_rows(RECORD, [("book/a", "A", 2), ("book/c", "C", 1)])
+    with pytest.raises(chapter_runs.MissingRun, match="book/c"):
+        chapter_runs.badge_text(RECORD, "book/c", 1)
+    only_full = {"book/c": {"full": _run(9.0)}}   # the CPU default size is the required one
+    with pytest.raises(chapter_runs.MissingRun):
+        chapter_runs.badge_text(only_full, "book/c", 1)
+
+
+def test_a_record_that_is_not_a_run_is_refused(tmp_path):
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"book/a": {"small": {"seconds": 3.0}}}))
+    with pytest.raises(ValueError, match="missing"):
+        chapter_runs.load(path)
+    path.write_text(json.dumps({"book/a": {"sometimes": _run(3.0)}}))
+    with pytest.raises(ValueError, match="unknown size"):
+        chapter_runs.load(path)
+
+
+def test_gpu_count_is_declared_in_the_notebook(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    path = tmp_path / "x.ipynb"
+    for meta, ok in (({"gpus": 2}, 2), ({"gpus": 0}, 0), ({}, None), ({"gpus": True}, None),
+                     ({"gpus": -1}, None), ({"gpus": "2"}, None)):
+        nb.metadata["course"] = meta
+        nbformat.write(nb, path)
+        if ok is None:
+            with pytest.raises(chapter_runs.MissingRun, match='"course": {"gpus": N}'):
+                chapter_runs.gpus_wanted(path)
+        else:
+            assert chapter_runs.gpus_wanted(path) == ok
+
+
+def test_a_build_fails_when_a_chapter_has_no_run(tmp_path, monkeypatch):
+    """The landing page's table (```{chapter-runs}```) in a real Sphinx build: one row per
+    notebook of _toc.yml; a notebook missing from the record fails the build under -W."""
+    from sphinx.application import Sphinx
+    from sphinx.errors import SphinxWarning
+    from sphinx.util.docutils import docutils_namespace
+    src = tmp_path / "src"
+    (src / "book").mkdir(parents=True)
+    (src / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(EXT)!r})\n"
+                                 "extensions = ['course_badges']\n")
+    (src / "index.rst").write_text("Title\n=====\n\n.. chapter-runs::\n")
+    (src / "_toc.yml").write_text("root: index\nparts:\n- chapters:\n  - file: book/a\n"
+                                  "  - file: book/b\n")
+    for doc, gpus in (("a", 2), ("b", 0)):
+        nb = nbformat.v4.new_notebook(metadata={"course": {"gpus": gpus}})
+        nbformat.write(nb, src / "book" / f"{doc}.ipynb")
+    record = tmp_path / "runs.json"
+    monkeypatch.setattr(chapter_runs, "RECORD", record)
+
+    def build(runs):
+        record.write_text(json.dumps(runs))
+        out = tmp_path / f"out{len(runs)}"
+        with docutils_namespace():   # a fresh Sphinx per build in one process
+            Sphinx(str(src), str(src), str(out), str(out / ".doctrees"), "html",
+                   warningiserror=True, status=None, freshenv=True).build()
+        return (out / "index.html").read_text()
+
+    html = build(RECORD)
+    assert html.count("<tr") == 3, "a header row and one row per chapter"
+    assert "5 min 01 s" in html and "1.5 GiB" in html and "not measured yet" in html
+    with pytest.raises(SphinxWarning, match="book/b has no run"):
+        build({"book/a": RECORD["book/a"]})
+
+
+# ---------------------------------------------------------------- the committed record
+def test_every_chapter_has_a_run_and_a_gpu_count():
+    record = chapter_runs.load()
+    chapters = [p.relative_to(ROOT).with_suffix("").as_posix() for p in toc_notebooks()]
+    missing = [d for d in chapters if chapter_runs.REQUIRED not in record.get(d, {})]
+    assert not missing, (f"no run at the CPU default size in book/_ext/runs.json for {missing}: "
+                         "`make outputs NB=...` records one")
+    for path in toc_notebooks():
+        chapter_runs.gpus_wanted(path)
+    assert not set(record) - set(chapters), "runs of pages that are no chapter any more"
+
+
+def test_a_run_stored_with_the_outputs_matches_them():
+    """A record made with the stored outputs (`make outputs`) took as long as their cells say:
+    the notebook was not re-executed without recording its run."""
+    record = chapter_runs.load()
+    ex = _executor()
+    for path in toc_notebooks():
+        doc = path.relative_to(ROOT).with_suffix("").as_posix()
+        # the committed outputs are the CPU default size's (a GPU machine's stay there)
+        for mode, entry in record.get(doc, {}).items():
+            if entry.get("stored") and mode == "small":
+                seconds = ex.cells_seconds(nbformat.read(path, as_version=4))
+                assert seconds is not None and abs(seconds - entry["seconds"]) <= 0.1, (
+                    f"{doc}: its stored outputs took {seconds} s, book/_ext/runs.json says "
+                    f"{entry['seconds']} s at the {chapter_runs.MODES[mode]}: commit the record "
+                    "`make outputs` wrote with them")
+
+
+# ---------------------------------------------------------------- how make outputs measures
+def test_the_sampler_adds_up_a_process_tree():
+    """A parent holding ~50 MB that starts a child holding ~150 MB: both counted."""
+    code = textwrap.dedent("""
+        import subprocess, sys, time
+        keep = bytearray(50 * 2 ** 20)
+        child = ("import time; b = bytearray(150 * 2 ** 20); "
+                 "b[::4096] = b'x' * len(b[::4096]); time.sleep(3)")
+        subprocess.run([sys.executable, "-c", child])
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    sampler = _executor().TreeSampler(proc.pid, interval=0.05)
+    sampler.start()
+    proc.wait()
+    sampler.stop()
+    assert sampler.processes == 2
+    assert sampler.peak_bytes >= 190 * 2 ** 20, sampler.peak_bytes
+
+
+def test_execute_records_a_run_and_refuses_errors(tmp_path, monkeypatch):
+    """`make outputs` on a notebook whose cell starts a process: stored outputs, and a record
+    with the cells' seconds, the child counted; a failing notebook stores and records nothing."""
+    monkeypatch.delenv("COURSE_QUICK", raising=False)
+    monkeypatch.delenv("COURSE_FULL", raising=False)
+    ex = _executor()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', 'import time; b = bytearray(100 * 2 ** 20); "
+        "b[::4096] = bytes(len(b[::4096])); time.sleep(1.5)'])\nprint('done')")]
+    path, record = tmp_path / "spawns.ipynb", tmp_path / "runs.json"
+    nbformat.write(nb, path)
+    ex.execute(path, record=record)
+    stored = nbformat.read(path, as_version=4)
+    assert stored.cells[0].outputs[0]["text"] == "done\n"
+    (mode, entry), = json.loads(record.read_text())["spawns"].items()
+    assert mode == chapter_runs.run_mode({}, ex.machine()[1])
+    assert entry["processes"] >= 2 and entry["peak_bytes"] >= 100 * 2 ** 20
+    assert entry["stored"] and abs(entry["seconds"] - ex.cells_seconds(stored)) < 0.05
+    assert entry["cores"] >= 1 and entry["load"] is not None
+    assert 1.5 <= entry["seconds"] < 60
+    bad = nbformat.v4.new_notebook()
+    bad.cells = [nbformat.v4.new_code_cell("1 / 0")]
+    path = tmp_path / "fails.ipynb"
+    nbformat.write(bad, path)
+    before = path.read_text()
+    with pytest.raises(SystemExit, match="ZeroDivisionError"):
+        ex.execute(path, record=record)
+    assert path.read_text() == before and "fails" not in json.loads(record.read_text())
+
+
+def test_widget_state_is_dropped_only_when_the_page_shows_a_twin():
+    ex = _executor()
+    view = {"application/vnd.jupyter.widget-view+json": {"model_id": "m"}, "text/plain": "w"}
+    for data, dropped in ((dict(view, **{"text/html": "<p>twin</p>"}), True), (view, False)):
+        nb = nbformat.v4.new_notebook(metadata={"widgets": {"state": {}}})
+        cell = nbformat.v4.new_code_cell("w")
+        cell.outputs = [nbformat.v4.new_output("display_data", data=data)]
+        nb.cells = [cell]
+        assert ex.drop_unshown_widget_state(nb) == dropped
+        assert ("widgets" in nb.metadata) != dropped
