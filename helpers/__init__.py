@@ -45,10 +45,10 @@ from .validate import (check_positive_int, check_lr, check_seed, check_images, c
                        SnapshotError, check_snapshot)
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
                     ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
-                    OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS, RECOMPUTE,
-                    activation_bytes_per_token, block_params, ring_attention_bytes,
-                    moe_dispatch_bytes, train_flops_per_token, network_cuts,
-                    BACKWARD_SHARE)
+                    OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS,
+                    network_cuts, BACKWARD_SHARE)
+from .transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
+                                ring_attention_bytes, moe_dispatch_bytes, train_flops_per_token)
 from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
@@ -57,10 +57,10 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
 from .profiling import quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
-                        write_gpu_reference, gpu_figures, capture_env)
+                        write_gpu_reference, gpu_figures, capture_env, add_notebook)
 from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
 from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
-                            get_rank, get_world_size, log0, die_with_parent)
+                            get_rank, get_world_size, log0, die_with_parent, pin_to_core)
 from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
                              run_in_turn, spawn_ranks)
 from .runtime.progress import report_progress, ProgressLine, report_to
@@ -91,7 +91,7 @@ from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unu
                                                 scratch_skipped_step)
 from .data_parallel.overlap_experiments import (gradient_timeline, overlap_step_times,
                                                 ddp_scratch_trace, emulated_overlap)
-from .data_parallel.speed import (pin_to_core, dp_timing_worker, time_data_parallel, spread,
+from .data_parallel.speed import (dp_timing_worker, time_data_parallel, spread,
                                   allreduce_compare_worker, compare_with_dist_all_reduce,
                                   lenet_module_from, bench_worker, bench_ranks,
                                   gloo_allreduce_worker, time_gloo_allreduce)
@@ -125,7 +125,7 @@ from .pipeline_parallel.scratch import (pipeline_net, check_cuts, stage_of, chec
 from .pipeline_parallel.timelines import (box_needs, pipeline_model_time, replay_orders,
                                           replayed_bubble, with_ready, wait_parts,
                                           zero_bubble_rank_order,
-                                          interleaved_bubble, zero_bubble_bubble, bubble_added)
+                                          zero_bubble_bubble, bubble_added)
 from .pipeline_parallel.torch_api import (pipelining_available, check_pipelining, make_schedule,
                                           pipelining_step, pipelining_runs, LOOPED_SCHEDULES)
 from .pipeline_parallel.experiments import (pipeline_worker, forward_flops, box_model,

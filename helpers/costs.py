@@ -6,7 +6,6 @@ ResNet-18 of helpers.models are).
 """
 import copy
 import functools
-import math
 
 import torch
 from torch import nn
@@ -14,9 +13,7 @@ from torch import nn
 __all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_bytes_per_device",
            "ring_allreduce_bytes", "ring_volume",
            "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES",
-           "sharding_costs", "ZERO_ROWS", "RECOMPUTE", "activation_bytes_per_token",
-           "block_params", "ring_attention_bytes", "moe_dispatch_bytes", "train_flops_per_token",
-           "network_cuts", "BACKWARD_SHARE"]
+           "sharding_costs", "ZERO_ROWS", "network_cuts", "BACKWARD_SHARE"]
 
 SPLITS = ("data", "network", "within layer")
 ZERO_ROWS = ("ZeRO-1", "ZeRO-2", "ZeRO-3")
@@ -342,68 +339,3 @@ def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4):
     sent = passes * (k - 1) / k * n_params * dtype_bytes
     return dict(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
                 total_bytes=params + grads + optim, sent_bytes=sent)
-
-
-# --- Part VII: a transformer's memory and traffic, per token and per layer ---------------------
-RECOMPUTE = ("none", "selective", "full")
-
-
-def activation_bytes_per_token(width, heads, seq, tp=1, sp=False, recompute="none",
-                               dtype_bytes=4, flash=True, dropout=False, ln_stats=True):
-    """Bytes one pre-norm transformer block (attention, 4x GELU MLP) keeps for backward per token,
-    on one tensor-parallel rank: Korthikanti et al.'s count, term by term.
-
-    Replicated over tp (unless sequence parallel, sp): the two layer norms' inputs and the
-    outputs feeding q/k/v and the MLP (4 h). Split over tp: q, k, v (3 h), the MLP's two
-    4 h-wide tensors (8 h), and the attention output (h) plus its log-sum-exp (flash: one fp32
-    per head) or, without flash, the softmax (heads x seq) and the output projection's input.
-    dropout adds 1-byte masks (2 h; and heads x seq with its output without flash); ln_stats two
-    fp32 per layer norm. recompute "full" keeps only the block's input; "selective" recomputes
-    the attention core (drops the heads x seq terms). With dtype_bytes=2, dropout, flash=False,
-    ln_stats=False this is their s b h (34 + 5 a s / h) and its TP/SP/AC variants.
-    """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
-    if width % tp or heads % tp:
-        raise ValueError(f"tp={tp} must divide the width {width} and the heads {heads}")
-    h, a, s, b, t = width, heads, seq, dtype_bytes, tp
-    if recompute == "full":
-        return h * b / (t if sp else 1)
-    rep = 4 * h * b + (2 * h if dropout else 0) + (4 * 4 if ln_stats else 0)
-    split = 12 * h * b
-    if flash:
-        split += 4 * a
-    elif recompute == "none":
-        split += a * s * b + ((a * s + a * s * b) if dropout else 0)
-    return rep / (t if sp else 1) + split / t
-
-
-def block_params(width, tp=1):
-    """Parameters of one block on one tensor-parallel rank: q, k, v, the MLP's first layer and
-    the weights of the two row-split layers are split (12 h^2 + 7 h over tp); the layer norms
-    and the row-split layers' biases are replicated (6 h)."""
-    return (12 * width * width + 7 * width) // tp + 6 * width
-
-
-def ring_attention_bytes(tokens, width, cp, tp=1, dtype_bytes=4):
-    """Bytes one rank sends per layer in ring attention over cp ranks, its `tokens` (local) with
-    width / tp of K and of V: forward passes K and V on cp - 1 times; backward passes K, V and
-    their gradients cp - 1 times and the gradients home once more."""
-    block = tokens * width // tp * dtype_bytes
-    return 0 if cp == 1 else (2 * (cp - 1) + 4 * (cp - 1) + 2) * block
-
-
-def moe_dispatch_bytes(tokens, width, n_experts, k, capacity_factor, ep, dtype_bytes=4):
-    """Bytes one rank's all-to-alls send per MoE layer and step (dispatch and combine, forward
-    and backward) with fixed buffers: n_experts x capacity rows of `width`, all but its own
-    experts' share leaving the rank. capacity = ceil(factor x tokens x k / n_experts)."""
-    capacity = math.ceil(capacity_factor * tokens * k / n_experts)
-    return 4 * (n_experts - n_experts // ep) * capacity * width * dtype_bytes
-
-
-def train_flops_per_token(n_params, layers, width, seq, recompute="none"):
-    """FLOPs of one training token: 6 per parameter (2 forward, 4 backward) plus attention's
-    scores and weighted sum (12 x layers x width x seq); recompute adds a forward."""
-    flops = 6 * n_params + 12 * layers * width * seq
-    extra = {"none": 0, "selective": 4 * layers * width * seq, "full": flops / 3}
-    return flops + extra[recompute]

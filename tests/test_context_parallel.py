@@ -10,7 +10,7 @@ from helpers.context_parallel import (attention_reference, block_work, cp_chapte
                                       ring_attention, shard_sequence, split_positions,
                                       unshard_sequence)
 from helpers.context_parallel.experiments import qkv_inputs
-from helpers.costs import ring_attention_bytes
+from helpers.transformer_costs import ring_attention_bytes
 from helpers import launch, run_threads
 
 SIZE = dict(B=1, H=2, T=16, D=4)

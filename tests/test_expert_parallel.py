@@ -6,7 +6,7 @@ limit; its all-to-alls send exactly what the cost model says; a skewed router dr
 import pytest
 import torch
 
-from helpers.costs import moe_dispatch_bytes
+from helpers.transformer_costs import moe_dispatch_bytes
 from helpers.expert_parallel import (MoE, ExpertParallelMoE, ep_chapter, expert_capacity,
                                      load_balancing_loss, moe_inputs, moe_step, route)
 from helpers.expert_parallel.experiments import AUX

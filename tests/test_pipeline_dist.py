@@ -226,7 +226,7 @@ def test_the_worker_refuses_three_stages_on_two_ranks_before_any_work():
 
 @pytest.mark.parametrize("change,words", [
     (dict(m=0), "num_microbatches must be a positive int"),
-    (dict(batch_size=5), r"pass batch_size=X\.shape\[0\]"),
+    (dict(batch_size=5), r"pass batch_size=[Xy]\.shape\[0\]"),   # the first rank to see it
     (dict(order=[("F", 0), ("B", 0)]), "once for each of the 2"),
     (dict(order=[("B", 0), ("F", 0), ("F", 1), ("B", 1)]), "out of order"),
 ])

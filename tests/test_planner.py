@@ -1,11 +1,11 @@
-"""The planner and Part VII's cost formulas (helpers/costs.py, helpers/composed/planner.py):
-Korthikanti's activation counts and their TP/SP/AC variants, the layouts the planner lists, and
-its refusals of bad input."""
+"""The planner and Part VII's cost formulas (helpers/transformer_costs.py,
+helpers/composed/planner.py): Korthikanti's activation counts and their TP/SP/AC variants, the
+layouts the planner lists, and its refusals of bad input."""
 import pytest
 
 from helpers.composed.planner import candidate_layouts, layout_costs, plan
-from helpers.costs import (activation_bytes_per_token, block_params, moe_dispatch_bytes,
-                           ring_attention_bytes)
+from helpers.transformer_costs import (activation_bytes_per_token, block_params,
+                                       moe_dispatch_bytes, ring_attention_bytes)
 
 BIG = dict(layers=32, width=4096, heads=32, vocab=32000, seq=4096, batch=512)
 H100 = dict(memory=80 * 2**30, flops=989e12, bandwidth=450e9)

@@ -13,7 +13,7 @@ KEYS = {"huang2019gpipe", "narayanan2019pipedream", "narayanan2021megatron",
         "micikevicius2018mixed", "sergeev2018horovod", "ultrascale2025", "austin2025scaling",
         "paszke2019pytorch", "wu2018group", "peng2018megdet", "pytorch2025dataparallel",
         # Parts 0-II, issue 22
-        "narayanan2021memory", "qi2024zero", "deepseek2024v3", "sanders2009trees",
+        "qi2024zero", "deepseek2024v3", "sanders2009trees",
         "li2014parameter", "mccandlish2018empirical"}
 TERMS = {"rank", "world size", "process group", "backend", "collective", "all-reduce",
          "reduce-scatter", "all-gather", "broadcast", "ring all-reduce", "replica", "shard",

@@ -122,8 +122,10 @@ def check_overlap_hooks(fn):
     w = World(world)
     grads_at_hook = [dict() for _ in range(world)]
 
+    nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
+
     def rank_fn(comm):
-        net = make()
+        net = nets[comm.rank]
         finish = fn(net)
         expect(callable(finish), "overlap_hooks(model) must return a function finish()")
         for n, p in net.named_parameters():     # which storage holds each gradient, once ready
@@ -241,8 +243,10 @@ def check_scratch_accumulate(fn):
     w = World(world, timeout=15)
     backwards = [0] * world
 
+    nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
+
     def rank_fn(comm):
-        net = make()
+        net = nets[comm.rank]
         model = DDPFromScratch(net)
         first = next(p for p in net.parameters())
         first.register_post_accumulate_grad_hook(

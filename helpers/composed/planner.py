@@ -1,7 +1,7 @@
 """Part VII: a planner. Given a model, a GPU and a number of GPUs, it lists the layouts
 (dp, tp, pp, cp, ep, ZeRO stage, activation recomputation, micro-batches) whose memory fits,
-with the memory per GPU and the step time of the course's cost model (helpers.costs), fastest
-first.
+with the memory per GPU and the step time of the course's cost model (helpers.costs and
+helpers.transformer_costs), fastest first.
 
 The model is the course's GPT shape: `layers` pre-norm blocks of `width` and `heads`, token and
 position embeddings, an untied head; `experts` > 0 makes every MLP a top-k MoE. Per pipeline
@@ -11,10 +11,9 @@ by ZeRO over dp x cp; saved activations: Korthikanti's per-token count times the
 """
 import itertools
 
-from ..costs import (OPTIMIZER_STATE_BYTES, RECOMPUTE, SHARDING_STAGES,
-                     activation_bytes_per_token, block_params, moe_dispatch_bytes,
-                     ring_allreduce_bytes, ring_attention_bytes, sharding_costs,
-                     train_flops_per_token)
+from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_allreduce_bytes, sharding_costs
+from ..transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
+                                 moe_dispatch_bytes, ring_attention_bytes, train_flops_per_token)
 
 __all__ = ["MODEL_KEYS", "GPU_KEYS", "check_model", "stage_costs", "layout_costs",
            "candidate_layouts", "plan", "format_plan"]

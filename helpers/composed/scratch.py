@@ -79,7 +79,7 @@ def train_3d_scratch(rank, world, cfg):
     model = DDPFromScratch(stage, group=groups["dp"][0])
     opt = _optimizer(model.parameters(), cfg)
     m, first, last = cfg.get("m", 2), c["pp"] == 0, c["pp"] == pp - 1
-    order = one_f_one_b_rank_order(m, pp, c["pp"])
+    order = one_f_one_b_rank_order(pp, m, c["pp"])
     in_shape = (model_cfg["seq"], model_cfg["width"])
     losses, seconds, peak = [], [], 0
     batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])

@@ -340,7 +340,7 @@ def train_fast_rank(rank, world, cfg):
     import torch.distributed as dist
     device = torch.device(cfg.get("device", "cpu"))
     if device.type == "cpu":   # as the benchmark's other ranks: one thread, on a core of its own
-        from .speed import pin_to_core
+        from ..runtime.group import pin_to_core
         pin_to_core(rank)
     X, y = load_tensors(True, cfg["subset"], device)
     X_test, y_test = load_tensors(False, cfg["subset"], device)

@@ -10,35 +10,20 @@ workers) and its update, so a step's split is measured, not assumed.
 The workers are launch targets fn(rank, world, cfg) (helpers.launch): a spawned rank imports
 its function by name, so they live here rather than in a notebook.
 """
-import os
 import statistics
 import time
 
 import torch
 
-from ..runtime.group import choose_backend
+from ..runtime.group import choose_backend, pin_to_core
 from ..runtime.launch import launch, take
 from ..runtime.progress import report_progress
 
-__all__ = ["pin_to_core", "dp_timing_worker", "time_data_parallel", "spread",
+__all__ = ["dp_timing_worker", "time_data_parallel", "spread",
            "allreduce_compare_worker", "compare_with_dist_all_reduce", "lenet_module_from",
            "bench_worker", "bench_ranks", "gloo_allreduce_worker", "time_gloo_allreduce"]
 
 MODES = ("fast", "reference")   # one flat all-reduce + fused update / one per parameter tensor
-
-
-def pin_to_core(rank):
-    """One thread, pinned to core `rank` modulo the cores this process may use; returns it.
-
-    Without pinning, k processes on k cores may share one while another idles; without one thread
-    each, every process would spread over all cores and the k processes would fight for them."""
-    torch.set_num_threads(1)
-    if not hasattr(os, "sched_setaffinity"):   # macOS, Windows: no pinning, one thread still
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    core = cores[rank % len(cores)]
-    os.sched_setaffinity(0, {core})
-    return core
 
 
 def _flat_params(params):

@@ -8,6 +8,7 @@ dropped, first choices before second ones, earlier tokens first; a dropped choic
 Switch Transformers (E x sum_i f_i P_i) is smallest when the experts share the tokens evenly.
 """
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,9 @@ def _expert(width, hidden):
     return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
 
 
+_BUILDING = threading.Lock()
+
+
 class MoE(nn.Module):
     """A top-k MoE layer on tokens x (N, width). The tokens are cut into `groups` equal groups
     (in expert parallelism: one per rank), each routed with its own capacity. forward returns
@@ -58,10 +62,13 @@ class MoE(nn.Module):
 
     def __init__(self, width=16, hidden=32, n_experts=4, k=2, capacity_factor=1.25, seed=0):
         super().__init__()
-        torch.manual_seed(seed)
         self.n_experts, self.k, self.capacity_factor = n_experts, k, capacity_factor
-        self.router = nn.Linear(width, n_experts)
-        self.experts = nn.ModuleList(_expert(width, hidden) for _ in range(n_experts))
+        # the same weights for every seed, even when thread ranks build their copies at once
+        # (torch's seed is global): one at a time, and the caller's random state left as it was
+        with _BUILDING, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.router = nn.Linear(width, n_experts)
+            self.experts = nn.ModuleList(_expert(width, hidden) for _ in range(n_experts))
 
     def forward(self, x, groups=1):
         if x.shape[0] % groups:

@@ -29,17 +29,29 @@ def all_to_all(comm, x, in_splits, out_splits, tag=300):
     if isinstance(comm, DistComm):
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=comm.group)
-        comm.log.append(("all_to_all", None, sent))
+        comm.traffic.record("all_to_all", sent, comm.rank)
         return out
-    pieces, n = list(x.split(in_splits)), len(comm.log)
+    pieces, n = list(x.split(in_splits)), _logged(comm)
     for j in range(comm.world):
         if j != comm.rank:
             comm.send(pieces[j], j, tag=tag)
-    comm.log[n:] = [("all_to_all", peer, b) for _, peer, b in comm.log[n:]]
+    _relabel(comm, n, "all_to_all")
     got = [pieces[j].clone() if j == comm.rank else
            comm.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
            for j in range(comm.world)]
     return torch.cat(got)
+
+
+def _logged(comm):
+    """How many messages comm's log holds (None for a check's World, which keeps its own)."""
+    return len(comm.traffic.records) if hasattr(comm, "traffic") else None
+
+
+def _relabel(comm, n, op):
+    """Name the messages logged since record n (the sends that made up one exchange) `op`."""
+    if n is not None:
+        records = comm.traffic.records
+        records[n:] = [r._replace(op=op) for r in records[n:]]
 
 
 class AllToAll(torch.autograd.Function):
@@ -128,8 +140,8 @@ class ExpertParallelMoE(nn.Module):
 def _exchange_counts(comm, counts, local):
     """Each rank's tokens per expert (E,) -> what this rank's `local` experts get from each rank,
     (world, local). Logged as "counts" (a few integers), apart from the tokens' bytes."""
-    n = len(comm.log)
+    n = _logged(comm)
     got = all_to_all(comm, counts.view(comm.world, local), [1] * comm.world, [1] * comm.world,
                      tag=301)
-    comm.log[n:] = [("counts", peer, b) for _, peer, b in comm.log[n:]]
+    _relabel(comm, n, "counts")
     return got.view(comm.world, local)

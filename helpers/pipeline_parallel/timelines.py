@@ -11,7 +11,7 @@ from ..runtime.emulate import model_time, waits
 from .schedules import one_f_one_b_rank_order, timeline_bubble
 
 __all__ = ["box_needs", "pipeline_model_time", "replay_orders", "replayed_bubble", "with_ready",
-           "wait_parts", "zero_bubble_rank_order", "interleaved_bubble", "zero_bubble_bubble",
+           "wait_parts", "zero_bubble_rank_order", "zero_bubble_bubble",
            "bubble_added"]
 
 
@@ -147,12 +147,6 @@ def zero_bubble_rank_order(p, m, rank, f=1.0, b=1.0, w=1.0):
             if phase == "B":
                 pending[r].append(j)
     return orders[rank]
-
-
-def interleaved_bubble(p, m, v):
-    """Idle share of the interleaved 1F1B schedule: v stages per rank, each 1/v of a rank's
-    layers, fill and drain the pipe v times faster: (p-1) / (v m + p - 1)."""
-    return (p - 1) / (v * m + p - 1)
 
 
 def zero_bubble_bubble(p, m, f=1.0, b=1.0, w=1.0):

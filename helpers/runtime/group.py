@@ -29,7 +29,7 @@ from ..devices import exact_float32, num_gpus
 from ..validate import check_backend
 
 __all__ = ["choose_backend", "env_ranks", "rank_device", "setup", "teardown", "free_port",
-           "get_rank", "get_world_size", "log0", "die_with_parent"]
+           "get_rank", "get_world_size", "log0", "die_with_parent", "pin_to_core"]
 
 _watched = False
 
@@ -200,3 +200,17 @@ def die_with_parent(parent):
     if os.getppid() != parent:       # it died before prctl took effect
         os._exit(1)
     threading.Thread(target=watch, daemon=True).start()
+
+
+def pin_to_core(rank):
+    """One thread, pinned to core `rank` modulo the cores this process may use; returns it.
+
+    Without pinning, k processes on k cores may share one while another idles; without one thread
+    each, every process would spread over all cores and the k processes would fight for them."""
+    torch.set_num_threads(1)
+    if not hasattr(os, "sched_setaffinity"):   # macOS, Windows: no pinning, one thread still
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[rank % len(cores)]
+    os.sched_setaffinity(0, {core})
+    return core

@@ -68,6 +68,8 @@ class CountsSent:
 
     @property
     def log(self):
+        """A copy (appending to it records nothing): record through `traffic`, or assign a new
+        list to start afresh."""
         return [(r.op, r.dst, r.nbytes) for r in self.traffic.records]
 
     @log.setter
