@@ -12,4 +12,3 @@ def train_3d_both(rank, world, cfg):
     if cfg.get("torch", True):
         out["torch"] = train_3d_torch(rank, world, cfg)
     return out
-

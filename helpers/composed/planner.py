@@ -185,4 +185,3 @@ def format_plan(rows, gpu=None):
     if not rows:
         lines.append("no layout fits" + (f" in {gpu['memory'] / 1e9:.0f} GB" if gpu else ""))
     return "\n".join(lines)
-

@@ -232,4 +232,3 @@ def ddp_knobs(rank, world, cfg):
     diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters()))
             for name, (m, _) in models.items()}
     return dict(step_s=samples, max_diff=diff)
-

@@ -362,4 +362,3 @@ def train_fast_rank(rank, world, cfg):
                 param_sum=float(sum(p.detach().double().abs().sum() for p in params)),
                 compiled=net.compiled,
                 params=[p.tolist() for p in params] if cfg.get("return_params") else None)
-

@@ -234,4 +234,3 @@ def train_bn_steps(model, X, y, batches, lr, device, rank=0, world_size=1, keep_
         loss.backward()
         optimizer.step()
     return (model, kept) if keep_every else model
-

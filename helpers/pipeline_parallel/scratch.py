@@ -309,5 +309,3 @@ def cuts_by(weights, p):
     """Cuts that balance `weights` (per-layer parameter counts, or measured seconds) over p
     stages: the largest stage as small as possible (helpers.balanced_cuts)."""
     return balanced_cuts(list(weights), p)
-
-

@@ -156,5 +156,3 @@ def multiply_adds(net, input_shape):
             counts.append(macs)
             h = out
     return counts
-
-

@@ -35,4 +35,3 @@ def fsdp2_model(kind, world, device, param_dtype=None, seed=0, sizes=None):
 def full_params(model):
     """{name: full tensor} of a fully_shard model (every rank must call: it all-gathers)."""
     return {n: p.full_tensor().detach().cpu() for n, p in model.named_parameters()}
-

@@ -162,5 +162,3 @@ def gather_shards(per_rank):
         else:
             out[name] = torch.cat(parts, dim)
     return out
-
-
