@@ -14,7 +14,7 @@ start to the last cell's end (the cells' execution metadata, stored with the out
 sampled every SAMPLE_S seconds, the memory of the kernel and every process it started (ranks,
 torchrun and its workers) together, as they would need it on a machine of their own (each one's
 unique pages, the shared ones once: TreeSampler), the most processes alive at once, and the
-machine's mean load average
+machine's mean load average and the cores other processes kept busy meanwhile
 (a run on a machine busy with other work is slower: the badge says so). --no-store records a run
 without storing its outputs (any size, quick mode included: what Binder readers run).
 """
@@ -90,7 +90,27 @@ class TreeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.interval = psutil.Process(pid), interval
         self.peak_bytes, self.processes, self.kind, self.loads = 0, 0, "USS+shared", []
+        self.others, self._cpu, self._last = [], {}, None   # see _other_work
         self._done = threading.Event()
+
+    def _other_work(self, procs):
+        """Cores kept busy by processes outside the tree since the last sample: the machine's
+        CPU time less the tree's. (The load average cannot tell: a run's own ranks raise it.)"""
+        own = 0.0
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total = t.user + t.system
+            own += total - self._cpu.get(proc.pid, 0.0)
+            self._cpu[proc.pid] = total
+        c = psutil.cpu_times()
+        busy = sum(c) - c.idle - getattr(c, "iowait", 0.0)
+        now = time.monotonic()
+        if self._last is not None and now > self._last[0]:
+            self.others.append(max(0.0, busy - self._last[1] - own) / (now - self._last[0]))
+        self._last = (now, busy)
 
     def _memory(self, proc):
         """(unique, shared) bytes of one process."""
@@ -116,8 +136,13 @@ class TreeSampler(threading.Thread):
             unique, shared, alive = unique + u, max(shared, s), alive + 1
         self.peak_bytes = max(self.peak_bytes, unique + shared)
         self.processes = max(self.processes, alive)
+        self._other_work(procs)
         if hasattr(os, "getloadavg"):
             self.loads.append(os.getloadavg()[0])
+
+    def other_cores(self):
+        """Mean cores that other work kept busy during the run (None before two samples)."""
+        return round(sum(self.others) / len(self.others), 2) if self.others else None
 
     def load(self):
         """The machine's mean load average over the run (None where the system has none)."""
@@ -184,7 +209,8 @@ def run(path):
     seconds = cells_seconds(nb)
     t = sampler["t"]
     entry = dict(seconds=round(seconds if seconds is not None else wall, 1),
-                 peak_bytes=t.peak_bytes, processes=t.processes, memory=t.kind, load=t.load())
+                 peak_bytes=t.peak_bytes, processes=t.processes, memory=t.kind, load=t.load(),
+                 others=t.other_cores())
     return nb, entry, errors
 
 

@@ -58,6 +58,12 @@ def test_a_run_on_a_busy_machine_says_so():
     record = {"book/a": {"small": busy}, "book/b": {"small": dict(_run(9.0), load=0.8, cores=2)}}
     times, _ = chapter_runs.badge_text(record, "book/a", 1)
     assert "a busy machine, load 13.4: slower than it would be alone" in times
+    # the run's own ranks raise the load average: other work's cores decide where measured
+    own = dict(_run(9.0), load=8.5, cores=2, processes=8, others=0.1)
+    assert not chapter_runs.busy(own) and not chapter_runs.busy(dict(own, others=None))
+    shared = dict(own, others=1.4)
+    assert chapter_runs.busy(shared)
+    assert "other work kept 1.4 cores busy" in chapter_runs.run_text(shared)
     assert "busy" not in chapter_runs.badge_text(record, "book/b", 1)[0]
     rows = chapter_runs.table_rows(record, [("book/a", "A", 1), ("book/b", "B", 1)])
     assert [r[1] for r in rows] == ["1 min 30 s (busy machine)", "9 s"]
@@ -177,6 +183,25 @@ def test_the_sampler_adds_up_a_process_tree():
     sampler.stop()
     assert sampler.processes == 2
     assert sampler.peak_bytes >= 190 * 2 ** 20, sampler.peak_bytes
+
+
+def test_the_sampler_tells_the_runs_own_work_from_other_work():
+    """A tree that keeps a core busy itself is not 'a busy machine'; a process outside it is."""
+    burn = "import time; t = time.time()\nwhile time.time() - t < 2: pass"
+
+    def others(outside):
+        extra = subprocess.Popen([sys.executable, "-c", burn]) if outside else None
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)" if outside
+                                 else burn])
+        sampler = _executor().TreeSampler(proc.pid, interval=0.1)
+        sampler.start()
+        proc.wait()
+        sampler.stop()
+        if extra:
+            extra.wait()
+        return sampler.other_cores()
+    assert others(outside=False) < 0.5
+    assert others(outside=True) >= 0.5
 
 
 def test_execute_records_a_run_and_refuses_errors(tmp_path, monkeypatch):

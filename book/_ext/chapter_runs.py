@@ -85,16 +85,28 @@ def fmt_gpus(n):
     return {0: "none", 1: "1 GPU"}.get(n, f"{n} GPUs")
 
 
+OTHERS_BUSY = 0.5   # cores of other work on average: the run shared its machine
+
+
 def busy(entry):
-    """True when the run shared its machine: a mean load average above its CPU cores."""
+    """True when the run shared its machine: other processes kept half a core or more busy on
+    average (`others`). The load average counts the run's own ranks too: without `others` (an
+    older record), only a load above the cores plus the run's own processes counts."""
+    if entry.get("others") is not None:
+        return entry["others"] >= OTHERS_BUSY
     load, cores = entry.get("load"), entry.get("cores")
-    return bool(load and cores and load > cores)
+    return bool(load and cores and load > cores + entry.get("processes", 1))
 
 
 def run_text(entry):
     """'45 s (2 CPU cores, no GPU, 2026-12-02)', and a note when the machine was busy."""
-    note = (f"; a busy machine, load {entry['load']:g}: slower than it would be alone"
-            if busy(entry) else "")
+    if not busy(entry):
+        note = ""
+    elif entry.get("others") is not None:
+        note = (f"; a busy machine, other work kept {entry['others']:.1f} cores busy: slower "
+                "than it would be alone")
+    else:
+        note = f"; a busy machine, load {entry['load']:g}: slower than it would be alone"
     return f"{fmt_seconds(entry['seconds'])} ({entry['machine']}, {entry['date']}{note})"
 
 
