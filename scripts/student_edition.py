@@ -9,7 +9,8 @@ turns the course's cell tags into nbgrader's cell metadata first:
 
     code cell tagged `solution`      -> nbgrader solution cell (the `### BEGIN/END SOLUTION`
                                         region becomes the stub)
-    markdown cell tagged `solution`  -> removed (a worked answer, the book folds it in a dropdown)
+    markdown cell tagged `solution`  -> removed (a worked answer, the book folds it in a dropdown);
+                                        so is a prose cell (helpers.say) tagged `solution`
     code cell tagged `check`         -> nbgrader autograder test cell, 1 point, locked
     tag `nbval-check-output`         -> removed (outputs are cleared, nothing left to compare)
 
@@ -89,6 +90,17 @@ def is_solution(cell):
     return "solution" in tags(cell)
 
 
+def is_prose(cell):
+    """A code cell that displays prose (helpers.say, written by scripts/reader_markup.py): a
+    paragraph with this run's numbers, read as the markdown cell it replaces."""
+    return cell["cell_type"] == "code" and bool(
+        cell.get("metadata", {}).get("course", {}).get("prose"))
+
+
+def is_text(cell):
+    return cell["cell_type"] == "markdown" or is_prose(cell)
+
+
 def is_check(cell):
     return cell["cell_type"] == "code" and "check" in tags(cell)
 
@@ -143,7 +155,7 @@ def nbgrader_source(nb, name="notebook"):
     nb = copy.deepcopy(nb)
     cells, taken = [], set()
     for index, cell in enumerate(nb.cells):
-        if is_solution(cell) and cell.cell_type == "markdown":
+        if is_solution(cell) and is_text(cell):
             continue
         cell.metadata.pop("nbgrader", None)
         if is_solution(cell):
@@ -191,7 +203,7 @@ TEACHERS = ROOT / "book" / "teachers.md"
 
 def chapter_title(nb, path):
     for cell in nb.cells:
-        m = cell.cell_type == "markdown" and re.search(r"^#\s+(.+)$", source(cell), re.M)
+        m = is_text(cell) and re.search(r"^#\s+(.+)$", source(cell), re.M)
         if m:
             return m.group(1).strip()
     return pathlib.Path(path).stem
@@ -203,12 +215,15 @@ def exercises(path):
     check cells call, or "worked answer")."""
     nb = nbformat.read(path, as_version=4)
     found = []
-    for cell in nb.cells:
+    for index, cell in enumerate(nb.cells):
         text = source(cell)
-        if cell.cell_type == "markdown" and not is_solution(cell):
+        if is_text(cell) and not is_solution(cell):
             heads = list(EXERCISE.finditer(text))
             for i, m in enumerate(heads):
                 part = text[m.start():heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+                after = nb.cells[index + 1] if index + 1 < len(nb.cells) else None
+                if i == len(heads) - 1 and after is not None and is_prose(after):
+                    part += "\n" + source(after)   # reader_markup put the text after a heading
                 level, time = LEVEL.search(part), TIME.search(part)
                 minutes = None
                 if time:
@@ -221,7 +236,7 @@ def exercises(path):
                                   minutes=minutes, checks=[], worked=False))
         elif found and is_check(cell):
             found[-1]["checks"] += re.findall(r"\b(check_\w+)\s*\(", text)
-        elif found and is_solution(cell) and cell.cell_type == "markdown":
+        elif found and is_solution(cell) and is_text(cell):
             found[-1]["worked"] = True
     for ex in found:
         ex["check"] = ", ".join(f"`{c}`" for c in ex.pop("checks")) or (

@@ -15,7 +15,7 @@ import pytest
 import helpers
 from book_files import ROOT, toc_notebooks
 
-READER_MARKUP_APPLIED = False   # the integrator flips this once book/ is converted
+READER_MARKUP_APPLIED = True    # the integrator flips this once book/ is converted
 # in rendered HTML a role's backticks have become <code>, a directive's fence a code block
 RAW = re.compile(r"\{(?:glue(?::text)?|term|cite(?::[pt])?|numref|doc)\}|language-\{[\w-]+\}|"
                  r"(?:```|:::)\{[\w-]+\}")

@@ -49,7 +49,7 @@ def solution_lines(nb):
         text = se.source(cell)
         if not se.is_solution(cell):
             public |= lines(text)
-        elif cell.cell_type == "markdown":
+        elif se.is_text(cell):
             secret |= lines(text)
         else:
             inside = False
@@ -91,6 +91,10 @@ def sample_notebook():
         new_markdown_cell("### Exercise 3: Why? (open-ended, 1 h)"),
         new_markdown_cell(":::{dropdown} A worked answer\nBecause of SECRET PROSE.\n:::",
                           metadata={"tags": ["solution"]}),
+        new_code_cell('helpers.say(r"""<details><summary>A worked answer with numbers'
+                      '</summary>\n\nBecause of SECRET NUMBERS.\n</details>""")',
+                      metadata={"tags": ["solution", "remove-input"],
+                                "course": {"prose": True, "glued": []}}),
         code('print("after the exercises")', []),
     ]
     return new_notebook(cells=cells, metadata={"kernelspec": {
@@ -118,7 +122,8 @@ def test_sample_edition(edition):
     text = "\n".join(se.source(c) for c in student.cells)
     assert solution_lines(original) >= {"flops_per_entry = 2 * n   # SECRET ONE",
                                         'raise ValueError("SECRET TWO")',
-                                        "Because of SECRET PROSE."}
+                                        "Because of SECRET PROSE.",
+                                        "Because of SECRET NUMBERS."}
     assert "SECRET" not in text and "BEGIN SOLUTION" not in text
     stubs = [se.source(c) for c in student.cells if se.is_solution(c)]
     assert len(stubs) == 2 and all(s.rstrip().endswith(se.STUB) for s in stubs)
@@ -186,14 +191,14 @@ def test_student_edition_keeps_checks_and_drops_prose(path, edition):
     original, student = read(path), student_copy(edition, path)
     assert [se.source(c) for c in student.cells if se.is_check(c)] == \
         [se.source(c) for c in original.cells if se.is_check(c)], "every check cell is kept"
-    assert not [c for c in student.cells if se.is_solution(c) and c.cell_type == "markdown"]
+    assert not [c for c in student.cells if se.is_solution(c) and se.is_text(c)]
     for cell in student.cells:
         if se.is_solution(cell):
             assert se.STUB in se.source(cell)
         assert not cell.get("outputs"), "outputs are cleared"
         assert "nbval-check-output" not in se.tags(cell), \
             "outputs are cleared: nbval has nothing to compare"
-    kept = [c for c in original.cells if not (se.is_solution(c) and c.cell_type == "markdown")]
+    kept = [c for c in original.cells if not (se.is_solution(c) and se.is_text(c))]
     assert len(student.cells) == len(kept)
 
 
@@ -201,7 +206,7 @@ def test_student_edition_keeps_checks_and_drops_prose(path, edition):
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
 def test_chapter_has_exercises(path):
     nb = read(path)
-    text = "\n".join(se.source(c) for c in nb.cells if c.cell_type == "markdown")
+    text = "\n".join(se.source(c) for c in nb.cells if se.is_text(c))
     assert re.search(r"^## Exercises\s*$", text, re.M), "the chapter needs a `## Exercises` section"
     found = se.exercises(path)
     assert len(found) >= 3, f"{len(found)} `### Exercise N: title` headings; at least three"
@@ -215,7 +220,7 @@ def test_chapter_has_exercises(path):
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
 def test_solution_cells_have_markers_inside_a_function(path):
     for i, cell in enumerate(read(path).cells):
-        if not (se.is_solution(cell) and cell.cell_type == "code"):
+        if not (se.is_solution(cell) and cell.cell_type == "code" and not se.is_prose(cell)):
             continue
         text = se.source(cell)
         begin = [l for l in text.splitlines() if se.BEGIN in l]
