@@ -130,14 +130,15 @@ def check_time_it(time_it):
             t = as_number(time_it(fn, list(devices), reps), call)
         n = len(sim.starts)
         expect(n >= reps, f"{call} called fn {n} times, expected reps = {reps}")
-        for i, missing in sim.unsynced(gpus, earlier):
+        warm = n > reps            # a warm-up call ran the earlier work out before timing
+        for i, missing in sim.unsynced(gpus, [] if warm else earlier):
             names = " and ".join(map(describe_device, missing))
             if i < 0:
                 expect(False, f"{call} started timing while {names} still ran earlier work: "
                               "synchronise the devices before starting the clock "
                               "(helpers.synchronize(devices))")
-            expect(False, f"{call}: the work call {i + 1} of fn queued on {names} was never "
-                          "waited for before " + ("the next call" if i < n - 1 else
+            expect(False, f"{call}: the work that fn queued on {names} in call {i + 1} was "
+                          "never waited for before " + ("the next call" if i < n - 1 else
                                                   f"{call.split('(')[0]} returned") +
                           ": GPUs run asynchronously; synchronise every device in devices "
                           "after fn() and before stopping the clock (helpers.synchronize)")
@@ -320,7 +321,8 @@ def _bucket_traffic(fn, before, bucket_bytes, want, call):
     if total in sizes:
         raise CheckFailed(f"{call}: one buffer of all {total} elements crossed between the "
                           f"devices: form buckets of consecutive tensors, each closed once it "
-                          f"holds at least bucket_bytes = {bucket_bytes} bytes ({want} elements)")
+                          f"holds at least bucket_bytes = {bucket_bytes} bytes (numel * "
+                          f"element_size; here {want} elements)")
     odd = [n for n in sizes if n not in want]
     if odd:
         hint = ""
@@ -420,7 +422,7 @@ def check_amdahl_speedup(amdahl_speedup):
         picked = [names[i] for i in torch.randperm(len(names), generator=g)[:fixed].tolist()]
         factors = {n: uniform(g, 1.5, 20.0) for n in picked}
         want = 1 / math.fsum(s / factors.get(n, 1.0) for n, s in shares.items())
-        call = (f"amdahl_speedup(shares, "
+        call = ("amdahl_speedup(shares, "
                 + "{" + ", ".join(f"{n!r}: {f:.3g}" for n, f in factors.items()) + "})")
         got, dtype = as_number(amdahl_speedup(dict(shares), dict(factors)), call,
                                with_dtype=True)
