@@ -1,76 +1,103 @@
-"""The Part IV exercise checks: reference answers pass, stubs are 'not done', wrong answers fail."""
+"""The Part IV exercise checks (helpers/checks/fast.py, fixes.py, scaling.py): the notebooks'
+worked answers pass, shortcuts of different kinds fail naming what they skipped, other right
+answers pass (tests/check_cases.py)."""
+import fractions
 import statistics
 import time
 
+import numpy as np
 import torch
 
 import helpers
-from helpers.checks import (check_amdahl_speedup, check_bucket_allreduce, check_crossover_bytes,
-                            check_predicted_speedup,
-                            check_fit_latency_bandwidth, check_ring_allreduce,
-                            check_ring_allreduce_seconds, check_time_it, check_time_shares)
+from check_cases import other, parametrize_cases, shortcut, worked
+from helpers import synchronize, unflatten_into
+from helpers.checks import check_ring_allreduce, check_time_it
 
 
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
-def assert_status(result, status, message=None):
-    assert result.status == status, result
-    if message:
-        assert message in result.message, result.message
-
-
-# --- reference answers (the notebooks' solutions) ---------------------------------------------
-
+# ---- profile: time_it ------------------------------------------------------------------------
+@worked("check_time_it")
 def time_it(fn, devices, reps=5):
     times = []
     for _ in range(reps):
-        helpers.synchronize(devices)
+        synchronize(devices)
         t0 = time.perf_counter()
         fn()
-        helpers.synchronize(devices)
+        synchronize(devices)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def time_shares(seconds):
-    total = sum(seconds.values())
-    return {k: v / total for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
+@other("check_time_it", "torch.cuda.synchronize per device, a warm-up call, numpy's median")
+def time_it_cuda(fn, devices, reps=5):
+    cuda = [d for d in devices if torch.device(d).type == "cuda"]
+    fn()                                       # warm-up, not timed
+    for d in cuda:
+        torch.cuda.synchronize(d)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        for d in cuda:
+            torch.cuda.synchronize(d)
+        times.append((time.perf_counter_ns() - t0) / 1e9)
+    return np.median(times)
 
 
-def amdahl_speedup(shares, factors):
-    return 1 / sum(s / factors.get(n, 1.0) for n, s in shares.items())
-
-
-def predicted_speedup(compute_s, comm_s, k):
-    return 1.0 if k == 1 else compute_s / (compute_s / k + comm_s)
-
-
-def ring_seconds(n_bytes, k, alpha, beta):
-    return helpers.allreduce_time(n_bytes, k, alpha, beta)
-
-
-# --- tests ------------------------------------------------------------------------------------
-
-def test_time_it():
-    assert_status(check_time_it(time_it), "passed")
-    assert_status(check_time_it(stub), "not done")
-
-    def total_not_median(fn, devices, reps=5):
+@shortcut("check_time_it", "never synchronises", "synchronise")
+def time_it_no_sync(fn, devices, reps=5):
+    times = []
+    for _ in range(reps):
         t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return time.perf_counter() - t0
-    assert_status(check_time_it(total_not_median), "failed", "median")
-    assert_status(check_time_it(lambda fn, d, r: time_it(fn, d, r) * 1e3), "failed", "seconds")
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
-    def mean_not_median(fn, devices, reps=5):
+
+@shortcut("check_time_it", "synchronises after stopping the clock", "the clock stopped before")
+def time_it_sync_late(fn, devices, reps=5):
+    times = []
+    for _ in range(reps):
+        synchronize(devices)
         t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t0) / reps
-    assert_status(check_time_it(mean_not_median), "failed", "median")
+        fn()
+        times.append(time.perf_counter() - t0)
+        synchronize(devices)
+    return statistics.median(times)
+
+
+@shortcut("check_time_it", "synchronises one device only", ["cuda:", "never waited for"])
+def time_it_first_device(fn, devices, reps=5):
+    return time_it(fn, devices[:1], reps)
+
+
+@shortcut("check_time_it", "the mean, not the median", "median of per-call times")
+def time_it_mean(fn, devices, reps=5):
+    synchronize(devices)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+        synchronize(devices)
+    return (time.perf_counter() - t0) / reps
+
+
+@shortcut("check_time_it", "the total", "the total of all")
+def time_it_total(fn, devices, reps=5):
+    synchronize(devices)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+        synchronize(devices)
+    return time.perf_counter() - t0
+
+
+@shortcut("check_time_it", "milliseconds", "return seconds")
+def time_it_ms(fn, devices, reps=5):
+    return 1e3 * time_it(fn, devices, reps)
+
+
+@shortcut("check_time_it", "the course's timer", "course's own answer")
+def time_it_course(fn, devices, reps=5):
+    return helpers.measure(fn, repeats=reps, warmup=0).median
 
 
 def test_time_it_does_not_depend_on_the_machine_being_idle(monkeypatch):
@@ -78,105 +105,403 @@ def test_time_it_does_not_depend_on_the_machine_being_idle(monkeypatch):
     real durations, so a right answer still passes when every sleep takes 3x longer."""
     real_sleep = time.sleep
     monkeypatch.setattr(time, "sleep", lambda s: real_sleep(3 * s))
-    assert_status(check_time_it(time_it), "passed")
+    assert check_time_it(time_it).status == "passed"
 
 
-def test_time_shares():
-    assert_status(check_time_shares(time_shares), "passed")
-    assert_status(check_time_shares(stub), "not done")
-    assert_status(check_time_shares(lambda s: {k: v / sum(s.values()) for k, v in s.items()}),
-                  "failed", "largest share first")
-    assert_status(check_time_shares(lambda s: dict(sorted(s.items(), key=lambda kv: -kv[1]))),
-                  "failed", "share of")
+def test_time_it_leaves_torch_as_it_was():
+    saved = torch.cuda.synchronize
+    check_time_it(time_it)
+    check_time_it(time_it_no_sync)
+    assert torch.cuda.synchronize is saved
 
 
-def test_predicted_speedup():
-    assert_status(check_predicted_speedup(predicted_speedup), "passed")
-    assert_status(check_predicted_speedup(stub), "not done")
-    assert_status(check_predicted_speedup(lambda c, m, k: float(k)), "failed", "ideal k")
-    assert_status(check_predicted_speedup(lambda c, m, k: c / (c + m)), "failed",
-                  "never splits the compute")
-    assert_status(check_predicted_speedup(lambda c, m, k: c / (c / k + k * m)), "failed",
-                  "expected")
+# ---- profile: time_shares --------------------------------------------------------------------
+@worked("check_time_shares")
+def time_shares(seconds):
+    total = sum(seconds.values())
+    order = sorted(seconds.items(), key=lambda kv: -kv[1])
+    return {k: v / total for k, v in order}
 
 
-def test_bucket_allreduce():
-    assert_status(check_bucket_allreduce(helpers.bucketed_allreduce), "passed")
-    assert_status(check_bucket_allreduce(stub), "not done")
+@other("check_time_shares", "numpy shares, keys sorted by value")
+def time_shares_numpy(seconds):
+    names = sorted(seconds, key=seconds.get, reverse=True)
+    values = np.array([seconds[n] for n in names])
+    return dict(zip(names, values / values.sum()))
 
-    def rebinding(grads, bucket_bytes):
-        for i in range(len(grads[0])):
-            s = sum(g[i] for g in grads)
+
+@shortcut("check_time_shares", "not sorted", "largest share first")
+def time_shares_unsorted(seconds):
+    return {k: v / sum(seconds.values()) for k, v in seconds.items()}
+
+
+@shortcut("check_time_shares", "seconds, not shares", "divide by the total")
+def time_shares_seconds(seconds):
+    return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
+
+
+@shortcut("check_time_shares", "percentages", "percentage")
+def time_shares_percent(seconds):
+    return {k: 100 * v for k, v in time_shares(seconds).items()}
+
+
+# ---- profile: predicted_speedup --------------------------------------------------------------
+@worked("check_predicted_speedup")
+def predicted_speedup(compute_s, comm_s, k):
+    if k == 1:
+        return 1.0
+    return compute_s / (compute_s / k + comm_s)
+
+
+@other("check_predicted_speedup", "k times the compute share, numpy")
+def predicted_speedup_share(compute_s, comm_s, k):
+    comm = 0.0 if k == 1 else comm_s
+    return np.float64(k) * compute_s / (compute_s + k * comm)
+
+
+@shortcut("check_predicted_speedup", "the ideal k", "ideal k")
+def predicted_speedup_ideal(compute_s, comm_s, k):
+    return float(k)
+
+
+@shortcut("check_predicted_speedup", "compute not split", "never splits the compute")
+def predicted_speedup_unsplit(compute_s, comm_s, k):
+    return 1.0 if k == 1 else compute_s / (compute_s + comm_s)
+
+
+@shortcut("check_predicted_speedup", "one worker communicates too", "over itself is 1")
+def predicted_speedup_k1(compute_s, comm_s, k):
+    return compute_s / (compute_s / k + comm_s)
+
+
+# ---- fixes: bucket_allreduce -----------------------------------------------------------------
+@worked("check_bucket_allreduce")
+def bucket_allreduce(grads, bucket_bytes):
+    bucket, size = [], 0
+    for i, g in enumerate(grads[0]):
+        bucket.append(i)
+        size += g.numel() * g.element_size()
+        if size >= bucket_bytes or i == len(grads[0]) - 1:
+            flats = [torch.cat([g[j].reshape(-1) for j in bucket])
+                     for g in grads]
+            for f in flats[1:]:
+                flats[0] += f.to(flats[0].device)
             for g in grads:
-                g[i] = s.clone()
-    assert_status(check_bucket_allreduce(rebinding), "failed", "INTO the given tensors")
-
-    def first_only(grads, bucket_bytes):
-        helpers.flat_allreduce([g[:1] for g in grads])
-    assert_status(check_bucket_allreduce(first_only), "failed", "does not hold the sum")
+                unflatten_into(flats[0].to(g[0].device),
+                               [g[j] for j in bucket])
+            bucket, size = [], 0
 
 
-def test_ring_allreduce():
-    assert_status(check_ring_allreduce(helpers.ring_allreduce), "passed")
-    assert_status(check_ring_allreduce(stub), "not done")
+@other("check_bucket_allreduce", "buckets first, flat_allreduce per bucket")
+def bucket_allreduce_flat(grads, bucket_bytes):
+    buckets, cur, size = [], [], 0
+    for i, g in enumerate(grads[0]):
+        cur.append(i)
+        size += g.nbytes
+        if size >= bucket_bytes:
+            buckets.append(cur)
+            cur, size = [], 0
+    for idx in buckets + ([cur] if cur else []):
+        helpers.flat_allreduce([[g[i] for i in idx] for g in grads])
 
-    def naive(data):
-        helpers.allreduce(data)
-        return [2 * d.numel() for d in data]
-    assert_status(check_ring_allreduce(naive), "failed", "2(k-1)n")
 
-    def no_allgather(data):
-        k = len(data)
-        chunks = [list(t.view(-1).tensor_split(k)) for t in data]
+@other("check_bucket_allreduce", "sum on every device, slices copied back")
+def bucket_allreduce_everywhere(grads, bucket_bytes):
+    start = 0
+    while start < len(grads[0]):
+        end, size = start, 0
+        while end < len(grads[0]) and size < bucket_bytes:
+            size += grads[0][end].numel() * grads[0][end].element_size()
+            end += 1
+        flats = [torch.cat([t.flatten() for t in g[start:end]]) for g in grads]
+        for g, mine in zip(grads, flats):
+            total = sum(f.to(mine.device) for f in flats)
+            offset = 0
+            for t in g[start:end]:
+                t.copy_(total[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+        start = end
+
+
+@shortcut("check_bucket_allreduce", "one buffer for all tensors", "one buffer of all")
+def bucket_allreduce_one_flat(grads, bucket_bytes):
+    helpers.flat_allreduce(grads)
+
+
+@shortcut("check_bucket_allreduce", "each tensor on its own", "single tensors")
+def bucket_allreduce_per_tensor(grads, bucket_bytes):
+    for i in range(len(grads[0])):
+        helpers.allreduce([g[i] for g in grads])
+
+
+@shortcut("check_bucket_allreduce", "counts elements, not bytes", "numel * element_size")
+def bucket_allreduce_elements(grads, bucket_bytes):
+    bucket, size = [], 0
+    for i, g in enumerate(grads[0]):
+        bucket.append(i)
+        size += g.numel()
+        if size >= bucket_bytes or i == len(grads[0]) - 1:
+            helpers.flat_allreduce([[r[j] for j in bucket] for r in grads])
+            bucket, size = [], 0
+
+
+@shortcut("check_bucket_allreduce", "closes a bucket only past bucket_bytes", "at least")
+def bucket_allreduce_past(grads, bucket_bytes):
+    bucket, size = [], 0
+    for i, g in enumerate(grads[0]):
+        bucket.append(i)
+        size += g.numel() * g.element_size()
+        if size > bucket_bytes or i == len(grads[0]) - 1:
+            helpers.flat_allreduce([[r[j] for j in bucket] for r in grads])
+            bucket, size = [], 0
+
+
+@shortcut("check_bucket_allreduce", "rebinds the list items", "INTO the given tensors")
+def bucket_allreduce_rebinding(grads, bucket_bytes):
+    for i in range(len(grads[0])):
+        s = sum(g[i] for g in grads)
+        for g in grads:
+            g[i] = s.clone()
+
+
+@shortcut("check_bucket_allreduce", "the reference", "course's own answer")
+def bucket_allreduce_reference(grads, bucket_bytes):
+    helpers.bucketed_allreduce(grads, bucket_bytes)
+
+
+# ---- fixes: ring_allreduce -------------------------------------------------------------------
+@worked("check_ring_allreduce")
+def my_ring_allreduce(data):
+    k = len(data)
+    chunks = [list(t.view(-1).tensor_split(k)) for t in data]
+    sent = [0] * k
+    for phase in ("reduce-scatter", "all-gather"):
         for s in range(k - 1):
             for i in range(k):
-                c, dst = (i - s) % k, (i + 1) % k
-                chunks[dst][c].add_(chunks[i][c])
-        return [2 * (k - 1) * c[0].numel() for c in chunks]
-    assert_status(check_ring_allreduce(no_allgather), "failed", "does not hold the sum")
+                dst = (i + 1) % k
+                c = ((i - s) % k if phase == "reduce-scatter"
+                     else (i + 1 - s) % k)
+                if phase == "reduce-scatter":
+                    chunks[dst][c].add_(chunks[i][c].to(data[dst].device))
+                else:
+                    chunks[dst][c].copy_(chunks[i][c])
+                sent[i] += chunks[i][c].numel()
+    return sent
 
 
-def test_amdahl_speedup():
-    assert_status(check_amdahl_speedup(amdahl_speedup), "passed")
-    assert_status(check_amdahl_speedup(stub), "not done")
-    assert_status(check_amdahl_speedup(lambda sh, f: sum(f.values()) or 1.0), "failed",
-                  "speed-up")
-    # the shares-weighted mean of the factors: speeds averaged instead of times
-    assert_status(check_amdahl_speedup(lambda sh, f: sum(s * f.get(n, 1.0) for n, s in sh.items())),
-                  "failed", "sum of share / factor")
+@other("check_ring_allreduce", "the other way round the ring, numpy counts")
+def ring_allreduce_backwards(data):
+    k = len(data)
+    chunks = [t.view(-1).tensor_split(k) for t in data]
+    sent = np.zeros(k, dtype=np.int64)
+    for s in range(k - 1):                         # reduce-scatter, to the left
+        for i in range(k):
+            c, dst = (i + s) % k, (i - 1) % k
+            chunks[dst][c].add_(chunks[i][c].to(data[dst].device))
+            sent[i] += chunks[i][c].numel()
+    for s in range(k - 1):                         # all-gather, to the left
+        for i in range(k):
+            c, dst = (i + s - 1) % k, (i - 1) % k
+            chunks[dst][c].copy_(chunks[i][c])
+            sent[i] += chunks[i][c].numel()
+    return list(sent)
 
 
-def test_fit_latency_bandwidth():
-    assert_status(check_fit_latency_bandwidth(helpers.fit_alpha_beta), "passed")
-    assert_status(check_fit_latency_bandwidth(stub), "not done")
-
-    def slope_not_bandwidth(n, t):
-        a, b = helpers.fit_alpha_beta(n, t)
-        return a, 1 / b
-    assert_status(check_fit_latency_bandwidth(slope_not_bandwidth), "failed", "beta")
-
-    def no_latency(n, t):   # bandwidth only: total bytes over total time, no intercept
-        return 0.0, sum(n) / sum(t)
-    assert_status(check_fit_latency_bandwidth(no_latency), "failed", "alpha")
+@shortcut("check_ring_allreduce", "naive sum, made-up counts", "the whole tensor")
+def ring_allreduce_naive(data):
+    helpers.allreduce(data)
+    k, n = len(data), data[0].numel()
+    return [sum(len(c) for j, c in enumerate(torch.arange(n).tensor_split(k)) if j != i)
+            for i in range(k)]
 
 
-def test_ring_allreduce_seconds():
-    assert_status(check_ring_allreduce_seconds(ring_seconds), "passed")
-    assert_status(check_ring_allreduce_seconds(stub), "not done")
-    assert_status(check_ring_allreduce_seconds(
-        lambda n, k, a, b: helpers.allreduce_time(n, k, a, b, "naive")), "failed", "expected")
-    assert_status(check_ring_allreduce_seconds(
-        lambda n, k, a, b: 2 * (k - 1) * a + n / b), "failed", "expected")
+@shortcut("check_ring_allreduce", "chunks through device 0", "in a ring each device")
+def ring_allreduce_star(data):
+    k = len(data)
+    chunks = [t.view(-1).tensor_split(k) for t in data]
+    sent = [0] * k
+    for c in range(k):
+        for i in range(1, k):
+            chunks[0][c].add_(chunks[i][c].to(data[0].device))
+            sent[i] += chunks[i][c].numel()
+        for i in range(1, k):
+            chunks[i][c].copy_(chunks[0][c])
+            sent[0] += chunks[0][c].numel()
+    return sent
 
 
-def test_crossover_bytes():
-    assert_status(check_crossover_bytes(lambda a, b: a * b), "passed")
-    assert_status(check_crossover_bytes(stub), "not done")
-    assert_status(check_crossover_bytes(lambda a, b: a / b), "failed", "bytes")
-    assert_status(check_crossover_bytes(lambda a, b: b / a), "failed", "bytes")
+@shortcut("check_ring_allreduce", "no all-gather", "does not hold the sum")
+def ring_allreduce_no_allgather(data):
+    k = len(data)
+    chunks = [list(t.view(-1).tensor_split(k)) for t in data]
+    for s in range(k - 1):
+        for i in range(k):
+            c, dst = (i - s) % k, (i + 1) % k
+            chunks[dst][c].add_(chunks[i][c])
+    return [2 * (k - 1) * c[0].numel() for c in chunks]
+
+
+@shortcut("check_ring_allreduce", "counts what it received", "you report device")
+def ring_allreduce_miscounted(data):
+    sent = my_ring_allreduce(data)
+    return sent[1:] + sent[:1]                    # device i+1's count for device i
+
+
+@shortcut("check_ring_allreduce", "the reference", "course's own answer")
+def ring_allreduce_reference(data):
+    return helpers.ring_allreduce(data)
+
+
+def test_ring_counts_are_observed_not_trusted():
+    """The made-up counts of the review (2(k-1)/k n each) on a naive sum still fail."""
+    def naive(data):
+        helpers.allreduce(data)
+        k, n = len(data), data[0].numel()
+        return [2 * (k - 1) * n // k + (i < 2 * (k - 1) * n % k) for i in range(k)]
+    result = check_ring_allreduce(naive)
+    assert result.status == "failed" and "sent" in result.message, result
+
+
+# ---- fixes: amdahl_speedup -------------------------------------------------------------------
+@worked("check_amdahl_speedup")
+def amdahl_speedup(shares, factors):
+    return 1 / sum(s / factors.get(name, 1.0) for name, s in shares.items())
+
+
+@other("check_amdahl_speedup", "the time saved, in fractions")
+def amdahl_speedup_saved(shares, factors):
+    saved = sum(fractions.Fraction(shares[n]) * (1 - 1 / fractions.Fraction(f))
+                for n, f in factors.items())
+    return 1 / (1 - saved)
+
+
+@shortcut("check_amdahl_speedup", "averages the speeds", "sum of share / factor")
+def amdahl_speedup_speeds(shares, factors):
+    return sum(s * factors.get(n, 1.0) for n, s in shares.items())
+
+
+@shortcut("check_amdahl_speedup", "forgets the phases not fixed", "still take their share")
+def amdahl_speedup_fixed_only(shares, factors):
+    return 1 / sum(shares[n] / f for n, f in factors.items()) if factors else 1.0
+
+
+@shortcut("check_amdahl_speedup", "adds the factors", "expected")
+def amdahl_speedup_sum(shares, factors):
+    return sum(factors.values()) or 1.0
+
+
+# ---- scaling: fit_latency_bandwidth ----------------------------------------------------------
+@worked("check_fit_latency_bandwidth")
+def fit_latency_bandwidth(n_bytes, seconds):
+    A = torch.tensor([[1.0, float(n)] for n in n_bytes], dtype=torch.float64)
+    t = torch.tensor(seconds, dtype=torch.float64).unsqueeze(1)
+    alpha, slope = torch.linalg.lstsq(A, t).solution.squeeze(1).tolist()
+    return alpha, 1 / slope
+
+
+@other("check_fit_latency_bandwidth", "numpy.polyfit, numpy numbers")
+def fit_polyfit(n_bytes, seconds):
+    slope, alpha = np.polyfit(np.asarray(n_bytes, dtype=float), seconds, 1)
+    return alpha, 1 / slope
+
+
+@other("check_fit_latency_bandwidth", "relative residuals, as the course's fit")
+def fit_relative(n_bytes, seconds):
+    t = torch.tensor(seconds, dtype=torch.float64)
+    A = torch.stack([torch.ones_like(t), torch.tensor(n_bytes, dtype=torch.float64)], 1)
+    sol = torch.linalg.lstsq(A / t[:, None], torch.ones_like(t)[:, None]).solution
+    alpha, slope = sol.squeeze(1).tolist()
+    return alpha, 1 / slope
+
+
+@shortcut("check_fit_latency_bandwidth", "a line through the first and last point",
+          "through the first and last point")
+def fit_two_points(n_bytes, seconds):
+    slope = (seconds[-1] - seconds[0]) / (n_bytes[-1] - n_bytes[0])
+    return seconds[0] - slope * n_bytes[0], 1 / slope
+
+
+@shortcut("check_fit_latency_bandwidth", "the slope, not the bandwidth", "inverse of the slope")
+def fit_slope(n_bytes, seconds):
+    alpha, beta = fit_latency_bandwidth(n_bytes, seconds)
+    return alpha, 1 / beta
+
+
+@shortcut("check_fit_latency_bandwidth", "no latency", "intercept")
+def fit_no_latency(n_bytes, seconds):
+    return 0.0, sum(n_bytes) / sum(seconds)
+
+
+@shortcut("check_fit_latency_bandwidth", "the reference", "course's own answer")
+def fit_reference(n_bytes, seconds):
+    return helpers.fit_alpha_beta(n_bytes, seconds)
+
+
+# ---- scaling: ring_allreduce_seconds ---------------------------------------------------------
+@worked("check_ring_allreduce_seconds")
+def ring_allreduce_time(n_bytes, k, alpha, beta):
+    if k <= 1:
+        return 0.0
+    return 2 * (k - 1) * alpha + 2 * (k - 1) / k * n_bytes / beta
+
+
+@other("check_ring_allreduce_seconds", "per step, numpy")
+def ring_allreduce_time_steps(n_bytes, k, alpha, beta):
+    steps = np.float64(2 * (k - 1))
+    return steps * (alpha + n_bytes / k / beta)
+
+
+@shortcut("check_ring_allreduce_seconds", "the naive allreduce", "naive allreduce")
+def ring_allreduce_time_naive(n_bytes, k, alpha, beta):
+    return 2 * (k - 1) * (alpha + n_bytes / beta)
+
+
+@shortcut("check_ring_allreduce_seconds", "the whole tensor per device", "2(k-1)/k of the n")
+def ring_allreduce_time_whole(n_bytes, k, alpha, beta):
+    return 2 * (k - 1) * alpha + (n_bytes / beta if k > 1 else 0.0)
+
+
+@shortcut("check_ring_allreduce_seconds", "one phase only", "both phases")
+def ring_allreduce_time_half(n_bytes, k, alpha, beta):
+    return (k - 1) * alpha + (k - 1) / k * n_bytes / beta
+
+
+@shortcut("check_ring_allreduce_seconds", "the reference", "course's own answer")
+def ring_allreduce_time_reference(n_bytes, k, alpha, beta):
+    return helpers.allreduce_time(n_bytes, k, alpha, beta)
+
+
+@shortcut("check_ring_allreduce_seconds", "the course's byte count", "course's own answer")
+def ring_allreduce_time_bytes(n_bytes, k, alpha, beta):
+    return 2 * (k - 1) * alpha + helpers.ring_allreduce_bytes(n_bytes, k) / beta
+
+
+# ---- scaling: crossover_bytes ----------------------------------------------------------------
+@worked("check_crossover_bytes")
+def crossover_bytes(alpha, beta):
+    return alpha * beta
+
+
+@other("check_crossover_bytes", "alpha over the time of a byte, a 0-d tensor")
+def crossover_bytes_tensor(alpha, beta):
+    return torch.tensor(alpha, dtype=torch.float64) / (1 / torch.tensor(beta,
+                                                                        dtype=torch.float64))
+
+
+@shortcut("check_crossover_bytes", "alpha / beta", "set it equal to alpha")
+def crossover_bytes_ratio(alpha, beta):
+    return alpha / beta
+
+
+@shortcut("check_crossover_bytes", "beta / alpha", "n / beta")
+def crossover_bytes_inverse(alpha, beta):
+    return beta / alpha
+
+
+test_case = parametrize_cases(__name__)
 
 
 def test_checks_are_exported():
-    for name in helpers.checks.fast.__all__:
-        assert getattr(helpers.checks, name) is getattr(helpers.checks.fast, name)
-    assert torch.__version__
+    for module in (helpers.checks.fast, helpers.checks.fixes, helpers.checks.scaling):
+        for name in module.__all__:
+            assert getattr(helpers.checks, name) is getattr(module, name)

@@ -1,9 +1,6 @@
 """Every exercise check is on the harness and tested three ways (issue 19): declared with @check
 (what it observes, the references it blocks), and registered in tests/check_cases.py with its
 worked answer, at least two shortcuts of different kinds, and at least one other right answer.
-
-A check still waiting for its conversion is listed in PENDING; the list may only shrink: a
-check in it that is declared and has all three kinds of cases fails here until it is removed.
 """
 import importlib
 import pathlib
@@ -19,34 +16,12 @@ for path in sorted(TESTS.glob("test_checks_*.py")):
     if path.stem != "test_checks_registry":
         importlib.import_module(path.stem)     # fills CASES
 
-# Parts III-VI: converted by the engineers of issue 19's second half
-PENDING = {
-    "check_amdahl_speedup",
-    "check_bucket_allreduce",
-    "check_crossover_bytes",
-    "check_fit_latency_bandwidth",
-    "check_predicted_speedup",
-    "check_ring_allreduce",
-    "check_ring_allreduce_seconds",
-    "check_time_it",
-    "check_time_shares",
-}
 CHECKS = sorted(n for n in dir(helpers.checks) if n.startswith("check_")
                 and callable(getattr(helpers.checks, n)))
 
 
-def _complete(name):
-    cases = CASES.get(name, {"worked": [], "shortcuts": [], "others": []})
-    kinds = {c.label for c in cases["shortcuts"]}
-    return bool(cases["worked"]) and len(kinds) >= 2 and bool(cases["others"])
-
-
 @pytest.mark.parametrize("name", CHECKS)
 def test_every_check_is_declared_and_tested_three_ways(name):
-    if name in PENDING:
-        assert not (name in REGISTRY and _complete(name)), (
-            f"{name} is converted and tested: remove it from PENDING")
-        return
     assert name in REGISTRY, f"{name} is not declared with @check (helpers/checks/_core)"
     cases = CASES.get(name)
     assert cases, f"{name} has no cases in tests/test_checks_*.py (tests/check_cases.py)"
@@ -55,10 +30,6 @@ def test_every_check_is_declared_and_tested_three_ways(name):
     assert len(kinds) >= 2, f"{name}: shortcuts of {len(kinds)} kind(s) {sorted(kinds)}; need 2"
     assert cases["others"], f"{name}: no @other right answer"
     assert REGISTRY[name].observes, f"{name} declares nothing it observes (teachers.md)"
-
-
-def test_pending_checks_exist():
-    assert PENDING <= set(CHECKS), sorted(PENDING - set(CHECKS))
 
 
 @pytest.mark.parametrize("name", CHECKS)

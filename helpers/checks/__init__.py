@@ -9,7 +9,9 @@ from .wrappers import *         # noqa: F401,F403  Part III: DataParallel, custo
 from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
 from .ddp_scratch import *      # noqa: F401,F403  Part III: DDP from scratch
 from .syncbn import *           # noqa: F401,F403  Part III: BatchNorm across devices
-from .fast import *             # noqa: F401,F403  Part IV
+from .fast import *             # noqa: F401,F403  Part IV: profile
+from .fixes import *            # noqa: F401,F403  Part IV: fixes
+from .scaling import *          # noqa: F401,F403  Part IV: scaling
 from .zero import *             # noqa: F401,F403  Part V: ZeRO
 from .fsdp_scratch import *     # noqa: F401,F403  Part V: FSDP from scratch
 from .fsdp2 import *            # noqa: F401,F403  Part V: FSDP2, recomputation

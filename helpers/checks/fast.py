@@ -1,221 +1,222 @@
-"""Checks for the exercises of Part IV (profile, fixes, scaling)."""
+"""Checks for the exercises of Part IV's profile chapter (fixes: fixes.py, scaling: scaling.py).
+
+A timer is judged on simulated GPUs that run asynchronously: fn() only queues work, and the work
+is done when a synchronize of its device returns, so the check sees whether and when the answer
+waited, and what the calls really took. Formulas get fresh inputs, numbers of any real type, and
+tolerances from float rounding.
+"""
+import contextlib
 import math
 import statistics
 import time
 
 import torch
 
-from ._core import expect, fresh_generator, run_check
+from ._core import (as_number, check, describe_device, expect, fresh_generator, randint,
+                    rel_close, uniform)
 
-__all__ = ["check_time_it", "check_time_shares", "check_predicted_speedup",
-           "check_bucket_allreduce", "check_ring_allreduce", "check_amdahl_speedup",
-           "check_fit_latency_bandwidth",
-           "check_ring_allreduce_seconds", "check_crossover_bytes"]
-
-
-def _close(a, b, rel=1e-6, abs_=1e-12):
-    return a is not None and math.isclose(float(a), float(b), rel_tol=rel, abs_tol=abs_)
+__all__ = ["check_time_it", "check_time_shares", "check_predicted_speedup"]
 
 
 # --- profile.ipynb ----------------------------------------------------------------------------
+class _AsyncGPUs:
+    """Simulated GPUs that run asynchronously, as CUDA does: `queue(i, work)` returns at once,
+    and `synchronize(d)` (torch.cuda.synchronize, which helpers.synchronize calls) sleeps until
+    d's queued work is done. Records the calls of fn and the synchronizations, in order."""
 
+    def __init__(self, devices):
+        self.devices = devices
+        self.busy = {d: 0.0 for d in devices}        # when each device's queue runs dry
+        self.events = []                              # ("call", i, t) and ("sync", device, t)
+        self.starts = []
+
+    def queue(self, work):
+        now = time.perf_counter()
+        for d, seconds in work.items():
+            self.busy[d] = max(self.busy[d], now) + seconds
+
+    def call(self, work):
+        i = len(self.starts)
+        self.starts.append(time.perf_counter())
+        self.events.append(("call", i, self.starts[-1]))
+        self.queue(work)
+
+    def synchronize(self, device=None):
+        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(
+            device if device is not None else "cuda")
+        d = torch.device("cuda", d.index or 0) if d.type == "cuda" else d
+        wait = self.busy.get(d, 0.0) - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        self.events.append(("sync", d, time.perf_counter()))
+
+    @contextlib.contextmanager
+    def active(self):
+        saved = [(torch.cuda, "synchronize", torch.cuda.synchronize)]
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and hasattr(accelerator, "synchronize"):
+            saved.append((accelerator, "synchronize", accelerator.synchronize))
+        for owner, name, _ in saved:
+            setattr(owner, name, self.synchronize)
+        try:
+            yield self
+        finally:
+            for owner, name, value in saved:
+                setattr(owner, name, value)
+
+    def unsynced(self, gpus, earlier):
+        """For each call of fn: the GPUs not synchronized between it and the next call (or the
+        end), then the GPUs of `earlier` work not synchronized before the first call:
+        [(call index or -1, [devices])]."""
+        out, since, call = [], set(), -1
+        for kind, what, _ in self.events + [("call", None, None)]:
+            if kind == "sync":
+                since.add(what)
+            else:
+                missing = [d for d in (gpus if call >= 0 else earlier) if d not in since]
+                if missing:
+                    out.append((call, missing))
+                since, call = set(), what
+        return sorted(out, key=lambda item: item[0] < 0)
+
+    def durations(self, gpus):
+        """What each call really took: from its start to the return of the synchronize that
+        found the last of its work done, on every GPU."""
+        out = []
+        for i, start in enumerate(self.starts):
+            at = next(j for j, e in enumerate(self.events) if e[:2] == ("call", i))
+            ends = []
+            for d in gpus:
+                ends.append(next((e[2] for e in self.events[at:] if e[:2] == ("sync", d)),
+                                 math.inf))
+            out.append(max(ends) - start)
+        return out
+
+
+def _ms(seconds):
+    return f"{seconds * 1e3:.1f} ms"
+
+
+@check("time_it", references=["Timer", "measure"], observes=[
+    "on 2 or 3 simulated GPUs that run asynchronously (fn() only queues work; "
+    "torch.cuda.synchronize, which helpers.synchronize calls, waits for it): which GPUs were "
+    "synchronized before the first call and after every call, before the next one",
+    "the seconds returned against the median of what the calls really took (one of them much "
+    "slower than the others, so median, mean and total are far apart), measured by the check"])
 def check_time_it(time_it):
-    """time_it(fn, devices, reps) -> median seconds of one call of fn (synchronised).
-
-    Robust on a loaded machine: the check times every call of fn itself and compares the answer
-    with the median of the durations that really happened, not with the sleep it asked for. One
-    call is much longer than the others, so the median, the mean and the total are far apart."""
-    def body():
-        g = fresh_generator()
-        reps = int(torch.randint(3, 6, (1,), generator=g))
-        slow = int(torch.randint(0, reps, (1,), generator=g))   # which call is the slow one
-        durations = []
+    """time_it(fn, devices, reps) -> median seconds of one call of fn, the devices synchronized
+    before the clock starts and before it stops. Robust on a loaded machine: the check compares
+    with the durations that really happened, not with the work it queued."""
+    g = fresh_generator()
+    for _ in range(2):
+        k, reps = randint(g, 2, 3), randint(g, 3, 6)
+        gpus = [torch.device("cuda", i) for i in range(k)]
+        devices = list(gpus) + ([torch.device("cpu")] if randint(g, 0, 1) else [])
+        slow = randint(g, 0, reps - 1)                # which call is the slow one
+        sim = _AsyncGPUs(gpus)
 
         def fn():
-            i = len(durations)
-            t0 = time.perf_counter()
-            time.sleep(0.06 if i == slow else 0.005)
-            durations.append(time.perf_counter() - t0)
-        t = time_it(fn, [torch.device("cpu")], reps)
-        expect(isinstance(t, float), f"return a float (seconds), got {type(t).__name__}")
-        expect(len(durations) >= reps,
-               f"fn ran {len(durations)} times, expected at least reps={reps}")
-        med, mean = statistics.median(durations), statistics.fmean(durations)
-        total = sum(durations)
-        expect(not _close(t, 1e3 * med, 0.5),
-               f"time_it says {t:g}: that looks like milliseconds; return seconds")
-        expect(not _close(t, total, 0.2) or _close(total, med, 0.2),
-               f"time_it says {t * 1e3:.1f} ms, the total of all {len(durations)} calls "
-               f"({total * 1e3:.1f} ms); return the median of per-call times")
-        expect(abs(t - med) < abs(t - mean) and t >= 0.9 * min(durations),
-               f"time_it says {t * 1e3:.1f} ms, but the calls took {med * 1e3:.1f} ms (median) "
-               f"and {mean * 1e3:.1f} ms (mean; one call is slow): return the median of "
-               "per-call times, in seconds")
-    return run_check("time_it", body)
+            i = len(sim.starts)
+            last = 0.06 if i == slow else 0.006       # the longest work on the last GPU
+            sim.call({d: (last if d == gpus[-1] else 0.002) for d in gpus})
+        call = f"time_it(fn, {[str(d) for d in devices]}, {reps})"
+        earlier = [gpus[randint(g, 0, k - 1)]]
+        with sim.active():
+            sim.queue({earlier[0]: 0.03})             # earlier work, still running
+            t = as_number(time_it(fn, list(devices), reps), call)
+        n = len(sim.starts)
+        expect(n >= reps, f"{call} called fn {n} times, expected reps = {reps}")
+        warm = n > reps            # a warm-up call ran the earlier work out before timing
+        for i, missing in sim.unsynced(gpus, [] if warm else earlier):
+            names = " and ".join(map(describe_device, missing))
+            if i < 0:
+                expect(False, f"{call} started timing while {names} still ran earlier work: "
+                              "synchronise the devices before starting the clock "
+                              "(helpers.synchronize(devices))")
+            expect(False, f"{call}: the work that fn queued on {names} in call {i + 1} was "
+                          "never waited for before " + ("the next call" if i < n - 1 else
+                                                  f"{call.split('(')[0]} returned") +
+                          ": GPUs run asynchronously; synchronise every device in devices "
+                          "after fn() and before stopping the clock (helpers.synchronize)")
+        real = sim.durations(gpus)
+        med, mean, total = statistics.median(real), statistics.fmean(real), sum(real)
+        expect(not math.isclose(t, 1e3 * med, rel_tol=0.5),
+               f"{call} says {t:g}: that looks like milliseconds; return seconds")
+        expect(t >= 0.5 * min(real),
+               f"{call} says {_ms(t)}, but every call took at least {_ms(min(real))} until its "
+               "work was done: the clock stopped before the devices finished; synchronise "
+               "before stopping the clock, not after")
+        expect(not math.isclose(t, total, rel_tol=0.2),
+               f"{call} says {_ms(t)}, the total of all {n} calls ({_ms(total)}); return the "
+               "median of per-call times")
+        expect(abs(t - med) < abs(t - mean) and t >= 0.9 * min(real),
+               f"{call} says {_ms(t)}, but the calls took {_ms(med)} (median) and {_ms(mean)} "
+               "(mean; one call is slow): return the median of per-call times, in seconds")
 
 
+def _mapping(value, call):
+    expect(isinstance(value, dict), f"{call} returned {type(value).__name__}, expected a dict")
+    return value
+
+
+@check("time_shares", observes=[
+    "the dict returned for fresh phase times (a random subset of the phases): its keys, their "
+    "order (largest first) and each share against seconds / total, to float rounding"])
 def check_time_shares(time_shares):
     """time_shares(seconds: dict) -> dict name -> fraction of the total, largest first."""
-    def body():
-        g = fresh_generator()
-        names = ["data", "copy", "forward", "backward", "allreduce", "sgd"]
-        vals = (torch.rand(len(names), generator=g) + 0.01).tolist()
-        secs = dict(zip(names, vals))
-        out = time_shares(secs)
-        expect(isinstance(out, dict), f"return a dict, got {type(out).__name__}")
-        expect(set(out) == set(names), f"keys {sorted(out)} differ from {sorted(names)}")
-        total = sum(vals)
-        for k, v in secs.items():
-            expect(_close(out[k], v / total, 1e-6), f"share of {k!r} is {out[k]}, expected "
-                   f"{v / total:.4f}")
+    g = fresh_generator()
+    names = ["data", "copy", "forward", "backward", "allreduce", "sgd"]
+    for _ in range(3):
+        picked = [n for n in names if randint(g, 0, 3)] or names[:2]
+        secs = {n: uniform(g, 0.001, 0.2) for n in picked}
+        total = math.fsum(secs.values())
+        call = "time_shares({" + ", ".join(f"{n!r}: {v:.4g}" for n, v in secs.items()) + "})"
+        out = _mapping(time_shares(dict(secs)), call)
+        expect(set(out) == set(secs), f"{call} returned the keys {sorted(out)}, expected "
+                                      f"{sorted(secs)}")
+        for name, v in secs.items():
+            got, dtype = as_number(out[name], f"{call}[{name!r}]", with_dtype=True)
+            if rel_close(got, v / total, len(secs) + 2, dtype):
+                continue
+            hint = ""
+            if rel_close(got, 100 * v / total, len(secs) + 3, dtype):
+                hint = ": that is a percentage; return the fraction (between 0 and 1)"
+            elif rel_close(got, v, 1, dtype):
+                hint = ": that is its time; divide by the total of all phases"
+            expect(False, f"{call}: the share of {name!r} is {got:.6g}, expected "
+                          f"{v / total:.6g}{hint}")
         expect(list(out) == sorted(secs, key=secs.get, reverse=True),
-               "order the keys largest share first")
-    return run_check("time_shares", body)
+               f"{call}: the keys come in the order {list(out)}; order them largest share "
+               "first")
 
 
+@check("predicted_speedup", observes=[
+    "the number returned for fresh (compute, all-reduce, k), k = 1 and an all-reduce longer "
+    "than the step, against one worker's step over a k-worker step (compute/k plus the "
+    "all-reduce), to float rounding"])
 def check_predicted_speedup(predicted_speedup):
     """predicted_speedup(compute_s, comm_s, k) -> speed-up of k workers over one, when one
     worker's step is compute_s of compute, k workers split it evenly, and each of their steps
     adds comm_s of all-reduce (one worker has nothing to reduce)."""
-    def body():
-        g = fresh_generator()
-        for _ in range(6):
-            compute = float(torch.rand(1, generator=g)) * 0.1 + 1e-3
-            comm = float(torch.rand(1, generator=g)) * 0.05 + 1e-4
-            k = int(torch.randint(2, 9, (1,), generator=g))
-            want = compute / (compute / k + comm)
-            got = predicted_speedup(compute, comm, k)
-            expect(got is not None and not isinstance(got, bool),
-                   f"return a number, got {got!r}")
-            expect(not _close(got, k, 1e-3),
-                   f"k={k}: {got:.3g} is the ideal k: every worker also pays the all-reduce "
-                   f"({comm * 1e3:.2f} ms a step)")
-            expect(not _close(got, compute / (compute + comm), 1e-3),
-                   f"k={k}: {got:.3g} charges the all-reduce but never splits the compute: "
-                   "each worker computes 1/k of the batch")
-            expect(_close(got, want, 1e-6),
-                   f"compute {compute * 1e3:.2f} ms, all-reduce {comm * 1e3:.2f} ms, k={k}: "
-                   f"speed-up {got:.4g}, expected {want:.4g} (one worker's step over a "
-                   "k-worker step)")
-        expect(_close(predicted_speedup(0.05, 0.01, 1), 1.0),
-               "one worker does not communicate: its speed-up over itself is 1")
-        slow = predicted_speedup(0.002, 0.01, 2)
-        expect(slow < 1, f"an all-reduce longer than the step: {slow:.3g} should be below 1 "
-               "(two workers lose)")
-    return run_check("predicted_speedup", body)
-
-
-# --- fixes.ipynb ------------------------------------------------------------------------------
-
-def _naive_sum(data):
-    return sum(d.detach().clone() for d in data)
-
-
-def check_bucket_allreduce(bucket_allreduce):
-    """bucket_allreduce(grads, bucket_bytes): grads[c] = list of tensors of replica c, in place."""
-    def body():
-        g = fresh_generator()
-        for k in (1, 2, 3):
-            shapes = [tuple(int(s) for s in torch.randint(1, 30, (int(torch.randint(1, 3, (1,),
-                      generator=g)),), generator=g)) for _ in range(int(torch.randint(3, 7, (1,),
-                                                                                 generator=g)))]
-            grads = [[torch.randn(s, generator=g) for s in shapes] for _ in range(k)]
-            objs = [list(x) for x in grads]
-            sums = [_naive_sum([grads[c][i] for c in range(k)]) for i in range(len(shapes))]
-            bucket_allreduce(grads, int(torch.randint(40, 400, (1,), generator=g)))
-            for c in range(k):
-                for i in range(len(shapes)):
-                    expect(grads[c][i] is objs[c][i],
-                           "replace no list item: write the sums INTO the given tensors")
-                    expect(grads[c][i].shape == sums[i].shape,
-                           f"replica {c}, tensor {i} has shape {tuple(grads[c][i].shape)}, "
-                           f"expected {tuple(sums[i].shape)}")
-                    expect(torch.allclose(grads[c][i], sums[i], atol=1e-5),
-                           f"replica {c}, tensor {i} (k={k}) does not hold the sum over replicas")
-    return run_check("bucket_allreduce", body)
-
-
-def check_ring_allreduce(ring_allreduce):
-    """ring_allreduce(data) in place; returns the elements each device sent."""
-    def body():
-        g = fresh_generator()
-        for k in (1, 2, 3, 4, 5):
-            n = int(torch.randint(k, 60, (1,), generator=g)) * 7 + 1
-            data = [torch.randint(-9, 9, (n,), generator=g).float() for _ in range(k)]
-            total, ptrs = _naive_sum(data), [d.data_ptr() for d in data]
-            sent = ring_allreduce(data)
-            expect([d.data_ptr() for d in data] == ptrs, "work in place on the given tensors")
-            for i, d in enumerate(data):
-                expect(torch.equal(d, total), f"k={k}, n={n}: device {i} does not hold the sum")
-            expect(sent is not None and len(sent) == k,
-                   f"return one count per device ({k}), got {sent!r}")
-            expect(sum(sent) == 2 * (k - 1) * n,
-                   f"k={k}, n={n}: the devices sent {sum(sent)} elements in all, a ring sends "
-                   f"2(k-1)n = {2 * (k - 1) * n}")
-            expect(max(sent) <= 2 * (k - 1) * math.ceil(n / k),
-                   f"k={k}: device {sent.index(max(sent))} sent {max(sent)} elements: each "
-                   "step must pass one chunk of about n/k, not the whole tensor")
-    return run_check("ring_allreduce", body)
-
-
-def check_amdahl_speedup(amdahl_speedup):
-    """amdahl_speedup(shares, factors) -> overall speed-up when phase i (share of the time
-    shares[i]) becomes factors[i] times faster (phases not in factors unchanged)."""
-    def body():
-        g = fresh_generator()
-        names = ["data", "copy", "compute", "allreduce"]
-        w = torch.rand(4, generator=g) + 0.05
-        shares = dict(zip(names, (w / w.sum()).tolist()))
-        picked = names[:int(torch.randint(1, 4, (1,), generator=g))]
-        factors = {n: float(torch.randint(2, 20, (1,), generator=g)) for n in picked}
-        expected = 1 / sum(s / factors.get(n, 1.0) for n, s in shares.items())
-        got = amdahl_speedup(shares, factors)
-        expect(_close(got, expected, 1e-6), f"speed-up {got}, expected {expected:.4f} "
-               "(the time left is the sum of share / factor)")
-        expect(_close(amdahl_speedup(shares, {}), 1.0), "no fix, no speed-up: expected 1")
-    return run_check("amdahl_speedup", body)
-
-
-# --- scaling.ipynb ----------------------------------------------------------------------------
-
-def check_fit_latency_bandwidth(fit):
-    """fit(n_bytes, seconds) -> (alpha, beta) of t = alpha + n / beta."""
-    def body():
-        g = fresh_generator()
-        alpha = float(torch.rand(1, generator=g)) * 1e-4 + 1e-6
-        beta = float(torch.rand(1, generator=g)) * 1e10 + 1e8
-        n = (2.0 ** torch.arange(8, 24, 2)).tolist()
-        t = [alpha + x / beta for x in n]
-        a, b = fit(n, t)
-        expect(_close(a, alpha, 1e-3, 1e-9), f"alpha {a}, expected {alpha:.3g} s")
-        expect(_close(b, beta, 1e-3), f"beta {b}, expected {beta:.3g} bytes/s (beta is a "
-               "bandwidth: bytes per second, the inverse of the slope)")
-    return run_check("fit_latency_bandwidth", body)
-
-
-def check_ring_allreduce_seconds(seconds):
-    """seconds(n_bytes, k, alpha, beta) of a ring allreduce."""
-    def body():
-        g = fresh_generator()
-        for _ in range(5):
-            k = int(torch.randint(2, 65, (1,), generator=g))
-            n = float(torch.randint(1, 10**9, (1,), generator=g))
-            alpha, beta = float(torch.rand(1, generator=g)) * 1e-4, 1e9 * (1 + float(
-                torch.rand(1, generator=g)) * 100)
-            want = 2 * (k - 1) * alpha + 2 * (k - 1) / k * n / beta
-            got = seconds(n, k, alpha, beta)
-            expect(_close(got, want, 1e-6), f"k={k}, n={n:.0f} bytes: {got}, expected {want:.4g}")
-        expect(_close(seconds(1e6, 1, 1e-5, 1e9), 0.0), "one device has nothing to reduce: 0 s")
-    return run_check("ring_allreduce_seconds", body)
-
-
-def check_crossover_bytes(crossover):
-    """crossover(alpha, beta) -> the message size where latency and transfer time are equal."""
-    def body():
-        g = fresh_generator()
-        alpha = float(torch.rand(1, generator=g)) * 1e-4 + 1e-6
-        beta = float(torch.rand(1, generator=g)) * 1e11 + 1e8
-        got = crossover(alpha, beta)
-        expect(_close(got, alpha * beta, 1e-6), f"{got}, expected {alpha * beta:.4g} bytes "
-               "(the size n where n / beta = alpha)")
-    return run_check("crossover_bytes", body)
+    g = fresh_generator()
+    cases = [(uniform(g, 1e-3, 0.1), uniform(g, 1e-4, 0.05), randint(g, 2, 16))
+             for _ in range(6)]
+    cases += [(uniform(g, 1e-3, 0.1), uniform(g, 1e-4, 0.05), 1)]
+    compute = uniform(g, 1e-3, 5e-3)
+    cases += [(compute, uniform(g, 2, 5) * compute, 2)]          # two workers lose
+    for compute, comm, k in cases:
+        call = f"predicted_speedup({compute:.4g}, {comm:.4g}, {k})"
+        want = 1.0 if k == 1 else compute / (compute / k + comm)
+        got, dtype = as_number(predicted_speedup(compute, comm, k), call, with_dtype=True)
+        if rel_close(got, want, 8, dtype):
+            continue
+        hint = " (one worker's step over a k-worker step)"
+        if k == 1:
+            hint = ": one worker does not communicate: its speed-up over itself is 1"
+        elif rel_close(got, k, 8, dtype):
+            hint = (f": that is the ideal k; every worker also pays the all-reduce "
+                    f"({comm * 1e3:.2f} ms a step)")
+        elif rel_close(got, compute / (compute + comm), 8, dtype):
+            hint = (": that charges the all-reduce but never splits the compute; each worker "
+                    "computes 1/k of the batch")
+        expect(False, f"{call} returned {got:.6g}, expected {want:.6g}{hint}")

@@ -1,0 +1,226 @@
+"""Checks for the exercises of Part IV's fixes chapter (book/part4/fixes.ipynb).
+
+Allreduces are judged on CPU tensors for the values and on FakeGPUs (replica c on cuda:c) for
+what crossed between devices: every copy, its size, its source and destination, and what each
+device added. Formulas get fresh inputs, numbers of any real type, and tolerances from float
+rounding.
+"""
+import collections
+import math
+
+import torch
+
+from ._core import (CheckFailed, FakeGPUs, as_int, as_number, check, describe_device, expect,
+                    fresh_generator, randint, rel_close, uniform)
+
+__all__ = ["check_bucket_allreduce", "check_ring_allreduce", "check_amdahl_speedup"]
+
+
+def _moves(rec):
+    """(source device, destination device, elements) of every copy between devices."""
+    out = []
+    for op in rec.transfers():
+        src = op.reads[-1 if op.name == "copy_" else 0]
+        dst = (op.writes or op.outputs)[0]
+        out.append((src.device, dst.device, src.numel))
+    return out
+
+
+def _in_place(call, data, objs, ptrs, what="tensor"):
+    for i, (t, orig) in enumerate(zip(data, objs)):
+        expect(t is orig, f"{call}: {what} {i} was replaced in the list: write the sums INTO "
+                          "the given tensors (copy_, add_), they are the replicas' gradients")
+        expect(orig.data_ptr() == ptrs[i], f"{call}: {what} {i} got new storage (.data = or "
+                                           "set_): write the sums INTO the given tensors")
+
+
+def _bucket_sizes(numels, itemsize, bucket_bytes):
+    """Elements per bucket: consecutive tensors, closed once a bucket holds >= bucket_bytes."""
+    out, cur = [], 0
+    for n in numels:
+        cur += n
+        if cur * itemsize >= bucket_bytes:
+            out.append(cur)
+            cur = 0
+    return out + ([cur] if cur else [])
+
+
+def _bucket_case(g, dtype):
+    """Tensor shapes and a bucket size whose buckets hold two tensors or more, none of a single
+    tensor's size, that differ from buckets closed at '>' or filled from the end."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    for _ in range(200):
+        shapes = [(randint(g, 2, 40),) if randint(g, 0, 1) else (randint(g, 2, 6),
+                                                                  randint(g, 2, 6))
+                  for _ in range(randint(g, 6, 9))]
+        numels = [math.prod(s) for s in shapes]
+        cut = randint(g, 2, 3)
+        bucket_bytes = itemsize * sum(numels[:cut])          # a bucket closes exactly here
+        want = _bucket_sizes(numels, itemsize, bucket_bytes)
+        wrong = [_bucket_sizes(numels, itemsize, bucket_bytes + 1),
+                 _bucket_sizes(numels[::-1], itemsize, bucket_bytes),
+                 _bucket_sizes(numels, 1, bucket_bytes), _bucket_sizes(numels, 4, bucket_bytes)]
+        if (len(want) >= 2 and not set(numels) & set(want) and sum(numels) not in want
+                and all(collections.Counter(w) != collections.Counter(want) for w in wrong
+                        if w is not wrong[3] or itemsize != 4)):
+            return shapes, bucket_bytes, want
+    raise RuntimeError("no bucket case drawn")
+
+
+@check("bucket_allreduce", references=["bucketed_allreduce"], observes=[
+    "on CPU tensors: every gradient (the same objects, the same storage) holds the sum over "
+    "the replicas, for k = 1, 2, 3 and float32 and float64",
+    "on k simulated GPUs (replica c on cuda:c): every copy between devices, and its size: each "
+    "must carry one bucket's flat buffer, and every bucket (consecutive tensors, closed once it "
+    "holds at least bucket_bytes bytes) must travel; no tensor alone, no one buffer of all"])
+def check_bucket_allreduce(bucket_allreduce):
+    """bucket_allreduce(grads, bucket_bytes): grads[c] = list of tensors of replica c, summed over
+    the replicas in place, one flat buffer per bucket of consecutive tensors."""
+    g = fresh_generator()
+    for k, dtype in ((1, torch.float32), (2, torch.float32), (3, torch.float32),
+                     (2, torch.float64)):
+        shapes, bucket_bytes, want = _bucket_case(g, dtype)
+        grads = [[torch.randint(-9, 10, s, generator=g).to(dtype) for s in shapes]
+                 for _ in range(k)]
+        before = [[t.clone() for t in r] for r in grads]
+        sums = [sum(before[c][i] for c in range(k)) for i in range(len(shapes))]
+        call = (f"bucket_allreduce(grads of {k} replica{'s' if k > 1 else ''}, "
+                f"{bucket_bytes}) ({len(shapes)} {str(dtype).split('.')[-1]} tensors)")
+        objs = [list(r) for r in grads]
+        ptrs = [[t.data_ptr() for t in r] for r in grads]
+        bucket_allreduce(grads, bucket_bytes)
+        for c in range(k):
+            _in_place(call, grads[c], objs[c], ptrs[c], f"replica {c}'s tensor")
+            for i, s in enumerate(sums):
+                expect(torch.equal(objs[c][i], s), f"{call}: replica {c}'s tensor {i} does not "
+                                                   "hold the sum over the replicas")
+        if k > 1:
+            _bucket_traffic(bucket_allreduce, before, bucket_bytes, want, call)
+
+
+def _bucket_traffic(fn, before, bucket_bytes, want, call):
+    k = len(before)
+    gpus = FakeGPUs(k)
+    fakes = [[gpus.tensor(t, c) for t in r] for c, r in enumerate(before)]
+    _, rec = gpus.run(fn, fakes, bucket_bytes, what=call)
+    sizes = [n for _, _, n in _moves(rec)]
+    numels = [t.numel() for t in before[0]]
+    total = sum(numels)
+    expect(sizes, f"{call}: nothing crossed between the devices")
+    if total in sizes:
+        raise CheckFailed(f"{call}: one buffer of all {total} elements crossed between the "
+                          f"devices: form buckets of consecutive tensors, each closed once it "
+                          f"holds at least bucket_bytes = {bucket_bytes} bytes (numel * "
+                          f"element_size; here {want} elements)")
+    odd = [n for n in sizes if n not in want]
+    if odd:
+        hint = ""
+        if all(n in numels for n in odd):
+            hint = (": those are single tensors; copy each bucket's tensors into one flat "
+                    "buffer per replica (torch.cat) and send that")
+        raise CheckFailed(f"{call}: buffers of {sorted(set(odd))} elements crossed between the "
+                          f"devices, but the buckets hold {want} elements: a bucket takes "
+                          f"consecutive tensors from the first and closes as soon as it holds "
+                          f"at least bucket_bytes bytes (numel * element_size), the last may be "
+                          f"smaller{hint}")
+    seen, need = collections.Counter(sizes), collections.Counter(want)
+    short = [n for n in need if seen[n] < need[n] * (k - 1)]
+    expect(not short, f"{call}: the buckets of {short} elements never crossed between all "
+                      "the devices: reduce every bucket")
+
+
+@check("ring_allreduce", references=["ring_allreduce"], observes=[
+    "on CPU tensors (sizes no k divides, 1-D and 2-D): every tensor (the same object, the same "
+    "storage) holds the sum",
+    "on k simulated GPUs (tensor i on cuda:i): every copy between devices, its source, "
+    "destination and size: only between neighbours of the ring, one chunk (about n/k) at a "
+    "time, 2(k-1)n elements in all, and each device's additions at most k-1 chunks",
+    "the counts returned against the elements the check saw each device send"])
+def check_ring_allreduce(ring_allreduce):
+    """ring_allreduce(data) in place by a reduce-scatter then an all-gather over k chunks;
+    returns the elements each device sent."""
+    g = fresh_generator()
+    for k in (1, 2, 3, 4, 5):
+        n = k * randint(g, 2, 9) + (randint(g, 1, k - 1) if k > 1 else 0)
+        shape = (n,) if k % 2 == 0 or n % 2 else (2, n // 2)
+        n = math.prod(shape)
+        data = [torch.randint(-9, 10, shape, generator=g).float() for _ in range(k)]
+        before = [t.clone() for t in data]
+        total = torch.stack(before).sum(0)
+        call = f"ring_allreduce({k} tensors of shape {tuple(shape)})"
+        objs, ptrs = list(data), [t.data_ptr() for t in data]
+        sent = ring_allreduce(data)
+        _in_place(call, data, objs, ptrs)
+        for i, t in enumerate(objs):
+            expect(torch.equal(t, total), f"{call}: tensor {i} does not hold the sum"
+                   + ("" if k == 1 or torch.equal(objs[0], total) else "; after the "
+                      "reduce-scatter each device holds one summed chunk: the all-gather "
+                      "passes them round the ring"))
+        expect(isinstance(sent, (list, tuple)) and len(sent) == k,
+               f"{call} returned {sent!r}: return a list of {k} counts, one per device")
+        sent = [as_int(s, f"{call}[{i}]") for i, s in enumerate(sent)]
+        seen = _ring_traffic(ring_allreduce, before, call) if k > 1 else [0]
+        for i, (a, b) in enumerate(zip(sent, seen)):
+            expect(a == b, f"{call}: you report device {i} sent {a} elements, but it sent {b} "
+                           f"(all: {seen}); count the elements each device passes on")
+
+
+def _ring_traffic(fn, before, call):
+    """The elements each device sent, on simulated GPUs, checked against what a ring sends."""
+    k, n = len(before), before[0].numel()
+    chunk = -(-n // k)
+    gpus = FakeGPUs(k)
+    fakes = [gpus.tensor(t, i) for i, t in enumerate(before)]
+    _, rec = gpus.run(fn, list(fakes), what=call)
+    sent = [0] * k
+    for src, dst, size in _moves(rec):
+        a, b = src.index, dst.index
+        expect(b in ((a + 1) % k, (a - 1) % k),
+               f"{call}: {describe_device(src)} sent {size} elements to {describe_device(dst)}: "
+               "in a ring each device sends only to its neighbour")
+        expect(size <= chunk,
+               f"{call}: {describe_device(src)} sent {size} elements at once to "
+               f"{describe_device(dst)}" + (" (the whole tensor)" if size == n else "") +
+               f": each step passes one chunk of about n/k = {n / k:.1f} elements "
+               "(t.view(-1).tensor_split(k))")
+        sent[a] += size
+    expect(sum(sent) == 2 * (k - 1) * n,
+           f"{call}: the devices sent {sum(sent)} elements in all ({sent}); a ring sends "
+           f"2(k-1)n = {2 * (k - 1) * n}: k-1 chunks each in the reduce-scatter, k-1 in the "
+           "all-gather")
+    adds = rec.adds_by_device()
+    for d in gpus.devices:
+        expect(adds.get(d, 0) <= (k - 1) * chunk,
+               f"{call}: {describe_device(d)} added {adds.get(d, 0)} elements; in a ring each "
+               f"device adds only the k-1 chunks it receives in the reduce-scatter (at most "
+               f"{(k - 1) * chunk})")
+    return sent
+
+
+@check("amdahl_speedup", observes=[
+    "the number returned for fresh shares and fixes of some of the phases (and none), against "
+    "1 / the sum of share / factor, to float rounding"])
+def check_amdahl_speedup(amdahl_speedup):
+    """amdahl_speedup(shares, factors) -> overall speed-up when phase i (share of the time
+    shares[i]) becomes factors[i] times faster (phases not in factors unchanged)."""
+    g = fresh_generator()
+    names = ["data", "copy", "compute", "allreduce", "sgd"]
+    for fixed in (1, 2, 3, 0):
+        w = [uniform(g, 0.05, 1.0) for _ in names]
+        shares = {n: x / math.fsum(w) for n, x in zip(names, w)}
+        picked = [names[i] for i in torch.randperm(len(names), generator=g)[:fixed].tolist()]
+        factors = {n: uniform(g, 1.5, 20.0) for n in picked}
+        want = 1 / math.fsum(s / factors.get(n, 1.0) for n, s in shares.items())
+        call = ("amdahl_speedup(shares, "
+                + "{" + ", ".join(f"{n!r}: {f:.3g}" for n, f in factors.items()) + "})")
+        got, dtype = as_number(amdahl_speedup(dict(shares), dict(factors)), call,
+                               with_dtype=True)
+        if rel_close(got, want, 2 * len(names) + 2, dtype):
+            continue
+        hint = " (the step's time left is the sum of share / factor)"
+        only = math.fsum(shares[n] / f for n, f in factors.items())
+        if factors and rel_close(got, 1 / only, 2 * len(names) + 2, dtype):
+            hint = ": the phases not in factors still take their share of the time"
+        elif not factors:
+            hint = ": no fix, no speed-up"
+        expect(False, f"{call} returned {got:.6g}, expected {want:.6g}{hint}")
