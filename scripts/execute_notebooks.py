@@ -38,6 +38,7 @@ import chapter_runs  # noqa: E402
 from book_files import toc_notebooks  # noqa: E402
 
 SAMPLE_S = 0.2
+SETUP_CELL = "course-setup"   # scripts/colab_setup_cell.py's CELL_ID: nothing to store
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
@@ -57,6 +58,9 @@ def clean(nb):
         cell.outputs = [o for o in cell.get("outputs", [])
                         if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
                         and not _empty_display(o)]
+        if cell.get("id") == SETUP_CELL:   # stored as scripts/colab_setup_cell.py writes it
+            cell.execution_count, cell.outputs = None, []
+            continue
         if "raises-exception" in cell.get("metadata", {}).get("tags", []):
             continue
         for o in cell.outputs:

@@ -122,8 +122,11 @@ def atomic_save(obj, path):
 
 
 def write_json(path, obj, indent=1):
-    """json.dump(obj) to `path`, atomically."""
-    return atomic_write(path, lambda f: json.dump(obj, f, indent=indent), mode="w")
+    """json.dump(obj) to `path`, atomically, ending in a newline (as text files do)."""
+    def dump(f):
+        json.dump(obj, f, indent=indent)
+        f.write("\n")
+    return atomic_write(path, dump, mode="w")
 
 
 def read_json(path):
