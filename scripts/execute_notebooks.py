@@ -60,6 +60,7 @@ def clean(nb):
                         and not _empty_display(o)]
         if cell.get("id") == SETUP_CELL:   # stored as scripts/colab_setup_cell.py writes it
             cell.execution_count, cell.outputs = None, []
+            cell.metadata.pop("execution", None)
             continue
         if "raises-exception" in cell.get("metadata", {}).get("tags", []):
             continue
