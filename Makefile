@@ -88,8 +88,7 @@ pdf: $(STAMP)
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
 # test-browser depends on test-book, the book it tests.
 test: export COURSE_QUICK := 1
-test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf test-student bench \
-	gpu-dry
+test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf bench gpu-dry
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
 # The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
@@ -136,8 +135,11 @@ node_modules/.installed: package.json package-lock.json
 student: $(STAMP)
 	$(BIN)/python scripts/student_edition.py --out student --course _build/nbgrader
 
-# Build it and run every student notebook top to bottom (stubs: checks say "not done yet").
-# The classroom tests themselves (tests/test_student.py, tests/test_checks_*.py) run in test-unit.
+# Build it and run every student notebook top to bottom (stubs: checks say "not done yet"), by
+# hand before a release (about as long as test-notebooks). `make test` runs the classroom tests
+# in test-unit instead (tests/test_student.py builds the edition, checks that no cell after an
+# exercise reads its solution, and that every stub reports "not done"; tests/test_autograde.py
+# grades one assignment with nbgrader): the cells that stay are the book's, which nbval runs.
 test-student: student
 	$(BIN)/pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider student
 

@@ -217,6 +217,74 @@ def test_chapter_has_exercises(path):
     assert any(se.is_check(c) for c in nb.cells), "at least one exercise with a check cell"
 
 
+def _names(tree, kinds):
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, kinds)}
+
+
+def _defined(tree):
+    """Names a cell binds at its top level: functions, classes, assignments, imports."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            out |= _names(node, ast.Store)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return out
+
+
+def _catches_stub(tree):
+    """The cell runs the reader's answer inside `try: ... except NotImplementedError:`."""
+    return any(isinstance(h.type, ast.Name) and h.type.id == "NotImplementedError"
+               for n in ast.walk(tree) if isinstance(n, ast.Try) for h in n.handlers)
+
+
+def uses_of_solutions(nb):
+    """(cell index, names, solution cells) for each later cell other than a check that reads a
+    name a solution cell binds: in the student edition that solution is a stub that raises."""
+    solved, found = {}, []   # name -> the solution cell that binds it
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or se.is_prose(cell):
+            continue
+        try:
+            tree = ast.parse("\n".join(line for line in se.source(cell).splitlines()
+                                       if not line.lstrip().startswith(("%", "!"))))
+        except SyntaxError:
+            continue
+        if se.is_solution(cell):
+            solved.update(dict.fromkeys(_defined(tree), i))
+            continue
+        if se.is_check(cell) or _catches_stub(tree):
+            continue
+        used = _names(tree, ast.Load) & set(solved)
+        if used:
+            found.append((i, sorted(used), sorted({solved[n] for n in used})))
+        for name in _defined(tree):
+            solved.pop(name, None)   # rebound here: later cells read this cell's value
+    return found
+
+
+def test_a_cell_that_uses_a_solution_is_found():
+    nb = sample_notebook()
+    assert uses_of_solutions(nb) == []
+    nb.cells.append(new_code_cell("print(matmul_flops(3))"))
+    nb.cells.append(new_code_cell("try:\n    matmul_flops(3)\nexcept NotImplementedError:\n"
+                                  "    pass"))
+    assert uses_of_solutions(nb) == [(len(nb.cells) - 2, ["matmul_flops"], [3])]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
+def test_nothing_after_an_exercise_uses_its_solution(path):
+    """A later cell other than a check that reads what a solution binds fails in the student
+    edition (CONTRIBUTING, Exercises item 5). The cells that stay are the book's own, which
+    nbval runs (make test-notebooks); `make test-student` runs the whole student edition."""
+    found = uses_of_solutions(read(path))
+    assert not found, [f"cell {i} uses {names} from solution cell(s) {cells}: the student "
+                       "edition's stub raises there; compute it in the cell, or catch "
+                       "NotImplementedError" for i, names, cells in found]
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
 def test_solution_cells_have_markers_inside_a_function(path):
     for i, cell in enumerate(read(path).cells):
