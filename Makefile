@@ -85,6 +85,11 @@ pdf: $(STAMP)
 	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going --config _build/_config.pdf.yml
 	$(BIN)/python scripts/book_pdf.py
 
+# The tests on every core (pytest-xdist): a test module, or a notebook's cells, on one worker, in
+# order. JOBS=0 runs them in this process (a debugger, print statements).
+JOBS   ?= auto
+XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
+
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
 # test-browser depends on test-book, the book it tests.
 test: export COURSE_QUICK := 1
@@ -100,10 +105,10 @@ lint: $(STAMP)
 
 # Unit tests, the book's consistency tests and the Colab emulation (tests/test_colab.py).
 test-unit: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider tests --ignore=tests/browser
+	$(BIN)/pytest -q -p no:cacheprovider $(XDIST) tests --ignore=tests/browser
 
 test-notebooks: $(STAMP)
-	$(BIN)/pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider book
+	$(BIN)/pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider $(XDIST) book
 
 # The book from the stored outputs, without executing the notebooks (nbval runs them above; the
 # outputs are those `make outputs` stored at the CPU default size). `make book` executes them.
