@@ -93,7 +93,7 @@ XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
 # test-browser depends on test-book, the book it tests.
 test: export COURSE_QUICK := 1
-test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf bench gpu-dry
+test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf gpu-dry
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
 # The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
@@ -124,7 +124,7 @@ test-book: $(STAMP)
 test-browser: $(STAMP) test-book node_modules/.installed
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
 		|| (apt-get update -qq && apt-get install -y -qq chromium)
-	$(BIN)/pytest -q -p no:cacheprovider tests/browser
+	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist load) tests/browser
 
 # The PDF in CI: built after the browser test (which installs chromium), in about a minute.
 test-pdf: test-browser

@@ -340,11 +340,18 @@ _WIDGET_FIGURE_JS = """(viewMime) => {
   const cells = [...document.querySelectorAll('.cell')];
   const hasFigure = c => !!c && [...c.querySelectorAll('.cell_output img')]
       .some(i => !i.closest('.widget-subarea'));
+  // prose with this run's numbers (helpers.say, input hidden) sits between cells as text does
+  const prose = c => c.classList.contains('tag_remove-input') && !hasFigure(c);
+  const step = (i, d) => {
+    let j = i + d;
+    while (cells[j] && prose(cells[j])) j += d;
+    return cells[j];
+  };
   const out = [];
   for (const v of document.querySelectorAll('script[type="' + viewMime + '"]')) {
     const cell = v.closest('.cell'), i = cells.indexOf(cell);
     if (!cell) continue;
-    if (![cells[i - 1], cell, cells[i + 1]].some(hasFigure)) {
+    if (![step(i, -1), cell, step(i, 1)].some(hasFigure)) {
       const src = cell.querySelector('.cell_input pre');
       out.push((src ? src.textContent : '').trim().split('\\n')[0].slice(0, 80));
     }
