@@ -43,6 +43,9 @@ def claims_made():
 # this kernel (helpers.glue records them here). Literal braces are doubled, as in str.format.
 
 _glued = {}
+# The published book (_config.yml html.baseurl; tests/test_reader_markup.py keeps them equal):
+# `{book}` in a say() text, so that a link to the glossary fits a notebook's 79 columns.
+BOOK_URL = "https://multigpu-course.github.io/multigpu-course/"
 
 
 class _Missing(KeyError):
@@ -73,10 +76,11 @@ class _Formatter(string.Formatter):
 
 
 def formatted(text, values=None):
-    """`text` with its {name:fmt} fields filled from `values` (default: the glued values).
+    """`text` with its {name:fmt} fields filled from `values` (default: the glued values), and
+    {book} with the published book's address.
 
     A field naming nothing glued raises a KeyError that names it and says where it comes from."""
-    values = _glued if values is None else values
+    values = {"book": BOOK_URL, **(_glued if values is None else values)}
     try:
         return _Formatter().vformat(text, (), values)
     except KeyError as e:

@@ -247,6 +247,10 @@ def rewrap(text, width=WIDTH):
 
     for line in text.split("\n"):
         s = line.strip()
+        if math and not s.startswith("$$"):   # inside a display formula, until its closing $$
+            out.append(line)
+            math = not s.endswith("$$")
+            continue
         if s.startswith(("```", "~~~")):
             flush()
             fenced = not fenced
@@ -308,6 +312,10 @@ def split_blocks(text):
     fence = math = False
     for line in text.split("\n"):
         s = line.strip()
+        if math and not s.startswith("$$"):   # inside a display formula, until its closing $$
+            out.append(line)
+            math = not s.endswith("$$")
+            continue
         if s.startswith(("```", "~~~")):
             fence = not fence
         elif s.startswith("$$") and not (len(s) > 2 and s.endswith("$$")):
@@ -327,6 +335,12 @@ def split_blocks(text):
     if cur:
         out.append("\n".join(cur))
     return out
+
+
+def book_field(template, url=None):
+    """Links into the published book written `{book}glossary.html#...` (helpers.say fills it in),
+    so that they fit the notebook's 79 columns."""
+    return template.replace(url or book_url(), "{book}")
 
 
 def say_cell(template, names, md_cell, imported):
@@ -386,6 +400,7 @@ def convert(nb, path, cfg=None):
                 cells.append(md)
                 continue
             template, names = prose_fields(part)
+            template = book_field(template)
             new, formatted = say_cell(template, names, cell, imported)
             new["id"] = part_id
             values = stored_values(nb.cells[:i])

@@ -123,3 +123,18 @@ def test_notebook_renders_without_raw_markup(path):
             c.source = ""   # only its output is prose
     found = RAW.findall(_rendered_text(prose))
     assert not found, f"{path.relative_to(ROOT)}: raw MyST left: {found[:5]}"
+
+
+def test_links_into_the_book_are_a_field_that_fits_the_page():
+    """{book} in a say() text is the published book (_config.yml's baseurl), so a glossary link
+    fits 79 columns; a display formula over several lines stays as written, and the prose after
+    it is re-filled."""
+    from helpers import prose
+    mod = _script()
+    assert prose.BOOK_URL == mod.book_url()
+    assert prose.formatted("[x]({book}glossary.html#term-x)") == \
+        f"[x]({mod.book_url()}glossary.html#term-x)"
+    assert mod.book_field(f"see [x]({mod.book_url()}a.html)") == "see [x]({book}a.html)"
+    text = "$$a = b\n+ c:$$\n\n" + " ".join(["word"] * 40)
+    out = mod.rewrap(text)
+    assert out.startswith("$$a = b\n+ c:$$\n\n") and max(map(len, out.split("\n"))) <= 79
