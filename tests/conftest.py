@@ -1,3 +1,4 @@
+import os
 import pathlib
 import sys
 import zlib
@@ -5,6 +6,15 @@ import zlib
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's torch gets its share of the cores: N workers each
+    running a pool of N threads on N cores wait out scheduler slices at every barrier."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(autouse=True)

@@ -49,3 +49,11 @@ def thread_sum(rank, world, cfg):
     t = torch.tensor([float(rank + 1)])
     cfg["comm"].all_reduce(t)
     return float(t)
+
+
+def how_started(rank, world, cfg):
+    """Who started this rank, what it had imported before its function ran, and a variable of
+    the caller's environment set after the fork server started."""
+    import sys
+    return dict(ppid=os.getppid(), probe=os.environ.get("COURSE_LAUNCH_PROBE"),
+                threads=torch.get_num_threads(), had_helpers="helpers" in sys.modules)

@@ -50,6 +50,27 @@ def test_results_come_back_per_rank_even_with_a_stale_master_addr(monkeypatch, c
     assert "2 ranks" in capsys.readouterr().out, "one line says what was chosen"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="no fork server on Windows")
+def test_ranks_fork_from_a_server_with_the_callers_environment_of_now(monkeypatch):
+    """Ranks fork from a fork server that imported torch and helpers once (a rank starts in
+    a fraction of a second); each still gets the caller's environment as it is at the launch,
+    not as it was when the server started. COURSE_START=spawn starts fresh interpreters."""
+    helpers.launch(lt.how_started, 2, quiet=True)          # the server runs from here on
+    monkeypatch.setenv("COURSE_LAUNCH_PROBE", "set after the server started")
+    forked = helpers.launch(lt.how_started, 2, quiet=True)
+    for r in forked:
+        assert r["ppid"] != os.getpid(), "a rank's parent should be the fork server"
+        assert r["had_helpers"] and r["threads"] == 1
+        assert r["probe"] == "set after the server started", r
+    monkeypatch.setenv("COURSE_START", "spawn")
+    spawned = helpers.launch(lt.how_started, 2, quiet=True)
+    assert [r["ppid"] for r in spawned] == [os.getpid()] * 2
+    assert all(r["probe"] == "set after the server started" for r in spawned)
+    monkeypatch.setenv("COURSE_START", "fork")
+    with pytest.raises(ValueError, match="COURSE_START='fork'"):
+        helpers.launch(lt.how_started, 2, quiet=True)
+
+
 def test_a_rank_that_raises_is_named_with_its_traceback():
     t0 = time.monotonic()
     with pytest.raises(helpers.RankFailed) as info:

@@ -198,7 +198,9 @@ def test_sgd_convention_sum_over_global_batch_is_the_mean_gradient():
 
 def test_train_learns_on_a_small_run():
     """Two simulated devices learn: well above chance (0.1), no typed accuracy figure."""
-    result = helpers.train(num_gpus=2, batch_size=256, lr=0.2, num_epochs=4, subset=25600,
+    # Small batches: the sigmoid LeNet needs steps more than examples (about 0.68 after these
+    # 576 steps; at batch 256 the same examples leave it at chance)
+    result = helpers.train(num_gpus=2, batch_size=32, lr=0.2, num_epochs=3, subset=6144,
                            plot=False)
     assert result["test_acc"] > 0.3
-    assert len(result["epoch_times"]) == 4 and result["sec_per_epoch"] > 0
+    assert len(result["epoch_times"]) == 3 and result["sec_per_epoch"] > 0

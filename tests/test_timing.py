@@ -100,8 +100,15 @@ def test_unpaired_comparison_takes_every_pair():
 def test_measure_really_times_work():
     """On a real clock, more work takes longer: the machinery measures, it does not make up."""
     x = torch.randn(256, 256)
-    small = timing.measure(lambda: x @ x, repeats=5)
-    big = timing.measure(lambda: [x @ x for _ in range(50)], repeats=5)
+    threads = torch.get_num_threads()
+    # One thread: with several busy test workers, a pool's threads wait a scheduler slice
+    # (tens of ms) at each barrier, which swamps one small matmul (CI measured 24 ms for it).
+    torch.set_num_threads(1)
+    try:
+        small = timing.measure(lambda: x @ x, repeats=5)
+        big = timing.measure(lambda: [x @ x for _ in range(50)], repeats=5)
+    finally:
+        torch.set_num_threads(threads)
     assert timing.ratio(big, small).median > 5   # medians: one preempted sample cannot flip it
     assert all(s > 0 for s in small.samples)
 

@@ -193,11 +193,26 @@ def die_with_parent(parent):
         except (OSError, AttributeError):
             pass
 
+    # Started by a fork server, this process's parent is the server (which leaves when the
+    # caller dies, and PR_SET_PDEATHSIG then fires); `parent` is watched by its pid.
+    forked = os.getppid() != parent
+
+    def alive():
+        if not forked:
+            return os.getppid() == parent
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
     def watch():
-        while os.getppid() == parent:
+        while alive():
             time.sleep(0.5)
         os._exit(1)
-    if os.getppid() != parent:       # it died before prctl took effect
+    if not alive():       # it died before prctl took effect
         os._exit(1)
     threading.Thread(target=watch, daemon=True).start()
 

@@ -1,9 +1,11 @@
 """Starting ranks: THE ONLY place that starts processes (or threads) to play ranks.
 
 `launch(fn, world, cfg)` runs fn(rank, world, cfg) on `world` ranks and returns what each
-returned, in rank order. Processes by default: each joins the default process group first
-(runtime.group.setup: gloo on a CPU, NCCL with one GPU per rank), runs with one intra-op thread,
-finds its device in cfg["device"] and hands its result back through a file written atomically.
+returned, in rank order. Processes by default, forked from a fork server that has imported
+torch and helpers once (a rank starts in a fraction of a second, not the seconds an import of
+torch takes): each joins the default process group first (runtime.group.setup: gloo on a CPU,
+NCCL with one GPU per rank), runs with one intra-op thread, finds its device in cfg["device"]
+and hands its result back through a file written atomically.
 A rank that raises, dies or hangs past `timeout` ends the call with RankFailed or LaunchTimeout
 naming the rank and the cause; the other ranks are stopped, never left running. The ranks die
 with the caller (Ctrl-C, SIGTERM, a killed kernel) instead of running on as orphans.
@@ -150,18 +152,41 @@ def _environ(**values):
                 os.environ[k] = v
 
 
+# What the fork server imports once, so that a rank starts in a fraction of a second instead of
+# importing torch again (2-3 s of CPU per rank, most of a small launch's time)
+_PRELOAD = ["torch", "torch.distributed", "helpers"]
+
+
+def _context():
+    """How ranks start: forked from a fork server (Linux, macOS), a clean process that has
+    imported _PRELOAD and nothing else (no CUDA, no caller state), else spawned, each a fresh
+    interpreter. Either way CUDA-safe, and fn must be importable. COURSE_START=spawn forces
+    the fresh interpreter (a helpers module edited since the server started is seen)."""
+    method = os.environ.get("COURSE_START") or (
+        "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"COURSE_START={method!r}: choose forkserver or spawn")
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def _launch_processes(fn, world, cfg, backend, timeout, quiet):
     out = Path(tempfile.mkdtemp(prefix="launch-"))
-    ctx = multiprocessing.get_context("spawn")      # a fresh interpreter per rank (CUDA-safe)
+    ctx = _context()
     port = free_port()
+    # one intra-op thread per rank; this machine only, whatever MASTER_ADDR the caller's
+    # environment holds. A forked rank gets the environment from its arguments (the fork
+    # server's is the one it started with); a spawned one also copies it at start.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     procs = [ctx.Process(target=_rank_main, name=f"rank{r}",
-                         args=(r, world, port, backend, fn, cfg, str(out), os.getpid(), timeout))
+                         args=(r, world, port, backend, fn, cfg, str(out), os.getpid(), timeout,
+                               env))
              for r in range(world)]
     progress = ProgressLine(world, out, quiet)
     try:
-        # one intra-op thread per rank (set before the child imports torch); this machine only,
-        # whatever MASTER_ADDR the caller's environment holds
-        with _environ(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)):
+        with _environ(OMP_NUM_THREADS="1"):   # the fork server's, if this call starts it
             for p in procs:
                 p.start()
         _wait(procs, out, timeout, progress)
@@ -245,10 +270,12 @@ def _stop(procs):
 
 
 # ---- inside a rank -------------------------------------------------------------------------
-def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout):
-    """A spawned rank: join the group, run fn, hand in its result or its error."""
+def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout, env):
+    """A rank: join the group, run fn, hand in its result or its error."""
     from . import progress
     from .group import die_with_parent, setup, teardown
+    os.environ.clear()
+    os.environ.update(env)
     die_with_parent(parent)
     torch.set_num_threads(1)
     out = Path(out)

@@ -3,7 +3,8 @@
 axe-core (pinned in package.json, installed by `npm ci` from package-lock.json into node_modules/;
 `make test-browser` does it) runs in headless Chromium on each page of _toc.yml after it rendered.
 A violation of impact "serious" or "critical" fails the page (the same rule pydata-sphinx-theme
-tests itself with). Dark-mode screenshots go to artifacts/screenshots/<entry>-dark.png.
+tests itself with). Dark mode changes colours only, so there axe runs its colour rules (light
+mode runs every rule). Dark-mode screenshots go to artifacts/screenshots/<entry>-dark.png.
 """
 import json
 import pathlib
@@ -15,9 +16,14 @@ from pagecheck import wait_rendered
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
 FAIL_ON = ("serious", "critical")
+# the rules whose outcome depends on the colour scheme (axe-core 4: contrast, and links told
+# from the text around them by colour alone)
+COLOUR_RULES = ["color-contrast", "link-in-text-block"]
 
-_RUN_AXE = """async () => {
-  const r = await axe.run(document, {resultTypes: ['violations']});
+_RUN_AXE = """async (rules) => {
+  const options = {resultTypes: ['violations']};
+  if (rules) options.runOnly = {type: 'rule', values: rules};
+  const r = await axe.run(document, options);
   return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
     nodes: v.nodes.slice(0, 3).map(n => n.target.join(' ') + ': ' +
                                    (n.failureSummary || '').split('\\n').slice(1, 2).join(''))
@@ -38,13 +44,14 @@ def open_in_mode(context, url, base, mode):
     return page
 
 
-def axe_violations(page):
-    """axe-core's violations on the loaded page, [{id, impact, help, nodes, count}]."""
+def axe_violations(page, rules=None):
+    """axe-core's violations on the loaded page, [{id, impact, help, nodes, count}]; only
+    those of `rules` (axe rule ids) if given."""
     if not AXE.is_file():
         pytest.fail(f"axe-core is missing ({AXE}): run `npm ci` (make test-browser does)",
                     pytrace=False)
     page.add_script_tag(path=str(AXE))
-    return page.evaluate(_RUN_AXE)
+    return page.evaluate(_RUN_AXE, rules)
 
 
 @pytest.mark.parametrize("mode", ["light", "dark"])
@@ -58,7 +65,7 @@ def test_page_is_accessible(entry, mode, browser, base_url, site, shots):
             shot = shots / f"{entry}-dark.png"
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shot), full_page=True)
-        found = axe_violations(page)
+        found = axe_violations(page, COLOUR_RULES if mode == "dark" else None)
     finally:
         page.close()
     (shots / f"{entry}-axe-{mode}.json").parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +86,9 @@ def test_axe_reports_an_inaccessible_page(browser, tmp_path):
         page = open_in_mode(browser, base + "bad.html", base, "light")
         try:
             found = {v["id"]: v["impact"] for v in axe_violations(page)}
+            colour = {v["id"] for v in page.evaluate(_RUN_AXE, COLOUR_RULES)}   # dark mode's
         finally:
             page.close()
     assert found.get("image-alt") == "critical", found
     assert found.get("color-contrast") == "serious", found
+    assert colour == {"color-contrast"}, f"the colour rules alone found {colour}"
