@@ -4,7 +4,8 @@ axe-core (pinned in package.json, installed by `npm ci` from package-lock.json i
 `make test-browser` does it) runs in headless Chromium on each page of _toc.yml after it rendered.
 A violation of impact "serious" or "critical" fails the page (the same rule pydata-sphinx-theme
 tests itself with). Dark mode changes colours only, so there axe runs its colour rules (light
-mode runs every rule). Dark-mode screenshots go to artifacts/screenshots/<entry>-dark.png.
+mode runs every rule). Dark-mode screenshots (the first screen of each page; test_pages.py
+takes the full light-mode page) go to artifacts/screenshots/<entry>-dark.png.
 """
 import json
 import pathlib
@@ -64,7 +65,7 @@ def test_page_is_accessible(entry, mode, browser, base_url, site, shots):
         if mode == "dark":
             shot = shots / f"{entry}-dark.png"
             shot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shot), full_page=True)
+            page.screenshot(path=str(shot))
         found = axe_violations(page, COLOUR_RULES if mode == "dark" else None)
     finally:
         page.close()
