@@ -94,10 +94,15 @@ XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 UNIT_JOBS ?= $(if $(filter auto,$(JOBS)),$(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 ))),$(JOBS))
 UNIT_XDIST := $(if $(filter 0,$(UNIT_JOBS)),,-n $(UNIT_JOBS) --dist loadscope)
 
-# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
-# test-browser depends on test-book, the book it tests.
+# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. The notebooks run
+# beside the book, browser and PDF chain: nbval leaves about 40% of the cores idle (ranks and
+# launchers waiting), which Chromium fills (on 2 cores the two together took N s instead of the
+# M s of one after the other). Each step's output is printed in one piece when it ends.
 test: export COURSE_QUICK := 1
-test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf gpu-dry
+test: $(STAMP)
+	$(MAKE) --no-print-directory lint test-unit
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-notebooks test-pdf
+	$(MAKE) --no-print-directory gpu-dry
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
 # The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
