@@ -86,13 +86,11 @@ pdf: $(STAMP)
 	$(BIN)/python scripts/book_pdf.py
 
 # The tests on every core (pytest-xdist): a test module, or a notebook's cells, on one worker, in
-# order. JOBS=0 runs them in this process (a debugger, print statements). The unit tests get one
-# worker more than there are cores: many of them wait (for a timeout, a rank, a subprocess), and
-# on 2 cores 3 workers took 242 s where 2 took 272-308 s (notebooks: 4 workers were slower).
+# order. JOBS=0 runs them in this process (a debugger, print statements). More workers than
+# cores: 3 on 2 cores took the unit tests from 272-308 s to 242 s, but starved a schedule test
+# once, and 4 made the notebooks slower.
 JOBS   ?= auto
 XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
-UNIT_JOBS ?= $(if $(filter auto,$(JOBS)),$(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 ))),$(JOBS))
-UNIT_XDIST := $(if $(filter 0,$(UNIT_JOBS)),,-n $(UNIT_JOBS) --dist loadscope)
 
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. The notebooks run
 # beside the book, browser and PDF chain: nbval leaves about 40% of the cores idle (ranks and
@@ -114,7 +112,7 @@ lint: $(STAMP)
 
 # Unit tests, the book's consistency tests and the Colab emulation (tests/test_colab.py).
 test-unit: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider $(UNIT_XDIST) tests --ignore=tests/browser
+	$(BIN)/pytest -q -p no:cacheprovider $(XDIST) tests --ignore=tests/browser
 
 test-notebooks: $(STAMP)
 	$(BIN)/pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider $(XDIST) book

@@ -218,8 +218,8 @@ def emulated_overlap(rank, world, cfg):
                 link = start + seconds * scale
                 spans.append(((start - t0) / scale, (link - t0) / scale))
             model.finish_gradient_synchronization()     # the real all-reduces, real values
-            sleep_until(max(link, t1))                   # then their modelled completion
-            end = time.perf_counter()
+            end = max(link, t1)                          # then their modelled completion: a
+            sleep_until(end)     # real all-reduce that a busy machine slows does not move it
             model.zero_grad()
         out[mode] = dict(step=(end - t0) / scale, backward=(t1 - t0) / scale, comm=spans)
     return out
