@@ -92,15 +92,11 @@ pdf: $(STAMP)
 JOBS   ?= auto
 XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 
-# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. The notebooks run
-# beside the book, browser and PDF chain: nbval leaves about 40% of the cores idle (ranks and
-# launchers waiting), which Chromium fills (on 2 cores the two together took N s instead of the
-# M s of one after the other). Each step's output is printed in one piece when it ends.
+# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
+# test-browser depends on test-book, the book it tests. (Not faster so on 2 cores: nbval beside
+# the book, browser and PDF chain took 535 s, against about 500 s for both one after the other.)
 test: export COURSE_QUICK := 1
-test: $(STAMP)
-	$(MAKE) --no-print-directory lint test-unit
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-notebooks test-pdf
-	$(MAKE) --no-print-directory gpu-dry
+test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf gpu-dry
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
 # The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
