@@ -201,11 +201,11 @@ def die_with_parent(parent):
         if not forked:
             return os.getppid() == parent
         try:
-            os.kill(parent, 0)
+            os.kill(parent, 0)   # PermissionError: it runs, as another user
         except ProcessLookupError:
             return False
         except PermissionError:
-            return True
+            pass
         return True
 
     def watch():
