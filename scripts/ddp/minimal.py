@@ -7,6 +7,7 @@ It fits a small network to fixed random data (so it runs anywhere, GPUs or not).
 """
 import argparse
 import datetime
+import gc
 import os
 
 import torch
@@ -69,4 +70,5 @@ dist.barrier()
 if rank == 0:
     print(f"{world_size} ranks over {backend}, {step} steps, last loss {loss.item():.4f}")
 del model, optimizer           # DDP holds the process group: free it before leaving the group
-dist.destroy_process_group()
+gc.collect()   # what DDP left in reference cycles, which `del` alone does not free: left to
+dist.destroy_process_group()   # interpreter exit, gloo's threads can abort it (SIGABRT)
