@@ -6,7 +6,8 @@
 Every row trains the same LeNet from the same initialisation, batch 256, lr 0.2, plain SGD:
   reference     helpers.train (Part II: per-image DataLoader, per-parameter allreduce), 1 device
   fast          helpers.train_fast (Part IV: resident data, flat fused step), in its fastest form
-                here: compiled forward+backward on a CPU, a CUDA graph on a GPU
+                here: compiled forward+backward on a CPU (of helpers.lenet_fused: the same LeNet,
+                leaving out what its pools throw away), a CUDA graph on a GPU
   fast-eager    the same without compiling (CPU; what the chapters run)
   fast-compile  the CUDA graph AND the compiled forward+backward (GPU: does compiling pay there?)
   fast-shared   2 devices sharing one GPU (GPU only: the 2-devices-on-one target)

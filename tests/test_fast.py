@@ -231,7 +231,8 @@ def test_compile_falls_back_when_a_later_call_fails(monkeypatch):
             comp.step(idx)
     assert sum("torch.compile failed" in str(x.message) for x in w) == 1, "warn once"
     assert len(calls) == 2, "after a failure, stay eager"
-    assert max_diff(eager.params[0], comp.params[0]) == 0
+    # the first step ran the stand-in "compiled" function, the fused LeNet: rounding apart
+    assert max_diff(eager.params[0], comp.params[0]) < 1e-6
 
 
 def test_lr_change_takes_effect():

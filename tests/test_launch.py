@@ -153,6 +153,21 @@ def test_killing_the_caller_leaves_no_rank_running(tmp_path):
         parent.kill()
 
 
+def test_a_script_without_a_main_guard_is_told_the_fix(tmp_path):
+    """Ranks start by importing the launching script; one that calls launch at its top level
+    would launch again from every rank. It fails with the fix, not an internal assertion."""
+    script = tmp_path / "no_guard.py"
+    script.write_text("import helpers, launch_targets\n"
+                      "helpers.launch(launch_targets.report, 2, quiet=True)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+               COURSE_START="forkserver")
+    got = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert got.returncode != 0
+    assert 'under `if __name__ == "__main__":`' in got.stderr
+    assert "AssertionError" not in got.stderr, got.stderr[-2000:]
+
+
 def test_progress_shows_one_line_on_a_terminal_and_clears_it(tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "_progress_file", None)
     helpers.report_progress(1, 10, "epoch")                         # outside a launch: nothing

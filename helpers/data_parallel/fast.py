@@ -7,9 +7,10 @@ rounding with torch.compile or on a GPU) -- only faster:
   SGD update are one operation each, not one per parameter (FastDataParallel);
 - one backward call for all replicas (autograd runs the devices in parallel);
 - compile=True: each replica's forward AND backward are one torch.compile'd function
-  (torch.func.grad_and_value), which on a CPU fuses the elementwise work and lays the
-  convolutions out channels-last (1.5 to 2 times as fast a step there, as measured by
-  scripts/bench.py; the first steps pay the compile);
+  (torch.func.grad_and_value), which fuses the elementwise work and lays the convolutions out
+  channels-last; on a CPU it compiles `lenet_fused` (data_parallel/fast_lenet.py), which also
+  leaves out what LeNet's pools throw away and fuses conv1 with its ReLU and pool (the first
+  steps pay the compile; scripts/bench.py measures what it buys);
 - on a GPU, the whole step is captured once as a CUDA graph and replayed: one launch per step
   instead of a few hundred;
 - across processes (group=...), each rank trains on its slice of the global batch and the flat
@@ -29,6 +30,7 @@ from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator
 from ..validate import check_lr, check_positive_int, check_seed
 from .allreduce import flatten, sum_into_all
+from .fast_lenet import fused_flat_grad, tap_major
 from .simulated import evaluate_accuracy
 
 __all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy",
@@ -87,8 +89,9 @@ class FastDataParallel:
     per process: it does not span devices); True = insist; False = never. The first `warmup` steps
     of each batch size run eagerly on a side stream (real training steps), the next one is
     captured and every later one replayed. compile=True computes each replica's gradients with
-    one torch.compile'd forward+backward (`replica_flat_grad`), falling back to eager (with a
-    warning) where compiling fails; each new batch size may compile again. replica_streams=True
+    one torch.compile'd forward+backward (`replica_flat_grad`; `fused_flat_grad` when every
+    replica is on a CPU), falling back to eager (with a warning) where compiling fails; each new
+    batch size may compile again. replica_streams=True
     (one GPU only) runs each replica's forward and backward on its own CUDA stream, so that
     replicas sharing a GPU can run at the same time (inside the graph too); the arithmetic is
     unchanged. group: a torch.distributed process group (e.g. torch.distributed.group.WORLD):
@@ -128,7 +131,10 @@ class FastDataParallel:
             raise ValueError("replica_streams needs every replica on one and the same GPU")
         self.streams = ([torch.cuda.Stream(self.devices[0]) for _ in range(self.k)]
                         if replica_streams else None)
-        self.grad_fn = _try_compile(replica_flat_grad) if compile else None
+        fused = compile and all(d.type == "cpu" for d in self.devices)
+        self.grad_fn = (_try_compile(fused_flat_grad, fallback=_plain_flat_grad) if fused
+                        else _try_compile(replica_flat_grad) if compile else None)
+        self._grad_params = tap_major if fused else list   # what grad_fn takes, made each step
         # what grad_fn differentiates: the same views, outside autograd's own recording
         self.plain = [[p.detach() for p in views] for views in self.params]
 
@@ -162,7 +168,7 @@ class FastDataParallel:
             Xd, yd = self.data[d]
             shard = shard.to(d, non_blocking=True)
             if self.grad_fn:                           # forward and backward in one call
-                g, l = self.grad_fn(Xd[shard], yd[shard], self.plain[c])
+                g, l = self.grad_fn(Xd[shard], yd[shard], self._grad_params(self.plain[c]))
                 self.flat_grads[c].copy_(g)
                 ls.append(l)
             else:
@@ -234,26 +240,34 @@ class FastDataParallel:
         return static_loss
 
 
-def _try_compile(fn):
-    """torch.compile(fn) where it works here, else fn. A failure on ANY call (the first compile,
-    or a recompile for a new batch size) warns once and switches to eager for good;
-    `wrapped.eager()` says whether that happened."""
-    state = {"fn": None}
+def _try_compile(fn, fallback=None):
+    """torch.compile(fn) where it works here, else `fallback` (default: fn itself, eagerly),
+    which takes the same arguments. A failure on ANY call (the first compile, or a recompile for
+    a new batch size) warns once and switches to the fallback for good; `wrapped.eager()` says
+    whether that happened."""
+    state, fallback = {"fn": None}, fallback or fn
 
     def wrapped(*args):
-        if state["fn"] is fn:
-            return fn(*args)
+        if state["fn"] is fallback:
+            return fallback(*args)
         try:
             if state["fn"] is None:
-                state["fn"] = torch.compile(fn)
+                state["fn"] = torch.compile(fn, dynamic=False)   # a graph per batch size
             return state["fn"](*args)
         except Exception as e:  # no compiler, unsupported platform or shape, ...: stay eager
             warnings.warn(f"torch.compile failed here ({type(e).__name__}: {str(e)[:120]}); "
                           "running eagerly from now on")
-            state["fn"] = fn
-            return fn(*args)
-    wrapped.eager = lambda: state["fn"] is fn
+            state["fn"] = fallback
+            return fallback(*args)
+    wrapped.eager = lambda: state["fn"] is fallback
     return wrapped
+
+
+def _plain_flat_grad(X, y, params):
+    """`replica_flat_grad` from tap-major parameters: where `fused_flat_grad` cannot be compiled,
+    the plain LeNet's arithmetic (bitwise what the uncompiled step computes)."""
+    W1t, *rest = params
+    return replica_flat_grad(X, y, [W1t.t().reshape(-1, 1, 3, 3), *rest])
 
 
 def flat_replica(params, device):

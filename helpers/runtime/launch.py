@@ -86,6 +86,10 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
     picklable; cfg["device"] is the rank's device. backend: None (gloo on the CPU, NCCL when
     every rank has a GPU of its own), "gloo" or "nccl". threads=True: ranks are threads with a
     ThreadComm in cfg["comm"] (no process group). quiet: no backend line, no progress line."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(   # a rank starting up re-runs the caller's script, and so this call
+            "launch: called while a rank was importing the script that launches it: in a "
+            "script, call helpers.launch under `if __name__ == \"__main__\":`")
     check_positive_int(world, "world")
     if not callable(fn):
         raise TypeError(f"launch: fn must be a function fn(rank, world, cfg), got {fn!r}")
@@ -228,7 +232,9 @@ def _death(code):
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         hint = " (SIGKILL: often the system running out of memory)" if -code == 9 else ""
         return f"died from signal {name}{hint} before handing in a result"
-    return f"exited with code {code} before handing in a result"
+    return (f"exited with code {code} before handing in a result (before running fn if no "
+            "traceback of it is above: in a script, is helpers.launch called under "
+            "`if __name__ == \"__main__\":`?)")
 
 
 def _raise_first_failure(procs, out):
@@ -263,6 +269,8 @@ def _stop(procs):
         if p.is_alive():
             p.terminate()
     for p in procs:
+        if p.pid is None:   # never started: a start before it failed
+            continue
         p.join(3)
         if p.is_alive():
             p.kill()
