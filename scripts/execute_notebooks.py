@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 import chapter_runs  # noqa: E402
 from book_files import toc_notebooks  # noqa: E402
 
-SAMPLE_S = 0.2
+SAMPLE_S = 0.2   # the process list, CPU times and RSS: about a millisecond per sample
+FULL_S = 1.0     # USS (the kernel walks every page: ~20 ms per GB per process) at most this often
 SETUP_CELL = "course-setup"   # scripts/colab_setup_cell.py's CELL_ID: nothing to store
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -89,13 +90,19 @@ class TreeSampler(threading.Thread):
     own: each process's unique pages (USS), plus the pages it shares counted once (the largest
     RSS - USS among them: ranks of one Python share its libraries). PSS would split the shared
     pages with every other process that maps them, so a busy machine would shrink it; RSS counts
-    the libraries once per process. Where USS is not reported: RSS, an overestimate."""
+    the libraries once per process. Where USS is not reported: RSS, an overestimate.
 
-    def __init__(self, pid, interval=SAMPLE_S):
+    USS is read only when the tree's RSS reaches a new high, at most every `full_interval` s (a
+    high in between is scaled by the last reading's USS+shared per RSS): reading it for a dozen
+    processes every 0.2 s kept half a core busy, which slowed the very run it measured (and
+    counted as other work). `cpu_s` is the sampler's own CPU time."""
+
+    def __init__(self, pid, interval=SAMPLE_S, full_interval=FULL_S):
         super().__init__(daemon=True)
-        self.root, self.interval = psutil.Process(pid), interval
+        self.root, self.interval, self.full_interval = psutil.Process(pid), interval, full_interval
         self.peak_bytes, self.processes, self.kind, self.loads = 0, 0, "USS+shared", []
         self.others, self._cpu, self._last = [], {}, None   # see _other_work
+        self._rss_high, self._full_at, self._per_rss, self.cpu_s = 0, None, 1.0, 0.0
         self._done = threading.Event()
 
     def _other_work(self, procs):
@@ -132,15 +139,28 @@ class TreeSampler(threading.Thread):
             procs = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:   # the kernel is gone
             return
-        unique, shared, alive = 0, 0, 0
+        rss, alive = 0, 0
         for proc in procs:
             try:
-                u, s = self._memory(proc)
+                rss, alive = rss + proc.memory_info().rss, alive + 1
             except psutil.Error:   # ended between the listing and the reading
                 continue
-            unique, shared, alive = unique + u, max(shared, s), alive + 1
-        self.peak_bytes = max(self.peak_bytes, unique + shared)
         self.processes = max(self.processes, alive)
+        now = time.monotonic()
+        if rss > self._rss_high and (self._full_at is None
+                                     or now - self._full_at >= self.full_interval):
+            self._rss_high, self._full_at = rss, now
+            unique, shared = 0, 0
+            for proc in procs:
+                try:
+                    u, s = self._memory(proc)
+                except psutil.Error:
+                    continue
+                unique, shared = unique + u, max(shared, s)
+            self.peak_bytes = max(self.peak_bytes, unique + shared)
+            self._per_rss = (unique + shared) / rss if rss else 1.0
+        elif rss > self._rss_high:   # a new high too soon for USS: scaled from the last reading
+            self.peak_bytes = max(self.peak_bytes, int(rss * self._per_rss))
         self._other_work(procs)
         if hasattr(os, "getloadavg"):
             self.loads.append(os.getloadavg()[0])
@@ -154,8 +174,10 @@ class TreeSampler(threading.Thread):
         return round(sum(self.loads) / len(self.loads), 1) if self.loads else None
 
     def run(self):
+        t0 = time.thread_time()
         while not self._done.is_set():
             self.sample()
+            self.cpu_s = time.thread_time() - t0
             self._done.wait(self.interval)
 
     def stop(self):

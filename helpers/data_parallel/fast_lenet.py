@@ -8,8 +8,9 @@ of work left out:
   backward), and conv1 only the 26x26 corner of the image;
 - conv1's memory traffic: a 3x3 convolution of ONE input channel is 9 multiply-adds per output,
   too little arithmetic for a convolution library, which spends its time writing the 20 channels
-  of 24x24 outputs and reading them back. Written as 9 shifted multiply-adds fused with the ReLU
-  and the pool (`Conv1ReluPool`), the compiler reads the image and writes the pooled 12x12.
+  of 24x24 outputs and reading them back. Written as 9 shifted multiply-adds with the ReLU and
+  the pool (`conv1_relu_pool`), it is one loop for the compiler, which reads the image and
+  writes the pooled 12x12; autograd derives the backward, which the compiler fuses too.
 
 `fused_flat_grad` takes conv1's weights tap-major, (9, 20) (`tap_major` makes them): the
 compiler then loads 20 channels' weights as one vector. It returns the gradient in the flat
@@ -20,7 +21,7 @@ from torch.nn import functional as F
 
 from ..models import loss
 
-__all__ = ["Conv1ReluPool", "lenet_fused", "fused_flat_grad", "tap_major"]
+__all__ = ["conv1_relu_pool", "lenet_fused", "fused_flat_grad", "tap_major"]
 
 TAPS = [(a, b) for a in range(3) for b in range(3)]   # conv1's 3x3 kernel, row by row
 
@@ -36,40 +37,21 @@ def _conv1(X, W1t, b1, i0, j0, size, step):
     return out
 
 
-class Conv1ReluPool(torch.autograd.Function):
+def conv1_relu_pool(X, W1t, b1):
     """avg_pool2d(relu(conv2d(X, W1, b1)), 2, 2)[:, :, :12, :12] of a one-channel image X
     (n, 28, 28) (or its 26x26 corner), channels last: (n, 12, 12, 20). W1t is conv1's weight
-    tap-major, (9, 20). The backward recomputes the pre-activations rather than storing them."""
-
-    @staticmethod
-    def forward(X, W1t, b1):
-        pooled = 0   # the 4 corners of every 2x2 window: conv1 at stride 2 from each
-        for di in range(2):
-            for dj in range(2):
-                pooled = pooled + F.relu(_conv1(X, W1t, b1, di, dj, 12, 2))
-        return pooled * 0.25
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx, grad):
-        X, W1t, b1 = ctx.saved_tensors
-        n = X.shape[0]
-        pre = _conv1(X, W1t, b1, 0, 0, 24, 1)                     # (n, 24, 24, 20)
-        up = grad[:, :, None, :, None].expand(n, 12, 2, 12, 2, 20).reshape(n, 24, 24, 20)
-        G = torch.where(pre > 0, up * 0.25, 0.0).reshape(-1, 20)  # d loss / d pre-activation
-        taps = [X[:, a:a + 24, b:b + 24] for a, b in TAPS] + [torch.ones_like(X[:, :24, :24])]
-        P = torch.stack(taps, -1).reshape(-1, 10)                 # patches, and 1 for the bias
-        gW1t_b1 = P.t() @ G                                       # (10, 20)
-        return None, gW1t_b1[:9], gW1t_b1[9]
+    tap-major, (9, 20). Each 2x2 window's 4 corners are conv1 at stride 2 from a corner."""
+    pooled = 0
+    for di in range(2):
+        for dj in range(2):
+            pooled = pooled + F.relu(_conv1(X, W1t, b1, di, dj, 12, 2))
+    return pooled * 0.25
 
 
 def lenet_fused(X, params):
     """`lenet(X, params)` with conv1's weight tap-major (see `tap_major`), X (n, 1, 28, 28)."""
     W1t, b1, W2, b2, W3, b3, W4, b4 = params
-    h1 = Conv1ReluPool.apply(X[:, 0], W1t, b1).permute(0, 3, 1, 2)   # (n, 20, 12, 12)
+    h1 = conv1_relu_pool(X[:, 0], W1t, b1).permute(0, 3, 1, 2)   # (n, 20, 12, 12)
     h2 = F.avg_pool2d(F.relu(F.conv2d(h1, W2, b2)), kernel_size=2, stride=2).flatten(1)
     h3 = F.relu(torch.mm(h2, W3) + b3)
     return torch.mm(h3, W4) + b4
