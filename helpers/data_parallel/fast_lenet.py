@@ -10,7 +10,8 @@ of work left out:
   too little arithmetic for a convolution library, which spends its time writing the 20 channels
   of 24x24 outputs and reading them back. Written as 9 shifted multiply-adds with the ReLU and
   the pool (`conv1_relu_pool`), it is one loop for the compiler, which reads the image and
-  writes the pooled 12x12; autograd derives the backward, which the compiler fuses too.
+  writes the pooled 12x12. Its gradient is written by hand (`conv1_grads`): autograd would keep
+  the pre-activations for the backward; recomputing them costs 9 multiply-adds.
 
 `fused_flat_grad` takes conv1's weights tap-major, (9, 20) (`tap_major` makes them): the
 compiler then loads 20 channels' weights as one vector. It returns the gradient in the flat
@@ -21,7 +22,7 @@ from torch.nn import functional as F
 
 from ..models import loss
 
-__all__ = ["conv1_relu_pool", "lenet_fused", "fused_flat_grad", "tap_major"]
+__all__ = ["conv1_relu_pool", "conv1_grads", "lenet_fused", "fused_flat_grad", "tap_major"]
 
 TAPS = [(a, b) for a in range(3) for b in range(3)]   # conv1's 3x3 kernel, row by row
 
@@ -48,13 +49,31 @@ def conv1_relu_pool(X, W1t, b1):
     return pooled * 0.25
 
 
-def lenet_fused(X, params):
-    """`lenet(X, params)` with conv1's weight tap-major (see `tap_major`), X (n, 1, 28, 28)."""
-    W1t, b1, W2, b2, W3, b3, W4, b4 = params
-    h1 = conv1_relu_pool(X[:, 0], W1t, b1).permute(0, 3, 1, 2)   # (n, 20, 12, 12)
+def conv1_grads(X, W1t, b1, grad):
+    """The gradients of conv1_relu_pool(X, W1t, b1) for W1t and b1, given `grad`, that of its
+    output: the pre-activations recomputed, each pooled gradient spread over its 2x2 window where
+    the ReLU let it through, and one product of the 3x3 patches with them."""
+    n = X.shape[0]
+    pre = _conv1(X, W1t, b1, 0, 0, 24, 1)                                 # (n, 24, 24, 20)
+    up = grad[:, :, None, :, None].expand(n, 12, 2, 12, 2, 20).reshape(n, 24, 24, 20)
+    G = torch.where(pre > 0, up * 0.25, 0.0).reshape(-1, 20)
+    P = torch.stack([X[:, a:a + 24, b:b + 24] for a, b in TAPS], -1).reshape(-1, 9)
+    return P.t() @ G, G.sum(0)
+
+
+def _after_conv1(h1, params):
+    """LeNet from conv1's pooled output h1 (n, 12, 12, 20) on: the logits."""
+    W2, b2, W3, b3, W4, b4 = params
+    h1 = h1.permute(0, 3, 1, 2)                                          # (n, 20, 12, 12)
     h2 = F.avg_pool2d(F.relu(F.conv2d(h1, W2, b2)), kernel_size=2, stride=2).flatten(1)
     h3 = F.relu(torch.mm(h2, W3) + b3)
     return torch.mm(h3, W4) + b4
+
+
+def lenet_fused(X, params):
+    """`lenet(X, params)` with conv1's weight tap-major (see `tap_major`), X (n, 1, 28, 28)."""
+    W1t, b1, *rest = params
+    return _after_conv1(conv1_relu_pool(X[:, 0], W1t, b1), rest)
 
 
 def tap_major(params):
@@ -63,13 +82,18 @@ def tap_major(params):
     return [W1.reshape(W1.shape[0], 9).t().contiguous(), *rest]
 
 
-def _fused_loss(X, y, params):
-    return loss(lenet_fused(X, params), y).sum()
+def _loss_after_conv1(h1, y, params):
+    return loss(_after_conv1(h1, params), y).sum()
 
 
 def fused_flat_grad(X, y, params):
     """`replica_flat_grad(X, y, params)` from `tap_major(params)`: (the flat gradient in LeNet's
-    own layout, the summed loss)."""
-    grads, l = torch.func.grad_and_value(_fused_loss, argnums=2)(X, y, params)
-    grads[0] = grads[0].t()   # back to conv1's (20, 1, 3, 3) order
+    own layout, the summed loss). Autograd differentiates LeNet after conv1, for its parameters
+    and for conv1's output; conv1_grads does the rest."""
+    W1t, b1, *rest = params
+    X = X[:, 0]
+    h1 = conv1_relu_pool(X, W1t, b1)
+    (g_h1, g_rest), l = torch.func.grad_and_value(_loss_after_conv1, argnums=(0, 2))(h1, y, rest)
+    g_W1t, g_b1 = conv1_grads(X, W1t, b1, g_h1)
+    grads = [g_W1t.t(), g_b1, *g_rest]   # conv1's weight back in its (20, 1, 3, 3) order
     return torch.cat([g.reshape(-1) for g in grads]), l
