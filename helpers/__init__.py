@@ -80,7 +80,7 @@ from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, fla
 from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, resident_accuracy,
                                  flat_replica, replica_flat_grad, train_fast_rank)
 from .data_parallel.fast_lenet import (conv1_relu_pool, conv1_grads, lenet_fused,
-                                       fused_flat_grad, tap_major)
+                                       fused_flat_grad, tap_major, untap)
 from .data_parallel.scratch import DDPFromScratch, make_buckets
 from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exact,
                                       SyncBatchNormFunction, CPUSyncBatchNorm,

@@ -30,7 +30,7 @@ from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator
 from ..validate import check_lr, check_positive_int, check_seed
 from .allreduce import flatten, sum_into_all
-from .fast_lenet import fused_flat_grad, tap_major
+from .fast_lenet import fused_flat_grad, tap_major, untap
 from .simulated import evaluate_accuracy
 
 __all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy",
@@ -267,7 +267,7 @@ def _plain_flat_grad(X, y, params):
     """`replica_flat_grad` from tap-major parameters: where `fused_flat_grad` cannot be compiled,
     the plain LeNet's arithmetic (bitwise what the uncompiled step computes)."""
     W1t, *rest = params
-    return replica_flat_grad(X, y, [W1t.t().reshape(-1, 1, 3, 3), *rest])
+    return replica_flat_grad(X, y, [untap(W1t), *rest])
 
 
 def flat_replica(params, device):

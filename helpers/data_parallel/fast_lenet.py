@@ -22,7 +22,8 @@ from torch.nn import functional as F
 
 from ..models import loss
 
-__all__ = ["conv1_relu_pool", "conv1_grads", "lenet_fused", "fused_flat_grad", "tap_major"]
+__all__ = ["conv1_relu_pool", "conv1_grads", "lenet_fused", "fused_flat_grad", "tap_major",
+           "untap"]
 
 TAPS = [(a, b) for a in range(3) for b in range(3)]   # conv1's 3x3 kernel, row by row
 
@@ -82,6 +83,11 @@ def tap_major(params):
     return [W1.reshape(W1.shape[0], 9).t().contiguous(), *rest]
 
 
+def untap(W1t):
+    """conv1's tap-major weight (or its gradient), (9, 20), back in LeNet's (20, 1, 3, 3)."""
+    return W1t.t().reshape(-1, 1, 3, 3)
+
+
 def _loss_after_conv1(h1, y, params):
     return loss(_after_conv1(h1, params), y).sum()
 
@@ -95,5 +101,5 @@ def fused_flat_grad(X, y, params):
     h1 = conv1_relu_pool(X, W1t, b1)
     (g_h1, g_rest), l = torch.func.grad_and_value(_loss_after_conv1, argnums=(0, 2))(h1, y, rest)
     g_W1t, g_b1 = conv1_grads(X, W1t, b1, g_h1)
-    grads = [g_W1t.t(), g_b1, *g_rest]   # conv1's weight back in its (20, 1, 3, 3) order
+    grads = [untap(g_W1t), g_b1, *g_rest]
     return torch.cat([g.reshape(-1) for g in grads]), l
