@@ -67,6 +67,19 @@ def test_the_image_outside_the_26x26_corner_changes_nothing():
                                rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("side", [26, 32])
+def test_images_of_another_size_are_refused_not_cropped(side):
+    """lenet fails on 32x32 images (its dense layer wants 800 features); the fused LeNet's
+    fixed crops would compute something, so it refuses any size but 28x28, and says what to use."""
+    X, y = batch(2)
+    X = torch.nn.functional.interpolate(X, size=(side, side))
+    p = params()
+    for call in (lambda: lenet_fused(X, tap_major(p)),
+                 lambda: fused_flat_grad(X, y, tap_major(p))):
+        with pytest.raises(ValueError, match="28x28 images"):
+            call()
+
+
 def _conv_flops(fn, X, p):
     with FlopCounterMode(display=False) as counter:
         fn(X, p)

@@ -131,7 +131,8 @@ class FastDataParallel:
             raise ValueError("replica_streams needs every replica on one and the same GPU")
         self.streams = ([torch.cuda.Stream(self.devices[0]) for _ in range(self.k)]
                         if replica_streams else None)
-        fused = compile and all(d.type == "cpu" for d in self.devices)
+        fused = (compile and all(d.type == "cpu" for d in self.devices)
+                 and X.shape[-2:] == (28, 28))   # lenet_fused's crops are LeNet's on 28x28
         self.grad_fn = (_try_compile(fused_flat_grad, fallback=_plain_flat_grad) if fused
                         else _try_compile(replica_flat_grad) if compile else None)
         self._grad_params = tap_major if fused else list   # what grad_fn takes, made each step
