@@ -45,3 +45,14 @@ def in_notebook():
         return get_ipython() is not None and "IPKernelApp" in get_ipython().config
     except ImportError:
         return False
+
+
+def someone_watching():
+    """True in a kernel driven by a person (JupyterLab, Colab, VS Code), False when a program
+    executes the notebook (the book build, nbval, nbconvert: they run cells with stdin off).
+    Lines updated in place are for a person; a program would store them as stray outputs."""
+    if not in_notebook():
+        return False
+    from IPython import get_ipython
+    kernel = getattr(get_ipython(), "kernel", None)
+    return bool(getattr(kernel, "_allow_stdin", True))

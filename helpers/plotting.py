@@ -3,7 +3,7 @@ import os
 
 import matplotlib.pyplot as plt
 
-from .config import in_notebook
+from .config import in_notebook, someone_watching
 
 __all__ = ["Animator", "glue", "progress"]
 
@@ -49,9 +49,11 @@ class Animator:
 
 def progress(iterable, **kwargs):
     """A progress bar (tqdm: a widget in Jupyter, text elsewhere). TQDM_DISABLE=1 turns it off,
-    as the book build and the tests do (tqdm's notebook bar ignores that variable by itself)."""
+    as the book build and the tests do (tqdm's notebook bar ignores that variable by itself),
+    and so does a kernel that a program runs (config.someone_watching)."""
     from tqdm.auto import tqdm
-    disable = os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true", "yes")
+    disable = os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true", "yes") or \
+        (in_notebook() and not someone_watching())
     return tqdm(iterable, leave=False, disable=disable, **kwargs)
 
 

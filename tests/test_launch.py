@@ -223,3 +223,27 @@ def test_killing_spawn_py_leaves_no_rank_running():
         assert all(_gone(p) for p in ranks), "spawn.py's ranks outlived their parent"
     finally:
         parent.kill()
+
+
+def test_a_kernel_run_by_a_program_shows_no_progress_line(monkeypatch, tmp_path):
+    """The book build and nbval run cells with stdin off: no progress display (an emptied one is
+    still an output, and takes a labelled figure's label in its cell); a person's kernel gets it."""
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from helpers.runtime import progress\n"
+        "print(progress.ProgressLine(2, '.', quiet=False).mode)")])
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    assert nb.cells[0].outputs[0]["text"].strip() == "None"
+
+    class Kernel:
+        _allow_stdin = True
+
+    class Shell:
+        kernel, config = Kernel(), {"IPKernelApp": {}}
+
+    import IPython
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
+    assert progress.ProgressLine(2, tmp_path, quiet=False).mode == "jupyter"
+    Kernel._allow_stdin = False
+    assert progress.ProgressLine(2, tmp_path, quiet=False).mode is None

@@ -1,8 +1,9 @@
 """How far launched ranks got: `report_progress` inside a rank, one line in the caller.
 
 The line is updated in place while the ranks run (a display handle in Jupyter, a carriage return
-on a terminal, nothing in logs and CI), appears after 2 s only and is emptied at the end, so a
-notebook's stored outputs do not pile up progress.
+on a terminal, nothing in logs and CI), appears after 2 s only and is emptied at the end. A kernel
+run by a program (the book build, nbval) shows none: an emptied display would still be an output
+of the cell, and in a cell with a labelled figure it would take the figure's label too.
 """
 import sys
 import time
@@ -42,10 +43,10 @@ class ProgressLine:
     emptied at the end, so stored outputs keep only the backend line."""
 
     def __init__(self, world, out, quiet):
-        from ..config import in_notebook
+        from ..config import in_notebook, someone_watching
         self.world, self.out, self.t0 = world, out, time.monotonic()
-        self.mode = None if quiet else "jupyter" if in_notebook() else \
-            "tty" if sys.stderr.isatty() else None
+        self.mode = None if quiet else ("jupyter" if someone_watching() else None) \
+            if in_notebook() else "tty" if sys.stderr.isatty() else None
         self.handle, self.last, self.width = None, 0.0, 0
 
     def summary(self):
