@@ -30,8 +30,8 @@ composed.*                  Part VII: all at once, the planner   train_3d_scratc
 checks                      exercise checks (helpers.checks)     check_split_batch, ...
 """
 from .config import choose, quick
-from .devices import (Timer, exact_float32, get_devices, num_gpus, require_gpus, synchronize,
-                      try_all_gpus, try_gpu)
+from .devices import (Timer, exact_float32, get_devices, num_gpus, require_gpus, synced_now,
+                      synchronize, try_all_gpus, try_gpu)
 from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
                    load_tensors)
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap

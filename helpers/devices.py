@@ -3,8 +3,8 @@ import time
 
 import torch
 
-__all__ = ["Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus", "synchronize",
-           "try_all_gpus", "try_gpu"]
+__all__ = ["Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus", "synced_now",
+           "synchronize", "try_all_gpus", "try_gpu"]
 
 
 def num_gpus():
@@ -66,11 +66,19 @@ def require_gpus(k):
 
 def synchronize(devices):
     """Wait for queued work on the CUDA devices in `devices`; no CUDA call for CPU devices."""
-    if isinstance(devices, torch.device):
+    if isinstance(devices, (torch.device, str)):
         devices = [devices]
     for d in {torch.device(d) for d in devices}:
         if d.type == "cuda":
             torch.cuda.synchronize(d)
+
+
+def synced_now(devices=()):
+    """The host clock, read after the queued work of `devices` has finished: the one clock for
+    timing rank code. Without the wait, a timer around GPU work (a kernel, an NCCL collective,
+    a `work.wait()`) measures only how long it took to queue it. No wait on a CPU."""
+    synchronize(devices)
+    return time.perf_counter()
 
 
 class Timer:

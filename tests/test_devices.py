@@ -76,3 +76,17 @@ def test_exact_float32_turns_tf32_off():
         assert torch.backends.cuda.matmul.allow_tf32 is False
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_synced_now_waits_for_cuda_devices_only(monkeypatch):
+    """The rank clock synchronises each CUDA device it is given (else a GPU timer measures the
+    queueing) and makes no CUDA call for the CPU."""
+    import torch
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: waited.append(str(d)))
+    helpers.synced_now(torch.device("cpu"))
+    helpers.synced_now()
+    assert waited == []
+    helpers.synced_now("cuda:1")
+    helpers.synced_now([torch.device("cuda:0"), torch.device("cpu"), torch.device("cuda:0")])
+    assert waited == ["cuda:1", "cuda:0"]
