@@ -12,7 +12,7 @@ JB     := $(BIN)/jupyter-book build . --all -W -n --keep-going
 export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: book test lint test-unit test-notebooks test-book test-browser student test-student bench \
+.PHONY: book test lint test-unit test-notebooks test-book test-book-fresh test-browser student test-student bench \
 	gpu-dry outputs lock venv clean book-static pdf test-pdf
 TORCH ?=
 CPU_INDEX := https://download.pytorch.org/whl/cpu
@@ -74,7 +74,7 @@ $(BOOK_VENV)/.installed: $(LOCK) requirements/book.txt
 	touch $@
 
 book-static: $(BOOK_VENV)/.installed
-	$(PYTHON) scripts/book_config.py --execute off --out _build/_config.book.yml
+	$(BOOK_VENV)/bin/python scripts/book_config.py --execute off --out _build/_config.book.yml
 	$(BOOK_VENV)/bin/jupyter-book build . --all -W -n --keep-going --config _build/_config.book.yml
 	@echo "The book is in _build/html/ (open _build/html/index.html)"
 
@@ -96,7 +96,7 @@ XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 # test-browser depends on test-book, the book it tests. (Not faster so on 2 cores: nbval beside
 # the book, browser and PDF chain took 535 s, against about 500 s for both one after the other.)
 test: export COURSE_QUICK := 1
-test: $(STAMP) lint test-unit test-notebooks test-book test-browser test-pdf gpu-dry
+test: $(STAMP) lint test-unit test-notebooks test-book-fresh test-book test-browser test-pdf gpu-dry
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
 # The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
@@ -110,15 +110,25 @@ lint: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider $(XDIST) tests --ignore=tests/browser
 
+# Also keeps each notebook as this run left it (book/conftest.py), for test-book-fresh.
 test-notebooks: $(STAMP)
-	$(BIN)/pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider $(XDIST) book
+	rm -rf _build/executed
+	$(BIN)/pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider $(XDIST) book \
+		--executed-into _build/executed
 
-# The book from the stored outputs, without executing the notebooks (nbval runs them above; the
-# outputs are those `make outputs` stored at the CPU default size). `make book` executes them.
-test-book: $(STAMP)
+# The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
+# from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
+# fresh clone that venv is created from the lock, as on a hosted Pages runner.
+test-book: $(BOOK_VENV)/.installed
 	rm -rf _build/html _build/.doctrees
-	$(BIN)/python scripts/book_config.py --execute off --out _build/_config.test.yml
-	$(JB) --config _build/_config.test.yml
+	$(MAKE) --no-print-directory book-static
+
+# The book from this run's outputs (test-notebooks kept them): what `make book`, which executes
+# every chapter, would render. Catches an output that breaks the build only when run afresh
+# (quick mode here) without executing the chapters a second time.
+test-book-fresh: $(STAMP) test-notebooks
+	$(BIN)/python scripts/fresh_book.py --executed _build/executed --out _build/fresh
+	$(BIN)/jupyter-book build _build/fresh --all -W -n --keep-going
 
 # Every page of _build/html (built by test-book) in headless Debian Chromium, offline, with
 # axe-core (node_modules/, from package-lock.json) in light and dark mode; screenshots in
