@@ -83,3 +83,17 @@ def test_the_version_note_says_release_or_branch(tmp_path):
                           ("0.1.0", "release v0.1.0")]:
         (tmp_path / "pyproject.toml").write_text(f'[project]\nversion = "{version}"\n')
         assert cv.version_note(tmp_path) == note
+
+
+def test_training_curves_tick_whole_epochs_and_say_which_run():
+    """Epochs are whole numbers: no 1.5 on the axis; the title names the run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from helpers import Animator
+    anim = Animator(xlabel="epoch", xlim=[1, 3], legend=["loss"], title="2 devices, lr 0.5")
+    for epoch, loss in enumerate((0.9, 0.6, 0.5), start=1):
+        anim.add(epoch, loss)
+    anim.fig.canvas.draw()
+    ticks = [t for t in anim.ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert anim.ax.get_title() == "2 devices, lr 0.5"

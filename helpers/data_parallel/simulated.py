@@ -122,9 +122,7 @@ def train(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, plot=Tru
     train_iter, test_iter = load_data_fashion_mnist(batch_size, subset=subset, seed=seed)
     device_params = [get_params(init_lenet_params(seed=seed), d) for d in devices]
     animator = Animator(xlabel="epoch", xlim=[1, num_epochs], ylim=[0, 2.5],
-                        legend=["train loss", "test acc"],
-                        title=f"{num_gpus} device{'s' if num_gpus > 1 else ''}, batch "
-                              f"{batch_size}, lr {lr}") if plot else None
+                        legend=["train loss", "test acc"]) if plot else None
     timer, n = Timer(devices), len(train_iter.dataset)
     for epoch in range(num_epochs):
         timer.start()
