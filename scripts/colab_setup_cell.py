@@ -110,7 +110,7 @@ def cell_source(config=None, v=None):
     v = v or version()
     ref = release_ref(config, v)
     note = (f"release {v}: its tag" if is_release(v) else
-            f"{v} is between releases: the branch")
+            f"version {v}, between releases: the branch")
     deps = "[" + ", ".join(f'"{d}"' for d in install_deps()) + "]"
     return SOURCE.format(url=config["repository"]["url"].rstrip("/"), ref=ref, ref_note=note,
                          deps=deps, mark=MARK)
