@@ -29,6 +29,10 @@ expert_parallel.*           Part VII: mixture of experts         MoE, ExpertPara
 composed.*                  Part VII: all at once, the planner   train_3d_scratch, plan
 checks                      exercise checks (helpers.checks)     check_split_batch, ...
 """
+# The course's mark: a notebook's set-up cell (scripts/colab_setup_cell.py) tells this package
+# from any other module named `helpers` (a reader's helpers.py) by it.
+__course__ = "multigpu-course"
+
 from .config import choose, quick
 from .devices import (Timer, exact_float32, get_devices, num_gpus, require_gpus, synced_now,
                       synchronize, try_all_gpus, try_gpu)

@@ -2,6 +2,7 @@
 import os
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from .config import in_notebook, someone_watching
 
@@ -10,13 +11,13 @@ __all__ = ["Animator", "glue", "progress"]
 
 class Animator:
     """Lines that grow epoch by epoch, redrawn in place in Jupyter (one figure, not one per
-    epoch)."""
+    epoch). The x axis is ticked at whole numbers (epochs); `title` says which run it is."""
 
     def __init__(self, xlabel=None, ylabel=None, legend=(), xlim=None, ylim=None,
-                 figsize=(4.5, 3)):
+                 figsize=(4.5, 3), title=None):
         self.fig, self.ax = plt.subplots(figsize=figsize)
         plt.close(self.fig)   # shown through the display handle only, not again at cell end
-        self.labels = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim)
+        self.labels = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim, title=title)
         self.legend, self.X, self.Y, self.handle = list(legend), None, None, None
 
     def add(self, x, ys):
@@ -32,6 +33,7 @@ class Animator:
             self.ax.plot(xs, y_s, "-o", markersize=3,
                          label=self.legend[i] if i < len(self.legend) else None)
         self.ax.set(**{k: v for k, v in self.labels.items() if v is not None})
+        self.ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         self.ax.grid(True, alpha=0.3)
         if self.legend:
             self.ax.legend()

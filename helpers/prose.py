@@ -20,7 +20,8 @@ class ClaimFailed(AssertionError):
 def claim(holds, says, **measured):
     """Assert that `says` (the prose's claim, in its words) holds in this run.
 
-    `measured` names the figures behind it; they are shown when the claim fails."""
+    `measured` names the figures behind it; they are shown when the claim fails. Returns None:
+    a claim cell shows nothing (no stray `True` under it in Jupyter)."""
     figures = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                         for k, v in measured.items())
     if not holds:
@@ -28,7 +29,6 @@ def claim(holds, says, **measured):
                           + (f" ({figures})" if figures else "")
                           + ": rerun on a quiet machine, or change the text")
     _made.append(says)
-    return True
 
 
 def claims_made():
@@ -64,9 +64,18 @@ def glued():
 
 class _Formatter(string.Formatter):
     """str.format, except that a number glued as text takes a number's format (as myst-nb's
-    {glue:text}`name:.2f` does with the text of the value)."""
+    {glue:text}`name:.2f` does with the text of the value), and that `{n:d|round|rounds}` gives
+    "1 round" or "3 rounds" (the number in the format before the first `|`, then the word that
+    agrees with it)."""
 
     def format_field(self, value, spec):
+        if "|" in spec:
+            spec, one, many = (spec.split("|") + ["", ""])[:3]
+            if not one or not many:
+                raise ValueError(f"plural format {spec}|{one}|{many}: write "
+                                 "{name:fmt|singular|plural}, e.g. {n:d|round|rounds}")
+            word = one if float(value) == 1 else many
+            return f"{self.format_field(value, spec)} {word}"
         try:
             return format(value, spec)
         except (ValueError, TypeError):

@@ -257,6 +257,20 @@ def record_run(doc, mode, entry, path=None):
     write_json(path, {d: dict(sorted(m.items())) for d, m in sorted(record.items())})
 
 
+def refresh_runs_line(nb, doc, mode, entry, record=None):
+    """The run-time sentence after the notebook's "Runs on" line (chapter_runs.notebook_line:
+    what a reader in Colab or JupyterLab sees of the badge), from the record with this run in it.
+    A notebook without the line, its GPU count, or a run at the CPU default size is left as is."""
+    runs = chapter_runs.load(record)
+    runs.setdefault(doc, {})[mode] = entry
+    gpus = (nb.metadata.get("course") or {}).get("gpus")
+    if not isinstance(gpus, int) or chapter_runs.run_of(runs, doc, "small") is None:
+        return
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and chapter_runs.RUNS_LINE.search(cell.source):
+            cell.source = chapter_runs.with_notebook_line(cell.source, runs, doc, gpus)
+
+
 def execute(path, store=True, record=None):
     """Run `path`, store its outputs (unless not `store`), record the run in `record`
     (default: book/_ext/runs.json)."""
@@ -267,12 +281,13 @@ def execute(path, store=True, record=None):
     nb, entry, errors = run(path)
     if errors:
         raise SystemExit(f"{path}: stored outputs not updated, errors:\n  " + "\n  ".join(errors))
-    if store:
-        drop_unshown_widget_state(nb)
-        from helpers import atomic_write   # the one atomic writer: a kill keeps the old file
-        atomic_write(path, lambda f: nbformat.write(nb, f), mode="w")
     entry.update(machine=where, cores=cpu_cores(), date=datetime.date.today().isoformat(),
                  torch=torch.__version__.split("+")[0], stored=store)
+    if store:
+        drop_unshown_widget_state(nb)
+        refresh_runs_line(nb, docname(path), mode, entry, record)
+        from helpers import atomic_write   # the one atomic writer: a kill keeps the old file
+        atomic_write(path, lambda f: nbformat.write(nb, f), mode="w")
     record_run(docname(path), mode, entry, record)
     print(f"executed {path} ({chapter_runs.MODES[mode]}): {chapter_runs.run_text(entry)}, "
           f"{chapter_runs.fmt_bytes(entry['peak_bytes'])}, {entry['processes']} process(es) at once"

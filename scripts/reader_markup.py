@@ -2,7 +2,7 @@
 
 Usage: python scripts/reader_markup.py [--check] [--out DIR] [book/x.ipynb ...]
 (default: every notebook of _toc.yml, rewritten in place; --out writes copies under DIR instead;
---check changes nothing and exits 1 listing the notebooks that still hold MyST roles).
+--check changes nothing and exits 1 listing the notebooks a run would change).
 
 Colab, JupyterLab, VS Code and GitHub render Markdown, not MyST: `{glue:text}`, `{term}`, `{cite}`,
 `{numref}`, `{doc}` and directives print literally there. Per markdown cell:
@@ -18,7 +18,17 @@ Colab, JupyterLab, VS Code and GitHub render Markdown, not MyST: `{glue:text}`, 
 - ```{dropdown} T``` becomes <details><summary>T</summary>, ```{note}``` a quoted "**Note.**",
   ```{runs-on} cpu gpu``` the line "*Runs on: CPU, one GPU.*", which book/_ext/course_badges.py
   turns into the badge.
-Idempotent: a converted notebook has nothing left to convert. Written atomically.
+Also, in every notebook (converted or not):
+- a relative link to another page of the book (`../part6/mesh2d.ipynb`) becomes the published
+  page's address (Colab opens a lone notebook: a relative link is dead there), and a link
+  followed by letters (`[bucket](...)s`, a plural) takes them in (`[buckets](...)`);
+- the "Runs on" line gets the run time and needs the badge shows in the book, from
+  book/_ext/runs.json (chapter_runs.notebook_line; `make outputs` refreshes it);
+- the bookkeeping cells the book removes (tag remove-cell: glue, claim) fold like the prose
+  cells (`#@title`, `cellView: form`, `jupyter.source_hidden`), without a stored result (a
+  claim's `True` under the cell).
+Idempotent: a converted notebook has nothing left to convert (`--check` converts in memory and
+fails where that would change a notebook). Written atomically.
 """
 import argparse
 import ast
@@ -36,6 +46,8 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+import chapter_runs  # noqa: E402
 from book_files import entry_path, toc_entries, toc_notebooks  # noqa: E402
 
 ROLES = re.compile(r"\{(glue(:text)?|term|cite(:[pt])?|numref)\}`")   # what the audit counts
@@ -48,6 +60,13 @@ FENCE = re.compile(r"^(?P<f>`{3,}|:{3,})\{(?P<name>[\w-]+)\}[ \t]*(?P<arg>.*)$")
 PLACES = {"cpu": "CPU", "gpu": "one GPU", "gpus": "several GPUs"}
 WIDTH = 79
 TITLE = "#@title Text with this run's numbers (double-click to see the code)"
+BOOKKEEPING = "#@title Bookkeeping for the text below (double-click to see the code)"
+SETUP_CELL = "course-setup"   # scripts/colab_setup_cell.py's: folded by that script
+# a link to a page of the book by its file, relative (not a URL, an anchor or the {book} field)
+RELATIVE = re.compile(r"(\]\()(?![a-z][\w+.-]*:|#|/|\{book\})([^)\s#]+?)\.(ipynb|md)"
+                      r"(#[^)\s]*)?\)")
+# a link with letters glued after it: [bucket](...)s
+GLUED = re.compile(r"\[([^\[\]\n]+)\]\(([^()\s]+)\)([A-Za-z]+)")
 
 
 def config():
@@ -113,6 +132,7 @@ class Context:
         self.cites = citation_labels()
         self.titles = page_titles()
         self.problems = []
+        self.gpus = None   # the notebook's "course": {"gpus": N}
 
     def page_url(self, entry, anchor=""):
         return f"{self.url}{entry}.html" + (f"#{anchor}" if anchor else "")
@@ -159,6 +179,66 @@ def _doc(m, ctx):
         return text
     label = text if m.group(2) else ctx.titles[entry]
     return f"[{label}]({ctx.page_url(entry)})"
+
+
+def absolute_links(text, ctx, field=False):
+    """Relative links to pages of the book as the published pages' addresses (`{book}...` in a
+    say() text when `field`)."""
+    def repl(m):
+        parts = []
+        for p in (pathlib.PurePosixPath(ctx.entry).parent / m.group(2)).as_posix().split("/"):
+            if p == "..":
+                parts.pop()
+            elif p != ".":
+                parts.append(p)
+        entry = "/".join(parts)
+        if entry not in ctx.titles:
+            ctx.problems.append(f"link {m.group(2)}.{m.group(3)}: no page {entry} in _toc.yml")
+            return m.group(0)
+        url = ctx.page_url(entry, (m.group(4) or "#")[1:])
+        return m.group(1) + (book_field(url, ctx.url) if field else url) + ")"
+    return RELATIVE.sub(repl, text)
+
+
+def whole_word_links(text):
+    """`[bucket](url)s` as `[buckets](url)`: a link covers the whole word it is part of."""
+    return GLUED.sub(lambda m: f"[{m.group(1)}{m.group(3)}]({m.group(2)})", text)
+
+
+def runs_line(text, ctx):
+    """The "Runs on" line with the run time and needs of the chapter (chapter_runs)."""
+    if not chapter_runs.RUNS_LINE.search(text):
+        return text
+    if ctx.gpus is None:
+        ctx.problems.append('no GPU count in the notebook\'s metadata ("course": {"gpus": N})')
+        return text
+    try:
+        return chapter_runs.with_notebook_line(text, chapter_runs.load(), ctx.entry, ctx.gpus)
+    except chapter_runs.MissingRun as e:
+        ctx.problems.append(str(e))
+        return text
+
+
+def fold_bookkeeping(cell):
+    """A cell the book removes (glue, claim): folded under a title, no stored result."""
+    meta = cell.metadata
+    if "remove-cell" not in meta.get("tags", []) or cell.get("id") == SETUP_CELL:
+        return
+    if not cell.source.startswith("#@title"):
+        cell.source = BOOKKEEPING + "\n" + cell.source
+    meta["cellView"] = "form"
+    meta["jupyter"] = {**meta.get("jupyter", {}), "source_hidden": True}
+    cell.outputs = [o for o in cell.get("outputs", []) if o.get("output_type") != "execute_result"]
+
+
+def relink_prose(cell, ctx):
+    """A say() cell's links, in its text and its stored Markdown, as in a markdown cell."""
+    cell.source = whole_word_links(absolute_links(cell.source, ctx, field=True))
+    for out in cell.get("outputs", []):
+        md = out.get("data", {}).get("text/markdown")
+        if md:
+            text = "".join(md) if isinstance(md, list) else md
+            out["data"]["text/markdown"] = whole_word_links(absolute_links(text, ctx))
 
 
 def inline(text, ctx, figures=None, here=0):
@@ -313,7 +393,7 @@ def split_blocks(text):
     for line in text.split("\n"):
         s = line.strip()
         if math and not s.startswith("$$"):   # inside a display formula, until its closing $$
-            out.append(line)
+            cur.append(line)
             math = not s.endswith("$$")
             continue
         if s.startswith(("```", "~~~")):
@@ -366,6 +446,8 @@ def convert(nb, path, cfg=None):
     """The notebook with its prose rewritten (a new object) and the problems found."""
     ctx = Context(path, cfg)
     nb = copy.deepcopy(nb)
+    gpus = (nb.metadata.get("course") or {}).get("gpus")
+    ctx.gpus = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None
     figures = {c.get("metadata", {}).get("mystnb", {}).get("figure", {}).get("name"): i
                for i, c in enumerate(nb.cells)}
     figures.pop(None, None)
@@ -375,6 +457,9 @@ def convert(nb, path, cfg=None):
         if cell.cell_type == "code":
             if re.search(r"^\s*(import helpers|from helpers)", cell.source, re.M):
                 imported = True
+            fold_bookkeeping(cell)
+            if cell.get("metadata", {}).get("course", {}).get("prose"):
+                relink_prose(cell, ctx)
             cells.append(cell)
             continue
         if cell.cell_type != "markdown":
@@ -382,6 +467,7 @@ def convert(nb, path, cfg=None):
             continue
         text = blocks(cell.source, ctx)
         text = inline(text, ctx, figures, i)
+        text = runs_line(whole_word_links(absolute_links(text, ctx)), ctx)
         groups = []   # consecutive blocks with glue / without, in order
         for block in split_blocks(text):
             has = bool(GLUE.search(block)) and not block.lstrip().startswith("#")
@@ -450,7 +536,12 @@ def main(argv=None):
         if args.check:
             left = raw_markup(nb)
             if left:
-                bad.append(f"{path}: {len(left)} lines, e.g. {left[0]}")
+                bad.append(f"{path}: {len(left)} lines of MyST, e.g. {left[0]}")
+                continue
+            new, _ = convert(nb, path, cfg)
+            changed = [i for i, (a, b) in enumerate(zip(nb.cells, new.cells)) if a != b]
+            if changed or len(nb.cells) != len(new.cells):
+                bad.append(f"{path}: a run would change cell {(changed or [len(nb.cells)])[0]}")
             continue
         new, problems = convert(nb, path, cfg)
         problems_all += [f"{path.relative_to(ROOT)}: {p}" for p in problems]
@@ -461,7 +552,7 @@ def main(argv=None):
         nbformat.write(new, tmp)
         tmp.replace(dest)
     if bad:
-        print("MyST markup left (run scripts/reader_markup.py):", *bad, sep="\n  ")
+        print("not converted (run scripts/reader_markup.py):", *bad, sep="\n  ")
         return 1
     if problems_all:
         print("converted, with problems to fix by hand:", *problems_all, sep="\n  ")

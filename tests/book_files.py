@@ -44,3 +44,11 @@ def book_sources():
     """Every notebook and page under book/ (what must appear in the toc)."""
     return sorted(p for p in (ROOT / "book").rglob("*")
                   if p.suffix in (".ipynb", ".md") and not SKIP_PARTS & set(p.parts))
+
+
+def toc_parts():
+    """[(caption, [entry, ...])] of _toc.yml's parts, in order (the root page is in none)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [(part["caption"], [c["file"].removesuffix(".ipynb").removesuffix(".md")
+                               for c in part.get("chapters", [])])
+            for part in toc.get("parts", [])]

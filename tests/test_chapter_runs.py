@@ -50,6 +50,38 @@ def test_table_rows_come_from_the_record():
     rows = chapter_runs.table_rows(RECORD, [("book/a", "A", 2), ("book/b", "B", 0)])
     assert rows == [("A", "45 s", "1.5 GiB", "3", "2 GPUs", "5 min 01 s"),
                     ("B", "4 s", "100 MiB", "1", "none", "not measured yet")]
+    assert chapter_runs.table_head(RECORD, ["book/a", "book/b"])[-1] == "full size"
+
+
+def test_no_full_size_column_until_a_full_size_run_exists():
+    """Said once under the table, not "not measured yet" in every row."""
+    record = {"book/a": {"small": _run(45.0, 1500, 3)}, "book/b": {"small": _run(4.4)}}
+    rows = chapter_runs.table_rows(record, [("book/a", "A", 2), ("book/b", "B", 0)])
+    assert rows == [("A", "45 s", "1.5 GiB", "3", "2 GPUs"), ("B", "4 s", "100 MiB", "1", "none")]
+    assert chapter_runs.table_head(record, ["book/a", "book/b"]) == chapter_runs.TABLE_HEAD
+    assert "full size" not in chapter_runs.TABLE_HEAD
+
+
+def test_the_notebook_line_says_the_cpu_run_and_needs():
+    line = chapter_runs.notebook_line(RECORD, "book/a", 2)
+    assert line == ("Run time: CPU default size 45 s (2 CPU cores, no GPU, 2026-12-01). Needs: "
+                    + chapter_runs.needs_text(RECORD["book/a"]["small"], 2) + ".")
+    import course_badges as badges
+    assert badges.places_of_line(f"Runs on: CPU, several GPUs. {line}") == ["cpu", "gpus"]
+    assert badges.places_of_line("Runs on: CPU, several GPUs.") == ["cpu", "gpus"]
+    assert badges.places_of_line("Runs on: a toaster. Run time: 1 s.") is None
+
+
+def test_binder_is_offered_only_where_the_quick_run_fits():
+    big = dict(_run(19.0), peak_bytes=int(2.1 * 2 ** 30))
+    record = {"book/a": {"small": _run(45.0), "quick": _run(2.0, 900)},
+              "book/b": {"small": _run(45.0), "quick": big}, "book/c": {"small": _run(4.0)}}
+    assert [chapter_runs.fits_binder(record, d) for d in ("book/a", "book/b", "book/c")] == \
+        [True, False, False]
+    assert chapter_runs.binder_text(record, "book/a") == "fits (quick mode, 900 MiB at most)"
+    assert "needs 2.1 GiB, more than Binder's 1.5 GiB" in chapter_runs.binder_text(record,
+                                                                                  "book/b")
+    assert "no quick-mode run" in chapter_runs.binder_text(record, "book/c")
     assert chapter_runs.machines(RECORD, ["book/a", "book/b"]) == \
         ("2 CPU cores, no GPU", "2026-12-01")
 
@@ -134,6 +166,9 @@ def test_a_build_fails_when_a_chapter_has_no_run(tmp_path, monkeypatch):
     html = build(RECORD)
     assert html.count("<tr") == 3, "a header row and one row per chapter"
     assert "5 min 01 s" in html and "1.5 GiB" in html and "not measured yet" in html
+    html = build({d: {"small": m["small"]} for d, m in RECORD.items()})
+    assert "not measured yet" not in html and html.count("full size") == 1, \
+        "no full-size column: the caption says it once"
     with pytest.raises(SphinxWarning, match="book/b has no run"):
         build({"book/a": RECORD["book/a"]})
 
@@ -260,3 +295,18 @@ def test_widget_state_is_dropped_only_when_the_page_shows_a_twin():
         nb.cells = [cell]
         assert ex.drop_unshown_widget_state(nb) == dropped
         assert ("widgets" in nb.metadata) != dropped
+
+
+def test_a_stored_notebook_says_its_new_run_time(tmp_path):
+    """`make outputs` rewrites the sentence under the "Runs on" line with the run it stores (a
+    reader outside the book sees it there); twice gives one sentence, the newest."""
+    ex = _executor()
+    nb = nbformat.v4.new_notebook(metadata={"course": {"gpus": 2}})
+    nb.cells = [nbformat.v4.new_markdown_cell("# T\n\n*Runs on: CPU, several GPUs.*")]
+    record = tmp_path / "runs.json"
+    record.write_text("{}")
+    for seconds in (45.0, 61.0):
+        ex.refresh_runs_line(nb, "book/t", "small", _run(seconds, 1500, 3), record)
+    line = chapter_runs.notebook_line({"book/t": {"small": _run(61.0, 1500, 3)}}, "book/t", 2)
+    assert nb.cells[0].source == f"# T\n\n*Runs on: CPU, several GPUs.* {line}"
+    assert "1 min 01 s" in line and nb.cells[0].source.count("Run time:") == 1

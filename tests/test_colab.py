@@ -6,14 +6,16 @@ ipywidgets, tqdm, ipykernel; nbclient/nbformat to run the notebook), no course p
 platform's markers (Colab: the `google.colab` module imported at kernel start, its environment
 variables, /content as the working folder; Kaggle: KAGGLE_KERNEL_RUN_TYPE and friends,
 /kaggle/working); a fresh home folder whose ~/.cache/multigpu-course/data holds Fashion-MNIST
-(where a plain install looks for it). The course's "repository" is a local git repository of
-this checkout's package files (COURSE_REPO points the cell at it; no network: pip may not use an
-index, and builds without isolation from the venv's setuptools), tagged with pyproject's version
-for Colab and untagged for Kaggle (the cell falls back to the branch). Colab runs a Part I
-chapter; Kaggle the torchrun chapter through its first training run, whose ranks are new
-interpreters started by torchrun: they import helpers only if the install is visible to every
-process, and run the DDP scripts the package ships. The venv is cached in _build/colab-venv
-(first run about a minute).
+(where a plain install looks for it). The course's "repository" is a local git repository
+(COURSE_REPO points the cell at it; no network: pip may not use an index, and builds without
+isolation from the venv's setuptools) holding the package at the ref the set-up cell names:
+the branch (this checkout's package: what the branch holds once it is committed), or a release's
+tag (that tag's package from this repository's history; this checkout's only while the tag is
+not made yet, a release commit being tested before `git tag`). Colab runs a Part I chapter;
+Kaggle the torchrun chapter through its first training run, whose ranks are new interpreters
+started by torchrun: they import helpers only if the install is visible to every process, and
+run the DDP scripts the package ships; and one notebook of every Part runs its first cells
+against that install. The venv is cached in _build/colab-venv (first run about a minute).
 """
 import importlib.util
 import json
@@ -29,6 +31,8 @@ import zipfile
 import nbformat
 import pytest
 import yaml
+
+from book_files import toc_notebooks, toc_parts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VENV = ROOT / "_build" / "colab-venv"
@@ -63,7 +67,7 @@ def _clean_env(**extra):
 
 
 # ---------------------------------------------------------------- the set-up cell script
-def test_setup_cell_is_inserted_once_and_updated(tmp_path):
+def test_setup_cell_is_inserted_once_under_the_title_and_updated(tmp_path):
     mod = _script()
     path = tmp_path / "nb.ipynb"
     shutil.copy(ROOT / "book" / "part1" / "data_parallel.ipynb", path)
@@ -73,87 +77,167 @@ def test_setup_cell_is_inserted_once_and_updated(tmp_path):
     assert mod.main([str(path)]) == 0 and path.read_text() == once, "not idempotent"
     assert mod.main(["--check", str(path)]) == 0
     nb = nbformat.read(path, as_version=4)
-    first = nb.cells[0]
-    assert first.id == mod.CELL_ID and first.cell_type == "code"
-    assert first.metadata["tags"] == ["remove-cell"], "the book must hide the set-up cell"
-    # the committed notebooks carry the cell already: compare with the others
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), \
+        "the title comes first"
+    cell = nb.cells[1]
+    assert cell.id == mod.CELL_ID and cell.cell_type == "code"
+    assert cell.metadata["tags"] == ["remove-cell"], "the book must hide the set-up cell"
+    assert cell.source.startswith("#@title ") and cell.metadata["cellView"] == "form", \
+        "Colab folds it to its title"
+    assert cell.metadata["jupyter"]["source_hidden"], "JupyterLab and VS Code fold it"
     others = [c.source for c in before.cells if c.get("id") != mod.CELL_ID]
-    assert [c.source for c in nb.cells[1:]] == others, \
+    assert [c.source for c in nb.cells if c.get("id") != mod.CELL_ID] == others, \
         "the script changed other cells"
-    assert all(len(line) <= 79 for line in first.source.splitlines()), "notebook lines: 79 cols"
-    # a stale copy (an older release, moved down, outputs) is replaced by one fresh cell on top
-    first.source = first.source.replace(f'RELEASE = "v{_version()}"', 'RELEASE = "v0.0.1"')
-    nb.cells.insert(3, nb.cells.pop(0))
+    assert all(len(line) <= 79 for line in cell.source.splitlines()), "notebook lines: 79 cols"
+    # a stale copy (another ref, moved to the top, with outputs) becomes the fresh cell
+    cell.source = cell.source.replace(f'REF = "{mod.release_ref()}"', 'REF = "v0.0.1"')
+    cell.outputs = [nbformat.v4.new_output("stream", text="x")]
+    nb.cells.insert(0, nb.cells.pop(1))
     nbformat.write(nb, path)
     assert mod.main(["--check", str(path)]) == 1
     assert mod.main([str(path)]) == 0 and path.read_text() == once
 
 
-def test_setup_cell_pins_the_release_of_pyproject_and_the_repository_of_config():
+def test_setup_cell_installs_the_branch_between_releases_and_a_release_its_tag():
+    """main's notebooks must never install an older release's helpers (a Part VII chapter
+    failed on a tag made before Part VII): a development version installs the branch."""
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     mod = _script()
-    src = mod.cell_source()
-    assert f'"{config["repository"]["url"].rstrip("/")}"' in src
-    assert mod.release_tag() == f"v{_version()}"
-    assert f'RELEASE = "v{_version()}"' in src, "the cell must install the book's release"
-    other = {"repository": {"url": "https://github.com/someone/fork/", "branch": "dev"}}
-    src = mod.cell_source(other, tag="v9.8.7")
-    assert '"https://github.com/someone/fork"' in src and 'else "dev"' in src
-    assert 'RELEASE = "v9.8.7"' in src
+    url = config["repository"]["url"].rstrip("/")
+    assert f'"{url}"' in mod.cell_source()
+    version = _version()
+    want = (f"v{version}" if mod.is_release(version) else config["repository"]["branch"])
+    assert mod.release_ref() == want and f'REF = "{want}"' in mod.cell_source()
+    assert mod.release_ref(v="0.3.0.dev0") == config["repository"]["branch"]
+    assert mod.release_ref(v="0.3.0") == "v0.3.0"
+    fork = {"repository": {"url": "https://github.com/someone/fork/", "branch": "dev"}}
+    src = mod.cell_source(fork, v="1.2.0.dev1")
+    assert '"https://github.com/someone/fork"' in src and 'REF = "dev"' in src
+    assert 'REF = "v9.8.7"' in mod.cell_source(fork, v="9.8.7")
 
 
 class _Recorder:
-    """subprocess.run stand-in: records each command, answers `git ls-remote` with `tags`."""
+    """subprocess.run stand-in: records each command."""
 
-    def __init__(self, tags="", returncode=0):
-        self.calls, self.tags, self.returncode = [], tags, returncode
+    def __init__(self):
+        self.calls = []
 
     def __call__(self, cmd, **kwargs):
         self.calls.append(cmd)
-        if cmd[:2] == ["git", "ls-remote"]:
-            return types.SimpleNamespace(returncode=self.returncode, stdout=self.tags,
-                                         stderr="fatal: unable to access")
         return types.SimpleNamespace(returncode=0, stdout="", stderr="")
 
 
-def _run_cell(monkeypatch, recorder, helpers_importable):
+def _run_cell(monkeypatch, recorder, missing=(), shadow=None):
+    """Run the cell in this process; `missing`: modules find_spec must not find (as where they
+    are not installed); `shadow`: a folder holding another helpers.py, first on sys.path."""
     source = _script().cell_source()
-    path_before = list(sys.path)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
-        real(name, *a) if helpers_importable or name != "helpers" else None))
+        None if name in missing else real(name, *a)))
     monkeypatch.setattr(subprocess, "run", recorder)
     monkeypatch.delenv("COURSE_REPO", raising=False)
+    if shadow:
+        monkeypatch.syspath_prepend(str(shadow))
+        monkeypatch.delitem(sys.modules, "helpers")
     try:
         exec(source, {})
     finally:
-        assert sys.path == path_before, "the cell changed this kernel's sys.path"
+        if shadow:   # monkeypatch puts the course's helpers back
+            sys.modules.pop("helpers", None)
 
 
 def test_setup_cell_does_nothing_where_helpers_imports(monkeypatch):
     """A checkout, Binder, nbval, the book build: helpers imports, nothing is installed."""
     recorder = _Recorder()
-    _run_cell(monkeypatch, recorder, helpers_importable=True)
+    _run_cell(monkeypatch, recorder)
     assert recorder.calls == []
 
 
-def test_setup_cell_installs_the_tag_else_the_branch(monkeypatch, capsys):
+def test_setup_cell_installs_what_it_names_keeping_the_platforms_torch(monkeypatch):
+    mod = _script()
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
-    tag = f"v{_version()}"
-    tagged = _Recorder(tags=f"0123abcd\trefs/tags/{tag}\n")
-    _run_cell(monkeypatch, tagged, helpers_importable=False)
-    assert tagged.calls[0] == ["git", "ls-remote", "--tags", url, tag]
-    assert tagged.calls[1][1:4] == ["-m", "pip", "install"]
-    assert tagged.calls[1][-1] == f"git+{url}@{tag}"
-    assert capsys.readouterr().out == "", "the release installs silently"
-    untagged = _Recorder(tags="")
-    _run_cell(monkeypatch, untagged, helpers_importable=False)
-    assert untagged.calls[1][-1] == f"git+{url}@main"
-    assert f"no tag {tag}: installing its branch main" in capsys.readouterr().out
-    offline = _Recorder(returncode=128)
-    with pytest.raises(RuntimeError, match="cannot reach .*Kaggle: turn Internet on"):
-        _run_cell(monkeypatch, offline, helpers_importable=False)
-    assert len(offline.calls) == 1, "nothing is installed when the repository is unreachable"
+    target = f"git+{url}@{mod.release_ref()}"
+    platform = _Recorder()   # Colab, Kaggle: torch is there
+    _run_cell(monkeypatch, platform, missing={"helpers"})
+    deps, package = platform.calls
+    assert deps[1:4] == ["-m", "pip", "install"] and set(mod.install_deps()) <= set(deps)
+    assert not any(d.startswith(("torch", "git+")) for d in deps), deps
+    assert package[-2:] == ["--no-deps", target], package
+    bare = _Recorder()       # a Jupyter without torch: everything from the index
+    _run_cell(monkeypatch, bare, missing={"helpers", "torch"})
+    assert len(bare.calls) == 1 and bare.calls[0][-1] == target
+    assert "--no-deps" not in bare.calls[0]
+
+
+def test_setup_cell_stops_on_another_module_named_helpers(monkeypatch, tmp_path):
+    """A reader's helpers.py beside the notebook: no install, no AttributeError three cells
+    later, but one line naming the file and the fix."""
+    (tmp_path / "helpers.py").write_text("def mine():\n    return 1\n")
+    recorder = _Recorder()
+    with pytest.raises(SystemExit) as stop:
+        _run_cell(monkeypatch, recorder, shadow=tmp_path)
+    text = str(stop.value)
+    assert str(tmp_path / "helpers.py") in text and "rename it" in text and "\n" not in text
+    assert recorder.calls == [], "a shadowing module is reported, not installed over"
+
+
+def _fake_wheel(where, name, version, requires=()):
+    """A wheel with metadata only (what pip's resolver reads), no code."""
+    info = f"{name.replace('-', '_')}-{version}.dist-info"
+    path = where / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    files = {f"{info}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+                 name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+    return path
+
+
+def test_pip_would_replace_an_older_torch_but_the_cell_keeps_it(monkeypatch, tmp_path):
+    """The package asks for torch>=2.11. Where a platform has an older torch (Kaggle lags), a
+    plain `pip install` of the package replaces it (a multi-GB download, maybe for another CUDA);
+    the commands the cell runs leave it. pip resolves (--dry-run) against wheels that carry
+    metadata only: an old torch installed, newer ones and the other dependencies on offer."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    old = _fake_wheel(wheels, "torch", "2.0.0")
+    for name, version in [("torch", "99.0.0"), ("torchvision", "99.0.0"),
+                          ("matplotlib", "99.0.0"), ("tqdm", "99.0.0")]:
+        _fake_wheel(wheels, name, version)
+    _fake_wheel(wheels, project["name"], project["version"], project["dependencies"])
+    venv = tmp_path / "platform"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # pip as it comes: no machine's pip.conf, constraints or extra wheel folders
+    env = {k: v for k, v in _clean_env().items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    offline = ["--no-index", "--find-links", str(wheels), "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", "--quiet", *offline, str(old)], check=True, env=env)
+
+    def would_install(args):
+        report = tmp_path / "report.json"
+        subprocess.run([*pip, "install", "--quiet", "--dry-run", "--report", str(report),
+                        *offline, *args], check=True, env=env)
+        return {i["metadata"]["name"]: i["metadata"]["version"]
+                for i in json.loads(report.read_text())["install"]}
+
+    assert would_install([project["name"]]).get("torch") == "99.0.0", \
+        "a plain install no longer replaces an older torch: the cell's care may go"
+    recorder = _Recorder()
+    _run_cell(monkeypatch, recorder, missing={"helpers"})
+    monkeypatch.undo()   # subprocess.run itself again
+    replaced = {}
+    for cmd in recorder.calls:   # the cell's commands, its package from the wheels here
+        assert cmd[1:4] == ["-m", "pip", "install"], cmd
+        args = [project["name"] if a.startswith("git+") else a for a in cmd[4:]
+                if a != "--quiet"]
+        replaced.update(would_install(args))
+    assert project["name"] in replaced and "torch" not in replaced, replaced
 
 
 # ---------------------------------------------------------------- files a plain install ships
@@ -167,10 +251,12 @@ def test_script_path_in_a_checkout():
         helpers.script_path("no_such_script.py")
 
 
-def _package_copy(dest):
-    """The files a plain install is built from, copied out of this checkout."""
+def _package_copy(dest, source=ROOT):
+    """The files a plain install is built from, copied out of this checkout (or `source`)."""
     for rel in PACKAGE_FILES:
-        src = ROOT / rel
+        src = source / rel
+        if source != ROOT and not src.exists():   # an older release's layout
+            continue
         if src.is_dir():
             shutil.copytree(src, dest / rel, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -216,11 +302,13 @@ from nbclient import NotebookClient
 nb = nbformat.read(sys.argv[1], as_version=4)
 NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=True,
                resources={"metadata": {"path": sys.argv[2]}}).execute()
-errors = [f"cell {i}: {o.get('ename')}: {o.get('evalue')}" for i, c in enumerate(nb.cells)
-          if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"
+errors = [f"{c.metadata.get('from', 'cell')} {i}: {o.get('ename')}: {o.get('evalue')}"
+          for i, c in enumerate(nb.cells) if c.cell_type == "code"
+          for o in c.get("outputs", []) if o.get("output_type") == "error"
           and "raises-exception" not in c.metadata.get("tags", [])]
 text = lambda c: "".join(o.get("text", "") for o in c.get("outputs", []))
-print(json.dumps({"errors": errors, "setup": text(nb.cells[0]), "probe": text(nb.cells[-1])}))
+setup = [text(c) for c in nb.cells if c.get("id") == "course-setup"]
+print(json.dumps({"errors": errors, "setup": setup, "probe": text(nb.cells[-1])}))
 """
 
 PROBE = ("import sys, helpers\nprint(sys.executable)\nprint(helpers.__file__)\n"
@@ -295,18 +383,35 @@ def _platform_venv():
     return py
 
 
-def _course_repository(where, tagged):
-    """A git repository of the package's files (the course on GitHub, offline), on branch main,
-    tagged v<version> when `tagged`."""
-    repo = _package_copy(where)
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
-           "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"]
-    for args in (["init", "--quiet", "-b", "main"], ["add", "-A"],
-                 ["commit", "--quiet", "-m", "release"]):
-        subprocess.run([*git, *args], check=True, env=_clean_env())
-    if tagged:
-        subprocess.run([*git, "tag", "-a", f"v{_version()}", "-m", "release"], check=True,
-                       env=_clean_env())
+def _git(repo, *args, **kwargs):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false", *args],
+                          check=True, env=_clean_env(), **kwargs)
+
+
+def _course_repository(where, ref):
+    """A git repository (the course on GitHub, offline) whose `ref` holds the package the set-up
+    cell installs: a branch, this checkout's package files (what the branch holds once this is
+    committed); a tag v<X.Y.Z>, that tag's package files from this repository's history, or this
+    checkout's while the tag does not exist yet (a release commit tested before `git tag`)."""
+    have = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "-q", "--verify",
+                           f"refs/tags/{ref}"], capture_output=True, env=_clean_env())
+    tagged = ref.startswith("v") and have.returncode == 0
+    if tagged:   # the release's files, not this checkout's
+        tree = where.parent / f"{where.name}-{ref}"
+        tree.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True,
+                                 capture_output=True, env=_clean_env()).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        repo = _package_copy(where, source=tree)
+    else:
+        repo = _package_copy(where)
+    branch = ref if not ref.startswith("v") else "main"
+    for args in (["init", "--quiet", "-b", branch], ["add", "-A"],
+                 ["commit", "--quiet", "-m", "course"]):
+        _git(repo, *args)
+    if ref.startswith("v"):
+        _git(repo, "tag", "-a", ref, "-m", ref)
     return repo
 
 
@@ -319,13 +424,13 @@ def _data_source():
 
 PLATFORMS = {
     # Colab: its kernel has imported google.colab; /content is the working folder
-    "colab": dict(notebook="book/part1/data_parallel.ipynb", cwd="content", tagged=True,
+    "colab": dict(notebook="book/part1/data_parallel.ipynb", cwd="content",
                   env=dict(COLAB_RELEASE_TAG="release-colab-emulated", COLAB_GPU="",
                            COLAB_JUPYTER_IP="172.28.0.12")),
     # Kaggle: what its docker image sets; /kaggle/working is the working (and output) folder.
     # The chapter up to its first training run under torchrun and the load of the model it saved
     # (what a fresh interpreter per rank needs; the later sections launch the same way)
-    "kaggle": dict(notebook="book/part3/ddp_torchrun.ipynb", cwd="kaggle/working", tagged=False,
+    "kaggle": dict(notebook="book/part3/ddp_torchrun.ipynb", cwd="kaggle/working",
                    through="load_state_dict(torch.load(workdir",
                    env=dict(KAGGLE_KERNEL_RUN_TYPE="Interactive",
                             KAGGLE_URL_BASE="https://www.kaggle.com",
@@ -367,7 +472,7 @@ def test_a_notebook_runs_after_the_setup_cell(platform, tmp_path):
     probe = subprocess.run([str(py), "-c", "import helpers"], env=env, cwd=cwd,
                            capture_output=True)
     assert probe.returncode != 0, "the venv already has helpers: the test would prove nothing"
-    repo = _course_repository(tmp_path / "github", tagged=spec["tagged"])
+    repo = _course_repository(tmp_path / "github", _script().release_ref())
     env["COURSE_REPO"] = repo.as_uri()
     source = ROOT / spec["notebook"]
     nb_path = cwd / source.name   # downloaded from the book or opened from GitHub: a lone file
@@ -394,11 +499,97 @@ def test_a_notebook_runs_after_the_setup_cell(platform, tmp_path):
         f"helpers came from {helpers_file}, not from the install into the environment"
     assert data == str(tmp_path / "home/.cache/multigpu-course/data")
     assert colab == str(platform == "colab"), "the platform's markers are not emulated"
-    fallback = f"has no tag v{_version()}: installing its branch main"
-    assert (fallback in result["setup"]) == (not spec["tagged"]), result["setup"]
+    assert result["setup"] == [""], f"the set-up cell printed {result['setup']}"
     where = subprocess.run([str(py), "-c", "import helpers; print(helpers.__file__)"],
                            env=_clean_env(), cwd=tmp_path, capture_output=True, text=True)
     assert where.returncode == 0, "the set-up cell did not install helpers into the environment"
+
+
+FIRST_CELLS = 2   # code cells of each Part's notebook after its set-up cell: imports, first use
+
+
+def _one_notebook_per_part():
+    """The first notebook of each Part of _toc.yml (where a reader of the Part starts)."""
+    found = []
+    for caption, entries in toc_parts():
+        notebooks = [e for e in entries if (ROOT / f"{e}.ipynb").is_file()]
+        if notebooks:
+            found.append((caption, notebooks[0]))
+    return found
+
+
+def test_one_notebook_of_every_part_runs_against_the_helpers_its_cell_installs(tmp_path):
+    """A notebook opened from the repository installs what its set-up cell names; a Part whose
+    chapters use a name that helpers lacks there fails here (a Part VII chapter once met
+    `AttributeError: module 'helpers' has no attribute 'rank_grid'` on an older tag). One
+    kernel runs, in turn, each Part's set-up cell and first code cells (as a reader opening one
+    chapter after another in a Colab session), and every name any chapter takes from helpers
+    (`helpers.X`, `from helpers import X`) must exist in that install."""
+    py = _platform_venv()
+    _, cwd, env = _emulate("colab", tmp_path)
+    env["COURSE_REPO"] = _course_repository(tmp_path / "github",
+                                            _script().release_ref()).as_uri()
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3",
+                                                          "display_name": "Python 3"}})
+    parts = _one_notebook_per_part()
+    assert len(parts) >= 8, parts
+    for caption, entry in parts:
+        path = cwd / f"{pathlib.Path(entry).name}.ipynb"
+        shutil.copy(ROOT / f"{entry}.ipynb", path)
+        assert _script().main([str(path)]) == 0
+        cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        assert cells[0].get("id") == _script().CELL_ID
+        for c in cells[:1 + FIRST_CELLS]:
+            c.metadata["from"] = f"{entry}.ipynb ({caption})"
+            c["id"] = f"{len(nb.cells)}-{c.get('id')}"[:64]   # unique in the one notebook
+            nb.cells.append(c)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        PROBE + "\nimport json\nprint(json.dumps(sorted(dir(helpers))))"))
+    nb_path = cwd / "parts.ipynb"
+    nbformat.write(nb, nb_path)
+    run = subprocess.run([str(py), "-c", RUNNER, str(nb_path), str(cwd)], env=env, cwd=cwd,
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not result["errors"], "on emulated Colab, with the helpers the cells install:\n  " + \
+        "\n  ".join(result["errors"])
+    lines = result["probe"].splitlines()
+    assert pathlib.Path(lines[1]).is_relative_to(VENV), f"helpers came from {lines[1]}"
+    have = set(json.loads(lines[-1]))
+    lacking = {}
+    for path in toc_notebooks():
+        for name in _helpers_names(nbformat.read(path, as_version=4)) - have:
+            lacking.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
+    assert not lacking, f"the helpers the cells install lack {lacking}"
+
+
+def _helpers_names(nb):
+    """The names a notebook's code takes from the top of helpers: helpers.X, from helpers
+    import X."""
+    import ast
+    names = set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse("\n".join(ln for ln in cell.source.splitlines()
+                                       if not ln.lstrip().startswith(("%", "!"))))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "helpers":
+                names.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and node.module == "helpers":
+                names |= {a.name for a in node.names}
+    return names
+
+
+def test_the_names_check_sees_a_missing_name():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import helpers\nfrom helpers import (a, b)\n"
+                                          "helpers.rank_grid((2, 2))\n%time x = 1")]
+    assert _helpers_names(nb) == {"a", "b", "rank_grid"}
 
 
 def test_every_notebook_has_the_setup_cell():

@@ -51,11 +51,49 @@ def test_the_course_bibliography_needs_no_letters():
 
 
 def test_one_version_everywhere():
+    """pyproject's version is a release with its CHANGELOG section, or a development version
+    between releases ("Unreleased"); CITATION.cff names the newest release, with its date."""
+    cv = _ext("course_version")
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert _ext("course_version").course_version() == version
-    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
-    assert str(cff["version"]) == version, "CITATION.cff's version is pyproject's"
+    assert cv.course_version() == version
     changelog = (ROOT / "CHANGELOG.md").read_text()
-    assert f"## [{version}]" in changelog, f"CHANGELOG.md has no section for {version}"
-    assert "{{ version }}" in (ROOT / "book" / "intro.md").read_text(), \
-        "the landing page shows the version from pyproject ({{ version }})"
+    done = cv.releases()
+    assert done, "CHANGELOG.md lists no release (## [X.Y.Z] - YYYY-MM-DD)"
+    if cv.is_release(version):
+        assert done[0][0] == version, f"CHANGELOG.md's newest release is {done[0][0]}, " \
+            f"pyproject's version {version}"
+    else:
+        assert "## [Unreleased]" in changelog, "a development version needs an Unreleased section"
+        newest = tuple(int(x) for x in done[0][0].split("."))
+        nxt = tuple(int(x) for x in version.split(".dev")[0].split("."))
+        assert nxt > newest, f"{version} is not after the newest release {done[0][0]}"
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert (str(cff["version"]), str(cff["date-released"])) == done[0], \
+        "CITATION.cff names the newest release of CHANGELOG.md, with its date"
+    intro = (ROOT / "book" / "intro.md").read_text()
+    assert "{{ version }}" in intro and "{{ version_note }}" in intro, \
+        "the landing page shows the version from pyproject ({{ version }}, {{ version_note }})"
+
+
+def test_the_version_note_says_release_or_branch(tmp_path):
+    cv = _ext("course_version")
+    (tmp_path / "CHANGELOG.md").write_text("## [Unreleased]\n\n## [0.1.0] - 2026-12-01\n")
+    for version, note in [("0.2.0.dev0", "a development version between releases: the main "
+                                         "branch, after release v0.1.0"),
+                          ("0.1.0", "release v0.1.0")]:
+        (tmp_path / "pyproject.toml").write_text(f'[project]\nversion = "{version}"\n')
+        assert cv.version_note(tmp_path) == note
+
+
+def test_training_curves_tick_whole_epochs_and_say_which_run():
+    """Epochs are whole numbers: no 1.5 on the axis; the title names the run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from helpers import Animator
+    anim = Animator(xlabel="epoch", xlim=[1, 3], legend=["loss"], title="2 devices, lr 0.5")
+    for epoch, loss in enumerate((0.9, 0.6, 0.5), start=1):
+        anim.add(epoch, loss)
+    anim.fig.canvas.draw()
+    ticks = [t for t in anim.ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert anim.ax.get_title() == "2 devices, lr 0.5"

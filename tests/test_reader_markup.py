@@ -31,7 +31,7 @@ def _script():
 
 
 def _notebook():
-    nb = nbformat.v4.new_notebook()
+    nb = nbformat.v4.new_notebook(metadata={"course": {"gpus": 2}})
     glue = nbformat.v4.new_code_cell("import helpers\nhelpers.glue('x', 0.5, display=False)")
     glue.outputs = [nbformat.v4.new_output(
         "display_data", data={"application/papermill.record/text/plain": "0.5"},
@@ -39,11 +39,13 @@ def _notebook():
     fig = nbformat.v4.new_code_cell("plot()", metadata={"mystnb": {"figure": {"name": "fig-a"}}})
     nb.cells = [
         nbformat.v4.new_markdown_cell("# Title\n\n```{runs-on} cpu gpus\n```\n\nA {term}`rank` "
-                                      "and {cite:p}`li2020ddp`."),
+                                      "and {cite:p}`li2020ddp`; {term}`rank`s, [a page]"
+                                      "(../part2/scratch.ipynb#sec)."),
         glue,
         nbformat.v4.new_markdown_cell("## Result\n\nIt took {glue:text}`x:.2f` s, $\\frac{a}{b}$"
                                       " ({numref}`fig-a`).\n\nNo number here."),
         fig,
+        _bookkeeping("helpers.claim(True, 'it holds')", "True"),
         nbformat.v4.new_markdown_cell("```{dropdown} Answer\nIt is {glue:text}`x:.0%`.\n```",
                                       metadata={"tags": ["solution"]}),
         nbformat.v4.new_markdown_cell("```{note}\nSee {doc}`../glossary`.\n```"),
@@ -51,15 +53,44 @@ def _notebook():
     return nb
 
 
-def test_the_converter_writes_plain_markdown_and_say_cells():
+def _bookkeeping(source, result):
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["remove-cell"]})
+    cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": result},
+                                           execution_count=1)]
+    return cell
+
+
+RUN = dict(seconds=45.0, peak_bytes=3 * 2 ** 29, processes=3, machine="2 CPU cores, no GPU",
+           date="2026-12-01")
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The test notebook's run in the record (book/part1/x has none in runs.json)."""
     mod = _script()
+    monkeypatch.setattr(mod.chapter_runs, "load", lambda path=None: {"book/part1/x":
+                                                                      {"small": RUN}})
+    return mod
+
+
+def test_the_converter_writes_plain_markdown_and_say_cells(recorded):
+    mod = recorded
     path = ROOT / "book" / "part1" / "x.ipynb"   # where the links are relative from
     new, problems = mod.convert(_notebook(), path)
     assert problems == []
     assert mod.raw_markup(new) == []
     md = [c.source for c in new.cells if c.cell_type == "markdown"]
     text = "\n".join(md)
-    assert "*Runs on: CPU, several GPUs.*" in text
+    runs = mod.chapter_runs.notebook_line({"book/part1/x": {"small": RUN}}, "book/part1/x", 2)
+    assert f"*Runs on: CPU, several GPUs.* {runs}" in text and "45 s" in runs, \
+        "the run time and needs under the title, as the book's badge says them"
+    assert "[ranks](" in text, "a plural is inside its link"
+    assert f"[a page]({mod.book_url()}book/part2/scratch.html#sec)" in text, "links absolute"
+    kept = [c for c in new.cells if "helpers.claim" in c.source]
+    assert kept[0].source.startswith(mod.BOOKKEEPING + "\n"), "bookkeeping folds in Colab"
+    assert kept[0].metadata["cellView"] == "form" and kept[0].metadata["jupyter"][
+        "source_hidden"], "and in JupyterLab and VS Code"
+    assert kept[0].outputs == [], "no stray True under a claim"
     assert "book/glossary.html#term-rank)" in text and "[rank](" in text
     assert "[[Li et al., 2020](" in text and "bibliography.html#cite-li2020ddp" in text
     assert "> **Note.**" in text and "[Glossary](" in text
@@ -82,12 +113,50 @@ def test_the_converter_writes_plain_markdown_and_say_cells():
     assert [c.source for c in again.cells] == [c.source for c in new.cells], "not idempotent"
 
 
-def test_text_used_before_it_is_glued_is_reported():
-    mod = _script()
+def test_text_used_before_it_is_glued_is_reported(recorded):
+    mod = recorded
     nb = _notebook()
     nb.cells.insert(0, nb.cells.pop(2))   # the result before the glue
     _, problems = mod.convert(nb, ROOT / "book" / "part1" / "x.ipynb")
     assert any("uses ['x'] before the cell that glues them" in p for p in problems), problems
+
+
+def test_a_display_formula_over_several_lines_stays_in_place():
+    """A $$...$$ block over lines in a markdown cell without numbers stays whole and in order
+    (its middle lines once moved above it: a second run rewrote the formula)."""
+    text = "Before:\n\n$$a \\to\nb \\to\nc$$\n\nafter."
+    assert _script().split_blocks(text) == ["Before:", "$$a \\to\nb \\to\nc$$", "after."]
+
+
+def test_links_cover_their_word_and_book_pages_are_linked_by_address():
+    mod = _script()
+    assert mod.whole_word_links("[bucket](u#a)s and [x](v) s") == "[buckets](u#a) and [x](v) s"
+    ctx = mod.Context(ROOT / "book" / "part5" / "fsdp2.ipynb")
+    url = mod.book_url()
+    assert mod.absolute_links("[m](../part6/mesh2d.ipynb) [g](glossary.md) [w](https://x.org/"
+                              "a.md) [h](#here)", ctx) == \
+        f"[m]({url}book/part6/mesh2d.html) [g](glossary.md) [w](https://x.org/a.md) [h](#here)"
+    assert ctx.problems == ["link glossary.md: no page book/part5/glossary in _toc.yml"]
+    assert mod.absolute_links("[m](../part6/mesh2d.ipynb)", ctx, field=True) == \
+        "[m]({book}book/part6/mesh2d.html)"
+
+
+def test_claims_show_nothing_and_counted_words_agree():
+    assert helpers.claim(True, "it holds") is None, "a claim cell would print True"
+    with pytest.raises(helpers.ClaimFailed, match="it holds"):
+        helpers.claim(False, "it holds", a=1.0)
+    assert helpers.formatted("over {n:d|round|rounds}", {"n": 1}) == "over 1 round"
+    assert helpers.formatted("over {n:d|round|rounds}", {"n": 3}) == "over 3 rounds"
+    assert helpers.formatted("{n:.1f|second|seconds}", {"n": "2.5"}) == "2.5 seconds"
+    with pytest.raises(ValueError, match="singular"):
+        helpers.formatted("{n:d|rounds}", {"n": 3})
+
+
+def test_every_notebook_is_converted():
+    """Fails while a notebook holds MyST, a relative link, a plural outside its link, an unfolded
+    bookkeeping cell or a "Runs on" line without the run that book/_ext/runs.json records: run
+    `python scripts/reader_markup.py` (`make outputs` refreshes the run line itself)."""
+    assert _script().main(["--check"]) == 0, "run: python scripts/reader_markup.py"
 
 
 def test_say_fills_in_this_runs_values(capsys):

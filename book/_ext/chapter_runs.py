@@ -11,6 +11,7 @@ Plain Python (json only): the Sphinx extension runs where torch is absent (the P
 """
 import json
 import pathlib
+import re
 
 HERE = pathlib.Path(__file__).resolve().parent
 RECORD = HERE / "runs.json"   # committed; written by scripts/execute_notebooks.py only
@@ -131,20 +132,74 @@ def badge_text(record, doc, gpus):
     return "; ".join(parts), needs_text(run_of(record, doc), gpus)
 
 
-TABLE_HEAD = ("chapter", "run time", "peak memory", "processes", "GPUs it asks for",
-              "full size")
+def notebook_line(record, doc, gpus):
+    """The sentence under a notebook's "Runs on" line, outside the book (Colab, JupyterLab: where
+    its run time and memory matter most): the CPU default size's run and what it needs, as the
+    badge says them. scripts/reader_markup.py writes it, `make outputs` refreshes it."""
+    small = run_of(record, doc)
+    return f"Run time: {MODES[REQUIRED]} {run_text(small)}. Needs: {needs_text(small, gpus)}."
+
+
+# "*Runs on: CPU, one GPU.*" (scripts/reader_markup.py's line) and the sentence after it, if any
+RUNS_LINE = re.compile(r"^(\*Runs on: [^*\n]+\.\*)(?: Run time: [^\n]*)?$", re.M)
+
+
+def with_notebook_line(markdown, record, doc, gpus):
+    """`markdown` (a notebook's title cell) with notebook_line after its "Runs on" line."""
+    line = notebook_line(record, doc, gpus)
+    return RUNS_LINE.sub(lambda m: f"{m.group(1)} {line}", markdown)
+
+
+# mybinder.org gives each session 1-2 GB (binder/start runs every notebook in quick mode): a
+# chapter whose quick-mode run peaked above this gets no Binder button (book/_ext/course_badges.py)
+BINDER_BYTES = 1.5 * 2 ** 30
+
+
+def fits_binder(record, doc):
+    """True when `doc`'s recorded quick-mode run (what Binder runs) peaked within BINDER_BYTES;
+    False when it needed more, or when no quick run is recorded (unknown: not offered)."""
+    quick = run_of(record, doc, "quick")
+    return bool(quick) and quick["peak_bytes"] <= BINDER_BYTES
+
+
+def binder_text(record, doc):
+    """What the badge says about Binder for `doc`."""
+    quick = run_of(record, doc, "quick")
+    if not quick:
+        return "not offered (no quick-mode run recorded)"
+    need = fmt_bytes(quick["peak_bytes"])
+    if fits_binder(record, doc):
+        return f"fits (quick mode, {need} at most)"
+    return (f"not offered: quick mode needs {need}, more than Binder's "
+            f"{fmt_bytes(BINDER_BYTES)}")
+
+
+TABLE_HEAD = ("chapter", "run time", "peak memory", "processes", "GPUs it asks for")
+FULL_HEAD = "full size"
+
+
+def table_head(record, docs):
+    """TABLE_HEAD, and a full-size column once any chapter of `docs` has a full-size run (until
+    then the caption says it once, not every row)."""
+    return TABLE_HEAD + ((FULL_HEAD,) if any_full(record, docs) else ())
+
+
+def any_full(record, docs):
+    return any(run_of(record, d, "full") for d in docs)
 
 
 def table_rows(record, chapters):
-    """One row per (docname, title, gpus) of `chapters`, in TABLE_HEAD's columns (strings), from
+    """One row per (docname, title, gpus) of `chapters`, in table_head's columns (strings), from
     the CPU default size's runs; MissingRun for a chapter without one."""
-    rows = []
+    rows, full_column = [], any_full(record, [c[0] for c in chapters])
     for doc, title, gpus in chapters:
         small, full = run_of(record, doc), run_of(record, doc, "full")
         took = fmt_seconds(small["seconds"]) + (" (busy machine)" if busy(small) else "")
-        rows.append((title, took, fmt_bytes(small["peak_bytes"]),
-                     str(small["processes"]), fmt_gpus(gpus),
-                     fmt_seconds(full["seconds"]) if full else "not measured yet"))
+        row = (title, took, fmt_bytes(small["peak_bytes"]), str(small["processes"]),
+               fmt_gpus(gpus))
+        if full_column:
+            row += (fmt_seconds(full["seconds"]) if full else "not measured yet",)
+        rows.append(row)
     return rows
 
 

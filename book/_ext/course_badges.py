@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 PLACES = {"cpu": "CPU", "gpu": "one GPU", "gpus": "several GPUs"}
 LINE_PREFIX = "Runs on: "
+RUN_TIME = " Run time: "   # chapter_runs.notebook_line, after the places in a notebook
 
 
 class runs_on_node(nodes.General, nodes.Element):
@@ -96,9 +97,11 @@ def toc_notebooks(srcdir):
 
 def places_of_line(text):
     """['cpu', 'gpus'] for the line "Runs on: CPU, several GPUs." (what scripts/reader_markup.py
-    writes for ```{runs-on} cpu gpus```, so that a notebook outside the book says it too);
-    None for any other text."""
+    writes for ```{runs-on} cpu gpus```, so that a notebook outside the book says it too), also
+    when the notebook's "Run time: ..." sentence follows it; None for any other text."""
     text = text.strip()
+    if RUN_TIME in text:   # the notebook's own run-time sentence follows (the badge says it)
+        text = text.split(RUN_TIME, 1)[0].rstrip()
     if not (text.startswith(LINE_PREFIX) and text.endswith(".")):
         return None
     words = [w.strip() for w in text[len(LINE_PREFIX):-1].split(",")]
@@ -152,6 +155,9 @@ def resolve_badges(app, doctree, docname):
             para += nodes.emphasis("", times + ".")
             para += nodes.Text("  Needs: ")
             para += nodes.emphasis("", needs + ".")
+            para += nodes.Text("  Binder: ")
+            para += nodes.emphasis("", chapter_runs.binder_text(_record(app), node["docname"])
+                                   + ".")
         node.replace_self(para)
 
 
@@ -194,16 +200,32 @@ def resolve_table(app, doctree, docname):
             ref = nodes.reference("", row[0], internal=True,
                                   refuri=app.builder.get_relative_uri(docname, doc))
             linked.append((nodes.paragraph("", "", ref), *row[1:]))
-        where, when = chapter_runs.machines(record, [c[0] for c in chapters])
+        docs = [c[0] for c in chapters]
+        where, when = chapter_runs.machines(record, docs)
+        full = ("The full size's run times (on a GPU machine) are in the last column."
+                if chapter_runs.any_full(record, docs) else
+                "No chapter has been run at full size (on a GPU machine) yet.")
         caption = nodes.paragraph(text=(
             f"Measured at the {chapter_runs.MODES[chapter_runs.REQUIRED]} on {where}, {when}; "
             "peak memory of the notebook's kernel and every process it starts, added up; the "
-            "GPUs are what the chapter asks for (fewer are simulated). Full size: on a GPU "
-            "machine."))
-        node.replace_self([_table(chapter_runs.TABLE_HEAD, linked), caption])
+            f"GPUs are what the chapter asks for (fewer are simulated). {full}"))
+        node.replace_self([_table(chapter_runs.table_head(record, docs), linked), caption])
+
+
+def binder_button(app, pagename, templatename, context, doctree):
+    """No Binder launch button on a chapter whose quick-mode run does not fit Binder's memory
+    (chapter_runs.fits_binder). Runs after sphinx-book-theme adds the launch buttons (priority
+    501)."""
+    path = pathlib.Path(app.srcdir) / f"{pagename}.ipynb"
+    if not path.is_file() or chapter_runs.fits_binder(_record(app), pagename):
+        return
+    for group in context.get("header_buttons", []):
+        if group.get("label") == "launch-buttons":
+            group["buttons"] = [b for b in group.get("buttons", []) if b.get("text") != "Binder"]
 
 
 def setup(app):
+    app.connect("html-page-context", binder_button, priority=502)
     app.add_node(runs_on_node)
     app.add_node(chapter_runs_node)
     app.add_directive("runs-on", RunsOn)

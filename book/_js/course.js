@@ -24,4 +24,16 @@
   }
   forward(".primary-toggle");
   forward(".secondary-toggle");
+
+  /* The page's Contents drawer on a phone (the theme's <dialog>): a tap on one of its links
+     scrolls the page to the section, but the theme leaves the drawer open over the text. The
+     tap closes it (the dialog's own close: the theme's close handler runs as on Escape).
+     tests/browser/test_navigation.py taps a link and looks at what is under the finger. */
+  document.addEventListener("click", function (event) {
+    var target = event.target instanceof Element ? event.target : null;
+    var link = target && target.closest("a[href]");
+    var dialog = link && link.closest("dialog#pst-secondary-sidebar-modal, " +
+                                      "dialog#pst-primary-sidebar-modal");
+    if (dialog && dialog.open && typeof dialog.close === "function") dialog.close();
+  });
 })();

@@ -165,6 +165,16 @@ _DOM_JS = """(viewMime) => {
     const m = n.textContent.match(/\\$\\$|\\\\\\(|\\\\\\[|\\\\begin\\{/);
     if (m) out.rawMath.push(n.textContent.trim().slice(0, 120));
   }
+  // template text left raw ({{ release_tag }}): in the prose, inline code included; a code
+  // cell's input and output may hold braces (a say() cell's output is prose)
+  const texts = document.createTreeWalker(document.querySelector('main') || document.body, NodeFilter.SHOW_TEXT);
+  out.template = [];
+  for (let n = texts.nextNode(); n; n = texts.nextNode()) {
+    const el = n.parentElement;
+    if (el.closest('script, style, textarea, pre, .highlight, .cell_input')) continue;
+    if (el.closest('.cell_output') && !el.closest('.cell.tag_remove-input')) continue;
+    if (/[{][{]|[}][}]|[{]%|%[}]/.test(n.textContent)) out.template.push(n.textContent.trim().slice(0, 120));
+  }
   for (const v of document.querySelectorAll('script[type="' + viewMime + '"]')) {
     const area = v.previousElementSibling;
     const ok = !!area && area.classList.contains('widget-subarea');
@@ -263,6 +273,8 @@ def check_page(seen, base, site):
         problems.append("MathJax reports a TeX error on the page")
     for raw in dom["rawMath"]:
         problems.append(f"raw TeX left in the text: {raw!r}")
+    for raw in dom["template"]:
+        problems.append(f"raw template text in the prose: {raw!r}")
 
     for w in dom["widgets"]:
         if not w["rendered"]:
@@ -285,9 +297,11 @@ def check_page(seen, base, site):
 
 
 # ---------------------------------------------------------------- launch and download buttons
-def check_launch_buttons(page, entry, repo_root, repository, launch):
+def check_launch_buttons(page, entry, repo_root, repository, launch, binder=True):
     """The Colab, Binder and JupyterHub buttons and the .ipynb download of a notebook page open
-    `entry`.ipynb of the configured repository and branch, and that notebook exists."""
+    `entry`.ipynb of the configured repository and branch, and that notebook exists. `binder`:
+    whether the chapter fits Binder's memory (chapter_runs.fits_binder); where it does not, the
+    page must offer no Binder button."""
     hrefs = page.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.href)")
     url = repository["url"].rstrip("/")
     owner_repo = urllib.parse.urlsplit(url).path.strip("/")
@@ -305,7 +319,9 @@ def check_launch_buttons(page, entry, repo_root, repository, launch):
     if launch.get("colab_url"):
         expected["Colab"] = (find(launch["colab_url"]), lambda h: urllib.parse.urlsplit(h).path ==
                              f"/github/{owner_repo}/blob/{branch}/{want}")
-    if launch.get("binderhub_url"):
+    if launch.get("binderhub_url") and not binder and find(launch["binderhub_url"]):
+        problems.append("a Binder button on a chapter that does not fit Binder's memory")
+    if launch.get("binderhub_url") and binder:
         def binder_ok(h):
             s = urllib.parse.urlsplit(h)
             q = urllib.parse.parse_qs(s.query)
@@ -405,3 +421,89 @@ def check_fits(page, phone_width=PHONE_WIDTH):
         if width == phone_width and seen["page"] > 1:
             problems.append(f"at {width} px the page scrolls sideways by {seen['page']} px")
     return problems
+
+
+# ---------------------------------------------------------------- controls that do nothing
+_WIDGET_CONTROLS_JS = """(viewMime) => {
+  const out = [];
+  for (const v of document.querySelectorAll('script[type="' + viewMime + '"]')) {
+    const area = v.previousElementSibling;
+    // ipywidgets 8 draws sliders as noUiSlider handles (role=slider), not <input>s
+    const controls = area ? area.querySelectorAll('input, select, textarea, button, ' +
+                                                   '[role="slider"]').length : 0;
+    if (!controls) continue;
+    const cell = v.closest('.cell');
+    const src = cell ? cell.querySelector('.cell_input pre') : null;
+    out.push({controls, src: (src ? src.textContent : '').trim().split('\\n')[0].slice(0, 80)});
+  }
+  return out;
+}"""
+
+
+def check_widget_twins(page):
+    """A widget with controls on a page is dead (no kernel runs its callbacks): an output that
+    carries a static twin (text/html, helpers.with_static_twin) shows the twin instead, so any
+    widget view with controls left on the page has none."""
+    return [f"a widget with {w['controls']} control(s) and no static twin: they do nothing on "
+            f"this page (cell starting {w['src']!r})"
+            for w in page.evaluate(_WIDGET_CONTROLS_JS, VIEW_MIME)]
+
+
+# ---------------------------------------------------------------- tables on a phone
+# Column-aligned text (book/_ext/text_tables.py's test, in JavaScript): a wrapped one is found by
+# its height, with and without wrapping.
+_TEXT_TABLES_JS = """() => {
+  const GAP = /\\S {2,}\\S/, INDENTED = /^(?: {4}|\\t)\\S/;
+  const out = [];
+  for (const pre of document.querySelectorAll('main .cell_output pre')) {
+    const lines = pre.textContent.split('\\n').filter(l => l.trim());
+    if (lines.filter(l => GAP.test(l)).length < 2 && lines.filter(l => INDENTED.test(l)).length < 2)
+      continue;
+    if (!pre.getBoundingClientRect().height) continue;   // folded away
+    const shown = pre.getBoundingClientRect().height;
+    const old = pre.style.whiteSpace;
+    pre.style.whiteSpace = 'pre';
+    const unwrapped = pre.getBoundingClientRect().height;
+    pre.style.whiteSpace = old;
+    if (shown > unwrapped + 1) out.push({text: lines[0].trim().slice(0, 60), extra: Math.round(shown - unwrapped)});
+  }
+  return out;
+}"""
+
+
+def check_text_tables(page, phone_width=PHONE_WIDTH):
+    """Column-aligned text outputs (printed tables, printed code) that wrap at phone width: their
+    columns become noise. Leaves the page at phone width."""
+    size = page.viewport_size or {"width": 1280, "height": 900}
+    page.set_viewport_size({"width": phone_width, "height": size["height"]})
+    page.wait_for_timeout(50)
+    return [f"at {phone_width} px a column-aligned output wraps ({t['extra']} px taller): "
+            f"{t['text']!r}" for t in page.evaluate(_TEXT_TABLES_JS)]
+
+
+# ---------------------------------------------------------------- the header bar
+_HEADER_JS = """() => {
+  const out = [];
+  for (const h of document.querySelectorAll('header.bd-header, .bd-header')) {
+    const r = h.getBoundingClientRect();
+    if (r.height < 2 || getComputedStyle(h).display === 'none') continue;
+    const shown = [...h.querySelectorAll('a, button, input, img, p, span, h1, h2, div')]
+      .filter(e => { const b = e.getBoundingClientRect(); return b.width > 0 && b.height > 0 &&
+                     getComputedStyle(e).visibility !== 'hidden'; })
+      .filter(e => !e.closest('.search-button, .search-button-field, .search-button__button'));
+    const content = shown.filter(e => e.matches('a, button, input, img') ||
+                                      (e.childElementCount === 0 && e.textContent.trim()));
+    if (!content.length) out.push(Math.round(r.height));
+  }
+  return out;
+}"""
+
+
+def check_header(page, width=1366):
+    """A header bar across the top of a wide page that holds nothing but a search button (the
+    sidebar has one): empty space above the text."""
+    size = page.viewport_size or {"width": 1280, "height": 900}
+    page.set_viewport_size({"width": width, "height": size["height"]})
+    page.wait_for_timeout(50)
+    return [f"at {width} px an empty header bar ({h} px high) tops the page"
+            for h in page.evaluate(_HEADER_JS)]

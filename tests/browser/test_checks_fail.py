@@ -10,8 +10,9 @@ import shutil
 import pytest
 from PIL import Image, ImageDraw
 
-from pagecheck import (check_fits, check_launch_buttons, check_page, check_widget_figures,
-                       open_page, serve)
+from pagecheck import (check_fits, check_header, check_launch_buttons, check_page,
+                       check_text_tables, check_widget_figures, check_widget_twins, open_page,
+                       serve)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VENDOR = ROOT / "book" / "_vendor"
@@ -28,8 +29,10 @@ def _widget_state(*widgets):
     return data["manager_state"], [json.dumps(v) for v in data["view_specs"]]
 
 
-def _page(body, state=None, math=False):
+def _page(body, state=None, math=False, css=False):
     head = ['<meta charset="utf-8"><title>t</title>']
+    if css:   # the book's own stylesheet (book/_css/course.css)
+        head.append('<link rel="stylesheet" href="_static/course.css">')
     if state is not None:
         head.append('<script type="application/vnd.jupyter.widget-state+json">'
                     f'{json.dumps(state)}</script>')
@@ -47,6 +50,13 @@ def _cell(output_html, tags=(), source="x = 1"):
             f'<div class="cell_output docutils container">{output_html}</div></div>')
 
 
+_TABLE = ('<div class="output stream highlight-myst-ansi"><div class="highlight"><pre>'
+          + "\n".join(f"{'row ' + str(i):<12}{i * 1.5:>14.2f}{i * 300:>16,} bytes{i:>12} steps"
+                      for i in range(6)) + "</pre></div></div>")
+_HEADER = ('<header class="bd-header" style="display:flex;height:64px"><div>'
+           '<button class="search-button">Search</button></div></header>')
+
+
 def _view(view_json):
     return f'<script type="application/vnd.jupyter.widget-view+json">{view_json}</script>'
 
@@ -56,6 +66,7 @@ def synthetic(tmp_path_factory):
     import ipywidgets as w
     site = tmp_path_factory.mktemp("site")
     shutil.copytree(VENDOR, site / "_static")
+    shutil.copy(ROOT / "book" / "_css" / "course.css", site / "_static" / "course.css")
     img = Image.new("RGB", (300, 200), "white")
     ImageDraw.Draw(img).line([(10, 190), (290, 10)], fill="blue", width=3)
     img.save(site / "figure.png")
@@ -111,6 +122,16 @@ def synthetic(tmp_path_factory):
             '<p>See <code class="literal">' + "torch.distributed." * 12 + '</code></p>'
             + _cell('<pre>' + "x" * 400 + '</pre>')),
         "external.html": _page('<img src="https://example.org/plot.png">'),
+        # {{ }} in the prose and in inline code is raw template text; in a code cell it is code
+        "template.html": _page('<p>This is release {{ release_tag }}.</p><p>See <code>'
+                               '{{ version }}</code>.</p>' + _cell('<pre>{{x}}</pre>',
+                                                                   source='"{{x}}"')),
+        # a printed table, wrapped by the course's CSS unless marked text-table (the extension)
+        "table_wrap.html": _page(_cell(_TABLE), css=True),
+        "table_scroll.html": _page(_cell(_TABLE.replace('"output stream',
+                                                        '"output stream text-table')), css=True),
+        "header_empty.html": _page(_HEADER + "<p>text</p>"),
+        "header_hidden.html": _page(_HEADER + "<p>text</p>", css=True),
         "launch.html": _page(
             '<a href="https://colab.research.google.com/github/multigpu-course/multigpu-course/'
             'blob/main/book/part2/other.ipynb">colab</a>'
@@ -185,6 +206,43 @@ def test_a_widget_needs_a_static_figure_beside_it(browser, synthetic):
     assert found["good.html"] == []
     assert found["widget_alone.html"] == ["widget without a static figure beside it "
                                           "(cell starting 'x = 1')"]
+
+
+def test_raw_template_text_is_reported_in_prose_not_in_code(browser, synthetic):
+    problems, _ = _problems(browser, synthetic, "template.html")
+    assert problems == ["raw template text in the prose: 'This is release {{ release_tag }}.'",
+                        "raw template text in the prose: '{{ version }}'"], problems
+
+
+def _run_on(browser, synthetic, name, check):
+    base, _, _ = synthetic
+    seen = open_page(browser, base + name, base, timeout=3000)
+    try:
+        return check(seen.page)
+    finally:
+        seen.page.close()
+
+
+def test_a_widget_with_controls_needs_a_static_twin(browser, synthetic):
+    assert _run_on(browser, synthetic, "widget_alone.html", check_widget_twins) == [
+        "a widget with 1 control(s) and no static twin: they do nothing on this page "
+        "(cell starting 'x = 1')"]
+    assert _run_on(browser, synthetic, "wide.html", check_widget_twins) == []
+
+
+def test_a_wrapped_table_is_reported_on_a_phone(browser, synthetic):
+    """The course's CSS wraps text outputs; a table marked text-table (book/_ext/text_tables.py)
+    keeps its columns and scrolls."""
+    found = _run_on(browser, synthetic, "table_wrap.html", check_text_tables)
+    assert len(found) == 1 and "at 390 px a column-aligned output wraps" in found[0], found
+    assert _run_on(browser, synthetic, "table_scroll.html", check_text_tables) == []
+
+
+def test_an_empty_header_bar_is_reported(browser, synthetic):
+    """A bar with nothing but a search button; book/_css/course.css hides it."""
+    assert _run_on(browser, synthetic, "header_empty.html", check_header) == [
+        "at 1366 px an empty header bar (64 px high) tops the page"]
+    assert _run_on(browser, synthetic, "header_hidden.html", check_header) == []
 
 
 def test_external_requests_are_blocked_not_needed(browser, synthetic):

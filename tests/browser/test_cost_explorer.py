@@ -81,3 +81,32 @@ def test_without_its_script_no_control_shows(site):
     assert html.count('<th scope="row">') == 6, "the default setting's table, one row per split"
     assert "application/vnd.jupyter.widget-view+json" not in html
     assert "/_static/ipywidgets/" not in html, "the widget manager loads for nothing"
+
+
+_IN_VIEW_JS = """() => {
+  const root = document.querySelector('.cost-explorer');
+  root.scrollIntoView();
+  const seen = el => { const r = el.getBoundingClientRect();
+    const x = Math.min(r.right - 2, innerWidth - 1), y = r.top + r.height / 2;
+    const hit = document.elementFromPoint(x, y);
+    return r.width > 0 && r.right <= innerWidth + 0.5 && !!hit && el.contains(hit); };
+  const last = [...root.querySelectorAll('tr')].map(tr => tr.lastElementChild);
+  return {columns: last.map(seen), caption: seen(root.querySelector('caption')),
+          sideways: document.documentElement.scrollWidth - innerWidth};
+}"""
+
+
+def test_on_a_phone_the_column_the_sliders_change_is_in_view(browser, base_url):
+    """At 390 px the last column ("ms of sending", what the bandwidth and latency sliders change)
+    and the caption are on screen, not off to the right of a scroll box."""
+    seen = open_page(browser, base_url + PAGE, base_url)
+    page = seen.page
+    try:
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.wait_for_timeout(100)
+        view = page.evaluate(_IN_VIEW_JS)
+    finally:
+        page.close()
+    assert all(view["columns"]) and len(view["columns"]) >= 2, \
+        f"the explorer's last column is off screen at 390 px: {view}"
+    assert view["caption"] and view["sideways"] <= 1, view

@@ -3,20 +3,34 @@
 Needs the built book (`make test-book`, which `make test` runs first). For each page in _toc.yml:
 no console error, no failed local request, no broken internal link or image, no error in a cell
 output, every notebook figure a real image, math rendered, widgets rendered without internet,
-launch and download buttons opening the right notebook, no text running past its column (at
-1280 px and on a phone, 390 px) and no page scrolling sideways on a phone. A full-page
+launch and download buttons opening the right notebook (Binder only where the chapter fits its
+memory), no raw template text (`{{ ... }}`) in the prose, no widget with controls but no static
+twin, no empty header bar at 1366 px, no text running past its column (at 1280 px and on a
+phone, 390 px), no column-aligned output wrapped on a phone and no page scrolling sideways on a
+phone. A full-page
 screenshot of each page goes to artifacts/screenshots/<entry>.png (CI keeps it), with
 <entry>.json beside it: the problems
 found and the external requests the page tried (blocked: the book must work offline).
 """
 import json
 import re
+import sys
 import urllib.parse
 
 import pytest
 
-from pagecheck import (check_fits, check_launch_buttons, check_page, check_widget_figures,
-                       open_page, toc_entries_of)
+from pagecheck import (check_fits, check_header, check_launch_buttons, check_page,
+                       check_text_tables, check_widget_figures, check_widget_twins, open_page,
+                       toc_entries_of)
+
+
+def _fits_binder(book_dir, entry):
+    """Whether the chapter's recorded quick-mode run fits Binder (its page offers the button)."""
+    import book_files
+    sys.path.insert(0, str(book_files.ROOT / "book" / "_ext"))
+    import chapter_runs
+    record = book_dir / "book" / "_ext" / "runs.json"
+    return chapter_runs.fits_binder(chapter_runs.load(record) if record.is_file() else {}, entry)
 
 
 def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
@@ -29,11 +43,15 @@ def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
         seen.page.screenshot(path=str(shot), full_page=True)
         problems = check_page(seen, base_url, site)
         problems += check_widget_figures(seen.page)
+        problems += check_widget_twins(seen.page)
         if (book_dir / f"{entry}.ipynb").is_file():
             problems += check_launch_buttons(seen.page, entry, book_dir,
                                              book_config.get("repository", {}),
-                                             book_config.get("launch_buttons", {}))
-        problems += check_fits(seen.page)   # last: it leaves the page at phone width
+                                             book_config.get("launch_buttons", {}),
+                                             binder=_fits_binder(book_dir, entry))
+        problems += check_header(seen.page)
+        problems += check_fits(seen.page)   # last: they leave the page at phone width
+        problems += check_text_tables(seen.page)
     finally:
         seen.page.close()
     problems = list(dict.fromkeys(problems))
