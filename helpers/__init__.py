@@ -27,6 +27,7 @@ tensor_parallel.*           Part I (simulated), Part VI          megatron_mlp, T
 context_parallel.*          Part VII: the sequence split         ring_attention, CPAttention
 expert_parallel.*           Part VII: mixture of experts         MoE, ExpertParallelMoE
 composed.*                  Part VII: all at once, the planner   train_3d_scratch, plan
+schematics, */schematics    pictures drawn by the code they show plot_ring_allreduce, plot_shards
 checks                      exercise checks (helpers.checks)     check_split_batch, ...
 """
 # The course's mark: a notebook's set-up cell (scripts/colab_setup_cell.py) tells this package
@@ -166,3 +167,11 @@ from .composed.experiments import train_3d_both
 from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
                                candidate_layouts, plan,
                                format_plan)
+from .schematics import (DEVICE_COLORS, EVERY_RANK_COLOR, SCHEMATIC_FONT, device_color, text_color,
+                         diagram, draw_box, draw_arrow)
+from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatron_trace,
+                                         plot_megatron_mlp)
+from .pipeline_parallel.schematics import (split_picture, plot_network_split, schedule_timelines,
+                                           plot_pipeline_schedules, PHASE_COLORS)
+from .sharding.schematics import SHARD_KINDS, shard_owners, plot_shards
+from .data_parallel.schematics import bucket_timeline, plot_buckets

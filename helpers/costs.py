@@ -120,8 +120,9 @@ def balanced_cuts(weights, k):
 
 def network_cuts(memory, sent, k):
     """Where a network split cuts: among the placements of the layers on k devices (contiguous,
-    none empty) whose fullest device holds the least (`memory[i]`: bytes of layer i), the one whose
-    busiest device sends the least; `sent[i]`: bytes that cross a cut right after layer i (its
+    none empty) whose fullest device holds the least (`memory[i]`: bytes of layer i, or any other
+    weight to balance, such as its multiply-adds), the one whose busiest device sends the least;
+    `sent[i]`: bytes that cross a cut right after layer i (its
     output forward, the gradient back). A cut before a lone ReLU balances memory as well as a
     cut after it, and sends a large activation twice: the second criterion avoids it."""
     n = len(memory)
@@ -189,7 +190,9 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     `seconds_compute` (6 FLOPs per multiply-add per example, divided as the split divides it),
     `seconds_exposed` (the communication that does not overlap with compute) and
     `seconds_step`, their sum. data, ZeRO-1/2: the all-reduce can hide behind the backward (2/3
-    of the compute); ZeRO-3 behind the whole step (prefetched gathers); within layer: none (every
+    of the compute), at best: the last bucket is ready only when the backward ends, so a real
+    step exposes at least its all-reduce (data_parallel.schematics.bucket_timeline lays the
+    buckets out); ZeRO-3 behind the whole step (prefetched gathers); within layer: none (every
     collective sits between two layers); network: GPipe over the stages' compute
     (((m-1) max + sum) / m), exposed: one micro-batch's hand-offs through every cut and back.
     """

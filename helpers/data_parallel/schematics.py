@@ -1,0 +1,90 @@
+"""DDP's buckets over the backward, drawn from the code that forms and launches them.
+
+`bucket_timeline` runs one backward of a model and records the order in which autograd hands
+out the gradients (the hook DDPFromScratch uses), groups the parameters with `make_buckets` and
+lays the step out on a model clock: the backward's time shared out by the parameters' sizes,
+each bucket's all-reduce launched once all its gradients are ready and the buckets before it
+have gone (DDPFromScratch's rule), one at a time on the link, alpha + bytes/beta each. The last
+bucket holds the first layers' gradients: it is ready only when the backward ends, so its
+all-reduce is always exposed. `plot_buckets` draws it.
+"""
+from ..schematics import SCHEMATIC_FONT as FONT, device_color, diagram, draw_box
+from .scratch import make_buckets
+
+__all__ = ["bucket_timeline", "plot_buckets"]
+
+
+def _ready_order(model, inputs):
+    """Indices (in parameters() order) of the trainable parameters, in the order one backward
+    of model(*inputs).sum() accumulates their gradients."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    index = {id(p): i for i, p in enumerate(params)}
+    order, hooks = [], [p.register_post_accumulate_grad_hook(
+        lambda p: order.append(index[id(p)])) for p in params]
+    try:
+        model(*inputs).float().sum().backward()
+    finally:
+        for h in hooks:
+            h.remove()
+        for p in params:
+            p.grad = None
+    return order
+
+
+def bucket_timeline(model, inputs, bucket_mb=None, allreduce=0.6, latency=0.04):
+    """One step of DDP's overlap on a model clock where the backward takes 1: returns
+    dict(ready: {parameter index: when its gradient is ready}, buckets: [dict(params, bytes,
+    complete, start, end)] in launch order, backward: 1.0, exposed: the all-reduce time left
+    after the backward ends). An all-reduce of the whole gradient takes `allreduce` plus
+    `latency` per bucket."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    order = _ready_order(model, inputs)
+    total = sum(p.numel() for p in params)
+    ready, t = {}, 0.0
+    for i in order:                       # the backward's time, shared out by size
+        t += params[i].numel() / total
+        ready[i] = t
+    index = {id(p): i for i, p in enumerate(params)}
+    buckets, free = [], 0.0
+    for bucket in make_buckets(params, bucket_mb):
+        idx = [index[id(p)] for p in bucket]
+        size = sum(params[i].numel() for i in idx)
+        complete = max(ready[i] for i in idx)
+        start = max(complete, free)       # in bucket order, one at a time on the link
+        free = start + latency + allreduce * size / total
+        buckets.append(dict(params=idx, bytes=size * params[idx[0]].element_size(),
+                            complete=complete, start=start, end=free))
+    return dict(ready=ready, buckets=buckets, backward=t, exposed=max(0.0, free - t))
+
+
+def plot_buckets(timeline, title=None):
+    """The backward as one bar, a tick where each gradient is ready (coloured by its bucket),
+    and below it each bucket's all-reduce; the part after the backward's end is exposed.
+    Returns the figure."""
+    bs = timeline["buckets"]
+    fig, axes = diagram(1, 1, width=7.2, height=1.7 + 0.45 * len(bs))
+    ax = axes[0, 0]
+    end = max(b["end"] for b in bs)
+    ax.set(xlim=(-0.33 * end, end * 1.02), ylim=(len(bs) + 1.6, -0.9))
+    if title:
+        ax.set_title(title, fontsize=FONT, loc="left")
+    bucket_of = {i: n for n, b in enumerate(bs) for i in b["params"]}
+    draw_box(ax, 0, 0, timeline["backward"], 0.8, "#DDDDDD", "backward", fontsize=FONT - 2,
+        edge="none")
+    ax.text(-0.02 * end, 0.4, "gradients", ha="right", va="center", fontsize=FONT - 3)
+    for i, t in timeline["ready"].items():
+        ax.plot([t, t], [0.0, 0.8], color=device_color(bucket_of[i]), lw=3)
+    for n, b in enumerate(bs):
+        y = 1.2 + n * 0.9
+        ax.text(-0.02 * end, y + 0.35, f"bucket {n}", ha="right", va="center",
+                fontsize=FONT - 3)
+        draw_box(ax, b["start"], y, b["end"] - b["start"], 0.7, device_color(n), edge="none")
+    ax.axvline(timeline["backward"], color="black", ls="--", lw=1.2)
+    ax.annotate("", xy=(end, len(bs) + 1.2), xytext=(timeline["backward"], len(bs) + 1.2),
+                arrowprops=dict(arrowstyle="<->", color="black", lw=1.5))
+    ax.text((end + timeline["backward"]) / 2, len(bs) + 1.45, "exposed", ha="center",
+            va="top", fontsize=FONT - 2)
+    ax.text(timeline["backward"] / 2, len(bs) + 1.45, "hidden behind the backward",
+            ha="center", va="top", fontsize=FONT - 2, color="0.3")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,57 @@
+"""The drawing kit of the course's schematics: one look for every diagram of an idea.
+
+Each split draws its own pictures beside its code (tensor_parallel/schematics.py, ...), from the
+functions that run it, so a picture cannot drift from the code. They share this kit: large fonts
+and few words (a phone shows a figure at about half its size), colours that stay apart for
+colour-blind readers (Okabe and Ito's), and a white figure background (the book shows figures
+on a light panel in dark mode too).
+"""
+__all__ = ["DEVICE_COLORS", "EVERY_RANK_COLOR", "SCHEMATIC_FONT", "device_color", "text_color",
+           "diagram", "draw_box", "draw_arrow"]
+
+SCHEMATIC_FONT = 13                     # points; phones show figures at about half size
+# Okabe-Ito: distinguishable with every common colour-vision deficiency
+DEVICE_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+                 "#000000")
+EVERY_RANK_COLOR = "#BBBBBB"        # held whole by every device (replicated)
+
+
+def device_color(i):
+    """The colour of device (rank) i, the same in every schematic."""
+    return DEVICE_COLORS[i % len(DEVICE_COLORS)]
+
+
+def text_color(fill):
+    """Black on light fills, white on dark ones (by the fill's relative luminance)."""
+    from matplotlib.colors import to_rgb
+    r, g, b = to_rgb(fill)
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45 else "white"
+
+
+def diagram(rows=1, cols=1, width=7.0, height=3.0, **kwargs):
+    """A figure of rows x cols axes for drawing (no frames, no ticks), on a white background."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(rows, cols, figsize=(width, height), facecolor="white",
+                             squeeze=False, **kwargs)
+    for ax in axes.flat:
+        ax.set_axis_off()
+        ax.set_facecolor("white")
+    return fig, axes
+
+
+def draw_box(ax, x, y, w, h, fill, label=None, fontsize=SCHEMATIC_FONT, edge="white", text=None,
+             **kwargs):
+    """A filled rectangle with its lower left corner at (x, y), and `label` centred in it."""
+    from matplotlib.patches import Rectangle
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=fill, edgecolor=edge, linewidth=1.5, **kwargs))
+    if label is not None:
+        ax.text(x + w / 2, y + h / 2, label, ha="center", va="center", fontsize=fontsize,
+                color=text or text_color(fill))
+
+
+def draw_arrow(ax, start, end, color="black", rad=0.0, width=2.0):
+    """An arrow from `start` to `end` (data coordinates); `rad` bends it."""
+    from matplotlib.patches import FancyArrowPatch
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=16, color=color,
+                                 linewidth=width, connectionstyle=f"arc3,rad={rad}",
+                                 shrinkA=0, shrinkB=0))
