@@ -156,6 +156,7 @@ from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter
 from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches, rank_grid,
                            coords_of, stage_cuts)
+from .composed.gpt import check_data_split
 from .composed.scratch import new_groups, build_stage, train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both

@@ -24,8 +24,8 @@ from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
-from .gpt import (MESH_DIMS, coords_of, gpt, gpt_batches, gpt_layers, gpt_loss, rank_grid,
-                  stage_cuts)
+from .gpt import (MESH_DIMS, check_data_split, coords_of, gpt, gpt_batches, gpt_layers,
+                  gpt_loss, rank_grid, stage_cuts)
 
 __all__ = ["new_groups", "build_stage", "train_3d_scratch", "one_process_run"]
 
@@ -68,6 +68,7 @@ def train_3d_scratch(rank, world, cfg):
     pp, dp, tp = shape = tuple(cfg["shape"])
     if pp * dp * tp != world:
         raise ValueError(f"a {pp}x{dp}x{tp} mesh needs {pp * dp * tp} ranks, not {world}")
+    check_data_split(cfg["batch"], dp)
     groups = new_groups(shape)
     c = coords_of(rank, shape)
     tp_comm = DistComm(groups["tp"][0], device=cfg["device"])

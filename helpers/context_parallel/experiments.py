@@ -49,10 +49,10 @@ def cp_attention_run(rank, world, cfg):
         stats = []
         comm.log = []
         out = ring_attention(ql, kl, vl, comm, cfg.get("causal", True), layout, stats)
-        fwd = comm.bytes_sent()
+        fwd = comm.bytes_sent("send")
         out.backward(shard_sequence(g, world, rank, layout))
         results[layout] = dict(out=out.detach(), dq=ql.grad, dk=kl.grad, dv=vl.grad,
-                               work=stats, fwd_bytes=fwd, bwd_bytes=comm.bytes_sent() - fwd,
+                               work=stats, fwd_bytes=fwd, bwd_bytes=comm.bytes_sent("send") - fwd,
                                sends=comm.calls("send"))
     return results
 

@@ -152,12 +152,30 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+def check_ranks_agree(comm, q, k, v):
+    """Refuse, on every rank at once and before any block travels, shapes the ring cannot pass
+    around: q, k, v of different shapes on a rank, or different shapes (token counts) between
+    ranks. One all-gather of 12 integers."""
+    if not q.shape == k.shape == v.shape or q.dim() != 4:
+        raise ValueError(f"ring attention takes q, k, v of one shape (B, H, tokens, D) on a rank; "
+                         f"rank {comm.rank} has {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    mine = torch.tensor([list(q.shape)], device=q.device)
+    got = [tuple(s) for s in comm.all_gather(mine, dim=0).tolist()]
+    if len(set(got)) > 1:
+        held = ", ".join(f"rank {r}: {s[2]}" for r, s in enumerate(got))
+        raise ValueError(f"ring attention needs the same number of tokens (and B, H, D) on "
+                         f"every rank; the ranks hold {held} tokens (shapes {got}): split the "
+                         f"sequence with helpers.shard_sequence")
+
+
 def ring_attention(q, k, v, comm, causal=False, layout="zigzag", stats=None):
     """Attention of this rank's queries over the whole sequence, whose tokens are split over the
     ranks of `comm` by `layout` (q, k, v: this rank's (B, H, T / world, D)). Differentiable.
     `stats`, a list, receives the number of scores this rank computed per block."""
     if comm.world == 1:
         return attention_reference(q, k, v, causal)
+    check_ranks_agree(comm, q, k, v)
     return RingAttention.apply(q, k, v, comm, causal, layout, stats)
 
 

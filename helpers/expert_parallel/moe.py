@@ -22,8 +22,10 @@ def expert_capacity(tokens, n_experts, k, factor):
     None (no limit: nothing dropped) when factor is None."""
     if factor is None:
         return None
-    if factor <= 0:
-        raise ValueError(f"capacity factor must be > 0 (or None for no limit), not {factor}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
+            not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"capacity factor must be a finite number > 0 (or None for no "
+                         f"limit), not {factor!r}")
     return math.ceil(factor * tokens * k / n_experts)
 
 
@@ -63,6 +65,7 @@ class MoE(nn.Module):
     def __init__(self, width=16, hidden=32, n_experts=4, k=2, capacity_factor=1.25, seed=0):
         super().__init__()
         self.n_experts, self.k, self.capacity_factor = n_experts, k, capacity_factor
+        expert_capacity(1, n_experts, k, capacity_factor)      # a bad factor: refused now
         # the same weights for every seed, even when thread ranks build their copies at once
         # (torch's seed is global): one at a time, and the caller's random state left as it was
         with _BUILDING, torch.random.fork_rng(devices=[]):

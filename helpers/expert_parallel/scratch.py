@@ -86,6 +86,24 @@ class ExpertParallelMoE(nn.Module):
         first = comm.rank * self.local
         self.experts = nn.ModuleList(moe.experts[first:first + self.local])
 
+    def _check_ranks_agree(self, x):
+        """Refuse, on every rank at once, tokens the ranks cannot exchange: a different width
+        anywhere, or (fixed buffers, sized from the tokens) a different number of tokens.
+        One exchange of two integers per rank, logged as "counts"."""
+        comm, n = self.comm, _logged(self.comm)
+        mine = torch.tensor([[x.shape[0], x.shape[-1]]], device=x.device).repeat(comm.world, 1)
+        got = all_to_all(comm, mine, [1] * comm.world, [1] * comm.world, tag=302).tolist()
+        _relabel(comm, n, "counts")
+        held = ", ".join(f"rank {r}: {t} x {d}" for r, (t, d) in enumerate(got))
+        if len({d for _, d in got}) > 1:
+            raise ValueError(f"expert parallelism needs the same token width on every rank; "
+                             f"the ranks hold (tokens x width) {held}")
+        if self.factor is not None and len({t for t, _ in got}) > 1:
+            raise ValueError(f"expert parallelism with a capacity factor needs the same number "
+                             f"of tokens on every rank (its buffers are sized from it); the "
+                             f"ranks hold (tokens x width) {held}: give every rank an equal "
+                             f"share, or use capacity_factor=None (dropless)")
+
     def _run_experts(self, rows, per_expert):
         """rows: everything received, grouped by source rank then local expert; per_expert:
         (world, local) row counts. Returns the outputs in the same order."""
@@ -95,7 +113,9 @@ class ExpertParallelMoE(nn.Module):
         for e, expert in enumerate(self.experts):
             idx = [s * self.local + e for s in range(self.comm.world)]
             x = torch.cat([chunks[i] for i in idx])
-            y = expert(x) if len(x) else x
+            # run even on 0 rows: the output then has a grad_fn, so the combine's backward
+            # all-to-all runs on every rank, in the same order
+            y = expert(x)
             for i, part in zip(idx, y.split([counts[i] for i in idx])):
                 outs[i] = part
         return torch.cat(outs)
@@ -103,6 +123,7 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x):
         comm, w, E = self.comm, self.comm.world, self.E
         start = len(comm.log)
+        self._check_ranks_agree(x)
         r = route(self.router(x), self.k, expert_capacity(len(x), E, self.k, self.factor))
         tok, choice = torch.nonzero(r["kept"], as_tuple=True)
         expert, gate = r["expert"][tok, choice], r["gate"][tok, choice][:, None]

@@ -1,0 +1,47 @@
+"""Rank functions for the Part VII reliability tests (a spawned rank imports its function by
+name, so they live in a module): each case runs on gloo processes and hands back what happened,
+so a refusal is seen as a message and a dead rank as a failed launch."""
+import torch
+
+from helpers import DistComm, ExpertParallelMoE, MoE, qkv_inputs, ring_attention
+
+
+def _refusal(fn):
+    """The ValueError message fn raised, or None if it ran."""
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def uneven_tokens(rank, world, cfg):
+    """Ring attention and capacity-limited expert parallelism with unequal token counts per
+    rank (cfg["tokens"][rank]): each must refuse on every rank, naming the counts."""
+    comm = DistComm(device=cfg["device"])
+    n = cfg["tokens"][rank]
+    q, k, v, _ = (t[..., :n, :] for t in qkv_inputs(1, 2, max(cfg["tokens"]), 4))
+    ring = _refusal(lambda: ring_attention(q, k, v, comm, causal=True, layout="contiguous"))
+    moe = MoE(width=8, hidden=16, n_experts=2 * world, k=2, capacity_factor=1.25)
+    ep = ExpertParallelMoE(moe, comm)
+    expert = _refusal(lambda: ep(torch.randn(n, 8)))
+    return dict(ring=ring, expert=expert)
+
+
+def all_tokens_to_one_expert(rank, world, cfg):
+    """Dropless expert parallelism with every token routed to expert 0 and an input that needs
+    no gradient: forward and backward must finish on every rank (the loss: sum(y * R)).
+    Returns this rank's output and its experts' gradients (named as in the MoE)."""
+    comm = DistComm(device=cfg["device"])
+    moe = MoE(width=8, hidden=16, n_experts=2 * world, k=1, capacity_factor=None)
+    with torch.no_grad():
+        moe.router.bias[0] += 100.0
+    ep = ExpertParallelMoE(moe, comm)
+    g = torch.Generator().manual_seed(rank)
+    x, R = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
+    y, _ = ep(x)
+    (y * R).sum().backward()
+    first = rank * ep.local
+    return dict(y=y.detach(), grads={f"experts.{first + i}.{n}": p.grad
+                                     for i, e in enumerate(ep.experts)
+                                     for n, p in e.named_parameters()})
