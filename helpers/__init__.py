@@ -49,6 +49,7 @@ from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_by
                     network_cuts, BACKWARD_SHARE)
 from .transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
                                 ring_attention_bytes, moe_dispatch_bytes, train_flops_per_token)
+from .transformer_costs import ulysses_attention_bytes
 from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
@@ -151,6 +152,11 @@ from .context_parallel.scratch import (split_positions, shard_sequence, unshard_
 from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
 from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
                                            cp_activation_memory, cp_torch_run, cp_chapter)
+from .context_parallel.scratch import causal_block, ring_pass, check_ranks_agree, RingCensus
+from .context_parallel.ulysses import (seq_to_heads, heads_to_seq, SeqToHeads, HeadsToSeq,
+                                       ulysses_attention)
+from .context_parallel.torch_api import ROTATE_METHODS
+from .context_parallel.experiments import cp_ulysses_run
 from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter

@@ -45,3 +45,23 @@ def all_tokens_to_one_expert(rank, world, cfg):
     return dict(y=y.detach(), grads={f"experts.{first + i}.{n}": p.grad
                                      for i, e in enumerate(ep.experts)
                                      for n, p in e.named_parameters()})
+
+
+def census_of_kept_blocks(rank, world, cfg):
+    """A ring that keeps every block it receives (what an all-gather holds), watched by
+    helpers.RingCensus: the census must see world blocks, as it sees the ring's three."""
+    from helpers import RingCensus, ring_pass
+    comm = DistComm(device=cfg["device"])
+    kv = [torch.full((4, 8), float(rank)), torch.full((4, 8), float(rank))]
+    kept = [kv]
+    with RingCensus(2 * 4 * 8 * 4) as census:
+        for i in range(world - 1):
+            kv = ring_pass(comm, kv, 10 + 2 * i).wait()
+            kept.append(kv)
+    return census.peak_blocks
+
+
+def cp_chapter_and_census(rank, world, cfg):
+    """helpers.cp_chapter and census_of_kept_blocks in one launch."""
+    from helpers import cp_chapter
+    return dict(cp_chapter(rank, world, cfg), kept=census_of_kept_blocks(rank, world, cfg))
