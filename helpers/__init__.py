@@ -144,6 +144,7 @@ from .tensor_parallel.sequence import (GatherSequence, ScatterSequence, gather_s
                                        scatter_sequence, SPBlock, sync_replicated_grads,
                                        saved_activation_bytes, VocabEmbedding,
                                        vocab_parallel_cross_entropy, TinyTPLM, tiny_tp_lm)
+from .tensor_parallel.sequence import GatherLinears, gather_linears, SPAttention, SPMLP
 from .tensor_parallel.experiments import (tp_worker, sp_runs, vocab_runs, mesh2d_worker,
                                           hsdp_worker)
 from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
