@@ -170,3 +170,5 @@ from .composed.experiments import train_3d_both
 from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
                                candidate_layouts, plan,
                                format_plan)
+from .composed.planner import (ACCUMULATION, LATENCY, data_parallel_costs,
+                               ring_exposed_seconds)

@@ -65,3 +65,33 @@ def cp_chapter_and_census(rank, world, cfg):
     """helpers.cp_chapter and census_of_kept_blocks in one launch."""
     from helpers import cp_chapter
     return dict(cp_chapter(rank, world, cfg), kept=census_of_kept_blocks(rank, world, cfg))
+
+
+def accumulation_measured(rank, world, cfg):
+    """Part V's engines accumulating over cfg["m"] micro-batches, both ways: the bytes Zero2 and
+    FSDPFromScratch send per step (count_traffic), and the bytes FSDPFromScratch holds after
+    the micro-batches' backward passes, before the reduction (PeakBytes: storages created by
+    the passes and still alive: the gradients)."""
+    import contextlib
+
+    import helpers
+    m, device = cfg["m"], cfg["device"]
+    out = dict(zero2=helpers.zero2_accumulation(rank, world, dict(device=device, micro=m,
+                                                                   num_steps=1)))
+    batches = helpers.make_batches("mlp", m, 8)
+    for mode in ("every", "no_sync"):
+        model = helpers.FSDPFromScratch(helpers.make_model("mlp").to(device))
+        with helpers.count_traffic() as log:
+            with helpers.PeakBytes().skip(list(model.parameters())) as peak:
+                for i, batch in enumerate(batches):
+                    X, y = helpers.local_batch(batch, rank, world, device)
+                    quiet = mode == "no_sync" and i < m - 1
+                    with model.no_sync() if quiet else contextlib.nullcontext():
+                        (helpers.flat_cross_entropy(model(X), y) / m).backward()
+                    if i == m - 2:
+                        held = peak.now      # before the last backward (no_sync: unreduced)
+            model.finish_gradient_synchronization()
+        out[f"fsdp_sent_{mode}"] = log.sent_bytes
+        out[f"fsdp_held_{mode}"] = held
+    out["n_params"] = sum(p.numel() for p in helpers.make_model("mlp").parameters())
+    return out
