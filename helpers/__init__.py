@@ -167,6 +167,8 @@ from .composed.gpt import check_data_split
 from .composed.scratch import new_groups, build_stage, train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both
+from .composed.experiments import train_cp_zero2
+from .composed.scratch import CPEmbed, CPBlock, Recomputed, cp_gpt
 from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
                                candidate_layouts, plan,
                                format_plan)

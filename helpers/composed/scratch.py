@@ -8,26 +8,33 @@ Nothing here is new machinery; it is composition, in a fixed order:
    group (Megatron's f and g);
 4. data parallel: the stage wrapped in helpers.DDPFromScratch over the "dp" group, gradients
    accumulated over the micro-batches (no_sync) and all-reduced once per step.
+The same GPT with its sequence split over a "cp" group (`cp_gpt`: the zig-zag split, ring
+attention in every block, each block optionally recomputed in backward) is what the planner's
+other axes are checked on.
 """
 import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 # the course's pieces, composed
 from ..costs import ring_allreduce_bytes
 from ..data_parallel.scratch import DDPFromScratch
 from ..pipeline_parallel.schedules import one_f_one_b_rank_order
 from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
+from ..context_parallel.scratch import CPAttention, split_positions
 from ..runtime.comm import DistComm
 from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
-from .gpt import (MESH_DIMS, check_data_split, coords_of, gpt, gpt_batches, gpt_layers,
-                  gpt_loss, rank_grid, stage_cuts)
+from .gpt import (MESH_DIMS, GPTHead, check_data_split, coords_of, gpt, gpt_batches,
+                  gpt_layers, gpt_loss, rank_grid, stage_cuts)
 
-__all__ = ["new_groups", "build_stage", "train_3d_scratch", "one_process_run"]
+__all__ = ["new_groups", "build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
+           "CPBlock", "Recomputed", "cp_gpt"]
 
 
 def new_groups(shape, names=MESH_DIMS):
@@ -127,3 +134,53 @@ def one_process_run(cfg):
         opt.zero_grad()
         losses.append(float(loss.detach()))
     return losses, {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+class CPEmbed(nn.Module):
+    """Token plus position embeddings of this rank's tokens of the sequence (their global
+    positions, `positions`: not a buffer, which data parallelism would copy from rank 0)."""
+
+    def __init__(self, lm, positions):
+        super().__init__()
+        self.tok, self.pos, self.positions = lm.tok, lm.pos, positions
+
+    def forward(self, idx):
+        return self.tok(idx) + self.pos(self.positions.to(idx.device))
+
+
+class CPBlock(nn.Module):
+    """A SmallBlock on this rank's tokens (the same modules): its attention a ring over `comm`
+    (helpers.CPAttention); the norms and the MLP need no other token."""
+
+    def __init__(self, block, comm, layout="zigzag"):
+        super().__init__()
+        self.ln1, self.ln2, self.mlp = block.ln1, block.ln2, block.mlp
+        self.attn = CPAttention(block.attn, comm, layout)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Recomputed(nn.Module):
+    """`module` under activation recomputation: backward runs its forward again (its ring
+    included) instead of keeping what it saved; only its input is kept."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return checkpoint(self.module, x, use_reentrant=False)
+
+
+def cp_gpt(lm, comm, recompute="none", layout="zigzag"):
+    """The GPT (a gpt()) on this rank's tokens of a sequence split over `comm` by `layout`:
+    CPEmbed, its blocks as CPBlocks (each Recomputed with recompute="full"), GPTHead."""
+    if recompute not in ("none", "full"):
+        raise ValueError(f"recompute must be 'none' or 'full', not {recompute!r}")
+    pos = split_positions(lm.pos.num_embeddings, comm.world, comm.rank, layout)
+    blocks = [CPBlock(b, comm, layout) for b in lm.blocks]
+    if recompute == "full":
+        blocks = [Recomputed(b) for b in blocks]
+    return nn.Sequential(CPEmbed(lm, pos), *blocks, GPTHead(lm))
