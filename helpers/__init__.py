@@ -49,7 +49,7 @@ from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_by
                     network_cuts, BACKWARD_SHARE)
 from .transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
                                 ring_attention_bytes, moe_dispatch_bytes, train_flops_per_token)
-from .transformer_costs import ulysses_attention_bytes
+from .transformer_costs import ulysses_attention_bytes, moe_layer_seconds
 from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
@@ -161,6 +161,10 @@ from .context_parallel.experiments import cp_ulysses_run
 from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter
+from .expert_parallel.moe import router_z_loss
+from .expert_parallel.torch_api import (EPMoE, GroupedExperts, ep_dp_mesh, grouped_mm,
+                                        grouped_mm_status, permute_by_expert)
+from .expert_parallel.experiments import ep_production_run
 from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches, rank_grid,
                            coords_of, stage_cuts)
 from .composed.gpt import check_data_split

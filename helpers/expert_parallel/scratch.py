@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..runtime.comm import DistComm
-from .moe import expert_capacity, load_balancing_loss, route
+from .moe import expert_capacity, load_balancing_loss, route, router_z_loss
 
 __all__ = ["all_to_all", "AllToAll", "ExpertParallelMoE"]
 
@@ -82,7 +82,7 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"{E} experts do not spread evenly over {w} ranks")
         self.comm, self.E, self.k, self.factor = comm, E, moe.k, moe.capacity_factor
         self.local = E // w
-        self.router = moe.router
+        self.router, self.shared = moe.router, moe.shared
         first = comm.rank * self.local
         self.experts = nn.ModuleList(moe.experts[first:first + self.local])
 
@@ -124,7 +124,8 @@ class ExpertParallelMoE(nn.Module):
         comm, w, E = self.comm, self.comm.world, self.E
         start = len(comm.log)
         self._check_ranks_agree(x)
-        r = route(self.router(x), self.k, expert_capacity(len(x), E, self.k, self.factor))
+        logits = self.router(x)
+        r = route(logits, self.k, expert_capacity(len(x), E, self.k, self.factor))
         tok, choice = torch.nonzero(r["kept"], as_tuple=True)
         expert, gate = r["expert"][tok, choice], r["gate"][tok, choice][:, None]
         if self.factor is not None:            # fixed buffers: (E, capacity, width)
@@ -149,9 +150,11 @@ class ExpertParallelMoE(nn.Module):
             got = AllToAll.apply(x[tok], comm, send_splits, recv_splits)
             out = AllToAll.apply(self._run_experts(got, real), comm, recv_splits, send_splits)
             back, received = out, real.sum(0)
-        y = x.new_zeros(x.shape).index_add(0, tok, gate * back)
+        y = (x.new_zeros(x.shape) if self.shared is None else self.shared(x)).index_add(
+            0, tok, gate * back)
         sent = sum(b for op, _, b in comm.log[start:] if op == "all_to_all")
         aux = dict(loss=load_balancing_loss(r["probs"], r["expert"], E),
+                   z_loss=router_z_loss(logits),
                    dropped=int((~r["kept"]).sum()), tokens_per_expert=torch.bincount(
                        r["expert"][r["kept"]], minlength=E), received=received,
                    sent_bytes=sent)
