@@ -125,8 +125,8 @@ def test_production_moe_with_ep_times_dp_equals_unsplit():
     torch.testing.assert_close(torch.cat([r["y"] for r in got]), y.detach())
     torch.testing.assert_close(torch.cat([r["x_grad"] for r in got]), X.grad)
     want = dict(moe.named_parameters())
-    for r in got:
-        assert len(r["grads"]) == 2 + 4 + 2 * 4 and r["first"] == 2 * (got.index(r) % 2)
+    for rank, r in enumerate(got):
+        assert len(r["grads"]) == 2 + 4 + 2 * 4 and r["first"] == 2 * (rank % 2)
         for n, g in r["grads"].items():
             torch.testing.assert_close(g, want[n].grad, msg=n)
     rows = [sum(r["received"]) for r in got]
