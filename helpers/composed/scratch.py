@@ -12,8 +12,6 @@ The same GPT with its sequence split over a "cp" group (`cp_gpt`: the zig-zag sp
 attention in every block, each block optionally recomputed in backward) is what the planner's
 other axes are checked on.
 """
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -22,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 # the course's pieces, composed
 from ..costs import ring_allreduce_bytes
 from ..data_parallel.scratch import DDPFromScratch
+from ..devices import synced_now
 from ..pipeline_parallel.schedules import one_f_one_b_rank_order
 from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
 from ..context_parallel.scratch import CPAttention, split_positions
@@ -83,7 +82,8 @@ def train_3d_scratch(rank, world, cfg):
     model_cfg = cfg["model"]
     net = gpt_layers(gpt(**model_cfg))
     cuts = stage_cuts(model_cfg["layers"], pp)
-    stage = build_stage(net, cuts, c["pp"], tp_comm)
+    device = cfg["device"]
+    stage = build_stage(net, cuts, c["pp"], tp_comm).to(device)
     model = DDPFromScratch(stage, group=groups["dp"][0])
     opt = _optimizer(model.parameters(), cfg)
     m, first, last = cfg.get("m", 2), c["pp"] == 0, c["pp"] == pp - 1
@@ -93,9 +93,9 @@ def train_3d_scratch(rank, world, cfg):
     batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])
     for X, y in batches:
         # copies, as a data loader gives them (a view would keep the whole data set alive)
-        Xl, yl = X.tensor_split(dp)[c["dp"]].clone(), y.tensor_split(dp)[c["dp"]].clone()
+        Xl, yl = (t.tensor_split(dp)[c["dp"]].clone().to(device) for t in (X, y))
         tp_comm.log, pp_comm.log = [], []
-        start = time.perf_counter()
+        start = synced_now(device)
         with model.no_sync():
             got = pipeline_rank_step(model, pp_comm, order, Xl if first else None,
                                      yl if last else None, m, len(Xl), in_shape,
@@ -104,10 +104,10 @@ def train_3d_scratch(rank, world, cfg):
             model.finish_gradient_synchronization()
         opt.step()
         opt.zero_grad()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(synced_now(device) - start)
         peak = max(peak, got["peak_bytes"])
         if last:
-            loss = torch.tensor(got["loss"])
+            loss = torch.tensor(got["loss"], device=device)
             dist.all_reduce(loss, group=groups["dp"][0])
             losses.append(float(loss) / dp)
     tp_bytes = sum(ring_allreduce_bytes(b, tp) for op, _, b in tp_comm.log if op == "all_reduce")
