@@ -173,6 +173,8 @@ from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both
 from .composed.experiments import train_cp_zero2
 from .composed.scratch import CPEmbed, CPBlock, Recomputed, cp_gpt
+from .composed.planner_page import (PLANNER_FIELDS, PLANNER_JS, plan_table_html, planner_html,
+                                    with_planner_twin)
 from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
                                candidate_layouts, plan,
                                format_plan)
