@@ -158,6 +158,7 @@ from .context_parallel.ulysses import (seq_to_heads, heads_to_seq, SeqToHeads, H
                                        ulysses_attention)
 from .context_parallel.torch_api import ROTATE_METHODS
 from .context_parallel.experiments import cp_ulysses_run
+from .context_parallel.figures import ring_schedule, draw_ring, draw_split
 from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter
@@ -165,6 +166,7 @@ from .expert_parallel.moe import router_z_loss
 from .expert_parallel.torch_api import (EPMoE, GroupedExperts, ep_dp_mesh, grouped_mm,
                                         grouped_mm_status, permute_by_expert)
 from .expert_parallel.experiments import ep_production_run
+from .expert_parallel.figures import dispatch_counts, draw_all_to_all
 from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches, rank_grid,
                            coords_of, stage_cuts)
 from .composed.gpt import check_data_split
@@ -173,6 +175,7 @@ from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both
 from .composed.experiments import train_cp_zero2
 from .composed.scratch import CPEmbed, CPBlock, Recomputed, cp_gpt
+from .composed.figures import draw_mesh
 from .composed.planner_page import (PLANNER_FIELDS, PLANNER_JS, plan_table_html, planner_html,
                                     with_planner_twin)
 from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
