@@ -56,13 +56,15 @@ _CSS = """
 """
 
 
-def planner_html(defaults=None, optimizer="mixed_adam", dtype_bytes=2, top=10):
+def planner_html(defaults=None, optimizer="mixed_adam", dtype_bytes=2, top=10, rows=None):
     """The twin: the form's fields (hidden until its script runs), the plan of `defaults`
-    (helpers.plan, here), and PLANNER_JS, which plans again in the page on every change."""
+    (helpers.plan, here; `rows`: that plan, if the caller has it), and PLANNER_JS, which plans
+    again in the page on every change."""
     values = {name: default for name, _, default, _ in PLANNER_FIELDS}
     values.update(defaults or {})
     model, gpu, n = _inputs(values)
-    rows = plan(model, gpu, n, optimizer=optimizer, dtype_bytes=dtype_bytes)
+    if rows is None:
+        rows = plan(model, gpu, n, optimizer=optimizer, dtype_bytes=dtype_bytes)
     spec = json.dumps(dict(optimizer=optimizer, dtype_bytes=dtype_bytes, top=top),
                       separators=(",", ":"))
     uid = "pl-" + hashlib.sha1((spec + json.dumps(values, sort_keys=True)).encode()) \
