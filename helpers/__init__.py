@@ -54,6 +54,7 @@ from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_by
                     network_cuts, BACKWARD_SHARE)
 from .transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
                                 ring_attention_bytes, moe_dispatch_bytes, train_flops_per_token)
+from .transformer_costs import ulysses_attention_bytes, moe_layer_seconds
 from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
 from .compare import all_close, max_abs_diff, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
@@ -148,6 +149,7 @@ from .tensor_parallel.sequence import (GatherSequence, ScatterSequence, gather_s
                                        scatter_sequence, SPBlock, sync_replicated_grads,
                                        saved_activation_bytes, VocabEmbedding,
                                        vocab_parallel_cross_entropy, TinyTPLM, tiny_tp_lm)
+from .tensor_parallel.sequence import GatherLinears, gather_linears, SPAttention, SPMLP
 from .tensor_parallel.experiments import (tp_worker, sp_runs, vocab_runs, mesh2d_worker,
                                           hsdp_worker)
 from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
@@ -156,14 +158,31 @@ from .context_parallel.scratch import (split_positions, shard_sequence, unshard_
 from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
 from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
                                            cp_activation_memory, cp_torch_run, cp_chapter)
+from .context_parallel.scratch import causal_block, ring_pass, check_ranks_agree, RingCensus
+from .context_parallel.ulysses import (seq_to_heads, heads_to_seq, SeqToHeads, HeadsToSeq,
+                                       ulysses_attention)
+from .context_parallel.torch_api import ROTATE_METHODS
+from .context_parallel.experiments import cp_ulysses_run
+from .context_parallel.schematics import ring_schedule, draw_ring, draw_split
 from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter
+from .expert_parallel.moe import router_z_loss
+from .expert_parallel.torch_api import (EPMoE, GroupedExperts, ep_dp_mesh, grouped_mm,
+                                        grouped_mm_status, permute_by_expert)
+from .expert_parallel.experiments import ep_production_run
+from .expert_parallel.schematics import dispatch_counts, draw_all_to_all
 from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches, rank_grid,
                            coords_of, stage_cuts)
+from .composed.gpt import check_data_split
 from .composed.scratch import new_groups, build_stage, train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both
+from .composed.experiments import train_cp_zero2
+from .composed.scratch import CPEmbed, CPBlock, Recomputed, cp_gpt
+from .composed.schematics import draw_mesh
+from .composed.planner_page import (PLANNER_FIELDS, PLANNER_JS, plan_table_html, planner_html,
+                                    with_planner_twin)
 from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
                                candidate_layouts, plan,
                                format_plan)
@@ -175,3 +194,5 @@ from .pipeline_parallel.schematics import (split_picture, plot_network_split, sc
                                            plot_pipeline_schedules, PHASE_COLORS)
 from .sharding.schematics import SHARD_KINDS, shard_owners, plot_shards
 from .data_parallel.schematics import bucket_timeline, plot_buckets
+from .composed.planner import (ACCUMULATION, LATENCY, data_parallel_costs,
+                               ring_exposed_seconds)

@@ -5,7 +5,8 @@ activation count, ring attention, MoE dispatch, training FLOPs); the planner
 import math
 
 __all__ = ["RECOMPUTE", "activation_bytes_per_token", "block_params", "ring_attention_bytes",
-           "moe_dispatch_bytes", "train_flops_per_token"]
+           "ulysses_attention_bytes", "moe_dispatch_bytes", "moe_layer_seconds",
+           "train_flops_per_token"]
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -47,12 +48,24 @@ def block_params(width, tp=1):
     return (12 * width * width + 7 * width) // tp + 6 * width
 
 
-def ring_attention_bytes(tokens, width, cp, tp=1, dtype_bytes=4):
+def ring_attention_bytes(tokens, width, cp, tp=1, dtype_bytes=4, kv_width=None):
     """Bytes one rank sends per layer in ring attention over cp ranks, its `tokens` (local) with
-    width / tp of K and of V: forward passes K and V on cp - 1 times; backward passes K, V and
-    their gradients cp - 1 times and the gradients home once more."""
-    block = tokens * width // tp * dtype_bytes
-    return 0 if cp == 1 else (2 * (cp - 1) + 4 * (cp - 1) + 2) * block
+    kv_width / tp of K and of V (kv_width: the K/V heads' width, smaller than `width` with
+    grouped-query attention; default width): forward passes K and V on cp - 1 times; backward
+    passes K and V on cp - 1 times and their gradients cp times (the last hop takes them
+    home)."""
+    block = tokens * (kv_width or width) // tp * dtype_bytes
+    return 0 if cp == 1 else (2 * (cp - 1) + 2 * (cp - 1) + 2 * cp) * block
+
+
+def ulysses_attention_bytes(tokens, width, cp, tp=1, dtype_bytes=4, kv_width=None):
+    """Bytes one rank sends per layer in all-to-all (Ulysses) attention over cp ranks, its
+    `tokens` (local): forward turns q, k, v from sequence shards into head shards and the
+    output back, backward the same four in reverse; each all-to-all keeps 1/cp of the tensor
+    on the rank. Independent of cp beyond (cp - 1) / cp, where the ring's grows with cp."""
+    q = tokens * width // tp * dtype_bytes
+    kv = tokens * (kv_width or width) // tp * dtype_bytes
+    return 0 if cp == 1 else 2 * (2 * q + 2 * kv) * (cp - 1) // cp
 
 
 def moe_dispatch_bytes(tokens, width, n_experts, k, capacity_factor, ep, dtype_bytes=4):
@@ -61,6 +74,23 @@ def moe_dispatch_bytes(tokens, width, n_experts, k, capacity_factor, ep, dtype_b
     experts' share leaving the rank. capacity = ceil(factor x tokens x k / n_experts)."""
     capacity = math.ceil(capacity_factor * tokens * k / n_experts)
     return 4 * (n_experts - n_experts // ep) * capacity * width * dtype_bytes
+
+
+def moe_layer_seconds(tokens, width, hidden, k, ep, flops, bandwidth, latency=10e-6,
+                      shared_hidden=0, dtype_bytes=2, chunks=1):
+    """A prediction, not a measurement: one MoE layer's forward on one rank of ep, `tokens`
+    tokens, evenly routed, with the GPU's `flops` (FLOP/s achieved) and `bandwidth` (bytes/s
+    per rank, all-to-all). Returns dict(dispatch, experts, shared, combine, seconds).
+    chunks=1: each all-to-all waits for what precedes it. chunks=c > 1: the tokens cut into c
+    pieces, one piece's all-to-alls running while another's experts (and the shared expert)
+    compute (torchtitan's and DeepSeek's overlap): max(comm, compute) + min(comm, compute) / c."""
+    a2a = latency * (ep - 1) + tokens * k * width * dtype_bytes * (ep - 1) / ep / bandwidth
+    experts = 2 * tokens * k * 2 * width * hidden / flops
+    shared = 2 * tokens * 2 * width * shared_hidden / flops
+    comm, compute = 2 * a2a, experts + shared
+    seconds = comm + compute if chunks == 1 else (max(comm, compute)
+                                                  + min(comm, compute) / chunks)
+    return dict(dispatch=a2a, experts=experts, shared=shared, combine=a2a, seconds=seconds)
 
 
 def train_flops_per_token(n_params, layers, width, seq, recompute="none"):

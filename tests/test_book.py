@@ -168,13 +168,7 @@ def test_vendored_files_match_their_recorded_hashes():
     assert not bad, f"changed by hand (rerun scripts/vendor-widgets.sh): {bad}"
 
 
-_PLANNER_FORM = "part7/composed.ipynb"   # a widget in a figure cell until its static twin lands
-
-
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="the planner form has no static "
-                                            "twin yet")) if str(p).endswith(_PLANNER_FORM) else p
-    for p in toc_notebooks()], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_labelled_figure_cell_shows_one_figure(path):
     """myst-nb gives a cell's figure label to each of its display outputs: a second one (an
     emptied progress line, a printed table shown as a display) duplicates the label and `-W`

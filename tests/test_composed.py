@@ -73,3 +73,36 @@ def test_planner_predicts_memory_and_bytes(ranks):
         # DDPFromScratch all-reduces one "used" flag per parameter tensor with its last bucket
         flags = helpers.ring_allreduce_bytes(4 * len(got["weights"]), lay["dp"])
         assert got["bytes"]["dp"] == want["bytes"]["dp"] + flags
+
+
+# ---- the planner's other axes: ZeRO-2, cp = 2, recomputation ---------------------------------
+CP_CFG = dict(shape=(2, 2), model=dict(MODEL, layers=2), batch=4, steps=2)
+
+
+@pytest.fixture(scope="module")
+def cp_ranks():
+    return launch(helpers.train_cp_zero2, 4, CP_CFG, quiet=True)
+
+
+@pytest.mark.parametrize("rec", ["none", "full"])
+def test_cp_zero2_equals_one_process_and_the_planner(cp_ranks, rec):
+    losses, weights = one_process_run(CP_CFG)
+    got = cp_ranks[0][rec]
+    assert got["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    for n, w in weights.items():
+        torch.testing.assert_close(got["weights"][n], w, rtol=1e-5, atol=1e-6, msg=n)
+    model = dict(CP_CFG["model"], batch=CP_CFG["batch"])
+    want = stage_costs(model, dict(dp=2, cp=2, zero="zero2", recompute=rec, m=1),
+                       optimizer="momentum", dtype_bytes=4)[0]
+    tensors = len(weights)                 # Zero2's "used" flags, one float per tensor
+    for r in cp_ranks:
+        mem, sent = r[rec]["memory"], r[rec]["bytes"]
+        assert [mem[p] for p in ("params", "grads", "optim")] == [
+            want[p] for p in ("params", "grads", "optim")]
+        assert sent["cp"] == want["bytes"]["cp"]
+        assert sent["dp"] == want["bytes"]["dp"] + helpers.ring_allreduce_bytes(4 * tensors, 4)
+        # the count keeps what forward saved; the allocator also holds what backward makes
+        recomputed = want["tokens"] * helpers.activation_bytes_per_token(
+            16, 2, 8, dtype_bytes=4) if rec == "full" else 0
+        assert abs(mem["acts_kept"] - (want["acts"] - recomputed)) <= 0.25 * mem["acts_kept"]
+        assert mem["peak"] > want["acts"]

@@ -1,31 +1,38 @@
-"""Context parallelism (helpers/context_parallel): ring attention by hand on 2 gloo processes
-equals unsplit attention in values and gradients (contiguous and zig-zag, causal), sends what
-the cost model says, balances the causal work with the zig-zag split; the attention layer's
-activations per rank grow linearly with the sequence; torch's context_parallel is attempted
-and either matches or reports why not. The same code on 3 and 4 thread-ranks."""
+"""Context parallelism (helpers/context_parallel): ring attention by hand on 3 gloo processes
+equals unsplit attention in values and gradients (contiguous and zig-zag, causal); it sends what
+the cost model says; with the half-block rule zig-zag lowers the busiest rank's products to
+(w + 1) / 2w of the contiguous last rank's, counted; a rank never holds more than its own K/V
+block and two (forward) or three (backward) more, counted from below by RingCensus, which sees
+an all-gather's w; all-to-all (Ulysses) attention equals the ring and sends 8 (w-1)/w blocks;
+the attention layer's activations per rank grow linearly with the sequence; torch's
+context_parallel says why it does not run on a CPU. The same code on 2 to 8 thread-ranks."""
 import pytest
 import torch
 
-from helpers.context_parallel import (attention_reference, block_work, cp_chapter,
+import part7_ranks
+from helpers.context_parallel import (attention_reference, block_work, causal_block,
+                                      context_parallel_status, cp_torch_run,
                                       ring_attention, shard_sequence, split_positions,
-                                      unshard_sequence)
+                                      ulysses_attention, unshard_sequence)
 from helpers.context_parallel.experiments import qkv_inputs
-from helpers.transformer_costs import ring_attention_bytes
+from helpers.transformer_costs import ring_attention_bytes, ulysses_attention_bytes
 from helpers import launch, run_threads
 
-SIZE = dict(B=1, H=2, T=16, D=4)
+WORLD = 4
+SIZE = dict(B=1, H=4, T=32, D=2)
 CFG = dict(attention=dict(SIZE, causal=True, layouts=("contiguous", "zigzag")),
-           memory=dict(width=8, heads=2, batch=1, seqs=[8, 16, 32]),
-           torch=dict(width=8, heads=2, batch=1, T=8))
+           ulysses=dict(SIZE, causal=True),
+           memory=dict(width=8, heads=2, batch=1, seqs=[16, 32, 64]))
 
 
 @pytest.fixture(scope="module")
 def ranks():
-    return launch(cp_chapter, 2, CFG, quiet=True)
+    """The chapter's runs and a ring that keeps every block, in one launch of 4 processes."""
+    return launch(part7_ranks.cp_chapter_and_census, WORLD, CFG, quiet=True)
 
 
-def reference(causal=True):
-    q, k, v, g = qkv_inputs(**SIZE)
+def reference(causal=True, size=SIZE):
+    q, k, v, g = qkv_inputs(**size)
     for t in (q, k, v):
         t.requires_grad_()
     out = attention_reference(q, k, v, causal)
@@ -44,16 +51,45 @@ def test_bytes_match_the_cost_model(ranks):
     B, H, T, D = SIZE.values()
     for r in ranks:
         got = r["attention"]["zigzag"]
-        assert got["fwd_bytes"] + got["bwd_bytes"] == ring_attention_bytes(B * T // 2, H * D, 2)
-        assert got["fwd_bytes"] == 2 * B * H * (T // 2) * D * 4      # K and V, once
+        assert got["fwd_bytes"] + got["bwd_bytes"] == ring_attention_bytes(
+            B * T // WORLD, H * D, WORLD)
+        assert got["fwd_bytes"] == (WORLD - 1) * 2 * B * H * (T // WORLD) * D * 4
 
 
-def test_zigzag_balances_causal_work(ranks):
-    work = {lay: [sum(r["attention"][lay]["work"]) for r in ranks]
-            for lay in ("contiguous", "zigzag")}
-    assert work["zigzag"][0] == work["zigzag"][1]
-    assert work["contiguous"][0] < work["contiguous"][1]
-    assert work == {lay: block_work(SIZE["T"], 2, lay) for lay in work}
+def test_zigzag_lowers_the_busiest_rank_to_the_formula(ranks):
+    formed = {lay: [sum(b["products"] for b in r["attention"][lay]["blocks"]
+                        if b["phase"] == phase) for r in ranks]
+              for lay in ("contiguous", "zigzag") for phase in ("forward", "backward")}
+    L = SIZE["T"] // WORLD
+    assert formed["contiguous"] == [L * L * (r + 1) for r in range(WORLD)]
+    assert formed["zigzag"] == [L * L * (WORLD + 1) // 2] * WORLD
+    assert max(formed["zigzag"]) * 2 * WORLD == max(formed["contiguous"]) * (WORLD + 1)
+    assert formed["zigzag"] == block_work(SIZE["T"], WORLD, "zigzag")
+    for r in ranks:           # the half blocks: every block after the first is (L/2) x L
+        later = [b for b in r["attention"]["zigzag"]["blocks"] if b["step"] > 0]
+        assert later and all(b["products"] == L * L // 2 for b in later)
+
+
+def test_a_rank_holds_three_blocks_not_the_sequence(ranks):
+    for r in ranks:
+        for lay in ("contiguous", "zigzag"):
+            assert r["attention"][lay]["live_fwd"] == 3.0     # its own, computing, arriving
+            assert r["attention"][lay]["live_bwd"] == 4.0     # ... and the gradient block
+
+
+def test_the_census_sees_what_an_all_gather_holds(ranks):
+    assert [r["kept"] for r in ranks] == [float(WORLD)] * WORLD
+
+
+def test_ulysses_equals_the_ring_with_constant_bytes(ranks):
+    want = reference()
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        got = unshard_sequence([r["ulysses"][name] for r in ranks], "contiguous")
+        torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6, msg=name)
+    B, H, T, D = SIZE.values()
+    for r in ranks:
+        assert r["ulysses"]["bytes"] == ulysses_attention_bytes(B * T // WORLD, H * D, WORLD)
+        assert r["ulysses"]["calls"] == 8                      # q, k, v, out; and back
 
 
 def test_activation_memory_per_rank_is_linear_in_the_sequence(ranks):
@@ -64,37 +100,70 @@ def test_activation_memory_per_rank_is_linear_in_the_sequence(ranks):
         assert len(per_token) == 1                      # twice the tokens, twice the bytes
 
 
-def test_torch_context_parallel_matches_or_says_why(ranks):
-    for r in ranks:
-        got = r["torch"]
-        if got["ran"]:
-            assert got["max_diff"] < 1e-4
-        else:
-            assert got["device"] == "cpu" and got["error"]
+def test_torch_context_parallel_runs_only_on_cuda():
+    ok, why = context_parallel_status("cpu")
+    assert not ok and "CUDA" in why
+    got = cp_torch_run(0, 1, dict(device=torch.device("cpu"), width=8, heads=2, batch=1, T=8))
+    assert {m: r["ran"] for m, r in got["runs"].items()} == {"allgather": False,
+                                                             "alltoall": False}
 
 
-@pytest.mark.parametrize("world,layout,causal", [(3, "zigzag", True), (4, "contiguous", True),
-                                                  (4, "zigzag", False)])
+def _ring_rank(comm, q, k, v, g, world, layout, causal, attention=ring_attention):
+    ql, kl, vl = (shard_sequence(t, world, comm.rank, layout).requires_grad_()
+                  for t in (q, k, v))
+    stats = []
+    kw = dict(stats=stats) if attention is ring_attention else {}
+    out = attention(ql, kl, vl, comm, causal, layout, **kw)
+    out.backward(shard_sequence(g, world, comm.rank, layout))
+    return out.detach(), ql.grad, kl.grad, vl.grad, stats
+
+
+@pytest.mark.parametrize("world,layout,causal", [
+    (2, "zigzag", True), (3, "contiguous", False), (4, "zigzag", True), (5, "zigzag", True),
+    (8, "contiguous", True), (8, "zigzag", False)])
 def test_ring_on_threads(world, layout, causal):
-    size = dict(SIZE, T=24)
+    size = dict(SIZE, H=2, T=4 * world)
     q, k, v, g = qkv_inputs(**size)
-
-    def rank_fn(comm):
-        ql, kl, vl = (shard_sequence(t, world, comm.rank, layout).requires_grad_()
-                      for t in (q, k, v))
-        out = ring_attention(ql, kl, vl, comm, causal, layout)
-        out.backward(shard_sequence(g, world, comm.rank, layout))
-        return out.detach(), ql.grad, kl.grad, vl.grad
-
-    results, comms = run_threads(rank_fn, world)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    out = attention_reference(q, k, v, causal)
-    want = [out.detach(), *torch.autograd.grad(out, (q, k, v), g)]
+    results, comms = run_threads(_ring_rank, world, q, k, v, g, world, layout, causal)
+    want = reference(causal, size)
     for i in range(4):
         got = unshard_sequence([r[i] for r in results], layout)
         torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6)
     for c in comms:      # only ever to the next rank of the ring
-        assert {peer for _, peer, _ in c.log} == {(c.rank + 1) % world}
+        assert {peer for op, peer, _ in c.log if op == "send"} == {(c.rank + 1) % world}
+    for phase in ("forward", "backward"):
+        formed = [sum(b["products"] for b in r[4] if b["phase"] == phase) for r in results]
+        assert formed == block_work(size["T"], world, layout, causal)
+
+
+@pytest.mark.parametrize("world,layout,causal", [(2, "zigzag", True), (4, "contiguous", True),
+                                                  (4, "zigzag", False)])
+def test_ulysses_on_threads(world, layout, causal):
+    size = dict(SIZE, H=4, T=4 * world)
+    q, k, v, g = qkv_inputs(**size)
+    results, _ = run_threads(_ring_rank, world, q, k, v, g, world, layout, causal,
+                             ulysses_attention)
+    want = reference(causal, size)
+    for i in range(4):
+        got = unshard_sequence([r[i] for r in results], layout)
+        torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="3 heads do not split over 2 ranks"):
+        run_threads(_ring_rank, 2, *qkv_inputs(1, 3, 8, 2), 2, "contiguous", True,
+                    ulysses_attention)
+
+
+def test_the_half_block_rule():
+    # zig-zag, 4 ranks, 16 tokens: rank 2 holds [4, 5, 10, 11]
+    mine = split_positions(16, 4, 2)
+    assert causal_block(mine, split_positions(16, 4, 0))[:2] == (0, 2)   # its first half
+    assert causal_block(mine, split_positions(16, 4, 3))[:2] == (2, 4)   # late queries
+    first, cols, mask = causal_block(mine, mine)
+    assert (first, cols) == (0, 4) and mask is not None
+    assert causal_block(split_positions(8, 2, 0, "contiguous"),
+                        split_positions(8, 2, 1, "contiguous"))[:2] == (4, 0)   # skipped
+    assert block_work(16, 4, "zigzag") == [40] * 4 and block_work(16, 4, "contiguous") == [
+        16, 32, 48, 64]
+    assert block_work(16, 4, "zigzag", useful=True) == [34] * 4
 
 
 def test_split_refuses_a_sequence_that_does_not_divide():

@@ -2,14 +2,18 @@
 gloo processes (all_to_all_single dispatch and combine) equals the unsplit layer in outputs,
 input gradients, every weight's gradient and the tokens dropped, with and without a capacity
 limit; its all-to-alls send exactly what the cost model says; a skewed router drops tokens
-(capacity) or overloads one rank (dropless). Routing rules and 4 thread-ranks too."""
+(capacity) or overloads one rank (dropless). Routing rules and 4 thread-ranks too; a shared
+expert and the router z-loss; and the production path (EPMoE: torch's functional all-to-all,
+DTensor expert weights, grouped GEMM) on 4 processes with EP x DP."""
 import pytest
 import torch
 
 from helpers.transformer_costs import moe_dispatch_bytes
-from helpers.expert_parallel import (MoE, ExpertParallelMoE, ep_chapter, expert_capacity,
-                                     load_balancing_loss, moe_inputs, moe_step, route)
-from helpers.expert_parallel.experiments import AUX
+from helpers.expert_parallel import (MoE, ExpertParallelMoE, ep_chapter, ep_production_run,
+                                     expert_capacity, grouped_mm, load_balancing_loss,
+                                     moe_inputs, moe_step, permute_by_expert, route,
+                                     router_z_loss)
+from helpers.expert_parallel.experiments import AUX, Z_LOSS
 from helpers import launch, run_threads
 
 MOE = dict(width=8, hidden=16, n_experts=4, k=2)
@@ -29,7 +33,7 @@ def unsplit(factor, groups):
     X, R = moe_inputs(TOKENS, MOE["width"])
     X.requires_grad_()
     y, aux = moe(X, groups=groups)
-    ((y * R).sum() + AUX * aux["loss"]).backward()
+    ((y * R).sum() + AUX * aux["loss"] + Z_LOSS * aux["z_loss"]).backward()
     return y.detach(), X.grad, {n: p.grad for n, p in moe.named_parameters()}, aux
 
 
@@ -103,3 +107,63 @@ def test_routing_rules():
         expert_capacity(8, 4, 2, 0)
     with pytest.raises(ValueError, match="spread evenly"):
         run_threads(lambda comm: ExpertParallelMoE(MoE(**MOE), comm), 3)
+
+
+# ---- as production code runs it: EPMoE (funcol all-to-all, DTensor weights, grouped GEMM) -----
+PROD = dict(width=16, hidden=32, n_experts=4, k=2, shared_hidden=16)
+
+
+def test_production_moe_with_ep_times_dp_equals_unsplit():
+    """4 ranks, ep = 2: experts split over consecutive pairs, each expert's gradient reduced
+    over its two replicas only, the router's and the shared expert's over all four."""
+    got = launch(ep_production_run, 4, dict(moe=PROD, tokens=16, ep=2), quiet=True)
+    moe = MoE(**PROD, capacity_factor=None)
+    X, R = moe_inputs(16, PROD["width"])
+    X.requires_grad_()
+    y, aux = moe(X, groups=4)
+    ((y * R).sum() + AUX * aux["loss"] + Z_LOSS * aux["z_loss"]).backward()
+    torch.testing.assert_close(torch.cat([r["y"] for r in got]), y.detach())
+    torch.testing.assert_close(torch.cat([r["x_grad"] for r in got]), X.grad)
+    want = dict(moe.named_parameters())
+    for rank, r in enumerate(got):
+        assert len(r["grads"]) == 2 + 4 + 2 * 4 and r["first"] == 2 * (rank % 2)
+        for n, g in r["grads"].items():
+            torch.testing.assert_close(g, want[n].grad, msg=n)
+    rows = [sum(r["received"]) for r in got]
+    assert sum(rows) == 16 * PROD["k"]
+
+
+def test_grouped_gemm_and_its_loop_agree():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(12, 8, generator=g), torch.randn(3, 8, 16, generator=g)
+    counts = [5, 0, 7]
+    want = torch.cat([x[:5] @ w[0], x[5:5] @ w[1], x[5:] @ w[2]])
+    torch.testing.assert_close(grouped_mm(x, w, counts), want)
+    torch.testing.assert_close(grouped_mm(x[:, :6], w[:, :6, :], counts),   # unaligned: loop
+                               torch.cat([x[:5, :6] @ w[0, :6], x[5:, :6] @ w[2, :6]]))
+    order, n = permute_by_expert(torch.tensor([[2, 0], [0, 1], [2, 1]]), 3)
+    assert order.tolist() == [1, 2, 3, 5, 0, 4] and n.tolist() == [2, 2, 2]
+
+
+def test_shared_expert_and_z_loss_on_threads():
+    moe_kw = dict(MOE, shared_hidden=8)
+    ref = MoE(**moe_kw, capacity_factor=1.25)
+    X, R = moe_inputs(TOKENS, MOE["width"])
+    Xr = X.clone().requires_grad_()
+    y, aux = ref(Xr, groups=2)
+    ((y * R).sum() + AUX * aux["loss"] + Z_LOSS * aux["z_loss"]).backward()
+    logits = ref.router(X)
+    assert float(router_z_loss(logits.detach())) == pytest.approx(
+        float((torch.logsumexp(logits, -1) ** 2).mean()))
+
+    def rank_fn(comm):
+        ep = ExpertParallelMoE(MoE(**moe_kw, capacity_factor=1.25), comm)
+        rows = slice(comm.rank * TOKENS // 2, (comm.rank + 1) * TOKENS // 2)
+        y, xg, _ = moe_step(ep, comm, X[rows], R[rows])
+        return y, xg, [p.grad for p in ep.shared.parameters()]
+
+    results, _ = run_threads(rank_fn, 2)
+    torch.testing.assert_close(torch.cat([r[0] for r in results]), y.detach())
+    torch.testing.assert_close(torch.cat([r[1] for r in results]), Xr.grad)
+    for got, p in zip(results[0][2], ref.shared.parameters()):
+        torch.testing.assert_close(got, p.grad)

@@ -1,9 +1,13 @@
 """The planner and Part VII's cost formulas (helpers/transformer_costs.py,
 helpers/composed/planner.py): Korthikanti's activation counts and their TP/SP/AC variants, the
-layouts the planner lists, and its refusals of bad input."""
+layouts the planner lists, its refusals of bad input; and that it prices what it chooses:
+accumulation both ways against Part V's wrappers (bytes, gradient memory, on 2 gloo ranks),
+ring attention hop by hop (cp = 2 and cp = 32 no longer tie), expert gradients over their own
+group."""
 import pytest
 
-from helpers.composed.planner import candidate_layouts, layout_costs, plan
+from helpers.composed.planner import (_stage_params, candidate_layouts, data_parallel_costs,
+                                     layout_costs, plan, ring_exposed_seconds, stage_costs)
 from helpers.transformer_costs import (activation_bytes_per_token, block_params,
                                        moe_dispatch_bytes, ring_attention_bytes)
 
@@ -60,3 +64,84 @@ def test_bad_input_is_refused():
         plan(BIG, H100, 2.5)
     with pytest.raises(ValueError, match="recompute"):
         activation_bytes_per_token(8, 2, 8, recompute="some")
+
+
+# ---- what the planner prices, against what runs measure -------------------------------------
+H70 = dict(layers=80, width=8192, heads=64, vocab=32000, seq=4096, batch=512)
+
+
+def test_accumulation_is_a_dimension():
+    rows = candidate_layouts(BIG, 64)
+    both = {(r["zero"], r["m"] > 1): set() for r in rows}
+    for r in rows:
+        both[(r["zero"], r["m"] > 1)].add(r["acc"])
+    assert both[("zero2", True)] == both[("zero3", True)] == {"every", "no_sync"}
+    assert both[("zero2", False)] == {"every"} and both[("dp", True)] == {"no_sync"}
+    n, k, m = 1000, 4, 8
+    every = data_parallel_costs(n, k, "zero2", m, "every", "adam", 2)
+    quiet = data_parallel_costs(n, k, "zero2", m, "no_sync", "adam", 2)
+    assert every["sent_bytes"] == (m + 1) / 2 * quiet["sent_bytes"]
+    assert every["grads_bytes"] * k == quiet["grads_bytes"] == n * 2
+    z3 = data_parallel_costs(n, k, "zero3", m, "every", "adam", 2)
+    assert z3["sent_bytes"] == 3 * m * (k - 1) / k * n * 2 and z3["params_bytes"] == n * 2 / k
+    z3q = data_parallel_costs(n, k, "zero3", m, "no_sync", "adam", 2)
+    assert z3q["params_bytes"] == z3q["grads_bytes"] == n * 2
+    with pytest.raises(ValueError, match="acc must be one of"):
+        data_parallel_costs(n, k, "zero2", m, "sometimes")
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """Part V's wrappers accumulating over 4 micro-batches on 2 gloo ranks, both ways."""
+    import part7_ranks
+    from helpers import launch
+    return launch(part7_ranks.accumulation_measured, 2, dict(m=4), quiet=True)[0]
+
+
+def test_accumulation_prices_match_part_v(measured):
+    from helpers import make_model, ring_allreduce_bytes
+    m, k, n = 4, 2, measured["n_params"]
+    net = make_model("mlp")
+    flags = ring_allreduce_bytes(4 * len(list(net.parameters())), k)   # Zero2's "used" flags
+    for acc in ("every", "no_sync"):
+        want = data_parallel_costs(n, k, "zero2", m, acc, "adam", 4)["sent_bytes"]
+        assert measured["zero2"][acc]["sent"] == want + flags, acc
+    # ZeRO-3 from scratch: backward gathers a unit's weights again only where autograd kept
+    # them, and the first layer's (whose input needs no gradient) it did not
+    saved = m * (k - 1) / k * 4 * sum(p.numel() for p in net[0].parameters())
+    want = data_parallel_costs(n, k, "zero3", m, "every", "adam", 4)["sent_bytes"]
+    assert measured["fsdp_sent_every"] == want - saved
+    # what the gradients hold before the last micro-batch: no_sync the full gradients; the
+    # course's wrappers keep each micro-batch's reduced shard until finish (torch adds it in)
+    shard = data_parallel_costs(n, k, "zero3", m, "every", "adam", 4)["grads_bytes"]
+    full = data_parallel_costs(n, k, "zero3", m, "no_sync", "adam", 4)["grads_bytes"]
+    other = measured["fsdp_held_no_sync"] - full
+    assert 0 <= other < 0.05 * full
+    assert measured["fsdp_held_every"] - (m - 1) * shard == other
+
+
+def test_context_parallel_pays_per_hop_and_hides_only_behind_attention():
+    gpu = dict(memory=80e9, flops=989e12, bandwidth=450e9)
+    rows = plan(H70, gpu, 64, optimizer="mixed_adam")
+    by_cp = {}
+    for r in rows:
+        if r["tp"] == r["pp"] == 1 and r["zero"] == "zero3" and r["recompute"] == "none":
+            by_cp.setdefault(r["cp"], r["seconds"])
+    assert by_cp[32] > by_cp[2] * 1.2          # 31 hops of 128 tokens cannot hide
+    lay = dict(dp=32, cp=2, m=16)
+    free = ring_exposed_seconds(1024, H70, lay, 1e15, 1e15, 0.0)
+    slow = ring_exposed_seconds(1024, H70, lay, 1e15, 1e9, 10e-6)
+    assert free < 1e-6 < slow          # only the last hop (the gradients home) shows
+    again = ring_exposed_seconds(1024, H70, dict(lay, recompute="full"), 1e15, 1e9, 10e-6)
+    assert again > slow
+
+
+def test_expert_gradients_are_reduced_over_their_own_group():
+    moe = dict(BIG, experts=8, k=2)
+    lay = dict(dp=8, ep=4, zero="dp", m=1)
+    st = stage_costs(moe, lay)[0]
+    dense, expert = _stage_params(moe, lay, 0)
+    want = (data_parallel_costs(dense, 8, "dp")["sent_bytes"]
+            + data_parallel_costs(expert, 2, "dp")["sent_bytes"])
+    assert st["bytes"]["dp"] == want
+    assert st["bytes"]["dp"] < data_parallel_costs(dense + expert, 8, "dp")["sent_bytes"]

@@ -1,8 +1,19 @@
 """Part VII, everything at once: the chapter's runs, `fn(rank, world, cfg) -> result`."""
-from .scratch import train_3d_scratch
+import torch
+import torch.distributed as dist
+
+from ..context_parallel.experiments import autograd_saved_bytes
+from ..context_parallel.scratch import shard_sequence
+from ..devices import synchronize
+from ..runtime.comm import DistComm
+from ..runtime.traffic import count_traffic
+from ..sharding.memory import PeakBytes
+from ..sharding.zero import Zero2, optimizer_state_bytes
+from .gpt import check_data_split, coords_of, gpt, gpt_batches, gpt_layers, gpt_loss
+from .scratch import cp_gpt, new_groups, train_3d_scratch
 from .torch_api import train_3d_torch
 
-__all__ = ["train_3d_both"]
+__all__ = ["train_3d_both", "train_cp_zero2"]
 
 
 def train_3d_both(rank, world, cfg):
@@ -12,3 +23,64 @@ def train_3d_both(rank, world, cfg):
     if cfg.get("torch", True):
         out["torch"] = train_3d_torch(rank, world, cfg)
     return out
+
+
+def _cp_zero2_run(rank, cfg, groups, recompute):
+    device, (dp, cp) = cfg["device"], tuple(cfg["shape"])
+    c = coords_of(rank, (dp, cp), ("dp", "cp"))
+    cp_comm = DistComm(groups["cp"][0], device=device)
+    model_cfg = cfg["model"]
+    lm = gpt(**model_cfg)
+    model = Zero2(cp_gpt(lm, cp_comm, recompute).to(device), torch.optim.SGD,
+                  lr=cfg.get("lr", 0.05), momentum=0.9)
+    params = list(model.module.parameters())
+    held = [*params, *(piece for _, piece, *_ in model.pieces)]
+    losses = []
+    for X, y in gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"]):
+        Xl, yl = (shard_sequence(t.chunk(dp)[c["dp"]], cp, c["cp"], "zigzag", dim=1).to(device)
+                  for t in (X, y))
+        cp_comm.log = []
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with count_traffic() as dp_log, PeakBytes().skip(held) as peak:
+            saved, out = autograd_saved_bytes(lambda: model(Xl), params)
+            loss = gpt_loss(out, yl) / len(Xl)
+            kept = peak.now                  # what forward left alive for backward
+            del out
+            loss.backward()
+            model.finish_gradient_synchronization()
+            grads = sum(g.numel() * g.element_size() for g in model.shard_grads)
+            model.step()
+        model.zero_grad()
+        state = dict(params=sum(p.numel() * p.element_size() for p in params), grads=grads,
+                     optim=optimizer_state_bytes(model.optimizer))
+        synchronize(device)
+        total = torch.tensor([float(loss.detach())], device=device)
+        dist.all_reduce(total)
+        losses.append(float(total) / (dp * cp))
+    return dict(coords=c, losses=losses, memory=dict(state, acts_saved=saved, acts_kept=kept,
+                                                    peak=peak.peak),
+                cuda_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                else None,
+                bytes=dict(dp=dp_log.sent_bytes, cp=cp_comm.bytes_sent("send")),
+                weights={n: p.detach().cpu().clone()
+                         for n, p in gpt_layers(lm).named_parameters()} if rank == 0 else None)
+
+
+def train_cp_zero2(rank, world, cfg):
+    """launch target: cfg["steps"] SGD steps of the GPT (cfg["model"]) on a (dp, cp) =
+    cfg["shape"] mesh, for each recomputation in cfg["recomputes"] ("none", "full"): the
+    sequence split zig-zag over "cp" (ring attention in every block), ZeRO-2 (helpers.Zero2)
+    over all dp x cp ranks (context-parallel ranks hold different tokens: data parallel for
+    the weights). Per recomputation: this rank's coords, the losses, the bytes it sent in the
+    last step (dp: ZeRO-2's collectives; cp: the ring), its memory by the planner's definition
+    (params, grads, optim; acts_saved: what autograd saved in forward, acts_kept: the bytes
+    forward left alive for backward) and the allocator's (peak: PeakBytes over the step, beside
+    the state; on CUDA also cuda_peak: max_memory_allocated), and rank 0's weights."""
+    dp, cp = shape = tuple(cfg["shape"])
+    if dp * cp != world:
+        raise ValueError(f"a {dp}x{cp} (dp, cp) mesh needs {dp * cp} ranks, not {world}")
+    check_data_split(cfg["batch"], dp)
+    groups = new_groups(shape, ("dp", "cp"))
+    return {rec: _cp_zero2_run(rank, cfg, groups, rec) for rec in cfg.get("recomputes",
+                                                                            ("none", "full"))}

@@ -12,7 +12,7 @@ from torch import nn
 from ..tiny_models import SmallBlock, TinyLM, counting_tokens
 
 __all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches", "rank_grid",
-           "coords_of", "stage_cuts"]
+           "coords_of", "stage_cuts", "check_data_split"]
 
 MESH_DIMS = ("pp", "dp", "tp")   # outermost first: tp ranks are consecutive (one node)
 
@@ -61,6 +61,17 @@ def gpt_batches(steps, batch, seq=16, vocab=32, seed=1):
     """`steps` global batches (X, y) of counting sequences, the same on every rank."""
     X, y = counting_tokens(steps * batch, seq_len=seq, vocab=vocab, seed=seed)
     return list(zip(X.split(batch), y.split(batch)))
+
+
+def check_data_split(batch, dp):
+    """Refuse a global batch that does not split into dp equal shares: each data-parallel rank
+    averages its own rows, so unequal shares would weight the sequences unequally."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a whole number of sequences >= 1, not {batch!r}")
+    if batch % dp:
+        raise ValueError(f"a global batch of {batch} sequences does not split over dp={dp} "
+                         f"data-parallel ranks: use a multiple of {dp} (each rank averages "
+                         f"its own share, so the shares must be equal)")
 
 
 def stage_cuts(layers, pp):

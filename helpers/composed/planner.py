@@ -1,13 +1,22 @@
 """Part VII: a planner. Given a model, a GPU and a number of GPUs, it lists the layouts
-(dp, tp, pp, cp, ep, ZeRO stage, activation recomputation, micro-batches) whose memory fits,
-with the memory per GPU and the step time of the course's cost model (helpers.costs and
-helpers.transformer_costs), fastest first.
+(dp, tp, pp, cp, ep, ZeRO stage, how gradients accumulate, activation recomputation,
+micro-batches) whose memory fits, with the memory per GPU and the step time of the course's
+cost model (helpers.costs and helpers.transformer_costs), fastest first.
 
 The model is the course's GPT shape: `layers` pre-norm blocks of `width` and `heads`, token and
 position embeddings, an untied head; `experts` > 0 makes every MLP a top-k MoE. Per pipeline
-stage the planner counts what a rank holds (parameters, gradients, optimizer state: sharded
-by ZeRO over dp x cp; saved activations: Korthikanti's per-token count times the micro-batches
-1F1B keeps alive on that stage) and what it sends per step along each dimension.
+stage the planner counts what a rank holds (parameters, gradients, optimizer state: sharded by
+ZeRO over dp x cp, an expert's over the dp x cp / ep ranks that hold it; saved activations:
+Korthikanti's per-token count times the micro-batches 1F1B keeps alive on that stage) and what
+it sends per step along each dimension. With m micro-batches ZeRO-2 and 3 choose how gradients
+accumulate, as Part V measured: reduced after every micro-batch (sharded memory, m reductions;
+ZeRO-3 also gathers its parameters twice per micro-batch) or under no_sync (full gradients, and
+for ZeRO-3 unsharded parameters, kept until one reduction: torch's pipelining does this).
+
+Time: the compute at mfu of the GPU's FLOP/s, stretched by the pipeline bubble; tensor,
+pipeline and expert traffic in full, each message paying the link's latency; data-parallel
+traffic beyond the backward it overlaps; and ring attention hop by hop, each hop overlapping
+only the attention of the block it brings (its MLP waits for it).
 """
 import itertools
 
@@ -15,11 +24,14 @@ from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_allreduce_bytes
 from ..transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
                                  moe_dispatch_bytes, ring_attention_bytes, train_flops_per_token)
 
-__all__ = ["MODEL_KEYS", "GPU_KEYS", "check_model", "stage_costs", "layout_costs",
+__all__ = ["MODEL_KEYS", "GPU_KEYS", "ACCUMULATION", "LATENCY", "check_model",
+           "data_parallel_costs", "stage_costs", "ring_exposed_seconds", "layout_costs",
            "candidate_layouts", "plan", "format_plan"]
 
 MODEL_KEYS = ("layers", "width", "heads", "vocab", "seq", "batch")
 GPU_KEYS = ("memory", "flops", "bandwidth")
+ACCUMULATION = ("every", "no_sync")
+LATENCY = 10e-6        # seconds a message pays before its first byte (gpu["latency"] overrides)
 
 
 def check_model(model, gpu=None):
@@ -33,6 +45,32 @@ def check_model(model, gpu=None):
         bad = [k for k in keys if not d[k] > 0]
         if bad:
             raise ValueError(f"the {what}'s {', '.join(bad)} must be > 0")
+    if gpu is not None and not gpu.get("latency", LATENCY) >= 0:
+        raise ValueError(f"the gpu's latency must be >= 0 seconds, not {gpu['latency']}")
+
+
+def data_parallel_costs(n_params, k, zero, m=1, acc="every", optimizer="adam", dtype_bytes=2):
+    """sharding_costs over k ranks with m micro-batches per step: "every" reduces the gradients
+    after each micro-batch (ZeRO-2: m reduce-scatters and one all-gather, (m + 1)/2 times DDP's
+    all-reduce; ZeRO-3: an all-gather in forward and in backward and a reduce-scatter per
+    micro-batch), "no_sync" keeps full gradients (ZeRO-3: and unsharded parameters) until one
+    reduction. Plain dp and ZeRO-1 hold full gradients anyway (DDP's no_sync)."""
+    if acc not in ACCUMULATION:
+        raise ValueError(f"acc must be one of {ACCUMULATION}, not {acc!r}")
+    z = dict(sharding_costs(n_params, k, zero, optimizer, dtype_bytes))
+    if zero in ("dp", "zero1") or m == 1:
+        return z
+    full, once = n_params * dtype_bytes, (k - 1) / k * n_params * dtype_bytes
+    if acc == "no_sync":
+        z["grads_bytes"] = full
+        if zero == "zero3":
+            z["params_bytes"] = full
+    elif zero == "zero2":
+        z["sent_bytes"] = (m + 1) * once
+    else:
+        z["sent_bytes"] = 3 * m * once
+    z["total_bytes"] = z["params_bytes"] + z["grads_bytes"] + z["optim_bytes"]
+    return z
 
 
 def _moe(model):
@@ -40,19 +78,21 @@ def _moe(model):
 
 
 def _stage_params(model, lay, r):
-    """Parameters one rank of pipeline stage r holds (its tensor-parallel and expert share)."""
+    """Parameters one rank of pipeline stage r holds (its tensor-parallel and expert share):
+    (dense, expert); an expert's are replicated on dp x cp / ep ranks only."""
     h, V, s = model["width"], model["vocab"], model["seq"]
     tp, ep, E = lay.get("tp", 1), lay.get("ep", 1), _moe(model)[0]
-    per_block = block_params(h, tp)
+    blocks = model["layers"] // lay.get("pp", 1)
+    dense, expert = blocks * block_params(h, tp), 0
     if E:   # the MLP (8 h^2 + 4 h split, h replicated) becomes E / ep experts and a router
         mlp = (8 * h * h + 4 * h) // tp + h
-        per_block += (E // ep - 1) * mlp + h * E + E
-    n = model["layers"] // lay.get("pp", 1) * per_block
+        dense += blocks * (h * E + E - mlp)
+        expert = blocks * (E // ep) * mlp
     if r == 0:
-        n += (V + s) * h
+        dense += (V + s) * h
     if r == lay.get("pp", 1) - 1:
-        n += 2 * h + h * V
-    return n
+        dense += 2 * h + h * V
+    return dense, expert
 
 
 def _active_params(model):
@@ -65,13 +105,16 @@ def _active_params(model):
 
 def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout=False):
     """Per pipeline stage (a list, stage 0 first), what one of its ranks holds and sends per
-    step: params, grads, optim, acts, memory (bytes) and bytes = {tp, pp, dp, cp, ep}.
-    `lay`: dp, tp, pp, cp, ep, zero (a stage of helpers.SHARDING_STAGES), recompute, m, sp."""
+    step: params, grads, optim, acts, memory (bytes), bytes = {tp, pp, dp, cp, ep} and the
+    messages along tp, pp, cp and ep (each pays the latency).
+    `lay`: dp, tp, pp, cp, ep, zero (a stage of helpers.SHARDING_STAGES), acc (ACCUMULATION),
+    recompute, m, sp."""
     check_model(model)
     h, a, s, V = (model[k] for k in ("width", "heads", "seq", "vocab"))
     b = dtype_bytes
     dp, tp, pp, cp, m = (lay.get(k, 1) for k in ("dp", "tp", "pp", "cp", "m"))
     ep, sp, rec = lay.get("ep", 1), lay.get("sp", False), lay.get("recompute", "none")
+    zero, acc = lay.get("zero", "dp"), lay.get("acc", "every")
     E, k, cf = _moe(model)
     rows = model["batch"] / (dp * m)                    # sequences per micro-batch
     tokens = rows * s / cp                              # tokens per micro-batch on one rank
@@ -80,10 +123,14 @@ def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout
     if E and rec != "full":                             # k x factor copies through the MLP
         per_token += (k * cf - 1) * 8 * h * b / tp
     full = activation_bytes_per_token(h, a, s, tp, sp, "none", b, flash, dropout)
+    again = rec != "none"           # recomputation runs attention's forward (its ring) again
     out = []
     for r in range(pp):
-        n = _stage_params(model, lay, r)
-        z = sharding_costs(n, dp * cp, lay.get("zero", "dp"), optimizer, b)
+        dense, expert = _stage_params(model, lay, r)
+        z = data_parallel_costs(dense, dp * cp, zero, m, acc, optimizer, b)
+        if expert:
+            ze = data_parallel_costs(expert, dp * cp // ep, zero, m, acc, optimizer, b)
+            z = {key: z[key] + ze[key] for key in z}
         live = min(pp - r, m)                           # 1F1B: micro-batches alive at the peak
         per_mb = blocks * tokens * per_token
         if r == 0:
@@ -93,36 +140,69 @@ def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout
         # full recomputation: one block's activations come back while its backward runs
         acts = live * per_mb + (tokens * full if rec == "full" else 0)
         act = tokens * h * b                            # one activation of a micro-batch
-        sent = dict(tp=4 * blocks * m * ring_allreduce_bytes(act, tp),   # f and g, both ways
-                    pp=m * act * ((r < pp - 1) + (r > 0)), dp=z["sent_bytes"],
-                    cp=blocks * m * ring_attention_bytes(tokens, h, cp, tp, b),
+        tp_calls = (6 if rec == "full" else 4) * blocks * m   # f and g, both ways (+ again)
+        ring = ring_attention_bytes(tokens, h, cp, tp, b)
+        ring_fwd = 2 * (cp - 1) * tokens * h // tp * b
+        pp_msgs = m * ((r < pp - 1) + (r > 0))
+        sent = dict(tp=tp_calls * ring_allreduce_bytes(act, tp), pp=pp_msgs * act,
+                    dp=z["sent_bytes"], cp=blocks * m * (ring + (ring_fwd if again else 0)),
                     ep=blocks * m * moe_dispatch_bytes(tokens, h // tp, E, k, cf, ep, b)
                     if E and ep > 1 else 0)
+        messages = dict(tp=tp_calls * 2 * (tp - 1), pp=pp_msgs,
+                        cp=blocks * m * (3 * (cp - 1) + 1 + ((cp - 1) if again else 0))
+                        if cp > 1 else 0,
+                        ep=4 * blocks * m * (ep - 1) if E else 0)
         mem = z["params_bytes"] + z["grads_bytes"] + z["optim_bytes"] + acts
         out.append(dict(stage=r, params=z["params_bytes"], grads=z["grads_bytes"],
                         optim=z["optim_bytes"], acts=acts, memory=mem, bytes=sent,
-                        n_params=n))
+                        messages=messages, n_params=dense + expert, tokens=tokens))
     return out
+
+
+def ring_exposed_seconds(tokens, model, lay, rate, link, latency, dtype_bytes=2):
+    """Seconds of one layer's ring attention (one micro-batch, forward and backward) that its
+    attention does not hide: each hop brings a K/V block (and, in backward, a gradient block)
+    while the rank computes attention on the block it holds; the hop costs latency plus bytes
+    over the link, the block's attention its FLOPs at `rate`. The last hop (the gradients home)
+    hides behind nothing; recomputation runs the forward ring again."""
+    cp, tp = lay.get("cp", 1), lay.get("tp", 1)
+    if cp == 1:
+        return 0.0
+    h, s = model["width"], model["seq"]
+    kv = 2 * tokens * h / tp * dtype_bytes              # one rank's K and V
+    t_f = 4 * h * s * tokens / (tp * cp) / rate          # scores and weighted sum, one block
+    hop = latency + kv / link
+    fwd = (cp - 1) * max(0.0, hop - t_f)
+    bwd = (cp - 1) * max(0.0, 2 * hop - 2 * t_f) + hop
+    return fwd * (2 if lay.get("recompute", "none") != "none" else 1) + bwd
 
 
 def layout_costs(model, gpu, lay, optimizer="adam", dtype_bytes=2, mfu=0.4, **kw):
     """One layout: the fullest rank's memory, the busiest rank's bytes, and the step time:
     compute (FLOPs at mfu x the GPU's FLOP/s, stretched by the pipeline bubble (m + pp - 1) / m)
-    plus the communication that cannot hide: tensor, pipeline and expert traffic in full, data
-    and context traffic beyond the compute they overlap."""
+    plus the communication that cannot hide: tensor, pipeline and expert traffic in full with a
+    latency per message, data traffic beyond the backward it overlaps, ring attention beyond
+    the attention each hop overlaps (ring_exposed_seconds)."""
     check_model(model, gpu)
     stages = stage_costs(model, lay, optimizer, dtype_bytes, **kw)
     dp, tp, pp, cp, m = (lay.get(k, 1) for k in ("dp", "tp", "pp", "cp", "m"))
     flops = train_flops_per_token(_active_params(model), model["layers"], model["width"],
                                   model["seq"], lay.get("recompute", "none"))
-    compute = flops * model["batch"] * model["seq"] / (dp * tp * pp * cp)
-    compute /= mfu * gpu["flops"]
-    busy = max(stages, key=lambda st: sum(st["bytes"].values()))["bytes"]
-    link = gpu["bandwidth"]
-    exposed = (busy["tp"] + busy["pp"] + busy["ep"]) / link
-    exposed += max(0.0, busy["dp"] / link - compute * 2 / 3)   # overlaps the backward
-    exposed += max(0.0, busy["cp"] / link - compute)
+    rate = mfu * gpu["flops"]
+    compute = flops * model["batch"] * model["seq"] / (dp * tp * pp * cp) / rate
+    link, latency = gpu["bandwidth"], gpu.get("latency", LATENCY)
+
+    def exposed_of(st):
+        sent, msgs = st["bytes"], st["messages"]
+        t = sum(sent[d] / link + msgs[d] * latency for d in ("tp", "pp", "ep"))
+        t += max(0.0, sent["dp"] / link - compute * 2 / 3)       # overlaps the backward
+        blocks = model["layers"] // pp
+        return t + blocks * m * ring_exposed_seconds(st["tokens"], model, lay, rate, link,
+                                                     latency, dtype_bytes)
+
+    exposed = max(exposed_of(st) for st in stages)
     seconds = compute * (m + pp - 1) / m + exposed
+    busy = max(stages, key=lambda st: sum(st["bytes"].values()))["bytes"]
     fullest = max(stages, key=lambda st: st["memory"])
     return dict(lay, memory=fullest["memory"], bytes=sum(busy.values()), seconds=seconds,
                 compute_s=compute, exposed_s=exposed, stages=stages,
@@ -137,7 +217,8 @@ def candidate_layouts(model, n_gpus, sp=True):
     """Every layout the model allows on n_gpus: dp x tp x pp x cp = n_gpus with tp dividing the
     heads and the width, pp the layers, 2 cp the sequence, dp the batch; ep dividing dp and
     the experts; micro-batches m a power of two dividing the batch per dp rank (at most 16);
-    each ZeRO stage (only "dp" without data parallelism) and each recomputation."""
+    each ZeRO stage (only "dp" without data parallelism), with ZeRO-2 and 3 and m > 1 both ways
+    of accumulating; and each recomputation."""
     check_model(model)
     E = _moe(model)[0]
     out = []
@@ -153,8 +234,13 @@ def candidate_layouts(model, n_gpus, sp=True):
         eps = [e for e in _divisors(dp) if E and E % e == 0] or [1]
         zeros = SHARDING_STAGES if dp * cp > 1 else ("dp",)
         for ep, m, zero, rec in itertools.product(eps, ms, zeros, RECOMPUTE):
-            out.append(dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=rec,
-                            m=m, sp=sp and tp > 1))
+            if zero in ("dp", "zero1"):
+                accs = ("no_sync",)
+            else:
+                accs = ACCUMULATION if m > 1 else ("every",)
+            for acc in accs:
+                out.append(dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, acc=acc,
+                                recompute=rec, m=m, sp=sp and tp > 1))
     return out
 
 
@@ -175,12 +261,12 @@ def plan(model, gpu, n_gpus, optimizer="adam", dtype_bytes=2, top=None, **kw):
 
 def format_plan(rows, gpu=None):
     """The plan as a text table, one layout a line."""
-    head = (f"{'dp':>3} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'ZeRO':>6} "
+    head = (f"{'dp':>3} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'ZeRO':>6} {'acc':>7} "
             f"{'recompute':>9} {'m':>3} {'GB/GPU':>8} {'step s':>8}")
     lines = [head]
     for r in rows:
         lines.append(f"{r['dp']:>3} {r['tp']:>3} {r['pp']:>3} {r['cp']:>3} {r['ep']:>3} "
-                     f"{r['zero']:>6} {r['recompute']:>9} {r['m']:>3} "
+                     f"{r['zero']:>6} {r['acc']:>7} {r['recompute']:>9} {r['m']:>3} "
                      f"{r['memory'] / 1e9:>8.2f} {r['seconds']:>8.3g}")
     if not rows:
         lines.append("no layout fits" + (f" in {gpu['memory'] / 1e9:.0f} GB" if gpu else ""))

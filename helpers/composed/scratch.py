@@ -8,26 +8,32 @@ Nothing here is new machinery; it is composition, in a fixed order:
    group (Megatron's f and g);
 4. data parallel: the stage wrapped in helpers.DDPFromScratch over the "dp" group, gradients
    accumulated over the micro-batches (no_sync) and all-reduced once per step.
+The same GPT with its sequence split over a "cp" group (`cp_gpt`: the zig-zag split, ring
+attention in every block, each block optionally recomputed in backward) is what the planner's
+other axes are checked on.
 """
-import time
-
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 # the course's pieces, composed
 from ..costs import ring_allreduce_bytes
 from ..data_parallel.scratch import DDPFromScratch
+from ..devices import synced_now
 from ..pipeline_parallel.schedules import one_f_one_b_rank_order
 from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
+from ..context_parallel.scratch import CPAttention, split_positions
 from ..runtime.comm import DistComm
 from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
-from .gpt import (MESH_DIMS, coords_of, gpt, gpt_batches, gpt_layers, gpt_loss, rank_grid,
-                  stage_cuts)
+from .gpt import (MESH_DIMS, GPTHead, check_data_split, coords_of, gpt, gpt_batches,
+                  gpt_layers, gpt_loss, rank_grid, stage_cuts)
 
-__all__ = ["new_groups", "build_stage", "train_3d_scratch", "one_process_run"]
+__all__ = ["new_groups", "build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
+           "CPBlock", "Recomputed", "cp_gpt"]
 
 
 def new_groups(shape, names=MESH_DIMS):
@@ -68,6 +74,7 @@ def train_3d_scratch(rank, world, cfg):
     pp, dp, tp = shape = tuple(cfg["shape"])
     if pp * dp * tp != world:
         raise ValueError(f"a {pp}x{dp}x{tp} mesh needs {pp * dp * tp} ranks, not {world}")
+    check_data_split(cfg["batch"], dp)
     groups = new_groups(shape)
     c = coords_of(rank, shape)
     tp_comm = DistComm(groups["tp"][0], device=cfg["device"])
@@ -75,7 +82,8 @@ def train_3d_scratch(rank, world, cfg):
     model_cfg = cfg["model"]
     net = gpt_layers(gpt(**model_cfg))
     cuts = stage_cuts(model_cfg["layers"], pp)
-    stage = build_stage(net, cuts, c["pp"], tp_comm)
+    device = cfg["device"]
+    stage = build_stage(net, cuts, c["pp"], tp_comm).to(device)
     model = DDPFromScratch(stage, group=groups["dp"][0])
     opt = _optimizer(model.parameters(), cfg)
     m, first, last = cfg.get("m", 2), c["pp"] == 0, c["pp"] == pp - 1
@@ -85,9 +93,9 @@ def train_3d_scratch(rank, world, cfg):
     batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])
     for X, y in batches:
         # copies, as a data loader gives them (a view would keep the whole data set alive)
-        Xl, yl = X.tensor_split(dp)[c["dp"]].clone(), y.tensor_split(dp)[c["dp"]].clone()
+        Xl, yl = (t.tensor_split(dp)[c["dp"]].clone().to(device) for t in (X, y))
         tp_comm.log, pp_comm.log = [], []
-        start = time.perf_counter()
+        start = synced_now(device)
         with model.no_sync():
             got = pipeline_rank_step(model, pp_comm, order, Xl if first else None,
                                      yl if last else None, m, len(Xl), in_shape,
@@ -96,10 +104,10 @@ def train_3d_scratch(rank, world, cfg):
             model.finish_gradient_synchronization()
         opt.step()
         opt.zero_grad()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(synced_now(device) - start)
         peak = max(peak, got["peak_bytes"])
         if last:
-            loss = torch.tensor(got["loss"])
+            loss = torch.tensor(got["loss"], device=device)
             dist.all_reduce(loss, group=groups["dp"][0])
             losses.append(float(loss) / dp)
     tp_bytes = sum(ring_allreduce_bytes(b, tp) for op, _, b in tp_comm.log if op == "all_reduce")
@@ -126,3 +134,53 @@ def one_process_run(cfg):
         opt.zero_grad()
         losses.append(float(loss.detach()))
     return losses, {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+class CPEmbed(nn.Module):
+    """Token plus position embeddings of this rank's tokens of the sequence (their global
+    positions, `positions`: not a buffer, which data parallelism would copy from rank 0)."""
+
+    def __init__(self, lm, positions):
+        super().__init__()
+        self.tok, self.pos, self.positions = lm.tok, lm.pos, positions
+
+    def forward(self, idx):
+        return self.tok(idx) + self.pos(self.positions.to(idx.device))
+
+
+class CPBlock(nn.Module):
+    """A SmallBlock on this rank's tokens (the same modules): its attention a ring over `comm`
+    (helpers.CPAttention); the norms and the MLP need no other token."""
+
+    def __init__(self, block, comm, layout="zigzag"):
+        super().__init__()
+        self.ln1, self.ln2, self.mlp = block.ln1, block.ln2, block.mlp
+        self.attn = CPAttention(block.attn, comm, layout)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Recomputed(nn.Module):
+    """`module` under activation recomputation: backward runs its forward again (its ring
+    included) instead of keeping what it saved; only its input is kept."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return checkpoint(self.module, x, use_reentrant=False)
+
+
+def cp_gpt(lm, comm, recompute="none", layout="zigzag"):
+    """The GPT (a gpt()) on this rank's tokens of a sequence split over `comm` by `layout`:
+    CPEmbed, its blocks as CPBlocks (each Recomputed with recompute="full"), GPTHead."""
+    if recompute not in ("none", "full"):
+        raise ValueError(f"recompute must be 'none' or 'full', not {recompute!r}")
+    pos = split_positions(lm.pos.num_embeddings, comm.world, comm.rank, layout)
+    blocks = [CPBlock(b, comm, layout) for b in lm.blocks]
+    if recompute == "full":
+        blocks = [Recomputed(b) for b in blocks]
+    return nn.Sequential(CPEmbed(lm, pos), *blocks, GPTHead(lm))

@@ -3,14 +3,15 @@
 (parallelize_module with the course's tp_plan) over "tp", then FSDP2 (fully_shard per layer
 and on the stage) over "dp", then torch.distributed.pipelining's Schedule1F1B over "pp"."""
 import logging
-import time
 
 import torch
 
+from ..devices import synced_now
 from ..pipeline_parallel.scratch import stage_of
 from ..tensor_parallel.torch_api import tp_plan
 from ..tiny_models import SmallBlock
-from .gpt import MESH_DIMS, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
+from .gpt import (MESH_DIMS, check_data_split, gpt, gpt_batches, gpt_layers, gpt_loss,
+                  stage_cuts)
 
 __all__ = ["train_3d_torch"]
 
@@ -34,6 +35,7 @@ def train_3d_torch(rank, world, cfg):
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     device, shape = cfg["device"], tuple(cfg["shape"])
     pp, dp, tp = shape
+    check_data_split(cfg["batch"], dp)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
     c = {name: mesh[name].get_local_rank() for name in MESH_DIMS}
     model_cfg = cfg["model"]
@@ -60,13 +62,13 @@ def train_3d_torch(rank, world, cfg):
     batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])
     for X, y in batches:
         Xl, yl = X.tensor_split(dp)[c["dp"]].to(device), y.tensor_split(dp)[c["dp"]].to(device)
-        start = time.perf_counter()
+        start = synced_now(device)
         got = []
         kw = dict(target=yl, losses=got) if last else {}
         schedule.step(*([Xl] if first else []), **kw)
         opt.step()
         opt.zero_grad()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(synced_now(device) - start)
         if last:
             loss = torch.stack([g.detach() for g in got]).sum()
             torch.distributed.all_reduce(loss, group=mesh["dp"].get_group())

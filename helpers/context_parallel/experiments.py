@@ -1,21 +1,24 @@
 """Part VII, context parallelism: the chapter's runs, `fn(rank, world, cfg) -> result` for
-helpers.launch. Every rank builds the same global tensors from cfg["seed"] and keeps its
-share of the sequence, so each result can be set beside the unsplit computation."""
+helpers.launch. Every rank builds the same global tensors from cfg["seed"], moves them to its
+device and keeps its share of the sequence, so each result can be set beside the unsplit
+computation. Results come back on the CPU."""
 import torch
 
 from ..runtime.comm import DistComm
 from ..tiny_models import SmallAttention
-from .scratch import CPAttention, attention_reference, ring_attention, shard_sequence
-from .torch_api import torch_context_parallel
+from .scratch import (CPAttention, RingCensus, attention_reference, ring_attention,
+                      shard_sequence)
+from .torch_api import ROTATE_METHODS, context_parallel_status, torch_context_parallel
+from .ulysses import ulysses_attention
 
-__all__ = ["qkv_inputs", "autograd_saved_bytes", "cp_attention_run", "cp_activation_memory",
-           "cp_torch_run", "cp_chapter"]
+__all__ = ["qkv_inputs", "autograd_saved_bytes", "cp_attention_run", "cp_ulysses_run",
+           "cp_activation_memory", "cp_torch_run", "cp_chapter"]
 
 
-def qkv_inputs(B, H, T, D, seed=0):
+def qkv_inputs(B, H, T, D, seed=0, device="cpu"):
     """q, k, v and an output gradient, each (B, H, T, D), the same on every rank."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, T, D, generator=g) for _ in range(4)]
+    return [torch.randn(B, H, T, D, generator=g).to(device) for _ in range(4)]
 
 
 def autograd_saved_bytes(fn, params=()):
@@ -37,40 +40,71 @@ def autograd_saved_bytes(fn, params=()):
     return total[0], out
 
 
+def _cpu(t):
+    return t.detach().cpu().clone()
+
+
 def cp_attention_run(rank, world, cfg):
     """Ring attention (causal or not) on this rank's tokens for each layout in cfg["layouts"]:
-    its output and q/k/v gradients, the scores it computed per block, the bytes it sent forward
-    and backward, and the calls. cfg: B, H, T, D, causal, layouts, seed."""
-    comm = DistComm(device=cfg["device"])
-    q, k, v, g = qkv_inputs(cfg["B"], cfg["H"], cfg["T"], cfg["D"], cfg.get("seed", 0))
+    its output and q/k/v gradients, the blocks it computed (ring_attention's stats: products
+    formed and useful, per step, forward and backward), the bytes it sent forward and backward,
+    the sends, and the most K/V blocks' worth of point-to-point buffers alive at once in
+    forward and in backward (RingCensus; a K/V block: this rank's keys and values).
+    cfg: B, H, T, D, causal, layouts, seed."""
+    device = cfg["device"]
+    comm = DistComm(device=device)
+    q, k, v, g = qkv_inputs(cfg["B"], cfg["H"], cfg["T"], cfg["D"], cfg.get("seed", 0), device)
     results = {}
     for layout in cfg.get("layouts", ("zigzag",)):
         ql, kl, vl = (shard_sequence(t, world, rank, layout).requires_grad_() for t in (q, k, v))
+        gl = shard_sequence(g, world, rank, layout)
+        block = 2 * kl.numel() * kl.element_size()
         stats = []
         comm.log = []
-        out = ring_attention(ql, kl, vl, comm, cfg.get("causal", True), layout, stats)
-        fwd = comm.bytes_sent()
-        out.backward(shard_sequence(g, world, rank, layout))
-        results[layout] = dict(out=out.detach(), dq=ql.grad, dk=kl.grad, dv=vl.grad,
-                               work=stats, fwd_bytes=fwd, bwd_bytes=comm.bytes_sent() - fwd,
-                               sends=comm.calls("send"))
+        with RingCensus(block) as fwd_census:
+            out = ring_attention(ql, kl, vl, comm, cfg.get("causal", True), layout, stats)
+        fwd = comm.bytes_sent("send")
+        with RingCensus(block) as bwd_census:
+            out.backward(gl)
+        results[layout] = dict(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad),
+                               dv=_cpu(vl.grad), blocks=stats, fwd_bytes=fwd,
+                               bwd_bytes=comm.bytes_sent("send") - fwd,
+                               sends=comm.calls("send"), live_fwd=fwd_census.peak_blocks,
+                               live_bwd=bwd_census.peak_blocks)
     return results
+
+
+def cp_ulysses_run(rank, world, cfg):
+    """All-to-all (Ulysses) attention on this rank's tokens (contiguous split): its output and
+    q/k/v gradients and the bytes its all-to-alls sent, beside the ring's bytes on the same
+    tokens. cfg: B, H, T, D, causal, seed."""
+    device = cfg["device"]
+    comm = DistComm(device=device)
+    q, k, v, g = qkv_inputs(cfg["B"], cfg["H"], cfg["T"], cfg["D"], cfg.get("seed", 0), device)
+    ql, kl, vl = (shard_sequence(t, world, rank, "contiguous").requires_grad_()
+                  for t in (q, k, v))
+    comm.log = []
+    out = ulysses_attention(ql, kl, vl, comm, cfg.get("causal", True))
+    out.backward(shard_sequence(g, world, rank, "contiguous"))
+    return dict(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad), dv=_cpu(vl.grad),
+                bytes=comm.bytes_sent("all_to_all"), calls=comm.calls("all_to_all"))
 
 
 def cp_activation_memory(rank, world, cfg):
     """Bytes saved for backward by one causal attention layer (projections and ring attention)
-    on this rank's tokens, for each sequence length in cfg["seqs"]; also whether its output and
-    gradients equal the unsplit layer's (max differences; rank 0 checks the whole sequence).
+    on this rank's tokens, for each sequence length in cfg["seqs"]; also how far its output and
+    gradients are from the unsplit layer's (the weights' gradients summed over the ranks).
     cfg: width, heads, batch, seqs, seed."""
-    comm = DistComm(device=cfg["device"])
+    device = cfg["device"]
+    comm = DistComm(device=device)
     torch.manual_seed(cfg.get("seed", 0))
-    attn = SmallAttention(cfg["width"], cfg["heads"])
+    attn = SmallAttention(cfg["width"], cfg["heads"]).to(device)
     layer = CPAttention(attn, comm)
     rows = []
     for T in cfg["seqs"]:
         g = torch.Generator().manual_seed(T)
-        X = torch.randn(cfg["batch"], T, cfg["width"], generator=g)
-        R = torch.randn(cfg["batch"], T, cfg["width"], generator=g)
+        X = torch.randn(cfg["batch"], T, cfg["width"], generator=g).to(device)
+        R = torch.randn(cfg["batch"], T, cfg["width"], generator=g).to(device)
         attn.zero_grad()
         Xl = shard_sequence(X, world, rank, dim=1).requires_grad_()
         nbytes, out = autograd_saved_bytes(lambda: layer(Xl), attn.parameters())
@@ -100,32 +134,42 @@ def attn_ref_grads(attn, X, R):
 
 
 def cp_torch_run(rank, world, cfg):
-    """torch's context_parallel on a SmallAttention layer, against the unsplit layer on the same
-    input. Returns dict(ran, error, torch_version, device, max_diff (when it ran))."""
+    """torch's context_parallel on a SmallAttention layer, with each rotate method, against the
+    unsplit layer on the same input (the weights' gradients summed over the ranks). Runs only
+    on CUDA (context_parallel_status); elsewhere it says why. Returns dict(torch_version,
+    device, world, runs: {rotate: dict(ran, error, max_diff (when it ran))})."""
     from torch.distributed.device_mesh import init_device_mesh
     device = cfg["device"]
+    out = dict(torch_version=torch.__version__, device=str(device), world=world, runs={})
+    ok, reason = context_parallel_status(device)
+    if not ok:
+        out["runs"] = {m: dict(ran=False, error=reason) for m in ROTATE_METHODS}
+        return out
     torch.manual_seed(cfg.get("seed", 0))
     attn = SmallAttention(cfg["width"], cfg["heads"]).to(device)
     g = torch.Generator().manual_seed(1)
     X = torch.randn(cfg["batch"], cfg["T"], cfg["width"], generator=g).to(device)
     R = torch.randn(cfg["batch"], cfg["T"], cfg["width"], generator=g).to(device)
-    out = dict(torch_version=torch.__version__, device=str(device))
     mesh = init_device_mesh(device.type, (world,))
-    got = torch_context_parallel(attn, X, mesh, R)
-    out.update(ran=got["ran"], error=got["error"])
-    if got["ran"]:   # the weights' gradients summed over the ranks: the whole sequence's
-        ref = attn_ref_grads(attn, X, R)
-        grads = [got["grads"][n].to(device) for n, _ in attn.named_parameters()]
-        for t in grads:
-            torch.distributed.all_reduce(t)
-        out["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(grads, ref["grads"]))
+    ref = attn_ref_grads(attn, X, R)
+    for rotate in ROTATE_METHODS:
+        attn.zero_grad()
+        got = torch_context_parallel(attn, X, mesh, R, rotate)
+        run = dict(ran=got["ran"], error=got["error"])
+        if got["ran"]:   # the weights' gradients summed over the ranks: the whole sequence's
+            grads = [got["grads"][n].to(device) for n, _ in attn.named_parameters()]
+            for t in grads:
+                torch.distributed.all_reduce(t)
+            run["max_diff"] = max(float((a - b).abs().max())
+                                  for a, b in zip(grads, ref["grads"]))
+        out["runs"][rotate] = run
     return out
 
 
 def cp_chapter(rank, world, cfg):
-    """The chapter's three runs in one launch (starting processes is the slow part on a CPU):
-    cfg["attention"], cfg["memory"], cfg["torch"] are the cfgs of the runs above."""
+    """The chapter's runs in one launch (starting processes is the slow part on a CPU):
+    cfg["attention"], cfg["ulysses"], cfg["memory"] are the cfgs of the runs above."""
     device = dict(device=cfg["device"])
     return dict(attention=cp_attention_run(rank, world, dict(cfg["attention"], **device)),
-                memory=cp_activation_memory(rank, world, dict(cfg["memory"], **device)),
-                torch=cp_torch_run(rank, world, dict(cfg["torch"], **device)))
+                ulysses=cp_ulysses_run(rank, world, dict(cfg["ulysses"], **device)),
+                memory=cp_activation_memory(rank, world, dict(cfg["memory"], **device)))

@@ -4,20 +4,34 @@ from rank - 1), so after `world` steps every query has seen every key without an
 holding the whole sequence. The blocks are combined with the online softmax (a running max and
 a running sum per query), exactly as flash attention combines the tiles of one GPU.
 
-Causal attention over a contiguous split is lopsided (rank 0's queries see one block, the last
-rank's see all of them); the zig-zag split gives rank r the chunks r and 2 world - 1 - r of
-2 world equal chunks, so every rank computes the same amount.
+Causal attention skips what the mask hides: of each block a rank computes only the query rows
+that see some key and the key columns some query sees (`causal_block`). Over a contiguous split
+that leaves rank 0 one block and the last rank all of them; the zig-zag split gives rank r the
+chunks r and 2 world - 1 - r of 2 world equal chunks, so that every block after the first is
+half a block (torch's templated ring attention uses the same rule) and every rank forms
+(world + 1) / (2 world) of the contiguous last rank's products.
+
+Each step posts its send and its receive together (`ring_pass`: torch's batch_isend_irecv),
+computes, and then waits for both: the next block arrives while this one is computed, and a
+block a rank has passed on is freed at once, so a rank holds its own K/V block, the one it
+computes on and the one arriving, never the whole sequence (`RingCensus` counts them).
 Works over any comm with send/recv (helpers.DistComm across processes, ThreadComm in checks).
 """
 import math
-
 import torch
+import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ..runtime.comm import DistComm
 
 __all__ = ["split_positions", "shard_sequence", "unshard_sequence", "attention_reference",
-           "block_attention", "merge_blocks", "ring_attention", "RingAttention",
-           "block_work", "CPAttention"]
+           "block_attention", "merge_blocks", "causal_block", "ring_pass", "ring_attention",
+           "RingAttention", "check_ranks_agree", "block_work", "RingCensus", "CPAttention"]
 
 LAYOUTS = ("contiguous", "zigzag")
+_TAG = 100          # the ring's message tags start here: forward 2 per step, backward 4
 
 
 def split_positions(T, world, rank, layout="zigzag"):
@@ -36,7 +50,7 @@ def split_positions(T, world, rank, layout="zigzag"):
 
 def shard_sequence(x, world, rank, layout="zigzag", dim=-2):
     """Rank `rank`'s tokens of x (its sequence along `dim`), in the order of split_positions."""
-    return x.index_select(dim, split_positions(x.shape[dim], world, rank, layout))
+    return x.index_select(dim, split_positions(x.shape[dim], world, rank, layout).to(x.device))
 
 
 def unshard_sequence(parts, layout="zigzag", dim=-2):
@@ -44,7 +58,7 @@ def unshard_sequence(parts, layout="zigzag", dim=-2):
     world = len(parts)
     T = sum(p.shape[dim] for p in parts)
     pos = torch.cat([split_positions(T, world, r, layout) for r in range(world)])
-    return torch.cat(parts, dim).index_select(dim, torch.argsort(pos))
+    return torch.cat(parts, dim).index_select(dim, torch.argsort(pos).to(parts[0].device))
 
 
 def attention_reference(q, k, v, causal=False):
@@ -59,6 +73,22 @@ def attention_reference(q, k, v, causal=False):
 
 def _mask(q_pos, k_pos):
     return k_pos[None, :] <= q_pos[:, None]          # query i sees keys at or before it
+
+
+def causal_block(q_pos, k_pos, causal=True):
+    """What of one block a rank computes: (first query row, key columns, mask). Positions are
+    sorted, so the queries that see some key are a tail of the rows, the keys that some query
+    sees a head of the columns: the rank forms the products q[first:] x k[:cols] only (none
+    when cols == 0 or first == len(q_pos)); mask: which of those pairs the causal mask keeps,
+    None when it keeps them all."""
+    if not causal:
+        return 0, len(k_pos), None
+    cols = int((k_pos <= q_pos.max()).sum())
+    first = int((q_pos < k_pos.min()).sum())
+    if cols == 0 or first == len(q_pos):
+        return len(q_pos), 0, None
+    mask = _mask(q_pos[first:], k_pos[:cols])
+    return first, cols, None if bool(mask.all()) else mask
 
 
 def block_attention(q, k, v, mask=None):
@@ -82,41 +112,92 @@ def merge_blocks(acc, m, l, acc_b, m_b, l_b):
     return acc * a[..., None] + acc_b * b[..., None], m_new, l * a + l_b * b
 
 
+class _Hop:
+    """One posted ring step: wait() finishes it and returns what arrived; what was sent is let
+    go then (its buffers die with the last reference)."""
+
+    def __init__(self, works, got, sent=None, recv=None):
+        self.works, self.got, self.sent, self.recv = works, got, sent, recv
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        got = self.got if self.recv is None else [rcv() for rcv in self.recv]
+        self.works = self.got = self.sent = self.recv = None
+        return got
+
+
+def ring_pass(comm, tensors, tag):
+    """Post one hop of the ring: each tensor to rank + 1 and one of the same shape from
+    rank - 1, sends and receives together (torch.distributed.batch_isend_irecv on a DistComm;
+    a ThreadComm's send never blocks, its receive waits in wait()). Returns the hop; its
+    wait() returns the received tensors."""
+    w, r = comm.world, comm.rank
+    nxt, prv = (r + 1) % w, (r - 1) % w
+    tensors = [t.detach().contiguous() for t in tensors]
+    if isinstance(comm, DistComm):
+        glob = (lambda j: j) if comm.group is None else (                       # noqa: E731
+            lambda j: dist.get_global_rank(comm.group, j))
+        got = [torch.empty_like(t) for t in tensors]
+        ops = []
+        for i, (t, buf) in enumerate(zip(tensors, got)):
+            ops.append(dist.P2POp(dist.irecv, buf, glob(prv), comm.group, tag + i))
+            ops.append(dist.P2POp(dist.isend, t, glob(nxt), comm.group, tag + i))
+            comm.traffic.record("send", t.numel() * t.element_size(), r, nxt)
+        return _Hop(dist.batch_isend_irecv(ops), got, sent=tensors)
+    for i, t in enumerate(tensors):
+        comm.send(t, nxt, tag=tag + i)
+    recv = [lambda i=i, t=t: comm.recv(prv, t.shape, tag=tag + i, dtype=t.dtype)
+            for i, t in enumerate(tensors)]
+    return _Hop([], None, recv=recv)
+
+
 def _positions(comm, T_local, layout):
     T = T_local * comm.world
     return [split_positions(T, comm.world, r, layout) for r in range(comm.world)]
 
 
+def _record(stats, phase, step, src, rows, cols, mask):
+    if stats is not None:
+        stats.append(dict(phase=phase, step=step, src=src, rows=rows, cols=cols,
+                          products=rows * cols,
+                          useful=rows * cols if mask is None else int(mask.sum())))
+
+
 class RingAttention(torch.autograd.Function):
     """Forward: world steps; at step i this rank holds the K/V block of rank (rank - i) % world,
-    sends it on to rank + 1 and receives the next from rank - 1. Backward: the same ring, with the
-    key and value gradients travelling beside their block; one last hop takes them home."""
+    posts its send to rank + 1 and the receive of the next from rank - 1, computes the part of
+    the block the mask leaves (causal_block) and waits. Backward: the same ring; the unchanged
+    K/V go on before the compute, their gradients after it, and one last hop takes the
+    gradients home."""
 
     @staticmethod
     def forward(ctx, q, k, v, comm, causal, layout, stats):
         r, w = comm.rank, comm.world
         pos = _positions(comm, q.shape[-2], layout)
+        q, k, v = (t.detach().contiguous() for t in (q, k, v))
         acc = m = l = None
-        kb, vb = k.detach(), v.detach()
+        kv = (k, v)
         for i in range(w):
             src = (r - i) % w
-            if i < w - 1:                      # post the send first: it overlaps the compute
-                comm.send(kb, (r + 1) % w, tag=100 + 2 * i)
-                comm.send(vb, (r + 1) % w, tag=101 + 2 * i)
-            mask = _mask(pos[r], pos[src]) if causal else None
-            if mask is None or mask.any():
-                blk = block_attention(q.detach(), kb, vb, mask)
-                acc, m, l = blk if acc is None else merge_blocks(acc, m, l, *blk)
-                if stats is not None:
-                    stats.append(int(mask.sum()) if mask is not None else kb.shape[-2] ** 2)
-            if i < w - 1:
-                kb = comm.recv((r - 1) % w, k.shape, tag=100 + 2 * i, dtype=k.dtype)
-                vb = comm.recv((r - 1) % w, v.shape, tag=101 + 2 * i, dtype=v.dtype)
-        comm.wait()
+            hop = ring_pass(comm, kv, _TAG + 2 * i) if i < w - 1 else None
+            first, cols, mask = causal_block(pos[r].to(q.device), pos[src].to(q.device), causal)
+            if cols:
+                blk = block_attention(q[..., first:, :], kv[0][..., :cols, :],
+                                      kv[1][..., :cols, :], mask)
+                if acc is None:               # step 0: its own block, every query sees a key
+                    acc, m, l = blk
+                else:
+                    acc[..., first:, :], m[..., first:], l[..., first:] = merge_blocks(
+                        acc[..., first:, :], m[..., first:], l[..., first:], *blk)
+                _record(stats, "forward", i, src, q.shape[-2] - first, cols, mask)
+            if hop is not None:
+                kv = hop.wait()              # the block passed on is let go here
+        del kv
         out = acc / l[..., None]
         lse = m + torch.log(l)                 # log of the softmax denominator, per query
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.comm, ctx.causal, ctx.pos = comm, causal, pos
+        ctx.comm, ctx.causal, ctx.pos, ctx.stats = comm, causal, pos, stats
         return out
 
     @staticmethod
@@ -124,51 +205,120 @@ class RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         comm, r, w, pos = ctx.comm, ctx.comm.rank, ctx.comm.world, ctx.pos
         scale = 1 / math.sqrt(q.shape[-1])
+        d_out = d_out.contiguous()
         D = (d_out * out).sum(-1, keepdim=True)          # rowsum(dO * O) of softmax's backward
         dq = torch.zeros_like(q)
-        kb, vb, dkb, dvb = k, v, torch.zeros_like(k), torch.zeros_like(v)
+        kv, dkv = (k, v), (torch.zeros_like(k), torch.zeros_like(v))
         for i in range(w):
             src = (r - i) % w
-            mask = _mask(pos[r], pos[src]) if ctx.causal else None
-            if mask is None or mask.any():
-                s = q @ kb.transpose(-2, -1) * scale
+            hop = ring_pass(comm, kv, _TAG + 2 * w + 4 * i) if i < w - 1 else None  # K/V first
+            first, cols, mask = causal_block(pos[r].to(q.device), pos[src].to(q.device),
+                                             ctx.causal)
+            if cols:
+                kb, vb = kv[0][..., :cols, :], kv[1][..., :cols, :]
+                s = q[..., first:, :] @ kb.transpose(-2, -1) * scale
                 if mask is not None:
                     s = s.masked_fill(~mask, float("-inf"))
-                p = torch.exp(s - lse[..., None])             # the softmax, recomputed
-                dvb = dvb + p.transpose(-2, -1) @ d_out
-                ds = p * (d_out @ vb.transpose(-2, -1) - D)
-                dq = dq + ds @ kb * scale
-                dkb = dkb + ds.transpose(-2, -1) @ q * scale
-            blocks = (kb, vb, dkb, dvb) if i < w - 1 else (dkb, dvb)
-            for j, t in enumerate(blocks):                    # on to rank + 1; the last hop
-                comm.send(t, (r + 1) % w, tag=200 + 4 * i + j)   # carries the gradients home
-            got = [comm.recv((r - 1) % w, t.shape, tag=200 + 4 * i + j, dtype=t.dtype)
-                   for j, t in enumerate(blocks)]
-            if i < w - 1:
-                kb, vb, dkb, dvb = got
-            else:
-                dk, dv = got
-        comm.wait()
-        return dq, dk, dv, None, None, None, None
+                p = torch.exp(s - lse[..., first:, None])    # the softmax, recomputed
+                do = d_out[..., first:, :]
+                dkv[1][..., :cols, :] += p.transpose(-2, -1) @ do
+                ds = p * (do @ vb.transpose(-2, -1) - D[..., first:, :])
+                dq[..., first:, :] += ds @ kb * scale
+                dkv[0][..., :cols, :] += ds.transpose(-2, -1) @ q[..., first:, :] * scale
+                _record(ctx.stats, "backward", i, src, q.shape[-2] - first, cols, mask)
+                del kb, vb, s, p, ds
+            if hop is not None:
+                kv = hop.wait()
+            # this block's gradient on to rank + 1 (the last hop carries it home)
+            dkv = ring_pass(comm, dkv, _TAG + 2 * w + 4 * i + 2).wait()
+        return dq, dkv[0], dkv[1], None, None, None, None
+
+
+def check_ranks_agree(comm, q, k, v):
+    """Refuse, on every rank at once and before any block travels, shapes the ring cannot pass
+    around: q, k, v of different shapes on a rank, or different shapes (token counts) between
+    ranks. One all-gather of 4 integers."""
+    if not q.shape == k.shape == v.shape or q.dim() != 4:
+        raise ValueError(f"ring attention takes q, k, v of one shape (B, H, tokens, D) on a rank; "
+                         f"rank {comm.rank} has {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if not hasattr(comm, "all_gather"):      # a comm of sends only: the shapes travel with them
+        return
+    mine = torch.tensor([list(q.shape)], device=q.device)
+    got = [tuple(s) for s in comm.all_gather(mine, dim=0).tolist()]
+    if len(set(got)) > 1:
+        held = ", ".join(f"rank {r}: {s[2]}" for r, s in enumerate(got))
+        raise ValueError(f"ring attention needs the same number of tokens (and B, H, D) on "
+                         f"every rank; the ranks hold {held} tokens (shapes {got}): split the "
+                         f"sequence with helpers.shard_sequence")
 
 
 def ring_attention(q, k, v, comm, causal=False, layout="zigzag", stats=None):
     """Attention of this rank's queries over the whole sequence, whose tokens are split over the
     ranks of `comm` by `layout` (q, k, v: this rank's (B, H, T / world, D)). Differentiable.
-    `stats`, a list, receives the number of scores this rank computed per block."""
+    `stats`, a list, receives one dict per block computed, forward and backward: phase, step,
+    src (whose block), rows x cols of it, products formed (rows x cols per batch and head) and
+    useful (the pairs the mask keeps)."""
     if comm.world == 1:
         return attention_reference(q, k, v, causal)
+    check_ranks_agree(comm, q, k, v)
     return RingAttention.apply(q, k, v, comm, causal, layout, stats)
 
 
-def block_work(T, world, layout, causal=True):
-    """Scores each rank computes for a sequence of T (the unmasked query-key pairs it sees)."""
+def block_work(T, world, layout, causal=True, useful=False):
+    """Per rank, the query x key products its ring forward forms for a sequence of T (useful=True:
+    only the pairs the causal mask keeps), by the rule of causal_block."""
+    pos = [split_positions(T, world, r, layout) for r in range(world)]
     work = []
     for r in range(world):
-        q = split_positions(T, world, r, layout)
-        work.append(sum(int(_mask(q, split_positions(T, world, s, layout)).sum()) if causal
-                        else len(q) ** 2 for s in range(world)))
+        total = 0
+        for s in range(world):
+            first, cols, mask = causal_block(pos[r], pos[s], causal)
+            n = (len(pos[r]) - first) * cols
+            total += int(mask.sum()) if useful and mask is not None else n
+        work.append(total)
     return work
+
+
+class RingCensus(TorchDispatchMode):
+    """with RingCensus(block_bytes) as c: ...  ->  c.peak: the most bytes of point-to-point
+    buffers alive at once on this rank, c.peak_blocks: the same in blocks of block_bytes.
+    It watches torch.distributed's send and receive operations from below (a dispatch mode),
+    and follows each storage they touch, whoever refers to it, until the storage is freed, as an
+    allocator would (checked at every operation); what the ring's code says it holds plays no
+    part. Processes only (a ThreadComm sends no such operation)."""
+
+    P2P = ("c10d.send", "c10d.recv_", "c10d.recv_any_source_")
+
+    def __init__(self, block_bytes):
+        super().__init__()
+        self.block_bytes, self.now, self.peak, self._live = block_bytes, 0, 0, {}
+
+    @property
+    def peak_blocks(self):
+        return self.peak / self.block_bytes
+
+    def _sweep(self):
+        for key, (ref, nbytes) in list(self._live.items()):
+            if ref.expired():
+                del self._live[key]
+                self.now -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._sweep()
+        if str(func.overloadpacket) in self.P2P:
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    if st.data_ptr() not in self._live:
+                        self._live[st.data_ptr()] = (StorageWeakRef(st), st.nbytes())
+                        self.now += st.nbytes()
+            self.peak = max(self.peak, self.now)
+        return func(*args, **(kwargs or {}))
+
+    def __exit__(self, *exc):
+        self._sweep()
+        return super().__exit__(*exc)
 
 
 class CPAttention(torch.nn.Module):

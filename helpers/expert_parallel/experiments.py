@@ -1,53 +1,69 @@
 """Part VII, expert parallelism: the chapter's runs, `fn(rank, world, cfg) -> result` for
-helpers.launch. Every rank builds the same MoE and the same global tokens from the seeds
-and keeps its group of tokens and its experts."""
-import time
-
+helpers.launch. Every rank builds the same MoE and the same global tokens from the seeds, on
+its device, and keeps its group of tokens and its experts; results come back on the CPU."""
 import torch
 
+from ..devices import synced_now
 from ..runtime.comm import DistComm
 from .moe import MoE, moe_inputs
 from .scratch import ExpertParallelMoE
+from .torch_api import EPMoE, ep_dp_mesh
 
-__all__ = ["moe_step", "ep_equal_run", "ep_imbalance_run", "ep_chapter"]
+__all__ = ["moe_step", "ep_equal_run", "ep_imbalance_run", "ep_production_run", "ep_chapter"]
 
-AUX = 0.01   # weight of the load-balancing loss in the training loss
+AUX = 0.01      # weight of the load-balancing loss in the training loss
+Z_LOSS = 0.001  # weight of the router z-loss
+
+
+def _cpu(t):
+    return t.detach().cpu().clone()
 
 
 def moe_step(ep, comm, X, R):
     """Forward and backward of this rank's tokens (the loss: sum(y * R) over every token plus
-    AUX x the mean of the ranks' balancing losses); the router's gradient summed over the
-    ranks. Returns y, the input's gradient, the gradients this rank holds and aux."""
+    AUX x the mean of the ranks' balancing losses and Z_LOSS x that of their z-losses); the
+    router's (and a shared expert's) gradient summed over the ranks. Returns y, the input's
+    gradient, the gradients this rank holds and aux."""
     x = X.clone().requires_grad_()
     y, aux = ep(x)
-    ((y * R).sum() + AUX * aux["loss"] / comm.world).backward()
-    for p in ep.router.parameters():
+    ((y * R).sum() + (AUX * aux["loss"] + Z_LOSS * aux["z_loss"]) / comm.world).backward()
+    dense = [*ep.router.parameters(), *(ep.shared.parameters() if ep.shared is not None else ())]
+    for p in dense:
         comm.all_reduce(p.grad)
     return y.detach(), x.grad, aux
+
+
+def _dense_grads(ep):
+    grads = {"router." + n: _cpu(p.grad) for n, p in ep.router.named_parameters()}
+    if ep.shared is not None:
+        grads.update({"shared." + n: _cpu(p.grad) for n, p in ep.shared.named_parameters()})
+    return grads
 
 
 def ep_equal_run(rank, world, cfg):
     """For each capacity factor in cfg["factors"] (None: dropless): this rank's output, input
     gradient, gradients (named as in the unsplit MoE), dropped choices, the bytes its
     all-to-alls sent in forward and in backward. cfg: moe (MoE kwargs), tokens, seed."""
-    comm = DistComm(device=cfg["device"])
-    X, R = moe_inputs(cfg["tokens"], cfg["moe"]["width"], cfg.get("seed", 0))
+    device = cfg["device"]
+    comm = DistComm(device=device)
+    X, R = (t.to(device) for t in moe_inputs(cfg["tokens"], cfg["moe"]["width"],
+                                             cfg.get("seed", 0)))
     Xl, Rl = X.chunk(world)[rank], R.chunk(world)[rank]
     out = []
     for factor in cfg["factors"]:
-        moe = MoE(**dict(cfg["moe"], capacity_factor=factor))
+        moe = MoE(**dict(cfg["moe"], capacity_factor=factor)).to(device)
         ep = ExpertParallelMoE(moe, comm)
         comm.log = []
         y, x_grad, aux = moe_step(ep, comm, Xl, Rl)
         first = rank * ep.local
-        mine = {f"experts.{first + i}." + n: p.grad for i, e in enumerate(ep.experts)
+        mine = {f"experts.{first + i}." + n: _cpu(p.grad) for i, e in enumerate(ep.experts)
                 for n, p in e.named_parameters()}
-        mine.update({"router." + n: p.grad for n, p in ep.router.named_parameters()})
+        mine.update(_dense_grads(ep))
         total = sum(b for op, _, b in comm.log if op == "all_to_all")
-        out.append(dict(factor=factor, y=y, x_grad=x_grad, grads=mine, dropped=aux["dropped"],
-                        aux_loss=float(aux["loss"].detach()), fwd_bytes=aux["sent_bytes"],
-                        bwd_bytes=total - aux["sent_bytes"], tokens=len(Xl),
-                        received=aux["received"].tolist()))
+        out.append(dict(factor=factor, y=_cpu(y), x_grad=_cpu(x_grad), grads=mine,
+                        dropped=aux["dropped"], aux_loss=float(aux["loss"].detach()),
+                        fwd_bytes=aux["sent_bytes"], bwd_bytes=total - aux["sent_bytes"],
+                        tokens=len(Xl), received=aux["received"].tolist()))
     return out
 
 
@@ -55,14 +71,16 @@ def ep_imbalance_run(rank, world, cfg):
     """The router pushed towards expert 0 (its bias raised by each value of cfg["skews"]): for
     each skew and each capacity factor in cfg["factors"], this rank's dropped choices, the real
     tokens its experts computed, the bytes it sent forward, its balancing loss and the seconds
-    its experts took (median of cfg["repeats"]). cfg: moe, tokens, seed."""
-    comm = DistComm(device=cfg["device"])
-    X, R = moe_inputs(cfg["tokens"], cfg["moe"]["width"], cfg.get("seed", 0))
-    Xl = X.chunk(world)[rank]
+    its forward took (median of cfg["repeats"], read with helpers.synced_now). cfg: moe,
+    tokens, seed."""
+    device = cfg["device"]
+    comm = DistComm(device=device)
+    X, _ = moe_inputs(cfg["tokens"], cfg["moe"]["width"], cfg.get("seed", 0))
+    Xl = X.chunk(world)[rank].to(device)
     rows = []
     for skew in cfg["skews"]:
         for factor in cfg["factors"]:
-            moe = MoE(**dict(cfg["moe"], capacity_factor=factor))
+            moe = MoE(**dict(cfg["moe"], capacity_factor=factor)).to(device)
             with torch.no_grad():
                 moe.router.bias[0] += skew
             ep = ExpertParallelMoE(moe, comm)
@@ -70,9 +88,9 @@ def ep_imbalance_run(rank, world, cfg):
             with torch.no_grad():
                 for _ in range(cfg.get("repeats", 3)):
                     torch.distributed.barrier()
-                    start = time.perf_counter()
+                    start = synced_now(device)
                     _, aux = ep(Xl)
-                    times.append(time.perf_counter() - start)
+                    times.append(synced_now(device) - start)
             rows.append(dict(skew=skew, factor=factor, dropped=aux["dropped"],
                              choices=len(Xl) * moe.k, received=int(aux["received"].sum()),
                              sent_bytes=aux["sent_bytes"], aux_loss=float(aux["loss"].detach()),
@@ -80,8 +98,40 @@ def ep_imbalance_run(rank, world, cfg):
     return rows
 
 
+def ep_production_run(rank, world, cfg):
+    """The dropless MoE (cfg["moe"], e.g. with shared_hidden) as EPMoE on a (world / ep, ep)
+    mesh: this rank's output and input gradient, its gradients after reduce_gradients (the
+    experts' over their own dp group), named as in the unsplit MoE, the bytes its all-to-alls
+    sent, which grouped GEMM ran, the tokens its experts computed. cfg: moe, tokens, ep, seed."""
+    device, ep_size = cfg["device"], cfg["ep"]
+    mesh = ep_dp_mesh(world, ep_size, device.type)
+    moe = MoE(**dict(cfg["moe"], capacity_factor=None)).to(device)
+    model = EPMoE(moe, mesh)
+    X, R = moe_inputs(cfg["tokens"], cfg["moe"]["width"], cfg.get("seed", 0))
+    x = X.chunk(world)[rank].to(device).requires_grad_()
+    y, aux = model(x)
+    loss = (y * R.chunk(world)[rank].to(device)).sum()
+    (loss + (AUX * aux["loss"] + Z_LOSS * aux["z_loss"]) / world).backward()
+    model.reduce_gradients()
+    grads = _dense_grads(model)
+    names = {"w1": ("0.weight", True), "b1": ("0.bias", False), "w2": ("2.weight", True),
+             "b2": ("2.bias", False)}
+    for key, (name, transposed) in names.items():
+        g = getattr(model.experts, key).grad
+        g = g.to_local() if hasattr(g, "to_local") else g
+        for i in range(model.local):
+            grads[f"experts.{model.first + i}.{name}"] = _cpu(g[i].t() if transposed else g[i])
+    return dict(y=_cpu(y), x_grad=_cpu(x.grad), grads=grads, sent_bytes=aux["sent_bytes"],
+                grouped_mm=aux["grouped_mm"], received=aux["received"].tolist(),
+                z_loss=float(aux["z_loss"].detach()), first=model.first, local=model.local)
+
+
 def ep_chapter(rank, world, cfg):
-    """Both runs in one launch: cfg["equal"] and cfg["imbalance"] are their cfgs."""
+    """The chapter's runs in one launch: cfg["equal"], cfg["imbalance"] and cfg["production"]
+    are their cfgs (production optional)."""
     device = dict(device=cfg["device"])
-    return dict(equal=ep_equal_run(rank, world, dict(cfg["equal"], **device)),
-                imbalance=ep_imbalance_run(rank, world, dict(cfg["imbalance"], **device)))
+    out = dict(equal=ep_equal_run(rank, world, dict(cfg["equal"], **device)),
+               imbalance=ep_imbalance_run(rank, world, dict(cfg["imbalance"], **device)))
+    if "production" in cfg:
+        out["production"] = ep_production_run(rank, world, dict(cfg["production"], **device))
+    return out

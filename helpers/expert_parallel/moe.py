@@ -5,7 +5,10 @@ to its top-k experts, weighted by the router's probabilities. Each expert takes 
 `capacity` tokens of a group (capacity factor x tokens x k / E, GShard's rule): the rest are
 dropped, first choices before second ones, earlier tokens first; a dropped choice adds nothing
 (the residual connection around the layer carries the token on). The load-balancing loss of
-Switch Transformers (E x sum_i f_i P_i) is smallest when the experts share the tokens evenly.
+Switch Transformers (E x sum_i f_i P_i) is smallest when the experts share the tokens evenly;
+ST-MoE's router z-loss (the mean squared log-sum-exp of the router's scores) keeps those
+scores small, so the softmax stays away from float overflow. A shared expert (DeepSeek-MoE)
+sees every token, beside the routed ones.
 """
 import math
 import threading
@@ -14,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["expert_capacity", "route", "load_balancing_loss", "MoE", "moe_inputs"]
+__all__ = ["expert_capacity", "route", "load_balancing_loss", "router_z_loss", "MoE",
+           "moe_inputs"]
 
 
 def expert_capacity(tokens, n_experts, k, factor):
@@ -22,8 +26,10 @@ def expert_capacity(tokens, n_experts, k, factor):
     None (no limit: nothing dropped) when factor is None."""
     if factor is None:
         return None
-    if factor <= 0:
-        raise ValueError(f"capacity factor must be > 0 (or None for no limit), not {factor}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \
+            not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"capacity factor must be a finite number > 0 (or None for no "
+                         f"limit), not {factor!r}")
     return math.ceil(factor * tokens * k / n_experts)
 
 
@@ -47,6 +53,12 @@ def load_balancing_loss(probs, expert, n_experts):
     return n_experts * (f * probs.mean(0)).sum()
 
 
+def router_z_loss(logits):
+    """ST-MoE's router z-loss: the mean over tokens of logsumexp(scores)^2. It is small when
+    the router's scores are: large scores make the softmax overflow in low precision."""
+    return (torch.logsumexp(logits.float(), -1) ** 2).mean()
+
+
 def _expert(width, hidden):
     return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
 
@@ -57,27 +69,33 @@ _BUILDING = threading.Lock()
 class MoE(nn.Module):
     """A top-k MoE layer on tokens x (N, width). The tokens are cut into `groups` equal groups
     (in expert parallelism: one per rank), each routed with its own capacity. forward returns
-    (y, aux) with aux = dict(loss (the mean of the groups' load-balancing losses), dropped
-    (choices dropped), tokens_per_expert (kept choices))."""
+    (y, aux) with aux = dict(loss (the mean of the groups' load-balancing losses), z_loss (the
+    mean of their router z-losses), dropped (choices dropped), tokens_per_expert (kept
+    choices)). shared_hidden > 0 adds a shared expert of that hidden width on every token."""
 
-    def __init__(self, width=16, hidden=32, n_experts=4, k=2, capacity_factor=1.25, seed=0):
+    def __init__(self, width=16, hidden=32, n_experts=4, k=2, capacity_factor=1.25, seed=0,
+                 shared_hidden=0):
         super().__init__()
         self.n_experts, self.k, self.capacity_factor = n_experts, k, capacity_factor
+        expert_capacity(1, n_experts, k, capacity_factor)      # a bad factor: refused now
         # the same weights for every seed, even when thread ranks build their copies at once
         # (torch's seed is global): one at a time, and the caller's random state left as it was
         with _BUILDING, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.router = nn.Linear(width, n_experts)
             self.experts = nn.ModuleList(_expert(width, hidden) for _ in range(n_experts))
+            self.shared = _expert(width, shared_hidden) if shared_hidden else None
 
     def forward(self, x, groups=1):
         if x.shape[0] % groups:
             raise ValueError(f"{x.shape[0]} tokens do not cut into {groups} equal groups")
-        ys, losses, dropped, counts = [], [], 0, torch.zeros(self.n_experts, dtype=torch.long)
+        ys, losses, zs, dropped = [], [], [], 0
+        counts = torch.zeros(self.n_experts, dtype=torch.long)
         for xg in x.chunk(groups):
-            r = route(self.router(xg), self.k,
+            logits = self.router(xg)
+            r = route(logits, self.k,
                       expert_capacity(len(xg), self.n_experts, self.k, self.capacity_factor))
-            y = torch.zeros_like(xg)
+            y = torch.zeros_like(xg) if self.shared is None else self.shared(xg)
             for e, expert in enumerate(self.experts):
                 tok, choice = torch.nonzero((r["expert"] == e) & r["kept"], as_tuple=True)
                 if len(tok):
@@ -86,9 +104,10 @@ class MoE(nn.Module):
                 counts[e] += len(tok)
             ys.append(y)
             losses.append(load_balancing_loss(r["probs"], r["expert"], self.n_experts))
+            zs.append(router_z_loss(logits))
             dropped += int((~r["kept"]).sum())
-        return torch.cat(ys), dict(loss=torch.stack(losses).mean(), dropped=dropped,
-                                   tokens_per_expert=counts)
+        return torch.cat(ys), dict(loss=torch.stack(losses).mean(), z_loss=torch.stack(zs).mean(),
+                                   dropped=dropped, tokens_per_expert=counts)
 
 
 def moe_inputs(tokens, width, seed=0):

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..runtime.comm import DistComm
-from .moe import expert_capacity, load_balancing_loss, route
+from .moe import expert_capacity, load_balancing_loss, route, router_z_loss
 
 __all__ = ["all_to_all", "AllToAll", "ExpertParallelMoE"]
 
@@ -82,9 +82,27 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"{E} experts do not spread evenly over {w} ranks")
         self.comm, self.E, self.k, self.factor = comm, E, moe.k, moe.capacity_factor
         self.local = E // w
-        self.router = moe.router
+        self.router, self.shared = moe.router, moe.shared
         first = comm.rank * self.local
         self.experts = nn.ModuleList(moe.experts[first:first + self.local])
+
+    def _check_ranks_agree(self, x):
+        """Refuse, on every rank at once, tokens the ranks cannot exchange: a different width
+        anywhere, or (fixed buffers, sized from the tokens) a different number of tokens.
+        One exchange of two integers per rank, logged as "counts"."""
+        comm, n = self.comm, _logged(self.comm)
+        mine = torch.tensor([[x.shape[0], x.shape[-1]]], device=x.device).repeat(comm.world, 1)
+        got = all_to_all(comm, mine, [1] * comm.world, [1] * comm.world, tag=302).tolist()
+        _relabel(comm, n, "counts")
+        held = ", ".join(f"rank {r}: {t} x {d}" for r, (t, d) in enumerate(got))
+        if len({d for _, d in got}) > 1:
+            raise ValueError(f"expert parallelism needs the same token width on every rank; "
+                             f"the ranks hold (tokens x width) {held}")
+        if self.factor is not None and len({t for t, _ in got}) > 1:
+            raise ValueError(f"expert parallelism with a capacity factor needs the same number "
+                             f"of tokens on every rank (its buffers are sized from it); the "
+                             f"ranks hold (tokens x width) {held}: give every rank an equal "
+                             f"share, or use capacity_factor=None (dropless)")
 
     def _run_experts(self, rows, per_expert):
         """rows: everything received, grouped by source rank then local expert; per_expert:
@@ -95,7 +113,9 @@ class ExpertParallelMoE(nn.Module):
         for e, expert in enumerate(self.experts):
             idx = [s * self.local + e for s in range(self.comm.world)]
             x = torch.cat([chunks[i] for i in idx])
-            y = expert(x) if len(x) else x
+            # run even on 0 rows: the output then has a grad_fn, so the combine's backward
+            # all-to-all runs on every rank, in the same order
+            y = expert(x)
             for i, part in zip(idx, y.split([counts[i] for i in idx])):
                 outs[i] = part
         return torch.cat(outs)
@@ -103,7 +123,9 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x):
         comm, w, E = self.comm, self.comm.world, self.E
         start = len(comm.log)
-        r = route(self.router(x), self.k, expert_capacity(len(x), E, self.k, self.factor))
+        self._check_ranks_agree(x)
+        logits = self.router(x)
+        r = route(logits, self.k, expert_capacity(len(x), E, self.k, self.factor))
         tok, choice = torch.nonzero(r["kept"], as_tuple=True)
         expert, gate = r["expert"][tok, choice], r["gate"][tok, choice][:, None]
         if self.factor is not None:            # fixed buffers: (E, capacity, width)
@@ -128,9 +150,11 @@ class ExpertParallelMoE(nn.Module):
             got = AllToAll.apply(x[tok], comm, send_splits, recv_splits)
             out = AllToAll.apply(self._run_experts(got, real), comm, recv_splits, send_splits)
             back, received = out, real.sum(0)
-        y = x.new_zeros(x.shape).index_add(0, tok, gate * back)
+        y = (x.new_zeros(x.shape) if self.shared is None else self.shared(x)).index_add(
+            0, tok, gate * back)
         sent = sum(b for op, _, b in comm.log[start:] if op == "all_to_all")
         aux = dict(loss=load_balancing_loss(r["probs"], r["expert"], E),
+                   z_loss=router_z_loss(logits),
                    dropped=int((~r["kept"]).sum()), tokens_per_expert=torch.bincount(
                        r["expert"][r["kept"]], minlength=E), received=received,
                    sent_bytes=sent)

@@ -5,7 +5,10 @@ activation on every rank. Sequence parallelism keeps that region split along the
 rank holds T/k positions. Entering a tensor-parallel region, an all-gather of the sequence
 (backward: a reduce-scatter of its gradient) replaces f; leaving it, a reduce-scatter of the
 partial outputs (backward: an all-gather) replaces g's all-reduce. The same bytes (a ring
-all-reduce is a reduce-scatter then an all-gather), 1/k of the norm region's activations.
+all-reduce is a reduce-scatter then an all-gather), 1/k of the norm region's activations. The
+all-gathered input is not kept: the gather and the column-split linears that read it run as one
+step that saves only this rank's positions and gathers them again in backward (Megatron's
+sequence parallelism), so every activation outside attention and the MLP is 1/k.
 
 The vocabulary split: the embedding's rows and the head's columns (the vocabulary) split over
 the ranks; a lookup sums each rank's rows (zero for ids it does not hold), and the loss is a
@@ -21,7 +24,8 @@ from torch import nn
 from .scratch import TPAttention, TPMLP, reduce_from_tp, shard_of
 
 __all__ = ["GatherSequence", "ScatterSequence", "gather_sequence", "scatter_sequence",
-           "SPBlock", "sync_replicated_grads", "saved_activation_bytes", "VocabEmbedding",
+           "GatherLinears", "gather_linears", "SPAttention", "SPMLP", "SPBlock",
+           "sync_replicated_grads", "saved_activation_bytes", "VocabEmbedding",
            "vocab_parallel_cross_entropy", "TinyTPLM", "tiny_tp_lm"]
 
 
@@ -61,22 +65,80 @@ def scatter_sequence(x, comm):
     return ScatterSequence.apply(x, comm)
 
 
+class GatherLinears(torch.autograd.Function):
+    """gather_sequence followed by column-split linears, saving only this rank's positions:
+    forward all-gathers x (B, T/k, h) and returns each linear of the whole sequence; backward
+    all-gathers x again for the weights' gradients and reduce-scatters the input's. One more
+    all-gather in backward buys (k - 1)/k of the gathered input's memory."""
+
+    @staticmethod
+    def forward(ctx, x, comm, *weights_and_biases):
+        ctx.comm = comm
+        ctx.save_for_backward(x, *weights_and_biases)
+        full = comm.all_gather(x, dim=1)
+        pairs = zip(weights_and_biases[::2], weights_and_biases[1::2])
+        return tuple(F.linear(full, w, b) for w, b in pairs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *wb = ctx.saved_tensors
+        full = ctx.comm.all_gather(x, dim=1)                 # re-gathered, not kept
+        flat = full.reshape(-1, full.shape[-1])
+        gx, out = torch.zeros_like(full), []
+        for g, w in zip(grads, wb[::2]):
+            if g is None:
+                out += [torch.zeros_like(w), torch.zeros(w.shape[0], dtype=w.dtype,
+                                                         device=w.device)]
+                continue
+            gx += g @ w
+            g2 = g.reshape(-1, g.shape[-1])
+            out += [g2.t() @ flat, g2.sum(0)]
+        return (ctx.comm.reduce_scatter(gx, dim=1), None, *out)
+
+
+def gather_linears(x, comm, linears):
+    """The outputs of `linears` (column-split nn.Linear) on the all-gathered sequence of x,
+    saving only x (GatherLinears)."""
+    params = [t for lin in linears for t in (lin.weight, lin.bias)]
+    return GatherLinears.apply(x, comm, *params)
+
+
+class SPAttention(TPAttention):
+    """TPAttention entered from this rank's positions: q, k and v read the gathered sequence
+    through gather_linears, so the gathered input is not saved."""
+
+    def partial(self, h):
+        q, k, v = gather_linears(h, self.comm, (self.q, self.k, self.v))
+        B, T, _ = q.shape
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(y.transpose(1, 2).reshape(B, T, -1), self.proj.weight)
+
+
+class SPMLP(TPMLP):
+    """TPMLP entered from this rank's positions: its first layer reads the gathered sequence
+    through gather_linears."""
+
+    def partial(self, h):
+        (up,) = gather_linears(h, self.comm, (self.up,))
+        return F.linear(F.gelu(up), self.down.weight)
+
+
 class SPBlock(nn.Module):
     """The SmallBlock with tensor and sequence parallelism: this rank holds T/k positions of the
     residual stream; layer norms run on them; attention and MLP are split as in TPBlock, entered
-    by gather_sequence and left by scatter_sequence. The layer norms and the output biases are
-    replicated but each rank sees only its positions: sync_replicated_grads sums their
-    gradients."""
+    by an all-gather (fused with their first linears: SPAttention, SPMLP) and left by
+    scatter_sequence. The layer norms and the output biases are replicated but each rank sees
+    only its positions: sync_replicated_grads sums their gradients."""
 
     def __init__(self, block, comm):
         super().__init__()
         self.comm = comm
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
-        self.attn, self.mlp = TPAttention(block.attn, comm), TPMLP(block.mlp, comm)
+        self.attn, self.mlp = SPAttention(block.attn, comm), SPMLP(block.mlp, comm)
 
     def _region(self, module, h, bias):
-        full = gather_sequence(h, self.comm)
-        partial = module.partial(full)
+        partial = module.partial(h)            # gathers h inside, keeping only h for backward
         return scatter_sequence(partial, self.comm) + bias
 
     def forward(self, x):

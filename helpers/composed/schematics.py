@@ -1,0 +1,40 @@
+"""Part VII: the 3-D mesh drawn from the code that lays it out (rank_grid, coords_of): one
+panel per pipeline stage, ranks as dots, each dimension's groups as lines. For a light panel,
+readable at a phone's width."""
+import matplotlib.pyplot as plt
+
+from .gpt import coords_of, rank_grid
+
+__all__ = ["draw_mesh"]
+
+
+def draw_mesh(shape, ax=None):
+    """The (pp, dp, tp) mesh: one panel per pipeline stage, ranks as dots, each dimension's
+    groups as lines."""
+    ax = ax or plt.gca()
+    pp, dp, tp = shape
+    xy = {}
+    for rank in range(pp * dp * tp):
+        c = coords_of(rank, shape)
+        xy[rank] = (c["pp"] * (tp + 1) + c["tp"], -c["dp"])
+    style = dict(tp=("tab:red", "-", "tensor (tp)"), dp=("tab:blue", "-", "data (dp)"),
+                 pp=("tab:green", "--", "pipeline (pp)"))
+    for name, groups in rank_grid(shape).items():
+        color, ls, label = style[name]
+        ax.plot([], [], color=color, ls=ls, lw=2, label=label)   # legend
+        for grp in groups:
+            for a, b in zip(grp, grp[1:]):
+                up = xy[a][1] == 0         # pipeline arcs bend outwards
+                bend = (-0.3 if up else 0.3) if name == "pp" else 0.0
+                ax.annotate("", xy=xy[b], xytext=xy[a], arrowprops=dict(
+                    arrowstyle="-", color=color, ls=ls, lw=2, alpha=0.7,
+                    connectionstyle=f"arc3,rad={bend}", shrinkA=0, shrinkB=0))
+    for rank, (x, y) in xy.items():
+        ax.scatter([x], [y], s=500, color="white", edgecolor="black", zorder=3)
+        ax.text(x, y, str(rank), ha="center", va="center", zorder=4)
+    for s in range(pp):
+        ax.text(s * (tp + 1) + (tp - 1) / 2, 1.0, f"stage {s}", ha="center")
+    ax.set(xlim=(-0.7, pp * (tp + 1) - 1.3), ylim=(-dp - 0.4, 1.25))
+    ax.axis("off")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.02), ncols=3, fontsize=8,
+              frameon=False)
