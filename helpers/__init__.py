@@ -63,6 +63,7 @@ from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teard
                             get_rank, get_world_size, log0, die_with_parent, pin_to_core)
 from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
                              run_in_turn, spawn_ranks)
+from .runtime.launch import backend_for
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
