@@ -60,10 +60,11 @@ def env_ranks():
 def rank_device(local_rank, backend="nccl", local_world_size=None):
     """This rank's device under `backend`: GPU `local_rank` with NCCL, and with gloo when each of
     the `local_world_size` ranks on this machine has a GPU of its own; the CPU otherwise. A GPU
-    is made the current CUDA device; for the CPU nothing touches CUDA."""
+    is made the current CUDA device; for the CPU (and on a machine without GPUs) nothing
+    touches CUDA."""
     n = num_gpus()
     local_world_size = local_world_size or local_rank + 1
-    if backend != "nccl" and (n == 0 or local_world_size > n):
+    if n == 0 or (backend != "nccl" and local_world_size > n):
         return torch.device("cpu")
     if local_rank >= n:
         raise RuntimeError(f"local rank {local_rank} has no GPU of its own ({n} here): run at "
