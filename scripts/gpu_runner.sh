@@ -41,15 +41,21 @@
 # (default 3.12) the GPU machine's Python for --prepare; COURSE_COMMIT names the commit where
 # the copy has no .git; NOTEBOOKS chooses notebooks for the nbval step.
 #
-# The first GPU session (one H200, 15 minutes of device time, one 10-minute command): here
-#   bash scripts/gpu_runner.sh --prepare && git status --short --ignored .whl .seed
-# then one device call, run(command=..., carry=[".whl", ".seed"], timeout_s=590):
-#   DEADLINE=560 bash scripts/gpu_runner.sh $OUT
-# and back here: copy its gpu_reference.json to reference/ (if it ran on the GPU) and commit;
-# read status.json and runner.log for what failed. Steps left out by the budget run in a
-# second call the same way, with --steps and the OUTDIR files of the first copied back first:
-#   mkdir -p $OUT && cp gpu-run/*.json $OUT/ && DEADLINE=560 bash scripts/gpu_runner.sh \
-#       --steps gpus,fixes,record $OUT            (carry also the folder gpu-run/ then)
+# The first GPU session (one H200, 15 minutes of device time in all, the machine's start
+# included; 10 minutes at most a command). Here, first:
+#   bash scripts/gpu_runner.sh --prepare        # .whl/ (12 MiB) and .seed/ (30 MiB), ignored
+# Device call 1: run(command="DEADLINE=400 bash scripts/gpu_runner.sh $OUT",
+#                    carry=[".whl", ".seed"], timeout_s=460)
+#   (sweep, graphs, bench, gpus, fixes first; what the 400 s leave out is named "not run").
+# Back here: mkdir -p artifacts/gpu-run && cp <files_at>/* artifacts/gpu-run/ ; read
+# status.json (first_failure) and runner.log. If steps were not run and status() still shows
+# budget_left_s above 300 (a machine gone back starts again in 1-2 minutes), device call 2:
+#   run(command="mkdir -p $OUT && cp artifacts/gpu-run/*.json $OUT/ && DEADLINE=<budget_left_s
+#       - 60> bash scripts/gpu_runner.sh --steps <those steps>,record $OUT",
+#       carry=[".whl", ".seed", "artifacts/gpu-run"], timeout_s=<DEADLINE + 40>)
+#   (each step adds to the files of call 1, so record gathers both); then give_back().
+# Finally copy the last gpu_reference.json (it says "exists": true only from a GPU) to
+# reference/ and commit it with a note of what failed; the fixes go into issues.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -60,7 +66,7 @@ while [ $# -gt 0 ]; do
     --prepare) mode=prepare ;;
     --dry-run) mode=dry ;;
     --steps) steps=${2:?--steps needs a list such as sweep,bench}; shift ;;
-    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu_runner.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
