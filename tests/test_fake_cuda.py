@@ -8,6 +8,7 @@ backend and device rule of helpers.setup is checked against made-up machines.
 Problems are reported by the area whose code they are in (each area keeps its own files right):
 a (target, area) pair listed in ELSEWHERE is a known problem that another branch fixes."""
 import ast
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -135,13 +136,17 @@ def test_the_fake_gpus_catch_each_kind_of_mistake(sweep, bug):
 
 
 # ---- static rules -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _parsed(path):
+    return ast.parse(Path(path).read_text())
+
+
 def _launch_targets():
     """(path, function node) of every fn(rank, world|world_size, cfg) in helpers/."""
     for path in sorted((ROOT / "helpers").rglob("*.py")):
         if "checks" in path.parts:
             continue
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
+        for node in _parsed(str(path)).body:
             if isinstance(node, ast.FunctionDef) and \
                     [a.arg for a in node.args.args] in (["rank", "world", "cfg"],
                                                         ["rank", "world_size", "cfg"]):
@@ -219,7 +224,7 @@ def _bare_clock_reads(area):
             rel = path.relative_to(ROOT).as_posix()
             if rel in CPU_ONLY:
                 continue
-            tree = ast.parse(path.read_text())
+            tree = _parsed(str(path))
             names = _enclosing(tree)
             for n in ast.walk(tree):
                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
