@@ -275,7 +275,7 @@ got = {}
 with tempfile.TemporaryDirectory() as tmp:
     for name, extra in (("nccl_1", ["--nproc-per-node", "1"]),
                         ("resumed_1", ["--nproc-per-node", "1"]),
-                        ("gloo_2", ["--nproc-per-node", "2"]))[:2 if dry else 3]:
+                        ("gloo_2", ["--nproc-per-node", "2"]))[:1 if dry else 3]:
         args = [*run, *extra, "scripts/ddp/torchrun.py", *size,
                 "--metrics", os.path.join(tmp, name + ".json")]
         if name != "gloo_2":    # the second run resumes from the first's snapshot
