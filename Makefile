@@ -164,8 +164,9 @@ test-student: student
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py
 
-# The GPU reference run's every step (unit tests, nbval, bench, record) at tiny size on a CPU, so
-# that scripts/gpu_runner.sh cannot rot before a GPU day (it never touches reference/).
+# The GPU run's every default step (the world-1 sweep on gloo, graphs, bench, nbval plumbing,
+# the GPU-path steps, record) at tiny size on a CPU, so that scripts/gpu_runner.sh cannot rot
+# before a GPU day (it never touches reference/).
 gpu-dry: $(STAMP)
 	PYTHON=$(BIN)/python bash scripts/gpu_runner.sh --dry-run _build/gpu-dry
 

@@ -63,12 +63,13 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
 from .profiling import quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
-                        write_gpu_reference, gpu_figures, capture_env, add_notebook)
+                        write_gpu_reference, gpu_figures, capture_env, add_notebook, add_path)
 from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
 from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
                             get_rank, get_world_size, log0, die_with_parent, pin_to_core)
 from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
                              run_in_turn, spawn_ranks)
+from .runtime.launch import backend_for
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,

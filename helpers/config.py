@@ -18,18 +18,25 @@ def quick():
     return _flag(QUICK_ENV)
 
 
-def choose(full, small, what="this experiment", *, tiny=None):
+def choose(full, small, what="this experiment", *, tiny=None, ranks=None):
     """The sizes for an experiment, saying once when they are not the full ones.
 
-    `full` on a GPU (or with COURSE_FULL=1), `small` on a CPU-only machine (a reader's laptop),
-    `tiny` in quick mode (CI; defaults to `small`). Usually dicts like dict(num_epochs=10).
+    `full` when the run uses GPUs (or with COURSE_FULL=1), `small` when it computes on CPU cores
+    (a reader's laptop), `tiny` in quick mode (CI; defaults to `small`). Usually dicts like
+    dict(num_epochs=10). ranks: the largest number of ranks the experiment launches; they use
+    GPUs only when each gets one of its own (else gloo on the CPU), so a one-GPU machine runs
+    a 2-rank experiment at the CPU size. None: a run in this process (any GPU is used).
     """
-    import torch
+    from .devices import num_gpus
 
+    gpus = num_gpus()
+    on_gpu = gpus > 0 if ranks is None else gpus >= ranks
     if quick():
         reason, small = f"quick mode ({QUICK_ENV}=1)", small if tiny is None else tiny
-    elif not torch.cuda.is_available() and not _flag(FULL_ENV):
-        reason = f"no GPU, so it is scaled down (set {FULL_ENV}=1 for the full size)"
+    elif not on_gpu and not _flag(FULL_ENV):
+        reason = (f"no GPU, so it is scaled down (set {FULL_ENV}=1 for the full size)"
+                  if not gpus else f"{ranks} ranks but {gpus} GPU(s): they run on CPU cores, "
+                  f"so it is scaled down (set {FULL_ENV}=1 for the full size)")
     else:
         return full
     if what not in _told:

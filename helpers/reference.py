@@ -20,11 +20,12 @@ from .paths import course_file
 from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
-           "capture_env", "gpu_figures", "add_notebook"]
+           "capture_env", "gpu_figures", "add_notebook", "add_path"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
 STEPS = ("unit", "nbval", "bench")
+RESULTS = ("status", "sweep", "paths")   # the runner's other files, gathered as they are
 
 
 def _committed_reference():
@@ -144,6 +145,15 @@ def add_notebook(outdir, notebook, junit=None, seconds=None):
                                                if v.get("ran") else "not run (budget)"))
 
 
+def add_path(outdir, step, result):
+    """Record what one of the runner's GPU-path steps (train, torchrun, comm, cp, memory)
+    found, in outdir/paths.json, keeping the other steps' (one file: the device returns few)."""
+    path = os.path.join(outdir, "paths.json")
+    got = read_json(path) if os.path.exists(path) else {}
+    got[step] = result
+    write_json(path, got)
+
+
 def write_gpu_reference(outdir, command, path=None, dry_run=False):
     """Gather the runner's results in `outdir` into the reference file (atomically) and return
     it. A dry run (a CPU exercising the steps) is marked so and never written over the committed
@@ -174,7 +184,12 @@ def write_gpu_reference(outdir, command, path=None, dry_run=False):
     if os.path.exists(os.path.join(outdir, "bench.json")):
         bench = read_json(os.path.join(outdir, "bench.json"))
         steps["bench"] = {"targets": bench.get("targets")}
+    more = {k: read_json(os.path.join(outdir, f"{k}.json")) for k in RESULTS
+            if os.path.exists(os.path.join(outdir, f"{k}.json"))}
+    rates = (more.get("paths") or {}).get("comm", {}).get("rates")
+    # what the emulated lessons model (runtime.emulate.Rates.load assumes the parts not measured)
     ref = dict(env, exists=True, dry_run=dry_run, command=command, steps=steps, bench=bench,
+               **more, **({"rates": rates} if rates else {}),
                not_run=[s for s in STEPS if s not in steps],
                recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
                    "%Y-%m-%d %H:%M UTC"))

@@ -1,48 +1,80 @@
 #!/usr/bin/env bash
-# The course's GPU reference run, in one command, for a bare GPU machine whose Python has torch
-# (the pinned 2.14 or 2.11) but no Jupyter packages and no package index (e.g. a lent H200).
+# The course on a GPU: the code paths only a GPU runs, in steps that each fit one 10-minute
+# command, riskiest first, for a bare GPU machine whose Python has torch (2.14 or 2.11) but no
+# Jupyter packages and no package index (the lent H200: Python 3.12, torch 2.11, CUDA 13).
 #
-#   bash scripts/gpu_runner.sh --prepare                 # FIRST, on a machine with an index:
-#        Jupyter/test wheels for the GPU machine's Python into .whl/, Fashion-MNIST into .seed/
-#   bash scripts/gpu_runner.sh [--steps S] [OUTDIR]      # on the GPU machine (repo root)
-#   bash scripts/gpu_runner.sh --dry-run [OUTDIR]        # CI: every step, tiny, on a CPU, seconds
+#   bash scripts/gpu_runner.sh --prepare               # FIRST, here (a package index): Jupyter
+#        and test wheels for the GPU machine's Python into .whl/, Fashion-MNIST into .seed/
+#   bash scripts/gpu_runner.sh [--steps S] OUTDIR      # on the GPU machine, from the repo root
+#   bash scripts/gpu_runner.sh --dry-run [OUTDIR]      # CI (make gpu-dry): every step, tiny, CPU
 #
-# Steps (--steps unit,nbval,bench,record is the default; each leaves its results in OUTDIR, so
-# they can run in separate sessions, each under its own time limit):
-#   unit    the unit tests (quick mode; the book-build and student-edition tests need the book
-#           toolchain and are left out) -> unit.log, unit.xml
-#   nbval   every notebook under nbval at FULL size (COURSE_FULL=1), one at a time, NB_TIMEOUT
-#           seconds a cell (default 900), NOTEBOOKS to choose some (default book/**/*.ipynb)
-#           -> nbval.log, nbval.json (each notebook's result, and those the budget left out;
-#           a later session adds to it: copy the earlier OUTDIR's files into the new one first)
-#   bench   scripts/bench.py at full size with the GPU targets (fast <= 0.15 s/epoch, >= 10x the
-#           reference, 2 devices sharing one GPU <= 1.2x one) -> bench.log, bench.json; rows on
-#           ranks with NCCL, one GPU each (BENCH_RANKS; default 1, or 1,2 with 2 GPUs)
-#   record  gathers them, with env.json (GPU, versions, date, commit: captured by every step on
-#           the GPU), into reference/gpu_reference.json and OUTDIR/gpu_reference.json; commit
-#           that file. Steps that did not run are named there as not run.
-# .whl/ and .seed/ are git-ignored: carry them over with the repository (about 50 MB).
-# PYTHON (default python3) is the interpreter; PYVER (default 3.12) the GPU machine's Python
-# for --prepare; COURSE_COMMIT names the commit where the copy has no .git; DEADLINE (seconds)
-# is the budget of the whole call: a step stops, and notebooks are left out, when it runs out.
+# Steps (default: every one but unit and nbval, in this order; each appends its output to
+# OUTDIR/runner.log and its result to OUTDIR/status.json, and a failure never stops the next):
+#   sweep     every chapter launch target on one NCCL rank, cuda:0 (scripts/world1_sweep.py):
+#             the NCCL path of the multi-rank chapters -> sweep.json
+#   graphs    tests/test_fast.py -k cuda_graph: FastDataParallel's CUDA-graph capture
+#   bench     scripts/bench.py, short: reference, fast (graphs, streams, compile), NCCL world 1
+#             -> bench.json (the figures Part IV cites)
+#   gpus      book/gpus.ipynb under nbval (quick): the cells only a GPU runs -> nbval.json
+#   fixes     book/part4/fixes.ipynb under nbval (quick)                     -> nbval.json
+#   train     one-GPU training in this process: helpers.train, helpers.train_fast -> paths.json
+#   torchrun  scripts/ddp/torchrun.py on one GPU (NCCL, --snapshot, resumed), and 2 gloo ranks
+#             on the CPU beside it                                           -> paths.json
+#   comm      NCCL all_reduce times (world 1), a device-to-device copy's, and the rates the
+#             emulated lessons model (fp32 matmul FLOP/s; messages: NCCL across 2 GPUs where
+#             there are 2)                                                   -> paths.json
+#   cp        torch's context_parallel at world 1 on cuda:0                  -> paths.json
+#   memory    memory_per_stage at world 1: PeakBytes' count beside torch.cuda.max_memory_
+#             allocated, for dp, zero1, zero2, zero3                         -> paths.json
+#   record    gathers env.json (the machine, captured by every step), status.json and the
+#             results into OUTDIR/gpu_reference.json and reference/gpu_reference.json (commit
+#             it; steps that did not run are named there)
+#   unit      (slow: ask for it) the unit tests, quick mode               -> unit.xml
+#   nbval     (slow: ask for it) NOTEBOOKS (default every one) under nbval -> nbval.json
+# The device returns at most 8 files from OUTDIR: the default steps write env.json, status.json,
+# runner.log, sweep.json, bench.json, nbval.json, paths.json and gpu_reference.json. status.json
+# names the first step that failed, with the end of its log (runner.log keeps all of it).
+#
+# DEADLINE (seconds, default 540) bounds the whole call: a step that would start with less than
+# its estimate left is recorded as not run, and a running step is stopped at the deadline, so
+# the runner, not the device, stops first. PYTHON (default python3) is the interpreter; PYVER
+# (default 3.12) the GPU machine's Python for --prepare; COURSE_COMMIT names the commit where
+# the copy has no .git; NOTEBOOKS chooses notebooks for the nbval step.
+#
+# The first GPU session (one H200, 15 minutes of device time in all, the machine's start
+# included; 10 minutes at most a command). Here, first:
+#   bash scripts/gpu_runner.sh --prepare        # .whl/ (12 MiB) and .seed/ (30 MiB), ignored
+# Device call 1: run(command="DEADLINE=400 bash scripts/gpu_runner.sh $OUT",
+#                    carry=[".whl", ".seed"], timeout_s=460)
+#   (sweep, graphs, bench, gpus, fixes first; what the 400 s leave out is named "not run").
+# Back here: mkdir -p artifacts/gpu-run && cp <files_at>/* artifacts/gpu-run/ ; read
+# status.json (first_failure) and runner.log. If steps were not run and status() still shows
+# budget_left_s above 300 (a machine gone back starts again in 1-2 minutes), device call 2:
+#   run(command="mkdir -p $OUT && cp artifacts/gpu-run/*.json $OUT/ && DEADLINE=<budget_left_s
+#       - 60> bash scripts/gpu_runner.sh --steps <those steps>,record $OUT",
+#       carry=[".whl", ".seed", "artifacts/gpu-run"], timeout_s=<DEADLINE + 40>)
+#   (each step adds to the files of call 1, so record gathers both); then give_back().
+# Finally copy the last gpu_reference.json (it says "exists": true only from a GPU) to
+# reference/ and commit it with a note of what failed; the fixes go into issues.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-mode=run steps=unit,nbval,bench,record out=
+ALL=sweep,graphs,bench,gpus,fixes,train,torchrun,comm,cp,memory,record
+mode=run steps=$ALL out=
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) mode=prepare ;;
     --dry-run) mode=dry ;;
-    --steps) steps=${2:?--steps needs a list such as unit,bench}; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --steps) steps=${2:?--steps needs a list such as sweep,bench}; shift ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu_runner.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
   shift
 done
 for s in ${steps//,/ }; do
-  case "$s" in unit|nbval|bench|record) ;; *)
-    echo "gpu_runner.sh: unknown step '$s': choose among unit,nbval,bench,record" >&2; exit 2 ;;
+  case ",$ALL,unit,nbval," in *",$s,"*) ;; *)
+    echo "gpu_runner.sh: unknown step '$s': choose among $ALL,unit,nbval" >&2; exit 2 ;;
   esac
 done
 command="bash scripts/gpu_runner.sh $([ $mode = dry ] && echo --dry-run) --steps $steps"
@@ -50,23 +82,19 @@ command="bash scripts/gpu_runner.sh $([ $mode = dry ] && echo --dry-run) --steps
 if [ $mode = prepare ]; then
   set -e
   # the Jupyter and test stack the notebooks and tests need, pinned as in requirements/lock.txt,
-  # for the GPU machine's Python (its torch stays), and torchvision for both torch lines (2.14,
-  # 2.11). Only what the GPU machine lacks is kept in .whl/ (the carry is 64 MiB with the data):
-  # GPU_HAS lists what it has (default: what the lent H200's image holds, per the device notes).
+  # for the GPU machine's Python (its torch stays). Only what the GPU machine lacks is kept in
+  # .whl/ (the carry is 64 MiB with the data): GPU_HAS lists what it has (default: what the
+  # lent H200's image holds, per the device notes; torchvision 0.26 for its torch 2.11 too).
   all=$(mktemp -d)
   $PY -m pip download -q --only-binary=:all: --python-version "${PYVER:-3.12}" \
     --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
     --platform any -d "$all" nbval==0.11.0 ipykernel==7.4.0 ipywidgets==8.1.9 \
     nbclient==0.11.0 nbformat==5.11.1 pytest==9.2.0 matplotlib==3.11.2 pyyaml==6.0.4
-  for tv in 0.29.1 0.26.0; do
-    $PY -m pip download -q --only-binary=:all: --python-version "${PYVER:-3.12}" \
-      --implementation cp --platform manylinux_2_28_x86_64 --no-deps -d "$all" \
-      "torchvision==$tv" || echo "gpu_runner.sh: torchvision $tv not found (the GPU's own stays)"
-  done
+  # (and what is not needed: debugpy, the kernel's debugger, 5 MB of the 64 MiB carry)
   has=${GPU_HAS:-"numpy pillow matplotlib contourpy cycler fonttools kiwisolver pyparsing
     python_dateutil six packaging pytest pluggy iniconfig pyyaml psutil pygments coverage attrs
-    typing_extensions torchvision jinja2 markupsafe"}
-  mkdir -p .whl
+    typing_extensions torchvision jinja2 markupsafe pytest_xdist execnet tqdm debugpy tzdata"}
+  rm -rf .whl && mkdir -p .whl
   for w in "$all"/*.whl; do
     name=$(basename "$w" | sed 's/-[0-9].*//' | tr 'A-Z-' 'a-z_')
     case " $(echo $has | tr 'A-Z-' 'a-z_') " in *" $name "*) ;; *) cp "$w" .whl/ ;; esac
@@ -74,24 +102,27 @@ if [ $mode = prepare ]; then
   rm -rf "$all"
   mkdir -p .seed && cp "${COURSE_DATA:-data}"/FashionMNIST/raw/*.gz .seed/
   du -sh .whl .seed
+  tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+  carry=$(du -cb .whl .seed | tail -1 | cut -f1)
+  echo "gpu_runner.sh: the repository ($((tree >> 20)) MiB) and the carry ($((carry >> 20)) MiB):"\
+    "$(( (tree + carry) >> 20 )) MiB of the device's 64 MiB"
+  [ $(( (tree + carry) >> 20 )) -lt 64 ] || { echo "gpu_runner.sh: over 64 MiB" >&2; exit 1; }
   echo "gpu_runner.sh: prepared; carry .whl and .seed with the repository to the GPU machine"
   exit 0
 fi
 
-out=${out:-artifacts/gpu$([ $mode = dry ] && echo -dry)}
+out=${out:-$([ $mode = dry ] && echo _build/gpu-dry)}
+[ -n "$out" ] || { echo "gpu_runner.sh: give the output folder (\$OUT on the device)" >&2; exit 2; }
 mkdir -p "$out" || exit 1
 out=$(cd "$out" && pwd)
+log=$out/runner.log
 # wheels: install only the distributions this Python lacks (its own torch, numpy... stay first)
 if [ -d .whl ]; then
-  $PY - "${SITE:-/tmp/gpu-runner-site}" "$mode" <<'EOF' || exit 1
+  $PY - "${SITE:-/tmp/gpu-runner-site}" "$mode" <<'EOF' >> "$log" 2>&1 || exit 1
 import glob, importlib.metadata as md, re, subprocess, sys
-import torch
 need = []
-tv = {"2.14": "0.29", "2.11": "0.26"}.get(".".join(torch.__version__.split(".")[:2]))
 for w in sorted(glob.glob(".whl/*.whl")):
     name = re.split(r"-\d", w.rsplit("/", 1)[-1], maxsplit=1)[0]
-    if name == "torchvision" and f"-{tv}." not in w:
-        continue   # the torchvision of the other torch line
     try:
         md.version(name)
     except md.PackageNotFoundError:
@@ -108,30 +139,91 @@ fi
 export PYTHONPATH=$PWD:${SITE:-/tmp/gpu-runner-site}${PYTHONPATH:+:$PYTHONPATH}
 if [ -d .seed ]; then mkdir -p data/FashionMNIST/raw && cp -n .seed/*.gz data/FashionMNIST/raw/; fi
 export COURSE_DATA=${COURSE_DATA:-$PWD/data} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
-unset COURSE_QUICK COURSE_FULL
+unset COURSE_FULL
+export COURSE_QUICK=1                 # the paths, not the full sizes: those are for later runs
 dry=$([ $mode = dry ] && echo --dry-run)
-$PY -c "from helpers.reference import main; main()" env "$out" $dry || exit 1
-status=0
+$PY -c "from helpers.reference import main; main()" env "$out" $dry >> "$log" 2>&1 \
+  || { tail -5 "$log"; exit 1; }
 start=$(date +%s)
-left() { echo $(( ${DEADLINE:-100000} - ($(date +%s) - start) )); }   # seconds of the budget
+budget=${DEADLINE:-$([ $mode = dry ] && echo 1500 || echo 540)}   # a CPU in CI: slower, no device
+left() { echo $(( budget - ($(date +%s) - start) )); }   # seconds of the budget
+status=0
 
-# the tests that need the book toolchain (jupyter-book, nbgrader, a browser) test no GPU code
-book_tests="--ignore=tests/browser --ignore=tests/test_book.py --ignore=tests/test_student.py
-  --ignore=tests/test_autograde.py --ignore=tests/test_build_scripts.py --ignore=tests/test_colab.py"
+# status.json: each step's result, seconds and log lines; the first failure's log tail
+note() {   # note STEP STATUS SECONDS FIRST_LINE
+  $PY - "$out" "$@" <<'EOF'
+import json, os, sys
+out, step, status, seconds, first = sys.argv[1:6]
+path = os.path.join(out, "status.json")
+st = json.load(open(path)) if os.path.exists(path) else {"steps": {}}
+st["steps"][step] = dict(status=status, seconds=int(seconds))
+if status == "failed" and "first_failure" not in st:
+    lines = open(os.path.join(out, "runner.log"), errors="replace").read().splitlines()
+    st["first_failure"] = dict(step=step, log=lines[int(first):][-80:])
+tmp = path + ".tmp"
+json.dump(st, open(tmp, "w"), indent=1)
+os.replace(tmp, path)
+EOF
+}
+
+# python snippets of the path steps, run as a file (a rank started by helpers.launch imports
+# its caller's main module, guarded): results go into paths.json under the step's name
+paths() {   # paths STEP  (the code on stdin)
+  { echo "def _step():"; sed 's/^/    /'; echo 'if __name__ == "__main__":'; echo '    _step()'
+  } > "$tmp/$1.py"
+  $PY "$tmp/$1.py" "$out" "$1" $dry
+}
+
+# estimates (seconds on the H200) below which a step is not started
+declare -A need=([sweep]=60 [graphs]=40 [bench]=120 [gpus]=60 [fixes]=90 [train]=30
+                 [torchrun]=60 [comm]=20 [cp]=15 [memory]=15 [record]=5 [unit]=300 [nbval]=120)
+[ $mode = dry ] && for k in "${!need[@]}"; do need[$k]=1; done
+tmp=$(mktemp -d)
 for s in ${steps//,/ }; do
+  if [ "$(left)" -lt "${need[$s]}" ]; then
+    echo "gpu_runner: $s not run: $(left) s left of DEADLINE, it needs about ${need[$s]}" \
+      | tee -a "$log"
+    note "$s" "not run (budget)" 0 0
+    continue
+  fi
+  first=$(wc -l < "$log")
+  echo "==== $s ($(date -u +%H:%M:%S), $(left) s left)" >> "$log"
+  t0=$(date +%s)
+  ok=0
   case "$s" in
-  unit)
-    if [ $mode = dry ]; then sel="tests/test_timing.py"; else sel="tests $book_tests"; fi
-    par=$($PY -c "import xdist" 2>/dev/null && [ $mode != dry ] && echo "-n 8")  # 16 cores there
+  sweep)
+    backend=$([ $mode = dry ] && echo gloo || echo nccl)
+    timeout "$(left)" $PY scripts/world1_sweep.py --backend "$backend" \
+      --json "$out/sweep.json" --timeout "$(left)" >> "$log" 2>&1 || ok=1 ;;
+  graphs)
+    timeout "$(left)" $PY -m pytest -q -p no:cacheprovider tests/test_fast.py -k cuda_graph \
+      -rs >> "$log" 2>&1 || ok=1 ;;
+  bench)
+    if [ $mode = dry ]; then
+      args="--quick --epochs 2 --subset 256 --rounds 1 --rows reference,fast,fast-shared
+        --ranks 1 --check-steps 2 --targets gpu"
+    else   # ranks: NCCL with one GPU each (2 ranks on one GPU would be gloo on the CPU)
+      args="--epochs 3 --subset 12800 --rounds 1 --targets gpu
+        --rows reference,fast,fast-shared,fast-compile,compile,ddp --ranks 1"
+    fi
     # shellcheck disable=SC2086
-    COURSE_QUICK=1 timeout "$(left)" $PY -m pytest -q -p no:cacheprovider $par $sel \
-      --junitxml "$out/unit.xml" > "$out/unit.log" 2>&1 || status=1
-    tail -3 "$out/unit.log" ;;
-  nbval)
-    tmp=$(mktemp -d)
-    if [ $mode = dry ]; then   # the plumbing (kernel, PYTHONPATH, helpers): a two-cell notebook
-      nbs="$tmp/dry.ipynb"
-      $PY - "$nbs" <<'EOF' || exit 1
+    COURSE_QUICK=$([ $mode = dry ] && echo 1) timeout "$(left)" $PY scripts/bench.py $args \
+      --json "$out/bench.json" >> "$log" 2>&1 || ok=1 ;;
+  gpus|fixes|nbval)
+    case "$s" in
+      gpus) nbs=book/gpus.ipynb ;;
+      fixes) nbs=book/part4/fixes.ipynb ;;
+      *) nbs=${NOTEBOOKS:-$(find book -name '*.ipynb' -not -path '*/_build/*' | sort)} ;;
+    esac
+    if [ $mode = dry ]; then   # the chapters collected, and the plumbing (kernel, PYTHONPATH,
+      # helpers) run once, on a two-cell notebook
+      # shellcheck disable=SC2086
+      timeout "$(left)" $PY -m pytest -q -p no:cacheprovider --nbval-lax --collect-only $nbs \
+        >> "$log" 2>&1 || ok=1
+      nbs=
+      if [ $s = gpus ]; then
+        nbs="$tmp/dry.ipynb"
+        $PY - "$nbs" <<'EOF' || ok=1
 import sys
 import nbformat as f
 nb = f.v4.new_notebook()
@@ -140,44 +232,168 @@ nb.cells = [f.v4.new_code_cell("import helpers, torch"),
 nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
 f.write(nb, sys.argv[1])
 EOF
-      full=
-    else
-      nbs=${NOTEBOOKS:-$(find book -name '*.ipynb' -not -path '*/_build/*' | sort)}
-      full=1
+      fi
     fi
-    # one notebook at a time while the budget (DEADLINE) lasts; each one's result goes into
-    # nbval.json at once (a device returns 8 files: one summary, not a file per notebook)
     for nb in $nbs; do
-      t0=$(date +%s)
-      if [ "$(left)" -lt 120 ]; then
-        $PY -c "from helpers.reference import main; main()" nbval "$out" "$nb" --not-run
+      if [ "$(left)" -lt 30 ]; then
+        $PY -c "from helpers.reference import main; main()" nbval "$out" "$nb" --not-run \
+          >> "$log" 2>&1
         continue
       fi
-      COURSE_FULL=$full timeout "$(left)" $PY -m pytest -q -p no:cacheprovider --nbval-lax \
-        --nbval-current-env --nbval-cell-timeout "${NB_TIMEOUT:-900}" \
-        --junitxml "$tmp/nb.xml" "$nb" >> "$out/nbval.log" 2>&1 || status=1
+      t1=$(date +%s)
+      timeout "$(left)" $PY -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+        --nbval-cell-timeout "$(( $(left) < 300 ? $(left) : 300 ))" --junitxml "$tmp/nb.xml" \
+        "$nb" >> "$log" 2>&1 || ok=1
       $PY -c "from helpers.reference import main; main()" nbval "$out" "$nb" "$tmp/nb.xml" \
-        "$(( $(date +%s) - t0 ))"
-    done
-    rm -rf "$tmp" ;;
-  bench)
-    if [ $mode = dry ]; then
-      args="--quick --epochs 2 --subset 256 --rounds 1 --rows reference,fast,fast-shared
-        --ranks 2 --check-steps 2 --targets gpu"
-    else   # ranks: NCCL with one GPU each (2 ranks on one GPU would be gloo on the CPU)
-      gpus=$($PY -c "import torch; print(torch.cuda.device_count())")
-      args="--targets gpu --ranks ${BENCH_RANKS:-$([ "$gpus" -ge 2 ] && echo 1,2 || echo 1)}"
-      export COURSE_FULL=1
-    fi
+        "$(( $(date +%s) - t1 ))" >> "$log" 2>&1
+      rm -f "$tmp/nb.xml"
+    done ;;
+  train)
+    paths train >> "$log" 2>&1 <<'EOF' || ok=1
+import sys
+import helpers
+from helpers.reference import add_path
+dry = "--dry-run" in sys.argv
+size = dict(num_epochs=1, subset=512) if dry else dict(num_epochs=2, subset=12800)
+naive = helpers.train(2, 256, 0.2, plot=False, **size)   # Part II: two replicas, one GPU
+fast = helpers.train_fast(2, 256, 0.2, replica_streams=helpers.num_gpus() > 0, verbose=True,
+                          **size)
+keep = ("num_gpus", "test_acc", "sec_per_epoch", "epoch_times")
+add_path(sys.argv[1], sys.argv[2], dict(train={k: naive.get(k) for k in keep},
+                                         train_fast={k: fast.get(k) for k in keep},
+                                         devices=[str(d) for d in helpers.get_devices(2)]))
+EOF
+    ;;
+  torchrun)
+    paths torchrun >> "$log" 2>&1 <<'EOF' || ok=1
+import json, os, subprocess, sys, tempfile
+from helpers.reference import add_path
+dry = "--dry-run" in sys.argv
+run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+size = ["--dry-run"] if dry else ["--subset", "2048", "--epochs", "2"]
+got = {}
+with tempfile.TemporaryDirectory() as tmp:
+    for name, extra in (("nccl_1", ["--nproc-per-node", "1"]),
+                        ("resumed_1", ["--nproc-per-node", "1"]),
+                        ("gloo_2", ["--nproc-per-node", "2"]))[:1 if dry else 3]:
+        args = [*run, *extra, "scripts/ddp/torchrun.py", *size,
+                "--metrics", os.path.join(tmp, name + ".json")]
+        if name != "gloo_2":    # the second run resumes from the first's snapshot
+            args += ["--snapshot", os.path.join(tmp, "snap.pt")]
+        else:
+            args += ["--backend", "gloo"]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        print(r.stdout[-3000:], r.stderr[-3000:])
+        m = json.load(open(os.path.join(tmp, name + ".json"))) if r.returncode == 0 else {}
+        got[name] = dict(returncode=r.returncode, backend=m.get("backend"),
+                         device=m.get("device"), test_acc=m.get("test_acc"),
+                         epochs=len(m.get("history", [])))
+add_path(sys.argv[1], sys.argv[2], got)
+assert all(v["returncode"] == 0 for v in got.values()), got
+EOF
+    ;;
+  comm)
+    paths comm >> "$log" 2>&1 <<'EOF' || ok=1
+import sys
+import torch
+import helpers
+from helpers.reference import add_path
+dry = "--dry-run" in sys.argv
+gpu = helpers.num_gpus() > 0
+backend = "nccl" if gpu else "gloo"
+sizes = [1024, 1 << 16] if dry else [1024, 1 << 20, 1 << 24]
+allreduce = helpers.time_gloo_allreduce(sizes, world_size=1, reps=3, backend=backend,
+                                        quiet=True)
+res = dict(backend=backend, allreduce_world1_s={str(k): v for k, v in allreduce.items()})
+if gpu:
+    helpers.exact_float32()       # the course's float32 (no TF32): what its runs compute in
+    d = torch.device("cuda", 0)
+    n = 4096
+    a, b = torch.randn(n, n, device=d), torch.randn(n, n, device=d)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        a @ b
+    end.record()
+    end.synchronize()
+    flops = 10 * 2 * n ** 3 / (start.elapsed_time(end) / 1e3)
+    copies = {}
+    for k in (1 << 10, 1 << 28):  # bytes: latency, then bandwidth, of one on-GPU copy
+        src = torch.empty(k, dtype=torch.uint8, device=d)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        start.record()
+        for _ in range(10):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        copies[k] = start.elapsed_time(end) / 1e3 / 10
+    res.update(matmul_fp32_flops_per_s=flops, copy_s={str(k): v for k, v in copies.items()})
+    rates = dict(flops_per_s=flops, measured=["flops_per_s"])
+    if helpers.num_gpus() >= 2:   # messages: NCCL between two GPUs
+        two = helpers.time_gloo_allreduce([1, 1 << 26], world_size=2, reps=5,
+                                          backend="nccl", quiet=True)
+        beta = (1 << 26) * 4 / max(two[1 << 26] - two[1], 1e-9)
+        rates.update(alpha=two[1], beta=beta, measured=["flops_per_s", "alpha", "beta"])
+    res["rates"] = rates
+add_path(sys.argv[1], sys.argv[2], res)
+print(res)
+EOF
+    ;;
+  cp)
+    paths cp >> "$log" 2>&1 <<'EOF' || ok=1
+import sys
+import helpers
+from helpers.reference import add_path
+backend = "nccl" if helpers.num_gpus() > 0 else "gloo"
+got = helpers.launch(helpers.cp_torch_run, 1, dict(width=16, heads=2, batch=1, T=64),
+                     backend=backend, quiet=True)[0]
+add_path(sys.argv[1], sys.argv[2], dict(got, backend=backend))
+print(got)
+EOF
+    ;;
+  memory)
+    paths memory >> "$log" 2>&1 <<'EOF' || ok=1
+import sys
+import helpers
+from helpers.reference import add_path
+backend = "nccl" if helpers.num_gpus() > 0 else "gloo"
+sizes = dict(width=64, depth=2) if "--dry-run" in sys.argv else dict(width=1024, depth=8)
+got = helpers.run_ranks(1, [("memory", helpers.memory_per_stage, dict(sizes=sizes))],
+                        backend=backend)[0]["memory"]
+rows = {stage: {k: m[k] for k in ("n_params", "params_bytes", "optim_bytes", "transient_peak",
+                                   "peak_bytes", "cuda_peak")} for stage, m in got.items()}
+add_path(sys.argv[1], sys.argv[2], dict(backend=backend, sizes=sizes, stages=rows))
+for stage, r in rows.items():
+    print(stage, r)
+EOF
+    ;;
+  unit)
+    sel=$([ $mode = dry ] && echo tests/test_timing.py || echo tests)
+    book="--ignore=tests/browser --ignore=tests/test_book.py --ignore=tests/test_student.py
+      --ignore=tests/test_autograde.py --ignore=tests/test_build_scripts.py
+      --ignore=tests/test_colab.py"
+    par=$($PY -c "import xdist" 2>/dev/null && [ $mode != dry ] && echo "-n 8")  # 16 cores there
     # shellcheck disable=SC2086
-    timeout "$(left)" $PY scripts/bench.py $args --json "$out/bench.json" > "$out/bench.log" 2>&1 \
-      || status=1
-    grep -E "^(target|bench:)" "$out/bench.log" | tail -8
-    unset COURSE_FULL ;;
+    timeout "$(left)" $PY -m pytest -q -p no:cacheprovider $par $sel $book \
+      --junitxml "$out/unit.xml" >> "$log" 2>&1 || ok=1 ;;
   record)
     $PY -c "from helpers.reference import main; main()" record "$out" "$command" $dry \
-      || status=1 ;;
+      >> "$log" 2>&1 || ok=1 ;;
   esac
+  secs=$(( $(date +%s) - t0 ))
+  if [ $ok -eq 0 ]; then
+    echo "gpu_runner: $s passed ($secs s)" | tee -a "$log"
+    note "$s" passed "$secs" "$first"
+  else
+    status=1
+    echo "gpu_runner: $s FAILED ($secs s): the end of its log:" | tee -a "$log"
+    tail -n +"$((first + 1))" "$log" | tail -25
+    note "$s" failed "$secs" "$first"
+  fi
 done
-[ $status -eq 0 ] || echo "gpu_runner.sh: a step failed: see the logs in $out"
+rm -rf "$tmp"
+[ $status -eq 0 ] || echo "gpu_runner.sh: a step failed: see $out/status.json and runner.log"
 exit $status

@@ -96,3 +96,21 @@ def test_the_committed_file_is_honest():
         assert not ref.get("dry_run") and ref["gpu_count"] >= 1 and ref["bench"]
     else:
         assert "none exists yet" in gr.describe_gpu_reference()
+
+
+def test_record_gathers_the_gpu_path_steps_and_the_rates_they_measured(tmp_path):
+    """The runner's path steps (one paths.json: the device returns few files) and status.json
+    reach the reference file; a measured FLOP rate reaches Rates.load, the message rates it
+    did not measure stay assumed and the source says so."""
+    from helpers import Rates
+    from helpers.runtime.emulate import ASSUMED_RATES
+    out = outdir_with(tmp_path)
+    gr.add_path(str(out), "cp", dict(ran=True))
+    gr.add_path(str(out), "comm", dict(rates=dict(flops_per_s=4.0e13, measured=["flops_per_s"])))
+    (out / "status.json").write_text(json.dumps(dict(steps=dict(cp=dict(status="passed")))))
+    ref = gr.write_gpu_reference(str(out), "cmd", path=str(tmp_path / "ref.json"))
+    assert ref["paths"]["cp"] == dict(ran=True) and ref["status"]["steps"]["cp"]
+    rates = Rates.load(gr.gpu_reference(str(tmp_path / "ref.json")))
+    assert (rates.flops_per_s, rates.alpha, rates.beta) == (4.0e13, ASSUMED_RATES.alpha,
+                                                            ASSUMED_RATES.beta)
+    assert "flops_per_s measured on NVIDIA H200" in rates.source and "assumed" in rates.source

@@ -82,5 +82,6 @@ def train_cp_zero2(rank, world, cfg):
         raise ValueError(f"a {dp}x{cp} (dp, cp) mesh needs {dp * cp} ranks, not {world}")
     check_data_split(cfg["batch"], dp)
     groups = new_groups(shape, ("dp", "cp"))
-    return {rec: _cp_zero2_run(rank, cfg, groups, rec) for rec in cfg.get("recomputes",
-                                                                            ("none", "full"))}
+    device = cfg["device"]   # models, batches and flags live there (NCCL takes no CPU tensor)
+    return {rec: _cp_zero2_run(rank, dict(cfg, device=device), groups, rec)
+            for rec in cfg.get("recomputes", ("none", "full"))}

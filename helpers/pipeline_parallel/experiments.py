@@ -3,11 +3,10 @@ steps, torch's pipelining schedules and a ping-pong between two ranks, run by `p
 on every rank, each either as it runs on this machine or emulated (helpers.Clock: the real math,
 then the box's modelled duration, from FLOPs at helpers.Rates).
 """
-import time
-
 import torch
 from torch import nn
 
+from ..devices import synced_now
 from ..runtime.comm import DistComm
 from ..runtime.emulate import ASSUMED_RATES, Clock, Rates
 from ..runtime.progress import report_progress
@@ -49,20 +48,20 @@ def box_model(net, cuts, rates=ASSUMED_RATES, split=False, equal=False):
 
 def _pingpong(comm, rank, shape, repeats):
     """Half the round trip of a `shape` float32 message from rank 0 to rank 1 and back, per
-    repeat (seconds, measured on rank 0); other ranks take no part."""
+    repeat (seconds, measured on rank 0, on the rank clock: on a GPU the host waits for the
+    message's arrival, not only for its queueing); other ranks take no part."""
     times = []
     t = torch.ones(shape, device=comm.device)
     for k in range(repeats + 1):               # the first round warms the connection up
-        start = time.perf_counter()
+        start = synced_now(comm.device)
         if rank == 0:
-            comm.send(t, 1, tag=10_000 + k)
-            comm.recv(1, shape, tag=20_000 + k)
+            comm.sendrecv((t, 1), (1, shape))
         elif rank == 1:
-            back = comm.recv(0, shape, tag=10_000 + k)
-            comm.send(back, 0, tag=20_000 + k)
+            back = comm.sendrecv(recv=(0, shape))
+            comm.sendrecv((back, 0))
         comm.wait()
         if k:
-            times.append((time.perf_counter() - start) / 2)
+            times.append((synced_now(comm.device) - start) / 2)
     comm.log = []
     return times
 
@@ -108,7 +107,8 @@ def pipeline_worker(rank, world, cfg):
         report_progress(i + 1, len(cfg["runs"]), "run")
         out = dict(run, timelines=[], skipped=None, rates=rates.source)
         kind, scale = run.get("kind", "scratch"), run.get("emulate")
-        clock = lambda: Clock(emulate=scale is not None, scale=scale or 1.0)   # noqa: E731
+        clock = lambda: Clock(emulate=scale is not None, scale=scale or 1.0,  # noqa: E731
+                              device=device)
         if kind == "pingpong":       # one-way time of a message between 0 and 1
             out["seconds"] = _pingpong(comm, rank, (run["rows"], width), run["repeats"])
             results.append(out)

@@ -2,12 +2,13 @@
 
 Each rank holds one stage (contiguous layers) of the same nn.Sequential. A training step cuts
 the batch into micro-batches; activations go forward to the next rank and their gradients come
-back, with send/recv (isend: sends never block). The order of the forward (F) and backward (B)
+back: each box's send is posted together with the next box's receive (comm.sendrecv, as
+torch's schedules batch them), so neighbours sending to each other never wait on each other's
+sends, whatever the size of the messages (NCCL). The order of the forward (F) and backward (B)
 passes on each rank is the schedule (pipeline_parallel.schedules): GPipe (all F, then all B) or
 1F1B (a short warm-up of F, then one F and one B in turn), same result, different memory.
 """
 import copy
-import time
 
 import torch
 import torch.nn.functional as F
@@ -122,9 +123,11 @@ class _MicroBatch:
 
 
 def _sync(t):
-    """On a GPU, wait for the queued work before reading the clock (else the boxes are short)."""
+    """On a GPU, wait for the current stream's queued work (the box's kernels, or a receive's
+    arrival) before reading the clock: else a box ends before its math and starts before its
+    input. Communication streams are not waited for (a send in flight holds nothing up)."""
     if t.is_cuda:
-        torch.cuda.synchronize(t.device)
+        torch.cuda.current_stream(t.device).synchronize()
 
 
 def check_pipeline_step(order, X, y, num_microbatches, batch_size, first, last, stage=None):
@@ -212,7 +215,7 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
     splits backward (zero bubble): B computes the input gradient, W the weight gradients.
     clock: a helpers.Clock (emulate=True waits out box_seconds(phase, j, rows) after the math).
     Returns dict(loss (last rank, else None), timeline: the Clock's boxes, dicts stage/micro/
-    phase/start/end/sent/rows/modelled (time.perf_counter seconds; sent: when the box's output
+    phase/start/end/sent/rows/modelled (host seconds on the rank clock; sent: when the box's output
     was handed to the next rank),
     peak_live: most micro-batches whose saved activations autograd held at once, peak_bytes:
     most bytes of them (LiveActivations)).
@@ -221,7 +224,7 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
     r, p, m = comm.rank, comm.world, num_microbatches
     first, last = r == 0, r == p - 1
     check_pipeline_step(order, X, y, m, batch_size, first, last, stage)
-    clock = clock or Clock()
+    clock = clock or Clock(device=getattr(comm, "device", None))   # waits for its stream on a GPU
     rows = [len(c) for c in torch.arange(batch_size).tensor_split(m)]
     Xs = X.tensor_split(m) if first else None
     ys = y.tensor_split(m) if last else None
@@ -230,9 +233,24 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
     held, total, n0 = {}, 0.0, len(clock.boxes)
     info = lambda j: dict(stage=r, virtual=r, micro=j, rows=rows[j])          # noqa: E731
     seconds = (lambda ph, j: box_seconds(ph, j, rows[j])) if box_seconds else (lambda ph, j: None)
+    outgoing = None     # the last box's output, sent with the next box's receive (sendrecv)
+
+    def exchange(src=None, shape=None):
+        """Post the outgoing send and this box's receive together; the received tensor, its
+        arrival on the host clock (on a GPU the receive only makes the stream wait)."""
+        nonlocal outgoing
+        send = outgoing[:2] if outgoing else None
+        got = comm.sendrecv(send, (src, shape) if src is not None else None)
+        if outgoing:
+            outgoing[2]["sent"] = clock.now()
+        outgoing = None
+        if got is not None:
+            _sync(got)
+        return got
     for phase, j in order:
         if phase == "F":
-            h = Xs[j] if first else comm.recv(r - 1, (rows[j], *in_shape), tag=j).requires_grad_()
+            h = exchange(*((None,) if first else (r - 1, (rows[j], *in_shape))))
+            h = Xs[j] if first else h.requires_grad_()
             with clock.box("F", seconds("F", j), phase="F", **info(j)) as box:
                 with acts.micro_batch(stage.parameters()):
                     out = tape.forward(stage, h, j) if tape else stage(h)
@@ -242,12 +260,11 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
             if last:
                 total += float(out.detach())
             else:
-                comm.send(out, r + 1, tag=j)
-                box["sent"] = clock.now()
+                outgoing = (out, r + 1, box)
             held[j] = (h, out)
         elif phase == "B":
             h, out = held.pop(j)
-            grad = None if last else comm.recv(r + 1, out.shape, tag=j)
+            grad = exchange(*((None,) if last else (r + 1, out.shape)))
             with clock.box("B", seconds("B", j), phase="B", **info(j)) as box:
                 if tape:
                     tape.backward_input(out, grad, h, j)
@@ -255,12 +272,13 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
                     out.backward(grad)
                 _sync(out)
             if not first:
-                comm.send(h.grad, r - 1, tag=j)
-                box["sent"] = clock.now()
+                outgoing = (h.grad, r - 1, box)
             del h, out                    # autograd has freed what it saved for j
         else:
+            exchange()
             with clock.box("W", seconds("W", j), phase="W", **info(j)):
                 tape.backward_weight(j)
+    exchange()
     comm.wait()
     if held:
         raise RuntimeError(f"rank {r}: micro-batches {sorted(held)} never ran backward")
@@ -280,7 +298,10 @@ def unsplit_step(net, X, y, loss_fn=sum_loss):
 
 def layer_times(net, X, y, repeats=5, loss_fn=sum_loss):
     """Median seconds of forward + backward of each top-level layer of `net` on batch X, one
-    thread (as each rank runs). The last layer's backward includes the loss."""
+    thread (as each rank runs), on the rank clock (a GPU's work finished, not only queued).
+    The last layer's backward includes the loss."""
+    from ..devices import synced_now
+    device = X.device
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -294,11 +315,11 @@ def layer_times(net, X, y, repeats=5, loss_fn=sum_loss):
             runs = []
             for _ in range(repeats):
                 x = inputs[i].clone().requires_grad_(inputs[i].is_floating_point())
-                start = time.perf_counter()
+                start = synced_now(device)
                 out = layer(x)
                 out = loss_fn(out, y) if i == len(net) - 1 else out.sum()
                 out.backward()
-                runs.append(time.perf_counter() - start)
+                runs.append(synced_now(device) - start)
             times.append(sorted(runs)[len(runs) // 2])
         return times
     finally:

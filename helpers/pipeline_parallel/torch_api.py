@@ -72,14 +72,25 @@ def pipelining_step(sched, rank, first, last, X, y):
     return losses if last else None
 
 
+def _arrived(device):
+    """On a GPU, wait until the current stream has what it waits for: torch's schedule waited
+    on its receives before calling a box, which on NCCL only makes the stream wait, so without
+    this the box would open before its input arrived (and the wait would land inside it)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 def _timed(stage, clock, memory, seconds, rank, rows):
     """Wrap the stage's three box methods: each runs inside clock.box (real math, then the
-    modelled time when the clock emulates); forwards record what autograd saves."""
+    modelled time when the clock emulates), opened once its input is there; forwards record
+    what autograd saves."""
     fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, \
         stage.backward_weight_one_chunk
     info = dict(stage=rank, virtual=stage.stage_index, rows=rows)   # stage: the row drawn in
+    device = torch.device(stage.device)
 
     def forward_one_chunk(j, *args, **kwargs):
+        _arrived(device)
         with clock.box("F", seconds("F"), micro=j, phase="F", **info):
             with memory.micro_batch(stage.submod.parameters()):
                 return fwd(j, *args, **kwargs)
@@ -87,10 +98,12 @@ def _timed(stage, clock, memory, seconds, rank, rows):
     def backward_one_chunk(j, *args, **kwargs):
         full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
         ph = "B" if full else "I"                 # I: the input gradient only (zero bubble)
+        _arrived(device)
         with clock.box(ph, seconds(ph), micro=j, phase="B", full=bool(full), **info):
             return bwd(j, *args, **kwargs)
 
     def backward_weight_one_chunk(j, *args, **kwargs):
+        _arrived(device)
         with clock.box("W", seconds("W"), micro=j, phase="W", **info):
             return wgt(j, *args, **kwargs)
     stage.forward_one_chunk = forward_one_chunk

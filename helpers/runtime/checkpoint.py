@@ -3,8 +3,8 @@ a kill at any moment leaves either the old file or the new one, never half of on
 
 A snapshot holds what a continuation needs to be exactly the run that was never stopped: the
 model, the optimizer state, the next epoch (the sampler's epoch: `set_epoch` makes the data order
-a function of it) and the random number generators (torch CPU, CUDA where present, Python's
-`random`, NumPy's) of every rank.
+a function of it) and the random number generators (torch CPU, this rank's GPU where it uses
+one, Python's `random`, NumPy's) of every rank.
 """
 import random
 
@@ -23,10 +23,13 @@ __all__ = ["rng_state", "set_rng_state", "save_snapshot", "load_snapshot", "save
 
 def rng_state():
     """The states of every random number generator a training step may draw from, as plain
-    Python values (lists of ints), so they pickle anywhere (all_gather_object, weights_only)."""
+    Python values (lists of ints), so they pickle anywhere (all_gather_object, weights_only):
+    the CPU's, and the GPU's this process computes on (the current CUDA device, where CUDA is
+    in use: a rank never reads, and so never wakes, the other ranks' GPUs)."""
     state = {"torch": torch.get_rng_state().tolist(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        state["cuda"] = {"device": device, "state": torch.cuda.get_rng_state(device).tolist()}
     try:
         import numpy as np
         name, keys, pos, has_gauss, cached = np.random.get_state()
@@ -37,12 +40,16 @@ def rng_state():
 
 
 def set_rng_state(state):
-    """Restore what `rng_state()` returned."""
+    """Restore what `rng_state()` returned (the GPU's state into the current CUDA device; a
+    snapshot of the older format, one state per visible GPU, gives it its own)."""
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        device = torch.cuda.current_device()
+        saved = cuda["state"] if isinstance(cuda, dict) else cuda[min(device, len(cuda) - 1)]
+        torch.cuda.set_rng_state(torch.tensor(saved, dtype=torch.uint8), device)
     if "numpy" in state:
         import numpy as np
         name, keys, pos, has_gauss, cached = state["numpy"]

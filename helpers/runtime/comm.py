@@ -31,7 +31,11 @@ def _check_split(t, dim, world):
 
 class DistComm(CountsSent):
     """torch.distributed behind send/recv/all_reduce, counting bytes. Sends are isend (they never
-    block, so a schedule cannot deadlock on them); `wait()` finishes the outstanding ones."""
+    block the host); `wait()` finishes the outstanding ones. Messages between two ranks match in
+    the order they were posted (NCCL ignores tags): a schedule receives in the order its peer
+    sends. `sendrecv` posts a send and a receive together (batch_isend_irecv), as a pipeline
+    step must: NCCL runs one pair's messages on one stream, and a large send posted before a
+    receive waits for the peer's matching receive, which may sit behind its own send."""
 
     def __init__(self, group=None, device=None):
         self.group, self._pending = group, []
@@ -49,6 +53,31 @@ class DistComm(CountsSent):
     def recv(self, src, shape, tag=0, dtype=torch.float32):
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         dist.recv(buf, self._global(src), group=self.group, tag=tag)
+        return buf
+
+    def sendrecv(self, send=None, recv=None):
+        """Post the send (t, dst) and the receive (src, shape[, dtype]) in one
+        batch_isend_irecv; wait for the receive (on a GPU: the stream waits; the host goes on)
+        and return it. The send stays outstanding until `wait()`."""
+        ops, buf = [], None
+        if send is not None:
+            t, dst = send[0].detach().contiguous(), send[1]
+            self._count("send", t, dst)
+            ops.append(dist.P2POp(dist.isend, t, self._global(dst), group=self.group))
+        if recv is not None:
+            src, shape, *dtype = recv
+            buf = torch.empty(shape, dtype=dtype[0] if dtype else torch.float32,
+                              device=self.device)
+            ops.append(dist.P2POp(dist.irecv, buf, self._global(src), group=self.group))
+        if not ops:
+            return None
+        works = dist.batch_isend_irecv(ops)
+        if len(works) != len(ops):         # NCCL: one work for the batch (waiting on it makes
+            works = works * len(ops)       # the stream wait, not the host)
+        if send is not None:
+            self._pending.append((works[0], t))
+        if recv is not None:
+            works[-1].wait()
         return buf
 
     def all_reduce(self, t, op="sum"):

@@ -31,8 +31,25 @@ __all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "sleep_until", "wai
            "model_time"]
 
 
-def sleep_until(deadline, now=time.perf_counter):
+def _stream_clock(device=None):
+    """The host clock, read once `device`'s current stream has run what it was given (a box's
+    kernels, a receive's arrival): on a GPU the host only queues work, so a box would end
+    before its math and start before its input. A plain host clock on a CPU. The communication
+    streams are not waited for: a send in flight does not hold up the next box."""
+    import torch
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda":
+        return lambda: time.perf_counter()
+
+    def now():
+        torch.cuda.current_stream(device).synchronize()
+        return time.perf_counter()
+    return now
+
+
+def sleep_until(deadline, now=None):
     """Sleep (no CPU) until now() >= deadline. time.sleep may wake early: sleep again."""
+    now = now or time.perf_counter
     while True:
         left = deadline - now()
         if left <= 0:
@@ -43,12 +60,15 @@ def sleep_until(deadline, now=time.perf_counter):
 class Clock:
     """One rank's boxes and marks. emulate=True: a box lasts at least scale * its modelled
     seconds (the real math first, then a sleep for the rest); compute and overrun say how long
-    the math took and by how much it outlasted the modelled time (then the box is late)."""
+    the math took and by how much it outlasted the modelled time (then the box is late).
+    device: the rank's device, whose current stream every reading waits for (_stream_clock);
+    `now` replaces the clock altogether (tests)."""
 
-    def __init__(self, emulate=False, scale=1.0, now=time.perf_counter, sleep=True):
+    def __init__(self, emulate=False, scale=1.0, now=None, sleep=True, device=None):
         if not (isinstance(scale, (int, float)) and scale > 0):
             raise ValueError(f"Clock: scale must be a positive number, got {scale!r}")
-        self.emulate, self.scale, self.now = bool(emulate), float(scale), now
+        self.emulate, self.scale = bool(emulate), float(scale)
+        self.now = now or _stream_clock(device)
         self.sleep = bool(sleep)          # False: record the modelled times only (tests)
         self.boxes, self.marks = [], []
 
@@ -125,9 +145,14 @@ class Rates:
         rates = reference.get("rates") if reference.get("exists") else None
         if not rates:
             return ASSUMED_RATES
-        return cls(float(rates["flops_per_s"]), float(rates["alpha"]), float(rates["beta"]),
-                   f"measured on {reference['gpu']} (GPU reference run, {reference['date']}, "
-                   f"torch {reference['torch']})")
+        measured = rates.get("measured", ["flops_per_s", "alpha", "beta"])
+        where = (f"on {reference['gpu']} (GPU reference run, {reference['date']}, torch "
+                 f"{reference['torch']})")
+        source = f"measured {where}" if len(measured) == 3 else (
+            f"{', '.join(measured)} measured {where}; the rest assumed (as "
+            f"{ASSUMED_RATES.source.split(': ', 1)[-1]})")
+        return cls(*(float(rates.get(k, getattr(ASSUMED_RATES, k)))
+                     for k in ("flops_per_s", "alpha", "beta")), source)
 
 
 ASSUMED_RATES = Rates(

@@ -3,9 +3,15 @@ launch alike), and the rank, device and backend rules every rank follows.
 
 One process per rank. Every function works the same under `torchrun` (ranks from the environment)
 and under the launcher (ranks passed in). The rules it encodes (see the notes on what learners hit):
-- NCCL only when every rank on this machine has a GPU of its own; gloo otherwise (no GPU, or more
-  ranks than GPUs: two NCCL ranks on one GPU fail with "Duplicate GPU detected").
-- `torch.cuda.set_device(local_rank)` before anything touches CUDA.
+- The backend first: NCCL only when every rank on this machine has a GPU of its own; gloo
+  otherwise (no GPU, or more ranks than GPUs: two NCCL ranks on one GPU fail with "Duplicate GPU
+  detected"). On several machines nothing falls back by itself: a machine that cannot give each
+  rank a GPU refuses to start unless the backend is named (every machine must pick the same).
+- Then the device: GPU `local_rank` under NCCL (made current with `torch.cuda.set_device`
+  before anything touches CUDA, and bound to the group with `device_id`); under gloo the CPU,
+  unless every rank on this machine has a GPU of its own (gloo then stages CUDA tensors through
+  host memory). A rank computing on the CPU never touches CUDA (no context on a GPU it does
+  not use).
 - A `timeout` on the process group, so a dead or divergent rank ends the run with an error.
 - Ranks started on one machine meet at a store that listens on 127.0.0.1 only (torch's own
   listens on every interface, without authentication); under torchrun the store is torchrun's.
@@ -51,13 +57,19 @@ def env_ranks():
             int(e.get("LOCAL_WORLD_SIZE", world_size)))
 
 
-def rank_device(local_rank):
-    """This rank's device: GPU `local_rank` (round-robin if ranks outnumber GPUs), made the
-    current CUDA device; the CPU on a machine without GPUs."""
+def rank_device(local_rank, backend="nccl", local_world_size=None):
+    """This rank's device under `backend`: GPU `local_rank` with NCCL, and with gloo when each of
+    the `local_world_size` ranks on this machine has a GPU of its own; the CPU otherwise. A GPU
+    is made the current CUDA device; for the CPU (and on a machine without GPUs) nothing
+    touches CUDA."""
     n = num_gpus()
-    if n == 0:
+    local_world_size = local_world_size or local_rank + 1
+    if n == 0 or (backend != "nccl" and local_world_size > n):
         return torch.device("cpu")
-    device = torch.device("cuda", local_rank % n)
+    if local_rank >= n:
+        raise RuntimeError(f"local rank {local_rank} has no GPU of its own ({n} here): run at "
+                           f"most {n} rank(s) per machine with NCCL, or use gloo")
+    device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     return device
 
@@ -70,13 +82,14 @@ def free_port():
 
 
 def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, backend=None,
-          timeout=60, master_addr=None, master_port=None):
+          timeout=60, master_addr=None, master_port=None, device=None):
     """Join the process group and pick this rank's device. Returns (rank, world_size, device).
 
     Under torchrun call it without arguments. Started another way on one machine
     (helpers.launch, scripts/ddp/spawn.py) pass rank, world_size and a master_port (all ranks
     the same). `timeout` (seconds) bounds every collective: a rank that
-    waits longer for its peers raises instead of hanging.
+    waits longer for its peers raises instead of hanging. device="cpu": compute on the CPU
+    whatever the machine has (a gloo rank then never touches CUDA).
     """
     env_rank, env_local, env_world, env_local_world = env_ranks()
     spawned = rank is not None   # started on one machine: local rank = rank
@@ -95,11 +108,16 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
             or not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a finite number of seconds above 0, got {timeout!r}: "
                          "e.g. timeout=60")
-    backend = check_backend(backend, local_world_size) or choose_backend(local_world_size)
+    backend = check_backend(backend, local_world_size) or \
+        _auto_backend(local_world_size, world_size)
+    if device is not None and torch.device(device).type == "cpu" and backend == "nccl":
+        raise ValueError("device=\"cpu\" with backend nccl: NCCL moves CUDA tensors only; "
+                         "use backend=\"gloo\" for ranks that compute on the CPU")
     parent = multiprocessing.parent_process()     # only to know who started us, if anyone did
     if spawned and parent is not None:
         die_with_parent(parent.pid)   # mp.spawn's ranks (scripts/ddp/spawn.py): no orphans
-    device = rank_device(local_rank)
+    device = torch.device("cpu") if device is not None and torch.device(device).type == "cpu" \
+        else rank_device(local_rank, backend, local_world_size)
     exact_float32()   # the course compares ranks with one process: no TF32 on Ampere and newer
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # ranks sharing a CPU: split its cores, or their threads fight (torchrun sets 1 per rank)
@@ -108,9 +126,24 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
     store = _attempt_store(timeout)
     if store is None and spawned and os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
         store = _loopback_store(rank, world_size, int(os.environ["MASTER_PORT"]), timeout)
+    bound = {"device_id": device} if backend == "nccl" else {}   # NCCL's communicator now
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
-                            **({"store": store} if store is not None else {}))
+                            **({"store": store} if store is not None else {}), **bound)
     return rank, world_size, device
+
+
+def _auto_backend(local_world_size, world_size):
+    """choose_backend on one machine. On several (ranks elsewhere too), each machine would
+    choose alone, and one without a GPU per rank would pick gloo while the others pick NCCL:
+    a group that hangs at its first collective. There, only NCCL is picked by itself."""
+    backend = choose_backend(local_world_size)
+    if backend != "nccl" and world_size != local_world_size:
+        raise RuntimeError(
+            f"{local_world_size} rank(s) on this machine but {num_gpus()} GPU(s): it would fall "
+            f"back to gloo, while a machine with a GPU per rank picks NCCL, and the {world_size}"
+            " ranks would never meet. On several machines name the backend on every one "
+            "(--backend gloo, or setup(backend=\"gloo\")), or give each rank a GPU")
+    return backend
 
 
 def _attempt_store(timeout):

@@ -36,8 +36,8 @@ from .files import atomic_save, write_json
 from .group import choose_backend, free_port
 from .progress import ProgressLine
 
-__all__ = ["launch", "RankFailed", "LaunchTimeout", "backend_line", "take", "run_ranks",
-           "run_in_turn", "spawn_ranks"]
+__all__ = ["launch", "RankFailed", "LaunchTimeout", "backend_line", "backend_for", "take",
+           "run_ranks", "run_in_turn", "spawn_ranks"]
 
 _TAIL = 8          # traceback lines a RankFailed quotes
 _GRACE = 10.0      # seconds a rank that has handed in its result may take to leave the group
@@ -77,6 +77,15 @@ def backend_line(world, backend=None):
         return (f"{world} ranks but {gpus} GPU(s): ranks outnumber GPUs, so gloo, "
                 "computing on the CPU")
     return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
+
+
+def backend_for(*worlds):
+    """One backend for launches of these numbers of ranks (a chapter's): NCCL only when the
+    largest gets a GPU per rank. Passed to each launch, it keeps one table from mixing runs on
+    GPUs with runs on CPU cores (1 rank on a GPU beside 2 ranks falling back to gloo)."""
+    for w in worlds:
+        check_positive_int(w, "world")
+    return choose_backend(max(worlds))
 
 
 def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, quiet=False):
@@ -290,10 +299,10 @@ def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout, env):
     progress.report_to(out / f"rank{rank}.progress")
     code = 0
     try:
+        # gloo: tensors stay on the CPU (backend_line), and CUDA is never touched
         _, _, device = setup(rank, world, backend=backend, master_addr="127.0.0.1",
-                             master_port=port, timeout=timeout)
-        if backend != "nccl":
-            device = torch.device("cpu")       # gloo: tensors stay on the CPU (backend_line)
+                             master_port=port, timeout=timeout,
+                             device="cpu" if backend != "nccl" else None)
         result = fn(rank, world, dict(cfg, device=device))
         atomic_save(result, out / f"rank{rank}.pt")
         del result

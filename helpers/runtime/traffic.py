@@ -88,6 +88,14 @@ class CountsSent:
     def calls(self, op):
         return self.traffic.count(op)
 
+    def sendrecv(self, send=None, recv=None):
+        """Post a send (t, dst) and a receive (src, shape[, dtype]) together; returns the
+        received tensor (None without one). Here one after the other; DistComm posts both at
+        once (torch.distributed.batch_isend_irecv)."""
+        if send is not None:
+            self.send(*send)
+        return self.recv(*recv) if recv is not None else None
+
 
 class CommLog(ByteLog):
     """The transfers between simulated devices: `transfers` lists (from index, to index, bytes,

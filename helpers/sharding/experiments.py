@@ -235,22 +235,23 @@ def zero1_checkpoint(rank, world, cfg):
     run(model, opt, batches[:half])
     opt.consolidate_state_dict(to=0)
     if rank == 0:
-        torch.save(dict(model=model.module.state_dict(), optim=opt.state_dict()), path)
+        weights = {k: v.cpu() for k, v in model.module.state_dict().items()}   # any rank
+        torch.save(dict(model=weights, optim=opt.state_dict()), path)         # can load it
     dist.barrier()
     run(model, opt, batches[half:])
-    sd = torch.load(path, weights_only=False)
+    sd = torch.load(path, map_location="cpu", weights_only=False)   # rank 0 saved it
     fresh = DDPFromScratch(make_model("mlp", seed=9).to(device))
     fresh.module.load_state_dict(sd["model"])
     opt2 = ShardedOptimizer(fresh.module.parameters(), torch.optim.AdamW, lr=1e-3)
     opt2.load_state_dict(sd["optim"])
     entries = len(opt2.local.state) if opt2.local else 0
     run(fresh, opt2, batches[half:])
-    plain = make_model("mlp")          # the consolidated state dict is plain AdamW's
+    plain = make_model("mlp").to(device)   # the consolidated state dict is plain AdamW's
     plain.load_state_dict(sd["model"])
     popt = torch.optim.AdamW(plain.parameters(), lr=1e-3)
     popt.load_state_dict(sd["optim"])
     for X, y in batches[half:]:
-        flat_cross_entropy(plain(X), y).backward()
+        flat_cross_entropy(plain(X.to(device)), y.to(device)).backward()
         popt.step()
         popt.zero_grad()
     return dict(resumed_diff=max_diff(params_of(fresh.module), params_of(model.module)),

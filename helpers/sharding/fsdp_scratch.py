@@ -5,7 +5,6 @@ tensors autograd would keep for backward are replaced by a note saying where the
 gathers them again and reduce-scatters their gradient, so each rank keeps only its shard of
 parameters, gradients and optimizer state.
 """
-import time
 import weakref
 from contextlib import contextmanager
 
@@ -14,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
+from ..devices import synced_now
 from .zero import all_gather_flat, check_flat_dtypes, clip_sharded_grad_norm_, flat_shard, \
     reduce_scatter_flat
 
@@ -172,7 +172,7 @@ class FSDPFromScratch(nn.Module):
             compute_dtype
         self.reshard_after_forward, self.prefetch = bool(reshard_after_forward), bool(prefetch)
         self.live_bytes = self.peak_live_bytes = 0   # gathered (full) weights alive right now
-        self.events, self.sync, self._order, self._recording = [], True, [], True
+        self._log, self.sync, self._order, self._recording = [], True, [], True
         groups = unit_parameters(module, units)
         for u, names in groups:
             check_flat_dtypes([u.get_parameter(n) for n in names], "FSDPFromScratch")
@@ -203,8 +203,26 @@ class FSDPFromScratch(nn.Module):
         self.live_bytes -= n
 
     def log(self, what, unit):
-        """(seconds, "gather" | "wait" | "compute", unit index): the timeline of this step."""
-        self.events.append((time.perf_counter(), what, self.units.index(unit)))
+        """Note (when, "gather" | "wait" | "compute", unit index) in this step's timeline: on a
+        GPU a CUDA event in the current stream (the host only queues the work: its clock would
+        say when it was queued), else the host clock."""
+        device = unit.shard.device
+        if device.type == "cuda":
+            when = torch.cuda.Event(enable_timing=True)
+            when.record()
+        else:
+            when = synced_now(device)
+        self._log.append((when, what, self.units.index(unit)))
+
+    @property
+    def events(self):
+        """The step's timeline: [(seconds, what, unit index)], seconds on the host clock, or on
+        a GPU from the step's first event."""
+        stamps = [t for t, _, _ in self._log if not isinstance(t, float)]
+        if stamps:
+            stamps[-1].synchronize()
+        return [(t if isinstance(t, float) else stamps[0].elapsed_time(t) / 1e3, what, i)
+                for t, what, i in self._log]
 
     def forward_order(self, unit):
         if self._recording and unit not in self._order:
@@ -230,7 +248,7 @@ class FSDPFromScratch(nn.Module):
 
     def forward(self, *args, **kwargs):
         self.drop_prefetched()
-        self.events = []
+        self._log = []
         out = self.module(*args, **kwargs)
         self._recording = False   # the first forward fixed the order prefetching follows
         if self.compute_dtype is not None and torch.is_tensor(out) and out.is_floating_point():
@@ -279,14 +297,15 @@ class FSDPFromScratch(nn.Module):
     # ---- full parameters (consolidated) --------------------------------------------------------
     @torch.no_grad()
     def gather_full_params(self):
-        """{name: full tensor}, named like the wrapped module's trainable parameters (all ranks
-        call)."""
+        """{name: full tensor on the CPU}, named like the wrapped module's trainable parameters
+        (all ranks call), as helpers.params_of gives them: what runs are compared by."""
         full = {}
         for unit in self.units:
             flat, _ = all_gather_flat(unit.shard.detach(), self.world)
             offset, prefix = 0, self.unit_prefix[id(unit)]
             for n, shape in zip(unit.names, unit.shapes):
-                full[prefix + n] = flat[offset:offset + shape.numel()].view(shape).clone()
+                piece = flat[offset:offset + shape.numel()].view(shape)
+                full[prefix + n] = piece.to("cpu", copy=True)
                 offset += shape.numel()
         return full
 

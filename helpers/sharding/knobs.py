@@ -26,15 +26,16 @@ __all__ = ["zero2_accumulation", "clip_over_shards", "fsdp_knobs", "mixed_precis
            "refusals"]
 
 
-def _one_process(batches, micro, sizes, clip=None):
+def _one_process(batches, micro, sizes, device, clip=None):
     """AdamW (lr 1e-3, weight decay 0.1, one group) on one process: `micro` micro-batches per
-    step, each loss divided by `micro`; optionally clipped by the global norm."""
-    net = make_model("mlp", **(sizes or {}))
+    step, each loss divided by `micro`; optionally clipped by the global norm. On the rank's
+    device: the same kernels as the sharded run it is compared with."""
+    net = make_model("mlp", **(sizes or {})).to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
     norms = []
     for s in range(len(batches) // micro):
         for X, y in batches[s * micro:(s + 1) * micro]:
-            (flat_cross_entropy(net(X), y) / micro).backward()
+            (flat_cross_entropy(net(X.to(device)), y.to(device)) / micro).backward()
         if clip is not None:
             norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), clip)))
         opt.step()
@@ -50,7 +51,7 @@ def zero2_accumulation(rank, world, cfg):
     device, micro, num_steps, batch_size, sizes = \
         take(cfg, "device", micro=8, num_steps=2, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps * micro, batch_size)
-    ref, _ = _one_process(batches, micro, sizes)
+    ref, _ = _one_process(batches, micro, sizes, device)
     out = {}
     for mode in ("every", "no_sync"):
         model = Zero2(make_model("mlp", **(sizes or {})).to(device), torch.optim.AdamW, lr=1e-3,
@@ -80,7 +81,7 @@ def clip_over_shards(rank, world, cfg):
     device, max_norm, num_steps, batch_size, sizes = \
         take(cfg, "device", max_norm=0.5, num_steps=3, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps, batch_size)
-    ref, ref_norms = _one_process(batches, 1, sizes, clip=max_norm)
+    ref, ref_norms = _one_process(batches, 1, sizes, device, clip=max_norm)
     out = dict(one_process_norms=ref_norms)
     for kind in ("zero2", "fsdp"):
         net = make_model("mlp", **(sizes or {})).to(device)
@@ -130,10 +131,10 @@ def fsdp_knobs(rank, world, cfg):
     device, num_steps, batch_size, sizes = \
         take(cfg, "device", num_steps=2, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps, batch_size)
-    ref = make_model("mlp", **(sizes or {}))
+    ref = make_model("mlp", **(sizes or {})).to(device)      # on the device the runs use
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
     for X, y in batches:
-        flat_cross_entropy(ref(X), y).backward()
+        flat_cross_entropy(ref(X.to(device)), y.to(device)).backward()
         ref_opt.step()
         ref_opt.zero_grad()
     ref = params_of(ref)
@@ -180,7 +181,7 @@ def mixed_precision_zero(rank, world, cfg):
         opt = torch.optim.AdamW(master.parameters(), lr=1e-3, weight_decay=0.1)
         for X, y in batches:
             net = copy.deepcopy(master).to(dtype)
-            flat_cross_entropy(net(X.to(dtype)), y).backward()
+            flat_cross_entropy(net(X.to(device, dtype)), y.to(device)).backward()
             for p, q in zip(master.parameters(), net.parameters()):
                 p.grad = q.grad.float()
             opt.step()
@@ -200,7 +201,7 @@ def mixed_precision_zero(rank, world, cfg):
     flat, _ = all_gather_flat(opt.master.detach(), world)   # the float32 master weights
     master, offset = {}, 0
     for name, p in net.named_parameters():
-        master[name] = flat[offset:offset + p.numel()].view(p.shape).clone()
+        master[name] = flat[offset:offset + p.numel()].view(p.shape).to("cpu", copy=True)
         offset += p.numel()
     start = params_of(make_model("mlp", **(sizes or {})))
     return dict(per_param={k: v / n for k, v in held.items()}, n_params=n,
@@ -209,9 +210,13 @@ def mixed_precision_zero(rank, world, cfg):
 
 
 def refusals(rank, world, cfg):
-    """What each wrapper refuses, with its message (raised before any work)."""
+    """What each wrapper refuses, with its message (raised before any work). Every model on
+    the rank's device, as a real run would have it (a refusal must not be a device error)."""
     (device,) = take(cfg, "device")
     out = {}
+
+    def mlp():
+        return make_model("mlp").to(device)
 
     def attempt(name, build):
         try:
@@ -220,33 +225,32 @@ def refusals(rank, world, cfg):
         except (ValueError, TypeError, RuntimeError) as e:
             out[name] = f"{type(e).__name__}: {e}"
     attempt("fsdp: tied weights, default units",
-            lambda: FSDPFromScratch(make_model("tied", d_model=16, n_layers=1, n_heads=2)))
-    net = make_model("mlp")
+            lambda: FSDPFromScratch(make_model("tied", d_model=16, n_layers=1,
+                                               n_heads=2).to(device)))
+    net = mlp()
     attempt("fsdp: units that leave parameters out", lambda: FSDPFromScratch(net, units=[net[0]]))
     attempt("fsdp: a unit not in the model",
-            lambda: FSDPFromScratch(make_model("mlp"), units=[nn.Linear(3, 3)]))
-    net = make_model("mlp")
+            lambda: FSDPFromScratch(mlp(), units=[nn.Linear(3, 3, device=device)]))
+    net = mlp()
     attempt("fsdp: a unit given twice", lambda: FSDPFromScratch(net, units=[net[0], net[0], net]))
-    net = make_model("mlp")
+    net = mlp()
     attempt("fsdp: a unit without trainable parameters",
             lambda: FSDPFromScratch(net, units=[net[1], net]))   # net[1] is a ReLU
-    attempt("fsdp: int8 compute", lambda: FSDPFromScratch(make_model("mlp"),
-                                                          compute_dtype=torch.int8))
-    z = Zero2(make_model("mlp"), torch.optim.AdamW, lr=1e-3)
+    attempt("fsdp: int8 compute", lambda: FSDPFromScratch(mlp(), compute_dtype=torch.int8))
+    z = Zero2(mlp(), torch.optim.AdamW, lr=1e-3)
     X, y = local_batch(make_batches("mlp", 1, 8)[0], rank, world, device)
     flat_cross_entropy(z(X), y).backward()
     attempt("zero2: step() before finish", z.step)
     z.finish_gradient_synchronization()
-    opt = ShardedOptimizer(make_model("mlp").parameters(), torch.optim.AdamW, lr=1e-3)
+    opt = ShardedOptimizer(mlp().parameters(), torch.optim.AdamW, lr=1e-3)
     attempt("zero1: state_dict() before consolidate_state_dict()", opt.state_dict)
     # supported, not refused: a float64 model trains in float64 (shards and gradients too)
-    net = make_model("mlp").double()
-    model = FSDPFromScratch(net)
+    model = FSDPFromScratch(mlp().double())
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    ref = make_model("mlp").double()
+    ref = mlp().double()
     ref_sgd = torch.optim.SGD(ref.parameters(), lr=0.1)
     X, y = make_batches("mlp", 1, 8)[0]
-    flat_cross_entropy(ref(X.double()), y).backward()
+    flat_cross_entropy(ref(X.to(device, torch.float64)), y.to(device)).backward()
     ref_sgd.step()
     Xr, yr = local_batch((X.double(), y), rank, world, device)
     flat_cross_entropy(model(Xr), yr).backward()

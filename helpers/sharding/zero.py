@@ -111,8 +111,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._load_local(sd["state"])
 
     def consolidate_state_dict(self, to=0):
-        """Collect every rank's share on rank `to` (every rank calls it: a collective)."""
-        mine = self.local_state_dict()["state"]
+        """Collect every rank's share on rank `to` (every rank calls it: a collective), as CPU
+        copies: a pickled GPU tensor would unpickle onto the GPU it came from, another rank's
+        (torch's ZeroRedundancyOptimizer keeps its shares on the device instead)."""
+        mine = {k: {n: v.detach().cpu() if torch.is_tensor(v) else v for n, v in st.items()}
+                for k, st in self.local_state_dict()["state"].items()}
         if self.world == 1:
             parts = [mine]
         else:
@@ -302,7 +305,8 @@ class Zero2(nn.Module):
         if not any(self._pending.values()):   # e.g. every backward ran under no_sync
             for i in range(len(self.buckets)):
                 self._launch(i)
-        used = torch.tensor([float(id(p) in self._used) for p in self.params])
+        used = torch.tensor([float(id(p) in self._used) for p in self.params],
+                            device=self.flats[0].device)
         if self.world > 1:
             dist.all_reduce(used)
         used = {id(p) for p, u in zip(self.params, used) if u > 0}
@@ -346,7 +350,8 @@ def clip_sharded_grad_norm_(shards, max_norm):
     global norm is the square root of the all-reduced sum of every rank's squared norm; every
     rank then scales its shards by the same factor. Returns the global norm."""
     grads = [s.grad for s in shards if s.grad is not None]
-    sq = torch.zeros((), dtype=torch.float64)
+    sq = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else
+                     next((s.device for s in shards), None))
     for g in grads:
         sq += g.detach().double().pow(2).sum()
     if dist.is_initialized() and dist.get_world_size() > 1:

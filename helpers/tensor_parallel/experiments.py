@@ -120,10 +120,11 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
     vocab_parallel_cross_entropy) and with DTensor (vocab_plan, loss_parallel): the loss, the
     gradients of this rank's slices, the collectives, and the logits' bytes on this rank."""
     from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
-    lm = tiny_tp_lm(**lm_cfg["model"])
+    lm = tiny_tp_lm(**lm_cfg["model"]).to(comm.device)
     g = torch.Generator().manual_seed(lm_cfg.get("seed", 0))
     ids = torch.randint(0, lm.head.out_features, (lm_cfg["batch"], lm_cfg["seq"]), generator=g)
     y = torch.randint(0, lm.head.out_features, ids.shape, generator=g)
+    ids, y = ids.to(comm.device), y.to(comm.device)
     emb, blk = VocabEmbedding(lm.emb, comm), TPBlock(lm.block, comm)
     head_w = torch.nn.Parameter(shard_of(lm.head.weight, 0, rank, world))
     comm.log = []
@@ -131,8 +132,8 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
     loss = vocab_parallel_cross_entropy(logits, y, comm, start=rank * head_w.shape[0])
     fwd = list(comm.log)
     loss.backward()
-    grads = dict(_grads(blk), **{"emb.weight": emb.weight.grad.detach().clone(),
-                                 "head.weight": head_w.grad.detach().clone()})
+    grads = dict(_grads(blk), **{"emb.weight": emb.weight.grad.detach().cpu().clone(),
+                                 "head.weight": head_w.grad.detach().cpu().clone()})
     out = {"vocab": dict(loss=loss.item(), grads=grads, fwd=fwd, bwd=list(comm.log[len(fwd):]),
                          logits_bytes=logits.numel() * logits.element_size())}
     model = parallelize_module(copy.deepcopy(lm), mesh, vocab_plan())

@@ -7,7 +7,6 @@ add the lines that make it data-parallel; everything else stays.
 Every argument is checked before any work is done; --dry-run only fills in what was not given.
 """
 import os
-import time
 
 import torch
 from torch import nn
@@ -27,7 +26,8 @@ X, y = helpers.load_tensors(True, args.subset)
 X_test, y_test = helpers.load_tensors(False, args.subset)
 train_set = TensorDataset(X, y)
 sampler = DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True, seed=args.seed)
-train_iter = DataLoader(train_set, args.batch_size, sampler=sampler)
+train_iter = DataLoader(train_set, args.batch_size, sampler=sampler,
+                        pin_memory=device.type == "cuda")   # copies that need no wait
 
 # --- model ---
 torch.manual_seed(args.seed)
@@ -45,22 +45,22 @@ if args.snapshot and os.path.exists(args.snapshot):
 step = start * len(train_iter)
 for epoch in range(start, args.epochs):
     sampler.set_epoch(epoch)
-    t0 = time.perf_counter()
-    loss_sum = torch.zeros(2, device=device)
+    t0 = helpers.synced_now(device)
+    loss_sum = torch.zeros(2, device=device)   # (sum of losses, examples) on the device
     for Xb, yb in train_iter:
-        Xb, yb = Xb.to(device), yb.to(device)
+        Xb, yb = Xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         loss = loss_fn(model(Xb), yb)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        loss_sum += torch.stack([loss.detach() * len(yb), torch.tensor(len(yb), device=device)])
+        loss_sum[0] += loss.detach() * len(yb)
+        loss_sum[1] += len(yb)
         step += 1
     rank_sums = [loss_sum]
     correct, total = helpers.evaluate_exact(model, X_test, y_test, device)
-    helpers.synchronize(device)
     history.append(dict(epoch=epoch + 1, loss=(loss_sum[0] / loss_sum[1]).item(),
                         rank_losses=[(s[0] / s[1]).item() for s in rank_sums],
-                        test_acc=correct / total, seconds=time.perf_counter() - t0,
+                        test_acc=correct / total, seconds=helpers.synced_now(device) - t0,
                         attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))))
     print(f"epoch {epoch + 1}: train loss {history[-1]['loss']:.3f}, "
           f"test acc {correct / total:.3f} on {total} images, {history[-1]['seconds']:.2f} s")

@@ -6,7 +6,6 @@ spawn pickles by name: it must live in a file (a script or a module), never in a
 Every argument is checked before any process starts; --dry-run only fills in what was not given.
 """
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -31,7 +30,8 @@ def main(rank, world_size, port, args):
     train_set = TensorDataset(X, y)
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=args.seed)
-    train_iter = DataLoader(train_set, args.batch_size // world_size, sampler=sampler)
+    train_iter = DataLoader(train_set, args.batch_size // world_size, sampler=sampler,
+                            pin_memory=device.type == "cuda")   # copies that need no wait
 
     # --- model: same start on every rank (DDP also broadcasts rank 0's weights) ---
     torch.manual_seed(args.seed)
@@ -50,24 +50,24 @@ def main(rank, world_size, port, args):
     step = start * len(train_iter)
     for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)   # without it every epoch repeats epoch 0's order
-        t0 = time.perf_counter()
-        loss_sum = torch.zeros(2, device=device)
+        t0 = helpers.synced_now(device)
+        loss_sum = torch.zeros(2, device=device)   # (sum of losses, examples) on the device
         for Xb, yb in train_iter:
-            Xb, yb = Xb.to(device), yb.to(device)
+            Xb, yb = Xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             loss = loss_fn(model(Xb), yb)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()   # DDP all-reduces (averages) the gradients here
             optimizer.step()
-            loss_sum += torch.stack([loss.detach() * len(yb), torch.tensor(len(yb), device=device)])
+            loss_sum[0] += loss.detach() * len(yb)
+            loss_sum[1] += len(yb)
             step += 1
         rank_sums = [torch.zeros_like(loss_sum) for _ in range(world_size)]
         dist.all_gather(rank_sums, loss_sum)   # every rank runs the same collectives
         loss_sum = sum(rank_sums)
         correct, total = helpers.evaluate_exact(model, X_test, y_test, device)
-        helpers.synchronize(device)
         history.append(dict(epoch=epoch + 1, loss=(loss_sum[0] / loss_sum[1]).item(),
                             rank_losses=[(s[0] / s[1]).item() for s in rank_sums],
-                            test_acc=correct / total, seconds=time.perf_counter() - t0))
+                            test_acc=correct / total, seconds=helpers.synced_now(device) - t0))
         helpers.log0(f"epoch {epoch + 1}: train loss {history[-1]['loss']:.3f}, "
                      f"test acc {correct / total:.3f} on {total} images, "
                      f"{history[-1]['seconds']:.2f} s")

@@ -5,11 +5,14 @@ its RANK, LOCAL_RANK and WORLD_SIZE. The same file runs on one machine or on man
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         scripts/ddp/torchrun.py --dry-run
     # a job that survives a dead rank: torchrun restarts ALL ranks (up to 3 times), and every
-    # rank continues from the last snapshot
+    # rank continues from the last snapshot (on several machines: a path every node sees)
     python -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 3 \\
         scripts/ddp/torchrun.py --snapshot snap.pt
     # two machines: run on each, with --node-rank 0 on the machine at MASTER_IP, 1 on the other;
-    # PORT must be free on MASTER_IP (a busy port makes the others wait silently)
+    # PORT must be free on MASTER_IP (a busy port makes the others wait silently). Name the
+    # backend (--backend gloo) unless every rank has a GPU: machines never fall back alone.
+    # --snapshot must be on storage every node sees: rank 0 decides whether to resume and from
+    # which epoch, and every rank loads that file (a node that cannot see it stops with an error)
     python -m torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 8 \\
         --master-addr MASTER_IP --master-port PORT scripts/ddp/torchrun.py
     # or elastic rendezvous (ranks handed out on arrival, no --node-rank), with an id UNIQUE to
@@ -57,21 +60,35 @@ X_test, y_test = helpers.load_tensors(False, args.subset)
 train_set = TensorDataset(X, y)
 sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
                              seed=args.seed)
-train_iter = DataLoader(train_set, args.batch_size // world_size, sampler=sampler)
+train_iter = DataLoader(train_set, args.batch_size // world_size, sampler=sampler,
+                        pin_memory=device.type == "cuda")   # copies that need no wait
 
 # --- model: same start on every rank (DDP also broadcasts rank 0's weights) ---
 torch.manual_seed(args.seed)
-model = DDP(helpers.lenet_module().to(device),
-            device_ids=[device.index] if device.type == "cuda" else None)
+net = helpers.lenet_module().to(device)
 torch.manual_seed(args.seed + 1 + rank)   # then per-rank randomness (dropout, augmentation)
-optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+optimizer = torch.optim.SGD(net.parameters(), lr=args.lr)
 loss_fn = nn.CrossEntropyLoss()
 
-# --- resume: model, optimizer, next epoch and RNG states from the last snapshot ---
+# --- resume: rank 0 decides from the snapshot it sees; every rank loads that same file (on
+# storage every node sees) before DDP wraps the model, whose broadcast then starts all alike ---
 start, history = 0, []
-if args.snapshot and os.path.exists(args.snapshot):
-    start, history = helpers.load_snapshot(args.snapshot, model, optimizer, rank, args.lr)
-    helpers.log0(f"resuming from {args.snapshot} at epoch {start + 1}")
+if args.snapshot:
+    found = torch.tensor([int(rank == 0 and os.path.exists(args.snapshot))], device=device)
+    dist.broadcast(found, src=0)
+    if found.item():
+        if not os.path.exists(args.snapshot):
+            raise FileNotFoundError(f"rank {rank}: rank 0 resumes from {args.snapshot}, which this "
+                                    "machine cannot see: put --snapshot on storage every node "
+                                    "sees (a shared filesystem)")
+        start, history = helpers.load_snapshot(args.snapshot, net, optimizer, rank, args.lr)
+        first = torch.tensor([start], device=device)
+        dist.broadcast(first, src=0)
+        if first.item() != start:
+            raise RuntimeError(f"rank {rank} read epoch {start} from {args.snapshot}, rank 0 "
+                               f"epoch {first.item()}: every node must see the same file")
+        helpers.log0(f"resuming from {args.snapshot} at epoch {start + 1}")
+model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def fail_on_purpose(step):
@@ -92,26 +109,26 @@ step = start * len(train_iter)
 try:
     for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)   # without it every epoch repeats epoch 0's order
-        t0 = time.perf_counter()
-        loss_sum = torch.zeros(2, device=device)
+        t0 = helpers.synced_now(device)
+        loss_sum = torch.zeros(2, device=device)   # (sum of losses, examples) on the device
         for Xb, yb in train_iter:
             if rank == args.fail_rank and step == args.fail_step:
                 fail_on_purpose(step)
-            Xb, yb = Xb.to(device), yb.to(device)
+            Xb, yb = Xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             loss = loss_fn(model(Xb), yb)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()   # DDP all-reduces (averages) the gradients here
             optimizer.step()
-            loss_sum += torch.stack([loss.detach() * len(yb), torch.tensor(len(yb), device=device)])
+            loss_sum[0] += loss.detach() * len(yb)
+            loss_sum[1] += len(yb)
             step += 1
         rank_sums = [torch.zeros_like(loss_sum) for _ in range(world_size)]
         dist.all_gather(rank_sums, loss_sum)   # every rank runs the same collectives
         loss_sum = sum(rank_sums)
         correct, total = helpers.evaluate_exact(model, X_test, y_test, device)
-        helpers.synchronize(device)
         history.append(dict(epoch=epoch + 1, loss=(loss_sum[0] / loss_sum[1]).item(),
                             rank_losses=[(s[0] / s[1]).item() for s in rank_sums],
-                            test_acc=correct / total, seconds=time.perf_counter() - t0,
+                            test_acc=correct / total, seconds=helpers.synced_now(device) - t0,
                             attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))))
         helpers.log0(f"epoch {epoch + 1}: train loss {history[-1]['loss']:.3f}, "
                      f"test acc {correct / total:.3f} on {total} images, "
