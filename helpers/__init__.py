@@ -8,6 +8,8 @@ home module                 what lives there                     e.g.
 config, devices, data       run sizes, devices, Fashion-MNIST    choose, get_devices, load_tensors
 models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18, TinyLM, make_model
 plotting, paths, validate   plots and glue, scripts, checks      glue, script_path, check_lr
+script_args                 the DDP scripts' command line        script_parser, resolve_args
+seeding                     models built from a seed, in threads seeded
 costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
                             unsplit runs everything is compared  train_one_process
 cost_explorer               the cost explorer's static twin      with_static_twin
@@ -16,6 +18,7 @@ timing                      medians, spreads, ratios in turns    measure, interl
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks, RankFailed
 runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, run_threads
+runtime.agree               ranks running the same collectives   agree, CollectiveMismatch
 runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
 runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
@@ -38,16 +41,17 @@ from .config import choose, quick
 from .devices import (Timer, exact_float32, get_devices, num_gpus, require_gpus, synced_now,
                       synchronize, try_all_gpus, try_gpu)
 from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
-                   load_tensors)
+                   load_tensors, ensure_data)
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
 from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
                           make_batches, SmallMLP, SmallAttention, SmallBlock, small_block,
                           small_stack, block_inputs, block_loss)
+from .seeding import seeded
 from .plotting import Animator, glue, progress
 from .paths import script_path, course_file
 from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
-                       check_backend, check_output_path, check_step, script_parser, resolve_args,
-                       SnapshotError, check_snapshot)
+                       check_backend, check_output_path, check_step, SnapshotError, check_snapshot)
+from .script_args import script_parser, resolve_args
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
                     ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
                     OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS,
@@ -65,12 +69,13 @@ from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference, gpu_figures, capture_env, add_notebook, add_path)
 from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
-from .runtime.group import (choose_backend, env_ranks, rank_device, setup, teardown, free_port,
-                            get_rank, get_world_size, log0, die_with_parent, pin_to_core)
-from .runtime.launch import (launch, RankFailed, LaunchTimeout, backend_line, take, run_ranks,
-                             run_in_turn, spawn_ranks)
-from .runtime.launch import backend_for
+from .runtime.group import (choose_backend, backend_line, backend_for, env_ranks, rank_device,
+                            setup, teardown, free_port, get_rank, get_world_size, log0,
+                            die_with_parent, pin_to_core)
+from .runtime.launch import (launch, RankFailed, LaunchTimeout, take, run_ranks, run_in_turn,
+                             spawn_ranks)
 from .runtime.progress import report_progress, ProgressLine, report_to
+from .runtime.agree import CollectiveMismatch, agree, fingerprint, where_are_the_others
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
                               TrafficLog, FuncolBytes)
@@ -104,9 +109,10 @@ from .data_parallel.speed import (dp_timing_worker, time_data_parallel, spread,
                                   allreduce_compare_worker, compare_with_dist_all_reduce,
                                   lenet_module_from, bench_worker, bench_ranks,
                                   gloo_allreduce_worker, time_gloo_allreduce)
-from .sharding.zero import (partition_by_size, ShardedOptimizer, Zero2, flat_shard,
-                            all_gather_flat, optimizer_state_bytes, padded_flat,
-                            reduce_scatter_flat, clip_sharded_grad_norm_)
+from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
+from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
+                            clip_sharded_grad_norm_, check_flat_dtypes, check_groups,
+                            unit_parameters)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
 from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
 from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,

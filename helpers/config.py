@@ -9,13 +9,27 @@ FULL_ENV = "COURSE_FULL"     # set to 1: full sizes even without a GPU (slow on 
 _told = set()
 
 
+ON, OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
 def _flag(name):
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+    """A switch of the environment: on, off, or refused (a typo must not turn it on)."""
+    value = os.environ.get(name, "")
+    word = value.strip().lower()
+    if word not in ON + OFF:
+        raise ValueError(f"{name}={value!r} is neither on nor off: set {name}=1 (on) or "
+                         f"{name}=0 (off), or unset it")
+    return word in ON
 
 
 def quick():
     """True when COURSE_QUICK asks for CI-sized runs."""
     return _flag(QUICK_ENV)
+
+
+def full():
+    """True when COURSE_FULL asks for the full sizes on a machine without a GPU."""
+    return _flag(FULL_ENV)
 
 
 def choose(full, small, what="this experiment", *, tiny=None, ranks=None):
@@ -31,9 +45,10 @@ def choose(full, small, what="this experiment", *, tiny=None, ranks=None):
 
     gpus = num_gpus()
     on_gpu = gpus > 0 if ranks is None else gpus >= ranks
-    if quick():
+    full_asked = _flag(FULL_ENV)   # read even where a GPU decides: a value it does not know
+    if quick():                    # is refused everywhere
         reason, small = f"quick mode ({QUICK_ENV}=1)", small if tiny is None else tiny
-    elif not on_gpu and not _flag(FULL_ENV):
+    elif not on_gpu and not full_asked:
         reason = (f"no GPU, so it is scaled down (set {FULL_ENV}=1 for the full size)"
                   if not gpus else f"{ranks} ranks but {gpus} GPU(s): they run on CPU cores, "
                   f"so it is scaled down (set {FULL_ENV}=1 for the full size)")

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import os
+import shlex
 import socket
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,8 +23,8 @@ from torch.utils import data
 from .runtime.files import atomic_write
 from .validate import check_positive_int
 
-__all__ = ["DataMissingError", "data_dir", "fashion_mnist", "load_data_fashion_mnist",
-           "load_tensors"]
+__all__ = ["DataMissingError", "data_dir", "ensure_data", "fashion_mnist",
+           "load_data_fashion_mnist", "load_tensors"]
 
 DATA_ENV = "COURSE_DATA"
 FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -60,14 +61,22 @@ def data_dir():
     return Path.home() / ".cache" / "multigpu-course" / "data"
 
 
+def ensure_data(root=None):
+    """The data folder, with Fashion-MNIST's files checked, extracted or downloaded there (one
+    process at a time); else DataMissingError naming what is wrong and the fix. What a script
+    calls before any work; fashion_mnist calls it too."""
+    root = Path(root) if root is not None else data_dir()
+    raw = root / "FashionMNIST" / "raw"
+    with _locked(raw):
+        _prepare(raw)
+    return root
+
+
 def fashion_mnist(train=True, transform=None, root=None):
     """The torchvision dataset, downloaded on first use (a seeded raw/ folder skips the network)."""
     import torchvision   # imported here: worker processes that never load data start faster
     from torchvision import transforms
-    root = Path(root) if root is not None else data_dir()
-    raw = root / "FashionMNIST" / "raw"
-    with _locked(raw):   # one process at a time checks, downloads and extracts
-        _prepare(raw)
+    root = ensure_data(root)
     return torchvision.datasets.FashionMNIST(
         root=str(root), train=train, download=False, transform=transform or transforms.ToTensor())
 
@@ -112,6 +121,7 @@ def _prepare(raw):
     record, changed = _read_record(raw), False
     for name in EXTRACTED_SIZES:
         f = raw / name
+        _not_a_folder(f)
         if f.exists():
             if _stat_key(f) == record.get(name):
                 continue
@@ -130,10 +140,34 @@ def _mkdir(raw):
     try:
         raw.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        _not_a_folder_on_the_way(raw, e)
+        why = ("its folder is read-only, so Fashion-MNIST cannot be downloaded there"
+               if e.errno in READ_ONLY else "so Fashion-MNIST cannot be downloaded there")
         raise DataMissingError(
-            f"cannot create {raw} ({e}): its folder is read-only, so Fashion-MNIST cannot be "
-            f"downloaded there. Set {DATA_ENV} to a writable folder (or one whose "
-            f"FashionMNIST/raw/ holds {', '.join(FILES)}).") from e
+            f"cannot create {raw} ({e}): {why}. Set {DATA_ENV} to a writable folder (or one "
+            f"whose FashionMNIST/raw/ holds {', '.join(FILES)}).") from e
+
+
+def _not_a_folder_on_the_way(raw, e):
+    """The error for a file where the data folder, FashionMNIST/ or raw/ should be."""
+    root = raw.parent.parent
+    for folder in (root, raw.parent, raw):
+        if folder.exists() and not folder.is_dir():
+            env = os.environ.get(DATA_ENV)
+            if folder == root and env and Path(env).expanduser() == root:
+                raise DataMissingError(f"{DATA_ENV}={folder} is a file, not a folder: point "
+                                       f"{DATA_ENV} at a folder (it need not exist yet)") from e
+            raise DataMissingError(f"{folder} is a file, not a folder: remove it (it is not "
+                                   f"part of the data), or set {DATA_ENV} to another "
+                                   "folder") from e
+
+
+def _not_a_folder(f):
+    """Refuse a folder where a data file should be (never deleted: it is not ours)."""
+    if f.is_dir():
+        raise DataMissingError(
+            f"{f} is a folder, not the data file {f.name}: remove it (rm -r "
+            f"{shlex.quote(str(f))}) and load again, or set {DATA_ENV} to another folder")
 
 
 def _read_only(path, e, problem, cannot):
@@ -212,6 +246,7 @@ def _archive(raw, name):
     ds = torchvision.datasets.FashionMNIST
     md5 = dict(ds.resources)[name]
     path = raw / name
+    _not_a_folder(path)
     damaged = path.exists()
     if damaged:
         if check_integrity(str(path), md5):

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .seeding import seeded
+
 __all__ = ["deep_mlp", "TinyLM", "TinyBlock", "counting_tokens", "model_bytes", "make_model",
            "make_batches", "SmallMLP", "SmallAttention", "SmallBlock", "small_block",
            "small_stack", "block_inputs", "block_loss"]
@@ -92,15 +94,15 @@ def model_bytes(module):
 def make_model(kind, seed=0, **sizes):
     """The experiments' models: "mlp" (deep MLP), "frozen" (its first layer frozen), "tied"
     (TinyLM with tied embeddings), "lm" (TinyLM, untied)."""
-    torch.manual_seed(seed)
-    if kind in ("mlp", "frozen"):
+    if kind not in ("mlp", "frozen", "tied", "lm"):
+        raise ValueError(f"unknown model kind {kind!r}: use mlp, frozen, tied or lm")
+    with seeded(seed):
+        if kind in ("tied", "lm"):
+            return TinyLM(tied=kind == "tied", **sizes)
         net = deep_mlp(**sizes)
-        if kind == "frozen":
-            net[0].requires_grad_(False)
-        return net
-    if kind in ("tied", "lm"):
-        return TinyLM(tied=kind == "tied", **sizes)
-    raise ValueError(f"unknown model kind {kind!r}: use mlp, frozen, tied or lm")
+    if kind == "frozen":
+        net[0].requires_grad_(False)
+    return net
 
 
 def make_batches(kind, num_steps, batch_size, seed=1, d_in=32, **_):
@@ -161,15 +163,15 @@ class SmallBlock(nn.Module):
 
 def small_block(width=32, heads=4, hidden=None, seed=0):
     """The SmallBlock with weights from `seed` (every rank builds the same one)."""
-    torch.manual_seed(seed)
-    return SmallBlock(width, heads, hidden)
+    with seeded(seed):
+        return SmallBlock(width, heads, hidden)
 
 
 def small_stack(blocks=2, width=32, heads=4, seed=0):
     """`blocks` SmallBlocks in an nn.Sequential, weights from `seed` (every rank builds the
     same): a model with more than one block, so each can be its own FSDP unit."""
-    torch.manual_seed(seed)
-    return nn.Sequential(*[SmallBlock(width, heads) for _ in range(blocks)])
+    with seeded(seed):
+        return nn.Sequential(*[SmallBlock(width, heads) for _ in range(blocks)])
 
 
 def block_inputs(batch, seq, width, seed=0):

@@ -5,9 +5,7 @@ ValueError for a wrong value). The rule for a global batch that does not split e
 ranks lives here, once, for single.py, spawn.py and torchrun.py: refuse, and name the nearest
 batch sizes that do split.
 """
-import argparse
 import collections.abc
-import itertools
 import math
 import numbers
 import os
@@ -19,8 +17,7 @@ import torch
 from .devices import num_gpus
 
 __all__ = ["check_positive_int", "check_lr", "check_seed", "check_images", "check_global_batch",
-           "check_backend", "check_output_path", "check_step", "script_parser", "resolve_args",
-           "SnapshotError", "check_snapshot"]
+           "check_backend", "check_output_path", "check_step", "SnapshotError", "check_snapshot"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -50,10 +47,13 @@ def check_lr(lr):
     return float(lr)
 
 
-def check_seed(seed):
-    """None (a different run each time) or an int (the same run each time)."""
+def check_seed(seed, name="seed"):
+    """None (a different run each time) or an int (the same run each time) that torch's
+    generators take (64 bits)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be an int or None, got {seed!r} ({type(seed).__name__})")
+        raise TypeError(f"{name} must be an int or None, got {seed!r} ({type(seed).__name__})")
+    if seed is not None and not -2**63 <= seed < 2**63:
+        raise ValueError(f"{name} {seed} does not fit in 64 bits: use e.g. {name} 0")
     return seed
 
 
@@ -124,7 +124,8 @@ def check_output_path(path, flag):
         return None
     path = Path(path)
     if path.is_dir():
-        name = {"--metrics": "metrics.json", "--snapshot": "snapshot.pt"}.get(flag, "model.pt")
+        name = {"--metrics": "metrics.json", "--snapshot": "snapshot.pt",
+                "--json": "bench.json"}.get(flag, "model.pt")
         raise ValueError(f"{flag} {path} is a folder: give a file name, e.g. {path / name}")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
@@ -209,107 +210,3 @@ def _load_error(e):
         return "weights_only=True refused it" + (f": {why[0][:120]}" if why else "")
     first = lines[0].split(". ")[0][:120] if lines else ""
     return type(e).__name__ + (f": {first}" if first else "")
-
-
-# --- the three scripts' command lines ---
-
-def script_parser(doc, distributed=False):
-    """The arguments single.py, spawn.py and torchrun.py share. Sizes default to None so that
-    `resolve_args` can tell what the user typed from what --dry-run may fill in."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--epochs", type=int, default=None, help="epochs (default 10)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="GLOBAL batch, split evenly over the ranks (default 256)")
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.2)")
-    p.add_argument("--subset", type=int, default=None, help="first N training images (all)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dry-run", action="store_true",
-                   help="CI size: fills in 2 epochs, 512 images, batch 64 where not given")
-    who = "rank 0 " if distributed else ""
-    p.add_argument("--save", default=None, help=f"{who}saves the model's state_dict here")
-    p.add_argument("--metrics", default=None, help=f"{who}writes a JSON summary here")
-    p.add_argument("--snapshot", default=None,
-                   help="saved after every epoch (model, optimizer, epoch, RNGs); a run that\n"
-                        "finds it continues from it")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from --snapshot, which must exist")
-    if distributed:
-        p.add_argument("--backend", default=None, choices=BACKENDS,
-                       help="default: nccl when every rank has a GPU, gloo otherwise")
-        p.add_argument("--timeout", type=float, default=60,
-                       help="seconds a collective may wait")
-    return p
-
-
-DEFAULTS = dict(epochs=10, batch_size=256, lr=0.2)
-DRY_RUN = dict(epochs=2, batch_size=64, subset=512)
-
-
-def resolve_args(args, world_size=1, local_world_size=1, parser=None):
-    """Fill in what the user did not give (--dry-run sizes first, then the defaults) and check
-    every argument, before any process group, data or model exists; an existing --snapshot is
-    read and checked against the run (its ranks, its epochs, its lr). Errors go through
-    `parser.error` (exit code 2, usage line) when a parser is given."""
-    try:
-        typed_lr = args.lr is not None
-        filled = {}
-        for k, v in {**DEFAULTS, **(DRY_RUN if args.dry_run else {})}.items():
-            if getattr(args, k, None) is None and (args.dry_run or k in DEFAULTS):
-                setattr(args, k, v)
-                filled[k] = " (the --dry-run default)" if args.dry_run and k in DRY_RUN \
-                    else " (the default)"
-        check_positive_int(args.epochs, "--epochs")
-        check_positive_int(args.subset, "--subset", allow_none=True)
-        check_lr(args.lr)
-        check_global_batch(args.batch_size, world_size, note=filled.get("batch_size", ""))
-        if getattr(args, "backend", None) is not None:
-            check_backend(args.backend, local_world_size)
-        timeout = getattr(args, "timeout", 1)
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"--timeout must be a finite number of seconds above 0, got "
-                             f"{timeout}: e.g. --timeout 60")
-        outputs = [(f"--{k}", getattr(args, k)) for k in ("save", "metrics", "snapshot")
-                   if getattr(args, k)]
-        for flag, path in outputs:
-            check_output_path(path, flag)
-        for (f1, p1), (f2, p2) in itertools.combinations(outputs, 2):
-            if os.path.realpath(p1) == os.path.realpath(p2):
-                raise ValueError(f"{f1} and {f2} are the same file {p1}: each needs its own "
-                                 f"(one would overwrite the other), e.g. {f1} a.pt {f2} b.pt")
-        if args.resume and not (args.snapshot and os.path.exists(args.snapshot)):
-            raise ValueError("--resume needs --snapshot PATH of an existing snapshot"
-                             + (f" ({args.snapshot} does not exist)" if args.snapshot else ""))
-        if args.snapshot and os.path.exists(args.snapshot):
-            _check_resume(args, world_size, typed_lr)
-    except (TypeError, ValueError) as e:
-        if parser is None:
-            raise
-        parser.error(str(e))
-    return args
-
-
-def _check_resume(args, world_size, typed_lr):
-    """What resuming from args.snapshot means for this run, decided and said before any work:
-    a snapshot past --epochs is refused, a finished one trains nothing and keeps the outputs
-    that run wrote, a typed --lr replaces the saved one (else the saved one goes on)."""
-    say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)
-    snap = check_snapshot(args.snapshot, world_size)
-    done, path = snap["epoch"], args.snapshot
-    if done > args.epochs:
-        raise ValueError(f"--snapshot {path} has already run {done} epochs, more than --epochs "
-                         f"{args.epochs}: pass --epochs {done} or more to continue it, or delete "
-                         "it (or give --snapshot another file) to start afresh")
-    if done == args.epochs:
-        say(f"--snapshot {path} already holds all {done} epochs: nothing left to train (pass "
-            f"--epochs above {done} to train on)", flush=True)
-        for k in ("save", "metrics"):
-            if getattr(args, k) and os.path.exists(getattr(args, k)):
-                say(f"--{k} {getattr(args, k)}: kept as the finished run wrote it", flush=True)
-                setattr(args, k, None)
-    saved_lr = snap["optimizer"]["param_groups"][0].get("lr")
-    if not isinstance(saved_lr, numbers.Real):
-        return
-    if not typed_lr:
-        args.lr = float(saved_lr)
-    elif args.lr != saved_lr:
-        say(f"--lr {args.lr:g} replaces the lr {saved_lr:g} saved in {path}", flush=True)

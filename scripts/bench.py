@@ -86,8 +86,13 @@ def check_args(args):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be positive, got {args.lr}")
+    try:
+        helpers.check_lr(args.lr)
+    except ValueError:
+        raise ValueError(f"--lr must be a positive, finite number, got {args.lr}: e.g. "
+                         "--lr 0.2") from None
+    helpers.check_seed(args.seed + (args.rounds or 3) - 1, "--seed")   # round r: seed + r
+    helpers.quick(), helpers.config.full()   # a value these switches do not know is refused
     if args.ranks is None:
         args.ranks = "2" if args.quick or helpers.quick() else "1,2"
     try:
@@ -98,6 +103,9 @@ def check_args(args):
     bad = [k for k in args.ranks if k < 1]
     if bad:
         raise ValueError(f"--ranks must be at least 1 each, got {bad}: use e.g. --ranks 1,2")
+    if len(set(args.ranks)) < len(args.ranks):
+        raise ValueError(f"--ranks {args.ranks} repeats a count: give each once, e.g. --ranks "
+                         f"{','.join(map(str, sorted(set(args.ranks))))}")
     for k in args.ranks:
         if args.batch_size % k:
             lo = args.batch_size - args.batch_size % k
@@ -111,12 +119,11 @@ def check_args(args):
         if unknown or not args.rows:
             raise ValueError(f"--rows {unknown or 'empty'}: choose among {', '.join(known)}")
     if args.json:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(folder):
-            raise ValueError(f"--json {args.json}: the folder {folder} does not exist: create "
-                             "it first, or write the JSON elsewhere")
-        if not os.access(folder, os.W_OK):
-            raise ValueError(f"--json {args.json}: the folder {folder} is not writable")
+        helpers.check_output_path(args.json, "--json")   # a folder, a missing or read-only one
+    try:
+        helpers.ensure_data()   # every row trains on Fashion-MNIST: on disk before the first
+    except helpers.DataMissingError as e:
+        raise ValueError(str(e)) from None
 
 
 def plan(args, gpu):

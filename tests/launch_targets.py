@@ -57,3 +57,11 @@ def how_started(rank, world, cfg):
     import sys
     return dict(ppid=os.getppid(), probe=os.environ.get("COURSE_LAUNCH_PROBE"),
                 threads=torch.get_num_threads(), had_helpers="helpers" in sys.modules)
+
+
+def mismatch_on_rank_1(rank, world, cfg):
+    """The ranks disagree on a collective's size: gloo aborts a process (SIGABRT) after
+    printing why on its stderr."""
+    t = torch.zeros(2 if rank == 0 else 3)
+    dist.all_gather([torch.empty_like(t) for _ in range(world)], t)
+    return rank

@@ -94,6 +94,10 @@ ROWS = [
     ("train_batch devices from a generator",
      lambda: helpers.train_batch(X4, Y4, params_on(2), (d for d in [CPU, CPU]), 0.1), TypeError,
      "pass list(devices)"),
+    ("launch timeout=inf", lambda: helpers.launch(print, 2, timeout=math.inf), ValueError,
+     "finite number of seconds above 0"),
+    ("launch timeout=True", lambda: helpers.launch(print, 2, timeout=True), ValueError,
+     "e.g. timeout=300"),
     ("train_batch X float64",
      lambda: helpers.train_batch(X4.double(), Y4, params_on(1), [CPU], 0.1), TypeError,
      "X.to(torch.float32)"),
@@ -198,6 +202,8 @@ def test_the_three_scripts_share_one_batch_rule():
     ("single.py", ["--dry-run", "--epochs", "0"], "--epochs must be at least 1"),
     ("spawn.py", ["--nprocs", "3", "--dry-run"], "use a multiple of 3 (63 or 66)"),
     ("torchrun.py", ["--dry-run", "--backend", "nccl"], "use --backend gloo"),
+    ("torchrun.py", ["--dry-run"], "start it with torchrun"),   # run by python alone
+    ("minimal.py", [], "start it with torchrun"),
 ])
 def test_scripts_refuse_before_loading_data_or_starting_processes(script, argv, words, capsys,
                                                                   monkeypatch):
@@ -208,9 +214,65 @@ def test_scripts_refuse_before_loading_data_or_starting_processes(script, argv, 
 
     from book_files import ROOT
     no_gpu(monkeypatch)
+    for name in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)    # not under torchrun (setup() sets the port)
     for name in ("load_tensors", "setup"):
         monkeypatch.setattr(helpers, name, lambda *a, **k: pytest.fail(f"{name} ran first"))
     monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: pytest.fail("spawned"))
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(ROOT / "scripts" / "ddp" / script), run_name="__main__")
+    assert e.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["single.py", "spawn.py", "torchrun.py"])
+@pytest.mark.parametrize("env,words", [
+    ("COURSE_DATA", "is a file, not a folder: point COURSE_DATA at a folder"),
+    ("COURSE_QUICK", "COURSE_QUICK='maybe' is neither on nor off"),
+])
+def test_scripts_refuse_a_data_folder_or_a_switch_they_cannot_use(script, env, words, capsys,
+                                                                  monkeypatch, tmp_path):
+    """One line (exit 2) before any rank starts, not a DataMissingError's tracebacks."""
+    import runpy
+    import sys
+
+    from book_files import ROOT
+    no_gpu(monkeypatch)
+    if env == "COURSE_DATA":
+        (tmp_path / "data").write_text("")
+        monkeypatch.setenv("COURSE_DATA", str(tmp_path / "data"))
+    else:
+        monkeypatch.setenv("COURSE_QUICK", "maybe")
+    monkeypatch.setattr(helpers, "setup", lambda *a, **k: pytest.fail("setup ran first"))
+    monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: pytest.fail("spawned"))
+    monkeypatch.setattr(sys, "argv", [script, "--dry-run"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(ROOT / "scripts" / "ddp" / script), run_name="__main__")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv,env,words", [
+    (["--batch-size", "64"], dict(WORLD_SIZE="3"), "a multiple of 3"),
+    (["--steps", "0"], dict(WORLD_SIZE="2"), "at least 1 step"),
+    (["--dry-run", "--fail-rank", "2"], dict(WORLD_SIZE="2", MASTER_PORT="1"),
+     "a rank from 0 to 1"),
+])
+def test_torchrun_scripts_refuse_their_own_arguments_before_joining(argv, env, words, capsys,
+                                                                    monkeypatch):
+    """minimal.py (plain torch) and torchrun.py's fault demo, as torchrun starts them."""
+    import runpy
+    import sys
+
+    from book_files import ROOT
+    no_gpu(monkeypatch)
+    for k, v in dict(env, LOCAL_RANK="0", RANK="0").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.distributed, "init_process_group",
+                        lambda *a, **k: pytest.fail("joined first"))
+    script = "torchrun.py" if "--dry-run" in argv else "minimal.py"
     monkeypatch.setattr(sys, "argv", [script, *argv])
     with pytest.raises(SystemExit) as e:
         runpy.run_path(str(ROOT / "scripts" / "ddp" / script), run_name="__main__")
@@ -225,3 +287,23 @@ def test_torchrun_docs_suggest_a_unique_rendezvous_id_and_a_free_port():
     doc = (ROOT / "scripts" / "ddp" / "torchrun.py").read_text().split('"""')[1]
     assert "--rdzv-id job1" not in doc and "--master-port 29500" not in doc
     assert "UNIQUE" in doc and "waits silently" in doc and "must be free" in doc
+
+
+# --- environment switches: a value they do not know is refused, not read as "on" ---------------
+
+@pytest.mark.parametrize("name", ["COURSE_QUICK", "COURSE_FULL"])
+@pytest.mark.parametrize("value", ["maybe", "fasle", "2", "quick"])
+def test_an_environment_switch_refuses_a_value_it_does_not_know(monkeypatch, name, value):
+    monkeypatch.delenv("COURSE_QUICK", raising=False)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as e:
+        helpers.choose("full", "small")
+    assert f"{name}={value!r}" in str(e.value) and f"{name}=1" in str(e.value)
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("yes", True), ("True", True), (" on ", True),
+                                      ("", False), ("0", False), ("no", False), ("false", False),
+                                      ("OFF", False)])
+def test_an_environment_switch_reads_the_usual_spellings(monkeypatch, value, on):
+    monkeypatch.setenv("COURSE_QUICK", value)
+    assert helpers.quick() is on

@@ -23,6 +23,7 @@ def load_bench():
     (["--ranks", ","], None),                      # no ranks at all: allowed (in-process rows)
     (["--ranks", "0"], "at least 1"),
     (["--ranks", "-1"], "at least 1"),
+    (["--ranks", "2,1,2"], "repeats a count: give each once, e.g. --ranks 1,2"),
     (["--batch-size", "255", "--ranks", "2"], "--batch-size 254 or 256"),
     (["--batch-size", "0"], "at least 1"),
     (["--subset", "-3"], "at least 1"),
@@ -31,9 +32,21 @@ def load_bench():
     (["--rounds", "0"], "at least 1"),
     (["--rows", "fast,nope"], "choose among"),
     (["--json", "/no/such/dir/out.json"], "does not exist"),
+    (["--json", "/tmp"], "is a folder: give a file name, e.g. /tmp/bench.json"),
+    (["--lr", "inf"], "positive, finite number"),
+    (["--lr", "nan"], "positive, finite number"),
+    (["--seed", str(2**63)], "does not fit in 64 bits"),
+    (["--quick"], "COURSE_QUICK='maybe' is neither on nor off"),
+    (["--quick"], "is a file, not a folder"),
 ])
-def test_bad_arguments_are_refused_before_any_row_runs(argv, says, monkeypatch, capsys):
+def test_bad_arguments_are_refused_before_any_row_runs(argv, says, monkeypatch, capsys,
+                                                        tmp_path):
     bench = load_bench()
+    if "COURSE_QUICK" in (says or ""):
+        monkeypatch.setenv("COURSE_QUICK", "maybe")
+    if "a file, not a folder" in (says or ""):
+        (tmp_path / "data").write_text("")
+        monkeypatch.setenv("COURSE_DATA", str(tmp_path / "data"))
 
     def no_rows(*a, **kw):
         raise AssertionError("a row ran before the arguments were checked")

@@ -274,3 +274,35 @@ def test_ranks_loading_a_fresh_folder_at_once_all_load(tmp_path):
     assert not bad, f"{len(bad)} of {3 * 3} loads failed, e.g. {bad[0]}"
     assert reliability_ranks.summary(helpers.fashion_mnist(False, root=tmp_path)) == \
         reliability_ranks.summary(helpers.fashion_mnist(False))
+
+
+# --- a path where a folder should be, or a folder where a file should be: named as such --------
+
+@pytest.mark.parametrize("where", ["COURSE_DATA", "FashionMNIST", "raw"])
+def test_a_file_where_the_data_folder_should_be_is_named(monkeypatch, tmp_path, where):
+    """Not "its folder is read-only" (which sends the reader to check permissions)."""
+    root = tmp_path / "data"
+    path = {"COURSE_DATA": root, "FashionMNIST": root / "FashionMNIST",
+            "raw": root / "FashionMNIST" / "raw"}[where]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("not a folder")
+    monkeypatch.setenv("COURSE_DATA", str(root))
+    with pytest.raises(helpers.DataMissingError) as e:
+        helpers.load_tensors(True, subset=10)
+    msg = str(e.value)
+    assert f"{path} is a file, not a folder" in msg and "read-only" not in msg, msg
+    assert ("point COURSE_DATA at a folder" if where == "COURSE_DATA" else "remove it") in msg
+
+
+def test_a_folder_where_a_data_file_should_be_is_named(monkeypatch, tmp_path):
+    raw = copy_data(tmp_path)
+    for name in (data.FILES[1][:-3], data.FILES[1]):     # the extracted file and its archive
+        (raw / name).unlink()
+        (raw / name).mkdir()
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    with pytest.raises(helpers.DataMissingError) as e:
+        helpers.load_tensors(True, subset=10)
+    msg = str(e.value)
+    assert f"{raw / data.FILES[1][:-3]} is a folder, not the data file" in msg, msg
+    assert "rm -r" in msg
+    assert (raw / data.FILES[1][:-3]).is_dir(), "a reader's folder is never deleted"

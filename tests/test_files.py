@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 import helpers
 
 
@@ -77,3 +79,19 @@ def test_a_full_disk_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
     assert f"no space left on device while writing {path}" in msg and "old file is kept" in msg
     assert torch.equal(torch.load(path, weights_only=True)["w"], torch.zeros(3))
     assert os.listdir(tmp_path) == ["snap.pt"], "the temporary file is removed"
+
+
+def test_an_error_names_the_file_being_written_not_its_temporary(tmp_path):
+    """A missing or read-only folder: the error names the target and what to do; the hidden
+    temporary file (.NAME.HOST.PID.XXXX.tmp) is an implementation detail."""
+    target = tmp_path / "no" / "such" / "c.pt"
+    with pytest.raises(FileNotFoundError) as e:
+        helpers.atomic_save({"a": 1}, target)
+    msg = str(e.value)
+    assert str(target) in msg and ".tmp" not in msg and "does not exist" in msg, msg
+    assert e.value.filename == str(target)
+    plain = tmp_path / "a_file"
+    plain.write_text("x")
+    with pytest.raises(NotADirectoryError) as e:
+        helpers.write_json(plain / "m.json", {})
+    assert str(plain / "m.json") in str(e.value) and ".tmp" not in str(e.value)

@@ -87,6 +87,16 @@ def test_a_killed_rank_is_an_error_not_a_hang():
     assert info.value.rank == 1 and "SIGKILL" in info.value.cause
 
 
+def test_a_rank_gloo_aborts_says_why():
+    """Ranks that disagree on a collective: gloo prints the mismatch on the rank's stderr and
+    aborts the process. The RankFailed carries those last lines, not only "SIGABRT"."""
+    with pytest.raises(helpers.RankFailed) as info:
+        helpers.launch(lt.mismatch_on_rank_1, 2, quiet=True, timeout=60)
+    e = info.value
+    assert e.rank == 0 and "SIGABRT" in e.cause, e
+    assert "collective mismatch" in e.stderr and "collective mismatch" in str(e), str(e)
+
+
 def test_a_hung_rank_times_out_and_is_stopped(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(helpers.LaunchTimeout) as info:
@@ -130,6 +140,8 @@ def test_threads_run_any_callable_through_a_thread_comm():
 
 
 def test_killing_the_caller_leaves_no_rank_running(tmp_path):
+    """SIGKILL, and the caller not yet reaped by its own parent (a zombie until this test waits
+    for it, as under a supervisor that reaps later): its ranks leave all the same."""
     script = textwrap.dedent(f"""
         import helpers, launch_targets
         helpers.launch(launch_targets.sleep_and_write_pid, 2, dict(folder={str(tmp_path)!r}),
@@ -143,14 +155,14 @@ def test_killing_the_caller_leaves_no_rank_running(tmp_path):
             time.sleep(0.2)
             pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid") if p.read_text()]
         assert len(pids) == 2, "both ranks started"
-        parent.send_signal(signal.SIGTERM)
-        parent.wait(30)
+        parent.send_signal(signal.SIGKILL)          # not reaped: no wait() until the end
         t0 = time.monotonic()
         while not all(_gone(p) for p in pids) and time.monotonic() - t0 < 15:
             time.sleep(0.2)
         assert all(_gone(p) for p in pids), "ranks outlived the launching process"
     finally:
         parent.kill()
+        parent.wait(30)
 
 
 def test_a_script_without_a_main_guard_is_told_the_fix(tmp_path):
@@ -166,6 +178,8 @@ def test_a_script_without_a_main_guard_is_told_the_fix(tmp_path):
     assert got.returncode != 0
     assert 'under `if __name__ == "__main__":`' in got.stderr
     assert "AssertionError" not in got.stderr, got.stderr[-2000:]
+    assert got.stderr.count("Traceback") == 1 and "multiprocessing" not in got.stderr, \
+        f"one message, not a rank's traceback too:\n{got.stderr[-3000:]}"
 
 
 def test_progress_shows_one_line_on_a_terminal_and_clears_it(tmp_path, monkeypatch):

@@ -26,8 +26,8 @@ class MissingRun(LookupError):
     """A chapter has no recorded run (or no GPU count) where one is required."""
 
 
-def _flag(value):   # the same reading of a switch as helpers.config
-    return (value or "").strip().lower() not in ("", "0", "false", "no")
+def _flag(value):   # the same reading of a switch as helpers.config (which refuses the rest)
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def run_mode(env, num_gpus):

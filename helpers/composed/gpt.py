@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..seeding import seeded
 from ..tiny_models import SmallBlock, TinyLM, counting_tokens
 
 __all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches", "rank_grid",
@@ -19,8 +20,8 @@ MESH_DIMS = ("pp", "dp", "tp")   # outermost first: tp ranks are consecutive (on
 
 def gpt(vocab=32, width=32, layers=4, heads=4, seq=16, seed=0):
     """The 3-D runs' decoder-only transformer (the same weights from the same seed)."""
-    torch.manual_seed(seed)
-    return TinyLM(vocab, width, layers, heads, seq, tied=False, make_block=SmallBlock)
+    with seeded(seed):
+        return TinyLM(vocab, width, layers, heads, seq, tied=False, make_block=SmallBlock)
 
 
 class GPTEmbed(nn.Module):

@@ -8,6 +8,7 @@ every rank, so the ranks' collectives pair up even when a rank skips some parame
 """
 import contextlib
 import functools
+import itertools
 import time
 import weakref
 import zlib
@@ -15,6 +16,8 @@ import zlib
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ..runtime.agree import where_are_the_others
 
 __all__ = ["DDPFromScratch", "make_buckets"]
 
@@ -39,6 +42,7 @@ def make_buckets(params, bucket_mb=None):
 
 
 _LIVE = weakref.WeakSet()     # wrappers whose gradients may be unsynchronised (optimizer guard)
+_NUMBER = {}                  # group's ranks -> a count of its wrappers (the same on its ranks)
 _GUARD = []                   # the one optimizer step pre-hook, registered once
 
 
@@ -84,6 +88,10 @@ class DDPFromScratch(nn.Module):
         self.module, self.overlap, self.group = module, overlap, group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         _check_same_model(module, self.rank, self.world, group)
+        ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+        self._tag = (f"ddp{next(_NUMBER.setdefault(ranks, itertools.count()))}@"
+                     + "-".join(map(str, ranks)))
+        self._finishes = 0
         src = 0 if group is None else dist.get_global_rank(group, 0)
         with torch.no_grad():   # every rank starts from the group's first rank's weights
             for t in [*module.parameters(), *module.buffers()]:
@@ -212,6 +220,7 @@ class DDPFromScratch(nn.Module):
         if not self._open or not self.buckets:
             self._reset()
             return
+        self._finishes += 1
         while self._next < len(self.buckets):
             self._launch(self._next)
         results = []
@@ -219,11 +228,14 @@ class DDPFromScratch(nn.Module):
             try:
                 work.wait()
             except RuntimeError as e:
+                here = f"bucket {i} of step {self._finishes}"
+                others = where_are_the_others(here, self._tag, self.group)
                 raise RuntimeError(
-                    f"rank {self.rank}: bucket {i}'s all-reduce did not complete: "
-                    f"{str(e).splitlines()[0]}. Every rank must run the same forward/backward "
-                    "passes and call finish_gradient_synchronization() after the same ones; "
-                    "another rank skipped one, took another path, or died") from e
+                    f"rank {self.rank}: the all-reduce of {here} did not complete: "
+                    f"{str(e).splitlines()[0]}. {others + '. ' if others else ''}Every rank "
+                    "must run the same forward/backward passes and call "
+                    "finish_gradient_synchronization() after the same ones; another rank "
+                    "skipped one, took another path, or died") from e
             results.append((i, flat))
         used_by = results[-1][1][-len(self._params):]
         for i, flat in results:

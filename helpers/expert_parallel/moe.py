@@ -11,11 +11,12 @@ scores small, so the softmax stays away from float overflow. A shared expert (De
 sees every token, beside the routed ones.
 """
 import math
-import threading
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..seeding import seeded
 
 __all__ = ["expert_capacity", "route", "load_balancing_loss", "router_z_loss", "MoE",
            "moe_inputs"]
@@ -63,9 +64,6 @@ def _expert(width, hidden):
     return nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
 
 
-_BUILDING = threading.Lock()
-
-
 class MoE(nn.Module):
     """A top-k MoE layer on tokens x (N, width). The tokens are cut into `groups` equal groups
     (in expert parallelism: one per rank), each routed with its own capacity. forward returns
@@ -79,9 +77,7 @@ class MoE(nn.Module):
         self.n_experts, self.k, self.capacity_factor = n_experts, k, capacity_factor
         expert_capacity(1, n_experts, k, capacity_factor)      # a bad factor: refused now
         # the same weights for every seed, even when thread ranks build their copies at once
-        # (torch's seed is global): one at a time, and the caller's random state left as it was
-        with _BUILDING, torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed):
             self.router = nn.Linear(width, n_experts)
             self.experts = nn.ModuleList(_expert(width, hidden) for _ in range(n_experts))
             self.shared = _expert(width, shared_hidden) if shared_hidden else None

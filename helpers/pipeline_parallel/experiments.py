@@ -66,10 +66,14 @@ def _pingpong(comm, rank, shape, repeats):
     return times
 
 
-def _check_runs(runs, n, world, num_layers):
+def _check_runs(runs, n, world, num_layers, threads=False):
     """Every run's settings, checked on every rank before any run starts."""
     for run in runs:
         kind = run.get("kind", "scratch")
+        if kind == "pipelining" and threads:
+            raise ValueError(f"run kind pipelining ({run.get('schedule')}) runs torch's "
+                             "schedules, which need a process group: launch on process ranks "
+                             "(threads=False), or leave that run out on thread ranks")
         if kind == "pipelining":
             check_pipelining(run["schedule"], n, run["m"], world, num_layers, run["cuts"])
         elif kind == "scratch":
@@ -95,7 +99,7 @@ def pipeline_worker(rank, world, cfg):
     device = cfg["device"]
     net = pipeline_net(**cfg.get("net", {})).to(device)
     n = cfg["batch_size"]
-    _check_runs(cfg["runs"], n, world, len(net))
+    _check_runs(cfg["runs"], n, world, len(net), threads=cfg.get("comm") is not None)
     rates = Rates(**cfg["rates"]) if cfg.get("rates") else Rates.load()
     g = torch.Generator().manual_seed(cfg.get("seed", 0))
     X = torch.randint(0, net[0].num_embeddings, (n,), generator=g).to(device)

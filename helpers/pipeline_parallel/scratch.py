@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..costs import balanced_cuts
+from ..seeding import seeded
 
 __all__ = ["pipeline_net", "check_cuts", "stage_of", "check_pipeline_step", "pipeline_rank_step",
            "unsplit_step", "layer_times", "cuts_by", "sum_loss", "LiveActivations", "LinearTape"]
@@ -23,9 +24,9 @@ __all__ = ["pipeline_net", "check_cuts", "stage_of", "check_pipeline_step", "pip
 def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
     """A token classifier as an nn.Sequential: an embedding (many parameters, almost no
     compute), `depth` Linear+Tanh blocks (few parameters, all the compute), a linear head."""
-    torch.manual_seed(seed)
-    blocks = [nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(depth)]
-    return nn.Sequential(nn.Embedding(vocab, width), *blocks, nn.Linear(width, classes))
+    with seeded(seed):
+        blocks = [nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(depth)]
+        return nn.Sequential(nn.Embedding(vocab, width), *blocks, nn.Linear(width, classes))
 
 
 def check_cuts(cuts, num_layers, stages=None):

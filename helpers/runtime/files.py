@@ -67,13 +67,20 @@ def _no_space(e):
 
 def _open_temporary(path, host):
     """A new temporary file next to `path`, created with mode 0666 & ~umask (what open() gives;
-    mkstemp would give 0600)."""
+    mkstemp would give 0600). An error names `path` (the temporary file is ours to know)."""
     while True:
         tmp = path.parent / f".{path.name}.{host}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             continue
+        except OSError as e:
+            why = {errno.ENOENT: f"the folder {path.parent} does not exist: create it first",
+                   errno.ENOTDIR: f"{path.parent} is not a folder",
+                   errno.EACCES: f"the folder {path.parent} is not writable",
+                   errno.EROFS: f"the folder {path.parent} is on a read-only file system"}
+            raise type(e)(e.errno, f"cannot write the file ("
+                          f"{why.get(e.errno, os.strerror(e.errno or 0))})", str(path)) from None
 
 
 def atomic_write(path, write, mode="wb", durable=True):

@@ -32,9 +32,10 @@ import torch
 import torch.distributed as dist
 
 from ..devices import exact_float32, num_gpus
-from ..validate import check_backend
+from ..validate import check_backend, check_positive_int
 
-__all__ = ["choose_backend", "env_ranks", "rank_device", "setup", "teardown", "free_port",
+__all__ = ["choose_backend", "backend_line", "backend_for", "env_ranks", "rank_device", "setup",
+           "teardown", "free_port",
            "get_rank", "get_world_size", "log0", "die_with_parent", "pin_to_core"]
 
 _watched = False
@@ -46,6 +47,29 @@ def choose_backend(local_world_size=1):
     if dist.is_nccl_available() and 0 < local_world_size <= num_gpus():
         return "nccl"
     return "gloo"
+
+
+def backend_line(world, backend=None):
+    """One line saying which backend `world` ranks on this machine get, and why."""
+    gpus = num_gpus()
+    chosen = backend or choose_backend(world)
+    if chosen == "nccl":
+        return f"{world} ranks, one GPU each: NCCL"
+    if backend:
+        return f"{world} ranks, gloo on the CPU (asked for), one thread per rank"
+    if gpus:
+        return (f"{world} ranks but {gpus} GPU(s): ranks outnumber GPUs, so gloo, "
+                "computing on the CPU")
+    return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
+
+
+def backend_for(*worlds):
+    """One backend for launches of these numbers of ranks (a chapter's): NCCL only when the
+    largest gets a GPU per rank. Passed to each launch, it keeps one table from mixing runs on
+    GPUs with runs on CPU cores (1 rank on a GPU beside 2 ranks falling back to gloo)."""
+    for w in worlds:
+        check_positive_int(w, "world")
+    return choose_backend(max(worlds))
 
 
 def env_ranks():
@@ -233,6 +257,11 @@ def die_with_parent(parent):
     def alive():
         if not forked:
             return os.getppid() == parent
+        try:   # a zombie (dead, not yet reaped by its own parent) still answers kill(pid, 0)
+            with open(f"/proc/{parent}/stat", "rb") as f:
+                return f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+        except (OSError, IndexError):
+            pass
         try:
             os.kill(parent, 0)   # PermissionError: it runs, as another user
         except ProcessLookupError:

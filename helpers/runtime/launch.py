@@ -15,6 +15,7 @@ with the caller (Ctrl-C, SIGTERM, a killed kernel) instead of running on as orph
 Inside a rank, `report_progress(step, total, what)` (runtime.progress) shows how far it got on
 the caller's one progress line, updated in place while the ranks run.
 """
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -30,26 +31,30 @@ from pathlib import Path
 
 import torch
 
-from ..devices import num_gpus
 from ..validate import check_backend, check_positive_int
 from .files import atomic_save, write_json
-from .group import choose_backend, free_port
-from .progress import ProgressLine
+from .group import backend_line, choose_backend, free_port
+from .progress import ProgressLine, RankStderr
 
-__all__ = ["launch", "RankFailed", "LaunchTimeout", "backend_line", "backend_for", "take",
+__all__ = ["launch", "RankFailed", "LaunchTimeout", "take",
            "run_ranks", "run_in_turn", "spawn_ranks"]
 
-_TAIL = 8          # traceback lines a RankFailed quotes
+_TAIL = 8          # traceback (and stderr) lines a RankFailed quotes
 _GRACE = 10.0      # seconds a rank that has handed in its result may take to leave the group
+_NO_MAIN_GUARD = 86   # a rank's exit code: it started by re-running a script without the guard
 
 
 class RankFailed(RuntimeError):
-    """A rank raised or died. `rank`, `cause` (one line), `tail` (its last traceback lines);
+    """A rank raised or died. `rank`, `cause` (one line), `tail` (its last traceback lines),
+    `stderr` (its last lines on stderr: what gloo says before it aborts a process);
     `original`: the exception itself when the ranks were threads."""
 
-    def __init__(self, rank, cause, tail="", original=None):
+    def __init__(self, rank, cause, tail="", original=None, stderr=""):
         self.rank, self.cause, self.tail, self.original = rank, cause, tail, original
+        self.stderr = stderr
         msg = f"rank {rank} failed: {cause}"
+        if stderr:
+            msg += f"\n--- the end of rank {rank}'s stderr ---\n{stderr}"
         if tail:
             msg += f"\n--- the end of rank {rank}'s traceback ---\n{tail}"
         super().__init__(msg)
@@ -65,29 +70,6 @@ class LaunchTimeout(TimeoutError):
                          "run needs more time (launch(..., timeout=...))")
 
 
-def backend_line(world, backend=None):
-    """One line saying which backend `world` ranks on this machine get, and why."""
-    gpus = num_gpus()
-    chosen = backend or choose_backend(world)
-    if chosen == "nccl":
-        return f"{world} ranks, one GPU each: NCCL"
-    if backend:
-        return f"{world} ranks, gloo on the CPU (asked for), one thread per rank"
-    if gpus:
-        return (f"{world} ranks but {gpus} GPU(s): ranks outnumber GPUs, so gloo, "
-                "computing on the CPU")
-    return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
-
-
-def backend_for(*worlds):
-    """One backend for launches of these numbers of ranks (a chapter's): NCCL only when the
-    largest gets a GPU per rank. Passed to each launch, it keeps one table from mixing runs on
-    GPUs with runs on CPU cores (1 rank on a GPU beside 2 ranks falling back to gloo)."""
-    for w in worlds:
-        check_positive_int(w, "world")
-    return choose_backend(max(worlds))
-
-
 def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, quiet=False):
     """Run fn(rank, world, cfg) on `world` ranks; returns [what rank 0 returned, ...].
 
@@ -96,14 +78,16 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
     every rank has a GPU of its own), "gloo" or "nccl". threads=True: ranks are threads with a
     ThreadComm in cfg["comm"] (no process group). quiet: no backend line, no progress line."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise RuntimeError(   # a rank starting up re-runs the caller's script, and so this call
-            "launch: called while a rank was importing the script that launches it: in a "
-            "script, call helpers.launch under `if __name__ == \"__main__\":`")
+        # a rank starting up re-runs the caller's script, and so this call: leave at once,
+        # quietly (the caller says why, once), instead of multiprocessing's traceback
+        os._exit(_NO_MAIN_GUARD)
     check_positive_int(world, "world")
     if not callable(fn):
         raise TypeError(f"launch: fn must be a function fn(rank, world, cfg), got {fn!r}")
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"launch: timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"launch: timeout must be a finite number of seconds above 0, got "
+                         f"{timeout!r}: e.g. timeout=300")
     cfg = dict(cfg or {})
     if threads:
         return _launch_threads(fn, world, cfg, timeout)
@@ -198,29 +182,33 @@ def _launch_processes(fn, world, cfg, backend, timeout, quiet):
                                env))
              for r in range(world)]
     progress = ProgressLine(world, out, quiet)
+    stderr = RankStderr(out, world)
     try:
         with _environ(OMP_NUM_THREADS="1"):   # the fork server's, if this call starts it
             for p in procs:
                 p.start()
-        _wait(procs, out, timeout, progress)
+        _wait(procs, out, timeout, progress, stderr)
         return [torch.load(out / f"rank{r}.pt", map_location="cpu", weights_only=False)
                 for r in range(world)]
     finally:
         progress.close()
         _stop(procs)
+        stderr.pump()
         shutil.rmtree(out, ignore_errors=True)
 
 
-def _wait(procs, out, timeout, progress):
+def _wait(procs, out, timeout, progress, stderr):
     """Until every rank has handed in its result; RankFailed or LaunchTimeout otherwise."""
     deadline, done_at = time.monotonic() + timeout, None
     while True:
-        _raise_first_failure(procs, out)
+        stderr.pump()
+        _raise_first_failure(procs, out, stderr)
         results = [(out / f"rank{r}.pt").exists() for r in range(len(procs))]
         codes = [p.exitcode for p in procs]
         for r, code in enumerate(codes):
             if code == 0 and not results[r]:
-                raise RankFailed(r, "exited without handing in a result")
+                raise RankFailed(r, "exited without handing in a result",
+                                 stderr=stderr.tail(r))
         if all(results):
             done_at = done_at or time.monotonic()
             if all(c is not None for c in codes) or time.monotonic() - done_at > _GRACE:
@@ -241,25 +229,26 @@ def _death(code):
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         hint = " (SIGKILL: often the system running out of memory)" if -code == 9 else ""
         return f"died from signal {name}{hint} before handing in a result"
+    if code == _NO_MAIN_GUARD:
+        return ("started by re-running the script that calls helpers.launch, which launched "
+                "again: in a script, call helpers.launch under `if __name__ == \"__main__\":`")
     return (f"exited with code {code} before handing in a result (before running fn if no "
             "traceback of it is above: in a script, is helpers.launch called under "
             "`if __name__ == \"__main__\":`?)")
 
 
-def _raise_first_failure(procs, out):
+def _raise_first_failure(procs, out, stderr):
     """RankFailed for the rank whose failure came first: a rank that died without a word (a
     signal) before any that raised, else the earliest exception. The others often fail only
     because of it (their peer is gone); the message names them too."""
-    import json
-    errors, dead = {}, []
-    for r, p in enumerate(procs):
-        path = out / f"rank{r}.error.json"
-        if path.exists():
-            errors[r] = json.loads(path.read_text())
-        elif p.exitcode not in (None, 0) and not (out / f"rank{r}.pt").exists():
-            dead.append(r)
+    errors, dead = _failures(procs, out)
     if not errors and not dead:
         return
+    if not dead:   # a peer that raised ("Connection closed by peer") often only echoes one
+        alive = [p.sentinel for p in procs if p.exitcode is None]   # that is dying right now
+        if alive and multiprocessing.connection.wait(alive, timeout=1.5):
+            time.sleep(0.1)
+            errors, dead = _failures(procs, out)
     if dead:
         r, cause, tail = dead[0], _death(procs[dead[0]].exitcode), ""
     else:
@@ -269,7 +258,20 @@ def _raise_first_failure(procs, out):
     echoes = [f"rank {k}: {e['kind']}" for k, e in sorted(errors.items()) if k != r]
     if echoes:
         cause += f" (then {', '.join(echoes)})"
-    raise RankFailed(r, cause, tail)
+    raise RankFailed(r, cause, tail, stderr=stderr.tail(r) if dead else "")
+
+
+def _failures(procs, out):
+    """({rank: its error record}, [ranks dead without a result or an error record])."""
+    import json
+    errors, dead = {}, []
+    for r, p in enumerate(procs):
+        path = out / f"rank{r}.error.json"
+        if path.exists():
+            errors[r] = json.loads(path.read_text())
+        elif p.exitcode not in (None, 0) and not (out / f"rank{r}.pt").exists():
+            dead.append(r)
+    return errors, dead
 
 
 def _stop(procs):
@@ -294,8 +296,9 @@ def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout, env):
     os.environ.clear()
     os.environ.update(env)
     die_with_parent(parent)
-    torch.set_num_threads(1)
     out = Path(out)
+    progress.stderr_to(out / f"rank{rank}.stderr")   # the caller passes it on (RankStderr)
+    torch.set_num_threads(1)
     progress.report_to(out / f"rank{rank}.progress")
     code = 0
     try:

@@ -1,16 +1,22 @@
-"""How far launched ranks got: `report_progress` inside a rank, one line in the caller.
+"""How far launched ranks got: `report_progress` inside a rank, one line in the caller; and what
+each rank says on its stderr, passed on to the caller's (RankStderr).
 
 The line is updated in place while the ranks run (a display handle in Jupyter, a carriage return
 on a terminal, nothing in logs and CI), appears after 2 s only and is emptied at the end. A kernel
 run by a program (the book build, nbval) shows none: an emptied display would still be an output
 of the cell, and in a cell with a labelled figure it would take the figure's label too.
 """
+import os
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 from .files import atomic_write
 
-__all__ = ["report_progress", "ProgressLine", "report_to"]
+__all__ = ["report_progress", "ProgressLine", "report_to"]   # RankStderr, stderr_to: launch's
+
+_TAIL = 8   # stderr lines a RankFailed quotes
 
 _progress_file = None
 _last_report = 0.0
@@ -35,6 +41,52 @@ def report_progress(step, total=None, what="step"):
     text = f"{what} {step}" + (f"/{total}" if total is not None else "")
     atomic_write(_progress_file, lambda f: f.write(text), mode="w", durable=False)
 
+
+_NOTE_AFTER = 1.0           # seconds a wait lasts before the rank's progress says it
+_waits = threading.Lock()
+_wait = None                # [since, text, the progress before] while a rank waits
+_watcher = []
+
+
+@contextmanager
+def waiting(text):
+    """Inside a launched rank: while the block runs for longer than a second, `text` (what the
+    rank waits for) is its progress, which a LaunchTimeout quotes; the progress before comes back
+    after. Cheap when the wait is short (no write)."""
+    global _wait
+    if _progress_file is None:
+        yield
+        return
+    if not _watcher:
+        _watcher.append(threading.Thread(target=_watch, daemon=True))
+        _watcher[0].start()
+    with _waits:
+        _wait = [time.monotonic(), text, None]
+    try:
+        yield
+    finally:
+        with _waits:
+            noted, _wait = _wait, None
+            if noted[2] is not None:
+                _write(noted[2])
+
+
+def _watch():
+    """The thread that notes a long wait in the rank's progress."""
+    while True:
+        time.sleep(_NOTE_AFTER / 4)
+        with _waits:
+            w = _wait
+            if w is not None and w[2] is None and time.monotonic() - w[0] >= _NOTE_AFTER:
+                try:
+                    w[2] = _progress_file.read_text()
+                except OSError:
+                    w[2] = ""
+                _write(w[1])
+
+
+def _write(text):
+    atomic_write(_progress_file, lambda f: f.write(text), mode="w", durable=False)
 
 
 class ProgressLine:
@@ -89,3 +141,43 @@ class ProgressLine:
         elif self.width:
             sys.stderr.write("\r" + " " * self.width + "\r")
             sys.stderr.flush()
+
+
+def stderr_to(path):
+    """Called by the launcher in each rank: its stderr (fd 2, Python's and C++'s) goes to `path`,
+    which the caller reads (RankStderr)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class RankStderr:
+    """Each rank writes its stderr (fd 2: Python's and C++'s alike) to a file of its own; the
+    caller passes it on to its own stderr as it grows and keeps the last lines, so that a rank
+    that dies says why in the RankFailed (gloo's "collective mismatch" before its SIGABRT)."""
+
+    def __init__(self, out, world):
+        self.paths = [out / f"rank{r}.stderr" for r in range(world)]
+        self.offsets, self.last = [0] * world, [b""] * world
+
+    def pump(self):
+        for r, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[r])
+                    data = f.read()
+            except OSError:
+                continue
+            if data:
+                self.offsets[r] += len(data)
+                self.last[r] = (self.last[r] + data)[-4096:]
+                try:
+                    while data:
+                        data = data[os.write(2, data):]
+                except OSError:
+                    pass
+
+    def tail(self, rank):
+        self.pump()
+        text = self.last[rank].decode(errors="replace")
+        return "\n".join(line for line in text.rstrip().splitlines()[-_TAIL:])

@@ -5,7 +5,9 @@ tensors autograd would keep for backward are replaced by a note saying where the
 gathers them again and reduce-scatters their gradient, so each rank keeps only its shard of
 parameters, gradients and optimizer state.
 """
+import collections
 import weakref
+import zlib
 from contextlib import contextmanager
 
 import torch
@@ -14,8 +16,16 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
 from ..devices import synced_now
-from .zero import all_gather_flat, check_flat_dtypes, clip_sharded_grad_norm_, flat_shard, \
-    reduce_scatter_flat
+from ..runtime.agree import SAME_MODEL, agree, fingerprint
+from .flat import all_gather_flat, check_flat_dtypes, clip_sharded_grad_norm_, flat_shard, \
+    reduce_scatter_flat, unit_parameters
+
+# what a rank about to run another collective than its peers is told (torch's FSDP needs it too)
+SAME_UNITS = ("every rank must run every FSDP unit, in the same order, in forward and in "
+              "backward: run a unit that only some ranks need (a branch on the data) on every "
+              "rank, e.g. with its output multiplied by 0 where it is not wanted; and call "
+              "finish_gradient_synchronization and gather_full_params on every rank (ag k: the "
+              "all-gather of unit k, rs k: the reduce-scatter of its gradient)")
 
 __all__ = ["FSDPFromScratch", "GatherParams", "FSDPUnit"]
 
@@ -34,7 +44,7 @@ class GatherParams(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard, unit):
         ctx.unit = unit
-        return unit.gather()
+        return unit.gather(why="forward")
 
     @staticmethod
     def backward(ctx, grad_full):
@@ -63,12 +73,13 @@ class FSDPUnit:
         self.full = self.regathered = self.prefetched = None
         self.works, self.unsharded_grad = [], None
 
-    def gather(self, async_op=False):
+    def gather(self, async_op=False, why="forward"):
         if self.prefetched is not None:   # started earlier by another unit: wait for it
             (full, work), self.prefetched = self.prefetched, None
             self.owner.log("wait", self)
             work.wait()
             return full
+        self.owner.agree_on("all-gather", self, why)
         shard = self.shard.detach()
         if self.owner.compute_dtype is not None:
             shard = shard.to(self.owner.compute_dtype)   # gathered and computed in low precision
@@ -122,7 +133,7 @@ class FSDPUnit:
     def unpack(self, packed):
         if isinstance(packed, tuple) and packed and packed[0] == "gathered":
             if self.regathered is None:   # first use in backward: all-gather again
-                self.regathered = self.gather()
+                self.regathered = self.gather(why="backward")
                 self.owner.prefetch_after(self, backward=True)
             return self.regathered.as_strided(*packed[1:])
         return packed
@@ -136,6 +147,7 @@ class FSDPUnit:
         if not self.owner.sync:
             self.unsharded_grad = grad
             return
+        self.owner.agree_on("reduce-scatter", self, "backward")
         out = grad.new_empty(self.shard.numel())
         self.works.append((reduce_scatter_flat(out, grad.contiguous()), out))
 
@@ -173,9 +185,16 @@ class FSDPFromScratch(nn.Module):
         self.reshard_after_forward, self.prefetch = bool(reshard_after_forward), bool(prefetch)
         self.live_bytes = self.peak_live_bytes = 0   # gathered (full) weights alive right now
         self._log, self.sync, self._order, self._recording = [], True, [], True
+        self._checked = False                  # the first step is checked collective by collective
+        self._ran = self._new_record()         # the collectives since the last finish
         groups = unit_parameters(module, units)
         for u, names in groups:
             check_flat_dtypes([u.get_parameter(n) for n in names], "FSDPFromScratch")
+        where = {id(m): name for name, m in module.named_modules()}
+        agree(fingerprint(f"an FSDPFromScratch in {len(groups)} units", module,
+                          [(where[id(u)], names) for u, names in groups],
+                          compute_dtype, self.reshard_after_forward, self.prefetch),
+              fix=SAME_MODEL + ", with the same units and settings")
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t, src=0)
@@ -186,7 +205,6 @@ class FSDPFromScratch(nn.Module):
             self.units.append(unit)
             u.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
             u.register_forward_hook(unit.post_forward)
-        where = {id(m): name for name, m in module.named_modules()}
         self.unit_prefix = {id(u): where[id(u.module)] + "." if where[id(u.module)] else ""
                             for u in self.units}
         self.flat_params = nn.ParameterList([u.shard for u in self.units])
@@ -201,6 +219,27 @@ class FSDPFromScratch(nn.Module):
 
     def _freed(self, n):
         self.live_bytes -= n
+
+    def agree_on(self, op, unit, why, always=False):
+        """Every rank is about to run the same collective for the same unit: checked before
+        each one in the first step and `always` (store messages, not collectives:
+        runtime.agree), else refused naming each rank's; later steps agree at finish on the
+        collectives they ran (a mix-up of two units of one size is refused there, before any
+        gradient is used; units of other sizes: gloo aborts the rank, saying so)."""
+        i = self.units.index(unit)
+        token = f"{'ag' if op == 'all-gather' else 'rs'}{i}"
+        self._ran["last"].append(token)
+        self._ran["n"] += 1
+        self._ran["crc"] = zlib.crc32(token.encode() + b" ", self._ran["crc"])
+        if always or not self._checked:
+            name = self.unit_prefix[id(unit)].rstrip(".") or "the model"
+            agree(f"the {op} of unit {i} ('{name}', {unit.shard.numel()} elements a rank) in "
+                  f"{why}", fix=SAME_UNITS)
+
+    @staticmethod
+    def _new_record():
+        """What finish agrees on: how many collectives, the last of them, a checksum of all."""
+        return dict(n=0, last=collections.deque(maxlen=40), crc=0)
 
     def log(self, what, unit):
         """Note (when, "gather" | "wait" | "compute", unit index) in this step's timeline: on a
@@ -236,7 +275,7 @@ class FSDPFromScratch(nn.Module):
         if 0 <= i < len(self._order):
             nxt = self._order[i]
             if nxt.prefetched is None and (not backward or nxt.regathered is None):
-                nxt.gather(async_op=True)
+                nxt.gather(async_op=True, why="backward" if backward else "forward")
 
     def drop_prefetched(self):
         """Wait for and drop all-gathers started for a unit that did not run (they would hold
@@ -272,10 +311,15 @@ class FSDPFromScratch(nn.Module):
     def finish_gradient_synchronization(self):
         """Wait for the reduce-scatters: each shard's .grad is then its averaged gradient (the
         sum over every backward since the last finish; None for a unit no backward used)."""
+        ran, self._ran = self._ran, self._new_record()
+        agree(f"finish_gradient_synchronization after {ran['n']} collectives ("
+              f"{'...' if ran['n'] > len(ran['last']) else ''}{' '.join(ran['last'])}; "
+              f"checksum {ran['crc']:08x})", fix=SAME_UNITS)
         self.drop_prefetched()
         for unit in self.units:
             if unit.unsharded_grad is not None:   # only no_sync backwards ran: reduce now
                 grad, unit.unsharded_grad = unit.unsharded_grad, None
+                self.agree_on("reduce-scatter", unit, "finish (after no_sync)")
                 out = grad.new_empty(unit.shard.numel())
                 unit.works.append((reduce_scatter_flat(out, grad.contiguous()), out))
         for unit in self.units:
@@ -288,6 +332,7 @@ class FSDPFromScratch(nn.Module):
                 total = out if total is None else total.add_(out)
             unit.shard.grad = total.div_(self.world)
             unit.works = []
+        self._checked = True
 
     def clip_grad_norm_(self, max_norm):
         """Clip by the norm of the whole gradient (every rank's shards; padding holds zeros);
@@ -301,6 +346,7 @@ class FSDPFromScratch(nn.Module):
         (all ranks call), as helpers.params_of gives them: what runs are compared by."""
         full = {}
         for unit in self.units:
+            self.agree_on("all-gather", unit, "gather_full_params", always=True)
             flat, _ = all_gather_flat(unit.shard.detach(), self.world)
             offset, prefix = 0, self.unit_prefix[id(unit)]
             for n, shape in zip(unit.names, unit.shapes):
@@ -319,48 +365,3 @@ class FSDPFromScratch(nn.Module):
                 raise KeyError(f"load_full_params: {missing} missing")
             unit.shard.copy_(flat_shard([full[prefix + n] for n in unit.names], self.rank,
                                         self.world))
-
-
-def unit_parameters(module, units):
-    """[(unit module, names of the trainable parameters it shards)], checked: units of the
-    model, none twice, none without parameters; every trainable parameter in exactly one."""
-    inside = {id(m) for m in module.modules()}
-    if units is None:   # every module holding trainable parameters of its own
-        units = [m for m in module.modules()
-                 if any(p.requires_grad for p in m.parameters(recurse=False))]
-        own = True
-    else:
-        units, own = list(units), False
-        for i, u in enumerate(units):
-            if not isinstance(u, nn.Module) or id(u) not in inside:
-                raise ValueError(f"units[{i}] ({type(u).__name__}) is not a module of the "
-                                 "model: pass the model's own modules (e.g. model[0])")
-            if any(u is v for v in units[:i]):
-                raise ValueError(f"units[{i}] ({type(u).__name__}) is given twice")
-        units = [m for m in module.modules() if any(m is u for u in units)]   # parents first
-    unit_of = {}   # parameter -> the innermost unit holding it
-    for u in units:   # modules() lists a parent before its children: later wins = innermost
-        for n, p in u.named_parameters(recurse=not own):
-            if not p.requires_grad:
-                continue
-            holder = unit_of.get(id(p))
-            if holder is not None and not any(m is u for m in holder[0].modules()):
-                raise ValueError("a parameter is shared by two units (tied weights): use "
-                                 "TinyLM(tied=False) or pass units= with one unit holding both "
-                                 "layers that share it")
-            unit_of[id(p)] = (u, n)
-    names = {id(u): [] for u in units}
-    for u, n in unit_of.values():
-        names[id(u)].append(n)
-    for i, u in enumerate(units):
-        if not names[id(u)] and not own:
-            raise ValueError(f"unit {type(u).__name__} holds no trainable parameter of its own "
-                             "(all are frozen or in inner units): leave it out of units=")
-    left = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in unit_of]
-    if left:
-        raise ValueError(f"trainable parameters {left} are in no unit: they would train "
-                         "unsynchronised. Add a unit holding them (the model itself as the "
-                         "outermost unit takes every parameter not in an inner one), or "
-                         "freeze them")
-    order = {id(u): [n for n, _ in u.named_parameters(recurse=not own)] for u in units}
-    return [(u, sorted(names[id(u)], key=order[id(u)].index)) for u in units if names[id(u)]]

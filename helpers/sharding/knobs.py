@@ -20,7 +20,8 @@ from .fsdp_scratch import FSDPFromScratch
 from .memory import PeakBytes
 from .mixed import MixedPrecisionZero
 from .torch_api import fsdp2_api, full_params
-from .zero import ShardedOptimizer, Zero2, all_gather_flat
+from .flat import all_gather_flat
+from .zero import ShardedOptimizer, Zero2
 
 __all__ = ["zero2_accumulation", "clip_over_shards", "fsdp_knobs", "mixed_precision_zero",
            "refusals"]

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .zero import all_gather_flat, padded_flat, reduce_scatter_flat
+from .flat import all_gather_flat, padded_flat, reduce_scatter_flat
 
 __all__ = ["MixedPrecisionZero"]
 

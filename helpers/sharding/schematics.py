@@ -12,8 +12,9 @@ import torch
 
 from ..data_parallel.scratch import make_buckets
 from ..schematics import EVERY_RANK_COLOR, SCHEMATIC_FONT as FONT, device_color, diagram, draw_box
-from .fsdp_scratch import unit_parameters
-from .zero import padded_flat, partition_by_size
+from .flat import unit_parameters
+from .flat import padded_flat
+from .zero import partition_by_size
 
 __all__ = ["SHARD_KINDS", "shard_owners", "plot_shards"]
 

@@ -11,10 +11,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..data_parallel.scratch import make_buckets
+from ..runtime.agree import SAME_MODEL, agree, fingerprint
+from .flat import (all_gather_flat, check_flat_dtypes, check_groups, clip_sharded_grad_norm_,
+                   padded_flat, reduce_scatter_flat)
 
-__all__ = ["partition_by_size", "ShardedOptimizer", "Zero2", "flat_shard", "all_gather_flat",
-           "optimizer_state_bytes", "padded_flat", "reduce_scatter_flat",
-           "clip_sharded_grad_norm_"]
+__all__ = ["partition_by_size", "ShardedOptimizer", "Zero2", "optimizer_state_bytes"]
 
 
 def partition_by_size(sizes, world):
@@ -60,6 +61,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 g.setdefault(k, v)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.all_params = [p for g in self.param_groups for p in g["params"]]
+        agree(fingerprint("a ShardedOptimizer", self.all_params), fix=SAME_MODEL)
         with torch.no_grad():   # every rank starts from rank 0's weights, as DDP does
             for p in self.all_params:
                 dist.broadcast(p, src=0)
@@ -164,33 +166,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.state = self.local.state
 
 
-def flat_shard(tensors, rank, world):
-    """This rank's slice of the tensors flattened into one vector, zero-padded to a multiple of
-    `world` so every rank's slice has the same length."""
-    return padded_flat(tensors, world).chunk(world)[rank].clone()
-
-
-def padded_flat(tensors, world):
-    """The tensors flattened into one new vector, zero-padded to a multiple of `world`."""
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-    return torch.cat([flat, flat.new_zeros(-flat.numel() % world)])
-
-
-def all_gather_flat(shard, world, async_op=False):
-    """All-gather equal-length shards into one flat tensor (rank order); returns (flat, work).
-    torch 2.14 renamed all_gather_into_tensor to all_gather_single; use whichever exists."""
-    out = shard.new_empty(shard.numel() * world)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return out, gather(out, shard.contiguous(), async_op=async_op)
-
-
-def reduce_scatter_flat(out, full):
-    """Async reduce-scatter (sum) of `full` into `out` (its 1/world); returns the work handle.
-    torch 2.14 renamed reduce_scatter_tensor to reduce_scatter_single; use whichever exists."""
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return scatter(out, full, async_op=True)
-
-
 class Zero2(nn.Module):
     """ZeRO-2: data parallelism in which each rank keeps only its shard of the gradients and of
     the optimizer state.
@@ -217,6 +192,7 @@ class Zero2(nn.Module):
         trainable = [p for p in module.parameters() if p.requires_grad]
         check_flat_dtypes(trainable, "Zero2")
         groups = check_groups(param_groups, trainable, "Zero2")
+        agree(fingerprint("a Zero2", module, bucket_mb), fix=SAME_MODEL)
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t, src=0)
@@ -246,7 +222,7 @@ class Zero2(nn.Module):
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
         self.shard_grads = [None] * len(self.buckets)
-        self._sync, self._used = True, set()
+        self._sync, self._used, self._steps = True, set(), 0
         self._pending = {i: [] for i in range(len(self.buckets))}
         self._reset_backward()
 
@@ -302,6 +278,8 @@ class Zero2(nn.Module):
     def finish_gradient_synchronization(self):
         """Wait for the reduce-scatters; each parameter's piece then holds its averaged gradient
         (None where no rank produced one)."""
+        agree(f"finish after step() {self._steps}, {[len(w) for w in self._pending.values()]}"
+              " reduce-scatters per bucket", fix="run the same backwards on every rank")
         if not any(self._pending.values()):   # e.g. every backward ran under no_sync
             for i in range(len(self.buckets)):
                 self._launch(i)
@@ -333,6 +311,7 @@ class Zero2(nn.Module):
             raise RuntimeError("gradients are still being reduced: call "
                                "finish_gradient_synchronization() after the last backward, "
                                "before step()")
+        self._steps += 1   # a step() some ranks skip: refused at the next finish
         self.optimizer.step()
         for flat, shard in zip(self.flats, self.shards):
             gathered, _ = all_gather_flat(shard.clone(), self.world)
@@ -345,53 +324,3 @@ class Zero2(nn.Module):
             p.grad = None
 
 
-def clip_sharded_grad_norm_(shards, max_norm):
-    """clip_grad_norm_ over gradients sharded across the ranks (each element on one rank): the
-    global norm is the square root of the all-reduced sum of every rank's squared norm; every
-    rank then scales its shards by the same factor. Returns the global norm."""
-    grads = [s.grad for s in shards if s.grad is not None]
-    sq = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else
-                     next((s.device for s in shards), None))
-    for g in grads:
-        sq += g.detach().double().pow(2).sum()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(sq)
-    norm = sq.sqrt().float()
-    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef.to(g.dtype))
-    return norm
-
-
-def check_flat_dtypes(params, who):
-    """Flat buffers hold one dtype: refuse a mix (torch.cat would cast silently)."""
-    dtypes = {p.dtype for p in params}
-    if len(dtypes) > 1:
-        raise ValueError(f"{who} packs parameters into flat buffers of one dtype, but the model "
-                         f"has {sorted(map(str, dtypes))}: cast it to one (e.g. model.float())")
-    if dtypes and not next(iter(dtypes)).is_floating_point:
-        raise ValueError(f"{who} trains floating-point parameters, got {dtypes.pop()}")
-
-
-def check_groups(param_groups, trainable, who):
-    """The param groups as given (each a dict with "params"), or one group; every trainable
-    parameter in exactly one group, nothing else."""
-    if param_groups is None:
-        return [dict(params=trainable)]
-    ids = {id(p) for p in trainable}
-    seen = set()
-    for g in param_groups:
-        if not isinstance(g, dict) or "params" not in g:
-            raise TypeError(f"{who}: param_groups must be a list of dicts with \"params\" "
-                            "(as torch optimizers take)")
-        for p in g["params"]:
-            if id(p) not in ids:
-                raise ValueError(f"{who}: a parameter of param_groups is not a trainable "
-                                 "parameter of the module (frozen, or of another model)")
-            if id(p) in seen:
-                raise ValueError(f"{who}: a parameter is in two param groups")
-            seen.add(id(p))
-    if seen != ids:
-        raise ValueError(f"{who}: {len(ids - seen)} trainable parameter(s) are in no param "
-                         "group: put every trainable parameter in one group")
-    return [dict(g, params=list(g["params"])) for g in param_groups]

@@ -64,7 +64,10 @@ def _sharded_linear(full, dim, rank, k, bias=True):
     """An nn.Linear holding rank's slice of `full` (dim 0: output columns, dim 1: input rows;
     a row-split keeps the whole bias, added once after the all-reduce), on `full`'s device."""
     w = shard_of(full.weight, dim, rank, k)
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
+    # skip_init: no random init to overwrite (on thread ranks a draw would race with a seeded
+    # build in another thread: helpers.seeding)
+    lin = nn.utils.skip_init(nn.Linear, w.shape[1], w.shape[0], bias=bias, device=w.device,
+                             dtype=w.dtype)
     with torch.no_grad():
         lin.weight.copy_(w)
         if bias:

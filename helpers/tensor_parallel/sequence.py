@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..seeding import seeded
 from .scratch import TPAttention, TPMLP, reduce_from_tp, shard_of
 
 __all__ = ["GatherSequence", "ScatterSequence", "gather_sequence", "scatter_sequence",
@@ -220,5 +221,5 @@ class TinyTPLM(nn.Module):
 
 def tiny_tp_lm(vocab=64, width=32, heads=4, seed=0):
     """The TinyTPLM with weights from `seed` (every rank builds the same one)."""
-    torch.manual_seed(seed)
-    return TinyTPLM(vocab, width, heads)
+    with seeded(seed):
+        return TinyTPLM(vocab, width, heads)

@@ -22,6 +22,13 @@ p.add_argument("--steps", type=int, default=24, help="optimizer steps")
 p.add_argument("--batch-size", type=int, default=64, help="global batch (all ranks)")
 p.add_argument("--save", default=None, help="checkpoint file, written by rank 0")
 args = p.parse_args()
+world = int(os.environ.get("WORLD_SIZE", 0))   # set by torchrun: refuse what would fail or,
+if not world:                                  # with a batch the ranks cannot share, mislead
+    p.error("start it with torchrun: python -m torch.distributed.run --standalone "
+            "--nproc-per-node 2 scripts/ddp/minimal.py")
+if args.steps < 1 or args.batch_size < 1 or args.batch_size % world:
+    p.error(f"--steps {args.steps} --batch-size {args.batch_size}: need at least 1 step and a "
+            f"global batch that splits evenly over the {world} ranks (a multiple of {world})")
 
 # --- join the process group: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT ---
 local_rank = int(os.environ["LOCAL_RANK"])    # this rank's number on its machine

@@ -48,6 +48,12 @@ p.add_argument("--fail-once", default=None,
                help="(demo) ... only if this marker file does not exist yet (it is created)")
 _, _, env_world, env_local_world = helpers.env_ranks()
 args = helpers.resolve_args(p.parse_args(), env_world, env_local_world, parser=p)
+if "TORCHELASTIC_RUN_ID" not in os.environ and "MASTER_PORT" not in os.environ:
+    p.error("start it with torchrun, which tells each rank who it is: python -m "
+            "torch.distributed.run --standalone --nproc-per-node 2 scripts/ddp/torchrun.py ...")
+if not -1 <= args.fail_rank < env_world or args.fail_step < 0:
+    p.error(f"--fail-rank {args.fail_rank} --fail-step {args.fail_step}: the demo needs a rank "
+            f"from 0 to {env_world - 1} (or -1: none) and a step from 0 on")
 
 # --- join the process group: ranks from torchrun's environment variables ---
 rank, world_size, device = helpers.setup(backend=args.backend, timeout=args.timeout)

@@ -1,0 +1,92 @@
+"""Thread ranks as safe as processes: every experiment that offers `launch(..., threads=True)`
+gives, run after run, what its process ranks give; a model built from a seed is the same in
+every thread, whatever the other threads build or draw at the same moment (torch has one global
+random generator per process, which thread ranks share)."""
+import threading
+
+import pytest
+import torch
+
+import helpers
+from helpers import launch, pipeline_worker
+
+ROUNDS = 30      # a race seen in 7 runs of 30 escapes 30 rounds of 4 threads with p < 1e-9
+
+
+def _state(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+BUILDS = {
+    "small_block": lambda: helpers.small_block(width=32, heads=4, seed=3),
+    "small_stack": lambda: helpers.small_stack(blocks=2, width=16, heads=2, seed=4),
+    "make_model": lambda: helpers.make_model("mlp", seed=5),
+    "make_model lm": lambda: helpers.make_model("lm", seed=6),
+    "pipeline_net": lambda: helpers.pipeline_net(vocab=512, width=64, depth=4, seed=7),
+    "tiny_tp_lm": lambda: helpers.tiny_tp_lm(seed=8),
+    "gpt": lambda: helpers.gpt(seed=9),
+    "MoE": lambda: helpers.MoE(seed=10),
+}
+
+
+def test_seeded_builds_are_the_same_in_every_thread_rank():
+    """Four thread ranks build every seeded model of the course at the same moment, with a
+    tensor-parallel block (built from the small block) beside them, round after round: each
+    build equals the one made alone in the caller, and the caller's random numbers are left
+    as they were."""
+    want = {name: _state(build()) for name, build in BUILDS.items()}
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    world = 4
+    start = threading.Barrier(world)
+    bad = []
+
+    def rank_fn(comm):
+        for _ in range(ROUNDS):
+            start.wait()
+            for name, build in BUILDS.items():
+                got = build()
+                if not _same(_state(got), want[name]):
+                    bad.append(name)
+                if name == "small_block":
+                    helpers.TPBlock(got, comm)      # slices it: draws nothing either
+        return True
+
+    helpers.run_threads(rank_fn, world, timeout=60)
+    assert not bad, f"thread ranks built other weights than the seed gives: {sorted(set(bad))}"
+    assert torch.equal(torch.get_rng_state(), before), "a seeded build moved the caller's RNG"
+
+
+NET = dict(vocab=256, width=32, depth=6)
+RUNS = [dict(schedule="gpipe", m=4, cuts=[2, 5]), dict(schedule="1f1b", m=4, cuts=[2, 5]),
+        dict(schedule="zb", m=2, cuts=[2, 5])]
+
+
+def test_pipeline_worker_on_thread_ranks_equals_its_process_ranks():
+    """pipeline_worker offers thread ranks: run after run they give the losses and gradients
+    its process ranks give (each thread builds the seeded net at the same moment)."""
+    cfg = dict(net=NET, batch_size=12, seed=0, runs=RUNS)
+    want = launch(pipeline_worker, 3, cfg, quiet=True, timeout=120)
+    for attempt in range(8):
+        got = launch(pipeline_worker, 3, cfg, threads=True, timeout=60)
+        for rank, (g, w) in enumerate(zip(got, want)):
+            for run_g, run_w in zip(g, w):
+                what = f"run {attempt}, rank {rank}, {run_w['schedule']}"
+                if run_w["loss"] is not None:
+                    assert run_g["loss"] == pytest.approx(run_w["loss"], rel=1e-6), what
+                for a, b in zip(run_g["grads"][rank], run_w["grads"][rank]):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=what)
+
+
+def test_pipeline_worker_refuses_torch_schedules_on_thread_ranks():
+    """torch's pipelining schedules need a process group: on thread ranks a clear refusal
+    before any run, not an error from deep inside torch."""
+    cfg = dict(net=NET, batch_size=8, seed=0, runs=[
+        dict(schedule="1f1b", m=2, cuts=[3]),
+        dict(kind="pipelining", schedule="Schedule1F1B", m=2, cuts=[3])])
+    with pytest.raises(helpers.RankFailed, match="process ranks"):
+        launch(pipeline_worker, 2, cfg, threads=True, timeout=20)
