@@ -322,5 +322,3 @@ class Zero2(nn.Module):
         self.shard_grads = [None] * len(self.buckets)
         for p in self.params:
             p.grad = None
-
-
