@@ -38,6 +38,7 @@ from book_files import toc_entries  # noqa: E402
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = "raise NotImplementedError()"
+MANIFEST = ".student-edition"   # what a build wrote into --out: all it may delete later
 DROP_TAGS = {"nbval-check-output", "hide-input"}   # the stub is the student's to see and edit
 # Appended to every check cell of the nbgrader source, hidden from the handout and restored by
 # `nbgrader autograde`: the check runs again from a fresh import of the course, loaded by path,
@@ -370,12 +371,65 @@ def main(argv=None):
         print(f"{TEACHERS.relative_to(ROOT)}: " + ("table updated" if changed else "up to date"))
         return
     out = pathlib.Path(args.out)
-    if not args.notebooks:   # a full build leaves no stale chapter behind
-        for stale in out.rglob("*.ipynb"):
-            stale.unlink()
-    written = build(args.notebooks or None, out, args.course)
+    try:
+        notebooks = _given(args.notebooks)
+        stale = _stale(out, notebooks)
+    except ValueError as err:
+        print(f"student_edition.py: {err}", file=sys.stderr)
+        sys.exit(2)
+    for path in stale:   # a full build leaves no stale chapter behind (only what we wrote)
+        path.unlink()
+    written = build(notebooks, out, args.course)
+    _record(out, written)
     print(f"student edition: {len(written)} notebook(s) in {out}/; "
           f"nbgrader course in {args.course}/")
+
+
+def _given(notebooks):
+    """The chapters asked for (None: all), each an existing notebook, checked before any work."""
+    for name in notebooks:
+        path = pathlib.Path(name)
+        if path.suffix != ".ipynb" or not path.is_file():
+            raise ValueError(f"{name} is not a notebook file: give chapter notebooks such as "
+                             "book/part2/scratch.ipynb, or none for every chapter")
+    return notebooks or None
+
+
+def _written_before(out):
+    """The notebooks an earlier build wrote into `out` (its manifest), as paths."""
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        return set()
+    return {out / line for line in manifest.read_text().splitlines() if line.strip()}
+
+
+def _stale(out, notebooks):
+    """What a build may delete or overwrite in `out`: only notebooks an earlier build of this
+    script wrote (its manifest). Refuses, before any work, an `out` that is a file or that holds
+    other notebooks where this build would write or clean: a teacher's own are never lost."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder (it is created if missing)")
+    ours = _written_before(out)
+    targets = [student_path(p, out) for p in (notebooks or chapters())]
+    present = set(out.rglob("*.ipynb")) if (out.is_dir() and not notebooks) else \
+        {t for t in targets if t.exists()}
+    foreign = sorted(str(p.relative_to(out)) for p in present - ours)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3
+                                          else "")
+        raise ValueError(f"--out {out} holds notebooks this script did not write ({shown}): "
+                         "give an empty or new folder, or move them out first")
+    return sorted(present) if not notebooks else []
+
+
+def _record(out, written):
+    """Add what this build wrote to `out`'s manifest (written atomically)."""
+    sys.path.insert(0, str(ROOT))
+    from helpers.runtime.files import atomic_write
+    names = {str(p.relative_to(out)) for p in _written_before(out) if p.exists()}
+    names |= {str(pathlib.Path(p).resolve().relative_to(out.resolve())) for p in written}
+    text = "".join(f"{n}\n" for n in sorted(names))
+    atomic_write(out / MANIFEST, lambda f: f.write(text), mode="w")
 
 
 if __name__ == "__main__":

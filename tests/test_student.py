@@ -341,3 +341,54 @@ def test_teachers_guide_table_matches_the_notebooks():
     assert table == se.exercise_table(CHAPTERS), (
         "book/teachers.md's exercise table is out of date: run "
         ".venv/bin/python scripts/student_edition.py --update-teachers-guide")
+
+
+# --- the edition never deletes what it did not write (a teacher's own notebooks) ---------------
+def test_an_out_folder_with_other_notebooks_is_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "teaching"
+    mine = out / "week1" / "my_lesson.ipynb"
+    mine.parent.mkdir(parents=True)
+    nbformat.write(sample_notebook(), mine)
+    with pytest.raises(SystemExit) as stop:
+        se.main(["--out", str(out), "--course", str(tmp_path / "course")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "week1/my_lesson.ipynb" in err and "empty" in err
+    assert mine.exists() and not (tmp_path / "course").exists()
+
+
+def test_a_rebuild_removes_only_what_the_manifest_lists(tmp_path):
+    out = tmp_path / "student"
+    ours, theirs = out / "part9" / "gone.ipynb", out / "notes.ipynb"
+    ours.parent.mkdir(parents=True)
+    nbformat.write(sample_notebook(), ours)
+    (out / se.MANIFEST).write_text("part9/gone.ipynb\n")
+    assert se._stale(out, None) == [ours]   # a chapter an earlier build wrote: cleaned
+    nbformat.write(sample_notebook(), theirs)
+    with pytest.raises(ValueError, match="notes.ipynb"):
+        se._stale(out, None)
+    chapter = se.student_path(CHAPTERS[0], out)   # one chapter asked for, over a foreign file
+    chapter.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(sample_notebook(), chapter)
+    with pytest.raises(ValueError, match="did not write"):
+        se._stale(out, [CHAPTERS[0]])
+
+
+def test_the_manifest_lists_what_a_build_wrote(tmp_path, edition):
+    out = edition["out"]
+    written = sorted(out.rglob("*.ipynb"))
+    se._record(out, written)
+    listed = (out / se.MANIFEST).read_text().split()
+    assert sorted(out / name for name in listed) == written
+
+
+@pytest.mark.parametrize("bad", [["--out", "{file}"], ["book/nowhere.ipynb"], ["README.md"]])
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys, bad):
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    argv = [a.format(file=afile) for a in bad]
+    with pytest.raises(SystemExit) as stop:
+        se.main(argv + ["--course", str(tmp_path / "course")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and not (tmp_path / "course").exists()
