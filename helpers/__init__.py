@@ -179,10 +179,11 @@ from .expert_parallel.torch_api import (EPMoE, GroupedExperts, ep_dp_mesh, group
                                         grouped_mm_status, permute_by_expert)
 from .expert_parallel.experiments import ep_production_run
 from .expert_parallel.schematics import dispatch_counts, draw_all_to_all
-from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches, rank_grid,
-                           coords_of, stage_cuts)
+from .runtime.mesh import rank_grid, coords_of, new_groups, device_mesh
+from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches,
+                           stage_cuts)
 from .composed.gpt import check_data_split
-from .composed.scratch import new_groups, build_stage, train_3d_scratch, one_process_run
+from .composed.scratch import build_stage, train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both
 from .composed.experiments import train_cp_zero2

@@ -65,3 +65,14 @@ def mismatch_on_rank_1(rank, world, cfg):
     t = torch.zeros(2 if rank == 0 else 3)
     dist.all_gather([torch.empty_like(t) for _ in range(world)], t)
     return rank
+
+
+def mesh_groups_both_ways(rank, world, cfg):
+    """This rank's groups from helpers.runtime.mesh by hand and from init_device_mesh."""
+    import helpers.runtime.mesh as mesh
+    shape, names = tuple(cfg["shape"]), tuple(cfg["names"])
+    by_hand = {name: ranks for name, (_, ranks) in mesh.new_groups(shape, names).items()}
+    dm = mesh.device_mesh(shape, names, "cpu")
+    by_torch = {name: dist.get_process_group_ranks(dm[name].get_group()) for name in names}
+    coords = {name: dm[name].get_local_rank() for name in names}
+    return by_hand, by_torch, coords

@@ -14,7 +14,7 @@ from ..context_parallel.scratch import attention_reference, split_positions
 from ..costs import ring_allreduce_bytes
 from ..transformer_costs import activation_bytes_per_token
 from ..expert_parallel.moe import load_balancing_loss, route
-from ..composed.gpt import rank_grid
+from ..runtime.mesh import rank_grid
 from ._core import (CheckFailed, RankFailed, World, as_number, check, expect, fresh_generator,
                     randint)
 

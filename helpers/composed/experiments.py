@@ -9,8 +9,9 @@ from ..runtime.comm import DistComm
 from ..runtime.traffic import count_traffic
 from ..sharding.memory import PeakBytes
 from ..sharding.zero import Zero2, optimizer_state_bytes
-from .gpt import check_data_split, coords_of, gpt, gpt_batches, gpt_layers, gpt_loss
-from .scratch import cp_gpt, new_groups, train_3d_scratch
+from ..runtime.mesh import coords_of, new_groups
+from .gpt import check_data_split, gpt, gpt_batches, gpt_layers, gpt_loss
+from .scratch import cp_gpt, train_3d_scratch
 from .torch_api import train_3d_torch
 
 __all__ = ["train_3d_both", "train_cp_zero2"]

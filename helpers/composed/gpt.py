@@ -1,4 +1,4 @@
-"""Part VII: the small GPT of the 3-D runs and the layout of ranks on a mesh.
+"""Part VII: the small GPT of the 3-D runs (its mesh is laid out by helpers.runtime.mesh).
 
 The model is the course's TinyLM (helpers.tiny_models) with helpers.SmallBlock blocks (separate
 q, k, v, so tensor parallelism splits whole heads) and an untied head (a pipeline puts the
@@ -12,10 +12,9 @@ from torch import nn
 from ..seeding import seeded
 from ..tiny_models import SmallBlock, TinyLM, counting_tokens
 
-__all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches", "rank_grid",
-           "coords_of", "stage_cuts", "check_data_split"]
+__all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches",
+           "stage_cuts", "check_data_split"]
 
-MESH_DIMS = ("pp", "dp", "tp")   # outermost first: tp ranks are consecutive (one node)
 
 
 def gpt(vocab=32, width=32, layers=4, heads=4, seq=16, seed=0):
@@ -81,25 +80,3 @@ def stage_cuts(layers, pp):
     if layers % pp:
         raise ValueError(f"{layers} blocks do not split into {pp} equal pipeline stages")
     return [1 + i * layers // pp for i in range(1, pp)]
-
-
-def rank_grid(shape, names=MESH_DIMS):
-    """The process groups of a mesh laid out row-major (the last name varies fastest), as
-    init_device_mesh lays it out: {name: [[ranks of one group], ...]} for each dimension."""
-    n = 1
-    for s in shape:
-        n *= s
-    grid = torch.arange(n).view(*shape)
-    groups = {}
-    for d, name in enumerate(names):
-        moved = grid.movedim(d, -1).reshape(-1, shape[d])
-        groups[name] = [row.tolist() for row in moved]
-    return groups
-
-
-def coords_of(rank, shape, names=MESH_DIMS):
-    """{name: index} of a rank in the row-major mesh."""
-    out = {}
-    for name, s in zip(reversed(names), reversed(shape)):
-        rank, out[name] = divmod(rank, s)
-    return {name: out[name] for name in names}

@@ -3,7 +3,7 @@ panel per pipeline stage, ranks as dots, each dimension's groups as lines. For a
 readable at a phone's width."""
 import matplotlib.pyplot as plt
 
-from .gpt import coords_of, rank_grid
+from ..runtime.mesh import coords_of, rank_grid
 
 __all__ = ["draw_mesh"]
 

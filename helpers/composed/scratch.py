@@ -25,27 +25,16 @@ from ..pipeline_parallel.schedules import one_f_one_b_rank_order
 from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
 from ..context_parallel.scratch import CPAttention, split_positions
 from ..runtime.comm import DistComm
+from ..runtime.mesh import coords_of, new_groups
 from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
-from .gpt import (MESH_DIMS, GPTHead, check_data_split, coords_of, gpt, gpt_batches,
-                  gpt_layers, gpt_loss, rank_grid, stage_cuts)
+from .gpt import (GPTHead, check_data_split, gpt, gpt_batches, gpt_layers, gpt_loss,
+                  stage_cuts)
 
-__all__ = ["new_groups", "build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
+__all__ = ["build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
            "CPBlock", "Recomputed", "cp_gpt"]
-
-
-def new_groups(shape, names=MESH_DIMS):
-    """{name: (group, ranks)}: this rank's process group along each mesh dimension. Every rank
-    creates every group, in the same order (torch.distributed requires it)."""
-    rank, mine = dist.get_rank(), {}
-    for name, groups in rank_grid(shape, names).items():
-        for ranks in groups:
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine[name] = (group, ranks)
-    return mine
 
 
 def build_stage(net, cuts, pp_rank, tp_comm):

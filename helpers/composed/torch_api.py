@@ -10,8 +10,8 @@ from ..devices import synced_now
 from ..pipeline_parallel.scratch import stage_of
 from ..tensor_parallel.torch_api import tp_plan
 from ..tiny_models import SmallBlock
-from .gpt import (MESH_DIMS, check_data_split, gpt, gpt_batches, gpt_layers, gpt_loss,
-                  stage_cuts)
+from ..runtime.mesh import MESH_DIMS
+from .gpt import check_data_split, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 
 __all__ = ["train_3d_torch"]
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.mesh import device_mesh
 from .moe import load_balancing_loss, router_z_loss
 
 __all__ = ["grouped_mm", "grouped_mm_status", "permute_by_expert", "GroupedExperts", "EPMoE",
@@ -115,10 +116,9 @@ class GroupedExperts(nn.Module):
 
 def ep_dp_mesh(world, ep, device_type="cpu"):
     """The (dp, ep) device mesh of `world` ranks, ep consecutive ranks splitting the experts."""
-    from torch.distributed.device_mesh import init_device_mesh
     if world % ep:
         raise ValueError(f"ep={ep} does not divide the {world} ranks")
-    return init_device_mesh(device_type, (world // ep, ep), mesh_dim_names=("dp", "ep"))
+    return device_mesh((world // ep, ep), ("dp", "ep"), device_type)
 
 
 class EPMoE(nn.Module):
