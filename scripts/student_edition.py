@@ -277,7 +277,7 @@ def checks_table():
     for name in sorted(n for n in dir(helpers.checks) if n.startswith("check_")):
         info = REGISTRY.get(name)
         if info is None:
-            rows.append(f"| `{name}` | not yet on the harness (issue 19): judges what it returns "
+            rows.append(f"| `{name}` | not yet on the harness: judges what it returns "
                         "and what it logs | — |")
             continue
         observes = "; ".join(o.replace("|", "\\|") for o in info.observes)

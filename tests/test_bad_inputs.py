@@ -84,7 +84,6 @@ ROWS = [
      ValueError, "does not exist: create it first"),
     ("output is a folder", lambda: helpers.check_output_path("/tmp", "--save"), ValueError,
      "is a folder: give a file name"),
-    # review round 2, L17
     ("--metrics is a folder", lambda: helpers.check_output_path("/tmp", "--metrics"), ValueError,
      "e.g. /tmp/metrics.json"),
     ("get_devices(True)", lambda: helpers.get_devices(True), ValueError, "e.g. get_devices(2)"),

@@ -2,8 +2,8 @@
 scratch with send/recv, and torch.distributed.pipelining (interleaved and zero bubble too), each
 equal to the unsplit model (loss and every gradient) on 2 gloo ranks; the schedules' live
 micro-batches; the same code on 4 thread-ranks. Emulated, beside a busy process, the bubble
-follows its formula (issue 21); bad cuts, m, batch sizes and orders are refused before any
-work (issue 24)."""
+follows its formula; bad cuts, m, batch sizes and orders are refused before any
+work."""
 import subprocess
 import sys
 import time
@@ -161,7 +161,7 @@ def test_a_missing_send_times_out_with_a_message():
         run_threads(lonely, 2, timeout=0.2)
 
 
-# ---- emulated: the schedule apart from the machine (issue 21) -----------------------------------
+# ---- emulated: the schedule apart from the machine ------------------------------------------
 def _formula(run):
     m = run["m"]
     return {"gpipe": bubble_fraction(2, m), "1f1b": bubble_fraction(2, m),
@@ -197,7 +197,7 @@ def test_emulated_bubble_falls_with_m(ranks):
         assert got == sorted(got, reverse=True) and got[0] > 2 * got[-1]
 
 
-# ---- refused before any work (issue 24) ------------------------------------------------------
+# ---- refused before any work ------------------------------------------------------------------
 def test_cuts_are_checked_against_the_ranks_and_the_layers():
     net = pipeline_net(**NET)
     with pytest.raises(ValueError, match="make 3 stages for 2 ranks"):

@@ -12,7 +12,7 @@ KEYS = {"huang2019gpipe", "narayanan2019pipedream", "narayanan2021megatron",
         "thakur2005collectives", "zhang2023d2l", "korthikanti2023sequence", "chen2016checkpointing",
         "micikevicius2018mixed", "sergeev2018horovod", "ultrascale2025", "austin2025scaling",
         "paszke2019pytorch", "wu2018group", "peng2018megdet", "pytorch2025dataparallel",
-        # Parts 0-II, issue 22
+        # Parts 0-II
         "qi2024zero", "deepseek2024v3", "sanders2009trees",
         "li2014parameter", "mccandlish2018empirical"}
 TERMS = {"rank", "world size", "process group", "backend", "collective", "all-reduce",

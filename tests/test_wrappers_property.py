@@ -1,4 +1,4 @@
-"""Property test of the from-scratch wrappers (issue 24): on random small models and runs, each
+"""Property test of the from-scratch wrappers: on random small models and runs, each
 wrapper, on real gloo ranks, ends where one process ends, and where torch's counterpart ends;
 or it refuses the case when it is built, with a message naming the fix.
 

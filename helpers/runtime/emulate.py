@@ -1,4 +1,5 @@
-"""Emulated durations for schedule lessons: the schedule apart from the machine (issue 21).
+"""Emulated durations for schedule lessons: the schedule apart from the machine (a busy
+2-core CPU cannot time overlap, a modelled duration can show its shape).
 
 A schedule lesson (a pipeline's bubble, DDP's overlap, FSDP's prefetch) measured on two busy
 cores shows the cores, not the schedule: ranks wait for a core, not for each other. In emulated
