@@ -3,8 +3,8 @@ about a second: what the fake-GPU test (tests/test_fake_cuda.py) and the world-1
 (scripts/world1_sweep.py) run. `targets(tmp)` lists them as Target rows; a new launch target
 in helpers must be added here (tests/test_fake_cuda.py checks that none is missing).
 
-owner: who keeps the target's device and timing right (the course's areas: "gpu" = runtime,
-sharding, tensor and pipeline parallelism; "speedA" = Part IV's data parallelism; "speedB" =
+owner: who keeps the target's device and timing right (the course's areas: "core" = runtime,
+sharding, tensor and pipeline parallelism; "part4" = Part IV's data parallelism; "part3" =
 Part III; "part7" = Part VII). world: the number of ranks it runs on here. world1: what the
 world-1 sweep changes in its cfg to run on one rank (None: it needs more ranks). gloo_only: a
 target that its chapters launch with backend="gloo" (it never sees a GPU: timing gloo, or a
@@ -43,7 +43,7 @@ class Target:
     name: str
     fn: object
     cfg: dict
-    owner: str = "gpu"
+    owner: str = "core"
     world: int = 2
     gloo_only: bool = False
     data: bool = False
@@ -63,42 +63,42 @@ def targets(tmp):
                  dict(kind="pingpong", rows=4, repeats=2)]
     T = Target
     return [
-        # Part III (speedB)
+        # Part III
         T("ddp_vs_one_process", h.ddp_vs_one_process,
-          dict(cases=[("mlp", None), ("tied", 0.01)], num_steps=2), "speedB"),
-        T("unused_vs_torch", h.unused_vs_torch, {}, "speedB"),
-        T("accumulation_vs_torch", h.accumulation_vs_torch, {}, "speedB"),
-        T("scratch_refusals", h.scratch_refusals, {}, "speedB"),
-        T("scratch_skipped_step", h.scratch_skipped_step, dict(timeout=2), "speedB",
+          dict(cases=[("mlp", None), ("tied", 0.01)], num_steps=2), "part3"),
+        T("unused_vs_torch", h.unused_vs_torch, {}, "part3"),
+        T("accumulation_vs_torch", h.accumulation_vs_torch, {}, "part3"),
+        T("scratch_refusals", h.scratch_refusals, {}, "part3"),
+        T("scratch_skipped_step", h.scratch_skipped_step, dict(timeout=2), "part3",
           gloo_only=True, notes="waits for a timeout that NCCL's watchdog would turn into a "
                                 "killed process: a gloo lesson"),
-        T("gradient_timeline", h.gradient_timeline, {}, "speedB"),
-        T("overlap_step_times", h.overlap_step_times, dict(rounds=2, warmup=1), "speedB"),
-        T("ddp_scratch_trace", h.ddp_scratch_trace, dict(steps=2), "speedB"),
-        T("emulated_overlap", h.emulated_overlap, dict(steps=1), "speedB"),
+        T("gradient_timeline", h.gradient_timeline, {}, "part3"),
+        T("overlap_step_times", h.overlap_step_times, dict(rounds=2, warmup=1), "part3"),
+        T("ddp_scratch_trace", h.ddp_scratch_trace, dict(steps=2), "part3"),
+        T("emulated_overlap", h.emulated_overlap, dict(steps=1), "part3"),
         T("bn_vs_syncbn", h.bn_vs_syncbn, dict(subset=256, batch_size=32, num_steps=2,
-                                               lr=0.05, seed=0), "speedB", data=True),
-        T("bn_step_times", h.bn_step_times, dict(subset=256, rounds=1, warmup=1), "speedB",
+                                               lr=0.05, seed=0), "part3", data=True),
+        T("bn_step_times", h.bn_step_times, dict(subset=256, rounds=1, warmup=1), "part3",
           data=True),
-        T("uneven_inputs_join", h.uneven_inputs_join, {}, "speedB", gloo_only=True,
+        T("uneven_inputs_join", h.uneven_inputs_join, {}, "part3", gloo_only=True,
           notes="launched with backend=\"gloo\": a lesson on collectives"),
-        # Part IV (speedA)
+        # Part IV (part4)
         T("ddp_knobs", h.ddp_knobs, dict(width=32, depth=2, batch=8, steps=1, rounds=1),
-          "speedA"),
+          "part4"),
         T("ddp_trace", h.ddp_trace, dict(trace_dir=tmp, width=32, depth=2, batch=8,
-                                         bucket_mb=0.05, steps=1), "speedA"),
+                                         bucket_mb=0.05, steps=1), "part4"),
         T("bench_worker", h.bench_worker, dict(wrappers=["ddp", "scratch"], batch_size=64,
                                                lr=0.2, num_epochs=1, subset=256, seed=0),
-          "speedA", data=True),
+          "part4", data=True),
         T("train_fast_rank", h.train_fast_rank, dict(batch_size=64, lr=0.2, num_epochs=1,
-                                                     subset=256, seed=0), "speedA", data=True),
+                                                     subset=256, seed=0), "part4", data=True),
         T("gloo_allreduce_worker", h.gloo_allreduce_worker, dict(sizes=[1024], reps=2),
-          "speedA"),
+          "part4"),
         T("dp_timing_worker", h.dp_timing_worker,
           dict(ks=[1, 2], runs=[dict(name="b", global_batch=8, steps=1, reps=1)], subset=256),
-          "speedA", gloo_only=True, data=True, notes="times data parallelism on CPU cores"),
+          "part4", gloo_only=True, data=True, notes="times data parallelism on CPU cores"),
         T("allreduce_compare_worker", h.allreduce_compare_worker,
-          dict(shapes=[(5,), (3, 4)]), "speedA", gloo_only=True,
+          dict(shapes=[(5,), (3, 4)]), "part4", gloo_only=True,
           notes="checks the course's all-reduces against torch's on gloo"),
         # Part V (gpu)
         T("zero1_vs_one_process", h.zero1_vs_one_process, dict(num_steps=2)),
