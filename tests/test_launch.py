@@ -215,8 +215,8 @@ def _children(pid):
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 def test_killing_spawn_py_leaves_no_rank_running():
-    """Review L15 for the script that teaches mp.spawn: its ranks join through helpers.setup,
-    which makes them leave with their parent."""
+    """The script that teaches mp.spawn: its ranks join through helpers.setup, which makes them
+    leave with their parent (a killed notebook or terminal leaves no rank behind)."""
     script = ROOT / "scripts" / "ddp" / "spawn.py"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     parent = subprocess.Popen([sys.executable, str(script), "--nprocs", "2", "--backend", "gloo",
@@ -224,9 +224,14 @@ def test_killing_spawn_py_leaves_no_rank_running():
                               cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
+        said = []
         for line in parent.stdout:                 # rank 0 logs once every rank has joined
+            said.append(line)
             if line.startswith("epoch 1:"):
                 break
+        else:   # it stopped before training: say why (e.g. Fashion-MNIST not in data/)
+            pytest.fail("spawn.py stopped before its first epoch, so there were no ranks to "
+                        "kill; it said:\n" + "".join(said[-15:]))
         ranks = _children(parent.pid)
         assert len(ranks) >= 2, "both ranks started"
         parent.send_signal(signal.SIGTERM)
@@ -261,3 +266,15 @@ def test_a_kernel_run_by_a_program_shows_no_progress_line(monkeypatch, tmp_path)
     assert progress.ProgressLine(2, tmp_path, quiet=False).mode == "jupyter"
     Kernel._allow_stdin = False
     assert progress.ProgressLine(2, tmp_path, quiet=False).mode is None
+
+
+def test_take_reads_cfg_and_refuses_typos():
+    """take returns the required keys then the defaults in order; a missing key or one it does
+    not expect (a typo that would otherwise run the default) is refused, naming both lists."""
+    from helpers.runtime.launch import take
+    assert take({"a": 1, "b": 2}, "a", b=0, c=3) == [1, 2, 3]
+    assert take({"a": 1, "device": "cpu", "comm": None}, "a") == [1]
+    with pytest.raises(TypeError, match=r"lacks \['a'\]"):
+        take({}, "a")
+    with pytest.raises(TypeError, match=r"unexpected \['stpes'\].*optionally \['steps'\]"):
+        take({"stpes": 5}, steps=1)

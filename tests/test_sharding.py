@@ -2,6 +2,7 @@
 the share of memory the cost model of Part I predicts, and sends what it says (or we say why not).
 Two launches: world 2 (equality, checkpoint saved) and world 4 (checkpoint loaded, memory)."""
 import pytest
+import torch
 
 import helpers
 
@@ -221,3 +222,20 @@ def test_zero1_checkpoint_resumes_exactly_and_loads_into_plain_adamw(two):
         assert z["resumed_diff"] <= 1e-7 and z["plain_diff"] <= 1e-6, z
         assert z["entries_after_load"] == z["owned"] > 0
         assert z["saved_entries"] == len(list(MLP.parameters()))
+
+
+def test_partition_by_size_balances_within_the_largest_tensor():
+    """Largest-first to the least loaded rank: every rank's load within the largest tensor of
+    every other's, ties to the lower rank, every tensor owned once, the same on every call."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        world = int(torch.randint(1, 6, (1,), generator=gen))
+        sizes = torch.randint(1, 1000, (int(torch.randint(1, 20, (1,), generator=gen)),),
+                              generator=gen).tolist()
+        owner = helpers.partition_by_size(sizes, world)
+        assert len(owner) == len(sizes) and all(0 <= r < world for r in owner)
+        load = [sum(s for s, r in zip(sizes, owner) if r == k) for k in range(world)]
+        assert max(load) - min(load) <= max(sizes)
+        assert owner == helpers.partition_by_size(list(sizes), world)
+    assert helpers.partition_by_size([5, 5, 5, 5], 2) == [0, 1, 0, 1]
+    assert helpers.partition_by_size([1, 10, 2], 2) == [1, 0, 1]

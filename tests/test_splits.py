@@ -334,8 +334,34 @@ def test_one_convention_for_every_part():
     for p in range(1, 5):
         for m in range(1, 7):
             assert gpipe_order(p, m) == [gpipe_rank_order(p, m, r) for r in range(p)]
-            assert one_f_one_b_order(p, m) == [one_f_one_b_rank_order(p, m, r) for r in range(p)]
             assert gpipe_order(p, m)[0][m:] == [("B", j) for j in range(m)]
+
+
+def test_one_f_one_b_is_1f1b():
+    """1F1B judged by what defines it, not by how the course builds it: every micro-batch's
+    forward and backward once per rank, a backward after its forward, at most p - rank
+    micro-batches in flight, the warm-up of p - rank - 1 forwards, then F and B in turn, and
+    the critical path of 2(m + p - 1) ticks."""
+    assert one_f_one_b_rank_order(2, 3, 0) == [("F", 0), ("F", 1), ("B", 0), ("F", 2),
+                                               ("B", 1), ("B", 2)]
+    assert one_f_one_b_rank_order(2, 3, 1) == [("F", 0), ("B", 0), ("F", 1), ("B", 1),
+                                               ("F", 2), ("B", 2)]
+    for p in range(1, 5):
+        for m in range(1, 7):
+            for r in range(p):
+                order = one_f_one_b_rank_order(p, m, r)
+                assert sorted(order) == sorted([("F", j) for j in range(m)] +
+                                               [("B", j) for j in range(m)])
+                live, most = 0, 0
+                for phase, j in order:
+                    assert phase == "F" or order.index(("F", j)) < order.index(("B", j))
+                    live += 1 if phase == "F" else -1
+                    most = max(most, live)
+                assert most == min(p - r, m)
+                warm = min(p - r - 1, m)
+                first = min(warm + 1, m)
+                assert order[:first] == [("F", j) for j in range(first)]
+            assert 1 + max(clock_ticks(one_f_one_b_order(p, m)).values()) == 2 * (m + p - 1)
 
 
 def test_clock_ticks_and_deadlock():
