@@ -8,7 +8,8 @@ import contextlib
 import os
 import sys
 
-__all__ = ["quiet_native_stderr", "profile_cpu", "count_ops", "trace_events", "overlap_ms"]
+__all__ = ["quiet_native_stderr", "profile_cpu", "count_ops", "trace_events", "overlap_ms",
+           "exposed_ms"]
 
 
 @contextlib.contextmanager
@@ -64,13 +65,15 @@ def trace_events(path, regions=REGIONS):
     """The events of an exported Chrome trace (`prof.export_chrome_trace(path)`) that make a
     step's timeline: the record_function regions (lane 'compute'), the all-reduces that DDP
     launches (lane 'launch': `c10d::allreduce_` on the training thread) and the ones gloo runs
-    (lane 'all-reduce': `gloo:all_reduce` on gloo's own threads). A list of dicts name, lane,
-    start_ms, dur_ms, step (counted from 0), times from the first region's start."""
+    (lane 'all-reduce': `gloo:all_reduce` on gloo's own threads), and for each 'backward' a
+    'reducer wait' region from its last autograd node to its end (see _reducer_waits). A list of
+    dicts name, lane, start_ms, dur_ms, step (counted from 0), times from the first region's
+    start."""
     import json
     with open(path) as f:
         trace = json.load(f)
     evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    picked = []
+    picked = _reducer_waits(evs, regions)
     for e in evs:
         name = e["name"]
         lane = ("compute" if name in regions else "launch" if name.startswith("c10d::allreduce")
@@ -88,6 +91,30 @@ def trace_events(path, regions=REGIONS):
         out.append(dict(name=name, lane=lane, start_ms=(ts - t0) / 1e3, dur_ms=dur / 1e3,
                         step=max(step, 0)))
     return out
+
+
+AUTOGRAD_NODE = "autograd::engine::evaluate_function"
+
+
+def _reducer_waits(evs, regions):
+    """One 'reducer wait' region (lane 'compute') per 'backward' region: from the end of the
+    last autograd node that ran inside it to the region's end. Under torch's DDP, backward()
+    returns only after the reducer's end-of-backward callback has waited for every bucket's
+    all-reduce, so that tail is the wait, not compute."""
+    if "backward" not in regions:
+        return []
+    nodes = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("pid"), e.get("tid"))
+             for e in evs if e["name"].startswith(AUTOGRAD_NODE)]
+    waits = []
+    for e in evs:
+        if e["name"] != "backward":
+            continue
+        s0, s1 = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        ends = [b for a, b, pid, tid in nodes if s0 <= a and b <= s1
+                and (pid, tid) == (e.get("pid"), e.get("tid"))]
+        if ends:
+            waits.append((max(ends), s1 - max(ends), "reducer wait", "compute"))
+    return waits
 
 
 def _union(spans):
@@ -110,3 +137,22 @@ def overlap_ms(events, region="backward"):
     spans = [(e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events if e["name"] == region]
     hidden = sum(max(0.0, min(b, s1) - max(a, s0)) for a, b in comm for s0, s1 in spans)
     return hidden, sum(b - a for a, b in comm)
+
+
+def exposed_ms(events):
+    """Split the all-reduce time of a DDP trace (helpers.trace_events) at the last autograd node
+    of each backward: {'overlapped': ms of all-reduce while autograd still had nodes to run,
+    'exposed': ms of all-reduce with no autograd work left (the step waits for it), 'total',
+    'wait': ms of the 'reducer wait' regions (backward() returned only after them)}. A region
+    'backward' alone cannot tell the two: under DDP it ends after the wait, so all of the
+    all-reduce falls inside it by construction."""
+    comm = _union((e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
+                  if e["lane"] == "all-reduce")
+    waits = {e["step"]: e for e in events if e["name"] == "reducer wait"}
+    compute = [(e["start_ms"], waits[e["step"]]["start_ms"] if e["step"] in waits
+                else e["start_ms"] + e["dur_ms"])
+               for e in events if e["name"] == "backward"]
+    overlapped = sum(max(0.0, min(b, s1) - max(a, s0)) for a, b in comm for s0, s1 in compute)
+    total = sum(b - a for a, b in comm)
+    return dict(overlapped=overlapped, exposed=total - overlapped, total=total,
+                wait=sum(e["dur_ms"] for e in waits.values()))

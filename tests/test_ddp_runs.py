@@ -28,6 +28,28 @@ def test_trace_events_and_overlap_from_a_chrome_trace(tmp_path):
     assert abs(total - 0.39) < 1e-9 and abs(hidden - 0.29) < 1e-9
 
 
+def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
+    ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
+    node = "autograd::engine::evaluate_function: AddmmBackward0"
+    trace = {"traceEvents": [
+        ev("forward", 1000, 100), ev("backward", 1100, 400), ev(node, 1150, 100),
+        ev(node, 1300, 100), ev("gloo:all_reduce", 1210, 390, tid=7),
+        ev(node, 1700, 50, tid=9),            # another thread's node: not this backward's
+        ev("optimizer", 1500, 50)]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    events = helpers.trace_events(str(path))
+    waits = [e for e in events if e["name"] == "reducer wait"]
+    assert len(waits) == 1 and abs(waits[0]["start_ms"] - 0.4) < 1e-9
+    assert abs(waits[0]["dur_ms"] - 0.1) < 1e-9, "from the last node (ends 1400) to 1500"
+    split = helpers.exposed_ms(events)
+    # all-reduce 0.21-0.60 ms; autograd computes until 0.40: 0.19 overlapped, 0.20 exposed
+    assert abs(split["total"] - 0.39) < 1e-9 and abs(split["overlapped"] - 0.19) < 1e-9
+    assert abs(split["exposed"] - 0.20) < 1e-9 and abs(split["wait"] - 0.1) < 1e-9
+    # the region "backward" alone would call 0.29 ms hidden: it ends after the wait
+    assert abs(helpers.overlap_ms(events)[0] - 0.29) < 1e-9
+
+
 def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
     got = helpers.launch(helpers.ddp_trace, 2, dict(trace_dir=str(tmp_path), width=128, depth=4,
                                                     batch=16, bucket_mb=0.05, steps=2),
@@ -41,12 +63,22 @@ def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
     inside = [e for e in launches for b in backward
               if b["start_ms"] <= e["start_ms"] <= b["start_ms"] + b["dur_ms"]]
     assert len(inside) >= 4, "DDP launches each bucket's all-reduce while backward runs"
+    waits = [e for e in events if e["name"] == "reducer wait"]
+    assert len(waits) == 2, "one reducer wait per backward: DDP's backward() waits for buckets"
+    split = helpers.exposed_ms(events)
+    assert abs(split["overlapped"] + split["exposed"] - split["total"]) < 1e-6
+    assert split["exposed"] > 0, "the first layer's bucket is reduced after its gradient"
 
 
 def test_ddp_knobs_keep_the_arithmetic_except_compression():
     got = helpers.launch(helpers.ddp_knobs, 2, dict(width=64, depth=3, batch=8, steps=2,
                                                     rounds=2), quiet=True)[0]
     assert all(len(s) == 2 and min(s) > 0 for s in got["step_s"].values())
+    assert got["exposed_s"].keys() == got["step_s"].keys()
+    assert all(len(s) == 2 and min(s) > 0 for s in got["exposed_s"].values()), \
+        "backward() returns after its last gradient: the reducer's wait"
+    assert all(e < t for knob in got["step_s"]
+               for e, t in zip(got["exposed_s"][knob], got["step_s"][knob]))
     for knob, diff in got["max_diff"].items():
         if "compression" in knob:
             assert diff > 0, "bf16 compression rounds the gradients: not the same arithmetic"

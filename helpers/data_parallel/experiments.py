@@ -186,7 +186,9 @@ def ddp_knobs(rank, world, cfg):
     after 3 warm-up steps each). Every knob trains its own copy from the same start on the same
     batches, so `max_diff` (against the default) says which knobs change the arithmetic.
     cfg: width 512, depth 8, batch 64 (per rank), steps 5, rounds 5. Returns step_s {knob:
-    [seconds per step, one per round]} and max_diff {knob: max |param - default's param|}."""
+    [seconds per step, one per round]}, exposed_s {knob: [seconds per step that backward()
+    went on after its last gradient was accumulated: the all-reduce not hidden behind autograd
+    work, which DDP's backward waits for]} and max_diff {knob: max |param - default's|}."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn import functional as F
@@ -212,23 +214,36 @@ def ddp_knobs(rank, world, cfg):
             m.register_comm_hook(None, hook)
         models[name] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
 
+    last_grad = [0.0]   # when the last gradient of the current backward was accumulated
+    for m, _ in models.values():
+        for p in m.parameters():
+            p.register_post_accumulate_grad_hook(
+                lambda _: last_grad.__setitem__(0, time.perf_counter()))
+
     def train(name, n):
+        """n steps; the seconds backward() went on after its last gradient (summed)."""
         m, opt = models[name]
+        waited = 0.0
         for _ in range(n):
-            F.cross_entropy(m(X), y).backward()
+            loss = F.cross_entropy(m(X), y)
+            loss.backward()          # DDP: returns after the reducer waited for every bucket
+            waited += time.perf_counter() - last_grad[0]
             opt.step()
             opt.zero_grad()
+        return waited
     for name in knobs:
         train(name, 3)
     samples = {name: [] for name in knobs}
+    exposed = {name: [] for name in knobs}
     for r in range(cfg.get("rounds", 5)):
         for name in (list(knobs) if r % 2 == 0 else list(knobs)[::-1]):
             dist.barrier()
             t0 = time.perf_counter()
-            train(name, steps)
+            waited = train(name, steps)
             dist.barrier()
             samples[name].append((time.perf_counter() - t0) / steps)
+            exposed[name].append(waited / steps)
     base = list(models["default (25 MB buckets)"][0].parameters())
     diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters()))
             for name, (m, _) in models.items()}
-    return dict(step_s=samples, max_diff=diff)
+    return dict(step_s=samples, exposed_s=exposed, max_diff=diff)
