@@ -7,14 +7,13 @@ alone: the same arithmetic, nothing to wait for), so syncbn / control is the col
 and control / bn the implementation's. On GPUs nn.SyncBatchNorm on a group of one falls back to
 the plain kernel, so there the control is per-device BatchNorm again.
 """
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..data import load_tensors
+from ..devices import synced_now
 from ..runtime.launch import take
 from .torch_api import CPUSyncBatchNorm, SyncBatchNormFunction, bn_net, convert_sync_batchnorm, \
     global_batches
@@ -85,16 +84,12 @@ def syncbn_cost_times(rank, world, cfg):
         for variant in VARIANTS[k:] + VARIANTS[:k]:
             model, opt = models[variant]
             dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            t0 = synced_now([device])
             for _ in range(steps):
                 nn.functional.cross_entropy(model(Xb), yb).backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
             if r >= warmup:
-                times[variant].append(time.perf_counter() - t0)
+                times[variant].append(synced_now([device]) - t0)
     layers = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in models["bn"][0].modules())
     return dict(times, collectives=2 * layers, steps=steps)
