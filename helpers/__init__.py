@@ -101,9 +101,10 @@ from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exac
                                       bn_stats, global_batches, train_bn_steps)
 from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights, bn_step_times,
                                         uneven_inputs_join, ddp_trace, ddp_knobs)
+from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
-                                                scratch_skipped_step)
+                                                scratch_skipped_step, exposed_comm_times)
 from .data_parallel.overlap_experiments import (gradient_timeline, overlap_step_times,
                                                 ddp_scratch_trace, emulated_overlap)
 from .data_parallel.speed import (dp_timing_worker, time_data_parallel, spread,

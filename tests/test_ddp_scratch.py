@@ -26,6 +26,7 @@ def runs():
         ("timeline:buckets", O.gradient_timeline, dict(bucket_mb=0.01)),
         ("trace", O.ddp_scratch_trace, dict(steps=2)),
         ("emulated", O.emulated_overlap, dict(steps=1)),
+        ("exposed", E.exposed_comm_times, dict(rounds=2, warmup=1)),
         ("skipped", E.scratch_skipped_step, dict(timeout=2))], backend="gloo")
 
 
@@ -176,3 +177,15 @@ def test_make_buckets_reverse_order_and_size():
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="process group"):
         helpers.DDPFromScratch(nn.Linear(2, 2))
+
+
+def test_exposed_communication_is_measured_per_round(runs):
+    """The after-backward mode leaves every all-reduce to wait for once the last gradient is
+    ready; each sample is a positive duration, one per round."""
+    for rank in runs:
+        e = rank["exposed"]
+        for mode in ("overlap", "after"):
+            assert len(e[mode]["exposed"]) == len(e[mode]["compute"]) == 2, e
+            assert min(e[mode]["exposed"]) > 0 and min(e[mode]["compute"]) > 0, e
+        assert e["after"]["pending"] == [e["num_buckets"]] * 2, e
+        assert max(e["overlap"]["pending"]) <= e["num_buckets"], e

@@ -108,3 +108,30 @@ def test_convert_keeps_every_setting(cls, affine, track):
 
 def test_exported():
     assert helpers.CPUSyncBatchNorm is hd.CPUSyncBatchNorm
+
+
+def _alone_worker(rank, world_size, cfg):
+    """The control of the SyncBatchNorm cost: AloneSyncBatchNorm on a group of this rank alone
+    runs the Python autograd function and computes what one BatchNorm2d computes."""
+    from helpers.data_parallel.syncbn_cost import _alone
+    alone = [dist.new_group([r]) for r in range(world_size)][rank]
+    X, w = _inputs(2)
+    X = X.split([3, 3])[rank]
+    torch.manual_seed(0)
+    ref = nn.BatchNorm2d(3, momentum=0.3)
+    net = _alone(hd.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3, momentum=0.3)),
+                                           "cpu", alone), alone)
+    Xa, Xr = X.clone().requires_grad_(), X.clone().requires_grad_()
+    Ya, Yr = net(Xa), ref(Xr)
+    (Ya * w[:3]).sum().backward()
+    (Yr * w[:3]).sum().backward()
+    return dict(node=type(Ya.grad_fn).__name__, layer=type(net[0]).__name__,
+                dY=(Ya - Yr).abs().max().item(), dX=(Xa.grad - Xr.grad).abs().max().item(),
+                dmean=(net[0].running_mean - ref.running_mean).abs().max().item())
+
+
+def test_the_cost_control_runs_the_python_function_alone():
+    for r in helpers.launch(_alone_worker, 2, backend="gloo", quiet=True):
+        assert r["layer"] == "AloneSyncBatchNorm" and "SyncBatchNormFunction" in r["node"], r
+        assert r["dY"] < 1e-4 and r["dX"] < 1e-4 and r["dmean"] < 1e-4, r
+    assert helpers.AloneSyncBatchNorm is not None and helpers.syncbn_cost_times

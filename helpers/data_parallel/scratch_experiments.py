@@ -19,7 +19,7 @@ from ..tiny_models import make_batches, make_model
 from .scratch import DDPFromScratch
 
 __all__ = ["ddp_vs_one_process", "Branchy", "unused_vs_torch", "accumulation_vs_torch",
-           "scratch_refusals", "scratch_skipped_step"]
+           "scratch_refusals", "scratch_skipped_step", "exposed_comm_times"]
 
 
 def ddp_vs_one_process(rank, world, cfg):
@@ -243,3 +243,34 @@ def scratch_skipped_step(rank, world, cfg):
             message = str(e)
     dist.barrier()
     return message
+
+
+def exposed_comm_times(rank, world, cfg):
+    """The communication a step waits for, measured on the real ranks: per round, for the
+    all-reduces launched from the hooks ("overlap") and all in finish ("after"), timed in turns
+    (the order reversed every other round, the ranks meeting in a barrier before each step):
+    "exposed", from the last gradient's hook (the end of backward's compute) to the end of
+    finish_gradient_synchronization (the last all-reduce waited for), and "compute", from the
+    start of backward to that last gradient. Returns {mode: {"exposed": [s, ...], "compute":
+    [...], "pending": [...]}}, one sample per round ("pending": the all-reduces not yet
+    completed when the last gradient was ready), and the number of buckets."""
+    from .overlap_experiments import _step, _timeline_model
+    device, bucket_mb, sizes, rounds, warmup, batch_size = take(
+        cfg, "device", bucket_mb=None, sizes=None, rounds=7, warmup=2, batch_size=32)
+    modes = ("overlap", "after")
+    models = {k: _timeline_model(device, sizes, bucket_mb, overlap=k == "overlap")[0]
+              for k in modes}
+    X, y = local_batch(_timeline_model(device, sizes, bucket_mb)[1], rank, world, device)
+    X, y = X[:batch_size], y[:batch_size]
+    out = {k: {"exposed": [], "compute": [], "pending": []} for k in modes}
+    for r in range(warmup + rounds):
+        for k in (modes if r % 2 == 0 else modes[::-1]):
+            dist.barrier()
+            t0, _, t2 = _step(models[k], X, y)
+            last_grad = max(t for t, what, _ in models[k].timeline if what == "grad")
+            if r >= warmup:
+                out[k]["exposed"].append(t2 - last_grad)
+                out[k]["compute"].append(last_grad - t0)
+                out[k]["pending"].append(len(models[k].buckets) - sum(
+                    1 for t, what, _ in models[k].timeline if what == "done" and t <= last_grad))
+    return dict(out, num_buckets=len(models["overlap"].buckets))

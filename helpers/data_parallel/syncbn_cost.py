@@ -1,0 +1,95 @@
+"""What SyncBatchNorm's collectives cost a step, apart from how it is implemented (issue 30).
+
+On the CPU the synchronised BatchNorm is CPUSyncBatchNorm, a Python autograd function, while
+per-device BatchNorm is ATen's fused kernel: their ratio measures the implementation as much as
+the communication. The control runs the same Python function on a group of ONE rank (each rank
+alone: the same arithmetic, nothing to wait for), so syncbn / control is the collectives' share
+and control / bn the implementation's. On GPUs nn.SyncBatchNorm on a group of one falls back to
+the plain kernel, so there the control is per-device BatchNorm again.
+"""
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..data import load_tensors
+from ..devices import synced_now
+from ..runtime.launch import take
+from .torch_api import CPUSyncBatchNorm, SyncBatchNormFunction, bn_net, convert_sync_batchnorm, \
+    global_batches
+
+__all__ = ["AloneSyncBatchNorm", "syncbn_cost_times"]
+
+VARIANTS = ("bn", "control", "syncbn")
+
+
+class AloneSyncBatchNorm(CPUSyncBatchNorm):
+    """CPUSyncBatchNorm that takes its Python path even on a group of one rank: the control that
+    costs what the implementation costs, without waiting for another rank."""
+
+    def forward(self, X):
+        if not self.training:
+            return super().forward(X)
+        self._check_input_dim(X)
+        Y, mean, var, n = SyncBatchNormFunction.apply(X, self.weight, self.bias, self.eps,
+                                                      self.process_group)
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                m = self.momentum if self.momentum is not None \
+                    else 1 / int(self.num_batches_tracked)
+                self.running_mean.mul_(1 - m).add_(m * mean)
+                self.running_var.mul_(1 - m).add_(m * var * n / (n - 1))
+        return Y
+
+
+def _alone(model, group):
+    """Every CPUSyncBatchNorm of `model` replaced by an AloneSyncBatchNorm on `group`."""
+    for name, child in model.named_children():
+        if isinstance(child, CPUSyncBatchNorm):
+            new = AloneSyncBatchNorm(child.num_features, child.eps, child.momentum,
+                                     child.affine, child.track_running_stats, group)
+            new.load_state_dict(child.state_dict())
+            setattr(model, name, new)
+        else:
+            _alone(child, group)
+    return model
+
+
+def syncbn_cost_times(rank, world, cfg):
+    """Seconds of `steps` training steps of bn_net under DDP with per-device BatchNorm ("bn"),
+    the synchronised BatchNorm on a group of this rank alone ("control") and across all ranks
+    ("syncbn"), timed in turns (the order rotated every round, the ranks meeting in a barrier
+    before each sample) after `warmup` rounds. Returns {variant: [seconds, ...]}, one sample
+    per round, and "collectives": the synchronised layers' collectives per step."""
+    device, subset, batch_size, rounds, warmup, steps, channels = take(
+        cfg, "device", subset=2048, batch_size=32, rounds=9, warmup=2, steps=5, channels=16)
+    X, y = load_tensors(True, subset)
+    idx = global_batches(len(y), batch_size, 1, 0)[0].tensor_split(world)[rank]
+    Xb, yb = X[idx].to(device), y[idx].to(device)
+    alone = [dist.new_group([r]) for r in range(world)][rank]   # every rank makes every group
+    models = {}
+    for variant in VARIANTS:
+        torch.manual_seed(0)
+        net = bn_net(channels).to(device)
+        if variant != "bn":
+            net = convert_sync_batchnorm(net, device, alone if variant == "control" else None)
+            if variant == "control" and device.type == "cpu":
+                net = _alone(net, alone)
+        model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+        models[variant] = (model, torch.optim.SGD(model.parameters(), lr=0.01))
+    times = {v: [] for v in VARIANTS}
+    for r in range(warmup + rounds):
+        k = r % len(VARIANTS)
+        for variant in VARIANTS[k:] + VARIANTS[:k]:
+            model, opt = models[variant]
+            dist.barrier()
+            t0 = synced_now([device])
+            for _ in range(steps):
+                nn.functional.cross_entropy(model(Xb), yb).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if r >= warmup:
+                times[variant].append(synced_now([device]) - t0)
+    layers = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in models["bn"][0].modules())
+    return dict(times, collectives=2 * layers, steps=steps)
