@@ -13,7 +13,8 @@ from ._core import (CheckFailed, Recorder, World, check, expect, fresh_generator
 __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn_input_grad"]
 
 
-@check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm"], observes=[
+@check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm",
+                                      "data_parallel.torch_api._combine_stats"], observes=[
     "the mean and biased variance returned for float32 shards of unequal sizes with a large mean "
     "and a small spread (where E[x^2] - E[x]^2 loses the variance), against the exact values",
     "the dtype of every operation the answer ran: float32 only (float64 would hide the "
