@@ -12,6 +12,7 @@ import threading
 import types
 
 import torch
+from torch.nn import functional as F
 
 import helpers
 from check_cases import parametrize_cases, shortcut
@@ -192,6 +193,89 @@ def reduce_then_broadcast_twin(grads):
 def global_mean_var_twin(*args, **kwargs):
     from helpers.data_parallel.torch_api import _combine_stats
     return _combine_stats(*args, **kwargs)
+
+
+# ---- 3. natural wrong answers --------------------------------------------------------------------
+@shortcut("check_allreduce_spread", "sums everything on the host (review)", "the CPU")
+def allreduce_spread_on_host(data):
+    total = sum(t.to("cpu") for t in data)
+    for t in data:
+        t.copy_(total.to(t.device))
+
+
+@shortcut("check_conv_split_in_channels", "splits the output pixels: unfold + mm (review)",
+          "partial sum")
+def conv_split_pixels(X, W, b, devices, log=None):
+    k, side = len(devices), X.shape[-1] - 2
+    patches = F.unfold(X, 3)                                    # (n, c_in*9, L)
+    Wf = W.reshape(W.shape[0], -1)
+    parts = []
+    for i, cols in enumerate(torch.arange(patches.shape[-1]).tensor_split(k)):
+        P = patches[..., cols].to(devices[i])
+        parts.append((Wf.to(devices[i]) @ P).to(devices[0]))
+    Y = torch.cat(parts, dim=-1).reshape(X.shape[0], -1, side, side)
+    return Y + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
+@shortcut("check_conv_split_in_channels", "broadcast multiply on device 0 + decoy partial sums",
+          "elements of work")
+def conv_elementwise_decoys(X, W, b, devices, log=None):
+    k, side = len(devices), X.shape[-1] - 2
+    decoy = 0
+    for i, (Xi, Wi) in enumerate(zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1))):
+        P = F.conv2d(Xi.to(devices[i]), Wi.to(devices[i]))
+        decoy = decoy + P.to(devices[0]) * 0
+    patches = F.unfold(X.to(devices[0]), 3)                     # (n, c_in*9, L)
+    Wf = W.reshape(W.shape[0], -1).to(devices[0])
+    Y = (patches[:, None] * Wf[None, :, :, None]).sum(2)        # (n, c_out, L), no matmul
+    return Y.reshape(X.shape[0], -1, side, side) + b.to(devices[0]).reshape(1, -1, 1, 1) + decoy
+
+
+@shortcut("check_overlap_hooks", "one all-reduce from a hook, the rest after backward (K1)",
+          "launched after backward returned")
+def overlap_hooks_one_early(model):
+    import torch.distributed as dist
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    handles, launched = [], set()
+
+    def hook(p):
+        if not launched:
+            launched.add(id(p))
+            handles.append(dist.all_reduce(p.grad, async_op=True))
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for p in trainable:
+            if id(p) not in launched:
+                handles.append(dist.all_reduce(p.grad, async_op=True))
+        for h in handles:
+            h.wait()
+        for p in trainable:
+            p.grad.div_(dist.get_world_size())
+    return finish
+
+
+@shortcut("check_accumulate_zero2", "one concatenated batch, no accumulation (review)",
+          "concatenated batch")
+def accumulate_zero2_concatenated(model, micro_batches):
+    X = torch.cat([X for X, _ in micro_batches])
+    y = torch.cat([y for _, y in micro_batches])
+    F.cross_entropy(model(X), y).backward()
+    model.finish_gradient_synchronization()
+    model.step()
+    model.zero_grad()
+
+
+@shortcut("check_accumulate_gradients", "zero-weight backwards, then the concatenated batch (K2)",
+          "concatenated batch")
+def accumulate_gradients_concatenated(model, loss_fn, micro_batches):
+    for X, y in micro_batches[:-1]:
+        with model.no_sync():
+            (loss_fn(model(X), y) * 0).backward()
+    X = torch.cat([X for X, _ in micro_batches])
+    y = torch.cat([y for _, y in micro_batches])
+    loss_fn(model(X), y).backward()
 
 
 # ---- 4. work in another thread ----------------------------------------------------------------

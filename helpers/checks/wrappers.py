@@ -267,6 +267,7 @@ class _SyncRecorder(nn.Module):
         with torch.no_grad():
             self.lin.weight.copy_(torch.randn(1, 5, generator=g))
         self.sync, self.outputs, self.passes, self._queued = True, [], 0, False
+        self.rows = []                      # (rows, gradient non-zero) of every output
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -289,6 +290,7 @@ class _SyncRecorder(nn.Module):
                     torch.autograd.Variable._execution_engine.queue_callback(
                         self._end_of_backward)
                 self.outputs.append((sync, self.passes))
+                self.rows.append((grad.shape[0], bool(grad.detach().abs().sum() > 0)))
                 return grad
             out.register_hook(seen)
         return out
@@ -319,6 +321,13 @@ def check_accumulate_gradients(fn):
            f"the {k} micro-batches went through {len({p for _, p in outs})} backward pass(es): "
            "call backward once per micro-batch (summing the losses first keeps every "
            "micro-batch's activations alive at once, which is what accumulation avoids)")
+    rows = sorted(r for r, _ in model.rows)
+    expect(rows == sorted(sizes), f"the outputs that took part in backward had {rows} rows, "
+                                  f"for micro-batches of {sorted(sizes)}: forward each "
+                                  "micro-batch on its own, never a concatenated batch")
+    expect(all(nonzero for _, nonzero in model.rows),
+           "a micro-batch's loss reached backward with a zero weight: every micro-batch "
+           "contributes its share of the mean loss")
     syncs = [s for s, _ in sorted(outs, key=lambda o: o[1])]
     expect(syncs[-1], "the last backward ran inside no_sync(): the gradients are never "
                       "all-reduced")
