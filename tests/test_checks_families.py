@@ -295,4 +295,28 @@ def shard_sizes_in_pool(n, k):
         return pool.submit(lambda: [len(s) for s in torch.arange(n).tensor_split(k)]).result()
 
 
+_TABLE = {(n, k): [len(c) for c in torch.arange(n).chunk(k)]
+          for n in range(1, 80) for k in range(2, 9)}
+
+
+@shortcut("check_dp_shard_sizes", "torch.chunk in a worker thread (K8)", "built and cut")
+def dp_shard_sizes_in_thread(n, k):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: [len(c) for c in torch.arange(n).chunk(k)]).result()
+
+
+@shortcut("check_dp_shard_sizes", "a table built with torch.chunk at import (K8)", "expected")
+def dp_shard_sizes_table(n, k):
+    return _TABLE.get((n, k), [])
+
+
+@shortcut("check_unused_parameters", "autograd.grad in a thread (K3)", "computed gradients")
+def unused_parameters_in_thread(model, loss):
+    names, params = zip(*model.named_parameters())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        grads = pool.submit(torch.autograd.grad, loss, params, allow_unused=True,
+                            retain_graph=True).result()
+    return sorted(n for n, gr in zip(names, grads) if gr is None)
+
+
 test_case = parametrize_cases(__name__)

@@ -55,9 +55,11 @@ def check_dp_shard_sizes(fn):
     k = randint(g, 3, 8)
     cases = [(randint(g, 1, 70), randint(g, 2, 8)) for _ in range(6)]
     cases += [(k * randint(g, 2, 5) + 1, k), (k + 1, k)]   # e.g. 5 over 4: chunk makes 3 pieces
+    cases.append((randint(g, 10**6, 10**9), randint(g, 2, 8)))  # beyond any table built ahead
     for n, k in cases:
         call = f"dp_shard_sizes({n}, {k})"
-        want = [len(c) for c in torch.arange(n).chunk(k)]
+        size = -(-n // k)                       # torch.chunk's arithmetic, for any n
+        want = [size] * (-(-n // size) - 1) + [n - size * (-(-n // size) - 1)]
         with Recorder() as rec:
             value = fn(n, k)
         ops = sorted({op.name for op in rec.ops})
@@ -67,7 +69,7 @@ def check_dp_shard_sizes(fn):
         got = _int_list(value, call)
         if got == want:
             continue
-        split = [len(c) for c in torch.arange(n).tensor_split(k)]
+        split = [n // k + (i < n % k) for i in range(k)]
         hint = ""
         if got[:len(want)] == want and not any(got[len(want):]):
             hint = (f": torch.chunk returns only {len(want)} pieces here, so {k - len(want)} "
