@@ -278,6 +278,82 @@ def accumulate_gradients_concatenated(model, loss_fn, micro_batches):
     loss_fn(model(X), y).backward()
 
 
+# ---- 5. substituted collectives -----------------------------------------------------------------
+def _gather_by_all_reduce(t, comm):
+    """Every rank's t, gathered with all_reduce (a zero buffer with this rank's slot filled)."""
+    w = comm.world
+    buf = torch.zeros(w, *t.shape)
+    buf[comm.rank] = t
+    comm.all_reduce(buf)
+    return buf
+
+
+@shortcut("check_ring_forward", "all_reduce gather, zeros sent round the ring (M7)",
+          "send and recv only")
+def ring_forward_all_reduce(q, k, v, comm):
+    w, r = comm.world, comm.rank
+    K = torch.cat(list(_gather_by_all_reduce(k, comm)), 2)
+    V = torch.cat(list(_gather_by_all_reduce(v, comm)), 2)
+    for i in range(w - 1):
+        comm.send(torch.zeros(2, *k.shape), (r + 1) % w, tag=i)
+        comm.recv((r - 1) % w, (2, *k.shape), tag=i)
+    return (q @ K.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1) @ V
+
+
+@shortcut("check_ring_forward", "zeros of the right size round the ring", "stand-ins")
+def ring_forward_zeros(q, k, v, comm):
+    w, r = comm.world, comm.rank
+    for i in range(w - 1):
+        comm.send(torch.zeros(2, *k.shape), (r + 1) % w, tag=i)
+        comm.recv((r - 1) % w, (2, *k.shape), tag=i)
+    return torch.zeros_like(q)
+
+
+@shortcut("check_ring_forward", "ring-forwarded all-gather, then plain softmax (M7)",
+          "online softmax")
+def ring_forward_gather_then_softmax(q, k, v, comm):
+    w, r = comm.world, comm.rank
+    kv, blocks = torch.stack([k, v]), {r: torch.stack([k, v])}
+    for i in range(w - 1):
+        comm.send(kv, (r + 1) % w, tag=i)
+        kv = comm.recv((r - 1) % w, kv.shape, tag=i)
+        blocks[(r - 1 - i) % w] = kv
+    K = torch.cat([blocks[j][0] for j in range(w)], 2)
+    V = torch.cat([blocks[j][1] for j in range(w)], 2)
+    return (q @ K.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1) @ V
+
+
+def _zeros_round(x, dest, comm):
+    """Counts, then zero rows of the right count to every other rank (received, dropped)."""
+    w, r = comm.world, comm.rank
+    for j in range(w):
+        if j != r:
+            comm.send(torch.tensor([int((dest == j).sum())]), j, tag=7)
+            comm.send(torch.zeros(int((dest == j).sum()), x.shape[1]), j, tag=8)
+    for j in range(w):
+        if j != r:
+            n = int(comm.recv(j, (1,), tag=7, dtype=torch.int64))
+            comm.recv(j, (n, x.shape[1]), tag=8)
+
+
+@shortcut("check_dispatch_tokens", "all_reduce gather, zero rows of the right count (M7)",
+          "send and recv only")
+def dispatch_all_reduce(x, dest, comm):
+    w, r = comm.world, comm.rank
+    n = _gather_by_all_reduce(torch.tensor(float(len(x))), comm).long().tolist()
+    pad = torch.zeros(max(n) - len(x), x.shape[1])
+    rows = _gather_by_all_reduce(torch.cat([x, pad]), comm)
+    dests = _gather_by_all_reduce(torch.cat([dest.float(), torch.full((len(pad),), -1.0)]), comm)
+    _zeros_round(x, dest, comm)
+    return torch.cat([rows[s][dests[s] == r] for s in range(w)])
+
+
+@shortcut("check_dispatch_tokens", "zero rows of the right count", "stand-ins")
+def dispatch_zeros(x, dest, comm):
+    _zeros_round(x, dest, comm)
+    return x[dest == comm.rank]
+
+
 # ---- 4. work in another thread ----------------------------------------------------------------
 @shortcut("check_shard_sizes", "torch.tensor_split in a worker thread", "split")
 def shard_sizes_in_thread(n, k):
