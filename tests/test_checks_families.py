@@ -22,7 +22,7 @@ PEEK = "inspects the running program"
 OWN = "course's own answer"
 
 
-# ---- 1. reading the check: its frame, its traceback, the garbage collector ------------------
+# ---- 1. reading the check: its frame, its traceback, the garbage collector ----------------------
 def _peek(name):
     """The nearest caller's local `name` (the check's expected value)."""
     f = sys._getframe(1)
@@ -103,7 +103,7 @@ def saved_bytes_peek(net, X):
     return _peek_hidden("want")
 
 
-# ---- 2. the course's own answer under another name ---------------------------------------------
+# ---- 2. the course's own answer under another name ----------------------------------------------
 def _renamed(fn, name):
     code = fn.__code__.replace(co_name=name, co_qualname=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
@@ -195,7 +195,7 @@ def global_mean_var_twin(*args, **kwargs):
     return _combine_stats(*args, **kwargs)
 
 
-# ---- 3. natural wrong answers --------------------------------------------------------------------
+# ---- 3. natural wrong answers -------------------------------------------------------------------
 @shortcut("check_allreduce_spread", "sums everything on the host (review)", "the CPU")
 def allreduce_spread_on_host(data):
     total = sum(t.to("cpu") for t in data)
@@ -354,7 +354,7 @@ def dispatch_zeros(x, dest, comm):
     return x[dest == comm.rank]
 
 
-# ---- 4. work in another thread ----------------------------------------------------------------
+# ---- 4. work in another thread ------------------------------------------------------------------
 @shortcut("check_shard_sizes", "torch.tensor_split in a worker thread", "split")
 def shard_sizes_in_thread(n, k):
     out = []
@@ -393,6 +393,25 @@ def unused_parameters_in_thread(model, loss):
         grads = pool.submit(torch.autograd.grad, loss, params, allow_unused=True,
                             retain_graph=True).result()
     return sorted(n for n, gr in zip(names, grads) if gr is None)
+
+
+# ---- 6. constants -------------------------------------------------------------------------------
+@shortcut("check_time_it", "syncs correctly, returns a constant 6.5 ms (K9)", " ms")
+def time_it_constant(fn, devices, reps=5):
+    for _ in range(reps):
+        helpers.synchronize(devices)
+        fn()
+        helpers.synchronize(devices)
+    return 0.0065
+
+
+@shortcut("check_time_it", "syncs correctly, returns a constant 20 ms", " ms")
+def time_it_constant_20(fn, devices, reps=5):
+    for _ in range(reps):
+        helpers.synchronize(devices)
+        fn()
+        helpers.synchronize(devices)
+    return 0.020
 
 
 test_case = parametrize_cases(__name__)
