@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F
 
 import helpers
-from check_cases import parametrize_cases, shortcut
+from check_cases import other, parametrize_cases, shortcut
 
 HELPERS = pathlib.Path(helpers.__file__).resolve().parent
 PEEK = "inspects the running program"
@@ -412,6 +412,38 @@ def time_it_constant_20(fn, devices, reps=5):
         fn()
         helpers.synchronize(devices)
     return 0.020
+
+
+# ---- 7. right answers pass ---------------------------------------------------------------------
+@other("check_global_mean_var", "a pairwise (Chan) merge, rank by rank, float32 (review R1)")
+def global_mean_var_chan(counts, means, variances):
+    n, m, m2 = counts[0], means[0], variances[0] * counts[0]
+    for i in range(1, len(counts)):
+        nb, mb, m2b = counts[i], means[i], variances[i] * counts[i]
+        delta, total = mb - m, n + nb
+        m = m + delta * nb / total
+        m2 = m2 + m2b + delta * delta * n * nb / total
+        n = total
+    return m, m2 / n
+
+
+@other("check_bucket_params", "torch's dedupe order: first occurrence, then reversed (R2)")
+def bucket_params_torch_order(params, bucket_mb):
+    unique = []
+    for p in params:
+        if all(q is not p for q in unique):
+            unique.append(p)
+    limit = None if bucket_mb is None else bucket_mb * 2**20
+    buckets, current, size = [], [], 0
+    for p in reversed(unique):
+        if not p.requires_grad:
+            continue
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if limit is None or size >= limit:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
 
 
 test_case = parametrize_cases(__name__)
