@@ -48,7 +48,7 @@ def check_combine_mean_grads(fn):
         expect(False, f"{call}: the result differs from the full batch's mean gradient")
 
 
-@check("reduce_then_broadcast", observes=[
+@check("reduce_then_broadcast", references=["allreduce"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, and every device's "
@@ -93,7 +93,7 @@ def _naive_allreduce(xs, devices, log):
 
 
 @check("bytes_sent_naive_vs_ring", references=["ring_allreduce_bytes", "ring_bytes_per_device",
-                                              "ring_all_reduce"], observes=[
+                                              "ring_all_reduce", "ring_allreduce"], observes=[
     "the pair returned against the bytes device 0 sends in a reduce-then-broadcast run and each "
     "device sends in a ring all-reduce run, counted by the check; the course's ring and its "
     "byte formulas are unavailable to the answer"])

@@ -6,6 +6,7 @@ returned. The others run on fresh random inputs, sized so that the shortcuts
 learners take (the contiguous split, a softmax that overflows, ignoring the replicated part
 of a layer) give numbers the right answer does not.
 """
+import collections
 import math
 
 import torch
@@ -15,8 +16,8 @@ from ..costs import ring_allreduce_bytes
 from ..transformer_costs import activation_bytes_per_token
 from ..expert_parallel.moe import load_balancing_loss, route
 from ..runtime.mesh import rank_grid
-from ._core import (CheckFailed, RankFailed, World, as_number, check, expect, fresh_generator,
-                    randint)
+from ._core import (CheckFailed, RankFailed, Recorder, World, as_number, check, expect,
+                    fresh_generator, randint)
 
 __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",
            "check_balancing_loss", "check_keep_within_capacity", "check_dispatch_tokens",
@@ -33,8 +34,21 @@ def _threads(fn, world, *args):
             results = w.run(fn, *args)
     except RankFailed as e:
         raise CheckFailed(f"on {world} ranks: {e}") from None
+    other = sorted({m.op for m in w.messages if m.op not in ("send", "recv")})
+    expect(not other, f"on {world} ranks your code called {', '.join(other)}: this exercise "
+                      "exchanges its data with send and recv only (a collective that gathers "
+                      "everything is not the point-to-point pattern asked for)")
     sends = [[m for m in w.messages if m.op == "send" and m.src == r] for r in range(world)]
     return results, sends
+
+
+def _carries(messages, blocks):
+    """True when the values of `blocks` are among the values the messages carried (a multiset
+    test: any packing of the payload passes, zeros of the right size do not)."""
+    sent = collections.Counter(v for m in messages if m.tensor is not None
+                               for v in m.tensor.detach().double().flatten().tolist())
+    want = collections.Counter(v for b in blocks for v in b.double().flatten().tolist())
+    return not (want - sent)
 
 
 def _as_list(value, what):
@@ -104,9 +118,12 @@ def check_merge_attention(fn):
 
 
 def _ring_rank(comm, fn, q, k, v):
+    """This rank's output, and the largest tensor its answer built (an operation's output)."""
     w, r = comm.world, comm.rank
     parts = [t.chunk(w, dim=2)[r].clone() for t in (q, k, v)]
-    return fn(*parts, comm)
+    with Recorder() as rec:
+        out = fn(*parts, comm)
+    return out, max((o.numel for op in rec.ops for o in op.outputs), default=0)
 
 
 @check("ring_forward", references=["ring_attention", "RingAttention", "attention_reference"],
@@ -117,10 +134,12 @@ def check_ring_forward(fn):
     """fn(q, k, v, comm) -> this rank's attention output; K/V passed around the ring."""
     g = fresh_generator()
     for world in (2, randint(g, 3, 4)):
-        B, H, D = 1, randint(g, 1, 2), randint(g, 2, 4)
-        T = world * randint(g, 2, 4)
+        t = randint(g, 2, 4)
+        B, H, D, T = 1, randint(g, 1, 2), randint(g, 2, t), world * t   # D <= t: see peaks
         q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
         results, sends = _threads(_ring_rank, world, fn, q, k, v)
+        peaks = [peak for _, peak in results]
+        results = [out for out, _ in results]
         block = B * H * (T // world) * D * 4
         for rank, mine in enumerate(sends):
             peers = {m.dst for m in mine}
@@ -134,6 +153,17 @@ def check_ring_forward(fn):
             expect(sent == 2 * (world - 1) * block,
                    f"on {world} ranks rank {rank} sent {sent} bytes; passing K and V "
                    f"on world - 1 times is {2 * (world - 1) * block}")
+            passed = [(rank - i) % world for i in range(world - 1)]   # own block, then received
+            blocks = [t.chunk(world, dim=2)[j] for j in passed for t in (k, v)]
+            expect(_carries(mine, blocks),
+                   f"on {world} ranks rank {rank}'s messages do not carry the K and V blocks of "
+                   f"ranks {passed} (its own, then each one it received): send the blocks "
+                   "themselves around the ring, not stand-ins of the right size")
+        for rank, biggest in enumerate(peaks):
+            expect(biggest <= 2 * B * H * (T // world) ** 2,
+                   f"on {world} ranks rank {rank} built a tensor of {biggest} elements, as "
+                   "large as the scores or keys of the whole sequence: merge each block into a "
+                   "running output as it arrives (online softmax), one block at a time")
         want = attention_reference(q, k, v)
         for r, out in enumerate(results):
             expect(isinstance(out, torch.Tensor) and torch.allclose(
@@ -215,6 +245,9 @@ def check_dispatch_tokens(fn):
                        f"on {world} ranks rank {rank} sent {sent} bytes to rank {j}; "
                        f"its rows for rank {j} are {need} bytes: send each row only to "
                        "its destination")
+                expect(_carries([m for m in mine if m.dst == j], [xs[rank][dests[rank] == j]]),
+                       f"on {world} ranks rank {rank}'s messages to rank {j} do not carry its "
+                       f"rows for rank {j}: send the rows themselves, not stand-ins")
         for r, got in enumerate(results):
             want = torch.cat([xs[s][dests[s] == r] for s in range(world)])
             expect(isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(

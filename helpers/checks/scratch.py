@@ -79,7 +79,7 @@ def check_shard_sizes(fn):
 
 
 # ---------------------------------------------------------------------------------------------
-@check("allreduce_spread", observes=[
+@check("allreduce_spread", references=["ring_allreduce", "ring_all_reduce"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum, uneven sizes included",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, the elements each "
@@ -147,7 +147,9 @@ def _spread(what, fn, before, shape):
     share = (count - 1) * -(-n // count)
     adds, work = rec.adds_by_device(), rec.work_by_device()
     total = sum(adds.values())
-    for d in gpus.devices:
+    # every device that did anything is bounded, the host (the CPU) included
+    devices = list(gpus.devices) + sorted({*adds, *work} - set(gpus.devices), key=str)
+    for d in devices:
         a = adds.get(d, 0)
         expect(a <= share, f"{what}: {describe_device(d)} did {a} of the {total} additions "
                            f"(per device: {[adds.get(x, 0) for x in gpus.devices]}); spread them: "

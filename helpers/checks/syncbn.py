@@ -7,13 +7,13 @@ harness's World, every rank a thread, and what travels between the ranks is reco
 import torch
 from torch import nn
 
-from ._core import (CheckFailed, Recorder, World, check, expect, fresh_generator, randint,
-                    unit_roundoff)
+from ._core import (CheckFailed, Recorder, World, check, expect, fresh_generator, randint)
 
 __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn_input_grad"]
 
 
-@check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm"], observes=[
+@check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm",
+                                      "data_parallel.torch_api._combine_stats"], observes=[
     "the mean and biased variance returned for float32 shards of unequal sizes with a large mean "
     "and a small spread (where E[x^2] - E[x]^2 loses the variance), against the exact values",
     "the dtype of every operation the answer ran: float32 only (float64 would hide the "
@@ -51,9 +51,11 @@ def check_global_mean_var(fn):
                "each mean by its rank's count")
         raise CheckFailed("mean is not the global batch's mean (the count-weighted mean of the "
                           "ranks' means)")
-    # a stable combination in float32 errs by a few roundings of the variance; E[x^2] - E[x]^2
-    # by about u * mean**2, here thousands of times more
-    tol = dict(rtol=64 * unit_roundoff(torch.float32), atol=1e-5)
+    # a stable combination in float32 errs by a few roundings: the one-pass formula around the
+    # global mean by ~1e-7 relative, a pairwise (Chan) merge rank by rank by up to ~1e-4 (its
+    # delta = mean_b - mean_a carries mean_a's rounding); E[x^2] - E[x]^2 by about u * mean**2,
+    # ~1e-1 relative here: the tolerance stays 100x below it
+    tol = dict(rtol=1e-3, atol=1e-5)
     if torch.allclose(var, want_var, **tol):
         return
     within = (counts[:, None].double() * v64).sum(0) / n

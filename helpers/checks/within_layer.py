@@ -124,7 +124,30 @@ def check_conv_split_in_channels(fn):
                        f"{call}: a convolution on {describe_device(op.device)} saw all {c_in} "
                        "input channels at once: device i convolves only its slice of the input "
                        "channels, with the matching slice of W")
-        _spread(call, rec, Y, gpus.devices, want.numel() * c_in * 9, "the input channels and of W")
+        ancestry = _spread(call, rec, Y, gpus.devices, want.numel() * c_in * 9,
+                           "the input channels and of W")
+        _partial_sums(call, ancestry, rec, Y, gpus.devices, want.numel() * c_in * 9)
+
+
+def _partial_sums(call, ancestry, rec, Y, devices, whole):
+    """By data flow: a full-size partial sum of the output travels from every other device to
+    device 0 (a split of the output's pixels sends pieces, not partial sums), and no device,
+    the host included, did more than its share of the work counted over every operation
+    (elementwise products and im2col included), beside adding the partial sums up."""
+    for d in devices[1:]:
+        moved = [op for op in ancestry if op.is_transfer and op.src_device == d
+                 and op.reads[-1 if op.name == "copy_" else 0].numel == Y.numel()]
+        expect(moved, f"{call}: no partial sum of the whole output ({list(Y.shape)}) travelled "
+                      f"from {describe_device(d)} to device 0: in this split every device "
+                      "convolves ALL output pixels with its input channels, and device 0 adds "
+                      "the partial sums up (splitting the pixels is another split)")
+    share = whole / len(devices)
+    work = rec.work_by_device(ancestry)
+    for d, w in sorted(work.items(), key=lambda x: -x[1]):
+        expect(w <= 1.6 * share + (len(devices) + 2) * Y.numel() + 8,
+               f"{call}: {describe_device(d)} computed {w} elements of work (every operation "
+               f"counted; a device's share of the layer is about {share:.0f} multiply-adds): "
+               "each device computes only its slice")
 
 
 def _grads_match(call, got, want, tensors, names, g):

@@ -55,9 +55,11 @@ def check_dp_shard_sizes(fn):
     k = randint(g, 3, 8)
     cases = [(randint(g, 1, 70), randint(g, 2, 8)) for _ in range(6)]
     cases += [(k * randint(g, 2, 5) + 1, k), (k + 1, k)]   # e.g. 5 over 4: chunk makes 3 pieces
+    cases.append((randint(g, 10**6, 10**9), randint(g, 2, 8)))  # beyond any table built ahead
     for n, k in cases:
         call = f"dp_shard_sizes({n}, {k})"
-        want = [len(c) for c in torch.arange(n).chunk(k)]
+        size = -(-n // k)                       # torch.chunk's arithmetic, for any n
+        want = [size] * (-(-n // size) - 1) + [n - size * (-(-n // size) - 1)]
         with Recorder() as rec:
             value = fn(n, k)
         ops = sorted({op.name for op in rec.ops})
@@ -67,7 +69,7 @@ def check_dp_shard_sizes(fn):
         got = _int_list(value, call)
         if got == want:
             continue
-        split = [len(c) for c in torch.arange(n).tensor_split(k)]
+        split = [n // k + (i < n % k) for i in range(k)]
         hint = ""
         if got[:len(want)] == want and not any(got[len(want):]):
             hint = (f": torch.chunk returns only {len(want)} pieces here, so {k - len(want)} "
@@ -267,6 +269,7 @@ class _SyncRecorder(nn.Module):
         with torch.no_grad():
             self.lin.weight.copy_(torch.randn(1, 5, generator=g))
         self.sync, self.outputs, self.passes, self._queued = True, [], 0, False
+        self.rows = []                      # (rows, gradient non-zero) of every output
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -289,6 +292,7 @@ class _SyncRecorder(nn.Module):
                     torch.autograd.Variable._execution_engine.queue_callback(
                         self._end_of_backward)
                 self.outputs.append((sync, self.passes))
+                self.rows.append((grad.shape[0], bool(grad.detach().abs().sum() > 0)))
                 return grad
             out.register_hook(seen)
         return out
@@ -319,6 +323,13 @@ def check_accumulate_gradients(fn):
            f"the {k} micro-batches went through {len({p for _, p in outs})} backward pass(es): "
            "call backward once per micro-batch (summing the losses first keeps every "
            "micro-batch's activations alive at once, which is what accumulation avoids)")
+    rows = sorted(r for r, _ in model.rows)
+    expect(rows == sorted(sizes), f"the outputs that took part in backward had {rows} rows, "
+                                  f"for micro-batches of {sorted(sizes)}: forward each "
+                                  "micro-batch on its own, never a concatenated batch")
+    expect(all(nonzero for _, nonzero in model.rows),
+           "a micro-batch's loss reached backward with a zero weight: every micro-batch "
+           "contributes its share of the mean loss")
     syncs = [s for s, _ in sorted(outs, key=lambda o: o[1])]
     expect(syncs[-1], "the last backward ran inside no_sync(): the gradients are never "
                       "all-reduced")

@@ -180,8 +180,11 @@ def check_accumulate_zero2(fn):
     world, m = randint(g, 2, 3), randint(g, 2, 4)
     d, h, k, b = randint(g, 3, 7), randint(g, 3, 9), randint(g, 2, 4), randint(g, 1, 3)
     seed = randint(g, 0, 10**6)
-    X = torch.randn(m, world * b, d, generator=g)
-    y = torch.randint(0, k, (m, world * b), generator=g)
+    # micro-batches of different sizes: one concatenated batch weighs the examples differently
+    sizes = [b + i for i in range(m)]
+    sizes = [sizes[i] for i in torch.randperm(m, generator=g).tolist()]
+    X = [torch.randn(world * s, d, generator=g) for s in sizes]
+    y = [torch.randint(0, k, (world * s,), generator=g) for s in sizes]
     ref = _mlp(seed, d, h, k)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     for i in range(m):
@@ -189,16 +192,23 @@ def check_accumulate_zero2(fn):
     opt.step()
     w = World(world)
     nets = [_mlp(seed, d, h, k) for _ in range(world)]   # built here: threads share one RNG
+    seen = [[] for _ in range(world)]                     # the rows of every forward, per rank
+    for r, net in enumerate(nets):
+        net.register_forward_pre_hook(lambda mod, args, r=r: seen[r].append(args[0].shape[0]))
 
     def rank(comm):
         model = Zero2(nets[comm.rank], torch.optim.AdamW, lr=1e-2)
-        rows = slice(comm.rank * b, (comm.rank + 1) * b)
-        fn(model, [(X[i, rows], y[i, rows]) for i in range(m)])
+        rows = [slice(comm.rank * s, (comm.rank + 1) * s) for s in sizes]
+        fn(model, [(X[i][rows[i]], y[i][rows[i]]) for i in range(m)])
         return model, {n: p.detach().clone() for n, p in model.module.named_parameters()}
     out = w.run(rank)
-    call = f"accumulate_zero2 ({world} ranks, {m} micro-batches)"
+    call = f"accumulate_zero2 ({world} ranks, {m} micro-batches of {sizes} rows per rank)"
     buckets = len(out[0][0].buckets)
     for r, (model, got) in enumerate(out):
+        expect(max(seen[r], default=0) <= max(sizes),
+               f"{call}: rank {r}'s model ran forwards of {seen[r]} rows: run one forward and "
+               "one backward per micro-batch (accumulation keeps one micro-batch's activations "
+               "alive at a time, never the concatenated batch)")
         rs = len(w.sent("reduce_scatter", rank=r))
         expect(rs <= buckets,
                f"{call}: rank {r} ran {rs} reduce-scatters for {buckets} buckets: one per "

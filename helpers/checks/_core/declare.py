@@ -1,7 +1,8 @@
 """Declaring a check: `@check(exercise, observes=[...], references=[...])` (see run.py)."""
 import functools
 
-from .references import blocked, resolve, scan
+from .guard import answering
+from .references import blocked, code_key, resolve, scan
 from .run import REGISTRY, CheckInfo, run_check
 
 __all__ = ["check", "Answer"]
@@ -9,14 +10,17 @@ __all__ = ["check", "Answer"]
 
 class Answer:
     """The reader's function as a check calls it: while it runs, the exercise's references are
-    unavailable (references.blocked). Everything else passes through."""
+    unavailable (references.blocked), it may not read the running program's frames, and the
+    threads it starts are observed like itself (guard.answering). Everything else passes
+    through."""
 
     def __init__(self, fn, exercise, references):
         self.fn, self.exercise, self.references = fn, exercise, references
         self.__name__ = getattr(fn, "__name__", exercise)
+        self.keys = {ref.key: str(ref) for ref in references if ref.key[0] == "code"}
 
     def __call__(self, *args, **kwargs):
-        with blocked(self.references, self.exercise):
+        with blocked(self.references, self.exercise), answering(self.keys, code_key):
             return self.fn(*args, **kwargs)
 
     def __getattr__(self, name):

@@ -8,20 +8,25 @@ slip through:
   functions and the course's helpers (whose code may call the reference in turn);
 - `blocked` replaces the reference in every course module while the answer runs, so a lookup
   the scan cannot see (getattr with a computed name) raises ReferenceUsed inside the answer.
-A function is identified by where its code lives (file, line, name), so the fresh copy of the
-course that grading imports (fresh.py) recognises the reader's copy of it too. An answer that
-reaches the checks themselves, or the fake tensors the checks simulate devices with, is refused
-as well.
+A function is identified by what its code is (its bytecode, names and constants, nested code
+included), not by where or under which name it was defined: the fresh copy of the course that
+grading imports (fresh.py), a copy renamed with `CodeType.replace`, rebuilt from its source with
+`exec`, or imported again under another module name are all the same reference (guard.py refuses
+the copies made while the answer runs). An answer that reaches the checks themselves, the fake
+tensors the checks simulate devices with, or the introspection that reads another frame
+(`sys._getframe`, `gc.get_referrers`, a traceback's `tb_frame`) is refused as well.
 """
 import builtins
 import contextlib
 import dis
 import functools
+import gc
+import hashlib
 import importlib
 import inspect
-import os
 import sys
 import threading
+import traceback
 import types
 
 from .run import CheckFailed, ReferenceUsed, is_reader_code
@@ -43,14 +48,31 @@ class Reference:
         return f"helpers.{self.name}"
 
 
+@functools.lru_cache(maxsize=16384)
+def code_key(code):
+    """What a code object is, not where it was defined: a hash of its bytecode, the names and
+    constants it uses and its arguments, nested code included (file, line and name left out)."""
+    consts = []
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            consts.append(("code", code_key(const)))
+        elif isinstance(const, frozenset):
+            consts.append(("frozenset", tuple(sorted(map(repr, const)))))
+        else:
+            consts.append(repr(const))
+    text = repr((code.co_code, tuple(consts), code.co_names, code.co_varnames,
+                 code.co_freevars, code.co_argcount, code.co_kwonlyargcount, code.co_flags))
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
 def identity(obj):
-    """A key that is the same for one function in two imports of the course: where its code
-    lives. Classes by module path (without the package's name) and qualified name."""
+    """A key that is the same for one function wherever and under whatever name it was defined
+    (code_key). Classes by module path (without the package's name) and qualified name."""
     obj = getattr(obj, "__func__", obj)
     obj = getattr(obj, "__wrapped__", obj)
     code = getattr(obj, "__code__", None)
     if isinstance(code, types.CodeType):
-        return ("code", os.path.realpath(code.co_filename), code.co_firstlineno, code.co_name)
+        return ("code", code_key(code))
     if isinstance(obj, type):
         return ("class", obj.__module__.split(".", 1)[-1], obj.__qualname__)
     return ("id", id(obj))
@@ -169,6 +191,35 @@ def _is_harness(obj):
     return name.startswith((*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
 
 
+# what reads another frame or the objects the check holds (guard.py refuses it at run time too)
+_INTROSPECTION_NAMES = {"_getframe", "_current_frames", "_current_exceptions", "currentframe",
+                        "getouterframes", "getinnerframes", "get_referrers", "get_referents",
+                        "get_objects", "f_back", "f_locals", "f_globals", "tb_frame", "tb_next",
+                        "gi_frame", "cr_frame", "ag_frame", "settrace", "setprofile",
+                        "_getframemodulename"}
+_INTROSPECTION = {id(f): f"{m.__name__}.{f.__name__}" for m, names in (
+    (sys, ("_getframe", "_current_frames", "settrace", "setprofile", "exc_info")),
+    (inspect, ("currentframe", "stack", "trace", "getouterframes", "getinnerframes",
+               "getframeinfo")),
+    (traceback, ("extract_stack", "walk_stack", "format_stack", "print_stack", "walk_tb")),
+    (gc, ("get_referrers", "get_referents", "get_objects")),
+    (threading, ("settrace", "setprofile"))) for f in [getattr(m, n, None) for n in names]
+    if f is not None}
+
+
+def _introspects(obj):
+    """The introspection `obj` is or names in its own code (the reader's), or None."""
+    if id(obj) in _INTROSPECTION:
+        return _INTROSPECTION[id(obj)]
+    code = getattr(obj, "__code__", None)
+    if isinstance(code, types.CodeType) and is_reader_code(code.co_filename):
+        for c in _codes(code):
+            found = _INTROSPECTION_NAMES.intersection(c.co_names)
+            if found:
+                return min(found)
+    return None
+
+
 def scan(fn, refs, exercise, limit=20000):
     """Refuse an answer whose code can reach one of `refs`, or the checks, before running it."""
     if not callable(fn):
@@ -185,6 +236,11 @@ def scan(fn, refs, exercise, limit=20000):
             raise CheckFailed(f"the exercise asks you to write {exercise} yourself, but your "
                               f"code uses {ref} (the course's own answer), through {path}: it is "
                               "unavailable while the check runs")
+        peek = _introspects(obj)
+        if peek is not None:
+            raise CheckFailed(f"your code inspects the running program ({peek}, through {path}):"
+                              " an answer must compute its result, not read the check's frames,"
+                              " tracebacks or objects")
         if obj is not fn and _is_harness(obj):
             raise CheckFailed(f"your code uses the course's checks or their simulated devices "
                               f"({path}): an answer must do the work itself, not consult or "

@@ -1,0 +1,190 @@
+"""While an answer runs: it may not read the running program, and every thread it starts is
+observed like the thread that called it.
+
+- An audit hook (PEP 578; one per process, shared by every import of the course) refuses, from
+  the reader's code while an answer runs, what reaches another function's frame or the objects
+  the check holds: `sys._getframe` (so `inspect.currentframe`/`stack` too), `sys._current_frames`,
+  a traceback's `tb_frame`, a generator's `gi_frame`, `gc.get_referrers`/`get_referents`/
+  `get_objects`, `sys.settrace`/`setprofile`. The check's expected values live in its frame; an
+  answer that could walk there would not need to compute anything.
+- The same hook refuses running code that holds the course's own answer to the exercise: an
+  `exec` (or an import under another name) of code that contains a blocked reference's code, and
+  reading a blocked reference's `__code__` (to copy or rename it).
+- Threads: `threading.Thread.start` and `ThreadPoolExecutor.submit` carry the caller's torch
+  dispatch modes (the check's Recorder, the simulated GPUs) into the new thread, so work done in
+  a worker thread is seen as if done in place.
+
+What it cannot stop: Python code that avoids these entry points (ctypes, a C extension, code
+compiled under a library's file name). Those are named in book/teachers.md.
+"""
+import concurrent.futures
+import sys
+import threading
+import types
+
+from .run import ReferenceUsed, is_reader_code
+
+__all__ = ["answering", "refusal"]
+
+_SHARED = "_course_answer_guard"          # one hook and one state for every import of the course
+_FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "sys._current_exceptions",
+                 "gc.get_referrers", "gc.get_referents", "gc.get_objects", "sys.settrace",
+                 "sys.setprofile", "sys._getframemodulename"}
+_FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
+_INTROSPECTORS = ("inspect.py", "traceback.py")     # stdlib walkers: blame whoever called them
+
+
+class _State(types.ModuleType):
+    """Shared between imports of the course (fresh.py makes new ones): the depth of answers
+    running, the code keys blocked now, and the first refusal seen."""
+
+    def __init__(self):
+        super().__init__(_SHARED)
+        self.depth, self.keys, self.refused = 0, {}, None
+        self.code_key = None
+        self.local = threading.local()
+        self.lock = threading.RLock()
+        self.start = threading.Thread.start          # the originals, restored after each answer
+        self.submit = concurrent.futures.ThreadPoolExecutor.submit
+
+
+def _state():
+    state = sys.modules.get(_SHARED)
+    if not isinstance(state, types.ModuleType) or not hasattr(state, "depth"):
+        state = _State()
+        sys.modules[_SHARED] = state
+        sys.addaudithook(_make_hook(state))
+    return state
+
+
+def _caller():
+    """The code that triggered the event: past this hook, and past inspect/traceback."""
+    frame = sys._getframe(3)     # _caller, _judge, the hook, the code
+    while frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS):
+        frame = frame.f_back
+    return frame
+
+
+def _make_hook(state):
+    def hook(event, args):
+        if not state.depth or getattr(state.local, "busy", False):
+            return
+        if event not in _FRAME_EVENTS and event != "exec" and not (
+                event == "object.__getattr__" and len(args) > 1
+                and (args[1] in _FRAME_ATTRS or args[1] == "__code__")):
+            return
+        state.local.busy = True
+        try:
+            message = _judge(state, event, args)
+        finally:
+            state.local.busy = False
+        if message:
+            if state.refused is None:
+                state.refused = message
+            raise ReferenceUsed(message)
+    return hook
+
+
+def _judge(state, event, args):
+    if event == "exec":
+        code = args[0] if args else None
+        name = _holds_reference(state, code) if isinstance(code, types.CodeType) else None
+        return name and (f"your code ran a copy of {name} (the course's own answer: exec'd or "
+                         "imported again), which is unavailable while the check runs")
+    if event == "object.__getattr__" and args[1] == "__code__":
+        name = _blocked_name(state, args[0])
+        return name and (f"your code read the code of {name} (the course's own answer), which "
+                         "is unavailable while the check runs")
+    frame = _caller()
+    if frame is None or not is_reader_code(frame.f_code.co_filename):
+        return None
+    what = args[1] if event == "object.__getattr__" else event
+    return (f"your code inspects the running program ({what}): an answer must compute its "
+            "result, not read the check's frames, tracebacks or objects")
+
+
+def _blocked_name(state, obj):
+    if not state.keys or not isinstance(obj, types.FunctionType) or state.code_key is None:
+        return None
+    return state.keys.get(("code", state.code_key(obj.__code__)))
+
+
+def _holds_reference(state, code):
+    if not state.keys or state.code_key is None:
+        return None
+    stack = [code]
+    while stack:
+        code = stack.pop()
+        name = state.keys.get(("code", state.code_key(code)))
+        if name:
+            return name
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return None
+
+
+# --- threads ---------------------------------------------------------------------------------
+def _modes():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    return list(_get_current_dispatch_mode_stack())
+
+
+def _with_modes(fn, modes):
+    """`fn` run under `modes` (those of the thread that started it) where not already active."""
+    def run(*args, **kwargs):
+        import contextlib
+        active = {id(m) for m in _modes()}
+        with contextlib.ExitStack() as stack:
+            for mode in modes:
+                if id(mode) not in active:
+                    stack.enter_context(mode)
+            return fn(*args, **kwargs)
+    return run
+
+
+def _start(self, *args, **kwargs):
+    modes = _modes()
+    if modes:
+        self.run = _with_modes(self.run, modes)
+    return _state().start(self, *args, **kwargs)
+
+
+def _submit(self, fn, /, *args, **kwargs):
+    modes = _modes()
+    return _state().submit(self, _with_modes(fn, modes) if modes else fn, *args, **kwargs)
+
+
+class answering:
+    """While an answer runs: the hook is armed with `keys` ({code key: reference name}), threads
+    carry the dispatch modes. Raises ReferenceUsed at the end if the hook refused anything, even
+    if the answer caught it."""
+
+    def __init__(self, keys, code_key):
+        self.keys, self.code_key = keys, code_key
+
+    def __enter__(self):
+        state = _state()
+        with state.lock:
+            if state.depth == 0:
+                state.refused, state.keys, state.code_key = None, dict(self.keys), self.code_key
+                threading.Thread.start = _start
+                concurrent.futures.ThreadPoolExecutor.submit = _submit
+            state.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        state = _state()
+        with state.lock:
+            state.depth -= 1
+            refused = state.refused
+            if state.depth == 0:
+                state.keys = {}
+                threading.Thread.start = state.start
+                concurrent.futures.ThreadPoolExecutor.submit = state.submit
+        if refused and not (exc[0] is not None and issubclass(exc[0], ReferenceUsed)):
+            raise ReferenceUsed(refused)
+        return False
+
+
+def refusal():
+    """The message of the hook's first refusal in the current answer (None if none)."""
+    return _state().refused

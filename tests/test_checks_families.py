@@ -1,0 +1,449 @@
+"""The shortcut FAMILIES of issue 32, one answer per way into each hole (tests/check_cases.py's
+form): reading the check's state, the course's own answer under another name, work hidden in
+another thread. Each must fail in the harness, for any exercise; none of them is specific to the
+check it is tried on."""
+import concurrent.futures
+import gc
+import importlib.util
+import inspect
+import pathlib
+import sys
+import threading
+import types
+
+import torch
+from torch.nn import functional as F
+
+import helpers
+from check_cases import other, parametrize_cases, shortcut
+
+HELPERS = pathlib.Path(helpers.__file__).resolve().parent
+PEEK = "inspects the running program"
+OWN = "course's own answer"
+
+
+# ---- 1. reading the check: its frame, its traceback, the garbage collector ----------------------
+def _peek(name):
+    """The nearest caller's local `name` (the check's expected value)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if name in f.f_locals:
+            return f.f_locals[name]
+        f = f.f_back
+    return 0
+
+
+def _peek_hidden(name):
+    """The same walk, every name computed (nothing for a reader of the bytecode to see)."""
+    f = getattr(sys, "_get" + "frame")(1)
+    while f is not None:
+        scope = getattr(f, "f_" + "locals")
+        if name in scope:
+            return scope[name]
+        f = getattr(f, "f_" + "back")
+    return 0
+
+
+def _peek_traceback(name):
+    try:
+        raise RuntimeError
+    except RuntimeError as e:
+        tb = e.__traceback__
+    f = getattr(tb, "tb_" + "frame")
+    while f is not None:
+        if name in f.f_locals:
+            return f.f_locals[name]
+        f = f.f_back
+    return 0
+
+
+@shortcut("check_tensor_bytes", "reads `want` in the check's frame", PEEK)
+def tensor_bytes_peek(tensors):
+    return _peek("want")
+
+
+@shortcut("check_tensor_bytes", "frame walk with computed names", PEEK)
+def tensor_bytes_peek_hidden(tensors):
+    return _peek_hidden("want")
+
+
+@shortcut("check_tensor_bytes", "frame from a traceback", PEEK)
+def tensor_bytes_peek_traceback(tensors):
+    return _peek_traceback("want")
+
+
+@shortcut("check_tensor_bytes", "inspect.stack", PEEK)
+def tensor_bytes_inspect(tensors):
+    for info in inspect.stack():
+        if "want" in info.frame.f_locals:
+            return info.frame.f_locals["want"]
+    return 0
+
+
+@shortcut("check_tensor_bytes", "the garbage collector finds the check's list", PEEK)
+def tensor_bytes_gc(tensors):
+    for holder in gc.get_referrers(tensors[0]):
+        if isinstance(holder, list) and holder is not tensors:
+            return sum(t.numel() * t.element_size() for t in holder)
+    return 0
+
+
+@shortcut("check_tensor_bytes", "frames of another thread", PEEK)
+def tensor_bytes_current_frames(tensors):
+    for f in getattr(sys, "_current_" + "frames")().values():
+        while f is not None:
+            if "want" in f.f_locals:
+                return f.f_locals["want"]
+            f = f.f_back
+    return 0
+
+
+@shortcut("check_saved_bytes", "reads `want` in the check's frame", PEEK)
+def saved_bytes_peek(net, X):
+    return _peek_hidden("want")
+
+
+# ---- 2. the course's own answer under another name ----------------------------------------------
+def _renamed(fn, name):
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def _exec_copy(fn):
+    scope = dict(fn.__globals__)
+    exec(compile(inspect.getsource(fn), "<my cell>", "exec"), scope)
+    return scope[fn.__name__]
+
+
+def _other_import(name):
+    """The course imported again under another package name (as fresh.py does)."""
+    spec = importlib.util.spec_from_file_location(
+        name, HELPERS / "__init__.py", submodule_search_locations=[str(HELPERS)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    try:
+        spec.loader.exec_module(package)
+    finally:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+    return package
+
+
+MY_CUTS = _renamed(helpers.balanced_cuts, "my_cuts")
+EXEC_SAVED = _exec_copy(helpers.saved_per_layer)
+OTHER = _other_import("my_course_copy")
+
+
+@shortcut("check_split_by_params", "balanced_cuts renamed with CodeType.replace", OWN)
+def split_by_params_renamed(net, devices):
+    sizes = [helpers.num_params(layer) for layer in net]
+    return helpers.split_sequential(net, MY_CUTS(sizes, len(devices)), devices)
+
+
+@shortcut("check_saved_bytes", "saved_per_layer rebuilt from its source", OWN)
+def saved_bytes_exec(net, X):
+    return sum(EXEC_SAVED(net, X))
+
+
+@shortcut("check_saved_bytes", "saved_per_layer of the course imported again", OWN)
+def saved_bytes_other_import(net, X):
+    return sum(OTHER.saved_per_layer(net, X))
+
+
+@shortcut("check_saved_bytes", "exec'd copy made while the answer runs", OWN)
+def saved_bytes_exec_inside(net, X):
+    scope = {}
+    source = (HELPERS / "costs.py").read_text()
+    exec(compile(source, "<cell>", "exec"), scope)
+    return sum(scope["saved_per_" + "layer"](net, X))
+
+
+@shortcut("check_saved_bytes", "course imported again while the answer runs", OWN)
+def saved_bytes_import_inside(net, X):
+    return sum(getattr(_other_import("my_copy_inside"), "saved_per_" + "layer")(net, X))
+
+
+# twins: other course functions that compute the same answer
+@shortcut("check_saved_bytes", "twin: autograd_saved_bytes (review)", OWN)
+def saved_bytes_twin(net, X):
+    return helpers.autograd_saved_bytes(lambda: net(X), list(net.parameters()))[0]
+
+
+@shortcut("check_saved_bytes", "twin: saved_activation_bytes (review)", OWN)
+def saved_bytes_twin_tp(net, X):
+    return helpers.saved_activation_bytes(net, X, params=list(net.parameters()))[1]
+
+
+@shortcut("check_order_1f1b", "twin: one_f_one_b_rank_order (review)", OWN)
+def order_1f1b_twin(p, m):
+    return [helpers.one_f_one_b_rank_order(p, m, s) for s in range(p)]
+
+
+@shortcut("check_allreduce_spread", "twin: ring_allreduce (review)", OWN)
+def allreduce_spread_twin(data):
+    helpers.ring_allreduce(data)
+
+
+@shortcut("check_reduce_then_broadcast", "twin: allreduce (review)", OWN)
+def reduce_then_broadcast_twin(grads):
+    helpers.allreduce(grads)
+
+
+@shortcut("check_global_mean_var", "the course's _combine_stats (review K7)", OWN)
+def global_mean_var_twin(*args, **kwargs):
+    from helpers.data_parallel.torch_api import _combine_stats
+    return _combine_stats(*args, **kwargs)
+
+
+# ---- 3. natural wrong answers -------------------------------------------------------------------
+@shortcut("check_allreduce_spread", "sums everything on the host (review)", "the CPU")
+def allreduce_spread_on_host(data):
+    total = sum(t.to("cpu") for t in data)
+    for t in data:
+        t.copy_(total.to(t.device))
+
+
+@shortcut("check_conv_split_in_channels", "splits the output pixels: unfold + mm (review)",
+          "partial sum")
+def conv_split_pixels(X, W, b, devices, log=None):
+    k, side = len(devices), X.shape[-1] - 2
+    patches = F.unfold(X, 3)                                    # (n, c_in*9, L)
+    Wf = W.reshape(W.shape[0], -1)
+    parts = []
+    for i, cols in enumerate(torch.arange(patches.shape[-1]).tensor_split(k)):
+        P = patches[..., cols].to(devices[i])
+        parts.append((Wf.to(devices[i]) @ P).to(devices[0]))
+    Y = torch.cat(parts, dim=-1).reshape(X.shape[0], -1, side, side)
+    return Y + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
+@shortcut("check_conv_split_in_channels", "broadcast multiply on device 0 + decoy partial sums",
+          "elements of work")
+def conv_elementwise_decoys(X, W, b, devices, log=None):
+    k, side = len(devices), X.shape[-1] - 2
+    decoy = 0
+    for i, (Xi, Wi) in enumerate(zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1))):
+        P = F.conv2d(Xi.to(devices[i]), Wi.to(devices[i]))
+        decoy = decoy + P.to(devices[0]) * 0
+    patches = F.unfold(X.to(devices[0]), 3)                     # (n, c_in*9, L)
+    Wf = W.reshape(W.shape[0], -1).to(devices[0])
+    Y = (patches[:, None] * Wf[None, :, :, None]).sum(2)        # (n, c_out, L), no matmul
+    return Y.reshape(X.shape[0], -1, side, side) + b.to(devices[0]).reshape(1, -1, 1, 1) + decoy
+
+
+@shortcut("check_overlap_hooks", "one all-reduce from a hook, the rest after backward (K1)",
+          "launched after backward returned")
+def overlap_hooks_one_early(model):
+    import torch.distributed as dist
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    handles, launched = [], set()
+
+    def hook(p):
+        if not launched:
+            launched.add(id(p))
+            handles.append(dist.all_reduce(p.grad, async_op=True))
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for p in trainable:
+            if id(p) not in launched:
+                handles.append(dist.all_reduce(p.grad, async_op=True))
+        for h in handles:
+            h.wait()
+        for p in trainable:
+            p.grad.div_(dist.get_world_size())
+    return finish
+
+
+@shortcut("check_accumulate_zero2", "one concatenated batch, no accumulation (review)",
+          "concatenated batch")
+def accumulate_zero2_concatenated(model, micro_batches):
+    X = torch.cat([X for X, _ in micro_batches])
+    y = torch.cat([y for _, y in micro_batches])
+    F.cross_entropy(model(X), y).backward()
+    model.finish_gradient_synchronization()
+    model.step()
+    model.zero_grad()
+
+
+@shortcut("check_accumulate_gradients", "zero-weight backwards, then the concatenated batch (K2)",
+          "concatenated batch")
+def accumulate_gradients_concatenated(model, loss_fn, micro_batches):
+    for X, y in micro_batches[:-1]:
+        with model.no_sync():
+            (loss_fn(model(X), y) * 0).backward()
+    X = torch.cat([X for X, _ in micro_batches])
+    y = torch.cat([y for _, y in micro_batches])
+    loss_fn(model(X), y).backward()
+
+
+# ---- 5. substituted collectives -----------------------------------------------------------------
+def _gather_by_all_reduce(t, comm):
+    """Every rank's t, gathered with all_reduce (a zero buffer with this rank's slot filled)."""
+    w = comm.world
+    buf = torch.zeros(w, *t.shape)
+    buf[comm.rank] = t
+    comm.all_reduce(buf)
+    return buf
+
+
+@shortcut("check_ring_forward", "all_reduce gather, zeros sent round the ring (M7)",
+          "send and recv only")
+def ring_forward_all_reduce(q, k, v, comm):
+    w, r = comm.world, comm.rank
+    K = torch.cat(list(_gather_by_all_reduce(k, comm)), 2)
+    V = torch.cat(list(_gather_by_all_reduce(v, comm)), 2)
+    for i in range(w - 1):
+        comm.send(torch.zeros(2, *k.shape), (r + 1) % w, tag=i)
+        comm.recv((r - 1) % w, (2, *k.shape), tag=i)
+    return (q @ K.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1) @ V
+
+
+@shortcut("check_ring_forward", "zeros of the right size round the ring", "stand-ins")
+def ring_forward_zeros(q, k, v, comm):
+    w, r = comm.world, comm.rank
+    for i in range(w - 1):
+        comm.send(torch.zeros(2, *k.shape), (r + 1) % w, tag=i)
+        comm.recv((r - 1) % w, (2, *k.shape), tag=i)
+    return torch.zeros_like(q)
+
+
+@shortcut("check_ring_forward", "ring-forwarded all-gather, then plain softmax (M7)",
+          "online softmax")
+def ring_forward_gather_then_softmax(q, k, v, comm):
+    w, r = comm.world, comm.rank
+    kv, blocks = torch.stack([k, v]), {r: torch.stack([k, v])}
+    for i in range(w - 1):
+        comm.send(kv, (r + 1) % w, tag=i)
+        kv = comm.recv((r - 1) % w, kv.shape, tag=i)
+        blocks[(r - 1 - i) % w] = kv
+    K = torch.cat([blocks[j][0] for j in range(w)], 2)
+    V = torch.cat([blocks[j][1] for j in range(w)], 2)
+    return (q @ K.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1) @ V
+
+
+def _zeros_round(x, dest, comm):
+    """Counts, then zero rows of the right count to every other rank (received, dropped)."""
+    w, r = comm.world, comm.rank
+    for j in range(w):
+        if j != r:
+            comm.send(torch.tensor([int((dest == j).sum())]), j, tag=7)
+            comm.send(torch.zeros(int((dest == j).sum()), x.shape[1]), j, tag=8)
+    for j in range(w):
+        if j != r:
+            n = int(comm.recv(j, (1,), tag=7, dtype=torch.int64))
+            comm.recv(j, (n, x.shape[1]), tag=8)
+
+
+@shortcut("check_dispatch_tokens", "all_reduce gather, zero rows of the right count (M7)",
+          "send and recv only")
+def dispatch_all_reduce(x, dest, comm):
+    w, r = comm.world, comm.rank
+    n = _gather_by_all_reduce(torch.tensor(float(len(x))), comm).long().tolist()
+    pad = torch.zeros(max(n) - len(x), x.shape[1])
+    rows = _gather_by_all_reduce(torch.cat([x, pad]), comm)
+    dests = _gather_by_all_reduce(torch.cat([dest.float(), torch.full((len(pad),), -1.0)]), comm)
+    _zeros_round(x, dest, comm)
+    return torch.cat([rows[s][dests[s] == r] for s in range(w)])
+
+
+@shortcut("check_dispatch_tokens", "zero rows of the right count", "stand-ins")
+def dispatch_zeros(x, dest, comm):
+    _zeros_round(x, dest, comm)
+    return x[dest == comm.rank]
+
+
+# ---- 4. work in another thread ------------------------------------------------------------------
+@shortcut("check_shard_sizes", "torch.tensor_split in a worker thread", "split")
+def shard_sizes_in_thread(n, k):
+    out = []
+    worker = threading.Thread(
+        target=lambda: out.extend(len(s) for s in torch.arange(n).tensor_split(k)))
+    worker.start()
+    worker.join()
+    return out
+
+
+@shortcut("check_shard_sizes", "torch.tensor_split in a thread pool", "split")
+def shard_sizes_in_pool(n, k):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: [len(s) for s in torch.arange(n).tensor_split(k)]).result()
+
+
+_TABLE = {(n, k): [len(c) for c in torch.arange(n).chunk(k)]
+          for n in range(1, 80) for k in range(2, 9)}
+
+
+@shortcut("check_dp_shard_sizes", "torch.chunk in a worker thread (K8)", "built and cut")
+def dp_shard_sizes_in_thread(n, k):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: [len(c) for c in torch.arange(n).chunk(k)]).result()
+
+
+@shortcut("check_dp_shard_sizes", "a table built with torch.chunk at import (K8)", "expected")
+def dp_shard_sizes_table(n, k):
+    return _TABLE.get((n, k), [])
+
+
+@shortcut("check_unused_parameters", "autograd.grad in a thread (K3)", "computed gradients")
+def unused_parameters_in_thread(model, loss):
+    names, params = zip(*model.named_parameters())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        grads = pool.submit(torch.autograd.grad, loss, params, allow_unused=True,
+                            retain_graph=True).result()
+    return sorted(n for n, gr in zip(names, grads) if gr is None)
+
+
+# ---- 6. constants -------------------------------------------------------------------------------
+@shortcut("check_time_it", "syncs correctly, returns a constant 6.5 ms (K9)", " ms")
+def time_it_constant(fn, devices, reps=5):
+    for _ in range(reps):
+        helpers.synchronize(devices)
+        fn()
+        helpers.synchronize(devices)
+    return 0.0065
+
+
+@shortcut("check_time_it", "syncs correctly, returns a constant 20 ms", " ms")
+def time_it_constant_20(fn, devices, reps=5):
+    for _ in range(reps):
+        helpers.synchronize(devices)
+        fn()
+        helpers.synchronize(devices)
+    return 0.020
+
+
+# ---- 7. right answers pass ---------------------------------------------------------------------
+@other("check_global_mean_var", "a pairwise (Chan) merge, rank by rank, float32 (review R1)")
+def global_mean_var_chan(counts, means, variances):
+    n, m, m2 = counts[0], means[0], variances[0] * counts[0]
+    for i in range(1, len(counts)):
+        nb, mb, m2b = counts[i], means[i], variances[i] * counts[i]
+        delta, total = mb - m, n + nb
+        m = m + delta * nb / total
+        m2 = m2 + m2b + delta * delta * n * nb / total
+        n = total
+    return m, m2 / n
+
+
+@other("check_bucket_params", "torch's dedupe order: first occurrence, then reversed (R2)")
+def bucket_params_torch_order(params, bucket_mb):
+    unique = []
+    for p in params:
+        if all(q is not p for q in unique):
+            unique.append(p)
+    limit = None if bucket_mb is None else bucket_mb * 2**20
+    buckets, current, size = [], [], 0
+    for p in reversed(unique):
+        if not p.requires_grad:
+            continue
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if limit is None or size >= limit:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+test_case = parametrize_cases(__name__)
