@@ -126,6 +126,11 @@ from .sharding.knobs import (zero2_accumulation, clip_over_shards, fsdp_knobs,
                              mixed_precision_zero, refusals)
 from .sharding.mixed import MixedPrecisionZero
 from .sharding.memory import PeakBytes
+from .sharding.variants import (activation_partition_costs, fused_buffer_bytes, offload_costs,
+                                offload_run, quantize_blocks, dequantize_blocks,
+                                quantization_bound, quantized_all_gather, qwz_vs_all_gather,
+                                zeropp_costs, ZEROPP_COLLECTIVES, variant_memory,
+                                variant_traffic, plot_variants)
 from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_orders,
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,

@@ -13,6 +13,7 @@ from .fast import *             # noqa: F401,F403  Part IV: profile
 from .fixes import *            # noqa: F401,F403  Part IV: fixes
 from .scaling import *          # noqa: F401,F403  Part IV: scaling
 from .zero import *             # noqa: F401,F403  Part V: ZeRO
+from .zero_variants import *    # noqa: F401,F403  Part V: ZeRO's variants
 from .fsdp_scratch import *     # noqa: F401,F403  Part V: FSDP from scratch
 from .fsdp2 import *            # noqa: F401,F403  Part V: FSDP2, recomputation
 from .splits_dist import *      # noqa: F401,F403  Part VI

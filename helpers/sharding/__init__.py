@@ -2,3 +2,4 @@
 (fsdp_scratch), torch's FSDP2 (torch_api), Part V's experiments across processes (experiments).
 Builds on data_parallel (ZeRO is data parallelism with sharded state).
 """
+# variants.py: ZeRO-R, ZeRO-Offload/Infinity and ZeRO++, costed and run (the ZeRO chapter).
