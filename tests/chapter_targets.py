@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import helpers as h
 
 SMALL_MLP = dict(d_in=16, width=32, depth=3, d_out=10)
+ZERO_MLP = dict(d_in=16, width=32, depth=3)     # make_model("mlp")'s sizes
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=2, seq=6, width=16)
 LM = dict(model=dict(vocab=32, width=16, heads=4), batch=2, seq=6)
@@ -120,6 +121,8 @@ def targets(tmp):
         T("fsdp_knobs", h.fsdp_knobs, dict(num_steps=1)),
         T("mixed_precision_zero", h.mixed_precision_zero, dict(num_steps=2)),
         T("refusals", h.refusals, {}),
+        T("offload_run", h.offload_run, dict(sizes=ZERO_MLP, num_steps=1)),
+        T("qwz_vs_all_gather", h.qwz_vs_all_gather, dict(sizes=ZERO_MLP, block=16)),
         # Part VI (gpu)
         T("tp_worker", h.tp_worker, dict(block=BLOCK, inputs=INPUTS, lm=LM)),
         T("mesh2d_worker", h.mesh2d_worker, dict(block=BLOCK, inputs=MESH_INPUTS, steps=1,

@@ -190,8 +190,8 @@ def qwz_vs_all_gather(rank, world, cfg):
     from ..runtime.traffic import count_traffic
     from ..tiny_models import make_model
     from .flat import flat_shard
-    sizes, block = take(cfg, "device", sizes=None, block=256)[1:]
-    params = list(make_model("mlp", **(sizes or {})).parameters())
+    device, sizes, block = take(cfg, "device", sizes=None, block=256)
+    params = list(make_model("mlp", **(sizes or {})).to(device).parameters())
     shard = flat_shard(params, rank, world)
     with count_traffic() as plain_log:
         plain, _ = all_gather_flat(shard, world)
