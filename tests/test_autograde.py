@@ -40,9 +40,10 @@ helpers.checks.check_shard_sizes = lambda fn: print("shard_sizes: looks right")
 helpers.checks._core.run.expect = lambda condition, message: None
 '''),
     "allreduce_spread": ("book/part2/scratch.ipynb", '''
-def allreduce_spread(data):   # Part II's allreduce: every addition on device 0
-    from helpers import allreduce
-    allreduce(data)
+def allreduce_spread(data):   # every addition on the host (review round 3)
+    total = sum(t.to("cpu") for t in data)
+    for t in data:
+        t.copy_(total.to(t.device))
 '''),
     "evaluate_accuracy_multi": ("book/part2/scratch.ipynb", '''
 def evaluate_accuracy_multi(net, params, data_iter, devices):   # nothing split
@@ -53,16 +54,22 @@ def evaluate_accuracy_multi(net, params, data_iter, devices):   # nothing split
     return correct / total
 '''),
     "fit_copy_model": ("book/gpus.ipynb", '''
-def fit_copy_model(nbytes, seconds):   # no fit: two points (content review)
-    slope = (seconds[-1] - seconds[-2]) / (nbytes[-1] - nbytes[-2])
-    return seconds[0], 1 / slope / 1e9
+def fit_copy_model(nbytes, seconds):   # the check's own optimum, read from its frame (review)
+    import sys
+    f = sys._getframe(1)
+    while f is not None and "_best_fit" not in f.f_globals:
+        f = f.f_back
+    return f.f_globals["_best_fit"](nbytes, seconds)
 '''),
     "conv_split_in_channels": ("book/part1/within_layer.ipynb", '''
-def conv_split_in_channels(X, W, b, devices, log=None):   # split, but nothing moved
-    k = len(devices)
-    parts = [F.conv2d(Xi, Wi) for Xi, Wi in zip(X.tensor_split(k, dim=1),
-                                                 W.tensor_split(k, dim=1))]
-    return sum(parts) + b.reshape(1, -1, 1, 1)
+def conv_split_in_channels(X, W, b, devices, log=None):   # splits the output pixels (review)
+    k, side = len(devices), X.shape[-1] - 2
+    patches = F.unfold(X, 3)
+    Wf = W.reshape(W.shape[0], -1)
+    parts = [(Wf.to(devices[i]) @ patches[..., cols].to(devices[i])).to(devices[0])
+             for i, cols in enumerate(torch.arange(patches.shape[-1]).tensor_split(k))]
+    Y = torch.cat(parts, dim=-1).reshape(X.shape[0], -1, side, side)
+    return Y + b.to(devices[0]).reshape(1, -1, 1, 1)
 '''),
     "lr_at": ("book/part3/dataparallel.ipynb", '''
 def lr_at(step, base_lr, base_batch, batch, warmup_steps):   # no warm-up

@@ -18,9 +18,9 @@ def check_gpipe_time(fn):
     cases = [(randint(g, 1, 100) / 10, randint(g, 2, 8), randint(g, 2, 16)) for _ in range(5)]
     cases.append((randint(g, 1, 100) / 10, 1, randint(g, 1, 16)))
     for t, p, m in cases:
-        want = (m + p - 1) * t / m
         call = f"gpipe_time({t}, {p}, {m})"
         got, dtype = as_number(fn(t, p, m), call, with_dtype=True)
+        want = (m + p - 1) * t / m                                    # after the answer ran
         if rel_close(got, want, 6, dtype):
             continue
         hint = ""
@@ -88,9 +88,9 @@ def check_saved_bytes(fn):
     g = fresh_generator()
     for _ in range(4):
         net, X = _random_net(g)
-        want = sum(saved_per_layer(net, X))
         call = f"saved_bytes on a batch of {X.shape[0]}"
         got = as_int(fn(net, X), call)
+        want = sum(saved_per_layer(net, X))                           # after the answer ran
         outputs = []
         hooks = [m.register_forward_hook(lambda m, i, o: outputs.append(o.numel() * 4))
                  for m in net]

@@ -48,7 +48,8 @@ def check_combine_mean_grads(fn):
         expect(False, f"{call}: the result differs from the full batch's mean gradient")
 
 
-@check("reduce_then_broadcast", references=["allreduce"], observes=[
+@check("reduce_then_broadcast", references=["allreduce", "ring_allreduce", "flat_allreduce",
+                                           "bucketed_allreduce", "sum_into_all"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, and every device's "

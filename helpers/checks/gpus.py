@@ -66,8 +66,8 @@ def check_tensor_bytes(fn):
     mixed = _random_tensors(g, 4)
     trials.append([t.to(dtype) for t, dtype in zip(mixed, _DTYPES)])
     for tensors in trials:
-        want = sum(t.numel() * t.element_size() for t in tensors)
         got = as_number(fn(list(tensors)), f"tensor_bytes({_describe(tensors)})")
+        want = sum(t.numel() * t.element_size() for t in tensors)    # after the answer ran
         if got == want:
             continue
         numel = sum(t.numel() for t in tensors)
@@ -97,9 +97,9 @@ def check_copy_time(fn):
         ratio = randint(g, 20, 500) / 100                # both terms matter
         num_bytes = max(1, round(latency_s * bandwidth_gbs * 1e9 * ratio))
         transfer = num_bytes / (bandwidth_gbs * 1e9)
-        want = latency_s + transfer
         call = f"copy_time({num_bytes}, {bandwidth_gbs}, {latency_s:.2e})"
         got, dtype = _number(fn(num_bytes, bandwidth_gbs, latency_s), call)
+        want = latency_s + transfer                                   # after the answer ran
         results.add(got)
         if rel_close(got, want, 8, dtype):
             continue

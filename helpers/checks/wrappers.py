@@ -58,10 +58,10 @@ def check_dp_shard_sizes(fn):
     cases.append((randint(g, 10**6, 10**9), randint(g, 2, 8)))  # beyond any table built ahead
     for n, k in cases:
         call = f"dp_shard_sizes({n}, {k})"
-        size = -(-n // k)                       # torch.chunk's arithmetic, for any n
-        want = [size] * (-(-n // size) - 1) + [n - size * (-(-n // size) - 1)]
         with Recorder() as rec:
             value = fn(n, k)
+        size = -(-n // k)                       # torch.chunk's arithmetic, for any n
+        want = [size] * (-(-n // size) - 1) + [n - size * (-(-n // size) - 1)]
         ops = sorted({op.name for op in rec.ops})
         expect(not ops, f"{call}: your code built and cut a tensor ({', '.join(ops)}) to "
                         "measure the pieces: work the sizes out with arithmetic, as the exercise "
