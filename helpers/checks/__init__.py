@@ -2,8 +2,7 @@
 from ._core import *            # noqa: F401,F403  the framework: run_check, expect, Result
 from .gpus import *             # noqa: F401,F403  foundation chapter
 from .splits import *           # noqa: F401,F403  Part I (network_split, within_layer, ...)
-from .part02_new import *       # noqa: F401,F403  new sections of gpus and Part I (issue 22)
-from .part02_devices import *   # noqa: F401,F403  new device exercises of Part I (issue 22)
+from .part1_devices import *    # noqa: F401,F403  device exercises of Part I
 from .scratch import *          # noqa: F401,F403  Part II
 from .wrappers import *         # noqa: F401,F403  Part III: DataParallel, custom modules
 from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun

@@ -6,7 +6,8 @@ from torch import nn
 from .. import OPTIMIZER_STATE_BYTES, saved_per_layer
 from ._core import as_int, as_number, check, expect, fresh_generator, randint, rel_close
 
-__all__ = ["check_gpipe_time", "check_largest_batch_data_parallel", "check_saved_bytes"]
+__all__ = ["check_gpipe_time", "check_largest_batch_data_parallel", "check_saved_bytes",
+           "check_dp_step_seconds"]
 
 
 @check("gpipe_time", observes=["the time returned for fresh (t_stage, p, m), m > 1 and p > 1 "
@@ -110,3 +111,35 @@ def check_saved_bytes(fn):
                    "once: count each storage once, and no parameters)"
         expect(got == want, f"{call}: autograd saved {want} bytes of activations, you "
                             f"returned {got:g}{hint}")
+
+
+# ---- costs: a data-parallel step with overlap ------------------------------------------------
+@check("dp_step_seconds", references=["split_costs"], observes=[
+    "the seconds returned for fresh (compute, k, communication), where the communication is "
+    "shorter and longer than the backward it can hide behind, against compute/k plus the part "
+    "of the communication that the backward (2/3 of the compute) does not hide"])
+def check_dp_step_seconds(fn):
+    """fn(compute_s, k, comm_s): one data-parallel step: each of k devices computes 1/k of the
+    one-device step `compute_s` (backward 2/3 of it), and the all-reduce of `comm_s` overlaps
+    with the backward, as far as the backward lasts."""
+    g = fresh_generator()
+    for hidden in (True, False, True, False, False):
+        k = randint(g, 2, 16)
+        compute = randint(g, 10, 1000) / 1000
+        back = 2 / 3 * compute / k
+        comm = back * (randint(g, 10, 90) / 100 if hidden else 1 + randint(g, 10, 300) / 100)
+        want = compute / k + max(0.0, comm - back)
+        call = f"dp_step_seconds({compute:g}, {k}, {comm:.6g})"
+        got, dtype = as_number(fn(compute, k, comm), call, with_dtype=True)
+        if rel_close(got, want, 16, dtype):
+            continue
+        hint = ""
+        if rel_close(got, compute / k + comm, 16, dtype):
+            hint = (": the all-reduce of the first buckets starts while the backward still runs, "
+                    "so only what outlasts the backward adds to the step")
+        elif rel_close(got, compute / k + comm - back, 16, dtype):
+            hint = (": an all-reduce shorter than the backward hides completely; it cannot make "
+                    "the step shorter than the compute")
+        elif rel_close(got, compute + max(0.0, comm - 2 / 3 * compute), 16, dtype):
+            hint = ": each device computes 1/k of the batch"
+        expect(False, f"{call} returned {got:g}, expected {want:g}{hint}")

@@ -4,10 +4,13 @@ import math
 
 import torch
 
-from ._core import (as_number, as_pair, check, expect, fresh_generator, randint, rel_close,
-                    uniform)
+from ._core import (CheckFailed, as_number, as_pair, check, expect, fresh_generator, randint,
+                    rel_close, uniform)
 
-__all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model"]
+__all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model",
+           "check_link_between"]
+
+LINKS = ("NV4", "NV8", "NV12", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 
 def _number(value, call):
@@ -186,3 +189,92 @@ def check_fit_copy_model(fn):
                       f"a least-squares fit weighted by 1/t by {math.sqrt(best / len(nbytes)):.1%}:"
                       " fit all the copies, each equation weighed by 1/t (reading two points, or "
                       "an unweighted fit, lets a few copies decide)")
+
+
+# ---- gpus: which physical GPU is cuda:i, and how is it linked ---------------------------------
+def _topology(g, n):
+    """A random symmetric `nvidia-smi topo -m` matrix of n GPUs ("X" on the diagonal)."""
+    topo = [["X"] * n for _ in range(n)]
+    for a in range(n):
+        for b in range(a + 1, n):
+            topo[a][b] = topo[b][a] = LINKS[randint(g, 0, len(LINKS) - 1)]
+    return topo
+
+
+def _visible(spec, n):
+    """The physical GPUs cuda:0, cuda:1, ... are, as CUDA reads CUDA_VISIBLE_DEVICES: in the
+    order listed, up to the first entry that is not a valid index (None: all of them)."""
+    if spec is None:
+        return list(range(n))
+    out = []
+    for entry in spec.split(","):
+        entry = entry.strip()
+        if not entry.isdigit() or int(entry) >= n or int(entry) in out:
+            break
+        out.append(int(entry))
+    return out
+
+
+def _specs(g, n):
+    """CUDA_VISIBLE_DEVICES values that reorder, drop, and stop at an invalid entry."""
+    perm = [int(i) for i in _permutation(g, n)]
+    keep = perm[:randint(g, 2, n)]
+    bad = str(n + randint(g, 0, 5))
+    head = perm[:2]
+    tail = [i for i in perm if i not in head][:2]
+    return [None, ",".join(map(str, keep)), ",".join(map(str, head + [bad] + tail)),
+            ",".join(map(str, perm[::-1])), ",".join(map(str, head + ["-1"] + tail))]
+
+
+def _permutation(g, n):
+    order = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = randint(g, 0, i)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+@check("link_between", observes=[
+    "the link returned for cuda:i and cuda:j on fresh topologies and CUDA_VISIBLE_DEVICES "
+    "values (unset, reordered, shortened, with an invalid entry), against the physical GPUs "
+    "CUDA makes visible; asking for a GPU that is not visible must raise"])
+def check_link_between(fn):
+    """fn(topo, visible, i, j): the link `nvidia-smi topo -m` shows between the GPUs PyTorch
+    calls cuda:i and cuda:j, when CUDA_VISIBLE_DEVICES is `visible` (None: not set)."""
+    g = fresh_generator()
+    for _ in range(3):
+        n = randint(g, 4, 8)
+        topo = _topology(g, n)
+        for spec in _specs(g, n):
+            shown = _visible(spec, n)
+            for _ in range(2):
+                i = randint(g, 0, len(shown) - 1)
+                j = (i + randint(g, 1, len(shown) - 1)) % len(shown)
+                call = f"link_between(topo, {spec!r}, {i}, {j})"
+                want = topo[shown[i]][shown[j]]
+                got = fn([row[:] for row in topo], spec, i, j)
+                if got == want:
+                    continue
+                hint = ""
+                if got == topo[i][j]:
+                    hint = (": nvidia-smi numbers the physical GPUs, PyTorch the visible ones; "
+                            f"cuda:{i} is the physical GPU at position {i} of "
+                            "CUDA_VISIBLE_DEVICES")
+                expect(False, f"{call} returned {got!r}, expected {want!r} (cuda:{i} is GPU "
+                              f"{shown[i]}, cuda:{j} is GPU {shown[j]}){hint}")
+            if spec is not None and len(shown) < len(spec.split(",")):
+                _raises_beyond(fn, topo, spec, shown)
+
+
+def _raises_beyond(fn, topo, spec, shown):
+    """cuda:len(shown) does not exist: CUDA stopped at the first invalid entry."""
+    i = len(shown)
+    call = f"link_between(topo, {spec!r}, 0, {i})"
+    try:
+        got = fn([row[:] for row in topo], spec, 0, i)
+    except (ValueError, IndexError, KeyError, RuntimeError):
+        return
+    bad = spec.split(",")[i].strip()
+    raise CheckFailed(f"{call} returned {got!r}, but there is no cuda:{i}: CUDA makes the GPUs "
+                      f"visible up to the first invalid entry ({bad!r}) and ignores the rest, so "
+                      f"only {len(shown)} are visible; raise ValueError")

@@ -7,11 +7,13 @@ import math
 import torch
 from torch import nn
 
-from .. import all_close, balanced_cuts, check_orders, clock_ticks, peak_live, run_schedule
-from ._core import (CheckFailed, FakeGPUs, as_int, check, describe_device, expect,
-                    fresh_generator, gamma, randint)
+from .. import (all_close, balanced_cuts, check_orders, clock_ticks, interleaved_order,
+               interleaved_ticks, peak_live, run_schedule)
+from ._core import (CheckFailed, FakeGPUs, as_int, as_pair, check, describe_device, expect,
+                    fresh_generator, gamma, randint, rel_close)
 
-__all__ = ["check_microbatches_for_bubble", "check_split_by_params", "check_order_1f1b"]
+__all__ = ["check_microbatches_for_bubble", "check_split_by_params", "check_order_1f1b",
+           "check_interleaved_costs"]
 
 CPU = torch.device("cpu")
 
@@ -169,3 +171,38 @@ def check_order_1f1b(fn):
                    f"{call}: stage {s_} held {n_live} micro-batches at once (peaks counted "
                    f"from the run: {live}); 1F1B holds at most p - s = {p - s_}: run a "
                    "backward as soon as one can run")
+
+
+# ---- network_split: interleaving -------------------------------------------------------------
+@check("interleaved_costs", references=["interleaved_bubble"], observes=[
+    "the pair returned for fresh (p, m, v) against the bubble counted on the clock of the "
+    "interleaved 1F1B order (interleaved_order, interleaved_ticks) and the hand-offs between "
+    "devices that one micro-batch makes, forward and back, through v*p chunks"])
+def check_interleaved_costs(fn):
+    """fn(p, m, v) -> (bubble, hand-offs per micro-batch) of interleaved 1F1B: p devices of v
+    chunks each, m micro-batches, every chunk op the same time."""
+    g = fresh_generator()
+    cases = [(randint(g, 2, 5), 0, randint(g, 2, 4)) for _ in range(4)] + [(3, 0, 1)]
+    for p, _, v in cases:
+        m = p * randint(g, 1, 4)
+        ticks = 1 + max(interleaved_ticks(interleaved_order(p, m, v), v).values())
+        bubble = fractions.Fraction(ticks - 2 * m * v, ticks)
+        sends = 2 * (v * p - 1)
+        call = f"interleaved_costs({p}, {m}, {v})"
+        got_bubble, got_sends = as_pair(fn(p, m, v), call, "bubble, hand-offs")
+        if not rel_close(got_bubble, float(bubble), 8):
+            hint = ""
+            if rel_close(got_bubble, (p - 1) / (m + p - 1), 8):
+                hint = (": that is GPipe's (p-1)/(m+p-1); with v chunks per device the fill and "
+                        "drain take p-1 chunk-ops, each 1/v of a stage's")
+            expect(False, f"{call}: bubble {got_bubble:g}, but the schedule's clock counts "
+                          f"{ticks} ticks of which each device works {2 * m * v}: "
+                          f"{float(bubble):g}{hint}")
+        hint = ""
+        if got_sends == 2 * (p - 1):
+            hint = (f": a micro-batch crosses from device to device at every chunk boundary, "
+                    f"{v * p - 1} of them, not only at the {p - 1} device boundaries of one lap")
+        elif got_sends == v * p - 1:
+            hint = ": count the gradient's way back too"
+        expect(got_sends == sends, f"{call}: {got_sends:g} hand-offs per micro-batch, expected "
+                                   f"{sends}{hint}")

@@ -1,5 +1,6 @@
-"""The checks of the new sections of gpus and Part I (helpers/checks/part02_new.py,
-part02_devices.py): worked answers pass, shortcuts of different kinds fail naming what they
+"""The checks of which GPUs a link joins (gpus), interleaving's costs (network_split), a
+data-parallel step's seconds (costs) and Part I's device exercises (checks/part1_devices.py):
+worked answers pass, shortcuts of different kinds fail naming what they
 skipped, other right answers pass (tests/check_cases.py)."""
 import fractions
 import math

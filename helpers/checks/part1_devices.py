@@ -1,4 +1,4 @@
-"""Checks for the device exercises of Part I's new sections (issue 22): attention split by heads
+"""Checks for the device exercises of Part I: attention split by heads
 (within_layer), a parameter server sharded over the devices, gradient accumulation on one device
 (data_parallel).
 
