@@ -1,4 +1,5 @@
-"""The Part VII exercise checks (helpers/checks/part7.py): the worked answers (taken from the
+"""The Part VII exercise checks (helpers/checks/ context_parallel.py, expert_parallel.py,
+composed.py): the worked answers (taken from the
 notebooks' solution cells), shortcuts of different kinds with the words of their messages, and
 other right answers (tests/check_cases.py)."""
 import json

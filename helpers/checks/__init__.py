@@ -16,4 +16,6 @@ from .zero_variants import *    # noqa: F401,F403  Part V: ZeRO's variants
 from .fsdp_scratch import *     # noqa: F401,F403  Part V: FSDP from scratch
 from .fsdp2 import *            # noqa: F401,F403  Part V: FSDP2, recomputation
 from .splits_dist import *      # noqa: F401,F403  Part VI
-from .part7 import *           # noqa: F401,F403  Part VII
+from .context_parallel import * # noqa: F401,F403  Part VII: context parallelism
+from .expert_parallel import *  # noqa: F401,F403  Part VII: expert parallelism
+from .composed import *         # noqa: F401,F403  Part VII: everything at once

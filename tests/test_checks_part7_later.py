@@ -1,6 +1,8 @@
-"""The checks of Part VII's new exercises (helpers/checks/part7_new_checks.py): the worked
-answers (the notebooks' solution cells) pass, shortcuts of two kinds or more fail with the
-words that name the skipped step, and other right answers pass (tests/check_cases.py)."""
+"""The checks of Part VII's later exercises (half block, tokens to heads, z-loss, permutation,
+expert gradient groups, accumulation bytes; helpers/checks/ context_parallel.py, expert_parallel.py,
+composed.py): the worked answers (the notebooks' solution cells) pass, shortcuts of two kinds or
+more fail with the words that name the skipped step, and other right answers pass
+(tests/check_cases.py)."""
 import json
 import math
 
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 import helpers
-import helpers.checks.part7_new_checks as new
+import helpers.checks as new
 from book_files import ROOT
 from check_cases import CASES, cases_of, other, shortcut, worked
 
@@ -189,7 +191,8 @@ def acc_chunks(n_params, k, m, acc, dtype_bytes):
 
 
 # ---- the harness, for this module's checks --------------------------------------------------
-NAMES = list(new.__all__)
+NAMES = ["check_half_block", "check_tokens_to_heads", "check_z_loss", "check_permute_tokens",
+         "check_expert_grad_group", "check_accumulation_bytes"]
 
 
 @pytest.mark.parametrize("case", cases_of(__name__), ids=repr)

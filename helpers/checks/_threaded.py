@@ -1,0 +1,53 @@
+"""What Part VII's checks share: answers that communicate run on the harness's World of thread
+ranks, whose network records every message, so a check judges what an answer sent and to whom,
+not only the numbers it returned."""
+import collections
+
+import torch
+
+from ._core import CheckFailed, RankFailed, World, as_int, expect
+
+TIMEOUT = 2.0
+
+
+def _threads(fn, world, *args):
+    """fn(comm, *args) on `world` thread ranks: (results, the sends each rank made)."""
+    w = World(world, timeout=TIMEOUT)
+    try:
+        with torch.random.fork_rng():
+            results = w.run(fn, *args)
+    except RankFailed as e:
+        raise CheckFailed(f"on {world} ranks: {e}") from None
+    other = sorted({m.op for m in w.messages if m.op not in ("send", "recv")})
+    expect(not other, f"on {world} ranks your code called {', '.join(other)}: this exercise "
+                      "exchanges its data with send and recv only (a collective that gathers "
+                      "everything is not the point-to-point pattern asked for)")
+    sends = [[m for m in w.messages if m.op == "send" and m.src == r] for r in range(world)]
+    return results, sends
+
+
+def _carries(messages, blocks):
+    """True when the values of `blocks` are among the values the messages carried (a multiset
+    test: any packing of the payload passes, zeros of the right size do not)."""
+    sent = collections.Counter(v for m in messages if m.tensor is not None
+                               for v in m.tensor.detach().double().flatten().tolist())
+    want = collections.Counter(v for b in blocks for v in b.double().flatten().tolist())
+    return not (want - sent)
+
+
+def _as_list(value, what):
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    try:
+        return [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise CheckFailed(f"{what} returned {value!r}, expected a list of positions") from None
+
+
+def _pair(got, what):
+    try:
+        a, b = got
+        return as_int(a, what), as_int(b, what)
+    except (TypeError, ValueError):
+        raise CheckFailed(f"{what} returned {got!r}, expected a pair (first row, "
+                          "columns)") from None

@@ -1,0 +1,101 @@
+"""Checks for the chapter that composes every split: a rank's three groups, Korthikanti's count,
+tensor-parallel bytes, what accumulation costs ZeRO-2.
+
+Random inputs are drawn so that the shortcuts learners take give numbers the rule does not.
+"""
+import math
+
+
+from ..composed.planner import data_parallel_costs
+from ..costs import ring_allreduce_bytes
+from ..runtime.mesh import rank_grid
+from ..transformer_costs import activation_bytes_per_token
+from ._core import (CheckFailed, as_number, check, expect,
+                    fresh_generator, randint)
+
+__all__ = ["check_mesh_groups_3d", "check_activation_bytes", "check_tp_bytes_per_step",
+           "check_accumulation_bytes"]
+
+
+@check("mesh_groups_3d", references=["rank_grid", "coords_of"], observes=[
+    "the three groups returned for every rank of a 2x2x2 and of fresh mesh shapes"])
+def check_mesh_groups_3d(fn):
+    """fn(rank, shape) -> {"pp": [...], "dp": [...], "tp": [...]} for a (pp, dp, tp) mesh."""
+    g = fresh_generator()
+    shapes = [(2, 2, 2)] + [tuple(randint(g, 1, 3) for _ in range(3)) for _ in range(3)]
+    for shape in shapes:
+        grid = rank_grid(shape)
+        for rank in range(math.prod(shape)):
+            got = fn(rank, shape)
+            expect(isinstance(got, dict), f"mesh_groups_3d({rank}, {shape}) returned "
+                                          f"{got!r}, expected a dict")
+            for name in ("pp", "dp", "tp"):
+                want = next(grp for grp in grid[name] if rank in grp)
+                mine = sorted(int(x) for x in got.get(name, []))
+                expect(mine == want, f"rank {rank} of a {shape} (pp, dp, tp) mesh: your "
+                                     f"{name} group is {mine}, expected {want}")
+
+
+@check("activation_bytes", references=["activation_bytes_per_token"], observes=[
+    "the bytes per token returned for fresh widths, heads, sequences and tensor-parallel "
+    "sizes, with and without sequence parallelism, for each recomputation"])
+def check_activation_bytes(fn):
+    """fn(width, heads, seq, tp, sp, recompute) -> Korthikanti's bytes per token of a block
+    (16-bit activations, dropout, no flash attention)."""
+    g = fresh_generator()
+    cases = [(1, False, "none"), (None, False, "none"), (None, True, "none"),
+             (None, True, "selective"), (None, False, "full")]
+    for tp, sp, rec in cases:
+        log_heads = randint(g, 2, 5)
+        heads = 2 ** log_heads
+        width = heads * 2 ** randint(g, 4, 7)
+        seq = 2 ** randint(g, 6, 11)
+        tp = tp or 2 ** randint(g, 1, min(3, log_heads))   # tp divides the heads
+        want = activation_bytes_per_token(width, heads, seq, tp, sp, rec, 2, flash=False,
+                                          dropout=True, ln_stats=False)
+        what = f"activation_bytes({width}, {heads}, {seq}, tp={tp}, sp={sp}, {rec!r})"
+        got = as_number(fn(width, heads, seq, tp, sp, rec), what)
+        expect(abs(got - want) <= 1e-6 * want,
+               f"{what} returned {got:.6g}, expected {want:.6g} (per token: "
+               f"{want / width:.4g} x width)")
+
+
+@check("tp_bytes_per_step", references=["stage_costs"], observes=[
+    "the bytes returned for fresh stages, micro-batches, sizes and tensor-parallel degrees"])
+def check_tp_bytes_per_step(fn):
+    """fn(blocks, m, tokens, width, tp, dtype_bytes) -> bytes a tensor-parallel rank sends
+    per step (ring all-reduces of f and g, forward and backward)."""
+    g = fresh_generator()
+    for _ in range(4):
+        blocks, m, tokens = randint(g, 1, 8), randint(g, 1, 8), 2 ** randint(g, 4, 12)
+        width, tp, b = 2 ** randint(g, 5, 10), randint(g, 1, 8), (2, 4)[randint(g, 0, 1)]
+        want = 4 * blocks * m * ring_allreduce_bytes(tokens * width * b, tp)
+        what = f"tp_bytes_per_step({blocks}, {m}, {tokens}, {width}, {tp}, {b})"
+        got = as_number(fn(blocks, m, tokens, width, tp, b), what)
+        expect(abs(got - want) <= 1e-9 * max(1, want), f"{what} returned {got:.6g}, "
+                                                       f"expected {want:.6g}")
+
+
+@check("accumulation_bytes", references=["data_parallel_costs", "sharding_costs",
+                                         "stage_costs"], observes=[
+    "the bytes returned for fresh parameter counts, ranks and micro-batches, both ways of "
+    "accumulating"])
+def check_accumulation_bytes(fn):
+    """fn(n_params, k, m, acc, dtype_bytes) -> bytes a ZeRO-2 rank sends per step with m
+    micro-batches: acc "every" (a reduce-scatter per micro-batch) or "no_sync"."""
+    g = fresh_generator()
+    for acc in ("every", "no_sync", "every", "no_sync"):
+        n, k, m, b = randint(g, 10, 10**6), randint(g, 2, 16), randint(g, 2, 16), (2, 4)[
+            randint(g, 0, 1)]
+        want = data_parallel_costs(n, k, "zero2", m, acc, "adam", b)["sent_bytes"]
+        what = f"accumulation_bytes({n}, {k}, {m}, {acc!r}, {b})"
+        got = as_number(fn(n, k, m, acc, b), what)
+        if abs(got - want) <= 1e-9 * max(1.0, want):
+            continue
+        once = (k - 1) / k * n * b
+        hint = ("that ignores the micro-batches: each one's backward reduce-scatters"
+                if acc == "every" and abs(got - 2 * once) < 1e-6 * want else
+                "that is m all-reduces: a reduce-scatter moves half of one, and the "
+                "all-gather of the parameters comes once" if abs(got - 2 * m * once) <
+                1e-6 * max(want, 1.0) else f"expected {want:.6g}")
+        raise CheckFailed(f"{what} returned {got:.6g}: {hint}")

@@ -1,0 +1,216 @@
+"""Checks for the context-parallelism chapter: the zig-zag split, merging attention blocks, the
+ring forward pass, the half-block rule, the all-to-all over heads.
+
+Random inputs are drawn so that the shortcuts learners take give numbers the rule does not.
+"""
+import math
+
+import torch
+
+from ..context_parallel.scratch import attention_reference, causal_block, split_positions
+from ._core import (CheckFailed, RankFailed, Recorder, World, check, expect,
+                    fresh_generator, randint)
+from ._threaded import TIMEOUT, _as_list, _carries, _pair, _threads
+
+__all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",
+           "check_half_block", "check_tokens_to_heads"]
+
+
+@check("zigzag_positions", references=["split_positions", "shard_sequence"], observes=[
+    "the positions returned for fresh sequence lengths, world sizes and every rank, against "
+    "the zig-zag rule; the contiguous split is named"])
+def check_zigzag_positions(fn):
+    """fn(T, world, rank) -> the positions rank holds in the zig-zag split."""
+    g = fresh_generator()
+    for _ in range(4):
+        world = randint(g, 2, 5)
+        T = 2 * world * randint(g, 1, 4)
+        for rank in range(world):
+            got = _as_list(fn(T, world, rank), f"zigzag_positions({T}, {world}, {rank})")
+            want = split_positions(T, world, rank, "zigzag").tolist()
+            if got == want:
+                continue
+            contiguous = split_positions(T, world, rank, "contiguous").tolist()
+            hint = ("that is the contiguous split: rank r takes chunk r and chunk "
+                    "2*world-1-r of 2*world chunks" if got == contiguous
+                    else f"expected {want}")
+            raise CheckFailed(f"zigzag_positions({T}, {world}, {rank}) returned {got}: "
+                              + hint)
+
+
+@check("merge_attention", references=["merge_blocks"], observes=[
+    "the merged output and log-sum-exp of two key blocks of fresh random scores, against "
+    "attention over all the keys, with scores in the hundreds (a merge that exponentiates "
+    "them unshifted overflows)"])
+def check_merge_attention(fn):
+    """fn(o1, lse1, o2, lse2) -> (o, lse) of attention over both key blocks."""
+    g = fresh_generator()
+    for scale in (1.0, 300.0):       # scores in the hundreds: exp() of them overflows
+        B, H, T, D = 1, randint(g, 1, 3), randint(g, 2, 6), randint(g, 2, 5)
+        q = torch.randn(B, H, T, D, generator=g)
+        k = torch.randn(B, H, randint(g, 3, 9), D, generator=g) * scale
+        v = torch.randn(B, H, k.shape[2], D, generator=g)
+        cut = randint(g, 1, k.shape[2] - 1)
+        s = q @ k.transpose(-2, -1) / math.sqrt(D)
+        blocks = [(s[..., :cut], v[..., :cut, :]), (s[..., cut:], v[..., cut:, :])]
+        parts = [(x.softmax(-1) @ w, torch.logsumexp(x, -1)) for x, w in blocks]
+        want = attention_reference(q, k, v)
+        got = fn(parts[0][0], parts[0][1], parts[1][0], parts[1][1])
+        expect(isinstance(got, tuple) and len(got) == 2,
+               "merge_attention must return a pair (o, lse)")
+        o, lse = got
+        expect(tuple(o.shape) == tuple(want.shape),
+               f"o has shape {tuple(o.shape)}, expected {tuple(want.shape)}")
+        if not torch.isfinite(o).all() or not torch.isfinite(lse).all():
+            raise CheckFailed(f"with scores up to {float(s.abs().max()):.0f} your result "
+                              "has inf or nan: exp() of large scores overflows; rescale "
+                              "by the larger log-sum-exp before exponentiating")
+        expect(torch.allclose(lse, torch.logsumexp(s, -1), rtol=1e-5, atol=1e-4),
+               "lse is not the log-sum-exp of all the scores")
+        expect(torch.allclose(o, want, rtol=1e-4, atol=1e-5),
+               "o is not attention over both blocks: weight each block's output by its "
+               "share exp(lse_block - lse) of the softmax denominator")
+
+
+def _ring_rank(comm, fn, q, k, v):
+    """This rank's output, and the largest tensor its answer built (an operation's output)."""
+    w, r = comm.world, comm.rank
+    parts = [t.chunk(w, dim=2)[r].clone() for t in (q, k, v)]
+    with Recorder() as rec:
+        out = fn(*parts, comm)
+    return out, max((o.numel for op in rec.ops for o in op.outputs), default=0)
+
+
+@check("ring_forward", references=["ring_attention", "RingAttention", "attention_reference"],
+       observes=[
+    "every message each thread rank sent: to whom (only the next rank) and how many bytes "
+    "(K and V, world - 1 times)", "each rank's output against attention over the sequence"])
+def check_ring_forward(fn):
+    """fn(q, k, v, comm) -> this rank's attention output; K/V passed around the ring."""
+    g = fresh_generator()
+    for world in (2, randint(g, 3, 4)):
+        t = randint(g, 2, 4)
+        B, H, D, T = 1, randint(g, 1, 2), randint(g, 2, t), world * t   # D <= t: see peaks
+        q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
+        results, sends = _threads(_ring_rank, world, fn, q, k, v)
+        peaks = [peak for _, peak in results]
+        results = [out for out, _ in results]
+        block = B * H * (T // world) * D * 4
+        for rank, mine in enumerate(sends):
+            peers = {m.dst for m in mine}
+            expect(mine, f"on {world} ranks rank {rank} sent nothing: its keys and "
+                         "values must travel around the ring")
+            nxt = (rank + 1) % world
+            expect(peers == {nxt}, f"on {world} ranks rank {rank} sent to ranks "
+                                   f"{sorted(peers)}: in a ring each rank sends only to "
+                                   f"the next one, rank {nxt}")
+            sent = sum(m.nbytes for m in mine)
+            expect(sent == 2 * (world - 1) * block,
+                   f"on {world} ranks rank {rank} sent {sent} bytes; passing K and V "
+                   f"on world - 1 times is {2 * (world - 1) * block}")
+            passed = [(rank - i) % world for i in range(world - 1)]   # own block, then received
+            blocks = [t.chunk(world, dim=2)[j] for j in passed for t in (k, v)]
+            expect(_carries(mine, blocks),
+                   f"on {world} ranks rank {rank}'s messages do not carry the K and V blocks of "
+                   f"ranks {passed} (its own, then each one it received): send the blocks "
+                   "themselves around the ring, not stand-ins of the right size")
+        for rank, biggest in enumerate(peaks):
+            expect(biggest <= 2 * B * H * (T // world) ** 2,
+                   f"on {world} ranks rank {rank} built a tensor of {biggest} elements, as "
+                   "large as the scores or keys of the whole sequence: merge each block into a "
+                   "running output as it arrives (online softmax), one block at a time")
+        want = attention_reference(q, k, v)
+        for r, out in enumerate(results):
+            expect(isinstance(out, torch.Tensor) and torch.allclose(
+                out, want.chunk(world, dim=2)[r], rtol=1e-4, atol=1e-5),
+                f"on {world} ranks rank {r}'s output is not attention over the whole "
+                "sequence")
+
+
+
+
+@check("half_block", references=["causal_block", "block_work", "ring_schedule"], observes=[
+    "the rows and columns returned for every pair of ranks of fresh zig-zag and contiguous "
+    "splits, against the causal mask: no needed pair left out, no row or column formed that "
+    "the mask hides whole"])
+def check_half_block(fn):
+    """fn(q_pos, k_pos) -> (first, cols): this rank computes queries q_pos[first:] against keys
+    k_pos[:cols] (cols 0: nothing)."""
+    g = fresh_generator()
+    for layout in ("zigzag", "contiguous", "zigzag"):
+        world = randint(g, 2, 5)
+        T = 2 * world * randint(g, 1, 3)
+        pos = [split_positions(T, world, r, layout) for r in range(world)]
+        for r in range(world):
+            for s in range(world):
+                what = f"half_block for rank {r}'s queries and rank {s}'s keys ({layout}, " \
+                       f"{T} tokens on {world} ranks)"
+                first, cols = _pair(fn(pos[r].clone(), pos[s].clone()), what)
+                want_first, want_cols, _ = causal_block(pos[r], pos[s])
+                if want_cols == 0:
+                    expect(cols == 0 or first >= len(pos[r]),
+                           f"{what} returned ({first}, {cols}): no query there sees any of "
+                           "those keys, so nothing is computed (cols 0)")
+                    continue
+                formed = (len(pos[r]) - first) * cols
+                seen = (pos[s][:cols][None, :] <= pos[r][first:][:, None]).sum()
+                total = (pos[s][None, :] <= pos[r][:, None]).sum()
+                expect(int(seen) == int(total),
+                       f"{what} returned ({first}, {cols}): it leaves out pairs the mask "
+                       "keeps; every query must see every earlier key")
+                if formed == len(pos[r]) * len(pos[s]) and (want_first, want_cols) != (
+                        0, len(pos[s])):
+                    raise CheckFailed(f"{what} returned the whole block ({first}, {cols}): "
+                                      f"only rows {want_first}.. and the first {want_cols} "
+                                      "columns hold pairs the mask keeps; under zig-zag that "
+                                      "is half a block")
+                expect((first, cols) == (want_first, want_cols),
+                       f"{what} returned ({first}, {cols}), expected ({want_first}, "
+                       f"{want_cols}): the first query that sees a key, and the keys up to "
+                       "the last query")
+
+
+def _heads_rank(comm, fn, xs):
+    return fn(xs[comm.rank].clone(), comm)
+
+
+@check("tokens_to_heads", references=["seq_to_heads", "heads_to_seq", "SeqToHeads",
+                                   "ulysses_attention"], observes=[
+    "every message each thread rank sent: to whom and how many bytes (1/world of its tensor to "
+    "each other rank, no collective)", "the tensor each rank returned, against the sequence's "
+    "tokens of its heads"])
+def check_tokens_to_heads(fn):
+    """fn(x, comm) -> (B, H/w, T, D): every token of this rank's heads, from x (B, H, T/w, D)
+    this rank's tokens of every head."""
+    g = fresh_generator()
+    for world in (2, randint(g, 3, 4)):
+        B, D, per = 1, randint(g, 2, 3), randint(g, 1, 2)
+        H, T = world * per, world * randint(g, 2, 3)
+        full = torch.randn(B, H, T, D, generator=g)
+        xs = [t.contiguous() for t in full.chunk(world, dim=2)]
+        w = World(world, timeout=TIMEOUT)
+        try:
+            with torch.random.fork_rng():
+                results = w.run(_heads_rank, fn, xs)
+        except RankFailed as e:
+            raise CheckFailed(f"on {world} ranks: {e}") from None
+        ops = {m.op for m in w.messages if m.op not in ("recv", "wait")}
+        expect(ops <= {"send"}, f"on {world} ranks the answer called {sorted(ops - {'send'})}: "
+                                "each rank sends each other rank only the heads it will hold "
+                                "(send and recv), not a collective of everything")
+        piece = xs[0].numel() * xs[0].element_size() // world
+        for r in range(world):
+            for j in range(world):
+                if j == r:
+                    continue
+                sent = sum(m.nbytes for m in w.messages
+                           if m.op == "send" and m.src == r and m.dst == j)
+                expect(sent == piece, f"on {world} ranks rank {r} sent {sent} bytes to rank "
+                                      f"{j}; its tokens of rank {j}'s heads are {piece} bytes")
+        for r, got in enumerate(results):
+            want = full.chunk(world, dim=1)[r]
+            expect(isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape)
+                   and torch.equal(got, want),
+                   f"on {world} ranks rank {r} should return every token of heads "
+                   f"{r * per}..{(r + 1) * per - 1}, shape {tuple(want.shape)}, the tokens in "
+                   "sequence order (rank 0's first)")

@@ -1,0 +1,181 @@
+"""Checks for the expert-parallelism chapter: the balancing loss, capacity, dispatch by hand, the
+router z-loss, token permutation, the expert-gradient groups.
+
+Random inputs are drawn so that the shortcuts learners take give numbers the rule does not.
+"""
+
+import torch
+
+from ..expert_parallel.moe import load_balancing_loss, route, router_z_loss
+from ._core import (CheckFailed, as_int, as_number, check, expect,
+                    fresh_generator, randint)
+from ._threaded import _carries, _threads
+
+__all__ = ["check_balancing_loss", "check_keep_within_capacity", "check_dispatch_tokens",
+           "check_z_loss", "check_permute_tokens", "check_expert_grad_group"]
+
+
+@check("balancing_loss", references=["load_balancing_loss"], observes=[
+    "the loss returned for fresh router probabilities and top-1 and top-2 choices; counting "
+    "only first choices is named"])
+def check_balancing_loss(fn):
+    """fn(probs, expert, n_experts) -> Switch Transformer's load-balancing loss."""
+    g = fresh_generator()
+    for k in (1, 2, 2):
+        N, E = randint(g, 6, 20), randint(g, 3, 6)
+        probs = torch.softmax(torch.randn(N, E, generator=g) * 2, -1)
+        expert = probs.topk(k, -1).indices
+        want = float(load_balancing_loss(probs, expert, E))
+        got = as_number(fn(probs, expert, E), "balancing_loss(probs, expert, n_experts)")
+        if abs(got - want) <= 1e-5 * max(1, abs(want)):
+            continue
+        first = float(load_balancing_loss(probs, expert[:, :1], E))
+        hint = ("that counts only the first choices: f_i is the share of all k choices"
+                if abs(got - first) < 1e-5 and k > 1 else f"expected {want:.5f}")
+        raise CheckFailed(f"with {N} tokens, {E} experts, k={k} you returned {got:.5f}: "
+                          + hint)
+
+
+@check("keep_within_capacity", references=["route"], observes=[
+    "the kept mask for fresh choices crowding one expert: no expert over capacity, and the "
+    "order first choices first, then earlier tokens"])
+def check_keep_within_capacity(fn):
+    """fn(expert, capacity, n_experts) -> kept (N, k) bools: first choices first, then
+    earlier tokens."""
+    g = fresh_generator()
+    for _ in range(4):
+        N, E, k = randint(g, 6, 16), randint(g, 2, 4), 2
+        logits = torch.randn(N, E, generator=g)
+        logits[:, 0] += 2                    # crowd expert 0 so that tokens drop
+        cap = randint(g, 1, max(1, N // E))
+        r = route(logits, k, cap)
+        got = fn(r["expert"].clone(), cap, E)
+        expect(isinstance(got, torch.Tensor) and tuple(got.shape) == (N, k),
+               f"expected a (N, k) = ({N}, {k}) tensor of bools")
+        got = got.bool()
+        per_expert = torch.bincount(r["expert"][got], minlength=E)
+        expect(int(per_expert.max()) <= cap,
+               f"an expert kept {int(per_expert.max())} choices with capacity {cap}")
+        if not torch.equal(got, r["kept"]):
+            raise CheckFailed(f"with capacity {cap} you kept {got.int().tolist()}, expected "
+                              f"{r['kept'].int().tolist()}: every first choice comes "
+                              "before any second choice, then earlier tokens first")
+
+
+def _dispatch_rank(comm, fn, xs, dests):
+    return fn(xs[comm.rank].clone(), dests[comm.rank].clone(), comm)
+
+
+@check("dispatch_tokens", references=["ExpertParallelMoE"], observes=[
+    "the bytes each thread rank sent to each other rank (its rows for that rank, plus at "
+    "most a few count integers)", "the rows each rank ended with, in source-rank order"])
+def check_dispatch_tokens(fn):
+    """fn(x, dest, comm) -> rows received from every rank (source order, then row order)."""
+    g = fresh_generator()
+    for world in (2, randint(g, 3, 4)):
+        d = randint(g, 2, 5)
+        xs = [torch.randn(randint(g, 3, 8), d, generator=g) for _ in range(world)]
+        dests = [torch.randint(0, world, (len(x),), generator=g) for x in xs]
+        results, sends = _threads(_dispatch_rank, world, fn, xs, dests)
+        for rank, mine in enumerate(sends):
+            for j in range(world):
+                if j == rank:
+                    continue
+                need = int((dests[rank] == j).sum()) * d * 4
+                sent = sum(m.nbytes for m in mine if m.dst == j)
+                expect(need <= sent <= need + 64,
+                       f"on {world} ranks rank {rank} sent {sent} bytes to rank {j}; "
+                       f"its rows for rank {j} are {need} bytes: send each row only to "
+                       "its destination")
+                expect(_carries([m for m in mine if m.dst == j], [xs[rank][dests[rank] == j]]),
+                       f"on {world} ranks rank {rank}'s messages to rank {j} do not carry its "
+                       f"rows for rank {j}: send the rows themselves, not stand-ins")
+        for r, got in enumerate(results):
+            want = torch.cat([xs[s][dests[s] == r] for s in range(world)])
+            expect(isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(
+                want.shape) and torch.equal(got, want),
+                f"on {world} ranks rank {r} should end with the {len(want)} rows sent to "
+                "it, in source-rank order")
+
+
+
+
+@check("z_loss", references=["router_z_loss"], observes=[
+    "the loss returned for fresh router scores, large and small; the square and the "
+    "log-sum-exp are named"])
+def check_z_loss(fn):
+    """fn(logits) -> ST-MoE's router z-loss: the mean over tokens of logsumexp(logits)^2."""
+    g = fresh_generator()
+    for scale in (1.0, 30.0):
+        N, E = randint(g, 4, 12), randint(g, 3, 8)
+        logits = torch.randn(N, E, generator=g) * scale + scale
+        want = float(router_z_loss(logits))
+        got = as_number(fn(logits.clone()), "z_loss(logits)")
+        if abs(got - want) <= 1e-4 * max(1.0, abs(want)):
+            continue
+        lse = torch.logsumexp(logits, -1)
+        if abs(got - float(lse.mean())) < 1e-4 * max(1.0, abs(want)):
+            hint = "that is the mean log-sum-exp: square it per token, then average"
+        elif abs(got - float((logits.amax(-1) ** 2).mean())) < 1e-4 * max(1.0, abs(want)):
+            hint = "that squares the largest score: the z-loss squares the log-sum-exp"
+        else:
+            hint = f"expected {want:.5g}"
+        raise CheckFailed(f"with {N} tokens and {E} experts you returned {got:.5g}: {hint}")
+
+
+@check("permute_tokens", references=["permute_by_expert", "EPMoE"], observes=[
+    "the rows and counts returned for fresh tokens and top-k choices: each expert's rows "
+    "together, experts in order, within an expert the choices in token order"])
+def check_permute_tokens(fn):
+    """fn(x, expert, n_experts) -> (rows, counts): the tokens of every choice (expert (N, k)),
+    grouped by expert in expert order, each group in token order; counts (E,)."""
+    g = fresh_generator()
+    for _ in range(3):
+        N, E, k, d = randint(g, 5, 12), randint(g, 2, 5), randint(g, 1, 2), randint(g, 2, 4)
+        x = torch.randn(N, d, generator=g)
+        expert = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+        got = fn(x.clone(), expert.clone(), E)
+        expect(isinstance(got, tuple) and len(got) == 2,
+               "permute_tokens must return a pair (rows, counts)")
+        rows, counts = got
+        want_counts = torch.bincount(expert.reshape(-1), minlength=E)
+        expect(torch.as_tensor(counts).tolist() == want_counts.tolist(),
+               f"counts {torch.as_tensor(counts).tolist()}, expected "
+               f"{want_counts.tolist()}: the choices of each expert")
+        order = torch.argsort(expert.reshape(-1), stable=True)
+        want = x[order // k]
+        expect(isinstance(rows, torch.Tensor) and tuple(rows.shape) == tuple(want.shape),
+               f"rows must be a ({len(want)}, {d}) tensor: one row per choice")
+        if not torch.equal(rows, want):
+            by_token = x.repeat_interleave(k, 0)
+            hint = ("those are the tokens in their own order: group them by expert"
+                    if torch.equal(rows, by_token) else
+                    "each expert's rows together, experts in order, and within an expert the "
+                    "tokens in their order (a stable sort)")
+            raise CheckFailed(f"with {N} tokens, {E} experts, k={k} the rows are not "
+                              f"permuted right: {hint}")
+
+
+@check("expert_grad_group", references=["ep_dp_mesh", "EPMoE", "rank_grid"], observes=[
+    "the group returned for every rank of fresh (dp, ep) layouts, against the ranks that hold "
+    "the same experts"])
+def check_expert_grad_group(fn):
+    """fn(rank, world, ep) -> the ranks (sorted) whose expert gradients rank's are reduced with:
+    ep consecutive ranks split the experts, so the same experts sit every ep ranks."""
+    g = fresh_generator()
+    for _ in range(4):
+        ep = randint(g, 2, 4)
+        world = ep * randint(g, 2, 4)
+        for rank in range(world):
+            got = sorted(as_int(v, "expert_grad_group") for v in fn(rank, world, ep))
+            want = list(range(rank % ep, world, ep))
+            if got == want:
+                continue
+            split = list(range(rank - rank % ep, rank - rank % ep + ep))
+            hint = (f"those {ep} ranks split the experts between them: none holds rank "
+                    f"{rank}'s" if got == split else
+                    "every rank holds different experts' weights than most: reduce over those "
+                    "holding the same ones" if got == list(range(world)) else
+                    f"expected {want}")
+            raise CheckFailed(f"rank {rank} of {world} with ep={ep}: you returned {got}: "
+                              + hint)
