@@ -4,7 +4,8 @@ from .gpus import *             # noqa: F401,F403  foundation chapter
 from .splits import *           # noqa: F401,F403  Part I (network_split, within_layer, ...)
 from .part1_devices import *    # noqa: F401,F403  device exercises of Part I
 from .scratch import *          # noqa: F401,F403  Part II
-from .wrappers import *         # noqa: F401,F403  Part III: DataParallel, custom modules
+from .dataparallel import *      # noqa: F401,F403  Part III: DataParallel
+from .custom_modules import *   # noqa: F401,F403  Part III: custom modules
 from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
 from .ddp_scratch import *      # noqa: F401,F403  Part III: DDP from scratch
 from .syncbn import *           # noqa: F401,F403  Part III: BatchNorm across devices

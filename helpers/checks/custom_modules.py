@@ -1,30 +1,15 @@
-"""Checks for the exercises of Part III's DataParallel and custom-modules chapters.
-
-Sizes and formulas are judged on fresh inputs with the Recorder watching (an answer that splits
-a tensor to measure the pieces ran torch operations); DataParallel by hand runs once on CPU
-tensors for the values and once on simulated GPUs (FakeGPUs) for where every replica, piece and
-output lived; accumulation and the graph walk are judged by what autograd actually ran.
+"""Checks for the exercises of the custom-modules chapter (Part III): a checkpoint's prefix,
+gradient accumulation and the graph walk, judged by what autograd actually ran.
 """
 import contextlib
 
 import torch
 from torch import nn
 
-from ._core import (CheckFailed, FakeGPUs, Recorder, as_number, check, describe_device, expect,
-                    fresh_generator, randint)
+from ._core import CheckFailed, Recorder, check, expect, fresh_generator, randint
 from ._core.references import Reference, scan
 
-__all__ = ["check_dp_shard_sizes", "check_lr_at", "check_dp_forward", "check_strip_module_prefix",
-           "check_accumulate_gradients", "check_unused_parameters"]
-
-
-def _int_list(value, call):
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    try:
-        return [int(v) for v in value]
-    except (TypeError, ValueError):
-        raise CheckFailed(f"{call} returned {value!r}, expected a list of ints") from None
+__all__ = ["check_strip_module_prefix", "check_accumulate_gradients", "check_unused_parameters"]
 
 
 def _forbid(fn, exercise, objects):
@@ -43,174 +28,6 @@ def _forbid(fn, exercise, objects):
                           f"{name}, which does it for you") from None
 
 
-# --- DataParallel -----------------------------------------------------------------------------
-@check("dp_shard_sizes", observes=[
-    "the sizes returned for fresh (batch, k), including batches that leave GPUs without a "
-    "piece, against torch.chunk's",
-    "every torch operation the answer ran (the sizes must come from arithmetic, not from "
-    "chunking a tensor and measuring it)"])
-def check_dp_shard_sizes(fn):
-    """fn(batch_size, k): the sizes of the pieces DataParallel's scatter (torch.chunk) makes."""
-    g = fresh_generator()
-    k = randint(g, 3, 8)
-    cases = [(randint(g, 1, 70), randint(g, 2, 8)) for _ in range(6)]
-    cases += [(k * randint(g, 2, 5) + 1, k), (k + 1, k)]   # e.g. 5 over 4: chunk makes 3 pieces
-    cases.append((randint(g, 10**6, 10**9), randint(g, 2, 8)))  # beyond any table built ahead
-    for n, k in cases:
-        call = f"dp_shard_sizes({n}, {k})"
-        with Recorder() as rec:
-            value = fn(n, k)
-        size = -(-n // k)                       # torch.chunk's arithmetic, for any n
-        want = [size] * (-(-n // size) - 1) + [n - size * (-(-n // size) - 1)]
-        ops = sorted({op.name for op in rec.ops})
-        expect(not ops, f"{call}: your code built and cut a tensor ({', '.join(ops)}) to "
-                        "measure the pieces: work the sizes out with arithmetic, as the exercise "
-                        "asks (no torch.chunk)")
-        got = _int_list(value, call)
-        if got == want:
-            continue
-        split = [n // k + (i < n % k) for i in range(k)]
-        hint = ""
-        if got[:len(want)] == want and not any(got[len(want):]):
-            hint = (f": torch.chunk returns only {len(want)} pieces here, so {k - len(want)} "
-                    "GPU(s) get no piece at all (not an empty one)")
-        elif got == split:
-            hint = (": that is tensor_split; scatter uses torch.chunk (pieces of ceil(n/k) rows, "
-                    "so maybe fewer than k pieces)")
-        raise CheckFailed(f"{call} returned {got}, expected {want}{hint}")
-
-
-@check("lr_at", observes=["the rate returned at every step of fresh warm-ups (0 included) and "
-                          "batch ratios, any real number type, to 1e-9 relative"])
-def check_lr_at(fn):
-    """fn(step, base_lr, base_batch, batch, warmup_steps): linear scaling plus linear warm-up."""
-    g = fresh_generator()
-    for case in range(4):
-        base_lr = randint(g, 1, 20) / 100
-        base_batch = 2 ** randint(g, 5, 8)
-        batch = base_batch * randint(g, 2, 8)
-        warmup = randint(g, 2, 12) if case == 0 else 0 if case == 1 else randint(g, 0, 12)
-        peak = base_lr * batch / base_batch
-        for step in range(warmup + 3):
-            want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
-            call = f"lr_at({step}, {base_lr}, {base_batch}, {batch}, {warmup})"
-            got = as_number(fn(step, base_lr, base_batch, batch, warmup), call)
-            if abs(got - want) <= 1e-9 * max(1, want):
-                continue
-            if warmup and step < warmup and abs(got - peak) < 1e-9:
-                msg = "during the warm-up the rate must ramp up, not start at the peak"
-            elif abs(got - base_lr * min(1.0, (step + 1) / max(warmup, 1))) < 1e-12 \
-                    or abs(got - base_lr) < 1e-12:
-                msg = "the rate must grow with the batch (linear scaling)"
-            elif warmup and abs(got - peak * step / warmup) < 1e-9:
-                msg = "off by one: step 0 is the first step and already gets 1/warmup"
-            else:
-                msg = f"expected {want:.6g}"
-            raise CheckFailed(f"{call} returned {got:.6g}: {msg}")
-
-
-class _CallLog:
-    """Shared by a module and all its deep copies: (replica id, rows, device) of every forward."""
-
-    def __init__(self):
-        self.calls, self.keep = [], []
-
-    def __deepcopy__(self, memo):
-        return self
-
-
-class _RecordingLinear(nn.Module):
-    """A linear layer that logs which copy of it ran on how many rows, and where."""
-
-    def __init__(self, g, n_in, n_out, log):
-        super().__init__()
-        with torch.random.fork_rng(devices=[]):
-            self.lin = nn.Linear(n_in, n_out)
-        with torch.no_grad():
-            self.lin.weight.copy_(torch.randn(n_out, n_in, generator=g))
-            self.lin.bias.copy_(torch.randn(n_out, generator=g))
-        self.log = log
-
-    def forward(self, X):
-        self.log.keep.append(self)        # alive, so no later copy gets its id()
-        self.log.calls.append((id(self), X.shape[0], X.device, self.lin.weight.device))
-        return self.lin(X)
-
-
-def _dp_case(g):
-    k = randint(g, 3, 4)   # with 2 devices chunk and tensor_split always agree
-    n = randint(g, 2 * k + 1, 6 * k)
-    while (len(torch.arange(n).chunk(k)) < k or [len(c) for c in torch.arange(n).chunk(k)]
-           == [len(c) for c in torch.arange(n).tensor_split(k)]):
-        n += 1   # a batch where the two ways of cutting differ
-    return k, n, randint(g, 2, 6), randint(g, 2, 5)
-
-
-@check("dp_forward", observes=[
-    "on CPU: the outputs against the module's on the whole batch, and which copy of the module "
-    "ran on how many rows (the check's module logs every call, deep copies included)",
-    "on k simulated GPUs: the device of every replica's weights and of every piece it ran on, "
-    "and of the gathered output (no operation may mix devices)"])
-def check_dp_forward(fn):
-    """fn(net, X, devices) -> the outputs of one DataParallel-style forward: a replica of `net`
-    per device, the batch cut with torch.chunk (as scatter does), each piece run by its own
-    replica on its device, the outputs gathered on devices[0] in order."""
-    g = fresh_generator()
-    for _ in range(2):
-        k, n, n_in, n_out = _dp_case(g)
-        log = _CallLog()
-        net = _RecordingLinear(g, n_in, n_out, log)
-        X = torch.randn(n, n_in, generator=g)
-        with torch.no_grad():
-            want = net.lin(X)
-        what = f"dp_forward on a batch of {n} over {k} devices"
-        out = fn(net, X, [torch.device("cpu")] * k)
-        expect(isinstance(out, torch.Tensor) and out.shape == want.shape,
-               f"{what} returned {type(out).__name__} "
-               f"{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}, expected the "
-               f"gathered outputs of shape {tuple(want.shape)}")
-        expect(torch.allclose(out.detach(), want, atol=1e-5),
-               f"{what}: the outputs differ from the module's on the whole batch: gather the "
-               "pieces' outputs in order (torch.cat)")
-        rows = [r for _, r, _, _ in log.calls]
-        want_rows = [len(c) for c in torch.arange(n).chunk(k)]
-        expect(rows != [n], f"{what}: the module ran once on all {n} rows; cut the batch into "
-                            "one piece per device (torch.chunk) and run each piece")
-        split_rows = [len(c) for c in torch.arange(n).tensor_split(k)]
-        expect(sorted(rows) != sorted(split_rows), f"{what}: the pieces had {rows} rows, "
-               f"tensor_split's sizes; DataParallel's scatter uses torch.chunk: {want_rows}")
-        expect(sorted(rows) == sorted(want_rows),
-               f"{what}: the pieces had {rows} rows, expected {want_rows} (torch.chunk)")
-        replicas = [rid for rid, _, _, _ in log.calls]
-        expect(id(net) not in replicas, f"{what}: the original module ran "
-               f"{replicas.count(id(net))} of the pieces; give every device its own replica "
-               "(copy.deepcopy(net).to(device))")
-        expect(len(set(replicas)) == k, f"{what}: {len(set(replicas))} module copies ran the "
-                                        f"{k} pieces; each device needs its own replica")
-    _placement(fn, g)
-
-
-def _placement(fn, g):
-    k, n, n_in, n_out = _dp_case(g)
-    gpus = FakeGPUs(k)
-    log = _CallLog()
-    net = _RecordingLinear(g, n_in, n_out, log)
-    X = gpus.tensor(torch.randn(n, n_in), 0)              # the batch arrives on GPU 0
-    what = f"dp_forward over {k} simulated GPUs"
-    out, _ = gpus.run(fn, net, X, list(gpus.devices), what=what)
-    used = sorted({(str(x), str(w)) for _, _, x, w in log.calls})
-    where = sorted({str(x) for _, _, x, _ in log.calls})
-    expect(len(where) == k, f"{what}: the pieces ran on {', '.join(where)}: move piece i and "
-                            "replica i to devices[i] (copy.deepcopy(net).to(d), x.to(d))")
-    expect(all(x == w for x, w in used), f"{what}: a replica's weights and its piece were on "
-                                         f"different devices ({used})")
-    expect(isinstance(out, torch.Tensor) and out.device == gpus.devices[0],
-           f"{what}: the gathered output is on "
-           f"{describe_device(out.device) if isinstance(out, torch.Tensor) else 'no device'}; "
-           "gather the outputs on devices[0]")
-
-
-# --- custom modules ---------------------------------------------------------------------------
 @check("strip_module_prefix", references=["load_checkpoint"], observes=[
     "the dict returned for keys with and without a leading 'module.', names that merely contain "
     "'module', and the argument left unchanged",

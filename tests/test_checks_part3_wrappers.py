@@ -1,4 +1,5 @@
-"""The checks of Part III's DataParallel and custom-modules chapters (helpers/checks/wrappers.py):
+"""The checks of Part III's DataParallel and custom-modules chapters (helpers/checks/
+dataparallel.py, custom_modules.py):
 the worked answers, shortcuts of different kinds (the review's cheats included), other right
 answers (tests/check_cases.py)."""
 import contextlib
