@@ -90,8 +90,10 @@ def dp_timing_worker(rank, world_size, cfg):
 
     cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
     mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
-    The counts take turns within each repeat, all in this one set of processes, so that they
-    share the same conditions (a machine's load drifts): for k workers, ranks 0..k-1 train
+    The runs take turns in every repeat (the order reversed every other repeat), and so do the
+    counts within each run, all in this one set of processes, so that they share the same
+    conditions (a machine's load drifts): sample i of every run and count comes from repeat i,
+    and their ratios can be paired. For k workers, ranks 0..k-1 train
     (a process group of their own) while the others wait at a barrier. Repeat 0 warms up and is
     not kept. Every k trains on the same global batches: `torch.randint(0, n, (B,))` from a
     generator seeded with `seed`, rank r taking its `tensor_split` slice."""
@@ -104,25 +106,34 @@ def dp_timing_worker(rank, world_size, cfg):
               for k in ks}                       # every rank must call new_group
     X, y = load_tensors(True, subset)
     results = {str(k): {} for k in ks}
+    names = [run["name"] for run in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"run names must differ: {names}")
+    trainers = {run["name"]: {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
+                for run in runs}
+    out = {name: {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": []} for k in ks}
+           for name in names}
     done, total = 0, sum(run["reps"] + 1 for run in runs)
-    for run in runs:
-        trainers = {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
-        out = {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": []} for k in ks}
-        for r in range(run["reps"] + 1):
+    for r in range(max(run["reps"] for run in runs) + 1):   # the runs take turns too
+        for run in (runs if r % 2 == 0 else runs[::-1]):
+            if r > run["reps"]:
+                continue
             done += 1
             report_progress(done, total, "timed repeat")
             for k in ks:
                 if world_size > 1:
                     dist.barrier()
                 if rank < k:
-                    times = trainers[k].repeat(run["steps"], rank, X, y, groups[k])
+                    times = trainers[run["name"]][k].repeat(run["steps"], rank, X, y, groups[k])
                     if r > 0:
-                        for key, v in zip(out[k], times):
-                            out[k][key].append(v)
+                        for key, v in zip(out[run["name"]][k], times):
+                            out[run["name"]][k][key].append(v)
+    for run in runs:
         for k in ks:
             if run.get("return_params") and rank < k:
-                out[k]["params"] = [p.detach().tolist() for p in trainers[k].params]
-            results[str(k)][run["name"]] = out[k]
+                out[run["name"]][k]["params"] = [p.detach().tolist()
+                                                 for p in trainers[run["name"]][k].params]
+            results[str(k)][run["name"]] = out[run["name"]][k]
     cores = [core]
     if world_size > 1:
         cores = [None] * world_size
