@@ -31,6 +31,15 @@ def pytest_runtest_teardown(item, nextitem):
         _write(item.parent, fresh, pathlib.Path(into))
 
 
+def _silenced(source):
+    """True when the cell's last line ends with `;`: IPython shows no result
+    for it where the book executes it, but nbval records one all the same
+    (seen here: a figure cell's `<Axes ...>` beside its picture)."""
+    lines = [ln.split("#", 1)[0].rstrip()
+             for ln in source.rstrip().splitlines()]
+    return bool(lines) and lines[-1].endswith(";")
+
+
 def _write(nbfile, fresh, into):
     """The notebook with this run's outputs, written atomically at
     into/<its path relative to the rootdir>."""
@@ -38,7 +47,9 @@ def _write(nbfile, fresh, into):
     code = [c for c in nb.cells if c.cell_type == "code"]
     for i, cell in enumerate(code):
         if i in fresh:
-            cell.outputs = [nbformat.from_dict(o) for o in fresh[i]]
+            cell.outputs = [nbformat.from_dict(o) for o in fresh[i]
+                            if not (o.get("output_type") == "execute_result"
+                                    and _silenced(cell.source))]
     path = pathlib.Path(str(nbfile.fspath)).resolve()
     out = into / path.relative_to(nbfile.config.rootpath)
     out.parent.mkdir(parents=True, exist_ok=True)
