@@ -135,7 +135,8 @@ def targets(tmp):
                             if r.get("kind") != "pingpong"])),
         # Part VII (part7)
         T("cp_chapter", h.cp_chapter, CP, "part7"),
-        T("ep_chapter", h.ep_chapter, EP, "part7"),
+        T("ep_chapter", h.ep_chapter, EP, "part7",
+          world1=dict(production=dict(EP["production"], ep=1))),
         T("train_3d_both", h.train_3d_both, dict(shape=(1, 2, 1), model=GPT, batch=4, m=2,
                                                  steps=1), "part7",
           world1=dict(shape=(1, 1, 1))),
