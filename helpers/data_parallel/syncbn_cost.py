@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..data import load_tensors
 from ..devices import synced_now
 from ..runtime.launch import take
-from .torch_api import CPUSyncBatchNorm, SyncBatchNormFunction, bn_net, convert_sync_batchnorm, \
+from .torch_api import CPUSyncBatchNorm, bn_net, convert_sync_batchnorm, \
     global_batches
 
 __all__ = ["AloneSyncBatchNorm", "syncbn_cost_times"]
@@ -27,20 +27,8 @@ class AloneSyncBatchNorm(CPUSyncBatchNorm):
     """CPUSyncBatchNorm that takes its Python path even on a group of one rank: the control that
     costs what the implementation costs, without waiting for another rank."""
 
-    def forward(self, X):
-        if not self.training:
-            return super().forward(X)
-        self._check_input_dim(X)
-        Y, mean, var, n = SyncBatchNormFunction.apply(X, self.weight, self.bias, self.eps,
-                                                      self.process_group)
-        if self.track_running_stats:
-            with torch.no_grad():
-                self.num_batches_tracked += 1
-                m = self.momentum if self.momentum is not None \
-                    else 1 / int(self.num_batches_tracked)
-                self.running_mean.mul_(1 - m).add_(m * mean)
-                self.running_var.mul_(1 - m).add_(m * var * n / (n - 1))
-        return Y
+    def _synchronises(self):
+        return self.training
 
 
 def _alone(model, group):

@@ -124,9 +124,13 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             raise ValueError(f"expected an input of at least 2 dimensions (N, C, ...), got "
                              f"{X.dim()}")
 
+    def _synchronises(self):
+        """Whether this forward takes the Python path that all-gathers the statistics."""
+        return (self.training and dist.is_initialized()
+                and dist.get_world_size(self.process_group) > 1)
+
     def forward(self, X):
-        if not (self.training and dist.is_initialized()
-                and dist.get_world_size(self.process_group) > 1):
+        if not self._synchronises():
             return super().forward(X)
         self._check_input_dim(X)
         Y, mean, var, n = SyncBatchNormFunction.apply(X, self.weight, self.bias, self.eps,
