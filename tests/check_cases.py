@@ -1,4 +1,4 @@
-"""The cases every check is tested on (issue 19): the worked answer passes, shortcuts of at least
+"""The cases every check is tested on: the worked answer passes, shortcuts of at least
 two different kinds fail with the message that names the skipped step, and at least one other
 correct answer passes. A test module registers its answers with the decorators below and runs
 them with `parametrize_cases(__name__)`; tests/test_checks_registry.py reads CASES and fails for

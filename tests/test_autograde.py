@@ -32,7 +32,7 @@ EXERCISES = {
 import helpers.checks
 
 
-def shard_sizes(n, k):   # nothing computed, and the check patched (reliability review L16)
+def shard_sizes(n, k):   # nothing computed, and the check patched
     return [0] * k
 
 

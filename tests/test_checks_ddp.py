@@ -30,7 +30,7 @@ def sampler_shard_tensor(n, rank, world_size, epoch, seed):
     return perm[rank:total:world_size]
 
 
-_ITER = DistributedSampler.__iter__        # bound before any check patches it (review T7)
+_ITER = DistributedSampler.__iter__        # bound before any check patches it
 
 
 @shortcut("check_sampler_shard", "__iter__ bound earlier (review)", "compute the shard yourself")
@@ -123,7 +123,7 @@ def resume_other(path, model, optimizer):
     return np.int64(snap["epoch"])
 
 
-restore = helpers.set_rng_state           # the course's restorer under another name (review T7)
+restore = helpers.set_rng_state           # the course's restorer under another name
 
 
 @shortcut("check_resume", "set_rng_state renamed (review)", "course's own answer")

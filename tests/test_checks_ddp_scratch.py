@@ -48,7 +48,7 @@ def bucket_params_tuples(params, bucket_mb):
     return out + [tuple(cur)] * bool(cur)
 
 
-@shortcut("check_bucket_params", "returns make_buckets (review S7)", "course's own answer")
+@shortcut("check_bucket_params", "returns make_buckets", "course's own answer")
 def bucket_params_course(params, bucket_mb):
     return helpers.make_buckets(params, bucket_mb)
 

@@ -1,4 +1,4 @@
-"""The shortcut FAMILIES of issue 32, one answer per way into each hole (tests/check_cases.py's
+"""The shortcut families, one answer per way into each hole (tests/check_cases.py's
 form): reading the check's state, the course's own answer under another name, work hidden in
 another thread. Each must fail in the harness, for any exercise; none of them is specific to the
 check it is tried on."""
@@ -189,7 +189,7 @@ def reduce_then_broadcast_twin(grads):
     helpers.allreduce(grads)
 
 
-@shortcut("check_global_mean_var", "the course's _combine_stats (review K7)", OWN)
+@shortcut("check_global_mean_var", "the course's _combine_stats", OWN)
 def global_mean_var_twin(*args, **kwargs):
     from helpers.data_parallel.torch_api import _combine_stats
     return _combine_stats(*args, **kwargs)
@@ -231,7 +231,7 @@ def conv_elementwise_decoys(X, W, b, devices, log=None):
     return Y.reshape(X.shape[0], -1, side, side) + b.to(devices[0]).reshape(1, -1, 1, 1) + decoy
 
 
-@shortcut("check_overlap_hooks", "one all-reduce from a hook, the rest after backward (K1)",
+@shortcut("check_overlap_hooks", "one all-reduce from a hook, the rest after backward",
           "launched after backward returned")
 def overlap_hooks_one_early(model):
     import torch.distributed as dist
@@ -267,7 +267,7 @@ def accumulate_zero2_concatenated(model, micro_batches):
     model.zero_grad()
 
 
-@shortcut("check_accumulate_gradients", "zero-weight backwards, then the concatenated batch (K2)",
+@shortcut("check_accumulate_gradients", "zero-weight backwards, then the concatenated batch",
           "concatenated batch")
 def accumulate_gradients_concatenated(model, loss_fn, micro_batches):
     for X, y in micro_batches[:-1]:
@@ -288,7 +288,7 @@ def _gather_by_all_reduce(t, comm):
     return buf
 
 
-@shortcut("check_ring_forward", "all_reduce gather, zeros sent round the ring (M7)",
+@shortcut("check_ring_forward", "all_reduce gather, zeros sent round the ring",
           "send and recv only")
 def ring_forward_all_reduce(q, k, v, comm):
     w, r = comm.world, comm.rank
@@ -309,7 +309,7 @@ def ring_forward_zeros(q, k, v, comm):
     return torch.zeros_like(q)
 
 
-@shortcut("check_ring_forward", "ring-forwarded all-gather, then plain softmax (M7)",
+@shortcut("check_ring_forward", "ring-forwarded all-gather, then plain softmax",
           "online softmax")
 def ring_forward_gather_then_softmax(q, k, v, comm):
     w, r = comm.world, comm.rank
@@ -336,7 +336,7 @@ def _zeros_round(x, dest, comm):
             comm.recv(j, (n, x.shape[1]), tag=8)
 
 
-@shortcut("check_dispatch_tokens", "all_reduce gather, zero rows of the right count (M7)",
+@shortcut("check_dispatch_tokens", "all_reduce gather, zero rows of the right count",
           "send and recv only")
 def dispatch_all_reduce(x, dest, comm):
     w, r = comm.world, comm.rank
@@ -375,18 +375,18 @@ _TABLE = {(n, k): [len(c) for c in torch.arange(n).chunk(k)]
           for n in range(1, 80) for k in range(2, 9)}
 
 
-@shortcut("check_dp_shard_sizes", "torch.chunk in a worker thread (K8)", "built and cut")
+@shortcut("check_dp_shard_sizes", "torch.chunk in a worker thread", "built and cut")
 def dp_shard_sizes_in_thread(n, k):
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(lambda: [len(c) for c in torch.arange(n).chunk(k)]).result()
 
 
-@shortcut("check_dp_shard_sizes", "a table built with torch.chunk at import (K8)", "expected")
+@shortcut("check_dp_shard_sizes", "a table built with torch.chunk at import", "expected")
 def dp_shard_sizes_table(n, k):
     return _TABLE.get((n, k), [])
 
 
-@shortcut("check_unused_parameters", "autograd.grad in a thread (K3)", "computed gradients")
+@shortcut("check_unused_parameters", "autograd.grad in a thread", "computed gradients")
 def unused_parameters_in_thread(model, loss):
     names, params = zip(*model.named_parameters())
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -396,7 +396,7 @@ def unused_parameters_in_thread(model, loss):
 
 
 # ---- 6. constants -------------------------------------------------------------------------------
-@shortcut("check_time_it", "syncs correctly, returns a constant 6.5 ms (K9)", " ms")
+@shortcut("check_time_it", "syncs correctly, returns a constant 6.5 ms", " ms")
 def time_it_constant(fn, devices, reps=5):
     for _ in range(reps):
         helpers.synchronize(devices)
@@ -415,7 +415,7 @@ def time_it_constant_20(fn, devices, reps=5):
 
 
 # ---- 7. right answers pass ---------------------------------------------------------------------
-@other("check_global_mean_var", "a pairwise (Chan) merge, rank by rank, float32 (review R1)")
+@other("check_global_mean_var", "a pairwise (Chan) merge, rank by rank, float32")
 def global_mean_var_chan(counts, means, variances):
     n, m, m2 = counts[0], means[0], variances[0] * counts[0]
     for i in range(1, len(counts)):
@@ -427,7 +427,7 @@ def global_mean_var_chan(counts, means, variances):
     return m, m2 / n
 
 
-@other("check_bucket_params", "torch's dedupe order: first occurrence, then reversed (R2)")
+@other("check_bucket_params", "torch's dedupe order: first occurrence, then reversed")
 def bucket_params_torch_order(params, bucket_mb):
     unique = []
     for p in params:

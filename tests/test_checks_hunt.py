@@ -1,4 +1,4 @@
-"""The reference hunt (issue 32): no course function solves an exercise while its check runs.
+"""The reference hunt: no course function solves an exercise while its check runs.
 
 For every exercise check, the inputs of its first call are recorded (a spy answer); then every
 public function of the course whose signature takes those inputs, and that returns on them
@@ -22,7 +22,7 @@ from helpers.checks._core import REGISTRY
 
 ALL = sorted(n for n in dir(helpers.checks) if n.startswith("check_") and n in REGISTRY)
 # the whole hunt takes minutes (COURSE_HUNT=1); by default the exercises whose course twins the
-# reviews found (issue 32)
+# reviews found
 TWINS = ["check_saved_bytes", "check_order_1f1b", "check_bytes_sent_naive_vs_ring",
          "check_allreduce_spread", "check_reduce_then_broadcast", "check_global_mean_var",
          "check_split_by_params", "check_partial_sum_bytes", "check_shard_sizes"]

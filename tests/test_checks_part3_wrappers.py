@@ -29,7 +29,7 @@ def dp_shard_sizes_loop(batch_size, k):
     return out
 
 
-@shortcut("check_dp_shard_sizes", "calls torch.chunk (review D6)", "no torch.chunk")
+@shortcut("check_dp_shard_sizes", "calls torch.chunk", "no torch.chunk")
 def dp_shard_sizes_chunk(batch_size, k):
     return [len(c) for c in torch.arange(batch_size).chunk(k)]
 
@@ -235,7 +235,7 @@ def unused_parameters_recursive(model, loss):
     return [n for n, p in sorted(model.named_parameters()) if id(p) not in leaves]
 
 
-@shortcut("check_unused_parameters", "autograd.grad (review C6)", "torch.autograd.grad runs one")
+@shortcut("check_unused_parameters", "autograd.grad", "torch.autograd.grad runs one")
 def unused_parameters_grad(model, loss):
     names, params = zip(*model.named_parameters())
     grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)

@@ -1,4 +1,4 @@
-"""Every exercise check is on the harness and tested three ways (issue 19): declared with @check
+"""Every exercise check is on the harness and tested three ways: declared with @check
 (what it observes, the references it blocks), and registered in tests/check_cases.py with its
 worked answer, at least two shortcuts of different kinds, and at least one other right answer.
 """

@@ -26,7 +26,7 @@ def global_mean_var_shifted(counts, means, variances):
     return m[0] + shift, (c * (v + d * d)).sum(0) / n - shift * shift
 
 
-@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float64 (review B7)", "float64")
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float64", "float64")
 def global_mean_var_float64(counts, means, variances):
     c, m, v = counts.double()[:, None], means.double(), variances.double()
     n = c.sum()

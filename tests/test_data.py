@@ -194,7 +194,7 @@ def test_a_complete_read_only_folder_loads(monkeypatch, tmp_path):
     assert not (raw / data.VERIFIED).exists() and not (raw / ".lock").exists()
 
 
-# --- the extracted files' md5s (review L6) and a damaged archive named (L7) ---
+# --- the extracted files' md5s and a damaged archive named ---
 
 @pytest.mark.parametrize("damage", ["random pixels", "labels shifted"])
 def test_right_size_wrong_bytes_is_detected_and_extracted_again(monkeypatch, tmp_path, damage):
@@ -251,7 +251,7 @@ def test_a_damaged_archive_is_named_and_said_to_be_removed(monkeypatch, tmp_path
     assert not gz.exists()
 
 
-# --- several processes loading a fresh folder at once (review H1) ---
+# --- several processes loading a fresh folder at once ---
 
 def test_ranks_loading_a_fresh_folder_at_once_all_load(tmp_path):
     """Three ranks (helpers.launch) load a folder holding only the four .gz archives at the same

@@ -1,4 +1,4 @@
-"""The helpers behind the new parts of Parts 0-II (issues 21, 22): the bubble of unequal stages,
+"""The helpers behind the new parts of Parts 0-II: the bubble of unequal stages,
 schedules replayed with modelled durations, interleaved 1F1B, the network split's cuts, and the
 step-time model of split_costs."""
 import itertools

@@ -1,4 +1,4 @@
-"""Resuming from --snapshot (review M1, L8): a damaged or foreign file is refused with its name
+"""Resuming from --snapshot: a damaged or foreign file is refused with its name
 and what to do, before any work; what changed since the snapshot (the lr, the epochs, the
 ranks) is decided and said at argument time. All in this process: no rank is started."""
 import json
@@ -109,7 +109,7 @@ def test_the_scripts_refuse_a_damaged_snapshot_before_any_work(tmp_path, capsys,
     assert f"the snapshot {f} cannot be read" in err and "delete it to start afresh" in err
 
 
-# --- what changed since the snapshot (review L8) ---
+# --- what changed since the snapshot ---
 
 def test_a_typed_lr_replaces_the_saved_one_and_says_so(tmp_path, capsys):
     snap = lenet_snapshot(tmp_path / "s.pt", epoch=1, lr=0.2)

@@ -1,4 +1,4 @@
-"""What SyncBatchNorm's collectives cost a step, apart from how it is implemented (issue 30).
+"""What SyncBatchNorm's collectives cost a step, apart from how it is implemented.
 
 On the CPU the synchronised BatchNorm is CPUSyncBatchNorm, a Python autograd function, while
 per-device BatchNorm is ATen's fused kernel: their ratio measures the implementation as much as
