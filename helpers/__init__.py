@@ -73,15 +73,14 @@ from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
 from .runtime.group import (choose_backend, backend_line, backend_for, env_ranks, rank_device,
                             setup, teardown, free_port, get_rank, get_world_size, log0,
                             die_with_parent, pin_to_core)
-from .runtime.launch import (launch, RankFailed, LaunchTimeout, take, run_ranks, run_in_turn,
-                             spawn_ranks)
+from .runtime.launch import (launch, RankFailed, LaunchTimeout, take, run_ranks, run_in_turn)
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.agree import CollectiveMismatch, agree, fingerprint, where_are_the_others
 from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
                               TrafficLog, FuncolBytes)
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
-from .runtime.emulate import (Clock, Rates, ASSUMED_RATES, clock_scale, sleep_until, waits,
+from .runtime.emulate import (Clock, Rates, ASSUMED_RATES, clock_scale, waits,
                               model_time)
 from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
                                  save_checkpoint, save_snapshot_all, load_checkpoint)
@@ -198,7 +197,7 @@ from .composed.scratch import CPEmbed, CPBlock, Recomputed, cp_gpt
 from .composed.schematics import draw_mesh
 from .composed.planner_page import (PLANNER_FIELDS, PLANNER_JS, plan_table_html, planner_html,
                                     with_planner_twin)
-from .composed.planner import (MODEL_KEYS, GPU_KEYS, check_model, stage_costs, layout_costs,
+from .composed.planner import (MODEL_KEYS, GPU_KEYS, stage_costs, layout_costs,
                                candidate_layouts, plan,
                                format_plan)
 from .schematics import (DEVICE_COLORS, EVERY_RANK_COLOR, SCHEMATIC_FONT, device_color, text_color,

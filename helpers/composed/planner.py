@@ -24,7 +24,7 @@ from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_allreduce_bytes
 from ..transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
                                  moe_dispatch_bytes, ring_attention_bytes, train_flops_per_token)
 
-__all__ = ["MODEL_KEYS", "GPU_KEYS", "ACCUMULATION", "LATENCY", "check_model",
+__all__ = ["MODEL_KEYS", "GPU_KEYS", "ACCUMULATION", "LATENCY",
            "data_parallel_costs", "stage_costs", "ring_exposed_seconds", "layout_costs",
            "candidate_layouts", "plan", "format_plan"]
 
@@ -34,7 +34,7 @@ ACCUMULATION = ("every", "no_sync")
 LATENCY = 10e-6        # seconds a message pays before its first byte (gpu["latency"] overrides)
 
 
-def check_model(model, gpu=None):
+def validate_model(model, gpu=None):
     """Refuse a model (or GPU) description that misses a key or has a non-positive size."""
     for what, d, keys in (("model", model, MODEL_KEYS), ("gpu", gpu, GPU_KEYS)):
         if d is None:
@@ -109,7 +109,7 @@ def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout
     messages along tp, pp, cp and ep (each pays the latency).
     `lay`: dp, tp, pp, cp, ep, zero (a stage of helpers.SHARDING_STAGES), acc (ACCUMULATION),
     recompute, m, sp."""
-    check_model(model)
+    validate_model(model)
     h, a, s, V = (model[k] for k in ("width", "heads", "seq", "vocab"))
     b = dtype_bytes
     dp, tp, pp, cp, m = (lay.get(k, 1) for k in ("dp", "tp", "pp", "cp", "m"))
@@ -183,7 +183,7 @@ def layout_costs(model, gpu, lay, optimizer="adam", dtype_bytes=2, mfu=0.4, **kw
     plus the communication that cannot hide: tensor, pipeline and expert traffic in full with a
     latency per message, data traffic beyond the backward it overlaps, ring attention beyond
     the attention each hop overlaps (ring_exposed_seconds)."""
-    check_model(model, gpu)
+    validate_model(model, gpu)
     stages = stage_costs(model, lay, optimizer, dtype_bytes, **kw)
     dp, tp, pp, cp, m = (lay.get(k, 1) for k in ("dp", "tp", "pp", "cp", "m"))
     flops = train_flops_per_token(_active_params(model), model["layers"], model["width"],
@@ -219,7 +219,7 @@ def candidate_layouts(model, n_gpus, sp=True):
     the experts; micro-batches m a power of two dividing the batch per dp rank (at most 16);
     each ZeRO stage (only "dp" without data parallelism), with ZeRO-2 and 3 and m > 1 both ways
     of accumulating; and each recomputation."""
-    check_model(model)
+    validate_model(model)
     E = _moe(model)[0]
     out = []
     for tp, pp, cp in itertools.product(_divisors(n_gpus), repeat=3):
@@ -247,7 +247,7 @@ def candidate_layouts(model, n_gpus, sp=True):
 def plan(model, gpu, n_gpus, optimizer="adam", dtype_bytes=2, top=None, **kw):
     """The layouts that fit in the GPU's memory, fastest first (then the fewest bytes sent by
     the busiest rank, then the least memory)."""
-    check_model(model, gpu)
+    validate_model(model, gpu)
     if optimizer not in OPTIMIZER_STATE_BYTES:
         raise ValueError(f"optimizer must be one of {tuple(OPTIMIZER_STATE_BYTES)}")
     if int(n_gpus) != n_gpus or n_gpus < 1:

@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "sleep_until", "waits",
+__all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "waits",
            "model_time"]
 
 

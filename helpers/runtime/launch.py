@@ -37,7 +37,7 @@ from .group import backend_line, choose_backend, free_port
 from .progress import ProgressLine, RankStderr
 
 __all__ = ["launch", "RankFailed", "LaunchTimeout", "take",
-           "run_ranks", "run_in_turn", "spawn_ranks"]
+           "run_ranks", "run_in_turn"]
 
 _TAIL = 8          # traceback (and stderr) lines a RankFailed quotes
 _GRACE = 10.0      # seconds a rank that has handed in its result may take to leave the group
@@ -376,4 +376,3 @@ def run_ranks(world, runs, backend=None, timeout=600.0):
     return launch(run_in_turn, world, dict(runs=runs), backend=backend, timeout=timeout)
 
 
-spawn_ranks = launch   # Part VI's first name for it
