@@ -25,17 +25,20 @@ def _timeline_model(device, sizes, bucket_mb, overlap=True):
 
 
 def _step(model, X, y):
-    """One synchronised step's backward and finish, timed: (start, backward end, finish end)."""
+    """One synchronised step's backward and finish, timed on the model's clock (CUDA events on
+    a GPU: when the GPU got there): (start, backward end, finish end) in host-clock seconds,
+    as model.timeline, which it leaves holding the step."""
     loss = flat_cross_entropy(model(X), y)
-    t0 = time.perf_counter()
+    t0 = model.clock.stamp()
     loss.backward()
-    t1 = time.perf_counter()
+    t1 = model.clock.stamp()
     model.finish_gradient_synchronization()
-    t2 = time.perf_counter()
-    deadline = t2 + 1.0      # completion callbacks run on gloo's threads: let them land
-    while sum(w == "done" for _, w, _ in model.timeline) < len(model.buckets) and \
-            time.perf_counter() < deadline:
+    t2 = model.clock.stamp()
+    deadline = time.monotonic() + 1.0     # a time-out, not a measurement: completion
+    while model.completions() < len(model.buckets) and \
+            time.monotonic() < deadline:      # callbacks run on gloo's threads: let them land
         time.sleep(0.001)
+    t0, t1, t2 = model.clock.seconds([t0, t1, t2])
     model.zero_grad()
     return t0, t1, t2
 
@@ -183,11 +186,12 @@ def emulated_overlap(rank, world, cfg):
     `world` ranks would have sent it (one link, buckets in launch order, 2(k-1) messages of
     alpha + bytes/k / beta). Sleeps cost no CPU, so busy cores keep the schedule's shape.
     Returns per mode ("overlap", "after"): step end, backward end and the all-reduce spans
-    (modelled seconds since backward started), and the rates' source."""
-    from ..runtime.emulate import Rates, sleep_until
+    (modelled seconds since backward started), and the rates' source. The host clock is read
+    once the rank's stream has run what it was given (on a GPU the host only queues it)."""
+    from ..runtime.emulate import Clock, Rates, sleep_until
     device, bucket_mb, sizes, model_batch, scale, steps = take(
         cfg, "device", bucket_mb=None, sizes=None, model_batch=2048, scale=500.0, steps=2)
-    rates = Rates.load()
+    rates, now = Rates.load(), Clock(device=device).now
     out = dict(source=rates.source, scale=scale, model_batch=model_batch)
     for mode in ("overlap", "after"):
         net = make_model("mlp", **(sizes or {})).to(device)
@@ -196,7 +200,7 @@ def emulated_overlap(rank, world, cfg):
 
         def paced(p, pace=pace, flops=flops):   # before the wrapper's hook: the modelled
             pace["t"] += rates.compute(flops[id(p)]) * scale   # compute, then the launch
-            sleep_until(pace["t"])
+            sleep_until(pace["t"], now)
         for p in net.parameters():
             p.register_post_accumulate_grad_hook(paced)
         model = DDPFromScratch(net, bucket_mb=bucket_mb, overlap=mode == "overlap")
@@ -205,9 +209,9 @@ def emulated_overlap(rank, world, cfg):
         for _ in range(steps):
             dist.barrier()
             loss = flat_cross_entropy(model(X), y)
-            t0 = pace["t"] = time.perf_counter()
+            t0 = pace["t"] = now()
             loss.backward()
-            t1 = time.perf_counter()
+            t1 = now()
             launches = sorted((s, i) for s, w, i in model.timeline if w == "launch") \
                 if mode == "overlap" else [(t1, i) for i in range(len(model.buckets))]
             link, spans = t0, []
@@ -219,7 +223,7 @@ def emulated_overlap(rank, world, cfg):
                 spans.append(((start - t0) / scale, (link - t0) / scale))
             model.finish_gradient_synchronization()     # the real all-reduces, real values
             end = max(link, t1)                          # then their modelled completion: a
-            sleep_until(end)     # real all-reduce that a busy machine slows does not move it
+            sleep_until(end, now)    # real all-reduce that a busy machine slows does not move it
             model.zero_grad()
         out[mode] = dict(step=(end - t0) / scale, backward=(t1 - t0) / scale, comm=spans)
     return out
