@@ -93,18 +93,22 @@ _LANES = {"forward": "forward", "backward": "backward", "finish": "finish"}
 def _trace_events(path):
     """(lane, start_ms, dur_ms) of an exported Chrome trace: the record_function regions
     (forward, backward, finish), the all-reduces launched on the training thread ("launch":
-    c10d::allreduce_) and those gloo runs on its own threads ("all-reduce")."""
+    c10d::allreduce_) and those that ran ("all-reduce": gloo's threads, or NCCL's kernels on
+    a GPU: helpers.profiling.comm_events)."""
     import json
+
+    from ..profiling import comm_events
     with open(path) as f:
         events = [e for e in json.load(f).get("traceEvents", [])
                   if e.get("ph") == "X" and "dur" in e]
+    comm = {id(e) for e in comm_events(events)}
     out = []
     for e in events:
         name = e["name"]
+        if e.get("cat") == "gpu_user_annotation":
+            continue                   # a region's copy on the GPU: the host's is the region
         lane = _LANES.get(name) or ("launch" if name.startswith("c10d::allreduce") else
-                                    "all-reduce" if name.startswith(("gloo:all_reduce",
-                                                                     "nccl:all_reduce"))
-                                    else None)
+                                    "all-reduce" if id(e) in comm else None)
         if lane:
             out.append((lane, float(e["ts"]) / 1e3, float(e["dur"]) / 1e3))
     t0 = min((t for lane, t, _ in out if lane == "forward"), default=0.0)
@@ -122,18 +126,22 @@ def _covered(spans):
 
 def ddp_scratch_trace(rank, world, cfg):
     """torch.profiler traces of `steps` DDPFromScratch steps (after a warm-up), with the
-    all-reduces launched from the hooks ("overlap") and all in finish ("after"). Returns per
-    mode the trace's events [(lane, start_ms, dur_ms)] and, summed over the steps, the ms some
-    all-reduce was running, the ms of that during backward (work done while communication was
-    in flight) and the ms of the steps (forward start to finish end)."""
+    all-reduces launched from the hooks ("overlap") and all in finish ("after"); on a GPU with
+    CUDA activity too (the all-reduce lane: NCCL's kernels). Returns per mode the trace's
+    events [(lane, start_ms, dur_ms)] and, summed over the steps, the ms some all-reduce was
+    running, the ms of that during backward (work done while communication was in flight)
+    and the ms of the steps (forward start to finish end)."""
     import os
     import tempfile
     from torch import profiler
 
+    from ..devices import synchronize
     from ..profiling import quiet_native_stderr
     device, bucket_mb, sizes, steps, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, steps=3, batch_size=32)
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    activities = [profiler.ProfilerActivity.CPU] + (
+        [profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     out = {}
     for mode in ("overlap", "after"):
         model, batch = _timeline_model(device, sizes, bucket_mb, overlap=mode == "overlap")
@@ -142,8 +150,7 @@ def ddp_scratch_trace(rank, world, cfg):
         for _ in range(2):
             _step(model, X, y)
         dist.barrier()
-        with quiet_native_stderr(), profiler.profile(
-                activities=[profiler.ProfilerActivity.CPU]) as prof:
+        with quiet_native_stderr(), profiler.profile(activities=activities) as prof:
             for _ in range(steps):
                 with profiler.record_function("forward"):
                     loss = flat_cross_entropy(model(X), y)
@@ -152,6 +159,7 @@ def ddp_scratch_trace(rank, world, cfg):
                 with profiler.record_function("finish"):
                     model.finish_gradient_synchronization()
                 model.zero_grad()
+            synchronize(device)        # the last kernels in the trace too
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "trace.json")
             prof.export_chrome_trace(path)
