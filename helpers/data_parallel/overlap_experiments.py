@@ -46,7 +46,8 @@ def _step(model, X, y):
 def gradient_timeline(rank, world, cfg):
     """When each gradient was ready, each bucket's all-reduce launched and completed (seconds
     from the start of loss.backward()), on the last of `repeats` steps (the first ones warm
-    up), and when backward and finish returned. cfg["batch_size"]: this rank's examples."""
+    up), and when backward and finish returned, and the device (on a GPU the times are the
+    GPU's: CUDA events). cfg["batch_size"]: this rank's examples."""
     device, bucket_mb, sizes, repeats, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, repeats=3, batch_size=32)
     model, batch = _timeline_model(device, sizes, bucket_mb)
@@ -56,7 +57,8 @@ def gradient_timeline(rank, world, cfg):
         dist.barrier()
         t0, t1, t2 = _step(model, X, y)
     return dict(events=[(t - t0, what, i) for t, what, i in model.timeline],
-                backward_s=t1 - t0, finish_s=t2 - t0, num_buckets=len(model.buckets))
+                backward_s=t1 - t0, finish_s=t2 - t0, num_buckets=len(model.buckets),
+                device=str(device))
 
 
 def overlap_step_times(rank, world, cfg):
