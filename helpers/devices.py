@@ -3,8 +3,8 @@ import time
 
 import torch
 
-__all__ = ["Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus", "synced_now",
-           "synchronize", "try_all_gpus", "try_gpu"]
+__all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus",
+           "synced_now", "synchronize", "try_all_gpus", "try_gpu"]
 
 
 def num_gpus():
@@ -79,6 +79,47 @@ def synced_now(devices=()):
     a `work.wait()`) measures only how long it took to queue it. No wait on a CPU."""
     synchronize(devices)
     return time.perf_counter()
+
+
+class DeviceClock:
+    """Time stamps on one device's timeline, for a timeline of asynchronous work (gradient hooks,
+    all-reduce launches and completions): on a GPU `stamp()` records a CUDA event in a stream
+    (it fires when the GPU has run the work queued there before it, not when the host queued
+    it); on a CPU it reads the host clock. `seconds(stamps)` turns them into host-clock seconds
+    (waiting for the GPU first), so stamps compare with each other and with synced_now(device).
+    Nothing waits while stamping: the timeline does not change what it measures."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.on_gpu = self.device.type == "cuda"
+
+    def stamp(self, stream=None):
+        """Now on the device's timeline: a CUDA event recorded in `stream` (None: the current
+        stream) on a GPU, the host clock on a CPU."""
+        if not self.on_gpu:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def host(self):
+        """The host clock now: for what happens on the host (a gloo all-reduce's completion)."""
+        return time.perf_counter()
+
+    def seconds(self, stamps):
+        """Host-clock seconds of `stamps` (floats pass through). On a GPU it waits for the
+        device, records one more event and reads the host clock once it has fired: each
+        event's time is that reading minus the GPU time from the event to it."""
+        stamps = list(stamps)
+        if all(isinstance(s, (int, float)) for s in stamps):
+            return [float(s) for s in stamps]
+        synchronize(self.device)
+        last = torch.cuda.Event(enable_timing=True)
+        last.record()
+        last.synchronize()
+        now = time.perf_counter()
+        return [float(s) if isinstance(s, (int, float)) else now - s.elapsed_time(last) / 1e3
+                for s in stamps]
 
 
 class Timer:

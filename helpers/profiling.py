@@ -59,13 +59,27 @@ def count_ops(prof, steps=1):
 
 
 REGIONS = ("forward", "backward", "optimizer")
+NCCL_KERNELS = ("ncclDevKernel", "ncclKernel")
+
+
+def comm_events(evs):
+    """The all-reduces that RAN, among a Chrome trace's events: gloo's (`gloo:all_reduce`, on
+    its own threads) and, in a trace with GPU activity, NCCL's kernels on the GPU; the host's
+    `nccl:all_reduce` record is only the launch (its kernel runs later), so it counts only
+    where the trace has no GPU activity. The regions' copies on the GPU
+    (`gpu_user_annotation`) are left out, so each region is counted once."""
+    gpu = any(e.get("cat") == "kernel" for e in evs)
+    return [e for e in evs if e.get("cat") != "gpu_user_annotation" and (
+        e["name"].startswith("gloo:all_reduce") or
+        (e["name"].startswith(NCCL_KERNELS) if gpu else e["name"].startswith("nccl:all_reduce")))]
 
 
 def trace_events(path, regions=REGIONS):
     """The events of an exported Chrome trace (`prof.export_chrome_trace(path)`) that make a
     step's timeline: the record_function regions (lane 'compute'), the all-reduces that DDP
-    launches (lane 'launch': `c10d::allreduce_` on the training thread) and the ones gloo runs
-    (lane 'all-reduce': `gloo:all_reduce` on gloo's own threads), and for each 'backward' a
+    launches (lane 'launch': `c10d::allreduce_` on the training thread) and the ones that ran
+    (lane 'all-reduce', comm_events: gloo's threads, or NCCL's kernels on a GPU), and for each
+    'backward' a
     'reducer wait' region from its last autograd node to its end (see _reducer_waits). A list of
     dicts name, lane, start_ms, dur_ms, step (counted from 0), times from the first region's
     start."""
@@ -74,11 +88,13 @@ def trace_events(path, regions=REGIONS):
         trace = json.load(f)
     evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     picked = _reducer_waits(evs, regions)
+    comm = {id(e) for e in comm_events(evs)}
     for e in evs:
         name = e["name"]
+        if e.get("cat") == "gpu_user_annotation":
+            continue                   # a region's copy on the GPU: the host's is the region
         lane = ("compute" if name in regions else "launch" if name.startswith("c10d::allreduce")
-                else "all-reduce" if name.startswith(("gloo:all_reduce", "nccl:all_reduce"))
-                else None)
+                else "all-reduce" if id(e) in comm else None)
         if lane:
             picked.append((float(e["ts"]), float(e["dur"]), name, lane))
     if not picked:

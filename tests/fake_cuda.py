@@ -14,11 +14,17 @@ every operation and
   (time.perf_counter) read from the course's code while work is queued measures the queueing
   on a real GPU, not the work.
 torch.cuda (devices, streams, events, RNG, memory statistics) answers as one GPU per rank would.
+With `comm_seconds`, the fake GPU also keeps a timeline, as a GPU under NCCL would: compute
+takes no time, but each collective takes that long on a communication stream of its own (one
+after another), a work's wait() makes the current stream (not the host) wait for it, an event
+fires when its stream gets there, and a synchronisation makes the host wait (it sleeps) for
+the streams; a future of a collective completes at once, as NCCL's do at launch.
 Only for ranks started by helpers.launch (it leaves marks on torch that it does not undo).
 """
 import contextlib
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -138,12 +144,35 @@ class NotOnItsGPU(RuntimeError):
 class FakeGPU:
     """The fake GPU of one rank: cuda:`index` of `count`. `problems`: (kind, where, what)."""
 
-    def __init__(self, index, count):
+    def __init__(self, index, count, comm_seconds=0.0):
         self.index, self.count = index, count
         self.pending = False          # GPU work queued since the last synchronisation
         self.problems = []
         self._seen = set()
         self._saved = []
+        self.comm_seconds = comm_seconds
+        self.comm_ready = 0.0         # when the communication stream has run what it was given
+        self.streams = []
+        self.default = FakeStream(self)
+        self._current = threading.local()
+
+    # ---- the simulated timeline (comm_seconds) -------------------------------------------------
+    def current_stream(self):
+        return getattr(self._current, "stream", None) or self.default
+
+    @contextlib.contextmanager
+    def use_stream(self, stream):
+        old = getattr(self._current, "stream", None)
+        self._current.stream = stream if stream is not None else old
+        try:
+            yield stream
+        finally:
+            self._current.stream = old
+
+    def wait_for_streams(self):
+        """The host waits until every stream (and the communication) has run its work."""
+        _sleep_until(max([self.comm_ready] + [s.ready for s in self.streams]))
+        self.synced()
 
     # ---- what the checks found -----------------------------------------------------------------
     def note(self, kind, what, at=None):
@@ -264,6 +293,8 @@ class FakeGPU:
         self._tag_new(out, args, min(gpus) if gpus else None)
         if gpus:
             self.pending = True
+            if self.comm_seconds:     # queued behind the communication already queued
+                self.comm_ready = max(_REAL_CLOCK(), self.comm_ready) + self.comm_seconds
         return out
 
     # ---- torch.cuda as one GPU per rank would answer -----------------------------------------
@@ -352,19 +383,26 @@ class FakeGPU:
                     _on_its_device(torch.nn.functional.one_hot))
 
         cuda = torch.cuda
-        streams = {}
 
         def current_stream(device=None):
-            return streams.setdefault("current", FakeStream(gpu))
+            return gpu.current_stream()
+
+        def work_wait(work, *args, **kwargs):      # NCCL: the current stream waits, not the host
+            out = base_work_wait(work, *args, **kwargs)
+            stream = gpu.current_stream()
+            stream.ready = max(stream.ready, gpu.comm_ready)
+            return out
+        base_work_wait = dist.Work.wait
+        self._patch(dist.Work, "wait", work_wait)
 
         for name, value in dict(
                 _lazy_init=lambda: None, is_available=lambda: True,
                 is_initialized=lambda: True, device_count=lambda: self.count,
                 current_device=lambda: self.index, set_device=self._set_device,
-                synchronize=lambda device=None: self.synced(),
+                synchronize=lambda device=None: self.wait_for_streams(),
                 Stream=lambda *a, **k: FakeStream(gpu), Event=lambda *a, **k: FakeEvent(gpu),
-                current_stream=current_stream, default_stream=current_stream,
-                stream=lambda s=None: contextlib.nullcontext(),
+                current_stream=current_stream, default_stream=lambda device=None: gpu.default,
+                stream=self.use_stream,
                 get_rng_state=lambda device="cuda": torch.get_rng_state(),
                 set_rng_state=lambda state, device="cuda": None,
                 get_rng_state_all=self._all_rng, set_rng_state_all=lambda states: None,
@@ -386,11 +424,24 @@ class FakeGPU:
                     current_device_index=lambda: self.index,
                     current_device_idx=lambda: self.index,
                     set_device_index=self._set_device, set_device_idx=self._set_device,
-                    synchronize=lambda device=None: self.synced(),
+                    synchronize=lambda device=None: self.wait_for_streams(),
                     current_stream=current_stream).items():
                 if hasattr(acc, name):
                     self._patch(acc, name, value)
         self._patch(dist, "get_backend", lambda group=None: "nccl")
+        import torch.nn.parallel.distributed as ddp_module
+        base_verify = ddp_module._verify_param_shape_across_processes
+
+        def verify(process_group, tensors, logger=None):
+            """DDP's constructor checks and broadcasts the parameters below the dispatcher
+            (where no mode sees them): on NCCL they must be on the GPU already."""
+            cpu = [t for t in tensors if index_of(t) is None and not t.is_meta]
+            if cpu:
+                gpu.refuse("a CPU tensor in an NCCL collective", f"DDP's constructor "
+                           f"broadcasts {len(cpu)} CPU parameter(s): No backend type "
+                           "associated with device type cpu (move the model to its GPU first)")
+            return base_verify(process_group, tensors, logger)
+        self._patch(ddp_module, "_verify_param_shape_across_processes", verify)
 
         def clock():
             if gpu.pending:
@@ -527,18 +578,26 @@ class _Mode(TorchDispatchMode):
         return self.gpu.dispatch(func, types, args, kwargs)
 
 
+def _sleep_until(t):
+    while _REAL_CLOCK() < t:
+        time.sleep(t - _REAL_CLOCK())
+
+
 class FakeStream:
     def __init__(self, gpu):
         self.gpu = gpu
+        self.ready = 0.0       # when it has run what it was given (comm_seconds: its waits)
+        gpu.streams.append(self)
 
     def synchronize(self):
+        _sleep_until(self.ready)
         self.gpu.synced()
 
     def wait_stream(self, other):
-        pass
+        self.ready = max(self.ready, other.ready)
 
     def wait_event(self, event):
-        pass
+        self.ready = max(self.ready, event.t or 0.0)
 
     def record_event(self, event=None):
         event = event or FakeEvent(self.gpu)
@@ -563,9 +622,12 @@ class FakeEvent:
         self.gpu, self.t, self.done = gpu, None, False
 
     def record(self, stream=None):
-        self.t, self.done = _REAL_CLOCK(), not self.gpu.pending
+        """It fires when its stream gets there: now, or once what the stream waits for ran."""
+        stream = stream or self.gpu.current_stream()
+        self.t, self.done = max(_REAL_CLOCK(), stream.ready), not self.gpu.pending
 
     def synchronize(self):
+        _sleep_until(self.t or 0.0)
         self.gpu.synced()
         self.done = True
 
@@ -653,3 +715,17 @@ def canary(rank, world, cfg):
     dist.all_reduce(flag)
     seconds = (time.perf_counter() if bug == "timer" else synced_now(device)) - start
     return dict(loss=float(loss), seconds=seconds, weight=net.weight.detach().cpu())
+
+
+# ---- a fake GPU whose all-reduces take time: what a host clock would miss ------------------------
+def slow_comm(rank, world, cfg):
+    """Launch target: each of cfg["runs"] [(label, fn, kwargs)] on this rank's fake GPU, whose
+    collectives take cfg["comm"] seconds each on the GPU while their futures complete at once
+    (as NCCL's do at launch). Returns {label: dict(result, problems)}."""
+    out = {}
+    for label, fn, kwargs in cfg["runs"]:
+        gpu = FakeGPU(rank, world, comm_seconds=cfg["comm"])
+        with gpu.active():
+            got = fn(rank, world, dict(kwargs, device=torch.device("cuda", rank)))
+        out[label] = dict(result=got, problems=gpu.problems)
+    return out

@@ -28,6 +28,30 @@ def test_trace_events_and_overlap_from_a_chrome_trace(tmp_path):
     assert abs(total - 0.39) < 1e-9 and abs(hidden - 0.29) < 1e-9
 
 
+def test_on_a_gpu_the_all_reduce_lane_is_nccls_kernels(tmp_path):
+    """A trace with CUDA activity: the all-reduces that ran are NCCL's kernels on the GPU; the
+    host's nccl:all_reduce is only their launch (issue 37 H4), and the regions' copies on the
+    GPU do not count twice. Without GPU activity the host record is all there is."""
+    ev = lambda name, ts, dur, cat="user_annotation", tid=1: dict(
+        ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1, cat=cat)
+    host = [ev("forward", 1000, 100), ev("backward", 1100, 400),
+            ev("c10d::allreduce_", 1200, 5, "cpu_op"), ev("nccl:all_reduce", 1201, 3, "cpu_op")]
+    gpu = [ev("backward", 1150, 900, "gpu_user_annotation", 7),
+           ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1300, 700, "kernel", 8)]
+    for with_gpu in (True, False):
+        path = tmp_path / f"t{with_gpu}.json"
+        path.write_text(json.dumps({"traceEvents": host + (gpu if with_gpu else [])}))
+        events = helpers.trace_events(str(path))
+        comm = [(e["name"], e["dur_ms"]) for e in events if e["lane"] == "all-reduce"]
+        assert comm == ([("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0.7)] if with_gpu
+                        else [("nccl:all_reduce", 0.003)]), comm
+        assert [e["dur_ms"] for e in events if e["name"] == "backward"] == [0.4]
+        assert abs(helpers.overlap_ms(events)[1] - (0.7 if with_gpu else 0.003)) < 1e-9
+    from helpers.data_parallel.overlap_experiments import _trace_events
+    lanes = [(lane, d) for lane, _, d in _trace_events(str(tmp_path / "tTrue.json"))]
+    assert ("all-reduce", 0.7) in lanes and ("backward", 0.4) in lanes and len(lanes) == 4
+
+
 def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
     ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
     node = "autograd::engine::evaluate_function: AddmmBackward0"

@@ -90,3 +90,46 @@ def test_synced_now_waits_for_cuda_devices_only(monkeypatch):
     helpers.synced_now("cuda:1")
     helpers.synced_now([torch.device("cuda:0"), torch.device("cpu"), torch.device("cuda:0")])
     assert waited == ["cuda:1", "cuda:0"]
+
+
+def test_device_clock_is_the_host_clock_on_a_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: pytest.fail("a CUDA call"))
+    clock = helpers.DeviceClock("cpu")
+    a, b = clock.stamp(), clock.stamp()
+    assert isinstance(a, float) and a <= b and clock.seconds([a, b]) == [a, b]
+
+
+def test_device_clock_on_a_gpu_stamps_events_and_maps_them_to_the_host_clock(monkeypatch):
+    """On a GPU a stamp is an event (when the GPU gets there), the host clock is never read
+    while stamping, and seconds() places each event on the host clock from one event recorded
+    after the device caught up: here the GPU runs 40 s behind the host's reading."""
+    gpu_now = [100.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing, "an event without timing has no elapsed_time"
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = gpu_now[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1e3
+
+    synced = []
+    host = [None]
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(devices.time, "perf_counter", lambda: host[0] if host[0] is not None
+                        else pytest.fail("the host clock read around queued GPU work"))
+    clock = helpers.DeviceClock("cuda:1")
+    a = clock.stamp()
+    gpu_now[0] = 100.5
+    b = clock.stamp()
+    assert isinstance(a, Event) and isinstance(b, Event)
+    gpu_now[0], host[0] = 101.0, 61.0       # the last event fires at 101.0; the host reads 61.0
+    assert clock.seconds([a, b, 7.0]) == [60.0, 60.5, 7.0]
+    assert synced == [torch.device("cuda:1")], "it waits for the device before reading"

@@ -23,23 +23,12 @@ import helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 AREAS = ("core", "part4", "part3", "part7")
-_FIX = {"part4": "known, open: Part IV's DDP knob and trace targets read the host clock "
-                  "around queued GPU work",
-        "part3": "known, open: Part III's from-scratch DDP stamps its timeline with the host "
-                 "clock inside autograd hooks, and its experiments time with it",
-        "part7": "known, open"}
-# (target, area): known problems in that area's code, not yet fixed (strict: an XPASS says the
-# pair can be removed)
-KNOWN = {
-    **{(t, "part3"): _FIX["part3"] for t in (
-        "ddp_vs_one_process", "unused_vs_torch", "accumulation_vs_torch", "scratch_refusals",
-        "gradient_timeline", "overlap_step_times", "exposed_comm_times", "ddp_scratch_trace",
-        "emulated_overlap",
-        "bench_worker", "zero1_vs_one_process", "memory_per_stage", "zero1_checkpoint")},
-    **{(t, "part4"): _FIX["part4"] for t in ("ddp_knobs", "ddp_trace")},
-    # its stage stays on the CPU (part7), which DDPFromScratch's model check finds (part3)
-    ("train_3d_both", "part3"): _FIX["part3"],
-}
+# (target, area): known problems in that area's code, not yet fixed, with why (strict xfails:
+# an XPASS says the pair can be removed). None today: the first GPU run's world-1 sweep failed
+# on scratch_refusals, ddp_knobs and ddp_trace, which this test had listed here.
+KNOWN = {}
+# areas whose static rules below are known to fail, with why (none today)
+KNOWN_AREAS = {}
 SPEED_B_FUNCTIONS = {"bn_vs_syncbn", "bn_grads_same_weights", "bn_step_times",
                      "convert_sync_batchnorm", "CPUSyncBatchNorm", "bn_net", "bn_stats",
                      "train_bn_steps", "global_batches"}
@@ -124,7 +113,7 @@ def test_launch_target_keeps_to_its_gpu(sweep, name):
     _check(sweep, name, {a for a in AREAS if (name, a) not in KNOWN})
 
 
-@pytest.mark.parametrize("name,area", [
+@pytest.mark.parametrize("name,area", [   # (none known: pytest skips it)
     pytest.param(n, a, marks=pytest.mark.xfail(strict=True, reason=why))
     for (n, a), why in sorted(KNOWN.items())])
 def test_launch_target_keeps_to_its_gpu_elsewhere(sweep, name, area):
@@ -138,6 +127,53 @@ def test_the_fake_gpus_catch_each_kind_of_mistake(sweep, bug):
     kinds = {kind for _, kind, _, _ in sweep[bug]}
     want = fake_cuda.CANARIES[bug]
     assert (want in kinds) if want else not kinds, (bug, sweep[bug])
+
+
+# ---- timelines on a GPU: the GPU's times, not the host's ----------------------------------------
+COMM = 0.25     # seconds each all-reduce takes on the fake GPU (the host queues it at once)
+
+
+@pytest.fixture(scope="module")
+def slow():
+    """DDPFromScratch's timeline and exposed communication on a fake GPU whose all-reduces take
+    COMM seconds each, one after another, while their futures complete at launch (NCCL's)."""
+    return helpers.launch(fake_cuda.slow_comm, 1, dict(comm=COMM, runs=[
+        ("timeline", helpers.gradient_timeline, dict(bucket_mb=0.004, repeats=1)),
+        ("exposed", helpers.exposed_comm_times, dict(bucket_mb=0.004, rounds=1, warmup=0)),
+        ("knobs", helpers.ddp_knobs, dict(width=32, depth=2, batch=8, steps=1, rounds=1))]),
+        backend="gloo", quiet=True, timeout=300)[0]
+
+
+def test_the_scratch_ddp_timeline_is_the_gpus(slow):
+    """Issue 37: on a GPU an NCCL all-reduce's future completes when it is queued, so a host
+    clock in its callback says "done" at launch and every bucket would seem to finish before
+    backward returned. The timeline must say when the GPU finished each all-reduce."""
+    t = slow["timeline"]["result"]
+    launch = {i: s for s, what, i in t["events"] if what == "launch"}
+    done = {i: s for s, what, i in t["events"] if what == "done"}
+    assert set(done) == set(launch) and len(launch) > 1, t["events"]
+    for k, i in enumerate(sorted(launch)):    # one after another, COMM each, from the first
+        assert done[i] >= launch[0] + (k + 1) * COMM * 0.9, (i, done[i], launch[0])
+    assert t["backward_s"] < min(done.values()), "no all-reduce can be done before it ran"
+    assert t["finish_s"] >= len(launch) * COMM * 0.9, "finish waits for the GPU's all-reduces"
+    assert not slow["timeline"]["problems"], slow["timeline"]["problems"]
+
+
+def test_the_exposed_communication_is_the_gpus(slow):
+    """exposed_comm_times on the same fake GPU: every all-reduce is still running when the last
+    gradient is ready (each takes COMM), and the step waits for all of them after it."""
+    got = slow["exposed"]["result"]
+    n = got["num_buckets"]
+    for mode in ("overlap", "after"):
+        assert got[mode]["pending"] == [n], (mode, got[mode])
+        assert got[mode]["exposed"][0] >= (n - 1) * COMM, (mode, got[mode])
+    assert not slow["exposed"]["problems"], slow["exposed"]["problems"]
+
+
+def test_ddp_knobs_read_no_host_clock_around_gpu_work(slow):
+    got = slow["knobs"]["result"]
+    assert all(len(v) == 1 for v in got["step_s"].values()), got
+    assert not slow["knobs"]["problems"], slow["knobs"]["problems"]
 
 
 # ---- static rules -------------------------------------------------------------------------------
@@ -184,9 +220,12 @@ def _reads_device(node, targets):
     return False
 
 
-@pytest.mark.parametrize("area", [
-    pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=_FIX[a]) if a == "part4"
-                 else ()) for a in AREAS])
+def _areas():
+    return [pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=KNOWN_AREAS[a])
+                         if a in KNOWN_AREAS else ()) for a in AREAS]
+
+
+@pytest.mark.parametrize("area", _areas())
 def test_launch_targets_take_their_device_from_cfg(area):
     """No launch target ignores cfg["device"] (the rank's GPU under NCCL), except those its
     chapters launch on gloo only."""
@@ -241,10 +280,7 @@ def _bare_clock_reads(area):
     return sorted(out)
 
 
-@pytest.mark.parametrize("area", [
-    pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=_FIX[a]) if a in ("part4",
-                                                                               "part3")
-                 else ()) for a in AREAS])
+@pytest.mark.parametrize("area", _areas())
 def test_rank_code_reads_the_rank_clock(area):
     """Rank code times with helpers.synced_now(device) (or Timer, measure, CUDA events, the
     pipeline's _stream_clock), never a bare time.perf_counter(): around GPU work it measures

@@ -5,7 +5,6 @@ Part IV's: a profiler trace of DDP steps (ddp_trace) and DDP's own knobs timed i
 (ddp_knobs).
 """
 import os
-import time
 
 import torch
 from torch import nn
@@ -13,6 +12,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..data import load_tensors
+from ..devices import DeviceClock, synced_now, synchronize
 from ..models import unwrap
 from ..runtime.launch import take
 from ..runtime.progress import report_progress
@@ -84,8 +84,6 @@ def bn_step_times(rank, world, cfg):
     per-device BatchNorm and with synchronised BatchNorm, timed in turns (the order reversed
     every other round, the ranks meeting in a barrier before each step) after `warmup`
     rounds. Returns {"bn": [...], "syncbn": [...]}, one sample per round."""
-    import time
-
     import torch.distributed as dist
     device, subset, batch_size, rounds, warmup, channels = take(
         cfg, "device", subset=2048, batch_size=32, rounds=7, warmup=2, channels=16)
@@ -105,16 +103,12 @@ def bn_step_times(rank, world, cfg):
         for variant in (("bn", "syncbn") if r % 2 == 0 else ("syncbn", "bn")):
             model, opt = models[variant]
             dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            t0 = synced_now(device)
             nn.functional.cross_entropy(model(Xb), yb).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
             if r >= warmup:
-                times[variant].append(time.perf_counter() - t0)
+                times[variant].append(synced_now(device) - t0)
     return times
 
 
@@ -123,22 +117,22 @@ def uneven_inputs_join(rank, world, cfg):
     shadows the others' gradient all-reduces (with zeros) until all are done, so nobody waits
     forever. Launch it with backend="gloo" (a lesson about collectives, not speed). Returns
     {steps, weight, finished}."""
-    (use_join,) = take(cfg, use_join=True)
+    device, use_join = take(cfg, "device", use_join=True)
     torch.manual_seed(0)
-    model = DDP(nn.Linear(4, 1))
+    model = _ddp(nn.Linear(4, 1).to(device), device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     steps, g = 3 + 2 * rank, torch.Generator().manual_seed(rank)
     finished = True
     try:
         with Join([model], enable=use_join):
             for _ in range(steps):
-                loss = model(torch.randn(8, 4, generator=g)).pow(2).mean()
+                loss = model(torch.randn(8, 4, generator=g).to(device)).pow(2).mean()
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
     except RuntimeError:   # without Join: the rank with more batches times out waiting
         finished = False
-    return dict(steps=steps, finished=finished, weight=model.module.weight.detach().clone())
+    return dict(steps=steps, finished=finished, weight=model.module.weight.detach().cpu())
 
 
 def ddp_trace(rank, world, cfg):
@@ -146,29 +140,30 @@ def ddp_trace(rank, world, cfg):
     forward / backward / optimizer marked with record_function; the Chrome trace goes to
     cfg["trace_dir"]/ddp_rank{rank}.json (open it in ui.perfetto.dev or chrome://tracing).
     cfg: trace_dir, width 512, depth 8, batch 64 (per rank), bucket_mb 1.0 (DDP's bucket_cap_mb),
-    steps 3 (profiled, after 2 warm-up steps in which DDP also rebuilds its buckets). Returns
-    trace (the path) and events (helpers.trace_events of it)."""
+    steps 3 (profiled, after 2 warm-up steps in which DDP also rebuilds its buckets). On a GPU
+    the profiler records CUDA activity too: the kernels, and NCCL's all-reduce kernels, which
+    trace_events reads as the all-reduce lane (the host's nccl:all_reduce is only the launch).
+    Returns trace (the path) and events (helpers.trace_events of it)."""
     from torch.nn import functional as F
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     from ..profiling import quiet_native_stderr, trace_events
     from ..tiny_models import deep_mlp
-    width, steps, warm = cfg.get("width", 512), cfg.get("steps", 3), 2
+    device, width, steps, warm = cfg["device"], cfg.get("width", 512), cfg.get("steps", 3), 2
     torch.manual_seed(0)                       # the same model on every rank
-    model = torch.nn.parallel.DistributedDataParallel(
-        deep_mlp(d_in=width, width=width, depth=cfg.get("depth", 8)),
-        bucket_cap_mb=cfg.get("bucket_mb", 1.0))
+    model = _ddp(deep_mlp(d_in=width, width=width, depth=cfg.get("depth", 8)).to(device),
+                 device, bucket_cap_mb=cfg.get("bucket_mb", 1.0))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(rank)    # each rank its own examples
-    X = torch.randn(cfg.get("batch", 64), width, generator=g)
-    y = torch.randint(0, 10, (X.shape[0],), generator=g)
+    X, y = _examples(rank, cfg.get("batch", 64), width, device)
     path = os.path.join(cfg["trace_dir"], f"ddp_rank{rank}.json")
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if device.type == "cuda" else [])
     with quiet_native_stderr(), profile(
-            activities=[ProfilerActivity.CPU],
+            activities=activities,
             schedule=schedule(wait=0, warmup=warm, active=steps, repeat=1),
             on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
-        for _ in range(warm + steps):
+        for k in range(warm + steps):
             with record_function("forward"):
                 loss = F.cross_entropy(model(X), y)
             with record_function("backward"):
@@ -176,8 +171,22 @@ def ddp_trace(rank, world, cfg):
             with record_function("optimizer"):
                 opt.step()
                 opt.zero_grad()
+            if k == warm + steps - 1:
+                synchronize(device)            # the last kernels in the trace too
             prof.step()
     return dict(trace=path, events=trace_events(path))
+
+
+def _ddp(net, device, **kw):
+    """torch's DDP of a model on `device` (its GPU named, as DDP wants on CUDA)."""
+    return DDP(net, device_ids=[device.index] if device.type == "cuda" else None, **kw)
+
+
+def _examples(rank, batch, width, device):
+    """This rank's own examples (seeded by rank), on its device."""
+    g = torch.Generator().manual_seed(rank)
+    X = torch.randn(batch, width, generator=g)
+    return X.to(device), torch.randint(0, 10, (batch,), generator=g).to(device)
 
 
 def ddp_knobs(rank, world, cfg):
@@ -188,49 +197,54 @@ def ddp_knobs(rank, world, cfg):
     cfg: width 512, depth 8, batch 64 (per rank), steps 5, rounds 5. Returns step_s {knob:
     [seconds per step, one per round]}, exposed_s {knob: [seconds per step that backward()
     went on after its last gradient was accumulated: the all-reduce not hidden behind autograd
-    work, which DDP's backward waits for]} and max_diff {knob: max |param - default's|}."""
+    work, which DDP's backward waits for]} and max_diff {knob: max |param - default's|}. On a
+    GPU both ends of that wait are CUDA events (the host only queues the work)."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn import functional as F
 
     from ..tiny_models import deep_mlp
-    width, steps = cfg.get("width", 512), cfg.get("steps", 5)
+    device, width, steps = cfg["device"], cfg.get("width", 512), cfg.get("steps", 5)
+    clock = DeviceClock(device)
     knobs = {"default (25 MB buckets)": {}, "1 MB buckets": dict(bucket_cap_mb=1),
              "one bucket (no overlap)": dict(bucket_cap_mb=1000),
              "gradient_as_bucket_view": dict(gradient_as_bucket_view=True),
              "static_graph": dict(static_graph=True),
              "bf16 compression hook": dict(hook=default_hooks.bf16_compress_hook)}
-    g = torch.Generator().manual_seed(rank)
-    X = torch.randn(cfg.get("batch", 64), width, generator=g)
-    y = torch.randint(0, 10, (X.shape[0],), generator=g)
+    X, y = _examples(rank, cfg.get("batch", 64), width, device)
     models = {}
     for name, kw in knobs.items():
         kw = dict(kw)
         hook = kw.pop("hook", None)
         torch.manual_seed(0)
-        m = torch.nn.parallel.DistributedDataParallel(
-            deep_mlp(d_in=width, width=width, depth=cfg.get("depth", 8)), **kw)
+        m = _ddp(deep_mlp(d_in=width, width=width, depth=cfg.get("depth", 8)).to(device),
+                 device, **kw)
         if hook:
             m.register_comm_hook(None, hook)
         models[name] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
 
-    last_grad = [0.0]   # when the last gradient of the current backward was accumulated
+    last_grad = [None]  # when the last gradient of the current backward was accumulated
     for m, _ in models.values():
         for p in m.parameters():
             p.register_post_accumulate_grad_hook(
-                lambda _: last_grad.__setitem__(0, time.perf_counter()))
+                lambda _: last_grad.__setitem__(0, clock.stamp()))
 
     def train(name, n):
-        """n steps; the seconds backward() went on after its last gradient (summed)."""
+        """n steps; per step (last gradient, backward returned) on the device's clock."""
         m, opt = models[name]
-        waited = 0.0
+        ends = []
         for _ in range(n):
             loss = F.cross_entropy(m(X), y)
             loss.backward()          # DDP: returns after the reducer waited for every bucket
-            waited += time.perf_counter() - last_grad[0]
+            ends.append((last_grad[0], clock.stamp()))
             opt.step()
             opt.zero_grad()
-        return waited
+        return ends
+
+    def waited(ends):
+        """The seconds backward() went on after its last gradient, summed over the steps."""
+        t = clock.seconds([s for pair in ends for s in pair])
+        return sum(b - a for a, b in zip(t[::2], t[1::2]))
     for name in knobs:
         train(name, 3)
     samples = {name: [] for name in knobs}
@@ -238,11 +252,12 @@ def ddp_knobs(rank, world, cfg):
     for r in range(cfg.get("rounds", 5)):
         for name in (list(knobs) if r % 2 == 0 else list(knobs)[::-1]):
             dist.barrier()
-            t0 = time.perf_counter()
-            waited = train(name, steps)
+            t0 = synced_now(device)
+            ends = train(name, steps)
+            synchronize(device)
             dist.barrier()
-            samples[name].append((time.perf_counter() - t0) / steps)
-            exposed[name].append(waited / steps)
+            samples[name].append((synced_now(device) - t0) / steps)
+            exposed[name].append(waited(ends) / steps)
     base = list(models["default (25 MB buckets)"][0].parameters())
     diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters()))
             for name, (m, _) in models.items()}

@@ -25,7 +25,7 @@ from collections import Counter
 import torch
 
 from ..data import load_tensors
-from ..devices import Timer, get_devices
+from ..devices import Timer, get_devices, synced_now, synchronize
 from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator
 from ..validate import check_lr, check_positive_int, check_seed
@@ -350,8 +350,6 @@ def train_fast_rank(rank, world, cfg):
     epoch_times (from one barrier to the next: the slowest rank's time), test_acc, param_sum (the
     sum of |params| in float64: equal on every rank), compiled, and the parameters as lists when
     return_params is set."""
-    import time
-
     import torch.distributed as dist
     device = torch.device(cfg.get("device", "cpu"))
     if device.type == "cpu":   # as the benchmark's other ranks: one thread, on a core of its own
@@ -365,13 +363,12 @@ def train_fast_rank(rank, world, cfg):
     times = []
     for _ in range(cfg["num_epochs"]):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0 = synced_now(device)
         for idx in loader.index_batches():
             net.step(idx)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         dist.barrier()
-        times.append(time.perf_counter() - t0)
+        times.append(synced_now(device) - t0)
     params = net.params[0]
     return dict(epoch_times=times, test_acc=resident_accuracy(params, X_test, y_test),
                 param_sum=float(sum(p.detach().double().abs().sum() for p in params)),

@@ -25,17 +25,20 @@ def _timeline_model(device, sizes, bucket_mb, overlap=True):
 
 
 def _step(model, X, y):
-    """One synchronised step's backward and finish, timed: (start, backward end, finish end)."""
+    """One synchronised step's backward and finish, timed on the model's clock (CUDA events on
+    a GPU: when the GPU got there): (start, backward end, finish end) in host-clock seconds,
+    as model.timeline, which it leaves holding the step."""
     loss = flat_cross_entropy(model(X), y)
-    t0 = time.perf_counter()
+    t0 = model.clock.stamp()
     loss.backward()
-    t1 = time.perf_counter()
+    t1 = model.clock.stamp()
     model.finish_gradient_synchronization()
-    t2 = time.perf_counter()
-    deadline = t2 + 1.0      # completion callbacks run on gloo's threads: let them land
-    while sum(w == "done" for _, w, _ in model.timeline) < len(model.buckets) and \
-            time.perf_counter() < deadline:
+    t2 = model.clock.stamp()
+    deadline = time.monotonic() + 1.0     # a time-out, not a measurement: completion
+    while model.completions() < len(model.buckets) and \
+            time.monotonic() < deadline:      # callbacks run on gloo's threads: let them land
         time.sleep(0.001)
+    t0, t1, t2 = model.clock.seconds([t0, t1, t2])
     model.zero_grad()
     return t0, t1, t2
 
@@ -43,7 +46,8 @@ def _step(model, X, y):
 def gradient_timeline(rank, world, cfg):
     """When each gradient was ready, each bucket's all-reduce launched and completed (seconds
     from the start of loss.backward()), on the last of `repeats` steps (the first ones warm
-    up), and when backward and finish returned. cfg["batch_size"]: this rank's examples."""
+    up), and when backward and finish returned, and the device (on a GPU the times are the
+    GPU's: CUDA events). cfg["batch_size"]: this rank's examples."""
     device, bucket_mb, sizes, repeats, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, repeats=3, batch_size=32)
     model, batch = _timeline_model(device, sizes, bucket_mb)
@@ -53,7 +57,8 @@ def gradient_timeline(rank, world, cfg):
         dist.barrier()
         t0, t1, t2 = _step(model, X, y)
     return dict(events=[(t - t0, what, i) for t, what, i in model.timeline],
-                backward_s=t1 - t0, finish_s=t2 - t0, num_buckets=len(model.buckets))
+                backward_s=t1 - t0, finish_s=t2 - t0, num_buckets=len(model.buckets),
+                device=str(device))
 
 
 def overlap_step_times(rank, world, cfg):
@@ -90,18 +95,22 @@ _LANES = {"forward": "forward", "backward": "backward", "finish": "finish"}
 def _trace_events(path):
     """(lane, start_ms, dur_ms) of an exported Chrome trace: the record_function regions
     (forward, backward, finish), the all-reduces launched on the training thread ("launch":
-    c10d::allreduce_) and those gloo runs on its own threads ("all-reduce")."""
+    c10d::allreduce_) and those that ran ("all-reduce": gloo's threads, or NCCL's kernels on
+    a GPU: helpers.profiling.comm_events)."""
     import json
+
+    from ..profiling import comm_events
     with open(path) as f:
         events = [e for e in json.load(f).get("traceEvents", [])
                   if e.get("ph") == "X" and "dur" in e]
+    comm = {id(e) for e in comm_events(events)}
     out = []
     for e in events:
         name = e["name"]
+        if e.get("cat") == "gpu_user_annotation":
+            continue                   # a region's copy on the GPU: the host's is the region
         lane = _LANES.get(name) or ("launch" if name.startswith("c10d::allreduce") else
-                                    "all-reduce" if name.startswith(("gloo:all_reduce",
-                                                                     "nccl:all_reduce"))
-                                    else None)
+                                    "all-reduce" if id(e) in comm else None)
         if lane:
             out.append((lane, float(e["ts"]) / 1e3, float(e["dur"]) / 1e3))
     t0 = min((t for lane, t, _ in out if lane == "forward"), default=0.0)
@@ -119,18 +128,22 @@ def _covered(spans):
 
 def ddp_scratch_trace(rank, world, cfg):
     """torch.profiler traces of `steps` DDPFromScratch steps (after a warm-up), with the
-    all-reduces launched from the hooks ("overlap") and all in finish ("after"). Returns per
-    mode the trace's events [(lane, start_ms, dur_ms)] and, summed over the steps, the ms some
-    all-reduce was running, the ms of that during backward (work done while communication was
-    in flight) and the ms of the steps (forward start to finish end)."""
+    all-reduces launched from the hooks ("overlap") and all in finish ("after"); on a GPU with
+    CUDA activity too (the all-reduce lane: NCCL's kernels). Returns per mode the trace's
+    events [(lane, start_ms, dur_ms)] and, summed over the steps, the ms some all-reduce was
+    running, the ms of that during backward (work done while communication was in flight)
+    and the ms of the steps (forward start to finish end)."""
     import os
     import tempfile
     from torch import profiler
 
+    from ..devices import synchronize
     from ..profiling import quiet_native_stderr
     device, bucket_mb, sizes, steps, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, steps=3, batch_size=32)
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    activities = [profiler.ProfilerActivity.CPU] + (
+        [profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     out = {}
     for mode in ("overlap", "after"):
         model, batch = _timeline_model(device, sizes, bucket_mb, overlap=mode == "overlap")
@@ -139,8 +152,7 @@ def ddp_scratch_trace(rank, world, cfg):
         for _ in range(2):
             _step(model, X, y)
         dist.barrier()
-        with quiet_native_stderr(), profiler.profile(
-                activities=[profiler.ProfilerActivity.CPU]) as prof:
+        with quiet_native_stderr(), profiler.profile(activities=activities) as prof:
             for _ in range(steps):
                 with profiler.record_function("forward"):
                     loss = flat_cross_entropy(model(X), y)
@@ -149,6 +161,7 @@ def ddp_scratch_trace(rank, world, cfg):
                 with profiler.record_function("finish"):
                     model.finish_gradient_synchronization()
                 model.zero_grad()
+            synchronize(device)        # the last kernels in the trace too
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "trace.json")
             prof.export_chrome_trace(path)
@@ -183,11 +196,12 @@ def emulated_overlap(rank, world, cfg):
     `world` ranks would have sent it (one link, buckets in launch order, 2(k-1) messages of
     alpha + bytes/k / beta). Sleeps cost no CPU, so busy cores keep the schedule's shape.
     Returns per mode ("overlap", "after"): step end, backward end and the all-reduce spans
-    (modelled seconds since backward started), and the rates' source."""
-    from ..runtime.emulate import Rates, sleep_until
+    (modelled seconds since backward started), and the rates' source. The host clock is read
+    once the rank's stream has run what it was given (on a GPU the host only queues it)."""
+    from ..runtime.emulate import Clock, Rates, sleep_until
     device, bucket_mb, sizes, model_batch, scale, steps = take(
         cfg, "device", bucket_mb=None, sizes=None, model_batch=2048, scale=500.0, steps=2)
-    rates = Rates.load()
+    rates, now = Rates.load(), Clock(device=device).now
     out = dict(source=rates.source, scale=scale, model_batch=model_batch)
     for mode in ("overlap", "after"):
         net = make_model("mlp", **(sizes or {})).to(device)
@@ -196,7 +210,7 @@ def emulated_overlap(rank, world, cfg):
 
         def paced(p, pace=pace, flops=flops):   # before the wrapper's hook: the modelled
             pace["t"] += rates.compute(flops[id(p)]) * scale   # compute, then the launch
-            sleep_until(pace["t"])
+            sleep_until(pace["t"], now)
         for p in net.parameters():
             p.register_post_accumulate_grad_hook(paced)
         model = DDPFromScratch(net, bucket_mb=bucket_mb, overlap=mode == "overlap")
@@ -205,9 +219,9 @@ def emulated_overlap(rank, world, cfg):
         for _ in range(steps):
             dist.barrier()
             loss = flat_cross_entropy(model(X), y)
-            t0 = pace["t"] = time.perf_counter()
+            t0 = pace["t"] = now()
             loss.backward()
-            t1 = time.perf_counter()
+            t1 = now()
             launches = sorted((s, i) for s, w, i in model.timeline if w == "launch") \
                 if mode == "overlap" else [(t1, i) for i in range(len(model.buckets))]
             link, spans = t0, []
@@ -219,7 +233,7 @@ def emulated_overlap(rank, world, cfg):
                 spans.append(((start - t0) / scale, (link - t0) / scale))
             model.finish_gradient_synchronization()     # the real all-reduces, real values
             end = max(link, t1)                          # then their modelled completion: a
-            sleep_until(end)     # real all-reduce that a busy machine slows does not move it
+            sleep_until(end, now)    # real all-reduce that a busy machine slows does not move it
             model.zero_grad()
         out[mode] = dict(step=(end - t0) / scale, backward=(t1 - t0) / scale, comm=spans)
     return out

@@ -9,7 +9,6 @@ every rank, so the ranks' collectives pair up even when a rank skips some parame
 import contextlib
 import functools
 import itertools
-import time
 import weakref
 import zlib
 
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..devices import DeviceClock
 from ..runtime.agree import where_are_the_others
 
 __all__ = ["DDPFromScratch", "make_buckets"]
@@ -75,9 +75,11 @@ class DDPFromScratch(nn.Module):
     an error naming the fix: two backward passes before finish outside no_sync, a forward or an
     optimizer step before finish, models that differ between ranks, a bucket mixing dtypes or
     devices. `group`: the data-parallel ranks to average over (all by default). `overlap=False`
-    launches every all-reduce in finish (the baseline to time overlap against). `timeline`
-    holds this step's (time.perf_counter(), "grad" | "launch" | "done", bucket index) ("done":
-    the all-reduce completed, as the host saw it: meaningful with gloo, not with NCCL).
+    launches every all-reduce in finish (the baseline to time overlap against). `timeline`:
+    this step's (seconds, "grad" | "launch" | "done", bucket index), on the host clock; on a
+    GPU the stamps are CUDA events (when the GPU got there, not when the host queued it), and
+    an NCCL all-reduce's "done" is an event its completion fires (its future completes at
+    launch).
     """
 
     def __init__(self, module, bucket_mb=None, overlap=True, group=None):
@@ -87,7 +89,13 @@ class DDPFromScratch(nn.Module):
                                "dist.init_process_group(...) first")
         self.module, self.overlap, self.group = module, overlap, group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        _check_same_model(module, self.rank, self.world, group)
+        device = _device_of(module)
+        self.clock = DeviceClock(device)
+        # NCCL's futures complete when the all-reduce is queued: its completion is an event
+        # recorded on a side stream that waits for it (the compute stream does not)
+        self._watch = torch.cuda.Stream(device) if device.type == "cuda" and \
+            "nccl" in str(dist.get_backend(group)) else None
+        _check_same_model(module, self.rank, self.world, group, device)
         ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
         self._tag = (f"ddp{next(_NUMBER.setdefault(ranks, itertools.count()))}@"
                      + "-".join(map(str, ranks)))
@@ -112,7 +120,7 @@ class DDPFromScratch(nn.Module):
         self._require_sync = True     # False inside no_sync()
         self._sync_backward = True    # decided by the last forward, as torch's DDP does
         self._reset()
-        self.timeline = []
+        self._log = []
         _LIVE.add(self)
         if not _GUARD:   # one global hook (torch >= 2.0) for every optimizer and wrapper
             from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -126,6 +134,19 @@ class DDPFromScratch(nn.Module):
         self._next = 0                              # the next bucket to launch, in order
         self._pending = []                          # (bucket index, work, flat buffer)
 
+    @property
+    def timeline(self):
+        """This step's [(seconds, "grad" | "launch" | "done", bucket index)] on the host clock
+        (on a GPU it waits for the device to reach the last stamp)."""
+        log = list(self._log)
+        seconds = self.clock.seconds([t for t, _, _ in log])
+        return [(t, what, i) for t, (_, what, i) in zip(seconds, log)]
+
+    def completions(self):
+        """How many of this step's all-reduces have a completion on the timeline (gloo's
+        callbacks land on its own threads, a moment after the all-reduce finished)."""
+        return sum(what == "done" for _, what, _ in list(self._log))
+
     def _owns(self, optimizer):
         ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
         return any(id(p) in ids for p in self._params)
@@ -133,7 +154,7 @@ class DDPFromScratch(nn.Module):
     def _start(self):
         """The first forward or gradient since finish: a new step, a new timeline."""
         if not self._open:
-            self._open, self.timeline = True, []
+            self._open, self._log = True, []
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -164,7 +185,7 @@ class DDPFromScratch(nn.Module):
         k = self._index[id(param)]
         i = self._bucket_of[k]
         self._start()
-        self.timeline.append((time.perf_counter(), "grad", i))
+        self._log.append((self.clock.stamp(), "grad", i))
         self._used[k] = True
         if not (self._sync_backward and self.overlap):
             return      # accumulating (no_sync), or all-reduces left to finish (overlap=False)
@@ -188,7 +209,7 @@ class DDPFromScratch(nn.Module):
         """All-reduce bucket i: each gradient divided by the world size first (as torch's DDP
         does), zeros for a parameter this rank did not use; the last bucket also carries which
         parameters this rank used, so every rank learns which ones nobody used."""
-        self.timeline.append((time.perf_counter(), "launch", i))
+        self._log.append((self.clock.stamp(), "launch", i))
         start = sum(len(b) for b in self.buckets[:i])
         parts = [self._params[start + j].grad.reshape(-1) / self.world
                  if self._used[start + j] and self._params[start + j].grad is not None
@@ -204,12 +225,18 @@ class DDPFromScratch(nn.Module):
         self._next = i + 1
 
     def _on_done(self, work, i):
+        log = self._log             # this step's (a late completion never lands in the next)
+        if self._watch is not None:     # NCCL: the side stream waits for the all-reduce, then
+            with torch.cuda.stream(self._watch):    # an event there fires when it is done
+                work.wait()
+                log.append((self.clock.stamp(self._watch), "done", i))
+            return
         try:
             fut = work.get_future()
         except (RuntimeError, AttributeError):   # a backend without futures
             return
-        timeline = self.timeline    # this step's (a late completion never lands in the next)
-        fut.then(lambda _: timeline.append((time.perf_counter(), "done", i)))
+        clock = self.clock      # gloo: the future completes when its threads are done
+        fut.then(lambda _: log.append((clock.host(), "done", i)))
 
     def finish_gradient_synchronization(self):
         """Launch the buckets still waiting (in index order), wait for every all-reduce and
@@ -267,11 +294,21 @@ def _signature(module):
             for n, t in [*module.named_parameters(), *module.named_buffers()]]
 
 
-def _check_same_model(module, rank, world, group=None):
+def _device_of(module):
+    """Where the module's parameters (else buffers) live; a module without any: the rank's
+    current device (the GPU NCCL communicates on), else the CPU."""
+    for t in (*module.parameters(), *module.buffers()):
+        return t.device
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_same_model(module, rank, world, group=None, device=None):
     """Refuse, on every rank alike, models that differ between the ranks (torch's DDP checks
     this too): one all_gather of a fingerprint, a second one only to name the difference."""
     sig = _signature(module)
-    device = next(module.parameters(), torch.empty(0)).device
+    device = device or _device_of(module)
     mine = torch.tensor([len(sig), zlib.crc32(repr(sig).encode())], dtype=torch.int64,
                         device=device)
     every = [torch.empty_like(mine) for _ in range(world)]

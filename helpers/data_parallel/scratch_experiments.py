@@ -171,7 +171,7 @@ def scratch_refusals(rank, world, cfg):
     before finish, a forward or an optimizer step before finish, models that differ between
     ranks; and what is harmless: finish twice, finish on one rank only (no communication)."""
     (device,) = take(cfg, "device")
-    X, y = torch.randn(8, 32), torch.randint(10, (8,))
+    X, y = torch.randn(8, 32).to(device), torch.randint(10, (8,)).to(device)
 
     def fresh():
         model = DDPFromScratch(make_model("mlp", seed=0).to(device))
@@ -194,13 +194,14 @@ def scratch_refusals(rank, world, cfg):
         opt.step()
 
     def other_model():
-        DDPFromScratch(make_model("mlp", width=64 + 8 * rank))
+        DDPFromScratch(make_model("mlp", width=64 + 8 * rank).to(device))
 
     def mixed_dtypes():
-        DDPFromScratch(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2).double()), bucket_mb=25)
+        DDPFromScratch(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2).double()).to(device),
+                       bucket_mb=25)
 
     def trainable_later():
-        net = make_model("frozen")
+        net = make_model("frozen").to(device)
         model = DDPFromScratch(net)
         net[0].requires_grad_(True)
         flat_cross_entropy(model(X), y).backward()
@@ -236,7 +237,8 @@ def scratch_skipped_step(rank, world, cfg):
     model = DDPFromScratch(make_model("mlp", seed=0).to(device), group=group)
     message = None
     if rank == 0:
-        flat_cross_entropy(model(torch.randn(4, 32)), torch.randint(10, (4,))).backward()
+        X, y = torch.randn(4, 32).to(device), torch.randint(10, (4,)).to(device)
+        flat_cross_entropy(model(X), y).backward()
         try:
             model.finish_gradient_synchronization()
         except RuntimeError as e:

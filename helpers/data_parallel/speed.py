@@ -11,10 +11,10 @@ The workers are launch targets fn(rank, world, cfg) (helpers.launch): a spawned 
 its function by name, so they live here rather than in a notebook.
 """
 import statistics
-import time
 
 import torch
 
+from ..devices import synced_now, synchronize
 from ..runtime.group import choose_backend, pin_to_core
 from ..runtime.launch import launch, take
 from ..runtime.progress import report_progress
@@ -52,35 +52,36 @@ class _Trainer:
         self.g = torch.Generator().manual_seed(seed)
 
     def repeat(self, steps, rank, X, y, group):
-        """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update."""
+        """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update (on
+        the CPU: gloo ranks, one core each)."""
         import torch.distributed as dist
 
         from ..models import lenet, loss
         from .simulated import sgd
         comp = comm = upd = 0.0
-        t_start = time.perf_counter()
+        t_start = synced_now()
         for _ in range(steps):
             idx = torch.randint(0, X.shape[0], (self.B,), generator=self.g)
             idx = idx.tensor_split(self.k)[rank]
-            t0 = time.perf_counter()
+            t0 = synced_now()
             loss(lenet(X[idx], self.params), y[idx]).sum().backward()
-            t1 = time.perf_counter()
+            t1 = synced_now()
             if self.k > 1:
                 if self.mode == "fast":
                     dist.all_reduce(self.flat_grad, group=group)    # one message
                 else:
                     for p in self.params:                           # one message per tensor
                         dist.all_reduce(p.grad, group=group)
-            t2 = time.perf_counter()
+            t2 = synced_now()
             if self.mode == "fast":
                 with torch.no_grad():
                     self.flat.sub_(self.flat_grad, alpha=self.lr / self.B)
                     self.flat_grad.zero_()
             else:
                 sgd(self.params, self.lr, self.B)
-            t3 = time.perf_counter()
+            t3 = synced_now()
             comp, comm, upd = comp + t1 - t0, comm + t2 - t1, upd + t3 - t2
-        total = time.perf_counter() - t_start
+        total = synced_now() - t_start
         return [v / steps for v in (total, comp, comm, upd)]
 
 
@@ -251,9 +252,7 @@ def bench_worker(rank, world_size, cfg):
         for epoch in range(num_epochs):
             report_progress(epoch + 1, num_epochs, f"{wrapper} epoch")
             dist.barrier()
-            if nccl:
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            t0 = synced_now(device)
             for idx in loader.index_batches():
                 idx = idx.tensor_split(world_size)[rank]
                 loss = F.cross_entropy(model(X[idx]), y[idx])   # mean; ranks average
@@ -262,10 +261,9 @@ def bench_worker(rank, world_size, cfg):
                 if wrapper == "scratch":
                     model.finish_gradient_synchronization()
                 opt.step()
-            if nccl:
-                torch.cuda.synchronize(device)
+            synchronize(device)
             dist.barrier()
-            times.append(time.perf_counter() - t0)
+            times.append(synced_now(device) - t0)
         with torch.no_grad():
             correct = sum(int((net(Xc).argmax(1) == yc).sum())
                           for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
@@ -308,14 +306,10 @@ def gloo_allreduce_worker(rank, world_size, cfg):
         times = []
         for r in range(reps + 2):      # two warm-up calls
             dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            t0 = synced_now(device)
             dist.all_reduce(x)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
             if r >= 2:
-                times.append(time.perf_counter() - t0)
+                times.append(synced_now(device) - t0)
         results[n] = min(times)
         if x[0].item() != world_size ** (reps + 2):
             raise RuntimeError(f"all_reduce gave {x[0].item()}, expected "
