@@ -92,11 +92,25 @@ pdf: $(STAMP)
 JOBS   ?= auto
 XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 
-# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
-# test-browser depends on test-book, the book it tests. (Not faster so on 2 cores: nbval beside
-# the book, browser and PDF chain took 535 s, against about 500 s for both one after the other.)
+# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two stages at a time
+# (make -j2) only where each leaves a core idle: pip's installs of the book's venv and node_modules
+# beside the course venv's, the two Sphinx builds (one process each) side by side, the PDF beside
+# gpu-dry (one small step after another). The stages with two pytest workers (unit tests,
+# notebooks, browser) run alone: nbval beside the book, browser and PDF chain was not faster on 2
+# cores (535 s, against about 500 s one after the other). --output-sync=line: whole lines.
+TEST_STAGES := lint test-unit test-notebooks test-book-fresh test-book test-browser test-pdf gpu-dry
 test: export COURSE_QUICK := 1
-test: $(STAMP) lint test-unit test-notebooks test-book-fresh test-book test-browser test-pdf gpu-dry
+test:
+	@$(MAKE) --no-print-directory -j2 --output-sync=line CI_ORDER=1 \
+		$(STAMP) $(BOOK_VENV)/.installed node_modules/.installed $(TEST_STAGES)
+
+# The order of `make test` (order-only: `make test-book` alone still runs only the book).
+ifeq ($(CI_ORDER),1)
+test-notebooks: | test-unit
+test-book-fresh test-book: | test-notebooks
+test-browser: | test-book-fresh
+gpu-dry: | test-browser
+endif
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
 # The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
