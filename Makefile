@@ -92,22 +92,23 @@ pdf: $(STAMP)
 JOBS   ?= auto
 XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 
-# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two stages at a time
-# (make -j2) only where each leaves a core idle: pip's installs of the book's venv and node_modules
-# beside the course venv's, the two Sphinx builds (one process each) side by side, the PDF beside
-# gpu-dry (one small step after another). The stages with two pytest workers (unit tests,
-# notebooks, browser) run alone: nbval beside the book, browser and PDF chain was not faster on 2
-# cores (535 s, against about 500 s one after the other). --output-sync=line: whole lines.
+# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
+# (make -j2) only where each leaves a core idle: the Pages build (its own venv, no torch: pip,
+# then one Sphinx process) and node_modules beside the course venv's install (pip, one process),
+# and the PDF beside gpu-dry (one small step after another). The stages with two pytest workers
+# (unit tests, notebooks, browser) run alone: nbval beside the book, browser and PDF chain was
+# not faster on 2 cores (535 s, against about 500 s one after the other). Order-only
+# prerequisites set the order (`make test-book` alone still runs only the book); output comes
+# in whole lines.
 TEST_STAGES := lint test-unit test-notebooks test-book-fresh test-book test-browser test-pdf gpu-dry
 test: export COURSE_QUICK := 1
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=line CI_ORDER=1 \
-		$(STAMP) $(BOOK_VENV)/.installed node_modules/.installed $(TEST_STAGES)
+		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
 
-# The order of `make test` (order-only: `make test-book` alone still runs only the book).
 ifeq ($(CI_ORDER),1)
+test-unit: | test-book
 test-notebooks: | test-unit
-test-book-fresh test-book: | test-notebooks
 test-browser: | test-book-fresh
 gpu-dry: | test-browser
 endif
