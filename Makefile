@@ -98,12 +98,12 @@ XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 # and the PDF beside gpu-dry (one small step after another). The stages with two pytest workers
 # (unit tests, notebooks, browser) run alone: nbval beside the book, browser and PDF chain was
 # not faster on 2 cores (535 s, against about 500 s one after the other). Order-only
-# prerequisites set the order (`make test-book` alone still runs only the book); output comes
-# in whole lines.
+# prerequisites set the order (`make test-book` alone still runs only the book). No
+# --output-sync: it would hold a stage's output until the stage ends (minutes of silence).
 TEST_STAGES := lint test-unit test-notebooks test-book-fresh test-book test-browser test-pdf gpu-dry
 test: export COURSE_QUICK := 1
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=line CI_ORDER=1 \
+	@$(MAKE) --no-print-directory -j2 CI_ORDER=1 \
 		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
 
 ifeq ($(CI_ORDER),1)
