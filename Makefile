@@ -92,11 +92,26 @@ pdf: $(STAMP)
 JOBS   ?= auto
 XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 
-# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Safe under make -j:
-# test-browser depends on test-book, the book it tests. (Not faster so on 2 cores: nbval beside
-# the book, browser and PDF chain took 535 s, against about 500 s for both one after the other.)
+# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
+# (make -j2) only where each leaves a core idle: the Pages build (its own venv, no torch: pip,
+# then one Sphinx process) and node_modules beside the course venv's install (pip, one process),
+# and the PDF beside gpu-dry (one small step after another). The stages with two pytest workers
+# (unit tests, notebooks, browser) run alone: nbval beside the book, browser and PDF chain was
+# not faster on 2 cores (535 s, against about 500 s one after the other). Order-only
+# prerequisites set the order (`make test-book` alone still runs only the book). No
+# --output-sync: it would hold a stage's output until the stage ends (minutes of silence).
+TEST_STAGES := lint test-unit test-notebooks test-book-fresh test-book test-browser test-pdf gpu-dry
 test: export COURSE_QUICK := 1
-test: $(STAMP) lint test-unit test-notebooks test-book-fresh test-book test-browser test-pdf gpu-dry
+test:
+	@$(MAKE) --no-print-directory -j2 CI_ORDER=1 \
+		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
+
+ifeq ($(CI_ORDER),1)
+test-unit: | test-book
+test-notebooks: | test-unit
+test-browser: | test-book-fresh
+gpu-dry: | test-browser
+endif
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
 # The workflows: GitHub's schema (check-jsonschema, offline: its bundled copy) and zizmor's
