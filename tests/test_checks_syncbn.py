@@ -114,6 +114,26 @@ def sync_bn_input_grad_gather(dy, x_hat, invstd, n):
     return invstd * (dy - total[:c] / n - x_hat * total[c:] / n)
 
 
+@shortcut("check_sync_bn_input_grad", "every row broadcast in small messages (review)",
+          "never the rows")
+def sync_bn_input_grad_rows_broadcast(dy, x_hat, invstd, n):
+    c, w = dy.shape[1], dist.get_world_size()
+    sizes = [torch.tensor([float(len(dy))]) for _ in range(w)]
+    for r in range(w):                          # 4 bytes each
+        dist.broadcast(sizes[r], r)
+    rows = []
+    for r in range(w):                          # one row of dY and one of X_hat: c floats each
+        for i in range(int(sizes[r].item())):
+            pair = [dy[i].clone(), x_hat[i].clone()] if r == dist.get_rank() else [
+                torch.empty(c), torch.empty(c)]
+            for t in pair:
+                dist.broadcast(t, r)
+            rows.append(pair)
+    all_dy = torch.stack([p[0] for p in rows])
+    all_xh = torch.stack([p[1] for p in rows])
+    return invstd * (dy - all_dy.mean(0) - x_hat * (all_dy * all_xh).mean(0))
+
+
 @shortcut("check_sync_bn_input_grad", "averages the ranks' means", "SUMS over the ranks")
 def sync_bn_input_grad_avg(dy, x_hat, invstd, n):
     means = torch.cat([dy.mean(0), (dy * x_hat).mean(0)])
