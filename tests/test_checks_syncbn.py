@@ -34,11 +34,31 @@ def global_mean_var_float64(counts, means, variances):
     return mean.float(), ((c * (v + m * m)).sum(0) / n - mean * mean).float()
 
 
-@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float32", "float32 rounding")
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float32", "E[x^2] - E[x]^2")
 def global_mean_var_naive(counts, means, variances):
     n = counts.sum()
     mean = (counts[:, None] * means).sum(0) / n
     return mean, (counts[:, None] * (variances + means ** 2)).sum(0) / n - mean * mean
+
+
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in Python floats, .tolist() (review)",
+          "in any precision")
+def global_mean_var_python_floats(counts, means, variances):
+    c, m, v = counts.tolist(), means.tolist(), variances.tolist()
+    n = sum(c)
+    mean = [sum(ci * mi[j] for ci, mi in zip(c, m)) / n for j in range(len(m[0]))]
+    sq = [sum(ci * (vi[j] + mi[j] ** 2) for ci, mi, vi in zip(c, m, v)) / n
+          for j in range(len(m[0]))]
+    return torch.tensor(mean), torch.tensor([s - mu * mu for s, mu in zip(sq, mean)])
+
+
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in numpy float64", "in any precision")
+def global_mean_var_numpy64(counts, means, variances):
+    c = counts.numpy().astype("float64")[:, None]
+    m, v = means.numpy().astype("float64"), variances.numpy().astype("float64")
+    n = c.sum()
+    mean = (c * m).sum(0) / n
+    return mean, (c * (v + m * m)).sum(0) / n - mean * mean
 
 
 @shortcut("check_global_mean_var", "ignores the spread of the means", "leaves out how far")

@@ -15,7 +15,9 @@ __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn
 @check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm",
                                       "data_parallel.torch_api._combine_stats"], observes=[
     "the mean and biased variance returned for float32 shards of unequal sizes with a large mean "
-    "and a small spread (where E[x^2] - E[x]^2 loses the variance), against the exact values",
+    "and a small spread (where E[x^2] - E[x]^2 loses the variance), against the exact values; "
+    "one channel where every rank's mean is the same power of two, 2**30 or more, where "
+    "E[x^2] - E[x]^2 loses the variance in any precision (Python floats, numpy, float64)",
     "the dtype of every operation the answer ran: float32 only (float64 would hide the "
     "rounding the exercise is about)"])
 def check_global_mean_var(fn):
@@ -24,17 +26,30 @@ def check_global_mean_var(fn):
     (world_size,) and (world_size, channels), float32), computed in float32."""
     g = fresh_generator()
     w, c = randint(g, 2, 5), randint(g, 1, 6)
+    sizes = [randint(g, 1, 4) + 4 * i for i in range(w)]
+    sizes[-1] += 2 ** (sum(sizes) - 1).bit_length() - sum(sizes)   # n a power of two
     offset = 2000 + 3000 * torch.rand(c, generator=g, dtype=torch.float64)
-    shards = [torch.randn(randint(g, 1, 4) + 4 * i, c, generator=g, dtype=torch.float64)
-              * (0.5 + i) + offset + 3 * i for i in range(w)]
-    counts = torch.tensor([float(len(s)) for s in shards])
+    shards = [torch.randn(k, c + 1, generator=g, dtype=torch.float64) * (0.5 + i)
+              + torch.cat([offset + 3 * i, torch.zeros(1, dtype=torch.float64)])
+              for i, k in enumerate(sizes)]
+    counts = torch.tensor([float(k) for k in sizes])
     means = torch.stack([s.mean(0) for s in shards]).float()
     variances = torch.stack([s.var(0, unbiased=False) for s in shards]).float()
+    # one more channel where every rank's mean is the same power of two, 2**30 or more: a stable
+    # float32 combination is exact there (mean and weights are exact, no spread of the means),
+    # but E[x^2] - E[x]^2 loses the variance in ANY precision (float64, Python floats, numpy),
+    # since the spread (about 1) is below the rounding of mean**2 (2**60 or more)
+    exact = randint(g, 0, c)
+    order = [j for j in range(c + 1) if j != c]
+    order.insert(exact, c)
+    means[:, c] = float(2 ** randint(g, 30, 40))
+    means, variances = means[:, order].contiguous(), variances[:, order].contiguous()
+    c += 1
+    with Recorder() as rec:
+        got = fn(counts.clone(), means.clone(), variances.clone())
     n64, m64, v64 = counts.double(), means.double(), variances.double()
     want_mean = (n64[:, None] * m64).sum(0) / n64.sum()   # from the float32 inputs, exactly
     want_var = (n64[:, None] * (v64 + (m64 - want_mean) ** 2)).sum(0) / n64.sum()
-    with Recorder() as rec:
-        got = fn(counts.clone(), means.clone(), variances.clone())
     wide = sorted({op.name for op in rec.ops
                    if any(r.dtype == torch.float64 for r in op.reads + op.writes + op.outputs)})
     expect(not wide, f"your code computed in float64 ({', '.join(wide[:4])}): the exercise is "
@@ -58,6 +73,12 @@ def check_global_mean_var(fn):
     tol = dict(rtol=1e-3, atol=1e-5)
     if torch.allclose(var, want_var, **tol):
         return
+    rest = [j for j in range(c) if j != exact]
+    expect(not torch.allclose(var[rest], want_var[rest], **tol),
+           f"var is off in channel {exact}, where every rank's mean is {means[0, exact]:.6g} and "
+           f"the variance {want_var[exact]:.3g}: E[x^2] - E[x]^2 loses the variance there in any "
+           "precision (float64 and Python floats too); combine the ranks' variances and the "
+           "spread of their means instead (no squares of raw values)")
     within = (counts[:, None].double() * v64).sum(0) / n
     expect(not torch.allclose(var, within, **tol),
            "var is the count-weighted mean of the ranks' variances: it leaves out how far each "
