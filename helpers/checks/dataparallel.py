@@ -72,9 +72,9 @@ def check_lr_at(fn):
         warmup = randint(g, 2, 12) if case == 0 else 0 if case == 1 else randint(g, 0, 12)
         peak = base_lr * batch / base_batch
         for step in range(warmup + 3):
-            want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
             call = f"lr_at({step}, {base_lr}, {base_batch}, {batch}, {warmup})"
             got = as_number(fn(step, base_lr, base_batch, batch, warmup), call)
+            want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
             if abs(got - want) <= 1e-9 * max(1, want):
                 continue
             if warmup and step < warmup and abs(got - peak) < 1e-9:
