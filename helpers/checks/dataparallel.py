@@ -150,8 +150,10 @@ def check_dp_forward(fn):
         what = f"dp_forward on a batch of {n} over {k} devices"
         with Recorder() as rec:
             log.rec = rec
-            out = fn(net, X, [torch.device("cpu")] * k)
-            log.rec = None
+            try:
+                out = fn(net, X, [torch.device("cpu")] * k)
+            finally:
+                log.rec = None
         with torch.no_grad():
             want = net.lin(X)
         expect(isinstance(out, torch.Tensor) and out.shape == want.shape,
