@@ -212,6 +212,37 @@ def average_bucket_rebind(grads):
         offset += g.numel()
 
 
+@shortcut("check_average_bucket", "a decoy all-reduce, the average by all_gather (review)",
+          "allows only all_reduce")
+def average_bucket_gather(grads):
+    flat = torch.zeros(sum(g.numel() for g in grads))
+    dist.all_reduce(flat)                          # bucket-sized, carries nothing
+    w = dist.get_world_size()
+    for g in grads:
+        parts = [torch.empty_like(g) for _ in range(w)]
+        dist.all_gather(parts, g)
+        g.copy_(torch.stack(parts).mean(0))
+
+
+@shortcut("check_average_bucket", "a decoy all-reduce, the average by send/recv",
+          "allows only all_reduce")
+def average_bucket_p2p(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(torch.zeros_like(flat))
+    r, w = dist.get_rank(), dist.get_world_size()
+    for j in range(w):
+        if j != r:
+            dist.send(flat, j)
+    total = flat.clone()
+    for j in range(w):
+        if j != r:
+            got = torch.empty_like(flat)
+            dist.recv(got, j)
+            total += got
+    for g, piece in zip(grads, (total / w).split([g.numel() for g in grads])):
+        g.copy_(piece.view_as(g))
+
+
 # ---- scratch_accumulate ------------------------------------------------------------------------
 @worked("check_scratch_accumulate")
 def accumulate(model, loss_fn, micro_batches):

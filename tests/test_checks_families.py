@@ -11,6 +11,7 @@ import sys
 import threading
 import types
 
+import pytest
 import torch
 from torch.nn import functional as F
 
@@ -101,6 +102,36 @@ def tensor_bytes_current_frames(tensors):
 @shortcut("check_saved_bytes", "reads `want` in the check's frame", PEEK)
 def saved_bytes_peek(net, X):
     return _peek_hidden("want")
+
+
+# Behind the guard: checks compute their expected values after the answer ran, so a frame walk
+# that gets past the guard (ctypes, a C extension: book/teachers.md) finds no expected value for
+# the call it is in. The guard is switched off here to show it.
+AFTER_THE_CALL = ["check_tensor_bytes", "check_activation_bytes", "check_tp_bytes_per_step",
+                  "check_accumulation_bytes", "check_largest_batch_data_parallel",
+                  "check_dp_step_seconds", "check_combine_mean_grads", "check_lr_at",
+                  "check_balancing_loss", "check_z_loss", "check_link_between",
+                  "check_idle_share", "check_partial_sum_bytes", "check_tp_ring_bytes",
+                  "check_zero3_sent_bytes"]
+
+
+@pytest.mark.parametrize("name", AFTER_THE_CALL)
+def test_expected_value_is_not_in_the_frame_during_the_call(name, monkeypatch):
+    from helpers.checks._core import guard
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv("COURSE_GRADING", raising=False)
+    state = guard._state()                  # the hook skips a thread it marks busy
+    monkeypatch.setattr(state.local, "busy", True, raising=False)
+    seen = []
+
+    def peek(*args, **kwargs):
+        want = _peek_hidden("want")        # names computed: the static scan sees nothing
+        seen.append(want)
+        return want
+    result = getattr(helpers.checks, name)(peek)
+    assert seen, f"{name}: the answer was not called"
+    assert result.status == "failed", f"{name}: an answer reading `want` passed: {result}"
+    assert "inspects the running program" not in result.message     # the guard was off
 
 
 # ---- 2. the course's own answer under another name ----------------------------------------------
@@ -425,6 +456,38 @@ def global_mean_var_chan(counts, means, variances):
         m2 = m2 + m2b + delta * delta * n * nb / total
         n = total
     return m, m2 / n
+
+
+@other("check_tensor_bytes", "prints a traceback it caught, then computes (traceback.print_exc)")
+def tensor_bytes_prints_traceback(tensors):
+    import io
+    import traceback
+    try:
+        int("not a number")
+    except ValueError:
+        traceback.print_exc(file=io.StringIO())
+        traceback.format_exc()
+        traceback.print_stack(file=io.StringIO())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@shortcut("check_tensor_bytes", "frames from traceback.walk_stack", PEEK)
+def tensor_bytes_walk_stack(tensors):
+    import traceback
+    for f, _ in traceback.walk_stack(None):
+        if "want" in f.f_locals:
+            return f.f_locals["want"]
+    return 0
+
+
+@shortcut("check_tensor_bytes", "locals captured by traceback.TracebackException", PEEK)
+def tensor_bytes_capture_locals(tensors):
+    import traceback
+    summary = traceback.StackSummary.extract(traceback.walk_stack(None), capture_locals=True)
+    for frame in summary:
+        if frame.locals and "want" in frame.locals:
+            return int(frame.locals["want"])
+    return 0
 
 
 @other("check_bucket_params", "torch's dedupe order: first occurrence, then reversed")

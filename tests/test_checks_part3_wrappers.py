@@ -110,6 +110,23 @@ def dp_forward_split(net, X, devices):
     return torch.cat([o.to(devices[0]) for o in outs])
 
 
+@shortcut("check_dp_forward", "replicas run their pieces, replica 0 on the whole batch is "
+          "returned (review)", "not made of the replicas' outputs")
+def dp_forward_replica0_whole(net, X, devices):
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    for r, x, d in zip(replicas, X.chunk(len(devices)), devices):
+        r(x.to(d))                                 # logged, then thrown away
+    return replicas[0].lin(X.to(devices[0]))
+
+
+@shortcut("check_dp_forward", "the pieces' outputs as a decoy: + 0 * outputs",
+          "computed outside the replicas")
+def dp_forward_decoy(net, X, devices):
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    outs = [r(x.to(d)) for r, x, d in zip(replicas, X.chunk(len(devices)), devices)]
+    return replicas[0].lin(X.to(devices[0])) + 0 * torch.cat([o.to(devices[0]) for o in outs])
+
+
 @shortcut("check_dp_forward", "the whole batch at once", "ran once on all")
 def dp_forward_whole(net, X, devices):
     return net(X)

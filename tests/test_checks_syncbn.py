@@ -34,11 +34,31 @@ def global_mean_var_float64(counts, means, variances):
     return mean.float(), ((c * (v + m * m)).sum(0) / n - mean * mean).float()
 
 
-@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float32", "float32 rounding")
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float32", "E[x^2] - E[x]^2")
 def global_mean_var_naive(counts, means, variances):
     n = counts.sum()
     mean = (counts[:, None] * means).sum(0) / n
     return mean, (counts[:, None] * (variances + means ** 2)).sum(0) / n - mean * mean
+
+
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in Python floats, .tolist() (review)",
+          "in any precision")
+def global_mean_var_python_floats(counts, means, variances):
+    c, m, v = counts.tolist(), means.tolist(), variances.tolist()
+    n = sum(c)
+    mean = [sum(ci * mi[j] for ci, mi in zip(c, m)) / n for j in range(len(m[0]))]
+    sq = [sum(ci * (vi[j] + mi[j] ** 2) for ci, mi, vi in zip(c, m, v)) / n
+          for j in range(len(m[0]))]
+    return torch.tensor(mean), torch.tensor([s - mu * mu for s, mu in zip(sq, mean)])
+
+
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in numpy float64", "in any precision")
+def global_mean_var_numpy64(counts, means, variances):
+    c = counts.numpy().astype("float64")[:, None]
+    m, v = means.numpy().astype("float64"), variances.numpy().astype("float64")
+    n = c.sum()
+    mean = (c * m).sum(0) / n
+    return mean, (c * (v + m * m)).sum(0) / n - mean * mean
 
 
 @shortcut("check_global_mean_var", "ignores the spread of the means", "leaves out how far")
@@ -112,6 +132,27 @@ def sync_bn_input_grad_gather(dy, x_hat, invstd, n):
     total = torch.cat(rows).sum(0)
     c = dy.shape[1]
     return invstd * (dy - total[:c] / n - x_hat * total[c:] / n)
+
+
+@shortcut("check_sync_bn_input_grad", "every row broadcast in small messages (review)",
+          "never the rows")
+def sync_bn_input_grad_rows_broadcast(dy, x_hat, invstd, n):
+    c, w = dy.shape[1], dist.get_world_size()
+    sizes = [torch.tensor([float(len(dy))]) for _ in range(w)]
+    for r in range(w):                          # 4 bytes each
+        dist.broadcast(sizes[r], r)
+    rows = []
+    for r in range(w):                          # one row of dY and one of X_hat: c floats each
+        for i in range(int(sizes[r].item())):
+            pair = [dy[i].clone(), x_hat[i].clone()] if r == dist.get_rank() else [
+                torch.empty(c), torch.empty(c)]
+            for t in pair:
+                dist.broadcast(t, r)
+            rows.append(pair)
+    all_dy = torch.stack([p[0] for p in rows])
+    all_xh = torch.stack([p[1] for p in rows])
+    dist.all_reduce(torch.zeros(2 * c))        # the all-reduce the check looks for
+    return invstd * (dy - all_dy.mean(0) - x_hat * (all_dy * all_xh).mean(0))
 
 
 @shortcut("check_sync_bn_input_grad", "averages the ranks' means", "SUMS over the ranks")

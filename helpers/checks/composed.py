@@ -51,10 +51,10 @@ def check_activation_bytes(fn):
         width = heads * 2 ** randint(g, 4, 7)
         seq = 2 ** randint(g, 6, 11)
         tp = tp or 2 ** randint(g, 1, min(3, log_heads))   # tp divides the heads
-        want = activation_bytes_per_token(width, heads, seq, tp, sp, rec, 2, flash=False,
-                                          dropout=True, ln_stats=False)
         what = f"activation_bytes({width}, {heads}, {seq}, tp={tp}, sp={sp}, {rec!r})"
         got = as_number(fn(width, heads, seq, tp, sp, rec), what)
+        want = activation_bytes_per_token(width, heads, seq, tp, sp, rec, 2, flash=False,
+                                          dropout=True, ln_stats=False)
         expect(abs(got - want) <= 1e-6 * want,
                f"{what} returned {got:.6g}, expected {want:.6g} (per token: "
                f"{want / width:.4g} x width)")
@@ -69,9 +69,9 @@ def check_tp_bytes_per_step(fn):
     for _ in range(4):
         blocks, m, tokens = randint(g, 1, 8), randint(g, 1, 8), 2 ** randint(g, 4, 12)
         width, tp, b = 2 ** randint(g, 5, 10), randint(g, 1, 8), (2, 4)[randint(g, 0, 1)]
-        want = 4 * blocks * m * ring_allreduce_bytes(tokens * width * b, tp)
         what = f"tp_bytes_per_step({blocks}, {m}, {tokens}, {width}, {tp}, {b})"
         got = as_number(fn(blocks, m, tokens, width, tp, b), what)
+        want = 4 * blocks * m * ring_allreduce_bytes(tokens * width * b, tp)
         expect(abs(got - want) <= 1e-9 * max(1, want), f"{what} returned {got:.6g}, "
                                                        f"expected {want:.6g}")
 
@@ -87,9 +87,9 @@ def check_accumulation_bytes(fn):
     for acc in ("every", "no_sync", "every", "no_sync"):
         n, k, m, b = randint(g, 10, 10**6), randint(g, 2, 16), randint(g, 2, 16), (2, 4)[
             randint(g, 0, 1)]
-        want = data_parallel_costs(n, k, "zero2", m, acc, "adam", b)["sent_bytes"]
         what = f"accumulation_bytes({n}, {k}, {m}, {acc!r}, {b})"
         got = as_number(fn(n, k, m, acc, b), what)
+        want = data_parallel_costs(n, k, "zero2", m, acc, "adam", b)["sent_bytes"]
         if abs(got - want) <= 1e-9 * max(1.0, want):
             continue
         once = (k - 1) / k * n * b

@@ -51,9 +51,9 @@ def check_largest_batch_data_parallel(fn):
         k = randint(g, 2, 8)
         fixed = (8 + OPTIMIZER_STATE_BYTES[optimizer]) * total_p
         memory = fixed + randint(g, 1, 300) * per_example + randint(g, 0, per_example - 1)
-        want = k * ((memory - fixed) // per_example)
         call = f"largest_batch_data_parallel(…, k={k}, …, {optimizer!r})"
         got = as_int(fn(sizes, k, memory, optimizer), call)
+        want = k * ((memory - fixed) // per_example)
         hint = ""
         if got * k == want:
             hint = " (the batch is split over the devices: multiply by k)"
@@ -128,9 +128,9 @@ def check_dp_step_seconds(fn):
         compute = randint(g, 10, 1000) / 1000
         back = 2 / 3 * compute / k
         comm = back * (randint(g, 10, 90) / 100 if hidden else 1 + randint(g, 10, 300) / 100)
-        want = compute / k + max(0.0, comm - back)
         call = f"dp_step_seconds({compute:g}, {k}, {comm:.6g})"
         got, dtype = as_number(fn(compute, k, comm), call, with_dtype=True)
+        want = compute / k + max(0.0, comm - back)
         if rel_close(got, want, 16, dtype):
             continue
         hint = ""

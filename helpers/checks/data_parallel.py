@@ -31,9 +31,9 @@ def check_combine_mean_grads(fn):
         while len(set(sizes)) == 1:
             sizes[0] += 1
         grads = [torch.randn(3, 2, generator=g) for _ in range(k)]
-        want = sum(gr * s for gr, s in zip(grads, sizes)) / sum(sizes)
         call = f"combine_mean_grads(…, sizes={sizes})"
         got = fn([gr.clone() for gr in grads], list(sizes))
+        want = sum(gr * s for gr, s in zip(grads, sizes)) / sum(sizes)
         expect(isinstance(got, torch.Tensor) and got.shape == want.shape,
                f"{call} returned {type(got).__name__}, expected a tensor of shape "
                f"{tuple(want.shape)}")
@@ -61,9 +61,9 @@ def check_reduce_then_broadcast(fn):
         k = randint(g, 2, 5)
         grads = [torch.randn(4, 3, generator=g) for _ in range(k)]
         originals, own = list(grads), [gr.clone() for gr in grads]
-        want = sum(own)
         call = f"reduce_then_broadcast on {k} devices"
         fn(grads)
+        want = sum(own)
         for i, orig in enumerate(originals):
             if grads[i] is not orig and torch.allclose(grads[i], want, atol=1e-5):
                 expect(torch.allclose(orig, want, atol=1e-5),

@@ -72,9 +72,9 @@ def check_lr_at(fn):
         warmup = randint(g, 2, 12) if case == 0 else 0 if case == 1 else randint(g, 0, 12)
         peak = base_lr * batch / base_batch
         for step in range(warmup + 3):
-            want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
             call = f"lr_at({step}, {base_lr}, {base_batch}, {batch}, {warmup})"
             got = as_number(fn(step, base_lr, base_batch, batch, warmup), call)
+            want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
             if abs(got - want) <= 1e-9 * max(1, want):
                 continue
             if warmup and step < warmup and abs(got - peak) < 1e-9:
@@ -94,6 +94,7 @@ class _CallLog:
 
     def __init__(self):
         self.calls, self.keep = [], []
+        self.rec, self.outputs = None, []      # the Recorder watching, each forward's output
 
     def __deepcopy__(self, memo):
         return self
@@ -114,7 +115,10 @@ class _RecordingLinear(nn.Module):
     def forward(self, X):
         self.log.keep.append(self)        # alive, so no later copy gets its id()
         self.log.calls.append((id(self), X.shape[0], X.device, self.lin.weight.device))
-        return self.lin(X)
+        Y = self.lin(X)
+        if self.log.rec is not None:         # (storage, version) of this output as it left
+            self.log.outputs.append((id(self), self.log.rec.latest(Y)))
+        return Y
 
 
 def _dp_case(g):
@@ -129,6 +133,8 @@ def _dp_case(g):
 @check("dp_forward", observes=[
     "on CPU: the outputs against the module's on the whole batch, and which copy of the module "
     "ran on how many rows (the check's module logs every call, deep copies included)",
+    "the dataflow into the output returned: every replica's output reaches it, and no work "
+    "outside the replicas does",
     "on k simulated GPUs: the device of every replica's weights and of every piece it ran on, "
     "and of the gathered output (no operation may mix devices)"])
 def check_dp_forward(fn):
@@ -141,10 +147,15 @@ def check_dp_forward(fn):
         log = _CallLog()
         net = _RecordingLinear(g, n_in, n_out, log)
         X = torch.randn(n, n_in, generator=g)
+        what = f"dp_forward on a batch of {n} over {k} devices"
+        with Recorder() as rec:
+            log.rec = rec
+            try:
+                out = fn(net, X, [torch.device("cpu")] * k)
+            finally:
+                log.rec = None
         with torch.no_grad():
             want = net.lin(X)
-        what = f"dp_forward on a batch of {n} over {k} devices"
-        out = fn(net, X, [torch.device("cpu")] * k)
         expect(isinstance(out, torch.Tensor) and out.shape == want.shape,
                f"{what} returned {type(out).__name__} "
                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}, expected the "
@@ -167,7 +178,42 @@ def check_dp_forward(fn):
                "(copy.deepcopy(net).to(device))")
         expect(len(set(replicas)) == k, f"{what}: {len(set(replicas))} module copies ran the "
                                         f"{k} pieces; each device needs its own replica")
+        _gathered(rec, out, log, what)
     _placement(fn, g)
+
+
+def _gathered(rec, out, log, what):
+    """The output must be made of the replicas' outputs: every one flows into it, and no work
+    outside the replicas does (a replica rerun on the whole batch, a decoy `+ 0 * pieces`)."""
+    ancestry = rec.ancestors(out)
+    indices = {op.index for op in ancestry}
+    made = {rec.producer.get(ref) for _, ref in log.outputs}
+    expect(made <= indices, f"{what}: the output returned is not made of the replicas' outputs "
+                            "(the values match, but some replica's output never reaches it): "
+                            "gather what each replica computed on its piece")
+    inside = set()
+    for index in made:
+        inside |= {index} | {op.index for op in _ancestors_of(rec, index)}
+    extra = sorted({op.name for op in ancestry if op.is_work and op.index not in inside})
+    expect(not extra, f"{what}: the output was computed outside the replicas "
+                      f"({', '.join(extra[:4])}): gather the replicas' outputs as they are "
+                      "(torch.cat on devices[0]), with no work of its own")
+
+
+def _ancestors_of(rec, index):
+    """The operations whose results flowed into operation `index`'s inputs."""
+    op = rec.ops[index]
+    seen, todo, found = set(), [(r.key, r.version) for r in op.reads], []
+    while todo:
+        ref = todo.pop()
+        if ref in seen:
+            continue
+        seen.add(ref)
+        i = rec.producer.get(ref)
+        if i is not None:
+            found.append(rec.ops[i])
+            todo.extend((r.key, r.version) for r in rec.ops[i].reads)
+    return found
 
 
 def _placement(fn, g):

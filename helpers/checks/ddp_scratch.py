@@ -104,9 +104,9 @@ def _average_grads(make, data):
 
 
 @check("overlap_hooks", observes=[
-    "on a World of 2-4 thread ranks with different data each: every all_reduce call (the storage "
-    "it was handed, async or not, when it was launched and waited for) against the check's own "
-    "mark when loss.backward() returned",
+    "on a World of 2-4 thread ranks with different data each, where all_reduce is the only call "
+    "allowed: every all_reduce call (the storage it was handed, async or not, when it was "
+    "launched and waited for) against the check's own mark when loss.backward() returned",
     "the gradients after finish() against the mean of the ranks' own gradients"])
 def check_overlap_hooks(fn):
     """fn(model) registers hooks that all-reduce each gradient asynchronously as soon as it is
@@ -126,7 +126,7 @@ def check_overlap_hooks(fn):
         net[2].requires_grad_(False)
         return net
     want = _average_grads(make, data)
-    w = World(world)
+    w = World(world, allow={"all_reduce"})
     grads_at_hook = [dict() for _ in range(world)]
 
     nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
@@ -181,8 +181,9 @@ def check_overlap_hooks(fn):
 
 
 @check("average_bucket", observes=[
-    "on a World of 2-4 thread ranks with different gradients: the all_reduce calls (count, "
-    "bytes) and the gradients afterwards (the same tensor objects, in place)"])
+    "on a World of 2-4 thread ranks with different gradients: every call between the ranks "
+    "(all_reduce only, one per rank, its bytes) and the gradients afterwards (the same tensor "
+    "objects, in place)"])
 def check_average_bucket(fn):
     """fn(grads) averages a bucket of gradients over the ranks, in place, with ONE all-reduce of
     a flat buffer; run by every rank of a World whose ranks hold different gradients."""
@@ -194,7 +195,7 @@ def check_average_bucket(fn):
         data = [[torch.randn(s, generator=g) for s in shapes] for _ in range(world)]
         n = sum(t.numel() for t in data[0])
         want = torch.stack([torch.cat([t.reshape(-1) for t in d]) for d in data]).mean(0)
-        w = World(world)
+        w = World(world, allow={"all_reduce"})    # a decoy all_reduce beside all_gathers fails
 
         def rank_fn(comm):
             grads = [t.clone() for t in data[comm.rank]]
@@ -203,12 +204,14 @@ def check_average_bucket(fn):
             return grads, ids
         results = w.run(rank_fn)
         call = f"average_bucket ({len(shapes)} gradients {shapes}, world {world})"
-        calls = w.sent("all_reduce", rank=0)
-        expect(calls, f"{call} called no all_reduce")
-        expect(len(calls) == 1, f"{call} made {len(calls)} all-reduces, expected one: flatten "
-                                "the bucket into one buffer, so it pays the latency of one message")
-        expect(calls[0].nbytes == 4 * n,
-               f"{call} all-reduced {calls[0].nbytes} bytes, expected the whole bucket, {4 * n}")
+        for r in range(world):
+            calls = w.sent("all_reduce", rank=r)
+            expect(calls, f"{call} called no all_reduce")
+            expect(len(calls) == 1, f"{call} made {len(calls)} all-reduces, expected one: "
+                                    "flatten the bucket into one buffer, so it pays the latency "
+                                    "of one message")
+            expect(calls[0].nbytes == 4 * n, f"{call} all-reduced {calls[0].nbytes} bytes, "
+                                             f"expected the whole bucket, {4 * n}")
         for r, (grads, ids) in enumerate(results):
             expect([id(t) for t in grads] == ids and [tuple(t.shape) for t in grads] == shapes,
                    f"{call} replaced or reshaped the gradient tensors: write into them in place")

@@ -111,10 +111,10 @@ def check_zero3_sent_bytes(fn):
         layers, widths = _random_layers(g)
         world = (1, 2)[case] if case < 2 else randint(g, 3, 8)
         counts = [sum(p.numel() for p in m.parameters()) for m in layers]
-        shard = sum(-(-c // world) for c in counts)    # padded, per layer
-        want = 3 * (world - 1) * shard * 4
         call = f"zero3_sent_bytes(Linear layers {widths}, world {world})"
         got = as_number(fn(layers, world), call)
+        shard = sum(-(-c // world) for c in counts)    # padded, per layer
+        want = 3 * (world - 1) * shard * 4
         n = sum(counts) * 4
 
         def near(*values):

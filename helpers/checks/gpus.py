@@ -251,8 +251,8 @@ def check_link_between(fn):
                 i = randint(g, 0, len(shown) - 1)
                 j = (i + randint(g, 1, len(shown) - 1)) % len(shown)
                 call = f"link_between(topo, {spec!r}, {i}, {j})"
-                want = topo[shown[i]][shown[j]]
                 got = fn([row[:] for row in topo], spec, i, j)
+                want = topo[shown[i]][shown[j]]
                 if got == want:
                     continue
                 hint = ""

@@ -86,9 +86,9 @@ def check_sharded_server_step(fn):
         lr = randint(g, 1, 9) / 10
         params = [start.clone() for _ in range(count)]
         objects, ptrs = list(params), [p.data_ptr() for p in params]
-        want = start - lr * torch.stack(grads).sum(0)
         what = f"for {count} devices and {n} parameters"
         fn(params, [x.clone() for x in grads], [CPU] * count, lr)
+        want = start - lr * torch.stack(grads).sum(0)
         for i, (p, orig) in enumerate(zip(params, objects)):
             expect(p is orig and p.data_ptr() == ptrs[i], f"{what}: replica {i} was not "
                    "updated in place (the list holds a new tensor, or its storage was replaced);"

@@ -52,8 +52,8 @@ def check_idle_share(fn):
     for equal in (True, False, False):
         p, m = randint(g, 2, 4), randint(g, 1, 8)
         tls = _timelines(g, p, m, equal)
-        want = _bubble(tls)
         got = as_number(fn([list(tl) for tl in tls]), "idle_share(timelines)")
+        want = _bubble(tls)
         if abs(got - want) < 1e-9:
             continue
         formula = (p - 1) / (m + p - 1)

@@ -151,10 +151,10 @@ def check_tp_ring_bytes(fn):
             block = small_block(width, heads, seed=randint(g, 0, 1000))
         X = torch.randn(batch, seq, width, generator=g)
         R = torch.randn(batch, seq, width, generator=g)
-        payloads = World(k, timeout=TIMEOUT).run(_block_bytes, block, X, R)
-        want = payloads[0] * 2 * (k - 1) / k
         call = f"tp_ring_bytes({batch}, {seq}, {width}, {k})"
         got = as_number(fn(batch, seq, width, k), call)
+        payloads = World(k, timeout=TIMEOUT).run(_block_bytes, block, X, R)
+        want = payloads[0] * 2 * (k - 1) / k
         if abs(got - want) <= 1e-6 * want:
             continue
         if abs(got - want / 2) <= 1e-6 * want:

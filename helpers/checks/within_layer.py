@@ -42,12 +42,12 @@ def check_partial_sum_bytes(fn):
     for _ in range(5):
         n, d_in, d_out, k = (randint(g, 1, 64), randint(g, 8, 32), randint(g, 1, 50),
                              randint(g, 2, 8))
+        call = f"partial_sum_bytes({n}, {d_out}, {k})"
+        got = as_int(fn(n, d_out, k), call)
         log = CommLog()
         dense_split_rows(torch.randn(n, d_in), torch.randn(d_in, d_out), torch.randn(d_out),
                          [CPU] * k, log)
         want = log.total("partial sum")
-        call = f"partial_sum_bytes({n}, {d_out}, {k})"
-        got = as_int(fn(n, d_out, k), call)
         hint = ""
         if got == k * n * d_out * 4:
             hint = " (the device that adds them up sends nothing)"

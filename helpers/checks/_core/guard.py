@@ -32,6 +32,12 @@ _FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "sys._current_exception
                  "sys.setprofile", "sys._getframemodulename"}
 _FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 _INTROSPECTORS = ("inspect.py", "traceback.py")     # stdlib walkers: blame whoever called them
+# traceback's functions that only print or format text (file names, lines, no values): an answer
+# that reports an exception it caught is not reading the check (walk_stack, StackSummary.extract
+# and TracebackException, which can capture locals, stay refused)
+_PRINTERS = {"print_exc", "format_exc", "print_exception", "format_exception", "print_tb",
+             "format_tb", "print_last", "print_stack", "format_stack", "extract_tb",
+             "extract_stack"}
 
 
 class _State(types.ModuleType):
@@ -58,11 +64,12 @@ def _state():
 
 
 def _caller():
-    """The code that triggered the event: past this hook, and past inspect/traceback."""
-    frame = sys._getframe(3)     # _caller, _judge, the hook, the code
+    """The code that triggered the event: past this hook, and past inspect/traceback; and the
+    inspect/traceback function that code called (None if it triggered the event itself)."""
+    frame, entry = sys._getframe(3), None     # _caller, _judge, the hook, the code
     while frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS):
-        frame = frame.f_back
-    return frame
+        frame, entry = frame.f_back, frame
+    return frame, entry
 
 
 def _make_hook(state):
@@ -95,8 +102,11 @@ def _judge(state, event, args):
         name = _blocked_name(state, args[0])
         return name and (f"your code read the code of {name} (the course's own answer), which "
                          "is unavailable while the check runs")
-    frame = _caller()
+    frame, entry = _caller()
     if frame is None or not is_reader_code(frame.f_code.co_filename):
+        return None
+    if (entry is not None and entry.f_code.co_filename.endswith("traceback.py")
+            and entry.f_code.co_name in _PRINTERS):
         return None
     what = args[1] if event == "object.__getattr__" else event
     return (f"your code inspects the running program ({what}): an answer must compute its "

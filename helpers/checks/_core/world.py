@@ -7,6 +7,8 @@ reports about itself.
     results = world.launch(fn, cfg)       # fn(rank, world_size, cfg), cfg["comm"]: the
                                           # launcher's threads mode (helpers.launch(..., threads))
     world.messages                        # every send, recv and collective call, in order
+    World(3, allow={"all_reduce"})        # any other call (send, all_gather ...) fails the
+                                          # answer (CheckFailed); barriers are always allowed
 
 While `run`/`launch` runs, `torch.distributed` is this world too (dist.py): `dist.all_reduce`,
 `dist.reduce_scatter` (list or tensor form), `dist.all_gather`, `isend`/`irecv`, groups, async
@@ -24,6 +26,7 @@ import threading
 import torch
 
 from .observe import Recorder, storage_key
+from .run import CheckFailed
 
 __all__ = ["World", "Message", "RankComm", "RankFailed"]
 
@@ -87,10 +90,11 @@ class Work:
 class World:
     """`size` ranks as threads (see the module's docstring)."""
 
-    def __init__(self, size, timeout=10.0, record_ops=False):
+    def __init__(self, size, timeout=10.0, record_ops=False, allow=None):
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
         self.size, self.timeout, self.record_ops = size, timeout, record_ops
+        self.allow = None if allow is None else frozenset(allow) | {"barrier", "recv"}
         self.messages, self.timeline = [], [[] for _ in range(size)]
         self.recorders = [None] * size
         self._seq = itertools.count()
@@ -186,9 +190,19 @@ class World:
         if not ready():
             raise _Aborted()
 
+    def _allowed(self, op):
+        """Refuse, in the calling rank, a call the exercise does not allow: a substitute for the
+        collective it is about (an all_gather beside a decoy all_reduce) moves the data the
+        exercise asks for in another way."""
+        if self.allow is not None and op not in self.allow:
+            raise CheckFailed(f"rank {self.rank} called {op}: this exercise allows only "
+                              f"{', '.join(sorted(self.allow - {'barrier', 'recv'}))} to move "
+                              "data between the ranks")
+
     # --- point to point ------------------------------------------------------------------------
     def send(self, t, dst, tag=0, async_op=False):
         rank = self.rank
+        self._allowed("send")
         if not 0 <= dst < self.size or dst == rank:
             raise ValueError(f"rank {rank} cannot send to rank {dst} (a world of {self.size})")
         with self._cond:
@@ -227,6 +241,7 @@ class World:
         this rank contributes, `combine(payloads)` (in group order) what each rank gets back,
         `deliver(mine)` writes it into the caller's tensors (at wait() when async)."""
         rank = self.rank
+        self._allowed(op)
         call = (tuple(ranks), self._calls[(tuple(ranks), rank)])
         self._calls[(tuple(ranks), rank)] += 1
         with self._cond:
