@@ -7,6 +7,12 @@ raises, as it would on real GPUs. So a device exercise runs twice: on CPU tensor
 and here for where each tensor went and what crossed between devices (a Recorder is active).
 Values are unknown here: `.item()` and `torch.equal` get placeholders, so the answer's returned
 value means nothing; only what it did counts.
+
+The simulation never touches a real GPU, so it runs the same on a machine with fewer GPUs than
+it simulates (one H200 simulating cuda:0..4): torch's FakeTensorMode, where CUDA is available,
+creates a real tensor on every device a fake tensor names (`init_gpu_context`: "invalid device
+ordinal" for cuda:1 on one GPU) and materialises `torch.tensor(..., device=...)` there; here it
+behaves as on a machine without CUDA.
 """
 import contextlib
 
@@ -24,19 +30,47 @@ def _fake_tensor_module():
     return fake_tensor
 
 
+def _simulated_mode():
+    """A FakeTensorMode that keeps off the real devices, as where CUDA is unavailable."""
+    ft = _fake_tensor_module()
+
+    class SimulatedGPUMode(ft.FakeTensorMode):
+        @property
+        def avoid_device_init(self):
+            return True   # torch.tensor(..., device=cuda:i) stays fake, never made on cuda:i
+
+    return SimulatedGPUMode(allow_non_fake_inputs=True)
+
+
+@contextlib.contextmanager
+def _no_real_gpu_context():
+    """FakeTensorMode creates a real tensor on each CUDA device a fake tensor names, where CUDA
+    is available (torch 2.11-2.14 `init_gpu_context`): a device this machine lacks raises
+    "invalid device ordinal". The simulated GPUs need no real context: skip it."""
+    ft = _fake_tensor_module()
+    saved = getattr(ft, "init_gpu_context", None)
+    if saved is None:                  # another torch: nothing to skip
+        yield
+        return
+    ft.init_gpu_context = lambda device: None
+    try:
+        yield
+    finally:
+        ft.init_gpu_context = saved
+
+
 class FakeGPUs:
     """k simulated GPUs. `tensor(t, i)` copies a real tensor's shape, dtype (and requires_grad)
     to cuda:i; `run(fn, *args)` runs the answer on them and returns (its result, the Recorder)."""
 
     def __init__(self, k):
-        ft = _fake_tensor_module()
         self.k = k
-        self.mode = ft.FakeTensorMode(allow_non_fake_inputs=True)
+        self.mode = _simulated_mode()
         self.devices = [torch.device("cuda", i) for i in range(k)]
 
     def tensor(self, t, i=0, requires_grad=None):
         """A fake copy of `t` on devices[i] (a leaf; requires_grad as `t` unless given)."""
-        with self.mode:
+        with _no_real_gpu_context(), self.mode:
             f = self.mode.from_tensor(t.detach()).to(self.devices[i])
         if requires_grad if requires_grad is not None else t.requires_grad:
             f.requires_grad_()
@@ -46,7 +80,8 @@ class FakeGPUs:
     def active(self):
         """The fake mode with a recorder on top, and the patches fake devices need."""
         recorder = Recorder(answer_scalars=True)
-        with _fake_module_moves(self.mode), _no_cuda_sync(), self.mode, recorder:
+        with _fake_module_moves(self.mode), _no_cuda_sync(), _no_real_gpu_context(), \
+                self.mode, recorder:
             yield recorder
 
     def run(self, fn, *args, what="your code", **kwargs):
