@@ -67,6 +67,25 @@ def _rounds_note(bench):
             "says faster or slower: cannot tell)")
 
 
+def _scope(ref, bench):
+    """What the run can stand for: how many GPUs it had (more is a prediction), what its
+    multi-device rows are, and whether its ratios have a spread."""
+    gpus = ref.get("gpu_count") or 1
+    rows = bench.get("rows", [])
+    shared = sorted({r["n"] for r in rows if r["where"] == "process" and r["n"] > gpus})
+    ranks = sorted({r["n"] for r in rows if r["where"] == "ranks"})
+    words = [f"it had {'one GPU' if gpus == 1 else f'{gpus} GPUs'}, so anything about "
+             f"{'two' if gpus == 1 else gpus + 1} or more GPUs is still a prediction"]
+    if shared:
+        words.append(f"its {' and '.join(map(str, shared))}-device rows are simulated devices "
+                     f"sharing {'that GPU' if gpus == 1 else 'its GPUs'}")
+    if ranks:
+        words.append(f"its rank rows ran {' and '.join(map(str, ranks))} NCCL rank(s)")
+    words.append("one round, so its ratios have no spread" if bench.get("rounds", 1) < 2 else
+                 f"{bench['rounds']} rounds")
+    return "; ".join(words)
+
+
 def describe_gpu_reference(path=None):
     """A few lines for a chapter: where the committed GPU figures come from, or that there are
     none; then the benchmark's rows (s/epoch, test accuracy) and ratios when a run exists, each
@@ -90,7 +109,7 @@ def describe_gpu_reference(path=None):
             f"acc {r['test_acc']['median']:.3f}" for r in bench.get("rows", [])]
     ratios = [f"  {k}: {v['median']:.2f}x ({v['verdict']})" for k, v in
               ((k, _honest_ratio(v)) for k, v in bench.get("ratios", {}).items())]
-    note = [_rounds_note(bench)] if bench else []
+    note = [_rounds_note(bench), f"  ({_scope(ref, bench)})"] if bench else []
     missing = [s for s in STEPS if s not in ref.get("steps", {})]
     tail = [f"  steps not run: {', '.join(missing)}"] if missing else []
     return "\n".join([head] + rows + note + ratios + tail)
@@ -98,6 +117,8 @@ def describe_gpu_reference(path=None):
 
 def gpu_figures(path=None):
     """What a chapter cites from the committed GPU run: {"gpu", "gpu_count", "date", "rounds",
+    "scope": what the run can stand for (its GPU count: more is a prediction; its shared-device
+    and rank rows; its rounds),
     "sec_per_epoch": {row name: median s/epoch}, "ratios": {ratio name: {median, spread,
     verdict, rounds}} (verdicts from the spread: "cannot tell" from one round), "sentence":
     where the figures come from}; None when no GPU run exists (then the chapter's GPU claims are
@@ -108,7 +129,7 @@ def gpu_figures(path=None):
     bench = ref["bench"]
     rounds = bench.get("rounds", 1)
     return dict(gpu=ref["gpu"], gpu_count=ref.get("gpu_count"), date=ref["date"],
-                rounds=rounds,
+                rounds=rounds, scope=_scope(ref, bench),
                 sec_per_epoch={r["name"]: r["sec_per_epoch"]["median"] for r in bench["rows"]},
                 ratios={k: _honest_ratio(v) for k, v in bench.get("ratios", {}).items()},
                 sentence=f"the committed GPU reference run ({ref['gpu']}"
