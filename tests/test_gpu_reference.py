@@ -120,6 +120,8 @@ def test_one_round_ratios_say_cannot_tell(tmp_path):
     figs = gr.gpu_figures(str(target))
     assert {v["verdict"] for v in figs["ratios"].values()} == {"cannot tell"}
     assert figs["rounds"] == 1 and "one round" in figs["sentence"]
+    assert "one GPU, so anything about two or more GPUs is still a prediction" in figs["scope"]
+    assert "one GPU" in text and "two or more GPUs is still a prediction" in text
 
 
 def test_the_committed_reference_reads_honestly():
