@@ -60,3 +60,21 @@ def test_worked_answer_passes_with_one_real_gpu(name, one_real_gpu):
     case = check_cases.CASES[name]["worked"][0]
     result = getattr(helpers.checks, name)(case.fn)
     assert result.status == "passed", f"{name} on one real GPU: {result}"
+
+
+def test_what_reaches_the_real_runtime_is_the_harness_not_the_answer(one_real_gpu):
+    """On one real GPU, torch's autograd asks the real CUDA runtime about cuda:1 for a fake
+    tensor that needs gradients, and fails ("invalid device ordinal"): no CPU can show that
+    call, but its error must read as the check's limit, never as the answer's mistake."""
+    from helpers.checks._core import HarnessError
+    gpus = FakeGPUs(3)
+    a = gpus.tensor(torch.ones(3), 2)
+
+    def answer(x):
+        x.to(gpus.devices[1])
+        raise RuntimeError("CUDA error: invalid device ordinal\nGPU device may be out of range")
+    with pytest.raises(HarnessError, match=r"3 simulated GPUs reached this machine's real CUDA "
+                                           r"runtime \(1 GPU\(s\)\).*cuda:1\.\.2.*Not a problem"):
+        gpus.run(answer, a)
+    with pytest.raises(RuntimeError, match="its own mistake"):   # any other error: the answer's
+        gpus.run(lambda x: (_ for _ in ()).throw(RuntimeError("its own mistake")), a)

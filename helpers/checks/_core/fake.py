@@ -12,7 +12,10 @@ The simulation never touches a real GPU, so it runs the same on a machine with f
 it simulates (one H200 simulating cuda:0..4): torch's FakeTensorMode, where CUDA is available,
 creates a real tensor on every device a fake tensor names (`init_gpu_context`: "invalid device
 ordinal" for cuda:1 on one GPU) and materialises `torch.tensor(..., device=...)` there; here it
-behaves as on a machine without CUDA.
+behaves as on a machine without CUDA. One call stays out of reach: where CUDA is available,
+autograd asks the real runtime for the stream of each device a tensor needing gradients is on,
+so a simulation with gradients on a device this machine lacks fails; that error is reported as
+the check's limit (HarnessError), never as the answer's mistake.
 """
 import contextlib
 
@@ -95,6 +98,8 @@ class FakeGPUs:
             except RuntimeError as e:         # torch 2.14: FakeTensorDeviceMismatchError
                 if _mixes_devices(e):
                     raise CheckFailed(mixed_devices(recorder, what)) from e
+                if _real_gpu_reached(e):
+                    raise HarnessError(_beyond_this_machine(self.k, e)) from e
                 raise
             except (ft.DataDependentOutputException, ft.DynamicOutputShapeException,
                     ft.UnsupportedOperatorException) as e:
@@ -110,6 +115,27 @@ def _mixes_devices(e):
     return any(words in text for words in ("Expected all tensors to be on the same device",
                                            "found at least two devices",
                                            "found two different devices"))   # torch 2.11
+
+
+def _real_gpu_reached(e):
+    """An error of the real CUDA runtime: the simulation reached it (fake tensors never run on
+    a GPU, so an answer cannot cause one here)."""
+    text = str(e)
+    return type(e).__name__ == "AcceleratorError" or any(words in text for words in (
+        "CUDA error", "invalid device ordinal", "out of index range", "CUDA driver"))
+
+
+def _beyond_this_machine(k, e):
+    try:
+        real = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except RuntimeError:
+        real = 0
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return (f"the {k} simulated GPUs reached this machine's real CUDA runtime ({real} GPU(s)): "
+            f"{first}. Where CUDA is available, torch's autograd asks the real runtime about "
+            "every device a tensor that needs gradients is on, and this machine lacks "
+            f"cuda:{real}..{k - 1}. Not a problem with your answer: run this check on a "
+            f"machine with no GPU, or with {k} GPUs")
 
 
 def mixed_devices(recorder, what="your code"):
