@@ -110,6 +110,11 @@ def describe_gpu_reference(path=None):
     ratios = [f"  {k}: {v['median']:.2f}x ({v['verdict']})" for k, v in
               ((k, _honest_ratio(v)) for k, v in bench.get("ratios", {}).items())]
     note = [_rounds_note(bench), f"  ({_scope(ref, bench)})"] if bench else []
+    accs = [r["test_acc"]["median"] for r in bench.get("rows", [])]
+    if accs and max(accs) < 0.3:   # 10 classes: 0.1 is chance
+        note.append("  (every test accuracy is near chance: too few steps for the "
+                    "0.01-initialised LeNet to leave its plateau, so they say nothing about "
+                    "the trainers)")
     missing = [s for s in STEPS if s not in ref.get("steps", {})]
     tail = [f"  steps not run: {', '.join(missing)}"] if missing else []
     return "\n".join([head] + rows + note + ratios + tail)

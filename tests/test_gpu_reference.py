@@ -122,6 +122,15 @@ def test_one_round_ratios_say_cannot_tell(tmp_path):
     assert figs["rounds"] == 1 and "one round" in figs["sentence"]
     assert "one GPU, so anything about two or more GPUs is still a prediction" in figs["scope"]
     assert "one GPU" in text and "two or more GPUs is still a prediction" in text
+    assert "near chance" not in text, "0.84 is not chance"
+
+
+def test_accuracies_at_chance_are_named_so():
+    """The first GPU run trained 3 epochs of 12,800 images: every row at 0.096 (chance)."""
+    text = gr.describe_gpu_reference()
+    accs = [r["test_acc"]["median"] for r in (gr.gpu_reference().get("bench") or {}).get(
+        "rows", [])]
+    assert ("near chance" in text) == bool(accs and max(accs) < 0.3)
 
 
 def test_the_committed_reference_reads_honestly():
