@@ -59,17 +59,34 @@ def progress(iterable, **kwargs):
     return tqdm(iterable, leave=False, disable=disable, **kwargs)
 
 
+GLUE_PREFIX = "application/papermill.record/"   # myst-nb's (and scrapbook's) record prefix
+
+
 def glue(name, value, display=True):
     """Make a computed value available to the prose ({glue:text}`name`) via myst-nb.
 
-    Falls back to a plain display where myst-nb is not installed (e.g. Colab). The value is
-    also recorded for helpers.say, which fills the prose's numbers in from it."""
+    Where myst-nb is not installed (Colab, a GPU machine's bare Python) the same display data
+    is emitted as myst-nb's glue emits (its mimebundle, keys prefixed with GLUE_PREFIX when not
+    displayed, scrapbook metadata), so a cell's outputs are identical with or without it: a
+    checked cell's stored glue records stay. The value is also recorded for helpers.say, which
+    fills the prose's numbers in from it."""
     from .prose import remember
     remember(name, value)
     try:
         from myst_nb import glue as _glue
     except ImportError:
-        if display:
-            print(f"{name} = {value}")
-        return
+        _glue = _glue_without_myst_nb
     _glue(name, value, display=display)
+
+
+def _glue_without_myst_nb(name, value, display=True):
+    """myst_nb.glue's output (myst-nb 1.x), written with IPython alone."""
+    try:
+        from IPython.core.formatters import format_display_data
+        from IPython.display import display as ipy_display
+    except ImportError:   # no IPython: no cell to store a record in
+        return
+    mimebundle, metadata = format_display_data(value)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = dict(name=name, mime_prefix=prefix)
+    ipy_display({prefix + k: v for k, v in mimebundle.items()}, raw=True, metadata=metadata)

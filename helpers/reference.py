@@ -51,40 +51,97 @@ def gpu_reference(path=None):
     return ref
 
 
+def _honest_ratio(v):
+    """A stored ratio with its verdict recomputed from its samples (helpers.timing.verdict_of):
+    a run with one round stored "faster"/"slower" from a single sample; that is "cannot tell"."""
+    from .timing import verdict_of
+    samples = v.get("samples") or [v["median"]]
+    return dict(v, verdict=verdict_of(samples), rounds=len(samples))
+
+
+def _rounds_note(bench):
+    n = bench.get("rounds", 1)
+    if n >= 2:
+        return f"  ({n} rounds each; ratios with their spread over the rounds)"
+    return ("  (one round: each figure is a single reading and no ratio has a spread, so none "
+            "says faster or slower: cannot tell)")
+
+
+def _scope(ref, bench):
+    """What the run can stand for: how many GPUs it had (more is a prediction), what its
+    multi-device rows are, and whether its ratios have a spread."""
+    gpus = ref.get("gpu_count") or 1
+    rows = bench.get("rows", [])
+    shared = sorted({r["n"] for r in rows if r["where"] == "process" and r["n"] > gpus})
+    ranks = sorted({r["n"] for r in rows if r["where"] == "ranks"})
+    words = [f"it had {'one GPU' if gpus == 1 else f'{gpus} GPUs'}, so anything about "
+             f"{'two' if gpus == 1 else gpus + 1} or more GPUs is still a prediction"]
+    if shared:
+        words.append(f"its {' and '.join(map(str, shared))}-device rows are simulated devices "
+                     f"sharing {'that GPU' if gpus == 1 else 'its GPUs'}")
+    if ranks:
+        words.append(f"its rank rows ran {' and '.join(map(str, ranks))} NCCL rank(s)")
+    words.append("one round, so its ratios have no spread" if bench.get("rounds", 1) < 2 else
+                 f"{bench['rounds']} rounds")
+    return "; ".join(words)
+
+
 def describe_gpu_reference(path=None):
     """A few lines for a chapter: where the committed GPU figures come from, or that there are
-    none; then the benchmark's rows (s/epoch, test accuracy) and ratios when a run exists."""
+    none; then the benchmark's rows (s/epoch, test accuracy) and ratios when a run exists, each
+    ratio's verdict recomputed from its rounds (one round: cannot tell)."""
     ref = gpu_reference(path)
     if not ref.get("exists"):
         return ("GPU reference run: none exists yet (reference/gpu_reference.json says so); "
                 "every figure on this page is from this machine.")
-    head = (f"GPU reference run (not this machine): {ref['gpu']}, torch {ref['torch']}, "
+    gpus = ref.get("gpu_count")
+    head = (f"GPU reference run (not this machine): {ref['gpu']}"
+            + (f" x{gpus}" if gpus else "") + f", torch {ref['torch']}, "
             f"CUDA {ref.get('cuda')}, {ref['date']}, command `{ref['command']}`")
     bench = ref.get("bench") or {}
-    rows = [f"  {r['trainer']} ({r['n']} {'rank(s)' if r['where'] == 'ranks' else 'device(s)'})"
-            f": {r['sec_per_epoch']['median']:.3f} s/epoch, test acc "
-            f"{r['test_acc']['median']:.3f}" for r in bench.get("rows", [])]
-    ratios = [f"  {k}: {v['median']:.2f}x ({v['verdict']})"
-              for k, v in bench.get("ratios", {}).items()]
+
+    def where(r):
+        if r["where"] == "ranks":
+            return f"{r['n']} rank(s)"
+        shared = gpus and r["n"] > gpus
+        return f"{r['n']} device(s)" + (f" sharing {gpus} GPU" if shared else "")
+    rows = [f"  {r['trainer']} ({where(r)}): {r['sec_per_epoch']['median']:.3f} s/epoch, test "
+            f"acc {r['test_acc']['median']:.3f}" for r in bench.get("rows", [])]
+    ratios = [f"  {k}: {v['median']:.2f}x ({v['verdict']})" for k, v in
+              ((k, _honest_ratio(v)) for k, v in bench.get("ratios", {}).items())]
+    note = [_rounds_note(bench), f"  ({_scope(ref, bench)})"] if bench else []
+    accs = [r["test_acc"]["median"] for r in bench.get("rows", [])]
+    if accs and max(accs) < 0.3:   # 10 classes: 0.1 is chance
+        note.append("  (every test accuracy is near chance: too few steps for the "
+                    "0.01-initialised LeNet to leave its plateau, so they say nothing about "
+                    "the trainers)")
     missing = [s for s in STEPS if s not in ref.get("steps", {})]
     tail = [f"  steps not run: {', '.join(missing)}"] if missing else []
-    return "\n".join([head] + rows + ratios + tail)
+    return "\n".join([head] + rows + note + ratios + tail)
 
 
 def gpu_figures(path=None):
-    """What a chapter cites from the committed GPU run: {"gpu", "date", "sec_per_epoch": {row name:
-    median s/epoch}, "ratios": {ratio name: {median, spread, verdict}}, "sentence": where the
-    figures come from}; None when no GPU run exists (then the chapter's GPU claims are
+    """What a chapter cites from the committed GPU run: {"gpu", "gpu_count", "date", "rounds",
+    "scope": what the run can stand for (its GPU count: more is a prediction; its shared-device
+    and rank rows; its rounds),
+    "sec_per_epoch": {row name: median s/epoch}, "ratios": {ratio name: {median, spread,
+    verdict, rounds}} (verdicts from the spread: "cannot tell" from one round), "sentence":
+    where the figures come from}; None when no GPU run exists (then the chapter's GPU claims are
     predictions, and it says so)."""
     ref = gpu_reference(path)
     if not ref.get("exists") or not ref.get("bench"):
         return None
     bench = ref["bench"]
-    return dict(gpu=ref["gpu"], date=ref["date"],
+    rounds = bench.get("rounds", 1)
+    return dict(gpu=ref["gpu"], gpu_count=ref.get("gpu_count"), date=ref["date"],
+                rounds=rounds, scope=_scope(ref, bench),
                 sec_per_epoch={r["name"]: r["sec_per_epoch"]["median"] for r in bench["rows"]},
-                ratios=bench.get("ratios", {}),
-                sentence=f"the committed GPU reference run ({ref['gpu']}, torch {ref['torch']}, "
-                         f"{ref['date']}; reference/gpu_reference.json)")
+                ratios={k: _honest_ratio(v) for k, v in bench.get("ratios", {}).items()},
+                sentence=f"the committed GPU reference run ({ref['gpu']}"
+                         + (f" x{ref['gpu_count']}" if ref.get("gpu_count") else "")
+                         + f", torch {ref['torch']}, {ref['date']}, "
+                         + ("one round" if rounds < 2 else f"{rounds} rounds")
+                         + "; reference/gpu_reference.json)")
 
 
 def capture_env(path, dry_run=False):
@@ -221,6 +278,7 @@ def main(argv=None):
         for s, v in ref["steps"].items():
             if s == "bench":
                 got = [f"{t['target']}: {'met' if t['met'] else 'NOT met'}"
+                       + ("" if t.get("rounds", 2) >= 2 else " (one round, no spread)")
                        for t in (v.get("targets") or {}).get("verdicts", [])]
             else:
                 got = {k: v[k] for k in ("passed", "failures", "errors", "skipped")}

@@ -7,6 +7,7 @@
     rounds = interleave({"a": f, "b": g}, rounds=5)   # ABAB...: each round times each once
     r = ratio(rounds["a"], rounds["b"])      # how many times as fast b is as a, per round
     r.median, r.lo, r.hi, r.verdict          # verdict: "faster", "slower" or "within noise"
+                                             # ("cannot tell" from one round: no spread)
 
 A machine's speed drifts (other programs, clock boosts, caches), so two things timed one after
 the other are not timed under the same conditions. `interleave` times them in turns, round after
@@ -22,7 +23,10 @@ from dataclasses import dataclass, field
 
 from .devices import synchronize
 
-__all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load"]
+__all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load",
+           "MIN_ROUNDS", "verdict_of"]
+
+MIN_ROUNDS = 2   # a spread needs two samples at least: one round is a figure, not a verdict
 
 
 @dataclass
@@ -68,7 +72,8 @@ class Ratio:
     """How many times as fast `new` is as `base` (base time / new time), one sample per round.
 
     verdict: "faster" when the whole spread (lo, hi: as Measurement's) is above 1, "slower" when
-    it is below 1, else "within noise" (the run cannot tell them apart)."""
+    it is below 1, else "within noise" (the run cannot tell them apart); "cannot tell" from
+    fewer than MIN_ROUNDS samples (one round has no spread: its ratio is a figure, no verdict)."""
     samples: list
 
     def __post_init__(self):
@@ -82,17 +87,15 @@ class Ratio:
 
     @property
     def verdict(self):
-        if self.lo > 1:
-            return "faster"
-        if self.hi < 1:
-            return "slower"
-        return "within noise"
+        return verdict_of(self.samples)
 
     @property
     def word(self):
-        """The verdict as a comparison: 'faster than', 'slower than', 'within noise of'."""
-        return {"faster": "faster than", "slower": "slower than"}.get(self.verdict,
-                                                                         "within noise of")
+        """The verdict as a comparison: 'faster than', 'slower than', 'within noise of' (or,
+        from one round, 'not told apart (one round, no spread) from')."""
+        return {"faster": "faster than", "slower": "slower than",
+                "cannot tell": "not told apart (one round, no spread) from"}.get(
+                    self.verdict, "within noise of")
 
     def __str__(self):
         return (f"{self.median:.2f}x ({self.lo:.2f}-{self.hi:.2f}, {len(self.samples)} rounds):"
@@ -101,6 +104,16 @@ class Ratio:
     def to_dict(self):
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples,
                 "verdict": self.verdict}
+
+
+def verdict_of(samples):
+    """The verdict of ratio samples (how many times as fast, one per round): "faster" when the
+    whole spread is above 1, "slower" below 1, "within noise" across it, "cannot tell" from
+    fewer than MIN_ROUNDS samples (a spread of one sample is that sample)."""
+    if len(samples) < MIN_ROUNDS:
+        return "cannot tell"
+    lo, hi = _trimmed(samples)[0], _trimmed(samples)[-1]
+    return "faster" if lo > 1 else "slower" if hi < 1 else "within noise"
 
 
 def _trimmed(samples):

@@ -19,10 +19,11 @@ The rows take turns: every round runs each row once, in the opposite order every
 (ABAB...), and round r uses seed + r, so a row's test accuracy comes from --rounds seeds. A row's
 figure in a round is its median seconds per epoch from epoch 2 on (epoch 1 pays for warm-up and
 compiling: its excess is reported); each ratio is divided round by round (helpers.timing), with
-its median and spread, and "within noise" where the spread crosses 1. The JSON keeps every
-sample. Quick size (--quick, COURSE_QUICK=1) is for CI: too short to compare. Full size (on a
-GPU, or with COURSE_FULL=1): all of Fashion-MNIST for 10 epochs; on a CPU the default is 4
-epochs of 25,600 images. Every argument is checked before any row runs.
+its median and spread, and "within noise" where the spread crosses 1 ("cannot tell" from one
+round: no spread). The JSON keeps every sample. Quick size (--quick, COURSE_QUICK=1) is for
+CI: too short to compare. Full size (on a GPU, or with COURSE_FULL=1): all of Fashion-MNIST for
+10 epochs; on a CPU the default is 4 epochs of 25,600 images. Every argument is checked before
+any row runs.
 """
 import argparse
 import contextlib
@@ -140,8 +141,8 @@ def plan(args, gpu):
     for name in IN_PROCESS:
         if name not in wanted or (name == "fast-shared" and not gpu and not args.rows):
             continue   # 2 simulated devices on a CPU run one after the other: asked for only
-        if name in ("compile", "fast-compile") and not compile_ok:
-            continue
+        if name == "fast-compile" and not compile_ok or name == "compile" and args.no_compile:
+            continue   # compile without a compile budget (quick, CPU): dynamo's eager backend
         if name == "fast-compile" and not gpu or name == "fast-eager" and gpu:
             continue
         if name == "fast-eager" and not compile_ok:
@@ -161,7 +162,7 @@ def run_in_process(row, size, args, seed, gpu, compile_ok):
     if row["trainer"] == "reference":
         fn = helpers.train
     elif row["trainer"] == "compile":
-        return run_compiled(size, args, seed)
+        return run_compiled(size, args, seed, backend=None if compile_ok else "eager")
     else:
         fn = helpers.train_fast
         kw.update(verbose=False, compile=compile_ok and (row["trainer"] == "fast-compile"
@@ -175,8 +176,14 @@ def run_in_process(row, size, args, seed, gpu, compile_ok):
     return dict(epoch_times=r["epoch_times"], test_acc=r["test_acc"], note=", ".join(notes))
 
 
-def run_compiled(size, args, seed):
-    """torch.compile(mode='reduce-overhead') of one SGD step of the plain module."""
+def run_compiled(size, args, seed, backend=None):
+    """torch.compile(mode='reduce-overhead') of one SGD step of the plain module. On a GPU its
+    CUDA graphs reuse their output memory: each step is marked as a new iteration
+    (torch.compiler.cudagraph_mark_step_begin, as torch documents) and returns nothing, so no
+    output of an earlier replay is read after the next one overwrote it (the first GPU run:
+    "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run").
+    backend="eager": dynamo alone, no code generated (the quick CPU dry run: same step, same
+    loop, seconds instead of a compile)."""
     from torch.nn import functional as F
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     X, y = helpers.load_tensors(True, size["subset"], device)
@@ -188,21 +195,23 @@ def run_compiled(size, args, seed):
         loss = F.cross_entropy(net(Xb), yb)
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=False)
-        return loss.detach()
+        opt.zero_grad()   # set_to_none: no gradient buffer kept from one replay to the next
 
-    compiled = torch.compile(step, mode="reduce-overhead")
+    compiled = (torch.compile(step, backend=backend) if backend else
+                torch.compile(step, mode="reduce-overhead"))
     loader = helpers.ResidentLoader(X, y, args.batch_size, seed=seed)
     times = []
     for _ in range(size["num_epochs"]):
         with helpers.Timer([device]) as timer:
             for idx in loader.index_batches():
+                torch.compiler.cudagraph_mark_step_begin()   # a new step: earlier outputs free
                 compiled(X[idx], y[idx])
         times.append(timer.times[-1])
     with torch.no_grad():
         correct = sum(int((net(Xc).argmax(1) == yc).sum())
                       for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
-    return dict(epoch_times=times, test_acc=correct / len(y_test), note="")
+    return dict(epoch_times=times, test_acc=correct / len(y_test),
+                note=f"compiled ({backend} backend)" if backend else "")
 
 
 def run_on_ranks(row, size, args, seed, compile_ok):
@@ -243,15 +252,24 @@ def same_arithmetic(size, args, steps, compile_ok):
             for name, net in nets.items()}
 
 
+def target_word(v):
+    """'met' / 'NOT met' when the whole spread says so; from one round, that round's reading."""
+    word = "met" if v["met"] else "NOT met"
+    return word if v.get("rounds", timing.MIN_ROUNDS) >= timing.MIN_ROUNDS else (
+        f"{word} in the one round (no spread: cannot tell)")
+
+
 def judge(targets, rows, ratios):
-    """The issue's targets, each with its figure and whether the whole spread meets it."""
+    """The issue's targets, each with its figure and whether the whole spread meets it (with
+    `rounds`: from fewer than timing.MIN_ROUNDS the spread is one sample, so cannot tell)."""
     key = {(r["trainer"], r["n"], r["where"]): r for r in rows}
     out = []
 
     def add(what, ratio, limit=1.0):
         if ratio is not None:
             out.append(dict(target=what, median=ratio["median"], spread=ratio["spread"],
-                            limit=limit, met=ratio["spread"][0] > limit))
+                            limit=limit, met=ratio["spread"][0] > limit,
+                            rounds=len(ratio["samples"])))
     if targets == "cpu":
         for r in rows:
             if r["where"] == "process" and r["trainer"] not in ("fast", "fast-eager"):
@@ -266,7 +284,8 @@ def judge(targets, rows, ratios):
             sec = fast["sec_per_epoch"]
             out.append(dict(target=f"fast <= {GPU_TARGETS['fast_sec']} s/epoch",
                             median=sec.median, spread=[sec.lo, sec.hi],
-                            limit=GPU_TARGETS["fast_sec"], met=sec.hi <= GPU_TARGETS["fast_sec"]))
+                            limit=GPU_TARGETS["fast_sec"], met=sec.hi <= GPU_TARGETS["fast_sec"],
+                            rounds=len(sec.samples)))
         add(f"fast at least {GPU_TARGETS['fast_over_reference']:.0f}x the reference",
             ratios.get("fast_1_over_reference_1"), GPU_TARGETS["fast_over_reference"])
         shared = ratios.get("fast_1_over_fast-shared_2")   # two devices' time / one's
@@ -274,7 +293,7 @@ def judge(targets, rows, ratios):
             lim = GPU_TARGETS["shared_over_one"]
             out.append(dict(target=f"2 devices sharing one GPU <= {lim}x one device's time",
                             median=shared["median"], spread=shared["spread"], limit=lim,
-                            met=shared["spread"][1] <= lim))
+                            met=shared["spread"][1] <= lim, rounds=len(shared["samples"])))
         if len(out) < 3:
             print("bench: some GPU targets were not measured (their rows did not run)")
     return out
@@ -299,8 +318,10 @@ def main(argv=None):
         print("bench: no GPU: in-process rows use 1 thread, each rank is a gloo process with 1 "
               "thread on its own core; the figures are CPU figures, not GPU ones")
     if not compile_ok:
-        print("bench: no torch.compile rows" + (" (--no-compile)" if args.no_compile else
-              ": at quick size on a CPU a first compile alone costs tens of seconds"))
+        print("bench: no torch.compile rows (--no-compile)" if args.no_compile else
+              "bench: at quick size on a CPU a first compile alone costs tens of seconds: the "
+              "compile row runs dynamo with its eager backend (the same step, no code "
+              "generated), the other rows are not compiled")
     if importlib.util.find_spec("helpers.data_parallel.scratch") is None:
         rows = [r for r in rows if r["trainer"] != "scratch"]
         print("bench: DDPFromScratch rows skipped: helpers.data_parallel.scratch is not "
@@ -355,8 +376,12 @@ def main(argv=None):
     print_table(rows, ref)
     print("\nratios (speed: how many times as fast, round by round; > 1 is faster):")
     for name, v in ratios.items():
-        print(f"  {name}: {v['median']:.2f}x ({v['spread'][0]:.2f}-{v['spread'][1]:.2f}) "
-              f"{v['verdict']}")
+        spread = (f"{v['spread'][0]:.2f}-{v['spread'][1]:.2f}" if len(v["samples"]) >= 2 else
+                  "one round, no spread")
+        print(f"  {name}: {v['median']:.2f}x ({spread}) {v['verdict']}")
+    if rounds < timing.MIN_ROUNDS:
+        print(f"  (one round: every verdict is 'cannot tell'; --rounds {timing.MIN_ROUNDS} or more "
+              "gives a spread)")
     diffs = same_arithmetic(size, args, args.check_steps, compile_ok and not gpu)
     print(f"\nsame arithmetic: after {args.check_steps} steps from the same start on the same "
           "batches, max |parameter difference| from Part II's train_batch: "
@@ -366,7 +391,7 @@ def main(argv=None):
     verdicts = judge(targets, rows, ratios)
     for v in verdicts:
         print(f"target: {v['target']}: {v['median']:.3g} ({v['spread'][0]:.3g}-"
-              f"{v['spread'][1]:.3g}): {'met' if v['met'] else 'NOT met'}")
+              f"{v['spread'][1]:.3g}): {target_word(v)}")
     load.append(timing.machine_load())
     busy = [f"{x:.2f}" for x in load if x is not None]
     print(f"bench: {len(rows)} rows x {rounds} round(s) in {time.perf_counter() - t_start:.0f} s;"

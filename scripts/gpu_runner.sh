@@ -200,7 +200,7 @@ for s in ${steps//,/ }; do
       -rs >> "$log" 2>&1 || ok=1 ;;
   bench)
     if [ $mode = dry ]; then
-      args="--quick --epochs 2 --subset 256 --rounds 1 --rows reference,fast,fast-shared
+      args="--quick --epochs 2 --subset 256 --rounds 1 --rows reference,fast,fast-shared,compile
         --ranks 1 --check-steps 2 --targets gpu"
     else   # ranks: NCCL with one GPU each (2 ranks on one GPU would be gloo on the CPU)
       args="--epochs 3 --subset 12800 --rounds 1 --targets gpu

@@ -88,3 +88,46 @@ def test_bench_rows_take_turns_over_seeds_and_keep_every_sample(tmp_path):
     assert res["same_arithmetic"]["max_diff"]["eager"] == 0, "same batches, same arithmetic"
     assert "max |parameter difference|" in text
     assert res["machine_load"] and "machine load" in text
+
+
+def test_compiled_row_marks_every_step_and_keeps_no_output(monkeypatch):
+    """The first GPU run's compile row failed: "accessing tensor output of CUDAGraphs that has
+    been overwritten by a subsequent run". As torch documents, each step is marked as a new
+    iteration (torch.compiler.cudagraph_mark_step_begin) and returns no tensor to keep. The
+    same step and loop run here with dynamo's eager backend (what the quick CPU dry run does)."""
+    import types
+
+    import torch
+    bench = load_bench()
+    marks, returned = [], []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    compile_ = torch.compile
+
+    def spy(fn, **kw):
+        assert kw.get("backend") == "eager" or kw.get("mode") == "reduce-overhead", kw
+        compiled = compile_(fn, **kw)
+
+        def call(*a):
+            returned.append(compiled(*a))
+        return call
+    monkeypatch.setattr(torch, "compile", spy)
+    args = types.SimpleNamespace(lr=0.2, batch_size=64)
+    got = bench.run_compiled(dict(num_epochs=2, subset=256), args, seed=0, backend="eager")
+    assert len(got["epoch_times"]) == 2 and 0 <= got["test_acc"] <= 1
+    assert len(marks) == len(returned) == 2 * 4, "one mark before each of the 8 steps"
+    assert all(r is None for r in returned), "a step's output would outlive its replay"
+    assert "eager backend" in got["note"]
+
+
+def test_one_round_targets_and_ratios_cannot_tell():
+    """--rounds 1 (the first GPU run): a target's 'met' and a ratio's verdict rest on one
+    sample, so both say they cannot tell."""
+    from helpers import timing
+    bench = load_bench()
+    one = timing.ratio(timing.Measurement([1.0]), timing.Measurement([0.05])).to_dict()
+    assert one["verdict"] == "cannot tell"
+    got = bench.judge("gpu", [], {"fast_1_over_reference_1": one})
+    assert got[0]["rounds"] == 1 and "cannot tell" in bench.target_word(got[0])
+    three = timing.ratio(timing.Measurement([1.0] * 3), timing.Measurement([0.05, 0.06, 0.07]))
+    got = bench.judge("gpu", [], {"fast_1_over_reference_1": three.to_dict()})
+    assert bench.target_word(got[0]) == "met"

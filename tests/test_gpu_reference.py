@@ -27,11 +27,13 @@ def outdir_with(tmp_path, gpu_count=1, bench=True):
     gr.add_notebook(str(tmp_path), "book/part5/zero.ipynb")   # the budget left it out
     if bench:
         (tmp_path / "bench.json").write_text(json.dumps(dict(
-            rows=[dict(trainer="fast", n=1, where="process",
+            rows=[dict(trainer="fast", n=1, where="process", name="fast_1",
                        sec_per_epoch=dict(median=0.12, spread=[0.11, 0.13], samples=[0.12]),
                        test_acc=dict(median=0.84, spread=[0.84, 0.84], samples=[0.84]))],
+            rounds=3,
             ratios={"fast_1_over_reference_1": dict(median=12.0, spread=[11.0, 13.0],
-                                                    samples=[12.0], verdict="faster")},
+                                                    samples=[11.0, 12.0, 13.0],
+                                                    verdict="faster")},
             targets=dict(kind="gpu", verdicts=[dict(target="t", median=1, spread=[1, 1],
                                                     limit=2, met=True)]))))
     return tmp_path
@@ -98,6 +100,49 @@ def test_the_committed_file_is_honest():
         assert "none exists yet" in gr.describe_gpu_reference()
 
 
+def test_one_round_ratios_say_cannot_tell(tmp_path):
+    """The first GPU run had one round: bench.json stored "faster" and "slower" from one sample
+    each. Read back, every such ratio is "cannot tell", and the chapters are told why."""
+    out = outdir_with(tmp_path)
+    bench = json.loads((out / "bench.json").read_text())
+    bench["rounds"] = 1
+    bench["ratios"] = {"a_over_b": dict(median=16.5, spread=[16.5, 16.5], samples=[16.5],
+                                        verdict="faster"),
+                       "c_over_d": dict(median=0.71, spread=[0.71, 0.71], samples=[0.71],
+                                        verdict="slower")}
+    (out / "bench.json").write_text(json.dumps(bench))
+    target = tmp_path / "ref.json"
+    gr.write_gpu_reference(str(out), "cmd", path=str(target))
+    text = gr.describe_gpu_reference(str(target))
+    assert "16.50x (cannot tell)" in text and "0.71x (cannot tell)" in text, text
+    assert "faster" not in text.replace("says faster or slower", "") and "(slower)" not in text
+    assert "one round" in text
+    figs = gr.gpu_figures(str(target))
+    assert {v["verdict"] for v in figs["ratios"].values()} == {"cannot tell"}
+    assert figs["rounds"] == 1 and "one round" in figs["sentence"]
+    assert "one GPU, so anything about two or more GPUs is still a prediction" in figs["scope"]
+    assert "one GPU" in text and "two or more GPUs is still a prediction" in text
+    assert "near chance" not in text, "0.84 is not chance"
+
+
+def test_accuracies_at_chance_are_named_so():
+    """The first GPU run trained 3 epochs of 12,800 images: every row at 0.096 (chance)."""
+    text = gr.describe_gpu_reference()
+    accs = [r["test_acc"]["median"] for r in (gr.gpu_reference().get("bench") or {}).get(
+        "rows", [])]
+    assert ("near chance" in text) == bool(accs and max(accs) < 0.3)
+
+
+def test_the_committed_reference_reads_honestly():
+    figs = gr.gpu_figures()
+    if figs is None:
+        return   # no GPU run committed: nothing to read
+    for name, v in figs["ratios"].items():
+        assert (v["verdict"] == "cannot tell") == (v["rounds"] < 2), (name, v)
+        if v["verdict"] in ("faster", "slower"):
+            assert (v["spread"][0] > 1) == (v["verdict"] == "faster"), (name, v)
+
+
 def test_record_gathers_the_gpu_path_steps_and_the_rates_they_measured(tmp_path):
     """The runner's path steps (one paths.json: the device returns few files) and status.json
     reach the reference file; a measured FLOP rate reaches Rates.load, the message rates it
@@ -114,3 +159,5 @@ def test_record_gathers_the_gpu_path_steps_and_the_rates_they_measured(tmp_path)
     assert (rates.flops_per_s, rates.alpha, rates.beta) == (4.0e13, ASSUMED_RATES.alpha,
                                                             ASSUMED_RATES.beta)
     assert "flops_per_s measured on NVIDIA H200" in rates.source and "assumed" in rates.source
+    assert "TFLOP/s" not in rates.source.split(";")[1], "only what was not measured is assumed"
+    assert "alpha = 10 us" in rates.source and "25 GB/s" in rates.source

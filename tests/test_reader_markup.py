@@ -8,6 +8,7 @@ are (READER_MARKUP_APPLIED below)."""
 import functools
 import importlib.util
 import re
+import sys
 
 import nbformat
 import pytest
@@ -167,6 +168,33 @@ def test_say_fills_in_this_runs_values(capsys):
         helpers.formatted("{never_glued}")
     helpers.say("value {reader_test_v:.3f}")
     assert "value 0.123" in capsys.readouterr().out
+
+
+def _glue_outputs():
+    """The display outputs (data, metadata) of a few glue calls, as a kernel stores them."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+    InteractiveShell.instance()
+    with capture_output() as got:
+        helpers.glue("reader_glue_hidden", 0.5, display=False)
+        helpers.glue("reader_glue_words", "a b", display=False)
+        helpers.glue("reader_glue_shown", [1, 2])
+    return [(o.data, o.metadata) for o in got.outputs], got.stdout
+
+
+def test_glue_without_myst_nb_stores_what_myst_nb_stores(monkeypatch):
+    """A GPU machine's Python without myst-nb failed nbval on a checked cell that glues
+    ("Missing output fields: application/papermill.record/text/plain"): the fallback printed
+    instead. Without myst-nb the outputs must be myst-nb's, record for record."""
+    pytest.importorskip("myst_nb")
+    with_myst = _glue_outputs()
+    assert with_myst[0][0] == ({"application/papermill.record/text/plain": "0.5"},
+                               {"scrapbook": {"name": "reader_glue_hidden",
+                                              "mime_prefix": "application/papermill.record/"}})
+    monkeypatch.setitem(sys.modules, "myst_nb", None)   # import myst_nb now raises
+    with pytest.raises(ImportError):
+        import myst_nb  # noqa: F401
+    assert _glue_outputs() == with_myst
 
 
 def _rendered_text(nb):

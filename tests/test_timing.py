@@ -79,6 +79,19 @@ def test_a_ratio_whose_spread_crosses_one_is_within_noise():
     assert slower.verdict == "slower" and slower.word == "slower than"
 
 
+def test_one_round_is_a_figure_not_a_verdict():
+    """bench.py --rounds 1 (the first GPU run) called 16.46x "faster" and 0.71x "slower" from one
+    sample each: the spread of one sample is that sample. One round cannot tell."""
+    for x in (16.46, 0.71, 1.0):
+        r = timing.Ratio([x])
+        assert r.verdict == "cannot tell" and "one round" in r.word, (x, r.verdict)
+        assert r.to_dict()["verdict"] == "cannot tell" and "cannot tell" in str(r)
+    assert timing.ratio(2.0, 1.0).verdict == "cannot tell", "two single figures: one round"
+    assert timing.verdict_of([16.46, 15.0]) == "faster", "two rounds: a spread, a verdict"
+    assert timing.verdict_of([0.7, 0.72]) == "slower"
+    assert timing.verdict_of([0.9, 1.1]) == "within noise"
+
+
 def test_the_spread_leaves_out_stray_hiccups_of_many_samples():
     few = timing.Measurement([1.0, 1.1, 9.0])                # fewer than 10: min to max
     assert (few.lo, few.hi) == (1.0, 9.0)

@@ -7,6 +7,15 @@ raises, as it would on real GPUs. So a device exercise runs twice: on CPU tensor
 and here for where each tensor went and what crossed between devices (a Recorder is active).
 Values are unknown here: `.item()` and `torch.equal` get placeholders, so the answer's returned
 value means nothing; only what it did counts.
+
+The simulation never touches a real GPU, so it runs the same on a machine with fewer GPUs than
+it simulates (one H200 simulating cuda:0..4): torch's FakeTensorMode, where CUDA is available,
+creates a real tensor on every device a fake tensor names (`init_gpu_context`: "invalid device
+ordinal" for cuda:1 on one GPU) and materialises `torch.tensor(..., device=...)` there; here it
+behaves as on a machine without CUDA. One call stays out of reach: where CUDA is available,
+autograd asks the real runtime for the stream of each device a tensor needing gradients is on,
+so a simulation with gradients on a device this machine lacks fails; that error is reported as
+the check's limit (HarnessError), never as the answer's mistake.
 """
 import contextlib
 
@@ -24,19 +33,47 @@ def _fake_tensor_module():
     return fake_tensor
 
 
+def _simulated_mode():
+    """A FakeTensorMode that keeps off the real devices, as where CUDA is unavailable."""
+    ft = _fake_tensor_module()
+
+    class SimulatedGPUMode(ft.FakeTensorMode):
+        @property
+        def avoid_device_init(self):
+            return True   # torch.tensor(..., device=cuda:i) stays fake, never made on cuda:i
+
+    return SimulatedGPUMode(allow_non_fake_inputs=True)
+
+
+@contextlib.contextmanager
+def _no_real_gpu_context():
+    """FakeTensorMode creates a real tensor on each CUDA device a fake tensor names, where CUDA
+    is available (torch 2.11-2.14 `init_gpu_context`): a device this machine lacks raises
+    "invalid device ordinal". The simulated GPUs need no real context: skip it."""
+    ft = _fake_tensor_module()
+    saved = getattr(ft, "init_gpu_context", None)
+    if saved is None:                  # another torch: nothing to skip
+        yield
+        return
+    ft.init_gpu_context = lambda device: None
+    try:
+        yield
+    finally:
+        ft.init_gpu_context = saved
+
+
 class FakeGPUs:
     """k simulated GPUs. `tensor(t, i)` copies a real tensor's shape, dtype (and requires_grad)
     to cuda:i; `run(fn, *args)` runs the answer on them and returns (its result, the Recorder)."""
 
     def __init__(self, k):
-        ft = _fake_tensor_module()
         self.k = k
-        self.mode = ft.FakeTensorMode(allow_non_fake_inputs=True)
+        self.mode = _simulated_mode()
         self.devices = [torch.device("cuda", i) for i in range(k)]
 
     def tensor(self, t, i=0, requires_grad=None):
         """A fake copy of `t` on devices[i] (a leaf; requires_grad as `t` unless given)."""
-        with self.mode:
+        with _no_real_gpu_context(), self.mode:
             f = self.mode.from_tensor(t.detach()).to(self.devices[i])
         if requires_grad if requires_grad is not None else t.requires_grad:
             f.requires_grad_()
@@ -46,7 +83,8 @@ class FakeGPUs:
     def active(self):
         """The fake mode with a recorder on top, and the patches fake devices need."""
         recorder = Recorder(answer_scalars=True)
-        with _fake_module_moves(self.mode), _no_cuda_sync(), self.mode, recorder:
+        with _fake_module_moves(self.mode), _no_cuda_sync(), _no_real_gpu_context(), \
+                self.mode, recorder:
             yield recorder
 
     def run(self, fn, *args, what="your code", **kwargs):
@@ -60,6 +98,8 @@ class FakeGPUs:
             except RuntimeError as e:         # torch 2.14: FakeTensorDeviceMismatchError
                 if _mixes_devices(e):
                     raise CheckFailed(mixed_devices(recorder, what)) from e
+                if _real_gpu_reached(e):
+                    raise HarnessError(_beyond_this_machine(self.k, e)) from e
                 raise
             except (ft.DataDependentOutputException, ft.DynamicOutputShapeException,
                     ft.UnsupportedOperatorException) as e:
@@ -75,6 +115,27 @@ def _mixes_devices(e):
     return any(words in text for words in ("Expected all tensors to be on the same device",
                                            "found at least two devices",
                                            "found two different devices"))   # torch 2.11
+
+
+def _real_gpu_reached(e):
+    """An error of the real CUDA runtime: the simulation reached it (fake tensors never run on
+    a GPU, so an answer cannot cause one here)."""
+    text = str(e)
+    return type(e).__name__ == "AcceleratorError" or any(words in text for words in (
+        "CUDA error", "invalid device ordinal", "out of index range", "CUDA driver"))
+
+
+def _beyond_this_machine(k, e):
+    try:
+        real = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except RuntimeError:
+        real = 0
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return (f"the {k} simulated GPUs reached this machine's real CUDA runtime ({real} GPU(s)): "
+            f"{first}. Where CUDA is available, torch's autograd asks the real runtime about "
+            "every device a tensor that needs gradients is on, and this machine lacks "
+            f"cuda:{real}..{k - 1}. Not a problem with your answer: run this check on a "
+            f"machine with no GPU, or with {k} GPUs")
 
 
 def mixed_devices(recorder, what="your code"):
