@@ -102,6 +102,40 @@ def test_a_run_on_a_busy_machine_says_so():
     assert [r[1] for r in rows] == ["1 min 30 s (busy machine)", "9 s"]
 
 
+def test_part_rows_add_up_run_times_and_announced_exercise_minutes(tmp_path):
+    """The landing page's table by part: the chapters' runs added up, and the exercises with the
+    minutes each announces, in its heading or on the line under it, or in a prose cell after a
+    heading alone (helpers.say, reader_markup's form)."""
+    a, b = tmp_path / "a.ipynb", tmp_path / "b.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(
+        "## Exercises\n\n### Exercise 1: one (warm-up, 5 min)\n\nText.\n\n"
+        "### Exercise 2: two (core, 10 min)\n### Exercise 3: three\n\n*Core, 20 minutes.*")]
+    nbformat.write(nb, a)
+    heading = nbformat.v4.new_markdown_cell("### Exercise 1: alone")
+    said = nbformat.v4.new_code_cell('#@title Text\nhelpers.say(r"""\n*Open-ended, 45 '
+                                     'minutes.* Do {x}.\n""")')
+    said.metadata["course"] = {"prose": True, "glued": ["x"]}
+    plain = nbformat.v4.new_code_cell("# ### Exercise 9: not prose (99 min)")
+    nb.cells = [heading, said, plain]
+    nbformat.write(nb, b)
+    assert chapter_runs.exercise_minutes(a) == (3, 35)
+    assert chapter_runs.exercise_minutes(b) == (1, 45)
+    rows = chapter_runs.part_rows(RECORD, [("P", [("book/a", a), ("book/b", b)]),
+                                           ("pages only", [])])
+    assert rows == [("P", "49 s", "4", "1 h 20 min")]
+    assert len(rows[0]) == len(chapter_runs.PART_HEAD)
+
+
+def test_every_exercise_of_the_book_announces_its_time():
+    """Else the table by part would count it as 0 minutes."""
+    for path in toc_notebooks():
+        text = "\n\n".join(map(chapter_runs._prose, json.loads(path.read_text())["cells"]))
+        silent = [m.group(0).splitlines()[0] for m in chapter_runs.EXERCISE.finditer(text)
+                  if not chapter_runs.MINUTES.search(m.group(0))]
+        assert not silent, f"{path.name}: {silent} announce no time"
+
+
 def test_a_chapter_missing_from_the_record_is_an_error():
     with pytest.raises(chapter_runs.MissingRun, match="make outputs NB=book/c.ipynb"):
         chapter_runs.table_rows(RECORD, [("book/a", "A", 2), ("book/c", "C", 1)])
@@ -164,7 +198,10 @@ def test_a_build_fails_when_a_chapter_has_no_run(tmp_path, monkeypatch):
         return (out / "index.html").read_text()
 
     html = build(RECORD)
-    assert html.count("<tr") == 3, "a header row and one row per chapter"
+    chapters, by_part = html.split("By part:")[0].rsplit("<table", 1)[0], html
+    assert chapters.count("<tr") == 3, "a header row and one row per chapter"
+    assert by_part.count("<tr") == 3 + 2, "then a header row and one row per part"
+    assert "49 s" in html, "the part's run time: its chapters' (45 s and 4 s) added up"
     assert "5 min 01 s" in html and "1.5 GiB" in html and "not measured yet" in html
     html = build({d: {"small": m["small"]} for d, m in RECORD.items()})
     assert "not measured yet" not in html and html.count("full size") == 1, \

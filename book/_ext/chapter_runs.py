@@ -203,6 +203,53 @@ def table_rows(record, chapters):
     return rows
 
 
+# An exercise's heading, and the line under it: "### Exercise 2: ... (open-ended, 15 min)" or
+# "*Core, 20 minutes.*" say the time it asks of a reader
+EXERCISE = re.compile(r"^### Exercise[^\n]*(?:\n+(?!#)[^\n]*)?", re.M)
+MINUTES = re.compile(r"(\d+)\s*min(?:ute)?s?\b")
+PART_HEAD = ("part", "run time", "exercises", "their announced time")
+
+
+def exercise_minutes(notebook):
+    """(exercises, minutes): how many exercises `notebook` has, and the minutes they announce
+    added up (an exercise that announces none counts 0)."""
+    text = "\n\n".join(map(_prose, json.loads(pathlib.Path(notebook).read_text())["cells"]))
+    found = [MINUTES.search(m.group(0)) for m in EXERCISE.finditer(text)]
+    return len(found), sum(int(m.group(1)) for m in found if m)
+
+
+def _prose(cell):
+    """A cell's text as a reader sees it: a markdown cell's source, a prose cell's paragraph
+    (helpers.say(r\"\"\"...\"\"\"), scripts/reader_markup.py's form), nothing for other code."""
+    source = "".join(cell.get("source", []))
+    if cell.get("cell_type") == "markdown":
+        return source
+    if (cell.get("metadata", {}).get("course") or {}).get("prose"):
+        said = re.search(r'say\(r?"""\n?(.*?)"""', source, re.S)
+        return said.group(1) if said else ""
+    return ""
+
+
+def fmt_minutes(m):
+    return f"{m} min" if m < 60 else f"{m // 60} h {m % 60:02d} min"
+
+
+def part_rows(record, parts):
+    """One row per part of `parts`, [(caption, [(doc, notebook path), ...])], in PART_HEAD's
+    columns: its chapters' runs at the CPU default size added up, and its exercises with the
+    time they announce added up (a reader's time, not the machine's). Parts without a notebook
+    are left out; MissingRun for a chapter without a run."""
+    rows = []
+    for caption, chapters in parts:
+        if not chapters:
+            continue
+        seconds = sum(run_of(record, doc)["seconds"] for doc, _ in chapters)
+        counts = [exercise_minutes(path) for _, path in chapters]
+        rows.append((caption, fmt_seconds(seconds), str(sum(n for n, _ in counts)),
+                     fmt_minutes(sum(m for _, m in counts))))
+    return rows
+
+
 def machines(record, docs, mode=REQUIRED):
     """The machines and dates the runs of `docs` at `mode` come from, for the table's caption."""
     runs = [record[d][mode] for d in docs if mode in record.get(d, {})]

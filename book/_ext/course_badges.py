@@ -95,6 +95,14 @@ def toc_notebooks(srcdir):
     return [srcdir / f"{s}.ipynb" for s in stems if (srcdir / f"{s}.ipynb").is_file()]
 
 
+def toc_parts(srcdir):
+    """[(caption, [file without suffix, ...])] of _toc.yml's parts, in order."""
+    toc = yaml.safe_load((pathlib.Path(srcdir) / "_toc.yml").read_text())
+    return [(part.get("caption", ""), [c["file"].removesuffix(".ipynb").removesuffix(".md")
+                                       for c in part.get("chapters", []) if "file" in c])
+            for part in toc.get("parts", [])]
+
+
 def places_of_line(text):
     """['cpu', 'gpus'] for the line "Runs on: CPU, several GPUs." (what scripts/reader_markup.py
     writes for ```{runs-on} cpu gpus```, so that a notebook outside the book says it too), also
@@ -209,7 +217,15 @@ def resolve_table(app, doctree, docname):
             f"Measured at the {chapter_runs.MODES[chapter_runs.REQUIRED]} on {where}, {when}; "
             "peak memory of the notebook's kernel and every process it starts, added up; the "
             f"GPUs are what the chapter asks for (fewer are simulated). {full}"))
-        node.replace_self([_table(chapter_runs.table_head(record, docs), linked), caption])
+        parts = [(caption_of, [(d, srcdir / f"{d}.ipynb") for d in files
+                               if (srcdir / f"{d}.ipynb").is_file()])
+                 for caption_of, files in toc_parts(srcdir)]
+        by_part = nodes.paragraph(text=(
+            "By part: its chapters' run times above added up, and its exercises with the time "
+            "each announces added up (a reader's time, besides the machine's)."))
+        node.replace_self([_table(chapter_runs.table_head(record, docs), linked), caption,
+                           _table(chapter_runs.PART_HEAD,
+                                  chapter_runs.part_rows(record, parts)), by_part])
 
 
 def binder_button(app, pagename, templatename, context, doctree):
