@@ -69,7 +69,8 @@ from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_event
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference, gpu_figures, capture_env, add_notebook, add_path)
-from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
+from .timing import (Measurement, Ratio, MIN_ROUNDS, measure, interleave, ratio, machine_load,
+                     verdict_of)
 from .runtime.group import (choose_backend, backend_line, backend_for, env_ranks, rank_device,
                             setup, teardown, free_port, get_rank, get_world_size, log0,
                             die_with_parent, pin_to_core)

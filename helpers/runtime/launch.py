@@ -374,5 +374,3 @@ def run_ranks(world, runs, backend=None, timeout=600.0):
         raise ValueError(f"run_ranks: labels {labels} repeat; give each run its own "
                          "(e.g. \"fsdp:bf16\")")
     return launch(run_in_turn, world, dict(runs=runs), backend=backend, timeout=timeout)
-
-
