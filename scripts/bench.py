@@ -80,7 +80,7 @@ def parse_args(argv=None):
 
 
 def check_args(args):
-    """Refuse, with the fix, anything that would fail or mislead later (review M7)."""
+    """Refuse, with the fix, anything that would fail or mislead later."""
     if args.epochs is not None and args.epochs < 2:
         raise ValueError("--epochs must be at least 2: epoch 1 is warm-up and is not counted")
     for name in ("subset", "batch_size", "rounds", "check_steps"):

@@ -1,7 +1,7 @@
 """Part III: when DDPFromScratch's all-reduces launch and complete, on real ranks, each experiment
 a launch target fn(rank, world, cfg): the timeline of a backward pass (gradients ready, launches,
 completions), step times with the all-reduces launched from the hooks or after backward, a
-torch.profiler trace of both, and the same schedule in emulated durations (issue 21), whose
+torch.profiler trace of both, and the same schedule in emulated durations, whose
 shape a busy machine cannot change.
 """
 import time
@@ -190,7 +190,7 @@ def _layer_flops(net, batch):
 
 
 def emulated_overlap(rank, world, cfg):
-    """DDP's overlap in emulated durations (issue 21): the math is real, but each layer's
+    """DDP's overlap in emulated durations: the math is real, but each layer's
     backward lasts its modelled time (its FLOPs for `model_batch` examples at the rates of
     helpers.Rates.load(), times `scale`), and each bucket's all-reduce completes when a ring over
     `world` ranks would have sent it (one link, buckets in launch order, 2(k-1) messages of
