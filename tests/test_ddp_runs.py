@@ -30,7 +30,7 @@ def test_trace_events_and_overlap_from_a_chrome_trace(tmp_path):
 
 def test_on_a_gpu_the_all_reduce_lane_is_nccls_kernels(tmp_path):
     """A trace with CUDA activity: the all-reduces that ran are NCCL's kernels on the GPU; the
-    host's nccl:all_reduce is only their launch (issue 37 H4), and the regions' copies on the
+    host's nccl:all_reduce is only their launch, and the regions' copies on the
     GPU do not count twice. Without GPU activity the host record is all there is."""
     ev = lambda name, ts, dur, cat="user_annotation", tid=1: dict(
         ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1, cat=cat)
