@@ -193,27 +193,11 @@ def _gathered(rec, out, log, what):
                             "gather what each replica computed on its piece")
     inside = set()
     for index in made:
-        inside |= {index} | {op.index for op in _ancestors_of(rec, index)}
+        inside |= {index} | {op.index for op in rec.ancestors_of_op(index)}
     extra = sorted({op.name for op in ancestry if op.is_work and op.index not in inside})
     expect(not extra, f"{what}: the output was computed outside the replicas "
                       f"({', '.join(extra[:4])}): gather the replicas' outputs as they are "
                       "(torch.cat on devices[0]), with no work of its own")
-
-
-def _ancestors_of(rec, index):
-    """The operations whose results flowed into operation `index`'s inputs."""
-    op = rec.ops[index]
-    seen, todo, found = set(), [(r.key, r.version) for r in op.reads], []
-    while todo:
-        ref = todo.pop()
-        if ref in seen:
-            continue
-        seen.add(ref)
-        i = rec.producer.get(ref)
-        if i is not None:
-            found.append(rec.ops[i])
-            todo.extend((r.key, r.version) for r in rec.ops[i].reads)
-    return found
 
 
 def _placement(fn, g):

@@ -244,7 +244,14 @@ class Recorder(TorchDispatchMode):
 
     def ancestors(self, *tensors):
         """The operations whose results flowed into `tensors` (in order of running)."""
-        todo = [self.latest(t) for t in tensors]
+        return self._flowed_into([self.latest(t) for t in tensors])
+
+    def ancestors_of_op(self, index):
+        """The operations whose results flowed into operation `index`'s inputs."""
+        return self._flowed_into([(r.key, r.version) for r in self.ops[index].reads])
+
+    def _flowed_into(self, todo):
+        """The operations that produced the (key, version) refs `todo`, and their producers'."""
         seen, found = set(), set()
         while todo:
             ref = todo.pop()
