@@ -10,7 +10,11 @@ turns the course's cell tags into nbgrader's cell metadata first:
     code cell tagged `solution`      -> nbgrader solution cell (the `### BEGIN/END SOLUTION`
                                         region becomes the stub)
     markdown cell tagged `solution`  -> removed (a worked answer, the book folds it in a dropdown);
-                                        so is a prose cell (helpers.say) tagged `solution`
+                                        so is a prose cell (helpers.say) tagged `solution`. An
+                                        exercise with no check cell gets an answer cell in its
+                                        place: nbgrader's manually graded answer, 1 point
+    prose cell (helpers.say)         -> keeps its stored text: the handout reads whole before
+                                        anything runs (nbgrader clears every other output)
     code cell tagged `check`         -> nbgrader autograder test cell, 1 point, locked
     tag `nbval-check-output`         -> removed (outputs are cleared, nothing left to compare)
 
@@ -40,6 +44,7 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = "raise NotImplementedError()"
 MANIFEST = ".student-edition"   # what a build wrote into --out: all it may delete later
 DROP_TAGS = {"nbval-check-output", "hide-input"}   # the stub is the student's to see and edit
+ANSWER_POINTS = 1   # an open-ended answer, graded by hand, weighs what a check cell does
 # Appended to every check cell of the nbgrader source, hidden from the handout and restored by
 # `nbgrader autograde`: the check runs again from a fresh import of the course, loaded by path,
 # so a cell that patched helpers.checks (or the harness) cannot score (checks/_core/fresh.py).
@@ -151,12 +156,39 @@ def _grade_id(kind, cell, index, taken):
     return grade_id
 
 
+def open_ended(nb):
+    """{cell index: exercise number} of the first worked answer of each exercise that has no
+    check cell: where the handout gets an answer cell for the teacher to grade by hand."""
+    first, checked, current = {}, set(), None
+    for index, cell in enumerate(nb.cells):
+        if is_text(cell) and not is_solution(cell):
+            heads = EXERCISE.findall(source(cell))
+            if heads:
+                current = int(heads[-1][0])
+        elif current is not None and is_check(cell):
+            checked.add(current)
+        elif current is not None and is_solution(cell) and is_text(cell):
+            first.setdefault(current, index)
+    return {index: number for number, index in first.items() if number not in checked}
+
+
+def answer_cell(number):
+    """A markdown cell nbgrader hands out as "YOUR ANSWER HERE" and grades by hand (formgrader)."""
+    cell = nbformat.v4.new_markdown_cell(f"Your answer to Exercise {number}.")
+    cell.metadata["nbgrader"] = dict(
+        solution=True, grade=True, locked=False, task=False, points=ANSWER_POINTS,
+        schema_version=3, grade_id=f"answer-exercise{number}")
+    return cell
+
+
 def nbgrader_source(nb, name="notebook"):
     """A copy of `nb` with the course's tags turned into nbgrader's cell metadata."""
     nb = copy.deepcopy(nb)
-    cells, taken = [], set()
+    cells, taken, answers = [], set(), open_ended(nb)
     for index, cell in enumerate(nb.cells):
         if is_solution(cell) and is_text(cell):
+            if index in answers:
+                cells.append(answer_cell(answers[index]))
             continue
         cell.metadata.pop("nbgrader", None)
         if is_solution(cell):
@@ -348,6 +380,7 @@ def build(notebooks=None, out=ROOT / "student", course=ROOT / "_build" / "nbgrad
             raise RuntimeError(f"nbgrader generate_assignment {aid} failed:\n"
                                f"{result.get('error', '')}\n{result.get('log', '')}")
         released = course / "release" / aid / path.name
+        _keep_prose(nb, released)
         target = student_path(path, out)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(released, target)
@@ -355,6 +388,23 @@ def build(notebooks=None, out=ROOT / "student", course=ROOT / "_build" / "nbgrad
         if not quiet:
             print(f"{_relative(path)} -> {target}  (nbgrader assignment {aid!r})")
     return written
+
+
+def _keep_prose(original, released):
+    """Put the stored text of the prose cells (helpers.say) back into the released notebook:
+    nbgrader clears every output, and these outputs are the chapter's paragraphs."""
+    texts = [c.get("outputs", []) for c in original.cells
+             if is_prose(c) and not is_solution(c)]
+    nb = nbformat.read(released, as_version=4)
+    prose = [c for c in nb.cells if is_prose(c)]
+    if len(prose) != len(texts):
+        raise EditionError(f"{released.name}: {len(prose)} prose cells after nbgrader, "
+                           f"{len(texts)} before")
+    for cell, outputs in zip(prose, texts):
+        cell.outputs = [o for o in copy.deepcopy(outputs) if o.get("output_type") == "display_data"]
+    tmp = released.with_name(released.name + ".tmp")
+    nbformat.write(nb, tmp)
+    os.replace(tmp, released)
 
 
 def main(argv=None):

@@ -47,3 +47,33 @@ def test_the_changelog_names_every_part():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     missing = [n for n, _ in _numbered() if not re.search(rf"\bPart {n}\b", changelog)]
     assert not missing, f"CHANGELOG.md never names Part {missing}"
+
+
+def test_the_teachers_guide_covers_every_chapter_in_order():
+    """Its "What each chapter teaches" table has one row per chapter notebook of _toc.yml, in the
+    book's order, and its pitfalls table names a chapter of every Part."""
+    from book_files import toc_entries
+
+    text = (ROOT / "book" / "teachers.md").read_text()
+    teaches = text.split("## What each chapter teaches", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| \{doc\}`([^`]+)` \|", teaches, re.M)
+    chapters = [e.removeprefix("book/") for e in toc_entries()
+                if (ROOT / (e + ".ipynb")).exists()]
+    assert rows == chapters, "book/teachers.md's objectives table differs from _toc.yml's chapters"
+    pitfalls = text.split("## What students get wrong", 1)[1].split("\n## ", 1)[0]
+    folders = {m.split("/")[0] for m in re.findall(r"\{doc\}`([^`]+)`", pitfalls)}
+    parts = {c.split("/")[0] for c in chapters if "/" in c}
+    assert parts <= folders, f"no pitfall points into {sorted(parts - folders)}"
+
+
+def test_every_python_floor_in_the_prose_is_pyprojects():
+    """"Python 3.N or newer" anywhere in the Markdown and notebooks says pyproject's floor."""
+    import tomllib
+
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    floor = spec.removeprefix(">=").strip()
+    files = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "book").rglob("*.md"),
+             *(ROOT / "book").rglob("*.ipynb")]
+    said = {(f.name, m) for f in files if f.exists()
+            for m in re.findall(r"Python (3\.\d+)\+? or (?:newer|later)", f.read_text())}
+    assert said and all(m == floor for _, m in said), sorted(said)

@@ -74,6 +74,10 @@ def sample_notebook():
         new_markdown_cell("# A sample chapter"),
         code("import torch\nfrom helpers.checks import check_matmul_flops, check_shard_sizes\n"
              "print(torch.ones(2).shape)", ["nbval-check-output"], "torch.Size([2])\n"),
+        new_code_cell('helpers.say(r"""A paragraph with {n} numbers.""")',
+                      metadata={"course": {"prose": True, "glued": ["n"]}},
+                      outputs=[new_output("display_data",
+                                          data={"text/markdown": "A paragraph with 3 numbers."})]),
         new_markdown_cell("## Exercises\n\n### Exercise 1: Count the work\n*Warm-up, 5 min.*"),
         code('def matmul_flops(n):\n    """Operations of an n×n by n×n product."""\n'
              "    ### BEGIN SOLUTION\n    flops_per_entry = 2 * n   # SECRET ONE\n"
@@ -132,10 +136,18 @@ def test_sample_edition(edition):
     assert [se.source(c) for c in student.cells if se.is_check(c)] == [
         "check_matmul_flops(matmul_flops)", "check_shard_sizes(shard_sizes)"]
     assert not any("nbval-check-output" in se.tags(c) for c in student.cells)
-    assert not any(c.get("outputs") for c in student.cells)
+    kept = [c for c in student.cells if c.get("outputs")]
+    assert [c.outputs[0]["data"]["text/markdown"] for c in kept] == [
+        "A paragraph with 3 numbers."], "only the prose keeps its stored text"
     assert se.source(student.cells[-1]) == 'print("after the exercises")'
     grade = [c.metadata["nbgrader"] for c in student.cells if se.is_check(c)]
     assert all(g["grade"] and g["locked"] and g["points"] == 1 for g in grade)
+    answer, = [c for c in student.cells if c.metadata.get("nbgrader", {}).get("grade")
+               and c.cell_type == "markdown"]
+    assert answer.metadata["nbgrader"]["solution"] and not answer.metadata["nbgrader"]["locked"]
+    assert answer.metadata["nbgrader"]["grade_id"] == "answer-exercise3"
+    assert se.source(answer) == "YOUR ANSWER HERE", "nbgrader's stub for a written answer"
+    assert student.cells.index(answer) == student.cells.index(kept[0]) + 8
     assert (edition["course"] / "source" / "sample" / "sample.ipynb").exists()
 
 
@@ -150,9 +162,9 @@ def test_gradebook_for_autograding(tmp_path):
     assert (course / "nbgrader_config.py").exists()
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         cells = gb.find_notebook("sample", "sample").grade_cells
-        assert sorted(c.name for c in cells) == ["check-check_matmul_flops",
+        assert sorted(c.name for c in cells) == ["answer-exercise3", "check-check_matmul_flops",
                                                   "check-check_shard_sizes"]
-        assert gb.find_assignment("sample").max_score == 2
+        assert gb.find_assignment("sample").max_score == 3   # two checks, one written answer
 
 
 def test_sample_exercise_table(edition):
@@ -166,11 +178,11 @@ def test_sample_exercise_table(edition):
 
 def test_solutions_must_be_marked():
     nb = sample_notebook()
-    nb.cells[3].source = "def matmul_flops(n):\n    return 2 * n**3"
+    nb.cells[4].source = "def matmul_flops(n):\n    return 2 * n**3"
     with pytest.raises(se.EditionError, match="no `### BEGIN SOLUTION`"):
         se.nbgrader_source(nb)
     nb = sample_notebook()
-    nb.cells[3].metadata["tags"] = []
+    nb.cells[4].metadata["tags"] = []
     with pytest.raises(se.EditionError, match="is not tagged `solution`"):
         se.nbgrader_source(nb)
 
@@ -195,11 +207,23 @@ def test_student_edition_keeps_checks_and_drops_prose(path, edition):
     for cell in student.cells:
         if se.is_solution(cell):
             assert se.STUB in se.source(cell)
-        assert not cell.get("outputs"), "outputs are cleared"
+        if se.is_prose(cell):
+            assert all(o["output_type"] == "display_data" for o in cell.outputs)
+        else:
+            assert not cell.get("outputs"), "outputs are cleared, but for the prose's text"
         assert "nbval-check-output" not in se.tags(cell), \
             "outputs are cleared: nbval has nothing to compare"
+    prose = [c for c in original.cells if se.is_prose(c) and not se.is_solution(c)]
+    assert [c.outputs for c in student.cells if se.is_prose(c)] == [
+        [o for o in c.outputs if o["output_type"] == "display_data"] for c in prose]
     kept = [c for c in original.cells if not (se.is_solution(c) and se.is_text(c))]
-    assert len(student.cells) == len(kept)
+    answers = [c for c in student.cells if c.cell_type == "markdown"
+               and c.metadata.get("nbgrader", {}).get("grade")]
+    open_ended = [e for e in se.exercises(path) if e["check"] == "worked answer"]
+    assert [c.metadata["nbgrader"]["grade_id"] for c in answers] == [
+        f"answer-exercise{e['number']}" for e in open_ended], \
+        "an answer cell for every exercise the teacher grades by hand"
+    assert len(student.cells) == len(kept) + len(answers)
 
 
 # --- the chapters follow the exercise conventions (CONTRIBUTING.md) -------------------------------
@@ -271,7 +295,7 @@ def test_a_cell_that_uses_a_solution_is_found():
     nb.cells.append(new_code_cell("print(matmul_flops(3))"))
     nb.cells.append(new_code_cell("try:\n    matmul_flops(3)\nexcept NotImplementedError:\n"
                                   "    pass"))
-    assert uses_of_solutions(nb) == [(len(nb.cells) - 2, ["matmul_flops"], [3])]
+    assert uses_of_solutions(nb) == [(len(nb.cells) - 2, ["matmul_flops"], [4])]
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
