@@ -22,9 +22,10 @@ import student_edition as se  # noqa: E402
 CHAPTERS = se.chapters()
 IDS = [str(p.relative_to(ROOT)) for p in CHAPTERS]
 # which chapters a check module belongs to (helpers/checks/<module>.py)
-MODULE_CHAPTERS = {"gpus": "book/gpus.ipynb", "splits": "book/part1/", "scratch": "book/part2/",
-                   "wrappers": "book/part3/", "ddp": "book/part3/", "ddp_scratch": "book/part3/",
-                   "syncbn": "book/part3/", "fast": "book/part4/"}
+MODULE_CHAPTERS = {"gpus": "book/gpus.ipynb", "scratch": "book/part2/",
+                   "dataparallel": "book/part3/", "custom_modules": "book/part3/",
+                   "ddp_torchrun": "book/part3/", "ddp_scratch": "book/part3/",
+                   "syncbn": "book/part3/", "profile": "book/part4/"}
 
 
 def read(path):

@@ -2,18 +2,16 @@
 from ._core import *            # noqa: F401,F403  the framework: run_check, expect, Result
 from .gpus import *             # noqa: F401,F403  foundation chapter
 from .splits import *           # noqa: F401,F403  Part I (network_split, within_layer, ...)
-from .part1_devices import *    # noqa: F401,F403  device exercises of Part I
 from .scratch import *          # noqa: F401,F403  Part II
 from .dataparallel import *      # noqa: F401,F403  Part III: DataParallel
 from .custom_modules import *   # noqa: F401,F403  Part III: custom modules
-from .ddp import *              # noqa: F401,F403  Part III: DDP with torchrun
+from .ddp_torchrun import *              # noqa: F401,F403  Part III: DDP with torchrun
 from .ddp_scratch import *      # noqa: F401,F403  Part III: DDP from scratch
 from .syncbn import *           # noqa: F401,F403  Part III: BatchNorm across devices
-from .fast import *             # noqa: F401,F403  Part IV: profile
+from .profile import *             # noqa: F401,F403  Part IV: profile
 from .fixes import *            # noqa: F401,F403  Part IV: fixes
 from .scaling import *          # noqa: F401,F403  Part IV: scaling
 from .zero import *             # noqa: F401,F403  Part V: ZeRO
-from .zero_variants import *    # noqa: F401,F403  Part V: ZeRO's variants
 from .fsdp_scratch import *     # noqa: F401,F403  Part V: FSDP from scratch
 from .fsdp2 import *            # noqa: F401,F403  Part V: FSDP2, recomputation
 from .splits_dist import *      # noqa: F401,F403  Part VI

@@ -10,7 +10,7 @@ import torch
 from ..context_parallel.scratch import attention_reference, causal_block, split_positions
 from ._core import (CheckFailed, RankFailed, Recorder, World, check, expect,
                     fresh_generator, randint)
-from ._threaded import TIMEOUT, _as_list, _carries, _pair, _threads
+from ._sendrecv import TIMEOUT, _as_list, _carries, _pair, _threads
 
 __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",
            "check_half_block", "check_tokens_to_heads"]

@@ -1,8 +1,9 @@
-"""Part VI's checks, one module per chapter group: part6_pipeline (pipeline_dist) and
-part6_tensor (tensor_parallel_dist, mesh2d). (This module keeps the old import path,
+"""Part VI's checks, one module per chapter group: pipeline_dist (pipeline_dist) and
+tensor_parallel_dist (tensor_parallel_dist, mesh2d). (This module keeps the old import path,
 `helpers.checks.splits_dist`, working.)"""
-from . import part6_pipeline, part6_tensor
-from .part6_pipeline import *   # noqa: F401,F403
-from .part6_tensor import *     # noqa: F401,F403
+from . import mesh2d, pipeline_dist, tensor_parallel_dist
+from .pipeline_dist import *   # noqa: F401,F403
+from .tensor_parallel_dist import *     # noqa: F401,F403
+from .mesh2d import *     # noqa: F401,F403
 
-__all__ = [*part6_pipeline.__all__, *part6_tensor.__all__]
+__all__ = [*pipeline_dist.__all__, *tensor_parallel_dist.__all__, *mesh2d.__all__]
