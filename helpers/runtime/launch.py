@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ..validate import check_backend, check_positive_int
+from ..validate import validate_backend, validate_positive_int
 from .files import atomic_save, write_json
 from .group import backend_line, choose_backend, free_port
 from .progress import ProgressLine, RankStderr
@@ -81,7 +81,7 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
         # a rank starting up re-runs the caller's script, and so this call: leave at once,
         # quietly (the caller says why, once), instead of multiprocessing's traceback
         os._exit(_NO_MAIN_GUARD)
-    check_positive_int(world, "world")
+    validate_positive_int(world, "world")
     if not callable(fn):
         raise TypeError(f"launch: fn must be a function fn(rank, world, cfg), got {fn!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
@@ -92,7 +92,7 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
     if threads:
         return _launch_threads(fn, world, cfg, timeout)
     _check_importable(fn)
-    line = backend_line(world, check_backend(backend, world))
+    line = backend_line(world, validate_backend(backend, world))
     backend = backend or choose_backend(world)
     try:
         pickle.dumps(cfg)
