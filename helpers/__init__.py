@@ -16,8 +16,10 @@ cost_explorer               the cost explorer's static twin      with_static_twi
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
-runtime.launch              THE way ranks start                  launch, run_ranks, RankFailed
-runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, run_threads
+runtime.launch              THE way ranks start                  launch, run_ranks
+runtime.errors              how a run of ranks fails             RankFailed, LaunchTimeout
+runtime.thread_world        ranks as threads, a recorded network ThreadWorld, run_threads
+runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm
 runtime.agree               ranks running the same collectives   agree, CollectiveMismatch
 runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
@@ -75,10 +77,12 @@ from .timing import (Measurement, Ratio, MIN_ROUNDS, measure, interleave, ratio,
 from .runtime.group import (choose_backend, backend_line, backend_for, env_ranks, rank_device,
                             setup, teardown, free_port, get_rank, get_world_size, log0,
                             die_with_parent, pin_to_core)
-from .runtime.launch import (launch, RankFailed, LaunchTimeout, take, run_ranks, run_in_turn)
+from .runtime.launch import launch, take, run_ranks, run_in_turn
+from .runtime.errors import RankFailed, LaunchTimeout
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.agree import CollectiveMismatch, agree, fingerprint, where_are_the_others
-from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
+from .runtime.comm import DistComm, ThreadComm
+from .runtime.thread_world import ThreadWorld, run_threads
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
                               TrafficLog, FuncolBytes)
 from .runtime.files import atomic_write, atomic_save, write_json, read_json

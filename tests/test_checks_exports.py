@@ -99,3 +99,26 @@ def test_no_star_import_in_helpers():
              for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)]
     assert not stars, f"star imports (name what you import): {stars}"
+
+
+def test_the_grader_imports_only_the_facade_and_runtime():
+    """Someone working on a split can ignore helpers/checks: it reaches the course through the
+    façade (`from .. import name`) and helpers.runtime only."""
+    bad = []
+    for p in CHECKS.rglob("*.py"):
+        package = ["helpers", *p.relative_to(ROOT / "helpers").parent.parts]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif isinstance(node, ast.ImportFrom):
+                target = node.module or ""
+            elif isinstance(node, ast.Import):
+                target = next((a.name for a in node.names if a.name.startswith("helpers")), "")
+            else:
+                continue
+            if target.startswith("helpers") and not (
+                    target in ("helpers", "helpers.runtime") or
+                    target.startswith(("helpers.checks", "helpers.runtime."))):
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports {target}")
+    assert not bad, f"import these through the façade (from .. import name): {bad}"

@@ -6,7 +6,7 @@ Random inputs are drawn so that the shortcuts learners take give numbers the rul
 
 import torch
 
-from ..expert_parallel.moe import load_balancing_loss, route, router_z_loss
+from .. import load_balancing_loss, route, router_z_loss
 from ._core import (CheckFailed, as_int, as_number, check, expect,
                     fresh_generator, randint)
 from ._sendrecv import _carries, _threads
