@@ -73,13 +73,13 @@ def parse_args(argv=None):
     p.add_argument("--json", help="also write the results (every sample) to this JSON file")
     args = p.parse_args(argv)
     try:
-        check_args(args)
+        validate_args(args)
     except ValueError as e:
         p.error(str(e))
     return args
 
 
-def check_args(args):
+def validate_args(args):
     """Refuse, with the fix, anything that would fail or mislead later."""
     if args.epochs is not None and args.epochs < 2:
         raise ValueError("--epochs must be at least 2: epoch 1 is warm-up and is not counted")
