@@ -7,7 +7,7 @@ it too). Folders name the split, files the version: simulated (one process, Part
 home module                 what lives there                     e.g.
 config, devices, data       run sizes, devices, Fashion-MNIST    choose, get_devices, load_tensors
 models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18, TinyLM, make_model
-plotting, paths, validate   plots and glue, scripts, checks      glue, script_path, check_lr
+plotting, paths, validate   plots and glue, scripts, checks      glue, script_path, validate_lr
 script_args                 the DDP scripts' command line        script_parser, resolve_args
 seeding                     models built from a seed, in threads seeded
 costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
@@ -16,8 +16,10 @@ cost_explorer               the cost explorer's static twin      with_static_twi
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
-runtime.launch              THE way ranks start                  launch, run_ranks, RankFailed
-runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm, run_threads
+runtime.launch              THE way ranks start                  launch, run_ranks
+runtime.errors              how a run of ranks fails             RankFailed, LaunchTimeout
+runtime.thread_world        ranks as threads, a recorded network ThreadWorld, run_threads
+runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm
 runtime.agree               ranks running the same collectives   agree, CollectiveMismatch
 runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
@@ -49,8 +51,9 @@ from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_by
 from .seeding import seeded
 from .plotting import Animator, glue, progress
 from .paths import script_path, course_file
-from .validate import (check_positive_int, check_lr, check_seed, check_images, check_global_batch,
-                       check_backend, check_output_path, check_step, SnapshotError, check_snapshot)
+from .validate import (validate_positive_int, validate_lr, validate_seed, validate_images,
+                       validate_global_batch, validate_backend, validate_output_path, validate_step,
+                       SnapshotError, validate_snapshot)
 from .script_args import script_parser, resolve_args
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
                     ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
@@ -74,10 +77,12 @@ from .timing import (Measurement, Ratio, MIN_ROUNDS, measure, interleave, ratio,
 from .runtime.group import (choose_backend, backend_line, backend_for, env_ranks, rank_device,
                             setup, teardown, free_port, get_rank, get_world_size, log0,
                             die_with_parent, pin_to_core)
-from .runtime.launch import (launch, RankFailed, LaunchTimeout, take, run_ranks, run_in_turn)
+from .runtime.launch import launch, take, run_ranks, run_in_turn
+from .runtime.errors import RankFailed, LaunchTimeout
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.agree import CollectiveMismatch, agree, fingerprint, where_are_the_others
-from .runtime.comm import DistComm, ThreadWorld, ThreadComm, run_threads, run_thread_ranks
+from .runtime.comm import DistComm, ThreadComm
+from .runtime.thread_world import ThreadWorld, run_threads
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
                               TrafficLog, FuncolBytes)
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
@@ -113,7 +118,7 @@ from .data_parallel.speed import (dp_timing_worker, time_data_parallel, spread,
                                   gloo_allreduce_worker, time_gloo_allreduce)
 from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
-                            clip_sharded_grad_norm_, check_flat_dtypes, check_groups,
+                            clip_sharded_grad_norm_, validate_flat_dtypes, validate_groups,
                             unit_parameters)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
 from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
@@ -131,7 +136,7 @@ from .sharding.variants import (activation_partition_costs, fused_buffer_bytes, 
                                 quantization_bound, quantized_all_gather, qwz_vs_all_gather,
                                 zeropp_costs, ZEROPP_COLLECTIVES, variant_memory,
                                 variant_traffic, plot_variants)
-from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_orders,
+from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, validate_orders,
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,
                                           gpipe_rank_order, one_f_one_b_rank_order, busy_times,
@@ -141,14 +146,15 @@ from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, check_
 from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
                                           run_schedule, stage_forward, stage_backward,
                                           pipeline_1f1b, multiply_adds, run_interleaved)
-from .pipeline_parallel.scratch import (pipeline_net, check_cuts, stage_of, check_pipeline_step,
+from .pipeline_parallel.scratch import (pipeline_net, validate_cuts, stage_of,
+                                        validate_pipeline_step,
                                         pipeline_rank_step, unsplit_step, layer_times, cuts_by,
                                         sum_loss, LiveActivations, LinearTape)
 from .pipeline_parallel.timelines import (box_needs, pipeline_model_time, replay_orders,
                                           replayed_bubble, with_ready, wait_parts,
                                           zero_bubble_rank_order,
                                           zero_bubble_bubble, bubble_added)
-from .pipeline_parallel.torch_api import (pipelining_available, check_pipelining, make_schedule,
+from .pipeline_parallel.torch_api import (pipelining_available, validate_pipelining, make_schedule,
                                           pipelining_step, pipelining_runs, LOOPED_SCHEDULES)
 from .pipeline_parallel.experiments import (pipeline_worker, forward_flops, box_model,
                                             PIPELINE_ORDERS)
@@ -172,7 +178,7 @@ from .context_parallel.scratch import (split_positions, shard_sequence, unshard_
 from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
 from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
                                            cp_activation_memory, cp_torch_run, cp_chapter)
-from .context_parallel.scratch import causal_block, ring_pass, check_ranks_agree, RingCensus
+from .context_parallel.scratch import causal_block, ring_pass, validate_ranks_agree, RingCensus
 from .context_parallel.ulysses import (seq_to_heads, heads_to_seq, SeqToHeads, HeadsToSeq,
                                        ulysses_attention)
 from .context_parallel.torch_api import ROTATE_METHODS
@@ -189,7 +195,7 @@ from .expert_parallel.schematics import dispatch_counts, draw_all_to_all
 from .runtime.mesh import rank_grid, coords_of, new_groups, device_mesh
 from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches,
                            stage_cuts)
-from .composed.gpt import check_data_split
+from .composed.gpt import validate_data_split
 from .composed.scratch import build_stage, train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both

@@ -21,7 +21,7 @@ import torch
 from torch.utils import data
 
 from .runtime.files import atomic_write
-from .validate import check_positive_int
+from .validate import validate_positive_int
 
 __all__ = ["DataMissingError", "data_dir", "ensure_data", "fashion_mnist",
            "load_data_fashion_mnist", "load_tensors"]
@@ -301,8 +301,8 @@ def load_data_fashion_mnist(batch_size, subset=None, resize=None, num_workers=No
     `subset` keeps the first `subset` training images and subset // 5 test images (quick runs);
     `seed` fixes the shuffling order. Returns (train_iter, test_iter).
     """
-    check_positive_int(batch_size, "batch_size")
-    check_positive_int(subset, "subset", allow_none=True)
+    validate_positive_int(batch_size, "batch_size")
+    validate_positive_int(subset, "subset", allow_none=True)
     from torchvision import transforms
     trans = [transforms.ToTensor()]
     if resize:
@@ -325,7 +325,7 @@ def load_tensors(train=True, subset=None, device="cpu"):
 
     No per-image transform: this is what a resident, on-device data pipeline starts from.
     """
-    check_positive_int(subset, "subset", allow_none=True)
+    validate_positive_int(subset, "subset", allow_none=True)
     ds = fashion_mnist(train)
     X, y = ds.data, ds.targets
     if subset is not None:

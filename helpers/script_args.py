@@ -10,8 +10,9 @@ import os
 
 from .config import full, quick
 from .data import DataMissingError, ensure_data
-from .validate import (BACKENDS, check_backend, check_global_batch, check_lr, check_output_path,
-                       check_positive_int, check_seed, check_snapshot)
+from .validate import (BACKENDS, validate_backend, validate_global_batch, validate_lr,
+                       validate_output_path, validate_positive_int, validate_seed,
+                       validate_snapshot)
 
 __all__ = ["script_parser", "resolve_args"]
 
@@ -62,13 +63,13 @@ def resolve_args(args, world_size=1, local_world_size=1, parser=None):
                 setattr(args, k, v)
                 filled[k] = " (the --dry-run default)" if args.dry_run and k in DRY_RUN \
                     else " (the default)"
-        check_positive_int(args.epochs, "--epochs")
-        check_positive_int(args.subset, "--subset", allow_none=True)
-        check_lr(args.lr)
-        check_seed(args.seed, "--seed")
-        check_global_batch(args.batch_size, world_size, note=filled.get("batch_size", ""))
+        validate_positive_int(args.epochs, "--epochs")
+        validate_positive_int(args.subset, "--subset", allow_none=True)
+        validate_lr(args.lr)
+        validate_seed(args.seed, "--seed")
+        validate_global_batch(args.batch_size, world_size, note=filled.get("batch_size", ""))
         if getattr(args, "backend", None) is not None:
-            check_backend(args.backend, local_world_size)
+            validate_backend(args.backend, local_world_size)
         timeout = getattr(args, "timeout", 1)
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"--timeout must be a finite number of seconds above 0, got "
@@ -76,7 +77,7 @@ def resolve_args(args, world_size=1, local_world_size=1, parser=None):
         outputs = [(f"--{k}", getattr(args, k)) for k in ("save", "metrics", "snapshot")
                    if getattr(args, k)]
         for flag, path in outputs:
-            check_output_path(path, flag)
+            validate_output_path(path, flag)
         for (f1, p1), (f2, p2) in itertools.combinations(outputs, 2):
             if os.path.realpath(p1) == os.path.realpath(p2):
                 raise ValueError(f"{f1} and {f2} are the same file {p1}: each needs its own "
@@ -103,7 +104,7 @@ def _check_resume(args, world_size, typed_lr):
     a snapshot past --epochs is refused, a finished one trains nothing and keeps the outputs
     that run wrote, a typed --lr replaces the saved one (else the saved one goes on)."""
     say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)
-    snap = check_snapshot(args.snapshot, world_size)
+    snap = validate_snapshot(args.snapshot, world_size)
     done, path = snap["epoch"], args.snapshot
     if done > args.epochs:
         raise ValueError(f"--snapshot {path} has already run {done} epochs, more than --epochs "

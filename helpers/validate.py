@@ -16,13 +16,14 @@ import torch
 
 from .devices import num_gpus
 
-__all__ = ["check_positive_int", "check_lr", "check_seed", "check_images", "check_global_batch",
-           "check_backend", "check_output_path", "check_step", "SnapshotError", "check_snapshot"]
+__all__ = ["validate_positive_int", "validate_lr", "validate_seed", "validate_images",
+           "validate_global_batch", "validate_backend", "validate_output_path", "validate_step",
+           "SnapshotError", "validate_snapshot"]
 
 BACKENDS = ("gloo", "nccl")
 
 
-def check_positive_int(value, name, allow_none=False):
+def validate_positive_int(value, name, allow_none=False):
     """`value` must be an int >= 1 (None too if `allow_none`); returns it."""
     if value is None and allow_none:
         return value
@@ -37,7 +38,7 @@ def check_positive_int(value, name, allow_none=False):
     return int(value)
 
 
-def check_lr(lr):
+def validate_lr(lr):
     """The learning rate must be a finite number > 0 (a float or an int, not a string)."""
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
         hint = f": pass lr={lr} without quotes" if isinstance(lr, str) else ": e.g. lr=0.1"
@@ -47,7 +48,7 @@ def check_lr(lr):
     return float(lr)
 
 
-def check_seed(seed, name="seed"):
+def validate_seed(seed, name="seed"):
     """None (a different run each time) or an int (the same run each time) that torch's
     generators take (64 bits)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
@@ -57,7 +58,7 @@ def check_seed(seed, name="seed"):
     return seed
 
 
-def check_images(X, y=None):
+def validate_images(X, y=None):
     """X must be float images of shape (n, 1, 28, 28) (what LeNet takes); y integer labels of
     length n."""
     if not isinstance(X, torch.Tensor):
@@ -86,12 +87,12 @@ def check_images(X, y=None):
     return X
 
 
-def check_global_batch(batch_size, world_size, flag="--batch-size", note=""):
+def validate_global_batch(batch_size, world_size, flag="--batch-size", note=""):
     """THE rule for all three scripts: the global batch must split evenly over the ranks (every
     rank takes batch_size // world_size examples a step). Otherwise refuse, naming the fix.
     `note` says where an untyped value came from (" (the --dry-run default)")."""
-    check_positive_int(batch_size, flag)
-    check_positive_int(world_size, "world_size")
+    validate_positive_int(batch_size, flag)
+    validate_positive_int(world_size, "world_size")
     if batch_size % world_size:
         lo = batch_size // world_size * world_size
         near = " or ".join(str(b) for b in (lo, lo + world_size) if b > 0)
@@ -101,7 +102,7 @@ def check_global_batch(batch_size, world_size, flag="--batch-size", note=""):
     return batch_size // world_size
 
 
-def check_backend(backend, local_world_size=1):
+def validate_backend(backend, local_world_size=1):
     """None (let helpers.choose_backend pick), "gloo", or "nccl" where every rank on this
     machine has a GPU of its own."""
     if backend is None:
@@ -118,7 +119,7 @@ def check_backend(backend, local_world_size=1):
     return backend
 
 
-def check_output_path(path, flag):
+def validate_output_path(path, flag):
     """A file we will write at the END of a run must be writable at its START."""
     if path is None:
         return None
@@ -137,7 +138,7 @@ def check_output_path(path, flag):
     return path
 
 
-def check_step(X, y, device_params, devices, lr):
+def validate_step(X, y, device_params, devices, lr):
     """What train_batch needs, checked before any replica computes or steps: a replica per
     device, images of the right shape, a numeric learning rate."""
     if not isinstance(devices, collections.abc.Sequence):
@@ -148,14 +149,14 @@ def check_step(X, y, device_params, devices, lr):
     if len(device_params) != len(devices):
         raise ValueError(f"{len(device_params)} replicas for {len(devices)} devices: make one "
                          "replica per device, [get_params(params, d) for d in devices]")
-    check_images(X, y)
+    validate_images(X, y)
     if X.shape[0] == 0:
         raise ValueError("an empty batch: give at least one example")
     dtype = device_params[0][0].dtype if device_params and len(device_params[0]) else X.dtype
     if X.dtype != dtype:
         raise TypeError(f"X is {X.dtype} but the parameters are {dtype}: convert one to the "
                         f"other, e.g. X.to({dtype})")
-    check_lr(lr)
+    validate_lr(lr)
 
 
 # --- snapshots (runtime.checkpoint writes them; read here, so the scripts can check theirs) ---
@@ -168,7 +169,7 @@ class SnapshotError(ValueError):
 SNAPSHOT_KEYS = ("model", "optimizer", "epoch", "rng", "history")
 
 
-def check_snapshot(path, world_size=None):
+def validate_snapshot(path, world_size=None):
     """The snapshot at `path` (what helpers.save_snapshot writes), loaded safely (weights_only:
     tensors and plain values, no code) and checked. Otherwise a SnapshotError that names the
     file, what is wrong with it and what to do. `world_size`: the ranks about to resume."""

@@ -73,13 +73,13 @@ def parse_args(argv=None):
     p.add_argument("--json", help="also write the results (every sample) to this JSON file")
     args = p.parse_args(argv)
     try:
-        check_args(args)
+        validate_args(args)
     except ValueError as e:
         p.error(str(e))
     return args
 
 
-def check_args(args):
+def validate_args(args):
     """Refuse, with the fix, anything that would fail or mislead later."""
     if args.epochs is not None and args.epochs < 2:
         raise ValueError("--epochs must be at least 2: epoch 1 is warm-up and is not counted")
@@ -88,11 +88,11 @@ def check_args(args):
         if v is not None and v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
     try:
-        helpers.check_lr(args.lr)
+        helpers.validate_lr(args.lr)
     except ValueError:
         raise ValueError(f"--lr must be a positive, finite number, got {args.lr}: e.g. "
                          "--lr 0.2") from None
-    helpers.check_seed(args.seed + (args.rounds or 3) - 1, "--seed")   # round r: seed + r
+    helpers.validate_seed(args.seed + (args.rounds or 3) - 1, "--seed")   # round r: seed + r
     helpers.quick(), helpers.config.full()   # a value these switches do not know is refused
     if args.ranks is None:
         args.ranks = "2" if args.quick or helpers.quick() else "1,2"
@@ -120,7 +120,7 @@ def check_args(args):
         if unknown or not args.rows:
             raise ValueError(f"--rows {unknown or 'empty'}: choose among {', '.join(known)}")
     if args.json:
-        helpers.check_output_path(args.json, "--json")   # a folder, a missing or read-only one
+        helpers.validate_output_path(args.json, "--json")   # a folder, a missing or read-only one
     try:
         helpers.ensure_data()   # every row trains on Fashion-MNIST: on disk before the first
     except helpers.DataMissingError as e:

@@ -76,15 +76,15 @@ ROWS = [
      "lr must be a number"),
     ("Timer.median with no times", lambda: helpers.Timer().median(), ValueError,
      "no times recorded"),
-    ("global batch 64 over 3 ranks", lambda: helpers.check_global_batch(64, 3), ValueError,
+    ("global batch 64 over 3 ranks", lambda: helpers.validate_global_batch(64, 3), ValueError,
      "use a multiple of 3 (63 or 66)"),
-    ("backend mpi", lambda: helpers.check_backend("mpi"), ValueError, "use gloo"),
-    ("output in a missing folder", lambda: helpers.check_output_path("/no/such/dir/m.json",
+    ("backend mpi", lambda: helpers.validate_backend("mpi"), ValueError, "use gloo"),
+    ("output in a missing folder", lambda: helpers.validate_output_path("/no/such/dir/m.json",
                                                                      "--metrics"),
      ValueError, "does not exist: create it first"),
-    ("output is a folder", lambda: helpers.check_output_path("/tmp", "--save"), ValueError,
+    ("output is a folder", lambda: helpers.validate_output_path("/tmp", "--save"), ValueError,
      "is a folder: give a file name"),
-    ("--metrics is a folder", lambda: helpers.check_output_path("/tmp", "--metrics"), ValueError,
+    ("--metrics is a folder", lambda: helpers.validate_output_path("/tmp", "--metrics"), ValueError,
      "e.g. /tmp/metrics.json"),
     ("get_devices(True)", lambda: helpers.get_devices(True), ValueError, "e.g. get_devices(2)"),
     ("train_batch labels 0..12",
@@ -120,7 +120,7 @@ def test_get_devices_without_gpus_does_not_suggest_k_0(monkeypatch):
 def test_nccl_without_a_gpu_per_rank_says_use_gloo(monkeypatch):
     no_gpu(monkeypatch)
     with pytest.raises(ValueError, match="use --backend gloo, or omit --backend"):
-        helpers.check_backend("nccl", local_world_size=2)
+        helpers.validate_backend("nccl", local_world_size=2)
     with pytest.raises(ValueError, match="use --backend gloo"):   # setup() checks it first
         helpers.setup(0, 1, backend="nccl", master_port=helpers.free_port())
     assert not torch.distributed.is_initialized()
@@ -187,7 +187,7 @@ def test_dry_run_fills_only_what_the_user_did_not_give():
 
 
 def test_the_three_scripts_share_one_batch_rule():
-    """single, spawn and torchrun all call resolve_args, which calls check_global_batch."""
+    """single, spawn and torchrun all call resolve_args, which calls validate_global_batch."""
     from book_files import ROOT
     for name in ("single.py", "spawn.py", "torchrun.py"):
         src = (ROOT / "scripts" / "ddp" / name).read_text()

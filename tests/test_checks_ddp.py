@@ -1,4 +1,5 @@
-"""The checks of the torchrun chapter (helpers/checks/ddp.py): the worked answers, shortcuts of
+"""The checks of the torchrun chapter (helpers/checks/ddp_torchrun.py): the worked answers,
+shortcuts of
 different kinds (the review's cheats included: a sampler bound before the check runs, the
 course's RNG restorer under another name), other right answers (tests/check_cases.py)."""
 import random

@@ -1,4 +1,4 @@
-"""The Part IV exercise checks (helpers/checks/fast.py, fixes.py, scaling.py): the notebooks'
+"""The Part IV exercise checks (helpers/checks/profile.py, fixes.py, scaling.py): the notebooks'
 worked answers pass, shortcuts of different kinds fail naming what they skipped, other right
 answers pass (tests/check_cases.py)."""
 import fractions
@@ -502,6 +502,6 @@ test_case = parametrize_cases(__name__)
 
 
 def test_checks_are_exported():
-    for module in (helpers.checks.fast, helpers.checks.fixes, helpers.checks.scaling):
+    for module in (helpers.checks.profile, helpers.checks.fixes, helpers.checks.scaling):
         for name in module.__all__:
             assert getattr(helpers.checks, name) is getattr(module, name)

@@ -1,5 +1,6 @@
 """The checks of which GPUs a link joins (gpus), interleaving's costs (network_split), a
-data-parallel step's seconds (costs) and Part I's device exercises (checks/part1_devices.py):
+data-parallel step's seconds (costs) and Part I's device exercises (checks/within_layer.py,
+data_parallel.py):
 worked answers pass, shortcuts of different kinds fail naming what they
 skipped, other right answers pass (tests/check_cases.py)."""
 import fractions

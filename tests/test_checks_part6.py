@@ -1,4 +1,5 @@
-"""The Part VI exercise checks (helpers/checks/part6_pipeline.py, part6_tensor.py): the worked
+"""The Part VI exercise checks (helpers/checks/pipeline_dist.py, tensor_parallel_dist.py,
+mesh2d.py): the worked
 answers (taken from the notebooks' solution cells), shortcuts of different kinds, each of the
 review's cheats among them, with the words of their messages, and other right answers
 (tests/check_cases.py)."""

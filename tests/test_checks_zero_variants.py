@@ -1,4 +1,4 @@
-"""The check of the ZeRO chapter's qwZ exercise (helpers/checks/zero_variants.py) on the three
+"""The check of the ZeRO chapter's qwZ exercise (helpers/checks/zero.py) on the three
 kinds of answers (tests/check_cases.py): the worked answer passes, shortcuts that gather in full
 or half precision, use one scale per shard, drop the scales, or floor instead of rounding fail
 naming the skipped step, and other right answers (the list form, float64, uint8) pass."""

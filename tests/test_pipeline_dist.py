@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from helpers import (RankFailed, Rates, box_model, bubble_fraction, check_pipelining, cuts_by,
+from helpers import (RankFailed, Rates, box_model, bubble_fraction, validate_pipelining, cuts_by,
                      gpipe_rank_order, interleaved_bubble, launch, one_f_one_b_rank_order,
                      pipeline_model_time, pipeline_net, pipeline_rank_step, pipeline_worker,
                      run_threads, stage_of, timeline_bubble, unsplit_step, zero_bubble_bubble,
@@ -250,9 +250,9 @@ def test_torch_schedules_refuse_a_batch_m_does_not_divide():
     """Review: Schedule1F1B with 10 rows in 4 micro-batches failed on the last rank while the
     other blocked until the timeout; the course's wrapper refuses it on every rank, first."""
     with pytest.raises(ValueError, match="do not divide a batch of 10.*multiple of 4"):
-        check_pipelining("Schedule1F1B", 10, 4, 2, 6, [3])
+        validate_pipelining("Schedule1F1B", 10, 4, 2, 6, [3])
     with pytest.raises(ValueError, match="2 cuts make 3 stages for 4 ranks"):
-        check_pipelining("ScheduleInterleaved1F1B", 8, 4, 2, 6, [2, 4])
-    assert check_pipelining("ScheduleInterleaved1F1B", 8, 4, 2, 6, [1, 3, 5]) == 4
+        validate_pipelining("ScheduleInterleaved1F1B", 8, 4, 2, 6, [2, 4])
+    assert validate_pipelining("ScheduleInterleaved1F1B", 8, 4, 2, 6, [1, 3, 5]) == 4
     with pytest.raises(ValueError, match="has no"):
-        check_pipelining("ScheduleNoSuch", 8, 4, 2, 6, [3])
+        validate_pipelining("ScheduleNoSuch", 8, 4, 2, 6, [3])

@@ -6,10 +6,8 @@ Random inputs are drawn so that the shortcuts learners take give numbers the rul
 import math
 
 
-from ..composed.planner import data_parallel_costs
-from ..costs import ring_allreduce_bytes
+from .. import activation_bytes_per_token, data_parallel_costs, ring_bytes_per_device
 from ..runtime.mesh import rank_grid
-from ..transformer_costs import activation_bytes_per_token
 from ._core import (CheckFailed, as_number, check, expect,
                     fresh_generator, randint)
 
@@ -71,7 +69,7 @@ def check_tp_bytes_per_step(fn):
         width, tp, b = 2 ** randint(g, 5, 10), randint(g, 1, 8), (2, 4)[randint(g, 0, 1)]
         what = f"tp_bytes_per_step({blocks}, {m}, {tokens}, {width}, {tp}, {b})"
         got = as_number(fn(blocks, m, tokens, width, tp, b), what)
-        want = 4 * blocks * m * ring_allreduce_bytes(tokens * width * b, tp)
+        want = 4 * blocks * m * ring_bytes_per_device(tokens * width * b, tp)
         expect(abs(got - want) <= 1e-9 * max(1, want), f"{what} returned {got:.6g}, "
                                                        f"expected {want:.6g}")
 

@@ -7,10 +7,10 @@ import math
 
 import torch
 
-from ..context_parallel.scratch import attention_reference, causal_block, split_positions
-from ._core import (CheckFailed, RankFailed, Recorder, World, check, expect,
+from .. import attention_reference, causal_block, split_positions
+from ._core import (CheckFailed, Recorder, World, check, expect,
                     fresh_generator, randint)
-from ._threaded import TIMEOUT, _as_list, _carries, _pair, _threads
+from ._sendrecv import TIMEOUT, _as_list, _carries, _pair, _threads
 
 __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",
            "check_half_block", "check_tokens_to_heads"]
@@ -192,7 +192,7 @@ def check_tokens_to_heads(fn):
         try:
             with torch.random.fork_rng():
                 results = w.run(_heads_rank, fn, xs)
-        except RankFailed as e:
+        except TimeoutError as e:
             raise CheckFailed(f"on {world} ranks: {e}") from None
         ops = {m.op for m in w.messages if m.op not in ("recv", "wait")}
         expect(ops <= {"send"}, f"on {world} ranks the answer called {sorted(ops - {'send'})}: "

@@ -6,10 +6,10 @@ Random inputs are drawn so that the shortcuts learners take give numbers the rul
 
 import torch
 
-from ..expert_parallel.moe import load_balancing_loss, route, router_z_loss
+from .. import load_balancing_loss, route, router_z_loss
 from ._core import (CheckFailed, as_int, as_number, check, expect,
                     fresh_generator, randint)
-from ._threaded import _carries, _threads
+from ._sendrecv import _carries, _threads
 
 __all__ = ["check_balancing_loss", "check_keep_within_capacity", "check_dispatch_tokens",
            "check_z_loss", "check_permute_tokens", "check_expert_grad_group"]

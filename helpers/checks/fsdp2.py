@@ -12,7 +12,7 @@ from torch.utils.checkpoint import checkpoint
 from ._core import CheckFailed, Recorder, as_int, check, expect, fresh_generator, randint
 
 __all__ = ["check_saved_bytes_of_call", "check_checkpointed_forward", "check_choose_checkpoints",
-           "check_save_matmuls", "check_dcp_resume", "saved_bytes"]
+           "check_save_matmuls", "check_dcp_resume"]
 
 
 def saved_bytes(f, *inputs, params=()):

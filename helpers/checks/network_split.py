@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .. import (all_close, balanced_cuts, check_orders, clock_ticks, interleaved_order,
+from .. import (all_close, balanced_cuts, validate_orders, clock_ticks, interleaved_order,
                interleaved_ticks, peak_live, run_schedule)
 from ._core import (CheckFailed, FakeGPUs, as_int, as_pair, check, describe_device, expect,
                     fresh_generator, gamma, randint, rel_close)
@@ -143,7 +143,7 @@ def check_order_1f1b(fn):
                + (f" of length {len(orders)}" if hasattr(orders, "__len__") else ""))
         orders = [[(op[0], as_int(op[1], call)) for op in ops] for ops in orders]
         try:
-            got_m = check_orders(orders)
+            got_m = validate_orders(orders)
             ticks = 1 + max(clock_ticks(orders).values())
         except (ValueError, TypeError, IndexError) as e:
             raise CheckFailed(f"{call} cannot run: {e}") from None

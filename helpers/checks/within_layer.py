@@ -1,18 +1,22 @@
 """Checks for the exercises of Part I's within-layer chapter: counting partial-sum bytes, a
-convolution split by input channels, a gated MLP split column-then-row (Megatron).
+convolution split by input channels, a gated MLP split column-then-row (Megatron), attention
+split by heads.
 
 The device exercises run twice: on CPU tensors for the values and gradients, and on FakeGPUs
 (cuda:0..k-1) where the harness sees which device ran each operation, what crossed between
 devices, and what flowed into the output; the answer's own log is not trusted.
 """
+import math
+
 import torch
 from torch.nn import functional as F
 
 from .. import CommLog, dense_split_rows
 from ._core import (FakeGPUs, as_int, check, describe_device, expect, fresh_generator, randint)
 
+# check_mlp_column_then_row has no exercise now (tests use it)
 __all__ = ["check_partial_sum_bytes", "check_conv_split_in_channels",
-           "check_gated_mlp_column_then_row"]   # check_mlp_column_then_row: no exercise now
+           "check_gated_mlp_column_then_row", "check_attention_by_heads"]
 
 CPU = torch.device("cpu")
 
@@ -265,3 +269,51 @@ def check_gated_mlp_column_then_row(fn):
     """fn(X, W1, V, W2, devices, log) == (silu(X @ W1) * (X @ V)) @ W2, Megatron-style: W1 and V
     split by the same columns, W2 by the matching rows, f before and g after."""
     _check_column_then_row(fn, gated=True)
+
+
+# ---- within_layer: attention, split by heads -------------------------------------------------
+def attention(X, Wq, Wk, Wv, Wo, heads):
+    """Unsplit multi-head self-attention of one sequence X (t, d), no biases, no mask."""
+    t, e = X.shape[0], Wq.shape[1] // heads
+    Q, K, V = ((X @ W).reshape(t, heads, e).transpose(0, 1) for W in (Wq, Wk, Wv))
+    A = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(e), dim=-1) @ V
+    return A.transpose(0, 1).reshape(t, heads * e) @ Wo
+
+
+@check("attention_by_heads", observes=[
+    "values and all gradients on CPU tensors, against unsplit multi-head attention (a number of "
+    "heads the devices do not divide)",
+    "on k simulated GPUs: each device computed its share of the multiply-adds, no product saw "
+    "the columns of all heads, no operation mixed devices",
+    "the autograd graph: X enters the devices through an autograd.Function (f) and the k "
+    "partial outputs leave through one (g)"])
+def check_attention_by_heads(fn):
+    """fn(X, Wq, Wk, Wv, Wo, heads, devices, log) == attention(X, ...): device i holds whole
+    heads (their columns of Wq, Wk, Wv and their rows of Wo), f before, g after."""
+    g = fresh_generator()
+    for _ in range(3):
+        k = randint(g, 2, 3)
+        heads = k * randint(g, 2, 3) + randint(g, 1, k - 1)     # never divided evenly
+        e, t, d = randint(g, 2, 3), randint(g, 3, 5), 2 * randint(g, 2, 3)
+        X = torch.randn(t, d, generator=g).requires_grad_()
+        Ws = [(torch.randn(*s, generator=g) / 2).requires_grad_()
+              for s in [(d, heads * e)] * 3 + [(heads * e, d)]]
+        want = attention(X, *Ws, heads)
+        call = f"attention_by_heads on {k} devices ({heads} heads of width {e})"
+        got = _tensor(fn(X, *Ws, heads, [CPU] * k, CommLog()), call, want.shape)
+        expect(_close(got, want), f"{call}: the output differs from unsplit attention (split by "
+               "whole heads: a head's columns of Wq, Wk and Wv, and its rows of Wo, stay together "
+               "on one device; tensor_split the heads, not the columns)")
+        _grads_match(call, got, want, [X, *Ws], ["X", "Wq", "Wk", "Wv", "Wo"], g)
+        gpus = FakeGPUs(k)
+        fakes = [gpus.tensor(x, 0) for x in (X, *Ws)]
+        Y, rec = gpus.run(fn, *fakes, heads, gpus.devices, CommLog(), what=call)
+        width = heads * e
+        for op in rec.ancestors(Y):
+            if op.flops is not None:
+                expect(all(width not in r.shape for r in op.reads),
+                       f"{call}: {op.name} on {describe_device(op.device)} used the columns of "
+                       f"all {heads} heads at once: device i holds only its heads")
+        macs = 3 * t * d * width + 2 * t * t * width + t * width * d
+        _spread(call, rec, Y, gpus.devices, macs, "the heads (Wq, Wk, Wv columns, Wo rows)")
+        _megatron_structure(call, Y, fakes[0], k)

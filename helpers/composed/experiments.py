@@ -10,7 +10,7 @@ from ..runtime.traffic import count_traffic
 from ..sharding.memory import PeakBytes
 from ..sharding.zero import Zero2, optimizer_state_bytes
 from ..runtime.mesh import coords_of, new_groups
-from .gpt import check_data_split, gpt, gpt_batches, gpt_layers, gpt_loss
+from .gpt import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss
 from .scratch import cp_gpt, train_3d_scratch
 from .torch_api import train_3d_torch
 
@@ -81,7 +81,7 @@ def train_cp_zero2(rank, world, cfg):
     dp, cp = shape = tuple(cfg["shape"])
     if dp * cp != world:
         raise ValueError(f"a {dp}x{cp} (dp, cp) mesh needs {dp * cp} ranks, not {world}")
-    check_data_split(cfg["batch"], dp)
+    validate_data_split(cfg["batch"], dp)
     groups = new_groups(shape, ("dp", "cp"))
     device = cfg["device"]   # models, batches and flags live there (NCCL takes no CPU tensor)
     return {rec: _cp_zero2_run(rank, dict(cfg, device=device), groups, rec)

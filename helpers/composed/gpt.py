@@ -13,7 +13,7 @@ from ..seeding import seeded
 from ..tiny_models import SmallBlock, TinyLM, counting_tokens
 
 __all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches",
-           "stage_cuts", "check_data_split"]
+           "stage_cuts", "validate_data_split"]
 
 
 
@@ -63,7 +63,7 @@ def gpt_batches(steps, batch, seq=16, vocab=32, seed=1):
     return list(zip(X.split(batch), y.split(batch)))
 
 
-def check_data_split(batch, dp):
+def validate_data_split(batch, dp):
     """Refuse a global batch that does not split into dp equal shares: each data-parallel rank
     averages its own rows, so unequal shares would weight the sequences unequally."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:

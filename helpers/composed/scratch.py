@@ -30,7 +30,7 @@ from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
-from .gpt import (GPTHead, check_data_split, gpt, gpt_batches, gpt_layers, gpt_loss,
+from .gpt import (GPTHead, validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss,
                   stage_cuts)
 
 __all__ = ["build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
@@ -63,7 +63,7 @@ def train_3d_scratch(rank, world, cfg):
     pp, dp, tp = shape = tuple(cfg["shape"])
     if pp * dp * tp != world:
         raise ValueError(f"a {pp}x{dp}x{tp} mesh needs {pp * dp * tp} ranks, not {world}")
-    check_data_split(cfg["batch"], dp)
+    validate_data_split(cfg["batch"], dp)
     groups = new_groups(shape)
     c = coords_of(rank, shape)
     tp_comm = DistComm(groups["tp"][0], device=cfg["device"])

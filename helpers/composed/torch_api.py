@@ -11,7 +11,7 @@ from ..pipeline_parallel.scratch import stage_of
 from ..tensor_parallel.torch_api import tp_plan
 from ..tiny_models import SmallBlock
 from ..runtime.mesh import MESH_DIMS
-from .gpt import check_data_split, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
+from .gpt import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 
 __all__ = ["train_3d_torch"]
 
@@ -35,7 +35,7 @@ def train_3d_torch(rank, world, cfg):
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     device, shape = cfg["device"], tuple(cfg["shape"])
     pp, dp, tp = shape
-    check_data_split(cfg["batch"], dp)
+    validate_data_split(cfg["batch"], dp)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
     c = {name: mesh[name].get_local_rank() for name in MESH_DIMS}
     model_cfg = cfg["model"]

@@ -2,7 +2,7 @@
 (scratch), all-to-all attention over the heads (ulysses), PyTorch's context_parallel
 (torch_api), the chapter's experiments (experiments)."""
 from .scratch import (CPAttention, RingAttention, RingCensus, attention_reference,
-                      block_attention, block_work, causal_block, check_ranks_agree,
+                      block_attention, block_work, causal_block, validate_ranks_agree,
                       merge_blocks, ring_attention, ring_pass, shard_sequence, split_positions,
                       unshard_sequence)
 from .ulysses import HeadsToSeq, SeqToHeads, heads_to_seq, seq_to_heads, ulysses_attention
@@ -11,7 +11,7 @@ from .experiments import (cp_activation_memory, cp_attention_run, cp_chapter, cp
                           cp_ulysses_run, qkv_inputs, autograd_saved_bytes)
 
 __all__ = ["CPAttention", "RingAttention", "RingCensus", "attention_reference",
-           "block_attention", "block_work", "causal_block", "check_ranks_agree",
+           "block_attention", "block_work", "causal_block", "validate_ranks_agree",
            "merge_blocks", "ring_attention", "ring_pass", "shard_sequence", "split_positions",
            "unshard_sequence", "HeadsToSeq", "SeqToHeads", "heads_to_seq", "seq_to_heads",
            "ulysses_attention", "ROTATE_METHODS", "context_parallel_status",

@@ -28,7 +28,7 @@ from ..runtime.comm import DistComm
 
 __all__ = ["split_positions", "shard_sequence", "unshard_sequence", "attention_reference",
            "block_attention", "merge_blocks", "causal_block", "ring_pass", "ring_attention",
-           "RingAttention", "check_ranks_agree", "block_work", "RingCensus", "CPAttention"]
+           "RingAttention", "validate_ranks_agree", "block_work", "RingCensus", "CPAttention"]
 
 LAYOUTS = ("contiguous", "zigzag")
 _TAG = 100          # the ring's message tags start here: forward 2 per step, backward 4
@@ -234,7 +234,7 @@ class RingAttention(torch.autograd.Function):
         return dq, dkv[0], dkv[1], None, None, None, None
 
 
-def check_ranks_agree(comm, q, k, v):
+def validate_ranks_agree(comm, q, k, v):
     """Refuse, on every rank at once and before any block travels, shapes the ring cannot pass
     around: q, k, v of different shapes on a rank, or different shapes (token counts) between
     ranks. One all-gather of 4 integers."""
@@ -261,7 +261,7 @@ def ring_attention(q, k, v, comm, causal=False, layout="zigzag", stats=None):
     useful (the pairs the mask keeps)."""
     if comm.world == 1:
         return attention_reference(q, k, v, causal)
-    check_ranks_agree(comm, q, k, v)
+    validate_ranks_agree(comm, q, k, v)
     return RingAttention.apply(q, k, v, comm, causal, layout, stats)
 
 

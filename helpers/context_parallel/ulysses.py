@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..runtime.comm import DistComm
-from .scratch import check_ranks_agree, split_positions
+from .scratch import validate_ranks_agree, split_positions
 
 __all__ = ["seq_to_heads", "heads_to_seq", "SeqToHeads", "HeadsToSeq", "ulysses_attention"]
 
@@ -84,7 +84,7 @@ def ulysses_attention(q, k, v, comm, causal=False, layout="contiguous"):
     sequence, by all-to-all over the heads: equal to ring_attention. Differentiable."""
     if comm.world == 1:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    check_ranks_agree(comm, q, k, v)
+    validate_ranks_agree(comm, q, k, v)
     T, w = q.shape[-2] * comm.world, comm.world
     pos = torch.cat([split_positions(T, w, r, layout) for r in range(w)]).to(q.device)
     order = torch.argsort(pos)                # the gathered chunks, put in sequence order

@@ -28,7 +28,7 @@ from ..data import load_tensors
 from ..devices import Timer, get_devices, synced_now, synchronize
 from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator
-from ..validate import check_lr, check_positive_int, check_seed
+from ..validate import validate_lr, validate_positive_int, validate_seed
 from .allreduce import flatten, sum_into_all
 from .fast_lenet import fused_flat_grad, tap_major, untap
 from .simulated import evaluate_accuracy
@@ -305,10 +305,10 @@ def train_fast(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, cud
     devices), and seed=None means a different run each time.
     """
     for name, v in dict(num_gpus=num_gpus, batch_size=batch_size, num_epochs=num_epochs).items():
-        check_positive_int(v, name)
-    check_positive_int(subset, "subset", allow_none=True)
-    check_lr(lr)
-    if check_seed(seed) is None:   # as train(seed=None): a fresh random start and data order
+        validate_positive_int(v, name)
+    validate_positive_int(subset, "subset", allow_none=True)
+    validate_lr(lr)
+    if validate_seed(seed) is None:   # as train(seed=None): a fresh random start and data order
         seed = int(torch.randint(2 ** 62, ()))
     devices = get_devices(num_gpus)
     X, y = load_tensors(True, subset, devices[0])

@@ -9,7 +9,7 @@ from ..data import load_data_fashion_mnist
 from ..devices import Timer, get_devices
 from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator, progress
-from ..validate import check_lr, check_positive_int, check_seed, check_step
+from ..validate import validate_lr, validate_positive_int, validate_seed, validate_step
 
 __all__ = ["get_params", "allreduce", "split_batch", "sgd", "train_batch", "train",
            "evaluate_accuracy", "default_run_size"]
@@ -73,7 +73,7 @@ def train_batch(X, y, device_params, devices, lr):
     the GLOBAL batch size, which equals the gradient of the mean loss over the whole batch.
     A batch smaller than the number of devices leaves some shards empty (zero gradients there).
     """
-    check_step(X, y, device_params, devices, lr)   # before any replica computes or steps
+    validate_step(X, y, device_params, devices, lr)   # before any replica computes or steps
     X_shards, y_shards = split_batch(X, y, devices)
     ls = [loss(lenet(X_shard, W), y_shard).sum()
           for X_shard, y_shard, W in zip(X_shards, y_shards, device_params)]
@@ -112,12 +112,12 @@ def train(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, plot=Tru
     first pays for warm-up) and the trained parameters. An epoch's last batch may be shorter
     than the device count: it is trained on, some devices getting an empty shard.
     """
-    check_positive_int(num_gpus, "num_gpus")
-    check_positive_int(batch_size, "batch_size")
-    check_positive_int(num_epochs, "num_epochs")
-    check_positive_int(subset, "subset", allow_none=True)
-    check_lr(lr)
-    check_seed(seed)
+    validate_positive_int(num_gpus, "num_gpus")
+    validate_positive_int(batch_size, "batch_size")
+    validate_positive_int(num_epochs, "num_epochs")
+    validate_positive_int(subset, "subset", allow_none=True)
+    validate_lr(lr)
+    validate_seed(seed)
     devices = get_devices(num_gpus)
     train_iter, test_iter = load_data_fashion_mnist(batch_size, subset=subset, seed=seed)
     device_params = [get_params(init_lenet_params(seed=seed), d) for d in devices]

@@ -11,9 +11,9 @@ from ..runtime.comm import DistComm
 from ..runtime.emulate import ASSUMED_RATES, Clock, Rates
 from ..runtime.progress import report_progress
 from .schedules import gpipe_rank_order, one_f_one_b_rank_order
-from .scratch import check_cuts, pipeline_net, pipeline_rank_step, stage_of
+from .scratch import validate_cuts, pipeline_net, pipeline_rank_step, stage_of
 from .timelines import zero_bubble_rank_order
-from .torch_api import check_pipelining, pipelining_runs
+from .torch_api import validate_pipelining, pipelining_runs
 
 __all__ = ["pipeline_worker", "forward_flops", "box_model", "PIPELINE_ORDERS"]
 
@@ -75,12 +75,12 @@ def _check_runs(runs, n, world, num_layers, threads=False):
                              "schedules, which need a process group: launch on process ranks "
                              "(threads=False), or leave that run out on thread ranks")
         if kind == "pipelining":
-            check_pipelining(run["schedule"], n, run["m"], world, num_layers, run["cuts"])
+            validate_pipelining(run["schedule"], n, run["m"], world, num_layers, run["cuts"])
         elif kind == "scratch":
             if run["schedule"] not in PIPELINE_ORDERS:
                 raise ValueError(f"schedule {run['schedule']!r}: pick one of "
                                  f"{list(PIPELINE_ORDERS)}")
-            check_cuts(run["cuts"], num_layers, world)
+            validate_cuts(run["cuts"], num_layers, world)
             m = run["m"]
             if isinstance(m, bool) or not isinstance(m, int) or m < 1:
                 raise ValueError(f"m must be a positive int, got {m!r}")

@@ -10,7 +10,7 @@ checks that). GPipe runs the backwards in the order of the forwards, first micro
 as torch.distributed.pipelining's ScheduleGPipe does (reversed would be a valid GPipe too: the
 ticks, the bubble and the peak of live micro-batches are the same).
 """
-__all__ = ["gpipe_order", "one_f_one_b_order", "check_orders", "clock_ticks", "bubble_fraction",
+__all__ = ["gpipe_order", "one_f_one_b_order", "validate_orders", "clock_ticks", "bubble_fraction",
            "schedule_bubble", "replay", "measured_bubble", "peak_live", "plot_schedule",
            "plot_live", "gpipe_rank_order", "one_f_one_b_rank_order", "busy_times",
            "timeline_bubble", "as_schedule", "unequal_bubble", "interleaved_order",
@@ -39,7 +39,7 @@ def _needs(s, phase, j, p):
     return (s + 1, "B", j) if s < p - 1 else (s, "F", j)
 
 
-def check_orders(orders):
+def validate_orders(orders):
     """The number of micro-batches of per-stage orders, or ValueError naming what is wrong:
     every stage must run the forward and the backward of every micro-batch exactly once."""
     if not isinstance(orders, (list, tuple)) or not orders:

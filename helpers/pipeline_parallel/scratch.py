@@ -17,8 +17,9 @@ from torch import nn
 from ..costs import balanced_cuts
 from ..seeding import seeded
 
-__all__ = ["pipeline_net", "check_cuts", "stage_of", "check_pipeline_step", "pipeline_rank_step",
-           "unsplit_step", "layer_times", "cuts_by", "sum_loss", "LiveActivations", "LinearTape"]
+__all__ = ["pipeline_net", "validate_cuts", "stage_of", "validate_pipeline_step",
+           "pipeline_rank_step", "unsplit_step", "layer_times", "cuts_by", "sum_loss",
+           "LiveActivations", "LinearTape"]
 
 
 def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
@@ -29,7 +30,7 @@ def pipeline_net(vocab=4096, width=128, depth=8, classes=10, seed=0):
         return nn.Sequential(nn.Embedding(vocab, width), *blocks, nn.Linear(width, classes))
 
 
-def check_cuts(cuts, num_layers, stages=None):
+def validate_cuts(cuts, num_layers, stages=None):
     """The cuts as a list of ints, or ValueError naming the fix: strictly increasing, within
     1..num_layers-1 (no stage is empty), and `stages` - 1 of them when the count is known."""
     try:
@@ -49,7 +50,7 @@ def check_cuts(cuts, num_layers, stages=None):
 def stage_of(net, cuts, rank, stages=None):
     """Rank `rank`'s stage: an independent copy of the layers between its cuts. `stages` (the
     number of ranks in the pipeline) is checked against the cuts: pass it."""
-    cuts = check_cuts(cuts, len(net), stages)
+    cuts = validate_cuts(cuts, len(net), stages)
     bounds = [0, *cuts, len(net)]
     if not 0 <= rank < len(bounds) - 1:
         raise ValueError(f"{len(cuts)} cuts make {len(bounds) - 1} stages: no stage {rank}")
@@ -131,7 +132,7 @@ def _sync(t):
         torch.cuda.current_stream(t.device).synchronize()
 
 
-def check_pipeline_step(order, X, y, num_microbatches, batch_size, first, last, stage=None):
+def validate_pipeline_step(order, X, y, num_microbatches, batch_size, first, last, stage=None):
     """ValueError naming the fix, before any work, for what pipeline_rank_step cannot run: m and
     the batch size positive ints; X (first rank) and y (last rank) with batch_size rows; an empty
     stage; an order that does not run F, then B (then W, if any) once per micro-batch."""
@@ -224,7 +225,7 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
     from ..runtime.emulate import Clock
     r, p, m = comm.rank, comm.world, num_microbatches
     first, last = r == 0, r == p - 1
-    check_pipeline_step(order, X, y, m, batch_size, first, last, stage)
+    validate_pipeline_step(order, X, y, m, batch_size, first, last, stage)
     clock = clock or Clock(device=getattr(comm, "device", None))   # waits for its stream on a GPU
     rows = [len(c) for c in torch.arange(batch_size).tensor_split(m)]
     Xs = X.tensor_split(m) if first else None

@@ -11,7 +11,7 @@ import torch
 
 from ..devices import synchronize
 from ..runtime.traffic import send
-from .schedules import (check_orders, clock_ticks, gpipe_order, interleaved_ticks,
+from .schedules import (validate_orders, clock_ticks, gpipe_order, interleaved_ticks,
                         one_f_one_b_order)
 
 __all__ = ["split_sequential", "network_split_forward", "pipeline_step", "run_schedule",
@@ -47,7 +47,7 @@ def run_schedule(stages, X, y, loss, devices, orders, log=None, timed=False):
     and end in seconds since the step began, `live` the micro-batches whose activations the stage
     holds after the op. timed=True waits for each op's device, so end - start is its busy time.
     """
-    m, p, n = check_orders(orders), len(stages), X.shape[0]
+    m, p, n = validate_orders(orders), len(stages), X.shape[0]
     Xs, ys = X.tensor_split(m), y.tensor_split(m)
     inputs, outputs = [{} for _ in range(p)], [{} for _ in range(p)]   # kept for backward
     handoff = [{} for _ in range(p)]      # input gradients, waiting to go back a stage

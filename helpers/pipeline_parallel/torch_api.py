@@ -5,15 +5,15 @@ saves are measured as in the hand-built pipeline.
 
 torch's schedules cut the batch with torch.tensor_split into equal micro-batches and infer
 static shapes from the first: a batch that m does not divide fails on the last rank while the
-others block until the timeout. `check_pipelining` refuses it (and the rest) before any work.
+others block until the timeout. `validate_pipelining` refuses it (and the rest) before any work.
 """
 import inspect
 
 import torch
 
-from .scratch import LiveActivations, check_cuts, stage_of, sum_loss
+from .scratch import LiveActivations, validate_cuts, stage_of, sum_loss
 
-__all__ = ["pipelining_available", "check_pipelining", "make_schedule", "pipelining_step",
+__all__ = ["pipelining_available", "validate_pipelining", "make_schedule", "pipelining_step",
            "pipelining_runs", "LOOPED_SCHEDULES"]
 
 LOOPED_SCHEDULES = ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS",
@@ -29,7 +29,7 @@ def pipelining_available(name):
     return hasattr(pp, name)
 
 
-def check_pipelining(schedule, batch_size, m, world, num_layers, cuts):
+def validate_pipelining(schedule, batch_size, m, world, num_layers, cuts):
     """ValueError naming the fix, on every rank before any work, for what torch's schedules
     cannot run: m must divide the batch (equal micro-batches), the schedule must exist, and
     the cuts must give one stage per rank (two per rank, looped r, r + world, when interleaved)."""
@@ -45,7 +45,7 @@ def check_pipelining(schedule, batch_size, m, world, num_layers, cuts):
                          f"multiple of {m}, or m in {fits[-4:]} (the course's "
                          "pipeline_rank_step runs uneven micro-batches)")
     stages = world * (2 if schedule in LOOPED_SCHEDULES else 1)
-    check_cuts(cuts, num_layers, stages)
+    validate_cuts(cuts, num_layers, stages)
     return stages
 
 
@@ -120,7 +120,7 @@ def pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats, 
     stage once to infer shapes)."""
     from ..runtime.emulate import Clock
     n = X.shape[0]
-    num_stages = check_pipelining(schedule, n, m, world, len(net), cuts)
+    num_stages = validate_pipelining(schedule, n, m, world, len(net), cuts)
     loss_fn = lambda out, t: sum_loss(out, t) / n                           # noqa: E731
     clock, memory = clock or Clock(), LiveActivations()
     ids = list(range(rank, num_stages, world))            # looped placement: r, r + world

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from ..models import unwrap
-from ..validate import check_snapshot
+from ..validate import validate_snapshot
 from .files import atomic_save
 from .group import get_rank, get_world_size
 
@@ -78,7 +78,7 @@ def load_snapshot(path, model, optimizer, rank=0, lr=None):
     the file and what to do) before anything is restored. `lr`: where given, every parameter
     group goes on with it instead of the saved learning rate."""
     world = max(get_world_size(), rank + 1)   # (a rank given without a process group: at least)
-    snap = check_snapshot(path, world_size=world)
+    snap = validate_snapshot(path, world_size=world)
     state = snap["model"]
     consume_prefix_in_state_dict_if_present(state, "module.")
     _unwrapped_state(model).load_state_dict(state)

@@ -2,22 +2,17 @@
 
 `DistComm` wraps torch.distributed (point-to-point sends, all-reduce, all-gather and
 reduce-scatter along a dimension) and counts the bytes each
-rank sends; `ThreadComm` gives the same calls to threads of one process (the exercise checks run
-students' functions that way: a function defined in a notebook cannot be imported by a spawned
-rank). Code written against a comm runs on real gloo/NCCL ranks and in a check alike.
+rank sends; `ThreadComm` gives the same calls to the thread ranks of a ThreadWorld
+(runtime.thread_world: `launch(..., threads=True)`, `run_threads`, and the exercise checks,
+which run a function defined in a notebook that a spawned rank could not import). Code written
+against a comm runs on real gloo/NCCL ranks and in a check alike.
 """
-import queue
-import threading
-import time
-import traceback
-from collections import defaultdict
-
 import torch
 import torch.distributed as dist
 
 from .traffic import CountsSent
 
-__all__ = ["DistComm", "ThreadWorld", "ThreadComm", "run_threads", "run_thread_ranks"]
+__all__ = ["DistComm", "ThreadComm"]
 
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
@@ -109,112 +104,54 @@ class DistComm(CountsSent):
         self._pending = []
 
 
-class ThreadWorld:
-    """The shared state of `world` threads playing ranks: mailboxes and an all-reduce."""
-
-    def __init__(self, world, timeout=5.0):
-        self.world, self.timeout = world, timeout
-        self.boxes = defaultdict(queue.Queue)
-        self.lock = threading.Lock()
-        self.barrier = threading.Barrier(world, timeout=timeout)
-        self.slots = [None] * world
-
-    def box(self, key):
-        with self.lock:
-            return self.boxes[key]
-
-
 class ThreadComm(CountsSent):
-    """The DistComm calls for one thread of a ThreadWorld. A rank that waits longer than the
-    world's timeout for a message or a collective raises (instead of hanging a check)."""
+    """The DistComm calls for one rank of a ThreadWorld (runtime.thread_world), whose network
+    records every message. A rank that waits longer than the world's timeout for a message or
+    a collective raises TimeoutError (instead of hanging a check)."""
 
     def __init__(self, world, rank):
-        self.w, self.rank, self.world = world, rank, world.world
+        self.w, self.rank, self.world = world, rank, world.size
         self.device = torch.device("cpu")
 
     def send(self, t, dst, tag=0):
-        if not 0 <= dst < self.world or dst == self.rank:
-            raise ValueError(f"rank {self.rank} cannot send to rank {dst}")
-        t = t.detach().clone()
+        t = t.detach()
+        self.w.send(t, dst, tag)
         self._count("send", t, dst)
-        self.w.box((self.rank, dst, tag)).put(t)
 
     def recv(self, src, shape, tag=0, dtype=torch.float32):
-        try:
-            t = self.w.box((src, self.rank, tag)).get(timeout=self.w.timeout)
-        except queue.Empty:
-            raise TimeoutError(f"rank {self.rank} waited for a message from rank {src} "
-                               f"(tag {tag}) that was never sent") from None
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"rank {self.rank} expected shape {tuple(shape)} from rank {src}, "
-                             f"got {tuple(t.shape)}")
-        return t
+        return self.w.recv(src, tag, shape=tuple(shape), dtype=dtype)
 
-    def _exchange(self, t, what):
-        """Every rank's copy of `t`, in rank order (a barrier on each side)."""
-        w = self.w
-        try:
-            w.slots[self.rank] = t.detach().clone()
-            w.barrier.wait()
-            got = list(w.slots)
-            w.barrier.wait()
-        except threading.BrokenBarrierError:
-            raise TimeoutError(f"rank {self.rank} called {what} but not every rank "
-                               "did") from None
-        return got
+    def _collective(self, op, t, combine, finish):
+        """Every rank's copy of `t` (in rank order) -> combine -> finish(mine) in this rank."""
+        got = []
+        self.w.collective(op, range(self.world), t, t.detach().clone(), combine,
+                          lambda mine: got.append(finish(mine)))
+        return got[0]
 
     def all_reduce(self, t, op="sum"):
+        """Sum `t` over the ranks, in place (op="max": the largest value)."""
         self._count("all_reduce", t)
-        got = self._exchange(t, "all_reduce")
-        total = torch.stack(got).amax(0) if op == "max" else sum(got[1:], got[0].clone())
-        with torch.no_grad():
-            t.copy_(total)
-        return t
+
+        def combine(ps):
+            total = torch.stack(ps).amax(0) if op == "max" else sum(ps[1:], ps[0].clone())
+            return [total] * len(ps)
+        return self._collective("all_reduce", t, combine, lambda total: t.copy_(total))
 
     def all_gather(self, t, dim=0):
+        """Every rank's `t`, concatenated along `dim` in rank order (a new tensor)."""
         self._count("all_gather", t)
-        return torch.cat(self._exchange(t, "all_gather"), dim)
+        return self._collective("all_gather", t, lambda ps: [ps] * len(ps),
+                                lambda ps: torch.cat(ps, dim))
 
     def reduce_scatter(self, t, dim=0):
+        """This rank's piece along `dim` (k equal pieces) of the sum of every rank's `t`."""
         _check_split(t, dim, self.world)
         self._count("reduce_scatter", t)
-        got = self._exchange(t, "reduce_scatter")
-        return sum(got[1:], got[0].clone()).chunk(self.world, dim)[self.rank].clone()
+
+        def combine(ps):
+            return [sum(ps[1:], ps[0].clone()).chunk(len(ps), dim)] * len(ps)
+        return self._collective("reduce_scatter", t, combine,
+                                lambda pieces: pieces[self.rank].clone())
 
     def wait(self):
         pass
-
-
-def run_thread_ranks(call, w, deadline_s):
-    """call(rank) on one thread per rank of the ThreadWorld `w`, for at most `deadline_s` seconds.
-    Returns (results, errors, alive): errors as (rank, exception, traceback text), the first
-    cause first (a rank's TimeoutError usually follows another rank's failure); alive: the
-    ranks still running at the deadline."""
-    results, errors = [None] * w.world, []
-
-    def target(r):
-        try:
-            results[r] = call(r)
-        except BaseException as e:   # noqa: BLE001 - handed to the caller
-            errors.append((r, e, traceback.format_exc()))
-            w.barrier.abort()        # the other ranks stop waiting for this one
-
-    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(w.world)]
-    for t in threads:
-        t.start()
-    end = time.monotonic() + deadline_s
-    for t in threads:
-        t.join(max(0.0, end - time.monotonic()))
-    errors.sort(key=lambda e: isinstance(e[1], TimeoutError))   # stable: order of occurrence
-    return results, errors, [r for r, t in enumerate(threads) if t.is_alive()]
-
-
-def run_threads(fn, world, *args, timeout=5.0):
-    """Run fn(comm, *args) on `world` threads, one per rank; returns (results, comms) in rank
-    order. The first exception any rank raised is raised again here."""
-    w = ThreadWorld(world, timeout)
-    comms = [ThreadComm(w, r) for r in range(world)]
-    results, errors, _ = run_thread_ranks(lambda r: fn(comms[r], *args), w, timeout * 4 + 30)
-    if errors:
-        raise errors[0][1]
-    return results, comms

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import exact_float32, num_gpus
-from ..validate import check_backend, check_positive_int
+from ..validate import validate_backend, validate_positive_int
 
 __all__ = ["choose_backend", "backend_line", "backend_for", "env_ranks", "rank_device", "setup",
            "teardown", "free_port",
@@ -68,7 +68,7 @@ def backend_for(*worlds):
     largest gets a GPU per rank. Passed to each launch, it keeps one table from mixing runs on
     GPUs with runs on CPU cores (1 rank on a GPU beside 2 ranks falling back to gloo)."""
     for w in worlds:
-        check_positive_int(w, "world")
+        validate_positive_int(w, "world")
     return choose_backend(max(worlds))
 
 
@@ -132,7 +132,7 @@ def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, ba
             or not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a finite number of seconds above 0, got {timeout!r}: "
                          "e.g. timeout=60")
-    backend = check_backend(backend, local_world_size) or \
+    backend = validate_backend(backend, local_world_size) or \
         _auto_backend(local_world_size, world_size)
     if device is not None and torch.device(device).type == "cpu" and backend == "nccl":
         raise ValueError("device=\"cpu\" with backend nccl: NCCL moves CUDA tensors only; "

@@ -9,8 +9,8 @@ and hands its result back through a file written atomically.
 A rank that raises, dies or hangs past `timeout` ends the call with RankFailed or LaunchTimeout
 naming the rank and the cause; the other ranks are stopped, never left running. The ranks die
 with the caller (Ctrl-C, SIGTERM, a killed kernel) instead of running on as orphans.
-`threads=True` runs fn as threads of this process, talking through a ThreadComm in cfg["comm"]
-(exercise checks: any callable works, also one defined in a notebook).
+`threads=True` runs fn as thread ranks of a ThreadWorld (runtime.thread_world), talking through
+the ThreadComm in cfg["comm"] (any callable works, also one defined in a notebook).
 
 Inside a rank, `report_progress(step, total, what)` (runtime.progress) shows how far it got on
 the caller's one progress line, updated in place while the ranks run.
@@ -31,43 +31,17 @@ from pathlib import Path
 
 import torch
 
-from ..validate import check_backend, check_positive_int
+from ..validate import validate_backend, validate_positive_int
+from .errors import LaunchTimeout, RankFailed
 from .files import atomic_save, write_json
 from .group import backend_line, choose_backend, free_port
 from .progress import ProgressLine, RankStderr
 
-__all__ = ["launch", "RankFailed", "LaunchTimeout", "take",
-           "run_ranks", "run_in_turn"]
+__all__ = ["launch", "take", "run_ranks", "run_in_turn"]
 
-_TAIL = 8          # traceback (and stderr) lines a RankFailed quotes
+_TAIL = 8          # traceback (and stderr) lines a RankFailed quotes (runtime.errors)
 _GRACE = 10.0      # seconds a rank that has handed in its result may take to leave the group
 _NO_MAIN_GUARD = 86   # a rank's exit code: it started by re-running a script without the guard
-
-
-class RankFailed(RuntimeError):
-    """A rank raised or died. `rank`, `cause` (one line), `tail` (its last traceback lines),
-    `stderr` (its last lines on stderr: what gloo says before it aborts a process);
-    `original`: the exception itself when the ranks were threads."""
-
-    def __init__(self, rank, cause, tail="", original=None, stderr=""):
-        self.rank, self.cause, self.tail, self.original = rank, cause, tail, original
-        self.stderr = stderr
-        msg = f"rank {rank} failed: {cause}"
-        if stderr:
-            msg += f"\n--- the end of rank {rank}'s stderr ---\n{stderr}"
-        if tail:
-            msg += f"\n--- the end of rank {rank}'s traceback ---\n{tail}"
-        super().__init__(msg)
-
-
-class LaunchTimeout(TimeoutError):
-    """Ranks still running after the launch's timeout (they have been stopped). `ranks`: which."""
-
-    def __init__(self, ranks, timeout, progress=""):
-        self.ranks, self.timeout = ranks, timeout
-        super().__init__(f"rank(s) {ranks} still running after {timeout:g} s (stopped){progress}"
-                         ": a rank waits for a message or a collective that never comes, or the "
-                         "run needs more time (launch(..., timeout=...))")
 
 
 def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, quiet=False):
@@ -81,7 +55,7 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
         # a rank starting up re-runs the caller's script, and so this call: leave at once,
         # quietly (the caller says why, once), instead of multiprocessing's traceback
         os._exit(_NO_MAIN_GUARD)
-    check_positive_int(world, "world")
+    validate_positive_int(world, "world")
     if not callable(fn):
         raise TypeError(f"launch: fn must be a function fn(rank, world, cfg), got {fn!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
@@ -92,7 +66,7 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
     if threads:
         return _launch_threads(fn, world, cfg, timeout)
     _check_importable(fn)
-    line = backend_line(world, check_backend(backend, world))
+    line = backend_line(world, validate_backend(backend, world))
     backend = backend or choose_backend(world)
     try:
         pickle.dumps(cfg)
@@ -326,12 +300,12 @@ def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout, env):
 
 # ---- threads ---------------------------------------------------------------------------------
 def _launch_threads(fn, world, cfg, timeout):
-    from .comm import ThreadComm, ThreadWorld, run_thread_ranks
-    w = ThreadWorld(world, timeout / 2)    # a rank waiting for a message gives up first, naming it
-    comms = [ThreadComm(w, r) for r in range(world)]
+    from .thread_world import ThreadWorld
+    # a rank waiting for a message gives up first (timeout / 2), naming what it waited for
+    w = ThreadWorld(world, timeout / 2, deadline=timeout)
     device = torch.device("cpu")
-    results, errors, alive = run_thread_ranks(
-        lambda r: fn(r, world, dict(cfg, comm=comms[r], device=device)), w, timeout)
+    results, errors, alive = w.start(
+        lambda r: fn(r, world, dict(cfg, comm=w.comm(r), device=device)))
     if errors:
         r, e, tb = errors[0]
         tail = "\n".join(tb.rstrip().splitlines()[-_TAIL:])

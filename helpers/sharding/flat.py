@@ -13,7 +13,7 @@ from torch import nn
 from ..runtime.agree import agree
 
 __all__ = ["flat_shard", "padded_flat", "all_gather_flat", "reduce_scatter_flat",
-           "clip_sharded_grad_norm_", "check_flat_dtypes", "check_groups", "unit_parameters"]
+           "clip_sharded_grad_norm_", "validate_flat_dtypes", "validate_groups", "unit_parameters"]
 
 
 def flat_shard(tensors, rank, world):
@@ -62,7 +62,7 @@ def clip_sharded_grad_norm_(shards, max_norm):
     return norm
 
 
-def check_flat_dtypes(params, who):
+def validate_flat_dtypes(params, who):
     """Flat buffers hold one dtype: refuse a mix (torch.cat would cast silently)."""
     dtypes = {p.dtype for p in params}
     if len(dtypes) > 1:
@@ -72,7 +72,7 @@ def check_flat_dtypes(params, who):
         raise ValueError(f"{who} trains floating-point parameters, got {dtypes.pop()}")
 
 
-def check_groups(param_groups, trainable, who):
+def validate_groups(param_groups, trainable, who):
     """The param groups as given (each a dict with "params"), or one group; every trainable
     parameter in exactly one group, nothing else."""
     if param_groups is None:

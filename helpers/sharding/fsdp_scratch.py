@@ -17,7 +17,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from ..devices import synced_now
 from ..runtime.agree import SAME_MODEL, agree, fingerprint
-from .flat import all_gather_flat, check_flat_dtypes, clip_sharded_grad_norm_, flat_shard, \
+from .flat import all_gather_flat, validate_flat_dtypes, clip_sharded_grad_norm_, flat_shard, \
     reduce_scatter_flat, unit_parameters
 
 # what a rank about to run another collective than its peers is told (torch's FSDP needs it too)
@@ -189,7 +189,7 @@ class FSDPFromScratch(nn.Module):
         self._ran = self._new_record()         # the collectives since the last finish
         groups = unit_parameters(module, units)
         for u, names in groups:
-            check_flat_dtypes([u.get_parameter(n) for n in names], "FSDPFromScratch")
+            validate_flat_dtypes([u.get_parameter(n) for n in names], "FSDPFromScratch")
         where = {id(m): name for name, m in module.named_modules()}
         agree(fingerprint(f"an FSDPFromScratch in {len(groups)} units", module,
                           [(where[id(u)], names) for u, names in groups],

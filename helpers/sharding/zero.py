@@ -12,7 +12,7 @@ from torch import nn
 
 from ..data_parallel.scratch import make_buckets
 from ..runtime.agree import SAME_MODEL, agree, fingerprint
-from .flat import (all_gather_flat, check_flat_dtypes, check_groups, clip_sharded_grad_norm_,
+from .flat import (all_gather_flat, validate_flat_dtypes, validate_groups, clip_sharded_grad_norm_,
                    padded_flat, reduce_scatter_flat)
 
 __all__ = ["partition_by_size", "ShardedOptimizer", "Zero2", "optimizer_state_bytes"]
@@ -190,8 +190,8 @@ class Zero2(nn.Module):
         self.module = module
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         trainable = [p for p in module.parameters() if p.requires_grad]
-        check_flat_dtypes(trainable, "Zero2")
-        groups = check_groups(param_groups, trainable, "Zero2")
+        validate_flat_dtypes(trainable, "Zero2")
+        groups = validate_groups(param_groups, trainable, "Zero2")
         agree(fingerprint("a Zero2", module, bucket_mb), fix=SAME_MODEL)
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:

@@ -10,8 +10,9 @@ inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, 
               float rounding
 observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
-world.py      World: ranks as threads, a network that records every message; dist.py plays
-              torch.distributed for them
+world.py      World: the runtime's ThreadWorld (ranks as threads, a network that records every
+              message) with dist.py playing torch.distributed for them, a Recorder per rank,
+              allowed calls, and provenance.py: no tensor passes between ranks but by the comm
 fresh.py      regrade: grading from a fresh import of the course (a patched check cannot score)
 """
 from .declare import Answer, check
@@ -21,10 +22,10 @@ from .inputs import (as_int, as_number, as_pair, fresh_generator, gamma, randint
 from .observe import Op, Recorder, Ref, describe_device, storage_key
 from .run import (REGISTRY, CheckFailed, CheckInfo, HarnessError, ReferenceUsed, Result, expect,
                   grading, is_reader_code, run_check)
-from .world import Message, RankComm, RankFailed, World
+from .world import Message, World
 
 __all__ = ["CheckFailed", "HarnessError", "Result", "run_check", "expect", "fresh_generator",
            "check", "REGISTRY"]
 _ = (Answer, FakeGPUs, as_int, as_number, as_pair, gamma, randint, rel_close, replay_seeds,
      uniform, unit_roundoff, Op, Recorder, Ref, describe_device, storage_key, CheckInfo,
-     ReferenceUsed, grading, is_reader_code, Message, RankComm, RankFailed, World)
+     ReferenceUsed, grading, is_reader_code, Message, World)

@@ -5,7 +5,7 @@ micro-batch count PyTorch's schedules accept."""
 import torch
 from torch import nn
 
-from .. import balanced_cuts, check_pipelining
+from .. import balanced_cuts, validate_pipelining
 from ._core import CheckFailed, World, as_int, as_number, check, expect, fresh_generator, randint
 
 __all__ = ["check_idle_share", "check_pipeline_forward", "check_cuts_for_times",
@@ -214,7 +214,7 @@ def check_cuts_for_times(fn):
 
 # --- a micro-batch count PyTorch's schedules accept -------------------------------------------
 @check("microbatches_for", observes=[
-    "each count returned is fed to helpers.check_pipelining (PyTorch's schedules): it must be "
+    "each count returned is fed to helpers.validate_pipelining (PyTorch's schedules): it must be "
     "accepted, and no accepted count may be closer to the one wanted (a tie: the larger)"])
 def check_microbatches_for(fn):
     """fn(batch_size, wanted) -> the micro-batch count closest to `wanted` (the larger on a tie)
@@ -226,7 +226,7 @@ def check_microbatches_for(fn):
         call = f"microbatches_for({n}, {wanted})"
         m = as_int(fn(n, wanted), call)
         try:
-            check_pipelining("Schedule1F1B", n, m, 2, 4, [2])
+            validate_pipelining("Schedule1F1B", n, m, 2, 4, [2])
         except ValueError as e:
             raise CheckFailed(f"{call} returned {m}, which PyTorch's schedules refuse: {e}")
         ok = [k for k in range(1, n + 1) if n % k == 0]

@@ -1,0 +1,147 @@
+"""Data provenance between thread ranks: a rank may use only tensors it made, tensors the check
+handed in, and what came to it through the network.
+
+Thread ranks share one process, so an answer could pass a tensor past the comm a check judges:
+rank 0 appends its gradient to a module global, rank 1 reads it after a decoy all-reduce. Each
+rank's thread runs under a dispatch mode that records, per storage, which rank made it or last
+wrote into it (a view is not a new storage; an in-place or out= operation writes its target),
+and refuses an operation of one rank that reads or writes a storage another rank made. The
+storages are kept alive for the run, so no address is reused meanwhile. The network's own work
+(sending, receiving, combining a collective, delivering a result) runs exempt, and what it
+hands over is the receiver's. Tensor.tolist, Tensor.numpy and __array__, which read memory
+without an aten operation, are checked as one.
+
+What it does not see: values that leave as Python numbers through an operation the rank is
+entitled to (rank 0 calls .item() on its own tensor and puts the float in a global), and work
+in threads that carry no dispatch mode (guard.py carries the rank's modes into the threads an
+answer starts).
+"""
+import contextlib
+import functools
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_leaves
+
+from .run import CheckFailed
+
+__all__ = ["Provenance"]
+
+
+def _storage(t):
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None                     # no storage of its own (a wrapper subclass, sparse ...)
+
+
+@functools.lru_cache(maxsize=None)
+def _writes(func):
+    """(positions and names of the arguments `func` writes, whether each return is fresh)."""
+    schema = func._schema
+    args = tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+    fresh = tuple(r.alias_info is None or r.alias_info.is_write for r in schema.returns)
+    return args, fresh
+
+
+class Provenance:
+    """Which rank made each storage, for one World (see the module's docstring)."""
+
+    EXITS = ("tolist", "numpy", "__array__")
+
+    def __init__(self, world):
+        self.world = world
+        self.owner = {}       # storage key -> (rank, operation) that made or wrote it, storage
+        self._local = threading.local()
+
+    def mode(self, rank):
+        return _Mode(self, rank)
+
+    @contextlib.contextmanager
+    def network(self):
+        """The network's own work in a rank: exempt (it is how data is meant to travel)."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1
+
+    def touch(self, rank, tensors, what):
+        if getattr(self._local, "depth", 0):
+            return
+        for t in tensors:
+            storage = _storage(t)
+            made = self.owner.get(storage._cdata) if storage is not None else None
+            if made is not None and made[0] != rank:
+                raise CheckFailed(
+                    f"rank {rank} used a tensor that rank {made[0]} made ({made[1]}) in {what}, "
+                    "and it never travelled through the comm: ranks share data only by sending "
+                    "it (send/recv or a collective), not through a Python object every rank "
+                    "can reach (a module global, a list in a closure)")
+
+    def mark(self, rank, tensors, what):
+        for t in tensors:
+            storage = _storage(t)
+            if storage is not None:     # kept alive for the run: no address is reused meanwhile
+                self.owner[storage._cdata] = (rank, what, storage)
+
+    def rank_here(self):
+        """The rank whose work this thread does: its own, or that of the rank that started it."""
+        if self.world.rank is not None:
+            return self.world.rank
+        for mode in _get_current_dispatch_mode_stack():
+            if isinstance(mode, _Mode) and mode.p is self:
+                return mode.rank
+        return None
+
+    @contextlib.contextmanager
+    def python_exits(self):
+        """For one run: a fresh record, and Tensor.tolist / numpy / __array__ checked."""
+        self.owner.clear()
+        saved = {name: torch.Tensor.__dict__.get(name) for name in self.EXITS}
+
+        def checked(name):
+            original = getattr(torch.Tensor, name)
+
+            @functools.wraps(original)
+            def call(t, *args, **kwargs):
+                rank = self.rank_here()
+                if rank is not None:
+                    self.touch(rank, [t], f"Tensor.{name}")
+                return original(t, *args, **kwargs)
+            return call
+        wrappers = {name: checked(name) for name in self.EXITS}
+        for name, fn in wrappers.items():
+            setattr(torch.Tensor, name, fn)
+        try:
+            yield
+        finally:
+            self.owner.clear()
+            for name, original in saved.items():
+                if original is None:
+                    delattr(torch.Tensor, name)
+                else:
+                    setattr(torch.Tensor, name, original)
+
+
+class _Mode(TorchDispatchMode):
+    """One rank's watch: refuse another rank's storages, record what this rank makes."""
+
+    def __init__(self, provenance, rank):
+        super().__init__()
+        self.p, self.rank = provenance, rank
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.p.touch(self.rank, [t for t in tree_leaves((args, kwargs))
+                                 if isinstance(t, torch.Tensor)], func)
+        out = func(*args, **kwargs)
+        positions, fresh = _writes(func)
+        written = [args[i] if i < len(args) else kwargs.get(name) for i, name in positions]
+        outs = out if isinstance(out, (tuple, list)) and len(fresh) > 1 else (out,)
+        written += [o for o, new in zip(outs, fresh) if new]
+        self.p.mark(self.rank, [t for t in tree_leaves(written) if isinstance(t, torch.Tensor)],
+                    func)
+        return out

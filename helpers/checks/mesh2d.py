@@ -1,0 +1,126 @@
+"""Checks for the exercises of Part VI's 2-D chapter (mesh2d): a dp x tp mesh's groups, the
+data-parallel average on thread ranks of the harness's World (which records every collective),
+and the shape a rank holds under TP then FSDP2."""
+import torch
+
+from ._core import CheckFailed, World, check, expect, fresh_generator, randint
+
+__all__ = ["check_mesh_groups", "check_dp_average", "check_local_shape"]
+
+TIMEOUT = 2.0   # seconds a thread-rank waits for a message that never comes
+
+
+@check("mesh_groups", observes=["the coordinates and groups returned for every rank of fresh "
+                                "dp x tp meshes, against init_device_mesh's row-major layout"])
+def check_mesh_groups(fn):
+    """fn(rank, dp, tp) -> dict(coords=(i, j), tp_group=[ranks], dp_group=[ranks]) for a
+    row-major dp x tp mesh (init_device_mesh's layout: tp neighbours have consecutive ranks)."""
+    g = fresh_generator()
+    shapes = [(2, 2), (randint(g, 2, 4), randint(g, 2, 4)), (randint(g, 1, 3), 4), (3, 2)]
+    for dp, tp in shapes:
+        mesh = torch.arange(dp * tp).view(dp, tp)
+        for rank in range(dp * tp):
+            i, j = rank // tp, rank % tp
+            want = dict(coords=(i, j), tp_group=mesh[i].tolist(), dp_group=mesh[:, j].tolist())
+            call = f"mesh_groups({rank}, {dp}, {tp})"
+            got = fn(rank, dp, tp)
+            expect(isinstance(got, dict) and set(got) >= set(want),
+                   f"{call} returned {got!r}; expected a dict with keys coords, tp_group, "
+                   "dp_group")
+            got = dict(coords=tuple(int(c) for c in got["coords"]),
+                       tp_group=[int(r) for r in got["tp_group"]],
+                       dp_group=[int(r) for r in got["dp_group"]])
+            if got["tp_group"] == want["dp_group"] != want["tp_group"]:
+                raise CheckFailed(f"{call}: the groups are swapped; tp neighbours sit in one "
+                                  "row of the mesh (consecutive ranks, one node)")
+            for key in ("coords", "tp_group", "dp_group"):
+                expect(got[key] == want[key], f"{call}: {key} is {got[key]}, expected "
+                                              f"{want[key]}")
+
+
+def _dp_rank(comm, fn, grads):
+    mine = [g[comm.rank].clone() for g in grads]
+    fn(mine, comm)
+    return mine
+
+
+@check("dp_average", observes=[
+    "on 2 and 3 thread ranks: the all-reduces each rank called, and each rank's own tensors "
+    "(changed in place) against the mean over ranks"])
+def check_dp_average(fn):
+    """fn(grads, comm): average each gradient tensor over the data-parallel ranks, in place."""
+    g = fresh_generator()
+    for k in (2, 3):
+        shapes = [(randint(g, 1, 4), randint(g, 1, 4)) for _ in range(randint(g, 2, 3))]
+        grads = [torch.randn(k, *s, generator=g) for s in shapes]
+        world = World(k, timeout=TIMEOUT)
+        results = world.run(_dp_rank, fn, grads)
+        expect(world.sent("all_reduce", rank=0),
+               f"on {k} ranks rank 0 never called all_reduce: each rank only has its own "
+               "gradients until they are summed across ranks")
+        for r, mine in enumerate(results):
+            for t, full, s in zip(mine, grads, shapes):
+                if torch.allclose(t, full.sum(0), atol=1e-5):
+                    raise CheckFailed(f"rank {r} holds the sum over {k} ranks: divide by "
+                                      "the number of ranks for the average")
+                expect(torch.allclose(t, full.mean(0), atol=1e-5),
+                       f"on {k} ranks rank {r}'s gradient of shape {s} is not the average "
+                       "(the tensors must be changed in place)")
+
+
+def _fsdp_rows(n, dp, rank):
+    """Rows of dim 0 that FSDP2 gives `rank`: torch.chunk into dp pieces of ceil(n / dp) rows,
+    the last smaller, ranks beyond the pieces an empty shard."""
+    c = -(-n // dp)
+    return max(0, min(c, n - rank * c))
+
+
+@check("local_shape", observes=[
+    "the shape returned for every dp rank of fresh weights (column-wise, row-wise, "
+    "replicated), dim 0 divisible by dp and not, against TP's slice then FSDP2's torch.chunk "
+    "of dim 0 (ceil rows, the last shard smaller, empty shards past the end)"])
+def check_local_shape(fn):
+    """fn(shape, split_dim, dp, tp, dp_rank) -> the shape the rank at dp index `dp_rank` holds of a
+    weight of `shape`, split by tensor parallelism along `split_dim` (0: column-wise, 1:
+    row-wise, None: replicated) over tp ranks, then sharded by fully_shard over dp ranks."""
+    g = fresh_generator()
+    for case in range(6):
+        dp, tp = randint(g, 2, 4), randint(g, 2, 4)
+        uneven = case % 2 == 1
+        for split_dim in (0, 1, None):
+            rows = dp * randint(g, 1, 3) + (randint(g, 1, dp - 1) if uneven else 0)
+            shape = [rows * (tp if split_dim == 0 else 1), tp * randint(g, 1, 3)]
+            if split_dim is None:
+                shape = [rows]
+            for dp_rank in range(dp):
+                want = list(shape)
+                if split_dim is not None:
+                    want[split_dim] //= tp
+                want[0] = _fsdp_rows(want[0], dp, dp_rank)
+                call = f"local_shape({tuple(shape)}, {split_dim}, dp={dp}, tp={tp}, " \
+                       f"dp_rank={dp_rank})"
+                got = fn(tuple(shape), split_dim, dp, tp, dp_rank)
+                try:
+                    got = [int(v) for v in got]
+                except (TypeError, ValueError):
+                    raise CheckFailed(f"{call} returned {got!r}, expected a shape") from None
+                if got == want:
+                    continue
+                only_tp = list(shape)
+                if split_dim is not None:
+                    only_tp[split_dim] //= tp
+                floor = list(only_tp)
+                floor[0] //= dp
+                if split_dim is None and got == list(shape):
+                    msg = "a replicated weight is still sharded by FSDP over dp"
+                elif got == only_tp:
+                    msg = "that is the tensor-parallel slice; FSDP shards it again over dp"
+                elif got == floor:
+                    msg = (f"{only_tp[0]} rows do not split evenly over {dp} ranks: FSDP2 cuts "
+                           "dim 0 with torch.chunk (ceil(rows / dp) each, the last smaller)")
+                elif split_dim == 1 and got[0] * dp * tp == shape[0]:
+                    msg = ("a row-wise weight is split along dim 1 by tp; FSDP then shards "
+                           "dim 0 over dp")
+                else:
+                    msg = f"expected {tuple(want)}"
+                raise CheckFailed(f"{call} returned {tuple(got)}: {msg}")

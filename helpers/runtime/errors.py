@@ -1,0 +1,30 @@
+"""How a run of ranks fails, for every way ranks start (processes or threads, runtime.launch and
+runtime.thread_world): the one RankFailed, and LaunchTimeout."""
+
+__all__ = ["RankFailed", "LaunchTimeout"]
+
+
+class RankFailed(RuntimeError):
+    """A rank raised or died. `rank`, `cause` (one line), `tail` (its last traceback lines),
+    `stderr` (its last lines on stderr: what gloo says before it aborts a process);
+    `original`: the exception itself when the ranks were threads."""
+
+    def __init__(self, rank, cause, tail="", original=None, stderr=""):
+        self.rank, self.cause, self.tail, self.original = rank, cause, tail, original
+        self.stderr = stderr
+        msg = f"rank {rank} failed: {cause}"
+        if stderr:
+            msg += f"\n--- the end of rank {rank}'s stderr ---\n{stderr}"
+        if tail:
+            msg += f"\n--- the end of rank {rank}'s traceback ---\n{tail}"
+        super().__init__(msg)
+
+
+class LaunchTimeout(TimeoutError):
+    """Ranks still running after the launch's timeout (they have been stopped). `ranks`: which."""
+
+    def __init__(self, ranks, timeout, progress=""):
+        self.ranks, self.timeout = ranks, timeout
+        super().__init__(f"rank(s) {ranks} still running after {timeout:g} s (stopped){progress}"
+                         ": a rank waits for a message or a collective that never comes, or the "
+                         "run needs more time (launch(..., timeout=...))")

@@ -1,0 +1,290 @@
+"""Ranks as threads of this process, joined by a network that records every message: the one
+thread world. `launch(fn, world, threads=True)` and `run_threads` run on it, and the exercise
+checks build their recording world on it (helpers/checks/_core/world.py adds torch.distributed,
+a per-rank Recorder, allowed calls and data provenance through the hooks below).
+
+    w = ThreadWorld(3, timeout=5.0)
+    results = w.run(fn, X)               # fn(comm, X) on each rank, comm = w.comm(rank)
+    results, comms = run_threads(fn, 3, X)   # the same, and each rank's ThreadComm
+    results = w.launch(fn, cfg)          # fn(rank, size, cfg), cfg["comm"]: launch's threads mode
+    w.messages                           # every send, recv and collective call, in order
+
+Each Message records op, caller, source and destination, the storage and shape of the tensor
+handed over, bytes, when it was launched and when (if ever) it was waited for. Collectives meet
+like real ones (every rank of the group, in the same order); an async one delivers its result
+at `wait()`. A rank that waits longer than `timeout` raises TimeoutError naming what it waited
+for; when one rank fails, the ranks waiting on it stop quietly, so the first cause is reported.
+"""
+import collections
+import contextlib
+import itertools
+import threading
+import traceback
+
+import torch
+
+from .comm import ThreadComm
+from .errors import LaunchTimeout
+
+__all__ = ["ThreadWorld", "run_threads"]
+
+
+class _Aborted(BaseException):
+    """Another rank failed first: this one stops quietly."""
+
+
+class Message:
+    """One send, receive or collective call, as the network saw it."""
+
+    __slots__ = ("op", "rank", "src", "dst", "ranks", "tag", "key", "shape", "dtype", "nbytes",
+                 "seq", "async_op", "waited", "tensor")
+
+    def __init__(self, op, rank, t, seq, src=None, dst=None, ranks=None, tag=0, async_op=False):
+        self.op, self.rank, self.src, self.dst = op, rank, src, dst
+        self.ranks, self.tag = ranks, tag
+        self.key = t.untyped_storage()._cdata if t is not None else None
+        self.shape = tuple(t.shape) if t is not None else ()
+        self.dtype = t.dtype if t is not None else None
+        self.nbytes = t.numel() * t.element_size() if t is not None else 0
+        self.seq, self.async_op, self.waited = seq, async_op, None
+        self.tensor = t.detach().clone() if t is not None else None     # what was handed over
+
+    @property
+    def collective(self):
+        return self.op not in ("send", "recv")
+
+    def __repr__(self):
+        peer = f" {self.src}->{self.dst}" if not self.collective else f" by rank {self.rank}"
+        return f"{self.op}{peer} {list(self.shape)} ({self.nbytes} B) #{self.seq}"
+
+
+class Work:
+    """What an async call returns: `wait()` delivers the result (once) and is recorded."""
+
+    def __init__(self, world, message, deliver):
+        self.world, self.message, self._deliver = world, message, deliver
+
+    def wait(self, timeout=None):
+        if self._deliver is not None:
+            deliver, self._deliver = self._deliver, None
+            with self.world.comm_context():
+                deliver()
+            self.message.waited = self.world.event(self.message.rank, "wait", self.message)
+        return True
+
+    def is_completed(self):
+        return self._deliver is None
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        self.wait()
+        fut.set_result(None)
+        return fut
+
+
+class ThreadWorld:
+    """`size` ranks as threads (see the module's docstring). Subclasses hook in with
+    `run_context()` (around a whole run), `rank_context(rank)` (around each rank's thread),
+    `comm_context()` (around the network's own work in a rank) and `allowed(op)`."""
+
+    def __init__(self, size, timeout=10.0, deadline=None):
+        """timeout: how long a rank waits for a message or a collective; deadline: how long a
+        run waits for its ranks (default: three timeouts and 5 s)."""
+        if size < 1:
+            raise ValueError(f"a world needs at least one rank, got {size}")
+        self.size, self.timeout = size, timeout
+        self.messages, self.timeline = [], [[] for _ in range(size)]
+        self._seq = itertools.count()
+        self._cond = threading.Condition(threading.RLock())
+        self._local = threading.local()
+        self._boxes = collections.defaultdict(collections.deque)
+        self._slots, self._done = {}, {}
+        self._calls = collections.Counter()
+        self._failed = None
+        self._comms = {}
+        self.deadline = timeout * 3 + 5 if deadline is None else deadline
+
+    # --- hooks (no-ops here) ---------------------------------------------------------------------
+    def run_context(self):
+        return contextlib.nullcontext()
+
+    def rank_context(self, rank):
+        return contextlib.nullcontext()
+
+    def comm_context(self):
+        return contextlib.nullcontext()
+
+    def allowed(self, op):
+        """Raise (in the calling rank) to refuse a call; here every call is allowed."""
+
+    # --- who is calling ------------------------------------------------------------------------
+    @property
+    def rank(self):
+        """The rank of the calling thread (None outside the world's threads)."""
+        return getattr(self._local, "rank", None)
+
+    def comm(self, rank):
+        """Rank `rank`'s ThreadComm (the same object every time: it counts what it sent)."""
+        with self._cond:
+            if rank not in self._comms:
+                self._comms[rank] = ThreadComm(self, rank)
+            return self._comms[rank]
+
+    def event(self, rank, kind, detail=None):
+        """Append to `rank`'s timeline; returns the event's global sequence number."""
+        with self._cond:
+            seq = next(self._seq)
+            self.timeline[rank].append((seq, kind, detail))
+            return seq
+
+    def mark(self, label):
+        """A caller's own marker in the calling rank's timeline ("backward done")."""
+        return self.event(self.rank, "mark", label)
+
+    def sent(self, op=None, rank=None):
+        """The messages (of kind `op`, by `rank`) in the order they happened."""
+        return [m for m in self.messages if (op is None or m.op == op)
+                and (rank is None or m.rank == rank)]
+
+    # --- running ranks -------------------------------------------------------------------------
+    def run(self, fn, *args):
+        """fn(comm, *args) on every rank; their results in rank order. The first cause of a
+        failure is raised as it was raised (a rank's TimeoutError comes after other errors);
+        ranks still running at the deadline: LaunchTimeout (a TimeoutError too)."""
+        return self._raise(*self.start(lambda r: fn(self.comm(r), *args)))
+
+    def launch(self, fn, cfg=None):
+        """fn(rank, size, cfg) on every rank, as helpers.launch(..., threads=True) calls it."""
+        def one(r):
+            return fn(r, self.size, dict(cfg or {}, comm=self.comm(r), rank=r,
+                                         device=torch.device("cpu")))
+        return self._raise(*self.start(one))
+
+    def start(self, body):
+        """body(rank) on one thread per rank, for at most the world's deadline. Returns
+        (results, errors, stuck): errors as (rank, exception, traceback text), the first cause
+        first; stuck: the ranks still running."""
+        results, errors = [None] * self.size, []
+
+        def target(r):
+            self._local.rank = r
+            try:
+                with self.rank_context(r):
+                    results[r] = body(r)
+            except _Aborted:
+                pass
+            except BaseException as e:   # noqa: BLE001 - handed to the caller
+                with self._cond:
+                    errors.append((r, e, traceback.format_exc()))
+                self._fail(r, e)
+
+        with self.run_context():
+            threads = [threading.Thread(target=target, args=(r,), daemon=True,
+                                        name=f"rank {r}") for r in range(self.size)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(self.deadline)
+        errors.sort(key=lambda e: isinstance(e[1], TimeoutError))   # stable: order of occurrence
+        return results, errors, [r for r, t in enumerate(threads) if t.is_alive()]
+
+    def _raise(self, results, errors, stuck):
+        if errors:
+            raise errors[0][1]
+        if stuck:
+            raise LaunchTimeout(stuck, self.deadline)
+        return results
+
+    def _fail(self, rank, error):
+        with self._cond:
+            if self._failed is None:
+                self._failed = (rank, error)
+            self._cond.notify_all()
+
+    def _wait(self, ready, what):
+        """Block until ready() (under the lock), another rank failed, or the timeout."""
+        if not self._cond.wait_for(lambda: ready() or self._failed is not None, self.timeout):
+            raise TimeoutError(f"rank {self.rank} waited {self.timeout:g} s for {what}")
+        if not ready():
+            raise _Aborted()
+
+    # --- point to point ------------------------------------------------------------------------
+    def send(self, t, dst, tag=0, async_op=False):
+        rank = self.rank
+        self.allowed("send")
+        if not 0 <= dst < self.size or dst == rank:
+            raise ValueError(f"rank {rank} cannot send to rank {dst} (a world of {self.size})")
+        with self.comm_context(), self._cond:
+            m = Message("send", rank, t, next(self._seq), src=rank, dst=dst, tag=tag,
+                        async_op=async_op)
+            self.messages.append(m)
+            self.timeline[rank].append((m.seq, "send", m))
+            self._boxes[(rank, dst, tag)].append(m)
+            self._cond.notify_all()
+        return m
+
+    def recv(self, src, tag=0, out=None, shape=None, dtype=None):
+        """The next message from `src` with `tag`, copied into `out` (or a new tensor)."""
+        rank = self.rank
+        box = self._boxes[(src, rank, tag)]
+        with self.comm_context():
+            with self._cond:
+                self._wait(lambda: bool(box),
+                           f"a message from rank {src} (tag {tag}) that was never sent")
+                got = box.popleft().tensor
+                want = tuple(out.shape) if out is not None else shape
+                if want is not None and tuple(want) != tuple(got.shape):
+                    raise ValueError(f"rank {rank} expected shape {tuple(want)} from rank {src}, "
+                                     f"got {tuple(got.shape)}")
+                m = Message("recv", rank, got, next(self._seq), src=src, dst=rank, tag=tag)
+                self.messages.append(m)
+                self.timeline[rank].append((m.seq, "recv", m))
+            if out is None:
+                return got.to(dtype or got.dtype).clone()
+            with torch.no_grad():
+                out.copy_(got)
+            return out
+
+    # --- collectives ---------------------------------------------------------------------------
+    def collective(self, op, ranks, t, payload, combine, deliver, async_op=False):
+        """Meet the other ranks of `ranks` at this rank's next collective call: `payload` is what
+        this rank contributes, `combine(payloads)` (in group order) what each rank gets back,
+        `deliver(mine)` writes it into the caller's tensors (at wait() when async)."""
+        rank = self.rank
+        self.allowed(op)
+        ranks = list(ranks)
+        call = (tuple(ranks), self._calls[(tuple(ranks), rank)])
+        self._calls[(tuple(ranks), rank)] += 1
+        with self.comm_context(), self._cond:
+            m = Message(op, rank, t, next(self._seq), ranks=tuple(ranks), async_op=async_op)
+            self.messages.append(m)
+            self.timeline[rank].append((m.seq, "launch" if async_op else op, m))
+            slot = self._slots.setdefault(call, {})
+            slot[rank] = (op, payload)
+            self._cond.notify_all()
+            self._wait(lambda: len(slot) == len(ranks),
+                       f"the other ranks of {ranks} to call {op} (call {call[1]})")
+            ops = {r: slot[r][0] for r in ranks}
+            if len(set(ops.values())) > 1:
+                raise ValueError("ranks called different collectives at the same point: " +
+                                 ", ".join(f"rank {r} {o}" for r, o in ops.items()))
+            if call not in self._done:
+                self._done[call] = combine([slot[r][1] for r in ranks])
+            mine = self._done[call][ranks.index(rank)]
+
+        def finish():
+            with torch.no_grad():
+                deliver(mine)
+        if async_op:
+            return Work(self, m, finish)
+        with self.comm_context():
+            finish()
+        return None
+
+
+def run_threads(fn, world, *args, timeout=5.0):
+    """Run fn(comm, *args) on `world` thread ranks; returns (results, comms) in rank order.
+    The first exception any rank raised is raised again here."""
+    w = ThreadWorld(world, timeout, deadline=timeout * 4 + 30)
+    results = w.run(fn, *args)
+    return results, [w.comm(r) for r in range(world)]

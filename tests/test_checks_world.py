@@ -1,0 +1,122 @@
+"""The checks' world of thread ranks is the runtime's (one ThreadWorld, one ThreadComm; a run
+that fails is the runtime's RankFailed or a TimeoutError), and its ranks cannot pass tensors to
+each other but through the comm: answers that share data through a module global or a closure
+list fail, naming it (tests/check_cases.py)."""
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import helpers
+from check_cases import other, parametrize_cases, shortcut
+import helpers.checks._core
+from helpers.checks._core import CheckFailed, World
+from helpers.runtime import errors
+from helpers.runtime.thread_world import ThreadWorld
+
+NAMES = "never travelled through the comm"
+_shared = []      # a module global every thread rank reaches
+
+
+def test_one_thread_world():
+    world = World(2)
+    assert isinstance(world, ThreadWorld)
+    assert type(world.comm(0)) is helpers.ThreadComm and world.comm(0) is world.comm(0)
+    assert helpers.RankFailed is errors.RankFailed and helpers.LaunchTimeout is errors.LaunchTimeout
+    assert not hasattr(helpers.checks._core, "RankFailed")
+
+
+# ---- the shortcuts: data passed past the comm --------------------------------------------------
+@shortcut("check_dp_average", "passes the gradients through a module global", NAMES)
+def dp_average_through_a_global(grads, comm):
+    _shared.append(grads)
+    comm.all_reduce(torch.zeros(1))            # a decoy: every rank has appended its list
+    group = _shared[-comm.world:]
+    avg = [sum(s[i] for s in group) / comm.world for i in range(len(grads))]
+    comm.all_reduce(torch.zeros(1))            # every rank has read before any writes
+    for g, a in zip(grads, avg):
+        g.copy_(a)
+
+
+@shortcut("check_dp_average", "reads the other ranks' gradients with tolist", NAMES)
+def dp_average_through_tolist(grads, comm):
+    _shared.append(grads)
+    comm.all_reduce(torch.zeros(1))
+    group = _shared[-comm.world:]
+    avg = [torch.tensor([s[i].tolist() for s in group]).mean(0) for i in range(len(grads))]
+    comm.all_reduce(torch.zeros(1))
+    for g, a in zip(grads, avg):
+        g.copy_(a)
+
+
+def _closure_cheat():
+    box = []
+
+    def dp_average(grads, comm):                  # rank 0 writes the average into every list
+        box.append(grads)
+        dist.barrier()
+        if comm.rank == 0:
+            for i in range(len(grads)):
+                avg = sum(b[i] for b in box[-comm.world:]) / comm.world
+                for b in box[-comm.world:]:
+                    b[i].copy_(avg)
+        comm.all_reduce(torch.zeros(1))
+    return dp_average
+
+
+shortcut("check_dp_average", "writes into the other ranks' tensors from a closure",
+         NAMES)(_closure_cheat())
+
+
+@other("check_dp_average", "each rank reads its own tensors as Python numbers")
+def dp_average_own_numbers(grads, comm):
+    for g in grads:
+        mine = torch.tensor(g.tolist())
+        comm.all_reduce(mine)
+        g.copy_(mine / comm.world)
+
+
+test_case = parametrize_cases(__name__)
+
+
+# ---- the world itself --------------------------------------------------------------------------
+def test_a_rank_may_read_what_the_check_handed_to_every_rank_and_what_it_received():
+    X = torch.arange(6.0)
+
+    def fn(comm):
+        mine = X[comm.rank * 3:(comm.rank + 1) * 3].clone()
+        comm.send(mine, 1 - comm.rank)
+        got = comm.recv(1 - comm.rank, (3,))
+        return (got + mine).tolist(), comm.all_gather(mine).sum().item()
+    res = World(2).run(fn)
+    assert res[0] == res[1] == ([3.0, 5.0, 7.0], 15.0)
+
+
+def test_another_ranks_tensor_is_refused_even_in_a_second_run():
+    world, box = World(2), []
+    world.run(lambda comm: torch.ones(1))
+
+    def fn(comm):
+        box.append(torch.full((1,), float(comm.rank)))
+        dist.barrier()
+        return sum(box).item()
+    with pytest.raises(CheckFailed, match=NAMES):
+        world.run(fn)
+
+
+def test_tolist_is_restored_after_a_run():
+    before = torch.Tensor.tolist
+    World(2).run(lambda comm: torch.ones(1).tolist())
+    assert torch.Tensor.tolist is before and torch.ones(2).tolist() == [1.0, 1.0]
+
+
+def test_a_hang_is_a_timeout_naming_what_the_rank_waited_for():
+    with pytest.raises(TimeoutError, match="from rank 0 .* never sent"):
+        World(2, timeout=0.3).run(lambda comm: comm.recv(0, (1,)) if comm.rank else None)
+    stop = threading.Event()
+    world = World(2, timeout=0.1)
+    world.deadline = 0.5
+    with pytest.raises(errors.LaunchTimeout, match=r"rank\(s\) \[1\] still running"):
+        world.run(lambda comm: stop.wait(5) if comm.rank else None)
+    stop.set()
