@@ -210,11 +210,11 @@ def check_amdahl_speedup(amdahl_speedup):
         shares = {n: x / math.fsum(w) for n, x in zip(names, w)}
         picked = [names[i] for i in torch.randperm(len(names), generator=g)[:fixed].tolist()]
         factors = {n: uniform(g, 1.5, 20.0) for n in picked}
-        want = 1 / math.fsum(s / factors.get(n, 1.0) for n, s in shares.items())
         call = ("amdahl_speedup(shares, "
                 + "{" + ", ".join(f"{n!r}: {f:.3g}" for n, f in factors.items()) + "})")
         got, dtype = as_number(amdahl_speedup(dict(shares), dict(factors)), call,
                                with_dtype=True)
+        want = 1 / math.fsum(s / factors.get(n, 1.0) for n, s in shares.items())
         if rel_close(got, want, 2 * len(names) + 2, dtype):
             continue
         hint = " (the step's time left is the sum of share / factor)"

@@ -12,6 +12,7 @@ import torch
 
 from .. import CommLog, loss
 from ._core import FakeGPUs, check, describe_device, expect, fresh_generator, randint
+from ._core.inputs import expect_unchanged, kept
 from .within_layer import _close, _grads_match, _megatron_structure, _spread, _tensor
 
 __all__ = ["check_attention_by_heads", "check_sharded_server_step", "check_accumulated_step"]
@@ -46,9 +47,11 @@ def check_attention_by_heads(fn):
         X = torch.randn(t, d, generator=g).requires_grad_()
         Ws = [(torch.randn(*s, generator=g) / 2).requires_grad_()
               for s in [(d, heads * e)] * 3 + [(heads * e, d)]]
-        want = attention(X, *Ws, heads)
         call = f"attention_by_heads on {k} devices ({heads} heads of width {e})"
-        got = _tensor(fn(X, *Ws, heads, [CPU] * k, CommLog()), call, want.shape)
+        copies = kept(X, *Ws)
+        got = _tensor(fn(X, *Ws, heads, [CPU] * k, CommLog()), call, (t, d))
+        expect_unchanged(call, copies, [X, *Ws], ["X", "Wq", "Wk", "Wv", "Wo"])
+        want = attention(X, *Ws, heads)
         expect(_close(got, want), f"{call}: the output differs from unsplit attention (split by "
                "whole heads: a head's columns of Wq, Wk and Wv, and its rows of Wo, stay together "
                "on one device; tensor_split the heads, not the columns)")
@@ -165,14 +168,16 @@ def check_accumulated_step(fn):
         X, y = torch.randn(n, d, generator=g), torch.randint(0, c, (n,), generator=g)
         start = [torch.randn(d, c, generator=g), torch.randn(c, generator=g)]
         lr = randint(g, 1, 9) / 10
-        ref = [p.clone().requires_grad_() for p in start]
-        grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
-        want = [(p - lr * gr).detach() for p, gr in zip(start, grads)]
         params = [p.clone().requires_grad_() for p in start]
         objects = list(params)
         net = _RecordingNet()
         call = f"accumulated_step(net, params, X of {n} examples, y, {num_micro}, {lr})"
+        copies = kept(X, y, *start)
         fn(net, params, X, y, num_micro, lr)
+        expect_unchanged(call, copies, [X, y, *start], ["X", "y", "W", "b"])
+        ref = [p.clone().requires_grad_() for p in start]
+        grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
+        want = [(p - lr * gr).detach() for p, gr in zip(start, grads)]
         micro = [len(s) for s in torch.arange(n).tensor_split(num_micro)]
         expect(n not in net.sizes, f"{call}: the net saw all {n} examples in one call "
                f"(calls: {net.sizes}); run one micro-batch at a time ({micro})")
