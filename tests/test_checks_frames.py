@@ -186,6 +186,8 @@ def test_no_check_frame_holds_the_result_while_the_answer_runs(name, guard_off):
     assert calls, f"{name}: the answer was not called"
     assert result.passed, f"{name}: the worked answer, spied on, did not pass: {result}"
     found, earlier, earlier_plain = [], [], []
+    # what any call was given is an input, not an expected value (another rank's shard)
+    inputs = [old for *_, before in calls for _, old in before]
     for (held, plain), out, args, kwargs, before in calls:
         # a value equal to an earlier call's result is a leftover of that call (its `got`), not
         # this call's expected value read in advance
@@ -198,7 +200,7 @@ def test_no_check_frame_holds_the_result_while_the_answer_runs(name, guard_off):
         written = [t for t, old in before if not torch.equal(t.detach().cpu(), old.cpu())]
         results = [t for t in _tensors(out) if id(t) not in given] + written
         for where, h, value in held:
-            if id(h) in given or any(_same(value, e) for e in earlier):
+            if id(h) in given or any(_same(value, e) for e in earlier + inputs):
                 continue
             found += [where for r in results if _same(value, r)]
         earlier += [r.detach().clone() for r in results if not _is_fake(r)]

@@ -146,10 +146,10 @@ def check_ring_allreduce(ring_allreduce):
         n = math.prod(shape)
         data = [torch.randint(-9, 10, shape, generator=g).float() for _ in range(k)]
         before = [t.clone() for t in data]
-        total = torch.stack(before).sum(0)
         call = f"ring_allreduce({k} tensors of shape {tuple(shape)})"
         objs, ptrs = list(data), [t.data_ptr() for t in data]
         sent = ring_allreduce(data)
+        total = torch.stack(before).sum(0)          # after the answer ran
         _in_place(call, data, objs, ptrs)
         for i, t in enumerate(objs):
             expect(torch.equal(t, total), f"{call}: tensor {i} does not hold the sum"

@@ -63,12 +63,13 @@ def check_gather_layer(fn):
         world = randint(g, 2, 4)
         shapes = [torch.Size(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
                   for _ in range(randint(g, 1, 3))]
-        full = [torch.randn(s, generator=g) for s in shapes]
-        flat = torch.cat([t.reshape(-1) for t in full])
-        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % world)])
+        numel = sum(s.numel() for s in shapes)
+        flat = torch.cat([torch.randn(numel, generator=g), torch.zeros(-numel % world)])
         shards = list(flat.chunk(world))
         w = World(world)
         outs = w.run(lambda comm: fn(shards[comm.rank].clone(), list(shapes)))
+        full = [t.reshape(s) for t, s in            # the layer's tensors, after the answer ran
+                zip(flat[:numel].split([s.numel() for s in shapes]), shapes)]
         call = f"gather_layer ({world} ranks, shapes {[tuple(s) for s in shapes]})"
         expect(not w.sent("broadcast"),
                f"{call} used broadcast: each rank holds a different shard, every one is needed: "
