@@ -7,8 +7,8 @@ book/teachers.md) and runs each check's worked answer wrapped in a spy: the spy 
 thread's frames in helpers/checks and keeps every tensor there; after the check, none of them may
 equal (same shape, same values) what the answer returned or wrote into its inputs. A check that
 computed its expected value before calling the answer fails here, whatever the value is named.
-The second gives every check an answer that first calls gc.get_objects(), catches what that
-raises, then returns the worked answer's result: the guard must still fail it.
+The second gives every check an answer that first walks its frames (or calls gc.get_objects()),
+catches what that raises, then returns the worked answer's result: the guard must still fail it.
 """
 import gc
 import importlib
@@ -208,18 +208,29 @@ def test_no_check_frame_holds_the_result_while_the_answer_runs(name, guard_off):
                        f"{sorted(set(found))}: compute it after the call")
 
 
+def _walk_frames():
+    f = getattr(sys, "_get" + "frame")(1)     # computed names: past the static scan
+    while f is not None:
+        f = getattr(f, "f_" + "back")
+
+
+def _all_objects():
+    getattr(gc, "get_" + "objects")()
+
+
+@pytest.mark.parametrize("peek", [_walk_frames, _all_objects], ids=["frames", "gc"])
 @pytest.mark.parametrize("name", CHECKS)
-def test_the_guard_refuses_the_garbage_collector(name, monkeypatch):
+def test_the_guard_refuses_reading_the_running_program(name, peek, monkeypatch):
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     monkeypatch.delenv("COURSE_GRADING", raising=False)
     worked = CASES[name]["worked"][0].fn
 
-    def peek(*args, **kwargs):
+    def answer(*args, **kwargs):
         try:
-            getattr(gc, "get_" + "objects")()    # a computed name: past the static scan
+            peek()
         except BaseException:            # noqa: BLE001 - an answer that hides the refusal
             pass
         return worked(*args, **kwargs)
-    result = getattr(helpers.checks, name)(peek)
-    assert result.status == "failed", f"{name}: an answer calling gc.get_objects passed"
+    result = getattr(helpers.checks, name)(answer)
+    assert result.status == "failed", f"{name}: an answer calling {peek.__name__} passed"
     assert "inspects the running program" in result.message, result.message
