@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 import helpers
 import helpers.checks
-from check_cases import CASES
+from check_cases import CASES, parametrize_cases, shortcut
 from helpers.checks._core import REGISTRY, guard
 
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -234,3 +234,38 @@ def test_the_guard_refuses_reading_the_running_program(name, peek, monkeypatch):
     result = getattr(helpers.checks, name)(answer)
     assert result.status == "failed", f"{name}: an answer calling {peek.__name__} passed"
     assert "inspects the running program" in result.message, result.message
+
+
+# ---- computing after the call opens one door: an answer that edits its inputs edits the
+# expected value too. The checks keep a copy of the inputs and refuse that.
+CHANGED = "changed its input"
+
+
+@shortcut("check_attention_by_heads", "zeroes Wo in place, returns zeros", CHANGED)
+def attention_zeroed(X, Wq, Wk, Wv, Wo, heads, devices, log):
+    with torch.no_grad():
+        Wo.zero_()
+    return (X @ Wq @ Wo) * 0
+
+
+@shortcut("check_conv_split_in_channels", "zeroes W and b in place, returns zeros", CHANGED)
+def conv_zeroed(X, W, b, devices, log=None):
+    with torch.no_grad():
+        W.zero_()
+        b.zero_()
+    return torch.nn.functional.conv2d(X, W, b)
+
+
+@shortcut("check_accumulated_step", "zeroes X in place: the step is then b's only", CHANGED)
+def accumulated_zeroed(net, params, X, y, num_micro, lr):
+    with torch.no_grad():
+        X.zero_()
+    for Xm, ym in zip(X.tensor_split(num_micro), y.tensor_split(num_micro)):
+        torch.nn.functional.cross_entropy(net(Xm, params), ym, reduction="sum").backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad / len(X)
+            p.grad = None
+
+
+test_case = parametrize_cases(__name__)

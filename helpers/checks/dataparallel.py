@@ -76,6 +76,7 @@ def check_lr_at(fn):
             peak = base_lr * batch / base_batch          # after the call
             want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
             if abs(got - want) <= 1e-9 * max(1, want):
+                del peak, want          # none of it stays for the next call to read
                 continue
             if warmup and step < warmup and abs(got - peak) < 1e-9:
                 msg = "during the warm-up the rate must ramp up, not start at the peak"
