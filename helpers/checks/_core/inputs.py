@@ -1,4 +1,5 @@
-"""Fresh inputs for checks, and what an answer returns read as numbers.
+"""Fresh inputs for checks, what an answer returns read as numbers, and copies of the inputs
+that let a check compute its expected value after the answer (kept, expect_unchanged).
 
 Inputs come from a generator seeded by the operating system (never torch's global one: a check
 must not change the notebook's random numbers); the course's tests replay fixed seeds instead.
