@@ -80,8 +80,10 @@ def global_mean_var_fractions_items(counts, means, variances):
     return torch.tensor([float(x) for x in mean]), torch.tensor([float(x) for x in var])
 
 
-@other("check_global_mean_var", "the total count read with .item()")
+@other("check_global_mean_var", "the total count read with .item(), the inputs checked")
 def global_mean_var_item_count(counts, means, variances):
+    if (variances < 0).any() or not torch.isfinite(means).all():
+        raise ValueError("variances must be >= 0 and means finite")
     n = counts.sum().item()
     w = (counts / n)[:, None]
     mean = (w * means).sum(0)

@@ -52,7 +52,8 @@ def check_global_mean_var(fn):
     listed, tolist = [], torch.Tensor.tolist
 
     def watched_tolist(t):                  # .tolist() runs no aten operation: watch it here
-        listed.append(storage_key(t))
+        if t.is_floating_point():
+            listed.append(storage_key(t))
         return tolist(t)
     torch.Tensor.tolist = watched_tolist
     try:
@@ -115,13 +116,14 @@ def check_global_mean_var(fn):
 
 
 def _read_into_python(rec, listed, tensors):
-    """How the answer turned values computed from `tensors` into Python numbers (.item(),
-    float(), .tolist()), or "" if it did not: storages descended from them, in op order."""
+    """How the answer turned floating values computed from `tensors` into Python numbers
+    (.item(), float(), .tolist()), or "" if it did not (a flag, `if (var < 0).any()`, may be
+    read): storages descended from them, in op order."""
     keys = {storage_key(t) for t in tensors}
     scalars = False
     for op in rec.ops:
         if any(r.key in keys for r in op.reads):
-            if op.name == "_local_scalar_dense":
+            if op.name == "_local_scalar_dense" and op.reads[0].dtype.is_floating_point:
                 scalars = True
             keys |= {r.key for r in op.outputs + op.writes}
     how = [".item() or float()"] * scalars + [".tolist()"] * any(k in keys for k in listed)
