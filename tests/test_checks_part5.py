@@ -349,6 +349,12 @@ def zero3_unpadded(layers, world):
     return 3 * (world - 1) / world * n * 4
 
 
+@shortcut("check_zero3_sent_bytes", "pads the total, not each layer (review)", "pads the total")
+def zero3_padded_total(layers, world):
+    n = sum(p.numel() for m in layers for p in m.parameters())
+    return 3 * (world - 1) * -(-n // world) * 4
+
+
 # ---- fsdp_scratch: Exercise 4 (clip over shards) ------------------------------------------------
 @worked("check_clip_sharded")
 def clip_sharded(shards, max_norm):

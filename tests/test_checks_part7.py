@@ -70,6 +70,20 @@ def merge_unshifted(o1, l1, o2, l2):
     return (a[..., None] * o1 + b[..., None] * o2) / (a + b)[..., None], torch.log(a + b)
 
 
+@shortcut("check_merge_attention", "exponentiates the raw log-sum-exps in float64 (review)",
+          "overflows")
+def merge_unshifted_float64(o1, l1, o2, l2):
+    a, b = torch.exp(l1.double()), torch.exp(l2.double())
+    o = (a[..., None] * o1.double() + b[..., None] * o2.double()) / (a + b)[..., None]
+    return o.to(o1.dtype), torch.log(a + b).to(l1.dtype)
+
+
+@other("check_merge_attention", "logaddexp, in the inputs' float32")
+def merge_logaddexp(o1, l1, o2, l2):
+    lse = torch.logaddexp(l1, l2)
+    return (torch.exp(l1 - lse)[..., None] * o1 + torch.exp(l2 - lse)[..., None] * o2), lse
+
+
 @shortcut("check_merge_attention", "averages the two outputs", "not attention over both blocks")
 def merge_average(o1, l1, o2, l2):
     return (o1 + o2) / 2, torch.logaddexp(l1, l2)

@@ -42,7 +42,7 @@ def global_mean_var_naive(counts, means, variances):
 
 
 @shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in Python floats, .tolist() (review)",
-          "in any precision")
+          "into Python numbers")
 def global_mean_var_python_floats(counts, means, variances):
     c, m, v = counts.tolist(), means.tolist(), variances.tolist()
     n = sum(c)
@@ -50,6 +50,44 @@ def global_mean_var_python_floats(counts, means, variances):
     sq = [sum(ci * (vi[j] + mi[j] ** 2) for ci, mi, vi in zip(c, m, v)) / n
           for j in range(len(m[0]))]
     return torch.tensor(mean), torch.tensor([s - mu * mu for s, mu in zip(sq, mean)])
+
+
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in exact fractions (issue 32)",
+          ".tolist()")
+def global_mean_var_fractions(counts, means, variances):
+    from fractions import Fraction
+    c = [Fraction(x) for x in counts.tolist()]
+    m = [[Fraction(x) for x in row] for row in means.tolist()]
+    v = [[Fraction(x) for x in row] for row in variances.tolist()]
+    n, cols = sum(c), range(len(m[0]))
+    mean = [sum(ci * mi[j] for ci, mi in zip(c, m)) / n for j in cols]
+    var = [sum(ci * (vi[j] + mi[j] ** 2) for ci, mi, vi in zip(c, m, v)) / n - mean[j] ** 2
+           for j in cols]
+    return torch.tensor([float(x) for x in mean]), torch.tensor([float(x) for x in var])
+
+
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in exact fractions, element by element",
+          ".item() or float()")
+def global_mean_var_fractions_items(counts, means, variances):
+    from fractions import Fraction
+    c = [Fraction(float(x)) for x in counts]
+    m = [[Fraction(float(x)) for x in row] for row in means]
+    v = [[Fraction(float(x)) for x in row] for row in variances]
+    n, cols = sum(c), range(len(m[0]))
+    mean = [sum(ci * mi[j] for ci, mi in zip(c, m)) / n for j in cols]
+    var = [sum(ci * (vi[j] + mi[j] ** 2) for ci, mi, vi in zip(c, m, v)) / n - mean[j] ** 2
+           for j in cols]
+    return torch.tensor([float(x) for x in mean]), torch.tensor([float(x) for x in var])
+
+
+@other("check_global_mean_var", "the total count read with .item(), the inputs checked")
+def global_mean_var_item_count(counts, means, variances):
+    if (variances < 0).any() or not torch.isfinite(means).all():
+        raise ValueError("variances must be >= 0 and means finite")
+    n = counts.sum().item()
+    w = (counts / n)[:, None]
+    mean = (w * means).sum(0)
+    return mean, (w * (variances + (means - mean) ** 2)).sum(0)
 
 
 @shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in numpy float64", "in any precision")

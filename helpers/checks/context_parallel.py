@@ -9,7 +9,7 @@ import torch
 
 from .. import attention_reference, causal_block, split_positions
 from ._core import (CheckFailed, Recorder, World, check, expect,
-                    fresh_generator, randint)
+                    fresh_generator, randint, uniform)
 from ._sendrecv import TIMEOUT, _as_list, _carries, _pair, _threads
 
 __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",
@@ -39,35 +39,49 @@ def check_zigzag_positions(fn):
 
 
 @check("merge_attention", references=["merge_blocks"], observes=[
-    "the merged output and log-sum-exp of two key blocks of fresh random scores, against "
-    "attention over all the keys, with scores in the hundreds (a merge that exponentiates "
-    "them unshifted overflows)"])
+    "the merged output and log-sum-exp (float32, as given) of two key blocks of fresh random "
+    "scores, against attention over all the keys, computed after the answer returned; with "
+    "scores shifted by hundreds, up and down, so that a merge exponentiating the log-sum-exps "
+    "unshifted overflows or underflows, in float64 too"])
 def check_merge_attention(fn):
     """fn(o1, lse1, o2, lse2) -> (o, lse) of attention over both key blocks."""
     g = fresh_generator()
-    for scale in (1.0, 300.0):       # scores in the hundreds: exp() of them overflows
+    # exp(lse) of a block overflows float64 above 709 and is 0 below -745: a shift of
+    # +-(760..900) added to every score (softmax ignores it, lse moves with it) defeats an
+    # unshifted merge in any dtype; beside it, unshifted scores in the hundreds
+    for scale, shift in ((1.0, 0.0), (300.0, 0.0), (1.0, uniform(g, 760, 900)),
+                         (1.0, -uniform(g, 760, 900))):
         B, H, T, D = 1, randint(g, 1, 3), randint(g, 2, 6), randint(g, 2, 5)
         q = torch.randn(B, H, T, D, generator=g)
         k = torch.randn(B, H, randint(g, 3, 9), D, generator=g) * scale
         v = torch.randn(B, H, k.shape[2], D, generator=g)
         cut = randint(g, 1, k.shape[2] - 1)
-        s = q @ k.transpose(-2, -1) / math.sqrt(D)
+        s = q @ k.transpose(-2, -1) / math.sqrt(D) + shift
         blocks = [(s[..., :cut], v[..., :cut, :]), (s[..., cut:], v[..., cut:, :])]
         parts = [(x.softmax(-1) @ w, torch.logsumexp(x, -1)) for x, w in blocks]
-        want = attention_reference(q, k, v)
-        got = fn(parts[0][0], parts[0][1], parts[1][0], parts[1][1])
+        got = fn(*(t.clone() for part in parts for t in part))     # copies: nothing to edit
         expect(isinstance(got, tuple) and len(got) == 2,
                "merge_attention must return a pair (o, lse)")
         o, lse = got
+        expect(isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor),
+               "merge_attention must return two tensors (o, lse)")
+        expect(o.dtype == lse.dtype == s.dtype,
+               f"o and lse are {o.dtype} and {lse.dtype}: return them in the inputs' dtype "
+               f"({s.dtype}), computed stably in it")
+        want = s.softmax(-1) @ v         # after the answer: attention over all the keys
         expect(tuple(o.shape) == tuple(want.shape),
                f"o has shape {tuple(o.shape)}, expected {tuple(want.shape)}")
         if not torch.isfinite(o).all() or not torch.isfinite(lse).all():
-            raise CheckFailed(f"with scores up to {float(s.abs().max()):.0f} your result "
-                              "has inf or nan: exp() of large scores overflows; rescale "
-                              "by the larger log-sum-exp before exponentiating")
+            raise CheckFailed(f"with scores from {float(s.min()):.0f} to {float(s.max()):.0f} "
+                              "your result has inf or nan: exp() of a large log-sum-exp "
+                              "overflows (of a very negative one, underflows to 0); rescale by "
+                              "the larger log-sum-exp before exponentiating")
         expect(torch.allclose(lse, torch.logsumexp(s, -1), rtol=1e-5, atol=1e-4),
                "lse is not the log-sum-exp of all the scores")
-        expect(torch.allclose(o, want, rtol=1e-4, atol=1e-5),
+        # float32 holds an lse near 900 to about 1e-4: the weights exp(lse_i - lse) carry
+        # that much, whatever the merge; a wrong merge is off by the outputs' size
+        atol = 1e-5 + 8 * torch.finfo(s.dtype).eps * float(s.abs().max() * v.abs().max())
+        expect(torch.allclose(o, want, rtol=1e-4, atol=atol),
                "o is not attention over both blocks: weight each block's output by its "
                "share exp(lse_block - lse) of the softmax denominator")
 

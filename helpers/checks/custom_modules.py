@@ -204,12 +204,12 @@ def check_unused_parameters(fn):
         zero = [h for h in heads if h not in used][:1] if trial > 0 else []
         out = model(X, used + zero)
         loss = sum(out[h].pow(2).mean() for h in used) + sum(0 * out[h].sum() for h in zero)
-        want = sorted(name for name, _ in model.named_parameters()
-                      if name.split(".")[0] not in used + zero + ["trunk"])
         what = f"unused_parameters with heads {used} in the loss" + (
             f" and head {zero[0]!r} with a zero weight" if zero else "")
         with Recorder() as rec:
             got = fn(model, loss)
+        want = sorted(name for name, _ in model.named_parameters()      # after the call
+                      if name.split(".")[0] not in used + zero + ["trunk"])
         expect(all(p.grad is None for p in model.parameters()),
                f"{what}: the parameters now have .grad: your function ran a backward pass. DDP "
                "decides before backward, by walking loss.grad_fn's next_functions")

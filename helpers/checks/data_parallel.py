@@ -11,6 +11,7 @@ import torch
 
 from .. import CommLog, loss, ring_all_reduce, send
 from ._core import (FakeGPUs, as_pair, check, describe_device, expect, fresh_generator, randint)
+from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_combine_mean_grads", "check_reduce_then_broadcast",
            "check_bytes_sent_naive_vs_ring", "check_sharded_server_step", "check_accumulated_step"]
@@ -238,14 +239,16 @@ def check_accumulated_step(fn):
         X, y = torch.randn(n, d, generator=g), torch.randint(0, c, (n,), generator=g)
         start = [torch.randn(d, c, generator=g), torch.randn(c, generator=g)]
         lr = randint(g, 1, 9) / 10
-        ref = [p.clone().requires_grad_() for p in start]
-        grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
-        want = [(p - lr * gr).detach() for p, gr in zip(start, grads)]
         params = [p.clone().requires_grad_() for p in start]
         objects = list(params)
         net = _RecordingNet()
         call = f"accumulated_step(net, params, X of {n} examples, y, {num_micro}, {lr})"
+        copies = kept(X, y, *start)
         fn(net, params, X, y, num_micro, lr)
+        expect_unchanged(call, copies, [X, y, *start], ["X", "y", "W", "b"])
+        ref = [p.clone().requires_grad_() for p in start]
+        grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
+        want = [(p - lr * gr).detach() for p, gr in zip(start, grads)]
         micro = [len(s) for s in torch.arange(n).tensor_split(num_micro)]
         expect(n not in net.sizes, f"{call}: the net saw all {n} examples in one call "
                f"(calls: {net.sizes}); run one micro-batch at a time ({micro})")

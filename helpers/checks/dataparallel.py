@@ -70,12 +70,13 @@ def check_lr_at(fn):
         base_batch = 2 ** randint(g, 5, 8)
         batch = base_batch * randint(g, 2, 8)
         warmup = randint(g, 2, 12) if case == 0 else 0 if case == 1 else randint(g, 0, 12)
-        peak = base_lr * batch / base_batch
         for step in range(warmup + 3):
             call = f"lr_at({step}, {base_lr}, {base_batch}, {batch}, {warmup})"
             got = as_number(fn(step, base_lr, base_batch, batch, warmup), call)
+            peak = base_lr * batch / base_batch          # after the call
             want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
             if abs(got - want) <= 1e-9 * max(1, want):
+                del peak, want          # none of it stays for the next call to read
                 continue
             if warmup and step < warmup and abs(got - peak) < 1e-9:
                 msg = "during the warm-up the rate must ramp up, not start at the peak"

@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ._core import World, check, expect, fresh_generator, randint, storage_key
+from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_bucket_params", "check_overlap_hooks", "check_average_bucket",
            "check_scratch_accumulate"]
@@ -125,7 +126,6 @@ def check_overlap_hooks(fn):
         net = nn.Sequential(*layers[:-1])
         net[2].requires_grad_(False)
         return net
-    want = _average_grads(make, data)
     w = World(world, allow={"all_reduce"})
     grads_at_hook = [dict() for _ in range(world)]
 
@@ -146,6 +146,7 @@ def check_overlap_hooks(fn):
         return mark, {n: p.grad.clone() if p.grad is not None else None
                       for n, p in net.named_parameters()}
     results = w.run(rank_fn)
+    want = _average_grads(make, data)            # the expected gradients, after the answer ran
     trainable = len(want)
     for r, (mark, grads) in enumerate(results):
         calls = w.sent("all_reduce", rank=r)
@@ -249,8 +250,8 @@ def check_scratch_accumulate(fn):
         for a, b in zip(widths, widths[1:]):
             layers += [nn.Linear(a, b), nn.Tanh()]
         return nn.Sequential(*layers[:-1])
-    whole = [(torch.cat([X for X, _ in d]), torch.cat([y for _, y in d])) for d in data]
-    want = _average_grads(make, whole)
+    given = [t for d in data for pair in d for t in pair]
+    copies = kept(*given)
     w = World(world, timeout=15)
     backwards = [0] * world
 
@@ -269,6 +270,9 @@ def check_scratch_accumulate(fn):
                                 "model.finish_gradient_synchronization() at the end")
         return calls, len(model.buckets), {n: p.grad.clone() for n, p in net.named_parameters()}
     results = w.run(rank_fn)
+    expect_unchanged("scratch_accumulate", copies, given, ["a micro-batch"] * len(given))
+    whole = [(torch.cat([X for X, _ in d]), torch.cat([y for _, y in d])) for d in data]
+    want = _average_grads(make, whole)           # the expected gradients, after the answer ran
     for r, (calls, buckets, grads) in enumerate(results):
         expect(backwards[r] == k, f"rank {r} ran {backwards[r]} backward pass(es) for {k} micro-"
                                   "batches: each micro-batch needs its own forward and backward "

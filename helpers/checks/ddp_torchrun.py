@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
 from ._core import CheckFailed, check, expect, fresh_generator, randint
+from ._core.inputs import expect_unchanged, kept
 from ._core.references import Reference, scan
 
 __all__ = ["check_sampler_shard", "check_rank_loss", "check_resume"]
@@ -115,7 +116,8 @@ def check_rank_loss(fn):
 
         def per_example(idx):
             return nn.functional.cross_entropy(model(X[idx]), y[idx], reduction="none")
-        want = _grads(model, per_example(slice(None)).mean())
+        params = [X, y, *model.parameters()]
+        copies = kept(*params)
         ranks, start = [], 0
         for s in sizes:
             out = fn(per_example(slice(start, start + s)), n, w)
@@ -125,6 +127,8 @@ def check_rank_loss(fn):
                                       "`losses` (do not detach or call .item())")
             ranks.append(_grads(model, out.reshape(())))
             start += s
+        expect_unchanged("rank_loss", copies, params, ["X", "y", "the weight", "the bias"])
+        want = _grads(model, per_example(slice(None)).mean())     # after the answer ran
         got = [sum(r[i] for r in ranks) / w for i in range(len(want))]   # what DDP does
         if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want)):
             continue

@@ -146,10 +146,10 @@ def check_ring_allreduce(ring_allreduce):
         n = math.prod(shape)
         data = [torch.randint(-9, 10, shape, generator=g).float() for _ in range(k)]
         before = [t.clone() for t in data]
-        total = torch.stack(before).sum(0)
         call = f"ring_allreduce({k} tensors of shape {tuple(shape)})"
         objs, ptrs = list(data), [t.data_ptr() for t in data]
         sent = ring_allreduce(data)
+        total = torch.stack(before).sum(0)          # after the answer ran
         _in_place(call, data, objs, ptrs)
         for i, t in enumerate(objs):
             expect(torch.equal(t, total), f"{call}: tensor {i} does not hold the sum"
@@ -210,11 +210,11 @@ def check_amdahl_speedup(amdahl_speedup):
         shares = {n: x / math.fsum(w) for n, x in zip(names, w)}
         picked = [names[i] for i in torch.randperm(len(names), generator=g)[:fixed].tolist()]
         factors = {n: uniform(g, 1.5, 20.0) for n in picked}
-        want = 1 / math.fsum(s / factors.get(n, 1.0) for n, s in shares.items())
         call = ("amdahl_speedup(shares, "
                 + "{" + ", ".join(f"{n!r}: {f:.3g}" for n, f in factors.items()) + "})")
         got, dtype = as_number(amdahl_speedup(dict(shares), dict(factors)), call,
                                with_dtype=True)
+        want = 1 / math.fsum(s / factors.get(n, 1.0) for n, s in shares.items())
         if rel_close(got, want, 2 * len(names) + 2, dtype):
             continue
         hint = " (the step's time left is the sum of share / factor)"

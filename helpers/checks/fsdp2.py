@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ._core import CheckFailed, Recorder, as_int, check, expect, fresh_generator, randint
+from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_saved_bytes_of_call", "check_checkpointed_forward", "check_choose_checkpoints",
            "check_save_matmuls", "check_dcp_resume"]
@@ -64,8 +65,8 @@ def check_saved_bytes_of_call(fn):
     x = torch.randn(n, d, generator=g, requires_grad=True)
     for what, f in cases:
         call = f"saved_bytes_of_call({what}, x of shape {tuple(x.shape)})"
-        want = saved_bytes(f, x)
         got = as_int(fn(f, x), call)
+        want = saved_bytes(f, x)            # after the answer: nothing to read while it runs
         calls, weights = [0], [0]
         ps = {p.untyped_storage().data_ptr() for p in f.parameters()}
 
@@ -136,19 +137,13 @@ def check_checkpointed_forward(fn):
         b.register_forward_hook(out_hook)
     x = torch.randn(n, d, generator=g, requires_grad=True)
     params = list(blocks.parameters())
-    plain_saved = saved_bytes(lambda x: _seq(blocks, x), x, params=params)
-    plain = _seq(blocks, x)
-    plain.sum().backward()
-    want = {k: p.grad.clone() for k, p in blocks.named_parameters()}
-    blocks.zero_grad(set_to_none=True)
+    copies = kept(x, *params)
     saved = saved_bytes(lambda x: fn(blocks, x), x, params=params)
     log.clear()
     out = fn(blocks, x)
     expect(torch.is_tensor(out) and out.requires_grad,
            "the output of checkpointed_forward has no gradient: the checkpointed blocks must stay "
            "in the graph (no torch.no_grad or detach)")
-    expect(out.shape == plain.shape and torch.allclose(out, plain, atol=1e-5),
-           "checkpointed_forward returned a different output than applying the blocks")
     expect(not any("CheckpointFunction" in name for name in _graph_names(out)),
            "the graph holds a reentrant checkpoint (use_reentrant=True): use "
            "checkpoint(..., use_reentrant=False), which composes with hooks and FSDP")
@@ -157,8 +152,18 @@ def check_checkpointed_forward(fn):
     expect(all(p.grad is not None for p in blocks.parameters()),
            "after backward some parameters have no gradient: the checkpointed blocks must stay "
            "in the graph (no torch.no_grad or detach)")
+    got = {k: p.grad.clone() for k, p in blocks.named_parameters()}
+    blocks.zero_grad(set_to_none=True)
+    expect_unchanged("checkpointed_forward", copies, [x, *params],
+                     ["x", *(k for k, _ in blocks.named_parameters())])
+    phase[0] = "reference"      # the plain forward, after the answer: its hooks log nothing
+    plain_saved = saved_bytes(lambda x: _seq(blocks, x), x, params=params)
+    plain = _seq(blocks, x)
+    plain.sum().backward()
+    expect(out.shape == plain.shape and torch.allclose(out, plain, atol=1e-5),
+           "checkpointed_forward returned a different output than applying the blocks")
     for k, p in blocks.named_parameters():
-        expect(torch.allclose(p.grad, want[k], atol=1e-5), f"the gradient of {k} differs")
+        expect(torch.allclose(got[k], p.grad, atol=1e-5), f"the gradient of {k} differs")
     expect(saved < plain_saved / 2,
            f"autograd saved {saved} bytes, {saved / plain_saved:.0%} of the {plain_saved} "
            "without checkpointing: checkpoint each block, so only its input is kept")
@@ -267,10 +272,10 @@ def check_save_matmuls(fn):
             out.sum().backward()
         return [op.name for op in rec.ops], {k: p.grad.clone() for k, p in
                                              block.named_parameters()}
-    plain, want = backward_ops(block)
     ops, got = backward_ops(lambda x: checkpoint(
         block, x, use_reentrant=False,
         context_fn=lambda: create_selective_checkpoint_contexts(fn)))
+    plain, want = backward_ops(block)          # the reference after the answer ran
     for k in want:
         expect(torch.allclose(got[k], want[k], atol=1e-5), f"the gradient of {k} differs")
     again = {name: ops.count(name) - plain.count(name) for name in ("addmm", "mm", "bmm")}

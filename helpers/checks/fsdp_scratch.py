@@ -63,12 +63,13 @@ def check_gather_layer(fn):
         world = randint(g, 2, 4)
         shapes = [torch.Size(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
                   for _ in range(randint(g, 1, 3))]
-        full = [torch.randn(s, generator=g) for s in shapes]
-        flat = torch.cat([t.reshape(-1) for t in full])
-        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % world)])
+        numel = sum(s.numel() for s in shapes)
+        flat = torch.cat([torch.randn(numel, generator=g), torch.zeros(-numel % world)])
         shards = list(flat.chunk(world))
         w = World(world)
         outs = w.run(lambda comm: fn(shards[comm.rank].clone(), list(shapes)))
+        full = [t.reshape(s) for t, s in            # the layer's tensors, after the answer ran
+                zip(flat[:numel].split([s.numel() for s in shapes]), shapes)]
         call = f"gather_layer ({world} ranks, shapes {[tuple(s) for s in shapes]})"
         expect(not w.sent("broadcast"),
                f"{call} used broadcast: each rank holds a different shard, every one is needed: "
@@ -101,16 +102,21 @@ def _random_layers(g):
 
 @check("zero3_sent_bytes", observes=[
     "the number returned (any real type) for fresh random layers and world sizes 1 to 8, "
-    "against 3 (k-1) padded shards per layer"])
+    "against 3 (k-1) padded shards per layer (layers drawn so that padding each layer and "
+    "padding the total differ)"])
 def check_zero3_sent_bytes(fn):
     """fn(layers, world) -> bytes one rank sends over a ring in one ZeRO-3 training step: each
     layer's padded flat shard all-gathered in forward and again in backward, its gradient
     reduce-scattered (float32)."""
     g = fresh_generator()
     for case in range(6):
-        layers, widths = _random_layers(g)
         world = (1, 2)[case] if case < 2 else randint(g, 3, 8)
-        counts = [sum(p.numel() for p in m.parameters()) for m in layers]
+        for _ in range(200):     # world > 1: padding each layer, padding the total and not
+            layers, widths = _random_layers(g)          # padding give three different sums
+            counts = [sum(p.numel() for p in m.parameters()) for m in layers]
+            if world == 1 or (sum(counts) % world and sum(-(-c // world) for c in counts)
+                              != -(-sum(counts) // world)):
+                break
         call = f"zero3_sent_bytes(Linear layers {widths}, world {world})"
         got = as_number(fn(layers, world), call)
         shard = sum(-(-c // world) for c in counts)    # padded, per layer
@@ -130,6 +136,10 @@ def check_zero3_sent_bytes(fn):
         expect(not near(3 * (world - 1) / world * n),
                f"{call} = {got:g}: that forgets the padding: each layer's flat vector is padded "
                "to a multiple of the world size, so a shard is ceil(numel / world)")
+        expect(not near(3 * (world - 1) * -(-sum(counts) // world) * 4),
+               f"{call} = {got:g}: that pads the total; fully_shard pads each layer's flat "
+               "vector on its own (its own all-gather), so a step sends the sum over the layers "
+               "of ceil(numel / world)")
         expect(abs(got - want) < 1e-6, f"{call} = {got:g}, expected {want}")
 
 

@@ -20,10 +20,10 @@ def check_mesh_groups(fn):
     for dp, tp in shapes:
         mesh = torch.arange(dp * tp).view(dp, tp)
         for rank in range(dp * tp):
-            i, j = rank // tp, rank % tp
-            want = dict(coords=(i, j), tp_group=mesh[i].tolist(), dp_group=mesh[:, j].tolist())
             call = f"mesh_groups({rank}, {dp}, {tp})"
             got = fn(rank, dp, tp)
+            i, j = rank // tp, rank % tp       # the expected groups, after the answer ran
+            want = dict(coords=(i, j), tp_group=mesh[i].tolist(), dp_group=mesh[:, j].tolist())
             expect(isinstance(got, dict) and set(got) >= set(want),
                    f"{call} returned {got!r}; expected a dict with keys coords, tp_group, "
                    "dp_group")
@@ -93,13 +93,13 @@ def check_local_shape(fn):
             if split_dim is None:
                 shape = [rows]
             for dp_rank in range(dp):
-                want = list(shape)
-                if split_dim is not None:
-                    want[split_dim] //= tp
-                want[0] = _fsdp_rows(want[0], dp, dp_rank)
                 call = f"local_shape({tuple(shape)}, {split_dim}, dp={dp}, tp={tp}, " \
                        f"dp_rank={dp_rank})"
                 got = fn(tuple(shape), split_dim, dp, tp, dp_rank)
+                want = list(shape)             # the expected shape, after the answer ran
+                if split_dim is not None:
+                    want[split_dim] //= tp
+                want[0] = _fsdp_rows(want[0], dp, dp_rank)
                 try:
                     got = [int(v) for v in got]
                 except (TypeError, ValueError):

@@ -7,6 +7,7 @@ from torch import nn
 
 from .. import balanced_cuts, validate_pipelining
 from ._core import CheckFailed, World, as_int, as_number, check, expect, fresh_generator, randint
+from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_idle_share", "check_pipeline_forward", "check_cuts_for_times",
            "check_microbatches_for", "check_weight_grads"]
@@ -142,11 +143,16 @@ def check_pipeline_forward(fn):
             stages = [nn.Sequential(nn.Linear(widths[s], widths[s + 1]), nn.Tanh())
                       for s in range(p)]
         X = torch.randn(n, widths[0], generator=g)
-        with torch.no_grad():
-            want = nn.Sequential(*stages)(X)
+        params = [X, *(q for st in stages for q in st.parameters())]
+        copies = kept(*params)
         world = World(p, timeout=TIMEOUT)
         watched = [_Watched(st, world) for st in stages]
         results = world.run(_forward_rank, fn, watched, X, m, n, widths)
+        expect_unchanged(f"pipeline_forward on {p} ranks", copies, params,
+                         ["X", *(f"a parameter of stage {s}" for s, st in enumerate(stages)
+                                 for _ in st.parameters())])
+        with torch.no_grad():          # the expected output, after the answer ran
+            want = nn.Sequential(*stages)(X)
         rows = [len(c) for c in torch.arange(n).tensor_split(m)]
         for s in range(p - 1):
             sends = [(msg.dst, msg.nbytes) for msg in world.sent("send", rank=s)]

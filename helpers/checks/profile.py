@@ -211,8 +211,8 @@ def check_predicted_speedup(predicted_speedup):
     cases += [(compute, uniform(g, 2, 5) * compute, 2)]          # two workers lose
     for compute, comm, k in cases:
         call = f"predicted_speedup({compute:.4g}, {comm:.4g}, {k})"
-        want = 1.0 if k == 1 else compute / (compute / k + comm)
         got, dtype = as_number(predicted_speedup(compute, comm, k), call, with_dtype=True)
+        want = 1.0 if k == 1 else compute / (compute / k + comm)
         if rel_close(got, want, 8, dtype):
             continue
         hint = " (one worker's step over a k-worker step)"

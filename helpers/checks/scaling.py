@@ -88,8 +88,8 @@ def check_ring_allreduce_seconds(seconds):
     cases.append((randint(g, 1, 10**9), 1, uniform(g, 1e-6, 1e-4), uniform(g, 1e9, 1e11)))
     for n, k, alpha, beta in cases:
         call = f"ring_allreduce_time({n}, {k}, {alpha:.3g}, {beta:.3g})"
-        want = 0.0 if k == 1 else 2 * (k - 1) * alpha + 2 * (k - 1) / k * n / beta
         got, dtype = as_number(seconds(n, k, alpha, beta), call, with_dtype=True)
+        want = 0.0 if k == 1 else 2 * (k - 1) * alpha + 2 * (k - 1) / k * n / beta
         if rel_close(got, want, 10, dtype):
             continue
         hint = ""

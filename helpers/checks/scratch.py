@@ -9,6 +9,7 @@ import torch
 
 from ._core import (CheckFailed, FakeGPUs, Recorder, as_int, as_number, check, describe_device,
                     expect, fresh_generator, randint)
+from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_shard_sizes", "check_allreduce_spread", "check_evaluate_accuracy_multi"]
 
@@ -97,9 +98,9 @@ def check_allreduce_spread(fn):
         shape = (rows,) if trial % 2 == 0 else (rows, randint(g, 2, 4))
         data = [torch.randint(-9, 10, shape, generator=g).float() for _ in range(count)]
         before = [t.clone() for t in data]
-        want = torch.stack(before).sum(dim=0)
         tensors, ptrs = list(data), [t.data_ptr() for t in data]
         fn(data)
+        want = torch.stack(before).sum(dim=0)
         what = f"for {count} tensor{'s' if count > 1 else ''} of shape {tuple(shape)}"
         expect(isinstance(data, list) and len(data) == count,
                f"{what}: the list now has {len(data)} items; allreduce must keep the list "
@@ -217,15 +218,16 @@ def check_evaluate_accuracy_multi(fn):
                                                 generator=torch.Generator())
         devices = [CPU] * k
         net = _RecordingNet()
-        with torch.no_grad():
-            right = [(net(Xb, params).argmax(dim=1) == yb) for Xb, yb in data_iter]
-        want = sum(int(r.sum()) for r in right) / n
-        net.calls.clear()
         what = (f"evaluate_accuracy_multi on {n} examples in batches of {batch_size} (the last "
                 f"has {last}) over {k} devices")
+        copies = kept(X, y)
         got = as_number(fn(net, params, data_iter, devices), what)
         expect(all(torch.equal(p, q) for p, q in zip(params, saved)),
                f"{what} changed the parameters: evaluation must leave them as they are")
+        expect_unchanged(what, copies, [X, y], ["data (X)", "data (y)"])
+        with torch.no_grad():           # the expected accuracy, after the answer returned
+            right = [(_RecordingNet()(Xb, params).argmax(dim=1) == yb) for Xb, yb in data_iter]
+        want = sum(int(r.sum()) for r in right) / n
         if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
             shards = [r.tensor_split(k) for r in right]
             correct = sum(int(r.sum()) for r in right)

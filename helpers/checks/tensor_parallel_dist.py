@@ -34,9 +34,9 @@ def check_row_parallel_linear(fn):
         n, d_in, d_out = randint(g, 2, 5), k * randint(g, 1, 4), randint(g, 2, 6)
         x, W = torch.randn(n, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
         b = torch.randn(d_out, generator=g)
-        want = x @ W.T + b
         world = World(k, timeout=TIMEOUT)
-        results = world.run(_row_rank, fn, x, W, b)
+        results = world.run(_row_rank, fn, x, W, b)      # the ranks get copies of x, W, b
+        want = x @ W.T + b
         calls = [len(world.sent(rank=r)) for r in range(k)]
         reduces = [len(_reduces(world, r)) for r in range(k)]
         partial = x.chunk(k, -1)[0] @ W.chunk(k, 1)[0].T
@@ -90,12 +90,12 @@ def check_megatron_mlp(fn):
         W1, b1 = torch.randn(h, d, generator=g), torch.randn(h, generator=g)
         W2, b2 = torch.randn(d, h, generator=g), torch.randn(d, generator=g)
         R = torch.randn(n, d, generator=g)
+        world = World(k, timeout=TIMEOUT)
+        results = world.run(lambda comm, *a: _mlp_rank(comm, fn, world, *a), x, W1, b1, W2,
+                            b2, R)                       # the ranks get copies of the inputs
         ref = [t.clone().requires_grad_() for t in (x, W1, b1, W2, b2)]
         out = torch.nn.functional.gelu(ref[0] @ ref[1].T + ref[2]) @ ref[3].T + ref[4]
         (out * R).sum().backward()
-        world = World(k, timeout=TIMEOUT)
-        results = world.run(lambda comm, *a: _mlp_rank(comm, fn, world, *a), x, W1, b1, W2,
-                            b2, R)
         act = n * d * 4
         for r, (o, xg, grads, split) in enumerate(results):
             fwd = [m for m in world.sent(rank=r) if m.seq < split and m.op != "recv"]
@@ -172,7 +172,7 @@ def _vocab_rank(comm, fn, logits, target):
     k, r = comm.world, comm.rank
     v = logits.shape[-1] // k
     mine = logits[:, r * v:(r + 1) * v].clone().requires_grad_()
-    loss = fn(mine, target, comm, r * v)
+    loss = fn(mine, target.clone(), comm, r * v)
     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
         raise CheckFailed(f"rank {r} returned {type(loss).__name__} without a gradient path: "
                           "compute the loss from the logits with differentiable operations")
@@ -194,11 +194,11 @@ def check_vocab_loss(fn):
         logits = torch.randn(n, k * v, generator=g) * 3
         logits[randint(g, 0, n - 1)] += 120.0            # exp(120) overflows float32
         target = torch.randint(0, k * v, (n,), generator=g)
+        world = World(k, timeout=TIMEOUT)
+        results = world.run(_vocab_rank, fn, logits, target)   # the ranks get copies
         ref = logits.clone().requires_grad_()
         want = torch.nn.functional.cross_entropy(ref, target)
         want.backward()
-        world = World(k, timeout=TIMEOUT)
-        results = world.run(_vocab_rank, fn, logits, target)
         for r in range(k):
             sent = [m for m in world.sent(rank=r) if m.op != "recv"]
             expect(sent, f"on {k} ranks rank {r} never communicated: no rank holds the whole "

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from .. import CommLog, dense_split_rows
 from ._core import (FakeGPUs, as_int, check, describe_device, expect, fresh_generator, randint)
+from ._core.inputs import expect_unchanged, kept
 
 # check_mlp_column_then_row has no exercise now (tests use it)
 __all__ = ["check_partial_sum_bytes", "check_conv_split_in_channels",
@@ -106,9 +107,11 @@ def check_conv_split_in_channels(fn):
         X = torch.randn(n, c_in, hw, hw, generator=g).requires_grad_()
         W = torch.randn(c_out, c_in, 3, 3, generator=g).requires_grad_()
         b = torch.randn(c_out, generator=g).requires_grad_()
-        want = F.conv2d(X, W, b)
         call = f"conv_split_in_channels on {k} devices ({c_in} input channels)"
-        got = _tensor(fn(X, W, b, [CPU] * k, CommLog()), call, want.shape)
+        copies = kept(X, W, b)
+        got = _tensor(fn(X, W, b, [CPU] * k, CommLog()), call, (n, c_out, hw - 2, hw - 2))
+        expect_unchanged(call, copies, [X, W, b], ["X", "W", "b"])
+        want = F.conv2d(X, W, b)        # after the answer: nothing to read while it runs
         if not _close(got, want):
             diff = (got.detach() - want.detach()).mean(dim=(0, 2, 3))
             expect(not torch.allclose(diff, -b.detach(), atol=1e-4), f"{call}: the bias is missing")
@@ -217,17 +220,19 @@ def _check_column_then_row(fn, gated):
         if gated:
             V = torch.randn(d, h, generator=g).requires_grad_()
             args, names = [X, W1, V, W2], ["X", "W1", "V", "W2"]
-            want = (F.silu(X @ W1) * (X @ V)) @ W2
             formula, macs = "(silu(X @ W1) * (X @ V)) @ W2", n * h * (2 * d + o)
         else:
             b1 = torch.randn(h, generator=g).requires_grad_()
             b2 = torch.randn(o, generator=g).requires_grad_()
             args, names = [X, W1, b1, W2, b2], ["X", "W1", "b1", "W2", "b2"]
-            want = F.relu(X @ W1 + b1) @ W2 + b2
             formula, macs = "relu(X @ W1 + b1) @ W2 + b2", n * h * (d + o)
         name = "gated_mlp_column_then_row" if gated else "mlp_column_then_row"
         call = f"{name} on {k} devices ({h} hidden units)"
-        got = _tensor(fn(*args, [CPU] * k, CommLog()), call, want.shape)
+        copies = kept(*args)
+        got = _tensor(fn(*args, [CPU] * k, CommLog()), call, (n, o))
+        expect_unchanged(call, copies, args, names)
+        want = ((F.silu(X @ W1) * (X @ V)) @ W2 if gated     # after the answer ran
+                else F.relu(X @ W1 + b1) @ W2 + b2)
         if not _close(got, want):
             if not gated:
                 d_ = (got - want).detach().mean(dim=0)
@@ -298,9 +303,11 @@ def check_attention_by_heads(fn):
         X = torch.randn(t, d, generator=g).requires_grad_()
         Ws = [(torch.randn(*s, generator=g) / 2).requires_grad_()
               for s in [(d, heads * e)] * 3 + [(heads * e, d)]]
-        want = attention(X, *Ws, heads)
         call = f"attention_by_heads on {k} devices ({heads} heads of width {e})"
-        got = _tensor(fn(X, *Ws, heads, [CPU] * k, CommLog()), call, want.shape)
+        copies = kept(X, *Ws)
+        got = _tensor(fn(X, *Ws, heads, [CPU] * k, CommLog()), call, (t, d))
+        expect_unchanged(call, copies, [X, *Ws], ["X", "Wq", "Wk", "Wv", "Wo"])
+        want = attention(X, *Ws, heads)
         expect(_close(got, want), f"{call}: the output differs from unsplit attention (split by "
                "whole heads: a head's columns of Wq, Wk and Wv, and its rows of Wo, stay together "
                "on one device; tensor_split the heads, not the columns)")

@@ -236,10 +236,11 @@ def check_mixed_zero_bytes(fn):
     from stage "zero1" (the 12), "zero2" (and the gradients), "zero3" (and the weights)."""
     g = fresh_generator()
     for k in (1, randint(g, 2, 5), randint(g, 6, 64)):
-        for stage, want in [("dp", 16), ("zero1", 4 + 12 / k), ("zero2", 2 + 14 / k),
-                            ("zero3", 16 / k)]:
+        for stage in ("dp", "zero1", "zero2", "zero3"):
             call = f"mixed_zero_bytes({stage!r}, {k})"
             got = as_number(fn(stage, k), call)
+            want = {"dp": 16, "zero1": 4 + 12 / k, "zero2": 2 + 14 / k,      # after the call
+                    "zero3": 16 / k}[stage]
             fp32 = {"dp": 16, "zero1": 8 + 8 / k, "zero2": 4 + 12 / k, "zero3": 16 / k}[stage]
             expect(not (abs(got - fp32) < 1e-9 and abs(fp32 - want) > 1e-9),
                    f"{call} = {got:g}: that is float32 training's 4 + 4 + 8; mixed precision "

@@ -1,4 +1,5 @@
-"""Fresh inputs for checks, and what an answer returns read as numbers.
+"""Fresh inputs for checks, what an answer returns read as numbers, and copies of the inputs
+that let a check compute its expected value after the answer (kept, expect_unchanged).
 
 Inputs come from a generator seeded by the operating system (never torch's global one: a check
 must not change the notebook's random numbers); the course's tests replay fixed seeds instead.
@@ -14,7 +15,7 @@ import torch
 from .run import CheckFailed, expect
 
 __all__ = ["fresh_generator", "replay_seeds", "randint", "uniform", "as_number", "as_int",
-           "as_pair", "unit_roundoff", "gamma", "rel_close"]
+           "as_pair", "unit_roundoff", "gamma", "rel_close", "kept", "expect_unchanged"]
 
 # The course's own test suite replays the same draws on every run (tests/conftest.py calls
 # replay_seeds per test): inputs stay fresh from call to call, and a rare unlucky draw cannot
@@ -108,3 +109,21 @@ def as_pair(value, what, names):
     expect(isinstance(value, (tuple, list)) and len(value) == 2,
            f"{what} returned {value!r}: expected a pair ({names})")
     return tuple(as_number(v, what) for v in value)
+
+
+# --- expected values come after the answer ------------------------------------------------------
+# A check computes its expected value after the answer returned (while the answer runs, nothing
+# in the check's frames holds it), from the inputs it gave the answer: so it first keeps a copy
+# of them and afterwards requires them unchanged (an answer that edited its inputs would also
+# edit the expected value).
+def kept(*tensors):
+    """Copies of `tensors`' values, taken before the answer runs."""
+    return [t.detach().clone() for t in tensors]
+
+
+def expect_unchanged(call, copies, tensors, names):
+    """Fail unless every tensor still holds the values `kept` copied."""
+    for copy, t, name in zip(copies, tensors, names):
+        expect(t.shape == copy.shape and torch.equal(t.detach(), copy),
+               f"{call}: your code changed its input {name}; compute from the inputs, leave "
+               "them as they are")
