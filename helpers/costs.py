@@ -108,7 +108,7 @@ def balanced_cuts(weights, k):
     for w in weights:
         prefix.append(prefix[-1] + w)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def best(i, parts):   # (largest group sum, cuts) for weights[i:] in `parts` groups
         if parts == 1:
             return prefix[n] - prefix[i], ()
@@ -136,7 +136,7 @@ def network_cuts(memory, sent, k):
     for w in memory:
         prefix.append(prefix[-1] + w)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def best(i, parts):   # (max bytes a device sends, cuts) for layers i.. in `parts` stages
         if parts == 1:
             if prefix[n] - prefix[i] > fullest:

@@ -159,7 +159,7 @@ def capture_env(path, dry_run=False):
            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
            "python": platform.python_version(), "platform": platform.platform(),
            "cpus": os.cpu_count(), "commit": _commit(),
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+           "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
     write_json(path, env)
     print(f"gpu_runner: {env['gpu']} (x{env['gpu_count']}), torch {env['torch']}, CUDA "
           f"{env['cuda']}, Python {env['python']}, commit {env['commit']}")
@@ -248,7 +248,7 @@ def write_gpu_reference(outdir, command, path=None, dry_run=False):
     ref = dict(env, exists=True, dry_run=dry_run, command=command, steps=steps, bench=bench,
                **more, **({"rates": rates} if rates else {}),
                not_run=[s for s in STEPS if s not in steps],
-               recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
+               recorded=datetime.datetime.now(datetime.UTC).strftime(
                    "%Y-%m-%d %H:%M UTC"))
     write_json(path, ref)
     copy = os.path.join(outdir, "gpu_reference.json")

@@ -82,7 +82,7 @@ def book_url(cfg=None):
 
 
 # ---------------------------------------------------------------- what the links point at
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def glossary_terms():
     """{lowercased term: term as the glossary writes it} from book/glossary.md."""
     text = (ROOT / "book" / "glossary.md").read_text()
@@ -95,7 +95,7 @@ def term_anchor(term):
     return "term-" + re.sub(r"[^\w]+", "-", term).strip("-")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def citation_labels():
     """{bibtex key: 'Huang et al., 2019'} with the labels of book/_ext/bib_style.py."""
     import importlib.util
@@ -107,7 +107,7 @@ def citation_labels():
     return {key: mod.author_year(e) for key, e in entries.items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def page_titles():
     titles = {}
     for entry in toc_entries():

@@ -42,7 +42,7 @@ for check, notebook, name in [
 # ---- context_parallel ----------------------------------------------------------------------------
 @shortcut("check_half_block", "the whole block, skipping only hidden blocks", "half a block")
 def half_whole(q_pos, k_pos):
-    return (len(q_pos), 0) if bool((k_pos.min() > q_pos.max())) else (0, len(k_pos))
+    return (len(q_pos), 0) if bool(k_pos.min() > q_pos.max()) else (0, len(k_pos))
 
 
 @shortcut("check_half_block", "the keys each query sees, not all queries'", "leaves out pairs")

@@ -177,7 +177,7 @@ def test_ddp_knobs_read_no_host_clock_around_gpu_work(slow):
 
 
 # ---- static rules -------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parsed(path):
     return ast.parse(Path(path).read_text())
 

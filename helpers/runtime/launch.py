@@ -302,7 +302,7 @@ def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout, env):
 def _launch_threads(fn, world, cfg, timeout):
     from .thread_world import ThreadWorld
     # a rank waiting for a message gives up first (timeout / 2), naming what it waited for
-    w = ThreadWorld(world, timeout / 2, deadline=timeout)
+    w = ThreadWorld(world, timeout / 2, deadline=timeout, record=False)
     device = torch.device("cpu")
     results, errors, alive = w.start(
         lambda r: fn(r, world, dict(cfg, comm=w.comm(r), device=device)))

@@ -69,7 +69,8 @@ class Work:
             deliver, self._deliver = self._deliver, None
             with self.world.comm_context():
                 deliver()
-            self.message.waited = self.world.event(self.message.rank, "wait", self.message)
+            if self.world.record:
+                self.message.waited = self.world.event(self.message.rank, "wait", self.message)
         return True
 
     def is_completed(self):
@@ -87,12 +88,13 @@ class ThreadWorld:
     `run_context()` (around a whole run), `rank_context(rank)` (around each rank's thread),
     `comm_context()` (around the network's own work in a rank) and `allowed(op)`."""
 
-    def __init__(self, size, timeout=10.0, deadline=None):
+    def __init__(self, size, timeout=10.0, deadline=None, record=True):
         """timeout: how long a rank waits for a message or a collective; deadline: how long a
-        run waits for its ranks (default: three timeouts and 5 s)."""
+        run waits for its ranks (default: three timeouts and 5 s); record: keep every Message
+        (and a copy of its tensor) in `messages` and `timeline` (off for long runs: launch)."""
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
-        self.size, self.timeout = size, timeout
+        self.size, self.timeout, self.record = size, timeout, record
         self.messages, self.timeline = [], [[] for _ in range(size)]
         self._seq = itertools.count()
         self._cond = threading.Condition(threading.RLock())
@@ -201,6 +203,11 @@ class ThreadWorld:
                 self._failed = (rank, error)
             self._cond.notify_all()
 
+    def _log(self, rank, kind, m):
+        if self.record:
+            self.messages.append(m)
+            self.timeline[rank].append((m.seq, kind, m))
+
     def _wait(self, ready, what):
         """Block until ready() (under the lock), another rank failed, or the timeout."""
         if not self._cond.wait_for(lambda: ready() or self._failed is not None, self.timeout):
@@ -217,8 +224,7 @@ class ThreadWorld:
         with self.comm_context(), self._cond:
             m = Message("send", rank, t, next(self._seq), src=rank, dst=dst, tag=tag,
                         async_op=async_op)
-            self.messages.append(m)
-            self.timeline[rank].append((m.seq, "send", m))
+            self._log(rank, "send", m)
             self._boxes[(rank, dst, tag)].append(m)
             self._cond.notify_all()
         return m
@@ -236,9 +242,9 @@ class ThreadWorld:
                 if want is not None and tuple(want) != tuple(got.shape):
                     raise ValueError(f"rank {rank} expected shape {tuple(want)} from rank {src}, "
                                      f"got {tuple(got.shape)}")
-                m = Message("recv", rank, got, next(self._seq), src=src, dst=rank, tag=tag)
-                self.messages.append(m)
-                self.timeline[rank].append((m.seq, "recv", m))
+                if self.record:
+                    self._log(rank, "recv", Message("recv", rank, got, next(self._seq),
+                                                    src=src, dst=rank, tag=tag))
             if out is None:
                 return got.to(dtype or got.dtype).clone()
             with torch.no_grad():
@@ -256,9 +262,9 @@ class ThreadWorld:
         call = (tuple(ranks), self._calls[(tuple(ranks), rank)])
         self._calls[(tuple(ranks), rank)] += 1
         with self.comm_context(), self._cond:
-            m = Message(op, rank, t, next(self._seq), ranks=tuple(ranks), async_op=async_op)
-            self.messages.append(m)
-            self.timeline[rank].append((m.seq, "launch" if async_op else op, m))
+            m = Message(op, rank, t if self.record else None, next(self._seq),
+                        ranks=tuple(ranks), async_op=async_op)
+            self._log(rank, "launch" if async_op else op, m)
             slot = self._slots.setdefault(call, {})
             slot[rank] = (op, payload)
             self._cond.notify_all()
@@ -285,6 +291,6 @@ class ThreadWorld:
 def run_threads(fn, world, *args, timeout=5.0):
     """Run fn(comm, *args) on `world` thread ranks; returns (results, comms) in rank order.
     The first exception any rank raised is raised again here."""
-    w = ThreadWorld(world, timeout, deadline=timeout * 4 + 30)
+    w = ThreadWorld(world, timeout, deadline=timeout * 4 + 30, record=False)
     results = w.run(fn, *args)
     return results, [w.comm(r) for r in range(world)]

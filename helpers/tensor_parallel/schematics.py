@@ -123,8 +123,8 @@ def plot_ring_allreduce(k=4, ring=ring_all_reduce, steps=None):
                       color=device_color(c))
                 draw_arrow(ax, (-0.7, y), (0, y), color=device_color(c))
     for ax in axes.T.flat[len(panels):]:
-        ax.text(0.0, 0.6, "rows: chunks 0 to {}\nlabel: whose parts\nit adds up"
-                .format(k - 1), fontsize=FONT - 1, va="center", transform=ax.transAxes,
+        ax.text(0.0, 0.6, f"rows: chunks 0 to {k - 1}\nlabel: whose parts\nit adds up",
+                fontsize=FONT - 1, va="center", transform=ax.transAxes,
                 color="0.3")
     fig.tight_layout()
     return fig

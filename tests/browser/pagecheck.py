@@ -101,7 +101,7 @@ _RENDERED_JS = """() => {
         v.previousElementSibling.classList.contains('widget-subarea') &&
         v.previousElementSibling.childElementCount > 0)) return false;
   return [...document.images].every(i => i.complete);
-}""" % VIEW_MIME
+}""" % VIEW_MIME   # noqa: UP031 - JavaScript braces read better than {{ }}
 
 
 def wait_rendered(page, timeout=RENDER_TIMEOUT_MS):
@@ -206,7 +206,7 @@ class _Ids(html.parser.HTMLParser):
                 self.ids.add(v)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ids_in(path):
     p = _Ids()
     p.feed(pathlib.Path(path).read_text(errors="replace"))

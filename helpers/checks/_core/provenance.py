@@ -36,7 +36,7 @@ def _storage(t):
         return None                     # no storage of its own (a wrapper subclass, sparse ...)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _writes(func):
     """(positions and names of the arguments `func` writes, whether each return is fresh)."""
     schema = func._schema
