@@ -92,6 +92,23 @@ def dp_forward_loop(net, X, devices):
     return torch.cat(outs, dim=0)
 
 
+@other("check_dp_forward", "a thread per replica, as DataParallel's parallel_apply")
+def dp_forward_threads(net, X, devices):
+    import threading
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    pieces, outs = X.chunk(len(devices)), [None] * len(devices)
+
+    def forward(i):
+        outs[i] = replicas[i](pieces[i].to(devices[i]))
+
+    threads = [threading.Thread(target=forward, args=(i,)) for i in range(len(devices))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
 @shortcut("check_dp_forward", "never moves anything (review)", "simulated GPUs")
 def dp_forward_no_moves(net, X, devices):
     replicas = [copy.deepcopy(net) for _ in devices]
