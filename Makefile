@@ -88,11 +88,12 @@ pdf: $(STAMP)
 # The tests on every core (pytest-xdist): a test module, or a notebook's cells, on one worker, in
 # order. JOBS=0 runs them in this process (a debugger, print statements). More workers than
 # cores: 3 on 2 cores took the unit tests from 272-308 s to 242 s, but starved a schedule test
-# once, and 4 made the notebooks slower. --no-loadscope-reorder: modules and notebooks start in
-# the order tests/conftest.py gives them, the longest first (xdist's default orders them by
-# their number of tests, which put a 7-minute notebook last).
+# once, and 4 made the notebooks slower. ORDERED (where tests/ is collected): modules and
+# notebooks start in the order tests/conftest.py gives them, the longest first (xdist's default
+# orders them by their number of tests, which can start a 7-minute notebook last).
 JOBS   ?= auto
-XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-reorder)
+XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
+ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
 # (make -j2) only where each leaves a core idle: the Pages build (its own venv, no torch: pip,
@@ -126,7 +127,7 @@ lint: $(STAMP)
 
 # Unit tests, the book's consistency tests and the Colab emulation (tests/test_colab.py).
 test-unit: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider $(XDIST) tests --ignore=tests/browser
+	$(BIN)/pytest -q -p no:cacheprovider $(XDIST) $(ORDERED) tests --ignore=tests/browser
 
 # Also keeps each notebook as this run left it (book/conftest.py), for test-book-fresh.
 NBVAL := --nbval-lax --nbval-current-env --executed-into _build/executed
@@ -137,7 +138,7 @@ test-notebooks: $(STAMP)
 # test-unit and test-notebooks in one run (what CI runs): the workers share out both.
 test-py: $(STAMP)
 	rm -rf _build/executed
-	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) tests book --ignore=tests/browser
+	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
