@@ -12,7 +12,7 @@ JB     := $(BIN)/jupyter-book build . --all -W -n --keep-going
 export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: book test lint test-unit test-notebooks test-book test-book-fresh test-browser student test-student bench \
+.PHONY: book test lint test-unit test-notebooks test-py test-book test-book-fresh test-browser student test-student bench \
 	gpu-dry outputs lock venv clean book-static pdf test-pdf
 TORCH ?=
 CPU_INDEX := https://download.pytorch.org/whl/cpu
@@ -88,27 +88,31 @@ pdf: $(STAMP)
 # The tests on every core (pytest-xdist): a test module, or a notebook's cells, on one worker, in
 # order. JOBS=0 runs them in this process (a debugger, print statements). More workers than
 # cores: 3 on 2 cores took the unit tests from 272-308 s to 242 s, but starved a schedule test
-# once, and 4 made the notebooks slower.
+# once, and 4 made the notebooks slower. ORDERED (where tests/ is collected): modules and
+# notebooks start in the order tests/conftest.py gives them, the longest first (xdist's default
+# orders them by their number of tests, which can start a 7-minute notebook last).
 JOBS   ?= auto
 XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
+ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
 # (make -j2) only where each leaves a core idle: the Pages build (its own venv, no torch: pip,
 # then one Sphinx process) and node_modules beside the course venv's install (pip, one process),
 # and the PDF beside gpu-dry (one small step after another). The stages with two pytest workers
-# (unit tests, notebooks, browser) run alone: nbval beside the book, browser and PDF chain was
-# not faster on 2 cores (535 s, against about 500 s one after the other). Order-only
-# prerequisites set the order (`make test-book` alone still runs only the book). No
-# --output-sync: it would hold a stage's output until the stage ends (minutes of silence).
-TEST_STAGES := lint test-unit test-notebooks test-book-fresh test-book test-browser test-pdf gpu-dry
+# (unit tests with notebooks, browser) run alone: nbval beside the book, browser and PDF chain was
+# not faster on 2 cores (535 s, against about 500 s one after the other). The unit tests and the
+# notebooks are one pytest run (test-py), so that neither stage's last long module or notebook
+# leaves a core idle while the other stage waits. Order-only prerequisites set the order
+# (`make test-book` alone still runs only the book). No --output-sync: it would hold a stage's
+# output until the stage ends (minutes of silence).
+TEST_STAGES := lint test-py test-book-fresh test-book test-browser test-pdf gpu-dry
 test: export COURSE_QUICK := 1
 test:
 	@$(MAKE) --no-print-directory -j2 CI_ORDER=1 \
 		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
 
 ifeq ($(CI_ORDER),1)
-test-unit: | test-book
-test-notebooks: | test-unit
+test-py: | test-book
 test-browser: | test-book-fresh
 gpu-dry: | test-browser
 endif
@@ -123,13 +127,18 @@ lint: $(STAMP)
 
 # Unit tests, the book's consistency tests and the Colab emulation (tests/test_colab.py).
 test-unit: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider $(XDIST) tests --ignore=tests/browser
+	$(BIN)/pytest -q -p no:cacheprovider $(XDIST) $(ORDERED) tests --ignore=tests/browser
 
 # Also keeps each notebook as this run left it (book/conftest.py), for test-book-fresh.
+NBVAL := --nbval-lax --nbval-current-env --executed-into _build/executed
 test-notebooks: $(STAMP)
 	rm -rf _build/executed
-	$(BIN)/pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider $(XDIST) book \
-		--executed-into _build/executed
+	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) book
+
+# test-unit and test-notebooks in one run (what CI runs): the workers share out both.
+test-py: $(STAMP)
+	rm -rf _build/executed
+	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
@@ -141,7 +150,7 @@ test-book: $(BOOK_VENV)/.installed
 # The book from this run's outputs (test-notebooks kept them): what `make book`, which executes
 # every chapter, would render. Catches an output that breaks the build only when run afresh
 # (quick mode here) without executing the chapters a second time.
-test-book-fresh: $(STAMP) test-notebooks
+test-book-fresh: $(STAMP) $(if $(filter 1,$(CI_ORDER)),test-py,test-notebooks)
 	$(BIN)/python scripts/fresh_book.py --executed _build/executed --out _build/fresh
 	$(BIN)/jupyter-book build _build/fresh --all -W -n --keep-going
 

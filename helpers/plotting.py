@@ -1,9 +1,6 @@
 """Figures and progress: a live training plot, a progress bar, and numbers glued into the prose."""
 import os
 
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
-
 from .config import in_notebook, someone_watching
 
 __all__ = ["Animator", "glue", "progress"]
@@ -15,6 +12,7 @@ class Animator:
 
     def __init__(self, xlabel=None, ylabel=None, legend=(), xlim=None, ylim=None,
                  figsize=(4.5, 3), title=None):
+        import matplotlib.pyplot as plt   # here: every rank and script imports helpers
         self.fig, self.ax = plt.subplots(figsize=figsize)
         plt.close(self.fig)   # shown through the display handle only, not again at cell end
         self.labels = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim, title=title)
@@ -33,6 +31,7 @@ class Animator:
             self.ax.plot(xs, y_s, "-o", markersize=3,
                          label=self.legend[i] if i < len(self.legend) else None)
         self.ax.set(**{k: v for k, v in self.labels.items() if v is not None})
+        from matplotlib.ticker import MaxNLocator
         self.ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         self.ax.grid(True, alpha=0.3)
         if self.legend:

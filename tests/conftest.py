@@ -25,3 +25,42 @@ def _replayed_check_inputs(request):
     _core.replay_seeds(zlib.crc32(request.node.nodeid.encode()))
     yield
     _core.replay_seeds(None)
+
+
+# Seconds each slow test module took in one `make test-unit` (2 workers on a loaded 2-core
+# machine): they only order the work (see pytest_collection_modifyitems), so a stale figure costs
+# time, never a result. Notebooks are ordered by their quick runs in book/_ext/runs.json.
+SLOW_MODULES = {"test_fake_cuda": 400, "test_distributed": 500, "test_colab": 440,
+                "test_launch": 250, "test_bench": 250, "test_fast": 180, "test_parallel": 115,
+                "test_data": 100, "test_sharding": 95, "test_ddp_scratch": 95,
+                "test_reader_markup": 75, "test_checks_fast": 75, "test_student": 65,
+                "test_composed": 60, "test_fake_gpus_fewer_real": 60, "test_tp_dist": 55,
+                "test_planner": 55, "test_mesh": 55, "test_expert_parallel": 50,
+                "test_context_parallel": 50, "test_autograde": 130, "test_wrappers_property": 120,
+                "test_ddp_runs": 100}
+
+
+def _scope_seconds(root):
+    """{scope: expected seconds} for xdist's loadscope units: test modules and notebooks."""
+    import json
+    runs = {}
+    path = root / "book" / "_ext" / "runs.json"
+    if path.exists():
+        runs = {f"{k}.ipynb": v.get("quick", {}).get("seconds", 0)
+                for k, v in json.loads(path.read_text()).items()}
+    runs.update({f"tests/{k}.py": v for k, v in SLOW_MODULES.items()})
+    return runs
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest modules and notebooks first (stable within each): under xdist's loadscope
+    (`--no-loadscope-reorder`, as the Makefile runs it) each worker takes the next unit when it
+    is free, so a long notebook started last would leave the other core idle at the end."""
+    seconds = _scope_seconds(config.rootpath)
+
+    def scope(item):
+        return item.nodeid.split("::", 1)[0]
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(scope(item), i)
+    items.sort(key=lambda item: (-seconds.get(scope(item), 0), first[scope(item)]))

@@ -11,11 +11,12 @@ variables, /content as the working folder; Kaggle: KAGGLE_KERNEL_RUN_TYPE and fr
 isolation from the venv's setuptools) holding the package at the ref the set-up cell names:
 the branch (this checkout's package: what the branch holds once it is committed), or a release's
 tag (that tag's package from this repository's history; this checkout's only while the tag is
-not made yet, a release commit being tested before `git tag`). Colab runs a Part I chapter;
-Kaggle the torchrun chapter through its first training run, whose ranks are new interpreters
-started by torchrun: they import helpers only if the install is visible to every process, and
-run the DDP scripts the package ships; and one notebook of every Part runs its first cells
-against that install. The venv is cached in _build/colab-venv (first run about a minute).
+not made yet, a release commit being tested before `git tag`). One Colab session (one install,
+one kernel) runs a Part I chapter whole, then one notebook of every Part its first cells
+against that install; Kaggle runs the torchrun chapter through its first training run, whose
+ranks are new interpreters started by torchrun: they import helpers only if the install is
+visible to every process, and run the DDP scripts the package ships. The venv is cached in
+_build/colab-venv (first run about a minute).
 """
 import importlib.util
 import json
@@ -429,9 +430,12 @@ PLATFORMS = {
                            COLAB_JUPYTER_IP="172.28.0.12")),
     # Kaggle: what its docker image sets; /kaggle/working is the working (and output) folder.
     # The chapter up to its first training run under torchrun and the load of the model it saved
-    # (what a fresh interpreter per rank needs; the later sections launch the same way)
+    # (what a fresh interpreter per rank needs; the later sections launch the same way). Not
+    # the launch of minimal.py, which imports torch alone (tests/test_distributed.py runs it):
+    # it tests the platform's torch, not the install
     "kaggle": dict(notebook="book/part3/ddp_torchrun.ipynb", cwd="kaggle/working",
                    through="load_state_dict(torch.load(workdir",
+                   skip='str(SCRIPTS / "minimal.py"), "--steps"',
                    env=dict(KAGGLE_KERNEL_RUN_TYPE="Interactive",
                             KAGGLE_URL_BASE="https://www.kaggle.com",
                             KAGGLE_DOCKER_IMAGE="gcr.io/kaggle-gpu-images/python",
@@ -465,34 +469,60 @@ def _emulate(name, tmp_path):
     return spec, cwd, env
 
 
-@pytest.mark.parametrize("platform", sorted(PLATFORMS))
-def test_a_notebook_runs_after_the_setup_cell(platform, tmp_path):
+def _chapter_cells(entry, cwd, through=None, first=None, label=None, skip=None):
+    """`entry`'s cells as a reader opening it gets them: its set-up cell written by the script,
+    then every cell up to the one holding `through` (or its first `first` code cells after the
+    set-up cell), less the one code cell holding `skip`; `label`: names the cells' chapter in
+    errors."""
+    path = cwd / f"{pathlib.Path(entry).name}.ipynb"   # downloaded or opened alone: a lone file
+    shutil.copy(ROOT / f"{entry}.ipynb", path)
+    assert _script().main([str(path)]) == 0
+    cells = nbformat.read(path, as_version=4).cells
+    if through:
+        last = [i for i, c in enumerate(cells) if c.cell_type == "code" and through in c.source]
+        assert last, f"no cell of {entry} has {through!r}: update PLATFORMS"
+        cells = cells[:last[0] + 1]
+    if skip:
+        left = [c for c in cells if not (c.cell_type == "code" and skip in c.source)]
+        assert len(left) == len(cells) - 1, f"no one cell of {entry} has {skip!r}: update PLATFORMS"
+        cells = left
+    if first is not None:
+        cells = [c for c in cells if c.cell_type == "code"]
+        assert cells[0].get("id") == _script().CELL_ID
+        cells = cells[:1 + first]
+    if label:
+        for c in cells:
+            c.metadata["from"] = label
+    return cells
+
+
+def _run_emulated(platform, tmp_path, cells):
+    """Run `cells` and a last probe cell in one kernel of an emulated `platform` whose course
+    package is installed by the first set-up cell only. The run's result (errors, the set-up
+    cell's output, the probe's), the platform's Python and the notebook's environment."""
     py = _platform_venv()
     spec, cwd, env = _emulate(platform, tmp_path)
     probe = subprocess.run([str(py), "-c", "import helpers"], env=env, cwd=cwd,
                            capture_output=True)
     assert probe.returncode != 0, "the venv already has helpers: the test would prove nothing"
-    repo = _course_repository(tmp_path / "github", _script().release_ref())
-    env["COURSE_REPO"] = repo.as_uri()
-    source = ROOT / spec["notebook"]
-    nb_path = cwd / source.name   # downloaded from the book or opened from GitHub: a lone file
-    shutil.copy(source, nb_path)
-    assert _script().main([str(nb_path)]) == 0
-    nb = nbformat.read(nb_path, as_version=4)   # a last cell: which Python and helpers ran it
-    if "through" in spec:
-        last = [i for i, c in enumerate(nb.cells)
-                if c.cell_type == "code" and spec["through"] in c.source]
-        assert last, f"no cell of {source.name} has {spec['through']!r}: update PLATFORMS"
-        nb.cells = nb.cells[:last[0] + 1]
-    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
+    env["COURSE_REPO"] = _course_repository(tmp_path / "github",
+                                            _script().release_ref()).as_uri()
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3",
+                                                          "display_name": "Python 3"}})
+    nb.cells = cells(cwd)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        PROBE + "\nimport json\nprint(json.dumps(sorted(dir(helpers))))"))
+    nb_path = cwd / "run.ipynb"
     nbformat.write(nb, nb_path)
     run = subprocess.run([str(py), "-c", RUNNER, str(nb_path), str(cwd)], env=env, cwd=cwd,
                          capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert not result["errors"], f"{source.name} on emulated {platform}:\n  " + \
-        "\n  ".join(result["errors"])
-    kernel_python, helpers_file, data, colab = result["probe"].split()
+    return json.loads(run.stdout.strip().splitlines()[-1]), py
+
+
+def _assert_ran_on(platform, result, py, tmp_path):
+    assert not result["errors"], f"on emulated {platform}:\n  " + "\n  ".join(result["errors"])
+    kernel_python, helpers_file, data, colab = result["probe"].split("\n")[:4]
     assert pathlib.Path(kernel_python).parent == py.parent, \
         f"the notebook ran in {kernel_python}, not the emulated {platform}'s {py}"
     assert pathlib.Path(helpers_file).is_relative_to(VENV), \
@@ -518,39 +548,47 @@ def _one_notebook_per_part():
     return found
 
 
-def test_one_notebook_of_every_part_runs_against_the_helpers_its_cell_installs(tmp_path):
-    """A notebook opened from the repository installs what its set-up cell names; a Part whose
-    chapters use a name that helpers lacks there fails here (a Part VII chapter once met
-    `AttributeError: module 'helpers' has no attribute 'rank_grid'` on an older tag). One
-    kernel runs, in turn, each Part's set-up cell and first code cells (as a reader opening one
-    chapter after another in a Colab session), and every name any chapter takes from helpers
-    (`helpers.X`, `from helpers import X`) must exist in that install."""
-    py = _platform_venv()
-    _, cwd, env = _emulate("colab", tmp_path)
-    env["COURSE_REPO"] = _course_repository(tmp_path / "github",
-                                            _script().release_ref()).as_uri()
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3",
-                                                          "display_name": "Python 3"}})
+@pytest.fixture(scope="module")
+def colab_session(tmp_path_factory):
+    """One emulated Colab session (one install, one kernel): the Part I chapter whole, its
+    set-up cell installing helpers, then, as a reader opening one chapter after another, each
+    Part's first notebook's set-up cell and first code cells."""
+    tmp_path = tmp_path_factory.mktemp("colab")
     parts = _one_notebook_per_part()
     assert len(parts) >= 8, parts
-    for caption, entry in parts:
-        path = cwd / f"{pathlib.Path(entry).name}.ipynb"
-        shutil.copy(ROOT / f"{entry}.ipynb", path)
-        assert _script().main([str(path)]) == 0
-        cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-        assert cells[0].get("id") == _script().CELL_ID
-        for c in cells[:1 + FIRST_CELLS]:
-            c.metadata["from"] = f"{entry}.ipynb ({caption})"
-            c["id"] = f"{len(nb.cells)}-{c.get('id')}"[:64]   # unique in the one notebook
-            nb.cells.append(c)
-    nb.cells.append(nbformat.v4.new_code_cell(
-        PROBE + "\nimport json\nprint(json.dumps(sorted(dir(helpers))))"))
-    nb_path = cwd / "parts.ipynb"
-    nbformat.write(nb, nb_path)
-    run = subprocess.run([str(py), "-c", RUNNER, str(nb_path), str(cwd)], env=env, cwd=cwd,
-                         capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+
+    def cells(cwd):
+        out = _chapter_cells(PLATFORMS["colab"]["notebook"].removesuffix(".ipynb"), cwd)
+        for caption, entry in parts:
+            for c in _chapter_cells(entry, cwd, first=FIRST_CELLS,
+                                    label=f"{entry}.ipynb ({caption})"):
+                c["id"] = f"{len(out)}-{c.get('id')}"[:64]   # unique in the one notebook
+                out.append(c)
+        return out
+    result, py = _run_emulated("colab", tmp_path, cells)
+    return result, py, tmp_path
+
+
+def test_a_chapter_runs_on_colab_after_the_setup_cell(colab_session):
+    result, py, tmp_path = colab_session
+    _assert_ran_on("colab", result, py, tmp_path)
+
+
+def test_a_chapter_runs_on_kaggle_after_the_setup_cell(tmp_path):
+    spec = PLATFORMS["kaggle"]
+    result, py = _run_emulated("kaggle", tmp_path, lambda cwd: _chapter_cells(
+        spec["notebook"].removesuffix(".ipynb"), cwd, through=spec["through"], skip=spec["skip"]))
+    _assert_ran_on("kaggle", result, py, tmp_path)
+
+
+def test_one_notebook_of_every_part_runs_against_the_helpers_its_cell_installs(colab_session):
+    """A notebook opened from the repository installs what its set-up cell names; a Part whose
+    chapters use a name that helpers lacks there fails here (a Part VII chapter once met
+    `AttributeError: module 'helpers' has no attribute 'rank_grid'` on an older tag). The
+    Colab session runs, in turn, each Part's set-up cell and first code cells (as a reader
+    opening one chapter after another), and every name any chapter takes from helpers
+    (`helpers.X`, `from helpers import X`) must exist in that install."""
+    result, _, _ = colab_session
     assert not result["errors"], "on emulated Colab, with the helpers the cells install:\n  " + \
         "\n  ".join(result["errors"])
     lines = result["probe"].splitlines()

@@ -278,3 +278,12 @@ def test_take_reads_cfg_and_refuses_typos():
         take({}, "a")
     with pytest.raises(TypeError, match=r"unexpected \['stpes'\].*optionally \['steps'\]"):
         take({"stpes": 5}, steps=1)
+
+
+def test_importing_helpers_loads_no_plotting_library():
+    """Every rank, launcher and script imports helpers; matplotlib.pyplot cost each of them
+    about 0.4 s of CPU (a tenth of `import helpers`), so only the drawing code imports it."""
+    code = "import sys, helpers; print(sorted(m for m in sys.modules if 'matplotlib' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]", f"import helpers imported {out.strip()[:300]}"

@@ -1,7 +1,6 @@
 """Part VII: the 3-D mesh drawn from the code that lays it out (rank_grid, coords_of): one
 panel per pipeline stage, ranks as dots, each dimension's groups as lines. For a light panel,
 readable at a phone's width."""
-import matplotlib.pyplot as plt
 
 from ..runtime.mesh import coords_of, rank_grid
 
@@ -11,6 +10,7 @@ __all__ = ["draw_mesh"]
 def draw_mesh(shape, ax=None):
     """The (pp, dp, tp) mesh: one panel per pipeline stage, ranks as dots, each dimension's
     groups as lines."""
+    import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
     ax = ax or plt.gca()
     pp, dp, tp = shape
     xy = {}

@@ -2,7 +2,6 @@
 at each step of the ring, and what of each block a rank computes (causal_block), over a
 contiguous or a zig-zag split (split_positions). Figures for a light panel (the book puts
 them on one in dark mode too), readable at a phone's width."""
-import matplotlib.pyplot as plt
 import numpy as np
 
 from .scratch import causal_block, split_positions
@@ -33,6 +32,7 @@ def draw_ring(T, world, layout="zigzag", ax=None):
     """Ranks (rows) by steps (columns): each cell names the K/V block the rank holds at that
     step and is filled by the share of it the rank computes; arrows: the block goes on to the
     next rank."""
+    import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
     ax = ax or plt.gca()
     sched = ring_schedule(T, world, layout)
     for r, row in enumerate(sched):
@@ -60,6 +60,7 @@ def draw_split(T, world, layout, ax=None):
     """The T x T causal score matrix (query rows, key columns): each pair a rank's ring forms,
     in its colour (dark where the mask keeps it, light where it is formed and masked); white:
     never formed."""
+    import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
     ax = ax or plt.gca()
     pos = [split_positions(T, world, r, layout) for r in range(world)]
     img = np.ones((T, T, 3))

@@ -1,7 +1,6 @@
 """Part VII: the expert all-to-all drawn from the code that routes it: how many rows each rank
 sends to each other rank in the dispatch (route and the experts' placement), and back in the
 combine. For a light panel, readable at a phone's width."""
-import matplotlib.pyplot as plt
 import torch
 
 from .moe import expert_capacity, route
@@ -31,6 +30,7 @@ def draw_all_to_all(counts, axes):
     ax, table = axes
     w = counts.shape[0]
     top = float(counts.max()) or 1.0
+    import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i in range(w):
         ax.text(-0.05, i, f"rank {i}", ha="right", va="center", fontsize=9)
