@@ -207,10 +207,10 @@ var Planner = (function () {
   function ringExposed(tokens, M, lay, rate, link, latency, b) {
     const {cp, tp} = lay;
     if (cp === 1) return 0;
-    const kv = 2 * tokens * M.width / tp * b, tf = 4 * M.width * M.seq * tokens / (tp * cp) / rate;
-    const hop = latency + kv / link;
-    const fwd = (cp - 1) * Math.max(0, hop - tf);
-    const bwd = (cp - 1) * Math.max(0, 2 * hop - 2 * tf) + hop;
+    const kv = 2 * tokens * M.width / tp * b, own = 4 * M.width * M.seq * tokens / (tp * cp) / rate;
+    const hop = latency + kv / link;   // the first hop hides behind the own block, later ones half
+    const fwd = Math.max(0, hop - own) + (cp - 2) * Math.max(0, hop - own / 2);
+    const bwd = Math.max(0, 2 * hop - 2 * own) + (cp - 2) * Math.max(0, 2 * hop - own) + hop;
     return fwd * (lay.recompute !== 'none' ? 2 : 1) + bwd;
   }
   function layoutCosts(M, G, lay, opt, b, mfu) {
@@ -220,10 +220,12 @@ var Planner = (function () {
     const compute = flops * M.batch * M.seq / (dp * tp * pp * cp) / rate;
     const link = G.bandwidth, lat = G.latency;
     let exposed = -Infinity, bytes = -Infinity, memory = -Infinity;
+    const once = lay.zero === 'dp' || lay.zero === 'zero1' || lay.acc === 'no_sync';
+    const win = compute * 2 / 3 / (once ? m : 1);   // no_sync: the last micro-batch's backward
     for (const s of st) {
       let t = 0;
       for (const d of ['tp', 'pp', 'ep']) t += s.bytes[d] / link + s.messages[d] * lat;
-      t += Math.max(0, s.bytes.dp / link - compute * 2 / 3);
+      t += Math.max(0, s.bytes.dp / link - win);
       t += fdiv(M.layers, pp) * m * ringExposed(s.tokens, M, lay, rate, link, lat, b);
       exposed = Math.max(exposed, t);
       bytes = Math.max(bytes, s.bytes.tp + s.bytes.pp + s.bytes.dp + s.bytes.cp + s.bytes.ep);
