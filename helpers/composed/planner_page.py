@@ -21,6 +21,8 @@ PLANNER_FIELDS = (("layers", "layers", 32, 1), ("width", "width", 4096, 1),
                   ("experts", "experts", 0, 1), ("gpus", "GPUs", 64, 1),
                   ("memory", "GPU GB", 80, 1), ("tflops", "TFLOP/s", 989, 1),
                   ("gbs", "link GB/s", 450, 1), ("latency_us", "latency µs", 10, 1))
+NO_FIT = ("No layout fits: try more GPUs (a number whose factors divide the batch, the heads "
+          "and the layers), more memory per GPU, or a smaller model.")
 COLUMNS = ("dp", "tp", "pp", "cp", "ep", "ZeRO", "accumulate", "recompute", "m", "GB/GPU",
            "step s")
 
@@ -65,7 +67,7 @@ def planner_html(defaults=None, optimizer="mixed_adam", dtype_bytes=2, top=10, r
     model, gpu, n = _inputs(values)
     if rows is None:
         rows = plan(model, gpu, n, optimizer=optimizer, dtype_bytes=dtype_bytes)
-    spec = json.dumps(dict(optimizer=optimizer, dtype_bytes=dtype_bytes, top=top),
+    spec = json.dumps(dict(optimizer=optimizer, dtype_bytes=dtype_bytes, top=top, no_fit=NO_FIT),
                       separators=(",", ":"))
     uid = "pl-" + hashlib.sha1((spec + json.dumps(values, sort_keys=True)).encode()) \
         .hexdigest()[:8]
@@ -73,7 +75,8 @@ def planner_html(defaults=None, optimizer="mixed_adam", dtype_bytes=2, top=10, r
         f'<label for="{uid}-{name}">{html.escape(label)}<input type="number" id="{uid}-{name}" '
         f'data-field="{name}" value="{values[name]}" min="0" step="{step}"></label>'
         for name, label, _, step in PLANNER_FIELDS)
-    status = f"{len(rows)} layouts fit; the {min(top, len(rows))} fastest:"
+    status = (f"{len(rows)} layouts fit; the {min(top, len(rows))} fastest:" if rows
+              else NO_FIT)
     return (f'<div class="planner" id="{uid}"><style>{_CSS}</style>'
             f'<div class="pl-form" hidden>{fields}</div>'
             f'<p class="pl-status">{html.escape(status)}</p>'
@@ -297,7 +300,8 @@ _BIND_JS = r"""
     try { rows = Planner.plan(M, G, num('gpus'), spec.optimizer, spec.dtype_bytes); }
     catch (e) { status.textContent = 'cannot plan: ' + e.message; body.innerHTML = ''; return; }
     const top = rows.slice(0, spec.top);
-    status.textContent = `${rows.length} layouts fit; the ${top.length} fastest:`;
+    status.textContent = top.length ? `${rows.length} layouts fit; the ${top.length} fastest:`
+                                    : (spec.no_fit || 'No layout fits.');
     body.innerHTML = '';
     if (!top.length) {
       body.innerHTML = `<tr><td colspan="11">no layout fits in ${Math.round(G.memory / 1e9)}` +
