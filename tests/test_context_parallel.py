@@ -103,6 +103,8 @@ def test_activation_memory_per_rank_is_linear_in_the_sequence(ranks):
 def test_torch_context_parallel_runs_only_on_cuda():
     ok, why = context_parallel_status("cpu")
     assert not ok and "CUDA" in why
+    # it has context_parallel and says only what is missing (no "and a torch that has it")
+    assert why.count("context_parallel") == 1, why
     got = cp_torch_run(0, 1, dict(device=torch.device("cpu"), width=8, heads=2, batch=1, T=8))
     assert {m: r["ran"] for m, r in got["runs"].items()} == {"allgather": False,
                                                              "alltoall": False}

@@ -99,10 +99,10 @@ def measured():
 
 
 def test_accumulation_prices_match_part_v(measured):
-    from helpers import make_model, ring_allreduce_bytes
+    from helpers import make_model, ring_bytes_per_device
     m, k, n = 4, 2, measured["n_params"]
     net = make_model("mlp")
-    flags = ring_allreduce_bytes(4 * len(list(net.parameters())), k)   # Zero2's "used" flags
+    flags = ring_bytes_per_device(4 * len(list(net.parameters())), k)   # Zero2's "used" flags
     for acc in ("every", "no_sync"):
         want = data_parallel_costs(n, k, "zero2", m, acc, "adam", 4)["sent_bytes"]
         assert measured["zero2"][acc]["sent"] == want + flags, acc
@@ -134,6 +134,40 @@ def test_context_parallel_pays_per_hop_and_hides_only_behind_attention():
     assert free < 1e-6 < slow          # only the last hop (the gradients home) shows
     again = ring_exposed_seconds(1024, H70, dict(lay, recompute="full"), 1e15, 1e9, 10e-6)
     assert again > slow
+
+
+def test_a_ring_hop_hides_behind_half_a_block_after_the_first():
+    """Causal zig-zag: the first hop overlaps the rank's own block, whole; later hops overlap
+    half a block. A hop between half and a whole block's time hides at cp = 2 and shows at 3."""
+    tokens, h, s, rate = 1024, H70["width"], H70["seq"], 1e15
+    own3 = 4 * h * s * tokens / 3 / rate             # the own block's attention at cp = 3
+    link = 2 * tokens * h * 2 / (0.75 * own3)        # a hop of 3/4 of it
+    hop = 2 * tokens * h * 2 / link                  # K and V of the rank, no latency
+    for cp in (2, 3, 4):
+        own = 4 * h * s * tokens / cp / rate
+        lay = dict(dp=1, cp=cp, m=1)
+        got = ring_exposed_seconds(tokens, H70, lay, rate, link, 0.0)
+        fwd = max(0.0, hop - own) + (cp - 2) * max(0.0, hop - own / 2)
+        bwd = max(0.0, 2 * hop - 2 * own) + (cp - 2) * max(0.0, 2 * hop - own) + hop
+        assert got == pytest.approx(fwd + bwd)
+    assert own3 / 2 < hop < own3                     # the case that tells whole from half
+    assert ring_exposed_seconds(tokens, H70, dict(cp=3), rate, link, 0.0) > hop + 1e-9
+
+
+def test_no_sync_reduction_hides_only_behind_the_last_micro_batch():
+    """Gradients reduced once (no_sync; plain dp, ZeRO-1) overlap the last micro-batch's
+    backward; reduced every micro-batch (ZeRO-2/3 "every") they overlap the whole backward."""
+    gpu = dict(memory=1e15, flops=989e12, bandwidth=20e9, latency=0.0)
+    base = dict(dp=64, tp=1, pp=1, cp=1, m=8, recompute="none")
+    rows = {acc: layout_costs(BIG, gpu, dict(base, zero="zero2", acc=acc), "mixed_adam")
+            for acc in ("every", "no_sync")}
+    for acc, r in rows.items():
+        window = r["compute_s"] * 2 / 3 / (8 if acc == "no_sync" else 1)
+        dp = r["stages"][0]["bytes"]["dp"] / gpu["bandwidth"]
+        assert r["exposed_s"] == pytest.approx(max(0.0, dp - window))
+    assert rows["no_sync"]["exposed_s"] > 0        # 26 GB at 20 GB/s > 1/8 of the backward
+    plain = layout_costs(BIG, gpu, dict(base, zero="dp", acc="every"), "mixed_adam")
+    assert plain["exposed_s"] == pytest.approx(rows["no_sync"]["exposed_s"])
 
 
 def test_expert_gradients_are_reduced_over_their_own_group():

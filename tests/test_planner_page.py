@@ -54,3 +54,12 @@ def test_the_page_shows_the_default_plan_and_every_field():
     first = rows[0]
     assert f"<td>{first['zero']}</td><td>{first['acc']}</td>" in page
     assert 'overflow-x:auto' in page and "<table>" in page
+
+
+def test_a_plan_with_no_layout_says_what_to_try():
+    """Three GPUs for the default model: no layout (a bare '0 layouts fit; the 0 fastest' was a
+    dead end); the script's spec carries the same sentence for the page's own replans."""
+    from helpers.composed.planner_page import NO_FIT
+    page = planner_html(dict(gpus=3))
+    assert "0 layouts fit" not in page and NO_FIT in page
+    assert page.count(json.dumps(NO_FIT)[1:-1]) >= 2      # the status and the page's spec

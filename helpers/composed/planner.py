@@ -15,12 +15,13 @@ for ZeRO-3 unsharded parameters, kept until one reduction: torch's pipelining do
 
 Time: the compute at mfu of the GPU's FLOP/s, stretched by the pipeline bubble; tensor,
 pipeline and expert traffic in full, each message paying the link's latency; data-parallel
-traffic beyond the backward it overlaps; and ring attention hop by hop, each hop overlapping
-only the attention of the block it brings (its MLP waits for it).
+traffic beyond the backward it overlaps (every micro-batch's, or under no_sync only the last
+one's); and ring attention hop by hop, each hop overlapping only the attention of the block it
+brings, half a block for a causal zig-zag ring (its MLP waits for it).
 """
 import itertools
 
-from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_allreduce_bytes, sharding_costs
+from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_bytes_per_device, sharding_costs
 from ..transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
                                  moe_dispatch_bytes, ring_attention_bytes, train_flops_per_token)
 
@@ -144,7 +145,7 @@ def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout
         ring = ring_attention_bytes(tokens, h, cp, tp, b)
         ring_fwd = 2 * (cp - 1) * tokens * h // tp * b
         pp_msgs = m * ((r < pp - 1) + (r > 0))
-        sent = dict(tp=tp_calls * ring_allreduce_bytes(act, tp), pp=pp_msgs * act,
+        sent = dict(tp=tp_calls * ring_bytes_per_device(act, tp), pp=pp_msgs * act,
                     dp=z["sent_bytes"], cp=blocks * m * (ring + (ring_fwd if again else 0)),
                     ep=blocks * m * moe_dispatch_bytes(tokens, h // tp, E, k, cf, ep, b)
                     if E and ep > 1 else 0)
@@ -163,17 +164,19 @@ def ring_exposed_seconds(tokens, model, lay, rate, link, latency, dtype_bytes=2)
     """Seconds of one layer's ring attention (one micro-batch, forward and backward) that its
     attention does not hide: each hop brings a K/V block (and, in backward, a gradient block)
     while the rank computes attention on the block it holds; the hop costs latency plus bytes
-    over the link, the block's attention its FLOPs at `rate`. The last hop (the gradients home)
-    hides behind nothing; recomputation runs the forward ring again."""
+    over the link, the block's attention its FLOPs at `rate`. The attention is causal with the
+    zig-zag split: the first hop hides behind the rank's own block, whole; every later one
+    behind half a block (causal_block). The last hop (the gradients home) hides behind nothing;
+    recomputation runs the forward ring again."""
     cp, tp = lay.get("cp", 1), lay.get("tp", 1)
     if cp == 1:
         return 0.0
     h, s = model["width"], model["seq"]
     kv = 2 * tokens * h / tp * dtype_bytes              # one rank's K and V
-    t_f = 4 * h * s * tokens / (tp * cp) / rate          # scores and weighted sum, one block
+    own = 4 * h * s * tokens / (tp * cp) / rate          # scores and weighted sum, whole block
     hop = latency + kv / link
-    fwd = (cp - 1) * max(0.0, hop - t_f)
-    bwd = (cp - 1) * max(0.0, 2 * hop - 2 * t_f) + hop
+    fwd = max(0.0, hop - own) + (cp - 2) * max(0.0, hop - own / 2)
+    bwd = max(0.0, 2 * hop - 2 * own) + (cp - 2) * max(0.0, 2 * hop - own) + hop
     return fwd * (2 if lay.get("recompute", "none") != "none" else 1) + bwd
 
 
@@ -181,8 +184,9 @@ def layout_costs(model, gpu, lay, optimizer="adam", dtype_bytes=2, mfu=0.4, **kw
     """One layout: the fullest rank's memory, the busiest rank's bytes, and the step time:
     compute (FLOPs at mfu x the GPU's FLOP/s, stretched by the pipeline bubble (m + pp - 1) / m)
     plus the communication that cannot hide: tensor, pipeline and expert traffic in full with a
-    latency per message, data traffic beyond the backward it overlaps, ring attention beyond
-    the attention each hop overlaps (ring_exposed_seconds)."""
+    latency per message, data traffic beyond the backward it overlaps (all of it when the
+    gradients are reduced every micro-batch, the last micro-batch's when they are reduced once),
+    ring attention beyond the attention each hop overlaps (ring_exposed_seconds)."""
     validate_model(model, gpu)
     stages = stage_costs(model, lay, optimizer, dtype_bytes, **kw)
     dp, tp, pp, cp, m = (lay.get(k, 1) for k in ("dp", "tp", "pp", "cp", "m"))
@@ -192,10 +196,16 @@ def layout_costs(model, gpu, lay, optimizer="adam", dtype_bytes=2, mfu=0.4, **kw
     compute = flops * model["batch"] * model["seq"] / (dp * tp * pp * cp) / rate
     link, latency = gpu["bandwidth"], gpu.get("latency", LATENCY)
 
+    # data traffic overlaps the backward it follows: every micro-batch's when each reduces its
+    # gradients; only the last one's when they accumulate whole and reduce once (no_sync; plain
+    # dp and ZeRO-1 always do)
+    once = lay.get("zero", "dp") in ("dp", "zero1") or lay.get("acc", "every") == "no_sync"
+    window = compute * 2 / 3 / (m if once else 1)
+
     def exposed_of(st):
         sent, msgs = st["bytes"], st["messages"]
         t = sum(sent[d] / link + msgs[d] * latency for d in ("tp", "pp", "ep"))
-        t += max(0.0, sent["dp"] / link - compute * 2 / 3)       # overlaps the backward
+        t += max(0.0, sent["dp"] / link - window)
         blocks = model["layers"] // pp
         return t + blocks * m * ring_exposed_seconds(st["tokens"], model, lay, rate, link,
                                                      latency, dtype_bytes)

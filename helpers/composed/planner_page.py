@@ -21,6 +21,8 @@ PLANNER_FIELDS = (("layers", "layers", 32, 1), ("width", "width", 4096, 1),
                   ("experts", "experts", 0, 1), ("gpus", "GPUs", 64, 1),
                   ("memory", "GPU GB", 80, 1), ("tflops", "TFLOP/s", 989, 1),
                   ("gbs", "link GB/s", 450, 1), ("latency_us", "latency µs", 10, 1))
+NO_FIT = ("No layout fits: try more GPUs (a number whose factors divide the batch, the heads "
+          "and the layers), more memory per GPU, or a smaller model.")
 COLUMNS = ("dp", "tp", "pp", "cp", "ep", "ZeRO", "accumulate", "recompute", "m", "GB/GPU",
            "step s")
 
@@ -65,7 +67,7 @@ def planner_html(defaults=None, optimizer="mixed_adam", dtype_bytes=2, top=10, r
     model, gpu, n = _inputs(values)
     if rows is None:
         rows = plan(model, gpu, n, optimizer=optimizer, dtype_bytes=dtype_bytes)
-    spec = json.dumps(dict(optimizer=optimizer, dtype_bytes=dtype_bytes, top=top),
+    spec = json.dumps(dict(optimizer=optimizer, dtype_bytes=dtype_bytes, top=top, no_fit=NO_FIT),
                       separators=(",", ":"))
     uid = "pl-" + hashlib.sha1((spec + json.dumps(values, sort_keys=True)).encode()) \
         .hexdigest()[:8]
@@ -73,7 +75,8 @@ def planner_html(defaults=None, optimizer="mixed_adam", dtype_bytes=2, top=10, r
         f'<label for="{uid}-{name}">{html.escape(label)}<input type="number" id="{uid}-{name}" '
         f'data-field="{name}" value="{values[name]}" min="0" step="{step}"></label>'
         for name, label, _, step in PLANNER_FIELDS)
-    status = f"{len(rows)} layouts fit; the {min(top, len(rows))} fastest:"
+    status = (f"{len(rows)} layouts fit; the {min(top, len(rows))} fastest:" if rows
+              else NO_FIT)
     return (f'<div class="planner" id="{uid}"><style>{_CSS}</style>'
             f'<div class="pl-form" hidden>{fields}</div>'
             f'<p class="pl-status">{html.escape(status)}</p>'
@@ -207,10 +210,10 @@ var Planner = (function () {
   function ringExposed(tokens, M, lay, rate, link, latency, b) {
     const {cp, tp} = lay;
     if (cp === 1) return 0;
-    const kv = 2 * tokens * M.width / tp * b, tf = 4 * M.width * M.seq * tokens / (tp * cp) / rate;
-    const hop = latency + kv / link;
-    const fwd = (cp - 1) * Math.max(0, hop - tf);
-    const bwd = (cp - 1) * Math.max(0, 2 * hop - 2 * tf) + hop;
+    const kv = 2 * tokens * M.width / tp * b, own = 4 * M.width * M.seq * tokens / (tp * cp) / rate;
+    const hop = latency + kv / link;   // the first hop hides behind the own block, later ones half
+    const fwd = Math.max(0, hop - own) + (cp - 2) * Math.max(0, hop - own / 2);
+    const bwd = Math.max(0, 2 * hop - 2 * own) + (cp - 2) * Math.max(0, 2 * hop - own) + hop;
     return fwd * (lay.recompute !== 'none' ? 2 : 1) + bwd;
   }
   function layoutCosts(M, G, lay, opt, b, mfu) {
@@ -220,10 +223,12 @@ var Planner = (function () {
     const compute = flops * M.batch * M.seq / (dp * tp * pp * cp) / rate;
     const link = G.bandwidth, lat = G.latency;
     let exposed = -Infinity, bytes = -Infinity, memory = -Infinity;
+    const once = lay.zero === 'dp' || lay.zero === 'zero1' || lay.acc === 'no_sync';
+    const win = compute * 2 / 3 / (once ? m : 1);   // no_sync: the last micro-batch's backward
     for (const s of st) {
       let t = 0;
       for (const d of ['tp', 'pp', 'ep']) t += s.bytes[d] / link + s.messages[d] * lat;
-      t += Math.max(0, s.bytes.dp / link - compute * 2 / 3);
+      t += Math.max(0, s.bytes.dp / link - win);
       t += fdiv(M.layers, pp) * m * ringExposed(s.tokens, M, lay, rate, link, lat, b);
       exposed = Math.max(exposed, t);
       bytes = Math.max(bytes, s.bytes.tp + s.bytes.pp + s.bytes.dp + s.bytes.cp + s.bytes.ep);
@@ -295,7 +300,8 @@ _BIND_JS = r"""
     try { rows = Planner.plan(M, G, num('gpus'), spec.optimizer, spec.dtype_bytes); }
     catch (e) { status.textContent = 'cannot plan: ' + e.message; body.innerHTML = ''; return; }
     const top = rows.slice(0, spec.top);
-    status.textContent = `${rows.length} layouts fit; the ${top.length} fastest:`;
+    status.textContent = top.length ? `${rows.length} layouts fit; the ${top.length} fastest:`
+                                    : (spec.no_fit || 'No layout fits.');
     body.innerHTML = '';
     if (!top.length) {
       body.innerHTML = `<tr><td colspan="11">no layout fits in ${Math.round(G.memory / 1e9)}` +

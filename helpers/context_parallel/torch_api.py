@@ -14,8 +14,7 @@ import torch
 __all__ = ["context_parallel_status", "torch_context_parallel", "ROTATE_METHODS"]
 
 NEEDS = ("CUDA GPUs, one per rank (its ring replaces the flash, memory-efficient or cuDNN "
-         "SDPA kernels, which exist only on CUDA; one GPU runs it at world 1), and a torch "
-         "that has torch.distributed.tensor.experimental.context_parallel")
+         "SDPA kernels, which exist only on CUDA; one GPU runs it at world 1)")
 ROTATE_METHODS = ("allgather", "alltoall")
 
 

@@ -56,7 +56,8 @@ def load_balancing_loss(probs, expert, n_experts):
 
 def router_z_loss(logits):
     """ST-MoE's router z-loss: the mean over tokens of logsumexp(scores)^2. It is small when
-    the router's scores are: large scores make the softmax overflow in low precision."""
+    the router's scores are: the exponentials of large scores lose precision in bfloat16 (and
+    overflow in float16)."""
     return (torch.logsumexp(logits.float(), -1) ** 2).mean()
 
 
