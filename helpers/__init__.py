@@ -65,7 +65,7 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
                           make_optimizer, plain_optimizer, train_one_process,
                           train_one_process_plain)
 from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
-                        exposed_ms)
+                        exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference, gpu_figures, capture_env, add_notebook, add_path)

@@ -143,7 +143,9 @@ def ddp_trace(rank, world, cfg):
     steps 3 (profiled, after 2 warm-up steps in which DDP also rebuilds its buckets). On a GPU
     the profiler records CUDA activity too: the kernels, and NCCL's all-reduce kernels, which
     trace_events reads as the all-reduce lane (the host's nccl:all_reduce is only the launch).
-    Returns trace (the path) and events (helpers.trace_events of it)."""
+    Returns trace (the path), events (helpers.trace_events of it), device, backend and the
+    profiler's activities (their names)."""
+    import torch.distributed as dist
     from torch.nn import functional as F
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
@@ -174,7 +176,8 @@ def ddp_trace(rank, world, cfg):
             if k == warm + steps - 1:
                 synchronize(device)            # the last kernels in the trace too
             prof.step()
-    return dict(trace=path, events=trace_events(path))
+    return dict(trace=path, events=trace_events(path), device=str(device),
+                backend=dist.get_backend(), activities=[a.name for a in activities])
 
 
 def _ddp(net, device, **kw):
