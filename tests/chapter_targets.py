@@ -80,8 +80,6 @@ def targets(tmp):
         T("emulated_overlap", h.emulated_overlap, dict(steps=1), "part3"),
         T("bn_vs_syncbn", h.bn_vs_syncbn, dict(subset=256, batch_size=32, num_steps=2,
                                                lr=0.05, seed=0), "part3", data=True),
-        T("bn_step_times", h.bn_step_times, dict(subset=256, rounds=1, warmup=1), "part3",
-          data=True),
         T("syncbn_cost_times", h.syncbn_cost_times,
           dict(subset=256, rounds=1, warmup=1, steps=1), "part3", data=True),
         T("uneven_inputs_join", h.uneven_inputs_join, {}, "part3", gloo_only=True,
