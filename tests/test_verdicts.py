@@ -30,7 +30,11 @@ def test_against_prediction_has_a_branch_per_verdict():
 
 
 def test_the_ablation_credits_only_what_it_resolved():
-    assert "credits neither" in helpers.ablation_credit(FASTER, FASTER, NOISE)
+    assert "credits neither" in helpers.ablation_credit(NOISE, SLOWER, NOISE)
+    assert helpers.ablation_credit(NOISE, FASTER, NOISE) == (
+        "the compiler alone was resolved faster; the rewrite alone and the two together were "
+        "not, so this run credits the compiler alone")
+    assert "credits each alone" in helpers.ablation_credit(FASTER, FASTER, NOISE)
     assert "combination" in helpers.ablation_credit(NOISE, SLOWER, FASTER)
     assert "both earn" in helpers.ablation_credit(FASTER, FASTER, FASTER)
     assert helpers.ablation_credit(NOISE, FASTER, FASTER).startswith("the compiler alone")
@@ -57,7 +61,8 @@ def test_knob_and_bucket_words_follow_the_verdict():
 
 
 def test_a_cause_is_named_only_from_a_resolved_ratio_and_its_measured_split():
-    assert "latency, measured" in helpers.message_cause(FASTER, 8.0, 8.2)
+    assert helpers.message_cause(FASTER, 8.03, 8.23).startswith("about all of the 8.03 ms")
+    assert helpers.message_cause(FASTER, 8.0, 6.0).startswith("6.00 ms of the 8.00 ms")
     assert "names no cause" in helpers.message_cause(FASTER, 8.0, 1.0)
     assert "resolved no difference" in helpers.message_cause(NOISE, 8.0, 8.2)
     assert helpers.strong_words(FASTER, 20.0, 11.0, 2.0).startswith("faster than one")

@@ -43,21 +43,29 @@ def against_prediction(r, predicted):
 
 def ablation_credit(rewrite, compiler, both):
     """What the compile ablation credits, from three Ratios against the plain eager step: the
-    rewrite alone (lenet_fused, eager), the compiler alone (plain, compiled) and both."""
+    rewrite alone (lenet_fused, eager), the compiler alone (plain, compiled) and both. Every
+    variant resolved faster is named, and only those."""
     for r in (rewrite, compiler, both):
         _check(r)
-    if both.verdict != "faster":
-        return ("even the two together were not resolved faster than the plain eager step in "
-                "this run, so it credits neither")
     alone = [name for name, r in (("the rewrite", rewrite), ("the compiler", compiler))
              if r.verdict == "faster"]
+    if both.verdict == "faster":
+        if not alone:
+            return ("neither alone was resolved faster, the two together were: the compiled "
+                    "step's gain comes from the combination, a model rewritten so that the "
+                    "compiler can fuse it, not from compiling alone")
+        if len(alone) == 2:
+            return "each alone was faster, and the two together too: both earn part of the gain"
+        return f"{alone[0]} alone was faster, the other alone was not, and the two together were"
     if not alone:
-        return ("neither alone was resolved faster, the two together were: the compiled step's "
-                "gain comes from the combination, a model rewritten so that the compiler can "
-                "fuse it, not from compiling alone")
+        return ("none of the three was resolved faster than the plain eager step in this run, "
+                "so it credits neither")
     if len(alone) == 2:
-        return "each alone was faster, and the two together too: both earn part of the gain"
-    return f"{alone[0]} alone was faster, the other alone was not, and the two together were"
+        return ("the rewrite alone and the compiler alone were each resolved faster, the two "
+                "together were not: this run credits each alone, not their combination")
+    other = "the compiler" if alone[0] == "the rewrite" else "the rewrite"
+    return (f"{alone[0]} alone was resolved faster; {other} alone and the two together were "
+            f"not, so this run credits {alone[0]} alone")
 
 
 def compile_sentence(r, first_step_s, saved_s, epoch_steps):
@@ -105,7 +113,11 @@ def bucket_words(one_vs_small):
     r = _check(one_vs_small)
     return (f"one bucket left {r.median:.2f} times the exposed all-reduce of 1 MB buckets "
             f"({r.lo:.2f}-{r.hi:.2f}: "
-            + ("resolved: smaller buckets hid more of it behind backward"
+            + ("resolved: smaller buckets hid more of it behind backward. The step did not "
+               "shrink with it: each rank has one core, which gloo's threads share with "
+               "backward, so here the hidden all-reduce lengthens backward instead (the "
+               "ddp_scratch chapter measured it); on GPUs, whose communication has its own "
+               "hardware, we predict the step to gain"
                if r.verdict == "faster" else "the reverse of the model"
                if r.verdict == "slower" else
                "not resolvable on two CPU processes of this busy machine, where gloo's threads "
@@ -116,9 +128,13 @@ def message_cause(r, saved_ms, comm_saved_ms):
     """Where one message a step (against 8) saved its time: named only when the ratio is
     resolved faster and the measured split puts most of the saving in the all-reduce."""
     _check(r)
+    if r.verdict == "faster" and saved_ms > 0 and comm_saved_ms >= saved_ms:
+        return (f"about all of the {saved_ms:.2f} ms a step saved was all-reduce time "
+                f"({comm_saved_ms:.2f} ms less of it, medians): the messages' latency, "
+                "measured")
     if r.verdict == "faster" and saved_ms > 0 and comm_saved_ms > 0.5 * saved_ms:
         return (f"{comm_saved_ms:.2f} ms of the {saved_ms:.2f} ms a step saved was all-reduce "
-                "time: the messages' latency, measured")
+                "time (medians): the messages' latency, measured")
     if r.verdict == "faster":
         return ("the measured split does not put the difference in the all-reduce, so this run "
                 "names no cause")
