@@ -76,9 +76,11 @@ def test_a_cause_is_named_only_from_a_resolved_ratio_and_its_measured_split():
 
 
 def test_the_two_workers_sentence_reports_the_measured_share_or_says_none_ran():
-    got = helpers.two_workers_sentence((64, 1024), (1.8, 0.45), (0.6, 0.05))
-    assert "1.80 times as long as one at batch 64" in got and "more than twice" in got
+    twice = helpers.Ratio([2.1, 2.3, 2.5])
+    got = helpers.two_workers_sentence((64, 1024), (SLOWER, twice), (0.6, 0.05))
+    assert "0.80 times as fast (0.70-0.90: slower) as one at batch 64" in got
+    assert "more than twice" in got
     assert "60% of a two-worker step at batch 64 and 5% at batch 1024" in got
-    assert "more than twice" not in helpers.two_workers_sentence((64, 1024), (1.8, 0.9),
+    assert "more than twice" not in helpers.two_workers_sentence((64, 1024), (SLOWER, FASTER),
                                                                  (0.6, 0.05))
     assert "not run" in helpers.two_workers_sentence((), (), ())

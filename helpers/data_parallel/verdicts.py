@@ -164,18 +164,17 @@ def overlap_step_words(r):
             "cannot tell": "not told apart (one round) from"}.get(r.verdict, "within noise of")
 
 
-def two_workers_sentence(batches, slower_by, comm_share):
+def two_workers_sentence(batches, speed, comm_share):
     """The reference step on two workers against one, at the smallest and the largest batch of
-    the scaling chapter's sweep: `slower_by` their time ratios (two workers' / one's, from the
-    medians), `comm_share` the all-reduce's measured share of a two-worker step. Empty inputs:
-    two workers were not run (one core)."""
+    the scaling chapter's sweep: `speed` their Ratios (one worker's time / two workers', round
+    by round), `comm_share` the all-reduce's measured share of a two-worker step (medians).
+    Empty inputs: two workers were not run (one core)."""
     if not batches:
         return "Two workers were not run: one core is too few for them."
-    (small, large), (r_small, r_large), (c_small, c_large) = batches, slower_by, comm_share
-    half = (": more than twice as fast at the largest, so there the half batch each of two "
-            "workers gets costs less per example than the whole one") if r_large < 0.5 else ""
-    return (f"With the reference step, two workers took {r_small:.2f} times as long as one at "
-            f"batch {small} and {r_large:.2f} times as long at batch {large}{half}. The "
-            f"all-reduce's 8 messages (waits included) took {100 * c_small:.0f}% of a "
-            f"two-worker step at batch {small} and {100 * c_large:.0f}% at batch {large} "
-            "(medians).")
+    (small, large), (r_small, r_large), (c_small, c_large) = batches, speed, comm_share
+    half = (": more than twice as fast, so there the half batch each of two workers gets "
+            "costs less per example than the whole one") if _check(r_large).lo > 2 else ""
+    return (f"With the reference step, two workers were {ratio_words(r_small)} as one at batch "
+            f"{small}, and {ratio_words(r_large)} at batch {large}{half}. The all-reduce's 8 "
+            f"messages (waits included) took {100 * c_small:.0f}% of a two-worker step at batch "
+            f"{small} and {100 * c_large:.0f}% at batch {large} (medians).")
