@@ -68,7 +68,7 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
                           make_optimizer, plain_optimizer, train_one_process,
                           train_one_process_plain)
 from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
-                        exposed_ms)
+                        exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference, gpu_figures, capture_env, add_notebook, add_path)
@@ -104,8 +104,12 @@ from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exac
                                       SyncBatchNormFunction, CPUSyncBatchNorm,
                                       convert_sync_batchnorm, TwoInputNet, side_features, bn_net,
                                       bn_stats, global_batches, train_bn_steps)
-from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights, bn_step_times,
+from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights,
                                         uneven_inputs_join, ddp_trace, ddp_knobs)
+from .data_parallel.verdicts import (ratio_words, against_prediction, ablation_credit,
+                                     compile_sentence, graph_sentence, knob_words, bucket_words,
+                                     message_cause, strong_words, overlap_step_words,
+                                     two_workers_sentence)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,

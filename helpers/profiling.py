@@ -9,7 +9,7 @@ import os
 import sys
 
 __all__ = ["quiet_native_stderr", "profile_cpu", "count_ops", "trace_events", "overlap_ms",
-           "exposed_ms"]
+           "exposed_ms", "trace_sentence"]
 
 
 @contextlib.contextmanager
@@ -79,15 +79,28 @@ def trace_events(path, regions=REGIONS):
     step's timeline: the record_function regions (lane 'compute'), the all-reduces that DDP
     launches (lane 'launch': `c10d::allreduce_` on the training thread) and the ones that ran
     (lane 'all-reduce', comm_events: gloo's threads, or NCCL's kernels on a GPU), and for each
-    'backward' a
-    'reducer wait' region from its last autograd node to its end (see _reducer_waits). A list of
-    dicts name, lane, start_ms, dur_ms, step (counted from 0), times from the first region's
-    start."""
+    'backward' a 'reducer wait' from the end of its compute to the end of its all-reduces:
+    on the host's clock from its last autograd node (see _reducer_waits), or, in a trace with
+    GPU activity, on the GPU's clock (lane 'gpu', see _gpu_windows: with NCCL the host only
+    queues the work). A list of dicts name, lane, start_ms, dur_ms, step (counted from 0),
+    times from the first region's start."""
     import json
     with open(path) as f:
         trace = json.load(f)
     evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    picked = _reducer_waits(evs, regions)
+    gpu = any(e.get("cat") == "kernel" for e in evs)
+    starts = sorted(float(e["ts"]) for e in evs
+                    if e["name"] == regions[0] and e.get("cat") != "gpu_user_annotation")
+
+    def step_at(ts):
+        return max(sum(1 for s in starts if s <= ts) - 1, 0)
+
+    # a GPU window takes the step of the host backward that launched its kernels (they run
+    # after the host has moved on)
+    picked = ([(ts, dur, name, lane, step_at(host)) for ts, dur, name, lane, host in
+               _gpu_windows(evs)] if gpu else
+              [(ts, dur, name, lane, step_at(ts)) for ts, dur, name, lane in
+               _reducer_waits(evs, regions)])
     comm = {id(e) for e in comm_events(evs)}
     for e in evs:
         name = e["name"]
@@ -96,16 +109,49 @@ def trace_events(path, regions=REGIONS):
         lane = ("compute" if name in regions else "launch" if name.startswith("c10d::allreduce")
                 else "all-reduce" if id(e) in comm else None)
         if lane:
-            picked.append((float(e["ts"]), float(e["dur"]), name, lane))
+            picked.append((float(e["ts"]), float(e["dur"]), name, lane, step_at(float(e["ts"]))))
     if not picked:
         return []
-    starts = sorted(ts for ts, _, name, lane in picked if name == regions[0])
     t0 = starts[0] if starts else min(p[0] for p in picked)
+    return [dict(name=name, lane=lane, start_ms=(ts - t0) / 1e3, dur_ms=dur / 1e3, step=step)
+            for ts, dur, name, lane, step in sorted(picked)]
+
+
+def _backward_kernels(evs):
+    """For each host 'backward' region of a trace with GPU activity (in time order): its
+    compute kernels and its NCCL kernels, as (start, end) pairs, a kernel belonging to the
+    region in which the host launched it (the launch's `correlation` id names the kernel)."""
+    launched = {e["args"]["correlation"]: float(e["ts"]) for e in evs
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    kernels = [(launched.get(e.get("args", {}).get("correlation")), float(e["ts"]),
+                float(e["ts"]) + float(e["dur"]), e["name"].startswith(NCCL_KERNELS))
+               for e in evs if e.get("cat") == "kernel"]
     out = []
-    for ts, dur, name, lane in sorted(picked):
-        step = sum(1 for s in starts if s <= ts) - 1
-        out.append(dict(name=name, lane=lane, start_ms=(ts - t0) / 1e3, dur_ms=dur / 1e3,
-                        step=max(step, 0)))
+    for e in sorted((e for e in evs if e["name"] == "backward"
+                     and e.get("cat") != "gpu_user_annotation"), key=lambda e: float(e["ts"])):
+        s0, s1 = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        mine = [k for k in kernels if k[0] is not None and s0 <= k[0] <= s1]
+        out.append((float(e["ts"]), [(a, b) for _, a, b, nccl in mine if not nccl],
+                    [(a, b) for _, a, b, nccl in mine if nccl]))
+    return out
+
+
+def _gpu_windows(evs):
+    """On the GPU's clock, per backward: 'backward kernels' (lane 'gpu'), from its first compute
+    kernel to its last, and 'reducer wait' (lane 'gpu'), from there to the end of its last NCCL
+    kernel (none when the all-reduces ended first). With NCCL, DDP's backward() returns on the
+    host once the work is queued, and its autograd nodes end long before their kernels run:
+    the cut between compute and exposed all-reduce belongs on the GPU. Each window ends with
+    the host time of its backward region (for its step)."""
+    out = []
+    for host, comp, comm in _backward_kernels(evs):
+        if not comp:
+            continue
+        a, b = min(x for x, _ in comp), max(y for _, y in comp)
+        out.append((a, b - a, "backward kernels", "gpu", host))
+        last = max((y for _, y in comm), default=b)
+        if last > b:
+            out.append((b, last - b, "reducer wait", "gpu", host))
     return out
 
 
@@ -156,19 +202,46 @@ def overlap_ms(events, region="backward"):
 
 
 def exposed_ms(events):
-    """Split the all-reduce time of a DDP trace (helpers.trace_events) at the last autograd node
-    of each backward: {'overlapped': ms of all-reduce while autograd still had nodes to run,
-    'exposed': ms of all-reduce with no autograd work left (the step waits for it), 'total',
-    'wait': ms of the 'reducer wait' regions (backward() returned only after them)}. A region
+    """Split the all-reduce time of a DDP trace (helpers.trace_events) at the end of each
+    backward's compute: {'overlapped': ms of all-reduce while backward still computed,
+    'exposed': ms of all-reduce with no backward compute left (the step waits for it),
+    'total', 'wait': ms of the 'reducer wait' regions, 'clock': 'host' or 'gpu'}. On the host
+    (gloo) backward's compute ends at its last autograd node; in a trace with GPU activity
+    (NCCL) at its last compute kernel, on the GPU's clock ('backward kernels'). A region
     'backward' alone cannot tell the two: under DDP it ends after the wait, so all of the
     all-reduce falls inside it by construction."""
     comm = _union((e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
                   if e["lane"] == "all-reduce")
-    waits = {e["step"]: e for e in events if e["name"] == "reducer wait"}
-    compute = [(e["start_ms"], waits[e["step"]]["start_ms"] if e["step"] in waits
-                else e["start_ms"] + e["dur_ms"])
-               for e in events if e["name"] == "backward"]
+    on_gpu = any(e["lane"] == "gpu" for e in events)
+    if on_gpu:
+        compute = [(e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
+                   if e["name"] == "backward kernels"]
+        waits = [e for e in events if e["name"] == "reducer wait" and e["lane"] == "gpu"]
+    else:
+        by_step = {e["step"]: e for e in events if e["name"] == "reducer wait"}
+        compute = [(e["start_ms"], by_step[e["step"]]["start_ms"] if e["step"] in by_step
+                    else e["start_ms"] + e["dur_ms"])
+                   for e in events if e["name"] == "backward"]
+        waits = list(by_step.values())
     overlapped = sum(max(0.0, min(b, s1) - max(a, s0)) for a, b in comm for s0, s1 in compute)
     total = sum(b - a for a, b in comm)
     return dict(overlapped=overlapped, exposed=total - overlapped, total=total,
-                wait=sum(e["dur_ms"] for e in waits.values()))
+                wait=sum(e["dur_ms"] for e in waits), clock="gpu" if on_gpu else "host")
+
+
+def trace_sentence(backend):
+    """What a DDP trace of `backend` ('gloo' or 'nccl') shows and where its cut lies, in the
+    words of the profile chapter: the gloo trace is of CPU processes, the NCCL one of GPUs."""
+    if backend == "nccl":
+        return ("This trace is of NCCL on GPUs: `helpers.ddp_trace` profiled "
+                "`ProfilerActivity.CUDA` too, so the all-reduce lane is NCCL's kernels on the "
+                "GPU, and backward's compute ends at its last kernel there (the lane "
+                "\"backward's kernels\"), not at its last autograd node on the host, which "
+                "only queued the kernels.")
+    if backend == "gloo":
+        return ("This trace is of gloo on CPU processes: each has one core for its training "
+                "thread and gloo's threads together, so they take turns on it. On GPUs "
+                "`helpers.ddp_trace` profiles `ProfilerActivity.CUDA` too, and the cut moves "
+                "to the GPU: the all-reduce lane is then NCCL's kernels, and backward's "
+                "compute ends at its last kernel, since the host only queues them.")
+    raise ValueError(f"backend {backend!r}: a DDP trace is of 'gloo' or 'nccl'")

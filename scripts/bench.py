@@ -311,9 +311,9 @@ def main(argv=None):
     targets = args.targets if args.targets != "auto" else "none" if quick else (
         "gpu" if gpu else "cpu")
     label = "quick" if quick else "full" if size == FULL else "CPU"
-    print(f"bench: {label} size {size}, batch {args.batch_size}, lr {args.lr}, {rounds} "
-          f"round(s) (seeds {args.seed}-{args.seed + rounds - 1}), on {where}, "
-          f"torch {torch.__version__}")
+    word = "round" if rounds == 1 else "rounds"
+    print(f"bench: {label} size {size}, batch {args.batch_size}, lr {args.lr}, {rounds} {word} "
+          f"(seeds {args.seed}-{args.seed + rounds - 1}), on {where}, torch {torch.__version__}")
     if not gpu:
         print("bench: no GPU: in-process rows use 1 thread, each rank is a gloo process with 1 "
               "thread on its own core; the figures are CPU figures, not GPU ones")
@@ -394,7 +394,7 @@ def main(argv=None):
               f"{v['spread'][1]:.3g}): {target_word(v)}")
     load.append(timing.machine_load())
     busy = [f"{x:.2f}" for x in load if x is not None]
-    print(f"bench: {len(rows)} rows x {rounds} round(s) in {time.perf_counter() - t_start:.0f} s;"
+    print(f"bench: {len(rows)} rows x {rounds} {word} in {time.perf_counter() - t_start:.0f} s;"
           f" machine load (1-min load average per core) {', '.join(busy) or 'unknown'}")
     if quick:
         print("bench: quick size: a few steps per epoch, so these figures are too short to "

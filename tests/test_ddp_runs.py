@@ -70,8 +70,46 @@ def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
     # all-reduce 0.21-0.60 ms; autograd computes until 0.40: 0.19 overlapped, 0.20 exposed
     assert abs(split["total"] - 0.39) < 1e-9 and abs(split["overlapped"] - 0.19) < 1e-9
     assert abs(split["exposed"] - 0.20) < 1e-9 and abs(split["wait"] - 0.1) < 1e-9
+    assert split["clock"] == "host"
     # the region "backward" alone would call 0.29 ms hidden: it ends after the wait
     assert abs(helpers.overlap_ms(events)[0] - 0.29) < 1e-9
+
+
+def test_on_a_gpu_exposed_ms_cuts_at_backwards_last_kernel(tmp_path):
+    """With NCCL the host only queues: backward's autograd nodes end long before their kernels
+    run, and a step's NCCL kernels can still run while the host starts the next one. The cut
+    belongs on the GPU: each kernel goes with the backward whose host region launched it (the
+    launch's correlation id), compute ends at its last compute kernel, and what NCCL runs after
+    that is exposed."""
+    def ev(name, ts, dur, cat, corr=None, tid=1):
+        return dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1, cat=cat,
+                    args={} if corr is None else {"correlation": corr})
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    evs = [ev("forward", 1000, 100, "user_annotation"), ev("backward", 1100, 300,
+                                                           "user_annotation"),
+           ev("cudaLaunchKernel", 1110, 5, "cuda_runtime", 1),     # a compute kernel
+           ev("cudaLaunchKernel", 1150, 5, "cuda_runtime", 2),     # NCCL, bucket 1
+           ev("cudaLaunchKernel", 1200, 5, "cuda_runtime", 3),     # the last compute kernel
+           ev("cudaLaunchKernel", 1250, 5, "cuda_runtime", 4),     # NCCL, bucket 2
+           ev("optimizer", 1400, 50, "user_annotation"),
+           ev("forward", 1500, 100, "user_annotation"),             # the host runs ahead
+           ev("aten::mm", 1300, 400, "kernel", 1, tid=7),          # GPU: 1300-1700
+           ev(nccl, 1400, 200, "kernel", 2, tid=8),                # 1400-1600: hidden
+           ev("aten::mm", 1700, 300, "kernel", 3, tid=7),          # 1700-2000: compute ends
+           ev(nccl, 1900, 400, "kernel", 4, tid=8),                # 1900-2300: 300 exposed
+           ev("backward", 1300, 1000, "gpu_user_annotation", tid=7)]
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"traceEvents": evs}))
+    events = helpers.trace_events(str(path))
+    gpu = [(e["name"], e["start_ms"], e["dur_ms"], e["step"]) for e in events
+           if e["lane"] == "gpu"]
+    assert gpu == [("backward kernels", 0.3, 0.7, 0), ("reducer wait", 1.0, 0.3, 0)], gpu
+    split = helpers.exposed_ms(events)
+    assert split["clock"] == "gpu"
+    assert abs(split["total"] - 0.6) < 1e-9 and abs(split["overlapped"] - 0.3) < 1e-9
+    assert abs(split["exposed"] - 0.3) < 1e-9 and abs(split["wait"] - 0.3) < 1e-9
+    # the host's backward region (1100-1400) would miss the kernels: they run after it
+    assert helpers.overlap_ms(events)[0] == 0
 
 
 def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
@@ -108,3 +146,15 @@ def test_ddp_knobs_keep_the_arithmetic_except_compression():
             assert diff > 0, "bf16 compression rounds the gradients: not the same arithmetic"
         else:
             assert diff == 0, f"{knob} must not change the result"
+
+
+def test_the_trace_sentence_says_where_the_cut_lies_for_each_backend():
+    gloo, nccl = helpers.trace_sentence("gloo"), helpers.trace_sentence("nccl")
+    assert "gloo on CPU processes" in gloo and "ProfilerActivity.CUDA" in gloo
+    assert "NCCL on GPUs" in nccl and "last kernel" in nccl and "gloo" not in nccl
+    try:
+        helpers.trace_sentence("mpi")
+    except ValueError as e:
+        assert "'gloo' or 'nccl'" in str(e)
+    else:
+        raise AssertionError("an unknown backend is refused")

@@ -29,7 +29,7 @@ AREAS = ("core", "part4", "part3", "part7")
 KNOWN = {}
 # areas whose static rules below are known to fail, with why (none today)
 KNOWN_AREAS = {}
-SPEED_B_FUNCTIONS = {"bn_vs_syncbn", "bn_grads_same_weights", "bn_step_times",
+SPEED_B_FUNCTIONS = {"bn_vs_syncbn", "bn_grads_same_weights",
                      "convert_sync_batchnorm", "CPUSyncBatchNorm", "bn_net", "bn_stats",
                      "train_bn_steps", "global_batches"}
 

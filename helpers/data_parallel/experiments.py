@@ -19,8 +19,8 @@ from ..runtime.progress import report_progress
 from .torch_api import bn_net, bn_stats, convert_sync_batchnorm, evaluate_exact, global_batches, \
     train_bn_steps
 
-__all__ = ["bn_vs_syncbn", "bn_grads_same_weights", "bn_step_times", "uneven_inputs_join",
-           "ddp_trace", "ddp_knobs"]
+__all__ = ["bn_vs_syncbn", "bn_grads_same_weights", "uneven_inputs_join", "ddp_trace",
+           "ddp_knobs"]
 
 
 def bn_vs_syncbn(rank, world, cfg):
@@ -79,39 +79,6 @@ def bn_grads_same_weights(rank, world, cfg):
     return out
 
 
-def bn_step_times(rank, world, cfg):
-    """Seconds of a training step (forward, backward, optimizer) of bn_net under DDP with
-    per-device BatchNorm and with synchronised BatchNorm, timed in turns (the order reversed
-    every other round, the ranks meeting in a barrier before each step) after `warmup`
-    rounds. Returns {"bn": [...], "syncbn": [...]}, one sample per round."""
-    import torch.distributed as dist
-    device, subset, batch_size, rounds, warmup, channels = take(
-        cfg, "device", subset=2048, batch_size=32, rounds=7, warmup=2, channels=16)
-    X, y = load_tensors(True, subset)
-    idx = global_batches(len(y), batch_size, 1, 0)[0].tensor_split(world)[rank]
-    Xb, yb = X[idx].to(device), y[idx].to(device)
-    models = {}
-    for variant in ("bn", "syncbn"):
-        torch.manual_seed(0)
-        net = bn_net(channels).to(device)
-        if variant == "syncbn":
-            net = convert_sync_batchnorm(net, device)
-        model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
-        models[variant] = (model, torch.optim.SGD(model.parameters(), lr=0.01))
-    times = {v: [] for v in models}
-    for r in range(warmup + rounds):
-        for variant in (("bn", "syncbn") if r % 2 == 0 else ("syncbn", "bn")):
-            model, opt = models[variant]
-            dist.barrier()
-            t0 = synced_now(device)
-            nn.functional.cross_entropy(model(Xb), yb).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if r >= warmup:
-                times[variant].append(synced_now(device) - t0)
-    return times
-
-
 def uneven_inputs_join(rank, world, cfg):
     """Uneven inputs: rank r trains on 3 + 2r batches. Under `Join`, a rank that runs out of data
     shadows the others' gradient all-reduces (with zeros) until all are done, so nobody waits
@@ -143,7 +110,9 @@ def ddp_trace(rank, world, cfg):
     steps 3 (profiled, after 2 warm-up steps in which DDP also rebuilds its buckets). On a GPU
     the profiler records CUDA activity too: the kernels, and NCCL's all-reduce kernels, which
     trace_events reads as the all-reduce lane (the host's nccl:all_reduce is only the launch).
-    Returns trace (the path) and events (helpers.trace_events of it)."""
+    Returns trace (the path), events (helpers.trace_events of it), device, backend and the
+    profiler's activities (their names)."""
+    import torch.distributed as dist
     from torch.nn import functional as F
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
@@ -174,7 +143,8 @@ def ddp_trace(rank, world, cfg):
             if k == warm + steps - 1:
                 synchronize(device)            # the last kernels in the trace too
             prof.step()
-    return dict(trace=path, events=trace_events(path))
+    return dict(trace=path, events=trace_events(path), device=str(device),
+                backend=dist.get_backend(), activities=[a.name for a in activities])
 
 
 def _ddp(net, device, **kw):

@@ -177,18 +177,20 @@ def spread(times):
 
 def allreduce_compare_worker(rank, world_size, cfg):
     """Launch target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with
-    torch.distributed; rank 0 returns the inputs of every rank and the results, for comparison
-    in one process."""
+    torch.distributed, on the rank's device (cfg['device']: NCCL needs CUDA tensors); rank 0
+    returns the inputs of every rank and the results, on the CPU, for comparison in one
+    process."""
     import torch.distributed as dist
-    shapes, seed = take(cfg, "shapes", "seed")
+    shapes, seed, device = take(cfg, "shapes", "seed", "device")
     g = torch.Generator().manual_seed(seed + rank)
     mine = [torch.randn(s, generator=g) for s in shapes]
     inputs = [None] * world_size
-    dist.all_gather_object(inputs, mine)
-    for t in mine:
+    dist.all_gather_object(inputs, mine)      # CPU copies: nothing pickled from a GPU
+    sums = [t.to(device) for t in mine]
+    for t in sums:
         dist.all_reduce(t)
     if rank == 0:
-        return dict(inputs=inputs, sums=mine)
+        return dict(inputs=inputs, sums=[t.cpu() for t in sums])
 
 
 def compare_with_dist_all_reduce(shapes, world_size=2, seed=0):

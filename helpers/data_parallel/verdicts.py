@@ -1,0 +1,180 @@
+"""The sentences Part IV's chapters build from their measurements, one function each, so that
+every branch is tested (tests/test_verdicts.py) instead of living in a notebook's hidden cell.
+
+Each takes helpers.Ratio objects (helpers.timing: a verdict of "faster", "slower", "within
+noise" or, from one round, "cannot tell") and numbers, and returns the words the chapter glues.
+A sentence names a cause only for a resolved ratio, and only from a measured split.
+"""
+from ..timing import Ratio
+
+__all__ = ["ratio_words", "against_prediction", "ablation_credit", "compile_sentence",
+           "graph_sentence", "knob_words", "bucket_words", "message_cause", "strong_words",
+           "overlap_step_words", "two_workers_sentence"]
+
+
+def _check(r):
+    if not isinstance(r, Ratio):
+        raise TypeError(f"expected a helpers.Ratio (helpers.ratio(base, new)), got {r!r}")
+    return r
+
+
+def ratio_words(r):
+    """'1.23 times as fast (1.05-1.40: faster)': a ratio with its spread and verdict."""
+    _check(r)
+    return f"{r.median:.2f} times as fast ({r.lo:.2f}-{r.hi:.2f}: {r.verdict})"
+
+
+def against_prediction(r, predicted):
+    """The verdict of `r` and whether it is one of the `predicted` verdicts: 'faster, as
+    predicted', 'slower: not what we predicted', 'within noise: this run cannot tell them apart,
+    as predicted' ... ('one round: no verdict' from a single round)."""
+    _check(r)
+    unknown = set(predicted) - {"faster", "slower", "within noise"}
+    if unknown or not predicted:
+        raise ValueError(f"predicted verdicts {sorted(predicted)}: choose among 'faster', "
+                         "'slower' and 'within noise'")
+    if r.verdict == "cannot tell":
+        return "one round: no verdict"
+    what = ("within noise: this run cannot tell them apart" if r.verdict == "within noise"
+            else r.verdict)
+    return f"{what}, as predicted" if r.verdict in predicted else \
+        f"{what}: not what we predicted"
+
+
+def ablation_credit(rewrite, compiler, both):
+    """What the compile ablation credits, from three Ratios against the plain eager step: the
+    rewrite alone (lenet_fused, eager), the compiler alone (plain, compiled) and both. Every
+    variant resolved faster is named, and only those."""
+    for r in (rewrite, compiler, both):
+        _check(r)
+    alone = [name for name, r in (("the rewrite", rewrite), ("the compiler", compiler))
+             if r.verdict == "faster"]
+    if both.verdict == "faster":
+        if not alone:
+            return ("neither alone was resolved faster, the two together were: the compiled "
+                    "step's gain comes from the combination, a model rewritten so that the "
+                    "compiler can fuse it, not from compiling alone")
+        if len(alone) == 2:
+            return "each alone was faster, and the two together too: both earn part of the gain"
+        return f"{alone[0]} alone was faster, the other alone was not, and the two together were"
+    if not alone:
+        return ("none of the three was resolved faster than the plain eager step in this run, "
+                "so it credits neither")
+    if len(alone) == 2:
+        return ("the rewrite alone and the compiler alone were each resolved faster, the two "
+                "together were not: this run credits each alone, not their combination")
+    other = "the compiler" if alone[0] == "the rewrite" else "the rewrite"
+    return (f"{alone[0]} alone was resolved faster; {other} alone and the two together were "
+            f"not, so this run credits {alone[0]} alone")
+
+
+def compile_sentence(r, first_step_s, saved_s, epoch_steps):
+    """The compiled step against the fused step (Ratio `r`), and when its first step's compile
+    pays back: `saved_s` seconds a step (the medians' difference) over `epoch_steps` steps an
+    epoch; a payback only where the ratio says faster."""
+    _check(r)
+    if r.verdict == "faster" and saved_s > 0:
+        steps = first_step_s / saved_s
+        pays = (f"; it pays back its first step's {first_step_s:.0f} s after {steps:,.0f} steps "
+                f"({steps / epoch_steps:.1f} epochs of Fashion-MNIST)")
+    elif r.verdict == "slower":
+        pays = ", so here it never pays back its compile"
+    else:
+        pays = (f"; this run cannot tell whether it ever pays back its first step's "
+                f"{first_step_s:.0f} s")
+    return (f"The compiled step (`lenet_fused`, compiled: both, as the ablation above separates "
+            f"them) was {r.median:.2f} times as fast as the fused step ({r.lo:.2f}-{r.hi:.2f}: "
+            f"{r.verdict}){pays}.")
+
+
+def graph_sentence(r=None):
+    """The CUDA graph against the fused step (a Ratio), or None where no GPU ran it."""
+    if r is None:
+        return "There was no CUDA graph to measure here (it needs a GPU)."
+    _check(r)
+    return (f"The CUDA graph made a step {r.median:.1f} times as fast as the fused step "
+            f"({r.lo:.2f}-{r.hi:.2f}: {r.verdict}).")
+
+
+def knob_words(exposed, exposed_ms, step):
+    """One DDP knob against the default: its exposed all-reduce (Ratio, default's / knob's),
+    its median exposed milliseconds, and its whole step (Ratio)."""
+    _check(exposed), _check(step)
+    less = {"faster": "less exposed all-reduce than the default",
+            "slower": "more exposed all-reduce than the default"}.get(
+        exposed.verdict, "exposed all-reduce the run cannot tell from the default's")
+    return (f"{less} ({exposed_ms:.1f} ms a step, {exposed.lo:.2f}-{exposed.hi:.2f} of the "
+            f"default's per round; the step {step.median:.2f} times as fast, {step.verdict})")
+
+
+def bucket_words(one_vs_small):
+    """One bucket against small buckets, on the exposed all-reduce (Ratio: one bucket's /
+    small buckets', so 'faster' means small buckets left less exposed)."""
+    r = _check(one_vs_small)
+    return (f"one bucket left {r.median:.2f} times the exposed all-reduce of 1 MB buckets "
+            f"({r.lo:.2f}-{r.hi:.2f}: "
+            + ("resolved: smaller buckets hid more of it behind backward. The step did not "
+               "shrink with it: each rank has one core, which gloo's threads share with "
+               "backward, so here the hidden all-reduce lengthens backward instead (the "
+               "ddp_scratch chapter measured it); on GPUs, whose communication has its own "
+               "hardware, we predict the step to gain"
+               if r.verdict == "faster" else "the reverse of the model"
+               if r.verdict == "slower" else
+               "not resolvable on two CPU processes of this busy machine, where gloo's threads "
+               "and autograd share one core each") + ")")
+
+
+def message_cause(r, saved_ms, comm_saved_ms):
+    """Where one message a step (against 8) saved its time: named only when the ratio is
+    resolved faster and the measured split puts most of the saving in the all-reduce."""
+    _check(r)
+    if r.verdict == "faster" and saved_ms > 0 and comm_saved_ms >= saved_ms:
+        return (f"about all of the {saved_ms:.2f} ms a step saved was all-reduce time "
+                f"({comm_saved_ms:.2f} ms less of it, medians): the messages' latency, "
+                "measured")
+    if r.verdict == "faster" and saved_ms > 0 and comm_saved_ms > 0.5 * saved_ms:
+        return (f"{comm_saved_ms:.2f} ms of the {saved_ms:.2f} ms a step saved was all-reduce "
+                "time (medians): the messages' latency, measured")
+    if r.verdict == "faster":
+        return ("the measured split does not put the difference in the all-reduce, so this run "
+                "names no cause")
+    return "this run resolved no difference, so it names no cause"
+
+
+def strong_words(r, compute1_ms, computek_ms, comm_ms):
+    """k workers against one at the same global batch (Ratio), with the measured split: each
+    worker's compute for one worker and for k, and the all-reduce (waits included) for k."""
+    _check(r)
+    split = (f"each worker's compute went from {compute1_ms:.1f} to {computek_ms:.1f} ms a step "
+             f"and the all-reduce, waits included, added {comm_ms:.1f} ms")
+    if r.verdict == "faster":
+        return f"faster than one ({r}): {split}"
+    if r.verdict == "slower":
+        saved = compute1_ms - computek_ms
+        return (f"slower than one ({r}): {split}, "
+                + ("more than the compute saved" if comm_ms > saved else
+                   "less than the compute saved, so the split does not explain it"))
+    return f"within noise of one ({r}): this run cannot tell them apart, so it names no cause"
+
+
+def overlap_step_words(r):
+    """Overlap against all-reduce-after-backward on the whole step (Ratio: after's / overlap's)."""
+    _check(r)
+    return {"faster": "faster than", "slower": "slower than",
+            "cannot tell": "not told apart (one round) from"}.get(r.verdict, "within noise of")
+
+
+def two_workers_sentence(batches, speed, comm_share):
+    """The reference step on two workers against one, at the smallest and the largest batch of
+    the scaling chapter's sweep: `speed` their Ratios (one worker's time / two workers', round
+    by round), `comm_share` the all-reduce's measured share of a two-worker step (medians).
+    Empty inputs: two workers were not run (one core)."""
+    if not batches:
+        return "Two workers were not run: one core is too few for them."
+    (small, large), (r_small, r_large), (c_small, c_large) = batches, speed, comm_share
+    half = (": more than twice as fast, so there the half batch each of two workers gets "
+            "costs less per example than the whole one") if _check(r_large).lo > 2 else ""
+    return (f"With the reference step, two workers were {ratio_words(r_small)} as one at batch "
+            f"{small}, and {ratio_words(r_large)} at batch {large}{half}. The all-reduce's 8 "
+            f"messages (waits included) took {100 * c_small:.0f}% of a two-worker step at batch "
+            f"{small} and {100 * c_large:.0f}% at batch {large} (medians).")

@@ -1,0 +1,117 @@
+"""The facts about torch's DDP that the chapters state, checked against torch's own DDP: the
+knobs of fixes.ipynb ("DDP's own knobs", Exercise 4's worked answer and `ddp_buckets`), the
+table of ddp_scratch.ipynb (what torch's reducer does that ours does not) and the comm hooks
+of ddp_torchrun.ipynb. DDP runs in this process on a fake process group of two ranks (torch's
+testing backend: its collectives move nothing), so what DDP hands a comm hook is what it would
+send, bucket by bucket."""
+import inspect
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+MiB = 2 ** 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_world():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if dist.is_initialized():
+        pytest.skip("a process group is already running in this process")
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    yield
+    dist.destroy_process_group()
+
+
+def _mlp():
+    """8 layers of 512: each weight exactly 1 MiB of float32 gradients, 8 MiB in all."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
+
+
+def _buckets(steps=2, **ddp_kwargs):
+    """Per iteration, the buckets DDP hands its comm hook: (index, MiB, parameter names)."""
+    net = _mlp()
+    names = {id(p): n for n, p in net.named_parameters()}
+    model, seen = DDP(net, **ddp_kwargs), []
+
+    def record(state, bucket):
+        seen[-1].append((bucket.index(), bucket.buffer().numel() * 4 / MiB,
+                         [names[id(p)] for p in bucket.parameters()]))
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    model.register_comm_hook(None, record)
+    X = torch.randn(4, 512)
+    for _ in range(steps):
+        seen.append([])
+        model.zero_grad()
+        model(X).sum().backward()
+    return seen
+
+
+def test_the_default_caps_are_25_mib_and_a_first_bucket_of_1_mib():
+    from torch.nn.parallel import distributed
+    assert distributed._DEFAULT_BUCKET_CAP_MB == 25
+    assert dist._DEFAULT_FIRST_BUCKET_BYTES == MiB
+
+
+@pytest.mark.parametrize("kwargs, before", [({}, 1), (dict(static_graph=True), 2)])
+def test_first_iterations_one_bucket_then_rebuilt_in_arrival_order(kwargs, before):
+    """find_unused_parameters=False: one bucket for every parameter in the first iteration
+    (static_graph=True: in the first two, the second recording the graph); then buckets rebuilt
+    in the order the gradients arrived, the first closed at 1 MiB (the last layer's gradients
+    leave first), the others at 25 MiB."""
+    seen = _buckets(steps=before + 1, **kwargs)
+    assert all(len(b) == 1 and len(b[0][2]) == 16 for b in seen[:before]), seen
+    rebuilt = seen[before]
+    assert [(i, round(mb, 2), set(p)) for i, mb, p in rebuilt[:1]] == \
+        [(0, 1.0, {"7.weight", "7.bias"})], rebuilt
+    assert len(rebuilt) == 2 and round(rebuilt[1][1], 2) == 7.01, rebuilt
+
+
+def test_an_explicit_cap_has_no_small_first_bucket():
+    """The 1 MiB first bucket is used only when bucket_cap_mb is left at its default."""
+    _, second = _buckets(bucket_cap_mb=25)
+    assert len(second) == 1 and len(second[0][2]) == 16, second
+
+
+def test_find_unused_parameters_never_rebuilds_and_reduces_the_1_mib_bucket_last():
+    """find_unused_parameters=True: no rebuild; buckets follow the parameters in reverse order
+    of definition, and the 1 MiB bucket holds the parameter defined first, reduced last."""
+    first, second = _buckets(find_unused_parameters=True)
+    assert first == second
+    small = [b for b in second if round(b[1], 2) == 1.0]
+    assert small == [(len(second) - 1, 1.0, ["0.weight"])], second
+
+
+def test_a_hook_receives_the_undivided_sum_and_torchs_hooks_divide_it():
+    """Without a hook DDP divides each gradient by the world size; a hook gets the bucket
+    undivided and must divide itself, as torch's allreduce_hook (and the compressing hooks,
+    on their compressed copy) do."""
+    net, ref = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    ref.load_state_dict(net.state_dict())
+    model, got = DDP(net), {}
+
+    def hook(state, bucket):
+        got["received"] = bucket.buffer().clone()
+        try:
+            default_hooks.allreduce_hook(state, bucket).wait()
+        except RuntimeError:   # the fake all-reduce returns no tensor: its division is done
+            pass
+        got["divided"] = bucket.buffer().clone()
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    model.register_comm_hook(None, hook)
+    X = torch.randn(3, 4)
+    model(X).sum().backward()
+    ref(X).sum().backward()
+    local = torch.cat([ref.bias.grad, ref.weight.grad.reshape(-1)])
+    assert torch.equal(got["received"].sort().values, local.sort().values), "undivided"
+    assert torch.allclose(got["divided"] * 2, got["received"]), "allreduce_hook divides by 2"
+    assert "div_(world_size)" in inspect.getsource(default_hooks._compress_hook)
+    for h in (default_hooks.bf16_compress_hook, default_hooks.fp16_compress_hook):
+        assert "return _compress_hook(" in inspect.getsource(h), h.__name__

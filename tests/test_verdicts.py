@@ -1,0 +1,86 @@
+"""Part IV's sentences from its measurements (helpers/data_parallel/verdicts.py): every verdict
+gets its own words, and a cause is named only where the ratio is resolved."""
+import pytest
+
+import helpers
+
+FASTER = helpers.Ratio([1.2, 1.3, 1.4])
+SLOWER = helpers.Ratio([0.7, 0.8, 0.9])
+NOISE = helpers.Ratio([0.9, 1.1, 1.3])
+ONE = helpers.Ratio([1.5])
+
+
+def test_ratio_words_carry_median_spread_and_verdict():
+    assert helpers.ratio_words(FASTER) == "1.30 times as fast (1.20-1.40: faster)"
+    with pytest.raises(TypeError, match="helpers.Ratio"):
+        helpers.ratio_words(1.3)
+
+
+def test_against_prediction_has_a_branch_per_verdict():
+    got = {r.verdict: helpers.against_prediction(r, {"faster", "within noise"})
+           for r in (FASTER, SLOWER, NOISE, ONE)}
+    assert got == {"faster": "faster, as predicted",
+                   "slower": "slower: not what we predicted",
+                   "within noise": "within noise: this run cannot tell them apart, as "
+                                   "predicted",
+                   "cannot tell": "one round: no verdict"}
+    assert helpers.against_prediction(FASTER, {"slower"}).endswith("not what we predicted")
+    with pytest.raises(ValueError, match="choose among"):
+        helpers.against_prediction(FASTER, {"quicker"})
+
+
+def test_the_ablation_credits_only_what_it_resolved():
+    assert "credits neither" in helpers.ablation_credit(NOISE, SLOWER, NOISE)
+    assert helpers.ablation_credit(NOISE, FASTER, NOISE) == (
+        "the compiler alone was resolved faster; the rewrite alone and the two together were "
+        "not, so this run credits the compiler alone")
+    assert "credits each alone" in helpers.ablation_credit(FASTER, FASTER, NOISE)
+    assert "combination" in helpers.ablation_credit(NOISE, SLOWER, FASTER)
+    assert "both earn" in helpers.ablation_credit(FASTER, FASTER, FASTER)
+    assert helpers.ablation_credit(NOISE, FASTER, FASTER).startswith("the compiler alone")
+    assert helpers.ablation_credit(FASTER, NOISE, FASTER).startswith("the rewrite alone")
+
+
+def test_the_compile_pays_back_only_when_resolved_faster():
+    assert "pays back its first step's 30 s after 300 steps (1.3 epochs" in \
+        helpers.compile_sentence(FASTER, 30.0, 0.1, 235)
+    assert "never pays back" in helpers.compile_sentence(SLOWER, 30.0, -0.1, 235)
+    noise = helpers.compile_sentence(NOISE, 30.0, 0.1, 235)
+    assert "cannot tell whether it ever pays back" in noise and "after" not in noise
+    assert "no CUDA graph" in helpers.graph_sentence(None)
+    assert "(1.20-1.40: faster)" in helpers.graph_sentence(FASTER)
+
+
+def test_knob_and_bucket_words_follow_the_verdict():
+    assert helpers.knob_words(FASTER, 7.3, NOISE).startswith("less exposed")
+    assert helpers.knob_words(SLOWER, 19.5, NOISE).startswith("more exposed")
+    assert "cannot tell" in helpers.knob_words(NOISE, 12.0, NOISE)
+    assert "resolved: smaller buckets" in helpers.bucket_words(FASTER)
+    assert "reverse of the model" in helpers.bucket_words(SLOWER)
+    assert "not resolvable" in helpers.bucket_words(NOISE)
+
+
+def test_a_cause_is_named_only_from_a_resolved_ratio_and_its_measured_split():
+    assert helpers.message_cause(FASTER, 8.03, 8.23).startswith("about all of the 8.03 ms")
+    assert helpers.message_cause(FASTER, 8.0, 6.0).startswith("6.00 ms of the 8.00 ms")
+    assert "names no cause" in helpers.message_cause(FASTER, 8.0, 1.0)
+    assert "resolved no difference" in helpers.message_cause(NOISE, 8.0, 8.2)
+    assert helpers.strong_words(FASTER, 20.0, 11.0, 2.0).startswith("faster than one")
+    assert helpers.strong_words(SLOWER, 20.0, 11.0, 12.0).endswith(
+        "more than the compute saved")
+    assert helpers.strong_words(SLOWER, 20.0, 11.0, 2.0).endswith("does not explain it")
+    noise = helpers.strong_words(NOISE, 20.0, 11.0, 12.0)
+    assert "names no cause" in noise and "compute" not in noise
+    assert {helpers.overlap_step_words(r) for r in (FASTER, SLOWER, NOISE, ONE)} == {
+        "faster than", "slower than", "within noise of", "not told apart (one round) from"}
+
+
+def test_the_two_workers_sentence_reports_the_measured_share_or_says_none_ran():
+    twice = helpers.Ratio([2.1, 2.3, 2.5])
+    got = helpers.two_workers_sentence((64, 1024), (SLOWER, twice), (0.6, 0.05))
+    assert "0.80 times as fast (0.70-0.90: slower) as one at batch 64" in got
+    assert "more than twice" in got
+    assert "60% of a two-worker step at batch 64 and 5% at batch 1024" in got
+    assert "more than twice" not in helpers.two_workers_sentence((64, 1024), (SLOWER, FASTER),
+                                                                 (0.6, 0.05))
+    assert "not run" in helpers.two_workers_sentence((), (), ())
