@@ -288,8 +288,27 @@ with tempfile.TemporaryDirectory() as tmp:
         got[name] = dict(returncode=r.returncode, backend=m.get("backend"),
                          device=m.get("device"), test_acc=m.get("test_acc"),
                          epochs=len(m.get("history", [])))
+    # ddp_torchrun's flight recorder on NCCL (a GPU per rank: 2 GPUs); the dry run, on gloo
+    import torch
+    from helpers import flight_recorder as fr
+    if torch.cuda.device_count() >= 2 or dry:
+        d = os.path.join(tmp, "fr")
+        os.makedirs(d)
+        r = subprocess.run([*run, "--nproc-per-node", "2", "-m", "helpers.flight_recorder",
+                            d, "--timeout", "4"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **fr.fr_env(d)})
+        dumps = fr.read_dumps(d) if any(n.startswith("rank_") for n in os.listdir(d)) else {}
+        unjoined = fr.first_unjoined(dumps) if dumps else None
+        got["flight_recorder"] = dict(
+            backend="nccl" if torch.cuda.device_count() >= 2 else "gloo",
+            entries={str(k): len(v["entries"]) for k, v in dumps.items()},
+            first_unjoined=unjoined and [unjoined[0], unjoined[1], sorted(unjoined[2])],
+            analyzer=fr.fr_trace_report(d).splitlines()[:12] if dumps else [],
+            returncode=0 if dumps else r.returncode)
+    else:
+        got["flight_recorder"] = dict(skipped="NCCL needs a GPU per rank: 2 GPUs")
 add_path(sys.argv[1], sys.argv[2], got)
-assert all(v["returncode"] == 0 for v in got.values()), got
+assert all(v.get("returncode", 0) == 0 for v in got.values()), got
 EOF
     ;;
   comm)
