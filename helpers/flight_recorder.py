@@ -107,7 +107,8 @@ def fr_trace_report(dump_dir):
             pickle.dump(_named_groups(dump), f)
     run = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
                           work], capture_output=True, text=True, timeout=120)
-    return (run.stdout + run.stderr).strip()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    return (run.stdout + run.stderr).strip().replace(root, "")   # paths from the checkout
 
 
 def main(argv=None):
