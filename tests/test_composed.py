@@ -71,7 +71,7 @@ def test_planner_predicts_memory_and_bytes(ranks):
         for dim in ("tp", "pp"):
             assert got["bytes"][dim] == want["bytes"][dim], dim
         # DDPFromScratch all-reduces one "used" flag per parameter tensor with its last bucket
-        flags = helpers.ring_allreduce_bytes(4 * len(got["weights"]), lay["dp"])
+        flags = helpers.ring_bytes_per_device(4 * len(got["weights"]), lay["dp"])
         assert got["bytes"]["dp"] == want["bytes"]["dp"] + flags
 
 
@@ -100,7 +100,7 @@ def test_cp_zero2_equals_one_process_and_the_planner(cp_ranks, rec):
         assert [mem[p] for p in ("params", "grads", "optim")] == [
             want[p] for p in ("params", "grads", "optim")]
         assert sent["cp"] == want["bytes"]["cp"]
-        assert sent["dp"] == want["bytes"]["dp"] + helpers.ring_allreduce_bytes(4 * tensors, 4)
+        assert sent["dp"] == want["bytes"]["dp"] + helpers.ring_bytes_per_device(4 * tensors, 4)
         # the count keeps what forward saved; the allocator also holds what backward makes
         recomputed = want["tokens"] * helpers.activation_bytes_per_token(
             16, 2, 8, dtype_bytes=4) if rec == "full" else 0

@@ -99,10 +99,10 @@ def measured():
 
 
 def test_accumulation_prices_match_part_v(measured):
-    from helpers import make_model, ring_allreduce_bytes
+    from helpers import make_model, ring_bytes_per_device
     m, k, n = 4, 2, measured["n_params"]
     net = make_model("mlp")
-    flags = ring_allreduce_bytes(4 * len(list(net.parameters())), k)   # Zero2's "used" flags
+    flags = ring_bytes_per_device(4 * len(list(net.parameters())), k)   # Zero2's "used" flags
     for acc in ("every", "no_sync"):
         want = data_parallel_costs(n, k, "zero2", m, acc, "adam", 4)["sent_bytes"]
         assert measured["zero2"][acc]["sent"] == want + flags, acc

@@ -7,7 +7,7 @@ import math
 
 
 from ..composed.planner import data_parallel_costs
-from ..costs import ring_allreduce_bytes
+from ..costs import ring_bytes_per_device
 from ..runtime.mesh import rank_grid
 from ..transformer_costs import activation_bytes_per_token
 from ._core import (CheckFailed, as_number, check, expect,
@@ -71,7 +71,7 @@ def check_tp_bytes_per_step(fn):
         width, tp, b = 2 ** randint(g, 5, 10), randint(g, 1, 8), (2, 4)[randint(g, 0, 1)]
         what = f"tp_bytes_per_step({blocks}, {m}, {tokens}, {width}, {tp}, {b})"
         got = as_number(fn(blocks, m, tokens, width, tp, b), what)
-        want = 4 * blocks * m * ring_allreduce_bytes(tokens * width * b, tp)
+        want = 4 * blocks * m * ring_bytes_per_device(tokens * width * b, tp)
         expect(abs(got - want) <= 1e-9 * max(1, want), f"{what} returned {got:.6g}, "
                                                        f"expected {want:.6g}")
 

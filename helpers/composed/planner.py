@@ -20,7 +20,7 @@ only the attention of the block it brings (its MLP waits for it).
 """
 import itertools
 
-from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_allreduce_bytes, sharding_costs
+from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_bytes_per_device, sharding_costs
 from ..transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
                                  moe_dispatch_bytes, ring_attention_bytes, train_flops_per_token)
 
@@ -144,7 +144,7 @@ def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout
         ring = ring_attention_bytes(tokens, h, cp, tp, b)
         ring_fwd = 2 * (cp - 1) * tokens * h // tp * b
         pp_msgs = m * ((r < pp - 1) + (r > 0))
-        sent = dict(tp=tp_calls * ring_allreduce_bytes(act, tp), pp=pp_msgs * act,
+        sent = dict(tp=tp_calls * ring_bytes_per_device(act, tp), pp=pp_msgs * act,
                     dp=z["sent_bytes"], cp=blocks * m * (ring + (ring_fwd if again else 0)),
                     ep=blocks * m * moe_dispatch_bytes(tokens, h // tp, E, k, cf, ep, b)
                     if E and ep > 1 else 0)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 # the course's pieces, composed
-from ..costs import ring_allreduce_bytes
+from ..costs import ring_bytes_per_device
 from ..data_parallel.scratch import DDPFromScratch
 from ..devices import synced_now
 from ..pipeline_parallel.schedules import one_f_one_b_rank_order
@@ -99,7 +99,7 @@ def train_3d_scratch(rank, world, cfg):
             loss = torch.tensor(got["loss"], device=device)
             dist.all_reduce(loss, group=groups["dp"][0])
             losses.append(float(loss) / dp)
-    tp_bytes = sum(ring_allreduce_bytes(b, tp) for op, _, b in tp_comm.log if op == "all_reduce")
+    tp_bytes = sum(ring_bytes_per_device(b, tp) for op, _, b in tp_comm.log if op == "all_reduce")
     params = sum(p.numel() * p.element_size() for p in stage.parameters())
     return dict(coords=c, groups={k: v[1] for k, v in groups.items()}, losses=losses,
                 weights={n: p.detach().cpu().clone() for n, p in stage.named_parameters()},
