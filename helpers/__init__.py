@@ -39,7 +39,8 @@ __course__ = "multigpu-course"
 
 from .config import choose, quick
 from .devices import (DeviceClock, Timer, exact_float32, get_devices, num_gpus, require_gpus,
-                      synced_now, synchronize, try_all_gpus, try_gpu)
+                      synced_now, synchronize, try_all_gpus, try_gpu, gpu_copy_gbs,
+                      copy_while_computing, gpu_chapter_figures)
 from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
                    load_tensors, ensure_data)
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap

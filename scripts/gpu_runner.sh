@@ -355,6 +355,7 @@ if gpu:
         end.synchronize()
         copies[k] = start.elapsed_time(end) / 1e3 / 10
     res.update(matmul_fp32_flops_per_s=flops, copy_s={str(k): v for k, v in copies.items()})
+    res["gpus_chapter"] = helpers.gpu_chapter_figures()   # gpus.ipynb's GPU-only sections
     rates = dict(flops_per_s=flops, measured=["flops_per_s"])
     if helpers.num_gpus() >= 2:   # messages: NCCL between two GPUs
         two = helpers.time_gloo_allreduce([1, 1 << 26], world_size=2, reps=5,
