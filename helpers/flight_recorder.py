@@ -10,8 +10,10 @@ Run on 2 ranks by torchrun (the chapter does, with FR_ENV set):
     python -m torch.distributed.run --nproc-per-node 2 -m helpers.flight_recorder DIR
 Every rank runs three all-reduces; then rank 0 runs a fourth (an evaluation on rank 0 only),
 which rank 1, busy elsewhere, never joins. Rank 0's waits until the timeout. Each rank writes
-its buffer to DIR/rank_<r>: on demand (`_dump_fr_trace`, `_dump_nccl_trace` under NCCL, private
-torch functions), and under NCCL also the watchdog, on the timeout (TORCH_NCCL_DUMP_ON_TIMEOUT).
+its buffer to DIR/rank_<r> on demand (`_dump_fr_trace`, `_dump_nccl_trace` under NCCL, private
+torch functions): rank 1 once its last collective is done, rank 0 when its fourth has waited
+(gloo: timed out; NCCL: half the timeout, still queued); under NCCL the watchdog also dumps on
+the timeout (TORCH_NCCL_DUMP_ON_TIMEOUT), to the same files.
 """
 import argparse
 import datetime
@@ -143,9 +145,9 @@ def main(argv=None):
             print(f"rank 0: {str(e).splitlines()[0][:120]}", flush=True)
         if not nccl:
             _dump(backend, args.dump_dir, rank)
-    else:                              # busy elsewhere: never joins
-        time.sleep(args.timeout + 2)
+    else:                              # its record is complete: dump it, then
         _dump(backend, args.dump_dir, rank)
+        time.sleep(args.timeout + 2)   # be busy elsewhere: never join
     os._exit(0)                        # no teardown: a collective is still open
 
 
