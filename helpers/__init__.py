@@ -41,7 +41,8 @@ __course__ = "multigpu-course"
 
 from .config import choose, quick
 from .devices import (DeviceClock, Timer, exact_float32, get_devices, num_gpus, require_gpus,
-                      synced_now, synchronize, try_all_gpus, try_gpu)
+                      synced_now, synchronize, try_all_gpus, try_gpu, gpu_copy_gbs,
+                      copy_while_computing, gpu_chapter_figures)
 from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
                    load_tensors, ensure_data)
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
@@ -56,14 +57,14 @@ from .validate import (validate_positive_int, validate_lr, validate_seed, valida
                        SnapshotError, validate_snapshot)
 from .script_args import script_parser, resolve_args
 from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
-                    ring_allreduce_bytes, ring_volume, split_costs, plot_costs,
+                    split_costs, plot_costs,
                     OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS,
                     network_cuts, BACKWARD_SHARE)
 from .transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
                                 ring_attention_bytes, moe_dispatch_bytes, train_flops_per_token)
 from .transformer_costs import ulysses_attention_bytes, moe_layer_seconds
 from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
-from .compare import all_close, max_abs_diff, max_diff, rel_diff
+from .compare import all_close, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
                           make_optimizer, plain_optimizer, train_one_process,
                           train_one_process_plain)

@@ -8,7 +8,7 @@ training moved.
 """
 import torch
 
-__all__ = ["all_close", "max_diff", "max_abs_diff", "rel_diff"]
+__all__ = ["all_close", "max_diff", "rel_diff"]
 
 
 def _pairs(xs, ys):
@@ -51,8 +51,6 @@ def max_diff(xs, ys):
     return max(float((x.detach().cpu().double() - y.detach().cpu().double()).abs().max())
                for x, y in _pairs(xs, ys))
 
-
-max_abs_diff = max_diff   # Part I's name for it
 
 
 def rel_diff(a, b, start):

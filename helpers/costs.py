@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 __all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_bytes_per_device",
-           "ring_allreduce_bytes", "ring_volume",
            "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES",
            "sharding_costs", "ZERO_ROWS", "network_cuts", "BACKWARD_SHARE"]
 
@@ -162,9 +161,6 @@ def ring_bytes_per_device(nbytes, k):
     return 2 * (k - 1) / k * nbytes
 
 
-ring_allreduce_bytes = ring_bytes_per_device   # the names Parts I, IV and VI call it by
-ring_volume = ring_bytes_per_device
-
 
 def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4,
                 optimizer="sgd", latency_us=0.0, zero=False, tflops=None):
@@ -206,7 +202,7 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     costs = {}
 
     shard = -(-n // k)    # the largest shard of the batch
-    costs["data"] = dict(sent=ring_allreduce_bytes(P * b, k), params=P * b, grads=P * b,
+    costs["data"] = dict(sent=ring_bytes_per_device(P * b, k), params=P * b, grads=P * b,
                          optim=P * ob, acts=shard * A * b, collectives=int(k > 1), handoffs=0,
                          messages=2 * (k - 1))
 
@@ -231,7 +227,7 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     weighted = sum(r["params"] for r in sizes if r["weighted"])
     p_dev = -(-weighted // k) + (P - weighted)    # conv/dense weights split, the rest replicated
     sent = sum((k - 1) / k * n * o * b for _, o in layers)                       # all-gathers
-    sent += sum(ring_allreduce_bytes(n * i * b, k) for i, _ in layers[1:])       # all-reduces
+    sent += sum(ring_bytes_per_device(n * i * b, k) for i, _ in layers[1:])       # all-reduces
     L = len(layers) if k > 1 else 0
     costs["within layer"] = dict(sent=sent, params=p_dev * b, grads=p_dev * b, optim=p_dev * ob,
                                  acts=n * A * b, collectives=max(0, 2 * L - 1), handoffs=0,

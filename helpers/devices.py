@@ -1,10 +1,12 @@
 """Which devices to use, and timing that is honest about asynchronous GPUs."""
+import statistics
 import time
 
 import torch
 
 __all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus",
-           "synced_now", "synchronize", "try_all_gpus", "try_gpu"]
+           "synced_now", "synchronize", "try_all_gpus", "try_gpu", "gpu_copy_gbs",
+           "copy_while_computing", "gpu_chapter_figures"]
 
 
 def num_gpus():
@@ -170,3 +172,85 @@ def exact_float32():
     Nothing changes on a CPU."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+# ---- the GPU chapter's measurements (book/gpus.ipynb builds the first two) ----------------------
+def gpu_copy_gbs(X, device, reps=5):
+    """GB/s of copying X to the GPU `device`, timed with CUDA events: the
+    median of `reps` copies after a warm-up."""
+    on = X.device if X.device.type == "cuda" else torch.device(device)
+    X.to(device, non_blocking=True)                 # warm-up
+    times = []
+    with torch.cuda.device(on):                     # events on its stream
+        for _ in range(reps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            X.to(device, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)   # ms -> s
+    return X.numel() * X.element_size() / statistics.median(times) / 1e9
+
+
+def copy_while_computing(X_host, A, reps=5):
+    """Seconds (CUDA events, median of `reps`) of a copy of pinned X_host to
+    A's GPU plus a product A @ A: on one stream, and with the copy on a
+    second stream."""
+    side = torch.cuda.Stream(A.device)
+    main = torch.cuda.current_stream(A.device)
+    result = {}
+    for name, copier in (("one stream", main), ("two streams", side)):
+        times = []
+        for _ in range(reps + 1):                     # the first warms up
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(main)
+            copier.wait_stream(main)                  # starts after `start`
+            with torch.cuda.stream(copier):
+                X_host.to(A.device, non_blocking=True)
+            A @ A                                     # on the main stream
+            main.wait_stream(copier)                  # the copy is done too
+            end.record(main)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        result[name] = statistics.median(times[1:])
+    return result
+
+
+def gpu_chapter_figures(mib=256):
+    """What the GPU chapter's GPU-only sections measure, for the GPU reference run
+    (scripts/gpu_runner.sh): host-to-GPU GB/s from pageable and pinned memory, GB/s of a copy
+    inside the GPU, GPU-to-GPU GB/s (2 GPUs), LeNet's step memory at batch 256, and a copy plus
+    a product on one stream against two. Needs a GPU."""
+    from .models import lenet_module
+    require_gpus(1)
+    d = torch.device("cuda", 0)
+    X = torch.randn(mib * 2**18)
+    out = dict(mib=mib, pageable_gbs=gpu_copy_gbs(X, d),
+               pinned_gbs=gpu_copy_gbs(X.pin_memory(), d))
+    on = X.to(d)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    on.clone()
+    start.record()
+    for _ in range(5):
+        on.clone()                                  # read and write GPU memory
+    end.record()
+    end.synchronize()
+    out["inside_gbs"] = 2 * on.nbytes * 5 / (start.elapsed_time(end) / 1e3) / 1e9
+    if num_gpus() >= 2:
+        out["p2p"] = torch.cuda.can_device_access_peer(0, 1)
+        out["gpu_to_gpu_gbs"] = gpu_copy_gbs(on, torch.device("cuda", 1))
+    net = lenet_module().to(d)
+    X_gpu = torch.randn(256, 1, 28, 28, device=d)
+    torch.cuda.synchronize(d)
+    torch.cuda.reset_peak_memory_stats(d)
+    before = torch.cuda.memory_allocated(d)
+    net(X_gpu).sum().backward()
+    out["step_peak_mib"] = (torch.cuda.max_memory_allocated(d) - before) / 2**20
+    out["before_mib"] = before / 2**20
+    with torch.cuda.device(0):
+        both = copy_while_computing(X.pin_memory(), torch.randn(4096, 4096, device=d))
+    out["one_stream_ms"], out["two_streams_ms"] = (1e3 * both["one stream"],
+                                                   1e3 * both["two streams"])
+    return out

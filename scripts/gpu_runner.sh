@@ -259,9 +259,14 @@ naive = helpers.train(2, 256, 0.2, plot=False, **size)   # Part II: two replicas
 fast = helpers.train_fast(2, 256, 0.2, replica_streams=helpers.num_gpus() > 0, verbose=True,
                           **size)
 keep = ("num_gpus", "test_acc", "sec_per_epoch", "epoch_times")
-add_path(sys.argv[1], sys.argv[2], dict(train={k: naive.get(k) for k in keep},
-                                         train_fast={k: fast.get(k) for k in keep},
-                                         devices=[str(d) for d in helpers.get_devices(2)]))
+got = dict(train={k: naive.get(k) for k in keep}, train_fast={k: fast.get(k) for k in keep},
+           devices=[str(d) for d in helpers.get_devices(2)])
+if helpers.num_gpus() >= 2:     # Part III: DataParallel against DDP, a step each (2 GPUs)
+    from helpers.dp_vs_ddp import dp_vs_ddp
+    dd = dp_vs_ddp(batch=256, steps=50, rounds=3)
+    got["dp_vs_ddp"] = dict(dp=dd["dp"].to_dict(), ddp=dd["ddp"].to_dict(),
+                            ratio=dd["ratio"].to_dict(), batch=256, steps=50)
+add_path(sys.argv[1], sys.argv[2], got)
 EOF
     ;;
   torchrun)
@@ -288,8 +293,27 @@ with tempfile.TemporaryDirectory() as tmp:
         got[name] = dict(returncode=r.returncode, backend=m.get("backend"),
                          device=m.get("device"), test_acc=m.get("test_acc"),
                          epochs=len(m.get("history", [])))
+    # ddp_torchrun's flight recorder on NCCL (a GPU per rank: 2 GPUs); the dry run, on gloo
+    import torch
+    from helpers import flight_recorder as fr
+    if torch.cuda.device_count() >= 2 or dry:
+        d = os.path.join(tmp, "fr")
+        os.makedirs(d)
+        r = subprocess.run([*run, "--nproc-per-node", "2", "-m", "helpers.flight_recorder",
+                            d, "--timeout", "4"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **fr.fr_env(d)})
+        dumps = fr.read_dumps(d) if any(n.startswith("rank_") for n in os.listdir(d)) else {}
+        unjoined = fr.first_unjoined(dumps) if dumps else None
+        got["flight_recorder"] = dict(
+            backend="nccl" if torch.cuda.device_count() >= 2 else "gloo",
+            entries={str(k): len(v["entries"]) for k, v in dumps.items()},
+            first_unjoined=unjoined and [unjoined[0], unjoined[1], sorted(unjoined[2])],
+            analyzer=fr.fr_trace_report(d).splitlines()[:12] if dumps else [],
+            returncode=0 if dumps else r.returncode)
+    else:
+        got["flight_recorder"] = dict(skipped="NCCL needs a GPU per rank: 2 GPUs")
 add_path(sys.argv[1], sys.argv[2], got)
-assert all(v["returncode"] == 0 for v in got.values()), got
+assert all(v.get("returncode", 0) == 0 for v in got.values()), got
 EOF
     ;;
   comm)
@@ -331,6 +355,7 @@ if gpu:
         end.synchronize()
         copies[k] = start.elapsed_time(end) / 1e3 / 10
     res.update(matmul_fp32_flops_per_s=flops, copy_s={str(k): v for k, v in copies.items()})
+    res["gpus_chapter"] = helpers.gpu_chapter_figures()   # gpus.ipynb's GPU-only sections
     rates = dict(flops_per_s=flops, measured=["flops_per_s"])
     if helpers.num_gpus() >= 2:   # messages: NCCL between two GPUs
         two = helpers.time_gloo_allreduce([1, 1 << 26], world_size=2, reps=5,

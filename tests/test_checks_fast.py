@@ -473,7 +473,7 @@ def ring_allreduce_time_reference(n_bytes, k, alpha, beta):
 
 @shortcut("check_ring_allreduce_seconds", "the course's byte count", "course's own answer")
 def ring_allreduce_time_bytes(n_bytes, k, alpha, beta):
-    return 2 * (k - 1) * alpha + helpers.ring_allreduce_bytes(n_bytes, k) / beta
+    return 2 * (k - 1) * alpha + helpers.ring_bytes_per_device(n_bytes, k) / beta
 
 
 # ---- scaling: crossover_bytes ----------------------------------------------------------------

@@ -281,9 +281,9 @@ def tp_bytes_payload(batch, seq, width, k):
     return 4 * batch * seq * width * 4
 
 
-@shortcut("check_tp_ring_bytes", "the course's ring_allreduce_bytes", REFUSED)
+@shortcut("check_tp_ring_bytes", "the course's ring_bytes_per_device", REFUSED)
 def tp_bytes_reference(batch, seq, width, k):
-    return 4 * helpers.ring_allreduce_bytes(batch * seq * width * 4, k)
+    return 4 * helpers.ring_bytes_per_device(batch * seq * width * 4, k)
 
 
 @other("check_tp_ring_bytes", "an integer, with numpy")

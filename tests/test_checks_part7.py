@@ -272,7 +272,7 @@ def activation_terms(width, heads, seq, tp, sp, recompute):
 
 @shortcut("check_tp_bytes_per_step", "forward only", "expected")
 def tp_bytes_forward(blocks, m, tokens, width, tp, dtype_bytes):
-    return 2 * blocks * m * helpers.ring_allreduce_bytes(tokens * width * dtype_bytes, tp)
+    return 2 * blocks * m * helpers.ring_bytes_per_device(tokens * width * dtype_bytes, tp)
 
 
 @shortcut("check_tp_bytes_per_step", "the payload, not the ring's volume", "expected")

@@ -7,7 +7,7 @@ import torch
 import helpers
 from helpers import (FastDataParallel, OverlapReducer, ResidentLoader, allreduce,
                      allreduce_time, bucketed_allreduce, fit_alpha_beta, flat_allreduce,
-                     flatten, get_params, init_lenet_params, ring_allreduce, ring_volume,
+                     flatten, get_params, init_lenet_params, ring_allreduce, ring_bytes_per_device,
                      train_batch, train_batch_overlap, unflatten_into)
 
 CPU = torch.device("cpu")
@@ -96,7 +96,7 @@ def test_ring_allreduce_equals_the_naive_one(k, n):
     for d in data:
         torch.testing.assert_close(d, naive[0], rtol=1e-5, atol=1e-5)
     assert sum(sent) == 2 * (k - 1) * n, "a ring moves 2(k-1)/k of the data per device"
-    assert max(sent) <= ring_volume(n, k) + 2, sent
+    assert max(sent) <= ring_bytes_per_device(n, k) + 2, sent
     ints = [torch.randint(-50, 50, (n,), generator=g).float() for _ in range(k)]
     total = sum(t.clone() for t in ints)
     ring_allreduce(ints)

@@ -130,7 +130,7 @@ def test_memory_and_traffic_match_the_cost_model(two, four, world):
                 assert model <= sent <= model + pad + flags, (stage, got, want)
             elif stage == "zero1":   # all-reduce of the gradients + broadcast of the parameters
                 # (+ DDPFromScratch's "used" flags, one float per tensor, in its last bucket)
-                used = helpers.ring_allreduce_bytes(flags / 2, world)
+                used = helpers.ring_bytes_per_device(flags / 2, world)
                 assert sent == pytest.approx(1.5 * model + used), (stage, got, want)
             else:   # the first layer is not gathered again: its input needs no gradient
                 skipped = (world - 1) / world * 4 * FIRST

@@ -203,14 +203,17 @@ def _topology(g, n):
 
 def _visible(spec, n):
     """The physical GPUs cuda:0, cuda:1, ... are, as CUDA reads CUDA_VISIBLE_DEVICES: in the
-    order listed, up to the first entry that is not a valid index (None: all of them)."""
+    order listed, up to the first entry that is not a valid index (None: all of them); an
+    index listed twice makes none visible (torch.cuda._parse_visible_devices)."""
     if spec is None:
         return list(range(n))
     out = []
     for entry in spec.split(","):
         entry = entry.strip()
-        if not entry.isdigit() or int(entry) >= n or int(entry) in out:
+        if not entry.isdigit() or int(entry) >= n:
             break
+        if int(entry) in out:
+            return []
         out.append(int(entry))
     return out
 

@@ -77,7 +77,7 @@ def check_fit_latency_bandwidth(fit):
                       "numpy.polyfit)")
 
 
-@check("ring_allreduce_seconds", references=["allreduce_time", "ring_allreduce_bytes"],
+@check("ring_allreduce_seconds", references=["allreduce_time", "ring_bytes_per_device"],
        observes=["the seconds returned for fresh (n bytes, k, alpha, beta) and for one device, "
                  "against 2(k-1) alpha + 2(k-1)/k n / beta, to float rounding"])
 def check_ring_allreduce_seconds(seconds):

@@ -135,7 +135,7 @@ def _block_bytes(comm, block, X, R):
     return comm.bytes_sent("all_reduce")
 
 
-@check("tp_ring_bytes", references=["ring_allreduce_bytes", "ring_bytes_per_device"],
+@check("tp_ring_bytes", references=["ring_bytes_per_device"],
        observes=["the number returned for fresh (batch, seq, width, k), against the payload "
                  "the from-scratch TPBlock all-reduces on k thread ranks (recorded) times the "
                  "ring's 2(k-1)/k"])

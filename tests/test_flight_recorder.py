@@ -1,0 +1,48 @@
+"""The flight-recorder reading of ddp_torchrun and the DataParallel/DDP timer of dataparallel."""
+import pytest
+
+from helpers import flight_recorder as fr
+
+
+def _dump(seqs, pg_config=None):
+    entries = [{"collective_seq_id": s, "profiling_name": "gloo:all_reduce",
+                "process_group": ("0", "default_pg")} for s in seqs]
+    return {"entries": entries, "pg_config": pg_config or {"0": {"name": "0"}}}
+
+
+def test_first_unjoined_names_the_collective_one_rank_skipped():
+    assert fr.first_unjoined({0: _dump([1, 2, 3, 4]), 1: _dump([1, 2, 3])}) == \
+        (4, "gloo:all_reduce", {0})
+    assert fr.first_unjoined({0: _dump([1, 2]), 1: _dump([1, 3])}) == (2, "gloo:all_reduce", {0})
+
+
+def test_first_unjoined_is_none_when_every_rank_recorded_the_same():
+    assert fr.first_unjoined({0: _dump([1, 2]), 1: _dump([1, 2])}) is None
+
+
+def test_groups_are_renamed_only_where_the_dump_disagrees_with_its_entries():
+    bad = _dump([1], {"": {"name": "", "desc": "", "ranks": "[0, 1]"}})
+    fixed = fr._named_groups(bad)
+    assert set(fixed["pg_config"]) == {"0"} and fixed["pg_config"]["0"]["ranks"] == "[0, 1]"
+    good = _dump([1])
+    assert fr._named_groups(good) is good
+
+
+def test_the_recorder_is_turned_on_under_both_names(tmp_path):
+    env = fr.fr_env(tmp_path)
+    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] != "0"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(str(tmp_path))
+
+
+def test_read_dumps_says_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="fr_env"):
+        fr.read_dumps(tmp_path)
+
+
+def test_dp_vs_ddp_refuses_fewer_than_two_gpus():
+    import helpers
+    from helpers.dp_vs_ddp import dp_vs_ddp
+    if helpers.num_gpus() >= 2:
+        pytest.skip("a machine with 2 GPUs runs it")
+    with pytest.raises(RuntimeError, match="needs 2 GPUs"):
+        dp_vs_ddp()
