@@ -71,6 +71,9 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
 from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
                         exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, say
+from .dp_vs_ddp import ddp_step_seconds, dp_vs_ddp
+from .flight_recorder import (FR_ENTRIES, first_unjoined, fr_dumper, fr_env, fr_trace_report,
+                              read_dumps)
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference, gpu_figures, capture_env, add_notebook, add_path)
 from .timing import (Measurement, Ratio, MIN_ROUNDS, measure, interleave, ratio, machine_load,
