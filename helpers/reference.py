@@ -80,7 +80,9 @@ def _scope(ref, bench):
         words.append(f"its {' and '.join(map(str, shared))}-device rows are simulated devices "
                      f"sharing {'that GPU' if gpus == 1 else 'its GPUs'}")
     if ranks:
-        words.append(f"its rank rows ran {' and '.join(map(str, ranks))} NCCL rank(s)")
+        many = len(ranks) > 1 or any(n != 1 for n in ranks)
+        words.append(f"its rank rows ran {' and '.join(map(str, ranks))} NCCL "
+                     f"rank{'s' if many else ''}")
     words.append("one round, so its ratios have no spread" if bench.get("rounds", 1) < 2 else
                  f"{bench['rounds']} rounds")
     return "; ".join(words)
@@ -102,9 +104,10 @@ def describe_gpu_reference(path=None):
 
     def where(r):
         if r["where"] == "ranks":
-            return f"{r['n']} rank(s)"
+            return f"{r['n']} rank{'s' if r['n'] != 1 else ''}"
         shared = gpus and r["n"] > gpus
-        return f"{r['n']} device(s)" + (f" sharing {gpus} GPU" if shared else "")
+        return (f"{r['n']} device{'s' if r['n'] != 1 else ''}"
+                + (f" sharing {gpus} GPU{'s' if gpus != 1 else ''}" if shared else ""))
     rows = [f"  {r['trainer']} ({where(r)}): {r['sec_per_epoch']['median']:.3f} s/epoch, test "
             f"acc {r['test_acc']['median']:.3f}" for r in bench.get("rows", [])]
     ratios = [f"  {k}: {v['median']:.2f}x ({v['verdict']})" for k, v in

@@ -235,3 +235,35 @@ def test_links_into_the_book_are_a_field_that_fits_the_page():
     text = "$$a = b\n+ c:$$\n\n" + " ".join(["word"] * 40)
     out = mod.rewrap(text)
     assert out.startswith("$$a = b\n+ c:$$\n\n") and max(map(len, out.split("\n"))) <= 79
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_bookkeeping_cells_show_nothing_outside_the_book(path):
+    """A folded bookkeeping cell (tagged remove-cell: glue, claim) displays nothing in JupyterLab,
+    Colab or VS Code: `glue(..., display=False)` stores only papermill's record, which no viewer
+    renders; a value it shows would sit under the fold's title as a stray line."""
+    nb = nbformat.read(path, as_version=4)
+    shown = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "remove-cell" not in cell.metadata.get("tags", []):
+            continue
+        for out in cell.get("outputs", []):
+            kinds = [k for k in out.get("data", {})
+                     if not k.startswith("application/papermill.record")]
+            if out.output_type == "stream" or kinds:
+                shown.append((index, out.output_type, kinds))
+    assert not shown, (f"{path.relative_to(ROOT)}: bookkeeping cells display {shown[:5]}: pass "
+                       "display=False to glue, end the line with ';' or print nothing")
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_prose_counts_say_their_plural(path):
+    """"3 round(s)" in a sentence: say's plural format (`{n:d|round|rounds}`) writes the word."""
+    nb = nbformat.read(path, as_version=4)
+    found = []
+    for index, cell in enumerate(nb.cells):
+        texts = [cell.source] if cell.cell_type == "markdown" else [
+            str(o.get("data", {}).get("text/markdown", ""))
+            for o in cell.get("outputs", [])]
+        found += [(index, m) for t in texts for m in re.findall(r"\b\d[\d,.]* \w+\(s\)", t)]
+    assert not found, f"{path.relative_to(ROOT)}: {found[:5]}"

@@ -84,3 +84,13 @@ def test_the_two_workers_sentence_reports_the_measured_share_or_says_none_ran():
     assert "more than twice" not in helpers.two_workers_sentence((64, 1024), (SLOWER, FASTER),
                                                                  (0.6, 0.05))
     assert "not run" in helpers.two_workers_sentence((), (), ())
+
+
+def test_shared_rounding_has_three_branches_and_refuses_nonsense():
+    words = helpers.shared_rounding_words
+    assert "mostly the same rounding" in words(1e-8, 1e-6)
+    assert "share part of their rounding" in words(5e-7, 1e-6)
+    assert "different places" in words(2e-6, 1e-6)
+    assert "different places" in words(1e-6, 1e-6)    # the boundary goes to the weaker words
+    with pytest.raises(ValueError, match="rounding error > 0"):
+        words(1e-8, 0.0)

@@ -9,7 +9,7 @@ from ..timing import Ratio
 
 __all__ = ["ratio_words", "against_prediction", "ablation_credit", "compile_sentence",
            "graph_sentence", "knob_words", "bucket_words", "message_cause", "strong_words",
-           "overlap_step_words", "two_workers_sentence"]
+           "overlap_step_words", "two_workers_sentence", "shared_rounding_words"]
 
 
 def _check(r):
@@ -178,3 +178,21 @@ def two_workers_sentence(batches, speed, comm_share):
             f"{small}, and {ratio_words(r_large)} at batch {large}{half}. The all-reduce's 8 "
             f"messages (waits included) took {100 * c_small:.0f}% of a two-worker step at batch "
             f"{small} and {100 * c_large:.0f}% at batch {large} (medians).")
+
+
+def shared_rounding_words(apart, rounding):
+    """How much rounding two float32 results of one function share, from how far `apart` they
+    are and how far each is from the float64 value (`rounding`): three branches, no cause beyond
+    what the two numbers show (the order of a reduction's additions moves it, so it is measured,
+    never assumed)."""
+    if not (apart >= 0 and rounding > 0):
+        raise ValueError(f"apart={apart!r} and rounding={rounding!r}: a distance >= 0 and a "
+                         "rounding error > 0")
+    if apart < rounding / 10:
+        return ("a tenth or less of what either misses of the float64 value: they round in much "
+                "the same places, so what each misses is mostly the same rounding")
+    if apart < rounding:
+        return ("less than what either misses of the float64 value: they share part of their "
+                "rounding, not most of it")
+    return ("as much as either misses of the float64 value: they round in different places, "
+            "two separate roundings of the same size")
