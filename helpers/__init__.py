@@ -66,8 +66,7 @@ from .transformer_costs import ulysses_attention_bytes, moe_layer_seconds
 from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
 from .compare import all_close, max_diff, rel_diff
 from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
-                          make_optimizer, plain_optimizer, train_one_process,
-                          train_one_process_plain)
+                          make_optimizer, plain_optimizer, train_one_process)
 from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
                         exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, say

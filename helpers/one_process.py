@@ -10,7 +10,7 @@ from torch.nn import functional as F
 from .tiny_models import make_model
 
 __all__ = ["flat_cross_entropy", "params_of", "local_batch", "adamw_groups", "make_optimizer",
-           "plain_optimizer", "train_one_process", "train_one_process_plain"]
+           "plain_optimizer", "train_one_process"]
 
 
 def flat_cross_entropy(out, y):
@@ -55,38 +55,20 @@ def plain_optimizer(params, optim):
 
 
 def train_one_process(kind, batches, device, num_steps, optim="adamw", compute_dtype=None,
-                    sizes=None):
-    """One process, the combined batch, the same init: what every distributed run must equal."""
+                      sizes=None, groups=True):
+    """One process, the combined batch, the same init: what every distributed run must equal.
+    `groups`: the two param groups of make_optimizer (Parts III and V's wrappers), or one group,
+    plain_optimizer's (the FSDP runs step all shards alike). With `compute_dtype`, a
+    low-precision copy computes and the fp32 weights take its gradients."""
     model = make_model(kind, **(sizes or {})).to(device)
-    opt = make_optimizer(model, optim)
+    opt = make_optimizer(model, optim) if groups else plain_optimizer(model.parameters(), optim)
     for X, y in batches[:num_steps]:
         X, y = X.to(device), y.to(device)
         if compute_dtype is None:
-            loss = flat_cross_entropy(model(X), y)
-            loss.backward()
+            flat_cross_entropy(model(X), y).backward()
         else:   # low-precision copy for the compute, fp32 master weights and gradients
             low = copy.deepcopy(model).to(compute_dtype)
             Xl = X.to(compute_dtype) if X.is_floating_point() else X
-            flat_cross_entropy(low(Xl).float(), y).backward()
-            for p, q in zip(model.parameters(), low.parameters()):
-                p.grad = q.grad.float()
-        opt.step()
-        opt.zero_grad()
-    return params_of(model)
-
-
-def train_one_process_plain(kind, batches, device, num_steps, dtype, sizes, optim="adamw"):
-    """One process on the combined batch, one param group (the FSDP runs step all shards alike);
-    with `dtype`, a low-precision copy computes and the fp32 weights take its gradients."""
-    model = make_model(kind, **(sizes or {})).to(device)
-    opt = plain_optimizer(model.parameters(), optim)
-    for X, y in batches[:num_steps]:
-        X, y = X.to(device), y.to(device)
-        if dtype is None:
-            flat_cross_entropy(model(X), y).backward()
-        else:
-            low = copy.deepcopy(model).to(dtype)
-            Xl = X.to(dtype) if X.is_floating_point() else X
             flat_cross_entropy(low(Xl).float(), y).backward()
             for p, q in zip(model.parameters(), low.parameters()):
                 p.grad = q.grad.float()

@@ -10,7 +10,7 @@ import torch
 from ..compare import max_diff, rel_diff
 from ..data_parallel.scratch import DDPFromScratch
 from ..one_process import adamw_groups, flat_cross_entropy, local_batch, params_of, \
-    plain_optimizer, train_one_process, train_one_process_plain
+    plain_optimizer, train_one_process
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
@@ -107,7 +107,7 @@ def fsdp_scratch_vs_one_process(rank, world, cfg):
         opt.zero_grad()
         losses.append(loss.item())
     full = model.gather_full_params()
-    ref = train_one_process_plain(kind, batches, device, num_steps, dtype, sizes, optim)
+    ref = train_one_process(kind, batches, device, num_steps, optim, dtype, sizes, groups=False)
     start = params_of(make_model(kind, **(sizes or {})))
     res = dict(diff=max_diff(full, ref), rel_diff=rel_diff(full, ref, start),
                shard_bytes=sum(p.numel() * 4 for p in model.parameters()),
@@ -115,7 +115,7 @@ def fsdp_scratch_vs_one_process(rank, world, cfg):
                state_bytes=optimizer_state_bytes(opt), peak_gathered_bytes=model.peak_live_bytes,
                losses=losses)
     if dtype is not None:
-        fp32 = train_one_process_plain(kind, batches, device, num_steps, None, sizes, optim)
+        fp32 = train_one_process(kind, batches, device, num_steps, optim, None, sizes, groups=False)
         res["precision_gap"] = max_diff(fp32, ref)
         res["rel_precision_gap"] = rel_diff(fp32, ref, start)
     return res
@@ -149,7 +149,8 @@ def fsdp2_vs_one_process(rank, world, cfg):
         else:
             runs[impl] = model.gather_full_params()
         runs[impl + "_sent"] = log.sent_bytes / num_steps
-    ref = train_one_process_plain(kind, batches, device, num_steps, dtype, sizes)
+    ref = train_one_process(kind, batches, device, num_steps, compute_dtype=dtype, sizes=sizes,
+                            groups=False)
     return dict(diff=max_diff(runs["fsdp2"], ref),
                 diff_scratch=max_diff(runs["fsdp2"], runs["scratch"]),
                 local_bytes=local_bytes, full_bytes=sum(t.numel() * 4 for t in ref.values()),
