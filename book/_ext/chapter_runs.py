@@ -100,14 +100,14 @@ def busy(entry):
 
 
 def run_text(entry):
-    """'45 s (2 CPU cores, no GPU, 2026-12-02)', and a note when the machine was busy."""
+    """'45 s (2 CPU cores, no GPU, 2026-12-02)', and a short note when the machine was busy
+    (such a run is slower than the chapter would be alone)."""
     if not busy(entry):
         note = ""
     elif entry.get("others") is not None:
-        note = (f"; a busy machine, other work kept {entry['others']:.1f} cores busy: slower "
-                "than it would be alone")
+        note = f"; busy machine: other work used {entry['others']:.1f} cores"
     else:
-        note = f"; a busy machine, load {entry['load']:g}: slower than it would be alone"
+        note = f"; busy machine: load {entry['load']:g}"
     return f"{fmt_seconds(entry['seconds'])} ({entry['machine']}, {entry['date']}{note})"
 
 
