@@ -169,6 +169,22 @@ def test_vendored_files_match_their_recorded_hashes():
 
 
 @pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_glue_key_is_stored_once(path):
+    """myst-nb warns "glue key ... duplicate" for a key glued twice in a notebook's outputs (a
+    default glued, then glued again in a loop), and `-W` stops the book: glue each key once."""
+    seen, twice = {}, []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        for out in cell.get("outputs", []):
+            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name is None:
+                continue
+            if name in seen:
+                twice.append(f"{name} (cells {seen[name]} and {i})")
+            seen[name] = i
+    assert not twice, f"{path.relative_to(ROOT)} glues twice: {twice}"
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_labelled_figure_cell_shows_one_figure(path):
     """myst-nb gives a cell's figure label to each of its display outputs: a second one (an
     emptied progress line, a printed table shown as a display) duplicates the label and `-W`
