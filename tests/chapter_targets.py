@@ -19,7 +19,6 @@ import traceback
 from dataclasses import dataclass, field
 
 import helpers as h
-from helpers import dp_vs_ddp
 
 SMALL_MLP = dict(d_in=16, width=32, depth=3, d_out=10)
 ZERO_MLP = dict(d_in=16, width=32, depth=3)     # make_model("mlp")'s sizes
@@ -83,7 +82,7 @@ def targets(tmp):
                                                lr=0.05, seed=0), "part3", data=True),
         T("syncbn_cost_times", h.syncbn_cost_times,
           dict(subset=256, rounds=1, warmup=1, steps=1), "part3", data=True),
-        T("ddp_step_seconds", dp_vs_ddp.ddp_step_seconds, dict(batch=8, steps=1), "part3"),
+        T("ddp_step_seconds", h.ddp_step_seconds, dict(batch=8, steps=1), "part3"),
         T("uneven_inputs_join", h.uneven_inputs_join, {}, "part3", gloo_only=True,
           notes="launched with backend=\"gloo\": a lesson on collectives"),
         # Part IV (part4)
