@@ -8,13 +8,21 @@ the claim, instead of storing a page that says the opposite of its numbers.
 
 import string
 
-__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted"]
+__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural"]
 
 _made = []
 
 
 class ClaimFailed(AssertionError):
     """A measured claim of the prose does not hold in this run."""
+
+
+def plural(n, word, many=None):
+    """'1 rank', '2 ranks', '1 process', '3 processes': a count with its noun in agreement,
+    for printed lines and prose (never 'rank(s)'). `many` names an irregular plural."""
+    if many is None:
+        many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
+    return f"{n:,} {word if n == 1 else many}" if isinstance(n, int) else f"{n} {many}"
 
 
 def claim(holds, says, **measured):
