@@ -11,3 +11,8 @@ def test_plural_agrees_with_its_count():
     assert plural(2, "batch") == "2 batches"
     assert plural(2048, "byte") == "2,048 bytes"
     assert plural(2, "child", "children") == "2 children"
+    import numpy as np
+    import torch
+    assert plural(np.int64(1), "rank") == "1 rank"
+    assert plural(torch.tensor(1).item(), "rank") == "1 rank"
+    assert plural(1.5, "step") == "1.5 steps"
