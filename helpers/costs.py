@@ -6,6 +6,7 @@ ResNet-18 of helpers.models are).
 """
 import copy
 import functools
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -92,7 +93,7 @@ def layer_sizes(net, input_shape):
     twin = copy.deepcopy(net).train()    # training mode (BatchNorm saves what it uses), own buffers
     two, four = (saved_per_layer(twin, torch.zeros((n, *input_shape), device=device))
                  for n in (2, 4))
-    for row, a, b in zip(rows, two, four):
+    for row, a, b in zip(rows, two, four, strict=True):
         row["acts"] = round((b - a) / 2 / 4)
     return rows
 
@@ -130,7 +131,7 @@ def network_cuts(memory, sent, k):
     if k == 1:
         return []
     bounds = [0, *balanced_cuts(memory, k), n]
-    fullest = max(sum(memory[a:b]) for a, b in zip(bounds, bounds[1:]))
+    fullest = max(sum(memory[a:b]) for a, b in pairwise(bounds))
     prefix = [0]
     for w in memory:
         prefix.append(prefix[-1] + w)
@@ -209,7 +210,7 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     weights = [(2 * b + ob) * r["params"] + n * b * r["acts"] for r in sizes]
     crossing = [2 * n * r["out"] * b for r in sizes]     # a cut after layer i: forward and back
     bounds = [0, *network_cuts(weights, crossing, k), len(sizes)]
-    stages = [sizes[a:c] for a, c in zip(bounds, bounds[1:])]
+    stages = [sizes[a:c] for a, c in pairwise(bounds)]
     per_device = []
     for s, stage in enumerate(stages):
         p = sum(r["params"] for r in stage)
@@ -234,7 +235,7 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
                                  messages=(k - 1) * L + 2 * (k - 1) * max(0, L - 1))
     if zero:
         with_params = sum(1 for r in sizes if r["params"]) if k > 1 else 0
-        for row, stage in zip(ZERO_ROWS, SHARDING_STAGES[1:]):
+        for row, stage in zip(ZERO_ROWS, SHARDING_STAGES[1:], strict=True):
             z = sharding_costs(P, k, stage, optimizer, b)
             coll = 3 * with_params if stage == "zero3" else 2 * int(k > 1)
             costs[row] = dict(sent=z["sent_bytes"], params=z["params_bytes"],
@@ -286,7 +287,7 @@ def plot_costs(costs, axes=None, title=None):
     for part, color in parts:
         vals = [costs[s][part] / MB for s in names]
         axes[1].bar(names, vals, bottom=bottom, color=color, label=part)
-        bottom = [a + v for a, v in zip(bottom, vals)]
+        bottom = [a + v for a, v in zip(bottom, vals, strict=True)]
     axes[1].set(ylabel="MB on the fullest device", title="memory")
     axes[1].legend(fontsize=8)
     axes[2].bar(names, [costs[s]["messages"] for s in names], color="tab:purple")

@@ -177,7 +177,7 @@ def ratio(base, new, paired=True):
     if isinstance(new, (int, float)):
         new = Measurement([new])
     if paired and len(base.samples) == len(new.samples):
-        return Ratio([b / n for b, n in zip(base.samples, new.samples)])
+        return Ratio([b / n for b, n in zip(base.samples, new.samples, strict=True)])
     if paired and len(base.samples) > 1 and len(new.samples) > 1:
         raise ValueError(f"paired samples must come from the same rounds: {len(base.samples)} "
                          f"against {len(new.samples)}; use ratio(..., paired=False)")

@@ -216,7 +216,7 @@ def test_scripts_refuse_before_loading_data_or_starting_processes(script, argv, 
     for name in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)    # not under torchrun (setup() sets the port)
     for name in ("load_tensors", "setup"):
-        monkeypatch.setattr(helpers, name, lambda *a, **k: pytest.fail(f"{name} ran first"))
+        monkeypatch.setattr(helpers, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran first"))
     monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: pytest.fail("spawned"))
     monkeypatch.setattr(sys, "argv", [script, *argv])
     with pytest.raises(SystemExit) as e:

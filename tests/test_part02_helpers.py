@@ -148,7 +148,7 @@ def test_split_costs_step_seconds():
     assert one["seconds_step"] == pytest.approx(flops / 2e12) and one["seconds_exposed"] == 0
     c = split_costs(sizes, 4, 64, 16.0, latency_us=10.0, tflops=2.0, zero=True,
                     num_microbatches=4)
-    for name, row in c.items():
+    for row in c.values():
         assert row["seconds_step"] == pytest.approx(row["seconds_compute"]
                                                     + row["seconds_exposed"])
     d = c["data"]

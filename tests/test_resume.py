@@ -100,7 +100,7 @@ def test_the_scripts_refuse_a_damaged_snapshot_before_any_work(tmp_path, capsys,
     same check and ends the same way, fast, instead of a raw traceback per rank."""
     f = damaged(tmp_path, "truncated")
     for name in ("load_tensors", "setup", "load_snapshot"):
-        monkeypatch.setattr(helpers, name, lambda *a, **k: pytest.fail(f"{name} ran first"))
+        monkeypatch.setattr(helpers, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran first"))
     monkeypatch.setattr(sys, "argv", [script, "--dry-run", "--snapshot", str(f)])
     with pytest.raises(SystemExit) as e:
         runpy.run_path(str(ROOT / "scripts" / "ddp" / script), run_name="__main__")

@@ -44,7 +44,7 @@ def _cp_zero2_run(rank, cfg, groups, recompute):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with count_traffic() as dp_log, PeakBytes().skip(held) as peak:
-            saved, out = autograd_saved_bytes(lambda: model(Xl), params)
+            saved, out = autograd_saved_bytes(lambda Xl=Xl: model(Xl), params)
             loss = gpt_loss(out, yl) / len(Xl)
             kept = peak.now                  # what forward left alive for backward
             del out

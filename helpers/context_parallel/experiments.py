@@ -107,7 +107,8 @@ def cp_activation_memory(rank, world, cfg):
         R = torch.randn(cfg["batch"], T, cfg["width"], generator=g).to(device)
         attn.zero_grad()
         Xl = shard_sequence(X, world, rank, dim=1).requires_grad_()
-        nbytes, out = autograd_saved_bytes(lambda: layer(Xl), attn.parameters())
+        nbytes, out = autograd_saved_bytes(lambda Xl=Xl: layer(Xl),
+                                           attn.parameters())
         (out * shard_sequence(R, world, rank, dim=1)).sum().backward()
         grads = [p.grad.clone() for p in attn.parameters()]
         for t in grads:
@@ -115,7 +116,7 @@ def cp_activation_memory(rank, world, cfg):
         ref = attn_ref_grads(attn, X, R)
         local = [shard_sequence(ref[n], world, rank, dim=1) for n in ("out", "x_grad")]
         diff = max(float((a.detach() - b).abs().max())
-                   for a, b in zip(grads + [out, Xl.grad], ref["grads"] + local))
+                   for a, b in zip(grads + [out, Xl.grad], ref["grads"] + local, strict=True))
         rows.append(dict(T=T, saved_bytes=nbytes, max_diff=diff))
     return rows
 
@@ -161,7 +162,7 @@ def cp_torch_run(rank, world, cfg):
             for t in grads:
                 torch.distributed.all_reduce(t)
             run["max_diff"] = max(float((a - b).abs().max())
-                                  for a, b in zip(grads, ref["grads"]))
+                                  for a, b in zip(grads, ref["grads"], strict=True))
         out["runs"][rotate] = run
     return out
 

@@ -68,7 +68,7 @@ def bn_grads_same_weights(rank, world, cfg):
         model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
                     broadcast_buffers=False)
         grads = []
-        for state, idx in zip(states, batches):
+        for state, idx in zip(states, batches, strict=True):
             unwrap(model).load_state_dict(state)
             model.train()
             idx = idx.tensor_split(world)[rank]
@@ -214,7 +214,7 @@ def ddp_knobs(rank, world, cfg):
     def waited(ends):
         """The seconds backward() went on after its last gradient, summed over the steps."""
         t = clock.seconds([s for pair in ends for s in pair])
-        return sum(b - a for a, b in zip(t[::2], t[1::2]))
+        return sum(b - a for a, b in zip(t[::2], t[1::2], strict=True))
     for name in knobs:
         train(name, 3)
     samples = {name: [] for name in knobs}
@@ -229,6 +229,6 @@ def ddp_knobs(rank, world, cfg):
             samples[name].append((synced_now(device) - t0) / steps)
             exposed[name].append(waited(ends) / steps)
     base = list(models["default (25 MB buckets)"][0].parameters())
-    diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters()))
+    diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters(), strict=True))
             for name, (m, _) in models.items()}
     return dict(step_s=samples, exposed_s=exposed, max_diff=diff)

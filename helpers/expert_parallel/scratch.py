@@ -116,7 +116,7 @@ class ExpertParallelMoE(nn.Module):
             # run even on 0 rows: the output then has a grad_fn, so the combine's backward
             # all-to-all runs on every rank, in the same order
             y = expert(x)
-            for i, part in zip(idx, y.split([counts[i] for i in idx])):
+            for i, part in zip(idx, y.split([counts[i] for i in idx]), strict=True):
                 outs[i] = part
         return torch.cat(outs)
 

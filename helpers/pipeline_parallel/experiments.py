@@ -3,6 +3,8 @@ steps, torch's pipelining schedules and a ping-pong between two ranks, run by `p
 on every rank, each either as it runs on this machine or emulated (helpers.Clock: the real math,
 then the box's modelled duration, from FLOPs at helpers.Rates).
 """
+from itertools import pairwise
+
 import torch
 from torch import nn
 
@@ -36,7 +38,7 @@ def box_model(net, cuts, rates=ASSUMED_RATES, split=False, equal=False):
     rates.compute. split: the backward is split into B (input gradient) and W (weights).
     equal: every stage gets the mean (the assumption of the bubble formulas)."""
     bounds = [0, *cuts, len(net)]
-    flops = [forward_flops(net[a:b]) for a, b in zip(bounds, bounds[1:])]
+    flops = [forward_flops(net[a:b]) for a, b in pairwise(bounds)]
     if equal:
         flops = [sum(flops) / len(flops)] * len(flops)
 
@@ -111,8 +113,8 @@ def pipeline_worker(rank, world, cfg):
         report_progress(i + 1, len(cfg["runs"]), "run")
         out = dict(run, timelines=[], skipped=None, rates=rates.source)
         kind, scale = run.get("kind", "scratch"), run.get("emulate")
-        clock = lambda: Clock(emulate=scale is not None, scale=scale or 1.0,  # noqa: E731
-                              device=device)
+        clock = lambda scale=scale: Clock(emulate=scale is not None, scale=scale or 1.0,
+                                          device=device)
         if kind == "pingpong":       # one-way time of a message between 0 and 1
             out["seconds"] = _pingpong(comm, rank, (run["rows"], width), run["repeats"])
             results.append(out)
@@ -127,7 +129,7 @@ def pipeline_worker(rank, world, cfg):
             continue
         stage = stage_of(net, run["cuts"], rank, world)
         order = PIPELINE_ORDERS[run["schedule"]](world, run["m"], rank)
-        seconds = (lambda ph, j, rows: model(rank, ph, rows)) if model else None
+        seconds = (lambda ph, j, rows, model=model: model(rank, ph, rows)) if model else None
         for rep in range(run.get("repeats", 1)):
             stage.zero_grad()
             got = pipeline_rank_step(stage, comm, order, X if rank == 0 else None,

@@ -78,7 +78,7 @@ def agree(value, group=None, fix="", timeout=None):
                 f"{'. ' + fix if fix else ''}") from None
     got = store.multi_get(others) if hasattr(store, "multi_get") else \
         [store.get(k) for k in others]
-    said = dict(zip((r for r in ranks if r != me), (v.decode() for v in got)))
+    said = dict(zip((r for r in ranks if r != me), (v.decode() for v in got), strict=True))
     said[me] = value
     if n:   # every rank has read my previous value: it got here only after reading it
         store.delete_key(key(me).replace(f"/{n}/", f"/{n - 1}/"))

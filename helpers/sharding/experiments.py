@@ -293,7 +293,7 @@ def memory_per_stage(rank, world, cfg):
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         local_opt = opt.local if stage == "zero1" else opt.optimizer if stage == "zero2" else opt
         held = list(model.parameters()) + list(net.parameters())
-        for step in range(2):   # the first step creates the optimizer state
+        for _ in range(2):   # the first step creates the optimizer state
             if device.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats(device)

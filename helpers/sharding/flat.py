@@ -127,7 +127,7 @@ def unit_parameters(module, units):
     names = {id(u): [] for u in units}
     for u, n in unit_of.values():
         names[id(u)].append(n)
-    for i, u in enumerate(units):
+    for u in units:
         if not names[id(u)] and not own:
             raise ValueError(f"unit {type(u).__name__} holds no trainable parameter of its own "
                              "(all are frozen or in inner units): leave it out of units=")

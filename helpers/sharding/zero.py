@@ -66,7 +66,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for p in self.all_params:
                 dist.broadcast(p, src=0)
         owners = partition_by_size([p.numel() for p in self.all_params], self.world)
-        self.owner = {id(p): r for p, r in zip(self.all_params, owners)}
+        self.owner = {id(p): r for p, r in zip(self.all_params, owners, strict=True)}
         self._index = {id(p): i for i, p in enumerate(self.all_params)}   # the unsharded index
         local = [{**g, "params": [p for p in g["params"] if self.owner[id(p)] == self.rank]}
                  for g in self.param_groups]
@@ -93,7 +93,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _sync_groups(self):
         """The inner groups take the outer ones' settings (a scheduler changes the outer lr)."""
-        for i, g in zip(self._local_index, self.local.param_groups if self.local else ()):
+        local_groups = self.local.param_groups if self.local else ()   # None: no group here
+        for i, g in zip(self._local_index, local_groups, strict=True):
             g.update({k: v for k, v in self.param_groups[i].items() if k != "params"})
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError("the state dict's param groups do not match this optimizer's: "
                              "build it over the same parameters, in the same groups")
         ids = [i for g in groups for i in g["params"]]
-        for g, saved in zip(self.param_groups, groups):
+        for g, saved in zip(self.param_groups, groups, strict=True):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._sync_groups()
         state = state_dict["state"]
@@ -287,7 +288,7 @@ class Zero2(nn.Module):
                             device=self.flats[0].device)
         if self.world > 1:
             dist.all_reduce(used)
-        used = {id(p) for p, u in zip(self.params, used) if u > 0}
+        used = {id(p) for p, u in zip(self.params, used, strict=True) if u > 0}
         for i, works in self._pending.items():
             total = None
             for work, out in works:
@@ -313,7 +314,7 @@ class Zero2(nn.Module):
                                "before step()")
         self._steps += 1   # a step() some ranks skip: refused at the next finish
         self.optimizer.step()
-        for flat, shard in zip(self.flats, self.shards):
+        for flat, shard in zip(self.flats, self.shards, strict=True):
             gathered, _ = all_gather_flat(shard.clone(), self.world)
             flat.copy_(gathered)
 
