@@ -69,7 +69,7 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
                           make_optimizer, plain_optimizer, train_one_process)
 from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
                         exposed_ms, trace_sentence)
-from .prose import ClaimFailed, claim, claims_made, formatted, glued, plural, say
+from .prose import ClaimFailed, claim, claims_made, formatted, glued, plural, plural_names, say
 from .dp_vs_ddp import ddp_step_seconds, dp_vs_ddp
 from .flight_recorder import (FR_ENTRIES, first_unjoined, fr_dumper, fr_env, fr_trace_report,
                               read_dumps)

@@ -8,7 +8,8 @@ the claim, instead of storing a page that says the opposite of its numbers.
 
 import string
 
-__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural"]
+__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural",
+           "plural_names"]
 
 _made = []
 
@@ -23,6 +24,15 @@ def plural(n, word, many=None):
     if many is None:
         many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
     return f"{n:,} {word if n == 1 else many}" if isinstance(n, int) else f"{n} {many}"
+
+
+def plural_names(items, word, many=None):
+    """'rank 3', 'ranks 1 and 3', 'ranks 0, 2 and 5': the noun in agreement with the list it
+    names, for messages that say which ranks (never 'rank(s) [1]')."""
+    items = [str(i) for i in items]
+    noun = plural(len(items), word, many).split(" ", 1)[1]
+    names = items[0] if len(items) < 2 else f"{', '.join(items[:-1])} and {items[-1]}"
+    return f"{noun} {names}" if items else f"no {noun}"
 
 
 def claim(holds, says, **measured):

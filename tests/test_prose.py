@@ -11,3 +11,13 @@ def test_plural_agrees_with_its_count():
     assert plural(2, "batch") == "2 batches"
     assert plural(2048, "byte") == "2,048 bytes"
     assert plural(2, "child", "children") == "2 children"
+
+
+def test_plural_names_agrees_with_its_list():
+    """Messages name which ranks: 'rank 1', 'ranks 1 and 3', never 'rank(s) [1]'."""
+    from helpers.prose import plural_names
+    assert plural_names([1], "rank") == "rank 1"
+    assert plural_names((1, 3), "rank") == "ranks 1 and 3"
+    assert plural_names(range(3), "rank") == "ranks 0, 1 and 2"
+    assert plural_names([], "process") == "no processes"
+    assert plural_names(["cuda:0", "cpu"], "device") == "devices cuda:0 and cpu"

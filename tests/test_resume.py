@@ -156,8 +156,9 @@ def test_another_number_of_ranks_is_refused(tmp_path, capsys, ranks, world):
     snap = lenet_snapshot(tmp_path / "s.pt", ranks=ranks)
     argv = ["--snapshot", snap, "--epochs", 3, "--batch-size", 6 * world]
     err = refused(argv, capsys, world_size=world)
-    assert f"saved by {ranks} rank(s) and this run has {world}" in err
-    assert f"resume with {ranks} rank(s)" in err
+    said = helpers.plural(ranks, "rank")   # '1 rank', '2 ranks'
+    assert f"saved by {said} and this run has {world}" in err
+    assert f"resume with {said}" in err
 
 
 def test_load_snapshot_refuses_a_snapshot_of_more_ranks(tmp_path):

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import exact_float32, num_gpus
+from ..prose import plural
 from ..validate import validate_backend, validate_positive_int
 
 __all__ = ["choose_backend", "backend_line", "backend_for", "env_ranks", "rank_device", "setup",
@@ -58,7 +59,7 @@ def backend_line(world, backend=None):
     if backend:
         return f"{world} ranks, gloo on the CPU (asked for), one thread per rank"
     if gpus:
-        return (f"{world} ranks but {gpus} GPU(s): ranks outnumber GPUs, so gloo, "
+        return (f"{world} ranks but {plural(gpus, 'GPU')}: ranks outnumber GPUs, so gloo, "
                 "computing on the CPU")
     return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
 
@@ -92,7 +93,7 @@ def rank_device(local_rank, backend="nccl", local_world_size=None):
         return torch.device("cpu")
     if local_rank >= n:
         raise RuntimeError(f"local rank {local_rank} has no GPU of its own ({n} here): run at "
-                           f"most {n} rank(s) per machine with NCCL, or use gloo")
+                           f"most {plural(n, 'rank')} per machine with NCCL, or use gloo")
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     return device
@@ -163,7 +164,8 @@ def _auto_backend(local_world_size, world_size):
     backend = choose_backend(local_world_size)
     if backend != "nccl" and world_size != local_world_size:
         raise RuntimeError(
-            f"{local_world_size} rank(s) on this machine but {num_gpus()} GPU(s): it would fall "
+            f"{plural(local_world_size, 'rank')} on this machine but {plural(num_gpus(), 'GPU')}"
+            ": it would fall "
             f"back to gloo, while a machine with a GPU per rank picks NCCL, and the {world_size}"
             " ranks would never meet. On several machines name the backend on every one "
             "(--backend gloo, or setup(backend=\"gloo\")), or give each rank a GPU")
