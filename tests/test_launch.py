@@ -276,8 +276,11 @@ def test_take_reads_cfg_and_refuses_typos():
     assert take({"a": 1, "device": "cpu", "comm": None}, "a") == [1]
     with pytest.raises(TypeError, match=r"lacks \['a'\]"):
         take({}, "a")
-    with pytest.raises(TypeError, match=r"unexpected \['stpes'\].*optionally \['steps'\]"):
+    with pytest.raises(TypeError, match=r"unexpected \['stpes'\] \(a typo\? 'stpes' -> "
+                                        r"'steps'\).*optionally \['steps'\]"):
         take({"stpes": 5}, steps=1)
+    with pytest.raises(TypeError, match=r"lacks \['a'\] and has unexpected \['zzz'\]: "):
+        take({"zzz": 5}, "a")   # nothing near: no guess
 
 
 def test_importing_helpers_loads_no_plotting_library():

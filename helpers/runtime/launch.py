@@ -15,6 +15,7 @@ the ThreadComm in cfg["comm"] (any callable works, also one defined in a noteboo
 Inside a rank, `report_progress(step, total, what)` (runtime.progress) shows how far it got on
 the caller's one progress line, updated in place while the ranks run.
 """
+import difflib
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -26,8 +27,10 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,16 +81,20 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
     return _launch_processes(fn, world, cfg, backend, timeout, quiet)
 
 
-def take(cfg, *required, **defaults):
+def take(cfg: Mapping[str, Any], *required: str, **defaults: Any) -> list[Any]:
     """The values of a launch target's cfg, in order: the `required` keys, then the keys of
     `defaults` (their default when absent). A key it does not expect is an error (a typo would
     otherwise run the default silently); "device" and "comm" may always be there."""
-    unknown = set(cfg) - set(required) - set(defaults) - {"device", "comm"}
+    known = [*required, *defaults]
+    unknown = sorted(set(cfg) - set(known) - {"device", "comm"})
     missing = [k for k in required if k not in cfg]
     if unknown or missing:
+        near = [f"{k!r} -> {m[0]!r}" for k in unknown
+                if (m := difflib.get_close_matches(k, known, n=1))]
         raise TypeError(f"cfg {'lacks ' + str(missing) if missing else ''}"
                         f"{' and ' if unknown and missing else ''}"
-                        f"{'has unexpected ' + str(sorted(unknown)) if unknown else ''}: "
+                        f"{'has unexpected ' + str(unknown) if unknown else ''}"
+                        f"{' (a typo? ' + ', '.join(near) + ')' if near else ''}: "
                         f"expected {list(required)} and optionally {list(defaults)}")
     return [cfg[k] for k in required] + [cfg.get(k, v) for k, v in defaults.items()]
 
