@@ -4,8 +4,6 @@ import time
 
 import torch
 
-from .prose import plural
-
 __all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus",
            "synced_now", "synchronize", "try_all_gpus", "try_gpu", "gpu_copy_gbs",
            "copy_while_computing", "gpu_chapter_figures"]
@@ -63,8 +61,8 @@ def require_gpus(k):
         raise ValueError(f"k must be a positive int (how many GPUs this needs), got {k!r}")
     n = num_gpus()
     if n < k:
-        raise RuntimeError(f"this needs {plural(k, 'GPU')}, found {n}; run it on a GPU machine, "
-                           "or use "
+        raise RuntimeError(f"this needs more GPUs than this machine has ({k} asked for, {n} "
+                           "found); run it on a GPU machine, or use "
                            "get_devices(k) to simulate them")
     return [torch.device(f"cuda:{i}") for i in range(k)]
 

@@ -31,8 +31,10 @@ def plural_names(items, word, many=None):
     names, for messages that say which ranks (never 'rank(s) [1]')."""
     items = [str(i) for i in items]
     noun = plural(len(items), word, many).split(" ", 1)[1]
-    names = items[0] if len(items) < 2 else f"{', '.join(items[:-1])} and {items[-1]}"
-    return f"{noun} {names}" if items else f"no {noun}"
+    if not items:
+        return f"no {noun}"
+    names = items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+    return f"{noun} {names}"
 
 
 def claim(holds, says, **measured):

@@ -11,6 +11,7 @@ from torch import nn
 from ..devices import synced_now
 from ..runtime.comm import DistComm
 from ..runtime.emulate import ASSUMED_RATES, Clock, Rates
+from ..runtime.launch import take
 from ..runtime.progress import report_progress
 from .schedules import gpipe_rank_order, one_f_one_b_rank_order
 from .scratch import validate_cuts, pipeline_net, pipeline_rank_step, stage_of
@@ -98,19 +99,19 @@ def pipeline_worker(rank, world, cfg):
     (emulated stages all of the mean length)), or
     dict(kind="pingpong", rows, repeats). Returns one dict per run: loss, grads (of the first
     repeat), timelines (one per repeat), peak_live, peak_bytes; for a ping-pong, seconds."""
-    device = cfg["device"]
-    net = pipeline_net(**cfg.get("net", {})).to(device)
-    n = cfg["batch_size"]
-    _check_runs(cfg["runs"], n, world, len(net), threads=cfg.get("comm") is not None)
-    rates = Rates(**cfg["rates"]) if cfg.get("rates") else Rates.load()
-    g = torch.Generator().manual_seed(cfg.get("seed", 0))
+    device, n, runs, net_cfg, rates, seed, comm = take(cfg, "device", "batch_size", "runs", net={},
+                                                       rates=None, seed=0, comm=None)
+    net = pipeline_net(**net_cfg).to(device)
+    _check_runs(runs, n, world, len(net), threads=comm is not None)
+    rates = Rates(**rates) if rates else Rates.load()
+    g = torch.Generator().manual_seed(seed)
     X = torch.randint(0, net[0].num_embeddings, (n,), generator=g).to(device)
     y = torch.randint(0, net[-1].out_features, (n,), generator=g).to(device)
     width = net[0].embedding_dim
-    comm = cfg.get("comm") or DistComm(device=device)     # threads: launch(..., threads=True)
+    comm = comm or DistComm(device=device)     # given: thread ranks (launch(..., threads=True))
     results = []
-    for i, run in enumerate(cfg["runs"]):
-        report_progress(i + 1, len(cfg["runs"]), "run")
+    for i, run in enumerate(runs):
+        report_progress(i + 1, len(runs), "run")
         out = dict(run, timelines=[], skipped=None, rates=rates.source)
         kind, scale = run.get("kind", "scratch"), run.get("emulate")
         clock = lambda scale=scale: Clock(emulate=scale is not None, scale=scale or 1.0,

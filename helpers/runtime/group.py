@@ -42,7 +42,7 @@ __all__ = ["choose_backend", "backend_line", "backend_for", "env_ranks", "rank_d
 _watched = False
 
 
-def choose_backend(local_world_size=1):
+def choose_backend(local_world_size: int = 1) -> str:
     """"nccl" when every one of the `local_world_size` ranks on this machine has its own GPU,
     "gloo" otherwise (no GPU, or ranks outnumbering GPUs)."""
     if dist.is_nccl_available() and 0 < local_world_size <= num_gpus():
@@ -50,7 +50,7 @@ def choose_backend(local_world_size=1):
     return "gloo"
 
 
-def backend_line(world, backend=None):
+def backend_line(world: int, backend: str | None = None) -> str:
     """One line saying which backend `world` ranks on this machine get, and why."""
     gpus = num_gpus()
     chosen = backend or choose_backend(world)
@@ -64,7 +64,7 @@ def backend_line(world, backend=None):
     return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
 
 
-def backend_for(*worlds):
+def backend_for(*worlds: int) -> str:
     """One backend for launches of these numbers of ranks (a chapter's): NCCL only when the
     largest gets a GPU per rank. Passed to each launch, it keeps one table from mixing runs on
     GPUs with runs on CPU cores (1 rank on a GPU beside 2 ranks falling back to gloo)."""
@@ -73,7 +73,7 @@ def backend_for(*worlds):
     return choose_backend(max(worlds))
 
 
-def env_ranks():
+def env_ranks() -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size) as torchrun sets them; (0, 0, 1, 1) when
     the process was started without a launcher."""
     e = os.environ
@@ -82,7 +82,8 @@ def env_ranks():
             int(e.get("LOCAL_WORLD_SIZE", world_size)))
 
 
-def rank_device(local_rank, backend="nccl", local_world_size=None):
+def rank_device(local_rank: int, backend: str = "nccl",
+                local_world_size: int | None = None) -> torch.device:
     """This rank's device under `backend`: GPU `local_rank` with NCCL, and with gloo when each of
     the `local_world_size` ranks on this machine has a GPU of its own; the CPU otherwise. A GPU
     is made the current CUDA device; for the CPU (and on a machine without GPUs) nothing
@@ -99,15 +100,17 @@ def rank_device(local_rank, backend="nccl", local_world_size=None):
     return device
 
 
-def free_port():
+def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT / --rdzv-endpoint)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, backend=None,
-          timeout=60, master_addr=None, master_port=None, device=None):
+def setup(rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
+          local_world_size: int | None = None, backend: str | None = None, timeout: float = 60,
+          master_addr: str | None = None, master_port: int | None = None,
+          device: str | torch.device | None = None) -> tuple[int, int, torch.device]:
     """Join the process group and pick this rank's device. Returns (rank, world_size, device).
 
     Under torchrun call it without arguments. Started another way on one machine
@@ -212,7 +215,7 @@ def _loopback_store(rank, world_size, port, timeout):
     return dist.TCPStore("127.0.0.1", port, world_size, True, timeout)
 
 
-def teardown():
+def teardown() -> None:
     """Leave the process group (safe to call when there is none).
 
     Objects that hold the group (a DDP model's reducer) keep it, and gloo's threads, alive past
@@ -224,21 +227,21 @@ def teardown():
         dist.destroy_process_group()
 
 
-def get_rank():
+def get_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def get_world_size():
+def get_world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def log0(*args, **kwargs):
+def log0(*args, **kwargs) -> None:
     """print() on rank 0 only: one log, not one per rank."""
     if get_rank() == 0:
         print(*args, **kwargs, flush=True)
 
 
-def die_with_parent(parent):
+def die_with_parent(parent: int) -> None:
     """This rank leaves when `parent` (the process that started it) dies, whatever killed it
     (SIGTERM, Ctrl-C, a killed kernel): the kernel signals it on Linux (PR_SET_PDEATHSIG), a
     thread that watches the parent's pid covers the rest. Once per process."""
@@ -281,7 +284,7 @@ def die_with_parent(parent):
     threading.Thread(target=watch, daemon=True).start()
 
 
-def pin_to_core(rank):
+def pin_to_core(rank: int) -> int | None:
     """One thread, pinned to core `rank` modulo the cores this process may use; returns it.
 
     Without pinning, k processes on k cores may share one while another idles; without one thread

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,13 @@ _GRACE = 10.0      # seconds a rank that has handed in its result may take to le
 _NO_MAIN_GUARD = 86   # a rank's exit code: it started by re-running a script without the guard
 
 
-def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, quiet=False):
+# fn(rank, world, cfg) -> this rank's result: what launch runs on every rank
+Target = Callable[[int, int, dict[str, Any]], Any]
+
+
+def launch(fn: Target, world: int, cfg: Mapping[str, Any] | None = None, *,
+           backend: str | None = None, timeout: float = 300.0, threads: bool = False,
+           quiet: bool = False) -> list[Any]:
     """Run fn(rank, world, cfg) on `world` ranks; returns [what rank 0 returned, ...].
 
     Processes (default): `fn` must be importable (defined in a module, not a notebook), `cfg`
@@ -323,22 +329,24 @@ def _launch_threads(fn, world, cfg, timeout):
 
 
 # ---- several experiments in one launch -------------------------------------------------------
-def run_in_turn(rank, world, cfg):
+def run_in_turn(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """A launch target running cfg["runs"], [(label, fn, kwargs), ...], one after another on
     every rank (fn(rank, world, dict(kwargs, device=...)), a barrier between them); returns
     {label: what fn returned}."""
     import torch.distributed as dist
 
     from .progress import report_progress
+    device, runs = take(cfg, "device", "runs")
     results = {}
-    for i, (label, fn, kwargs) in enumerate(cfg["runs"]):
-        report_progress(i + 1, len(cfg["runs"]), f"experiment ({label})")
-        results[label] = fn(rank, world, dict(kwargs, device=cfg["device"]))
+    for i, (label, fn, kwargs) in enumerate(runs):
+        report_progress(i + 1, len(runs), f"experiment ({label})")
+        results[label] = fn(rank, world, dict(kwargs, device=device))
         dist.barrier()
     return results
 
 
-def run_ranks(world, runs, backend=None, timeout=600.0):
+def run_ranks(world: int, runs: Iterable[tuple[str, Target, dict[str, Any]]],
+              backend: str | None = None, timeout: float = 600.0) -> list[dict[str, Any]]:
     """Start `world` ranks once and run the experiments `runs`, [(label, fn, kwargs), ...], in
     turn on each (label: how its result is found, so one fn can run twice, e.g. "fsdp:bf16");
     returns each rank's {label: result}. One launch: the ranks start (seconds) only once."""
