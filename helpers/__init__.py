@@ -19,7 +19,7 @@ runtime.group               THE init_process_group               setup, teardown
 runtime.launch              THE way ranks start                  launch, run_ranks
 runtime.errors              how a run of ranks fails             RankFailed, LaunchTimeout
 runtime.thread_world        ranks as threads, a recorded network ThreadWorld, run_threads
-runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm
+runtime.comm                counted send/recv over ranks/threads Comm, DistComm, ThreadComm
 runtime.agree               ranks running the same collectives   agree, CollectiveMismatch
 runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
@@ -84,7 +84,7 @@ from .runtime.launch import launch, take, run_ranks, run_in_turn
 from .runtime.errors import RankFailed, LaunchTimeout
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.agree import CollectiveMismatch, agree, fingerprint, where_are_the_others
-from .runtime.comm import DistComm, ThreadComm
+from .runtime.comm import Comm, DistComm, ThreadComm
 from .runtime.thread_world import ThreadWorld, run_threads
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
                               TrafficLog, FuncolBytes)
