@@ -7,6 +7,7 @@ ResNet-18 of helpers.models are).
 import copy
 import functools
 from itertools import pairwise
+from typing import NotRequired, TypedDict
 
 import torch
 from torch import nn
@@ -20,6 +21,37 @@ ZERO_ROWS = ("ZeRO-1", "ZeRO-2", "ZeRO-3")
 # A step's compute: forward 2 FLOPs per multiply-add, backward twice the forward; so the backward
 # is 2/3 of it (the time a gradient all-reduce can hide behind).
 BACKWARD_SHARE = 2 / 3
+
+
+class SplitCost(TypedDict):
+    """One row of split_costs (a plain dict; the keys a notebook reads). Bytes per step on the
+    busiest / fullest device; seconds of its sending in the alpha-beta model."""
+    sent: float                  # bytes the busiest device sends
+    params: float                # bytes of the fullest device's memory, by kind
+    grads: float
+    optim: float
+    acts: float
+    memory: float                # their sum
+    collectives: int             # collectives in a step
+    handoffs: int                # point-to-point hand-offs in a step
+    messages: int                # messages the busiest device sends
+    seconds_latency: float       # messages * latency
+    seconds_bandwidth: float     # sent / bandwidth
+    seconds: float               # their sum
+    cuts: NotRequired[list[int]]            # network: the layers each stage starts at
+    microbatches: NotRequired[int]          # network
+    seconds_compute: NotRequired[float]     # with tflops=
+    seconds_exposed: NotRequired[float]
+    seconds_step: NotRequired[float]
+
+
+class ShardingCost(TypedDict):
+    """sharding_costs' result (a plain dict): bytes per rank, held and sent per step."""
+    params_bytes: float
+    grads_bytes: float
+    optim_bytes: float
+    total_bytes: float
+    sent_bytes: float
 
 
 def saved_per_layer(net, X):
@@ -164,7 +196,8 @@ def ring_bytes_per_device(nbytes, k):
 
 
 def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4,
-                optimizer="sgd", latency_us=0.0, zero=False, tflops=None):
+                optimizer="sgd", latency_us=0.0, zero=False, tflops=None
+                ) -> dict[str, SplitCost]:
     """Per training step, for each split in SPLITS (and ZERO_ROWS when zero=True): the bytes the
     busiest device sends, the memory of the fullest device (params, grads, optimizer state,
     activations, in bytes), the collectives and the point-to-point hand-offs of the step, the
@@ -306,7 +339,7 @@ OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8, "mixed_adam": 12}
 SHARDING_STAGES = ("dp", "zero1", "zero2", "zero3")
 
 
-def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4):
+def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4) -> ShardingCost:
     """Per rank and per step, for plain data parallelism ("dp") and ZeRO stages 1-3: the bytes of
     parameters, gradients and optimizer state each rank holds, and the bytes it sends.
 
@@ -337,5 +370,5 @@ def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4):
         params /= k
     passes = 3 if stage == "zero3" else 2
     sent = passes * (k - 1) / k * n_params * dtype_bytes
-    return dict(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
-                total_bytes=params + grads + optim, sent_bytes=sent)
+    return ShardingCost(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
+                        total_bytes=params + grads + optim, sent_bytes=sent)

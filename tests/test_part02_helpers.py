@@ -160,3 +160,15 @@ def test_split_costs_step_seconds():
     assert "seconds_step" not in split_costs(sizes, 4, 64, 16.0)["data"]
     with pytest.raises(ValueError, match="tflops must be > 0"):
         split_costs(sizes, 2, 64, 16.0, tflops=0)
+
+
+def test_the_cost_rows_hold_the_keys_their_typeddicts_document():
+    """SplitCost and ShardingCost say what a row holds: every required key is there, and no
+    key is left undocumented (with tflops and zero: every optional one too)."""
+    from helpers.costs import ShardingCost, SplitCost, sharding_costs
+    sizes = layer_sizes(lenet_module(), (1, 28, 28))
+    for tflops in (None, 2.0):
+        for name, row in split_costs(sizes, 4, 64, 16.0, zero=True, tflops=tflops).items():
+            assert SplitCost.__required_keys__ <= set(row) <= set(SplitCost.__annotations__), \
+                (name, sorted(set(row) ^ set(SplitCost.__annotations__)))
+    assert set(sharding_costs(100, 4, "zero2")) == set(ShardingCost.__annotations__)
