@@ -145,7 +145,7 @@ def slow():
 
 
 def test_the_scratch_ddp_timeline_is_the_gpus(slow):
-    """Issue 37: on a GPU an NCCL all-reduce's future completes when it is queued, so a host
+    """On a GPU an NCCL all-reduce's future completes when it is queued, so a host
     clock in its callback says "done" at launch and every bucket would seem to finish before
     backward returned. The timeline must say when the GPU finished each all-reduce."""
     t = slow["timeline"]["result"]

@@ -83,7 +83,7 @@ def test_a_damaged_or_foreign_snapshot_is_refused_naming_the_file_and_the_fix(
 
 
 def test_save_and_snapshot_on_one_file_are_refused(tmp_path, capsys):
-    """Review M1: --save X --snapshot X let a finished run turn its snapshot into a checkpoint
+    """--save X --snapshot X let a finished run turn its snapshot into a checkpoint
     that blocks every later resume. Any two of --save, --metrics, --snapshot are refused."""
     x = tmp_path / "run.pt"
     err = refused(["--save", x, "--snapshot", x], capsys)
