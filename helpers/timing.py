@@ -131,7 +131,7 @@ def _timed(fn, devices, clock):
     return clock() - t0
 
 
-def _check_counts(repeats, warmup, what="repeats"):
+def _validate_counts(repeats, warmup, what="repeats"):
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"{what} must be an int >= 1, got {repeats!r} (5 or more for a claim)")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -142,7 +142,7 @@ def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, devices
             clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Time fn() `repeats` times after `warmup` untimed calls (first calls pay for caches,
     allocations, compilation); the devices are synchronised around each call."""
-    _check_counts(repeats, warmup)
+    _validate_counts(repeats, warmup)
     for _ in range(warmup):
         fn()
         synchronize(devices)
@@ -155,7 +155,7 @@ def interleave(fns: Mapping[str, Callable[[], object]], rounds: int = 5, warmup:
     """Time every fn of the dict `fns` once per round, in turns (ABAB..., the order reversed
     every other round so that none always runs first), after `warmup` untimed rounds.
     Returns {name: Measurement}; sample i of every name comes from round i."""
-    _check_counts(rounds, warmup, "rounds")
+    _validate_counts(rounds, warmup, "rounds")
     if not fns:
         raise ValueError("interleave needs at least one function to time")
     names = list(fns)

@@ -86,7 +86,7 @@ class ExpertParallelMoE(nn.Module):
         first = comm.rank * self.local
         self.experts = nn.ModuleList(moe.experts[first:first + self.local])
 
-    def _check_ranks_agree(self, x):
+    def _validate_ranks_agree(self, x):
         """Refuse, on every rank at once, tokens the ranks cannot exchange: a different width
         anywhere, or (fixed buffers, sized from the tokens) a different number of tokens.
         One exchange of two integers per rank, logged as "counts"."""
@@ -123,7 +123,7 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x):
         comm, w, E = self.comm, self.comm.world, self.E
         start = len(comm.log)
-        self._check_ranks_agree(x)
+        self._validate_ranks_agree(x)
         logits = self.router(x)
         r = route(logits, self.k, expert_capacity(len(x), E, self.k, self.factor))
         tok, choice = torch.nonzero(r["kept"], as_tuple=True)

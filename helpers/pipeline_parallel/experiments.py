@@ -69,7 +69,7 @@ def _pingpong(comm, rank, shape, repeats):
     return times
 
 
-def _check_runs(runs, n, world, num_layers, threads=False):
+def _validate_runs(runs, n, world, num_layers, threads=False):
     """Every run's settings, checked on every rank before any run starts."""
     for run in runs:
         kind = run.get("kind", "scratch")
@@ -102,7 +102,7 @@ def pipeline_worker(rank, world, cfg):
     device, n, runs, net_cfg, rates, seed, comm = take(cfg, "device", "batch_size", "runs", net={},
                                                        rates=None, seed=0, comm=None)
     net = pipeline_net(**net_cfg).to(device)
-    _check_runs(runs, n, world, len(net), threads=comm is not None)
+    _validate_runs(runs, n, world, len(net), threads=comm is not None)
     rates = Rates(**rates) if rates else Rates.load()
     g = torch.Generator().manual_seed(seed)
     X = torch.randint(0, net[0].num_embeddings, (n,), generator=g).to(device)

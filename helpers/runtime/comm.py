@@ -47,7 +47,7 @@ class Comm(Protocol):
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-def _check_split(t, dim, world):
+def _validate_split(t, dim, world):
     if t.shape[dim] % world:
         raise ValueError(f"size {t.shape[dim]} along dim {dim} does not split into {world} "
                          "equal pieces: make it a multiple of the number of ranks")
@@ -123,7 +123,7 @@ class DistComm(CountsSent):
 
     def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """This rank's piece along `dim` (k equal pieces) of the sum of every rank's `t`."""
-        _check_split(t, dim, self.world)
+        _validate_split(t, dim, self.world)
         pieces = [p.contiguous() for p in t.detach().chunk(self.world, dim)]
         self._count("reduce_scatter", t)
         out = torch.empty_like(pieces[self.rank])
@@ -178,7 +178,7 @@ class ThreadComm(CountsSent):
 
     def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """This rank's piece along `dim` (k equal pieces) of the sum of every rank's `t`."""
-        _check_split(t, dim, self.world)
+        _validate_split(t, dim, self.world)
         self._count("reduce_scatter", t)
 
         def combine(ps):

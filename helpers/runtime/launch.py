@@ -74,7 +74,7 @@ def launch(fn: Target, world: int, cfg: Mapping[str, Any] | None = None, *,
     cfg = dict(cfg or {})
     if threads:
         return _launch_threads(fn, world, cfg, timeout)
-    _check_importable(fn)
+    _validate_importable(fn)
     line = backend_line(world, validate_backend(backend, world))
     backend = backend or choose_backend(world)
     try:
@@ -105,7 +105,7 @@ def take(cfg: Mapping[str, Any], *required: str, **defaults: Any) -> list[Any]:
     return [cfg[k] for k in required] + [cfg.get(k, v) for k, v in defaults.items()]
 
 
-def _check_importable(fn):
+def _validate_importable(fn):
     """A spawned rank finds `fn` by module and name: refuse what it could not find."""
     name = getattr(fn, "__name__", repr(fn))
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
@@ -357,7 +357,7 @@ def run_ranks(world: int, runs: Iterable[tuple[str, Target, dict[str, Any]]],
             raise ValueError(f"run_ranks: {run!r} is not (label, function, kwargs): pass the "
                              "experiment itself, e.g. (\"zero1\", helpers.zero1_vs_one_process, "
                              "{}); experiments are no longer looked up by name")
-        _check_importable(run[1])
+        _validate_importable(run[1])
     labels = [label for label, _, _ in runs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"run_ranks: labels {labels} repeat; give each run its own "
