@@ -122,6 +122,18 @@ def test_functions_a_rank_cannot_import_are_refused_with_the_fix():
         helpers.run_ranks(2, [("zero1", {})])
 
 
+def test_run_ranks_runs_experiments_in_turn_on_thread_ranks_too():
+    """run_ranks is the one way to run several experiments in one launch, on process ranks and
+    thread ranks alike: each experiment gets the rank's comm, a barrier between them."""
+    def plus(rank, world, cfg):                     # defined here: only threads can run it
+        t = torch.tensor([float(rank + cfg["add"])])
+        cfg["comm"].all_reduce(t)
+        return float(t)
+    got = helpers.run_ranks(2, [("a", plus, dict(add=1)), ("b", plus, dict(add=10))],
+                            threads=True, timeout=20)
+    assert got == [dict(a=3.0, b=21.0)] * 2, got
+
+
 def test_threads_run_any_callable_through_a_thread_comm():
     assert helpers.launch(lt.thread_sum, 3, threads=True) == [6.0, 6.0, 6.0]
 

@@ -331,35 +331,43 @@ def _launch_threads(fn, world, cfg, timeout):
 # ---- several experiments in one launch -------------------------------------------------------
 def run_in_turn(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """A launch target running cfg["runs"], [(label, fn, kwargs), ...], one after another on
-    every rank (fn(rank, world, dict(kwargs, device=...)), a barrier between them); returns
-    {label: what fn returned}."""
+    every rank (fn(rank, world, dict(kwargs, device=..., comm=... on thread ranks)), a barrier
+    between them); returns {label: what fn returned}."""
     import torch.distributed as dist
 
     from .progress import report_progress
-    device, runs = take(cfg, "device", "runs")
+    device, runs, comm = take(cfg, "device", "runs", comm=None)
+    given = dict(device=device) if comm is None else dict(device=device, comm=comm)
     results = {}
     for i, (label, fn, kwargs) in enumerate(runs):
         report_progress(i + 1, len(runs), f"experiment ({label})")
-        results[label] = fn(rank, world, dict(kwargs, device=device))
-        dist.barrier()
+        results[label] = fn(rank, world, dict(kwargs, **given))
+        if comm is None:
+            dist.barrier()
+        else:                                   # thread ranks: no process group
+            comm.all_reduce(torch.zeros(1))
     return results
 
 
 def run_ranks(world: int, runs: Iterable[tuple[str, Target, dict[str, Any]]],
-              backend: str | None = None, timeout: float = 600.0) -> list[dict[str, Any]]:
+              backend: str | None = None, timeout: float = 600.0, threads: bool = False
+              ) -> list[dict[str, Any]]:
     """Start `world` ranks once and run the experiments `runs`, [(label, fn, kwargs), ...], in
     turn on each (label: how its result is found, so one fn can run twice, e.g. "fsdp:bf16");
-    returns each rank's {label: result}. One launch: the ranks start (seconds) only once."""
+    returns each rank's {label: result}. One launch: the ranks start (seconds) only once.
+    threads=True: thread ranks, as launch(..., threads=True) (each fn gets cfg["comm"])."""
     runs = list(runs)
     for run in runs:
         if not (isinstance(run, tuple) and len(run) == 3 and isinstance(run[0], str)
                 and callable(run[1]) and isinstance(run[2], dict)):
             raise ValueError(f"run_ranks: {run!r} is not (label, function, kwargs): pass the "
                              "experiment itself, e.g. (\"zero1\", helpers.zero1_vs_one_process, "
-                             "{}); experiments are no longer looked up by name")
-        _validate_importable(run[1])
+                             "{})")
+        if not threads:
+            _validate_importable(run[1])
     labels = [label for label, _, _ in runs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"run_ranks: labels {labels} repeat; give each run its own "
                          "(e.g. \"fsdp:bf16\")")
-    return launch(run_in_turn, world, dict(runs=runs), backend=backend, timeout=timeout)
+    return launch(run_in_turn, world, dict(runs=runs), backend=backend, timeout=timeout,
+                  threads=threads)
