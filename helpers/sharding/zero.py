@@ -12,6 +12,7 @@ from torch import nn
 
 from ..data_parallel.scratch import make_buckets
 from ..runtime.agree import SAME_MODEL, agree, fingerprint
+from ..validate import validate_positive_int
 from .flat import (all_gather_flat, validate_flat_dtypes, validate_groups, clip_sharded_grad_norm_,
                    padded_flat, reduce_scatter_flat)
 
@@ -21,6 +22,7 @@ __all__ = ["partition_by_size", "ShardedOptimizer", "Zero2", "optimizer_state_by
 def partition_by_size(sizes, world):
     """The rank that owns each of the tensors of `sizes` (numbers of elements): largest first to the
     least loaded rank, so the loads differ by at most the largest tensor. Same on every rank."""
+    validate_positive_int(world, "world")
     load, owner = [0] * world, [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         r = min(range(world), key=lambda r: (load[r], r))
