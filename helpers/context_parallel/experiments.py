@@ -6,6 +6,7 @@ import torch
 
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
+from ..runtime.mesh import device_mesh
 from ..tiny_models import SmallAttention
 from .scratch import (CPAttention, RingCensus, attention_reference, ring_attention,
                       shard_sequence)
@@ -143,7 +144,6 @@ def cp_torch_run(rank, world, cfg):
     unsplit layer on the same input (the weights' gradients summed over the ranks). Runs only
     on CUDA (context_parallel_status); elsewhere it says why. Returns dict(torch_version,
     device, world, runs: {rotate: dict(ran, error, max_diff (when it ran))})."""
-    from torch.distributed.device_mesh import init_device_mesh
     device, width, heads, batch, T, seed = take(cfg, "device", "width", "heads", "batch", "T",
                                                 seed=0)
     out = dict(torch_version=torch.__version__, device=str(device), world=world, runs={})
@@ -156,7 +156,7 @@ def cp_torch_run(rank, world, cfg):
     g = torch.Generator().manual_seed(1)
     X = torch.randn(batch, T, width, generator=g).to(device)
     R = torch.randn(batch, T, width, generator=g).to(device)
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = device_mesh((world,), ("cp",), device.type)
     ref = attn_ref_grads(attn, X, R)
     for rotate in ROTATE_METHODS:
         attn.zero_grad()

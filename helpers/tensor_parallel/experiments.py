@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
+from ..runtime.mesh import device_mesh
 from ..runtime.progress import report_progress
 from ..runtime.traffic import FuncolBytes, count_traffic
 from ..tiny_models import block_inputs, block_loss, small_block, small_stack
@@ -226,11 +227,10 @@ def hsdp_worker(rank, world, cfg):
     trains on a quarter of the batch. Also an nn.Linear(5, 3) fully_shard over "shard": rows
     that do not divide (torch.chunk: 2 and 1). Returns losses, weights (rank 0), local shapes,
     the placements, the last step's collectives per mesh dimension."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     device, inputs, blocks, block_cfg, lr, steps = take(cfg, "device", "inputs", blocks=2,
                                                         block={}, lr=0.1, steps=3)
-    mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("replicate", "shard"))
+    mesh = device_mesh((2, 2), ("replicate", "shard"), device.type)
     model = small_stack(blocks, **block_cfg).to(device)
     for block in model:
         fully_shard(block, mesh=mesh)          # a 2-D mesh: HSDP (replicate, shard)
