@@ -21,11 +21,12 @@ __all__ = ["train_3d_both", "train_cp_zero2"]
 def train_3d_both(rank, world, cfg):
     """The course's 3-D run and torch's on the same mesh, batches and seeds, in one launch
     (starting eight processes is the slow part on a CPU): {"scratch": ..., "torch": ...}."""
-    cfg = dict(cfg)
-    run_torch = cfg.pop("torch", True)   # the rest is the cfg of both runs (take checks it)
-    out = dict(scratch=train_3d_scratch(rank, world, cfg))
+    device, shape, model, batch, steps, m, lr, run_torch = take(
+        cfg, "device", "shape", "model", "batch", "steps", m=2, lr=0.05, torch=True)
+    run = dict(device=device, shape=shape, model=model, batch=batch, steps=steps, m=m, lr=lr)
+    out = dict(scratch=train_3d_scratch(rank, world, run))
     if run_torch:
-        out["torch"] = train_3d_torch(rank, world, cfg)
+        out["torch"] = train_3d_torch(rank, world, run)
     return out
 
 
