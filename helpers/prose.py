@@ -6,6 +6,7 @@ than one")`. When a run contradicts the sentence, `make outputs` stops with Clai
 the claim, instead of storing a page that says the opposite of its numbers.
 """
 
+import numbers
 import string
 
 __all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural",
@@ -23,7 +24,8 @@ def plural(n, word, many=None):
     for printed lines and prose (never 'rank(s)'). `many` names an irregular plural."""
     if many is None:
         many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
-    return f"{n:,} {word if n == 1 else many}" if isinstance(n, int) else f"{n} {many}"
+    whole = isinstance(n, numbers.Integral)   # numpy's and torch's ints too
+    return f"{int(n):,} {word if n == 1 else many}" if whole else f"{n} {many}"
 
 
 def plural_names(items, word, many=None):

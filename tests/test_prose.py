@@ -11,6 +11,8 @@ def test_plural_agrees_with_its_count():
     assert plural(2, "batch") == "2 batches"
     assert plural(2048, "byte") == "2,048 bytes"
     assert plural(2, "child", "children") == "2 children"
+    import numpy as np
+    assert plural(np.int64(1), "rank") == "1 rank" and plural(np.int64(3), "rank") == "3 ranks"
 
 
 def test_plural_names_agrees_with_its_list():
