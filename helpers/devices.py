@@ -61,7 +61,8 @@ def require_gpus(k):
         raise ValueError(f"k must be a positive int (how many GPUs this needs), got {k!r}")
     n = num_gpus()
     if n < k:
-        raise RuntimeError(f"this needs {k} GPU(s), found {n}; run it on a GPU machine, or use "
+        raise RuntimeError(f"this needs more GPUs than this machine has ({k} asked for, {n} "
+                           "found); run it on a GPU machine, or use "
                            "get_devices(k) to simulate them")
     return [torch.device(f"cuda:{i}") for i in range(k)]
 

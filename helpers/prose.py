@@ -11,7 +11,8 @@ import os
 import string
 import sys
 
-__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural"]
+__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural",
+           "plural_names"]
 
 _made = []
 _differs = []   # claims this reader's run did not bear out, for the next say()
@@ -29,6 +30,17 @@ def plural(n, word, many=None):
     if isinstance(n, numbers.Integral):          # int, numpy's and torch's integers
         return f"{int(n):,} {word if n == 1 else many}"
     return f"{n} {many}"                         # 1.5 ranks: a fraction takes the plural
+
+
+def plural_names(items, word, many=None):
+    """'rank 3', 'ranks 1 and 3', 'ranks 0, 2 and 5': the noun in agreement with the list it
+    names, for messages that say which ranks (never 'rank(s) [1]')."""
+    items = [str(i) for i in items]
+    noun = plural(len(items), word, many).split(" ", 1)[1]
+    if not items:
+        return f"no {noun}"
+    names = items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+    return f"{noun} {names}"
 
 
 def strict_claims():
