@@ -6,8 +6,9 @@ than one")`. When a run contradicts the sentence, `make outputs` stops with Clai
 the claim, instead of storing a page that says the opposite of its numbers.
 """
 
-import numbers
 import string
+
+from .words import plural, plural_names   # here too: the prose's words
 
 __all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural",
            "plural_names"]
@@ -17,26 +18,6 @@ _made = []
 
 class ClaimFailed(AssertionError):
     """A measured claim of the prose does not hold in this run."""
-
-
-def plural(n, word, many=None):
-    """'1 rank', '2 ranks', '1 process', '3 processes': a count with its noun in agreement,
-    for printed lines and prose (never 'rank(s)'). `many` names an irregular plural."""
-    if many is None:
-        many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
-    whole = isinstance(n, numbers.Integral)   # numpy's and torch's ints too
-    return f"{int(n):,} {word if n == 1 else many}" if whole else f"{n} {many}"
-
-
-def plural_names(items, word, many=None):
-    """'rank 3', 'ranks 1 and 3', 'ranks 0, 2 and 5': the noun in agreement with the list it
-    names, for messages that say which ranks (never 'rank(s) [1]')."""
-    items = [str(i) for i in items]
-    noun = plural(len(items), word, many).split(" ", 1)[1]
-    if not items:
-        return f"no {noun}"
-    names = items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
-    return f"{noun} {names}"
 
 
 def claim(holds, says, **measured):
