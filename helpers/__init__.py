@@ -14,6 +14,7 @@ costs, compare, one_process cost formulas, comparators, the      split_costs, ma
                             unsplit runs everything is compared  train_one_process
 cost_explorer               the cost explorer's static twin      with_static_twin
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
+words                       counts with their nouns in agreement plural, plural_names
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks

@@ -240,22 +240,7 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
                          optim=P * ob, acts=shard * A * b, collectives=int(k > 1), handoffs=0,
                          messages=2 * (k - 1))
 
-    weights = [(2 * b + ob) * r["params"] + n * b * r["acts"] for r in sizes]
-    crossing = [2 * n * r["out"] * b for r in sizes]     # a cut after layer i: forward and back
-    bounds = [0, *network_cuts(weights, crossing, k), len(sizes)]
-    stages = [sizes[a:c] for a, c in pairwise(bounds)]
-    per_device = []
-    for s, stage in enumerate(stages):
-        p = sum(r["params"] for r in stage)
-        out = n * stage[-1]["out"] * b if s < k - 1 else 0                  # activations forward
-        back = n * sizes[bounds[s] - 1]["out"] * b if s > 0 else 0         # gradients back
-        per_device.append(dict(sent=out + back, params=p * b, grads=p * b, optim=p * ob,
-                               acts=n * sum(r["acts"] for r in stage) * b,
-                               messages=m * ((s < k - 1) + (s > 0))))
-    fullest = max(per_device, key=lambda d: d["params"] + d["grads"] + d["optim"] + d["acts"])
-    costs["network"] = dict(fullest, sent=max(d["sent"] for d in per_device),
-                            messages=max(d["messages"] for d in per_device), collectives=0,
-                            handoffs=2 * (k - 1) * m, cuts=bounds[1:-1], microbatches=m)
+    costs["network"], stages = _network_costs(sizes, k, n, m, b, ob)
 
     layers = [io for r in sizes for io in r["weighted"]]
     weighted = sum(r["params"] for r in sizes if r["weighted"])
@@ -282,6 +267,27 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     if tflops is not None:
         _step_seconds(costs, sizes, stages, k, n, m, b, tflops, latency_us, bandwidth_gbs)
     return costs
+
+
+def _network_costs(sizes, k, n, m, b, ob):
+    """split_costs' network row (contiguous layers per device, network_cuts), and the stages."""
+    weights = [(2 * b + ob) * r["params"] + n * b * r["acts"] for r in sizes]
+    crossing = [2 * n * r["out"] * b for r in sizes]     # a cut after layer i: forward and back
+    bounds = [0, *network_cuts(weights, crossing, k), len(sizes)]
+    stages = [sizes[a:c] for a, c in pairwise(bounds)]
+    per_device = []
+    for s, stage in enumerate(stages):
+        p = sum(r["params"] for r in stage)
+        out = n * stage[-1]["out"] * b if s < k - 1 else 0                  # activations forward
+        back = n * sizes[bounds[s] - 1]["out"] * b if s > 0 else 0         # gradients back
+        per_device.append(dict(sent=out + back, params=p * b, grads=p * b, optim=p * ob,
+                               acts=n * sum(r["acts"] for r in stage) * b,
+                               messages=m * ((s < k - 1) + (s > 0))))
+    fullest = max(per_device, key=lambda d: d["params"] + d["grads"] + d["optim"] + d["acts"])
+    row = dict(fullest, sent=max(d["sent"] for d in per_device),
+               messages=max(d["messages"] for d in per_device), collectives=0,
+               handoffs=2 * (k - 1) * m, cuts=bounds[1:-1], microbatches=m)
+    return row, stages
 
 
 def _step_seconds(costs, sizes, stages, k, n, m, b, tflops, latency_us, bandwidth_gbs):

@@ -6,10 +6,11 @@ than one")`. When a run contradicts the sentence, `make outputs` stops with Clai
 the claim, instead of storing a page that says the opposite of its numbers.
 """
 
-import numbers
 import os
 import string
 import sys
+
+from .words import plural, plural_names   # here too: the prose's words
 
 __all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural",
            "plural_names"]
@@ -20,27 +21,6 @@ _differs = []   # claims this reader's run did not bear out, for the next say()
 
 class ClaimFailed(AssertionError):
     """A measured claim of the prose does not hold in this run."""
-
-
-def plural(n, word, many=None):
-    """'1 rank', '2 ranks', '1 process', '3 processes': a count with its noun in agreement,
-    for printed lines and prose (never 'rank(s)'). `many` names an irregular plural."""
-    if many is None:
-        many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
-    if isinstance(n, numbers.Integral):          # int, numpy's and torch's integers
-        return f"{int(n):,} {word if n == 1 else many}"
-    return f"{n} {many}"                         # 1.5 ranks: a fraction takes the plural
-
-
-def plural_names(items, word, many=None):
-    """'rank 3', 'ranks 1 and 3', 'ranks 0, 2 and 5': the noun in agreement with the list it
-    names, for messages that say which ranks (never 'rank(s) [1]')."""
-    items = [str(i) for i in items]
-    noun = plural(len(items), word, many).split(" ", 1)[1]
-    if not items:
-        return f"no {noun}"
-    names = items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
-    return f"{noun} {names}"
 
 
 def strict_claims():

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .devices import num_gpus
-from .prose import plural
+from .words import plural
 
 __all__ = ["validate_positive_int", "validate_lr", "validate_seed", "validate_images",
            "validate_global_batch", "validate_backend", "validate_output_path", "validate_step",

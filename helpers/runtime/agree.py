@@ -18,7 +18,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from ..prose import plural_names
+from ..words import plural_names
 from .progress import waiting
 
 __all__ = ["CollectiveMismatch", "agree", "fingerprint", "where_are_the_others"]

@@ -1,7 +1,7 @@
 """How a run of ranks fails, for every way ranks start (processes or threads, runtime.launch and
 runtime.thread_world): the one RankFailed, and LaunchTimeout."""
 
-from ..prose import plural_names
+from ..words import plural_names
 
 __all__ = ["RankFailed", "LaunchTimeout"]
 

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import exact_float32, num_gpus
-from ..prose import plural
+from ..words import plural
 from ..validate import validate_backend, validate_positive_int
 
 __all__ = ["choose_backend", "backend_line", "backend_for", "env_ranks", "rank_device", "setup",
@@ -55,13 +55,13 @@ def backend_line(world: int, backend: str | None = None) -> str:
     gpus = num_gpus()
     chosen = backend or choose_backend(world)
     if chosen == "nccl":
-        return f"{world} ranks, one GPU each: NCCL"
+        return f"{plural(world, 'rank')}, one GPU each: NCCL"
     if backend:
-        return f"{world} ranks, gloo on the CPU (asked for), one thread per rank"
+        return f"{plural(world, 'rank')}, gloo on the CPU (asked for), one thread per rank"
     if gpus:
         return (f"{world} ranks but {plural(gpus, 'GPU')}: ranks outnumber GPUs, so gloo, "
                 "computing on the CPU")
-    return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
+    return f"{plural(world, 'rank')} on the CPU (no GPU): gloo, one thread per rank"
 
 
 def backend_for(*worlds: int) -> str:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..prose import plural
+from ..words import plural
 from ..runtime.agree import agree
 
 __all__ = ["flat_shard", "padded_flat", "all_gather_flat", "reduce_scatter_flat",
