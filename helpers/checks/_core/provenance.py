@@ -8,8 +8,8 @@ wrote into it (a view is not a new storage; an in-place or out= operation writes
 and refuses an operation of one rank that reads or writes a storage another rank made. The
 storages are kept alive for the run, so no address is reused meanwhile. The network's own work
 (sending, receiving, combining a collective, delivering a result) runs exempt, and what it
-hands over is the receiver's. Tensor.tolist, Tensor.numpy and __array__, which read memory
-without an aten operation, are checked as one.
+hands over is the receiver's. The exits that read memory without an aten operation (exits.py:
+tolist, numpy, __array__, repr, pickling, the storage) are checked as one.
 
 What it does not see: values that leave as Python numbers through an operation the rank is
 entitled to (rank 0 calls .item() on its own tensor and puts the float in a global), and work
@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
+from .exits import watch_exits
 from .run import CheckFailed
 
 __all__ = ["Provenance"]
@@ -48,8 +49,6 @@ def _writes(func):
 
 class Provenance:
     """Which rank made each storage, for one World (see the module's docstring)."""
-
-    EXITS = ("tolist", "numpy", "__array__")
 
     def __init__(self, world):
         self.world = world
@@ -98,32 +97,19 @@ class Provenance:
 
     @contextlib.contextmanager
     def python_exits(self):
-        """For one run: a fresh record, and Tensor.tolist / numpy / __array__ checked."""
+        """For one run: a fresh record, and the exits without an aten operation (exits.py:
+        tolist, numpy, __array__, repr, pickling, the storage) checked like an operation."""
         self.owner.clear()
-        saved = {name: torch.Tensor.__dict__.get(name) for name in self.EXITS}
 
-        def checked(name):
-            original = getattr(torch.Tensor, name)
-
-            @functools.wraps(original)
-            def call(t, *args, **kwargs):
-                rank = self.rank_here()
-                if rank is not None:
-                    self.touch(rank, [t], f"Tensor.{name}")
-                return original(t, *args, **kwargs)
-            return call
-        wrappers = {name: checked(name) for name in self.EXITS}
-        for name, fn in wrappers.items():
-            setattr(torch.Tensor, name, fn)
+        def exit_(t, how):
+            rank = self.rank_here()
+            if rank is not None:
+                self.touch(rank, [t], how)
         try:
-            yield
+            with watch_exits(exit_):
+                yield
         finally:
             self.owner.clear()
-            for name, original in saved.items():
-                if original is None:
-                    delattr(torch.Tensor, name)
-                else:
-                    setattr(torch.Tensor, name, original)
 
 
 class _Mode(TorchDispatchMode):
