@@ -26,6 +26,7 @@ import contextlib
 from ...runtime.thread_world import Message, ThreadWorld, Work
 from .observe import Recorder
 from .provenance import Provenance
+from .rank_numbers import TagWatch, foreign_in, foreign_message
 from .run import CheckFailed
 
 __all__ = ["World", "Message", "Work"]
@@ -51,9 +52,22 @@ class World(ThreadWorld):
     def rank_context(self, rank):
         stack = contextlib.ExitStack()
         stack.enter_context(self.provenance.mode(rank))
+        stack.enter_context(TagWatch(rank))
         if self.record_ops:
             self.recorders[rank] = stack.enter_context(Recorder())
         return stack
+
+    def start(self, body):
+        """As ThreadWorld.start; a rank whose result holds numbers that only other ranks read
+        out of torch (rank_numbers.py) fails."""
+        results, errors, stuck = super().start(body)
+        if not errors and not stuck:
+            for r, result in enumerate(results):
+                others = foreign_in(result, r, self.provenance.exited_last)
+                if others:
+                    errors = [(r, CheckFailed(foreign_message(r, others, "returned")), "")]
+                    break
+        return results, errors, stuck
 
     def comm_context(self):
         return self.provenance.network()
