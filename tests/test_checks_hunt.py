@@ -63,15 +63,20 @@ def _returns(fn, args, kwargs, seconds=0.5):
     def late(*_):
         raise _Late()
     old = signal.signal(signal.SIGALRM, late)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        fn(*args, **kwargs)
-        return True
-    except BaseException:     # noqa: BLE001 - any failure, or too slow: not a candidate
-        return False
+        try:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+            fn(*args, **kwargs)
+            ok = True
+        except BaseException:     # noqa: BLE001 - any failure, or too slow: not a candidate
+            ok = False
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Late:                 # the timer fired on the way out: too slow all the same
+        ok = False
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+    return ok
 
 
 def _answer(fn):

@@ -211,20 +211,25 @@ def _served(what, fn, start, grads, lr):
 
 # ---- data_parallel: gradient accumulation ----------------------------------------------------
 class _RecordingNet:
-    """net(X, params), a linear layer, recording the examples of each call."""
+    """net(X, params), a linear layer, recording the examples of each call, and each call and
+    each backward through what a call returned, in order (`passes`)."""
 
     def __init__(self):
-        self.sizes = []
+        self.sizes, self.passes = [], []
 
     def __call__(self, X, params):
         W, b = params
         self.sizes.append(X.shape[0])
-        return X @ W + b
+        self.passes.append("forward")
+        out = X @ W + b
+        if out.requires_grad:
+            out.register_hook(lambda grad: self.passes.append("backward"))
+        return out
 
 
 @check("accumulated_step", observes=[
     "the examples the check's net saw in each call (one call per micro-batch, none with the "
-    "whole batch)",
+    "whole batch), and the backward through each call's output, right after it",
     "the parameters afterwards (the same tensors), against one SGD step on the mean loss of "
     "the whole batch; micro-batches of unequal size included"])
 def check_accumulated_step(fn):
@@ -254,6 +259,11 @@ def check_accumulated_step(fn):
                f"(calls: {net.sizes}); run one micro-batch at a time ({micro})")
         expect(sorted(net.sizes) == sorted(micro), f"{call}: the net saw micro-batches of "
                f"{net.sizes} examples; tensor_split makes {micro}")
+        expect(net.passes == ["forward", "backward"] * (len(net.passes) // 2),
+               f"{call}: the net's calls and the backwards through what they returned ran in "
+               f"the order {net.passes}: backward through each micro-batch's output right after "
+               "its forward (one graph of every micro-batch keeps them all alive; a gradient "
+               "computed another way does not flow through the net's calls)")
         for name, p, w, orig in zip(("W", "b"), params, want, objects):
             expect(p is orig, f"{call}: params[{'W b'.split().index(name)}] was replaced by a "
                               "new tensor; update the parameters in place")
