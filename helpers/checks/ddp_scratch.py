@@ -222,7 +222,7 @@ def check_average_bucket(fn):
         want = torch.stack([torch.cat([t.reshape(-1) for t in d]) for d in data]).mean(0)
         w = World(world, allow={"all_reduce"})    # a decoy all_reduce beside all_gathers fails
 
-        def rank_fn(comm):
+        def rank_fn(comm, data=data):
             grads = [t.clone() for t in data[comm.rank]]
             ids = [id(t) for t in grads]
             fn(grads)
@@ -280,10 +280,6 @@ def check_scratch_accumulate(fn):
     backwards = [0] * world
 
     nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
-
-    def _ready(rank, n, p):
-        grads_at_hook[rank][n] = storage_key(p.grad)
-        ready[rank].append((w.mark(f"{n} ready"), n))
 
     def rank_fn(comm):
         net = nets[comm.rank]

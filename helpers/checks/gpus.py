@@ -106,7 +106,7 @@ def check_copy_time(fn):
         results.add(got)
         if rel_close(got, want, 8, dtype):
             continue
-        close = lambda x: rel_close(got, x, 8, dtype)          # noqa: E731
+        close = lambda x, got=got, dtype=dtype: rel_close(got, x, 8, dtype)          # noqa: E731
         expect(not close(transfer), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "
                "latency term is missing (every copy pays latency_s before the first byte)")
         expect(not close(latency_s), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "

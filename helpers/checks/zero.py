@@ -138,7 +138,7 @@ def check_grad_shard(fn):
             n = world * randint(g, 2, 6) + 1          # surely padded
         grads = [torch.randn(n, generator=g) for _ in range(world)]
         w = World(world)
-        got = w.run(lambda comm: fn(grads[comm.rank].clone()))
+        got = w.run(lambda comm, grads=grads: fn(grads[comm.rank].clone()))
         pad = -n % world
         full = torch.cat([sum(grads), torch.zeros(pad)]) / world
         call = f"grad_shard ({world} ranks, {n} gradients)"
@@ -213,7 +213,7 @@ def check_accumulate_zero2(fn):
     out = w.run(rank)
     call = f"accumulate_zero2 ({world} ranks, {m} micro-batches of {sizes} rows per rank)"
     buckets = len(out[0][0].buckets)
-    for r, (model, got) in enumerate(out):
+    for r, (_model, got) in enumerate(out):
         expect(max(seen[r], default=0) <= max(sizes),
                f"{call}: rank {r}'s model ran forwards of {seen[r]} rows: run one forward and "
                "one backward per micro-batch (accumulation keeps one micro-batch's activations "
@@ -296,7 +296,7 @@ def check_qwz_all_gather(fn):
         n = block * randint(g, 3, 6) - (0 if case == 0 else randint(g, 1, block // 4))
         shards = _shards(g, world, n, block)
         w = World(world)
-        got = w.run(lambda comm: fn(shards[comm.rank].clone(), block))
+        got = w.run(lambda comm, shards=shards, block=block: fn(shards[comm.rank].clone(), block))
         call = f"qwz_all_gather ({world} ranks, {n} elements each, block {block})"
         want = torch.cat(shards)
         bound = torch.cat([_bounds(s, block) for s in shards])

@@ -169,7 +169,7 @@ def _children(obj):
         yield from ((str(k), v) for k, v in list(obj.items())[:200])
         return
     if callable(obj) and not inspect.isroutine(obj) and not isinstance(obj, type):
-        call = getattr(type(obj), "__call__", None)     # a callable object of the reader's
+        call = inspect.getattr_static(type(obj), "__call__", None)   # a reader's callable
         if _expandable(call):
             yield "__call__", call
     wrapped = getattr(obj, "__wrapped__", None)
@@ -185,7 +185,7 @@ def _children(obj):
 
 def _cell_filled(cell):
     try:
-        cell.cell_contents
+        _ = cell.cell_contents
     except ValueError:
         return False
     return True
