@@ -2,6 +2,7 @@
 tests/test_checks_families.py's answers): each must fail in the harness, and the right answers
 beside them must pass (tests/check_cases.py's form). One section per family."""
 import ast
+import copy
 import inspect
 import textwrap
 import types
@@ -292,16 +293,25 @@ DOCLESS_CUTS = _without_docstring(helpers.balanced_cuts)
 RENAMED_CUTS = _locals_renamed(helpers.balanced_cuts)
 
 
-@shortcut("check_split_by_params", "balanced_cuts with its docstring replaced", OWN)
+def _stages(net, cuts, devices):
+    """The stages at `cuts`, copied and moved (no course function: only the cuts are the
+    course's, so the refusal below is about them)."""
+    bounds = [0, *cuts, len(net)]
+    return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
+
+
+@shortcut("check_split_by_params", "balanced_cuts with its docstring replaced",
+          [OWN, "balanced_cuts"])
 def split_by_params_docless(net, devices):
-    sizes = [helpers.num_params(layer) for layer in net]
-    return helpers.split_sequential(net, DOCLESS_CUTS(sizes, len(devices)), devices)
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in net]
+    return _stages(net, DOCLESS_CUTS(sizes, len(devices)), devices)
 
 
-@shortcut("check_split_by_params", "balanced_cuts with its locals renamed (ast) and exec'd", OWN)
+@shortcut("check_split_by_params", "balanced_cuts with its locals renamed (ast) and exec'd",
+          [OWN, "balanced_cuts"])
 def split_by_params_locals_renamed(net, devices):
-    sizes = [helpers.num_params(layer) for layer in net]
-    return helpers.split_sequential(net, RENAMED_CUTS(sizes, len(devices)), devices)
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in net]
+    return _stages(net, RENAMED_CUTS(sizes, len(devices)), devices)
 
 
 test_case = parametrize_cases(__name__)

@@ -19,7 +19,9 @@ What the checks' World adds to the ThreadWorld, through its hooks:
 - `allow`: the calls an exercise permits;
 - provenance (provenance.py): a rank that touches a tensor another rank made or wrote, other than
   through the network, fails the answer: thread ranks share one process, so a module global or
-  a closure list could otherwise carry data past the comm that a check judges.
+  a closure list could otherwise carry data past the comm that a check judges; and
+  rank_numbers.py: a rank that uses or returns Python numbers another rank read out of its
+  tensors (.item(), .tolist(), .numpy()) fails too.
 """
 import contextlib
 
