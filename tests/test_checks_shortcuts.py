@@ -226,6 +226,35 @@ def accumulated_step_by_hand(net, params, X, y, num_micro, lr):
             p -= lr * gr
 
 
+# ---- self-reported values: writing the check's records instead of running ----------------------
+@shortcut("check_dp_forward", "the whole batch once, replicas' calls written into net.log",
+          "raised")
+def dp_forward_forged_log(net, X, devices):
+    whole = copy.deepcopy(net).to(devices[0])
+    Y = whole.lin(X.to(devices[0]))                   # not forward(): nothing recorded
+    pieces = []
+    for d, rows in zip(devices, torch.arange(len(X)).chunk(len(devices))):
+        replica = copy.deepcopy(net).to(d)
+        net.log.keep.append(replica)
+        net.log.calls.append((id(replica), len(rows), d, d))
+        piece = Y[rows[0]:rows[-1] + 1].clone()
+        if net.log.rec is not None:
+            net.log.outputs.append((id(replica), net.log.rec.latest(piece)))
+        pieces.append(piece)
+    return torch.cat(pieces)
+
+
+@shortcut("check_accumulated_step", "micro-batch calls written into the net's lists", "raised")
+def accumulated_step_forged(net, params, X, y, num_micro, lr):
+    for Xi in X.tensor_split(num_micro):
+        net.sizes.append(len(Xi))
+        net.passes.extend(["forward", "backward"])
+    (_loss(X @ params[0] + params[1], y) / len(X)).backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad
+
+
 # ---- reading the running program ----------------------------------------------------------------
 def _walk(frame, name):
     while frame is not None:

@@ -210,20 +210,28 @@ def _served(what, fn, start, grads, lr):
 
 
 # ---- data_parallel: gradient accumulation ----------------------------------------------------
+_SEEN = {}    # id(net) -> (examples of each call, "forward"/"backward" in order), kept here:
+             # an answer that appends to the net's own lists reports, it does not run
+
+
 class _RecordingNet:
     """net(X, params), a linear layer, recording the examples of each call, and each call and
-    each backward through what a call returned, in order (`passes`)."""
+    each backward through what a call returned, in order (`seen()`)."""
 
     def __init__(self):
-        self.sizes, self.passes = [], []
+        _SEEN[id(self)] = ([], [])
+
+    def seen(self):
+        return _SEEN.pop(id(self))
 
     def __call__(self, X, params):
         W, b = params
-        self.sizes.append(X.shape[0])
-        self.passes.append("forward")
+        sizes, passes = _SEEN[id(self)]
+        sizes.append(X.shape[0])
+        passes.append("forward")
         out = X @ W + b
         if out.requires_grad:
-            out.register_hook(lambda grad: self.passes.append("backward"))
+            out.register_hook(lambda grad: passes.append("backward"))
         return out
 
 
@@ -237,6 +245,7 @@ def check_accumulated_step(fn):
     (tensor_split), the gradients of the summed losses adding up in .grad, then one SGD step
     with the gradient of the whole batch's mean loss (divide by n once)."""
     g = fresh_generator()
+    _SEEN.clear()
     for _ in range(4):
         num_micro = randint(g, 2, 5)
         n = num_micro * randint(g, 2, 4) + randint(g, 1, num_micro - 1)
@@ -255,13 +264,14 @@ def check_accumulated_step(fn):
         grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
         want = [(p - lr * gr).detach() for p, gr in zip(start, grads)]
         micro = [len(s) for s in torch.arange(n).tensor_split(num_micro)]
-        expect(n not in net.sizes, f"{call}: the net saw all {n} examples in one call "
-               f"(calls: {net.sizes}); run one micro-batch at a time ({micro})")
-        expect(sorted(net.sizes) == sorted(micro), f"{call}: the net saw micro-batches of "
-               f"{net.sizes} examples; tensor_split makes {micro}")
-        expect(net.passes == ["forward", "backward"] * (len(net.passes) // 2),
+        sizes, passes = net.seen()
+        expect(n not in sizes, f"{call}: the net saw all {n} examples in one call "
+               f"(calls: {sizes}); run one micro-batch at a time ({micro})")
+        expect(sorted(sizes) == sorted(micro), f"{call}: the net saw micro-batches of "
+               f"{sizes} examples; tensor_split makes {micro}")
+        expect(passes == ["forward", "backward"] * (len(passes) // 2),
                f"{call}: the net's calls and the backwards through what they returned ran in "
-               f"the order {net.passes}: backward through each micro-batch's output right after "
+               f"the order {passes}: backward through each micro-batch's output right after "
                "its forward (one graph of every micro-batch keeps them all alive; a gradient "
                "computed another way does not flow through the net's calls)")
         for name, p, w, orig in zip(("W", "b"), params, want, objects):
