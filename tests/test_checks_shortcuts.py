@@ -298,6 +298,12 @@ def tensor_bytes_logs(tensors):
     return total
 
 
+# ---- twins: another course function that computes the answer (found by the hunt) --------------
+@shortcut("check_tensor_bytes", "twin: held_bytes (the memory chapter's counter)", OWN)
+def tensor_bytes_twin(tensors):
+    return helpers.held_bytes(tensors)
+
+
 # ---- the course's code under another name -------------------------------------------------------
 def _without_docstring(fn):
     code = fn.__code__

@@ -59,8 +59,9 @@ def _describe(ts):
                            for t in ts) + "]"
 
 
-@check("tensor_bytes", observes=["the bytes returned for fresh lists of tensors of mixed dtypes "
-                                 "(one list holds every dtype), against numel × element_size"])
+@check("tensor_bytes", references=["held_bytes"],
+       observes=["the bytes returned for fresh lists of tensors of mixed dtypes (one list holds "
+                 "every dtype), against numel × element_size"])
 def check_tensor_bytes(fn):
     """fn(tensors) returns the total bytes a list of tensors occupies (numel × element_size)."""
     g = fresh_generator()
