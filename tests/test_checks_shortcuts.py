@@ -255,6 +255,19 @@ def accumulated_step_forged(net, params, X, y, num_micro, lr):
             p -= lr * p.grad
 
 
+@shortcut("check_evaluate_accuracy_multi", "shards through the net as a decoy, the accuracy of "
+          "X @ W + b on whole batches", "outside the net")
+def evaluate_accuracy_multi_decoy(net, params, data_iter, devices):
+    right = n = 0
+    for X, y in data_iter:
+        for Xs, d in zip(X.tensor_split(len(devices)), devices):
+            net(Xs.to(d), [p.clone().to(d) for p in params])      # what the net records
+        pred = (X @ params[0] + params[1]).argmax(1)                # the count, beside it
+        right += int((pred == y).sum())
+        n += len(y)
+    return right / n
+
+
 # ---- reading the running program ----------------------------------------------------------------
 def _walk(frame, name):
     while frame is not None:
