@@ -91,6 +91,18 @@ def dp_average_own_numbers_after(grads, comm):
         grad.copy_(torch.tensor(grad.tolist()) / comm.world)
 
 
+@shortcut("check_sharded_server_step", "every device sums everything with exp/prod/log, and "
+          "a token pull that reaches nothing", "never pulled")
+def sharded_server_every_device(params, grads, devices, lr):
+    for i, (p, d) in enumerate(zip(params, devices)):
+        mine = [g.to(d) for g in grads]
+        total = torch.log(torch.stack([torch.exp(g) for g in mine]).prod(0))
+        for j, q in enumerate(params):
+            if j != i:
+                _ = q[:1].to(d)                                   # a pull, thrown away
+        p.sub_(lr * total)
+
+
 # ---- splitting a convolution another way --------------------------------------------------------
 @shortcut("check_conv_split_in_channels", "splits the OUTPUT channels: conv per device, cat",
           "input channels")

@@ -146,8 +146,9 @@ def check_bytes_sent_naive_vs_ring(fn):
     "on CPU tensors: afterwards every replica (the same tensor objects, the same storage) holds "
     "the SGD step on the sum of all devices' gradients, uneven chunks included",
     "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "
-    "other device, the server of its chunk, and no device added up more than its chunk's "
-    "share"])
+    "other device, the server of its chunk, into its own tensor (the pulled copy is an "
+    "ancestor of the replica's final values), and no device added up or computed more than its "
+    "chunk's share (every operation counted)"])
 def check_sharded_server_step(fn):
     """fn(params, grads, devices, lr): params[i], grads[i] flat tensors on devices[i]. Device j
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
@@ -191,22 +192,27 @@ def _served(what, fn, start, grads, lr):
     keys = [p.untyped_storage()._cdata for p in params]
     _, rec = gpus.run(fn, params, fgrads, gpus.devices, lr, what=what)
     chunk = -(-n // count)
-    pulled = set()
-    for op in rec.transfers():
-        src = op.reads[-1 if op.name == "copy_" else 0].key
-        pulled.add((src, (op.writes or op.outputs)[0].device))
     for i, d in enumerate(gpus.devices):
-        missing = [j for j in range(count) if j != i and (keys[j], d) not in pulled]
+        pulled = set()          # a pull counts only if what it copied reaches replica i
+        for op in rec.transfers(rec.ancestors(params[i])):
+            pulled.add(op.reads[-1 if op.name == "copy_" else 0].key)
+        missing = [j for j in range(count) if j != i and keys[j] not in pulled]
         expect(not missing, f"{what}: replica {i} never pulled parameters from device(s) "
                f"{', '.join(map(str, missing))}: the update is the server's, not every "
                "device's; device j updates chunk j of its parameters, and every replica copies "
                "that chunk from device j")
     adds, bound = rec.adds_by_device(), (count + 1) * chunk + count
+    work, most = rec.work_by_device(), 3 * (count + 1) * chunk + count
     for d in gpus.devices:
         a = adds.get(d, 0)
         expect(a <= bound, f"{what}: {describe_device(d)} added up {a} elements (per device: "
                f"{[adds.get(x, 0) for x in gpus.devices]}), more than serving its chunk needs "
                f"(at most about {bound}): device j sums and updates chunk j only")
+        w = work.get(d, 0)
+        expect(w <= most, f"{what}: {describe_device(d)} computed {w} elements of work (every "
+               f"operation counted; per device: {[work.get(x, 0) for x in gpus.devices]}), more "
+               f"than serving its chunk needs (at most about {most}): device j sums and updates "
+               "chunk j only")
 
 
 # ---- data_parallel: gradient accumulation ----------------------------------------------------
