@@ -121,7 +121,7 @@ def test_a_reference_is_refused_by_identity(answer, words):
 def test_a_reference_caught_by_the_answer_still_fails():
     def answer(n):
         try:
-            getattr(helpers, "saved_per_layer")(None, None)
+            getattr(helpers, "saved_per_" + "layer")(None, None)   # unseen by the scan
         except BaseException:
             pass
         return 6

@@ -2,6 +2,7 @@
 named after that notebook, and nothing else by accident (no star import anywhere in helpers)."""
 import ast
 import importlib
+import inspect
 import json
 import types
 
@@ -121,4 +122,11 @@ def test_the_grader_imports_only_the_facade_and_runtime():
                     target in ("helpers", "helpers.runtime") or
                     target.startswith(("helpers.checks", "helpers.runtime."))):
                 bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports {target}")
+            elif target == "helpers" and isinstance(node, ast.ImportFrom):
+                # `from .. import sharding` reaches a split's module through the façade
+                import helpers
+                for alias in node.names:
+                    if inspect.ismodule(getattr(helpers, alias.name, None)):
+                        bad.append(f"{p.relative_to(ROOT)}:{node.lineno} imports the module "
+                                   f"helpers.{alias.name}")
     assert not bad, f"import these through the façade (from .. import name): {bad}"

@@ -156,6 +156,6 @@ def test_inputs_are_fresh():
     runs = []
     for _ in range(2):
         seen = []
-        check_copy_time(lambda *args: (seen.append(repr(args)), copy_time(*args))[1])
+        check_copy_time(lambda *args, seen=seen: (seen.append(repr(args)), copy_time(*args))[1])
         runs.append(seen)
     assert runs[0] and runs[0] != runs[1]

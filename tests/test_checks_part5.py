@@ -571,7 +571,7 @@ def choose_checkpoints(blocks, x, budget):
     for b in blocks:   # a checkpointed block still keeps its input
         ps = list(b.parameters())
         plain = saved_bytes_of_call_fn(b, h, ps)
-        ckpt = saved_bytes_of_call_fn(lambda h: checkpoint(b, h, use_reentrant=False), h, ps)
+        ckpt = saved_bytes_of_call_fn(lambda h, b=b: checkpoint(b, h, use_reentrant=False), h, ps)
         freed.append(plain - ckpt)
         left += plain
         h = b(h)

@@ -17,13 +17,59 @@ def global_mean_var(counts, means, variances):
     return mean, var
 
 
-@other("check_global_mean_var", "shifted by rank 0's mean, numpy")
+@other("check_global_mean_var", "shifted by rank 0's mean")
 def global_mean_var_shifted(counts, means, variances):
+    c = counts[:, None]
+    d = means - means[0]                       # exact: close float32 numbers
+    n = c.sum()
+    shift = (c * d).sum(0) / n
+    return means[0] + shift, (c * (variances + d * d)).sum(0) / n - shift * shift
+
+
+@shortcut("check_global_mean_var", "a stable formula, but in numpy (out of the check's sight)",
+          ".numpy()")
+def global_mean_var_shifted_numpy(counts, means, variances):
     c, m, v = counts.numpy()[:, None], means.numpy(), variances.numpy()
-    d = m - m[0]                               # exact: close float32 numbers
+    d = m - m[0]
     n = c.sum()
     shift = (c * d).sum(0) / n
     return m[0] + shift, (c * (v + d * d)).sum(0) / n - shift * shift
+
+
+@shortcut("check_global_mean_var", "a stable formula in Python floats via .numpy().tolist()",
+          ".numpy()")
+def global_mean_var_numpy_tolist(counts, means, variances):
+    c, m, v = counts.tolist(), means.numpy().tolist(), variances.numpy().tolist()
+    n, cols = sum(c), range(len(m[0]))
+    mean = [sum(ci * mi[j] for ci, mi in zip(c, m)) / n for j in cols]
+    var = [sum(ci * (vi[j] + (mi[j] - mean[j]) ** 2) for ci, mi, vi in zip(c, m, v)) / n
+           for j in cols]
+    return torch.tensor(mean), torch.tensor(var)
+
+
+@shortcut("check_global_mean_var", "a stable formula on values parsed from print", "printing")
+def global_mean_var_printed(counts, means, variances):
+    torch.set_printoptions(precision=12)
+    try:
+        m = torch.tensor(eval(repr(means)[7:-1].replace("\n", "")), dtype=torch.float64)
+        v = torch.tensor(eval(repr(variances)[7:-1].replace("\n", "")), dtype=torch.float64)
+    finally:
+        torch.set_printoptions(profile="default")
+    c = counts.double()[:, None]
+    mean = (c * m).sum(0) / c.sum()
+    return mean.float(), ((c * (v + (m - mean) ** 2)).sum(0) / c.sum()).float()
+
+
+@shortcut("check_global_mean_var", "float bits read through an integer view", ".tolist()")
+def global_mean_var_int_view(counts, means, variances):
+    import struct
+    bits = means.view(torch.int32).tolist() + variances.view(torch.int32).tolist()
+    rows = [[struct.unpack("f", struct.pack("i", b))[0] for b in row] for row in bits]
+    w = len(counts)
+    m, v = torch.tensor(rows[:w]), torch.tensor(rows[w:])
+    n = counts.sum()
+    mean = (counts[:, None] * m).sum(0) / n
+    return mean, (counts[:, None] * (v + (m - mean) ** 2)).sum(0) / n
 
 
 @shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in float64", "float64")
@@ -90,7 +136,7 @@ def global_mean_var_item_count(counts, means, variances):
     return mean, (w * (variances + (means - mean) ** 2)).sum(0)
 
 
-@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in numpy float64", "in any precision")
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in numpy float64", ".numpy()")
 def global_mean_var_numpy64(counts, means, variances):
     c = counts.numpy().astype("float64")[:, None]
     m, v = means.numpy().astype("float64"), variances.numpy().astype("float64")

@@ -93,7 +93,8 @@ def check_saved_bytes(fn):
         got = as_int(fn(net, X), call)
         want = sum(saved_per_layer(net, X))                           # after the answer ran
         outputs = []
-        hooks = [m.register_forward_hook(lambda m, i, o: outputs.append(o.numel() * 4))
+        hooks = [m.register_forward_hook(
+                     lambda m, i, o, outputs=outputs: outputs.append(o.numel() * 4))
                  for m in net]
         with torch.no_grad():
             net(X)

@@ -146,8 +146,9 @@ def check_bytes_sent_naive_vs_ring(fn):
     "on CPU tensors: afterwards every replica (the same tensor objects, the same storage) holds "
     "the SGD step on the sum of all devices' gradients, uneven chunks included",
     "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "
-    "other device, the server of its chunk, and no device added up more than its chunk's "
-    "share"])
+    "other device, the server of its chunk, into its own tensor (the pulled copy is an "
+    "ancestor of the replica's final values), and no device added up or computed more than its "
+    "chunk's share (every operation counted)"])
 def check_sharded_server_step(fn):
     """fn(params, grads, devices, lr): params[i], grads[i] flat tensors on devices[i]. Device j
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
@@ -191,40 +192,58 @@ def _served(what, fn, start, grads, lr):
     keys = [p.untyped_storage()._cdata for p in params]
     _, rec = gpus.run(fn, params, fgrads, gpus.devices, lr, what=what)
     chunk = -(-n // count)
-    pulled = set()
-    for op in rec.transfers():
-        src = op.reads[-1 if op.name == "copy_" else 0].key
-        pulled.add((src, (op.writes or op.outputs)[0].device))
     for i, d in enumerate(gpus.devices):
-        missing = [j for j in range(count) if j != i and (keys[j], d) not in pulled]
+        pulled = set()          # a pull counts only if what it copied reaches replica i
+        for op in rec.transfers(rec.ancestors(params[i])):
+            pulled.add(op.reads[-1 if op.name == "copy_" else 0].key)
+        missing = [j for j in range(count) if j != i and keys[j] not in pulled]
         expect(not missing, f"{what}: replica {i} never pulled parameters from device(s) "
                f"{', '.join(map(str, missing))}: the update is the server's, not every "
                "device's; device j updates chunk j of its parameters, and every replica copies "
                "that chunk from device j")
     adds, bound = rec.adds_by_device(), (count + 1) * chunk + count
+    work, most = rec.work_by_device(), 3 * (count + 1) * chunk + count
     for d in gpus.devices:
         a = adds.get(d, 0)
         expect(a <= bound, f"{what}: {describe_device(d)} added up {a} elements (per device: "
                f"{[adds.get(x, 0) for x in gpus.devices]}), more than serving its chunk needs "
                f"(at most about {bound}): device j sums and updates chunk j only")
+        w = work.get(d, 0)
+        expect(w <= most, f"{what}: {describe_device(d)} computed {w} elements of work (every "
+               f"operation counted; per device: {[work.get(x, 0) for x in gpus.devices]}), more "
+               f"than serving its chunk needs (at most about {most}): device j sums and updates "
+               "chunk j only")
 
 
 # ---- data_parallel: gradient accumulation ----------------------------------------------------
+_SEEN = {}    # id(net) -> (examples of each call, "forward"/"backward" in order), kept here:
+             # an answer that appends to the net's own lists reports, it does not run
+
+
 class _RecordingNet:
-    """net(X, params), a linear layer, recording the examples of each call."""
+    """net(X, params), a linear layer, recording the examples of each call, and each call and
+    each backward through what a call returned, in order (`seen()`)."""
 
     def __init__(self):
-        self.sizes = []
+        _SEEN[id(self)] = ([], [])
+
+    def seen(self):
+        return _SEEN.pop(id(self))
 
     def __call__(self, X, params):
         W, b = params
-        self.sizes.append(X.shape[0])
-        return X @ W + b
+        sizes, passes = _SEEN[id(self)]
+        sizes.append(X.shape[0])
+        passes.append("forward")
+        out = X @ W + b
+        if out.requires_grad:
+            out.register_hook(lambda grad: passes.append("backward"))
+        return out
 
 
 @check("accumulated_step", observes=[
     "the examples the check's net saw in each call (one call per micro-batch, none with the "
-    "whole batch)",
+    "whole batch), and the backward through each call's output, right after it",
     "the parameters afterwards (the same tensors), against one SGD step on the mean loss of "
     "the whole batch; micro-batches of unequal size included"])
 def check_accumulated_step(fn):
@@ -232,6 +251,7 @@ def check_accumulated_step(fn):
     (tensor_split), the gradients of the summed losses adding up in .grad, then one SGD step
     with the gradient of the whole batch's mean loss (divide by n once)."""
     g = fresh_generator()
+    _SEEN.clear()
     for _ in range(4):
         num_micro = randint(g, 2, 5)
         n = num_micro * randint(g, 2, 4) + randint(g, 1, num_micro - 1)
@@ -250,10 +270,16 @@ def check_accumulated_step(fn):
         grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
         want = [(p - lr * gr).detach() for p, gr in zip(start, grads)]
         micro = [len(s) for s in torch.arange(n).tensor_split(num_micro)]
-        expect(n not in net.sizes, f"{call}: the net saw all {n} examples in one call "
-               f"(calls: {net.sizes}); run one micro-batch at a time ({micro})")
-        expect(sorted(net.sizes) == sorted(micro), f"{call}: the net saw micro-batches of "
-               f"{net.sizes} examples; tensor_split makes {micro}")
+        sizes, passes = net.seen()
+        expect(n not in sizes, f"{call}: the net saw all {n} examples in one call "
+               f"(calls: {sizes}); run one micro-batch at a time ({micro})")
+        expect(sorted(sizes) == sorted(micro), f"{call}: the net saw micro-batches of "
+               f"{sizes} examples; tensor_split makes {micro}")
+        expect(passes == ["forward", "backward"] * (len(passes) // 2),
+               f"{call}: the net's calls and the backwards through what they returned ran in "
+               f"the order {passes}: backward through each micro-batch's output right after "
+               "its forward (one graph of every micro-batch keeps them all alive; a gradient "
+               "computed another way does not flow through the net's calls)")
         for name, p, w, orig in zip(("W", "b"), params, want, objects):
             expect(p is orig, f"{call}: params[{'W b'.split().index(name)}] was replaced by a "
                               "new tensor; update the parameters in place")

@@ -90,6 +90,9 @@ def check_lr_at(fn):
             raise CheckFailed(f"{call} returned {got:.6g}: {msg}")
 
 
+_LOGS = {}      # id -> _CallLog, kept here while a check runs (its modules hold only the id)
+
+
 class _CallLog:
     """Shared by a module and all its deep copies: (replica id, rows, device) of every forward."""
 
@@ -111,14 +114,16 @@ class _RecordingLinear(nn.Module):
         with torch.no_grad():
             self.lin.weight.copy_(torch.randn(n_out, n_in, generator=g))
             self.lin.bias.copy_(torch.randn(n_out, generator=g))
-        self.log = log
+        _LOGS[id(log)] = log                 # the check's, not the module's: an answer that
+        self.log_key = id(log)               # writes calls into net.log reports, does not run
 
     def forward(self, X):
-        self.log.keep.append(self)        # alive, so no later copy gets its id()
-        self.log.calls.append((id(self), X.shape[0], X.device, self.lin.weight.device))
+        log = _LOGS[self.log_key]
+        log.keep.append(self)        # alive, so no later copy gets its id()
+        log.calls.append((id(self), X.shape[0], X.device, self.lin.weight.device))
         Y = self.lin(X)
-        if self.log.rec is not None:         # (storage, version) of this output as it left
-            self.log.outputs.append((id(self), self.log.rec.latest(Y)))
+        if log.rec is not None:         # (storage, version) of this output as it left
+            log.outputs.append((id(self), log.rec.latest(Y)))
         return Y
 
 
@@ -143,6 +148,7 @@ def check_dp_forward(fn):
     per device, the batch cut with torch.chunk (as scatter does), each piece run by its own
     replica on its device, the outputs gathered on devices[0] in order."""
     g = fresh_generator()
+    _LOGS.clear()
     for _ in range(2):
         k, n, n_in, n_out = _dp_case(g)
         log = _CallLog()

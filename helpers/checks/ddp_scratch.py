@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._core import World, check, expect, fresh_generator, randint, storage_key
+from ._core import CheckFailed, World, check, expect, fresh_generator, randint, storage_key
 from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_bucket_params", "check_overlap_hooks", "check_average_bucket",
@@ -107,7 +107,9 @@ def _average_grads(make, data):
 @check("overlap_hooks", observes=[
     "on a World of 2-4 thread ranks with different data each, where all_reduce is the only call "
     "allowed: every all_reduce call (the storage it was handed, async or not, when it was "
-    "launched and waited for) against the check's own mark when loss.backward() returned",
+    "launched and waited for) against the check's own marks when each gradient became ready "
+    "and when loss.backward() returned: each all-reduce launched before the next gradient was "
+    "ready",
     "the gradients after finish() against the mean of the ranks' own gradients"])
 def check_overlap_hooks(fn):
     """fn(model) registers hooks that all-reduce each gradient asynchronously as soon as it is
@@ -128,8 +130,13 @@ def check_overlap_hooks(fn):
         return net
     w = World(world, allow={"all_reduce"})
     grads_at_hook = [dict() for _ in range(world)]
+    ready = [[] for _ in range(world)]       # (seq, name) as each gradient became ready
 
     nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
+
+    def _ready(rank, n, p):
+        grads_at_hook[rank][n] = storage_key(p.grad)
+        ready[rank].append((w.mark(f"{n} ready"), n))
 
     def rank_fn(comm):
         net = nets[comm.rank]
@@ -137,8 +144,7 @@ def check_overlap_hooks(fn):
         expect(callable(finish), "overlap_hooks(model) must return a function finish()")
         for n, p in net.named_parameters():     # which storage holds each gradient, once ready
             if p.requires_grad:
-                p.register_post_accumulate_grad_hook(
-                    lambda p, n=n: grads_at_hook[comm.rank].__setitem__(n, storage_key(p.grad)))
+                p.register_post_accumulate_grad_hook(lambda p, n=n: _ready(comm.rank, n, p))
         X, y = data[comm.rank]
         F.mse_loss(net(X), y).backward()
         mark = w.mark("backward returned")
@@ -167,6 +173,7 @@ def check_overlap_hooks(fn):
         expect(all(m.key in own for m in calls),
                "an all-reduce was handed a tensor that is not a parameter's .grad (a clone or a "
                "copy): its result never reaches the gradient; all-reduce p.grad itself")
+        _launched_when_ready(calls, grads_at_hook[r], ready[r], mark)
         expect(len(calls) == trainable,
                f"{len(calls)} all-reduces for {trainable} trainable parameters: one each (frozen "
                "ones have nothing to reduce)")
@@ -179,6 +186,23 @@ def check_overlap_hooks(fn):
             expect(torch.allclose(got, avg, atol=1e-6),
                    f"{n}.grad after finish() is {float(got.norm()):.4g} in norm, expected the "
                    f"average over the ranks, {float(avg.norm()):.4g}")
+
+
+def _launched_when_ready(calls, keys, ready, mark):
+    """Each gradient's all-reduce launched before the next gradient was ready (the last one's
+    before backward returned): one launch per hook, as it fires, not all of them at the end of
+    backward (from the last hook, or from a callback queued to run after it)."""
+    name = {key: n for n, key in keys.items()}
+    after = {n: seq for (_, n), (seq, _) in zip(ready, ready[1:] + [(mark, None)])}
+    for m in calls:
+        n = name.get(m.key)
+        if n in after and m.seq > after[n]:
+            nxt = next((later for (_, earlier), (_, later) in zip(ready, ready[1:])
+                        if earlier == n), None)
+            raise CheckFailed(
+                f"the all-reduce of {n}.grad was launched after {nxt}.grad was ready too: "
+                "launch each all-reduce from its own gradient's hook, as soon as that gradient "
+                "is ready, so it overlaps the rest of backward (not all together at the end)")
 
 
 @check("average_bucket", observes=[
@@ -198,7 +222,7 @@ def check_average_bucket(fn):
         want = torch.stack([torch.cat([t.reshape(-1) for t in d]) for d in data]).mean(0)
         w = World(world, allow={"all_reduce"})    # a decoy all_reduce beside all_gathers fails
 
-        def rank_fn(comm):
+        def rank_fn(comm, data=data):
             grads = [t.clone() for t in data[comm.rank]]
             ids = [id(t) for t in grads]
             fn(grads)

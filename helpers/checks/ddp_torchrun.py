@@ -114,7 +114,7 @@ def check_rank_loss(fn):
             model = nn.Linear(3, 2)
         X, y = torch.randn(n, 3, generator=g), torch.randint(0, 2, (n,), generator=g)
 
-        def per_example(idx):
+        def per_example(idx, model=model, X=X, y=y):
             return nn.functional.cross_entropy(model(X[idx]), y[idx], reduction="none")
         params = [X, y, *model.parameters()]
         copies = kept(*params)

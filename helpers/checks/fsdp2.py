@@ -70,7 +70,7 @@ def check_saved_bytes_of_call(fn):
         calls, weights = [0], [0]
         ps = {p.untyped_storage().data_ptr() for p in f.parameters()}
 
-        def pack(t):
+        def pack(t, calls=calls, weights=weights, ps=ps):
             calls[0] += t.numel() * t.element_size()
             if t.untyped_storage().data_ptr() in ps:
                 weights[0] += t.numel() * t.element_size()
@@ -79,7 +79,7 @@ def check_saved_bytes_of_call(fn):
             out = f(x)
         expect(not (got == out.numel() * out.element_size() and got != want),
                f"{call}: {got} bytes is the size of the output, not what autograd saves")
-        with_params = saved_bytes(lambda x: f(x), x)   # each storage once, weights kept
+        with_params = saved_bytes(lambda x, f=f: f(x), x)   # each storage once, weights kept
         expect(not (weights[0] and got == with_params != want),
                f"{call}: {got} bytes counts the parameters ({weights[0]} bytes of weights "
                "reach the pack hook): leave out the storages of f's parameters")
@@ -195,7 +195,7 @@ def _blocks_with_saved(g, spec=None, d=None, n=None):
     for b in blocks:   # a checkpointed block still keeps its input
         saved.append(saved_bytes(b, h))
         gain.append(saved[-1] - saved_bytes(
-            lambda h: checkpoint(b, h, use_reentrant=False), h, params=b.parameters()))
+            lambda h, b=b: checkpoint(b, h, use_reentrant=False), h, params=b.parameters()))
         h = b(h)
     return blocks, x, saved, gain
 
@@ -228,7 +228,7 @@ def check_choose_checkpoints(fn):
         expect(all(0 <= i < len(blocks) for i in chosen),
                f"{call} returned an index outside 0..{len(blocks) - 1}")
 
-        def run(x):
+        def run(x, blocks=blocks, chosen=chosen):
             for i, b in enumerate(blocks):
                 x = checkpoint(b, x, use_reentrant=False) if i in chosen else b(x)
             return x

@@ -67,7 +67,8 @@ def check_gather_layer(fn):
         flat = torch.cat([torch.randn(numel, generator=g), torch.zeros(-numel % world)])
         shards = list(flat.chunk(world))
         w = World(world)
-        outs = w.run(lambda comm: fn(shards[comm.rank].clone(), list(shapes)))
+        outs = w.run(lambda comm, shards=shards, shapes=shapes: fn(shards[comm.rank].clone(),
+                                                                  list(shapes)))
         full = [t.reshape(s) for t, s in            # the layer's tensors, after the answer ran
                 zip(flat[:numel].split([s.numel() for s in shapes]), shapes)]
         call = f"gather_layer ({world} ranks, shapes {[tuple(s) for s in shapes]})"
@@ -123,7 +124,7 @@ def check_zero3_sent_bytes(fn):
         want = 3 * (world - 1) * shard * 4
         n = sum(counts) * 4
 
-        def near(*values):
+        def near(*values, got=got, want=want):
             return got != want and any(abs(got - v) < 1e-6 for v in values)
 
         expect(not near(2 * (world - 1) / world * n, 2 * (world - 1) * shard * 4),
@@ -166,7 +167,8 @@ def check_clip_sharded(fn):
             for p, gr in zip(shards[r], grads[r]):
                 p.grad = gr.clone()
         w = World(world)
-        norms = w.run(lambda comm: fn(shards[comm.rank], max_norm))
+        norms = w.run(lambda comm, shards=shards, max_norm=max_norm: fn(shards[comm.rank],
+                                                                    max_norm))
         call = f"clip_sharded ({world} ranks, max_norm {max_norm:.3g})"
         grad_bytes = [4 * sum(s) for s in sizes]
         for r in range(world):

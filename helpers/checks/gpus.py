@@ -59,8 +59,9 @@ def _describe(ts):
                            for t in ts) + "]"
 
 
-@check("tensor_bytes", observes=["the bytes returned for fresh lists of tensors of mixed dtypes "
-                                 "(one list holds every dtype), against numel × element_size"])
+@check("tensor_bytes", references=["held_bytes"],
+       observes=["the bytes returned for fresh lists of tensors of mixed dtypes (one list holds "
+                 "every dtype), against numel × element_size"])
 def check_tensor_bytes(fn):
     """fn(tensors) returns the total bytes a list of tensors occupies (numel × element_size)."""
     g = fresh_generator()
@@ -106,7 +107,7 @@ def check_copy_time(fn):
         results.add(got)
         if rel_close(got, want, 8, dtype):
             continue
-        close = lambda x: rel_close(got, x, 8, dtype)          # noqa: E731
+        close = lambda x, got=got, dtype=dtype: rel_close(got, x, 8, dtype)          # noqa: E731
         expect(not close(transfer), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "
                "latency term is missing (every copy pays latency_s before the first byte)")
         expect(not close(latency_s), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "

@@ -49,7 +49,7 @@ def check_microbatches_for_bubble(fn):
         if got in right:
             continue
         want = min(right)
-        bubble = lambda m: (p - 1) / (m + p - 1)            # noqa: E731
+        bubble = lambda m, p=p: (p - 1) / (m + p - 1)            # noqa: E731
         hint = ""
         if got == want + p - 1:
             hint = f": {got} is the number of clock ticks, m + p - 1; the question is m"

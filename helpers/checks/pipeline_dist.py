@@ -234,7 +234,8 @@ def check_microbatches_for(fn):
         try:
             validate_pipelining("Schedule1F1B", n, m, 2, 4, [2])
         except ValueError as e:
-            raise CheckFailed(f"{call} returned {m}, which PyTorch's schedules refuse: {e}")
+            raise CheckFailed(f"{call} returned {m}, which PyTorch's schedules refuse: "
+                              f"{e}") from None
         ok = [k for k in range(1, n + 1) if n % k == 0]
         best = min(ok, key=lambda k: (abs(k - wanted), -k))
         expect(m == best, f"{call} returned {m}; {best} is accepted too and closer to "

@@ -119,7 +119,7 @@ def check_time_it(time_it):
         slow = randint(g, 0, reps - 1)                # which call is the slow one
         sim = _AsyncGPUs(gpus)
 
-        def fn():
+        def fn(sim=sim, slow=slow, scale=scale, gpus=gpus):
             i = len(sim.starts)
             last = 0.06 if i == slow else 0.006       # the longest work on the last GPU
             sim.call({d: scale * (last if d == gpus[-1] else 0.002) for d in gpus})

@@ -8,7 +8,8 @@ import math
 import torch
 
 from ._core import (CheckFailed, FakeGPUs, Recorder, as_int, as_number, check, describe_device,
-                    expect, fresh_generator, randint)
+                    expect, fresh_generator, randint, storage_key)
+from ._core.exits import watch_exits
 from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_shard_sizes", "check_allreduce_spread", "check_evaluate_accuracy_multi"]
@@ -179,22 +180,53 @@ def _random_linear_params(g, num_inputs, num_outputs):
             torch.randn(num_outputs, generator=g)]
 
 
+_CALLS = {}     # id(net) -> its calls, and the Recorder's op indices inside them: kept here, so
+               # an answer that appends to a list of the net's reports, it does not run
+
+
 class _RecordingNet:
     """A functional net `net(X, params)` (a linear layer) that records every call: how many
-    examples it saw, and which parameter tensors it used (their storage)."""
+    examples it saw, and which parameter tensors it used (their storage); with `rec` set, the
+    range of the Recorder's operations each call ran."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, rec=None):
+        _CALLS[id(self)] = ([], [])
+        self.rec = rec
+
+    @property
+    def calls(self):
+        return _CALLS[id(self)][0]
 
     def __call__(self, X, params):
         W, b = params
-        self.calls.append((X.shape[0], W.untyped_storage()._cdata, X.device, W.device))
-        return torch.mm(X, W) + b
+        calls, spans = _CALLS[id(self)]
+        calls.append((X.shape[0], W.untyped_storage()._cdata, X.device, W.device))
+        start = len(self.rec.ops) if self.rec is not None else 0
+        out = torch.mm(X, W) + b
+        if self.rec is not None:
+            spans.append(range(start, len(self.rec.ops)))
+        return out
+
+
+def _outside_the_net(rec, net, params, exits):
+    """Work (or a read out of torch) on the parameters, or copies of them, that did not run
+    inside the net's calls: predictions computed beside the net (the net only a decoy)."""
+    inside = {i for span in _CALLS[id(net)][1] for i in span}
+    keys = {storage_key(p) for p in params}
+    for op in rec.ops:
+        if op.index in inside or not any(r.key in keys for r in op.reads):
+            continue
+        if op.is_work or op.name == "_local_scalar_dense":
+            return op.name
+        keys |= {r.key for r in op.outputs + op.writes}      # copies and moves of them
+    return next((how for key, how in exits if key in keys), None)
 
 
 @check("evaluate_accuracy_multi", observes=[
     "on CPU: the accuracy returned against the one-device evaluation (uneven shards, a short "
     "last batch); the check's net records the examples and the parameter storage of each call",
+    "the dataflow from the parameters: no work on them (or on copies of them) outside the "
+    "net's calls, and none read out of torch",
     "on k simulated GPUs: every shard and the parameters it ran with were on the shard's "
     "device, and every device ran shards"])
 def check_evaluate_accuracy_multi(fn):
@@ -202,6 +234,7 @@ def check_evaluate_accuracy_multi(fn):
     `net(X, params)` with every batch split over `devices`, each device using its own copy of
     `params`: the same number as the single-device evaluation, uneven batches included."""
     g = fresh_generator()
+    _CALLS.clear()
     for _ in range(3):
         k = randint(g, 2, 4)
         batch_size = randint(g, k + 1, 13)
@@ -217,11 +250,20 @@ def check_evaluate_accuracy_multi(fn):
                                                 batch_size=batch_size,
                                                 generator=torch.Generator())
         devices = [CPU] * k
-        net = _RecordingNet()
+        rec = Recorder()
+        net = _RecordingNet(rec)
         what = (f"evaluate_accuracy_multi on {n} examples in batches of {batch_size} (the last "
                 f"has {last}) over {k} devices")
         copies = kept(X, y)
-        got = as_number(fn(net, params, data_iter, devices), what)
+        exits = []
+        with rec, watch_exits(lambda t, how: exits.append((storage_key(t), how))):
+            got = fn(net, params, data_iter, devices)
+        net.rec = None
+        beside = _outside_the_net(rec, net, params, exits)
+        expect(not beside, f"{what}: your code computed with the parameters outside the net "
+                           f"({beside}): every prediction must come from net(X, params) on a "
+                           "shard, with that device's copy of the parameters")
+        got = as_number(got, what)
         expect(all(torch.equal(p, q) for p, q in zip(params, saved)),
                f"{what} changed the parameters: evaluation must leave them as they are")
         expect_unchanged(what, copies, [X, y], ["data (X)", "data (y)"])

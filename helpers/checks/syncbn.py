@@ -9,6 +9,7 @@ from torch import nn
 
 from ._core import (CheckFailed, Recorder, World, check, expect, fresh_generator, randint,
                     storage_key)
+from ._core.exits import watch_exits
 
 __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn_input_grad"]
 
@@ -21,8 +22,9 @@ __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn
     "E[x^2] - E[x]^2 loses the variance in any precision (Python floats, numpy, float64)",
     "the dtype of every operation the answer ran: float32 only (float64 would hide the "
     "rounding the exercise is about)",
-    "whether the answer read the means or variances into Python numbers (.item(), float(), "
-    ".tolist(): float64 or exact fractions, not float32); float32 numpy arrays are allowed"])
+    "whether the answer read the means or variances out of torch (.item(), float(), .tolist(), "
+    ".numpy(), np.asarray, pickling, printing): Python floats are float64, fractions exact, and "
+    "numpy's precision is out of the check's sight; computing in float32 torch is the exercise"])
 def check_global_mean_var(fn):
     """fn(counts, means, variances) -> (mean, var): per-channel mean and biased variance of the
     global batch from each rank's count and per-channel mean and biased variance (shapes
@@ -49,23 +51,14 @@ def check_global_mean_var(fn):
     means, variances = means[:, order].contiguous(), variances[:, order].contiguous()
     c += 1
     given = (counts.clone(), means.clone(), variances.clone())
-    listed, tolist = [], torch.Tensor.tolist
-
-    def watched_tolist(t):                  # .tolist() runs no aten operation: watch it here
-        if t.is_floating_point():
-            listed.append(storage_key(t))
-        return tolist(t)
-    torch.Tensor.tolist = watched_tolist
-    try:
-        with Recorder() as rec:
-            got = fn(*given)
-    finally:
-        torch.Tensor.tolist = tolist
-    read = _read_into_python(rec, listed, given[1:])
+    exits = []                           # what left torch without an aten operation (exits.py)
+    with Recorder() as rec, watch_exits(lambda t, how: exits.append((storage_key(t), how))):
+        got = fn(*given)
+    read = _read_into_python(rec, exits, given[1:])
     expect(not read, f"your code read the ranks' means or variances out of torch into Python "
-                     f"numbers ({read}): Python floats are float64, fractions exact, neither is "
-                     "the float32 this exercise combines in; keep them in float32 tensors (or "
-                     "float32 arrays) and combine them so that float32 suffices")
+                     f"numbers or numpy ({read}): Python floats are float64, fractions exact, and "
+                     "neither is the float32 this exercise combines in; keep them in float32 "
+                     "tensors and combine them so that float32 suffices")
     n64, m64, v64 = counts.double(), means.double(), variances.double()
     want_mean = (n64[:, None] * m64).sum(0) / n64.sum()   # from the float32 inputs, exactly
     want_var = (n64[:, None] * (v64 + (m64 - want_mean) ** 2)).sum(0) / n64.sum()
@@ -115,19 +108,22 @@ def check_global_mean_var(fn):
     raise CheckFailed("var is not the global batch's (biased) variance")
 
 
-def _read_into_python(rec, listed, tensors):
-    """How the answer turned floating values computed from `tensors` into Python numbers
-    (.item(), float(), .tolist()), or "" if it did not (a flag, `if (var < 0).any()`, may be
-    read): storages descended from them, in op order."""
+def _read_into_python(rec, exits, tensors):
+    """How the answer read floating values computed from `tensors` out of torch (.item(),
+    float(), .tolist(), .numpy(), np.asarray, print ...: exits.py), or "" if it did not (a flag,
+    `if (var < 0).any()`, may be read): storages descended from them, in op order, and holding
+    floating data (a float storage read through an integer view counts)."""
     keys = {storage_key(t) for t in tensors}
-    scalars = False
+    floating = set(keys)
+    how = []
     for op in rec.ops:
+        floating |= {r.key for r in op.outputs + op.writes if r.dtype.is_floating_point}
         if any(r.key in keys for r in op.reads):
-            if op.name == "_local_scalar_dense" and op.reads[0].dtype.is_floating_point:
-                scalars = True
+            if op.name == "_local_scalar_dense" and op.reads[0].key in floating:
+                how.append(".item() or float()")
             keys |= {r.key for r in op.outputs + op.writes}
-    how = [".item() or float()"] * scalars + [".tolist()"] * any(k in keys for k in listed)
-    return " and ".join(how)
+    how += [name for key, name in exits if key in keys and key in floating]
+    return " and ".join(sorted(set(how)))
 
 
 @check("update_running_stats", observes=[

@@ -91,8 +91,8 @@ def check_megatron_mlp(fn):
         W2, b2 = torch.randn(d, h, generator=g), torch.randn(d, generator=g)
         R = torch.randn(n, d, generator=g)
         world = World(k, timeout=TIMEOUT)
-        results = world.run(lambda comm, *a: _mlp_rank(comm, fn, world, *a), x, W1, b1, W2,
-                            b2, R)                       # the ranks get copies of the inputs
+        results = world.run(lambda comm, *a, world=world: _mlp_rank(comm, fn, world, *a),
+                            x, W1, b1, W2, b2, R)        # the ranks get copies of the inputs
         ref = [t.clone().requires_grad_() for t in (x, W1, b1, W2, b2)]
         out = torch.nn.functional.gelu(ref[0] @ ref[1].T + ref[2]) @ ref[3].T + ref[4]
         (out * R).sum().backward()

@@ -138,7 +138,7 @@ def check_grad_shard(fn):
             n = world * randint(g, 2, 6) + 1          # surely padded
         grads = [torch.randn(n, generator=g) for _ in range(world)]
         w = World(world)
-        got = w.run(lambda comm: fn(grads[comm.rank].clone()))
+        got = w.run(lambda comm, grads=grads: fn(grads[comm.rank].clone()))
         pad = -n % world
         full = torch.cat([sum(grads), torch.zeros(pad)]) / world
         call = f"grad_shard ({world} ranks, {n} gradients)"
@@ -173,7 +173,9 @@ def _mlp(seed, d, h, k):
     "the weights after the answer's step with helpers.Zero2 on every rank of a fresh world, "
     "against one process on all micro-batches (AdamW)",
     "the reduce-scatters each rank ran: one per bucket per step (no_sync until the last "
-    "micro-batch), not one per micro-batch"])
+    "micro-batch), not one per micro-batch",
+    "the forwards and backwards each rank's model ran, in order: one backward right after each "
+    "micro-batch's forward"])
 def check_accumulate_zero2(fn):
     """fn(model, micro_batches) -> one optimizer step of a helpers.Zero2 `model` over the list
     of (X, y) micro-batches: each loss divided by their number, full gradients kept under
@@ -196,8 +198,12 @@ def check_accumulate_zero2(fn):
     w = World(world)
     nets = [_mlp(seed, d, h, k) for _ in range(world)]   # built here: threads share one RNG
     seen = [[] for _ in range(world)]                     # the rows of every forward, per rank
+    passes = [[] for _ in range(world)]                   # "forward" / "backward", in order
     for r, net in enumerate(nets):
         net.register_forward_pre_hook(lambda mod, args, r=r: seen[r].append(args[0].shape[0]))
+        net.register_forward_pre_hook(lambda mod, args, r=r: passes[r].append("forward"))
+        next(net.parameters()).register_post_accumulate_grad_hook(
+            lambda p, r=r: passes[r].append("backward"))
 
     def rank(comm):
         model = Zero2(nets[comm.rank], torch.optim.AdamW, lr=1e-2)
@@ -207,11 +213,16 @@ def check_accumulate_zero2(fn):
     out = w.run(rank)
     call = f"accumulate_zero2 ({world} ranks, {m} micro-batches of {sizes} rows per rank)"
     buckets = len(out[0][0].buckets)
-    for r, (model, got) in enumerate(out):
+    for r, (_model, got) in enumerate(out):
         expect(max(seen[r], default=0) <= max(sizes),
                f"{call}: rank {r}'s model ran forwards of {seen[r]} rows: run one forward and "
                "one backward per micro-batch (accumulation keeps one micro-batch's activations "
                "alive at a time, never the concatenated batch)")
+        expect(passes[r] == ["forward", "backward"] * (len(passes[r]) // 2),
+               f"{call}: rank {r} ran {passes[r].count('forward')} forwards and "
+               f"{passes[r].count('backward')} backwards in the order {passes[r]}: run one "
+               "backward per micro-batch, right after its forward (accumulation keeps one "
+               "micro-batch's activations alive at a time, never one graph of them all)")
         rs = len(w.sent("reduce_scatter", rank=r))
         expect(rs <= buckets,
                f"{call}: rank {r} ran {rs} reduce-scatters for {buckets} buckets: one per "
@@ -285,7 +296,7 @@ def check_qwz_all_gather(fn):
         n = block * randint(g, 3, 6) - (0 if case == 0 else randint(g, 1, block // 4))
         shards = _shards(g, world, n, block)
         w = World(world)
-        got = w.run(lambda comm: fn(shards[comm.rank].clone(), block))
+        got = w.run(lambda comm, shards=shards, block=block: fn(shards[comm.rank].clone(), block))
         call = f"qwz_all_gather ({world} ranks, {n} elements each, block {block})"
         want = torch.cat(shards)
         bound = torch.cat([_bounds(s, block) for s in shards])

@@ -31,7 +31,10 @@ _FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "sys._current_exception
                  "gc.get_referrers", "gc.get_referents", "gc.get_objects", "sys.settrace",
                  "sys.setprofile", "sys._getframemodulename"}
 _FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
-_INTROSPECTORS = ("inspect.py", "traceback.py")     # stdlib walkers: blame whoever called them
+# stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
+# caller a frame; logging.info finding its caller's line is not reading the check)
+_INTROSPECTORS = ("inspect.py", "traceback.py", "logging/__init__.py")
+_LOGGING_FRAME = {"currentframe", "<lambda>"}
 # traceback's functions that only print or format text (file names, lines, no values): an answer
 # that reports an exception it caught is not reading the check (walk_stack, StackSummary.extract
 # and TracebackException, which can capture locals, stay refused)
@@ -107,6 +110,9 @@ def _judge(state, event, args):
         return None
     if (entry is not None and entry.f_code.co_filename.endswith("traceback.py")
             and entry.f_code.co_name in _PRINTERS):
+        return None
+    if (entry is not None and entry.f_code.co_filename.endswith("logging/__init__.py")
+            and entry.f_code.co_name not in _LOGGING_FRAME):
         return None
     what = args[1] if event == "object.__getattr__" else event
     return (f"your code inspects the running program ({what}): an answer must compute its "

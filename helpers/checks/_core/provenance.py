@@ -8,8 +8,8 @@ wrote into it (a view is not a new storage; an in-place or out= operation writes
 and refuses an operation of one rank that reads or writes a storage another rank made. The
 storages are kept alive for the run, so no address is reused meanwhile. The network's own work
 (sending, receiving, combining a collective, delivering a result) runs exempt, and what it
-hands over is the receiver's. Tensor.tolist, Tensor.numpy and __array__, which read memory
-without an aten operation, are checked as one.
+hands over is the receiver's. The exits that read memory without an aten operation (exits.py:
+tolist, numpy, __array__, repr, pickling, the storage) are checked as one.
 
 What it does not see: values that leave as Python numbers through an operation the rank is
 entitled to (rank 0 calls .item() on its own tensor and puts the float in a global), and work
@@ -24,6 +24,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
+from . import rank_numbers
+from .exits import watch_exits
 from .run import CheckFailed
 
 __all__ = ["Provenance"]
@@ -34,6 +36,10 @@ def _storage(t):
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         return None                     # no storage of its own (a wrapper subclass, sparse ...)
+
+
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+_SCALAR = torch.ops.aten._local_scalar_dense.default
 
 
 @functools.cache
@@ -49,11 +55,11 @@ def _writes(func):
 class Provenance:
     """Which rank made each storage, for one World (see the module's docstring)."""
 
-    EXITS = ("tolist", "numpy", "__array__")
-
     def __init__(self, world):
         self.world = world
         self.owner = {}       # storage key -> (rank, operation) that made or wrote it, storage
+        self.exited = {}      # floating value -> the ranks that read it out of torch
+        self.exited_last = {}  # the same, of the last run (a rank's result is judged after it)
         self._local = threading.local()
 
     def mode(self, rank):
@@ -96,34 +102,66 @@ class Provenance:
                 return mode.rank
         return None
 
+    def exempt(self):
+        return bool(getattr(self._local, "depth", 0))
+
+    def read_out(self, rank, numbers):
+        """Rank `rank` read these floating values out of torch (rank_numbers.py)."""
+        for v in numbers:
+            if not rank_numbers.is_round(v):
+                self.exited.setdefault(v, set()).add(rank)
+
+    def refuse_foreign(self, rank, tree, how):
+        """Fail if a number in `tree` is one only other ranks read out (rank_numbers.py)."""
+        if self.exited and not self.exempt():
+            others = rank_numbers.foreign_in(tree, rank, self.exited)
+            if others:
+                raise CheckFailed(rank_numbers.foreign_message(rank, others, how))
+
     @contextlib.contextmanager
     def python_exits(self):
-        """For one run: a fresh record, and Tensor.tolist / numpy / __array__ checked."""
+        """For one run: a fresh record; the exits without an aten operation (exits.py: tolist,
+        numpy, __array__, repr, pickling, the storage) checked like an operation; the floats a
+        rank reads out kept, and tagged with the rank (rank_numbers.py)."""
         self.owner.clear()
-        saved = {name: torch.Tensor.__dict__.get(name) for name in self.EXITS}
+        self.exited.clear()
 
-        def checked(name):
+        def exit_(t, how):
+            rank = self.rank_here()
+            if rank is not None:
+                self.touch(rank, [t], how)
+                if not self.exempt():
+                    self.read_out(rank, rank_numbers.values(t))
+
+        def tagging(name):
             original = getattr(torch.Tensor, name)
 
             @functools.wraps(original)
             def call(t, *args, **kwargs):
+                out = original(t, *args, **kwargs)
                 rank = self.rank_here()
-                if rank is not None:
-                    self.touch(rank, [t], f"Tensor.{name}")
-                return original(t, *args, **kwargs)
+                if rank is None or self.exempt() or not t.is_floating_point():
+                    return out
+                self.read_out(rank, [out] if isinstance(out, float) else tree_leaves(out))
+                return rank_numbers.tag(out, rank)
             return call
-        wrappers = {name: checked(name) for name in self.EXITS}
-        for name, fn in wrappers.items():
-            setattr(torch.Tensor, name, fn)
+        names = ("item", "tolist")       # float(t) must return a float: seen in _Mode
         try:
-            yield
+            with watch_exits(exit_):
+                saved = {name: torch.Tensor.__dict__.get(name) for name in names}
+                for name in names:
+                    setattr(torch.Tensor, name, tagging(name))
+                try:
+                    yield
+                finally:
+                    for name, original in saved.items():
+                        if original is None:
+                            delattr(torch.Tensor, name)
+                        else:
+                            setattr(torch.Tensor, name, original)
         finally:
             self.owner.clear()
-            for name, original in saved.items():
-                if original is None:
-                    delattr(torch.Tensor, name)
-                else:
-                    setattr(torch.Tensor, name, original)
+            self.exited_last, self.exited = self.exited, {}
 
 
 class _Mode(TorchDispatchMode):
@@ -135,9 +173,17 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.p.touch(self.rank, [t for t in tree_leaves((args, kwargs))
-                                 if isinstance(t, torch.Tensor)], func)
+        leaves = tree_leaves((args, kwargs))
+        self.p.touch(self.rank, [t for t in leaves if isinstance(t, torch.Tensor)], func)
+        if self.p.exited:        # numbers from Python: a scalar argument, a tensor made from data
+            self.p.refuse_foreign(self.rank, [x for x in leaves if isinstance(x, float)],
+                                  f"passed to {func}")
+            if func in _LIFTS:
+                self.p.refuse_foreign(self.rank, rank_numbers.values(args[0]),
+                                      "made a tensor from")
         out = func(*args, **kwargs)
+        if func is _SCALAR and isinstance(out, float) and not self.p.exempt():
+            self.p.read_out(self.rank, [out])       # item(), float(t): kept as a fingerprint
         positions, fresh = _writes(func)
         written = [args[i] if i < len(args) else kwargs.get(name) for i, name in positions]
         outs = out if isinstance(out, (tuple, list)) and len(fresh) > 1 else (out,)

@@ -24,6 +24,7 @@ import gc
 import hashlib
 import importlib
 import inspect
+import logging
 import sys
 import threading
 import traceback
@@ -51,17 +52,23 @@ class Reference:
 @functools.lru_cache(maxsize=16384)
 def code_key(code):
     """What a code object is, not where it was defined: a hash of its bytecode, the names and
-    constants it uses and its arguments, nested code included (file, line and name left out)."""
+    constants it uses and its arguments, nested code included. Left out: file, line, name, the
+    docstring and the names of local variables (the bytecode refers to locals by position), so
+    a copy with its docstring replaced or its locals renamed is the same code."""
     consts = []
-    for const in code.co_consts:
+    body = code.co_consts
+    if code.co_name != "<lambda>" and body and isinstance(body[0], (str, type(None))):
+        body = body[1:]                  # a function's first constant: its docstring or None
+    for const in body:
         if isinstance(const, types.CodeType):
             consts.append(("code", code_key(const)))
         elif isinstance(const, frozenset):
             consts.append(("frozenset", tuple(sorted(map(repr, const)))))
         else:
             consts.append(repr(const))
-    text = repr((code.co_code, tuple(consts), code.co_names, code.co_varnames,
-                 code.co_freevars, code.co_argcount, code.co_kwonlyargcount, code.co_flags))
+    text = repr((code.co_code, tuple(consts), code.co_names, len(code.co_varnames),
+                 len(code.co_freevars), len(code.co_cellvars), code.co_argcount,
+                 code.co_kwonlyargcount, code.co_flags))
     return hashlib.sha1(text.encode()).hexdigest()
 
 
@@ -162,7 +169,7 @@ def _children(obj):
         yield from ((str(k), v) for k, v in list(obj.items())[:200])
         return
     if callable(obj) and not inspect.isroutine(obj) and not isinstance(obj, type):
-        call = getattr(type(obj), "__call__", None)     # a callable object of the reader's
+        call = inspect.getattr_static(type(obj), "__call__", None)   # a reader's callable
         if _expandable(call):
             yield "__call__", call
     wrapped = getattr(obj, "__wrapped__", None)
@@ -178,7 +185,7 @@ def _children(obj):
 
 def _cell_filled(cell):
     try:
-        cell.cell_contents
+        _ = cell.cell_contents
     except ValueError:
         return False
     return True
@@ -201,6 +208,7 @@ _INTROSPECTION = {id(f): f"{m.__name__}.{f.__name__}" for m, names in (
     (sys, ("_getframe", "_current_frames", "settrace", "setprofile", "exc_info")),
     (inspect, ("currentframe", "stack", "trace", "getouterframes", "getinnerframes",
                "getframeinfo")),
+    (logging, ("currentframe",)),
     (traceback, ("extract_stack", "walk_stack", "format_stack", "print_stack", "walk_tb")),
     (gc, ("get_referrers", "get_referents", "get_objects")),
     (threading, ("settrace", "setprofile"))) for f in [getattr(m, n, None) for n in names]

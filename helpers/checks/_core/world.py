@@ -19,13 +19,16 @@ What the checks' World adds to the ThreadWorld, through its hooks:
 - `allow`: the calls an exercise permits;
 - provenance (provenance.py): a rank that touches a tensor another rank made or wrote, other than
   through the network, fails the answer: thread ranks share one process, so a module global or
-  a closure list could otherwise carry data past the comm that a check judges.
+  a closure list could otherwise carry data past the comm that a check judges; and
+  rank_numbers.py: a rank that uses or returns Python numbers another rank read out of its
+  tensors (.item(), .tolist(), .numpy()) fails too.
 """
 import contextlib
 
 from ...runtime.thread_world import Message, ThreadWorld, Work
 from .observe import Recorder
 from .provenance import Provenance
+from .rank_numbers import TagWatch, foreign_in, foreign_message
 from .run import CheckFailed
 
 __all__ = ["World", "Message", "Work"]
@@ -51,9 +54,22 @@ class World(ThreadWorld):
     def rank_context(self, rank):
         stack = contextlib.ExitStack()
         stack.enter_context(self.provenance.mode(rank))
+        stack.enter_context(TagWatch(rank))
         if self.record_ops:
             self.recorders[rank] = stack.enter_context(Recorder())
         return stack
+
+    def start(self, body):
+        """As ThreadWorld.start; a rank whose result holds numbers that only other ranks read
+        out of torch (rank_numbers.py) fails."""
+        results, errors, stuck = super().start(body)
+        if not errors and not stuck:
+            for r, result in enumerate(results):
+                others = foreign_in(result, r, self.provenance.exited_last)
+                if others:
+                    errors = [(r, CheckFailed(foreign_message(r, others, "returned")), "")]
+                    break
+        return results, errors, stuck
 
     def comm_context(self):
         return self.provenance.network()
