@@ -192,7 +192,7 @@ def _served(what, fn, start, grads, lr):
     keys = [p.untyped_storage()._cdata for p in params]
     _, rec = gpus.run(fn, params, fgrads, gpus.devices, lr, what=what)
     chunk = -(-n // count)
-    for i, d in enumerate(gpus.devices):
+    for i in range(len(gpus.devices)):
         pulled = set()          # a pull counts only if what it copied reaches replica i
         for op in rec.transfers(rec.ancestors(params[i])):
             pulled.add(op.reads[-1 if op.name == "copy_" else 0].key)

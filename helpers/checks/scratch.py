@@ -256,7 +256,7 @@ def check_evaluate_accuracy_multi(fn):
                 f"has {last}) over {k} devices")
         copies = kept(X, y)
         exits = []
-        with rec, watch_exits(lambda t, how: exits.append((storage_key(t), how))):
+        with rec, watch_exits(lambda t, how, exits=exits: exits.append((storage_key(t), how))):
             got = fn(net, params, data_iter, devices)
         net.rec = None
         beside = _outside_the_net(rec, net, params, exits)
