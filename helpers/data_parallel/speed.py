@@ -118,8 +118,9 @@ def dp_timing_worker(rank, world_size, cfg):
     (a process group of their own) while the others wait at a barrier. Repeat 0 warms up and is
     not kept. Besides step_s, compute_s, comm_s and update_s (rank 0's), compute_cpu_s is rank
     0's CPU time of compute, and wait_s and after_s split its comm_s: waiting for the last rank
-    to arrive, and the rest (see _waits). Every k trains on the same global batches: `torch.randint(0, n, (B,))` from a
-    generator seeded with `seed`, rank r taking its `tensor_split` slice."""
+    to arrive, and the rest (see _waits). Every k trains on the same global batches:
+    `torch.randint(0, n, (B,))` from a generator seeded with `seed`, rank r taking its
+    `tensor_split` slice."""
     import torch.distributed as dist
 
     from ..data import load_tensors

@@ -216,18 +216,20 @@ def simulated_devices_words(two, halves):
     _check(two), _check(halves)
     control = f"one device running the two halves of each batch in turn was {_spread(halves)}"
     if two.verdict == "slower":
-        return (f"slower than one ({two}): the two replicas take turns on the same core, and "
-                "the second brings its own operators (counted below)")
+        return (f"slower than one ({_spread(two)}): the two replicas take turns on the same core, "
+                "and the second brings its own operators (counted below)")
     if two.verdict == "within noise":
-        return (f"within noise of one ({two}): this run cannot tell them apart, as expected of "
-                "two replicas that take turns on the same core")
+        return (f"within noise of one ({_spread(two)}): this run cannot tell them apart, as "
+                "expected of two replicas that take turns on the same core")
     if two.verdict == "cannot tell":
-        return f"not told apart from one ({two}: one round, no spread)"
+        return f"not told apart from one ({_spread(two)}: one round, no spread)"
     if halves.verdict == "faster":
-        return (f"faster than one ({two}), and so was the control: {control}, faster. The half "
+        return (f"faster than one ({_spread(two)}), and so was the control: {control}, faster. "
+                "The half "
                 "batches, not a second device, made the step shorter: on this core half a batch "
                 "costs less than half as much (why, this run does not say)")
-    return (f"faster than one ({two}), while the control was not resolved faster ({control}, "
+    return (f"faster than one ({_spread(two)}), while the control was not resolved faster "
+            f"({control}, "
             f"{halves.verdict}): this run does not say why")
 
 
@@ -251,10 +253,10 @@ def loader_step_words(r, data_ms, diff_ms):
     step's median data phase and the medians' difference (milliseconds, loader minus resident)."""
     _check(r)
     if r.verdict == "slower" and diff_ms > 0:
-        share = ("which covers the difference" if data_ms >= diff_ms else
-                 "part of it; the rest this run does not explain")
+        share = (": the whole difference" if data_ms >= diff_ms else
+                 "; the rest this run does not explain")
         return (f"slower ({_spread(r)}): {diff_ms:.1f} ms more a step (medians), of which its "
-                f"data phase took {data_ms:.1f} ms, {share}")
+                f"data phase took {data_ms:.1f} ms{share}")
     if r.verdict == "faster":
         return (f"faster ({_spread(r)}) although it also waits for the loader "
                 f"({data_ms:.1f} ms a step): this run does not say why")
@@ -271,11 +273,13 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
     _check(cpu_vs_half), _check(off_core)
     head = (f"each of {k} workers computed for {compute_ms:.1f} ms a step, against 1/{k} of one "
             f"worker's {one_ms:.1f} ms, {one_ms / k:.1f}; on its core (its thread's CPU time) "
-            f"{cpu_ms:.1f} ms, against {one_cpu_ms / k:.1f} (medians)")
+            f"{cpu_ms:.1f} ms, against 1/{k} of one worker's {one_cpu_ms:.1f}, "
+            f"{one_cpu_ms / k:.1f} (medians)")
     if off_core.lo > 1:
         away = (f"; the rest of its compute, {compute_ms - cpu_ms:.1f} ms, it spent off its core "
-                f"(wall time / CPU time {_spread(off_core)}): waiting for a core the machine's "
-                "other work held")
+                f"(wall time / CPU time {_spread(off_core)}): waiting for a core that other "
+                f"threads held (one worker alone spent {one_ms - one_cpu_ms:.1f} ms of its "
+                "compute off its core)")
     else:
         away = (f"; its wall time and CPU time were not told apart ({_spread(off_core)}), so it "
                 "did not measurably lose its core")
@@ -297,7 +301,7 @@ def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
     lo, hi, med = alone.lo * 1e3, alone.hi * 1e3, alone.median * 1e3
     head = (f"of its {comm_ms:.2f} ms in the all-reduce a step, a worker waited {wait_ms:.2f} ms "
             f"for the other to arrive, and {after_ms:.2f} ms passed after both had arrived, "
-            f"against {med:.2f} ms ({lo:.2f}-{hi:.2f}) for the same all-reduce alone")
+            f"against {med:.2f} ms ({lo:.2f}-{hi:.2f}) for the same all-reduce alone (medians)")
     if after_ms > hi:
         return (head + ": after both had arrived it still took longer than alone, and why, "
                 "this run does not say")
