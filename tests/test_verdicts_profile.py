@@ -59,7 +59,7 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
 def test_the_allreduce_split_compares_the_time_after_the_last_arrival_with_it_alone():
     alone = helpers.Measurement([0.4e-3, 0.5e-3, 0.6e-3])
     longer = helpers.allreduce_split_words(12.9, 0.4, 11.1, alone)
-    assert "waited 0.40 ms for the other to arrive" in longer
+    assert "rank 0 waited 0.40 ms for the other worker to arrive" in longer
     assert "11.10 ms passed after both had arrived" in longer
     assert longer.endswith("this run does not say")
     assert "as long as alone" in helpers.allreduce_split_words(1.0, 0.5, 0.5, alone)
