@@ -76,3 +76,5 @@ def test_overlap_lengthening_is_blamed_on_the_shared_core_only_when_compute_grew
     assert words(FASTER, NOISE) == "overlap shortened the step here"
     assert "although" in words(FASTER, SLOWER)
     assert words(NOISE, NOISE).startswith("this run cannot tell whether overlap")
+    assert "could not be told from its compute without" in words(NOISE, NOISE)
+    assert "compute was shorter with overlap" in words(NOISE, FASTER)

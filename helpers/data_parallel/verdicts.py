@@ -318,8 +318,10 @@ def overlap_lengthens_words(step, compute):
     _check(step), _check(compute)
     grew = compute.verdict == "slower"
     why = (f"backward's compute itself was longer with overlap ({_spread(compute)}: slower), "
-           "since gloo's threads ran the all-reduces on the core autograd needed"
-           if grew else f"backward's compute was {compute.verdict} with overlap "
+           "since gloo's threads ran the all-reduces on the core autograd needed" if grew else
+           f"backward's compute was shorter with overlap ({_spread(compute)})"
+           if compute.verdict == "faster" else
+           "backward's compute with overlap could not be told from its compute without "
            f"({_spread(compute)})")
     if step.verdict == "slower":
         return ("overlap lengthened the step here: " + why
