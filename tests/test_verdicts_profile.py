@@ -78,3 +78,21 @@ def test_overlap_lengthening_is_blamed_on_the_shared_core_only_when_compute_grew
     assert words(NOISE, NOISE).startswith("this run cannot tell whether overlap")
     assert "could not be told from its compute without" in words(NOISE, NOISE)
     assert "compute was shorter with overlap" in words(NOISE, FASTER)
+
+
+def test_alone_predictions_say_inside_or_outside_each_spread():
+    got = helpers.alone_prediction_words([("batch 256", 2.0, FASTER), ("batch 4", 1.1, NOISE)])
+    assert got == ("2.00 times at batch 256, outside the measured 1.20-1.40, and 1.10 times at "
+                   "batch 4, inside the measured 0.90-1.30")
+    with pytest.raises(ValueError, match="at least one"):
+        helpers.alone_prediction_words([])
+
+
+def test_the_thesis_claims_only_what_was_resolved():
+    assert helpers.thesis_words(FASTER, {"one message": SLOWER, "8 messages": SLOWER}) == (
+        "every small-batch run showed the loss; the large batch showed the win")
+    only = helpers.thesis_words(NOISE, {"one message": NOISE, "8 messages": SLOWER})
+    assert only == ("only the run with 8 messages showed the loss (one message: within noise); "
+                    "the large batch did not resolve the win (within noise)")
+    none = helpers.thesis_words(SLOWER, {"one message": NOISE, "8 messages": FASTER})
+    assert none.startswith("no small-batch run") and "contradicted" in none

@@ -201,7 +201,8 @@ def shared_rounding_words(apart, rounding):
 # ------------------------------------------------ the profile and ddp_scratch chapters (issue 30)
 # Their own block, appended: the sentences above belong to the fixes and scaling chapters.
 __all__ += ["simulated_devices_words", "same_code_words", "loader_step_words",
-            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words"]
+            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
+            "alone_prediction_words", "thesis_words"]
 
 
 def _spread(r):
@@ -330,3 +331,37 @@ def overlap_lengthens_words(step, compute):
         return ("overlap shortened the step here" + (", although " + why if grew else ""))
     return ("this run cannot tell whether overlap lengthened or shortened the step here; "
             + why)
+
+
+def alone_prediction_words(predictions):
+    """Speed-ups predicted from the all-reduce timed alone, each against its measured Ratio:
+    `predictions` a list of (name, predicted speed-up, Ratio). '2.00 times at batch 256, outside
+    the measured 1.05-1.28, and ...'."""
+    parts = []
+    for name, p, r in predictions:
+        _check(r)
+        where = "inside" if r.lo <= p <= r.hi else "outside"
+        parts.append(f"{p:.2f} times at {name}, {where} the measured {r.lo:.2f}-{r.hi:.2f}")
+    if not parts:
+        raise ValueError("alone_prediction_words needs at least one (name, predicted, Ratio)")
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+
+
+def thesis_words(win, losses):
+    """What a run showed of 'k workers win when the compute they split is large, lose when it is
+    not': `win` the Ratio at the large batch (k workers against one), `losses` {name: Ratio} of
+    the small-batch runs. A loss or a win is claimed only where its ratio was resolved."""
+    _check(win)
+    lost = [name for name, r in losses.items() if _check(r).verdict == "slower"]
+    if len(lost) == len(losses) > 1:
+        loss = "every small-batch run showed the loss"
+    elif lost:
+        rest = ", ".join(f"{name}: {r.verdict}" for name, r in losses.items() if name not in lost)
+        loss = f"only the run with {' and '.join(lost)} showed the loss ({rest})"
+    else:
+        loss = "no small-batch run showed the loss"
+    won = {"faster": "the large batch showed the win",
+           "slower": "the large batch contradicted the win (slower)",
+           "within noise": "the large batch did not resolve the win (within noise)",
+           "cannot tell": "the large batch had one round: no verdict"}[win.verdict]
+    return f"{loss}; {won}"
