@@ -61,7 +61,7 @@ class Measurement:
     def __str__(self):
         scale, unit = (1e3, "ms") if self.unit == "s" and self.hi < 1 else (1, self.unit)
         return (f"{self.median * scale:.3g} {unit} ({self.lo * scale:.3g}-{self.hi * scale:.3g},"
-                f" {len(self.samples)} samples)")
+                f" {len(self.samples)} sample{'s' * (len(self.samples) != 1)})")
 
     def to_dict(self):
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples}
@@ -98,7 +98,8 @@ class Ratio:
                     self.verdict, "within noise of")
 
     def __str__(self):
-        return (f"{self.median:.2f}x ({self.lo:.2f}-{self.hi:.2f}, {len(self.samples)} rounds):"
+        n = len(self.samples)
+        return (f"{self.median:.2f}x ({self.lo:.2f}-{self.hi:.2f}, {n} round{'s' * (n != 1)}):"
                 f" {self.verdict}")
 
     def to_dict(self):

@@ -206,7 +206,8 @@ __all__ += ["simulated_devices_words", "same_code_words", "loader_step_words",
 
 
 def _spread(r):
-    return f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f}, {len(r.samples)} rounds)"
+    n = len(r.samples)
+    return f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f}, {n} round{'s' * (n != 1)})"
 
 
 def simulated_devices_words(two, halves):
