@@ -52,6 +52,7 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
     on = words(FASTER, NOISE, 70.0, 65.0, 120.0, 110.0)
     assert "cost more than 1/2 on the core itself" in on
     assert "did not measurably lose its core" in on and "spent off" not in on
+    assert on.endswith("while one worker alone spent 10.0 ms of its compute off its core")
     assert "cost less than 1/2" in words(SLOWER, NOISE, 50.0, 45.0, 120.0, 110.0)
     assert words(NOISE, NOISE, 1, 1, 3, 3, k=3).startswith("each of 3 workers")
 

@@ -284,7 +284,8 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
                 "compute off its core)")
     else:
         away = (f"; its wall time and CPU time were not told apart ({_spread(off_core)}), so it "
-                "did not measurably lose its core")
+                f"did not measurably lose its core, while one worker alone spent "
+                f"{one_ms - one_cpu_ms:.1f} ms of its compute off its core")
     if cpu_vs_half.lo > 1:
         share = (f": its share cost more than 1/{k} on the core itself "
                  f"({_spread(cpu_vs_half)} of it)")
