@@ -343,6 +343,18 @@ def test_allreduce_time_model():
 def test_gloo_allreduce_across_two_processes():
     times = helpers.time_gloo_allreduce([16, 4096], world_size=2, reps=1)
     assert sorted(times) == [16, 4096] and all(t > 0 for t in times.values())
+    every = helpers.time_gloo_allreduce([16], world_size=2, reps=3, keep="all")
+    assert len(every[16]) == 3 and min(every[16]) > 0
+    with pytest.raises(ValueError, match="'min'"):
+        helpers.time_gloo_allreduce([16], keep="median")
+
+
+def test_the_wait_split_takes_the_last_arrival_on_the_shared_clock():
+    """Rank 0 arrives at 1.0 and 5.0, rank 1 at 1.5 and 4.0; the all-reduces end at 2.0 and 6.0:
+    rank 0 waited 0.5 then 0, and 0.5 then 1.0 passed after the last arrival."""
+    from helpers.data_parallel.speed import _waits
+    wait, after = _waits([[[(1.0, 2.0), (5.0, 6.0)]], [[(1.5, 2.0), (4.0, 6.0)]]], 2)
+    assert wait == [pytest.approx(0.25)] and after == [pytest.approx(0.75)]
 
 
 # --- real worker processes (gloo, one thread each) ---------------------------------------------
@@ -366,9 +378,13 @@ def test_worker_processes_train_like_train_batch():
         for mode in ("fast", "reference"):
             res = got[k][mode]
             assert all(len(res[key]) == 1 and res[key][0] >= 0
-                       for key in ("step_s", "compute_s", "comm_s", "update_s"))
+                       for key in ("step_s", "compute_s", "comm_s", "update_s",
+                                   "compute_cpu_s", "wait_s", "after_s"))
+            assert 0 < res["compute_cpu_s"][0] <= res["compute_s"][0] + 1e-3
+            assert res["wait_s"][0] + res["after_s"][0] == pytest.approx(res["comm_s"][0])
             if k == 2:
                 assert res["comm_s"][0] > 1e-6, "two workers must have communicated"
+                assert res["after_s"][0] > 0, "the all-reduce ends after the last arrival"
             params = [torch.tensor(p) for p in res["params"]]
             assert max_diff(ref[0], params) < 1e-5, (k, mode)
             assert max_diff(init_lenet_params(seed=3), params) > 1e-4, "training must move them"

@@ -327,6 +327,7 @@ def _check_same_model(module, rank, world, group=None, device=None):
     differ = [r for r, e in enumerate(all_entries) if not torch.equal(e, all_entries[0])]
     k = int((all_entries[differ[0]] != all_entries[0]).nonzero()[0])
     name, shape, dtype, trainable = sig[k]
-    raise ValueError(f"the models differ between ranks: rank(s) {differ} differ from rank 0 at "
+    who = f"rank {differ[0]} differs" if len(differ) == 1 else f"ranks {differ} differ"
+    raise ValueError(f"the models differ between ranks: {who} from rank 0 at "
                      f"{name!r} (on this rank, {rank}: shape {shape}, {dtype}, requires_grad="
                      f"{trainable}): build the same model on every rank before wrapping it")

@@ -5,12 +5,16 @@ parallel speed. Here each worker is its own process with one thread on its own c
 there are cores), and the k workers train LeNet on their slices of the same global batches,
 summing gradients with `torch.distributed.all_reduce` (gloo). A worker times each step's compute
 (forward + backward), its communication (the all-reduce, including any wait for the other
-workers) and its update, so a step's split is measured, not assumed.
+workers) and its update, so a step's split is measured, not assumed; and, to say where a worker's
+time went, its thread's CPU time during compute (wall time above it is time off its core) and,
+on the clock all the machine's processes share, when each worker arrived at the all-reduce (the
+wait for the last one, and the time after it).
 
 The workers are launch targets fn(rank, world, cfg) (helpers.launch): a spawned rank imports
 its function by name, so they live here rather than in a notebook.
 """
 import statistics
+import time
 
 import torch
 
@@ -52,20 +56,22 @@ class _Trainer:
         self.g = torch.Generator().manual_seed(seed)
 
     def repeat(self, steps, rank, X, y, group):
-        """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update (on
-        the CPU: gloo ranks, one core each)."""
+        """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update and the
+        compute's CPU time on this thread (on the CPU: gloo ranks, one core each), and each
+        step's (arrival at the all-reduce, its end) on the clock the processes share."""
         import torch.distributed as dist
 
         from ..models import lenet, loss
         from .simulated import sgd
-        comp = comm = upd = 0.0
+        comp = comm = upd = cpu = 0.0
+        arrivals = []
         t_start = synced_now()
         for _ in range(steps):
             idx = torch.randint(0, X.shape[0], (self.B,), generator=self.g)
             idx = idx.tensor_split(self.k)[rank]
-            t0 = synced_now()
+            t0, c0 = synced_now(), time.thread_time()
             loss(lenet(X[idx], self.params), y[idx]).sum().backward()
-            t1 = synced_now()
+            t1, c1 = synced_now(), time.thread_time()
             if self.k > 1:
                 if self.mode == "fast":
                     dist.all_reduce(self.flat_grad, group=group)    # one message
@@ -80,9 +86,23 @@ class _Trainer:
             else:
                 sgd(self.params, self.lr, self.B)
             t3 = synced_now()
-            comp, comm, upd = comp + t1 - t0, comm + t2 - t1, upd + t3 - t2
+            comp, comm, upd, cpu = comp + t1 - t0, comm + t2 - t1, upd + t3 - t2, cpu + c1 - c0
+            arrivals.append((t1, t2))
         total = synced_now() - t_start
-        return [v / steps for v in (total, comp, comm, upd)]
+        return [v / steps for v in (total, comp, comm, upd, cpu)], arrivals
+
+
+def _waits(arrivals, k):
+    """Per repeat, seconds per step that rank 0 waited in the all-reduce for the last of the k
+    ranks to arrive, and that passed from that arrival to rank 0's end of the all-reduce, from
+    every rank's `arrivals` (lists of repeats of (arrival, end) per step; time.perf_counter is
+    CLOCK_MONOTONIC on Linux, one clock for the machine's processes)."""
+    wait, after = [], []
+    for r, steps in enumerate(arrivals[0]):
+        last = [max(arrivals[q][r][j][0] for q in range(k)) for j in range(len(steps))]
+        wait.append(statistics.mean(t - a for (a, _), t in zip(steps, last)))
+        after.append(statistics.mean(e - t for (_, e), t in zip(steps, last)))
+    return wait, after
 
 
 def dp_timing_worker(rank, world_size, cfg):
@@ -96,8 +116,11 @@ def dp_timing_worker(rank, world_size, cfg):
     conditions (a machine's load drifts): sample i of every run and count comes from repeat i,
     and their ratios can be paired. For k workers, ranks 0..k-1 train
     (a process group of their own) while the others wait at a barrier. Repeat 0 warms up and is
-    not kept. Every k trains on the same global batches: `torch.randint(0, n, (B,))` from a
-    generator seeded with `seed`, rank r taking its `tensor_split` slice."""
+    not kept. Besides step_s, compute_s, comm_s and update_s (rank 0's), compute_cpu_s is rank
+    0's CPU time of compute, and wait_s and after_s split its comm_s: waiting for the last rank
+    to arrive, and the rest (see _waits). Every k trains on the same global batches:
+    `torch.randint(0, n, (B,))` from a generator seeded with `seed`, rank r taking its
+    `tensor_split` slice."""
     import torch.distributed as dist
 
     from ..data import load_tensors
@@ -112,8 +135,9 @@ def dp_timing_worker(rank, world_size, cfg):
         raise ValueError(f"run names must differ: {names}")
     trainers = {run["name"]: {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
                 for run in runs}
-    out = {name: {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": []} for k in ks}
-           for name in names}
+    keys = ("step_s", "compute_s", "comm_s", "update_s", "compute_cpu_s")
+    out = {name: {k: {key: [] for key in keys} for k in ks} for name in names}
+    arrive = {name: {k: [] for k in ks} for name in names}
     done, total = 0, sum(run["reps"] + 1 for run in runs)
     for r in range(max(run["reps"] for run in runs) + 1):   # the runs take turns too
         for run in (runs if r % 2 == 0 else runs[::-1]):
@@ -125,10 +149,22 @@ def dp_timing_worker(rank, world_size, cfg):
                 if world_size > 1:
                     dist.barrier()
                 if rank < k:
-                    times = trainers[run["name"]][k].repeat(run["steps"], rank, X, y, groups[k])
+                    times, steps = trainers[run["name"]][k].repeat(run["steps"], rank, X, y,
+                                                                   groups[k])
                     if r > 0:
-                        for key, v in zip(out[run["name"]][k], times):
+                        for key, v in zip(keys, times):
                             out[run["name"]][k][key].append(v)
+                        arrive[run["name"]][k].append(steps)
+    every = [arrive]
+    if world_size > 1:
+        every = [None] * world_size
+        dist.all_gather_object(every, arrive)
+    for name in names:
+        for k in ks:
+            wait, after = (_waits([a[name][k] for a in every[:k]], k) if k > 1 else
+                           ([0.0] * len(out[name][k]["comm_s"]),
+                            list(out[name][k]["comm_s"])))   # one worker: no one to wait for
+            out[name][k]["wait_s"], out[name][k]["after_s"] = wait, after
     for run in runs:
         for k in ks:
             if run.get("return_params") and rank < k:
@@ -147,7 +183,8 @@ def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False):
     """Time the data-parallel `runs` (see dp_timing_worker) for each worker count in `ks` (an int
     or a list), on max(ks) gloo worker processes with one thread each, pinned to cores; the
     counts take turns in the same processes. Returns {k: {name: {step_s, compute_s, comm_s,
-    update_s: seconds per step, one per repeat}}} plus 'cores' (the core of each rank)."""
+    update_s, compute_cpu_s, wait_s, after_s: seconds per step, one per repeat}}} plus 'cores'
+    (the core of each rank)."""
     ks = [ks] if isinstance(ks, int) else sorted(set(ks))
     if not ks or ks[0] < 1:
         raise ValueError(f"worker counts must be at least 1, got {ks}")
@@ -294,10 +331,11 @@ def bench_ranks(world_size, wrappers, batch_size=256, lr=0.2, num_epochs=3, subs
 # --- one all-reduce, timed across processes (scaling.ipynb's alpha-beta fit) --------------------
 def gloo_allreduce_worker(rank, world_size, cfg):
     """Launch target: time all_reduce of float32 tensors of cfg['sizes'] elements (the fastest
-    of cfg['reps'] calls: other processes' noise only adds time); rank 0 returns
-    {size: seconds}. On NCCL each rank uses its own GPU (cfg['device'])."""
+    of cfg['reps'] calls: other processes' noise only adds time; every call's seconds with
+    cfg['keep'] 'all'); rank 0 returns {size: seconds}. On NCCL each rank uses its own GPU
+    (cfg['device'])."""
     import torch.distributed as dist
-    device, sizes, reps = take(cfg, "device", "sizes", "reps")
+    device, sizes, reps, keep = take(cfg, "device", "sizes", "reps", keep="min")
     results = {}
     warm = torch.ones(1024, device=device)
     for _ in range(10):                # connection set-up, first-call costs
@@ -312,7 +350,7 @@ def gloo_allreduce_worker(rank, world_size, cfg):
             dist.all_reduce(x)
             if r >= 2:
                 times.append(synced_now(device) - t0)
-        results[n] = min(times)
+        results[n] = min(times) if keep == "min" else times
         if x[0].item() != world_size ** (reps + 2):
             raise RuntimeError(f"all_reduce gave {x[0].item()}, expected "
                                f"{world_size ** (reps + 2)}")
@@ -320,8 +358,10 @@ def gloo_allreduce_worker(rank, world_size, cfg):
         return results
 
 
-def time_gloo_allreduce(sizes, world_size=2, reps=5, backend="gloo", quiet=False):
-    """Start `world_size` ranks and return {elements: seconds} of one all_reduce (fastest of
-    `reps`)."""
-    cfg = dict(sizes=list(sizes), reps=reps)
+def time_gloo_allreduce(sizes, world_size=2, reps=5, backend="gloo", quiet=False, keep="min"):
+    """Start `world_size` ranks and return {elements: seconds} of one all_reduce: the fastest of
+    `reps` calls, or with keep='all' the list of every call's seconds (a barrier before each)."""
+    if keep not in ("min", "all"):
+        raise ValueError(f"keep={keep!r}: 'min' (the fastest call) or 'all' (every call)")
+    cfg = dict(sizes=list(sizes), reps=reps, keep=keep)
     return launch(gloo_allreduce_worker, world_size, cfg, backend=backend, quiet=quiet)[0]

@@ -1,0 +1,99 @@
+"""The profile and ddp_scratch chapters' sentences (helpers/data_parallel/verdicts.py, their own
+block): a branch per verdict, and a cause named only where a measurement resolved it."""
+import pytest
+
+import helpers
+
+FASTER = helpers.Ratio([1.2, 1.3, 1.4])
+SLOWER = helpers.Ratio([0.7, 0.8, 0.9])
+NOISE = helpers.Ratio([0.9, 1.1, 1.3])
+ONE = helpers.Ratio([1.5])
+
+
+def test_simulated_devices_name_the_half_batches_only_when_the_control_resolved_them():
+    words = helpers.simulated_devices_words
+    assert words(SLOWER, NOISE).startswith("slower than one (0.80x (0.70-0.90, 3 rounds))")
+    noise = words(NOISE, FASTER)
+    assert noise.startswith("within noise of one") and "half" not in noise
+    assert noise.count("within noise") == 1, "the verdict is said once"
+    both = words(FASTER, FASTER)
+    assert "The half batches, not a second device, made the step shorter" in both
+    assert "this run does not say" in both      # why a half batch costs less: not measured
+    alone = words(FASTER, NOISE)
+    assert "does not say why" in alone and "made the step shorter" not in alone
+    assert "one round" in words(ONE, ONE)
+    with pytest.raises(TypeError, match="helpers.Ratio"):
+        words(1.2, NOISE)
+
+
+def test_the_same_code_in_two_cells_blames_the_machine_only_when_resolved():
+    assert "what changed between the two cells is the machine" in \
+        helpers.same_code_words(SLOWER)
+    assert "machine" in helpers.same_code_words(FASTER)
+    noise = helpers.same_code_words(NOISE)
+    assert "cannot be told apart" in noise and "machine" not in noise
+
+
+def test_the_loader_step_names_the_data_phase_only_for_what_it_covers():
+    covers = helpers.loader_step_words(SLOWER, data_ms=20.0, diff_ms=15.0)
+    assert covers.endswith("data phase took 20.0 ms: the whole difference")
+    part = helpers.loader_step_words(SLOWER, data_ms=5.0, diff_ms=15.0)
+    assert part.endswith("the rest this run does not explain")
+    assert "does not say why" in helpers.loader_step_words(FASTER, 5.0, -3.0)
+    assert "cannot tell from the noise" in helpers.loader_step_words(NOISE, 5.0, 2.0)
+
+
+def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_time():
+    words = helpers.compute_split_words
+    off = words(NOISE, FASTER, 400.0, 56.0, 600.0, 112.0)
+    assert "on the core its share cost about 1/2" in off
+    assert "it spent off its core" in off and "344.0 ms" in off
+    assert "one worker alone spent 488.0 ms" in off
+    on = words(FASTER, NOISE, 70.0, 65.0, 120.0, 110.0)
+    assert "cost more than 1/2 on the core itself" in on
+    assert "did not measurably lose its core" in on and "spent off" not in on
+    assert on.endswith("while one worker alone spent 10.0 ms of its compute off its core")
+    assert "cost less than 1/2" in words(SLOWER, NOISE, 50.0, 45.0, 120.0, 110.0)
+    assert words(NOISE, NOISE, 1, 1, 3, 3, k=3).startswith("each of 3 workers")
+
+
+def test_the_allreduce_split_compares_the_time_after_the_last_arrival_with_it_alone():
+    alone = helpers.Measurement([0.4e-3, 0.5e-3, 0.6e-3])
+    longer = helpers.allreduce_split_words(12.9, 0.4, 11.1, alone)
+    assert "rank 0 waited 0.40 ms for the other worker to arrive" in longer
+    assert "11.10 ms passed after both had arrived" in longer
+    assert longer.endswith("this run does not say")
+    assert "as long as alone" in helpers.allreduce_split_words(1.0, 0.5, 0.5, alone)
+    assert "no longer than alone" in helpers.allreduce_split_words(1.0, 0.7, 0.3, alone)
+
+
+def test_overlap_lengthening_is_blamed_on_the_shared_core_only_when_compute_grew():
+    words = helpers.overlap_lengthens_words
+    grew = words(SLOWER, SLOWER)
+    assert grew.startswith("overlap lengthened the step here")
+    assert "gloo's threads ran the all-reduces on the core" in grew
+    unexplained = words(SLOWER, NOISE)
+    assert "this run does not say" in unexplained and "gloo" not in unexplained
+    assert words(FASTER, NOISE) == "overlap shortened the step here"
+    assert "although" in words(FASTER, SLOWER)
+    assert words(NOISE, NOISE).startswith("this run cannot tell whether overlap")
+    assert "could not be told from its compute without" in words(NOISE, NOISE)
+    assert "compute was shorter with overlap" in words(NOISE, FASTER)
+
+
+def test_alone_predictions_say_inside_or_outside_each_spread():
+    got = helpers.alone_prediction_words([("batch 256", 2.0, FASTER), ("batch 4", 1.1, NOISE)])
+    assert got == ("2.00 times at batch 256, outside the measured 1.20-1.40, and 1.10 times at "
+                   "batch 4, inside the measured 0.90-1.30")
+    with pytest.raises(ValueError, match="at least one"):
+        helpers.alone_prediction_words([])
+
+
+def test_the_thesis_claims_only_what_was_resolved():
+    assert helpers.thesis_words(FASTER, {"one message": SLOWER, "8 messages": SLOWER}) == (
+        "every small-batch run showed the loss; the large batch showed the win")
+    only = helpers.thesis_words(NOISE, {"one message": NOISE, "8 messages": SLOWER})
+    assert only == ("only the run with 8 messages showed the loss (one message: within noise); "
+                    "the large batch did not resolve the win (within noise)")
+    none = helpers.thesis_words(SLOWER, {"one message": NOISE, "8 messages": FASTER})
+    assert none.startswith("no small-batch run") and "contradicted" in none
