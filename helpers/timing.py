@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .devices import synchronize
+from .words import plural
 
 __all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load",
            "MIN_ROUNDS", "verdict_of"]
@@ -62,7 +63,7 @@ class Measurement:
     def __str__(self) -> str:
         scale, unit = (1e3, "ms") if self.unit == "s" and self.hi < 1 else (1, self.unit)
         return (f"{self.median * scale:.3g} {unit} ({self.lo * scale:.3g}-{self.hi * scale:.3g},"
-                f" {len(self.samples)} samples)")
+                f" {plural(len(self.samples), 'sample')})")
 
     def to_dict(self) -> dict:
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples}
@@ -99,8 +100,8 @@ class Ratio:
                     self.verdict, "within noise of")
 
     def __str__(self) -> str:
-        return (f"{self.median:.2f}x ({self.lo:.2f}-{self.hi:.2f}, {len(self.samples)} rounds):"
-                f" {self.verdict}")
+        return (f"{self.median:.2f}x ({self.lo:.2f}-{self.hi:.2f}, "
+                f"{plural(len(self.samples), 'round')}): {self.verdict}")
 
     def to_dict(self) -> dict:
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples,
