@@ -19,18 +19,19 @@ PREFIX_COLOR = "#0072B2"      # the wrapper's key prefix
 MISSED = re.compile(r"did not receive grad for rank \d+: ([\d ]+)")
 
 
-def ddp_wrapper_facts(make, step, partial_step):
+def ddp_wrapper_facts(make, step, partial_step, **ddp_kwargs):
     """dict(wrapper, module, keys, params, hooks, bucket_cap, grad_bytes, buckets, unused, error)
     from two DDP runs of fresh `make()` modules: `step(model)` runs a forward and backward that
     use every parameter, `partial_step(model)` one that leaves some out (it runs twice: DDP
     raises at the second forward). hooks, bucket_cap, grad_bytes: the reducer's logged count of
     parameter tensors, bucket cap and gradient bytes; buckets: the parameter names of each
-    bucket, in bucket order; unused: the names the reducer's error gives; error: that error's
-    first sentence."""
+    bucket in the second step (DDP's buckets from then on), in bucket order; unused: the names
+    the reducer's error gives; error: that error's first sentence. ddp_kwargs go to both DDP
+    wrappers (bucket_cap_mb=...)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(make())
+    model = DDP(make(), **ddp_kwargs)
     names = {id(p): n for n, p in model.named_parameters()}
     buckets = {}
 
@@ -40,6 +41,8 @@ def ddp_wrapper_facts(make, step, partial_step):
 
     model.register_comm_hook(None, recording_hook)
     step(model)
+    buckets.clear()
+    step(model)         # DDP rebuilds its buckets in the order the first backward gave
     params = [n for n, p in model.named_parameters() if p.requires_grad]
     logged = model._get_ddp_logging_data()          # the reducer's own account
     facts = dict(wrapper=type(model).__name__, module=type(model.module).__name__,
@@ -47,7 +50,7 @@ def ddp_wrapper_facts(make, step, partial_step):
                  hooks=logged["num_parameter_tensors"], bucket_cap=logged["bucket_cap_bytes"],
                  grad_bytes=logged["total_parameter_size_bytes"],
                  buckets=[buckets[i] for i in sorted(buckets)])
-    broken = DDP(make())
+    broken = DDP(make(), **ddp_kwargs)
     partial_step(broken)
     try:
         partial_step(broken)
