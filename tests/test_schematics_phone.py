@@ -51,7 +51,7 @@ def test_phone_text_px_counts_only_the_text_drawn():
     plt.close("all")
 
 
-# ---- the wrapper around a module (Part III, custom_modules) --------------------------------------
+# ---- the wrapper around a module (Part III, custom_modules) -------------------------------------
 @pytest.fixture(scope="module")
 def one_rank():
     helpers.setup(0, 1, master_port=helpers.free_port(), backend="gloo", timeout=60)
@@ -120,7 +120,7 @@ def test_wrapper_picture_shows_the_runs_keys_hooks_and_buckets(one_rank):
     plt.close("all")
 
 
-# ---- Part VII's context-parallel ring and expert all-to-all ---------------------------------------
+# ---- Part VII's context-parallel ring and expert all-to-all ------------------------------------
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_ring_picture_names_the_block_each_rank_holds(layout):
     import matplotlib.pyplot as plt
@@ -151,7 +151,7 @@ def test_all_to_all_table_shows_the_counts():
     plt.close(fig)
 
 
-# ---- every schematic, on a phone -----------------------------------------------------------------
+# ---- every schematic, on a phone --------------------------------------------------------------
 def _mesh():
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.2))      # as composed.ipynb draws it
