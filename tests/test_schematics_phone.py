@@ -198,3 +198,21 @@ def test_the_wrapper_picture_is_readable_on_a_phone(one_rank):
     px, text = phone_text_px(fig)
     plt.close(fig)
     assert px >= PHONE_FLOOR, f"{text!r} is {px:.1f} CSS px on a phone"
+
+
+def test_the_chapters_draw_these_schematics_with_the_measured_builders():
+    """The chapters call the builders measured above, at the sizes measured (not draw_ring,
+    draw_split or draw_all_to_all into axes of a notebook's own, wider figure)."""
+    import json
+    from pathlib import Path
+    book = Path(__file__).resolve().parent.parent / "book"
+    calls = {"part7/context_parallel": ["helpers.plot_ring(16, 4)", "helpers.plot_split(16, 4)"],
+             "part7/expert_parallel": ["helpers.plot_all_to_all(counts)"],
+             "part3/custom_modules": ["helpers.plot_ddp_wrapper(wrapper"]}
+    for name, wanted in calls.items():
+        code = "\n".join("".join(c["source"]) for c in json.loads(
+            (book / f"{name}.ipynb").read_text())["cells"] if c["cell_type"] == "code")
+        for call in wanted:
+            assert call in code, f"{name} no longer draws {call}...)"
+        for raw in ("helpers.draw_ring(", "helpers.draw_split(", "helpers.draw_all_to_all("):
+            assert raw not in code, f"{name} draws {raw}...) into a figure of its own size"
