@@ -107,6 +107,15 @@ ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 # output until the stage ends (minutes of silence).
 TEST_STAGES := lint test-py test-book-fresh test-book test-browser test-pdf gpu-dry
 test: export COURSE_QUICK := 1
+# One torch thread per process: the two pytest workers' notebook kernels and test processes share
+# 2 cores, and each one's default pool of 2 threads spun at every parallel region (syncbn's quick
+# run: 27 s of CPU and 164 s on a loaded machine with the default, 10 s and 69 s with one thread).
+# The course's own launches already give each rank one thread (helpers.runtime.launch).
+test: export OMP_NUM_THREADS := 1
+# A claim the run contradicts fails the test (helpers.prose.claim); a reader's run only says so.
+test: export COURSE_CLAIMS := strict
+test-notebooks: export COURSE_CLAIMS := strict
+test-py: export COURSE_CLAIMS := strict
 test:
 	@$(MAKE) --no-print-directory -j2 CI_ORDER=1 \
 		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)

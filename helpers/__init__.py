@@ -14,12 +14,13 @@ costs, compare, one_process cost formulas, comparators, the      split_costs, ma
                             unsplit runs everything is compared  train_one_process
 cost_explorer               the cost explorer's static twin      with_static_twin
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
+words                       counts with their nouns in agreement plural, plural_names
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks
 runtime.errors              how a run of ranks fails             RankFailed, LaunchTimeout
 runtime.thread_world        ranks as threads, a recorded network ThreadWorld, run_threads
-runtime.comm                counted send/recv over ranks/threads DistComm, ThreadComm
+runtime.comm                counted send/recv over ranks/threads Comm, DistComm, ThreadComm
 runtime.agree               ranks running the same collectives   agree, CollectiveMismatch
 runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
@@ -69,7 +70,7 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
                           make_optimizer, plain_optimizer, train_one_process)
 from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
                         exposed_ms, trace_sentence)
-from .prose import ClaimFailed, claim, claims_made, formatted, glued, plural, say
+from .prose import ClaimFailed, claim, claims_made, formatted, glued, plural, plural_names, say
 from .dp_vs_ddp import ddp_step_seconds, dp_vs_ddp
 from .flight_recorder import (FR_ENTRIES, first_unjoined, fr_dumper, fr_env, fr_trace_report,
                               read_dumps)
@@ -84,7 +85,7 @@ from .runtime.launch import launch, take, run_ranks, run_in_turn
 from .runtime.errors import RankFailed, LaunchTimeout
 from .runtime.progress import report_progress, ProgressLine, report_to
 from .runtime.agree import CollectiveMismatch, agree, fingerprint, where_are_the_others
-from .runtime.comm import DistComm, ThreadComm
+from .runtime.comm import Comm, DistComm, ThreadComm
 from .runtime.thread_world import ThreadWorld, run_threads
 from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
                               TrafficLog, FuncolBytes)

@@ -24,7 +24,7 @@ def _pairs(xs, ys):
         xs, ys = list(xs), list(ys)
         if len(xs) != len(ys):
             raise ValueError(f"{len(xs)} tensors against {len(ys)}")
-        pairs = list(zip(xs, ys))
+        pairs = list(zip(xs, ys, strict=True))
     for x, y in pairs:
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
             raise ValueError(f"expected tensors, got {type(x).__name__} and {type(y).__name__}")

@@ -1,6 +1,8 @@
 """Run sizes: one switch (COURSE_QUICK) shrinks every experiment so CI finishes in minutes."""
 import os
 
+from .words import plural
+
 __all__ = ["choose", "quick"]
 
 QUICK_ENV = "COURSE_QUICK"   # set to 1: tiny data subsets, one or two epochs (CI, a quick look)
@@ -50,8 +52,8 @@ def choose(full, small, what="this experiment", *, tiny=None, ranks=None):
         reason, small = f"quick mode ({QUICK_ENV}=1)", small if tiny is None else tiny
     elif not on_gpu and not full_asked:
         reason = (f"no GPU, so it is scaled down (set {FULL_ENV}=1 for the full size)"
-                  if not gpus else f"{ranks} ranks but {gpus} GPU(s): they run on CPU cores, "
-                  f"so it is scaled down (set {FULL_ENV}=1 for the full size)")
+                  if not gpus else f"{ranks} ranks but {plural(gpus, 'GPU')}: they run on CPU "
+                  f"cores, so it is scaled down (set {FULL_ENV}=1 for the full size)")
     else:
         return full
     if what not in _told:

@@ -116,7 +116,7 @@ def _rows(grid, setting):
     flat = grid["values"][setting["model"]]
     rows = []
     for s, split in enumerate(grid["splits"]):
-        d = dict(zip(grid["parts"], flat[i + s * P:i + (s + 1) * P]))
+        d = dict(zip(grid["parts"], flat[i + s * P:i + (s + 1) * P], strict=True))
         secs = (d["messages"] * setting["latency_us"] * 1e-6
                 + d["sent"] / (setting["bandwidth_gbs"] * 1e9))
         memory = d["params"] + d["grads"] + d["optim"] + d["acts"]

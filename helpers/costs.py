@@ -6,6 +6,8 @@ ResNet-18 of helpers.models are).
 """
 import copy
 import functools
+from itertools import pairwise
+from typing import NotRequired, TypedDict
 
 import torch
 from torch import nn
@@ -19,6 +21,37 @@ ZERO_ROWS = ("ZeRO-1", "ZeRO-2", "ZeRO-3")
 # A step's compute: forward 2 FLOPs per multiply-add, backward twice the forward; so the backward
 # is 2/3 of it (the time a gradient all-reduce can hide behind).
 BACKWARD_SHARE = 2 / 3
+
+
+class SplitCost(TypedDict):
+    """One row of split_costs (a plain dict; the keys a notebook reads). Bytes per step on the
+    busiest / fullest device; seconds of its sending in the alpha-beta model."""
+    sent: float                  # bytes the busiest device sends
+    params: float                # bytes of the fullest device's memory, by kind
+    grads: float
+    optim: float
+    acts: float
+    memory: float                # their sum
+    collectives: int             # collectives in a step
+    handoffs: int                # point-to-point hand-offs in a step
+    messages: int                # messages the busiest device sends
+    seconds_latency: float       # messages * latency
+    seconds_bandwidth: float     # sent / bandwidth
+    seconds: float               # their sum
+    cuts: NotRequired[list[int]]            # network: the layers each stage starts at
+    microbatches: NotRequired[int]          # network
+    seconds_compute: NotRequired[float]     # with tflops=
+    seconds_exposed: NotRequired[float]
+    seconds_step: NotRequired[float]
+
+
+class ShardingCost(TypedDict):
+    """sharding_costs' result (a plain dict): bytes per rank, held and sent per step."""
+    params_bytes: float
+    grads_bytes: float
+    optim_bytes: float
+    total_bytes: float
+    sent_bytes: float
 
 
 def saved_per_layer(net, X):
@@ -92,7 +125,7 @@ def layer_sizes(net, input_shape):
     twin = copy.deepcopy(net).train()    # training mode (BatchNorm saves what it uses), own buffers
     two, four = (saved_per_layer(twin, torch.zeros((n, *input_shape), device=device))
                  for n in (2, 4))
-    for row, a, b in zip(rows, two, four):
+    for row, a, b in zip(rows, two, four, strict=True):
         row["acts"] = round((b - a) / 2 / 4)
     return rows
 
@@ -130,7 +163,7 @@ def network_cuts(memory, sent, k):
     if k == 1:
         return []
     bounds = [0, *balanced_cuts(memory, k), n]
-    fullest = max(sum(memory[a:b]) for a, b in zip(bounds, bounds[1:]))
+    fullest = max(sum(memory[a:b]) for a, b in pairwise(bounds))
     prefix = [0]
     for w in memory:
         prefix.append(prefix[-1] + w)
@@ -163,7 +196,8 @@ def ring_bytes_per_device(nbytes, k):
 
 
 def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4,
-                optimizer="sgd", latency_us=0.0, zero=False, tflops=None):
+                optimizer="sgd", latency_us=0.0, zero=False, tflops=None
+                ) -> dict[str, SplitCost]:
     """Per training step, for each split in SPLITS (and ZERO_ROWS when zero=True): the bytes the
     busiest device sends, the memory of the fullest device (params, grads, optimizer state,
     activations, in bytes), the collectives and the point-to-point hand-offs of the step, the
@@ -206,22 +240,7 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
                          optim=P * ob, acts=shard * A * b, collectives=int(k > 1), handoffs=0,
                          messages=2 * (k - 1))
 
-    weights = [(2 * b + ob) * r["params"] + n * b * r["acts"] for r in sizes]
-    crossing = [2 * n * r["out"] * b for r in sizes]     # a cut after layer i: forward and back
-    bounds = [0, *network_cuts(weights, crossing, k), len(sizes)]
-    stages = [sizes[a:c] for a, c in zip(bounds, bounds[1:])]
-    per_device = []
-    for s, stage in enumerate(stages):
-        p = sum(r["params"] for r in stage)
-        out = n * stage[-1]["out"] * b if s < k - 1 else 0                  # activations forward
-        back = n * sizes[bounds[s] - 1]["out"] * b if s > 0 else 0         # gradients back
-        per_device.append(dict(sent=out + back, params=p * b, grads=p * b, optim=p * ob,
-                               acts=n * sum(r["acts"] for r in stage) * b,
-                               messages=m * ((s < k - 1) + (s > 0))))
-    fullest = max(per_device, key=lambda d: d["params"] + d["grads"] + d["optim"] + d["acts"])
-    costs["network"] = dict(fullest, sent=max(d["sent"] for d in per_device),
-                            messages=max(d["messages"] for d in per_device), collectives=0,
-                            handoffs=2 * (k - 1) * m, cuts=bounds[1:-1], microbatches=m)
+    costs["network"], stages = _network_costs(sizes, k, n, m, b, ob)
 
     layers = [io for r in sizes for io in r["weighted"]]
     weighted = sum(r["params"] for r in sizes if r["weighted"])
@@ -234,7 +253,7 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
                                  messages=(k - 1) * L + 2 * (k - 1) * max(0, L - 1))
     if zero:
         with_params = sum(1 for r in sizes if r["params"]) if k > 1 else 0
-        for row, stage in zip(ZERO_ROWS, SHARDING_STAGES[1:]):
+        for row, stage in zip(ZERO_ROWS, SHARDING_STAGES[1:], strict=True):
             z = sharding_costs(P, k, stage, optimizer, b)
             coll = 3 * with_params if stage == "zero3" else 2 * int(k > 1)
             costs[row] = dict(sent=z["sent_bytes"], params=z["params_bytes"],
@@ -248,6 +267,27 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     if tflops is not None:
         _step_seconds(costs, sizes, stages, k, n, m, b, tflops, latency_us, bandwidth_gbs)
     return costs
+
+
+def _network_costs(sizes, k, n, m, b, ob):
+    """split_costs' network row (contiguous layers per device, network_cuts), and the stages."""
+    weights = [(2 * b + ob) * r["params"] + n * b * r["acts"] for r in sizes]
+    crossing = [2 * n * r["out"] * b for r in sizes]     # a cut after layer i: forward and back
+    bounds = [0, *network_cuts(weights, crossing, k), len(sizes)]
+    stages = [sizes[a:c] for a, c in pairwise(bounds)]
+    per_device = []
+    for s, stage in enumerate(stages):
+        p = sum(r["params"] for r in stage)
+        out = n * stage[-1]["out"] * b if s < k - 1 else 0                  # activations forward
+        back = n * sizes[bounds[s] - 1]["out"] * b if s > 0 else 0         # gradients back
+        per_device.append(dict(sent=out + back, params=p * b, grads=p * b, optim=p * ob,
+                               acts=n * sum(r["acts"] for r in stage) * b,
+                               messages=m * ((s < k - 1) + (s > 0))))
+    fullest = max(per_device, key=lambda d: d["params"] + d["grads"] + d["optim"] + d["acts"])
+    row = dict(fullest, sent=max(d["sent"] for d in per_device),
+               messages=max(d["messages"] for d in per_device), collectives=0,
+               handoffs=2 * (k - 1) * m, cuts=bounds[1:-1], microbatches=m)
+    return row, stages
 
 
 def _step_seconds(costs, sizes, stages, k, n, m, b, tflops, latency_us, bandwidth_gbs):
@@ -286,7 +326,7 @@ def plot_costs(costs, axes=None, title=None):
     for part, color in parts:
         vals = [costs[s][part] / MB for s in names]
         axes[1].bar(names, vals, bottom=bottom, color=color, label=part)
-        bottom = [a + v for a, v in zip(bottom, vals)]
+        bottom = [a + v for a, v in zip(bottom, vals, strict=True)]
     axes[1].set(ylabel="MB on the fullest device", title="memory")
     axes[1].legend(fontsize=8)
     axes[2].bar(names, [costs[s]["messages"] for s in names], color="tab:purple")
@@ -305,7 +345,7 @@ OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8, "mixed_adam": 12}
 SHARDING_STAGES = ("dp", "zero1", "zero2", "zero3")
 
 
-def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4):
+def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4) -> ShardingCost:
     """Per rank and per step, for plain data parallelism ("dp") and ZeRO stages 1-3: the bytes of
     parameters, gradients and optimizer state each rank holds, and the bytes it sends.
 
@@ -336,5 +376,5 @@ def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4):
         params /= k
     passes = 3 if stage == "zero3" else 2
     sent = passes * (k - 1) / k * n_params * dtype_bytes
-    return dict(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
-                total_bytes=params + grads + optim, sent_bytes=sent)
+    return ShardingCost(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
+                        total_bytes=params + grads + optim, sent_bytes=sent)

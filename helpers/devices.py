@@ -4,6 +4,8 @@ import time
 
 import torch
 
+from .words import plural
+
 __all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus",
            "synced_now", "synchronize", "try_all_gpus", "try_gpu", "gpu_copy_gbs",
            "copy_while_computing", "gpu_chapter_figures"]
@@ -42,15 +44,15 @@ def get_devices(k, simulate=True):
     if not simulate:
         fewer = f"use k <= {n}, or " if n else "run on a machine with GPUs, or use "
         raise RuntimeError(
-            f"asked for {k} GPUs but found {n}: {fewer}get_devices({k}, simulate=True) "
+            f"asked for {plural(k, 'GPU')} but found {n}: {fewer}get_devices({k}, simulate=True) "
             "to simulate the missing ones (correct results, no speed-up)")
     base = try_all_gpus()
     if n == 0 and k == 1:
         print("No GPU found: running on the CPU.")
         return base
     devices = [base[i % len(base)] for i in range(k)]
-    where = "the CPU" if n == 0 else f"{n} GPU{'s' if n > 1 else ''}"
-    print(f"Simulating {k} devices on {where} ({k - n} missing GPU{'s' if k - n > 1 else ''}): "
+    where = "the CPU" if n == 0 else plural(n, "GPU")
+    print(f"Simulating {k} devices on {where} ({plural(k - n, 'missing GPU')}): "
           "results as on one device up to float32 rounding, no speed-up.")
     return devices
 
@@ -61,7 +63,8 @@ def require_gpus(k):
         raise ValueError(f"k must be a positive int (how many GPUs this needs), got {k!r}")
     n = num_gpus()
     if n < k:
-        raise RuntimeError(f"this needs {k} GPU(s), found {n}; run it on a GPU machine, or use "
+        raise RuntimeError(f"this needs {plural(k, 'GPU')}, found {n}; run it on a GPU machine, "
+                           "or use "
                            "get_devices(k) to simulate them")
     return [torch.device(f"cuda:{i}") for i in range(k)]
 

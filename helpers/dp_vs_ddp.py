@@ -11,6 +11,7 @@ import time
 import torch
 from torch import nn
 
+from .runtime.launch import take
 from .timing import Measurement, ratio
 
 __all__ = ["dp_vs_ddp", "ddp_step_seconds"]
@@ -40,14 +41,15 @@ def ddp_step_seconds(rank, world, cfg):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .models import lenet_module
-    device = torch.device(cfg["device"])
+    device, batch, steps = take(cfg, "device", "batch", "steps")
+    device = torch.device(device)
     torch.manual_seed(0)
     net = DDP(lenet_module().to(device),
               device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    n = cfg["batch"] // world
+    n = batch // world
     X, y = torch.randn(n, 1, 28, 28, device=device), torch.randint(0, 10, (n,), device=device)
-    return _seconds_per_step(lambda: _lenet_step(net, opt, X, y), cfg["steps"], device)
+    return _seconds_per_step(lambda: _lenet_step(net, opt, X, y), steps, device)
 
 
 def dp_vs_ddp(batch=256, steps=50, rounds=3):

@@ -94,7 +94,7 @@ def _named_groups(dump):
     config = dump.get("pg_config", {})
     if set(config) <= set(names) or len(config) != len(names):
         return dump
-    fixed = {k: dict(v, name=k, desc=names[k]) for k, v in zip(names, config.values())}
+    fixed = {k: dict(v, name=k, desc=names[k]) for k, v in zip(names, config.values(), strict=True)}
     return dict(dump, pg_config=fixed)
 
 

@@ -70,7 +70,7 @@ def train_one_process(kind, batches, device, num_steps, optim="adamw", compute_d
             low = copy.deepcopy(model).to(compute_dtype)
             Xl = X.to(compute_dtype) if X.is_floating_point() else X
             flat_cross_entropy(low(Xl).float(), y).backward()
-            for p, q in zip(model.parameters(), low.parameters()):
+            for p, q in zip(model.parameters(), low.parameters(), strict=True):
                 p.grad = q.grad.float()
         opt.step()
         opt.zero_grad()

@@ -86,7 +86,7 @@ def resolve_args(args, world_size=1, local_world_size=1, parser=None):
             raise ValueError("--resume needs --snapshot PATH of an existing snapshot"
                              + (f" ({args.snapshot} does not exist)" if args.snapshot else ""))
         if args.snapshot and os.path.exists(args.snapshot):
-            _check_resume(args, world_size, typed_lr)
+            _validate_resume(args, world_size, typed_lr)
         quick(), full()           # an environment switch it does not know: refused here too
         try:
             ensure_data()         # on disk (downloaded if missing) before any rank starts
@@ -99,7 +99,7 @@ def resolve_args(args, world_size=1, local_world_size=1, parser=None):
     return args
 
 
-def _check_resume(args, world_size, typed_lr):
+def _validate_resume(args, world_size, typed_lr):
     """What resuming from args.snapshot means for this run, decided and said before any work:
     a snapshot past --epochs is refused, a finished one trains nothing and keeps the outputs
     that run wrote, a typed --lr replaces the saved one (else the saved one goes on)."""

@@ -19,6 +19,7 @@ the clock is read only after they have finished (helpers.synchronize).
 import os
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .devices import synchronize
@@ -32,38 +33,38 @@ MIN_ROUNDS = 2   # a spread needs two samples at least: one round is a figure, n
 @dataclass
 class Measurement:
     """Repeated timings of one thing (seconds, or any unit): median, min and max, samples."""
-    samples: list = field(default_factory=list)
+    samples: list[float] = field(default_factory=list)
     unit: str = "s"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.samples = [float(s) for s in self.samples]
         if not self.samples:
             raise ValueError("a Measurement needs at least one sample")
 
     @property
-    def median(self):
+    def median(self) -> float:
         return statistics.median(self.samples)
 
     @property
-    def lo(self):
+    def lo(self) -> float:
         return _trimmed(self.samples)[0]
 
     @property
-    def hi(self):
+    def hi(self) -> float:
         return _trimmed(self.samples)[-1]
 
     @property
-    def spread(self):
+    def spread(self) -> tuple[float, float]:
         """(lo, hi): min and max of the samples, leaving out the most extreme tenth at each end
         when there are 10 or more (a stray hiccup of a shared machine touches one sample)."""
         return self.lo, self.hi
 
-    def __str__(self):
+    def __str__(self) -> str:
         scale, unit = (1e3, "ms") if self.unit == "s" and self.hi < 1 else (1, self.unit)
         return (f"{self.median * scale:.3g} {unit} ({self.lo * scale:.3g}-{self.hi * scale:.3g},"
                 f" {len(self.samples)} samples)")
 
-    def to_dict(self):
+    def to_dict(self) -> dict:
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples}
 
 
@@ -74,9 +75,9 @@ class Ratio:
     verdict: "faster" when the whole spread (lo, hi: as Measurement's) is above 1, "slower" when
     it is below 1, else "within noise" (the run cannot tell them apart); "cannot tell" from
     fewer than MIN_ROUNDS samples (one round has no spread: its ratio is a figure, no verdict)."""
-    samples: list
+    samples: list[float]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.samples = [float(s) for s in self.samples]
         if not self.samples:
             raise ValueError("a Ratio needs at least one sample")
@@ -86,27 +87,27 @@ class Ratio:
     hi = Measurement.hi
 
     @property
-    def verdict(self):
+    def verdict(self) -> str:
         return verdict_of(self.samples)
 
     @property
-    def word(self):
+    def word(self) -> str:
         """The verdict as a comparison: 'faster than', 'slower than', 'within noise of' (or,
         from one round, 'not told apart (one round, no spread) from')."""
         return {"faster": "faster than", "slower": "slower than",
                 "cannot tell": "not told apart (one round, no spread) from"}.get(
                     self.verdict, "within noise of")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (f"{self.median:.2f}x ({self.lo:.2f}-{self.hi:.2f}, {len(self.samples)} rounds):"
                 f" {self.verdict}")
 
-    def to_dict(self):
+    def to_dict(self) -> dict:
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples,
                 "verdict": self.verdict}
 
 
-def verdict_of(samples):
+def verdict_of(samples: Sequence[float]) -> str:
     """The verdict of ratio samples (how many times as fast, one per round): "faster" when the
     whole spread is above 1, "slower" below 1, "within noise" across it, "cannot tell" from
     fewer than MIN_ROUNDS samples (a spread of one sample is that sample)."""
@@ -130,28 +131,31 @@ def _timed(fn, devices, clock):
     return clock() - t0
 
 
-def _check_counts(repeats, warmup, what="repeats"):
+def _validate_counts(repeats, warmup, what="repeats"):
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"{what} must be an int >= 1, got {repeats!r} (5 or more for a claim)")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
 
 
-def measure(fn, repeats=5, warmup=1, devices=(), clock=time.perf_counter):
+def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, devices=(),
+            clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Time fn() `repeats` times after `warmup` untimed calls (first calls pay for caches,
     allocations, compilation); the devices are synchronised around each call."""
-    _check_counts(repeats, warmup)
+    _validate_counts(repeats, warmup)
     for _ in range(warmup):
         fn()
         synchronize(devices)
     return Measurement([_timed(fn, devices, clock) for _ in range(repeats)])
 
 
-def interleave(fns, rounds=5, warmup=1, devices=(), clock=time.perf_counter):
+def interleave(fns: Mapping[str, Callable[[], object]], rounds: int = 5, warmup: int = 1,
+               devices=(), clock: Callable[[], float] = time.perf_counter
+               ) -> dict[str, Measurement]:
     """Time every fn of the dict `fns` once per round, in turns (ABAB..., the order reversed
     every other round so that none always runs first), after `warmup` untimed rounds.
     Returns {name: Measurement}; sample i of every name comes from round i."""
-    _check_counts(rounds, warmup, "rounds")
+    _validate_counts(rounds, warmup, "rounds")
     if not fns:
         raise ValueError("interleave needs at least one function to time")
     names = list(fns)
@@ -166,7 +170,7 @@ def interleave(fns, rounds=5, warmup=1, devices=(), clock=time.perf_counter):
     return {name: Measurement(s) for name, s in samples.items()}
 
 
-def ratio(base, new, paired=True):
+def ratio(base: Measurement | float, new: Measurement | float, paired: bool = True) -> Ratio:
     """How many times as fast `new` is as `base`: a Ratio of base time / new time.
 
     paired=True (Measurements from the same rounds of `interleave`): divided round by round.
@@ -177,14 +181,14 @@ def ratio(base, new, paired=True):
     if isinstance(new, (int, float)):
         new = Measurement([new])
     if paired and len(base.samples) == len(new.samples):
-        return Ratio([b / n for b, n in zip(base.samples, new.samples)])
+        return Ratio([b / n for b, n in zip(base.samples, new.samples, strict=True)])
     if paired and len(base.samples) > 1 and len(new.samples) > 1:
         raise ValueError(f"paired samples must come from the same rounds: {len(base.samples)} "
                          f"against {len(new.samples)}; use ratio(..., paired=False)")
     return Ratio([b / n for b in base.samples for n in new.samples])
 
 
-def machine_load():
+def machine_load() -> float | None:
     """How busy this machine is: the 1-minute load average per core (about 0 when idle, 1 when
     every core is in use; above 1 processes wait for a core), or None where unknown."""
     try:

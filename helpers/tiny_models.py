@@ -110,7 +110,7 @@ def make_batches(kind, num_steps, batch_size, seed=1, d_in=32, **_):
     g = torch.Generator().manual_seed(seed)
     if kind in ("tied", "lm"):
         X, y = counting_tokens(num_steps * batch_size, seed=seed)
-        return list(zip(X.split(batch_size), y.split(batch_size)))
+        return list(zip(X.split(batch_size), y.split(batch_size), strict=True))
     return [(torch.randn(batch_size, d_in, generator=g),
              torch.randint(10, (batch_size,), generator=g))
             for _ in range(num_steps)]

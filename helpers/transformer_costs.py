@@ -4,11 +4,32 @@ activation count, ring attention, MoE dispatch, training FLOPs); the planner
 """
 import math
 
+from .validate import validate_positive_int
+
 __all__ = ["RECOMPUTE", "activation_bytes_per_token", "block_params", "ring_attention_bytes",
            "ulysses_attention_bytes", "moe_dispatch_bytes", "moe_layer_seconds",
            "train_flops_per_token"]
 
 RECOMPUTE = ("none", "selective", "full")
+
+
+def _counts(**values):
+    """Each value a whole number >= 1 (ranks, heads, experts): a cost of 0 or -2 ranks would
+    come out as a number (negative bytes), not as the mistake it is."""
+    for name, v in values.items():
+        validate_positive_int(v, name)
+
+
+def _amounts(**values):
+    """Each value a number >= 0 (tokens, widths, bytes)."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ValueError(f"{name} must be a number >= 0, got {v!r}")
+
+
+def _recompute(recompute):
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
 
 
 def activation_bytes_per_token(width, heads, seq, tp=1, sp=False, recompute="none",
@@ -25,8 +46,8 @@ def activation_bytes_per_token(width, heads, seq, tp=1, sp=False, recompute="non
     the attention core (drops the heads x seq terms). With dtype_bytes=2, dropout, flash=False,
     ln_stats=False this is their s b h (34 + 5 a s / h) and its TP/SP/AC variants.
     """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
+    _recompute(recompute)
+    _counts(width=width, heads=heads, tp=tp)
     if width % tp or heads % tp:
         raise ValueError(f"tp={tp} must divide the width {width} and the heads {heads}")
     h, a, s, b, t = width, heads, seq, dtype_bytes, tp
@@ -45,6 +66,10 @@ def block_params(width, tp=1):
     """Parameters of one block on one tensor-parallel rank: q, k, v, the MLP's first layer and
     the weights of the two row-split layers are split (12 h^2 + 7 h over tp); the layer norms
     and the row-split layers' biases are replicated (6 h)."""
+    _counts(width=width, tp=tp)
+    if width % tp:
+        raise ValueError(f"tp={tp} must divide the width {width} (it splits whole columns): "
+                         "choose a tp that divides it")
     return (12 * width * width + 7 * width) // tp + 6 * width
 
 
@@ -54,6 +79,8 @@ def ring_attention_bytes(tokens, width, cp, tp=1, dtype_bytes=4, kv_width=None):
     grouped-query attention; default width): forward passes K and V on cp - 1 times; backward
     passes K and V on cp - 1 times and their gradients cp times (the last hop takes them
     home)."""
+    _counts(cp=cp, tp=tp)
+    _amounts(tokens=tokens, width=width)
     block = tokens * (kv_width or width) // tp * dtype_bytes
     return 0 if cp == 1 else (2 * (cp - 1) + 2 * (cp - 1) + 2 * cp) * block
 
@@ -63,6 +90,8 @@ def ulysses_attention_bytes(tokens, width, cp, tp=1, dtype_bytes=4, kv_width=Non
     `tokens` (local): forward turns q, k, v from sequence shards into head shards and the
     output back, backward the same four in reverse; each all-to-all keeps 1/cp of the tensor
     on the rank. Independent of cp beyond (cp - 1) / cp, where the ring's grows with cp."""
+    _counts(cp=cp, tp=tp)
+    _amounts(tokens=tokens, width=width)
     q = tokens * width // tp * dtype_bytes
     kv = tokens * (kv_width or width) // tp * dtype_bytes
     return 0 if cp == 1 else 2 * (2 * q + 2 * kv) * (cp - 1) // cp
@@ -72,6 +101,11 @@ def moe_dispatch_bytes(tokens, width, n_experts, k, capacity_factor, ep, dtype_b
     """Bytes one rank's all-to-alls send per MoE layer and step (dispatch and combine, forward
     and backward) with fixed buffers: n_experts x capacity rows of `width`, all but its own
     experts' share leaving the rank. capacity = ceil(factor x tokens x k / n_experts)."""
+    _counts(n_experts=n_experts, k=k, ep=ep)
+    _amounts(tokens=tokens, width=width, capacity_factor=capacity_factor)
+    if k > n_experts or n_experts % ep:
+        raise ValueError(f"k={k} experts per token out of {n_experts}, over ep={ep} ranks: k "
+                         "must be at most the experts, and ep must divide them")
     capacity = math.ceil(capacity_factor * tokens * k / n_experts)
     return 4 * (n_experts - n_experts // ep) * capacity * width * dtype_bytes
 
@@ -96,6 +130,7 @@ def moe_layer_seconds(tokens, width, hidden, k, ep, flops, bandwidth, latency=10
 def train_flops_per_token(n_params, layers, width, seq, recompute="none"):
     """FLOPs of one training token: 6 per parameter (2 forward, 4 backward) plus attention's
     scores and weighted sum (12 x layers x width x seq); recompute adds a forward."""
+    _recompute(recompute)
     flops = 6 * n_params + 12 * layers * width * seq
     extra = {"none": 0, "selective": 4 * layers * width * seq, "full": flops / 3}
     return flops + extra[recompute]

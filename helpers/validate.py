@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .devices import num_gpus
+from .words import plural
 
 __all__ = ["validate_positive_int", "validate_lr", "validate_seed", "validate_images",
            "validate_global_batch", "validate_backend", "validate_output_path", "validate_step",
@@ -113,8 +114,9 @@ def validate_backend(backend, local_world_size=1):
     if backend == "nccl":
         n = num_gpus()
         if not torch.distributed.is_nccl_available() or n < local_world_size:
-            raise ValueError(f"backend nccl needs one GPU per rank: {local_world_size} rank(s) "
-                             f"here, {n} GPU(s): use --backend gloo, or omit --backend "
+            raise ValueError(f"backend nccl needs one GPU per rank: "
+                             f"{plural(local_world_size, 'rank')} here, {plural(n, 'GPU')}: "
+                             "use --backend gloo, or omit --backend "
                              "(the default picks what works)")
     return backend
 
@@ -197,8 +199,9 @@ def validate_snapshot(path, world_size=None):
         raise SnapshotError(f"{path} is not a snapshot ({what}): {fix}")
     saved = len(snap["rng"])
     if world_size is not None and saved != world_size:
-        raise SnapshotError(f"{path} was saved by {saved} rank(s) and this run has {world_size}: "
-                            f"resume with {saved} rank(s) (each rank's data order and random "
+        raise SnapshotError(f"{path} was saved by {plural(saved, 'rank')} and this run has "
+                            f"{world_size}: resume with {plural(saved, 'rank')} (each rank's "
+                            f"data order and random "
                             f"states are in it), or {fix}")
     return snap
 

@@ -101,7 +101,7 @@ def install_deps(root=ROOT):
     """pyproject's dependencies other than torch and torchvision (what --no-deps leaves out)."""
     with open(pathlib.Path(root) / "pyproject.toml", "rb") as f:
         deps = tomllib.load(f)["project"]["dependencies"]
-    return [d for d in deps if re.split(r"[<>=!~;\[ ]", d, 1)[0] not in NOT_TORCH]
+    return [d for d in deps if re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0] not in NOT_TORCH]
 
 
 def cell_source(config=None, v=None):

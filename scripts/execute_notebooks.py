@@ -302,6 +302,9 @@ def main(argv=None):
     ap.add_argument("--record", type=pathlib.Path, default=None,
                     help="the record to write (default book/_ext/runs.json)")
     args = ap.parse_args(argv)
+    # A claim the run contradicts stops it (helpers.prose.claim): no page is stored whose text
+    # says the opposite of its numbers. The kernels inherit it.
+    os.environ["COURSE_CLAIMS"] = "strict"
     if not args.no_store and chapter_runs.run_mode(os.environ, 0) == "quick":
         raise SystemExit("COURSE_QUICK is set: stored outputs come from the CPU default size. "
                          "Unset it (`make outputs` does), or record a quick run with --no-store.")

@@ -71,7 +71,11 @@ def mesh_groups_both_ways(rank, world, cfg):
     """This rank's groups from helpers.runtime.mesh by hand and from init_device_mesh."""
     import helpers.runtime.mesh as mesh
     shape, names = tuple(cfg["shape"]), tuple(cfg["names"])
-    by_hand = {name: ranks for name, (_, ranks) in mesh.new_groups(shape, names).items()}
+    # the members of the group itself, not only the list new_groups says it used
+    groups = mesh.new_groups(shape, names)
+    by_hand = {name: dist.get_process_group_ranks(group) for name, (group, _) in groups.items()}
+    listed = {name: ranks for name, (_, ranks) in groups.items()}
+    assert listed == by_hand, f"new_groups built {by_hand} but says {listed}"
     dm = mesh.device_mesh(shape, names, "cpu")
     by_torch = {name: dist.get_process_group_ranks(dm[name].get_group()) for name in names}
     coords = {name: dm[name].get_local_rank() for name in names}

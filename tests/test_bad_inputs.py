@@ -1,5 +1,5 @@
-"""Every bad input a careless user tried (../shared/reviews/reliability.md), one row each: the call,
-the exact error type, and the words that name the fix. All are raised before any work is done.
+"""Every bad input a careless user tried, one row each: the call, the exact error type, and the
+words that name the fix. All are raised before any work is done.
 """
 import argparse
 import math
@@ -100,6 +100,32 @@ ROWS = [
     ("train_batch X float64",
      lambda: helpers.train_batch(X4.double(), Y4, params_on(1), [CPU], 0.1), TypeError,
      "X.to(torch.float32)"),
+    # the cost formulas: an impossible count is refused, not answered with a (negative) number
+    ("ring_attention_bytes cp=0", lambda: helpers.ring_attention_bytes(100, 64, 0), ValueError,
+     "cp must be at least 1"),
+    ("ulysses_attention_bytes tokens=-1", lambda: helpers.ulysses_attention_bytes(-1, 64, 2),
+     ValueError, "tokens must be a number >= 0"),
+    ("bubble_fraction p=0", lambda: helpers.bubble_fraction(0, 4), ValueError,
+     "p must be at least 1"),
+    ("interleaved_bubble v=0", lambda: helpers.interleaved_bubble(2, 8, 0), ValueError,
+     "v must be at least 1"),
+    ("zero_bubble_bubble m=0", lambda: helpers.zero_bubble_bubble(2, 0), ValueError,
+     "m must be at least 1"),
+    ("block_params tp=3 of width 10", lambda: helpers.block_params(10, 3), ValueError,
+     "tp=3 must divide the width 10"),
+    ("moe_dispatch_bytes k=9 of 8", lambda: helpers.moe_dispatch_bytes(8, 4, 8, 9, 1.0, 2),
+     ValueError, "k must be at most the experts"),
+    ("moe_dispatch_bytes ep=3 of 8", lambda: helpers.moe_dispatch_bytes(8, 4, 8, 2, 1.0, 3),
+     ValueError, "ep must divide them"),
+    ("train_flops_per_token recompute='some'",
+     lambda: helpers.train_flops_per_token(10, 1, 4, 8, recompute="some"), ValueError,
+     "recompute must be one of"),
+    ("expert_capacity n_experts=0", lambda: helpers.expert_capacity(4, 0, 1, 1.0), ValueError,
+     "n_experts must be at least 1"),
+    ("partition_by_size world=0", lambda: helpers.partition_by_size([1, 2], 0), ValueError,
+     "world must be at least 1"),
+    ("take a misspelt key", lambda: helpers.take(dict(stpes=3), steps=1), TypeError,
+     "'stpes' -> 'steps'"),
 ]
 
 
@@ -216,7 +242,7 @@ def test_scripts_refuse_before_loading_data_or_starting_processes(script, argv, 
     for name in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)    # not under torchrun (setup() sets the port)
     for name in ("load_tensors", "setup"):
-        monkeypatch.setattr(helpers, name, lambda *a, **k: pytest.fail(f"{name} ran first"))
+        monkeypatch.setattr(helpers, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran first"))
     monkeypatch.setattr(torch.multiprocessing, "spawn", lambda *a, **k: pytest.fail("spawned"))
     monkeypatch.setattr(sys, "argv", [script, *argv])
     with pytest.raises(SystemExit) as e:

@@ -46,6 +46,14 @@ def test_badge_says_the_recorded_times_and_needs():
     assert needs == "100 MiB of memory at most, 1 process at once; no GPU"
 
 
+def test_a_quick_run_timed_slower_than_the_default_size_shows_no_time():
+    """Quick mode does less than the default size: a quick run recorded on a busier machine
+    that took longer would tell the reader the opposite, so its time is not shown."""
+    record = {"book/a": {"small": _run(45.0), "quick": dict(_run(60.0), load=14.0, cores=2)}}
+    times, _ = chapter_runs.badge_text(record, "book/a", 0)
+    assert "quick mode shorter" in times and "1 min" not in times
+
+
 def test_table_rows_come_from_the_record():
     rows = chapter_runs.table_rows(RECORD, [("book/a", "A", 2), ("book/b", "B", 0)])
     assert rows == [("A", "45 s", "1.5 GiB", "3", "2 GPUs", "5 min 01 s"),

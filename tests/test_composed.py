@@ -7,7 +7,8 @@ import torch
 
 import helpers
 from helpers import gather_shards, launch
-from helpers.composed import one_process_run, rank_grid, stage_costs, train_3d_both
+from helpers.composed import one_process_run, stage_costs, train_3d_both
+from helpers.runtime.mesh import rank_grid
 
 SHAPE = (2, 2, 2)
 MODEL = dict(vocab=16, width=16, layers=2, heads=2, seq=8)

@@ -140,7 +140,7 @@ READ_ONLY = pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES], ids=["E
 @pytest.mark.parametrize("damage", ["truncated", "right size, wrong bytes"])
 def test_a_damaged_file_in_a_read_only_folder_names_the_real_cause(monkeypatch, tmp_path,
                                                                    code, damage):
-    """Review L5: a read-only mount (EROFS), not only a folder without permission, says which
+    """A read-only mount (EROFS), not only a folder without permission, says which
     file is damaged and that the folder is read-only; never a bare OSError."""
     raw = copy_data(tmp_path)
     f = raw / "t10k-labels-idx1-ubyte"
@@ -235,7 +235,7 @@ def test_a_verified_file_is_not_hashed_again_until_it_changes(monkeypatch, tmp_p
 
 
 def test_a_damaged_archive_is_named_and_said_to_be_removed(monkeypatch, tmp_path):
-    """Review L7: one flipped byte in an archive whose extracted file is missing, offline."""
+    """One flipped byte in an archive whose extracted file is missing, offline."""
     raw = copy_data(tmp_path)
     gz = raw / data.FILES[3]
     b = bytearray(gz.read_bytes())

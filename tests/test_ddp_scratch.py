@@ -64,7 +64,7 @@ def test_one_allreduce_per_bucket_tied_once_frozen_skipped(runs):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_parameters_some_ranks_skip_are_averaged_as_torch_ddp_does(runs, runs3, world):
-    """Review H2/S1: rank-dependent branches (b on even ranks, the auxiliary head on the last),
+    """Rank-dependent branches (b on even ranks, the auxiliary head on the last),
     a layer no rank uses: equal to one process and to DDP(find_unused_parameters=True) with SGD
     momentum and AdamW with weight decay groups; the unused layer keeps .grad None (AdamW would
     otherwise decay it)."""
@@ -82,7 +82,7 @@ def test_parameters_some_ranks_skip_are_averaged_as_torch_ddp_does(runs, runs3, 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_accumulation_with_no_sync_equals_the_whole_batch(runs, runs3, world):
-    """Review M5: k micro-batches, all but the last inside no_sync (or all, and finish averages
+    """With k micro-batches, all but the last inside no_sync (or all, and finish averages
     the sum): the whole batch's step, as torch's DDP with no_sync gives; one all-reduce per
     bucket per step, not per micro-batch."""
     ranks = runs if world == 2 else runs3
@@ -104,7 +104,7 @@ def test_what_it_cannot_average_is_refused_on_every_rank(runs, name):
 
 
 def test_a_second_finish_communicates_nothing(runs):
-    """Review 5.8/5.9/L12: finish again, or on one rank only, is a no-op (no collective a peer
+    """Finish again, or on one rank only, is a no-op (no collective a peer
     would wait for)."""
     assert [rank["refusals"]["extra_finish_calls"] for rank in runs] == [0, 0]
 
@@ -112,7 +112,7 @@ def test_a_second_finish_communicates_nothing(runs):
 def test_a_step_one_rank_skipped_times_out_with_a_clear_error(runs):
     message = runs[0]["skipped"]
     assert message is not None and "another rank skipped one" in message, message
-    assert "rank(s) [1] never got there" in message, message   # the rank that skipped, named
+    assert "rank 1 never got there" in message, message   # the rank that skipped, named
     assert runs[1]["skipped"] is None
 
 
@@ -149,7 +149,7 @@ def test_the_trace_shows_launches_inside_backward_only_with_overlap(runs):
 
 
 def test_emulated_overlap_keeps_the_schedule_shape(runs):
-    """Issue 21: in emulated durations the step with overlap ends before the step that
+    """In emulated durations the step with overlap ends before the step that
     all-reduces after backward, which lasts backward plus every all-reduce; with overlap the
     first all-reduce runs before backward ends."""
     for rank in runs:

@@ -145,7 +145,7 @@ def slow():
 
 
 def test_the_scratch_ddp_timeline_is_the_gpus(slow):
-    """Issue 37: on a GPU an NCCL all-reduce's future completes when it is queued, so a host
+    """On a GPU an NCCL all-reduce's future completes when it is queued, so a host
     clock in its callback says "done" at launch and every bucket would seem to finish before
     backward returned. The timeline must say when the GPU finished each all-reduce."""
     t = slow["timeline"]["result"]
@@ -355,7 +355,7 @@ def test_sizes_follow_the_device_the_run_uses(monkeypatch, capsys):
     assert helpers.choose("full", "small", what="in process") == "full"
     assert helpers.choose("full", "small", what="two ranks", ranks=2) == "small", \
         "2 ranks on 1 GPU run gloo on CPU cores: CPU sizes"
-    assert "2 ranks but 1 GPU" in capsys.readouterr().out
+    assert "2 ranks but 1 GPU:" in capsys.readouterr().out
     assert helpers.choose("full", "small", what="one rank", ranks=1) == "full"
     monkeypatch.setattr("helpers.runtime.group.num_gpus", lambda: 2)
     monkeypatch.setattr("helpers.runtime.group.dist.is_nccl_available", lambda: True)

@@ -54,7 +54,7 @@ def test_files_get_the_umask_mode_and_an_overwrite_keeps_its_mode(tmp_path):
 
 
 def test_a_full_disk_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
-    """Review L3: torch.save on a full disk raises "enforce fail ... unexpected pos"; the writer
+    """torch.save on a full disk raises "enforce fail ... unexpected pos"; the writer
     says "no space left on device" instead, and the old file still loads. The temporary file is
     made to write into /dev/full, where every write fails with ENOSPC (as on a full disk)."""
     import errno

@@ -122,6 +122,18 @@ def test_functions_a_rank_cannot_import_are_refused_with_the_fix():
         helpers.run_ranks(2, [("zero1", {})])
 
 
+def test_run_ranks_runs_experiments_in_turn_on_thread_ranks_too():
+    """run_ranks is the one way to run several experiments in one launch, on process ranks and
+    thread ranks alike: each experiment gets the rank's comm, a barrier between them."""
+    def plus(rank, world, cfg):                     # defined here: only threads can run it
+        t = torch.tensor([float(rank + cfg["add"])])
+        cfg["comm"].all_reduce(t)
+        return float(t)
+    got = helpers.run_ranks(2, [("a", plus, dict(add=1)), ("b", plus, dict(add=10))],
+                            threads=True, timeout=20)
+    assert got == [dict(a=3.0, b=21.0)] * 2, got
+
+
 def test_threads_run_any_callable_through_a_thread_comm():
     assert helpers.launch(lt.thread_sum, 3, threads=True) == [6.0, 6.0, 6.0]
 
@@ -154,7 +166,9 @@ def test_killing_the_caller_leaves_no_rank_running(tmp_path):
         while len(pids) < 2 and time.monotonic() - t0 < 240 and parent.poll() is None:
             time.sleep(0.2)
             pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid") if p.read_text()]
-        assert len(pids) == 2, "both ranks started"
+        ended = parent.poll()
+        assert len(pids) == 2, (f"{len(pids)} of 2 ranks wrote their pid; the launching process "
+                                + ("ran on" if ended is None else f"exited with {ended}"))
         parent.send_signal(signal.SIGKILL)          # not reaped: no wait() until the end
         t0 = time.monotonic()
         while not all(_gone(p) for p in pids) and time.monotonic() - t0 < 15:
@@ -233,7 +247,7 @@ def test_killing_spawn_py_leaves_no_rank_running():
             pytest.fail("spawn.py stopped before its first epoch, so there were no ranks to "
                         "kill; it said:\n" + "".join(said[-15:]))
         ranks = _children(parent.pid)
-        assert len(ranks) >= 2, "both ranks started"
+        assert len(ranks) >= 2, f"spawn.py trains with {len(ranks)} child processes, not 2"
         parent.send_signal(signal.SIGTERM)
         parent.wait(30)
         t0 = time.monotonic()
@@ -276,8 +290,11 @@ def test_take_reads_cfg_and_refuses_typos():
     assert take({"a": 1, "device": "cpu", "comm": None}, "a") == [1]
     with pytest.raises(TypeError, match=r"lacks \['a'\]"):
         take({}, "a")
-    with pytest.raises(TypeError, match=r"unexpected \['stpes'\].*optionally \['steps'\]"):
+    with pytest.raises(TypeError, match=r"unexpected \['stpes'\] \(a typo\? 'stpes' -> "
+                                        r"'steps'\).*optionally \['steps'\]"):
         take({"stpes": 5}, steps=1)
+    with pytest.raises(TypeError, match=r"lacks \['a'\] and has unexpected \['zzz'\]: "):
+        take({"zzz": 5}, "a")   # nothing near: no guess
 
 
 def test_importing_helpers_loads_no_plotting_library():

@@ -92,3 +92,17 @@ def test_no_module_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in PKG.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"split these modules: {long}"
+
+
+def test_helpers_tracks_only_sources():
+    """A merge leftover (a `.orig` copy of an old check) once sat in helpers/, tracked, and
+    read like code; helpers/ holds Python modules and their READMEs only."""
+    import shutil
+    import subprocess
+    if not shutil.which("git") or not (ROOT / ".git").exists():
+        import pytest
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "helpers"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    stray = [f for f in tracked if not f.endswith((".py", "README.md"))]
+    assert tracked and not stray, f"not sources: {stray} (git rm them)"

@@ -1,4 +1,4 @@
-"""Review L10: ranks started on one machine (helpers.launch, scripts/ddp/spawn.py) meet at a
+"""Ranks started on one machine (helpers.launch, scripts/ddp/spawn.py) meet at a
 store whose server listens on 127.0.0.1 only; torch's own TCPStore server listens on every
 interface, without authentication."""
 import sys

@@ -148,7 +148,7 @@ def test_split_costs_step_seconds():
     assert one["seconds_step"] == pytest.approx(flops / 2e12) and one["seconds_exposed"] == 0
     c = split_costs(sizes, 4, 64, 16.0, latency_us=10.0, tflops=2.0, zero=True,
                     num_microbatches=4)
-    for name, row in c.items():
+    for row in c.values():
         assert row["seconds_step"] == pytest.approx(row["seconds_compute"]
                                                     + row["seconds_exposed"])
     d = c["data"]
@@ -160,3 +160,15 @@ def test_split_costs_step_seconds():
     assert "seconds_step" not in split_costs(sizes, 4, 64, 16.0)["data"]
     with pytest.raises(ValueError, match="tflops must be > 0"):
         split_costs(sizes, 2, 64, 16.0, tflops=0)
+
+
+def test_the_cost_rows_hold_the_keys_their_typeddicts_document():
+    """SplitCost and ShardingCost say what a row holds: every required key is there, and no
+    key is left undocumented (with tflops and zero: every optional one too)."""
+    from helpers.costs import ShardingCost, SplitCost, sharding_costs
+    sizes = layer_sizes(lenet_module(), (1, 28, 28))
+    for tflops in (None, 2.0):
+        for name, row in split_costs(sizes, 4, 64, 16.0, zero=True, tflops=tflops).items():
+            assert SplitCost.__required_keys__ <= set(row) <= set(SplitCost.__annotations__), \
+                (name, sorted(set(row) ^ set(SplitCost.__annotations__)))
+    assert set(sharding_costs(100, 4, "zero2")) == set(ShardingCost.__annotations__)

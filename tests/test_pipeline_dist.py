@@ -216,7 +216,8 @@ def _run_worker(cfg, world=2):
 
 
 def test_the_worker_refuses_three_stages_on_two_ranks_before_any_work():
-    """Review M6: these cuts ran silently, a hidden activation taken as the logits."""
+    """Cuts that make more stages than ranks once ran silently, a hidden activation
+    taken as the logits; now refused before any work."""
     start = time.monotonic()
     with pytest.raises(RankFailed, match="3 stages for 2 ranks"):
         _run_worker(dict(runs=[dict(schedule="1f1b", m=2, cuts=[2]),

@@ -142,8 +142,9 @@ def test_links_cover_their_word_and_book_pages_are_linked_by_address():
         "[m]({book}book/part6/mesh2d.html)"
 
 
-def test_claims_show_nothing_and_counted_words_agree():
+def test_claims_show_nothing_and_counted_words_agree(monkeypatch):
     assert helpers.claim(True, "it holds") is None, "a claim cell would print True"
+    monkeypatch.setenv("COURSE_CLAIMS", "strict")
     with pytest.raises(helpers.ClaimFailed, match="it holds"):
         helpers.claim(False, "it holds", a=1.0)
     assert helpers.formatted("over {n:d|round|rounds}", {"n": 1}) == "over 1 round"
@@ -151,6 +152,30 @@ def test_claims_show_nothing_and_counted_words_agree():
     assert helpers.formatted("{n:.1f|second|seconds}", {"n": "2.5"}) == "2.5 seconds"
     with pytest.raises(ValueError, match="singular"):
         helpers.formatted("{n:d|rounds}", {"n": 3})
+
+
+def test_a_readers_run_that_differs_is_told_beside_the_prose(monkeypatch, capsys):
+    """Outside `make outputs` and CI a failed claim does not stop Run All: the reader's next
+    paragraph says their run differs from the sentence, once."""
+    monkeypatch.delenv("COURSE_CLAIMS", raising=False)
+    monkeypatch.setattr("helpers.config.in_notebook", lambda: False)
+    assert helpers.claim(False, "two are faster than one", ratio=0.8) is None
+    assert "two are faster than one" in capsys.readouterr().err
+    helpers.say("Two workers were slower.")
+    out = capsys.readouterr().out
+    assert "Your run differs from the text" in out and "ratio=0.8" in out
+    assert out.rstrip().endswith("Two workers were slower.")
+    helpers.say("Next paragraph.")
+    assert "differs" not in capsys.readouterr().out, "the note is shown once"
+
+
+def test_stored_and_tested_runs_refuse_a_failed_claim():
+    """`make outputs` (scripts/execute_notebooks.py) and `make test` run claims strictly."""
+    exe = (ROOT / "scripts" / "execute_notebooks.py").read_text()
+    assert 'os.environ["COURSE_CLAIMS"] = "strict"' in exe
+    make = (ROOT / "Makefile").read_text()
+    for target in ("test", "test-notebooks", "test-py"):
+        assert f"{target}: export COURSE_CLAIMS := strict" in make, target
 
 
 def test_every_notebook_is_converted():

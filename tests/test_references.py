@@ -44,7 +44,7 @@ def test_bibliography_has_exactly_the_keys_with_complete_entries():
     entries = bib_entries()
     assert set(entries) == KEYS, (f"missing {sorted(KEYS - set(entries))}, "
                                   f"extra {sorted(set(entries) - KEYS)}")
-    for key, (kind, fields, authors) in entries.items():
+    for key, (_kind, fields, authors) in entries.items():
         assert authors and fields.get("title") and fields.get("year"), f"{key}: incomplete"
         assert fields.get("url") or fields.get("doi") or fields.get("eprint"), f"{key}: no link"
         assert fields["year"] in key, f"{key}: the key says another year than {fields['year']}"

@@ -83,7 +83,7 @@ def test_a_damaged_or_foreign_snapshot_is_refused_naming_the_file_and_the_fix(
 
 
 def test_save_and_snapshot_on_one_file_are_refused(tmp_path, capsys):
-    """Review M1: --save X --snapshot X let a finished run turn its snapshot into a checkpoint
+    """--save X --snapshot X let a finished run turn its snapshot into a checkpoint
     that blocks every later resume. Any two of --save, --metrics, --snapshot are refused."""
     x = tmp_path / "run.pt"
     err = refused(["--save", x, "--snapshot", x], capsys)
@@ -100,7 +100,7 @@ def test_the_scripts_refuse_a_damaged_snapshot_before_any_work(tmp_path, capsys,
     same check and ends the same way, fast, instead of a raw traceback per rank."""
     f = damaged(tmp_path, "truncated")
     for name in ("load_tensors", "setup", "load_snapshot"):
-        monkeypatch.setattr(helpers, name, lambda *a, **k: pytest.fail(f"{name} ran first"))
+        monkeypatch.setattr(helpers, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran first"))
     monkeypatch.setattr(sys, "argv", [script, "--dry-run", "--snapshot", str(f)])
     with pytest.raises(SystemExit) as e:
         runpy.run_path(str(ROOT / "scripts" / "ddp" / script), run_name="__main__")
@@ -156,8 +156,9 @@ def test_another_number_of_ranks_is_refused(tmp_path, capsys, ranks, world):
     snap = lenet_snapshot(tmp_path / "s.pt", ranks=ranks)
     argv = ["--snapshot", snap, "--epochs", 3, "--batch-size", 6 * world]
     err = refused(argv, capsys, world_size=world)
-    assert f"saved by {ranks} rank(s) and this run has {world}" in err
-    assert f"resume with {ranks} rank(s)" in err
+    said = helpers.plural(ranks, "rank")   # '1 rank', '2 ranks'
+    assert f"saved by {said} and this run has {world}" in err
+    assert f"resume with {said}" in err
 
 
 def test_load_snapshot_refuses_a_snapshot_of_more_ranks(tmp_path):

@@ -83,7 +83,7 @@ def test_schedule_timelines_have_the_formulas_bubbles(p, m):
     assert bubble["interleaved, 2 chunks"] == pytest.approx(helpers.interleaved_bubble(p, m, 2))
     assert bubble["zero bubble"] == pytest.approx(helpers.zero_bubble_bubble(p, m))
     for name, (tl, _) in s.items():
-        for r, boxes in enumerate(tl):
+        for boxes in tl:
             ends = {(b["phase"], b["micro"], b.get("chunk", 0)): b["end"] for b in boxes}
             chunks = 2 if name.startswith("interleaved") else 1
             phases = "FBW" if name == "zero bubble" else "FB"

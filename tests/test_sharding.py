@@ -50,7 +50,7 @@ def four(two, ckpt):
 
 
 def test_zero1_equals_adamw_and_torch_zero(two):
-    for r, rank in enumerate(two):
+    for rank in two:
         z = rank["zero1"]
         assert z["scratch"]["diff"] <= 1e-5 and z["torch"]["diff"] <= 1e-5, z
         assert z["scratch_vs_torch"] <= 1e-7, z

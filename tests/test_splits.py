@@ -101,7 +101,7 @@ def test_dense_split_rows(k):
     assert same_as_unsplit(lambda X, W, b: dense_split_rows(X, W, b, devs), full, [W, b], X)
     if k > 1:
         for broken in (rows_drop_partial, rows_bias_each):
-            assert not same_as_unsplit(lambda X, W, b: broken(X, W, b, devs),
+            assert not same_as_unsplit(lambda X, W, b, broken=broken: broken(X, W, b, devs),
                                        full, [W, b], X), broken
     log = CommLog()
     dense_split_rows(X, W, b, devs, log)

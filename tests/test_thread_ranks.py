@@ -90,3 +90,23 @@ def test_pipeline_worker_refuses_torch_schedules_on_thread_ranks():
         dict(kind="pipelining", schedule="Schedule1F1B", m=2, cuts=[3])])
     with pytest.raises(helpers.RankFailed, match="process ranks"):
         launch(pipeline_worker, 2, cfg, threads=True, timeout=20)
+
+
+def test_a_misspelt_cfg_key_fails_before_any_work_naming_the_key_meant():
+    """take guards every launch target's cfg: `sede` for `seed` would otherwise run seed 0
+    silently; the rank fails at once, naming the key it did not expect and the one meant."""
+    cfg = dict(net=NET, batch_size=8, sede=3, runs=[dict(schedule="1f1b", m=2, cuts=[3])])
+    with pytest.raises(helpers.RankFailed, match=r"unexpected \['sede'\] \(a typo\? 'sede' -> "
+                                                 r"'seed'\)"):
+        launch(pipeline_worker, 2, cfg, threads=True, timeout=20)
+
+
+def test_a_thread_ranks_cfg_holds_what_a_process_ranks_does():
+    """Launch targets read cfg with take, which allows only their own keys and the
+    launcher's (device, comm): thread ranks add nothing else."""
+    got = launch(_cfg_keys, 2, dict(a=1), threads=True, timeout=20)
+    assert got == [["a", "comm", "device"]] * 2, got
+
+
+def _cfg_keys(rank, world, cfg):
+    return sorted(cfg)

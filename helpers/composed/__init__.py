@@ -1,13 +1,12 @@
 """Part VII: everything at once. The small GPT on a 3-D mesh from the course's own pieces
 (scratch) and from PyTorch's (torch_api), and the planner that picks a layout (planner)."""
-from ..runtime.mesh import coords_of, new_groups, rank_grid
 from .gpt import GPTEmbed, GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 from .scratch import build_stage, one_process_run, train_3d_scratch
 from .torch_api import train_3d_torch
 from .experiments import train_3d_both
 from .planner import (candidate_layouts, format_plan, layout_costs, plan, stage_costs)
 
-__all__ = ["GPTEmbed", "GPTHead", "coords_of", "gpt", "gpt_batches", "gpt_layers", "gpt_loss",
-           "rank_grid", "stage_cuts", "build_stage", "new_groups", "one_process_run",
+__all__ = ["GPTEmbed", "GPTHead", "gpt", "gpt_batches", "gpt_layers", "gpt_loss",
+           "stage_cuts", "build_stage", "one_process_run",
            "train_3d_scratch", "train_3d_torch", "train_3d_both", "candidate_layouts",
            "format_plan", "layout_costs", "plan", "stage_costs"]

@@ -6,6 +6,7 @@ from ..context_parallel.experiments import autograd_saved_bytes
 from ..context_parallel.scratch import shard_sequence
 from ..devices import synchronize
 from ..runtime.comm import DistComm
+from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..sharding.memory import PeakBytes
 from ..sharding.zero import Zero2, optimizer_state_bytes
@@ -20,31 +21,33 @@ __all__ = ["train_3d_both", "train_cp_zero2"]
 def train_3d_both(rank, world, cfg):
     """The course's 3-D run and torch's on the same mesh, batches and seeds, in one launch
     (starting eight processes is the slow part on a CPU): {"scratch": ..., "torch": ...}."""
-    out = dict(scratch=train_3d_scratch(rank, world, cfg))
-    if cfg.get("torch", True):
-        out["torch"] = train_3d_torch(rank, world, cfg)
+    device, shape, model, batch, steps, m, lr, run_torch = take(
+        cfg, "device", "shape", "model", "batch", "steps", m=2, lr=0.05, torch=True)
+    run = dict(device=device, shape=shape, model=model, batch=batch, steps=steps, m=m, lr=lr)
+    out = dict(scratch=train_3d_scratch(rank, world, run))
+    if run_torch:
+        out["torch"] = train_3d_torch(rank, world, run)
     return out
 
 
-def _cp_zero2_run(rank, cfg, groups, recompute):
-    device, (dp, cp) = cfg["device"], tuple(cfg["shape"])
+def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, recompute):
+    dp, cp = shape
     c = coords_of(rank, (dp, cp), ("dp", "cp"))
     cp_comm = DistComm(groups["cp"][0], device=device)
-    model_cfg = cfg["model"]
     lm = gpt(**model_cfg)
     model = Zero2(cp_gpt(lm, cp_comm, recompute).to(device), torch.optim.SGD,
-                  lr=cfg.get("lr", 0.05), momentum=0.9)
+                  lr=lr, momentum=0.9)
     params = list(model.module.parameters())
     held = [*params, *(piece for _, piece, *_ in model.pieces)]
     losses = []
-    for X, y in gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"]):
+    for X, y in gpt_batches(steps, batch, model_cfg["seq"], model_cfg["vocab"]):
         Xl, yl = (shard_sequence(t.chunk(dp)[c["dp"]], cp, c["cp"], "zigzag", dim=1).to(device)
                   for t in (X, y))
         cp_comm.log = []
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with count_traffic() as dp_log, PeakBytes().skip(held) as peak:
-            saved, out = autograd_saved_bytes(lambda: model(Xl), params)
+            saved, out = autograd_saved_bytes(lambda Xl=Xl: model(Xl), params)
             loss = gpt_loss(out, yl) / len(Xl)
             kept = peak.now                  # what forward left alive for backward
             del out
@@ -78,11 +81,13 @@ def train_cp_zero2(rank, world, cfg):
     (params, grads, optim; acts_saved: what autograd saved in forward, acts_kept: the bytes
     forward left alive for backward) and the allocator's (peak: PeakBytes over the step, beside
     the state; on CUDA also cuda_peak: max_memory_allocated), and rank 0's weights."""
-    dp, cp = shape = tuple(cfg["shape"])
+    # device: models, batches and flags live there (NCCL takes no CPU tensor)
+    device, shape, model_cfg, batch, steps, lr, recomputes = take(
+        cfg, "device", "shape", "model", "batch", "steps", lr=0.05, recomputes=("none", "full"))
+    dp, cp = shape = tuple(shape)
     if dp * cp != world:
         raise ValueError(f"a {dp}x{cp} (dp, cp) mesh needs {dp * cp} ranks, not {world}")
-    validate_data_split(cfg["batch"], dp)
+    validate_data_split(batch, dp)
     groups = new_groups(shape, ("dp", "cp"))
-    device = cfg["device"]   # models, batches and flags live there (NCCL takes no CPU tensor)
-    return {rec: _cp_zero2_run(rank, dict(cfg, device=device), groups, rec)
-            for rec in cfg.get("recomputes", ("none", "full"))}
+    return {rec: _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, rec)
+            for rec in recomputes}

@@ -60,7 +60,7 @@ def gpt_loss(out, y):
 def gpt_batches(steps, batch, seq=16, vocab=32, seed=1):
     """`steps` global batches (X, y) of counting sequences, the same on every rank."""
     X, y = counting_tokens(steps * batch, seq_len=seq, vocab=vocab, seed=seed)
-    return list(zip(X.split(batch), y.split(batch)))
+    return list(zip(X.split(batch), y.split(batch), strict=True))
 
 
 def validate_data_split(batch, dp):

@@ -2,6 +2,8 @@
 panel per pipeline stage, ranks as dots, each dimension's groups as lines. For a light panel,
 readable at a phone's width."""
 
+from itertools import pairwise
+
 from ..runtime.mesh import coords_of, rank_grid
 
 __all__ = ["draw_mesh"]
@@ -23,7 +25,7 @@ def draw_mesh(shape, ax=None):
         color, ls, label = style[name]
         ax.plot([], [], color=color, ls=ls, lw=2, label=label)   # legend
         for grp in groups:
-            for a, b in zip(grp, grp[1:]):
+            for a, b in pairwise(grp):
                 up = xy[a][1] == 0         # pipeline arcs bend outwards
                 bend = (-0.3 if up else 0.3) if name == "pp" else 0.0
                 ax.annotate("", xy=xy[b], xytext=xy[a], arrowprops=dict(

@@ -25,6 +25,7 @@ from ..pipeline_parallel.schedules import one_f_one_b_rank_order
 from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
 from ..context_parallel.scratch import CPAttention, split_positions
 from ..runtime.comm import DistComm
+from ..runtime.launch import take
 from ..runtime.mesh import coords_of, new_groups
 from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
@@ -47,10 +48,10 @@ def build_stage(net, cuts, pp_rank, tp_comm):
     return stage
 
 
-def _optimizer(params, cfg):
+def _optimizer(params, lr):
     """SGD with momentum: Adam would turn rounding noise in near-zero gradients into full-size
     steps (it divides by the gradient's own size), and the runs could not be compared."""
-    return torch.optim.SGD(params, lr=cfg.get("lr", 0.05), momentum=0.9)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
 def train_3d_scratch(rank, world, cfg):
@@ -60,26 +61,26 @@ def train_3d_scratch(rank, world, cfg):
     (its tensor-parallel slices, named as in gpt_layers: a slice of an nn.Sequential keeps the
     names), the losses (last stage), the bytes it sent in the last step by dimension, its
     memory (params, grads, optimizer state, peak saved activations) and seconds per step."""
-    pp, dp, tp = shape = tuple(cfg["shape"])
+    device, shape, model_cfg, batch, steps, m, lr = take(cfg, "device", "shape", "model", "batch",
+                                                         "steps", m=2, lr=0.05)
+    pp, dp, tp = shape = tuple(shape)
     if pp * dp * tp != world:
         raise ValueError(f"a {pp}x{dp}x{tp} mesh needs {pp * dp * tp} ranks, not {world}")
-    validate_data_split(cfg["batch"], dp)
+    validate_data_split(batch, dp)
     groups = new_groups(shape)
     c = coords_of(rank, shape)
-    tp_comm = DistComm(groups["tp"][0], device=cfg["device"])
-    pp_comm = DistComm(groups["pp"][0], device=cfg["device"])
-    model_cfg = cfg["model"]
+    tp_comm = DistComm(groups["tp"][0], device=device)
+    pp_comm = DistComm(groups["pp"][0], device=device)
     net = gpt_layers(gpt(**model_cfg))
     cuts = stage_cuts(model_cfg["layers"], pp)
-    device = cfg["device"]
     stage = build_stage(net, cuts, c["pp"], tp_comm).to(device)
     model = DDPFromScratch(stage, group=groups["dp"][0])
-    opt = _optimizer(model.parameters(), cfg)
-    m, first, last = cfg.get("m", 2), c["pp"] == 0, c["pp"] == pp - 1
+    opt = _optimizer(model.parameters(), lr)
+    first, last = c["pp"] == 0, c["pp"] == pp - 1
     order = one_f_one_b_rank_order(pp, m, c["pp"])
     in_shape = (model_cfg["seq"], model_cfg["width"])
     losses, seconds, peak = [], [], 0
-    batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])
+    batches = gpt_batches(steps, batch, model_cfg["seq"], model_cfg["vocab"])
     for X, y in batches:
         # copies, as a data loader gives them (a view would keep the whole data set alive)
         Xl, yl = (t.tensor_split(dp)[c["dp"]].clone().to(device) for t in (X, y))
@@ -110,13 +111,15 @@ def train_3d_scratch(rank, world, cfg):
 
 
 def one_process_run(cfg):
-    """The reference: the same GPT, batches and SGD steps in one process, whole batches.
+    """The reference: the same GPT, batches and SGD steps in one process, whole batches
+    (cfg: that of train_3d_both or train_cp_zero2; the mesh's keys are not read).
     Returns (losses, {name in gpt_layers: weight})."""
-    net = gpt_layers(gpt(**cfg["model"]))
-    opt = _optimizer(net.parameters(), cfg)
+    model_cfg, batch, steps, lr, *_mesh = take(cfg, "model", "batch", "steps", lr=0.05,
+                                               shape=None, m=None, recomputes=None, torch=None)
+    net = gpt_layers(gpt(**model_cfg))
+    opt = _optimizer(net.parameters(), lr)
     losses = []
-    for X, y in gpt_batches(cfg["steps"], cfg["batch"], cfg["model"]["seq"],
-                            cfg["model"]["vocab"]):
+    for X, y in gpt_batches(steps, batch, model_cfg["seq"], model_cfg["vocab"]):
         loss = gpt_loss(net(X), y) / len(X)
         loss.backward()
         opt.step()

@@ -10,6 +10,7 @@ from ..devices import synced_now
 from ..pipeline_parallel.scratch import stage_of
 from ..tensor_parallel.torch_api import tp_plan
 from ..tiny_models import SmallBlock
+from ..runtime.launch import take
 from ..runtime.mesh import MESH_DIMS
 from .gpt import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 
@@ -33,12 +34,12 @@ def train_3d_torch(rank, world, cfg):
     from torch.distributed.tensor.parallel import parallelize_module
     # full_tensor() of a 2-D sharded weight warns that it gathers in two steps: true, harmless
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    device, shape = cfg["device"], tuple(cfg["shape"])
-    pp, dp, tp = shape
-    validate_data_split(cfg["batch"], dp)
+    device, shape, model_cfg, batch, steps, m, lr = take(cfg, "device", "shape", "model", "batch",
+                                                         "steps", m=2, lr=0.05)
+    pp, dp, tp = shape = tuple(shape)
+    validate_data_split(batch, dp)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
     c = {name: mesh[name].get_local_rank() for name in MESH_DIMS}
-    model_cfg = cfg["model"]
     net = gpt_layers(gpt(**model_cfg))
     stage = stage_of(net, stage_cuts(model_cfg["layers"], pp), c["pp"]).to(device)
     fully_shard = _fully_shard()
@@ -48,18 +49,17 @@ def train_3d_torch(rank, world, cfg):
     for layer in stage:                                   # 2. FSDP over "dp", per layer
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(stage, mesh=mesh["dp"])
-    m = cfg.get("m", 2)
-    rows = cfg["batch"] // dp
+    rows = batch // dp
     pstage = pp_api.PipelineStage(stage, c["pp"], pp, device, group=mesh["pp"].get_group())
     kwargs = dict(n_microbatches=m, loss_fn=lambda out, y: gpt_loss(out, y) / rows)
     import inspect
     if "scale_grads" in inspect.signature(pp_api.Schedule1F1B.__init__).parameters:
         kwargs["scale_grads"] = False                     # the loss is already a mean
     schedule = pp_api.Schedule1F1B(pstage, **kwargs)      # 3. pipeline over "pp"
-    opt = torch.optim.SGD(stage.parameters(), lr=cfg.get("lr", 0.05), momentum=0.9)
+    opt = torch.optim.SGD(stage.parameters(), lr=lr, momentum=0.9)
     first, last = c["pp"] == 0, c["pp"] == pp - 1
     losses, seconds = [], []
-    batches = gpt_batches(cfg["steps"], cfg["batch"], model_cfg["seq"], model_cfg["vocab"])
+    batches = gpt_batches(steps, batch, model_cfg["seq"], model_cfg["vocab"])
     for X, y in batches:
         Xl, yl = X.tensor_split(dp)[c["dp"]].to(device), y.tensor_split(dp)[c["dp"]].to(device)
         start = synced_now(device)

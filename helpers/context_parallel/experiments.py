@@ -5,6 +5,8 @@ computation. Results come back on the CPU."""
 import torch
 
 from ..runtime.comm import DistComm
+from ..runtime.launch import take
+from ..runtime.mesh import device_mesh
 from ..tiny_models import SmallAttention
 from .scratch import (CPAttention, RingCensus, attention_reference, ring_attention,
                       shard_sequence)
@@ -51,18 +53,19 @@ def cp_attention_run(rank, world, cfg):
     the sends, and the most K/V blocks' worth of point-to-point buffers alive at once in
     forward and in backward (RingCensus; a K/V block: this rank's keys and values).
     cfg: B, H, T, D, causal, layouts, seed."""
-    device = cfg["device"]
+    device, B, H, T, D, causal, layouts, seed = take(cfg, "device", "B", "H", "T", "D",
+                                                     causal=True, layouts=("zigzag",), seed=0)
     comm = DistComm(device=device)
-    q, k, v, g = qkv_inputs(cfg["B"], cfg["H"], cfg["T"], cfg["D"], cfg.get("seed", 0), device)
+    q, k, v, g = qkv_inputs(B, H, T, D, seed, device)
     results = {}
-    for layout in cfg.get("layouts", ("zigzag",)):
+    for layout in layouts:
         ql, kl, vl = (shard_sequence(t, world, rank, layout).requires_grad_() for t in (q, k, v))
         gl = shard_sequence(g, world, rank, layout)
         block = 2 * kl.numel() * kl.element_size()
         stats = []
         comm.log = []
         with RingCensus(block) as fwd_census:
-            out = ring_attention(ql, kl, vl, comm, cfg.get("causal", True), layout, stats)
+            out = ring_attention(ql, kl, vl, comm, causal, layout, stats)
         fwd = comm.bytes_sent("send")
         with RingCensus(block) as bwd_census:
             out.backward(gl)
@@ -78,13 +81,14 @@ def cp_ulysses_run(rank, world, cfg):
     """All-to-all (Ulysses) attention on this rank's tokens (contiguous split): its output and
     q/k/v gradients and the bytes its all-to-alls sent, beside the ring's bytes on the same
     tokens. cfg: B, H, T, D, causal, seed."""
-    device = cfg["device"]
+    device, B, H, T, D, causal, seed = take(cfg, "device", "B", "H", "T", "D", causal=True,
+                                            seed=0)
     comm = DistComm(device=device)
-    q, k, v, g = qkv_inputs(cfg["B"], cfg["H"], cfg["T"], cfg["D"], cfg.get("seed", 0), device)
+    q, k, v, g = qkv_inputs(B, H, T, D, seed, device)
     ql, kl, vl = (shard_sequence(t, world, rank, "contiguous").requires_grad_()
                   for t in (q, k, v))
     comm.log = []
-    out = ulysses_attention(ql, kl, vl, comm, cfg.get("causal", True))
+    out = ulysses_attention(ql, kl, vl, comm, causal)
     out.backward(shard_sequence(g, world, rank, "contiguous"))
     return dict(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad), dv=_cpu(vl.grad),
                 bytes=comm.bytes_sent("all_to_all"), calls=comm.calls("all_to_all"))
@@ -95,19 +99,21 @@ def cp_activation_memory(rank, world, cfg):
     on this rank's tokens, for each sequence length in cfg["seqs"]; also how far its output and
     gradients are from the unsplit layer's (the weights' gradients summed over the ranks).
     cfg: width, heads, batch, seqs, seed."""
-    device = cfg["device"]
+    device, width, heads, batch, seqs, seed = take(cfg, "device", "width", "heads", "batch",
+                                                   "seqs", seed=0)
     comm = DistComm(device=device)
-    torch.manual_seed(cfg.get("seed", 0))
-    attn = SmallAttention(cfg["width"], cfg["heads"]).to(device)
+    torch.manual_seed(seed)
+    attn = SmallAttention(width, heads).to(device)
     layer = CPAttention(attn, comm)
     rows = []
-    for T in cfg["seqs"]:
+    for T in seqs:
         g = torch.Generator().manual_seed(T)
-        X = torch.randn(cfg["batch"], T, cfg["width"], generator=g).to(device)
-        R = torch.randn(cfg["batch"], T, cfg["width"], generator=g).to(device)
+        X = torch.randn(batch, T, width, generator=g).to(device)
+        R = torch.randn(batch, T, width, generator=g).to(device)
         attn.zero_grad()
         Xl = shard_sequence(X, world, rank, dim=1).requires_grad_()
-        nbytes, out = autograd_saved_bytes(lambda: layer(Xl), attn.parameters())
+        nbytes, out = autograd_saved_bytes(lambda Xl=Xl: layer(Xl),
+                                           attn.parameters())
         (out * shard_sequence(R, world, rank, dim=1)).sum().backward()
         grads = [p.grad.clone() for p in attn.parameters()]
         for t in grads:
@@ -115,7 +121,7 @@ def cp_activation_memory(rank, world, cfg):
         ref = attn_ref_grads(attn, X, R)
         local = [shard_sequence(ref[n], world, rank, dim=1) for n in ("out", "x_grad")]
         diff = max(float((a.detach() - b).abs().max())
-                   for a, b in zip(grads + [out, Xl.grad], ref["grads"] + local))
+                   for a, b in zip(grads + [out, Xl.grad], ref["grads"] + local, strict=True))
         rows.append(dict(T=T, saved_bytes=nbytes, max_diff=diff))
     return rows
 
@@ -138,19 +144,19 @@ def cp_torch_run(rank, world, cfg):
     unsplit layer on the same input (the weights' gradients summed over the ranks). Runs only
     on CUDA (context_parallel_status); elsewhere it says why. Returns dict(torch_version,
     device, world, runs: {rotate: dict(ran, error, max_diff (when it ran))})."""
-    from torch.distributed.device_mesh import init_device_mesh
-    device = cfg["device"]
+    device, width, heads, batch, T, seed = take(cfg, "device", "width", "heads", "batch", "T",
+                                                seed=0)
     out = dict(torch_version=torch.__version__, device=str(device), world=world, runs={})
     ok, reason = context_parallel_status(device)
     if not ok:
         out["runs"] = {m: dict(ran=False, error=reason) for m in ROTATE_METHODS}
         return out
-    torch.manual_seed(cfg.get("seed", 0))
-    attn = SmallAttention(cfg["width"], cfg["heads"]).to(device)
+    torch.manual_seed(seed)
+    attn = SmallAttention(width, heads).to(device)
     g = torch.Generator().manual_seed(1)
-    X = torch.randn(cfg["batch"], cfg["T"], cfg["width"], generator=g).to(device)
-    R = torch.randn(cfg["batch"], cfg["T"], cfg["width"], generator=g).to(device)
-    mesh = init_device_mesh(device.type, (world,))
+    X = torch.randn(batch, T, width, generator=g).to(device)
+    R = torch.randn(batch, T, width, generator=g).to(device)
+    mesh = device_mesh((world,), ("cp",), device.type)
     ref = attn_ref_grads(attn, X, R)
     for rotate in ROTATE_METHODS:
         attn.zero_grad()
@@ -161,15 +167,21 @@ def cp_torch_run(rank, world, cfg):
             for t in grads:
                 torch.distributed.all_reduce(t)
             run["max_diff"] = max(float((a - b).abs().max())
-                                  for a, b in zip(grads, ref["grads"]))
+                                  for a, b in zip(grads, ref["grads"], strict=True))
         out["runs"][rotate] = run
     return out
 
 
 def cp_chapter(rank, world, cfg):
     """The chapter's runs in one launch (starting processes is the slow part on a CPU):
-    cfg["attention"], cfg["ulysses"], cfg["memory"] are the cfgs of the runs above."""
-    device = dict(device=cfg["device"])
-    return dict(attention=cp_attention_run(rank, world, dict(cfg["attention"], **device)),
-                ulysses=cp_ulysses_run(rank, world, dict(cfg["ulysses"], **device)),
-                memory=cp_activation_memory(rank, world, dict(cfg["memory"], **device)))
+    cfg["attention"], cfg["ulysses"], cfg["memory"] (and, when given, cfg["torch"]) are the
+    cfgs of the runs above."""
+    device, attention, ulysses, memory, torch_cfg = take(cfg, "device", "attention", "ulysses",
+                                                         "memory", torch=None)
+    on = dict(device=device)
+    out = dict(attention=cp_attention_run(rank, world, dict(attention, **on)),
+               ulysses=cp_ulysses_run(rank, world, dict(ulysses, **on)),
+               memory=cp_activation_memory(rank, world, dict(memory, **on)))
+    if torch_cfg is not None:   # torch's context_parallel (on CUDA; elsewhere it says why)
+        out["torch"] = cp_torch_run(rank, world, dict(torch_cfg, **on))
+    return out

@@ -140,7 +140,7 @@ def ring_pass(comm, tensors, tag):
             lambda j: dist.get_global_rank(comm.group, j))
         got = [torch.empty_like(t) for t in tensors]
         ops = []
-        for i, (t, buf) in enumerate(zip(tensors, got)):
+        for i, (t, buf) in enumerate(zip(tensors, got, strict=True)):
             ops.append(dist.P2POp(dist.irecv, buf, glob(prv), comm.group, tag + i))
             ops.append(dist.P2POp(dist.isend, t, glob(nxt), comm.group, tag + i))
             comm.traffic.record("send", t.numel() * t.element_size(), r, nxt)

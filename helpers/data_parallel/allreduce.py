@@ -45,7 +45,7 @@ def flat_allreduce(grads):
     buffer per device: 2(k-1) copies in all, instead of 2(k-1) per parameter."""
     bufs = [flatten(g) for g in grads]
     sum_into_all(bufs)
-    for buf, g in zip(bufs, grads):
+    for buf, g in zip(bufs, grads, strict=True):
         unflatten_into(buf, g)
 
 
@@ -171,7 +171,7 @@ def train_batch_overlap(X, y, device_params, devices, lr, reducer):
     `device_params`) while backward runs, instead of after it."""
     X_shards, y_shards = split_batch(X, y, devices)
     ls = [loss(lenet(X_shard, W), y_shard).sum()
-          for X_shard, y_shard, W in zip(X_shards, y_shards, device_params)]
+          for X_shard, y_shard, W in zip(X_shards, y_shards, device_params, strict=True)]
     for l in ls:   # the buckets of the last replica are reduced as its gradients arrive
         l.backward()
     reducer.wait()

@@ -68,7 +68,7 @@ def bn_grads_same_weights(rank, world, cfg):
         model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
                     broadcast_buffers=False)
         grads = []
-        for state, idx in zip(states, batches):
+        for state, idx in zip(states, batches, strict=True):
             unwrap(model).load_state_dict(state)
             model.train()
             idx = idx.tensor_split(world)[rank]
@@ -118,13 +118,15 @@ def ddp_trace(rank, world, cfg):
 
     from ..profiling import quiet_native_stderr, trace_events
     from ..tiny_models import deep_mlp
-    device, width, steps, warm = cfg["device"], cfg.get("width", 512), cfg.get("steps", 3), 2
+    device, trace_dir, width, depth, batch, bucket_mb, steps = take(
+        cfg, "device", "trace_dir", width=512, depth=8, batch=64, bucket_mb=1.0, steps=3)
+    warm = 2
     torch.manual_seed(0)                       # the same model on every rank
-    model = _ddp(deep_mlp(d_in=width, width=width, depth=cfg.get("depth", 8)).to(device),
-                 device, bucket_cap_mb=cfg.get("bucket_mb", 1.0))
+    model = _ddp(deep_mlp(d_in=width, width=width, depth=depth).to(device),
+                 device, bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    X, y = _examples(rank, cfg.get("batch", 64), width, device)
-    path = os.path.join(cfg["trace_dir"], f"ddp_rank{rank}.json")
+    X, y = _examples(rank, batch, width, device)
+    path = os.path.join(trace_dir, f"ddp_rank{rank}.json")
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                            if device.type == "cuda" else [])
@@ -174,21 +176,21 @@ def ddp_knobs(rank, world, cfg):
     from torch.nn import functional as F
 
     from ..tiny_models import deep_mlp
-    device, width, steps = cfg["device"], cfg.get("width", 512), cfg.get("steps", 5)
+    device, width, depth, batch, steps, rounds = take(cfg, "device", width=512, depth=8,
+                                                      batch=64, steps=5, rounds=5)
     clock = DeviceClock(device)
     knobs = {"default (25 MB buckets)": {}, "1 MB buckets": dict(bucket_cap_mb=1),
              "one bucket (no overlap)": dict(bucket_cap_mb=1000),
              "gradient_as_bucket_view": dict(gradient_as_bucket_view=True),
              "static_graph": dict(static_graph=True),
              "bf16 compression hook": dict(hook=default_hooks.bf16_compress_hook)}
-    X, y = _examples(rank, cfg.get("batch", 64), width, device)
+    X, y = _examples(rank, batch, width, device)
     models = {}
     for name, kw in knobs.items():
         kw = dict(kw)
         hook = kw.pop("hook", None)
         torch.manual_seed(0)
-        m = _ddp(deep_mlp(d_in=width, width=width, depth=cfg.get("depth", 8)).to(device),
-                 device, **kw)
+        m = _ddp(deep_mlp(d_in=width, width=width, depth=depth).to(device), device, **kw)
         if hook:
             m.register_comm_hook(None, hook)
         models[name] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
@@ -214,12 +216,12 @@ def ddp_knobs(rank, world, cfg):
     def waited(ends):
         """The seconds backward() went on after its last gradient, summed over the steps."""
         t = clock.seconds([s for pair in ends for s in pair])
-        return sum(b - a for a, b in zip(t[::2], t[1::2]))
+        return sum(b - a for a, b in zip(t[::2], t[1::2], strict=True))
     for name in knobs:
         train(name, 3)
     samples = {name: [] for name in knobs}
     exposed = {name: [] for name in knobs}
-    for r in range(cfg.get("rounds", 5)):
+    for r in range(rounds):
         for name in (list(knobs) if r % 2 == 0 else list(knobs)[::-1]):
             dist.barrier()
             t0 = synced_now(device)
@@ -229,6 +231,6 @@ def ddp_knobs(rank, world, cfg):
             samples[name].append((synced_now(device) - t0) / steps)
             exposed[name].append(waited(ends) / steps)
     base = list(models["default (25 MB buckets)"][0].parameters())
-    diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters()))
+    diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters(), strict=True))
             for name, (m, _) in models.items()}
     return dict(step_s=samples, exposed_s=exposed, max_diff=diff)

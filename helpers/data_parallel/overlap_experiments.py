@@ -173,7 +173,7 @@ def ddp_scratch_trace(rank, world, cfg):
         ends = [t + d for lane, t, d in events if lane == "finish"]
         starts = [t for lane, t, _ in events if lane == "forward"]
         out[mode] = dict(events=events, comm_ms=_covered(comm), hidden_ms=hidden,
-                         step_ms=sum(e - s for s, e in zip(starts, ends)), steps=steps)
+                         step_ms=sum(e - s for s, e in zip(starts, ends, strict=True)), steps=steps)
     return out
 
 

@@ -142,7 +142,8 @@ def accumulation_vs_torch(rank, world, cfg):
             for batch in batches:
                 X, y = local_batch(batch, rank, world, device)
                 with count_traffic() as log:
-                    for i, (Xm, ym) in enumerate(zip(X.tensor_split(k), y.tensor_split(k))):
+                    micro = zip(X.tensor_split(k), y.tensor_split(k), strict=True)
+                    for i, (Xm, ym) in enumerate(micro):
                         sync = how != "all" and i == k - 1
                         with contextlib.nullcontext() if sync else model.no_sync():
                             (flat_cross_entropy(model(Xm), ym) / k).backward()
@@ -179,7 +180,8 @@ def scratch_refusals(rank, world, cfg):
 
     def two_backwards():          # accumulation without no_sync
         model, _ = fresh()
-        losses = [flat_cross_entropy(model(Xm), ym) for Xm, ym in zip(X.split(4), y.split(4))]
+        losses = [flat_cross_entropy(model(Xm), ym)
+                  for Xm, ym in zip(X.split(4), y.split(4), strict=True)]
         for loss in losses:
             loss.backward()
 

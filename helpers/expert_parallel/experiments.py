@@ -5,6 +5,7 @@ import torch
 
 from ..devices import synced_now
 from ..runtime.comm import DistComm
+from ..runtime.launch import take
 from .moe import MoE, moe_inputs
 from .scratch import ExpertParallelMoE
 from .torch_api import EPMoE, ep_dp_mesh
@@ -44,14 +45,14 @@ def ep_equal_run(rank, world, cfg):
     """For each capacity factor in cfg["factors"] (None: dropless): this rank's output, input
     gradient, gradients (named as in the unsplit MoE), dropped choices, the bytes its
     all-to-alls sent in forward and in backward. cfg: moe (MoE kwargs), tokens, seed."""
-    device = cfg["device"]
+    device, moe_cfg, tokens, factors, seed = take(cfg, "device", "moe", "tokens", "factors",
+                                                  seed=0)
     comm = DistComm(device=device)
-    X, R = (t.to(device) for t in moe_inputs(cfg["tokens"], cfg["moe"]["width"],
-                                             cfg.get("seed", 0)))
+    X, R = (t.to(device) for t in moe_inputs(tokens, moe_cfg["width"], seed))
     Xl, Rl = X.chunk(world)[rank], R.chunk(world)[rank]
     out = []
-    for factor in cfg["factors"]:
-        moe = MoE(**dict(cfg["moe"], capacity_factor=factor)).to(device)
+    for factor in factors:
+        moe = MoE(**dict(moe_cfg, capacity_factor=factor)).to(device)
         ep = ExpertParallelMoE(moe, comm)
         comm.log = []
         y, x_grad, aux = moe_step(ep, comm, Xl, Rl)
@@ -72,21 +73,22 @@ def ep_imbalance_run(rank, world, cfg):
     each skew and each capacity factor in cfg["factors"], this rank's dropped choices, the real
     tokens its experts computed, the bytes it sent forward, its balancing loss and the seconds
     its forward took (median of cfg["repeats"], read with helpers.synced_now). cfg: moe,
-    tokens, seed."""
-    device = cfg["device"]
+    tokens, skews, factors, repeats, seed."""
+    device, moe_cfg, tokens, skews, factors, repeats, seed = take(
+        cfg, "device", "moe", "tokens", "skews", "factors", repeats=3, seed=0)
     comm = DistComm(device=device)
-    X, _ = moe_inputs(cfg["tokens"], cfg["moe"]["width"], cfg.get("seed", 0))
+    X, _ = moe_inputs(tokens, moe_cfg["width"], seed)
     Xl = X.chunk(world)[rank].to(device)
     rows = []
-    for skew in cfg["skews"]:
-        for factor in cfg["factors"]:
-            moe = MoE(**dict(cfg["moe"], capacity_factor=factor)).to(device)
+    for skew in skews:
+        for factor in factors:
+            moe = MoE(**dict(moe_cfg, capacity_factor=factor)).to(device)
             with torch.no_grad():
                 moe.router.bias[0] += skew
             ep = ExpertParallelMoE(moe, comm)
             times = []
             with torch.no_grad():
-                for _ in range(cfg.get("repeats", 3)):
+                for _ in range(repeats):
                     torch.distributed.barrier()
                     start = synced_now(device)
                     _, aux = ep(Xl)
@@ -103,11 +105,11 @@ def ep_production_run(rank, world, cfg):
     mesh: this rank's output and input gradient, its gradients after reduce_gradients (the
     experts' over their own dp group), named as in the unsplit MoE, the bytes its all-to-alls
     sent, which grouped GEMM ran, the tokens its experts computed. cfg: moe, tokens, ep, seed."""
-    device, ep_size = cfg["device"], cfg["ep"]
+    device, moe_cfg, tokens, ep_size, seed = take(cfg, "device", "moe", "tokens", "ep", seed=0)
     mesh = ep_dp_mesh(world, ep_size, device.type)
-    moe = MoE(**dict(cfg["moe"], capacity_factor=None)).to(device)
+    moe = MoE(**dict(moe_cfg, capacity_factor=None)).to(device)
     model = EPMoE(moe, mesh)
-    X, R = moe_inputs(cfg["tokens"], cfg["moe"]["width"], cfg.get("seed", 0))
+    X, R = moe_inputs(tokens, moe_cfg["width"], seed)
     x = X.chunk(world)[rank].to(device).requires_grad_()
     y, aux = model(x)
     loss = (y * R.chunk(world)[rank].to(device)).sum()
@@ -129,9 +131,11 @@ def ep_production_run(rank, world, cfg):
 def ep_chapter(rank, world, cfg):
     """The chapter's runs in one launch: cfg["equal"], cfg["imbalance"] and cfg["production"]
     are their cfgs (production optional)."""
-    device = dict(device=cfg["device"])
-    out = dict(equal=ep_equal_run(rank, world, dict(cfg["equal"], **device)),
-               imbalance=ep_imbalance_run(rank, world, dict(cfg["imbalance"], **device)))
-    if "production" in cfg:
-        out["production"] = ep_production_run(rank, world, dict(cfg["production"], **device))
+    device, equal, imbalance, production = take(cfg, "device", "equal", "imbalance",
+                                                production=None)
+    on = dict(device=device)
+    out = dict(equal=ep_equal_run(rank, world, dict(equal, **on)),
+               imbalance=ep_imbalance_run(rank, world, dict(imbalance, **on)))
+    if production is not None:
+        out["production"] = ep_production_run(rank, world, dict(production, **on))
     return out

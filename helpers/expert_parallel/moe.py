@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..seeding import seeded
+from ..validate import validate_positive_int
 
 __all__ = ["expert_capacity", "route", "load_balancing_loss", "router_z_loss", "MoE",
            "moe_inputs"]
@@ -25,6 +26,10 @@ __all__ = ["expert_capacity", "route", "load_balancing_loss", "router_z_loss", "
 def expert_capacity(tokens, n_experts, k, factor):
     """Slots per expert for a group of `tokens`: ceil(factor * tokens * k / n_experts);
     None (no limit: nothing dropped) when factor is None."""
+    validate_positive_int(n_experts, "n_experts")
+    validate_positive_int(k, "k")
+    if k > n_experts:
+        raise ValueError(f"k={k} experts per token but only {n_experts} experts: k <= n_experts")
     if factor is None:
         return None
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or \

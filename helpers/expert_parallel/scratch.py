@@ -86,7 +86,7 @@ class ExpertParallelMoE(nn.Module):
         first = comm.rank * self.local
         self.experts = nn.ModuleList(moe.experts[first:first + self.local])
 
-    def _check_ranks_agree(self, x):
+    def _validate_ranks_agree(self, x):
         """Refuse, on every rank at once, tokens the ranks cannot exchange: a different width
         anywhere, or (fixed buffers, sized from the tokens) a different number of tokens.
         One exchange of two integers per rank, logged as "counts"."""
@@ -116,14 +116,14 @@ class ExpertParallelMoE(nn.Module):
             # run even on 0 rows: the output then has a grad_fn, so the combine's backward
             # all-to-all runs on every rank, in the same order
             y = expert(x)
-            for i, part in zip(idx, y.split([counts[i] for i in idx])):
+            for i, part in zip(idx, y.split([counts[i] for i in idx]), strict=True):
                 outs[i] = part
         return torch.cat(outs)
 
     def forward(self, x):
         comm, w, E = self.comm, self.comm.world, self.E
         start = len(comm.log)
-        self._check_ranks_agree(x)
+        self._validate_ranks_agree(x)
         logits = self.router(x)
         r = route(logits, self.k, expert_capacity(len(x), E, self.k, self.factor))
         tok, choice = torch.nonzero(r["kept"], as_tuple=True)

@@ -68,7 +68,7 @@ def grouped_mm(x, w, counts):
     if ok and aligned and len(x):
         offs = torch.cumsum(torch.as_tensor(counts, device=x.device), 0).to(torch.int32)
         return _ContiguousGrad.apply(torch._grouped_mm(x.contiguous(), w, offs=offs))
-    return torch.cat([xi @ wi for xi, wi in zip(x.split(list(counts)), w)])
+    return torch.cat([xi @ wi for xi, wi in zip(x.split(list(counts)), w, strict=True)])
 
 
 def permute_by_expert(expert, n_experts):

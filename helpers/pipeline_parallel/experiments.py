@@ -3,12 +3,15 @@ steps, torch's pipelining schedules and a ping-pong between two ranks, run by `p
 on every rank, each either as it runs on this machine or emulated (helpers.Clock: the real math,
 then the box's modelled duration, from FLOPs at helpers.Rates).
 """
+from itertools import pairwise
+
 import torch
 from torch import nn
 
 from ..devices import synced_now
 from ..runtime.comm import DistComm
 from ..runtime.emulate import ASSUMED_RATES, Clock, Rates
+from ..runtime.launch import take
 from ..runtime.progress import report_progress
 from .schedules import gpipe_rank_order, one_f_one_b_rank_order
 from .scratch import validate_cuts, pipeline_net, pipeline_rank_step, stage_of
@@ -36,7 +39,7 @@ def box_model(net, cuts, rates=ASSUMED_RATES, split=False, equal=False):
     rates.compute. split: the backward is split into B (input gradient) and W (weights).
     equal: every stage gets the mean (the assumption of the bubble formulas)."""
     bounds = [0, *cuts, len(net)]
-    flops = [forward_flops(net[a:b]) for a, b in zip(bounds, bounds[1:])]
+    flops = [forward_flops(net[a:b]) for a, b in pairwise(bounds)]
     if equal:
         flops = [sum(flops) / len(flops)] * len(flops)
 
@@ -66,7 +69,7 @@ def _pingpong(comm, rank, shape, repeats):
     return times
 
 
-def _check_runs(runs, n, world, num_layers, threads=False):
+def _validate_runs(runs, n, world, num_layers, threads=False):
     """Every run's settings, checked on every rank before any run starts."""
     for run in runs:
         kind = run.get("kind", "scratch")
@@ -96,23 +99,23 @@ def pipeline_worker(rank, world, cfg):
     (emulated stages all of the mean length)), or
     dict(kind="pingpong", rows, repeats). Returns one dict per run: loss, grads (of the first
     repeat), timelines (one per repeat), peak_live, peak_bytes; for a ping-pong, seconds."""
-    device = cfg["device"]
-    net = pipeline_net(**cfg.get("net", {})).to(device)
-    n = cfg["batch_size"]
-    _check_runs(cfg["runs"], n, world, len(net), threads=cfg.get("comm") is not None)
-    rates = Rates(**cfg["rates"]) if cfg.get("rates") else Rates.load()
-    g = torch.Generator().manual_seed(cfg.get("seed", 0))
+    device, n, runs, net_cfg, rates, seed, comm = take(cfg, "device", "batch_size", "runs", net={},
+                                                       rates=None, seed=0, comm=None)
+    net = pipeline_net(**net_cfg).to(device)
+    _validate_runs(runs, n, world, len(net), threads=comm is not None)
+    rates = Rates(**rates) if rates else Rates.load()
+    g = torch.Generator().manual_seed(seed)
     X = torch.randint(0, net[0].num_embeddings, (n,), generator=g).to(device)
     y = torch.randint(0, net[-1].out_features, (n,), generator=g).to(device)
     width = net[0].embedding_dim
-    comm = cfg.get("comm") or DistComm(device=device)     # threads: launch(..., threads=True)
+    comm = comm or DistComm(device=device)     # given: thread ranks (launch(..., threads=True))
     results = []
-    for i, run in enumerate(cfg["runs"]):
-        report_progress(i + 1, len(cfg["runs"]), "run")
+    for i, run in enumerate(runs):
+        report_progress(i + 1, len(runs), "run")
         out = dict(run, timelines=[], skipped=None, rates=rates.source)
         kind, scale = run.get("kind", "scratch"), run.get("emulate")
-        clock = lambda: Clock(emulate=scale is not None, scale=scale or 1.0,  # noqa: E731
-                              device=device)
+        clock = lambda scale=scale: Clock(emulate=scale is not None, scale=scale or 1.0,
+                                          device=device)
         if kind == "pingpong":       # one-way time of a message between 0 and 1
             out["seconds"] = _pingpong(comm, rank, (run["rows"], width), run["repeats"])
             results.append(out)
@@ -127,7 +130,7 @@ def pipeline_worker(rank, world, cfg):
             continue
         stage = stage_of(net, run["cuts"], rank, world)
         order = PIPELINE_ORDERS[run["schedule"]](world, run["m"], rank)
-        seconds = (lambda ph, j, rows: model(rank, ph, rows)) if model else None
+        seconds = (lambda ph, j, rows, model=model: model(rank, ph, rows)) if model else None
         for rep in range(run.get("repeats", 1)):
             stage.zero_grad()
             got = pipeline_rank_step(stage, comm, order, X if rank == 0 else None,

@@ -10,6 +10,8 @@ checks that). GPipe runs the backwards in the order of the forwards, first micro
 as torch.distributed.pipelining's ScheduleGPipe does (reversed would be a valid GPipe too: the
 ticks, the bubble and the peak of live micro-batches are the same).
 """
+from ..validate import validate_positive_int
+
 __all__ = ["gpipe_order", "one_f_one_b_order", "validate_orders", "clock_ticks", "bubble_fraction",
            "schedule_bubble", "replay", "measured_bubble", "peak_live", "plot_schedule",
            "plot_live", "gpipe_rank_order", "one_f_one_b_rank_order", "busy_times",
@@ -81,6 +83,8 @@ def clock_ticks(orders):
 
 def bubble_fraction(p, m):
     """Share of idle device time in a GPipe step with p EQUAL stages and m micro-batches."""
+    validate_positive_int(p, "p")
+    validate_positive_int(m, "m")
     return (p - 1) / (m + p - 1)
 
 
@@ -319,4 +323,6 @@ def interleaved_ticks(orders, v):
 def interleaved_bubble(p, m, v):
     """Idle share of interleaved 1F1B on p equal devices, v chunks each, m micro-batches: the
     fill and drain shrink to (p-1) chunk-ops of 1/v of a stage, so (p-1) / (v*m + p-1)."""
+    for value, name in ((p, "p"), (m, "m"), (v, "v")):
+        validate_positive_int(value, name)
     return (p - 1) / (v * m + p - 1)

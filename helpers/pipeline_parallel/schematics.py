@@ -7,6 +7,8 @@ functions (gpipe_rank_order, one_f_one_b_rank_order, interleaved_order, zero_bub
 on equal stages, each box starting as soon as its rank is free and its input is ready;
 `plot_pipeline_schedules` draws them one above the other.
 """
+from itertools import pairwise
+
 import torch
 
 from ..runtime.traffic import CommLog
@@ -37,7 +39,7 @@ def split_picture(net, cuts, input_shape):
     bounds = [0, *cuts, len(net)]
     return dict(layers=[[_SHORT.get(type(m).__name__, type(m).__name__) for m in s]
                         for s in stages],
-                mac_share=[sum(macs[a:b]) / sum(macs) for a, b in zip(bounds, bounds[1:])],
+                mac_share=[sum(macs[a:b]) / sum(macs) for a, b in pairwise(bounds)],
                 crossing=[r.nbytes // 4 for r in log.records])
 
 
@@ -50,7 +52,7 @@ def plot_network_split(net, options, input_shape):
     n = len(net)
     fig, axes = diagram(len(options), 1, width=7.2, height=1.75 * len(options))
     gap = 0.5
-    for ax, (title, pic) in zip(axes.flat, pictures.items()):
+    for ax, (title, pic) in zip(axes.flat, pictures.items(), strict=True):
         ax.set_title(title, fontsize=FONT, loc="left")
         ax.set(xlim=(-0.1, n + gap * (len(pic["layers"]) - 1) + 0.1), ylim=(1.6, -1.0))
         x = 0.0
@@ -132,7 +134,7 @@ def plot_pipeline_schedules(p=4, m=4, v=2, schedules=None):
     schedules = schedules if schedules is not None else schedule_timelines(p, m, v)
     span = max(b["end"] for tl, _ in schedules.values() for t in tl for b in t)
     fig, axes = diagram(len(schedules), 1, width=7.2, height=0.55 * p * len(schedules) + 1.2)
-    for ax, (name, (tl, bubble)) in zip(axes.flat, schedules.items()):
+    for ax, (name, (tl, bubble)) in zip(axes.flat, schedules.items(), strict=True):
         ax.set_title(f"{name}: idle {bubble:.0%}", fontsize=FONT, loc="left")
         ax.set(xlim=(-1.3, span + 0.1), ylim=(p, -0.1))
         for r, boxes in enumerate(tl):

@@ -9,6 +9,7 @@ passes on each rank is the schedule (pipeline_parallel.schedules): GPipe (all F,
 1F1B (a short warm-up of F, then one F and one B in turn), same result, different memory.
 """
 import copy
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,7 @@ def validate_cuts(cuts, num_layers, stages=None):
     except (TypeError, ValueError):
         raise ValueError(f"cuts must be a list of layer indices, got {cuts!r}") from None
     bounds = [0, *cuts, num_layers]
-    if any(a >= b for a, b in zip(bounds, bounds[1:])):
+    if any(a >= b for a, b in pairwise(bounds)):
         raise ValueError(f"cuts {cuts} of a {num_layers}-layer net leave a stage empty or repeat "
                          f"layers: give strictly increasing indices within 1..{num_layers - 1}")
     if stages is not None and len(cuts) + 1 != stages:
@@ -190,11 +191,11 @@ class LinearTape:
         if h.requires_grad:
             h.grad, got = got[0], got[1:]
         dys, rest = got[:len(seen)], got[len(seen):]
-        for p, g in zip(self.others, rest):
+        for p, g in zip(self.others, rest, strict=True):
             if g is None:
                 continue
             p.grad = g if p.grad is None else p.grad + g
-        self.pending[j] = [(mod, x.detach(), dy) for (mod, x, _), dy in zip(seen, dys)]
+        self.pending[j] = [(mod, x.detach(), dy) for (mod, x, _), dy in zip(seen, dys, strict=True)]
 
     def backward_weight(self, j):
         """W: the Linear weights' gradients from what B left (inputs and output gradients)."""

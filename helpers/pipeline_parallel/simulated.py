@@ -6,6 +6,7 @@ agree with one device up to float32 rounding either way. Transfers are logged by
 """
 import copy
 import time
+from itertools import pairwise
 
 import torch
 
@@ -25,7 +26,8 @@ def split_sequential(net, cuts, devices):
     if len(bounds) - 1 != len(devices):
         raise ValueError(
             f"{len(cuts)} cuts make {len(bounds) - 1} stages for {len(devices)} devices")
-    return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
+    return [copy.deepcopy(net[a:b]).to(d)
+            for (a, b), d in zip(pairwise(bounds), devices, strict=True)]
 
 
 def network_split_forward(stages, X, devices, log=None):

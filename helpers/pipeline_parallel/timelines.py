@@ -8,6 +8,7 @@ Set beside a measured run, it separates what the schedule costs (its bubble) fro
 machine adds (`wait_parts`: the time from a message's sending to the box that needed it).
 """
 from ..runtime.emulate import model_time, waits
+from ..validate import validate_positive_int
 from .schedules import one_f_one_b_rank_order, timeline_bubble
 
 __all__ = ["box_needs", "pipeline_model_time", "replay_orders", "replayed_bubble", "with_ready",
@@ -152,6 +153,8 @@ def zero_bubble_rank_order(p, m, rank, f=1.0, b=1.0, w=1.0):
 def zero_bubble_bubble(p, m, f=1.0, b=1.0, w=1.0):
     """Idle share of ZB-H1 with box times f (forward), b (input gradient), w (weight gradient):
     each rank idles (p-1)(f + b - w) in a step of m(f + b + w) busy time."""
+    validate_positive_int(p, "p")
+    validate_positive_int(m, "m")
     idle = (p - 1) * (f + b - w)
     return idle / (m * (f + b + w) + idle)
 

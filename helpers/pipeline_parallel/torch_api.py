@@ -55,7 +55,7 @@ def make_schedule(stage_modules, stage_ids, num_stages, device, m, loss_fn, sche
     would divide the summed micro-batch gradients by m once more)."""
     from torch.distributed import pipelining as pp
     stages = [pp.PipelineStage(mod, i, num_stages, device)
-              for mod, i in zip(stage_modules, stage_ids)]
+              for mod, i in zip(stage_modules, stage_ids, strict=True)]
     cls = getattr(pp, schedule)
     kwargs = dict(n_microbatches=m, loss_fn=loss_fn)
     if "scale_grads" in inspect.signature(cls.__init__).parameters:
@@ -141,7 +141,7 @@ def pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats, 
         out["timelines"].append([dict(b) for b in clock.boxes[n0:]])
         if rep == 0:
             out["grads"] = {i: [p.grad.detach().cpu().clone() for p in mod.parameters()]
-                            for i, mod in zip(ids, mods)}
+                            for i, mod in zip(ids, mods, strict=True)}
             out["loss"] = float(sum(float(v.detach()) for v in losses)) if last else None
     out.update(peak_live=memory.peak_live, peak_bytes=memory.peak_bytes)
     return out

@@ -18,6 +18,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from ..words import plural_names
 from .progress import waiting
 
 __all__ = ["CollectiveMismatch", "agree", "fingerprint", "where_are_the_others"]
@@ -67,18 +68,20 @@ def agree(value, group=None, fix="", timeout=None):
     store.set(key(me), value)
     others = [key(r) for r in ranks if r != me]
     try:
-        with waiting(f"waits for the other rank(s) of {list(ranks)} to run {value}"):
+        with waiting(f"waits for {plural_names([r for r in ranks if r != me], 'rank')} "
+                     f"to run {value}"):
             store.wait(others, *([datetime.timedelta(seconds=timeout)] if timeout else []))
     except RuntimeError:   # the store's timeout (the process group's)
             missing = [r for r in ranks if r != me and not store.check([key(r)])]
             raise TimeoutError(
-                f"rank {me} was about to run {value}, but rank(s) {missing} did not get "
-                f"there in time: every rank must run the same collectives in the same order; "
-                f"{missing} skipped this one, took another path, or stopped"
+                f"rank {me} was about to run {value}, but {plural_names(missing, 'rank')} did "
+                f"not get there in time: every rank must run the same collectives in the same "
+                f"order; {'it' if len(missing) == 1 else 'they'} skipped this one, took another "
+                f"path, or stopped"
                 f"{'. ' + fix if fix else ''}") from None
     got = store.multi_get(others) if hasattr(store, "multi_get") else \
         [store.get(k) for k in others]
-    said = dict(zip((r for r in ranks if r != me), (v.decode() for v in got)))
+    said = dict(zip((r for r in ranks if r != me), (v.decode() for v in got), strict=True))
     said[me] = value
     if n:   # every rank has read my previous value: it got here only after reading it
         store.delete_key(key(me).replace(f"/{n}/", f"/{n - 1}/"))
@@ -131,5 +134,5 @@ def where_are_the_others(here, topic, group=None, wait=3.0):
     silent = [r for r in others if r not in said]
     parts = [f"rank {r} is stuck at {v}" for r, v in said.items()]
     if silent:
-        parts.append(f"rank(s) {silent} never got there (they skipped it, or left)")
+        parts.append(f"{plural_names(silent, 'rank')} never got there (skipped it, or left)")
     return "; ".join(parts)

@@ -7,18 +7,47 @@ rank sends; `ThreadComm` gives the same calls to the thread ranks of a ThreadWor
 which run a function defined in a notebook that a spawned rank could not import). Code written
 against a comm runs on real gloo/NCCL ranks and in a check alike.
 """
+from collections.abc import Sequence
+from typing import Protocol
+
 import torch
 import torch.distributed as dist
 
 from .traffic import CountsSent
 
-__all__ = ["DistComm", "ThreadComm"]
+__all__ = ["Comm", "DistComm", "ThreadComm"]
+
+
+class Comm(Protocol):
+    """What code written against a comm may call: DistComm (processes) and ThreadComm (thread
+    ranks) both give it (tests/test_runtime_types.py holds them to it). `rank` and `world` are
+    within the comm's group; sends return at once, `wait()` finishes them."""
+    rank: int
+    world: int
+    device: torch.device
+
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None: ...
+
+    def recv(self, src: int, shape: Sequence[int], tag: int = 0,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor: ...
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor: ...
+
+    def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor: ...
+
+    def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor: ...
+
+    def wait(self) -> None: ...
+
+    def bytes_sent(self, op: str | None = None) -> int: ...
+
+    def calls(self, op: str) -> int: ...
 
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-def _check_split(t, dim, world):
+def _validate_split(t, dim, world):
     if t.shape[dim] % world:
         raise ValueError(f"size {t.shape[dim]} along dim {dim} does not split into {world} "
                          "equal pieces: make it a multiple of the number of ranks")
@@ -32,25 +61,28 @@ class DistComm(CountsSent):
     step must: NCCL runs one pair's messages on one stream, and a large send posted before a
     receive waits for the peer's matching receive, which may sit behind its own send."""
 
-    def __init__(self, group=None, device=None):
+    def __init__(self, group: dist.ProcessGroup | None = None,
+                 device: torch.device | None = None) -> None:
         self.group, self._pending = group, []
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = device or torch.device("cpu")
 
-    def _global(self, r):
+    def _global(self, r: int) -> int:
         return r if self.group is None else dist.get_global_rank(self.group, r)
 
-    def send(self, t, dst, tag=0):
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         t = t.detach().contiguous()
         self._count("send", t, dst)
         self._pending.append((dist.isend(t, self._global(dst), group=self.group, tag=tag), t))
 
-    def recv(self, src, shape, tag=0, dtype=torch.float32):
+    def recv(self, src: int, shape: Sequence[int], tag: int = 0,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         dist.recv(buf, self._global(src), group=self.group, tag=tag)
         return buf
 
-    def sendrecv(self, send=None, recv=None):
+    def sendrecv(self, send: tuple | None = None, recv: tuple | None = None
+                 ) -> torch.Tensor | None:
         """Post the send (t, dst) and the receive (src, shape[, dtype]) in one
         batch_isend_irecv; wait for the receive (on a GPU: the stream waits; the host goes on)
         and return it. The send stays outstanding until `wait()`."""
@@ -75,13 +107,13 @@ class DistComm(CountsSent):
             works[-1].wait()
         return buf
 
-    def all_reduce(self, t, op="sum"):
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum `t` over the ranks, in place (op="max": the largest value)."""
         self._count("all_reduce", t)
         dist.all_reduce(t, op=_OPS[op], group=self.group)
         return t
 
-    def all_gather(self, t, dim=0):
+    def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """Every rank's `t`, concatenated along `dim` in rank order (a new tensor)."""
         t = t.detach().contiguous()
         self._count("all_gather", t)
@@ -89,16 +121,16 @@ class DistComm(CountsSent):
         dist.all_gather(parts, t, group=self.group)
         return torch.cat(parts, dim)
 
-    def reduce_scatter(self, t, dim=0):
+    def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """This rank's piece along `dim` (k equal pieces) of the sum of every rank's `t`."""
-        _check_split(t, dim, self.world)
+        _validate_split(t, dim, self.world)
         pieces = [p.contiguous() for p in t.detach().chunk(self.world, dim)]
         self._count("reduce_scatter", t)
         out = torch.empty_like(pieces[self.rank])
         dist.reduce_scatter(out, pieces, group=self.group)
         return out
 
-    def wait(self):
+    def wait(self) -> None:
         for handle, _ in self._pending:
             handle.wait()
         self._pending = []
@@ -109,16 +141,17 @@ class ThreadComm(CountsSent):
     records every message. A rank that waits longer than the world's timeout for a message or
     a collective raises TimeoutError (instead of hanging a check)."""
 
-    def __init__(self, world, rank):
+    def __init__(self, world, rank: int) -> None:   # world: a ThreadWorld
         self.w, self.rank, self.world = world, rank, world.size
         self.device = torch.device("cpu")
 
-    def send(self, t, dst, tag=0):
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         t = t.detach()
         self.w.send(t, dst, tag)
         self._count("send", t, dst)
 
-    def recv(self, src, shape, tag=0, dtype=torch.float32):
+    def recv(self, src: int, shape: Sequence[int], tag: int = 0,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.w.recv(src, tag, shape=tuple(shape), dtype=dtype)
 
     def _collective(self, op, t, combine, finish):
@@ -128,7 +161,7 @@ class ThreadComm(CountsSent):
                           lambda mine: got.append(finish(mine)))
         return got[0]
 
-    def all_reduce(self, t, op="sum"):
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum `t` over the ranks, in place (op="max": the largest value)."""
         self._count("all_reduce", t)
 
@@ -137,15 +170,15 @@ class ThreadComm(CountsSent):
             return [total] * len(ps)
         return self._collective("all_reduce", t, combine, lambda total: t.copy_(total))
 
-    def all_gather(self, t, dim=0):
+    def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """Every rank's `t`, concatenated along `dim` in rank order (a new tensor)."""
         self._count("all_gather", t)
         return self._collective("all_gather", t, lambda ps: [ps] * len(ps),
                                 lambda ps: torch.cat(ps, dim))
 
-    def reduce_scatter(self, t, dim=0):
+    def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """This rank's piece along `dim` (k equal pieces) of the sum of every rank's `t`."""
-        _check_split(t, dim, self.world)
+        _validate_split(t, dim, self.world)
         self._count("reduce_scatter", t)
 
         def combine(ps):
@@ -153,5 +186,5 @@ class ThreadComm(CountsSent):
         return self._collective("reduce_scatter", t, combine,
                                 lambda pieces: pieces[self.rank].clone())
 
-    def wait(self):
+    def wait(self) -> None:
         pass

@@ -112,8 +112,12 @@ def clock_scale(modelled, measured=(), factor=5.0, floor=0.01):
     modelled = [float(s) for s in modelled]
     if not modelled or min(modelled) <= 0:
         raise ValueError(f"clock_scale: modelled durations must be positive, got {modelled}")
+    measured = [float(r) for r in measured] or [0.0] * len(modelled)   # none given: no floor
+    if len(measured) != len(modelled):
+        raise ValueError(f"clock_scale: {len(measured)} measured durations for "
+                         f"{len(modelled)} modelled ones: give one per box, or none")
     scale = floor / min(modelled)
-    for s, real in zip(modelled, measured):
+    for s, real in zip(modelled, measured, strict=True):
         scale = max(scale, factor * float(real) / s)
     return max(scale, 1.0)
 

@@ -1,6 +1,8 @@
 """How a run of ranks fails, for every way ranks start (processes or threads, runtime.launch and
 runtime.thread_world): the one RankFailed, and LaunchTimeout."""
 
+from ..words import plural_names
+
 __all__ = ["RankFailed", "LaunchTimeout"]
 
 
@@ -25,6 +27,6 @@ class LaunchTimeout(TimeoutError):
 
     def __init__(self, ranks, timeout, progress=""):
         self.ranks, self.timeout = ranks, timeout
-        super().__init__(f"rank(s) {ranks} still running after {timeout:g} s (stopped){progress}"
-                         ": a rank waits for a message or a collective that never comes, or the "
-                         "run needs more time (launch(..., timeout=...))")
+        super().__init__(f"{plural_names(ranks, 'rank')} still running after {timeout:g} s "
+                         f"(stopped){progress}: a rank waits for a message or a collective "
+                         "that never comes, or the run needs more time (launch(..., timeout=...))")

@@ -13,7 +13,9 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
 __all__ = ["atomic_write", "atomic_save", "write_json", "read_json"]
 
@@ -83,7 +85,8 @@ def _open_temporary(path, host):
                           f"{why.get(e.errno, os.strerror(e.errno or 0))})", str(path)) from None
 
 
-def atomic_write(path, write, mode="wb", durable=True):
+def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], mode: str = "wb",
+                 durable: bool = True) -> Path:
     """Write a file all at once or not at all: `write(f)` fills a temporary file next to `path`,
     which is flushed, fsynced and renamed over `path`. On any error the old file stays.
     durable=False skips the fsyncs (a progress note: whole or absent, not worth a disk flush)."""
@@ -122,13 +125,13 @@ def atomic_write(path, write, mode="wb", durable=True):
     return path
 
 
-def atomic_save(obj, path):
+def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     """torch.save(obj, path), atomically."""
     import torch
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def write_json(path, obj, indent=1):
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
     """json.dump(obj) to `path`, atomically, ending in a newline (as text files do)."""
     def dump(f):
         json.dump(obj, f, indent=indent)
@@ -136,7 +139,7 @@ def write_json(path, obj, indent=1):
     return atomic_write(path, dump, mode="w")
 
 
-def read_json(path):
+def read_json(path: str | os.PathLike) -> Any:
     """What write_json wrote (a whole file: atomic writes never leave half of one)."""
     with open(path) as f:
         return json.load(f)

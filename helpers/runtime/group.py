@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import exact_float32, num_gpus
+from ..words import plural
 from ..validate import validate_backend, validate_positive_int
 
 __all__ = ["choose_backend", "backend_line", "backend_for", "env_ranks", "rank_device", "setup",
@@ -41,7 +42,7 @@ __all__ = ["choose_backend", "backend_line", "backend_for", "env_ranks", "rank_d
 _watched = False
 
 
-def choose_backend(local_world_size=1):
+def choose_backend(local_world_size: int = 1) -> str:
     """"nccl" when every one of the `local_world_size` ranks on this machine has its own GPU,
     "gloo" otherwise (no GPU, or ranks outnumbering GPUs)."""
     if dist.is_nccl_available() and 0 < local_world_size <= num_gpus():
@@ -49,21 +50,21 @@ def choose_backend(local_world_size=1):
     return "gloo"
 
 
-def backend_line(world, backend=None):
+def backend_line(world: int, backend: str | None = None) -> str:
     """One line saying which backend `world` ranks on this machine get, and why."""
     gpus = num_gpus()
     chosen = backend or choose_backend(world)
     if chosen == "nccl":
-        return f"{world} ranks, one GPU each: NCCL"
+        return f"{plural(world, 'rank')}, one GPU each: NCCL"
     if backend:
-        return f"{world} ranks, gloo on the CPU (asked for), one thread per rank"
+        return f"{plural(world, 'rank')}, gloo on the CPU (asked for), one thread per rank"
     if gpus:
-        return (f"{world} ranks but {gpus} GPU(s): ranks outnumber GPUs, so gloo, "
+        return (f"{world} ranks but {plural(gpus, 'GPU')}: ranks outnumber GPUs, so gloo, "
                 "computing on the CPU")
-    return f"{world} ranks on the CPU (no GPU): gloo, one thread per rank"
+    return f"{plural(world, 'rank')} on the CPU (no GPU): gloo, one thread per rank"
 
 
-def backend_for(*worlds):
+def backend_for(*worlds: int) -> str:
     """One backend for launches of these numbers of ranks (a chapter's): NCCL only when the
     largest gets a GPU per rank. Passed to each launch, it keeps one table from mixing runs on
     GPUs with runs on CPU cores (1 rank on a GPU beside 2 ranks falling back to gloo)."""
@@ -72,7 +73,7 @@ def backend_for(*worlds):
     return choose_backend(max(worlds))
 
 
-def env_ranks():
+def env_ranks() -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size) as torchrun sets them; (0, 0, 1, 1) when
     the process was started without a launcher."""
     e = os.environ
@@ -81,7 +82,8 @@ def env_ranks():
             int(e.get("LOCAL_WORLD_SIZE", world_size)))
 
 
-def rank_device(local_rank, backend="nccl", local_world_size=None):
+def rank_device(local_rank: int, backend: str = "nccl",
+                local_world_size: int | None = None) -> torch.device:
     """This rank's device under `backend`: GPU `local_rank` with NCCL, and with gloo when each of
     the `local_world_size` ranks on this machine has a GPU of its own; the CPU otherwise. A GPU
     is made the current CUDA device; for the CPU (and on a machine without GPUs) nothing
@@ -92,21 +94,23 @@ def rank_device(local_rank, backend="nccl", local_world_size=None):
         return torch.device("cpu")
     if local_rank >= n:
         raise RuntimeError(f"local rank {local_rank} has no GPU of its own ({n} here): run at "
-                           f"most {n} rank(s) per machine with NCCL, or use gloo")
+                           f"most {plural(n, 'rank')} per machine with NCCL, or use gloo")
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     return device
 
 
-def free_port():
+def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT / --rdzv-endpoint)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def setup(rank=None, world_size=None, local_rank=None, local_world_size=None, backend=None,
-          timeout=60, master_addr=None, master_port=None, device=None):
+def setup(rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
+          local_world_size: int | None = None, backend: str | None = None, timeout: float = 60,
+          master_addr: str | None = None, master_port: int | None = None,
+          device: str | torch.device | None = None) -> tuple[int, int, torch.device]:
     """Join the process group and pick this rank's device. Returns (rank, world_size, device).
 
     Under torchrun call it without arguments. Started another way on one machine
@@ -163,7 +167,8 @@ def _auto_backend(local_world_size, world_size):
     backend = choose_backend(local_world_size)
     if backend != "nccl" and world_size != local_world_size:
         raise RuntimeError(
-            f"{local_world_size} rank(s) on this machine but {num_gpus()} GPU(s): it would fall "
+            f"{plural(local_world_size, 'rank')} on this machine but {plural(num_gpus(), 'GPU')}"
+            ": it would fall "
             f"back to gloo, while a machine with a GPU per rank picks NCCL, and the {world_size}"
             " ranks would never meet. On several machines name the backend on every one "
             "(--backend gloo, or setup(backend=\"gloo\")), or give each rank a GPU")
@@ -210,7 +215,7 @@ def _loopback_store(rank, world_size, port, timeout):
     return dist.TCPStore("127.0.0.1", port, world_size, True, timeout)
 
 
-def teardown():
+def teardown() -> None:
     """Leave the process group (safe to call when there is none).
 
     Objects that hold the group (a DDP model's reducer) keep it, and gloo's threads, alive past
@@ -222,21 +227,21 @@ def teardown():
         dist.destroy_process_group()
 
 
-def get_rank():
+def get_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def get_world_size():
+def get_world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def log0(*args, **kwargs):
+def log0(*args, **kwargs) -> None:
     """print() on rank 0 only: one log, not one per rank."""
     if get_rank() == 0:
         print(*args, **kwargs, flush=True)
 
 
-def die_with_parent(parent):
+def die_with_parent(parent: int) -> None:
     """This rank leaves when `parent` (the process that started it) dies, whatever killed it
     (SIGTERM, Ctrl-C, a killed kernel): the kernel signals it on Linux (PR_SET_PDEATHSIG), a
     thread that watches the parent's pid covers the rest. Once per process."""
@@ -279,7 +284,7 @@ def die_with_parent(parent):
     threading.Thread(target=watch, daemon=True).start()
 
 
-def pin_to_core(rank):
+def pin_to_core(rank: int) -> int | None:
     """One thread, pinned to core `rank` modulo the cores this process may use; returns it.
 
     Without pinning, k processes on k cores may share one while another idles; without one thread

@@ -15,6 +15,7 @@ the ThreadComm in cfg["comm"] (any callable works, also one defined in a noteboo
 Inside a rank, `report_progress(step, total, what)` (runtime.progress) shows how far it got on
 the caller's one progress line, updated in place while the ranks run.
 """
+import difflib
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -26,8 +27,10 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,7 +47,13 @@ _GRACE = 10.0      # seconds a rank that has handed in its result may take to le
 _NO_MAIN_GUARD = 86   # a rank's exit code: it started by re-running a script without the guard
 
 
-def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, quiet=False):
+# fn(rank, world, cfg) -> this rank's result: what launch runs on every rank
+Target = Callable[[int, int, dict[str, Any]], Any]
+
+
+def launch(fn: Target, world: int, cfg: Mapping[str, Any] | None = None, *,
+           backend: str | None = None, timeout: float = 300.0, threads: bool = False,
+           quiet: bool = False) -> list[Any]:
     """Run fn(rank, world, cfg) on `world` ranks; returns [what rank 0 returned, ...].
 
     Processes (default): `fn` must be importable (defined in a module, not a notebook), `cfg`
@@ -65,7 +74,7 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
     cfg = dict(cfg or {})
     if threads:
         return _launch_threads(fn, world, cfg, timeout)
-    _check_importable(fn)
+    _validate_importable(fn)
     line = backend_line(world, validate_backend(backend, world))
     backend = backend or choose_backend(world)
     try:
@@ -78,21 +87,25 @@ def launch(fn, world, cfg=None, *, backend=None, timeout=300.0, threads=False, q
     return _launch_processes(fn, world, cfg, backend, timeout, quiet)
 
 
-def take(cfg, *required, **defaults):
+def take(cfg: Mapping[str, Any], *required: str, **defaults: Any) -> list[Any]:
     """The values of a launch target's cfg, in order: the `required` keys, then the keys of
     `defaults` (their default when absent). A key it does not expect is an error (a typo would
     otherwise run the default silently); "device" and "comm" may always be there."""
-    unknown = set(cfg) - set(required) - set(defaults) - {"device", "comm"}
+    known = [*required, *defaults]
+    unknown = sorted(set(cfg) - set(known) - {"device", "comm"})
     missing = [k for k in required if k not in cfg]
     if unknown or missing:
+        near = [f"{k!r} -> {m[0]!r}" for k in unknown
+                if (m := difflib.get_close_matches(k, known, n=1))]
         raise TypeError(f"cfg {'lacks ' + str(missing) if missing else ''}"
                         f"{' and ' if unknown and missing else ''}"
-                        f"{'has unexpected ' + str(sorted(unknown)) if unknown else ''}: "
+                        f"{'has unexpected ' + str(unknown) if unknown else ''}"
+                        f"{' (a typo? ' + ', '.join(near) + ')' if near else ''}: "
                         f"expected {list(required)} and optionally {list(defaults)}")
     return [cfg[k] for k in required] + [cfg.get(k, v) for k, v in defaults.items()]
 
 
-def _check_importable(fn):
+def _validate_importable(fn):
     """A spawned rank finds `fn` by module and name: refuse what it could not find."""
     name = getattr(fn, "__name__", repr(fn))
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
@@ -316,35 +329,45 @@ def _launch_threads(fn, world, cfg, timeout):
 
 
 # ---- several experiments in one launch -------------------------------------------------------
-def run_in_turn(rank, world, cfg):
+def run_in_turn(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """A launch target running cfg["runs"], [(label, fn, kwargs), ...], one after another on
-    every rank (fn(rank, world, dict(kwargs, device=...)), a barrier between them); returns
-    {label: what fn returned}."""
+    every rank (fn(rank, world, dict(kwargs, device=..., comm=... on thread ranks)), a barrier
+    between them); returns {label: what fn returned}."""
     import torch.distributed as dist
 
     from .progress import report_progress
+    device, runs, comm = take(cfg, "device", "runs", comm=None)
+    given = dict(device=device) if comm is None else dict(device=device, comm=comm)
     results = {}
-    for i, (label, fn, kwargs) in enumerate(cfg["runs"]):
-        report_progress(i + 1, len(cfg["runs"]), f"experiment ({label})")
-        results[label] = fn(rank, world, dict(kwargs, device=cfg["device"]))
-        dist.barrier()
+    for i, (label, fn, kwargs) in enumerate(runs):
+        report_progress(i + 1, len(runs), f"experiment ({label})")
+        results[label] = fn(rank, world, dict(kwargs, **given))
+        if comm is None:
+            dist.barrier()
+        else:                                   # thread ranks: no process group
+            comm.all_reduce(torch.zeros(1))
     return results
 
 
-def run_ranks(world, runs, backend=None, timeout=600.0):
+def run_ranks(world: int, runs: Iterable[tuple[str, Target, dict[str, Any]]],
+              backend: str | None = None, timeout: float = 600.0, threads: bool = False
+              ) -> list[dict[str, Any]]:
     """Start `world` ranks once and run the experiments `runs`, [(label, fn, kwargs), ...], in
     turn on each (label: how its result is found, so one fn can run twice, e.g. "fsdp:bf16");
-    returns each rank's {label: result}. One launch: the ranks start (seconds) only once."""
+    returns each rank's {label: result}. One launch: the ranks start (seconds) only once.
+    threads=True: thread ranks, as launch(..., threads=True) (each fn gets cfg["comm"])."""
     runs = list(runs)
     for run in runs:
         if not (isinstance(run, tuple) and len(run) == 3 and isinstance(run[0], str)
                 and callable(run[1]) and isinstance(run[2], dict)):
             raise ValueError(f"run_ranks: {run!r} is not (label, function, kwargs): pass the "
                              "experiment itself, e.g. (\"zero1\", helpers.zero1_vs_one_process, "
-                             "{}); experiments are no longer looked up by name")
-        _check_importable(run[1])
+                             "{})")
+        if not threads:
+            _validate_importable(run[1])
     labels = [label for label, _, _ in runs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"run_ranks: labels {labels} repeat; give each run its own "
                          "(e.g. \"fsdp:bf16\")")
-    return launch(run_in_turn, world, dict(runs=runs), backend=backend, timeout=timeout)
+    return launch(run_in_turn, world, dict(runs=runs), backend=backend, timeout=timeout,
+                  threads=threads)

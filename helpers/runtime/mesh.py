@@ -44,7 +44,7 @@ def coords_of(rank, shape, names=MESH_DIMS):
     """{name: index} of a rank in the row-major mesh."""
     shape, names = _checked(shape, names)
     out = {}
-    for name, s in zip(reversed(names), reversed(shape)):
+    for name, s in zip(reversed(names), reversed(shape), strict=True):
         rank, out[name] = divmod(rank, s)
     return {name: out[name] for name in names}
 

@@ -20,6 +20,8 @@ import contextlib
 import itertools
 import threading
 import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -88,7 +90,8 @@ class ThreadWorld:
     `run_context()` (around a whole run), `rank_context(rank)` (around each rank's thread),
     `comm_context()` (around the network's own work in a rank) and `allowed(op)`."""
 
-    def __init__(self, size, timeout=10.0, deadline=None, record=True):
+    def __init__(self, size: int, timeout: float = 10.0, deadline: float | None = None,
+                 record: bool = True) -> None:
         """timeout: how long a rank waits for a message or a collective; deadline: how long a
         run waits for its ranks (default: three timeouts and 5 s); record: keep every Message
         (and a copy of its tensor) in `messages` and `timeline` (off for long runs: launch)."""
@@ -121,11 +124,11 @@ class ThreadWorld:
 
     # --- who is calling ------------------------------------------------------------------------
     @property
-    def rank(self):
+    def rank(self) -> int | None:
         """The rank of the calling thread (None outside the world's threads)."""
         return getattr(self._local, "rank", None)
 
-    def comm(self, rank):
+    def comm(self, rank: int) -> ThreadComm:
         """Rank `rank`'s ThreadComm (the same object every time: it counts what it sent)."""
         with self._cond:
             if rank not in self._comms:
@@ -149,16 +152,18 @@ class ThreadWorld:
                 and (rank is None or m.rank == rank)]
 
     # --- running ranks -------------------------------------------------------------------------
-    def run(self, fn, *args):
+    def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """fn(comm, *args) on every rank; their results in rank order. The first cause of a
         failure is raised as it was raised (a rank's TimeoutError comes after other errors);
         ranks still running at the deadline: LaunchTimeout (a TimeoutError too)."""
         return self._raise(*self.start(lambda r: fn(self.comm(r), *args)))
 
-    def launch(self, fn, cfg=None):
-        """fn(rank, size, cfg) on every rank, as helpers.launch(..., threads=True) calls it."""
+    def launch(self, fn: Callable[[int, int, dict[str, Any]], Any],
+               cfg: Mapping[str, Any] | None = None) -> list[Any]:
+        """fn(rank, size, cfg) on every rank, as helpers.launch(..., threads=True) calls it:
+        cfg gains what a process rank's has (its device) and the rank's ThreadComm ("comm")."""
         def one(r):
-            return fn(r, self.size, dict(cfg or {}, comm=self.comm(r), rank=r,
+            return fn(r, self.size, dict(cfg or {}, comm=self.comm(r),
                                          device=torch.device("cpu")))
         return self._raise(*self.start(one))
 
@@ -288,7 +293,8 @@ class ThreadWorld:
         return None
 
 
-def run_threads(fn, world, *args, timeout=5.0):
+def run_threads(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 5.0
+                ) -> tuple[list[Any], list[ThreadComm]]:
     """Run fn(comm, *args) on `world` thread ranks; returns (results, comms) in rank order.
     The first exception any rank raised is raised again here."""
     w = ThreadWorld(world, timeout, deadline=timeout * 4 + 30, record=False)

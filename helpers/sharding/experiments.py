@@ -11,6 +11,7 @@ from ..compare import max_diff, rel_diff
 from ..data_parallel.scratch import DDPFromScratch
 from ..one_process import adamw_groups, flat_cross_entropy, local_batch, params_of, \
     plain_optimizer, train_one_process
+from ..runtime.files import atomic_save
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
@@ -237,7 +238,7 @@ def zero1_checkpoint(rank, world, cfg):
     opt.consolidate_state_dict(to=0)
     if rank == 0:
         weights = {k: v.cpu() for k, v in model.module.state_dict().items()}   # any rank
-        torch.save(dict(model=weights, optim=opt.state_dict()), path)         # can load it
+        atomic_save(dict(model=weights, optim=opt.state_dict()), path)        # can load it
     dist.barrier()
     run(model, opt, batches[half:])
     sd = torch.load(path, map_location="cpu", weights_only=False)   # rank 0 saved it
@@ -293,7 +294,7 @@ def memory_per_stage(rank, world, cfg):
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         local_opt = opt.local if stage == "zero1" else opt.optimizer if stage == "zero2" else opt
         held = list(model.parameters()) + list(net.parameters())
-        for step in range(2):   # the first step creates the optimizer state
+        for _ in range(2):   # the first step creates the optimizer state
             if device.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats(device)

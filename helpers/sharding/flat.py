@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..words import plural
 from ..runtime.agree import agree
 
 __all__ = ["flat_shard", "padded_flat", "all_gather_flat", "reduce_scatter_flat",
@@ -91,8 +92,10 @@ def validate_groups(param_groups, trainable, who):
                 raise ValueError(f"{who}: a parameter is in two param groups")
             seen.add(id(p))
     if seen != ids:
-        raise ValueError(f"{who}: {len(ids - seen)} trainable parameter(s) are in no param "
-                         "group: put every trainable parameter in one group")
+        left = len(ids - seen)
+        raise ValueError(f"{who}: {plural(left, 'trainable parameter')} "
+                         f"{'is' if left == 1 else 'are'} in no param group: put every "
+                         "trainable parameter in one group")
     return [dict(g, params=list(g["params"])) for g in param_groups]
 
 
@@ -127,7 +130,7 @@ def unit_parameters(module, units):
     names = {id(u): [] for u in units}
     for u, n in unit_of.values():
         names[id(u)].append(n)
-    for i, u in enumerate(units):
+    for u in units:
         if not names[id(u)] and not own:
             raise ValueError(f"unit {type(u).__name__} holds no trainable parameter of its own "
                              "(all are frozen or in inner units): leave it out of units=")

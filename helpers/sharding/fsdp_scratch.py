@@ -92,7 +92,7 @@ class FSDPUnit:
 
     def set_views(self, full):
         offset = 0
-        for names, shape in zip(self.aliases, self.shapes):
+        for names, shape in zip(self.aliases, self.shapes, strict=True):
             view = None if full is None else full[offset:offset + shape.numel()].view(shape)
             for n in names:
                 _set_attr(self.module, n, view)
@@ -349,7 +349,7 @@ class FSDPFromScratch(nn.Module):
             self.agree_on("all-gather", unit, "gather_full_params", always=True)
             flat, _ = all_gather_flat(unit.shard.detach(), self.world)
             offset, prefix = 0, self.unit_prefix[id(unit)]
-            for n, shape in zip(unit.names, unit.shapes):
+            for n, shape in zip(unit.names, unit.shapes, strict=True):
                 piece = flat[offset:offset + shape.numel()].view(shape)
                 full[prefix + n] = piece.to("cpu", copy=True)
                 offset += shape.numel()

@@ -6,6 +6,7 @@ and the cases each wrapper refuses, with their messages.
 """
 import contextlib
 import copy
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -88,7 +89,7 @@ def clip_over_shards(rank, world, cfg):
         net = make_model("mlp", **(sizes or {})).to(device)
         if kind == "zero2":
             model = Zero2(net, torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
-            opt, shards = model, lambda: [piece for _, piece, *_ in model.pieces]
+            opt, shards = model, lambda model=model: [piece for _, piece, *_ in model.pieces]
         else:
             model = FSDPFromScratch(net)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
@@ -118,7 +119,7 @@ def _fsdp2_layers(world, device, reshard, prefetch, sizes):
         fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
     if prefetch:   # FSDP2 prefetches one unit ahead by itself; explicit lists say which
-        for a, b in zip(layers, layers[1:]):
+        for a, b in pairwise(layers):
             a.set_modules_to_forward_prefetch([b])
             b.set_modules_to_backward_prefetch([a])
     return net
@@ -183,7 +184,7 @@ def mixed_precision_zero(rank, world, cfg):
         for X, y in batches:
             net = copy.deepcopy(master).to(dtype)
             flat_cross_entropy(net(X.to(device, dtype)), y.to(device)).backward()
-            for p, q in zip(master.parameters(), net.parameters()):
+            for p, q in zip(master.parameters(), net.parameters(), strict=True):
                 p.grad = q.grad.float()
             opt.step()
             opt.zero_grad()

@@ -50,7 +50,8 @@ def shard_owners(module, world, bucket_mb=None):
         return torch.cat([owner_of[id(p)] for p in params])
 
     zero1 = partition_by_size([p.numel() for p in params], world)
-    by_tensor = cat({id(p): torch.full((p.numel(),), r) for p, r in zip(params, zero1)})
+    by_tensor = cat({id(p): torch.full((p.numel(),), r)
+                     for p, r in zip(params, zero1, strict=True)})
     zero2 = {}
     for bucket in make_buckets(params, bucket_mb):
         zero2.update(_flat_owners(bucket, world))
@@ -59,11 +60,11 @@ def shard_owners(module, world, bucket_mb=None):
         zero3.update(_flat_owners([unit.get_parameter(n) for n in names], world))
     rows = cat({id(p): _rows_owners(p, world) for p in params})
     sliced2, sliced3 = cat(zero2), cat(zero3)
-    return {"data parallel": dict(zip(SHARD_KINDS, (every, every, every))),
-            "ZeRO-1": dict(zip(SHARD_KINDS, (every, every, by_tensor))),
-            "ZeRO-2": dict(zip(SHARD_KINDS, (every, sliced2, sliced2))),
-            "ZeRO-3 (FSDP from scratch)": dict(zip(SHARD_KINDS, (sliced3,) * 3)),
-            "FSDP2 (fully_shard)": dict(zip(SHARD_KINDS, (rows,) * 3))}
+    return {"data parallel": dict(zip(SHARD_KINDS, (every, every, every), strict=True)),
+            "ZeRO-1": dict(zip(SHARD_KINDS, (every, every, by_tensor), strict=True)),
+            "ZeRO-2": dict(zip(SHARD_KINDS, (every, sliced2, sliced2), strict=True)),
+            "ZeRO-3 (FSDP from scratch)": dict(zip(SHARD_KINDS, (sliced3,) * 3, strict=True)),
+            "FSDP2 (fully_shard)": dict(zip(SHARD_KINDS, (rows,) * 3, strict=True))}
 
 
 def _runs(owners):
@@ -71,7 +72,7 @@ def _runs(owners):
     change = torch.nonzero(owners[1:] != owners[:-1]).flatten() + 1
     starts = [0, *change.tolist()]
     ends = [*change.tolist(), owners.numel()]
-    return [(a, b - a, int(owners[a])) for a, b in zip(starts, ends)]
+    return [(a, b - a, int(owners[a])) for a, b in zip(starts, ends, strict=True)]
 
 
 def plot_shards(module, world, bucket_mb=None, owners=None):
@@ -81,7 +82,7 @@ def plot_shards(module, world, bucket_mb=None, owners=None):
     owners = owners if owners is not None else shard_owners(module, world, bucket_mb)
     total = next(iter(owners.values()))["weights"].numel()
     fig, axes = diagram(len(owners), 1, width=7.2, height=1.55 * len(owners) + 0.6)
-    for ax, (scheme, kinds) in zip(axes.flat, owners.items()):
+    for ax, (scheme, kinds) in zip(axes.flat, owners.items(), strict=True):
         ax.set_title(scheme, fontsize=FONT, loc="left")
         ax.set(xlim=(-0.42 * total, total * 1.01), ylim=(3.0, -0.1))
         for row, kind in enumerate(SHARD_KINDS):

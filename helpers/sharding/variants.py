@@ -75,8 +75,9 @@ def _copies_at_collectives():
         if fn is None:
             continue
         saved[name] = fn
+        gather = name.startswith("all_gather")
 
-        def wrapper(*args, _fn=fn, _gather=name.startswith("all_gather"), **kw):
+        def wrapper(*args, _fn=fn, _gather=gather, **kw):
             names = ("output_tensor", "input_tensor") if _gather else ("output", "input")
             out, inp = (kw[n] if n in kw else args[i] for i, n in enumerate(names))
             t = inp if _gather else out

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..data_parallel.scratch import make_buckets
 from ..runtime.agree import SAME_MODEL, agree, fingerprint
+from ..validate import validate_positive_int
 from .flat import (all_gather_flat, validate_flat_dtypes, validate_groups, clip_sharded_grad_norm_,
                    padded_flat, reduce_scatter_flat)
 
@@ -21,6 +22,7 @@ __all__ = ["partition_by_size", "ShardedOptimizer", "Zero2", "optimizer_state_by
 def partition_by_size(sizes, world):
     """The rank that owns each of the tensors of `sizes` (numbers of elements): largest first to the
     least loaded rank, so the loads differ by at most the largest tensor. Same on every rank."""
+    validate_positive_int(world, "world")
     load, owner = [0] * world, [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         r = min(range(world), key=lambda r: (load[r], r))
@@ -66,7 +68,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for p in self.all_params:
                 dist.broadcast(p, src=0)
         owners = partition_by_size([p.numel() for p in self.all_params], self.world)
-        self.owner = {id(p): r for p, r in zip(self.all_params, owners)}
+        self.owner = {id(p): r for p, r in zip(self.all_params, owners, strict=True)}
         self._index = {id(p): i for i, p in enumerate(self.all_params)}   # the unsharded index
         local = [{**g, "params": [p for p in g["params"] if self.owner[id(p)] == self.rank]}
                  for g in self.param_groups]
@@ -93,7 +95,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _sync_groups(self):
         """The inner groups take the outer ones' settings (a scheduler changes the outer lr)."""
-        for i, g in zip(self._local_index, self.local.param_groups if self.local else ()):
+        local_groups = self.local.param_groups if self.local else ()   # None: no group here
+        for i, g in zip(self._local_index, local_groups, strict=True):
             g.update({k: v for k, v in self.param_groups[i].items() if k != "params"})
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -149,7 +152,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError("the state dict's param groups do not match this optimizer's: "
                              "build it over the same parameters, in the same groups")
         ids = [i for g in groups for i in g["params"]]
-        for g, saved in zip(self.param_groups, groups):
+        for g, saved in zip(self.param_groups, groups, strict=True):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._sync_groups()
         state = state_dict["state"]
@@ -287,7 +290,7 @@ class Zero2(nn.Module):
                             device=self.flats[0].device)
         if self.world > 1:
             dist.all_reduce(used)
-        used = {id(p) for p, u in zip(self.params, used) if u > 0}
+        used = {id(p) for p, u in zip(self.params, used, strict=True) if u > 0}
         for i, works in self._pending.items():
             total = None
             for work, out in works:
@@ -313,7 +316,7 @@ class Zero2(nn.Module):
                                "before step()")
         self._steps += 1   # a step() some ranks skip: refused at the next finish
         self.optimizer.step()
-        for flat, shard in zip(self.flats, self.shards):
+        for flat, shard in zip(self.flats, self.shards, strict=True):
             gathered, _ = all_gather_flat(shard.clone(), self.world)
             flat.copy_(gathered)
 

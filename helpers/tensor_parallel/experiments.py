@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.comm import DistComm
+from ..runtime.launch import take
+from ..runtime.mesh import device_mesh
 from ..runtime.progress import report_progress
 from ..runtime.traffic import FuncolBytes, count_traffic
 from ..tiny_models import block_inputs, block_loss, small_block, small_stack
@@ -53,9 +55,9 @@ def tp_worker(rank, world, cfg):
     """Launch target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
     without PrepareModuleInput), on the same weights and input. Returns {name: result} where a
     result has out, grads (this rank's slices) and the fwd/bwd logs of (op, bytes)."""
-    device = cfg["device"]
-    block = small_block(**cfg.get("block", {})).to(device)
-    X, R = (t.to(device) for t in block_inputs(**cfg["inputs"]))
+    device, inputs, block_cfg, lm = take(cfg, "device", "inputs", block={}, lm=None)
+    block = small_block(**block_cfg).to(device)
+    X, R = (t.to(device) for t in block_inputs(**inputs))
     comm = DistComm(device=device)
     results = {}
     for name, module in (("mlp", TPMLP(block.mlp, comm)), ("block", TPBlock(block, comm))):
@@ -72,8 +74,8 @@ def tp_worker(rank, world, cfg):
         got["comm_counts"] = {str(k): v for k, v in debug.get_comm_counts().items()}
         results[name] = got
     results.update(sp_runs(rank, world, block, X, R, comm, mesh))
-    if cfg.get("lm"):
-        results.update(vocab_runs(rank, world, cfg["lm"], comm, mesh))
+    if lm:
+        results.update(vocab_runs(rank, world, lm, comm, mesh))
     return results
 
 
@@ -120,9 +122,10 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
     vocab_parallel_cross_entropy) and with DTensor (vocab_plan, loss_parallel): the loss, the
     gradients of this rank's slices, the collectives, and the logits' bytes on this rank."""
     from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
-    lm = tiny_tp_lm(**lm_cfg["model"]).to(comm.device)
-    g = torch.Generator().manual_seed(lm_cfg.get("seed", 0))
-    ids = torch.randint(0, lm.head.out_features, (lm_cfg["batch"], lm_cfg["seq"]), generator=g)
+    model_cfg, batch, seq, seed = take(lm_cfg, "model", "batch", "seq", seed=0)
+    lm = tiny_tp_lm(**model_cfg).to(comm.device)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, lm.head.out_features, (batch, seq), generator=g)
     y = torch.randint(0, lm.head.out_features, ids.shape, generator=g)
     ids, y = ids.to(comm.device), y.to(comm.device)
     emb, blk = VocabEmbedding(lm.emb, comm), TPBlock(lm.block, comm)
@@ -181,23 +184,23 @@ def mesh2d_worker(rank, world, cfg):
     import logging
     # full_tensor() of a 2D-sharded weight warns that it gathers in two steps: true, harmless
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    device = cfg["device"]
-    dp, tp = cfg.get("shape", (2, 2))
+    device, inputs, (dp, tp), blocks, block_cfg, wrap, lr, steps = take(
+        cfg, "device", "inputs", shape=(2, 2), blocks=2, block={}, wrap="block", lr=0.1, steps=3)
     mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh["dp"].get_local_rank()
-    model = small_stack(cfg.get("blocks", 2), **cfg.get("block", {})).to(device)
+    model = small_stack(blocks, **block_cfg).to(device)
     for block in model:                        # tensor parallel inside each block, over "tp"
         parallelize_module(block, mesh["tp"], tp_plan(True, True))
-    if cfg.get("wrap", "block") == "block":
+    if wrap == "block":
         for block in model:                    # one FSDP unit per block, over "dp"
             fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])        # the root: what no block holds
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.1))
-    losses, steps = [], cfg.get("steps", 3)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
     groups = {d: dist.get_process_group_ranks(mesh.get_group(d)) for d in ("dp", "tp")}
     for step in range(steps):
         report_progress(step + 1, steps, "step")
-        X, R = block_inputs(**dict(cfg["inputs"], seed=step))
+        X, R = block_inputs(**dict(inputs, seed=step))
         rows = X.shape[0] // dp
         Xs = X[dp_rank * rows:(dp_rank + 1) * rows].to(device)
         Rs = R[dp_rank * rows:(dp_rank + 1) * rows].to(device)
@@ -224,19 +227,19 @@ def hsdp_worker(rank, world, cfg):
     trains on a quarter of the batch. Also an nn.Linear(5, 3) fully_shard over "shard": rows
     that do not divide (torch.chunk: 2 and 1). Returns losses, weights (rank 0), local shapes,
     the placements, the last step's collectives per mesh dimension."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    device = cfg["device"]
-    mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("replicate", "shard"))
-    model = small_stack(cfg.get("blocks", 2), **cfg.get("block", {})).to(device)
+    device, inputs, blocks, block_cfg, lr, steps = take(cfg, "device", "inputs", blocks=2,
+                                                        block={}, lr=0.1, steps=3)
+    mesh = device_mesh((2, 2), ("replicate", "shard"), device.type)
+    model = small_stack(blocks, **block_cfg).to(device)
     for block in model:
         fully_shard(block, mesh=mesh)          # a 2-D mesh: HSDP (replicate, shard)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.1))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     groups = {d: dist.get_process_group_ranks(mesh.get_group(d)) for d in ("replicate", "shard")}
     losses = []
-    for step in range(cfg.get("steps", 3)):
-        X, R = block_inputs(**dict(cfg["inputs"], seed=step))
+    for step in range(steps):
+        X, R = block_inputs(**dict(inputs, seed=step))
         rows = X.shape[0] // world
         Xs, Rs = (t[rank * rows:(rank + 1) * rows].to(device) for t in (X, R))
         opt.zero_grad()

@@ -6,6 +6,8 @@ devices whose parts it holds; `plot_ring_allreduce` draws who sent which chunk t
 step. `megatron_trace` runs the Megatron MLP once, forward and backward, and records each
 device's shards of W1 and W2 and what f and g sent; `plot_megatron_mlp` draws where f and g sit.
 """
+from itertools import pairwise
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -58,7 +60,7 @@ def ring_steps(k=4, ring=ring_all_reduce):
         raise RuntimeError(f"{len(records)} transfers logged but {len(moves.sent)} tensors moved")
     holds = [[frozenset({d}) for _ in range(k)] for d in range(k)]
     steps, senders = [], set()
-    for r, value in zip(records, moves.sent):
+    for r, value in zip(records, moves.sent, strict=True):
         phase = r.op.split(": ")[-1]
         if not steps or phase != steps[-1]["phase"] or r.src in senders:
             steps.append(dict(phase=phase, moves=[]))
@@ -67,7 +69,7 @@ def ring_steps(k=4, ring=ring_all_reduce):
         chunk, parts = _decode(value.item(), k)
         steps[-1]["moves"].append((r.src, r.dst, chunk, parts))
     for step in steps:   # a step's sends leave before any arrives: update after all of them
-        for src, dst, chunk, parts in step["moves"]:
+        for _src, dst, chunk, parts in step["moves"]:
             reduce = step["phase"] != "all-gather"
             holds[dst][chunk] = parts | holds[dst][chunk] if reduce else parts
         step["holds"] = [list(h) for h in holds]
@@ -95,7 +97,7 @@ def plot_ring_allreduce(k=4, ring=ring_all_reduce, steps=None):
     cell, gap = 1.0, 0.9
     fig, axes = diagram(half, 2, width=7.2, height=2.05 * half)
     count = {}
-    for n, (ax, step) in enumerate(zip(axes.T.flat, panels)):
+    for ax, step in zip(axes.T.flat, panels, strict=False):   # an odd count leaves a spare axis
         phase = step["phase"]
         count[phase] = count.get(phase, 0) + 1
         title = ("each device's own chunks" if phase == "start" else
@@ -156,7 +158,8 @@ def megatron_trace(k=2, n=4, d=8, h=16, seed=0):
         out = megatron_mlp(*tensors, [torch.device("cpu")] * k, log)
     out.sum().backward()
     first, second = seen.products[0::2], seen.products[1::2]
-    if len(first) != k or any(a[1][1] != b[1][0] for a, b in zip(first, second)):
+    if len(first) != k or len(second) != k or any(
+            a[1][1] != b[1][0] for a, b in zip(first, second, strict=True)):
         raise RuntimeError(f"expected two products per device, got {seen.products}")
     units, lo = [], 0
     for _, (_, width) in first:       # X @ W1[:, units]: W1's columns are the device's units
@@ -187,7 +190,7 @@ def plot_megatron_mlp(trace=None, **kwargs):
     cols = [("in", 0.0, 0.6), ("f", 0.9, 0.7), ("W1", 1.9, 1.7), ("ReLU", 3.85, 0.8),
             ("W2", 4.9, 1.7), ("g", 6.85, 0.7), ("out", 7.8, 0.6)]
     sent = t["sent"]
-    for ax, phase in zip(axes.flat, ("forward", "backward")):
+    for ax, phase in zip(axes.flat, ("forward", "backward"), strict=True):
         ax.set(xlim=(-0.1, 8.5), ylim=(top + 0.1, -1.0))
         ax.set_title(phase + (", right to left" if phase == "backward" else ""),
                      fontsize=FONT, loc="left")
@@ -208,7 +211,7 @@ def plot_megatron_mlp(trace=None, **kwargs):
                     label = {"W1": f"W1[:, {a}:{b}]", "W2": f"W2[{a}:{b}]", "ReLU": "ReLU"}[name]
                     draw_box(ax, x, dev * lane, w, lane - 0.1, device_color(dev), label,
                         fontsize=FONT - 3)
-        for (_, a, wa), (_, b, _) in zip(cols, cols[1:]):
+        for (_, a, wa), (_, b, _) in pairwise(cols):
             start, end = (a + wa + 0.03, b - 0.03)
             if phase == "backward":
                 start, end = end, start

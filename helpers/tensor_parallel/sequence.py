@@ -77,7 +77,7 @@ class GatherLinears(torch.autograd.Function):
         ctx.comm = comm
         ctx.save_for_backward(x, *weights_and_biases)
         full = comm.all_gather(x, dim=1)
-        pairs = zip(weights_and_biases[::2], weights_and_biases[1::2])
+        pairs = zip(weights_and_biases[::2], weights_and_biases[1::2], strict=True)
         return tuple(F.linear(full, w, b) for w, b in pairs)
 
     @staticmethod
@@ -86,7 +86,7 @@ class GatherLinears(torch.autograd.Function):
         full = ctx.comm.all_gather(x, dim=1)                 # re-gathered, not kept
         flat = full.reshape(-1, full.shape[-1])
         gx, out = torch.zeros_like(full), []
-        for g, w in zip(grads, wb[::2]):
+        for g, w in zip(grads, wb[::2], strict=True):
             if g is None:
                 out += [torch.zeros_like(w), torch.zeros(w.shape[0], dtype=w.dtype,
                                                          device=w.device)]
