@@ -63,7 +63,7 @@ def plot_ring(T, world, layouts=("contiguous", "zigzag")):
     """draw_ring for each layout, one panel under the other (a phone's column is narrow).
     Returns the figure."""
     fig, axes = diagram(len(layouts), 1, width=5.0, height=0.75 * world * len(layouts) + 0.6)
-    for ax, layout in zip(axes.flat, layouts):
+    for ax, layout in zip(axes.flat, layouts, strict=True):
         ax.set_axis_on()
         draw_ring(T, world, layout, ax, fontsize=FONT - 2)
         ax.set_title("")                  # draw_ring's one-line title: too wide here
@@ -101,7 +101,7 @@ def plot_split(T, world, layouts=("contiguous", "zigzag")):
     """draw_split for each layout, side by side (two squares fit a phone's column).
     Returns the figure."""
     fig, axes = diagram(1, len(layouts), width=5.0, height=2.9)
-    for ax, layout in zip(axes.flat, layouts):
+    for ax, layout in zip(axes.flat, layouts, strict=True):
         ax.set_axis_on()
         draw_split(T, world, layout, ax, fontsize=FONT - 1)
     fig.tight_layout()
