@@ -195,7 +195,8 @@ from .context_parallel.ulysses import (seq_to_heads, heads_to_seq, SeqToHeads, H
                                        ulysses_attention)
 from .context_parallel.torch_api import ROTATE_METHODS
 from .context_parallel.experiments import cp_ulysses_run
-from .context_parallel.schematics import ring_schedule, draw_ring, draw_split
+from .context_parallel.schematics import (ring_schedule, draw_ring, draw_split, plot_ring,
+                                          plot_split)
 from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter
@@ -203,7 +204,7 @@ from .expert_parallel.moe import router_z_loss
 from .expert_parallel.torch_api import (EPMoE, GroupedExperts, ep_dp_mesh, grouped_mm,
                                         grouped_mm_status, permute_by_expert)
 from .expert_parallel.experiments import ep_production_run
-from .expert_parallel.schematics import dispatch_counts, draw_all_to_all
+from .expert_parallel.schematics import dispatch_counts, draw_all_to_all, plot_all_to_all
 from .runtime.mesh import rank_grid, coords_of, new_groups, device_mesh
 from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches,
                            stage_cuts)
@@ -220,12 +221,13 @@ from .composed.planner import (MODEL_KEYS, GPU_KEYS, stage_costs, layout_costs,
                                candidate_layouts, plan,
                                format_plan)
 from .schematics import (DEVICE_COLORS, EVERY_RANK_COLOR, SCHEMATIC_FONT, device_color, text_color,
-                         diagram, draw_box, draw_arrow)
+                         diagram, draw_box, draw_arrow, PHONE_COLUMN_PX, phone_text_px)
 from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatron_trace,
                                          plot_megatron_mlp)
 from .pipeline_parallel.schematics import (split_picture, plot_network_split, schedule_timelines,
                                            plot_pipeline_schedules, PHASE_COLORS)
 from .sharding.schematics import SHARD_KINDS, shard_owners, plot_shards
 from .data_parallel.schematics import bucket_timeline, plot_buckets
+from .data_parallel.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
 from .composed.planner import (ACCUMULATION, LATENCY, data_parallel_costs,
                                ring_exposed_seconds)

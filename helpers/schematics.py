@@ -6,10 +6,11 @@ and few words (a phone shows a figure at about half its size), colours that stay
 colour-blind readers (Okabe and Ito's), and a white figure background (the book shows figures
 on a light panel in dark mode too).
 """
-__all__ = ["DEVICE_COLORS", "EVERY_RANK_COLOR", "SCHEMATIC_FONT", "device_color", "text_color",
-           "diagram", "draw_box", "draw_arrow"]
+__all__ = ["DEVICE_COLORS", "EVERY_RANK_COLOR", "SCHEMATIC_FONT", "PHONE_COLUMN_PX", "device_color",
+           "text_color", "diagram", "draw_box", "draw_arrow", "phone_text_px"]
 
 SCHEMATIC_FONT = 13                     # points; phones show figures at about half size
+PHONE_COLUMN_PX = 342                   # the book's text column on a 390-px-wide phone (CSS px)
 # Okabe-Ito: distinguishable with every common colour-vision deficiency
 DEVICE_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
                  "#000000")
@@ -55,3 +56,27 @@ def draw_arrow(ax, start, end, color="black", rad=0.0, width=2.0):
     ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=16, color=color,
                                  linewidth=width, connectionstyle=f"arc3,rad={rad}",
                                  shrinkA=0, shrinkB=0))
+
+
+def phone_text_px(fig, column=PHONE_COLUMN_PX):
+    """(size, text) of the smallest text of `fig` in CSS pixels as the book shows it in a column
+    `column` px wide: Jupyter stores the figure's tight bounding box as a PNG at fig.dpi (one
+    CSS px per pixel), and the page shrinks a wider image to the column. Read from the figure
+    as drawn (an SVG with its text kept as text), so hidden axes and empty labels do not count."""
+    import io
+    import re
+
+    import matplotlib
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")   # as the inline backend crops
+    svg = buf.getvalue()
+    width_pt = float(re.search(r'<svg[^>]* width="([0-9.]+)pt"', svg).group(1))
+    scale = fig.dpi / 72 * min(1.0, column / (width_pt / 72 * fig.dpi))
+    texts = [(float(size) * scale, re.sub(r"<[^>]+>", "", body).strip())
+             for size, body in re.findall(r'<text style="font-size: ([0-9.]+)px[^>]*>(.*?)</text>',
+                                          svg, flags=re.S)]
+    texts = [t for t in texts if t[1]]
+    if not texts:
+        raise ValueError("the figure draws no text")
+    return min(texts)
