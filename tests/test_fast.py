@@ -366,9 +366,13 @@ def test_worker_processes_train_like_train_batch():
         for mode in ("fast", "reference"):
             res = got[k][mode]
             assert all(len(res[key]) == 1 and res[key][0] >= 0
-                       for key in ("step_s", "compute_s", "comm_s", "update_s"))
+                       for key in ("step_s", "compute_s", "comm_s", "update_s", "wait_s"))
             if k == 2:
                 assert res["comm_s"][0] > 1e-6, "two workers must have communicated"
+                # rank 0's wait for the other worker is part of its all-reduce
+                assert res["wait_s"][0] <= res["comm_s"][0] + 1e-3, (res["wait_s"], res["comm_s"])
+            else:
+                assert res["wait_s"][0] == 0.0, "one worker waits for nobody"
             params = [torch.tensor(p) for p in res["params"]]
             assert max_diff(ref[0], params) < 1e-5, (k, mode)
             assert max_diff(init_lenet_params(seed=3), params) > 1e-4, "training must move them"

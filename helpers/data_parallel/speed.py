@@ -52,13 +52,16 @@ class _Trainer:
         self.g = torch.Generator().manual_seed(seed)
 
     def repeat(self, steps, rank, X, y, group):
-        """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update (on
-        the CPU: gloo ranks, one core each)."""
+        """`steps` SGD steps; seconds per step of the whole, compute, all-reduce, update, and
+        of this rank's wait for the last worker to finish its compute (its compute-end stamps
+        gathered after the steps: perf_counter is one clock for a machine's processes), on the
+        CPU: gloo ranks, one core each."""
         import torch.distributed as dist
 
         from ..models import lenet, loss
         from .simulated import sgd
         comp = comm = upd = 0.0
+        ready = []                   # when this rank's compute ended, each step
         t_start = synced_now()
         for _ in range(steps):
             idx = torch.randint(0, X.shape[0], (self.B,), generator=self.g)
@@ -66,6 +69,7 @@ class _Trainer:
             t0 = synced_now()
             loss(lenet(X[idx], self.params), y[idx]).sum().backward()
             t1 = synced_now()
+            ready.append(t1)
             if self.k > 1:
                 if self.mode == "fast":
                     dist.all_reduce(self.flat_grad, group=group)    # one message
@@ -82,7 +86,14 @@ class _Trainer:
             t3 = synced_now()
             comp, comm, upd = comp + t1 - t0, comm + t2 - t1, upd + t3 - t2
         total = synced_now() - t_start
-        return [v / steps for v in (total, comp, comm, upd)]
+        wait = 0.0
+        if self.k > 1:               # after the timed steps: the stamps of every rank
+            mine = torch.tensor(ready, dtype=torch.float64)
+            every = [torch.empty_like(mine) for _ in range(self.k)]
+            dist.all_gather(every, mine, group=group)
+            last = torch.stack(every).max(0).values
+            wait = float((last - mine).sum())
+        return [v / steps for v in (total, comp, comm, upd, wait)]
 
 
 def dp_timing_worker(rank, world_size, cfg):
@@ -112,7 +123,8 @@ def dp_timing_worker(rank, world_size, cfg):
         raise ValueError(f"run names must differ: {names}")
     trainers = {run["name"]: {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
                 for run in runs}
-    out = {name: {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": []} for k in ks}
+    out = {name: {k: {"step_s": [], "compute_s": [], "comm_s": [], "update_s": [],
+                      "wait_s": []} for k in ks}
            for name in names}
     done, total = 0, sum(run["reps"] + 1 for run in runs)
     for r in range(max(run["reps"] for run in runs) + 1):   # the runs take turns too
@@ -147,7 +159,9 @@ def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False):
     """Time the data-parallel `runs` (see dp_timing_worker) for each worker count in `ks` (an int
     or a list), on max(ks) gloo worker processes with one thread each, pinned to cores; the
     counts take turns in the same processes. Returns {k: {name: {step_s, compute_s, comm_s,
-    update_s: seconds per step, one per repeat}}} plus 'cores' (the core of each rank)."""
+    update_s, wait_s: seconds per step, one per repeat}}} plus 'cores' (the core of each rank).
+    wait_s is rank 0's wait, inside comm_s, for the last worker to end its compute: a
+    collective ends only when every worker has joined it."""
     ks = [ks] if isinstance(ks, int) else sorted(set(ks))
     if not ks or ks[0] < 1:
         raise ValueError(f"worker counts must be at least 1, got {ks}")
