@@ -385,6 +385,8 @@ def test_worker_processes_train_like_train_batch():
             if k == 2:
                 assert res["comm_s"][0] > 1e-6, "two workers must have communicated"
                 assert res["after_s"][0] > 0, "the all-reduce ends after the last arrival"
+            else:
+                assert res["wait_s"][0] == 0.0, "one worker waits for nobody"
             params = [torch.tensor(p) for p in res["params"]]
             assert max_diff(ref[0], params) < 1e-5, (k, mode)
             assert max_diff(init_lenet_params(seed=3), params) > 1e-4, "training must move them"

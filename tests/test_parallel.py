@@ -3,6 +3,8 @@
 Each guard is also run against the buggy variant learners meet (learners.md rows 1, 2, 9), to show
 the test would catch it.
 """
+import math
+
 import pytest
 import torch
 
@@ -136,6 +138,10 @@ def test_both_trainers_finish_an_epoch_whose_last_batch_is_shorter_than_the_devi
     fast = helpers.train_fast(2, 64, 0.1, num_epochs=1, subset=257, seed=0, verbose=False)
     assert len(ref["params"]) == len(fast["params"]) == 8
     assert all(torch.isfinite(p).all() for p in ref["params"] + fast["params"])
+    # a mean loss per step, the short last batch included: chance (ln 10) at the start
+    losses = ref["step_losses"]
+    assert len(losses) == 5 and all(isinstance(v, float) for v in losses), losses
+    assert abs(losses[0] - math.log(10)) < 0.05, losses
 
 
 # ---- train_batch: k devices == one device ------------------------------------------------------

@@ -9,6 +9,7 @@ from ..data import load_data_fashion_mnist
 from ..devices import Timer, get_devices
 from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator, progress
+from ..prose import plural
 from ..validate import validate_lr, validate_positive_int, validate_seed, validate_step
 
 __all__ = ["get_params", "allreduce", "split_batch", "sgd", "train_batch", "train",
@@ -109,8 +110,9 @@ def train(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, plot=Tru
     """Train the functional LeNet on Fashion-MNIST on `num_gpus` devices (simulated if missing).
 
     Returns a dict with the final test accuracy, median seconds per epoch (epochs 2 onwards, the
-    first pays for warm-up) and the trained parameters. An epoch's last batch may be shorter
-    than the device count: it is trained on, some devices getting an empty shard.
+    first pays for warm-up), every step's mean training loss and the trained parameters. An
+    epoch's last batch may be shorter than the device count: it is trained on, some devices
+    getting an empty shard.
     """
     validate_positive_int(num_gpus, "num_gpus")
     validate_positive_int(batch_size, "batch_size")
@@ -123,21 +125,25 @@ def train(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, plot=Tru
     device_params = [get_params(init_lenet_params(seed=seed), d) for d in devices]
     animator = Animator(xlabel="epoch", xlim=[1, num_epochs], ylim=[0, 2.5],
                         legend=["train loss", "test acc"]) if plot else None
-    timer, n = Timer(devices), len(train_iter.dataset)
+    timer, n, step_losses = Timer(devices), len(train_iter.dataset), []
     for epoch in range(num_epochs):
         timer.start()
         total_loss = torch.zeros((), device=devices[0])
         for X, y in progress(train_iter, desc=f"epoch {epoch + 1}"):
-            total_loss += train_batch(X, y, device_params, devices, lr)
+            summed = train_batch(X, y, device_params, devices, lr)
+            total_loss += summed
+            step_losses.append(summed / len(y))   # kept on the device: no wait
         timer.stop()
         test_acc = evaluate_accuracy(lambda X: lenet(X, device_params[0]), test_iter, devices[0])
         if animator:
             animator.add(epoch + 1, (total_loss.item() / n, test_acc))
     sec = timer.median(skip=1)
-    print(f"{num_gpus} device(s): test acc {test_acc:.3f}, {sec:.2f} s/epoch "
+    print(f"{plural(num_gpus, 'device')}: test acc {test_acc:.3f}, {sec:.2f} s/epoch "
           f"on {[str(d) for d in devices]}")
     return dict(num_gpus=num_gpus, test_acc=test_acc, sec_per_epoch=sec,
-                epoch_times=timer.times, params=device_params[0])
+                epoch_times=timer.times,
+                step_losses=torch.stack(step_losses).tolist(),
+                params=device_params[0])
 
 
 def default_run_size():
