@@ -73,7 +73,7 @@ def test_a_cause_is_named_only_from_a_resolved_ratio_and_its_measured_split():
     assert "names no cause" in noise and "compute" not in noise
     assert noise.count("within noise") == 1    # the verdict is said once, not twice
     assert helpers.strong_words(FASTER, 20.0, 11.0, 2.0).count("faster") == 1
-    assert "1.30x (1.20-1.40, 3 rounds)" in helpers.strong_words(FASTER, 20.0, 11.0, 2.0)
+    assert "(1.30x, 1.20-1.40 over 3 rounds)" in helpers.strong_words(FASTER, 20.0, 11.0, 2.0)
     assert "names no cause" in helpers.strong_words(ONE, 20.0, 11.0, 2.0)
     assert {helpers.overlap_step_words(r) for r in (FASTER, SLOWER, NOISE, ONE)} == {
         "faster than", "slower than", "within noise of", "not told apart (one round) from"}

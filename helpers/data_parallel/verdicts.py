@@ -144,9 +144,9 @@ def message_cause(r, saved_ms, comm_saved_ms):
 
 
 def _figure(r, what="round"):
-    """'1.76x (1.67-1.98, 10 rounds)': a ratio and its spread without its verdict, for a
+    """'1.76x, 1.67-1.98 over 10 rounds': a ratio and its spread without its verdict, for a
     sentence that says the verdict once in its own words."""
-    return f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f}, {plural(len(r.samples), what)})"
+    return f"{r.median:.2f}x, {r.lo:.2f}-{r.hi:.2f} over {plural(len(r.samples), what)}"
 
 
 def strong_words(r, compute1_ms, computek_ms, comm_ms):
@@ -163,7 +163,7 @@ def strong_words(r, compute1_ms, computek_ms, comm_ms):
                 + ("more than the compute saved" if comm_ms > saved else
                    "less than the compute saved, so the split does not explain it"))
     if r.verdict == "cannot tell":
-        return f"not told apart from one ({_figure(r)}, no spread), so this run names no cause"
+        return f"not told apart from one ({_figure(r)}: no spread), so this run names no cause"
     return (f"within noise of one ({_figure(r)}): this run cannot tell them apart, so it names "
             "no cause")
 
