@@ -133,6 +133,18 @@ def test_the_model_saving_is_checked_against_the_measured_one_in_three_branches(
     assert "cannot check the model's saving of 2.0 ms" in noise and "times the" not in noise
 
 
+def test_the_profile_share_is_read_as_arithmetic_on_a_cpu_and_as_launches_on_a_gpu():
+    words = helpers.arithmetic_share_words
+    assert "the convolutions and the elementwise work" in words({"a": 0.77, "b": 0.78}, False)
+    low = words({"a": 0.3, "b": 0.6}, False)
+    assert "more than half for one step and less for the other" in low
+    assert "does not show the arithmetic to be the step" in low
+    assert "less than half of it" in words({"a": 0.3, "b": 0.4}, True)
+    assert "more than half of it" in words({"a": 0.7, "b": 0.6}, True)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        words({"a": 77.0}, False)
+
+
 def test_shared_rounding_has_three_branches_and_refuses_nonsense():
     words = helpers.shared_rounding_words
     assert "mostly the same rounding" in words(1e-8, 1e-6)

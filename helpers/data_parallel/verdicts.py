@@ -11,7 +11,7 @@ from ..timing import Ratio
 __all__ = ["ratio_words", "against_prediction", "ablation_credit", "compile_sentence",
            "graph_sentence", "knob_words", "bucket_words", "message_cause", "strong_words",
            "overlap_step_words", "two_workers_sentence", "shared_rounding_words",
-           "weak_split", "sweep_words", "model_saving_words"]
+           "weak_split", "sweep_words", "model_saving_words", "arithmetic_share_words"]
 
 
 def _check(r):
@@ -141,6 +141,39 @@ def message_cause(r, saved_ms, comm_saved_ms):
         return ("the measured split does not put the difference in the all-reduce, so this run "
                 "names no cause")
     return "this run resolved no difference, so it names no cause"
+
+
+def arithmetic_share_words(shares, on_gpu):
+    """What the fixes chapter's profile of one step says (`shares`: each step's share of CPU
+    self time in the convolutions and matrix products, 0 to 1). On a CPU that time is the
+    arithmetic; on a GPU it is launching kernels. Words for over half, under half, or mixed."""
+    if not shares or not all(0 <= v <= 1 for v in shares.values()):
+        raise ValueError(f"shares {shares!r}: give each step's share, between 0 and 1")
+    lo, hi = min(shares.values()), max(shares.values())
+    part = ("more than half" if lo > 0.5 else "less than half" if hi < 0.5 else
+            "more than half for one step and less for the other")
+    if on_gpu:
+        return ("On a GPU the arithmetic runs on the GPU, and an operator's CPU time is spent "
+                "launching its kernels: this profile of CPU time measures launches, and those "
+                f"of the convolutions and matrix products were {part} of it. The rest is the "
+                "launches of the other operators and the Python between them: CPU time that a "
+                "CUDA graph replaces with one launch a step (fix 7).")
+    if lo > 0.5:
+        return ("The profiles, more than the timing, carry the point: both steps spend about "
+                "the same share on the arithmetic, so on one CPU thread the fused step has no "
+                "overhead left that the library's step does not pay too: the convolutions and "
+                "the elementwise work around them (ReLU, average pooling and their backward) "
+                "are the step, and removing Python or launches cannot shorten them. A CPU "
+                "operator has no kernel launch to pay, so a CUDA graph has nothing to remove "
+                "here. What remains on a CPU: fewer passes over memory for the elementwise "
+                "work, a better memory layout for the convolutions and less arithmetic, "
+                "leaving out what the model throws away (compiling: the next fix), and more "
+                "cores doing the arithmetic at the same time (the worker processes of the "
+                "previous chapter, and the benchmark's rows on ranks).")
+    return (f"Here the convolutions and matrix products were {part} of the steps' CPU time, so "
+            "this profile does not show the arithmetic to be the step: the rest (elementwise "
+            "work, the loss, the update and the Python between operators) is what a fused or "
+            "compiled step can still shorten on this CPU.")
 
 
 def _figure(r, what="round"):
