@@ -98,8 +98,9 @@ def test_weak_scaling_puts_the_loss_where_the_measured_split_puts_it():
     assert "Of the 8.0 ms a step it added" in both["text"]
     assert "0.80 of one worker's speed (0.70-0.90 over 3 repeats in turns" in both["text"]
     comm = helpers.weak_split(SLOWER, NOISE, **split)
-    assert "puts the loss in the all-reduce" in comm["text"]
+    assert "the part of the loss this run can name (50% of the loss)" in comm["text"]
     assert "not resolved slower" in comm["summary"] and "slowed by" not in comm["summary"]
+    assert "4.0 ms a step (50% of the loss)" in comm["summary"]
     odd = helpers.weak_split(FASTER, NOISE, **split)
     assert "names no cause" in odd["text"] and "names no cause" in odd["summary"]
     for r in (NOISE, ONE):

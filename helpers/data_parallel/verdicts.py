@@ -249,13 +249,15 @@ def weak_split(step, compute, step_ms, compute_ms, comm_ms):
                      f"the loss both in the all-reduce ({comm_ms:.1f} ms a step) and in each "
                      f"worker's compute, which slowed by {c2 - c1:.1f} ms (resolved)"))
     if step.verdict == "slower":
+        share = (f"{min(1.0, comm_ms / (s2 - s1)):.0%} of the loss" if s2 > s1 else
+                 "while the medians show no loss")
         return dict(
             text=(f"{eff}: slower than ideal. Of the {s2 - s1:.1f} ms a step it added, {split}: "
-                  "each worker's compute was not resolved slower, so the split puts the loss in "
-                  "the all-reduce"),
-            summary=(f"here two workers' step was slower than one's, and the measured split puts "
-                     f"the loss in the all-reduce ({comm_ms:.1f} ms a step); each worker's "
-                     "compute was not resolved slower"))
+                  f"the all-reduce is the part of the loss this run can name ({share}); each "
+                  "worker's compute was not resolved slower, so it names no cause for the rest"),
+            summary=(f"here two workers' step was slower than one's; the all-reduce took "
+                     f"{comm_ms:.1f} ms a step ({share}), and each worker's compute was not "
+                     "resolved slower, so this run names no cause for the rest"))
     if step.verdict == "faster":
         return dict(
             text=(f"{eff}: faster than one worker's step, which weak scaling does not predict; "
