@@ -113,7 +113,9 @@ from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights,
 from .data_parallel.verdicts import (ratio_words, against_prediction, ablation_credit,
                                      compile_sentence, graph_sentence, knob_words, bucket_words,
                                      message_cause, strong_words, overlap_step_words,
-                                     two_workers_sentence, shared_rounding_words)
+                                     two_workers_sentence, shared_rounding_words,
+                                     weak_split, sweep_words, model_saving_words,
+                                     arithmetic_share_words)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
@@ -124,10 +126,10 @@ from .data_parallel.speed import (dp_timing_worker, time_data_parallel, spread,
                                   allreduce_compare_worker, compare_with_dist_all_reduce,
                                   lenet_module_from, bench_worker, bench_ranks,
                                   gloo_allreduce_worker, time_gloo_allreduce)
-from .data_parallel.verdicts import (simulated_devices_words, same_code_words,
-                                     loader_step_words, compute_split_words,
-                                     allreduce_split_words, overlap_lengthens_words,
-                                     alone_prediction_words, thesis_words)
+from .data_parallel.profile_verdicts import (simulated_devices_words, same_code_words,
+                                             loader_step_words, compute_split_words,
+                                             allreduce_split_words, overlap_lengthens_words,
+                                             alone_prediction_words, thesis_words)
 from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
                             clip_sharded_grad_norm_, validate_flat_dtypes, validate_groups,

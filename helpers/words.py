@@ -9,8 +9,9 @@ __all__ = ["plural", "plural_names"]
 def plural(n, word, many=None):
     """'1 rank', '2 ranks', '1 process', '3 processes': a count with its noun in agreement,
     for printed lines and prose (never 'rank(s)'). `many` names an irregular plural."""
-    if many is None:
-        many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
+    if many is None:   # 'epoch' ends in a hard ch: epochs, as 'stomach'
+        hard = word.endswith(("och", "ach")) and not word.endswith(("each", "oach"))
+        many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) and not hard else "s")
     whole = isinstance(n, numbers.Integral)   # numpy's and torch's ints too
     return f"{int(n):,} {word if n == 1 else many}" if whole else f"{n} {many}"
 

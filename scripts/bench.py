@@ -221,12 +221,13 @@ def run_on_ranks(row, size, args, seed, compile_ok):
                    subset=size["subset"], seed=seed, compile=compile_ok)
         backend = helpers.choose_backend(k)
         r = helpers.launch(helpers.train_fast_rank, k, cfg, quiet=True, timeout=RANK_TIMEOUT)[0]
-        note = f"{backend}, {k} process(es)" + (", compiled" if r["compiled"] else "")
+        note = f"{backend}, {helpers.plural(k, 'process')}" + (
+            ", compiled" if r["compiled"] else "")
     else:
         got, backend = helpers.bench_ranks(k, [name], args.batch_size, args.lr,
                                            size["num_epochs"], size["subset"], seed,
                                            timeout=RANK_TIMEOUT)
-        r, note = got[name], f"{backend}, {k} process(es)"
+        r, note = got[name], f"{backend}, {helpers.plural(k, 'process')}"
     return dict(epoch_times=r["epoch_times"], test_acc=r["test_acc"], note=note,
                 param_sum=r["param_sum"])
 
@@ -422,10 +423,11 @@ def print_table(rows, ref):
         s, a = r["sec_per_epoch"], r["test_acc"]
         speed = f"{ref['sec_per_epoch'].median / s.median:.2f}x" if ref else "-"
         extra = timing.Measurement([x["first_epoch_extra_s"] for x in r["rounds"]]).median
-        where = "ranks" if r["where"] == "ranks" else "dev"
+        where = (helpers.plural(r["n"], "rank") if r["where"] == "ranks" else
+                 helpers.plural(r["n"], "device"))
         print(f"{r['trainer']:<12} {r['n']:>2} {s.median:>8.3f} {s.lo:>7.3f}-{s.hi:<7.3f} "
               f"{a.median:>6.3f} ({a.lo:.3f}-{a.hi:.3f}) {extra:>9.1f} {speed:>6}  "
-              f"{r['n']} {where}; {r['note']}")
+              f"{where}; {r['note']}")
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ def test_a_ranks_row_trains_on_launched_ranks():
                      dict(trainer="fast", n=2, where="ranks")], rows
     got = bench.run_on_ranks(ranks[1], size, args, seed=1, compile_ok=False)
     assert len(got["epoch_times"]) == 2 and all(t > 0 for t in got["epoch_times"]), got
-    assert 0 <= got["test_acc"] <= 1 and got["note"].startswith("gloo, 2 process(es)"), got
+    assert 0 <= got["test_acc"] <= 1 and got["note"].startswith("gloo, 2 processes"), got
     assert isinstance(got["param_sum"], float), got
 
 

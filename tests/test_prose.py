@@ -9,6 +9,7 @@ def test_plural_agrees_with_its_count():
     assert plural(1, "process") == "1 process"
     assert plural(4, "process") == "4 processes"
     assert plural(2, "batch") == "2 batches"
+    assert plural(3, "epoch") == "3 epochs" and plural(2, "coach") == "2 coaches"
     assert plural(2048, "byte") == "2,048 bytes"
     assert plural(2, "child", "children") == "2 children"
     import numpy as np

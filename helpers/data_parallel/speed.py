@@ -179,12 +179,13 @@ def dp_timing_worker(rank, world_size, cfg):
         return {"results": results, "cores": cores, "threads": torch.get_num_threads()}
 
 
-def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False):
+def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False, timeout=300.0):
     """Time the data-parallel `runs` (see dp_timing_worker) for each worker count in `ks` (an int
     or a list), on max(ks) gloo worker processes with one thread each, pinned to cores; the
     counts take turns in the same processes. Returns {k: {name: {step_s, compute_s, comm_s,
     update_s, compute_cpu_s, wait_s, after_s: seconds per step, one per repeat}}} plus 'cores'
-    (the core of each rank)."""
+    (the core of each rank). `timeout`: seconds the whole run may take (helpers.launch's; a busy
+    machine needs more)."""
     ks = [ks] if isinstance(ks, int) else sorted(set(ks))
     if not ks or ks[0] < 1:
         raise ValueError(f"worker counts must be at least 1, got {ks}")
@@ -199,7 +200,8 @@ def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False):
             raise ValueError(f"run {run['name']!r}: global batch {run['global_batch']} does not "
                              f"split evenly over {bad} workers")
     cfg = {"ks": ks, "runs": list(runs), "subset": subset, "lr": lr, "seed": seed}
-    got = launch(dp_timing_worker, ks[-1], cfg, backend="gloo", quiet=quiet)[0]
+    got = launch(dp_timing_worker, ks[-1], cfg, backend="gloo", quiet=quiet,
+                 timeout=timeout)[0]
     res = {int(k): v for k, v in got["results"].items()}
     res["cores"] = got["cores"]
     return res

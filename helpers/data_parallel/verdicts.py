@@ -5,11 +5,15 @@ Each takes helpers.Ratio objects (helpers.timing: a verdict of "faster", "slower
 noise" or, from one round, "cannot tell") and numbers, and returns the words the chapter glues.
 A sentence names a cause only for a resolved ratio, and only from a measured split.
 """
+from itertools import pairwise
+
+from ..prose import plural
 from ..timing import Ratio
 
 __all__ = ["ratio_words", "against_prediction", "ablation_credit", "compile_sentence",
            "graph_sentence", "knob_words", "bucket_words", "message_cause", "strong_words",
-           "overlap_step_words", "two_workers_sentence", "shared_rounding_words"]
+           "overlap_step_words", "two_workers_sentence", "shared_rounding_words",
+           "weak_split", "sweep_words", "model_saving_words", "arithmetic_share_words"]
 
 
 def _check(r):
@@ -141,6 +145,45 @@ def message_cause(r, saved_ms, comm_saved_ms):
     return "this run resolved no difference, so it names no cause"
 
 
+def arithmetic_share_words(shares, on_gpu):
+    """What the fixes chapter's profile of one step says (`shares`: each step's share of CPU
+    self time in the convolutions and matrix products, 0 to 1). On a CPU that time is the
+    arithmetic; on a GPU it is launching kernels. Words for over half, under half, or mixed."""
+    if not shares or not all(0 <= v <= 1 for v in shares.values()):
+        raise ValueError(f"shares {shares!r}: give each step's share, between 0 and 1")
+    lo, hi = min(shares.values()), max(shares.values())
+    part = ("more than half" if lo > 0.5 else "less than half" if hi < 0.5 else
+            "more than half for one step and less for the other")
+    if on_gpu:
+        return ("On a GPU the arithmetic runs on the GPU, and an operator's CPU time is spent "
+                "launching its kernels: this profile of CPU time measures launches, and those "
+                f"of the convolutions and matrix products were {part} of it. The rest is the "
+                "launches of the other operators and the Python between them: CPU time that a "
+                "CUDA graph replaces with one launch a step (fix 7).")
+    if lo > 0.5:
+        return ("The profiles, more than the timing, carry the point: both steps spend about "
+                "the same share on the arithmetic, so on one CPU thread the fused step has no "
+                "overhead left that the library's step does not pay too: the convolutions and "
+                "the elementwise work around them (ReLU, average pooling and their backward) "
+                "are the step, and removing Python or launches cannot shorten them. A CPU "
+                "operator has no kernel launch to pay, so a CUDA graph has nothing to remove "
+                "here. What remains on a CPU: fewer passes over memory for the elementwise "
+                "work, a better memory layout for the convolutions and less arithmetic, "
+                "leaving out what the model throws away (compiling: the next fix), and more "
+                "cores doing the arithmetic at the same time (the worker processes of the "
+                "previous chapter, and the benchmark's rows on ranks).")
+    return (f"Here the convolutions and matrix products were {part} of the steps' CPU time, so "
+            "this profile does not show the arithmetic to be the step: the rest (elementwise "
+            "work, the loss, the update and the Python between operators) is what a fused or "
+            "compiled step can still shorten on this CPU.")
+
+
+def _figure(r, what="round"):
+    """'1.76x, 1.67-1.98 over 10 rounds': a ratio and its spread without its verdict, for a
+    sentence that says the verdict once in its own words."""
+    return f"{r.median:.2f}x, {r.lo:.2f}-{r.hi:.2f} over {plural(len(r.samples), what)}"
+
+
 def strong_words(r, compute1_ms, computek_ms, comm_ms):
     """k workers against one at the same global batch (Ratio), with the measured split: each
     worker's compute for one worker and for k, and the all-reduce (waits included) for k."""
@@ -148,13 +191,16 @@ def strong_words(r, compute1_ms, computek_ms, comm_ms):
     split = (f"each worker's compute went from {compute1_ms:.1f} to {computek_ms:.1f} ms a step "
              f"and the all-reduce, waits included, added {comm_ms:.1f} ms")
     if r.verdict == "faster":
-        return f"faster than one ({r}): {split}"
+        return f"faster than one ({_figure(r)}): {split}"
     if r.verdict == "slower":
         saved = compute1_ms - computek_ms
-        return (f"slower than one ({r}): {split}, "
+        return (f"slower than one ({_figure(r)}): {split}, "
                 + ("more than the compute saved" if comm_ms > saved else
                    "less than the compute saved, so the split does not explain it"))
-    return f"within noise of one ({r}): this run cannot tell them apart, so it names no cause"
+    if r.verdict == "cannot tell":
+        return f"not told apart from one ({_figure(r)}: no spread), so this run names no cause"
+    return (f"within noise of one ({_figure(r)}): this run cannot tell them apart, so it names "
+            "no cause")
 
 
 def overlap_step_words(r):
@@ -180,6 +226,98 @@ def two_workers_sentence(batches, speed, comm_share):
             f"{small} and {100 * c_large:.0f}% at batch {large} (medians).")
 
 
+def weak_split(step, compute, step_ms, compute_ms, comm_ms):
+    """Weak scaling split into its parts: two workers at twice the global batch against one
+    (Ratios of one worker's time / two workers', repeat by repeat: `step` for the whole step,
+    `compute` for each worker's forward and backward), with the medians `step_ms` and
+    `compute_ms` (one worker, two) and the two workers' all-reduce `comm_ms` (waits included).
+    Returns {"text": the chapter's sentence, "summary": its Summary's}; a cause is named only
+    for a resolved step, and only from the measured split."""
+    _check(step), _check(compute)
+    (s1, s2), (c1, c2) = step_ms, compute_ms
+    eff = (f"two workers' step ran at {step.median:.2f} of one worker's speed ({step.lo:.2f}-"
+           f"{step.hi:.2f} over {plural(len(step.samples), 'repeat')} in turns; 1 is ideal)")
+    how = {"slower": f"slower, resolved: {_figure(compute, 'repeat')}",
+           "faster": f"faster, resolved: {_figure(compute, 'repeat')}",
+           "cannot tell": "one repeat, no verdict"}.get(compute.verdict, "not resolved apart")
+    split = (f"each worker's compute went from {c1:.1f} to {c2:.1f} ms a step ({how}) and the "
+             f"all-reduce, waits included, took {comm_ms:.1f} ms (medians, which need not add "
+             "up exactly)")
+    if step.verdict == "slower" and compute.verdict == "slower":
+        return dict(
+            text=(f"{eff}: slower than ideal. Of the {s2 - s1:.1f} ms a step it added, {split}: "
+                  "the loss is not communication alone, each worker's compute slowed too"),
+            summary=(f"here two workers' step was slower than one's, and the measured split puts "
+                     f"the loss both in the all-reduce ({comm_ms:.1f} ms a step) and in each "
+                     f"worker's compute, which slowed by {c2 - c1:.1f} ms (resolved)"))
+    if step.verdict == "slower":
+        share = (f"{min(1.0, comm_ms / (s2 - s1)):.0%} of the loss" if s2 > s1 else
+                 "while the medians show no loss")
+        return dict(
+            text=(f"{eff}: slower than ideal. Of the {s2 - s1:.1f} ms a step it added, {split}: "
+                  f"the all-reduce is the part of the loss this run can name ({share}); each "
+                  "worker's compute was not resolved slower, so it names no cause for the rest"),
+            summary=(f"here two workers' step was slower than one's; the all-reduce took "
+                     f"{comm_ms:.1f} ms a step ({share}), and each worker's compute was not "
+                     "resolved slower, so this run names no cause for the rest"))
+    if step.verdict == "faster":
+        return dict(
+            text=(f"{eff}: faster than one worker's step, which weak scaling does not predict; "
+                  f"{split}, and this run names no cause"),
+            summary=("here two workers' step was even shorter than one's (resolved), which the "
+                     "model does not predict, and this run names no cause"))
+    return dict(text=f"{eff}: this run cannot tell two workers' step from one's, so it names no "
+                     "cause",
+                summary="here this run could not tell two workers' step from one's, so it names "
+                        "no cause")
+
+
+def sweep_words(batches, epochs, last):
+    """An epoch's seconds against the batch size (the scaling chapter's sweep): where their
+    medians stop falling (the first batch after which a larger one saves under 10 %), then the
+    largest batch against the smallest with a spread (Ratio `last`: the smallest batch's epoch /
+    the largest's, repeat by repeat; every batch took its turn in every repeat)."""
+    _check(last)
+    if len(batches) != len(epochs) or len(batches) < 2:
+        raise ValueError(f"{len(batches)} batches and {len(epochs)} epoch times: give one "
+                         "median per batch, two batches at least")
+    i = next((i for i, (a, b) in enumerate(pairwise(epochs)) if b > 0.9 * a), None)
+    where = (f"still falls at batch {batches[-1]}" if i is None else
+             f"does not fall beyond batch {batches[0]}" if i == 0 else
+             f"falls until batch {batches[i]}, then stops")
+    grew = {"slower": ": the epoch grew with the batch", "faster": ""}.get(last.verdict, "")
+    return (f"{where} (medians); at batch {batches[-1]} an epoch ran {ratio_words(last)} as at "
+            f"batch {batches[0]}{grew}")
+
+
+def model_saving_words(model_ms, comm_ms, r, reps):
+    """The alpha-beta model's saving of one message a step against 8 (`model_ms`), checked
+    against the measured all-reduce of two workers (`comm_ms`: the 8 messages' median and the
+    one's, waits included; Ratio `r` of the 8's time / the one's, repeat by repeat). `reps`: the
+    calls per size whose fastest the fit of α used. Three branches, and no cause beyond what
+    the model leaves out."""
+    _check(r)
+    many, one = comm_ms
+    head = (f"Measured in this chapter's first run (two workers, batch 256), the reference "
+            f"step's 8 all-reduces took {many:.1f} ms a step and the fast step's one "
+            f"{one:.1f} ms (medians, waits for the other worker included): one message was "
+            f"{ratio_words(r)} as 8")
+    if r.verdict == "faster":
+        saved = many - one
+        return (f"{head}. The model prices the saving at {model_ms:.1f} ms a step; the run "
+                f"measured {saved:.1f} ms, {saved / model_ms:.1f} times the model's. The model "
+                f"leaves things out: it takes α from the fastest of {reps} calls on ranks doing "
+                "nothing else, while a step's all-reduces are medians of calls made between "
+                "computations on a busy machine, waits for the other worker included. This run "
+                "does not split the difference among them.")
+    if r.verdict == "slower":
+        return (f"{head}: the reverse of the model's saving of {model_ms:.1f} ms a step, which "
+                "this run does not confirm (its medians include the waits for the other "
+                "worker, which the model leaves out).")
+    return (f"{head}: this run cannot tell the two apart, so it cannot check the model's saving "
+            f"of {model_ms:.1f} ms a step.")
+
+
 def shared_rounding_words(apart, rounding):
     """How much rounding two float32 results of one function share, from how far `apart` they
     are and how far each is from the float64 value (`rounding`): three branches, no cause beyond
@@ -196,174 +334,3 @@ def shared_rounding_words(apart, rounding):
                 "rounding, not most of it")
     return ("as much as either misses of the float64 value: they round in different places, "
             "two separate roundings of the same size")
-
-
-# ------------------------------------------------ the profile and ddp_scratch chapters (issue 30)
-# Their own block, appended: the sentences above belong to the fixes and scaling chapters.
-__all__ += ["simulated_devices_words", "same_code_words", "loader_step_words",
-            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
-            "alone_prediction_words", "thesis_words"]
-
-
-def _spread(r):
-    n = len(r.samples)
-    return f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f}, {n} round{'s' * (n != 1)})"
-
-
-def simulated_devices_words(two, halves):
-    """Two devices simulated in one process against one device (Ratio: one's time / two's), and
-    the control that can explain a 'faster': one device running the two halves of each batch in
-    turn (Ratio: one's time / the halves'). The half batches are named as the cause only where
-    the control was resolved faster too."""
-    _check(two), _check(halves)
-    control = f"one device running the two halves of each batch in turn was {_spread(halves)}"
-    if two.verdict == "slower":
-        return (f"slower than one ({_spread(two)}): the two replicas take turns on the same core, "
-                "and the second brings its own operators (counted below)")
-    if two.verdict == "within noise":
-        return (f"within noise of one ({_spread(two)}): this run cannot tell them apart, as "
-                "expected of two replicas that take turns on the same core")
-    if two.verdict == "cannot tell":
-        return f"not told apart from one ({_spread(two)}: one round, no spread)"
-    if halves.verdict == "faster":
-        return (f"faster than one ({_spread(two)}), and so was the control: {control}, faster. "
-                "The half "
-                "batches, not a second device, made the step shorter: on this core half a batch "
-                "costs less than half as much (why, this run does not say)")
-    return (f"faster than one ({_spread(two)}), while the control was not resolved faster "
-            f"({control}, "
-            f"{halves.verdict}): this run does not say why")
-
-
-def same_code_words(r):
-    """The same code on the same tensors, after the same warm-up, timed in two cells (Ratio,
-    unpaired: the earlier cell's time / the later one's): a resolved difference can only be the
-    machine's, which is why comparisons are made in turns, never between cells."""
-    _check(r)
-    if r.verdict in ("faster", "slower"):
-        return (f"{r.median:.2f} times as fast ({r.lo:.2f}-{r.hi:.2f}, unpaired: "
-                f"{r.verdict}). The code, its tensors and its warm-up were the same, so what "
-                "changed between the two cells is the machine (the other work on its cores): "
-                "why every comparison in this chapter is made in turns, never between cells")
-    return (f"{r.median:.2f} times as fast ({r.lo:.2f}-{r.hi:.2f}, unpaired: {r.verdict}): the "
-            "two cells cannot be told apart")
-
-
-def loader_step_words(r, data_ms, diff_ms):
-    """The one-device step fed by the loader against the same step on resident tensors, timed in
-    the same rounds (Ratio: the resident step's time / the loader step's), with the loader
-    step's median data phase and the medians' difference (milliseconds, loader minus resident)."""
-    _check(r)
-    if r.verdict == "slower" and diff_ms > 0:
-        share = (": the whole difference" if data_ms >= diff_ms else
-                 "; the rest this run does not explain")
-        return (f"slower ({_spread(r)}): {diff_ms:.1f} ms more a step (medians), of which its "
-                f"data phase took {data_ms:.1f} ms{share}")
-    if r.verdict == "faster":
-        return (f"faster ({_spread(r)}) although it also waits for the loader "
-                f"({data_ms:.1f} ms a step): this run does not say why")
-    return (f"{r.verdict} ({_spread(r)}): its data phase took {data_ms:.1f} ms a step, which "
-            "this run cannot tell from the noise")
-
-
-def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_cpu_ms, k=2):
-    """Why each of k workers computed for more than 1/k of one worker's compute, from measured
-    times: `cpu_vs_half` (Ratio: a worker's CPU time of compute / one worker's over k, repeat by
-    repeat: above 1 means the share itself cost more on the core), `off_core` (Ratio: a worker's
-    compute wall time / its CPU time: above 1 means it spent time off its core), and the medians
-    (milliseconds) of a worker's compute and its CPU time, and one worker's."""
-    _check(cpu_vs_half), _check(off_core)
-    head = (f"each of {k} workers computed for {compute_ms:.1f} ms a step, against 1/{k} of one "
-            f"worker's {one_ms:.1f} ms, {one_ms / k:.1f}; on its core (its thread's CPU time) "
-            f"{cpu_ms:.1f} ms, against 1/{k} of one worker's {one_cpu_ms:.1f}, "
-            f"{one_cpu_ms / k:.1f} (medians)")
-    if off_core.lo > 1:
-        away = (f"; the rest of its compute, {compute_ms - cpu_ms:.1f} ms, it spent off its core "
-                f"(wall time / CPU time {_spread(off_core)}): waiting for a core that other "
-                f"threads held (one worker alone spent {one_ms - one_cpu_ms:.1f} ms of its "
-                "compute off its core)")
-    else:
-        away = (f"; its wall time and CPU time were not told apart ({_spread(off_core)}), so it "
-                f"did not measurably lose its core, while one worker alone spent "
-                f"{one_ms - one_cpu_ms:.1f} ms of its compute off its core")
-    if cpu_vs_half.lo > 1:
-        share = (f": its share cost more than 1/{k} on the core itself "
-                 f"({_spread(cpu_vs_half)} of it)")
-    elif cpu_vs_half.hi < 1:
-        share = f": its share cost less than 1/{k} on the core ({_spread(cpu_vs_half)} of it)"
-    else:
-        share = f": on the core its share cost about 1/{k} ({_spread(cpu_vs_half)} of it)"
-    return head + share + away
-
-
-def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
-    """A worker's all-reduce in the step, split on the shared clock of the machine's processes:
-    `wait_ms`, waiting for the other workers to arrive, and `after_ms`, from the last arrival to
-    its end (medians, milliseconds), against the same all-reduce timed `alone` (a Measurement,
-    seconds, a barrier before each call)."""
-    lo, hi, med = alone.lo * 1e3, alone.hi * 1e3, alone.median * 1e3
-    head = (f"of its {comm_ms:.2f} ms in the all-reduce a step, rank 0 waited {wait_ms:.2f} ms "
-            f"for the other worker to arrive, and {after_ms:.2f} ms passed after both had arrived, "
-            f"against {med:.2f} ms ({lo:.2f}-{hi:.2f}) for the same all-reduce alone (medians)")
-    if after_ms > hi:
-        return (head + ": after both had arrived it still took longer than alone, and why, "
-                "this run does not say")
-    if after_ms < lo:
-        return head + ": after both had arrived it took no longer than alone"
-    return head + ": after both had arrived it took as long as alone, within its spread"
-
-
-def overlap_lengthens_words(step, compute):
-    """Overlap against all-reduce-after-backward on one core per rank: the step (Ratio: after's /
-    overlap's) and backward's compute (Ratio: after's compute / overlap's, paired rounds; below
-    1 means overlap lengthened it). The core shared with gloo's threads is named as the cause of
-    a longer step only where the compute was resolved longer with overlap."""
-    _check(step), _check(compute)
-    grew = compute.verdict == "slower"
-    why = (f"backward's compute itself was longer with overlap ({_spread(compute)}: slower), "
-           "since gloo's threads ran the all-reduces on the core autograd needed" if grew else
-           f"backward's compute was shorter with overlap ({_spread(compute)})"
-           if compute.verdict == "faster" else
-           "backward's compute with overlap could not be told from its compute without "
-           f"({_spread(compute)})")
-    if step.verdict == "slower":
-        return ("overlap lengthened the step here: " + why
-                + ("" if grew else "; so why, this run does not say"))
-    if step.verdict == "faster":
-        return ("overlap shortened the step here" + (", although " + why if grew else ""))
-    return ("this run cannot tell whether overlap lengthened or shortened the step here; "
-            + why)
-
-
-def alone_prediction_words(predictions):
-    """Speed-ups predicted from the all-reduce timed alone, each against its measured Ratio:
-    `predictions` a list of (name, predicted speed-up, Ratio). '2.00 times at batch 256, outside
-    the measured 1.05-1.28, and ...'."""
-    parts = []
-    for name, p, r in predictions:
-        _check(r)
-        where = "inside" if r.lo <= p <= r.hi else "outside"
-        parts.append(f"{p:.2f} times at {name}, {where} the measured {r.lo:.2f}-{r.hi:.2f}")
-    if not parts:
-        raise ValueError("alone_prediction_words needs at least one (name, predicted, Ratio)")
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
-
-
-def thesis_words(win, losses):
-    """What a run showed of 'k workers win when the compute they split is large, lose when it is
-    not': `win` the Ratio at the large batch (k workers against one), `losses` {name: Ratio} of
-    the small-batch runs. A loss or a win is claimed only where its ratio was resolved."""
-    _check(win)
-    lost = [name for name, r in losses.items() if _check(r).verdict == "slower"]
-    if len(lost) == len(losses) > 1:
-        loss = "every small-batch run showed the loss"
-    elif lost:
-        rest = ", ".join(f"{name}: {r.verdict}" for name, r in losses.items() if name not in lost)
-        loss = f"only the run with {' and '.join(lost)} showed the loss ({rest})"
-    else:
-        loss = "no small-batch run showed the loss"
-    won = {"faster": "the large batch showed the win",
-           "slower": "the large batch contradicted the win (slower)",
-           "within noise": "the large batch did not resolve the win (within noise)",
-           "cannot tell": "the large batch had one round: no verdict"}[win.verdict]
-    return f"{loss}; {won}"

@@ -6,7 +6,6 @@ agree with one device up to float32 rounding either way. Transfers are logged by
 """
 import copy
 import time
-from itertools import pairwise
 
 import torch
 
@@ -26,8 +25,7 @@ def split_sequential(net, cuts, devices):
     if len(bounds) - 1 != len(devices):
         raise ValueError(
             f"{len(cuts)} cuts make {len(bounds) - 1} stages for {len(devices)} devices")
-    return [copy.deepcopy(net[a:b]).to(d)
-            for (a, b), d in zip(pairwise(bounds), devices, strict=True)]
+    return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]  # noqa: B905
 
 
 def network_split_forward(stages, X, devices, log=None):

@@ -1,0 +1,174 @@
+"""The sentences the profile and ddp_scratch chapters build from their measurements, one
+function each with a branch per verdict (tests/test_verdicts_profile.py), as verdicts.py does for
+the fixes and scaling chapters. A cause is named only where the run measured it.
+"""
+from ..words import plural
+from .verdicts import _check
+
+__all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
+           "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
+           "alone_prediction_words", "thesis_words"]
+
+
+def _spread(r):
+    n = len(r.samples)
+    return f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f}, {plural(n, 'round')})"
+
+
+def simulated_devices_words(two, halves):
+    """Two devices simulated in one process against one device (Ratio: one's time / two's), and
+    the control that can explain a 'faster': one device running the two halves of each batch in
+    turn (Ratio: one's time / the halves'). The half batches are named as the cause only where
+    the control was resolved faster too."""
+    _check(two), _check(halves)
+    control = f"one device running the two halves of each batch in turn was {_spread(halves)}"
+    if two.verdict == "slower":
+        return (f"slower than one ({_spread(two)}): the two replicas take turns on the same core, "
+                "and the second brings its own operators (counted below)")
+    if two.verdict == "within noise":
+        return (f"within noise of one ({_spread(two)}): this run cannot tell them apart, as "
+                "expected of two replicas that take turns on the same core")
+    if two.verdict == "cannot tell":
+        return f"not told apart from one ({_spread(two)}: one round, no spread)"
+    if halves.verdict == "faster":
+        return (f"faster than one ({_spread(two)}), and so was the control: {control}, faster. "
+                "The half "
+                "batches, not a second device, made the step shorter: on this core half a batch "
+                "costs less than half as much (why, this run does not say)")
+    return (f"faster than one ({_spread(two)}), while the control was not resolved faster "
+            f"({control}, "
+            f"{halves.verdict}): this run does not say why")
+
+
+def same_code_words(r):
+    """The same code on the same tensors, after the same warm-up, timed in two cells (Ratio,
+    unpaired: the earlier cell's time / the later one's): a resolved difference can only be the
+    machine's, which is why comparisons are made in turns, never between cells."""
+    _check(r)
+    if r.verdict in ("faster", "slower"):
+        return (f"{r.median:.2f} times as fast ({r.lo:.2f}-{r.hi:.2f}, unpaired: "
+                f"{r.verdict}). The code, its tensors and its warm-up were the same, so what "
+                "changed between the two cells is the machine (the other work on its cores): "
+                "why every comparison in this chapter is made in turns, never between cells")
+    return (f"{r.median:.2f} times as fast ({r.lo:.2f}-{r.hi:.2f}, unpaired: {r.verdict}): the "
+            "two cells cannot be told apart")
+
+
+def loader_step_words(r, data_ms, diff_ms):
+    """The one-device step fed by the loader against the same step on resident tensors, timed in
+    the same rounds (Ratio: the resident step's time / the loader step's), with the loader
+    step's median data phase and the medians' difference (milliseconds, loader minus resident)."""
+    _check(r)
+    if r.verdict == "slower" and diff_ms > 0:
+        share = (": the whole difference" if data_ms >= diff_ms else
+                 "; the rest this run does not explain")
+        return (f"slower ({_spread(r)}): {diff_ms:.1f} ms more a step (medians), of which its "
+                f"data phase took {data_ms:.1f} ms{share}")
+    if r.verdict == "faster":
+        return (f"faster ({_spread(r)}) although it also waits for the loader "
+                f"({data_ms:.1f} ms a step): this run does not say why")
+    return (f"{r.verdict} ({_spread(r)}): its data phase took {data_ms:.1f} ms a step, which "
+            "this run cannot tell from the noise")
+
+
+def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_cpu_ms, k=2):
+    """Why each of k workers computed for more than 1/k of one worker's compute, from measured
+    times: `cpu_vs_half` (Ratio: a worker's CPU time of compute / one worker's over k, repeat by
+    repeat: above 1 means the share itself cost more on the core), `off_core` (Ratio: a worker's
+    compute wall time / its CPU time: above 1 means it spent time off its core), and the medians
+    (milliseconds) of a worker's compute and its CPU time, and one worker's."""
+    _check(cpu_vs_half), _check(off_core)
+    head = (f"each of {k} workers computed for {compute_ms:.1f} ms a step, against 1/{k} of one "
+            f"worker's {one_ms:.1f} ms, {one_ms / k:.1f}; on its core (its thread's CPU time) "
+            f"{cpu_ms:.1f} ms, against 1/{k} of one worker's {one_cpu_ms:.1f}, "
+            f"{one_cpu_ms / k:.1f} (medians)")
+    if off_core.lo > 1:
+        away = (f"; the rest of its compute, {compute_ms - cpu_ms:.1f} ms, it spent off its core "
+                f"(wall time / CPU time {_spread(off_core)}): waiting for a core that other "
+                f"threads held (one worker alone spent {one_ms - one_cpu_ms:.1f} ms of its "
+                "compute off its core)")
+    else:
+        away = (f"; its wall time and CPU time were not told apart ({_spread(off_core)}), so it "
+                f"did not measurably lose its core, while one worker alone spent "
+                f"{one_ms - one_cpu_ms:.1f} ms of its compute off its core")
+    if cpu_vs_half.lo > 1:
+        share = (f": its share cost more than 1/{k} on the core itself "
+                 f"({_spread(cpu_vs_half)} of it)")
+    elif cpu_vs_half.hi < 1:
+        share = f": its share cost less than 1/{k} on the core ({_spread(cpu_vs_half)} of it)"
+    else:
+        share = f": on the core its share cost about 1/{k} ({_spread(cpu_vs_half)} of it)"
+    return head + share + away
+
+
+def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
+    """A worker's all-reduce in the step, split on the shared clock of the machine's processes:
+    `wait_ms`, waiting for the other workers to arrive, and `after_ms`, from the last arrival to
+    its end (medians, milliseconds), against the same all-reduce timed `alone` (a Measurement,
+    seconds, a barrier before each call)."""
+    lo, hi, med = alone.lo * 1e3, alone.hi * 1e3, alone.median * 1e3
+    head = (f"of its {comm_ms:.2f} ms in the all-reduce a step, rank 0 waited {wait_ms:.2f} ms "
+            f"for the other worker to arrive, and {after_ms:.2f} ms passed after both had arrived, "
+            f"against {med:.2f} ms ({lo:.2f}-{hi:.2f}) for the same all-reduce alone (medians)")
+    if after_ms > hi:
+        return (head + ": after both had arrived it still took longer than alone, and why, "
+                "this run does not say")
+    if after_ms < lo:
+        return head + ": after both had arrived it took no longer than alone"
+    return head + ": after both had arrived it took as long as alone, within its spread"
+
+
+def overlap_lengthens_words(step, compute):
+    """Overlap against all-reduce-after-backward on one core per rank: the step (Ratio: after's /
+    overlap's) and backward's compute (Ratio: after's compute / overlap's, paired rounds; below
+    1 means overlap lengthened it). The core shared with gloo's threads is named as the cause of
+    a longer step only where the compute was resolved longer with overlap."""
+    _check(step), _check(compute)
+    grew = compute.verdict == "slower"
+    why = (f"backward's compute itself was longer with overlap ({_spread(compute)}: slower), "
+           "since gloo's threads ran the all-reduces on the core autograd needed" if grew else
+           f"backward's compute was shorter with overlap ({_spread(compute)})"
+           if compute.verdict == "faster" else
+           "backward's compute with overlap could not be told from its compute without "
+           f"({_spread(compute)})")
+    if step.verdict == "slower":
+        return ("overlap lengthened the step here: " + why
+                + ("" if grew else "; so why, this run does not say"))
+    if step.verdict == "faster":
+        return ("overlap shortened the step here" + (", although " + why if grew else ""))
+    return ("this run cannot tell whether overlap lengthened or shortened the step here; "
+            + why)
+
+
+def alone_prediction_words(predictions):
+    """Speed-ups predicted from the all-reduce timed alone, each against its measured Ratio:
+    `predictions` a list of (name, predicted speed-up, Ratio). '2.00 times at batch 256, outside
+    the measured 1.05-1.28, and ...'."""
+    parts = []
+    for name, p, r in predictions:
+        _check(r)
+        where = "inside" if r.lo <= p <= r.hi else "outside"
+        parts.append(f"{p:.2f} times at {name}, {where} the measured {r.lo:.2f}-{r.hi:.2f}")
+    if not parts:
+        raise ValueError("alone_prediction_words needs at least one (name, predicted, Ratio)")
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+
+
+def thesis_words(win, losses):
+    """What a run showed of 'k workers win when the compute they split is large, lose when it is
+    not': `win` the Ratio at the large batch (k workers against one), `losses` {name: Ratio} of
+    the small-batch runs. A loss or a win is claimed only where its ratio was resolved."""
+    _check(win)
+    lost = [name for name, r in losses.items() if _check(r).verdict == "slower"]
+    if len(lost) == len(losses) > 1:
+        loss = "every small-batch run showed the loss"
+    elif lost:
+        rest = ", ".join(f"{name}: {r.verdict}" for name, r in losses.items() if name not in lost)
+        loss = f"only the run with {' and '.join(lost)} showed the loss ({rest})"
+    else:
+        loss = "no small-batch run showed the loss"
+    won = {"faster": "the large batch showed the win",
+           "slower": "the large batch contradicted the win (slower)",
+           "within noise": "the large batch did not resolve the win (within noise)",
+           "cannot tell": "the large batch had one round: no verdict"}[win.verdict]
+    return f"{loss}; {won}"
