@@ -55,9 +55,15 @@ def test_knob_and_bucket_words_follow_the_verdict():
     assert helpers.knob_words(FASTER, 7.3, NOISE).startswith("less exposed")
     assert helpers.knob_words(SLOWER, 19.5, NOISE).startswith("more exposed")
     assert "cannot tell" in helpers.knob_words(NOISE, 12.0, NOISE)
-    assert "resolved: smaller buckets" in helpers.bucket_words(FASTER)
-    assert "reverse of the model" in helpers.bucket_words(SLOWER)
-    assert "not resolvable" in helpers.bucket_words(NOISE)
+    assert "resolved: smaller buckets" in helpers.bucket_words(FASTER, NOISE)
+    assert "reverse of the model" in helpers.bucket_words(SLOWER, NOISE)
+    assert "not resolved" in helpers.bucket_words(NOISE, NOISE)
+    # the step has its own verdict: a shorter step is never called longer, and no cause is
+    # named that the run did not measure (the old words blamed one core per rank)
+    assert "shorter too" in helpers.bucket_words(FASTER, FASTER)
+    longer = helpers.bucket_words(FASTER, SLOWER)
+    assert "longer, and this run does not say why" in longer and "core" not in longer
+    assert "could not be told apart" in helpers.bucket_words(FASTER, NOISE)
 
 
 def test_a_cause_is_named_only_from_a_resolved_ratio_and_its_measured_split():

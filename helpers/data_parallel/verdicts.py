@@ -111,21 +111,30 @@ def knob_words(exposed, exposed_ms, step):
             f"default's per round; the step {step.median:.2f} times as fast, {step.verdict})")
 
 
-def bucket_words(one_vs_small):
+def bucket_words(one_vs_small, step):
     """One bucket against small buckets, on the exposed all-reduce (Ratio: one bucket's /
-    small buckets', so 'faster' means small buckets left less exposed)."""
-    r = _check(one_vs_small)
-    return (f"one bucket left {r.median:.2f} times the exposed all-reduce of 1 MB buckets "
-            f"({r.lo:.2f}-{r.hi:.2f}: "
-            + ("resolved: smaller buckets hid more of it behind backward. The step did not "
-               "shrink with it: each rank has one core, which gloo's threads share with "
-               "backward, so here the hidden all-reduce lengthens backward instead (the "
-               "ddp_scratch chapter measured it); on GPUs, whose communication has its own "
-               "hardware, we predict the step to gain"
-               if r.verdict == "faster" else "the reverse of the model"
-               if r.verdict == "slower" else
-               "not resolvable on two CPU processes of this busy machine, where gloo's threads "
-               "and autograd share one core each") + ")")
+    small buckets', so 'faster' means small buckets left less exposed), then on the whole step
+    (Ratio `step`, the same way round): each with its own verdict, and no cause this run did not
+    measure."""
+    r, st = _check(one_vs_small), _check(step)
+    exposed = (f"one bucket left {r.median:.2f} times the exposed all-reduce of 1 MB buckets "
+               f"({r.lo:.2f}-{r.hi:.2f}: ")
+    if r.verdict == "faster":
+        exposed += "resolved: smaller buckets hid more of it behind backward)"
+    elif r.verdict == "slower":
+        exposed += "the reverse of the model)"
+    else:
+        exposed += "not resolved on two CPU processes of this busy machine)"
+    whole = f"{st.median:.2f} times as fast ({st.lo:.2f}-{st.hi:.2f})"
+    if st.verdict == "faster":
+        steps = f"the whole step with 1 MB buckets was {whole}: shorter too"
+    elif st.verdict == "slower":
+        steps = (f"the whole step with 1 MB buckets was {whole}: longer, and this run does not "
+                 "say why")
+    else:
+        steps = (f"the whole steps could not be told apart ({whole}); on GPUs, whose "
+                 "communication has hardware of its own, we predict the step to gain")
+    return f"{exposed}; {steps}"
 
 
 def message_cause(r, saved_ms, comm_saved_ms):
