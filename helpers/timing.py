@@ -99,9 +99,13 @@ class Ratio:
                 "cannot tell": "not told apart (one round, no spread) from"}.get(
                     self.verdict, "within noise of")
 
-    def __str__(self) -> str:
+    def spread_text(self) -> str:
+        """'1.76x (1.67-1.98, 10 rounds)': the ratio and its spread, without the verdict."""
         return (f"{self.median:.2f}x ({self.lo:.2f}-{self.hi:.2f}, "
-                f"{plural(len(self.samples), 'round')}): {self.verdict}")
+                f"{plural(len(self.samples), 'round')})")
+
+    def __str__(self) -> str:
+        return f"{self.spread_text()}: {self.verdict}"
 
     def to_dict(self) -> dict:
         return {"median": self.median, "spread": [self.lo, self.hi], "samples": self.samples,

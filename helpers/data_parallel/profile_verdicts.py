@@ -2,17 +2,11 @@
 function each with a branch per verdict (tests/test_verdicts_profile.py), as verdicts.py does for
 the fixes and scaling chapters. A cause is named only where the run measured it.
 """
-from ..words import plural
 from .verdicts import _check
 
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
            "alone_prediction_words", "thesis_words"]
-
-
-def _spread(r):
-    n = len(r.samples)
-    return f"{r.median:.2f}x ({r.lo:.2f}-{r.hi:.2f}, {plural(n, 'round')})"
 
 
 def simulated_devices_words(two, halves):
@@ -21,21 +15,23 @@ def simulated_devices_words(two, halves):
     turn (Ratio: one's time / the halves'). The half batches are named as the cause only where
     the control was resolved faster too."""
     _check(two), _check(halves)
-    control = f"one device running the two halves of each batch in turn was {_spread(halves)}"
+    control = f"one device running the two halves of each batch in turn was {halves.spread_text()}"
     if two.verdict == "slower":
-        return (f"slower than one ({_spread(two)}): the two replicas take turns on the same core, "
+        return (f"slower than one ({two.spread_text()}): the two replicas take turns on the "
+                "same core, "
                 "and the second brings its own operators (counted below)")
     if two.verdict == "within noise":
-        return (f"within noise of one ({_spread(two)}): this run cannot tell them apart, as "
+        return (f"within noise of one ({two.spread_text()}): this run cannot tell them apart, as "
                 "expected of two replicas that take turns on the same core")
     if two.verdict == "cannot tell":
-        return f"not told apart from one ({_spread(two)}: one round, no spread)"
+        return f"not told apart from one ({two.spread_text()}: one round, no spread)"
     if halves.verdict == "faster":
-        return (f"faster than one ({_spread(two)}), and so was the control: {control}, faster. "
+        return (f"faster than one ({two.spread_text()}), and so was the control: {control}, "
+                "faster. "
                 "The half "
                 "batches, not a second device, made the step shorter: on this core half a batch "
                 "costs less than half as much (why, this run does not say)")
-    return (f"faster than one ({_spread(two)}), while the control was not resolved faster "
+    return (f"faster than one ({two.spread_text()}), while the control was not resolved faster "
             f"({control}, "
             f"{halves.verdict}): this run does not say why")
 
@@ -62,12 +58,12 @@ def loader_step_words(r, data_ms, diff_ms):
     if r.verdict == "slower" and diff_ms > 0:
         share = (": the whole difference" if data_ms >= diff_ms else
                  "; the rest this run does not explain")
-        return (f"slower ({_spread(r)}): {diff_ms:.1f} ms more a step (medians), of which its "
+        return (f"slower ({r.spread_text()}): {diff_ms:.1f} ms more a step (medians), of which its "
                 f"data phase took {data_ms:.1f} ms{share}")
     if r.verdict == "faster":
-        return (f"faster ({_spread(r)}) although it also waits for the loader "
+        return (f"faster ({r.spread_text()}) although it also waits for the loader "
                 f"({data_ms:.1f} ms a step): this run does not say why")
-    return (f"{r.verdict} ({_spread(r)}): its data phase took {data_ms:.1f} ms a step, which "
+    return (f"{r.verdict} ({r.spread_text()}): its data phase took {data_ms:.1f} ms a step, which "
             "this run cannot tell from the noise")
 
 
@@ -84,20 +80,21 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
             f"{one_cpu_ms / k:.1f} (medians)")
     if off_core.lo > 1:
         away = (f"; the rest of its compute, {compute_ms - cpu_ms:.1f} ms, it spent off its core "
-                f"(wall time / CPU time {_spread(off_core)}): waiting for a core that other "
+                f"(wall time / CPU time {off_core.spread_text()}): waiting for a core that other "
                 f"threads held (one worker alone spent {one_ms - one_cpu_ms:.1f} ms of its "
                 "compute off its core)")
     else:
-        away = (f"; its wall time and CPU time were not told apart ({_spread(off_core)}), so it "
+        away = (f"; its wall time and CPU time were not told apart "
+                f"({off_core.spread_text()}), so it "
                 f"did not measurably lose its core, while one worker alone spent "
                 f"{one_ms - one_cpu_ms:.1f} ms of its compute off its core")
     if cpu_vs_half.lo > 1:
         share = (f": its share cost more than 1/{k} on the core itself "
-                 f"({_spread(cpu_vs_half)} of it)")
+                 f"({cpu_vs_half.spread_text()} of it)")
     elif cpu_vs_half.hi < 1:
-        share = f": its share cost less than 1/{k} on the core ({_spread(cpu_vs_half)} of it)"
+        share = f": its share cost less than 1/{k} on the core ({cpu_vs_half.spread_text()} of it)"
     else:
-        share = f": on the core its share cost about 1/{k} ({_spread(cpu_vs_half)} of it)"
+        share = f": on the core its share cost about 1/{k} ({cpu_vs_half.spread_text()} of it)"
     return head + share + away
 
 
@@ -125,12 +122,12 @@ def overlap_lengthens_words(step, compute):
     a longer step only where the compute was resolved longer with overlap."""
     _check(step), _check(compute)
     grew = compute.verdict == "slower"
-    why = (f"backward's compute itself was longer with overlap ({_spread(compute)}: slower), "
+    why = (f"backward's compute itself was longer with overlap ({compute.spread_text()}: slower), "
            "since gloo's threads ran the all-reduces on the core autograd needed" if grew else
-           f"backward's compute was shorter with overlap ({_spread(compute)})"
+           f"backward's compute was shorter with overlap ({compute.spread_text()})"
            if compute.verdict == "faster" else
            "backward's compute with overlap could not be told from its compute without "
-           f"({_spread(compute)})")
+           f"({compute.spread_text()})")
     if step.verdict == "slower":
         return ("overlap lengthened the step here: " + why
                 + ("" if grew else "; so why, this run does not say"))
