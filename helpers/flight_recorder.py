@@ -1,8 +1,9 @@
 """Part III: the flight recorder, shown on a collective that one rank never joins.
 
 Every process group keeps a ring buffer of its last collectives (which op, which sizes, its
-sequence number, its state) when TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE before
-torch 2.14) is above 0. After a hang, each rank's buffer says how far that rank got; torch's
+sequence number, its state) while TORCH_FR_BUFFER_SIZE (formerly TORCH_NCCL_TRACE_BUFFER_SIZE,
+still read) is above 0: 2,000 by default in recent torch, 0 (off) in older releases.
+After a hang, each rank's buffer says how far that rank got; torch's
 analyzer (`torchfrtrace DIR`, i.e. torch.distributed.flight_recorder.fr_trace) lines the ranks'
 dumps up and names the first collective they do not all share.
 
@@ -31,8 +32,8 @@ FR_ENTRIES = 2000     # the tutorial's size: ring-buffer entries, one a collecti
 
 
 def fr_env(dump_dir):
-    """The variables that turn the recorder on and say where its dumps go (set before the
-    process group starts); both names of each, for torch before and after 2.14."""
+    """The variables that size the recorder (on by default in recent torch, off in older) and
+    say where its dumps go, set before the process group starts; old and new names alike."""
     prefix = os.path.join(str(dump_dir), "rank_")
     return {"TORCH_FR_BUFFER_SIZE": str(FR_ENTRIES),
             "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FR_ENTRIES),
