@@ -71,6 +71,16 @@ class World(ThreadWorld):
                     break
         return results, errors, stuck
 
+    def recv(self, src, tag=0, out=None, shape=None, dtype=None):
+        """As ThreadWorld.recv; a shape made of another rank's numbers (a count it read out and
+        left in a shared object) fails: how much arrives is something the comm tells."""
+        rank = self.rank
+        if rank is not None and shape is not None:
+            others = foreign_in(list(shape), rank, {})
+            if others:
+                raise CheckFailed(foreign_message(rank, others, "sized a recv with"))
+        return super().recv(src, tag, out=out, shape=shape, dtype=dtype)
+
     def comm_context(self):
         return self.provenance.network()
 
