@@ -191,6 +191,17 @@ class _Ufunc:
         return _watched(v, f"numpy.{self._ufunc.__name__}") if callable(v) else v
 
 
+_MADE = {}      # (module, name) -> (the function, its stand-in): made once, installed per run
+
+
+def _stand_in(module, name, f):
+    made = _MADE.get((module, name))
+    if made is None or made[0] is not f:
+        made = _MADE[(module, name)] = f, (_Ufunc(f) if isinstance(f, np.ufunc) else _watched(
+            f, module.__name__, keep=module not in _INTO_TORCH))
+    return made[1]
+
+
 @contextlib.contextmanager
 def watch_numbers(rank_of):
     """While active: `rank_of()` names the calling thread's rank (None: not a rank, or the
@@ -202,8 +213,7 @@ def watch_numbers(rank_of):
         if len(_WHO) == 1:
             for m, functions in saved.items():
                 for n, f in functions.items():
-                    setattr(m, n, _Ufunc(f) if isinstance(f, np.ufunc) else _watched(
-                        f, m.__name__, keep=m not in _INTO_TORCH))
+                    setattr(m, n, _stand_in(m, n, f))
         yield
     finally:
         _WHO.pop()
