@@ -24,6 +24,7 @@ What it does not see (book/teachers.md): conversions Python makes exact (`int(t)
 (`from numpy import sum`), and an integer that only steers Python (a loop count, a comparison).
 """
 import contextlib
+import functools
 import math
 import statistics
 import types
@@ -140,6 +141,21 @@ for _name in ("__repr__", "__str__", "__format__", "__float__", "__int__",
               "__index__", "__bool__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__",
               "tobytes", "tofile", "dump", "dumps", "__dlpack__", "__array__"):
     setattr(RankArray, _name, _reader(_name))
+
+
+def _plain_reader(name):
+    def method(self, *args, **kwargs):
+        _refuse(_rank(), self, f"read (.{name})")
+        return getattr(np.ndarray, name)(self, *args, **kwargs)
+    method.__name__ = name
+    return method
+
+
+RankArray.view = _plain_reader("view")           # view(np.ndarray) would drop the rank
+for _name in ("flat", "base", "data", "ctypes", "__array_interface__"):
+    setattr(RankArray, _name, property(functools.partial(
+        lambda name, self: (_refuse(_rank(), self, f"read (.{name})"),
+                            getattr(super(RankArray, self), name))[1], _name)))
 
 
 def own_array(out, rank):

@@ -133,9 +133,9 @@ def values(t, limit=100_000):
 def foreign_message(rank, others, how):
     names = ", ".join(map(str, sorted(others)))
     return (f"rank {rank} {how} numbers that rank {names} read out of its own tensors (.item(), "
-            f".tolist(), .numpy() ...) and left where rank {rank} could reach them (a module "
-            "global, a closure, a class attribute): ranks share data only through the comm "
-            "(send/recv or a collective)")
+            f".tolist(), .numpy(), .shape ...) and left where rank {rank} could reach them (a "
+            "module global, a closure, a class attribute): ranks share data only through the "
+            "comm (send/recv or a collective)")
 
 
 _SIZES = ("size", "numel", "nelement", "dim", "ndimension", "__get__")   # __get__: .shape, .ndim
