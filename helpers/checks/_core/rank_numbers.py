@@ -2,22 +2,27 @@
 reach another rank except through the comm.
 
 provenance.py refuses a rank that touches another rank's tensor. A rank can also turn its own
-tensor into Python numbers (`.item()`, `float(t)`, `.tolist()`, `.numpy()`) and leave them in a
-module global, a closure or a class attribute, where another rank reads them after a decoy
-collective. Two marks follow such numbers, for one run of a World:
+tensor into Python numbers (`.item()`, `float(t)`, `.tolist()`, `.numpy()`, `.shape`) and leave
+them in a module global, a closure or a class attribute, where another rank reads them after a
+decoy collective. Two marks follow such numbers, for one run of a World:
 
-- a tag: in a rank, `.item()`, `float(t)` and `.tolist()` of its own floating tensors return
-  floats that carry the rank (`Tagged`), and Python arithmetic on them keeps the tags of every
-  operand (`sum(...)` over the ranks' numbers carries them all). A torch call of rank B whose
-  arguments hold a number tagged with another rank fails (`TagWatch`, a TorchFunctionMode), and
-  so does a rank's result that holds one;
+- a tag: in a rank, `.item()` and `.tolist()` of its own tensors return floats and integers that
+  carry the rank (`Tagged`, `TaggedInt`), and so do the sizes it reads (`.size()`, `.shape`,
+  `.numel()`: `TagWatch`) and numpy's results on its arrays (rank_arrays.py); Python arithmetic
+  keeps the tags of every operand (`sum(...)` over the ranks' numbers carries them all). A torch
+  call of rank B whose arguments hold a number tagged with another rank (a scalar, a size, a
+  slice) fails (`TagWatch`, a TorchFunctionMode), and so do a recv sized by one (world.py), a
+  numpy or math function handed one (rank_arrays.py) and a rank's result that holds one;
 - a fingerprint: every floating value a rank reads out (the exits above, numpy and the others of
   exits.py included) is kept; a rank that puts into torch (a Python scalar argument, a tensor
   made from Python or numpy data) or returns a value that only other ranks read out fails.
   Round values (integers, multiples of 1/4096) are too common to mean anything and are left out.
 
-What it does not see: integers; a number laundered (`float(x)`, `str`, numpy) and changed by
-arithmetic before it reaches the other rank (book/teachers.md names the limit).
+What it does not see (book/teachers.md names the limit): numbers Python makes plain again
+(`int(t)`, `float(t)`, `len(t)`, `int(x)`, `float(x)`: CPython turns the subclass an `__int__`
+or `__len__` returns back into a plain number), counts Python makes (`list.count`,
+`collections.Counter`), text and bytes (`str`, pickling), each changed by arithmetic before it
+reaches the other rank; an integer that only steers Python (a loop count, a comparison).
 """
 import math
 

@@ -20,8 +20,9 @@ What the checks' World adds to the ThreadWorld, through its hooks:
 - provenance (provenance.py): a rank that touches a tensor another rank made or wrote, other than
   through the network, fails the answer: thread ranks share one process, so a module global or
   a closure list could otherwise carry data past the comm that a check judges; and
-  rank_numbers.py: a rank that uses or returns Python numbers another rank read out of its
-  tensors (.item(), .tolist(), .numpy()) fails too.
+  rank_numbers.py and rank_arrays.py: a rank that uses or returns Python numbers or numpy
+  arrays another rank read out of its tensors (.item(), .tolist(), .numpy(), .shape) fails too,
+  in torch, in numpy, math and statistics, and as the shape of a recv.
 """
 import contextlib
 
