@@ -117,6 +117,19 @@ def dp_average_plain_view(grads, comm):
         g.copy_(torch.from_numpy(np.mean(plain, axis=0)))
 
 
+_ROWS = {}
+
+
+@shortcut("check_dp_average", "Python sums of .tolist() rows, scaled by a numpy scalar", RANKS)
+def dp_average_numpy_scale(grads, comm):
+    _ROWS[(comm.world, comm.rank)] = [g.reshape(-1).tolist() for g in grads]
+    comm.all_reduce(torch.zeros(1))
+    scale = np.float32(1 / comm.world)
+    for i, g in enumerate(grads):
+        cols = zip(*(_ROWS[(comm.world, r)][i] for r in range(comm.world)))
+        g.copy_(torch.tensor([scale * sum(c) for c in cols]).reshape(g.shape))
+
+
 _PARTIAL = {}
 
 

@@ -89,6 +89,10 @@ def mark(out, ranks):
 def _plain(x):
     if isinstance(x, RankArray):
         return x.view(np.ndarray)
+    if isinstance(x, Tagged):
+        return float(x)
+    if isinstance(x, TaggedInt):
+        return int(x)
     if type(x) in (tuple, list):
         return type(x)(_plain(v) for v in x)
     if type(x) is dict:
@@ -156,6 +160,14 @@ for _name in ("flat", "base", "data", "ctypes", "__array_interface__"):
     setattr(RankArray, _name, property(functools.partial(
         lambda name, self: (_refuse(_rank(), self, f"read (.{name})"),
                             getattr(super(RankArray, self), name))[1], _name)))
+
+
+def _number_ufunc(self, ufunc, method, *inputs, **kwargs):
+    """A tagged number meeting numpy (np.float32(2) * x, np.ones(3) * x): as a RankArray."""
+    return RankArray.__array_ufunc__(self, ufunc, method, *inputs, **kwargs)
+
+
+Tagged.__array_ufunc__ = TaggedInt.__array_ufunc__ = _number_ufunc
 
 
 def own_array(out, rank):
