@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
-from . import rank_arrays, rank_numbers
+from . import rank_arrays, rank_builtins, rank_numbers
 from .exits import watch_exits
 from .run import CheckFailed
 
@@ -152,7 +152,8 @@ class Provenance:
         names = ("item", "tolist", "numpy", "__array__")
         try:
             with watch_exits(exit_), rank_arrays.watch_numbers(
-                    lambda: None if self.exempt() else self.rank_here()):
+                    lambda: None if self.exempt() else self.rank_here()), \
+                    rank_builtins.shadowing():
                 saved = {name: torch.Tensor.__dict__.get(name) for name in names}
                 for name in names:
                     setattr(torch.Tensor, name, tagging(name))

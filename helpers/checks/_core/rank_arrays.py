@@ -46,6 +46,9 @@ def _rank():
     return _WHO[-1]() if _WHO else None
 
 
+current_rank = _rank        # the calling thread's rank while a World runs, else None
+
+
 def _ranks_in(x, rank, depth=0):
     """The ranks the numbers and arrays in `x` carry; a tensor counts as the calling rank's
     (provenance.py refuses another rank's)."""
