@@ -79,8 +79,8 @@ def _closure_numpy():
     return dp_average
 
 
-# (numpy arithmetic on the other ranks' copies before they return to torch is not seen:
-# helpers/checks/README.md names the limit)
+# (numpy arithmetic on the other ranks' copies, and integers between ranks: the answers of
+# tests/test_checks_rank_data.py)
 shortcut("check_dp_average", "numpy copies in a closure list", RANKS)(_closure_numpy())
 
 

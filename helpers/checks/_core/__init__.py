@@ -13,7 +13,8 @@ fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed 
 world.py      World: the runtime's ThreadWorld (ranks as threads, a network that records every
               message) with dist.py playing torch.distributed for them, a Recorder per rank,
               allowed calls, and provenance.py: no tensor passes between ranks but by the comm
-              (rank_numbers.py: nor Python numbers read out of a rank's tensors)
+              (rank_numbers.py, rank_arrays.py: nor Python numbers or numpy arrays read out
+              of a rank's tensors)
 exits.py      every way values leave torch without an aten operation (tolist, numpy, repr ...)
 fresh.py      regrade: grading from a fresh import of the course (a patched check cannot score)
 """

@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
-from . import rank_numbers
+from . import rank_arrays, rank_builtins, rank_numbers
 from .exits import watch_exits
 from .run import CheckFailed
 
@@ -140,14 +140,20 @@ class Provenance:
             def call(t, *args, **kwargs):
                 out = original(t, *args, **kwargs)
                 rank = self.rank_here()
-                if rank is None or self.exempt() or not t.is_floating_point():
+                if rank is None or self.exempt() or t.dtype == torch.bool:
                     return out
-                self.read_out(rank, [out] if isinstance(out, float) else tree_leaves(out))
+                if name in ("numpy", "__array__"):
+                    return rank_arrays.own_array(out, rank)
+                if t.is_floating_point():
+                    self.read_out(rank, [out] if isinstance(out, float) else tree_leaves(out))
                 return rank_numbers.tag(out, rank)
             return call
-        names = ("item", "tolist")       # float(t) must return a float: seen in _Mode
+        # float(t), int(t) must return a plain number: float(t) is fingerprinted in _Mode
+        names = ("item", "tolist", "numpy", "__array__")
         try:
-            with watch_exits(exit_):
+            with watch_exits(exit_), rank_arrays.watch_numbers(
+                    lambda: None if self.exempt() else self.rank_here()), \
+                    rank_builtins.shadowing():
                 saved = {name: torch.Tensor.__dict__.get(name) for name in names}
                 for name in names:
                     setattr(torch.Tensor, name, tagging(name))

@@ -2,25 +2,31 @@
 reach another rank except through the comm.
 
 provenance.py refuses a rank that touches another rank's tensor. A rank can also turn its own
-tensor into Python numbers (`.item()`, `float(t)`, `.tolist()`, `.numpy()`) and leave them in a
-module global, a closure or a class attribute, where another rank reads them after a decoy
-collective. Two marks follow such numbers, for one run of a World:
+tensor into Python numbers (`.item()`, `float(t)`, `.tolist()`, `.numpy()`, `.shape`) and leave
+them in a module global, a closure or a class attribute, where another rank reads them after a
+decoy collective. Two marks follow such numbers, for one run of a World:
 
-- a tag: in a rank, `.item()`, `float(t)` and `.tolist()` of its own floating tensors return
-  floats that carry the rank (`Tagged`), and Python arithmetic on them keeps the tags of every
-  operand (`sum(...)` over the ranks' numbers carries them all). A torch call of rank B whose
-  arguments hold a number tagged with another rank fails (`TagWatch`, a TorchFunctionMode), and
-  so does a rank's result that holds one;
+- a tag: in a rank, `.item()` and `.tolist()` of its own tensors return floats and integers that
+  carry the rank (`Tagged`, `TaggedInt`), and so do the sizes it reads (`.size()`, `.shape`,
+  `.numel()`: `TagWatch`) and numpy's results on its arrays (rank_arrays.py); Python arithmetic
+  keeps the tags of every operand (`sum(...)` over the ranks' numbers carries them all). A torch
+  call of rank B whose arguments hold a number tagged with another rank (a scalar, a size, a
+  slice) fails (`TagWatch`, a TorchFunctionMode), and so do a recv sized by one (world.py), a
+  numpy or math function handed one (rank_arrays.py) and a rank's result that holds one;
 - a fingerprint: every floating value a rank reads out (the exits above, numpy and the others of
   exits.py included) is kept; a rank that puts into torch (a Python scalar argument, a tensor
   made from Python or numpy data) or returns a value that only other ranks read out fails.
   Round values (integers, multiples of 1/4096) are too common to mean anything and are left out.
 
-What it does not see: integers; a number laundered (`float(x)`, `str`, numpy) and changed by
-arithmetic before it reaches the other rank (book/teachers.md names the limit).
+What it does not see (book/teachers.md names the limit): numbers Python makes plain again
+(`int(t)`, `float(t)`, `len(t)`, `int(x)`, `float(x)`: CPython turns the subclass an `__int__`
+or `__len__` returns back into a plain number), counts Python makes (`list.count`,
+`collections.Counter`), text and bytes (`str`, pickling), each changed by arithmetic before it
+reaches the other rank; an integer that only steers Python (a loop count, a comparison).
 """
 import math
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
@@ -28,7 +34,8 @@ from torch.utils._pytree import tree_leaves
 
 from .run import CheckFailed
 
-__all__ = ["Tagged", "TagWatch", "tag", "is_round", "foreign_message"]
+__all__ = ["Tagged", "TaggedInt", "TagWatch", "tag", "retag", "ranks_of", "is_round",
+           "foreign_message"]
 
 
 class Tagged(float):
@@ -43,41 +50,74 @@ class Tagged(float):
         return float, (float(self),)
 
 
-def _binary(name):
-    op = getattr(float, name)
+class TaggedInt(int):
+    """An integer a rank read out of its own tensor (a count, a size): as Tagged."""
 
-    def method(self, other, *rest):
-        out = op(self, other, *rest)
-        if not isinstance(out, float):
-            return out                 # NotImplemented, or a comparison's bool
-        return Tagged(out, self.ranks | getattr(other, "ranks", frozenset()))
+    def __new__(cls, value, ranks):
+        obj = super().__new__(cls, value)
+        obj.ranks = frozenset(ranks)
+        return obj
+
+    def __reduce__(self):
+        return int, (int(self),)
+
+
+def retag(out, ranks):
+    """`out` (a Python or numpy number, or nested tuples/lists of them) tagged with `ranks`."""
+    if not ranks:
+        return out
+    if isinstance(out, (tuple, list)):
+        return type(out)(retag(v, ranks) for v in out) if type(out) in (tuple, list) else out
+    if isinstance(out, (bool, np.bool_)):
+        return out
+    if isinstance(out, (float, np.floating)) and not isinstance(out, np.longdouble):
+        return Tagged(out, ranks)
+    if isinstance(out, (int, np.integer)):
+        return TaggedInt(out, ranks)
+    return out
+
+
+def _method(cls, name):
+    op = getattr(cls.__mro__[1], name)
+
+    def method(self, *args):
+        out = op(self, *args)
+        if out is NotImplemented:
+            return out
+        return retag(out, self.ranks.union(*map(ranks_of, args)))
     method.__name__ = name
     return method
 
 
-def _unary(name):
-    op = getattr(float, name)
+_ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+               "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
+               "__rpow__", "__divmod__", "__rdivmod__", "__neg__", "__pos__", "__abs__",
+               "__round__", "__trunc__", "__floor__", "__ceil__")
+for _cls in (Tagged, TaggedInt):
+    for _name in _ARITHMETIC:
+        if hasattr(_cls.__mro__[1], _name):
+            setattr(_cls, _name, _method(_cls, _name))
+for _name in ("__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__",
+              "__rlshift__", "__rshift__", "__rrshift__", "__invert__"):
+    setattr(TaggedInt, _name, _method(TaggedInt, _name))
 
-    def method(self):
-        return Tagged(op(self), self.ranks)
-    method.__name__ = name
-    return method
 
-
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
-              "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
-              "__rpow__"):
-    setattr(Tagged, _name, _binary(_name))
-for _name in ("__neg__", "__pos__", "__abs__"):
-    setattr(Tagged, _name, _unary(_name))
+def ranks_of(leaf):
+    """The ranks a leaf (a number, a numpy array, a slice) carries, or an empty set."""
+    if isinstance(leaf, slice):
+        return frozenset().union(*(ranks_of(v) for v in (leaf.start, leaf.stop, leaf.step)))
+    return getattr(leaf, "ranks", frozenset()) if isinstance(
+        leaf, (Tagged, TaggedInt, np.ndarray)) else frozenset()
 
 
 def tag(value, rank):
-    """`value` (a number or nested lists of them, as item/tolist return) with floats tagged."""
+    """`value` (a number or nested lists of them, as item/tolist return) with numbers tagged."""
     if isinstance(value, list):
         return [tag(v, rank) for v in value]
-    if isinstance(value, float) and not isinstance(value, Tagged):
-        return Tagged(value, (rank,))
+    if isinstance(value, (Tagged, TaggedInt, bool)):
+        return value
+    if isinstance(value, (float, int)):
+        return retag(value, (rank,))
     return value
 
 
@@ -98,13 +138,17 @@ def values(t, limit=100_000):
 def foreign_message(rank, others, how):
     names = ", ".join(map(str, sorted(others)))
     return (f"rank {rank} {how} numbers that rank {names} read out of its own tensors (.item(), "
-            f".tolist(), .numpy() ...) and left where rank {rank} could reach them (a module "
-            "global, a closure, a class attribute): ranks share data only through the comm "
-            "(send/recv or a collective)")
+            f".tolist(), .numpy(), .shape ...) and left where rank {rank} could reach them (a "
+            "module global, a closure, a class attribute): ranks share data only through the "
+            "comm (send/recv or a collective)")
+
+
+_SIZES = ("size", "numel", "nelement", "dim", "ndimension", "__get__")   # __get__: .shape, .ndim
 
 
 class TagWatch(TorchFunctionMode):
-    """Rank `rank`'s torch calls: none may take a number tagged with another rank."""
+    """Rank `rank`'s torch calls: none may take a number tagged with another rank; the sizes it
+    reads (.size(), .shape, .numel()) are tagged with it."""
 
     def __init__(self, rank):
         super().__init__()
@@ -113,17 +157,24 @@ class TagWatch(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         for leaf in tree_leaves((args, kwargs)):
-            if isinstance(leaf, Tagged) and leaf.ranks - {self.rank}:
-                raise CheckFailed(foreign_message(self.rank, leaf.ranks - {self.rank},
+            others = ranks_of(leaf) - {self.rank}
+            if others:
+                raise CheckFailed(foreign_message(self.rank, others,
                                                   f"passed to {getattr(func, '__name__', func)}"))
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if getattr(func, "__name__", None) in _SIZES and isinstance(out, (int, tuple)):
+            if isinstance(out, torch.Size):
+                return torch.Size(retag(tuple(out), (self.rank,)))
+            if type(out) is int:
+                return TaggedInt(out, (self.rank,))
+        return out
 
 
 def foreign_in(tree, rank, exited):
     """The other ranks a number in `tree` (not tensors) comes from: by tag or by fingerprint."""
     for leaf in tree_leaves(tree):
-        if isinstance(leaf, Tagged) and leaf.ranks - {rank}:
-            return leaf.ranks - {rank}
+        if ranks_of(leaf) - {rank}:
+            return ranks_of(leaf) - {rank}
         if isinstance(leaf, float) and not is_round(leaf):
             who = exited.get(float(leaf), ())
             if who and rank not in who:

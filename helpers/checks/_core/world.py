@@ -20,8 +20,9 @@ What the checks' World adds to the ThreadWorld, through its hooks:
 - provenance (provenance.py): a rank that touches a tensor another rank made or wrote, other than
   through the network, fails the answer: thread ranks share one process, so a module global or
   a closure list could otherwise carry data past the comm that a check judges; and
-  rank_numbers.py: a rank that uses or returns Python numbers another rank read out of its
-  tensors (.item(), .tolist(), .numpy()) fails too.
+  rank_numbers.py and rank_arrays.py: a rank that uses or returns Python numbers or numpy
+  arrays another rank read out of its tensors (.item(), .tolist(), .numpy(), .shape) fails too,
+  in torch, in numpy, math and statistics, and as the shape of a recv.
 """
 import contextlib
 
@@ -70,6 +71,16 @@ class World(ThreadWorld):
                     errors = [(r, CheckFailed(foreign_message(r, others, "returned")), "")]
                     break
         return results, errors, stuck
+
+    def recv(self, src, tag=0, out=None, shape=None, dtype=None):
+        """As ThreadWorld.recv; a shape made of another rank's numbers (a count it read out and
+        left in a shared object) fails: how much arrives is something the comm tells."""
+        rank = self.rank
+        if rank is not None and shape is not None:
+            others = foreign_in(list(shape), rank, {})
+            if others:
+                raise CheckFailed(foreign_message(rank, others, "sized a recv with"))
+        return super().recv(src, tag, out=out, shape=shape, dtype=dtype)
 
     def comm_context(self):
         return self.provenance.network()
