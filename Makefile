@@ -124,8 +124,13 @@ test: export COURSE_CLAIMS := strict
 test: export PYTHONDONTWRITEBYTECODE :=
 test-notebooks: export COURSE_CLAIMS := strict
 test-py: export COURSE_CLAIMS := strict
+# cpu_use.py (stdlib only, so the system Python runs it before the venv exists) prints the CPU
+# every process of the run, and of test-py and the browser test, used beside the wall time:
+# near 2 cores busy, only cheaper tests shorten a stage; well below, it waits, and more workers
+# (JOBS=3) or a better order would help.
+cpu_use = $(if $(filter 1,$(CI_ORDER)),$(PYTHON) scripts/cpu_use.py $(1))
 test:
-	@$(MAKE) --no-print-directory -j2 CI_ORDER=1 \
+	@$(PYTHON) scripts/cpu_use.py "make test" $(MAKE) --no-print-directory -j2 CI_ORDER=1 \
 		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
 
 ifeq ($(CI_ORDER),1)
@@ -156,7 +161,7 @@ test-notebooks: $(STAMP)
 # test-unit and test-notebooks in one run (what CI runs): the workers share out both.
 test-py: $(STAMP)
 	rm -rf _build/executed
-	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
+	$(call cpu_use,test-py) $(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
@@ -179,7 +184,8 @@ test-book-fresh: $(STAMP) $(if $(filter 1,$(CI_ORDER)),test-py,test-notebooks)
 test-browser: $(STAMP) test-book node_modules/.installed
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
 		|| (apt-get update -qq && apt-get install -y -qq chromium)
-	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist load) tests/browser
+	$(call cpu_use,test-browser) $(BIN)/pytest -q -p no:cacheprovider \
+		$(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist load) tests/browser
 
 # The PDF in CI: built after the browser test (which installs chromium), in about a minute.
 test-pdf: test-browser
