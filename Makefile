@@ -98,14 +98,18 @@ ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
 # (make -j2) only where each leaves a core idle: the Pages build (its own venv, no torch: pip,
 # then one Sphinx process) and node_modules beside the course venv's install (pip, one process),
-# and the PDF beside gpu-dry (one small step after another). The stages with two pytest workers
+# and, after the browser test, the three single-process stages, longest first: gpu-dry (one small
+# step after another, about 90 s) beside the PDF (about 50 s), then the fresh book's Sphinx build
+# in the slot the PDF leaves (before: the fresh book alone between test-py and the browser test,
+# then the PDF beside gpu-dry, a core idle for the last 40 s). The stages with two pytest workers
 # (unit tests with notebooks, browser) run alone: nbval beside the book, browser and PDF chain was
 # not faster on 2 cores (535 s, against about 500 s one after the other). The unit tests and the
 # notebooks are one pytest run (test-py), so that neither stage's last long module or notebook
 # leaves a core idle while the other stage waits. Order-only prerequisites set the order
-# (`make test-book` alone still runs only the book). No --output-sync: it would hold a stage's
-# output until the stage ends (minutes of silence).
-TEST_STAGES := lint test-py test-book-fresh test-book test-browser test-pdf gpu-dry
+# (`make test-book` alone still runs only the book); make starts runnable stages in the order of
+# TEST_STAGES. No --output-sync: it would hold a stage's output until the stage ends (minutes of
+# silence).
+TEST_STAGES := lint test-py test-book test-browser gpu-dry test-pdf test-book-fresh
 test: export COURSE_QUICK := 1
 # One torch thread per process: the two pytest workers' notebook kernels and test processes share
 # 2 cores, and each one's default pool of 2 threads spun at every parallel region (syncbn's quick
@@ -114,16 +118,26 @@ test: export COURSE_QUICK := 1
 test: export OMP_NUM_THREADS := 1
 # A claim the run contradicts fails the test (helpers.prose.claim); a reader's run only says so.
 test: export COURSE_CLAIMS := strict
+# Bytecode cached (helpers/__pycache__, ignored by git) even where the environment turns it off:
+# every kernel, rank and script that imports helpers would otherwise compile its 99 modules
+# again (0.16 s of CPU each time, a few hundred processes in a run).
+test: export PYTHONDONTWRITEBYTECODE :=
 test-notebooks: export COURSE_CLAIMS := strict
 test-py: export COURSE_CLAIMS := strict
+# cpu_use.py (stdlib only, so the system Python runs it before the venv exists) prints the CPU
+# every process of the run, and of test-py and the browser test, used beside the wall time:
+# near 2 cores busy, only cheaper tests shorten a stage; well below, it waits, and more workers
+# (JOBS=3) or a better order would help.
+cpu_use = $(if $(filter 1,$(CI_ORDER)),$(PYTHON) scripts/cpu_use.py $(1))
 test:
-	@$(MAKE) --no-print-directory -j2 CI_ORDER=1 \
+	@$(PYTHON) scripts/cpu_use.py "make test" $(MAKE) --no-print-directory -j2 CI_ORDER=1 \
 		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
 
 ifeq ($(CI_ORDER),1)
 test-py: | test-book
-test-browser: | test-book-fresh
+test-browser: | test-py
 gpu-dry: | test-browser
+test-book-fresh: | test-browser
 endif
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
@@ -147,7 +161,7 @@ test-notebooks: $(STAMP)
 # test-unit and test-notebooks in one run (what CI runs): the workers share out both.
 test-py: $(STAMP)
 	rm -rf _build/executed
-	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
+	$(call cpu_use,test-py) $(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
@@ -170,7 +184,8 @@ test-book-fresh: $(STAMP) $(if $(filter 1,$(CI_ORDER)),test-py,test-notebooks)
 test-browser: $(STAMP) test-book node_modules/.installed
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
 		|| (apt-get update -qq && apt-get install -y -qq chromium)
-	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist load) tests/browser
+	$(call cpu_use,test-browser) $(BIN)/pytest -q -p no:cacheprovider \
+		$(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist load) tests/browser
 
 # The PDF in CI: built after the browser test (which installs chromium), in about a minute.
 test-pdf: test-browser

@@ -37,7 +37,7 @@ SLOW_MODULES = {"test_fake_cuda": 400, "test_distributed": 500, "test_colab": 44
                 "test_composed": 60, "test_fake_gpus_fewer_real": 60, "test_tp_dist": 55,
                 "test_planner": 55, "test_mesh": 55, "test_expert_parallel": 50,
                 "test_context_parallel": 50, "test_autograde": 130, "test_wrappers_property": 120,
-                "test_ddp_runs": 100}
+                "test_ddp_runs": 100, "test_pipeline_dist": 60, "test_chapter_runs": 40}
 
 
 def _scope_seconds(root):

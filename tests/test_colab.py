@@ -530,9 +530,13 @@ def _assert_ran_on(platform, result, py, tmp_path):
     assert data == str(tmp_path / "home/.cache/multigpu-course/data")
     assert colab == str(platform == "colab"), "the platform's markers are not emulated"
     assert result["setup"] == [""], f"the set-up cell printed {result['setup']}"
-    where = subprocess.run([str(py), "-c", "import helpers; print(helpers.__file__)"],
+    # a fresh interpreter of the platform finds it in the environment (the kernel imported it
+    # above: finding it is enough, without importing torch once more)
+    where = subprocess.run([str(py), "-c", "import importlib.util as u; "
+                            "print(getattr(u.find_spec('helpers'), 'origin', None))"],
                            env=_clean_env(), cwd=tmp_path, capture_output=True, text=True)
-    assert where.returncode == 0, "the set-up cell did not install helpers into the environment"
+    assert where.returncode == 0 and pathlib.Path(where.stdout.strip()).is_relative_to(VENV), \
+        f"the set-up cell did not install helpers into the environment: {where.stdout}"
 
 
 FIRST_CELLS = 2   # code cells of each Part's notebook after its set-up cell: imports, first use

@@ -7,9 +7,9 @@ launch and download buttons opening the right notebook (Binder only where the ch
 memory), no raw template text (`{{ ... }}`) in the prose, no widget with controls but no static
 twin, no empty header bar at 1366 px, no text running past its column (at 1280 px and on a
 phone, 390 px), no column-aligned output wrapped on a phone and no page scrolling sideways on a
-phone. A full-page
-screenshot of each page goes to artifacts/screenshots/<entry>.png (CI keeps it), with
-<entry>.json beside it: the problems
+phone, and no serious or critical axe-core violation in light mode (tests/browser/axecheck.py;
+dark mode: test_accessibility.py). A full-page screenshot of each page goes to
+artifacts/screenshots/<entry>.png (CI keeps it), with <entry>.json beside it: the problems
 found and the external requests the page tried (blocked: the book must work offline).
 """
 import json
@@ -19,6 +19,7 @@ import urllib.parse
 
 import pytest
 
+from axecheck import axe_failures, axe_violations
 from pagecheck import (check_fits, check_header, check_launch_buttons, check_page,
                        check_text_tables, check_widget_figures, check_widget_twins, open_page,
                        toc_entries_of)
@@ -41,6 +42,10 @@ def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
         shot = shots / f"{entry}.png"
         shot.parent.mkdir(parents=True, exist_ok=True)
         seen.page.screenshot(path=str(shot), full_page=True)
+        # axe-core's every rule in light mode (a new reader's: the theme follows the system's),
+        # on the page as loaded, before the checks below click and resize
+        theme = seen.page.evaluate("() => document.documentElement.dataset.theme")
+        axe = axe_violations(seen.page) if theme == "light" else None
         problems = check_page(seen, base_url, site)
         problems += check_widget_figures(seen.page)
         problems += check_widget_twins(seen.page)
@@ -54,6 +59,11 @@ def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
         problems += check_text_tables(seen.page)
     finally:
         seen.page.close()
+    if axe is None:
+        problems.append(f"the page opened in {theme!r} mode, not light: axe-core's light-mode "
+                        "run needs it")
+    else:
+        problems += axe_failures(entry, "light", axe, shots)
     problems = list(dict.fromkeys(problems))
     shot.with_suffix(".json").write_text(json.dumps(
         {"page": f"{entry}.html", "problems": problems, "blocked_external": seen.blocked},
