@@ -71,7 +71,7 @@ from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_grou
 from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
                         exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, claims_made, formatted, glued, plural, plural_names, say
-from .dp_vs_ddp import ddp_step_seconds, dp_vs_ddp
+from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
 from .flight_recorder import (FR_ENTRIES, first_unjoined, fr_dumper, fr_env, fr_trace_report,
                               read_dumps)
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
@@ -208,9 +208,9 @@ from .expert_parallel.torch_api import (EPMoE, GroupedExperts, ep_dp_mesh, group
 from .expert_parallel.experiments import ep_production_run
 from .expert_parallel.schematics import dispatch_counts, draw_all_to_all, plot_all_to_all
 from .runtime.mesh import rank_grid, coords_of, new_groups, device_mesh
-from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches,
+from .composed.model import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches,
                            stage_cuts)
-from .composed.gpt import validate_data_split
+from .composed.model import validate_data_split
 from .composed.scratch import build_stage, train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both

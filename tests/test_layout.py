@@ -35,6 +35,37 @@ def test_the_facade_exports_every_public_name_of_every_module():
     assert not other, other
 
 
+def _shadowed(pkg):
+    """Submodules of the package `pkg` (and of its subpackages) whose name the package binds to
+    something else: `import pkg.name as m` then hands back that thing, not the module."""
+    import pkgutil
+    found = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        if getattr(pkg, info.name) is not mod:
+            found.append(f"{pkg.__name__}.{info.name}")
+        if info.ispkg:
+            found += _shadowed(mod)
+    return found
+
+
+def test_no_facade_name_hides_a_module():
+    """helpers.dp_vs_ddp was once both a module and the function the façade exported, so
+    `import helpers.dp_vs_ddp as m` returned the function: a name is one or the other."""
+    hidden = _shadowed(helpers)
+    assert not hidden, f"these modules are hidden by a name of their package: {hidden}; rename one"
+
+
+def test_the_shadow_scan_sees_a_hidden_module(tmp_path, monkeypatch):
+    pkg = tmp_path / "shadowed_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .step import step\nfrom .other import x\n")
+    (pkg / "step.py").write_text("def step():\n    pass\n")
+    (pkg / "other.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _shadowed(importlib.import_module("shadowed_pkg")) == ["shadowed_pkg.step"]
+
+
 def test_the_facade_is_explicit():
     tree = ast.parse((PKG / "__init__.py").read_text())
     stars = [n.module for n in tree.body
