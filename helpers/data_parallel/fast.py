@@ -342,7 +342,7 @@ def train_fast(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, cud
 
 def train_fast_rank(rank, world, cfg):
     """One rank of the fast trainer across processes, a launch target (`helpers.launch`): the
-    default process group is already set up, `cfg["device"]` (default: the CPU) is this rank's.
+    default process group is already set up, `cfg["device"]` (set by launch) is this rank's.
 
     Every rank builds the same LeNet (`cfg["seed"]`) and draws the same global batches of
     `cfg["batch_size"]` (ResidentLoader's order); FastDataParallel(group=WORLD) trains on this
@@ -352,8 +352,8 @@ def train_fast_rank(rank, world, cfg):
     sum of |params| in float64: equal on every rank), compiled, and the parameters as lists when
     return_params is set."""
     import torch.distributed as dist
-    batch_size, lr, num_epochs, subset, seed, device, compile_, return_params = take(
-        cfg, "batch_size", "lr", "num_epochs", "subset", "seed", device="cpu", compile=False,
+    device, batch_size, lr, num_epochs, subset, seed, compile_, return_params = take(
+        cfg, "device", "batch_size", "lr", "num_epochs", "subset", "seed", compile=False,
         return_params=False)
     device = torch.device(device)
     if device.type == "cpu":   # as the benchmark's other ranks: one thread, on a core of its own
