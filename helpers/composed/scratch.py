@@ -142,7 +142,7 @@ class CPEmbed(nn.Module):
 
 class CPBlock(nn.Module):
     """A SmallBlock on this rank's tokens (the same modules): its attention a ring over `comm`
-    (helpers.CPAttention); the norms and the MLP need no other token."""
+    (helpers.context_parallel.scratch.CPAttention); the norms and the MLP need no other token."""
 
     def __init__(self, block, comm, layout="zigzag"):
         super().__init__()
