@@ -1,4 +1,5 @@
-"""The course's helpers: the one flat façade. Every public name is importable as `helpers.X`.
+"""The course's helpers: the one flat façade. What notebooks, scripts, tests and the grader use
+is importable as `helpers.X`; the rest stays in its home module (tests/test_layout.py).
 
 Each name has one home module (the import lines below list them; `helpers.X.__module__` says
 it too). Folders name the split, files the version: simulated (one process, Part I/II), scratch
@@ -43,55 +44,44 @@ __course__ = "multigpu-course"
 from .config import choose, quick
 from .devices import (DeviceClock, Timer, exact_float32, get_devices, num_gpus, require_gpus,
                       synced_now, synchronize, try_all_gpus, try_gpu, gpu_copy_gbs,
-                      copy_while_computing, gpu_chapter_figures)
+                      copy_while_computing)
 from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
                    load_tensors, ensure_data)
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
 from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
-                          make_batches, SmallMLP, SmallAttention, SmallBlock, small_block,
-                          small_stack, block_inputs, block_loss)
-from .seeding import seeded
+                          make_batches, SmallAttention, small_block, small_stack, block_inputs,
+                          block_loss)
 from .plotting import Animator, glue, progress
 from .paths import script_path, course_file
-from .validate import (validate_positive_int, validate_lr, validate_seed, validate_images,
-                       validate_global_batch, validate_backend, validate_output_path, validate_step,
-                       SnapshotError, validate_snapshot)
+from .validate import (validate_positive_int, validate_lr, validate_seed, validate_global_batch,
+                       validate_backend, validate_output_path, validate_step, SnapshotError)
 from .script_args import script_parser, resolve_args
-from .costs import (SPLITS, layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device,
-                    split_costs, plot_costs,
-                    OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs, ZERO_ROWS,
+from .costs import (layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device, split_costs,
+                    plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs,
                     network_cuts, BACKWARD_SHARE)
-from .transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
-                                ring_attention_bytes, moe_dispatch_bytes, train_flops_per_token)
+from .transformer_costs import (activation_bytes_per_token, block_params, ring_attention_bytes,
+                                moe_dispatch_bytes, train_flops_per_token)
 from .transformer_costs import ulysses_attention_bytes, moe_layer_seconds
-from .cost_explorer import cost_grid, cost_explorer_html, with_static_twin
-from .compare import all_close, max_diff, rel_diff
-from .one_process import (flat_cross_entropy, params_of, local_batch, adamw_groups,
-                          make_optimizer, plain_optimizer, train_one_process)
+from .cost_explorer import cost_grid, with_static_twin
+from .compare import all_close, max_diff
+from .one_process import flat_cross_entropy, params_of, local_batch
 from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
                         exposed_ms, trace_sentence)
-from .prose import ClaimFailed, claim, claims_made, formatted, glued, plural, plural_names, say
-from .dp_vs_ddp import ddp_step_seconds, dp_vs_ddp
-from .flight_recorder import (FR_ENTRIES, first_unjoined, fr_dumper, fr_env, fr_trace_report,
-                              read_dumps)
-from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
-                        write_gpu_reference, gpu_figures, capture_env, add_notebook, add_path)
-from .timing import (Measurement, Ratio, MIN_ROUNDS, measure, interleave, ratio, machine_load,
-                     verdict_of)
-from .runtime.group import (choose_backend, backend_line, backend_for, env_ranks, rank_device,
-                            setup, teardown, free_port, get_rank, get_world_size, log0,
-                            die_with_parent, pin_to_core)
-from .runtime.launch import launch, take, run_ranks, run_in_turn
+from .prose import ClaimFailed, claim, formatted, plural, say
+from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
+from .reference import gpu_reference, describe_gpu_reference, gpu_figures
+from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
+from .runtime.group import (choose_backend, backend_for, env_ranks, rank_device, setup, teardown,
+                            free_port, log0)
+from .runtime.launch import launch, take, run_ranks
 from .runtime.errors import RankFailed, LaunchTimeout
-from .runtime.progress import report_progress, ProgressLine, report_to
-from .runtime.agree import CollectiveMismatch, agree, fingerprint, where_are_the_others
-from .runtime.comm import Comm, DistComm, ThreadComm
-from .runtime.thread_world import ThreadWorld, run_threads
-from .runtime.traffic import (Transfer, ByteLog, CountsSent, CommLog, send, count_traffic,
-                              TrafficLog, FuncolBytes)
+from .runtime.progress import report_progress
+from .runtime.agree import agree
+from .runtime.comm import DistComm, ThreadComm
+from .runtime.thread_world import run_threads
+from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
-from .runtime.emulate import (Clock, Rates, ASSUMED_RATES, clock_scale, waits,
-                              model_time)
+from .runtime.emulate import Clock, Rates, ASSUMED_RATES, clock_scale, waits
 from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
                                  save_checkpoint, save_snapshot_all, load_checkpoint)
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
@@ -99,10 +89,9 @@ from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, t
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
                                       bucketed_allreduce, ring_allreduce, OverlapReducer,
                                       train_batch_overlap, allreduce_time, fit_alpha_beta)
-from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, resident_accuracy,
-                                 flat_replica, replica_flat_grad, train_fast_rank)
-from .data_parallel.fast_lenet import (conv1_relu_pool, conv1_grads, lenet_fused,
-                                       fused_flat_grad, tap_major, untap)
+from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, replica_flat_grad,
+                                 train_fast_rank)
+from .data_parallel.fast_lenet import lenet_fused, fused_flat_grad, tap_major
 from .data_parallel.scratch import DDPFromScratch, make_buckets
 from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exact,
                                       SyncBatchNormFunction, CPUSyncBatchNorm,
@@ -122,34 +111,30 @@ from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unu
                                                 scratch_skipped_step, exposed_comm_times)
 from .data_parallel.overlap_experiments import (gradient_timeline, overlap_step_times,
                                                 ddp_scratch_trace, emulated_overlap)
-from .data_parallel.speed import (dp_timing_worker, time_data_parallel, spread,
-                                  allreduce_compare_worker, compare_with_dist_all_reduce,
-                                  lenet_module_from, bench_worker, bench_ranks,
-                                  gloo_allreduce_worker, time_gloo_allreduce)
+from .data_parallel.speed import (dp_timing_worker, time_data_parallel, allreduce_compare_worker,
+                                  compare_with_dist_all_reduce, lenet_module_from, bench_worker,
+                                  bench_ranks, gloo_allreduce_worker, time_gloo_allreduce)
 from .data_parallel.profile_verdicts import (simulated_devices_words, same_code_words,
                                              loader_step_words, compute_split_words,
                                              allreduce_split_words, overlap_lengthens_words,
                                              alone_prediction_words, thesis_words)
 from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
-                            clip_sharded_grad_norm_, validate_flat_dtypes, validate_groups,
-                            unit_parameters)
+                            clip_sharded_grad_norm_)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
-from .sharding.torch_api import fsdp2_api, fsdp2_model, full_params
+from .sharding.torch_api import fsdp2_api, fsdp2_model
 from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
                                    fsdp_scratch_vs_one_process, fsdp2_vs_one_process,
                                    dcp_save_sharded, dcp_load_resharded, memory_per_stage,
-                                   zero1_checkpoint, full_optimizer_state, train_step,
-                                   held_bytes)
+                                   zero1_checkpoint, full_optimizer_state, held_bytes)
 from .sharding.knobs import (zero2_accumulation, clip_over_shards, fsdp_knobs,
                              mixed_precision_zero, refusals)
 from .sharding.mixed import MixedPrecisionZero
 from .sharding.memory import PeakBytes
 from .sharding.variants import (activation_partition_costs, fused_buffer_bytes, offload_costs,
                                 offload_run, quantize_blocks, dequantize_blocks,
-                                quantization_bound, quantized_all_gather, qwz_vs_all_gather,
-                                zeropp_costs, ZEROPP_COLLECTIVES, variant_memory,
-                                variant_traffic, plot_variants)
+                                quantized_all_gather, qwz_vs_all_gather, zeropp_costs,
+                                variant_memory, variant_traffic, plot_variants)
 from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, validate_orders,
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,
@@ -160,76 +145,56 @@ from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, valida
 from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
                                           run_schedule, stage_forward, stage_backward,
                                           pipeline_1f1b, multiply_adds, run_interleaved)
-from .pipeline_parallel.scratch import (pipeline_net, validate_cuts, stage_of,
-                                        validate_pipeline_step,
-                                        pipeline_rank_step, unsplit_step, layer_times, cuts_by,
-                                        sum_loss, LiveActivations, LinearTape)
-from .pipeline_parallel.timelines import (box_needs, pipeline_model_time, replay_orders,
-                                          replayed_bubble, with_ready, wait_parts,
-                                          zero_bubble_rank_order,
-                                          zero_bubble_bubble, bubble_added)
-from .pipeline_parallel.torch_api import (pipelining_available, validate_pipelining, make_schedule,
-                                          pipelining_step, pipelining_runs, LOOPED_SCHEDULES)
-from .pipeline_parallel.experiments import (pipeline_worker, forward_flops, box_model,
-                                            PIPELINE_ORDERS)
+from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
+                                        layer_times, cuts_by, LinearTape)
+from .pipeline_parallel.timelines import (pipeline_model_time, replayed_bubble, wait_parts,
+                                          zero_bubble_rank_order, zero_bubble_bubble, bubble_added)
+from .pipeline_parallel.torch_api import (validate_pipelining, make_schedule, pipelining_step,
+                                          pipelining_runs, LOOPED_SCHEDULES)
+from .pipeline_parallel.experiments import pipeline_worker, forward_flops, box_model
 from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
                                         CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,
                                         dense_split_columns, dense_split_rows, lenet_within_layer)
 from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
-                                      TPAttention, TPBlock, split_dims, shard_of, gather_shards)
-from .tensor_parallel.torch_api import tp_plan, sp_plan, vocab_plan
-from .tensor_parallel.sequence import (GatherSequence, ScatterSequence, gather_sequence,
-                                       scatter_sequence, SPBlock, sync_replicated_grads,
+                                      TPAttention, TPBlock, split_dims, gather_shards)
+from .tensor_parallel.torch_api import tp_plan, sp_plan
+from .tensor_parallel.sequence import (GatherSequence, SPBlock, sync_replicated_grads,
                                        saved_activation_bytes, VocabEmbedding,
-                                       vocab_parallel_cross_entropy, TinyTPLM, tiny_tp_lm)
-from .tensor_parallel.sequence import GatherLinears, gather_linears, SPAttention, SPMLP
-from .tensor_parallel.experiments import (tp_worker, sp_runs, vocab_runs, mesh2d_worker,
-                                          hsdp_worker)
+                                       vocab_parallel_cross_entropy, tiny_tp_lm)
+from .tensor_parallel.experiments import tp_worker, mesh2d_worker, hsdp_worker
 from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
                                        attention_reference, block_attention, merge_blocks,
-                                       ring_attention, RingAttention, block_work, CPAttention)
+                                       ring_attention, RingAttention, block_work)
 from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
-from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
-                                           cp_activation_memory, cp_torch_run, cp_chapter)
-from .context_parallel.scratch import causal_block, ring_pass, validate_ranks_agree, RingCensus
-from .context_parallel.ulysses import (seq_to_heads, heads_to_seq, SeqToHeads, HeadsToSeq,
-                                       ulysses_attention)
-from .context_parallel.torch_api import ROTATE_METHODS
-from .context_parallel.experiments import cp_ulysses_run
+from .context_parallel.experiments import qkv_inputs, autograd_saved_bytes, cp_torch_run, cp_chapter
+from .context_parallel.scratch import causal_block, ring_pass, RingCensus
+from .context_parallel.ulysses import seq_to_heads, heads_to_seq, SeqToHeads, ulysses_attention
 from .context_parallel.schematics import (ring_schedule, draw_ring, draw_split, plot_ring,
                                           plot_split)
 from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
-from .expert_parallel.experiments import moe_step, ep_equal_run, ep_imbalance_run, ep_chapter
+from .expert_parallel.experiments import ep_chapter
 from .expert_parallel.moe import router_z_loss
-from .expert_parallel.torch_api import (EPMoE, GroupedExperts, ep_dp_mesh, grouped_mm,
-                                        grouped_mm_status, permute_by_expert)
-from .expert_parallel.experiments import ep_production_run
+from .expert_parallel.torch_api import EPMoE, ep_dp_mesh, permute_by_expert
 from .expert_parallel.schematics import dispatch_counts, draw_all_to_all, plot_all_to_all
-from .runtime.mesh import rank_grid, coords_of, new_groups, device_mesh
-from .composed.gpt import (gpt, gpt_layers, GPTEmbed, GPTHead, gpt_loss, gpt_batches,
-                           stage_cuts)
-from .composed.gpt import validate_data_split
-from .composed.scratch import build_stage, train_3d_scratch, one_process_run
+from .runtime.mesh import rank_grid, coords_of
+from .composed.model import gpt
+from .composed.scratch import train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_3d_both
 from .composed.experiments import train_cp_zero2
-from .composed.scratch import CPEmbed, CPBlock, Recomputed, cp_gpt
+from .composed.scratch import cp_gpt
 from .composed.schematics import draw_mesh
 from .composed.planner_page import (PLANNER_FIELDS, PLANNER_JS, plan_table_html, planner_html,
                                     with_planner_twin)
-from .composed.planner import (MODEL_KEYS, GPU_KEYS, stage_costs, layout_costs,
-                               candidate_layouts, plan,
-                               format_plan)
-from .schematics import (DEVICE_COLORS, EVERY_RANK_COLOR, SCHEMATIC_FONT, device_color, text_color,
-                         diagram, draw_box, draw_arrow, PHONE_COLUMN_PX, phone_text_px)
+from .composed.planner import stage_costs, plan
+from .schematics import phone_text_px
 from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatron_trace,
                                          plot_megatron_mlp)
 from .pipeline_parallel.schematics import (split_picture, plot_network_split, schedule_timelines,
-                                           plot_pipeline_schedules, PHASE_COLORS)
-from .sharding.schematics import SHARD_KINDS, shard_owners, plot_shards
+                                           plot_pipeline_schedules)
+from .sharding.schematics import shard_owners, plot_shards
 from .data_parallel.schematics import bucket_timeline, plot_buckets
 from .data_parallel.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
-from .composed.planner import (ACCUMULATION, LATENCY, data_parallel_costs,
-                               ring_exposed_seconds)
+from .composed.planner import data_parallel_costs

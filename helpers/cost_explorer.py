@@ -138,7 +138,11 @@ def static_specs(explorer):
     return {n: specs[n] for n in DISCRETE + CONTINUOUS}
 
 
-class _WithTwin:
+class WithTwin:
+    """A widget shown with a static twin: the widget's own output, with `html_text` as its
+    text/html (a live notebook shows the widget, the book, which has no kernel, the twin).
+    Part I's cost explorer and Part VII's planner both display through it."""
+
     def __init__(self, widget, html_text):
         self.widget, self.html = widget, html_text
 
@@ -159,7 +163,7 @@ def with_static_twin(explorer, sizes):
                          f"{list(sizes)}")
     grid = cost_grid(sizes, specs["k"]["values"], specs["batch_size"]["values"],
                      specs["optimizer"]["values"])
-    return _WithTwin(explorer, cost_explorer_html(grid, specs, title=(
+    return WithTwin(explorer, cost_explorer_html(grid, specs, title=(
         "Move the controls: this page looks up the numbers split_costs computed when the "
         "notebook ran, and works out the seconds from the bandwidth and latency.")))
 

@@ -191,6 +191,8 @@ def network_cuts(memory, sent, k):
 def ring_bytes_per_device(nbytes, k):
     """Bytes each of k devices sends in a ring all-reduce of `nbytes`: 2 (k-1)/k of them
     (reduce-scatter, then all-gather). THE ring volume: every cost and count uses this one."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1 device, got {k}")
     return 2 * (k - 1) / k * nbytes
 
 

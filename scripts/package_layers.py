@@ -228,7 +228,9 @@ def write(path=CONTRIBUTING, deps=None):
         text = head + new + rest.split(END, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + new + "\n"
-    path.write_text(text)
+    sys.path.insert(0, str(ROOT))
+    from helpers.runtime.files import atomic_write   # a kill leaves the old file whole
+    atomic_write(path, lambda f: f.write(text), mode="w")
 
 
 def main(argv):

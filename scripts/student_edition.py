@@ -330,7 +330,9 @@ def update_teachers_guide(path=TEACHERS, notebooks=None):
     new = _between(text, TABLE_BEGIN, TABLE_END, exercise_table(notebooks))
     new = _between(new, CHECKS_BEGIN, CHECKS_END, checks_table())
     if new != text:
-        pathlib.Path(path).write_text(new)
+        sys.path.insert(0, str(ROOT))
+        from helpers.runtime.files import atomic_write   # a kill leaves the old guide whole
+        atomic_write(pathlib.Path(path), lambda f: f.write(new), mode="w")
     return new != text
 
 

@@ -20,6 +20,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FILES = ["README.md", "pyproject.toml", "CITATION.cff"]
 
 
+def _write(path, text):
+    """`text` into `path` with the course's atomic writer: a kill leaves the old file whole."""
+    sys.path.insert(0, str(ROOT))
+    from helpers.runtime.files import atomic_write
+    atomic_write(path, lambda f: f.write(text), mode="w")
+
+
 def configured():
     """(owner, repo, branch) of _config.yml's repository.url."""
     repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
@@ -76,7 +83,7 @@ def main(argv=None):
         if new != text:
             stale.append(rel)
             if not args.check:
-                path.write_text(new)
+                _write(path, new)
     cells = [sys.executable, str(ROOT / "scripts" / "colab_setup_cell.py")]
     if args.check:
         stale += stale_setup_cells()

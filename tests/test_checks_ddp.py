@@ -1,6 +1,6 @@
 """The checks of the torchrun chapter (helpers/checks/ddp_torchrun.py): the worked answers,
 shortcuts of
-different kinds (the review's cheats included: a sampler bound before the check runs, the
+different kinds (known cheats included: a sampler bound before the check runs, the
 course's RNG restorer under another name), other right answers (tests/check_cases.py)."""
 import random
 
@@ -34,7 +34,7 @@ def sampler_shard_tensor(n, rank, world_size, epoch, seed):
 _ITER = DistributedSampler.__iter__        # bound before any check patches it
 
 
-@shortcut("check_sampler_shard", "__iter__ bound earlier (review)", "compute the shard yourself")
+@shortcut("check_sampler_shard", "__iter__ bound earlier", "compute the shard yourself")
 def sampler_shard_bound(n, rank, world_size, epoch, seed):
     s = DistributedSampler.__new__(DistributedSampler)
     s.__dict__.update(dataset=range(n), num_replicas=world_size, rank=rank, epoch=epoch,
@@ -127,7 +127,7 @@ def resume_other(path, model, optimizer):
 restore = helpers.set_rng_state           # the course's restorer under another name
 
 
-@shortcut("check_resume", "set_rng_state renamed (review)", "course's own answer")
+@shortcut("check_resume", "set_rng_state renamed", "course's own answer")
 def resume_renamed(path, model, optimizer):
     snap = torch.load(path, weights_only=True)
     model.load_state_dict(snap["model"])

@@ -1,5 +1,5 @@
 """The checks of DDP from scratch (helpers/checks/ddp_scratch.py), on the harness's World: the
-worked answers, shortcuts of different kinds (the review's cheats included: make_buckets
+worked answers, shortcuts of different kinds (known cheats included: make_buckets
 returned, a hook that waits inside itself, an all-reduce of a discarded clone), other right
 answers (tests/check_cases.py)."""
 import contextlib
@@ -105,7 +105,7 @@ def overlap_hooks_divide_first(model):
     return lambda: [w.wait() for w in pending]
 
 
-@shortcut("check_overlap_hooks", "waits inside the hook (review)", "inside backward")
+@shortcut("check_overlap_hooks", "waits inside the hook", "inside backward")
 def overlap_hooks_wait_in_hook(model):
     def hook(p):
         dist.all_reduce(p.grad, async_op=True).wait()
@@ -116,7 +116,7 @@ def overlap_hooks_wait_in_hook(model):
     return lambda: None
 
 
-@shortcut("check_overlap_hooks", "all-reduces a discarded clone (review)", "not a parameter")
+@shortcut("check_overlap_hooks", "all-reduces a discarded clone", "not a parameter")
 def overlap_hooks_clone(model):
     handles = []
     for p in model.parameters():
@@ -212,7 +212,7 @@ def average_bucket_rebind(grads):
         offset += g.numel()
 
 
-@shortcut("check_average_bucket", "a decoy all-reduce, the average by all_gather (review)",
+@shortcut("check_average_bucket", "a decoy all-reduce, the average by all_gather",
           "allows only all_reduce")
 def average_bucket_gather(grads):
     flat = torch.zeros(sum(g.numel() for g in grads))

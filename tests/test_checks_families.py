@@ -197,27 +197,27 @@ def saved_bytes_import_inside(net, X):
 
 
 # twins: other course functions that compute the same answer
-@shortcut("check_saved_bytes", "twin: autograd_saved_bytes (review)", OWN)
+@shortcut("check_saved_bytes", "twin: autograd_saved_bytes", OWN)
 def saved_bytes_twin(net, X):
     return helpers.autograd_saved_bytes(lambda: net(X), list(net.parameters()))[0]
 
 
-@shortcut("check_saved_bytes", "twin: saved_activation_bytes (review)", OWN)
+@shortcut("check_saved_bytes", "twin: saved_activation_bytes", OWN)
 def saved_bytes_twin_tp(net, X):
     return helpers.saved_activation_bytes(net, X, params=list(net.parameters()))[1]
 
 
-@shortcut("check_order_1f1b", "twin: one_f_one_b_rank_order (review)", OWN)
+@shortcut("check_order_1f1b", "twin: one_f_one_b_rank_order", OWN)
 def order_1f1b_twin(p, m):
     return [helpers.one_f_one_b_rank_order(p, m, s) for s in range(p)]
 
 
-@shortcut("check_allreduce_spread", "twin: ring_allreduce (review)", OWN)
+@shortcut("check_allreduce_spread", "twin: ring_allreduce", OWN)
 def allreduce_spread_twin(data):
     helpers.ring_allreduce(data)
 
 
-@shortcut("check_reduce_then_broadcast", "twin: allreduce (review)", OWN)
+@shortcut("check_reduce_then_broadcast", "twin: allreduce", OWN)
 def reduce_then_broadcast_twin(grads):
     helpers.allreduce(grads)
 
@@ -229,14 +229,14 @@ def global_mean_var_twin(*args, **kwargs):
 
 
 # ---- 3. natural wrong answers -------------------------------------------------------------------
-@shortcut("check_allreduce_spread", "sums everything on the host (review)", "the CPU")
+@shortcut("check_allreduce_spread", "sums everything on the host", "the CPU")
 def allreduce_spread_on_host(data):
     total = sum(t.to("cpu") for t in data)
     for t in data:
         t.copy_(total.to(t.device))
 
 
-@shortcut("check_conv_split_in_channels", "splits the output pixels: unfold + mm (review)",
+@shortcut("check_conv_split_in_channels", "splits the output pixels: unfold + mm",
           "partial sum")
 def conv_split_pixels(X, W, b, devices, log=None):
     k, side = len(devices), X.shape[-1] - 2
@@ -289,7 +289,7 @@ def overlap_hooks_one_early(model):
     return finish
 
 
-@shortcut("check_accumulate_zero2", "one concatenated batch, no accumulation (review)",
+@shortcut("check_accumulate_zero2", "one concatenated batch, no accumulation",
           "concatenated batch")
 def accumulate_zero2_concatenated(model, micro_batches):
     X = torch.cat([X for X, _ in micro_batches])

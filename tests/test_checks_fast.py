@@ -353,7 +353,7 @@ def ring_allreduce_reference(data):
 
 
 def test_ring_counts_are_observed_not_trusted():
-    """The made-up counts of the review (2(k-1)/k n each) on a naive sum still fail."""
+    """Made-up counts (the formula's 2(k-1)/k n each) on a naive sum still fail."""
     def naive(data):
         helpers.allreduce(data)
         k, n = len(data), data[0].numel()

@@ -101,7 +101,7 @@ def fit_copy_model(nbytes, seconds):
     return alpha, 1 / slope / 1e9
 
 
-@shortcut("check_fit_copy_model", "unweighted fit (review)", "weighed by 1/t")
+@shortcut("check_fit_copy_model", "unweighted fit", "weighed by 1/t")
 def fit_copy_model_unweighted(nbytes, seconds):
     b = torch.tensor(nbytes, dtype=torch.float64)
     A = torch.stack([torch.ones_like(b), b], dim=1)
@@ -110,7 +110,7 @@ def fit_copy_model_unweighted(nbytes, seconds):
     return alpha, 1 / slope / 1e9
 
 
-@shortcut("check_fit_copy_model", "no fit: two points (review)", "reading two points")
+@shortcut("check_fit_copy_model", "no fit: two points", "reading two points")
 def fit_copy_model_two_points(nbytes, seconds):
     slope = (seconds[-1] - seconds[-2]) / (nbytes[-1] - nbytes[-2])
     return seconds[0], 1 / slope / 1e9

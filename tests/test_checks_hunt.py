@@ -7,7 +7,7 @@ answer to the exercise: it must be in the check's `references=` registry (then t
 it, so nothing passes here). Classes and functions that launch, save, plot or train are left out.
 It calls hundreds of course functions on arbitrary inputs, which takes minutes on a loaded
 machine, so it runs only when asked: `COURSE_HUNT=1 pytest tests/test_checks_hunt.py` hunts on
-the exercises where the reviews found twins, `COURSE_HUNT=all` on every check.
+the exercises known to have course twins (TWINS), `COURSE_HUNT=all` on every check.
 """
 import inspect
 import os
@@ -21,8 +21,8 @@ import helpers.checks
 from helpers.checks._core import REGISTRY
 
 ALL = sorted(n for n in dir(helpers.checks) if n.startswith("check_") and n in REGISTRY)
-# the whole hunt takes minutes (COURSE_HUNT=1); by default the exercises whose course twins the
-# reviews found
+# the whole hunt takes minutes (COURSE_HUNT=1); by default the exercises known to have a course
+# twin (a function that once passed the check before it joined `references=`)
 TWINS = ["check_saved_bytes", "check_order_1f1b", "check_bytes_sent_naive_vs_ring",
          "check_allreduce_spread", "check_reduce_then_broadcast", "check_global_mean_var",
          "check_split_by_params", "check_partial_sum_bytes", "check_shard_sizes",

@@ -1,5 +1,5 @@
 """The Part I exercise checks of data_parallel and costs: worked answers, shortcuts of different
-kinds (the review's cheats included), other right answers (tests/check_cases.py)."""
+kinds (known cheats included), other right answers (tests/check_cases.py)."""
 import numpy as np
 import torch
 
@@ -45,14 +45,14 @@ def reduce_then_broadcast_inplace(grads):
         g.copy_(grads[0])
 
 
-@shortcut("check_reduce_then_broadcast", "no .to (review: crashes on GPUs)", "raises on real GPUs")
+@shortcut("check_reduce_then_broadcast", "no .to (crashes on GPUs)", "raises on real GPUs")
 def reduce_then_broadcast_no_to(grads):
     total = sum(grads)
     for g in grads:
         g.copy_(total)
 
 
-@shortcut("check_reduce_then_broadcast", "rebinds list items (review)", "in place")
+@shortcut("check_reduce_then_broadcast", "rebinds list items", "in place")
 def reduce_then_broadcast_rebind(grads):
     total = sum(g.to(grads[0].device) for g in grads)
     for i in range(len(grads)):
@@ -76,7 +76,7 @@ def bytes_sent_numpy(nbytes, k):
     return [np.int64(nbytes) * (k - 1), np.float64(nbytes) * 2 * (k - 1) / k]
 
 
-@shortcut("check_bytes_sent_naive_vs_ring", "the reference (review)", "course's own answer")
+@shortcut("check_bytes_sent_naive_vs_ring", "the reference", "course's own answer")
 def bytes_sent_reference(nbytes, k):
     return (k - 1) * nbytes, helpers.ring_bytes_per_device(nbytes, k)
 
@@ -102,7 +102,7 @@ def gpipe_time_ticks(t_stage, p, m):
     return np.float64(t_stage) / m * (m + p - 1)
 
 
-@shortcut("check_gpipe_time", "no division by m (review)", "not the whole batch")
+@shortcut("check_gpipe_time", "no division by m", "not the whole batch")
 def gpipe_time_whole(t_stage, p, m):
     return (m + p - 1) * t_stage
 
@@ -176,12 +176,12 @@ def saved_bytes_list(net, X):
     return np.int64(sum(s.nbytes() for s in kept))
 
 
-@shortcut("check_saved_bytes", "the reference (review)", "course's own answer")
+@shortcut("check_saved_bytes", "the reference", "course's own answer")
 def saved_bytes_reference(net, X):
     return sum(helpers.saved_per_layer(net, X))
 
 
-@shortcut("check_saved_bytes", "parameters counted (review)", "leave them out")
+@shortcut("check_saved_bytes", "parameters counted", "leave them out")
 def saved_bytes_with_params(net, X):
     return saved_bytes(net, X) + sum(q.numel() * 4 for q in net.parameters())
 

@@ -1,6 +1,6 @@
 """The checks of Part III's DataParallel and custom-modules chapters (helpers/checks/
 dataparallel.py, custom_modules.py):
-the worked answers, shortcuts of different kinds (the review's cheats included), other right
+the worked answers, shortcuts of different kinds (known cheats included), other right
 answers (tests/check_cases.py)."""
 import contextlib
 import copy
@@ -109,7 +109,7 @@ def dp_forward_threads(net, X, devices):
     return torch.cat([o.to(devices[0]) for o in outs])
 
 
-@shortcut("check_dp_forward", "never moves anything (review)", "simulated GPUs")
+@shortcut("check_dp_forward", "never moves anything", "simulated GPUs")
 def dp_forward_no_moves(net, X, devices):
     replicas = [copy.deepcopy(net) for _ in devices]
     return torch.cat([r(x) for r, x in zip(replicas, X.chunk(len(devices)))])
@@ -128,7 +128,7 @@ def dp_forward_split(net, X, devices):
 
 
 @shortcut("check_dp_forward", "replicas run their pieces, replica 0 on the whole batch is "
-          "returned (review)", "not made of the replicas' outputs")
+          "returned", "not made of the replicas' outputs")
 def dp_forward_replica0_whole(net, X, devices):
     replicas = [copy.deepcopy(net).to(d) for d in devices]
     for r, x, d in zip(replicas, X.chunk(len(devices)), devices):
@@ -211,7 +211,7 @@ def accumulate_gradients_stack(model, loss_fn, micro_batches):
             ((model(X) - y).pow(2).sum() / total).backward()
 
 
-@shortcut("check_accumulate_gradients", "one backward for all (review)", "once per micro-batch")
+@shortcut("check_accumulate_gradients", "one backward for all", "once per micro-batch")
 def accumulate_gradients_one_backward(model, loss_fn, micro_batches):
     total = sum(len(y) for _, y in micro_batches)
     losses = []

@@ -1,6 +1,6 @@
 """Part V's checks (helpers/checks/zero.py, fsdp_scratch.py, fsdp2.py) on the three kinds of
 answers (tests/check_cases.py): the notebooks' worked answers pass, shortcuts of two kinds or
-more fail naming the skipped step (every cheat of the second-round review among them), and
+more fail naming the skipped step (known cheats among them), and
 other right answers pass (the list form of reduce_scatter, numpy numbers, an exact optimum)."""
 import itertools
 
@@ -349,7 +349,7 @@ def zero3_unpadded(layers, world):
     return 3 * (world - 1) / world * n * 4
 
 
-@shortcut("check_zero3_sent_bytes", "pads the total, not each layer (review)", "pads the total")
+@shortcut("check_zero3_sent_bytes", "pads the total, not each layer", "pads the total")
 def zero3_padded_total(layers, world):
     n = sum(p.numel() for m in layers for p in m.parameters())
     return 3 * (world - 1) * -(-n // world) * 4

@@ -1,7 +1,7 @@
 """The Part VI exercise checks (helpers/checks/pipeline_dist.py, tensor_parallel_dist.py,
 mesh2d.py): the worked
-answers (taken from the notebooks' solution cells), shortcuts of different kinds, each of the
-review's cheats among them, with the words of their messages, and other right answers
+answers (taken from the notebooks' solution cells), shortcuts of different kinds, known cheats
+among them, with the words of their messages, and other right answers
 (tests/check_cases.py)."""
 import json
 
@@ -75,7 +75,7 @@ def idle_numpy(timelines):
 
 
 # ---- a forward-only pipeline --------------------------------------------------------------------
-@shortcut("check_pipeline_forward", "no pipelining (review: each rank computes the whole batch "
+@shortcut("check_pipeline_forward", "no pipelining (each rank computes the whole batch "
           "once, then sends it in pieces)", "ran its stage once")
 def forward_whole_batch(stage, comm, X, num_microbatches, batch_size, in_shape):
     r, p, m = comm.rank, comm.world, num_microbatches
@@ -146,7 +146,7 @@ def cuts_equal_counts(times, p):
     return [round(len(times) * i / p) for i in range(1, p)]
 
 
-@shortcut("check_cuts_for_times", "the course's cuts_by (review: used in the chapter)", REFUSED)
+@shortcut("check_cuts_for_times", "the course's cuts_by (used in the chapter)", REFUSED)
 def cuts_reference(times, p):
     return helpers.cuts_by(times, p)
 
@@ -224,7 +224,7 @@ def row_gather_everything(x_shard, w_shard, b, comm):
     return torch.cat(xs, -1) @ torch.cat(ws, 1).T + b
 
 
-@other("check_row_parallel_linear", "b / k added before the all-reduce (review: right)")
+@other("check_row_parallel_linear", "b / k added before the all-reduce (right)")
 def row_bias_split(x_shard, w_shard, b, comm):
     out = x_shard @ w_shard.T + b / comm.world
     dist.all_reduce(out)
@@ -264,7 +264,7 @@ class _OwnF(torch.autograd.Function):
         return g
 
 
-@other("check_megatron_mlp", "its own autograd f over torch.distributed (review: right)")
+@other("check_megatron_mlp", "its own autograd f over torch.distributed (right)")
 def mlp_own_f(x, up_w, up_b, down_w, down_b, comm):
     h = F.gelu(_OwnF.apply(x) @ up_w.T + up_b)
     return reduce_from_tp(h @ down_w.T, comm) + down_b
@@ -342,7 +342,7 @@ def dp_flat(grads, comm):
 
 
 # ---- local shape --------------------------------------------------------------------------------
-@shortcut("check_local_shape", "floor division (the review: the uneven case never tested)",
+@shortcut("check_local_shape", "floor division (wrong only when tp does not divide)",
           "torch.chunk")
 def local_shape_floor(shape, split_dim, dp, tp, dp_rank):
     shape = list(shape)

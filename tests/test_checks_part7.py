@@ -70,7 +70,7 @@ def merge_unshifted(o1, l1, o2, l2):
     return (a[..., None] * o1 + b[..., None] * o2) / (a + b)[..., None], torch.log(a + b)
 
 
-@shortcut("check_merge_attention", "exponentiates the raw log-sum-exps in float64 (review)",
+@shortcut("check_merge_attention", "exponentiates the raw log-sum-exps in float64",
           "overflows")
 def merge_unshifted_float64(o1, l1, o2, l2):
     a, b = torch.exp(l1.double()), torch.exp(l2.double())

@@ -1,5 +1,5 @@
 """The Part II exercise checks (helpers/checks/scratch.py): worked answers, shortcuts of
-different kinds (the review's cheats included), other right answers (tests/check_cases.py)."""
+different kinds (known cheats included), other right answers (tests/check_cases.py)."""
 import numpy as np
 import torch
 
@@ -15,7 +15,7 @@ def shard_sizes(n, k):
     return [q + 1] * r + [q] * (k - r)
 
 
-@other("check_shard_sizes", "one row at a time, numpy ints (review: agreeing with split_batch)")
+@other("check_shard_sizes", "one row at a time, numpy ints (agreeing with split_batch)")
 def shard_sizes_dealt(n, k):
     sizes = [np.int64(0)] * k
     for i in range(n):
@@ -28,7 +28,7 @@ def shard_sizes_floats(n, k):
     return tuple(float(n // k + (i < n % k)) for i in range(k))
 
 
-@shortcut("check_shard_sizes", "measures a split (review)", "with arithmetic")
+@shortcut("check_shard_sizes", "measures a split", "with arithmetic")
 def shard_sizes_measured(n, k):
     return [len(s) for s in torch.arange(n).tensor_split(k)]
 
@@ -87,19 +87,19 @@ def allreduce_ring(data):
             chunks[dst][c].copy_(chunks[i][c])
 
 
-@shortcut("check_allreduce_spread", "Part II's funnel (review)", "did 1")
+@shortcut("check_allreduce_spread", "Part II's funnel", "did 1")
 def allreduce_funnel(data):
     helpers.allreduce(data)
 
 
-@shortcut("check_allreduce_spread", "stack and sum (review)", "raises on real GPUs")
+@shortcut("check_allreduce_spread", "stack and sum", "raises on real GPUs")
 def allreduce_stack(data):
     total = torch.stack(data).sum(0)
     for t in data:
         t.copy_(total)
 
 
-@shortcut("check_allreduce_spread", "an op outside a list of additions (review bypass)",
+@shortcut("check_allreduce_spread", "an op outside a list of additions (a bypass)",
           "additions")
 def allreduce_matmul(data):
     home = data[0].device
@@ -144,7 +144,7 @@ def evaluate_accuracy_multi_ints(net, params, data_iter, devices):
     return correct / total
 
 
-@shortcut("check_evaluate_accuracy_multi", "nothing split (review)", "whole batches")
+@shortcut("check_evaluate_accuracy_multi", "nothing split", "whole batches")
 def evaluate_accuracy_unsplit(net, params, data_iter, devices):
     correct = total = 0
     for X, y in data_iter:
@@ -153,7 +153,7 @@ def evaluate_accuracy_unsplit(net, params, data_iter, devices):
     return correct / total
 
 
-@shortcut("check_evaluate_accuracy_multi", "the original parameters (review)", "original")
+@shortcut("check_evaluate_accuracy_multi", "the original parameters", "original")
 def evaluate_accuracy_original_params(net, params, data_iter, devices):
     correct = total = 0
     for X, y in data_iter:

@@ -1,4 +1,4 @@
-"""Shortcut answers written afresh from issue 32's families (not the reviews' scripts, not
+"""Shortcut answers written afresh for each family of shortcut (a second set, independent of
 tests/test_checks_families.py's answers): each must fail in the harness, and the right answers
 beside them must pass (tests/check_cases.py's form). One section per family."""
 import ast

@@ -1,5 +1,5 @@
 """The Part I exercise checks (helpers/checks/{network_split,within_layer,data_parallel,costs}):
-worked answers, shortcuts of different kinds (each the review's cheats included, failing with
+worked answers, shortcuts of different kinds (known cheats included, failing with
 the message that names what it skipped), other right answers (tests/check_cases.py)."""
 import copy
 import math
@@ -22,7 +22,7 @@ def microbatches_for_bubble(p, target):
     return m
 
 
-@other("check_microbatches_for_bubble", "the closed form (review: rejected in 10% of draws)")
+@other("check_microbatches_for_bubble", "the closed form (rejected in 10% of draws)")
 def microbatches_closed_form(p, target):
     return max(1, math.ceil((p - 1) * (1 - target) / target))
 
@@ -68,7 +68,7 @@ def split_by_params_layers(net, devices):
     return stages
 
 
-@shortcut("check_split_by_params", "the reference (review)", "course's own answer")
+@shortcut("check_split_by_params", "the reference", "course's own answer")
 def split_by_params_reference(net, devices):
     sizes = [helpers.num_params(layer) for layer in net]
     return helpers.split_sequential(net, helpers.balanced_cuts(sizes, len(devices)), devices)
@@ -127,12 +127,12 @@ def order_1f1b_reference(p, m):
     return helpers.one_f_one_b_order(p, m)
 
 
-@shortcut("check_order_1f1b", "GPipe's order (review)", "held")
+@shortcut("check_order_1f1b", "GPipe's order", "held")
 def order_1f1b_gpipe(p, m):
     return helpers.gpipe_order(p, m)
 
 
-@shortcut("check_order_1f1b", "one warm-up forward too many (review)", "1F1B holds at most")
+@shortcut("check_order_1f1b", "one warm-up forward too many", "1F1B holds at most")
 def order_1f1b_extra_warmup(p, m):
     orders = []
     for s in range(p):
@@ -155,7 +155,7 @@ def partial_sum_bytes_numpy(n, d_out, k):
     return np.int64(4) * n * d_out * (k - 1)
 
 
-@shortcut("check_partial_sum_bytes", "runs the reference and reads the log (review)",
+@shortcut("check_partial_sum_bytes", "runs the reference and reads the log",
           "course's own answer")
 def partial_sum_bytes_measured(n, d_out, k):
     log = helpers.CommLog()
@@ -199,7 +199,7 @@ def conv_unsplit(X, W, b, devices, log=None):
     return F.conv2d(X, W, b)
 
 
-@shortcut("check_conv_split_in_channels", "no device moves (review)", "computed nothing")
+@shortcut("check_conv_split_in_channels", "no device moves", "computed nothing")
 def conv_no_moves(X, W, b, devices, log=None):
     k = len(devices)
     parts = [F.conv2d(Xi, Wi) for Xi, Wi in zip(X.tensor_split(k, dim=1),
@@ -209,7 +209,7 @@ def conv_no_moves(X, W, b, devices, log=None):
     return sum(parts) + b.reshape(1, -1, 1, 1)
 
 
-@shortcut("check_conv_split_in_channels", "einsum + decoy convs and sends (review)",
+@shortcut("check_conv_split_in_channels", "einsum + decoy convs and sends",
           "multiply-adds")
 def conv_einsum_decoys(X, W, b, devices, log=None):
     k = len(devices)
@@ -271,7 +271,7 @@ def gated_unsplit(X, W1, V, W2, devices, log=None):
     return (F.silu(X @ W1) * (X @ V)) @ W2
 
 
-@shortcut("check_gated_mlp_column_then_row", "without f (review)", "copy_to_shards (f)")
+@shortcut("check_gated_mlp_column_then_row", "without f", "copy_to_shards (f)")
 def gated_without_f(X, W1, V, W2, devices, log=None):
     k = len(devices)
     shards = zip(W1.tensor_split(k, dim=1), V.tensor_split(k, dim=1), W2.tensor_split(k), devices)
@@ -280,7 +280,7 @@ def gated_without_f(X, W1, V, W2, devices, log=None):
     return reduce_from_shards(partials, devices, log)
 
 
-@shortcut("check_gated_mlp_column_then_row", "weights never moved (review)", "computed nothing")
+@shortcut("check_gated_mlp_column_then_row", "weights never moved", "computed nothing")
 def gated_no_moves(X, W1, V, W2, devices, log=None):
     k = len(devices)
     Xs = copy_to_shards(X, [X.device] * k, log)
@@ -289,7 +289,7 @@ def gated_no_moves(X, W1, V, W2, devices, log=None):
     return reduce_from_shards(partials, [X.device] * k, log)
 
 
-@shortcut("check_gated_mlp_column_then_row", "V's columns mismatched (review)", "same columns")
+@shortcut("check_gated_mlp_column_then_row", "V's columns mismatched", "same columns")
 def gated_mismatched(X, W1, V, W2, devices, log=None):
     k = len(devices)
     Xs = copy_to_shards(X, devices, log)

@@ -1,5 +1,5 @@
 """The checks of the BatchNorm-across-devices chapter (helpers/checks/syncbn.py): the worked
-answers, shortcuts of different kinds (the review's cheats included: E[x^2] - E[x]^2 in float64),
+answers, shortcuts of different kinds (known cheats included: E[x^2] - E[x]^2 in float64),
 other right answers (tests/check_cases.py)."""
 import torch
 import torch.distributed as dist
@@ -87,7 +87,7 @@ def global_mean_var_naive(counts, means, variances):
     return mean, (counts[:, None] * (variances + means ** 2)).sum(0) / n - mean * mean
 
 
-@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in Python floats, .tolist() (review)",
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in Python floats, .tolist()",
           "into Python numbers")
 def global_mean_var_python_floats(counts, means, variances):
     c, m, v = counts.tolist(), means.tolist(), variances.tolist()
@@ -98,7 +98,7 @@ def global_mean_var_python_floats(counts, means, variances):
     return torch.tensor(mean), torch.tensor([s - mu * mu for s, mu in zip(sq, mean)])
 
 
-@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in exact fractions (issue 32)",
+@shortcut("check_global_mean_var", "E[x^2] - E[x]^2 in exact fractions",
           ".tolist()")
 def global_mean_var_fractions(counts, means, variances):
     from fractions import Fraction
@@ -218,7 +218,7 @@ def sync_bn_input_grad_gather(dy, x_hat, invstd, n):
     return invstd * (dy - total[:c] / n - x_hat * total[c:] / n)
 
 
-@shortcut("check_sync_bn_input_grad", "every row broadcast in small messages (review)",
+@shortcut("check_sync_bn_input_grad", "every row broadcast in small messages",
           "never the rows")
 def sync_bn_input_grad_rows_broadcast(dy, x_hat, invstd, n):
     c, w = dy.shape[1], dist.get_world_size()

@@ -256,7 +256,7 @@ def test_a_damaged_archive_is_named_and_said_to_be_removed(monkeypatch, tmp_path
 def test_ranks_loading_a_fresh_folder_at_once_all_load(tmp_path):
     """Three ranks (helpers.launch) load a folder holding only the four .gz archives at the same
     moment, three times over: every load succeeds with the known figures. Before the lock, a rank
-    deleted the file another was still extracting (8 of 12 loads failed in the review)."""
+    deleted the file another was still extracting (8 of 12 loads failed)."""
     import reliability_ranks
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)

@@ -39,10 +39,9 @@ def test_read_dumps_says_what_is_missing(tmp_path):
         fr.read_dumps(tmp_path)
 
 
-def test_dp_vs_ddp_refuses_fewer_than_two_gpus():
+def test_time_dp_vs_ddp_refuses_fewer_than_two_gpus():
     import helpers
-    from helpers.dp_vs_ddp import dp_vs_ddp
     if helpers.num_gpus() >= 2:
         pytest.skip("a machine with 2 GPUs runs it")
     with pytest.raises(RuntimeError, match="needs 2 GPUs"):
-        dp_vs_ddp()
+        helpers.time_dp_vs_ddp()

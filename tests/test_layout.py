@@ -1,8 +1,11 @@
-"""The package's shape: the flat façade exports every public name of every module, explicitly,
-and the install ships every folder of helpers/."""
+"""The package's shape: the flat façade re-exports, explicitly, what notebooks, scripts, tests
+and the grader use (and nothing else); no name hides a module; the install ships every folder of
+helpers/; the layers hold."""
 import ast
 import importlib
+import json
 import pathlib
+import re
 import sys
 import tomllib
 
@@ -21,18 +24,152 @@ def _modules():
         yield "helpers." + ".".join(rel.with_suffix("").parts)
 
 
-def test_the_facade_exports_every_public_name_of_every_module():
-    missing, other = [], []
+def _facade_imports():
+    """{name: home module} of every name helpers/__init__.py imports from its modules."""
+    tree = ast.parse((PKG / "__init__.py").read_text())
+    return {a.asname or a.name: "helpers." + n.module for n in tree.body
+            if isinstance(n, ast.ImportFrom) and n.level == 1 for a in n.names}
+
+
+def test_every_facade_name_is_its_modules_public_name():
+    """Each module lists its public names in __all__; the façade re-exports some of them (the
+    ones used outside helpers), each the very object of its home module."""
     for name in _modules():
-        mod = importlib.import_module(name)
-        assert hasattr(mod, "__all__"), f"{name} lists its public names in __all__"
-        for attr in mod.__all__:
-            if not hasattr(helpers, attr):
-                missing.append(f"{name}.{attr}")
-            elif getattr(helpers, attr) is not getattr(mod, attr):
-                other.append(f"helpers.{attr} is not {name}.{attr}")
-    assert not missing, f"add to helpers/__init__.py: {missing}"
-    assert not other, other
+        assert hasattr(importlib.import_module(name), "__all__"), \
+            f"{name} lists its public names in __all__"
+    wrong = [f"helpers.{attr} from {home}" for attr, home in _facade_imports().items()
+             if attr not in importlib.import_module(home).__all__
+             or getattr(helpers, attr) is not getattr(importlib.import_module(home), attr)]
+    assert not wrong, f"not a public name of its module (add it to that __all__): {wrong}"
+
+
+# --- what the façade holds: what book/, scripts/, tests/ and the grader use --------------------
+_DOTTED = re.compile(r"\bhelpers\.([A-Za-z_]\w*)")
+
+
+def _python_uses(src):
+    """Names `src` takes from the façade: `from helpers import X`, `helpers.X`, `h.X` after
+    `import helpers as h`."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return set()
+    aliases, found = {"helpers"}, set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            aliases |= {a.asname for a in n.names if a.name == "helpers" and a.asname}
+        elif isinstance(n, ast.ImportFrom) and n.module == "helpers" and n.level == 0:
+            found |= {a.name for a in n.names}
+    return found | {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                    and isinstance(n.value, ast.Name) and n.value.id in aliases}
+
+
+def _notebook_uses(text):
+    """A notebook's uses, and the names its code defines (tests/test_notebook_sync.py compares
+    those with the façade's)."""
+    found = set()
+    for cell in json.loads(text)["cells"]:
+        src = "".join(cell["source"])
+        found |= set(_DOTTED.findall(src))
+        if cell["cell_type"] == "code":
+            src = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("%", "!")))
+            found |= _python_uses(src)
+            try:
+                found |= {n.name for n in ast.parse(src).body
+                          if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            except SyntaxError:
+                pass
+    return found
+
+
+def _grader_uses(text):
+    """The grader's: `from .. import X` (its only way into the façade) and the names its checks
+    block with references=[...] (looked up in the façade)."""
+    tree, found = ast.parse(text), set(_DOTTED.findall(text))
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module is None and n.level >= 2:
+            found |= {a.name for a in n.names}
+        if isinstance(n, ast.keyword) and n.arg == "references":
+            found |= {e.value.split(".")[0] for e in ast.walk(n.value)
+                      if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return found
+
+
+def facade_uses(root=ROOT):
+    """Every façade name that book/, scripts/, tests/ or helpers/checks/ use (prose included:
+    a chapter that names `helpers.X` sends the reader there)."""
+    found = set()
+    for folder in ("book", "scripts", "tests"):
+        for path in (root / folder).rglob("*"):
+            if not path.is_file() or {"_build", "_vendor"} & set(path.parts):
+                continue
+            if path.suffix == ".ipynb":
+                found |= _notebook_uses(path.read_text())
+            elif path.suffix in (".py", ".md"):
+                text = path.read_text(errors="ignore")
+                found |= set(_DOTTED.findall(text))
+                found |= _python_uses(text) if path.suffix == ".py" else set()
+    for path in (root / "helpers" / "checks").rglob("*.py"):
+        found |= _grader_uses(path.read_text())
+    return found
+
+
+def test_the_facade_holds_only_what_is_used():
+    """The façade is what notebooks, scripts, tests and the grader use, and nothing else: a
+    name nobody uses stays in its module (importable from there), out of the façade."""
+    unused = sorted(set(_facade_imports()) - facade_uses())
+    assert not unused, (f"nothing uses helpers.{{{', '.join(unused)}}}: remove them from "
+                        "helpers/__init__.py (they stay in their modules)")
+
+
+def test_the_use_scan_sees_each_way_of_using_a_name(tmp_path):
+    """Guard the guard: every way of reaching a façade name counts, and an unused one does not."""
+    for folder in ("book/part9", "scripts", "tests", "helpers/checks"):
+        (tmp_path / folder).mkdir(parents=True)
+    cell = lambda kind, src: {"cell_type": kind, "source": [src], "metadata": {}}
+    (tmp_path / "book/part9/x.ipynb").write_text(json.dumps({"cells": [
+        cell("code", "%matplotlib inline\nimport helpers\nhelpers.a_dotted(1)\n"),
+        cell("code", "def a_defined():\n    pass\n"),
+        cell("markdown", "`helpers.a_in_prose` draws it"),
+        cell("code", "from helpers import a_from\n")]}))
+    (tmp_path / "scripts/s.py").write_text("import helpers as h\nh.an_alias()\n")
+    (tmp_path / "tests/t.py").write_text("from helpers import (a_test,\n    another)\n")
+    (tmp_path / "helpers/checks/c.py").write_text(
+        "from .. import a_grader\n@check('x', observes=[], references=['a_ref.method'])\n"
+        "def c():\n    unused_name = 1\n")
+    assert facade_uses(tmp_path) == {"a_dotted", "a_defined", "a_in_prose", "a_from",
+                                     "an_alias", "a_test", "another", "a_grader", "a_ref"}
+
+
+def _shadowed(pkg):
+    """Submodules of the package `pkg` (and of its subpackages) whose name the package binds to
+    something else: `import pkg.name as m` then hands back that thing, not the module."""
+    import pkgutil
+    found = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        if getattr(pkg, info.name) is not mod:
+            found.append(f"{pkg.__name__}.{info.name}")
+        if info.ispkg:
+            found += _shadowed(mod)
+    return found
+
+
+def test_no_facade_name_hides_a_module():
+    """helpers.dp_vs_ddp was once both a module and the function the façade exported, so
+    `import helpers.dp_vs_ddp as m` returned the function: a name is one or the other."""
+    hidden = _shadowed(helpers)
+    assert not hidden, f"these modules are hidden by a name of their package: {hidden}; rename one"
+
+
+def test_the_shadow_scan_sees_a_hidden_module(tmp_path, monkeypatch):
+    pkg = tmp_path / "shadowed_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .step import step\nfrom .other import x\n")
+    (pkg / "step.py").write_text("def step():\n    pass\n")
+    (pkg / "other.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _shadowed(importlib.import_module("shadowed_pkg")) == ["shadowed_pkg.step"]
 
 
 def test_the_facade_is_explicit():

@@ -61,7 +61,7 @@ def _calls(traffic, word):
 
 
 def test_traffic_per_mesh_dimension(ranks):
-    """Review: the root-only wrap all-gathers once per step (nothing again in backward); per
+    """The root-only wrap all-gathers once per step (nothing again in backward); per
     block, each block is all-gathered before its forward and its backward (ZeRO-3)."""
     block, root = ranks[0]["block"]["traffic"], ranks[0]["root"]["traffic"]
     assert _calls(block["dp"], "all_gather") == 2 * BLOCKS

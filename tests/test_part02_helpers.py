@@ -119,7 +119,8 @@ def test_network_cuts_balance_memory_then_send_least(seed):
 
 
 def test_lenets_cuts_no_longer_send_the_most_for_nothing():
-    """The review's case: memory-balanced cuts made LeNet's first ReLU a stage of its own."""
+    """Memory-balanced cuts (balanced_cuts alone) make LeNet's first ReLU a stage of its own,
+    whose whole output crosses a cut; network_cuts weighs what crosses."""
     sizes = layer_sizes(lenet_module(), (1, 28, 28))
     memory = [16 * r["params"] + 256 * 4 * r["acts"] for r in sizes]
     crossing = [2 * 256 * 4 * r["out"] for r in sizes]
@@ -129,7 +130,7 @@ def test_lenets_cuts_no_longer_send_the_most_for_nothing():
     assert c["cuts"] == new and c["microbatches"] == 1
     worst = lambda cuts: max(crossing[x - 1] * (x > 0) for x in [0, *cuts]) if cuts else 0
     assert worst(new) <= worst(old)
-    assert c["sent"] < 27.68896e6        # what the lone-ReLU stage sent (review, costs cell 20)
+    assert c["sent"] < 27.68896e6        # what the lone-ReLU stage sent (balanced_cuts' cuts)
     with pytest.raises(ValueError, match="cannot place"):
         network_cuts(memory, crossing, len(memory) + 1)
 

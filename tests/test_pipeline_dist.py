@@ -248,8 +248,8 @@ def test_a_step_refuses_bad_input_before_any_message(change, words):
 
 
 def test_torch_schedules_refuse_a_batch_m_does_not_divide():
-    """Review: Schedule1F1B with 10 rows in 4 micro-batches failed on the last rank while the
-    other blocked until the timeout; the course's wrapper refuses it on every rank, first."""
+    """Left to torch, Schedule1F1B with 10 rows in 4 micro-batches fails on the last rank while
+    the other blocks until the timeout; the course's wrapper refuses it on every rank, first."""
     with pytest.raises(ValueError, match="do not divide a batch of 10.*multiple of 4"):
         validate_pipelining("Schedule1F1B", 10, 4, 2, 6, [3])
     with pytest.raises(ValueError, match="2 cuts make 3 stages for 4 ranks"):

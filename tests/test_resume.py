@@ -43,7 +43,7 @@ class Evil:
 
 
 def damaged(tmp_path, kind):
-    """A --snapshot file of the kinds the review tried: each must be refused, never resumed."""
+    """A --snapshot file of each damaged kind below: each must be refused, never resumed."""
     f = tmp_path / f"{kind.replace(' ', '_')}.pt"
     good = lenet_snapshot(tmp_path / "good.pt").read_bytes()
     if kind == "truncated":

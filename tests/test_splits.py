@@ -333,8 +333,10 @@ def test_one_convention_for_every_part():
     order everywhere, and GPipe runs its backwards in the order of its forwards."""
     for p in range(1, 5):
         for m in range(1, 7):
-            assert gpipe_order(p, m) == [gpipe_rank_order(p, m, r) for r in range(p)]
-            assert gpipe_order(p, m)[0][m:] == [("B", j) for j in range(m)]
+            want = [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+            assert gpipe_order(p, m) == [want] * p
+            assert [gpipe_rank_order(p, m, r) for r in range(p)] == [want] * p
+            assert one_f_one_b_order(p, m) == [one_f_one_b_rank_order(p, m, r) for r in range(p)]
 
 
 def test_one_f_one_b_is_1f1b():

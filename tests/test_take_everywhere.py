@@ -5,8 +5,6 @@ import ast
 import pathlib
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "helpers"
-# not yet converted: Part II/III's fast LeNet and speed runs (their own owners convert them)
-NOT_YET = {"data_parallel/fast.py", "data_parallel/speed.py"}
 
 
 def _targets(tree):
@@ -29,15 +27,22 @@ def _raw_reads(fn):
             yield node.lineno
 
 
-def test_launch_targets_read_cfg_through_take():
+def _scan(sources):
+    """(launch targets seen, raw reads as 'helpers/<file>:<line> (<fn>)') over {rel: text}."""
     raw, count = [], 0
-    for path in sorted(PKG.rglob("*.py")):
-        rel = path.relative_to(PKG).as_posix()
-        if rel.startswith("checks/") or rel in NOT_YET:
-            continue
-        for fn in _targets(ast.parse(path.read_text())):
+    for rel, text in sources.items():
+        for fn in _targets(ast.parse(text)):
             count += 1
             raw += [f"helpers/{rel}:{line} ({fn.name})" for line in _raw_reads(fn)]
+    return count, raw
+
+
+def _package_sources():
+    return {p.relative_to(PKG).as_posix(): p.read_text() for p in sorted(PKG.rglob("*.py"))}
+
+
+def test_launch_targets_read_cfg_through_take():
+    count, raw = _scan(_package_sources())
     assert count >= 40, f"found only {count} launch targets: the scan no longer sees them"
     assert not raw, f"read these with take(cfg, ...): {raw}"
 
@@ -46,3 +51,15 @@ def test_the_scan_sees_a_raw_read():
     """Guard the guard: both spellings of a raw read are found."""
     tree = ast.parse("def t(rank, world, cfg):\n    a = cfg['a']\n    b = cfg.get('b', 1)\n")
     assert list(_raw_reads(next(_targets(tree)))) == [2, 3]
+
+
+def test_the_package_scan_fails_on_a_raw_read_put_back():
+    """A raw read put back into a converted target (the fast trainer's) fails the scan."""
+    sources = _package_sources()
+    rel = "data_parallel/fast.py"
+    text = sources[rel]
+    at = text.index("def train_fast_rank(rank, world, cfg):")
+    body = text.index("    import torch.distributed as dist\n", at)
+    sources[rel] = text[:body] + "    lr = cfg.get('lr')\n" + text[body:]
+    _, raw = _scan(sources)
+    assert [r for r in raw if "(train_fast_rank)" in r and r.startswith(f"helpers/{rel}:")]

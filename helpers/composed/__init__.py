@@ -1,6 +1,6 @@
 """Part VII: everything at once. The small GPT on a 3-D mesh from the course's own pieces
 (scratch) and from PyTorch's (torch_api), and the planner that picks a layout (planner)."""
-from .gpt import GPTEmbed, GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
+from .model import GPTEmbed, GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 from .scratch import build_stage, one_process_run, train_3d_scratch
 from .torch_api import train_3d_torch
 from .experiments import train_3d_both

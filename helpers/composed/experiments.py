@@ -11,7 +11,7 @@ from ..runtime.traffic import count_traffic
 from ..sharding.memory import PeakBytes
 from ..sharding.zero import Zero2, optimizer_state_bytes
 from ..runtime.mesh import coords_of, new_groups
-from .gpt import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss
+from .model import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss
 from .scratch import cp_gpt, train_3d_scratch
 from .torch_api import train_3d_torch
 

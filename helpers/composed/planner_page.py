@@ -9,6 +9,7 @@ import hashlib
 import html
 import json
 
+from ..cost_explorer import WithTwin
 from .planner import plan
 
 __all__ = ["PLANNER_FIELDS", "plan_table_html", "planner_html", "with_planner_twin",
@@ -96,21 +97,10 @@ def _inputs(v):
     return model, gpu, int(v["gpus"])
 
 
-class _WithTwin:
-    def __init__(self, widget, html_text):
-        self.widget, self.html = widget, html_text
-
-    def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle = dict(bundle[0] if isinstance(bundle, tuple) else bundle)
-        bundle["text/html"] = self.html
-        return bundle
-
-
 def with_planner_twin(widget, defaults=None, **kw):
     """`widget` (the notebook's form) displayed with its static twin (planner_html) as the
     text/html of the same output: a live notebook shows the widget, the book the twin."""
-    return _WithTwin(widget, planner_html(defaults, **kw))
+    return WithTwin(widget, planner_html(defaults, **kw))
 
 
 # The planner's formulas, as planner.py and transformer_costs.py write them (same names).

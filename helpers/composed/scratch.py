@@ -31,7 +31,7 @@ from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
-from .gpt import (GPTHead, validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss,
+from .model import (GPTHead, validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss,
                   stage_cuts)
 
 __all__ = ["build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
@@ -142,7 +142,7 @@ class CPEmbed(nn.Module):
 
 class CPBlock(nn.Module):
     """A SmallBlock on this rank's tokens (the same modules): its attention a ring over `comm`
-    (helpers.CPAttention); the norms and the MLP need no other token."""
+    (helpers.context_parallel.scratch.CPAttention); the norms and the MLP need no other token."""
 
     def __init__(self, block, comm, layout="zigzag"):
         super().__init__()

@@ -12,7 +12,7 @@ from ..tensor_parallel.torch_api import tp_plan
 from ..tiny_models import SmallBlock
 from ..runtime.launch import take
 from ..runtime.mesh import MESH_DIMS
-from .gpt import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
+from .model import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 
 __all__ = ["train_3d_torch"]
 

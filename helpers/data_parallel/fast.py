@@ -28,6 +28,7 @@ from ..data import load_tensors
 from ..devices import Timer, get_devices, synced_now, synchronize
 from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator
+from ..runtime.launch import take
 from ..validate import validate_lr, validate_positive_int, validate_seed
 from .allreduce import flatten, sum_into_all
 from .fast_lenet import fused_flat_grad, tap_major, untap
@@ -341,7 +342,7 @@ def train_fast(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, cud
 
 def train_fast_rank(rank, world, cfg):
     """One rank of the fast trainer across processes, a launch target (`helpers.launch`): the
-    default process group is already set up, `cfg["device"]` (default: the CPU) is this rank's.
+    default process group is already set up, `cfg["device"]` (set by launch) is this rank's.
 
     Every rank builds the same LeNet (`cfg["seed"]`) and draws the same global batches of
     `cfg["batch_size"]` (ResidentLoader's order); FastDataParallel(group=WORLD) trains on this
@@ -351,17 +352,20 @@ def train_fast_rank(rank, world, cfg):
     sum of |params| in float64: equal on every rank), compiled, and the parameters as lists when
     return_params is set."""
     import torch.distributed as dist
-    device = torch.device(cfg.get("device", "cpu"))
+    device, batch_size, lr, num_epochs, subset, seed, compile_, return_params = take(
+        cfg, "device", "batch_size", "lr", "num_epochs", "subset", "seed", compile=False,
+        return_params=False)
+    device = torch.device(device)
     if device.type == "cpu":   # as the benchmark's other ranks: one thread, on a core of its own
         from ..runtime.group import pin_to_core
         pin_to_core(rank)
-    X, y = load_tensors(True, cfg["subset"], device)
-    X_test, y_test = load_tensors(False, cfg["subset"], device)
-    net = FastDataParallel(init_lenet_params(seed=cfg["seed"]), [device], cfg["lr"], X, y,
-                           compile=cfg.get("compile", False), group=dist.group.WORLD)
-    loader = ResidentLoader(X, y, cfg["batch_size"], seed=cfg["seed"])
+    X, y = load_tensors(True, subset, device)
+    X_test, y_test = load_tensors(False, subset, device)
+    net = FastDataParallel(init_lenet_params(seed=seed), [device], lr, X, y,
+                           compile=compile_, group=dist.group.WORLD)
+    loader = ResidentLoader(X, y, batch_size, seed=seed)
     times = []
-    for _ in range(cfg["num_epochs"]):
+    for _ in range(num_epochs):
         dist.barrier()
         t0 = synced_now(device)
         for idx in loader.index_batches():
@@ -373,4 +377,4 @@ def train_fast_rank(rank, world, cfg):
     return dict(epoch_times=times, test_acc=resident_accuracy(params, X_test, y_test),
                 param_sum=float(sum(p.detach().double().abs().sum() for p in params)),
                 compiled=net.compiled,
-                params=[p.tolist() for p in params] if cfg.get("return_params") else None)
+                params=[p.tolist() for p in params] if return_params else None)

@@ -5,10 +5,11 @@ One convention for every Part: p stages, m micro-batches, always in that order (
 an order is a list of ("F" or "B", micro-batch). gpipe_order(p, m) / one_f_one_b_order(p, m)
 give every stage's (Part I runs them on simulated devices, pipeline_parallel.simulated);
 gpipe_rank_order(p, m, rank) / one_f_one_b_rank_order(p, m, rank) give one rank's (Part VI,
-across processes, pipeline_parallel.scratch): the same orders, row `rank` (tests/test_splits.py
-checks that). GPipe runs the backwards in the order of the forwards, first micro-batch first,
-as torch.distributed.pipelining's ScheduleGPipe does (reversed would be a valid GPipe too: the
-ticks, the bubble and the peak of live micro-batches are the same).
+across processes, pipeline_parallel.scratch): the same orders, row `rank` (one implementation
+each: gpipe_rank_order is gpipe_order's row, one_f_one_b_order stacks one_f_one_b_rank_order's;
+tests/test_splits.py checks both). GPipe runs the backwards in the order of the forwards, first
+micro-batch first, as torch.distributed.pipelining's ScheduleGPipe does (reversed would be a
+valid GPipe too: the ticks, the bubble and the peak of live micro-batches are the same).
 """
 from ..validate import validate_positive_int
 
@@ -222,8 +223,9 @@ def plot_live(schedule, ax=None, title=None):
 
 # ---- a rank's own order, and its measured timeline (Part VI) -------------------------------
 def gpipe_rank_order(p, m, rank):
-    """GPipe: every forward, then every backward: m micro-batches live at the peak."""
-    return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+    """GPipe: Part I's gpipe_order, this rank's row (every forward, then every backward: m
+    micro-batches live at the peak)."""
+    return gpipe_order(p, m)[rank]
 
 
 def one_f_one_b_rank_order(p, m, rank):

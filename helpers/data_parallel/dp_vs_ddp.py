@@ -11,10 +11,10 @@ import time
 import torch
 from torch import nn
 
-from .runtime.launch import take
-from .timing import Measurement, ratio
+from ..runtime.launch import take
+from ..timing import Measurement, ratio
 
-__all__ = ["dp_vs_ddp", "ddp_step_seconds"]
+__all__ = ["time_dp_vs_ddp", "ddp_step_seconds"]
 
 
 def _lenet_step(net, opt, X, y):
@@ -40,7 +40,7 @@ def ddp_step_seconds(rank, world, cfg):
     """One DDP rank (helpers.launch): seconds per LeNet step on its slice of the global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .models import lenet_module
+    from ..models import lenet_module
     device, batch, steps = take(cfg, "device", "batch", "steps")
     device = torch.device(device)
     torch.manual_seed(0)
@@ -52,15 +52,15 @@ def ddp_step_seconds(rank, world, cfg):
     return _seconds_per_step(lambda: _lenet_step(net, opt, X, y), steps, device)
 
 
-def dp_vs_ddp(batch=256, steps=50, rounds=3):
+def time_dp_vs_ddp(batch=256, steps=50, rounds=3):
     """{"dp": Measurement, "ddp": Measurement (seconds a step, one sample a round), "ratio":
     DataParallel's time / DDP's, round by round (above 1: DDP faster)} on 2 GPUs."""
-    from .devices import num_gpus
-    from .models import lenet_module
-    from .runtime.launch import launch
+    from ..devices import num_gpus
+    from ..models import lenet_module
+    from ..runtime.launch import launch
     if num_gpus() < 2:
-        raise RuntimeError("dp_vs_ddp needs 2 GPUs (DataParallel on fewer runs one replica): "
-                           "run it on a machine with two, or read the GPU reference run")
+        raise RuntimeError("time_dp_vs_ddp needs 2 GPUs (DataParallel on fewer runs one "
+                           "replica): run it on a machine with two, or read the GPU reference run")
     devices = [torch.device("cuda", i) for i in range(2)]
     torch.manual_seed(0)
     net = nn.DataParallel(lenet_module().to(devices[0]), device_ids=[0, 1])
