@@ -67,9 +67,11 @@ def test_the_fused_step_words_have_a_branch_per_verdict():
     assert "resolved faster" in fast["summary"]
     assert "does not explain" in words(SLOWER)["text"]
     noise = words(NOISE)
-    assert "could not tell the two steps' CPU time apart" in noise["text"]
+    assert "could not tell them apart in this thread's CPU time" in noise["text"]
     assert "faster" not in noise["text"] and "did not resolve" in noise["summary"]
     assert "no verdict" in words(ONE)["text"]
+    on_gpu = helpers.fused_step_words(FASTER, 136, 54, 4, 20, clock="wall time")
+    assert on_gpu["text"].endswith("in wall time") and "CPU" not in on_gpu["summary"]
     with pytest.raises(ValueError, match="operator counts above 0"):
         helpers.fused_step_words(FASTER, 136, 0, 4, 20)
 

@@ -65,11 +65,11 @@ def ablation_credit(rewrite, compiler, both, rewrite_compiled):
             for key, figures in (("text", False), ("summary", True))}
 
 
-def fused_step_words(r, ops_plain, ops_fused, batch, block):
-    """The fused step against the plain one at a small batch: `r` the Ratio of their CPU times
-    (plain's / fused's, taken in turns, one sample per block of `block` steps), and the operators
-    each runs a step (counted). Returns {"text", "summary"}; three branches, and no cause beyond
-    the count."""
+def fused_step_words(r, ops_plain, ops_fused, batch, block, clock="this thread's CPU time"):
+    """The fused step against the plain one at a small batch: `r` the Ratio of their times on
+    `clock` (plain's / fused's, taken in turns, one sample per block of `block` steps), and the
+    operators each runs a step (counted). Returns {"text", "summary"}; three branches, and no
+    cause beyond the count."""
     _check(r)
     if batch < 1 or block < 1 or not ops_plain > 0 < ops_fused:
         raise ValueError(f"batch={batch!r}, block={block!r}, ops {ops_plain!r} and {ops_fused!r}: "
@@ -79,23 +79,23 @@ def fused_step_words(r, ops_plain, ops_fused, batch, block):
     fig = (f"{r.median:.2f} times as fast ({r.lo:.2f}-{r.hi:.2f} over "
            f"{plural(len(r.samples), 'block')} of {block} steps in turns")
     if r.verdict == "faster":
-        return dict(text=f"{count}, and it was {fig}: faster) in this thread's CPU time",
-                    summary=(f"at batch {batch}, where the convolutions are small, the fused "
-                             f"step was resolved faster than the plain step in CPU time "
+        return dict(text=f"{count}, and it was {fig}: faster) in {clock}",
+                    summary=(f"At batch {batch}, where the convolutions are small, the fused "
+                             f"step was resolved faster than the plain step in {clock} "
                              f"({r.median:.2f}x, {r.lo:.2f}-{r.hi:.2f})"))
     if r.verdict == "slower":
-        return dict(text=(f"{count}, yet it was {fig}: slower) in this thread's CPU time, which "
+        return dict(text=(f"{count}, yet it was {fig}: slower) in {clock}, which "
                           "this run does not explain"),
-                    summary=(f"at batch {batch} the fused step was slower than the plain step in "
-                             f"CPU time ({r.median:.2f}x, {r.lo:.2f}-{r.hi:.2f}), which this "
+                    summary=(f"At batch {batch} the fused step was slower than the plain step in "
+                             f"{clock} ({r.median:.2f}x, {r.lo:.2f}-{r.hi:.2f}), which this "
                              "run does not explain"))
     if r.verdict == "cannot tell":
-        return dict(text=f"{count}; timed over one block, its CPU time has no verdict",
-                    summary=f"at batch {batch} one block of steps gave the fused step no verdict")
-    return dict(text=(f"{count}, but this run could not tell the two steps' CPU time apart ("
+        return dict(text=f"{count}; timed over one block, it has no verdict in {clock}",
+                    summary=f"At batch {batch} one block of steps gave the fused step no verdict")
+    return dict(text=(f"{count}, but this run could not tell them apart in {clock} ("
                       f"{fig}: within noise): timing did not resolve the operators it leaves "
                       "out"),
-                summary=(f"at batch {batch} this run's timing did not resolve the fused step "
+                summary=(f"At batch {batch} this run's timing did not resolve the fused step "
                          f"against the plain one ({r.median:.2f}x, {r.lo:.2f}-{r.hi:.2f}); "
                          "only the count shows what it removes"))
 
