@@ -29,18 +29,6 @@ def test_against_prediction_has_a_branch_per_verdict():
         helpers.against_prediction(FASTER, {"quicker"})
 
 
-def test_the_ablation_credits_only_what_it_resolved():
-    assert "credits neither" in helpers.ablation_credit(NOISE, SLOWER, NOISE)
-    assert helpers.ablation_credit(NOISE, FASTER, NOISE) == (
-        "the compiler alone was resolved faster; the rewrite alone and the two together were "
-        "not, so this run credits the compiler alone")
-    assert "credits each alone" in helpers.ablation_credit(FASTER, FASTER, NOISE)
-    assert "combination" in helpers.ablation_credit(NOISE, SLOWER, FASTER)
-    assert "both earn" in helpers.ablation_credit(FASTER, FASTER, FASTER)
-    assert helpers.ablation_credit(NOISE, FASTER, FASTER).startswith("the compiler alone")
-    assert helpers.ablation_credit(FASTER, NOISE, FASTER).startswith("the rewrite alone")
-
-
 def test_the_compile_pays_back_only_when_resolved_faster():
     assert "pays back its first step's 30 s after 300 steps (1.3 epochs" in \
         helpers.compile_sentence(FASTER, 30.0, 0.1, 235)

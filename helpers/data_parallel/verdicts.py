@@ -10,8 +10,8 @@ from itertools import pairwise
 from ..prose import plural
 from ..timing import Ratio
 
-__all__ = ["ratio_words", "against_prediction", "ablation_credit", "compile_sentence",
-           "graph_sentence", "knob_words", "bucket_words", "message_cause", "strong_words",
+__all__ = ["ratio_words", "against_prediction", "compile_sentence", "graph_sentence",
+           "knob_words", "bucket_words", "message_cause", "strong_words",
            "overlap_step_words", "two_workers_sentence", "shared_rounding_words",
            "weak_split", "sweep_words", "model_saving_words", "arithmetic_share_words"]
 
@@ -43,33 +43,6 @@ def against_prediction(r, predicted):
             else r.verdict)
     return f"{what}, as predicted" if r.verdict in predicted else \
         f"{what}: not what we predicted"
-
-
-def ablation_credit(rewrite, compiler, both):
-    """What the compile ablation credits, from three Ratios against the plain eager step: the
-    rewrite alone (lenet_fused, eager), the compiler alone (plain, compiled) and both. Every
-    variant resolved faster is named, and only those."""
-    for r in (rewrite, compiler, both):
-        _check(r)
-    alone = [name for name, r in (("the rewrite", rewrite), ("the compiler", compiler))
-             if r.verdict == "faster"]
-    if both.verdict == "faster":
-        if not alone:
-            return ("neither alone was resolved faster, the two together were: the compiled "
-                    "step's gain comes from the combination, a model rewritten so that the "
-                    "compiler can fuse it, not from compiling alone")
-        if len(alone) == 2:
-            return "each alone was faster, and the two together too: both earn part of the gain"
-        return f"{alone[0]} alone was faster, the other alone was not, and the two together were"
-    if not alone:
-        return ("none of the three was resolved faster than the plain eager step in this run, "
-                "so it credits neither")
-    if len(alone) == 2:
-        return ("the rewrite alone and the compiler alone were each resolved faster, the two "
-                "together were not: this run credits each alone, not their combination")
-    other = "the compiler" if alone[0] == "the rewrite" else "the rewrite"
-    return (f"{alone[0]} alone was resolved faster; {other} alone and the two together were "
-            f"not, so this run credits {alone[0]} alone")
 
 
 def compile_sentence(r, first_step_s, saved_s, epoch_steps):

@@ -1,0 +1,85 @@
+"""The fixes chapter's sentences (helpers/data_parallel/fixes_verdicts.py): the compile ablation
+credits only what resolved faster, the rewrite eager and compiled apart; the fused step's and the
+compression hook's words follow their verdicts."""
+import pytest
+
+import helpers
+
+FASTER = helpers.Ratio([1.2, 1.3, 1.4])
+SLOWER = helpers.Ratio([0.7, 0.8, 0.9])
+NOISE = helpers.Ratio([0.9, 1.1, 1.3])
+ONE = helpers.Ratio([1.5])
+
+
+def credit(rewrite, compiler, both, rewrite_compiled):
+    return helpers.ablation_credit(rewrite, compiler, both, rewrite_compiled)["text"]
+
+
+def test_the_ablation_credits_the_rewrite_where_it_paid_only_compiled():
+    # the round-4 run: compiler faster, rewrite eager within noise, compiled faster
+    got = helpers.ablation_credit(NOISE, FASTER, FASTER, FASTER)
+    assert got["text"] == (
+        "the compiler alone was faster, the rewrite paid only compiled, against the plain LeNet "
+        "compiled (eager: within noise), and the two together were faster: this run credits "
+        "the compiler and the rewrite under it")
+    assert "the rewrite paid only compiled (1.30x, 1.20-1.40)" in got["summary"]
+    assert "(eager: within noise, 1.10x, 0.90-1.30)" in got["summary"]
+    assert credit(NOISE, NOISE, FASTER, FASTER).endswith(
+        "this run credits the rewrite under the compiler")
+
+
+def test_the_ablation_credits_the_compiler_alone_when_the_rewrite_did_not_pay():
+    # the 21:48 store: the rewrite within noise eager and compiled
+    got = credit(NOISE, FASTER, FASTER, NOISE)
+    assert "the rewrite paid neither eager (within noise) nor compiled" in got
+    assert got.endswith("this run credits the compiler")
+    eager_only = credit(FASTER, FASTER, FASTER, SLOWER)
+    assert "the rewrite paid only eager (compiled, against the plain LeNet compiled: slower)" \
+        in eager_only and eager_only.endswith("credits the compiler")
+
+
+def test_the_ablation_credits_both_and_the_unsplit_combination():
+    assert "the rewrite paid both eager and compiled" in credit(FASTER, FASTER, FASTER, FASTER)
+    assert credit(FASTER, FASTER, FASTER, FASTER).endswith(
+        "credits the compiler and the rewrite under it")
+    assert credit(NOISE, NOISE, FASTER, NOISE).endswith(
+        "credits the two together and cannot split the gain between them")
+
+
+def test_the_ablation_credits_nothing_when_the_two_together_did_not_resolve():
+    for both in (NOISE, SLOWER, ONE):
+        got = credit(NOISE, FASTER, both, FASTER)
+        assert got.endswith("the compiled step gained nothing this run resolved")
+        assert "credits" not in got
+    assert "together were not told apart (one round" in credit(NOISE, FASTER, ONE, FASTER)
+    with pytest.raises(TypeError, match="helpers.Ratio"):
+        helpers.ablation_credit(NOISE, FASTER, FASTER, 1.47)
+
+
+def test_the_fused_step_words_have_a_branch_per_verdict():
+    def words(r):
+        return helpers.fused_step_words(r, 136, 54, 4, 20)
+    fast = words(FASTER)
+    assert fast["text"] == (
+        "At global batch 4 the fused step ran 54 operators a step against the plain step's 136 "
+        "(counted), and it was 1.30 times as fast (1.20-1.40 over 3 blocks of 20 steps in "
+        "turns: faster) in this thread's CPU time")
+    assert "resolved faster" in fast["summary"]
+    assert "does not explain" in words(SLOWER)["text"]
+    noise = words(NOISE)
+    assert "could not tell them apart in this thread's CPU time" in noise["text"]
+    assert "faster" not in noise["text"] and "did not resolve" in noise["summary"]
+    assert "no verdict" in words(ONE)["text"]
+    on_gpu = helpers.fused_step_words(FASTER, 136, 54, 4, 20, clock="wall time")
+    assert on_gpu["text"].endswith("in wall time") and "CPU" not in on_gpu["summary"]
+    with pytest.raises(ValueError, match="operator counts above 0"):
+        helpers.fused_step_words(FASTER, 136, 0, 4, 20)
+
+
+def test_the_compression_words_follow_the_step_verdict():
+    assert helpers.compression_words(NOISE) == (
+        "on two processes of one machine this run did not resolve it (its step 1.10 times as "
+        "fast as the default's, 0.90-1.30)")
+    assert "faster too" in helpers.compression_words(FASTER)
+    assert "does not explain" in helpers.compression_words(SLOWER)
+    assert "no verdict" in helpers.compression_words(ONE)
