@@ -31,7 +31,9 @@ def test_strong_scaling_names_a_cause_only_when_resolved_and_prints_its_split_al
             in got
         assert "saved" not in got
     assert words(NOISE, 20.0, 11.0, 1.0, 2.0).count("within noise") == 1
-    assert "the last of the 4 workers" in words(FASTER, 20.0, 6.0, 1.0, 2.0, k=4)
+    assert "2.0 ms passed after both had arrived" in fast
+    four = words(FASTER, 20.0, 6.0, 1.0, 2.0, k=4)
+    assert "the last of the 4 workers" in four and "after all had arrived" in four
 
 
 def test_the_same_setup_clause_explains_a_missing_verdict_without_typing_another_run():
@@ -49,7 +51,7 @@ def test_the_two_workers_sentence_splits_the_all_reduce_from_the_wait_or_says_no
     assert "more than twice" in got
     assert ("After both workers had arrived, the all-reduce's 8 messages took 60% of a "
             "two-worker step at batch 4 and 5% at batch 1024; rank 0's wait for the other "
-            "worker took 10% and 20%") in got
+            "worker took a further 10% and 20%") in got
     assert "more than twice" not in helpers.two_workers_sentence(
         (4, 1024), (SLOWER, FASTER), (0.6, 0.05), (0.1, 0.2))
     assert "not run" in helpers.two_workers_sentence((), (), (), ())
@@ -114,7 +116,8 @@ def test_the_model_saving_is_checked_inside_a_step_in_three_branches():
     assert "at batch 4" in got and "the waits for the other worker left out" in got
     assert "prices the saving at 2.0 ms a step; the run measured 10.0 ms, 5.0 times" in got
     assert "about 1,429 µs for each message saved, against an α of 240 µs" in got
-    assert "misses most of the per-message cost inside a step" in got
+    assert ("from the fastest of 15 isolated calls on ranks doing nothing else: the model's α "
+            "misses most of the per-message cost inside a step.") in got
     assert "within a factor of two" in helpers.model_saving_words(
         2.0, 240, (5.0, 2.0), FASTER, 15, 4)
     assert "overprices" in helpers.model_saving_words(2.0, 240, (2.5, 2.0), FASTER, 15, 4)

@@ -28,6 +28,10 @@ def _others(k):
     return "the other worker" if k == 2 else f"the last of the {k} workers"
 
 
+def _all(k):
+    return "both" if k == 2 else "all"
+
+
 def strong_words(r, compute1_ms, computek_ms, wait_ms, after_ms, k=2):
     """k workers against one at the same global batch (Ratio), with the measured split (medians,
     ms): each worker's compute for one worker and for k, and rank 0's all-reduce for k, split
@@ -36,18 +40,18 @@ def strong_words(r, compute1_ms, computek_ms, wait_ms, after_ms, k=2):
     _check(r)
     split = (f"each worker's compute went from {compute1_ms:.1f} to {computek_ms:.1f} ms a step; "
              f"in the all-reduce rank 0 waited {wait_ms:.1f} ms for {_others(k)} to arrive and "
-             f"{after_ms:.1f} ms passed after all had arrived (medians)")
+             f"{after_ms:.1f} ms passed after {_all(k)} had arrived (medians)")
     if r.verdict == "faster":
         return f"faster than one ({_figure(r)}): {split}"
     if r.verdict == "slower":
         saved = compute1_ms - computek_ms
         if after_ms > saved:
-            why = (f"the all-reduce after all had arrived alone took more than the "
+            why = (f"the all-reduce after {_all(k)} had arrived alone took more than the "
                    f"{saved:.1f} ms of compute saved")
         elif after_ms + wait_ms > saved:
-            why = (f"the all-reduce after all had arrived took less than the {saved:.1f} ms of "
-                   f"compute saved, the wait for {_others(k)} more, and what delayed it this run "
-                   "does not split")
+            why = (f"the all-reduce after {_all(k)} had arrived took less than the "
+                   f"{saved:.1f} ms of compute saved, the wait for {_others(k)} more, and what "
+                   "delayed it this run does not split")
         else:
             why = (f"the all-reduce, wait included, took less than the {saved:.1f} ms of compute "
                    "saved, so the split does not explain it")
@@ -93,7 +97,8 @@ def two_workers_sentence(batches, speed, after_share, wait_share):
             f"at batch {small}, and {ratio_words(r_large)} at batch {large}{half}. After both "
             f"workers had arrived, the all-reduce's 8 messages took {100 * a_small:.0f}% of a "
             f"two-worker step at batch {small} and {100 * a_large:.0f}% at batch {large}; rank "
-            f"0's wait for the other worker took {100 * w_small:.0f}% and {100 * w_large:.0f}% "
+            f"0's wait for the other worker took a further {100 * w_small:.0f}% and "
+            f"{100 * w_large:.0f}% "
             "(medians).")
 
 
@@ -216,7 +221,7 @@ def model_saving_words(model_ms, alpha_us, after_ms, r, reps, batch, messages=8)
     _check(r)
     many, one = after_ms
     head = (f"Measured inside two workers' steps at batch {batch} (the batch sweep above, where "
-            f"a step is mostly its messages), after both workers had arrived the reference "
+            f"a step computes little), after both workers had arrived the reference "
             f"step's {messages} all-reduces took {many:.1f} ms a step and the fast step's one "
             f"{one:.1f} ms (medians, the waits for the other worker left out): one message was "
             f"{ratio_words(r)} as {messages}")
@@ -224,17 +229,16 @@ def model_saving_words(model_ms, alpha_us, after_ms, r, reps, batch, messages=8)
     if r.verdict == "faster" and saved > 0:
         per_us = 1e3 * saved / (messages - 1)
         if saved > 2 * model_ms:
-            fit = ("so the model's α, from the fastest of isolated calls, misses most of the "
-                   "per-message cost inside a step")
+            fit = "the model's α misses most of the per-message cost inside a step"
         elif saved < model_ms / 2:
-            fit = "so the model's α overprices the per-message cost inside a step"
+            fit = "the model's α overprices the per-message cost inside a step"
         else:
-            fit = "so the model's α prices it within a factor of two"
+            fit = "the model's α prices the per-message cost inside a step within a factor of two"
         return (f"{head}. The model prices the saving at {model_ms:.1f} ms a step; the run "
                 f"measured {saved:.1f} ms, {saved / model_ms:.1f} times the model's: about "
                 f"{per_us:,.0f} µs for each message saved, against an α of {alpha_us:.0f} µs "
-                f"from the fastest of {reps} calls on ranks doing nothing else, {fit}. This run "
-                "does not say where the rest of it goes.")
+                f"from the fastest of {reps} isolated calls on ranks doing nothing else: "
+                f"{fit}. This run does not say where the rest of it goes.")
     if r.verdict == "faster":
         return (f"{head}, yet the medians show no saving, so this run cannot check the model's "
                 f"saving of {model_ms:.1f} ms a step.")
