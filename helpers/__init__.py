@@ -101,12 +101,13 @@ from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights,
                                         uneven_inputs_join, ddp_trace, ddp_knobs)
 from .data_parallel.verdicts import (ratio_words, against_prediction, compile_sentence,
                                      graph_sentence, knob_words, bucket_words,
-                                     message_cause, strong_words, overlap_step_words,
-                                     two_workers_sentence, shared_rounding_words,
-                                     weak_split, sweep_words, model_saving_words,
-                                     arithmetic_share_words)
+                                     message_cause, overlap_step_words,
+                                     shared_rounding_words, arithmetic_share_words)
 from .data_parallel.fixes_verdicts import (ablation_credit, fused_step_words,
                                            compression_words)
+from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
+                                             two_workers_sentence, weak_split, sweep_words,
+                                             sweep_summary, model_saving_words)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,

@@ -3,17 +3,15 @@ every branch is tested (tests/test_verdicts.py) instead of living in a notebook'
 
 Each takes helpers.Ratio objects (helpers.timing: a verdict of "faster", "slower", "within
 noise" or, from one round, "cannot tell") and numbers, and returns the words the chapter glues.
-A sentence names a cause only for a resolved ratio, and only from a measured split.
+A sentence names a cause only for a resolved ratio, and only from a measured split. The scaling
+chapter's sentences are in scaling_verdicts.py, the profile and ddp_scratch chapters' in
+profile_verdicts.py.
 """
-from itertools import pairwise
-
-from ..prose import plural
 from ..timing import Ratio
 
 __all__ = ["ratio_words", "against_prediction", "compile_sentence", "graph_sentence",
-           "knob_words", "bucket_words", "message_cause", "strong_words",
-           "overlap_step_words", "two_workers_sentence", "shared_rounding_words",
-           "weak_split", "sweep_words", "model_saving_words", "arithmetic_share_words"]
+           "knob_words", "bucket_words", "message_cause", "overlap_step_words",
+           "shared_rounding_words", "arithmetic_share_words"]
 
 
 def _check(r):
@@ -160,144 +158,11 @@ def arithmetic_share_words(shares, on_gpu):
             "compiled step can still shorten on this CPU.")
 
 
-def _figure(r, what="round"):
-    """'1.76x, 1.67-1.98 over 10 rounds': a ratio and its spread without its verdict, for a
-    sentence that says the verdict once in its own words."""
-    return f"{r.median:.2f}x, {r.lo:.2f}-{r.hi:.2f} over {plural(len(r.samples), what)}"
-
-
-def strong_words(r, compute1_ms, computek_ms, comm_ms):
-    """k workers against one at the same global batch (Ratio), with the measured split: each
-    worker's compute for one worker and for k, and the all-reduce (waits included) for k."""
-    _check(r)
-    split = (f"each worker's compute went from {compute1_ms:.1f} to {computek_ms:.1f} ms a step "
-             f"and the all-reduce, waits included, added {comm_ms:.1f} ms")
-    if r.verdict == "faster":
-        return f"faster than one ({_figure(r)}): {split}"
-    if r.verdict == "slower":
-        saved = compute1_ms - computek_ms
-        return (f"slower than one ({_figure(r)}): {split}, "
-                + ("more than the compute saved" if comm_ms > saved else
-                   "less than the compute saved, so the split does not explain it"))
-    if r.verdict == "cannot tell":
-        return f"not told apart from one ({_figure(r)}: no spread), so this run names no cause"
-    return (f"within noise of one ({_figure(r)}): this run cannot tell them apart, so it names "
-            "no cause")
-
-
 def overlap_step_words(r):
     """Overlap against all-reduce-after-backward on the whole step (Ratio: after's / overlap's)."""
     _check(r)
     return {"faster": "faster than", "slower": "slower than",
             "cannot tell": "not told apart (one round) from"}.get(r.verdict, "within noise of")
-
-
-def two_workers_sentence(batches, speed, comm_share):
-    """The reference step on two workers against one, at the smallest and the largest batch of
-    the scaling chapter's sweep: `speed` their Ratios (one worker's time / two workers', round
-    by round), `comm_share` the all-reduce's measured share of a two-worker step (medians).
-    Empty inputs: two workers were not run (one core)."""
-    if not batches:
-        return "Two workers were not run: one core is too few for them."
-    (small, large), (r_small, r_large), (c_small, c_large) = batches, speed, comm_share
-    half = (": more than twice as fast, so there the half batch each of two workers gets "
-            "costs less per example than the whole one") if _check(r_large).lo > 2 else ""
-    return (f"With the reference step, two workers were {ratio_words(r_small)} as one at batch "
-            f"{small}, and {ratio_words(r_large)} at batch {large}{half}. The all-reduce's 8 "
-            f"messages (waits included) took {100 * c_small:.0f}% of a two-worker step at batch "
-            f"{small} and {100 * c_large:.0f}% at batch {large} (medians).")
-
-
-def weak_split(step, compute, step_ms, compute_ms, comm_ms):
-    """Weak scaling split into its parts: two workers at twice the global batch against one
-    (Ratios of one worker's time / two workers', repeat by repeat: `step` for the whole step,
-    `compute` for each worker's forward and backward), with the medians `step_ms` and
-    `compute_ms` (one worker, two) and the two workers' all-reduce `comm_ms` (waits included).
-    Returns {"text": the chapter's sentence, "summary": its Summary's}; a cause is named only
-    for a resolved step, and only from the measured split."""
-    _check(step), _check(compute)
-    (s1, s2), (c1, c2) = step_ms, compute_ms
-    eff = (f"two workers' step ran at {step.median:.2f} of one worker's speed ({step.lo:.2f}-"
-           f"{step.hi:.2f} over {plural(len(step.samples), 'repeat')} in turns; 1 is ideal)")
-    how = {"slower": f"slower, resolved: {_figure(compute, 'repeat')}",
-           "faster": f"faster, resolved: {_figure(compute, 'repeat')}",
-           "cannot tell": "one repeat, no verdict"}.get(compute.verdict, "not resolved apart")
-    split = (f"each worker's compute went from {c1:.1f} to {c2:.1f} ms a step ({how}) and the "
-             f"all-reduce, waits included, took {comm_ms:.1f} ms (medians, which need not add "
-             "up exactly)")
-    if step.verdict == "slower" and compute.verdict == "slower":
-        return dict(
-            text=(f"{eff}: slower than ideal. Of the {s2 - s1:.1f} ms a step it added, {split}: "
-                  "the loss is not communication alone, each worker's compute slowed too"),
-            summary=(f"here two workers' step was slower than one's, and the measured split puts "
-                     f"the loss both in the all-reduce ({comm_ms:.1f} ms a step) and in each "
-                     f"worker's compute, which slowed by {c2 - c1:.1f} ms (resolved)"))
-    if step.verdict == "slower":
-        share = (f"{min(1.0, comm_ms / (s2 - s1)):.0%} of the loss" if s2 > s1 else
-                 "while the medians show no loss")
-        return dict(
-            text=(f"{eff}: slower than ideal. Of the {s2 - s1:.1f} ms a step it added, {split}: "
-                  f"the all-reduce is the part of the loss this run can name ({share}); each "
-                  "worker's compute was not resolved slower, so it names no cause for the rest"),
-            summary=(f"here two workers' step was slower than one's; the all-reduce took "
-                     f"{comm_ms:.1f} ms a step ({share}), and each worker's compute was not "
-                     "resolved slower, so this run names no cause for the rest"))
-    if step.verdict == "faster":
-        return dict(
-            text=(f"{eff}: faster than one worker's step, which weak scaling does not predict; "
-                  f"{split}, and this run names no cause"),
-            summary=("here two workers' step was even shorter than one's (resolved), which the "
-                     "model does not predict, and this run names no cause"))
-    return dict(text=f"{eff}: this run cannot tell two workers' step from one's, so it names no "
-                     "cause",
-                summary="here this run could not tell two workers' step from one's, so it names "
-                        "no cause")
-
-
-def sweep_words(batches, epochs, last):
-    """An epoch's seconds against the batch size (the scaling chapter's sweep): where their
-    medians stop falling (the first batch after which a larger one saves under 10 %), then the
-    largest batch against the smallest with a spread (Ratio `last`: the smallest batch's epoch /
-    the largest's, repeat by repeat; every batch took its turn in every repeat)."""
-    _check(last)
-    if len(batches) != len(epochs) or len(batches) < 2:
-        raise ValueError(f"{len(batches)} batches and {len(epochs)} epoch times: give one "
-                         "median per batch, two batches at least")
-    i = next((i for i, (a, b) in enumerate(pairwise(epochs)) if b > 0.9 * a), None)
-    where = (f"still falls at batch {batches[-1]}" if i is None else
-             f"does not fall beyond batch {batches[0]}" if i == 0 else
-             f"falls until batch {batches[i]}, then stops")
-    grew = {"slower": ": the epoch grew with the batch", "faster": ""}.get(last.verdict, "")
-    return (f"{where} (medians); at batch {batches[-1]} an epoch ran {ratio_words(last)} as at "
-            f"batch {batches[0]}{grew}")
-
-
-def model_saving_words(model_ms, comm_ms, r, reps):
-    """The alpha-beta model's saving of one message a step against 8 (`model_ms`), checked
-    against the measured all-reduce of two workers (`comm_ms`: the 8 messages' median and the
-    one's, waits included; Ratio `r` of the 8's time / the one's, repeat by repeat). `reps`: the
-    calls per size whose fastest the fit of α used. Three branches, and no cause beyond what
-    the model leaves out."""
-    _check(r)
-    many, one = comm_ms
-    head = (f"Measured in this chapter's first run (two workers, batch 256), the reference "
-            f"step's 8 all-reduces took {many:.1f} ms a step and the fast step's one "
-            f"{one:.1f} ms (medians, waits for the other worker included): one message was "
-            f"{ratio_words(r)} as 8")
-    if r.verdict == "faster":
-        saved = many - one
-        return (f"{head}. The model prices the saving at {model_ms:.1f} ms a step; the run "
-                f"measured {saved:.1f} ms, {saved / model_ms:.1f} times the model's. The model "
-                f"leaves things out: it takes α from the fastest of {reps} calls on ranks doing "
-                "nothing else, while a step's all-reduces are medians of calls made between "
-                "computations on a busy machine, waits for the other worker included. This run "
-                "does not split the difference among them.")
-    if r.verdict == "slower":
-        return (f"{head}: the reverse of the model's saving of {model_ms:.1f} ms a step, which "
-                "this run does not confirm (its medians include the waits for the other "
-                "worker, which the model leaves out).")
-    return (f"{head}: this run cannot tell the two apart, so it cannot check the model's saving "
-            f"of {model_ms:.1f} ms a step.")
 
 
 def shared_rounding_words(apart, rounding):
