@@ -105,7 +105,7 @@ def test_a_split_prediction_says_inside_or_outside_and_points_to_the_split_only_
     assert inside == "1.10 times, inside the measured 0.90-1.30"
     over = words(1.5, FASTER, "the split below")
     assert over == ("1.50 times, outside the measured 1.20-1.40: the measured speed-up was "
-                    "lower (the split below shows where the time went)")
+                    "lower, and the split below shows where the time went")
     assert "speed-up was higher" in words(0.6, SLOWER, "the lines above")
     with pytest.raises(TypeError, match="helpers.Ratio"):
         words(1.1, 1.2, "x")

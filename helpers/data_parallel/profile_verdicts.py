@@ -167,7 +167,7 @@ def split_prediction_words(p, r, where):
     if r.lo <= p <= r.hi:
         return words
     side = "higher" if p < r.lo else "lower"
-    return f"{words}: the measured speed-up was {side} ({where} shows where the time went)"
+    return f"{words}: the measured speed-up was {side}, and {where} shows where the time went"
 
 
 def backward_compute_words(r):
