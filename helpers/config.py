@@ -42,6 +42,7 @@ def choose(full, small, what="this experiment", *, tiny=None, ranks=None):
     dict(num_epochs=10). ranks: the largest number of ranks the experiment launches; they use
     GPUs only when each gets one of its own (else gloo on the CPU), so a one-GPU machine runs
     a 2-rank experiment at the CPU size. None: a run in this process (any GPU is used).
+    `small` equal to `full` (an experiment sized for CPU cores everywhere) says nothing.
     """
     from .devices import num_gpus
 
@@ -56,6 +57,8 @@ def choose(full, small, what="this experiment", *, tiny=None, ranks=None):
                   f"cores, so it is scaled down (set {FULL_ENV}=1 for the full size)")
     else:
         return full
+    if small == full:
+        return full                # one size on every machine: nothing was scaled down
     if what not in _told:
         _told.add(what)
         print(f"Running {what} at reduced size: {reason}: {small}")

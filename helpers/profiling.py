@@ -83,7 +83,9 @@ def trace_events(path, regions=REGIONS):
     on the host's clock from its last autograd node (see _reducer_waits), or, in a trace with
     GPU activity, on the GPU's clock (lane 'gpu', see _gpu_windows: with NCCL the host only
     queues the work). A list of dicts name, lane, start_ms, dur_ms, step (counted from 0),
-    times from the first region's start."""
+    times from the first region's start; a launch also has before_cut: True when it came
+    inside a backward before the end of its last autograd node on the host (while autograd
+    still had gradients to compute; a launch in the reducer's wait, after it, is False)."""
     import json
     with open(path) as f:
         trace = json.load(f)
@@ -113,7 +115,9 @@ def trace_events(path, regions=REGIONS):
     if not picked:
         return []
     t0 = starts[0] if starts else min(p[0] for p in picked)
-    return [dict(name=name, lane=lane, start_ms=(ts - t0) / 1e3, dur_ms=dur / 1e3, step=step)
+    cuts = _host_cuts(evs)
+    return [dict(name=name, lane=lane, start_ms=(ts - t0) / 1e3, dur_ms=dur / 1e3, step=step,
+                 **({"before_cut": _before_cut(ts, cuts)} if lane == "launch" else {}))
             for ts, dur, name, lane, step in sorted(picked)]
 
 
@@ -158,6 +162,22 @@ def _gpu_windows(evs):
 AUTOGRAD_NODE = "autograd::engine::evaluate_function"
 
 
+def _host_cuts(evs):
+    """Per host 'backward' region: (start, end, cut), the cut being the end of the last
+    autograd node that ran inside it on its thread (None when the trace has none)."""
+    nodes = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("pid"), e.get("tid"))
+             for e in evs if e["name"].startswith(AUTOGRAD_NODE)]
+    out = []
+    for e in evs:
+        if e["name"] != "backward" or e.get("cat") == "gpu_user_annotation":
+            continue
+        s0, s1 = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        ends = [b for a, b, pid, tid in nodes if s0 <= a and b <= s1
+                and (pid, tid) == (e.get("pid"), e.get("tid"))]
+        out.append((s0, s1, max(ends) if ends else None))
+    return out
+
+
 def _reducer_waits(evs, regions):
     """One 'reducer wait' region (lane 'compute') per 'backward' region: from the end of the
     last autograd node that ran inside it to the region's end. Under torch's DDP, backward()
@@ -165,18 +185,14 @@ def _reducer_waits(evs, regions):
     all-reduce, so that tail is the wait, not compute."""
     if "backward" not in regions:
         return []
-    nodes = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("pid"), e.get("tid"))
-             for e in evs if e["name"].startswith(AUTOGRAD_NODE)]
-    waits = []
-    for e in evs:
-        if e["name"] != "backward":
-            continue
-        s0, s1 = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        ends = [b for a, b, pid, tid in nodes if s0 <= a and b <= s1
-                and (pid, tid) == (e.get("pid"), e.get("tid"))]
-        if ends:
-            waits.append((max(ends), s1 - max(ends), "reducer wait", "compute"))
-    return waits
+    return [(cut, s1 - cut, "reducer wait", "compute") for _, s1, cut in _host_cuts(evs)
+            if cut is not None]
+
+
+def _before_cut(ts, cuts):
+    """Whether a launch at host time `ts` came while autograd still had nodes to run: inside a
+    backward region, before the end of its last autograd node."""
+    return any(s0 <= ts < cut for s0, _, cut in cuts if cut is not None)
 
 
 def _union(spans):

@@ -59,10 +59,16 @@ def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
         ev("forward", 1000, 100), ev("backward", 1100, 400), ev(node, 1150, 100),
         ev(node, 1300, 100), ev("gloo:all_reduce", 1210, 390, tid=7),
         ev(node, 1700, 50, tid=9),            # another thread's node: not this backward's
+        ev("c10d::allreduce_", 1200, 5),      # launched while autograd still computed
+        ev("c10d::allreduce_", 1450, 5),      # launched in the reducer's wait, after the cut
+        ev("c10d::allreduce_", 1520, 5),      # outside backward altogether
         ev("optimizer", 1500, 50)]}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
     events = helpers.trace_events(str(path))
+    # inside the region "backward" all but the last; before the cut only the first
+    assert [e["before_cut"] for e in events if e["lane"] == "launch"] == [True, False, False]
+    assert all("before_cut" not in e for e in events if e["lane"] != "launch")
     waits = [e for e in events if e["name"] == "reducer wait"]
     assert len(waits) == 1 and abs(waits[0]["start_ms"] - 0.4) < 1e-9
     assert abs(waits[0]["dur_ms"] - 0.1) < 1e-9, "from the last node (ends 1400) to 1500"
@@ -122,9 +128,8 @@ def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
     launches = [e for e in events if e["lane"] == "launch"]
     assert len(backward) == 2 and len({e["step"] for e in backward}) == 2, "2 profiled steps"
     assert any(e["lane"] == "all-reduce" for e in events), "gloo's own all-reduce events"
-    inside = [e for e in launches for b in backward
-              if b["start_ms"] <= e["start_ms"] <= b["start_ms"] + b["dur_ms"]]
-    assert len(inside) >= 4, "DDP launches each bucket's all-reduce while backward runs"
+    early = [e for e in launches if e["before_cut"]]
+    assert len(early) >= 4, "DDP launches each bucket's all-reduce while autograd still runs"
     waits = [e for e in events if e["name"] == "reducer wait"]
     assert len(waits) == 2, "one reducer wait per backward: DDP's backward() waits for buckets"
     split = helpers.exposed_ms(events)

@@ -160,6 +160,21 @@ def test_emulated_overlap_keeps_the_schedule_shape(runs):
         comm = sum(b - a for a, b in after["comm"])
         assert after["step"] >= after["backward"] + comm - 1e-6, after
         assert ov["step"] < after["step"], (ov["step"], after["step"])
+        # a machine can only delay the schedule: each step ends at or after its modelled end
+        for m in (ov, after):
+            assert m["step"] >= m["modelled"] - 1e-9, m
+        assert e["margin_s"] == pytest.approx(
+            (after["modelled"] - ov["modelled"]) * e["scale"]) and e["margin_s"] > 0
+
+
+def test_the_modelled_step_launches_each_bucket_once_it_and_those_before_are_ready():
+    # buckets ready at 1, 3 and 2 (the third waits for the second), 1 each on one link
+    assert O.modelled_step([1.0, 3.0, 2.0], [1.0, 1.0, 1.0], 4.0, overlap=True) == 5.0
+    assert O.modelled_step([1.0, 3.0, 2.0], [1.0, 1.0, 1.0], 4.0, overlap=False) == 7.0
+    # short messages: the step is backward, plus what the last bucket still needs
+    assert O.modelled_step([1.0, 2.0], [0.5, 0.5], 2.0, overlap=True) == 2.5
+    with pytest.raises(ValueError):
+        O.modelled_step([1.0], [1.0, 1.0], 2.0, overlap=True)
 
 
 def test_make_buckets_reverse_order_and_size():

@@ -358,6 +358,13 @@ def test_sizes_follow_the_device_the_run_uses(monkeypatch, capsys):
         "2 ranks on 1 GPU run gloo on CPU cores: CPU sizes"
     assert "2 ranks but 1 GPU:" in capsys.readouterr().out
     assert helpers.choose("full", "small", what="one rank", ranks=1) == "full"
+    capsys.readouterr()
+    same = dict(steps=2)
+    assert helpers.choose(same, dict(same), what="one size", ranks=2) == same
+    assert "reduced size" not in capsys.readouterr().out, "nothing was scaled down"
+    monkeypatch.setenv("COURSE_QUICK", "1")
+    assert helpers.choose(same, same, what="one size, quick", tiny=dict(steps=1)) == dict(steps=1)
+    assert "quick mode" in capsys.readouterr().out
     monkeypatch.setattr("helpers.runtime.group.num_gpus", lambda: 2)
     monkeypatch.setattr("helpers.runtime.group.dist.is_nccl_available", lambda: True)
     assert helpers.backend_for(1, 2) == "nccl" and helpers.backend_for(1, 2, 4) == "gloo"

@@ -97,3 +97,38 @@ def test_the_thesis_claims_only_what_was_resolved():
                     "the large batch did not resolve the win (within noise)")
     none = helpers.thesis_words(SLOWER, {"one message": NOISE, "8 messages": FASTER})
     assert none.startswith("no small-batch run") and "contradicted" in none
+
+
+def test_a_split_prediction_says_inside_or_outside_and_points_to_the_split_only_on_a_miss():
+    words = helpers.split_prediction_words
+    inside = words(1.1, NOISE, "the split below")
+    assert inside == "1.10 times, inside the measured 0.90-1.30"
+    over = words(1.5, FASTER, "the split below")
+    assert over == ("1.50 times, outside the measured 1.20-1.40: the measured speed-up was "
+                    "lower, and the split below shows where the time went")
+    assert "speed-up was higher" in words(0.6, SLOWER, "the lines above")
+    with pytest.raises(TypeError, match="helpers.Ratio"):
+        words(1.1, 1.2, "x")
+
+
+def test_backward_compute_blames_gloos_threads_only_for_a_longer_compute():
+    words = helpers.backward_compute_words
+    assert words(SLOWER).startswith("longer with overlap (0.80x (0.70-0.90, 3 rounds): resolved)")
+    assert "gloo's threads" in words(SLOWER) and "if real" not in words(SLOWER)
+    longer = words(helpers.Ratio([0.5, 0.9, 1.2]))      # overlap's longer, not resolved
+    assert longer.startswith("not told apart") and "; if real, the longer compute" in longer
+    assert words(NOISE) == "not told apart (1.10x (0.90-1.30, 3 rounds): within noise)"
+    shorter = words(FASTER)
+    assert "does not explain" in shorter and "gloo" not in shorter
+
+
+def test_the_emulation_keeps_its_shape_within_its_margin():
+    words = helpers.emulation_margin_words
+    within = words(2000, 420.0, {"overlap": 30.0, "after": 5.0})
+    assert "lasts 2,000 times as long" in within and "by more than 420 ms" in within
+    assert within.endswith("ended 30.0 ms after the modelled schedule and the other 5.0 ms, "
+                           "within it")
+    beyond = words(2000, 420.0, {"overlap": 500.0, "after": 5.0})
+    assert "beyond it" in beyond and "machine's delays" in beyond
+    with pytest.raises(ValueError, match="saving"):
+        words(2000, 0.0, {"overlap": 0.0, "after": 0.0})

@@ -2,7 +2,7 @@
 a launch target fn(rank, world, cfg): the timeline of a backward pass (gradients ready, launches,
 completions), step times with the all-reduces launched from the hooks or after backward, a
 torch.profiler trace of both, and the same schedule in emulated durations, whose
-shape a busy machine cannot change.
+shape a busy machine changes only by delaying its sleeps by more than overlap saves.
 """
 import time
 
@@ -14,7 +14,8 @@ from ..runtime.launch import take
 from ..tiny_models import make_batches, make_model
 from .scratch import DDPFromScratch
 
-__all__ = ["gradient_timeline", "overlap_step_times", "ddp_scratch_trace", "emulated_overlap"]
+__all__ = ["gradient_timeline", "overlap_step_times", "ddp_scratch_trace", "emulated_overlap",
+           "modelled_step"]
 
 
 def _timeline_model(device, sizes, bucket_mb, overlap=True):
@@ -189,14 +190,30 @@ def _layer_flops(net, batch):
     return flops
 
 
+def modelled_step(ready, messages, backward, overlap):
+    """The step of the emulated schedule with no delay at all, in modelled seconds since
+    backward started: bucket i's all-reduce launches once buckets 0..i have their gradients
+    (`ready`, per bucket; overlap) or when `backward` ends (not), and takes `messages[i]` on one
+    link, after the bucket before it. What a machine that never delays a sleep would give."""
+    link, ready_by = 0.0, 0.0
+    for r, m in zip(ready, messages, strict=True):
+        ready_by = max(ready_by, r)
+        link = max(ready_by if overlap else backward, link) + m
+    return max(link, backward)
+
+
 def emulated_overlap(rank, world, cfg):
     """DDP's overlap in emulated durations: the math is real, but each layer's
     backward lasts its modelled time (its FLOPs for `model_batch` examples at the rates of
     helpers.Rates.load(), times `scale`), and each bucket's all-reduce completes when a ring over
     `world` ranks would have sent it (one link, buckets in launch order, 2(k-1) messages of
-    alpha + bytes/k / beta). Sleeps cost no CPU, so busy cores keep the schedule's shape.
-    Returns per mode ("overlap", "after"): step end, backward end and the all-reduce spans
-    (modelled seconds since backward started), and the rates' source. The host clock is read
+    alpha + bytes/k / beta). Sleeps cost no CPU, so busy cores keep the schedule's shape
+    unless they delay the sleeps by more than its margin. Returns per mode ("overlap",
+    "after"): step end, backward end and the all-reduce spans
+    (modelled seconds since backward started), and `modelled`, the step of the same schedule
+    with no delay (modelled_step); `margin_s`, overlap's modelled saving times scale: the real
+    seconds by which the machine may delay the overlapped step's sleeps, beyond the other's,
+    before overlap stops ending first; and the rates' source. The host clock is read
     once the rank's stream has run what it was given (on a GPU the host only queues it)."""
     from ..runtime.emulate import Clock, Rates, sleep_until
     device, bucket_mb, sizes, model_batch, scale, steps = take(
@@ -210,6 +227,7 @@ def emulated_overlap(rank, world, cfg):
 
         def paced(p, pace=pace, flops=flops):   # before the wrapper's hook: the modelled
             pace["t"] += rates.compute(flops[id(p)]) * scale   # compute, then the launch
+            pace["at"][id(p)] = pace["t"]
             sleep_until(pace["t"], now)
         for p in net.parameters():
             p.register_post_accumulate_grad_hook(paced)
@@ -220,14 +238,20 @@ def emulated_overlap(rank, world, cfg):
             dist.barrier()
             loss = flat_cross_entropy(model(X), y)
             t0 = pace["t"] = now()
+            pace["at"] = {}
             loss.backward()
             t1 = now()
             launches = sorted((s, i) for s, w, i in model.timeline if w == "launch") \
                 if mode == "overlap" else [(t1, i) for i in range(len(model.buckets))]
             link, spans = t0, []
+            messages = [2 * (world - 1) * rates.message(
+                sum(p.numel() * p.element_size() for p in b) / world) for b in model.buckets]
+            ready = [(max(pace["at"].get(id(p), pace["t"]) for p in b) - t0) / scale
+                     for b in model.buckets]
+            modelled = modelled_step(ready, messages, (pace["t"] - t0) / scale,
+                                     mode == "overlap")
             for s, i in launches:
-                nbytes = sum(p.numel() * p.element_size() for p in model.buckets[i])
-                seconds = 2 * (world - 1) * rates.message(nbytes / world)
+                seconds = messages[i]
                 start = max(s, link)
                 link = start + seconds * scale
                 spans.append(((start - t0) / scale, (link - t0) / scale))
@@ -235,5 +259,7 @@ def emulated_overlap(rank, world, cfg):
             end = max(link, t1)                          # then their modelled completion: a
             sleep_until(end, now)    # real all-reduce that a busy machine slows does not move it
             model.zero_grad()
-        out[mode] = dict(step=(end - t0) / scale, backward=(t1 - t0) / scale, comm=spans)
+        out[mode] = dict(step=(end - t0) / scale, backward=(t1 - t0) / scale, comm=spans,
+                         modelled=modelled)
+    out["margin_s"] = (out["after"]["modelled"] - out["overlap"]["modelled"]) * scale
     return out

@@ -6,7 +6,8 @@ from .verdicts import _check
 
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
-           "alone_prediction_words", "thesis_words"]
+           "alone_prediction_words", "split_prediction_words", "backward_compute_words",
+           "emulation_margin_words", "thesis_words"]
 
 
 def simulated_devices_words(two, halves):
@@ -137,18 +138,75 @@ def overlap_lengthens_words(step, compute):
             + why)
 
 
+def _against(p, r):
+    """'1.39 times, outside the measured 1.03-1.26': a predicted speed-up against a Ratio."""
+    _check(r)
+    where = "inside" if r.lo <= p <= r.hi else "outside"
+    return f"{p:.2f} times, {where} the measured {r.lo:.2f}-{r.hi:.2f}"
+
+
 def alone_prediction_words(predictions):
     """Speed-ups predicted from the all-reduce timed alone, each against its measured Ratio:
     `predictions` a list of (name, predicted speed-up, Ratio). '2.00 times at batch 256, outside
     the measured 1.05-1.28, and ...'."""
     parts = []
     for name, p, r in predictions:
-        _check(r)
-        where = "inside" if r.lo <= p <= r.hi else "outside"
-        parts.append(f"{p:.2f} times at {name}, {where} the measured {r.lo:.2f}-{r.hi:.2f}")
+        times, where = _against(p, r).split(", ", 1)
+        parts.append(f"{times} at {name}, {where}")
     if not parts:
         raise ValueError("alone_prediction_words needs at least one (name, predicted, Ratio)")
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+
+
+def split_prediction_words(p, r, where):
+    """A speed-up predicted from a run's own split (one worker's compute over k, plus the k
+    workers' all-reduce) against the measured Ratio: inside or outside its spread. `where`
+    names where the reader finds the run's split of the time (said only for a miss: the split
+    shows which part the prediction got wrong)."""
+    words = _against(p, r)
+    if r.lo <= p <= r.hi:
+        return words
+    side = "higher" if p < r.lo else "lower"
+    return f"{words}: the measured speed-up was {side}, and {where} shows where the time went"
+
+
+def backward_compute_words(r):
+    """Backward's compute with overlap against without (Ratio: without's / with's, paired
+    rounds: below 1, overlap's was longer). The cause of a longer compute (gloo's threads on
+    the same core, the one thing overlap adds during backward) is stated where resolved,
+    offered with 'if real' where not, and no cause is named for a shorter one."""
+    _check(r)
+    cause = "gloo's threads run the all-reduces during backward, on the same busy cores"
+    if r.verdict == "slower":
+        return f"longer with overlap ({r.spread_text()}: resolved): {cause}"
+    if r.verdict == "faster":
+        return (f"shorter with overlap ({r.spread_text()}: resolved), which this run does not "
+                "explain")
+    told = f"not told apart ({r.spread_text()}: {r.verdict})"
+    return f"{told}; if real, the longer compute with overlap is because {cause}" \
+        if r.median < 1 else told
+
+
+def emulation_margin_words(scale, margin_ms, late_ms):
+    """Why an emulated schedule (modelled durations stretched `scale` times, waited for in
+    sleeps) keeps its shape: the overlapped step ends first unless the machine makes it later,
+    against the modelled schedule, by `margin_ms` (real ms: overlap's modelled saving, times
+    scale) more than the other. `late_ms` {mode: real ms by which that step ended after the
+    modelled schedule} says whether this run stayed within it."""
+    if scale <= 0 or margin_ms <= 0:
+        raise ValueError(f"emulation_margin_words: scale ({scale}) and margin_ms ({margin_ms}) "
+                         "must be positive: the model must give overlap a saving")
+    head = (f"every modelled duration lasts {scale:,.0f} times as long in real time, so the "
+            "schedule keeps its shape unless the machine delays the overlapped step's sleeps "
+            f"by more than {margin_ms:,.0f} ms (what overlap saves in the model, stretched "
+            "alike) beyond the other's")
+    ov, af = late_ms["overlap"], late_ms["after"]
+    late = (f"in this run the overlapped step ended {ov:,.1f} ms after the modelled "
+            f"schedule and the other {af:,.1f} ms")
+    if ov - af < margin_ms:
+        return f"{head}; {late}, within it"
+    return (f"{head}; {late}: beyond it, so the figure below shows the machine's delays, not "
+            "the schedule")
 
 
 def thesis_words(win, losses):
