@@ -26,7 +26,9 @@ Also, in every notebook (converted or not):
   book/_ext/runs.json (chapter_runs.notebook_line; `make outputs` refreshes it);
 - the bookkeeping cells the book removes (tag remove-cell: glue, claim) fold like the prose
   cells (`#@title`, `cellView: form`, `jupyter.source_hidden`), without a stored result (a
-  claim's `True` under the cell).
+  claim's `True` under the cell), their outputs hidden too (`jupyter.outputs_hidden`, and
+  `collapsed`, which JupyterLab keeps equal to it): a glue's papermill record is for the book,
+  and a front end without a renderer for it would say so under the fold.
 Idempotent: a converted notebook has nothing left to convert (`--check` converts in memory and
 fails where that would change a notebook). Written atomically.
 """
@@ -227,7 +229,8 @@ def fold_bookkeeping(cell):
     if not cell.source.startswith("#@title"):
         cell.source = BOOKKEEPING + "\n" + cell.source
     meta["cellView"] = "form"
-    meta["jupyter"] = {**meta.get("jupyter", {}), "source_hidden": True}
+    meta["jupyter"] = {**meta.get("jupyter", {}), "source_hidden": True, "outputs_hidden": True}
+    meta["collapsed"] = True      # nbformat's older key for hidden outputs (classic Notebook)
     cell.outputs = [o for o in cell.get("outputs", []) if o.get("output_type") != "execute_result"]
 
 

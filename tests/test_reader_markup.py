@@ -92,6 +92,10 @@ def test_the_converter_writes_plain_markdown_and_say_cells(recorded):
     assert kept[0].metadata["cellView"] == "form" and kept[0].metadata["jupyter"][
         "source_hidden"], "and in JupyterLab and VS Code"
     assert kept[0].outputs == [], "no stray True under a claim"
+    assert kept[0].metadata["jupyter"]["outputs_hidden"] and kept[0].metadata["collapsed"], \
+        "a glue's record folded too (VS Code: 'No renderer could be found')"
+    assert not first_code(new).metadata.get("jupyter", {}).get("outputs_hidden"), \
+        "a teaching cell's outputs stay open"
     assert "book/glossary.html#term-rank)" in text and "[rank](" in text
     assert "[[Li et al., 2020](" in text and "bibliography.html#cite-li2020ddp" in text
     assert "> **Note.**" in text and "[Glossary](" in text
@@ -112,6 +116,10 @@ def test_the_converter_writes_plain_markdown_and_say_cells(recorded):
     assert all(len(ln) <= 79 for c in says for ln in c.source.splitlines())
     again, _ = mod.convert(new, path)
     assert [c.source for c in again.cells] == [c.source for c in new.cells], "not idempotent"
+
+
+def first_code(nb):
+    return next(c for c in nb.cells if c.cell_type == "code")
 
 
 def test_text_used_before_it_is_glued_is_reported(recorded):
