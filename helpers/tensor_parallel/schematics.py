@@ -186,10 +186,10 @@ def plot_megatron_mlp(trace=None, **kwargs):
     top = k * lane
     fig, axes = diagram(2, 1, width=SCHEMATIC_WIDTH, height=2.4 + 1.3 * top)
     # (name, left edge, width) of each column of boxes; W1 and W2 are named above their
-    # columns, each device's box gives its hidden units (W1's columns, W2's rows)
+    # columns, each device's box gives its hidden units (W1's columns, W2's rows), a:b
     cols = [("in", 0.0, 0.6), ("f", 0.85, 0.7), ("W1", 1.8, 1.45), ("ReLU", 3.5, 1.05),
             ("W2", 4.8, 1.45), ("g", 6.5, 0.7), ("out", 7.45, 0.6)]
-    heads = {"W1": "W1[:, j]", "W2": "W2[j]"}
+    heads = {"W1": "W1\ncolumns", "W2": "W2\nrows"}
     sent = t["sent"]
     for ax, phase in zip(axes.flat, ("forward", "backward"), strict=True):
         ax.set(xlim=(-0.1, 8.15), ylim=(top + 0.1, -1.25))
@@ -212,7 +212,7 @@ def plot_megatron_mlp(trace=None, **kwargs):
                     ax.text(x + w / 2, -0.15, heads[name], ha="center", va="bottom",
                             fontsize=SMALL)
                 for dev, (a, b) in enumerate(t["units"]):
-                    label = "ReLU" if name == "ReLU" else f"j={a}:{b}"
+                    label = "ReLU" if name == "ReLU" else f"{a}:{b}"
                     draw_box(ax, x, dev * lane, w, lane - 0.1, device_color(dev), label,
                         fontsize=SMALL)
         for (_, a, wa), (_, b, _) in pairwise(cols):
