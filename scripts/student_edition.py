@@ -301,20 +301,22 @@ CHECKS_BEGIN, CHECKS_END = "<!-- checks-table: begin -->", "<!-- checks-table: e
 
 
 def checks_table():
-    """The Markdown table of what every check observes, from the checks' own declarations
-    (@check in helpers/checks): complete by construction."""
+    """The Markdown list of what every check observes, from the checks' own declarations
+    (@check in helpers/checks): complete by construction. A list, not a table: on a phone a
+    three-column table squeezed the long check names into a letter column."""
     import helpers.checks
     from helpers.checks._core import REGISTRY
-    rows = ["| Check | What it observes | The course's code it refuses |", "|---|---|---|"]
+    rows = []
     for name in sorted(n for n in dir(helpers.checks) if n.startswith("check_")):
         info = REGISTRY.get(name)
         if info is None:
-            rows.append(f"| `{name}` | not yet on the harness: judges what it returns "
-                        "and what it logs | — |")
+            rows.append(f"- **`{name}`**: not yet on the harness: judges what it returns and "
+                        "what it logs.")
             continue
-        observes = "; ".join(o.replace("|", "\\|") for o in info.observes)
-        refs = ", ".join(f"`helpers.{r}`" for r in info.references) or "—"
-        rows.append(f"| `{name}` | {observes} | {refs} |")
+        observes = "; ".join(info.observes)
+        refs = ", ".join(f"`helpers.{r}`" for r in info.references)
+        rows.append(f"- **`{name}`** observes {observes}." + (
+            f" It refuses the course's own {refs}." if refs else ""))
     return "\n".join(rows)
 
 
