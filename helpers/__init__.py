@@ -16,6 +16,7 @@ costs, compare, one_process cost formulas, comparators, the      split_costs, ma
 cost_explorer               the cost explorer's static twin      with_static_twin
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
 words                       counts with their nouns in agreement plural, plural_names
+torch_floor                 the oldest torch, checked on import  TORCH_FLOOR, check_torch
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks
@@ -40,6 +41,9 @@ checks                      exercise checks (helpers.checks)     check_split_bat
 # The course's mark: a notebook's set-up cell (scripts/colab_setup_cell.py) tells this package
 # from any other module named `helpers` (a reader's helpers.py) by it.
 __course__ = "multigpu-course"
+# First: refuse a torch older than the course's floor, naming the fix (before any module
+# touches an API it lacks).
+from .torch_floor import TORCH_FLOOR, check_torch
 
 from .config import choose, quick
 from .devices import (DeviceClock, Timer, exact_float32, get_devices, num_gpus, require_gpus,

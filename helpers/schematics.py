@@ -6,11 +6,17 @@ and few words (a phone shows a figure at about half its size), colours that stay
 colour-blind readers (Okabe and Ito's), and a white figure background (the book shows figures
 on a light panel in dark mode too).
 """
-__all__ = ["DEVICE_COLORS", "EVERY_RANK_COLOR", "SCHEMATIC_FONT", "PHONE_COLUMN_PX", "device_color",
-           "text_color", "diagram", "draw_box", "draw_arrow", "phone_text_px"]
+__all__ = ["DEVICE_COLORS", "EVERY_RANK_COLOR", "SCHEMATIC_FONT", "LABEL_FONT", "SCHEMATIC_WIDTH",
+           "PHONE_COLUMN_PX", "device_color", "text_color", "diagram", "draw_box", "draw_arrow",
+           "phone_text_px"]
 
 SCHEMATIC_FONT = 13                     # points; phones show figures at about half size
 PHONE_COLUMN_PX = 342                   # the book's text column on a 390-px-wide phone (CSS px)
+# A phone shrinks a figure W inches wide to the column, so a label of s points shows at
+# s * 342 / (72 * W) CSS px: the smallest label (LABEL_FONT) in a figure no wider than
+# SCHEMATIC_WIDTH shows at 10.4 px, the least a reader reads without zooming.
+LABEL_FONT = 11
+SCHEMATIC_WIDTH = 5.0
 # Okabe-Ito: distinguishable with every common colour-vision deficiency
 DEVICE_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
                  "#000000")
@@ -50,10 +56,11 @@ def draw_box(ax, x, y, w, h, fill, label=None, fontsize=SCHEMATIC_FONT, edge="wh
                 color=text or text_color(fill))
 
 
-def draw_arrow(ax, start, end, color="black", rad=0.0, width=2.0):
-    """An arrow from `start` to `end` (data coordinates); `rad` bends it."""
+def draw_arrow(ax, start, end, color="black", rad=0.0, width=2.0, head=16):
+    """An arrow from `start` to `end` (data coordinates); `rad` bends it; `head`: its head's
+    size in points."""
     from matplotlib.patches import FancyArrowPatch
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=16, color=color,
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=head, color=color,
                                  linewidth=width, connectionstyle=f"arc3,rad={rad}",
                                  shrinkA=0, shrinkB=0))
 

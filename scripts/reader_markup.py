@@ -26,7 +26,10 @@ Also, in every notebook (converted or not):
   book/_ext/runs.json (chapter_runs.notebook_line; `make outputs` refreshes it);
 - the bookkeeping cells the book removes (tag remove-cell: glue, claim) fold like the prose
   cells (`#@title`, `cellView: form`, `jupyter.source_hidden`), without a stored result (a
-  claim's `True` under the cell).
+  claim's `True` under the cell), their outputs hidden too (`jupyter.outputs_hidden`, and
+  `collapsed`, which JupyterLab keeps equal to it): a glue's papermill record is for the book,
+  and a front end without a renderer for it would say so under the fold;
+- "the figure above/below" that starts a sentence is capitalised.
 Idempotent: a converted notebook has nothing left to convert (`--check` converts in memory and
 fails where that would change a notebook). Written atomically.
 """
@@ -227,18 +230,35 @@ def fold_bookkeeping(cell):
     if not cell.source.startswith("#@title"):
         cell.source = BOOKKEEPING + "\n" + cell.source
     meta["cellView"] = "form"
-    meta["jupyter"] = {**meta.get("jupyter", {}), "source_hidden": True}
+    meta["jupyter"] = {**meta.get("jupyter", {}), "source_hidden": True, "outputs_hidden": True}
+    meta["collapsed"] = True      # nbformat's older key for hidden outputs (classic Notebook)
     cell.outputs = [o for o in cell.get("outputs", []) if o.get("output_type") != "execute_result"]
+
+
+# "[the figure above](#...)" where a sentence starts: at the start of the text, of a paragraph,
+# list item or heading, or after a sentence's end (not after "e.g." and the like)
+FIGURE_AT_START = re.compile(
+    r"(\A\s*|\n[ \t]*\n\s*|^[ \t]*(?:[-*+>]|\d+[.)]|#+)[ \t]+|"
+    r"(?<!\be\.g)(?<!\bi\.e)(?<!\bcf)(?<!\bvs)[.!?][\"')\]*_]*\s+)\[the figure (above|below)\]",
+    re.M)
+
+
+def capital_figures(text):
+    """'[the figure above](#x)' as '[The figure above](#x)' where it starts a sentence."""
+    return FIGURE_AT_START.sub(lambda m: f"{m.group(1)}[The figure {m.group(2)}]", text)
 
 
 def relink_prose(cell, ctx):
     """A say() cell's links, in its text and its stored Markdown, as in a markdown cell."""
-    cell.source = whole_word_links(absolute_links(cell.source, ctx, field=True))
+    head, say, text = cell.source.partition('helpers.say(r"""')     # its text starts there
+    cell.source = whole_word_links(absolute_links(
+        head + say + (capital_figures(text) if say else text), ctx, field=True))
     for out in cell.get("outputs", []):
         md = out.get("data", {}).get("text/markdown")
         if md:
             text = "".join(md) if isinstance(md, list) else md
-            out["data"]["text/markdown"] = whole_word_links(absolute_links(text, ctx))
+            out["data"]["text/markdown"] = capital_figures(
+                whole_word_links(absolute_links(text, ctx)))
 
 
 def inline(text, ctx, figures=None, here=0):
@@ -467,7 +487,7 @@ def convert(nb, path, cfg=None):
             continue
         text = blocks(cell.source, ctx)
         text = inline(text, ctx, figures, i)
-        text = runs_line(whole_word_links(absolute_links(text, ctx)), ctx)
+        text = capital_figures(runs_line(whole_word_links(absolute_links(text, ctx)), ctx))
         groups = []   # consecutive blocks with glue / without, in order
         for block in split_blocks(text):
             has = bool(GLUE.search(block)) and not block.lstrip().startswith("#")

@@ -10,8 +10,8 @@ turns the course's cell tags into nbgrader's cell metadata first:
     code cell tagged `solution`      -> nbgrader solution cell (the `### BEGIN/END SOLUTION`
                                         region becomes the stub)
     markdown cell tagged `solution`  -> removed (a worked answer, the book folds it in a dropdown);
-                                        so is a prose cell (helpers.say) tagged `solution`. An
-                                        exercise with no check cell gets an answer cell in its
+                                        so is a prose cell (helpers.say) tagged `solution`. The
+                                        exercise (checked or not) gets an answer cell in its
                                         place: nbgrader's manually graded answer, 1 point
     prose cell (helpers.say)         -> keeps its stored text: the handout reads whole before
                                         anything runs (nbgrader clears every other output)
@@ -157,19 +157,18 @@ def _grade_id(kind, cell, index, taken):
 
 
 def open_ended(nb):
-    """{cell index: exercise number} of the first worked answer of each exercise that has no
-    check cell: where the handout gets an answer cell for the teacher to grade by hand."""
-    first, checked, current = {}, set(), None
+    """{cell index: exercise number} of the first worked answer (a solution-tagged prose cell)
+    of each exercise, checked or not: where the handout gets an answer cell for the teacher to
+    grade by hand (a checked exercise may ask a written question too)."""
+    first, current = {}, None
     for index, cell in enumerate(nb.cells):
         if is_text(cell) and not is_solution(cell):
             heads = EXERCISE.findall(source(cell))
             if heads:
                 current = int(heads[-1][0])
-        elif current is not None and is_check(cell):
-            checked.add(current)
         elif current is not None and is_solution(cell) and is_text(cell):
             first.setdefault(current, index)
-    return {index: number for number, index in first.items() if number not in checked}
+    return {index: number for number, index in first.items()}
 
 
 def answer_cell(number):
@@ -272,9 +271,10 @@ def exercises(path):
         elif found and is_solution(cell) and is_text(cell):
             found[-1]["worked"] = True
     for ex in found:
-        ex["check"] = ", ".join(f"`{c}`" for c in ex.pop("checks")) or (
-            "worked answer" if ex.pop("worked") else "—")
-        ex.pop("worked", None)
+        checks = ", ".join(f"`{c}`" for c in ex.pop("checks"))
+        ex["written"] = ex.pop("worked")      # a worked answer: the handout's answer cell
+        ex["check"] = (checks + (" and a worked answer" if ex["written"] else "") if checks else
+                       "worked answer" if ex["written"] else "—")
     return found
 
 
@@ -301,20 +301,22 @@ CHECKS_BEGIN, CHECKS_END = "<!-- checks-table: begin -->", "<!-- checks-table: e
 
 
 def checks_table():
-    """The Markdown table of what every check observes, from the checks' own declarations
-    (@check in helpers/checks): complete by construction."""
+    """The Markdown list of what every check observes, from the checks' own declarations
+    (@check in helpers/checks): complete by construction. A list, not a table: on a phone a
+    three-column table squeezed the long check names into a letter column."""
     import helpers.checks
     from helpers.checks._core import REGISTRY
-    rows = ["| Check | What it observes | The course's code it refuses |", "|---|---|---|"]
+    rows = []
     for name in sorted(n for n in dir(helpers.checks) if n.startswith("check_")):
         info = REGISTRY.get(name)
         if info is None:
-            rows.append(f"| `{name}` | not yet on the harness: judges what it returns "
-                        "and what it logs | — |")
+            rows.append(f"- **`{name}`**: not yet on the harness: judges what it returns and "
+                        "what it logs.")
             continue
-        observes = "; ".join(o.replace("|", "\\|") for o in info.observes)
-        refs = ", ".join(f"`helpers.{r}`" for r in info.references) or "—"
-        rows.append(f"| `{name}` | {observes} | {refs} |")
+        observes = "; ".join(info.observes)
+        refs = ", ".join(f"`helpers.{r}`" for r in info.references)
+        rows.append(f"- **`{name}`** observes {observes}." + (
+            f" It refuses the course's own {refs}." if refs else ""))
     return "\n".join(rows)
 
 

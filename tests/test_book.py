@@ -140,6 +140,37 @@ def test_every_figure_has_alt_text_and_a_caption(path):
     assert not problems, f"{path.relative_to(ROOT)}:\n  " + "\n  ".join(problems)
 
 
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([A-Za-z_]\w*)")
+
+
+def _glued_names(nb):
+    return {out.get("metadata", {}).get("scrapbook", {}).get("name")
+            for cell in nb["cells"] for out in cell.get("outputs", [])}
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_caption_glues_only_what_its_notebook_stores(path):
+    """A caption may say what its figure shows from this run ({glue:text}`name`, which the book
+    renders): the name must be glued in the notebook's stored outputs, or the build warns."""
+    nb = json.loads(path.read_text())
+    glued = _glued_names(nb)
+    missing = [(cell.get("id"), name) for cell in nb["cells"]
+               for name in GLUE_ROLE.findall(cell.get("metadata", {}).get("mystnb", {})
+                                             .get("figure", {}).get("caption", ""))
+               if name not in glued]
+    assert not missing, f"{path.relative_to(ROOT)}: captions glue {missing}, stored nowhere"
+
+
+def test_the_roofline_caption_says_whose_gpu_roofs_it_draws():
+    """The GPU's roofs are measured (the GPU reference run) or the datasheet's (a prediction):
+    the caption glues which, the sentence the prose uses."""
+    nb = json.loads((ROOT / "book" / "gpus.ipynb").read_text())
+    caption = next(c["metadata"]["mystnb"]["figure"]["caption"] for c in nb["cells"]
+                   if c.get("metadata", {}).get("mystnb", {}).get("figure", {}).get("name")
+                   == "fig-gpus-roofline")
+    assert "{glue:text}`roof_gpu_source`" in caption and "roof_gpu_source" in _glued_names(nb)
+
+
 def test_figure_names_are_unique():
     seen = {}
     for path in toc_notebooks():

@@ -6,6 +6,7 @@ import re
 import sys
 import tomllib
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -96,3 +97,29 @@ def test_package_metadata_is_complete():
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
     assert cff["cff-version"] and cff["title"] and cff["authors"]
+
+
+def test_helpers_refuse_a_torch_below_the_floor(tmp_path):
+    """The set-up cell installs helpers with --no-deps beside the reader's torch: `import
+    helpers` checks pyproject's floor itself and names the fix."""
+    import subprocess
+
+    import helpers
+    dep = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch>="))
+    assert helpers.TORCH_FLOOR == tuple(map(int, dep.removeprefix("torch>=").split(".")))
+    floor = ".".join(map(str, helpers.TORCH_FLOOR))
+    major, minor = helpers.TORCH_FLOOR
+    for ok in (f"{floor}.0", f"{floor}.0a0+git1", f"{major}.{minor + 3}.1+cu126",
+               f"{major + 1}.0.0"):
+        helpers.check_torch(ok)
+    old = f"{major}.{minor - 1}.1+cu121"
+    with pytest.raises(ImportError, match=rf"needs torch {floor} or newer, this Python has "
+                                          rf"{re.escape(old)}: run pip install -U "
+                                          rf"'torch>={floor}'"):
+        helpers.check_torch(old)
+    fake = tmp_path / "torch"          # an old torch first on the path: import helpers stops
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "2.4.0"\n')
+    run = subprocess.run([sys.executable, "-c", "import helpers"], capture_output=True,
+                         text=True, env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": ""})
+    assert run.returncode == 1 and "this Python has 2.4.0" in run.stderr.splitlines()[-1]

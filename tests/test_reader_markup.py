@@ -5,6 +5,7 @@ show, without Sphinx) has no raw role or directive left.
 Until the integrator applies the converter to book/ (see its report), the rendering test runs on
 the converter's output of the current notebooks, in memory; afterwards it checks them as they
 are (READER_MARKUP_APPLIED below)."""
+import copy
 import functools
 import importlib.util
 import re
@@ -92,6 +93,10 @@ def test_the_converter_writes_plain_markdown_and_say_cells(recorded):
     assert kept[0].metadata["cellView"] == "form" and kept[0].metadata["jupyter"][
         "source_hidden"], "and in JupyterLab and VS Code"
     assert kept[0].outputs == [], "no stray True under a claim"
+    assert kept[0].metadata["jupyter"]["outputs_hidden"] and kept[0].metadata["collapsed"], \
+        "a glue's record folded too (VS Code: 'No renderer could be found')"
+    assert not first_code(new).metadata.get("jupyter", {}).get("outputs_hidden"), \
+        "a teaching cell's outputs stay open"
     assert "book/glossary.html#term-rank)" in text and "[rank](" in text
     assert "[[Li et al., 2020](" in text and "bibliography.html#cite-li2020ddp" in text
     assert "> **Note.**" in text and "[Glossary](" in text
@@ -112,6 +117,43 @@ def test_the_converter_writes_plain_markdown_and_say_cells(recorded):
     assert all(len(ln) <= 79 for c in says for ln in c.source.splitlines())
     again, _ = mod.convert(new, path)
     assert [c.source for c in again.cells] == [c.source for c in new.cells], "not idempotent"
+
+
+def first_code(nb):
+    return next(c for c in nb.cells if c.cell_type == "code")
+
+
+def test_a_figure_named_at_a_sentence_start_is_capitalised(recorded):
+    """{numref} becomes "the figure above"; where it starts a sentence (in prose converted now,
+    in prose converted before, and in a say() cell's text and stored Markdown), "The"."""
+    mod = recorded
+    path = ROOT / "book" / "part1" / "x.ipynb"
+    nb = _notebook()
+    nb.cells[2].source = nb.cells[2].source.replace(" ({numref}`fig-a`).", (
+        ". It is small. {numref}`fig-a` shows it, as ({numref}`fig-a`) and e.g. "
+        "{numref}`fig-a` do."))
+    nb.cells.append(nbformat.v4.new_markdown_cell("Done.\n{numref}`fig-a` again: in\n"
+                                                  "{numref}`fig-a`."))
+    new, problems = mod.convert(nb, path)
+    assert problems == []
+    say = [c for c in new.cells if c.get("metadata", {}).get("course", {}).get("prose")][0]
+    for text in (say.source, say.outputs[0]["data"]["text/markdown"]):
+        flat = " ".join(text.split())
+        assert "small. [The figure below](#fig-a) shows" in flat, flat
+        assert "as ([the figure below](#fig-a))" in flat and "e.g. [the figure below]" in flat
+    last = new.cells[-1].source
+    assert last == ("Done.\n[The figure above](#fig-a) again: in\n[the figure above](#fig-a).")
+    # notebooks converted before this rule: their Markdown, say() text and stored output
+    old = copy.deepcopy(new)
+    old.cells[-1].source = last.replace("The figure", "the figure")
+    old_say = [c for c in old.cells if c.get("metadata", {}).get("course", {}).get("prose")][0]
+    old_say.source = old_say.source.replace("[The figure", "[the figure")
+    old_say.outputs[0]["data"]["text/markdown"] = "[the figure below](#fig-a) shows it."
+    again, _ = mod.convert(old, path)
+    again_say = [c for c in again.cells if c.get("metadata", {}).get("course", {})
+                 .get("prose")][0]
+    assert again.cells[-1].source == last and again_say.source == say.source
+    assert again_say.outputs[0]["data"]["text/markdown"] == "[The figure below](#fig-a) shows it."
 
 
 def test_text_used_before_it_is_glued_is_reported(recorded):

@@ -215,11 +215,28 @@ def test_student_edition_keeps_checks_and_drops_prose(path, edition):
     kept = [c for c in original.cells if not (se.is_solution(c) and se.is_text(c))]
     answers = [c for c in student.cells if c.cell_type == "markdown"
                and c.metadata.get("nbgrader", {}).get("grade")]
-    open_ended = [e for e in se.exercises(path) if e["check"] == "worked answer"]
+    open_ended = [e for e in se.exercises(path) if e["written"]]     # checked or not
     assert [c.metadata["nbgrader"]["grade_id"] for c in answers] == [
         f"answer-exercise{e['number']}" for e in open_ended], \
         "an answer cell for every exercise the teacher grades by hand"
     assert len(student.cells) == len(kept) + len(answers)
+
+
+def test_a_checked_exercise_with_a_written_question_gets_an_answer_cell():
+    """gpus' Exercise 3 is checked and also asks a written question (its worked answer): the
+    handout has a graded place for the written half, after the check cell."""
+    path = next(p for p in CHAPTERS if p.stem == "gpus")
+    ex3 = next(e for e in se.exercises(path) if e["number"] == 3)
+    assert ex3["written"] and ex3["check"].startswith("`check_") and \
+        ex3["check"].endswith(" and a worked answer")
+    nb = se.nbgrader_source(read(path), "gpus")
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    at = ids.index("answer-exercise3")
+    head = max(i for i, c in enumerate(nb.cells[:at]) if se.is_text(c)
+               and not se.is_solution(c) and se.EXERCISE.search(se.source(c)))
+    assert se.EXERCISE.search(se.source(nb.cells[head])).group(1) == "3"
+    assert any(se.is_check(c) for c in nb.cells[head:at]), \
+        "the answer cell follows the exercise's check cell"
 
 
 # --- the chapters follow the exercise conventions (CONTRIBUTING.md) -------------------------------

@@ -5,6 +5,7 @@ readable at a phone's width."""
 from itertools import pairwise
 
 from ..runtime.mesh import coords_of, rank_grid
+from ..schematics import LABEL_FONT as SMALL
 
 __all__ = ["draw_mesh"]
 
@@ -33,10 +34,10 @@ def draw_mesh(shape, ax=None):
                     connectionstyle=f"arc3,rad={bend}", shrinkA=0, shrinkB=0))
     for rank, (x, y) in xy.items():
         ax.scatter([x], [y], s=500, color="white", edgecolor="black", zorder=3)
-        ax.text(x, y, str(rank), ha="center", va="center", zorder=4)
+        ax.text(x, y, str(rank), ha="center", va="center", zorder=4, fontsize=SMALL + 1)
     for s in range(pp):
-        ax.text(s * (tp + 1) + (tp - 1) / 2, 1.0, f"stage {s}", ha="center")
+        ax.text(s * (tp + 1) + (tp - 1) / 2, 1.0, f"stage {s}", ha="center", fontsize=SMALL + 1)
     ax.set(xlim=(-0.7, pp * (tp + 1) - 1.3), ylim=(-dp - 0.4, 1.25))
     ax.axis("off")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.02), ncols=3, fontsize=8,
-              frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.02), ncols=3, fontsize=SMALL,
+              frameon=False, handlelength=1.5, columnspacing=1.0)

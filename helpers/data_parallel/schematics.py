@@ -8,7 +8,8 @@ have gone (DDPFromScratch's rule), one at a time on the link, alpha + bytes/beta
 bucket holds the first layers' gradients: it is ready only when the backward ends, so its
 all-reduce is always exposed. `plot_buckets` draws it.
 """
-from ..schematics import SCHEMATIC_FONT as FONT, device_color, diagram, draw_box
+from ..schematics import LABEL_FONT as SMALL, SCHEMATIC_FONT as FONT, SCHEMATIC_WIDTH, \
+    device_color, diagram, draw_box
 from .scratch import make_buckets
 
 __all__ = ["bucket_timeline", "plot_buckets"]
@@ -62,29 +63,30 @@ def plot_buckets(timeline, title=None):
     and below it each bucket's all-reduce; the part after the backward's end is exposed.
     Returns the figure."""
     bs = timeline["buckets"]
-    fig, axes = diagram(1, 1, width=7.2, height=1.7 + 0.45 * len(bs))
+    fig, axes = diagram(1, 1, width=SCHEMATIC_WIDTH, height=1.9 + 0.45 * len(bs))
     ax = axes[0, 0]
     end = max(b["end"] for b in bs)
-    ax.set(xlim=(-0.33 * end, end * 1.02), ylim=(len(bs) + 1.6, -0.9))
+    ax.set(xlim=(-0.3 * end, end * 1.02), ylim=(len(bs) + 1.6, -0.9))
     if title:
-        ax.set_title(title, fontsize=FONT, loc="left")
+        ax.set_title(title, fontsize=FONT - 1, loc="left")
     bucket_of = {i: n for n, b in enumerate(bs) for i in b["params"]}
-    draw_box(ax, 0, 0, timeline["backward"], 0.8, "#DDDDDD", "backward", fontsize=FONT - 2,
-        edge="none")
-    ax.text(-0.02 * end, 0.4, "gradients", ha="right", va="center", fontsize=FONT - 3)
+    draw_box(ax, 0, 0, timeline["backward"], 0.8, "#DDDDDD", edge="none")
+    ax.text(timeline["backward"] / 2, -0.1, "backward", ha="center", va="bottom",
+            fontsize=SMALL)             # above the bar: the ticks cross it
+    ax.text(-0.02 * end, 0.4, "gradients", ha="right", va="center", fontsize=SMALL)
     for i, t in timeline["ready"].items():
         ax.plot([t, t], [0.0, 0.8], color=device_color(bucket_of[i]), lw=3)
     for n, b in enumerate(bs):
         y = 1.2 + n * 0.9
         ax.text(-0.02 * end, y + 0.35, f"bucket {n}", ha="right", va="center",
-                fontsize=FONT - 3)
+                fontsize=SMALL)
         draw_box(ax, b["start"], y, b["end"] - b["start"], 0.7, device_color(n), edge="none")
-    ax.axvline(timeline["backward"], color="black", ls="--", lw=1.2)
+    ax.plot([timeline["backward"]] * 2, [-0.9, len(bs) + 1.3], color="black", ls="--", lw=1.2)
     ax.annotate("", xy=(end, len(bs) + 1.2), xytext=(timeline["backward"], len(bs) + 1.2),
                 arrowprops=dict(arrowstyle="<->", color="black", lw=1.5))
     ax.text((end + timeline["backward"]) / 2, len(bs) + 1.45, "exposed", ha="center",
-            va="top", fontsize=FONT - 2)
-    ax.text(timeline["backward"] / 2, len(bs) + 1.45, "hidden behind the backward",
-            ha="center", va="top", fontsize=FONT - 2, color="0.3")
+            va="top", fontsize=SMALL)
+    ax.text(timeline["backward"] / 2, len(bs) + 1.45, "hidden behind\nthe backward",
+            ha="center", va="top", fontsize=SMALL, color="0.3")
     fig.tight_layout()
     return fig

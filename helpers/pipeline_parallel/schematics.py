@@ -12,7 +12,8 @@ from itertools import pairwise
 import torch
 
 from ..runtime.traffic import CommLog
-from ..schematics import SCHEMATIC_FONT as FONT, device_color, diagram, draw_box
+from ..schematics import LABEL_FONT as SMALL, SCHEMATIC_FONT as FONT, SCHEMATIC_WIDTH, \
+    device_color, diagram, draw_box
 from .schedules import gpipe_rank_order, interleaved_order, one_f_one_b_rank_order, \
     timeline_bubble
 from .simulated import multiply_adds, network_split_forward, split_sequential
@@ -23,7 +24,7 @@ __all__ = ["split_picture", "plot_network_split", "schedule_timelines", "plot_pi
 
 PHASE_COLORS = {"F": "#0072B2", "B": "#E69F00", "W": "#009E73"}
 _SHORT = {"Conv2d": "conv", "ReLU": "relu", "AvgPool2d": "pool", "MaxPool2d": "pool",
-          "Flatten": "flat", "Linear": "dense"}
+          "Flatten": "flat", "Linear": "fc"}            # fc: fully connected (dense)
 
 
 def split_picture(net, cuts, input_shape):
@@ -45,30 +46,32 @@ def split_picture(net, cuts, input_shape):
 
 def plot_network_split(net, options, input_shape):
     """One row per option ({title: cuts}): the layers in order, coloured by the device that
-    holds them, each device's share of the multiply-adds below it, and above each cut the
-    numbers per example it sends forward (its gradient, as many, comes back). Returns the
+    holds them, each device's share of the multiply-adds below its layers, and above each cut
+    the numbers per example it sends forward (its gradient, as many, comes back). Returns the
     figure."""
     pictures = {title: split_picture(net, cuts, input_shape) for title, cuts in options.items()}
     n = len(net)
-    fig, axes = diagram(len(options), 1, width=7.2, height=1.75 * len(options))
+    fig, axes = diagram(len(options), 1, width=SCHEMATIC_WIDTH, height=1.6 * len(options) + 0.6)
     gap = 0.5
     for ax, (title, pic) in zip(axes.flat, pictures.items(), strict=True):
-        ax.set_title(title, fontsize=FONT, loc="left")
-        ax.set(xlim=(-0.1, n + gap * (len(pic["layers"]) - 1) + 0.1), ylim=(1.6, -1.0))
+        ax.set_title(title, fontsize=FONT - 1, loc="left")
+        ax.set(xlim=(-0.05, n + gap * (len(pic["layers"]) - 1) + 0.05), ylim=(1.5, -1.0))
         x = 0.0
         for s, layers in enumerate(pic["layers"]):
             start = x
             for name in layers:
-                draw_box(ax, x, 0, 1.0, 0.8, device_color(s), name, fontsize=FONT - 3)
+                draw_box(ax, x, 0, 1.0, 0.8, device_color(s), name, fontsize=SMALL)
                 x += 1.0
-            ax.text((start + x) / 2, 1.0, f"device {s}: {pic['mac_share'][s]:.0%} of the work",
-                    ha="center", va="top", fontsize=FONT - 3)
+            ax.text((start + x) / 2, 0.95, f"{pic['mac_share'][s]:.0%}", ha="center",
+                    va="top", fontsize=SMALL)
             if s < len(pic["crossing"]):
-                ax.annotate(f"{pic['crossing'][s]:,} numbers", xy=(x + gap / 2, 0.4),
-                            xytext=(x + gap / 2, -0.45), ha="center", fontsize=FONT - 3,
+                ax.annotate(f"{pic['crossing'][s]:,}", xy=(x + gap / 2, 0.4),
+                            xytext=(x + gap / 2, -0.45), ha="center", fontsize=SMALL,
                             arrowprops=dict(arrowstyle="-", color="0.3", lw=1.5))
                 x += gap
-    fig.tight_layout()
+    fig.text(0.01, 0.01, "below a device's layers: its share of the work\n"
+             "above a cut: the numbers per example it sends", fontsize=SMALL, color="0.3")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 
@@ -129,25 +132,33 @@ def schedule_timelines(p=4, m=4, v=2):
 def plot_pipeline_schedules(p=4, m=4, v=2, schedules=None):
     """The four schedules of schedule_timelines, one panel each: one row per device, a box per
     forward (F), backward (B) and weight gradient (W, zero bubble), labelled with its
-    micro-batch; the lighter boxes of the interleaved schedule are its second chunk. Returns the
-    figure."""
+    micro-batch where the box is wide enough for the number (on a phone's width the interleaved
+    schedule's half-length forwards are not: they run micro-batches 0, 1, ... in order); the
+    lighter boxes of the interleaved schedule are its second chunk. Returns the figure."""
     schedules = schedules if schedules is not None else schedule_timelines(p, m, v)
     span = max(b["end"] for tl, _ in schedules.values() for t in tl for b in t)
-    fig, axes = diagram(len(schedules), 1, width=7.2, height=0.55 * p * len(schedules) + 1.2)
+    width = SCHEMATIC_WIDTH
+    fig, axes = diagram(len(schedules), 1, width=width, height=0.5 * p * len(schedules) + 1.4)
+    left = 0.1 * span                           # room for the device labels
+    # a box holds its number if it is wider than the number (about 0.7 em) and a margin
+    unit_pt = 0.9 * width * 72 / (span + left)
     for ax, (name, (tl, bubble)) in zip(axes.flat, schedules.items(), strict=True):
-        ax.set_title(f"{name}: idle {bubble:.0%}", fontsize=FONT, loc="left")
-        ax.set(xlim=(-1.3, span + 0.1), ylim=(p, -0.1))
+        ax.set_title(f"{name}: idle {bubble:.0%}", fontsize=FONT - 1, loc="left")
+        ax.set(xlim=(-left, span + 0.1), ylim=(p, -0.1))
         for r, boxes in enumerate(tl):
-            ax.text(-0.2, r + 0.42, f"dev {r}", ha="right", va="center", fontsize=FONT - 3)
+            ax.text(-0.2, r + 0.42, f"dev {r}", ha="right", va="center", fontsize=SMALL)
             draw_box(ax, 0, r + 0.04, span, 0.76, "#F2F2F2", edge="#F2F2F2")
             for b in boxes:
                 light = b.get("chunk", 0) % 2
+                fits = (b["end"] - b["start"]) * unit_pt >= 0.7 * SMALL + 3
                 draw_box(ax, b["start"], r + 0.04, b["end"] - b["start"], 0.76,
-                    PHASE_COLORS[b["phase"]], str(b["micro"]), fontsize=FONT - 4,
-                    alpha=0.55 if light else 1.0, text="black" if light else None)
-    handles = [("forward", "F"), ("backward", "B"), ("weight gradient", "W")]
+                    PHASE_COLORS[b["phase"]], str(b["micro"]) if fits else None,
+                    fontsize=SMALL, alpha=0.55 if light else 1.0,
+                    text="black" if light else None)
+    handles = [("forward", "F"), ("backward", "B"), ("weight grad.", "W")]
     from matplotlib.patches import Patch
     fig.legend(handles=[Patch(color=PHASE_COLORS[k], label=t) for t, k in handles],
-               loc="lower center", ncol=3, fontsize=FONT - 2, frameon=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+               loc="lower center", ncol=3, fontsize=SMALL, frameon=False, handlelength=1.2,
+               columnspacing=1.0)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig

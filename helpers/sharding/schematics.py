@@ -11,7 +11,8 @@ them). `plot_shards` draws them, one bar per kind of state.
 import torch
 
 from ..data_parallel.scratch import make_buckets
-from ..schematics import EVERY_RANK_COLOR, SCHEMATIC_FONT as FONT, device_color, diagram, draw_box
+from ..schematics import EVERY_RANK_COLOR, LABEL_FONT as SMALL, SCHEMATIC_FONT as FONT, \
+    SCHEMATIC_WIDTH, device_color, diagram, draw_box
 from .flat import unit_parameters
 from .flat import padded_flat
 from .zero import partition_by_size
@@ -81,19 +82,20 @@ def plot_shards(module, world, bucket_mb=None, owners=None):
     only that rank does. Returns the figure."""
     owners = owners if owners is not None else shard_owners(module, world, bucket_mb)
     total = next(iter(owners.values()))["weights"].numel()
-    fig, axes = diagram(len(owners), 1, width=7.2, height=1.55 * len(owners) + 0.6)
+    fig, axes = diagram(len(owners), 1, width=SCHEMATIC_WIDTH, height=1.45 * len(owners) + 0.6)
     for ax, (scheme, kinds) in zip(axes.flat, owners.items(), strict=True):
-        ax.set_title(scheme, fontsize=FONT, loc="left")
-        ax.set(xlim=(-0.42 * total, total * 1.01), ylim=(3.0, -0.1))
+        ax.set_title(scheme, fontsize=FONT - 1, loc="left")
+        ax.set(xlim=(-0.45 * total, total * 1.01), ylim=(3.0, -0.1))
         for row, kind in enumerate(SHARD_KINDS):
             ax.text(-0.02 * total, row + 0.4, kind, ha="right", va="center",
-                    fontsize=FONT - 3)
+                    fontsize=SMALL)
             for start, length, r in _runs(kinds[kind]):
                 draw_box(ax, start, row + 0.05, length, 0.7,
                     EVERY_RANK_COLOR if r < 0 else device_color(r), edge="none")
     from matplotlib.patches import Patch
     fig.legend(handles=[Patch(color=EVERY_RANK_COLOR, label="every rank")]
                + [Patch(color=device_color(r), label=f"rank {r}") for r in range(world)],
-               loc="lower center", ncol=world + 1, fontsize=FONT - 3, frameon=False)
+               loc="lower center", ncol=world + 1, fontsize=SMALL, frameon=False,
+               handlelength=1.2, columnspacing=1.0)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig

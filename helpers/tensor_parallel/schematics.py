@@ -12,8 +12,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..runtime.traffic import CommLog
-from ..schematics import EVERY_RANK_COLOR, SCHEMATIC_FONT as FONT, device_color, diagram, \
-    draw_arrow, draw_box
+from ..schematics import EVERY_RANK_COLOR, LABEL_FONT as SMALL, SCHEMATIC_FONT as FONT, \
+    SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
 from .simulated import megatron_mlp, ring_all_reduce
 
 __all__ = ["ring_steps", "plot_ring_allreduce", "megatron_trace", "plot_megatron_mlp"]
@@ -94,39 +94,38 @@ def plot_ring_allreduce(k=4, ring=ring_all_reduce, steps=None):
                  holds=[[frozenset({d})] * k for d in range(k)])
     panels = [start] + steps
     half = (len(panels) + 1) // 2
-    cell, gap = 1.0, 0.9
-    fig, axes = diagram(half, 2, width=7.2, height=2.05 * half)
+    cell, gap = 1.2, 0.75
+    fig, axes = diagram(half, 2, width=SCHEMATIC_WIDTH, height=1.85 * half)
     count = {}
     for ax, step in zip(axes.T.flat, panels, strict=False):   # an odd count leaves a spare axis
         phase = step["phase"]
         count[phase] = count.get(phase, 0) + 1
-        title = ("each device's own chunks" if phase == "start" else
+        title = ("each device's own" if phase == "start" else
                  f"{phase}, step {count[phase]}")
-        ax.set_title(title, fontsize=FONT, loc="left")
+        ax.set_title(title, fontsize=SMALL + 1, loc="left")
         width = k * cell + (k - 1) * gap
-        ax.set(xlim=(-0.75, width + 0.75), ylim=(k * 0.62 + 0.1, -0.75), aspect="auto")
+        ax.set(xlim=(-0.6, width + 0.6), ylim=(k * 0.62 + 0.1, -0.75), aspect="auto")
         for d in range(k):
             x = d * (cell + gap)
-            ax.text(x + cell / 2, -0.45, f"dev {d}", ha="center", fontsize=FONT - 2)
+            ax.text(x + cell / 2, -0.45, f"dev {d}", ha="center", fontsize=SMALL)
             for c in range(k):
                 parts = step["holds"][d][c]
                 full = len(parts) == k
                 fill = device_color(c) if full else "white"
                 draw_box(ax, x, c * 0.62, cell, 0.55, fill, _parts_label(parts, k),
-                    fontsize=FONT - 1, edge=device_color(c),
+                    fontsize=SMALL, edge=device_color(c),
                     text=None if full else "black")
         for src, dst, c, _ in step["moves"]:
             y = c * 0.62 + 0.275
+            arrow = dict(color=device_color(c), width=1.5, head=9)
             if dst == src + 1:
-                draw_arrow(ax, (src * (cell + gap) + cell, y), (dst * (cell + gap), y),
-                      color=device_color(c))
+                draw_arrow(ax, (src * (cell + gap) + cell, y), (dst * (cell + gap), y), **arrow)
             else:   # round the ring: out on the right, in on the left
-                draw_arrow(ax, (src * (cell + gap) + cell, y), (width + 0.7, y),
-                      color=device_color(c))
-                draw_arrow(ax, (-0.7, y), (0, y), color=device_color(c))
+                draw_arrow(ax, (src * (cell + gap) + cell, y), (width + 0.55, y), **arrow)
+                draw_arrow(ax, (-0.55, y), (0, y), **arrow)
     for ax in axes.T.flat[len(panels):]:
-        ax.text(0.0, 0.6, f"rows: chunks 0 to {k - 1}\nlabel: whose parts\nit adds up",
-                fontsize=FONT - 1, va="center", transform=ax.transAxes,
+        ax.text(0.0, 0.6, f"rows: chunks 0 to {k - 1}\nlabel: whose\nparts it adds up",
+                fontsize=SMALL, va="center", transform=ax.transAxes,
                 color="0.3")
     fig.tight_layout()
     return fig
@@ -185,15 +184,17 @@ def plot_megatron_mlp(trace=None, **kwargs):
     t = trace if trace is not None else megatron_trace(**kwargs)
     k, lane = t["k"], 0.9
     top = k * lane
-    fig, axes = diagram(2, 1, width=7.2, height=2.0 + 1.6 * top)
-    # (name, left edge, width) of each column of boxes
-    cols = [("in", 0.0, 0.6), ("f", 0.9, 0.7), ("W1", 1.9, 1.7), ("ReLU", 3.85, 0.8),
-            ("W2", 4.9, 1.7), ("g", 6.85, 0.7), ("out", 7.8, 0.6)]
+    fig, axes = diagram(2, 1, width=SCHEMATIC_WIDTH, height=2.4 + 1.3 * top)
+    # (name, left edge, width) of each column of boxes; W1 and W2 are named above their
+    # columns, each device's box gives its hidden units (W1's columns, W2's rows), a:b
+    cols = [("in", 0.0, 0.6), ("f", 0.85, 0.7), ("W1", 1.8, 1.45), ("ReLU", 3.5, 1.05),
+            ("W2", 4.8, 1.45), ("g", 6.5, 0.7), ("out", 7.45, 0.6)]
+    heads = {"W1": "W1\ncolumns", "W2": "W2\nrows"}
     sent = t["sent"]
     for ax, phase in zip(axes.flat, ("forward", "backward"), strict=True):
-        ax.set(xlim=(-0.1, 8.5), ylim=(top + 0.1, -1.0))
-        ax.set_title(phase + (", right to left" if phase == "backward" else ""),
-                     fontsize=FONT, loc="left")
+        ax.set(xlim=(-0.1, 8.15), ylim=(top + 0.1, -1.25))
+        ax.set_title(f"forward: one row per device ({k})" if phase == "forward" else
+                     "backward, right to left", fontsize=FONT - 1, loc="left")
         for name, x, w in cols:
             if name in ("f", "g"):
                 op = f"{name} {phase}"
@@ -201,22 +202,24 @@ def plot_megatron_mlp(trace=None, **kwargs):
                 draw_box(ax, x, 0, w, top - 0.1, "#333333" if comm else "white", name,
                     fontsize=FONT + 3, edge="#333333", text="white" if comm else "#333333")
                 note = f"all-reduce\n{sent[op] / 1e3:.1f} kB" if comm else "copy"
-                ax.text(x + w / 2, -0.15, note, ha="center", va="bottom", fontsize=FONT - 2)
+                ax.text(x + w / 2, -0.15, note, ha="center", va="bottom", fontsize=SMALL)
             elif name in ("in", "out"):
                 label = {("in", "forward"): "X", ("out", "forward"): "Y",
                          ("in", "backward"): "dX", ("out", "backward"): "dY"}[name, phase]
                 draw_box(ax, x, 0, w, top - 0.1, EVERY_RANK_COLOR, label, fontsize=FONT)
             else:
+                if name in heads:
+                    ax.text(x + w / 2, -0.15, heads[name], ha="center", va="bottom",
+                            fontsize=SMALL)
                 for dev, (a, b) in enumerate(t["units"]):
-                    label = {"W1": f"W1[:, {a}:{b}]", "W2": f"W2[{a}:{b}]", "ReLU": "ReLU"}[name]
+                    label = "ReLU" if name == "ReLU" else f"{a}:{b}"
                     draw_box(ax, x, dev * lane, w, lane - 0.1, device_color(dev), label,
-                        fontsize=FONT - 3)
+                        fontsize=SMALL)
         for (_, a, wa), (_, b, _) in pairwise(cols):
             start, end = (a + wa + 0.03, b - 0.03)
             if phase == "backward":
                 start, end = end, start
-            draw_arrow(ax, (start, top / 2 - 0.05), (end, top / 2 - 0.05), color="0.3", width=1.5)
-    axes.flat[0].text(8.45, -0.85, f"one row per device ({k})", ha="right", fontsize=FONT - 3,
-                      color="0.3")
+            draw_arrow(ax, (start, top / 2 - 0.05), (end, top / 2 - 0.05), color="0.3", width=1.5,
+                       head=10)
     fig.tight_layout()
     return fig
