@@ -116,6 +116,8 @@ from .data_parallel.verdicts import (ratio_words, against_prediction, ablation_c
                                      two_workers_sentence, shared_rounding_words,
                                      weak_split, sweep_words, model_saving_words,
                                      arithmetic_share_words)
+from .data_parallel.seed_verdicts import (paired_verdict, sign_chance, chance_words,
+                                          scaled_rate_verdict, equal_steps_verdict)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
