@@ -77,7 +77,8 @@ from .flight_recorder import (FR_ENTRIES, first_unjoined, fr_dumper, fr_env, fr_
 from .reference import (REFERENCE_PATH, gpu_reference, describe_gpu_reference,
                         write_gpu_reference, gpu_figures, one_gpu_step, capture_env,
                         add_notebook, add_path)
-from .reference_words import speed_words, fixed_cost_words, measured_step_words
+from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
+                              measured_step_words)
 from .timing import (Measurement, Ratio, MIN_ROUNDS, measure, interleave, ratio, machine_load,
                      verdict_of)
 from .runtime.group import (choose_backend, backend_line, backend_for, env_ranks, rank_device,

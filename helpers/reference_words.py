@@ -1,8 +1,9 @@
 """Sentences that set the GPU reference run's figures (helpers.reference) beside a model's or this
-machine's: the GPU chapter's fixed cost of a call, and the costs chapter's LeNet step. Every
+machine's: the GPU chapter's fixed cost of a call and its roofline, and the costs chapter's LeNet
+step. Every
 branch has its words, and a figure no GPU has measured is called a prediction."""
 
-__all__ = ["speed_words", "fixed_cost_words", "measured_step_words"]
+__all__ = ["speed_words", "fixed_cost_words", "memory_roof_words", "measured_step_words"]
 
 
 def speed_words(speed):
@@ -35,6 +36,17 @@ def fixed_cost_words(copy_s=None, flops_per_s=None, where=None):
                  f"{copy_s * flops_per_s / 1e9:.2g} GFLOP of arithmetic, at the "
                  f"{flops_per_s / 1e12:.0f} TFLOP/s of a large float32 product in the same run")
     return text
+
+
+def memory_roof_words(share, set_by_it):
+    """Where the addition sits against the memory roof, appended to "... of the peak": `share` its
+    FLOP/s over what the roof allows; `set_by_it` when the roof is its own pass (the faster of
+    the two measured), so that it sits on the roof by construction, not as a finding."""
+    if set_by_it:
+        return "; it set the memory roof itself (the faster of the two passes over memory)"
+    if not 0 < share:
+        raise ValueError(f"a share of the roof must be > 0, got {share}")
+    return f" and {share:.0%} of what the memory roof allows"
 
 
 def measured_step_words(model_s, speed_model, step=None, speed_measured=None):

@@ -68,3 +68,11 @@ def test_measured_step_words_has_a_branch_per_outcome():
     assert "slower than one device" in same and "the same verdict" in same
     with pytest.raises(ValueError, match="speed_measured"):
         helpers.measured_step_words(0.067e-3, 0.59, STEP)
+
+
+def test_memory_roof_words_says_when_the_roof_is_the_addition_itself():
+    assert "set the memory roof itself" in helpers.memory_roof_words(1.0, set_by_it=True)
+    assert helpers.memory_roof_words(0.85, set_by_it=False) == (
+        " and 85% of what the memory roof allows")
+    with pytest.raises(ValueError, match="share"):
+        helpers.memory_roof_words(0.0, set_by_it=False)
