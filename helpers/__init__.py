@@ -164,7 +164,8 @@ from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, valida
                                           interleaved_bubble, stage_times, with_durations)
 from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
                                           run_schedule, stage_forward, stage_backward,
-                                          pipeline_1f1b, multiply_adds, run_interleaved)
+                                          pipeline_1f1b, multiply_adds, run_interleaved,
+                                          pipeline_order_words)
 from .pipeline_parallel.scratch import (pipeline_net, validate_cuts, stage_of,
                                         validate_pipeline_step,
                                         pipeline_rank_step, unsplit_step, layer_times, cuts_by,

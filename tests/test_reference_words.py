@@ -1,6 +1,7 @@
-"""The GPU reference run beside the models (helpers.reference.one_gpu_step,
+"""Sentences from measured figures: the GPU reference run beside the models (one_gpu_step,
 helpers/reference_words.py): the fastest one-GPU step per training step, and a sentence for every
-branch of the gpus chapter's fixed cost and the costs chapter's LeNet check."""
+branch of the gpus chapter's fixed cost and roofline, the costs chapter's LeNet check, and the
+network split's pipelined step against one device (causes only as possible ones)."""
 import json
 
 import pytest
@@ -76,3 +77,16 @@ def test_memory_roof_words_says_when_the_roof_is_the_addition_itself():
         " and 85% of what the memory roof allows")
     with pytest.raises(ValueError, match="share"):
         helpers.memory_roof_words(0.0, set_by_it=False)
+
+
+def test_pipeline_order_words_names_causes_only_as_possible():
+    fast = helpers.pipeline_order_words([5, 6], [3, 4], simulated=True, micro_examples=64)
+    assert fast.startswith("faster than one device in every run")
+    assert "possible cause, not measured here" in fast and "64-example" in fast
+    real = helpers.pipeline_order_words([5, 6], [3, 4], simulated=False, micro_examples=64)
+    assert "may have overlapped" in real
+    slow = helpers.pipeline_order_words([3, 4], [5, 6], simulated=True, micro_examples=64)
+    assert slow.startswith("slower than one device in every run; a possible cause")
+    assert helpers.pipeline_order_words([3, 5], [4, 6], True, 64).startswith("within noise")
+    with pytest.raises(ValueError, match="at least one run"):
+        helpers.pipeline_order_words([], [1], True, 64)
