@@ -73,7 +73,9 @@ from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_event
                         exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, formatted, plural, say
 from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
-from .reference import gpu_reference, describe_gpu_reference, gpu_figures
+from .reference import gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step
+from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
+                              measured_step_words)
 from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
 from .runtime.group import (choose_backend, backend_for, env_ranks, rank_device, setup, teardown,
                             free_port, log0)
@@ -112,6 +114,8 @@ from .data_parallel.fixes_verdicts import (ablation_credit, fused_step_words,
 from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
                                              two_workers_sentence, weak_split, sweep_words,
                                              sweep_summary, model_saving_words)
+from .data_parallel.seed_verdicts import (paired_verdict, sign_chance, chance_words,
+                                          scaled_rate_verdict, equal_steps_verdict)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
@@ -153,7 +157,8 @@ from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, valida
                                           interleaved_bubble, stage_times, with_durations)
 from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
                                           run_schedule, stage_forward, stage_backward,
-                                          pipeline_1f1b, multiply_adds, run_interleaved)
+                                          pipeline_1f1b, multiply_adds, run_interleaved,
+                                          pipeline_order_words)
 from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
                                         layer_times, cuts_by, LinearTape)
 from .pipeline_parallel.timelines import (pipeline_model_time, replayed_bubble, wait_parts,

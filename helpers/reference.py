@@ -20,7 +20,7 @@ from .paths import course_file
 from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
-           "capture_env", "gpu_figures", "add_notebook", "add_path"]
+           "capture_env", "gpu_figures", "one_gpu_step", "add_notebook", "add_path"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
@@ -145,6 +145,24 @@ def gpu_figures(path=None):
                          + f", torch {ref['torch']}, {ref['date']}, "
                          + ("one round" if rounds < 2 else f"{rounds} rounds")
                          + "; reference/gpu_reference.json)")
+
+
+def one_gpu_step(path=None):
+    """The GPU reference run's fastest measured LeNet step on one GPU, for the chapters that set
+    a model beside it: dict(seconds: a training step, the row's median s/epoch over the epoch's
+    steps; row: its name; note: how it ran, e.g. "CUDA graph"; batch, steps_per_epoch, gpu,
+    date); None when no GPU run has measured one (then the model's figure stands alone)."""
+    ref = gpu_reference(path)
+    bench = ref.get("bench") if ref.get("exists") else None
+    rows = [r for r in (bench or {}).get("rows", []) if r["n"] == 1 and r["where"] == "process"]
+    if not rows:
+        return None
+    batch = bench["batch_size"]
+    steps = -(-(bench["size"].get("subset") or 60000) // batch)   # the loader's last batch
+    best = min(rows, key=lambda r: r["sec_per_epoch"]["median"])
+    return dict(seconds=best["sec_per_epoch"]["median"] / steps, row=best["name"],
+                note=best.get("note", ""), batch=batch, steps_per_epoch=steps,
+                gpu=ref["gpu"], date=ref["date"])
 
 
 def capture_env(path, dry_run=False):

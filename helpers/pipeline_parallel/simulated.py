@@ -15,7 +15,8 @@ from .schedules import (validate_orders, clock_ticks, gpipe_order, interleaved_t
                         one_f_one_b_order)
 
 __all__ = ["split_sequential", "network_split_forward", "pipeline_step", "run_schedule",
-           "stage_forward", "stage_backward", "pipeline_1f1b", "multiply_adds", "run_interleaved"]
+           "stage_forward", "stage_backward", "pipeline_1f1b", "multiply_adds", "run_interleaved",
+           "pipeline_order_words"]
 
 
 def split_sequential(net, cuts, devices):
@@ -156,3 +157,22 @@ def multiply_adds(net, input_shape):
             counts.append(macs)
             h = out
     return counts
+
+
+def pipeline_order_words(one_times, pipe_times, simulated, micro_examples):
+    """The network-split chapter's words for the pipelined step against one device, from the
+    seconds of each run: faster or slower only where every run says so (the spreads do not
+    overlap), else within noise. A cause is offered as possible, never as measured: the runs
+    time the steps, not why they differ (`micro_examples`: examples per micro-batch)."""
+    if not one_times or not pipe_times:
+        raise ValueError("pass the seconds of at least one run of each step")
+    if max(pipe_times) < min(one_times):
+        why = (f"on a CPU, the {micro_examples}-example micro-batches may fit the caches better "
+               "than the whole batch does" if simulated else
+               "the launches of the two GPUs may have overlapped")
+        return ("faster than one device in every run. That is not devices working at once; a "
+                f"possible cause, not measured here: {why}")
+    if min(pipe_times) > max(one_times):
+        return ("slower than one device in every run; a possible cause, not measured here: the "
+                "split's extra work (copies, bookkeeping, smaller matrix products)")
+    return "within noise of one device: their spreads overlap, so this run cannot tell them apart"

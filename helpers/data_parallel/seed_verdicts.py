@@ -1,0 +1,87 @@
+"""Part III's accuracy verdicts over seeds (the DataParallel chapter): one setting is above or
+below another only where EVERY paired seed puts it there by more than a margin, and the chance
+that a rule like this is fooled is stated beside it: with no real difference, n paired gaps all
+share a sign 2 / 2**n of the time (1 in 4 for three seeds)."""
+
+__all__ = ["paired_verdict", "sign_chance", "chance_words",
+           "scaled_rate_verdict", "equal_steps_verdict"]
+
+ABOVE, BELOW, WITHIN = "above", "below", "within the seeds' spread of"
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def _gaps(a, b):
+    """Seed-by-seed gaps a - b; ValueError when the two do not pair up seed for seed."""
+    a, b = list(a), list(b)
+    if not a or len(a) != len(b):
+        raise ValueError(f"paired seeds: {len(a)} accuracies against {len(b)}; pass one per "
+                         "seed for both settings, in the same seed order")
+    return [x - y for x, y in zip(a, b, strict=True)]
+
+
+def paired_verdict(a, b, margin=0.005):
+    """Words for setting a against setting b (accuracies per seed; the same seed gives both the
+    same start and batch order): ABOVE when every seed's gap a - b exceeds `margin`, BELOW when
+    every one is below -margin, else WITHIN ("within the seeds' spread of")."""
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    gaps = _gaps(a, b)
+    if min(gaps) > margin:
+        return ABOVE
+    if max(gaps) < -margin:
+        return BELOW
+    return WITHIN
+
+
+def sign_chance(seeds):
+    """How often `seeds` paired gaps with no real difference behind them (symmetric about zero,
+    independent) all share a sign, either one: 2 / 2**seeds. The margin makes it rarer still."""
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be a positive int, got {seeds!r}")
+    return 2 / 2 ** seeds
+
+
+def chance_words(seeds):
+    """sign_chance as a reader says it: '1 in 4' for three seeds."""
+    return f"1 in {round(1 / sign_chance(seeds)):,}"
+
+
+def scaled_rate_verdict(acc_1, acc_same, acc_scaled, margin=0.005):
+    """The linear-scaling rule's sentence for LeNet: acc_1 (1 device, batch b), acc_same (batch 2b,
+    the same rate), acc_scaled (batch 2b, the doubled rate with warm-up), one accuracy per seed.
+    A cause is suggested, not named, where the scaled rate did not clearly help."""
+    if paired_verdict(acc_scaled, acc_same, margin) != ABOVE:
+        return ("Over these seeds the scaled rate did not clearly help. This chapter does not "
+                "measure why; a run this short, or a doubled rate too large this early, are the "
+                "usual suspects.")
+    against_one = paired_verdict(acc_scaled, acc_1, margin)
+    if against_one == ABOVE:
+        return ("Here the scaled rate more than made up for the halved number of steps, on "
+                "every seed.")
+    if against_one == WITHIN:
+        return ("Here the scaled rate brought the doubled batch back within the seeds' spread "
+                "of the 1-device run, as the rule intends.")
+    share = (_mean(acc_scaled) - _mean(acc_same)) / (_mean(acc_1) - _mean(acc_same))
+    return (f"Here the scaled rate won back {100 * share:.0f} % of what the halved number of "
+            f"steps lost on average: {'most' if share >= 0.5 else 'part'} of the gap, not all.")
+
+
+def equal_steps_verdict(a1, a2, a3, margin=0.005):
+    """The ResNet clause on steps: a1 (batch b), a2 (batch 2b, doubled rate), a3 (batch 2b for
+    twice the epochs: as many steps as a1), one accuracy per seed."""
+    if paired_verdict(a3, a2, margin) != ABOVE:
+        return ("here even as many steps did not clearly close the gap: the rate, too large "
+                "this early for so small a model, is the other suspect")
+    against_one = paired_verdict(a3, a1, margin)
+    if against_one == ABOVE:
+        return ("given as many steps, the doubled batch does better than the first run, on "
+                "every seed")
+    if against_one == WITHIN:
+        return "given as many steps, the doubled batch is within the seeds' spread of the first run"
+    share = (_mean(a3) - _mean(a2)) / (_mean(a1) - _mean(a2))
+    return (f"given as many steps, the doubled batch recovers "
+            f"{'most' if share >= 0.5 else 'part'} of the gap ({100 * share:.0f} % on average), "
+            "not all of it")

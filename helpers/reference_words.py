@@ -1,0 +1,72 @@
+"""Sentences that set the GPU reference run's figures (helpers.reference) beside a model's or this
+machine's: the GPU chapter's fixed cost of a call and its roofline, and the costs chapter's LeNet
+step. Every
+branch has its words, and a figure no GPU has measured is called a prediction."""
+
+__all__ = ["speed_words", "fixed_cost_words", "memory_roof_words", "measured_step_words"]
+
+
+def speed_words(speed):
+    """'faster than' / 'slower than' / 'as fast as', for a speed relative to one device (a model's
+    ratio: no spread, so equality is its own branch)."""
+    if speed > 1:
+        return "faster than"
+    if speed < 1:
+        return "slower than"
+    return "as fast as"
+
+
+def fixed_cost_words(copy_s=None, flops_per_s=None, where=None):
+    """The GPU's fixed cost of a call, without a period: `copy_s` the seconds a call of a 1 KiB
+    copy took in the GPU reference run (`where`: its GPU and date), `flops_per_s` its measured
+    large-product rate (the work those seconds could have done). None: a prediction."""
+    if not copy_s:
+        return ("A call costs microseconds on a GPU too (a prediction: a kernel launch takes "
+                "microseconds, however little the kernel does), time in which a GPU could have "
+                "done a great deal of arithmetic")
+    if copy_s <= 0 or (flops_per_s is not None and flops_per_s <= 0):
+        raise ValueError(f"a time and a rate must be > 0, got {copy_s} s and {flops_per_s} FLOP/s")
+    text = (f"A call costs microseconds on a GPU too: in the GPU reference run ({where}), ten "
+            f"copies of 1 KiB inside the GPU's memory, issued back to back, took "
+            f"{copy_s * 1e6:.1f} µs a call on the GPU's own clock (CUDA events), however little "
+            "each moved; calls this short measure how fast the host issues them (see the CUDA "
+            "events below)")
+    if flops_per_s:
+        text += (f". In those {copy_s * 1e6:.1f} µs the GPU could have done about "
+                 f"{copy_s * flops_per_s / 1e9:.2g} GFLOP of arithmetic, at the "
+                 f"{flops_per_s / 1e12:.0f} TFLOP/s of a large float32 product in the same run")
+    return text
+
+
+def memory_roof_words(share, set_by_it):
+    """Where the addition sits against the memory roof, appended to "... of the peak": `share` its
+    FLOP/s over what the roof allows; `set_by_it` when the roof is its own pass (the faster of
+    the two measured), so that it sits on the roof by construction, not as a finding."""
+    if set_by_it:
+        return "; it set the memory roof itself (the faster of the two passes over memory)"
+    if not 0 < share:
+        raise ValueError(f"a share of the roof must be > 0, got {share}")
+    return f" and {share:.0%} of what the memory roof allows"
+
+
+def measured_step_words(model_s, speed_model, step=None, speed_measured=None):
+    """The costs chapter's check of LeNet's one-device step: `model_s` the model's step at a
+    large product's rate (a lower bound: small layers reach far less of it), `speed_model` data
+    parallelism's speed-up at that rate; `step` helpers.one_gpu_step() (None: no GPU run measured
+    it) and `speed_measured` the model's speed-up with its compute set to the measured step."""
+    if step is None:
+        return (f"No GPU run has measured LeNet's step yet, so this verdict holds only at that "
+                f"rate, and the model's {model_s * 1e3:.3f} ms is a lower bound on the step")
+    if speed_measured is None:
+        raise ValueError("pass speed_measured: the model's speed-up at the measured step")
+    times = step["seconds"] / model_s
+    how = f"{step['row']}: {step['note']}" if step.get("note") else step["row"]
+    same = (speed_measured > 1) == (speed_model > 1) and (speed_measured < 1) == (speed_model < 1)
+    turn = ("the same verdict as at the large product's rate" if same else
+            "the opposite verdict: in the model, a longer backward hides more of the all-reduce")
+    return (f"The GPU reference run measured LeNet's one-GPU step, the fastest of its one-GPU "
+            f"trainers ({how}, batch {step['batch']}, {step['gpu']}), at "
+            f"{step['seconds'] * 1e3:.3f} ms, "
+            f"{times:.1f} times the model's {model_s * 1e3:.3f} ms. At the measured step, the "
+            f"model's data parallelism would be {speed_words(speed_measured)} one device "
+            f"({speed_measured:.2f} times its speed), {turn}")

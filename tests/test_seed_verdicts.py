@@ -1,0 +1,63 @@
+"""The DataParallel chapter's accuracy verdicts over seeds (helpers/data_parallel/seed_verdicts.py):
+every paired gap must clear the margin, each sentence branch is reached, and the chance level is
+what three fair coins give."""
+import pytest
+
+import helpers
+
+
+def test_every_gap_must_clear_the_margin():
+    # the stored LeNet run's scaled-against-unscaled gaps: 0.124, 0.052, 0.003
+    one_small = ([0.710, 0.689, 0.663], [0.586, 0.637, 0.660])
+    assert helpers.paired_verdict(*one_small) == "within the seeds' spread of"
+    assert helpers.paired_verdict(*one_small, margin=0.002) == "above"
+    assert helpers.paired_verdict([0.2, 0.3], [0.5, 0.4]) == "below"
+    assert helpers.paired_verdict([0.5, 0.2], [0.4, 0.3]) == "within the seeds' spread of"
+    # one sign throughout but a mean gap far above the margin is not enough
+    assert helpers.paired_verdict([0.9, 0.501], [0.5, 0.5]) == "within the seeds' spread of"
+
+
+def test_paired_verdict_refuses_what_does_not_pair():
+    with pytest.raises(ValueError, match="2 accuracies against 3"):
+        helpers.paired_verdict([0.1, 0.2], [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="0 accuracies against 0"):
+        helpers.paired_verdict([], [])
+    with pytest.raises(ValueError, match="margin must be >= 0"):
+        helpers.paired_verdict([0.1], [0.2], margin=-0.1)
+
+
+def test_sign_chance_is_two_in_two_to_the_seeds():
+    assert helpers.sign_chance(3) == 0.25
+    assert helpers.sign_chance(5) == 1 / 16
+    assert helpers.sign_chance(1) == 1.0
+    assert helpers.chance_words(3) == "1 in 4"
+    assert helpers.chance_words(11) == "1 in 1,024"
+    for bad in (0, 2.0, "3"):
+        with pytest.raises(ValueError, match="positive int"):
+            helpers.sign_chance(bad)
+
+
+ONE = [0.70, 0.70, 0.70]
+SAME = [0.60, 0.60, 0.60]
+
+
+def test_scaled_rate_verdict_has_a_sentence_per_branch():
+    no_help = helpers.scaled_rate_verdict(ONE, SAME, [0.70, 0.70, 0.603])
+    assert "did not clearly help" in no_help and "does not measure why" in no_help
+    assert "more than made up" in helpers.scaled_rate_verdict(ONE, SAME, [0.75] * 3)
+    assert "back within the seeds' spread" in helpers.scaled_rate_verdict(
+        ONE, SAME, [0.72, 0.68, 0.70])
+    most = helpers.scaled_rate_verdict(ONE, SAME, [0.68] * 3)
+    assert "won back 80 %" in most and "most of the gap" in most
+    part = helpers.scaled_rate_verdict(ONE, SAME, [0.63] * 3)
+    assert "won back 30 %" in part and "part of the gap" in part
+
+
+def test_equal_steps_verdict_has_a_clause_per_branch():
+    a1, a2 = [0.7] * 3, [0.3] * 3
+    assert "did not clearly close" in helpers.equal_steps_verdict(a1, a2, [0.3, 0.9, 0.9])
+    assert "does better than the first run" in helpers.equal_steps_verdict(a1, a2, [0.8] * 3)
+    assert "within the seeds' spread" in helpers.equal_steps_verdict(a1, a2, [0.6, 0.8, 0.7])
+    most = helpers.equal_steps_verdict(a1, a2, [0.6] * 3)
+    assert "recovers most of the gap (75 % on average)" in most
+    assert "recovers part of the gap (25 %" in helpers.equal_steps_verdict(a1, a2, [0.4] * 3)
