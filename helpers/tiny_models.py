@@ -52,7 +52,7 @@ class TinyLM(nn.Module):
     """A decoder-only transformer: token + position embeddings, `n_layers` blocks, a final norm and
     an output head that shares the token embedding's weight when `tied` (as GPT-2 does).
     `make_block(d_model, n_heads)` builds each block (default TinyBlock; Part VII passes
-    helpers.tiny_models.SmallBlock, whose separate q, k, v split by heads for tensor parallelism)."""
+    tiny_models.SmallBlock, whose separate q, k, v split by heads for tensor parallelism)."""
 
     def __init__(self, vocab=32, d_model=32, n_layers=2, n_heads=2, seq_len=16, tied=True,
                  make_block=TinyBlock):

@@ -1,4 +1,4 @@
-"""Shortcut answers written afresh for two families of issue 32 that passed until now: a rank's
+"""Shortcut answers for two families of grader holes that once passed: a rank's
 numbers reaching another rank outside the comm (a) as numpy arrays, combined with numpy before
 they return to torch, and (b) as Python integers (counts, sizes). Each answer is a student's,
 written to stand alone; each must fail. Right answers that use numpy or integers on their own

@@ -87,7 +87,7 @@ def allreduce_ring(data):
             chunks[dst][c].copy_(chunks[i][c])
 
 
-@shortcut("check_allreduce_spread", "Part II's funnel", "did 1")
+@shortcut("check_allreduce_spread", "Part II's funnel", "spread them")
 def allreduce_funnel(data):
     helpers.allreduce(data)
 

@@ -184,7 +184,8 @@ def check_fit_copy_model(fn):
                not math.isclose(bw * gbs, 1, rel_tol=0.3),
                f"{call}: {bw:.3g} is seconds per byte (the slope): the bandwidth is its inverse")
         expect(lat > 0.05 * alpha, f"{call}: latency {lat:.3g} s, but every copy here took at "
-               f"least {min(seconds):.3g} s: the smallest copies show the latency")
+               f"least {min(seconds):.3g} s: the smallest copies show the latency; a fit with each "
+               "copy weighed by 1/t lets them count")
         expect(False, f"{call}: your model (α = {lat:.3g} s, β = {bw:.3g} GB/s) misses the "
                       f"measurements by {math.sqrt(got / len(nbytes)):.1%} on average (relative), "
                       f"a least-squares fit weighted by 1/t by {math.sqrt(best / len(nbytes)):.1%}:"

@@ -1,6 +1,6 @@
 """Part VII: the small GPT of the 3-D runs (its mesh is laid out by helpers.runtime.mesh).
 
-The model is the course's TinyLM (helpers.tiny_models) with helpers.tiny_models.SmallBlock blocks (separate
+The model is the course's TinyLM (helpers.tiny_models) with its SmallBlock blocks (separate
 q, k, v, so tensor parallelism splits whole heads) and an untied head (a pipeline puts the
 embedding and the head on different ranks). `gpt_layers` lays it out as an nn.Sequential
 (embedding, blocks, head) for the pipeline to cut.

@@ -6,11 +6,10 @@ train LeNet with SGD on the same global batch, timed in turns (a DataParallel ro
 round, each synchronised with CUDA). Needs 2 GPUs: on fewer, DataParallel would run one replica
 and there is nothing to compare (the chapter then cites the GPU reference run, or predicts).
 """
-import time
-
 import torch
 from torch import nn
 
+from ..devices import synced_now
 from ..runtime.launch import take
 from ..timing import Measurement, ratio
 
@@ -23,17 +22,13 @@ def _lenet_step(net, opt, X, y):
     opt.step()
 
 
-def _seconds_per_step(step, steps, device):
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+def _seconds_per_step(step, steps, devices):
+    """Seconds per call of `step`, after a warm-up, timed on the synced clock of `devices`."""
     step()                                        # warm-up: kernels, allocator, buckets
-    sync()
-    t0 = time.perf_counter()
+    t0 = synced_now(devices)
     for _ in range(steps):
         step()
-    sync()
-    return (time.perf_counter() - t0) / steps
+    return (synced_now(devices) - t0) / steps
 
 
 def ddp_step_seconds(rank, world, cfg):
@@ -69,7 +64,7 @@ def time_dp_vs_ddp(batch=256, steps=50, rounds=3):
     y = torch.randint(0, 10, (batch,), device=devices[0])
     dp, ddp = [], []
     for _ in range(rounds):                     # in turns
-        dp.append(_seconds_per_step(lambda: _lenet_step(net, opt, X, y), steps, devices[0]))
+        dp.append(_seconds_per_step(lambda: _lenet_step(net, opt, X, y), steps, devices))
         ddp.append(launch(ddp_step_seconds, 2, dict(batch=batch, steps=steps),
                           backend="nccl", quiet=True)[0])
     dp, ddp = Measurement(dp), Measurement(ddp)
