@@ -43,6 +43,9 @@ def test_knob_and_bucket_words_follow_the_verdict():
     assert helpers.knob_words(FASTER, 7.3, NOISE).startswith("less exposed")
     assert helpers.knob_words(SLOWER, 19.5, NOISE).startswith("more exposed")
     assert "cannot tell" in helpers.knob_words(NOISE, 12.0, NOISE)
+    # the spread is the default's exposed time over the knob's (above 1: the knob left less)
+    assert "the default's was 1.20-1.40 times it per round" in \
+        helpers.knob_words(FASTER, 7.3, NOISE)
     assert "resolved: smaller buckets" in helpers.bucket_words(FASTER, NOISE)
     assert "reverse of the model" in helpers.bucket_words(SLOWER, NOISE)
     assert "not resolved" in helpers.bucket_words(NOISE, NOISE)

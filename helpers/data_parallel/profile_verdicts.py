@@ -43,12 +43,14 @@ def same_code_words(r):
     machine's, which is why comparisons are made in turns, never between cells."""
     _check(r)
     if r.verdict in ("faster", "slower"):
-        return (f"{r.median:.2f} times as fast ({r.lo:.2f}-{r.hi:.2f}, unpaired: "
-                f"{r.verdict}). The code, its tensors and its warm-up were the same, so what "
+        return (f"{r.median:.2f} times as fast (the median over every pairing of the two "
+                f"cells' samples, {r.lo:.2f}-{r.hi:.2f}, unpaired: {r.verdict}). The code, its "
+                "tensors and its warm-up were the same, so what "
                 "changed between the two cells is the machine (the other work on its cores): "
                 "why every comparison in this chapter is made in turns, never between cells")
-    return (f"{r.median:.2f} times as fast ({r.lo:.2f}-{r.hi:.2f}, unpaired: {r.verdict}): the "
-            "two cells cannot be told apart")
+    return (f"{r.median:.2f} times as fast (the median over every pairing of the two cells' "
+            f"samples, {r.lo:.2f}-{r.hi:.2f}, unpaired: {r.verdict}): the two cells cannot be "
+            "told apart")
 
 
 def loader_step_words(r, data_ms, diff_ms):
@@ -99,6 +101,11 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
     return head + share + away
 
 
+# What overlap adds to backward's compute, neither measured apart in these runs.
+_SUSPECTS = ("gloo's threads running the all-reduces on the core autograd needed, and the hooks' "
+             "copies of every gradient into its bucket (the run does not separate the two)")
+
+
 def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
     """A worker's all-reduce in the step, split on the shared clock of the machine's processes:
     `wait_ms`, waiting for the other workers to arrive, and `after_ms`, from the last arrival to
@@ -113,7 +120,8 @@ def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
                 "this run does not say")
     if after_ms < lo:
         return head + ": after both had arrived it took no longer than alone"
-    return head + ": after both had arrived it took as long as alone, within its spread"
+    return (head + f": the lone timing's spread ({lo:.2f}-{hi:.2f} ms) is too wide for this run "
+            "to tell the time after both had arrived from the all-reduce alone")
 
 
 def overlap_lengthens_words(step, compute):
@@ -123,8 +131,8 @@ def overlap_lengthens_words(step, compute):
     a longer step only where the compute was resolved longer with overlap."""
     _check(step), _check(compute)
     grew = compute.verdict == "slower"
-    why = (f"backward's compute itself was longer with overlap ({compute.spread_text()}: slower), "
-           "since gloo's threads ran the all-reduces on the core autograd needed" if grew else
+    why = (f"backward's compute itself was longer with overlap ({compute.spread_text()}: slower): "
+           f"we suspect {_SUSPECTS}" if grew else
            f"backward's compute was shorter with overlap ({compute.spread_text()})"
            if compute.verdict == "faster" else
            "backward's compute with overlap could not be told from its compute without "
@@ -172,18 +180,18 @@ def split_prediction_words(p, r, where):
 
 def backward_compute_words(r):
     """Backward's compute with overlap against without (Ratio: without's / with's, paired
-    rounds: below 1, overlap's was longer). The cause of a longer compute (gloo's threads on
-    the same core, the one thing overlap adds during backward) is stated where resolved,
-    offered with 'if real' where not, and no cause is named for a shorter one."""
+    rounds: below 1, overlap's was longer). Overlap adds two things to backward: gloo's threads
+    on the same core and the hooks' copies into the buckets; the run measures neither apart, so
+    they are offered as suspects where resolved, with 'if real' where not, and no cause is named
+    for a shorter one."""
     _check(r)
-    cause = "gloo's threads run the all-reduces during backward, on the same busy cores"
     if r.verdict == "slower":
-        return f"longer with overlap ({r.spread_text()}: resolved): {cause}"
+        return f"longer with overlap ({r.spread_text()}: resolved): we suspect {_SUSPECTS}"
     if r.verdict == "faster":
         return (f"shorter with overlap ({r.spread_text()}: resolved), which this run does not "
                 "explain")
     told = f"not told apart ({r.spread_text()}: {r.verdict})"
-    return f"{told}; if real, the longer compute with overlap is because {cause}" \
+    return f"{told}; if real, we suspect {_SUSPECTS}" \
         if r.median < 1 else told
 
 

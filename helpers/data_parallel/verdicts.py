@@ -78,8 +78,9 @@ def knob_words(exposed, exposed_ms, step):
     less = {"faster": "less exposed all-reduce than the default",
             "slower": "more exposed all-reduce than the default"}.get(
         exposed.verdict, "exposed all-reduce the run cannot tell from the default's")
-    return (f"{less} ({exposed_ms:.1f} ms a step, {exposed.lo:.2f}-{exposed.hi:.2f} of the "
-            f"default's per round; the step {step.median:.2f} times as fast, {step.verdict})")
+    return (f"{less} ({exposed_ms:.1f} ms a step; the default's was {exposed.lo:.2f}-"
+            f"{exposed.hi:.2f} times it per round; the step {step.median:.2f} times as fast, "
+            f"{step.verdict})")
 
 
 def bucket_words(one_vs_small, step):
@@ -113,12 +114,13 @@ def message_cause(r, saved_ms, comm_saved_ms):
     resolved faster and the measured split puts most of the saving in the all-reduce."""
     _check(r)
     if r.verdict == "faster" and saved_ms > 0 and comm_saved_ms >= saved_ms:
-        return (f"about all of the {saved_ms:.2f} ms a step saved was all-reduce time "
-                f"({comm_saved_ms:.2f} ms less of it, medians): the messages' latency, "
-                "measured")
+        return (f"about all of the {saved_ms:.2f} ms a step saved was all-reduce time, waits "
+                f"for the other worker included ({comm_saved_ms:.2f} ms less of it, medians): "
+                "the time the messages took, measured")
     if r.verdict == "faster" and saved_ms > 0 and comm_saved_ms > 0.5 * saved_ms:
         return (f"{comm_saved_ms:.2f} ms of the {saved_ms:.2f} ms a step saved was all-reduce "
-                "time (medians): the messages' latency, measured")
+                "time, waits for the other worker included (medians): the time the messages "
+                "took, measured")
     if r.verdict == "faster":
         return ("the measured split does not put the difference in the all-reduce, so this run "
                 "names no cause")
