@@ -96,7 +96,7 @@ def bucket_words(one_vs_small, step):
     elif r.verdict == "slower":
         exposed += "the reverse of the model)"
     else:
-        exposed += "not resolved on two CPU processes of this busy machine)"
+        exposed += "not resolved on two CPU processes of this machine)"
     whole = f"{st.median:.2f} times as fast ({st.lo:.2f}-{st.hi:.2f})"
     if st.verdict == "faster":
         steps = f"the whole step with 1 MB buckets was {whole}: shorter too"
