@@ -174,6 +174,11 @@ def _ring_traffic(fn, before, call):
     _, rec = gpus.run(fn, list(fakes), what=call)
     sent = [0] * k
     for src, dst, size in _moves(rec):
+        expect(src.type != "cuda" or dst.type == "cuda",
+               f"{call}: {describe_device(src)} sent {size} elements to the host: in a ring the "
+               "data stays on the devices, each passing chunks to its neighbour")
+        if src.type != "cuda":      # a buffer made on the host and moved: no device sent it
+            continue
         a, b = src.index, dst.index
         expect(b in ((a + 1) % k, (a - 1) % k),
                f"{call}: {describe_device(src)} sent {size} elements to {describe_device(dst)}: "

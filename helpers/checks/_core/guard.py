@@ -10,6 +10,11 @@ observed like the thread that called it.
 - The same hook refuses running code that holds the course's own answer to the exercise: an
   `exec` (or an import under another name) of code that contains a blocked reference's code, and
   reading a blocked reference's `__code__` (to copy or rename it).
+- Processes: the answer may not start one (`os.fork`, `subprocess`, `multiprocessing`, a
+  `ProcessPoolExecutor`, the `os.exec*`/`spawn*`/`system` family): a child's work is not seen
+  by the check, and a fresh interpreter imports the course without the check's blocks. Torch's
+  own workers (a compiler's pool, say) are let through: the first frame past the standard
+  library that starts them must be the reader's for a refusal.
 - Threads: `threading.Thread.start` and `ThreadPoolExecutor.submit` carry the caller's torch
   dispatch modes (the check's Recorder, the simulated GPUs) into the new thread, so work done in
   a worker thread is seen as if done in place.
@@ -18,7 +23,9 @@ What it cannot stop: Python code that avoids these entry points (ctypes, a C ext
 compiled under a library's file name). Those are named in book/teachers.md.
 """
 import concurrent.futures
+import multiprocessing.process
 import sys
+import sysconfig
 import threading
 import types
 
@@ -30,6 +37,9 @@ _SHARED = "_course_answer_guard"          # one hook and one state for every imp
 _FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "sys._current_exceptions",
                  "gc.get_referrers", "gc.get_referents", "gc.get_objects", "sys.settrace",
                  "sys.setprofile", "sys._getframemodulename"}
+_PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
+                   "subprocess.Popen", "os.startfile"}
+_STDLIB = sysconfig.get_paths()["stdlib"]
 _FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
 # caller a frame; logging.info finding its caller's line is not reading the check)
@@ -55,6 +65,7 @@ class _State(types.ModuleType):
         self.lock = threading.RLock()
         self.start = threading.Thread.start          # the originals, restored after each answer
         self.submit = concurrent.futures.ThreadPoolExecutor.submit
+        self.process_start = multiprocessing.process.BaseProcess.start
 
 
 def _state():
@@ -78,6 +89,9 @@ def _caller():
 def _make_hook(state):
     def hook(event, args):
         if not state.depth or getattr(state.local, "busy", False):
+            return
+        if event in _PROCESS_EVENTS:
+            _refuse_process(state, event)
             return
         if event not in _FRAME_EVENTS and event != "exec" and not (
                 event == "object.__getattr__" and len(args) > 1
@@ -117,6 +131,44 @@ def _judge(state, event, args):
     what = args[1] if event == "object.__getattr__" else event
     return (f"your code inspects the running program ({what}): an answer must compute its "
             "result, not read the check's frames, tracebacks or objects")
+
+
+def _process_message(event):
+    """A refusal when the first frame past the standard library that started a process is the
+    reader's (None for torch's or the course's own workers)."""
+    frame = sys._getframe(2)
+    while frame is not None and _passes_on(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None or not is_reader_code(frame.f_code.co_filename):
+        return None
+    return (f"your code starts another process ({event}): the check sees only this process, "
+            "so an answer must do its work here (threads are fine)")
+
+
+def _passes_on(filename):
+    """This module, or the standard library (not its site-packages): code that starts a process
+    for whoever called it."""
+    return filename == __file__ or (filename.startswith(_STDLIB)
+                                    and "-packages" not in filename)
+
+
+def _refuse_process(state, event):
+    state.local.busy = True
+    try:
+        message = _process_message(event)
+    finally:
+        state.local.busy = False
+    if message:
+        if state.refused is None:
+            state.refused = message
+        raise ReferenceUsed(message)
+
+
+def _process_start(self, *args, **kwargs):
+    state = _state()
+    if state.depth:
+        _refuse_process(state, "multiprocessing")
+    return state.process_start(self, *args, **kwargs)
 
 
 def _blocked_name(state, obj):
@@ -202,6 +254,7 @@ class answering:
                 state.refused, state.keys, state.code_key = None, dict(self.keys), self.code_key
                 threading.Thread.start = _start
                 concurrent.futures.ThreadPoolExecutor.submit = _submit
+                multiprocessing.process.BaseProcess.start = _process_start
             state.depth += 1
         return self
 
@@ -214,6 +267,7 @@ class answering:
                 state.keys = {}
                 threading.Thread.start = state.start
                 concurrent.futures.ThreadPoolExecutor.submit = state.submit
+                multiprocessing.process.BaseProcess.start = state.process_start
         if refused and not (exc[0] is not None and issubclass(exc[0], ReferenceUsed)):
             raise ReferenceUsed(refused)
         return False

@@ -215,6 +215,29 @@ _INTROSPECTION = {id(f): f"{m.__name__}.{f.__name__}" for m, names in (
     if f is not None}
 
 
+# what switches off torch's dispatch interception, which the Recorder and the ranks' ownership
+# watch through: under it an answer's operations would run unseen
+_DISPATCH_OFF_NAMES = {"_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
+                       "_disable_current_modes", "_pop_torch_dispatch_stack",
+                       "_unset_dispatch_mode", "_pop_mode",
+                       "_pop_mode_temporarily", "_DisablePythonDispatcher",
+                       "_disable_infra_mode", "_pop_torch_function_stack"}
+
+
+def _dispatch_off(obj):
+    """The dispatch switch `obj` is or names in its own code (the reader's), or None."""
+    name = getattr(obj, "__name__", None)
+    if name in _DISPATCH_OFF_NAMES and str(getattr(obj, "__module__", "")).startswith("torch"):
+        return name
+    code = getattr(obj, "__code__", None)
+    if isinstance(code, types.CodeType) and is_reader_code(code.co_filename):
+        for c in _codes(code):
+            found = _DISPATCH_OFF_NAMES.intersection(c.co_names)
+            if found:
+                return min(found)
+    return None
+
+
 def _introspects(obj):
     """The introspection `obj` is or names in its own code (the reader's), or None."""
     if id(obj) in _INTROSPECTION:
@@ -249,6 +272,11 @@ def scan(fn, refs, exercise, limit=20000):
             raise CheckFailed(f"your code inspects the running program ({peek}, through {path}):"
                               " an answer must compute its result, not read the check's frames,"
                               " tracebacks or objects")
+        off = _dispatch_off(obj)
+        if off is not None:
+            raise CheckFailed(f"your code switches off torch's dispatch ({off}, through {path}): "
+                              "the check watches your operations through it, so an answer must "
+                              "run them in plain view")
         if obj is not fn and _is_harness(obj):
             raise CheckFailed(f"your code uses the course's checks or their simulated devices "
                               f"({path}): an answer must do the work itself, not consult or "
