@@ -1,6 +1,7 @@
 """Shortcut answers that step outside what the checks watch: work done in another process
-(forked, or a fresh interpreter that imports the course again) and torch's dispatch switched off
-around the work (the Recorder and the ranks' ownership watch through it). Each must fail; a
+(forked, or a fresh interpreter that imports the course again), torch's dispatch switched off
+around the work (the Recorder and the ranks' ownership watch through it), and a returned tensor
+of the answer's own subclass that answers the check's comparisons itself. Each must fail; a
 right answer that only moves host-made buffers to the devices must pass
 (tests/check_cases.py's form; helpers/checks/_core/guard.py and references.py)."""
 import concurrent.futures
@@ -73,6 +74,34 @@ def dp_average_modes_off(grads, comm):
     with _disable_current_modes():
         for g, m in zip(grads, means, strict=True):
             g.copy_(m)
+
+
+# ---- a returned tensor that agrees with anything ----------------------------------------------
+class _Agreeable(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.equal, torch.allclose, torch.Tensor.equal, torch.Tensor.allclose):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@shortcut("check_combine_mean_grads", "zeros that compare close to anything", "subclass")
+def combine_mean_grads_agreeable(grads, sizes):
+    return torch.zeros_like(grads[0]).as_subclass(_Agreeable)
+
+
+@shortcut("check_tokens_to_heads", "zeros sent, a result that compares equal", "subclass")
+def tokens_to_heads_agreeable(x, comm):
+    w, r = comm.world, comm.rank
+    pieces = x.chunk(w, dim=1)
+    for j in range(w):
+        if j != r:
+            comm.send(torch.zeros_like(pieces[j]), j)
+    for j in range(w):
+        if j != r:
+            comm.recv(j, tuple(pieces[j].shape))
+    B, H, t, D = x.shape
+    return torch.zeros(B, H // w, t * w, D).as_subclass(_Agreeable)
 
 
 # ---- a right answer: receive buffers made on the host, then moved -------------------------------

@@ -1,10 +1,13 @@
 """Declaring a check: `@check(exercise, observes=[...], references=[...])` (see run.py)."""
 import functools
+import sys
+
+import torch
 
 from .guard import answering
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
-from .run import REGISTRY, CheckInfo, run_check
+from .run import REGISTRY, CheckFailed, CheckInfo, is_reader_code, run_check
 
 __all__ = ["check", "Answer"]
 
@@ -23,10 +26,28 @@ class Answer:
     def __call__(self, *args, **kwargs):
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
         with blocked(self.references, self.exercise), answering(self.keys, code_key):
-            return self.fn(*args, **kwargs)
+            return _no_own_tensors(self.fn(*args, **kwargs), self.__name__)
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
+
+
+def _no_own_tensors(result, name, depth=0):
+    """`result`, refused where it holds a tensor of a subclass the reader defined: its
+    __torch_function__ would answer the check's own comparisons (torch.equal, allclose)."""
+    if isinstance(result, torch.Tensor):
+        cls = type(result)
+        where = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        if cls.__module__ == "__main__" or (where and is_reader_code(where)):
+            raise CheckFailed(f"{name} returned a {cls.__name__}, a tensor subclass of your own: "
+                              "return plain tensors, which the check compares itself")
+    elif isinstance(result, (list, tuple)) and depth < 3:
+        for item in result:
+            _no_own_tensors(item, name, depth + 1)
+    elif isinstance(result, dict) and depth < 3:
+        for item in result.values():
+            _no_own_tensors(item, name, depth + 1)
+    return result
 
 
 def check(exercise, *, observes, references=()):
