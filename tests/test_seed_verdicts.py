@@ -9,12 +9,12 @@ import helpers
 def test_every_gap_must_clear_the_margin():
     # the stored LeNet run's scaled-against-unscaled gaps: 0.124, 0.052, 0.003
     one_small = ([0.710, 0.689, 0.663], [0.586, 0.637, 0.660])
-    assert helpers.paired_verdict(*one_small) == "within the seeds' spread of"
+    assert helpers.paired_verdict(*one_small) == "not separated on every seed from"
     assert helpers.paired_verdict(*one_small, margin=0.002) == "above"
     assert helpers.paired_verdict([0.2, 0.3], [0.5, 0.4]) == "below"
-    assert helpers.paired_verdict([0.5, 0.2], [0.4, 0.3]) == "within the seeds' spread of"
+    assert helpers.paired_verdict([0.5, 0.2], [0.4, 0.3]) == "not separated on every seed from"
     # one sign throughout but a mean gap far above the margin is not enough
-    assert helpers.paired_verdict([0.9, 0.501], [0.5, 0.5]) == "within the seeds' spread of"
+    assert helpers.paired_verdict([0.9, 0.501], [0.5, 0.5]) == "not separated on every seed from"
 
 
 def test_paired_verdict_refuses_what_does_not_pair():
@@ -45,7 +45,7 @@ def test_scaled_rate_verdict_has_a_sentence_per_branch():
     no_help = helpers.scaled_rate_verdict(ONE, SAME, [0.70, 0.70, 0.603])
     assert "did not clearly help" in no_help and "does not measure why" in no_help
     assert "more than made up" in helpers.scaled_rate_verdict(ONE, SAME, [0.75] * 3)
-    assert "back within the seeds' spread" in helpers.scaled_rate_verdict(
+    assert "no seed separates it from the 1-device run" in helpers.scaled_rate_verdict(
         ONE, SAME, [0.72, 0.68, 0.70])
     most = helpers.scaled_rate_verdict(ONE, SAME, [0.68] * 3)
     assert "won back 80 %" in most and "most of the gap" in most
@@ -57,7 +57,8 @@ def test_equal_steps_verdict_has_a_clause_per_branch():
     a1, a2 = [0.7] * 3, [0.3] * 3
     assert "did not clearly close" in helpers.equal_steps_verdict(a1, a2, [0.3, 0.9, 0.9])
     assert "does better than the first run" in helpers.equal_steps_verdict(a1, a2, [0.8] * 3)
-    assert "within the seeds' spread" in helpers.equal_steps_verdict(a1, a2, [0.6, 0.8, 0.7])
+    assert "no seed separates the doubled batch" in \
+        helpers.equal_steps_verdict(a1, a2, [0.6, 0.8, 0.7])
     most = helpers.equal_steps_verdict(a1, a2, [0.6] * 3)
     assert "recovers most of the gap (75 % on average)" in most
     assert "recovers part of the gap (25 %" in helpers.equal_steps_verdict(a1, a2, [0.4] * 3)

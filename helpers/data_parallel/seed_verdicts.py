@@ -6,7 +6,9 @@ share a sign 2 / 2**n of the time (1 in 4 for three seeds)."""
 __all__ = ["paired_verdict", "sign_chance", "chance_words",
            "scaled_rate_verdict", "equal_steps_verdict"]
 
-ABOVE, BELOW, WITHIN = "above", "below", "within the seeds' spread of"
+# WITHIN: some seed's gap lies inside the margin, or the gaps disagree in sign; it says the run
+# could not separate the two, not that they are equal
+ABOVE, BELOW, WITHIN = "above", "below", "not separated on every seed from"
 
 
 def _mean(xs):
@@ -25,7 +27,7 @@ def _gaps(a, b):
 def paired_verdict(a, b, margin=0.005):
     """Words for setting a against setting b (accuracies per seed; the same seed gives both the
     same start and batch order): ABOVE when every seed's gap a - b exceeds `margin`, BELOW when
-    every one is below -margin, else WITHIN ("within the seeds' spread of")."""
+    every one is below -margin, else WITHIN ("not separated on every seed from")."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
     gaps = _gaps(a, b)
@@ -62,8 +64,8 @@ def scaled_rate_verdict(acc_1, acc_same, acc_scaled, margin=0.005):
         return ("Here the scaled rate more than made up for the halved number of steps, on "
                 "every seed.")
     if against_one == WITHIN:
-        return ("Here the scaled rate brought the doubled batch back within the seeds' spread "
-                "of the 1-device run, as the rule intends.")
+        return ("Here the scaled rate brought the doubled batch back to where no seed separates "
+                "it from the 1-device run, as the rule intends.")
     share = (_mean(acc_scaled) - _mean(acc_same)) / (_mean(acc_1) - _mean(acc_same))
     return (f"Here the scaled rate won back {100 * share:.0f} % of what the halved number of "
             f"steps lost on average: {'most' if share >= 0.5 else 'part'} of the gap, not all.")
@@ -80,7 +82,8 @@ def equal_steps_verdict(a1, a2, a3, margin=0.005):
         return ("given as many steps, the doubled batch does better than the first run, on "
                 "every seed")
     if against_one == WITHIN:
-        return "given as many steps, the doubled batch is within the seeds' spread of the first run"
+        return ("given as many steps, no seed separates the doubled batch from the first run "
+                "by the margin")
     share = (_mean(a3) - _mean(a2)) / (_mean(a1) - _mean(a2))
     return (f"given as many steps, the doubled batch recovers "
             f"{'most' if share >= 0.5 else 'part'} of the gap ({100 * share:.0f} % on average), "
