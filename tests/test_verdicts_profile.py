@@ -26,12 +26,13 @@ def test_simulated_devices_name_the_half_batches_only_when_the_control_resolved_
         words(1.2, NOISE)
 
 
-def test_the_same_code_in_two_cells_blames_the_machine_only_when_resolved():
-    assert "what changed between the two cells is the machine" in \
-        helpers.same_code_words(SLOWER)
-    assert "machine" in helpers.same_code_words(FASTER)
+def test_the_same_code_in_two_cells_points_beside_the_code_only_when_resolved():
+    slower = helpers.same_code_words(SLOWER)
+    assert "what changed between the two cells is what ran beside it" in slower
+    assert "does not separate them" in slower        # no neighbour named as the cause
+    assert "ran beside it" in helpers.same_code_words(FASTER)
     noise = helpers.same_code_words(NOISE)
-    assert "cannot be told apart" in noise and "machine" not in noise
+    assert "cannot be told apart" in noise and "beside" not in noise
 
 
 def test_the_loader_step_names_the_data_phase_only_for_what_it_covers():

@@ -39,15 +39,18 @@ def simulated_devices_words(two, halves):
 
 def same_code_words(r):
     """The same code on the same tensors, after the same warm-up, timed in two cells (Ratio,
-    unpaired: the earlier cell's time / the later one's): a resolved difference can only be the
-    machine's, which is why comparisons are made in turns, never between cells."""
+    unpaired: the earlier cell's time / the later one's): a resolved difference comes from what
+    ran beside the code, not from the code, which is why comparisons are made in turns, never
+    between cells. What ran beside it is not measured, so no one neighbour is named."""
     _check(r)
     if r.verdict in ("faster", "slower"):
         return (f"{r.median:.2f} times as fast (the median over every pairing of the two "
                 f"cells' samples, {r.lo:.2f}-{r.hi:.2f}, unpaired: {r.verdict}). The code, its "
-                "tensors and its warm-up were the same, so what "
-                "changed between the two cells is the machine (the other work on its cores): "
-                "why every comparison in this chapter is made in turns, never between cells")
+                "tensors and its warm-up were the same, so what changed between the two cells "
+                "is what ran beside it (the later cell's rounds share the cores with the "
+                "loader's worker processes, and with any other work on the machine; this run "
+                "does not separate them): why every comparison in this chapter is made in "
+                "turns, never between cells")
     return (f"{r.median:.2f} times as fast (the median over every pairing of the two cells' "
             f"samples, {r.lo:.2f}-{r.hi:.2f}, unpaired: {r.verdict}): the two cells cannot be "
             "told apart")

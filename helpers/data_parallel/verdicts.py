@@ -116,11 +116,13 @@ def message_cause(r, saved_ms, comm_saved_ms):
     if r.verdict == "faster" and saved_ms > 0 and comm_saved_ms >= saved_ms:
         return (f"about all of the {saved_ms:.2f} ms a step saved was all-reduce time, waits "
                 f"for the other worker included ({comm_saved_ms:.2f} ms less of it, medians): "
-                "the time the messages took, measured")
+                "the saving is in the all-reduce, measured (this run does not split the messages' "
+                "own time from the wait)")
     if r.verdict == "faster" and saved_ms > 0 and comm_saved_ms > 0.5 * saved_ms:
         return (f"{comm_saved_ms:.2f} ms of the {saved_ms:.2f} ms a step saved was all-reduce "
-                "time, waits for the other worker included (medians): the time the messages "
-                "took, measured")
+                "time, waits for the other worker included (medians): most of the saving is in "
+                "the all-reduce, measured (this run does not split the messages' own time from "
+                "the wait)")
     if r.verdict == "faster":
         return ("the measured split does not put the difference in the all-reduce, so this run "
                 "names no cause")
