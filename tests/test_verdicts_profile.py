@@ -56,6 +56,8 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
     assert on.endswith("while one worker alone spent 10.0 ms of its compute off its core")
     assert "cost less than 1/2" in words(SLOWER, NOISE, 50.0, 45.0, 120.0, 110.0)
     assert words(NOISE, NOISE, 1, 1, 3, 3, k=3).startswith("each of 3 workers")
+    # a resolved but tiny time off the core is printed, not rounded to "0.0"
+    assert "the rest of its compute, 0.04 ms," in words(NOISE, FASTER, 1.84, 1.80, 3.6, 3.6)
 
 
 def test_the_allreduce_split_compares_the_time_after_the_last_arrival_with_it_alone():

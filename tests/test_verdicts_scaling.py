@@ -61,7 +61,7 @@ def test_weak_scaling_credits_the_all_reduce_only_with_the_time_after_both_arriv
     split = dict(step_ms=(25.0, 33.0), compute_ms=(24.0, 28.0), wait_ms=3.0, after_ms=2.0)
     both = helpers.weak_split(SLOWER, SLOWER, **split)
     assert "each worker's compute slowed too" in both["text"]
-    assert "slowed by 4.0 ms (resolved)" in both["summary"]
+    assert "slowed by 4.0 ms (resolved): 9.0 of the 8.0 ms lost" in both["summary"]
     assert "rank 0's wait for the other worker (3.0 ms)" in both["summary"]
     assert "Of the 8.0 ms a step it added" in both["text"]
     assert "0.80 of one worker's speed (0.70-0.90 over 3 repeats in turns" in both["text"]

@@ -73,6 +73,11 @@ def loader_step_words(r, data_ms, diff_ms):
             "this run cannot tell from the noise")
 
 
+def _ms(x):
+    """Milliseconds to one decimal, or two below 0.1 (a resolved 0.04 ms is not '0.0')."""
+    return f"{x:.1f}" if abs(x) >= 0.1 else f"{x:.2f}"
+
+
 def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_cpu_ms, k=2):
     """Why each of k workers computed for more than 1/k of one worker's compute, from measured
     times: `cpu_vs_half` (Ratio: a worker's CPU time of compute / one worker's over k, repeat by
@@ -85,7 +90,7 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
             f"{cpu_ms:.1f} ms, against 1/{k} of one worker's {one_cpu_ms:.1f}, "
             f"{one_cpu_ms / k:.1f} (medians)")
     if off_core.lo > 1:
-        away = (f"; the rest of its compute, {compute_ms - cpu_ms:.1f} ms, it spent off its core "
+        away = (f"; the rest of its compute, {_ms(compute_ms - cpu_ms)} ms, it spent off its core "
                 f"(wall time / CPU time {off_core.spread_text()}): waiting for a core that other "
                 f"threads held (one worker alone spent {one_ms - one_cpu_ms:.1f} ms of its "
                 "compute off its core)")

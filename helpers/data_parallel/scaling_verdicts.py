@@ -131,7 +131,9 @@ def weak_split(step, compute, step_ms, compute_ms, wait_ms, after_ms):
             summary=(f"here two workers' step was slower than one's, and the measured split puts "
                      f"the loss in the all-reduce after both workers had arrived ({after_ms:.1f} "
                      f"ms a step), in rank 0's wait for the other worker ({wait_ms:.1f} ms) and "
-                     f"in each worker's compute, which slowed by {c2 - c1:.1f} ms (resolved)"))
+                     f"in each worker's compute, which slowed by {c2 - c1:.1f} ms (resolved): "
+                     f"{after_ms + wait_ms + c2 - c1:.1f} of the {s2 - s1:.1f} ms lost, medians "
+                     "that need not add up"))
     if step.verdict == "slower":
         share = (f"{min(1.0, after_ms / (s2 - s1)):.0%} of the loss" if s2 > s1 else
                  "while the medians show no loss")
