@@ -151,14 +151,16 @@ class Rates:
         if not rates:
             return ASSUMED_RATES
         measured = rates.get("measured", ["flops_per_s", "alpha", "beta"])
-        where = (f"on {reference['gpu']} (GPU reference run, {reference['date']}, torch "
-                 f"{reference['torch']})")
+        where = (f"on an {reference['gpu']} in the GPU reference run of {reference['date']}, "
+                 f"torch {reference['torch']}")
+        named = dict(flops_per_s="the compute rate", alpha="the latency", beta="the bandwidth")
         said = dict(flops_per_s=lambda v: f"{v / 1e12:.0f} TFLOP/s of compute",
                     alpha=lambda v: f"a message latency alpha = {v * 1e6:.0f} us",
                     beta=lambda v: f"a bandwidth of {v / 1e9:.0f} GB/s")
         assumed = [said[k](getattr(ASSUMED_RATES, k)) for k in said if k not in measured]
         source = f"measured {where}" if not assumed else (
-            f"{', '.join(measured)} measured {where}; {' and '.join(assumed)} assumed")
+            f"{' and '.join(named[k] for k in measured)} measured {where}; "
+            f"{' and '.join(assumed)} assumed")
         return cls(*(float(rates.get(k, getattr(ASSUMED_RATES, k)))
                      for k in ("flops_per_s", "alpha", "beta")), source)
 
