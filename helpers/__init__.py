@@ -115,7 +115,8 @@ from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
                                              two_workers_sentence, weak_split, sweep_words,
                                              sweep_summary, model_saving_words)
 from .data_parallel.seed_verdicts import (paired_verdict, sign_chance, chance_words,
-                                          scaled_rate_verdict, equal_steps_verdict)
+                                          scaled_rate_verdict, equal_steps_verdict,
+                                          unseparated_words)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,

@@ -141,8 +141,11 @@ def test_the_trace_shows_launches_inside_backward_only_with_overlap(runs):
             backward = [(t, t + d) for lane, t, d in tr["events"] if lane == "backward"]
             inside = sum(1 for lane, t, _ in tr["events"] if lane == "launch"
                          and any(a <= t <= b for a, b in backward))
+            assert tr["launches_in_backward"] == inside
+            # whether gloo's threads got a core before backward ended depends on the machine's
+            # load (a busy 2-core CI run gave 0.0 ms): only the launches are the schedule's shape
             if mode == "overlap":
-                assert inside > 0 and tr["hidden_ms"] > 0, tr["hidden_ms"]
+                assert inside > 0
             else:
                 assert inside == 0 and tr["hidden_ms"] == 0, tr["hidden_ms"]
             assert 0 <= tr["hidden_ms"] <= tr["comm_ms"]

@@ -117,11 +117,13 @@ def test_a_split_prediction_says_inside_or_outside_and_points_to_the_split_only_
 
 def test_backward_compute_blames_gloos_threads_only_for_a_longer_compute():
     words = helpers.backward_compute_words
-    assert words(SLOWER).startswith("longer with overlap (0.80x (0.70-0.90, 3 rounds): resolved)")
+    assert words(SLOWER).startswith("longer with overlap (overlap's took 1.25 times as long "
+                                    "(1.11-1.43, 3 rounds): resolved)")
     assert "we suspect gloo's threads" in words(SLOWER) and "if real" not in words(SLOWER)
     longer = words(helpers.Ratio([0.5, 0.9, 1.2]))      # overlap's longer, not resolved
     assert longer.startswith("not told apart") and "; if real, we suspect gloo" in longer
-    assert words(NOISE) == "not told apart (1.10x (0.90-1.30, 3 rounds): within noise)"
+    assert words(NOISE) == ("not told apart (overlap's took 0.91 times as long (0.77-1.11, "
+                            "3 rounds): within noise)")
     shorter = words(FASTER)
     assert "does not explain" in shorter and "gloo" not in shorter
 

@@ -212,7 +212,8 @@ def check_unused_parameters(fn):
                       if name.split(".")[0] not in used + zero + ["trunk"])
         expect(all(p.grad is None for p in model.parameters()),
                f"{what}: the parameters now have .grad: your function ran a backward pass. DDP "
-               "decides before backward, by walking loss.grad_fn's next_functions")
+               "decides before backward, by walking the graph (from the forward's outputs); walk "
+               "yours from loss.grad_fn through next_functions")
         ran = sorted({op.name for op in rec.ops if op.is_work})
         expect(not ran, f"{what}: your function computed gradients ({', '.join(ran[:4])}): that "
                         "is a backward pass (torch.autograd.grad runs one too). Walk the graph "

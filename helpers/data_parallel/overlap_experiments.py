@@ -173,7 +173,12 @@ def ddp_scratch_trace(rank, world, cfg):
                            if min(b, e) > max(a, s)])
         ends = [t + d for lane, t, d in events if lane == "finish"]
         starts = [t for lane, t, _ in events if lane == "forward"]
+        # launched inside backward: the schedule's shape, whatever the load; hidden_ms is how
+        # much of gloo's work got a core before backward ended, which a busy machine can make 0
+        inside = sum(1 for lane, t, _ in events if lane == "launch"
+                     and any(a <= t <= b for a, b in back))
         out[mode] = dict(events=events, comm_ms=_covered(comm), hidden_ms=hidden,
+                         launches_in_backward=inside,
                          step_ms=sum(e - s for s, e in zip(starts, ends, strict=True)), steps=steps)
     return out
 

@@ -2,6 +2,8 @@
 function each with a branch per verdict (tests/test_verdicts_profile.py), as verdicts.py does for
 the fixes and scaling chapters. A cause is named only where the run measured it.
 """
+from ..timing import Ratio
+from ..words import plural
 from .verdicts import _check
 
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
@@ -132,6 +134,14 @@ def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
             "to tell the time after both had arrived from the all-reduce alone")
 
 
+def _as_long(r):
+    """A compute Ratio (without's time / with's) read the way the sentence says it: 'overlap's
+    took 3.23 times as long (1.79-5.26, 31 rounds)', from the inverted samples."""
+    inv = Ratio([1 / x for x in r.samples])
+    return (f"overlap's took {inv.median:.2f} times as long ({inv.lo:.2f}-{inv.hi:.2f}, "
+            f"{plural(len(inv.samples), 'round')})")
+
+
 def overlap_lengthens_words(step, compute):
     """Overlap against all-reduce-after-backward on one core per rank: the step (Ratio: after's /
     overlap's) and backward's compute (Ratio: after's compute / overlap's, paired rounds; below
@@ -139,12 +149,12 @@ def overlap_lengthens_words(step, compute):
     a longer step only where the compute was resolved longer with overlap."""
     _check(step), _check(compute)
     grew = compute.verdict == "slower"
-    why = (f"backward's compute itself was longer with overlap ({compute.spread_text()}: slower): "
-           f"we suspect {_SUSPECTS}" if grew else
-           f"backward's compute was shorter with overlap ({compute.spread_text()})"
+    why = (f"backward's compute itself was longer with overlap ({_as_long(compute)}: "
+           f"resolved): we suspect {_SUSPECTS}" if grew else
+           f"backward's compute was shorter with overlap ({_as_long(compute)}: resolved)"
            if compute.verdict == "faster" else
            "backward's compute with overlap could not be told from its compute without "
-           f"({compute.spread_text()})")
+           f"({_as_long(compute)})")
     if step.verdict == "slower":
         return ("overlap lengthened the step here: " + why
                 + ("" if grew else "; so why, this run does not say"))
@@ -194,11 +204,11 @@ def backward_compute_words(r):
     for a shorter one."""
     _check(r)
     if r.verdict == "slower":
-        return f"longer with overlap ({r.spread_text()}: resolved): we suspect {_SUSPECTS}"
+        return f"longer with overlap ({_as_long(r)}: resolved): we suspect {_SUSPECTS}"
     if r.verdict == "faster":
-        return (f"shorter with overlap ({r.spread_text()}: resolved), which this run does not "
+        return (f"shorter with overlap ({_as_long(r)}: resolved), which this run does not "
                 "explain")
-    told = f"not told apart ({r.spread_text()}: {r.verdict})"
+    told = f"not told apart ({_as_long(r)}: {r.verdict})"
     return f"{told}; if real, we suspect {_SUSPECTS}" \
         if r.median < 1 else told
 

@@ -3,11 +3,13 @@ below another only where EVERY paired seed puts it there by more than a margin, 
 that a rule like this is fooled is stated beside it: with no real difference, n paired gaps all
 share a sign 2 / 2**n of the time (1 in 4 for three seeds)."""
 
-__all__ = ["paired_verdict", "sign_chance", "chance_words",
+from ..words import plural
+
+__all__ = ["paired_verdict", "unseparated_words", "sign_chance", "chance_words",
            "scaled_rate_verdict", "equal_steps_verdict"]
 
 # WITHIN: some seed's gap lies inside the margin, or the gaps disagree in sign; it says the run
-# could not separate the two, not that they are equal
+# could not separate the two, not that they are equal (unseparated_words says which)
 ABOVE, BELOW, WITHIN = "above", "below", "not separated on every seed from"
 
 
@@ -38,6 +40,24 @@ def paired_verdict(a, b, margin=0.005):
     return WITHIN
 
 
+def unseparated_words(a, b, subject, other, margin=0.005):
+    """What WITHIN means for a against b, seed by seed: the seeds disagree in sign (each side by
+    more than the margin), some fall inside the margin, or none separates the two."""
+    gaps = _gaps(a, b)
+    up = sum(g > margin for g in gaps)
+    down = sum(g < -margin for g in gaps)
+    inside = len(gaps) - up - down
+    if up and down:
+        rest = f", {inside} within it" if inside else ""
+        return (f"the seeds disagree: {plural(up, 'seed')} put {subject} above {other} by more "
+                f"than the margin, {down} below it{rest}")
+    if inside == len(gaps):
+        return f"no seed separates {subject} from {other} by the margin"
+    verb = "does" if inside == 1 else "do"
+    return (f"{inside} of the {len(gaps)} seeds {verb} not separate {subject} from {other} by "
+            "the margin")
+
+
 def sign_chance(seeds):
     """How often `seeds` paired gaps with no real difference behind them (symmetric about zero,
     independent) all share a sign, either one: 2 / 2**seeds. The margin makes it rarer still."""
@@ -64,8 +84,10 @@ def scaled_rate_verdict(acc_1, acc_same, acc_scaled, margin=0.005):
         return ("Here the scaled rate more than made up for the halved number of steps, on "
                 "every seed.")
     if against_one == WITHIN:
-        return ("Here the scaled rate brought the doubled batch back to where no seed separates "
-                "it from the 1-device run, as the rule intends.")
+        words = unseparated_words(acc_scaled, acc_1, "the doubled batch", "the 1-device run",
+                                  margin)
+        return (f"Here the scaled rate brought the doubled batch back near the 1-device run, as "
+                f"the rule intends: {words}.")
     share = (_mean(acc_scaled) - _mean(acc_same)) / (_mean(acc_1) - _mean(acc_same))
     return (f"Here the scaled rate won back {100 * share:.0f} % of what the halved number of "
             f"steps lost on average: {'most' if share >= 0.5 else 'part'} of the gap, not all.")
@@ -82,8 +104,8 @@ def equal_steps_verdict(a1, a2, a3, margin=0.005):
         return ("given as many steps, the doubled batch does better than the first run, on "
                 "every seed")
     if against_one == WITHIN:
-        return ("given as many steps, no seed separates the doubled batch from the first run "
-                "by the margin")
+        words = unseparated_words(a3, a1, "the doubled batch", "the first run", margin)
+        return f"given as many steps, the doubled batch is not clearly above or below: {words}"
     share = (_mean(a3) - _mean(a2)) / (_mean(a1) - _mean(a2))
     return (f"given as many steps, the doubled batch recovers "
             f"{'most' if share >= 0.5 else 'part'} of the gap ({100 * share:.0f} % on average), "
