@@ -1,19 +1,26 @@
 """Shortcut answers that step outside what the checks watch: work done in another process
 (forked, or a fresh interpreter that imports the course again), torch's dispatch switched off
 around the work (the Recorder and the ranks' ownership watch through it), and a returned tensor
-of the answer's own subclass that answers the check's comparisons itself. Each must fail; a
-right answer that only moves host-made buffers to the devices must pass
-(tests/check_cases.py's form; helpers/checks/_core/guard.py and references.py)."""
+of the answer's own subclass that answers the check's comparisons itself, memory the ranks
+share outside torch (a module-level numpy array or bytearray that every rank wraps), and an input
+the check handed to one rank read by another through a global. Each must fail; right answers
+(host-made buffers moved to the devices, each rank's own numpy buffer, constants made before the
+run) must pass (tests/check_cases.py's form; helpers/checks/_core/guard.py, references.py and
+provenance.py)."""
 import concurrent.futures
 import multiprocessing as mp
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import _disable_current_modes
 
 from check_cases import other, parametrize_cases, shortcut
 
 PROCESS = "starts another process"
 DISPATCH = "switches off torch's dispatch"
+OUTSIDE = "outside torch"
+HANDED = "the check handed to rank"
 
 
 # ---- another process ---------------------------------------------------------------------------
@@ -130,6 +137,121 @@ def ring_allreduce_host_buffers(data):
         for dst, c, buf in moved:
             chunks[dst][c].copy_(buf)
     return sent
+
+
+# ---- memory shared outside torch: every rank wraps the same buffer ------------------------------
+_MEM = np.zeros((3, 64))                    # a row per rank, room for every test's gradients
+_BYTES = bytearray(_MEM.nbytes)
+
+
+def _average_through(mem, grads, comm):
+    """Each rank writes its gradients into its row of `mem`, then reads every row."""
+    k, r = comm.world, comm.rank
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    mem[r, :flat.numel()] = flat.double()
+    comm.all_reduce(torch.zeros(1))          # a decoy that doubles as a barrier
+    mean = mem[:k, :flat.numel()].mean(0).float()
+    comm.all_reduce(torch.zeros(1))
+    for g, m in zip(grads, mean.split([g.numel() for g in grads]), strict=True):
+        g.copy_(m.view_as(g))
+
+
+@shortcut("check_dp_average", "a module-level numpy array, torch.from_numpy in every rank",
+          OUTSIDE)
+def dp_average_from_numpy(grads, comm):
+    _average_through(torch.from_numpy(_MEM), grads, comm)
+
+
+@shortcut("check_dp_average", "a module-level bytearray, torch.frombuffer in every rank",
+          OUTSIDE)
+def dp_average_frombuffer(grads, comm):
+    _average_through(torch.frombuffer(_BYTES, dtype=torch.float64).view(3, 64), grads, comm)
+
+
+@shortcut("check_dp_average", "written with numpy, read back with torch.frombuffer",
+          "read out of its own tensors")
+def dp_average_numpy_rows(grads, comm):
+    k, r = comm.world, comm.rank
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    np.frombuffer(_BYTES, dtype=np.float64).reshape(3, 64)[r, :flat.numel()] = flat.numpy()
+    comm.all_reduce(torch.zeros(1))
+    mem = torch.frombuffer(_BYTES, dtype=torch.float64).view(3, 64)
+    mean = mem[:k, :flat.numel()].mean(0).float()
+    comm.all_reduce(torch.zeros(1))
+    for g, m in zip(grads, mean.split([g.numel() for g in grads]), strict=True):
+        g.copy_(m.view_as(g))
+
+
+_HALF = np.array([0.5])                     # a constant every rank reads, made before the run
+_ONE = torch.ones(())
+
+
+@other("check_dp_average", "each rank's own numpy buffer; constants made before the run")
+def dp_average_own_numpy(grads, comm):
+    for g in grads:
+        buf = torch.from_numpy(np.zeros(g.shape, dtype=np.float32))
+        buf.copy_(g)
+        comm.all_reduce(buf)
+        scale = _ONE / comm.world if comm.world != 2 else torch.from_numpy(_HALF).float()
+        g.copy_(buf * scale)
+
+
+# ---- an input the check handed to one rank, read by another -------------------------------------
+_SHARDS = {}
+
+
+@shortcut("check_clip_sharded", "every rank's shards read from a module dict", HANDED)
+def clip_sharded_module_dict(shards, max_norm):
+    r, k = dist.get_rank(), dist.get_world_size()
+    _SHARDS[r] = shards
+    dist.all_reduce(torch.zeros(1))          # a decoy that doubles as a barrier
+    norm = torch.stack([p.grad.pow(2).sum() for q in range(k) for p in _SHARDS[q]]).sum().sqrt()
+    dist.all_reduce(torch.zeros(1))
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for p in shards:
+        p.grad.mul_(coef)
+    return norm
+
+
+def _pipeline_through_a_closure():
+    met = []
+
+    def forward(stage, comm, X, num_microbatches, batch_size, in_shape):
+        """Zeros travel down the pipeline; the last rank runs the whole net on X itself."""
+        r, p, m = comm.rank, comm.world, num_microbatches
+        met.append((r, stage, X))
+        with torch.no_grad():
+            for j, rows in enumerate(torch.arange(batch_size).tensor_split(m)):
+                h = (torch.zeros(len(rows), *in_shape) if r == 0 else
+                     comm.recv(r - 1, (len(rows), *in_shape), tag=j))
+                out = stage(h)
+                if r < p - 1:
+                    comm.send(torch.zeros_like(out), r + 1, tag=j)
+            if r < p - 1:
+                return None
+            mine = {q: (s, x) for q, s, x in met[-p:]}
+            h = mine[0][1]
+            for q in range(p):
+                h = mine[q][0].stage(h)
+            return h
+    forward.__name__ = "pipeline_forward_closure"
+    return forward
+
+
+pipeline_forward_closure = shortcut(
+    "check_pipeline_forward", "X and the other stages read from a closure list", HANDED)(
+    _pipeline_through_a_closure())
+
+
+@other("check_clip_sharded", "the squared norms summed in one all_reduce of a list's stack")
+def clip_sharded_stacked(shards, max_norm):
+    sq = torch.stack([p.grad.pow(2).sum() for p in shards]).sum()
+    dist.all_reduce(sq)
+    norm = sq.sqrt()
+    if norm > max_norm:
+        for p in shards:
+            p.grad.mul_(max_norm / (norm + 1e-6))
+    return norm
 
 
 test_case = parametrize_cases(__name__)

@@ -14,7 +14,7 @@ world.py      World: the runtime's ThreadWorld (ranks as threads, a network that
               message) with dist.py playing torch.distributed for them, a Recorder per rank,
               allowed calls, and provenance.py: no tensor passes between ranks but by the comm
               (rank_numbers.py, rank_arrays.py: nor Python numbers or numpy arrays read out
-              of a rank's tensors)
+              of a rank's tensors; outside.py: nor memory outside torch every rank wraps)
 exits.py      every way values leave torch without an aten operation (tolist, numpy, repr ...)
 fresh.py      regrade: grading from a fresh import of the course (a patched check cannot score)
 """

@@ -5,6 +5,7 @@ import sys
 import torch
 
 from .guard import answering
+from .provenance import handed_in
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
 from .run import REGISTRY, CheckFailed, CheckInfo, is_reader_code, run_check
@@ -14,8 +15,9 @@ __all__ = ["check", "Answer"]
 
 class Answer:
     """The reader's function as a check calls it: while it runs, the exercise's references are
-    unavailable (references.blocked), it may not read the running program's frames, and the
-    threads it starts are observed like itself (guard.answering). Everything else passes
+    unavailable (references.blocked), it may not read the running program's frames, the
+    threads it starts are observed like itself (guard.answering), and in a World rank's thread
+    the tensors handed to it are that rank's (provenance.handed_in). Everything else passes
     through."""
 
     def __init__(self, fn, exercise, references):
@@ -25,7 +27,8 @@ class Answer:
 
     def __call__(self, *args, **kwargs):
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
-        with blocked(self.references, self.exercise), answering(self.keys, code_key):
+        with blocked(self.references, self.exercise), answering(self.keys, code_key), \
+                handed_in(args, kwargs):
             return _no_own_tensors(self.fn(*args, **kwargs), self.__name__)
 
     def __getattr__(self, name):

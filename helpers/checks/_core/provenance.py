@@ -1,5 +1,5 @@
 """Data provenance between thread ranks: a rank may use only tensors it made, tensors the check
-handed in, and what came to it through the network.
+handed to it, and what came to it through the network.
 
 Thread ranks share one process, so an answer could pass a tensor past the comm a check judges:
 rank 0 appends its gradient to a module global, rank 1 reads it after a decoy all-reduce. Each
@@ -10,6 +10,14 @@ storages are kept alive for the run, so no address is reused meanwhile. The netw
 (sending, receiving, combining a collective, delivering a result) runs exempt, and what it
 hands over is the receiver's. The exits that read memory without an aten operation (exits.py:
 tolist, numpy, __array__, repr, pickling, the storage) are checked as one.
+
+The tensors a check hands the answer in a rank's thread (its arguments, with the parameters,
+buffers and gradients of modules among them) are that rank's: another rank's answer that reads
+them (through a module dict, a closure list) fails as if the owner had made them; a storage
+handed to more than one rank stays shared. The check's own code in a rank (slicing every rank's
+inputs before the call) is exempt. Storages over memory torch did not allocate (a numpy array,
+a bytearray, a file, wrapped in every rank) are linked by their bytes (outside.py), so a rank
+that reads what another wrote there through its own wrapper fails too.
 
 What it does not see: values that leave as Python numbers through an operation the rank is
 entitled to (rank 0 calls .item() on its own tensor and puts the float in a global), and work
@@ -26,9 +34,10 @@ from torch.utils._pytree import tree_leaves
 
 from . import rank_arrays, rank_builtins, rank_numbers
 from .exits import watch_exits
+from .outside import Outside
 from .run import CheckFailed
 
-__all__ = ["Provenance"]
+__all__ = ["Provenance", "handed_in"]
 
 
 def _storage(t):
@@ -36,6 +45,56 @@ def _storage(t):
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         return None                     # no storage of its own (a wrapper subclass, sparse ...)
+
+
+_SHARED = "shared"       # a storage the check handed to more than one rank
+_THROUGH = (
+    "and it never travelled through the comm: ranks share data only by sending it (send/recv or "
+    "a collective), not through a Python object every rank can reach (a module global, a list "
+    "in a closure)")
+
+
+def _used(rank, made, what):
+    """The refusal of rank `rank`'s use of a storage made as `made` says (rank, how[, memory])."""
+    if len(made) > 3:
+        return (f"rank {rank} used memory that rank {made[0]} wrote ({made[1]}) through its own "
+                f"tensor over the same bytes, outside torch (a numpy array, buffer or file every "
+                f"rank wraps with torch.from_numpy, frombuffer, dlpack or from_file), in {what}: "
+                "pass it through the comm (send/recv or a collective)")
+    return f"rank {rank} used a tensor that rank {made[0]} made ({made[1]}) in {what}, {_THROUGH}"
+
+
+def _handed(tree, depth=0):
+    """The tensors in the arguments a check hands an answer: tensors with their gradients, the
+    parameters, buffers and gradients of modules and optimizers, inside lists, tuples, dicts."""
+    if isinstance(tree, torch.Tensor):
+        grad = tree.grad if tree.is_leaf else None
+        return [tree] if grad is None else [tree, grad]
+    if isinstance(tree, torch.nn.Module):
+        return [t for x in (*tree.parameters(), *tree.buffers()) for t in _handed(x)]
+    if isinstance(tree, torch.optim.Optimizer):
+        return _handed([g["params"] for g in tree.param_groups], depth)
+    if depth < 4 and isinstance(tree, (list, tuple, dict, set, frozenset)):
+        items = tree.values() if isinstance(tree, dict) else tree
+        return [t for x in items for t in _handed(x, depth + 1)]
+    return []
+
+
+@contextlib.contextmanager
+def handed_in(args, kwargs):
+    """Around a check's call of the answer: in a World rank's thread, the tensors handed to it
+    are that rank's (see the module's docstring), and the call is the answer's work."""
+    mode = next((m for m in _get_current_dispatch_mode_stack() if isinstance(m, _Mode)), None)
+    if mode is None:
+        yield
+        return
+    mode.p.hand_in(mode.rank, _handed((args, kwargs)))
+    local = mode.p._local
+    local.answering = getattr(local, "answering", 0) + 1
+    try:
+        yield
+    finally:
+        local.answering -= 1
 
 
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
@@ -58,6 +117,10 @@ class Provenance:
     def __init__(self, world):
         self.world = world
         self.owner = {}       # storage key -> (rank, operation) that made or wrote it, storage
+        self.seen = {}        # storage key -> storage, of those used or handed but not made
+        self.handed = {}      # storage key -> the rank the check handed it to, or _SHARED
+        self.memory = Outside()
+        self._lock = threading.Lock()
         self.exited = {}      # floating value -> the ranks that read it out of torch
         self.exited_last = {}  # the same, of the last run (a rank's result is judged after it)
         self._local = threading.local()
@@ -79,19 +142,64 @@ class Provenance:
             return
         for t in tensors:
             storage = _storage(t)
-            made = self.owner.get(storage._cdata) if storage is not None else None
+            if storage is None:
+                continue
+            key = storage._cdata
+            made = self.owner.get(key)
+            if made is None:
+                if key not in self.seen:
+                    made = self._first_sight(rank, key, storage)
+                if made is None and self.handed:
+                    self._refuse_handed(rank, key, what)
             if made is not None and made[0] != rank:
-                raise CheckFailed(
-                    f"rank {rank} used a tensor that rank {made[0]} made ({made[1]}) in {what}, "
-                    "and it never travelled through the comm: ranks share data only by sending "
-                    "it (send/recv or a collective), not through a Python object every rank "
-                    "can reach (a module global, a list in a closure)")
+                raise CheckFailed(_used(rank, made, what))
+            if self.exited and key in self.memory.keys:     # written there outside torch?
+                self.refuse_foreign(rank, rank_numbers.values(t),
+                                    "read from memory outside torch (numpy, a buffer, a file)")
+
+    def _first_sight(self, rank, key, storage):
+        """A storage not made by a rank, used for the first time: kept, and linked to the
+        storages over the same memory (outside.py); what made the first of those another rank
+        wrote, as a refusal, or None."""
+        def known():
+            return [(k, m[2]) for k, m in list(self.owner.items())] + list(self.seen.items())
+        self.seen[key] = storage
+        for k in self.memory.first_sight(key, storage, known):
+            made = self.owner.get(k)
+            if made is not None and made[0] != rank:
+                return (*made[:3], "memory")
+        return None
+
+    def _refuse_handed(self, rank, key, what):
+        to = self.handed.get(key)
+        if to is None or to == _SHARED or to == rank:
+            return
+        if getattr(self._local, "answering", 0) or self.world.rank is None:
+            raise CheckFailed(f"rank {rank} used a tensor the check handed to rank {to} (one of "
+                              f"its inputs) in {what}, {_THROUGH}")
+
+    def hand_in(self, rank, tensors):
+        """The check hands rank `rank` these tensors: its own, unless handed to another too."""
+        with self._lock:
+            for t in tensors:
+                storage = _storage(t)
+                if storage is None:
+                    continue
+                key = storage._cdata
+                self.seen.setdefault(key, storage)
+                to = self.handed.setdefault(key, rank)
+                if to != rank:
+                    self.handed[key] = _SHARED
 
     def mark(self, rank, tensors, what):
         for t in tensors:
             storage = _storage(t)
             if storage is not None:     # kept alive for the run: no address is reused meanwhile
-                self.owner[storage._cdata] = (rank, what, storage)
+                key = storage._cdata
+                self.owner[key] = (rank, what, storage)
+                if self.memory.alias:   # a write through one wrapper is a write through all
+                    for k, other in self.memory.aliases(key):
+                        self.owner[k] = (rank, what, other, "memory")
 
     def rank_here(self):
         """The rank whose work this thread does: its own, or that of the rank that started it."""
@@ -123,7 +231,7 @@ class Provenance:
         """For one run: a fresh record; the exits without an aten operation (exits.py: tolist,
         numpy, __array__, repr, pickling, the storage) checked like an operation; the floats a
         rank reads out kept, and tagged with the rank (rank_numbers.py)."""
-        self.owner.clear()
+        self._clear()
         self.exited.clear()
 
         def exit_(t, how):
@@ -166,8 +274,14 @@ class Provenance:
                         else:
                             setattr(torch.Tensor, name, original)
         finally:
-            self.owner.clear()
+            self._clear()
             self.exited_last, self.exited = self.exited, {}
+
+    def _clear(self):
+        self.owner.clear()
+        self.seen.clear()
+        self.handed.clear()
+        self.memory.clear()
 
 
 class _Mode(TorchDispatchMode):

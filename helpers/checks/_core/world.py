@@ -17,9 +17,10 @@ What the checks' World adds to the ThreadWorld, through its hooks:
   handles;
 - with `record_ops`, each rank's aten operations are recorded (`world.recorders[rank]`);
 - `allow`: the calls an exercise permits;
-- provenance (provenance.py): a rank that touches a tensor another rank made or wrote, other than
-  through the network, fails the answer: thread ranks share one process, so a module global or
-  a closure list could otherwise carry data past the comm that a check judges; and
+- provenance (provenance.py): a rank that touches a tensor another rank made or wrote, or one the
+  check handed to another rank, other than through the network, fails the answer: thread ranks
+  share one process, so a module global or a closure list could otherwise carry data past the
+  comm that a check judges (outside.py: so could one numpy array every rank wraps); and
   rank_numbers.py and rank_arrays.py: a rank that uses or returns Python numbers or numpy
   arrays another rank read out of its tensors (.item(), .tolist(), .numpy(), .shape) fails too,
   in torch, in numpy, math and statistics, and as the shape of a recv.

@@ -1,0 +1,78 @@
+"""Memory outside torch between thread ranks: storages over memory torch did not allocate.
+
+`torch.from_numpy`, `as_tensor`/`asarray` of an array, `frombuffer`, `from_file` and dlpack wrap
+memory that torch did not allocate (the storage is not `resizable()`). One module-level numpy
+array, bytearray, mmap or file wrapped in every rank gives each rank a different storage over the
+same memory, so provenance.py, which keeps an owner per storage, would not see one rank read what
+another wrote there. For one run of a World, `Outside` links a storage over such memory, when a
+rank first uses it, to every storage already seen whose bytes overlap it (another rank's wrapper,
+or a tensor whose memory reached numpy): provenance.py then treats linked storages as one (a write
+through one is a write through all). Memory written without torch (numpy, a file) is judged by its
+values instead: provenance.py compares the values a rank reads from such a storage with the floats
+only other ranks read out (rank_numbers.py).
+
+What it does not see: one file mapped by each rank at its own address (`from_file` with
+`shared=True`) holding round values (rank_numbers.is_round), and torch's own memory written
+through a numpy view of it (`t.numpy()[:] = ...`: that storage is torch's, not outside it).
+"""
+import threading
+
+__all__ = ["Outside", "span"]
+
+
+def span(storage):
+    """(device, first byte, end) of `storage`'s memory, or None (no bytes, no address)."""
+    try:
+        n, p = storage.nbytes(), storage.data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    return (str(storage.device), p, p + n) if n and p else None
+
+
+def _outside(storage):
+    """Whether torch did not allocate `storage`'s memory (numpy's, a buffer's, a file's)."""
+    try:
+        return not storage.resizable()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+class Outside:
+    """The storages over memory outside torch seen in one run, and which overlap which."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.keys = set()       # keys of storages over memory torch did not allocate
+        self.alias = {}         # key -> {key of another storage over the same bytes: storage}
+
+    def clear(self):
+        with self.lock:
+            self.keys.clear()
+            self.alias.clear()
+
+    def first_sight(self, key, storage, known):
+        """`storage` (key `key`) is used for the first time: if its memory is outside torch,
+        link it with each storage of `known()` ((key, storage) pairs) whose bytes overlap its
+        own; returns those keys. Torch's own storages never overlap while they are kept alive,
+        so only a storage outside torch is compared."""
+        if not _outside(storage):
+            return []
+        mine = span(storage)
+        if mine is None:
+            return []
+        found = []
+        for k, other in known():
+            theirs = span(other) if k != key else None
+            if theirs and theirs[0] == mine[0] and theirs[1] < mine[2] and mine[1] < theirs[2]:
+                found.append((k, other))
+        with self.lock:
+            self.keys.add(key)
+            for k, other in found:
+                self.alias.setdefault(key, {})[k] = other
+                self.alias.setdefault(k, {})[key] = storage
+        return [k for k, _ in found]
+
+    def aliases(self, key):
+        """(key, storage) of the storages linked to `key`'s."""
+        with self.lock:
+            return list(self.alias.get(key, {}).items())
