@@ -69,4 +69,6 @@ def measured_step_words(model_s, speed_model, step=None, speed_measured=None):
             f"{step['seconds'] * 1e3:.3f} ms, "
             f"{times:.1f} times the model's {model_s * 1e3:.3f} ms. At the measured step, the "
             f"model's data parallelism would be {speed_words(speed_measured)} one device "
-            f"({speed_measured:.2f} times its speed), {turn}")
+            f"({speed_measured:.2f} times its speed, an upper bound: the model shrinks each "
+            f"device's compute with its share of the batch, which kernels this small do not "
+            f"do), {turn}")
