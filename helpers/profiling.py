@@ -50,7 +50,8 @@ def count_ops(prof, steps=1):
     from Python, not those nested inside other operators), and 'backward_nodes', the autograd
     functions that backward ran (each calls a few operators of its own). Nested aten:: events
     (an addmm inside a linear, a copy inside a to) are not counted: they are not separate calls.
-    On a GPU each counted call launches one or more kernels."""
+    On a GPU most counted calls launch one or more kernels; views (flatten, tensor_split,
+    detach, a view's backward) and a .to() to the device a tensor is already on launch none."""
     events = prof.events()
     top = [e for e in events if e.cpu_parent is None]
     python_ops = sum(1 for e in top if e.name.startswith("aten::"))
@@ -84,8 +85,11 @@ def trace_events(path, regions=REGIONS):
     GPU activity, on the GPU's clock (lane 'gpu', see _gpu_windows: with NCCL the host only
     queues the work). A list of dicts name, lane, start_ms, dur_ms, step (counted from 0),
     times from the first region's start; a launch also has before_cut: True when it came
-    inside a backward before the end of its last autograd node on the host (while autograd
-    still had gradients to compute; a launch in the reducer's wait, after it, is False)."""
+    inside a backward before the end of its last autograd node on the host (a launch in the
+    reducer's wait, after it, is False), and before_last_node: True when it came before that
+    last node started, while autograd still had other gradients to compute (a launch from
+    inside the last node, by the hook of its own gradient, is before the cut but not before
+    the last node)."""
     import json
     with open(path) as f:
         trace = json.load(f)
@@ -117,7 +121,9 @@ def trace_events(path, regions=REGIONS):
     t0 = starts[0] if starts else min(p[0] for p in picked)
     cuts = _host_cuts(evs)
     return [dict(name=name, lane=lane, start_ms=(ts - t0) / 1e3, dur_ms=dur / 1e3, step=step,
-                 **({"before_cut": _before_cut(ts, cuts)} if lane == "launch" else {}))
+                 **({"before_cut": _before_cut(ts, cuts),
+                     "before_last_node": _before_last_node(ts, cuts)}
+                    if lane == "launch" else {}))
             for ts, dur, name, lane, step in sorted(picked)]
 
 
@@ -163,8 +169,9 @@ AUTOGRAD_NODE = "autograd::engine::evaluate_function"
 
 
 def _host_cuts(evs):
-    """Per host 'backward' region: (start, end, cut), the cut being the end of the last
-    autograd node that ran inside it on its thread (None when the trace has none)."""
+    """Per host 'backward' region: (start, end, cut, last), the cut being the end of the last
+    autograd node that ran inside it on its thread and `last` that node's start (both None when
+    the trace has none)."""
     nodes = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("pid"), e.get("tid"))
              for e in evs if e["name"].startswith(AUTOGRAD_NODE)]
     out = []
@@ -172,9 +179,10 @@ def _host_cuts(evs):
         if e["name"] != "backward" or e.get("cat") == "gpu_user_annotation":
             continue
         s0, s1 = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        ends = [b for a, b, pid, tid in nodes if s0 <= a and b <= s1
+        mine = [(b, a) for a, b, pid, tid in nodes if s0 <= a and b <= s1
                 and (pid, tid) == (e.get("pid"), e.get("tid"))]
-        out.append((s0, s1, max(ends) if ends else None))
+        cut, last = max(mine) if mine else (None, None)
+        out.append((s0, s1, cut, last))
     return out
 
 
@@ -185,14 +193,20 @@ def _reducer_waits(evs, regions):
     all-reduce, so that tail is the wait, not compute."""
     if "backward" not in regions:
         return []
-    return [(cut, s1 - cut, "reducer wait", "compute") for _, s1, cut in _host_cuts(evs)
+    return [(cut, s1 - cut, "reducer wait", "compute") for _, s1, cut, _ in _host_cuts(evs)
             if cut is not None]
 
 
 def _before_cut(ts, cuts):
     """Whether a launch at host time `ts` came while autograd still had nodes to run: inside a
     backward region, before the end of its last autograd node."""
-    return any(s0 <= ts < cut for s0, _, cut in cuts if cut is not None)
+    return any(s0 <= ts < cut for s0, _, cut, _ in cuts if cut is not None)
+
+
+def _before_last_node(ts, cuts):
+    """Whether a launch at host time `ts` came inside a backward region before its last
+    autograd node started: while autograd still had other gradients to compute."""
+    return any(s0 <= ts < last for s0, _, _, last in cuts if last is not None)
 
 
 def _union(spans):

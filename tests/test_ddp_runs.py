@@ -60,15 +60,20 @@ def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
         ev(node, 1300, 100), ev("gloo:all_reduce", 1210, 390, tid=7),
         ev(node, 1700, 50, tid=9),            # another thread's node: not this backward's
         ev("c10d::allreduce_", 1200, 5),      # launched while autograd still computed
+        ev("c10d::allreduce_", 1350, 5),      # launched from inside the last node
         ev("c10d::allreduce_", 1450, 5),      # launched in the reducer's wait, after the cut
         ev("c10d::allreduce_", 1520, 5),      # outside backward altogether
         ev("optimizer", 1500, 50)]}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
     events = helpers.trace_events(str(path))
-    # inside the region "backward" all but the last; before the cut only the first
-    assert [e["before_cut"] for e in events if e["lane"] == "launch"] == [True, False, False]
-    assert all("before_cut" not in e for e in events if e["lane"] != "launch")
+    # inside the region "backward" all but the last; before the cut the first two; before the
+    # last node (1300-1400) started, only the first
+    launches = [e for e in events if e["lane"] == "launch"]
+    assert [e["before_cut"] for e in launches] == [True, True, False, False]
+    assert [e["before_last_node"] for e in launches] == [True, False, False, False]
+    assert all("before_cut" not in e and "before_last_node" not in e
+               for e in events if e["lane"] != "launch")
     waits = [e for e in events if e["name"] == "reducer wait"]
     assert len(waits) == 1 and abs(waits[0]["start_ms"] - 0.4) < 1e-9
     assert abs(waits[0]["dur_ms"] - 0.1) < 1e-9, "from the last node (ends 1400) to 1500"

@@ -50,9 +50,12 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
     assert "on the core its share cost about 1/2" in off
     assert "it spent off its core" in off and "344.0 ms" in off
     assert "one worker alone spent 488.0 ms" in off
+    assert "lowest 1.200" in off and "by what, this run does not say" in off
+    assert "threads held" not in off
     on = words(FASTER, NOISE, 70.0, 65.0, 120.0, 110.0)
     assert "cost more than 1/2 on the core itself" in on
     assert "did not measurably lose its core" in on and "spent off" not in on
+    assert "the spread reaches 1" in on
     assert on.endswith("while one worker alone spent 10.0 ms of its compute off its core")
     assert "cost less than 1/2" in words(SLOWER, NOISE, 50.0, 45.0, 120.0, 110.0)
     assert words(NOISE, NOISE, 1, 1, 3, 3, k=3).startswith("each of 3 workers")
@@ -85,10 +88,18 @@ def test_overlap_lengthening_is_blamed_on_the_shared_core_only_when_compute_grew
     assert "compute was shorter with overlap" in words(NOISE, FASTER)
 
 
-def test_alone_predictions_say_inside_or_outside_each_spread():
+def test_alone_predictions_say_inside_above_or_below_each_spread():
     got = helpers.alone_prediction_words([("batch 256", 2.0, FASTER), ("batch 4", 1.1, NOISE)])
-    assert got == ("2.00 times at batch 256, outside the measured 1.20-1.40, and 1.10 times at "
-                   "batch 4, inside the measured 0.90-1.30")
+    assert got.startswith("2.00 times at batch 256, above the measured 1.20-1.40: two workers "
+                          "did worse than the lone timing predicts")
+    assert "none of the run's waits" in got and "the split above" in got
+    assert got.endswith("; and 1.10 times at batch 4, inside the measured 0.90-1.30")
+    below = helpers.alone_prediction_words([("batch 4", 0.5, SLOWER)])
+    assert below.startswith("0.50 times at batch 4, below the measured 0.70-0.90: two workers "
+                            "did better than the lone timing predicts")
+    assert below.endswith("this run does not say") and "waits" not in below
+    assert helpers.alone_prediction_words([("b", 1.3, FASTER)]) == (
+        "1.30 times at b, inside the measured 1.20-1.40")
     with pytest.raises(ValueError, match="at least one"):
         helpers.alone_prediction_words([])
 
@@ -138,3 +149,20 @@ def test_the_emulation_keeps_its_shape_within_its_margin():
     assert "beyond it" in beyond and "machine's delays" in beyond
     with pytest.raises(ValueError, match="saving"):
         words(2000, 0.0, {"overlap": 0.0, "after": 0.0})
+
+
+def test_bucket_launches_are_placed_against_the_last_autograd_node():
+    words = helpers.bucket_launch_words
+    assert words(4, 4, 4) == ("DDP launched 4 bucket all-reduces, all of them before backward's "
+                              "last autograd node started, while autograd still had gradients "
+                              "to compute")
+    inside = words(24, 24, 21)
+    assert inside.startswith("DDP launched 24 bucket all-reduces, all before backward's last "
+                             "autograd node ended: 21 before it started")
+    assert inside.endswith("and 3 from inside that last node, once its own gradient was in")
+    after = words(5, 4, 3)
+    assert after.endswith("3 before backward's last autograd node started, 1 from inside it, "
+                          "and 1 after it ended, in the reducer's wait")
+    assert words(1, 1, 1).startswith("DDP launched 1 bucket all-reduce,")
+    with pytest.raises(ValueError, match="before_last"):
+        words(3, 2, 3)

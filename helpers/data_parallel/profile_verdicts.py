@@ -9,7 +9,7 @@ from .verdicts import _check
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
            "alone_prediction_words", "split_prediction_words", "backward_compute_words",
-           "emulation_margin_words", "thesis_words"]
+           "emulation_margin_words", "thesis_words", "bucket_launch_words"]
 
 
 def simulated_devices_words(two, halves):
@@ -85,7 +85,10 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
     times: `cpu_vs_half` (Ratio: a worker's CPU time of compute / one worker's over k, repeat by
     repeat: above 1 means the share itself cost more on the core), `off_core` (Ratio: a worker's
     compute wall time / its CPU time: above 1 means it spent time off its core), and the medians
-    (milliseconds) of a worker's compute and its CPU time, and one worker's."""
+    (milliseconds) of a worker's compute and its CPU time, and one worker's. Wall time is never
+    shorter than CPU time, so `off_core` cannot fall below 1: time off the core is said only
+    where the whole trimmed spread lies above 1 (its low end printed to three decimals, as a
+    1.00 may hide it), and what held the core is not named: the run does not measure it."""
     _check(cpu_vs_half), _check(off_core)
     head = (f"each of {k} workers computed for {compute_ms:.1f} ms a step, against 1/{k} of one "
             f"worker's {one_ms:.1f} ms, {one_ms / k:.1f}; on its core (its thread's CPU time) "
@@ -93,12 +96,14 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
             f"{one_cpu_ms / k:.1f} (medians)")
     if off_core.lo > 1:
         away = (f"; the rest of its compute, {_ms(compute_ms - cpu_ms)} ms, it spent off its core "
-                f"(wall time / CPU time {off_core.spread_text()}): waiting for a core that other "
-                f"threads held (one worker alone spent {one_ms - one_cpu_ms:.1f} ms of its "
-                "compute off its core)")
+                f"(wall time / CPU time {off_core.spread_text()}, a ratio that cannot fall below "
+                f"1, above it in every round of the spread: lowest {off_core.lo:.3f}): "
+                "descheduled, and by what, this run does not say (one worker alone spent "
+                f"{one_ms - one_cpu_ms:.1f} ms of its compute off its core)")
     else:
         away = (f"; its wall time and CPU time were not told apart "
-                f"({off_core.spread_text()}), so it "
+                f"({off_core.spread_text()}: the spread reaches 1, the lowest a wall time / CPU "
+                "time ratio can be), so it "
                 f"did not measurably lose its core, while one worker alone spent "
                 f"{one_ms - one_cpu_ms:.1f} ms of its compute off its core")
     if cpu_vs_half.lo > 1:
@@ -173,15 +178,31 @@ def _against(p, r):
 
 def alone_prediction_words(predictions):
     """Speed-ups predicted from the all-reduce timed alone, each against its measured Ratio:
-    `predictions` a list of (name, predicted speed-up, Ratio). '2.00 times at batch 256, outside
-    the measured 1.05-1.28, and ...'."""
+    `predictions` a list of (name, predicted speed-up, Ratio). A miss says its direction:
+    above the measured spread, two workers did worse than the lone timing predicts (it has none
+    of the run's waits for the other worker, nor the compute a worker loses in the run); below
+    it, they did better, which means the lone timing came out longer than the run left room
+    for, and this run does not say why. '2.00 times at batch 256, above the measured 1.05-1.28:
+    ..., and ...'."""
     parts = []
     for name, p, r in predictions:
-        times, where = _against(p, r).split(", ", 1)
-        parts.append(f"{times} at {name}, {where}")
+        _check(r)
+        head = f"{p:.2f} times at {name}"
+        spread = f"the measured {r.lo:.2f}-{r.hi:.2f}"
+        if r.lo <= p <= r.hi:
+            parts.append(f"{head}, inside {spread}")
+        elif p > r.hi:
+            parts.append(f"{head}, above {spread}: two workers did worse than the lone timing "
+                         "predicts, which has none of the run's waits for the other worker nor "
+                         "the compute a worker loses in the run (the split above shows where "
+                         "the time went)")
+        else:
+            parts.append(f"{head}, below {spread}: two workers did better than the lone timing "
+                         "predicts, so it came out longer than the all-reduce inside the run's "
+                         "steps left room for, and why, this run does not say")
     if not parts:
         raise ValueError("alone_prediction_words needs at least one (name, predicted, Ratio)")
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+    return parts[0] if len(parts) == 1 else "; ".join(parts[:-1]) + "; and " + parts[-1]
 
 
 def split_prediction_words(p, r, where):
@@ -253,3 +274,25 @@ def thesis_words(win, losses):
            "within noise": "the large batch did not resolve the win (within noise)",
            "cannot tell": "the large batch had one round: no verdict"}[win.verdict]
     return f"{loss}; {won}"
+
+
+def bucket_launch_words(launched, before_cut, before_last):
+    """When DDP launched its bucket all-reduces in a trace, counted against backward's last
+    autograd node: `launched` in all, `before_cut` before that node ended, `before_last` before
+    it started (while autograd still had other gradients to compute). A launch between the two
+    came from inside the last node, once its own gradient was in; one after the cut, from the
+    reducer's wait."""
+    if not 0 <= before_last <= before_cut <= launched:
+        raise ValueError(f"bucket_launch_words: need 0 <= before_last ({before_last}) <= "
+                         f"before_cut ({before_cut}) <= launched ({launched})")
+    head = f"DDP launched {plural(launched, 'bucket all-reduce')}"
+    if before_last == launched:
+        return (head + ", all of them before backward's last autograd node started, while "
+                "autograd still had gradients to compute")
+    inside = before_cut - before_last
+    if before_cut == launched:
+        return (head + f", all before backward's last autograd node ended: {before_last} before "
+                "it started, while autograd still had other gradients to compute, and "
+                f"{inside} from inside that last node, once its own gradient was in")
+    return (head + f", {before_last} before backward's last autograd node started, {inside} "
+            f"from inside it, and {launched - before_cut} after it ended, in the reducer's wait")
