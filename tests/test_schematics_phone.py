@@ -175,6 +175,10 @@ READABLE = {
         helpers.bucket_timeline(helpers.resnet18(), (torch.zeros(2, 1, 28, 28),), 5),
         title="ResNet-18, 4 devices: the backward takes 1"),          # as costs.ipynb draws it
     "3-D mesh": _mesh,
+    "DataParallel step, 5 rows over 4 GPUs": lambda: helpers.plot_dp_step(helpers.dp_step_facts(
+        torch.rand(5, 1, 28, 28), [f"GPU {i}" for i in range(4)])),       # as dataparallel.ipynb
+    "DataParallel step, 10 rows over 4 GPUs": lambda: helpers.plot_dp_step(helpers.dp_step_facts(
+        torch.rand(10, 1, 28, 28), [f"GPU {i}" for i in range(4)])),
 }
 
 
@@ -196,6 +200,16 @@ def test_the_wrapper_picture_is_readable_on_a_phone(one_rank):
     assert px >= PHONE_FLOOR, f"{text!r} is {px:.1f} CSS px on a phone"
 
 
+def test_the_syncbn_picture_is_readable_on_a_phone():
+    import matplotlib.pyplot as plt
+    ranks = helpers.launch(helpers.syncbn_traffic, 2, dict(batch=4, channels=4, size=6),
+                           quiet=True)                                  # as syncbn.ipynb
+    fig = helpers.plot_syncbn(helpers.syncbn_facts(ranks))
+    px, text = phone_text_px(fig)
+    plt.close(fig)
+    assert px >= PHONE_FLOOR, f"{text!r} is {px:.1f} CSS px on a phone"
+
+
 def test_the_chapters_draw_these_schematics_with_the_measured_builders():
     """The chapters call the builders measured above, at the sizes measured (not draw_ring,
     draw_split or draw_all_to_all into axes of a notebook's own, wider figure)."""
@@ -204,7 +218,9 @@ def test_the_chapters_draw_these_schematics_with_the_measured_builders():
     book = Path(__file__).resolve().parent.parent / "book"
     calls = {"part7/context_parallel": ["helpers.plot_ring(16, 4)", "helpers.plot_split(16, 4)"],
              "part7/expert_parallel": ["helpers.plot_all_to_all(counts)"],
-             "part3/custom_modules": ["helpers.plot_ddp_wrapper(wrapper"]}
+             "part3/custom_modules": ["helpers.plot_ddp_wrapper(wrapper"],
+             "part3/dataparallel": ["helpers.plot_dp_step(one_step)"],
+             "part3/syncbn": ["helpers.plot_syncbn(helpers.syncbn_facts(traffic))"]}
     for name, wanted in calls.items():
         code = "\n".join("".join(c["source"]) for c in json.loads(
             (book / f"{name}.ipynb").read_text())["cells"] if c["cell_type"] == "code")

@@ -1,0 +1,132 @@
+"""What SyncBatchNorm sends between the ranks, against per-device BatchNorm, from a real run.
+
+`syncbn_traffic` is a launch target: on each rank it runs one forward and backward of a
+per-device BatchNorm and of the course's synchronised one (`convert_sync_batchnorm`) on its
+shard of one global batch, recording every all-gather and all-reduce: what the rank sent and
+what came back. `syncbn_facts` reads the ranks' records; `plot_syncbn` draws them, two ranks
+side by side: SyncBatchNorm's forward all-gather of (count, mean, variance) and the global
+statistics every rank gets, its backward all-reduce of two per-channel sums, and below,
+per-device BatchNorm's two independent statistics and no communication.
+"""
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..runtime.launch import take
+from ..schematics import LABEL_FONT as SMALL, SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, \
+    draw_box
+from .torch_api import _combine_stats, convert_sync_batchnorm
+
+__all__ = ["syncbn_traffic", "syncbn_facts", "plot_syncbn"]
+
+
+@contextlib.contextmanager
+def _recording(calls):
+    """dist.all_gather and dist.all_reduce, each call appended to `calls` as dict(op, sent,
+    got): the tensor this rank handed over and what it holds afterwards."""
+    gather, reduce = dist.all_gather, dist.all_reduce
+
+    def all_gather(out, t, *args, **kwargs):
+        work = gather(out, t, *args, **kwargs)
+        calls.append(dict(op="all_gather", sent=t.detach().clone(),
+                          got=torch.stack([o.detach().clone() for o in out])))
+        return work
+
+    def all_reduce(t, *args, **kwargs):
+        sent = t.detach().clone()
+        work = reduce(t, *args, **kwargs)
+        calls.append(dict(op="all_reduce", sent=sent, got=t.detach().clone()))
+        return work
+    dist.all_gather, dist.all_reduce = all_gather, all_reduce
+    try:
+        yield calls
+    finally:
+        dist.all_gather, dist.all_reduce = gather, reduce
+
+
+def syncbn_traffic(rank, world, cfg):
+    """Launch target: one forward and backward of a BatchNorm2d and of its synchronised
+    version on this rank's shard of one seeded global batch (cfg: batch, channels, size, seed).
+    Returns dict(count: values per channel in the shard, bn_calls, sync_calls: the recorded
+    collectives of each kind)."""
+    batch, channels, size, seed = take(cfg, "batch", "channels", "size", seed=0)
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(batch, channels, size, size, generator=g) * 2 + 1
+    dY = torch.randn(X.shape, generator=g)
+    x, dy = X.chunk(world)[rank], dY.chunk(world)[rank]
+    out = {"count": x.numel() // channels}
+    for name, bn in (("bn", nn.BatchNorm2d(channels)),
+                     ("sync", convert_sync_batchnorm(nn.BatchNorm2d(channels), "cpu"))):
+        shard = x.clone().requires_grad_()
+        with _recording([]) as calls:
+            (bn(shard) * dy).sum().backward()
+        out[f"{name}_calls"] = calls
+    out["shard_mean"] = x.mean((0, 2, 3))
+    out["shard_var"] = x.var((0, 2, 3), unbiased=False)
+    return out
+
+
+def syncbn_facts(ranks, eps=1e-5):
+    """From syncbn_traffic's per-rank results: dict(ranks: [dict(count, mean, invstd, sent:
+    numbers all-gathered, sums: numbers all-reduced, own_mean, own_invstd: the shard's
+    statistics per-device BatchNorm normalises with)], world: dict(count, mean, invstd),
+    channels, bn_calls: collectives per-device BatchNorm ran), every statistic per channel."""
+    rows, gathered = [], None
+    for r in ranks:
+        ops = [c["op"] for c in r["sync_calls"]]
+        if ops != ["all_gather", "all_reduce"]:
+            raise ValueError(f"SyncBatchNorm ran {ops}: expected one all_gather, one all_reduce")
+        gather, reduce = r["sync_calls"]
+        c = (len(gather["sent"]) - 1) // 2
+        rows.append(dict(count=int(gather["sent"][0]), mean=gather["sent"][1:1 + c],
+                         invstd=torch.rsqrt(gather["sent"][1 + c:] + eps),
+                         sent=len(gather["sent"]), sums=len(reduce["sent"]),
+                         own_mean=r["shard_mean"], own_invstd=torch.rsqrt(r["shard_var"] + eps)))
+        gathered = gather["got"]
+    mean, var, n = _combine_stats(gathered[:, 0], gathered[:, 1:1 + c], gathered[:, 1 + c:])
+    return dict(ranks=rows, channels=c, bn_calls=sum(len(r["bn_calls"]) for r in ranks),
+                world=dict(count=int(n), mean=mean, invstd=torch.rsqrt(var + eps)))
+
+
+def _stats(count, mean, invstd):
+    return f"{count} values\nmean {mean[0]:.2f}\ninvstd {invstd[0]:.2f}"
+
+
+def plot_syncbn(facts):
+    """Two ranks side by side: SyncBatchNorm (each rank's shard statistics all-gathered into
+    the global ones, two sums all-reduced in the backward) above per-device BatchNorm (each
+    rank its own statistics, nothing sent). Channel 0's numbers. Returns the figure."""
+    ranks, world, c = facts["ranks"], facts["world"], facts["channels"]
+    w, box, h = SCHEMATIC_WIDTH, 2.05, 0.95
+    xs = [0.25, w - 0.25 - box]
+    height = 6.45
+    fig, axes = diagram(1, 1, width=w, height=height)
+    ax = axes[0, 0]
+    ax.set(xlim=(0, w), ylim=(height, 0))
+    fig.subplots_adjust(0, 0, 1, 1)
+    ax.text(0.1, 0.25, "SyncBatchNorm (channel 0 of " f"{c})", fontsize=SMALL + 2,
+            va="center", weight="bold")
+    for r, (x, s) in enumerate(zip(xs, ranks, strict=True)):
+        draw_box(ax, x, 0.5, box, h, "white", edge=device_color(r), text="black",
+                 label=f"rank {r}: " + _stats(s["count"], s["mean"], s["invstd"]),
+                 fontsize=SMALL)
+        draw_arrow(ax, (x + box / 2, 0.5 + h), (x + box / 2, 2.15), width=1.2, head=10)
+    draw_box(ax, 0.1, 1.6, w - 0.2, 0.5, "#DDDDDD", edge="none", fontsize=SMALL,
+             label=f"forward: all-gather (count, mean, var): {ranks[0]['sent']} numbers a rank")
+    for x in xs:
+        draw_box(ax, x, 2.15, box, h, "white", edge="black", text="black", fontsize=SMALL,
+                 label="global: " + _stats(world["count"], world["mean"], world["invstd"]))
+    draw_box(ax, 0.1, 3.25, w - 0.2, 0.75, "#DDDDDD", edge="none", fontsize=SMALL,
+             label=f"backward: all-reduce sum dy, sum dy*xhat:\n"
+                   f"{ranks[0]['sums']} numbers a rank ({c} channels x 2)")
+    ax.text(0.1, 4.45, "per-device BatchNorm", fontsize=SMALL + 2, va="center",
+            weight="bold")
+    for r, (x, s) in enumerate(zip(xs, ranks, strict=True)):
+        draw_box(ax, x, 4.7, box, h, "white", edge=device_color(r), text="black",
+                 label=f"rank {r}: " + _stats(s["count"], s["own_mean"], s["own_invstd"]),
+                 fontsize=SMALL)
+    ax.text(w / 2, 5.95, f"{facts['bn_calls']} collectives: each rank normalises\n"
+            "with its own shard's statistics", ha="center", va="top", fontsize=SMALL)
+    return fig
