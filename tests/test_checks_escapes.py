@@ -2,15 +2,17 @@
 (forked, or a fresh interpreter that imports the course again), torch's dispatch switched off
 around the work (the Recorder and the ranks' ownership watch through it), and a returned tensor
 of the answer's own subclass that answers the check's comparisons itself, memory the ranks
-share outside torch (a module-level numpy array or bytearray that every rank wraps), and an input
-the check handed to one rank read by another through a global. Each must fail; right answers
+share outside torch (a module-level numpy array or bytearray that every rank wraps), an input
+the check handed to one rank read by another through a global, and shard sizes measured on numpy
+arrays where the check refuses the same work in torch (numpy_work.py). Each must fail; right answers
 (host-made buffers moved to the devices, each rank's own numpy buffer, constants made before the
-run) must pass (tests/check_cases.py's form; helpers/checks/_core/guard.py, references.py and
-provenance.py)."""
+run, sizes from numpy's integer scalars used as numbers) must pass (tests/check_cases.py's form;
+helpers/checks/_core/guard.py, references.py, provenance.py and numpy_work.py)."""
 import concurrent.futures
 import multiprocessing as mp
 
 import numpy as np
+from numpy import diff as _diff_bound_before
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import _disable_current_modes
@@ -21,6 +23,7 @@ PROCESS = "starts another process"
 DISPATCH = "switches off torch's dispatch"
 OUTSIDE = "outside torch"
 HANDED = "the check handed to rank"
+NUMPY = ["numpy arrays", "with arithmetic"]
 
 
 # ---- another process ---------------------------------------------------------------------------
@@ -252,6 +255,71 @@ def clip_sharded_stacked(shards, max_norm):
         for p in shards:
             p.grad.mul_(max_norm / (norm + 1e-6))
     return norm
+
+
+# ---- the split done in numpy where the check refuses it in torch -------------------------------
+@shortcut("check_shard_sizes", "np.array_split of np.arange, measured", NUMPY + ["divmod"])
+def shard_sizes_numpy_split(n, k):
+    return [len(s) for s in np.array_split(np.arange(n), k)]
+
+
+@shortcut("check_shard_sizes", "the rounded boundaries of np.linspace, np.diff", NUMPY)
+def shard_sizes_numpy_linspace(n, k):
+    ends = np.round(np.linspace(0, n, k + 1, endpoint=True)).astype(int)
+    return sorted(np.diff(ends).tolist(), reverse=True)
+
+
+_INDEX = np.arange(64)      # made before the run: only its use is numpy work
+
+
+@shortcut("check_shard_sizes", "a comparison on an array made at import", NUMPY)
+def shard_sizes_numpy_prebuilt(n, k):
+    q, r = divmod(n, k)
+    return ((_INDEX[:k] < r) + q).tolist()
+
+
+def _sizes_from_a_closure():
+    index = np.arange(64)
+
+    def shard_sizes_numpy_closure(n, k):
+        q, r = divmod(n, k)
+        return (q + (index[:k] < r)).tolist()
+    return shard_sizes_numpy_closure
+
+
+shard_sizes_numpy_closure = shortcut(
+    "check_shard_sizes", "a comparison on an array a closure holds", NUMPY)(
+    _sizes_from_a_closure())
+
+
+@shortcut("check_dp_shard_sizes", "np.diff bound before the run, of a list of cuts", NUMPY)
+def dp_shard_sizes_numpy_bound(batch_size, k):
+    size = -(-batch_size // k)       # cut at every multiple of size, as torch.chunk cuts
+    return _diff_bound_before([*range(0, batch_size, size), batch_size]).tolist()
+
+
+@shortcut("check_dp_shard_sizes", "np.minimum over np.arange", NUMPY)
+def dp_shard_sizes_numpy_minimum(batch_size, k):
+    size = -(-batch_size // k)
+    return np.minimum(size, batch_size - np.arange(0, batch_size, size)).tolist()
+
+
+@shortcut("check_shard_sizes", "the right sizes in a tensor", ["returned a tensor", "list of ints"])
+def shard_sizes_as_tensor(n, k):
+    q, r = divmod(n, k)
+    return torch.tensor([q + 1] * r + [q] * (k - r))
+
+
+@other("check_shard_sizes", "numpy's integer scalars as numbers (np.divmod of np.int64)")
+def shard_sizes_numpy_scalars(n, k):
+    q, r = np.divmod(np.int64(n), np.int64(k))
+    return [q + 1] * r + [q] * (k - r)
+
+
+@other("check_dp_shard_sizes", "np.int64 arithmetic, np.minimum of two numbers")
+def dp_shard_sizes_numpy_scalars(batch_size, k):
+    size = np.int64(-(-np.int64(batch_size) // k))
+    return [np.minimum(size, batch_size - i) for i in range(0, batch_size, int(size))]
 
 
 test_case = parametrize_cases(__name__)

@@ -1,7 +1,8 @@
 """Checks for the exercises of the DataParallel chapter (Part III).
 
 Sizes and formulas are judged on fresh inputs with the Recorder watching (an answer that splits
-a tensor to measure the pieces ran torch operations); DataParallel by hand runs once on CPU
+a tensor to measure the pieces ran torch operations) and numpy_work watching numpy (one that
+does it on numpy arrays); DataParallel by hand runs once on CPU
 tensors for the values and once on simulated GPUs (FakeGPUs) for where every replica, piece and
 output lived.
 """
@@ -10,6 +11,7 @@ from torch import nn
 
 from ._core import (CheckFailed, FakeGPUs, Recorder, as_number, check, describe_device, expect,
                     fresh_generator, randint)
+from ._core.numpy_work import expect_list, numpy_work
 
 __all__ = ["check_dp_shard_sizes", "check_lr_at", "check_dp_forward"]
 
@@ -27,8 +29,9 @@ def _int_list(value, call):
 @check("dp_shard_sizes", observes=[
     "the sizes returned for fresh (batch, k), including batches that leave GPUs without a "
     "piece, against torch.chunk's",
-    "every torch operation the answer ran (the sizes must come from arithmetic, not from "
-    "chunking a tensor and measuring it)"])
+    "every torch operation the answer ran, and every numpy function it ran on arrays (the "
+    "sizes must come from arithmetic, not from chunking a tensor or a numpy array and "
+    "measuring it)"])
 def check_dp_shard_sizes(fn):
     """fn(batch_size, k): the sizes of the pieces DataParallel's scatter (torch.chunk) makes."""
     g = fresh_generator()
@@ -38,14 +41,19 @@ def check_dp_shard_sizes(fn):
     cases.append((randint(g, 10**6, 10**9), randint(g, 2, 8)))  # beyond any table built ahead
     for n, k in cases:
         call = f"dp_shard_sizes({n}, {k})"
-        with Recorder() as rec:
+        with Recorder() as rec, numpy_work(fn) as arrays:
             value = fn(n, k)
         size = -(-n // k)                       # torch.chunk's arithmetic, for any n
         want = [size] * (-(-n // size) - 1) + [n - size * (-(-n // size) - 1)]
+        expect_list(value, call, "size = -(-n // k)")
         ops = sorted({op.name for op in rec.ops})
         expect(not ops, f"{call}: your code built and cut a tensor ({', '.join(ops)}) to "
                         "measure the pieces: work the sizes out with arithmetic, as the exercise "
                         "asks (no torch.chunk)")
+        expect(not arrays, f"{call}: your code computed on numpy arrays "
+                           f"({', '.join(dict.fromkeys(arrays))}): that is the chunking done "
+                           "outside torch, unseen; work the sizes out with arithmetic on the "
+                           "numbers (size = -(-n // k), as torch.chunk does)")
         got = _int_list(value, call)
         if got == want:
             continue

@@ -11,6 +11,7 @@ from ._core import (CheckFailed, FakeGPUs, Recorder, as_int, as_number, check, d
                     expect, fresh_generator, randint, storage_key)
 from ._core.exits import watch_exits
 from ._core.inputs import expect_unchanged, kept
+from ._core.numpy_work import expect_list, numpy_work
 
 __all__ = ["check_shard_sizes", "check_allreduce_spread", "check_evaluate_accuracy_multi"]
 
@@ -29,6 +30,11 @@ def _as_sizes(value, call):
     return [as_int(s, call) for s in sizes]
 
 
+def _names(calls):
+    """The numpy functions an answer ran, each once, in the order it first ran them."""
+    return ", ".join(dict.fromkeys(calls))
+
+
 def _rows(m):
     return f"{m} row" if m == 1 else f"{m} rows"
 
@@ -36,8 +42,9 @@ def _rows(m):
 @check("shard_sizes", references=["split_batch"], observes=[
     "the sizes returned for fresh (n, k), uneven, even and n < k, against the shards "
     "split_batch makes (torch.tensor_split: larger first, empty shards when n < k)",
-    "every torch operation the answer runs: the sizes must come from arithmetic, not from "
-    "splitting a tensor and measuring it"])
+    "every torch operation the answer runs, and every numpy function it runs on arrays: the "
+    "sizes must come from arithmetic, not from splitting a tensor (or a numpy array) and "
+    "measuring it"])
 def check_shard_sizes(fn):
     """fn(n, k) returns the sizes of the k shards split_batch makes of n examples: larger shards
     first, sizes differing by at most one; when n < k the last k - n shards are empty (0)."""
@@ -51,7 +58,7 @@ def check_shard_sizes(fn):
     cases += [(randint(g, 1, k - 1), k), (0, randint(g, 1, 4))]        # fewer rows than devices
     for n, k in cases:
         call = f"shard_sizes({n}, {k})"
-        with Recorder() as rec:
+        with Recorder() as rec, numpy_work(fn) as arrays:
             try:
                 value = fn(n, k)
             except ValueError as e:
@@ -61,9 +68,13 @@ def check_shard_sizes(fn):
                                       f"{[1] * n + [0] * (k - n)}") from None
                 raise
         want = [len(s) for s in torch.arange(n).tensor_split(k)]     # after the answer ran
+        expect_list(value, call, "q, r = divmod(n, k)")
         ops = sorted({op.name for op in rec.ops})
         expect(not ops, f"{call}: your code built and split a tensor ({', '.join(ops)}) to "
                         "measure the shards: work the sizes out with arithmetic (divmod)")
+        expect(not arrays, f"{call}: your code computed on numpy arrays ({_names(arrays)}): "
+                           "that is the split done outside torch, unseen; work the sizes out "
+                           "with arithmetic on the numbers (q, r = divmod(n, k))")
         got = _as_sizes(value, call)
         expect(len(got) == k, f"{call} returned {len(got)} sizes, expected {k} (one per device"
                               + (", empty ones included" if n < k else "") + ")")
