@@ -83,6 +83,9 @@ def targets(tmp):
         T("syncbn_cost_times", h.syncbn_cost_times,
           dict(subset=256, rounds=1, warmup=1, steps=1), "part3", data=True),
         T("ddp_step_seconds", h.ddp_step_seconds, dict(batch=8, steps=1), "part3"),
+        T("syncbn_traffic", h.syncbn_traffic, dict(batch=4, channels=4, size=6), "part3",
+          gloo_only=True, notes="launched with backend=\"gloo\": records the CPU stand-in's "
+          "collectives for the schematic"),
         T("uneven_inputs_join", h.uneven_inputs_join, {}, "part3", gloo_only=True,
           notes="launched with backend=\"gloo\": a lesson on collectives"),
         # Part IV (part4)

@@ -42,7 +42,7 @@ def test_dp_step_replicates_as_dataparallel_does():
 @pytest.fixture(scope="module")
 def traffic():
     cfg = dict(batch=6, channels=3, size=4, seed=1)
-    return cfg, helpers.launch(helpers.syncbn_traffic, 2, cfg, quiet=True)
+    return cfg, helpers.launch(helpers.syncbn_traffic, 2, cfg, backend="gloo", quiet=True)
 
 
 def test_syncbn_facts_are_the_runs_statistics_and_collectives(traffic):

@@ -203,7 +203,7 @@ def test_the_wrapper_picture_is_readable_on_a_phone(one_rank):
 def test_the_syncbn_picture_is_readable_on_a_phone():
     import matplotlib.pyplot as plt
     ranks = helpers.launch(helpers.syncbn_traffic, 2, dict(batch=4, channels=4, size=6),
-                           quiet=True)                                  # as syncbn.ipynb
+                           backend="gloo", quiet=True)                  # as syncbn.ipynb
     fig = helpers.plot_syncbn(helpers.syncbn_facts(ranks))
     px, text = phone_text_px(fig)
     plt.close(fig)

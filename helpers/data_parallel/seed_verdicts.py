@@ -81,16 +81,17 @@ def scaled_rate_verdict(acc_1, acc_same, acc_scaled, margin=0.005):
                 "usual suspects.")
     against_one = paired_verdict(acc_scaled, acc_1, margin)
     if against_one == ABOVE:
-        return ("Here the scaled rate more than made up for the halved number of steps, on "
-                "every seed.")
+        return ("Here the scaled rate more than made up for doubling the batch at the same "
+                "rate, on every seed.")
     if against_one == WITHIN:
         words = unseparated_words(acc_scaled, acc_1, "the doubled batch", "the 1-device run",
                                   margin)
         return (f"Here the scaled rate brought the doubled batch back near the 1-device run, as "
                 f"the rule intends: {words}.")
     share = (_mean(acc_scaled) - _mean(acc_same)) / (_mean(acc_1) - _mean(acc_same))
-    return (f"Here the scaled rate won back {100 * share:.0f} % of what the halved number of "
-            f"steps lost on average: {'most' if share >= 0.5 else 'part'} of the gap, not all.")
+    return (f"Here the scaled rate won back {100 * share:.0f} % of what doubling the batch at "
+            f"the same rate lost on average: {'most' if share >= 0.5 else 'part'} of the gap, "
+            "not all.")
 
 
 def equal_steps_verdict(a1, a2, a3, margin=0.005):

@@ -127,6 +127,7 @@ def plot_syncbn(facts):
         draw_box(ax, x, 4.7, box, h, "white", edge=device_color(r), text="black",
                  label=f"rank {r}: " + _stats(s["count"], s["own_mean"], s["own_invstd"]),
                  fontsize=SMALL)
-    ax.text(w / 2, 5.95, f"{facts['bn_calls']} collectives: each rank normalises\n"
-            "with its own shard's statistics", ha="center", va="top", fontsize=SMALL)
+    ax.text(w / 2, 5.95, f"{facts['bn_calls']} collectives in the layer: each rank\n"
+            "normalises with its own shard's statistics", ha="center", va="top",
+            fontsize=SMALL)
     return fig
