@@ -21,11 +21,13 @@ def link_between(topo, visible, i, j):
     if visible is None:
         gpus = list(range(len(topo)))
     else:
-        gpus = []
+        parsed = []
         for entry in visible.split(","):
-            if not entry.strip().isdigit() or int(entry) >= len(topo):
+            if not entry.strip().isdigit():
                 break                       # CUDA ignores the rest
-            gpus.append(int(entry))
+            parsed.append(int(entry))
+        gpus = [] if len(set(parsed)) < len(parsed) else parsed
+        gpus = gpus[:next((k for k, g in enumerate(gpus) if g >= len(topo)), len(gpus))]
     if max(i, j) >= len(gpus):
         raise ValueError(f"only {len(gpus)} GPUs are visible")
     return topo[gpus[i]][gpus[j]]
@@ -34,16 +36,50 @@ def link_between(topo, visible, i, j):
 @other("check_link_between", "a dict of visible -> physical, KeyError")
 def link_between_dict(topo, visible, i, j):
     entries = [str(g) for g in range(len(topo))] if visible is None else visible.split(",")
-    physical = {}
+    numbers = []
     for entry in entries:
         try:
             gpu = int(entry)
         except ValueError:
             break
-        if not 0 <= gpu < len(topo):
+        if gpu < 0:
+            break
+        if gpu in numbers:
+            return {}[i]                    # a repeat: nothing visible, KeyError
+        numbers.append(gpu)
+    physical = {}
+    for gpu in numbers:
+        if gpu >= len(topo):
             break
         physical[len(physical)] = gpu
     return topo[physical[i]][physical[j]]
+
+
+@shortcut("check_link_between", "ignores a repeated index", "an index listed twice")
+def link_between_keeps_repeats(topo, visible, i, j):
+    entries = range(len(topo)) if visible is None else visible.split(",")
+    gpus = []
+    for entry in entries:
+        if not str(entry).strip().isdigit() or int(entry) >= len(topo):
+            break
+        gpus.append(int(entry))
+    return topo[gpus[i]][gpus[j]]
+
+
+@shortcut("check_link_between", "stops at a missing GPU before looking for repeats",
+          "an index listed twice")
+def link_between_count_first(topo, visible, i, j):
+    gpus = list(range(len(topo))) if visible is None else []
+    for entry in [] if visible is None else visible.split(","):
+        if not entry.strip().isdigit() or int(entry) >= len(topo):
+            break
+        if int(entry) in gpus:
+            gpus = []
+            break
+        gpus.append(int(entry))
+    if max(i, j) >= len(gpus):
+        raise ValueError(f"only {len(gpus)} GPUs are visible")
+    return topo[gpus[i]][gpus[j]]
 
 
 @shortcut("check_link_between", "physical numbering (ignores CUDA_VISIBLE_DEVICES)",

@@ -204,31 +204,40 @@ def _topology(g, n):
 
 
 def _visible(spec, n):
-    """The physical GPUs cuda:0, cuda:1, ... are, as CUDA reads CUDA_VISIBLE_DEVICES: in the
-    order listed, up to the first entry that is not a valid index (None: all of them); an
-    index listed twice makes none visible (torch.cuda._parse_visible_devices)."""
+    """The physical GPUs cuda:0, cuda:1, ... are, as torch reads CUDA_VISIBLE_DEVICES (None:
+    all of them): parsed up to the first entry that is not a number, an index listed twice in
+    that part making none visible (torch.cuda._parse_visible_devices); then counted up to the
+    first index with no such GPU (the device count)."""
     if spec is None:
         return list(range(n))
-    out = []
+    parsed = []
     for entry in spec.split(","):
         entry = entry.strip()
-        if not entry.isdigit() or int(entry) >= n:
+        if not entry.isdigit():
             break
-        if int(entry) in out:
+        if int(entry) in parsed:
             return []
-        out.append(int(entry))
+        parsed.append(int(entry))
+    out = []
+    for gpu in parsed:
+        if gpu >= n:
+            break
+        out.append(gpu)
     return out
 
 
 def _specs(g, n):
-    """CUDA_VISIBLE_DEVICES values that reorder, drop, and stop at an invalid entry."""
+    """CUDA_VISIBLE_DEVICES values that reorder, drop, stop at an invalid entry, and repeat an
+    index (before the first entry that is not a number: none visible, even after an index with
+    no such GPU)."""
     perm = [int(i) for i in _permutation(g, n)]
     keep = perm[:randint(g, 2, n)]
     bad = str(n + randint(g, 0, 5))
     head = perm[:2]
     tail = [i for i in perm if i not in head][:2]
     return [None, ",".join(map(str, keep)), ",".join(map(str, head + [bad] + tail)),
-            ",".join(map(str, perm[::-1])), ",".join(map(str, head + ["-1"] + tail))]
+            ",".join(map(str, perm[::-1])), ",".join(map(str, head + ["-1"] + tail)),
+            ",".join(map(str, keep + keep[:1])), ",".join(map(str, head + [bad] + head[:1]))]
 
 
 def _permutation(g, n):
@@ -241,7 +250,8 @@ def _permutation(g, n):
 
 @check("link_between", observes=[
     "the link returned for cuda:i and cuda:j on fresh topologies and CUDA_VISIBLE_DEVICES "
-    "values (unset, reordered, shortened, with an invalid entry), against the physical GPUs "
+    "values (unset, reordered, shortened, with an invalid entry, with a repeated index), "
+    "against the physical GPUs "
     "CUDA makes visible; asking for a GPU that is not visible must raise"])
 def check_link_between(fn):
     """fn(topo, visible, i, j): the link `nvidia-smi topo -m` shows between the GPUs PyTorch
@@ -252,7 +262,7 @@ def check_link_between(fn):
         topo = _topology(g, n)
         for spec in _specs(g, n):
             shown = _visible(spec, n)
-            for _ in range(2):
+            for _ in range(2 if shown else 0):
                 i = randint(g, 0, len(shown) - 1)
                 j = (i + randint(g, 1, len(shown) - 1)) % len(shown)
                 call = f"link_between(topo, {spec!r}, {i}, {j})"
@@ -279,7 +289,14 @@ def _raises_beyond(fn, topo, spec, shown):
         got = fn([row[:] for row in topo], spec, 0, i)
     except (ValueError, IndexError, KeyError, RuntimeError):
         return
-    bad = spec.split(",")[i].strip()
-    raise CheckFailed(f"{call} returned {got!r}, but there is no cuda:{i}: CUDA makes the GPUs "
-                      f"visible up to the first invalid entry ({bad!r}) and ignores the rest, so "
-                      f"only {len(shown)} are visible; raise ValueError")
+    entries = [e.strip() for e in spec.split(",")]
+    numbers = [int(e) for e in entries[:next((k for k, e in enumerate(entries)
+                                               if not e.isdigit()), len(entries))]]
+    if len(set(numbers)) < len(numbers):
+        why = ("an index listed twice (before the first entry that is not a number) makes no "
+               "GPU visible")
+    else:
+        why = (f"CUDA makes the GPUs visible up to the first invalid entry ({entries[i]!r}) and "
+               f"ignores the rest, so only {len(shown)} are visible")
+    raise CheckFailed(f"{call} returned {got!r}, but there is no cuda:{i}: {why}; raise "
+                      "ValueError")
