@@ -243,7 +243,10 @@ def test_the_chapters_draw_these_schematics_with_the_measured_builders():
              "part7/expert_parallel": ["helpers.plot_all_to_all(counts)"],
              "part3/custom_modules": ["helpers.plot_ddp_wrapper(wrapper"],
              "part3/dataparallel": ["helpers.plot_dp_step(one_step)"],
-             "part3/syncbn": ["helpers.plot_syncbn(helpers.syncbn_facts(traffic))"]}
+             "part3/syncbn": ["helpers.plot_syncbn(helpers.syncbn_facts(traffic))"],
+             "part3/ddp_torchrun": ["helpers.plot_sampler(\n    helpers.sampler_facts(shards",
+                                    "helpers.plot_restart(helpers.restart_facts("],
+             "part2/scratch": ["helpers.plot_scratch_step(\n    helpers.scratch_step_facts("]}
     for name, wanted in calls.items():
         code = "\n".join("".join(c["source"]) for c in json.loads(
             (book / f"{name}.ipynb").read_text())["cells"] if c["cell_type"] == "code")

@@ -91,7 +91,8 @@ def test_restart_picture_draws_every_attempt_rank_and_epoch(history, world):
     attempts = sorted({h["attempt"] for h in history})
     assert [t for t in texts if t.startswith("attempt ")] == [f"attempt {a}" for a in attempts]
     assert texts.count(f"rank {world - 1}") == len(attempts)        # every rank, every attempt
-    said = f"rank {world - 1} killed: torchrun restarts all {world} ranks, each loads"
+    every = "both" if world == 2 else f"all {world}"
+    said = f"rank {world - 1} killed: torchrun restarts {every} ranks, each loads"
     assert sum(t.replace("\n", " ").startswith(said) for t in texts) == len(attempts) - 1
     assert texts.count("X") == len(attempts) - 1
     if len(history) <= 3:                                         # wide enough to say it

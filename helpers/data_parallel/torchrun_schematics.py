@@ -124,8 +124,9 @@ def restart_facts(history, world, failed_rank=None, fail_step=None, steps_per_ep
 
 def plot_restart(facts):
     """Epochs across, attempts down, every rank a lane: each attempt's finished epochs, a
-    snapshot after each, the epoch a kill cut short (and the rank killed), and the next attempt
-    restarting every rank from the last snapshot. Returns the figure."""
+    snapshot after each, the epoch a kill cut short (and the rank killed; drawn halfway in when
+    the step is not known), and the next attempt restarting every rank from the last snapshot.
+    Returns the figure."""
     world, attempts, epochs = facts["world"], facts["attempts"], facts["epochs"]
     w, left = SCHEMATIC_WIDTH, 1.05
     col = (w - left - 0.1) / epochs
@@ -170,7 +171,8 @@ def plot_restart(facts):
                 else "killed"
             bottom, kill = lanes + world * lane, x + part
             room = max(kill - 0.2, w - kill - 0.2)             # the wider side of the arrow
-            text = textwrap.fill(f"{said}: torchrun restarts all {world} ranks, each loads "
+            every = "both" if world == 2 else f"all {world}"
+            text = textwrap.fill(f"{said}: torchrun restarts {every} ranks, each loads "
                                  f"the snapshot of epoch {attempts[k + 1]['resumed_from']}",
                                  max(12, int(room * CHARS_PER_INCH)))
             right = kill < w / 2
