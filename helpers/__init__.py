@@ -212,6 +212,9 @@ from .pipeline_parallel.schematics import (split_picture, plot_network_split, sc
 from .sharding.schematics import shard_owners, plot_shards
 from .data_parallel.schematics import bucket_timeline, plot_buckets
 from .data_parallel.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
-from .data_parallel.dp_schematics import dp_step_facts, plot_dp_step
+from .data_parallel.dp_schematics import (dp_step_facts, plot_dp_step, scratch_step_facts,
+                                          plot_scratch_step)
+from .data_parallel.torchrun_schematics import (sampler_facts, plot_sampler, restart_facts,
+                                                plot_restart)
 from .data_parallel.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
 from .composed.planner import data_parallel_costs

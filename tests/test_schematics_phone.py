@@ -159,6 +159,16 @@ def _mesh():
     return fig
 
 
+def _sampler_shards(n, world, epoch=0):
+    from torch.utils.data.distributed import DistributedSampler
+    shards = []
+    for r in range(world):
+        sampler = DistributedSampler(list(range(n)), num_replicas=world, rank=r, seed=0)
+        sampler.set_epoch(epoch)
+        shards.append(list(sampler))
+    return shards
+
+
 READABLE = {
     "context-parallel ring": lambda: helpers.plot_ring(16, 4),
     "context-parallel split": lambda: helpers.plot_split(16, 4),
@@ -179,6 +189,19 @@ READABLE = {
         torch.rand(5, 1, 28, 28), [f"GPU {i}" for i in range(4)])),       # as dataparallel.ipynb
     "DataParallel step, 10 rows over 4 GPUs": lambda: helpers.plot_dp_step(helpers.dp_step_facts(
         torch.rand(10, 1, 28, 28), [f"GPU {i}" for i in range(4)])),
+    "DistributedSampler, 10 over 4 ranks": lambda: helpers.plot_sampler(helpers.sampler_facts(
+        _sampler_shards(10, 4, epoch=1), 10, epoch=1)),                 # as ddp_torchrun.ipynb
+    "DistributedSampler, 16 over 8 ranks": lambda: helpers.plot_sampler(helpers.sampler_facts(
+        _sampler_shards(16, 8), 16)),
+    "torchrun restart, 2 ranks": lambda: helpers.plot_restart(helpers.restart_facts(
+        [dict(epoch=1, attempt=0), dict(epoch=2, attempt=1), dict(epoch=3, attempt=1)], 2,
+        failed_rank=1, fail_step=144, steps_per_epoch=96)),             # as ddp_torchrun.ipynb
+    "torchrun restart, 8 ranks, 10 epochs": lambda: helpers.plot_restart(helpers.restart_facts(
+        [dict(epoch=e, attempt=int(e > 6)) for e in range(1, 11)], 8, failed_rank=3)),
+    "step from scratch, 10 rows over 4 devices": lambda: helpers.plot_scratch_step(
+        helpers.scratch_step_facts(*helpers.split_batch(
+            torch.arange(40.0).reshape(10, 4), torch.arange(10), [torch.device("cpu")] * 4),
+            helpers.allreduce)),                                          # as scratch.ipynb
 }
 
 
@@ -220,7 +243,10 @@ def test_the_chapters_draw_these_schematics_with_the_measured_builders():
              "part7/expert_parallel": ["helpers.plot_all_to_all(counts)"],
              "part3/custom_modules": ["helpers.plot_ddp_wrapper(wrapper"],
              "part3/dataparallel": ["helpers.plot_dp_step(one_step)"],
-             "part3/syncbn": ["helpers.plot_syncbn(helpers.syncbn_facts(traffic))"]}
+             "part3/syncbn": ["helpers.plot_syncbn(helpers.syncbn_facts(traffic))"],
+             "part3/ddp_torchrun": ["helpers.plot_sampler(\n    helpers.sampler_facts(shards",
+                                    "helpers.plot_restart(helpers.restart_facts("],
+             "part2/scratch": ["helpers.plot_scratch_step(\n    helpers.scratch_step_facts("]}
     for name, wanted in calls.items():
         code = "\n".join("".join(c["source"]) for c in json.loads(
             (book / f"{name}.ipynb").read_text())["cells"] if c["cell_type"] == "code")

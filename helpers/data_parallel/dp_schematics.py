@@ -6,11 +6,20 @@ does (`device_ids[:len(inputs)]`): a batch of 5 over 4 GPUs makes pieces 2, 2, 1
 last GPU idle. `plot_dp_step` draws one step: scatter, replicate, parallel_apply in threads,
 gather on the first GPU, and the backward summing every replica's gradient onto the module
 there.
+
+`scratch_step_facts` records Part II's from-scratch step on the chapter's own shards: the sizes
+and labels `split_batch` gave each device, and what the chapter's `allreduce` does to one tensor
+a device (each `add_` and `copy_` between them, and what each holds afterwards).
+`plot_scratch_step` draws it: the shards, each device's gradient, the sum formed on device 0
+and copied back.
 """
+import torch
+from torch.overrides import TorchFunctionMode
+
 from ..schematics import LABEL_FONT as SMALL, SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, \
     draw_box
 
-__all__ = ["dp_step_facts", "plot_dp_step"]
+__all__ = ["dp_step_facts", "plot_dp_step", "scratch_step_facts", "plot_scratch_step"]
 
 IDLE_COLOR = "#BBBBBB"
 
@@ -66,4 +75,115 @@ def plot_dp_step(facts):
              label=f"backward: the {len(facts['replicas'])} replicas' gradients\n"
                    f"summed into the module's .grad on {devices[0]}", fontsize=SMALL,
              text="black")
+    return fig
+
+
+class _Moves(TorchFunctionMode):
+    """Records each add_ and copy_ between the tensors of `data` (or copies of them made with
+    .to) as (op, destination, source), positions in `data`."""
+
+    def __init__(self, data):
+        super().__init__()
+        self.where = {id(t): i for i, t in enumerate(data)}
+        self.kept, self.ops = list(data), []   # kept alive: an id stays theirs
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.to and id(args[0]) in self.where:
+            self.where.setdefault(id(out), self.where[id(args[0])])
+            self.kept.append(out)
+        elif func in (torch.Tensor.add_, torch.Tensor.copy_) and len(args) > 1:
+            dst, src = self.where.get(id(args[0])), self.where.get(id(args[1]))
+            if dst is not None and src is not None:
+                self.ops.append((func.__name__, dst, src))
+        return out
+
+
+def scratch_step_facts(X_shards, y_shards, allreduce):
+    """dict(devices, sizes: rows a shard, labels: each shard's y, batch, target: the device the
+    sum is formed on, ops: allreduce's (op, destination, source) moves, holds: the gradients
+    each device holds afterwards) from split_batch's shards and the chapter's `allreduce`, run on
+    one tensor a device (device i holds 2**i, so each sum says which gradients it adds).
+    Refuses an allreduce that leaves a device without the sum, or that does not add into one
+    device and copy back from it (the two steps this picture draws)."""
+    k = len(X_shards)
+    data = [torch.full((1,), 2.0 ** i, device=x.device) for i, x in enumerate(X_shards)]
+    given = list(data)                        # the tensors themselves, whatever the list holds
+    with _Moves(data) as moves:
+        allreduce(data)
+    held = [int(t.item()) for t in given]
+    if held != [2 ** k - 1] * k:
+        raise ValueError(f"after allreduce the devices hold {held}: not every one the sum "
+                         f"{2 ** k - 1} (does it write into the tensors it was given?)")
+    holds, adds = [{i} for i in range(k)], [o for o in moves.ops if o[0] == "add_"]
+    for op, dst, src in moves.ops:
+        holds[dst] = holds[dst] | holds[src] if op == "add_" else set(holds[src])
+    target = adds[0][1] if adds else 0
+    copies = [o for o in moves.ops if o[0] == "copy_"]
+    if moves.ops != adds + copies or any(d != target for _, d, _ in adds) \
+            or any(s != target for _, _, s in copies) or holds != [set(range(k))] * k:
+        raise ValueError(f"allreduce moved {moves.ops}: this picture draws adds into one "
+                         "device, then copies back from it")
+    return dict(devices=[f"device {i}" for i in range(k)], sizes=[len(x) for x in X_shards],
+                labels=[y.tolist() for y in y_shards], batch=sum(len(x) for x in X_shards),
+                target=target, ops=moves.ops, holds=[sorted(h) for h in holds])
+
+
+def _labels(ys):
+    """A shard's labels, short: "y 0-2" for a run of three or more, else "y 4, 7"."""
+    if len(ys) > 2 and ys == list(range(ys[0], ys[0] + len(ys))):
+        return f"y {ys[0]}\u2013{ys[-1]}"
+    return "y " + ", ".join(map(str, ys)) if len(ys) <= 3 else f"y {ys[0]}, \u2026, {ys[-1]}"
+
+
+def _terms(held):
+    """g0+g1\n+g2+g3: the gradients a device holds, two to a line."""
+    terms = [f"g{i}" for i in held]
+    return "\n+".join("+".join(terms[i:i + 2]) for i in range(0, len(terms), 2))
+
+
+def plot_scratch_step(facts):
+    """Devices across, the step down: each device's shard (rows and labels), its gradient, the
+    adds into the target device and the copies back from it, then the update. Returns the
+    figure."""
+    k, target = len(facts["devices"]), facts["target"]
+    w, left = SCHEMATIC_WIDTH, 1.05
+    col = (w - left) / k
+    box, row, gap = col - 0.12, 0.62, 0.5
+    ys = [0.45 + i * (row + gap) for i in range(4)]
+    height = ys[-1] + row + 0.65
+    fig, axes = diagram(1, 1, width=w, height=height)
+    ax = axes[0, 0]
+    ax.set(xlim=(0, w), ylim=(height, 0))
+    fig.subplots_adjust(0, 0, 1, 1)
+    xs = [left + i * col + 0.06 for i in range(k)]
+    for x, name in zip(xs, facts["devices"], strict=True):
+        ax.text(x + box / 2, 0.2, name if col > 0.8 else name.split()[-1], ha="center",
+                va="center", fontsize=SMALL)
+    steps = ("split_batch", "backward\n(summed\nloss)",
+             f"add_ into\n{facts['devices'][target]}", "copy_ back")
+    for y, step in zip(ys, steps, strict=True):
+        ax.text(0.05, y + row / 2, step, fontsize=SMALL, va="center")
+    for i, (x, n, ys_i) in enumerate(zip(xs, facts["sizes"], facts["labels"], strict=True)):
+        draw_box(ax, x, ys[0], box, row, device_color(i), fontsize=SMALL,
+                 label=f"{n} row" + "s" * (n != 1) + ("\n" + _labels(ys_i) if n else ""))
+        draw_arrow(ax, (x + box / 2, ys[0] + row), (x + box / 2, ys[1]), width=1.2, head=10)
+        draw_box(ax, x, ys[1], box, row, "white", edge=device_color(i), text="black",
+                 label=f"g{i}", fontsize=SMALL)
+    tx = xs[target]
+    draw_box(ax, tx, ys[2], box, row, "#DDDDDD", edge="none", fontsize=SMALL,
+             label=_terms(range(k)))
+    draw_arrow(ax, (tx + box / 2, ys[1] + row), (tx + box / 2, ys[2]), width=1.2, head=10)
+    for _, _, src in (o for o in facts["ops"] if o[0] == "add_"):
+        draw_arrow(ax, (xs[src] + box / 2, ys[1] + row), (tx + box * 0.75, ys[2]),
+                   color=device_color(src), width=1.5, head=10)
+    for i, (x, held) in enumerate(zip(xs, facts["holds"], strict=True)):
+        draw_box(ax, x, ys[3], box, row, "white", edge=device_color(i), text="black",
+                 label=_terms(held), fontsize=SMALL)
+    draw_arrow(ax, (tx + box / 2, ys[2] + row), (tx + box / 2, ys[3]), width=1.2, head=10)
+    for _, dst, _ in (o for o in facts["ops"] if o[0] == "copy_"):
+        draw_arrow(ax, (tx + box * 0.75, ys[2] + row), (xs[dst] + box / 2, ys[3]),
+                   color="black", width=1.5, head=10)
+    ax.text(0.05, ys[3] + row + 0.15, f"then sgd divides by {facts['batch']}, the whole batch:\n"
+            "every replica takes the same step", fontsize=SMALL, va="top")
     return fig
