@@ -94,7 +94,8 @@ from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, t
                                       evaluate_accuracy, default_run_size)
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
                                       bucketed_allreduce, ring_allreduce, OverlapReducer,
-                                      train_batch_overlap, allreduce_time, fit_alpha_beta)
+                                      train_batch_overlap, allreduce_time, fit_alpha_beta,
+                                      exposed_seconds, ASSUMED_LINKS, ASSUMED_BACKWARD_S)
 from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, replica_flat_grad,
                                  train_fast_rank)
 from .data_parallel.fast_lenet import lenet_fused, fused_flat_grad, tap_major
