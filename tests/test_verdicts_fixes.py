@@ -83,3 +83,21 @@ def test_the_compression_words_follow_the_step_verdict():
     assert "faster too" in helpers.compression_words(FASTER)
     assert "does not explain" in helpers.compression_words(SLOWER)
     assert "no verdict" in helpers.compression_words(ONE)
+
+
+def test_the_bench_and_the_step_table_are_reconciled_only_where_they_disagree():
+    pieces = {"resident data": "within noise", "fused step": "within noise"}
+    said = helpers.bench_step_words("faster", pieces)
+    assert said.startswith(" The per-step table did not resolve the resident data and fused "
+                           "step rows faster")
+    assert "one device" in said and "two simulated devices" in said and "whole epochs" in said
+    assert "does not time those differences apart" in said and "because" not in said
+    assert helpers.bench_step_words("faster", {**pieces, "fused step": "faster"}) == ""
+    assert helpers.bench_step_words("within noise", pieces) == ""
+    told = helpers.bench_step_words("within noise", {**pieces, "resident data": "slower"})
+    assert told.startswith(" The per-step table resolved the resident data row where")
+    assert "did not resolve" in helpers.bench_step_words("slower", {"fused step": "faster"})
+    assert helpers.bench_step_words("cannot tell", pieces) == ""
+    assert helpers.bench_step_words("faster", {}) == ""
+    with pytest.raises(ValueError):
+        helpers.bench_step_words("quicker", pieces)
