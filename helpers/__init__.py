@@ -73,7 +73,8 @@ from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_event
                         exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, formatted, plural, say
 from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
-from .reference import gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step
+from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
+                        failed_cells_words)
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
                               measured_step_words)
 from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load

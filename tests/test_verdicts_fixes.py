@@ -101,3 +101,23 @@ def test_the_bench_and_the_step_table_are_reconciled_only_where_they_disagree():
     assert helpers.bench_step_words("faster", {}) == ""
     with pytest.raises(ValueError):
         helpers.bench_step_words("quicker", pieces)
+
+
+def test_the_gpu_runs_failed_cells_are_named_from_the_reference_file(tmp_path):
+    import json
+    ref = {"exists": True, "gpu": "G", "torch": "t", "date": "d", "command": "c",
+           "commit": "abc1234", "steps": {"nbval": {"failed": [
+               "book.gpus.ipynb::Cell 22", "book.part4.fixes.ipynb::Cell 59",
+               "book.part4.fixes.ipynb::Cell 28"]}}}
+    path = tmp_path / "gpu_reference.json"
+    path.write_text(json.dumps(ref))
+    said = helpers.failed_cells_words("book/part4/fixes.ipynb", str(path))
+    assert said.startswith(" That run also executed this notebook's cells")
+    assert "2 of them failed there (cells 28 and 59, numbered as in the notebook at commit " \
+           "abc1234" in said and "not why" in said
+    assert "1 of them failed there (cell 22," in helpers.failed_cells_words("book/gpus.ipynb",
+                                                                            str(path))
+    assert helpers.failed_cells_words("book/part4/scaling.ipynb", str(path)) == ""
+    ref["steps"] = {}
+    path.write_text(json.dumps(ref))
+    assert helpers.failed_cells_words("book/part4/fixes.ipynb", str(path)) == ""
