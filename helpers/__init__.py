@@ -73,7 +73,8 @@ from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_event
                         exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, formatted, plural, say
 from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
-from .reference import gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step
+from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
+                        failed_cells_words)
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
                               measured_step_words)
 from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
@@ -94,7 +95,8 @@ from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, t
                                       evaluate_accuracy, default_run_size)
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
                                       bucketed_allreduce, ring_allreduce, OverlapReducer,
-                                      train_batch_overlap, allreduce_time, fit_alpha_beta)
+                                      train_batch_overlap, allreduce_time, fit_alpha_beta,
+                                      exposed_seconds, ASSUMED_LINKS, ASSUMED_BACKWARD_S)
 from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, replica_flat_grad,
                                  train_fast_rank)
 from .data_parallel.fast_lenet import lenet_fused, fused_flat_grad, tap_major
@@ -110,7 +112,7 @@ from .data_parallel.verdicts import (ratio_words, against_prediction, compile_se
                                      message_cause, overlap_step_words,
                                      shared_rounding_words, arithmetic_share_words)
 from .data_parallel.fixes_verdicts import (ablation_credit, fused_step_words,
-                                           compression_words)
+                                           compression_words, bench_step_words)
 from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
                                              two_workers_sentence, weak_split, sweep_words,
                                              sweep_summary, model_saving_words)

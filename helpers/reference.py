@@ -20,7 +20,8 @@ from .paths import course_file
 from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
-           "capture_env", "gpu_figures", "one_gpu_step", "add_notebook", "add_path"]
+           "capture_env", "gpu_figures", "one_gpu_step", "add_notebook", "add_path",
+           "failed_cells_words"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
@@ -120,6 +121,10 @@ def describe_gpu_reference(path=None):
                     "the trainers)")
     missing = [s for s in STEPS if s not in ref.get("steps", {})]
     tail = [f"  steps not run: {', '.join(missing)}"] if missing else []
+    failed = ref.get("steps", {}).get("nbval", {}).get("failed", [])
+    if failed:
+        tail.append(f"  cells that failed under nbval in that run (numbered as at commit "
+                    f"{ref.get('commit', 'unknown')}): {', '.join(failed)}")
     return "\n".join([head] + rows + note + ratios + tail)
 
 
@@ -163,6 +168,28 @@ def one_gpu_step(path=None):
     return dict(seconds=best["sec_per_epoch"]["median"] / steps, row=best["name"],
                 note=best.get("note", ""), batch=batch, steps_per_epoch=steps,
                 gpu=ref["gpu"], date=ref["date"])
+
+
+def failed_cells_words(notebook, path=None):
+    """What the committed GPU run's nbval step recorded for `notebook` (its path in the
+    repository, e.g. "book/part4/fixes.ipynb"): "" where none of its cells failed there (or no
+    GPU run, or it was not run), else a sentence (after a space) naming the failed cells by
+    their numbers in the notebook at the run's commit. The file records which cells failed,
+    not why: so does the sentence."""
+    ref = gpu_reference(path)
+    nbval = ref.get("steps", {}).get("nbval", {}) if ref.get("exists") else {}
+    prefix = notebook.replace("/", ".").replace(".ipynb", "") + ".ipynb::Cell "
+    cells = sorted(int(f[len(prefix):]) for f in nbval.get("failed", [])
+                   if f.startswith(prefix) and f[len(prefix):].isdigit())
+    if not cells:
+        return ""
+    named = ", ".join(map(str, cells[:-1])) + (" and " if len(cells) > 1 else "") + str(cells[-1])
+    word = "cells" if len(cells) > 1 else "cell"
+    return (f" That run also executed this notebook's cells on its GPU (nbval), and "
+            f"{len(cells)} of them failed there ({word} {named}, numbered as in the notebook at "
+            f"commit {ref.get('commit', 'unknown')}; reference/gpu_reference.json records which "
+            "cells failed, not why): until a GPU run passes them, what those cells compute is "
+            "not checked on a GPU.")
 
 
 def capture_env(path, dry_run=False):

@@ -64,3 +64,32 @@ def test_sync_covers_part_two():
              for name, _ in notebook_definitions(p)}
     required = {"lenet", "get_params", "allreduce", "split_batch", "train_batch", "train"}
     assert required <= names, f"scratch.ipynb no longer defines {sorted(required - names)}"
+
+
+def _assigned_literals(path, names):
+    """{name: value} of the notebook's top-level `name = ...` assignments to `names` (literals and
+    `dict(...)` of literals)."""
+    nb = json.loads(path.read_text())
+    found = {}
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse("".join(cell["source"]))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and getattr(node.targets[0], "id", None) in names:
+                value = compile(ast.Expression(node.value), str(path), "eval")
+                found[node.targets[0].id] = eval(value, {"__builtins__": {}, "dict": dict})
+    return found
+
+
+def test_scaling_assumptions_are_what_helpers_ships():
+    """Other chapters (fixes' bucket exercise) read the scaling chapter's assumed links and
+    backward from helpers: the values the scaling chapter spells out must be those."""
+    path = next(p for p in toc_notebooks() if p.name == "scaling.ipynb")
+    found = _assigned_literals(path, {"assumed", "backward_s"})
+    assert found == {"assumed": helpers.ASSUMED_LINKS,
+                     "backward_s": helpers.ASSUMED_BACKWARD_S}, found

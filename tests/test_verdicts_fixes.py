@@ -83,3 +83,41 @@ def test_the_compression_words_follow_the_step_verdict():
     assert "faster too" in helpers.compression_words(FASTER)
     assert "does not explain" in helpers.compression_words(SLOWER)
     assert "no verdict" in helpers.compression_words(ONE)
+
+
+def test_the_bench_and_the_step_table_are_reconciled_only_where_they_disagree():
+    pieces = {"resident data": "within noise", "fused step": "within noise"}
+    said = helpers.bench_step_words("faster", pieces)
+    assert said.startswith(" The per-step table did not resolve the resident data and fused "
+                           "step rows faster")
+    assert "one device" in said and "two simulated devices" in said and "whole epochs" in said
+    assert "does not time those differences apart" in said and "because" not in said
+    assert helpers.bench_step_words("faster", {**pieces, "fused step": "faster"}) == ""
+    assert helpers.bench_step_words("within noise", pieces) == ""
+    told = helpers.bench_step_words("within noise", {**pieces, "resident data": "slower"})
+    assert told.startswith(" The per-step table resolved the resident data row where")
+    assert "did not resolve" in helpers.bench_step_words("slower", {"fused step": "faster"})
+    assert helpers.bench_step_words("cannot tell", pieces) == ""
+    assert helpers.bench_step_words("faster", {}) == ""
+    with pytest.raises(ValueError):
+        helpers.bench_step_words("quicker", pieces)
+
+
+def test_the_gpu_runs_failed_cells_are_named_from_the_reference_file(tmp_path):
+    import json
+    ref = {"exists": True, "gpu": "G", "torch": "t", "date": "d", "command": "c",
+           "commit": "abc1234", "steps": {"nbval": {"failed": [
+               "book.gpus.ipynb::Cell 22", "book.part4.fixes.ipynb::Cell 59",
+               "book.part4.fixes.ipynb::Cell 28"]}}}
+    path = tmp_path / "gpu_reference.json"
+    path.write_text(json.dumps(ref))
+    said = helpers.failed_cells_words("book/part4/fixes.ipynb", str(path))
+    assert said.startswith(" That run also executed this notebook's cells")
+    assert "2 of them failed there (cells 28 and 59, numbered as in the notebook at commit " \
+           "abc1234" in said and "not why" in said
+    assert "1 of them failed there (cell 22," in helpers.failed_cells_words("book/gpus.ipynb",
+                                                                            str(path))
+    assert helpers.failed_cells_words("book/part4/scaling.ipynb", str(path)) == ""
+    ref["steps"] = {}
+    path.write_text(json.dumps(ref))
+    assert helpers.failed_cells_words("book/part4/fixes.ipynb", str(path)) == ""

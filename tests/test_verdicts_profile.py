@@ -50,17 +50,27 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
     assert "on the core its share cost about 1/2" in off
     assert "it spent off its core" in off and "344.0 ms" in off
     assert "one worker alone spent 488.0 ms" in off
-    assert "lowest 1.200" in off and "by what, this run does not say" in off
-    assert "threads held" not in off
+    assert "lowest 1.200" in off and "what took it, this run does not say" in off
+    assert "time its thread's CPU clock did not count" in off
+    assert "threads held" not in off and "descheduled" not in off
     on = words(FASTER, NOISE, 70.0, 65.0, 120.0, 110.0)
     assert "cost more than 1/2 on the core itself" in on
     assert "did not measurably lose its core" in on and "spent off" not in on
     assert "the spread reaches 1" in on
     assert on.endswith("while one worker alone spent 10.0 ms of its compute off its core")
+    # both figures in the same format: a tiny one-worker figure is not "0.0"
+    assert "one worker alone spent 0.04 ms" in words(NOISE, NOISE, 1.0, 1.0, 2.04, 2.0)
     assert "cost less than 1/2" in words(SLOWER, NOISE, 50.0, 45.0, 120.0, 110.0)
     assert words(NOISE, NOISE, 1, 1, 3, 3, k=3).startswith("each of 3 workers")
-    # a resolved but tiny time off the core is printed, not rounded to "0.0"
-    assert "the rest of its compute, 0.04 ms," in words(NOISE, FASTER, 1.84, 1.80, 3.6, 3.6)
+    # a small time off the core is printed, not rounded to "0.0"
+    assert "the rest of its compute, 0.06 ms," in words(NOISE, FASTER, 1.86, 1.80, 3.6, 3.6)
+    # above 1 in every round, but under the floors: not said to have lost its core
+    for tiny, ratio in ((words(NOISE, FASTER, 1.84, 1.80, 3.6, 3.6), "1.200"),
+                        (words(NOISE, helpers.Ratio([1.001, 1.002, 1.003]), 1.55, 1.4, 3, 3),
+                         "1.001")):
+        assert "did not measurably lose its core" in tiny and "spent off" not in tiny
+        assert f"lowest {ratio}), under the 0.05 ms or the 1%" in tiny
+    assert "exceeded its CPU time by 0.04 ms" in words(NOISE, FASTER, 1.84, 1.80, 3.6, 3.6)
 
 
 def test_the_allreduce_split_compares_the_time_after_the_last_arrival_with_it_alone():

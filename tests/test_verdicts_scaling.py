@@ -120,7 +120,12 @@ def test_the_model_saving_is_checked_inside_a_step_in_three_branches():
             "misses most of the per-message cost inside a step.") in got
     assert "within a factor of two" in helpers.model_saving_words(
         2.0, 240, (5.0, 2.0), FASTER, 15, 4)
-    assert "overprices" in helpers.model_saving_words(2.0, 240, (2.5, 2.0), FASTER, 15, 4)
+    assert got.endswith("This run does not say where the rest of it goes.")
+    assert helpers.model_saving_words(2.0, 240, (5.0, 2.0), FASTER, 15, 4).endswith("the rest of "
+                                                                                  "it goes.")
+    over = helpers.model_saving_words(2.0, 240, (2.5, 2.0), FASTER, 15, 4)
+    assert "overprices" in over and "the rest" not in over and over.endswith("inside a step.")
+    assert "the rest" not in helpers.model_saving_words(2.0, 240, (3.5, 2.0), FASTER, 15, 4)
     assert "does not confirm" in helpers.model_saving_words(2.0, 240, (5.0, 6.0), SLOWER, 15, 4)
     noise = helpers.model_saving_words(2.0, 240, (7.0, 6.0), NOISE, 15, 4)
     assert "cannot check the model's saving of 2.0 ms" in noise and "times the" not in noise

@@ -2,6 +2,7 @@
 
 Every variant leaves each tensor holding the elementwise sum, in place, like `helpers.allreduce`.
 """
+import math
 import threading
 
 import torch
@@ -12,7 +13,8 @@ from .simulated import sgd, split_batch
 
 __all__ = ["flatten", "unflatten_into", "sum_into_all", "flat_allreduce", "bucketed_allreduce",
            "ring_allreduce", "OverlapReducer", "train_batch_overlap",
-           "allreduce_time", "fit_alpha_beta"]
+           "allreduce_time", "fit_alpha_beta", "exposed_seconds", "ASSUMED_LINKS",
+           "ASSUMED_BACKWARD_S"]
 
 
 def flatten(tensors):
@@ -193,6 +195,26 @@ def allreduce_time(n_bytes, k, alpha, beta, algorithm="ring"):
     if algorithm == "naive":
         return 2 * (k - 1) * (alpha + n_bytes / beta)
     raise ValueError(f"unknown algorithm {algorithm!r}: 'ring' or 'naive'")
+
+
+# The scaling chapter's assumed links (assumed values, not measurements: its "On paper" section
+# states them) and its assumed ResNet-18 backward; its cells spell them out, and
+# tests/test_notebook_sync.py keeps them equal to these, which other chapters read.
+ASSUMED_LINKS = dict(node=dict(alpha=5e-6, beta=300e9),
+                     network=dict(alpha=15e-6, beta=50e9))
+ASSUMED_BACKWARD_S = 30e-3
+
+
+def exposed_seconds(n_bytes, bucket_bytes, k, alpha, beta, backward_s):
+    """Seconds of all-reduce left after backward ends (buckets sent as
+    soon as backward has produced them)."""
+    buckets = max(1, math.ceil(n_bytes / bucket_bytes))
+    size = n_bytes / buckets
+    end = 0.0
+    for i in range(buckets):
+        ready = backward_s * (i + 1) / buckets
+        end = max(ready, end) + allreduce_time(size, k, alpha, beta)
+    return max(0.0, end - backward_s)
 
 
 def fit_alpha_beta(n_bytes, seconds):

@@ -179,7 +179,7 @@ def ddp_knobs(rank, world, cfg):
     device, width, depth, batch, steps, rounds = take(cfg, "device", width=512, depth=8,
                                                       batch=64, steps=5, rounds=5)
     clock = DeviceClock(device)
-    knobs = {"default (25 MB buckets)": {}, "1 MB buckets": dict(bucket_cap_mb=1),
+    knobs = {"default (25 MiB buckets)": {}, "1 MiB buckets": dict(bucket_cap_mb=1),
              "one bucket (no overlap)": dict(bucket_cap_mb=1000),
              "gradient_as_bucket_view": dict(gradient_as_bucket_view=True),
              "static_graph": dict(static_graph=True),
@@ -230,7 +230,7 @@ def ddp_knobs(rank, world, cfg):
             dist.barrier()
             samples[name].append((synced_now(device) - t0) / steps)
             exposed[name].append(waited(ends) / steps)
-    base = list(models["default (25 MB buckets)"][0].parameters())
+    base = list(models["default (25 MiB buckets)"][0].parameters())
     diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters(), strict=True))
             for name, (m, _) in models.items()}
     return dict(step_s=samples, exposed_s=exposed, max_diff=diff)

@@ -6,7 +6,7 @@ of a gain is credited only where its own ratio was resolved faster.
 from ..prose import plural
 from .verdicts import _check
 
-__all__ = ["ablation_credit", "fused_step_words", "compression_words"]
+__all__ = ["ablation_credit", "fused_step_words", "compression_words", "bench_step_words"]
 
 _STATE = {"faster": "faster", "slower": "slower", "within noise": "within noise",
           "cannot tell": "not told apart (one round, no verdict)"}
@@ -114,3 +114,42 @@ def compression_words(step):
     if step.verdict == "cannot tell":
         return f"on two processes of one machine one round gave its step no verdict ({fig})"
     return f"on two processes of one machine this run did not resolve it (its step {fig})"
+
+
+_VERDICTS = ("faster", "slower", "within noise", "cannot tell")
+
+
+def _rows(names):
+    """'the resident data row', 'the resident data and fused step rows'."""
+    names = list(names)
+    joined = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"the {joined} {'row' if len(names) == 1 else 'rows'}"
+
+
+def bench_step_words(bench_verdict, pieces):
+    """Where the benchmark's fast row against the reference (`bench_verdict`, over whole epochs)
+    and the per-step table's verdicts on the fixes that row puts together (`pieces`: {fix:
+    verdict}) disagree, one sentence naming how the two are set up, and no cause; "" where
+    they agree (a piece resolved in the bench's direction, or nothing resolved either way) or
+    where either has no verdict."""
+    for v in (bench_verdict, *pieces.values()):
+        if v not in _VERDICTS:
+            raise ValueError(f"verdict {v!r}: one of {_VERDICTS}")
+    if not pieces or bench_verdict == "cannot tell" or "cannot tell" in pieces.values():
+        return ""
+    resolved = {n: v for n, v in pieces.items() if v in ("faster", "slower")}
+    if bench_verdict == "within noise":
+        if not resolved:
+            return ""
+        told = (f"The per-step table resolved {_rows(resolved)} where the benchmark's whole "
+                "epochs did not")
+    else:
+        if bench_verdict in resolved.values():
+            return ""
+        told = (f"The per-step table did not resolve {_rows(pieces)} {bench_verdict}, as "
+                "the benchmark did the fast row")
+    return (f" {told}. The two are set up differently: the benchmark runs the fast trainer, "
+            "all of its fixes together, on one device and times whole epochs (the median from "
+            "the second on), its rows taking turns round by round; the table runs each fix "
+            "beside the one before it on two simulated devices, one step at a time, in turns "
+            "step by step. This run does not time those differences apart.")

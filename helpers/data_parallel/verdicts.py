@@ -89,7 +89,7 @@ def bucket_words(one_vs_small, step):
     (Ratio `step`, the same way round): each with its own verdict, and no cause this run did not
     measure."""
     r, st = _check(one_vs_small), _check(step)
-    exposed = (f"one bucket left {r.median:.2f} times the exposed all-reduce of 1 MB buckets "
+    exposed = (f"one bucket left {r.median:.2f} times the exposed all-reduce of 1 MiB buckets "
                f"({r.lo:.2f}-{r.hi:.2f}: ")
     if r.verdict == "faster":
         exposed += "resolved: smaller buckets hid more of it behind backward)"
@@ -99,9 +99,9 @@ def bucket_words(one_vs_small, step):
         exposed += "not resolved on two CPU processes of this machine)"
     whole = f"{st.median:.2f} times as fast ({st.lo:.2f}-{st.hi:.2f})"
     if st.verdict == "faster":
-        steps = f"the whole step with 1 MB buckets was {whole}: shorter too"
+        steps = f"the whole step with 1 MiB buckets was {whole}: shorter too"
     elif st.verdict == "slower":
-        steps = (f"the whole step with 1 MB buckets was {whole}: longer, and this run does not "
+        steps = (f"the whole step with 1 MiB buckets was {whole}: longer, and this run does not "
                  "say why")
     else:
         steps = (f"the whole steps could not be told apart ({whole}); on GPUs, whose "
