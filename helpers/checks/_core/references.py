@@ -229,10 +229,16 @@ def _dispatch_off(obj):
     name = getattr(obj, "__name__", None)
     if name in _DISPATCH_OFF_NAMES and str(getattr(obj, "__module__", "")).startswith("torch"):
         return name
+    return _names_in_reader_code(obj, _DISPATCH_OFF_NAMES)
+
+
+def _names_in_reader_code(obj, names):
+    """The first (alphabetically) of `names` that `obj`'s own code names, nested code included,
+    where that code is the reader's; else None."""
     code = getattr(obj, "__code__", None)
     if isinstance(code, types.CodeType) and is_reader_code(code.co_filename):
         for c in _codes(code):
-            found = _DISPATCH_OFF_NAMES.intersection(c.co_names)
+            found = names.intersection(c.co_names)
             if found:
                 return min(found)
     return None
@@ -242,13 +248,7 @@ def _introspects(obj):
     """The introspection `obj` is or names in its own code (the reader's), or None."""
     if id(obj) in _INTROSPECTION:
         return _INTROSPECTION[id(obj)]
-    code = getattr(obj, "__code__", None)
-    if isinstance(code, types.CodeType) and is_reader_code(code.co_filename):
-        for c in _codes(code):
-            found = _INTROSPECTION_NAMES.intersection(c.co_names)
-            if found:
-                return min(found)
-    return None
+    return _names_in_reader_code(obj, _INTROSPECTION_NAMES)
 
 
 def scan(fn, refs, exercise, limit=20000):
