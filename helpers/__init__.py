@@ -116,6 +116,8 @@ from .data_parallel.fixes_verdicts import (ablation_credit, fused_step_words,
 from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
                                              two_workers_sentence, weak_split, sweep_words,
                                              sweep_summary, model_saving_words)
+from .data_parallel.scratch_verdicts import (takeoff_words, accuracy_gap_words,
+                                             epoch_speed_words)
 from .data_parallel.seed_verdicts import (paired_verdict, sign_chance, chance_words,
                                           scaled_rate_verdict, equal_steps_verdict,
                                           unseparated_words)

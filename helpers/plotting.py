@@ -34,8 +34,9 @@ class Animator:
         from matplotlib.ticker import MaxNLocator
         self.ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         self.ax.grid(True, alpha=0.3)
-        if self.legend:
-            self.ax.legend()
+        if self.legend:   # below the axes: inside, it hides the curves' early epochs
+            self.ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8,
+                           frameon=False)
         self._show()
 
     def _show(self):

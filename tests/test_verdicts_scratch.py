@@ -1,0 +1,64 @@
+"""Part II's run words (helpers/data_parallel/scratch_verdicts.py): each branch, from the numbers
+that choose it."""
+import math
+
+import pytest
+
+from helpers.data_parallel.scratch_verdicts import (PLATEAU, accuracy_gap_words,
+                                                    epoch_speed_words, take_off, takeoff_words)
+
+CHANCE = math.log(10)
+
+
+def plateau_then(drop_at, n=60):
+    """Losses at chance until step `drop_at` (None: never), then well below the plateau."""
+    return [CHANCE if drop_at is None or i < drop_at else 1.0 for i in range(n)]
+
+
+def test_take_off_is_the_first_window_below_the_plateau():
+    assert take_off(plateau_then(None)) is None
+    assert take_off(plateau_then(0)) == 10
+    # the window averages: 3 low steps of 10 are not enough, 10 of them are
+    at = take_off(plateau_then(20))
+    assert at is not None and 20 < at <= 30
+    window = plateau_then(20)[at - 10:at]
+    assert sum(window) / 10 < PLATEAU
+    assert sum(plateau_then(20)[at - 11:at - 1]) / 10 >= PLATEAU
+
+
+@pytest.mark.parametrize("one, two, words", [
+    (None, None, "neither left the plateau within its 60 steps"),
+    (20, None, "only the run on one device left the plateau"),
+    (None, 20, "only the run on two devices left the plateau"),
+    (20, 20, "the rounding did not move the take-off"),
+    (20, 35, "moved the take-off by 15 steps"),
+])
+def test_takeoff_words_branch_on_when_each_run_left(one, two, words):
+    assert words in takeoff_words(plateau_then(one), plateau_then(two))
+
+
+def test_accuracy_gap_words():
+    assert "agree closely" in accuracy_gap_words(0.745, 0.734)
+    assert "differ" in accuracy_gap_words(0.745, 0.70)
+
+
+@pytest.mark.parametrize("t1, t2, word", [
+    ([6.3, 6.5, 6.8], [6.5, 6.6, 6.8], "cannot be told apart"),
+    ([6.3, 6.5, 6.8], [3.0, 3.1, 3.2], "faster than one in every epoch"),
+    ([3.0, 3.1, 3.2], [6.3, 6.5, 6.8], "slower than one in every epoch"),
+])
+def test_epoch_speed_words_three_branches(t1, t2, word):
+    said = epoch_speed_words(t1, t2, simulated=False)
+    assert word in said and said.startswith("Both devices were real GPUs")
+    # the medians come with the verdict, never before it
+    assert f"{sorted(t2)[1]:.2f} s an epoch (median" in said
+
+
+def test_simulated_pair_says_it_shows_correctness_not_speed():
+    said = epoch_speed_words([6.3, 6.5], [3.0, 3.1], simulated=True)
+    assert "simulated on one device" in said and "not parallel speed" in said
+
+
+def test_no_epochs_is_refused():
+    with pytest.raises(ValueError, match="at least one timed epoch"):
+        epoch_speed_words([], [1.0], simulated=True)
