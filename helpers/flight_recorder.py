@@ -17,13 +17,14 @@ torch functions): rank 1 once its last collective is done, rank 0 when its fourt
 the timeout (TORCH_NCCL_DUMP_ON_TIMEOUT), to the same files.
 """
 import argparse
-import datetime
 import os
 import pickle
 import time
 
 import torch
 import torch.distributed as dist
+
+from .runtime.group import setup
 
 __all__ = ["fr_env", "fr_dumper", "read_dumps", "first_unjoined", "fr_trace_report",
            "FR_ENTRIES"]
@@ -121,15 +122,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not os.path.isdir(args.dump_dir):
         raise SystemExit(f"flight_recorder: {args.dump_dir} is not a folder: create it first")
-    rank = int(os.environ["RANK"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    nccl = torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here
-    backend = "nccl" if nccl else "gloo"
-    device = torch.device("cuda", local) if nccl else torch.device("cpu")
-    if nccl:
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
+    # the course's one way to join (NCCL where every rank here has a GPU, else gloo)
+    rank, _, device = setup(timeout=args.timeout)
+    backend = dist.get_backend()
+    nccl = backend == "nccl"
     x = torch.ones(1024, device=device)
     for _ in range(3):                 # the steps every rank runs
         dist.all_reduce(x)

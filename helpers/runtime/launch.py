@@ -316,9 +316,7 @@ def _launch_threads(fn, world, cfg, timeout):
     from .thread_world import ThreadWorld
     # a rank waiting for a message gives up first (timeout / 2), naming what it waited for
     w = ThreadWorld(world, timeout / 2, deadline=timeout, record=False)
-    device = torch.device("cpu")
-    results, errors, alive = w.start(
-        lambda r: fn(r, world, dict(cfg, comm=w.comm(r), device=device)))
+    results, errors, alive = w.start(w.rank_body(fn, cfg))
     if errors:
         r, e, tb = errors[0]
         tail = "\n".join(tb.rstrip().splitlines()[-_TAIL:])

@@ -160,12 +160,19 @@ class ThreadWorld:
 
     def launch(self, fn: Callable[[int, int, dict[str, Any]], Any],
                cfg: Mapping[str, Any] | None = None) -> list[Any]:
-        """fn(rank, size, cfg) on every rank, as helpers.launch(..., threads=True) calls it:
-        cfg gains what a process rank's has (its device) and the rank's ThreadComm ("comm")."""
+        """fn(rank, size, cfg) on every rank, with the first cause of a failure raised as it was
+        raised (the grader's convention; helpers.launch(..., threads=True) runs the same ranks
+        and wraps a failure in RankFailed, as for process ranks)."""
+        return self._raise(*self.start(self.rank_body(fn, cfg)))
+
+    def rank_body(self, fn: Callable[[int, int, dict[str, Any]], Any],
+                  cfg: Mapping[str, Any] | None = None) -> Callable[[int], Any]:
+        """The one way a thread rank calls a launch target: fn(rank, size, cfg), cfg with what a
+        process rank's has (its device, the CPU) and the rank's ThreadComm ("comm")."""
         def one(r):
             return fn(r, self.size, dict(cfg or {}, comm=self.comm(r),
                                          device=torch.device("cpu")))
-        return self._raise(*self.start(one))
+        return one
 
     def start(self, body):
         """body(rank) on one thread per rank, for at most the world's deadline. Returns
