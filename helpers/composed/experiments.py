@@ -43,7 +43,7 @@ def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, reco
     for X, y in gpt_batches(steps, batch, model_cfg["seq"], model_cfg["vocab"]):
         Xl, yl = (shard_sequence(t.chunk(dp)[c["dp"]], cp, c["cp"], "zigzag", dim=1).to(device)
                   for t in (X, y))
-        cp_comm.log = []
+        cp_comm.reset_counts()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with count_traffic() as dp_log, PeakBytes().skip(held) as peak:

@@ -84,7 +84,8 @@ def train_3d_scratch(rank, world, cfg):
     for X, y in batches:
         # copies, as a data loader gives them (a view would keep the whole data set alive)
         Xl, yl = (t.tensor_split(dp)[c["dp"]].clone().to(device) for t in (X, y))
-        tp_comm.log, pp_comm.log = [], []
+        tp_comm.reset_counts()
+        pp_comm.reset_counts()
         start = synced_now(device)
         with model.no_sync():
             got = pipeline_rank_step(model, pp_comm, order, Xl if first else None,

@@ -63,7 +63,7 @@ def cp_attention_run(rank, world, cfg):
         gl = shard_sequence(g, world, rank, layout)
         block = 2 * kl.numel() * kl.element_size()
         stats = []
-        comm.log = []
+        comm.reset_counts()
         with RingCensus(block) as fwd_census:
             out = ring_attention(ql, kl, vl, comm, causal, layout, stats)
         fwd = comm.bytes_sent("send")
@@ -87,7 +87,7 @@ def cp_ulysses_run(rank, world, cfg):
     q, k, v, g = qkv_inputs(B, H, T, D, seed, device)
     ql, kl, vl = (shard_sequence(t, world, rank, "contiguous").requires_grad_()
                   for t in (q, k, v))
-    comm.log = []
+    comm.reset_counts()
     out = ulysses_attention(ql, kl, vl, comm, causal)
     out.backward(shard_sequence(g, world, rank, "contiguous"))
     return dict(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad), dv=_cpu(vl.grad),

@@ -54,7 +54,7 @@ def ep_equal_run(rank, world, cfg):
     for factor in factors:
         moe = MoE(**dict(moe_cfg, capacity_factor=factor)).to(device)
         ep = ExpertParallelMoE(moe, comm)
-        comm.log = []
+        comm.reset_counts()
         y, x_grad, aux = moe_step(ep, comm, Xl, Rl)
         first = rank * ep.local
         mine = {f"experts.{first + i}." + n: _cpu(p.grad) for i, e in enumerate(ep.experts)

@@ -65,7 +65,7 @@ def _pingpong(comm, rank, shape, repeats):
         comm.wait()
         if k:
             times.append((synced_now(comm.device) - start) / 2)
-    comm.log = []
+    comm.reset_counts()
     return times
 
 
@@ -143,6 +143,6 @@ def pipeline_worker(rank, world, cfg):
                            grads={rank: [p.grad.detach().cpu().clone()
                                          for p in stage.parameters()]})
         out["bytes_sent"] = comm.bytes_sent() / max(1, run.get("repeats", 1))
-        comm.log = []
+        comm.reset_counts()
         results.append(out)
     return results

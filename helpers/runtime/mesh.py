@@ -5,16 +5,22 @@ name varying fastest, so the innermost dimension's ranks are consecutive (one no
 tests/test_mesh.py proves the two give every rank the same groups.
 """
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["rank_grid", "coords_of", "new_groups", "device_mesh"]
 
 MESH_DIMS = ("pp", "dp", "tp")   # Part VII's order: outermost first, tp ranks consecutive
 
 
-def _checked(shape, names, world=None):
+def _checked(shape: Sequence[int], names: Sequence[str], world: int | None = None
+             ) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(shape, names) as tuples; ValueError naming the fix for a mesh that cannot be laid out."""
     shape, names = tuple(shape), tuple(names)
     if len(shape) != len(names):
@@ -31,7 +37,8 @@ def _checked(shape, names, world=None):
     return shape, names
 
 
-def rank_grid(shape, names=MESH_DIMS):
+def rank_grid(shape: Sequence[int], names: Sequence[str] = MESH_DIMS
+              ) -> dict[str, list[list[int]]]:
     """{name: [[ranks of one group], ...]} for each dimension of the row-major mesh (the layout
     of init_device_mesh)."""
     shape, names = _checked(shape, names)
@@ -40,7 +47,8 @@ def rank_grid(shape, names=MESH_DIMS):
             for d, name in enumerate(names)}
 
 
-def coords_of(rank, shape, names=MESH_DIMS):
+def coords_of(rank: int, shape: Sequence[int], names: Sequence[str] = MESH_DIMS
+              ) -> dict[str, int]:
     """{name: index} of a rank in the row-major mesh."""
     shape, names = _checked(shape, names)
     out = {}
@@ -49,7 +57,8 @@ def coords_of(rank, shape, names=MESH_DIMS):
     return {name: out[name] for name in names}
 
 
-def new_groups(shape, names=MESH_DIMS):
+def new_groups(shape: Sequence[int], names: Sequence[str] = MESH_DIMS
+               ) -> dict[str, tuple[dist.ProcessGroup, list[int]]]:
     """{name: (group, ranks)}: this rank's process group along each mesh dimension, built by
     hand. Every rank creates every group in the same order (torch.distributed requires it)."""
     shape, names = _checked(shape, names, dist.get_world_size())
@@ -62,7 +71,8 @@ def new_groups(shape, names=MESH_DIMS):
     return mine
 
 
-def device_mesh(shape, names, device_type="cpu"):
+def device_mesh(shape: Sequence[int], names: Sequence[str], device_type: str = "cpu"
+                ) -> "DeviceMesh":
     """torch's DeviceMesh of this world with named dimensions (init_device_mesh), refused with
     the fix when the shape does not hold the world's ranks."""
     from torch.distributed.device_mesh import init_device_mesh

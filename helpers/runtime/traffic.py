@@ -58,7 +58,11 @@ class ByteLog:
 
 class CountsSent:
     """A rank's counts on a ByteLog (`traffic`): `log` lists (op, peer, bytes) per message,
-    `bytes_sent(op)` and `calls(op)` sum them; assigning `log = []` starts afresh."""
+    `bytes_sent(op)` and `calls(op)` sum them; `reset_counts()` starts afresh."""
+
+    def reset_counts(self):
+        """Forget what was counted so far (e.g. after warm-up steps)."""
+        self._traffic = ByteLog()
 
     @property
     def traffic(self):
@@ -68,15 +72,9 @@ class CountsSent:
 
     @property
     def log(self):
-        """A copy (appending to it records nothing): record through `traffic`, or assign a new
-        list to start afresh."""
+        """A copy (appending to it records nothing): record through `traffic`; start afresh with
+        `reset_counts()`."""
         return [(r.op, r.dst, r.nbytes) for r in self.traffic.records]
-
-    @log.setter
-    def log(self, entries):
-        self._traffic = ByteLog()
-        for op, peer, nbytes in entries:
-            self._traffic.record(op, nbytes, getattr(self, "rank", None), peer)
 
     def _count(self, op, t, peer=None):
         self.traffic.record(op, t.numel() * t.element_size(), getattr(self, "rank", None), peer)
@@ -221,7 +219,7 @@ class FuncolBytes(CountsSent, TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.log = []
+        self.reset_counts()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

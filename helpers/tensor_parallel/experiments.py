@@ -61,7 +61,7 @@ def tp_worker(rank, world, cfg):
     comm = DistComm(device=device)
     results = {}
     for name, module in (("mlp", TPMLP(block.mlp, comm)), ("block", TPBlock(block, comm))):
-        comm.log = []
+        comm.reset_counts()
         results[name] = _run(module, X, R, comm)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
@@ -93,7 +93,7 @@ def sp_runs(rank, world, block, X, R, comm, mesh):
         module = {"unsplit": lambda: copy.deepcopy(block), "tp": lambda: TPBlock(block, comm),
                   "sp": lambda: SPBlock(block, comm)}[name]()
         x = (X if name != "sp" else _seq(X, rank, world)).detach().clone().requires_grad_()
-        comm.log = []
+        comm.reset_counts()
         y, saved = saved_activation_bytes(module, x, params=module.parameters())
         fwd = list(comm.log)
         block_loss(y, R if name != "sp" else _seq(R, rank, world)).backward()
@@ -130,7 +130,7 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
     ids, y = ids.to(comm.device), y.to(comm.device)
     emb, blk = VocabEmbedding(lm.emb, comm), TPBlock(lm.block, comm)
     head_w = torch.nn.Parameter(shard_of(lm.head.weight, 0, rank, world))
-    comm.log = []
+    comm.reset_counts()
     logits = torch.nn.functional.linear(copy_to_tp(blk(emb(ids)), comm), head_w)
     loss = vocab_parallel_cross_entropy(logits, y, comm, start=rank * head_w.shape[0])
     fwd = list(comm.log)
