@@ -119,8 +119,8 @@ test: export OMP_NUM_THREADS := 1
 # A claim the run contradicts fails the test (helpers.prose.claim); a reader's run only says so.
 test: export COURSE_CLAIMS := strict
 # Bytecode cached (helpers/__pycache__, ignored by git) even where the environment turns it off:
-# every kernel, rank and script that imports helpers would otherwise compile its 99 modules
-# again (0.16 s of CPU each time, a few hundred processes in a run).
+# every kernel, rank and script that imports helpers would otherwise compile its modules
+# (about 150) again (0.16 s of CPU each time, a few hundred processes in a run).
 test: export PYTHONDONTWRITEBYTECODE :=
 test-notebooks: export COURSE_CLAIMS := strict
 test-py: export COURSE_CLAIMS := strict

@@ -8,7 +8,7 @@ it too). Folders name the split, files the version: simulated (one process, Part
 home module                 what lives there                     e.g.
 config, devices, data       run sizes, devices, Fashion-MNIST    choose, get_devices, load_tensors
 models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18, TinyLM, make_model
-plotting, paths, validate   plots and glue, scripts, checks      glue, script_path, validate_lr
+plotting, paths, validate   plots and glue, scripts, arguments   glue, script_path, validate_lr
 script_args                 the DDP scripts' command line        script_parser, resolve_args
 seeding                     models built from a seed, in threads seeded
 costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
@@ -16,7 +16,7 @@ costs, compare, one_process cost formulas, comparators, the      split_costs, ma
 cost_explorer               the cost explorer's static twin      with_static_twin
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
 words                       counts with their nouns in agreement plural, plural_names
-torch_floor                 the oldest torch, checked on import  TORCH_FLOOR, check_torch
+torch_floor                 the oldest torch, checked on import  TORCH_FLOOR, validate_torch_version
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks
@@ -43,7 +43,7 @@ checks                      exercise checks (helpers.checks)     check_split_bat
 __course__ = "multigpu-course"
 # First: refuse a torch older than the course's floor, naming the fix (before any module
 # touches an API it lacks).
-from .torch_floor import TORCH_FLOOR, check_torch
+from .torch_floor import TORCH_FLOOR, validate_torch_version
 
 from .config import choose, quick
 from .devices import (DeviceClock, Timer, exact_float32, get_devices, num_gpus, require_gpus,

@@ -6,12 +6,12 @@ so an older one is refused here, with the fix, before a chapter fails on an API 
 """
 import re
 
-__all__ = ["TORCH_FLOOR", "check_torch"]
+__all__ = ["TORCH_FLOOR", "validate_torch_version"]
 
 TORCH_FLOOR = (2, 11)
 
 
-def check_torch(version):
+def validate_torch_version(version):
     """Raise ImportError naming the fix if torch `version` ('2.10.1+cu121') is below
     TORCH_FLOOR (major.minor: a 2.11 nightly passes)."""
     m = re.match(r"(\d+)\.(\d+)", str(version))
@@ -24,7 +24,7 @@ def check_torch(version):
 
 def _check_installed_torch():
     import torch
-    check_torch(torch.__version__)
+    validate_torch_version(torch.__version__)
 
 
 _check_installed_torch()

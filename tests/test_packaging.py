@@ -111,12 +111,12 @@ def test_helpers_refuse_a_torch_below_the_floor(tmp_path):
     major, minor = helpers.TORCH_FLOOR
     for ok in (f"{floor}.0", f"{floor}.0a0+git1", f"{major}.{minor + 3}.1+cu126",
                f"{major + 1}.0.0"):
-        helpers.check_torch(ok)
+        helpers.validate_torch_version(ok)
     old = f"{major}.{minor - 1}.1+cu121"
     with pytest.raises(ImportError, match=rf"needs torch {floor} or newer, this Python has "
                                           rf"{re.escape(old)}: run pip install -U "
                                           rf"'torch>={floor}'"):
-        helpers.check_torch(old)
+        helpers.validate_torch_version(old)
     fake = tmp_path / "torch"          # an old torch first on the path: import helpers stops
     fake.mkdir()
     (fake / "__init__.py").write_text('__version__ = "2.4.0"\n')
