@@ -75,6 +75,7 @@ from .prose import ClaimFailed, claim, formatted, plural, say
 from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
                         failed_cells_words)
+from .model_words import spread_verdict, largest_miss, comm_inside_step_words, fit_words
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
                               measured_step_words)
 from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
