@@ -169,6 +169,14 @@ def _sampler_shards(n, world, epoch=0):
     return shards
 
 
+def _queue_run(n, reps):
+    """A stamped round of gpus.ipynb's thread-as-stream demo, at its CPU and tiny sizes."""
+    from concurrent.futures import ThreadPoolExecutor
+    A, B = torch.randn(n, n), torch.randn(n, n)
+    with ThreadPoolExecutor(max_workers=1) as stream:
+        return helpers.queue_timeline(stream, lambda: torch.mm(A, B), reps)
+
+
 READABLE = {
     "context-parallel ring": lambda: helpers.plot_ring(16, 4),
     "context-parallel split": lambda: helpers.plot_split(16, 4),
@@ -202,6 +210,8 @@ READABLE = {
         helpers.scratch_step_facts(*helpers.split_batch(
             torch.arange(40.0).reshape(10, 4), torch.arange(10), [torch.device("cpu")] * 4),
             helpers.allreduce)),                                          # as scratch.ipynb
+    "thread as a stream, 3 products": lambda: helpers.plot_queue_timeline(_queue_run(1024, 3)),
+    "thread as a stream, quick mode's": lambda: helpers.plot_queue_timeline(_queue_run(256, 2)),
 }
 
 
@@ -246,7 +256,8 @@ def test_the_chapters_draw_these_schematics_with_the_measured_builders():
              "part3/syncbn": ["helpers.plot_syncbn(helpers.syncbn_facts(traffic))"],
              "part3/ddp_torchrun": ["helpers.plot_sampler(\n    helpers.sampler_facts(shards",
                                     "helpers.plot_restart(helpers.restart_facts("],
-             "part2/scratch": ["helpers.plot_scratch_step(\n    helpers.scratch_step_facts("]}
+             "part2/scratch": ["helpers.plot_scratch_step(\n    helpers.scratch_step_facts("],
+             "gpus": ["helpers.plot_queue_timeline(timeline)"]}
     for name, wanted in calls.items():
         code = "\n".join("".join(c["source"]) for c in json.loads(
             (book / f"{name}.ipynb").read_text())["cells"] if c["cell_type"] == "code")

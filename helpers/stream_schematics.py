@@ -1,0 +1,89 @@
+"""Asynchrony drawn from a run: the host queues work on a stream and goes on, the stream runs it.
+
+`queue_timeline` runs one round of the GPU chapter's thread-as-stream demo with stamps: the
+host's clock as it submits each product, when it reads the clock without waiting, and when
+`.result()` (the "synchronise") returns; the worker's clock as each product starts and ends.
+`plot_queue_timeline` draws those stamps: a host row and a stream row against one time axis.
+"""
+import time
+
+from .schematics import LABEL_FONT as SMALL, SCHEMATIC_WIDTH, device_color, diagram
+
+__all__ = ["queue_timeline", "plot_queue_timeline"]
+
+HOST, STREAM = 1.0, 0.0          # the rows' heights on the drawing's y axis
+
+
+def queue_timeline(stream, fn, reps, clock=time.perf_counter):
+    """Queue `reps` calls of fn() on `stream` (an executor with one worker), read the clock
+    without waiting, then wait for every result. Returns dict(submitted: host stamps as each
+    call was queued, read: the clock read without waiting, runs: (start, end) of each call on
+    the worker, waited: the clock once every result was in), seconds from the first submit."""
+    def stamped():
+        start = clock()
+        fn()
+        return start, clock()
+
+    t0, submitted, work = clock(), [], []
+    for _ in range(reps):
+        submitted.append(clock() - t0)
+        work.append(stream.submit(stamped))
+    read = clock() - t0                      # what a timer read here would report
+    runs = [w.result() for w in work]        # the "synchronise"
+    waited = clock() - t0
+    return _check_timeline(dict(submitted=submitted, read=read, waited=waited,
+                               runs=[(s - t0, e - t0) for s, e in runs]))
+
+
+def _check_timeline(facts):
+    """`facts` if its stamps are those of one in-order stream, else ValueError: each call starts
+    after it was queued and after the one before it ended, and the wait ends after the last."""
+    sub, runs = facts["submitted"], facts["runs"]
+    if len(sub) != len(runs) or not runs:
+        raise ValueError(f"{len(sub)} calls queued, {len(runs)} ran: one run a queued call")
+    for i, ((start, end), queued) in enumerate(zip(runs, sub, strict=True)):
+        if not queued <= start <= end or (i and start < runs[i - 1][1]):
+            raise ValueError(f"call {i + 1} ran {start:.6f}-{end:.6f} s, queued at {queued:.6f}"
+                             " s: not one call at a time, in order, on one worker")
+    if not sub[-1] <= facts["read"] <= facts["waited"] or facts["waited"] < runs[-1][1]:
+        raise ValueError("the clock was read before the last call was queued, or the wait "
+                         "ended before the last call did")
+    return facts
+
+
+def plot_queue_timeline(facts):
+    """The host row (queueing, then waiting in .result()) and the stream row (each call from
+    its start to its end) against milliseconds since the first submit, with the clock read
+    without waiting and the end of the wait marked. Returns the figure."""
+    _check_timeline(facts)
+    ms = 1e3
+    read, waited = facts["read"] * ms, facts["waited"] * ms
+    fig, axes = diagram(1, 1, width=SCHEMATIC_WIDTH, height=2.9)
+    ax = axes[0, 0]
+    ax.set_axis_on()
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    host, queue_color, run_color = device_color(0), device_color(0), device_color(1)
+    ax.broken_barh([(0, read)], (HOST - 0.15, 0.3), facecolor=queue_color)
+    ax.broken_barh([(read, waited - read)], (HOST - 0.15, 0.3), facecolor="white",
+                   edgecolor=host, hatch="//", linewidth=1.2)
+    ax.vlines([s * ms for s in facts["submitted"]], HOST - 0.3, HOST + 0.3, color="black",
+              linewidth=1.2)
+    ax.broken_barh([(s * ms, (e - s) * ms) for s, e in facts["runs"]], (STREAM - 0.3, 0.6),
+                   facecolor=run_color, edgecolor="white", linewidth=1.5)
+    for i, (s, e) in enumerate(facts["runs"]):
+        if (e - s) * ms > 0.1 * waited:          # a label only where it fits
+            ax.text((s + e) / 2 * ms, STREAM, f"{i + 1}", ha="center", va="center",
+                    fontsize=SMALL, color="black")
+    for x, label, ha in ((read, "clock read\nwithout waiting", "left"),
+                         (waited, ".result()\nreturns", "right")):
+        ax.axvline(x, color="0.3", linestyle="--", linewidth=1.0)
+        ax.text(x + (0.01 if ha == "left" else -0.01) * waited, HOST + 0.45, label, ha=ha,
+                va="bottom", fontsize=SMALL)
+    n = len(facts["runs"])
+    ax.set(xlim=(0, waited * 1.02), ylim=(STREAM - 0.5, HOST + 1.3),
+           yticks=[STREAM, HOST], yticklabels=[f"stream:\n{n} products", "host"])
+    ax.set_xlabel("ms since the first product was queued", fontsize=SMALL)
+    ax.tick_params(labelsize=SMALL, left=False)
+    fig.tight_layout()
+    return fig
