@@ -354,10 +354,15 @@ def dp_average_pickled(grads, comm):
         g.copy_(torch.from_numpy(np.mean(arrays, axis=0)))
 
 
+# the pickled bytes carry no rank, but the all-reduce's output never reaches the average: the
+# World's expect_from_messages refuses it (tests/test_checks_received.py: traffic as decoration)
+shortcut("check_dp_average", "pickled numpy copies between ranks, a decoy all_reduce",
+         "does not depend on what it received")(dp_average_pickled)
+
+
 @pytest.mark.xfail(strict=True, reason="documented as not seen (helpers/checks/README.md)")
 @pytest.mark.parametrize("check, answer", [
-    ("check_dispatch_tokens", dispatch_counts_counter),
-    ("check_dp_average", dp_average_pickled)], ids=["Counter", "pickle"])
+    ("check_dispatch_tokens", dispatch_counts_counter)], ids=["Counter"])
 def test_still_not_seen(check, answer, monkeypatch):
     import helpers.checks
     monkeypatch.delenv("COURSE_GRADING", raising=False)

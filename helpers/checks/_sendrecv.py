@@ -11,8 +11,9 @@ TIMEOUT = 2.0
 
 
 def _threads(fn, world, *args):
-    """fn(comm, *args) on `world` thread ranks: (results, the sends each rank made)."""
-    w = World(world, timeout=TIMEOUT)
+    """fn(comm, *args) on `world` thread ranks: (results, the sends each rank made, the World,
+    whose `expect_from_messages` judges whether a result was made of what its rank received)."""
+    w = World(world, timeout=TIMEOUT, record_ops=True)
     try:
         with torch.random.fork_rng():
             results = w.run(fn, *args)
@@ -23,7 +24,7 @@ def _threads(fn, world, *args):
                       "exchanges its data with send and recv only (a collective that gathers "
                       "everything is not the point-to-point pattern asked for)")
     sends = [[m for m in w.messages if m.op == "send" and m.src == r] for r in range(world)]
-    return results, sends
+    return results, sends, w
 
 
 def _carries(messages, blocks):

@@ -106,7 +106,7 @@ def check_ring_forward(fn):
         t = randint(g, 2, 4)
         B, H, D, T = 1, randint(g, 1, 2), randint(g, 2, t), world * t   # D <= t: see peaks
         q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
-        results, sends = _threads(_ring_rank, world, fn, q, k, v)
+        results, sends, w = _threads(_ring_rank, world, fn, q, k, v)
         peaks = [peak for _, peak in results]
         results = [out for out, _ in results]
         block = B * H * (T // world) * D * 4
@@ -139,6 +139,7 @@ def check_ring_forward(fn):
                 out, want.chunk(world, dim=2)[r], rtol=1e-4, atol=1e-5),
                 f"on {world} ranks rank {r}'s output is not attention over the whole "
                 "sequence")
+            w.expect_from_messages(r, out, "output", world)
 
 
 
@@ -202,7 +203,7 @@ def check_tokens_to_heads(fn):
         H, T = world * per, world * randint(g, 2, 3)
         full = torch.randn(B, H, T, D, generator=g)
         xs = [t.contiguous() for t in full.chunk(world, dim=2)]
-        w = World(world, timeout=TIMEOUT)
+        w = World(world, timeout=TIMEOUT, record_ops=True)
         try:
             with torch.random.fork_rng():
                 results = w.run(_heads_rank, fn, xs)
@@ -228,3 +229,4 @@ def check_tokens_to_heads(fn):
                    f"on {world} ranks rank {r} should return every token of heads "
                    f"{r * per}..{(r + 1) * per - 1}, shape {tuple(want.shape)}, the tokens in "
                    "sequence order (rank 0's first)")
+            w.expect_from_messages(r, got, "tensor", world)

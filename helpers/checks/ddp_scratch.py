@@ -128,7 +128,7 @@ def check_overlap_hooks(fn):
         net = nn.Sequential(*layers[:-1])
         net[2].requires_grad_(False)
         return net
-    w = World(world, allow={"all_reduce"})
+    w = World(world, allow={"all_reduce"}, record_ops=True)
     grads_at_hook = [dict() for _ in range(world)]
     ready = [[] for _ in range(world)]       # (seq, name) as each gradient became ready
 
@@ -186,6 +186,7 @@ def check_overlap_hooks(fn):
             expect(torch.allclose(got, avg, atol=1e-6),
                    f"{n}.grad after finish() is {float(got.norm()):.4g} in norm, expected the "
                    f"average over the ranks, {float(avg.norm()):.4g}")
+            w.expect_from_messages(r, got, f"{n}.grad", world)
 
 
 def _launched_when_ready(calls, keys, ready, mark):
@@ -220,7 +221,8 @@ def check_average_bucket(fn):
         data = [[torch.randn(s, generator=g) for s in shapes] for _ in range(world)]
         n = sum(t.numel() for t in data[0])
         want = torch.stack([torch.cat([t.reshape(-1) for t in d]) for d in data]).mean(0)
-        w = World(world, allow={"all_reduce"})    # a decoy all_reduce beside all_gathers fails
+        # allow: a decoy all_reduce beside all_gathers fails
+        w = World(world, allow={"all_reduce"}, record_ops=True)
 
         def rank_fn(comm, data=data):
             grads = [t.clone() for t in data[comm.rank]]
@@ -250,6 +252,8 @@ def check_average_bucket(fn):
             expect(torch.allclose(got, want, atol=1e-5),
                    f"{call}: the gradients are not the average over the ranks (copy slice i of "
                    "the buffer back into gradient i, in order)")
+            for i, t in enumerate(grads):
+                w.expect_from_messages(r, t, f"gradient {i}", world)
 
 
 @check("scratch_accumulate", observes=[

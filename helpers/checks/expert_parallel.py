@@ -78,7 +78,7 @@ def check_dispatch_tokens(fn):
         d = randint(g, 2, 5)
         xs = [torch.randn(randint(g, 3, 8), d, generator=g) for _ in range(world)]
         dests = [torch.randint(0, world, (len(x),), generator=g) for x in xs]
-        results, sends = _threads(_dispatch_rank, world, fn, xs, dests)
+        results, sends, w = _threads(_dispatch_rank, world, fn, xs, dests)
         for rank, mine in enumerate(sends):
             for j in range(world):
                 if j == rank:
@@ -98,6 +98,8 @@ def check_dispatch_tokens(fn):
                 want.shape) and torch.equal(got, want),
                 f"on {world} ranks rank {r} should end with the {len(want)} rows sent to "
                 "it, in source-rank order")
+            if any((dests[s] == r).any() for s in range(world) if s != r):
+                w.expect_from_messages(r, got, "rows", world)
 
 
 

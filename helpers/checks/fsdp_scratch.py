@@ -66,7 +66,7 @@ def check_gather_layer(fn):
         numel = sum(s.numel() for s in shapes)
         flat = torch.cat([torch.randn(numel, generator=g), torch.zeros(-numel % world)])
         shards = list(flat.chunk(world))
-        w = World(world)
+        w = World(world, record_ops=True)
         outs = w.run(lambda comm, shards=shards, shapes=shapes: fn(shards[comm.rank].clone(),
                                                                   list(shapes)))
         full = [t.reshape(s) for t, s in            # the layer's tensors, after the answer ran
@@ -90,6 +90,7 @@ def check_gather_layer(fn):
                        f"{call}: tensor {i} has shape {tuple(a.shape)}, expected "
                        f"{tuple(b.shape)} (drop the padding, then split the flat vector in order)")
                 expect(torch.equal(a, b), f"{call}: tensor {i} has the wrong values")
+                w.expect_from_messages(r, a, f"tensor {i}", world)
 
 
 def _random_layers(g):

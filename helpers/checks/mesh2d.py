@@ -1,6 +1,8 @@
 """Checks for the exercises of Part VI's 2-D chapter (mesh2d): a dp x tp mesh's groups, the
 data-parallel average on thread ranks of the harness's World (which records every collective),
 and the shape a rank holds under TP then FSDP2."""
+import os
+
 import torch
 
 from ._core import CheckFailed, World, check, expect, fresh_generator, randint
@@ -8,6 +10,16 @@ from ._core import CheckFailed, World, check, expect, fresh_generator, randint
 __all__ = ["check_mesh_groups", "check_dp_average", "check_local_shape"]
 
 TIMEOUT = 2.0   # seconds a thread-rank waits for a message that never comes
+
+
+def _timeout():
+    """TIMEOUT on an idle machine, scaled by the load per core on a busy one (its ranks then wait
+    for a CPU, not for a message), at most 10 times: a hung answer still ends the check."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        load = 1.0
+    return TIMEOUT * min(max(1.0, load), 10.0)
 
 
 @check("mesh_groups", observes=["the coordinates and groups returned for every rank of fresh "
@@ -53,7 +65,7 @@ def check_dp_average(fn):
     for k in (2, 3):
         shapes = [(randint(g, 1, 4), randint(g, 1, 4)) for _ in range(randint(g, 2, 3))]
         grads = [torch.randn(k, *s, generator=g) for s in shapes]
-        world = World(k, timeout=TIMEOUT)
+        world = World(k, timeout=_timeout(), record_ops=True)
         results = world.run(_dp_rank, fn, grads)
         expect(world.sent("all_reduce", rank=0),
                f"on {k} ranks rank 0 never called all_reduce: each rank only has its own "
@@ -66,6 +78,7 @@ def check_dp_average(fn):
                 expect(torch.allclose(t, full.mean(0), atol=1e-5),
                        f"on {k} ranks rank {r}'s gradient of shape {s} is not the average "
                        "(the tensors must be changed in place)")
+                world.expect_from_messages(r, t, f"gradient of shape {s}", k)
 
 
 def _fsdp_rows(n, dp, rank):

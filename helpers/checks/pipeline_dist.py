@@ -145,7 +145,7 @@ def check_pipeline_forward(fn):
         X = torch.randn(n, widths[0], generator=g)
         params = [X, *(q for st in stages for q in st.parameters())]
         copies = kept(*params)
-        world = World(p, timeout=TIMEOUT)
+        world = World(p, timeout=TIMEOUT, record_ops=True)
         watched = [_Watched(st, world) for st in stages]
         results = world.run(_forward_rank, fn, watched, X, m, n, widths)
         expect_unchanged(f"pipeline_forward on {p} ranks", copies, params,
@@ -179,6 +179,7 @@ def check_pipeline_forward(fn):
         expect(torch.allclose(got.detach(), want, atol=1e-5),
                f"on {p} ranks the output differs from the unsplit net (by "
                f"{(got.detach() - want).abs().max():.3g})")
+        world.expect_from_messages(p - 1, got, "output (the last stage's)", p)
 
 
 # --- cuts by measured time --------------------------------------------------------------------

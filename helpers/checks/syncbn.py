@@ -183,7 +183,7 @@ def check_sync_bn_input_grad(fn):
     invstd = torch.rsqrt(X.var(0, unbiased=False) + 1e-5)
     x_hat = (X - X.mean(0)) * invstd
     dys, x_hats = dY.split(rows), x_hat.split(rows)
-    world = World(w)
+    world = World(w, record_ops=True)
 
     def rank_fn(comm):
         r = comm.rank
@@ -217,3 +217,5 @@ def check_sync_bn_input_grad(fn):
                "SUMS over the ranks, then divide by the global count n")
         raise CheckFailed(f"rank {r}'s gradient is not the synchronised BatchNorm's input "
                           "gradient")
+    for r in range(w):
+        world.expect_from_messages(r, got[r], "input gradient", w)

@@ -34,7 +34,7 @@ def check_row_parallel_linear(fn):
         n, d_in, d_out = randint(g, 2, 5), k * randint(g, 1, 4), randint(g, 2, 6)
         x, W = torch.randn(n, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
         b = torch.randn(d_out, generator=g)
-        world = World(k, timeout=TIMEOUT)
+        world = World(k, timeout=TIMEOUT, record_ops=True)
         results = world.run(_row_rank, fn, x, W, b)      # the ranks get copies of x, W, b
         want = x @ W.T + b
         calls = [len(world.sent(rank=r)) for r in range(k)]
@@ -58,6 +58,7 @@ def check_row_parallel_linear(fn):
             expect(torch.allclose(y, want, atol=1e-5),
                    f"on {k} ranks rank {r}'s output differs from x @ W.T + b by "
                    f"{(y - want).abs().max():.3g}")
+            world.expect_from_messages(r, y, "output", k)
 
 
 def _mlp_rank(comm, fn, world, x, W1, b1, W2, b2, R):
@@ -90,7 +91,7 @@ def check_megatron_mlp(fn):
         W1, b1 = torch.randn(h, d, generator=g), torch.randn(h, generator=g)
         W2, b2 = torch.randn(d, h, generator=g), torch.randn(d, generator=g)
         R = torch.randn(n, d, generator=g)
-        world = World(k, timeout=TIMEOUT)
+        world = World(k, timeout=TIMEOUT, record_ops=True)
         results = world.run(lambda comm, *a, world=world: _mlp_rank(comm, fn, world, *a),
                             x, W1, b1, W2, b2, R)        # the ranks get copies of the inputs
         ref = [t.clone().requires_grad_() for t in (x, W1, b1, W2, b2)]
@@ -126,6 +127,8 @@ def check_megatron_mlp(fn):
                 expect(got is not None and torch.allclose(got, w, atol=1e-4),
                        f"rank {r}'s gradient of {name} differs from its slice of the "
                        "unsplit gradient")
+            world.expect_from_messages(r, o, "output", k)
+            world.expect_from_messages(r, xg, "gradient of x", k)
 
 
 def _block_bytes(comm, block, X, R):
@@ -194,7 +197,7 @@ def check_vocab_loss(fn):
         logits = torch.randn(n, k * v, generator=g) * 3
         logits[randint(g, 0, n - 1)] += 120.0            # exp(120) overflows float32
         target = torch.randint(0, k * v, (n,), generator=g)
-        world = World(k, timeout=TIMEOUT)
+        world = World(k, timeout=TIMEOUT, record_ops=True)
         results = world.run(_vocab_rank, fn, logits, target)   # the ranks get copies
         ref = logits.clone().requires_grad_()
         want = torch.nn.functional.cross_entropy(ref, target)
@@ -221,3 +224,5 @@ def check_vocab_loss(fn):
                 grad, ref.grad[:, r * v:(r + 1) * v], atol=1e-5),
                    f"rank {r}'s gradient of its logits differs from its columns of the "
                    "unsplit one (the sums must pass the gradient back: g)")
+            world.expect_from_messages(r, loss, "loss", k)
+            world.expect_from_messages(r, grad, "gradient of its logits", k)

@@ -137,7 +137,7 @@ def check_grad_shard(fn):
         if case == 0:
             n = world * randint(g, 2, 6) + 1          # surely padded
         grads = [torch.randn(n, generator=g) for _ in range(world)]
-        w = World(world)
+        w = World(world, record_ops=True)
         got = w.run(lambda comm, grads=grads: fn(grads[comm.rank].clone()))
         pad = -n % world
         full = torch.cat([sum(grads), torch.zeros(pad)]) / world
@@ -161,6 +161,7 @@ def check_grad_shard(fn):
             expect(torch.allclose(out, want, atol=1e-5),
                    f"{call}: rank {r} returned the wrong values: expected its slice of the "
                    "averaged gradient (an async reduce-scatter delivers only at wait())")
+            w.expect_from_messages(r, out, "shard", world)
 
 
 def _mlp(seed, d, h, k):
@@ -295,7 +296,7 @@ def check_qwz_all_gather(fn):
         world, block = randint(g, 2, 4), [16, 32, 64][randint(g, 0, 2)]
         n = block * randint(g, 3, 6) - (0 if case == 0 else randint(g, 1, block // 4))
         shards = _shards(g, world, n, block)
-        w = World(world)
+        w = World(world, record_ops=True)
         got = w.run(lambda comm, shards=shards, block=block: fn(shards[comm.rank].clone(), block))
         call = f"qwz_all_gather ({world} ranks, {n} elements each, block {block})"
         want = torch.cat(shards)
@@ -324,3 +325,4 @@ def check_qwz_all_gather(fn):
                        f"value; its block's scale allows {float(bound[i]):.2e}. Use a scale "
                        "per block (its largest |value| / 127), round to the nearest integer, "
                        "and gather each rank's scales with its values")
+            w.expect_from_messages(r, out, "gathered shards", world)

@@ -8,6 +8,9 @@ that a check can ask
 - `transfers()`: every copy between devices (`.to`, `copy_`), with the storage it read;
 - `ancestors(t)`: the operations whose results flowed into tensor `t` (a dataflow walk over
   storage versions, so in-place additions into views count);
+- `depends_on(tensors, refs)`: whether any of the storage versions `refs` flowed into `tensors`
+  (the same walk, where an operation that overwrites the whole of a storage, `copy_`, `fill_`,
+  `zero_`, an `out=`, does not depend on what the storage held before);
 - `first_error_op`: the operation that raised (for "this mixed cuda:0 and cuda:1").
 Storages are told apart by their StorageImpl (real, meta and fake tensors alike); the recorder
 keeps every storage it saw alive, so no address is reused while it records.
@@ -46,6 +49,21 @@ _NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "li
              "slice_scatter", "select_scatter", "permute_copy", "_foreach_copy_"}
 
 
+# operations whose written argument `self` is overwritten without being read
+_OVERWRITES = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_",
+               "exponential_", "geometric_", "cauchy_", "log_normal_", "_copy_from",
+               "_foreach_copy_"}
+
+
+def _whole(t):
+    """True when `t` covers every byte of its storage (writing it leaves nothing of before)."""
+    try:
+        return (t.storage_offset() == 0 and t.is_contiguous()
+                and t.numel() * t.element_size() == t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
 def storage_key(t):
     """The identity of a tensor's storage (views share it)."""
     return t.untyped_storage()._cdata
@@ -78,13 +96,14 @@ class Op:
     """One aten operation: what it read, what it wrote, where."""
 
     __slots__ = ("index", "name", "func", "reads", "writes", "outputs", "device", "flops",
-                 "view", "thread")
+                 "view", "thread", "blind")
 
     def __init__(self, index, func):
         self.index, self.func = index, func
         self.name = func.__name__.split(".")[0]
         self.reads, self.writes, self.outputs = [], [], []
         self.device, self.flops, self.view = None, None, False
+        self.blind = ()          # positions in reads of storages overwritten whole, not read
 
     @property
     def is_transfer(self):
@@ -151,6 +170,8 @@ class Recorder(TorchDispatchMode):
         self.version = collections.Counter()     # storage key -> writes so far
         self.producer = {}                       # (key, version) -> op index
         self.failed = None                       # (func, reads) of the operation that raised
+        self.from_python = {}    # storage key -> first op that took it in, made from Python or
+        #                          numpy data (torch.tensor, from_numpy: no op produced it)
         self._keep = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -176,16 +197,23 @@ class Recorder(TorchDispatchMode):
     def _record(self, func, args, kwargs, inputs, out):
         op = Op(len(self.ops), func)
         schema = func._schema
-        written = set()
+        written, blind = set(), set()
         for i, arg in enumerate(schema.arguments):
             if arg.alias_info is not None and arg.alias_info.is_write:
                 value = args[i] if i < len(args) else kwargs.get(arg.name)
                 for t in _tensors(value):
                     written.add(id(t))
+                    if (arg.kwarg_only or op.name in _OVERWRITES) and _whole(t):
+                        blind.add(id(t))    # an out= (kwarg-only) or an overwrite: not read
         op.view = any(r.alias_info is not None and not r.alias_info.is_write
                       for r in schema.returns)
+        lift = op.name in ("lift_fresh", "lift_fresh_copy")
         for t in inputs:
             op.reads.append(Ref(t, self.version[storage_key(t)]))
+            if (lift or op.reads[-1].version == 0) and op.reads[-1].key not in self.from_python:
+                if lift or not t.untyped_storage().resizable():
+                    self.from_python[op.reads[-1].key] = op.index
+        op.blind = tuple(i for i, t in enumerate(inputs) if id(t) in blind)
         outs = _tensors(out)
         for t in inputs:
             if id(t) in written:
@@ -250,9 +278,22 @@ class Recorder(TorchDispatchMode):
         """The operations whose results flowed into operation `index`'s inputs."""
         return self._flowed_into([(r.key, r.version) for r in self.ops[index].reads])
 
-    def _flowed_into(self, todo):
-        """The operations that produced the (key, version) refs `todo`, and their producers'."""
-        seen, found = set(), set()
+    def depends_on(self, tensors, refs):
+        """True when one of the (storage key, version) `refs` flowed into `tensors`: what a
+        storage held before an operation overwrote all of it (copy_, fill_, an out=) does not
+        flow on."""
+        return bool(self.flowed([self.latest(t) for t in tensors]) & set(refs))
+
+    def flowed(self, refs):
+        """Every (storage key, version) that flowed into `refs`, these included."""
+        seen = set()
+        self._flowed_into(list(refs), exact=True, seen=seen)
+        return seen
+
+    def _flowed_into(self, todo, exact=False, seen=None):
+        """The operations that produced the (key, version) refs `todo`, and their producers'
+        (`exact`: not through the old contents of a storage an operation overwrote whole)."""
+        seen, found = set() if seen is None else seen, set()
         while todo:
             ref = todo.pop()
             if ref in seen:
@@ -263,7 +304,8 @@ class Recorder(TorchDispatchMode):
                 continue
             found.add(index)
             op = self.ops[index]
-            todo.extend((r.key, r.version) for r in op.reads)
+            todo.extend((r.key, r.version) for i, r in enumerate(op.reads)
+                        if not (exact and i in op.blind))
         return [self.ops[i] for i in sorted(found)]
 
 

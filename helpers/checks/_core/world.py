@@ -10,12 +10,18 @@ a check sees what travelled between whom instead of trusting what the answer rep
     world.messages                        # every send, recv and collective call, in order
     World(3, allow={"all_reduce"})        # any other call (send, all_gather ...) fails the
                                           # answer (CheckFailed); barriers are always allowed
+    world.expect_from_messages(r, t, "its output")   # with record_ops: rank r's tensor(s) t
+                                          # must be computed from what rank r received
 
 What the checks' World adds to the ThreadWorld, through its hooks:
 - while `run`/`launch` runs, `torch.distributed` is this world too (dist.py): `dist.all_reduce`,
   `dist.reduce_scatter` (list or tensor form), `dist.all_gather`, `isend`/`irecv`, groups, async
   handles;
-- with `record_ops`, each rank's aten operations are recorded (`world.recorders[rank]`);
+- with `record_ops`, each rank's aten operations are recorded (`world.recorders[rank]`), and
+  so is what the network delivered to it (`world.received[rank]`: the storage versions a recv
+  or a collective wrote in that rank), so `expect_from_messages` can refuse a result whose
+  dataflow never reaches them: traffic of the right sizes and payloads beside a result computed
+  from data the rank already had is decoration;
 - `allow`: the calls an exercise permits;
 - provenance (provenance.py): a rank that touches a tensor another rank made or wrote, or one the
   check handed to another rank, other than through the network, fails the answer: thread ranks
@@ -27,7 +33,10 @@ What the checks' World adds to the ThreadWorld, through its hooks:
 """
 import contextlib
 
+import torch
+
 from ...runtime.thread_world import Message, ThreadWorld, Work
+from .exits import watch_exits
 from .observe import Recorder
 from .provenance import Provenance
 from .rank_numbers import TagWatch, foreign_in, foreign_message
@@ -44,6 +53,8 @@ class World(ThreadWorld):
         self.record_ops = record_ops
         self.allow = None if allow is None else frozenset(allow) | {"barrier", "recv"}
         self.recorders = [None] * size
+        self.received = [set() for _ in range(size)]   # (storage key, version) delivered
+        self.exits = [[] for _ in range(size)]   # (op index, ref): values read out of torch
         self.provenance = Provenance(self)
 
     def run_context(self):
@@ -51,7 +62,14 @@ class World(ThreadWorld):
         stack = contextlib.ExitStack()
         stack.enter_context(torch_distributed(self))
         stack.enter_context(self.provenance.python_exits())
+        stack.enter_context(watch_exits(self._exit))
         return stack
+
+    def _exit(self, t, how):
+        rank = self.provenance.rank_here()
+        rec = self.recorders[rank] if rank is not None else None
+        if rec is not None and not self.provenance.exempt():
+            self.exits[rank].append((len(rec.ops), rec.latest(t)))
 
     def rank_context(self, rank):
         stack = contextlib.ExitStack()
@@ -81,7 +99,63 @@ class World(ThreadWorld):
             others = foreign_in(list(shape), rank, {})
             if others:
                 raise CheckFailed(foreign_message(rank, others, "sized a recv with"))
-        return super().recv(src, tag, out=out, shape=shape, dtype=dtype)
+        with self._delivering(self.provenance.rank_here()):
+            return super().recv(src, tag, out=out, shape=shape, dtype=dtype)
+
+    def collective(self, op, ranks, t, payload, combine, deliver, async_op=False):
+        """As ThreadWorld.collective; what `deliver` writes in this rank is kept as received."""
+        rank = self.provenance.rank_here()
+
+        def delivered(mine):
+            with self._delivering(rank):
+                deliver(mine)
+        return super().collective(op, ranks, t, payload, combine, delivered, async_op)
+
+    @contextlib.contextmanager
+    def _delivering(self, rank):
+        """Keep, as `received[rank]`, the storage versions the operations run inside wrote."""
+        rec = self.recorders[rank] if rank is not None else None
+        start = len(rec.ops) if rec is not None else 0
+        try:
+            yield
+        finally:
+            if rec is not None:
+                self.received[rank].update((r.key, r.version) for op in rec.ops[start:]
+                                           for r in op.writes + op.outputs)
+
+    def uses_received(self, rank, tensors):
+        """True when what the network delivered to `rank` flowed into `tensors` (a tensor or a
+        list of them; record_ops=True): through aten operations, or out of torch and back (the
+        rank read values that depend on what it received out of torch, `.tolist()`, `.item()`,
+        `.numpy()`, and afterwards made a tensor of `tensors`' dataflow from Python or numpy
+        data: no Recorder follows values outside torch)."""
+        if not self.record_ops:
+            raise RuntimeError("uses_received needs World(..., record_ops=True)")
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+        rec, received = self.recorders[rank], self.received[rank]
+        if not tensors or rec is None:
+            return False
+        seen = rec.flowed([rec.latest(t) for t in tensors])
+        if seen & received:
+            return True
+        outs = self.exits[rank] + [(op.index, r) for op in rec.named("_local_scalar_dense")
+                                   for r in op.reads]
+        first = min((i for i, ref in outs if rec.flowed([ref]) & received), default=None)
+        return first is not None and any(rec.from_python.get(key, -1) >= first
+                                         for key, _ in seen)
+
+    def expect_from_messages(self, rank, tensors, what, world=None):
+        """Fail unless rank `rank`'s `tensors` (`what`, in the reader's words) are computed from
+        what it received: the exercise moves data between ranks so that the result is made of
+        it, and a result the messages never reach makes them decoration."""
+        if not self.uses_received(rank, tensors):
+            on = f"on {world} ranks " if world else ""
+            raise CheckFailed(
+                f"{on}rank {rank}'s {what} does not depend on what it received: its messages "
+                "are decoration. Compute the result from the data that arrives (the recv "
+                "buffers, the collective's output), not from data the rank already had or "
+                "got some other way")
 
     def comm_context(self):
         return self.provenance.network()
