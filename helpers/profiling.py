@@ -231,15 +231,47 @@ def overlap_ms(events, region="backward"):
     return hidden, sum(b - a for a, b in comm)
 
 
+def _overlap(spans, windows):
+    """ms of the (start, end) `spans` that fall inside the (start, end) `windows`."""
+    return sum(max(0.0, min(b, s1) - max(a, s0)) for a, b in spans for s0, s1 in windows)
+
+
+def _outside(spans, windows):
+    """The parts of the (start, end) `spans` outside every one of `windows` (both sorted,
+    non-overlapping: _union's), as (ms after a window had ended, in all-reduces that ran inside
+    one before; ms of all-reduces before they had been inside any window)."""
+    late = other = 0.0
+    for a, b in spans:
+        t, seen = a, False
+        for s0, s1 in windows:
+            if s1 <= t:
+                continue
+            if s0 >= b:
+                break
+            if s0 > t:                 # the piece before this window
+                late, other = (late + s0 - t, other) if seen else (late, other + s0 - t)
+            seen, t = True, s1
+        if b > t:
+            late, other = (late + b - t, other) if seen else (late, other + b - t)
+    return late, other
+
+
 def exposed_ms(events):
     """Split the all-reduce time of a DDP trace (helpers.trace_events) at the end of each
     backward's compute: {'overlapped': ms of all-reduce while backward still computed,
-    'exposed': ms of all-reduce with no backward compute left (the step waits for it),
-    'total', 'wait': ms of the 'reducer wait' regions, 'clock': 'host' or 'gpu'}. On the host
-    (gloo) backward's compute ends at its last autograd node; in a trace with GPU activity
-    (NCCL) at its last compute kernel, on the GPU's clock ('backward kernels'). A region
-    'backward' alone cannot tell the two: under DDP it ends after the wait, so all of the
-    all-reduce falls inside it by construction."""
+    'exposed': ms of all-reduce inside the reducer's wait (backward had no compute left and
+    backward() waited for it), 'outside': ms of all-reduce outside every backward window
+    (neither: the step did not wait for it there), of which 'late' ran on after a window had
+    ended, in all-reduces that began inside it (the rest, outside - late, in all-reduces that
+    began outside every window), 'total' (overlapped + exposed + outside), 'windows': ms of
+    the backward windows, 'wait': ms of the 'reducer wait' regions, 'clock': 'host' or 'gpu'}.
+    On the host (gloo) a window is the region 'backward', its compute ending at its last
+    autograd node and the reducer's wait after it; in a trace with GPU activity (NCCL) it is
+    'backward kernels' and the 'reducer wait' after them, on the GPU's clock. Gloo can leave
+    time outside: it marks an all-reduce's result ready, which ends the reducer's wait and lets
+    backward() return, before it closes the all-reduce's record in the trace (torch's
+    ProcessGroupGloo: the Future is completed, then Work::finish ends the record). A region
+    'backward' alone cannot tell overlapped from exposed: under DDP it ends after the wait."""
     comm = _union((e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
                   if e["lane"] == "all-reduce")
     on_gpu = any(e["lane"] == "gpu" for e in events)
@@ -253,9 +285,14 @@ def exposed_ms(events):
                     else e["start_ms"] + e["dur_ms"])
                    for e in events if e["name"] == "backward"]
         waits = list(by_step.values())
-    overlapped = sum(max(0.0, min(b, s1) - max(a, s0)) for a, b in comm for s0, s1 in compute)
+    wait_spans = [(e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in waits]
+    windows = _union(compute + wait_spans)
+    overlapped = _overlap(comm, _union(compute))
+    late, other = _outside(comm, windows)
     total = sum(b - a for a, b in comm)
-    return dict(overlapped=overlapped, exposed=total - overlapped, total=total,
+    return dict(overlapped=overlapped, exposed=_overlap(comm, windows) - overlapped,
+                outside=late + other, late=late, total=total,
+                windows=sum(b - a for a, b in windows),
                 wait=sum(e["dur_ms"] for e in waits), clock="gpu" if on_gpu else "host")
 
 

@@ -100,7 +100,8 @@ def describe_gpu_reference(path=None):
     gpus = ref.get("gpu_count")
     head = (f"GPU reference run (not this machine): {ref['gpu']}"
             + (f" x{gpus}" if gpus else "") + f", torch {ref['torch']}, "
-            f"CUDA {ref.get('cuda')}, {ref['date']}, command `{ref['command']}`")
+            f"CUDA {ref.get('cuda')}, {ref['date']}, commit {ref.get('commit', 'unknown')}, "
+            f"command `{ref['command']}`")
     bench = ref.get("bench") or {}
 
     def where(r):

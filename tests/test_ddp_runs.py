@@ -78,12 +78,37 @@ def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
     assert len(waits) == 1 and abs(waits[0]["start_ms"] - 0.4) < 1e-9
     assert abs(waits[0]["dur_ms"] - 0.1) < 1e-9, "from the last node (ends 1400) to 1500"
     split = helpers.exposed_ms(events)
-    # all-reduce 0.21-0.60 ms; autograd computes until 0.40: 0.19 overlapped, 0.20 exposed
+    # all-reduce 0.21-0.60 ms; autograd computes until 0.40: 0.19 overlapped; the reducer waits
+    # until 0.50: 0.10 exposed; backward() has returned by 0.60: 0.10 outside, all of it late
+    # (the all-reduce began inside backward)
     assert abs(split["total"] - 0.39) < 1e-9 and abs(split["overlapped"] - 0.19) < 1e-9
-    assert abs(split["exposed"] - 0.20) < 1e-9 and abs(split["wait"] - 0.1) < 1e-9
-    assert split["clock"] == "host"
-    # the region "backward" alone would call 0.29 ms hidden: it ends after the wait
+    assert abs(split["exposed"] - 0.10) < 1e-9 and abs(split["wait"] - 0.1) < 1e-9
+    assert abs(split["outside"] - 0.10) < 1e-9 and abs(split["late"] - 0.10) < 1e-9
+    assert abs(split["windows"] - 0.4) < 1e-9 and split["clock"] == "host"
+    # the region "backward" alone would call 0.29 ms hidden: it ends after the wait; it holds
+    # the total less what fell outside
     assert abs(helpers.overlap_ms(events)[0] - 0.29) < 1e-9
+    assert abs(split["total"] - split["outside"] - 0.29) < 1e-9
+
+
+def test_exposed_ms_tells_late_pieces_from_all_reduces_that_began_outside(tmp_path):
+    """The part of an all-reduce from before backward opened (0.05 of 0.05-0.15 ms; backward
+    runs 0.10-0.50) is outside but not late; the part of one that ran on past backward's end
+    (0.05 of 0.25-0.55) is late; overlapped + exposed + outside is the total, each once."""
+    ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
+    node = "autograd::engine::evaluate_function: AddmmBackward0"
+    trace = {"traceEvents": [
+        ev("forward", 1000, 100), ev("backward", 1100, 400), ev(node, 1150, 150),
+        ev("gloo:all_reduce", 1050, 100, tid=7),    # 0.05-0.15: 0.05 before backward opened
+        ev("gloo:all_reduce", 1250, 300, tid=8),    # 0.25-0.55: 0.05 after it closed
+        ev("optimizer", 1500, 50)]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    split = helpers.exposed_ms(helpers.trace_events(str(path)))
+    # compute until 0.30 (the node's end): overlapped 0.05 + 0.05; exposed 0.30-0.50
+    assert abs(split["overlapped"] - 0.10) < 1e-9 and abs(split["exposed"] - 0.20) < 1e-9
+    assert abs(split["outside"] - 0.10) < 1e-9 and abs(split["late"] - 0.05) < 1e-9
+    assert abs(split["overlapped"] + split["exposed"] + split["outside"] - split["total"]) < 1e-9
 
 
 def test_on_a_gpu_exposed_ms_cuts_at_backwards_last_kernel(tmp_path):
@@ -138,7 +163,8 @@ def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
     waits = [e for e in events if e["name"] == "reducer wait"]
     assert len(waits) == 2, "one reducer wait per backward: DDP's backward() waits for buckets"
     split = helpers.exposed_ms(events)
-    assert abs(split["overlapped"] + split["exposed"] - split["total"]) < 1e-6
+    assert abs(split["overlapped"] + split["exposed"] + split["outside"] - split["total"]) < 1e-6
+    assert 0 <= split["late"] <= split["outside"] + 1e-9
     assert split["exposed"] > 0, "the first layer's bucket is reduced after its gradient"
 
 

@@ -30,7 +30,7 @@ def test_against_prediction_has_a_branch_per_verdict():
 
 
 def test_the_compile_pays_back_only_when_resolved_faster():
-    assert "pays back its first step's 30 s after 300 steps (1.3 epochs" in \
+    assert "pays back its first step's 30.0 s after 300 steps (1.3 epochs" in \
         helpers.compile_sentence(FASTER, 30.0, 0.1, 235)
     assert "never pays back" in helpers.compile_sentence(SLOWER, 30.0, -0.1, 235)
     noise = helpers.compile_sentence(NOISE, 30.0, 0.1, 235)
@@ -69,6 +69,9 @@ def test_a_cause_is_named_only_from_a_resolved_ratio_and_its_measured_split():
 def test_the_profile_share_is_read_as_arithmetic_on_a_cpu_and_as_launches_on_a_gpu():
     words = helpers.arithmetic_share_words
     assert "the convolutions and the elementwise work" in words({"a": 0.77, "b": 0.78}, False)
+    apart = words({"a": 0.55, "b": 0.95}, False)   # both over half, far apart: not "the same"
+    assert "not about the same share (55% against 95%)" in apart
+    assert "about the same share on" not in apart and "does not show" in apart
     low = words({"a": 0.3, "b": 0.6}, False)
     assert "more than half for one step and less for the other" in low
     assert "does not show the arithmetic to be the step" in low

@@ -92,6 +92,10 @@ def test_the_bench_and_the_step_table_are_reconciled_only_where_they_disagree():
                            "step rows faster")
     assert "one device" in said and "two simulated devices" in said and "whole epochs" in said
     assert "does not time those differences apart" in said and "because" not in said
+    assert "here with resident data and fused step together" in said
+    run = helpers.bench_step_words("faster", pieces, combined=["resident data", "fused step",
+                                                               "CUDA graph"])
+    assert "here with resident data, fused step and CUDA graph together" in run
     assert helpers.bench_step_words("faster", {**pieces, "fused step": "faster"}) == ""
     assert helpers.bench_step_words("within noise", pieces) == ""
     told = helpers.bench_step_words("within noise", {**pieces, "resident data": "slower"})

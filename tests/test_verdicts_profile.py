@@ -49,7 +49,7 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
     off = words(NOISE, FASTER, 400.0, 56.0, 600.0, 112.0)
     assert "on the core its share cost about 1/2" in off
     assert "it spent off its core" in off and "344.0 ms" in off
-    assert "one worker alone spent 488.0 ms" in off
+    assert "one worker alone's wall time exceeded its CPU time by 488.0 ms" in off
     assert "lowest 1.200" in off and "what took it, this run does not say" in off
     assert "time its thread's CPU clock did not count" in off
     assert "threads held" not in off and "descheduled" not in off
@@ -57,11 +57,16 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
     assert "cost more than 1/2 on the core itself" in on
     assert "did not measurably lose its core" in on and "spent off" not in on
     assert "the spread reaches 1" in on
-    assert on.endswith("while one worker alone spent 10.0 ms of its compute off its core")
+    assert on.endswith("while one worker alone's wall time exceeded its CPU time by 10.0 ms, a "
+                      "gap not put to the workers' test")
     # both figures in the same format: a tiny one-worker figure is not "0.0"
-    assert "one worker alone spent 0.04 ms" in words(NOISE, NOISE, 1.0, 1.0, 2.04, 2.0)
+    assert "exceeded its CPU time by 0.04 ms" in words(NOISE, NOISE, 1.0, 1.0, 2.04, 2.0)
     assert "cost less than 1/2" in words(SLOWER, NOISE, 50.0, 45.0, 120.0, 110.0)
     assert words(NOISE, NOISE, 1, 1, 3, 3, k=3).startswith("each of 3 workers")
+    # below 10 ms the head prints two decimals, as the chapter's prose does (1.55, not 1.6)
+    assert words(NOISE, NOISE, 1.55, 1.5, 2.0, 2.0).startswith(
+        "each of 2 workers computed for 1.55 ms a step, against 1/2 of one worker's 2.00 ms, "
+        "1.00; on its core (its thread's CPU time) 1.50 ms")
     # a small time off the core is printed, not rounded to "0.0"
     assert "the rest of its compute, 0.06 ms," in words(NOISE, FASTER, 1.86, 1.80, 3.6, 3.6)
     # above 1 in every round, but under the floors: not said to have lost its core
@@ -176,3 +181,34 @@ def test_bucket_launches_are_placed_against_the_last_autograd_node():
     assert words(1, 1, 1).startswith("DDP launched 1 bucket all-reduce,")
     with pytest.raises(ValueError, match="before_last"):
         words(3, 2, 3)
+
+
+def test_a_trace_says_where_its_all_reduce_fell_against_backward():
+    words = helpers.trace_region_words
+    split = dict(total=50.0, outside=0.0, late=0.0, windows=55.0, clock="host")
+    inside = words(split)
+    assert inside == ('All of it falls inside the region "backward" (55.0 ms in all): under DDP '
+                      "`backward()` returns only once the reducer has waited for every bucket's "
+                      "all-reduce")
+    late = words(dict(split, outside=1.0, late=1.0))
+    assert late.startswith('All but 1.0 ms of it falls inside the region "backward" (55.0 ms in '
+                           "all): 1.0 ms ran on after `backward()` had returned, in all-reduces "
+                           "that began inside it. Gloo marks")
+    assert "the trace does not show" in late, "what held the records open is not measured"
+    assert late.endswith("Those 1.0 ms are counted below neither as overlapped nor as exposed: "
+                         "`backward()` did not wait for them")
+    other = words(dict(split, outside=0.004, late=0.0))
+    assert "0.004 ms in all-reduces that began outside every backward, which this run does " \
+           "not explain" in other and "Gloo marks" not in other and "ran on" not in other
+    both = words(dict(split, outside=0.3, late=0.1))
+    assert "0.1 ms ran on after" in both and "; and 0.2 ms in all-reduces that began" in both
+    gpu = words(dict(split, clock="gpu"))
+    assert gpu == ("All of it falls inside backward's windows on the GPU, from its first kernel "
+                   "to the end of the all-reduce kernels it launched (55.0 ms in all)")
+    gpu_late = words(dict(split, clock="gpu", outside=0.5, late=0.5))
+    assert "after its window had ended" in gpu_late and "does not explain" in gpu_late
+    assert "Gloo" not in gpu_late
+    with pytest.raises(ValueError, match="late"):
+        words(dict(split, outside=1.0, late=2.0))
+    with pytest.raises(ValueError, match="total"):
+        words(dict(split, outside=60.0, late=0.0))

@@ -126,12 +126,13 @@ def _rows(names):
     return f"the {joined} {'row' if len(names) == 1 else 'rows'}"
 
 
-def bench_step_words(bench_verdict, pieces):
+def bench_step_words(bench_verdict, pieces, combined=None):
     """Where the benchmark's fast row against the reference (`bench_verdict`, over whole epochs)
     and the per-step table's verdicts on the fixes that row puts together (`pieces`: {fix:
     verdict}) disagree, one sentence naming how the two are set up, and no cause; "" where
     they agree (a piece resolved in the bench's direction, or nothing resolved either way) or
-    where either has no verdict."""
+    where either has no verdict. `combined`: the fixes the bench's fast row ran together (from
+    its row's note; by default the pieces), named so that a row run without compiling says so."""
     for v in (bench_verdict, *pieces.values()):
         if v not in _VERDICTS:
             raise ValueError(f"verdict {v!r}: one of {_VERDICTS}")
@@ -148,8 +149,11 @@ def bench_step_words(bench_verdict, pieces):
             return ""
         told = (f"The per-step table did not resolve {_rows(pieces)} {bench_verdict}, as "
                 "the benchmark did the fast row")
+    fixes = list(pieces if combined is None else combined)
+    together = fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])} and {fixes[-1]}"
     return (f" {told}. The two are set up differently: the benchmark runs the fast trainer, "
-            "all of its fixes together, on one device and times whole epochs (the median from "
+            f"here with {together} together, on one device and times whole epochs (the median "
+            "from "
             "the second on), its rows taking turns round by round; the table runs each fix "
             "beside the one before it on two simulated devices, one step at a time, in turns "
             "step by step. This run does not time those differences apart.")

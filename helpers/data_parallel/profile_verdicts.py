@@ -9,7 +9,8 @@ from .verdicts import _check
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
            "alone_prediction_words", "split_prediction_words", "backward_compute_words",
-           "emulation_margin_words", "thesis_words", "bucket_launch_words"]
+           "emulation_margin_words", "thesis_words", "bucket_launch_words",
+           "trace_region_words", "OUTSIDE_MS"]
 
 
 def simulated_devices_words(two, halves):
@@ -80,6 +81,11 @@ def _ms(x):
     return f"{x:.1f}" if abs(x) >= 0.1 else f"{x:.2f}"
 
 
+def _ms2(x):
+    """Milliseconds to two decimals below 10, one above: how the chapter prints a step's parts."""
+    return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
+
+
 # Below these (the gap of the medians, and the low end of wall time / CPU time) a worker is not
 # said to have lost its core: a few microseconds a step are within the clocks' reach.
 OFF_CORE_MS, OFF_CORE_RATIO = 0.05, 1.01
@@ -96,12 +102,13 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
     OFF_CORE_MS or more (the low end printed to three decimals, as a 1.00 may hide it), and
     what took the time is not named: the run does not measure it."""
     _check(cpu_vs_half), _check(off_core)
-    head = (f"each of {k} workers computed for {compute_ms:.1f} ms a step, against 1/{k} of one "
-            f"worker's {one_ms:.1f} ms, {one_ms / k:.1f}; on its core (its thread's CPU time) "
-            f"{cpu_ms:.1f} ms, against 1/{k} of one worker's {one_cpu_ms:.1f}, "
-            f"{one_cpu_ms / k:.1f} (medians)")
-    alone = (f"one worker alone spent {_ms(one_ms - one_cpu_ms)} ms of its compute off its "
-             "core")
+    f = _ms2
+    head = (f"each of {k} workers computed for {f(compute_ms)} ms a step, against 1/{k} of one "
+            f"worker's {f(one_ms)} ms, {f(one_ms / k)}; on its core (its thread's CPU time) "
+            f"{f(cpu_ms)} ms, against 1/{k} of one worker's {f(one_cpu_ms)}, "
+            f"{f(one_cpu_ms / k)} (medians)")
+    alone = (f"one worker alone's wall time exceeded its CPU time by {_ms(one_ms - one_cpu_ms)} "
+             "ms, a gap not put to the workers' test")
     gap = compute_ms - cpu_ms
     if off_core.lo >= OFF_CORE_RATIO and gap >= OFF_CORE_MS:
         away = (f"; the rest of its compute, {_ms(gap)} ms, it spent off its core "
@@ -308,3 +315,58 @@ def bucket_launch_words(launched, before_cut, before_last):
                 f"{inside} from inside that last node, once its own gradient was in")
     return (head + f", {before_last} before backward's last autograd node started, {inside} "
             f"from inside it, and {launched - before_cut} after it ended, in the reducer's wait")
+
+
+# Below this (half a microsecond: under the trace's microsecond stamps) no all-reduce time is said
+# to lie outside backward's windows.
+OUTSIDE_MS = 0.0005
+
+
+def _small_ms(x):
+    """Milliseconds as _ms, with three decimals below 0.01 (a 0.004 ms piece is not '0.00')."""
+    return f"{x:.3f}" if abs(x) < 0.01 else _ms(x)
+
+
+def trace_region_words(split):
+    """Where a DDP trace's all-reduce time fell against backward's windows, from
+    helpers.exposed_ms's split: all of it inside (on the host the region "backward", which under
+    DDP ends only once the reducer has waited for every bucket; on a GPU backward's kernels and
+    the wait after them), or all but `outside` ms, said as measured: ms that ran on after a
+    window had ended in all-reduces that began inside it (`late`), and ms of all-reduces that
+    began outside every window (the rest). Gloo closes an all-reduce's record in the trace after
+    marking its result ready, which is what lets backward() return, so on the host a late piece
+    has a known way to happen; what held the records open that long is not measured, and a piece
+    that began outside is not explained. The outside ms are counted neither as overlapped nor
+    as exposed (the sentence says so): backward() did not wait for them."""
+    total, outside, late, windows = (split[k] for k in ("total", "outside", "late", "windows"))
+    if not -1e-9 <= late <= outside + 1e-9 <= total + 2e-9:
+        raise ValueError(f"trace_region_words: need 0 <= late ({late}) <= outside ({outside}) "
+                         f"<= total ({total})")
+    host = split["clock"] == "host"
+    region = (f'the region "backward" ({windows:.1f} ms in all)' if host else
+              f"backward's windows on the GPU, from its first kernel to the end of the "
+              f"all-reduce kernels it launched ({windows:.1f} ms in all)")
+    if outside < OUTSIDE_MS:
+        return (f"All of it falls inside {region}" + (
+            ": under DDP `backward()` returns only once the reducer has waited for every "
+            "bucket's all-reduce" if host else ""))
+    other = outside - late
+    pieces = []
+    if late >= OUTSIDE_MS:
+        after = "`backward()` had returned" if host else "its window had ended"
+        pieces.append(f"{_small_ms(late)} ms ran on after {after}, in all-reduces that began "
+                      "inside it")
+    if other >= OUTSIDE_MS:
+        pieces.append(f"{_small_ms(other)} ms in all-reduces that began outside every "
+                      "backward, which this run does not explain")
+    words = f"All but {_small_ms(outside)} ms of it falls inside {region}: " + "; and ".join(
+        pieces)
+    if late >= OUTSIDE_MS and host:
+        words += (". Gloo marks an all-reduce's result ready, which ends the reducer's wait and "
+                  "lets `backward()` return, before it closes the all-reduce's record in the "
+                  "trace, so a record can end after `backward()` has returned; what held these "
+                  "records open that long, the trace does not show")
+    elif late >= OUTSIDE_MS:
+        words += ", which this run does not explain"
+    return (words + f". Those {_small_ms(outside)} ms are counted below neither as overlapped "
+            "nor as exposed: `backward()` did not wait for them")
