@@ -78,7 +78,7 @@ from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_
 from .model_words import spread_verdict, largest_miss, comm_inside_step_words, fit_words
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
                               measured_step_words)
-from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load
+from .timing import Measurement, Ratio, measure, interleave, ratio, machine_load, quartiles_word
 from .runtime.group import (choose_backend, backend_for, env_ranks, rank_device, setup, teardown,
                             free_port, log0)
 from .runtime.launch import launch, take, run_ranks

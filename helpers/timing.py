@@ -26,7 +26,7 @@ from .devices import synchronize
 from .words import plural
 
 __all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load",
-           "MIN_ROUNDS", "verdict_of"]
+           "MIN_ROUNDS", "verdict_of", "quartiles_word"]
 
 MIN_ROUNDS = 2   # a spread needs two samples at least: one round is a figure, not a verdict
 
@@ -120,6 +120,18 @@ def verdict_of(samples: Sequence[float]) -> str:
         return "cannot tell"
     lo, hi = _trimmed(samples)[0], _trimmed(samples)[-1]
     return "faster" if lo > 1 else "slower" if hi < 1 else "within noise"
+
+
+def quartiles_word(a: Sequence[float], b: Sequence[float]) -> str:
+    """Seconds of two runs that were not timed in turns (steps of two launches), compared by
+    their interquartile ranges: 'faster than' when a's upper quartile lies below b's lower,
+    'slower than' the other way round, else 'within noise of'. Each needs 2 samples at least."""
+    if min(len(a), len(b)) < MIN_ROUNDS:
+        raise ValueError(f"quartiles_word needs {MIN_ROUNDS} samples of each run, got "
+                         f"{len(a)} and {len(b)}")
+    (a_lo, _, a_hi), (b_lo, _, b_hi) = (statistics.quantiles(x, n=4)
+                                        for x in (a, b))
+    return "faster than" if a_hi < b_lo else "slower than" if b_hi < a_lo else "within noise of"
 
 
 def _trimmed(samples):

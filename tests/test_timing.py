@@ -129,3 +129,15 @@ def test_measure_really_times_work():
 def test_machine_load_is_a_number_or_none():
     load = timing.machine_load()
     assert load is None or load >= 0
+
+
+def test_quartiles_word_three_branches():
+    from helpers.timing import quartiles_word
+    fast, slow = [0.20, 0.21, 0.22, 0.23, 0.24], [0.40, 0.41, 0.42, 0.43, 0.44]
+    assert quartiles_word(fast, slow) == "faster than"
+    assert quartiles_word(slow, fast) == "slower than"
+    # the composed chapter's stored run: medians 2x apart, quartiles overlapping
+    assert quartiles_word([0.15, 0.16, 0.22, 0.37, 0.40], [0.33, 0.34, 0.43, 0.61, 0.7]) == \
+        "within noise of"
+    with pytest.raises(ValueError, match="2 samples of each run"):
+        quartiles_word([0.1], fast)
