@@ -115,3 +115,81 @@ def test_a_hook_receives_the_undivided_sum_and_torchs_hooks_divide_it():
     assert "div_(world_size)" in inspect.getsource(default_hooks._compress_hook)
     for h in (default_hooks.bf16_compress_hook, default_hooks.fp16_compress_hook):
         assert "return _compress_hook(" in inspect.getsource(h), h.__name__
+
+
+# --- turning DDP's forward-time buffer broadcast off (custom_modules.ipynb, syncbn.ipynb) -------
+def _bn_model():
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+
+
+def _keep(state, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def test_the_courses_buffer_keyword_raises_no_deprecation_warning_and_stops_the_broadcast():
+    """helpers' spelling of "no buffer broadcast in forward" (no_forward_buffer_sync, used by
+    bn_grads_same_weights) constructs DDP with warnings as errors: on torch 2.13 on, where
+    `broadcast_buffers` is deprecated, passing it would raise a FutureWarning here. Then no
+    forward broadcasts the buffers."""
+    import warnings
+
+    from helpers.data_parallel.torch_api import no_forward_buffer_sync
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = DDP(_bn_model(), **no_forward_buffer_sync())
+    broadcasts, sync = [], model._sync_buffers
+    model._sync_buffers = lambda: broadcasts.append(1) or sync()
+    model.register_comm_hook(None, _keep)   # (the fake all-reduce returns no tensor)
+    for _ in range(2):
+        model(torch.randn(8, 4)).sum().backward()
+    assert not model.broadcast_buffers and broadcasts == [], broadcasts
+
+
+def test_the_buffer_keyword_follows_ddps_signature():
+    """forward_sync_buffers where DDP has it (2.13 on), broadcast_buffers where it does not
+    (torch 2.11, the course's floor)."""
+    from helpers.data_parallel.torch_api import no_forward_buffer_sync
+
+    class OldDDP:
+        def __init__(self, module, device_ids=None, broadcast_buffers=True):
+            pass
+    assert no_forward_buffer_sync(OldDDP) == {"broadcast_buffers": False}
+    has_new = "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    assert no_forward_buffer_sync() == ({"forward_sync_buffers": False} if has_new
+                                        else {"broadcast_buffers": False})
+
+
+def test_the_two_keywords_differ_at_construction(monkeypatch):
+    """What the chapters say of torch 2.13 on: `broadcast_buffers` warns (FutureWarning);
+    `forward_sync_buffers=False` still broadcasts the buffers once at construction,
+    `broadcast_buffers=False` does not (DDP's _sync_module_states, its broadcast_buffers
+    argument)."""
+    if "forward_sync_buffers" not in inspect.signature(DDP.__init__).parameters:
+        pytest.skip("this torch predates forward_sync_buffers (2.13)")
+    from torch.nn.parallel import distributed
+    seen = []
+    real = distributed._sync_module_states
+    monkeypatch.setattr(distributed, "_sync_module_states",
+                        lambda **kw: seen.append(kw["broadcast_buffers"]) or real(**kw))
+    DDP(_bn_model(), forward_sync_buffers=False)
+    with pytest.warns(FutureWarning, match="broadcast_buffers"):
+        DDP(_bn_model(), broadcast_buffers=False)
+    assert seen == [True, False], seen
+
+
+def test_no_ddp_call_in_the_course_passes_broadcast_buffers():
+    """Every DDP(...) in helpers/ and scripts/ spells the buffer keyword through
+    no_forward_buffer_sync (deprecated in torch 2.13 on: a FutureWarning in every rank)."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for folder in ("helpers", "scripts"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and any(k.arg == "broadcast_buffers"
+                                                      for k in node.keywords):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, f"pass **no_forward_buffer_sync() instead: {found}"

@@ -194,6 +194,17 @@ def test_bucket_timeline_launches_in_order_and_exposes_the_last_bucket():
     assert all(p.grad is None for p in net.parameters())      # the recording left no gradient
 
 
+
+def test_a_buckets_last_tick_is_drawn_over_the_next_buckets_first():
+    """Ticks of gradients ready at almost the same instant overlap: each is drawn over every
+    later one, so the tick where a bucket completes (and its bar starts) stays visible."""
+    import matplotlib.pyplot as plt
+    t = helpers.bucket_timeline(helpers.deep_mlp(8, 16, 4), (torch.zeros(2, 8),), 0.001)
+    fig = helpers.plot_buckets(t)
+    ticks = [ln.get_xdata()[0] for ln in fig.axes[0].lines if ln.get_linewidth() == 3]
+    plt.close(fig)
+    assert len(ticks) == len(t["ready"]) and ticks == sorted(ticks, reverse=True), ticks
+
 # ---- the figures draw ----------------------------------------------------------------------------
 def test_every_schematic_draws():
     import matplotlib.pyplot as plt

@@ -17,7 +17,7 @@ from ..models import unwrap
 from ..runtime.launch import take
 from ..runtime.progress import report_progress
 from .torch_api import bn_net, bn_stats, convert_sync_batchnorm, evaluate_exact, global_batches, \
-    train_bn_steps
+    no_forward_buffer_sync, train_bn_steps
 
 __all__ = ["bn_vs_syncbn", "bn_grads_same_weights", "uneven_inputs_join", "ddp_trace",
            "ddp_knobs"]
@@ -66,7 +66,7 @@ def bn_grads_same_weights(rank, world, cfg):
         if variant == "syncbn":
             net = convert_sync_batchnorm(net, device)
         model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
-                    broadcast_buffers=False)
+                    **no_forward_buffer_sync())   # every rank loads the same states below
         grads = []
         for state, idx in zip(states, batches, strict=True):
             unwrap(model).load_state_dict(state)

@@ -74,7 +74,10 @@ def plot_buckets(timeline, title=None):
     ax.text(timeline["backward"] / 2, -0.1, "backward", ha="center", va="bottom",
             fontsize=SMALL)             # above the bar: the ticks cross it
     ax.text(-0.02 * end, 0.4, "gradients", ha="right", va="center", fontsize=SMALL)
-    for i, t in timeline["ready"].items():
+    # latest first, so that where two gradients are ready at almost the same instant (a bias
+    # right after its weight) the earlier tick lies on top: a bucket's own last tick, where its
+    # all-reduce bar starts, is not hidden under the next bucket's first one
+    for i, t in sorted(timeline["ready"].items(), key=lambda it: -it[1]):
         ax.plot([t, t], [0.0, 0.8], color=device_color(bucket_of[i]), lw=3)
     for n, b in enumerate(bs):
         y = 1.2 + n * 0.9

@@ -4,6 +4,8 @@ the models of the custom-module and BatchNorm chapters.
 
 Every rank runs the same collectives (evaluation too), and evaluation counts each example once.
 """
+import inspect
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -12,9 +14,9 @@ from torch.nn import functional as F
 from ..models import unwrap
 from ..runtime.group import get_rank, get_world_size
 
-__all__ = ["shard_indices", "exact_counts", "evaluate_exact", "SyncBatchNormFunction",
-           "CPUSyncBatchNorm", "convert_sync_batchnorm", "TwoInputNet", "side_features", "bn_net",
-           "bn_stats", "global_batches", "train_bn_steps"]
+__all__ = ["shard_indices", "exact_counts", "evaluate_exact", "no_forward_buffer_sync",
+           "SyncBatchNormFunction", "CPUSyncBatchNorm", "convert_sync_batchnorm", "TwoInputNet",
+           "side_features", "bn_net", "bn_stats", "global_batches", "train_bn_steps"]
 
 
 def shard_indices(n, rank, world_size):
@@ -48,6 +50,22 @@ def evaluate_exact(net, X, y, device, batch_size=1024):
             correct += int((module(Xb).argmax(dim=1) == yb).sum())
     module.train(was_training)
     return exact_counts(correct, len(idx), device)
+
+
+def no_forward_buffer_sync(ddp_class=nn.parallel.DistributedDataParallel):
+    """DDP's keyword argument that stops its buffer broadcast at the start of a forward, as this
+    torch spells it: {"forward_sync_buffers": False} where DDP has that keyword (torch 2.13 on,
+    where `broadcast_buffers` is deprecated and passing it raises a FutureWarning), else
+    {"broadcast_buffers": False} (torch before 2.13: the course's floor, 2.11, too). Chosen
+    from DDP's signature, not from the version number, so a nightly in between is read right.
+
+    The two differ at construction: `forward_sync_buffers=False` still broadcasts rank 0's
+    buffers once there, `broadcast_buffers=False` skips that broadcast too. So this suits
+    buffers that are equal on every rank or loaded afterwards, not per-rank buffers that must
+    survive construction (those need the deprecated `broadcast_buffers=False`)."""
+    if "forward_sync_buffers" in inspect.signature(ddp_class.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def _combine_stats(counts, means, variances):

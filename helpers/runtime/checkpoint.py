@@ -115,7 +115,7 @@ def save_snapshot_all(path, model, optimizer, epoch, history=()):
 
 def load_checkpoint(model, path, map_location="cpu"):
     """Load a state_dict saved with or without the wrapper's "module." prefix, safely
-    (weights_only=True: tensors only, no arbitrary pickled code)."""
+    (weights_only=True: tensors and plain values only, no arbitrary pickled code)."""
     state = torch.load(path, map_location=map_location, weights_only=True)
     consume_prefix_in_state_dict_if_present(state, "module.")
     return unwrap(model).load_state_dict(state)
