@@ -5,6 +5,8 @@ run.py        run_check, Result, CheckFailed, HarnessError: one line for the rea
               for a grader, the blame on the answer or on the harness
 declare.py    @check(exercise, observes=[...], references=[...]): the registry teachers.md and
               the tests read; the answer is called with the exercise's references blocked
+settle.py     what an answer returns, settled before its call ends: no code of the reader's runs
+              when the check converts or compares it
 references.py no reference shortcut: the course's own answer is unreachable, by identity
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
               float rounding

@@ -1,24 +1,22 @@
 """Declaring a check: `@check(exercise, observes=[...], references=[...])` (see run.py)."""
 import functools
-import sys
-
-import torch
 
 from .guard import answering
 from .provenance import handed_in
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
-from .run import REGISTRY, CheckFailed, CheckInfo, is_reader_code, run_check
+from .run import REGISTRY, CheckInfo, run_check
+from .settle import Guarded, settle
 
 __all__ = ["check", "Answer"]
 
 
-class Answer:
+class Answer(Guarded):
     """The reader's function as a check calls it: while it runs, the exercise's references are
     unavailable (references.blocked), it may not read the running program's frames, the
     threads it starts are observed like itself (guard.answering), and in a World rank's thread
-    the tensors handed to it are that rank's (provenance.handed_in). Everything else passes
-    through."""
+    the tensors handed to it are that rank's (provenance.handed_in); what it returns is settled
+    before the call ends (settle.py: nothing of the reader's code left to run in it)."""
 
     def __init__(self, fn, exercise, references):
         self.fn, self.exercise, self.references = fn, exercise, references
@@ -29,28 +27,15 @@ class Answer:
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
         with blocked(self.references, self.exercise), answering(self.keys, code_key), \
                 handed_in(args, kwargs):
-            return _no_own_tensors(self.fn(*args, **kwargs), self.__name__)
+            return settle(self.fn(*args, **kwargs), self.__name__, self._again)
+
+    def _again(self, fn):
+        """`fn` (returned by the answer: a function, an iterator's next step, a hook) guarded
+        as the answer itself is, when the check calls it later."""
+        return Answer(fn, self.exercise, self.references)
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
-
-
-def _no_own_tensors(result, name, depth=0):
-    """`result`, refused where it holds a tensor of a subclass the reader defined: its
-    __torch_function__ would answer the check's own comparisons (torch.equal, allclose)."""
-    if isinstance(result, torch.Tensor):
-        cls = type(result)
-        where = getattr(sys.modules.get(cls.__module__), "__file__", None)
-        if cls.__module__ == "__main__" or (where and is_reader_code(where)):
-            raise CheckFailed(f"{name} returned a {cls.__name__}, a tensor subclass of your own: "
-                              "return plain tensors, which the check compares itself")
-    elif isinstance(result, (list, tuple)) and depth < 3:
-        for item in result:
-            _no_own_tensors(item, name, depth + 1)
-    elif isinstance(result, dict) and depth < 3:
-        for item in result.values():
-            _no_own_tensors(item, name, depth + 1)
-    return result
 
 
 def check(exercise, *, observes, references=()):

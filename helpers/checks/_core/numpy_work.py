@@ -11,12 +11,22 @@ arrays that module holds (`A[:k] < r`, `np.diff(A)`: its ndarrays are seen throu
 the answer runs), and those its closure holds. numpy on numbers alone (`np.int64(n) // k`,
 `np.ceil(n / k)`) is arithmetic and is not recorded.
 
-What it does not see: arrays reached another way (an attribute of an object, a module-level
-object holding them), the methods of any array that are not ufuncs (`A[:k].cumsum()`,
-`reshape`), indexing and `len`; numpy's other submodules (`numpy.random`, `numpy.fft`).
+Methods are seen from below: while it is active a profile function (`sys.setprofile`, and
+`threading.setprofile` for the threads the answer starts) sees every call the reader's code makes
+into C, with the object it is bound to, so a method of an array (`A[:k].cumsum()`, `reshape`,
+`.sum()`, `np.ndarray.cumsum(A)` unbound) or of a ufunc, and a C function of numpy's own
+modules, are recorded however the array or the function was reached. Arrays that objects of the
+answer's module hold (an attribute, a dict or list entry, two levels down) are seen through a
+view, like its globals, so an operator on one (`H.A[:k] < r`) is recorded too.
+
+What it does not see: operators on an array the answer reached another way (a module it
+imports), indexing, `len` and Python's builtins run over an array (`sum(A)`); numpy's other
+submodules (`numpy.random`, `numpy.fft`); threads started before the run; C extensions.
 """
 import contextlib
+import sys
 import threading
+import types
 
 import numpy as np
 import numpy.lib.stride_tricks
@@ -25,7 +35,8 @@ import numpy.ma
 import torch
 
 from .rank_arrays import _functions
-from .run import expect
+from .run import expect, is_reader_code
+from .settle import reader_class
 
 __all__ = ["numpy_work", "expect_list"]
 
@@ -101,6 +112,27 @@ class _Seen(np.ndarray):
         return super().__array_function__(func, types_, args, kwargs)
 
 
+_NUMBER_METHODS = {"item", "tolist", "astype", "conjugate", "conj", "round", "is_integer",
+                   "as_integer_ratio", "bit_count", "__round__", "__format__", "__index__",
+                   "__int__", "__float__", "__bool__", "__reduce__", "__reduce_ex__"}
+
+
+def _profile(frame, event, arg):
+    """A call the reader's code makes into C: recorded if bound to an array (not 0-d), a ufunc,
+    one of numpy's modules, or a numpy number's method that is not arithmetic (`.repeat(k)`)."""
+    if event != "c_call" or not _ACTIVE or not is_reader_code(frame.f_code.co_filename):
+        return
+    owner = getattr(arg, "__self__", None)
+    if isinstance(owner, np.ndarray) and owner.ndim > 0:
+        _record(f"ndarray.{arg.__name__}")
+    elif isinstance(owner, np.generic) and arg.__name__ not in _NUMBER_METHODS:
+        _record(f"{type(owner).__name__}.{arg.__name__}")     # np.int64(q).repeat(k): an array
+    elif isinstance(owner, np.ufunc):
+        _record(f"numpy.{owner.__name__}.{arg.__name__}")
+    elif isinstance(owner, types.ModuleType) and owner.__name__.split(".")[0] == "numpy":
+        _record(f"{owner.__name__}.{arg.__name__}")
+
+
 def _stand_in(module, name, f):
     label = f"numpy.{name}" if module is np else f"{module.__name__}.{name}"
     return _Ufunc(f, label) if isinstance(f, np.ufunc) else _watched(f, label)
@@ -126,6 +158,8 @@ def _install(fn):
             elif callable(v) and id(v) in stand_ins and stand_ins[id(v)] is not v:
                 saved.append((g, n, v))
                 g[n] = stand_ins[id(v)]
+            else:
+                _held(v, saved)
     for cell in getattr(getattr(fn, "func", fn), "__closure__", None) or ():
         try:
             v = cell.cell_contents
@@ -134,7 +168,45 @@ def _install(fn):
         if isinstance(v, np.ndarray) and type(v) is np.ndarray and v.ndim > 0:
             saved.append((_Cell(cell), "cell_contents", v))
             cell.cell_contents = v.view(_Seen)
+        else:
+            _held(v, saved)
     return saved
+
+
+def _plain_array(v):
+    return isinstance(v, np.ndarray) and type(v) is np.ndarray and v.ndim > 0
+
+
+def _held(holder, saved, depth=0):
+    """The arrays an object of the answer's module holds (its attributes, a dict's or a list's
+    entries; two levels down) replaced by views that record the ufuncs run on them."""
+    if isinstance(holder, (dict, list)):
+        space, items = holder, (holder.items() if isinstance(holder, dict) else
+                                enumerate(holder))
+    elif isinstance(holder, types.SimpleNamespace) or reader_class(
+            holder if isinstance(holder, type) else type(holder)):
+        space, items = _Attr(holder), getattr(holder, "__dict__", {}).items()
+    else:
+        return
+    for n, v in list(items):
+        if _plain_array(v):
+            try:
+                space[n] = v.view(_Seen)
+            except (AttributeError, TypeError):     # a read-only attribute, an enum's member
+                continue
+            saved.append((space, n, v))
+        elif depth < 1 and not (isinstance(n, str) and n.startswith("__")):
+            _held(v, saved, depth + 1)
+
+
+class _Attr:
+    """An object's attributes as a mapping, to put its arrays back."""
+
+    def __init__(self, obj):
+        self._obj = obj
+
+    def __setitem__(self, name, v):
+        setattr(self._obj, name, v)
 
 
 class _Cell:
@@ -155,9 +227,14 @@ def numpy_work(fn=None):
     with _LOCK:
         _ACTIVE.append(calls)
         saved = _install(fn)
+    profiles = sys.getprofile(), threading.getprofile()
+    sys.setprofile(_profile)
+    threading.setprofile(_profile)
     try:
         yield calls
     finally:
+        sys.setprofile(profiles[0])
+        threading.setprofile(profiles[1])
         with _LOCK:
             for space, n, v in reversed(saved):
                 space[n] = v

@@ -12,8 +12,8 @@ values instead: provenance.py compares the values a rank reads from such a stora
 only other ranks read out (rank_numbers.py).
 
 What it does not see: one file mapped by each rank at its own address (`from_file` with
-`shared=True`) holding round values (rank_numbers.is_round), and torch's own memory written
-through a numpy view of it (`t.numpy()[:] = ...`: that storage is torch's, not outside it).
+`shared=True`) holding round values (rank_numbers.is_round). torch's own memory written through a
+numpy view of it (`t.numpy()[:] = ...`) is provenance.py's: the views a rank gets are read-only.
 """
 import threading
 

@@ -9,7 +9,9 @@ and refuses an operation of one rank that reads or writes a storage another rank
 storages are kept alive for the run, so no address is reused meanwhile. The network's own work
 (sending, receiving, combining a collective, delivering a result) runs exempt, and what it
 hands over is the receiver's. The exits that read memory without an aten operation (exits.py:
-tolist, numpy, __array__, repr, pickling, the storage) are checked as one.
+tolist, numpy, __array__, repr, pickling, the storage) are checked as one; the numpy arrays
+`.numpy()`, `np.asarray(t)` and `np.from_dlpack(t)` hand a rank are read-only views (a write
+through one would change the tensor with no operation to see: rank_arrays.read_only).
 
 The tensors a check hands the answer in a rank's thread (its arguments, with the parameters,
 buffers and gradients of modules among them) are that rank's: another rank's answer that reads
@@ -248,10 +250,13 @@ class Provenance:
             def call(t, *args, **kwargs):
                 out = original(t, *args, **kwargs)
                 rank = self.rank_here()
-                if rank is None or self.exempt() or t.dtype == torch.bool:
+                if rank is None or self.exempt():
                     return out
-                if name in ("numpy", "__array__"):
-                    return rank_arrays.own_array(out, rank)
+                if name in ("numpy", "__array__"):      # a view: writes through it unseen
+                    out = rank_arrays.read_only(out)
+                    return out if t.dtype == torch.bool else rank_arrays.own_array(out, rank)
+                if t.dtype == torch.bool:
+                    return out
                 if t.is_floating_point():
                     self.read_out(rank, [out] if isinstance(out, float) else tree_leaves(out))
                 return rank_numbers.tag(out, rank)

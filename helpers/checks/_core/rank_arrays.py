@@ -12,7 +12,10 @@ where a tag would otherwise be lost, for one run of a World:
   for numbers or arrays tagged with another rank and fails the answer if it finds one, and tags
   what it returns with the calling rank when it was handed that rank's numbers or tensors; a
   RankArray of another rank fails the same way whatever reads it (an operator, a method, an
-  index, iteration, printing, copying or pickling).
+  index, iteration, printing, copying or pickling);
+- the numpy views of tensors a rank gets (`.numpy()`, `np.asarray(t)`, `np.from_dlpack(t)`) are
+  read-only (`read_only`): a write through one would change the tensor with no torch operation
+  for provenance.py to see.
 
 So an all-reduce done in numpy on the other ranks' copies fails where the other rank's array
 meets numpy, before any arithmetic, and a count read out with `.item()` or `.tolist()` fails
@@ -37,7 +40,7 @@ import torch.utils.dlpack
 from .rank_numbers import Tagged, TaggedInt, foreign_message, ranks_of, retag
 from .run import CheckFailed
 
-__all__ = ["RankArray", "watch_numbers", "own_array"]
+__all__ = ["RankArray", "watch_numbers", "own_array", "read_only"]
 
 _WHO = []       # while a World runs: a function giving the calling thread's rank (None: none)
 
@@ -130,6 +133,11 @@ class RankArray(np.ndarray):
         ranks = self.ranks
         return (mark(v, ranks) for v in self._read("iterated"))
 
+    def __setitem__(self, index, value):
+        if not self.flags.writeable:
+            raise CheckFailed(_READ_ONLY.format(_rank()))
+        super().__setitem__(index, value)
+
     def tolist(self):
         return mark(self._read("listed").tolist(), self.ranks)
 
@@ -173,6 +181,21 @@ def _number_ufunc(self, ufunc, method, *inputs, **kwargs):
 Tagged.__array_ufunc__ = TaggedInt.__array_ufunc__ = _number_ufunc
 
 
+_READ_ONLY = (
+    "rank {} wrote into a tensor through a numpy view of it (t.numpy()[...] = ..., np.copyto, "
+    "out=): while ranks run, the numpy views of tensors are read-only, since a write through one "
+    "changes the tensor with no torch operation to see; write with torch (t.copy_(...), "
+    "t[...] = ...)")
+
+
+def read_only(out):
+    """`out`, a numpy view of a tensor's memory handed to a rank, made read-only (for good:
+    numpy refuses to make writeable again an array whose memory belongs to a tensor)."""
+    if isinstance(out, np.ndarray) and out.base is not None:
+        out.flags.writeable = False
+    return out
+
+
 def own_array(out, rank):
     """What `.numpy()` or `__array__` returned to rank `rank`, carrying the rank."""
     return mark(out, (rank,)) if isinstance(out, np.ndarray) and rank is not None else out
@@ -191,6 +214,8 @@ def _watched(fn, module, keep=True):
                 a, (np.ndarray, torch.Tensor)) else a for a in args]
         ranks = _refuse(rank, (args, kwargs), f"computed with {module}.{fn.__name__} on")
         out = fn(*_plain(args), **_plain(kwargs))
+        if fn.__name__ == "from_dlpack" and module == "numpy":
+            out = read_only(out)                # a view of the tensor's memory, as .numpy()
         return mark(out, ranks) if keep else out
     call.__name__, call.__doc__, call.__wrapped__ = fn.__name__, fn.__doc__, fn
     return call

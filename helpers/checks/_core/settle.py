@@ -1,0 +1,254 @@
+"""What an answer returned, settled before its guarded call ends (declare.Answer): nothing of the
+reader's code may run once the check converts or compares it.
+
+After the call, the references are back, the guard is off and no Recorder watches: an object of
+the reader's own class whose `__eq__`, `__iter__`, `__float__`, `__index__`, `__array__` or
+`__torch_function__` computes (or calls the course's answer, or reads the check's expected
+value) would do its work there. So, still inside the call:
+
+- values the reader's code cannot run in pass as they are: Python and numpy numbers, strings,
+  bytes, None, tensors and arrays of torch's and numpy's own classes, torch.Size, dtypes,
+  devices, enum members, ranges and slices, objects of the course's classes;
+- containers (lists, tuples, dicts, sets, deques) are walked; one of the reader's own container
+  classes (a namedtuple, a list subclass) is rebuilt as the plain container, here;
+- an iterator (a generator) is run to its end here, under the check's observers, and comes
+  back as a list; functions, bound methods and partials come back guarded: each later call runs
+  as the answer's, through a new `Answer` (`guarded`);
+- modules and optimizers of torch's classes are walked: a module of the reader's own class is
+  refused, the functions set on them or registered as hooks are guarded in place;
+- anything else (an object of the reader's own class, a weakref proxy, a mock) is refused.
+"""
+import collections
+import enum
+import fractions
+import decimal
+import functools
+import itertools
+import numbers
+import sys
+import types
+import weakref
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from .run import CheckFailed, is_reader_code
+
+__all__ = ["settle", "reader_class", "Guarded"]
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis),
+          torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
+          fractions.Fraction, decimal.Decimal, np.dtype)
+_CALLABLES = (types.FunctionType, types.MethodType, functools.partial, types.BuiltinFunctionType,
+              types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType,
+              types.MethodDescriptorType)
+_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")     # a tensor's, run by autograd
+_MAX_DEPTH = 64
+_MAX_ITEMS = 100_000
+
+
+def _code_file(v):
+    """The file of the Python code behind `v` (a function, a method, a property ...) or None."""
+    for attr in ("__func__", "fget", "func", "__wrapped__"):
+        inner = getattr(v, attr, None) if not isinstance(v, type) else None
+        if inner is not None and inner is not v:
+            found = _code_file(inner)
+            if found:
+                return found
+    code = getattr(v, "__code__", None)
+    return code.co_filename if isinstance(code, types.CodeType) else None
+
+
+def _genuine(c):
+    """Whether class `c` is the one its module names (torch's, numpy's, the course's own), not
+    a class of the reader's that only claims their `__module__`."""
+    obj = sys.modules.get(c.__module__)
+    for part in c.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is c
+
+
+def reader_class(cls):
+    """Whether `cls` or a class it derives from is the reader's: defined in the reader's module,
+    or holding a function whose code is in the reader's files (whatever `__module__` says)."""
+    for c in cls.__mro__:
+        if c is object:
+            continue
+        where = getattr(sys.modules.get(c.__module__), "__file__", None)
+        if c.__module__ == "__main__" or (where and is_reader_code(where)):
+            return True
+        if _genuine(c) and where:
+            continue
+        for v in vars(c).values():
+            file = _code_file(v)
+            if file and is_reader_code(file):
+                return True
+    return False
+
+
+def _refuse(name, x, where):
+    cls = x if isinstance(x, type) else type(x)
+    raise CheckFailed(
+        f"{name} returned {where}a {cls.__name__}, an object of your own class (or one that runs "
+        "code of yours when the check reads it): return a tensor, a number, a list of numbers or "
+        "what the exercise asks for, not an object of your own class; the check converts and "
+        "compares plain values itself")
+
+
+class _Settler:
+    def __init__(self, name, guarded):
+        self.name, self.guarded, self.path = name, guarded, set()
+
+    def __call__(self, x, depth=0):
+        if type(x) in _PLAIN or isinstance(x, np.generic) and type(x).__module__ == "numpy" \
+                and _genuine(type(x)):
+            return x
+        if depth > _MAX_DEPTH:
+            raise CheckFailed(f"{self.name} returned values nested more than {_MAX_DEPTH} deep")
+        if isinstance(x, (weakref.ProxyType, weakref.CallableProxyType)):
+            _refuse(self.name, x, "a weakref proxy to ")
+        if isinstance(x, type):
+            if reader_class(x):
+                _refuse(self.name, x, "the class itself: ")
+            return x
+        cls = type(x)
+        if reader_class(cls):
+            return self._own(x, depth)
+        if id(x) in self.path:                      # a cycle: seen already on this path
+            return x
+        self.path.add(id(x))
+        try:
+            return self._library(x, cls, depth)
+        finally:
+            self.path.discard(id(x))
+
+    def _own(self, x, depth):
+        """An object of the reader's class: containers rebuilt plain (inside the call), else
+        refused."""
+        if isinstance(x, torch.Tensor):
+            raise CheckFailed(f"{self.name} returned a {type(x).__name__}, a tensor subclass of "
+                              "your own: return plain tensors, which the check compares itself")
+        for base in (dict, list, tuple, set, frozenset):
+            if isinstance(x, base):
+                return self(base(x), depth)
+        if isinstance(x, _CALLABLES):       # a bound method of the reader's object, say
+            return self.guarded(x)
+        _refuse(self.name, x, "")
+
+    def _library(self, x, cls, depth):
+        if isinstance(x, torch.Tensor):
+            self._hooks(x)
+            return x
+        if isinstance(x, np.ndarray):
+            if x.dtype == object:
+                for v in x.view(np.ndarray).ravel():
+                    self(v, depth + 1)
+            return x
+        if isinstance(x, (numbers.Number, enum.Enum)):
+            return x
+        if isinstance(x, (list, tuple, set, frozenset, collections.deque, dict)):
+            return self._container(x, cls, depth)
+        if isinstance(x, (types.MappingProxyType, collections.abc.KeysView,
+                          collections.abc.ValuesView)):
+            for v in x:
+                self(v, depth + 1)
+            return x
+        if isinstance(x, torch.nn.Module):
+            for m in x.modules():
+                if reader_class(type(m)):
+                    _refuse(self.name, m, "a module holding ")
+                self._attrs(m)
+            return x
+        if isinstance(x, torch.optim.Optimizer):
+            self._attrs(x)
+            self(x.param_groups, depth + 1)
+            return x
+        if isinstance(x, _CALLABLES):
+            return self.guarded(x) if _runs_reader_code(x) else x
+        if isinstance(x, Iterator):
+            return self(_drain(self.name, x), depth + 1)
+        if _course_class(cls):
+            return x
+        _refuse(self.name, x, "")
+
+    def _container(self, x, cls, depth):
+        if isinstance(x, dict):
+            for k in list(x):
+                self(k, depth + 1)
+                v = x[k]
+                new = self(v, depth + 1)
+                if new is not v:
+                    x[k] = new
+            factory = getattr(x, "default_factory", None)
+            if factory is not None:
+                x.default_factory = self.guarded(factory)
+            return x
+        items = list(x)
+        new = [self(v, depth + 1) for v in items]
+        if all(a is b for a, b in zip(new, items)):
+            return x
+        if cls is list:
+            x[:] = new
+            return x
+        if cls in (tuple, set, frozenset):
+            return cls(new)
+        return list(new) if isinstance(x, (list, collections.deque)) else tuple(new)
+
+    def _attrs(self, obj):
+        """Functions set on a module or optimizer, and those in its hook dicts: guarded."""
+        for k, v in list(vars(obj).items()):
+            if isinstance(v, _CALLABLES) and _runs_reader_code(v):
+                setattr(obj, k, self.guarded(v))
+            elif isinstance(v, dict) and "hook" in k:
+                self._guard_values(v)
+            elif not isinstance(v, (dict, list, tuple, torch.Tensor, *_PLAIN)) and not isinstance(
+                    v, (torch.nn.Module, weakref.ref)) and reader_class(type(v)):
+                _refuse(self.name, v, f"an object whose .{k} is ")
+
+    def _hooks(self, t):
+        for name in _HOOKS:
+            hooks = getattr(t, name, None)
+            if isinstance(hooks, dict):
+                self._guard_values(hooks)
+
+    def _guard_values(self, hooks):
+        for k, v in list(hooks.items()):
+            if not isinstance(v, Guarded) and _runs_reader_code(v):
+                hooks[k] = self.guarded(v)
+
+
+def _runs_reader_code(f):
+    """Whether calling `f` may run the reader's code: its code is in the reader's files, it is
+    bound to an object of the reader's class, or it is a partial (its arguments could be)."""
+    file = _code_file(f)
+    if file and is_reader_code(file):
+        return True
+    owner = getattr(f, "__self__", None)
+    return isinstance(f, functools.partial) or (
+        owner is not None and not isinstance(owner, types.ModuleType)
+        and reader_class(owner if isinstance(owner, type) else type(owner)))
+
+
+class Guarded:
+    """Marks what `guarded` returned (declare.Answer), so it is not wrapped twice."""
+
+
+def _course_class(cls):
+    """The course's own classes (helpers): their code is the course's."""
+    return cls.__module__.split(".")[0] == "helpers" and not reader_class(cls)
+
+
+def _drain(name, it):
+    """An iterator's items (a generator's), taken now, while the answer's call is watched."""
+    items = list(itertools.islice(it, _MAX_ITEMS + 1))
+    if len(items) > _MAX_ITEMS:
+        raise CheckFailed(f"{name} returned an iterator of more than {_MAX_ITEMS} items: return "
+                          "a list")
+    return items
+
+
+def settle(result, name, guarded):
+    """`result` with nothing of the reader's code left to run in it (see the module's
+    docstring); `guarded(fn)` makes a callable that runs as the answer's. Refuses the rest."""
+    return _Settler(name, guarded)(result)
