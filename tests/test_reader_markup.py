@@ -334,3 +334,18 @@ def test_prose_counts_say_their_plural(path):
             for o in cell.get("outputs", [])]
         found += [(index, m) for t in texts for m in re.findall(r"\b\d[\d,.]* \w+\(s\)", t)]
     assert not found, f"{path.relative_to(ROOT)}: {found[:5]}"
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_say_cell_is_prose(path):
+    """A cell that displays prose (`helpers.say(`), converted or written by hand, carries the
+    prose metadata: folded in JupyterLab and Colab (no template with raw {fields} above the
+    text), and kept with its text in the student edition (scripts/student_edition.py)."""
+    nb = nbformat.read(path, as_version=4)
+    bare = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            and "helpers.say(" in c.source
+            and not (c.metadata.get("course", {}).get("prose")
+                     and c.metadata.get("jupyter", {}).get("source_hidden")
+                     and c.metadata.get("cellView") == "form")]
+    assert not bare, (f"{path.relative_to(ROOT)}: say cells {bare} lack the prose metadata "
+                      "(course.prose, jupyter.source_hidden, cellView form)")
