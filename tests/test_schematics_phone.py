@@ -159,6 +159,13 @@ def _mesh():
     return fig
 
 
+def _mesh2d():
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(3.6, 2.6))    # as mesh2d.ipynb draws it
+    helpers.draw_mesh((1, 2, 2), ax)
+    return fig
+
+
 def _sampler_shards(n, world, epoch=0):
     from torch.utils.data.distributed import DistributedSampler
     shards = []
@@ -193,6 +200,7 @@ READABLE = {
         helpers.bucket_timeline(helpers.resnet18(), (torch.zeros(2, 1, 28, 28),), 5),
         title="ResNet-18, 4 devices: the backward takes 1"),          # as costs.ipynb draws it
     "3-D mesh": _mesh,
+    "2-D mesh": _mesh2d,
     "DataParallel step, 5 rows over 4 GPUs": lambda: helpers.plot_dp_step(helpers.dp_step_facts(
         torch.rand(5, 1, 28, 28), [f"GPU {i}" for i in range(4)])),       # as dataparallel.ipynb
     "DataParallel step, 10 rows over 4 GPUs": lambda: helpers.plot_dp_step(helpers.dp_step_facts(
@@ -257,7 +265,9 @@ def test_the_chapters_draw_these_schematics_with_the_measured_builders():
              "part3/ddp_torchrun": ["helpers.plot_sampler(\n    helpers.sampler_facts(shards",
                                     "helpers.plot_restart(helpers.restart_facts("],
              "part2/scratch": ["helpers.plot_scratch_step(\n    helpers.scratch_step_facts("],
-             "gpus": ["helpers.plot_queue_timeline(timeline)"]}
+             "gpus": ["helpers.plot_queue_timeline(timeline)"],
+             "part6/mesh2d": ["helpers.draw_mesh((1, DP, TP), ax)"],
+             "part7/composed": ["helpers.draw_mesh((2, 2, 2), ax)"]}
     for name, wanted in calls.items():
         code = "\n".join("".join(c["source"]) for c in json.loads(
             (book / f"{name}.ipynb").read_text())["cells"] if c["cell_type"] == "code")
@@ -265,3 +275,23 @@ def test_the_chapters_draw_these_schematics_with_the_measured_builders():
             assert call in code, f"{name} no longer draws {call}...)"
         for raw in ("helpers.draw_ring(", "helpers.draw_split(", "helpers.draw_all_to_all("):
             assert raw not in code, f"{name} draws {raw}...) into a figure of its own size"
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 2), (2, 2, 2), (1, 2, 4)])
+def test_the_mesh_drawing_joins_exactly_the_groups_of_rank_grid(shape):
+    """Each line drawn joins two consecutive ranks of one group of `rank_grid`, every such pair
+    is drawn once, and a one-stage mesh draws no pipeline line and no stage label."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    helpers.draw_mesh(shape, ax)
+    at = {tuple(map(float, t.get_position())): int(t.get_text())
+          for t in ax.texts if t.get_text().isdigit()}
+    lines = [a for a in ax.texts if isinstance(a, matplotlib.text.Annotation)]
+    drawn = sorted(tuple(sorted((at[tuple(map(float, a.xy))],
+                                 at[tuple(map(float, a.xyann))]))) for a in lines)
+    want = sorted(tuple(sorted(p)) for name, groups in helpers.rank_grid(shape).items()
+                  if shape[0] > 1 or name != "pp" for g in groups for p in zip(g, g[1:]))
+    stages = [t.get_text() for t in ax.texts if t.get_text().startswith("stage")]
+    plt.close(fig)
+    assert drawn == want
+    assert len(stages) == (shape[0] if shape[0] > 1 else 0)

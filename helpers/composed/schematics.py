@@ -12,7 +12,8 @@ __all__ = ["draw_mesh"]
 
 def draw_mesh(shape, ax=None):
     """The (pp, dp, tp) mesh: one panel per pipeline stage, ranks as dots, each dimension's
-    groups as lines."""
+    groups as lines. With pp = 1 it is Part VI's 2-D (dp, tp) mesh: no stage label, no pipeline
+    line in the legend."""
     import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
     ax = ax or plt.gca()
     pp, dp, tp = shape
@@ -23,6 +24,8 @@ def draw_mesh(shape, ax=None):
     style = dict(tp=("tab:red", "-", "tensor (tp)"), dp=("tab:blue", "-", "data (dp)"),
                  pp=("tab:green", "--", "pipeline (pp)"))
     for name, groups in rank_grid(shape).items():
+        if name == "pp" and pp == 1:
+            continue                   # one stage: no pipeline groups to draw
         color, ls, label = style[name]
         ax.plot([], [], color=color, ls=ls, lw=2, label=label)   # legend
         for grp in groups:
@@ -35,9 +38,11 @@ def draw_mesh(shape, ax=None):
     for rank, (x, y) in xy.items():
         ax.scatter([x], [y], s=500, color="white", edgecolor="black", zorder=3)
         ax.text(x, y, str(rank), ha="center", va="center", zorder=4, fontsize=SMALL + 1)
-    for s in range(pp):
+    for s in range(pp if pp > 1 else 0):
         ax.text(s * (tp + 1) + (tp - 1) / 2, 1.0, f"stage {s}", ha="center", fontsize=SMALL + 1)
-    ax.set(xlim=(-0.7, pp * (tp + 1) - 1.3), ylim=(-dp - 0.4, 1.25))
+    ylim = (-dp - 0.4, 1.25) if pp > 1 else (-dp + 0.4, 0.45)   # one stage: no stage labels
+    ax.set(xlim=(-0.7, pp * (tp + 1) - 1.3), ylim=ylim)
     ax.axis("off")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.02), ncols=3, fontsize=SMALL,
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.02), ncols=3 if pp > 1 else 2,
+              fontsize=SMALL,
               frameon=False, handlelength=1.5, columnspacing=1.0)
