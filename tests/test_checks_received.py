@@ -119,8 +119,8 @@ def pipeline_forward_decoy(stage, comm, X, num_microbatches, batch_size, in_shap
             out = stage(h)
             outs.append(out)
             if r < p - 1:
-                if r == p - 2 and j == m - 1:
-                    _post(r, torch.cat(outs))          # on the board before the last send
+                if r == p - 2:   # the outputs so far on the board, before micro-batch j is sent
+                    _post(r, torch.cat(outs))
                 comm.send(out, r + 1, tag=j)
     return torch.cat(outs) if r == p - 1 else None
 
