@@ -173,7 +173,10 @@ from .pipeline_parallel.timelines import (pipeline_model_time, replayed_bubble, 
                                           zero_bubble_rank_order, zero_bubble_bubble, bubble_added)
 from .pipeline_parallel.torch_api import (validate_pipelining, make_schedule, pipelining_step,
                                           pipelining_runs, LOOPED_SCHEDULES)
-from .pipeline_parallel.experiments import pipeline_worker, forward_flops, box_model
+from .pipeline_parallel.experiments import (pipeline_run, pipelining_run, pingpong_run,
+                                             forward_flops, box_model)
+from .pipeline_parallel.verdicts import (bubble_trend_words, schedule_gap,
+                                         message_delay_words, balance_words)
 from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
                                         CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,

@@ -55,13 +55,8 @@ class Target:
 def targets(tmp):
     """The rows (tmp: a folder for checkpoints and traces)."""
     ck = os.path.join(tmp, "ck")
-    pipe_runs = [dict(schedule="gpipe", m=2, cuts=[3]), dict(schedule="1f1b", m=2, cuts=[3]),
-                 dict(schedule="zb", m=2, cuts=[3]),
-                 dict(schedule="1f1b", m=2, cuts=[3], emulate=1e6, equal=True),
-                 dict(kind="pipelining", schedule="Schedule1F1B", m=2, cuts=[3]),
-                 dict(kind="pipelining", schedule="ScheduleGPipe", m=2, cuts=[3],
-                      emulate=1e6),
-                 dict(kind="pingpong", rows=4, repeats=2)]
+    pipe = dict(net=PIPE_NET, batch_size=8, seed=0, m=2, cuts=[3], rates=FREE)
+    one = dict(cuts=[])                                       # world1: one stage
     T = Target
     return [
         # Part III
@@ -130,10 +125,16 @@ def targets(tmp):
                                                  shape=(1, 2)), world1=dict(shape=(1, 1))),
         T("hsdp_worker", h.hsdp_worker, dict(block=BLOCK, inputs=MESH_INPUTS, steps=1),
           world=4, world1=None),
-        T("pipeline_worker", h.pipeline_worker, dict(net=PIPE_NET, batch_size=8, seed=0,
-                                                     runs=pipe_runs, rates=FREE),
-          world1=dict(runs=[dict(r, cuts=[]) for r in pipe_runs
-                            if r.get("kind") != "pingpong"])),
+        T("pipeline_run", h.pipeline_run, dict(pipe, schedule="gpipe"), world1=one),
+        T("pipeline_run:1f1b", h.pipeline_run, dict(pipe, schedule="1f1b"), world1=one),
+        T("pipeline_run:zb", h.pipeline_run, dict(pipe, schedule="zb"), world1=one),
+        T("pipeline_run:emulated", h.pipeline_run,
+          dict(pipe, schedule="1f1b", emulate=1e6, equal=True), world1=one),
+        T("pipelining_run", h.pipelining_run, dict(pipe, schedule="Schedule1F1B"),
+          world1=one),
+        T("pipelining_run:emulated", h.pipelining_run,
+          dict(pipe, schedule="ScheduleGPipe", emulate=1e6), world1=one),
+        T("pingpong_run", h.pingpong_run, dict(shape=(4, 16), repeats=2), world1=None),
         # Part VII (part7)
         T("cp_chapter", h.cp_chapter, CP, "part7"),
         T("ep_chapter", h.ep_chapter, EP, "part7",

@@ -11,29 +11,36 @@ import time
 import pytest
 import torch
 
-from helpers import (RankFailed, Rates, box_model, bubble_fraction, validate_pipelining, cuts_by,
-                     gpipe_rank_order, interleaved_bubble, launch, one_f_one_b_rank_order,
-                     pipeline_model_time, pipeline_net, pipeline_rank_step, pipeline_worker,
-                     run_threads, stage_of, timeline_bubble, unsplit_step, zero_bubble_bubble,
-                     zero_bubble_rank_order)
+from helpers import (LOOPED_SCHEDULES, RankFailed, Rates, box_model, bubble_fraction,
+                     cuts_by, gpipe_rank_order, interleaved_bubble, launch,
+                     one_f_one_b_rank_order, pingpong_run, pipeline_model_time, pipeline_net,
+                     pipeline_rank_step, pipeline_run, pipelining_run, run_ranks, run_threads,
+                     stage_of, timeline_bubble, unsplit_step, validate_pipelining,
+                     zero_bubble_bubble, zero_bubble_rank_order)
 
 NET = dict(vocab=64, width=16, depth=4)
 N, M = 16, 4
 FREE = dict(flops_per_s=50e12, alpha=0.0, beta=float("inf"), source="free messages")
 # emulated boxes: the smallest (a forward of N/8 rows) lasts 10 ms of wall time
 SCALE = 0.01 / box_model(pipeline_net(**NET), [3], Rates(**FREE), equal=True)(0, "F", N // 8)
-EMULATED = [dict(schedule=s, m=m, cuts=[3], emulate=SCALE, equal=True)
-            for s in ("gpipe", "1f1b") for m in (1, 2, 8)]
-EMULATED += [dict(schedule="zb", m=8, cuts=[3], emulate=SCALE, equal=True),
-             dict(kind="pipelining", schedule="ScheduleInterleaved1F1B", m=8, cuts=[2, 3, 5],
-                  emulate=SCALE, equal=True)]
-RUNS = [dict(schedule="gpipe", m=M, cuts=[3]), dict(schedule="1f1b", m=M, cuts=[3]),
-        dict(kind="pipelining", schedule="ScheduleGPipe", m=M, cuts=[3], repeats=2),
-        dict(kind="pipelining", schedule="Schedule1F1B", m=M, cuts=[3], repeats=2),
-        dict(kind="pipelining", schedule="ScheduleInterleaved1F1B", m=M, cuts=[2, 3, 5]),
-        dict(schedule="zb", m=M, cuts=[3]),
-        dict(kind="pipelining", schedule="ScheduleInterleavedZeroBubble", m=M,
-             cuts=[2, 3, 5])] + EMULATED
+
+
+def run(schedule, m=M, cuts=(3,), **kw):
+    """(label, launch target, cfg) of one run: torch's schedules (Schedule*) by pipelining_run,
+    the hand-built ones by pipeline_run."""
+    fn = pipelining_run if schedule.startswith("Schedule") else pipeline_run
+    label = schedule + (f"-m{m}-emulated" if "emulate" in kw else "")
+    return label, fn, dict(net=NET, batch_size=N, seed=3, rates=FREE, schedule=schedule, m=m,
+                           cuts=list(cuts), **kw)
+
+
+EMULATED = [run(s, m, emulate=SCALE, equal=True) for s in ("gpipe", "1f1b") for m in (1, 2, 8)]
+EMULATED += [run("zb", 8, emulate=SCALE, equal=True),
+             run("ScheduleInterleaved1F1B", 8, [2, 3, 5], emulate=SCALE, equal=True)]
+RUNS = [run("gpipe"), run("1f1b"), run("ScheduleGPipe", repeats=2),
+        run("Schedule1F1B", repeats=2), run("ScheduleInterleaved1F1B", cuts=[2, 3, 5]),
+        run("zb"), run("ScheduleInterleavedZeroBubble", cuts=[2, 3, 5])] + EMULATED
+LABELS = [label for label, _, _ in RUNS]
 
 
 def batch(seed=3):
@@ -47,8 +54,7 @@ def ranks():
     """One launch of 2 gloo processes for every run, a busy process beside them (2 cores)."""
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        return launch(pipeline_worker, 2, dict(net=NET, batch_size=N, seed=3, runs=RUNS,
-                                               rates=FREE), quiet=True)
+        return run_ranks(2, RUNS)
     finally:
         busy.kill()
         busy.wait()
@@ -60,22 +66,19 @@ def reference():
     return unsplit_step(pipeline_net(**NET), X, y)
 
 
-def stitched(results, i):
+def stitched(results, label):
     grads = {}
     for rank in results:
-        grads.update(rank[i]["grads"])
+        grads.update(rank[label]["grads"])
     return [g for stage in sorted(grads) for g in grads[stage]]
 
 
-@pytest.mark.parametrize("i", range(len(RUNS)), ids=[
-    r["schedule"] + (f"-m{r['m']}-emulated" if "emulate" in r else "") for r in RUNS])
-def test_equal_to_unsplit(ranks, reference, i):
-    if ranks[0][i]["skipped"]:
-        pytest.skip(ranks[0][i]["skipped"])
+@pytest.mark.parametrize("label", LABELS)
+def test_equal_to_unsplit(ranks, reference, label):
     loss, grads = reference
-    last = ranks[-1][i]
+    last = ranks[-1][label]
     assert last["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-6)
-    got = stitched(ranks, i)
+    got = stitched(ranks, label)
     assert len(got) == len(grads), "every parameter of the net has a gradient on some rank"
     for a, b in zip(got, grads):
         assert a.shape == b.shape
@@ -84,17 +87,17 @@ def test_equal_to_unsplit(ranks, reference, i):
 
 def test_stages_really_split(ranks):
     """Each rank holds only its stage: rank 0 the embedding and two blocks, rank 1 the rest."""
-    n0, n1 = len(ranks[0][0]["grads"][0]), len(ranks[1][0]["grads"][1])
+    n0, n1 = len(ranks[0]["gpipe"]["grads"][0]), len(ranks[1]["gpipe"]["grads"][1])
     assert (n0, n1) == (1 + 2 * 2, 2 * 2 + 2)
-    assert ranks[0][0]["bytes_sent"] > 0 and ranks[1][0]["bytes_sent"] > 0
+    assert ranks[0]["gpipe"]["bytes_sent"] > 0 and ranks[1]["gpipe"]["bytes_sent"] > 0
 
 
-@pytest.mark.parametrize("gpipe,one_f_one_b", [(0, 1), (2, 3)], ids=["scratch", "pipelining"])
+@pytest.mark.parametrize("gpipe,one_f_one_b", [("gpipe", "1f1b"),
+                                                ("ScheduleGPipe", "Schedule1F1B")],
+                         ids=["scratch", "pipelining"])
 def test_live_microbatches(ranks, gpipe, one_f_one_b):
     """GPipe holds all m micro-batches on every rank; 1F1B at most p - rank (measured from
     what autograd saves), from scratch and in torch.distributed.pipelining alike."""
-    if ranks[0][gpipe]["skipped"] or ranks[0][one_f_one_b]["skipped"]:
-        pytest.skip("schedule unavailable")
     assert [r[gpipe]["peak_live"] for r in ranks] == [M, M]
     assert [r[one_f_one_b]["peak_live"] for r in ranks] == [2, 1]
     assert 0 < ranks[0][one_f_one_b]["peak_bytes"] < ranks[0][gpipe]["peak_bytes"]
@@ -103,7 +106,7 @@ def test_live_microbatches(ranks, gpipe, one_f_one_b):
 
 
 def test_timelines_give_a_bubble(ranks):
-    tls = [r[0]["timelines"][0] for r in ranks]
+    tls = [r["gpipe"]["timelines"][0] for r in ranks]
     assert all(len(tl) == 2 * M for tl in tls)
     assert 0 < timeline_bubble(tls) < 1
 
@@ -162,24 +165,23 @@ def test_a_missing_send_times_out_with_a_message():
 
 
 # ---- emulated: the schedule apart from the machine ------------------------------------------
-def _formula(run):
-    m = run["m"]
+def _formula(cfg):
+    m = cfg["m"]
     return {"gpipe": bubble_fraction(2, m), "1f1b": bubble_fraction(2, m),
             "zb": zero_bubble_bubble(2, m),
-            "ScheduleInterleaved1F1B": interleaved_bubble(2, m, 2)}[run["schedule"]]
+            "ScheduleInterleaved1F1B": interleaved_bubble(2, m, 2)}[cfg["schedule"]]
 
 
-@pytest.mark.parametrize("i", range(len(RUNS) - len(EMULATED), len(RUNS)),
-                         ids=[f"{r['schedule']}-m{r['m']}" for r in EMULATED])
-def test_emulated_bubble_follows_its_formula_beside_a_busy_process(ranks, i):
+@pytest.mark.parametrize("label,cfg", [(label, cfg) for label, _, cfg in EMULATED],
+                         ids=[label for label, _, _ in EMULATED])
+def test_emulated_bubble_follows_its_formula_beside_a_busy_process(ranks, label, cfg):
     """Each box's math ran for real (test_equal_to_unsplit), each rank slept out the box's
     modelled time, and on the model's clock the bubble is the formula's (within 10%), though
     a busy process shared the 2 cores with the ranks."""
-    run = RUNS[i]
-    tls = [r[i]["timelines"][0] for r in ranks]
-    stages = 4 if run.get("kind") == "pipelining" else 2
+    tls = [r[label]["timelines"][0] for r in ranks]
+    stages = 4 if cfg["schedule"] in LOOPED_SCHEDULES else 2
     modelled = pipeline_model_time(tls, stages, NET["width"] * 4, Rates(**FREE))
-    want = _formula(run)
+    want = _formula(cfg)
     assert timeline_bubble(modelled) == pytest.approx(want, rel=0.1)
     for tl in tls:                    # the ranks waited: every box lasted its scaled time
         for b in tl:
@@ -187,12 +189,11 @@ def test_emulated_bubble_follows_its_formula_beside_a_busy_process(ranks, i):
 
 
 def test_emulated_bubble_falls_with_m(ranks):
-    first = len(RUNS) - len(EMULATED)
     for s in ("gpipe", "1f1b"):
         got = []
-        for i in range(first, len(RUNS)):
-            if RUNS[i]["schedule"] == s:
-                tls = [r[i]["timelines"][0] for r in ranks]
+        for label, _, cfg in EMULATED:
+            if cfg["schedule"] == s:
+                tls = [r[label]["timelines"][0] for r in ranks]
                 got.append(timeline_bubble(pipeline_model_time(tls, 2, 64, Rates(**FREE))))
         assert got == sorted(got, reverse=True) and got[0] > 2 * got[-1]
 
@@ -210,19 +211,32 @@ def test_cuts_are_checked_against_the_ranks_and_the_layers():
         stage_of(net, [len(net)], 0)
 
 
-def _run_worker(cfg, world=2):
-    return launch(pipeline_worker, world, dict(dict(net=NET, batch_size=8, seed=0), **cfg),
-                  threads=True, timeout=20)
-
-
-def test_the_worker_refuses_three_stages_on_two_ranks_before_any_work():
+def test_a_run_refuses_three_stages_on_two_ranks_before_any_work():
     """Cuts that make more stages than ranks once ran silently, a hidden activation
-    taken as the logits; now refused before any work."""
+    taken as the logits; now refused before any work of that run."""
     start = time.monotonic()
+    small = dict(net=NET, batch_size=8, seed=0, schedule="1f1b", m=2)
     with pytest.raises(RankFailed, match="3 stages for 2 ranks"):
-        _run_worker(dict(runs=[dict(schedule="1f1b", m=2, cuts=[2]),
-                               dict(schedule="1f1b", m=2, cuts=[2, 4])]))
+        run_ranks(2, [("two stages", pipeline_run, dict(small, cuts=[2])),
+                      ("three stages", pipeline_run, dict(small, cuts=[2, 4]))],
+                  threads=True, timeout=20)
     assert time.monotonic() - start < 5
+
+
+def test_pingpong_times_each_round_trip_after_a_warm_up():
+    got = launch(pingpong_run, 2, dict(shape=(4, 8), repeats=3), threads=True, timeout=20)
+    assert len(got[0]["seconds"]) == 3 and all(t > 0 for t in got[0]["seconds"])
+
+
+@pytest.mark.parametrize("cfg,words", [
+    (dict(schedule="ScheduleGPipe"), "pick one of.*pipelining_run"),
+    (dict(m=0), "m must be a positive int"),
+    (dict(m=True), "m must be a positive int"),
+])
+def test_pipeline_run_refuses_what_it_cannot_run(cfg, words):
+    small = dict(net=NET, batch_size=8, seed=0, schedule="1f1b", m=2, cuts=[3])
+    with pytest.raises(RankFailed, match=words):
+        launch(pipeline_run, 2, dict(small, **cfg), threads=True, timeout=20)
 
 
 @pytest.mark.parametrize("change,words", [

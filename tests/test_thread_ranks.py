@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import launch, pipeline_worker
+from helpers import launch, pipeline_run, pipelining_run, run_ranks
 
 ROUNDS = 30      # a race seen in 7 runs of 30 escapes 30 rounds of 4 threads with p < 1e-9
 
@@ -62,43 +62,43 @@ def test_seeded_builds_are_the_same_in_every_thread_rank():
 
 
 NET = dict(vocab=256, width=32, depth=6)
-RUNS = [dict(schedule="gpipe", m=4, cuts=[2, 5]), dict(schedule="1f1b", m=4, cuts=[2, 5]),
-        dict(schedule="zb", m=2, cuts=[2, 5])]
+SMALL = dict(net=NET, batch_size=12, seed=0, cuts=[2, 5])
+RUNS = [("gpipe", pipeline_run, dict(SMALL, schedule="gpipe", m=4)),
+        ("1f1b", pipeline_run, dict(SMALL, schedule="1f1b", m=4)),
+        ("zb", pipeline_run, dict(SMALL, schedule="zb", m=2))]
 
 
-def test_pipeline_worker_on_thread_ranks_equals_its_process_ranks():
-    """pipeline_worker offers thread ranks: run after run they give the losses and gradients
+def test_pipeline_runs_on_thread_ranks_equal_their_process_ranks():
+    """pipeline_run offers thread ranks: run after run they give the losses and gradients
     its process ranks give (each thread builds the seeded net at the same moment)."""
-    cfg = dict(net=NET, batch_size=12, seed=0, runs=RUNS)
-    want = launch(pipeline_worker, 3, cfg, quiet=True, timeout=120)
+    want = run_ranks(3, RUNS, timeout=120)
     for attempt in range(8):
-        got = launch(pipeline_worker, 3, cfg, threads=True, timeout=60)
+        got = run_ranks(3, RUNS, threads=True, timeout=60)
         for rank, (g, w) in enumerate(zip(got, want)):
-            for run_g, run_w in zip(g, w):
-                what = f"run {attempt}, rank {rank}, {run_w['schedule']}"
+            for label in w:
+                run_g, run_w = g[label], w[label]
+                what = f"run {attempt}, rank {rank}, {label}"
                 if run_w["loss"] is not None:
                     assert run_g["loss"] == pytest.approx(run_w["loss"], rel=1e-6), what
                 for a, b in zip(run_g["grads"][rank], run_w["grads"][rank]):
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=what)
 
 
-def test_pipeline_worker_refuses_torch_schedules_on_thread_ranks():
+def test_torch_schedules_refuse_thread_ranks():
     """torch's pipelining schedules need a process group: on thread ranks a clear refusal
-    before any run, not an error from deep inside torch."""
-    cfg = dict(net=NET, batch_size=8, seed=0, runs=[
-        dict(schedule="1f1b", m=2, cuts=[3]),
-        dict(kind="pipelining", schedule="Schedule1F1B", m=2, cuts=[3])])
+    before any work of the run, not an error from deep inside torch."""
+    cfg = dict(net=NET, batch_size=8, seed=0, schedule="Schedule1F1B", m=2, cuts=[3])
     with pytest.raises(helpers.RankFailed, match="process ranks"):
-        launch(pipeline_worker, 2, cfg, threads=True, timeout=20)
+        launch(pipelining_run, 2, cfg, threads=True, timeout=20)
 
 
 def test_a_misspelt_cfg_key_fails_before_any_work_naming_the_key_meant():
     """take guards every launch target's cfg: `sede` for `seed` would otherwise run seed 0
     silently; the rank fails at once, naming the key it did not expect and the one meant."""
-    cfg = dict(net=NET, batch_size=8, sede=3, runs=[dict(schedule="1f1b", m=2, cuts=[3])])
+    cfg = dict(net=NET, batch_size=8, sede=3, schedule="1f1b", m=2, cuts=[3])
     with pytest.raises(helpers.RankFailed, match=r"unexpected \['sede'\] \(a typo\? 'sede' -> "
                                                  r"'seed'\)"):
-        launch(pipeline_worker, 2, cfg, threads=True, timeout=20)
+        launch(pipeline_run, 2, cfg, threads=True, timeout=20)
 
 
 def test_a_thread_ranks_cfg_holds_what_a_process_ranks_does():

@@ -1,7 +1,9 @@
-"""Part VI's pipeline experiments across processes: the hand-built GPipe, 1F1B and zero-bubble
-steps, torch's pipelining schedules and a ping-pong between two ranks, run by `pipeline_worker`
-on every rank, each either as it runs on this machine or emulated (helpers.Clock: the real math,
-then the box's modelled duration, from FLOPs at helpers.Rates).
+"""Part VI's pipeline experiments across processes, one launch target per kind of run:
+`pipeline_run` (the hand-built GPipe, 1F1B and zero-bubble steps), `pipelining_run` (torch's
+pipelining schedules) and `pingpong_run` (a message between two ranks). The chapter runs them
+all in one launch, each under its label (helpers.run_ranks). A step runs either as it runs on
+this machine or emulated (helpers.Clock: the real math, then the box's modelled duration, from
+FLOPs at helpers.Rates).
 """
 from itertools import pairwise
 
@@ -12,13 +14,13 @@ from ..devices import synced_now
 from ..runtime.comm import DistComm
 from ..runtime.emulate import ASSUMED_RATES, Clock, Rates
 from ..runtime.launch import take
-from ..runtime.progress import report_progress
 from .schedules import gpipe_rank_order, one_f_one_b_rank_order
-from .scratch import validate_cuts, pipeline_net, pipeline_rank_step, stage_of
+from .scratch import pipeline_net, pipeline_rank_step, stage_of
 from .timelines import zero_bubble_rank_order
 from .torch_api import validate_pipelining, pipelining_runs
 
-__all__ = ["pipeline_worker", "forward_flops", "box_model", "PIPELINE_ORDERS"]
+__all__ = ["pipeline_run", "pipelining_run", "pingpong_run", "forward_flops", "box_model",
+           "PIPELINE_ORDERS"]
 
 PIPELINE_ORDERS = {"gpipe": gpipe_rank_order, "1f1b": one_f_one_b_rank_order,
           "zb": zero_bubble_rank_order}
@@ -69,80 +71,92 @@ def _pingpong(comm, rank, shape, repeats):
     return times
 
 
-def _validate_runs(runs, n, world, num_layers, threads=False):
-    """Every run's settings, checked on every rank before any run starts."""
-    for run in runs:
-        kind = run.get("kind", "scratch")
-        if kind == "pipelining" and threads:
-            raise ValueError(f"run kind pipelining ({run.get('schedule')}) runs torch's "
-                             "schedules, which need a process group: launch on process ranks "
-                             "(threads=False), or leave that run out on thread ranks")
-        if kind == "pipelining":
-            validate_pipelining(run["schedule"], n, run["m"], world, num_layers, run["cuts"])
-        elif kind == "scratch":
-            if run["schedule"] not in PIPELINE_ORDERS:
-                raise ValueError(f"schedule {run['schedule']!r}: pick one of "
-                                 f"{list(PIPELINE_ORDERS)}")
-            validate_cuts(run["cuts"], num_layers, world)
-            m = run["m"]
-            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-                raise ValueError(f"m must be a positive int, got {m!r}")
-        elif kind != "pingpong":
-            raise ValueError(f"run kind {kind!r}: scratch, pipelining or pingpong")
-
-
-def pipeline_worker(rank, world, cfg):
-    """Launch target, several runs in one launch. cfg: net (kwargs of pipeline_net),
-    batch_size, seed, rates (dict of helpers.Rates' figures; default: Rates.load()), runs: list
-    of dict(kind="scratch"|"pipelining", schedule ("gpipe", "1f1b", "zb" or a torch schedule
-    class name), m, cuts, repeats, emulate (a Clock scale: emulated boxes; absent: real), equal
-    (emulated stages all of the mean length)), or
-    dict(kind="pingpong", rows, repeats). Returns one dict per run: loss, grads (of the first
-    repeat), timelines (one per repeat), peak_live, peak_bytes; for a ping-pong, seconds."""
-    device, n, runs, net_cfg, rates, seed, comm = take(cfg, "device", "batch_size", "runs", net={},
-                                                       rates=None, seed=0, comm=None)
+def _net_and_batch(net_cfg, n, seed, device):
+    """The seeded net, whole on every rank (each keeps its stage), and the batch (X, y)."""
     net = pipeline_net(**net_cfg).to(device)
-    _validate_runs(runs, n, world, len(net), threads=comm is not None)
-    rates = Rates(**rates) if rates else Rates.load()
     g = torch.Generator().manual_seed(seed)
     X = torch.randint(0, net[0].num_embeddings, (n,), generator=g).to(device)
     y = torch.randint(0, net[-1].out_features, (n,), generator=g).to(device)
-    width = net[0].embedding_dim
-    comm = comm or DistComm(device=device)     # given: thread ranks (launch(..., threads=True))
-    results = []
-    for i, run in enumerate(runs):
-        report_progress(i + 1, len(runs), "run")
-        out = dict(run, timelines=[], skipped=None, rates=rates.source)
-        kind, scale = run.get("kind", "scratch"), run.get("emulate")
-        clock = lambda scale=scale: Clock(emulate=scale is not None, scale=scale or 1.0,
-                                          device=device)
-        if kind == "pingpong":       # one-way time of a message between 0 and 1
-            out["seconds"] = _pingpong(comm, rank, (run["rows"], width), run["repeats"])
-            results.append(out)
-            continue
-        split = run["schedule"] in ("zb", "ScheduleInterleavedZeroBubble")
-        model = (box_model(net, run["cuts"], rates, split, run.get("equal", False))
-                 if scale is not None else None)
-        if kind == "pipelining":
-            out.update(pipelining_runs(net, run["cuts"], rank, world, device, X, y, run["m"],
-                                       run["schedule"], run.get("repeats", 1), clock(), model))
-            results.append(out)
-            continue
-        stage = stage_of(net, run["cuts"], rank, world)
-        order = PIPELINE_ORDERS[run["schedule"]](world, run["m"], rank)
-        seconds = (lambda ph, j, rows, model=model: model(rank, ph, rows)) if model else None
-        for rep in range(run.get("repeats", 1)):
-            stage.zero_grad()
-            got = pipeline_rank_step(stage, comm, order, X if rank == 0 else None,
-                                     y if rank == world - 1 else None, run["m"], n, (width,),
-                                     clock=clock(), box_seconds=seconds)
-            out["timelines"].append(got["timeline"])
-            if rep == 0:
-                out.update(loss=got["loss"], peak_live=got["peak_live"],
-                           peak_bytes=got["peak_bytes"],
-                           grads={rank: [p.grad.detach().cpu().clone()
-                                         for p in stage.parameters()]})
-        out["bytes_sent"] = comm.bytes_sent() / max(1, run.get("repeats", 1))
-        comm.reset_counts()
-        results.append(out)
-    return results
+    return net, X, y
+
+
+def _model(net, cuts, schedule, emulate, equal, rates):
+    """The emulated boxes' box_seconds (None: real boxes); rates: Rates' figures as a dict
+    (default: Rates.load())."""
+    if emulate is None:
+        return None
+    split = schedule in ("zb", "ScheduleInterleavedZeroBubble")
+    return box_model(net, cuts, Rates(**rates) if rates else Rates.load(), split, equal)
+
+
+def _clock(emulate, device):
+    return Clock(emulate=emulate is not None, scale=emulate or 1.0, device=device)
+
+
+def pipeline_run(rank, world, cfg):
+    """Launch target: `repeats` steps of the hand-built `schedule` ("gpipe", "1f1b" or "zb")
+    with `m` micro-batches, the net cut at `cuts` (one stage per rank). cfg: net (kwargs of
+    pipeline_net), batch_size, seed, repeats, emulate (a Clock scale: emulated boxes; None:
+    real), equal (emulated stages all of the mean length), rates (dict of helpers.Rates'
+    figures; default: Rates.load()). Returns schedule, m, loss (the last rank's) and grads
+    ({stage: [...]}) of the first step, timelines (one per step), peak_live, peak_bytes,
+    bytes_sent (per step)."""
+    (device, schedule, m, cuts, n, net_cfg, seed, repeats, emulate, equal, rates,
+     comm) = take(cfg, "device", "schedule", "m", "cuts", "batch_size", net={}, seed=0,
+                  repeats=1, emulate=None, equal=False, rates=None, comm=None)
+    if schedule not in PIPELINE_ORDERS:
+        raise ValueError(f"schedule {schedule!r}: pick one of {list(PIPELINE_ORDERS)} "
+                         "(torch's schedules: helpers.pipelining_run)")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m must be a positive int, got {m!r}")
+    net, X, y = _net_and_batch(net_cfg, n, seed, device)
+    stage = stage_of(net, cuts, rank, world)      # refuses cuts that do not fit the ranks
+    model = _model(net, cuts, schedule, emulate, equal, rates)
+    seconds = (lambda ph, j, rows: model(rank, ph, rows)) if model else None
+    order = PIPELINE_ORDERS[schedule](world, m, rank)
+    comm = comm or DistComm(device=device)     # given: thread ranks (threads=True)
+    comm.reset_counts()
+    out = dict(schedule=schedule, m=m, timelines=[])
+    for rep in range(repeats):
+        stage.zero_grad()
+        got = pipeline_rank_step(stage, comm, order, X if rank == 0 else None,
+                                 y if rank == world - 1 else None, m, n,
+                                 (net[0].embedding_dim,), clock=_clock(emulate, device),
+                                 box_seconds=seconds)
+        out["timelines"].append(got["timeline"])
+        if rep == 0:
+            out.update(loss=got["loss"], peak_live=got["peak_live"],
+                       peak_bytes=got["peak_bytes"],
+                       grads={rank: [p.grad.detach().cpu().clone()
+                                     for p in stage.parameters()]})
+    out["bytes_sent"] = comm.bytes_sent() / max(1, repeats)
+    comm.reset_counts()
+    return out
+
+
+def pipelining_run(rank, world, cfg):
+    """Launch target: `repeats` steps of torch.distributed.pipelining's `schedule` (a class
+    name) with `m` micro-batches, the net cut at `cuts` (one stage per rank; two, looped, for
+    LOOPED_SCHEDULES). cfg as pipeline_run's; process ranks only (torch's schedules need a
+    process group). Returns what pipeline_run does, less bytes_sent, plus stages (this rank's)."""
+    (device, schedule, m, cuts, n, net_cfg, seed, repeats, emulate, equal, rates,
+     comm) = take(cfg, "device", "schedule", "m", "cuts", "batch_size", net={}, seed=0,
+                  repeats=1, emulate=None, equal=False, rates=None, comm=None)
+    if comm is not None:
+        raise ValueError(f"{schedule} is one of torch's schedules, which need a process "
+                         "group: launch on process ranks (threads=False), or leave this run "
+                         "out on thread ranks")
+    net, X, y = _net_and_batch(net_cfg, n, seed, device)
+    validate_pipelining(schedule, n, m, world, len(net), cuts)
+    model = _model(net, cuts, schedule, emulate, equal, rates)
+    return dict(schedule=schedule, m=m, **pipelining_runs(
+        net, cuts, rank, world, device, X, y, m, schedule, repeats, _clock(emulate, device),
+        model))
+
+
+def pingpong_run(rank, world, cfg):
+    """Launch target: a `shape` float32 message from rank 0 to rank 1 and back, `repeats`
+    times after one warm-up round; returns seconds: half of each round trip (rank 0's)."""
+    device, shape, repeats, comm = take(cfg, "device", "shape", repeats=1, comm=None)
+    comm = comm or DistComm(device=device)     # given: thread ranks (threads=True)
+    return dict(seconds=_pingpong(comm, rank, tuple(shape), repeats))
