@@ -142,7 +142,7 @@ from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
                             clip_sharded_grad_norm_)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
-from .sharding.torch_api import fsdp2_api, fsdp2_model
+from .sharding.torch_api import fsdp2_api, fsdp2_model, fsdp2_layers
 from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
                                    fsdp_scratch_vs_one_process, fsdp2_vs_one_process,
                                    dcp_save_sharded, dcp_load_resharded, memory_per_stage,

@@ -22,6 +22,7 @@ the streams; a future of a collective completes at once, as NCCL's do at launch.
 Only for ranks started by helpers.launch (it leaves marks on torch that it does not undo).
 """
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -661,7 +662,7 @@ def on_fake_gpus(rank, world, cfg):
         try:
             with gpu.active():
                 got = fn(rank, world, dict(kwargs, device=torch.device("cuda", rank)))
-                on_gpu = sorted({str(tuple(t.shape)) for t in tree_leaves(got)
+                on_gpu = sorted({str(tuple(t.shape)) for t in tree_leaves(_opened(got))
                                  if isinstance(t, torch.Tensor) and index_of(t) is not None})
         except (Exception, BaseException) as e:   # noqa: BLE001 - reported per target
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -684,6 +685,18 @@ def on_fake_gpus(rank, world, cfg):
             dist.init_process_group("gloo", store=dist.PrefixStore(f"fake/{k}/group", store),
                                     rank=rank, world_size=world, timeout=timeout)
     return report
+
+
+def _opened(obj):
+    """obj with every dataclass (a launch target's result) as a dict of its fields, so that
+    tree_leaves finds the tensors inside."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _opened(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: _opened(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_opened(v) for v in obj]
+    return obj
 
 
 def describe(problems):

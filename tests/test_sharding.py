@@ -52,11 +52,11 @@ def four(two, ckpt):
 def test_zero1_equals_adamw_and_torch_zero(two):
     for rank in two:
         z = rank["zero1"]
-        assert z["scratch"]["diff"] <= 1e-5 and z["torch"]["diff"] <= 1e-5, z
-        assert z["scratch_vs_torch"] <= 1e-7, z
+        assert z.scratch.diff <= 1e-5 and z.torch.diff <= 1e-5, z
+        assert z.scratch_vs_torch <= 1e-7, z
         s = rank["zero1:sgd"]   # any optimizer class: SGD with momentum, two groups
-        assert s["scratch"]["diff"] <= 1e-6 and s["scratch_vs_torch"] <= 1e-7, s
-    states = [rank["zero1"]["scratch"]["state_bytes"] for rank in two]
+        assert s.scratch.diff <= 1e-6 and s.scratch_vs_torch <= 1e-7, s
+    states = [rank["zero1"].scratch.state_bytes for rank in two]
     full = 8 * N   # AdamW: exp_avg and exp_avg_sq, fp32
     assert full <= sum(states) <= full + 4 * 2 * len(list(MLP.parameters()))   # + step counters
     for s in states:   # balanced by size: within the largest tensor of an even split
@@ -67,21 +67,21 @@ def test_zero1_equals_adamw_and_torch_zero(two):
 def test_zero2_equals_adamw_and_keeps_a_gradient_shard(two, name):
     for rank in two:
         z = rank[name]
-        assert z["diff"] <= 1e-5, z
-        assert 4 * N / 2 <= z["grad_bytes"] <= 4 * N / 2 + 4 * 2 * len(list(MLP.parameters())), z
-        assert abs(z["state_bytes"] - 2 * z["grad_bytes"]) <= 4 * len(list(MLP.parameters()))
+        assert z.diff <= 1e-5, z
+        assert 4 * N / 2 <= z.grad_bytes <= 4 * N / 2 + 4 * 2 * len(list(MLP.parameters())), z
+        assert abs(z.state_bytes - 2 * z.grad_bytes) <= 4 * len(list(MLP.parameters()))
 
 
 def test_fsdp_scratch_fp32_equals_one_process(two):
     for rank in two:
-        assert rank["fsdp"]["diff"] <= 1e-6, rank["fsdp"]          # transformer, SGD
-        assert rank["fsdp:mlp"]["diff"] <= 1e-5, rank["fsdp:mlp"]  # deep MLP, AdamW
+        assert rank["fsdp"].diff <= 1e-6, rank["fsdp"]          # transformer, SGD
+        assert rank["fsdp:mlp"].diff <= 1e-5, rank["fsdp:mlp"]  # deep MLP, AdamW
         f = rank["fsdp:mlp"]
-        assert f["full_bytes"] == 4 * N
-        assert f["full_bytes"] / 2 <= f["shard_bytes"] <= f["full_bytes"] / 2 + 4 * UNITS
-        assert abs(f["state_bytes"] - 2 * f["shard_bytes"]) <= 4 * UNITS
+        assert f.full_bytes == 4 * N
+        assert f.full_bytes / 2 <= f.shard_bytes <= f.full_bytes / 2 + 4 * UNITS
+        assert abs(f.state_bytes - 2 * f.shard_bytes) <= 4 * UNITS
         # gathered weights are freed after each layer: never more than two layers' worth alive
-        assert f["peak_gathered_bytes"] <= 2 * 4 * (64 * 64 + 64) < f["full_bytes"], f
+        assert f.peak_gathered_bytes <= 2 * 4 * (64 * 64 + 64) < f.full_bytes, f
 
 
 def test_fsdp_scratch_bf16_within_rounding(two):
@@ -90,27 +90,27 @@ def test_fsdp_scratch_bf16_within_rounding(two):
     by 4u of how far training moved them. For scale: bf16 itself moves them further from fp32."""
     for rank in two:
         b = rank["fsdp:bf16"]
-        assert b["rel_diff"] <= 2 * U_BF16, b
-        assert b["rel_diff"] < b["rel_precision_gap"], b
+        assert b.rel_diff <= 2 * U_BF16, b
+        assert b.rel_diff < b.rel_precision_gap, b
 
 
 def test_fsdp2_equals_one_process_and_scratch(two):
     for rank in two:
-        assert rank["fsdp2"]["diff"] <= 1e-5, rank["fsdp2"]
-        assert rank["fsdp2"]["diff_scratch"] <= 1e-6, rank["fsdp2"]
-        assert rank["fsdp2:bf16"]["diff_scratch"] <= 1e-6, rank["fsdp2:bf16"]
-        assert rank["fsdp2"]["local_bytes"] <= 4 * N / 2 + 4 * 2 * len(list(MLP.parameters()))
+        assert rank["fsdp2"].diff <= 1e-5, rank["fsdp2"]
+        assert rank["fsdp2"].diff_scratch <= 1e-6, rank["fsdp2"]
+        assert rank["fsdp2:bf16"].diff_scratch <= 1e-6, rank["fsdp2:bf16"]
+        assert rank["fsdp2"].local_bytes <= 4 * N / 2 + 4 * 2 * len(list(MLP.parameters()))
 
 
 def test_checkpoint_saved_on_2_loads_on_4(two, four):
     saved = two[0]["dcp_save"]
     for rank in four:   # the model, AdamW's state, and the step after it, as on 2 ranks
-        assert helpers.max_diff(rank["dcp_load"]["full"], saved["full"]) == 0.0
-        assert helpers.max_diff(rank["dcp_load"]["optim"], saved["optim"]) == 0.0
-        assert len(saved["optim"]) == 3 * len(list(MLP.parameters()))   # step, m, v each
-        assert helpers.max_diff(rank["dcp_load"]["after"], saved["after"]) <= 1e-6
+        assert helpers.max_diff(rank["dcp_load"].full, saved.full) == 0.0
+        assert helpers.max_diff(rank["dcp_load"].optim, saved.optim) == 0.0
+        assert len(saved.optim) == 3 * len(list(MLP.parameters()))   # step, m, v each
+        assert helpers.max_diff(rank["dcp_load"].after, saved.after) <= 1e-6
         # FSDP2 shards each tensor along dim 0, padding each to a multiple of the world size
-        assert rank["dcp_load"]["local_bytes"] <= 4 * N / 4 + 4 * 4 * len(list(MLP.parameters()))
+        assert rank["dcp_load"].local_bytes <= 4 * N / 4 + 4 * 4 * len(list(MLP.parameters()))
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -119,12 +119,12 @@ def test_memory_and_traffic_match_the_cost_model(two, four, world):
     for rank in (two if world == 2 else four):
         for stage, got in rank["memory"].items():
             want = helpers.sharding_costs(N, world, stage, "adam", 4)
-            assert got["n_params"] == N
-            assert want["params_bytes"] <= got["params_bytes"] <= want["params_bytes"] + pad
-            assert want["grads_bytes"] <= got["grads_bytes"] <= want["grads_bytes"] + pad
+            assert got.n_params == N
+            assert want["params_bytes"] <= got.params_bytes <= want["params_bytes"] + pad
+            assert want["grads_bytes"] <= got.grads_bytes <= want["grads_bytes"] + pad
             slack = 8 * LARGEST if stage == "zero1" else 8 * pad / 4   # whole tensors vs flat
-            assert abs(got["optim_bytes"] - want["optim_bytes"]) <= slack + pad, (stage, got)
-            sent, model = got["sent_bytes"], want["sent_bytes"]
+            assert abs(got.optim_bytes - want["optim_bytes"]) <= slack + pad, (stage, got)
+            sent, model = got.sent_bytes, want["sent_bytes"]
             flags = 8 * len(list(MLP.parameters()))   # Zero2's all-reduce of "got a gradient"
             if stage in ("dp", "zero2"):
                 assert model <= sent <= model + pad + flags, (stage, got, want)
@@ -141,11 +141,11 @@ def test_memory_and_traffic_match_the_cost_model(two, four, world):
 def test_peak_memory_during_the_step_falls_with_each_stage(two, four, world):
     """Measured during forward, backward and step (PeakBytes), not from what is left after."""
     for rank in (two if world == 2 else four):
-        peak = {s: m["peak_bytes"] for s, m in rank["memory"].items()}
+        peak = {s: m.peak_bytes for s, m in rank["memory"].items()}
         assert peak["dp"] > peak["zero1"] > peak["zero2"], peak
         assert peak["zero3"] < peak["dp"], peak
         for m in rank["memory"].values():   # the step needed more than it holds after
-            assert m["peak_bytes"] > m["params_bytes"] + m["optim_bytes"] + m["grads_bytes"]
+            assert m.peak_bytes > m.params_bytes + m.optim_bytes + m.grads_bytes
 
 
 def test_refusals_name_the_fix(two):
@@ -166,25 +166,25 @@ def test_refusals_name_the_fix(two):
 def test_zero2_accumulation_both_ways_equals_one_process(two):
     for rank in two:
         a = rank["accumulation"]
-        assert a["every"]["diff"] <= 1e-5 and a["no_sync"]["diff"] <= 1e-5, a
+        assert a.every.diff <= 1e-5 and a.no_sync.diff <= 1e-5, a
         buckets = len(list(MLP.parameters()))   # one parameter per bucket
-        assert a["every"]["calls"]["reduce_scatter_single"] == 2 * 4 * buckets   # 2 steps
-        assert a["no_sync"]["calls"]["reduce_scatter_single"] == 2 * buckets
+        assert a.every.calls["reduce_scatter_single"] == 2 * 4 * buckets   # 2 steps
+        assert a.no_sync.calls["reduce_scatter_single"] == 2 * buckets
         # one reduce-scatter + one all-gather: what DDP's all-reduce sends
-        assert a["dp_sent"] <= a["no_sync"]["sent"] <= a["dp_sent"] * 1.01
-        ratio = a["every"]["sent"] / a["dp_sent"]   # (micro + 1) / 2
-        assert ratio == pytest.approx((a["micro"] + 1) / 2, rel=0.01), a
+        assert a.dp_sent <= a.no_sync.sent <= a.dp_sent * 1.01
+        ratio = a.every.sent / a.dp_sent   # (micro + 1) / 2
+        assert ratio == pytest.approx((a.micro + 1) / 2, rel=0.01), a
 
 
 def test_clip_over_shards_uses_the_global_norm(two):
     for kind in ("zero2", "fsdp"):
         for rank in two:
             c = rank["clip"]
-            assert c[kind]["norms"] == pytest.approx(c["one_process_norms"], rel=1e-5)
-            assert c[kind]["diff"] <= 1e-5, c
+            assert getattr(c, kind).norms == pytest.approx(c.one_process_norms, rel=1e-5)
+            assert getattr(c, kind).diff <= 1e-5, c
         # each rank's own norm is part of the whole: their squares add up to the global square
-        local = [rank["clip"][kind]["local_norms"] for rank in two]
-        for step, n in enumerate(two[0]["clip"]["one_process_norms"]):
+        local = [getattr(rank["clip"], kind).local_norms for rank in two]
+        for step, n in enumerate(two[0]["clip"].one_process_norms):
             assert all(lo[step] < n for lo in local)
             assert sum(lo[step] ** 2 for lo in local) == pytest.approx(n ** 2, rel=1e-4)
 
@@ -193,15 +193,15 @@ def test_fsdp_knobs_equal_one_process_and_trade_traffic_for_memory(two):
     units = sum(1 for m in MLP.modules() if any(True for _ in m.parameters(recurse=False)))
     for rank in two:
         k = rank["knobs"]
-        assert all(v["diff"] <= 1e-5 for v in k.values()), k
+        assert all(v.diff <= 1e-5 for v in k.values()), k
         for impl in ("scratch", "fsdp2"):   # no resharding: gathered once per step
-            assert k[f"{impl}:reshard=False:prefetch=False"]["gathers"] == units
-        assert k["fsdp2:reshard=True:prefetch=False"]["gathers"] == 2 * units
+            assert k[f"{impl}:reshard=False:prefetch=False"].gathers == units
+        assert k["fsdp2:reshard=True:prefetch=False"].gathers == 2 * units
         # by hand the first layer is not gathered again (autograd does not ask for it) ...
-        assert k["scratch:reshard=True:prefetch=False"]["gathers"] == 2 * units - 1
+        assert k["scratch:reshard=True:prefetch=False"].gathers == 2 * units - 1
         # ... but prefetching in backward cannot know that, as FSDP2 cannot
-        assert k["scratch:reshard=True:prefetch=True"]["gathers"] == 2 * units
-        peak = {n.split(":", 1)[1]: v["peak_gathered"] for n, v in k.items()
+        assert k["scratch:reshard=True:prefetch=True"].gathers == 2 * units
+        peak = {n.split(":", 1)[1]: v.peak_gathered for n, v in k.items()
                 if n.startswith("scratch")}
         assert peak["reshard=True:prefetch=False"] < peak["reshard=True:prefetch=True"] < \
             peak["reshard=False:prefetch=False"], peak
@@ -210,18 +210,18 @@ def test_fsdp_knobs_equal_one_process_and_trade_traffic_for_memory(two):
 def test_mixed_precision_zero_holds_2_2_12_over_k(two):
     for rank in two:
         m = rank["mixed"]
-        pp = m["per_param"]
+        pp = m.per_param
         assert pp["weights"] == 2 and pp["grads"] == 2, pp
         assert 4 / 2 <= pp["master"] <= 4 / 2 + 0.01 and 8 / 2 <= pp["optim"] <= 8 / 2 + 0.01
-        assert m["rel_diff"] < m["rel_precision_gap"], m   # sharding costs less than bf16 does
+        assert m.rel_diff < m.rel_precision_gap, m   # sharding costs less than bf16 does
 
 
 def test_zero1_checkpoint_resumes_exactly_and_loads_into_plain_adamw(two):
     for rank in two:
         z = rank["zero1_ckpt"]
-        assert z["resumed_diff"] <= 1e-7 and z["plain_diff"] <= 1e-6, z
-        assert z["entries_after_load"] == z["owned"] > 0
-        assert z["saved_entries"] == len(list(MLP.parameters()))
+        assert z.resumed_diff <= 1e-7 and z.plain_diff <= 1e-6, z
+        assert z.entries_after_load == z.owned > 0
+        assert z.saved_entries == len(list(MLP.parameters()))
 
 
 def test_partition_by_size_balances_within_the_largest_tensor():

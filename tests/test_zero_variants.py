@@ -122,11 +122,11 @@ def test_fsdp2_cpu_offload_trains_the_same_and_copies_what_the_model_says():
         sizes=dict(width=64, depth=3), num_steps=2))], backend="gloo")
     for rank in out:
         r = rank["off"]
-        assert r["diff"] <= 1e-6        # the same steps; CPU Adam vs device Adam may round
-        off = r["offload"]
-        assert off["weights"] == off["grads"] == off["optimizer"] == "cpu"
-        assert off["state_bytes"] == 2 * off["shard_bytes"]          # AdamW: two moments
-        assert off["h2d_per_step"] == 2 * off["shard_bytes"]         # forward + backward
-        assert off["d2h_per_step"] == off["shard_bytes"]             # float32 gradient shard
-        want = v.offload_costs(off["n_params"], 2)
-        assert off["h2d_per_step"] == want["h2d_bytes"]
+        assert r.diff <= 1e-6        # the same steps; CPU Adam vs device Adam may round
+        off = r.offload
+        assert off.weights == off.grads == off.optimizer == "cpu"
+        assert off.state_bytes == 2 * off.shard_bytes          # AdamW: two moments
+        assert off.h2d_per_step == 2 * off.shard_bytes         # forward + backward
+        assert off.d2h_per_step == off.shard_bytes             # float32 gradient shard
+        want = v.offload_costs(off.n_params, 2)
+        assert off.h2d_per_step == want["h2d_bytes"]

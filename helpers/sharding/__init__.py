@@ -3,3 +3,4 @@
 Builds on data_parallel (ZeRO is data parallelism with sharded state).
 """
 # variants.py: ZeRO-R, ZeRO-Offload/Infinity and ZeRO++, costed and run (the ZeRO chapter).
+# results.py: what the launch targets return, one frozen dataclass per experiment.

@@ -1,9 +1,10 @@
 """Part V's sharding experiments across processes, each a launch target fn(rank, world, cfg)
 (helpers.launch, or several in one launch with helpers.run_ranks). Each compares the sharded run
 with one process trained on the combined batch (computed on every rank, from the same seeds)
-and returns numbers, never booleans: ZeRO-1 and ZeRO-2 against torch's ZeroRedundancyOptimizer
-and one process, FSDP by hand and FSDP2, a sharded checkpoint saved on one world size and
-loaded on another, and the memory each stage holds per rank.
+and returns numbers, never booleans, in a frozen dataclass of results.py: ZeRO-1 and ZeRO-2
+against torch's ZeroRedundancyOptimizer and one process, FSDP by hand and FSDP2, a sharded
+checkpoint saved on one world size and loaded on another, and the memory each stage holds per
+rank.
 """
 import torch
 
@@ -17,6 +18,8 @@ from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
 from .fsdp_scratch import FSDPFromScratch
 from .memory import PeakBytes
+from .results import DcpRun, Fsdp2Run, FsdpRun, OptimizerRun, StageMemory, Zero1CheckpointRun, \
+    Zero1Run, Zero2Run
 from .torch_api import fsdp2_model, full_params
 from .zero import ShardedOptimizer, Zero2, optimizer_state_bytes
 
@@ -34,7 +37,7 @@ def zero1_vs_one_process(rank, world, cfg):
     batches = make_batches("mlp", num_steps, batch_size)
     ref = train_one_process("mlp", batches, device, num_steps, sizes=sizes, optim=optim + "_groups")
     cls = torch.optim.AdamW if optim == "adamw" else torch.optim.SGD
-    res = {}
+    res, trained = {}, {}
     for impl in ("scratch", "torch"):
         model = DDPFromScratch(make_model("mlp", **(sizes or {})).to(device))
         groups, kw = adamw_groups(model.module)
@@ -54,12 +57,12 @@ def zero1_vs_one_process(rank, world, cfg):
             opt.zero_grad()
         state = optimizer_state_bytes(opt.local) if impl == "scratch" and opt.local else \
             optimizer_state_bytes(opt.optim) if impl == "torch" else 0
-        res[impl] = dict(diff=max_diff(params_of(model.module), ref), state_bytes=state,
-                         params=params_of(model.module))
-    between = max_diff(res["scratch"].pop("params"), res["torch"].pop("params"))
-    return dict(res, scratch_vs_torch=between,
-                param_bytes=sum(p.numel() * 4 for p in model.module.parameters()),
-                largest=max(p.numel() for p in model.module.parameters()))
+        res[impl] = OptimizerRun(diff=max_diff(params_of(model.module), ref), state_bytes=state)
+        trained[impl] = params_of(model.module)
+    return Zero1Run(scratch=res["scratch"], torch=res["torch"],
+                    scratch_vs_torch=max_diff(trained["scratch"], trained["torch"]),
+                    param_bytes=sum(p.numel() * 4 for p in model.module.parameters()),
+                    largest=max(p.numel() for p in model.module.parameters()))
 
 
 def zero2_vs_one_process(rank, world, cfg):
@@ -83,8 +86,8 @@ def zero2_vs_one_process(rank, world, cfg):
             p.grad.numel() * 4 for p in model.module.parameters() if p.grad is not None)
         model.step()
         model.zero_grad()
-    return dict(diff=max_diff(params_of(model.module), params_of(ref_model)),
-                grad_bytes=grad_bytes, state_bytes=optimizer_state_bytes(model.optimizer))
+    return Zero2Run(diff=max_diff(params_of(model.module), params_of(ref_model)),
+                    grad_bytes=grad_bytes, state_bytes=optimizer_state_bytes(model.optimizer))
 
 
 def fsdp_scratch_vs_one_process(rank, world, cfg):
@@ -110,16 +113,15 @@ def fsdp_scratch_vs_one_process(rank, world, cfg):
     full = model.gather_full_params()
     ref = train_one_process(kind, batches, device, num_steps, optim, dtype, sizes, groups=False)
     start = params_of(make_model(kind, **(sizes or {})))
-    res = dict(diff=max_diff(full, ref), rel_diff=rel_diff(full, ref, start),
-               shard_bytes=sum(p.numel() * 4 for p in model.parameters()),
-               full_bytes=sum(t.numel() * 4 for t in full.values()),
-               state_bytes=optimizer_state_bytes(opt), peak_gathered_bytes=model.peak_live_bytes,
-               losses=losses)
+    gaps = {}
     if dtype is not None:
         fp32 = train_one_process(kind, batches, device, num_steps, optim, None, sizes, groups=False)
-        res["precision_gap"] = max_diff(fp32, ref)
-        res["rel_precision_gap"] = rel_diff(fp32, ref, start)
-    return res
+        gaps = dict(precision_gap=max_diff(fp32, ref), rel_precision_gap=rel_diff(fp32, ref, start))
+    return FsdpRun(diff=max_diff(full, ref), rel_diff=rel_diff(full, ref, start),
+                   shard_bytes=sum(p.numel() * 4 for p in model.parameters()),
+                   full_bytes=sum(t.numel() * 4 for t in full.values()),
+                   state_bytes=optimizer_state_bytes(opt),
+                   peak_gathered_bytes=model.peak_live_bytes, losses=tuple(losses), **gaps)
 
 
 def fsdp2_vs_one_process(rank, world, cfg):
@@ -152,10 +154,10 @@ def fsdp2_vs_one_process(rank, world, cfg):
         runs[impl + "_sent"] = log.sent_bytes / num_steps
     ref = train_one_process(kind, batches, device, num_steps, compute_dtype=dtype, sizes=sizes,
                             groups=False)
-    return dict(diff=max_diff(runs["fsdp2"], ref),
-                diff_scratch=max_diff(runs["fsdp2"], runs["scratch"]),
-                local_bytes=local_bytes, full_bytes=sum(t.numel() * 4 for t in ref.values()),
-                sent_fsdp2=runs["fsdp2_sent"], sent_scratch=runs["scratch_sent"])
+    return Fsdp2Run(diff=max_diff(runs["fsdp2"], ref),
+                    diff_scratch=max_diff(runs["fsdp2"], runs["scratch"]),
+                    local_bytes=local_bytes, full_bytes=sum(t.numel() * 4 for t in ref.values()),
+                    sent_fsdp2=runs["fsdp2_sent"], sent_scratch=runs["scratch_sent"])
 
 
 def dcp_save_sharded(rank, world, cfg):
@@ -176,7 +178,7 @@ def dcp_save_sharded(rank, world, cfg):
     saved = dict(full=full_params(model), optim=full_optimizer_state(model, opt),
                  local_bytes=sum(p.to_local().numel() * 4 for p in model.parameters()))
     train_step(model, opt, batches[num_steps], rank, world, device)
-    return dict(saved, after=full_params(model))
+    return DcpRun(**saved, after=full_params(model))
 
 
 def dcp_load_resharded(rank, world, cfg):
@@ -197,7 +199,7 @@ def dcp_load_resharded(rank, world, cfg):
                   local_bytes=sum(p.to_local().numel() * 4 for p in model.parameters()))
     batch = make_batches(kind, num_steps + 1, batch_size)[num_steps]
     train_step(model, opt, batch, rank, world, device)
-    return dict(loaded, after=full_params(model))
+    return DcpRun(**loaded, after=full_params(model))
 
 
 def train_step(model, opt, batch, rank, world, device):
@@ -256,11 +258,11 @@ def zero1_checkpoint(rank, world, cfg):
         flat_cross_entropy(plain(X.to(device)), y.to(device)).backward()
         popt.step()
         popt.zero_grad()
-    return dict(resumed_diff=max_diff(params_of(fresh.module), params_of(model.module)),
-                plain_diff=max_diff(params_of(plain), params_of(model.module)),
-                entries_after_load=entries, owned=sum(1 for p in opt.all_params
-                                                      if opt.owner[id(p)] == rank),
-                saved_entries=len(sd["optim"]["state"]))
+    return Zero1CheckpointRun(
+        resumed_diff=max_diff(params_of(fresh.module), params_of(model.module)),
+        plain_diff=max_diff(params_of(plain), params_of(model.module)), entries_after_load=entries,
+        owned=sum(1 for p in opt.all_params if opt.owner[id(p)] == rank),
+        saved_entries=len(sd["optim"]["state"]))
 
 
 def held_bytes(tensors):
@@ -314,8 +316,8 @@ def memory_per_stage(rank, world, cfg):
         params = (held_bytes(model.parameters()) if stage == "zero3"
                   else held_bytes(net.parameters()))
         optim = optimizer_state_bytes(local_opt) if local_opt else 0
-        out[stage] = dict(n_params=n_params, params_bytes=params, grads_bytes=grads,
-                          optim_bytes=optim, sent_bytes=log.sent_bytes, calls=dict(log.calls),
-                          transient_peak=peak.peak, peak_bytes=params + optim + peak.peak,
-                          cuda_peak=cuda)
+        out[stage] = StageMemory(n_params=n_params, params_bytes=params, grads_bytes=grads,
+                                 optim_bytes=optim, sent_bytes=log.sent_bytes,
+                                 calls=dict(log.calls), transient_peak=peak.peak,
+                                 peak_bytes=params + optim + peak.peak, cuda_peak=cuda)
     return out

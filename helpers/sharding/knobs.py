@@ -2,11 +2,10 @@
 cfg) checked against one process: gradient accumulation with ZeRO-2 (a reduce-scatter per
 micro-batch, or no_sync), clipping by the global norm over shards, FSDP's reshard_after_forward
 and prefetching (by hand and with FSDP2's API), ZeRO in mixed precision (bytes per parameter),
-and the cases each wrapper refuses, with their messages.
+and the cases each wrapper refuses, with their messages. Results: results.py's dataclasses.
 """
 import contextlib
 import copy
-from itertools import pairwise
 
 import torch
 from torch import nn
@@ -20,7 +19,8 @@ from ..tiny_models import make_batches, make_model
 from .fsdp_scratch import FSDPFromScratch
 from .memory import PeakBytes
 from .mixed import MixedPrecisionZero
-from .torch_api import fsdp2_api, full_params
+from .results import AccumulationMode, AccumulationRun, ClipNorms, ClipRun, KnobRun, MixedZeroRun
+from .torch_api import fsdp2_layers, full_params
 from .flat import all_gather_flat
 from .zero import ShardedOptimizer, Zero2
 
@@ -68,12 +68,11 @@ def zero2_accumulation(rank, world, cfg):
                 model.finish_gradient_synchronization()
                 model.step()
                 model.zero_grad()
-        out[mode] = dict(diff=max_diff(params_of(model.module), ref),
-                         sent=log.sent_bytes / num_steps, calls=dict(log.calls))
+        out[mode] = AccumulationMode(diff=max_diff(params_of(model.module), ref),
+                                     sent=log.sent_bytes / num_steps, calls=dict(log.calls))
     n = sum(p.numel() for p in model.module.parameters())
-    out["dp_sent"] = sharding_costs(n, world, "dp")["sent_bytes"]
-    out["micro"] = micro
-    return out
+    return AccumulationRun(every=out["every"], no_sync=out["no_sync"],
+                           dp_sent=sharding_costs(n, world, "dp")["sent_bytes"], micro=micro)
 
 
 def clip_over_shards(rank, world, cfg):
@@ -84,7 +83,7 @@ def clip_over_shards(rank, world, cfg):
         take(cfg, "device", max_norm=0.5, num_steps=3, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps, batch_size)
     ref, ref_norms = _one_process(batches, 1, sizes, device, clip=max_norm)
-    out = dict(one_process_norms=ref_norms)
+    out = {}
     for kind in ("zero2", "fsdp"):
         net = make_model("mlp", **(sizes or {})).to(device)
         if kind == "zero2":
@@ -105,24 +104,9 @@ def clip_over_shards(rank, world, cfg):
             opt.step()
             opt.zero_grad()
         final = model.gather_full_params() if kind == "fsdp" else params_of(model.module)
-        out[kind] = dict(local_norms=local, norms=norms, diff=max_diff(final, ref))
-    return out
-
-
-def _fsdp2_layers(world, device, reshard, prefetch, sizes):
-    fully_shard, _ = fsdp2_api()
-    from torch.distributed.device_mesh import init_device_mesh
-    net = make_model("mlp", **(sizes or {})).to(device)
-    mesh = init_device_mesh(device.type, (world,))
-    layers = [m for m in net if isinstance(m, nn.Linear)]
-    for m in layers:
-        fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
-    if prefetch:   # FSDP2 prefetches one unit ahead by itself; explicit lists say which
-        for a, b in pairwise(layers):
-            a.set_modules_to_forward_prefetch([b])
-            b.set_modules_to_backward_prefetch([a])
-    return net
+        out[kind] = ClipNorms(local_norms=tuple(local), norms=tuple(norms),
+                              diff=max_diff(final, ref))
+    return ClipRun(one_process_norms=tuple(ref_norms), **out)
 
 
 def fsdp_knobs(rank, world, cfg):
@@ -148,7 +132,7 @@ def fsdp_knobs(rank, world, cfg):
             model = FSDPFromScratch(make_model("mlp", **(sizes or {})).to(device),
                                     reshard_after_forward=reshard, prefetch=prefetch)
         else:
-            model = _fsdp2_layers(world, device, reshard, prefetch, sizes)
+            model = fsdp2_layers(world, device, reshard, prefetch, sizes)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
         with count_traffic() as log, PeakBytes().skip(list(model.parameters())) as peak:
             for batch in batches:
@@ -160,11 +144,11 @@ def fsdp_knobs(rank, world, cfg):
                 opt.zero_grad()
         gathers = sum(v for k, v in log.calls.items() if k.startswith("all_gather"))
         full = model.gather_full_params() if impl == "scratch" else full_params(model)
-        row = dict(diff=max_diff(full, ref), gathers=gathers / num_steps,
-                   sent=log.sent_bytes / num_steps, transient_peak=peak.peak)
-        if impl == "scratch":
-            row.update(peak_gathered=model.peak_live_bytes, events=list(model.events))
-        out[f"{impl}:reshard={reshard}:prefetch={prefetch}"] = row
+        by_hand = dict(peak_gathered=model.peak_live_bytes,
+                       events=tuple(model.events)) if impl == "scratch" else {}
+        out[f"{impl}:reshard={reshard}:prefetch={prefetch}"] = KnobRun(
+            diff=max_diff(full, ref), gathers=gathers / num_steps,
+            sent=log.sent_bytes / num_steps, transient_peak=peak.peak, **by_hand)
     return out
 
 
@@ -206,9 +190,10 @@ def mixed_precision_zero(rank, world, cfg):
         master[name] = flat[offset:offset + p.numel()].view(p.shape).to("cpu", copy=True)
         offset += p.numel()
     start = params_of(make_model("mlp", **(sizes or {})))
-    return dict(per_param={k: v / n for k, v in held.items()}, n_params=n,
-                transient_peak=peak.peak, diff=max_diff(master, ref),
-                rel_diff=rel_diff(master, ref, start), rel_precision_gap=rel_diff(fp32, ref, start))
+    return MixedZeroRun(per_param={k: v / n for k, v in held.items()}, n_params=n,
+                        transient_peak=peak.peak, diff=max_diff(master, ref),
+                        rel_diff=rel_diff(master, ref, start),
+                        rel_precision_gap=rel_diff(fp32, ref, start))
 
 
 def refusals(rank, world, cfg):

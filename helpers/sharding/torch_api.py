@@ -1,11 +1,15 @@
-"""Part V: torch's sharding: FSDP2 (`fully_shard`, one call per layer and one for the root) and
-the full parameters of a sharded model.
+"""Part V: torch's sharding: FSDP2 (`fully_shard`, one call per layer and one for the root; with
+its knobs, reshard_after_forward and explicit prefetching) and the full parameters of a sharded
+model.
 """
+from itertools import pairwise
+
 import torch
+from torch import nn
 
 from ..tiny_models import make_model
 
-__all__ = ["fsdp2_api", "fsdp2_model", "full_params"]
+__all__ = ["fsdp2_api", "fsdp2_model", "fsdp2_layers", "full_params"]
 
 
 def fsdp2_api():
@@ -30,6 +34,24 @@ def fsdp2_model(kind, world, device, param_dtype=None, seed=0, sizes=None):
             fully_shard(m, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def fsdp2_layers(world, device, reshard, prefetch, sizes):
+    """The MLP with fully_shard on every Linear layer and the root, reshard_after_forward=reshard;
+    prefetch: each layer told which one to gather ahead, forward and backward."""
+    fully_shard, _ = fsdp2_api()
+    from torch.distributed.device_mesh import init_device_mesh
+    net = make_model("mlp", **(sizes or {})).to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    layers = [m for m in net if isinstance(m, nn.Linear)]
+    for m in layers:
+        fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+    if prefetch:   # FSDP2 prefetches one unit ahead by itself; explicit lists say which
+        for a, b in pairwise(layers):
+            a.set_modules_to_forward_prefetch([b])
+            b.set_modules_to_backward_prefetch([a])
+    return net
 
 
 def full_params(model):

@@ -15,6 +15,7 @@ from ..costs import ring_bytes_per_device, sharding_costs
 from ..data_parallel.scratch import make_buckets
 from ..transformer_costs import activation_bytes_per_token
 from .flat import all_gather_flat
+from .results import OffloadRun, OffloadSide, QwzRun
 
 __all__ = ["activation_partition_costs", "fused_buffer_bytes",
            "offload_costs", "offload_run", "quantize_blocks", "dequantize_blocks",
@@ -108,7 +109,7 @@ def offload_run(rank, world, cfg):
         take(cfg, "device", sizes=None, num_steps=3, batch_size=8)
     batches = make_batches("mlp", num_steps, batch_size,
                            d_in=(sizes or {}).get("d_in", 32))
-    out = {}
+    out, full = {}, {}
     for label in ("on device", "offload"):
         offload = label == "offload"
         model = make_model("mlp", **(sizes or {}))
@@ -131,17 +132,18 @@ def offload_run(rank, world, cfg):
         state = [v for s in opt.state.values() for v in s.values() if v.dim()]
         state = [v.to_local() if hasattr(v, "to_local") else v for v in state]
         grads = [p.grad.to_local() for p in model.parameters()]
-        out[label] = dict(
+        out[label] = OffloadSide(
             weights=str(local[0].device), grads=str(grads[0].device),
             optimizer=str(state[0].device), device=str(device),
             shard_bytes=sum(t.numel() * t.element_size() for t in local),
             state_bytes=sum(t.numel() * t.element_size() for t in state),
             n_params=sum(p.numel() for p in model.parameters()),
             h2d_per_step=seen["h2d"] / num_steps, d2h_per_step=seen["d2h"] / num_steps,
-            gathers_per_step=seen["gathers"] / num_steps, full=full_params(model))
-    a, b = out["on device"].pop("full"), out["offload"].pop("full")
-    out["diff"] = max(float((a[n] - b[n]).abs().max()) for n in a)
-    return out
+            gathers_per_step=seen["gathers"] / num_steps)
+        full[label] = full_params(model)
+    a, b = full["on device"], full["offload"]
+    return OffloadRun(on_device=out["on device"], offload=out["offload"],
+                      diff=max(float((a[n] - b[n]).abs().max()) for n in a))
 
 
 # ---------------------------------------------------------------- ZeRO++
@@ -200,8 +202,8 @@ def qwz_vs_all_gather(rank, world, cfg):
         got = quantized_all_gather(shard, world, block)
     bound = max(quantization_bound(plain[r * shard.numel():(r + 1) * shard.numel()], block)
                 for r in range(world))
-    return dict(diff=float((got - plain).abs().max()), bound=bound, numel=plain.numel(),
-                plain_sent=plain_log.sent_bytes, qwz_sent=q_log.sent_bytes, block=block)
+    return QwzRun(diff=float((got - plain).abs().max()), bound=bound, numel=plain.numel(),
+                  plain_sent=plain_log.sent_bytes, qwz_sent=q_log.sent_bytes, block=block)
 
 
 ZEROPP_COLLECTIVES = ("forward all-gather", "backward all-gather", "gradient reduce-scatter")
