@@ -1,11 +1,13 @@
 """Declaring a check: `@check(exercise, observes=[...], references=[...])` (see run.py)."""
 import functools
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .guard import answering
 from .provenance import handed_in
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
-from .run import REGISTRY, CheckInfo, run_check
+from .run import REGISTRY, CheckInfo, Result, run_check
 from .settle import Guarded, settle
 
 __all__ = ["check", "Answer"]
@@ -38,14 +40,19 @@ class Answer(Guarded):
         return getattr(self.fn, name)
 
 
-def check(exercise, *, observes, references=()):
+Body = Callable[["Answer"], None]             # judges the answer; raises CheckFailed
+CheckFn = Callable[[Callable[..., Any]], Result]   # what a notebook calls: check_x(x)
+
+
+def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] = ()
+          ) -> Callable[[Body], CheckFn]:
     """Declare a check: `body(fn)` judges the reader's `fn` (called through Answer) and raises
     CheckFailed with the reason; the check function returned runs it through run_check, after
     refusing an answer that reaches a reference or the checks themselves (references.scan).
     `references` are names of the flat façade (`"balanced_cuts"`, `"CommLog.total"`)."""
-    def declare(body):
+    def declare(body: Body) -> CheckFn:
         @functools.wraps(body)
-        def check_fn(fn):
+        def check_fn(fn: Callable[..., Any]) -> Result:
             def judged(fn):
                 refs = resolve(references)
                 scan(fn, refs, exercise)
