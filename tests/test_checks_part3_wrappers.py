@@ -183,7 +183,7 @@ def strip_module_prefix_course(state_dict):
     return helpers.load_checkpoint(state_dict, "module.")
 
 
-@shortcut("check_strip_module_prefix", "changes its argument", "changed its argument")
+@shortcut("check_strip_module_prefix", "changes its argument", "changed its input")
 def strip_module_prefix_in_place(state_dict):
     for k in list(state_dict):
         if k.startswith("module."):

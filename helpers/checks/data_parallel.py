@@ -54,8 +54,9 @@ def check_combine_mean_grads(fn):
         expect(False, f"{call}: the result differs from the full batch's mean gradient")
 
 
-@check("reduce_then_broadcast", references=["allreduce", "ring_allreduce", "flat_allreduce",
-                                           "bucketed_allreduce", "sum_into_all"], observes=[
+@check("reduce_then_broadcast", changes_inputs=True,
+       references=["allreduce", "ring_allreduce", "flat_allreduce",
+                   "bucketed_allreduce", "sum_into_all"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, and every device's "
@@ -142,7 +143,7 @@ def check_bytes_sent_naive_vs_ring(fn):
 
 
 # ---- data_parallel: a parameter server sharded over the devices -------------------------------
-@check("sharded_server_step", observes=[
+@check("sharded_server_step", changes_inputs=True, observes=[
     "on CPU tensors: afterwards every replica (the same tensor objects, the same storage) holds "
     "the SGD step on the sum of all devices' gradients, uneven chunks included",
     "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "
@@ -241,7 +242,7 @@ class _RecordingNet:
         return out
 
 
-@check("accumulated_step", observes=[
+@check("accumulated_step", changes_inputs=True, observes=[
     "the examples the check's net saw in each call (one call per micro-batch, none with the "
     "whole batch), and the backward through each call's output, right after it",
     "the parameters afterwards (the same tensors), against one SGD step on the mean loss of "

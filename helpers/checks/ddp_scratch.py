@@ -206,7 +206,7 @@ def _launched_when_ready(calls, keys, ready, mark):
                 "is ready, so it overlaps the rest of backward (not all together at the end)")
 
 
-@check("average_bucket", observes=[
+@check("average_bucket", changes_inputs=True, observes=[
     "on a World of 2-4 thread ranks with different gradients: every call between the ranks "
     "(all_reduce only, one per rank, its bytes) and the gradients afterwards (the same tensor "
     "objects, in place)"])

@@ -162,7 +162,7 @@ def _fresh(seed):
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
-@check("resume", references=["load_snapshot", "set_rng_state"], observes=[
+@check("resume", changes_inputs=True, references=["load_snapshot", "set_rng_state"], observes=[
     "after the answer ran: the model's and the optimizer's state, torch's and Python's RNG "
     "states against the snapshot's, the epoch returned",
     "the continuation (dropout and momentum) against the run that was never stopped, bitwise"])

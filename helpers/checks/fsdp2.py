@@ -297,7 +297,7 @@ def _train(net, opt, g, steps, d):
         opt.zero_grad()
 
 
-@check("dcp_resume", references=["dcp_load_resharded"], observes=[
+@check("dcp_resume", changes_inputs=True, references=["dcp_load_resharded"], observes=[
     "a fresh model and AdamW (another initialisation) after the answer loaded a checkpoint "
     "written by torch.distributed.checkpoint as {\"model\": ..., \"optim\": ...} from "
     "get_state_dict: every parameter and every optimizer state tensor, and the next step, "

@@ -56,7 +56,7 @@ def _dp_rank(comm, fn, grads):
     return mine
 
 
-@check("dp_average", observes=[
+@check("dp_average", changes_inputs=True, observes=[
     "on 2 and 3 thread ranks: the all-reduces each rank called, and each rank's own tensors "
     "(changed in place) against the mean over ranks"])
 def check_dp_average(fn):

@@ -93,7 +93,8 @@ def check_shard_sizes(fn):
 
 
 # ---------------------------------------------------------------------------------------------
-@check("allreduce_spread", references=["ring_allreduce", "ring_all_reduce"], observes=[
+@check("allreduce_spread", changes_inputs=True,
+       references=["ring_allreduce", "ring_all_reduce"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum, uneven sizes included",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, the elements each "

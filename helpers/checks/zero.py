@@ -170,7 +170,7 @@ def _mlp(seed, d, h, k):
         return nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, k))
 
 
-@check("accumulate_zero2", references=[], observes=[
+@check("accumulate_zero2", changes_inputs=True, references=[], observes=[
     "the weights after the answer's step with helpers.Zero2 on every rank of a fresh world, "
     "against one process on all micro-batches (AdamW)",
     "the reduce-scatters each rank ran: one per bucket per step (no_sync until the last "
