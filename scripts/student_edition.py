@@ -68,7 +68,14 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 c.CourseDirectory.course_id = "multigpu-course"
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\n{STUB}"}}
 c.Execute.timeout = 1800   # per cell, as the book build allows; quick mode needs seconds
+# an untouched check cell gets its hidden lines back without a checksum warning; an edited one
+# is still reported (released_checksums.py, beside this file)
+import sys
+sys.path.insert(0, c.CourseDirectory.root)
+import released_checksums
+c.Autograde.sanitize_preprocessors = released_checksums.sanitize_preprocessors()
 """
+RELEASED_CHECKSUMS = "released_checksums.py"   # copied into the course folder on every build
 
 
 class EditionError(ValueError):
@@ -366,8 +373,14 @@ def build(notebooks=None, out=ROOT / "student", course=ROOT / "_build" / "nbgrad
         config.GenerateAssignment.no_database = True
         config.SaveCells.enabled = False
     course.mkdir(parents=True, exist_ok=True)
-    if not (course / "nbgrader_config.py").exists():   # so `nbgrader ...` works inside the folder
-        (course / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
+    config_file = course / "nbgrader_config.py"
+    if not config_file.exists():   # so `nbgrader ...` works inside the folder
+        config_file.write_text(NBGRADER_CONFIG)
+    elif "released_checksums" not in config_file.read_text():   # a teacher's (or an older) one
+        print(f"warning: {config_file} does not load {RELEASED_CHECKSUMS}, so `nbgrader autograde` "
+              "will report every check cell as changed: add the last four lines of "
+              "student_edition.NBGRADER_CONFIG to it (book/teachers.md)", file=sys.stderr)
+    shutil.copyfile(ROOT / "scripts" / RELEASED_CHECKSUMS, course / RELEASED_CHECKSUMS)
     api = NbGraderAPI(config=config)
     _quiet_nbgrader()
     written = []
