@@ -38,6 +38,8 @@ import nbformat
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+import chapter_runs  # noqa: E402
 from book_files import toc_entries  # noqa: E402
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -68,7 +70,14 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 c.CourseDirectory.course_id = "multigpu-course"
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\n{STUB}"}}
 c.Execute.timeout = 1800   # per cell, as the book build allows; quick mode needs seconds
+# an untouched check cell gets its hidden lines back without a checksum warning; an edited one
+# is still reported (released_checksums.py, beside this file)
+import sys
+sys.path.insert(0, c.CourseDirectory.root)
+import released_checksums
+c.Autograde.sanitize_preprocessors = released_checksums.sanitize_preprocessors()
 """
+RELEASED_CHECKSUMS = "released_checksums.py"   # copied into the course folder on every build
 
 
 class EditionError(ValueError):
@@ -320,17 +329,81 @@ def checks_table():
     return "\n".join(rows)
 
 
+# --- the grading time of the teacher's guide ---------------------------------------------------
+GRADING_BEGIN, GRADING_END = "<!-- grading-time: begin -->", "<!-- grading-time: end -->"
+GRADING_RECORD = ROOT / "book" / "_ext" / "grading_times.json"   # scripts/time_autograde.py
+GRADING_FIELDS = ("seconds", "submissions", "machine", "date", "command", "by")
+
+
+def grading_record(path=None):
+    """{docname: entry} of the measured autograde times (scripts/time_autograde.py); {} when
+    none is recorded yet."""
+    import json
+    path = pathlib.Path(path or GRADING_RECORD)
+    if not path.exists():
+        return {}
+    record = json.loads(path.read_text())
+    for doc, entry in record.items():
+        missing = [f for f in GRADING_FIELDS if f not in entry]
+        if missing:
+            raise ValueError(f"{path}: {doc}: missing {missing}; rewrite it with "
+                             "scripts/time_autograde.py")
+    return record
+
+
+def _where_when(entry):
+    """'2 CPU cores, no GPU, 2026-12-04', and what other work kept busy when the machine was
+    shared (such a run is slower than it would be alone)."""
+    text = f"{entry['machine']}, {entry['date']}"
+    if chapter_runs.busy(entry) and entry.get("others") is not None:
+        text += f", busy (other work: {entry['others']:.1f} cores)"
+    elif chapter_runs.busy(entry):
+        text += f", busy (load {entry['load']:g})"
+    return text
+
+
+def grading_time(doc, record=None, runs=None):
+    """(time, how it is known) of grading one submission of chapter `doc`: measured by
+    scripts/time_autograde.py where it has been, else the chapter's quick-mode run
+    (book/_ext/runs.json), an estimate; ("?", why) when neither is recorded."""
+    record = grading_record() if record is None else record
+    runs = chapter_runs.load() if runs is None else runs
+    if doc in record:
+        entry = record[doc]
+        n = entry["submissions"]
+        return (chapter_runs.fmt_seconds(entry["seconds"]),
+                f"measured: `{entry['command']}` on {n} solved submission{'s' if n != 1 else ''}, "
+                f"{_where_when(entry)}")
+    quick = chapter_runs.run_of(runs, doc, "quick")
+    if quick:
+        return (f"about {chapter_runs.fmt_seconds(quick['seconds'])}",
+                f"estimate: the quick-mode run, {_where_when(quick)}")
+    return "?", "no quick-mode run recorded"
+
+
+def grading_table(notebooks=None, record=None, runs=None):
+    """The Markdown table of the time `nbgrader autograde` takes per submission, per chapter."""
+    rows = []
+    for path in chapters() if notebooks is None else notebooks:
+        nb = nbformat.read(path, as_version=4)
+        doc = pathlib.Path(path).resolve().relative_to(ROOT).with_suffix("").as_posix()
+        time, how = grading_time(doc, record, runs)
+        rows.append(f"| {chapter_title(nb, path)} | {time} | {how} |")
+    return "\n".join(["| Chapter | Per submission | How it is known |", "|---|---|---|"] + rows)
+
+
 def _between(text, begin, end, table):
     b, e = text.index(begin) + len(begin), text.index(end)
     return text[:b] + "\n" + table + "\n" + text[e:]
 
 
 def update_teachers_guide(path=TEACHERS, notebooks=None):
-    """Rewrite the tables between the exercise-table and checks-table markers of the teacher's
-    guide; return whether the file changed."""
+    """Rewrite the tables between the exercise-table, checks-table and grading-time markers of
+    the teacher's guide; return whether the file changed."""
     text = pathlib.Path(path).read_text()
     new = _between(text, TABLE_BEGIN, TABLE_END, exercise_table(notebooks))
     new = _between(new, CHECKS_BEGIN, CHECKS_END, checks_table())
+    new = _between(new, GRADING_BEGIN, GRADING_END, grading_table(notebooks))
     if new != text:
         sys.path.insert(0, str(ROOT))
         from helpers.runtime.files import atomic_write   # a kill leaves the old guide whole
@@ -366,8 +439,14 @@ def build(notebooks=None, out=ROOT / "student", course=ROOT / "_build" / "nbgrad
         config.GenerateAssignment.no_database = True
         config.SaveCells.enabled = False
     course.mkdir(parents=True, exist_ok=True)
-    if not (course / "nbgrader_config.py").exists():   # so `nbgrader ...` works inside the folder
-        (course / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
+    config_file = course / "nbgrader_config.py"
+    if not config_file.exists():   # so `nbgrader ...` works inside the folder
+        config_file.write_text(NBGRADER_CONFIG)
+    elif "released_checksums" not in config_file.read_text():   # a teacher's (or an older) one
+        print(f"warning: {config_file} does not load {RELEASED_CHECKSUMS}, so `nbgrader autograde` "
+              "will report every check cell as changed: add the last four lines of "
+              "student_edition.NBGRADER_CONFIG to it (book/teachers.md)", file=sys.stderr)
+    shutil.copyfile(ROOT / "scripts" / RELEASED_CHECKSUMS, course / RELEASED_CHECKSUMS)
     api = NbGraderAPI(config=config)
     _quiet_nbgrader()
     written = []

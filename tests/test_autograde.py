@@ -8,7 +8,9 @@ exercise cells (solution and check cells, as the chapters have them) of Part II'
 exercises, DataParallel's learning-rate schedule, gradient accumulation and the global BatchNorm
 statistics. Four submissions, one kernel run each: solved, untouched, and two with the
 shortcuts of alternate exercises (between them, every shortcut once, the check-patching one
-before solved exercises whose marks it must not change).
+before solved exercises whose marks it must not change). The second of these also edits a check
+cell: nbgrader must report that cell, and only it, as changed (its checksum warning), while the
+untouched check cells of every submission raise no warning (scripts/released_checksums.py).
 """
 import os
 import subprocess
@@ -108,11 +110,22 @@ def representative_notebook():
         "name": "python3", "display_name": "Python 3", "language": "python"}})
 
 
-def _submission(released, answers):
+# a check cell a submission edits: its exercise is one wrong_b answers wrongly, so the edit must
+# be reported (nbgrader's checksum warning) and undone (the exercise still scores zero)
+TAMPERED = "allreduce_spread"
+CHECKSUM_WARNING = "Attribute 'checksum' for cell check-check_{} has changed!"
+
+
+def _submission(released, answers, tamper=()):
     """The released notebook with each solution cell's source set from `answers`
-    (function name -> source); the other solution cells stay as handed out (stubs)."""
+    (function name -> source); the other solution cells stay as handed out (stubs). The check
+    cells of the exercises in `tamper` print a pass instead of checking."""
     nb = nbformat.read(released, as_version=4)
     for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") in {f"check-check_{n}"
+                                                                 for n in tamper}:
+            name = cell.metadata.nbgrader.grade_id.removeprefix("check-check_")
+            cell.source = f'print("{name}: looks right")'
         if not cell.metadata.get("nbgrader", {}).get("solution"):
             continue
         name = next((n for n in NAMES if f"def {n}(" in se.source(cell)), None)
@@ -139,15 +152,18 @@ def graded(tmp_path_factory):
         "wrong_a": {n: (wrong[n] if n in odd else solved[n]) for n in NAMES},
         "wrong_b": {n: (wrong[n] if n in even else solved[n]) for n in NAMES},
     }
+    assert TAMPERED in even
     for student, answers in submissions.items():
         target = course / "submitted" / student / aid / path.name
         target.parent.mkdir(parents=True)
-        nbformat.write(_submission(released, answers), target)
+        nbformat.write(_submission(released, answers,
+                                   tamper=[TAMPERED] if student == "wrong_b" else []), target)
     env = dict(os.environ, COURSE_QUICK="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
                PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     run = subprocess.run([sys.executable, "-m", "nbgrader", "autograde", aid, "--force"],
                          cwd=course, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    logs = _logs_by_student(run.stdout + run.stderr, submissions)
 
     from nbgrader.api import Gradebook
     scores = {}
@@ -155,21 +171,48 @@ def graded(tmp_path_factory):
         for student in submissions:
             nb = gb.find_submission_notebook(path.stem, aid, student)
             scores[student] = {g.name.removeprefix("check-check_"): g.score for g in nb.grades}
-    return scores, odd, even
+    return scores, odd, even, logs
+
+
+def _logs_by_student(log, students):
+    """nbgrader's log, split at each submission it sanitizes: {student: the lines about it}."""
+    parts, current = {s: [] for s in students}, None
+    for line in log.splitlines():
+        if "Sanitizing " in line:
+            current = next(s for s in students if f"/submitted/{s}/" in line)
+        if current is not None:
+            parts[current].append(line)
+    return {s: "\n".join(lines) for s, lines in parts.items()}
 
 
 def test_worked_solutions_get_full_marks(graded):
-    scores, _, _ = graded
+    scores, _, _, _ = graded
     assert scores["solved"] == {n: 1 for n in NAMES}
 
 
 def test_untouched_stubs_get_zero(graded):
-    scores, _, _ = graded
+    scores, _, _, _ = graded
     assert scores["untouched"] == {n: 0 for n in NAMES}
 
 
 @pytest.mark.parametrize("student,which", [("wrong_a", 1), ("wrong_b", 2)])
 def test_a_wrong_answer_scores_zero_on_its_exercise_only(graded, student, which):
-    scores, odd, even = graded
+    scores, odd, even, _ = graded
     wrong = odd if which == 1 else even
     assert scores[student] == {n: 0 if n in wrong else 1 for n in NAMES}
+
+
+@pytest.mark.parametrize("student", ["untouched", "solved", "wrong_a"])
+def test_no_checksum_warning_for_check_cells_as_released(graded, student):
+    """The hidden regrade lines nbgrader puts back are not reported as an edit
+    (scripts/released_checksums.py; the review's row 4)."""
+    logs = graded[3]
+    assert "Sanitizing " in logs[student]
+    assert "Attribute 'checksum'" not in logs[student], logs[student]
+
+
+def test_an_edited_check_cell_is_reported_and_undone(graded):
+    scores, _, _, logs = graded
+    assert CHECKSUM_WARNING.format(TAMPERED) in logs["wrong_b"], logs["wrong_b"]
+    assert logs["wrong_b"].count("Attribute 'checksum'") == 1, logs["wrong_b"]
+    assert scores["wrong_b"][TAMPERED] == 0   # the check ran as released, and failed
