@@ -6,7 +6,6 @@ a per-rank Recorder, allowed calls and data provenance through the hooks below).
     w = ThreadWorld(3, timeout=5.0)
     results = w.run(fn, X)               # fn(comm, X) on each rank, comm = w.comm(rank)
     results, comms = run_threads(fn, 3, X)   # the same, and each rank's ThreadComm
-    results = w.launch(fn, cfg)          # fn(rank, size, cfg), cfg["comm"]: launch's threads mode
     w.messages                           # every send, recv and collective call, in order
 
 Each Message records op, caller, source and destination, the storage and shape of the tensor
@@ -158,17 +157,11 @@ class ThreadWorld:
         ranks still running at the deadline: LaunchTimeout (a TimeoutError too)."""
         return self._raise(*self.start(lambda r: fn(self.comm(r), *args)))
 
-    def launch(self, fn: Callable[[int, int, dict[str, Any]], Any],
-               cfg: Mapping[str, Any] | None = None) -> list[Any]:
-        """fn(rank, size, cfg) on every rank, with the first cause of a failure raised as it was
-        raised (the grader's convention; helpers.launch(..., threads=True) runs the same ranks
-        and wraps a failure in RankFailed, as for process ranks)."""
-        return self._raise(*self.start(self.rank_body(fn, cfg)))
-
     def rank_body(self, fn: Callable[[int, int, dict[str, Any]], Any],
                   cfg: Mapping[str, Any] | None = None) -> Callable[[int], Any]:
-        """The one way a thread rank calls a launch target: fn(rank, size, cfg), cfg with what a
-        process rank's has (its device, the CPU) and the rank's ThreadComm ("comm")."""
+        """The one way a thread rank calls a launch target (helpers.launch(..., threads=True)
+        starts it): fn(rank, size, cfg), cfg with what a process rank's has (its device, the
+        CPU) and the rank's ThreadComm ("comm")."""
         def one(r):
             return fn(r, self.size, dict(cfg or {}, comm=self.comm(r),
                                          device=torch.device("cpu")))

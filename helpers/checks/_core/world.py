@@ -5,8 +5,6 @@ a check sees what travelled between whom instead of trusting what the answer rep
     world = World(3, record_ops=True)
     results = world.run(fn, X)            # fn(comm, X) on each rank, comm = world.comm(rank),
                                           # a runtime ThreadComm
-    results = world.launch(fn, cfg)       # fn(rank, world_size, cfg), cfg["comm"]: the
-                                          # launcher's threads mode
     world.messages                        # every send, recv and collective call, in order
     World(3, allow={"all_reduce"})        # any other call (send, all_gather ...) fails the
                                           # answer (CheckFailed); barriers are always allowed
