@@ -6,36 +6,18 @@ backward, each moving (world - 1) / world of a rank's tensor: the bytes per rank
 with world, where the ring's do; but world may not exceed the heads (the K/V heads with GQA).
 """
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..runtime.comm import DistComm
 from .scratch import validate_ranks_agree, split_positions
 
 __all__ = ["seq_to_heads", "heads_to_seq", "SeqToHeads", "HeadsToSeq", "ulysses_attention"]
 
 
 def _all_to_all(comm, pieces, tag):
-    """pieces[j] goes to rank j; returns what each rank j sent here, in rank order. Over
-    torch.distributed one all_to_all_single; over a ThreadComm a send to each other rank. The
-    bytes that leave the rank are logged as "all_to_all"."""
-    w, r = comm.world, comm.rank
-    sent = sum(p.numel() * p.element_size() for j, p in enumerate(pieces) if j != r)
-    if isinstance(comm, DistComm):
-        x = torch.stack(pieces).contiguous()
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x, group=comm.group)
-        comm.traffic.record("all_to_all", sent, r)
-        return list(out.unbind(0))
-    n = len(comm.traffic.records) if hasattr(comm, "traffic") else None
-    for j in range(w):
-        if j != r:
-            comm.send(pieces[j].contiguous(), j, tag=tag)
-    if n is not None:
-        comm.traffic.records[n:] = [rec._replace(op="all_to_all")
-                                    for rec in comm.traffic.records[n:]]
-    return [pieces[j] if j == r else comm.recv(j, pieces[j].shape, tag=tag,
-                                                dtype=pieces[j].dtype) for j in range(w)]
+    """pieces[j] (all of one shape) goes to rank j; returns what each rank j sent here, in rank
+    order: one `comm.all_to_all` of the stacked pieces, a piece a row."""
+    ones = [1] * comm.world
+    return list(comm.all_to_all(torch.stack(pieces), ones, ones, tag).unbind(0))
 
 
 def seq_to_heads(x, comm, tag=400):

@@ -9,49 +9,19 @@ known in advance, overflowing tokens are dropped, empty slots travel as zeros. W
 rank receives (and computes) more than the others.
 """
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ..runtime.comm import DistComm
 from .moe import expert_capacity, load_balancing_loss, route, router_z_loss
 
 __all__ = ["all_to_all", "AllToAll", "ExpertParallelMoE"]
 
 
-def all_to_all(comm, x, in_splits, out_splits, tag=300):
+def all_to_all(comm, x, in_splits, out_splits, tag=300, op="all_to_all"):
     """Rows in_splits[j] of x (in order) go to rank j; returns the rows received, out_splits[j]
-    from rank j, in rank order. Over torch.distributed: all_to_all_single (gloo and NCCL both
-    have it); over a ThreadComm (checks): a send to every other rank and a receive from each.
-    The bytes sent to other ranks are logged as "all_to_all"."""
-    in_splits, out_splits = [int(s) for s in in_splits], [int(s) for s in out_splits]
-    row = x[0].numel() * x.element_size() if len(x) else 0
-    sent = sum(s for j, s in enumerate(in_splits) if j != comm.rank) * row
-    if isinstance(comm, DistComm):
-        out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=comm.group)
-        comm.traffic.record("all_to_all", sent, comm.rank)
-        return out
-    pieces, n = list(x.split(in_splits)), _logged(comm)
-    for j in range(comm.world):
-        if j != comm.rank:
-            comm.send(pieces[j], j, tag=tag)
-    _relabel(comm, n, "all_to_all")
-    got = [pieces[j].clone() if j == comm.rank else
-           comm.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
-           for j in range(comm.world)]
-    return torch.cat(got)
-
-
-def _logged(comm):
-    """How many messages comm's log holds (None for a check's World, which keeps its own)."""
-    return len(comm.traffic.records) if hasattr(comm, "traffic") else None
-
-
-def _relabel(comm, n, op):
-    """Name the messages logged since record n (the sends that made up one exchange) `op`."""
-    if n is not None:
-        records = comm.traffic.records
-        records[n:] = [r._replace(op=op) for r in records[n:]]
+    from rank j, in rank order: `comm.all_to_all` (over torch.distributed all_to_all_single;
+    over thread ranks a send to every other rank and a receive from each), the bytes sent to
+    other ranks counted under `op`."""
+    return comm.all_to_all(x, in_splits, out_splits, tag, op)
 
 
 class AllToAll(torch.autograd.Function):
@@ -90,10 +60,10 @@ class ExpertParallelMoE(nn.Module):
         """Refuse, on every rank at once, tokens the ranks cannot exchange: a different width
         anywhere, or (fixed buffers, sized from the tokens) a different number of tokens.
         One exchange of two integers per rank, logged as "counts"."""
-        comm, n = self.comm, _logged(self.comm)
+        comm = self.comm
         mine = torch.tensor([[x.shape[0], x.shape[-1]]], device=x.device).repeat(comm.world, 1)
-        got = all_to_all(comm, mine, [1] * comm.world, [1] * comm.world, tag=302).tolist()
-        _relabel(comm, n, "counts")
+        got = all_to_all(comm, mine, [1] * comm.world, [1] * comm.world, tag=302,
+                         op="counts").tolist()
         held = ", ".join(f"rank {r}: {t} x {d}" for r, (t, d) in enumerate(got))
         if len({d for _, d in got}) > 1:
             raise ValueError(f"expert parallelism needs the same token width on every rank; "
@@ -164,8 +134,6 @@ class ExpertParallelMoE(nn.Module):
 def _exchange_counts(comm, counts, local):
     """Each rank's tokens per expert (E,) -> what this rank's `local` experts get from each rank,
     (world, local). Logged as "counts" (a few integers), apart from the tokens' bytes."""
-    n = _logged(comm)
     got = all_to_all(comm, counts.view(comm.world, local), [1] * comm.world, [1] * comm.world,
-                     tag=301)
-    _relabel(comm, n, "counts")
+                     tag=301, op="counts")
     return got.view(comm.world, local)

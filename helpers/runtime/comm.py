@@ -40,6 +40,10 @@ class Comm(Protocol):
     def sendrecv(self, send: tuple | None = None, recv: tuple | None = None
                  ) -> torch.Tensor | None: ...
 
+    def all_to_all(self, x: torch.Tensor, in_splits: Sequence[int],
+                   out_splits: Sequence[int], tag: int = 300, op: str = "all_to_all"
+                   ) -> torch.Tensor: ...
+
     def wait(self) -> None: ...
 
     def bytes_sent(self, op: str | None = None) -> int: ...
@@ -50,6 +54,17 @@ class Comm(Protocol):
 
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def _splits(sizes):
+    """Split sizes as plain ints (a tensor's `.tolist()` or numpy integers alike)."""
+    return [int(s) for s in sizes]
+
+
+def _sent(x, in_splits, rank):
+    """Bytes of the rows of x that leave this rank in an all-to-all."""
+    row = x[0].numel() * x.element_size() if len(x) else 0
+    return sum(s for j, s in enumerate(in_splits) if j != rank) * row
 
 
 def _validate_split(t, dim, world):
@@ -135,6 +150,18 @@ class DistComm(CountsSent):
         dist.reduce_scatter(out, pieces, group=self.group)
         return out
 
+    def all_to_all(self, x: torch.Tensor, in_splits: Sequence[int],
+                   out_splits: Sequence[int], tag: int = 300, op: str = "all_to_all"
+                   ) -> torch.Tensor:
+        """Rows in_splits[j] of x (in order) go to rank j; returns the rows received,
+        out_splits[j] from rank j, in rank order: one all_to_all_single (gloo and NCCL both have
+        it). The bytes sent to other ranks are counted under `op`; `tag` is unused."""
+        in_splits, out_splits = _splits(in_splits), _splits(out_splits)
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
+        self.traffic.record(op, _sent(x, in_splits, self.rank), self.rank)
+        return out
+
     def wait(self) -> None:
         for handle, _ in self._pending:
             handle.wait()
@@ -190,6 +217,21 @@ class ThreadComm(CountsSent):
             return [sum(ps[1:], ps[0].clone()).chunk(len(ps), dim)] * len(ps)
         return self._collective("reduce_scatter", t, combine,
                                 lambda pieces: pieces[self.rank].clone())
+
+    def all_to_all(self, x: torch.Tensor, in_splits: Sequence[int],
+                   out_splits: Sequence[int], tag: int = 300, op: str = "all_to_all"
+                   ) -> torch.Tensor:
+        """DistComm.all_to_all as messages: a send to every other rank and a receive from each
+        (the world records each one), counted under `op` to that rank."""
+        in_splits, out_splits = _splits(in_splits), _splits(out_splits)
+        pieces = list(x.split(in_splits))
+        for j in range(self.world):
+            if j != self.rank:
+                self.w.send(pieces[j].detach(), j, tag)
+                self._count(op, pieces[j], j)
+        return torch.cat([pieces[j].clone() if j == self.rank else
+                          self.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
+                          for j in range(self.world)])
 
     def wait(self) -> None:
         pass
