@@ -1,0 +1,188 @@
+"""Round 9's shortcut families (reviews_r9/hunt.md), each closed at its root, as
+tests/check_cases.py's cases: every shortcut fails with the words that name it, the right
+answers beside them pass.
+
+- E: values out of torch through ways exits.py did not watch: the C base class's methods
+  (`torch._C.TensorBase.tolist`), an original bound before the check ran, `to_dlpack`, the
+  Python-callback kernels `apply_`, `map_`, `map2_` (map_ reads ANOTHER tensor: provenance);
+- R: `apply_` on a simulated GPU's CPU tensor crashed the interpreter: now a failed answer;
+- P: the logits gathered in messages under the per-message cap: a total per rank bounds them.
+"""
+from fractions import Fraction
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from check_cases import other, parametrize_cases, shortcut
+
+UNWATCHED = "unwatched way out of torch"
+READ_OUT = "out of torch into Python numbers"
+
+
+# ---- E: unwatched exits ------------------------------------------------------------------------
+def _exact(counts, ms, vs):
+    """The global mean and variance in exact arithmetic, from numbers read out of torch."""
+    w, c = len(ms), len(ms[0])
+    n = sum(Fraction(x) for x in counts)
+    mean, var = [], []
+    for j in range(c):
+        m = sum(Fraction(counts[i]) * Fraction(ms[i][j]) for i in range(w)) / n
+        v = sum(Fraction(counts[i]) * (Fraction(vs[i][j]) + (Fraction(ms[i][j]) - m) ** 2)
+                for i in range(w)) / n
+        mean.append(float(m))
+        var.append(float(v))
+    return torch.tensor(mean), torch.tensor(var)
+
+
+@shortcut("check_global_mean_var", "read with the C base class's tolist", UNWATCHED)
+def global_mean_var_base_tolist(counts, means, variances):
+    tl = torch._C.TensorBase.tolist
+    return _exact(tl(counts), tl(means), tl(variances))
+
+
+_TOLIST = torch.Tensor.tolist          # bound before any check ran: the original
+
+
+@shortcut("check_global_mean_var", "an original tolist bound before the check", UNWATCHED)
+def global_mean_var_bound_before(counts, means, variances):
+    return _exact(_TOLIST(counts), _TOLIST(means), _TOLIST(variances))
+
+
+def _grab(t):
+    out = []
+    t.detach().clone().apply_(lambda x: out.append(x) or x)
+    return out
+
+
+@shortcut("check_global_mean_var", "read with apply_'s Python callback", READ_OUT)
+def global_mean_var_apply(counts, means, variances):
+    c = means.shape[1]
+    ms, vs = _grab(means), _grab(variances)
+    return _exact(_grab(counts), [ms[i:i + c] for i in range(0, len(ms), c)],
+                  [vs[i:i + c] for i in range(0, len(vs), c)])
+
+
+class _Capsule:
+    """Anything with __dlpack__: numpy takes it."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, **kwargs):
+        return torch.utils.dlpack.to_dlpack(self.t)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+@shortcut("check_global_mean_var", "read through torch.utils.dlpack.to_dlpack", READ_OUT)
+def global_mean_var_to_dlpack(counts, means, variances):
+    def read(t):
+        return np.from_dlpack(_Capsule(t)).tolist()
+    return _exact(read(counts), read(means), read(variances))
+
+
+_BOARD = {}
+
+
+@shortcut("check_sync_bn_input_grad", "the second sum passed as apply_'s numbers",
+          "read out of its own tensors")
+def sync_bn_input_grad_apply(dy, x_hat, invstd, n):
+    r, k = dist.get_rank(), dist.get_world_size()
+    s1 = dy.sum(0)
+    dist.all_reduce(s1)
+    out = []
+    (dy * x_hat).sum(0).apply_(lambda v: out.append(v) or v)
+    _BOARD["apply", r] = out
+    dist.barrier()
+    s2 = torch.tensor([sum(_BOARD["apply", q][j] for q in range(k)) for j in range(dy.shape[1])])
+    dist.barrier()
+    return invstd * (dy - s1 / n - x_hat * s2 / n)
+
+
+@shortcut("check_sync_bn_input_grad", "the second sum passed as a dlpack array", "dlpack")
+def sync_bn_input_grad_dlpack(dy, x_hat, invstd, n):
+    r, k = dist.get_rank(), dist.get_world_size()
+    s1 = dy.sum(0)
+    dist.all_reduce(s1)
+    _BOARD["dlpack", r] = np.from_dlpack(_Capsule((dy * x_hat).sum(0).double())).copy()
+    dist.barrier()
+    total = sum(_BOARD["dlpack", q] for q in range(k))
+    dist.barrier()
+    return invstd * (dy - s1 / n - x_hat * torch.tensor(total, dtype=torch.float32) / n)
+
+
+@shortcut("check_sync_bn_input_grad", "other ranks' sums copied with map_",
+          "used a tensor that rank")
+def sync_bn_input_grad_map(dy, x_hat, invstd, n):
+    r, k = dist.get_rank(), dist.get_world_size()
+    s1 = dy.sum(0)
+    dist.all_reduce(s1)
+    _BOARD["map", r] = (dy * x_hat).sum(0)
+    dist.barrier()
+    s2 = torch.zeros(dy.shape[1])
+    for q in range(k):
+        s2 += torch.zeros(dy.shape[1]).map_(_BOARD["map", q], lambda a, b: b)
+    dist.barrier()
+    return invstd * (dy - s1 / n - x_hat * s2 / n)
+
+
+@other("check_sampler_shard", "tolist looked up on torch.Tensor while it runs")
+def sampler_shard_unbound_tolist(n, rank, world, epoch, seed):
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    perm = torch.Tensor.tolist(torch.randperm(n, generator=g))     # the watched one
+    per = -(-n // world)
+    perm += (perm * (per * world // n + 1))[:per * world - n]
+    return perm[rank:per * world:world]
+
+
+# ---- R: a Python-callback kernel on the simulated GPUs ----------------------------------------
+@shortcut("check_reduce_then_broadcast", "apply_ on a simulated CPU tensor (crashed)",
+          "simulated GPUs")
+def reduce_then_broadcast_apply(grads):
+    torch.zeros(2).apply_(lambda v: v)
+    total = sum(g.to(grads[0].device) for g in grads)
+    for g in grads:
+        g.copy_(total.to(g.device))
+
+
+# ---- P: many small messages -------------------------------------------------------------------
+@shortcut("check_vocab_loss", "the logits gathered two columns per all_reduce", "piece by piece")
+def vocab_loss_sliced_gather(logits, target, comm, start):
+    n, v = logits.shape
+    full = []
+    for rank in range(comm.world):
+        for c in range(0, v, 2):
+            buf = torch.zeros(n, min(2, v - c))
+            if rank == comm.rank:
+                buf += logits[:, c:c + 2].detach()
+            dist.all_reduce(buf)                    # n * 8 bytes: under the per-message cap
+            full.append(buf)
+    parts = list(torch.cat(full, -1).split(v, -1))
+    parts[comm.rank] = logits
+    return F.cross_entropy(torch.cat(parts, -1), target)
+
+
+@shortcut("check_vocab_loss", "the logits sent column by column", "piece by piece")
+def vocab_loss_sent_columns(logits, target, comm, start):
+    n, v = logits.shape
+    parts = []
+    for rank in range(comm.world):
+        if rank == comm.rank:
+            for c in range(v):
+                for other in range(comm.world):
+                    if other != rank:
+                        dist.send(logits[:, c].detach().contiguous(), other)
+            parts.append(logits)
+        else:
+            cols = [torch.empty(n) for _ in range(v)]
+            for col in cols:
+                dist.recv(col, rank)
+            parts.append(torch.stack(cols, -1))
+    return F.cross_entropy(torch.cat(parts, -1), target)
+
+
+test_case = parametrize_cases(__name__)
