@@ -6,7 +6,8 @@ answers beside them pass.
   (`torch._C.TensorBase.tolist`), an original bound before the check ran, `to_dlpack`, the
   Python-callback kernels `apply_`, `map_`, `map2_` (map_ reads ANOTHER tensor: provenance);
 - R: `apply_` on a simulated GPU's CPU tensor crashed the interpreter: now a failed answer;
-- P: the logits gathered in messages under the per-message cap: a total per rank bounds them.
+- P: the logits gathered in messages under the per-message cap: a total per rank bounds them;
+- W: the sharded server's update computed on the host: every device at work is bounded.
 """
 from fractions import Fraction
 
@@ -183,6 +184,21 @@ def vocab_loss_sent_columns(logits, target, comm, start):
                 dist.recv(col, rank)
             parts.append(torch.stack(cols, -1))
     return F.cross_entropy(torch.cat(parts, -1), target)
+
+
+# ---- W: the work moved to the host ------------------------------------------------------------
+@shortcut("check_sharded_server_step", "the whole update on the host, then pulled",
+          ["the CPU", "more than serving its chunk needs"])
+def sharded_server_step_on_host(params, grads, devices, lr):
+    total = sum(g.cpu() for g in grads)
+    new = params[0].cpu() - lr * total
+    chunks = [c for c in torch.arange(params[0].numel()).tensor_split(len(params)) if len(c)]
+    for j, c in enumerate(chunks):
+        params[j][c[0]:c[-1] + 1].copy_(new[c[0]:c[-1] + 1].to(devices[j]))
+    for i in range(len(params)):
+        for j, c in enumerate(chunks):
+            if i != j:
+                params[i][c[0]:c[-1] + 1].copy_(params[j][c[0]:c[-1] + 1].to(devices[i]))
 
 
 test_case = parametrize_cases(__name__)

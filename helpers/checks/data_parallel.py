@@ -147,8 +147,8 @@ def check_bytes_sent_naive_vs_ring(fn):
     "the SGD step on the sum of all devices' gradients, uneven chunks included",
     "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "
     "other device, the server of its chunk, into its own tensor (the pulled copy is an "
-    "ancestor of the replica's final values), and no device added up or computed more than its "
-    "chunk's share (every operation counted)"])
+    "ancestor of the replica's final values), and no device, the host CPU included, added up or "
+    "computed more than its chunk's share (every operation counted)"])
 def check_sharded_server_step(fn):
     """fn(params, grads, devices, lr): params[i], grads[i] flat tensors on devices[i]. Device j
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
@@ -203,7 +203,7 @@ def _served(what, fn, start, grads, lr):
                "that chunk from device j")
     adds, bound = rec.adds_by_device(), (count + 1) * chunk + count
     work, most = rec.work_by_device(), 3 * (count + 1) * chunk + count
-    for d in gpus.devices:
+    for d in rec.working_devices(gpus.devices):      # the host (the CPU) included
         a = adds.get(d, 0)
         expect(a <= bound, f"{what}: {describe_device(d)} added up {a} elements (per device: "
                f"{[adds.get(x, 0) for x in gpus.devices]}), more than serving its chunk needs "

@@ -161,9 +161,7 @@ def _spread(what, fn, before, shape):
     share = (count - 1) * -(-n // count)
     adds, work = rec.adds_by_device(), rec.work_by_device()
     total = sum(adds.values())
-    # every device that did anything is bounded, the host (the CPU) included
-    devices = list(gpus.devices) + sorted({*adds, *work} - set(gpus.devices), key=str)
-    for d in devices:
+    for d in rec.working_devices(gpus.devices):      # the host (the CPU) included
         a = adds.get(d, 0)
         expect(a <= share, f"{what}: {describe_device(d)} did {a} of the {total} additions "
                            f"(per device: {[adds.get(x, 0) for x in gpus.devices]}); spread them: "

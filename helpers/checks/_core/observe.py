@@ -250,6 +250,13 @@ class Recorder(TorchDispatchMode):
         """{device: elements added there}."""
         return self._sum(ops, "adds")
 
+    def working_devices(self, devices, ops=None):
+        """`devices`, then every other device that added or computed anything (the host, the CPU,
+        included): a bound per device that loops over the devices it expects leaves out the one
+        an answer moved the work to."""
+        busy = {*self.adds_by_device(ops), *self.work_by_device(ops)}
+        return list(devices) + sorted(busy - set(devices), key=str)
+
     def _sum(self, ops, what):
         total = collections.Counter()
         for op in self.ops if ops is None else ops:
