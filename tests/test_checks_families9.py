@@ -7,7 +7,9 @@ answers beside them pass.
   Python-callback kernels `apply_`, `map_`, `map2_` (map_ reads ANOTHER tensor: provenance);
 - R: `apply_` on a simulated GPU's CPU tensor crashed the interpreter: now a failed answer;
 - P: the logits gathered in messages under the per-message cap: a total per rank bounds them;
-- W: the sharded server's update computed on the host: every device at work is bounded.
+- W: the sharded server's update computed on the host: every device at work is bounded;
+- D: the recorded net's backwards as decoys, the step (or .grad) computed beside the net: the
+  step must be made from the gradients the backwards through the net's outputs delivered.
 """
 from fractions import Fraction
 
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import helpers
 from check_cases import other, parametrize_cases, shortcut
 
 UNWATCHED = "unwatched way out of torch"
@@ -199,6 +202,75 @@ def sharded_server_step_on_host(params, grads, devices, lr):
         for j, c in enumerate(chunks):
             if i != j:
                 params[i][c[0]:c[-1] + 1].copy_(params[j][c[0]:c[-1] + 1].to(devices[i]))
+
+
+# ---- D: decoy backwards, the work beside the net -----------------------------------------------
+BESIDE = "beside the net"
+
+
+def _beside(X, y, W, b):
+    Wc, bc = W.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    return torch.autograd.grad(helpers.loss(X @ Wc + bc, y).mean(), (Wc, bc))
+
+
+@shortcut("check_accumulated_step", "backwards weighted 0, the step from a gradient beside",
+          BESIDE)
+def accumulated_step_zero_decoys(net, params, X, y, num_micro, lr):
+    W, b = params
+    for Xm, ym in zip(X.tensor_split(num_micro), y.tensor_split(num_micro)):
+        helpers.loss(net(Xm, params), ym).sum().mul(0).backward()
+    gW, gb = _beside(X, y, W, b)
+    with torch.no_grad():
+        W -= lr * gW
+        b -= lr * gb
+    W.grad = b.grad = None
+
+
+@shortcut("check_accumulated_step", "real backwards, the step from a gradient beside", BESIDE)
+def accumulated_step_beside(net, params, X, y, num_micro, lr):
+    W, b = params
+    for Xm, ym in zip(X.tensor_split(num_micro), y.tensor_split(num_micro)):
+        helpers.loss(net(Xm, params), ym).sum().backward()
+    gW, gb = _beside(X, y, W, b)
+    with torch.no_grad():
+        W -= lr * gW
+        b -= lr * gb
+    W.grad = b.grad = None
+
+
+@other("check_accumulated_step", "autograd.grad per micro-batch, summed, then SGD by hand")
+def accumulated_step_autograd(net, params, X, y, num_micro, lr):
+    total = [torch.zeros_like(p) for p in params]
+    for Xm, ym in zip(X.tensor_split(num_micro), y.tensor_split(num_micro)):
+        for t, gr in zip(total, torch.autograd.grad(helpers.loss(net(Xm, params), ym).sum(),
+                                                    params)):
+            t += gr
+    with torch.no_grad():
+        for p, t in zip(params, total):
+            p -= lr * t / len(X)
+
+
+@other("check_accumulated_step", "an optimizer's step")
+def accumulated_step_optimizer(net, params, X, y, num_micro, lr):
+    opt = torch.optim.SGD(params, lr=lr)
+    for Xm, ym in zip(X.tensor_split(num_micro), y.tensor_split(num_micro)):
+        (helpers.loss(net(Xm, params), ym).sum() / len(X)).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+@shortcut("check_accumulate_gradients", "tiny-weight backwards, .grad from F.linear beside",
+          "beside the model")
+def accumulate_gradients_beside(model, loss_fn, micro):
+    k = len(micro)
+    for i, (X, y) in enumerate(micro):
+        with model.no_sync() if i < k - 1 else torch.enable_grad():
+            (loss_fn(model(X), y) * 1e-20).backward()
+    X, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])
+    w = model.lin.weight.detach().clone().requires_grad_()
+    b = model.lin.bias.detach().clone().requires_grad_()
+    model.lin.weight.grad, model.lin.bias.grad = torch.autograd.grad(
+        loss_fn(F.linear(X, w, b), y), (w, b))
 
 
 test_case = parametrize_cases(__name__)

@@ -10,8 +10,10 @@ import math
 import torch
 
 from .. import CommLog, loss, ring_all_reduce, send
-from ._core import (FakeGPUs, as_pair, check, describe_device, expect, fresh_generator, randint)
+from ._core import (FakeGPUs, Recorder, as_pair, check, describe_device, expect, fresh_generator,
+                    randint)
 from ._core.inputs import expect_unchanged, kept
+from ._core.recorded import Taps
 
 __all__ = ["check_combine_mean_grads", "check_reduce_then_broadcast",
            "check_bytes_sent_naive_vs_ring", "check_sharded_server_step", "check_accumulated_step"]
@@ -224,8 +226,9 @@ class _RecordingNet:
     """net(X, params), a linear layer, recording the examples of each call, and each call and
     each backward through what a call returned, in order (`seen()`)."""
 
-    def __init__(self):
+    def __init__(self, taps=None):
         _SEEN[id(self)] = ([], [])
+        self.taps = taps
 
     def seen(self):
         return _SEEN.pop(id(self))
@@ -238,6 +241,8 @@ class _RecordingNet:
         out = X @ W + b
         if out.requires_grad:
             out.register_hook(lambda grad: passes.append("backward"))
+            if self.taps is not None:
+                self.taps.tap(out)
         return out
 
 
@@ -245,7 +250,9 @@ class _RecordingNet:
     "the examples the check's net saw in each call (one call per micro-batch, none with the "
     "whole batch), and the backward through each call's output, right after it",
     "the parameters afterwards (the same tensors), against one SGD step on the mean loss of "
-    "the whole batch; micro-batches of unequal size included"])
+    "the whole batch; micro-batches of unequal size included",
+    "the dataflow of the step: the parameters afterwards are computed from the gradients the "
+    "backwards through the net's outputs delivered (not from a gradient computed beside it)"])
 def check_accumulated_step(fn):
     """fn(net, params, X, y, num_micro, lr): forward and backward one micro-batch at a time
     (tensor_split), the gradients of the summed losses adding up in .grad, then one SGD step
@@ -261,10 +268,12 @@ def check_accumulated_step(fn):
         lr = randint(g, 1, 9) / 10
         params = [p.clone().requires_grad_() for p in start]
         objects = list(params)
-        net = _RecordingNet()
-        call = f"accumulated_step(net, params, X of {n} examples, y, {num_micro}, {lr})"
-        copies = kept(X, y, *start)
-        fn(net, params, X, y, num_micro, lr)
+        with Recorder() as rec:
+            net = _RecordingNet(Taps(rec))
+            call = f"accumulated_step(net, params, X of {n} examples, y, {num_micro}, {lr})"
+            copies = kept(X, y, *start)
+            fn(net, params, X, y, num_micro, lr)
+        made = net.taps.made(params)
         expect_unchanged(call, copies, [X, y, *start], ["X", "y", "W", "b"])
         ref = [p.clone().requires_grad_() for p in start]
         grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
@@ -280,6 +289,9 @@ def check_accumulated_step(fn):
                f"the order {passes}: backward through each micro-batch's output right after "
                "its forward (one graph of every micro-batch keeps them all alive; a gradient "
                "computed another way does not flow through the net's calls)")
+        expect(made, f"{call}: the step does not use the gradients the "
+               "backwards through the net's calls made (a gradient computed beside the net, "
+               "the net's backwards only decoys): step with what they accumulated in .grad")
         for name, p, w, orig in zip(("W", "b"), params, want, objects):
             expect(p is orig, f"{call}: params[{'W b'.split().index(name)}] was replaced by a "
                               "new tensor; update the parameters in place")
