@@ -9,7 +9,9 @@ answers beside them pass.
 - P: the logits gathered in messages under the per-message cap: a total per rank bounds them;
 - W: the sharded server's update computed on the host: every device at work is bounded;
 - D: the recorded net's backwards as decoys, the step (or .grad) computed beside the net: the
-  step must be made from the gradients the backwards through the net's outputs delivered.
+  step must be made from the gradients the backwards through the net's outputs delivered;
+- S: an identity autograd.Function dressed as f, then plain copies: f's forward must put X on
+  every device.
 """
 from fractions import Fraction
 
@@ -271,6 +273,44 @@ def accumulate_gradients_beside(model, loss_fn, micro):
     b = model.lin.bias.detach().clone().requires_grad_()
     model.lin.weight.grad, model.lin.bias.grad = torch.autograd.grad(
         loss_fn(F.linear(X, w, b), y), (w, b))
+
+
+# ---- S: a node of the right type that does nothing ------------------------------------------
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X):
+        return X.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@shortcut("check_gated_mlp_column_then_row", "an identity Function as f, then plain .to copies",
+          "plain copies took it")
+def gated_mlp_identity_f(X, W1, V, W2, devices, log=None):
+    X0 = _Identity.apply(X)
+    shards = zip(W1.tensor_split(len(devices), dim=1), V.tensor_split(len(devices), dim=1),
+                 W2.tensor_split(len(devices)), devices)
+    partials = [(F.silu(X0.to(d) @ W1i.to(d)) * (X0.to(d) @ Vi.to(d))) @ W2i.to(d)
+                for W1i, Vi, W2i, d in shards]
+    return helpers.reduce_from_shards(partials, devices, log)
+
+
+@shortcut("check_attention_by_heads", "an identity Function as f, then plain .to copies",
+          "plain copies took it")
+def attention_by_heads_identity_f(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
+    k, e = len(devices), Wq.shape[1] // heads
+    X0 = _Identity.apply(X)
+    partials = []
+    for hs, d in zip(torch.arange(heads).tensor_split(k), devices):
+        cols = torch.cat([torch.arange(h * e, (h + 1) * e) for h in hs.tolist()])
+        Xd = X0.to(d)
+        Q, K, Vv = ((Xd @ W[:, cols].to(d)).reshape(len(X), len(hs), e).transpose(0, 1)
+                    for W in (Wq, Wk, Wv))
+        A = torch.softmax(Q @ K.transpose(1, 2) / e ** 0.5, dim=-1) @ Vv
+        partials.append(A.transpose(0, 1).reshape(len(X), -1) @ Wo[cols].to(d))
+    return helpers.reduce_from_shards(partials, devices, log)
 
 
 test_case = parametrize_cases(__name__)
