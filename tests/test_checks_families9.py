@@ -11,7 +11,9 @@ answers beside them pass.
 - D: the recorded net's backwards as decoys, the step (or .grad) computed beside the net: the
   step must be made from the gradients the backwards through the net's outputs delivered;
 - S: an identity autograd.Function dressed as f, then plain copies: f's forward must put X on
-  every device.
+  every device;
+- L: ring attention that keeps every K/V block it receives and does a plain softmax at the end:
+  the received blocks alive at once are bounded (a ring needs three at most).
 """
 from fractions import Fraction
 
@@ -311,6 +313,51 @@ def attention_by_heads_identity_f(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
         A = torch.softmax(Q @ K.transpose(1, 2) / e ** 0.5, dim=-1) @ Vv
         partials.append(A.transpose(0, 1).reshape(len(X), -1) @ Wo[cols].to(d))
     return helpers.reduce_from_shards(partials, devices, log)
+
+
+# ---- L: every block kept --------------------------------------------------------------------
+KEPT = "received K/V blocks alive at once"
+
+
+def _ring_all_blocks(q, k, v, comm):
+    """Every K/V block round the ring, kept in a list (first its own)."""
+    r, w = comm.rank, comm.world
+    kv, held = torch.stack([k, v]), []
+    held.append(kv)
+    for i in range(w - 1):
+        comm.send(kv, (r + 1) % w, tag=i)
+        kv = comm.recv((r - 1) % w, kv.shape, tag=i)
+        held.append(kv)
+    return held
+
+
+@shortcut("check_ring_forward", "every block kept, a two-pass softmax at the end", KEPT)
+def ring_forward_hold_all(q, k, v, comm):
+    held = _ring_all_blocks(q, k, v, comm)
+    scale = 1 / q.shape[-1] ** 0.5
+    top = None
+    for b in held:                                 # pass 1: the row maxima, block by block
+        m = (q @ b[0].transpose(-2, -1) * scale).amax(-1)
+        top = m if top is None else torch.maximum(top, m)
+    num, den = 0, 0
+    for b in held:                                 # pass 2: exponentials and sums
+        p = torch.exp(q @ b[0].transpose(-2, -1) * scale - top[..., None])
+        num, den = num + p @ b[1], den + p.sum(-1)
+    return num / den[..., None]
+
+
+@shortcut("check_ring_forward", "every block kept, copied into a list of clones", KEPT)
+def ring_forward_hold_clones(q, k, v, comm):
+    held = [b.clone() for b in _ring_all_blocks(q, k, v, comm)]
+    scale = 1 / q.shape[-1] ** 0.5
+    out = torch.zeros_like(q)
+    for i in range(q.shape[2]):                    # a plain softmax, one query row at a time
+        s = [q[:, :, i:i + 1] @ b[0].transpose(-2, -1) * scale for b in held]
+        top = torch.stack([x.amax(-1) for x in s]).amax(0)
+        p = [torch.exp(x - top[..., None]) for x in s]
+        den = sum(x.sum(-1) for x in p)
+        out[:, :, i:i + 1] = sum(x @ b[1] for x, b in zip(p, held)) / den[..., None]
+    return out
 
 
 test_case = parametrize_cases(__name__)
