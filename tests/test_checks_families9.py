@@ -13,9 +13,13 @@ answers beside them pass.
 - S: an identity autograd.Function dressed as f, then plain copies: f's forward must put X on
   every device;
 - L: ring attention that keeps every K/V block it receives and does a plain softmax at the end:
-  the received blocks alive at once are bounded (a ring needs three at most).
+  the received blocks alive at once are bounded (a ring needs three at most);
+- right answers once rejected: a `Decimal` result (as_number), SyncBatchNorm's two sums
+  all-reduced in float64 (the cap counts numbers, not float32 bytes).
 """
 from fractions import Fraction
+
+from decimal import Decimal
 
 import numpy as np
 import torch
@@ -358,6 +362,25 @@ def ring_forward_hold_clones(q, k, v, comm):
         den = sum(x.sum(-1) for x in p)
         out[:, :, i:i + 1] = sum(x @ b[1] for x, b in zip(p, held)) / den[..., None]
     return out
+
+
+# ---- right answers once rejected -----------------------------------------------------------
+@other("check_matmul_flops", "a Decimal")
+def matmul_flops_decimal(n):
+    return Decimal(2) * Decimal(n) ** 3
+
+
+@other("check_copy_time", "Decimal arithmetic")
+def copy_time_decimal(nbytes, bandwidth_gbs, latency_s):
+    return Decimal(latency_s) + Decimal(nbytes) / (Decimal(bandwidth_gbs) * 10 ** 9)
+
+
+@other("check_sync_bn_input_grad", "the two sums all-reduced in float64")
+def sync_bn_input_grad_float64(dy, x_hat, invstd, n):
+    s = torch.stack([dy.sum(0), (dy * x_hat).sum(0)]).double()
+    dist.all_reduce(s)
+    s = s.float()
+    return invstd * (dy - s[0] / n - x_hat * s[1] / n)
 
 
 test_case = parametrize_cases(__name__)
