@@ -98,12 +98,14 @@ def _ring_rank(comm, fn, q, k, v):
 @check("ring_forward", references=["ring_attention", "RingAttention", "attention_reference"],
        observes=[
     "every message each thread rank sent: to whom (only the next rank) and how many bytes "
-    "(K and V, world - 1 times)", "each rank's output against attention over the sequence"])
+    "(K and V, world - 1 times)", "each rank's output against attention over the sequence",
+    "the received K/V blocks (and copies of them) each rank kept alive at once, from arrival to "
+    "last use: three at most, on 5 ranks too (no holding the whole sequence)"])
 def check_ring_forward(fn):
     """fn(q, k, v, comm) -> this rank's attention output; K/V passed around the ring."""
     g = fresh_generator()
-    for world in (2, randint(g, 3, 4)):
-        t = randint(g, 2, 4)
+    for world in (2, randint(g, 3, 4), 5):    # 5: keeping every block exceeds a ring's three
+        t = randint(g, 2 if world < 5 else 3, 4)      # world <= 2t: a row's stats fit a block
         B, H, D, T = 1, randint(g, 1, 2), randint(g, 2, t), world * t   # D <= t: see peaks
         q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
         results, sends, w = _threads(_ring_rank, world, fn, q, k, v)
@@ -133,6 +135,16 @@ def check_ring_forward(fn):
                    f"on {world} ranks rank {rank} built a tensor of {biggest} elements, as "
                    "large as the scores or keys of the whole sequence: merge each block into a "
                    "running output as it arrives (online softmax), one block at a time")
+            # what it kept: the received K/V blocks (and copies of them) alive at once, each
+            # from its arrival to its last use; a ring needs the one it computes with, the one
+            # arriving, and one in flight at most
+            rec = w.recorders[rank]
+            kept_kv = rec.live_peak(rec.copies_of(key for key, _ in w.received[rank]))
+            expect(kept_kv <= 3 * 2 * block,
+                   f"on {world} ranks rank {rank} kept {kept_kv // (2 * block)} received K/V "
+                   "blocks alive at once: holding the whole sequence's keys and values is what "
+                   "the ring avoids; merge each block into a running output as it arrives "
+                   "(online softmax), then let it go")
         want = attention_reference(q, k, v)
         for r, out in enumerate(results):
             expect(isinstance(out, torch.Tensor) and torch.allclose(

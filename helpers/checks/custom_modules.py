@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ._core import CheckFailed, Recorder, check, expect, fresh_generator, randint
+from ._core.recorded import Taps
 from ._core.references import Reference, scan
 
 __all__ = ["check_strip_module_prefix", "check_accumulate_gradients", "check_unused_parameters"]
@@ -87,6 +88,7 @@ class _SyncRecorder(nn.Module):
             self.lin.weight.copy_(torch.randn(1, 5, generator=g))
         self.sync, self.outputs, self.passes, self._queued = True, [], 0, False
         self.rows = []                      # (rows, gradient non-zero) of every output
+        self.taps = None                    # recorded.Taps while the answer runs
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -112,6 +114,8 @@ class _SyncRecorder(nn.Module):
                 self.rows.append((grad.shape[0], bool(grad.detach().abs().sum() > 0)))
                 return grad
             out.register_hook(seen)
+            if self.taps is not None:
+                self.taps.tap(out)
         return out
 
 
@@ -120,7 +124,8 @@ class _SyncRecorder(nn.Module):
     "ran synchronised and in which backward pass (counted on the autograd engine) its gradient "
     "flowed",
     "the gradients left, for micro-batches of unequal sizes, against the gradient of the mean "
-    "loss over all their examples"])
+    "loss over all their examples, and their dataflow: made by the backwards through the "
+    "model's outputs (not computed beside it)"])
 def check_accumulate_gradients(fn):
     """fn(model, loss_fn, micro_batches): the gradient of the mean loss over all the examples of
     the micro-batches (of unequal sizes), one backward per micro-batch, synchronising (outside
@@ -132,7 +137,11 @@ def check_accumulate_gradients(fn):
         sizes[-1] += 2                                  # the last micro-batch shorter or longer
     micro = [(torch.randn(s, 5, generator=g), torch.randn(s, 1, generator=g)) for s in sizes]
     model, loss_fn = _SyncRecorder(g), nn.MSELoss()
-    fn(model, loss_fn, micro)
+    with Recorder() as rec:
+        model.taps = Taps(rec)
+        fn(model, loss_fn, micro)
+    made = model.taps.made([p.grad for p in model.lin.parameters()])
+    model.taps = None
     outs = model.outputs
     expect(len(outs) == k, f"{len(outs)} micro-batch outputs took part in backward, for {k} "
                            "micro-batches: forward each micro-batch")
@@ -158,6 +167,9 @@ def check_accumulate_gradients(fn):
     loss_fn(ref(X), y).backward()
     grad, want = model.lin.weight.grad, ref.lin.weight.grad
     expect(grad is not None, "no gradient on the model's weights")
+    expect(made, "the gradients left in .grad were not made by the backwards through the "
+                 "model's outputs (a gradient computed beside the model, its backwards only "
+                 "decoys): let each micro-batch's backward accumulate into .grad")
     per_k = sum(loss_fn(ref.lin(Xm), ym) / k for Xm, ym in micro)
     mean_of_means = torch.autograd.grad(per_k, ref.lin.weight)[0]
     expect(not torch.allclose(grad, mean_of_means, atol=1e-5),

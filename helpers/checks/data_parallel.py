@@ -10,8 +10,10 @@ import math
 import torch
 
 from .. import CommLog, loss, ring_all_reduce, send
-from ._core import (FakeGPUs, as_pair, check, describe_device, expect, fresh_generator, randint)
+from ._core import (FakeGPUs, Recorder, as_pair, check, describe_device, expect, fresh_generator,
+                    randint)
 from ._core.inputs import expect_unchanged, kept
+from ._core.recorded import Taps
 
 __all__ = ["check_combine_mean_grads", "check_reduce_then_broadcast",
            "check_bytes_sent_naive_vs_ring", "check_sharded_server_step", "check_accumulated_step"]
@@ -148,8 +150,8 @@ def check_bytes_sent_naive_vs_ring(fn):
     "the SGD step on the sum of all devices' gradients, uneven chunks included",
     "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "
     "other device, the server of its chunk, into its own tensor (the pulled copy is an "
-    "ancestor of the replica's final values), and no device added up or computed more than its "
-    "chunk's share (every operation counted)"])
+    "ancestor of the replica's final values), and no device, the host CPU included, added up or "
+    "computed more than its chunk's share (every operation counted)"])
 def check_sharded_server_step(fn):
     """fn(params, grads, devices, lr): params[i], grads[i] flat tensors on devices[i]. Device j
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
@@ -204,7 +206,7 @@ def _served(what, fn, start, grads, lr):
                "that chunk from device j")
     adds, bound = rec.adds_by_device(), (count + 1) * chunk + count
     work, most = rec.work_by_device(), 3 * (count + 1) * chunk + count
-    for d in gpus.devices:
+    for d in rec.working_devices(gpus.devices):      # the host (the CPU) included
         a = adds.get(d, 0)
         expect(a <= bound, f"{what}: {describe_device(d)} added up {a} elements (per device: "
                f"{[adds.get(x, 0) for x in gpus.devices]}), more than serving its chunk needs "
@@ -225,8 +227,9 @@ class _RecordingNet:
     """net(X, params), a linear layer, recording the examples of each call, and each call and
     each backward through what a call returned, in order (`seen()`)."""
 
-    def __init__(self):
+    def __init__(self, taps=None):
         _SEEN[id(self)] = ([], [])
+        self.taps = taps
 
     def seen(self):
         return _SEEN.pop(id(self))
@@ -239,6 +242,8 @@ class _RecordingNet:
         out = X @ W + b
         if out.requires_grad:
             out.register_hook(lambda grad: passes.append("backward"))
+            if self.taps is not None:
+                self.taps.tap(out)
         return out
 
 
@@ -246,7 +251,9 @@ class _RecordingNet:
     "the examples the check's net saw in each call (one call per micro-batch, none with the "
     "whole batch), and the backward through each call's output, right after it",
     "the parameters afterwards (the same tensors), against one SGD step on the mean loss of "
-    "the whole batch; micro-batches of unequal size included"])
+    "the whole batch; micro-batches of unequal size included",
+    "the dataflow of the step: the parameters afterwards are computed from the gradients the "
+    "backwards through the net's outputs delivered (not from a gradient computed beside it)"])
 def check_accumulated_step(fn):
     """fn(net, params, X, y, num_micro, lr): forward and backward one micro-batch at a time
     (tensor_split), the gradients of the summed losses adding up in .grad, then one SGD step
@@ -262,10 +269,12 @@ def check_accumulated_step(fn):
         lr = randint(g, 1, 9) / 10
         params = [p.clone().requires_grad_() for p in start]
         objects = list(params)
-        net = _RecordingNet()
-        call = f"accumulated_step(net, params, X of {n} examples, y, {num_micro}, {lr})"
-        copies = kept(X, y, *start)
-        fn(net, params, X, y, num_micro, lr)
+        with Recorder() as rec:
+            net = _RecordingNet(Taps(rec))
+            call = f"accumulated_step(net, params, X of {n} examples, y, {num_micro}, {lr})"
+            copies = kept(X, y, *start)
+            fn(net, params, X, y, num_micro, lr)
+        made = net.taps.made(params)
         expect_unchanged(call, copies, [X, y, *start], ["X", "y", "W", "b"])
         ref = [p.clone().requires_grad_() for p in start]
         grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
@@ -281,6 +290,9 @@ def check_accumulated_step(fn):
                f"the order {passes}: backward through each micro-batch's output right after "
                "its forward (one graph of every micro-batch keeps them all alive; a gradient "
                "computed another way does not flow through the net's calls)")
+        expect(made, f"{call}: the step does not use the gradients the "
+               "backwards through the net's calls made (a gradient computed beside the net, "
+               "the net's backwards only decoys): step with what they accumulated in .grad")
         for name, p, w, orig in zip(("W", "b"), params, want, objects):
             expect(p is orig, f"{call}: params[{'W b'.split().index(name)}] was replaced by a "
                               "new tensor; update the parameters in place")

@@ -12,6 +12,7 @@ from ._core import (CheckFailed, FakeGPUs, Recorder, as_int, as_number, check, d
 from ._core.exits import watch_exits
 from ._core.inputs import expect_unchanged, kept
 from ._core.numpy_work import expect_list, numpy_work
+from ._core.recorded import outside_calls
 
 __all__ = ["check_shard_sizes", "check_allreduce_spread", "check_evaluate_accuracy_multi"]
 
@@ -162,9 +163,7 @@ def _spread(what, fn, before, shape):
     share = (count - 1) * -(-n // count)
     adds, work = rec.adds_by_device(), rec.work_by_device()
     total = sum(adds.values())
-    # every device that did anything is bounded, the host (the CPU) included
-    devices = list(gpus.devices) + sorted({*adds, *work} - set(gpus.devices), key=str)
-    for d in devices:
+    for d in rec.working_devices(gpus.devices):      # the host (the CPU) included
         a = adds.get(d, 0)
         expect(a <= share, f"{what}: {describe_device(d)} did {a} of the {total} additions "
                            f"(per device: {[adds.get(x, 0) for x in gpus.devices]}); spread them: "
@@ -220,20 +219,6 @@ class _RecordingNet:
         return out
 
 
-def _outside_the_net(rec, net, params, exits):
-    """Work (or a read out of torch) on the parameters, or copies of them, that did not run
-    inside the net's calls: predictions computed beside the net (the net only a decoy)."""
-    inside = {i for span in _CALLS[id(net)][1] for i in span}
-    keys = {storage_key(p) for p in params}
-    for op in rec.ops:
-        if op.index in inside or not any(r.key in keys for r in op.reads):
-            continue
-        if op.is_work or op.name == "_local_scalar_dense":
-            return op.name
-        keys |= {r.key for r in op.outputs + op.writes}      # copies and moves of them
-    return next((how for key, how in exits if key in keys), None)
-
-
 @check("evaluate_accuracy_multi", observes=[
     "on CPU: the accuracy returned against the one-device evaluation (uneven shards, a short "
     "last batch); the check's net records the examples and the parameter storage of each call",
@@ -271,7 +256,7 @@ def check_evaluate_accuracy_multi(fn):
         with rec, watch_exits(lambda t, how, exits=exits: exits.append((storage_key(t), how))):
             got = fn(net, params, data_iter, devices)
         net.rec = None
-        beside = _outside_the_net(rec, net, params, exits)
+        beside = outside_calls(rec, _CALLS[id(net)][1], params, exits)   # the net a decoy?
         expect(not beside, f"{what}: your code computed with the parameters outside the net "
                            f"({beside}): every prediction must come from net(X, params) on a "
                            "shard, with that device's copy of the parameters")

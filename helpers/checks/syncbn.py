@@ -167,7 +167,8 @@ def check_update_running_stats(fn):
 
 @check("sync_bn_input_grad", references=["SyncBatchNormFunction"], observes=[
     "on a World of 2-4 thread ranks holding different numbers of rows: every call each rank "
-    "made and how many bytes it sent in all (the two per-channel sums at most)",
+    "made and how many numbers it sent in all (the two per-channel sums at most, in any float "
+    "precision)",
     "each rank's input gradient against autograd's for one BatchNorm over the whole global "
     "batch"])
 def check_sync_bn_input_grad(fn):
@@ -191,10 +192,11 @@ def check_sync_bn_input_grad(fn):
     got = world.run(rank_fn)
     for r in range(w):     # in total, not per message: many small messages carry rows too
         sent = [m for m in world.sent(rank=r) if m.op != "recv"]
-        total = sum(m.nbytes for m in sent)
-        expect(total <= 2 * c * 4,
-               f"rank {r} sent {total} bytes in {len(sent)} call(s): only the two per-channel "
-               f"sums ({2 * c * 4} bytes) need to travel, never the rows")
+        total = world.sent_total(r, numbers=True)       # numbers: float64 sums are fine
+        expect(total <= 2 * c,
+               f"rank {r} sent {total} numbers ({world.sent_total(r)} bytes) in {len(sent)} "
+               f"call(s): only the two per-channel sums ({2 * c} numbers) need to travel, "
+               "never the rows")
     expect(world.sent("all_reduce"),
            "no all_reduce: each rank used only its own rows, which is per-device BatchNorm's "
            "gradient; all-reduce (sum) the per-channel sums of dY and dY * X_hat over the ranks")

@@ -185,7 +185,7 @@ def _vocab_rank(comm, fn, logits, target):
 
 @check("vocab_loss", references=["vocab_parallel_cross_entropy"], observes=[
     "on 2 and 4 thread ranks: every collective each rank called and its bytes (at most one "
-    "number per row: the logits never travel)",
+    "number per row per call, and about three per row in all: the logits never travel)",
     "every rank's loss and its logits' gradient against the unsplit cross-entropy, with logits "
     "large enough that exp() overflows without the maximum taken out first"])
 def check_vocab_loss(fn):
@@ -213,6 +213,11 @@ def check_vocab_loss(fn):
                                   f"(there are {n} rows): it gathered the logits; all-reduce "
                                   "one number per row instead (a maximum, a sum, the target's "
                                   "logit)")
+            total = world.sent_total(r, numbers=True, gathered=True)   # many small ones too
+            expect(total <= 4 * n, f"on {k} ranks rank {r} sent {total} numbers in "
+                   f"{len(sent)} call(s), for {n} rows: it gathered the logits piece by piece; "
+                   "all-reduce about three numbers per row in all (a maximum, a sum, the "
+                   "target's logit)")
         for r, (loss, grad) in enumerate(results):
             expect(torch.isfinite(loss).all(),
                    f"rank {r}'s loss is {loss.item()}: exp() overflowed on logits near 120; "

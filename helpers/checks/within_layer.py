@@ -12,7 +12,8 @@ import torch
 from torch.nn import functional as F
 
 from .. import CommLog, dense_split_rows
-from ._core import (FakeGPUs, as_int, check, describe_device, expect, fresh_generator, randint)
+from ._core import (CheckFailed, FakeGPUs, as_int, check, describe_device, expect, fresh_generator,
+                    randint)
 from ._core.inputs import expect_unchanged, kept
 
 # check_mlp_column_then_row has no exercise now (tests use it)
@@ -192,9 +193,19 @@ def _custom(node):
     return isinstance(node, torch.autograd.function.BackwardCFunction)
 
 
+def _output_devices(node):
+    """The devices of what an autograd.Function's forward returned (its node's inputs), or None
+    where torch does not say."""
+    try:
+        return {str(m.device) for m in node._input_metadata}
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _megatron_structure(call, Y, X, k):
     """f: X enters the devices through an autograd.Function (identity forward, all-reduce
-    backward); g: the k partial outputs leave through one (an all-reduce forward)."""
+    backward) whose forward itself puts X on every device; g: the k partial outputs leave
+    through one (an all-reduce forward)."""
     nodes, users = _graph(Y)
     leaf = next((n for n in nodes if getattr(n, "variable", None) is X), None)
     expect(leaf is not None, f"{call}: the output does not depend on X")
@@ -202,6 +213,13 @@ def _megatron_structure(call, Y, X, k):
     expect(entries and all(_custom(u) for u in entries),
            f"{call}: X reaches the devices by plain copies, so backward only sums its gradient "
            "back on one device; start with copy_to_shards (f), whose backward all-reduces it")
+    made = [_output_devices(u) for u in entries]         # judged by what f does
+    made = None if None in made else set().union(*made)
+    if made is not None and len(made) < k:
+        raise CheckFailed(f"{call}: f's forward put X on {', '.join(sorted(made))} only, and "
+                          f"plain copies took it to the {k} devices: f itself copies X to every "
+                          "device (one output per device), so that its backward gathers their "
+                          "gradients")
     gathers = [n for n in nodes if _custom(n) and sum(1 for m, _ in n.next_functions
                                                       if m is not None) >= k]
     expect(gathers, f"{call}: the {k} partial outputs are not combined by an all-reduce: add "
@@ -268,8 +286,9 @@ def check_mlp_column_then_row(fn):
     "values and all gradients on CPU tensors, against the unsplit block",
     "on k simulated GPUs: each device computed its share of the multiply-adds, no product saw "
     "all hidden units, no operation mixed devices",
-    "the autograd graph: X enters the devices through an autograd.Function (f) and the k "
-    "partial outputs leave through one (g)"])
+    "the autograd graph: X enters the devices through an autograd.Function (f) whose forward "
+    "puts it on every device (no plain copies after it), and the k partial outputs leave "
+    "through one (g)"])
 def check_gated_mlp_column_then_row(fn):
     """fn(X, W1, V, W2, devices, log) == (silu(X @ W1) * (X @ V)) @ W2, Megatron-style: W1 and V
     split by the same columns, W2 by the matching rows, f before and g after."""
@@ -290,8 +309,9 @@ def attention(X, Wq, Wk, Wv, Wo, heads):
     "heads the devices do not divide)",
     "on k simulated GPUs: each device computed its share of the multiply-adds, no product saw "
     "the columns of all heads, no operation mixed devices",
-    "the autograd graph: X enters the devices through an autograd.Function (f) and the k "
-    "partial outputs leave through one (g)"])
+    "the autograd graph: X enters the devices through an autograd.Function (f) whose forward "
+    "puts it on every device (no plain copies after it), and the k partial outputs leave "
+    "through one (g)"])
 def check_attention_by_heads(fn):
     """fn(X, Wq, Wk, Wv, Wo, heads, devices, log) == attention(X, ...): device i holds whole
     heads (their columns of Wq, Wk, Wv and their rows of Wo), f before, g after."""

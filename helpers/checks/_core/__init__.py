@@ -18,6 +18,8 @@ world.py      World: the runtime's ThreadWorld (ranks as threads, a network that
               (rank_numbers.py, rank_arrays.py: nor Python numbers or numpy arrays read out
               of a rank's tensors; outside.py: nor memory outside torch every rank wraps)
 exits.py      every way values leave torch without an aten operation (tolist, numpy, repr ...)
+recorded.py   a recording net's guards: no work on its parameters beside its calls, and a step
+              or gradient made from the backwards through its outputs (Taps)
 numpy_work.py numpy's functions run on arrays while an answer runs (work no Recorder sees), for
               the checks that refuse that work in torch too
 fresh.py      regrade: grading from a fresh import of the course (a patched check cannot score)

@@ -8,16 +8,24 @@ not, so they are watched here, as one family:
 - `Tensor.tolist`, `Tensor.numpy`, `Tensor.__array__` (`np.asarray(t)`, `np.array(t)`),
   `Tensor.__dlpack__` (`np.from_dlpack`), `Tensor.__reduce_ex__` (pickle, `torch.save`), and
   `Tensor.__repr__` (print, str, f-strings: the printed digits are values too);
+- `Tensor.apply_`, `map_` and `map2_`: kernels that hand every element to a Python callback (for
+  `map_` and `map2_`, the elements of the other tensors too: each is an exit of its own, so
+  provenance sees another rank's tensor read there);
+- `torch.utils.dlpack.to_dlpack` (`torch.to_dlpack`), the module function behind `__dlpack__`;
 - `Tensor.untyped_storage`, `storage` and `_typed_storage` when the reader's code calls them (the
   storage object reads its bytes or values without a tensor operation; torch itself calls these
   all the time, which is not an exit).
 
 `watch_exits(callback)`: while active, every such call, in any thread, calls `callback(t, how)`
-first (once per outermost call: a repr that calls tolist inside is one exit). What it does not
-see: `data_ptr()` read with ctypes, C extensions (book/teachers.md).
+first (once per outermost call: a repr that calls tolist inside is one exit). The originals stay
+reachable where they cannot be replaced: the C base class `torch._C.TensorBase` (its `tolist`,
+`numpy`, `apply_` ...) and `torch._C._to_dlpack`; references.scan refuses an answer whose code
+names them or holds an original bound before the watch (`unwatched`). What it does not see:
+`data_ptr()` read with ctypes, C extensions (book/teachers.md).
 """
 import contextlib
 import functools
+import importlib
 import sys
 import threading
 import types
@@ -26,14 +34,20 @@ import torch
 
 from .run import is_reader_code
 
-__all__ = ["watch_exits", "EXITS"]
+__all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES"]
 
-EXITS = ("tolist", "numpy", "__array__", "__dlpack__", "__reduce_ex__", "__repr__")
+CALLBACKS = ("apply_", "map_", "map2_")      # Python callbacks handed every element
+EXITS = ("tolist", "numpy", "__array__", "__dlpack__", "__reduce_ex__", "__repr__", *CALLBACKS)
 _READER_ONLY = ("untyped_storage", "storage", "_typed_storage")
+_FUNCTIONS = (("torch.utils.dlpack", "to_dlpack"), ("torch", "to_dlpack"))
 _HOW = {"tolist": ".tolist()", "numpy": ".numpy()", "__array__": "np.asarray()",
         "__dlpack__": "dlpack", "__reduce_ex__": "pickling", "__repr__": "printing (repr)",
+        "apply_": ".apply_()", "map_": ".map_()", "map2_": ".map2_()", "to_dlpack": "dlpack",
         "untyped_storage": ".untyped_storage()", "storage": ".storage()",
         "_typed_storage": "._typed_storage()"}
+# what an answer may not name: the unpatchable class and functions that hold the originals
+UNWATCHED_NAMES = frozenset({"TensorBase", "_TensorBase", "_to_dlpack", "_to_dlpack_versioned",
+                             "_dlpack_exchange_api", "_const_dlpack_exchange_api"})
 
 
 
@@ -60,8 +74,11 @@ def _wrap(name, original, reader_only):
                 not reader_only or is_reader_code(sys._getframe(1).f_code.co_filename)):
             _LOCAL.inside = True
             try:
+                read = [t] + ([a for a in args if isinstance(a, torch.Tensor)]
+                              if name in CALLBACKS else [])
                 for callback in list(_WATCHERS):
-                    callback(t, _HOW[name])
+                    for x in read:
+                        callback(x, _HOW[name])
                 return original(t, *args, **kwargs)
             finally:
                 _LOCAL.inside = False
@@ -74,15 +91,50 @@ def _install():
         _SAVED[name] = torch.Tensor.__dict__.get(name)
         setattr(torch.Tensor, name, _wrap(name, getattr(torch.Tensor, name),
                                           name in _READER_ONLY))
+    for module, name in _FUNCTIONS:
+        module = importlib.import_module(module)
+        _SAVED[module, name] = vars(module)[name]
+        setattr(module, name, _wrap(name, vars(module)[name], False))
 
 
 def _restore():
     for name, original in _SAVED.items():
+        owner = torch.Tensor
+        if isinstance(name, tuple):
+            owner, name = name
         if original is None:
-            delattr(torch.Tensor, name)
+            delattr(owner, name)
         else:
-            setattr(torch.Tensor, name, original)
+            setattr(owner, name, original)
     _SAVED.clear()
+
+
+def patched(owner, name):
+    """Whether `owner.name` (a class or module) is an exit watch_exits replaces while active: a
+    lookup of it while the answer runs finds the watched one."""
+    if owner is torch.Tensor:
+        return name in EXITS or name in _READER_ONLY
+    return any(owner is sys.modules.get(m) and name == n for m, n in _FUNCTIONS)
+
+
+def unwatched(obj):
+    """The name of the exit `obj` is an original of (bound before any watch, or the C base
+    class's method, which cannot be replaced), or None."""
+    try:
+        objclass = getattr(obj, "__objclass__", None)
+        name = getattr(obj, "__name__", None)
+    except Exception:       # an object of the reader's whose attributes compute
+        return None
+    if not isinstance(name, str):
+        return None
+    if objclass is torch._C.TensorBase and name in EXITS + _READER_ONLY:
+        return f"torch._C.TensorBase.{name}"
+    if name in EXITS + _READER_ONLY and obj is _SAVED.get(name, torch.Tensor.__dict__.get(name)):
+        return f"torch.Tensor.{name} (bound before the check ran)"
+    if obj is getattr(torch._C, "_to_dlpack", None) or obj is getattr(
+            torch._C, "_to_dlpack_versioned", None):
+        return "to_dlpack (bound before the check ran)"
+    return None
 
 
 @contextlib.contextmanager

@@ -6,7 +6,9 @@ of cuda:1 runs "on cuda:1", `.to("cuda:0")` moves it, and an operation that mixe
 raises, as it would on real GPUs. So a device exercise runs twice: on CPU tensors for the values,
 and here for where each tensor went and what crossed between devices (a Recorder is active).
 Values are unknown here: `.item()` and `torch.equal` get placeholders, so the answer's returned
-value means nothing; only what it did counts.
+value means nothing; only what it did counts. The kernels that hand elements to a Python
+callback (`apply_`, `map_`, `map2_`) would read memory a fake tensor lacks and crash the
+interpreter: on a fake tensor they fail the answer instead (exits.py watches them).
 
 The simulation never touches a real GPU, so it runs the same on a machine with fewer GPUs than
 it simulates (one H200 simulating cuda:0..4): torch's FakeTensorMode, where CUDA is available,
@@ -22,6 +24,7 @@ import contextlib
 import torch
 import torch.utils
 
+from .exits import CALLBACKS, watch_exits
 from .observe import Recorder, describe_device
 from .run import CheckFailed, HarnessError
 
@@ -84,7 +87,7 @@ class FakeGPUs:
         """The fake mode with a recorder on top, and the patches fake devices need."""
         recorder = Recorder(answer_scalars=True)
         with _fake_module_moves(self.mode), _no_cuda_sync(), _no_real_gpu_context(), \
-                self.mode, recorder:
+                watch_exits(_no_callbacks_on_fakes), self.mode, recorder:
             yield recorder
 
     def run(self, fn, *args, what="your code", **kwargs):
@@ -108,6 +111,16 @@ class FakeGPUs:
                                    "on values they do not have): not a problem with your "
                                    "answer") from e
         return out, recorder
+
+
+def _no_callbacks_on_fakes(t, how):
+    """apply_, map_, map2_ on a simulated tensor: refused (torch's kernel would read memory a
+    fake tensor does not have, and crash the interpreter)."""
+    if how.strip(".()") in CALLBACKS and isinstance(t, _fake_tensor_module().FakeTensor):
+        raise CheckFailed(f"your code called {how} on a tensor of the simulated GPUs: it hands "
+                          "every element to a Python function, which the simulated devices "
+                          "cannot run (they hold no values), and real GPUs refuse (it runs on "
+                          "CPU tensors only); compute with tensor operations")
 
 
 def _mixes_devices(e):

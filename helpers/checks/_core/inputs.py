@@ -6,7 +6,7 @@ must not change the notebook's random numbers); the course's tests replay fixed 
 Numbers are accepted in any real type (int, float, numpy scalars, 0-d tensors); tolerances come
 from the precision of the type the answer computed in, not from luck.
 """
-import fractions
+import decimal
 import numbers
 import random
 
@@ -75,9 +75,9 @@ def _precision(value):
 
 
 def as_number(value, what, with_dtype=False):
-    """`value` as a Python float: ints, floats, fractions, numpy scalars and 0-d arrays, tensors
-    of one element; or fail saying what came back. `with_dtype=True` also returns the dtype the
-    number was computed in (float64 for Python numbers), for its tolerance."""
+    """`value` as a Python float: ints, floats, fractions, decimals, numpy scalars and 0-d arrays,
+    tensors of one element; or fail saying what came back. `with_dtype=True` also returns the
+    dtype the number was computed in (float64 for Python numbers), for its tolerance."""
     dtype = _precision(value)
     if isinstance(value, torch.Tensor):
         expect(value.numel() == 1, f"{what} returned a tensor of shape {tuple(value.shape)}, "
@@ -88,9 +88,11 @@ def as_number(value, what, with_dtype=False):
         value = value.item()             # a 0-d numpy array
     expect(not isinstance(value, bool) and type(value).__name__ != "bool_",
            f"{what} returned {value!r}, expected a number")
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        value = float(value)             # a Decimal is a number, though not numbers.Real
     if not isinstance(value, numbers.Real):
         raise CheckFailed(f"{what} returned {value!r} ({type(value).__name__}), expected a number")
-    number = float(value) if not isinstance(value, fractions.Fraction) else float(value)
+    number = float(value)
     return (number, dtype) if with_dtype else number
 
 

@@ -250,6 +250,43 @@ class Recorder(TorchDispatchMode):
         """{device: elements added there}."""
         return self._sum(ops, "adds")
 
+    def working_devices(self, devices, ops=None):
+        """`devices`, then every other device that added or computed anything (the host, the CPU,
+        included): a bound per device that loops over the devices it expects leaves out the one
+        an answer moved the work to."""
+        busy = {*self.adds_by_device(ops), *self.work_by_device(ops)}
+        return list(devices) + sorted(busy - set(devices), key=str)
+
+    def copies_of(self, keys):
+        """`keys` (storage keys) and those of every storage their data reached without
+        computation (copies, moves, concatenations, stacks: not `is_work`)."""
+        keys = set(keys)
+        for op in self.ops:
+            if not op.is_work and any(r.key in keys for r in op.reads):
+                keys |= {r.key for r in op.outputs + op.writes}
+        return keys
+
+    def live_peak(self, keys=None):
+        """The most bytes alive at once in the storages the recorded operations made (of those
+        in `keys`, if given): a storage lives from the operation that first made or wrote it to
+        the last that read or wrote it (what the answer still needed, not what Python holds)."""
+        span = {}                                    # key -> [first, last, bytes]
+        for op in self.ops:
+            for r in op.outputs + op.writes:
+                if keys is None or r.key in keys:
+                    s = span.setdefault(r.key, [op.index, op.index, 0])
+                    s[1], s[2] = op.index, max(s[2], r.nbytes)
+            for r in op.reads:
+                if r.key in span:
+                    span[r.key][1] = op.index
+        events = sorted([(a, n) for a, _, n in span.values()] +
+                        [(b + 0.5, -n) for _, b, n in span.values()])
+        peak = now = 0
+        for _, n in events:
+            now += n
+            peak = max(peak, now)
+        return peak
+
     def _sum(self, ops, what):
         total = collections.Counter()
         for op in self.ops if ops is None else ops:

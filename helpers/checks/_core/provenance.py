@@ -9,9 +9,11 @@ and refuses an operation of one rank that reads or writes a storage another rank
 storages are kept alive for the run, so no address is reused meanwhile. The network's own work
 (sending, receiving, combining a collective, delivering a result) runs exempt, and what it
 hands over is the receiver's. The exits that read memory without an aten operation (exits.py:
-tolist, numpy, __array__, repr, pickling, the storage) are checked as one; the numpy arrays
-`.numpy()`, `np.asarray(t)` and `np.from_dlpack(t)` hand a rank are read-only views (a write
-through one would change the tensor with no operation to see: rank_arrays.read_only).
+tolist, numpy, __array__, repr, pickling, the storage, the Python-callback kernels apply_, map_
+and map2_, whose other tensors are read too) are checked as one; the numbers a callback receives
+carry the rank (rank_numbers.py); dlpack, whose array no one follows, is refused in a rank. The
+numpy arrays `.numpy()` and `np.asarray(t)` hand a rank are read-only views (a write through one
+would change the tensor with no operation to see: rank_arrays.read_only).
 
 The tensors a check hands the answer in a rank's thread (its arguments, with the parameters,
 buffers and gradients of modules among them) are that rank's: another rank's answer that reads
@@ -35,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 
 from . import rank_arrays, rank_builtins, rank_numbers
-from .exits import watch_exits
+from .exits import CALLBACKS, watch_exits
 from .outside import Outside
 from .run import CheckFailed
 
@@ -241,6 +243,10 @@ class Provenance:
             if rank is not None:
                 self.touch(rank, [t], how)
                 if not self.exempt():
+                    if how == "dlpack":      # the array it makes is out of sight: not a RankArray
+                        raise CheckFailed(f"rank {rank} handed a tensor to another library "
+                                          "through dlpack: in a world of ranks, read values out "
+                                          "with .numpy() or .tolist(), which the check follows")
                     self.read_out(rank, rank_numbers.values(t))
 
         def tagging(name):
@@ -261,15 +267,28 @@ class Provenance:
                     self.read_out(rank, [out] if isinstance(out, float) else tree_leaves(out))
                 return rank_numbers.tag(out, rank)
             return call
+        def tagging_callback(name):      # apply_(fn), map_(t, fn): fn gets tagged numbers
+            original = getattr(torch.Tensor, name)
+
+            @functools.wraps(original)
+            def call(t, *args):
+                rank = self.rank_here()
+                if rank is None or self.exempt() or not args or not callable(args[-1]):
+                    return original(t, *args)
+                fn = args[-1]
+                return original(t, *args[:-1],
+                                lambda *xs: fn(*(rank_numbers.tag(x, rank) for x in xs)))
+            return call
         # float(t), int(t) must return a plain number: float(t) is fingerprinted in _Mode
-        names = ("item", "tolist", "numpy", "__array__")
+        names = ("item", "tolist", "numpy", "__array__") + CALLBACKS
         try:
             with watch_exits(exit_), rank_arrays.watch_numbers(
                     lambda: None if self.exempt() else self.rank_here()), \
                     rank_builtins.shadowing():
                 saved = {name: torch.Tensor.__dict__.get(name) for name in names}
                 for name in names:
-                    setattr(torch.Tensor, name, tagging(name))
+                    setattr(torch.Tensor, name, tagging_callback(name) if name in CALLBACKS
+                            else tagging(name))
                 try:
                     yield
                 finally:

@@ -30,6 +30,7 @@ import threading
 import traceback
 import types
 
+from . import exits
 from .run import CheckFailed, ReferenceUsed, is_reader_code
 
 __all__ = ["resolve", "scan", "blocked", "identity", "Reference"]
@@ -121,11 +122,12 @@ def _loads(fn):
                 found = cells[arg].cell_contents if _cell_filled(cells[arg]) else None
             elif op in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(current, (types.ModuleType,
                                                                                type)):
-                found = getattr(current, arg, None)
+                # an exit looked up while the answer runs is the watched one (exits.py)
+                found = None if exits.patched(current, arg) else getattr(current, arg, None)
             elif op == "IMPORT_NAME":
                 found = importing = sys.modules.get(arg) or sys.modules.get(arg.split(".")[0])
             elif op == "IMPORT_FROM" and isinstance(importing, types.ModuleType):
-                found = getattr(importing, arg, None)
+                found = None if exits.patched(importing, arg) else getattr(importing, arg, None)
                 if found is None:
                     found = sys.modules.get(f"{importing.__name__}.{arg}")
             elif op == "POP_TOP":
@@ -272,6 +274,12 @@ def scan(fn, refs, exercise, limit=20000):
             raise CheckFailed(f"your code inspects the running program ({peek}, through {path}):"
                               " an answer must compute its result, not read the check's frames,"
                               " tracebacks or objects")
+        out = exits.unwatched(obj) or _names_in_reader_code(obj, exits.UNWATCHED_NAMES)
+        if out is not None:
+            raise CheckFailed(f"your code reaches tensor values through {out} (through {path}), "
+                              "an unwatched way out of torch: the check watches every way values "
+                              "leave torch (.tolist(), .numpy(), .item() ...); call those on "
+                              "the tensor itself")
         off = _dispatch_off(obj)
         if off is not None:
             raise CheckFailed(f"your code switches off torch's dispatch ({off}, through {path}): "

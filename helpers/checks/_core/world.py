@@ -155,6 +155,21 @@ class World(ThreadWorld):
                 "buffers, the collective's output), not from data the rank already had or "
                 "got some other way")
 
+    def sent_total(self, rank, numbers=False, gathered=False):
+        """What rank `rank` sent in all, receives left out: bytes, or with `numbers=True` elements
+        (a float64 number is one number, as a float32 one). `gathered=True`: an all_gather counts
+        what it delivers, its input once per rank of its group. A cap on one message alone lets
+        many small messages carry what one large one would: checks bound this total."""
+        total = 0
+        for m in self.sent(rank=rank):
+            if m.op == "recv":
+                continue
+            size = m.nbytes // max(1, m.tensor.element_size()) if numbers and m.tensor is not \
+                None else m.nbytes
+            total += size * (len(m.ranks or ()) or self.size if gathered and
+                             m.op == "all_gather" else 1)
+        return total
+
     def comm_context(self):
         return self.provenance.network()
 
