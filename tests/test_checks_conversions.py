@@ -157,7 +157,7 @@ def dp_average_numpy_out(grads, comm):
     _average_rows(grads, comm, _ROWS.numpy, lambda row, values: np.multiply(values, 1, out=row))
 
 
-@shortcut("check_dp_average", "np.from_dlpack of a module-level tensor, written", VIEW)
+@shortcut("check_dp_average", "np.from_dlpack of a module-level tensor, written", "through dlpack")
 def dp_average_dlpack(grads, comm):
     _average_rows(grads, comm, lambda: np.from_dlpack(_ROWS), _assign)
 
