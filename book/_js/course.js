@@ -36,4 +36,50 @@
                                       "dialog#pst-primary-sidebar-modal");
     if (dialog && dialog.open && typeof dialog.close === "function") dialog.close();
   });
+
+  /* The toggles' tooltips (Bootstrap's, which pydata-sphinx-theme puts on every button with a
+     title). On a touch screen a tap focuses the button and its tooltip shows on focus; when the
+     Contents drawer closes, focus returns to its toggle and "Toggle secondary sidebar" stays
+     over the header's buttons, catching the next tap (the search button's) until the reader taps
+     the text. On a screen that cannot hover, no tooltip is shown: the ones the theme made are
+     disposed of, a later one is refused, and a toggle is blurred when its drawer closes. The
+     toggles get names a reader knows ("Contents", "Chapters") instead of the theme's developer
+     words. tests/browser/test_navigation.py taps a section, then the search button. */
+  var NO_HOVER = !!(window.matchMedia && window.matchMedia("(hover: none)").matches);
+  var NAMES = {".secondary-toggle": "Contents", ".primary-toggle": "Chapters"};
+  function rename(el, name) {
+    if (el.getAttribute("data-bs-toggle") !== "tooltip") return;   // the theme's own labels stay
+    el.setAttribute("aria-label", name);
+    if (el.hasAttribute("title")) el.setAttribute("title", name);
+    if (el.hasAttribute("data-bs-original-title")) el.setAttribute("data-bs-original-title", name);
+  }
+  function quietTooltips() {
+    var Tooltip = window.bootstrap && window.bootstrap.Tooltip;
+    document.querySelectorAll('[data-bs-toggle="tooltip"]').forEach(function (el) {
+      var tip = Tooltip && Tooltip.getInstance(el);
+      if (tip) tip.dispose();
+    });
+  }
+  function ready() {
+    Object.keys(NAMES).forEach(function (selector) {
+      document.querySelectorAll(selector).forEach(function (el) { rename(el, NAMES[selector]); });
+    });
+    if (NO_HOVER) quietTooltips();
+  }
+  // The theme makes its tooltips when bootstrap.js (deferred) runs, before DOMContentLoaded.
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", ready);
+  else ready();
+  document.addEventListener("show.bs.tooltip", function (event) {
+    if (NO_HOVER) event.preventDefault();
+  }, true);
+  // "close" does not bubble: caught on its way down to the dialog
+  document.addEventListener("close", function (event) {
+    var dialog = event.target;
+    if (!NO_HOVER || !(dialog instanceof Element) || !dialog.matches("dialog")) return;
+    window.setTimeout(function () {   // after the dialog has handed focus back
+      var el = document.activeElement;
+      if (el && el.closest && el.closest(".primary-toggle, .secondary-toggle")) el.blur();
+      document.querySelectorAll(".tooltip.show").forEach(function (t) { t.remove(); });
+    }, 0);
+  }, true);
 })();
