@@ -66,9 +66,41 @@
     });
     if (NO_HOVER) quietTooltips();
   }
-  // The theme makes its tooltips when bootstrap.js (deferred) runs, before DOMContentLoaded.
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", ready);
-  else ready();
+
+  /* Search results: Sphinx's snippet under each hit is the text of the page's [role=main]
+     (searchtools.js, Search.htmlToText), which in this theme holds the article's header too:
+     the buttons' hidden labels ("Color mode") and the print-only title and "Contents" came
+     before the page's text ("...Color mode DDP from scratch: hooks, buckets and overlap
+     Contents..."). The snippet is taken from the article alone. tests/browser/test_pages.py
+     (test_search_works_offline) reads the snippets. */
+  function articleOnly() {
+    if (typeof Search === "undefined" || !Search || typeof Search.htmlToText !== "function" ||
+        Search.htmlToText.courseArticleOnly) return;
+    var original = Search.htmlToText;
+    var wrapped = function (htmlString, anchor) {
+      try {
+        var doc = new DOMParser().parseFromString(htmlString, "text/html");
+        var main = doc.querySelector('[role="main"]');
+        var article = main && main.querySelector("article.bd-article");
+        if (article) {
+          main.replaceChildren(article);
+          htmlString = doc.documentElement.outerHTML;
+        }
+      } catch (e) { /* the page as it is */ }
+      return original.call(this, htmlString, anchor);
+    };
+    wrapped.courseArticleOnly = true;
+    Search.htmlToText = wrapped;
+  }
+
+  function start() {
+    ready();
+    articleOnly();
+  }
+  // The theme makes its tooltips when bootstrap.js (deferred) runs, before DOMContentLoaded;
+  // searchtools.js (after this script) defines Search before it.
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
   document.addEventListener("show.bs.tooltip", function (event) {
     if (NO_HOVER) event.preventDefault();
   }, true);
