@@ -13,14 +13,17 @@ Colab, JupyterLab, VS Code and GitHub render Markdown, not MyST: `{glue:text}`, 
   stored glue outputs hold, so the numbers show before anything runs;
 - {term}`x` becomes a link to the glossary entry of the published book, {cite}`k` "[Author et
   al., year]" linking to the bibliography, {doc}`p` a link with the page's title, {numref}`fig`
-  "the figure above/below" (an in-page link); book/_ext/reader_links.py turns links to the
-  published book into links within the book being built (checked under -W -n);
+  "the figure above/below" (a link to the figure on the published page: an in-page `#fig-x` does
+  nothing in a notebook); book/_ext/reader_links.py turns links to the published book into links
+  within the book being built (checked under -W -n);
 - ```{dropdown} T``` becomes <details><summary>T</summary>, ```{note}``` a quoted "**Note.**",
   ```{runs-on} cpu gpu``` the line "*Runs on: CPU, one GPU.*", which book/_ext/course_badges.py
   turns into the badge.
 Also, in every notebook (converted or not):
 - a relative link to another page of the book (`../part6/mesh2d.ipynb`) becomes the published
-  page's address (Colab opens a lone notebook: a relative link is dead there), and a link
+  page's address (Colab opens a lone notebook: a relative link is dead there), an in-page link
+  (`#fig-zero-owners`: the anchor exists only in the book) the published page's address with
+  that anchor (a say() text whose lines grow past 79 columns is re-filled), and a link
   followed by letters (`[bucket](...)s`, a plural) takes them in (`[buckets](...)`);
 - the "Runs on" line gets the run time and needs the badge shows in the book, from
   book/_ext/runs.json (chapter_runs.notebook_line; `make outputs` refreshes it);
@@ -68,6 +71,10 @@ SETUP_CELL = "course-setup"   # scripts/colab_setup_cell.py's: folded by that sc
 # a link to a page of the book by its file, relative (not a URL, an anchor or the {book} field)
 RELATIVE = re.compile(r"(\]\()(?![a-z][\w+.-]*:|#|/|\{book\})([^)\s#]+?)\.(ipynb|md)"
                       r"(#[^)\s]*)?\)")
+# an in-page link: [the figure below](#fig-a)
+IN_PAGE = re.compile(r"(\]\()#([^)\s]+)\)")
+# a say() cell's text, between its opening r""" and its closing """)
+SAY_TEXT = re.compile(r'(helpers\.say\(r"""\n)(.*?)(\n"""\))', re.S)
 # a link with letters glued after it: [bucket](...)s
 GLUED = re.compile(r"\[([^\[\]\n]+)\]\(([^()\s]+)\)([A-Za-z]+)")
 
@@ -200,7 +207,11 @@ def absolute_links(text, ctx, field=False):
             return m.group(0)
         url = ctx.page_url(entry, (m.group(4) or "#")[1:])
         return m.group(1) + (book_field(url, ctx.url) if field else url) + ")"
-    return RELATIVE.sub(repl, text)
+
+    def here(m):   # an anchor of this page: the published page's
+        url = ctx.page_url(ctx.entry, m.group(2))
+        return m.group(1) + (book_field(url, ctx.url) if field else url) + ")"
+    return IN_PAGE.sub(here, RELATIVE.sub(repl, text))
 
 
 def whole_word_links(text):
@@ -239,20 +250,25 @@ def fold_bookkeeping(cell):
 # list item or heading, or after a sentence's end (not after "e.g." and the like)
 FIGURE_AT_START = re.compile(
     r"(\A\s*|\n[ \t]*\n\s*|^[ \t]*(?:[-*+>]|\d+[.)]|#+)[ \t]+|"
-    r"(?<!\be\.g)(?<!\bi\.e)(?<!\bcf)(?<!\bvs)[.!?][\"')\]*_]*\s+)\[the figure (above|below)\]",
-    re.M)
+    r"(?<!\be\.g)(?<!\bi\.e)(?<!\bcf)(?<!\bvs)[.!?][\"')\]*_]*\s+)"
+    r"\[the(\s+figure\s+(?:above|below))\]", re.M)
 
 
 def capital_figures(text):
-    """'[the figure above](#x)' as '[The figure above](#x)' where it starts a sentence."""
-    return FIGURE_AT_START.sub(lambda m: f"{m.group(1)}[The figure {m.group(2)}]", text)
+    """'[the figure above](#x)' as '[The figure above](#x)' where it starts a sentence (its words
+    possibly on two lines of a filled paragraph)."""
+    return FIGURE_AT_START.sub(lambda m: f"{m.group(1)}[The{m.group(2)}]", text)
 
 
 def relink_prose(cell, ctx):
     """A say() cell's links, in its text and its stored Markdown, as in a markdown cell."""
     head, say, text = cell.source.partition('helpers.say(r"""')     # its text starts there
-    cell.source = whole_word_links(absolute_links(
+    source = whole_word_links(absolute_links(
         head + say + (capital_figures(text) if say else text), ctx, field=True))
+    if source != cell.source and any(len(ln) > WIDTH for ln in source.split("\n")):
+        # a link made longer: the text re-filled (soft line breaks: Markdown renders it alike)
+        source = SAY_TEXT.sub(lambda m: m.group(1) + rewrap(m.group(2)) + m.group(3), source, 1)
+    cell.source = source
     for out in cell.get("outputs", []):
         md = out.get("data", {}).get("text/markdown")
         if md:

@@ -106,7 +106,8 @@ def test_the_converter_writes_plain_markdown_and_say_cells(recorded):
     first = says[0]
     assert first.source.startswith("#@title") and 'helpers.say(r"""' in first.source
     assert "{x:.2f}" in first.source and "\\frac{{a}}{{b}}" in first.source
-    assert "[the figure below](#fig-a)" in first.source
+    assert "[the figure below]({book}book/part1/x.html#fig-a)" in " ".join(first.source.split()), \
+        "a figure linked on the published page (an in-page #fig-a does nothing in a notebook)"
     assert first.metadata["tags"] == ["remove-input"]
     assert first.metadata["jupyter"]["source_hidden"] and first.metadata["cellView"] == "form"
     out = first.outputs[0]["data"]["text/markdown"]
@@ -137,23 +138,26 @@ def test_a_figure_named_at_a_sentence_start_is_capitalised(recorded):
     new, problems = mod.convert(nb, path)
     assert problems == []
     say = [c for c in new.cells if c.get("metadata", {}).get("course", {}).get("prose")][0]
-    for text in (say.source, say.outputs[0]["data"]["text/markdown"]):
+    fig = f"{mod.book_url()}book/part1/x.html#fig-a"
+    for text, at in ((say.source, "{book}book/part1/x.html#fig-a"),
+                     (say.outputs[0]["data"]["text/markdown"], fig)):
         flat = " ".join(text.split())
-        assert "small. [The figure below](#fig-a) shows" in flat, flat
-        assert "as ([the figure below](#fig-a))" in flat and "e.g. [the figure below]" in flat
+        assert f"small. [The figure below]({at}) shows" in flat, flat
+        assert f"as ([the figure below]({at}))" in flat and "e.g. [the figure below]" in flat
     last = new.cells[-1].source
-    assert last == ("Done.\n[The figure above](#fig-a) again: in\n[the figure above](#fig-a).")
+    assert last == (f"Done.\n[The figure above]({fig}) again: in\n[the figure above]({fig}).")
     # notebooks converted before this rule: their Markdown, say() text and stored output
     old = copy.deepcopy(new)
     old.cells[-1].source = last.replace("The figure", "the figure")
     old_say = [c for c in old.cells if c.get("metadata", {}).get("course", {}).get("prose")][0]
     old_say.source = old_say.source.replace("[The figure", "[the figure")
+    # and an in-page link, as they were written before r9
     old_say.outputs[0]["data"]["text/markdown"] = "[the figure below](#fig-a) shows it."
     again, _ = mod.convert(old, path)
     again_say = [c for c in again.cells if c.get("metadata", {}).get("course", {})
                  .get("prose")][0]
     assert again.cells[-1].source == last and again_say.source == say.source
-    assert again_say.outputs[0]["data"]["text/markdown"] == "[The figure below](#fig-a) shows it."
+    assert again_say.outputs[0]["data"]["text/markdown"] == f"[The figure below]({fig}) shows it."
 
 
 def test_text_used_before_it_is_glued_is_reported(recorded):
@@ -178,10 +182,27 @@ def test_links_cover_their_word_and_book_pages_are_linked_by_address():
     url = mod.book_url()
     assert mod.absolute_links("[m](../part6/mesh2d.ipynb) [g](glossary.md) [w](https://x.org/"
                               "a.md) [h](#here)", ctx) == \
-        f"[m]({url}book/part6/mesh2d.html) [g](glossary.md) [w](https://x.org/a.md) [h](#here)"
+        f"[m]({url}book/part6/mesh2d.html) [g](glossary.md) [w](https://x.org/a.md) " \
+        f"[h]({url}book/part5/fsdp2.html#here)"
     assert ctx.problems == ["link glossary.md: no page book/part5/glossary in _toc.yml"]
-    assert mod.absolute_links("[m](../part6/mesh2d.ipynb)", ctx, field=True) == \
-        "[m]({book}book/part6/mesh2d.html)"
+    assert mod.absolute_links("[m](../part6/mesh2d.ipynb) [f](#fig-a)", ctx, field=True) == \
+        "[m]({book}book/part6/mesh2d.html) [f]({book}book/part5/fsdp2.html#fig-a)"
+
+
+def test_a_say_text_made_too_wide_by_a_figure_link_is_refilled():
+    """An in-page figure link in a say() cell written before r9 becomes the published page's
+    address; where a line then passes 79 columns the text is re-filled (the notebooks' lint)."""
+    mod = _script()
+    ctx = mod.Context(ROOT / "book" / "part6" / "pipeline_dist.ipynb")
+    words = "word " * 12
+    cell = nbformat.v4.new_code_cell(
+        source=mod.TITLE + '\nhelpers.say(r"""\nOn the clock ([the figure above](#fig-b), '
+        f'crosses)\n{words}{{x:.2f}}.\n""")', metadata={"course": {"prose": True}})
+    mod.relink_prose(cell, ctx)
+    assert "({book}book/part6/pipeline_dist.html#fig-b)" in cell.source
+    assert all(len(ln) <= mod.WIDTH for ln in cell.source.splitlines()), cell.source
+    assert cell.source.startswith(mod.TITLE + '\nhelpers.say(r"""\nOn the clock')
+    assert cell.source.endswith('{x:.2f}.\n""")')
 
 
 def test_claims_show_nothing_and_counted_words_agree(monkeypatch):

@@ -5,7 +5,9 @@ book (scripts/reader_markup.py), so that they work in Colab, JupyterLab, VS Code
 In the book itself such a link should stay inside this build (offline, on a fork's own site, in
 the PDF): every reference to `html.baseurl` + `<page>.html#anchor` is rewritten to that page of
 this build, and a link to a page or an anchor this build does not have is an error (a warning:
-the builds run with -W). Figures: `[the figure below](#fig-x)` resolves to the figure's anchor.
+the builds run with -W). Figures: the notebooks link
+`[the figure below](<baseurl>book/x.html#fig-a)` (an in-page `#fig-a` does nothing in a
+notebook), which resolves to the figure's anchor here.
 """
 import posixpath
 import urllib.parse

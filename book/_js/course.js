@@ -36,4 +36,82 @@
                                       "dialog#pst-primary-sidebar-modal");
     if (dialog && dialog.open && typeof dialog.close === "function") dialog.close();
   });
+
+  /* The toggles' tooltips (Bootstrap's, which pydata-sphinx-theme puts on every button with a
+     title). On a touch screen a tap focuses the button and its tooltip shows on focus; when the
+     Contents drawer closes, focus returns to its toggle and "Toggle secondary sidebar" stays
+     over the header's buttons, catching the next tap (the search button's) until the reader taps
+     the text. On a screen that cannot hover, no tooltip is shown: the ones the theme made are
+     disposed of, a later one is refused, and a toggle is blurred when its drawer closes. The
+     toggles get names a reader knows ("Contents", "Chapters") instead of the theme's developer
+     words. tests/browser/test_navigation.py taps a section, then the search button. */
+  var NO_HOVER = !!(window.matchMedia && window.matchMedia("(hover: none)").matches);
+  var NAMES = {".secondary-toggle": "Contents", ".primary-toggle": "Chapters"};
+  function rename(el, name) {
+    if (el.getAttribute("data-bs-toggle") !== "tooltip") return;   // the theme's own labels stay
+    el.setAttribute("aria-label", name);
+    if (el.hasAttribute("title")) el.setAttribute("title", name);
+    if (el.hasAttribute("data-bs-original-title")) el.setAttribute("data-bs-original-title", name);
+  }
+  function quietTooltips() {
+    var Tooltip = window.bootstrap && window.bootstrap.Tooltip;
+    document.querySelectorAll('[data-bs-toggle="tooltip"]').forEach(function (el) {
+      var tip = Tooltip && Tooltip.getInstance(el);
+      if (tip) tip.dispose();
+    });
+  }
+  function ready() {
+    Object.keys(NAMES).forEach(function (selector) {
+      document.querySelectorAll(selector).forEach(function (el) { rename(el, NAMES[selector]); });
+    });
+    if (NO_HOVER) quietTooltips();
+  }
+
+  /* Search results: Sphinx's snippet under each hit is the text of the page's [role=main]
+     (searchtools.js, Search.htmlToText), which in this theme holds the article's header too:
+     the buttons' hidden labels ("Color mode") and the print-only title and "Contents" came
+     before the page's text ("...Color mode DDP from scratch: hooks, buckets and overlap
+     Contents..."). The snippet is taken from the article alone. tests/browser/test_pages.py
+     (test_search_works_offline) reads the snippets. */
+  function articleOnly() {
+    if (typeof Search === "undefined" || !Search || typeof Search.htmlToText !== "function" ||
+        Search.htmlToText.courseArticleOnly) return;
+    var original = Search.htmlToText;
+    var wrapped = function (htmlString, anchor) {
+      try {
+        var doc = new DOMParser().parseFromString(htmlString, "text/html");
+        var main = doc.querySelector('[role="main"]');
+        var article = main && main.querySelector("article.bd-article");
+        if (article) {
+          main.replaceChildren(article);
+          htmlString = doc.documentElement.outerHTML;
+        }
+      } catch (e) { /* the page as it is */ }
+      return original.call(this, htmlString, anchor);
+    };
+    wrapped.courseArticleOnly = true;
+    Search.htmlToText = wrapped;
+  }
+
+  function start() {
+    ready();
+    articleOnly();
+  }
+  // The theme makes its tooltips when bootstrap.js (deferred) runs, before DOMContentLoaded;
+  // searchtools.js (after this script) defines Search before it.
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+  document.addEventListener("show.bs.tooltip", function (event) {
+    if (NO_HOVER) event.preventDefault();
+  }, true);
+  // "close" does not bubble: caught on its way down to the dialog
+  document.addEventListener("close", function (event) {
+    var dialog = event.target;
+    if (!NO_HOVER || !(dialog instanceof Element) || !dialog.matches("dialog")) return;
+    window.setTimeout(function () {   // after the dialog has handed focus back
+      var el = document.activeElement;
+      if (el && el.closest && el.closest(".primary-toggle, .secondary-toggle")) el.blur();
+      document.querySelectorAll(".tooltip.show").forEach(function (t) { t.remove(); });
+    }, 0);
+  }, true);
 })();

@@ -453,15 +453,15 @@ def check_widget_twins(page):
 
 
 # ---------------------------------------------------------------- tables on a phone
-# Column-aligned text (book/_ext/text_tables.py's test, in JavaScript): a wrapped one is found by
-# its height, with and without wrapping.
+# Text whose lines rely on alignment (book/_ext/text_tables.py's test, in JavaScript: two or more
+# lines, any one indented or with a gap of two spaces or more between words): a wrapped one is
+# found by its height, with and without wrapping. test_pages runs it on every page.
 _TEXT_TABLES_JS = """() => {
-  const GAP = /\\S {2,}\\S/, INDENTED = /^(?: {4}|\\t)\\S/;
+  const LEADING = /^[ \\t]+\\S/, GAP = /\\S(?: {2,}|\\t)\\S/;
   const out = [];
   for (const pre of document.querySelectorAll('main .cell_output pre')) {
     const lines = pre.textContent.split('\\n').filter(l => l.trim());
-    if (lines.filter(l => GAP.test(l)).length < 2 && lines.filter(l => INDENTED.test(l)).length < 2)
-      continue;
+    if (lines.length < 2 || !lines.some(l => LEADING.test(l) || GAP.test(l))) continue;
     if (!pre.getBoundingClientRect().height) continue;   // folded away
     const shown = pre.getBoundingClientRect().height;
     const old = pre.style.whiteSpace;

@@ -1,7 +1,7 @@
 """The built pages say what book/_ext/runs.json recorded (book/_ext/course_badges.py): every
 chapter's badge its run time and needs, the landing page a table with one row per chapter.
-No browser needed: the HTML of `make test-book`. How the record is made and the errors for a
-missing chapter: tests/test_chapter_runs.py."""
+The HTML of `make test-book` (and, for the tables on a phone, the browser). How the record is
+made and the errors for a missing chapter: tests/test_chapter_runs.py."""
 import html as html_lib
 import re
 import sys
@@ -56,3 +56,29 @@ def test_the_landing_page_tables_every_chapter(site, book_dir):
 @pytest.mark.parametrize("seconds, text", [(4.4, "4 s"), (59.6, "1 min 00 s"), (185, "3 min 05 s")])
 def test_times_read_well(seconds, text):
     assert chapter_runs.fmt_seconds(seconds) == text
+
+
+# The landing page's tables at phone width, and the boxes they scroll in. The chapters' table
+# (five columns) scrolls by design; the parts' table must fit (r9: its "their announced time"
+# header made it 381 px in a 358 px box, a few pixels of scroll that read as a cut-off column).
+_TABLES_FIT_JS = """() => [...document.querySelectorAll('main table.chapter-runs')].map(t => {
+  const box = t.closest('.pst-scrollable-table-container') || t.parentElement;
+  return {head: t.querySelector('tr').textContent.trim().replace(/\\s+/g, ' ').slice(0, 60),
+          table: Math.round(t.getBoundingClientRect().width), box: box.clientWidth};
+})"""
+
+
+def test_the_landing_page_tables_fit_a_phone(browser, base_url):
+    """In a browser (the session's Chromium), at 390 px: the parts' table fits its box."""
+    from pagecheck import open_page
+    seen = open_page(browser, base_url + "book/intro.html", base_url)
+    try:
+        seen.page.set_viewport_size({"width": 390, "height": 844})
+        seen.page.wait_for_timeout(100)
+        tables = seen.page.evaluate(_TABLES_FIT_JS)
+    finally:
+        seen.page.close()
+    parts = [t for t in tables if t["head"].startswith(chapter_runs.PART_HEAD[0])]
+    assert len(tables) == 2 and len(parts) == 1, tables
+    assert parts[0]["table"] <= parts[0]["box"] + 1, \
+        f"at 390 px the parts' table is wider than its box: {parts[0]}"

@@ -53,6 +53,14 @@ def _cell(output_html, tags=(), source="x = 1"):
 _TABLE = ('<div class="output stream highlight-myst-ansi"><div class="highlight"><pre>'
           + "\n".join(f"{'row ' + str(i):<12}{i * 1.5:>14.2f}{i * 300:>16,} bytes{i:>12} steps"
                       for i in range(6)) + "</pre></div></div>")
+# right-aligned labels (leading spaces, then single spaces) and code indented 8 spaces: r9's misses
+_LABELS = ('<div class="output stream highlight-myst-ansi"><div class="highlight"><pre>'
+           + "\n".join(f"{'x' * i:>14}: {i * 1.5:.2f} ms ({i * 300} to {i * 400}, 41 samples); "
+                        "against plain, eager: 1.00x (1.00-1.00, 41 rounds): within noise"
+                        for i in range(1, 5)) + "</pre></div></div>")
+_CODE = ('<div class="output stream highlight-myst-ansi"><div class="highlight"><pre>'
+         + "\n".join(f"        value_{i} = compute(self.first_argument, self.second_argument, "
+                      f"self.third_argument, {i})" for i in range(4)) + "</pre></div></div>")
 _HEADER = ('<header class="bd-header" style="display:flex;height:64px"><div>'
            '<button class="search-button">Search</button></div></header>')
 
@@ -130,6 +138,8 @@ def synthetic(tmp_path_factory):
         "table_wrap.html": _page(_cell(_TABLE), css=True),
         "table_scroll.html": _page(_cell(_TABLE.replace('"output stream',
                                                         '"output stream text-table')), css=True),
+        "labels_wrap.html": _page(_cell(_LABELS), css=True),
+        "code_wrap.html": _page(_cell(_CODE), css=True),
         "header_empty.html": _page(_HEADER + "<p>text</p>"),
         "header_hidden.html": _page(_HEADER + "<p>text</p>", css=True),
         "launch.html": _page(
@@ -236,6 +246,10 @@ def test_a_wrapped_table_is_reported_on_a_phone(browser, synthetic):
     found = _run_on(browser, synthetic, "table_wrap.html", check_text_tables)
     assert len(found) == 1 and "at 390 px a column-aligned output wraps" in found[0], found
     assert _run_on(browser, synthetic, "table_scroll.html", check_text_tables) == []
+    # what the rule missed before r9: right-aligned labels, code indented deeper than 4 spaces
+    for name in ("labels_wrap.html", "code_wrap.html"):
+        found = _run_on(browser, synthetic, name, check_text_tables)
+        assert len(found) == 1 and "column-aligned output wraps" in found[0], (name, found)
 
 
 def test_an_empty_header_bar_is_reported(browser, synthetic):

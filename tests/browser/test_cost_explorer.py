@@ -91,8 +91,22 @@ _IN_VIEW_JS = """() => {
     const hit = document.elementFromPoint(x, y);
     return r.width > 0 && r.right <= innerWidth + 0.5 && !!hit && el.contains(hit); };
   const last = [...root.querySelectorAll('tr')].map(tr => tr.lastElementChild);
+  // header words laid out over more than one line (a break inside the word)
+  const splitWords = cells => [...cells].flatMap(th => {
+    const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT), out = [];
+    for (let n = walker.nextNode(); n; n = walker.nextNode())
+      for (const m of n.textContent.matchAll(/\\S+/g)) {
+        const r = document.createRange();
+        r.setStart(n, m.index);
+        r.setEnd(n, m.index + m[0].length);
+        const tops = new Set([...r.getClientRects()].map(b => Math.round(b.top)));
+        if (tops.size > 1) out.push(m[0]);
+      }
+    return out;
+  });
   return {columns: last.map(seen), caption: seen(root.querySelector('caption')),
-          sideways: document.documentElement.scrollWidth - innerWidth};
+          sideways: document.documentElement.scrollWidth - innerWidth,
+          split_words: splitWords(root.querySelectorAll('thead th'))};
 }"""
 
 
@@ -110,3 +124,5 @@ def test_on_a_phone_the_column_the_sliders_change_is_in_view(browser, base_url):
     assert all(view["columns"]) and len(view["columns"]) >= 2, \
         f"the explorer's last column is off screen at 390 px: {view}"
     assert view["caption"] and view["sideways"] <= 1, view
+    assert view["split_words"] == [], \
+        f"at 390 px a header word breaks over two lines (r9: 'messa-ges'): {view['split_words']}"

@@ -94,6 +94,16 @@ def test_search_works_offline(browser, base_url, site, book_dir):
             timeout=15_000)
         hits = seen.page.eval_on_selector_all("#search-results ul.search li a",
                                               "as => as.map(a => a.href)")
+        # the snippets under the hits: the page's text, not the theme's buttons' hidden labels
+        # ("Color mode") and titles (book/_js/course.js)
+        seen.page.wait_for_selector("#search-results ul.search li p.context", timeout=15_000)
+        snippets = seen.page.eval_on_selector_all("#search-results ul.search li p.context",
+                                                  "ps => ps.map(p => p.textContent)")
+        # the text snippets are cut from (Sphinx's Search.htmlToText) of a chapter with every
+        # button in its header (launch, download, theme): wherever the word falls
+        chapter = next(e for e in toc_entries_of(book_dir) if (book_dir / f"{e}.ipynb").is_file())
+        source = seen.page.evaluate("async (url) => Search.htmlToText(await (await fetch(url))"
+                                    ".text())", base_url + chapter + ".html")
         problems = seen.console_errors + seen.local_failures
     finally:
         seen.page.close()
@@ -101,6 +111,12 @@ def test_search_works_offline(browser, base_url, site, book_dir):
     assert hits, f"searching {word!r} on search.html found nothing"
     assert any(urllib.parse.urlsplit(h).path.endswith(f"/{entry}.html") for h in hits), \
         f"searching {word!r} did not find {entry}.html, only {hits[:5]}"
+    chrome = re.compile(r"Color mode|Toggle \w+ sidebar|Suggest edit|Open issue")
+    assert not [t for t in snippets if chrome.search(t)], \
+        f"search snippets quote the theme's buttons: {snippets[:3]}"
+    assert not chrome.search(source), \
+        f"the text search snippets come from holds the theme's buttons: {source[:300]!r}"
+    assert _search_word(site, chapter) in source.lower(), "and the chapter's own text"
 
 
 def test_widgets_and_math_work_from_disk(browser, site):
