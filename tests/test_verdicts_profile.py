@@ -203,13 +203,21 @@ def test_a_trace_says_where_its_all_reduce_fell_against_backward():
     words = helpers.trace_region_words
     split = dict(total=50.0, outside=0.0, late=0.0, windows=55.0, clock="host")
     inside = words(split)
-    assert inside == ('All of it falls inside the region "backward" (55.0 ms in all): under DDP '
-                      "`backward()` returns only once the reducer has waited for every bucket's "
-                      "all-reduce")
+    assert inside == ('All of it falls inside the region "backward" (55.0 ms in all), each '
+                      "all-reduce in the one it began in: under DDP `backward()` returns only "
+                      "once the reducer has waited for every bucket's all-reduce")
     late = words(dict(split, outside=1.0, late=1.0))
     assert late.startswith('All but 1.0 ms of it falls inside the region "backward" (55.0 ms in '
-                           "all): 1.0 ms ran on after `backward()` had returned, in all-reduces "
-                           "that began inside it. Gloo marks")
+                           "all), each all-reduce in the one it began in: 1.0 ms ran on after "
+                           "`backward()` had returned, in all-reduces that began inside it. "
+                           "Gloo marks")
+    # a late piece that ran into the next step's backward is said, and not as its overlap
+    stale = words(dict(split, outside=1.0, late=1.0, stale=0.3))
+    assert ("1.0 ms ran on after `backward()` had returned, in all-reduces that began inside "
+            "it, 0.3 ms of them on into a later step's backward, where they count as neither "
+            "its overlap nor its wait. Gloo marks") in stale
+    with pytest.raises(ValueError, match="stale"):
+        words(dict(split, outside=1.0, late=0.5, stale=0.6))
     assert "the trace does not show" in late, "what held the records open is not measured"
     assert late.endswith("Those 1.0 ms are counted below neither as overlapped nor as exposed: "
                          "`backward()` did not wait for them")
@@ -220,7 +228,8 @@ def test_a_trace_says_where_its_all_reduce_fell_against_backward():
     assert "0.1 ms ran on after" in both and "; and 0.2 ms in all-reduces that began" in both
     gpu = words(dict(split, clock="gpu"))
     assert gpu == ("All of it falls inside backward's windows on the GPU, from its first kernel "
-                   "to the end of the all-reduce kernels it launched (55.0 ms in all)")
+                   "to the end of the all-reduce kernels it launched (55.0 ms in all), each "
+                   "all-reduce in the one it began in")
     gpu_late = words(dict(split, clock="gpu", outside=0.5, late=0.5))
     assert "after its window had ended" in gpu_late and "does not explain" in gpu_late
     assert "Gloo" not in gpu_late

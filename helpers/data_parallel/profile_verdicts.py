@@ -347,23 +347,27 @@ def _small_ms(x):
 
 def trace_region_words(split):
     """Where a DDP trace's all-reduce time fell against backward's windows, from
-    helpers.exposed_ms's split: all of it inside (on the host the region "backward", which under
-    DDP ends only once the reducer has waited for every bucket; on a GPU backward's kernels and
-    the wait after them), or all but `outside` ms, said as measured: ms that ran on after a
-    window had ended in all-reduces that began inside it (`late`), and ms of all-reduces that
-    began outside every window (the rest). Gloo closes an all-reduce's record in the trace after
+    helpers.exposed_ms's split, each all-reduce against its own step's window: all of it inside
+    (on the host the region "backward", which under DDP ends only once the reducer has waited
+    for every bucket; on a GPU backward's kernels and the wait after them), or all but `outside`
+    ms, said as measured: ms that ran on after its window had ended in all-reduces that began
+    inside it (`late`; of them `stale` ms inside a later step's window, said where there are
+    any: not that step's overlap), and ms of all-reduces that began outside every window (the
+    rest). Gloo closes an all-reduce's record in the trace after
     marking its result ready, which is what lets backward() return, so on the host a late piece
     has a known way to happen; what held the records open that long is not measured, and a piece
     that began outside is not explained. The outside ms are counted neither as overlapped nor
     as exposed (the sentence says so): backward() did not wait for them."""
     total, outside, late, windows = (split[k] for k in ("total", "outside", "late", "windows"))
-    if not -1e-9 <= late <= outside + 1e-9 <= total + 2e-9:
-        raise ValueError(f"trace_region_words: need 0 <= late ({late}) <= outside ({outside}) "
-                         f"<= total ({total})")
+    stale = split.get("stale", 0.0)
+    if not -1e-9 <= stale <= late + 1e-9 <= outside + 2e-9 <= total + 3e-9:
+        raise ValueError(f"trace_region_words: need 0 <= stale ({stale}) <= late ({late}) <= "
+                         f"outside ({outside}) <= total ({total})")
     host = split["clock"] == "host"
     region = (f'the region "backward" ({windows:.1f} ms in all)' if host else
               f"backward's windows on the GPU, from its first kernel to the end of the "
               f"all-reduce kernels it launched ({windows:.1f} ms in all)")
+    region += ", each all-reduce in the one it began in"
     if outside < OUTSIDE_MS:
         return (f"All of it falls inside {region}" + (
             ": under DDP `backward()` returns only once the reducer has waited for every "
@@ -373,7 +377,9 @@ def trace_region_words(split):
     if late >= OUTSIDE_MS:
         after = "`backward()` had returned" if host else "its window had ended"
         pieces.append(f"{_small_ms(late)} ms ran on after {after}, in all-reduces that began "
-                      "inside it")
+                      "inside it" + (f", {_small_ms(stale)} ms of them on into a later step's "
+                                     "backward, where they count as neither its overlap nor "
+                                     "its wait" if stale >= OUTSIDE_MS else ""))
     if other >= OUTSIDE_MS:
         pieces.append(f"{_small_ms(other)} ms in all-reduces that began outside every "
                       "backward, which this run does not explain")
