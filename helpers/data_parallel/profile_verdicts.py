@@ -166,7 +166,8 @@ def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
     lo, hi, med = alone.lo * 1e3, alone.hi * 1e3, alone.median * 1e3
     head = (f"of its {comm_ms:.2f} ms in the all-reduce a step, rank 0 waited {wait_ms:.2f} ms "
             f"for the other worker to arrive, and {after_ms:.2f} ms passed after both had arrived, "
-            f"against {med:.2f} ms ({lo:.2f}-{hi:.2f}) for the same all-reduce alone (medians)")
+            f"against {med:.2f} ms ({lo:.2f}-{hi:.2f}) for the same all-reduce alone (medians, "
+            "which need not add up exactly)")
     if after_ms > hi:
         return (head + ": after both had arrived it still took longer than alone, and why, "
                 "this run does not say")
