@@ -141,6 +141,11 @@ def test_size_check_holds_only_when_the_predicted_size_is_inside_the_spread():
     assert held["verdict"] == "as predicted" and held["held"]
     assert held["text"] == ("the size that removing the reference's data phase predicts "
                             "(1.10x, inside the spread 1.05-1.15)")
+    # inside a spread that also holds 1: held, but the run cannot tell that size from none
+    wide_noise = helpers.size_check(helpers.Ratio([0.61, 1.09, 2.0]), 1.1, what)
+    assert wide_noise["held"] and wide_noise["text"] == (
+        "a spread that holds the 1.10x that removing the reference's data phase predicts, and "
+        "1 as well: this run cannot tell that size from no change")
     smaller = helpers.size_check(helpers.Ratio([0.98, 1.0, 1.02]), 1.1, what)
     assert smaller["verdict"] == "smaller" and not smaller["held"]
     assert "(the spread's high end, 1.02, is under it)" in smaller["text"]

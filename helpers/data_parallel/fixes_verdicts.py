@@ -27,7 +27,8 @@ def size_check(r, predicted, what):
     Returns dict(verdict, held, text): 'as predicted' (held) when `predicted` lies within r's
     spread (lo-hi); 'larger' when the whole spread is above it (the model explains only part of
     the gain); 'smaller' when the whole spread is below it; 'cannot tell' from one round (no
-    spread, so no verdict on the size either). `text` follows "... {ratio}; " in a sentence."""
+    spread, so no verdict on the size either). Where the spread also holds 1, `text` says that
+    the run cannot tell the size from no change. `text` follows "... {ratio}, " in a sentence."""
     _check(r)
     if not predicted > 0:
         raise ValueError(f"a predicted ratio is above 0, got {predicted!r}")
@@ -48,8 +49,11 @@ def size_check(r, predicted, what):
                 "would give")
     else:
         verdict = "as predicted"
-        text = (f"the size that {what} predicts ({pred}, inside the spread "
-                f"{_digits(r.lo, predicted)}-{_digits(r.hi, predicted)})")
+        spread = f"{_digits(r.lo, predicted)}-{_digits(r.hi, predicted)}"
+        text = (f"the size that {what} predicts ({pred}, inside the spread {spread})"
+                if r.lo > 1 or r.hi < 1 else
+                f"a spread that holds the {pred} that {what} predicts, and 1 as well: this "
+                "run cannot tell that size from no change")
     return dict(verdict=verdict, held=verdict == "as predicted", text=text)
 
 
