@@ -113,7 +113,8 @@ from .data_parallel.verdicts import (ratio_words, against_prediction, compile_se
                                      message_cause, overlap_step_words,
                                      shared_rounding_words, arithmetic_share_words)
 from .data_parallel.fixes_verdicts import (ablation_credit, fused_step_words,
-                                           compression_words, bench_step_words)
+                                           compression_words, bench_step_words,
+                                           size_check)
 from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
                                              two_workers_sentence, weak_split, sweep_words,
                                              sweep_summary, model_saving_words)

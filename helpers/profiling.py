@@ -236,64 +236,90 @@ def _overlap(spans, windows):
     return sum(max(0.0, min(b, s1) - max(a, s0)) for a, b in spans for s0, s1 in windows)
 
 
-def _outside(spans, windows):
-    """The parts of the (start, end) `spans` outside every one of `windows` (both sorted,
-    non-overlapping: _union's), as (ms after a window had ended, in all-reduces that ran inside
-    one before; ms of all-reduces before they had been inside any window)."""
-    late = other = 0.0
+def _length(spans):
+    return sum(b - a for a, b in spans)
+
+
+def _minus(spans, holes):
+    """The parts of the (start, end) `spans` outside every one of `holes` (both sorted,
+    non-overlapping: _union's)."""
+    out = []
     for a, b in spans:
-        t, seen = a, False
-        for s0, s1 in windows:
-            if s1 <= t:
+        t = a
+        for h0, h1 in holes:
+            if h1 <= t or h0 >= b:
                 continue
-            if s0 >= b:
-                break
-            if s0 > t:                 # the piece before this window
-                late, other = (late + s0 - t, other) if seen else (late, other + s0 - t)
-            seen, t = True, s1
+            if h0 > t:
+                out.append((t, h0))
+            t = max(t, h1)
         if b > t:
-            late, other = (late + b - t, other) if seen else (late, other + b - t)
-    return late, other
+            out.append((t, b))
+    return out
+
+
+def _step_windows(events, on_gpu):
+    """Per backward, in time order: ((compute start, compute end), its wait's (start, end) or
+    None). On the host the compute ends where the step's 'reducer wait' begins (its last
+    autograd node), else at the region's end; on a GPU it is the 'backward kernels' span."""
+    if on_gpu:
+        waits = {e["step"]: e for e in events if e["name"] == "reducer wait"
+                 and e["lane"] == "gpu"}
+        comp = [e for e in events if e["name"] == "backward kernels"]
+        spans = [(e["step"], e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in comp]
+    else:
+        waits = {e["step"]: e for e in events if e["name"] == "reducer wait"}
+        spans = [(e["step"], e["start_ms"], waits[e["step"]]["start_ms"] if e["step"] in waits
+                  else e["start_ms"] + e["dur_ms"]) for e in events if e["name"] == "backward"]
+    out = []
+    for step, c0, c1 in sorted(spans, key=lambda x: x[1]):
+        w = waits.get(step)
+        out.append(((c0, c1), None if w is None else (w["start_ms"], w["start_ms"] + w["dur_ms"])))
+    return out
 
 
 def exposed_ms(events):
     """Split the all-reduce time of a DDP trace (helpers.trace_events) at the end of each
-    backward's compute: {'overlapped': ms of all-reduce while backward still computed,
-    'exposed': ms of all-reduce inside the reducer's wait (backward had no compute left and
-    backward() waited for it), 'outside': ms of all-reduce outside every backward window
-    (neither: the step did not wait for it there), of which 'late' ran on after a window had
-    ended, in all-reduces that began inside it (the rest, outside - late, in all-reduces that
-    began outside every window), 'total' (overlapped + exposed + outside), 'windows': ms of
-    the backward windows, 'wait': ms of the 'reducer wait' regions, 'clock': 'host' or 'gpu'}.
+    backward's compute, each all-reduce record tied to its own step: the backward window it
+    began in. {'overlapped': ms of all-reduce while its own backward still computed,
+    'exposed': ms of all-reduce inside its own backward's reducer wait (backward had no compute
+    left and backward() waited for it), 'outside': ms of all-reduce outside its own window
+    (neither: the step did not wait for it there), of which 'late' ran on after its own window
+    had ended (in all-reduces that began inside it; of that, 'stale' ms fell inside a later
+    step's window, where they are not counted as that step's overlap or wait) and the rest,
+    outside - late, in all-reduces that began outside every window; 'total' (overlapped +
+    exposed + outside: concurrent records count once, an instant counted with the step whose
+    own all-reduce ran then, if any), 'windows': ms of the backward windows, 'wait': ms of the
+    'reducer wait' regions, 'clock': 'host' or 'gpu'}.
     On the host (gloo) a window is the region 'backward', its compute ending at its last
     autograd node and the reducer's wait after it; in a trace with GPU activity (NCCL) it is
     'backward kernels' and the 'reducer wait' after them, on the GPU's clock. Gloo can leave
     time outside: it marks an all-reduce's result ready, which ends the reducer's wait and lets
     backward() return, before it closes the all-reduce's record in the trace (torch's
-    ProcessGroupGloo: the Future is completed, then Work::finish ends the record). A region
-    'backward' alone cannot tell overlapped from exposed: under DDP it ends after the wait."""
-    comm = _union((e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
-                  if e["lane"] == "all-reduce")
+    ProcessGroupGloo: the Future is completed, then Work::finish ends the record), and such a
+    record can stay open into the next step's forward and backward. A region 'backward' alone
+    cannot tell overlapped from exposed: under DDP it ends after the wait."""
+    records = [(e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
+               if e["lane"] == "all-reduce"]
     on_gpu = any(e["lane"] == "gpu" for e in events)
-    if on_gpu:
-        compute = [(e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
-                   if e["name"] == "backward kernels"]
-        waits = [e for e in events if e["name"] == "reducer wait" and e["lane"] == "gpu"]
-    else:
-        by_step = {e["step"]: e for e in events if e["name"] == "reducer wait"}
-        compute = [(e["start_ms"], by_step[e["step"]]["start_ms"] if e["step"] in by_step
-                    else e["start_ms"] + e["dur_ms"])
-                   for e in events if e["name"] == "backward"]
-        waits = list(by_step.values())
-    wait_spans = [(e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in waits]
-    windows = _union(compute + wait_spans)
-    overlapped = _overlap(comm, _union(compute))
-    late, other = _outside(comm, windows)
-    total = sum(b - a for a, b in comm)
-    return dict(overlapped=overlapped, exposed=_overlap(comm, windows) - overlapped,
-                outside=late + other, late=late, total=total,
-                windows=sum(b - a for a, b in windows),
-                wait=sum(e["dur_ms"] for e in waits), clock="gpu" if on_gpu else "host")
+    steps = _step_windows(events, on_gpu)
+    own, tails, windows = [], [], []
+    overlapped = 0.0
+    for (c0, c1), wait in steps:
+        w1 = max(c1, wait[1]) if wait else c1
+        mine = [(a, b) for a, b in records if c0 <= a < w1]     # began in this window
+        inside = _union((a, min(b, w1)) for a, b in mine)
+        overlapped += _overlap(inside, [(c0, c1)])
+        own += inside
+        tails += [(w1, b) for a, b in mine if b > w1]
+        windows.append((c0, w1))
+    comm, own, windows = _union(records), _union(own), _union(windows)
+    total, inside = _length(comm), _length(own)
+    late = _minus(_union(tails), own)
+    return dict(overlapped=overlapped, exposed=inside - overlapped, outside=total - inside,
+                late=_length(late), stale=_overlap(late, windows), total=total,
+                windows=_length(windows),
+                wait=sum(w[1] - w[0] for _, w in steps if w is not None),
+                clock="gpu" if on_gpu else "host")
 
 
 def trace_sentence(backend):

@@ -92,9 +92,10 @@ def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
 
 
 def test_exposed_ms_tells_late_pieces_from_all_reduces_that_began_outside(tmp_path):
-    """The part of an all-reduce from before backward opened (0.05 of 0.05-0.15 ms; backward
-    runs 0.10-0.50) is outside but not late; the part of one that ran on past backward's end
-    (0.05 of 0.25-0.55) is late; overlapped + exposed + outside is the total, each once."""
+    """An all-reduce that began before backward opened (0.05-0.15 ms; backward runs 0.10-0.50)
+    is not backward's: all of it is outside, none late, and its 0.05 inside backward is not
+    overlap; the part of one that began inside and ran on past backward's end (0.05 of
+    0.25-0.55) is late; overlapped + exposed + outside is the total, each once."""
     ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
     node = "autograd::engine::evaluate_function: AddmmBackward0"
     trace = {"traceEvents": [
@@ -105,10 +106,51 @@ def test_exposed_ms_tells_late_pieces_from_all_reduces_that_began_outside(tmp_pa
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
     split = helpers.exposed_ms(helpers.trace_events(str(path)))
-    # compute until 0.30 (the node's end): overlapped 0.05 + 0.05; exposed 0.30-0.50
-    assert abs(split["overlapped"] - 0.10) < 1e-9 and abs(split["exposed"] - 0.20) < 1e-9
-    assert abs(split["outside"] - 0.10) < 1e-9 and abs(split["late"] - 0.05) < 1e-9
+    # compute until 0.30 (the node's end): overlapped 0.25-0.30 only; exposed 0.30-0.50
+    assert abs(split["overlapped"] - 0.05) < 1e-9 and abs(split["exposed"] - 0.20) < 1e-9
+    assert abs(split["outside"] - 0.15) < 1e-9 and abs(split["late"] - 0.05) < 1e-9
     assert abs(split["overlapped"] + split["exposed"] + split["outside"] - split["total"]) < 1e-9
+    assert split["stale"] == 0, "no later step: nothing late fell in another window"
+
+
+def _two_steps(tmp_path, second_start):
+    """Two gloo steps: step 0's all-reduce (0.25-0.70 ms) stays open past its backward (0.10-0.50,
+    compute until 0.30), through the optimizer and the next forward, into step 1's backward
+    (0.65-1.05, compute until 0.90); step 1's own all-reduce starts at `second_start` (us)."""
+    ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
+    node = "autograd::engine::evaluate_function: AddmmBackward0"
+    trace = {"traceEvents": [
+        ev("forward", 1000, 100), ev("backward", 1100, 400), ev(node, 1150, 150),
+        ev("gloo:all_reduce", 1250, 450, tid=7),     # step 0's: 0.25-0.70
+        ev("optimizer", 1500, 50), ev("forward", 1550, 100),
+        ev("backward", 1650, 400), ev(node, 1700, 200),
+        ev("gloo:all_reduce", second_start, 2000 - second_start, tid=8),   # step 1's, to 1.00
+        ev("optimizer", 2050, 50)]}
+    path = tmp_path / f"two{second_start}.json"
+    path.write_text(json.dumps(trace))
+    return helpers.exposed_ms(helpers.trace_events(str(path)))
+
+
+def test_exposed_ms_ties_each_all_reduce_to_the_step_it_began_in(tmp_path):
+    """The r10 review's M-P2: a record of step 0 still open in step 1's backward (0.65-0.70) is
+    step 0's late time, not step 1's overlap. Counting the union of every record against the
+    union of the windows would have said 0.20 ms overlapped (0.05 + that stale 0.05 + 0.10)."""
+    split = _two_steps(tmp_path, 1800)                 # step 1's own: 0.80-1.00
+    assert abs(split["overlapped"] - 0.15) < 1e-9, "0.25-0.30 and 0.80-0.90, not 0.65-0.70"
+    assert abs(split["exposed"] - 0.30) < 1e-9, "0.30-0.50 and 0.90-1.00"
+    assert abs(split["late"] - 0.20) < 1e-9 and abs(split["outside"] - 0.20) < 1e-9
+    assert abs(split["stale"] - 0.05) < 1e-9, "0.65-0.70 fell inside step 1's backward"
+    assert abs(split["total"] - 0.65) < 1e-9 and abs(split["windows"] - 0.80) < 1e-9
+    assert abs(split["overlapped"] + split["exposed"] + split["outside"] - split["total"]) < 1e-9
+    # the region "backward" alone counts the stale piece inside step 1
+    assert abs(helpers.overlap_ms(events=helpers.trace_events(
+        str(tmp_path / "two1800.json")))[0] - 0.50) < 1e-9
+    # where step 1's own all-reduce runs at the same instants (from 0.68), those instants are
+    # step 1's: counted once, as its overlap, and only 0.50-0.68 is late
+    both = _two_steps(tmp_path, 1680)
+    assert abs(both["overlapped"] - 0.27) < 1e-9 and abs(both["late"] - 0.18) < 1e-9
+    assert abs(both["stale"] - 0.03) < 1e-9 and abs(both["total"] - 0.75) < 1e-9
+    assert abs(both["overlapped"] + both["exposed"] + both["outside"] - both["total"]) < 1e-9
 
 
 def test_on_a_gpu_exposed_ms_cuts_at_backwards_last_kernel(tmp_path):

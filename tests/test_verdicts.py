@@ -33,6 +33,11 @@ def test_the_compile_pays_back_only_when_resolved_faster():
     assert "pays back its first step's 30.0 s after 300 steps (1.3 epochs" in \
         helpers.compile_sentence(FASTER, 30.0, 0.1, 235)
     assert "never pays back" in helpers.compile_sentence(SLOWER, 30.0, -0.1, 235)
+    # a full epoch of 60,000 at batch 256 ends with a short batch: a second compile, said
+    assert "(1.3 epochs of Fashion-MNIST: one compile)" in helpers.compile_sentence(
+        FASTER, 30.0, 0.1, 235)
+    assert ("(1.3 epochs of Fashion-MNIST: one compile; the epoch's short last batch compiles "
+            "once more)") in helpers.compile_sentence(FASTER, 30.0, 0.1, 235, short_last=True)
     noise = helpers.compile_sentence(NOISE, 30.0, 0.1, 235)
     assert "cannot tell whether it ever pays back" in noise and "after" not in noise
     assert "no CUDA graph" in helpers.graph_sentence(None)

@@ -125,3 +125,40 @@ def test_the_gpu_runs_failed_cells_are_named_from_the_reference_file(tmp_path):
     ref["steps"] = {}
     path.write_text(json.dumps(ref))
     assert helpers.failed_cells_words("book/part4/fixes.ipynb", str(path)) == ""
+
+
+def test_size_check_holds_only_when_the_predicted_size_is_inside_the_spread():
+    # the r10 stored run: 1.66x (1.03-2.21) where the data phase allowed about 1.1x
+    what = "removing the reference's data phase"
+    wide = helpers.Ratio([1.66, 1.8, 1.7, 1.9, 1.6])
+    larger = helpers.size_check(wide, 1.1, what)
+    assert larger["verdict"] == "larger" and not larger["held"]
+    assert larger["text"] == (
+        "more than the 1.10x that removing the reference's data phase predicts (the spread's "
+        "low end, 1.60, is above it): removing the reference's data phase explains only part "
+        "of the gain, and this run does not explain the rest")
+    held = helpers.size_check(helpers.Ratio([1.05, 1.1, 1.15]), 1.1, what)
+    assert held["verdict"] == "as predicted" and held["held"]
+    assert held["text"] == ("the size that removing the reference's data phase predicts "
+                            "(1.10x, inside the spread 1.05-1.15)")
+    # inside a spread that also holds 1: held, but the run cannot tell that size from none
+    wide_noise = helpers.size_check(helpers.Ratio([0.61, 1.09, 2.0]), 1.1, what)
+    assert wide_noise["held"] and wide_noise["text"] == (
+        "a spread that holds the 1.10x that removing the reference's data phase predicts, and "
+        "1 as well: this run cannot tell that size from no change")
+    smaller = helpers.size_check(helpers.Ratio([0.98, 1.0, 1.02]), 1.1, what)
+    assert smaller["verdict"] == "smaller" and not smaller["held"]
+    assert "(the spread's high end, 1.02, is under it)" in smaller["text"]
+    # direction alone is not enough: faster, but not by the predicted size
+    assert FASTER.verdict == "faster" and not helpers.size_check(FASTER, 1.8, what)["held"]
+    one = helpers.size_check(ONE, 1.5, what)
+    assert one["verdict"] == "cannot tell" and not one["held"]
+
+
+def test_size_check_prints_an_end_that_rounds_to_the_prediction_with_three_decimals():
+    got = helpers.size_check(helpers.Ratio([1.1004, 1.2, 1.3]), 1.1, "a model")
+    assert got["verdict"] == "larger" and "the spread's low end, 1.100, is above it" in got["text"]
+    with pytest.raises(ValueError):
+        helpers.size_check(FASTER, 0, "a model")
+    with pytest.raises(TypeError):
+        helpers.size_check(1.2, 1.1, "a model")

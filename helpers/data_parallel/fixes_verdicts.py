@@ -6,10 +6,55 @@ of a gain is credited only where its own ratio was resolved faster.
 from ..prose import plural
 from .verdicts import _check
 
-__all__ = ["ablation_credit", "fused_step_words", "compression_words", "bench_step_words"]
+__all__ = ["ablation_credit", "fused_step_words", "compression_words", "bench_step_words",
+           "size_check"]
 
 _STATE = {"faster": "faster", "slower": "slower", "within noise": "within noise",
           "cannot tell": "not told apart (one round, no verdict)"}
+
+
+def _digits(x, against):
+    """x to 2 decimals, or to 3 where 2 would print it as `against` (a spread's end that rounds
+    to the figure it is compared with must not read as equal to it)."""
+    return f"{x:.3f}" if f"{x:.2f}" == f"{against:.2f}" else f"{x:.2f}"
+
+
+def size_check(r, predicted, what):
+    """Whether a measured Ratio `r` (base time / new time, timed in turns) has the size a model
+    predicts: `predicted`, the ratio the model gives (e.g. a step's time over the same step less
+    its data phase, timed inside it), `what` the model in words ("removing its data phase").
+
+    Returns dict(verdict, held, text): 'as predicted' (held) when `predicted` lies within r's
+    spread (lo-hi); 'larger' when the whole spread is above it (the model explains only part of
+    the gain); 'smaller' when the whole spread is below it; 'cannot tell' from one round (no
+    spread, so no verdict on the size either). Where the spread also holds 1, `text` says that
+    the run cannot tell the size from no change. `text` follows "... {ratio}, " in a sentence."""
+    _check(r)
+    if not predicted > 0:
+        raise ValueError(f"a predicted ratio is above 0, got {predicted!r}")
+    pred = f"{predicted:.2f}x"
+    if r.verdict == "cannot tell":
+        verdict = "cannot tell"
+        text = (f"one round has no spread, so this run cannot say whether that is the {pred} "
+                f"that {what} predicts")
+    elif r.lo > predicted:
+        verdict = "larger"
+        text = (f"more than the {pred} that {what} predicts (the spread's low end, "
+                f"{_digits(r.lo, predicted)}, is above it): {what} explains only part of the "
+                "gain, and this run does not explain the rest")
+    elif r.hi < predicted:
+        verdict = "smaller"
+        text = (f"less than the {pred} that {what} predicts (the spread's high end, "
+                f"{_digits(r.hi, predicted)}, is under it): the step gained less than {what} "
+                "would give")
+    else:
+        verdict = "as predicted"
+        spread = f"{_digits(r.lo, predicted)}-{_digits(r.hi, predicted)}"
+        text = (f"the size that {what} predicts ({pred}, inside the spread {spread})"
+                if r.lo > 1 or r.hi < 1 else
+                f"a spread that holds the {pred} that {what} predicts, and 1 as well: this "
+                "run cannot tell that size from no change")
+    return dict(verdict=verdict, held=verdict == "as predicted", text=text)
 
 
 def _fig(r, figures):

@@ -91,6 +91,14 @@ def _ms2(x):
 OFF_CORE_MS, OFF_CORE_RATIO = 0.05, 1.01
 
 
+def _off_core_spread(r):
+    """'1.01x (1.008-1.06, 10 rounds)': a wall time / CPU time ratio, its ends printed to three
+    decimals where two would print them as OFF_CORE_RATIO (a 1.008 is not the 1.01 it misses)."""
+    def end(x):
+        return f"{x:.3f}" if f"{x:.2f}" == f"{OFF_CORE_RATIO:.2f}" else f"{x:.2f}"
+    return f"{r.median:.2f}x ({end(r.lo)}-{end(r.hi)}, {plural(len(r.samples), 'round')})"
+
+
 def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_cpu_ms, k=2):
     """Why each of k workers computed for more than 1/k of one worker's compute, from measured
     times: `cpu_vs_half` (Ratio: a worker's CPU time of compute / one worker's over k, repeat by
@@ -117,10 +125,20 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
                 "thread's CPU clock did not count, and what took it, this run does not say "
                 f"({alone})")
     elif off_core.lo > 1:
-        away = (f"; its wall time exceeded its CPU time by {_ms(gap)} ms "
-                f"({off_core.spread_text()}, lowest {off_core.lo:.3f}), under the "
-                f"{OFF_CORE_MS:.2f} ms or the {OFF_CORE_RATIO - 1:.0%} this chapter counts as "
-                f"time off the core, so it did not measurably lose its core, while {alone}")
+        # above 1 in every round, but a floor not reached: say which test decided
+        spread = _off_core_spread(off_core)
+        low = f"its lowest ratio, {off_core.lo:.3f}, "
+        floor = f"the {OFF_CORE_MS:.2f} ms floor"
+        need = f"the {OFF_CORE_RATIO:.2f} this chapter requires"
+        if gap >= OFF_CORE_MS:
+            test = f"above {floor}, but {low}is under {need}"
+        elif off_core.lo >= OFF_CORE_RATIO:
+            test = f"under {floor}, though {low}reaches {need}"
+        else:
+            test = f"under {floor}, and {low}is under {need}"
+        away = (f"; its wall time exceeded its CPU time by {_ms(gap)} ms (wall time / CPU time "
+                f"{spread}): {test} to count it as time off the core, so it did not measurably "
+                f"lose its core, while {alone}")
     else:
         away = (f"; its wall time and CPU time were not told apart "
                 f"({off_core.spread_text()}: the spread reaches 1, the lowest a wall time / CPU "
@@ -148,7 +166,8 @@ def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
     lo, hi, med = alone.lo * 1e3, alone.hi * 1e3, alone.median * 1e3
     head = (f"of its {comm_ms:.2f} ms in the all-reduce a step, rank 0 waited {wait_ms:.2f} ms "
             f"for the other worker to arrive, and {after_ms:.2f} ms passed after both had arrived, "
-            f"against {med:.2f} ms ({lo:.2f}-{hi:.2f}) for the same all-reduce alone (medians)")
+            f"against {med:.2f} ms ({lo:.2f}-{hi:.2f}) for the same all-reduce alone (medians, "
+            "which need not add up exactly)")
     if after_ms > hi:
         return (head + ": after both had arrived it still took longer than alone, and why, "
                 "this run does not say")
@@ -329,23 +348,27 @@ def _small_ms(x):
 
 def trace_region_words(split):
     """Where a DDP trace's all-reduce time fell against backward's windows, from
-    helpers.exposed_ms's split: all of it inside (on the host the region "backward", which under
-    DDP ends only once the reducer has waited for every bucket; on a GPU backward's kernels and
-    the wait after them), or all but `outside` ms, said as measured: ms that ran on after a
-    window had ended in all-reduces that began inside it (`late`), and ms of all-reduces that
-    began outside every window (the rest). Gloo closes an all-reduce's record in the trace after
+    helpers.exposed_ms's split, each all-reduce against its own step's window: all of it inside
+    (on the host the region "backward", which under DDP ends only once the reducer has waited
+    for every bucket; on a GPU backward's kernels and the wait after them), or all but `outside`
+    ms, said as measured: ms that ran on after its window had ended in all-reduces that began
+    inside it (`late`; of them `stale` ms inside a later step's window, said where there are
+    any: not that step's overlap), and ms of all-reduces that began outside every window (the
+    rest). Gloo closes an all-reduce's record in the trace after
     marking its result ready, which is what lets backward() return, so on the host a late piece
     has a known way to happen; what held the records open that long is not measured, and a piece
     that began outside is not explained. The outside ms are counted neither as overlapped nor
     as exposed (the sentence says so): backward() did not wait for them."""
     total, outside, late, windows = (split[k] for k in ("total", "outside", "late", "windows"))
-    if not -1e-9 <= late <= outside + 1e-9 <= total + 2e-9:
-        raise ValueError(f"trace_region_words: need 0 <= late ({late}) <= outside ({outside}) "
-                         f"<= total ({total})")
+    stale = split.get("stale", 0.0)
+    if not -1e-9 <= stale <= late + 1e-9 <= outside + 2e-9 <= total + 3e-9:
+        raise ValueError(f"trace_region_words: need 0 <= stale ({stale}) <= late ({late}) <= "
+                         f"outside ({outside}) <= total ({total})")
     host = split["clock"] == "host"
     region = (f'the region "backward" ({windows:.1f} ms in all)' if host else
               f"backward's windows on the GPU, from its first kernel to the end of the "
               f"all-reduce kernels it launched ({windows:.1f} ms in all)")
+    region += ", each all-reduce in the one it began in"
     if outside < OUTSIDE_MS:
         return (f"All of it falls inside {region}" + (
             ": under DDP `backward()` returns only once the reducer has waited for every "
@@ -355,7 +378,9 @@ def trace_region_words(split):
     if late >= OUTSIDE_MS:
         after = "`backward()` had returned" if host else "its window had ended"
         pieces.append(f"{_small_ms(late)} ms ran on after {after}, in all-reduces that began "
-                      "inside it")
+                      "inside it" + (f", {_small_ms(stale)} ms of them on into a later step's "
+                                     "backward, where they count as neither its overlap nor "
+                                     "its wait" if stale >= OUTSIDE_MS else ""))
     if other >= OUTSIDE_MS:
         pieces.append(f"{_small_ms(other)} ms in all-reduces that began outside every "
                       "backward, which this run does not explain")

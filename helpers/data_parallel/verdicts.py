@@ -43,15 +43,17 @@ def against_prediction(r, predicted):
         f"{what}: not what we predicted"
 
 
-def compile_sentence(r, first_step_s, saved_s, epoch_steps):
+def compile_sentence(r, first_step_s, saved_s, epoch_steps, short_last=False):
     """The compiled step against the fused step (Ratio `r`), and when its first step's compile
     pays back: `saved_s` seconds a step (the medians' difference) over `epoch_steps` steps an
-    epoch; a payback only where the ratio says faster."""
+    epoch; a payback only where the ratio says faster. `short_last`: the epoch ends with a
+    shorter batch, a new shape that compiles once more (the payback counts one compile)."""
     _check(r)
     if r.verdict == "faster" and saved_s > 0:
         steps = first_step_s / saved_s
+        again = "; the epoch's short last batch compiles once more" if short_last else ""
         pays = (f"; it pays back its first step's {first_step_s:.1f} s after {steps:,.0f} steps "
-                f"({steps / epoch_steps:.1f} epochs of Fashion-MNIST)")
+                f"({steps / epoch_steps:.1f} epochs of Fashion-MNIST: one compile{again})")
     elif r.verdict == "slower":
         pays = ", so here it never pays back its compile"
     else:
