@@ -69,8 +69,8 @@ from .transformer_costs import ulysses_attention_bytes, moe_layer_seconds
 from .cost_explorer import cost_grid, with_static_twin
 from .compare import all_close, max_diff
 from .one_process import flat_cross_entropy, params_of, local_batch
-from .profiling import (quiet_native_stderr, profile_cpu, count_ops, trace_events, overlap_ms,
-                        exposed_ms, trace_sentence)
+from .profiling import (quiet_native_stderr, profile_cpu, collectives_in, count_ops, trace_events,
+                        overlap_ms, exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, formatted, plural, say
 from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
@@ -103,7 +103,7 @@ from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, r
 from .data_parallel.fast_lenet import lenet_fused, fused_flat_grad, tap_major
 from .data_parallel.scratch import DDPFromScratch, make_buckets
 from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exact,
-                                      SyncBatchNormFunction, CPUSyncBatchNorm,
+                                      ddp_step_collectives, SyncBatchNormFunction, CPUSyncBatchNorm,
                                       convert_sync_batchnorm, TwoInputNet, side_features, bn_net,
                                       bn_stats, global_batches, train_bn_steps)
 from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights,

@@ -8,8 +8,8 @@ import contextlib
 import os
 import sys
 
-__all__ = ["quiet_native_stderr", "profile_cpu", "count_ops", "trace_events", "overlap_ms",
-           "exposed_ms", "trace_sentence"]
+__all__ = ["quiet_native_stderr", "profile_cpu", "collectives_in", "count_ops", "trace_events",
+           "overlap_ms", "exposed_ms", "trace_sentence"]
 
 
 @contextlib.contextmanager
@@ -43,6 +43,35 @@ def profile_cpu(fn, steps=1, cuda=None):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     return prof
+
+
+BACKEND_PREFIXES = ("gloo:", "nccl:")
+
+
+def collectives_in(fn):
+    """The collectives that fn() ran through its process group's backend, in the order they
+    started: a list of (op, elements), op as the backend names it ('broadcast', 'all_reduce',
+    ...) and elements the size of its first tensor (None where the profiler kept no shape).
+    Read off torch.profiler, to which gloo and NCCL report each collective they run
+    ('gloo:broadcast', ...): so it also sees the ones DDP's C++ reducer runs, which wrapping
+    torch.distributed's Python functions (count_traffic) cannot. gloo runs its collectives on
+    threads of its own, so two in flight together (two async all-reduces) may start in either
+    order: compare those as a set; one waited for before the next is launched keeps its place.
+    Under NCCL an entry is the launch, on the host."""
+    import math
+
+    from torch import profiler
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")   # no native INFO/WARNING lines
+    with quiet_native_stderr(), profiler.profile(activities=[profiler.ProfilerActivity.CPU],
+                                                 record_shapes=True) as prof:
+        fn()
+    found = []
+    for e in prof.events():
+        if e.name.startswith(BACKEND_PREFIXES):
+            shapes = e.input_shapes or [[]]
+            size = math.prod(shapes[0]) if shapes[0] else None
+            found.append((e.time_range.start, e.name.split(":", 1)[1], size))
+    return [(op, size) for _, op, size in sorted(found, key=lambda f: f[0])]
 
 
 def count_ops(prof, steps=1):

@@ -193,3 +193,66 @@ def test_no_ddp_call_in_the_course_passes_broadcast_buffers():
                                                       for k in node.keywords):
                     found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not found, f"pass **no_forward_buffer_sync() instead: {found}"
+
+
+# --- the collectives DDP runs, counted on a real one-process gloo group (custom_modules.ipynb,
+# ddp_torchrun.ipynb, ddp_scratch.ipynb) -------------------------------------------------------
+_COUNT_SCRIPT = """
+import json, torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+import helpers
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+out = {"direct": helpers.collectives_in(
+    lambda: (dist.all_reduce(torch.ones(3)), dist.broadcast(torch.ones(2), 0)))}
+for flag in (False, True):
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)),
+                find_unused_parameters=flag)
+    X = torch.randn(3, 4)
+    out[str(flag)] = helpers.ddp_step_collectives(model, lambda m: m(X).sum())
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def counted():
+    """helpers.collectives_in and ddp_step_collectives on a one-process gloo group, in a
+    process of its own (this module's fake group holds the default group here)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "CUDA_VISIBLE_DEVICES": "",
+           "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", _COUNT_SCRIPT], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_collectives_in_lists_the_backends_collectives_in_order_with_their_sizes(counted):
+    assert counted["direct"] == [["all_reduce", 3], ["broadcast", 2]]
+
+
+def test_the_bucket_rebuild_runs_two_broadcasts_in_the_second_training_forward(counted):
+    """find_unused_parameters=False: the reducer's rebuild (sync_bucket_indices) broadcasts
+    the new bucket order (4 parameter indices and the bucket count: 5 elements), then the
+    bucket sizes (1 bucket: 1 element), in the forward after the first iteration, once.
+    Every backward all-reduces the one bucket (30 gradient elements)."""
+    steps = counted["False"]
+    assert [s["forward"] for s in steps] == [[], [["broadcast", 5], ["broadcast", 1]], []]
+    assert all(s["backward"] == [["all_reduce", 30]] for s in steps), steps
+
+
+def test_find_unused_parameters_adds_one_all_reduce_a_step_and_never_rebuilds(counted):
+    """find_unused_parameters=True: no rebuild broadcast; every backward all-reduces the bucket
+    and the map of used parameters (one entry a parameter: 4)."""
+    steps = counted["True"]
+    assert all(s["forward"] == [] for s in steps), steps
+    # in flight together, on gloo's threads: either may start first
+    assert all(sorted(s["backward"]) == [["all_reduce", 4], ["all_reduce", 30]]
+               for s in steps), steps

@@ -45,3 +45,21 @@ def test_time_dp_vs_ddp_refuses_fewer_than_two_gpus():
         pytest.skip("a machine with 2 GPUs runs it")
     with pytest.raises(RuntimeError, match="needs 2 GPUs"):
         helpers.time_dp_vs_ddp()
+
+
+def test_this_torchs_recorder_keeps_2000_entries_by_default():
+    """ddp_torchrun says the pinned torch keeps 2,000 entries with no variable set: the default
+    its FlightRecorder reads TORCH_FR_BUFFER_SIZE with (the installed C++ header), the size
+    fr_env also asks for."""
+    import re
+    from pathlib import Path
+
+    import torch
+    header = (Path(torch.__file__).parent / "include" / "torch" / "csrc" / "distributed" /
+              "c10d" / "FlightRecorder.hpp")
+    if not header.exists():
+        pytest.skip("this torch ships no C++ headers")
+    default = re.search(r'"TORCH_FR_BUFFER_SIZE",\s*"TORCH_NCCL_TRACE_BUFFER_SIZE"\},\s*(\d+)\)',
+                        header.read_text())
+    assert default, "FlightRecorder.hpp no longer reads TORCH_FR_BUFFER_SIZE as it did"
+    assert int(default.group(1)) == fr.FR_ENTRIES == 2000

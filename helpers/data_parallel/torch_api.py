@@ -12,9 +12,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..models import unwrap
+from ..profiling import collectives_in
 from ..runtime.group import get_rank, get_world_size
 
 __all__ = ["shard_indices", "exact_counts", "evaluate_exact", "no_forward_buffer_sync",
+           "ddp_step_collectives",
            "SyncBatchNormFunction", "CPUSyncBatchNorm", "convert_sync_batchnorm", "TwoInputNet",
            "side_features", "bn_net", "bn_stats", "global_batches", "train_bn_steps"]
 
@@ -66,6 +68,20 @@ def no_forward_buffer_sync(ddp_class=nn.parallel.DistributedDataParallel):
     if "forward_sync_buffers" in inspect.signature(ddp_class.__init__).parameters:
         return {"forward_sync_buffers": False}
     return {"broadcast_buffers": False}
+
+
+def ddp_step_collectives(model, loss_of, steps=3):
+    """What a DDP-wrapped `model` communicates, step by step: for each of `steps` training
+    steps, the collectives of its forward (`loss_of(model)`, which returns the loss) and of its
+    backward, as helpers.collectives_in lists them: [{"forward": [(op, elements), ...],
+    "backward": [...]}, ...]. No optimizer step: the collectives do not depend on it. On one
+    process (a group of one) DDP still runs every collective it would run on many."""
+    seen, box = [], []
+    for _ in range(steps):
+        forward = collectives_in(lambda: box.append(loss_of(model)))
+        backward = collectives_in(lambda: box.pop().backward())
+        seen.append({"forward": forward, "backward": backward})
+    return seen
 
 
 def _combine_stats(counts, means, variances):
