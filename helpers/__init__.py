@@ -193,14 +193,15 @@ from .context_parallel.scratch import (split_positions, shard_sequence, unshard_
                                        attention_reference, block_attention, merge_blocks,
                                        ring_attention, RingAttention, block_work)
 from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
-from .context_parallel.experiments import qkv_inputs, autograd_saved_bytes, cp_torch_run, cp_chapter
+from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
+                                           cp_ulysses_run, cp_activation_memory, cp_torch_run)
 from .context_parallel.scratch import causal_block, ring_pass, RingCensus
 from .context_parallel.ulysses import seq_to_heads, heads_to_seq, SeqToHeads, ulysses_attention
 from .context_parallel.schematics import (ring_schedule, draw_ring, draw_split, plot_ring,
                                           plot_split)
 from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
-from .expert_parallel.experiments import ep_chapter
+from .expert_parallel.experiments import ep_equal_run, ep_imbalance_run, ep_production_run
 from .expert_parallel.moe import router_z_loss
 from .expert_parallel.torch_api import EPMoE, ep_dp_mesh, permute_by_expert
 from .expert_parallel.schematics import dispatch_counts, draw_all_to_all, plot_all_to_all
@@ -208,7 +209,6 @@ from .runtime.mesh import rank_grid, coords_of
 from .composed.model import gpt
 from .composed.scratch import train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
-from .composed.experiments import train_3d_both
 from .composed.experiments import train_cp_zero2
 from .composed.scratch import cp_gpt
 from .composed.schematics import draw_mesh

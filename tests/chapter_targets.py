@@ -35,6 +35,7 @@ CP = dict(attention=dict(B=1, H=2, T=16, D=4, causal=True, layouts=("contiguous"
 EP = dict(equal=dict(moe=MOE, tokens=32, factors=[1.25, None]),
           imbalance=dict(moe=MOE, tokens=32, skews=[0.0, 4.0], factors=[1.25], repeats=1),
           production=dict(moe=dict(MOE, shared_hidden=8), tokens=16, ep=2))
+THREE_D = dict(shape=(1, 2, 1), model=GPT, batch=4, m=2, steps=1)   # (pp, dp, tp)
 PIPE_NET = dict(vocab=64, width=16, depth=4)
 FREE = dict(flops_per_s=50e12, alpha=0.0, beta=float("inf"), source="free messages")
 
@@ -136,11 +137,17 @@ def targets(tmp):
           dict(pipe, schedule="ScheduleGPipe", emulate=1e6), world1=one),
         T("pingpong_run", h.pingpong_run, dict(shape=(4, 16), repeats=2), world1=None),
         # Part VII (part7)
-        T("cp_chapter", h.cp_chapter, CP, "part7"),
-        T("ep_chapter", h.ep_chapter, EP, "part7",
-          world1=dict(production=dict(EP["production"], ep=1))),
-        T("train_3d_both", h.train_3d_both, dict(shape=(1, 2, 1), model=GPT, batch=4, m=2,
-                                                 steps=1), "part7",
+        T("cp_attention_run", h.cp_attention_run, CP["attention"], "part7"),
+        T("cp_ulysses_run", h.cp_ulysses_run, CP["ulysses"], "part7"),
+        T("cp_activation_memory", h.cp_activation_memory, CP["memory"], "part7"),
+        T("cp_torch_run", h.cp_torch_run, CP["torch"], "part7"),
+        T("ep_equal_run", h.ep_equal_run, EP["equal"], "part7"),
+        T("ep_imbalance_run", h.ep_imbalance_run, EP["imbalance"], "part7"),
+        T("ep_production_run", h.ep_production_run, EP["production"], "part7",
+          world1=dict(ep=1)),
+        T("train_3d_scratch", h.train_3d_scratch, THREE_D, "part7",
+          world1=dict(shape=(1, 1, 1))),
+        T("train_3d_torch", h.train_3d_torch, THREE_D, "part7",
           world1=dict(shape=(1, 1, 1))),
         T("train_cp_zero2", h.train_cp_zero2, dict(shape=(1, 2), model=GPT, batch=2, steps=1,
                                                    recomputes=("none",)), "part7",
@@ -151,12 +158,8 @@ def targets(tmp):
 # launch targets that are parts of another (run through it), or harness plumbing
 COVERED_BY = {"run_in_turn": "every target (helpers.run_ranks)",
               "vocab_runs": "tp_worker (lm=...)", "sp_runs": "tp_worker",
-              "cp_attention_run": "cp_chapter", "cp_activation_memory": "cp_chapter",
-              "cp_torch_run": "cp_chapter", "cp_ulysses_run": "cp_chapter",
-              "ep_equal_run": "ep_chapter", "ep_production_run": "ep_chapter",
-              "ep_imbalance_run": "ep_chapter", "train_3d_scratch": "train_3d_both",
-              "train_3d_torch": "train_3d_both", "bn_grads_same_weights": "bn_vs_syncbn "
-              "(the same DDP and SyncBatchNorm set-up, states given)"}
+              "bn_grads_same_weights": "bn_vs_syncbn (the same DDP and SyncBatchNorm set-up, "
+              "states given)"}
 
 
 def each(rank, world, cfg):

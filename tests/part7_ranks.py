@@ -61,12 +61,6 @@ def census_of_kept_blocks(rank, world, cfg):
     return census.peak_blocks
 
 
-def cp_chapter_and_census(rank, world, cfg):
-    """helpers.cp_chapter and census_of_kept_blocks in one launch."""
-    from helpers import cp_chapter
-    return dict(cp_chapter(rank, world, cfg), kept=census_of_kept_blocks(rank, world, cfg))
-
-
 def accumulation_measured(rank, world, cfg):
     """Part V's engines accumulating over cfg["m"] micro-batches, both ways: the bytes Zero2 and
     FSDPFromScratch send per step (count_traffic), and the bytes FSDPFromScratch holds after

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import helpers
-from helpers import gather_shards, launch
-from helpers.composed import one_process_run, stage_costs, train_3d_both
+from helpers import gather_shards, launch, run_ranks
+from helpers.composed import one_process_run, stage_costs, train_3d_scratch, train_3d_torch
 from helpers.runtime.mesh import rank_grid
 
 SHAPE = (2, 2, 2)
@@ -17,7 +17,7 @@ CFG = dict(shape=SHAPE, model=MODEL, batch=4, m=2, steps=2)
 
 @pytest.fixture(scope="module")
 def ranks():
-    return launch(train_3d_both, 8, CFG, quiet=True)
+    return run_ranks(8, [("scratch", train_3d_scratch, CFG), ("torch", train_3d_torch, CFG)])
 
 
 @pytest.fixture(scope="module")

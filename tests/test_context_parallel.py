@@ -11,24 +11,27 @@ import torch
 
 import part7_ranks
 from helpers.context_parallel import (attention_reference, block_work, causal_block,
-                                      context_parallel_status, cp_torch_run,
+                                      context_parallel_status, cp_activation_memory,
+                                      cp_attention_run, cp_torch_run, cp_ulysses_run,
                                       ring_attention, shard_sequence, split_positions,
                                       ulysses_attention, unshard_sequence)
 from helpers.context_parallel.experiments import qkv_inputs
 from helpers.transformer_costs import ring_attention_bytes, ulysses_attention_bytes
-from helpers import launch, run_threads
+from helpers import run_ranks, run_threads
 
 WORLD = 4
 SIZE = dict(B=1, H=4, T=32, D=2)
-CFG = dict(attention=dict(SIZE, causal=True, layouts=("contiguous", "zigzag")),
-           ulysses=dict(SIZE, causal=True),
-           memory=dict(width=8, heads=2, batch=1, seqs=[16, 32, 64]))
+RUNS = [("attention", cp_attention_run,
+         dict(SIZE, causal=True, layouts=("contiguous", "zigzag"))),
+        ("ulysses", cp_ulysses_run, dict(SIZE, causal=True)),
+        ("memory", cp_activation_memory, dict(width=8, heads=2, batch=1, seqs=[16, 32, 64])),
+        ("kept", part7_ranks.census_of_kept_blocks, {})]
 
 
 @pytest.fixture(scope="module")
 def ranks():
     """The chapter's runs and a ring that keeps every block, in one launch of 4 processes."""
-    return launch(part7_ranks.cp_chapter_and_census, WORLD, CFG, quiet=True)
+    return run_ranks(WORLD, RUNS)
 
 
 def reference(causal=True, size=SIZE):

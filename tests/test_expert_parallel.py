@@ -9,23 +9,23 @@ import pytest
 import torch
 
 from helpers.transformer_costs import moe_dispatch_bytes
-from helpers.expert_parallel import (MoE, ExpertParallelMoE, ep_chapter, ep_production_run,
-                                     expert_capacity, grouped_mm, load_balancing_loss,
-                                     moe_inputs, moe_step, permute_by_expert, route,
-                                     router_z_loss)
+from helpers.expert_parallel import (MoE, ExpertParallelMoE, ep_equal_run, ep_imbalance_run,
+                                     ep_production_run, expert_capacity, grouped_mm,
+                                     load_balancing_loss, moe_inputs, moe_step,
+                                     permute_by_expert, route, router_z_loss)
 from helpers.expert_parallel.experiments import AUX, Z_LOSS
-from helpers import launch, run_threads
+from helpers import launch, run_ranks, run_threads
 
 MOE = dict(width=8, hidden=16, n_experts=4, k=2)
 TOKENS, FACTORS = 32, [1.25, 0.5, None]
-CFG = dict(equal=dict(moe=MOE, tokens=TOKENS, factors=FACTORS),
-           imbalance=dict(moe=MOE, tokens=TOKENS, skews=[0.0, 4.0], factors=[1.25, None],
-                          repeats=1))
+RUNS = [("equal", ep_equal_run, dict(moe=MOE, tokens=TOKENS, factors=FACTORS)),
+        ("imbalance", ep_imbalance_run, dict(moe=MOE, tokens=TOKENS, skews=[0.0, 4.0],
+                                             factors=[1.25, None], repeats=1))]
 
 
 @pytest.fixture(scope="module")
 def ranks():
-    return launch(ep_chapter, 2, CFG, quiet=True)
+    return run_ranks(2, RUNS)
 
 
 def unsplit(factor, groups):

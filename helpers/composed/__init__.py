@@ -3,10 +3,9 @@
 from .model import GPTEmbed, GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
 from .scratch import build_stage, one_process_run, train_3d_scratch
 from .torch_api import train_3d_torch
-from .experiments import train_3d_both
 from .planner import (candidate_layouts, format_plan, layout_costs, plan, stage_costs)
 
 __all__ = ["GPTEmbed", "GPTHead", "gpt", "gpt_batches", "gpt_layers", "gpt_loss",
            "stage_cuts", "build_stage", "one_process_run",
-           "train_3d_scratch", "train_3d_torch", "train_3d_both", "candidate_layouts",
+           "train_3d_scratch", "train_3d_torch", "candidate_layouts",
            "format_plan", "layout_costs", "plan", "stage_costs"]

@@ -12,22 +12,9 @@ from ..sharding.memory import PeakBytes
 from ..sharding.zero import Zero2, optimizer_state_bytes
 from ..runtime.mesh import coords_of, new_groups
 from .model import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss
-from .scratch import cp_gpt, train_3d_scratch
-from .torch_api import train_3d_torch
+from .scratch import cp_gpt
 
-__all__ = ["train_3d_both", "train_cp_zero2"]
-
-
-def train_3d_both(rank, world, cfg):
-    """The course's 3-D run and torch's on the same mesh, batches and seeds, in one launch
-    (starting eight processes is the slow part on a CPU): {"scratch": ..., "torch": ...}."""
-    device, shape, model, batch, steps, m, lr, run_torch = take(
-        cfg, "device", "shape", "model", "batch", "steps", m=2, lr=0.05, torch=True)
-    run = dict(device=device, shape=shape, model=model, batch=batch, steps=steps, m=m, lr=lr)
-    out = dict(scratch=train_3d_scratch(rank, world, run))
-    if run_torch:
-        out["torch"] = train_3d_torch(rank, world, run)
-    return out
+__all__ = ["train_cp_zero2"]
 
 
 def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, recompute):

@@ -113,10 +113,10 @@ def train_3d_scratch(rank, world, cfg):
 
 def one_process_run(cfg):
     """The reference: the same GPT, batches and SGD steps in one process, whole batches
-    (cfg: that of train_3d_both or train_cp_zero2; the mesh's keys are not read).
-    Returns (losses, {name in gpt_layers: weight})."""
+    (cfg: that of train_3d_scratch, train_3d_torch or train_cp_zero2; the mesh's keys are not
+    read). Returns (losses, {name in gpt_layers: weight})."""
     model_cfg, batch, steps, lr, *_mesh = take(cfg, "model", "batch", "steps", lr=0.05,
-                                               shape=None, m=None, recomputes=None, torch=None)
+                                               shape=None, m=None, recomputes=None)
     net = gpt_layers(gpt(**model_cfg))
     opt = _optimizer(net.parameters(), lr)
     losses = []

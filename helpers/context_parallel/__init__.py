@@ -7,13 +7,13 @@ from .scratch import (CPAttention, RingAttention, RingCensus, attention_referenc
                       unshard_sequence)
 from .ulysses import HeadsToSeq, SeqToHeads, heads_to_seq, seq_to_heads, ulysses_attention
 from .torch_api import ROTATE_METHODS, context_parallel_status, torch_context_parallel
-from .experiments import (cp_activation_memory, cp_attention_run, cp_chapter, cp_torch_run,
-                          cp_ulysses_run, qkv_inputs, autograd_saved_bytes)
+from .experiments import (cp_activation_memory, cp_attention_run, cp_torch_run, cp_ulysses_run,
+                          qkv_inputs, autograd_saved_bytes)
 
 __all__ = ["CPAttention", "RingAttention", "RingCensus", "attention_reference",
            "block_attention", "block_work", "causal_block", "validate_ranks_agree",
            "merge_blocks", "ring_attention", "ring_pass", "shard_sequence", "split_positions",
            "unshard_sequence", "HeadsToSeq", "SeqToHeads", "heads_to_seq", "seq_to_heads",
            "ulysses_attention", "ROTATE_METHODS", "context_parallel_status",
-           "torch_context_parallel", "cp_activation_memory", "cp_attention_run", "cp_chapter",
+           "torch_context_parallel", "cp_activation_memory", "cp_attention_run",
            "cp_torch_run", "cp_ulysses_run", "qkv_inputs", "autograd_saved_bytes"]

@@ -14,7 +14,7 @@ from .torch_api import ROTATE_METHODS, context_parallel_status, torch_context_pa
 from .ulysses import ulysses_attention
 
 __all__ = ["qkv_inputs", "autograd_saved_bytes", "cp_attention_run", "cp_ulysses_run",
-           "cp_activation_memory", "cp_torch_run", "cp_chapter"]
+           "cp_activation_memory", "cp_torch_run"]
 
 
 def qkv_inputs(B, H, T, D, seed=0, device="cpu"):
@@ -169,19 +169,4 @@ def cp_torch_run(rank, world, cfg):
             run["max_diff"] = max(float((a - b).abs().max())
                                   for a, b in zip(grads, ref["grads"], strict=True))
         out["runs"][rotate] = run
-    return out
-
-
-def cp_chapter(rank, world, cfg):
-    """The chapter's runs in one launch (starting processes is the slow part on a CPU):
-    cfg["attention"], cfg["ulysses"], cfg["memory"] (and, when given, cfg["torch"]) are the
-    cfgs of the runs above."""
-    device, attention, ulysses, memory, torch_cfg = take(cfg, "device", "attention", "ulysses",
-                                                         "memory", torch=None)
-    on = dict(device=device)
-    out = dict(attention=cp_attention_run(rank, world, dict(attention, **on)),
-               ulysses=cp_ulysses_run(rank, world, dict(ulysses, **on)),
-               memory=cp_activation_memory(rank, world, dict(memory, **on)))
-    if torch_cfg is not None:   # torch's context_parallel (on CUDA; elsewhere it says why)
-        out["torch"] = cp_torch_run(rank, world, dict(torch_cfg, **on))
     return out

@@ -6,10 +6,10 @@ from .moe import MoE, expert_capacity, load_balancing_loss, moe_inputs, route, r
 from .scratch import AllToAll, ExpertParallelMoE, all_to_all
 from .torch_api import (EPMoE, GroupedExperts, ep_dp_mesh, grouped_mm, grouped_mm_status,
                         permute_by_expert)
-from .experiments import ep_chapter, ep_equal_run, ep_imbalance_run, ep_production_run, moe_step
+from .experiments import ep_equal_run, ep_imbalance_run, ep_production_run, moe_step
 
 __all__ = ["MoE", "expert_capacity", "load_balancing_loss", "moe_inputs", "route",
            "router_z_loss", "AllToAll", "ExpertParallelMoE", "all_to_all", "EPMoE",
            "GroupedExperts", "ep_dp_mesh", "grouped_mm", "grouped_mm_status",
-           "permute_by_expert", "ep_chapter", "ep_equal_run", "ep_imbalance_run",
+           "permute_by_expert", "ep_equal_run", "ep_imbalance_run",
            "ep_production_run", "moe_step"]

@@ -10,7 +10,7 @@ from .moe import MoE, moe_inputs
 from .scratch import ExpertParallelMoE
 from .torch_api import EPMoE, ep_dp_mesh
 
-__all__ = ["moe_step", "ep_equal_run", "ep_imbalance_run", "ep_production_run", "ep_chapter"]
+__all__ = ["moe_step", "ep_equal_run", "ep_imbalance_run", "ep_production_run"]
 
 AUX = 0.01      # weight of the load-balancing loss in the training loss
 Z_LOSS = 0.001  # weight of the router z-loss
@@ -126,16 +126,3 @@ def ep_production_run(rank, world, cfg):
     return dict(y=_cpu(y), x_grad=_cpu(x.grad), grads=grads, sent_bytes=aux["sent_bytes"],
                 grouped_mm=aux["grouped_mm"], received=aux["received"].tolist(),
                 z_loss=float(aux["z_loss"].detach()), first=model.first, local=model.local)
-
-
-def ep_chapter(rank, world, cfg):
-    """The chapter's runs in one launch: cfg["equal"], cfg["imbalance"] and cfg["production"]
-    are their cfgs (production optional)."""
-    device, equal, imbalance, production = take(cfg, "device", "equal", "imbalance",
-                                                production=None)
-    on = dict(device=device)
-    out = dict(equal=ep_equal_run(rank, world, dict(equal, **on)),
-               imbalance=ep_imbalance_run(rank, world, dict(imbalance, **on)))
-    if production is not None:
-        out["production"] = ep_production_run(rank, world, dict(production, **on))
-    return out
