@@ -74,7 +74,7 @@ def ensure_data(root=None):
 
 def fashion_mnist(train=True, transform=None, root=None):
     """The torchvision dataset, downloaded on first use (a seeded raw/ folder skips the network)."""
-    import torchvision   # imported here: worker processes that never load data start faster
+    import torchvision  # imported here: worker processes that never load data start faster
     from torchvision import transforms
     root = ensure_data(root)
     return torchvision.datasets.FashionMNIST(

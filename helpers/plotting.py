@@ -12,7 +12,7 @@ class Animator:
 
     def __init__(self, xlabel=None, ylabel=None, legend=(), xlim=None, ylim=None,
                  figsize=(4.5, 3), title=None):
-        import matplotlib.pyplot as plt   # here: every rank and script imports helpers
+        import matplotlib.pyplot as plt  # here: every rank and script imports helpers
         self.fig, self.ax = plt.subplots(figsize=figsize)
         plt.close(self.fig)   # shown through the display handle only, not again at cell end
         self.labels = dict(xlabel=xlabel, ylabel=ylabel, xlim=xlim, ylim=ylim, title=title)

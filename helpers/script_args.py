@@ -10,9 +10,16 @@ import os
 
 from .config import full, quick
 from .data import DataMissingError, ensure_data
-from .validate import (BACKENDS, validate_backend, validate_global_batch, validate_lr,
-                       validate_output_path, validate_positive_int, validate_seed,
-                       validate_snapshot)
+from .validate import (
+    BACKENDS,
+    validate_backend,
+    validate_global_batch,
+    validate_lr,
+    validate_output_path,
+    validate_positive_int,
+    validate_seed,
+    validate_snapshot,
+)
 
 __all__ = ["script_parser", "resolve_args"]
 

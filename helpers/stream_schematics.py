@@ -7,7 +7,8 @@ host's clock as it submits each product, when it reads the clock without waiting
 """
 import time
 
-from .schematics import LABEL_FONT as SMALL, SCHEMATIC_WIDTH, device_color, diagram
+from .schematics import LABEL_FONT as SMALL
+from .schematics import SCHEMATIC_WIDTH, device_color, diagram
 
 __all__ = ["queue_timeline", "plot_queue_timeline"]
 

@@ -286,7 +286,7 @@ def execute(path, store=True, record=None):
     if store:
         drop_unshown_widget_state(nb)
         refresh_runs_line(nb, docname(path), mode, entry, record)
-        from helpers import atomic_write   # the one atomic writer: a kill keeps the old file
+        from helpers import atomic_write  # the one atomic writer: a kill keeps the old file
         atomic_write(path, lambda f: nbformat.write(nb, f), mode="w")
     record_run(docname(path), mode, entry, record)
     from helpers.words import plural

@@ -109,6 +109,7 @@ def term_anchor(term):
 def citation_labels():
     """{bibtex key: 'Huang et al., 2019'} with the labels of book/_ext/bib_style.py."""
     import importlib.util
+
     from pybtex.database import parse_file
     spec = importlib.util.spec_from_file_location("bib_style", ROOT / "book/_ext/bib_style.py")
     mod = importlib.util.module_from_spec(spec)
@@ -460,7 +461,7 @@ def book_field(template, url=None):
 
 
 def say_cell(template, names, md_cell, imported):
-    from helpers.prose import formatted   # the formatting the kernel will do
+    from helpers.prose import formatted  # the formatting the kernel will do
     body = rewrap(template)
     lines = [TITLE] + ([] if imported else ["import helpers", ""]) + \
         ['helpers.say(r"""', body, '""")']

@@ -406,7 +406,7 @@ def update_teachers_guide(path=TEACHERS, notebooks=None):
     new = _between(new, GRADING_BEGIN, GRADING_END, grading_table(notebooks))
     if new != text:
         sys.path.insert(0, str(ROOT))
-        from helpers.runtime.files import atomic_write   # a kill leaves the old guide whole
+        from helpers.runtime.files import atomic_write  # a kill leaves the old guide whole
         atomic_write(pathlib.Path(path), lambda f: f.write(new), mode="w")
     return new != text
 
@@ -421,7 +421,7 @@ def build(notebooks=None, out=ROOT / "student", course=ROOT / "_build" / "nbgrad
     """Write the student edition of `notebooks` (default: every chapter in _toc.yml) into `out`;
     return the paths written. `gradebook=False` skips nbgrader's database (faster; nothing to
     autograde against), as `nbgrader generate_assignment --no-db` does."""
-    from nbgrader.apps import NbGraderAPI   # imported here: ~1 s, and only this command needs it
+    from nbgrader.apps import NbGraderAPI  # imported here: ~1 s, and only this command needs it
     from traitlets.config import Config
 
     # nbgrader runs the `alembic` command (its gradebook's migrations): find it beside this Python

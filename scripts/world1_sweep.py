@@ -30,8 +30,9 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write the results here too")
     p.add_argument("--timeout", type=float, default=540.0, help="seconds for all the runs")
     a = p.parse_args(argv)
-    import helpers                                   # after the argument checks
     import chapter_targets as ct
+
+    import helpers  # after the argument checks
     if a.backend == "nccl" and helpers.num_gpus() < 1:
         p.error("--backend nccl needs a GPU: on a CPU use --backend gloo")
     only = {s for s in a.only.split(",") if s}

@@ -3,9 +3,9 @@ collective runs: never gloo's SIGABRT ("Received data size doesn't match"), a ha
 the sizes agree) the wrong tensors mixed without a word. The checks go through the process
 group's store (helpers.runtime.agree), so they are not counted as traffic."""
 import pytest
+import reliability_ranks
 
 import helpers
-import reliability_ranks
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,8 @@ import sys
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
-
 from book_files import ROOT
+from nbformat.v4 import new_code_cell, new_notebook
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import student_edition as se  # noqa: E402

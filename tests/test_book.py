@@ -6,7 +6,6 @@ import re
 
 import pytest
 import yaml
-
 from book_files import ROOT, book_sources, entry_path, toc_entries, toc_notebooks
 
 

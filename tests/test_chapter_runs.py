@@ -10,7 +10,6 @@ import time
 
 import nbformat
 import pytest
-
 from book_files import ROOT, toc_notebooks
 
 EXT = ROOT / "book" / "_ext"

@@ -12,9 +12,9 @@ import types
 import numpy as np
 import torch
 import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut
 
 OWN = "of your own class"
 PEEK = "inspects the running program"

@@ -65,8 +65,16 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 import helpers  # noqa: E402
-from helpers.checks._core import (FakeGPUs, HarnessError, World, as_int, as_number,  # noqa: E402
-                                  check, gamma, rel_close)
+from helpers.checks._core import (  # noqa: E402
+    FakeGPUs,
+    HarnessError,
+    World,
+    as_int,
+    as_number,
+    check,
+    gamma,
+    rel_close,
+)
 from helpers.checks._core.fresh import regrade  # noqa: E402
 
 
@@ -132,7 +140,7 @@ def test_a_reference_caught_by_the_answer_still_fails():
 
 def test_an_import_inside_the_answer_is_seen():
     def answer(n):
-        from helpers import saved_per_layer, num_params  # noqa: F401
+        from helpers import num_params, saved_per_layer  # noqa: F401
         return 6
     assert "course's own answer" in check_demo(answer).message
 

@@ -6,10 +6,10 @@ import random
 
 import numpy as np
 import torch
+from check_cases import other, parametrize_cases, shortcut, worked
 from torch.utils.data.distributed import DistributedSampler
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 
 
 # ---- sampler_shard -----------------------------------------------------------------------------

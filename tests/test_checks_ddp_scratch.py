@@ -6,9 +6,9 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut, worked
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 
 
 # ---- bucket_params -----------------------------------------------------------------------------

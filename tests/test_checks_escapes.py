@@ -12,12 +12,11 @@ import concurrent.futures
 import multiprocessing as mp
 
 import numpy as np
-from numpy import diff as _diff_bound_before
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import _disable_current_modes
-
 from check_cases import other, parametrize_cases, shortcut
+from numpy import diff as _diff_bound_before
+from torch.utils._python_dispatch import _disable_current_modes
 
 PROCESS = "starts another process"
 DISPATCH = "switches off torch's dispatch"

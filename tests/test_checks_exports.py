@@ -6,8 +6,9 @@ import inspect
 import json
 import types
 
-import helpers.checks
 from book_files import ROOT
+
+import helpers.checks
 
 CHECKS = ROOT / "helpers" / "checks"
 # the harness's face: what a check is built with (check, expect, fresh_generator) and what a

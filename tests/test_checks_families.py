@@ -13,10 +13,10 @@ import types
 
 import pytest
 import torch
+from check_cases import other, parametrize_cases, shortcut
 from torch.nn import functional as F
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut
 
 HELPERS = pathlib.Path(helpers.__file__).resolve().parent
 PEEK = "inspects the running program"

@@ -17,17 +17,16 @@ answers beside them pass.
 - right answers once rejected: a `Decimal` result (as_number), SyncBatchNorm's two sums
   all-reduced in float64 (the cap counts numbers, not float32 bytes).
 """
-from fractions import Fraction
-
 from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from check_cases import other, parametrize_cases, shortcut
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut
 
 UNWATCHED = "unwatched way out of torch"
 READ_OUT = "out of torch into Python numbers"

@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 import torch
+from check_cases import other, parametrize_cases, shortcut, worked
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 from helpers import synchronize, unflatten_into
 from helpers.checks import check_ring_allreduce, check_time_it
 

@@ -18,11 +18,11 @@ import types
 
 import pytest
 import torch
+from check_cases import CASES, parametrize_cases, shortcut
 from torch.utils._python_dispatch import _disable_current_modes
 
 import helpers
 import helpers.checks
-from check_cases import CASES, parametrize_cases, shortcut
 from helpers.checks._core import REGISTRY, guard
 
 TESTS = pathlib.Path(__file__).resolve().parent

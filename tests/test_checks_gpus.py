@@ -3,7 +3,6 @@ shortcuts of different kinds (each failing with the message that names what it s
 right answers (tests/check_cases.py)."""
 import numpy as np
 import torch
-
 from check_cases import other, parametrize_cases, shortcut, worked
 
 

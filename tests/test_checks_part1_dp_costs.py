@@ -2,9 +2,9 @@
 kinds (known cheats included), other right answers (tests/check_cases.py)."""
 import numpy as np
 import torch
+from check_cases import other, parametrize_cases, shortcut, worked
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 from helpers import OPTIMIZER_STATE_BYTES
 
 

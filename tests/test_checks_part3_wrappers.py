@@ -7,10 +7,10 @@ import copy
 
 import numpy as np
 import torch
+from check_cases import other, parametrize_cases, shortcut, worked
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 
 
 # ---- dp_shard_sizes ----------------------------------------------------------------------------

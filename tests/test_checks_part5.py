@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import torch
 import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut, worked
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 
 
 # ---- zero: Exercise 1 ---------------------------------------------------------------------------

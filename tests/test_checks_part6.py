@@ -9,10 +9,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-import helpers
 from book_files import ROOT
 from check_cases import other, parametrize_cases, shortcut, worked
+
+import helpers
 from helpers import copy_to_tp, reduce_from_tp
 
 REFUSED = "the course's own answer"     # the harness's words for a reference shortcut

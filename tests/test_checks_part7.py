@@ -6,10 +6,10 @@ import json
 import math
 
 import torch
-
-import helpers
 from book_files import ROOT
 from check_cases import other, parametrize_cases, shortcut, worked
+
+import helpers
 
 
 def solution(notebook, name):

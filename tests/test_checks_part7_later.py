@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
+from book_files import ROOT
+from check_cases import CASES, cases_of, other, shortcut, worked
 
 import helpers
 import helpers.checks as new
-from book_files import ROOT
-from check_cases import CASES, cases_of, other, shortcut, worked
 
 
 def solution(notebook, name):

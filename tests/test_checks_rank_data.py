@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from check_cases import other, parametrize_cases, shortcut
 
 RANKS = "read out of its own tensors"

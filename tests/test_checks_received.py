@@ -10,9 +10,9 @@ import math
 
 import torch
 import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut
 
 DECOR = "does not depend on what it received"
 

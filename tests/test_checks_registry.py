@@ -6,9 +6,9 @@ import importlib
 import pathlib
 
 import pytest
+from check_cases import CASES
 
 import helpers.checks
-from check_cases import CASES
 from helpers.checks._core import REGISTRY
 
 TESTS = pathlib.Path(__file__).resolve().parent

@@ -2,9 +2,9 @@
 different kinds (known cheats included), other right answers (tests/check_cases.py)."""
 import numpy as np
 import torch
+from check_cases import other, parametrize_cases, shortcut, worked
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 from helpers import get_params, split_batch
 
 

@@ -8,10 +8,10 @@ import textwrap
 import types
 
 import torch
+from check_cases import other, parametrize_cases, shortcut
 from torch.nn import functional as F
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut
 
 PEEK = "inspects the running program"
 OWN = "course's own answer"

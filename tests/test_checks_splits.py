@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import torch
+from check_cases import other, parametrize_cases, shortcut, worked
 from torch.nn import functional as F
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 from helpers import copy_to_shards, reduce_from_shards, send
 
 

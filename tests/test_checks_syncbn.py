@@ -3,7 +3,6 @@ answers, shortcuts of different kinds (known cheats included: E[x^2] - E[x]^2 in
 other right answers (tests/check_cases.py)."""
 import torch
 import torch.distributed as dist
-
 from check_cases import other, parametrize_cases, shortcut, worked
 
 

@@ -4,9 +4,8 @@ a tensor resized in place, a network's layers replaced, a module's forward reass
 written through `.data` (no version counter sees it). Each must fail with the inputs named
 (helpers/checks/_core/untouched.py); exercises that write into their inputs declare it
 (`changes_inputs=True`) and keep their right answers passing."""
-from torch import nn
-
 from check_cases import parametrize_cases, shortcut
+from torch import nn
 
 CHANGED = "changed its inputs"
 

@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut
 import helpers.checks._core
 from helpers.checks._core import CheckFailed, World
 from helpers.runtime import errors

@@ -4,9 +4,9 @@ or half precision, use one scale per shard, drop the scales, or floor instead of
 naming the skipped step, and other right answers (the list form, float64, uint8) pass."""
 import torch
 import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut, worked
 
 import helpers
-from check_cases import other, parametrize_cases, shortcut, worked
 
 
 def _blocks(shard, block):

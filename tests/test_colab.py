@@ -32,7 +32,6 @@ import zipfile
 import nbformat
 import pytest
 import yaml
-
 from book_files import toc_notebooks, toc_parts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -326,6 +325,7 @@ def _requirement_closure(names):
     """The installed distributions `names` need, themselves included (markers evaluated here,
     extras followed: torch needs `cuda-toolkit[cublas,...]`, whose extras need more)."""
     from importlib import metadata
+
     from packaging.requirements import Requirement
     seen, done, todo = {}, set(), [(n, ()) for n in names]
     while todo:

@@ -6,18 +6,28 @@ block and two (forward) or three (backward) more, counted from below by RingCens
 an all-gather's w; all-to-all (Ulysses) attention equals the ring and sends 8 (w-1)/w blocks;
 the attention layer's activations per rank grow linearly with the sequence; torch's
 context_parallel says why it does not run on a CPU. The same code on 2 to 8 thread-ranks."""
+import part7_ranks
 import pytest
 import torch
 
-import part7_ranks
-from helpers.context_parallel import (attention_reference, block_work, causal_block,
-                                      context_parallel_status, cp_activation_memory,
-                                      cp_attention_run, cp_torch_run, cp_ulysses_run,
-                                      ring_attention, shard_sequence, split_positions,
-                                      ulysses_attention, unshard_sequence)
+from helpers import run_ranks, run_threads
+from helpers.context_parallel import (
+    attention_reference,
+    block_work,
+    causal_block,
+    context_parallel_status,
+    cp_activation_memory,
+    cp_attention_run,
+    cp_torch_run,
+    cp_ulysses_run,
+    ring_attention,
+    shard_sequence,
+    split_positions,
+    ulysses_attention,
+    unshard_sequence,
+)
 from helpers.context_parallel.experiments import qkv_inputs
 from helpers.transformer_costs import ring_attention_bytes, ulysses_attention_bytes
-from helpers import run_ranks, run_threads
 
 WORLD = 4
 SIZE = dict(B=1, H=4, T=32, D=2)

@@ -8,10 +8,10 @@ import re
 import ipywidgets as widgets
 import nbformat
 import pytest
+from book_files import ROOT
 from torch import nn
 
 import helpers
-from book_files import ROOT
 
 MLP = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                     nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))

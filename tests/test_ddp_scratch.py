@@ -9,7 +9,8 @@ from torch import nn
 
 import helpers
 from helpers import make_buckets
-from helpers.data_parallel import overlap_experiments as O, scratch_experiments as E
+from helpers.data_parallel import overlap_experiments as O
+from helpers.data_parallel import scratch_experiments as E
 
 CASES = [("mlp", None), ("mlp", 0.004), ("mlp", 25), ("tied", None), ("tied", 0.01),
          ("frozen", 0.004)]

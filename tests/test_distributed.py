@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from book_files import ROOT
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
@@ -22,7 +23,6 @@ import helpers
 import helpers as hd
 from helpers.data_parallel import torch_api
 from helpers.runtime import group
-from book_files import ROOT
 
 SCRIPT = ROOT / "scripts" / "ddp" / "torchrun.py"
 RUN = dict(subset=256, batch_size=64, epochs=2, lr=0.1, seed=3)   # 4 steps an epoch, 2 epochs

@@ -8,13 +8,24 @@ DTensor expert weights, grouped GEMM) on 4 processes with EP x DP."""
 import pytest
 import torch
 
-from helpers.transformer_costs import moe_dispatch_bytes
-from helpers.expert_parallel import (MoE, ExpertParallelMoE, ep_equal_run, ep_imbalance_run,
-                                     ep_production_run, expert_capacity, grouped_mm,
-                                     load_balancing_loss, moe_inputs, moe_step,
-                                     permute_by_expert, route, router_z_loss)
-from helpers.expert_parallel.experiments import AUX, Z_LOSS
 from helpers import launch, run_ranks, run_threads
+from helpers.expert_parallel import (
+    ExpertParallelMoE,
+    MoE,
+    ep_equal_run,
+    ep_imbalance_run,
+    ep_production_run,
+    expert_capacity,
+    grouped_mm,
+    load_balancing_loss,
+    moe_inputs,
+    moe_step,
+    permute_by_expert,
+    route,
+    router_z_loss,
+)
+from helpers.expert_parallel.experiments import AUX, Z_LOSS
+from helpers.transformer_costs import moe_dispatch_bytes
 
 MOE = dict(width=8, hidden=16, n_experts=4, k=2)
 TOKENS, FACTORS = 32, [1.25, 0.5, None]

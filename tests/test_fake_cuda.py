@@ -14,11 +14,11 @@ import os
 import tempfile
 from pathlib import Path
 
+import chapter_targets as ct
+import fake_cuda
 import pytest
 import torch
 
-import chapter_targets as ct
-import fake_cuda
 import helpers
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,10 @@ import importlib
 import inspect
 import os
 
+import check_cases
 import pytest
 import torch
 
-import check_cases
 import helpers.checks
 from helpers.checks._core import FakeGPUs
 

@@ -5,10 +5,24 @@ import pytest
 import torch
 
 import helpers
-from helpers import (FastDataParallel, OverlapReducer, ResidentLoader, allreduce,
-                     allreduce_time, bucketed_allreduce, fit_alpha_beta, flat_allreduce,
-                     flatten, get_params, init_lenet_params, ring_allreduce, ring_bytes_per_device,
-                     train_batch, train_batch_overlap, unflatten_into)
+from helpers import (
+    FastDataParallel,
+    OverlapReducer,
+    ResidentLoader,
+    allreduce,
+    allreduce_time,
+    bucketed_allreduce,
+    fit_alpha_beta,
+    flat_allreduce,
+    flatten,
+    get_params,
+    init_lenet_params,
+    ring_allreduce,
+    ring_bytes_per_device,
+    train_batch,
+    train_batch_overlap,
+    unflatten_into,
+)
 
 CPU = torch.device("cpu")
 

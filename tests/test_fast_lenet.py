@@ -5,8 +5,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import helpers
-from helpers import (FastDataParallel, fused_flat_grad, init_lenet_params, lenet, lenet_fused,
-                     replica_flat_grad, tap_major)
+from helpers import (
+    FastDataParallel,
+    fused_flat_grad,
+    init_lenet_params,
+    lenet,
+    lenet_fused,
+    replica_flat_grad,
+    tap_major,
+)
 
 CPU = torch.device("cpu")
 

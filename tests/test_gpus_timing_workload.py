@@ -7,9 +7,9 @@ import statistics
 import time
 
 import torch
+from book_files import ROOT
 
 import helpers
-from book_files import ROOT
 
 FASTEST_FLOPS = 1e15   # FLOP/s: beyond any GPU's float32 matrix product today (an H200: ~5e13)
 LAUNCH_S = 5e-6        # a kernel launch from Python, about

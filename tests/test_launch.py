@@ -10,11 +10,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import launch_targets as lt
 import pytest
 import torch
 
 import helpers
-import launch_targets as lt
 from helpers.runtime import progress
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,9 +4,9 @@ interface, without authentication."""
 import sys
 
 import pytest
+import reliability_ranks
 
 import helpers
-import reliability_ranks
 
 LOOPBACK = "0100007F"   # 127.0.0.1 as /proc/net/tcp writes it
 

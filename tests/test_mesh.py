@@ -1,7 +1,7 @@
 """The one mesh builder (helpers.runtime.mesh): its groups by hand are init_device_mesh's."""
+import launch_targets as lt
 import pytest
 
-import launch_targets as lt
 from helpers import launch
 from helpers.runtime import mesh
 

@@ -5,8 +5,7 @@ mesh dimension; FSDP2's torch.chunk shards of rows that do not divide."""
 import pytest
 import torch
 
-from helpers import (block_inputs, block_loss, hsdp_worker, mesh2d_worker, run_ranks,
-                     small_stack)
+from helpers import block_inputs, block_loss, hsdp_worker, mesh2d_worker, run_ranks, small_stack
 
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=4, seq=4, width=16)

@@ -9,9 +9,9 @@ import inspect
 import json
 
 import pytest
+from book_files import ROOT, toc_notebooks
 
 import helpers
-from book_files import ROOT, toc_notebooks
 
 
 def _strip_docstrings(node):

@@ -8,11 +8,30 @@ import pytest
 import torch
 
 import helpers
-from helpers import (CommLog, all_close, balanced_cuts, bubble_fraction, clock_ticks,
-                     gpipe_order, interleaved_bubble, interleaved_order, interleaved_ticks,
-                     layer_sizes, lenet_module, loss, measured_bubble, multiply_adds,
-                     network_cuts, one_f_one_b_order, run_interleaved, split_costs,
-                     split_sequential, stage_times, unequal_bubble, with_durations)
+from helpers import (
+    CommLog,
+    all_close,
+    balanced_cuts,
+    bubble_fraction,
+    clock_ticks,
+    gpipe_order,
+    interleaved_bubble,
+    interleaved_order,
+    interleaved_ticks,
+    layer_sizes,
+    lenet_module,
+    loss,
+    measured_bubble,
+    multiply_adds,
+    network_cuts,
+    one_f_one_b_order,
+    run_interleaved,
+    split_costs,
+    split_sequential,
+    stage_times,
+    unequal_bubble,
+    with_durations,
+)
 
 CPU = torch.device("cpu")
 

@@ -6,12 +6,19 @@ processes (where a size mismatch would abort a rank); a capacity factor must be 
 number > 0."""
 import math
 
+import part7_ranks
 import pytest
 import torch
 
-import part7_ranks
-from helpers import (ExpertParallelMoE, MoE, RankFailed, expert_capacity, launch, run_threads,
-                     train_3d_scratch)
+from helpers import (
+    ExpertParallelMoE,
+    MoE,
+    RankFailed,
+    expert_capacity,
+    launch,
+    run_threads,
+    train_3d_scratch,
+)
 
 
 def test_3d_gpt_refuses_a_batch_that_does_not_split_over_dp():

@@ -11,12 +11,32 @@ import time
 import pytest
 import torch
 
-from helpers import (LOOPED_SCHEDULES, RankFailed, Rates, box_model, bubble_fraction,
-                     cuts_by, gpipe_rank_order, interleaved_bubble, launch,
-                     one_f_one_b_rank_order, pingpong_run, pipeline_model_time, pipeline_net,
-                     pipeline_rank_step, pipeline_run, pipelining_run, run_ranks, run_threads,
-                     stage_of, timeline_bubble, unsplit_step, validate_pipelining,
-                     zero_bubble_bubble, zero_bubble_rank_order)
+from helpers import (
+    LOOPED_SCHEDULES,
+    RankFailed,
+    Rates,
+    box_model,
+    bubble_fraction,
+    cuts_by,
+    gpipe_rank_order,
+    interleaved_bubble,
+    launch,
+    one_f_one_b_rank_order,
+    pingpong_run,
+    pipeline_model_time,
+    pipeline_net,
+    pipeline_rank_step,
+    pipeline_run,
+    pipelining_run,
+    run_ranks,
+    run_threads,
+    stage_of,
+    timeline_bubble,
+    unsplit_step,
+    validate_pipelining,
+    zero_bubble_bubble,
+    zero_bubble_rank_order,
+)
 
 NET = dict(vocab=64, width=16, depth=4)
 N, M = 16, 4

@@ -6,10 +6,21 @@ ring attention hop by hop (cp = 2 and cp = 32 no longer tie), expert gradients o
 group."""
 import pytest
 
-from helpers.composed.planner import (_stage_params, candidate_layouts, data_parallel_costs,
-                                     layout_costs, plan, ring_exposed_seconds, stage_costs)
-from helpers.transformer_costs import (activation_bytes_per_token, block_params,
-                                       moe_dispatch_bytes, ring_attention_bytes)
+from helpers.composed.planner import (
+    _stage_params,
+    candidate_layouts,
+    data_parallel_costs,
+    layout_costs,
+    plan,
+    ring_exposed_seconds,
+    stage_costs,
+)
+from helpers.transformer_costs import (
+    activation_bytes_per_token,
+    block_params,
+    moe_dispatch_bytes,
+    ring_attention_bytes,
+)
 
 BIG = dict(layers=32, width=4096, heads=32, vocab=32000, seq=4096, batch=512)
 H100 = dict(memory=80 * 2**30, flops=989e12, bandwidth=450e9)
@@ -94,6 +105,7 @@ def test_accumulation_is_a_dimension():
 def measured():
     """Part V's wrappers accumulating over 4 micro-batches on 2 gloo ranks, both ways."""
     import part7_ranks
+
     from helpers import launch
     return launch(part7_ranks.accumulation_measured, 2, dict(m=4), quiet=True)[0]
 

@@ -8,9 +8,9 @@ import re
 
 import nbformat
 import pytest
+from book_files import ROOT, toc_notebooks
 
 import helpers
-from book_files import ROOT, toc_notebooks
 
 CALL = re.compile(r"getsource\(([\w.]+)\)")
 

@@ -13,9 +13,9 @@ import sys
 
 import nbformat
 import pytest
+from book_files import ROOT, toc_notebooks
 
 import helpers
-from book_files import ROOT, toc_notebooks
 
 READER_MARKUP_APPLIED = True    # the integrator flips this once book/ is converted
 # in rendered HTML a role's backticks have become <code>, a directive's fence a code block

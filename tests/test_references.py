@@ -3,7 +3,6 @@ brief's lists), each entry complete, and every {cite} / {term} in the book resol
 import re
 
 import pytest
-
 from book_files import ROOT, book_sources
 
 KEYS = {"huang2019gpipe", "narayanan2019pipedream", "narayanan2021megatron",

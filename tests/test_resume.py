@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import torch
+from book_files import ROOT
 
 import helpers
-from book_files import ROOT
 
 
 def resolve(argv, world_size=1):

@@ -6,9 +6,17 @@ instead of being kept."""
 import pytest
 import torch
 
-from helpers import (SPBlock, activation_bytes_per_token, block_inputs, block_loss,
-                     gather_shards, run_threads, saved_activation_bytes, small_block,
-                     sync_replicated_grads)
+from helpers import (
+    SPBlock,
+    activation_bytes_per_token,
+    block_inputs,
+    block_loss,
+    gather_shards,
+    run_threads,
+    saved_activation_bytes,
+    small_block,
+    sync_replicated_grads,
+)
 
 
 def _sp_rank(comm, block, X, R):

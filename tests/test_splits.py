@@ -9,15 +9,42 @@ import torch
 from torch.nn import functional as F
 
 import helpers
-from helpers import (CommLog, all_close, bubble_fraction, conv_split_channels, dense_split_columns,
-                     dense_split_rows, layer_sizes, lenet, lenet_module, lenet_within_layer,
-                     network_split_forward, pipeline_step, schedule_bubble, split_costs,
-                     split_sequential)
-from helpers import (clock_ticks, gpipe_order, gpipe_rank_order, measured_bubble, multiply_adds,
-                     one_f_one_b_order, one_f_one_b_rank_order, peak_live, pipeline_1f1b, replay,
-                     run_schedule, saved_per_layer, sharding_costs)
-from helpers import (copy_to_shards, max_diff, megatron_mlp, reduce_from_shards,
-                     ring_all_reduce, ring_bytes_per_device)
+from helpers import (
+    CommLog,
+    all_close,
+    bubble_fraction,
+    clock_ticks,
+    conv_split_channels,
+    copy_to_shards,
+    dense_split_columns,
+    dense_split_rows,
+    gpipe_order,
+    gpipe_rank_order,
+    layer_sizes,
+    lenet,
+    lenet_module,
+    lenet_within_layer,
+    max_diff,
+    measured_bubble,
+    megatron_mlp,
+    multiply_adds,
+    network_split_forward,
+    one_f_one_b_order,
+    one_f_one_b_rank_order,
+    peak_live,
+    pipeline_1f1b,
+    pipeline_step,
+    reduce_from_shards,
+    replay,
+    ring_all_reduce,
+    ring_bytes_per_device,
+    run_schedule,
+    saved_per_layer,
+    schedule_bubble,
+    sharding_costs,
+    split_costs,
+    split_sequential,
+)
 from helpers.models import LENET_SHAPES
 
 torch.backends.cudnn.allow_tf32 = False   # exact float32 convolutions on GPUs too

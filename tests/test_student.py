@@ -10,10 +10,10 @@ import sys
 
 import nbformat
 import pytest
+from book_files import ROOT
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 import helpers.checks
-from book_files import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import student_edition as se  # noqa: E402

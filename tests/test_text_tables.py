@@ -5,7 +5,6 @@ import importlib.util
 import re
 
 import pytest
-
 from book_files import ROOT
 
 

@@ -3,9 +3,9 @@ scratch draw the data they are given: the sampler's real indices and padding, a 
 per epoch, split_batch's shards and the moves the chapter's allreduce makes."""
 import matplotlib
 import pytest
+import torch
 from matplotlib.colors import to_hex
 from matplotlib.patches import Rectangle
-import torch
 from torch.utils.data.distributed import DistributedSampler
 
 import helpers

@@ -7,8 +7,20 @@ process, their collectives and saved activations measured."""
 import pytest
 import torch
 
-from helpers import (SPBlock, TPBlock, TPMLP, block_inputs, block_loss, gather_shards,
-                     run_threads, small_block, launch, split_dims, tiny_tp_lm, tp_worker)
+from helpers import (
+    TPMLP,
+    SPBlock,
+    TPBlock,
+    block_inputs,
+    block_loss,
+    gather_shards,
+    launch,
+    run_threads,
+    small_block,
+    split_dims,
+    tiny_tp_lm,
+    tp_worker,
+)
 
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=2, seq=6, width=16)

@@ -4,8 +4,13 @@ import math
 
 import pytest
 
-from helpers.data_parallel.scratch_verdicts import (PLATEAU, accuracy_gap_words,
-                                                    epoch_speed_words, take_off, takeoff_words)
+from helpers.data_parallel.scratch_verdicts import (
+    PLATEAU,
+    accuracy_gap_words,
+    epoch_speed_words,
+    take_off,
+    takeoff_words,
+)
 
 CHANCE = math.log(10)
 

@@ -21,10 +21,10 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")   # pinned in requirements/test.txt
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-import helpers  # noqa: E402
 from rank_pool import JobFailed, RankPool  # noqa: E402
 from wrapper_cases import WRAPPERS, one_process, train_case  # noqa: E402
+
+import helpers  # noqa: E402
 
 settings.register_profile("ci", max_examples=int(os.environ.get("WRAPPERS_EXAMPLES", 5)),
                           derandomize=True, deadline=None, database=None,

@@ -8,8 +8,7 @@ import math
 import torch
 
 from .. import attention_reference, causal_block, split_positions
-from ._core import (CheckFailed, Recorder, World, check, expect,
-                    fresh_generator, randint, uniform)
+from ._core import CheckFailed, Recorder, World, check, expect, fresh_generator, randint, uniform
 from ._sendrecv import TIMEOUT, _as_list, _carries, _pair, _threads
 
 __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",

@@ -10,8 +10,16 @@ import math
 import torch
 
 from .. import CommLog, loss, ring_all_reduce, send
-from ._core import (FakeGPUs, Recorder, as_pair, check, describe_device, expect, fresh_generator,
-                    randint)
+from ._core import (
+    FakeGPUs,
+    Recorder,
+    as_pair,
+    check,
+    describe_device,
+    expect,
+    fresh_generator,
+    randint,
+)
 from ._core.inputs import expect_unchanged, kept
 from ._core.recorded import Taps
 

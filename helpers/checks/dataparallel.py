@@ -9,8 +9,17 @@ output lived.
 import torch
 from torch import nn
 
-from ._core import (CheckFailed, FakeGPUs, Recorder, as_number, check, describe_device, expect,
-                    fresh_generator, randint)
+from ._core import (
+    CheckFailed,
+    FakeGPUs,
+    Recorder,
+    as_number,
+    check,
+    describe_device,
+    expect,
+    fresh_generator,
+    randint,
+)
 from ._core.numpy_work import expect_list, numpy_work
 
 __all__ = ["check_dp_shard_sizes", "check_lr_at", "check_dp_forward"]

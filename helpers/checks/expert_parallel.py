@@ -7,8 +7,7 @@ Random inputs are drawn so that the shortcuts learners take give numbers the rul
 import torch
 
 from .. import load_balancing_loss, route, router_z_loss
-from ._core import (CheckFailed, as_int, as_number, check, expect,
-                    fresh_generator, randint)
+from ._core import CheckFailed, as_int, as_number, check, expect, fresh_generator, randint
 from ._sendrecv import _carries, _threads
 
 __all__ = ["check_balancing_loss", "check_keep_within_capacity", "check_dispatch_tokens",

@@ -10,8 +10,19 @@ import math
 
 import torch
 
-from ._core import (CheckFailed, FakeGPUs, as_int, as_number, check, describe_device, expect,
-                    fresh_generator, randint, rel_close, uniform)
+from ._core import (
+    CheckFailed,
+    FakeGPUs,
+    as_int,
+    as_number,
+    check,
+    describe_device,
+    expect,
+    fresh_generator,
+    randint,
+    rel_close,
+    uniform,
+)
 
 __all__ = ["check_bucket_allreduce", "check_ring_allreduce", "check_amdahl_speedup"]
 

@@ -4,8 +4,17 @@ import math
 
 import torch
 
-from ._core import (CheckFailed, as_number, as_pair, check, expect, fresh_generator, randint,
-                    rel_close, uniform)
+from ._core import (
+    CheckFailed,
+    as_number,
+    as_pair,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    rel_close,
+    uniform,
+)
 
 __all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model",
            "check_link_between"]

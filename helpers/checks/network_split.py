@@ -7,10 +7,29 @@ import math
 import torch
 from torch import nn
 
-from .. import (all_close, balanced_cuts, validate_orders, clock_ticks, interleaved_order,
-               interleaved_ticks, peak_live, run_schedule)
-from ._core import (CheckFailed, FakeGPUs, as_int, as_pair, check, describe_device, expect,
-                    fresh_generator, gamma, randint, rel_close)
+from .. import (
+    all_close,
+    balanced_cuts,
+    clock_ticks,
+    interleaved_order,
+    interleaved_ticks,
+    peak_live,
+    run_schedule,
+    validate_orders,
+)
+from ._core import (
+    CheckFailed,
+    FakeGPUs,
+    as_int,
+    as_pair,
+    check,
+    describe_device,
+    expect,
+    fresh_generator,
+    gamma,
+    randint,
+    rel_close,
+)
 
 __all__ = ["check_microbatches_for_bubble", "check_split_by_params", "check_order_1f1b",
            "check_interleaved_costs"]

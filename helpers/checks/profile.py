@@ -12,8 +12,16 @@ import time
 
 import torch
 
-from ._core import (as_number, check, describe_device, expect, fresh_generator, randint,
-                    rel_close, uniform)
+from ._core import (
+    as_number,
+    check,
+    describe_device,
+    expect,
+    fresh_generator,
+    randint,
+    rel_close,
+    uniform,
+)
 
 __all__ = ["check_time_it", "check_time_shares", "check_predicted_speedup"]
 

@@ -7,8 +7,19 @@ import math
 
 import torch
 
-from ._core import (CheckFailed, FakeGPUs, Recorder, as_int, as_number, check, describe_device,
-                    expect, fresh_generator, randint, storage_key)
+from ._core import (
+    CheckFailed,
+    FakeGPUs,
+    Recorder,
+    as_int,
+    as_number,
+    check,
+    describe_device,
+    expect,
+    fresh_generator,
+    randint,
+    storage_key,
+)
 from ._core.exits import watch_exits
 from ._core.inputs import expect_unchanged, kept
 from ._core.numpy_work import expect_list, numpy_work

@@ -7,8 +7,16 @@ harness's World, every rank a thread, and what travels between the ranks is reco
 import torch
 from torch import nn
 
-from ._core import (CheckFailed, Recorder, World, check, expect, fresh_generator, randint,
-                    storage_key)
+from ._core import (
+    CheckFailed,
+    Recorder,
+    World,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    storage_key,
+)
 from ._core.exits import watch_exits
 
 __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn_input_grad"]

@@ -12,8 +12,16 @@ import torch
 from torch.nn import functional as F
 
 from .. import CommLog, dense_split_rows
-from ._core import (CheckFailed, FakeGPUs, as_int, check, describe_device, expect, fresh_generator,
-                    randint)
+from ._core import (
+    CheckFailed,
+    FakeGPUs,
+    as_int,
+    check,
+    describe_device,
+    expect,
+    fresh_generator,
+    randint,
+)
 from ._core.inputs import expect_unchanged, kept
 
 # check_mlp_column_then_row has no exercise now (tests use it)

@@ -7,11 +7,11 @@ from ..context_parallel.scratch import shard_sequence
 from ..devices import synchronize
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
+from ..runtime.mesh import coords_of, new_groups
 from ..runtime.traffic import count_traffic
 from ..sharding.memory import PeakBytes
 from ..sharding.zero import Zero2, optimizer_state_bytes
-from ..runtime.mesh import coords_of, new_groups
-from .model import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss
+from .model import gpt, gpt_batches, gpt_layers, gpt_loss, validate_data_split
 from .scratch import cp_gpt
 
 __all__ = ["train_cp_zero2"]

@@ -22,8 +22,14 @@ brings, half a block for a causal zig-zag ring (its MLP waits for it).
 import itertools
 
 from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_bytes_per_device, sharding_costs
-from ..transformer_costs import (RECOMPUTE, activation_bytes_per_token, block_params,
-                                 moe_dispatch_bytes, ring_attention_bytes, train_flops_per_token)
+from ..transformer_costs import (
+    RECOMPUTE,
+    activation_bytes_per_token,
+    block_params,
+    moe_dispatch_bytes,
+    ring_attention_bytes,
+    train_flops_per_token,
+)
 
 __all__ = ["MODEL_KEYS", "GPU_KEYS", "ACCUMULATION", "LATENCY",
            "data_parallel_costs", "stage_costs", "ring_exposed_seconds", "layout_costs",

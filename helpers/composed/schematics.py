@@ -14,7 +14,7 @@ def draw_mesh(shape, ax=None):
     """The (pp, dp, tp) mesh: one panel per pipeline stage, ranks as dots, each dimension's
     groups as lines. With pp = 1 it is Part VI's 2-D (dp, tp) mesh: no stage label, no pipeline
     line in the legend."""
-    import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
+    import matplotlib.pyplot as plt  # drawing only: `import helpers` stays light
     ax = ax or plt.gca()
     pp, dp, tp = shape
     xy = {}

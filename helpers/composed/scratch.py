@@ -17,13 +17,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..context_parallel.scratch import CPAttention, split_positions
+
 # the course's pieces, composed
 from ..costs import ring_bytes_per_device
 from ..data_parallel.scratch import DDPFromScratch
 from ..devices import synced_now
 from ..pipeline_parallel.schedules import one_f_one_b_rank_order
 from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
-from ..context_parallel.scratch import CPAttention, split_positions
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import coords_of, new_groups
@@ -31,8 +32,7 @@ from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
-from .model import (GPTHead, validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss,
-                  stage_cuts)
+from .model import GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts, validate_data_split
 
 __all__ = ["build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
            "CPBlock", "Recomputed", "cp_gpt"]

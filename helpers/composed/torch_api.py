@@ -8,11 +8,11 @@ import torch
 
 from ..devices import synced_now
 from ..pipeline_parallel.scratch import stage_of
-from ..tensor_parallel.torch_api import tp_plan
-from ..tiny_models import SmallBlock
 from ..runtime.launch import take
 from ..runtime.mesh import MESH_DIMS
-from .model import validate_data_split, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts
+from ..tensor_parallel.torch_api import tp_plan
+from ..tiny_models import SmallBlock
+from .model import gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts, validate_data_split
 
 __all__ = ["train_3d_torch"]
 

@@ -8,8 +8,7 @@ from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
 from ..tiny_models import SmallAttention
-from .scratch import (CPAttention, RingCensus, attention_reference, ring_attention,
-                      shard_sequence)
+from .scratch import CPAttention, RingCensus, attention_reference, ring_attention, shard_sequence
 from .torch_api import ROTATE_METHODS, context_parallel_status, torch_context_parallel
 from .ulysses import ulysses_attention
 

@@ -5,7 +5,8 @@ them on one in dark mode too), readable at a phone's width: plot_ring stacks its
 both figures keep their labels at 10 CSS px or more in a phone's column (phone_text_px)."""
 import numpy as np
 
-from ..schematics import SCHEMATIC_FONT as FONT, diagram
+from ..schematics import SCHEMATIC_FONT as FONT
+from ..schematics import diagram
 from .scratch import causal_block, split_positions
 
 __all__ = ["ring_schedule", "draw_ring", "draw_split", "plot_ring", "plot_split"]
@@ -34,7 +35,7 @@ def draw_ring(T, world, layout="zigzag", ax=None, fontsize=8):
     """Ranks (rows) by steps (columns): each cell names the K/V block the rank holds at that
     step and is filled by the share of it the rank computes; arrows: the block goes on to the
     next rank."""
-    import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
+    import matplotlib.pyplot as plt  # drawing only: `import helpers` stays light
     ax = ax or plt.gca()
     sched = ring_schedule(T, world, layout)
     for r, row in enumerate(sched):
@@ -77,7 +78,7 @@ def draw_split(T, world, layout, ax=None, fontsize=None):
     """The T x T causal score matrix (query rows, key columns): each pair a rank's ring forms,
     in its colour (dark where the mask keeps it, light where it is formed and masked); white:
     never formed."""
-    import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
+    import matplotlib.pyplot as plt  # drawing only: `import helpers` stays light
     ax = ax or plt.gca()
     pos = [split_positions(T, world, r, layout) for r in range(world)]
     img = np.ones((T, T, 3))

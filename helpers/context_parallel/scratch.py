@@ -18,6 +18,7 @@ computes on and the one arriving, never the whole sequence (`RingCensus` counts 
 Works over any comm with send/recv (helpers.DistComm across processes, ThreadComm in checks).
 """
 import math
+
 import torch
 import torch.distributed as dist
 from torch.multiprocessing.reductions import StorageWeakRef

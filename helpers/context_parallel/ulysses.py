@@ -8,7 +8,7 @@ with world, where the ring's do; but world may not exceed the heads (the K/V hea
 import torch
 import torch.nn.functional as F
 
-from .scratch import validate_ranks_agree, split_positions
+from .scratch import split_positions, validate_ranks_agree
 
 __all__ = ["seq_to_heads", "heads_to_seq", "SeqToHeads", "HeadsToSeq", "ulysses_attention"]
 

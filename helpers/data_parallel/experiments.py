@@ -16,8 +16,15 @@ from ..devices import DeviceClock, synced_now, synchronize
 from ..models import unwrap
 from ..runtime.launch import take
 from ..runtime.progress import report_progress
-from .torch_api import bn_net, bn_stats, convert_sync_batchnorm, evaluate_exact, global_batches, \
-    no_forward_buffer_sync, train_bn_steps
+from .torch_api import (
+    bn_net,
+    bn_stats,
+    convert_sync_batchnorm,
+    evaluate_exact,
+    global_batches,
+    no_forward_buffer_sync,
+    train_bn_steps,
+)
 
 __all__ = ["bn_vs_syncbn", "bn_grads_same_weights", "uneven_inputs_join", "ddp_trace",
            "ddp_knobs"]

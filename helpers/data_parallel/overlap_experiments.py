@@ -136,6 +136,7 @@ def ddp_scratch_trace(rank, world, cfg):
     and the ms of the steps (forward start to finish end)."""
     import os
     import tempfile
+
     from torch import profiler
 
     from ..devices import synchronize

@@ -11,8 +11,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..compare import max_diff
-from ..one_process import flat_cross_entropy, local_batch, make_optimizer, params_of, \
-    train_one_process
+from ..one_process import (
+    flat_cross_entropy,
+    local_batch,
+    make_optimizer,
+    params_of,
+    train_one_process,
+)
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model

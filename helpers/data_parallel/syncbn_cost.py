@@ -15,8 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..data import load_tensors
 from ..devices import synced_now
 from ..runtime.launch import take
-from .torch_api import CPUSyncBatchNorm, bn_net, convert_sync_batchnorm, \
-    global_batches
+from .torch_api import CPUSyncBatchNorm, bn_net, convert_sync_batchnorm, global_batches
 
 __all__ = ["AloneSyncBatchNorm", "syncbn_cost_times"]
 

@@ -13,8 +13,8 @@ them as a timeline of epochs per attempt, every rank a lane: torchrun restarts t
 """
 import textwrap
 
-from ..schematics import LABEL_FONT as SMALL, SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, \
-    draw_box
+from ..schematics import LABEL_FONT as SMALL
+from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
 
 __all__ = ["sampler_facts", "plot_sampler", "restart_facts", "plot_restart"]
 

@@ -4,7 +4,8 @@ combine. For a light panel, readable at a phone's width: plot_all_to_all stacks 
 its labels keep 10 CSS px or more in a phone's column (phone_text_px)."""
 import torch
 
-from ..schematics import SCHEMATIC_FONT as FONT, diagram
+from ..schematics import SCHEMATIC_FONT as FONT
+from ..schematics import diagram
 from .moe import expert_capacity, route
 
 __all__ = ["dispatch_counts", "draw_all_to_all", "plot_all_to_all"]
@@ -32,7 +33,7 @@ def draw_all_to_all(counts, axes, fontsize=9):
     ax, table = axes
     w = counts.shape[0]
     top = float(counts.max()) or 1.0
-    import matplotlib.pyplot as plt   # drawing only: `import helpers` stays light
+    import matplotlib.pyplot as plt  # drawing only: `import helpers` stays light
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i in range(w):
         ax.text(-0.05, i, f"rank {i}", ha="right", va="center", fontsize=fontsize)

@@ -17,7 +17,7 @@ from ..runtime.launch import take
 from .schedules import gpipe_rank_order, one_f_one_b_rank_order
 from .scratch import pipeline_net, pipeline_rank_step, stage_of
 from .timelines import zero_bubble_rank_order
-from .torch_api import validate_pipelining, pipelining_runs
+from .torch_api import pipelining_runs, validate_pipelining
 
 __all__ = ["pipeline_run", "pipelining_run", "pingpong_run", "forward_flops", "box_model",
            "PIPELINE_ORDERS"]

@@ -12,10 +12,10 @@ from itertools import pairwise
 import torch
 
 from ..runtime.traffic import CommLog
-from ..schematics import LABEL_FONT as SMALL, SCHEMATIC_FONT as FONT, SCHEMATIC_WIDTH, \
-    device_color, diagram, draw_box
-from .schedules import gpipe_rank_order, interleaved_order, one_f_one_b_rank_order, \
-    timeline_bubble
+from ..schematics import LABEL_FONT as SMALL
+from ..schematics import SCHEMATIC_FONT as FONT
+from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
+from .schedules import gpipe_rank_order, interleaved_order, one_f_one_b_rank_order, timeline_bubble
 from .simulated import multiply_adds, network_split_forward, split_sequential
 from .timelines import replay_orders, zero_bubble_rank_order
 

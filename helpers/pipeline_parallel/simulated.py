@@ -11,8 +11,13 @@ import torch
 
 from ..devices import synchronize
 from ..runtime.traffic import send
-from .schedules import (validate_orders, clock_ticks, gpipe_order, interleaved_ticks,
-                        one_f_one_b_order)
+from .schedules import (
+    clock_ticks,
+    gpipe_order,
+    interleaved_ticks,
+    one_f_one_b_order,
+    validate_orders,
+)
 
 __all__ = ["split_sequential", "network_split_forward", "pipeline_step", "run_schedule",
            "stage_forward", "stage_backward", "pipeline_1f1b", "multiply_adds", "run_interleaved",

@@ -11,7 +11,7 @@ import inspect
 
 import torch
 
-from .scratch import LiveActivations, validate_cuts, stage_of, sum_loss
+from .scratch import LiveActivations, stage_of, sum_loss, validate_cuts
 
 __all__ = ["pipelining_available", "validate_pipelining", "make_schedule", "pipelining_step",
            "pipelining_runs", "LOOPED_SCHEDULES"]

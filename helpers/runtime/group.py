@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from ..devices import exact_float32, num_gpus
-from ..words import plural
 from ..validate import validate_backend, validate_positive_int
+from ..words import plural
 
 __all__ = ["choose_backend", "backend_line", "backend_for", "env_ranks", "rank_device", "setup",
            "teardown", "free_port",

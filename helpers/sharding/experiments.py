@@ -10,16 +10,30 @@ import torch
 
 from ..compare import max_diff, rel_diff
 from ..data_parallel.scratch import DDPFromScratch
-from ..one_process import adamw_groups, flat_cross_entropy, local_batch, params_of, \
-    plain_optimizer, train_one_process
+from ..one_process import (
+    adamw_groups,
+    flat_cross_entropy,
+    local_batch,
+    params_of,
+    plain_optimizer,
+    train_one_process,
+)
 from ..runtime.files import atomic_save
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
 from .fsdp_scratch import FSDPFromScratch
 from .memory import PeakBytes
-from .results import DcpRun, Fsdp2Run, FsdpRun, OptimizerRun, StageMemory, Zero1CheckpointRun, \
-    Zero1Run, Zero2Run
+from .results import (
+    DcpRun,
+    Fsdp2Run,
+    FsdpRun,
+    OptimizerRun,
+    StageMemory,
+    Zero1CheckpointRun,
+    Zero1Run,
+    Zero2Run,
+)
 from .torch_api import fsdp2_model, full_params
 from .zero import ShardedOptimizer, Zero2, optimizer_state_bytes
 

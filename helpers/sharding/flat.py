@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..words import plural
 from ..runtime.agree import agree
+from ..words import plural
 
 __all__ = ["flat_shard", "padded_flat", "all_gather_flat", "reduce_scatter_flat",
            "clip_sharded_grad_norm_", "validate_flat_dtypes", "validate_groups", "unit_parameters"]

@@ -17,8 +17,14 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from ..devices import synced_now
 from ..runtime.agree import SAME_MODEL, agree, fingerprint
-from .flat import all_gather_flat, validate_flat_dtypes, clip_sharded_grad_norm_, flat_shard, \
-    reduce_scatter_flat, unit_parameters
+from .flat import (
+    all_gather_flat,
+    clip_sharded_grad_norm_,
+    flat_shard,
+    reduce_scatter_flat,
+    unit_parameters,
+    validate_flat_dtypes,
+)
 
 # what a rank about to run another collective than its peers is told (torch's FSDP needs it too)
 SAME_UNITS = ("every rank must run every FSDP unit, in the same order, in forward and in "

@@ -16,12 +16,12 @@ from ..one_process import flat_cross_entropy, local_batch, params_of
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
+from .flat import all_gather_flat
 from .fsdp_scratch import FSDPFromScratch
 from .memory import PeakBytes
 from .mixed import MixedPrecisionZero
 from .results import AccumulationMode, AccumulationRun, ClipNorms, ClipRun, KnobRun, MixedZeroRun
 from .torch_api import fsdp2_layers, full_params
-from .flat import all_gather_flat
 from .zero import ShardedOptimizer, Zero2
 
 __all__ = ["zero2_accumulation", "clip_over_shards", "fsdp_knobs", "mixed_precision_zero",

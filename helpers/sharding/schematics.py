@@ -11,10 +11,10 @@ them). `plot_shards` draws them, one bar per kind of state.
 import torch
 
 from ..data_parallel.scratch import make_buckets
-from ..schematics import EVERY_RANK_COLOR, LABEL_FONT as SMALL, SCHEMATIC_FONT as FONT, \
-    SCHEMATIC_WIDTH, device_color, diagram, draw_box
-from .flat import unit_parameters
-from .flat import padded_flat
+from ..schematics import EVERY_RANK_COLOR, SCHEMATIC_WIDTH, device_color, diagram, draw_box
+from ..schematics import LABEL_FONT as SMALL
+from ..schematics import SCHEMATIC_FONT as FONT
+from .flat import padded_flat, unit_parameters
 from .zero import partition_by_size
 
 __all__ = ["SHARD_KINDS", "shard_owners", "plot_shards"]

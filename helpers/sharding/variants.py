@@ -269,7 +269,8 @@ def variant_traffic(n_params, world, per_node, dtype_bytes=2, block=256):
 
 def _bars(ax, rows, title, colors, unit=1e9):
     """One stacked bar per row; a "host" part is drawn hatched after a gap, not in the total."""
-    from ..schematics import SCHEMATIC_FONT as FONT, draw_box
+    from ..schematics import SCHEMATIC_FONT as FONT
+    from ..schematics import draw_box
     parts = list(dict.fromkeys(p for r in rows.values() for p in r))
     top = max(sum(r.values()) for r in rows.values()) / unit
     ax.set_title(title, fontsize=FONT, loc="left")
@@ -301,7 +302,8 @@ def plot_variants(memory, traffic):
     across and within nodes (variant_traffic), in GB, one bar per variant."""
     from matplotlib.patches import Patch
 
-    from ..schematics import SCHEMATIC_FONT as FONT, diagram
+    from ..schematics import SCHEMATIC_FONT as FONT
+    from ..schematics import diagram
     fig, axes = diagram(2, 1, width=7.2, height=7.0)
     for ax, rows, title in [(axes[0, 0], memory, "device memory per rank (GB)"),
                             (axes[1, 0], traffic, "sent per rank and step (GB)")]:

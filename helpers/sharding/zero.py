@@ -13,8 +13,14 @@ from torch import nn
 from ..data_parallel.scratch import make_buckets
 from ..runtime.agree import SAME_MODEL, agree, fingerprint
 from ..validate import validate_positive_int
-from .flat import (all_gather_flat, validate_flat_dtypes, validate_groups, clip_sharded_grad_norm_,
-                   padded_flat, reduce_scatter_flat)
+from .flat import (
+    all_gather_flat,
+    clip_sharded_grad_norm_,
+    padded_flat,
+    reduce_scatter_flat,
+    validate_flat_dtypes,
+    validate_groups,
+)
 
 __all__ = ["partition_by_size", "ShardedOptimizer", "Zero2", "optimizer_state_bytes"]
 

@@ -13,9 +13,15 @@ from ..runtime.mesh import device_mesh
 from ..runtime.progress import report_progress
 from ..runtime.traffic import FuncolBytes, count_traffic
 from ..tiny_models import block_inputs, block_loss, small_block, small_stack
-from .scratch import TPBlock, TPMLP, copy_to_tp, shard_of
-from .sequence import (SPBlock, VocabEmbedding, saved_activation_bytes, sync_replicated_grads,
-                       tiny_tp_lm, vocab_parallel_cross_entropy)
+from .scratch import TPMLP, TPBlock, copy_to_tp, shard_of
+from .sequence import (
+    SPBlock,
+    VocabEmbedding,
+    saved_activation_bytes,
+    sync_replicated_grads,
+    tiny_tp_lm,
+    vocab_parallel_cross_entropy,
+)
 from .torch_api import sp_plan, tp_plan, vocab_plan
 
 __all__ = ["tp_worker", "sp_runs", "vocab_runs", "mesh2d_worker", "hsdp_worker"]
@@ -178,10 +184,11 @@ def mesh2d_worker(rank, world, cfg):
     as FSDP2 is meant to be used) or "root" (the root only). SGD for cfg["steps"] steps; returns
     the full weights (rank 0), the losses, the local shapes, and the last step's collectives
     per mesh dimension."""
+    import logging
+
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
-    import logging
     # full_tensor() of a 2D-sharded weight warns that it gathers in two steps: true, harmless
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     device, inputs, (dp, tp), blocks, block_cfg, wrap, lr, steps = take(

@@ -12,8 +12,16 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..runtime.traffic import CommLog
-from ..schematics import EVERY_RANK_COLOR, LABEL_FONT as SMALL, SCHEMATIC_FONT as FONT, \
-    SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
+from ..schematics import (
+    EVERY_RANK_COLOR,
+    SCHEMATIC_WIDTH,
+    device_color,
+    diagram,
+    draw_arrow,
+    draw_box,
+)
+from ..schematics import LABEL_FONT as SMALL
+from ..schematics import SCHEMATIC_FONT as FONT
 from .simulated import megatron_mlp, ring_all_reduce
 
 __all__ = ["ring_steps", "plot_ring_allreduce", "megatron_trace", "plot_megatron_mlp"]

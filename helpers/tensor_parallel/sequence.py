@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..seeding import seeded
-from .scratch import TPAttention, TPMLP, reduce_from_tp, shard_of
+from .scratch import TPMLP, TPAttention, reduce_from_tp, shard_of
 
 __all__ = ["GatherSequence", "ScatterSequence", "gather_sequence", "scatter_sequence",
            "GatherLinears", "gather_linears", "SPAttention", "SPMLP", "SPBlock",

@@ -10,8 +10,11 @@ def tp_plan(block=True, prepare_input=True):
     prepare_input: turn the attention's input into one replicated DTensor, so q, k and v share
     it and backward all-reduces its gradient once, not once per projection."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                   RowwiseParallel)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
     if not block:
         return {"up": ColwiseParallel(), "down": RowwiseParallel()}
     plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
@@ -35,8 +38,12 @@ def sp_plan():
     (PrepareModuleInput Shard(1) -> Replicate) and reduce-scatter it on the way out
     (RowwiseParallel(output_layouts=Shard(1)))."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                   RowwiseParallel, SequenceParallel)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
     gather = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return {"ln1": SequenceParallel(), "ln2": SequenceParallel(),
             "attn": PrepareModuleInput(**gather), "mlp": PrepareModuleInput(**gather),

@@ -4,7 +4,7 @@ page it opens anyway (one load of each page fewer). Dark-mode screenshots (the f
 each page; test_pages.py takes the full light-mode page) go to
 artifacts/screenshots/<entry>-dark.png.
 """
-from axecheck import RUN_AXE, COLOUR_RULES, axe_failures, axe_violations
+from axecheck import COLOUR_RULES, RUN_AXE, axe_failures, axe_violations
 from pagecheck import wait_rendered
 
 

@@ -6,9 +6,8 @@ import html as html_lib
 import re
 import sys
 
-import pytest
-
 import book_files
+import pytest
 
 sys.path.insert(0, str(book_files.ROOT / "book" / "_ext"))
 import chapter_runs  # noqa: E402

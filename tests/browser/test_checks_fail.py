@@ -8,11 +8,18 @@ import pathlib
 import shutil
 
 import pytest
+from pagecheck import (
+    check_fits,
+    check_header,
+    check_launch_buttons,
+    check_page,
+    check_text_tables,
+    check_widget_figures,
+    check_widget_twins,
+    open_page,
+    serve,
+)
 from PIL import Image, ImageDraw
-
-from pagecheck import (check_fits, check_header, check_launch_buttons, check_page,
-                       check_text_tables, check_widget_figures, check_widget_twins, open_page,
-                       serve)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VENDOR = ROOT / "book" / "_vendor"

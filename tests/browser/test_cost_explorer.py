@@ -3,7 +3,6 @@ numbers that follow are split_costs' for the new setting (helpers/cost_explorer.
 in a grid and works the seconds out from the bandwidth and latency). Without its script the page
 shows the default setting's table and no control at all."""
 import pytest
-
 from pagecheck import open_page
 
 PAGE = "book/part1/costs.html"

@@ -18,11 +18,18 @@ import sys
 import urllib.parse
 
 import pytest
-
 from axecheck import axe_failures, axe_violations
-from pagecheck import (check_fits, check_header, check_launch_buttons, check_page,
-                       check_text_tables, check_widget_figures, check_widget_twins, open_page,
-                       toc_entries_of)
+from pagecheck import (
+    check_fits,
+    check_header,
+    check_launch_buttons,
+    check_page,
+    check_text_tables,
+    check_widget_figures,
+    check_widget_twins,
+    open_page,
+    toc_entries_of,
+)
 
 
 def _fits_binder(book_dir, entry):

@@ -26,11 +26,31 @@ fresh.py      regrade: grading from a fresh import of the course (a patched chec
 """
 from .declare import Answer, check
 from .fake import FakeGPUs
-from .inputs import (as_int, as_number, as_pair, fresh_generator, gamma, randint, rel_close,
-                     replay_seeds, uniform, unit_roundoff)
+from .inputs import (
+                     as_int,
+                     as_number,
+                     as_pair,
+                     fresh_generator,
+                     gamma,
+                     randint,
+                     rel_close,
+                     replay_seeds,
+                     uniform,
+                     unit_roundoff,
+)
 from .observe import Op, Recorder, Ref, describe_device, storage_key
-from .run import (REGISTRY, CheckFailed, CheckInfo, HarnessError, ReferenceUsed, Result, expect,
-                  grading, is_reader_code, run_check)
+from .run import (
+                     REGISTRY,
+                     CheckFailed,
+                     CheckInfo,
+                     HarnessError,
+                     ReferenceUsed,
+                     Result,
+                     expect,
+                     grading,
+                     is_reader_code,
+                     run_check,
+)
 from .world import Message, World
 
 __all__ = ["CheckFailed", "HarnessError", "Result", "run_check", "expect", "fresh_generator",

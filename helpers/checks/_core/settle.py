@@ -19,9 +19,9 @@ value) would do its work there. So, still inside the call:
 - anything else (an object of the reader's own class, a weakref proxy, a mock) is refused.
 """
 import collections
+import decimal
 import enum
 import fractions
-import decimal
 import functools
 import itertools
 import numbers
