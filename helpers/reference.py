@@ -184,13 +184,22 @@ def failed_cells_words(notebook, path=None):
                    if f.startswith(prefix) and f[len(prefix):].isdigit())
     if not cells:
         return ""
-    named = ", ".join(map(str, cells[:-1])) + (" and " if len(cells) > 1 else "") + str(cells[-1])
+    # nbval numbers the code cells only, from 0: "Cell 22" is the 23rd code cell
+    nth = [_ordinal(c + 1) for c in cells]
+    named = ", ".join(nth[:-1]) + (" and " if len(nth) > 1 else "") + nth[-1]
     word = "cells" if len(cells) > 1 else "cell"
-    return (f" That run also executed this notebook's cells on its GPU (nbval), and "
-            f"{len(cells)} of them failed there ({word} {named}, numbered as in the notebook at "
-            f"commit {ref.get('commit', 'unknown')}; reference/gpu_reference.json records which "
-            "cells failed, not why): until a GPU run passes them, what those cells compute is "
-            "not checked on a GPU.")
+    return (f" That run also executed this notebook's code cells on its GPU (nbval), and "
+            f"{len(cells)} of them failed there (the {named} code {word} of the notebook at "
+            f"commit {ref.get('commit', 'unknown')}, counting code cells only; "
+            "reference/gpu_reference.json records which cells failed, not why): until a GPU run "
+            "passes them, what those cells compute is not checked on a GPU.")
+
+
+def _ordinal(n):
+    """'1st', '2nd', '3rd', '23rd', '11th'."""
+    if 10 <= n % 100 <= 20:
+        return f"{n}th"
+    return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def capture_env(path, dry_run=False):
