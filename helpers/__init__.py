@@ -21,7 +21,7 @@ timing                      medians, spreads, ratios in turns    measure, interl
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks
 runtime.errors              how a run of ranks fails             RankFailed, LaunchTimeout
-runtime.thread_world        ranks as threads, a recorded network ThreadWorld, run_threads
+runtime.thread_world        ranks as threads, a recorded network ThreadWorld
 runtime.comm                counted send/recv over ranks/threads Comm, DistComm, ThreadComm
 runtime.agree               ranks running the same collectives   agree, CollectiveMismatch
 runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
@@ -86,7 +86,6 @@ from .runtime.errors import RankFailed, LaunchTimeout
 from .runtime.progress import report_progress
 from .runtime.agree import agree
 from .runtime.comm import DistComm, ThreadComm
-from .runtime.thread_world import run_threads
 from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
 from .runtime.files import atomic_write, atomic_save, write_json, read_json
 from .runtime.emulate import Clock, Rates, ASSUMED_RATES, clock_scale, waits

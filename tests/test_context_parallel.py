@@ -9,8 +9,9 @@ context_parallel says why it does not run on a CPU. The same code on 2 to 8 thre
 import part7_ranks
 import pytest
 import torch
+from thread_ranks import run_threads
 
-from helpers import run_ranks, run_threads
+from helpers import run_ranks
 from helpers.context_parallel import (
     attention_reference,
     block_work,

@@ -7,8 +7,9 @@ expert and the router z-loss; and the production path (EPMoE: torch's functional
 DTensor expert weights, grouped GEMM) on 4 processes with EP x DP."""
 import pytest
 import torch
+from thread_ranks import run_threads
 
-from helpers import launch, run_ranks, run_threads
+from helpers import launch, run_ranks
 from helpers.expert_parallel import (
     ExpertParallelMoE,
     MoE,

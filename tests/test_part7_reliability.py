@@ -9,6 +9,7 @@ import math
 import part7_ranks
 import pytest
 import torch
+from thread_ranks import run_threads
 
 from helpers import (
     ExpertParallelMoE,
@@ -16,7 +17,6 @@ from helpers import (
     RankFailed,
     expert_capacity,
     launch,
-    run_threads,
     train_3d_scratch,
 )
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from thread_ranks import run_threads
 
 from helpers import (
     LOOPED_SCHEDULES,
@@ -29,7 +30,6 @@ from helpers import (
     pipeline_run,
     pipelining_run,
     run_ranks,
-    run_threads,
     stage_of,
     timeline_bubble,
     unsplit_step,

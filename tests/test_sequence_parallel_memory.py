@@ -5,6 +5,7 @@ divides every replicated activation by t; the gathered input is gathered again i
 instead of being kept."""
 import pytest
 import torch
+from thread_ranks import run_threads
 
 from helpers import (
     SPBlock,
@@ -12,7 +13,6 @@ from helpers import (
     block_inputs,
     block_loss,
     gather_shards,
-    run_threads,
     saved_activation_bytes,
     small_block,
     sync_replicated_grads,

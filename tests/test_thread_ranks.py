@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+from thread_ranks import run_threads
 
 import helpers
 from helpers import launch, pipeline_run, pipelining_run, run_ranks
@@ -56,7 +57,7 @@ def test_seeded_builds_are_the_same_in_every_thread_rank():
                     helpers.TPBlock(got, comm)      # slices it: draws nothing either
         return True
 
-    helpers.run_threads(rank_fn, world, timeout=60)
+    run_threads(rank_fn, world, timeout=60)
     assert not bad, f"thread ranks built other weights than the seed gives: {sorted(set(bad))}"
     assert torch.equal(torch.get_rng_state(), before), "a seeded build moved the caller's RNG"
 

@@ -6,6 +6,7 @@ and SequenceParallel) and the vocabulary split (by hand and loss_parallel), equa
 process, their collectives and saved activations measured."""
 import pytest
 import torch
+from thread_ranks import run_threads
 
 from helpers import (
     TPMLP,
@@ -15,7 +16,6 @@ from helpers import (
     block_loss,
     gather_shards,
     launch,
-    run_threads,
     small_block,
     split_dims,
     tiny_tp_lm,

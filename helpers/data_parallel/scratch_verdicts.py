@@ -70,4 +70,3 @@ def epoch_speed_words(times_1, times_2, simulated):
         return ("The two devices were simulated on one device, one after the other, so these "
                 f"timings show correctness, not parallel speed: {said}.")
     return f"Both devices were real GPUs: {said}."
-

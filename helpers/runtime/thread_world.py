@@ -1,11 +1,11 @@
 """Ranks as threads of this process, joined by a network that records every message: the one
-thread world. `launch(fn, world, threads=True)` and `run_threads` run on it, and the exercise
+thread world. `launch(fn, world, threads=True)` runs on it, and the exercise
 checks build their recording world on it (helpers/checks/_core/world.py adds torch.distributed,
 a per-rank Recorder, allowed calls and data provenance through the hooks below).
 
     w = ThreadWorld(3, timeout=5.0)
     results = w.run(fn, X)               # fn(comm, X) on each rank, comm = w.comm(rank)
-    results, comms = run_threads(fn, 3, X)   # the same, and each rank's ThreadComm
+    comms = [w.comm(r) for r in range(3)]   # each rank's ThreadComm, its counts
     w.messages                           # every send, recv and collective call, in order
 
 Each Message records op, caller, source and destination, the storage and shape of the tensor
@@ -27,7 +27,7 @@ import torch
 from .comm import ThreadComm
 from .errors import LaunchTimeout
 
-__all__ = ["ThreadWorld", "run_threads"]
+__all__ = ["ThreadWorld"]
 
 
 class _Aborted(BaseException):
@@ -291,12 +291,3 @@ class ThreadWorld:
         with self.comm_context():
             finish()
         return None
-
-
-def run_threads(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 5.0
-                ) -> tuple[list[Any], list[ThreadComm]]:
-    """Run fn(comm, *args) on `world` thread ranks; returns (results, comms) in rank order.
-    The first exception any rank raised is raised again here."""
-    w = ThreadWorld(world, timeout, deadline=timeout * 4 + 30, record=False)
-    results = w.run(fn, *args)
-    return results, [w.comm(r) for r in range(world)]
