@@ -48,3 +48,20 @@ def test_collective_volumes_are_records_of_the_ring_volume():
     f.traffic.record("all_reduce_", 64)
     assert f.bytes_sent("all_reduce") == 64 and f.calls("all_reduce") == 1
     assert f.log == [("all_reduce_", None, 64)]
+
+
+def test_all_to_all_counts_alike_on_threads_and_processes():
+    """ThreadComm counts an all-to-all as DistComm does: one call, the bytes that left the rank
+    (the rows for every other rank), so a chapter's counts do not depend on how ranks run."""
+    from thread_ranks import run_threads
+
+    def exchange(comm):
+        x = torch.arange(12.0).reshape(6, 2)            # 6 rows of 8 bytes
+        comm.all_to_all(x, [1, 2, 3], [comm.rank + 1] * 3)   # rank j gets j + 1 rows of each
+        comm.all_to_all(x, [2, 2, 2], [2, 2, 2], op="counts")
+        return comm.calls("all_to_all"), comm.bytes_sent("all_to_all"), comm.calls("counts")
+
+    results, _ = run_threads(lambda comm: exchange(comm) if comm.world == 3 else None, 3)
+    for rank, (calls, sent, counts) in enumerate(results):
+        assert (calls, counts) == (1, 1)
+        assert sent == 8 * (6 - [1, 2, 3][rank])        # every row but its own rows

@@ -222,13 +222,14 @@ class ThreadComm(CountsSent):
                    out_splits: Sequence[int], tag: int = 300, op: str = "all_to_all"
                    ) -> torch.Tensor:
         """DistComm.all_to_all as messages: a send to every other rank and a receive from each
-        (the world records each one), counted under `op` to that rank."""
+        (the world records each one); counted as DistComm counts it, one call under `op` with
+        the bytes that left this rank."""
         in_splits, out_splits = _splits(in_splits), _splits(out_splits)
         pieces = list(x.split(in_splits))
         for j in range(self.world):
             if j != self.rank:
                 self.w.send(pieces[j].detach(), j, tag)
-                self._count(op, pieces[j], j)
+        self.traffic.record(op, _sent(x, in_splits, self.rank), self.rank)
         return torch.cat([pieces[j].clone() if j == self.rank else
                           self.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
                           for j in range(self.world)])
