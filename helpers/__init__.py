@@ -138,7 +138,8 @@ from .data_parallel.profile_verdicts import (simulated_devices_words, same_code_
                                              alone_prediction_words, split_prediction_words,
                                              backward_compute_words, emulation_margin_words,
                                              thesis_words, bucket_launch_words,
-                                             trace_region_words, OUTSIDE_MS)
+                                             trace_region_words, reducer_wait_words,
+                                             OUTSIDE_MS, WAIT_IDLE_MS)
 from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
                             clip_sharded_grad_norm_)

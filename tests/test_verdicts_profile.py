@@ -237,3 +237,31 @@ def test_a_trace_says_where_its_all_reduce_fell_against_backward():
         words(dict(split, outside=1.0, late=2.0))
     with pytest.raises(ValueError, match="total"):
         words(dict(split, outside=60.0, late=0.0))
+
+
+def test_the_reducer_wait_is_said_apart_where_no_all_reduce_ran_in_it():
+    """The r11 review's M-P1: a wait with no all-reduce record open is not called communication."""
+    words = helpers.reducer_wait_words
+    full = words(dict(wait=20.7, wait_busy=20.7, wait_idle=0.0, exposed=20.7))
+    assert full.startswith("The purple reducer-wait regions, 20.7 ms in all, had an all-reduce "
+                           "running throughout: that exposed time, not the all-reduce's total, "
+                           "is what the communication adds to a step")
+    part = words(dict(wait=20.7, wait_busy=13.2, wait_idle=7.5, exposed=13.2))
+    assert part.startswith("The purple reducer-wait regions, 20.7 ms in all, were not all "
+                           "communication: an all-reduce ran in 13.2 ms of them, the exposed "
+                           "time; in the other 7.5 ms `backward()` waited with no all-reduce "
+                           "running in the trace")
+    assert "this trace does not attribute it" in part and "The step lost the whole wait" in part
+    assert "throughout" not in part
+    stale = words(dict(wait=20.7, wait_busy=14.0, wait_idle=6.7, exposed=13.2))
+    assert "(the exposed 13.2 ms, and 0.8 ms of an earlier step's all-reduce still open)" in stale
+    # under the floor the idle part is not said apart
+    assert "throughout" in words(dict(wait=20.7, wait_busy=20.68, wait_idle=0.02, exposed=20.6))
+    none = words(dict(wait=3.0, wait_busy=0.0, wait_idle=3.0, exposed=0.0))
+    assert none.startswith("The purple reducer-wait regions, 3.0 ms in all, had no all-reduce "
+                           "running in them") and "not show them as communication" in none
+    assert "adds to a step" not in none
+    with pytest.raises(ValueError, match="wait_busy"):
+        words(dict(wait=20.7, wait_busy=13.2, wait_idle=5.0, exposed=13.2))
+    with pytest.raises(ValueError, match="exposed"):
+        words(dict(wait=20.7, wait_busy=13.2, wait_idle=7.5, exposed=14.0))

@@ -10,7 +10,7 @@ __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
            "alone_prediction_words", "split_prediction_words", "backward_compute_words",
            "emulation_margin_words", "thesis_words", "bucket_launch_words",
-           "trace_region_words", "OUTSIDE_MS"]
+           "trace_region_words", "reducer_wait_words", "OUTSIDE_MS", "WAIT_IDLE_MS"]
 
 
 def simulated_devices_words(two, halves):
@@ -395,3 +395,45 @@ def trace_region_words(split):
         words += ", which this run does not explain"
     return (words + f". Those {_small_ms(outside)} ms are counted below neither as overlapped "
             "nor as exposed: `backward()` did not wait for them")
+
+
+# Below this (50 microseconds, a gloo thread's wake-up) the reducer's wait with no all-reduce record
+# open is not said apart from the exposed all-reduce.
+WAIT_IDLE_MS = 0.05
+
+_HARDWARE = ("is what the communication adds to a step where communication runs on hardware of "
+             "its own, and even there not quite (on a GPU NCCL's kernels take some of its SMs and "
+             "memory bandwidth)")
+
+
+def reducer_wait_words(split):
+    """What the reducer-wait regions of a DDP trace held, from helpers.exposed_ms's split: an
+    all-reduce record open throughout (`wait_idle` under WAIT_IDLE_MS: the exposed time is what
+    the communication adds), some of it with none open (the wait in two parts, said apart: the
+    step lost the whole wait, and only the part with an all-reduce running is communication the
+    trace shows), or none open at all (the wait is not attributed). What the reducer waited for
+    with nothing in flight (its threads to get a core, the other rank) is not measured, and is
+    said so. Records open in the wait beyond the step's own exposed all-reduce (an earlier
+    step's, late) are named where they reach the floor."""
+    wait, busy, idle, exposed = (split[k] for k in ("wait", "wait_busy", "wait_idle", "exposed"))
+    if not (-1e-9 <= busy <= wait + 1e-9 and -1e-9 <= idle
+            and abs(busy + idle - wait) < 1e-6 and exposed <= busy + 1e-6):
+        raise ValueError(f"reducer_wait_words: need exposed ({exposed}) <= wait_busy ({busy}), "
+                         f"and wait_busy + wait_idle ({idle}) = wait ({wait})")
+    regions = f"The purple reducer-wait regions, {_ms(wait)} ms in all,"
+    if idle < WAIT_IDLE_MS:
+        return (f"{regions} had an all-reduce running throughout: that exposed time, not the "
+                f"all-reduce's total, {_HARDWARE}")
+    nothing = ("`backward()` waited with no all-reduce running in the trace, nothing in flight "
+               "that it shows (waiting for gloo's threads to get the core, say, or for the other "
+               "rank: this trace does not attribute it)")
+    if busy < WAIT_IDLE_MS:
+        return (f"{regions} had no all-reduce running in them: {nothing}. The step lost those "
+                f"{_ms(wait)} ms, and this trace does not show them as communication")
+    other = busy - exposed
+    running = (f"an all-reduce ran in {_ms(busy)} ms of them" + (
+        f" (the exposed {_ms(exposed)} ms, and {_ms(other)} ms of an earlier step's all-reduce "
+        "still open)" if other >= WAIT_IDLE_MS else ", the exposed time"))
+    return (f"{regions} were not all communication: {running}; in the other {_ms(idle)} ms "
+            f"{nothing}. The step lost the whole wait; of it, only the part with an all-reduce "
+            f"running, not the all-reduce's total, {_HARDWARE}")
