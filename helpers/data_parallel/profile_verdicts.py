@@ -8,8 +8,9 @@ from .verdicts import _check
 
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
-           "alone_prediction_words", "split_prediction_words", "backward_compute_words",
-           "emulation_margin_words", "thesis_words", "bucket_launch_words",
+           "alone_prediction_words", "GAP_PART_MS", "split_prediction_words",
+           "backward_compute_words", "emulation_margin_words", "thesis_words",
+           "bucket_launch_words",
            "trace_region_words", "reducer_wait_words", "OUTSIDE_MS", "WAIT_IDLE_MS"]
 
 
@@ -214,32 +215,50 @@ def _against(p, r):
     return f"{p:.2f} times, {where} the measured {r.lo:.2f}-{r.hi:.2f}"
 
 
+# Below this (milliseconds a step) a part of the gap between the lone timing's prediction and
+# the run is not named: a few hundredths of a millisecond are within the clocks' reach.
+GAP_PART_MS = 0.05
+
+
 def alone_prediction_words(predictions):
     """Speed-ups predicted from the all-reduce timed alone, each against its measured Ratio:
-    `predictions` a list of (name, predicted speed-up, Ratio). A miss says its direction:
-    above the measured spread, two workers did worse than the lone timing predicts (it has none
-    of the run's waits for the other worker, nor the compute a worker loses in the run); below
-    it, they did better, which means the lone timing came out longer than the run left room
-    for, and this run does not say why. '2.00 times at batch 256, above the measured 1.05-1.28:
-    ..., and ...'."""
+    `predictions` a list of (name, predicted speed-up from the lone median, (lowest, highest)
+    predicted from the lone timing's spread, Ratio, parts). `parts` are the measured parts of
+    the run's step beyond the prediction's, (words, ms) pairs (the wait for the other worker,
+    the compute a worker lost against half of one worker's, the all-reduce after both arrived
+    above its lone median: medians). The point inside the measured spread: inside; the
+    predicted range overlapping it: the run cannot tell the prediction from the measurement;
+    the range above it: two workers did worse, and the parts of at least GAP_PART_MS are named
+    in order of size, largest first (none measured: the run does not say why); below it: they
+    did better, which the run does not explain."""
     parts = []
-    for name, p, r in predictions:
+    for name, p, (p_lo, p_hi), r, gap in predictions:
         _check(r)
-        head = f"{p:.2f} times at {name}"
+        if not p_lo <= p <= p_hi:
+            raise ValueError(f"alone_prediction_words: {name}: the prediction {p} lies outside "
+                             f"its range {p_lo}-{p_hi}")
+        head = f"{p:.2f} times at {name} ({p_lo:.2f}-{p_hi:.2f} from the lone timing's spread)"
         spread = f"the measured {r.lo:.2f}-{r.hi:.2f}"
         if r.lo <= p <= r.hi:
             parts.append(f"{head}, inside {spread}")
-        elif p > r.hi:
+        elif p_lo <= r.hi and r.lo <= p_hi:
+            parts.append(f"{head}, a range that overlaps {spread}: this run cannot tell the "
+                         "prediction from the measurement")
+        elif p_lo > r.hi:
+            named = sorted(((ms, words) for words, ms in gap if ms >= GAP_PART_MS), reverse=True)
+            why = ("; the step was longer than predicted by " + ", then ".join(
+                f"{ms:.2f} ms of {words}" for ms, words in named) + " (medians, in order of "
+                "size)" if named else "; none of the split's parts was measured longer than the "
+                "prediction allows, so why, this run does not say")
             parts.append(f"{head}, above {spread}: two workers did worse than the lone timing "
-                         "predicts, which has none of the run's waits for the other worker nor "
-                         "the compute a worker loses in the run (the split above shows where "
-                         "the time went)")
+                         "predicts" + why)
         else:
             parts.append(f"{head}, below {spread}: two workers did better than the lone timing "
                          "predicts, so it came out longer than the all-reduce inside the run's "
                          "steps left room for, and why, this run does not say")
     if not parts:
-        raise ValueError("alone_prediction_words needs at least one (name, predicted, Ratio)")
+        raise ValueError("alone_prediction_words needs at least one (name, predicted, range, "
+                         "Ratio, parts)")
     return parts[0] if len(parts) == 1 else "; ".join(parts[:-1]) + "; and " + parts[-1]
 
 
