@@ -318,7 +318,10 @@ def exposed_ms(events):
     outside - late, in all-reduces that began outside every window; 'total' (overlapped +
     exposed + outside: concurrent records count once, an instant counted with the step whose
     own all-reduce ran then, if any), 'windows': ms of the backward windows, 'wait': ms of the
-    'reducer wait' regions, 'clock': 'host' or 'gpu'}.
+    'reducer wait' regions, of which 'wait_busy' ms had some all-reduce record open (its own
+    step's or a late one of an earlier step) and 'wait_idle' ms had none (the reducer waited
+    with nothing in flight in the trace: for its threads to get a core, say, or for the other
+    rank; the trace does not say which), 'clock': 'host' or 'gpu'}.
     On the host (gloo) a window is the region 'backward', its compute ending at its last
     autograd node and the reducer's wait after it; in a trace with GPU activity (NCCL) it is
     'backward kernels' and the 'reducer wait' after them, on the GPU's clock. Gloo can leave
@@ -344,11 +347,12 @@ def exposed_ms(events):
     comm, own, windows = _union(records), _union(own), _union(windows)
     total, inside = _length(comm), _length(own)
     late = _minus(_union(tails), own)
+    waits = _union(w for _, w in steps if w is not None)
+    busy = _overlap(comm, waits)
     return dict(overlapped=overlapped, exposed=inside - overlapped, outside=total - inside,
                 late=_length(late), stale=_overlap(late, windows), total=total,
-                windows=_length(windows),
-                wait=sum(w[1] - w[0] for _, w in steps if w is not None),
-                clock="gpu" if on_gpu else "host")
+                windows=_length(windows), wait=_length(waits), wait_busy=busy,
+                wait_idle=_length(waits) - busy, clock="gpu" if on_gpu else "host")
 
 
 def trace_sentence(backend):

@@ -89,6 +89,25 @@ def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
     # the total less what fell outside
     assert abs(helpers.overlap_ms(events)[0] - 0.29) < 1e-9
     assert abs(split["total"] - split["outside"] - 0.29) < 1e-9
+    assert abs(split["wait_busy"] - 0.1) < 1e-9 and abs(split["wait_idle"]) < 1e-9
+
+
+def test_exposed_ms_tells_the_wait_with_an_all_reduce_running_from_the_wait_with_none(tmp_path):
+    """The r11 review's M-P1: the reducer can wait after the last record has closed (backward
+    0.10-0.50, compute until 0.30, the all-reduce 0.25-0.42): of its 0.20 ms wait, 0.12 had the
+    all-reduce running (the exposed time) and 0.08 had none, which the exposed figure leaves out."""
+    ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
+    node = "autograd::engine::evaluate_function: AddmmBackward0"
+    trace = {"traceEvents": [
+        ev("forward", 1000, 100), ev("backward", 1100, 400), ev(node, 1150, 150),
+        ev("gloo:all_reduce", 1250, 170, tid=7), ev("optimizer", 1500, 50)]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    split = helpers.exposed_ms(helpers.trace_events(str(path)))
+    assert abs(split["wait"] - 0.20) < 1e-9 and abs(split["exposed"] - 0.12) < 1e-9
+    assert abs(split["wait_busy"] - 0.12) < 1e-9 and abs(split["wait_idle"] - 0.08) < 1e-9
+    words = helpers.reducer_wait_words(split)
+    assert "an all-reduce ran in 0.1 ms of them, the exposed time; in the other 0.08 ms" in words
 
 
 def test_exposed_ms_tells_late_pieces_from_all_reduces_that_began_outside(tmp_path):
@@ -142,6 +161,9 @@ def test_exposed_ms_ties_each_all_reduce_to_the_step_it_began_in(tmp_path):
     assert abs(split["stale"] - 0.05) < 1e-9, "0.65-0.70 fell inside step 1's backward"
     assert abs(split["total"] - 0.65) < 1e-9 and abs(split["windows"] - 0.80) < 1e-9
     assert abs(split["overlapped"] + split["exposed"] + split["outside"] - split["total"]) < 1e-9
+    # the waits 0.30-0.50 (step 0's record open throughout) and 0.90-1.05 (step 1's to 1.00)
+    assert abs(split["wait"] - 0.35) < 1e-9 and abs(split["wait_busy"] - 0.30) < 1e-9
+    assert abs(split["wait_idle"] - 0.05) < 1e-9
     # the region "backward" alone counts the stale piece inside step 1
     assert abs(helpers.overlap_ms(events=helpers.trace_events(
         str(tmp_path / "two1800.json")))[0] - 0.50) < 1e-9

@@ -62,6 +62,25 @@ def test_knob_and_bucket_words_follow_the_verdict():
     assert "could not be told apart" in helpers.bucket_words(FASTER, NOISE)
 
 
+def test_each_bucket_comparison_names_its_baseline_and_prints_ends_near_one_to_three_decimals():
+    """The r11 review's M-F1: the same 0.92 against the default (knob_words) and against one
+    bucket (bucket_words) must say which, and a spread end that rounds to 1.00 prints 1.00 only
+    where it is 1."""
+    near = helpers.Ratio([0.81, 0.92, 0.998])
+    words = helpers.bucket_words(FASTER, near)
+    assert "the whole step with 1 MiB buckets was 0.92 times as fast as with one bucket " \
+           "(0.81-0.998)" in words
+    assert "0.81-1.00" not in words
+    assert "times the exposed all-reduce of 1 MiB buckets (0.81-0.998: " in \
+        helpers.bucket_words(near, NOISE)
+    noise = helpers.bucket_words(FASTER, helpers.Ratio([0.81, 0.92, 1.003]))
+    assert "could not be told apart (1 MiB buckets' 0.92 times as fast as with one bucket " \
+           "(0.81-1.003))" in noise
+    knob = helpers.knob_words(NOISE, 12.0, helpers.Ratio([0.85, 0.92, 1.004]))
+    assert "the step 0.92 times as fast as the default's, 0.85-1.004, " in knob
+    assert "the default's was 0.90-1.30 times it per round" in knob
+
+
 def test_a_cause_is_named_only_from_a_resolved_ratio_and_its_measured_split():
     assert helpers.message_cause(FASTER, 8.03, 8.23).startswith("about all of the 8.03 ms")
     assert helpers.message_cause(FASTER, 8.0, 6.0).startswith("6.00 ms of the 8.00 ms")

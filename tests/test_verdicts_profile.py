@@ -119,20 +119,43 @@ def test_overlap_lengthening_is_blamed_on_the_shared_core_only_when_compute_grew
     assert "compute was shorter with overlap" in words(NOISE, FASTER)
 
 
-def test_alone_predictions_say_inside_above_or_below_each_spread():
-    got = helpers.alone_prediction_words([("batch 256", 2.0, FASTER), ("batch 4", 1.1, NOISE)])
-    assert got.startswith("2.00 times at batch 256, above the measured 1.20-1.40: two workers "
-                          "did worse than the lone timing predicts")
-    assert "none of the run's waits" in got and "the split above" in got
-    assert got.endswith("; and 1.10 times at batch 4, inside the measured 0.90-1.30")
-    below = helpers.alone_prediction_words([("batch 4", 0.5, SLOWER)])
-    assert below.startswith("0.50 times at batch 4, below the measured 0.70-0.90: two workers "
-                            "did better than the lone timing predicts")
-    assert below.endswith("this run does not say") and "waits" not in below
-    assert helpers.alone_prediction_words([("b", 1.3, FASTER)]) == (
-        "1.30 times at b, inside the measured 1.20-1.40")
+def test_alone_predictions_say_inside_cannot_tell_above_or_below_each_spread():
+    """The r11 review's M-P2: the lone timing's spread makes the prediction a range, and a miss
+    names the measured parts of the gap, largest first, each only where measured."""
+    words = helpers.alone_prediction_words
+    parts = [("waiting for the other worker", 0.16), ("compute lost", 0.53),
+             ("all-reduce after both had arrived, above its lone median", 1.86),
+             ("nothing", 0.01)]
+    got = words([("batch 256", 2.0, (1.9, 2.1), FASTER, parts),
+                 ("batch 4", 1.1, (1.0, 1.2), NOISE, [])])
+    assert got.startswith("2.00 times at batch 256 (1.90-2.10 from the lone timing's spread), "
+                          "above the measured 1.20-1.40: two workers did worse than the lone "
+                          "timing predicts; the step was longer than predicted by 1.86 ms of "
+                          "all-reduce after both had arrived, above its lone median, then 0.53 ms "
+                          "of compute lost, then 0.16 ms of waiting for the other worker "
+                          "(medians, in order of size)")
+    assert "nothing" not in got, "a part under the floor is not named"
+    assert got.endswith("; and 1.10 times at batch 4 (1.00-1.20 from the lone timing's spread), "
+                        "inside the measured 0.90-1.30")
+    unnamed = words([("b", 2.0, (1.9, 2.1), FASTER, [("compute lost", -0.2)])])
+    assert "this run does not say" in unnamed and "compute lost" not in unnamed
+    # the batch-4 case of the review: 1.37 predicted, 0.50-1.50 from the spread, 0.46-0.70
+    overlap = words([("batch 4", 1.37, (0.50, 1.50), helpers.Ratio([0.46, 0.6, 0.70]), parts)])
+    assert overlap == ("1.37 times at batch 4 (0.50-1.50 from the lone timing's spread), a range "
+                       "that overlaps the measured 0.46-0.70: this run cannot tell the "
+                       "prediction from the measurement")
+    below = words([("batch 4", 0.5, (0.4, 0.6), SLOWER, parts)])
+    assert below.startswith("0.50 times at batch 4 (0.40-0.60 from the lone timing's spread), "
+                            "below the measured 0.70-0.90: two workers did better than the lone "
+                            "timing predicts")
+    assert below.endswith("this run does not say") and "waiting" not in below
+    assert words([("b", 1.3, (1.3, 1.3), FASTER, [])]) == (
+        "1.30 times at b (1.30-1.30 from the lone timing's spread), inside the measured "
+        "1.20-1.40")
     with pytest.raises(ValueError, match="at least one"):
-        helpers.alone_prediction_words([])
+        words([])
+    with pytest.raises(ValueError, match="outside its range"):
+        words([("b", 1.3, (1.4, 1.5), FASTER, [])])
 
 
 def test_the_thesis_claims_only_what_was_resolved():
@@ -237,3 +260,31 @@ def test_a_trace_says_where_its_all_reduce_fell_against_backward():
         words(dict(split, outside=1.0, late=2.0))
     with pytest.raises(ValueError, match="total"):
         words(dict(split, outside=60.0, late=0.0))
+
+
+def test_the_reducer_wait_is_said_apart_where_no_all_reduce_ran_in_it():
+    """The r11 review's M-P1: a wait with no all-reduce record open is not called communication."""
+    words = helpers.reducer_wait_words
+    full = words(dict(wait=20.7, wait_busy=20.7, wait_idle=0.0, exposed=20.7))
+    assert full.startswith("The purple reducer-wait regions, 20.7 ms in all, had an all-reduce "
+                           "running throughout: that exposed time, not the all-reduce's total, "
+                           "is what the communication adds to a step")
+    part = words(dict(wait=20.7, wait_busy=13.2, wait_idle=7.5, exposed=13.2))
+    assert part.startswith("The purple reducer-wait regions, 20.7 ms in all, were not all "
+                           "communication: an all-reduce ran in 13.2 ms of them, the exposed "
+                           "time; in the other 7.5 ms `backward()` waited with no all-reduce "
+                           "running in the trace")
+    assert "this trace does not attribute it" in part and "The step lost the whole wait" in part
+    assert "throughout" not in part
+    stale = words(dict(wait=20.7, wait_busy=14.0, wait_idle=6.7, exposed=13.2))
+    assert "(the exposed 13.2 ms, and 0.8 ms of an earlier step's all-reduce still open)" in stale
+    # under the floor the idle part is not said apart
+    assert "throughout" in words(dict(wait=20.7, wait_busy=20.68, wait_idle=0.02, exposed=20.6))
+    none = words(dict(wait=3.0, wait_busy=0.0, wait_idle=3.0, exposed=0.0))
+    assert none.startswith("The purple reducer-wait regions, 3.0 ms in all, had no all-reduce "
+                           "running in them") and "not show them as communication" in none
+    assert "adds to a step" not in none
+    with pytest.raises(ValueError, match="wait_busy"):
+        words(dict(wait=20.7, wait_busy=13.2, wait_idle=5.0, exposed=13.2))
+    with pytest.raises(ValueError, match="exposed"):
+        words(dict(wait=20.7, wait_busy=13.2, wait_idle=7.5, exposed=14.0))

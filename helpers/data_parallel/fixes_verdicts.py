@@ -4,19 +4,13 @@ fused step and its compression hook, one function each with a branch per verdict
 of a gain is credited only where its own ratio was resolved faster.
 """
 from ..prose import plural
-from .verdicts import _check
+from .verdicts import _check, _digits
 
 __all__ = ["ablation_credit", "fused_step_words", "compression_words", "bench_step_words",
            "size_check"]
 
 _STATE = {"faster": "faster", "slower": "slower", "within noise": "within noise",
           "cannot tell": "not told apart (one round, no verdict)"}
-
-
-def _digits(x, against):
-    """x to 2 decimals, or to 3 where 2 would print it as `against` (a spread's end that rounds
-    to the figure it is compared with must not read as equal to it)."""
-    return f"{x:.3f}" if f"{x:.2f}" == f"{against:.2f}" else f"{x:.2f}"
 
 
 def size_check(r, predicted, what):

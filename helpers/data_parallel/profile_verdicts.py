@@ -8,9 +8,10 @@ from .verdicts import _check
 
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
-           "alone_prediction_words", "split_prediction_words", "backward_compute_words",
-           "emulation_margin_words", "thesis_words", "bucket_launch_words",
-           "trace_region_words", "OUTSIDE_MS"]
+           "alone_prediction_words", "GAP_PART_MS", "split_prediction_words",
+           "backward_compute_words", "emulation_margin_words", "thesis_words",
+           "bucket_launch_words",
+           "trace_region_words", "reducer_wait_words", "OUTSIDE_MS", "WAIT_IDLE_MS"]
 
 
 def simulated_devices_words(two, halves):
@@ -214,32 +215,50 @@ def _against(p, r):
     return f"{p:.2f} times, {where} the measured {r.lo:.2f}-{r.hi:.2f}"
 
 
+# Below this (milliseconds a step) a part of the gap between the lone timing's prediction and
+# the run is not named: a few hundredths of a millisecond are within the clocks' reach.
+GAP_PART_MS = 0.05
+
+
 def alone_prediction_words(predictions):
     """Speed-ups predicted from the all-reduce timed alone, each against its measured Ratio:
-    `predictions` a list of (name, predicted speed-up, Ratio). A miss says its direction:
-    above the measured spread, two workers did worse than the lone timing predicts (it has none
-    of the run's waits for the other worker, nor the compute a worker loses in the run); below
-    it, they did better, which means the lone timing came out longer than the run left room
-    for, and this run does not say why. '2.00 times at batch 256, above the measured 1.05-1.28:
-    ..., and ...'."""
+    `predictions` a list of (name, predicted speed-up from the lone median, (lowest, highest)
+    predicted from the lone timing's spread, Ratio, parts). `parts` are the measured parts of
+    the run's step beyond the prediction's, (words, ms) pairs (the wait for the other worker,
+    the compute a worker lost against half of one worker's, the all-reduce after both arrived
+    above its lone median: medians). The point inside the measured spread: inside; the
+    predicted range overlapping it: the run cannot tell the prediction from the measurement;
+    the range above it: two workers did worse, and the parts of at least GAP_PART_MS are named
+    in order of size, largest first (none measured: the run does not say why); below it: they
+    did better, which the run does not explain."""
     parts = []
-    for name, p, r in predictions:
+    for name, p, (p_lo, p_hi), r, gap in predictions:
         _check(r)
-        head = f"{p:.2f} times at {name}"
+        if not p_lo <= p <= p_hi:
+            raise ValueError(f"alone_prediction_words: {name}: the prediction {p} lies outside "
+                             f"its range {p_lo}-{p_hi}")
+        head = f"{p:.2f} times at {name} ({p_lo:.2f}-{p_hi:.2f} from the lone timing's spread)"
         spread = f"the measured {r.lo:.2f}-{r.hi:.2f}"
         if r.lo <= p <= r.hi:
             parts.append(f"{head}, inside {spread}")
-        elif p > r.hi:
+        elif p_lo <= r.hi and r.lo <= p_hi:
+            parts.append(f"{head}, a range that overlaps {spread}: this run cannot tell the "
+                         "prediction from the measurement")
+        elif p_lo > r.hi:
+            named = sorted(((ms, words) for words, ms in gap if ms >= GAP_PART_MS), reverse=True)
+            why = ("; the step was longer than predicted by " + ", then ".join(
+                f"{ms:.2f} ms of {words}" for ms, words in named) + " (medians, in order of "
+                "size)" if named else "; none of the split's parts was measured longer than the "
+                "prediction allows, so why, this run does not say")
             parts.append(f"{head}, above {spread}: two workers did worse than the lone timing "
-                         "predicts, which has none of the run's waits for the other worker nor "
-                         "the compute a worker loses in the run (the split above shows where "
-                         "the time went)")
+                         "predicts" + why)
         else:
             parts.append(f"{head}, below {spread}: two workers did better than the lone timing "
                          "predicts, so it came out longer than the all-reduce inside the run's "
                          "steps left room for, and why, this run does not say")
     if not parts:
-        raise ValueError("alone_prediction_words needs at least one (name, predicted, Ratio)")
+        raise ValueError("alone_prediction_words needs at least one (name, predicted, range, "
+                         "Ratio, parts)")
     return parts[0] if len(parts) == 1 else "; ".join(parts[:-1]) + "; and " + parts[-1]
 
 
@@ -395,3 +414,45 @@ def trace_region_words(split):
         words += ", which this run does not explain"
     return (words + f". Those {_small_ms(outside)} ms are counted below neither as overlapped "
             "nor as exposed: `backward()` did not wait for them")
+
+
+# Below this (50 microseconds, a gloo thread's wake-up) the reducer's wait with no all-reduce record
+# open is not said apart from the exposed all-reduce.
+WAIT_IDLE_MS = 0.05
+
+_HARDWARE = ("is what the communication adds to a step where communication runs on hardware of "
+             "its own, and even there not quite (on a GPU NCCL's kernels take some of its SMs and "
+             "memory bandwidth)")
+
+
+def reducer_wait_words(split):
+    """What the reducer-wait regions of a DDP trace held, from helpers.exposed_ms's split: an
+    all-reduce record open throughout (`wait_idle` under WAIT_IDLE_MS: the exposed time is what
+    the communication adds), some of it with none open (the wait in two parts, said apart: the
+    step lost the whole wait, and only the part with an all-reduce running is communication the
+    trace shows), or none open at all (the wait is not attributed). What the reducer waited for
+    with nothing in flight (its threads to get a core, the other rank) is not measured, and is
+    said so. Records open in the wait beyond the step's own exposed all-reduce (an earlier
+    step's, late) are named where they reach the floor."""
+    wait, busy, idle, exposed = (split[k] for k in ("wait", "wait_busy", "wait_idle", "exposed"))
+    if not (-1e-9 <= busy <= wait + 1e-9 and -1e-9 <= idle
+            and abs(busy + idle - wait) < 1e-6 and exposed <= busy + 1e-6):
+        raise ValueError(f"reducer_wait_words: need exposed ({exposed}) <= wait_busy ({busy}), "
+                         f"and wait_busy + wait_idle ({idle}) = wait ({wait})")
+    regions = f"The purple reducer-wait regions, {_ms(wait)} ms in all,"
+    if idle < WAIT_IDLE_MS:
+        return (f"{regions} had an all-reduce running throughout: that exposed time, not the "
+                f"all-reduce's total, {_HARDWARE}")
+    nothing = ("`backward()` waited with no all-reduce running in the trace, nothing in flight "
+               "that it shows (waiting for gloo's threads to get the core, say, or for the other "
+               "rank: this trace does not attribute it)")
+    if busy < WAIT_IDLE_MS:
+        return (f"{regions} had no all-reduce running in them: {nothing}. The step lost those "
+                f"{_ms(wait)} ms, and this trace does not show them as communication")
+    other = busy - exposed
+    running = (f"an all-reduce ran in {_ms(busy)} ms of them" + (
+        f" (the exposed {_ms(exposed)} ms, and {_ms(other)} ms of an earlier step's all-reduce "
+        "still open)" if other >= WAIT_IDLE_MS else ", the exposed time"))
+    return (f"{regions} were not all communication: {running}; in the other {_ms(idle)} ms "
+            f"{nothing}. The step lost the whole wait; of it, only the part with an all-reduce "
+            f"running, not the all-reduce's total, {_HARDWARE}")

@@ -20,6 +20,18 @@ def _check(r):
     return r
 
 
+def _digits(x, against):
+    """x to 2 decimals, or to 3 where 2 would print it as `against` (a spread's end that rounds
+    to the figure it is compared with must not read as equal to it)."""
+    return f"{x:.3f}" if f"{x:.2f}" == f"{against:.2f}" else f"{x:.2f}"
+
+
+def _spread(r):
+    """'0.81-0.998': a Ratio's spread, an end that would print as 1.00 (where the verdict
+    turns) to three decimals."""
+    return f"{_digits(r.lo, 1.0)}-{_digits(r.hi, 1.0)}"
+
+
 def ratio_words(r):
     """'1.23 times as fast (1.05-1.40: faster)': a ratio with its spread and verdict."""
     _check(r)
@@ -75,39 +87,43 @@ def graph_sentence(r=None):
 
 def knob_words(exposed, exposed_ms, step):
     """One DDP knob against the default: its exposed all-reduce (Ratio, default's / knob's),
-    its median exposed milliseconds, and its whole step (Ratio)."""
+    its median exposed milliseconds, and its whole step (Ratio, default's / knob's). Each
+    comparison names its baseline, the default (the bucket comparison in bucket_words has
+    another)."""
     _check(exposed), _check(step)
     less = {"faster": "less exposed all-reduce than the default",
             "slower": "more exposed all-reduce than the default"}.get(
         exposed.verdict, "exposed all-reduce the run cannot tell from the default's")
-    return (f"{less} ({exposed_ms:.1f} ms a step; the default's was {exposed.lo:.2f}-"
-            f"{exposed.hi:.2f} times it per round; the step {step.median:.2f} times as fast, "
-            f"{step.verdict})")
+    return (f"{less} ({exposed_ms:.1f} ms a step; the default's was {_spread(exposed)} times it "
+            f"per round; the step {step.median:.2f} times as fast as the default's, "
+            f"{_spread(step)}, {step.verdict})")
 
 
 def bucket_words(one_vs_small, step):
     """One bucket against small buckets, on the exposed all-reduce (Ratio: one bucket's /
     small buckets', so 'faster' means small buckets left less exposed), then on the whole step
-    (Ratio `step`, the same way round): each with its own verdict, and no cause this run did not
-    measure."""
+    (Ratio `step`, the same way round): each with its own verdict, its baseline named (one
+    bucket, not the default that knob_words compares with), spread ends that would print as
+    1.00 to three decimals, and no cause this run did not measure."""
     r, st = _check(one_vs_small), _check(step)
     exposed = (f"one bucket left {r.median:.2f} times the exposed all-reduce of 1 MiB buckets "
-               f"({r.lo:.2f}-{r.hi:.2f}: ")
+               f"({_spread(r)}: ")
     if r.verdict == "faster":
         exposed += "resolved: smaller buckets hid more of it behind backward)"
     elif r.verdict == "slower":
         exposed += "the reverse of the model)"
     else:
         exposed += "not resolved on two CPU processes of this machine)"
-    whole = f"{st.median:.2f} times as fast ({st.lo:.2f}-{st.hi:.2f})"
+    whole = f"{st.median:.2f} times as fast as with one bucket ({_spread(st)})"
     if st.verdict == "faster":
         steps = f"the whole step with 1 MiB buckets was {whole}: shorter too"
     elif st.verdict == "slower":
         steps = (f"the whole step with 1 MiB buckets was {whole}: longer, and this run does not "
                  "say why")
     else:
-        steps = (f"the whole steps could not be told apart ({whole}); on GPUs, whose "
-                 "communication has hardware of its own, we predict the step to gain")
+        steps = (f"the whole steps with 1 MiB buckets and with one bucket could not be told apart "
+                 f"(1 MiB buckets' {whole}); on GPUs, whose communication has hardware of its "
+                 "own, we predict the step to gain")
     return f"{exposed}; {steps}"
 
 
