@@ -134,12 +134,12 @@ from .data_parallel.speed import (dp_timing_worker, time_data_parallel, allreduc
 from .data_parallel.profile_verdicts import (simulated_devices_words, same_code_words,
                                              loader_step_words, compute_split_words,
                                              allreduce_split_words, overlap_lengthens_words,
-                                             alone_prediction_words, GAP_PART_MS,
+                                             alone_prediction_words,
                                              split_prediction_words,
                                              backward_compute_words, emulation_margin_words,
-                                             thesis_words, bucket_launch_words,
-                                             trace_region_words, reducer_wait_words,
-                                             OUTSIDE_MS, WAIT_IDLE_MS)
+                                             thesis_words)
+from .data_parallel.trace_verdicts import (bucket_launch_words, trace_region_words,
+                                           reducer_wait_words, OUTSIDE_MS, WAIT_IDLE_MS)
 from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
                             clip_sharded_grad_norm_)
