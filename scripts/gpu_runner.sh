@@ -388,8 +388,9 @@ backend = "nccl" if helpers.num_gpus() > 0 else "gloo"
 sizes = dict(width=64, depth=2) if "--dry-run" in sys.argv else dict(width=1024, depth=8)
 got = helpers.run_ranks(1, [("memory", helpers.memory_per_stage, dict(sizes=sizes))],
                         backend=backend)[0]["memory"]
-rows = {stage: {k: m[k] for k in ("n_params", "params_bytes", "optim_bytes", "transient_peak",
-                                   "peak_bytes", "cuda_peak")} for stage, m in got.items()}
+rows = {stage: {k: getattr(m, k) for k in ("n_params", "params_bytes", "optim_bytes",
+                                           "transient_peak", "peak_bytes", "cuda_peak")}
+        for stage, m in got.items()}   # StageMemory (helpers/sharding/results.py)
 add_path(sys.argv[1], sys.argv[2], dict(backend=backend, sizes=sizes, stages=rows))
 for stage, r in rows.items():
     print(stage, r)
