@@ -49,10 +49,6 @@ class _TensorPrint:
     __hash__ = None
 
 
-def _tensor(t):
-    return _TensorPrint(t)
-
-
 def _module(m):
     parts = []
     for name, sub in m.named_modules(remove_duplicate=False):
@@ -60,7 +56,7 @@ def _module(m):
         parts.append((name, id(sub), type(sub), id(own) if own is not None else None))
     for name, t in list(m.named_parameters(remove_duplicate=False)) + \
             list(m.named_buffers(remove_duplicate=False)):
-        parts.append((name, _tensor(t)))
+        parts.append((name, _TensorPrint(t)))
     return ("module", tuple(parts))
 
 
@@ -73,7 +69,7 @@ def fingerprint(value):
 
 def _print(value, depth):
     if isinstance(value, torch.Tensor):
-        return _tensor(value)
+        return _TensorPrint(value)
     if isinstance(value, torch.nn.Module):
         return _module(value)
     if depth and isinstance(value, (list, tuple)):
