@@ -94,6 +94,18 @@ def open_page(context, url, base, timeout=RENDER_TIMEOUT_MS):
     return seen
 
 
+def resize(page, width, height=None):
+    """Set the viewport and wait until the page is laid out at the new width: the width's media
+    queries apply and two frames have been drawn. A fixed pause was not enough on a busy machine
+    (CI once measured a phone-width table at its desktop width)."""
+    height = height or (page.viewport_size or {}).get("height", 900)
+    page.set_viewport_size({"width": width, "height": height})
+    page.wait_for_function(
+        "w => window.innerWidth === w && matchMedia(`(max-width: ${w}px)`).matches "
+        "&& matchMedia(`(min-width: ${w}px)`).matches", arg=width, timeout=10_000)
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
 # Everything that renders after `load`: MathJax typesetting, the widget manager, lazy images.
 _RENDERED_JS = """() => {
   const math = [...document.querySelectorAll('.math')];
@@ -412,8 +424,7 @@ def check_fits(page, phone_width=PHONE_WIDTH):
     problems = []
     size = page.viewport_size or {"width": 1280, "height": 900}
     for width in dict.fromkeys([size["width"], phone_width]):
-        page.set_viewport_size({"width": width, "height": size["height"]})
-        page.wait_for_timeout(50)
+        resize(page, width, size["height"])
         seen = page.evaluate(_FITS_JS)
         for item in seen["items"][:5]:
             problems.append(f"at {width} px a text runs {item['over']} px past its column: "
@@ -478,8 +489,7 @@ def check_text_tables(page, phone_width=PHONE_WIDTH):
     """Column-aligned text outputs (printed tables, printed code) that wrap at phone width: their
     columns become noise. Leaves the page at phone width."""
     size = page.viewport_size or {"width": 1280, "height": 900}
-    page.set_viewport_size({"width": phone_width, "height": size["height"]})
-    page.wait_for_timeout(50)
+    resize(page, phone_width, size["height"])
     return [f"at {phone_width} px a column-aligned output wraps ({t['extra']} px taller): "
             f"{t['text']!r}" for t in page.evaluate(_TEXT_TABLES_JS)]
 
@@ -506,7 +516,6 @@ def check_header(page, width=1366):
     """A header bar across the top of a wide page that holds nothing but a search button (the
     sidebar has one): empty space above the text."""
     size = page.viewport_size or {"width": 1280, "height": 900}
-    page.set_viewport_size({"width": width, "height": size["height"]})
-    page.wait_for_timeout(50)
+    resize(page, width, size["height"])
     return [f"at {width} px an empty header bar ({h} px high) tops the page"
             for h in page.evaluate(_HEADER_JS)]

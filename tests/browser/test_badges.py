@@ -69,11 +69,10 @@ _TABLES_FIT_JS = """() => [...document.querySelectorAll('main table.chapter-runs
 
 def test_the_landing_page_tables_fit_a_phone(browser, base_url):
     """In a browser (the session's Chromium), at 390 px: the parts' table fits its box."""
-    from pagecheck import open_page
+    from pagecheck import open_page, resize
     seen = open_page(browser, base_url + "book/intro.html", base_url)
     try:
-        seen.page.set_viewport_size({"width": 390, "height": 844})
-        seen.page.wait_for_timeout(100)
+        resize(seen.page, 390, 844)
         tables = seen.page.evaluate(_TABLES_FIT_JS)
     finally:
         seen.page.close()

@@ -3,7 +3,7 @@ numbers that follow are split_costs' for the new setting (helpers/cost_explorer.
 in a grid and works the seconds out from the bandwidth and latency). Without its script the page
 shows the default setting's table and no control at all."""
 import pytest
-from pagecheck import open_page
+from pagecheck import open_page, resize
 
 PAGE = "book/part1/costs.html"
 READ_JS = """() => {
@@ -85,10 +85,14 @@ def test_without_its_script_no_control_shows(site):
 _IN_VIEW_JS = """() => {
   const root = document.querySelector('.cost-explorer');
   root.scrollIntoView();
+  const hits = [];
   const seen = el => { const r = el.getBoundingClientRect();
     const x = Math.min(r.right - 2, innerWidth - 1), y = r.top + r.height / 2;
     const hit = document.elementFromPoint(x, y);
-    return r.width > 0 && r.right <= innerWidth + 0.5 && !!hit && el.contains(hit); };
+    const ok = r.width > 0 && r.right <= innerWidth + 0.5 && !!hit && el.contains(hit);
+    if (!ok) hits.push({right: Math.round(r.right), y: Math.round(y), width: innerWidth,
+                        hit: hit ? hit.tagName + '.' + hit.className : null});
+    return ok; };
   const last = [...root.querySelectorAll('tr')].map(tr => tr.lastElementChild);
   // header words laid out over more than one line (a break inside the word)
   const splitWords = cells => [...cells].flatMap(th => {
@@ -104,7 +108,7 @@ _IN_VIEW_JS = """() => {
     return out;
   });
   return {columns: last.map(seen), caption: seen(root.querySelector('caption')),
-          sideways: document.documentElement.scrollWidth - innerWidth,
+          sideways: document.documentElement.scrollWidth - innerWidth, hits,
           split_words: splitWords(root.querySelectorAll('thead th'))};
 }"""
 
@@ -115,8 +119,7 @@ def test_on_a_phone_the_column_the_sliders_change_is_in_view(browser, base_url):
     seen = open_page(browser, base_url + PAGE, base_url)
     page = seen.page
     try:
-        page.set_viewport_size({"width": 390, "height": 844})
-        page.wait_for_timeout(100)
+        resize(page, 390, 844)
         view = page.evaluate(_IN_VIEW_JS)
     finally:
         page.close()
