@@ -1,0 +1,175 @@
+"""Words the GPU chapter (book/gpus.ipynb) chooses by its numbers: the copies' pool and fit, the
+unsynchronised timer, the two product sizes, the roofline's roofs, and the GPU-only sections
+where the GPU reference run has (or lacks) their figures. Each branch has its words, tested in
+tests/test_gpus_words.py, so that no notebook cell decides prose untested."""
+import statistics
+
+from .words import plural
+
+__all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth_words",
+           "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
+           "reference_link_words", "reference_memory_words", "reference_streams_words",
+           "H200_DATASHEET"]
+
+NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
+ABOVE_ROOF = 1.05      # above this share, the peak's own run was the slower one
+
+
+def pool_words(pool_mib, cache_mib=None):
+    """'a pool of N MiB' and how it compares with the CPU's largest cache (None: not listed):
+    larger, so no copy finds its data in a cache, or smaller, so some may."""
+    words = f"a pool of {pool_mib:,d} MiB"
+    if cache_mib is None:
+        return words + " (this system does not list its cache sizes)"
+    if pool_mib > cache_mib:
+        return words + f", more than this CPU's largest cache ({cache_mib:,.0f} MiB)"
+    return words + (f", less than this CPU's largest cache ({cache_mib:,.0f} MiB): some copies "
+                    "may still find their data there")
+
+
+def copy_fit_words(falls, worst, load=None):
+    """Whether alpha + b/beta describes the copies: `falls` the number of sizes whose every
+    run was faster than every run of 4x fewer bytes, `worst` the model's largest miss (a
+    ratio >= 1), `load` the machine's load per core (None: not known). Within 2x and never
+    falling: it fits; else the run strays and the words say the machine was busy."""
+    if worst < 1:
+        raise ValueError(f"the largest miss is a ratio >= 1, got {worst}")
+    if not falls and worst <= 2:
+        return ("the time never falls as the bytes grow (the smallest copies stay flat within "
+                "their spread), and one latency and one bandwidth describe every copy")
+    busy = "" if load is None else f" (load {load:.1f} per core)"
+    fell = (f": the time fell at {plural(falls, 'size')} although the bytes grew"
+            if falls else "")
+    return (f"this run strays from it{fell}. The machine was busy{busy}: rerun the cells on a "
+            "quiet machine")
+
+
+def unsynced_timing_words(wrong_s, right_s):
+    """(verdict, words) for a GPU product timed without and with synchronising, in rounds (lists
+    of seconds): 'too small' when every unsynchronised round read less than every synchronised
+    one, 'too large' when every one read more, 'cannot tell' when the rounds overlap."""
+    wrong, right = statistics.median(wrong_s), statistics.median(right_s)
+    if max(wrong_s) < min(right_s):
+        return "too small", (f"the unsynchronised timing was {right / wrong:.0f} times too small "
+                             "in every round: it timed the queueing")
+    if min(wrong_s) > max(right_s):
+        return "too large", ("the unsynchronised timing was larger in every round: the product "
+                             "is too short here for the queueing to show")
+    return "cannot tell", "the rounds overlap, so this run cannot tell the two timings apart"
+
+
+def size_growth_words(x, expected=64):
+    """How a product 4x as large (`expected` = 64 times the arithmetic) compared in time, `x`
+    its measured ratio: within a factor of 2 of the arithmetic, more, or less."""
+    if expected / 2 <= x <= expected * 2:
+        return f"within a factor of 2 of the {expected} that the arithmetic alone predicts"
+    return (f"{'more' if x > expected * 2 else 'less'} than the {expected} that the arithmetic "
+            "alone predicts, and this run does not say why (the two sizes were timed at "
+            "different moments, on a machine other work may keep busy)")
+
+
+def memory_pass_words(copy_bw, mem_bw):
+    """Which pass over memory set the memory roof (the faster of the two): the copy or the
+    addition."""
+    return "a copy" if copy_bw >= mem_bw else "the addition"
+
+
+def compute_roof_words(share):
+    """Where the largest product sits against the compute roof, `share` its median FLOP/s over
+    the roof P, measured apart from it (the fastest reading of a separate run of the same
+    product): near it, below it, or above it (then the roof's own run was the slower one)."""
+    if not share > 0:
+        raise ValueError(f"a share of the peak must be > 0, got {share}")
+    if share > ABOVE_ROOF:
+        return (f"above the compute roof ({share:.0%} of the peak): the table's run of this "
+                "product beat the fastest reading of the separate run, so that run was slowed "
+                "and this $P$ is too low")
+    if share >= NEAR_ROOF:
+        return f"near the compute roof ({share:.0%} of the peak)"
+    return (f"below the compute roof ({share:.0%} of the peak): its median fell short of the "
+            "fastest reading of the same product in the separate run, which this run does not "
+            "explain (other work on the machine is one possible cause)")
+
+
+# NVIDIA's H200 datasheet: float32 and dense bfloat16 FLOP/s, memory bytes/s
+H200_DATASHEET = dict(peak=67e12, bf16=989e12, bw=4.8e12)
+
+
+def gpu_roofs(ref):
+    """(peak FLOP/s, memory bytes/s, where they come from) of the GPU's roofline: the GPU
+    reference run's float32 product and largest on-GPU copy (`ref` helpers.gpu_reference()),
+    or, where it lacks them, NVIDIA's H200 datasheet, called a prediction."""
+    comm = ref.get("paths", {}).get("comm", {})
+    if comm.get("matmul_fp32_flops_per_s") and comm.get("copy_s"):
+        big = max(comm["copy_s"], key=int)
+        bw = 2 * int(big) / comm["copy_s"][big]          # read + written
+        return (comm["matmul_fp32_flops_per_s"], bw,
+                f"measured on an {ref['gpu']} in the GPU reference run, {ref['date']}: a "
+                f"4096x4096 float32 product without TF32, and a copy of "
+                f"{int(big) // 2**20} MiB inside its memory")
+    sheet = H200_DATASHEET
+    return (sheet["peak"], sheet["bw"],
+            f"a prediction from NVIDIA's H200 datasheet ({sheet['peak'] / 1e12:.0f} TFLOP/s "
+            f"float32, {sheet['bw'] / 1e12:.1f} TB/s): no GPU reference run records them yet")
+
+
+def _where(ref):
+    return f"In the GPU reference run ({ref['gpu']}, {ref['date']})"
+
+
+def _not_yet(ref, what, then):
+    """' No GPU run has recorded <what> yet (...): <then>.' for a section the run lacks."""
+    ran = (" (the GPU reference run executed this notebook under nbval, which keeps no "
+           "outputs)" if ref.get("exists") else "")
+    return f" No GPU run has recorded {what} yet{ran}: {then}."
+
+
+def _chapter(ref):
+    return ref.get("paths", {}).get("comm", {}).get("gpus_chapter") if ref else None
+
+
+def reference_copies_words(ref):
+    """After "this machine has no GPU": the reference run's host-to-GPU copies (pinned,
+    pageable) and the copy inside the GPU, or that none was recorded (a prediction follows)."""
+    fig = _chapter(ref)
+    if not fig:
+        return _not_yet(ref, "these copies", "the next sentence is a prediction")
+    return (f" {_where(ref)}, {fig['mib']} MiB moved at {fig['pinned_gbs']:.1f} GB/s from "
+            f"pinned memory and {fig['pageable_gbs']:.1f} GB/s from pageable memory (CUDA "
+            f"events), while a copy inside the GPU's memory moved {fig['inside_gbs']:.0f} GB/s.")
+
+
+def reference_link_words(ref):
+    """After "nothing to time with events": the reference run's copy between two GPUs, that it
+    had one GPU, or "" where no run recorded the GPU chapter's figures (no number is quoted)."""
+    fig = _chapter(ref)
+    if not fig:
+        return ""
+    if "gpu_to_gpu_gbs" not in fig:
+        return " The GPU reference run had one GPU: no copy between GPUs has been timed yet."
+    how = "P2P" if fig["p2p"] else "via the host"
+    return (f" {_where(ref)}, a copy of {fig['mib']} MiB from cuda:0 to cuda:1 ({how}) ran at "
+            f"{fig['gpu_to_gpu_gbs']:.1f} GB/s.")
+
+
+def reference_memory_words(ref):
+    """After "no such counters for the CPU": LeNet's step memory in the reference run, or ""
+    where no run recorded it (no number is quoted)."""
+    fig = _chapter(ref)
+    if not fig:
+        return ""
+    return (f" {_where(ref)}, one forward and backward of LeNet on 256 images peaked at "
+            f"{fig['step_peak_mib']:.1f} MiB above the {fig['before_mib']:.1f} MiB allocated "
+            "before it.")
+
+
+def reference_streams_words(ref):
+    """After "the thread above is the nearest thing to a stream": the reference run's copy and
+    product on one stream and on two, or that no run recorded them (a prediction)."""
+    fig = _chapter(ref)
+    if not fig:
+        return _not_yet(ref, "the two streams' times", "the overlap described above is a "
+                        "prediction")
+    return (f" {_where(ref)}, a copy of {fig['mib']} MiB and a 4096x4096 product took "
+            f"{fig['one_stream_ms']:.2f} ms on one stream and {fig['two_streams_ms']:.2f} ms "
+            "with the copy on a second stream.")

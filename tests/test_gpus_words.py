@@ -1,0 +1,118 @@
+"""The GPU chapter's words chosen by its numbers (helpers/gpus_words.py): one test per function,
+every branch, with the sentences book/gpus.ipynb glues."""
+import pytest
+
+import helpers
+
+
+def test_pool_words_larger_smaller_or_unlisted_cache():
+    assert helpers.pool_words(1024, 32.0) == (
+        "a pool of 1,024 MiB, more than this CPU's largest cache (32 MiB)")
+    assert helpers.pool_words(128, 256.0).endswith(
+        "less than this CPU's largest cache (256 MiB): some copies may still find their data "
+        "there")
+    assert helpers.pool_words(1024) == (
+        "a pool of 1,024 MiB (this system does not list its cache sizes)")
+
+
+def test_copy_fit_words_fits_strays_or_falls():
+    assert "one latency and one bandwidth describe every copy" in helpers.copy_fit_words(0, 1.5)
+    wide = helpers.copy_fit_words(0, 2.5, load=1.26)
+    assert wide == ("this run strays from it. The machine was busy (load 1.3 per core): rerun "
+                    "the cells on a quiet machine")
+    fell = helpers.copy_fit_words(2, 1.2)
+    assert fell.startswith("this run strays from it: the time fell at 2 sizes although the "
+                           "bytes grew. The machine was busy: rerun")
+    assert "at 1 size although" in helpers.copy_fit_words(1, 1.2)
+    with pytest.raises(ValueError, match="ratio >= 1"):
+        helpers.copy_fit_words(0, 0.5)
+
+
+def test_unsynced_timing_words_has_three_branches():
+    verdict, words = helpers.unsynced_timing_words([1e-5, 2e-5, 3e-5], [3e-3, 3.1e-3, 3.2e-3])
+    assert verdict == "too small" and "155 times too small in every round" in words
+    verdict, words = helpers.unsynced_timing_words([5e-3, 6e-3], [1e-3, 2e-3])
+    assert verdict == "too large" and "larger in every round" in words
+    verdict, words = helpers.unsynced_timing_words([1e-3, 3e-3], [2e-3, 4e-3])
+    assert verdict == "cannot tell" and "cannot tell the two timings apart" in words
+
+
+def test_size_growth_words_within_more_or_less():
+    assert helpers.size_growth_words(64) == (
+        "within a factor of 2 of the 64 that the arithmetic alone predicts")
+    assert helpers.size_growth_words(32) == helpers.size_growth_words(128) == (
+        helpers.size_growth_words(64))
+    assert helpers.size_growth_words(129).startswith("more than the 64")
+    assert helpers.size_growth_words(31).startswith("less than the 64")
+    assert "does not say why" in helpers.size_growth_words(10)
+
+
+def test_memory_pass_words_names_the_faster_pass():
+    assert helpers.memory_pass_words(10e9, 10e9) == "a copy"
+    assert helpers.memory_pass_words(9e9, 10e9) == "the addition"
+
+
+def test_compute_roof_words_near_below_or_above():
+    assert helpers.compute_roof_words(0.97) == "near the compute roof (97% of the peak)"
+    assert helpers.compute_roof_words(0.8).startswith("near")
+    below = helpers.compute_roof_words(0.6)
+    assert below.startswith("below the compute roof (60% of the peak)")
+    assert "one possible cause" in below
+    above = helpers.compute_roof_words(1.2)
+    assert above.startswith("above the compute roof (120% of the peak)")
+    assert "this $P$ is too low" in above
+    with pytest.raises(ValueError, match="share"):
+        helpers.compute_roof_words(0)
+
+
+REF = dict(exists=True, gpu="GPU X", date="today", paths=dict(comm=dict(
+    matmul_fp32_flops_per_s=50e12, copy_s={"1024": 1e-5, str(2**28): 1.28e-4})))
+FIG = dict(mib=256, pinned_gbs=50.04, pageable_gbs=20.5, inside_gbs=3900.2, step_peak_mib=12.34,
+           before_mib=1.5, one_stream_ms=3.456, two_streams_ms=2.9)
+
+
+def _with(fig):
+    return dict(REF, paths=dict(comm=dict(REF["paths"]["comm"], gpus_chapter=fig)))
+
+
+def test_gpu_roofs_measured_or_from_the_datasheet():
+    peak, bw, words = helpers.gpu_roofs(REF)
+    assert peak == 50e12 and bw == pytest.approx(2 * 2**28 / 1.28e-4)
+    assert words == ("measured on an GPU X in the GPU reference run, today: a 4096x4096 float32 "
+                     "product without TF32, and a copy of 256 MiB inside its memory")
+    peak, bw, words = helpers.gpu_roofs(dict(exists=False))
+    assert (peak, bw) == (67e12, 4.8e12) and words == (
+        "a prediction from NVIDIA's H200 datasheet (67 TFLOP/s float32, 4.8 TB/s): no GPU "
+        "reference run records them yet")
+
+
+def test_reference_copies_words_recorded_or_not():
+    assert helpers.reference_copies_words(_with(FIG)) == (
+        " In the GPU reference run (GPU X, today), 256 MiB moved at 50.0 GB/s from pinned memory "
+        "and 20.5 GB/s from pageable memory (CUDA events), while a copy inside the GPU's memory "
+        "moved 3900 GB/s.")
+    ran = helpers.reference_copies_words(REF)
+    assert ran == (" No GPU run has recorded these copies yet (the GPU reference run executed "
+                   "this notebook under nbval, which keeps no outputs): the next sentence is a "
+                   "prediction.")
+    assert helpers.reference_copies_words(dict(exists=False)) == (
+        " No GPU run has recorded these copies yet: the next sentence is a prediction.")
+
+
+def test_reference_link_words_two_gpus_one_or_none():
+    two = helpers.reference_link_words(_with(dict(FIG, gpu_to_gpu_gbs=300.0, p2p=True)))
+    assert two.endswith("a copy of 256 MiB from cuda:0 to cuda:1 (P2P) ran at 300.0 GB/s.")
+    host = helpers.reference_link_words(_with(dict(FIG, gpu_to_gpu_gbs=9.0, p2p=False)))
+    assert "(via the host)" in host
+    assert "had one GPU" in helpers.reference_link_words(_with(FIG))
+    assert helpers.reference_link_words(REF) == ""
+
+
+def test_reference_memory_and_streams_words():
+    assert helpers.reference_memory_words(_with(FIG)).endswith(
+        "peaked at 12.3 MiB above the 1.5 MiB allocated before it.")
+    assert helpers.reference_memory_words(REF) == ""
+    assert helpers.reference_streams_words(_with(FIG)).endswith(
+        "took 3.46 ms on one stream and 2.90 ms with the copy on a second stream.")
+    assert helpers.reference_streams_words(REF).endswith(
+        "keeps no outputs): the overlap described above is a prediction.")
