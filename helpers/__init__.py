@@ -231,7 +231,7 @@ from .data_parallel.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrappe
 from .data_parallel.dp_schematics import (dp_step_facts, plot_dp_step, scratch_step_facts,
                                           plot_scratch_step)
 from .data_parallel.torchrun_schematics import (sampler_facts, plot_sampler, restart_facts,
-                                                plot_restart)
+                                                plot_restart, torchrun_facts, plot_torchrun)
 from .data_parallel.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
 from .stream_schematics import queue_timeline, plot_queue_timeline
 from .composed.planner import data_parallel_costs

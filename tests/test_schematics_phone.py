@@ -184,6 +184,13 @@ def _queue_run(n, reps):
         return helpers.queue_timeline(stream, lambda: torch.mm(A, B), reps)
 
 
+def _launch_env(rank, world, addr="localhost"):
+    """The variables torchrun gives a process of a one-machine job."""
+    return dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=addr, MASTER_PORT="39693",
+                TORCHELASTIC_USE_AGENT_STORE="True")
+
+
 READABLE = {
     "context-parallel ring": lambda: helpers.plot_ring(16, 4),
     "context-parallel split": lambda: helpers.plot_split(16, 4),
@@ -214,6 +221,10 @@ READABLE = {
         failed_rank=1, fail_step=144, steps_per_epoch=96)),             # as ddp_torchrun.ipynb
     "torchrun restart, 8 ranks, 10 epochs": lambda: helpers.plot_restart(helpers.restart_facts(
         [dict(epoch=e, attempt=int(e > 6)) for e in range(1, 11)], 8, failed_rank=3)),
+    "torchrun job, 2 ranks": lambda: helpers.plot_torchrun(helpers.torchrun_facts(
+        [_launch_env(r, 2) for r in range(2)])),                         # as ddp_torchrun.ipynb
+    "torchrun job, 4 ranks, a long address": lambda: helpers.plot_torchrun(helpers.torchrun_facts(
+        [_launch_env(r, 4, "node-0.cluster.example.internal") for r in range(4)])),
     "step from scratch, 10 rows over 4 devices": lambda: helpers.plot_scratch_step(
         helpers.scratch_step_facts(*helpers.split_batch(
             torch.arange(40.0).reshape(10, 4), torch.arange(10), [torch.device("cpu")] * 4),
@@ -263,7 +274,8 @@ def test_the_chapters_draw_these_schematics_with_the_measured_builders():
              "part3/dataparallel": ["helpers.plot_dp_step(one_step)"],
              "part3/syncbn": ["helpers.plot_syncbn(helpers.syncbn_facts(traffic))"],
              "part3/ddp_torchrun": ["helpers.plot_sampler(\n    helpers.sampler_facts(shards",
-                                    "helpers.plot_restart(helpers.restart_facts("],
+                                    "helpers.plot_restart(helpers.restart_facts(",
+                                    "helpers.plot_torchrun(helpers.torchrun_facts(envs))"],
              "part2/scratch": ["helpers.plot_scratch_step(\n    helpers.scratch_step_facts("],
              "gpus": ["helpers.plot_queue_timeline(timeline)"],
              "part6/mesh2d": ["helpers.draw_mesh((1, DP, TP), ax)"],

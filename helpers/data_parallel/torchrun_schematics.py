@@ -1,4 +1,4 @@
-"""The torchrun chapter's two pictures, each drawn from what its code produced.
+"""The torchrun chapter's three pictures, each drawn from what its code produced.
 
 `sampler_facts` reads DistributedSampler's real shards (one list of indices per rank) back into
 the order the sampler dealt them from: the shuffled indices, padded by repeating the first ones
@@ -10,13 +10,18 @@ to a data set whose size the world size does not divide is seen, not told.
 finished epoch, with the `attempt` that ran it) into the attempts torchrun made: which epochs each
 ran, where the killed one stopped, which snapshot the next one reloaded. `plot_restart` draws
 them as a timeline of epochs per attempt, every rank a lane: torchrun restarts them all.
+
+`torchrun_facts` reads the environment each process of a torchrun job was given (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) into the job; `plot_torchrun` draws the
+launcher, one process per rank with its variables, and the rendezvous store they all connect to.
 """
 import textwrap
 
 from ..schematics import LABEL_FONT as SMALL
 from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
 
-__all__ = ["sampler_facts", "plot_sampler", "restart_facts", "plot_restart"]
+__all__ = ["sampler_facts", "plot_sampler", "restart_facts", "plot_restart", "torchrun_facts",
+           "plot_torchrun"]
 
 LOST_COLOR = "#D55E00"          # the work a kill threw away
 SNAPSHOT_COLOR = "#DDDDDD"
@@ -183,4 +188,86 @@ def plot_restart(facts):
         y += block + between
     ax.text(0.05, height - 0.32, "black bar: a snapshot written; grey: a snapshot\n"
             "loaded; dashed: the work the kill lost", fontsize=SMALL, va="center")
+    return fig
+
+
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+AGENT_COLOR = "#444444"
+STORE_COLOR = "#DDDDDD"
+MAX_DRAWN = 4                  # ranks a phone-width picture has room for
+
+
+def torchrun_facts(envs):
+    """dict(world, addr, port, agent_store: whether torchrun's agent serves the store (else
+    rank 0 does), ranks: [dict(rank, local_rank)] in rank order) from the environment each
+    process of one machine's torchrun job was given (one dict per process, LAUNCH_VARS as
+    strings). Refuses environments that do not make one job: ranks missing or repeated, or
+    processes that disagree on the world size or the store's address."""
+    if not envs:
+        raise ValueError("no environments: pass the variables each rank was given")
+    missing = sorted({k for e in envs for k in LAUNCH_VARS[:6] if k not in e})
+    if missing:
+        raise ValueError(f"{missing} not set: start the processes with torchrun")
+    shared = {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"])
+              for e in envs}
+    if len(shared) > 1:
+        raise ValueError(f"the processes disagree on WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR "
+                         f"or MASTER_PORT: {sorted(shared)}; they are not one job")
+    world, local_world, addr, port = shared.pop()
+    ranks = sorted((int(e["RANK"]), int(e["LOCAL_RANK"])) for e in envs)
+    if [r for r, _ in ranks] != list(range(int(world))):
+        raise ValueError(f"ranks {[r for r, _ in ranks]} for a world of {world}: every rank "
+                         "once")
+    if int(local_world) != int(world):
+        raise ValueError(f"{local_world} processes a machine for a world of {world}: this "
+                         "picture draws one machine")
+    agent = envs[0].get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dict(world=int(world), addr=addr, port=int(port), agent_store=agent,
+                ranks=[dict(rank=r, local_rank=lr) for r, lr in ranks])
+
+
+def plot_torchrun(facts):
+    """torchrun on one machine: the launcher on top, one process per rank below it (each with
+    the RANK and LOCAL_RANK it was given), and the rendezvous store at MASTER_ADDR:MASTER_PORT
+    at the bottom, which every rank connects to in init_process_group. Up to MAX_DRAWN ranks.
+    Returns the figure."""
+    world, ranks = facts["world"], facts["ranks"]
+    if world > MAX_DRAWN:
+        raise ValueError(f"{world} ranks: this picture draws up to {MAX_DRAWN}, readable on a "
+                         "phone; launch fewer processes to draw the job")
+    w, margin = SCHEMATIC_WIDTH, 0.1
+    col = (w - 2 * margin) / world
+    box_w = min(1.6, col - 0.12)
+    narrow = col < 1.3                 # LOCAL_RANK=1 wider than its column: on two lines
+    top_h, rank_y, rank_h, env_h = 0.62, 1.35, 0.5, 0.72 if narrow else 0.55
+    store_y = rank_y + rank_h + env_h + 0.45
+    store_h = 0.75
+    server = "torchrun" if facts["agent_store"] else "rank 0"
+    common = (f"every rank is also given WORLD_SIZE={world}, MASTER_ADDR={facts['addr']} and "
+              f"MASTER_PORT={facts['port']}: where the store is")
+    note = textwrap.fill(common, int((w - 2 * margin) * CHARS_PER_INCH))
+    height = store_y + store_h + 0.2 + 0.2 * (note.count("\n") + 1) + 0.2
+    fig, axes = diagram(1, 1, width=w, height=height)
+    ax = axes[0, 0]
+    ax.set(xlim=(0, w), ylim=(height, 0))
+    fig.subplots_adjust(0, 0, 1, 1)
+    draw_box(ax, margin, 0.1, w - 2 * margin, top_h, AGENT_COLOR,
+             label=f"torchrun: starts {world} processes", text="white")
+    addr = f"{facts['addr']}:{facts['port']}"
+    addr = addr if len(addr) <= 34 else addr[:16] + "…" + addr[-17:]   # the note has it whole
+    draw_box(ax, margin, store_y, w - 2 * margin, store_h, STORE_COLOR, edge="0.4",
+             label=f"TCPStore at {addr}\nserved by {server}; every rank connects",
+             fontsize=SMALL)
+    for k, r in enumerate(ranks):
+        centre = margin + (k + 0.5) * col
+        draw_arrow(ax, (centre, 0.1 + top_h), (centre, rank_y), width=1.5, head=10)
+        draw_box(ax, centre - box_w / 2, rank_y, box_w, rank_h, device_color(r["rank"]),
+                 label=f"rank {r['rank']}")
+        local = "LOCAL_\nRANK" if narrow else "LOCAL_RANK"
+        ax.text(centre, rank_y + rank_h + 0.08, f"RANK={r['rank']}\n{local}={r['local_rank']}",
+                ha="center", va="top", fontsize=SMALL)
+        draw_arrow(ax, (centre, rank_y + rank_h + env_h), (centre, store_y),
+                   color=device_color(r["rank"]), width=1.5, head=10)
+    ax.text(margin, store_y + store_h + 0.15, note, fontsize=SMALL, va="top")
     return fig
