@@ -9,8 +9,9 @@ from .words import plural
 __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
-           "H200_DATASHEET"]
+           "H200_DATASHEET", "pinned_words", "overlap_words"]
 
+BAND = 0.1             # two single timings closer than this cannot be told apart
 NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
 ABOVE_ROOF = 1.05      # above this share, the peak's own run was the slower one
 
@@ -104,13 +105,40 @@ def gpu_roofs(ref):
         big = max(comm["copy_s"], key=int)
         bw = 2 * int(big) / comm["copy_s"][big]          # read + written
         return (comm["matmul_fp32_flops_per_s"], bw,
-                f"measured on an {ref['gpu']} in the GPU reference run, {ref['date']}: a "
+                f"measured by the GPU reference run, {ref['date']}, on its {ref['gpu']}: a "
                 f"4096x4096 float32 product without TF32, and a copy of "
                 f"{int(big) // 2**20} MiB inside its memory")
     sheet = H200_DATASHEET
     return (sheet["peak"], sheet["bw"],
             f"a prediction from NVIDIA's H200 datasheet ({sheet['peak'] / 1e12:.0f} TFLOP/s "
             f"float32, {sheet['bw'] / 1e12:.1f} TB/s): no GPU reference run records them yet")
+
+
+def pinned_words(pinned_gbs, pageable_gbs):
+    """The verdict on a host-to-GPU copy from pinned against pageable memory (one timing each,
+    no spread): pinned faster, slower, or within BAND of each other (cannot tell)."""
+    x = pinned_gbs / pageable_gbs
+    if x > 1 + BAND:
+        return f" Pinned memory was {x:.1f} times as fast."
+    if x < 1 / (1 + BAND):
+        return (f" Pinned memory was slower here ({x:.2f} times the pageable rate), which this "
+                "run does not explain.")
+    return (f" The two rates are within {BAND:.0%} of each other: from one timing each, this run "
+            "cannot tell them apart.")
+
+
+def overlap_words(one_s, two_s):
+    """The verdict on a copy and a product on one stream against the copy on a second stream
+    (a median each, no spread): the second stream faster (they overlapped), slower, or within
+    BAND of each other (cannot tell)."""
+    if two_s < one_s / (1 + BAND):
+        return (f" The second stream made the pair {one_s / two_s:.1f} times as fast: the copy "
+                "ran while the product did.")
+    if two_s > one_s * (1 + BAND):
+        return (" The second stream was slower, which this run does not explain: the copy "
+                "did not hide behind the product.")
+    return (f" The two are within {BAND:.0%} of each other: this run cannot tell whether the copy "
+            "overlapped the product.")
 
 
 def _where(ref):
@@ -136,7 +164,8 @@ def reference_copies_words(ref):
         return _not_yet(ref, "these copies", "the next sentence is a prediction")
     return (f" {_where(ref)}, {fig['mib']} MiB moved at {fig['pinned_gbs']:.1f} GB/s from "
             f"pinned memory and {fig['pageable_gbs']:.1f} GB/s from pageable memory (CUDA "
-            f"events), while a copy inside the GPU's memory moved {fig['inside_gbs']:.0f} GB/s.")
+            f"events), while a copy inside the GPU's memory moved {fig['inside_gbs']:.0f} GB/s."
+            + pinned_words(fig["pinned_gbs"], fig["pageable_gbs"]))
 
 
 def reference_link_words(ref):
@@ -172,4 +201,5 @@ def reference_streams_words(ref):
                         "prediction")
     return (f" {_where(ref)}, a copy of {fig['mib']} MiB and a 4096x4096 product took "
             f"{fig['one_stream_ms']:.2f} ms on one stream and {fig['two_streams_ms']:.2f} ms "
-            "with the copy on a second stream.")
+            "with the copy on a second stream." + overlap_words(fig["one_stream_ms"],
+                                                                fig["two_streams_ms"]))

@@ -78,8 +78,8 @@ def _with(fig):
 def test_gpu_roofs_measured_or_from_the_datasheet():
     peak, bw, words = helpers.gpu_roofs(REF)
     assert peak == 50e12 and bw == pytest.approx(2 * 2**28 / 1.28e-4)
-    assert words == ("measured on an GPU X in the GPU reference run, today: a 4096x4096 float32 "
-                     "product without TF32, and a copy of 256 MiB inside its memory")
+    assert words == ("measured by the GPU reference run, today, on its GPU X: a 4096x4096 "
+                     "float32 product without TF32, and a copy of 256 MiB inside its memory")
     peak, bw, words = helpers.gpu_roofs(dict(exists=False))
     assert (peak, bw) == (67e12, 4.8e12) and words == (
         "a prediction from NVIDIA's H200 datasheet (67 TFLOP/s float32, 4.8 TB/s): no GPU "
@@ -90,7 +90,7 @@ def test_reference_copies_words_recorded_or_not():
     assert helpers.reference_copies_words(_with(FIG)) == (
         " In the GPU reference run (GPU X, today), 256 MiB moved at 50.0 GB/s from pinned memory "
         "and 20.5 GB/s from pageable memory (CUDA events), while a copy inside the GPU's memory "
-        "moved 3900 GB/s.")
+        "moved 3900 GB/s. Pinned memory was 2.4 times as fast.")
     ran = helpers.reference_copies_words(REF)
     assert ran == (" No GPU run has recorded these copies yet (the GPU reference run executed "
                    "this notebook under nbval, which keeps no outputs): the next sentence is a "
@@ -113,6 +113,21 @@ def test_reference_memory_and_streams_words():
         "peaked at 12.3 MiB above the 1.5 MiB allocated before it.")
     assert helpers.reference_memory_words(REF) == ""
     assert helpers.reference_streams_words(_with(FIG)).endswith(
-        "took 3.46 ms on one stream and 2.90 ms with the copy on a second stream.")
+        "took 3.46 ms on one stream and 2.90 ms with the copy on a second stream. The second "
+        "stream made the pair 1.2 times as fast: the copy ran while the product did.")
     assert helpers.reference_streams_words(REF).endswith(
         "keeps no outputs): the overlap described above is a prediction.")
+
+
+def test_pinned_words_faster_slower_or_cannot_tell():
+    assert helpers.pinned_words(50.0, 20.0) == " Pinned memory was 2.5 times as fast."
+    assert "slower here (0.50 times" in helpers.pinned_words(10.0, 20.0)
+    assert "cannot tell them apart" in helpers.pinned_words(21.0, 20.0)
+    assert "cannot tell them apart" in helpers.pinned_words(20.0, 21.0)
+
+
+def test_overlap_words_faster_slower_or_cannot_tell():
+    assert "made the pair 2.0 times as fast: the copy ran while the product did" in (
+        helpers.overlap_words(8e-3, 4e-3))
+    assert "did not hide behind the product" in helpers.overlap_words(4e-3, 8e-3)
+    assert "cannot tell whether the copy overlapped" in helpers.overlap_words(4e-3, 4.2e-3)
