@@ -225,7 +225,7 @@ from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatr
                                          plot_megatron_mlp)
 from .pipeline_parallel.schematics import (split_picture, plot_network_split, schedule_timelines,
                                            plot_pipeline_schedules)
-from .sharding.schematics import shard_owners, plot_shards
+from .sharding.schematics import shard_owners, plot_shards, plot_memory_per_stage
 from .data_parallel.schematics import bucket_timeline, plot_buckets
 from .data_parallel.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
 from .data_parallel.dp_schematics import (dp_step_facts, plot_dp_step, scratch_step_facts,

@@ -32,7 +32,9 @@ Also, in every notebook (converted or not):
   claim's `True` under the cell), their outputs hidden too (`jupyter.outputs_hidden`, and
   `collapsed`, which JupyterLab keeps equal to it): a glue's papermill record is for the book,
   and a front end without a renderer for it would say so under the fold;
-- "the figure above/below" that starts a sentence is capitalised.
+- "the figure above/below" that starts a sentence is capitalised;
+- under each figure, its caption and alt text (the figure cell's myst-nb metadata) in a Markdown
+  cell the book removes (scripts/figure_captions.py): a front end shows the image alone.
 Idempotent: a converted notebook has nothing left to convert (`--check` converts in memory and
 fails where that would change a notebook). Written atomically.
 """
@@ -53,8 +55,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
+sys.path.insert(0, str(ROOT / "scripts"))
 import chapter_runs  # noqa: E402
 from book_files import entry_path, toc_entries, toc_notebooks  # noqa: E402
+from figure_captions import with_captions  # noqa: E402
 
 ROLES = re.compile(r"\{(glue(:text)?|term|cite(:[pt])?|numref)\}`")   # what the audit counts
 GLUE = re.compile(r"\{glue(?::text)?\}`([A-Za-z_]\w*)(?::([^`]*))?`")
@@ -483,6 +487,7 @@ def convert(nb, path, cfg=None):
     """The notebook with its prose rewritten (a new object) and the problems found."""
     ctx = Context(path, cfg)
     nb = copy.deepcopy(nb)
+    nb.cells = with_captions(nb.cells)
     gpus = (nb.metadata.get("course") or {}).get("gpus")
     ctx.gpus = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None
     figures = {c.get("metadata", {}).get("mystnb", {}).get("figure", {}).get("name"): i

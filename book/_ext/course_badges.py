@@ -159,13 +159,13 @@ def resolve_badges(app, doctree, docname):
             except chapter_runs.MissingRun as e:
                 logger.warning(str(e), location=node)
                 times, needs = "not measured", "not measured"
-            para += nodes.Text("  Run time: ")
-            para += nodes.emphasis("", times + ".")
-            para += nodes.Text("  Needs: ")
-            para += nodes.emphasis("", needs + ".")
-            para += nodes.Text("  Binder: ")
-            para += nodes.emphasis("", chapter_runs.binder_text(_record(app), node["docname"])
-                                   + ".")
+            binder = chapter_runs.binder_text(_record(app), node["docname"])
+            for label, value in (("Run time", times), ("Needs", needs), ("Binder", binder)):
+                # one span per fact: a phone gives each its own line (book/_css/course.css)
+                fact = nodes.inline(classes=["runs-on-fact"])
+                fact += nodes.Text(f"  {label}: ")
+                fact += nodes.emphasis("", value + ".")
+                para += fact
         node.replace_self(para)
 
 

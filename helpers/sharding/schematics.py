@@ -6,7 +6,8 @@ for plain data parallelism, ZeRO-1 (`ShardedOptimizer`: whole tensors, `partitio
 ZeRO-2 (`Zero2`: equal slices of each bucket's flat buffer, `make_buckets` and `padded_flat`),
 ZeRO-3 as `FSDPFromScratch` shards it (equal slices of each unit's flat buffer,
 `unit_parameters`) and FSDP2 (`fully_shard`: each parameter's rows cut as `torch.chunk` cuts
-them). `plot_shards` draws them, one bar per kind of state.
+them). `plot_shards` draws them, one bar per kind of state; `plot_memory_per_stage` the bytes
+each stage held and sent, as measured (memory_per_stage) beside the cost model.
 """
 import torch
 
@@ -17,7 +18,7 @@ from ..schematics import SCHEMATIC_FONT as FONT
 from .flat import padded_flat, unit_parameters
 from .zero import partition_by_size
 
-__all__ = ["SHARD_KINDS", "shard_owners", "plot_shards"]
+__all__ = ["SHARD_KINDS", "shard_owners", "plot_shards", "plot_memory_per_stage"]
 
 SHARD_KINDS = ("weights", "gradients", "optimizer state")
 
@@ -98,4 +99,54 @@ def plot_shards(module, world, bucket_mb=None, owners=None):
                loc="lower center", ncol=world + 1, fontsize=SMALL, frameon=False,
                handlelength=1.2, columnspacing=1.0)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+HELD_PARTS = (("params_bytes", "", "params"), ("grads_bytes", "//", "grads"),
+              ("optim_bytes", "..", "optimizer"))
+
+
+def plot_memory_per_stage(measured, n_params):
+    """Rank 0's bytes held (stacked: parameters, gradients, optimizer state) and sent in one step
+    per stage, a bar per world size of `measured` ({world: run_ranks' results of
+    memory_per_stage}), the cost model (sharding_costs) a black tick on each. Two panels one above
+    the other and few, large labels: it stays legible shrunk to a phone's column."""
+    import numpy as np
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from ..costs import SHARDING_STAGES, sharding_costs
+    fig, axes = diagram(2, 1, width=SCHEMATIC_WIDTH, height=7.2)
+    ax_m, ax_t = axes[:, 0]
+    worlds, w = sorted(measured), 0.8 / len(measured)
+    x0 = np.arange(len(SHARDING_STAGES))
+    for j, world in enumerate(worlds):
+        x = x0 + (j - (len(worlds) - 1) / 2) * w
+        got = [measured[world][0]["memory"][s] for s in SHARDING_STAGES]
+        want = [sharding_costs(n_params, world, s) for s in SHARDING_STAGES]
+        bottom = np.zeros(len(SHARDING_STAGES))
+        for key, hatch, _ in HELD_PARTS:
+            vals = np.array([getattr(g, key) for g in got]) / 1e6
+            ax_m.bar(x, vals, w, bottom=bottom, color=device_color(j), hatch=hatch,
+                     edgecolor="white")
+            bottom += vals
+        ax_t.bar(x, [g.sent_bytes / 1e6 for g in got], w, color=device_color(j))
+        for ax, key in ((ax_m, "total_bytes"), (ax_t, "sent_bytes")):
+            ax.plot(x, [c[key] / 1e6 for c in want], "k_", ms=16, mew=2.5)
+    for ax, title in ((ax_m, "held per rank (MB)"), (ax_t, "sent per rank in one step (MB)")):
+        ax.set_axis_on()
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.set_xticks(x0, SHARDING_STAGES)
+        ax.tick_params(labelsize=SMALL)
+        ax.set_title(title, fontsize=FONT, loc="left")
+    ranks = [Patch(color=device_color(j), label=f"{k} rank{'s' * (k > 1)}")
+             for j, k in enumerate(worlds)]
+    model = Line2D([], [], color="black", marker="_", ms=16, mew=2.5, ls="none", label="model")
+    parts = [Patch(facecolor="#777777", hatch=h, edgecolor="white", label=name)
+             for _, h, name in HELD_PARTS]
+    ax_m.legend(handles=parts, fontsize=SMALL, frameon=False, ncol=3, loc="upper center",
+                bbox_to_anchor=(0.5, -0.12))
+    ax_t.legend(handles=[*ranks, model], fontsize=SMALL, frameon=False, ncol=2,
+                loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    fig.tight_layout()
     return fig

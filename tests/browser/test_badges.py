@@ -80,3 +80,36 @@ def test_the_landing_page_tables_fit_a_phone(browser, base_url):
     assert len(tables) == 2 and len(parts) == 1, tables
     assert parts[0]["table"] <= parts[0]["box"] + 1, \
         f"at 390 px the parts' table is wider than its box: {parts[0]}"
+
+
+# A chapter's badge at phone width: every fact on the page, in a type still readable, in at most a
+# quarter of the screen's height (at the body's size it took a third: 290 px of 844).
+_BADGE_JS = """() => { const p = document.querySelector('p.runs-on');
+  const facts = [...p.querySelectorAll('.runs-on-fact')];
+  return {height: p.getBoundingClientRect().height, width: p.getBoundingClientRect().width,
+          column: p.parentElement.clientWidth, font: parseFloat(getComputedStyle(p).fontSize),
+          facts: facts.map(f => f.textContent.trim().split(':')[0]),
+          lefts: facts.map(f => Math.round(f.getBoundingClientRect().left))}; }"""
+PHONE_HEIGHT = 844
+
+
+def test_the_badge_is_compact_on_a_phone(browser, base_url, book_dir):
+    """In a browser, at 390 px: the longest badges of the book fit a quarter of the screen, with
+    their run time, needs and Binder each starting a line, in a type of 12 px or more."""
+    from pagecheck import open_page, resize
+    docs = sorted(_chapters(book_dir), key=lambda c: -len(
+        " ".join(chapter_runs.badge_text(chapter_runs.load(), c[0],
+                                         chapter_runs.gpus_wanted(c[1])))))[:3]
+    for doc, _ in docs:
+        seen = open_page(browser, base_url + f"{doc}.html", base_url)
+        try:
+            resize(seen.page, 390, PHONE_HEIGHT)
+            got = seen.page.evaluate(_BADGE_JS)
+        finally:
+            seen.page.close()
+        assert got["facts"] == ["Run time", "Needs", "Binder"], f"{doc}: {got}"
+        assert got["width"] <= got["column"] + 1, f"{doc}: the badge is wider than the column"
+        assert got["font"] >= 12, f"{doc}: the badge's type is {got['font']} px"
+        assert len(set(got["lefts"])) == 1, f"{doc}: the facts do not start a line each: {got}"
+        assert got["height"] <= PHONE_HEIGHT / 4, \
+            f"{doc}: at 390 px the badge is {got['height']:.0f} px tall: {got}"
