@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 sys.path.insert(0, str(ROOT / "scripts"))
 import chapter_runs  # noqa: E402
 from book_files import entry_path, toc_entries, toc_notebooks  # noqa: E402
-from figure_captions import with_captions  # noqa: E402
+from figure_captions import is_caption, with_captions  # noqa: E402
 
 ROLES = re.compile(r"\{(glue(:text)?|term|cite(:[pt])?|numref)\}`")   # what the audit counts
 GLUE = re.compile(r"\{glue(?::text)?\}`([A-Za-z_]\w*)(?::([^`]*))?`")
@@ -242,6 +242,8 @@ def fold_bookkeeping(cell):
     """A cell the book removes (glue, claim): folded under a title, no stored result."""
     meta = cell.metadata
     if "remove-cell" not in meta.get("tags", []) or cell.get("id") == SETUP_CELL:
+        return
+    if is_caption(cell):          # a caption with a glued value: shown outside the book
         return
     if not cell.source.startswith("#@title"):
         cell.source = BOOKKEEPING + "\n" + cell.source
@@ -476,7 +478,8 @@ def say_cell(template, names, md_cell, imported):
     meta["tags"] = list(dict.fromkeys(["remove-input", *meta.get("tags", [])]))
     meta["jupyter"] = {**meta.get("jupyter", {}), "source_hidden": True}
     meta["cellView"] = "form"
-    meta["course"] = {"prose": True, "glued": sorted(set(names))}
+    # other course marks stay (a figure's caption cell keeps saying whose caption it is)
+    meta["course"] = {**meta.get("course", {}), "prose": True, "glued": sorted(set(names))}
     cell = nbformat.v4.new_code_cell(source=src, metadata=meta)
     if md_cell.get("id"):
         cell["id"] = md_cell["id"]

@@ -76,3 +76,25 @@ def test_every_figure_has_its_caption_cell(path):
             assert nxt.get("metadata", {}).get("course", {}).get("figure_caption") == \
                 cell.get("id"), f"{path.name} cell {i}: no caption cell under the figure " \
                 "(run scripts/reader_markup.py)"
+
+
+def test_a_caption_with_a_glued_value_stays_a_shown_caption_and_is_not_added_again():
+    """A caption that shows a glued value becomes a say cell; it keeps its caption mark, so the
+    next conversion rebuilds it instead of adding a second one, and it is not folded like glue."""
+    rm = _script("reader_markup")
+    glue = nbformat.v4.new_code_cell("import helpers\nhelpers.glue('src', 'a run', display=False)",
+                                     metadata={"tags": ["remove-cell"]})
+    glue["id"] = "g1"
+    glue.outputs = [nbformat.v4.new_output("display_data", data={
+        "application/papermill.record/text/plain": "'a run'"}, metadata={"scrapbook": {
+            "name": "src", "mime_prefix": "application/papermill.record/"}})]
+    nb = nbformat.v4.new_notebook(cells=[glue, _figure("Roofs from {glue:text}`src`.", "Lines")])
+    path = ROOT / "book" / "part1" / "x.ipynb"
+    once, problems = rm.convert(nb, path)
+    assert not problems
+    caps = [c for c in once.cells if c.metadata.get("course", {}).get("figure_caption")]
+    said = [c for c in caps if c.cell_type == "code"]     # the alt text stays Markdown
+    assert len(said) == 1 and "helpers.say" in said[0].source
+    assert not said[0].metadata.get("jupyter", {}).get("outputs_hidden"), "folded like glue"
+    twice, _ = rm.convert(once, path)
+    assert [c.source for c in twice.cells] == [c.source for c in once.cells]
