@@ -7,6 +7,8 @@ declare.py    @check(exercise, observes=[...], references=[...]): the registry t
               the tests read; the answer is called with the exercise's references blocked
 settle.py     what an answer returns, settled before its call ends: no code of the reader's runs
               when the check converts or compares it
+hooks.py      no hook the answer registered on what it was handed, or on the whole process,
+              is left when it returns (the check goes on using those objects)
 references.py no reference shortcut: the course's own answer is unreachable, by identity
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
               float rounding
