@@ -14,6 +14,8 @@ inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, 
               float rounding
 observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
+same_work.py  the answer's run on FakeGPUs does the same torch work as its run on CPU tensors
+              (no branch on the simulation)
 world.py      World: the runtime's ThreadWorld (ranks as threads, a network that records every
               message) with dist.py playing torch.distributed for them, a Recorder per rank,
               allowed calls, and provenance.py: no tensor passes between ranks but by the comm

@@ -10,7 +10,7 @@ from .provenance import handed_in
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
 from .run import REGISTRY, CheckInfo, Result, run_check
-from .same_work import traced
+from .same_work import expect_same_work, traced
 from .settle import Guarded, settle
 from .untouched import expect_untouched, fingerprint
 
@@ -79,7 +79,9 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
             def judged(fn):
                 refs = resolve(references)
                 scan(fn, refs, exercise)
-                body(Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated))
+                answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)
+                body(answer)
+                expect_same_work(answer)
             return run_check(exercise, judged, fn, declared=True)
         info = CheckInfo(body.__name__, exercise, observes, references, body.__module__)
         check_fn.info = info

@@ -27,7 +27,7 @@ import torch.utils
 from .exits import CALLBACKS, watch_exits
 from .observe import Recorder, describe_device
 from .run import CheckFailed, HarnessError
-from .same_work import check_declared, expect_same_work
+from .same_work import check_declared, compare_work
 
 __all__ = ["FakeGPUs"]
 
@@ -112,7 +112,7 @@ class FakeGPUs:
                 raise HarnessError(f"the simulated GPUs cannot run {name} (its result depends "
                                    "on values they do not have): not a problem with your "
                                    "answer") from e
-        expect_same_work(fn, what)
+        compare_work(fn, what)
         return out, recorder
 
 
