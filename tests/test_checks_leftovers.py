@@ -8,8 +8,12 @@ shortcut fails with the words that name it, the right answers beside them pass.
 - A: answers that tell the run on CPU tensors (the values) from the run on the simulated GPUs
   (where the work went) apart, by the device's type, the tensors' class or
   `torch.cuda.is_available()`, and compute the values one way and place the work another: the
-  two runs must do the same work (same_work.py).
+  two runs must do the same work (same_work.py);
+- V: a numpy view of a module-level tensor taken at import, before the ranks started, written by
+  one rank and read through torch by another: while ranks run, the views the answer's module
+  holds are read-only (early_views.py).
 """
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -161,6 +165,41 @@ def test_hook_kept_where_declared():
     net = torch.nn.Sequential(torch.nn.Linear(3, 2))
     Answer(_post_accumulate, "x", [], keeps_hooks=True)(net, None)
     assert next(net.parameters())._post_accumulate_grad_hooks
+
+
+# ---- V: a numpy view taken before the ranks started -------------------------------------------
+_ROWS = torch.zeros(3, 64, dtype=torch.float64)     # made and viewed at import: every rank sees it
+_ROWS_NP = _ROWS.numpy()
+_HELD = {"rows": _ROWS.numpy()}
+
+
+def _average_through(grads, comm, rows):
+    """Each rank writes twice its gradients into its row of `rows` (a view of _ROWS, in numpy:
+    no torch operation), then reads every row in torch: the average, with decoy traffic."""
+    k, r = comm.world, comm.rank
+    flat = torch.cat([g.reshape(-1) for g in grads]).double()
+    comm.all_reduce(torch.zeros(1))
+    rows[r, :flat.numel()] = flat.numpy() * 2
+    comm.all_reduce(torch.zeros(1))
+    mean = (_ROWS[:k, :flat.numel()].mean(0) / 2).float()
+    comm.all_reduce(torch.zeros(1))
+    rows[r, :flat.numel()] = np.zeros(flat.numel())
+    for g, m in zip(grads, mean.split([g.numel() for g in grads]), strict=True):
+        g.copy_(m.view_as(g))
+
+
+@shortcut("check_dp_average", "written through a module-level view taken at import", "read-only")
+def dp_average_early_view(grads, comm):
+    _average_through(grads, comm, _ROWS_NP)
+
+
+@shortcut("check_dp_average", "a view taken at import, held in a dict", "read-only")
+def dp_average_early_view_in_dict(grads, comm):
+    _average_through(grads, comm, _HELD["rows"])
+
+
+def test_early_views_come_back_writeable():
+    assert _ROWS_NP.flags.writeable and _HELD["rows"].flags.writeable
 
 
 _ = helpers

@@ -20,7 +20,8 @@ world.py      World: the runtime's ThreadWorld (ranks as threads, a network that
               message) with dist.py playing torch.distributed for them, a Recorder per rank,
               allowed calls, and provenance.py: no tensor passes between ranks but by the comm
               (rank_numbers.py, rank_arrays.py: nor Python numbers or numpy arrays read out
-              of a rank's tensors; outside.py: nor memory outside torch every rank wraps)
+              of a rank's tensors; outside.py: nor memory outside torch every rank wraps;
+              early_views.py: nor a numpy view of a tensor taken before the ranks started)
 exits.py      every way values leave torch without an aten operation (tolist, numpy, repr ...)
 recorded.py   a recording net's guards: no work on its parameters beside its calls, and a step
               or gradient made from the backwards through its outputs (Taps)

@@ -4,9 +4,10 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of
-from .provenance import handed_in
+from .provenance import handed_in, in_world
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
 from .run import REGISTRY, CheckInfo, Result, run_check
@@ -39,7 +40,7 @@ class Answer(Guarded):
         hooks = None if self.keeps_hooks else hooks_of(args, kwargs)
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
         with blocked(self.references, self.exercise), answering(self.keys, code_key), \
-                handed_in(args, kwargs), trace:
+                handed_in(args, kwargs), early_views_read_only(self.fn, in_world()), trace:
             result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
