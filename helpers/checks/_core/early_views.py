@@ -17,19 +17,16 @@ __all__ = ["early_views_read_only"]
 
 _LOCK = threading.Lock()
 _HELD = {}      # (id(space), key) -> [calls inside, space, key, the original array]
+_BASE = np.ndarray.base.__get__
 
 
 def _torch_backed(v):
     """A numpy array whose memory a tensor owns (its base chain reaches a tensor)."""
-    if not isinstance(v, np.ndarray):
-        return False
-    base = v.base
-    for _ in range(32):
-        if base is None:
-            return False
-        if isinstance(base, torch.Tensor):
-            return True
-        base = getattr(base, "base", None)
+    base = v
+    for _ in range(32):            # read by ndarray's own descriptor: no subclass's code runs
+        if not isinstance(base, np.ndarray):     # (another rank's RankArray refuses .base)
+            return isinstance(base, torch.Tensor) and base is not v
+        base = _BASE(base)
     return False
 
 
