@@ -64,7 +64,7 @@ def check_combine_mean_grads(fn):
         expect(False, f"{call}: the result differs from the full batch's mean gradient")
 
 
-@check("reduce_then_broadcast", changes_inputs=True,
+@check("reduce_then_broadcast", simulated=True, changes_inputs=True,
        references=["allreduce", "ring_allreduce", "flat_allreduce",
                    "bucketed_allreduce", "sum_into_all"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
@@ -153,7 +153,7 @@ def check_bytes_sent_naive_vs_ring(fn):
 
 
 # ---- data_parallel: a parameter server sharded over the devices -------------------------------
-@check("sharded_server_step", changes_inputs=True, observes=[
+@check("sharded_server_step", simulated=True, changes_inputs=True, observes=[
     "on CPU tensors: afterwards every replica (the same tensor objects, the same storage) holds "
     "the SGD step on the sum of all devices' gradients, uneven chunks included",
     "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "

@@ -153,7 +153,7 @@ def _dp_case(g):
     return k, n, randint(g, 2, 6), randint(g, 2, 5)
 
 
-@check("dp_forward", observes=[
+@check("dp_forward", simulated=True, observes=[
     "on CPU: the outputs against the module's on the whole batch, and which copy of the module "
     "ran on how many rows (the check's module logs every call, deep copies included)",
     "the dataflow into the output returned: every replica's output reaches it, and no work "

@@ -104,7 +104,7 @@ def _average_grads(make, data):
     return {n: sum(r[n] for r in per_rank) / len(per_rank) for n in per_rank[0]}
 
 
-@check("overlap_hooks", observes=[
+@check("overlap_hooks", keeps_hooks=True, observes=[
     "on a World of 2-4 thread ranks with different data each, where all_reduce is the only call "
     "allowed: every all_reduce call (the storage it was handed, async or not, when it was "
     "launched and waited for) against the check's own marks when each gradient became ready "

@@ -78,7 +78,8 @@ def _bucket_case(g, dtype):
     raise RuntimeError("no bucket case drawn")
 
 
-@check("bucket_allreduce", changes_inputs=True, references=["bucketed_allreduce"], observes=[
+@check("bucket_allreduce", simulated=True, changes_inputs=True, references=["bucketed_allreduce"],
+       observes=[
     "on CPU tensors: every gradient (the same objects, the same storage) holds the sum over "
     "the replicas, for k = 1, 2, 3 and float32 and float64",
     "on k simulated GPUs (replica c on cuda:c): every copy between devices, and its size: each "
@@ -140,7 +141,8 @@ def _bucket_traffic(fn, before, bucket_bytes, want, call):
                       "the devices: reduce every bucket")
 
 
-@check("ring_allreduce", changes_inputs=True, references=["ring_allreduce"], observes=[
+@check("ring_allreduce", simulated=True, changes_inputs=True, references=["ring_allreduce"],
+       observes=[
     "on CPU tensors (sizes no k divides, 1-D and 2-D): every tensor (the same object, the same "
     "storage) holds the sum",
     "on k simulated GPUs (tensor i on cuda:i): every copy between devices, its source, "

@@ -88,7 +88,8 @@ def _random_net(g):
     return nn.Sequential(*layers[:-1]), widths
 
 
-@check("split_by_params", references=["balanced_cuts", "split_sequential"], observes=[
+@check("split_by_params", simulated=True, references=["balanced_cuts", "split_sequential"],
+       observes=[
     "on CPU: k independent stages that together compute net, none empty, the largest holding "
     "as few parameters as the best cut (computed by the check)",
     "on k simulated GPUs: every parameter of stage i is on devices[i]"])

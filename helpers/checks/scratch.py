@@ -105,7 +105,7 @@ def check_shard_sizes(fn):
 
 
 # ---------------------------------------------------------------------------------------------
-@check("allreduce_spread", changes_inputs=True,
+@check("allreduce_spread", simulated=True, changes_inputs=True,
        references=["ring_allreduce", "ring_all_reduce"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum, uneven sizes included",
@@ -230,7 +230,7 @@ class _RecordingNet:
         return out
 
 
-@check("evaluate_accuracy_multi", observes=[
+@check("evaluate_accuracy_multi", simulated=True, observes=[
     "on CPU: the accuracy returned against the one-device evaluation (uneven shards, a short "
     "last batch); the check's net records the examples and the parameter storage of each call",
     "the dataflow from the parameters: no work on them (or on copies of them) outside the "

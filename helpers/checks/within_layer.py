@@ -99,7 +99,7 @@ def _spread(call, rec, Y, devices, whole, what):
 
 
 # ---- a convolution split by input channels ----------------------------------------------------
-@check("conv_split_in_channels", observes=[
+@check("conv_split_in_channels", simulated=True, observes=[
     "values and gradients on CPU tensors, against F.conv2d (bias once)",
     "on k simulated GPUs: every device ran a convolution on its slice of the input channels "
     "that reaches the output, no device did more than its share of the multiply-adds, the "
@@ -283,14 +283,15 @@ def _check_column_then_row(fn, gated):
         _megatron_structure(call, Y, fakes[0], k)
 
 
-@check("mlp_column_then_row", observes=["as check_gated_mlp_column_then_row, with biases"])
+@check("mlp_column_then_row", simulated=True,
+       observes=["as check_gated_mlp_column_then_row, with biases"])
 def check_mlp_column_then_row(fn):
     """fn(X, W1, b1, W2, b2, devices, log) == relu(X @ W1 + b1) @ W2 + b2, Megatron-style. Not an
     exercise any more (a section of within_layer): tests and teachers use it."""
     _check_column_then_row(fn, gated=False)
 
 
-@check("gated_mlp_column_then_row", observes=[
+@check("gated_mlp_column_then_row", simulated=True, observes=[
     "values and all gradients on CPU tensors, against the unsplit block",
     "on k simulated GPUs: each device computed its share of the multiply-adds, no product saw "
     "all hidden units, no operation mixed devices",
@@ -312,7 +313,7 @@ def attention(X, Wq, Wk, Wv, Wo, heads):
     return A.transpose(0, 1).reshape(t, heads * e) @ Wo
 
 
-@check("attention_by_heads", observes=[
+@check("attention_by_heads", simulated=True, observes=[
     "values and all gradients on CPU tensors, against unsplit multi-head attention (a number of "
     "heads the devices do not divide)",
     "on k simulated GPUs: each device computed its share of the multiply-adds, no product saw "

@@ -7,16 +7,21 @@ declare.py    @check(exercise, observes=[...], references=[...]): the registry t
               the tests read; the answer is called with the exercise's references blocked
 settle.py     what an answer returns, settled before its call ends: no code of the reader's runs
               when the check converts or compares it
+hooks.py      no hook the answer registered on what it was handed, or on the whole process,
+              is left when it returns (the check goes on using those objects)
 references.py no reference shortcut: the course's own answer is unreachable, by identity
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
               float rounding
 observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
+same_work.py  the answer's run on FakeGPUs does the same torch work as its run on CPU tensors
+              (no branch on the simulation)
 world.py      World: the runtime's ThreadWorld (ranks as threads, a network that records every
               message) with dist.py playing torch.distributed for them, a Recorder per rank,
               allowed calls, and provenance.py: no tensor passes between ranks but by the comm
               (rank_numbers.py, rank_arrays.py: nor Python numbers or numpy arrays read out
-              of a rank's tensors; outside.py: nor memory outside torch every rank wraps)
+              of a rank's tensors; outside.py: nor memory outside torch every rank wraps;
+              early_views.py: nor a numpy view of a tensor taken before the ranks started)
 exits.py      every way values leave torch without an aten operation (tolist, numpy, repr ...)
 recorded.py   a recording net's guards: no work on its parameters beside its calls, and a step
               or gradient made from the backwards through its outputs (Taps)

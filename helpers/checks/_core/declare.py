@@ -1,13 +1,17 @@
 """Declaring a check: `@check(exercise, observes=[...], references=[...])` (see run.py)."""
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .early_views import early_views_read_only
 from .guard import answering
-from .provenance import handed_in
+from .hooks import expect_no_new_hooks, hooks_of
+from .provenance import handed_in, in_world
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
 from .run import REGISTRY, CheckInfo, Result, run_check
+from .same_work import expect_same_work, traced
 from .settle import Guarded, settle
 from .untouched import expect_untouched, fingerprint
 
@@ -21,26 +25,34 @@ class Answer(Guarded):
     the tensors handed to it are that rank's (provenance.handed_in); what it returns is settled
     before the call ends (settle.py: nothing of the reader's code left to run in it)."""
 
-    def __init__(self, fn, exercise, references, changes_inputs=False):
+    def __init__(self, fn, exercise, references, changes_inputs=False, keeps_hooks=False,
+                 simulated=False):
         self.fn, self.exercise, self.references = fn, exercise, references
         self.changes_inputs = changes_inputs   # else what it is handed stays (untouched.py)
+        self.keeps_hooks = keeps_hooks         # else it leaves no hook behind (hooks.py)
+        self.traces = {} if simulated else None   # its work, CPU against FakeGPUs (same_work.py)
         self.__name__ = getattr(fn, "__name__", exercise)
         self.keys = {ref.key: str(ref) for ref in references if ref.key[0] == "code"}
 
     def __call__(self, *args, **kwargs):
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
         before = None if self.changes_inputs else (fingerprint(args), fingerprint(kwargs))
+        hooks = None if self.keeps_hooks else hooks_of(args, kwargs)
+        trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
         with blocked(self.references, self.exercise), answering(self.keys, code_key), \
-                handed_in(args, kwargs):
+                handed_in(args, kwargs), early_views_read_only(self.fn, in_world()), trace:
             result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
+        if hooks is not None:
+            expect_no_new_hooks(self.__name__, hooks, args, kwargs)
         return result
 
     def _again(self, fn):
         """`fn` (returned by the answer: a function, an iterator's next step, a hook) guarded
         as the answer itself is, when the check calls it later."""
-        return Answer(fn, self.exercise, self.references, self.changes_inputs)
+        return Answer(fn, self.exercise, self.references, self.changes_inputs, self.keeps_hooks,
+                      self.traces is not None)
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
@@ -51,20 +63,26 @@ CheckFn = Callable[[Callable[..., Any]], Result]   # what a notebook calls: chec
 
 
 def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] = (),
-          changes_inputs: bool = False) -> Callable[[Body], CheckFn]:
+          changes_inputs: bool = False, keeps_hooks: bool = False,
+          simulated: bool = False) -> Callable[[Body], CheckFn]:
     """Declare a check: `body(fn)` judges the reader's `fn` (called through Answer) and raises
     CheckFailed with the reason; the check function returned runs it through run_check, after
     refusing an answer that reaches a reference or the checks themselves (references.scan).
     `references` are names of the flat façade (`"balanced_cuts"`, `"CommLog.total"`).
     `changes_inputs`: the exercise writes into what it is handed (otherwise an answer that
-    changes its arguments fails: untouched.py)."""
+    changes its arguments fails: untouched.py). `keeps_hooks`: the exercise registers hooks that
+    run after it returns (otherwise an answer that leaves one fails: hooks.py). `simulated`: the
+    check runs the answer on CPU tensors and on FakeGPUs, which must do the same work
+    (same_work.py)."""
     def declare(body: Body) -> CheckFn:
         @functools.wraps(body)
         def check_fn(fn: Callable[..., Any]) -> Result:
             def judged(fn):
                 refs = resolve(references)
                 scan(fn, refs, exercise)
-                body(Answer(fn, exercise, refs, changes_inputs))
+                answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)
+                body(answer)
+                expect_same_work(answer)
             return run_check(exercise, judged, fn, declared=True)
         info = CheckInfo(body.__name__, exercise, observes, references, body.__module__)
         check_fn.info = info

@@ -27,6 +27,7 @@ import torch.utils
 from .exits import CALLBACKS, watch_exits
 from .observe import Recorder, describe_device
 from .run import CheckFailed, HarnessError
+from .same_work import check_declared, compare_work
 
 __all__ = ["FakeGPUs"]
 
@@ -95,6 +96,7 @@ class FakeGPUs:
         devices fails the check naming the tensors and their devices; an operation the
         simulation cannot run is the harness's error, not the answer's."""
         ft = _fake_tensor_module()
+        check_declared(fn)
         with self.active() as recorder:
             try:
                 out = fn(*args, **kwargs)
@@ -110,6 +112,7 @@ class FakeGPUs:
                 raise HarnessError(f"the simulated GPUs cannot run {name} (its result depends "
                                    "on values they do not have): not a problem with your "
                                    "answer") from e
+        compare_work(fn, what)
         return out, recorder
 
 

@@ -84,6 +84,11 @@ def _handed(tree, depth=0):
     return []
 
 
+def in_world():
+    """Whether this thread is a World rank's (its provenance mode is active)."""
+    return any(isinstance(m, _Mode) for m in _get_current_dispatch_mode_stack())
+
+
 @contextlib.contextmanager
 def handed_in(args, kwargs):
     """Around a check's call of the answer: in a World rank's thread, the tensors handed to it

@@ -1,0 +1,101 @@
+"""Numpy views of tensors taken before the ranks started are read-only while they run. A rank's
+own `.numpy()` is read-only (rank_arrays.read_only), but a view the answer's module made at import
+(`ROWS = T.numpy()`) would let one rank write a tensor's memory with no torch operation, and
+another read it through torch: data between ranks that provenance cannot see. So while an answer
+runs in a World rank, such views the answer's module or closure hold (its globals, its closure
+cells, and what those hold one level down: attributes, dict and list entries) are swapped for
+read-only views of the same memory; the originals come back when the last rank's call ends.
+A view reached otherwise (another module, an object deeper down) is not swapped."""
+import contextlib
+import threading
+import types
+
+import numpy as np
+import torch
+
+__all__ = ["early_views_read_only"]
+
+_LOCK = threading.Lock()
+_HELD = {}      # (id(space), key) -> [calls inside, space, key, the original array]
+_BASE = np.ndarray.base.__get__
+
+
+def _torch_backed(v):
+    """A numpy array whose memory a tensor owns (its base chain reaches a tensor)."""
+    base = v
+    for _ in range(32):            # read by ndarray's own descriptor: no subclass's code runs
+        if not isinstance(base, np.ndarray):     # (another rank's RankArray refuses .base)
+            return isinstance(base, torch.Tensor) and base is not v
+        base = _BASE(base)
+    return False
+
+
+def _spaces(fn):
+    """(mapping, key, array) for the tensor-backed arrays fn's module and closure hold."""
+    fn = getattr(fn, "func", fn)
+    found = []
+
+    def scan(space, items, depth):
+        for k, v in list(items):
+            if _torch_backed(v):
+                found.append((space, k, v))
+            elif depth < 1 and isinstance(v, (dict, list)):
+                scan(v, v.items() if isinstance(v, dict) else enumerate(v), depth + 1)
+            elif depth < 1 and isinstance(v, types.SimpleNamespace):
+                scan(vars(v), vars(v).items(), depth + 1)
+
+    g = getattr(fn, "__globals__", None)
+    if isinstance(g, dict) and not str(g.get("__name__", "")).startswith(("helpers", "numpy")):
+        scan(g, ((k, v) for k, v in g.items() if not k.startswith("__")), 0)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:           # a cell not filled yet
+            continue
+        if _torch_backed(v):
+            found.append((_Cell(cell), "cell_contents", v))
+        elif isinstance(v, (dict, list)):
+            scan(v, v.items() if isinstance(v, dict) else enumerate(v), 1)
+    return found
+
+
+class _Cell:
+    def __init__(self, cell):
+        self.cell = cell
+
+    def __setitem__(self, key, v):
+        self.cell.cell_contents = v
+
+
+def _key(space, k):
+    return (id(space.cell) if isinstance(space, _Cell) else id(space), k)
+
+
+@contextlib.contextmanager
+def early_views_read_only(fn, in_world):
+    """While fn runs in a World rank (`in_world`), the views of tensors it can reach are
+    read-only substitutes; the last call to end puts the originals back."""
+    if not in_world:
+        yield
+        return
+    keys = []
+    with _LOCK:
+        for space, k, v in _spaces(fn):
+            key = _key(space, k)
+            if key not in _HELD:
+                sub = v.view()
+                sub.flags.writeable = False
+                _HELD[key] = [0, space, k, v]
+                space[k] = sub
+            _HELD[key][0] += 1
+            keys.append(key)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            for key in keys:
+                entry = _HELD[key]
+                entry[0] -= 1
+                if entry[0] == 0:
+                    entry[1][entry[2]] = entry[3]
+                    del _HELD[key]

@@ -1,0 +1,129 @@
+"""Nothing the answer registers acts after it returns. A check goes on using what it handed the
+answer (a module's forward, a parameter's backward, an optimizer's step) to compute its expected
+value; a hook the answer left on one of them (`register_forward_hook` rewriting the output, a
+gradient hook, a step hook) would run the reader's code inside the check and could bend the
+target to the answer. So `Answer` lists, before the call, the hooks on what it hands over
+(modules and their submodules, parameters, buffers and their gradients, tensors, optimizers,
+containers item by item) and the process's global ones (module and optimizer hooks for every
+instance, saved-tensor hooks, torch function and dispatch modes left entered), and fails an
+answer that returns with one more. Hooks it registered and removed before returning are fine.
+Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
+`@check(..., keeps_hooks=True)`; settle.py guards those hooks like the answer itself."""
+import torch
+import torch.nn.modules.module as module_hooks
+import torch.optim.optimizer as optim_hooks
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from .run import CheckFailed
+
+__all__ = ["hooks_of", "expect_no_new_hooks"]
+
+_DEPTH = 4
+_MODULE = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+           "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+           "_load_state_dict_post_hooks")
+_TENSOR = ("_backward_hooks", "_post_accumulate_grad_hooks")
+_OPTIMIZER = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+              "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
+              "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+_GLOBAL = [(module_hooks, n) for n in dir(module_hooks)
+           if n.startswith("_global_") and n.endswith("hooks")] + \
+          [(optim_hooks, n) for n in ("_global_optimizer_pre_hooks",
+                                      "_global_optimizer_post_hooks")]
+
+
+class _Walk:
+    """Every hook dict reachable from the handed values: {(owner id, attr): (what, keys)}."""
+
+    def __init__(self):
+        self.found, self.seen = {}, set()
+
+    def dicts(self, owner, attrs, what):
+        for attr in attrs:
+            hooks = owner.__dict__.get(attr) if hasattr(owner, "__dict__") else None
+            if hooks is None and isinstance(owner, torch.Tensor):
+                hooks = getattr(owner, attr, None)
+            if isinstance(hooks, dict):
+                self.found[(id(owner), attr)] = (what, attr, frozenset(hooks), hooks)
+
+    def value(self, v, what, depth):
+        if id(v) in self.seen:
+            return
+        self.seen.add(id(v))
+        if isinstance(v, torch.Tensor):
+            self.dicts(v, _TENSOR, what)
+            grad = v.grad if v.is_leaf else None      # a non-leaf's .grad warns, holds none
+            if isinstance(grad, torch.Tensor):
+                self.value(grad, f"the gradient of {what}", depth)
+        elif isinstance(v, torch.nn.Module):
+            for name, sub in v.named_modules(remove_duplicate=False):
+                self.dicts(sub, _MODULE, f"{what}'s layer {name}" if name else what)
+            for name, t in list(v.named_parameters(remove_duplicate=False)) + \
+                    list(v.named_buffers(remove_duplicate=False)):
+                self.value(t, f"{what}'s {name}", depth)
+        elif isinstance(v, torch.optim.Optimizer):
+            self.dicts(v, _OPTIMIZER, what)
+            for group in v.param_groups:
+                for p in group.get("params", ()):
+                    self.value(p, f"a parameter of {what}", depth)
+        elif depth and isinstance(v, (list, tuple, set, frozenset)):
+            for item in v:
+                self.value(item, what, depth - 1)
+        elif depth and isinstance(v, dict):
+            for item in v.values():
+                self.value(item, what, depth - 1)
+
+
+def _global():
+    found = {}
+    for owner, attr in _GLOBAL:
+        hooks = getattr(owner, attr, None)
+        if isinstance(hooks, dict):
+            found[(id(owner), attr)] = ("every module" if owner is module_hooks
+                                        else "every optimizer", attr, frozenset(hooks), hooks)
+    found["saved"] = ("autograd's saved tensors", "saved_tensors_hooks",
+                      frozenset(map(id, torch._C._autograd._top_saved_tensors_default_hooks(
+                          False) or ())), None)
+    found["dispatch"] = ("every torch operation", "a dispatch mode",
+                         frozenset(map(id, _get_current_dispatch_mode_stack())), None)
+    found["function"] = ("every torch function", "a torch function mode",
+                         frozenset(map(id, _function_modes())), None)
+    return found
+
+
+def _function_modes():
+    from torch.overrides import _get_current_function_mode_stack
+    return _get_current_function_mode_stack()
+
+
+def hooks_of(args, kwargs):
+    """The hooks now registered on what an answer is handed, and the process's global ones."""
+    walk = _Walk()
+    for i, a in enumerate(args):
+        walk.value(a, f"argument {i + 1}", _DEPTH)
+    for k, a in kwargs.items():
+        walk.value(a, f"`{k}`", _DEPTH)
+    return {**walk.found, **_global()}
+
+
+def expect_no_new_hooks(name, before, args, kwargs):
+    """CheckFailed naming the hook the answer left registered, if it left one; every hook it
+    left is removed first (a failed answer leaves no process-wide hook behind it)."""
+    after = hooks_of(args, kwargs)
+    left = []
+    for key, (what, attr, keys, hooks) in after.items():
+        new = keys - before.get(key, (None, None, frozenset(), None))[2]
+        if new:
+            left.append((what, attr))
+            for k in new if hooks is not None else ():
+                hooks.pop(k, None)
+            if key == "saved":
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+    if left:
+        what, attr = left[0]
+        kind = attr.strip("_").replace("_", " ").removeprefix("a ").removesuffix("s")
+        raise CheckFailed(
+                f"{name} returned with {kind} still registered on {what}: it would run your "
+                "code while the check goes on using that object, after your function returned. "
+                "Compute the result inside your function, and remove every hook you register "
+                "(handle.remove(), or leave the `with` block) before returning")
