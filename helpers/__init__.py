@@ -118,9 +118,17 @@ from .data_parallel.verdicts import (ratio_words, against_prediction, compile_se
 from .data_parallel.fixes_verdicts import (ablation_credit, fused_step_words,
                                            compression_words, bench_step_words,
                                            size_check)
+from .data_parallel.fixes_words import (gpu_status_words, best_step_words,
+                                        compiled_step_words, missed_words, arith_note_words,
+                                        ablation_words, regime_counts, emulated_overlap_words,
+                                        real_overlap_words, bench_accuracy_words,
+                                        bench_scratch_words, device_words)
 from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
                                              two_workers_sentence, weak_split, sweep_words,
                                              sweep_summary, model_saving_words)
+from .data_parallel.scaling_words import (one_core_words, setup_words, sweep_setup_note,
+                                          below_range_words, step_ms_text, lenet_step_verdict,
+                                          no_two_workers_words, flat_upto_words)
 from .data_parallel.scratch_verdicts import (takeoff_words, accuracy_gap_words,
                                              epoch_speed_words)
 from .data_parallel.seed_verdicts import (paired_verdict, sign_chance, chance_words,
@@ -143,7 +151,9 @@ from .data_parallel.profile_verdicts import (simulated_devices_words, same_code_
                                              backward_compute_words, emulation_margin_words,
                                              thesis_words)
 from .data_parallel.trace_verdicts import (bucket_launch_words, trace_region_words,
-                                           reducer_wait_words, OUTSIDE_MS, WAIT_IDLE_MS)
+                                           reducer_wait_words, trace_actor_words,
+                                           trace_cut_words, OUTSIDE_MS, WAIT_IDLE_MS)
+from .data_parallel.profile_words import profile_gpu_status, self_check_words, split_lead_in
 from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
                             clip_sharded_grad_norm_)

@@ -241,6 +241,13 @@ def test_ddp_knobs_keep_the_arithmetic_except_compression():
         "backward() returns after its last gradient: the reducer's wait"
     assert all(e < t for knob in got["step_s"]
                for e, t in zip(got["exposed_s"][knob], got["step_s"][knob]))
+    # the bucket knobs' traces, split as the profile chapter splits its own
+    assert set(got["traced"]) == set(helpers.data_parallel.experiments.TRACED_KNOBS)
+    for knob, split in got["traced"].items():
+        assert split["steps"] == 3, (knob, split)
+        assert abs(split["overlapped"] + split["exposed"] + split["outside"]
+                   - split["total"]) < 1e-6, (knob, split)
+        assert split["total"] > 0, f"{knob}: its trace holds the all-reduce"
     for knob, diff in got["max_diff"].items():
         if "compression" in knob:
             assert diff > 0, "bf16 compression rounds the gradients: not the same arithmetic"

@@ -5,6 +5,7 @@ Part IV's: a profiler trace of DDP steps (ddp_trace) and DDP's own knobs timed i
 (ddp_knobs).
 """
 import os
+import tempfile
 
 import torch
 from torch import nn
@@ -120,20 +121,29 @@ def ddp_trace(rank, world, cfg):
     Returns trace (the path), events (helpers.trace_events of it), device, backend and the
     profiler's activities (their names)."""
     import torch.distributed as dist
-    from torch.nn import functional as F
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    from ..profiling import quiet_native_stderr, trace_events
     from ..tiny_models import deep_mlp
     device, trace_dir, width, depth, batch, bucket_mb, steps = take(
         cfg, "device", "trace_dir", width=512, depth=8, batch=64, bucket_mb=1.0, steps=3)
-    warm = 2
     torch.manual_seed(0)                       # the same model on every rank
     model = _ddp(deep_mlp(d_in=width, width=width, depth=depth).to(device),
                  device, bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     X, y = _examples(rank, batch, width, device)
     path = os.path.join(trace_dir, f"ddp_rank{rank}.json")
+    events, activities = _profiled_steps(model, opt, X, y, device, path, warm=2, steps=steps)
+    return dict(trace=path, events=events, device=str(device),
+                backend=dist.get_backend(), activities=activities)
+
+
+def _profiled_steps(model, opt, X, y, device, path, warm, steps):
+    """torch.profiler over `warm` + `steps` DDP steps, the regions forward / backward /
+    optimizer marked with record_function; the Chrome trace of the last `steps` goes to `path`.
+    Returns helpers.trace_events of it and the profiler's activities (their names)."""
+    from torch.nn import functional as F
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    from ..profiling import quiet_native_stderr, trace_events
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                            if device.type == "cuda" else [])
@@ -152,8 +162,7 @@ def ddp_trace(rank, world, cfg):
             if k == warm + steps - 1:
                 synchronize(device)            # the last kernels in the trace too
             prof.step()
-    return dict(trace=path, events=trace_events(path), device=str(device),
-                backend=dist.get_backend(), activities=[a.name for a in activities])
+    return trace_events(path), [a.name for a in activities]
 
 
 def _ddp(net, device, **kw):
@@ -168,6 +177,10 @@ def _examples(rank, batch, width, device):
     return X.to(device), torch.randint(0, 10, (batch,), generator=g).to(device)
 
 
+# the knobs whose steps ddp_knobs also traces: no overlap, the default, small buckets
+TRACED_KNOBS = ("one bucket (no overlap)", "default (25 MiB buckets)", "1 MiB buckets")
+
+
 def ddp_knobs(rank, world, cfg):
     """Part IV (fixes): seconds per DDP step of a deep MLP under DDP's own knobs, in turns
     (every round times each knob for `steps` steps, the order reversed every other round,
@@ -176,15 +189,18 @@ def ddp_knobs(rank, world, cfg):
     cfg: width 512, depth 8, batch 64 (per rank), steps 5, rounds 5. Returns step_s {knob:
     [seconds per step, one per round]}, exposed_s {knob: [seconds per step that backward()
     went on after its last gradient was accumulated: the all-reduce not hidden behind autograd
-    work, which DDP's backward waits for]} and max_diff {knob: max |param - default's|}. On a
-    GPU both ends of that wait are CUDA events (the host only queues the work)."""
+    work, which DDP's backward waits for]}, max_diff {knob: max |param - default's|} and traced
+    {knob of TRACED_KNOBS: helpers.exposed_ms of a profiler trace of `trace_steps` more steps
+    (ms over them, `steps` their count), as the profile chapter splits its trace}. On a GPU both
+    ends of that wait are CUDA events (the host only queues the work)."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn import functional as F
 
+    from ..profiling import exposed_ms
     from ..tiny_models import deep_mlp
-    device, width, depth, batch, steps, rounds = take(cfg, "device", width=512, depth=8,
-                                                      batch=64, steps=5, rounds=5)
+    device, width, depth, batch, steps, rounds, trace_steps = take(
+        cfg, "device", width=512, depth=8, batch=64, steps=5, rounds=5, trace_steps=3)
     clock = DeviceClock(device)
     knobs = {"default (25 MiB buckets)": {}, "1 MiB buckets": dict(bucket_cap_mb=1),
              "one bucket (no overlap)": dict(bucket_cap_mb=1000),
@@ -240,4 +256,16 @@ def ddp_knobs(rank, world, cfg):
     base = list(models["default (25 MiB buckets)"][0].parameters())
     diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters(), strict=True))
             for name, (m, _) in models.items()}
-    return dict(step_s=samples, exposed_s=exposed, max_diff=diff)
+    # after the diff (these steps train on): the profile chapter's trace of a few steps of the
+    # bucket knobs, split by helpers.exposed_ms at the end of backward's compute (none where
+    # trace_steps is 0)
+    traced = {}
+    with tempfile.TemporaryDirectory(prefix=f"ddp-knobs-{rank}-") as trace_dir:
+        for i, name in enumerate(TRACED_KNOBS if trace_steps else ()):
+            m, opt = models[name]
+            events, _ = _profiled_steps(m, opt, X, y, device,
+                                        os.path.join(trace_dir, f"{i}.json"),
+                                        warm=1, steps=trace_steps)
+            traced[name] = dict(exposed_ms(events),
+                                steps=sum(e["name"] == "backward" for e in events))
+    return dict(step_s=samples, exposed_s=exposed, max_diff=diff, traced=traced)

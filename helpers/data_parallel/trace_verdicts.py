@@ -5,7 +5,8 @@ is chosen by the measured split (helpers.profiling.exposed_ms), never by a templ
 from ..words import plural
 from .profile_verdicts import _ms
 
-__all__ = ["bucket_launch_words", "trace_region_words", "reducer_wait_words", "OUTSIDE_MS",
+__all__ = ["bucket_launch_words", "trace_region_words", "reducer_wait_words", "trace_actor_words",
+           "trace_cut_words", "OUTSIDE_MS",
            "WAIT_IDLE_MS"]
 
 
@@ -132,3 +133,22 @@ def reducer_wait_words(split):
     return (f"{regions} were not all communication: {running}; in the other {_ms(idle)} ms "
             f"{nothing}. The step lost the whole wait; of it, only the part with an all-reduce "
             f"running, not the all-reduce's total, {_HARDWARE}")
+
+
+def trace_actor_words(backend):
+    """Who all-reduced in a DDP trace of `backend`: NCCL's kernels, or gloo's threads."""
+    if backend == "nccl":
+        return "NCCL's kernels"
+    if backend == "gloo":
+        return "Gloo's threads"
+    raise ValueError(f"backend {backend!r}: a DDP trace is of 'gloo' or 'nccl'")
+
+
+def trace_cut_words(clock):
+    """Where a trace's split (helpers.exposed_ms) cut backward: on the host at its last autograd
+    node ('host'), on the GPU at its last kernel ('gpu')."""
+    if clock == "host":
+        return "the last autograd node"
+    if clock == "gpu":
+        return "backward's last kernel on the GPU"
+    raise ValueError(f"clock {clock!r}: a trace's split is cut on the 'host' or the 'gpu'")
