@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..compare import max_diff
+from ..models import unwrap
 from ..one_process import (
     flat_cross_entropy,
     local_batch,
@@ -43,7 +44,7 @@ def ddp_vs_one_process(rank, world, cfg):
             else:
                 model = nn.parallel.DistributedDataParallel(
                     net, bucket_cap_mb=bucket_mb if bucket_mb is not None else 25)
-            opt = make_optimizer(model.module, "sgd")
+            opt = make_optimizer(unwrap(model), "sgd")
             for batch in batches:
                 X, y = local_batch(batch, rank, world, device)
                 with count_traffic() as log:
@@ -52,7 +53,7 @@ def ddp_vs_one_process(rank, world, cfg):
                         model.finish_gradient_synchronization()
                 opt.step()
                 opt.zero_grad()
-            diffs[impl] = max_diff(params_of(model.module), ref)
+            diffs[impl] = max_diff(params_of(unwrap(model)), ref)
             if impl == "scratch":
                 diffs["calls"] = log.calls["all_reduce"]   # all-reduces in the last step
                 diffs["num_buckets"] = len(model.buckets)
