@@ -166,7 +166,7 @@ def fsdp2_vs_one_process(rank, world, cfg):
             runs[impl] = full_params(model)
         else:
             runs[impl] = model.gather_full_params()
-        runs[impl + "_sent"] = log.sent_bytes / num_steps
+        runs[impl + "_sent"] = log.wire_bytes() / num_steps
     ref = train_one_process(kind, batches, device, num_steps, compute_dtype=dtype, sizes=sizes,
                             groups=False)
     return Fsdp2Run(diff=max_diff(runs["fsdp2"], ref),
@@ -332,7 +332,7 @@ def memory_per_stage(rank, world, cfg):
                   else held_bytes(net.parameters()))
         optim = optimizer_state_bytes(local_opt) if local_opt else 0
         out[stage] = StageMemory(n_params=n_params, params_bytes=params, grads_bytes=grads,
-                                 optim_bytes=optim, sent_bytes=log.sent_bytes,
-                                 calls=dict(log.calls), transient_peak=peak.peak,
+                                 optim_bytes=optim, sent_bytes=log.wire_bytes(),
+                                 calls=log.ops(), transient_peak=peak.peak,
                                  peak_bytes=params + optim + peak.peak, cuda_peak=cuda)
     return out

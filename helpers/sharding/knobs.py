@@ -70,7 +70,7 @@ def zero2_accumulation(rank, world, cfg):
                 model.step()
                 model.zero_grad()
         out[mode] = AccumulationMode(diff=max_diff(params_of(unwrap(model)), ref),
-                                     sent=log.sent_bytes / num_steps, calls=dict(log.calls))
+                                     sent=log.wire_bytes() / num_steps, calls=log.ops())
     n = sum(p.numel() for p in unwrap(model).parameters())
     return AccumulationRun(every=out["every"], no_sync=out["no_sync"],
                            dp_sent=sharding_costs(n, world, "dp")["sent_bytes"], micro=micro)
@@ -143,13 +143,13 @@ def fsdp_knobs(rank, world, cfg):
                     model.finish_gradient_synchronization()
                 opt.step()
                 opt.zero_grad()
-        gathers = sum(v for k, v in log.calls.items() if k.startswith("all_gather"))
+        gathers = sum(v for k, v in log.ops().items() if k.startswith("all_gather"))
         full = model.gather_full_params() if impl == "scratch" else full_params(model)
         by_hand = dict(peak_gathered=model.peak_live_bytes,
                        events=tuple(model.events)) if impl == "scratch" else {}
         out[f"{impl}:reshard={reshard}:prefetch={prefetch}"] = KnobRun(
             diff=max_diff(full, ref), gathers=gathers / num_steps,
-            sent=log.sent_bytes / num_steps, transient_peak=peak.peak, **by_hand)
+            sent=log.wire_bytes() / num_steps, transient_peak=peak.peak, **by_hand)
     return out
 
 
