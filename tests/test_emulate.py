@@ -100,14 +100,15 @@ def test_eight_emulated_ranks_keep_a_chain_shape_on_few_cores():
 
 
 def test_the_clock_reads_the_rank_clock_of_its_device(monkeypatch):
-    """One clock: Clock reads helpers.devices.synced_now for its device (current stream only),
+    """One clock: Clock reads helpers.devices' rank clock for its device (current stream only),
     and emulate.py keeps no time source of its own."""
     import inspect
 
     from helpers.runtime import emulate
     seen = []
-    monkeypatch.setattr(emulate, "synced_now",
-                        lambda d=(), stream_only=False: seen.append((d, stream_only)) or 1.0)
+    monkeypatch.setattr(emulate, "rank_clock",
+                        lambda d=(), stream_only=False: seen.append((d, stream_only)) or
+                        (lambda: 1.0))
     clock = Clock(device="cuda:3")
     assert clock.mark("m") == 1.0 and seen == [("cuda:3", True)]
     src = inspect.getsource(emulate)

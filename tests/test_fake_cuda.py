@@ -242,7 +242,7 @@ def test_launch_targets_take_their_device_from_cfg(area):
 RANK_CODE = ("helpers/runtime", "helpers/sharding", "helpers/tensor_parallel",
              "helpers/pipeline_parallel", "helpers/data_parallel", "helpers/context_parallel",
              "helpers/expert_parallel", "helpers/composed", "scripts/ddp")
-CLOCKS = {}   # rank code reads helpers.devices.synced_now (emulate.Clock too), never its own
+CLOCKS = {}   # rank code reads helpers.devices' rank clock (emulate.Clock too), never its own
 CPU_ONLY = {"helpers/pipeline_parallel/simulated.py": "one process simulating devices with "
                                                       "threads on the CPU",
             "helpers/data_parallel/simulated.py": "one process simulating devices on the CPU"}

@@ -26,9 +26,8 @@ input was sent (the machine).
 """
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 
-from ..devices import sleep_until, synced_now
+from ..devices import rank_clock, sleep_until
 
 __all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "waits",
            "model_time"]
@@ -39,14 +38,14 @@ class Clock:
     seconds (the real math first, then a sleep for the rest); compute and overrun say how long
     the math took and by how much it outlasted the modelled time (then the box is late).
     device: the rank's device, whose current stream every reading waits for (the rank clock,
-    devices.synced_now, with stream_only: a send in flight does not hold up the next box);
+    devices.rank_clock, with stream_only: a send in flight does not hold up the next box);
     `now` replaces the clock altogether (tests)."""
 
     def __init__(self, emulate=False, scale=1.0, now=None, sleep=True, device=None):
         if not (isinstance(scale, (int, float)) and scale > 0):
             raise ValueError(f"Clock: scale must be a positive number, got {scale!r}")
         self.emulate, self.scale = bool(emulate), float(scale)
-        self.now = now or partial(synced_now, device, stream_only=True)
+        self.now = now or rank_clock(device, stream_only=True)
         self.sleep = bool(sleep)          # False: record the modelled times only (tests)
         self.boxes, self.marks = [], []
 
