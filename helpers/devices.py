@@ -7,8 +7,8 @@ import torch
 from .words import plural
 
 __all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus",
-           "synced_now", "synchronize", "try_all_gpus", "try_gpu", "gpu_copy_gbs",
-           "copy_while_computing", "gpu_chapter_figures"]
+           "rank_clock", "sleep_until", "synced_now", "synchronize", "try_all_gpus", "try_gpu",
+           "gpu_copy_gbs", "copy_while_computing", "gpu_chapter_figures"]
 
 
 def num_gpus():
@@ -69,21 +69,55 @@ def require_gpus(k):
     return [torch.device(f"cuda:{i}") for i in range(k)]
 
 
-def synchronize(devices):
-    """Wait for queued work on the CUDA devices in `devices`; no CUDA call for CPU devices."""
+def _cuda_devices(devices):
+    """The distinct CUDA devices among `devices` (one device, a name, or several)."""
+    if devices is None:
+        return []
     if isinstance(devices, (torch.device, str)):
         devices = [devices]
-    for d in {torch.device(d) for d in devices}:
-        if d.type == "cuda":
-            torch.cuda.synchronize(d)
+    return [d for d in dict.fromkeys(torch.device(d) for d in devices) if d.type == "cuda"]
 
 
-def synced_now(devices=()):
+def synchronize(devices):
+    """Wait for queued work on the CUDA devices in `devices`; no CUDA call for CPU devices."""
+    for d in _cuda_devices(devices):
+        torch.cuda.synchronize(d)
+
+
+def rank_clock(devices=(), stream_only=False):
+    """The rank clock for `devices` as a function of no arguments, resolved once (the host
+    clock itself where no CUDA device is to be waited for): what synced_now reads.
+    stream_only: wait for each device's current stream only, not for its communication streams
+    (an emulated box ends when its math has run, while a send may still be in flight)."""
+    cuda = _cuda_devices(devices)
+    if not cuda:
+        return time.perf_counter
+
+    def now():
+        for d in cuda:
+            if stream_only:
+                torch.cuda.current_stream(d).synchronize()
+            else:
+                torch.cuda.synchronize(d)
+        return time.perf_counter()
+    return now
+
+
+def synced_now(devices=(), stream_only=False):
     """The host clock, read after the queued work of `devices` has finished: the one clock for
     timing rank code. Without the wait, a timer around GPU work (a kernel, an NCCL collective,
     a `work.wait()`) measures only how long it took to queue it. No wait on a CPU."""
-    synchronize(devices)
-    return time.perf_counter()
+    return rank_clock(devices, stream_only)()
+
+
+def sleep_until(deadline, now=synced_now):
+    """Sleep (no CPU) until now() >= deadline (on the rank clock unless `now` says otherwise);
+    time.sleep may wake early: sleep again."""
+    while True:
+        left = deadline - now()
+        if left <= 0:
+            return
+        time.sleep(left)
 
 
 class DeviceClock:

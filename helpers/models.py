@@ -78,7 +78,14 @@ def resnet18(num_classes=10, in_channels=1, width=64):
 
 
 def unwrap(model):
-    """The module inside DataParallel / DistributedDataParallel (the model itself otherwise)."""
-    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-        model = model.module
-    return model
+    """The model inside its wrappers, however many: DataParallel, DistributedDataParallel, FSDP's
+    wrapper and the course's own (DDPFromScratch, ZeRO, ...) keep it as `.module`,
+    torch.compile as `._orig_mod`. The one unwrapping of the course (saving, loading, reading
+    parameters); a model without a wrapper comes back as it is."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, nn.Module) or inner is model:
+            return model
+        model = inner

@@ -85,7 +85,7 @@ def accumulation_measured(rank, world, cfg):
                     if i == m - 2:
                         held = peak.now      # before the last backward (no_sync: unreduced)
             model.finish_gradient_synchronization()
-        out[f"fsdp_sent_{mode}"] = log.sent_bytes
+        out[f"fsdp_sent_{mode}"] = log.wire_bytes()
         out[f"fsdp_held_{mode}"] = held
     out["n_params"] = sum(p.numel() for p in helpers.make_model("mlp").parameters())
     return out

@@ -161,7 +161,7 @@ def partial_sum_bytes_measured(n, d_out, k):
     log = helpers.CommLog()
     helpers.dense_split_rows(torch.zeros(n, 8), torch.zeros(8, d_out), torch.zeros(d_out),
                              [torch.device("cpu")] * k, log)
-    return log.total("partial sum")
+    return log.wire_bytes("partial sum")
 
 
 @shortcut("check_partial_sum_bytes", "counts the adding device", "the device that adds")

@@ -126,7 +126,7 @@ def test_a_hang_is_a_timeout_naming_what_the_rank_waited_for():
 def test_launch_and_run_threads_keep_no_copy_of_what_travelled():
     """A long threads-mode run would otherwise hold every tensor it ever sent."""
     _, comms = run_threads(lambda comm: comm.all_reduce(torch.ones(1000)), 2)
-    assert comms[0].w.messages == [] and comms[0].bytes_sent("all_reduce") == 4000
+    assert comms[0].w.messages == [] and comms[0].traffic.payload_bytes("all_reduce") == 4000
     world = World(2)
     world.run(lambda comm: comm.all_reduce(torch.ones(1000)))
     assert [m.nbytes for m in world.sent("all_reduce")] == [4000, 4000]

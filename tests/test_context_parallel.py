@@ -146,7 +146,7 @@ def test_ring_on_threads(world, layout, causal):
         got = unshard_sequence([r[i] for r in results], layout)
         torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6)
     for c in comms:      # only ever to the next rank of the ring
-        assert {peer for op, peer, _ in c.log if op == "send"} == {(c.rank + 1) % world}
+        assert {r.dst for r in c.traffic.records if r.op == "send"} == {(c.rank + 1) % world}
     for phase in ("forward", "backward"):
         formed = [sum(b["products"] for b in r[4] if b["phase"] == phase) for r in results]
         assert formed == block_work(size["T"], world, layout, causal)

@@ -1,4 +1,6 @@
 """Device helpers: [cpu] never [], simulation says so, strict mode errors, no CUDA call on a CPU."""
+import time
+
 import pytest
 import torch
 
@@ -90,6 +92,40 @@ def test_synced_now_waits_for_cuda_devices_only(monkeypatch):
     helpers.synced_now("cuda:1")
     helpers.synced_now([torch.device("cuda:0"), torch.device("cpu"), torch.device("cuda:0")])
     assert waited == ["cuda:1", "cuda:0"]
+
+
+def test_stream_only_waits_for_the_current_stream_not_the_device(monkeypatch):
+    """The emulated Clock's reading (stream_only): a box waits for its math, not for a send in
+    flight on a communication stream, so torch.cuda.synchronize is never called."""
+    waited = []
+
+    class Stream:
+        def __init__(self, d):
+            self.d = d
+
+        def synchronize(self):
+            waited.append(str(self.d))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: pytest.fail("whole device"))
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    helpers.synced_now(["cuda:0", "cpu", "cuda:0"], stream_only=True)
+    helpers.synced_now(None, stream_only=True)
+    assert waited == ["cuda:0"]
+
+
+def test_sleep_until_sleeps_on_the_clock_it_is_given(monkeypatch):
+    """sleep_until reads `now` (the rank clock by default) until the deadline has passed, even
+    when a sleep wakes early."""
+    from helpers.devices import sleep_until, synced_now
+    t = [0.0]
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        t[0] += s / 2                                # wakes early: half the time passed
+    monkeypatch.setattr(time, "sleep", sleep)
+    sleep_until(1.0, lambda: t[0])
+    assert t[0] >= 1.0 - 1e-9 and slept[:2] == [1.0, 0.5]
+    assert sleep_until.__defaults__ == (synced_now,)
 
 
 def test_device_clock_is_the_host_clock_on_a_cpu(monkeypatch):

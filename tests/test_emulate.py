@@ -97,3 +97,19 @@ def test_eight_emulated_ranks_keep_a_chain_shape_on_few_cores():
         t.join()
     span = clocks[-1].boxes[0]["end"] - clocks[0].boxes[0]["start"]
     assert n * box <= span < n * box * 1.3
+
+
+def test_the_clock_reads_the_rank_clock_of_its_device(monkeypatch):
+    """One clock: Clock reads helpers.devices' rank clock for its device (current stream only),
+    and emulate.py keeps no time source of its own."""
+    import inspect
+
+    from helpers.runtime import emulate
+    seen = []
+    monkeypatch.setattr(emulate, "rank_clock",
+                        lambda d=(), stream_only=False: seen.append((d, stream_only)) or
+                        (lambda: 1.0))
+    clock = Clock(device="cuda:3")
+    assert clock.mark("m") == 1.0 and seen == [("cuda:3", True)]
+    src = inspect.getsource(emulate)
+    assert "perf_counter" not in src and "time.sleep" not in src

@@ -104,8 +104,8 @@ def test_four_ranks_on_threads():
                                atol=1e-6)
     for c in comms:   # every exchange reached every other rank, and counted as one call
         assert {m.dst for m in c.w.sent("send", rank=c.rank)} == set(range(4)) - {c.rank}
-        assert c.calls("all_to_all") >= 4 and all(
-            peer is None for op, peer, _ in c.log if op == "all_to_all")
+        assert c.traffic.calls("all_to_all") >= 4 and all(
+            t.dst is None for t in c.traffic.records if t.op == "all_to_all")
 
 
 def test_routing_rules():

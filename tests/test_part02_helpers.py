@@ -102,7 +102,7 @@ def test_interleaved_run_takes_the_one_device_step():
     got, sched = run_interleaved(chunks, X, y, loss, devices, interleaved_order(2, m, 2), log)
     assert got == pytest.approx(want.item(), rel=1e-5)
     assert all_close([q.grad for c in chunks for q in c.parameters()], ref)
-    assert len(log.transfers) == m * 2 * (2 * 2 - 1)           # every chunk boundary, both ways
+    assert log.calls() == m * 2 * (2 * 2 - 1)           # every chunk boundary, both ways
     assert {e["chunk"] for e in sched} == {0, 1} and {e["stage"] for e in sched} == {0, 1}
     with pytest.raises(ValueError, match="spread evenly"):
         run_interleaved(chunks[:3], X, y, loss, devices, interleaved_order(2, m, 2))

@@ -166,7 +166,7 @@ def test_four_stages_on_threads(schedule):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     peaks = [r[0]["peak_live"] for r in results]
     assert peaks == ([6] * 4 if schedule is gpipe_rank_order else [4, 3, 2, 1])
-    assert [c.calls("send") for c in comms] == [6, 12, 12, 6]
+    assert [c.traffic.calls("send") for c in comms] == [6, 12, 12, 6]
     phases = {b["phase"] for r in results for b in r[0]["timeline"]}
     assert phases == ({"F", "B", "W"} if schedule is zero_bubble_rank_order else {"F", "B"})
 

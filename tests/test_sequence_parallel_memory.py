@@ -25,7 +25,7 @@ def _sp_rank(comm, block, X, R):
     y, saved = saved_activation_bytes(m, x, params=m.parameters())
     block_loss(y, R.chunk(comm.world, 1)[comm.rank]).backward()
     sync_replicated_grads(m, comm)
-    ops = [op for op, _, _ in comm.log if op != "all_reduce"]
+    ops = [t.op for t in comm.traffic.records if t.op != "all_reduce"]
     return y.detach(), x.grad, {n: p.grad for n, p in m.named_parameters()}, saved, ops
 
 

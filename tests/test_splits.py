@@ -132,7 +132,7 @@ def test_dense_split_rows(k):
                                        full, [W, b], X), broken
     log = CommLog()
     dense_split_rows(X, W, b, devs, log)
-    assert log.total("partial sum") == (k - 1) * 5 * 4 * 4   # k-1 partial sums of (5, 4) floats
+    assert log.wire_bytes("partial sum") == (k - 1) * 5 * 4 * 4   # k-1 partial sums, (5, 4)
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -197,7 +197,7 @@ def test_pipeline_gradients_and_bubble(p, m):
     assert len(schedule) == 2 * p * m     # every stage ran every micro-batch forward and back
     assert schedule_bubble(schedule) == pytest.approx(bubble_fraction(p, m))
     # each cut carries m activations forward and m gradients back
-    assert len(log.transfers) == 2 * (p - 1) * m
+    assert log.calls() == 2 * (p - 1) * m
 
 
 def test_pipeline_drops_nothing():
@@ -262,9 +262,9 @@ def test_ring_all_reduce_sums_and_sends_2_k_minus_1_over_k(k):
     assert all(torch.equal(x, o) for x, o in zip(xs, originals))   # the inputs are left alone
     nbytes = 4 * xs[0].numel()
     for i in range(k):   # 12k elements: chunks are equal, so the formula holds exactly
-        assert log.sent_by(i) == ring_bytes_per_device(nbytes, k)
-    assert log.total("all-reduce: reduce-scatter") == log.total("all-reduce: all-gather") \
-        == (k - 1) * nbytes
+        assert log.wire_bytes(src=i) == ring_bytes_per_device(nbytes, k)
+    assert log.wire_bytes("all-reduce: reduce-scatter") \
+        == log.wire_bytes("all-reduce: all-gather") == (k - 1) * nbytes
 
 
 def test_ring_all_reduce_uneven_chunks_total():
@@ -273,7 +273,7 @@ def test_ring_all_reduce_uneven_chunks_total():
     log = CommLog()
     out = ring_all_reduce(xs, devices, log)
     assert torch.allclose(out[2], sum(xs), atol=1e-6)
-    assert log.total() == 2 * (k - 1) * 7 * 4       # every chunk goes k-1 hops, twice
+    assert log.wire_bytes() == 2 * (k - 1) * 7 * 4       # every chunk goes k-1 hops, twice
 
 
 def test_ring_all_reduce_rejects_wrong_count():
@@ -286,14 +286,14 @@ def test_f_and_g_communicate_only_where_megatron_says():
     X = torch.randn(4, 6, requires_grad=True)
     log = CommLog()
     Xs = copy_to_shards(X, devices, log)
-    assert log.total() == 0 and all(torch.equal(x, X) for x in Xs)   # f forward: identity
+    assert log.wire_bytes() == 0 and all(torch.equal(x, X) for x in Xs)   # f forward: identity
     assert all(x.data_ptr() != X.data_ptr() for x in Xs)             # real copies
     Y = reduce_from_shards([x * (i + 1) for i, x in enumerate(Xs)], devices, log)
-    assert torch.allclose(Y, 6 * X) and log.total("g forward: reduce-scatter") > 0
-    fwd = log.total()
+    assert torch.allclose(Y, 6 * X) and log.wire_bytes("g forward: reduce-scatter") > 0
+    fwd = log.wire_bytes()
     Y.sum().backward()                                               # g backward: identity,
     assert torch.allclose(X.grad, torch.full_like(X, 6.0))           # f backward: all-reduce
-    assert log.total("f backward: reduce-scatter") > 0 and log.total() == 2 * fwd
+    assert log.wire_bytes("f backward: reduce-scatter") > 0 and log.wire_bytes() == 2 * fwd
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
@@ -312,11 +312,11 @@ def test_megatron_mlp_equals_unsplit_mlp(k):
     want = torch.autograd.grad((Y0 * R).sum(), tensors)
     assert max_diff(Y, Y0) < 1e-4 and max_diff(list(got), list(want)) < 1e-4
     # one all-reduce of the output forward, one of the input gradient backward
-    assert log.total("g forward: reduce-scatter") + log.total("g forward: all-gather") \
+    assert log.wire_bytes("g forward: reduce-scatter") + log.wire_bytes("g forward: all-gather") \
         == 2 * (k - 1) * n * o * 4
-    assert log.total("f backward: reduce-scatter") + log.total("f backward: all-gather") \
+    assert log.wire_bytes("f backward: reduce-scatter") + log.wire_bytes("f backward: all-gather") \
         == 2 * (k - 1) * n * d * 4
-    assert log.total() == 2 * (k - 1) * (n * o + n * d) * 4
+    assert log.wire_bytes() == 2 * (k - 1) * (n * o + n * d) * 4
 
 
 def test_one_comparator_for_tensors_lists_and_dicts():
@@ -344,7 +344,7 @@ def test_1f1b_same_step_same_bubble_fewer_live(p, m):
         total, schedule = fn(stages, X, y, helpers.loss, devs, m, log)
         assert total == pytest.approx(l, rel=1e-5)
         assert all_close([p_.grad for s in stages for p_ in s.parameters()], grads)
-        assert len(log.transfers) == 2 * (p - 1) * m
+        assert log.calls() == 2 * (p - 1) * m
         runs[fn.__name__] = schedule
     gpipe, ofob = runs["pipeline_step"], runs["pipeline_1f1b"]
     assert schedule_bubble(ofob) == pytest.approx(schedule_bubble(gpipe))

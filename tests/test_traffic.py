@@ -1,25 +1,51 @@
-"""Every byte counter writes one log (runtime/traffic.py's ByteLog of Transfer records): the
-simulated devices' CommLog, a rank's comm, count_traffic's TrafficLog and DTensor's FuncolBytes
-answer from the same records, each through the accessors its chapter uses."""
+"""Every byte counter writes one log (runtime/traffic.py's ByteLog of Transfer records) and is
+read one way, through ByteLog's methods: the simulated devices' CommLog, a rank's comm,
+count_traffic's TrafficLog and DTensor's FuncolBytes. Two sizes, one name each: `payload`
+(the tensor handed over) and `wire` (what the rank puts on the network)."""
+import pytest
 import torch
 
 import helpers
-from helpers.runtime.traffic import ByteLog, Transfer
+from helpers.runtime.traffic import ByteLog, Transfer, wire_share
 
 
-def test_simulated_transfers_are_records():
+def test_simulated_transfers_are_records_read_by_one_api():
     log = helpers.CommLog()
     devices = [torch.device("cpu")] * 3
     helpers.send(torch.ones(4), 0, 1, devices, log, "activation")
     helpers.send(torch.ones(2), 1, 2, devices, log, "gradient")
     helpers.send(torch.ones(8), 2, 2, devices, log, "kept")                # same device: free
     assert isinstance(log, ByteLog)
-    assert log.records == [Transfer("activation", 0, 1, 16), Transfer("gradient", 1, 2, 8)]
-    assert log.transfers == [(0, 1, 16, "activation"), (1, 2, 8, "gradient")]
-    assert (log.total(), log.total("gradient"), log.sent_by(1)) == (24, 8, 8)
+    assert log.records == [Transfer("activation", 0, 1, 16, 16), Transfer("gradient", 1, 2, 8, 8)]
+    assert (log.wire_bytes(), log.wire_bytes("gradient"), log.wire_bytes(src=1)) == (24, 8, 8)
+    assert (log.wire_bytes(dst=1), log.wire_bytes(src=0, dst=2), log.payload_bytes()) == (16, 0, 24)
+    assert (log.calls(), log.calls("kept"), len(log)) == (2, 0, 2)
+    assert log.ops() == {"activation": 1, "gradient": 1}
+    log.records.append("not recorded")                     # a copy
+    assert log.calls() == 2
 
 
-def test_a_ranks_messages_are_records_and_the_log_resets():
+def test_mark_and_since_split_a_log():
+    log = ByteLog()
+    log.record("all_reduce", 10, wire=15)
+    mark = log.mark()
+    log.record("send", 4, 0, 1)
+    log.record("all_reduce", 10, wire=15)
+    later = log.since(mark)
+    assert later.records == log.records[mark:] and later.ops() == {"send": 1, "all_reduce": 1}
+    assert (later.wire_bytes(), later.payload_bytes(), log.wire_bytes()) == (19, 14, 34)
+
+
+def test_wire_share_is_the_ring_share_of_each_collective():
+    assert wire_share("all_reduce", 400, 4) == helpers.ring_bytes_per_device(400, 4) == 600
+    assert wire_share("all_gather", 100, 4) == 300          # k - 1 shards of the input
+    assert wire_share("reduce_scatter", 400, 4) == 300      # (k - 1) / k of the input
+    assert wire_share("broadcast", 400, 4) == 300
+    assert wire_share("all_reduce", 400, 1) == 0
+    assert wire_share("send", 400, 4) == 400
+
+
+def test_a_ranks_messages_and_collectives_have_both_sizes_and_the_log_resets():
     def rank(r, world, cfg):
         comm = cfg["comm"]
         if r == 0:
@@ -27,41 +53,58 @@ def test_a_ranks_messages_are_records_and_the_log_resets():
         else:
             comm.recv(0, (3,))
         comm.all_reduce(torch.ones(5))
-        before = (comm.log, comm.bytes_sent(), comm.calls("send"), comm.traffic.records)
+        comm.all_gather(torch.ones(2))
+        comm.reduce_scatter(torch.ones(4))
+        before = comm.traffic.records
         comm.reset_counts()
-        return before, comm.log, comm.bytes_sent()
+        return before, comm.traffic.records
 
-    (log0, sent0, sends0, recs0), after, sent_after = helpers.launch(rank, 2, threads=True)[0]
-    assert log0 == [("send", 1, 12), ("all_reduce", None, 20)]
-    assert recs0[0] == Transfer("send", 0, 1, 12) and (sent0, sends0) == (32, 1)
-    assert after == [] and sent_after == 0
+    recs, after = helpers.launch(rank, 2, threads=True)[0]
+    assert recs == [Transfer("send", 0, 1, 12, 12), Transfer("all_reduce", 0, None, 20, 20.0),
+                    Transfer("all_gather", 0, None, 8, 8),
+                    Transfer("reduce_scatter", 0, None, 16, 8.0)]
+    assert after == []
 
 
 def test_collective_volumes_are_records_of_the_ring_volume():
     log = helpers.TrafficLog()
     log.add("all_reduce", 400, 4)
-    log.add("all_gather_into_tensor", 400, 4)
-    assert isinstance(log, ByteLog) and log.calls == {"all_reduce": 1, "all_gather_into_tensor": 1}
-    assert log.bytes["all_reduce"] == helpers.ring_bytes_per_device(400, 4) == 600
-    assert log.bytes["all_gather_into_tensor"] == 300 and log.sent_bytes == 900
+    log.add("all_gather_into_tensor", 400, 4, ranks=[0, 2, 4, 6])
+    assert isinstance(log, ByteLog) and log.ops() == {"all_reduce": 1, "all_gather_into_tensor": 1}
+    assert log.wire_bytes("all_reduce") == 600 and log.payload_bytes("all_reduce") == 400
+    assert log.wire_bytes("all_gather_into_tensor") == 300                 # 3 shards of 100
+    assert log.payload_bytes("all_gather_into_tensor") == 100 and log.wire_bytes() == 900
+    groups = log.by_group()
+    assert set(groups) == {(), (0, 2, 4, 6)} and groups[(0, 2, 4, 6)].wire_bytes() == 300
     f = helpers.FuncolBytes()
     f.traffic.record("all_reduce_", 64)
-    assert f.bytes_sent("all_reduce") == 64 and f.calls("all_reduce") == 1
-    assert f.log == [("all_reduce_", None, 64)]
+    assert f.traffic.payload_bytes("all_reduce_") == 64 and f.traffic.calls("all_reduce") == 0
 
 
 def test_all_to_all_counts_alike_on_threads_and_processes():
-    """ThreadComm counts an all-to-all as DistComm does: one call, the bytes that left the rank
-    (the rows for every other rank), so a chapter's counts do not depend on how ranks run."""
+    """ThreadComm counts an all-to-all as DistComm does: one call, x as payload and the bytes that
+    left the rank (the rows for every other rank) as wire, so a chapter's counts do not depend on
+    how ranks run."""
     from thread_ranks import run_threads
 
     def exchange(comm):
         x = torch.arange(12.0).reshape(6, 2)            # 6 rows of 8 bytes
         comm.all_to_all(x, [1, 2, 3], [comm.rank + 1] * 3)   # rank j gets j + 1 rows of each
         comm.all_to_all(x, [2, 2, 2], [2, 2, 2], op="counts")
-        return comm.calls("all_to_all"), comm.bytes_sent("all_to_all"), comm.calls("counts")
+        t = comm.traffic
+        return t.calls("all_to_all"), t.wire_bytes("all_to_all"), t.calls("counts"), \
+            t.payload_bytes("all_to_all")
 
     results, _ = run_threads(lambda comm: exchange(comm) if comm.world == 3 else None, 3)
-    for rank, (calls, sent, counts) in enumerate(results):
-        assert (calls, counts) == (1, 1)
+    for rank, (calls, sent, counts, payload) in enumerate(results):
+        assert (calls, counts, payload) == (1, 1, 48)
         assert sent == 8 * (6 - [1, 2, 3][rank])        # every row but its own rows
+
+
+@pytest.mark.parametrize("name", ["bytes_sent", "sent_bytes", "log", "transfers", "total",
+                                  "sent_by", "bytes", "count"])
+def test_no_second_reader_is_left(name):
+    """One reading vocabulary: the old readers are gone from every log and comm."""
+    from helpers.runtime.comm import ThreadComm
+    for cls in (ByteLog, helpers.CommLog, helpers.TrafficLog, helpers.FuncolBytes, ThreadComm):
+        assert not hasattr(cls, name), f"{cls.__name__}.{name}"

@@ -128,7 +128,7 @@ def check_bytes_sent_naive_vs_ring(fn):
         log_naive, log_ring = CommLog(), CommLog()
         _naive_allreduce(xs, [CPU] * k, log_naive)
         ring_all_reduce(xs, [CPU] * k, log_ring)
-        naive, ring = log_naive.sent_by(0), log_ring.sent_by(0)
+        naive, ring = log_naive.wire_bytes(src=0), log_ring.wire_bytes(src=0)
         call = f"bytes_sent({nbytes}, {k})"
         got_naive, got_ring = as_pair(fn(nbytes, k), call, "naive device 0, ring per device")
         seen.add((got_naive, got_ring))

@@ -135,7 +135,7 @@ def _block_bytes(comm, block, X, R):
     from .. import TPBlock, block_loss
     X = X.clone().requires_grad_()
     block_loss(TPBlock(block, comm)(X), R).backward()
-    return comm.bytes_sent("all_reduce")
+    return comm.traffic.payload_bytes("all_reduce")
 
 
 @check("tp_ring_bytes", references=["ring_bytes_per_device"],

@@ -61,7 +61,7 @@ def check_partial_sum_bytes(fn):
         log = CommLog()
         dense_split_rows(torch.randn(n, d_in), torch.randn(d_in, d_out), torch.randn(d_out),
                          [CPU] * k, log)
-        want = log.total("partial sum")
+        want = log.wire_bytes("partial sum")
         hint = ""
         if got == k * n * d_out * 4:
             hint = " (the device that adds them up sends nothing)"

@@ -53,7 +53,7 @@ def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, reco
                                                     peak=peak.peak),
                 cuda_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                 else None,
-                bytes=dict(dp=dp_log.sent_bytes, cp=cp_comm.bytes_sent("send")),
+                bytes=dict(dp=dp_log.wire_bytes(), cp=cp_comm.traffic.wire_bytes("send")),
                 weights={n: p.detach().cpu().clone()
                          for n, p in gpt_layers(lm).named_parameters()} if rank == 0 else None)
 

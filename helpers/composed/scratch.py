@@ -20,7 +20,6 @@ from torch.utils.checkpoint import checkpoint
 from ..context_parallel.scratch import CPAttention, split_positions
 
 # the course's pieces, composed
-from ..costs import ring_bytes_per_device
 from ..data_parallel.scratch import DDPFromScratch
 from ..devices import synced_now
 from ..pipeline_parallel.schedules import one_f_one_b_rank_order
@@ -101,11 +100,11 @@ def train_3d_scratch(rank, world, cfg):
             loss = torch.tensor(got["loss"], device=device)
             dist.all_reduce(loss, group=groups["dp"][0])
             losses.append(float(loss) / dp)
-    tp_bytes = sum(ring_bytes_per_device(b, tp) for op, _, b in tp_comm.log if op == "all_reduce")
+    tp_bytes = tp_comm.traffic.wire_bytes("all_reduce")
     params = sum(p.numel() * p.element_size() for p in stage.parameters())
     return dict(coords=c, groups={k: v[1] for k, v in groups.items()}, losses=losses,
                 weights={n: p.detach().cpu().clone() for n, p in stage.named_parameters()},
-                bytes=dict(tp=tp_bytes, pp=pp_comm.bytes_sent(), dp=dp_log.sent_bytes),
+                bytes=dict(tp=tp_bytes, pp=pp_comm.traffic.wire_bytes(), dp=dp_log.wire_bytes()),
                 memory=dict(params=params, grads=params, optim=optimizer_state_bytes(opt),
                             acts=peak),
                 seconds=seconds)

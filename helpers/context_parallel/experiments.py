@@ -65,13 +65,13 @@ def cp_attention_run(rank, world, cfg):
         comm.reset_counts()
         with RingCensus(block) as fwd_census:
             out = ring_attention(ql, kl, vl, comm, causal, layout, stats)
-        fwd = comm.bytes_sent("send")
+        fwd = comm.traffic.wire_bytes("send")
         with RingCensus(block) as bwd_census:
             out.backward(gl)
         results[layout] = dict(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad),
                                dv=_cpu(vl.grad), blocks=stats, fwd_bytes=fwd,
-                               bwd_bytes=comm.bytes_sent("send") - fwd,
-                               sends=comm.calls("send"), live_fwd=fwd_census.peak_blocks,
+                               bwd_bytes=comm.traffic.wire_bytes("send") - fwd,
+                               sends=comm.traffic.calls("send"), live_fwd=fwd_census.peak_blocks,
                                live_bwd=bwd_census.peak_blocks)
     return results
 
@@ -90,7 +90,7 @@ def cp_ulysses_run(rank, world, cfg):
     out = ulysses_attention(ql, kl, vl, comm, causal)
     out.backward(shard_sequence(g, world, rank, "contiguous"))
     return dict(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad), dv=_cpu(vl.grad),
-                bytes=comm.bytes_sent("all_to_all"), calls=comm.calls("all_to_all"))
+                bytes=comm.traffic.wire_bytes("all_to_all"), calls=comm.traffic.calls("all_to_all"))
 
 
 def cp_activation_memory(rank, world, cfg):

@@ -107,7 +107,7 @@ def uneven_inputs_join(rank, world, cfg):
                 optimizer.step()
     except RuntimeError:   # without Join: the rank with more batches times out waiting
         finished = False
-    return dict(steps=steps, finished=finished, weight=model.module.weight.detach().cpu())
+    return dict(steps=steps, finished=finished, weight=unwrap(model).weight.detach().cpu())
 
 
 def ddp_trace(rank, world, cfg):

@@ -221,7 +221,8 @@ def emulated_overlap(rank, world, cfg):
     seconds by which the machine may delay the overlapped step's sleeps, beyond the other's,
     before overlap stops ending first; and the rates' source. The host clock is read
     once the rank's stream has run what it was given (on a GPU the host only queues it)."""
-    from ..runtime.emulate import Clock, Rates, sleep_until
+    from ..devices import sleep_until
+    from ..runtime.emulate import Clock, Rates
     device, bucket_mb, sizes, model_batch, scale, steps = take(
         cfg, "device", bucket_mb=None, sizes=None, model_batch=2048, scale=500.0, steps=2)
     rates, now = Rates.load(), Clock(device=device).now

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..compare import max_diff
+from ..models import unwrap
 from ..one_process import (
     flat_cross_entropy,
     local_batch,
@@ -43,7 +44,7 @@ def ddp_vs_one_process(rank, world, cfg):
             else:
                 model = nn.parallel.DistributedDataParallel(
                     net, bucket_cap_mb=bucket_mb if bucket_mb is not None else 25)
-            opt = make_optimizer(model.module, "sgd")
+            opt = make_optimizer(unwrap(model), "sgd")
             for batch in batches:
                 X, y = local_batch(batch, rank, world, device)
                 with count_traffic() as log:
@@ -52,9 +53,9 @@ def ddp_vs_one_process(rank, world, cfg):
                         model.finish_gradient_synchronization()
                 opt.step()
                 opt.zero_grad()
-            diffs[impl] = max_diff(params_of(model.module), ref)
+            diffs[impl] = max_diff(params_of(unwrap(model)), ref)
             if impl == "scratch":
-                diffs["calls"] = log.calls["all_reduce"]   # all-reduces in the last step
+                diffs["calls"] = log.calls("all_reduce")   # all-reduces in the last step
                 diffs["num_buckets"] = len(model.buckets)
                 diffs["sizes"] = [len(b) for b in model.buckets]
         out.append(dict(kind=kind, bucket_mb=bucket_mb, **diffs,
@@ -157,7 +158,7 @@ def accumulation_vs_torch(rank, world, cfg):
                 opt.step()
                 opt.zero_grad()
             out.append(dict(k=k, how=how, diff=max_diff(params_of(net), ref),
-                            calls=log.calls["all_reduce"],
+                            calls=log.calls("all_reduce"),
                             num_buckets=None if how == "torch" else len(model.buckets)))
     return out
 
@@ -230,7 +231,7 @@ def scratch_refusals(rank, world, cfg):
         model.finish_gradient_synchronization()          # again: nothing to do
         if rank == 0:
             model.finish_gradient_synchronization()      # on one rank only: nothing either
-    out["extra_finish_calls"] = sum(log.calls.values())
+    out["extra_finish_calls"] = log.calls()
     return out
 
 

@@ -60,7 +60,7 @@ def ep_equal_run(rank, world, cfg):
         mine = {f"experts.{first + i}." + n: _cpu(p.grad) for i, e in enumerate(ep.experts)
                 for n, p in e.named_parameters()}
         mine.update(_dense_grads(ep))
-        total = sum(b for op, _, b in comm.log if op == "all_to_all")
+        total = comm.traffic.wire_bytes("all_to_all")
         out.append(dict(factor=factor, y=_cpu(y), x_grad=_cpu(x_grad), grads=mine,
                         dropped=aux["dropped"], aux_loss=float(aux["loss"].detach()),
                         fwd_bytes=aux["sent_bytes"], bwd_bytes=total - aux["sent_bytes"],

@@ -92,7 +92,7 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x):
         comm, w, E = self.comm, self.comm.world, self.E
-        start = len(comm.log)
+        start = comm.traffic.mark()
         self._validate_ranks_agree(x)
         logits = self.router(x)
         r = route(logits, self.k, expert_capacity(len(x), E, self.k, self.factor))
@@ -122,7 +122,7 @@ class ExpertParallelMoE(nn.Module):
             back, received = out, real.sum(0)
         y = (x.new_zeros(x.shape) if self.shared is None else self.shared(x)).index_add(
             0, tok, gate * back)
-        sent = sum(b for op, _, b in comm.log[start:] if op == "all_to_all")
+        sent = comm.traffic.since(start).wire_bytes("all_to_all")
         aux = dict(loss=load_balancing_loss(r["probs"], r["expert"], E),
                    z_loss=router_z_loss(logits),
                    dropped=int((~r["kept"]).sum()), tokens_per_expert=torch.bincount(

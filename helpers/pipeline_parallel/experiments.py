@@ -129,7 +129,7 @@ def pipeline_run(rank, world, cfg):
                        peak_bytes=got["peak_bytes"],
                        grads={rank: [p.grad.detach().cpu().clone()
                                      for p in stage.parameters()]})
-    out["bytes_sent"] = comm.bytes_sent() / max(1, repeats)
+    out["bytes_sent"] = comm.traffic.wire_bytes() / max(1, repeats)
     comm.reset_counts()
     return out
 

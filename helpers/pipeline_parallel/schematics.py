@@ -41,7 +41,7 @@ def split_picture(net, cuts, input_shape):
     return dict(layers=[[_SHORT.get(type(m).__name__, type(m).__name__) for m in s]
                         for s in stages],
                 mac_share=[sum(macs[a:b]) / sum(macs) for a, b in pairwise(bounds)],
-                crossing=[r.nbytes // 4 for r in log.records])
+                crossing=[r.payload // 4 for r in log.records])
 
 
 def plot_network_split(net, options, input_shape):

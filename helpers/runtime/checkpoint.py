@@ -56,16 +56,10 @@ def set_rng_state(state):
         np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def _unwrapped_state(model):
-    while hasattr(model, "module"):   # DataParallel / DistributedDataParallel
-        model = model.module
-    return model
-
-
 def save_snapshot(path, model, optimizer, epoch, history=(), rng=None):
     """Atomically save what a resumed run needs. `epoch` is the NEXT epoch to run. `rng` is a list
     of per-rank `rng_state()`s (gathered by the caller under DDP); this process's by default."""
-    snap = {"model": _unwrapped_state(model).state_dict(), "optimizer": optimizer.state_dict(),
+    snap = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
             "epoch": int(epoch), "rng": rng if rng is not None else [rng_state()],
             "history": list(history)}
     return atomic_save(snap, path)
@@ -81,7 +75,7 @@ def load_snapshot(path, model, optimizer, rank=0, lr=None):
     snap = validate_snapshot(path, world_size=world)
     state = snap["model"]
     consume_prefix_in_state_dict_if_present(state, "module.")
-    _unwrapped_state(model).load_state_dict(state)
+    unwrap(model).load_state_dict(state)
     optimizer.load_state_dict(snap["optimizer"])
     if lr is not None:
         for group in optimizer.param_groups:

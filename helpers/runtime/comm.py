@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from .traffic import CountsSent
+from .traffic import ByteLog, CountsSent
 
 __all__ = ["Comm", "DistComm", "ThreadComm"]
 
@@ -46,9 +46,8 @@ class Comm(Protocol):
 
     def wait(self) -> None: ...
 
-    def bytes_sent(self, op: str | None = None) -> int: ...
-
-    def calls(self, op: str) -> int: ...
+    @property
+    def traffic(self) -> ByteLog: ...
 
     def reset_counts(self) -> None: ...
 
@@ -155,11 +154,13 @@ class DistComm(CountsSent):
                    ) -> torch.Tensor:
         """Rows in_splits[j] of x (in order) go to rank j; returns the rows received,
         out_splits[j] from rank j, in rank order: one all_to_all_single (gloo and NCCL both have
-        it). The bytes sent to other ranks are counted under `op`; `tag` is unused."""
+        it). Counted under `op`: x as payload, the bytes sent to other ranks as wire; `tag` is
+        unused."""
         in_splits, out_splits = _splits(in_splits), _splits(out_splits)
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
-        self.traffic.record(op, _sent(x, in_splits, self.rank), self.rank)
+        self.traffic.record(op, x.numel() * x.element_size(), self.rank,
+                            wire=_sent(x, in_splits, self.rank))
         return out
 
     def wait(self) -> None:
@@ -222,14 +223,15 @@ class ThreadComm(CountsSent):
                    out_splits: Sequence[int], tag: int = 300, op: str = "all_to_all"
                    ) -> torch.Tensor:
         """DistComm.all_to_all as messages: a send to every other rank and a receive from each
-        (the world records each one); counted as DistComm counts it, one call under `op` with
-        the bytes that left this rank."""
+        (the world records each one); counted as DistComm counts it, one call under `op`, x as
+        payload, the bytes that left this rank as wire."""
         in_splits, out_splits = _splits(in_splits), _splits(out_splits)
         pieces = list(x.split(in_splits))
         for j in range(self.world):
             if j != self.rank:
                 self.w.send(pieces[j].detach(), j, tag)
-        self.traffic.record(op, _sent(x, in_splits, self.rank), self.rank)
+        self.traffic.record(op, x.numel() * x.element_size(), self.rank,
+                            wire=_sent(x, in_splits, self.rank))
         return torch.cat([pieces[j].clone() if j == self.rank else
                           self.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
                           for j in range(self.world)])

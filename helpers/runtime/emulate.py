@@ -24,52 +24,28 @@ modelled time): the schedule's own timeline, the same on every machine. `waits(b
 the idle time before each box into waiting for its input (the schedule) and the delay after the
 input was sent (the machine).
 """
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..devices import rank_clock, sleep_until
+
 __all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "waits",
            "model_time"]
-
-
-def _stream_clock(device=None):
-    """The host clock, read once `device`'s current stream has run what it was given (a box's
-    kernels, a receive's arrival): on a GPU the host only queues work, so a box would end
-    before its math and start before its input. A plain host clock on a CPU. The communication
-    streams are not waited for: a send in flight does not hold up the next box."""
-    import torch
-    device = torch.device(device) if device is not None else None
-    if device is None or device.type != "cuda":
-        return lambda: time.perf_counter()
-
-    def now():
-        torch.cuda.current_stream(device).synchronize()
-        return time.perf_counter()
-    return now
-
-
-def sleep_until(deadline, now=None):
-    """Sleep (no CPU) until now() >= deadline. time.sleep may wake early: sleep again."""
-    now = now or time.perf_counter
-    while True:
-        left = deadline - now()
-        if left <= 0:
-            return
-        time.sleep(left)
 
 
 class Clock:
     """One rank's boxes and marks. emulate=True: a box lasts at least scale * its modelled
     seconds (the real math first, then a sleep for the rest); compute and overrun say how long
     the math took and by how much it outlasted the modelled time (then the box is late).
-    device: the rank's device, whose current stream every reading waits for (_stream_clock);
+    device: the rank's device, whose current stream every reading waits for (the rank clock,
+    devices.rank_clock, with stream_only: a send in flight does not hold up the next box);
     `now` replaces the clock altogether (tests)."""
 
     def __init__(self, emulate=False, scale=1.0, now=None, sleep=True, device=None):
         if not (isinstance(scale, (int, float)) and scale > 0):
             raise ValueError(f"Clock: scale must be a positive number, got {scale!r}")
         self.emulate, self.scale = bool(emulate), float(scale)
-        self.now = now or _stream_clock(device)
+        self.now = now or rank_clock(device, stream_only=True)
         self.sleep = bool(sleep)          # False: record the modelled times only (tests)
         self.boxes, self.marks = [], []
 

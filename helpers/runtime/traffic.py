@@ -1,19 +1,25 @@
-"""Bytes sent, counted on ONE log: a `ByteLog` of Transfer(op, src, dst, nbytes) records.
+"""Bytes sent, counted on ONE log and read ONE way: a `ByteLog` of Transfer records.
 
-Every counter of the course writes there and answers from it:
+Every counter of the course writes there:
 - `send(t, src, dst, devices, log)` moves a tensor between simulated devices (Part I) and adds
   its bytes to a `CommLog` (src, dst: device indices; op: what was sent, e.g. "activation");
-- the comms (runtime.comm: DistComm, ThreadComm) add one record per message a rank sends;
+- the comms (runtime.comm: DistComm, ThreadComm) add one record per message or collective a
+  rank sends (`comm.traffic`);
 - `count_traffic()` wraps dist.all_reduce, reduce_scatter_tensor, all_gather_into_tensor /
-  all_gather_single and broadcast while it is active, and adds, for this rank, the bytes the
-  bandwidth-optimal (ring) algorithm of each collective sends (costs.ring_bytes_per_device: an
-  all-reduce 2(k-1)/k of the tensor, reduce-scatter, all-gather and broadcast half of that).
-  gloo does not report what it really sent; this is the volume the cost model of Part I
-  counts, taken from the tensors the code really passed;
+  all_gather_single and broadcast while it is active (gloo does not report what it really
+  sent: this is the volume the cost model of Part I counts, from the tensors really passed);
 - `FuncolBytes` adds the functional collectives DTensor dispatches.
+
+Every reader reads a ByteLog's methods: `wire_bytes`, `payload_bytes`, `calls`, `ops`,
+`by_group`, `mark` / `since`. Two sizes, one name each:
+- payload: the bytes of the tensor the caller handed over (a message's tensor, a
+  collective's input as passed);
+- wire: the bytes this rank puts on the network for it. A message's is its payload; a
+  collective's is its share in the bandwidth-optimal ring (costs.ring_bytes_per_device: an
+  all-reduce 2(k-1)/k of the tensor, a reduce-scatter (k-1)/k of its input, an all-gather
+  k-1 times its input); an all-to-all's, the rows that leave the rank.
 """
 import contextlib
-from collections import Counter
 from typing import NamedTuple
 
 import torch
@@ -23,42 +29,98 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..costs import ring_bytes_per_device
 
 __all__ = ["Transfer", "ByteLog", "CountsSent", "CommLog", "send", "count_traffic",
-           "TrafficLog", "FuncolBytes"]
+           "TrafficLog", "FuncolBytes", "wire_share"]
 
 
 class Transfer(NamedTuple):
-    """One message or collective: what (op), from whom, to whom (None: a collective), bytes."""
+    """One message or collective: what (op), from whom, to whom (a collective: None, or its
+    group's ranks), its payload and its wire bytes (module docstring)."""
     op: str
     src: object
     dst: object
-    nbytes: float
+    payload: float
+    wire: float
+
+
+def wire_share(op, payload, k):
+    """Wire bytes of one collective `op` on k ranks whose caller handed `payload` bytes (an
+    all-gather its shard, a reduce-scatter and an all-reduce the full tensor)."""
+    if k <= 1:
+        return 0
+    if op.startswith("all_reduce"):
+        return ring_bytes_per_device(payload, k)
+    if op.startswith("all_gather"):
+        return (k - 1) * payload
+    if op.startswith(("reduce_scatter", "broadcast")):
+        return (k - 1) / k * payload
+    return payload          # anything else (DTensor's all-to-all, whose splits are not read)
+
+
+def _match(r, op, src, dst):
+    return (op is None or r.op == op) and (src is None or r.src == src) and \
+        (dst is None or r.dst == dst)
 
 
 class ByteLog:
-    """The one log of bytes sent: Transfer records, and the sums every counter answers with."""
+    """The one log of bytes sent, and the one way to read it."""
 
-    def __init__(self):
-        self.records = []
+    def __init__(self, records=()):
+        self._records = list(records)
 
-    def record(self, op, nbytes, src=None, dst=None):
-        self.records.append(Transfer(op, src, dst, nbytes))
+    def record(self, op, payload, src=None, dst=None, wire=None):
+        """Add one Transfer; `wire` defaults to the payload (a message)."""
+        self._records.append(Transfer(op, src, dst, payload, payload if wire is None else wire))
 
-    def total(self, op=None):
-        """Bytes in all (or only those of `op`)."""
-        return sum(r.nbytes for r in self.records if op is None or r.op == op)
+    @property
+    def records(self):
+        """The Transfer records, in order (a copy: appending to it records nothing)."""
+        return list(self._records)
 
-    def count(self, op=None):
-        """How many records (of `op`)."""
-        return sum(1 for r in self.records if op is None or r.op == op)
+    def wire_bytes(self, op=None, src=None, dst=None):
+        """Bytes put on the network, in all or only by those records (of `op`, from `src`,
+        to `dst`)."""
+        return sum(r.wire for r in self._records if _match(r, op, src, dst))
 
-    def sent_by(self, src):
-        """Bytes that `src` sent."""
-        return sum(r.nbytes for r in self.records if r.src == src)
+    def payload_bytes(self, op=None, src=None, dst=None):
+        """Bytes of the tensors handed over, in all or only by those records."""
+        return sum(r.payload for r in self._records if _match(r, op, src, dst))
+
+    def calls(self, op=None, src=None, dst=None):
+        """How many records (of `op`, from `src`, to `dst`)."""
+        return sum(1 for r in self._records if _match(r, op, src, dst))
+
+    def ops(self):
+        """{op: calls}, in the order each op first appeared."""
+        out = {}
+        for r in self._records:
+            out[r.op] = out.get(r.op, 0) + 1
+        return out
+
+    def by_group(self):
+        """{group's ranks (a record's dst; () for none): a ByteLog of its records}."""
+        out = {}
+        for r in self._records:
+            out.setdefault(r.dst or (), ByteLog())._records.append(r)
+        return out
+
+    def mark(self):
+        """A place in the log, for `since` (e.g. where forward ends and backward begins)."""
+        return len(self._records)
+
+    def since(self, mark=0):
+        """A ByteLog of the records after `mark`."""
+        return ByteLog(self._records[mark:])
+
+    def __len__(self):
+        return len(self._records)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.ops()}, wire_bytes={self.wire_bytes():.0f})"
 
 
 class CountsSent:
-    """A rank's counts on a ByteLog (`traffic`): `log` lists (op, peer, bytes) per message,
-    `bytes_sent(op)` and `calls(op)` sum them; `reset_counts()` starts afresh."""
+    """A rank's counts: `traffic`, a ByteLog (read it with its methods); `reset_counts()`
+    starts afresh."""
 
     def reset_counts(self):
         """Forget what was counted so far (e.g. after warm-up steps)."""
@@ -70,21 +132,12 @@ class CountsSent:
             self._traffic = ByteLog()
         return self._traffic
 
-    @property
-    def log(self):
-        """A copy (appending to it records nothing): record through `traffic`; start afresh with
-        `reset_counts()`."""
-        return [(r.op, r.dst, r.nbytes) for r in self.traffic.records]
-
     def _count(self, op, t, peer=None):
-        self.traffic.record(op, t.numel() * t.element_size(), getattr(self, "rank", None), peer)
-
-    def bytes_sent(self, op=None):
-        """Bytes this rank handed to the network (an all-reduce counts its payload once)."""
-        return self.traffic.total(op)
-
-    def calls(self, op):
-        return self.traffic.count(op)
+        """Record a message to `peer` (its wire bytes: its payload) or, without a peer, a
+        collective over this comm's ranks (its wire bytes: wire_share)."""
+        payload = t.numel() * t.element_size()
+        wire = payload if peer is not None else wire_share(op, payload, self.world)
+        self.traffic.record(op, payload, getattr(self, "rank", None), peer, wire)
 
     def sendrecv(self, send=None, recv=None):
         """Post a send (t, dst) and a receive (src, shape[, dtype]) together; returns the
@@ -96,31 +149,14 @@ class CountsSent:
 
 
 class CommLog(ByteLog):
-    """The transfers between simulated devices: `transfers` lists (from index, to index, bytes,
-    what)."""
-
-    def add(self, src, dst, nbytes, what=""):
-        self.record(what, nbytes, src, dst)
-
-    @property
-    def transfers(self):
-        return [(r.src, r.dst, r.nbytes, r.op) for r in self.records]
-
-    def total(self, what=None):
-        """Bytes moved in all (or only those labelled `what`)."""
-        return super().total(what)
+    """The transfers between simulated devices (src, dst: device indices; op: what was sent)."""
 
 
 def send(t, src, dst, devices, log=None, what=""):
     """Move tensor `t` from devices[src] to devices[dst], logging its bytes when src != dst."""
     if log is not None and src != dst:
-        log.add(src, dst, t.numel() * t.element_size(), what)
+        log.record(what, t.numel() * t.element_size(), src, dst)
     return t.to(devices[dst])
-
-
-# an all-reduce is a reduce-scatter then an all-gather: each of those sends half its volume
-_SHARE = {"all_reduce": 1.0, "reduce_scatter_tensor": 0.5, "all_gather_into_tensor": 0.5,
-          "all_gather_single": 0.5, "reduce_scatter_single": 0.5, "broadcast": 0.5}
 
 
 def tensor_bytes(t):
@@ -128,40 +164,15 @@ def tensor_bytes(t):
 
 
 class TrafficLog(ByteLog):
-    """What this rank sent through dist collectives: `calls` and `bytes` per collective name,
-    `sent_bytes` in all; `by_group`: the same per process group, keyed by the group's global
-    ranks (a mesh dimension's), which each record keeps as its dst."""
+    """What this rank sent through dist collectives; each record's dst is its group's global
+    ranks (a mesh dimension's: `by_group`)."""
 
     def add(self, name, full_bytes, world, ranks=None):
-        self.record(name, _SHARE[name] * ring_bytes_per_device(full_bytes, world),
-                    dst=tuple(ranks) if ranks else None)
-
-    @property
-    def calls(self):
-        return Counter(r.op for r in self.records)
-
-    @property
-    def bytes(self):
-        out = Counter()
-        for r in self.records:
-            out[r.op] += r.nbytes
-        return out
-
-    @property
-    def sent_bytes(self):
-        return self.total()
-
-    @property
-    def by_group(self):
-        out = {}
-        for r in self.records:
-            calls, nbytes = out.setdefault(r.dst or (), (Counter(), Counter()))
-            calls[r.op] += 1
-            nbytes[r.op] += r.nbytes
-        return out
-
-    def __repr__(self):
-        return f"TrafficLog({dict(self.calls)}, sent_bytes={self.sent_bytes:.0f})"
+        """One collective `name` on `world` ranks of a `full_bytes` tensor (an all-gather's
+        output, whose input is a 1/world shard)."""
+        payload = full_bytes // world if name.startswith("all_gather") else full_bytes
+        self.record(name, payload, dst=tuple(ranks) if ranks else None,
+                    wire=wire_share(name, payload, world))
 
 
 def _full_tensor(name, args, kwargs):
@@ -190,7 +201,7 @@ def count_traffic():
     """Count what this rank sends through dist collectives inside the block (yields a
     TrafficLog): each collective as a ring over the ranks of ITS group."""
     log, saved = TrafficLog(), {}
-    for name in _SHARE:
+    for name in _GROUP_AT:
         fn = getattr(dist, name, None)
         if fn is None:
             continue
@@ -233,14 +244,15 @@ class FuncolBytes(CountsSent, TorchDispatchMode):
         if ns in ("_c10d_functional", "c10d_functional", "c10d") and name in self.OPS:
             first = args[0] if args else None
             tensors = first if isinstance(first, (list, tuple)) else [first]
-            nbytes = sum(t.numel() * t.element_size() for t in tensors
-                         if isinstance(t, torch.Tensor))
-            self.traffic.record(name, nbytes)
+            payload = sum(t.numel() * t.element_size() for t in tensors
+                          if isinstance(t, torch.Tensor))
+            k = _funcol_group_size(args, kwargs)
+            self.traffic.record(name, payload, wire=wire_share(name, payload, k))
         return func(*args, **kwargs)
 
-    def bytes_sent(self, op=None):
-        """Bytes of the collectives whose name contains `op` ("all_reduce": also all_reduce_)."""
-        return sum(r.nbytes for r in self.traffic.records if op is None or op in r.op)
 
-    def calls(self, op):
-        return sum(1 for r in self.traffic.records if op in r.op)
+def _funcol_group_size(args, kwargs):
+    """The size of the group a functional collective names (its group_name: the last string)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    name = kwargs.get("group_name") or [a for a in args if isinstance(a, str)][-1]
+    return _resolve_process_group(name).size()

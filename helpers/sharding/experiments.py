@@ -10,6 +10,7 @@ import torch
 
 from ..compare import max_diff, rel_diff
 from ..data_parallel.scratch import DDPFromScratch
+from ..models import unwrap
 from ..one_process import (
     adamw_groups,
     flat_cross_entropy,
@@ -54,7 +55,7 @@ def zero1_vs_one_process(rank, world, cfg):
     res, trained = {}, {}
     for impl in ("scratch", "torch"):
         model = DDPFromScratch(make_model("mlp", **(sizes or {})).to(device))
-        groups, kw = adamw_groups(model.module)
+        groups, kw = adamw_groups(unwrap(model))
         if optim == "sgd":
             kw = dict(lr=0.05, momentum=0.9)
         if impl == "scratch":
@@ -71,12 +72,12 @@ def zero1_vs_one_process(rank, world, cfg):
             opt.zero_grad()
         state = optimizer_state_bytes(opt.local) if impl == "scratch" and opt.local else \
             optimizer_state_bytes(opt.optim) if impl == "torch" else 0
-        res[impl] = OptimizerRun(diff=max_diff(params_of(model.module), ref), state_bytes=state)
-        trained[impl] = params_of(model.module)
+        res[impl] = OptimizerRun(diff=max_diff(params_of(unwrap(model)), ref), state_bytes=state)
+        trained[impl] = params_of(unwrap(model))
     return Zero1Run(scratch=res["scratch"], torch=res["torch"],
                     scratch_vs_torch=max_diff(trained["scratch"], trained["torch"]),
-                    param_bytes=sum(p.numel() * 4 for p in model.module.parameters()),
-                    largest=max(p.numel() for p in model.module.parameters()))
+                    param_bytes=sum(p.numel() * 4 for p in unwrap(model).parameters()),
+                    largest=max(p.numel() for p in unwrap(model).parameters()))
 
 
 def zero2_vs_one_process(rank, world, cfg):
@@ -97,10 +98,10 @@ def zero2_vs_one_process(rank, world, cfg):
         flat_cross_entropy(model(X), y).backward()
         model.finish_gradient_synchronization()
         grad_bytes = held_bytes(model.shard_grads) + sum(   # Zero2 keeps only its shard
-            p.grad.numel() * 4 for p in model.module.parameters() if p.grad is not None)
+            p.grad.numel() * 4 for p in unwrap(model).parameters() if p.grad is not None)
         model.step()
         model.zero_grad()
-    return Zero2Run(diff=max_diff(params_of(model.module), params_of(ref_model)),
+    return Zero2Run(diff=max_diff(params_of(unwrap(model)), params_of(ref_model)),
                     grad_bytes=grad_bytes, state_bytes=optimizer_state_bytes(model.optimizer))
 
 
@@ -165,7 +166,7 @@ def fsdp2_vs_one_process(rank, world, cfg):
             runs[impl] = full_params(model)
         else:
             runs[impl] = model.gather_full_params()
-        runs[impl + "_sent"] = log.sent_bytes / num_steps
+        runs[impl + "_sent"] = log.wire_bytes() / num_steps
     ref = train_one_process(kind, batches, device, num_steps, compute_dtype=dtype, sizes=sizes,
                             groups=False)
     return Fsdp2Run(diff=max_diff(runs["fsdp2"], ref),
@@ -249,18 +250,18 @@ def zero1_checkpoint(rank, world, cfg):
             opt.step()
             opt.zero_grad()
     model = DDPFromScratch(make_model("mlp").to(device))
-    opt = ShardedOptimizer(model.module.parameters(), torch.optim.AdamW, lr=1e-3)
+    opt = ShardedOptimizer(unwrap(model).parameters(), torch.optim.AdamW, lr=1e-3)
     run(model, opt, batches[:half])
     opt.consolidate_state_dict(to=0)
     if rank == 0:
-        weights = {k: v.cpu() for k, v in model.module.state_dict().items()}   # any rank
+        weights = {k: v.cpu() for k, v in unwrap(model).state_dict().items()}   # any rank
         atomic_save(dict(model=weights, optim=opt.state_dict()), path)        # can load it
     dist.barrier()
     run(model, opt, batches[half:])
     sd = torch.load(path, map_location="cpu", weights_only=False)   # rank 0 saved it
     fresh = DDPFromScratch(make_model("mlp", seed=9).to(device))
-    fresh.module.load_state_dict(sd["model"])
-    opt2 = ShardedOptimizer(fresh.module.parameters(), torch.optim.AdamW, lr=1e-3)
+    unwrap(fresh).load_state_dict(sd["model"])
+    opt2 = ShardedOptimizer(unwrap(fresh).parameters(), torch.optim.AdamW, lr=1e-3)
     opt2.load_state_dict(sd["optim"])
     entries = len(opt2.local.state) if opt2.local else 0
     run(fresh, opt2, batches[half:])
@@ -273,8 +274,8 @@ def zero1_checkpoint(rank, world, cfg):
         popt.step()
         popt.zero_grad()
     return Zero1CheckpointRun(
-        resumed_diff=max_diff(params_of(fresh.module), params_of(model.module)),
-        plain_diff=max_diff(params_of(plain), params_of(model.module)), entries_after_load=entries,
+        resumed_diff=max_diff(params_of(unwrap(fresh)), params_of(unwrap(model))),
+        plain_diff=max_diff(params_of(plain), params_of(unwrap(model))), entries_after_load=entries,
         owned=sum(1 for p in opt.all_params if opt.owner[id(p)] == rank),
         saved_entries=len(sd["optim"]["state"]))
 
@@ -331,7 +332,7 @@ def memory_per_stage(rank, world, cfg):
                   else held_bytes(net.parameters()))
         optim = optimizer_state_bytes(local_opt) if local_opt else 0
         out[stage] = StageMemory(n_params=n_params, params_bytes=params, grads_bytes=grads,
-                                 optim_bytes=optim, sent_bytes=log.sent_bytes,
-                                 calls=dict(log.calls), transient_peak=peak.peak,
+                                 optim_bytes=optim, sent_bytes=log.wire_bytes(),
+                                 calls=log.ops(), transient_peak=peak.peak,
                                  peak_bytes=params + optim + peak.peak, cuda_peak=cuda)
     return out

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..compare import max_diff, rel_diff
 from ..costs import sharding_costs
+from ..models import unwrap
 from ..one_process import flat_cross_entropy, local_batch, params_of
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
@@ -68,9 +69,9 @@ def zero2_accumulation(rank, world, cfg):
                 model.finish_gradient_synchronization()
                 model.step()
                 model.zero_grad()
-        out[mode] = AccumulationMode(diff=max_diff(params_of(model.module), ref),
-                                     sent=log.sent_bytes / num_steps, calls=dict(log.calls))
-    n = sum(p.numel() for p in model.module.parameters())
+        out[mode] = AccumulationMode(diff=max_diff(params_of(unwrap(model)), ref),
+                                     sent=log.wire_bytes() / num_steps, calls=log.ops())
+    n = sum(p.numel() for p in unwrap(model).parameters())
     return AccumulationRun(every=out["every"], no_sync=out["no_sync"],
                            dp_sent=sharding_costs(n, world, "dp")["sent_bytes"], micro=micro)
 
@@ -103,7 +104,7 @@ def clip_over_shards(rank, world, cfg):
             norms.append(float(model.clip_grad_norm_(max_norm)))
             opt.step()
             opt.zero_grad()
-        final = model.gather_full_params() if kind == "fsdp" else params_of(model.module)
+        final = model.gather_full_params() if kind == "fsdp" else params_of(unwrap(model))
         out[kind] = ClipNorms(local_norms=tuple(local), norms=tuple(norms),
                               diff=max_diff(final, ref))
     return ClipRun(one_process_norms=tuple(ref_norms), **out)
@@ -142,13 +143,13 @@ def fsdp_knobs(rank, world, cfg):
                     model.finish_gradient_synchronization()
                 opt.step()
                 opt.zero_grad()
-        gathers = sum(v for k, v in log.calls.items() if k.startswith("all_gather"))
+        gathers = sum(v for k, v in log.ops().items() if k.startswith("all_gather"))
         full = model.gather_full_params() if impl == "scratch" else full_params(model)
         by_hand = dict(peak_gathered=model.peak_live_bytes,
                        events=tuple(model.events)) if impl == "scratch" else {}
         out[f"{impl}:reshard={reshard}:prefetch={prefetch}"] = KnobRun(
             diff=max_diff(full, ref), gathers=gathers / num_steps,
-            sent=log.sent_bytes / num_steps, transient_peak=peak.peak, **by_hand)
+            sent=log.wire_bytes() / num_steps, transient_peak=peak.peak, **by_hand)
     return out
 
 

@@ -203,7 +203,7 @@ def qwz_vs_all_gather(rank, world, cfg):
     bound = max(quantization_bound(plain[r * shard.numel():(r + 1) * shard.numel()], block)
                 for r in range(world))
     return QwzRun(diff=float((got - plain).abs().max()), bound=bound, numel=plain.numel(),
-                  plain_sent=plain_log.sent_bytes, qwz_sent=q_log.sent_bytes, block=block)
+                  plain_sent=plain_log.wire_bytes(), qwz_sent=q_log.wire_bytes(), block=block)
 
 
 ZEROPP_COLLECTIVES = ("forward all-gather", "backward all-gather", "gradient reduce-scatter")

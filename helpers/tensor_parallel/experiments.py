@@ -11,7 +11,7 @@ from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
 from ..runtime.progress import report_progress
-from ..runtime.traffic import FuncolBytes, count_traffic
+from ..runtime.traffic import ByteLog, FuncolBytes, count_traffic
 from ..tiny_models import block_inputs, block_loss, small_block, small_stack
 from .scratch import TPMLP, TPBlock, copy_to_tp, shard_of
 from .sequence import (
@@ -51,10 +51,11 @@ def _run(module, X, R, counter):
     module.zero_grad()
     X = X.detach().clone().requires_grad_()
     out = module(X)
-    fwd = list(counter.log)
+    fwd = counter.traffic.mark()
     block_loss(_local(out), R).backward()
-    return dict(out=_local(out).detach().cpu().clone(), grads=_grads(module), fwd=fwd,
-                bwd=list(counter.log[len(fwd):]), x_grad=X.grad.detach().cpu().clone())
+    return dict(out=_local(out).detach().cpu().clone(), grads=_grads(module),
+                fwd=counter.traffic.records[:fwd], bwd=counter.traffic.since(fwd).records,
+                x_grad=X.grad.detach().cpu().clone())
 
 
 def tp_worker(rank, world, cfg):
@@ -101,25 +102,26 @@ def sp_runs(rank, world, block, X, R, comm, mesh):
         x = (X if name != "sp" else _seq(X, rank, world)).detach().clone().requires_grad_()
         comm.reset_counts()
         y, saved = saved_activation_bytes(module, x, params=module.parameters())
-        fwd = list(comm.log)
+        fwd = comm.traffic.mark()
         block_loss(y, R if name != "sp" else _seq(R, rank, world)).backward()
         if name == "sp":
             sync_replicated_grads(module, comm)
         out[name] = dict(out=y.detach().cpu().clone(), x_grad=x.grad.detach().cpu().clone(),
-                         grads=_grads(module), saved=saved, fwd=fwd,
-                         bwd=list(comm.log[len(fwd):]))
+                         grads=_grads(module), saved=saved, fwd=comm.traffic.records[:fwd],
+                         bwd=comm.traffic.since(fwd).records)
     module = parallelize_module(copy.deepcopy(block), mesh, sp_plan())
     x = _seq(X, rank, world).detach().clone().requires_grad_()
     with FuncolBytes() as counter:
         y, saved = saved_activation_bytes(module, x, params=module.parameters())
-        fwd = list(counter.log)
+        fwd = counter.traffic.mark()
         block_loss(_local(y), _seq(R, rank, world)).backward()
     placements = {n: str(getattr(p.grad, "placements", None)) for n, p in
                   module.named_parameters() if n.startswith("ln")}
     out["sp_dtensor"] = dict(out=_local(y).detach().cpu().clone(), grads=_grads(module),
                              ln_grad_placements=placements,
-                             x_grad=x.grad.detach().cpu().clone(), saved=saved, fwd=fwd,
-                             bwd=list(counter.log[len(fwd):]))
+                             x_grad=x.grad.detach().cpu().clone(), saved=saved,
+                             fwd=counter.traffic.records[:fwd],
+                             bwd=counter.traffic.since(fwd).records)
     return out
 
 
@@ -139,11 +141,12 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
     comm.reset_counts()
     logits = torch.nn.functional.linear(copy_to_tp(blk(emb(ids)), comm), head_w)
     loss = vocab_parallel_cross_entropy(logits, y, comm, start=rank * head_w.shape[0])
-    fwd = list(comm.log)
+    fwd = comm.traffic.mark()
     loss.backward()
     grads = dict(_grads(blk), **{"emb.weight": emb.weight.grad.detach().cpu().clone(),
                                  "head.weight": head_w.grad.detach().cpu().clone()})
-    out = {"vocab": dict(loss=loss.item(), grads=grads, fwd=fwd, bwd=list(comm.log[len(fwd):]),
+    out = {"vocab": dict(loss=loss.item(), grads=grads, fwd=comm.traffic.records[:fwd],
+                         bwd=comm.traffic.since(fwd).records,
                          logits_bytes=logits.numel() * logits.element_size())}
     model = parallelize_module(copy.deepcopy(lm), mesh, vocab_plan())
     with FuncolBytes() as counter:
@@ -153,27 +156,25 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
             loss.backward()
     placements = {n: (str(p.placements), str(p.grad.placements))
                   for n, p in model.named_parameters() if not n.startswith("block")}
-    out["vocab_dtensor"] = dict(loss=_local(loss).item(), grads=_grads(model), log=counter.log,
+    out["vocab_dtensor"] = dict(loss=_local(loss).item(), grads=_grads(model),
+                                log=counter.traffic.records,
                                 placements=placements,
                                 logits_bytes=_local(logits).numel() * 4)
     return out
 
 
 def _per_dim(log, tp_log, groups):
-    """A step's collectives by mesh dimension: {dim: {op: [calls, ring bytes sent]}}. FSDP's
-    go through torch.distributed (count_traffic, by group); DTensor's tensor-parallel ones are
-    functional collectives (FuncolBytes: payloads, turned into ring bytes here)."""
+    """A step's collectives by mesh dimension: {dim: {op: [calls, wire bytes]}}. FSDP's go
+    through torch.distributed (count_traffic, by group); DTensor's tensor-parallel ones are
+    functional collectives (FuncolBytes)."""
     out = {}
-    for ranks, (calls, nbytes) in log.by_group.items():
+    for ranks, g_log in log.by_group().items():
         dim = next((d for d, g in groups.items() if tuple(g) == ranks), str(ranks))
-        out[dim] = {op: [calls[op], nbytes[op]] for op in calls}
-    k = len(groups["tp"])
-    ring = {"all_reduce": 2 * (k - 1) / k, "all_gather_into_tensor": k - 1,
-            "reduce_scatter_tensor": (k - 1) / k}
-    for op, _, b in tp_log.log:
+        out[dim] = {op: [n, g_log.wire_bytes(op)] for op, n in g_log.ops().items()}
+    for op, n in tp_log.ops().items():
         row = out.setdefault("tp", {}).setdefault(op, [0, 0.0])
-        row[0] += 1
-        row[1] += ring.get(op, 1.0) * b
+        row[0] += n
+        row[1] += tp_log.wire_bytes(op)
     return out
 
 
@@ -224,7 +225,7 @@ def mesh2d_worker(rank, world, cfg):
     local = {n: tuple(_local(p).shape) for n, p in model.named_parameters()}
     return dict(weights=full if rank == 0 else None, losses=losses, local_shapes=local,
                 coords=(dp_rank, mesh["tp"].get_local_rank()),
-                traffic=_per_dim(log, tp_log, groups), groups=groups)
+                traffic=_per_dim(log, tp_log.traffic, groups), groups=groups)
 
 
 def hsdp_worker(rank, world, cfg):
@@ -257,10 +258,7 @@ def hsdp_worker(rank, world, cfg):
         total = loss.detach().clone() / world
         dist.all_reduce(total)
         losses.append(float(total))
-    traffic = {}
-    for ranks, (calls, nbytes) in log.by_group.items():
-        dim = next((d for d, g in groups.items() if tuple(g) == ranks), str(ranks))
-        traffic[dim] = {op: [calls[op], nbytes[op]] for op in calls}
+    traffic = _per_dim(log, ByteLog(), groups)
     p0 = next(model.parameters())
     torch.manual_seed(1)
     odd = torch.nn.Linear(5, 3).to(device)

@@ -178,7 +178,7 @@ def megatron_trace(k=2, n=4, d=8, h=16, seed=0):
     sent = {}
     for r in log.records:
         op = r.op.split(": ")[0]      # "g forward", "f backward"
-        sent[op] = sent.get(op, 0) + r.nbytes / k
+        sent[op] = sent.get(op, 0) + r.wire / k
     return dict(k=k, n=n, d=d, h=h, units=units, sent=sent,
                 forward_names=sorted(op for op in sent if op.endswith("forward")),
                 backward_names=sorted(op for op in sent if op.endswith("backward")))

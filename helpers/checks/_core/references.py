@@ -87,7 +87,7 @@ def identity(obj):
 
 
 def resolve(names):
-    """The References for façade names ("balanced_cuts", "CommLog.total")."""
+    """The References for façade names ("balanced_cuts", "CommLog.wire_bytes")."""
     package = importlib.import_module(_PACKAGE)
     refs = []
     for name in names:
@@ -323,7 +323,7 @@ def _patch(refs, exercise):
             if ref is not None and not isinstance(value, type):   # classes stay: isinstance
                 _ACTIVE["patched"].append((module, attr, value))
                 setattr(module, attr, _stub(ref, exercise))
-    for ref in refs:                   # methods: "CommLog.total"
+    for ref in refs:                   # methods: "CommLog.wire_bytes"
         owner, _, method = ref.name.rpartition(".")
         cls = _owner(owner) if owner else None
         if isinstance(cls, type) and method in vars(cls):
