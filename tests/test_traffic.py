@@ -108,3 +108,13 @@ def test_no_second_reader_is_left(name):
     from helpers.runtime.comm import ThreadComm
     for cls in (ByteLog, helpers.CommLog, helpers.TrafficLog, helpers.FuncolBytes, ThreadComm):
         assert not hasattr(cls, name), f"{cls.__name__}.{name}"
+
+
+def test_an_all_to_all_wire_is_the_rows_that_leave_the_rank_on_every_counter():
+    """One meaning of wire for an all-to-all: the comms and DTensor's functional all-to-all
+    (FuncolBytes) both count the rows that leave the rank; with no splits, equal ones."""
+    from helpers.runtime.traffic import all_to_all_wire, wire_share
+    x = torch.zeros(6, 2)                                   # 6 rows of 8 bytes
+    assert all_to_all_wire(x, [1, 2, 3], 3, 1) == 8 * (6 - 2)
+    assert all_to_all_wire(x, [], 3, 0) == all_to_all_wire(x, [2, 2, 2], 3, 0) == 32
+    assert wire_share("all_to_all_single", 48, 3) == 32 and wire_share("all_to_all", 48, 1) == 0

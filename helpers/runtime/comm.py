@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from .traffic import ByteLog, CountsSent
+from .traffic import ByteLog, CountsSent, all_to_all_wire
 
 __all__ = ["Comm", "DistComm", "ThreadComm"]
 
@@ -59,11 +59,6 @@ def _splits(sizes):
     """Split sizes as plain ints (a tensor's `.tolist()` or numpy integers alike)."""
     return [int(s) for s in sizes]
 
-
-def _sent(x, in_splits, rank):
-    """Bytes of the rows of x that leave this rank in an all-to-all."""
-    row = x[0].numel() * x.element_size() if len(x) else 0
-    return sum(s for j, s in enumerate(in_splits) if j != rank) * row
 
 
 def _validate_split(t, dim, world):
@@ -160,7 +155,7 @@ class DistComm(CountsSent):
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
         self.traffic.record(op, x.numel() * x.element_size(), self.rank,
-                            wire=_sent(x, in_splits, self.rank))
+                            wire=all_to_all_wire(x, in_splits, self.world, self.rank))
         return out
 
     def wait(self) -> None:
@@ -231,7 +226,7 @@ class ThreadComm(CountsSent):
             if j != self.rank:
                 self.w.send(pieces[j].detach(), j, tag)
         self.traffic.record(op, x.numel() * x.element_size(), self.rank,
-                            wire=_sent(x, in_splits, self.rank))
+                            wire=all_to_all_wire(x, in_splits, self.world, self.rank))
         return torch.cat([pieces[j].clone() if j == self.rank else
                           self.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
                           for j in range(self.world)])

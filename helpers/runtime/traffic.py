@@ -17,7 +17,8 @@ Every reader reads a ByteLog's methods: `wire_bytes`, `payload_bytes`, `calls`, 
 - wire: the bytes this rank puts on the network for it. A message's is its payload; a
   collective's is its share in the bandwidth-optimal ring (costs.ring_bytes_per_device: an
   all-reduce 2(k-1)/k of the tensor, a reduce-scatter (k-1)/k of its input, an all-gather
-  k-1 times its input); an all-to-all's, the rows that leave the rank.
+  k-1 times its input); an all-to-all's, the rows that leave the rank (`all_to_all_wire`, on
+  the comms and on DTensor's functional all-to-all alike).
 """
 import contextlib
 from typing import NamedTuple
@@ -29,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..costs import ring_bytes_per_device
 
 __all__ = ["Transfer", "ByteLog", "CountsSent", "CommLog", "send", "count_traffic",
-           "TrafficLog", "FuncolBytes", "wire_share"]
+           "TrafficLog", "FuncolBytes", "wire_share", "all_to_all_wire"]
 
 
 class Transfer(NamedTuple):
@@ -51,9 +52,9 @@ def wire_share(op, payload, k):
         return ring_bytes_per_device(payload, k)
     if op.startswith("all_gather"):
         return (k - 1) * payload
-    if op.startswith(("reduce_scatter", "broadcast")):
-        return (k - 1) / k * payload
-    return payload          # anything else (DTensor's all-to-all, whose splits are not read)
+    if op.startswith(("reduce_scatter", "broadcast", "all_to_all")):
+        return (k - 1) / k * payload    # an all-to-all's: equal splits (all_to_all_wire: others)
+    return payload
 
 
 def _match(r, op, src, dst):
@@ -246,13 +247,27 @@ class FuncolBytes(CountsSent, TorchDispatchMode):
             tensors = first if isinstance(first, (list, tuple)) else [first]
             payload = sum(t.numel() * t.element_size() for t in tensors
                           if isinstance(t, torch.Tensor))
-            k = _funcol_group_size(args, kwargs)
-            self.traffic.record(name, payload, wire=wire_share(name, payload, k))
+            group = _funcol_group(args, kwargs)
+            if name == "all_to_all_single":     # (input, output_splits, input_splits, group)
+                splits = kwargs.get("input_split_sizes", args[2] if len(args) > 2 else None)
+                wire = all_to_all_wire(first, splits, group.size(), group.rank())
+            else:
+                wire = wire_share(name, payload, group.size())
+            self.traffic.record(name, payload, wire=wire)
         return func(*args, **kwargs)
 
 
-def _funcol_group_size(args, kwargs):
-    """The size of the group a functional collective names (its group_name: the last string)."""
+def all_to_all_wire(x, in_splits, k, rank):
+    """Wire bytes of an all-to-all of x on k ranks: the rows that leave `rank` (every split but
+    its own; no splits: equal ones), as the comms count it."""
+    if not in_splits:
+        return wire_share("all_to_all", x.numel() * x.element_size(), k)
+    row = x[0].numel() * x.element_size() if len(x) else 0
+    return sum(int(s) for j, s in enumerate(in_splits) if j != rank) * row
+
+
+def _funcol_group(args, kwargs):
+    """The process group a functional collective names (its group_name: the last string)."""
     from torch.distributed.distributed_c10d import _resolve_process_group
     name = kwargs.get("group_name") or [a for a in args if isinstance(a, str)][-1]
-    return _resolve_process_group(name).size()
+    return _resolve_process_group(name)
