@@ -1,7 +1,7 @@
 """End to end, as a teacher grades: `nbgrader autograde` on submissions made from the student
 edition gives full marks to the worked solutions, zero to the untouched stubs, zero on an
 exercise for a concept-skipping wrong answer (full marks on the others), even after a shortcut
-that patches the checks (the reliability review's L16).
+that patches the checks.
 
 To stay fast it grades one representative assignment, built from the real chapters: the
 exercise cells (solution and check cells, as the chapters have them) of Part II's three checked
@@ -204,7 +204,7 @@ def test_a_wrong_answer_scores_zero_on_its_exercise_only(graded, student, which)
 @pytest.mark.parametrize("student", ["untouched", "solved", "wrong_a"])
 def test_no_checksum_warning_for_check_cells_as_released(graded, student):
     """The hidden regrade lines nbgrader puts back are not reported as an edit
-    (scripts/released_checksums.py; the review's row 4)."""
+    (scripts/released_checksums.py)."""
     logs = graded[3]
     assert "Sanitizing " in logs[student]
     assert "Attribute 'checksum'" not in logs[student], logs[student]

@@ -93,7 +93,7 @@ def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
 
 
 def test_exposed_ms_tells_the_wait_with_an_all_reduce_running_from_the_wait_with_none(tmp_path):
-    """The r11 review's M-P1: the reducer can wait after the last record has closed (backward
+    """The reducer can wait after the last record has closed (backward
     0.10-0.50, compute until 0.30, the all-reduce 0.25-0.42): of its 0.20 ms wait, 0.12 had the
     all-reduce running (the exposed time) and 0.08 had none, which the exposed figure leaves out."""
     ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
@@ -151,7 +151,7 @@ def _two_steps(tmp_path, second_start):
 
 
 def test_exposed_ms_ties_each_all_reduce_to_the_step_it_began_in(tmp_path):
-    """The r10 review's M-P2: a record of step 0 still open in step 1's backward (0.65-0.70) is
+    """A record of step 0 still open in step 1's backward (0.65-0.70) is
     step 0's late time, not step 1's overlap. Counting the union of every record against the
     union of the windows would have said 0.20 ms overlapped (0.05 + that stale 0.05 + 0.10)."""
     split = _two_steps(tmp_path, 1800)                 # step 1's own: 0.80-1.00

@@ -383,7 +383,7 @@ def test_teachers_guide_table_matches_the_notebooks():
 
 def test_teachers_guide_grading_times_match_their_records():
     """The guide's time per submission is printed from the records (book/_ext/grading_times.json,
-    book/_ext/runs.json), never typed: the review's row 5."""
+    book/_ext/runs.json), never typed."""
     text = se.TEACHERS.read_text()
     begin = text.index(se.GRADING_BEGIN) + len(se.GRADING_BEGIN)
     table = text[begin:text.index(se.GRADING_END)].strip()

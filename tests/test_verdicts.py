@@ -63,7 +63,7 @@ def test_knob_and_bucket_words_follow_the_verdict():
 
 
 def test_each_bucket_comparison_names_its_baseline_and_prints_ends_near_one_to_three_decimals():
-    """The r11 review's M-F1: the same 0.92 against the default (knob_words) and against one
+    """The same 0.92 against the default (knob_words) and against one
     bucket (bucket_words) must say which, and a spread end that rounds to 1.00 prints 1.00 only
     where it is 1."""
     near = helpers.Ratio([0.81, 0.92, 0.998])

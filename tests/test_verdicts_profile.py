@@ -120,7 +120,7 @@ def test_overlap_lengthening_is_blamed_on_the_shared_core_only_when_compute_grew
 
 
 def test_alone_predictions_say_inside_cannot_tell_above_or_below_each_spread():
-    """The r11 review's M-P2: the lone timing's spread makes the prediction a range, and a miss
+    """The lone timing's spread makes the prediction a range, and a miss
     names the measured parts of the gap, largest first, each only where measured."""
     words = helpers.alone_prediction_words
     parts = [("waiting for the other worker", 0.16), ("compute lost", 0.53),
@@ -263,7 +263,7 @@ def test_a_trace_says_where_its_all_reduce_fell_against_backward():
 
 
 def test_the_reducer_wait_is_said_apart_where_no_all_reduce_ran_in_it():
-    """The r11 review's M-P1: a wait with no all-reduce record open is not called communication."""
+    """A wait with no all-reduce record open is not called communication."""
     words = helpers.reducer_wait_words
     full = words(dict(wait=20.7, wait_busy=20.7, wait_idle=0.0, exposed=20.7))
     assert full.startswith("The purple reducer-wait regions, 20.7 ms in all, had an all-reduce "

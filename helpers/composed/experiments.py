@@ -5,6 +5,7 @@ import torch.distributed as dist
 from ..context_parallel.experiments import autograd_saved_bytes
 from ..context_parallel.scratch import shard_sequence
 from ..devices import synchronize
+from ..models import unwrap
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import coords_of, new_groups
@@ -24,7 +25,7 @@ def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, reco
     lm = gpt(**model_cfg)
     model = Zero2(cp_gpt(lm, cp_comm, recompute).to(device), torch.optim.SGD,
                   lr=lr, momentum=0.9)
-    params = list(model.module.parameters())
+    params = list(unwrap(model).parameters())
     held = [*params, *(piece for _, piece, *_ in model.pieces)]
     losses = []
     for X, y in gpt_batches(steps, batch, model_cfg["seq"], model_cfg["vocab"]):

@@ -58,7 +58,7 @@ def test_times_read_well(seconds, text):
 
 
 # The landing page's tables at phone width, and the boxes they scroll in. The chapters' table
-# (five columns) scrolls by design; the parts' table must fit (r9: its "their announced time"
+# (five columns) scrolls by design; the parts' table must fit (once: its "their announced time"
 # header made it 381 px in a 358 px box, a few pixels of scroll that read as a cut-off column).
 _TABLES_FIT_JS = """() => [...document.querySelectorAll('main table.chapter-runs')].map(t => {
   const box = t.closest('.pst-scrollable-table-container') || t.parentElement;

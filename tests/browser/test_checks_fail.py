@@ -253,7 +253,7 @@ def test_a_wrapped_table_is_reported_on_a_phone(browser, synthetic):
     found = _run_on(browser, synthetic, "table_wrap.html", check_text_tables)
     assert len(found) == 1 and "at 390 px a column-aligned output wraps" in found[0], found
     assert _run_on(browser, synthetic, "table_scroll.html", check_text_tables) == []
-    # what the rule missed before r9: right-aligned labels, code indented deeper than 4 spaces
+    # what the rule once missed: right-aligned labels, code indented deeper than 4 spaces
     for name in ("labels_wrap.html", "code_wrap.html"):
         found = _run_on(browser, synthetic, name, check_text_tables)
         assert len(found) == 1 and "column-aligned output wraps" in found[0], (name, found)

@@ -127,4 +127,4 @@ def test_on_a_phone_the_column_the_sliders_change_is_in_view(browser, base_url):
         f"the explorer's last column is off screen at 390 px: {view}"
     assert view["caption"] and view["sideways"] <= 1, view
     assert view["split_words"] == [], \
-        f"at 390 px a header word breaks over two lines (r9: 'messa-ges'): {view['split_words']}"
+        f"at 390 px a header word breaks over two lines (once: 'messa-ges'): {view['split_words']}"
