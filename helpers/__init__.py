@@ -153,7 +153,9 @@ from .data_parallel.profile_verdicts import (simulated_devices_words, same_code_
 from .data_parallel.trace_verdicts import (bucket_launch_words, trace_region_words,
                                            reducer_wait_words, trace_actor_words,
                                            trace_cut_words, OUTSIDE_MS, WAIT_IDLE_MS)
-from .data_parallel.profile_words import profile_gpu_status, self_check_words, split_lead_in
+from .data_parallel.profile_words import (profile_gpu_status, self_check_words, split_lead_in,
+                                          halves_control_words, fixed_part_words,
+                                          gpu_arithmetic_words)
 from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
                             clip_sharded_grad_norm_)

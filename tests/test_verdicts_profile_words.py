@@ -54,3 +54,45 @@ def test_the_trace_names_its_actor_and_its_cut():
         helpers.trace_actor_words("mpi")
     with pytest.raises(ValueError, match="host"):
         helpers.trace_cut_words("device")
+
+
+def test_the_halves_control_is_reported_unless_the_two_device_words_name_it():
+    assert helpers.halves_control_words(FASTER, SLOWER) == ""
+    said = helpers.halves_control_words(NOISE, helpers.Ratio([1.05, 1.22, 1.64]))
+    assert said.startswith(" The control, one device running the two halves of each batch in "
+                           "turn, was 1.22x (1.05-1.64, 3 rounds) against one device on whole "
+                           "batches: faster. The same arithmetic in smaller pieces was cheaper")
+    assert ": slower. The same arithmetic in smaller pieces cost more" in (
+        helpers.halves_control_words(NOISE, SLOWER))
+    assert ": within noise: this run cannot tell" in helpers.halves_control_words(SLOWER, NOISE)
+    assert "one round, no spread" in helpers.halves_control_words(ONE, ONE)
+    with pytest.raises(TypeError, match="helpers.Ratio"):
+        helpers.halves_control_words(NOISE, 1.2)
+
+
+def test_the_fixed_parts_of_two_fits_get_a_branch_each_and_a_negative_one_is_named():
+    assert helpers.fixed_part_words(1.03e-3, 0.78e-3) == (
+        "the intercept on two devices is the smaller, by 0.25 ms (two fits to four medians "
+        "each, with no spread of their own): these fits do not show a second device adding "
+        "a fixed part")
+    assert helpers.fixed_part_words(0.5e-3, 1.0e-3).startswith(
+        "the intercept on two devices is the larger, by 0.50 ms, as a second device's own")
+    assert helpers.fixed_part_words(1.0e-3, 1.1e-3).startswith(
+        "the two intercepts are within 20% of each other (+0.10 ms")
+    negative = helpers.fixed_part_words(-0.2e-3, 1.0e-3)
+    assert negative.startswith("the intercept on two devices is the larger, by 1.20 ms")
+    assert negative.endswith("; one device's (-0.20 ms) fit crosses zero examples below zero, "
+                             "printed above as 0.00 ms: a negative intercept is no fixed part "
+                             "the fit can show")
+    assert "one device's (-0.10 ms) and two devices' (-0.30 ms) fit" in (
+        helpers.fixed_part_words(-0.1e-3, -0.3e-3))
+
+
+def test_a_gpus_arithmetic_of_a_step_is_a_prediction_with_a_branch_per_size():
+    said = helpers.gpu_arithmetic_words(3.39e9, 51.4e12, "the reference run")
+    assert said == ("a GPU does the arithmetic of a step in well under a millisecond (a "
+                    "prediction: 3.39 GFLOP at 51 TFLOP/s, a float32 product's rate (the "
+                    "reference run), take 0.07 ms)")
+    assert "in about a millisecond (a prediction" in helpers.gpu_arithmetic_words(
+        3.39e9, 3.39e12, "x")
+    assert "in 3.4 ms (a prediction" in helpers.gpu_arithmetic_words(3.39e9, 1e12, "x")
