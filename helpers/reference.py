@@ -171,13 +171,14 @@ def one_gpu_step(path=None):
                 gpu=ref["gpu"], date=ref["date"])
 
 
-def failed_cells_words(notebook, path=None, checked=None):
+def failed_cells_words(notebook, path=None, names=None):
     """What the committed GPU run's nbval step recorded for `notebook` (its path in the
     repository, e.g. "book/part4/fixes.ipynb"): "" where none of its cells failed there (or no
-    GPU run, or it was not run), else a sentence (after a space) naming the failed cells by
-    their numbers in the notebook at the run's commit. The file records which cells failed,
-    not why: so does the sentence. `checked` ({commit: {cell number: "what it checked"}})
-    names what a failed cell checked, used only when the run's commit is that commit."""
+    GPU run, or it was not run), else a sentence (after a space) naming the failed cells. The
+    file records which cells failed, not why: so does the sentence. `names`, {commit: {nbval
+    cell number: words}}, says what a failed cell held at the run's commit (a number means
+    nothing to a reader): every failed cell named, by content only; some, by number and then
+    what those held."""
     ref = gpu_reference(path)
     nbval = ref.get("steps", {}).get("nbval", {}) if ref.get("exists") else {}
     prefix = notebook.replace("/", ".").replace(".ipynb", "") + ".ipynb::Cell "
@@ -185,19 +186,24 @@ def failed_cells_words(notebook, path=None, checked=None):
                    if f.startswith(prefix) and f[len(prefix):].isdigit())
     if not cells:
         return ""
+    commit = ref.get("commit", "unknown")
+    known = next((v for k, v in (names or {}).items() if str(commit).startswith(k)), {})
+    head = (" That run also executed this notebook's code cells on its GPU (nbval), and "
+            f"{len(cells)} of them failed there")
+    tail = ("reference/gpu_reference.json records which cells failed, not why): until a GPU "
+            "run passes them, what those cells compute is not checked on a GPU.")
+    if all(c in known for c in cells):
+        said = [known[c] for c in cells]
+        listed = "; ".join(said[:-1]) + ("; and " if len(said) > 1 else "") + said[-1]
+        return f"{head}: {listed} (in the notebook at commit {commit}; {tail}"
     # nbval numbers the code cells only, from 0: "Cell 22" is the 23rd code cell
-    said = next((v for k, v in (checked or {}).items()
-                 if str(ref.get("commit", "")).startswith(k)), {})
     nth = [_ordinal(c + 1) for c in cells]
     named = ", ".join(nth[:-1]) + (" and " if len(nth) > 1 else "") + nth[-1]
     word = "cells" if len(cells) > 1 else "cell"
-    return (f" That run also executed this notebook's code cells on its GPU (nbval), and "
-            f"{len(cells)} of them failed there (the {named} code {word} of the notebook at "
-            f"commit {ref.get('commit', 'unknown')}, counting code cells only; "
-            "reference/gpu_reference.json records which cells failed, not why): until a GPU run "
-            "passes them, what those cells compute is not checked on a GPU."
-            + "".join(f" At that commit the {_ordinal(c + 1)} code cell was {said[c]}."
-                      for c in cells if c in said))
+    return (f"{head} (the {named} code {word} of the notebook at commit {commit}, counting "
+            f"code cells only; {tail}"
+            + "".join(f" At that commit the {_ordinal(c + 1)} code cell was {known[c]}."
+                      for c in cells if c in known))
 
 
 def _ordinal(n):

@@ -114,3 +114,15 @@ def test_the_benchmark_accuracy_and_scratch_words():
     assert got == (" The `scratch` row is Part III's DDPFromScratch on the same two ranks: 0.95 "
                    "times as fast as torch's DDP (0.90-1.01: within noise). This run times "
                    "whole epochs only, so it names no cause for a difference between them.")
+
+
+def test_the_trace_order_sentence_agrees_disagrees_or_cannot_tell():
+    one_more = helpers.Ratio([0.8, 0.84, 0.86])   # hooks: one bucket exposes more
+    assert "in the opposite order" in helpers.trace_order_words(one_more, 20.6, 16.1, 27.8, 16.2)
+    agree = helpers.trace_order_words(one_more, 12.0, 16.1, 27.8, 16.2)
+    assert agree.startswith("The traces rank the default and one bucket as the hooks do.")
+    assert "27.8 ms a step with the default and 16.2 ms with one bucket" in agree
+    noise = helpers.trace_order_words(helpers.Ratio([0.9, 1.0, 1.1]), 20.6, 16.1, 27.8, 16.2)
+    assert "cannot be told" in noise and "opposite" not in noise
+    assert "as the hooks do." in helpers.trace_order_words(
+        helpers.Ratio([1.2, 1.3, 1.25]), 20.6, 16.1, 27.8, 16.2)

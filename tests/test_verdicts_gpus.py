@@ -1,5 +1,6 @@
 """The gpus chapter's disclosure of the GPU run's failed cells: what a failed cell checked is
-named only for the commit the run recorded."""
+named only for the commit the run recorded: all by content, or by number and then
+what those the names cover held."""
 import json
 
 import helpers
@@ -11,12 +12,19 @@ def test_a_failed_cell_is_named_by_what_it_checked_at_the_runs_commit(tmp_path):
     path = tmp_path / "gpu_reference.json"
     path.write_text(json.dumps(ref))
     checked = {"abc1234": {22: "the check that the timer reads too small"}}
-    said = helpers.failed_cells_words("book/gpus.ipynb", str(path), checked=checked)
-    assert "1 of them failed there (the 23rd code cell of the notebook at commit abc1234" in said
-    assert said.endswith("not checked on a GPU. At that commit the 23rd code cell was the "
+    said = helpers.failed_cells_words("book/gpus.ipynb", str(path), names=checked)
+    assert "1 of them failed there: the check that the timer reads too small (in the notebook "\
+        "at commit abc1234" in said and "23rd" not in said
+    two = dict(ref, steps={"nbval": {"failed": ["book.gpus.ipynb::Cell 22",
+                                                "book.gpus.ipynb::Cell 30"]}})
+    path.write_text(json.dumps(two))
+    some = helpers.failed_cells_words("book/gpus.ipynb", str(path), names=checked)
+    assert "(the 23rd and 31st code cells" in some
+    assert some.endswith("not checked on a GPU. At that commit the 23rd code cell was the "
                          "check that the timer reads too small.")
+    path.write_text(json.dumps(ref))
     # another commit's cell numbers name other cells: nothing is named
     other = helpers.failed_cells_words("book/gpus.ipynb", str(path),
-                                       checked={"0000000": checked["abc1234"]})
+                                       names={"0000000": checked["abc1234"]})
     assert "(the 23rd code cell of" in other and "too small" not in other
     assert "too small" not in helpers.failed_cells_words("book/gpus.ipynb", str(path))

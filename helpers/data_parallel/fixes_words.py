@@ -9,7 +9,8 @@ from .verdicts import _check, compile_sentence, ratio_words
 
 __all__ = ["gpu_status_words", "best_step_words", "compiled_step_words", "missed_words",
            "arith_note_words", "ablation_words", "regime_counts", "emulated_overlap_words",
-           "real_overlap_words", "bench_accuracy_words", "bench_scratch_words", "device_words"]
+           "real_overlap_words", "bench_accuracy_words", "bench_scratch_words", "device_words",
+           "trace_order_words"]
 
 # an exact (counted or modelled) ratio shows its effect beyond this margin, either way
 EXACT_MARGIN = 0.05
@@ -156,3 +157,20 @@ def bench_scratch_words(scratch=None):
             f"{scratch['median']:.2f} times as fast as torch's DDP "
             f"({lo:.2f}-{hi:.2f}: {scratch['verdict']}). This run times whole epochs only, so "
             "it names no cause for a difference between them.")
+
+
+def trace_order_words(hooks, default_ms, one_ms, default_total_ms, one_total_ms):
+    """Whether the profiler traces rank the default and one bucket as the hooks do: `hooks` the
+    Ratio of the default's exposed time to one bucket's (hooks, round by round); the others
+    the traces' exposed and total all-reduce per step (ms, one trace each). Names no cause."""
+    _check(hooks)
+    total = (f" In total the traces' all-reduce took {default_total_ms:.1f} ms a step with the "
+             f"default and {one_total_ms:.1f} ms with one bucket.")
+    if hooks.verdict not in ("faster", "slower"):
+        return ("The hooks did not tell the default's exposed time from one bucket's, so "
+                "whether the traces rank the two as the hooks do cannot be told." + total)
+    hooks_one_less = hooks.verdict == "faster"
+    if (one_ms < default_ms) == hooks_one_less and one_ms != default_ms:
+        return "The traces rank the default and one bucket as the hooks do." + total
+    return ("The traces rank the default and one bucket in the opposite order to the hooks; "
+            "this run does not show why." + total)

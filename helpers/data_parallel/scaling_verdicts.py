@@ -66,16 +66,19 @@ def strong_words(r, compute1_ms, computek_ms, wait_ms, after_ms, k=2):
 def same_setup_words(r, reps):
     """One clause that sets this chapter's strong-scaling ratio (Ratio `r`, the fast step at
     batch 256, two workers against one over `reps` repeats) beside the profile chapter's run of
-    the same set-up, which has its own verdict, so that two chapters' verdicts do not read as a
-    contradiction. It types no figure of the other run."""
+    a like set-up, which has its own ratio and verdict, so that the two chapters' results read
+    as two runs that can differ. It types no figure of the other run."""
     _check(r)
-    head = ("the profile chapter times the same set-up (the fast step, batch 256, one worker "
-            f"and two in turns, {reps} repeats) in its own run, with its own verdict")
+    head = ("the profile chapter times a like set-up (the fast step, batch 256, one worker and "
+            "two in turns) in a run of its own, in turns with other runs than here and under "
+            "another moment's load")
     if r.verdict == "faster":
-        return head
+        return (f"{head}: its ratio and this one ({reps} repeats) can differ beyond their "
+                "spreads, and this chapter, which does not read that run, cannot show whether "
+                "they do")
     if r.verdict == "slower":
-        return (f"{head}; where the two verdicts differ, two runs of {reps} repeats on a busy "
-                "machine disagree, and neither says why")
+        return (f"{head}; where the two verdicts differ, two runs on a busy machine disagree, "
+                "and neither says why")
     return (f"{head}: a gain this small against a busy machine's noise can be resolved in one "
             f"run of {reps} repeats and not in the next, so a verdict there and none here need "
             "not disagree")
