@@ -372,3 +372,15 @@ def test_every_say_cell_is_prose(path):
                      and c.metadata.get("cellView") == "form")]
     assert not bare, (f"{path.relative_to(ROOT)}: say cells {bare} lack the prose metadata "
                       "(course.prose, jupyter.source_hidden, cellView form)")
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_stored_output_was_run(path):
+    """nbval fails a cell that holds outputs but no execution count ("Unrun reference cell has
+    outputs"): a cell reader_markup wrote, or one edited by hand, after the notebook was stored.
+    Caught here in seconds rather than by the notebook run of CI."""
+    nb = nbformat.read(path, as_version=4)
+    unrun = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("outputs")
+             and c.get("execution_count") is None]
+    assert not unrun, (f"{path.relative_to(ROOT)}: cells {unrun} hold outputs but were not run: "
+                       f'store it again (make outputs NB="{path.relative_to(ROOT)}")')
