@@ -490,6 +490,7 @@ def convert(nb, path, cfg=None):
     """The notebook with its prose rewritten (a new object) and the problems found."""
     ctx = Context(path, cfg)
     nb = copy.deepcopy(nb)
+    ran = {c.get("id"): c for c in nb.cells if c.cell_type == "code" and is_caption(c)}
     nb.cells = with_captions(nb.cells)
     gpus = (nb.metadata.get("course") or {}).get("gpus")
     ctx.gpus = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None
@@ -550,8 +551,19 @@ def convert(nb, path, cfg=None):
                 ctx.problems.append(f"cell {i} ({cell.get('id')}): no stored value for "
                                     f"{missing} (run `make outputs` first, then convert)")
             cells.append(new)
-    nb.cells = cells
+    nb.cells = [_keep_run(c, ran.get(c.get("id"))) for c in cells]
     return nb, ctx.problems
+
+
+def _keep_run(cell, old):
+    """A caption's say cell rebuilt from the metadata keeps the run it had where its text is
+    the same (nbval refuses a cell with outputs but no execution count)."""
+    if old is None or cell.cell_type != "code" or cell.source != old.source:
+        return cell
+    cell.outputs, cell.execution_count = old.outputs, old.execution_count
+    if "execution" in old.metadata:
+        cell.metadata["execution"] = old.metadata["execution"]
+    return cell
 
 
 def raw_markup(nb):

@@ -96,5 +96,8 @@ def test_a_caption_with_a_glued_value_stays_a_shown_caption_and_is_not_added_aga
     said = [c for c in caps if c.cell_type == "code"]     # the alt text stays Markdown
     assert len(said) == 1 and "helpers.say" in said[0].source
     assert not said[0].metadata.get("jupyter", {}).get("outputs_hidden"), "folded like glue"
+    said[0].execution_count = 7                         # as `make outputs` leaves it
     twice, _ = rm.convert(once, path)
     assert [c.source for c in twice.cells] == [c.source for c in once.cells]
+    again = [c for c in twice.cells if c.get("id") == said[0].get("id")]
+    assert again[0].execution_count == 7, "a rebuilt caption lost its run (nbval refuses it)"
