@@ -290,16 +290,20 @@ def test_work_in_an_early_thread_fails(worker):
 
 
 def test_ranks_meeting_in_an_early_thread_fail(worker):
-    rounds, lock = {}, threading.Lock()
+    posted, calls, lock = collections.defaultdict(dict), collections.Counter(), threading.Lock()
 
     def clip_through_thread(shards, max_norm):
         dist.all_reduce(torch.zeros(1))              # a decoy of the asked collective
-        sq = sum(float((p.grad ** 2).sum()) for p in shards)
-        with lock:
-            rounds.setdefault("sq", []).append(sq)
-        while len(rounds["sq"]) < dist.get_world_size():
-            pass
-        total = worker.ask(lambda: sum(rounds["sq"]) ** 0.5)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        with lock:                                   # each rank's gradients, not its numbers
+            key = (world, calls[rank])
+            calls[rank] += 1
+            posted[key][rank] = [p.grad.clone() for p in shards]
+        for _ in range(10 ** 6):                     # the other ranks' posts (bounded)
+            if len(posted[key]) == world:
+                break
+        total = worker.ask(lambda: sum(float((g ** 2).sum()) for gs in posted[key].values()
+                                       for g in gs) ** 0.5)
         for p in shards:
             p.grad.mul_(min(1.0, max_norm / (total + 1e-6)))
         return total
