@@ -111,7 +111,9 @@ def _naive_allreduce(xs, devices, log):
 
 
 @check("bytes_sent_naive_vs_ring", references=["ring_bytes_per_device",
-                                              "ring_all_reduce", "ring_allreduce"], observes=[
+                                              "ring_all_reduce", "ring_allreduce",
+                                              "ring_reduce_scatter", "ring_all_gather"],
+       observes=[
     "the pair returned against the bytes device 0 sends in a reduce-then-broadcast run and each "
     "device sends in a ring all-reduce run, counted by the check; the course's ring and its "
     "byte formulas are unavailable to the answer"])

@@ -141,7 +141,8 @@ def _bucket_traffic(fn, before, bucket_bytes, want, call):
                       "the devices: reduce every bucket")
 
 
-@check("ring_allreduce", simulated=True, changes_inputs=True, references=["ring_allreduce"],
+@check("ring_allreduce", simulated=True, changes_inputs=True,
+       references=["ring_allreduce", "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather"],
        observes=[
     "on CPU tensors (sizes no k divides, 1-D and 2-D): every tensor (the same object, the same "
     "storage) holds the sum",

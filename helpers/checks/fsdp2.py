@@ -46,7 +46,8 @@ class _Twice(nn.Module):
         return (a.t() @ a).sum() + (a * a).sum()
 
 
-@check("saved_bytes_of_call", references=["saved_per_layer"], observes=[
+@check("saved_bytes_of_call", references=["saved_per_layer", "saved_activation_bytes",
+                                          "autograd_saved_bytes"], observes=[
     "the number returned (any real type) for fresh modules and inputs, against the bytes of "
     "the distinct storages autograd saves, parameters left out"])
 def check_saved_bytes_of_call(fn):

@@ -167,6 +167,8 @@ def check_clip_sharded(fn):
         for r in range(world):
             for p, gr in zip(shards[r], grads[r]):
                 p.grad = gr.clone()
+        # each rank all-reduces: the ranks share the norm through the comm (a thread started
+        # before the check that carries it is refused: guard.py)
         w = World(world)
         norms = w.run(lambda comm, shards=shards, max_norm=max_norm: fn(shards[comm.rank],
                                                                     max_norm))
@@ -186,6 +188,9 @@ def check_clip_sharded(fn):
             expect(abs(got - total) <= 1e-4 * total,
                    f"{call}: rank {r} returned {got:.4g}, the norm of the whole gradient is "
                    f"{total:.4g}")
+            expect(w.sent("all_reduce", rank=r),
+                   f"{call}: rank {r} never called all_reduce: each rank holds only its own "
+                   "shards, so the squared norms must be summed over the ranks by an all-reduce")
             for p, gr in zip(shards[r], grads[r]):
                 expect(torch.allclose(p.grad, gr * coef, rtol=1e-4, atol=1e-6),
                        f"{call}: rank {r}'s gradients are not scaled by max_norm / (norm + 1e-6)"

@@ -22,8 +22,9 @@ def _timeout():
     return TIMEOUT * min(max(1.0, load), 10.0)
 
 
-@check("mesh_groups", observes=["the coordinates and groups returned for every rank of fresh "
-                                "dp x tp meshes, against init_device_mesh's row-major layout"])
+@check("mesh_groups", references=["rank_grid", "coords_of"], observes=[
+    "the coordinates and groups returned for every rank of fresh dp x tp meshes, against "
+    "init_device_mesh's row-major layout"])
 def check_mesh_groups(fn):
     """fn(rank, dp, tp) -> dict(coords=(i, j), tp_group=[ranks], dp_group=[ranks]) for a
     row-major dp x tp mesh (init_device_mesh's layout: tp neighbours have consecutive ranks)."""
@@ -65,7 +66,8 @@ def check_dp_average(fn):
     for k in (2, 3):
         shapes = [(randint(g, 1, 4), randint(g, 1, 4)) for _ in range(randint(g, 2, 3))]
         grads = [torch.randn(k, *s, generator=g) for s in shapes]
-        world = World(k, timeout=_timeout(), record_ops=True)
+        # allow: a decoy all_reduce beside all_gathers of the whole gradients fails
+        world = World(k, timeout=_timeout(), record_ops=True, allow={"all_reduce"})
         results = world.run(_dp_rank, fn, grads)
         expect(world.sent("all_reduce", rank=0),
                f"on {k} ranks rank 0 never called all_reduce: each rank only has its own "
@@ -79,6 +81,12 @@ def check_dp_average(fn):
                        f"on {k} ranks rank {r}'s gradient of shape {s} is not the average "
                        "(the tensors must be changed in place)")
                 world.expect_from_messages(r, t, f"gradient of shape {s}", k)
+        need = 4 * sum(int(torch.tensor(s).prod()) for s in shapes)
+        for r in range(k):
+            got = sum(m.nbytes for m in world.sent("all_reduce", rank=r))
+            expect(got == need,
+                   f"on {k} ranks rank {r} all-reduced {got} bytes, its gradients hold {need}: "
+                   "all-reduce the gradients themselves, each element once")
 
 
 def _fsdp_rows(n, dp, rank):

@@ -52,7 +52,7 @@ def _fewest(p, target):
     return answers
 
 
-@check("microbatches_for_bubble", observes=[
+@check("microbatches_for_bubble", references=["bubble_fraction"], observes=[
     "the count returned for fresh (p, target), targets met exactly by some count included, "
     "against the exact count; at an exact boundary both neighbours are accepted (rounding)"])
 def check_microbatches_for_bubble(fn):

@@ -24,14 +24,15 @@ compiled under a library's file name). Those are named in book/teachers.md.
 """
 import concurrent.futures
 import multiprocessing.process
+import os
 import sys
 import sysconfig
 import threading
 import types
 
-from .run import ReferenceUsed, is_reader_code
+from .run import CheckFailed, ReferenceUsed, is_reader_code
 
-__all__ = ["answering", "refusal"]
+__all__ = ["answering", "refusal", "harness_busy"]
 
 _SHARED = "_course_answer_guard"          # one hook and one state for every import of the course
 _FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "sys._current_exceptions",
@@ -227,7 +228,12 @@ def _is_fake(mode):
     return isinstance(mode, FakeTensorMode)
 
 
+_MARK = "_course_started_by_answer"
+_CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def _start(self, *args, **kwargs):
+    setattr(self, _MARK, True)          # started while an answer ran: observed (carried)
     modes = _modes()
     if modes:
         self.run = _with_modes(self.run, modes)
@@ -239,6 +245,32 @@ def _submit(self, fn, /, *args, **kwargs):
     return _state().submit(self, _with_modes(fn, modes) if modes else fn, *args, **kwargs)
 
 
+def _hidden_worker():
+    """A thread started before the answer ran (not by an answer) that runs the reader's code:
+    its target is the reader's, or the reader's code is on its stack outside an answer. The
+    Recorder and the other watches are per thread and carried only into threads started while
+    the answer runs, so such a thread's work would go unseen. Its name, or None."""
+    frames = sys._current_frames()
+    me = threading.get_ident()
+    for thread in threading.enumerate():
+        if thread.ident == me or getattr(thread, _MARK, False) or thread.ident not in frames:
+            continue
+        target = getattr(thread, "_target", None)
+        code = getattr(getattr(target, "__func__", target), "__code__", None)
+        reader = isinstance(code, types.CodeType) and is_reader_code(code.co_filename)
+        frame = frames[thread.ident]
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(_CHECKS):    # a check's thread (a World's rank): observed
+                reader = False
+                break
+            reader = reader or is_reader_code(name)
+            frame = frame.f_back
+        if reader:
+            return thread.name
+    return None
+
+
 class answering:
     """While an answer runs: the hook is armed with `keys` ({code key: reference name}), threads
     carry the dispatch modes. Raises ReferenceUsed at the end if the hook refused anything, even
@@ -248,6 +280,12 @@ class answering:
         self.keys, self.code_key = keys, code_key
 
     def __enter__(self):
+        hidden = _hidden_worker()
+        if hidden is not None:
+            raise CheckFailed(f"a thread started before the check ran ({hidden}) is running your "
+                              "code: its work is invisible to the check. Start threads inside "
+                              "the answer (they are observed like the answer itself), or do "
+                              "the work in the answer")
         state = _state()
         with state.lock:
             if state.depth == 0:
@@ -270,6 +308,20 @@ class answering:
                 multiprocessing.process.BaseProcess.start = state.process_start
         if refused and not (exc[0] is not None and issubclass(exc[0], ReferenceUsed)):
             raise ReferenceUsed(refused)
+        return False
+
+
+class harness_busy:
+    """The check's own work (the references' stubs put on and taken off) is not the answer's:
+    the hook lets it read the references' code while another rank's answer runs."""
+
+    def __enter__(self):
+        local = _state().local
+        self.before = getattr(local, "busy", False)
+        local.busy = True
+
+    def __exit__(self, *exc):
+        _state().local.busy = self.before
         return False
 
 

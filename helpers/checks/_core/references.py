@@ -6,8 +6,9 @@ slip through:
 - `scan` walks what the answer's code can reach before it runs: the globals and module
   attributes its bytecode loads, its closure and defaults, recursively through the reader's own
   functions and the course's helpers (whose code may call the reference in turn);
-- `blocked` replaces the reference in every course module while the answer runs, so a lookup
-  the scan cannot see (getattr with a computed name) raises ReferenceUsed inside the answer.
+- `blocked` (stubs.py) gives the reference's function object a stub's code while the answer
+  runs, so a lookup the scan cannot see (getattr with a computed name, a binding made before
+  the check in a deque, an object or a worker thread) raises ReferenceUsed inside the answer.
 A function is identified by what its code is (its bytecode, names and constants, nested code
 included), not by where or under which name it was defined: the fresh copy of the course that
 grading imports (fresh.py), a copy renamed with `CodeType.replace`, rebuilt from its source with
@@ -17,7 +18,6 @@ tensors the checks simulate devices with, or the introspection that reads anothe
 (`sys._getframe`, `gc.get_referrers`, a traceback's `tb_frame`) is refused as well.
 """
 import builtins
-import contextlib
 import dis
 import functools
 import gc
@@ -31,7 +31,7 @@ import traceback
 import types
 
 from . import exits
-from .run import CheckFailed, ReferenceUsed, is_reader_code
+from .run import CheckFailed, is_reader_code
 
 __all__ = ["resolve", "scan", "blocked", "identity", "Reference"]
 
@@ -295,72 +295,4 @@ def scan(fn, refs, exercise, limit=20000):
             stack.append((child, f"{path} → {label}"))
 
 
-# --- while the answer runs ----------------------------------------------------------------------
-_LOCK = threading.RLock()
-_ACTIVE = {"depth": 0, "patched": [], "used": []}   # shared by the ranks (threads) of one run
-
-
-def _stub(ref, exercise):
-    def unavailable(*args, **kwargs):
-        _ACTIVE["used"].append(ref)
-        raise ReferenceUsed(_message(ref, exercise))
-    unavailable.__name__ = unavailable.__qualname__ = ref.name.split(".")[-1]
-    return unavailable
-
-
-def _message(ref, exercise):
-    return (f"the exercise asks you to write {exercise} yourself, but your code called {ref} "
-            "(the course's own answer), which is unavailable while the check runs")
-
-
-def _patch(refs, exercise):
-    keys = {ref.key: ref for ref in refs}
-    for name, module in list(sys.modules.items()):
-        if module is None or name.split(".")[0] not in _COURSE or ".checks" in name:
-            continue
-        for attr, value in list(vars(module).items()):
-            ref = keys.get(identity(value)) if callable(value) else None
-            if ref is not None and not isinstance(value, type):   # classes stay: isinstance
-                _ACTIVE["patched"].append((module, attr, value))
-                setattr(module, attr, _stub(ref, exercise))
-    for ref in refs:                   # methods: "CommLog.wire_bytes"
-        owner, _, method = ref.name.rpartition(".")
-        cls = _owner(owner) if owner else None
-        if isinstance(cls, type) and method in vars(cls):
-            _ACTIVE["patched"].append((cls, method, vars(cls)[method]))
-            setattr(cls, method, _stub(ref, exercise))
-
-
-@contextlib.contextmanager
-def blocked(refs, exercise):
-    """Replace every reference in the course's modules by a stub that raises ReferenceUsed while
-    the block runs; fail afterwards if the answer called one (even if it caught the error).
-    Ranks running the same answer on threads share one patching (the first in patches, the last
-    out restores)."""
-    if not refs:
-        yield
-        return
-    with _LOCK:
-        if _ACTIVE["depth"] == 0:
-            _ACTIVE["used"] = []
-            _patch(refs, exercise)
-        _ACTIVE["depth"] += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _ACTIVE["depth"] -= 1
-            used = list(_ACTIVE["used"])
-            if _ACTIVE["depth"] == 0:
-                for owner, attr, value in reversed(_ACTIVE["patched"]):
-                    setattr(owner, attr, value)
-                _ACTIVE["patched"] = []
-    if used:
-        raise ReferenceUsed(_message(used[0], exercise))
-
-
-def _owner(dotted):
-    obj = importlib.import_module(_PACKAGE)
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-    return obj
+from .stubs import blocked  # noqa: E402  (stubs.py reads identity above)

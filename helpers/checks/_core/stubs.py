@@ -1,0 +1,217 @@
+"""While the answer runs, the course's own answer to the exercise is a stub: the references'
+function objects get a stub's code (so a binding made before the check ran, in a deque, an
+object's attribute, a thread's queue, reaches the stub too), the check's own code still computes
+with them, and an answer that puts their code back fails (an audit hook refuses it, and the
+block's end verifies it). Used through references.blocked.
+"""
+import contextlib
+import functools
+import importlib
+import os
+import sys
+import threading
+import types
+
+from .guard import harness_busy
+from .references import _COURSE, _PACKAGE, identity
+from .run import ReferenceUsed, is_reader_code
+
+__all__ = ["blocked"]
+
+# --- while the answer runs ----------------------------------------------------------------------
+_LOCK = threading.RLock()
+_ACTIVE = {"depth": 0, "patched": [], "used": [], "swapping": False}   # shared by a run's ranks
+_SWAPPED = {}      # stub key -> [function, original code, stub code, holders, ref, exercise]
+_CHECKS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DECLARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "declare.py")
+
+
+def _stub(ref, exercise):
+    def unavailable(*args, **kwargs):
+        _ACTIVE["used"].append(ref)
+        raise ReferenceUsed(_message(ref, exercise))
+    unavailable.__name__ = unavailable.__qualname__ = ref.name.split(".")[-1]
+    return unavailable
+
+
+def _message(ref, exercise):
+    return (f"the exercise asks you to write {exercise} yourself, but your code called {ref} "
+            "(the course's own answer), which is unavailable while the check runs")
+
+
+@functools.lru_cache(maxsize=4096)
+def _stub_code(freevars, key):
+    """Code that hands every call to `_hit(key, ...)`, with as many free variables as the
+    function it replaces (a function's `__code__` must match its closure)."""
+    free = [f"_f{i}" for i in range(freevars)]
+    src = ("def _outer():\n" + "".join(f"    {v} = None\n" for v in free)
+           + "    def _stub(*args, **kwargs):\n"
+           + (f"        {', '.join(free)}\n" if free else "")
+           + f"        return __import__({__name__!r}, fromlist=['_'])._hit({key!r}, args, "
+           "kwargs)\n    return _stub\n")
+    space = {}
+    exec(compile(src, __file__, "exec"), space)
+    return space["_outer"]().__code__
+
+
+def _checks_calling():
+    """True when the call comes from a check's own code (a check module's frame met before any
+    of the reader's, the answer's entry in declare.py, or the end of the stack)."""
+    frame = sys._getframe(3)             # _checks_calling <- _hit <- the stub <- its caller
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if is_reader_code(name) or name == _DECLARE:
+            return False
+        if os.path.dirname(os.path.abspath(name)) == _CHECKS_DIR:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _hit(key, args, kwargs):
+    """A call of a blocked reference, bound however early: refused from the answer's code (and
+    from threads it reaches), run as itself when the check's own code computes with it."""
+    entry = _SWAPPED.get(key)
+    if entry is None:
+        raise ReferenceUsed("the course's own answer is unavailable while the check runs")
+    fn, original, _, _, ref, exercise = entry
+    if _checks_calling():
+        again = types.FunctionType(original, fn.__globals__, fn.__name__, fn.__defaults__,
+                                   fn.__closure__)
+        again.__kwdefaults__ = fn.__kwdefaults__
+        return again(*args, **kwargs)
+    _ACTIVE["used"].append(ref)
+    raise ReferenceUsed(_message(ref, exercise))
+
+
+def _functions(value):
+    """The Python function objects behind `value` (a method's function, a wrapper's inner)."""
+    seen = []
+    value = getattr(value, "__func__", value)
+    while value is not None and len(seen) < 8:
+        if isinstance(value, types.FunctionType):
+            seen.append(value)
+        value = getattr(value, "__wrapped__", None)
+    return seen
+
+
+def _swap(fn, ref, exercise, mine):
+    """Replace `fn`'s code by a stub (every binding of `fn` reaches it), counted per holder."""
+    for key, entry in _SWAPPED.items():
+        if entry[0] is fn:
+            entry[3] += 1
+            mine.append(key)
+            return
+    key = f"{id(fn)}:{len(_SWAPPED)}:{ref.name}"
+    stub = _stub_code(len(fn.__code__.co_freevars), key)
+    _SWAPPED[key] = [fn, fn.__code__, stub, 1, ref, exercise]
+    _ACTIVE["swapping"] = True
+    try:
+        fn.__code__ = stub
+    finally:
+        _ACTIVE["swapping"] = False
+    mine.append(key)
+
+
+def _patch(refs, exercise, mine):
+    keys = {ref.key: ref for ref in refs}
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] not in _COURSE or ".checks" in name:
+            continue
+        for attr, value in list(vars(module).items()):
+            ref = keys.get(identity(value)) if callable(value) else None
+            if ref is None or isinstance(value, type):   # classes stay: isinstance
+                continue
+            inner = [f for f in _functions(value) if identity(f) == ref.key]
+            for fn in inner:
+                _swap(fn, ref, exercise, mine)
+            if not inner and _ACTIVE["depth"] == 0:   # not Python code: the name alone
+                _ACTIVE["patched"].append((module, attr, value))
+                setattr(module, attr, _stub(ref, exercise))
+    for ref in refs:                   # the object itself (torch's too), however reached
+        for fn in _functions(ref.obj):
+            if identity(fn) == ref.key:
+                _swap(fn, ref, exercise, mine)
+    for ref in refs:                   # methods: "CommLog.wire_bytes"
+        owner, _, method = ref.name.rpartition(".")
+        cls = _owner(owner) if owner else None
+        if isinstance(cls, type) and method in vars(cls):
+            for fn in _functions(vars(cls)[method]):
+                _swap(fn, ref, exercise, mine)
+
+
+def _restore(mine):
+    """Put back the code of the functions this block stubbed; the names of the stubs that were
+    replaced while the answer ran (restored by the answer)."""
+    tampered = []
+    for key in mine:
+        entry = _SWAPPED[key]
+        fn, original, stub, _, ref, _ = entry
+        entry[3] -= 1
+        if entry[3] == 0:
+            if fn.__code__ is not stub:
+                tampered.append(ref)
+            _ACTIVE["swapping"] = True
+            try:
+                fn.__code__ = original
+            finally:
+                _ACTIVE["swapping"] = False
+            del _SWAPPED[key]
+    return tampered
+
+
+def _code_written(event, args):
+    """Audit hook: a blocked reference's code replaced while the check runs, other than by
+    the check, is refused (and remembered: the check fails)."""
+    if event != "object.__setattr__" or not _SWAPPED or _ACTIVE["swapping"]:
+        return
+    if len(args) >= 2 and args[1] == "__code__" and any(
+            entry[0] is args[0] for entry in list(_SWAPPED.values())):
+        ref = next(e[4] for e in list(_SWAPPED.values()) if e[0] is args[0])
+        _ACTIVE["used"].append(ref)
+        raise ReferenceUsed(f"your code rewrote the code of {ref} (the course's own answer) "
+                            "while the check ran: it stays unavailable")
+
+
+sys.addaudithook(_code_written)
+
+
+@contextlib.contextmanager
+def blocked(refs, exercise):
+    """Replace the code of every reference (the function objects themselves, so a binding made
+    before the check ran is stubbed too) by a stub that raises ReferenceUsed while the block
+    runs; fail afterwards if the answer called one (even if it caught the error) or put the
+    code back. Ranks running the same answer on threads share the stubs (counted per function:
+    the last out restores); a nested block adds its own references."""
+    if not refs:
+        yield
+        return
+    mine = []
+    with _LOCK, harness_busy():
+        if _ACTIVE["depth"] == 0:
+            _ACTIVE["used"] = []
+        _patch(refs, exercise, mine)
+        _ACTIVE["depth"] += 1
+    try:
+        yield
+    finally:
+        with _LOCK, harness_busy():
+            _ACTIVE["depth"] -= 1
+            tampered = _restore(mine)
+            used = list(_ACTIVE["used"]) + tampered
+            if _ACTIVE["depth"] == 0:
+                for owner, attr, value in reversed(_ACTIVE["patched"]):
+                    setattr(owner, attr, value)
+                _ACTIVE["patched"] = []
+    if tampered:
+        raise ReferenceUsed(f"the code of {tampered[0]} (the course's own answer) was put back "
+                            f"while the check ran: write {exercise} yourself")
+    if used:
+        raise ReferenceUsed(_message(used[0], exercise))
+
+
+def _owner(dotted):
+    obj = importlib.import_module(_PACKAGE)
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+    return obj
