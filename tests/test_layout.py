@@ -243,3 +243,12 @@ def test_helpers_tracks_only_sources():
                              text=True, check=True).stdout.split()
     stray = [f for f in tracked if not f.endswith((".py", "README.md"))]
     assert tracked and not stray, f"not sources: {stray} (git rm them)"
+
+
+def test_no_test_imports_the_tests_folder_as_a_package():
+    """Tests import their neighbours by module name (pytest puts tests/ on the path); `from
+    tests.x import` works only where the checkout itself is importable, and failed in CI."""
+    bad = [f"{p.name}:{n}" for p in sorted((ROOT / "tests").rglob("*.py"))
+           for n, line in enumerate(p.read_text().splitlines(), 1)
+           if re.match(r"\s*(from tests[.\s]|import tests\b)", line)]
+    assert not bad, bad
