@@ -11,12 +11,12 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut
 from torch.utils.data.distributed import DistributedSampler
 
 import helpers
 import helpers.checks
 from helpers.checks._core.references import Reference, blocked
-from check_cases import other, parametrize_cases, shortcut
 
 USED = "the course's own answer"
 _DQ = collections.deque([helpers.held_bytes])           # bound at import, before any check
