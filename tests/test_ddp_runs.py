@@ -229,7 +229,13 @@ def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
     split = helpers.exposed_ms(events)
     assert abs(split["overlapped"] + split["exposed"] + split["outside"] - split["total"]) < 1e-6
     assert 0 <= split["late"] <= split["outside"] + 1e-9
-    assert split["exposed"] > 0, "the first layer's bucket is reduced after its gradient"
+    # Causal, not timed: the first layer's bucket cannot be launched before its gradient, which
+    # backward's last node computes. Whether its all-reduce then outlives that node (exposed > 0)
+    # depends on the machine's load; the chapter says either branch from the measured split.
+    for step in (0, 1):
+        late = [e for e in launches if e["step"] == step and not e["before_last_node"]]
+        assert late, f"step {step}: the first layer's bucket is launched once its gradient is in"
+    assert split["exposed"] >= 0 and split["wait"] > 0, "backward() waits for the last bucket"
 
 
 def test_ddp_knobs_keep_the_arithmetic_except_compression():
