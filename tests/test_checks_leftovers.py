@@ -198,6 +198,22 @@ def dp_average_early_view_in_dict(grads, comm):
     _average_through(grads, comm, _HELD["rows"])
 
 
+@shortcut("check_dp_average", "an early view written through the read-only view's base",
+          "only through the comm")
+def dp_average_early_view_through_base(grads, comm):
+    rows = _ROWS_NP
+    while isinstance(rows.base, np.ndarray) and rows.base.shape == rows.shape:
+        rows = rows.base                 # the swapped-in view's base: the original, writeable
+    _average_through(grads, comm, rows)
+
+
+@shortcut("check_dp_average", "an early view made writeable again",
+          "cannot set WRITEABLE")
+def dp_average_early_view_made_writeable(grads, comm):
+    _ROWS_NP.flags.writeable = True      # numpy allows it while the view's base is writeable
+    _average_through(grads, comm, _ROWS_NP)
+
+
 def test_early_views_come_back_writeable():
     assert _ROWS_NP.flags.writeable and _HELD["rows"].flags.writeable
 

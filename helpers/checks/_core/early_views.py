@@ -30,6 +30,28 @@ def _torch_backed(v):
     return False
 
 
+def _tensor_of(v):
+    base = v
+    while isinstance(base, np.ndarray):
+        base = _BASE(base)
+    return base
+
+
+def _read_only(v):
+    """v's memory as an array no write reaches without torch: its base is a read-only array of
+    the tensor's own (a view of v itself would keep v, writeable, as its `.base`, and numpy
+    lets a view's WRITEABLE flag be set again while its base is writeable)."""
+    whole = _tensor_of(v).detach().numpy()
+    whole.flags.writeable = False
+    start = v.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+    try:
+        return np.ndarray(v.shape, v.dtype, buffer=whole, offset=start, strides=v.strides)
+    except (TypeError, ValueError):  # a tensor whose memory is not one block: a read-only copy
+        copy = np.array(v)
+        copy.flags.writeable = False
+        return copy
+
+
 def _spaces(fn):
     """(mapping, key, array) for the tensor-backed arrays fn's module and closure hold."""
     fn = getattr(fn, "func", fn)
@@ -83,8 +105,7 @@ def early_views_read_only(fn, in_world):
         for space, k, v in _spaces(fn):
             key = _key(space, k)
             if key not in _HELD:
-                sub = v.view()
-                sub.flags.writeable = False
+                sub = _read_only(v)
                 _HELD[key] = [0, space, k, v]
                 space[k] = sub
             _HELD[key][0] += 1
