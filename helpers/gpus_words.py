@@ -1,12 +1,13 @@
 """Words the GPU chapter (book/gpus.ipynb) chooses by its numbers: the copies' pool and fit, the
-unsynchronised timer, the two product sizes, the roofline's roofs, and the GPU-only sections
-where the GPU reference run has (or lacks) their figures. Each branch has its words, tested in
-tests/test_gpus_words.py, so that no notebook cell decides prose untested."""
+unsynchronised timer, the two product sizes and thread counts, the roofline's roofs, and the
+GPU-only sections where the GPU reference run has (or lacks) their figures. Each branch has its
+words, tested in tests/test_gpus_words.py, so that no notebook cell decides prose untested."""
 import statistics
 
 from .words import plural
 
 __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth_words",
+           "threads_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
            "H200_DATASHEET", "pinned_words", "overlap_words"]
@@ -14,6 +15,7 @@ __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth
 BAND = 0.1             # two single timings closer than this cannot be told apart
 NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
 ABOVE_ROOF = 1.05      # above this share, the peak's own run was the slower one
+TINY_PRODUCT = 256     # an n x n product this small or smaller is split among threads at a loss
 
 
 def pool_words(pool_mib, cache_mib=None):
@@ -67,6 +69,37 @@ def size_growth_words(x, expected=64):
     return (f"{'more' if x > expected * 2 else 'less'} than the {expected} that the arithmetic "
             "alone predicts, and this run does not say why (the two sizes were timed at "
             "different moments, on a machine other work may keep busy)")
+
+
+def _thread_clause(n, one_s, many_s, threads):
+    """One product's verdict, from the per-run times of each block on one thread and on
+    `threads`: faster or slower when every block of one beat every block of the other, else
+    cannot tell. Only the slower branch of a tiny product names a cause, as a likely one."""
+    what = f"the {n}x{n} product"
+    x = statistics.median(one_s) / statistics.median(many_s)
+    if max(many_s) < min(one_s):
+        return f"{what} was {x:.1f} times as fast on {threads} threads as on one, in every block"
+    if min(many_s) > max(one_s):
+        why = ("a likely reason, not measured here, is threading overhead: handing a product "
+               "this small to several threads, and waiting for them all, can cost more than "
+               "the arithmetic they share" if n <= TINY_PRODUCT else
+               "other work on the machine's cores is one possible cause")
+        return (f"{what} was slower on {threads} threads in every block ({1 / x:.2f} times its "
+                f"time on one), which this run does not explain ({why})")
+    return (f"{what}'s blocks on {threads} threads and on one overlap, so this run cannot tell "
+            "them apart")
+
+
+def threads_words(products, threads):
+    """A sentence on the products timed on one thread and on `threads` (torch's count):
+    `products` holds (n, one-thread times, all-thread times), the per-run times of
+    torch.utils.benchmark's blocks. One thread in all: both timed the same, nothing to compare."""
+    if threads == 1:
+        return ("PyTorch had one thread here, so both sections timed the products on one "
+                "thread: this run compares no thread counts.")
+    said = [_thread_clause(n, one, many, threads) for n, one, many in products]
+    said[0] = said[0][0].upper() + said[0][1:]
+    return "; ".join(said) + "."
 
 
 def memory_pass_words(copy_bw, mem_bw):

@@ -190,8 +190,10 @@ def failed_cells_words(notebook, path=None, names=None):
     known = next((v for k, v in (names or {}).items() if str(commit).startswith(k)), {})
     head = (" That run also executed this notebook's code cells on its GPU (nbval), and "
             f"{len(cells)} of them failed there")
+    them = ("them, what those cells compute is" if len(cells) > 1
+            else "it, what that cell computes is")
     tail = ("reference/gpu_reference.json records which cells failed, not why): until a GPU "
-            "run passes them, what those cells compute is not checked on a GPU.")
+            f"run passes {them} not checked on a GPU.")
     if all(c in known for c in cells):
         said = [known[c] for c in cells]
         listed = "; ".join(said[:-1]) + ("; and " if len(said) > 1 else "") + said[-1]

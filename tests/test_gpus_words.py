@@ -47,6 +47,29 @@ def test_size_growth_words_within_more_or_less():
     assert "does not say why" in helpers.size_growth_words(10)
 
 
+def test_threads_words_faster_slower_cannot_tell_or_one_thread():
+    # times per run of each block (s): one thread, then all threads
+    small = (256, [3.7e-4, 3.8e-4, 3.9e-4], [5.0e-4, 5.1e-4, 5.2e-4])     # slower on 2
+    large = (1024, [2.3e-2, 2.4e-2], [1.3e-2, 1.2e-2])                   # faster on 2
+    said = helpers.threads_words([small, large], 2)
+    assert said.startswith("The 256x256 product was slower on 2 threads in every block (1.34 "
+                           "times its time on one), which this run does not explain (a likely "
+                           "reason, not measured here, is threading overhead")
+    assert said.endswith("; the 1024x1024 product was 1.9 times as fast on 2 threads as on one, "
+                         "in every block.")
+    # a large product slower on all threads: no threading-overhead reason is offered
+    slow = helpers.threads_words([(1024, [1e-2, 1.1e-2], [1.2e-2, 1.3e-2])], 4)
+    assert "slower on 4 threads" in slow and "overhead" not in slow
+    assert "one possible cause" in slow
+    # one block of each side overlapping the other: cannot tell
+    mixed = helpers.threads_words([(256, [3.7e-4, 4.0e-4], [3.8e-4, 4.1e-4])], 2)
+    assert mixed == ("The 256x256 product's blocks on 2 threads and on one overlap, so this run "
+                     "cannot tell them apart.")
+    assert helpers.threads_words([small, large], 1) == (
+        "PyTorch had one thread here, so both sections timed the products on one thread: this "
+        "run compares no thread counts.")
+
+
 def test_memory_pass_words_names_the_faster_pass():
     assert helpers.memory_pass_words(10e9, 10e9) == "a copy"
     assert helpers.memory_pass_words(9e9, 10e9) == "the addition"

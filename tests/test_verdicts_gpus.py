@@ -15,11 +15,15 @@ def test_a_failed_cell_is_named_by_what_it_checked_at_the_runs_commit(tmp_path):
     said = helpers.failed_cells_words("book/gpus.ipynb", str(path), names=checked)
     assert "1 of them failed there: the check that the timer reads too small (in the notebook "\
         "at commit abc1234" in said and "23rd" not in said
+    # one failed cell is "it", several are "them"
+    assert said.endswith("until a GPU run passes it, what that cell computes is not checked on "
+                         "a GPU.")
     two = dict(ref, steps={"nbval": {"failed": ["book.gpus.ipynb::Cell 22",
                                                 "book.gpus.ipynb::Cell 30"]}})
     path.write_text(json.dumps(two))
     some = helpers.failed_cells_words("book/gpus.ipynb", str(path), names=checked)
     assert "(the 23rd and 31st code cells" in some
+    assert "until a GPU run passes them, what those cells compute is not checked" in some
     assert some.endswith("not checked on a GPU. At that commit the 23rd code cell was the "
                          "check that the timer reads too small.")
     path.write_text(json.dumps(ref))
