@@ -152,6 +152,7 @@ class FakeGPU:
         self._seen = set()
         self._saved = []
         self.comm_seconds = comm_seconds
+        self.profiled_cuda = False    # a torch.profiler asked for CUDA activity on this GPU
         self.comm_ready = 0.0         # when the communication stream has run what it was given
         self.streams = []
         self.default = FakeStream(self)
@@ -395,6 +396,19 @@ class FakeGPU:
             return out
         base_work_wait = dist.Work.wait
         self._patch(dist.Work, "wait", work_wait)
+
+        # The profiler's CUDA activity has no kernels to record here, and on a machine without
+        # CUDA it made every profiled op cost milliseconds (the fake sweep's two traced targets
+        # took 270 s of CPU for it): the fake GPU notes the request and profiles the CPU only.
+        base_profile_init = torch.profiler.profile.__init__
+
+        def profile_init(prof, *args, activities=None, **kwargs):
+            if activities is not None and torch.profiler.ProfilerActivity.CUDA in activities:
+                gpu.profiled_cuda = True
+                activities = [a for a in activities if a != torch.profiler.ProfilerActivity.CUDA]
+            return base_profile_init(prof, *args, activities=activities, **kwargs)
+        if not (torch.backends.cuda.is_built() and torch._C._cuda_getDeviceCount() > 0):
+            self._patch(torch.profiler.profile, "__init__", profile_init)
 
         for name, value in dict(
                 _lazy_init=lambda: None, is_available=lambda: True,

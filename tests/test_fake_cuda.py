@@ -141,7 +141,8 @@ def slow():
     return helpers.launch(fake_cuda.slow_comm, 1, dict(comm=COMM, runs=[
         ("timeline", helpers.gradient_timeline, dict(bucket_mb=0.004, repeats=1)),
         ("exposed", helpers.exposed_comm_times, dict(bucket_mb=0.004, rounds=1, warmup=0)),
-        ("knobs", helpers.ddp_knobs, dict(width=32, depth=2, batch=8, steps=1, rounds=1))]),
+        ("knobs", helpers.ddp_knobs, dict(width=32, depth=2, batch=8, steps=1, rounds=1,
+                                          trace_steps=1))]),
         backend="gloo", quiet=True, timeout=300)[0]
 
 
