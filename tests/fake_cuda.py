@@ -152,7 +152,6 @@ class FakeGPU:
         self._seen = set()
         self._saved = []
         self.comm_seconds = comm_seconds
-        self.profiled_cuda = False    # a torch.profiler asked for CUDA activity on this GPU
         self.comm_ready = 0.0         # when the communication stream has run what it was given
         self.streams = []
         self.default = FakeStream(self)
@@ -397,18 +396,23 @@ class FakeGPU:
         base_work_wait = dist.Work.wait
         self._patch(dist.Work, "wait", work_wait)
 
-        # The profiler's CUDA activity has no kernels to record here, and on a machine without
-        # CUDA it made every profiled op cost milliseconds (the fake sweep's two traced targets
-        # took 270 s of CPU for it): the fake GPU notes the request and profiles the CPU only.
+        # A profiler on a GPU must ask for CUDA activity (else its trace lacks the kernels). That
+        # activity has no kernels to record here, and on a machine without CUDA it made every
+        # profiled op cost milliseconds (the sweep's two traced targets: 270 s of CPU), so the
+        # fake GPU checks the request, then profiles the CPU only.
         base_profile_init = torch.profiler.profile.__init__
+        cuda_activity = torch.profiler.ProfilerActivity.CUDA
+        no_real_gpu = not (torch.backends.cuda.is_built() and torch._C._cuda_getDeviceCount() > 0)
 
         def profile_init(prof, *args, activities=None, **kwargs):
-            if activities is not None and torch.profiler.ProfilerActivity.CUDA in activities:
-                gpu.profiled_cuda = True
-                activities = [a for a in activities if a != torch.profiler.ProfilerActivity.CUDA]
+            if activities is not None and cuda_activity not in activities:
+                gpu.note("profiles a GPU without its kernels", "torch.profiler without "
+                         "ProfilerActivity.CUDA: the trace holds the host's launches only")
+            elif no_real_gpu:    # None: torch's default, CUDA too where it seems available
+                activities = [a for a in activities or torch.profiler.supported_activities()
+                              if a != cuda_activity]
             return base_profile_init(prof, *args, activities=activities, **kwargs)
-        if not (torch.backends.cuda.is_built() and torch._C._cuda_getDeviceCount() > 0):
-            self._patch(torch.profiler.profile, "__init__", profile_init)
+        self._patch(torch.profiler.profile, "__init__", profile_init)
 
         for name, value in dict(
                 _lazy_init=lambda: None, is_available=lambda: True,
@@ -721,7 +725,8 @@ def describe(problems):
 # ---- canaries: launch targets that make one mistake each, on purpose ----------------------------
 CANARIES = {"cpu_collective": "a CPU tensor in an NCCL collective",
             "cpu_model": "mixes devices", "cpu_compute": "computes on the CPU",
-            "timer": "a timer that does not synchronise", "none": None}
+            "timer": "a timer that does not synchronise",
+            "cpu_profiler": "profiles a GPU without its kernels", "none": None}
 
 
 def canary(rank, world, cfg):
@@ -740,6 +745,9 @@ def canary(rank, world, cfg):
     loss.backward()
     flag = torch.ones(1, device=None if bug == "cpu_collective" else device)
     dist.all_reduce(flag)
+    if bug == "cpu_profiler":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            net(X).sum()
     seconds = (time.perf_counter() if bug == "timer" else synced_now(device)) - start
     return dict(loss=float(loss), seconds=seconds, weight=net.weight.detach().cpu())
 
