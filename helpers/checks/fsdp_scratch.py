@@ -149,7 +149,9 @@ def check_zero3_sent_bytes(fn):
                                    "Zero2.clip_grad_norm_"], observes=[
     "the norm each rank of a fresh world returns and the gradients it leaves, against the "
     "norm of the whole gradient (every rank's shards) and torch's clipping rule",
-    "every collective and its bytes: a few numbers all-reduced, not the gradients gathered"])
+    "every collective and its bytes: a few numbers all-reduced, not the gradients gathered",
+    "where the clipped gradients' values came from: the all-reduce's result (a max_norm drawn "
+    "at a random ratio of the norm, so a factor guessed or recomputed locally fails)"])
 def check_clip_sharded(fn):
     """fn(shards, max_norm) -> clip the gradients of this rank's `shards` (tensors with .grad;
     every element of the model on exactly one rank) by the norm of the WHOLE gradient, as
