@@ -10,14 +10,16 @@ answer that returns with one more. Hooks it registered and removed before return
 Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
 `@check(..., keeps_hooks=True)`; settle.py guards those hooks like the answer itself."""
 import contextlib
+import sys
 import threading
+import types
 
 import torch
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optim_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from .run import CheckFailed
+from .run import CheckFailed, is_reader_code
 
 __all__ = ["hooks_of", "expect_no_new_hooks", "node_hooks"]
 
@@ -141,9 +143,15 @@ _REGISTER = _MIXIN.__dict__["_register_hook"]
 
 def _register_node_hook(hooks, hook):
     """Every hook on an autograd node (C++ nodes and custom Functions' alike) is registered
-    through this static method: noted for the answers running in this thread (all of them when
-    none does: a thread the answer started)."""
+    through this static method: noted, when the reader's code registers it or it is the
+    reader's code (not torch's own: a module's full backward hooks put node hooks on each
+    forward's output), for the answers running in this thread (all of them when none does: a
+    thread the answer started)."""
     hooks, handle = _REGISTER.__func__(hooks, hook)
+    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+    if not (is_reader_code(sys._getframe(1).f_code.co_filename) or (
+            isinstance(code, types.CodeType) and is_reader_code(code.co_filename))):
+        return hooks, handle
     with _NODE_LOCK:
         lists = _NODES["lists"].get(threading.get_ident()) or [
             lst for per in _NODES["lists"].values() for lst in per]
