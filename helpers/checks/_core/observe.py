@@ -219,7 +219,7 @@ class Recorder(TorchDispatchMode):
                 if lift or not t.untyped_storage().resizable():
                     self.from_python[op.reads[-1].key] = op.index
         op.blind = tuple(i for i, t in enumerate(inputs) if id(t) in blind)
-        op.scalar = any(type(a) is float for a in (*args, *kwargs.values()))
+        op.scalar = any(isinstance(a, float) for a in (*args, *kwargs.values()))
         outs = _tensors(out)
         for t in inputs:
             if id(t) in written:

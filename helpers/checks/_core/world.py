@@ -138,8 +138,8 @@ class World(ThreadWorld):
         seen = rec.flowed([rec.latest(t) for t in tensors])
         if seen & received:
             return True
-        outs = self.exits[rank] + [(op.index, r) for op in rec.named("_local_scalar_dense")
-                                   for r in op.reads]
+        outs = self.exits[rank] + [(op.index, (r.key, r.version))     # `.item()`, float(t)
+                                   for op in rec.named("_local_scalar_dense") for r in op.reads]
         first = min((i for i, ref in outs if rec.flowed([ref]) & received), default=None)
         if first is None:
             return False
