@@ -12,7 +12,8 @@ words its refusal names:
 5. a hook on an autograd node (`grad_fn.register_hook`, `register_prehook`) left registered
    after the answer returned (hooks.py);
 6. numpy views of tensors taken before the ranks started, held deeper than early_views.py's one
-   level (a view of a view, a dict in a dict): tests only, early_views.py is fixed elsewhere;
+   level: a view of a view is read-only already; a view two dicts down or in a list in a list is
+   not (early_views.py, fixed elsewhere), and check_dp_average refuses it by the dataflow;
 7. sharded clipping whose factor does not come from the all-reduce (check_clip_sharded).
 """
 import collections
