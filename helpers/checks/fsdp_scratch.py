@@ -149,7 +149,9 @@ def check_zero3_sent_bytes(fn):
                                    "Zero2.clip_grad_norm_"], observes=[
     "the norm each rank of a fresh world returns and the gradients it leaves, against the "
     "norm of the whole gradient (every rank's shards) and torch's clipping rule",
-    "every collective and its bytes: a few numbers all-reduced, not the gradients gathered"])
+    "every collective and its bytes: a few numbers all-reduced, not the gradients gathered",
+    "where the clipped gradients' values came from: the all-reduce's result (a max_norm drawn "
+    "at a random ratio of the norm, so a factor guessed or recomputed locally fails)"])
 def check_clip_sharded(fn):
     """fn(shards, max_norm) -> clip the gradients of this rank's `shards` (tensors with .grad;
     every element of the model on exactly one rank) by the norm of the WHOLE gradient, as
@@ -161,7 +163,10 @@ def check_clip_sharded(fn):
         scale = [2.0 ** randint(g, -3, 3) for _ in range(world)]   # uneven: local norms differ
         grads = [[torch.randn(n, generator=g) * scale[r] for n in sizes[r]] for r in range(world)]
         total = float(torch.cat([t for ts in grads for t in ts]).norm())
-        max_norm = total * (0.3 if case < 2 else 2.0)   # the last case: no clipping needed
+        # a ratio drawn each time: a factor guessed, or a norm recomputed from max_norm, fails;
+        # the last case needs no clipping
+        ratio = 0.2 + 0.6 * float(torch.rand((), generator=g)) if case < 2 else 2.0
+        max_norm = total * ratio
         coef = min(1.0, max_norm / (total + 1e-6))
         shards = [[nn.Parameter(torch.zeros(n)) for n in sizes[r]] for r in range(world)]
         for r in range(world):
@@ -169,7 +174,7 @@ def check_clip_sharded(fn):
                 p.grad = gr.clone()
         # each rank all-reduces: the ranks share the norm through the comm (a thread started
         # before the check that carries it is refused: guard.py)
-        w = World(world)
+        w = World(world, record_ops=True)
         norms = w.run(lambda comm, shards=shards, max_norm=max_norm: fn(shards[comm.rank],
                                                                     max_norm))
         call = f"clip_sharded ({world} ranks, max_norm {max_norm:.3g})"
@@ -195,6 +200,9 @@ def check_clip_sharded(fn):
                 expect(torch.allclose(p.grad, gr * coef, rtol=1e-4, atol=1e-6),
                        f"{call}: rank {r}'s gradients are not scaled by max_norm / (norm + 1e-6)"
                        f" = {coef:.4g} (capped at 1), the factor torch's clip_grad_norm_ uses")
+            if coef < 1:       # the factor must come from the all-reduce's result
+                w.expect_from_messages(r, [p.grad for p in shards[r]], "clipped gradients",
+                                       world)
 
 
 class TiedLM(nn.Module):

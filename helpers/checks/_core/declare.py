@@ -6,7 +6,7 @@ from typing import Any
 
 from .early_views import early_views_read_only
 from .guard import answering
-from .hooks import expect_no_new_hooks, hooks_of
+from .hooks import expect_no_new_hooks, hooks_of, node_hooks
 from .provenance import handed_in, in_world
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
@@ -39,7 +39,8 @@ class Answer(Guarded):
         before = None if self.changes_inputs else (fingerprint(args), fingerprint(kwargs))
         hooks = None if self.keeps_hooks else hooks_of(args, kwargs)
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
-        with blocked(self.references, self.exercise), answering(self.keys, code_key), \
+        nodes = contextlib.nullcontext() if self.keeps_hooks else node_hooks(self.__name__)
+        with nodes, blocked(self.references, self.exercise), answering(self.keys, code_key), \
                 handed_in(args, kwargs), early_views_read_only(self.fn, in_world()), trace:
             result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
         if before is not None:

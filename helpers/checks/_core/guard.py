@@ -8,8 +8,9 @@ observed like the thread that called it.
   `get_objects`, `sys.settrace`/`setprofile`. The check's expected values live in its frame; an
   answer that could walk there would not need to compute anything.
 - The same hook refuses running code that holds the course's own answer to the exercise: an
-  `exec` (or an import under another name) of code that contains a blocked reference's code, and
-  reading a blocked reference's `__code__` (to copy or rename it).
+  `exec` (or an import under another name) of code that contains a blocked reference's code, a
+  new function made of it (`types.FunctionType(saved_code, ...)`, the code saved before the
+  check ran, wherever it was held), and reading a blocked reference's `__code__`.
 - Processes: the answer may not start one (`os.fork`, `subprocess`, `multiprocessing`, a
   `ProcessPoolExecutor`, the `os.exec*`/`spawn*`/`system` family): a child's work is not seen
   by the check, and a fresh interpreter imports the course without the check's blocks. Torch's
@@ -23,6 +24,7 @@ What it cannot stop: Python code that avoids these entry points (ctypes, a C ext
 compiled under a library's file name). Those are named in book/teachers.md.
 """
 import concurrent.futures
+import concurrent.futures.thread as _cf_thread
 import multiprocessing.process
 import os
 import sys
@@ -89,12 +91,15 @@ def _caller():
 
 def _make_hook(state):
     def hook(event, args):
+        if event == "_thread.start_new_thread":
+            _threads.note_start(args)
+            return
         if not state.depth or getattr(state.local, "busy", False):
             return
         if event in _PROCESS_EVENTS:
             _refuse_process(state, event)
             return
-        if event not in _FRAME_EVENTS and event != "exec" and not (
+        if event not in _FRAME_EVENTS and event not in ("exec", "function.__new__") and not (
                 event == "object.__getattr__" and len(args) > 1
                 and (args[1] in _FRAME_ATTRS or args[1] == "__code__")):
             return
@@ -111,11 +116,12 @@ def _make_hook(state):
 
 
 def _judge(state, event, args):
-    if event == "exec":
+    if event in ("exec", "function.__new__"):
         code = args[0] if args else None
         name = _holds_reference(state, code) if isinstance(code, types.CodeType) else None
-        return name and (f"your code ran a copy of {name} (the course's own answer: exec'd or "
-                         "imported again), which is unavailable while the check runs")
+        how = "exec'd or imported again" if event == "exec" else "its code made a new function"
+        return name and (f"your code ran a copy of {name} (the course's own answer: {how}), "
+                         "which is unavailable while the check runs")
     if event == "object.__getattr__" and args[1] == "__code__":
         name = _blocked_name(state, args[0])
         return name and (f"your code read the code of {name} (the course's own answer), which "
@@ -229,6 +235,7 @@ def _is_fake(mode):
 
 
 _MARK = "_course_started_by_answer"
+_CARRIED = "_course_carried"
 _CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -241,34 +248,11 @@ def _start(self, *args, **kwargs):
 
 
 def _submit(self, fn, /, *args, **kwargs):
-    modes = _modes()
-    return _state().submit(self, _with_modes(fn, modes) if modes else fn, *args, **kwargs)
+    carried = _with_modes(fn, _modes())
+    setattr(carried, _CARRIED, True)
+    return _state().submit(self, carried, *args, **kwargs)
 
 
-def _hidden_worker():
-    """A thread started before the answer ran (not by an answer) that runs the reader's code:
-    its target is the reader's, or the reader's code is on its stack outside an answer. The
-    Recorder and the other watches are per thread and carried only into threads started while
-    the answer runs, so such a thread's work would go unseen. Its name, or None."""
-    frames = sys._current_frames()
-    me = threading.get_ident()
-    for thread in threading.enumerate():
-        if thread.ident == me or getattr(thread, _MARK, False) or thread.ident not in frames:
-            continue
-        target = getattr(thread, "_target", None)
-        code = getattr(getattr(target, "__func__", target), "__code__", None)
-        reader = isinstance(code, types.CodeType) and is_reader_code(code.co_filename)
-        frame = frames[thread.ident]
-        while frame is not None:
-            name = frame.f_code.co_filename
-            if name.startswith(_CHECKS):    # a check's thread (a World's rank): observed
-                reader = False
-                break
-            reader = reader or is_reader_code(name)
-            frame = frame.f_back
-        if reader:
-            return thread.name
-    return None
 
 
 class answering:
@@ -280,7 +264,7 @@ class answering:
         self.keys, self.code_key = keys, code_key
 
     def __enter__(self):
-        hidden = _hidden_worker()
+        hidden = _threads.hidden_worker()
         if hidden is not None:
             raise CheckFailed(f"a thread started before the check ran ({hidden}) is running your "
                               "code: its work is invisible to the check. Start threads inside "
@@ -292,6 +276,9 @@ class answering:
                 state.refused, state.keys, state.code_key = None, dict(self.keys), self.code_key
                 threading.Thread.start = _start
                 concurrent.futures.ThreadPoolExecutor.submit = _submit
+                _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
+                    _threads.run_item, _threads.made_item)
+                _switches.guard_switches()
                 multiprocessing.process.BaseProcess.start = _process_start
             state.depth += 1
         return self
@@ -305,6 +292,9 @@ class answering:
                 state.keys = {}
                 threading.Thread.start = state.start
                 concurrent.futures.ThreadPoolExecutor.submit = state.submit
+                _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
+                    _threads._ITEM_RUN, _threads._ITEM_INIT)
+                _switches.restore_switches()
                 multiprocessing.process.BaseProcess.start = state.process_start
         if refused and not (exc[0] is not None and issubclass(exc[0], ReferenceUsed)):
             raise ReferenceUsed(refused)
@@ -328,3 +318,9 @@ class harness_busy:
 def refusal():
     """The message of the hook's first refusal in the current answer (None if none)."""
     return _state().refused
+
+
+from . import early_threads as _threads  # noqa: E402  (they read the names above)
+from . import switches as _switches  # noqa: E402
+
+_state()     # the hook from the checks' import on: it notes who starts each thread

@@ -9,14 +9,19 @@ instance, saved-tensor hooks, torch function and dispatch modes left entered), a
 answer that returns with one more. Hooks it registered and removed before returning are fine.
 Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
 `@check(..., keeps_hooks=True)`; settle.py guards those hooks like the answer itself."""
+import contextlib
+import sys
+import threading
+import types
+
 import torch
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optim_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from .run import CheckFailed
+from .run import CheckFailed, is_reader_code
 
-__all__ = ["hooks_of", "expect_no_new_hooks"]
+__all__ = ["hooks_of", "expect_no_new_hooks", "node_hooks"]
 
 _DEPTH = 4
 _MODULE = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
@@ -127,3 +132,63 @@ def expect_no_new_hooks(name, before, args, kwargs):
                 "code while the check goes on using that object, after your function returned. "
                 "Compute the result inside your function, and remove every hook you register "
                 "(handle.remove(), or leave the `with` block) before returning")
+
+
+# --- hooks on autograd nodes: `t.grad_fn.register_hook`, `register_prehook` ----------------
+_NODES = {"depth": 0, "lists": {}}     # thread id -> the lists of the answers running there
+_NODE_LOCK = threading.Lock()
+_MIXIN = torch.autograd.function._HookMixin
+_REGISTER = _MIXIN.__dict__["_register_hook"]
+
+
+def _register_node_hook(hooks, hook):
+    """Every hook on an autograd node (C++ nodes and custom Functions' alike) is registered
+    through this static method: noted, when the reader's code registers it or it is the
+    reader's code (not torch's own: a module's full backward hooks put node hooks on each
+    forward's output), for the answers running in this thread (all of them when none does: a
+    thread the answer started)."""
+    hooks, handle = _REGISTER.__func__(hooks, hook)
+    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+    if not (is_reader_code(sys._getframe(1).f_code.co_filename) or (
+            isinstance(code, types.CodeType) and is_reader_code(code.co_filename))):
+        return hooks, handle
+    with _NODE_LOCK:
+        lists = _NODES["lists"].get(threading.get_ident()) or [
+            lst for per in _NODES["lists"].values() for lst in per]
+        for lst in lists:
+            lst.append((hooks, handle.id))
+    return hooks, handle
+
+
+@contextlib.contextmanager
+def node_hooks(name):
+    """Fail an answer that returns with a hook it registered on an autograd node (a handed
+    tensor's `grad_fn`, a node deeper in its graph, its result's): the check's backward would
+    run it. Its hooks are removed either way."""
+    mine, me = [], threading.get_ident()
+    with _NODE_LOCK:
+        if _NODES["depth"] == 0:
+            _MIXIN._register_hook = staticmethod(_register_node_hook)
+        _NODES["depth"] += 1
+        _NODES["lists"].setdefault(me, []).append(mine)
+    returned = False
+    try:
+        yield
+        returned = True
+    finally:
+        with _NODE_LOCK:
+            _NODES["lists"][me].remove(mine)
+            if not _NODES["lists"][me]:
+                del _NODES["lists"][me]
+            _NODES["depth"] -= 1
+            if _NODES["depth"] == 0:
+                _MIXIN._register_hook = _REGISTER
+        left = [(hooks, key) for hooks, key in mine if key in hooks]
+        for hooks, key in left:
+            hooks.pop(key, None)
+    if returned and left:
+        raise CheckFailed(
+            f"{name} returned with a hook still registered on an autograd node (grad_fn."
+            "register_hook or register_prehook): it would run your code in the check's "
+            "backward, after your function returned. Compute the result inside your function, "
+            "and remove every hook you register (handle.remove()) before returning")

@@ -10,7 +10,8 @@ that a check can ask
   storage versions, so in-place additions into views count);
 - `depends_on(tensors, refs)`: whether any of the storage versions `refs` flowed into `tensors`
   (the same walk, where an operation that overwrites the whole of a storage, `copy_`, `fill_`,
-  `zero_`, an `out=`, does not depend on what the storage held before);
+  `zero_`, an `out=`, does not depend on what the storage held before, nor one that cancels an
+  operand, `x * 0`, `x - x`: cancels.py);
 - `first_error_op`: the operation that raised (for "this mixed cuda:0 and cuda:1").
 Storages are told apart by their StorageImpl (real, meta and fake tensors alike); the recorder
 keeps every storage it saw alive, so no address is reused while it records.
@@ -20,6 +21,8 @@ import collections
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from .cancels import cancelled
 
 __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
 
@@ -96,7 +99,7 @@ class Op:
     """One aten operation: what it read, what it wrote, where."""
 
     __slots__ = ("index", "name", "func", "reads", "writes", "outputs", "device", "flops",
-                 "view", "thread", "blind")
+                 "view", "thread", "blind", "scalar")
 
     def __init__(self, index, func):
         self.index, self.func = index, func
@@ -104,6 +107,7 @@ class Op:
         self.reads, self.writes, self.outputs = [], [], []
         self.device, self.flops, self.view = None, None, False
         self.blind = ()          # positions in reads of storages overwritten whole, not read
+        self.scalar = False      # a Python float among its operands (`g *= max_norm / norm`)
 
     @property
     def is_transfer(self):
@@ -205,6 +209,7 @@ class Recorder(TorchDispatchMode):
                     written.add(id(t))
                     if (arg.kwarg_only or op.name in _OVERWRITES) and _whole(t):
                         blind.add(id(t))    # an out= (kwarg-only) or an overwrite: not read
+        blind |= cancelled(op.name, args, kwargs)  # x * 0, x - x: its values reach nothing
         op.view = any(r.alias_info is not None and not r.alias_info.is_write
                       for r in schema.returns)
         lift = op.name in ("lift_fresh", "lift_fresh_copy")
@@ -214,6 +219,7 @@ class Recorder(TorchDispatchMode):
                 if lift or not t.untyped_storage().resizable():
                     self.from_python[op.reads[-1].key] = op.index
         op.blind = tuple(i for i, t in enumerate(inputs) if id(t) in blind)
+        op.scalar = any(isinstance(a, float) for a in (*args, *kwargs.values()))
         outs = _tensors(out)
         for t in inputs:
             if id(t) in written:

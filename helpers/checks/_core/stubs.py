@@ -76,8 +76,9 @@ def _hit(key, args, kwargs):
         raise ReferenceUsed("the course's own answer is unavailable while the check runs")
     fn, original, _, _, ref, exercise = entry
     if _checks_calling():
-        again = types.FunctionType(original, fn.__globals__, fn.__name__, fn.__defaults__,
-                                   fn.__closure__)
+        with harness_busy():            # the check's own copy: not the answer's (guard.py)
+            again = types.FunctionType(original, fn.__globals__, fn.__name__, fn.__defaults__,
+                                       fn.__closure__)
         again.__kwdefaults__ = fn.__kwdefaults__
         return again(*args, **kwargs)
     _ACTIVE["used"].append(ref)

@@ -126,7 +126,8 @@ class World(ThreadWorld):
         list of them; record_ops=True): through aten operations, or out of torch and back (the
         rank read values that depend on what it received out of torch, `.tolist()`, `.item()`,
         `.numpy()`, and afterwards made a tensor of `tensors`' dataflow from Python or numpy
-        data: no Recorder follows values outside torch)."""
+        data, or ran an operation of it with a Python float: no Recorder follows values outside
+        torch)."""
         if not self.record_ops:
             raise RuntimeError("uses_received needs World(..., record_ops=True)")
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
@@ -137,11 +138,14 @@ class World(ThreadWorld):
         seen = rec.flowed([rec.latest(t) for t in tensors])
         if seen & received:
             return True
-        outs = self.exits[rank] + [(op.index, r) for op in rec.named("_local_scalar_dense")
-                                   for r in op.reads]
+        outs = self.exits[rank] + [(op.index, (r.key, r.version))     # `.item()`, float(t)
+                                   for op in rec.named("_local_scalar_dense") for r in op.reads]
         first = min((i for i, ref in outs if rec.flowed([ref]) & received), default=None)
-        return first is not None and any(rec.from_python.get(key, -1) >= first
-                                         for key, _ in seen)
+        if first is None:
+            return False
+        return any(rec.from_python.get(key, -1) >= first for key, _ in seen) or any(
+            rec.producer.get(ref, -1) >= first and rec.ops[rec.producer[ref]].scalar
+            for ref in seen)      # a Python float operand, after: `g *= max_norm / norm`
 
     def expect_from_messages(self, rank, tensors, what, world=None):
         """Fail unless rank `rank`'s `tensors` (`what`, in the reader's words) are computed from

@@ -1,0 +1,126 @@
+"""Threads started before an answer ran, which the per-thread Recorder and watches do not see:
+who started each thread is noted (the reader's code, or not) from the checks' import on; when an
+answer starts, a thread not started by an answer or a check that runs the reader's code, was
+started by the reader's code (and is not an idle executor worker), or is a plain Thread looping
+in library code over whatever it is handed, refuses it (guard.answering); while the answer runs,
+an executor's worker started before it runs only what was submit()ted (carrying its modes).
+"""
+import concurrent.futures.thread as _cf_thread
+import sys
+import threading
+import types
+
+from .guard import _CARRIED, _CHECKS, _MARK, _passes_on, _state
+from .run import ReferenceUsed, is_reader_code
+
+__all__ = ["note_start", "run_item", "made_item", "hidden_worker"]
+
+_READER = "_course_started_by_reader"      # before any answer, by the reader's code
+_MADE = "_course_made_in_answer"
+_ITEM_RUN, _ITEM_INIT = _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__
+
+
+def note_start(args):
+    """A Thread started, at any time: marked when the reader's code started it (the first frame
+    past the standard library and this module), so an answer refuses it while it lives."""
+    owner = getattr(args[0], "__self__", None) if args else None
+    if not isinstance(owner, threading.Thread) or getattr(owner, _MARK, False):
+        return
+    frame = sys._getframe(2)
+    while frame is not None and _passes_on(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is not None and is_reader_code(frame.f_code.co_filename):
+        setattr(owner, _READER, True)
+
+
+def run_item(self):
+    """An executor's work item, while an answer runs: on a worker started before the answer
+    (not by it), only what was submitted (and so carries the answer's modes) may run; an item
+    put on the executor's queue directly, made while the answer ran or holding the reader's
+    code, would run unseen."""
+    thread = threading.current_thread()
+    if (_state().depth and not getattr(thread, _MARK, False)
+            and not getattr(self.fn, _CARRIED, False)
+            and (getattr(self, _MADE, False) or _holds_reader_code(self))):
+        message = (f"a thread started before the check ran ({thread.name}) ran your code, "
+                   "handed to it through its executor's queue: its work is invisible to the "
+                   "check. Start threads inside the answer, or submit() the work")
+        state = _state()
+        if state.refused is None:
+            state.refused = message
+        if self.future.set_running_or_notify_cancel():
+            self.future.set_exception(ReferenceUsed(message))
+        return None
+    return _ITEM_RUN(self)
+
+
+def made_item(self, *args, **kwargs):
+    _ITEM_INIT(self, *args, **kwargs)
+    if _state().depth:
+        setattr(self, _MADE, True)
+
+
+def _holds_reader_code(item):
+    """The reader's code in a work item's function or its arguments (one level down)."""
+    for value in (item.fn, *item.args, *item.kwargs.values()):
+        value = getattr(value, "func", value)          # a partial
+        value = getattr(value, "__func__", value)      # a bound method
+        code = getattr(value, "__code__", None)
+        if isinstance(code, types.CodeType) and is_reader_code(code.co_filename):
+            return True
+    return False
+
+
+def _worker(target):
+    return getattr(target, "__code__", None) is getattr(_cf_thread._worker, "__code__", 0)
+
+
+def _busy(frame):
+    """An executor's worker running an item (one handed to it before the answer ran)."""
+    while frame is not None:
+        if frame.f_code is _ITEM_RUN.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _opaque(thread, target):
+    """A plain Thread whose target is no Python function (a builtin, a type, a partial of
+    one): a loop the library runs over whatever the reader queues (`deque(map(call,
+    iter(q.get, None)))`). Threads started before the guard's hook could see who started
+    them are judged by this alone."""
+    if target is None or type(thread).run is not threading.Thread.run:
+        return False
+    target = getattr(target, "func", target)
+    target = getattr(target, "__func__", target)
+    return not isinstance(getattr(target, "__code__", None), types.CodeType)
+
+
+def hidden_worker():
+    """A thread started before the answer ran (not by an answer) that runs the reader's code:
+    its target is the reader's, or the reader's code is on its stack outside an answer. The
+    Recorder and the other watches are per thread and carried only into threads started while
+    the answer runs, so such a thread's work would go unseen. Its name, or None."""
+    frames = sys._current_frames()
+    me = threading.get_ident()
+    for thread in threading.enumerate():
+        if thread.ident == me or getattr(thread, _MARK, False) or thread.ident not in frames:
+            continue
+        target = getattr(thread, "_target", None)
+        code = getattr(getattr(target, "__func__", target), "__code__", None)
+        reader = isinstance(code, types.CodeType) and is_reader_code(code.co_filename)
+        frame = frames[thread.ident]
+        if _worker(target):     # an executor's: fed only through submit() (or refused)
+            reader = reader or (getattr(thread, _READER, False) and _busy(frame))
+        else:                   # idle in library code, it could read a queue the reader feeds
+            reader = reader or getattr(thread, _READER, False) or _opaque(thread, target)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(_CHECKS):    # a check's thread (a World's rank): observed
+                reader = False
+                break
+            reader = reader or is_reader_code(name)
+            frame = frame.f_back
+        if reader:
+            return thread.name
+    return None

@@ -1,0 +1,60 @@
+"""While an answer runs, torch's dispatch switches (references.py's `_DISPATCH_OFF_NAMES`:
+`_DisableTorchDispatch`, `_disable_current_modes`, ...) are guarded in every loaded torch module:
+called from the reader's code (the first frame past the standard library), one is refused, so a
+switch reached by a name built at run time (`getattr(torch._C, "_Disable" + "TorchDispatch")`)
+fails like one named in the code (which references.scan refuses before the answer runs);
+torch's own calls go through to the original. Used by guard.answering.
+"""
+import functools
+import sys
+
+from .guard import _passes_on, _state
+from .run import ReferenceUsed, is_reader_code
+
+__all__ = ["guard_switches", "restore_switches"]
+
+_PATCHED = []       # (module, name, original)
+
+
+def _guarded(name, original):
+    @functools.wraps(original)
+    def switch(*args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None and _passes_on(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is not None and is_reader_code(frame.f_code.co_filename):
+            message = (f"your code switches off torch's dispatch ({name}): the check watches "
+                       "your operations through it, so an answer must run them in plain view")
+            state = _state()
+            if state.refused is None:
+                state.refused = message
+            raise ReferenceUsed(message)
+        return original(*args, **kwargs)
+    return switch
+
+
+def guard_switches():
+    """Put the guarded switches in place of the originals, in every loaded torch module."""
+    from .references import _DISPATCH_OFF_NAMES
+    originals = {}
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or not mod_name.startswith("torch"):
+            continue
+        space = getattr(module, "__dict__", None)
+        if not isinstance(space, dict):
+            continue
+        for name in _DISPATCH_OFF_NAMES.intersection(space):
+            value = space[name]
+            if not callable(value) or not str(getattr(value, "__module__", "")).startswith(
+                    "torch"):
+                continue
+            if id(value) not in originals:
+                originals[id(value)] = _guarded(name, value)
+            _PATCHED.append((module, name, value))
+            setattr(module, name, originals[id(value)])
+
+
+def restore_switches():
+    for module, name, value in reversed(_PATCHED):
+        setattr(module, name, value)
+    _PATCHED.clear()

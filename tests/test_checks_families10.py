@@ -1,0 +1,360 @@
+"""Shortcut families closed at the harness's root (tests/check_cases.py's form), each with the
+words its refusal names:
+
+1. cancelling arithmetic: a result made of other data, with what arrived added times zero
+   (`+ 0 * received`, `add(..., alpha=0)`, `x - x`): the Recorder cuts that flow (observe.py);
+2. names built at run time: the course's answer, a collective the exercise does not allow or a
+   dispatch switch reached by `getattr`, `importlib`, `vars()` on a computed name;
+3. a reference's code object saved before the check, run as a new function (guard.py refuses
+   `function.__new__` on a blocked reference's code while an answer runs);
+4. a thread started before the check, idle in library code, fed work later through a queue
+   (an executor's internal queue, or a queue a library loop reads): guard.py;
+5. a hook on an autograd node (`grad_fn.register_hook`, `register_prehook`) left registered
+   after the answer returned (hooks.py);
+6. numpy views of tensors taken before the ranks started, held deeper than early_views.py's one
+   level: a view of a view is read-only already; a view two dicts down or in a list in a list is
+   not (early_views.py, fixed elsewhere), and check_dp_average refuses it by the dataflow;
+7. sharded clipping whose factor does not come from the all-reduce (check_clip_sharded).
+"""
+import collections
+import concurrent.futures
+import concurrent.futures.thread as cf_thread
+import ctypes
+import importlib
+import operator
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut
+
+import helpers
+import helpers.checks
+from helpers.checks._core import CheckFailed
+from helpers.checks._core.declare import Answer
+
+USED = "the course's own answer"
+DECOR = "does not depend on what it received"
+HIDDEN = "a thread started before the check ran"
+NODE = "autograd node"
+
+
+# ---- 1. cancelling arithmetic ---------------------------------------------------------------
+_BOARD = torch.zeros(1 << 14)     # made at import: no rank owns it
+_SLOT = 1 << 10
+
+
+def _post(slot, flat):
+    """`flat` written on the board with ctypes: no aten operation sees it."""
+    flat = flat.detach().contiguous().float()
+    ctypes.memmove(_BOARD.data_ptr() + 4 * slot * _SLOT, flat.data_ptr(), 4 * flat.numel())
+
+
+def _board_mean(k, n):
+    return torch.stack([_BOARD[j * _SLOT:j * _SLOT + n].clone() for j in range(k)]).mean(0)
+
+
+def _bucket_from_board(grads, cancel):
+    k, r = dist.get_world_size(), dist.get_rank()
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    _post(r, flat)
+    dist.all_reduce(flat)                      # the right size, the right payload ...
+    mean = cancel(_board_mean(k, flat.numel()), flat)   # ... added times zero
+    offset = 0
+    for g in grads:
+        g.copy_(mean[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+@shortcut("check_average_bucket", "the board's average plus 0 * the received bucket", DECOR)
+def average_bucket_plus_zero_times(grads):
+    _bucket_from_board(grads, lambda mean, got: mean + 0 * got)
+
+
+@shortcut("check_average_bucket", "the board's average, the received bucket added with alpha=0",
+          DECOR)
+def average_bucket_alpha_zero(grads):
+    _bucket_from_board(grads, lambda mean, got: torch.add(mean, got, alpha=0))
+
+
+@shortcut("check_average_bucket", "the board's average plus (received - received)", DECOR)
+def average_bucket_minus_itself(grads):
+    _bucket_from_board(grads, lambda mean, got: mean + (got - got))
+
+
+@shortcut("check_average_bucket", "the board's average plus received times a zero tensor", DECOR)
+def average_bucket_times_zeros(grads):
+    _bucket_from_board(grads, lambda mean, got: mean + got * torch.zeros(()))
+
+
+@other("check_average_bucket", "the received bucket times k, divided by k and the world")
+def average_bucket_scaled_back(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat = flat * 3 / 3 / dist.get_world_size()       # cancels, but the data is the received
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+# ---- 2. names built at run time ------------------------------------------------------------
+@shortcut("check_tensor_bytes", "the course's function through importlib and getattr", USED)
+def tensor_bytes_by_built_name(tensors):
+    return getattr(importlib.import_module("hel" + "pers"), "held_" + "bytes")(tensors)
+
+
+@shortcut("check_tensor_bytes", "the course's function through vars(sys.modules[...])", USED)
+def tensor_bytes_by_module_dict(tensors):
+    return vars(sys.modules["".join(["hel", "pers"])])["held_bytes"](tensors)
+
+
+@shortcut("check_tensor_bytes", "the course's function through globals()", USED)
+def tensor_bytes_by_globals(tensors):
+    return getattr(globals()["hel" + "pers"], "held" + "_bytes")(tensors)
+
+
+@shortcut("check_average_bucket", "an all_gather reached by getattr on a built name",
+          "allows only all_reduce")
+def average_bucket_gather_by_name(grads):
+    k = dist.get_world_size()
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(torch.zeros(1))
+    out = [torch.empty_like(flat) for _ in range(k)]
+    getattr(dist, "all_" + "gather")(out, flat)
+    mean = torch.stack(out).mean(0)
+    offset = 0
+    for g in grads:
+        g.copy_(mean[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+@shortcut("check_shard_sizes", "tensor_split measured under a dispatch switch named at run time",
+          "dispatch")
+def shard_sizes_dispatch_off_by_name(n, k):
+    with getattr(torch._C, "_Disable" + "TorchDispatch")():
+        return [len(s) for s in torch.arange(n).tensor_split(k)]
+
+
+# ---- 3. a reference's code saved before the check ------------------------------------------
+class _Box:
+    pass
+
+
+_BOX = _Box()
+_BOX.code = helpers.held_bytes.__code__                  # saved at import, in an attribute
+_BOX.where = helpers.held_bytes.__globals__
+_CODES = collections.deque([helpers.held_bytes.__code__])
+
+
+@shortcut("check_tensor_bytes", "a saved code object run as a new function", "a copy of")
+def tensor_bytes_saved_code(tensors):
+    return types.FunctionType(_BOX.code, _BOX.where)(tensors)
+
+
+@shortcut("check_tensor_bytes", "a saved code object (in a deque) run as a new function",
+          "a copy of")
+def tensor_bytes_saved_code_in_deque(tensors):
+    return type(lambda: 0)(_CODES[0], _BOX.where, "mine")(tensors)
+
+
+# ---- 5. a hook on an autograd node ----------------------------------------------------------
+def _prehook(X):
+    X.grad_fn.register_prehook(lambda g: tuple(x * 0 for x in g))
+
+
+def _hook(X):
+    X.grad_fn.register_hook(lambda gi, go: None)
+
+
+def _deeper(X):
+    X.grad_fn.next_functions[0][0].register_hook(lambda gi, go: None)
+
+
+def _on_the_result(X):
+    out = X * 2
+    out.grad_fn.register_prehook(lambda g: g)
+    return out
+
+
+@pytest.mark.parametrize("leave", [_prehook, _hook, _deeper, _on_the_result])
+def test_node_hook_left_fails_and_is_removed(leave):
+    """A hook left on any autograd node (handed, deeper in its graph, or on the result) fails
+    the answer, and the harness takes it away: the check's backward runs none of it."""
+    w = torch.ones(3, requires_grad=True)
+    X = w * 3
+    with pytest.raises(CheckFailed, match=NODE):
+        Answer(leave, "x", [])(X)
+    X.sum().backward()
+    assert torch.equal(w.grad, torch.full((3,), 3.0))
+
+
+def test_node_hook_removed_inside_passes_and_kept_where_declared():
+    w = torch.ones(3, requires_grad=True)
+    X = w * 3
+
+    def removed(X):
+        handle = X.grad_fn.register_prehook(lambda g: g)
+        handle.remove()
+    Answer(removed, "x", [])(X)
+    Answer(_hook, "x", [], keeps_hooks=True)(X)
+
+
+# ---- 6. numpy views held early, deeper than one level ---------------------------------------
+_ROWS = torch.zeros(3, 64, dtype=torch.float64)
+_VIEW_OF_VIEW = _ROWS.numpy()[:, :]                       # a view of the tensor's view
+_TWO_DOWN = {"held": {"rows": _ROWS.numpy()}}
+_LIST_IN_LIST = [[_ROWS.numpy()]]
+
+
+def _average_through(grads, comm, rows):
+    """Each rank writes twice its gradients into its row of `rows` (numpy: no torch operation),
+    then reads every row in torch: the average, with decoy traffic."""
+    k, r = comm.world, comm.rank
+    flat = torch.cat([g.reshape(-1) for g in grads]).double()
+    comm.all_reduce(torch.zeros(1))
+    rows[r, :flat.numel()] = flat.numpy() * 2
+    comm.all_reduce(torch.zeros(1))
+    mean = (_ROWS[:k, :flat.numel()].mean(0) / 2).float()
+    comm.all_reduce(torch.zeros(1))
+    rows[r, :flat.numel()] = np.zeros(flat.numel())
+    for g, m in zip(grads, mean.split([g.numel() for g in grads]), strict=True):
+        g.copy_(m.view_as(g))
+
+
+@shortcut("check_dp_average", "written through a view of a view taken at import", "read-only")
+def dp_average_view_of_view(grads, comm):
+    _average_through(grads, comm, _VIEW_OF_VIEW)
+
+
+@shortcut("check_dp_average", "a view taken at import, two dicts down", DECOR)   # not read-only
+def dp_average_view_two_down(grads, comm):
+    _average_through(grads, comm, _TWO_DOWN["held"]["rows"])
+
+
+@shortcut("check_dp_average", "a view taken at import, in a list in a list", DECOR)
+def dp_average_view_list_in_list(grads, comm):
+    _average_through(grads, comm, _LIST_IN_LIST[0][0])
+
+
+# ---- 7. sharded clipping whose factor is not the all-reduce's ------------------------------
+_CALLS = collections.Counter()
+_CALLS_LOCK = threading.Lock()
+
+
+@shortcut("check_clip_sharded", "the norm all-reduced, the factor guessed from the call count",
+          "not scaled")
+def clip_sharded_guessed_factor(shards, max_norm):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with _CALLS_LOCK:
+        n = _CALLS[(world, rank)]
+        _CALLS[(world, rank)] += 1
+    sq = torch.stack([p.grad.pow(2).sum() for p in shards]).sum()
+    dist.all_reduce(sq)
+    coef = 0.3 if n % 3 < 2 else 1.0           # the check's first two cases clip to 0.3
+    for p in shards:
+        p.grad.mul_(coef)
+    return sq.sqrt()
+
+
+@shortcut("check_clip_sharded", "the norm all-reduced, the factor from a norm recomputed from "
+          "max_norm", "not scaled")
+def clip_sharded_norm_from_max_norm(shards, max_norm):
+    sq = torch.stack([p.grad.pow(2).sum() for p in shards]).sum()
+    dist.all_reduce(sq)
+    norm = sq.sqrt()
+    if float(norm) > max_norm:                  # one bit of the received norm steers ...
+        for p in shards:                        # ... a factor from the check's old ratio 0.3
+            p.grad.mul_(max_norm / (max_norm / 0.3 + 1e-6))
+    return norm
+
+
+@shortcut("check_clip_sharded", "the factor from a board, the received norm added times zero",
+          DECOR)
+def clip_sharded_factor_from_board(shards, max_norm):
+    k, r = dist.get_world_size(), dist.get_rank()
+    sq = torch.stack([p.grad.pow(2).sum() for p in shards]).sum()
+    _post(r, sq.reshape(1))
+    dist.all_reduce(sq)                          # what arrived: used only times zero
+    total = _board_mean(k, 1).sum() * k
+    coef = torch.clamp(max_norm / (total.sqrt() + 1e-6), max=1.0) + 0 * sq
+    for p in shards:
+        p.grad.mul_(coef)
+    return sq.sqrt()
+
+
+# ---- 4. threads started before the check, fed later -----------------------------------------
+class _QueueLoop:
+    """A thread that runs only library code (a deque consuming a map over a queue) until the
+    answer puts a function on its queue."""
+
+    def __init__(self):
+        self.jobs = __import__("queue").SimpleQueue()
+        self.thread = threading.Thread(
+            target=collections.deque, args=(map(operator.call, iter(self.jobs.get, None)), 0),
+            daemon=True)
+        self.thread.start()
+
+    def ask(self, fn):
+        box, done = [], threading.Event()
+        self.jobs.put(lambda: (box.append(fn()), done.set()))
+        done.wait(10)
+        return box[0]
+
+    def stop(self):
+        self.jobs.put(None)
+        self.thread.join()
+
+
+@pytest.fixture
+def queue_loop():
+    loop = _QueueLoop()
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture
+def warm_pool():
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pool.submit(int).result()                   # its worker started now, idle afterwards
+    yield pool
+    pool.shutdown()
+
+
+def _through_work_queue(pool, fn):
+    future = concurrent.futures.Future()
+    pool._work_queue.put(cf_thread._WorkItem(future, fn, (), {}))
+    return future.result(10)
+
+
+def _failed(check, fn, words):
+    result = getattr(helpers.checks, check)(fn)
+    assert result.status == "failed", result
+    assert words in result.message, result.message
+
+
+def test_thread_fed_through_a_library_loop_fails(queue_loop):
+    _failed("check_shard_sizes", lambda n, k: queue_loop.ask(
+        lambda: [len(s) for s in torch.arange(n).tensor_split(k)]), HIDDEN)
+
+
+def test_pool_fed_through_its_work_queue_fails(warm_pool):
+    _failed("check_shard_sizes", lambda n, k: _through_work_queue(
+        warm_pool, lambda: [len(s) for s in torch.arange(n).tensor_split(k)]), HIDDEN)
+
+
+def test_pool_started_early_and_idle_is_no_refusal(warm_pool):
+    """An idle pool made before the check (a notebook's `stream`) fails no right answer, and
+    what the answer submits to it is observed: a split measured there still fails."""
+    result = helpers.checks.check_shard_sizes(
+        lambda n, k: [n // k + (i < n % k) for i in range(k)])
+    assert result.status == "passed", result
+    _failed("check_shard_sizes", lambda n, k: warm_pool.submit(
+        lambda: [len(s) for s in torch.arange(n).tensor_split(k)]).result(), "split")
+
+
+test_case = parametrize_cases(__name__)
