@@ -11,9 +11,9 @@ words its refusal names:
    (an executor's internal queue, or a queue a library loop reads): guard.py;
 5. a hook on an autograd node (`grad_fn.register_hook`, `register_prehook`) left registered
    after the answer returned (hooks.py);
-6. numpy views of tensors taken before the ranks started, held deeper than early_views.py's one
-   level: a view of a view is read-only already; a view two dicts down or in a list in a list is
-   not (early_views.py, fixed elsewhere), and check_dp_average refuses it by the dataflow;
+6. numpy views of tensors taken before the ranks started, held deeper than one level: a view of
+   a view, a view two dicts down or in a list in a list are read-only while the answer runs
+   (early_views.py);
 7. sharded clipping whose factor does not come from the all-reduce (check_clip_sharded).
 """
 import collections
@@ -231,12 +231,12 @@ def dp_average_view_of_view(grads, comm):
     _average_through(grads, comm, _VIEW_OF_VIEW)
 
 
-@shortcut("check_dp_average", "a view taken at import, two dicts down", DECOR)   # not read-only
+@shortcut("check_dp_average", "a view taken at import, two dicts down", "read-only")
 def dp_average_view_two_down(grads, comm):
     _average_through(grads, comm, _TWO_DOWN["held"]["rows"])
 
 
-@shortcut("check_dp_average", "a view taken at import, in a list in a list", DECOR)
+@shortcut("check_dp_average", "a view taken at import, in a list in a list", "read-only")
 def dp_average_view_list_in_list(grads, comm):
     _average_through(grads, comm, _LIST_IN_LIST[0][0])
 

@@ -52,18 +52,27 @@ def _read_only(v):
         return copy
 
 
+# How deep in dicts, lists and namespaces an early view is looked for (a view of a view is one
+# array: _read_only walks its bases to the tensor whatever the depth).
+_DEPTH = 4
+
+
 def _spaces(fn):
     """(mapping, key, array) for the tensor-backed arrays fn's module and closure hold."""
     fn = getattr(fn, "func", fn)
-    found = []
+    found, seen = [], set()
 
     def scan(space, items, depth):
         for k, v in list(items):
             if _torch_backed(v):
                 found.append((space, k, v))
-            elif depth < 1 and isinstance(v, (dict, list)):
+            elif depth >= _DEPTH or id(v) in seen:
+                continue
+            elif isinstance(v, (dict, list)):
+                seen.add(id(v))
                 scan(v, v.items() if isinstance(v, dict) else enumerate(v), depth + 1)
-            elif depth < 1 and isinstance(v, types.SimpleNamespace):
+            elif isinstance(v, types.SimpleNamespace):
+                seen.add(id(v))
                 scan(vars(v), vars(v).items(), depth + 1)
 
     g = getattr(fn, "__globals__", None)
@@ -74,10 +83,7 @@ def _spaces(fn):
             v = cell.cell_contents
         except ValueError:           # a cell not filled yet
             continue
-        if _torch_backed(v):
-            found.append((_Cell(cell), "cell_contents", v))
-        elif isinstance(v, (dict, list)):
-            scan(v, v.items() if isinstance(v, dict) else enumerate(v), 1)
+        scan(_Cell(cell), [("cell_contents", v)], 0)
     return found
 
 
