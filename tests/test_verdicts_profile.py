@@ -232,7 +232,7 @@ def test_bucket_launches_are_placed_against_the_last_autograd_node():
     assert inside.endswith("and 3 from inside that last node, once its own gradient was in")
     after = words(5, 4, 3)
     assert after.endswith("3 before backward's last autograd node started, 1 from inside it, "
-                          "and 1 after it ended, in the reducer's wait")
+                          "by its gradient's hook, and 1 later, in the reducer's wait")
     assert words(1, 1, 1).startswith("DDP launched 1 bucket all-reduce,")
     with pytest.raises(ValueError, match="before_last"):
         words(3, 2, 3)
