@@ -111,8 +111,9 @@ def reducer_wait_words(split):
     step lost the whole wait, and only the part with an all-reduce running is communication the
     trace shows), or none open at all (the wait is not attributed). What the reducer waited for
     with nothing in flight (the rest of the hook that launched the last bucket, where the wait
-    starts, its threads to get a core, the other rank) is not measured, and is said so. Records open in the wait beyond the step's own exposed all-reduce (an earlier
-    step's, late) are named where they reach the floor."""
+    starts, its threads to get a core, the other rank) is not measured, and is said so. Records
+    open in the wait beyond the step's own exposed all-reduce (an earlier step's, late) are
+    named where they reach the floor."""
     wait, busy, idle, exposed = (split[k] for k in ("wait", "wait_busy", "wait_idle", "exposed"))
     if not (-1e-9 <= busy <= wait + 1e-9 and -1e-9 <= idle
             and abs(busy + idle - wait) < 1e-6 and exposed <= busy + 1e-6):
