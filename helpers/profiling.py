@@ -110,15 +110,15 @@ def trace_events(path, regions=REGIONS):
     launches (lane 'launch': `c10d::allreduce_` on the training thread) and the ones that ran
     (lane 'all-reduce', comm_events: gloo's threads, or NCCL's kernels on a GPU), and for each
     'backward' a 'reducer wait' from the end of its compute to the end of its all-reduces:
-    on the host's clock from its last autograd node (see _reducer_waits), or, in a trace with
+    on the host's clock from the last gradient's hook (see _host_cuts), or, in a trace with
     GPU activity, on the GPU's clock (lane 'gpu', see _gpu_windows: with NCCL the host only
     queues the work). A list of dicts name, lane, start_ms, dur_ms, step (counted from 0),
     times from the first region's start; a launch also has before_cut: True when it came
-    inside a backward before the end of its last autograd node on the host (a launch in the
-    reducer's wait, after it, is False), and before_last_node: True when it came before that
-    last node started, while autograd still had other gradients to compute (a launch from
-    inside the last node, by the hook of its own gradient, is before the cut but not before
-    the last node)."""
+    inside a backward by the host's cut (the launch that makes the cut included; a launch in
+    the reducer's wait, after it, is False), and before_last_node: True when it came before
+    backward's last autograd node started, while autograd still had other gradients to compute
+    (a launch from inside the last node, by the hook of its own gradient, is by the cut but
+    not before the last node)."""
     import json
     with open(path) as f:
         trace = json.load(f)
@@ -198,44 +198,55 @@ AUTOGRAD_NODE = "autograd::engine::evaluate_function"
 
 
 def _host_cuts(evs):
-    """Per host 'backward' region: (start, end, cut, last), the cut being the end of the last
-    autograd node that ran inside it on its thread and `last` that node's start (both None when
-    the trace has none)."""
-    nodes = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("pid"), e.get("tid"))
-             for e in evs if e["name"].startswith(AUTOGRAD_NODE)]
+    """Per host 'backward' region: (start, end, cut, last, last_end), `last` and `last_end` the
+    start and end of the last autograd node that ran inside it on its thread, and the cut, where
+    backward's compute ends, at the last gradient's hook: the first bucket launch
+    (`c10d::allreduce_` on the same thread) from inside that node, after it started, where there
+    is one (DDP's hook on the node's own gradient launched it; what the node ran after it is the
+    hook's tail, not a gradient), else the node's end (all None when the trace has no node)."""
+    def mine(name, s0, s1, e):
+        return [(float(x["ts"]), float(x["ts"]) + float(x["dur"])) for x in evs
+                if x["name"].startswith(name) and s0 <= float(x["ts"]) <= s1
+                and (x.get("pid"), x.get("tid")) == (e.get("pid"), e.get("tid"))]
     out = []
     for e in evs:
         if e["name"] != "backward" or e.get("cat") == "gpu_user_annotation":
             continue
         s0, s1 = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        mine = [(b, a) for a, b, pid, tid in nodes if s0 <= a and b <= s1
-                and (pid, tid) == (e.get("pid"), e.get("tid"))]
-        cut, last = max(mine) if mine else (None, None)
-        out.append((s0, s1, cut, last))
+        nodes = [(b, a) for a, b in mine(AUTOGRAD_NODE, s0, s1, e) if b <= s1]
+        if not nodes:
+            out.append((s0, s1, None, None, None))
+            continue
+        end, last = max(nodes)
+        hooked = [a for a, _ in mine("c10d::allreduce", s0, s1, e) if last <= a < end]
+        out.append((s0, s1, min(hooked, default=end), last, end))
     return out
 
 
 def _reducer_waits(evs, regions):
-    """One 'reducer wait' region (lane 'compute') per 'backward' region: from the end of the
-    last autograd node that ran inside it to the region's end. Under torch's DDP, backward()
-    returns only after the reducer's end-of-backward callback has waited for every bucket's
-    all-reduce, so that tail is the wait, not compute."""
+    """One 'reducer wait' region (lane 'compute') per 'backward' region: from its cut (the last
+    gradient's hook, see _host_cuts) to the region's end. Under torch's DDP, backward() returns
+    only after the reducer's end-of-backward callback has waited for every bucket's all-reduce,
+    so that tail is the wait, not compute; where the hook launched the last bucket from inside
+    the last node, the wait starts there and holds the rest of that node, which computes no
+    gradient."""
     if "backward" not in regions:
         return []
-    return [(cut, s1 - cut, "reducer wait", "compute") for _, s1, cut, _ in _host_cuts(evs)
+    return [(cut, s1 - cut, "reducer wait", "compute") for _, s1, cut, _, _ in _host_cuts(evs)
             if cut is not None]
 
 
 def _before_cut(ts, cuts):
-    """Whether a launch at host time `ts` came while autograd still had nodes to run: inside a
-    backward region, before the end of its last autograd node."""
-    return any(s0 <= ts < cut for s0, _, cut, _ in cuts if cut is not None)
+    """Whether a launch at host time `ts` came inside a backward region by its cut: before it,
+    or as the launch that makes it (by the last gradient's hook, inside the last node)."""
+    return any(s0 <= ts and (ts < cut or ts == cut < end)
+               for s0, _, cut, _, end in cuts if cut is not None)
 
 
 def _before_last_node(ts, cuts):
     """Whether a launch at host time `ts` came inside a backward region before its last
     autograd node started: while autograd still had other gradients to compute."""
-    return any(s0 <= ts < last for s0, _, _, last in cuts if last is not None)
+    return any(s0 <= ts < last for s0, _, _, last, _ in cuts if last is not None)
 
 
 def _union(spans):
@@ -288,8 +299,9 @@ def _minus(spans, holes):
 
 def _step_windows(events, on_gpu):
     """Per backward, in time order: ((compute start, compute end), its wait's (start, end) or
-    None). On the host the compute ends where the step's 'reducer wait' begins (its last
-    autograd node), else at the region's end; on a GPU it is the 'backward kernels' span."""
+    None). On the host the compute ends where the step's 'reducer wait' begins (the last
+    gradient's hook, see _host_cuts), else at the region's end; on a GPU it is the 'backward
+    kernels' span."""
     if on_gpu:
         waits = {e["step"]: e for e in events if e["name"] == "reducer wait"
                  and e["lane"] == "gpu"}
@@ -322,8 +334,10 @@ def exposed_ms(events):
     step's or a late one of an earlier step) and 'wait_idle' ms had none (the reducer waited
     with nothing in flight in the trace: for its threads to get a core, say, or for the other
     rank; the trace does not say which), 'clock': 'host' or 'gpu'}.
-    On the host (gloo) a window is the region 'backward', its compute ending at its last
-    autograd node and the reducer's wait after it; in a trace with GPU activity (NCCL) it is
+    On the host (gloo) a window is the region 'backward', its compute ending at the last
+    gradient's hook (the first bucket launch from inside its last autograd node, else that
+    node's end: a bucket launched there starts no earlier, so it cannot count as overlapped)
+    and the reducer's wait after it; in a trace with GPU activity (NCCL) it is
     'backward kernels' and the 'reducer wait' after them, on the GPU's clock. Gloo can leave
     time outside: it marks an all-reduce's result ready, which ends the reducer's wait and lets
     backward() return, before it closes the all-reduce's record in the trace (torch's

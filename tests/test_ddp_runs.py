@@ -52,44 +52,98 @@ def test_on_a_gpu_the_all_reduce_lane_is_nccls_kernels(tmp_path):
     assert ("all-reduce", 0.7) in lanes and ("backward", 0.4) in lanes and len(lanes) == 4
 
 
-def test_exposed_ms_cuts_backward_at_its_last_autograd_node(tmp_path):
+def test_exposed_ms_cuts_backward_at_the_last_gradients_hook(tmp_path):
+    """Backward's compute ends at the first bucket launch from inside its last autograd node
+    (DDP's hook on that node's gradient): the rest of the node computes no gradient."""
     ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
     node = "autograd::engine::evaluate_function: AddmmBackward0"
     trace = {"traceEvents": [
         ev("forward", 1000, 100), ev("backward", 1100, 400), ev(node, 1150, 100),
         ev(node, 1300, 100), ev("gloo:all_reduce", 1210, 390, tid=7),
         ev(node, 1700, 50, tid=9),            # another thread's node: not this backward's
+        ev("c10d::allreduce_", 1330, 5, tid=9),   # another thread's launch: not the hook
         ev("c10d::allreduce_", 1200, 5),      # launched while autograd still computed
-        ev("c10d::allreduce_", 1350, 5),      # launched from inside the last node
-        ev("c10d::allreduce_", 1450, 5),      # launched in the reducer's wait, after the cut
+        ev("c10d::allreduce_", 1350, 5),      # launched from inside the last node: the cut
+        ev("c10d::allreduce_", 1380, 5),      # inside the last node, after the cut
+        ev("c10d::allreduce_", 1450, 5),      # launched in the reducer's wait, after the node
         ev("c10d::allreduce_", 1520, 5),      # outside backward altogether
         ev("optimizer", 1500, 50)]}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace))
     events = helpers.trace_events(str(path))
-    # inside the region "backward" all but the last; before the cut the first two; before the
-    # last node (1300-1400) started, only the first
+    # inside the region "backward" all but the last; by the cut (1350, the launch included) the
+    # first three; before the last node (1300-1400) started, only the first
     launches = [e for e in events if e["lane"] == "launch"]
-    assert [e["before_cut"] for e in launches] == [True, True, False, False]
-    assert [e["before_last_node"] for e in launches] == [True, False, False, False]
+    assert [round(e["start_ms"], 9) for e in launches] == [0.2, 0.33, 0.35, 0.38, 0.45, 0.52]
+    assert [e["before_cut"] for e in launches] == [True, True, True, False, False, False]
+    assert [e["before_last_node"] for e in launches] == [True, False, False, False, False, False]
     assert all("before_cut" not in e and "before_last_node" not in e
                for e in events if e["lane"] != "launch")
     waits = [e for e in events if e["name"] == "reducer wait"]
-    assert len(waits) == 1 and abs(waits[0]["start_ms"] - 0.4) < 1e-9
-    assert abs(waits[0]["dur_ms"] - 0.1) < 1e-9, "from the last node (ends 1400) to 1500"
+    assert len(waits) == 1 and abs(waits[0]["start_ms"] - 0.35) < 1e-9
+    assert abs(waits[0]["dur_ms"] - 0.15) < 1e-9, "from the hook's launch (1350) to 1500"
     split = helpers.exposed_ms(events)
-    # all-reduce 0.21-0.60 ms; autograd computes until 0.40: 0.19 overlapped; the reducer waits
-    # until 0.50: 0.10 exposed; backward() has returned by 0.60: 0.10 outside, all of it late
-    # (the all-reduce began inside backward)
-    assert abs(split["total"] - 0.39) < 1e-9 and abs(split["overlapped"] - 0.19) < 1e-9
-    assert abs(split["exposed"] - 0.10) < 1e-9 and abs(split["wait"] - 0.1) < 1e-9
+    # all-reduce 0.21-0.60 ms; autograd computes until the hook at 0.35: 0.14 overlapped; the
+    # reducer waits until 0.50: 0.15 exposed; backward() has returned by 0.60: 0.10 outside,
+    # all of it late (the all-reduce began inside backward)
+    assert abs(split["total"] - 0.39) < 1e-9 and abs(split["overlapped"] - 0.14) < 1e-9
+    assert abs(split["exposed"] - 0.15) < 1e-9 and abs(split["wait"] - 0.15) < 1e-9
     assert abs(split["outside"] - 0.10) < 1e-9 and abs(split["late"] - 0.10) < 1e-9
     assert abs(split["windows"] - 0.4) < 1e-9 and split["clock"] == "host"
     # the region "backward" alone would call 0.29 ms hidden: it ends after the wait; it holds
     # the total less what fell outside
     assert abs(helpers.overlap_ms(events)[0] - 0.29) < 1e-9
     assert abs(split["total"] - split["outside"] - 0.29) < 1e-9
-    assert abs(split["wait_busy"] - 0.1) < 1e-9 and abs(split["wait_idle"]) < 1e-9
+    assert abs(split["wait_busy"] - 0.15) < 1e-9 and abs(split["wait_idle"]) < 1e-9
+
+
+def test_with_no_launch_inside_the_last_node_the_cut_is_its_end(tmp_path):
+    """Without a bucket launched from inside the last node (no DDP, or the last bucket launched
+    later), backward's compute ends where that node ends, as without launches at all."""
+    ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
+    node = "autograd::engine::evaluate_function: AddmmBackward0"
+    trace = {"traceEvents": [
+        ev("forward", 1000, 100), ev("backward", 1100, 400), ev(node, 1150, 100),
+        ev(node, 1300, 100), ev("gloo:all_reduce", 1210, 390, tid=7),
+        ev("c10d::allreduce_", 1200, 5),      # launched while autograd still computed
+        ev("c10d::allreduce_", 1450, 5),      # launched in the reducer's wait
+        ev("optimizer", 1500, 50)]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    events = helpers.trace_events(str(path))
+    launches = [e for e in events if e["lane"] == "launch"]
+    assert [e["before_cut"] for e in launches] == [True, False]
+    waits = [e for e in events if e["name"] == "reducer wait"]
+    assert len(waits) == 1 and abs(waits[0]["start_ms"] - 0.4) < 1e-9, "the node's end, 1400"
+    split = helpers.exposed_ms(events)
+    # all-reduce 0.21-0.60 ms: 0.19 before the node's end at 0.40, 0.10 in the wait to 0.50
+    assert abs(split["overlapped"] - 0.19) < 1e-9 and abs(split["exposed"] - 0.10) < 1e-9
+
+
+def test_one_bucket_launched_by_the_last_gradients_hook_overlaps_nothing(tmp_path):
+    """One bucket: DDP launches the only all-reduce from the hook on the last gradient, inside
+    backward's last autograd node, and gloo runs it while that node finishes on the rank's one
+    core. None of it ran while autograd computed a gradient; cut at the nodes' ends, 0.055 ms
+    (their tails, 0.35-0.40 and 0.895-0.90) would have read as overlap."""
+    ev = lambda name, ts, dur, tid=1: dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, pid=1)
+    node = "autograd::engine::evaluate_function: AccumulateGrad"
+    trace = {"traceEvents": [
+        ev("forward", 1000, 100), ev("backward", 1100, 400), ev(node, 1150, 100),
+        ev(node, 1300, 100), ev("c10d::allreduce_", 1340, 5),    # the last gradient's hook
+        ev("gloo:all_reduce", 1350, 140, tid=7),                 # 0.35-0.49
+        ev("optimizer", 1500, 50),
+        ev("forward", 1550, 100), ev("backward", 1650, 400), ev(node, 1700, 200),
+        ev("c10d::allreduce_", 1890, 5), ev("gloo:all_reduce", 1895, 100, tid=7),
+        ev("optimizer", 2050, 50)]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    events = helpers.trace_events(str(path))
+    assert [e["before_cut"] for e in events if e["lane"] == "launch"] == [True, True]
+    assert [e["before_last_node"] for e in events if e["lane"] == "launch"] == [False, False]
+    split = helpers.exposed_ms(events)
+    assert split["overlapped"] == 0, split
+    assert abs(split["exposed"] - split["total"]) < 1e-9 and abs(split["total"] - 0.24) < 1e-9
+    assert abs(split["wait"] - (0.16 + 0.16)) < 1e-9, "from each hook's launch to backward's end"
 
 
 def test_exposed_ms_tells_the_wait_with_an_all_reduce_running_from_the_wait_with_none(tmp_path):

@@ -79,6 +79,8 @@ def test_each_bucket_comparison_names_its_baseline_and_prints_ends_near_one_to_t
     knob = helpers.knob_words(NOISE, 12.0, helpers.Ratio([0.85, 0.92, 1.004]))
     assert "the step 0.92 times as fast as the default's, 0.85-1.004, " in knob
     assert "the default's was 0.90-1.30 times it per round" in knob
+    closer = helpers.bucket_words(FASTER, helpers.Ratio([0.81, 0.92, 0.9996]))
+    assert "(0.81-0.9996)" in closer, "as many decimals as it takes, not just three"
 
 
 def test_a_cause_is_named_only_from_a_resolved_ratio_and_its_measured_split():

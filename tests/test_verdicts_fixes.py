@@ -156,9 +156,11 @@ def test_size_check_holds_only_when_the_predicted_size_is_inside_the_spread():
     assert one["verdict"] == "cannot tell" and not one["held"]
 
 
-def test_size_check_prints_an_end_that_rounds_to_the_prediction_with_three_decimals():
+def test_size_check_prints_an_end_that_rounds_to_the_prediction_to_the_decimals_that_differ():
     got = helpers.size_check(helpers.Ratio([1.1004, 1.2, 1.3]), 1.1, "a model")
-    assert got["verdict"] == "larger" and "the spread's low end, 1.100, is above it" in got["text"]
+    assert got["verdict"] == "larger" and "the spread's low end, 1.1004, is above it" in got["text"]
+    three = helpers.size_check(helpers.Ratio([1.104, 1.2, 1.3]), 1.1, "a model")
+    assert "the spread's low end, 1.104, is above it" in three["text"]
     with pytest.raises(ValueError):
         helpers.size_check(FASTER, 0, "a model")
     with pytest.raises(TypeError):

@@ -126,3 +126,29 @@ def test_the_trace_order_sentence_agrees_disagrees_or_cannot_tell():
     assert "cannot be told" in noise and "opposite" not in noise
     assert "as the hooks do." in helpers.trace_order_words(
         helpers.Ratio([1.2, 1.3, 1.25]), 20.6, 16.1, 27.8, 16.2)
+
+
+def test_the_fusing_bound_holds_the_eager_fused_step_and_tells_where_the_compiled_one_fell():
+    words = helpers.fusing_bound_words
+    near_one = helpers.Ratio([0.86, 1.0, 1.05])
+    # the stored run: 75.3% of the nn.Module step and 74.6% of the fused step are convolutions
+    got = words(near_one, 1 / 0.753, helpers.Ratio([1.82, 1.87, 2.12]), 1 / 0.746)
+    assert got["fused"] == ("Fix 5's eager fused step runs the same convolutions: it was 1.00 "
+                            "times as fast as the `nn.Module` step (0.86-1.05: within noise), "
+                            "against the bound of 1.33: inside it")
+    assert got["compiled"] == ("Fix 6's compiled step was 1.87 times as fast as the fused step "
+                               "(1.82-2.12: faster), against the fused step's own bound of 1.34 "
+                               "(its convolutions were 75% of it): beyond it")
+    inside = words(near_one, 1.33, helpers.Ratio([1.1, 1.2, 1.3]), 1.34)["compiled"]
+    assert inside.endswith("bound of 1.34 (its convolutions were 75% of it): inside it")
+    # a spread that holds the bound; an end that prints as the bound is printed apart from it
+    held = words(helpers.Ratio([1.2, 1.3, 1.3304]), 1.33)["fused"]
+    assert held.endswith("(1.20-1.3304: faster), against the bound of 1.3300: its spread holds "
+                         "the bound, so this run cannot tell them apart")
+    assert "beyond it" in words(helpers.Ratio([1.4, 1.5, 1.6]), 1.33)["fused"]
+    quick = words(near_one, 1.33)["compiled"]
+    assert quick.startswith("This run compiled nothing (quick mode)")
+    with pytest.raises(ValueError, match="own bound"):
+        words(near_one, 1.33, FASTER)
+    with pytest.raises(TypeError, match="helpers.Ratio"):
+        words(1.0, 1.33)

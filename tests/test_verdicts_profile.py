@@ -180,6 +180,22 @@ def test_a_split_prediction_says_inside_or_outside_and_points_to_the_split_only_
         words(1.1, 1.2, "x")
 
 
+def test_a_prediction_just_outside_the_spread_is_printed_apart_from_its_end():
+    words = helpers.split_prediction_words
+    # 136.72 / (136.72 / 2 + 10.40) = 1.736 against a low end of 1.7406: at two decimals both
+    # read 1.74, and "1.74, outside 1.74-2.19" would contradict itself
+    near = words(136.72 / (136.72 / 2 + 10.40), helpers.Ratio([1.7406, 1.9, 2.19]), "the split")
+    assert near.startswith("1.736 times, outside the measured 1.741-2.19: the measured "
+                           "speed-up was higher")
+    # the same at the high end, and to as many decimals as it takes
+    high = words(1.40049, helpers.Ratio([1.2, 1.3, 1.4004]), "the split")
+    assert high.startswith("1.4005 times, outside the measured 1.20-1.4004: the measured "
+                           "speed-up was lower")
+    # two decimals tell them apart: two decimals are printed
+    assert words(1.736, helpers.Ratio([1.76, 1.9, 2.19]), "x").startswith(
+        "1.74 times, outside the measured 1.76-2.19")
+
+
 def test_backward_compute_blames_gloos_threads_only_for_a_longer_compute():
     words = helpers.backward_compute_words
     assert words(SLOWER).startswith("longer with overlap (overlap's took 1.25 times as long "
@@ -216,7 +232,7 @@ def test_bucket_launches_are_placed_against_the_last_autograd_node():
     assert inside.endswith("and 3 from inside that last node, once its own gradient was in")
     after = words(5, 4, 3)
     assert after.endswith("3 before backward's last autograd node started, 1 from inside it, "
-                          "and 1 after it ended, in the reducer's wait")
+                          "by its gradient's hook, and 1 later, in the reducer's wait")
     assert words(1, 1, 1).startswith("DDP launched 1 bucket all-reduce,")
     with pytest.raises(ValueError, match="before_last"):
         words(3, 2, 3)

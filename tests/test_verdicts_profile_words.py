@@ -48,7 +48,8 @@ def test_a_split_gets_its_lead_in_unless_the_prediction_pointed_to_it():
 def test_the_trace_names_its_actor_and_its_cut():
     assert helpers.trace_actor_words("nccl") == "NCCL's kernels"
     assert helpers.trace_actor_words("gloo") == "Gloo's threads"
-    assert helpers.trace_cut_words("host") == "the last autograd node"
+    assert helpers.trace_cut_words("host") == ("the last gradient's hook, inside backward's "
+                                               "last autograd node")
     assert helpers.trace_cut_words("gpu") == "backward's last kernel on the GPU"
     with pytest.raises(ValueError, match="gloo"):
         helpers.trace_actor_words("mpi")

@@ -5,12 +5,12 @@ so that no hidden notebook cell decides what a sentence says.
 """
 from ..timing import ratio
 from .fixes_verdicts import ablation_credit
-from .verdicts import _check, compile_sentence, ratio_words
+from .verdicts import _check, _places, compile_sentence, ratio_words
 
 __all__ = ["gpu_status_words", "best_step_words", "compiled_step_words", "missed_words",
            "arith_note_words", "ablation_words", "regime_counts", "emulated_overlap_words",
            "real_overlap_words", "bench_accuracy_words", "bench_scratch_words", "device_words",
-           "trace_order_words"]
+           "trace_order_words", "fusing_bound_words"]
 
 # an exact (counted or modelled) ratio shows its effect beyond this margin, either way
 EXACT_MARGIN = 0.05
@@ -174,3 +174,42 @@ def trace_order_words(hooks, default_ms, one_ms, default_total_ms, one_total_ms)
         return "The traces rank the default and one bucket as the hooks do." + total
     return ("The traces rank the default and one bucket in the opposite order to the hooks; "
             "this run does not show why." + total)
+
+
+def _against_bound(r, bound, what, whose, note=""):
+    """'1.00 times as fast as the `nn.Module` step (0.86-1.05: within noise), against the bound
+    of 1.33: inside it': a Ratio against the most a step that keeps its convolutions can gain
+    (`bound`), inside it, beyond it, or with a spread that holds it; an end that would print as
+    the bound, and the bound, to the decimals that tell them apart."""
+    _check(r)
+    lo, hi = ([max(_places(x, 1.0), _places(x, bound)) for x in (r.lo, r.hi)])
+    b = f"{bound:.{max(_places(bound, r.lo), _places(bound, r.hi))}f}"
+    head = (f"{r.median:.2f} times as fast as {what} ({r.lo:.{lo}f}-{r.hi:.{hi}f}: "
+            f"{r.verdict}), against {whose} bound of {b}{note}")
+    if r.hi < bound:
+        return f"{head}: inside it"
+    if r.lo > bound:
+        return f"{head}: beyond it"
+    return f"{head}: its spread holds the bound, so this run cannot tell them apart"
+
+
+def fusing_bound_words(fused, bound, compiled=None, compiled_bound=None):
+    """Exercise 3's bound (the most a step that keeps its convolutions can gain: 1 / their share
+    of it) against the measured steps: `fused` the Ratio of the `nn.Module` step's time to fix
+    5's eager fused step's, `bound` the `nn.Module` step's; `compiled` the Ratio of the fused
+    step's time to fix 6's compiled step's (None where nothing was compiled), `compiled_bound`
+    the fused step's own. Each inside, beyond or not told from its bound; a step beyond it is
+    not explained by these words (the chapter says what fix 6 changes). Returns dict(fused,
+    compiled), each a sentence without its final period."""
+    words = dict(fused="Fix 5's eager fused step runs the same convolutions: it was "
+                 + _against_bound(fused, bound, "the `nn.Module` step", "the"))
+    if compiled is None:
+        words["compiled"] = ("This run compiled nothing (quick mode), so it does not set fix 6's "
+                             "compiled step against the bound")
+    elif compiled_bound is None:
+        raise ValueError("fusing_bound_words: a compiled Ratio needs the fused step's own bound")
+    else:
+        words["compiled"] = "Fix 6's compiled step was " + _against_bound(
+            compiled, compiled_bound, "the fused step", "the fused step's own",
+            f" (its convolutions were {1 / compiled_bound:.0%} of it)")
+    return words

@@ -4,7 +4,7 @@ the fixes and scaling chapters. A cause is named only where the run measured it.
 """
 from ..timing import Ratio
 from ..words import plural
-from .verdicts import _check
+from .verdicts import _check, _places
 
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
@@ -207,10 +207,13 @@ def overlap_lengthens_words(step, compute):
 
 
 def _against(p, r):
-    """'1.39 times, outside the measured 1.03-1.26': a predicted speed-up against a Ratio."""
+    """'1.39 times, outside the measured 1.03-1.26': a predicted speed-up against a Ratio, an
+    end that would print as the prediction and the prediction itself to the decimals that tell
+    them apart ('1.736 times, outside the measured 1.741-2.19')."""
     _check(r)
     where = "inside" if r.lo <= p <= r.hi else "outside"
-    return f"{p:.2f} times, {where} the measured {r.lo:.2f}-{r.hi:.2f}"
+    lo, hi = _places(r.lo, p), _places(r.hi, p)
+    return f"{p:.{max(lo, hi)}f} times, {where} the measured {r.lo:.{lo}f}-{r.hi:.{hi}f}"
 
 
 # Below this (milliseconds a step) a part of the gap between the lone timing's prediction and

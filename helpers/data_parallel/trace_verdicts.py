@@ -1,7 +1,7 @@
 """The profile chapter's words for its DDP trace (Part IV): when the bucket all-reduces were
 launched against backward's last autograd node, where the all-reduce time fell against the
-region "backward", and what the reducer's wait after the last node was made of. Each sentence
-is chosen by the measured split (helpers.profiling.exposed_ms), never by a template."""
+region "backward", and what the reducer's wait after the last gradient's hook was made of. Each
+sentence is chosen by the measured split (helpers.profiling.exposed_ms), never by a template."""
 from ..words import plural
 from .profile_verdicts import _ms
 
@@ -12,10 +12,11 @@ __all__ = ["bucket_launch_words", "trace_region_words", "reducer_wait_words", "t
 
 def bucket_launch_words(launched, before_cut, before_last):
     """When DDP launched its bucket all-reduces in a trace, counted against backward's last
-    autograd node: `launched` in all, `before_cut` before that node ended, `before_last` before
-    it started (while autograd still had other gradients to compute). A launch between the two
-    came from inside the last node, once its own gradient was in; one after the cut, from the
-    reducer's wait."""
+    autograd node: `launched` in all, `before_cut` by the cut (helpers.trace_events: the first
+    launch from inside that node, by its gradient's hook, else the node's end), `before_last`
+    before the node started (while autograd still had other gradients to compute). A launch
+    between the two came from inside the last node, once its own gradient was in; one after
+    the cut, from the reducer's wait."""
     if not 0 <= before_last <= before_cut <= launched:
         raise ValueError(f"bucket_launch_words: need 0 <= before_last ({before_last}) <= "
                          f"before_cut ({before_cut}) <= launched ({launched})")
@@ -29,7 +30,8 @@ def bucket_launch_words(launched, before_cut, before_last):
                 "it started, while autograd still had other gradients to compute, and "
                 f"{inside} from inside that last node, once its own gradient was in")
     return (head + f", {before_last} before backward's last autograd node started, {inside} "
-            f"from inside it, and {launched - before_cut} after it ended, in the reducer's wait")
+            f"from inside it, by its gradient's hook, and {launched - before_cut} later, in the "
+            "reducer's wait")
 
 
 # Below this (half a microsecond: under the trace's microsecond stamps) no all-reduce time is said
@@ -108,9 +110,10 @@ def reducer_wait_words(split):
     the communication adds), some of it with none open (the wait in two parts, said apart: the
     step lost the whole wait, and only the part with an all-reduce running is communication the
     trace shows), or none open at all (the wait is not attributed). What the reducer waited for
-    with nothing in flight (its threads to get a core, the other rank) is not measured, and is
-    said so. Records open in the wait beyond the step's own exposed all-reduce (an earlier
-    step's, late) are named where they reach the floor."""
+    with nothing in flight (the rest of the hook that launched the last bucket, where the wait
+    starts, its threads to get a core, the other rank) is not measured, and is said so. Records
+    open in the wait beyond the step's own exposed all-reduce (an earlier step's, late) are
+    named where they reach the floor."""
     wait, busy, idle, exposed = (split[k] for k in ("wait", "wait_busy", "wait_idle", "exposed"))
     if not (-1e-9 <= busy <= wait + 1e-9 and -1e-9 <= idle
             and abs(busy + idle - wait) < 1e-6 and exposed <= busy + 1e-6):
@@ -121,8 +124,9 @@ def reducer_wait_words(split):
         return (f"{regions} had an all-reduce running throughout: that exposed time, not the "
                 f"all-reduce's total, {_HARDWARE}")
     nothing = ("`backward()` waited with no all-reduce running in the trace, nothing in flight "
-               "that it shows (waiting for gloo's threads to get the core, say, or for the other "
-               "rank: this trace does not attribute it)")
+               "that it shows (finishing the hook that launched the last bucket, waiting for "
+               "gloo's threads to get the core, say, or for the other rank: this trace does not "
+               "attribute it)")
     if busy < WAIT_IDLE_MS:
         return (f"{regions} had no all-reduce running in them: {nothing}. The step lost those "
                 f"{_ms(wait)} ms, and this trace does not show them as communication")
@@ -145,10 +149,11 @@ def trace_actor_words(backend):
 
 
 def trace_cut_words(clock):
-    """Where a trace's split (helpers.exposed_ms) cut backward: on the host at its last autograd
-    node ('host'), on the GPU at its last kernel ('gpu')."""
+    """Where a trace's split (helpers.exposed_ms) cut backward: on the host at the last
+    gradient's hook, inside its last autograd node ('host': the hook's first bucket launch
+    there, else the node's end), on the GPU at its last kernel ('gpu')."""
     if clock == "host":
-        return "the last autograd node"
+        return "the last gradient's hook, inside backward's last autograd node"
     if clock == "gpu":
         return "backward's last kernel on the GPU"
     raise ValueError(f"clock {clock!r}: a trace's split is cut on the 'host' or the 'gpu'")

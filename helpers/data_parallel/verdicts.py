@@ -20,10 +20,16 @@ def _check(r):
     return r
 
 
+def _places(x, against):
+    """The fewest decimals, 2 or more, that print x and `against` apart (2 where they are equal
+    to 6 decimals): a spread's end that rounds to the figure it is compared with must not read
+    as equal to it."""
+    return next((d for d in range(2, 7) if f"{x:.{d}f}" != f"{against:.{d}f}"), 2)
+
+
 def _digits(x, against):
-    """x to 2 decimals, or to 3 where 2 would print it as `against` (a spread's end that rounds
-    to the figure it is compared with must not read as equal to it)."""
-    return f"{x:.3f}" if f"{x:.2f}" == f"{against:.2f}" else f"{x:.2f}"
+    """x to 2 decimals, or to as many more as it takes not to print it as `against`."""
+    return f"{x:.{_places(x, against)}f}"
 
 
 def _spread(r):
