@@ -83,6 +83,9 @@ def test_flight_recorder_words_with_and_without_dumps():
     assert "ranks 0 and 2 alone" in flight_recorder_words({0: 4, 1: 3, 2: 4},
                                                           (4, "nccl:all_reduce", {2, 0}))
     assert "nothing to dump" in flight_recorder_words({}, None)
+    assert flight_recorder_words({0: 4, 1: 4}, None) == (
+        "Rank 0 recorded 4 collectives and rank 1 4, and every collective was recorded by "
+        "every rank: these dumps name no collective that a rank missed.")
 
 
 def test_reference_dump_words():

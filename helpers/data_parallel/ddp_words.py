@@ -66,14 +66,18 @@ def pending_words(pending, num_buckets):
 
 def flight_recorder_words(counts, unjoined):
     """What this run's flight recorder dumps show: `counts` ({rank: collectives recorded}, empty
-    where nothing was dumped) and `unjoined` (sequence number, op, ranks that ran it)."""
+    where nothing was dumped) and `unjoined` (sequence number, op, ranks that ran it; None
+    where every rank recorded every collective)."""
     if not counts:
         return ("This torch's gloo records no collectives, so there was nothing to dump: the "
                 "example needs NCCL (2 GPUs).")
-    seq, op, ran = unjoined
     (first, n_first), *others = sorted(counts.items())
     recorded = f"Rank {first} recorded {plural(n_first, 'collective')}" + "".join(
         f" and rank {rank} {n}" for rank, n in others)
+    if unjoined is None:
+        return (f"{recorded}, and every collective was recorded by every rank: these dumps "
+                "name no collective that a rank missed.")
+    seq, op, ran = unjoined
     return (f"{recorded}: the first that not every rank recorded is number {seq} (`{op}`), run "
             f"by {_ranks(ran)} alone. torch's analyzer says the same (\"Not all ranks joining "
             f"collective\", with the missing rank and {_ranks(ran)}'s Python stack at the call), "
