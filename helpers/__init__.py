@@ -72,10 +72,12 @@ from .one_process import flat_cross_entropy, params_of, local_batch
 from .profiling import (quiet_native_stderr, profile_cpu, collectives_in, count_ops, trace_events,
                         overlap_ms, exposed_ms, trace_sentence)
 from .prose import ClaimFailed, claim, formatted, plural, say
+from .words import how_often
 from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
                         failed_cells_words)
-from .model_words import spread_verdict, largest_miss, comm_inside_step_words, fit_words
+from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
+                          load_words)
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
                               measured_step_words)
 from .gpus_words import (pool_words, copy_fit_words, unsynced_timing_words, size_growth_words,
@@ -136,6 +138,12 @@ from .data_parallel.seed_verdicts import (paired_verdict, sign_chance, chance_wo
                                           scaled_rate_verdict, equal_steps_verdict,
                                           unseparated_words)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
+from .data_parallel.syncbn_words import (long_run_words, cost_words, found_words,
+                                         comm_resolved_words)
+from .data_parallel.ddp_words import (dp_ddp_words, timeline_clock_words, exposed_words,
+                                      pending_words, flight_recorder_words,
+                                      reference_dump_words, nodes_same_words, join_share_words,
+                                      walk_growth_words, flag_cost_words)
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
                                                 scratch_skipped_step, exposed_comm_times)
@@ -162,6 +170,7 @@ from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_sca
                             clip_sharded_grad_norm_)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
 from .sharding.torch_api import fsdp2_api, fsdp2_model, fsdp2_layers
+from .sharding.fsdp2_words import checkpoint_time_words
 from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
                                    fsdp_scratch_vs_one_process, fsdp2_vs_one_process,
                                    dcp_save_sharded, dcp_load_resharded, memory_per_stage,
@@ -185,7 +194,8 @@ from .pipeline_parallel.simulated import (split_sequential, network_split_forwar
                                           run_schedule, stage_forward, stage_backward,
                                           pipeline_1f1b, multiply_adds, run_interleaved,
                                           pipeline_order_words)
-from .pipeline_parallel.split_words import mac_bubble_words, simulated_timing_words
+from .pipeline_parallel.split_words import (mac_bubble_words, simulated_timing_words,
+                                            bubble_vs_formula_words, devices_words)
 from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
                                         layer_times, cuts_by, LinearTape)
 from .pipeline_parallel.timelines import (pipeline_model_time, replayed_bubble, wait_parts,
@@ -196,6 +206,7 @@ from .pipeline_parallel.experiments import (pipeline_run, pipelining_run, pingpo
                                              forward_flops, box_model)
 from .pipeline_parallel.verdicts import (bubble_trend_words, schedule_gap,
                                          message_delay_words, balance_words)
+from .tensor_parallel.split_words import bytes_vs_dp_words
 from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
                                         CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,

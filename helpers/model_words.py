@@ -4,7 +4,7 @@ inside a step is made of (the wait for the slower worker, measured; the rest, no
 
 import statistics
 
-__all__ = ["spread_verdict", "largest_miss", "comm_inside_step_words", "fit_words"]
+__all__ = ["spread_verdict", "largest_miss", "comm_inside_step_words", "fit_words", "load_words"]
 
 
 def spread_verdict(predicted, measured):
@@ -58,3 +58,11 @@ def fit_words(fitted_s, alone_s, tolerance=0.01):
         return "the fit goes through it"
     return (f"the fit gives {1e3 * fitted_s:.2f} ms: with two noisy sizes it clamped a negative "
             "latency or bandwidth")
+
+
+def load_words(load, cores):
+    """The machine's load average for the text (all its `cores` together) from `load`, the
+    load per core of helpers.machine_load(), or 'unknown' where the system gives none."""
+    if load is None:
+        return "unknown"
+    return f"{load * cores:.1f}"

@@ -3,7 +3,7 @@ for every printed line, error message and sentence of the prose. It imports noth
 so any module may use it (devices and config too, which prose itself imports)."""
 import numbers
 
-__all__ = ["plural", "plural_names"]
+__all__ = ["plural", "plural_names", "how_often"]
 
 
 def plural(n, word, many=None):
@@ -25,3 +25,8 @@ def plural_names(items, word, many=None):
         return f"no {noun}"
     names = items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
     return f"{noun} {names}"
+
+
+def how_often(n):
+    """'once', '2 times': how many times something happened, for a sentence's verb."""
+    return "once" if n == 1 else plural(n, "time")

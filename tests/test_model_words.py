@@ -2,7 +2,13 @@
 choose it."""
 import pytest
 
-from helpers.model_words import comm_inside_step_words, fit_words, largest_miss, spread_verdict
+from helpers.model_words import (
+    comm_inside_step_words,
+    fit_words,
+    largest_miss,
+    load_words,
+    spread_verdict,
+)
 
 
 @pytest.mark.parametrize("predicted, words", [
@@ -45,3 +51,8 @@ def test_comm_without_repeats_is_refused():
 def test_fit_words():
     assert fit_words(0.000498, 0.0005) == "the fit goes through it"
     assert "the fit gives 0.60 ms" in fit_words(0.0006, 0.0005)
+
+
+def test_load_words_for_the_whole_machine_or_unknown():
+    assert load_words(0.5, 4) == "2.0"       # per core, times the cores
+    assert load_words(None, 4) == "unknown"  # no load average on this system

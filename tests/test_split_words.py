@@ -1,5 +1,15 @@
-"""Part I's network-split words (helpers/pipeline_parallel/split_words.py): each branch."""
-from helpers.pipeline_parallel.split_words import mac_bubble_words, simulated_timing_words
+"""Part I's split words (helpers/pipeline_parallel/split_words.py, helpers/tensor_parallel/
+split_words.py) and the count of times in words.py: each branch."""
+import pytest
+
+from helpers.pipeline_parallel.split_words import (
+    bubble_vs_formula_words,
+    devices_words,
+    mac_bubble_words,
+    simulated_timing_words,
+)
+from helpers.tensor_parallel.split_words import bytes_vs_dp_words
+from helpers.words import how_often
 
 
 def test_mac_bubble_words_three_branches():
@@ -20,3 +30,32 @@ def test_higher_without_free_layers_names_none():
 def test_simulated_timing_words():
     assert "take turns on one processor" in simulated_timing_words(True)
     assert "one Python thread issues the work" in simulated_timing_words(False)
+
+
+@pytest.mark.parametrize("lo, hi, word", [
+    (0.47, 0.49, "larger"),                          # every run above the formula's 0.20
+    (0.10, 0.15, "smaller"),                         # every run below it
+    (0.15, 0.25, "not clearly larger or smaller"),   # the runs' range holds it
+])
+def test_bubble_vs_formula_words_three_branches(lo, hi, word):
+    assert bubble_vs_formula_words(lo, hi, 0.20) == word
+
+
+def test_devices_words():
+    assert devices_words(True) == "simulated on one processor"
+    assert devices_words(False) == "real, separate devices"
+
+
+@pytest.mark.parametrize("split, dp, word", [
+    (1_241_664, 774_408, "more"),
+    (500_000, 774_408, "less"),
+    (774_408, 774_408, "neither more nor less"),
+])
+def test_bytes_vs_dp_words_three_branches(split, dp, word):
+    assert bytes_vs_dp_words(split, dp) == word
+
+
+def test_how_often():
+    assert how_often(1) == "once"
+    assert how_often(2) == "2 times"
+    assert how_often(0) == "0 times"

@@ -1,8 +1,10 @@
 """Part I's words for the network split (the network_split chapter): how the bubble that
 multiply-adds predict compares with the replayed run's, and why (from the stage shares the run
-measured), and what timings of simulated devices can show."""
+measured), how the measured bubble compares with the equal-stage formula, and what timings of
+simulated devices can show."""
 
-__all__ = ["mac_bubble_words", "simulated_timing_words"]
+__all__ = ["mac_bubble_words", "simulated_timing_words", "bubble_vs_formula_words",
+           "devices_words"]
 
 
 def mac_bubble_words(macs_bubble, replay_bubble, free_layers=(), margin=0.02):
@@ -28,3 +30,18 @@ def simulated_timing_words(simulated):
                 "overlaps.")
     return ("These are real devices, but one Python thread issues the work of all of them, so "
             "they overlap only as far as asynchronous launches allow.")
+
+
+def bubble_vs_formula_words(lo, hi, formula):
+    """The measured bubble (over the runs, from `lo` to `hi`) against the formula's for equal
+    stages: 'larger', 'smaller' or 'not clearly larger or smaller' (the text goes on 'than')."""
+    if lo > formula:
+        return "larger"
+    if hi < formula:
+        return "smaller"
+    return "not clearly larger or smaller"
+
+
+def devices_words(simulated):
+    """What the chapter's devices were, for the sentence that gives their step times."""
+    return "simulated on one processor" if simulated else "real, separate devices"
