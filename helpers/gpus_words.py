@@ -10,12 +10,13 @@ __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth
            "threads_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
-           "H200_DATASHEET", "pinned_words", "overlap_words"]
+           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words"]
 
 BAND = 0.1             # two single timings closer than this cannot be told apart
 NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
 ABOVE_ROOF = 1.05      # above this share, the peak's own run was the slower one
 TINY_PRODUCT = 256     # an n x n product this small or smaller is split among threads at a loss
+BUSY_LOAD = 0.5        # a load per core above this is named as a likely cause of a stray run
 
 
 def pool_words(pool_mib, cache_mib=None):
@@ -34,17 +35,23 @@ def copy_fit_words(falls, worst, load=None):
     """Whether alpha + b/beta describes the copies: `falls` the number of sizes whose every
     run was faster than every run of 4x fewer bytes, `worst` the model's largest miss (a
     ratio >= 1), `load` the machine's load per core (None: not known). Within 2x and never
-    falling: it fits; else the run strays and the words say the machine was busy."""
+    falling: it fits; else the run strays, and the load is named as the likely cause only
+    where it was measured above BUSY_LOAD."""
     if worst < 1:
         raise ValueError(f"the largest miss is a ratio >= 1, got {worst}")
     if not falls and worst <= 2:
         return ("the time never falls as the bytes grow (the smallest copies stay flat within "
                 "their spread), and one latency and one bandwidth describe every copy")
-    busy = "" if load is None else f" (load {load:.1f} per core)"
     fell = (f": the time fell at {plural(falls, 'size')} although the bytes grew"
             if falls else "")
-    return (f"this run strays from it{fell}. The machine was busy{busy}: rerun the cells on a "
-            "quiet machine")
+    if load is not None and load > BUSY_LOAD:
+        return (f"this run strays from it{fell}. The machine was busy (load {load:.1f} per "
+                "core), a likely cause: rerun the cells on a quiet machine")
+    seen = ("" if load is None else
+            f" (the load was {load:.1f} per core, not high enough to blame)")
+    return (f"this run strays from it{fell}, and this run does not say why{seen}: other work "
+            "on the machine, or where the memory was placed, is a likely reason, not measured "
+            "here; rerun the cells to see whether it recurs")
 
 
 def unsynced_timing_words(wrong_s, right_s):
@@ -56,8 +63,8 @@ def unsynced_timing_words(wrong_s, right_s):
         return "too small", (f"the unsynchronised timing was {right / wrong:.0f} times too small "
                              "in every round: it timed the queueing")
     if min(wrong_s) > max(right_s):
-        return "too large", ("the unsynchronised timing was larger in every round: the product "
-                             "is too short here for the queueing to show")
+        return "too large", ("the unsynchronised timing was larger in every round, which this "
+                             "run does not explain")
     return "cannot tell", "the rounds overlap, so this run cannot tell the two timings apart"
 
 
@@ -127,6 +134,11 @@ def compute_roof_words(share):
 
 # NVIDIA's H200 datasheet: float32 and dense bfloat16 FLOP/s, memory bytes/s
 H200_DATASHEET = dict(peak=67e12, bf16=989e12, bw=4.8e12)
+# Links by their specifications, not measured: PCIe 4.0 (PCI-SIG) runs 16 GT/s a lane, one bit a
+# transfer, 128b/130b encoding, on the 16 lanes of an x16 slot; NVLink 4 (NVIDIA's H100/H200
+# datasheets) joins two GPUs by 18 links of 25 GB/s each way
+LINK_SPECS = dict(pcie4_gt_s=16e9, pcie4_lanes=16, pcie4_encoding=128 / 130,
+                  nvlink4_links=18, nvlink4_link_gbs=25)
 
 
 def gpu_roofs(ref):

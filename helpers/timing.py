@@ -16,6 +16,7 @@ measured side by side, not of two separate runs. A ratio whose spread crosses 1.
 "within noise": the run cannot tell the two apart. GPUs run asynchronously: pass `devices` and
 the clock is read only after they have finished (helpers.synchronize).
 """
+import math
 import os
 import statistics
 import time
@@ -26,7 +27,7 @@ from .devices import synchronize
 from .words import plural
 
 __all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load",
-           "MIN_ROUNDS", "verdict_of", "quartiles_word"]
+           "MIN_ROUNDS", "verdict_of", "quartiles_word", "clock_tick", "cpu_clock"]
 
 MIN_ROUNDS = 2   # a spread needs two samples at least: one round is a figure, not a verdict
 
@@ -212,3 +213,28 @@ def machine_load() -> float | None:
         return os.getloadavg()[0] / (os.cpu_count() or 1)
     except (AttributeError, OSError):
         return None
+
+
+def clock_tick(clock: Callable[[], float] = time.thread_time, spin_s: float = 0.02) -> float:
+    """The smallest nonzero step `clock` took while read over and over for `spin_s` seconds of
+    wall time (inf where it never moved): the tick the clock really has, which the resolution
+    it reports need not be (Windows reports 1e-7 s for a thread clock that moves far more
+    coarsely)."""
+    step, last = math.inf, clock()
+    end = time.perf_counter() + spin_s
+    while time.perf_counter() < end:
+        now = clock()
+        if now != last:
+            step, last = min(step, now - last), now
+    return step
+
+
+def cpu_clock(fine: float = 1e-5, clock: Callable[[], float] = time.thread_time,
+              wall: Callable[[], float] = time.perf_counter, spin_s: float = 0.02
+              ) -> tuple[Callable[[], float], float, str]:
+    """(clock, tick, name): this thread's CPU clock ('thread') where its observed tick is at most
+    `fine` seconds, else the wall clock ('wall'), on which a short timing never reads 0."""
+    tick = clock_tick(clock, spin_s)
+    if tick <= fine:
+        return clock, tick, "thread"
+    return wall, clock_tick(wall, spin_s), "wall"

@@ -17,13 +17,24 @@ def test_pool_words_larger_smaller_or_unlisted_cache():
 
 def test_copy_fit_words_fits_strays_or_falls():
     assert "one latency and one bandwidth describe every copy" in helpers.copy_fit_words(0, 1.5)
+    # a high load, measured: named as the likely cause
     wide = helpers.copy_fit_words(0, 2.5, load=1.26)
-    assert wide == ("this run strays from it. The machine was busy (load 1.3 per core): rerun "
-                    "the cells on a quiet machine")
+    assert wide == ("this run strays from it. The machine was busy (load 1.3 per core), a likely "
+                    "cause: rerun the cells on a quiet machine")
+    # a low load: the machine is not blamed, the run says it does not know why
+    low = helpers.copy_fit_words(0, 2.5, load=0.1)
+    assert low.startswith("this run strays from it, and this run does not say why (the load was "
+                          "0.1 per core, not high enough to blame): other work on the machine, "
+                          "or where the memory was placed, is a likely reason, not measured")
+    assert "busy" not in low
+    # no load reading: nor is it blamed
     fell = helpers.copy_fit_words(2, 1.2)
     assert fell.startswith("this run strays from it: the time fell at 2 sizes although the "
-                           "bytes grew. The machine was busy: rerun")
+                           "bytes grew, and this run does not say why: other work")
+    assert "busy" not in fell and "load" not in fell
     assert "at 1 size although" in helpers.copy_fit_words(1, 1.2)
+    assert "busy (load 0.6" in helpers.copy_fit_words(1, 1.2, load=0.55)
+    assert "does not say why" in helpers.copy_fit_words(1, 1.2, load=0.5)
     with pytest.raises(ValueError, match="ratio >= 1"):
         helpers.copy_fit_words(0, 0.5)
 
@@ -32,9 +43,17 @@ def test_unsynced_timing_words_has_three_branches():
     verdict, words = helpers.unsynced_timing_words([1e-5, 2e-5, 3e-5], [3e-3, 3.1e-3, 3.2e-3])
     assert verdict == "too small" and "155 times too small in every round" in words
     verdict, words = helpers.unsynced_timing_words([5e-3, 6e-3], [1e-3, 2e-3])
-    assert verdict == "too large" and "larger in every round" in words
+    assert verdict == "too large" and words == (
+        "the unsynchronised timing was larger in every round, which this run does not explain")
     verdict, words = helpers.unsynced_timing_words([1e-3, 3e-3], [2e-3, 4e-3])
     assert verdict == "cannot tell" and "cannot tell the two timings apart" in words
+
+
+def test_link_specs_give_pcie4_x16_and_nvlink4_each_way():
+    spec = helpers.LINK_SPECS
+    pcie = spec["pcie4_gt_s"] * spec["pcie4_lanes"] * spec["pcie4_encoding"] / 8
+    assert pcie == pytest.approx(31.5e9, rel=1e-3)
+    assert spec["nvlink4_links"] * spec["nvlink4_link_gbs"] == 450
 
 
 def test_size_growth_words_within_more_or_less():

@@ -1,5 +1,6 @@
 """helpers.timing: warm-up, repeats, medians with spreads, ratios round by round, "within noise"."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -141,3 +142,35 @@ def test_quartiles_word_three_branches():
         "within noise of"
     with pytest.raises(ValueError, match="2 samples of each run"):
         quartiles_word([0.1], fast)
+
+
+class _TickingClock:
+    """A fake clock that moves by `tick` seconds every `every` readings (a coarse clock ticks
+    at the scheduler, whatever resolution it reports)."""
+
+    def __init__(self, tick, every=1):
+        self.tick, self.every, self.reads = tick, every, 0
+
+    def __call__(self):
+        self.reads += 1
+        return self.reads // self.every * self.tick
+
+
+def test_clock_tick_is_the_smallest_step_seen():
+    assert timing.clock_tick(_TickingClock(0.0156, every=50), spin_s=0.01) == (
+        pytest.approx(0.0156))
+    assert timing.clock_tick(lambda: 1.0, spin_s=0.005) == math.inf   # never moved
+
+
+def test_cpu_clock_takes_the_wall_clock_where_the_thread_clock_is_coarse():
+    wall = _TickingClock(1e-7)
+    coarse = _TickingClock(0.0156, every=50)       # Windows' GetThreadTimes, in effect
+    clock, tick, name = timing.cpu_clock(clock=coarse, wall=wall, spin_s=0.01)
+    assert clock is wall and name == "wall" and tick == pytest.approx(1e-7)
+    fine = _TickingClock(3e-7)
+    clock, tick, name = timing.cpu_clock(clock=fine, wall=wall, spin_s=0.01)
+    assert clock is fine and name == "thread" and tick == pytest.approx(3e-7)
+    clock, _, name = timing.cpu_clock(clock=lambda: 0.0, wall=wall, spin_s=0.005)
+    assert clock is wall and name == "wall"                # a clock that never moves
+    clock, tick, name = timing.cpu_clock()                # this machine's
+    assert name in ("thread", "wall") and 0 < tick < 1e-3
