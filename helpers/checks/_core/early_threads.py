@@ -6,6 +6,7 @@ in library code over whatever it is handed, refuses it (guard.answering); while 
 an executor's worker started before it runs only what was submit()ted (carrying its modes).
 """
 import concurrent.futures.thread as _cf_thread
+import gc
 import sys
 import threading
 import types
@@ -96,12 +97,30 @@ def _opaque(thread, target):
     return not isinstance(getattr(target, "__code__", None), types.CodeType)
 
 
+_FRAMES_LOCK = threading.Lock()
+
+
+def _current_frames():
+    """sys._current_frames() with the garbage collector off: it builds frame objects while it
+    holds the interpreter's thread-list lock, a collection there can free a tensor, and torch
+    takes the GIL again to free it while another rank thread holds the GIL and waits for that
+    lock (a deadlock two rank threads met on a loaded machine)."""
+    with _FRAMES_LOCK:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return sys._current_frames()
+        finally:
+            if enabled:
+                gc.enable()
+
+
 def hidden_worker():
     """A thread started before the answer ran (not by an answer) that runs the reader's code:
     its target is the reader's, or the reader's code is on its stack outside an answer. The
     Recorder and the other watches are per thread and carried only into threads started while
     the answer runs, so such a thread's work would go unseen. Its name, or None."""
-    frames = sys._current_frames()
+    frames = _current_frames()
     me = threading.get_ident()
     for thread in threading.enumerate():
         if thread.ident == me or getattr(thread, _MARK, False) or thread.ident not in frames:
