@@ -13,15 +13,22 @@ import types
 import numpy as np
 import torch
 
+from .rank_arrays import RankArray
+
 __all__ = ["early_views_read_only"]
 
 _LOCK = threading.Lock()
 _HELD = {}      # (id(space), key) -> [calls inside, space, key, the original array]
 _BASE = np.ndarray.base.__get__
+_INTERFACE = np.ndarray.__array_interface__.__get__   # past a RankArray's watched property
 
 
 def _torch_backed(v):
-    """A numpy array whose memory a tensor owns (its base chain reaches a tensor)."""
+    """A numpy array whose memory a tensor owns (its base chain reaches a tensor), other than a
+    rank's own RankArray: rank_arrays guards those (another rank's reads refused, the memory
+    read-only), and one may already sit in a global when a slower rank's answer starts."""
+    if isinstance(v, RankArray):
+        return False
     base = v
     for _ in range(32):            # read by ndarray's own descriptor: no subclass's code runs
         if not isinstance(base, np.ndarray):     # (another rank's RankArray refuses .base)
@@ -43,11 +50,11 @@ def _read_only(v):
     lets a view's WRITEABLE flag be set again while its base is writeable)."""
     whole = _tensor_of(v).detach().numpy()
     whole.flags.writeable = False
-    start = v.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+    start = _INTERFACE(v)["data"][0] - _INTERFACE(whole)["data"][0]
     try:
         return np.ndarray(v.shape, v.dtype, buffer=whole, offset=start, strides=v.strides)
     except (TypeError, ValueError):  # a tensor whose memory is not one block: a read-only copy
-        copy = np.array(v)
+        copy = np.ndarray.view(v, np.ndarray).copy()
         copy.flags.writeable = False
         return copy
 
