@@ -8,8 +8,7 @@ Every counter of the course writes there:
 - `count_traffic()` wraps dist.all_reduce, reduce_scatter_tensor, all_gather_into_tensor /
   all_gather_single and broadcast while it is active (gloo does not report what it really
   sent: this is the volume the cost model of Part I counts, from the tensors really passed);
-- `FuncolBytes` adds the functional collectives DTensor dispatches.
-
+- `FuncolBytes` adds the functional collectives DTensor dispatches;
 - the exercise checks' World (helpers/checks/_core/world.py) reads one Transfer per message
   its network carried (`World.traffic`).
 
