@@ -2,6 +2,9 @@
 code written against it runs on process ranks and thread ranks alike."""
 import inspect
 
+import torch
+import torch._dynamo  # noqa: F401 - here, not lazily in a rank thread (slow: past its deadline)
+
 from helpers.runtime.comm import Comm, DistComm, ThreadComm
 from helpers.runtime.thread_world import ThreadWorld
 
@@ -13,7 +16,8 @@ def _methods(cls):
 
 def test_both_comms_give_every_call_of_the_protocol_with_its_parameters():
     want = _methods(Comm)
-    assert {"send", "recv", "all_reduce", "all_gather", "reduce_scatter", "wait"} <= set(want)
+    assert {"send", "recv", "all_reduce", "all_gather", "reduce_scatter", "isendrecv",
+            "wait"} <= set(want)
     for cls in (DistComm, ThreadComm):
         for name, sig in want.items():
             assert hasattr(cls, name), f"{cls.__name__} lacks {name}"
@@ -27,3 +31,35 @@ def test_a_thread_comm_has_the_protocols_attributes():
     comm = ThreadWorld(2).comm(1)
     assert (comm.rank, comm.world, comm.device.type) == (1, 2, "cpu")
     assert set(Comm.__annotations__) == {"rank", "world", "device"}
+
+
+def _ring_exchange(comm):
+    """Two tensors to the next rank and two from the previous one, posted together."""
+    nxt, prv = (comm.rank + 1) % comm.world, (comm.rank - 1) % comm.world
+    a = torch.full((3,), float(comm.rank))
+    b = torch.full((2, 2), float(comm.rank), dtype=torch.float64)
+    hop = comm.isendrecv([(a, nxt, 5), (b, nxt, 6)],
+                         [(prv, (3,), torch.float32, 5), (prv, (2, 2), torch.float64, 6)])
+    return comm.traffic.records, hop.wait()
+
+
+def test_both_comms_record_the_same_traffic_for_the_same_exchange():
+    """isendrecv on a DistComm (torch.distributed, played here by the checks' World) and on a
+    ThreadComm: the same Transfer records, the same tensors received, the same messages on the
+    network."""
+    from helpers.checks._core import World
+    from helpers.runtime.traffic import Transfer
+    runs = {}
+    for name, make in (("thread", lambda comm: comm), ("dist", lambda comm: DistComm())):
+        world = World(3, timeout=10.0)
+        runs[name] = world.run(lambda comm, make=make: _ring_exchange(make(comm))), \
+            [world.traffic(r).records for r in range(3)]
+    (thread, thread_net), (dist, dist_net) = runs["thread"], runs["dist"]
+    for r in range(3):
+        nxt, prv = (r + 1) % 3, (r - 1) % 3
+        want = [Transfer("send", r, nxt, 12, 12, None, 4),
+                Transfer("send", r, nxt, 32, 32, None, 8)]
+        assert thread[r][0] == dist[r][0] == thread_net[r] == dist_net[r] == want
+        for got in (thread[r][1], dist[r][1]):
+            assert [g.dtype for g in got] == [torch.float32, torch.float64]
+            assert all(torch.equal(g, torch.full_like(g, prv)) for g in got)

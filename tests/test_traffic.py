@@ -16,7 +16,8 @@ def test_simulated_transfers_are_records_read_by_one_api():
     helpers.send(torch.ones(2), 1, 2, devices, log, "gradient")
     helpers.send(torch.ones(8), 2, 2, devices, log, "kept")                # same device: free
     assert isinstance(log, ByteLog)
-    assert log.records == [Transfer("activation", 0, 1, 16, 16), Transfer("gradient", 1, 2, 8, 8)]
+    assert log.records == [Transfer("activation", 0, 1, 16, 16, None, 4),
+                           Transfer("gradient", 1, 2, 8, 8, None, 4)]
     assert (log.wire_bytes(), log.wire_bytes("gradient"), log.wire_bytes(src=1)) == (24, 8, 8)
     assert (log.wire_bytes(dst=1), log.wire_bytes(src=0, dst=2), log.payload_bytes()) == (16, 0, 24)
     assert (log.calls(), log.calls("kept"), len(log)) == (2, 0, 2)
@@ -60,9 +61,10 @@ def test_a_ranks_messages_and_collectives_have_both_sizes_and_the_log_resets():
         return before, comm.traffic.records
 
     recs, after = helpers.launch(rank, 2, threads=True)[0]
-    assert recs == [Transfer("send", 0, 1, 12, 12), Transfer("all_reduce", 0, None, 20, 20.0),
-                    Transfer("all_gather", 0, None, 8, 8),
-                    Transfer("reduce_scatter", 0, None, 16, 8.0)]
+    assert recs == [Transfer("send", 0, 1, 12, 12, None, 4),
+                    Transfer("all_reduce", 0, None, 20, 20.0, None, 4),
+                    Transfer("all_gather", 0, None, 8, 8, None, 4),
+                    Transfer("reduce_scatter", 0, None, 16, 8.0, None, 4)]
     assert after == []
 
 
@@ -118,3 +120,43 @@ def test_an_all_to_all_wire_is_the_rows_that_leave_the_rank_on_every_counter():
     assert all_to_all_wire(x, [1, 2, 3], 3, 1) == 8 * (6 - 2)
     assert all_to_all_wire(x, [], 3, 0) == all_to_all_wire(x, [2, 2, 2], 3, 0) == 32
     assert wire_share("all_to_all_single", 48, 3) == 32 and wire_share("all_to_all", 48, 1) == 0
+
+
+def test_by_group_keys_on_a_collectives_group_never_on_a_messages_peer():
+    """A message to rank 0 is a message, not a collective of no group: dst is only ever a peer,
+    a collective's ranks are its group."""
+    log = ByteLog()
+    log.record("send", 8, 1, 0)                                 # a message to rank 0
+    log.record("all_reduce", 40, 1, wire=60, group=(0, 1, 2, 3))
+    log.record("all_reduce", 40, 1, wire=40, group=[1, 3])
+    groups = log.by_group()
+    assert set(groups) == {(), (0, 1, 2, 3), (1, 3)}
+    assert groups[()].ops() == {"send": 1} and groups[()].payload_bytes(dst=0) == 8
+    assert groups[(0, 1, 2, 3)].wire_bytes() == 60 and log.wire_bytes(dst=0) == 8
+
+
+def test_until_and_since_split_a_log_at_a_mark():
+    log = ByteLog()
+    log.record("all_reduce", 10, wire=15)
+    mark = log.mark()
+    log.record("send", 4, 0, 1)
+    assert log.until(mark).records == log.records[:mark] == [Transfer("all_reduce", None, None,
+                                                                      10, 15)]
+    assert log.until(mark).records + log.since(mark).records == log.records
+
+
+def test_gathered_counts_an_all_gather_once_per_rank_and_numbers_count_elements():
+    log = ByteLog()
+    log.record("all_gather", 16, 0, wire=48, group=(0, 1, 2, 3), itemsize=4)   # 4 float32
+    log.record("all_reduce", 16, 0, wire=24, group=(0, 1, 2, 3), itemsize=8)   # 2 float64
+    assert (log.payload_bytes(), log.gathered_bytes(), log.gathered_bytes("all_reduce")) == \
+        (32, 80, 16)
+    assert (log.numbers(), log.numbers(gathered=True), log.numbers("all_gather")) == (6, 18, 4)
+
+
+def test_tensor_bytes_is_the_one_size_of_a_tensor():
+    from helpers.runtime.traffic import tensor_bytes
+    assert tensor_bytes(torch.zeros(3, 2, dtype=torch.float64)) == 48
+    log = helpers.CommLog()
+    helpers.send(torch.zeros(5, dtype=torch.int8), 0, 1, [torch.device("cpu")] * 2, log)
+    assert log.payload_bytes() == 5

@@ -119,7 +119,7 @@ def check_ring_forward(fn):
             expect(peers == {nxt}, f"on {world} ranks rank {rank} sent to ranks "
                                    f"{sorted(peers)}: in a ring each rank sends only to "
                                    f"the next one, rank {nxt}")
-            sent = sum(m.nbytes for m in mine)
+            sent = w.traffic(messages=mine).payload_bytes()
             expect(sent == 2 * (world - 1) * block,
                    f"on {world} ranks rank {rank} sent {sent} bytes; passing K and V "
                    f"on world - 1 times is {2 * (world - 1) * block}")
@@ -229,8 +229,7 @@ def check_tokens_to_heads(fn):
             for j in range(world):
                 if j == r:
                     continue
-                sent = sum(m.nbytes for m in w.messages
-                           if m.op == "send" and m.src == r and m.dst == j)
+                sent = w.traffic(r).payload_bytes("send", dst=j)
                 expect(sent == piece, f"on {world} ranks rank {r} sent {sent} bytes to rank "
                                       f"{j}; its tokens of rank {j}'s heads are {piece} bytes")
         for r, got in enumerate(results):

@@ -83,7 +83,7 @@ def check_dispatch_tokens(fn):
                 if j == rank:
                     continue
                 need = int((dests[rank] == j).sum()) * d * 4
-                sent = sum(m.nbytes for m in mine if m.dst == j)
+                sent = w.traffic(messages=mine).payload_bytes(dst=j)
                 expect(need <= sent <= need + 64,
                        f"on {world} ranks rank {rank} sent {sent} bytes to rank {j}; "
                        f"its rows for rank {j} are {need} bytes: send each row only to "

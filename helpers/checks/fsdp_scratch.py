@@ -78,9 +78,10 @@ def check_gather_layer(fn):
         for r in range(world):
             gathers = w.sent("all_gather", rank=r)
             expect(gathers, f"{call}: rank {r} did not all-gather the shards")
-            expect(len(gathers) == 1 and gathers[0].nbytes == shards[r].numel() * 4,
+            sizes = [t.payload for t in w.traffic(messages=gathers).records]
+            expect(sizes == [shards[r].numel() * 4],
                    f"{call}: rank {r} ran {len(gathers)} all-gathers of "
-                   f"{[m.nbytes for m in gathers]} bytes: one all-gather of its "
+                   f"{sizes} bytes: one all-gather of its "
                    f"{shards[r].numel() * 4}-byte shard brings every rank's")
             got = list(outs[r])
             expect(len(got) == len(shapes),
@@ -180,7 +181,7 @@ def check_clip_sharded(fn):
         call = f"clip_sharded ({world} ranks, max_norm {max_norm:.3g})"
         grad_bytes = [4 * sum(s) for s in sizes]
         for r in range(world):
-            sent = sum(m.nbytes for m in w.messages if m.rank == r and m.op != "recv")
+            sent = w.traffic(r).payload_bytes()
             expect(sent < min(grad_bytes) / 2,
                    f"{call}: rank {r} sent {sent} bytes for {grad_bytes[r]} bytes of gradient: "
                    "all-reduce one number (the sum of squares), not the gradients")

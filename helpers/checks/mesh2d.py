@@ -83,7 +83,7 @@ def check_dp_average(fn):
                 world.expect_from_messages(r, t, f"gradient of shape {s}", k)
         need = 4 * sum(int(torch.tensor(s).prod()) for s in shapes)
         for r in range(k):
-            got = sum(m.nbytes for m in world.sent("all_reduce", rank=r))
+            got = world.traffic(r).payload_bytes("all_reduce")
             expect(got == need,
                    f"on {k} ranks rank {r} all-reduced {got} bytes, its gradients hold {need}: "
                    "all-reduce the gradients themselves, each element once")

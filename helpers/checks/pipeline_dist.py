@@ -155,7 +155,7 @@ def check_pipeline_forward(fn):
             want = nn.Sequential(*stages)(X)
         rows = [len(c) for c in torch.arange(n).tensor_split(m)]
         for s in range(p - 1):
-            sends = [(msg.dst, msg.nbytes) for msg in world.sent("send", rank=s)]
+            sends = [(t.dst, t.payload) for t in world.traffic(s).records if t.op == "send"]
             expect(sends, f"on {p} ranks rank {s} sent nothing to rank {s + 1}: each "
                           "stage must pass its output on with comm.send")
             expect(all(dst == s + 1 for dst, _ in sends),

@@ -199,10 +199,10 @@ def check_sync_bn_input_grad(fn):
         return fn(dys[r].clone(), x_hats[r].clone(), invstd.clone(), sum(rows))
     got = world.run(rank_fn)
     for r in range(w):     # in total, not per message: many small messages carry rows too
-        sent = [m for m in world.sent(rank=r) if m.op != "recv"]
-        total = world.sent_total(r, numbers=True)       # numbers: float64 sums are fine
+        sent = world.traffic(r)
+        total = sent.numbers()       # numbers, not bytes: float64 sums are fine
         expect(total <= 2 * c,
-               f"rank {r} sent {total} numbers ({world.sent_total(r)} bytes) in {len(sent)} "
+               f"rank {r} sent {total} numbers ({sent.payload_bytes()} bytes) in {len(sent)} "
                f"call(s): only the two per-channel sums ({2 * c} numbers) need to travel, "
                "never the rows")
     expect(world.sent("all_reduce"),

@@ -48,7 +48,7 @@ def check_row_parallel_linear(fn):
         expect(reduces == [1] * k and calls == [1] * k,
                f"on {k} ranks the ranks called {calls} collectives ({reduces} all-reduces); a "
                "row-split layer needs exactly one all-reduce each, of the partial output")
-        nbytes = _reduces(world, 0)[0].nbytes
+        nbytes = world.traffic(0).payload_bytes("all_reduce")
         expect(nbytes == n * d_out * 4,
                f"rank 0 all-reduced {nbytes} bytes; the partial output is {n * d_out * 4}")
         for r, y in enumerate(results):
@@ -103,7 +103,7 @@ def check_megatron_mlp(fn):
             bwd = [m for m in world.sent(rank=r) if m.seq > split and m.op != "recv"]
             expect(fwd, f"on {k} ranks rank {r} did not communicate in forward: the partial "
                         "outputs of the row-split layer must be all-reduced (g)")
-            moved = [m.nbytes * (len(m.ranks) if m.op == "all_gather" else 1) for m in fwd]
+            moved = [t.gathered for t in world.traffic(messages=fwd).records]
             expect(max(moved) <= act,
                    f"rank {r} moved {max(moved)} bytes in one {fwd[0].op} in forward, more "
                    f"than one activation ({act} bytes): that rebuilds weights; a "
@@ -115,7 +115,7 @@ def check_megatron_mlp(fn):
                    f"on {k} ranks rank {r}'s output differs from the unsplit MLP by "
                    f"{(o - out.detach()).abs().max():.3g}")
             expect(xg is not None and len(bwd) == 1 and bwd[0].op == "all_reduce"
-                   and bwd[0].nbytes == act,
+                   and world.transfer(bwd[0]).payload == act,
                    f"rank {r} made {len(bwd)} all-reduces in backward, expected one of "
                    "x's gradient (f: identity forward, all-reduce backward)")
             expect(torch.allclose(xg, ref[0].grad, atol=1e-4),
@@ -135,13 +135,13 @@ def _block_bytes(comm, block, X, R):
     from .. import TPBlock, block_loss
     X = X.clone().requires_grad_()
     block_loss(TPBlock(block, comm)(X), R).backward()
-    return comm.traffic.payload_bytes("all_reduce")
+    return comm.traffic.payload_bytes("all_reduce"), comm.traffic.wire_bytes("all_reduce")
 
 
 @check("tp_ring_bytes", references=["ring_bytes_per_device"],
-       observes=["the number returned for fresh (batch, seq, width, k), against the payload "
-                 "the from-scratch TPBlock all-reduces on k thread ranks (recorded) times the "
-                 "ring's 2(k-1)/k"])
+       observes=["the number returned for fresh (batch, seq, width, k), against the wire bytes "
+                 "of the from-scratch TPBlock's all-reduces on k thread ranks (recorded: the "
+                 "ring's 2(k-1)/k of each payload)"])
 def check_tp_ring_bytes(fn):
     """fn(batch, seq, width, k): bytes each rank sends in one forward and backward of the
     tensor-parallel SmallBlock over k ranks, its all-reduces done as rings."""
@@ -157,16 +157,15 @@ def check_tp_ring_bytes(fn):
         R = torch.randn(batch, seq, width, generator=g)
         call = f"tp_ring_bytes({batch}, {seq}, {width}, {k})"
         got = as_number(fn(batch, seq, width, k), call)
-        payloads = World(k, timeout=TIMEOUT).run(_block_bytes, block, X, R)
-        want = payloads[0] * 2 * (k - 1) / k
+        payload, want = World(k, timeout=TIMEOUT).run(_block_bytes, block, X, R)[0]
         if abs(got - want) <= 1e-6 * want:
             continue
         if abs(got - want / 2) <= 1e-6 * want:
             msg = "that is forward only: backward all-reduces as many activations"
-        elif abs(got - payloads[0]) <= 1e-6 * want:
+        elif abs(got - payload) <= 1e-6 * want:
             msg = "that is the payload; a ring all-reduce sends 2(k-1)/k of it per rank"
         else:
-            msg = f"the block's all-reduces carried {payloads[0]} bytes, so expected {want:g}"
+            msg = f"the block's all-reduces carried {payload} bytes, so expected {want:g}"
         raise CheckFailed(f"{call} returned {got:g}: {msg}")
 
 
@@ -203,17 +202,17 @@ def check_vocab_loss(fn):
         want = torch.nn.functional.cross_entropy(ref, target)
         want.backward()
         for r in range(k):
-            sent = [m for m in world.sent(rank=r) if m.op != "recv"]
-            expect(sent, f"on {k} ranks rank {r} never communicated: no rank holds the whole "
-                         "logits, so the sums over the vocabulary must be all-reduced")
-            big = [m for m in sent if m.nbytes * (len(m.ranks or ()) if m.op == "all_gather"
-                                                  else 1) > n * 8]
+            sent = world.traffic(r)
+            expect(len(sent), f"on {k} ranks rank {r} never communicated: no rank holds the "
+                              "whole logits, so the sums over the vocabulary must be "
+                              "all-reduced")
+            big = [t for t in sent.records if t.gathered > n * 8]
             if big:
-                raise CheckFailed(f"rank {r} moved {big[0].nbytes} bytes in one {big[0].op} "
+                raise CheckFailed(f"rank {r} moved {big[0].payload} bytes in one {big[0].op} "
                                   f"(there are {n} rows): it gathered the logits; all-reduce "
                                   "one number per row instead (a maximum, a sum, the target's "
                                   "logit)")
-            total = world.sent_total(r, numbers=True, gathered=True)   # many small ones too
+            total = sent.numbers(gathered=True)                # many small ones too
             expect(total <= 4 * n, f"on {k} ranks rank {r} sent {total} numbers in "
                    f"{len(sent)} call(s), for {n} rows: it gathered the logits piece by piece; "
                    "all-reduce about three numbers per row in all (a maximum, a sum, the "

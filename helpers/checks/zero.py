@@ -148,8 +148,9 @@ def check_grad_shard(fn):
         for r in range(world):
             rs = w.sent("reduce_scatter", rank=r)
             expect(len(rs) == 1, f"{call}: rank {r} made {len(rs)} reduce-scatters, expected one")
-            expect(rs[0].nbytes == 4 * (n + pad),
-                   f"{call}: rank {r} reduce-scattered {rs[0].nbytes} bytes; pad the {n} "
+            nbytes = w.traffic(r).payload_bytes("reduce_scatter")
+            expect(nbytes == 4 * (n + pad),
+                   f"{call}: rank {r} reduce-scattered {nbytes} bytes; pad the {n} "
                    f"gradients to {n + pad} (a multiple of the world size) and send them once")
             want = full.chunk(world)[r]
             out = got[r]
@@ -304,7 +305,7 @@ def check_qwz_all_gather(fn):
         blocks = -(-n // block)
         limit = blocks * block + 4 * blocks
         for r in range(world):
-            sent = sum(m.nbytes for m in w.sent(rank=r))
+            sent = w.traffic(r).payload_bytes()
             expect(sent > 0, f"{call}: rank {r} sent nothing: gather the other ranks' shards "
                              "with dist.all_gather_into_tensor")
             expect(sent <= limit,

@@ -15,17 +15,14 @@ Each step posts its send and its receive together (`ring_pass`: torch's batch_is
 computes, and then waits for both: the next block arrives while this one is computed, and a
 block a rank has passed on is freed at once, so a rank holds its own K/V block, the one it
 computes on and the one arriving, never the whole sequence (`RingCensus` counts them).
-Works over any comm with send/recv (helpers.DistComm across processes, ThreadComm in checks).
+Works over any comm (helpers.DistComm across processes, ThreadComm in checks).
 """
 import math
 
 import torch
-import torch.distributed as dist
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-
-from ..runtime.comm import DistComm
 
 __all__ = ["split_positions", "shard_sequence", "unshard_sequence", "attention_reference",
            "block_attention", "merge_blocks", "causal_block", "ring_pass", "ring_attention",
@@ -113,44 +110,15 @@ def merge_blocks(acc, m, l, acc_b, m_b, l_b):
     return acc * a[..., None] + acc_b * b[..., None], m_new, l * a + l_b * b
 
 
-class _Hop:
-    """One posted ring step: wait() finishes it and returns what arrived; what was sent is let
-    go then (its buffers die with the last reference)."""
-
-    def __init__(self, works, got, sent=None, recv=None):
-        self.works, self.got, self.sent, self.recv = works, got, sent, recv
-
-    def wait(self):
-        for w in self.works:
-            w.wait()
-        got = self.got if self.recv is None else [rcv() for rcv in self.recv]
-        self.works = self.got = self.sent = self.recv = None
-        return got
-
-
 def ring_pass(comm, tensors, tag):
     """Post one hop of the ring: each tensor to rank + 1 and one of the same shape from
-    rank - 1, sends and receives together (torch.distributed.batch_isend_irecv on a DistComm;
-    a ThreadComm's send never blocks, its receive waits in wait()). Returns the hop; its
-    wait() returns the received tensors."""
+    rank - 1, sends and receives together (comm.isendrecv: torch.distributed's
+    batch_isend_irecv on a DistComm). Returns the hop; its wait() returns the received
+    tensors and lets go of the sent ones."""
     w, r = comm.world, comm.rank
     nxt, prv = (r + 1) % w, (r - 1) % w
-    tensors = [t.detach().contiguous() for t in tensors]
-    if isinstance(comm, DistComm):
-        glob = (lambda j: j) if comm.group is None else (                       # noqa: E731
-            lambda j: dist.get_global_rank(comm.group, j))
-        got = [torch.empty_like(t) for t in tensors]
-        ops = []
-        for i, (t, buf) in enumerate(zip(tensors, got, strict=True)):
-            ops.append(dist.P2POp(dist.irecv, buf, glob(prv), comm.group, tag + i))
-            ops.append(dist.P2POp(dist.isend, t, glob(nxt), comm.group, tag + i))
-            comm.traffic.record("send", t.numel() * t.element_size(), r, nxt)
-        return _Hop(dist.batch_isend_irecv(ops), got, sent=tensors)
-    for i, t in enumerate(tensors):
-        comm.send(t, nxt, tag=tag + i)
-    recv = [lambda i=i, t=t: comm.recv(prv, t.shape, tag=tag + i, dtype=t.dtype)
-            for i, t in enumerate(tensors)]
-    return _Hop([], None, recv=recv)
+    return comm.isendrecv([(t, nxt, tag + i) for i, t in enumerate(tensors)],
+                          [(prv, t.shape, t.dtype, tag + i) for i, t in enumerate(tensors)])
 
 
 def _positions(comm, T_local, layout):

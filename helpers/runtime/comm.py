@@ -13,15 +13,31 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from .traffic import ByteLog, CountsSent, all_to_all_wire
+from .traffic import ByteLog, CountsSent, all_to_all_wire, tensor_bytes
 
-__all__ = ["Comm", "DistComm", "ThreadComm"]
+__all__ = ["Comm", "DistComm", "ThreadComm", "Exchange"]
+
+
+class Exchange:
+    """What `isendrecv` returns: `wait()` finishes every send and receive it posted and returns
+    the received tensors, in the order of the receives; the sent tensors are let go then."""
+
+    def __init__(self, works: Sequence, got: Sequence, sent: Sequence = ()) -> None:
+        self._works, self._got, self._sent = list(works), list(got), list(sent)
+
+    def wait(self) -> list[torch.Tensor]:
+        for w in self._works:
+            w.wait()
+        got = [g() if callable(g) else g for g in self._got]
+        self._works = self._got = self._sent = None
+        return got
 
 
 class Comm(Protocol):
     """What code written against a comm may call: DistComm (processes) and ThreadComm (thread
     ranks) both give it (tests/test_runtime_types.py holds them to it). `rank` and `world` are
-    within the comm's group; sends return at once, `wait()` finishes them."""
+    within the comm's group; sends return at once, `wait()` finishes them; `isendrecv` posts
+    several sends and receives together and returns an Exchange to wait on."""
     rank: int
     world: int
     device: torch.device
@@ -39,6 +55,8 @@ class Comm(Protocol):
 
     def sendrecv(self, send: tuple | None = None, recv: tuple | None = None
                  ) -> torch.Tensor | None: ...
+
+    def isendrecv(self, sends: Sequence[tuple], recvs: Sequence[tuple]) -> Exchange: ...
 
     def all_to_all(self, x: torch.Tensor, in_splits: Sequence[int],
                    out_splits: Sequence[int], tag: int = 300, op: str = "all_to_all"
@@ -121,6 +139,21 @@ class DistComm(CountsSent):
             works[-1].wait()
         return buf
 
+    def isendrecv(self, sends: Sequence[tuple], recvs: Sequence[tuple]) -> Exchange:
+        """Post several sends (t, dst, tag) and receives (src, shape, dtype, tag) at once, in one
+        batch_isend_irecv, without waiting: the returned Exchange's wait() finishes them (on a
+        GPU: the stream waits) and returns the received tensors. Each send is counted as
+        `send` would count it."""
+        ops, got, sent = [], [], []
+        for src, shape, dtype, tag in recvs:
+            got.append(torch.empty(shape, dtype=dtype, device=self.device))
+            ops.append(dist.P2POp(dist.irecv, got[-1], self._global(src), self.group, tag))
+        for t, dst, tag in sends:
+            sent.append(t.detach().contiguous())
+            self._count("send", sent[-1], dst)
+            ops.append(dist.P2POp(dist.isend, sent[-1], self._global(dst), self.group, tag))
+        return Exchange(dist.batch_isend_irecv(ops) if ops else [], got, sent)
+
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum `t` over the ranks, in place (op="max": the largest value)."""
         self._count("all_reduce", t)
@@ -154,8 +187,9 @@ class DistComm(CountsSent):
         in_splits, out_splits = _splits(in_splits), _splits(out_splits)
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=self.group)
-        self.traffic.record(op, x.numel() * x.element_size(), self.rank,
-                            wire=all_to_all_wire(x, in_splits, self.world, self.rank))
+        self.traffic.record(op, tensor_bytes(x), self.rank,
+                            wire=all_to_all_wire(x, in_splits, self.world, self.rank),
+                            itemsize=x.element_size())
         return out
 
     def wait(self) -> None:
@@ -181,6 +215,15 @@ class ThreadComm(CountsSent):
     def recv(self, src: int, shape: Sequence[int], tag: int = 0,
              dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.w.recv(src, tag, shape=tuple(shape), dtype=dtype)
+
+    def isendrecv(self, sends: Sequence[tuple], recvs: Sequence[tuple]) -> Exchange:
+        """DistComm.isendrecv: the sends go at once (a ThreadWorld's send never blocks), the
+        receives are taken in the Exchange's wait(); counted as DistComm counts it."""
+        for t, dst, tag in sends:
+            self.send(t, dst, tag)
+        return Exchange([], [lambda src=src, shape=shape, dtype=dtype, tag=tag:
+                             self.recv(src, shape, tag=tag, dtype=dtype)
+                             for src, shape, dtype, tag in recvs])
 
     def _collective(self, op, t, combine, finish):
         """Every rank's copy of `t` (in rank order) -> combine -> finish(mine) in this rank."""
@@ -225,8 +268,9 @@ class ThreadComm(CountsSent):
         for j in range(self.world):
             if j != self.rank:
                 self.w.send(pieces[j].detach(), j, tag)
-        self.traffic.record(op, x.numel() * x.element_size(), self.rank,
-                            wire=all_to_all_wire(x, in_splits, self.world, self.rank))
+        self.traffic.record(op, tensor_bytes(x), self.rank,
+                            wire=all_to_all_wire(x, in_splits, self.world, self.rank),
+                            itemsize=x.element_size())
         return torch.cat([pieces[j].clone() if j == self.rank else
                           self.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
                           for j in range(self.world)])

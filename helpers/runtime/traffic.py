@@ -8,19 +8,30 @@ Every counter of the course writes there:
 - `count_traffic()` wraps dist.all_reduce, reduce_scatter_tensor, all_gather_into_tensor /
   all_gather_single and broadcast while it is active (gloo does not report what it really
   sent: this is the volume the cost model of Part I counts, from the tensors really passed);
-- `FuncolBytes` adds the functional collectives DTensor dispatches.
+- `FuncolBytes` adds the functional collectives DTensor dispatches;
+- the exercise checks' World (helpers/checks/_core/world.py) reads one Transfer per message
+  its network carried (`World.traffic`).
 
-Every reader reads a ByteLog's methods: `wire_bytes`, `payload_bytes`, `calls`, `ops`,
-`by_group`, `mark` / `since`. Two sizes, one name each:
+A Transfer's `dst` is the peer rank of a message (None for a collective); `group` is a
+collective's ranks (None for a message, or when unknown). Every reader reads a ByteLog's
+methods: `wire_bytes`, `payload_bytes`, `gathered_bytes`, `numbers`, `calls`, `ops`,
+`by_group`, `mark` / `since` / `until`. Three sizes, one name each:
 - payload: the bytes of the tensor the caller handed over (a message's tensor, a
   collective's input as passed);
 - wire: the bytes this rank puts on the network for it. A message's is its payload; a
   collective's is its share in the bandwidth-optimal ring (costs.ring_bytes_per_device: an
   all-reduce 2(k-1)/k of the tensor, a reduce-scatter (k-1)/k of its input, an all-gather
-  k-1 times its input); an all-to-all's, the rows that leave the rank (`all_to_all_wire`, on
-  the comms and on DTensor's functional all-to-all alike).
+  k-1 times its input, a broadcast (k-1)/k of the tensor: a pipelined chain in which every
+  rank but the last forwards it whole, averaged over the k ranks); an all-to-all's, the rows
+  that leave the rank (`all_to_all_wire`, on the comms and on DTensor's functional
+  all-to-all alike);
+- gathered: what a call brings together, the payload, except an all-gather's, counted once
+  per rank of its group (the whole gathered tensor every rank ends up with): the checks cap
+  it, so that an answer cannot gather a tensor it must not build in small shards.
+`numbers` reads payload or gathered in elements instead of bytes (a record's `itemsize`).
 """
 import contextlib
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -30,22 +41,38 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..costs import ring_bytes_per_device
 
 __all__ = ["Transfer", "ByteLog", "CountsSent", "CommLog", "send", "count_traffic",
-           "TrafficLog", "FuncolBytes", "wire_share", "all_to_all_wire"]
+           "TrafficLog", "FuncolBytes", "wire_share", "all_to_all_wire", "tensor_bytes"]
 
 
 class Transfer(NamedTuple):
-    """One message or collective: what (op), from whom, to whom (a collective: None, or its
-    group's ranks), its payload and its wire bytes (module docstring)."""
+    """One message or collective: what (op), from whom, to whom (a message's peer; None for a
+    collective), its payload and its wire bytes, a collective's group of ranks (None: a message,
+    or not known) and the bytes of one element (1: not known, `numbers` counts bytes) (module
+    docstring)."""
     op: str
-    src: object
-    dst: object
+    src: int | None
+    dst: int | None
     payload: float
     wire: float
+    group: tuple[int, ...] | None = None
+    itemsize: int = 1
+
+    @property
+    def gathered(self) -> float:
+        """The payload; an all-gather's once per rank of its group (no group: once)."""
+        if self.op.startswith("all_gather"):
+            return self.payload * (len(self.group or ()) or 1)
+        return self.payload
 
 
-def wire_share(op, payload, k):
+def tensor_bytes(t: torch.Tensor) -> int:
+    """The bytes of tensor `t`'s elements (every count of the module starts from it)."""
+    return t.numel() * t.element_size()
+
+
+def wire_share(op: str, payload: float, k: int) -> float:
     """Wire bytes of one collective `op` on k ranks whose caller handed `payload` bytes (an
-    all-gather its shard, a reduce-scatter and an all-reduce the full tensor)."""
+    all-gather its shard, a reduce-scatter, an all-reduce and a broadcast the full tensor)."""
     if k <= 1:
         return 0
     if op.startswith("all_reduce"):
@@ -57,7 +84,7 @@ def wire_share(op, payload, k):
     return payload
 
 
-def _match(r, op, src, dst):
+def _match(r: Transfer, op: str | None, src: int | None, dst: int | None) -> bool:
     return (op is None or r.op == op) and (src is None or r.src == src) and \
         (dst is None or r.dst == dst)
 
@@ -65,57 +92,82 @@ def _match(r, op, src, dst):
 class ByteLog:
     """The one log of bytes sent, and the one way to read it."""
 
-    def __init__(self, records=()):
+    def __init__(self, records: Iterable[Transfer] = ()) -> None:
         self._records = list(records)
 
-    def record(self, op, payload, src=None, dst=None, wire=None):
+    def record(self, op: str, payload: float, src: int | None = None, dst: int | None = None,
+               wire: float | None = None, group: Iterable[int] | None = None,
+               itemsize: int = 1) -> None:
         """Add one Transfer; `wire` defaults to the payload (a message)."""
-        self._records.append(Transfer(op, src, dst, payload, payload if wire is None else wire))
+        self._records.append(Transfer(op, src, dst, payload, payload if wire is None else wire,
+                                      None if group is None else tuple(group), itemsize))
 
     @property
-    def records(self):
+    def records(self) -> list[Transfer]:
         """The Transfer records, in order (a copy: appending to it records nothing)."""
         return list(self._records)
 
-    def wire_bytes(self, op=None, src=None, dst=None):
+    def wire_bytes(self, op: str | None = None, src: int | None = None,
+                   dst: int | None = None) -> float:
         """Bytes put on the network, in all or only by those records (of `op`, from `src`,
         to `dst`)."""
         return sum(r.wire for r in self._records if _match(r, op, src, dst))
 
-    def payload_bytes(self, op=None, src=None, dst=None):
+    def payload_bytes(self, op: str | None = None, src: int | None = None,
+                      dst: int | None = None) -> float:
         """Bytes of the tensors handed over, in all or only by those records."""
         return sum(r.payload for r in self._records if _match(r, op, src, dst))
 
-    def calls(self, op=None, src=None, dst=None):
+    def gathered_bytes(self, op: str | None = None, src: int | None = None,
+                       dst: int | None = None) -> float:
+        """Bytes the calls bring together (Transfer.gathered), in all or only by those
+        records."""
+        return sum(r.gathered for r in self._records if _match(r, op, src, dst))
+
+    def numbers(self, op: str | None = None, src: int | None = None, dst: int | None = None,
+                gathered: bool = False) -> float:
+        """Elements handed over (gathered=True: brought together), in all or only by those
+        records: a float64 number counts as one, as a float32 one does."""
+        return sum((r.gathered if gathered else r.payload) // r.itemsize
+                   for r in self._records if _match(r, op, src, dst))
+
+    def calls(self, op: str | None = None, src: int | None = None,
+              dst: int | None = None) -> int:
         """How many records (of `op`, from `src`, to `dst`)."""
         return sum(1 for r in self._records if _match(r, op, src, dst))
 
-    def ops(self):
+    def ops(self) -> dict[str, int]:
         """{op: calls}, in the order each op first appeared."""
         out = {}
         for r in self._records:
             out[r.op] = out.get(r.op, 0) + 1
         return out
 
-    def by_group(self):
-        """{group's ranks (a record's dst; () for none): a ByteLog of its records}."""
+    def by_group(self) -> "dict[tuple[int, ...], ByteLog]":
+        """{a collective's group (its ranks; () for a message or an unknown group): a ByteLog of
+        its records}."""
         out = {}
         for r in self._records:
-            out.setdefault(r.dst or (), ByteLog())._records.append(r)
+            out.setdefault(r.group or (), ByteLog())._records.append(r)
         return out
 
-    def mark(self):
-        """A place in the log, for `since` (e.g. where forward ends and backward begins)."""
+    def mark(self) -> int:
+        """A place in the log, for `since` and `until` (e.g. where forward ends and backward
+        begins)."""
         return len(self._records)
 
-    def since(self, mark=0):
+    def since(self, mark: int = 0) -> "ByteLog":
         """A ByteLog of the records after `mark`."""
         return ByteLog(self._records[mark:])
 
-    def __len__(self):
+    def until(self, mark: int) -> "ByteLog":
+        """A ByteLog of the records before `mark`."""
+        return ByteLog(self._records[:mark])
+
+    def __len__(self) -> int:
         return len(self._records)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}({self.ops()}, wire_bytes={self.wire_bytes():.0f})"
 
 
@@ -123,22 +175,23 @@ class CountsSent:
     """A rank's counts: `traffic`, a ByteLog (read it with its methods); `reset_counts()`
     starts afresh."""
 
-    def reset_counts(self):
+    def reset_counts(self) -> None:
         """Forget what was counted so far (e.g. after warm-up steps)."""
         self._traffic = ByteLog()
 
     @property
-    def traffic(self):
+    def traffic(self) -> ByteLog:
         if "_traffic" not in self.__dict__:
             self._traffic = ByteLog()
         return self._traffic
 
-    def _count(self, op, t, peer=None):
+    def _count(self, op: str, t: torch.Tensor, peer: int | None = None) -> None:
         """Record a message to `peer` (its wire bytes: its payload) or, without a peer, a
         collective over this comm's ranks (its wire bytes: wire_share)."""
-        payload = t.numel() * t.element_size()
+        payload = tensor_bytes(t)
         wire = payload if peer is not None else wire_share(op, payload, self.world)
-        self.traffic.record(op, payload, getattr(self, "rank", None), peer, wire)
+        self.traffic.record(op, payload, getattr(self, "rank", None), peer, wire,
+                            itemsize=t.element_size())
 
     def sendrecv(self, send=None, recv=None):
         """Post a send (t, dst) and a receive (src, shape[, dtype]) together; returns the
@@ -153,27 +206,25 @@ class CommLog(ByteLog):
     """The transfers between simulated devices (src, dst: device indices; op: what was sent)."""
 
 
-def send(t, src, dst, devices, log=None, what=""):
+def send(t: torch.Tensor, src: int, dst: int, devices, log: ByteLog | None = None,
+         what: str = "") -> torch.Tensor:
     """Move tensor `t` from devices[src] to devices[dst], logging its bytes when src != dst."""
     if log is not None and src != dst:
-        log.record(what, t.numel() * t.element_size(), src, dst)
+        log.record(what, tensor_bytes(t), src, dst, itemsize=t.element_size())
     return t.to(devices[dst])
 
 
-def tensor_bytes(t):
-    return t.numel() * t.element_size()
-
-
 class TrafficLog(ByteLog):
-    """What this rank sent through dist collectives; each record's dst is its group's global
+    """What this rank sent through dist collectives; each record's group is its group's global
     ranks (a mesh dimension's: `by_group`)."""
 
-    def add(self, name, full_bytes, world, ranks=None):
+    def add(self, name: str, full_bytes: int, world: int,
+            ranks: Iterable[int] | None = None) -> None:
         """One collective `name` on `world` ranks of a `full_bytes` tensor (an all-gather's
         output, whose input is a 1/world shard)."""
         payload = full_bytes // world if name.startswith("all_gather") else full_bytes
-        self.record(name, payload, dst=tuple(ranks) if ranks else None,
-                    wire=wire_share(name, payload, world))
+        self.record(name, payload, wire=wire_share(name, payload, world),
+                    group=tuple(ranks) if ranks else None)
 
 
 def _full_tensor(name, args, kwargs):
@@ -245,8 +296,7 @@ class FuncolBytes(CountsSent, TorchDispatchMode):
         if ns in ("_c10d_functional", "c10d_functional", "c10d") and name in self.OPS:
             first = args[0] if args else None
             tensors = first if isinstance(first, (list, tuple)) else [first]
-            payload = sum(t.numel() * t.element_size() for t in tensors
-                          if isinstance(t, torch.Tensor))
+            payload = sum(tensor_bytes(t) for t in tensors if isinstance(t, torch.Tensor))
             group = _funcol_group(args, kwargs)
             if name == "all_to_all_single":     # (input, output_splits, input_splits, group)
                 splits = kwargs.get("input_split_sizes", args[2] if len(args) > 2 else None)
@@ -257,12 +307,12 @@ class FuncolBytes(CountsSent, TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def all_to_all_wire(x, in_splits, k, rank):
+def all_to_all_wire(x: torch.Tensor, in_splits, k: int, rank: int) -> float:
     """Wire bytes of an all-to-all of x on k ranks: the rows that leave `rank` (every split but
     its own; no splits: equal ones), as the comms count it."""
     if not in_splits:
-        return wire_share("all_to_all", x.numel() * x.element_size(), k)
-    row = x[0].numel() * x.element_size() if len(x) else 0
+        return wire_share("all_to_all", tensor_bytes(x), k)
+    row = tensor_bytes(x[0]) if len(x) else 0
     return sum(int(s) for j, s in enumerate(in_splits) if j != rank) * row
 
 

@@ -54,7 +54,7 @@ def _run(module, X, R, counter):
     fwd = counter.traffic.mark()
     block_loss(_local(out), R).backward()
     return dict(out=_local(out).detach().cpu().clone(), grads=_grads(module),
-                fwd=counter.traffic.records[:fwd], bwd=counter.traffic.since(fwd).records,
+                fwd=counter.traffic.until(fwd).records, bwd=counter.traffic.since(fwd).records,
                 x_grad=X.grad.detach().cpu().clone())
 
 
@@ -107,7 +107,7 @@ def sp_runs(rank, world, block, X, R, comm, mesh):
         if name == "sp":
             sync_replicated_grads(module, comm)
         out[name] = dict(out=y.detach().cpu().clone(), x_grad=x.grad.detach().cpu().clone(),
-                         grads=_grads(module), saved=saved, fwd=comm.traffic.records[:fwd],
+                         grads=_grads(module), saved=saved, fwd=comm.traffic.until(fwd).records,
                          bwd=comm.traffic.since(fwd).records)
     module = parallelize_module(copy.deepcopy(block), mesh, sp_plan())
     x = _seq(X, rank, world).detach().clone().requires_grad_()
@@ -120,7 +120,7 @@ def sp_runs(rank, world, block, X, R, comm, mesh):
     out["sp_dtensor"] = dict(out=_local(y).detach().cpu().clone(), grads=_grads(module),
                              ln_grad_placements=placements,
                              x_grad=x.grad.detach().cpu().clone(), saved=saved,
-                             fwd=counter.traffic.records[:fwd],
+                             fwd=counter.traffic.until(fwd).records,
                              bwd=counter.traffic.since(fwd).records)
     return out
 
@@ -145,7 +145,7 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
     loss.backward()
     grads = dict(_grads(blk), **{"emb.weight": emb.weight.grad.detach().cpu().clone(),
                                  "head.weight": head_w.grad.detach().cpu().clone()})
-    out = {"vocab": dict(loss=loss.item(), grads=grads, fwd=comm.traffic.records[:fwd],
+    out = {"vocab": dict(loss=loss.item(), grads=grads, fwd=comm.traffic.until(fwd).records,
                          bwd=comm.traffic.since(fwd).records,
                          logits_bytes=logits.numel() * logits.element_size())}
     model = parallelize_module(copy.deepcopy(lm), mesh, vocab_plan())

@@ -200,6 +200,26 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
     return Work(world, m, deliver)
 
 
+class P2POp:
+    """dist.P2POp in the simulated world: a point-to-point call (isend or irecv) for
+    batch_isend_irecv."""
+
+    def __init__(self, op, tensor, peer=None, group=None, tag=0, group_peer=None):
+        self.op, self.tensor, self.peer, self.group = op, tensor, peer, group
+        self.tag, self.group_peer = tag, group_peer
+
+
+def batch_isend_irecv(p2p_op_list):
+    """Post each P2POp in order; their handles, one per op."""
+    calls = {"isend": isend, "irecv": irecv}
+    works = []
+    for p in p2p_op_list:
+        call = calls[getattr(p.op, "__name__", "")]
+        peer = "group_dst" if call is isend else "group_src"
+        works.append(call(p.tensor, p.peer, p.group, p.tag, **{peer: p.group_peer}))
+    return works
+
+
 class _Done:
     """isend's handle: the message is on its way already."""
 

@@ -6,6 +6,8 @@ a check sees what travelled between whom instead of trusting what the answer rep
     results = world.run(fn, X)            # fn(comm, X) on each rank, comm = world.comm(rank),
                                           # a runtime ThreadComm
     world.messages                        # every send, recv and collective call, in order
+    world.traffic(rank=1)                 # what rank 1 sent, as a ByteLog (runtime/traffic.py):
+                                          # one Transfer per message or collective call
     World(3, allow={"all_reduce"})        # any other call (send, all_gather ...) fails the
                                           # answer (CheckFailed); barriers are always allowed
     world.expect_from_messages(r, t, "its output")   # with record_ops: rank r's tensor(s) t
@@ -13,8 +15,8 @@ a check sees what travelled between whom instead of trusting what the answer rep
 
 What the checks' World adds to the ThreadWorld, through its hooks:
 - while `run`/`launch` runs, `torch.distributed` is this world too (dist.py): `dist.all_reduce`,
-  `dist.reduce_scatter` (list or tensor form), `dist.all_gather`, `isend`/`irecv`, groups, async
-  handles;
+  `dist.reduce_scatter` (list or tensor form), `dist.all_gather`, `isend`/`irecv`,
+  `batch_isend_irecv`, groups, async handles;
 - with `record_ops`, each rank's aten operations are recorded (`world.recorders[rank]`), and
   so is what the network delivered to it (`world.received[rank]`: the storage versions a recv
   or a collective wrote in that rank), so `expect_from_messages` can refuse a result whose
@@ -34,6 +36,7 @@ import contextlib
 import torch
 
 from ...runtime.thread_world import Message, ThreadWorld, Work
+from ...runtime.traffic import ByteLog, Transfer, wire_share
 from .exits import watch_exits
 from .observe import Recorder
 from .provenance import Provenance
@@ -159,20 +162,25 @@ class World(ThreadWorld):
                 "buffers, the collective's output), not from data the rank already had or "
                 "got some other way")
 
-    def sent_total(self, rank, numbers=False, gathered=False):
-        """What rank `rank` sent in all, receives left out: bytes, or with `numbers=True` elements
-        (a float64 number is one number, as a float32 one). `gathered=True`: an all_gather counts
-        what it delivers, its input once per rank of its group. A cap on one message alone lets
-        many small messages carry what one large one would: checks bound this total."""
-        total = 0
-        for m in self.sent(rank=rank):
-            if m.op == "recv":
-                continue
-            size = m.nbytes // max(1, m.tensor.element_size()) if numbers and m.tensor is not \
-                None else m.nbytes
-            total += size * (len(m.ranks or ()) or self.size if gathered and
-                             m.op == "all_gather" else 1)
-        return total
+    def transfer(self, m: Message) -> Transfer:
+        """Message `m` (a send or a collective call) as the traffic log's Transfer: its payload,
+        its wire bytes (a send's payload, a collective's wire_share over its group; an
+        all-to-all's as if its splits were equal), its peer or its group, its element size."""
+        itemsize = m.tensor.element_size() if m.tensor is not None else 1
+        if not m.collective:
+            return Transfer(m.op, m.rank, m.dst, m.nbytes, m.nbytes, None, itemsize)
+        wire = wire_share(m.op, m.nbytes, len(m.ranks or ()))
+        return Transfer(m.op, m.rank, None, m.nbytes, wire, m.ranks, itemsize)
+
+    def traffic(self, rank: int | None = None, messages: list[Message] | None = None
+                ) -> ByteLog:
+        """What the network carried, read the one way (ByteLog): one Transfer per send and
+        collective call of rank `rank` (all ranks: None), or of `messages` (a check's own
+        selection, e.g. forward only); receives have none, their sender's send counts.
+        Checks bound totals, not one message alone, since many small messages carry what one
+        large one would."""
+        messages = self.sent(rank=rank) if messages is None else messages
+        return ByteLog(self.transfer(m) for m in messages if m.op != "recv")
 
     def comm_context(self):
         return self.provenance.network()
