@@ -130,6 +130,9 @@ from .data_parallel.fixes_words import (gpu_status_words, best_step_words,
 from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
                                              two_workers_sentence, weak_split, sweep_words,
                                              sweep_summary, model_saving_words)
+from .data_parallel.profile_schematics import plot_phases
+from .data_parallel.scaling_schematics import (plot_scaling, plot_alpha_beta_fit,
+                                                plot_exposed)
 from .data_parallel.scaling_words import (one_core_words, setup_words, sweep_setup_note,
                                           below_range_words, step_ms_text, lenet_step_verdict,
                                           no_two_workers_words, flat_upto_words)

@@ -59,8 +59,14 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
     assert "the spread reaches 1" in on
     assert on.endswith("while one worker alone's wall time exceeded its CPU time by 10.0 ms, a "
                       "gap not put to the workers' test")
-    # both figures in the same format: a tiny one-worker figure is not "0.0"
-    assert "exceeded its CPU time by 0.04 ms" in words(NOISE, NOISE, 1.0, 1.0, 2.04, 2.0)
+    # both figures in the same format: a small one-worker figure is not "0.1"
+    assert "exceeded its CPU time by 0.06 ms" in words(NOISE, NOISE, 1.0, 1.0, 2.06, 2.0)
+    # one worker's gap under the floor is not quoted (no "by 0.00 ms"), whatever the branch
+    for off in (NOISE, FASTER, helpers.Ratio([1.001, 1.002, 1.003])):
+        quiet = words(NOISE, off, 1.84, 1.80, 2.0, 1.99)
+        assert "one worker alone" not in quiet and "0.00 ms" not in quiet, quiet
+        assert not quiet.endswith(("while ", "while", "()")), quiet
+    assert words(NOISE, FASTER, 1.9, 1.8, 2.0, 1.99).endswith("this run does not say")
     assert "cost less than 1/2" in words(SLOWER, NOISE, 50.0, 45.0, 120.0, 110.0)
     assert words(NOISE, NOISE, 1, 1, 3, 3, k=3).startswith("each of 3 workers")
     # below 10 ms the head prints two decimals, as the chapter's prose does (1.55, not 1.6)

@@ -49,15 +49,17 @@ def test_the_same_setup_clause_explains_a_missing_verdict_without_typing_another
 
 def test_the_two_workers_sentence_splits_the_all_reduce_from_the_wait_or_says_none_ran():
     twice = helpers.Ratio([2.1, 2.3, 2.5])
-    got = helpers.two_workers_sentence((4, 1024), (SLOWER, twice), (0.6, 0.05), (0.1, 0.2))
+    got = helpers.two_workers_sentence((4, 1024), (SLOWER, twice), (0.6, 0.05), (0.1, 0.2), 8)
     assert "0.80 times as fast (0.70-0.90: slower) as one at batch 4" in got
     assert "more than twice" in got
     assert ("After both workers had arrived, the all-reduce's 8 messages took 60% of a "
             "two-worker step at batch 4 and 5% at batch 1024; rank 0's wait for the other "
             "worker took a further 10% and 20%") in got
     assert "more than twice" not in helpers.two_workers_sentence(
-        (4, 1024), (SLOWER, FASTER), (0.6, 0.05), (0.1, 0.2))
-    assert "not run" in helpers.two_workers_sentence((), (), (), ())
+        (4, 1024), (SLOWER, FASTER), (0.6, 0.05), (0.1, 0.2), 8)
+    assert "the all-reduce's 3 messages took" in helpers.two_workers_sentence(
+        (4, 1024), (SLOWER, FASTER), (0.6, 0.05), (0.1, 0.2), 3)
+    assert "not run" in helpers.two_workers_sentence((), (), (), (), 8)
 
 
 def test_weak_scaling_credits_the_all_reduce_only_with_the_time_after_both_arrived():

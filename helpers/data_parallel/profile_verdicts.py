@@ -107,22 +107,26 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
     shorter than CPU time, so `off_core` cannot fall below 1: time off the core is said only
     where the whole trimmed spread lies at or above OFF_CORE_RATIO and the medians differ by
     OFF_CORE_MS or more (the low end printed to three decimals, as a 1.00 may hide it), and
-    what took the time is not named: the run does not measure it."""
+    what took the time is not named: the run does not measure it. One worker's own gap is
+    quoted only from OFF_CORE_MS on."""
     _check(cpu_vs_half), _check(off_core)
     f = _ms2
     head = (f"each of {k} workers computed for {f(compute_ms)} ms a step, against 1/{k} of one "
             f"worker's {f(one_ms)} ms, {f(one_ms / k)}; on its core (its thread's CPU time) "
             f"{f(cpu_ms)} ms, against 1/{k} of one worker's {f(one_cpu_ms)}, "
             f"{f(one_cpu_ms / k)} (medians)")
+    # one worker's own gap, said only from the floor on (a 0.00 ms gap is no figure)
     alone = (f"one worker alone's wall time exceeded its CPU time by {_ms(one_ms - one_cpu_ms)} "
-             "ms, a gap not put to the workers' test")
+             "ms, a gap not put to the workers' test"
+             if one_ms - one_cpu_ms >= OFF_CORE_MS else "")
+    while_alone = f", while {alone}" if alone else ""
     gap = compute_ms - cpu_ms
     if off_core.lo >= OFF_CORE_RATIO and gap >= OFF_CORE_MS:
         away = (f"; the rest of its compute, {_ms(gap)} ms, it spent off its core "
                 f"(wall time / CPU time {off_core.spread_text()}, a ratio that cannot fall below "
                 f"1, above it in every round of the spread: lowest {off_core.lo:.3f}): time its "
-                "thread's CPU clock did not count, and what took it, this run does not say "
-                f"({alone})")
+                "thread's CPU clock did not count, and what took it, this run does not say"
+                + (f" ({alone})" if alone else ""))
     elif off_core.lo > 1:
         # above 1 in every round, but a floor not reached: say which test decided
         spread = _off_core_spread(off_core)
@@ -137,11 +141,11 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
             test = f"under {floor}, and {low}is under {need}"
         away = (f"; its wall time exceeded its CPU time by {_ms(gap)} ms (wall time / CPU time "
                 f"{spread}): {test} to count it as time off the core, so it did not measurably "
-                f"lose its core, while {alone}")
+                f"lose its core{while_alone}")
     else:
         away = (f"; its wall time and CPU time were not told apart "
                 f"({off_core.spread_text()}: the spread reaches 1, the lowest a wall time / CPU "
-                f"time ratio can be), so it did not measurably lose its core, while {alone}")
+                f"time ratio can be), so it did not measurably lose its core{while_alone}")
     if cpu_vs_half.lo > 1:
         share = (f": its share cost more than 1/{k} on the core itself "
                  f"({cpu_vs_half.spread_text()} of it)")

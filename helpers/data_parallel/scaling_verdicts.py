@@ -84,12 +84,13 @@ def same_setup_words(r, reps):
             "not disagree")
 
 
-def two_workers_sentence(batches, speed, after_share, wait_share):
+def two_workers_sentence(batches, speed, after_share, wait_share, messages):
     """The reference step on two workers against one, at the smallest and the largest batch of
     the scaling chapter's sweep: `speed` their Ratios (one worker's time / two workers', round
     by round); `after_share` the share of a two-worker step its all-reduce took after both
-    workers had arrived, `wait_share` rank 0's wait for the other worker (medians, 0 to 1).
-    Empty inputs: two workers were not run (one core)."""
+    workers had arrived, `wait_share` rank 0's wait for the other worker (medians, 0 to 1);
+    `messages` the step's all-reduces (one per parameter tensor). Empty inputs: two workers
+    were not run (one core)."""
     if not batches:
         return "Two workers were not run: one core is too few for them."
     (small, large), (r_small, r_large) = batches, speed
@@ -98,11 +99,10 @@ def two_workers_sentence(batches, speed, after_share, wait_share):
             "costs less per example than the whole one") if _check(r_large).lo > 2 else ""
     return (f"With the reference step, two workers were {ratio_words(_check(r_small))} as one "
             f"at batch {small}, and {ratio_words(r_large)} at batch {large}{half}. After both "
-            f"workers had arrived, the all-reduce's 8 messages took {100 * a_small:.0f}% of a "
-            f"two-worker step at batch {small} and {100 * a_large:.0f}% at batch {large}; rank "
-            f"0's wait for the other worker took a further {100 * w_small:.0f}% and "
-            f"{100 * w_large:.0f}% "
-            "(medians).")
+            f"workers had arrived, the all-reduce's {messages} messages took "
+            f"{100 * a_small:.0f}% of a two-worker step at batch {small} and "
+            f"{100 * a_large:.0f}% at batch {large}; rank 0's wait for the other worker took a "
+            f"further {100 * w_small:.0f}% and {100 * w_large:.0f}% (medians).")
 
 
 def weak_split(step, compute, step_ms, compute_ms, wait_ms, after_ms):
