@@ -11,6 +11,7 @@ models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18
 plotting, paths, validate   plots and glue, scripts, arguments   glue, script_path, validate_lr
 script_args                 the DDP scripts' command line        script_parser, resolve_args
 seeding                     models built from a seed, in threads seeded
+activations                 what autograd saves for backward     saved_bytes
 costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
                             unsplit runs everything is compared  train_one_process
 cost_explorer               the cost explorer's static twin      with_static_twin
@@ -60,6 +61,7 @@ from .paths import script_path, course_file
 from .validate import (validate_positive_int, validate_lr, validate_seed, validate_global_batch,
                        validate_backend, validate_output_path, validate_step, SnapshotError)
 from .script_args import script_parser, resolve_args
+from .activations import saved_bytes
 from .costs import (layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device, split_costs,
                     plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs,
                     network_cuts, BACKWARD_SHARE)
@@ -204,14 +206,14 @@ from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce
                                       TPAttention, TPBlock, split_dims, gather_shards)
 from .tensor_parallel.torch_api import tp_plan, sp_plan
 from .tensor_parallel.sequence import (GatherSequence, SPBlock, sync_replicated_grads,
-                                       saved_activation_bytes, VocabEmbedding,
+                                       VocabEmbedding,
                                        vocab_parallel_cross_entropy, tiny_tp_lm)
 from .tensor_parallel.experiments import tp_worker, mesh2d_worker, hsdp_worker
 from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
                                        attention_reference, block_attention, merge_blocks,
                                        ring_attention, RingAttention, block_work)
 from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
-from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
+from .context_parallel.experiments import (qkv_inputs, cp_attention_run,
                                            cp_ulysses_run, cp_activation_memory, cp_torch_run)
 from .context_parallel.scratch import causal_block, ring_pass, RingCensus
 from .context_parallel.ulysses import seq_to_heads, heads_to_seq, SeqToHeads, ulysses_attention
