@@ -63,6 +63,17 @@ def test_synchronize_calls_cuda_for_each_cuda_device_once(monkeypatch):
     assert sorted(seen) == ["cuda:0", "cuda:1"]
 
 
+def test_timer_reads_the_rank_clock(monkeypatch):
+    """Timer's start and stop each wait for the CUDA devices before reading the host clock."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: seen.append(str(d)))
+    monkeypatch.setattr(time, "perf_counter", lambda: seen.append("clock") or len(seen))
+    t = helpers.Timer([torch.device("cuda:1")])
+    t.start()
+    t.stop()
+    assert seen == ["cuda:1", "clock"] * 2 and t.times == [2]
+
+
 def test_timer_median_skips_warmup():
     t = helpers.Timer()
     t.times = [10.0, 1.0, 3.0, 2.0]
