@@ -12,7 +12,7 @@ models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18
 plotting, paths, validate   plots and glue, scripts, arguments   glue, script_path, validate_lr
 script_args                 the DDP scripts' command line        script_parser, resolve_args
 seeding                     models built from a seed, in threads seeded
-activations                 what autograd saves for backward     saved_bytes
+activations                 what autograd saves for backward     saved_tensor_bytes
 costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
                             unsplit runs everything is compared  train_one_process
 cost_explorer               the cost explorer's static twin      with_static_twin
@@ -48,8 +48,8 @@ __course__ = "multigpu-course"
 from . import torch_floor  # noqa: F401  (its import checks the installed torch)
 
 from .config import choose, quick
-from .devices import (Timer, exact_float32, get_devices, num_gpus, synced_now, synchronize,
-                      try_all_gpus, try_gpu, gpu_copy_gbs, copy_while_computing)
+from .devices import (Timer, exact_float32, get_devices, num_gpus, rank_clock, synced_now,
+                      synchronize, try_all_gpus, try_gpu, gpu_copy_gbs, copy_while_computing)
 from .data import DataMissingError, load_data_fashion_mnist, load_tensors, ensure_data
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
 from .tiny_models import (TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
@@ -59,7 +59,7 @@ from .paths import script_path
 from .validate import (validate_positive_int, validate_lr, validate_seed, validate_output_path,
                        validate_step)
 from .script_args import script_parser, resolve_args
-from .activations import saved_bytes
+from .activations import saved_tensor_bytes
 from .costs import (layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device, split_costs,
                     plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs,
                     network_cuts, BACKWARD_SHARE)

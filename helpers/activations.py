@@ -3,7 +3,7 @@ backward, seen as they pass through torch.autograd.graph.saved_tensors_hooks."""
 import torch
 from torch import nn
 
-__all__ = ["saved_bytes"]
+__all__ = ["saved_tensor_bytes"]
 
 
 def _local(t):
@@ -20,7 +20,7 @@ def _storage_key(t):
     return t.untyped_storage().data_ptr()
 
 
-def saved_bytes(fn, *args, params=(), seen=None):
+def saved_tensor_bytes(fn, *args, params=(), seen=None):
     """(bytes, fn(*args)): the bytes of the storages autograd saves for backward while fn runs.
     Each storage counts once, with its size when first saved (a tensor saved by two operations,
     or a view of one counted, adds nothing); the storages of `params`, and of fn's parameters

@@ -12,7 +12,7 @@ from typing import NotRequired, TypedDict
 import torch
 from torch import nn
 
-from .activations import saved_bytes
+from .activations import saved_tensor_bytes
 
 __all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_bytes_per_device",
            "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES",
@@ -58,12 +58,12 @@ class ShardingCost(TypedDict):
 
 def saved_per_layer(net, X):
     """Bytes of the tensors autograd saves for backward while each top-level layer of `net` runs
-    on X (activations.saved_bytes, the course's one measure): every storage counted once, in the
-    first layer that saves it (a view such as Flatten's output adds nothing), the parameters
-    left out. Works on the meta device too (no memory is used there)."""
+    on X (activations.saved_tensor_bytes, the course's one measure): every storage counted
+    once, in the first layer that saves it (a view such as Flatten's output adds nothing), the
+    parameters left out. Works on the meta device too (no memory is used there)."""
     seen, per_layer, h = {}, [], X
     for layer in net:
-        n, h = saved_bytes(layer, h, params=net.parameters(), seen=seen)
+        n, h = saved_tensor_bytes(layer, h, params=net.parameters(), seen=seen)
         per_layer.append(n)
     return per_layer
 

@@ -1,9 +1,10 @@
-"""helpers.saved_bytes, the course's one measure of what autograd saves for backward: each storage
-once, at its first save, parameters left out; saved_per_layer and the checks read it."""
+"""helpers.saved_tensor_bytes, the course's one measure of what autograd saves for backward:
+each storage once, at its first save, parameters left out; saved_per_layer and the checks read
+it."""
 import torch
 from torch import nn
 
-from helpers import saved_bytes, saved_per_layer
+from helpers import saved_per_layer, saved_tensor_bytes
 
 
 def test_a_storage_counts_once_however_often_it_is_saved():
@@ -13,7 +14,7 @@ def test_a_storage_counts_once_however_often_it_is_saved():
         a = torch.tanh(x)                    # tanh saves its output a
         return (a * a).sum() + (a.t() @ a).sum()   # a saved again, and a view of it
 
-    got, out = saved_bytes(twice, x)
+    got, out = saved_tensor_bytes(twice, x)
     assert got == 5 * 3 * 4                  # a's storage, once (tanh does not keep x)
     assert torch.equal(out, twice(x))
 
@@ -22,10 +23,10 @@ def test_parameters_are_left_out():
     torch.manual_seed(0)
     lin = nn.Linear(3, 4)
     x = torch.randn(2, 3, requires_grad=True)
-    got, out = saved_bytes(lin, x)                   # a module: its own parameters left out
+    got, out = saved_tensor_bytes(lin, x)                   # a module: its own parameters left out
     assert got == 2 * 3 * 4                          # only x (the weight's view is the weight)
-    assert saved_bytes(lambda x: lin(x), x)[0] > got  # a function: the weight counts
-    assert saved_bytes(lambda x: lin(x), x, params=lin.parameters())[0] == got
+    assert saved_tensor_bytes(lambda x: lin(x), x)[0] > got  # a function: the weight counts
+    assert saved_tensor_bytes(lambda x: lin(x), x, params=lin.parameters())[0] == got
     assert torch.equal(out, lin(x))
 
 
@@ -39,16 +40,16 @@ def test_each_storage_is_counted_even_when_freed_before_fn_returns():
             (x * (x + 1)).sum()   # mul saves x and x + 1, freed when the graph is dropped
         return x
 
-    assert saved_bytes(ten_temporaries, x)[0] == 11 * 64 * 64 * 4
+    assert saved_tensor_bytes(ten_temporaries, x)[0] == 11 * 64 * 64 * 4
 
 
 def test_a_shared_seen_counts_a_storage_in_the_first_call_only():
     x = torch.randn(4, 6, requires_grad=True)
     seen = {}
-    first, a = saved_bytes(torch.tanh, x, seen=seen)   # saves its output a
-    second, _ = saved_bytes(torch.sin, a, seen=seen)   # saves its input: a again
+    first, a = saved_tensor_bytes(torch.tanh, x, seen=seen)   # saves its output a
+    second, _ = saved_tensor_bytes(torch.sin, a, seen=seen)   # saves its input: a again
     assert (first, second) == (4 * 6 * 4, 0)
-    assert saved_bytes(torch.sin, a)[0] == 4 * 6 * 4    # alone, it counts a
+    assert saved_tensor_bytes(torch.sin, a)[0] == 4 * 6 * 4    # alone, it counts a
 
 
 def test_saved_per_layer_splits_the_same_count_by_layer():
@@ -58,7 +59,7 @@ def test_saved_per_layer_splits_the_same_count_by_layer():
     per_layer = saved_per_layer(net, X)
     # Linear saves X; Tanh its output; the second Linear that output again (counted at Tanh)
     assert per_layer == [3 * 5 * 4, 3 * 7 * 4, 0, 0]
-    assert sum(per_layer) == saved_bytes(net, X)[0]
+    assert sum(per_layer) == saved_tensor_bytes(net, X)[0]
 
 
 def test_the_meta_device_is_counted_by_tensor():

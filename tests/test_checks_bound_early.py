@@ -71,12 +71,12 @@ def sampler_from_early_iter(n, rank, world, epoch, seed):
 # --- public helpers that compute the exercise ---------------------------------------------------
 @shortcut("check_saved_bytes_of_call", "the course's saved_bytes", USED)
 def saved_bytes_of_call_by_course(f, *inputs):
-    return helpers.saved_bytes(f, *inputs)[0]
+    return helpers.saved_tensor_bytes(f, *inputs)[0]
 
 
 @shortcut("check_saved_bytes_of_call", "the course's saved_bytes, parameters passed", USED)
 def saved_bytes_of_call_by_course2(f, *inputs):
-    return helpers.saved_bytes(lambda: f(*inputs), params=list(f.parameters()))[0]
+    return helpers.saved_tensor_bytes(lambda: f(*inputs), params=list(f.parameters()))[0]
 
 
 def _sent(log, k, size):

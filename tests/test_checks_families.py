@@ -199,12 +199,12 @@ def saved_bytes_import_inside(net, X):
 # twins: other course functions that compute the same answer
 @shortcut("check_saved_bytes", "twin: saved_bytes", OWN)
 def saved_bytes_twin(net, X):
-    return helpers.saved_bytes(net, X)[0]
+    return helpers.saved_tensor_bytes(net, X)[0]
 
 
 @shortcut("check_saved_bytes", "twin: saved_bytes of a lambda, parameters passed", OWN)
 def saved_bytes_twin_lambda(net, X):
-    return helpers.saved_bytes(lambda: net(X), params=list(net.parameters()))[0]
+    return helpers.saved_tensor_bytes(lambda: net(X), params=list(net.parameters()))[0]
 
 
 @shortcut("check_order_1f1b", "twin: one_f_one_b_rank_order", OWN)

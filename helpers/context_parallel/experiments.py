@@ -4,7 +4,7 @@ device and keeps its share of the sequence, so each result can be set beside the
 computation. Results come back on the CPU."""
 import torch
 
-from ..activations import saved_bytes
+from ..activations import saved_tensor_bytes
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
@@ -93,7 +93,7 @@ def cp_activation_memory(rank, world, cfg):
         R = torch.randn(batch, T, width, generator=g).to(device)
         attn.zero_grad()
         Xl = shard_sequence(X, world, rank, dim=1).requires_grad_()
-        nbytes, out = saved_bytes(layer, Xl, params=attn.parameters())
+        nbytes, out = saved_tensor_bytes(layer, Xl, params=attn.parameters())
         (out * shard_sequence(R, world, rank, dim=1)).sum().backward()
         grads = [p.grad.clone() for p in attn.parameters()]
         for t in grads:
