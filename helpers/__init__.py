@@ -1,5 +1,6 @@
-"""The course's helpers: the one flat façade. What notebooks, scripts, tests and the grader use
-is importable as `helpers.X`; the rest stays in its home module (tests/test_layout.py).
+"""The course's helpers: the one flat façade. What notebooks, scripts and the grader use is
+importable as `helpers.X`; the rest stays in its home module, where tests import it from
+(tests/test_layout.py).
 
 Each name has one home module (the import lines below list them; `helpers.X.__module__` says
 it too). Folders name the split, files the version: simulated (one process, Part I/II), scratch
@@ -11,6 +12,7 @@ models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18
 plotting, paths, validate   plots and glue, scripts, arguments   glue, script_path, validate_lr
 script_args                 the DDP scripts' command line        script_parser, resolve_args
 seeding                     models built from a seed, in threads seeded
+activations                 what autograd saves for backward     saved_tensor_bytes
 costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
                             unsplit runs everything is compared  train_one_process
 cost_explorer               the cost explorer's static twin      with_static_twin
@@ -24,7 +26,7 @@ runtime.errors              how a run of ranks fails             RankFailed, Lau
 runtime.thread_world        ranks as threads, a recorded network ThreadWorld
 runtime.comm                counted send/recv over ranks/threads Comm, DistComm, ThreadComm
 runtime.agree               ranks running the same collectives   agree, CollectiveMismatch
-runtime.traffic             bytes sent, on one log               CommLog, send, count_traffic
+runtime.traffic             bytes sent, on one log               ByteLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
 runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
 runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
@@ -43,37 +45,34 @@ checks                      exercise checks (helpers.checks)     check_split_bat
 __course__ = "multigpu-course"
 # First: refuse a torch older than the course's floor, naming the fix (before any module
 # touches an API it lacks).
-from .torch_floor import TORCH_FLOOR, validate_torch_version
+from . import torch_floor  # noqa: F401  (its import checks the installed torch)
 
 from .config import choose, quick
-from .devices import (DeviceClock, Timer, exact_float32, get_devices, num_gpus, require_gpus,
-                      synced_now, synchronize, try_all_gpus, try_gpu, gpu_copy_gbs,
-                      copy_while_computing)
-from .data import (DataMissingError, data_dir, fashion_mnist, load_data_fashion_mnist,
-                   load_tensors, ensure_data)
+from .devices import (Timer, exact_float32, get_devices, num_gpus, rank_clock, synced_now,
+                      synchronize, try_all_gpus, try_gpu, gpu_copy_gbs, copy_while_computing)
+from .data import DataMissingError, load_data_fashion_mnist, load_tensors, ensure_data
 from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
-from .tiny_models import (deep_mlp, TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
-                          make_batches, SmallAttention, small_block, small_stack, block_inputs,
-                          block_loss)
+from .tiny_models import (TinyLM, TinyBlock, counting_tokens, model_bytes, make_model,
+                          SmallAttention, small_block, small_stack, block_inputs, block_loss)
 from .plotting import Animator, glue, progress
-from .paths import script_path, course_file
-from .validate import (validate_positive_int, validate_lr, validate_seed, validate_global_batch,
-                       validate_backend, validate_output_path, validate_step, SnapshotError)
+from .paths import script_path
+from .validate import (validate_positive_int, validate_lr, validate_seed, validate_output_path,
+                       validate_step)
 from .script_args import script_parser, resolve_args
+from .activations import saved_tensor_bytes
 from .costs import (layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_device, split_costs,
                     plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs,
                     network_cuts, BACKWARD_SHARE)
 from .transformer_costs import (activation_bytes_per_token, block_params, ring_attention_bytes,
-                                moe_dispatch_bytes, train_flops_per_token)
+                                moe_dispatch_bytes)
 from .transformer_costs import ulysses_attention_bytes, moe_layer_seconds
-from .cost_explorer import cost_grid, with_static_twin
+from .cost_explorer import with_static_twin
 from .compare import all_close, max_diff
-from .one_process import flat_cross_entropy, params_of, local_batch
 from .profiling import (quiet_native_stderr, profile_cpu, collectives_in, count_ops, trace_events,
                         overlap_ms, exposed_ms, trace_sentence)
-from .prose import ClaimFailed, claim, formatted, plural, say
-from .words import how_often
-from .data_parallel.dp_vs_ddp import ddp_step_seconds, time_dp_vs_ddp
+from .prose import claim, say
+from .words import how_often, plural
+from .data_parallel.dp_vs_ddp import time_dp_vs_ddp
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
                         failed_cells_words)
 from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
@@ -88,16 +87,14 @@ from .timing import (Measurement, Ratio, measure, interleave, ratio, machine_loa
                      cpu_clock)
 from .runtime.group import (choose_backend, backend_for, env_ranks, rank_device, setup, teardown,
                             free_port, log0)
-from .runtime.launch import launch, take, run_ranks
-from .runtime.errors import RankFailed, LaunchTimeout
-from .runtime.progress import report_progress
-from .runtime.agree import agree
-from .runtime.comm import DistComm, ThreadComm
-from .runtime.traffic import CommLog, send, count_traffic, TrafficLog, FuncolBytes
-from .runtime.files import atomic_write, atomic_save, write_json, read_json
-from .runtime.emulate import Clock, Rates, ASSUMED_RATES, clock_scale, waits
-from .runtime.checkpoint import (rng_state, set_rng_state, save_snapshot, load_snapshot,
-                                 save_checkpoint, save_snapshot_all, load_checkpoint)
+from .runtime.launch import launch, run_ranks
+from .runtime.errors import RankFailed
+from .runtime.comm import DistComm
+from .runtime.traffic import ByteLog, send, count_traffic, FuncolBytes
+from .runtime.files import atomic_write, write_json
+from .runtime.emulate import Clock, Rates, clock_scale
+from .runtime.checkpoint import (set_rng_state, save_snapshot, load_snapshot, save_checkpoint,
+                                 save_snapshot_all, load_checkpoint)
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
@@ -114,12 +111,10 @@ from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exac
                                       bn_stats, global_batches, train_bn_steps)
 from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights,
                                         uneven_inputs_join, ddp_trace, ddp_knobs)
-from .data_parallel.verdicts import (ratio_words, against_prediction, compile_sentence,
-                                     graph_sentence, knob_words, bucket_words,
-                                     message_cause, overlap_step_words,
-                                     shared_rounding_words, arithmetic_share_words)
-from .data_parallel.fixes_verdicts import (ablation_credit, fused_step_words,
-                                           compression_words, bench_step_words,
+from .data_parallel.verdicts import (against_prediction, graph_sentence, knob_words, bucket_words,
+                                     message_cause, overlap_step_words, shared_rounding_words,
+                                     arithmetic_share_words)
+from .data_parallel.fixes_verdicts import (fused_step_words, compression_words, bench_step_words,
                                            size_check)
 from .data_parallel.fixes_words import (gpu_status_words, best_step_words,
                                         compiled_step_words, missed_words, arith_note_words,
@@ -138,9 +133,8 @@ from .data_parallel.scaling_words import (one_core_words, setup_words, sweep_set
                                           no_two_workers_words, flat_upto_words)
 from .data_parallel.scratch_verdicts import (takeoff_words, accuracy_gap_words,
                                              epoch_speed_words)
-from .data_parallel.seed_verdicts import (paired_verdict, sign_chance, chance_words,
-                                          scaled_rate_verdict, equal_steps_verdict,
-                                          unseparated_words)
+from .data_parallel.seed_verdicts import (paired_verdict, chance_words, scaled_rate_verdict,
+                                          equal_steps_verdict)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.syncbn_words import (long_run_words, cost_words, found_words,
                                          comm_resolved_words)
@@ -150,12 +144,11 @@ from .data_parallel.ddp_words import (dp_ddp_words, timeline_clock_words, expose
                                       walk_growth_words, flag_cost_words)
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
-                                                scratch_skipped_step, exposed_comm_times)
+                                                exposed_comm_times)
 from .data_parallel.overlap_experiments import (gradient_timeline, overlap_step_times,
                                                 ddp_scratch_trace, emulated_overlap)
-from .data_parallel.speed import (dp_timing_worker, time_data_parallel, allreduce_compare_worker,
-                                  compare_with_dist_all_reduce, lenet_module_from, bench_worker,
-                                  bench_ranks, gloo_allreduce_worker, time_gloo_allreduce)
+from .data_parallel.speed import (time_data_parallel, lenet_module_from, bench_ranks,
+                                  time_gloo_allreduce)
 from .data_parallel.profile_verdicts import (simulated_devices_words, same_code_words,
                                              loader_step_words, compute_split_words,
                                              allreduce_split_words, overlap_lengthens_words,
@@ -219,41 +212,36 @@ from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce
                                       TPAttention, TPBlock, split_dims, gather_shards)
 from .tensor_parallel.torch_api import tp_plan, sp_plan
 from .tensor_parallel.sequence import (GatherSequence, SPBlock, sync_replicated_grads,
-                                       saved_activation_bytes, VocabEmbedding,
+                                       VocabEmbedding,
                                        vocab_parallel_cross_entropy, tiny_tp_lm)
 from .tensor_parallel.experiments import tp_worker, mesh2d_worker, hsdp_worker
 from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
                                        attention_reference, block_attention, merge_blocks,
                                        ring_attention, RingAttention, block_work)
 from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
-from .context_parallel.experiments import (qkv_inputs, autograd_saved_bytes, cp_attention_run,
+from .context_parallel.experiments import (qkv_inputs, cp_attention_run,
                                            cp_ulysses_run, cp_activation_memory, cp_torch_run)
 from .context_parallel.scratch import causal_block, ring_pass, RingCensus
 from .context_parallel.ulysses import seq_to_heads, heads_to_seq, SeqToHeads, ulysses_attention
-from .context_parallel.schematics import (ring_schedule, draw_ring, draw_split, plot_ring,
-                                          plot_split)
-from .expert_parallel.moe import expert_capacity, route, load_balancing_loss, MoE, moe_inputs
+from .context_parallel.schematics import ring_schedule, plot_ring, plot_split
+from .expert_parallel.moe import route, load_balancing_loss, MoE, moe_inputs
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import ep_equal_run, ep_imbalance_run, ep_production_run
 from .expert_parallel.moe import router_z_loss
 from .expert_parallel.torch_api import EPMoE, ep_dp_mesh, permute_by_expert
-from .expert_parallel.schematics import dispatch_counts, draw_all_to_all, plot_all_to_all
+from .expert_parallel.schematics import dispatch_counts, plot_all_to_all
 from .runtime.mesh import rank_grid, coords_of
-from .composed.model import gpt
 from .composed.scratch import train_3d_scratch, one_process_run
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_cp_zero2
 from .composed.scratch import cp_gpt
 from .composed.schematics import draw_mesh
-from .composed.planner_page import (PLANNER_FIELDS, PLANNER_JS, plan_table_html, planner_html,
-                                    with_planner_twin)
+from .composed.planner_page import PLANNER_FIELDS, plan_table_html, with_planner_twin
 from .composed.planner import stage_costs, plan
-from .schematics import phone_text_px
 from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatron_trace,
                                          plot_megatron_mlp)
-from .pipeline_parallel.schematics import (split_picture, plot_network_split, schedule_timelines,
-                                           plot_pipeline_schedules)
-from .sharding.schematics import shard_owners, plot_shards, plot_memory_per_stage
+from .pipeline_parallel.schematics import plot_network_split, plot_pipeline_schedules
+from .sharding.schematics import plot_shards, plot_memory_per_stage
 from .data_parallel.schematics import bucket_timeline, plot_buckets
 from .data_parallel.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
 from .data_parallel.dp_schematics import (dp_step_facts, plot_dp_step, scratch_step_facts,

@@ -12,6 +12,8 @@ from typing import NotRequired, TypedDict
 import torch
 from torch import nn
 
+from .activations import saved_tensor_bytes
+
 __all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_bytes_per_device",
            "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES",
            "sharding_costs", "ZERO_ROWS", "network_cuts", "BACKWARD_SHARE"]
@@ -56,31 +58,13 @@ class ShardingCost(TypedDict):
 
 def saved_per_layer(net, X):
     """Bytes of the tensors autograd saves for backward while each top-level layer of `net` runs
-    on X: every storage counted once (a view such as Flatten's output adds nothing), the
+    on X (activations.saved_tensor_bytes, the course's one measure): every storage counted
+    once, in the first layer that saves it (a view such as Flatten's output adds nothing), the
     parameters left out. Works on the meta device too (no memory is used there)."""
-    params = {id(q) for q in net.parameters()}
-    param_ptrs = {q.untyped_storage().data_ptr() for q in net.parameters()
-                  if q.device.type != "meta"}
-    seen, keep, per_layer, current = set(), [], [0] * len(net), [0]
-
-    def pack(t):
-        if t.device.type == "meta":   # no storage address: the tensor a view was taken of
-            base = t._base if t._base is not None else t
-            key, is_param = ("meta", id(base)), id(base) in params
-        else:
-            key = t.untyped_storage().data_ptr()
-            is_param = key in param_ptrs
-        if not is_param and key not in seen:
-            seen.add(key)
-            keep.append(t)            # keeps the id from being reused while we count
-            per_layer[current[0]] += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        h = X
-        for i, layer in enumerate(net):
-            current[0] = i
-            h = layer(h)
+    seen, per_layer, h = {}, [], X
+    for layer in net:
+        n, h = saved_tensor_bytes(layer, h, params=net.parameters(), seen=seen)
+        per_layer.append(n)
     return per_layer
 
 

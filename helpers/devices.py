@@ -84,14 +84,16 @@ def synchronize(devices):
         torch.cuda.synchronize(d)
 
 
-def rank_clock(devices=(), stream_only=False):
-    """The rank clock for `devices` as a function of no arguments, resolved once (the host
-    clock itself where no CUDA device is to be waited for): what synced_now reads.
-    stream_only: wait for each device's current stream only, not for its communication streams
-    (an emulated box ends when its math has run, while a send may still be in flight)."""
+def rank_clock(devices=(), stream_only=False, clock=None):
+    """The rank clock for `devices` as a function of no arguments, resolved once (`clock`
+    itself where no CUDA device is to be waited for): what synced_now, Timer and
+    timing.measure read. stream_only: wait for each device's current stream only, not for its
+    communication streams (an emulated box ends when its math has run, while a send may still
+    be in flight). clock: the host clock read after the wait (None: time.perf_counter)."""
+    clock = clock or time.perf_counter
     cuda = _cuda_devices(devices)
     if not cuda:
-        return time.perf_counter
+        return clock
 
     def now():
         for d in cuda:
@@ -99,7 +101,7 @@ def rank_clock(devices=(), stream_only=False):
                 torch.cuda.current_stream(d).synchronize()
             else:
                 torch.cuda.synchronize(d)
-        return time.perf_counter()
+        return clock()
     return now
 
 
@@ -162,7 +164,8 @@ class DeviceClock:
 
 
 class Timer:
-    """Wall-clock timer that synchronises the given devices before reading the clock.
+    """Wall-clock timer on the rank clock of the given devices (rank_clock: it waits for their
+    queued work before each reading).
 
     GPUs run asynchronously: without the synchronise, a timer measures only how long it took to
     queue the work.
@@ -171,14 +174,13 @@ class Timer:
     def __init__(self, devices=()):
         self.devices = list(devices) if not isinstance(devices, torch.device) else [devices]
         self.times = []
+        self._now = rank_clock(self.devices)
 
     def start(self):
-        synchronize(self.devices)
-        self._t0 = time.perf_counter()
+        self._t0 = self._now()
 
     def stop(self):
-        synchronize(self.devices)
-        self.times.append(time.perf_counter() - self._t0)
+        self.times.append(self._now() - self._t0)
         return self.times[-1]
 
     def __enter__(self):

@@ -1,4 +1,6 @@
 """The course's models: LeNet written functionally (Part II), as modules, and a small ResNet-18."""
+import sys
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -77,15 +79,27 @@ def resnet18(num_classes=10, in_channels=1, width=64):
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, num_classes))
 
 
+def _inner(model):
+    """The model a known wrapper holds, or None: torch's DataParallel,
+    DistributedDataParallel and FSDP (`.module`), torch.compile's module (`._orig_mod`), and
+    the course's wrappers, marked by the class attribute `wraps_module = True` (`.module`)."""
+    if getattr(type(model), "wraps_module", False) is True or isinstance(
+            model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        return model.module
+    compiled = sys.modules.get("torch._dynamo.eval_frame")     # none compiled before its import
+    if compiled is not None and isinstance(model, compiled.OptimizedModule):
+        return model._orig_mod
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None and isinstance(model, fsdp.FullyShardedDataParallel):
+        return model.module
+    return None
+
+
 def unwrap(model):
-    """The model inside its wrappers, however many: DataParallel, DistributedDataParallel, FSDP's
-    wrapper and the course's own (DDPFromScratch, ZeRO, ...) keep it as `.module`,
-    torch.compile as `._orig_mod`. The one unwrapping of the course (saving, loading, reading
-    parameters); a model without a wrapper comes back as it is."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            inner = getattr(model, "module", None)
-        if not isinstance(inner, nn.Module) or inner is model:
-            return model
+    """The model inside its wrappers, however many (_inner: the known wrapper types only; a
+    model whose own submodule is called `module` is not a wrapper). The one unwrapping of the
+    course (saving, loading, reading parameters); a model without a wrapper comes back as it
+    is."""
+    while isinstance(inner := _inner(model), nn.Module) and inner is not model:
         model = inner
+    return model

@@ -10,10 +10,7 @@ import os
 import string
 import sys
 
-from .words import plural, plural_names  # here too: the prose's words
-
-__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted", "plural",
-           "plural_names"]
+__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted"]
 
 _made = []
 _differs = []   # claims this reader's run did not bear out, for the next say()

@@ -14,7 +14,7 @@ the other are not timed under the same conditions. `interleave` times them in tu
 round, and `ratio` divides them round by round: a ratio's spread is then the spread of ratios
 measured side by side, not of two separate runs. A ratio whose spread crosses 1.0 is reported as
 "within noise": the run cannot tell the two apart. GPUs run asynchronously: pass `devices` and
-the clock is read only after they have finished (helpers.synchronize).
+the clock is read only after they have finished (devices.rank_clock).
 """
 import math
 import os
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .devices import synchronize
+from .devices import rank_clock, synchronize
 from .words import plural
 
 __all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load",
@@ -142,11 +142,10 @@ def _trimmed(samples):
 
 
 def _timed(fn, devices, clock):
-    synchronize(devices)
-    t0 = clock()
+    now = rank_clock(devices, clock=clock)
+    t0 = now()
     fn()
-    synchronize(devices)
-    return clock() - t0
+    return now() - t0
 
 
 def _validate_counts(repeats, warmup, what="repeats"):
@@ -157,7 +156,7 @@ def _validate_counts(repeats, warmup, what="repeats"):
 
 
 def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, devices=(),
-            clock: Callable[[], float] = time.perf_counter) -> Measurement:
+            clock: Callable[[], float] | None = None) -> Measurement:
     """Time fn() `repeats` times after `warmup` untimed calls (first calls pay for caches,
     allocations, compilation); the devices are synchronised around each call."""
     _validate_counts(repeats, warmup)
@@ -168,7 +167,7 @@ def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, devices
 
 
 def interleave(fns: Mapping[str, Callable[[], object]], rounds: int = 5, warmup: int = 1,
-               devices=(), clock: Callable[[], float] = time.perf_counter
+               devices=(), clock: Callable[[], float] | None = None
                ) -> dict[str, Measurement]:
     """Time every fn of the dict `fns` once per round, in turns (ABAB..., the order reversed
     every other round so that none always runs first), after `warmup` untimed rounds.

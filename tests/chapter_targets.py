@@ -19,6 +19,14 @@ import traceback
 from dataclasses import dataclass, field
 
 import helpers as h
+from helpers.data_parallel.dp_vs_ddp import ddp_step_seconds
+from helpers.data_parallel.scratch_experiments import scratch_skipped_step
+from helpers.data_parallel.speed import (
+    allreduce_compare_worker,
+    bench_worker,
+    dp_timing_worker,
+    gloo_allreduce_worker,
+)
 
 SMALL_MLP = dict(d_in=16, width=32, depth=3, d_out=10)
 ZERO_MLP = dict(d_in=16, width=32, depth=3)     # make_model("mlp")'s sizes
@@ -66,7 +74,7 @@ def targets(tmp):
         T("unused_vs_torch", h.unused_vs_torch, {}, "part3"),
         T("accumulation_vs_torch", h.accumulation_vs_torch, {}, "part3"),
         T("scratch_refusals", h.scratch_refusals, {}, "part3"),
-        T("scratch_skipped_step", h.scratch_skipped_step, dict(timeout=2), "part3",
+        T("scratch_skipped_step", scratch_skipped_step, dict(timeout=2), "part3",
           gloo_only=True, notes="waits for a timeout that NCCL's watchdog would turn into a "
                                 "killed process: a gloo lesson"),
         T("gradient_timeline", h.gradient_timeline, {}, "part3"),
@@ -78,7 +86,7 @@ def targets(tmp):
                                                lr=0.05, seed=0), "part3", data=True),
         T("syncbn_cost_times", h.syncbn_cost_times,
           dict(subset=256, rounds=1, warmup=1, steps=1), "part3", data=True),
-        T("ddp_step_seconds", h.ddp_step_seconds, dict(batch=8, steps=1), "part3"),
+        T("ddp_step_seconds", ddp_step_seconds, dict(batch=8, steps=1), "part3"),
         T("syncbn_traffic", h.syncbn_traffic, dict(batch=4, channels=4, size=6), "part3",
           gloo_only=True, notes="launched with backend=\"gloo\": records the CPU stand-in's "
           "collectives for the schematic"),
@@ -89,17 +97,17 @@ def targets(tmp):
           "part4"),
         T("ddp_trace", h.ddp_trace, dict(trace_dir=tmp, width=32, depth=2, batch=8,
                                          bucket_mb=0.05, steps=1), "part4"),
-        T("bench_worker", h.bench_worker, dict(wrappers=["ddp", "scratch"], batch_size=64,
+        T("bench_worker", bench_worker, dict(wrappers=["ddp", "scratch"], batch_size=64,
                                                lr=0.2, num_epochs=1, subset=256, seed=0),
           "part4", data=True),
         T("train_fast_rank", h.train_fast_rank, dict(batch_size=64, lr=0.2, num_epochs=1,
                                                      subset=256, seed=0), "part4", data=True),
-        T("gloo_allreduce_worker", h.gloo_allreduce_worker, dict(sizes=[1024], reps=2),
+        T("gloo_allreduce_worker", gloo_allreduce_worker, dict(sizes=[1024], reps=2),
           "part4"),
-        T("dp_timing_worker", h.dp_timing_worker,
+        T("dp_timing_worker", dp_timing_worker,
           dict(ks=[1, 2], runs=[dict(name="b", global_batch=8, steps=1, reps=1)], subset=256),
           "part4", gloo_only=True, data=True, notes="times data parallelism on CPU cores"),
-        T("allreduce_compare_worker", h.allreduce_compare_worker,
+        T("allreduce_compare_worker", allreduce_compare_worker,
           dict(shapes=[(5,), (3, 4)], seed=0), "part4"),
         # Part V (gpu)
         T("zero1_vs_one_process", h.zero1_vs_one_process, dict(num_steps=2)),

@@ -4,6 +4,8 @@ so a refusal is seen as a message and a dead rank as a failed launch."""
 import torch
 
 from helpers import DistComm, ExpertParallelMoE, MoE, qkv_inputs, ring_attention
+from helpers.one_process import flat_cross_entropy, local_batch
+from helpers.tiny_models import make_batches
 
 
 def _refusal(fn):
@@ -72,16 +74,16 @@ def accumulation_measured(rank, world, cfg):
     m, device = cfg["m"], cfg["device"]
     out = dict(zero2=helpers.zero2_accumulation(rank, world, dict(device=device, micro=m,
                                                                    num_steps=1)))
-    batches = helpers.make_batches("mlp", m, 8)
+    batches = make_batches("mlp", m, 8)
     for mode in ("every", "no_sync"):
         model = helpers.FSDPFromScratch(helpers.make_model("mlp").to(device))
         with helpers.count_traffic() as log:
             with helpers.PeakBytes().skip(list(model.parameters())) as peak:
                 for i, batch in enumerate(batches):
-                    X, y = helpers.local_batch(batch, rank, world, device)
+                    X, y = local_batch(batch, rank, world, device)
                     quiet = mode == "no_sync" and i < m - 1
                     with model.no_sync() if quiet else contextlib.nullcontext():
-                        (helpers.flat_cross_entropy(model(X), y) / m).backward()
+                        (flat_cross_entropy(model(X), y) / m).backward()
                     if i == m - 2:
                         held = peak.now      # before the last backward (no_sync: unreduced)
             model.finish_gradient_synchronization()

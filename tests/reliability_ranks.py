@@ -17,7 +17,6 @@ def load_at_once(rank, world, cfg):
     README's offline set-up), then every rank loads a split (cfg["train"]) at the same moment.
     Returns what each load gave, or the error it raised, per trial."""
     os.environ["COURSE_DATA"] = cfg["root"]
-    import helpers
     from helpers import data
     raw = Path(cfg["root"]) / "FashionMNIST" / "raw"
     out = []
@@ -28,7 +27,7 @@ def load_at_once(rank, world, cfg):
                 (raw / name).unlink(missing_ok=True)
         dist.barrier()                    # every rank starts on a folder of archives only
         try:
-            out.append(summary(helpers.fashion_mnist(cfg["train"])))
+            out.append(summary(data.fashion_mnist(cfg["train"])))
         except Exception as e:            # what a rank of a real job would die of
             out.append(f"{type(e).__name__}: {e}")
     dist.barrier()
@@ -135,10 +134,10 @@ def mismatches(rank, world, cfg):
 
 def agree_alone(rank, world, cfg):
     """Rank 1 leaves; rank 0 agrees alone (a timeout of 1 s): rank 0's error."""
-    import helpers
+    from helpers.runtime.agree import agree
     if rank == 0:
         try:
-            helpers.agree("a lonely agreement", timeout=1)
+            agree("a lonely agreement", timeout=1)
         except TimeoutError as e:
             return str(e)
     return None

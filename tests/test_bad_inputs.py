@@ -8,6 +8,11 @@ import pytest
 import torch
 
 import helpers
+from helpers.devices import require_gpus
+from helpers.expert_parallel.moe import expert_capacity
+from helpers.runtime.launch import take
+from helpers.transformer_costs import train_flops_per_token
+from helpers.validate import validate_backend, validate_global_batch
 
 CPU = torch.device("cpu")
 X4 = torch.rand(4, 1, 28, 28)
@@ -32,7 +37,7 @@ ROWS = [
     ("loaders batch_size=0", lambda: helpers.load_data_fashion_mnist(0), ValueError,
      "batch_size must be at least 1"),
     ("try_gpu(-1)", lambda: helpers.try_gpu(-1), ValueError, "try_gpu(0)"),
-    ("require_gpus(0)", lambda: helpers.require_gpus(0), ValueError, "positive int"),
+    ("require_gpus(0)", lambda: require_gpus(0), ValueError, "positive int"),
     ("split_batch no devices", lambda: helpers.split_batch(X4, Y4, []), ValueError,
      "at least one"),
     ("split_batch unpaired", lambda: helpers.split_batch(X4, Y4[:3], [CPU]), ValueError,
@@ -76,9 +81,9 @@ ROWS = [
      "lr must be a number"),
     ("Timer.median with no times", lambda: helpers.Timer().median(), ValueError,
      "no times recorded"),
-    ("global batch 64 over 3 ranks", lambda: helpers.validate_global_batch(64, 3), ValueError,
+    ("global batch 64 over 3 ranks", lambda: validate_global_batch(64, 3), ValueError,
      "use a multiple of 3 (63 or 66)"),
-    ("backend mpi", lambda: helpers.validate_backend("mpi"), ValueError, "use gloo"),
+    ("backend mpi", lambda: validate_backend("mpi"), ValueError, "use gloo"),
     ("output in a missing folder", lambda: helpers.validate_output_path("/no/such/dir/m.json",
                                                                      "--metrics"),
      ValueError, "does not exist: create it first"),
@@ -118,9 +123,9 @@ ROWS = [
     ("moe_dispatch_bytes ep=3 of 8", lambda: helpers.moe_dispatch_bytes(8, 4, 8, 2, 1.0, 3),
      ValueError, "ep must divide them"),
     ("train_flops_per_token recompute='some'",
-     lambda: helpers.train_flops_per_token(10, 1, 4, 8, recompute="some"), ValueError,
+     lambda: train_flops_per_token(10, 1, 4, 8, recompute="some"), ValueError,
      "recompute must be one of"),
-    ("expert_capacity n_experts=0", lambda: helpers.expert_capacity(4, 0, 1, 1.0), ValueError,
+    ("expert_capacity n_experts=0", lambda: expert_capacity(4, 0, 1, 1.0), ValueError,
      "n_experts must be at least 1"),
     ("ring_bytes_per_device k=0", lambda: helpers.ring_bytes_per_device(100, 0), ValueError,
      "k must be at least 1 device"),
@@ -128,7 +133,7 @@ ROWS = [
      "k must be at least 1 device"),
     ("partition_by_size world=0", lambda: helpers.partition_by_size([1, 2], 0), ValueError,
      "world must be at least 1"),
-    ("take a misspelt key", lambda: helpers.take(dict(stpes=3), steps=1), TypeError,
+    ("take a misspelt key", lambda: take(dict(stpes=3), steps=1), TypeError,
      "'stpes' -> 'steps'"),
 ]
 
@@ -150,7 +155,7 @@ def test_get_devices_without_gpus_does_not_suggest_k_0(monkeypatch):
 def test_nccl_without_a_gpu_per_rank_says_use_gloo(monkeypatch):
     no_gpu(monkeypatch)
     with pytest.raises(ValueError, match="use --backend gloo, or omit --backend"):
-        helpers.validate_backend("nccl", local_world_size=2)
+        validate_backend("nccl", local_world_size=2)
     with pytest.raises(ValueError, match="use --backend gloo"):   # setup() checks it first
         helpers.setup(0, 1, backend="nccl", master_port=helpers.free_port())
     assert not torch.distributed.is_initialized()

@@ -69,14 +69,14 @@ def sampler_from_early_iter(n, rank, world, epoch, seed):
 
 
 # --- public helpers that compute the exercise ---------------------------------------------------
-@shortcut("check_saved_bytes_of_call", "the course's saved_activation_bytes", USED)
+@shortcut("check_saved_bytes_of_call", "the course's saved_bytes", USED)
 def saved_bytes_of_call_by_course(f, *inputs):
-    return helpers.saved_activation_bytes(f, *inputs, params=list(f.parameters()))[1]
+    return helpers.saved_tensor_bytes(f, *inputs)[0]
 
 
-@shortcut("check_saved_bytes_of_call", "the course's autograd_saved_bytes", USED)
+@shortcut("check_saved_bytes_of_call", "the course's saved_bytes, parameters passed", USED)
 def saved_bytes_of_call_by_course2(f, *inputs):
-    return helpers.autograd_saved_bytes(lambda: f(*inputs), params=list(f.parameters()))[0]
+    return helpers.saved_tensor_bytes(lambda: f(*inputs), params=list(f.parameters()))[0]
 
 
 def _sent(log, k, size):
@@ -87,7 +87,7 @@ def _sent(log, k, size):
 def ring_allreduce_by_course_ring(data):
     if len(data) == 1:
         return [0]
-    log = helpers.CommLog()
+    log = helpers.ByteLog()
     out = helpers.ring_all_reduce([t.reshape(-1) for t in data], [t.device for t in data], log)
     for t, o in zip(data, out):
         t.copy_(o.reshape(t.shape))
@@ -98,7 +98,7 @@ def ring_allreduce_by_course_ring(data):
 def ring_allreduce_by_course_halves(data):
     if len(data) == 1:
         return [0]
-    log, devices = helpers.CommLog(), [t.device for t in data]
+    log, devices = helpers.ByteLog(), [t.device for t in data]
     chunks = helpers.ring_reduce_scatter([t.reshape(-1) for t in data], devices, log)
     chunks = helpers.ring_all_gather(chunks, devices, log)
     for t, c in zip(data, chunks):
@@ -109,7 +109,7 @@ def ring_allreduce_by_course_halves(data):
 @shortcut("check_bytes_sent_naive_vs_ring", "the course's ring halves, counted", USED)
 def bytes_sent_by_course_halves(nbytes, k):
     xs = [torch.zeros(nbytes // 4) for _ in range(k)]
-    log, cpu = helpers.CommLog(), [torch.device("cpu")] * k
+    log, cpu = helpers.ByteLog(), [torch.device("cpu")] * k
     helpers.ring_all_gather(helpers.ring_reduce_scatter(xs, cpu, log), cpu, log)
     return (k - 1) * nbytes, log.sent_by(0)
 

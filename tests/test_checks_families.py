@@ -197,14 +197,14 @@ def saved_bytes_import_inside(net, X):
 
 
 # twins: other course functions that compute the same answer
-@shortcut("check_saved_bytes", "twin: autograd_saved_bytes", OWN)
+@shortcut("check_saved_bytes", "twin: saved_bytes", OWN)
 def saved_bytes_twin(net, X):
-    return helpers.autograd_saved_bytes(lambda: net(X), list(net.parameters()))[0]
+    return helpers.saved_tensor_bytes(net, X)[0]
 
 
-@shortcut("check_saved_bytes", "twin: saved_activation_bytes", OWN)
-def saved_bytes_twin_tp(net, X):
-    return helpers.saved_activation_bytes(net, X, params=list(net.parameters()))[1]
+@shortcut("check_saved_bytes", "twin: saved_bytes of a lambda, parameters passed", OWN)
+def saved_bytes_twin_lambda(net, X):
+    return helpers.saved_tensor_bytes(lambda: net(X), params=list(net.parameters()))[0]
 
 
 @shortcut("check_order_1f1b", "twin: one_f_one_b_rank_order", OWN)

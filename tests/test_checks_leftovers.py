@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from check_cases import other, parametrize_cases, shortcut
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import helpers
 from helpers.checks._core import CheckFailed
@@ -143,22 +145,70 @@ def _saved_entered(net, X):
     torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t).__enter__()
 
 
+def _saved_entered_twice(net, X):
+    _saved_entered(net, X)
+    _saved_entered(net, X)
+
+
 def _backward_hook(net, X):
     net[0].register_full_backward_hook(lambda m, gi, go: None)
 
 
+class _Halve(TorchDispatchMode):
+    """Every aten operation's float result halved: left entered, it bends the check's forward."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out / 2 if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+
+
+class _Zeros(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 0 if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+
+
+class _CallersFunctionMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _CallersDispatchMode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _dispatch_mode_entered(net, X):
+    _Halve().__enter__()
+
+
+def _function_modes_entered(net, X):
+    _Zeros().__enter__()
+    _Zeros().__enter__()
+
+
+def _stacks():
+    return (torch._C._autograd._top_saved_tensors_default_hooks(False),
+            list(_get_current_dispatch_mode_stack()), list(_get_current_function_mode_stack()))
+
+
 @pytest.mark.parametrize("leave", [_grad_hook, _post_accumulate, _in_a_list, _optimizer,
-                                   _saved_entered, _backward_hook])
+                                   _saved_entered, _saved_entered_twice, _backward_hook,
+                                   _dispatch_mode_entered, _function_modes_entered])
 def test_hook_left_fails_and_is_removed(leave):
-    """Every kind of hook left behind fails the answer, and the harness takes it away."""
+    """Every kind of hook left behind fails the answer, and the harness takes it away: a
+    saved-tensor hook or a torch function or dispatch mode left entered is popped back to the
+    stack as it was, the mode entered before the answer kept."""
     net = torch.nn.Sequential(torch.nn.Linear(3, 2))
     X = {_in_a_list: [torch.ones(2, requires_grad=True)],
          _optimizer: torch.optim.SGD(net.parameters(), lr=0.1)}.get(leave, torch.ones(1, 3))
-    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    with pytest.raises(CheckFailed, match=LEFT):
-        Answer(leave, "x", [])(net, X)
-    assert torch._C._autograd._top_saved_tensors_default_hooks(False) == top
-    Answer(lambda net, X: None, "x", [])(net, X)      # nothing left over from the first call
+    with _CallersFunctionMode(), _CallersDispatchMode():      # the caller's own, kept
+        before = _stacks()
+        with pytest.raises(CheckFailed, match=LEFT):
+            Answer(leave, "x", [])(net, X)
+        assert _stacks() == before
+        Answer(lambda net, X: None, "x", [])(net, X)      # nothing left over from the first call
+    assert torch.equal(torch.ones(2) + 1, torch.full((2,), 2.0))
 
 
 def test_hook_kept_where_declared():

@@ -14,6 +14,8 @@ import helpers
 import helpers.checks._core
 from helpers.checks._core import CheckFailed, World
 from helpers.runtime import errors
+from helpers.runtime.comm import ThreadComm
+from helpers.runtime.errors import LaunchTimeout
 from helpers.runtime.thread_world import ThreadWorld
 
 NAMES = "never travelled through the comm"
@@ -23,8 +25,8 @@ _shared = []      # a module global every thread rank reaches
 def test_one_thread_world():
     world = World(2)
     assert isinstance(world, ThreadWorld)
-    assert type(world.comm(0)) is helpers.ThreadComm and world.comm(0) is world.comm(0)
-    assert helpers.RankFailed is errors.RankFailed and helpers.LaunchTimeout is errors.LaunchTimeout
+    assert type(world.comm(0)) is ThreadComm and world.comm(0) is world.comm(0)
+    assert helpers.RankFailed is errors.RankFailed and LaunchTimeout is errors.LaunchTimeout
     assert not hasattr(helpers.checks._core, "RankFailed")
 
 

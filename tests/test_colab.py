@@ -1,5 +1,5 @@
 """The set-up cell (scripts/colab_setup_cell.py), the files a plain install ships
-(helpers.script_path, helpers.course_file), and notebooks run in an emulated Colab and Kaggle.
+(helpers.script_path, helpers.paths.course_file), and notebooks run in an emulated Colab and Kaggle.
 
 The emulations: a venv with only what those platforms preinstall (torch, torchvision, matplotlib,
 ipywidgets, tqdm, ipykernel; nbclient/nbformat to run the notebook), no course package; the
@@ -245,7 +245,7 @@ def test_script_path_in_a_checkout():
     import helpers
     assert helpers.script_path("torchrun.py") == (ROOT / "scripts/ddp/torchrun.py").resolve()
     assert helpers.script_path("bench.py", folder="") == (ROOT / "scripts/bench.py").resolve()
-    assert helpers.course_file("gpu_reference.json") == \
+    assert helpers.paths.course_file("gpu_reference.json") == \
         (ROOT / "reference/gpu_reference.json").resolve()
     with pytest.raises(FileNotFoundError, match="no_such_script.py"):
         helpers.script_path("no_such_script.py")
@@ -283,7 +283,8 @@ def test_a_plain_install_ships_what_the_chapters_read(tmp_path):
                     str(site), str(wheel)], check=True, env=_clean_env())
     probe = ("import helpers; print(helpers.script_path('torchrun.py')); "
              "print(helpers.script_path('bench.py', folder='')); "
-             "print(helpers.course_file('gpu_reference.json')); print(helpers.data_dir())")
+             "print(helpers.paths.course_file('gpu_reference.json')); "
+             "print(helpers.data.data_dir())")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
                          text=True, check=True, env=_clean_env(PYTHONPATH=str(site),
                                                                HOME=str(tmp_path))).stdout
@@ -312,7 +313,7 @@ print(json.dumps({"errors": errors, "setup": setup, "probe": text(nb.cells[-1])}
 """
 
 PROBE = ("import sys, helpers\nprint(sys.executable)\nprint(helpers.__file__)\n"
-         "print(helpers.data_dir())\nprint('google.colab' in sys.modules)")
+         "print(helpers.data.data_dir())\nprint('google.colab' in sys.modules)")
 
 # Platforms ship torch and torchvision preinstalled. Installing them into the emulation costs
 # minutes and 5 GB (the only pair on these machines is the CUDA build), so the venv gets links to

@@ -12,6 +12,7 @@ from book_files import ROOT
 from torch import nn
 
 import helpers
+from helpers.cost_explorer import cost_grid
 
 MLP = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                     nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
@@ -37,7 +38,7 @@ def _grid_of(html):
 
 
 def test_the_grid_is_split_costs_at_every_setting():
-    grid = helpers.cost_grid(SIZES, range(1, 9), [16, 64, 256], list(helpers.OPTIMIZER_STATE_BYTES))
+    grid = cost_grid(SIZES, range(1, 9), [16, 64, 256], list(helpers.OPTIMIZER_STATE_BYTES))
     ax, S, P = grid["axes"], len(grid["splits"]), len(grid["parts"])
     checked = 0
     for model, flat in grid["values"].items():

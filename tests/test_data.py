@@ -11,6 +11,7 @@ import torch
 
 import helpers
 from helpers import data
+from helpers.data import data_dir, fashion_mnist
 
 
 def test_loads_the_known_figures():
@@ -31,7 +32,7 @@ def test_subset_loaders():
 
 def test_data_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
-    assert helpers.data_dir() == tmp_path
+    assert data_dir() == tmp_path
 
 
 def test_missing_data_offline_names_the_folder_and_files(monkeypatch, tmp_path):
@@ -41,7 +42,7 @@ def test_missing_data_offline_names_the_folder_and_files(monkeypatch, tmp_path):
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     t0 = time.perf_counter()
     with pytest.raises(helpers.DataMissingError) as e:
-        helpers.fashion_mnist(train=True)
+        fashion_mnist(train=True)
     assert time.perf_counter() - t0 < 60, "must fail fast offline, not hang"
     msg = str(e.value)
     assert str(tmp_path / "FashionMNIST" / "raw") in msg
@@ -52,13 +53,13 @@ def test_a_corrupt_archive_is_removed_not_kept(monkeypatch, tmp_path):
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     for f in data.FILES:
-        shutil.copy(helpers.data_dir() / "FashionMNIST" / "raw" / f, raw / f)
+        shutil.copy(data_dir() / "FashionMNIST" / "raw" / f, raw / f)
     (raw / data.FILES[1]).write_bytes(b"half a download")
     monkeypatch.setattr(socket, "create_connection",
                         lambda *a, **k: (_ for _ in ()).throw(OSError("offline (simulated)")))
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     with pytest.raises(helpers.DataMissingError):
-        helpers.fashion_mnist(train=True)
+        fashion_mnist(train=True)
     assert not (raw / data.FILES[1]).exists(), "a half-written archive must not be left behind"
     assert (raw / data.FILES[0]).exists(), "good archives are kept"
 
@@ -68,7 +69,7 @@ def test_a_corrupt_archive_is_removed_not_kept(monkeypatch, tmp_path):
 def copy_data(tmp_path):
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
-    src = helpers.data_dir() / "FashionMNIST" / "raw"
+    src = data_dir() / "FashionMNIST" / "raw"
     for f in data.FILES:
         shutil.copyfile(src / f, raw / f)
         shutil.copyfile(src / f[:-3], raw / f[:-3])
@@ -77,7 +78,7 @@ def copy_data(tmp_path):
 
 def test_expected_sizes_are_those_of_the_verified_archives():
     import gzip
-    raw = helpers.data_dir() / "FashionMNIST" / "raw"
+    raw = data_dir() / "FashionMNIST" / "raw"
     for name, size in data.EXTRACTED_SIZES.items():
         assert (raw / name).stat().st_size == size
     with gzip.open(raw / "t10k-labels-idx1-ubyte.gz") as f:
@@ -95,7 +96,7 @@ def test_a_damaged_extracted_file_is_extracted_again_offline(monkeypatch, tmp_pa
     monkeypatch.setattr(socket, "create_connection",
                         lambda *a, **k: (_ for _ in ()).throw(OSError("offline (simulated)")))
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
-    ds = helpers.fashion_mnist(train=False)
+    ds = fashion_mnist(train=False)
     assert ds.targets.max() == 9 and len(ds.targets) == 10000
     assert f.read_bytes() == b
 
@@ -149,7 +150,7 @@ def test_a_damaged_file_in_a_read_only_folder_names_the_real_cause(monkeypatch, 
     _read_only(monkeypatch, raw, code)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     with pytest.raises(helpers.DataMissingError) as e:
-        helpers.fashion_mnist(train=False)
+        fashion_mnist(train=False)
     msg = str(e.value)
     assert str(f) in msg and "damaged" in msg and "read-only" in msg and "COURSE_DATA" in msg
     assert "downloading it failed" not in msg
@@ -165,7 +166,7 @@ def test_a_corrupt_archive_that_cannot_be_removed_names_the_real_cause(monkeypat
     _read_only(monkeypatch, raw, code)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     with pytest.raises(helpers.DataMissingError) as e:
-        helpers.fashion_mnist(train=False)
+        fashion_mnist(train=False)
     msg = str(e.value)
     assert "damaged archive" in msg and "read-only" in msg and data.FILES[3] in msg, msg
 
@@ -179,7 +180,7 @@ def test_a_missing_file_in_a_read_only_folder_says_read_only(monkeypatch, tmp_pa
     _read_only(monkeypatch, raw, code)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     with pytest.raises(helpers.DataMissingError) as e:
-        helpers.fashion_mnist(train=False)
+        fashion_mnist(train=False)
     msg = str(e.value)
     assert "read-only" in msg and "COURSE_DATA" in msg and "downloading it failed" not in msg, msg
     assert "t10k-images-idx3-ubyte is missing" in msg
@@ -190,7 +191,7 @@ def test_a_complete_read_only_folder_loads(monkeypatch, tmp_path):
     raw = copy_data(tmp_path)
     _read_only(monkeypatch, raw)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
-    assert len(helpers.fashion_mnist(train=False)) == 10000
+    assert len(fashion_mnist(train=False)) == 10000
     assert not (raw / data.VERIFIED).exists() and not (raw / ".lock").exists()
 
 
@@ -209,7 +210,7 @@ def test_right_size_wrong_bytes_is_detected_and_extracted_again(monkeypatch, tmp
     f.write_bytes(good[:head] + body)
     offline(monkeypatch)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
-    ds = helpers.fashion_mnist(train=False)
+    ds = fashion_mnist(train=False)
     assert f.read_bytes() == good
     assert abs(ds.data.float().mean().item() / 255 - 0.2868) < 1e-3
 
@@ -219,18 +220,18 @@ def test_a_verified_file_is_not_hashed_again_until_it_changes(monkeypatch, tmp_p
     times and inode, and checked again only when one of those changes."""
     raw = copy_data(tmp_path)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
-    helpers.fashion_mnist(train=False)                       # hashes the four files once
+    fashion_mnist(train=False)                       # hashes the four files once
     hashed = []
     real_md5 = data._md5
     monkeypatch.setattr(data, "_md5", lambda f: hashed.append(f.name) or real_md5(f))
-    helpers.fashion_mnist(train=False)
+    fashion_mnist(train=False)
     assert hashed == [], "a verified, unchanged file was hashed again"
     f = raw / "t10k-labels-idx1-ubyte"
     b = bytearray(f.read_bytes())
     b[100] = (b[100] + 1) % 10                               # changed in place, same size
     f.write_bytes(bytes(b))
     offline(monkeypatch)
-    ds = helpers.fashion_mnist(train=False)
+    ds = fashion_mnist(train=False)
     assert hashed == ["t10k-labels-idx1-ubyte"] and ds.targets[92] == (b[100] - 1) % 10
 
 
@@ -245,7 +246,7 @@ def test_a_damaged_archive_is_named_and_said_to_be_removed(monkeypatch, tmp_path
     offline(monkeypatch)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     with pytest.raises(helpers.DataMissingError) as e:
-        helpers.fashion_mnist(train=False)
+        fashion_mnist(train=False)
     msg = str(e.value)
     assert f"{gz} was damaged" in msg and "has been removed" in msg, msg
     assert not gz.exists()
@@ -261,19 +262,19 @@ def test_ranks_loading_a_fresh_folder_at_once_all_load(tmp_path):
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     for f in data.FILES:   # read only: hard links where the file system allows
-        src = helpers.data_dir() / "FashionMNIST" / "raw" / f
+        src = data_dir() / "FashionMNIST" / "raw" / f
         try:
             os.link(src, raw / f)
         except OSError:
             shutil.copyfile(src, raw / f)
     out = helpers.launch(reliability_ranks.load_at_once, 3, dict(root=str(tmp_path), trials=3,
                                                           train=True), timeout=240, quiet=True)
-    want = reliability_ranks.summary(helpers.fashion_mnist(train=True))   # the course's own copy
+    want = reliability_ranks.summary(fashion_mnist(train=True))   # the course's own copy
     bad = [(r, t, got) for r, trials in enumerate(out) for t, got in enumerate(trials)
            if got != want]
     assert not bad, f"{len(bad)} of {3 * 3} loads failed, e.g. {bad[0]}"
-    assert reliability_ranks.summary(helpers.fashion_mnist(False, root=tmp_path)) == \
-        reliability_ranks.summary(helpers.fashion_mnist(False))
+    assert reliability_ranks.summary(fashion_mnist(False, root=tmp_path)) == \
+        reliability_ranks.summary(fashion_mnist(False))
 
 
 # --- a path where a folder should be, or a folder where a file should be: named as such --------

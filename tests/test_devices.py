@@ -6,6 +6,7 @@ import torch
 
 import helpers
 from helpers import devices
+from helpers.devices import DeviceClock, require_gpus
 
 
 def test_try_all_gpus_is_never_empty():
@@ -40,7 +41,7 @@ def test_too_few_gpus_is_a_clear_error(monkeypatch):
     with pytest.raises(RuntimeError, match="asked for 4 GPUs but found 1"):
         helpers.get_devices(4, simulate=False)
     with pytest.raises(RuntimeError, match="needs 2 GPU"):
-        helpers.require_gpus(2)
+        require_gpus(2)
     with pytest.raises(ValueError):
         helpers.get_devices(0)
 
@@ -61,6 +62,17 @@ def test_synchronize_calls_cuda_for_each_cuda_device_once(monkeypatch):
     helpers.synchronize([torch.device("cuda:0"), torch.device("cuda:0"), torch.device("cuda:1"),
                          torch.device("cpu")])
     assert sorted(seen) == ["cuda:0", "cuda:1"]
+
+
+def test_timer_reads_the_rank_clock(monkeypatch):
+    """Timer's start and stop each wait for the CUDA devices before reading the host clock."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: seen.append(str(d)))
+    monkeypatch.setattr(time, "perf_counter", lambda: seen.append("clock") or len(seen))
+    t = helpers.Timer([torch.device("cuda:1")])
+    t.start()
+    t.stop()
+    assert seen == ["cuda:1", "clock"] * 2 and t.times == [2]
 
 
 def test_timer_median_skips_warmup():
@@ -130,7 +142,7 @@ def test_sleep_until_sleeps_on_the_clock_it_is_given(monkeypatch):
 
 def test_device_clock_is_the_host_clock_on_a_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: pytest.fail("a CUDA call"))
-    clock = helpers.DeviceClock("cpu")
+    clock = DeviceClock("cpu")
     a, b = clock.stamp(), clock.stamp()
     assert isinstance(a, float) and a <= b and clock.seconds([a, b]) == [a, b]
 
@@ -161,7 +173,7 @@ def test_device_clock_on_a_gpu_stamps_events_and_maps_them_to_the_host_clock(mon
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
     monkeypatch.setattr(devices.time, "perf_counter", lambda: host[0] if host[0] is not None
                         else pytest.fail("the host clock read around queued GPU work"))
-    clock = helpers.DeviceClock("cuda:1")
+    clock = DeviceClock("cuda:1")
     a = clock.stamp()
     gpu_now[0] = 100.5
     b = clock.stamp()

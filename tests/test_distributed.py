@@ -23,6 +23,7 @@ import helpers
 import helpers as hd
 from helpers.data_parallel import torch_api
 from helpers.runtime import group
+from helpers.runtime.files import atomic_save
 
 SCRIPT = ROOT / "scripts" / "ddp" / "torchrun.py"
 RUN = dict(subset=256, batch_size=64, epochs=2, lr=0.1, seed=3)   # 4 steps an epoch, 2 epochs
@@ -338,7 +339,7 @@ def _kill_while_saving(tmp_path, save, kills=30, seed=0):
     path, rng = tmp_path / "ckpt.pt", random.Random(seed)
     state = lambda v: {"w": torch.full((1024, 1024), float(v)), "version": v}   # 4 MB
     versions = [state(1), state(2)]
-    hd.atomic_save(state(0), path)
+    atomic_save(state(0), path)
     broken = saved = 0
     for _ in range(kills):
         pid = os.fork()
@@ -361,17 +362,17 @@ def _kill_while_saving(tmp_path, save, kills=30, seed=0):
             ok = False
         broken += not ok
         if not ok:
-            hd.atomic_save(state(0), path)   # start the next round from a good file
+            atomic_save(state(0), path)   # start the next round from a good file
     return broken, saved
 
 
 def test_a_checkpoint_killed_mid_save_always_loads(tmp_path):
     """30 SIGKILLs at random moments of atomic saves: the file on disk always loads (the old
     version or the new one), and no temporary file is left in the way of the next save."""
-    broken, saved = _kill_while_saving(tmp_path, hd.atomic_save)
+    broken, saved = _kill_while_saving(tmp_path, atomic_save)
     assert saved > 0, "the child never finished a save: the harness tested nothing"
     assert broken == 0
-    hd.atomic_save({"x": torch.ones(1)}, tmp_path / "ckpt.pt")   # leftovers do not block it
+    atomic_save({"x": torch.ones(1)}, tmp_path / "ckpt.pt")   # leftovers do not block it
     left = [p.name for p in tmp_path.iterdir() if p.name != "ckpt.pt"]
     assert not left, f"the next save removes what the killed writers left: {left}"
 
@@ -386,7 +387,7 @@ def test_the_same_kills_break_a_plain_torch_save(tmp_path):
 def test_save_checkpoint_and_metrics_are_atomic_writes(tmp_path, monkeypatch):
     """Every writer goes through atomic_write: a failure mid-write leaves the old file whole."""
     import helpers.runtime.files as hc
-    hd.atomic_save({"v": torch.zeros(3)}, tmp_path / "a.pt")
+    atomic_save({"v": torch.zeros(3)}, tmp_path / "a.pt")
     hc.write_json(tmp_path / "m.json", {"v": 0})
 
     def exploding_save(obj, f):

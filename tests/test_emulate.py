@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from helpers import ASSUMED_RATES, Clock, Rates, clock_scale, waits
+from helpers import Clock, Rates, clock_scale
+from helpers.runtime.emulate import ASSUMED_RATES, waits
 
 
 def test_an_emulated_box_lasts_its_modelled_time_without_using_the_cpu():

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import helpers
+from helpers.runtime.checkpoint import rng_state
 
 ROOT = Path(__file__).resolve().parent.parent
 AREAS = ("core", "part4", "part3", "part7")
@@ -380,7 +381,7 @@ def test_rng_state_reads_only_the_ranks_own_gpu(monkeypatch):
                         lambda device: reads.append(device) or torch.get_rng_state())
     monkeypatch.setattr(torch.cuda, "get_rng_state_all",
                         lambda: pytest.fail("every GPU's generator read (a context on each)"))
-    state = helpers.rng_state()
+    state = rng_state()
     assert reads == [3] and state["cuda"]["device"] == 3
     put = []
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device: put.append(device))
@@ -388,4 +389,4 @@ def test_rng_state_reads_only_the_ranks_own_gpu(monkeypatch):
     helpers.set_rng_state(dict(state, cuda=[state["cuda"]["state"]] * 4))   # the older format
     assert put == [3, 3]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    assert "cuda" not in helpers.rng_state(), "a rank that never used CUDA does not wake it"
+    assert "cuda" not in rng_state(), "a rank that never used CUDA does not wake it"

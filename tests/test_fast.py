@@ -23,6 +23,7 @@ from helpers import (
     train_batch_overlap,
     unflatten_into,
 )
+from helpers.data_parallel.speed import compare_with_dist_all_reduce
 
 CPU = torch.device("cpu")
 
@@ -418,7 +419,7 @@ def test_worker_runs_are_validated():
 def test_ring_and_bucketed_allreduce_equal_torch_distributed():
     """The course's allreduces give what torch.distributed.all_reduce gives across 2 processes."""
     shapes = [(7, 3), (5,), (11, 2, 2), (13,)]
-    inputs, sums = helpers.compare_with_dist_all_reduce(shapes, world_size=2, seed=5)
+    inputs, sums = compare_with_dist_all_reduce(shapes, world_size=2, seed=5)
     assert not torch.equal(inputs[0][0], inputs[1][0]), "the ranks must hold different tensors"
     flats = [flatten(r) for r in inputs]
     ring_allreduce(flats)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import helpers
+from helpers.runtime.files import atomic_save, read_json
 
 
 def _host():
@@ -31,7 +32,7 @@ def test_the_next_write_removes_what_killed_writers_left(tmp_path):
     foreign = tmp_path / ".ckpt.pt.notours.tmp"
     for p in (dead, alive, elsewhere, other, foreign):
         p.write_bytes(b"half a checkpoint")
-    helpers.atomic_save({"v": 1}, path)
+    atomic_save({"v": 1}, path)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert dead.name not in left, "a dead writer's temporary file is removed"
     assert {alive.name, elsewhere.name, other.name, foreign.name, "ckpt.pt"} == set(left)
@@ -41,7 +42,7 @@ def test_files_get_the_umask_mode_and_an_overwrite_keeps_its_mode(tmp_path):
     old = os.umask(0o022)
     try:
         helpers.write_json(tmp_path / "m.json", {"v": 0})
-        helpers.atomic_save({"v": 0}, tmp_path / "a.pt")
+        atomic_save({"v": 0}, tmp_path / "a.pt")
     finally:
         os.umask(old)
     assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o644, "not mkstemp's 0600"
@@ -49,7 +50,7 @@ def test_files_get_the_umask_mode_and_an_overwrite_keeps_its_mode(tmp_path):
     os.chmod(tmp_path / "m.json", 0o640)
     helpers.write_json(tmp_path / "m.json", {"v": 1})
     assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o640
-    assert helpers.read_json(tmp_path / "m.json") == {"v": 1}
+    assert read_json(tmp_path / "m.json") == {"v": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "m.json"]
 
 
@@ -64,7 +65,7 @@ def test_a_full_disk_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
 
     from helpers.runtime import files
     path = tmp_path / "snap.pt"
-    helpers.atomic_save({"w": torch.zeros(3)}, path)
+    atomic_save({"w": torch.zeros(3)}, path)
     real = files._open_temporary
 
     def full(p, host):
@@ -73,7 +74,7 @@ def test_a_full_disk_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
         return tmp, os.open("/dev/full", os.O_WRONLY)
     monkeypatch.setattr(files, "_open_temporary", full)
     with pytest.raises(OSError) as e:
-        helpers.atomic_save({"w": torch.ones(100_000)}, path)
+        atomic_save({"w": torch.ones(100_000)}, path)
     assert e.value.errno == errno.ENOSPC
     msg = str(e.value)
     assert f"no space left on device while writing {path}" in msg and "old file is kept" in msg
@@ -86,7 +87,7 @@ def test_an_error_names_the_file_being_written_not_its_temporary(tmp_path):
     temporary file (.NAME.HOST.PID.XXXX.tmp) is an implementation detail."""
     target = tmp_path / "no" / "such" / "c.pt"
     with pytest.raises(FileNotFoundError) as e:
-        helpers.atomic_save({"a": 1}, target)
+        atomic_save({"a": 1}, target)
     msg = str(e.value)
     assert str(target) in msg and ".tmp" not in msg and "does not exist" in msg, msg
     assert e.value.filename == str(target)

@@ -16,6 +16,8 @@ import torch
 
 import helpers
 from helpers.runtime import progress
+from helpers.runtime.errors import LaunchTimeout
+from helpers.runtime.progress import report_progress
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +101,7 @@ def test_a_rank_gloo_aborts_says_why():
 
 def test_a_hung_rank_times_out_and_is_stopped(tmp_path):
     t0 = time.monotonic()
-    with pytest.raises(helpers.LaunchTimeout) as info:
+    with pytest.raises(LaunchTimeout) as info:
         helpers.launch(lt.hang_on_rank_1, 2, quiet=True, timeout=8)
     assert 1 in info.value.ranks and "still running after 8 s" in str(info.value)
     assert time.monotonic() - t0 < 8 + 15, "stopped promptly after the timeout"
@@ -198,11 +200,11 @@ def test_a_script_without_a_main_guard_is_told_the_fix(tmp_path):
 
 def test_progress_shows_one_line_on_a_terminal_and_clears_it(tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "_progress_file", None)
-    helpers.report_progress(1, 10, "epoch")                         # outside a launch: nothing
+    report_progress(1, 10, "epoch")                         # outside a launch: nothing
     assert not list(tmp_path.iterdir())
     progress.report_to(tmp_path / "rank0.progress")
     monkeypatch.setattr(progress, "_last_report", 0.0)
-    helpers.report_progress(3, 10, "epoch")
+    report_progress(3, 10, "epoch")
     line = progress.ProgressLine(2, tmp_path, quiet=False)
     line.mode, line.t0 = "tty", time.monotonic() - 5                # a terminal, 5 s in
     fake = io.StringIO()

@@ -1,6 +1,6 @@
-"""The package's shape: the flat façade re-exports, explicitly, what notebooks, scripts, tests
-and the grader use (and nothing else); no name hides a module; the install ships every folder of
-helpers/; the layers hold."""
+"""The package's shape: the flat façade re-exports, explicitly, what notebooks, scripts and the
+grader use (and nothing else: tests import the rest from its home module); no name hides a
+module; the install ships every folder of helpers/; the layers hold."""
 import ast
 import importlib
 import json
@@ -28,7 +28,7 @@ def _facade_imports():
     """{name: home module} of every name helpers/__init__.py imports from its modules."""
     tree = ast.parse((PKG / "__init__.py").read_text())
     return {a.asname or a.name: "helpers." + n.module for n in tree.body
-            if isinstance(n, ast.ImportFrom) and n.level == 1 for a in n.names}
+            if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module for a in n.names}
 
 
 def test_every_facade_name_is_its_modules_public_name():
@@ -43,7 +43,7 @@ def test_every_facade_name_is_its_modules_public_name():
     assert not wrong, f"not a public name of its module (add it to that __all__): {wrong}"
 
 
-# --- what the façade holds: what book/, scripts/, tests/ and the grader use --------------------
+# --- what the façade holds: what book/, scripts/ and the grader use (not tests/) ---------------
 _DOTTED = re.compile(r"\bhelpers\.([A-Za-z_]\w*)")
 
 
@@ -96,10 +96,11 @@ def _grader_uses(text):
 
 
 def facade_uses(root=ROOT):
-    """Every façade name that book/, scripts/, tests/ or helpers/checks/ use (prose included:
-    a chapter that names `helpers.X` sends the reader there)."""
+    """Every façade name that book/, scripts/ or helpers/checks/ use (prose included: a chapter
+    that names `helpers.X` sends the reader there). Not tests/: a name only tests use stays in
+    its module, and the tests import it from there."""
     found = set()
-    for folder in ("book", "scripts", "tests"):
+    for folder in ("book", "scripts"):
         for path in (root / folder).rglob("*"):
             if not path.is_file() or {"_build", "_vendor"} & set(path.parts):
                 continue
@@ -115,8 +116,8 @@ def facade_uses(root=ROOT):
 
 
 def test_the_facade_holds_only_what_is_used():
-    """The façade is what notebooks, scripts, tests and the grader use, and nothing else: a
-    name nobody uses stays in its module (importable from there), out of the façade."""
+    """The façade is what notebooks, scripts and the grader use, and nothing else: a name
+    nobody else uses (tests included) stays in its module (importable from there)."""
     unused = sorted(set(_facade_imports()) - facade_uses())
     assert not unused, (f"nothing uses helpers.{{{', '.join(unused)}}}: remove them from "
                         "helpers/__init__.py (they stay in their modules)")
@@ -138,7 +139,7 @@ def test_the_use_scan_sees_each_way_of_using_a_name(tmp_path):
         "from .. import a_grader\n@check('x', observes=[], references=['a_ref.method'])\n"
         "def c():\n    unused_name = 1\n")
     assert facade_uses(tmp_path) == {"a_dotted", "a_defined", "a_in_prose", "a_from",
-                                     "an_alias", "a_test", "another", "a_grader", "a_ref"}
+                                     "an_alias", "a_grader", "a_ref"}   # tests do not count
 
 
 def _shadowed(pkg):

@@ -9,6 +9,8 @@ import tomllib
 import pytest
 import yaml
 
+from helpers.torch_floor import TORCH_FLOOR, validate_torch_version
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 GROUPS = ("reader", "book", "test", "teacher")
@@ -104,19 +106,18 @@ def test_helpers_refuse_a_torch_below_the_floor(tmp_path):
     helpers` checks pyproject's floor itself and names the fix."""
     import subprocess
 
-    import helpers
     dep = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch>="))
-    assert helpers.TORCH_FLOOR == tuple(map(int, dep.removeprefix("torch>=").split(".")))
-    floor = ".".join(map(str, helpers.TORCH_FLOOR))
-    major, minor = helpers.TORCH_FLOOR
+    assert TORCH_FLOOR == tuple(map(int, dep.removeprefix("torch>=").split(".")))
+    floor = ".".join(map(str, TORCH_FLOOR))
+    major, minor = TORCH_FLOOR
     for ok in (f"{floor}.0", f"{floor}.0a0+git1", f"{major}.{minor + 3}.1+cu126",
                f"{major + 1}.0.0"):
-        helpers.validate_torch_version(ok)
+        validate_torch_version(ok)
     old = f"{major}.{minor - 1}.1+cu121"
     with pytest.raises(ImportError, match=rf"needs torch {floor} or newer, this Python has "
                                           rf"{re.escape(old)}: run pip install -U "
                                           rf"'torch>={floor}'"):
-        helpers.validate_torch_version(old)
+        validate_torch_version(old)
     fake = tmp_path / "torch"          # an old torch first on the path: import helpers stops
     fake.mkdir()
     (fake / "__init__.py").write_text('__version__ = "2.4.0"\n')

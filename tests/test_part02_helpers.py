@@ -9,7 +9,7 @@ import torch
 
 import helpers
 from helpers import (
-    CommLog,
+    ByteLog,
     all_close,
     balanced_cuts,
     bubble_fraction,
@@ -98,7 +98,7 @@ def test_interleaved_run_takes_the_one_device_step():
     ref = [q.grad.clone() for q in net.parameters()]
     devices, m = [CPU] * 2, 4
     chunks = split_sequential(net, [3, 6, 8], devices * 2)
-    log = CommLog()
+    log = ByteLog()
     got, sched = run_interleaved(chunks, X, y, loss, devices, interleaved_order(2, m, 2), log)
     assert got == pytest.approx(want.item(), rel=1e-5)
     assert all_close([q.grad for c in chunks for q in c.parameters()], ref)

@@ -11,14 +11,8 @@ import pytest
 import torch
 from thread_ranks import run_threads
 
-from helpers import (
-    ExpertParallelMoE,
-    MoE,
-    RankFailed,
-    expert_capacity,
-    launch,
-    train_3d_scratch,
-)
+from helpers import ExpertParallelMoE, MoE, RankFailed, launch, train_3d_scratch
+from helpers.expert_parallel.moe import expert_capacity
 
 
 def test_3d_gpt_refuses_a_batch_that_does_not_split_over_dp():

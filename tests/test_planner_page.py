@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from helpers import PLANNER_FIELDS, PLANNER_JS, plan, planner_html
+from helpers import PLANNER_FIELDS, plan
+from helpers.composed.planner_page import PLANNER_JS, planner_html
 
 GPU = dict(memory=80e9, flops=989e12, bandwidth=450e9, latency=10e-6)
 CASES = [

@@ -2,7 +2,7 @@
 
 def test_plural_agrees_with_its_count():
     """Printed counts read '1 rank', '2 ranks', never '1 ranks' or 'rank(s)'."""
-    from helpers.prose import plural
+    from helpers.words import plural
     assert plural(1, "rank") == "1 rank"
     assert plural(2, "rank") == "2 ranks"
     assert plural(0, "sample") == "0 samples"
@@ -22,7 +22,7 @@ def test_plural_agrees_with_its_count():
 
 def test_plural_names_agrees_with_its_list():
     """Messages name which ranks: 'rank 1', 'ranks 1 and 3', never 'rank(s) [1]'."""
-    from helpers.prose import plural_names
+    from helpers.words import plural_names
     assert plural_names([1], "rank") == "rank 1"
     assert plural_names((1, 3), "rank") == "ranks 1 and 3"
     assert plural_names(range(3), "rank") == "ranks 0, 1 and 2"

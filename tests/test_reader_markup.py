@@ -16,6 +16,7 @@ import pytest
 from book_files import ROOT, toc_notebooks
 
 import helpers
+from helpers.prose import ClaimFailed, formatted
 
 READER_MARKUP_APPLIED = True    # the integrator flips this once book/ is converted
 # in rendered HTML a role's backticks have become <code>, a directive's fence a code block
@@ -208,13 +209,13 @@ def test_a_say_text_made_too_wide_by_a_figure_link_is_refilled():
 def test_claims_show_nothing_and_counted_words_agree(monkeypatch):
     assert helpers.claim(True, "it holds") is None, "a claim cell would print True"
     monkeypatch.setenv("COURSE_CLAIMS", "strict")
-    with pytest.raises(helpers.ClaimFailed, match="it holds"):
+    with pytest.raises(ClaimFailed, match="it holds"):
         helpers.claim(False, "it holds", a=1.0)
-    assert helpers.formatted("over {n:d|round|rounds}", {"n": 1}) == "over 1 round"
-    assert helpers.formatted("over {n:d|round|rounds}", {"n": 3}) == "over 3 rounds"
-    assert helpers.formatted("{n:.1f|second|seconds}", {"n": "2.5"}) == "2.5 seconds"
+    assert formatted("over {n:d|round|rounds}", {"n": 1}) == "over 1 round"
+    assert formatted("over {n:d|round|rounds}", {"n": 3}) == "over 3 rounds"
+    assert formatted("{n:.1f|second|seconds}", {"n": "2.5"}) == "2.5 seconds"
     with pytest.raises(ValueError, match="singular"):
-        helpers.formatted("{n:d|rounds}", {"n": 3})
+        formatted("{n:d|rounds}", {"n": 3})
 
 
 def test_a_readers_run_that_differs_is_told_beside_the_prose(monkeypatch, capsys):
@@ -250,10 +251,10 @@ def test_every_notebook_is_converted():
 
 def test_say_fills_in_this_runs_values(capsys):
     helpers.glue("reader_test_v", 0.123456, display=False)
-    assert helpers.formatted("v={reader_test_v:.2f} {{k}}") == "v=0.12 {k}"
-    assert helpers.formatted("{n:.1f}", {"n": "2.25"}) == "2.2", "text glued numbers format too"
+    assert formatted("v={reader_test_v:.2f} {{k}}") == "v=0.12 {k}"
+    assert formatted("{n:.1f}", {"n": "2.25"}) == "2.2", "text glued numbers format too"
     with pytest.raises(KeyError, match="no cell has glued yet"):
-        helpers.formatted("{never_glued}")
+        formatted("{never_glued}")
     helpers.say("value {reader_test_v:.3f}")
     assert "value 0.123" in capsys.readouterr().out
 

@@ -12,6 +12,8 @@ import torch
 from book_files import ROOT
 
 import helpers
+from helpers.runtime.checkpoint import rng_state
+from helpers.validate import SnapshotError
 
 
 def resolve(argv, world_size=1):
@@ -33,7 +35,7 @@ def lenet_snapshot(path, epoch=2, lr=0.2, ranks=1):
     net = helpers.lenet_module()
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     helpers.save_snapshot(path, net, opt, epoch, history=[{"epoch": e + 1} for e in range(epoch)],
-                          rng=[helpers.rng_state()] * ranks)
+                          rng=[rng_state()] * ranks)
     return path
 
 
@@ -76,7 +78,7 @@ def test_a_damaged_or_foreign_snapshot_is_refused_naming_the_file_and_the_fix(
     assert WHY.get(kind, "cannot be read") in err, err
     net = helpers.lenet_module()                     # the library call says the same, and
     before = [p.detach().clone() for p in net.parameters()]   # restores nothing
-    with pytest.raises(helpers.SnapshotError, match="delete it to start afresh"):
+    with pytest.raises(SnapshotError, match="delete it to start afresh"):
         helpers.load_snapshot(f, net, torch.optim.SGD(net.parameters(), lr=0.1))
     assert all(torch.equal(p, b) for p, b in zip(net.parameters(), before))
     assert not (tmp_path / "PWNED").exists()
@@ -164,5 +166,5 @@ def test_another_number_of_ranks_is_refused(tmp_path, capsys, ranks, world):
 def test_load_snapshot_refuses_a_snapshot_of_more_ranks(tmp_path):
     snap = lenet_snapshot(tmp_path / "s.pt", ranks=2)
     net = helpers.lenet_module()
-    with pytest.raises(helpers.SnapshotError, match="saved by 2 rank"):
+    with pytest.raises(SnapshotError, match="saved by 2 rank"):
         helpers.load_snapshot(snap, net, torch.optim.SGD(net.parameters(), lr=0.1))

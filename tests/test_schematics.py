@@ -7,7 +7,10 @@ import torch
 from torch import nn
 
 import helpers
+from helpers.pipeline_parallel.schematics import schedule_timelines, split_picture
+from helpers.sharding.schematics import shard_owners
 from helpers.tensor_parallel import schematics as tp_pictures
+from helpers.tiny_models import deep_mlp
 
 matplotlib.use("Agg")
 
@@ -76,7 +79,7 @@ def test_megatron_trace_sees_a_split_that_is_not_column_then_row(monkeypatch):
 # ---- pipelines --------------------------------------------------------------------------------
 @pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (3, 6), (4, 8)])
 def test_schedule_timelines_have_the_formulas_bubbles(p, m):
-    s = helpers.schedule_timelines(p, m, v=2)
+    s = schedule_timelines(p, m, v=2)
     bubble = {name: b for name, (_, b) in s.items()}
     assert bubble["GPipe"] == pytest.approx(helpers.bubble_fraction(p, m))
     assert bubble["1F1B"] == pytest.approx(helpers.bubble_fraction(p, m))
@@ -97,7 +100,7 @@ def test_schedule_timelines_have_the_formulas_bubbles(p, m):
 def test_split_picture_counts_what_crosses_each_cut():
     torch.manual_seed(0)
     net = helpers.lenet_module()
-    early, pooled = (helpers.split_picture(net, cuts, (1, 28, 28)) for cuts in ([1], [3]))
+    early, pooled = (split_picture(net, cuts, (1, 28, 28)) for cuts in ([1], [3]))
     assert early["mac_share"] == pytest.approx(pooled["mac_share"])   # a tie in multiply-adds
     assert (early["crossing"], pooled["crossing"]) == ([20 * 26 * 26], [20 * 13 * 13])
     assert pooled["layers"][0] == ["conv", "relu", "pool"]
@@ -127,7 +130,7 @@ def _elements(param, piece):
 
 
 def test_shard_owners_are_what_the_classes_hold(fake_world):
-    owners = helpers.shard_owners(helpers.TinyLM(tied=False), 4)
+    owners = shard_owners(helpers.TinyLM(tied=False), 4)
     sizes = [p.numel() for p in helpers.TinyLM(tied=False).parameters()]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     for rank in range(4):
@@ -157,7 +160,7 @@ def test_fsdp2_rows_are_what_fully_shard_keeps(fake_world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     make = lambda: nn.Sequential(nn.Linear(5, 10), nn.ReLU(), nn.Linear(10, 3))  # noqa: E731
-    owners = helpers.shard_owners(make(), 4)["FSDP2 (fully_shard)"]["weights"]
+    owners = shard_owners(make(), 4)["FSDP2 (fully_shard)"]["weights"]
     sizes = [p.numel() for p in make().parameters()]
     for rank in range(4):
         fake_world(rank)
@@ -170,7 +173,7 @@ def test_fsdp2_rows_are_what_fully_shard_keeps(fake_world):
 
 
 def test_data_parallel_holds_everything_everywhere_and_zero1_shards_only_the_state():
-    owners = helpers.shard_owners(helpers.deep_mlp(8, 16, 2), 2)
+    owners = shard_owners(deep_mlp(8, 16, 2), 2)
     assert all((o == -1).all() for o in owners["data parallel"].values())
     z1 = owners["ZeRO-1"]
     assert (z1["weights"] == -1).all() and (z1["optimizer state"] >= 0).all()
@@ -199,7 +202,7 @@ def test_a_buckets_last_tick_is_drawn_over_the_next_buckets_first():
     """Ticks of gradients ready at almost the same instant overlap: each is drawn over every
     later one, so the tick where a bucket completes (and its bar starts) stays visible."""
     import matplotlib.pyplot as plt
-    t = helpers.bucket_timeline(helpers.deep_mlp(8, 16, 4), (torch.zeros(2, 8),), 0.001)
+    t = helpers.bucket_timeline(deep_mlp(8, 16, 4), (torch.zeros(2, 8),), 0.001)
     fig = helpers.plot_buckets(t)
     ticks = [ln.get_xdata()[0] for ln in fig.axes[0].lines if ln.get_linewidth() == 3]
     plt.close(fig)
@@ -213,8 +216,8 @@ def test_every_schematic_draws():
             helpers.plot_network_split(helpers.lenet_module(), {"a": [7], "b": [1, 3]},
                                        (1, 28, 28)),
             helpers.plot_pipeline_schedules(2, 2),
-            helpers.plot_shards(helpers.deep_mlp(8, 16, 2), 2),
-            helpers.plot_buckets(helpers.bucket_timeline(helpers.deep_mlp(8, 16, 2),
+            helpers.plot_shards(deep_mlp(8, 16, 2), 2),
+            helpers.plot_buckets(helpers.bucket_timeline(deep_mlp(8, 16, 2),
                                                          (torch.zeros(2, 8),), 0.001))]
     for fig in figs:
         assert fig.get_facecolor()[:3] == (1.0, 1.0, 1.0)   # a light panel in dark mode too

@@ -2,14 +2,15 @@
 all-to-all show what their code does.
 
 A phone shows the book's text column 342 CSS px wide (390-px screen); a figure wider than that
-is shrunk to it, and its labels with it. helpers.phone_text_px measures the smallest text as
-shown there; every schematic a chapter draws must keep it at PHONE_FLOOR or more."""
+is shrunk to it, and its labels with it. helpers.schematics.phone_text_px measures the smallest
+text as shown there; every schematic a chapter draws must keep it at PHONE_FLOOR or more."""
 import matplotlib
 import pytest
 import torch
 
 import helpers
 from helpers.schematics import phone_text_px
+from helpers.tiny_models import deep_mlp
 
 matplotlib.use("Agg")
 PHONE_FLOOR = 10.0      # CSS px: the smallest label a reader can read without zooming
@@ -202,7 +203,7 @@ READABLE = {
         helpers.lenet_module(), {"a": [7], "b": [1, 3]}, (1, 28, 28)),
     "ZeRO shards": lambda: helpers.plot_shards(helpers.TinyLM(tied=False), world=2),
     "DDP buckets": lambda: helpers.plot_buckets(helpers.bucket_timeline(
-        helpers.deep_mlp(8, 16, 2), (torch.zeros(2, 8),), 0.001)),
+        deep_mlp(8, 16, 2), (torch.zeros(2, 8),), 0.001)),
     "DDP buckets, ResNet-18 with a title": lambda: helpers.plot_buckets(
         helpers.bucket_timeline(helpers.resnet18(), (torch.zeros(2, 1, 28, 28),), 5),
         title="ResNet-18, 4 devices: the backward takes 1"),          # as costs.ipynb draws it

@@ -4,6 +4,7 @@ what three fair coins give."""
 import pytest
 
 import helpers
+from helpers.data_parallel.seed_verdicts import sign_chance, unseparated_words
 
 
 def test_every_gap_must_clear_the_margin():
@@ -27,14 +28,14 @@ def test_paired_verdict_refuses_what_does_not_pair():
 
 
 def test_sign_chance_is_two_in_two_to_the_seeds():
-    assert helpers.sign_chance(3) == 0.25
-    assert helpers.sign_chance(5) == 1 / 16
-    assert helpers.sign_chance(1) == 1.0
+    assert sign_chance(3) == 0.25
+    assert sign_chance(5) == 1 / 16
+    assert sign_chance(1) == 1.0
     assert helpers.chance_words(3) == "1 in 4"
     assert helpers.chance_words(11) == "1 in 1,024"
     for bad in (0, 2.0, "3"):
         with pytest.raises(ValueError, match="positive int"):
-            helpers.sign_chance(bad)
+            sign_chance(bad)
 
 
 ONE = [0.70, 0.70, 0.70]
@@ -72,7 +73,7 @@ def test_equal_steps_verdict_has_a_clause_per_branch():
 
 def test_unseparated_words_name_what_kept_the_seeds_apart():
     """The stored run that read 'no seed separates' had gaps -0.033, +0.275, +0.018."""
-    words = helpers.unseparated_words([0.709, 0.691, 0.641], [0.742, 0.416, 0.623], "a", "b")
+    words = unseparated_words([0.709, 0.691, 0.641], [0.742, 0.416, 0.623], "a", "b")
     assert words == "the seeds disagree: 2 seeds put a above b by more than the margin, 1 below it"
-    assert helpers.unseparated_words([0.5] * 2, [0.501] * 2, "a", "b") == \
+    assert unseparated_words([0.5] * 2, [0.501] * 2, "a", "b") == \
         "no seed separates a from b by the margin"

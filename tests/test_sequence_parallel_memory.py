@@ -13,7 +13,7 @@ from helpers import (
     block_inputs,
     block_loss,
     gather_shards,
-    saved_activation_bytes,
+    saved_tensor_bytes,
     small_block,
     sync_replicated_grads,
 )
@@ -22,7 +22,7 @@ from helpers import (
 def _sp_rank(comm, block, X, R):
     m = SPBlock(block, comm)
     x = X.chunk(comm.world, 1)[comm.rank].clone().requires_grad_()
-    y, saved = saved_activation_bytes(m, x, params=m.parameters())
+    saved, y = saved_tensor_bytes(m, x)
     block_loss(y, R.chunk(comm.world, 1)[comm.rank]).backward()
     sync_replicated_grads(m, comm)
     ops = [t.op for t in comm.traffic.records if t.op != "all_reduce"]

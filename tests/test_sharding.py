@@ -5,9 +5,10 @@ import pytest
 import torch
 
 import helpers
+from helpers.tiny_models import deep_mlp
 
 U_BF16 = 2.0 ** -8   # unit roundoff of bfloat16 (8 significant bits)
-MLP = helpers.deep_mlp()
+MLP = deep_mlp()
 N = sum(p.numel() for p in MLP.parameters())
 LARGEST = max(p.numel() for p in MLP.parameters())
 UNITS = sum(1 for m in MLP.modules() if any(True for _ in m.parameters(recurse=False)))

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 import helpers
 from helpers import (
-    CommLog,
+    ByteLog,
     all_close,
     bubble_fraction,
     clock_ticks,
@@ -130,7 +130,7 @@ def test_dense_split_rows(k):
         for broken in (rows_drop_partial, rows_bias_each):
             assert not same_as_unsplit(lambda X, W, b, broken=broken: broken(X, W, b, devs),
                                        full, [W, b], X), broken
-    log = CommLog()
+    log = ByteLog()
     dense_split_rows(X, W, b, devs, log)
     assert log.wire_bytes("partial sum") == (k - 1) * 5 * 4 * 4   # k-1 partial sums, (5, 4)
 
@@ -190,7 +190,7 @@ def test_pipeline_gradients_and_bubble(p, m):
     cuts = {2: [7], 3: [3, 7], 4: [3, 6, 8]}[p]
     devs = devices(p)
     stages = split_sequential(net, cuts, devs)
-    log = CommLog()
+    log = ByteLog()
     total, schedule = pipeline_step(stages, X, y, helpers.loss, devs, m, log)
     assert total == pytest.approx(l, rel=1e-5)
     assert all_close([p_.grad for s in stages for p_ in s.parameters()], grads)
@@ -255,7 +255,7 @@ def test_ring_all_reduce_sums_and_sends_2_k_minus_1_over_k(k):
     devices = [torch.device("cpu")] * k
     xs = [torch.randn(4, 3 * k) for _ in range(k)]
     originals = [x.clone() for x in xs]
-    log = CommLog()
+    log = ByteLog()
     out = ring_all_reduce(xs, devices, log)
     want = sum(originals)
     assert all(torch.allclose(o, want, atol=1e-6) for o in out)
@@ -270,7 +270,7 @@ def test_ring_all_reduce_sums_and_sends_2_k_minus_1_over_k(k):
 def test_ring_all_reduce_uneven_chunks_total():
     k, devices = 4, [torch.device("cpu")] * 4
     xs = [torch.randn(7) for _ in range(k)]
-    log = CommLog()
+    log = ByteLog()
     out = ring_all_reduce(xs, devices, log)
     assert torch.allclose(out[2], sum(xs), atol=1e-6)
     assert log.wire_bytes() == 2 * (k - 1) * 7 * 4       # every chunk goes k-1 hops, twice
@@ -284,7 +284,7 @@ def test_ring_all_reduce_rejects_wrong_count():
 def test_f_and_g_communicate_only_where_megatron_says():
     devices = [torch.device("cpu")] * 3
     X = torch.randn(4, 6, requires_grad=True)
-    log = CommLog()
+    log = ByteLog()
     Xs = copy_to_shards(X, devices, log)
     assert log.wire_bytes() == 0 and all(torch.equal(x, X) for x in Xs)   # f forward: identity
     assert all(x.data_ptr() != X.data_ptr() for x in Xs)             # real copies
@@ -303,7 +303,7 @@ def test_megatron_mlp_equals_unsplit_mlp(k):
     n, d, h, o = 6, 5, 12, 4
     tensors = [torch.randn(*s, generator=g).requires_grad_()
                for s in [(n, d), (d, h), (h,), (h, o), (o,)]]
-    log = CommLog()
+    log = ByteLog()
     Y = megatron_mlp(*tensors, devices, log)
     R = torch.randn(Y.shape, generator=g)
     got = torch.autograd.grad((Y * R).sum(), tensors)
@@ -340,7 +340,7 @@ def test_1f1b_same_step_same_bubble_fewer_live(p, m):
     runs = {}
     for fn in (pipeline_step, pipeline_1f1b):
         stages = split_sequential(net, cuts, devs)
-        log = CommLog()
+        log = ByteLog()
         total, schedule = fn(stages, X, y, helpers.loss, devs, m, log)
         assert total == pytest.approx(l, rel=1e-5)
         assert all_close([p_.grad for s in stages for p_ in s.parameters()], grads)
@@ -517,7 +517,7 @@ def test_network_split_proof_catches_shared_layers():
     assert not missing, f"network_split.ipynb lost the cells {missing}"
     split_step = [src for src in cells.values() if src.startswith("def split_step")]
     assert len(split_step) == 1
-    ns = dict(copy=__import__("copy"), torch=torch, helpers=helpers, CommLog=CommLog,
+    ns = dict(copy=__import__("copy"), torch=torch, helpers=helpers, ByteLog=ByteLog,
               all_close=all_close, loss=helpers.loss, send=helpers.send,
               lenet_module=lenet_module, glue=lambda *a: None, devices=devices(2))
     for src in [cells[i] for i in setup] + split_step:

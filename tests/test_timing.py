@@ -35,11 +35,18 @@ def test_measure_warms_up_then_times_each_repeat():
     assert m.to_dict() == {"median": 2.0, "spread": [1.0, 3.0], "samples": [1.0, 3.0, 2.0]}
 
 
-def test_measure_synchronises_the_devices(monkeypatch):
-    seen = []
-    monkeypatch.setattr(timing, "synchronize", lambda devices: seen.append(("sync", devices)))
-    timing.measure(lambda: seen.append("fn"), repeats=2, warmup=0, devices=["cuda:0"])
-    assert seen == [("sync", ["cuda:0"]), "fn", ("sync", ["cuda:0"])] * 2, seen
+def test_measure_reads_the_rank_clock_of_the_devices(monkeypatch):
+    """Each reading of the clock comes after a wait for the devices (devices.rank_clock), on
+    the clock measure is given."""
+    clock, seen = FakeClock(), []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: seen.append(("sync", str(d))))
+
+    def fn():
+        seen.append("fn")
+        clock.spend(1.0)
+    m = timing.measure(fn, repeats=2, warmup=0, devices=["cuda:0"], clock=clock)
+    assert seen == [("sync", "cuda:0"), "fn", ("sync", "cuda:0")] * 2, seen
+    assert m.samples == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, None])

@@ -1,16 +1,16 @@
 """Every byte counter writes one log (runtime/traffic.py's ByteLog of Transfer records) and is
-read one way, through ByteLog's methods: the simulated devices' CommLog, a rank's comm,
+read one way, through ByteLog's methods: the simulated devices' log, a rank's comm,
 count_traffic's TrafficLog and DTensor's FuncolBytes. Two sizes, one name each: `payload`
 (the tensor handed over) and `wire` (what the rank puts on the network)."""
 import pytest
 import torch
 
 import helpers
-from helpers.runtime.traffic import ByteLog, Transfer, wire_share
+from helpers.runtime.traffic import ByteLog, TrafficLog, Transfer, wire_share
 
 
 def test_simulated_transfers_are_records_read_by_one_api():
-    log = helpers.CommLog()
+    log = ByteLog()
     devices = [torch.device("cpu")] * 3
     helpers.send(torch.ones(4), 0, 1, devices, log, "activation")
     helpers.send(torch.ones(2), 1, 2, devices, log, "gradient")
@@ -69,7 +69,7 @@ def test_a_ranks_messages_and_collectives_have_both_sizes_and_the_log_resets():
 
 
 def test_collective_volumes_are_records_of_the_ring_volume():
-    log = helpers.TrafficLog()
+    log = TrafficLog()
     log.add("all_reduce", 400, 4)
     log.add("all_gather_into_tensor", 400, 4, ranks=[0, 2, 4, 6])
     assert isinstance(log, ByteLog) and log.ops() == {"all_reduce": 1, "all_gather_into_tensor": 1}
@@ -108,7 +108,7 @@ def test_all_to_all_counts_alike_on_threads_and_processes():
 def test_no_second_reader_is_left(name):
     """One reading vocabulary: the old readers are gone from every log and comm."""
     from helpers.runtime.comm import ThreadComm
-    for cls in (ByteLog, helpers.CommLog, helpers.TrafficLog, helpers.FuncolBytes, ThreadComm):
+    for cls in (ByteLog, TrafficLog, helpers.FuncolBytes, ThreadComm):
         assert not hasattr(cls, name), f"{cls.__name__}.{name}"
 
 
@@ -157,6 +157,6 @@ def test_gathered_counts_an_all_gather_once_per_rank_and_numbers_count_elements(
 def test_tensor_bytes_is_the_one_size_of_a_tensor():
     from helpers.runtime.traffic import tensor_bytes
     assert tensor_bytes(torch.zeros(3, 2, dtype=torch.float64)) == 48
-    log = helpers.CommLog()
+    log = ByteLog()
     helpers.send(torch.zeros(5, dtype=torch.int8), 0, 1, [torch.device("cpu")] * 2, log)
     assert log.payload_bytes() == 5

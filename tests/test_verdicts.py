@@ -3,6 +3,7 @@ gets its own words, and a cause is named only where the ratio is resolved."""
 import pytest
 
 import helpers
+from helpers.data_parallel.verdicts import compile_sentence, ratio_words
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])
@@ -11,9 +12,9 @@ ONE = helpers.Ratio([1.5])
 
 
 def test_ratio_words_carry_median_spread_and_verdict():
-    assert helpers.ratio_words(FASTER) == "1.30 times as fast (1.20-1.40: faster)"
+    assert ratio_words(FASTER) == "1.30 times as fast (1.20-1.40: faster)"
     with pytest.raises(TypeError, match="helpers.Ratio"):
-        helpers.ratio_words(1.3)
+        ratio_words(1.3)
 
 
 def test_against_prediction_has_a_branch_per_verdict():
@@ -31,14 +32,14 @@ def test_against_prediction_has_a_branch_per_verdict():
 
 def test_the_compile_pays_back_only_when_resolved_faster():
     assert "pays back its first step's 30.0 s after 300 steps (1.3 epochs" in \
-        helpers.compile_sentence(FASTER, 30.0, 0.1, 235)
-    assert "never pays back" in helpers.compile_sentence(SLOWER, 30.0, -0.1, 235)
+        compile_sentence(FASTER, 30.0, 0.1, 235)
+    assert "never pays back" in compile_sentence(SLOWER, 30.0, -0.1, 235)
     # a full epoch of 60,000 at batch 256 ends with a short batch: a second compile, said
-    assert "(1.3 epochs of Fashion-MNIST: one compile)" in helpers.compile_sentence(
+    assert "(1.3 epochs of Fashion-MNIST: one compile)" in compile_sentence(
         FASTER, 30.0, 0.1, 235)
     assert ("(1.3 epochs of Fashion-MNIST: one compile; the epoch's short last batch compiles "
-            "once more)") in helpers.compile_sentence(FASTER, 30.0, 0.1, 235, short_last=True)
-    noise = helpers.compile_sentence(NOISE, 30.0, 0.1, 235)
+            "once more)") in compile_sentence(FASTER, 30.0, 0.1, 235, short_last=True)
+    noise = compile_sentence(NOISE, 30.0, 0.1, 235)
     assert "cannot tell whether it ever pays back" in noise and "after" not in noise
     assert "no CUDA graph" in helpers.graph_sentence(None)
     assert "(1.20-1.40: faster)" in helpers.graph_sentence(FASTER)

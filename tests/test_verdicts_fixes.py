@@ -4,6 +4,7 @@ compression hook's words follow their verdicts."""
 import pytest
 
 import helpers
+from helpers.data_parallel.fixes_verdicts import ablation_credit
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])
@@ -12,12 +13,12 @@ ONE = helpers.Ratio([1.5])
 
 
 def credit(rewrite, compiler, both, rewrite_compiled):
-    return helpers.ablation_credit(rewrite, compiler, both, rewrite_compiled)["text"]
+    return ablation_credit(rewrite, compiler, both, rewrite_compiled)["text"]
 
 
 def test_the_ablation_credits_the_rewrite_where_it_paid_only_compiled():
     # the round-4 run: compiler faster, rewrite eager within noise, compiled faster
-    got = helpers.ablation_credit(NOISE, FASTER, FASTER, FASTER)
+    got = ablation_credit(NOISE, FASTER, FASTER, FASTER)
     assert got["text"] == (
         "the compiler alone was faster, the rewrite paid only compiled, against the plain LeNet "
         "compiled (eager: within noise), and the two together were faster: this run credits "
@@ -53,7 +54,7 @@ def test_the_ablation_credits_nothing_when_the_two_together_did_not_resolve():
         assert "credits" not in got
     assert "together were not told apart (one round" in credit(NOISE, FASTER, ONE, FASTER)
     with pytest.raises(TypeError, match="helpers.Ratio"):
-        helpers.ablation_credit(NOISE, FASTER, FASTER, 1.47)
+        ablation_credit(NOISE, FASTER, FASTER, 1.47)
 
 
 def test_the_fused_step_words_have_a_branch_per_verdict():

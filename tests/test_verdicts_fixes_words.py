@@ -3,6 +3,7 @@ every branch reached, the words a stored run shows unchanged for the same number
 import pytest
 
 import helpers
+from helpers.data_parallel.verdicts import compile_sentence
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])
@@ -38,7 +39,7 @@ def test_the_compiled_step_words_follow_compile_sentence_or_say_it_was_not_measu
     assert helpers.compiled_step_words() == (
         "Compiling was not measured here (quick mode: a first compile costs tens of seconds).")
     assert helpers.compiled_step_words(FASTER, 20.0, 0.002, 235, short_last=True) == \
-        helpers.compile_sentence(FASTER, 20.0, 0.002, 235, short_last=True)
+        compile_sentence(FASTER, 20.0, 0.002, 235, short_last=True)
     assert "never pays back" in helpers.compiled_step_words(SLOWER, 20.0, -0.001, 235)
 
 

@@ -4,6 +4,7 @@ wait for the other worker."""
 import pytest
 
 import helpers
+from helpers.data_parallel.scaling_verdicts import same_setup_words
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])
@@ -37,14 +38,14 @@ def test_strong_scaling_names_a_cause_only_when_resolved_and_prints_its_split_al
 
 
 def test_the_same_setup_clause_explains_a_missing_verdict_without_typing_another_run():
-    faster = helpers.same_setup_words(FASTER, 10)
+    faster = same_setup_words(FASTER, 10)
     assert "a like set-up" in faster and "same set-up" not in faster
     assert faster.endswith("this one (10 repeats) can differ beyond their spreads, and this "
                            "chapter, which does not read that run, cannot show whether they do")
-    noise = helpers.same_setup_words(NOISE, 10)
+    noise = same_setup_words(NOISE, 10)
     assert "resolved in one run of 10 repeats and not in the next" in noise
     assert "none here need not disagree" in noise
-    assert "neither says why" in helpers.same_setup_words(SLOWER, 10)
+    assert "neither says why" in same_setup_words(SLOWER, 10)
 
 
 def test_the_two_workers_sentence_splits_the_all_reduce_from_the_wait_or_says_none_ran():

@@ -3,6 +3,7 @@ every branch reached, the words a stored run shows unchanged for the same number
 import pytest
 
 import helpers
+from helpers.data_parallel.scaling_verdicts import same_setup_words
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 
@@ -16,7 +17,7 @@ def test_one_core_says_which_run_it_could_not_make():
 
 
 def test_the_setup_words_follow_same_setup_words_or_say_one_core():
-    assert helpers.setup_words(FASTER, 31) == helpers.same_setup_words(FASTER, 31)
+    assert helpers.setup_words(FASTER, 31) == same_setup_words(FASTER, 31)
     assert helpers.setup_words(None, 31) == (
         "with one core, the profile chapter's set-up of two workers was not run here either")
 

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import helpers
+from helpers.one_process import params_of
 
 __all__ = ["WRAPPERS", "Wrapper", "build_net", "case_data", "one_process", "train_case"]
 
@@ -129,7 +130,7 @@ def one_process(case):
             loss_of(net(X[s, m]), y[s, m], case["accum"]).backward()
         opt.step()
         opt.zero_grad()
-    return helpers.params_of(net)
+    return params_of(net)
 
 
 # ---- one wrapper on one case -------------------------------------------------------------------
@@ -168,7 +169,7 @@ class Wrapper:
 
     def params(self, obj):
         """{name: full tensor} named like PropNet's parameters (all ranks call)."""
-        return helpers.params_of(obj["net"])
+        return params_of(obj["net"])
 
 
 class Refused(RuntimeError):

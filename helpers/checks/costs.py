@@ -79,8 +79,7 @@ def _random_net(g):
     return net, torch.randn(randint(g, 1, 4), 1, side, side, generator=g)
 
 
-@check("saved_bytes", references=["saved_per_layer", "autograd_saved_bytes",
-                                 "saved_activation_bytes"], observes=[
+@check("saved_bytes", references=["saved_per_layer", "saved_tensor_bytes"], observes=[
     "the bytes returned for fresh random conv nets (views, pooling, ReLUs), against what "
     "autograd saves in the check's own count; helpers.saved_per_layer is unavailable"])
 def check_saved_bytes(fn):

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .. import CommLog, loss, ring_all_reduce, send
+from .. import ByteLog, loss, ring_all_reduce, send
 from ._core import (
     FakeGPUs,
     Recorder,
@@ -127,7 +127,7 @@ def check_bytes_sent_naive_vs_ring(fn):
         n = k * randint(g, 1, 200)               # elements: a multiple of k, equal chunks
         nbytes = 4 * n
         xs = [torch.randn(n, generator=g) for _ in range(k)]
-        log_naive, log_ring = CommLog(), CommLog()
+        log_naive, log_ring = ByteLog(), ByteLog()
         _naive_allreduce(xs, [CPU] * k, log_naive)
         ring_all_reduce(xs, [CPU] * k, log_ring)
         naive, ring = log_naive.wire_bytes(src=0), log_ring.wire_bytes(src=0)

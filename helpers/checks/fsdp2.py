@@ -1,37 +1,21 @@
 """Checks for the exercises of Part V's FSDP2 chapter (book/part5/fsdp2.ipynb): the memory of
 activations and recomputation.
 
-Activation bytes are the course's one measure (costs.saved_per_layer's): every storage autograd
-saves counted once, parameters left out. Recomputation is seen from the blocks' own hooks (which
-block recomputes when, in backward) and from the aten operations backward runs (Recorder).
+Activation bytes are the course's one measure (helpers.saved_tensor_bytes): every storage
+autograd saves counted once, parameters left out. Recomputation is seen from the blocks' own
+hooks (which block recomputes when, in backward) and from the aten operations backward runs
+(Recorder).
 """
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .. import saved_tensor_bytes
 from ._core import CheckFailed, Recorder, as_int, check, expect, fresh_generator, randint
 from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_saved_bytes_of_call", "check_checkpointed_forward", "check_choose_checkpoints",
            "check_save_matmuls", "check_dcp_resume"]
-
-
-def saved_bytes(f, *inputs, params=()):
-    """Bytes autograd saves for backward while f(*inputs) runs: each storage once, the storages
-    of `params` (and of f's parameters, when f is a module) left out."""
-    params = list(params) + (list(f.parameters()) if isinstance(f, nn.Module) else [])
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    seen, keep = set(), []
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        if key not in skip and key not in seen:
-            seen.add(key)
-            keep.append(t)
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        f(*inputs)
-    return sum(t.untyped_storage().nbytes() for t in keep)
 
 
 class _Twice(nn.Module):
@@ -46,8 +30,7 @@ class _Twice(nn.Module):
         return (a.t() @ a).sum() + (a * a).sum()
 
 
-@check("saved_bytes_of_call", references=["saved_per_layer", "saved_activation_bytes",
-                                          "autograd_saved_bytes"], observes=[
+@check("saved_bytes_of_call", references=["saved_per_layer", "saved_tensor_bytes"], observes=[
     "the number returned (any real type) for fresh modules and inputs, against the bytes of "
     "the distinct storages autograd saves, parameters left out"])
 def check_saved_bytes_of_call(fn):
@@ -67,7 +50,7 @@ def check_saved_bytes_of_call(fn):
     for what, f in cases:
         call = f"saved_bytes_of_call({what}, x of shape {tuple(x.shape)})"
         got = as_int(fn(f, x), call)
-        want = saved_bytes(f, x)            # after the answer: nothing to read while it runs
+        want, _ = saved_tensor_bytes(f, x)  # after the answer: nothing to read while it runs
         calls, weights = [0], [0]
         ps = {p.untyped_storage().data_ptr() for p in f.parameters()}
 
@@ -80,7 +63,7 @@ def check_saved_bytes_of_call(fn):
             out = f(x)
         expect(not (got == out.numel() * out.element_size() and got != want),
                f"{call}: {got} bytes is the size of the output, not what autograd saves")
-        with_params = saved_bytes(lambda x, f=f: f(x), x)   # each storage once, weights kept
+        with_params, _ = saved_tensor_bytes(lambda x, f=f: f(x), x)   # weights kept
         expect(not (weights[0] and got == with_params != want),
                f"{call}: {got} bytes counts the parameters ({weights[0]} bytes of weights "
                "reach the pack hook): leave out the storages of f's parameters")
@@ -139,7 +122,7 @@ def check_checkpointed_forward(fn):
     x = torch.randn(n, d, generator=g, requires_grad=True)
     params = list(blocks.parameters())
     copies = kept(x, *params)
-    saved = saved_bytes(lambda x: fn(blocks, x), x, params=params)
+    saved, _ = saved_tensor_bytes(lambda x: fn(blocks, x), x, params=params)
     log.clear()
     out = fn(blocks, x)
     expect(torch.is_tensor(out) and out.requires_grad,
@@ -158,7 +141,7 @@ def check_checkpointed_forward(fn):
     expect_unchanged("checkpointed_forward", copies, [x, *params],
                      ["x", *(k for k, _ in blocks.named_parameters())])
     phase[0] = "reference"      # the plain forward, after the answer: its hooks log nothing
-    plain_saved = saved_bytes(lambda x: _seq(blocks, x), x, params=params)
+    plain_saved, _ = saved_tensor_bytes(lambda x: _seq(blocks, x), x, params=params)
     plain = _seq(blocks, x)
     plain.sum().backward()
     expect(out.shape == plain.shape and torch.allclose(out, plain, atol=1e-5),
@@ -194,9 +177,9 @@ def _blocks_with_saved(g, spec=None, d=None, n=None):
     x = torch.randn(n, d, generator=g, requires_grad=True)
     saved, gain, h = [], [], x
     for b in blocks:   # a checkpointed block still keeps its input
-        saved.append(saved_bytes(b, h))
-        gain.append(saved[-1] - saved_bytes(
-            lambda h, b=b: checkpoint(b, h, use_reentrant=False), h, params=b.parameters()))
+        saved.append(saved_tensor_bytes(b, h)[0])
+        gain.append(saved[-1] - saved_tensor_bytes(
+            lambda h, b=b: checkpoint(b, h, use_reentrant=False), h, params=b.parameters())[0])
         h = b(h)
     return blocks, x, saved, gain
 
@@ -233,7 +216,7 @@ def check_choose_checkpoints(fn):
             for i, b in enumerate(blocks):
                 x = checkpoint(b, x, use_reentrant=False) if i in chosen else b(x)
             return x
-        measured = saved_bytes(run, x, params=blocks.parameters())
+        measured, _ = saved_tensor_bytes(run, x, params=blocks.parameters())
         expect(measured <= budget,
                f"{call}: with blocks {chosen} checkpointed autograd saves {measured} bytes, over "
                "the budget (measure what each block saves, plainly and checkpointed: a "

@@ -11,7 +11,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from .. import CommLog, dense_split_rows
+from .. import ByteLog, dense_split_rows
 from ._core import (
     CheckFailed,
     FakeGPUs,
@@ -58,7 +58,7 @@ def check_partial_sum_bytes(fn):
                              randint(g, 2, 8))
         call = f"partial_sum_bytes({n}, {d_out}, {k})"
         got = as_int(fn(n, d_out, k), call)
-        log = CommLog()
+        log = ByteLog()
         dense_split_rows(torch.randn(n, d_in), torch.randn(d_in, d_out), torch.randn(d_out),
                          [CPU] * k, log)
         want = log.wire_bytes("partial sum")
@@ -118,7 +118,7 @@ def check_conv_split_in_channels(fn):
         b = torch.randn(c_out, generator=g).requires_grad_()
         call = f"conv_split_in_channels on {k} devices ({c_in} input channels)"
         copies = kept(X, W, b)
-        got = _tensor(fn(X, W, b, [CPU] * k, CommLog()), call, (n, c_out, hw - 2, hw - 2))
+        got = _tensor(fn(X, W, b, [CPU] * k, ByteLog()), call, (n, c_out, hw - 2, hw - 2))
         expect_unchanged(call, copies, [X, W, b], ["X", "W", "b"])
         want = F.conv2d(X, W, b)        # after the answer: nothing to read while it runs
         if not _close(got, want):
@@ -131,7 +131,7 @@ def check_conv_split_in_channels(fn):
         _grads_match(call, got, want, [X, W, b], ["X", "W", "b"], g)
         gpus = FakeGPUs(k)
         fX, fW, fb = (gpus.tensor(t, 0) for t in (X, W, b))
-        Y, rec = gpus.run(fn, fX, fW, fb, gpus.devices, CommLog(), what=call)
+        Y, rec = gpus.run(fn, fX, fW, fb, gpus.devices, ByteLog(), what=call)
         expect(Y.device == gpus.devices[0], f"{call}: the output is on {describe_device(Y.device)}"
                                             "; the partial sums are added up on device 0")
         for op in rec.ancestors(Y):
@@ -255,7 +255,7 @@ def _check_column_then_row(fn, gated):
         name = "gated_mlp_column_then_row" if gated else "mlp_column_then_row"
         call = f"{name} on {k} devices ({h} hidden units)"
         copies = kept(*args)
-        got = _tensor(fn(*args, [CPU] * k, CommLog()), call, (n, o))
+        got = _tensor(fn(*args, [CPU] * k, ByteLog()), call, (n, o))
         expect_unchanged(call, copies, args, names)
         want = ((F.silu(X @ W1) * (X @ V)) @ W2 if gated     # after the answer ran
                 else F.relu(X @ W1 + b1) @ W2 + b2)
@@ -271,7 +271,7 @@ def _check_column_then_row(fn, gated):
         _grads_match(call, got, want, args, names, g)
         gpus = FakeGPUs(k)
         fakes = [gpus.tensor(t, 0) for t in args]
-        Y, rec = gpus.run(fn, *fakes, gpus.devices, CommLog(), what=call)
+        Y, rec = gpus.run(fn, *fakes, gpus.devices, ByteLog(), what=call)
         for op in rec.ancestors(Y):
             if op.flops is not None:
                 expect(all(h not in r.shape for r in op.reads),
@@ -334,7 +334,7 @@ def check_attention_by_heads(fn):
               for s in [(d, heads * e)] * 3 + [(heads * e, d)]]
         call = f"attention_by_heads on {k} devices ({heads} heads of width {e})"
         copies = kept(X, *Ws)
-        got = _tensor(fn(X, *Ws, heads, [CPU] * k, CommLog()), call, (t, d))
+        got = _tensor(fn(X, *Ws, heads, [CPU] * k, ByteLog()), call, (t, d))
         expect_unchanged(call, copies, [X, *Ws], ["X", "Wq", "Wk", "Wv", "Wo"])
         want = attention(X, *Ws, heads)
         expect(_close(got, want), f"{call}: the output differs from unsplit attention (split by "
@@ -343,7 +343,7 @@ def check_attention_by_heads(fn):
         _grads_match(call, got, want, [X, *Ws], ["X", "Wq", "Wk", "Wv", "Wo"], g)
         gpus = FakeGPUs(k)
         fakes = [gpus.tensor(x, 0) for x in (X, *Ws)]
-        Y, rec = gpus.run(fn, *fakes, heads, gpus.devices, CommLog(), what=call)
+        Y, rec = gpus.run(fn, *fakes, heads, gpus.devices, ByteLog(), what=call)
         width = heads * e
         for op in rec.ancestors(Y):
             if op.flops is not None:

@@ -2,7 +2,7 @@
 import torch
 import torch.distributed as dist
 
-from ..context_parallel.experiments import autograd_saved_bytes
+from ..activations import saved_tensor_bytes
 from ..context_parallel.scratch import shard_sequence
 from ..devices import synchronize
 from ..models import unwrap
@@ -35,7 +35,7 @@ def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, reco
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with count_traffic() as dp_log, PeakBytes().skip(held) as peak:
-            saved, out = autograd_saved_bytes(lambda Xl=Xl: model(Xl), params)
+            saved, out = saved_tensor_bytes(model, Xl, params=params)
             loss = gpt_loss(out, yl) / len(Xl)
             kept = peak.now                  # what forward left alive for backward
             del out

@@ -2,7 +2,6 @@
 (scratch), all-to-all attention over the heads (ulysses), PyTorch's context_parallel
 (torch_api), the chapter's experiments (experiments)."""
 from .experiments import (
-                      autograd_saved_bytes,
                       cp_activation_memory,
                       cp_attention_run,
                       cp_torch_run,
@@ -34,4 +33,4 @@ __all__ = ["CPAttention", "RingAttention", "RingCensus", "attention_reference",
            "unshard_sequence", "HeadsToSeq", "SeqToHeads", "heads_to_seq", "seq_to_heads",
            "ulysses_attention", "ROTATE_METHODS", "context_parallel_status",
            "torch_context_parallel", "cp_activation_memory", "cp_attention_run",
-           "cp_torch_run", "cp_ulysses_run", "qkv_inputs", "autograd_saved_bytes"]
+           "cp_torch_run", "cp_ulysses_run", "qkv_inputs"]

@@ -4,6 +4,7 @@ device and keeps its share of the sequence, so each result can be set beside the
 computation. Results come back on the CPU."""
 import torch
 
+from ..activations import saved_tensor_bytes
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
@@ -12,7 +13,7 @@ from .scratch import CPAttention, RingCensus, attention_reference, ring_attentio
 from .torch_api import ROTATE_METHODS, context_parallel_status, torch_context_parallel
 from .ulysses import ulysses_attention
 
-__all__ = ["qkv_inputs", "autograd_saved_bytes", "cp_attention_run", "cp_ulysses_run",
+__all__ = ["qkv_inputs", "cp_attention_run", "cp_ulysses_run",
            "cp_activation_memory", "cp_torch_run"]
 
 
@@ -20,25 +21,6 @@ def qkv_inputs(B, H, T, D, seed=0, device="cpu"):
     """q, k, v and an output gradient, each (B, H, T, D), the same on every rank."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, T, D, generator=g).to(device) for _ in range(4)]
-
-
-def autograd_saved_bytes(fn, params=()):
-    """Bytes of the tensors autograd saves for backward while fn() runs (each storage once,
-    parameters left out): the activation memory that backward will need."""
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    seen, keep, total = set(), [], [0]
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in skip and ptr not in seen:
-            seen.add(ptr)
-            keep.append(t)
-            total[0] += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return total[0], out
 
 
 def _cpu(t):
@@ -111,8 +93,7 @@ def cp_activation_memory(rank, world, cfg):
         R = torch.randn(batch, T, width, generator=g).to(device)
         attn.zero_grad()
         Xl = shard_sequence(X, world, rank, dim=1).requires_grad_()
-        nbytes, out = autograd_saved_bytes(lambda Xl=Xl: layer(Xl),
-                                           attn.parameters())
+        nbytes, out = saved_tensor_bytes(layer, Xl, params=attn.parameters())
         (out * shard_sequence(R, world, rank, dim=1)).sum().backward()
         grads = [p.grad.clone() for p in attn.parameters()]
         for t in grads:

@@ -82,6 +82,8 @@ class DDPFromScratch(nn.Module):
     launch).
     """
 
+    wraps_module = True       # helpers.unwrap reaches the model as self.module
+
     def __init__(self, module, bucket_mb=None, overlap=True, group=None):
         super().__init__()
         if not dist.is_initialized():

@@ -9,8 +9,8 @@ from ..data import load_data_fashion_mnist
 from ..devices import Timer, get_devices
 from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator, progress
-from ..prose import plural
 from ..validate import validate_lr, validate_positive_int, validate_seed, validate_step
+from ..words import plural
 
 __all__ = ["get_params", "allreduce", "split_batch", "sgd", "train_batch", "train",
            "evaluate_accuracy", "default_run_size"]

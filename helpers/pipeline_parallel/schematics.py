@@ -1,7 +1,7 @@
 """Pictures of pipelines, drawn from the code that runs them.
 
 `plot_network_split` cuts a model with `split_sequential`, runs one example through the stages
-with a CommLog and draws which device holds which layers, what share of the multiply-adds each
+with a ByteLog and draws which device holds which layers, what share of the multiply-adds each
 does, and how many numbers cross each cut. `schedule_timelines` lays out the course's schedule
 functions (gpipe_rank_order, one_f_one_b_rank_order, interleaved_order, zero_bubble_rank_order)
 on equal stages, each box starting as soon as its rank is free and its input is ready;
@@ -11,7 +11,7 @@ from itertools import pairwise
 
 import torch
 
-from ..runtime.traffic import CommLog
+from ..runtime.traffic import ByteLog
 from ..schematics import LABEL_FONT as SMALL
 from ..schematics import SCHEMATIC_FONT as FONT
 from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
@@ -30,10 +30,10 @@ _SHORT = {"Conv2d": "conv", "ReLU": "relu", "AvgPool2d": "pool", "MaxPool2d": "p
 def split_picture(net, cuts, input_shape):
     """What a network split of `net` at `cuts` holds and sends, for one example: the layer names
     of each stage (split_sequential's stages), each stage's share of the multiply-adds, and the
-    numbers crossing each cut forward (a CommLog of network_split_forward)."""
+    numbers crossing each cut forward (a ByteLog of network_split_forward)."""
     devices = [torch.device("cpu")] * (len(cuts) + 1)
     stages = split_sequential(net, cuts, devices)
-    log = CommLog()
+    log = ByteLog()
     with torch.no_grad():
         network_split_forward(stages, torch.zeros((1, *input_shape)), devices, log)
     macs = multiply_adds(net, input_shape)

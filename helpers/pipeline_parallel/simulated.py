@@ -5,11 +5,10 @@ agree with one device up to float32 rounding either way. Transfers are logged by
 `devices` (runtime.traffic.send), so simulated devices count the bytes that real ones would send.
 """
 import copy
-import time
 
 import torch
 
-from ..devices import synchronize
+from ..devices import rank_clock
 from ..runtime.traffic import send
 from .schedules import (
     clock_ticks,
@@ -58,18 +57,18 @@ def run_schedule(stages, X, y, loss, devices, orders, log=None, timed=False):
     inputs, outputs = [{} for _ in range(p)], [{} for _ in range(p)]   # kept for backward
     handoff = [{} for _ in range(p)]      # input gradients, waiting to go back a stage
     ticks = clock_ticks(orders)
-    schedule, total, t0 = [], 0.0, time.perf_counter()
+    host = rank_clock()                   # an op starts when the host issues it
+    done = [rank_clock([d] if timed else ()) for d in devices]   # timed: once its device ran it
+    schedule, total, t0 = [], 0.0, host()
     for (s, phase, j), tick in sorted(ticks.items(), key=lambda kv: (kv[1], kv[0][0])):
-        start = time.perf_counter()
+        start = host()
         if phase == "F":
             inputs[s][j], outputs[s][j] = stage_forward(stages, s, j, Xs, outputs, devices, log)
         else:
             total = total + stage_backward(stages, s, j, ys, n, inputs, outputs, handoff,
                                            loss, devices, log)
-        if timed:
-            synchronize([devices[s]])
         schedule.append(dict(stage=s, micro=j, phase=phase, tick=tick, start=start - t0,
-                             end=time.perf_counter() - t0, live=len(outputs[s])))
+                             end=done[s]() - t0, live=len(outputs[s])))
     return float(total), schedule
 
 
@@ -130,9 +129,10 @@ def run_interleaved(chunks, X, y, loss, devices, orders, log=None):
     inputs, outputs = [{} for _ in chunks], [{} for _ in chunks]
     handoff = [{} for _ in chunks]
     ticks = interleaved_ticks(orders, v)
-    schedule, total, t0 = [], 0.0, time.perf_counter()
+    host = rank_clock()
+    schedule, total, t0 = [], 0.0, host()
     for (d, phase, j, c), tick in sorted(ticks.items(), key=lambda kv: (kv[1], kv[0][0])):
-        q, start = c * p + d, time.perf_counter()
+        q, start = c * p + d, host()
         if phase == "F":
             inputs[q][j], outputs[q][j] = stage_forward(chunks, q, j, Xs, outputs, placed, log)
         else:
@@ -140,7 +140,7 @@ def run_interleaved(chunks, X, y, loss, devices, orders, log=None):
                                            placed, log)
         live = sum(len(outputs[c2 * p + d]) for c2 in range(v))
         schedule.append(dict(stage=d, chunk=c, micro=j, phase=phase, tick=tick,
-                             start=start - t0, end=time.perf_counter() - t0, live=live))
+                             start=start - t0, end=host() - t0, live=live))
     return float(total), schedule
 
 

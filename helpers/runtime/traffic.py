@@ -2,7 +2,7 @@
 
 Every counter of the course writes there:
 - `send(t, src, dst, devices, log)` moves a tensor between simulated devices (Part I) and adds
-  its bytes to a `CommLog` (src, dst: device indices; op: what was sent, e.g. "activation");
+  its bytes to a `ByteLog` (src, dst: device indices; op: what was sent, e.g. "activation");
 - the comms (runtime.comm: DistComm, ThreadComm) add one record per message or collective a
   rank sends (`comm.traffic`);
 - `count_traffic()` wraps dist.all_reduce, reduce_scatter_tensor, all_gather_into_tensor /
@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..costs import ring_bytes_per_device
 
-__all__ = ["Transfer", "ByteLog", "CountsSent", "CommLog", "send", "count_traffic",
+__all__ = ["Transfer", "ByteLog", "CountsSent", "send", "count_traffic",
            "TrafficLog", "FuncolBytes", "wire_share", "all_to_all_wire", "tensor_bytes"]
 
 
@@ -200,10 +200,6 @@ class CountsSent:
         if send is not None:
             self.send(*send)
         return self.recv(*recv) if recv is not None else None
-
-
-class CommLog(ByteLog):
-    """The transfers between simulated devices (src, dst: device indices; op: what was sent)."""
 
 
 def send(t: torch.Tensor, src: int, dst: int, devices, log: ByteLog | None = None,

@@ -176,6 +176,8 @@ class FSDPFromScratch(nn.Module):
     before the current unit computes (in forward, and in backward for the unit before).
     """
 
+    wraps_module = True       # helpers.unwrap reaches the model as self.module
+
     def __init__(self, module, compute_dtype=None, units=None, reshard_after_forward=True,
                  prefetch=False):
         super().__init__()

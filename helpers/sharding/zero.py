@@ -191,6 +191,8 @@ class Zero2(nn.Module):
     accumulate locally and the first backward outside it reduces them once (DDP's traffic).
     """
 
+    wraps_module = True       # helpers.unwrap reaches the model as self.module
+
     def __init__(self, module, optimizer_cls, bucket_mb=None, param_groups=None, **optim_kwargs):
         super().__init__()
         if not dist.is_initialized():

@@ -7,6 +7,7 @@ import copy
 import torch
 import torch.distributed as dist
 
+from ..activations import saved_tensor_bytes
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
@@ -17,7 +18,6 @@ from .scratch import TPMLP, TPBlock, copy_to_tp, shard_of
 from .sequence import (
     SPBlock,
     VocabEmbedding,
-    saved_activation_bytes,
     sync_replicated_grads,
     tiny_tp_lm,
     vocab_parallel_cross_entropy,
@@ -101,7 +101,7 @@ def sp_runs(rank, world, block, X, R, comm, mesh):
                   "sp": lambda: SPBlock(block, comm)}[name]()
         x = (X if name != "sp" else _seq(X, rank, world)).detach().clone().requires_grad_()
         comm.reset_counts()
-        y, saved = saved_activation_bytes(module, x, params=module.parameters())
+        saved, y = saved_tensor_bytes(module, x)
         fwd = comm.traffic.mark()
         block_loss(y, R if name != "sp" else _seq(R, rank, world)).backward()
         if name == "sp":
@@ -112,7 +112,7 @@ def sp_runs(rank, world, block, X, R, comm, mesh):
     module = parallelize_module(copy.deepcopy(block), mesh, sp_plan())
     x = _seq(X, rank, world).detach().clone().requires_grad_()
     with FuncolBytes() as counter:
-        y, saved = saved_activation_bytes(module, x, params=module.parameters())
+        saved, y = saved_tensor_bytes(module, x)
         fwd = counter.traffic.mark()
         block_loss(_local(y), _seq(R, rank, world)).backward()
     placements = {n: str(getattr(p.grad, "placements", None)) for n, p in

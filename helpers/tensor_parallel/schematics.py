@@ -11,7 +11,7 @@ from itertools import pairwise
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..runtime.traffic import CommLog
+from ..runtime.traffic import ByteLog
 from ..schematics import (
     EVERY_RANK_COLOR,
     SCHEMATIC_WIDTH,
@@ -60,7 +60,7 @@ def ring_steps(k=4, ring=ring_all_reduce):
     devices = [torch.device("cpu")] * k
     xs = [torch.tensor([2.0 ** (i + k * c) for c in range(k)], dtype=torch.float64)
           for i in range(k)]
-    log = CommLog()
+    log = ByteLog()
     with _Moves() as moves:
         out = ring(xs, devices, log)
     records = log.records
@@ -153,14 +153,14 @@ class _Products(TorchFunctionMode):
 
 
 def megatron_trace(k=2, n=4, d=8, h=16, seed=0):
-    """Run megatron_mlp once, forward and backward, on k simulated devices with a CommLog, and
+    """Run megatron_mlp once, forward and backward, on k simulated devices with a ByteLog, and
     return what a picture needs: the hidden units of each device's W1 columns and W2 rows (from
     the products it ran), and the bytes per device of f's and g's all-reduces forward and
     backward (from the log)."""
     g = torch.Generator().manual_seed(seed)
     tensors = [torch.randn(*s, generator=g, requires_grad=True)
                for s in [(n, d), (d, h), (h,), (h, d), (d,)]]
-    log = CommLog()
+    log = ByteLog()
     with _Products() as seen:
         out = megatron_mlp(*tensors, [torch.device("cpu")] * k, log)
     out.sum().backward()

@@ -26,7 +26,7 @@ from .scratch import TPMLP, TPAttention, reduce_from_tp, shard_of
 
 __all__ = ["GatherSequence", "ScatterSequence", "gather_sequence", "scatter_sequence",
            "GatherLinears", "gather_linears", "SPAttention", "SPMLP", "SPBlock",
-           "sync_replicated_grads", "saved_activation_bytes", "VocabEmbedding",
+           "sync_replicated_grads", "VocabEmbedding",
            "vocab_parallel_cross_entropy", "TinyTPLM", "tiny_tp_lm"]
 
 
@@ -154,23 +154,6 @@ def sync_replicated_grads(block, comm):
     for p in (*block.ln1.parameters(), *block.ln2.parameters(), block.attn.proj.bias,
               block.mlp.down.bias):
         comm.all_reduce(p.grad)
-
-
-def saved_activation_bytes(fn, *args, params=()):
-    """Bytes of the tensors autograd saves while fn(*args) runs: each storage once (a DTensor's
-    local one), parameters (and `params`) not counted. Returns (fn's result, bytes)."""
-    local = lambda t: t.to_local() if hasattr(t, "to_local") else t     # noqa: E731 DTensor
-    skip = {local(p).untyped_storage().data_ptr() for p in params}
-    seen = {}
-
-    def pack(t):
-        storage = local(t).untyped_storage()
-        if storage.data_ptr() not in skip and not isinstance(t, nn.Parameter):
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*args)
-    return out, sum(seen.values())
 
 
 # --- the vocabulary split -----------------------------------------------------------------------

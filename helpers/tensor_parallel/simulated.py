@@ -2,7 +2,7 @@
 a convolution or a dense layer in shards, ring collectives, and the Megatron MLP.
 
 The ring all-reduce (reduce-scatter, then all-gather) moves every chunk with `runtime.traffic.send`,
-so a CommLog counts the bytes each device would put on its link. `f` and `g` are Megatron-LM's
+so a ByteLog counts the bytes each device would put on its link. `f` and `g` are Megatron-LM's
 two operators (Shoeybi et al., 2019) as autograd functions: f (copy_to_shards) is the identity
 forward and an all-reduce backward, g (reduce_from_shards) an all-reduce forward and the identity
 backward.

@@ -69,7 +69,7 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
     """Declare a check: `body(fn)` judges the reader's `fn` (called through Answer) and raises
     CheckFailed with the reason; the check function returned runs it through run_check, after
     refusing an answer that reaches a reference or the checks themselves (references.scan).
-    `references` are names of the flat façade (`"balanced_cuts"`, `"CommLog.wire_bytes"`).
+    `references` are names of the flat façade (`"balanced_cuts"`, `"ByteLog.wire_bytes"`).
     `changes_inputs`: the exercise writes into what it is handed (otherwise an answer that
     changes its arguments fails: untouched.py). `keeps_hooks`: the exercise registers hooks that
     run after it returns (otherwise an answer that leaves one fails: hooks.py). `simulated`: the

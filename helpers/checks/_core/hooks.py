@@ -6,7 +6,9 @@ target to the answer. So `Answer` lists, before the call, the hooks on what it h
 (modules and their submodules, parameters, buffers and their gradients, tensors, optimizers,
 containers item by item) and the process's global ones (module and optimizer hooks for every
 instance, saved-tensor hooks, torch function and dispatch modes left entered), and fails an
-answer that returns with one more. Hooks it registered and removed before returning are fine.
+answer that returns with one more (and removes it: a hook from its dict, a saved-tensor
+hook or a mode popped until the stack's top is one that was there before). Hooks it
+registered and removed before returning are fine.
 Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
 `@check(..., keeps_hooks=True)`; settle.py guards those hooks like the answer itself."""
 import contextlib
@@ -17,7 +19,7 @@ import types
 import torch
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optim_hooks
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
 from .run import CheckFailed, is_reader_code
 
@@ -101,6 +103,29 @@ def _function_modes():
     return _get_current_function_mode_stack()
 
 
+def _saved_top():
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+# the process-wide stacks an answer can leave entered: (its top, pop the top)
+_STACKS = {
+    "saved": (lambda: _saved_top() and frozenset(map(id, _saved_top())),
+              torch._C._autograd._pop_saved_tensors_default_hooks),
+    "dispatch": (lambda: _top_id(_get_current_dispatch_mode_stack()), _pop_mode),
+    "function": (lambda: _top_id(_function_modes()), torch._C._pop_torch_function_stack)}
+
+
+def _top_id(stack):
+    return frozenset([id(stack[-1])]) if stack else None
+
+
+def _pop_to(key, before):
+    """Pop the stack `key` until its top is one that was there before the answer ran."""
+    top, pop = _STACKS[key]
+    while (now := top()) and not now <= before:
+        pop()
+
+
 def hooks_of(args, kwargs):
     """The hooks now registered on what an answer is handed, and the process's global ones."""
     walk = _Walk()
@@ -122,8 +147,8 @@ def expect_no_new_hooks(name, before, args, kwargs):
             left.append((what, attr))
             for k in new if hooks is not None else ():
                 hooks.pop(k, None)
-            if key == "saved":
-                torch._C._autograd._pop_saved_tensors_default_hooks()
+            if key in _STACKS:
+                _pop_to(key, before[key][2])
     if left:
         what, attr = left[0]
         kind = attr.strip("_").replace("_", " ").removeprefix("a ").removesuffix("s")

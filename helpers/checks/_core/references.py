@@ -87,7 +87,7 @@ def identity(obj):
 
 
 def resolve(names):
-    """The References for façade names ("balanced_cuts", "CommLog.wire_bytes")."""
+    """The References for façade names ("balanced_cuts", "ByteLog.wire_bytes")."""
     package = importlib.import_module(_PACKAGE)
     refs = []
     for name in names:

@@ -133,7 +133,7 @@ def _patch(refs, exercise, mine):
         for fn in _functions(ref.obj):
             if identity(fn) == ref.key:
                 _swap(fn, ref, exercise, mine)
-    for ref in refs:                   # methods: "CommLog.wire_bytes"
+    for ref in refs:                   # methods: "ByteLog.wire_bytes"
         owner, _, method = ref.name.rpartition(".")
         cls = _owner(owner) if owner else None
         if isinstance(cls, type) and method in vars(cls):
