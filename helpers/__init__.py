@@ -122,9 +122,8 @@ from .data_parallel.fixes_words import (gpu_status_words, best_step_words,
                                         real_overlap_words, bench_accuracy_words,
                                         bench_scratch_words, device_words,
                                         trace_order_words, fusing_bound_words)
-from .data_parallel.scaling_verdicts import (strong_words, same_setup_words,
-                                             two_workers_sentence, weak_split, sweep_words,
-                                             sweep_summary, model_saving_words)
+from .data_parallel.scaling_verdicts import (strong_words, two_workers_sentence, weak_split,
+                                             sweep_words, sweep_summary, model_saving_words)
 from .data_parallel.profile_schematics import plot_phases
 from .data_parallel.scaling_schematics import (plot_scaling, plot_alpha_beta_fit,
                                                 plot_exposed)
