@@ -52,3 +52,25 @@ def toc_parts():
     return [(part["caption"], [c["file"].removesuffix(".ipynb").removesuffix(".md")
                                for c in part.get("chapters", [])])
             for part in toc.get("parts", [])]
+
+
+def helpers_names(nb):
+    """The names a notebook's code takes from the top of helpers: helpers.X, from helpers
+    import X."""
+    import ast
+    names = set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse("\n".join(ln for ln in cell.source.splitlines()
+                                       if not ln.lstrip().startswith(("%", "!"))))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "helpers":
+                names.add(node.attr)
+            elif isinstance(node, ast.ImportFrom) and node.module == "helpers":
+                names |= {a.name for a in node.names}
+    return names

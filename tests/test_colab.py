@@ -32,7 +32,7 @@ import zipfile
 import nbformat
 import pytest
 import yaml
-from book_files import toc_notebooks, toc_parts
+from book_files import helpers_names, toc_notebooks, toc_parts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VENV = ROOT / "_build" / "colab-venv"
@@ -603,38 +603,16 @@ def test_one_notebook_of_every_part_runs_against_the_helpers_its_cell_installs(c
     have = set(json.loads(lines[-1]))
     lacking = {}
     for path in toc_notebooks():
-        for name in _helpers_names(nbformat.read(path, as_version=4)) - have:
+        for name in helpers_names(nbformat.read(path, as_version=4)) - have:
             lacking.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
     assert not lacking, f"the helpers the cells install lack {lacking}"
-
-
-def _helpers_names(nb):
-    """The names a notebook's code takes from the top of helpers: helpers.X, from helpers
-    import X."""
-    import ast
-    names = set()
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        try:
-            tree = ast.parse("\n".join(ln for ln in cell.source.splitlines()
-                                       if not ln.lstrip().startswith(("%", "!"))))
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and node.value.id == "helpers":
-                names.add(node.attr)
-            elif isinstance(node, ast.ImportFrom) and node.module == "helpers":
-                names |= {a.name for a in node.names}
-    return names
 
 
 def test_the_names_check_sees_a_missing_name():
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("import helpers\nfrom helpers import (a, b)\n"
                                           "helpers.rank_grid((2, 2))\n%time x = 1")]
-    assert _helpers_names(nb) == {"a", "b", "rank_grid"}
+    assert helpers_names(nb) == {"a", "b", "rank_grid"}
 
 
 def test_every_notebook_has_the_setup_cell():

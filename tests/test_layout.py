@@ -115,6 +115,20 @@ def facade_uses(root=ROOT):
     return found
 
 
+def test_every_name_a_chapter_takes_from_helpers_exists():
+    """helpers.X and `from helpers import X` in a chapter's code name something the package has
+    (a façade name or a module): a name dropped from the façade breaks the chapter only when it
+    runs (the Colab test checks the installed package too, much later in a run)."""
+    import nbformat
+    from book_files import helpers_names, toc_notebooks
+    lacking = {}
+    for path in toc_notebooks():
+        for name in sorted(helpers_names(nbformat.read(path, as_version=4))):
+            if not hasattr(helpers, name) and importlib.util.find_spec(f"helpers.{name}") is None:
+                lacking.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
+    assert not lacking, f"chapters use names helpers lacks: {lacking}"
+
+
 def test_the_facade_holds_only_what_is_used():
     """The façade is what notebooks, scripts and the grader use, and nothing else: a name
     nobody else uses (tests included) stays in its module (importable from there)."""
