@@ -67,6 +67,8 @@ def test_the_halves_control_is_reported_unless_the_two_device_words_name_it():
         helpers.halves_control_words(NOISE, SLOWER))
     assert ": within noise: this run cannot tell" in helpers.halves_control_words(SLOWER, NOISE)
     assert "one round, no spread" in helpers.halves_control_words(ONE, ONE)
+    for two, halves in ((NOISE, FASTER), (NOISE, SLOWER), (SLOWER, NOISE), (ONE, ONE)):
+        assert helpers.halves_control_words(two, halves).endswith("."), "the text goes on after"
     with pytest.raises(TypeError, match="helpers.Ratio"):
         helpers.halves_control_words(NOISE, 1.2)
 

@@ -53,8 +53,8 @@ def split_lead_in(split, prediction):
 
 def halves_control_words(two, halves):
     """The control of the phase breakdown (Ratio: one device's time / one device running the
-    two halves of each batch in turn), as a sentence after a space; "" where two devices were
-    resolved faster (simulated_devices_words names the control there)."""
+    two halves of each batch in turn), as sentences after a space, ending in a full stop; ""
+    where two devices were resolved faster (simulated_devices_words names the control there)."""
     _check(two), _check(halves)
     if two.verdict == "faster":
         return ""
@@ -62,14 +62,14 @@ def halves_control_words(two, halves):
             f"{halves.spread_text()} against one device on whole batches: ")
     if halves.verdict == "faster":
         return said + ("faster. The same arithmetic in smaller pieces was cheaper per example on "
-                       "this CPU, so splitting a batch changes its compute's time by itself")
+                       "this CPU, so splitting a batch changes its compute's time by itself.")
     if halves.verdict == "slower":
         return said + ("slower. The same arithmetic in smaller pieces cost more per example on "
-                       "this CPU, so splitting a batch changes its compute's time by itself")
+                       "this CPU, so splitting a batch changes its compute's time by itself.")
     if halves.verdict == "within noise":
         return said + ("within noise: this run cannot tell smaller pieces of the batch from "
-                       "whole ones")
-    return said + "one round, no spread: this run cannot tell smaller pieces from whole ones"
+                       "whole ones.")
+    return said + "one round, no spread: this run cannot tell smaller pieces from whole ones."
 
 
 def fixed_part_words(fixed1_s, fixed2_s):
