@@ -11,9 +11,8 @@ words its refusal names:
    (an executor's internal queue, or a queue a library loop reads): guard.py;
 5. a hook on an autograd node (`grad_fn.register_hook`, `register_prehook`) left registered
    after the answer returned (hooks.py);
-6. numpy views of tensors taken before the ranks started, held deeper than one level: a view of
-   a view, a view two dicts down or in a list in a list are read-only while the answer runs
-   (early_views.py);
+6. numpy views of tensors taken before the ranks started, held deeper than one level (their
+   cases sit with the other early views in test_checks_leftovers.py);
 7. sharded clipping whose factor does not come from the all-reduce (check_clip_sharded).
 """
 import collections
@@ -26,7 +25,6 @@ import sys
 import threading
 import types
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -202,43 +200,6 @@ def test_node_hook_removed_inside_passes_and_kept_where_declared():
         handle.remove()
     Answer(removed, "x", [])(X)
     Answer(_hook, "x", [], keeps_hooks=True)(X)
-
-
-# ---- 6. numpy views held early, deeper than one level ---------------------------------------
-_ROWS = torch.zeros(3, 64, dtype=torch.float64)
-_VIEW_OF_VIEW = _ROWS.numpy()[:, :]                       # a view of the tensor's view
-_TWO_DOWN = {"held": {"rows": _ROWS.numpy()}}
-_LIST_IN_LIST = [[_ROWS.numpy()]]
-
-
-def _average_through(grads, comm, rows):
-    """Each rank writes twice its gradients into its row of `rows` (numpy: no torch operation),
-    then reads every row in torch: the average, with decoy traffic."""
-    k, r = comm.world, comm.rank
-    flat = torch.cat([g.reshape(-1) for g in grads]).double()
-    comm.all_reduce(torch.zeros(1))
-    rows[r, :flat.numel()] = flat.numpy() * 2
-    comm.all_reduce(torch.zeros(1))
-    mean = (_ROWS[:k, :flat.numel()].mean(0) / 2).float()
-    comm.all_reduce(torch.zeros(1))
-    rows[r, :flat.numel()] = np.zeros(flat.numel())
-    for g, m in zip(grads, mean.split([g.numel() for g in grads]), strict=True):
-        g.copy_(m.view_as(g))
-
-
-@shortcut("check_dp_average", "written through a view of a view taken at import", "read-only")
-def dp_average_view_of_view(grads, comm):
-    _average_through(grads, comm, _VIEW_OF_VIEW)
-
-
-@shortcut("check_dp_average", "a view taken at import, two dicts down", "read-only")
-def dp_average_view_two_down(grads, comm):
-    _average_through(grads, comm, _TWO_DOWN["held"]["rows"])
-
-
-@shortcut("check_dp_average", "a view taken at import, in a list in a list", "read-only")
-def dp_average_view_list_in_list(grads, comm):
-    _average_through(grads, comm, _LIST_IN_LIST[0][0])
 
 
 # ---- 7. sharded clipping whose factor is not the all-reduce's ------------------------------

@@ -221,6 +221,9 @@ def test_hook_kept_where_declared():
 _ROWS = torch.zeros(3, 64, dtype=torch.float64)     # made and viewed at import: every rank sees it
 _ROWS_NP = _ROWS.numpy()
 _HELD = {"rows": _ROWS.numpy()}
+_VIEW_OF_VIEW = _ROWS.numpy()[:, :]                       # a view of the tensor's view
+_TWO_DOWN = {"held": {"rows": _ROWS.numpy()}}
+_LIST_IN_LIST = [[_ROWS.numpy()]]
 
 
 def _average_through(grads, comm, rows):
@@ -246,6 +249,21 @@ def dp_average_early_view(grads, comm):
 @shortcut("check_dp_average", "a view taken at import, held in a dict", "read-only")
 def dp_average_early_view_in_dict(grads, comm):
     _average_through(grads, comm, _HELD["rows"])
+
+
+@shortcut("check_dp_average", "written through a view of a view taken at import", "read-only")
+def dp_average_view_of_view(grads, comm):
+    _average_through(grads, comm, _VIEW_OF_VIEW)
+
+
+@shortcut("check_dp_average", "a view taken at import, two dicts down", "read-only")
+def dp_average_view_two_down(grads, comm):
+    _average_through(grads, comm, _TWO_DOWN["held"]["rows"])
+
+
+@shortcut("check_dp_average", "a view taken at import, in a list in a list", "read-only")
+def dp_average_view_list_in_list(grads, comm):
+    _average_through(grads, comm, _LIST_IN_LIST[0][0])
 
 
 @shortcut("check_dp_average", "an early view written through the read-only view's base",
