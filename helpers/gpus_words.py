@@ -10,7 +10,7 @@ __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth
            "threads_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
-           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words"]
+           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "call_share_words"]
 
 BAND = 0.1             # two single timings closer than this cannot be told apart
 NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
@@ -137,8 +137,27 @@ H200_DATASHEET = dict(peak=67e12, bf16=989e12, bw=4.8e12)
 # Links by their specifications, not measured: PCIe 4.0 (PCI-SIG) runs 16 GT/s a lane, one bit a
 # transfer, 128b/130b encoding, on the 16 lanes of an x16 slot; NVLink 4 (NVIDIA's H100/H200
 # datasheets) joins two GPUs by 18 links of 25 GB/s each way
-LINK_SPECS = dict(pcie4_gt_s=16e9, pcie4_lanes=16, pcie4_encoding=128 / 130,
+# PCI-SIG's PCIe 4.0 and 5.0 specifications (per lane, 128b/130b encoding); NVLink 4 on H100
+# and H200 SXM: 18 links of 25 GB/s each way (NVIDIA's Hopper architecture whitepaper)
+LINK_SPECS = dict(pcie4_gt_s=16e9, pcie5_gt_s=32e9, pcie4_lanes=16, pcie4_encoding=128 / 130,
                   nvlink4_links=18, nvlink4_link_gbs=25)
+
+
+def call_share_words(call_s, rest_s):
+    """What a bare call (a 1x1 product, `call_s`) says of the time a small product took beyond
+    its roof (`rest_s`), as a clause after "what the roofline leaves out": the call itself,
+    most of it, or this run cannot say."""
+    if rest_s <= 0:
+        raise ValueError(f"call_share_words: the time beyond the roof must be > 0, not {rest_s}")
+    share = call_s / rest_s
+    if share >= 0.9:
+        return (f", the call itself: a bare 1x1 call took {share:.0%} of it, so the call "
+                "accounts for it")
+    if share >= 0.5:
+        return (f"; most of it is the call itself: a bare 1x1 call took {share:.0%} of it, and "
+                "this run does not say what the rest is")
+    return (f"; a bare 1x1 call took only {share:.0%} of it, so this run cannot say how much "
+            "of it is the call")
 
 
 def gpu_roofs(ref):

@@ -173,3 +173,13 @@ def test_overlap_words_faster_slower_or_cannot_tell():
         helpers.overlap_words(8e-3, 4e-3))
     assert "did not hide behind the product" in helpers.overlap_words(4e-3, 8e-3)
     assert "cannot tell whether the copy overlapped" in helpers.overlap_words(4e-3, 4.2e-3)
+
+
+def test_call_share_words_the_call_most_of_it_or_cannot_say():
+    assert helpers.call_share_words(1.9e-6, 2e-6).startswith(", the call itself: a bare 1x1 call "
+                                                             "took 95% of it")
+    most = helpers.call_share_words(1.58e-6, 2.03e-6)
+    assert most.startswith("; most of it is the call itself") and "78%" in most
+    assert "cannot say how much" in helpers.call_share_words(0.5e-6, 2e-6)
+    with pytest.raises(ValueError, match="must be > 0"):
+        helpers.call_share_words(1e-6, 0.0)

@@ -128,8 +128,8 @@ def bucket_words(one_vs_small, step):
                  "say why")
     else:
         steps = (f"the whole steps with 1 MiB buckets and with one bucket could not be told apart "
-                 f"(1 MiB buckets' {whole}); on GPUs, whose communication has hardware of its "
-                 "own, we predict the step to gain")
+                 f"(the step with 1 MiB buckets was {whole}); on GPUs, whose communication has "
+                 "hardware of its own, we predict the step to gain")
     return f"{exposed}; {steps}"
 
 
