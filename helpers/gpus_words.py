@@ -134,11 +134,8 @@ def compute_roof_words(share):
 
 # NVIDIA's H200 datasheet: float32 and dense bfloat16 FLOP/s, memory bytes/s
 H200_DATASHEET = dict(peak=67e12, bf16=989e12, bw=4.8e12)
-# Links by their specifications, not measured: PCIe 4.0 (PCI-SIG) runs 16 GT/s a lane, one bit a
-# transfer, 128b/130b encoding, on the 16 lanes of an x16 slot; NVLink 4 (NVIDIA's H100/H200
-# datasheets) joins two GPUs by 18 links of 25 GB/s each way
 # PCI-SIG's PCIe 4.0 and 5.0 specifications (per lane, 128b/130b encoding); NVLink 4 on H100
-# and H200 SXM: 18 links of 25 GB/s each way (NVIDIA's Hopper architecture whitepaper)
+# and H200 SXM: 18 links of 25 GB/s each way in all (NVIDIA's Hopper architecture whitepaper)
 LINK_SPECS = dict(pcie4_gt_s=16e9, pcie5_gt_s=32e9, pcie4_lanes=16, pcie4_encoding=128 / 130,
                   nvlink4_links=18, nvlink4_link_gbs=25)
 

@@ -319,3 +319,21 @@ def test_pool_started_early_and_idle_is_no_refusal(warm_pool):
 
 
 test_case = parametrize_cases(__name__)
+
+
+def test_cancels_reads_no_data_pointer_of_a_fake_tensor():
+    """The check's own comparison of storages must not touch a FakeTensor's data pointer: torch
+    warns on it, and a warning printed in a chapter's check cell fails nbval there."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from helpers.checks._core.cancels import _same
+    with FakeTensorMode():
+        a = torch.zeros(3)
+        b = a.view(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not _same(a, b)
+    x = torch.zeros(3)
+    assert _same(x, x.view(3))

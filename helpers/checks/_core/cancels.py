@@ -30,6 +30,8 @@ def _same(a, b):
     """`a` and `b` are the same elements of the same storage (so `a - b` is zero)."""
     if a is b:
         return True
+    if not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (a, b)):
+        return False        # a FakeTensor or other subclass: its data pointer is not to be read
     try:
         return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
                 and a.storage_offset() == b.storage_offset() and a.shape == b.shape
