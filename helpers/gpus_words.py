@@ -2,6 +2,7 @@
 unsynchronised timer, the two product sizes and thread counts, the roofline's roofs, and the
 GPU-only sections where the GPU reference run has (or lacks) their figures. Each branch has its
 words, tested in tests/test_gpus_words.py, so that no notebook cell decides prose untested."""
+import math
 import statistics
 
 from .words import plural
@@ -10,7 +11,8 @@ __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth
            "threads_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
-           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "call_share_words"]
+           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "call_share_words",
+           "fit_ends_words"]
 
 BAND = 0.1             # two single timings closer than this cannot be told apart
 NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
@@ -155,6 +157,35 @@ def call_share_words(call_s, rest_s):
                 "this run does not say what the rest is")
     return (f"; a bare 1x1 call took only {share:.0%} of it, so this run cannot say how much "
             "of it is the call")
+
+
+def _against(what, got, lo, hi, show, source):
+    """One fitted value against the range its copy's readings give: below, above, or within."""
+    span = f"the range {source} ({show(lo)} to {show(hi) if math.isfinite(hi) else 'no limit'})"
+    if got < lo:
+        return f"the fit's {what}, {show(got)}, is below {span}"
+    if got > hi:
+        return f"the fit's {what}, {show(got)}, is above {span}"
+    return (f"the fit's {what}, {show(got)}, is within {span}, so this run cannot tell it from "
+            f"the chapter's")
+
+
+def fit_ends_words(alpha_s, beta_gbs, smallest, largest):
+    """Exercise 4's least-squares fit (`alpha_s` seconds, `beta_gbs` GB/s) against the model
+    through the two ends: `smallest` and `largest` are (bytes, (median, fastest, slowest)
+    seconds) of the copies that fix alpha (the smallest's median) and beta (the largest's, less
+    alpha). Each fitted value is below, above, or within what those copies' readings give."""
+    (_, (a_med, a_lo, a_hi)), (nbytes, (_, b_lo, b_hi)) = smallest, largest
+    if not a_lo <= a_med <= a_hi or not b_lo <= b_hi:
+        raise ValueError("each copy's readings must be (median, fastest, slowest)")
+    # beta from the slowest and the fastest reading (none above alpha: no limit that way)
+    low = nbytes / (b_hi - a_med) / 1e9 if b_hi > a_med else 0.0
+    high = nbytes / (b_lo - a_med) / 1e9 if b_lo > a_med else math.inf
+    said = [_against("α", alpha_s, a_lo, a_hi, lambda s: f"{s * 1e6:.2f} µs",
+                     "of the smallest copy's readings"),
+            _against("β", beta_gbs, low, high, lambda g: f"{g:.1f} GB/s",
+                     "the largest copy's readings give")]
+    return said[0][0].upper() + said[0][1:] + "; " + said[1] + "."
 
 
 def gpu_roofs(ref):

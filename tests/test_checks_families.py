@@ -112,7 +112,7 @@ AFTER_THE_CALL = ["check_tensor_bytes", "check_activation_bytes", "check_tp_byte
                   "check_dp_step_seconds", "check_combine_mean_grads", "check_lr_at",
                   "check_balancing_loss", "check_z_loss", "check_link_between",
                   "check_idle_share", "check_partial_sum_bytes", "check_tp_ring_bytes",
-                  "check_zero3_sent_bytes"]
+                  "check_zero3_sent_bytes", "check_roofline_time"]
 
 
 @pytest.mark.parametrize("name", AFTER_THE_CALL)

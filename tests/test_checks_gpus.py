@@ -146,6 +146,47 @@ def fit_copy_model_normal_equations(nbytes, seconds):
     return [alpha, 1 / slope / 1e9]
 
 
+# ---- roofline_time -----------------------------------------------------------------------------
+@worked("check_roofline_time")
+def roofline_time(flops, nbytes, peak_flops, mem_bytes_per_s):
+    compute_s, memory_s = flops / peak_flops, nbytes / mem_bytes_per_s
+    if memory_s > compute_s:
+        return memory_s, "memory"
+    return compute_s, "compute"
+
+
+@shortcut("check_roofline_time", "adds the two times", "not their sum")
+def roofline_time_sum(flops, nbytes, peak_flops, mem_bytes_per_s):
+    compute_s, memory_s = flops / peak_flops, nbytes / mem_bytes_per_s
+    return compute_s + memory_s, "memory" if memory_s > compute_s else "compute"
+
+
+@shortcut("check_roofline_time", "counts the arithmetic only", "takes longer")
+def roofline_time_compute_only(flops, nbytes, peak_flops, mem_bytes_per_s):
+    return flops / peak_flops, "compute"
+
+
+@shortcut("check_roofline_time", "one GPU's balance point for every machine",
+          ["balance point peak_flops / mem_bytes_per_s", "-bound"])
+def roofline_time_fixed_balance(flops, nbytes, peak_flops, mem_bytes_per_s):
+    seconds = max(flops / peak_flops, nbytes / mem_bytes_per_s)
+    return seconds, "memory" if flops / nbytes < 12 else "compute"     # an H200's, float32
+
+
+@shortcut("check_roofline_time", "returns the rate", "attainable rate in FLOP/s")
+def roofline_time_rate(flops, nbytes, peak_flops, mem_bytes_per_s):
+    rate = min(peak_flops, flops / nbytes * mem_bytes_per_s)
+    return rate, "memory" if rate < peak_flops else "compute"
+
+
+@other("check_roofline_time", "through the attainable rate, numpy, '-bound' words, a list")
+def roofline_time_attainable(flops, nbytes, peak_flops, mem_bytes_per_s):
+    intensity = np.float64(flops) / nbytes
+    rate = min(peak_flops, intensity * mem_bytes_per_s)
+    return [flops / rate, "Memory-bound" if intensity < peak_flops / mem_bytes_per_s
+            else "compute-bound"]
+
+
 test_case = parametrize_cases(__name__)
 
 

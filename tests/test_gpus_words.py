@@ -183,3 +183,25 @@ def test_call_share_words_the_call_most_of_it_or_cannot_say():
     assert "cannot say how much" in helpers.call_share_words(0.5e-6, 2e-6)
     with pytest.raises(ValueError, match="must be > 0"):
         helpers.call_share_words(1e-6, 0.0)
+
+
+def test_fit_ends_words_below_above_or_cannot_tell():
+    smallest = (64, (1.03e-6, 1.00e-6, 1.06e-6))           # alpha from 1.00 to 1.06 µs
+    largest = (2**26, (7.41e-3, 7.30e-3, 7.50e-3))         # beta from 8.9 to 9.2 GB/s
+    inside = helpers.fit_ends_words(1.04e-6, 9.1, smallest, largest)
+    assert inside == (
+        "The fit's α, 1.04 µs, is within the range of the smallest copy's readings (1.00 µs to "
+        "1.06 µs), so this run cannot tell it from the chapter's; the fit's β, 9.1 GB/s, is "
+        "within the range the largest copy's readings give (8.9 GB/s to 9.2 GB/s), so this run "
+        "cannot tell it from the chapter's.")
+    apart = helpers.fit_ends_words(1.08e-6, 8.7, smallest, largest)
+    assert apart.startswith("The fit's α, 1.08 µs, is above the range of the smallest copy's")
+    assert "the fit's β, 8.7 GB/s, is below the range the largest" in apart
+    assert "cannot tell" not in apart
+    other_way = helpers.fit_ends_words(0.90e-6, 9.5, smallest, largest)
+    assert "α, 0.90 µs, is below" in other_way and "β, 9.5 GB/s, is above" in other_way
+    # a fastest reading of the largest copy no longer than alpha: beta has no upper limit
+    unbounded = helpers.fit_ends_words(1.04e-6, 50.0, smallest, (64, (1.1e-6, 1.0e-6, 1.2e-6)))
+    assert "to no limit), so this run cannot tell" in unbounded
+    with pytest.raises(ValueError, match="median, fastest, slowest"):
+        helpers.fit_ends_words(1e-6, 9.0, (64, (1.0e-6, 1.1e-6, 1.2e-6)), largest)

@@ -7,7 +7,7 @@ from ._core import (REGISTRY, CheckFailed, HarnessError, Result, check, expect, 
                     run_check)
 # the foundation chapter (book/gpus.ipynb)
 from .gpus import (check_copy_time, check_fit_copy_model, check_link_between, check_matmul_flops,
-                   check_tensor_bytes)
+                   check_roofline_time, check_tensor_bytes)
 # Part I
 from .network_split import (check_interleaved_costs, check_microbatches_for_bubble,
                             check_order_1f1b, check_split_by_params)
@@ -56,7 +56,7 @@ from .composed import (check_accumulation_bytes, check_activation_bytes, check_m
 
 __all__ = ["REGISTRY", "CheckFailed", "HarnessError", "Result", "check", "expect",
            "fresh_generator", "run_check", "check_copy_time", "check_fit_copy_model",
-           "check_link_between", "check_matmul_flops", "check_tensor_bytes",
+           "check_link_between", "check_matmul_flops", "check_roofline_time", "check_tensor_bytes",
            "check_interleaved_costs", "check_microbatches_for_bubble", "check_order_1f1b",
            "check_split_by_params", "check_attention_by_heads", "check_conv_split_in_channels",
            "check_gated_mlp_column_then_row", "check_partial_sum_bytes", "check_accumulated_step",

@@ -1,5 +1,6 @@
 """Checks for the exercises of the foundation chapter (gpus): counting work, bytes and copy time,
-and fitting the copy model to measurements."""
+fitting the copy model to measurements, placing an operation against the roofline, and naming
+the link between two visible GPUs."""
 import math
 
 import torch
@@ -17,7 +18,7 @@ from ._core import (
 )
 
 __all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model",
-           "check_link_between"]
+           "check_roofline_time", "check_link_between"]
 
 LINKS = ("NV4", "NV8", "NV12", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS")
 
@@ -200,6 +201,73 @@ def check_fit_copy_model(fn):
                       f"a least-squares fit weighted by 1/t by {math.sqrt(best / len(nbytes)):.1%}:"
                       " fit all the copies, each equation weighed by 1/t (reading two points, or "
                       "an unweighted fit, lets a few copies decide)")
+
+
+# ---- gpus: the least time an operation takes on a machine's two roofs -------------------------
+def _operations(g, count=8):
+    """(flops, nbytes, peak FLOP/s, memory bytes/s) of fresh operations and machines, memory-bound
+    and compute-bound in turn, their two times at least 1.4x apart (no tie to argue about)."""
+    ops = []
+    for k in range(count):
+        peak = float(f"{10 ** uniform(g, 10, 15.3):.3g}")      # 10 GFLOP/s to 2 PFLOP/s
+        bw = float(f"{10 ** uniform(g, 10, 13):.3g}")          # 10 GB/s to 10 TB/s
+        side = 1 if k % 2 else -1                               # right, then left of balance
+        intensity = peak / bw * 10 ** (side * uniform(g, 0.15, 2))
+        flops = round(10 ** uniform(g, 6, 13))
+        ops.append((flops, max(1, round(flops / intensity)), peak, bw))
+    return ops
+
+
+def _bound_word(value, call):
+    word = str(value).strip().lower() if isinstance(value, str) else ""
+    for bound in ("memory", "compute"):
+        if word.startswith(bound):
+            return bound
+    raise CheckFailed(f"{call} returned {value!r} as the bound: return the string 'memory' or "
+                      "'compute', the roof that sets the least time")
+
+
+@check("roofline_time", observes=[
+    "the seconds and the bound returned for fresh operations and machines (random FLOPs, bytes, "
+    "peak FLOP/s and memory bandwidth; memory-bound and compute-bound in turn), against "
+    "max(FLOPs / peak, bytes / bandwidth) and the roof that sets it"])
+def check_roofline_time(fn):
+    """fn(flops, nbytes, peak_flops, mem_bytes_per_s) returns (seconds, bound): the least time the
+    roofline allows, max(flops / peak_flops, nbytes / mem_bytes_per_s), and 'memory' or
+    'compute', whichever of the two sets it."""
+    g = fresh_generator()
+    for flops, nbytes, peak, bw in _operations(g):
+        call = f"roofline_time({flops}, {nbytes}, {peak:.3g}, {bw:.3g})"
+        got = fn(flops, nbytes, peak, bw)
+        expect(isinstance(got, (tuple, list)) and len(got) == 2,
+               f"{call} returned {got!r}: expected a pair (seconds, bound)")
+        seconds, dtype = _number(got[0], call)
+        bound = _bound_word(got[1], call)
+        compute_s, memory_s = flops / peak, nbytes / bw        # after the answer ran
+        want = max(compute_s, memory_s)
+        want_bound = "memory" if memory_s > compute_s else "compute"
+        close = lambda x, s=seconds, d=dtype: rel_close(s, x, 8, d)          # noqa: E731
+        shown = f"{call} returned {seconds:.3e} s, expected {want:.3e} s"
+        if not close(want):
+            expect(not close(compute_s + memory_s), f"{shown}: the sum of the two times. The "
+                   "roofline lets the arithmetic and the memory traffic overlap, so the least "
+                   "time is the larger of the two, not their sum")
+            smaller = ("flops / peak_flops, the time of the arithmetic" if want_bound == "memory"
+                       else "nbytes / mem_bytes_per_s, the time of the memory traffic")
+            slower = ("moving nbytes at mem_bytes_per_s" if want_bound == "memory" else
+                      "doing flops at peak_flops")
+            expect(not close(compute_s) and not close(memory_s), f"{shown}: {smaller}, but "
+                   f"{slower} takes longer. Each roof is a limit the operation cannot beat, so "
+                   "the least time is the larger of the two times")
+            expect(not close(flops / want), f"{shown}: {seconds:.3g} is the attainable rate in "
+                   "FLOP/s; return the seconds (flops divided by that rate)")
+            expect(False, f"{shown} = max(flops / peak_flops, nbytes / mem_bytes_per_s)")
+        intensity, balance = flops / nbytes, peak / bw
+        expect(bound == want_bound, f"{call} returned the bound {got[1]!r}: the intensity "
+               f"flops / nbytes = {intensity:.3g} FLOP/B lies "
+               f"{'left' if want_bound == 'memory' else 'right'} of this machine's balance "
+               f"point peak_flops / mem_bytes_per_s = {balance:.3g} FLOP/B, so it is "
+               f"{want_bound}-bound: its {want_bound} roof sets the least time")
 
 
 # ---- gpus: which physical GPU is cuda:i, and how is it linked ---------------------------------
