@@ -145,8 +145,9 @@ class NotOnItsGPU(RuntimeError):
 class FakeGPU:
     """The fake GPU of one rank: cuda:`index` of `count`. `problems`: (kind, where, what)."""
 
-    def __init__(self, index, count, comm_seconds=0.0):
+    def __init__(self, index, count, comm_seconds=0.0, comm_ops=None):
         self.index, self.count = index, count
+        self.comm_ops = comm_ops      # the collectives that take comm_seconds (None: every one)
         self.pending = False          # GPU work queued since the last synchronisation
         self.problems = []
         self._seen = set()
@@ -294,7 +295,8 @@ class FakeGPU:
         self._tag_new(out, args, min(gpus) if gpus else None)
         if gpus:
             self.pending = True
-            if self.comm_seconds:     # queued behind the communication already queued
+            if self.comm_seconds and (self.comm_ops is None or name in self.comm_ops):
+                # queued behind the communication already queued
                 self.comm_ready = max(_REAL_CLOCK(), self.comm_ready) + self.comm_seconds
         return out
 
@@ -755,11 +757,14 @@ def canary(rank, world, cfg):
 # ---- a fake GPU whose all-reduces take time: what a host clock would miss ------------------------
 def slow_comm(rank, world, cfg):
     """Launch target: each of cfg["runs"] [(label, fn, kwargs)] on this rank's fake GPU, whose
-    collectives take cfg["comm"] seconds each on the GPU while their futures complete at once
-    (as NCCL's do at launch). Returns {label: dict(result, problems)}."""
+    collectives (those named in cfg["comm_ops"] if given) take cfg["comm"] seconds each on the
+    GPU (a dict: {label: seconds}) while their futures complete at once (as NCCL's do at
+    launch). Returns {label: dict(result, problems)}."""
     out = {}
     for label, fn, kwargs in cfg["runs"]:
-        gpu = FakeGPU(rank, world, comm_seconds=cfg["comm"])
+        comm = cfg["comm"]
+        gpu = FakeGPU(rank, world, comm_ops=cfg.get("comm_ops"),
+                      comm_seconds=comm[label] if isinstance(comm, dict) else comm)
         with gpu.active():
             got = fn(rank, world, dict(kwargs, device=torch.device("cuda", rank)))
         out[label] = dict(result=got, problems=gpu.problems)

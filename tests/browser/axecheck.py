@@ -3,8 +3,9 @@
 axe-core (pinned in package.json, installed by `npm ci` from package-lock.json into node_modules/;
 `make test-browser` does it) runs in headless Chromium on a page after it rendered. A violation of
 impact "serious" or "critical" fails the page (the same rule pydata-sphinx-theme tests itself
-with). Light mode runs every rule (test_pages.py, on the page it checks anyway); dark mode changes
-colours only, so there axe runs its colour rules (test_accessibility.py).
+with). Light mode runs every rule; dark mode changes colours only, so there axe runs its colour
+rules. Both on the page test_pages.py's test_page loads anyway: dark mode by the theme's own
+switch (dark_mode_failures), not a second load of the page.
 """
 import json
 import pathlib
@@ -36,8 +37,50 @@ def axe_violations(page, rules=None):
     if not AXE.is_file():
         pytest.fail(f"axe-core is missing ({AXE}): run `npm ci` (make test-browser does)",
                     pytrace=False)
-    page.add_script_tag(path=str(AXE))
+    if not page.evaluate("() => !!window.axe"):
+        page.add_script_tag(path=str(AXE))
     return page.evaluate(RUN_AXE, rules)
+
+
+# The theme's switch button, clicked until the page has `mode` (pydata-sphinx-theme cycles auto,
+# dark, light on a light system): what a reader does, and the theme's code that a page loaded
+# with a stored choice runs too (it sets data-theme, the dropdowns' class and localStorage).
+SWITCH_THEME = """(mode) => {
+  const button = document.querySelector('.theme-switch-button');
+  for (let i = 0; button && i < 3 && document.documentElement.dataset.theme !== mode; i++)
+    button.click();
+  return document.documentElement.dataset.theme;
+}"""
+# colours change at once (the theme's .15 s colour transitions would have axe read colours
+# halfway), and two frames drawn in them
+NO_TRANSITIONS = ("() => { const s = document.createElement('style'); s.id = 'axe-no-transitions';"
+                  " s.textContent = '*, *::before, *::after { transition: none !important; }';"
+                  " document.head.append(s); }")
+FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+
+
+def dark_mode_failures(page, entry, shots):
+    """The loaded light page turned dark by the theme's switch: its first screen to
+    artifacts/screenshots/<entry>-dark.png, axe-core's colour rules (a report as axe_failures
+    writes it), then light again. One line per failure, as axe_failures."""
+    page.evaluate(NO_TRANSITIONS)
+    try:
+        theme = page.evaluate(SWITCH_THEME, "dark")
+        if theme != "dark":
+            return [f"the theme's switch did not turn the page dark (data-theme={theme!r})"]
+        page.evaluate(FRAMES)
+        shot = shots / f"{entry}-dark.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot))
+        found = axe_violations(page, COLOUR_RULES)
+        back = page.evaluate(SWITCH_THEME, "light")
+        page.evaluate(FRAMES)
+    finally:
+        page.evaluate("() => document.getElementById('axe-no-transitions').remove()")
+    failures = axe_failures(entry, "dark", found, shots)
+    if back != "light":
+        failures.append(f"the theme's switch did not turn the page light again ({back!r})")
+    return failures
 
 
 def axe_failures(entry, mode, found, shots):

@@ -78,8 +78,9 @@ def open_page(context, url, base, timeout=RENDER_TIMEOUT_MS):
             return   # an external request we blocked on purpose; it is listed in seen.blocked
         seen.console_errors.append(f"{msg.text} ({where})" if where else msg.text)
 
-    # a new reader's page: no theme chosen before (the context is shared, and the dark-mode
-    # test stores its choice in localStorage), so the theme follows the system's, light here
+    # a new reader's page: no theme chosen before (the context is shared, and the theme's switch,
+    # which test_page's dark-mode pass clicks, stores its choice in localStorage), so the theme
+    # follows the system's, light here
     page.add_init_script("localStorage.removeItem('theme'); localStorage.removeItem('mode');")
     page.route("**/*", route)
     page.on("console", on_console)

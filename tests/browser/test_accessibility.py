@@ -1,10 +1,10 @@
-"""Accessibility of every page of the rendered book: axe-core (tests/browser/axecheck.py) in dark
-mode here, its colour rules; every rule in light mode runs in test_pages.py's test_page, on the
-page it opens anyway (one load of each page fewer). Dark-mode screenshots (the first screen of
-each page; test_pages.py takes the full light-mode page) go to
-artifacts/screenshots/<entry>-dark.png.
+"""That the accessibility check can fail. axe-core (tests/browser/axecheck.py) runs on every page
+of the rendered book in test_pages.py's test_page: every rule in light mode, on the page as
+loaded, and its colour rules in dark mode, the same page turned dark by the theme's switch (not a
+second load of every page). Dark-mode screenshots (the first screen of each page; test_page takes
+the full light-mode page) go to artifacts/screenshots/<entry>-dark.png.
 """
-from axecheck import COLOUR_RULES, RUN_AXE, axe_failures, axe_violations
+from axecheck import COLOUR_RULES, RUN_AXE, axe_failures, axe_violations, dark_mode_failures
 from pagecheck import wait_rendered
 
 
@@ -20,22 +20,6 @@ def open_in_mode(context, url, base, mode):
     return page
 
 
-def test_page_is_accessible_in_dark_mode(entry, browser, base_url, site, shots):
-    assert (site / f"{entry}.html").is_file(), f"{entry} was not built"
-    page = open_in_mode(browser, base_url + entry + ".html", base_url, "dark")
-    try:
-        theme = page.evaluate("() => document.documentElement.dataset.theme")
-        assert theme == "dark", f"the page did not switch to dark mode (data-theme={theme!r})"
-        shot = shots / f"{entry}-dark.png"
-        shot.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(shot))
-        found = axe_violations(page, COLOUR_RULES)
-    finally:
-        page.close()
-    bad = axe_failures(entry, "dark", found, shots)
-    assert not bad, f"{entry}.html:\n  " + "\n  ".join(bad)
-
-
 def test_axe_reports_an_inaccessible_page(browser, tmp_path):
     """The check can fail: an image without alt text (critical) and grey-on-grey text (serious)."""
     from pagecheck import serve
@@ -48,6 +32,7 @@ def test_axe_reports_an_inaccessible_page(browser, tmp_path):
         try:
             violations = axe_violations(page)
             colour = {v["id"] for v in page.evaluate(RUN_AXE, COLOUR_RULES)}   # dark mode's
+            no_switch = dark_mode_failures(page, "bad", tmp_path)   # no theme switch
         finally:
             page.close()
     found = {v["id"]: v["impact"] for v in violations}
@@ -58,3 +43,5 @@ def test_axe_reports_an_inaccessible_page(browser, tmp_path):
     assert any("critical image-alt" in f for f in failing), failing
     assert any("serious color-contrast" in f for f in failing), failing
     assert (tmp_path / "bad-axe-light.json").is_file()
+    assert no_switch == ["the theme's switch did not turn the page dark (data-theme=None)"], \
+        no_switch

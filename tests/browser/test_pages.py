@@ -7,10 +7,12 @@ launch and download buttons opening the right notebook (Binder only where the ch
 memory), no raw template text (`{{ ... }}`) in the prose, no widget with controls but no static
 twin, no empty header bar at 1366 px, no text running past its column (at 1280 px and on a
 phone, 390 px), no column-aligned output wrapped on a phone and no page scrolling sideways on a
-phone, and no serious or critical axe-core violation in light mode (tests/browser/axecheck.py;
-dark mode: test_accessibility.py). A full-page screenshot of each page goes to
-artifacts/screenshots/<entry>.png (CI keeps it), with <entry>.json beside it: the problems
-found and the external requests the page tried (blocked: the book must work offline).
+phone, and no serious or critical axe-core violation in light mode nor, the page turned dark by
+the theme's switch, in dark mode's colours (tests/browser/axecheck.py). A screenshot of each
+page goes to artifacts/screenshots/<entry>.png (CI keeps it: the first screen, the whole page
+where problems were found), the first screen in dark mode to <entry>-dark.png, with <entry>.json
+beside them: the problems found and the external requests the page tried (blocked: the book
+must work offline).
 """
 import json
 import re
@@ -18,7 +20,7 @@ import sys
 import urllib.parse
 
 import pytest
-from axecheck import axe_failures, axe_violations
+from axecheck import axe_failures, axe_violations, dark_mode_failures
 from pagecheck import (
     check_fits,
     check_header,
@@ -45,14 +47,18 @@ def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
     html = site / f"{entry}.html"
     assert html.is_file(), f"{entry} is in _toc.yml but {html} was not built"
     seen = open_page(browser, base_url + entry + ".html", base_url)
+    shot = shots / f"{entry}.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
     try:
-        shot = shots / f"{entry}.png"
-        shot.parent.mkdir(parents=True, exist_ok=True)
-        seen.page.screenshot(path=str(shot), full_page=True)
+        # the first screen as loaded; a page with problems: the whole page, below (a full-page
+        # capture of a long chapter costs about 2 s of CPU, a minute over the book)
+        seen.page.screenshot(path=str(shot))
         # axe-core's every rule in light mode (a new reader's: the theme follows the system's),
-        # on the page as loaded, before the checks below click and resize
+        # on the page as loaded, then its colour rules in dark mode (the theme's switch, and
+        # back), before the checks below click and resize
         theme = seen.page.evaluate("() => document.documentElement.dataset.theme")
         axe = axe_violations(seen.page) if theme == "light" else None
+        dark = dark_mode_failures(seen.page, entry, shots) if theme == "light" else []
         problems = check_page(seen, base_url, site)
         problems += check_widget_figures(seen.page)
         problems += check_widget_twins(seen.page)
@@ -70,8 +76,14 @@ def test_page(entry, browser, base_url, site, book_dir, book_config, shots):
         problems.append(f"the page opened in {theme!r} mode, not light: axe-core's light-mode "
                         "run needs it")
     else:
-        problems += axe_failures(entry, "light", axe, shots)
+        problems += axe_failures(entry, "light", axe, shots) + dark
     problems = list(dict.fromkeys(problems))
+    if problems:   # the whole page as loaded, to see them
+        again = open_page(browser, base_url + entry + ".html", base_url)
+        try:
+            again.page.screenshot(path=str(shot), full_page=True)
+        finally:
+            again.page.close()
     shot.with_suffix(".json").write_text(json.dumps(
         {"page": f"{entry}.html", "problems": problems, "blocked_external": seen.blocked},
         indent=1))
