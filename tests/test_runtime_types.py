@@ -95,3 +95,13 @@ def test_both_comms_sendrecv_through_isendrecv_alike():
     for name in runs:
         assert torch.equal(runs[name][0][1], torch.arange(4.0) * 2)
         assert runs[name][1][1] is None
+
+
+def test_dist_comm_sendrecv_on_gloo_ranks():
+    """On real gloo ranks: each receive waited for once (a second wait on gloo's receive waits
+    for another message, and hangs), the sends finished by wait()."""
+    import launch_targets as lt
+
+    import helpers
+    got = helpers.launch(lt.sendrecv_pairs, 2, quiet=True, timeout=240)
+    assert got == [([2.0, 4.0, 6.0], 3.0, 4, 0), ([1.0, 2.0, 3.0], None, 4, 0)]

@@ -24,23 +24,26 @@ class Exchange:
     `received()` returns them as soon as they arrive, the sends possibly still on their way."""
 
     def __init__(self, works: Sequence, got: Sequence, sent: Sequence = ()) -> None:
-        # works: one per posted op, the receives' first, or one for the whole batch (NCCL)
-        self._works, self._got, self._sent = list(works), list(got), list(sent)
+        # works: one per posted op, the receives' first, or one for the whole batch (NCCL);
+        # each is waited for once (gloo's receive would wait for a second message)
+        works, self._got, self._sent = list(works), list(got), list(sent)
+        split = len(works) == len(got) + len(sent)
+        self._recv_works = works[:len(got)] if split else works
+        self._works = works[len(got):] if split else []
 
     def received(self) -> list[torch.Tensor]:
         """The received tensors, in the order of the receives, once they have arrived."""
-        split = len(self._works) == len(self._got) + len(self._sent)   # else one for all
-        mine = len(self._got) if split else len(self._works)
-        for w in self._works[:mine]:
+        for w in self._recv_works:
             w.wait()
+        self._recv_works = []
         self._got = [g() if callable(g) else g for g in self._got]
         return list(self._got)
 
     def wait(self) -> list[torch.Tensor]:
-        got = self.received() if self._works is not None else []
-        for w in self._works or ():
+        got = self.received()
+        for w in self._works:
             w.wait()
-        self._works = self._got = self._sent = None
+        self._works, self._sent = [], []
         return got
 
 
