@@ -105,12 +105,12 @@ def fr_trace_report(dump_dir):
     import subprocess
     import sys
     import tempfile
-    work = tempfile.mkdtemp()
-    for rank, dump in read_dumps(dump_dir).items():
-        with open(os.path.join(work, f"rank_{rank}"), "wb") as f:
-            pickle.dump(_named_groups(dump), f)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
-                          work], capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory(prefix="fr-trace-") as work:
+        for rank, dump in read_dumps(dump_dir).items():
+            with open(os.path.join(work, f"rank_{rank}"), "wb") as f:
+                pickle.dump(_named_groups(dump), f)
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                              work], capture_output=True, text=True, timeout=120)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     return (run.stdout + run.stderr).strip().replace(root, "")   # paths from the checkout
 

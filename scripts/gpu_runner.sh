@@ -278,6 +278,7 @@ run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 size = ["--dry-run"] if dry else ["--subset", "2048", "--epochs", "2"]
 got = {}
 with tempfile.TemporaryDirectory() as tmp:
+    run += ["--log-dir", os.path.join(tmp, "logs")]   # torchrun's, else a new one in /tmp
     for name, extra in (("nccl_1", ["--nproc-per-node", "1"]),
                         ("resumed_1", ["--nproc-per-node", "1"]),
                         ("gloo_2", ["--nproc-per-node", "2"]))[:1 if dry else 3]:

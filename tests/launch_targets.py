@@ -80,3 +80,22 @@ def mesh_groups_both_ways(rank, world, cfg):
     by_torch = {name: dist.get_process_group_ranks(dm[name].get_group()) for name in names}
     coords = {name: dm[name].get_local_rank() for name in names}
     return by_hand, by_torch, coords
+
+
+def sendrecv_pairs(rank, world, cfg):
+    """DistComm.sendrecv as a pipeline uses it on real ranks: both ranks sending and receiving
+    at once, a send alone, a receive alone (every send held until wait()); returns what
+    arrived and how many sends were held."""
+    from helpers.runtime.comm import DistComm
+    comm, peer = DistComm(), 1 - rank
+    x = torch.full((4,), float(rank + 1))
+    got = [float(comm.sendrecv((x * k, peer), (peer, (4,)))[0]) for k in range(1, 4)]
+    if rank == 0:
+        comm.sendrecv((x, 1))
+        held = len(comm._pending)
+        back = comm.sendrecv(recv=(1, (4,)))
+    else:
+        a = comm.sendrecv(recv=(0, (4,)))
+        back, held = comm.sendrecv((a * 3, 0)), len(comm._pending)
+    comm.wait()
+    return got, back if back is None else float(back[0]), held, len(comm._pending)

@@ -63,3 +63,45 @@ def test_both_comms_record_the_same_traffic_for_the_same_exchange():
         for got in (thread[r][1], dist[r][1]):
             assert [g.dtype for g in got] == [torch.float32, torch.float64]
             assert all(torch.equal(g, torch.full_like(g, prv)) for g in got)
+
+
+def _pipeline_pair(comm):
+    """Rank 0 sends and receives in one sendrecv, rank 1 receives then sends back: what the
+    pipeline's exchange does. Rank 0's send is still outstanding after its sendrecv."""
+    x = torch.arange(4.0)
+    if comm.rank == 0:
+        back = comm.sendrecv((x, 1), (1, (4,)))
+        held = len(comm._pending)
+    else:
+        got = comm.sendrecv(recv=(0, (4,), torch.float32))
+        back, held = comm.sendrecv((got * 2, 0)), len(comm._pending)
+    comm.wait()
+    return comm.traffic.records, back, held, len(comm._pending)
+
+
+def test_both_comms_sendrecv_through_isendrecv_alike():
+    """sendrecv on a DistComm and on a ThreadComm: the same records, the same tensor back, the
+    send held until wait() on both."""
+    from helpers.checks._core import World
+    from helpers.runtime.traffic import Transfer
+    runs = {}
+    for name, make in (("thread", lambda comm: comm), ("dist", lambda comm: DistComm())):
+        runs[name] = World(2, timeout=10.0).run(
+            lambda comm, make=make: _pipeline_pair(make(comm)))
+    for r in range(2):
+        want = [Transfer("send", r, 1 - r, 16, 16, None, 4)]
+        assert runs["thread"][r][0] == runs["dist"][r][0] == want
+        assert runs["thread"][r][2:] == runs["dist"][r][2:] == (1, 0)
+    for name in runs:
+        assert torch.equal(runs[name][0][1], torch.arange(4.0) * 2)
+        assert runs[name][1][1] is None
+
+
+def test_dist_comm_sendrecv_on_gloo_ranks():
+    """On real gloo ranks: each receive waited for once (a second wait on gloo's receive waits
+    for another message, and hangs), the sends finished by wait()."""
+    import launch_targets as lt
+
+    import helpers
+    got = helpers.launch(lt.sendrecv_pairs, 2, quiet=True, timeout=240)
+    assert got == [([2.0, 4.0, 6.0], 3.0, 4, 0), ([1.0, 2.0, 3.0], None, 4, 0)]

@@ -304,8 +304,7 @@ def check_dcp_resume(fn):
         return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
     net, opt = build(randint(g, 0, 10**6))
     _train(net, opt, g, randint(g, 1, 3), d)
-    path = tempfile.mkdtemp(prefix="dcp-check-")
-    with warnings.catch_warnings():
+    with tempfile.TemporaryDirectory(prefix="dcp-check-") as path, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model_sd, optim_sd = get_state_dict(net, opt)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)

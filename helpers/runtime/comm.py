@@ -20,16 +20,30 @@ __all__ = ["Comm", "DistComm", "ThreadComm", "Exchange"]
 
 class Exchange:
     """What `isendrecv` returns: `wait()` finishes every send and receive it posted and returns
-    the received tensors, in the order of the receives; the sent tensors are let go then."""
+    the received tensors, in the order of the receives; the sent tensors are let go then.
+    `received()` returns them as soon as they arrive, the sends possibly still on their way."""
 
     def __init__(self, works: Sequence, got: Sequence, sent: Sequence = ()) -> None:
-        self._works, self._got, self._sent = list(works), list(got), list(sent)
+        # works: one per posted op, the receives' first, or one for the whole batch (NCCL);
+        # each is waited for once (gloo's receive would wait for a second message)
+        works, self._got, self._sent = list(works), list(got), list(sent)
+        split = len(works) == len(got) + len(sent)
+        self._recv_works = works[:len(got)] if split else works
+        self._works = works[len(got):] if split else []
+
+    def received(self) -> list[torch.Tensor]:
+        """The received tensors, in the order of the receives, once they have arrived."""
+        for w in self._recv_works:
+            w.wait()
+        self._recv_works = []
+        self._got = [g() if callable(g) else g for g in self._got]
+        return list(self._got)
 
     def wait(self) -> list[torch.Tensor]:
+        got = self.received()
         for w in self._works:
             w.wait()
-        got = [g() if callable(g) else g for g in self._got]
-        self._works = self._got = self._sent = None
+        self._works, self._sent = [], []
         return got
 
 
@@ -85,7 +99,33 @@ def _validate_split(t, dim, world):
                          "equal pieces: make it a multiple of the number of ranks")
 
 
-class DistComm(CountsSent):
+class _Exchanges(CountsSent):
+    """sendrecv and wait for both comms, through their isendrecv: one code path exchanges."""
+    _pending: list
+
+    def sendrecv(self, send: tuple | None = None, recv: tuple | None = None
+                 ) -> torch.Tensor | None:
+        """Post the send (t, dst) and the receive (src, shape[, dtype]) together (isendrecv);
+        wait for the receive (on a GPU: the stream waits; the host goes on) and return it
+        (None without one). The send stays outstanding until `wait()`: waiting for it here
+        could wait for a receive the peer posts only later."""
+        sends = [] if send is None else [(send[0], send[1], 0)]
+        recvs = [] if recv is None else [(recv[0], recv[1], *(recv[2:] or [torch.float32]), 0)]
+        if not (sends or recvs):
+            return None
+        exchange = self.isendrecv(sends, recvs)
+        if sends:
+            self._pending.append((exchange, None))
+        return exchange.received()[0] if recvs else None
+
+    def wait(self) -> None:
+        """Finish the sends still outstanding."""
+        for handle, _ in self._pending:
+            handle.wait()
+        self._pending = []
+
+
+class DistComm(_Exchanges):
     """torch.distributed behind send/recv/all_reduce, counting bytes. Sends are isend (they never
     block the host); `wait()` finishes the outstanding ones. Messages between two ranks match in
     the order they were posted (NCCL ignores tags): a schedule receives in the order its peer
@@ -111,32 +151,6 @@ class DistComm(CountsSent):
              dtype: torch.dtype = torch.float32) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         dist.recv(buf, self._global(src), group=self.group, tag=tag)
-        return buf
-
-    def sendrecv(self, send: tuple | None = None, recv: tuple | None = None
-                 ) -> torch.Tensor | None:
-        """Post the send (t, dst) and the receive (src, shape[, dtype]) in one
-        batch_isend_irecv; wait for the receive (on a GPU: the stream waits; the host goes on)
-        and return it. The send stays outstanding until `wait()`."""
-        ops, buf = [], None
-        if send is not None:
-            t, dst = send[0].detach().contiguous(), send[1]
-            self._count("send", t, dst)
-            ops.append(dist.P2POp(dist.isend, t, self._global(dst), group=self.group))
-        if recv is not None:
-            src, shape, *dtype = recv
-            buf = torch.empty(shape, dtype=dtype[0] if dtype else torch.float32,
-                              device=self.device)
-            ops.append(dist.P2POp(dist.irecv, buf, self._global(src), group=self.group))
-        if not ops:
-            return None
-        works = dist.batch_isend_irecv(ops)
-        if len(works) != len(ops):         # NCCL: one work for the batch (waiting on it makes
-            works = works * len(ops)       # the stream wait, not the host)
-        if send is not None:
-            self._pending.append((works[0], t))
-        if recv is not None:
-            works[-1].wait()
         return buf
 
     def isendrecv(self, sends: Sequence[tuple], recvs: Sequence[tuple]) -> Exchange:
@@ -192,19 +206,13 @@ class DistComm(CountsSent):
                             itemsize=x.element_size())
         return out
 
-    def wait(self) -> None:
-        for handle, _ in self._pending:
-            handle.wait()
-        self._pending = []
-
-
-class ThreadComm(CountsSent):
+class ThreadComm(_Exchanges):
     """The DistComm calls for one rank of a ThreadWorld (runtime.thread_world), whose network
     records every message. A rank that waits longer than the world's timeout for a message or
     a collective raises TimeoutError (instead of hanging a check)."""
 
     def __init__(self, world, rank: int) -> None:   # world: a ThreadWorld
-        self.w, self.rank, self.world = world, rank, world.size
+        self.w, self.rank, self.world, self._pending = world, rank, world.size, []
         self.device = torch.device("cpu")
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
@@ -274,6 +282,3 @@ class ThreadComm(CountsSent):
         return torch.cat([pieces[j].clone() if j == self.rank else
                           self.recv(j, (out_splits[j], *x.shape[1:]), tag=tag, dtype=x.dtype)
                           for j in range(self.world)])
-
-    def wait(self) -> None:
-        pass

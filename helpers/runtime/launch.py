@@ -21,7 +21,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import shutil
 import signal
 import sys
 import tempfile
@@ -157,7 +156,13 @@ def _context():
 
 
 def _launch_processes(fn, world, cfg, backend, timeout, quiet):
-    out = Path(tempfile.mkdtemp(prefix="launch-"))
+    # the ranks' results, errors, progress and stderr: removed however the call ends (a caller
+    # killed outright leaves it, with the fork server's socket folder, pymp-*)
+    with tempfile.TemporaryDirectory(prefix="launch-", ignore_cleanup_errors=True) as tmp:
+        return _run_processes(fn, world, cfg, backend, timeout, quiet, Path(tmp))
+
+
+def _run_processes(fn, world, cfg, backend, timeout, quiet, out):
     ctx = _context()
     port = free_port()
     # one intra-op thread per rank; this machine only, whatever MASTER_ADDR the caller's
@@ -181,7 +186,6 @@ def _launch_processes(fn, world, cfg, backend, timeout, quiet):
         progress.close()
         _stop(procs)
         stderr.pump()
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def _wait(procs, out, timeout, progress, stderr):

@@ -193,14 +193,6 @@ class CountsSent:
         self.traffic.record(op, payload, getattr(self, "rank", None), peer, wire,
                             itemsize=t.element_size())
 
-    def sendrecv(self, send=None, recv=None):
-        """Post a send (t, dst) and a receive (src, shape[, dtype]) together; returns the
-        received tensor (None without one). Here one after the other; DistComm posts both at
-        once (torch.distributed.batch_isend_irecv)."""
-        if send is not None:
-            self.send(*send)
-        return self.recv(*recv) if recv is not None else None
-
 
 def send(t: torch.Tensor, src: int, dst: int, devices, log: ByteLog | None = None,
          what: str = "") -> torch.Tensor:
