@@ -28,8 +28,8 @@ def fixed_cost_words(copy_s=None, flops_per_s=None, where=None):
         raise ValueError(f"a time and a rate must be > 0, got {copy_s} s and {flops_per_s} FLOP/s")
     text = (f"A call costs microseconds on a GPU too: in the GPU reference run ({where}), ten "
             f"copies of 1 KiB inside the GPU's memory, issued back to back, took "
-            f"{copy_s * 1e6:.1f} µs a call on the GPU's own clock (CUDA events), however little "
-            "each moved; calls this short measure how fast the host issues them (see the CUDA "
+            f"{copy_s * 1e6:.1f} µs a call on the GPU's own clock (CUDA events; one reading, of "
+            "one size). Calls this short measure how fast the host issues them (see the CUDA "
             "events below)")
     if flops_per_s:
         text += (f". In those {copy_s * 1e6:.1f} µs the GPU could have done about "
