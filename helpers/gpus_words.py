@@ -8,7 +8,8 @@ import statistics
 from .words import plural
 
 __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth_words",
-           "threads_ratio_words", "launch_bound_words",
+           "threads_ratio_words", "launch_bound_words", "one_call_words",
+           "queued_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
            "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "call_share_words",
@@ -19,6 +20,33 @@ NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is 
 ABOVE_ROOF = 1.05      # above this share, the peak's own run was the slower one
 TINY_PRODUCT = 256     # an n x n product this small or smaller is split among threads at a loss
 BUSY_LOAD = 0.5        # a load per core above this is named as a likely cause of a stray run
+
+
+def one_call_words(one, many):
+    """The same work as one call against as many tiny calls, each (median, fastest, slowest)
+    seconds of its repeats: one call faster when its slowest repeat beat the many calls'
+    fastest, slower the other way round, else this run cannot tell them apart."""
+    x = many[0] / one[0]
+    if one[2] < many[1]:
+        return f"doing the work as one call was {x:,.0f} times as fast, in every repeat"
+    if one[1] > many[2]:
+        return (f"doing the work as one call was slower ({x:.2f} times as fast), in every repeat, "
+                "which this run does not explain")
+    return (f"the repeats of one call and of the many calls overlap ({x:.2f} times as fast at "
+            "the medians), so this run cannot tell them apart")
+
+
+def queued_words(queued, done):
+    """The thread-as-stream rounds: seconds at which the clock read without waiting (`queued`)
+    and after waiting (`done`), one each a round. Later in every round, at the medians only
+    (some rounds overlap: this run cannot tell them apart round by round), or not later."""
+    q, d = statistics.median(queued), statistics.median(done)
+    if max(queued) < min(done):
+        return f"{d / q:,.0f} times later, in every round"
+    if q < d:
+        return (f"{d / q:,.0f} times later at the medians, though some rounds overlap, so this "
+                "run cannot tell them apart round by round")
+    return "no later than the clock read without waiting, which this run does not explain"
 
 
 def pool_words(pool_mib, cache_mib=None):

@@ -15,6 +15,25 @@ def test_pool_words_larger_smaller_or_unlisted_cache():
         "a pool of 1,024 MiB (this system does not list its cache sizes)")
 
 
+def test_one_call_words_faster_slower_or_cannot_tell():
+    one, many = (5e-6, 4e-6, 6e-6), (3.4e-3, 3.2e-3, 3.5e-3)      # (median, fastest, slowest)
+    assert helpers.one_call_words(one, many) == (
+        "doing the work as one call was 680 times as fast, in every repeat")
+    slower = helpers.one_call_words((2e-3, 1.9e-3, 2.1e-3), (1e-3, 0.9e-3, 1.1e-3))
+    assert slower.startswith("doing the work as one call was slower (0.50 times as fast)")
+    overlap = helpers.one_call_words((2e-3, 1e-3, 3e-3), (2.5e-3, 2e-3, 4e-3))
+    assert overlap == ("the repeats of one call and of the many calls overlap (1.25 times as "
+                       "fast at the medians), so this run cannot tell them apart")
+
+
+def test_queued_words_every_round_medians_only_or_not_later():
+    assert helpers.queued_words([1e-4, 2e-4, 1e-4], [0.1, 0.12, 0.2]) == (
+        "1,200 times later, in every round")
+    medians = helpers.queued_words([1e-4, 1e-4, 0.2], [0.1, 0.12, 0.15])
+    assert medians.startswith("1,200 times later at the medians, though some rounds overlap")
+    assert "does not explain" in helpers.queued_words([0.2, 0.3], [0.1, 0.2])
+
+
 def test_copy_fit_words_fits_strays_or_falls():
     assert "one latency and one bandwidth describe every copy" in helpers.copy_fit_words(0, 1.5)
     # a high load, measured: named as the likely cause
