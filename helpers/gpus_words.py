@@ -9,7 +9,7 @@ from .words import plural
 
 __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth_words",
            "threads_ratio_words", "launch_bound_words", "one_call_words",
-           "queued_words",
+           "queued_words", "link_cost_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
            "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "call_share_words",
@@ -253,6 +253,24 @@ def pinned_words(pinned_gbs, pageable_gbs):
             "cannot tell them apart.")
 
 
+def link_cost_words(inside_gbs=None, pinned_gbs=None, pageable_gbs=None):
+    """A sentence on a copy over the link against one inside the GPU's memory (GB/s, each byte
+    counted once; one timing each): the link costlier per byte, cheaper, or within BAND (cannot
+    tell). None: no run measured them, the sentence is a prediction."""
+    if inside_gbs is None:
+        return ("A copy over the link is expected to cost far more per byte than one inside the "
+                "GPU's memory (a prediction)")
+    x = inside_gbs / max(pinned_gbs, pageable_gbs)
+    if x > 1 + BAND:
+        return (f"A copy over the link cost {x:,.0f} times as much per byte as one inside the "
+                "GPU's memory, from the faster of the two host memories")
+    if x < 1 / (1 + BAND):
+        return ("A copy over the link cost less per byte than one inside the GPU's memory here, "
+                "which this run does not explain")
+    return (f"A copy over the link and one inside the GPU's memory are within {BAND:.0%} of each "
+            "other: from one timing each, this run cannot tell them apart")
+
+
 def overlap_words(one_s, two_s):
     """The verdict on a copy and a product on one stream against the copy on a second stream
     (a median each, no spread): the second stream faster (they overlapped), slower, or within
@@ -285,11 +303,11 @@ def _chapter(ref):
 def reference_copies_words(ref):
     """After "this machine has no GPU": the reference run's host-to-GPU copies (pinned,
     pageable) and the copy inside the GPU (GB/s of bytes copied, each counted once, like the
-    link's), or that none was recorded (then pinned's speed and what follows are predictions)."""
+    link's), or that none was recorded (then pinned's speed is a prediction)."""
     fig = _chapter(ref)
     if not fig:
         return _not_yet(ref, "these copies", "pinned memory is expected to be the faster "
-                        "(a prediction), and so is the next sentence")
+                        "(a prediction)")
     return (f" {_where(ref)}, {fig['mib']} MiB moved at {fig['pinned_gbs']:.1f} GB/s from "
             f"pinned memory and {fig['pageable_gbs']:.1f} GB/s from pageable memory (CUDA "
             f"events), while a copy inside the GPU's memory ran at {fig['inside_gbs']:.0f} GB/s "

@@ -166,10 +166,10 @@ def test_reference_copies_words_recorded_or_not():
     ran = helpers.reference_copies_words(REF)
     assert ran == (" No GPU run has recorded these copies yet (the GPU reference run executed "
                    "this notebook under nbval, which keeps no outputs): pinned memory is expected "
-                   "to be the faster (a prediction), and so is the next sentence.")
+                   "to be the faster (a prediction).")
     assert helpers.reference_copies_words(dict(exists=False)) == (
         " No GPU run has recorded these copies yet: pinned memory is expected to be the faster "
-        "(a prediction), and so is the next sentence.")
+        "(a prediction).")
 
 
 def test_reference_link_words_two_gpus_one_or_none():
@@ -197,6 +197,15 @@ def test_pinned_words_faster_slower_or_cannot_tell():
     assert "slower here (0.50 times" in helpers.pinned_words(10.0, 20.0)
     assert "cannot tell them apart" in helpers.pinned_words(21.0, 20.0)
     assert "cannot tell them apart" in helpers.pinned_words(20.0, 21.0)
+
+
+def test_link_cost_words_costlier_cheaper_cannot_tell_or_a_prediction():
+    assert helpers.link_cost_words(3900.0, 50.0, 20.0) == (
+        "A copy over the link cost 78 times as much per byte as one inside the GPU's memory, "
+        "from the faster of the two host memories")
+    assert "does not explain" in helpers.link_cost_words(10.0, 50.0, 20.0)
+    assert "cannot tell them apart" in helpers.link_cost_words(52.0, 50.0, 20.0)
+    assert "(a prediction)" in helpers.link_cost_words()
 
 
 def test_overlap_words_faster_slower_or_cannot_tell():
