@@ -83,7 +83,9 @@ from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
 from .gpus_words import (pool_words, copy_fit_words, unsynced_timing_words, size_growth_words,
                          memory_pass_words, compute_roof_words, gpu_roofs, reference_copies_words,
                          reference_link_words, reference_memory_words, reference_streams_words,
-                         H200_DATASHEET, LINK_SPECS, pinned_words, overlap_words, threads_words,
+                         H200_DATASHEET, LINK_SPECS, pinned_words, overlap_words,
+                         threads_ratio_words, launch_bound_words, one_call_words, queued_words,
+                         link_cost_words,
                          call_share_words, fit_ends_words)
 from .timing import (Measurement, Ratio, measure, interleave, ratio, machine_load, quartiles_word,
                      cpu_clock)
@@ -250,5 +252,6 @@ from .data_parallel.dp_schematics import (dp_step_facts, plot_dp_step, scratch_s
 from .data_parallel.torchrun_schematics import (sampler_facts, plot_sampler, restart_facts,
                                                 plot_restart, torchrun_facts, plot_torchrun)
 from .data_parallel.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
-from .stream_schematics import queue_timeline, plot_queue_timeline
+from .stream_schematics import (queue_timeline, plot_queue_timeline, machine_links,
+                                plot_gpu_machine)
 from .composed.planner import data_parallel_costs

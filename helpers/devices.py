@@ -276,12 +276,15 @@ def gpu_chapter_figures(mib=256):
         on.clone()                                  # read and write GPU memory
     end.record()
     end.synchronize()
-    out["inside_gbs"] = 2 * on.nbytes * 5 / (start.elapsed_time(end) / 1e3) / 1e9
+    # bytes copied, each counted once (as over the link), not bytes read plus written
+    out["inside_gbs"] = on.nbytes * 5 / (start.elapsed_time(end) / 1e3) / 1e9
     if num_gpus() >= 2:
         out["p2p"] = torch.cuda.can_device_access_peer(0, 1)
         out["gpu_to_gpu_gbs"] = gpu_copy_gbs(on, torch.device("cuda", 1))
     net = lenet_module().to(d)
     X_gpu = torch.randn(256, 1, 28, 28, device=d)
+    net(X_gpu).sum().backward()                     # warm-up: libraries set up
+    net.zero_grad(set_to_none=True)
     torch.cuda.synchronize(d)
     torch.cuda.reset_peak_memory_stats(d)
     before = torch.cuda.memory_allocated(d)

@@ -8,7 +8,8 @@ import statistics
 from .words import plural
 
 __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth_words",
-           "threads_words",
+           "threads_ratio_words", "launch_bound_words", "one_call_words",
+           "queued_words", "link_cost_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
            "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "call_share_words",
@@ -19,6 +20,33 @@ NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is 
 ABOVE_ROOF = 1.05      # above this share, the peak's own run was the slower one
 TINY_PRODUCT = 256     # an n x n product this small or smaller is split among threads at a loss
 BUSY_LOAD = 0.5        # a load per core above this is named as a likely cause of a stray run
+
+
+def one_call_words(one, many):
+    """The same work as one call against as many tiny calls, each (median, fastest, slowest)
+    seconds of its repeats: one call faster when its slowest repeat beat the many calls'
+    fastest, slower the other way round, else this run cannot tell them apart."""
+    x = many[0] / one[0]
+    if one[2] < many[1]:
+        return f"doing the work as one call was {x:,.0f} times as fast, in every repeat"
+    if one[1] > many[2]:
+        return (f"doing the work as one call was slower ({x:.2f} times as fast), in every repeat, "
+                "which this run does not explain")
+    return (f"the repeats of one call and of the many calls overlap ({x:.2f} times as fast at "
+            "the medians), so this run cannot tell them apart")
+
+
+def queued_words(queued, done):
+    """The thread-as-stream rounds: seconds at which the clock read without waiting (`queued`)
+    and after waiting (`done`), one each a round. Later in every round, at the medians only
+    (some rounds overlap: this run cannot tell them apart round by round), or not later."""
+    q, d = statistics.median(queued), statistics.median(done)
+    if max(queued) < min(done):
+        return f"{d / q:,.0f} times later, in every round"
+    if q < d:
+        return (f"{d / q:,.0f} times later at the medians, though some rounds overlap, so this "
+                "run cannot tell them apart round by round")
+    return "no later than the clock read without waiting, which this run does not explain"
 
 
 def pool_words(pool_mib, cache_mib=None):
@@ -80,35 +108,41 @@ def size_growth_words(x, expected=64):
             "different moments, on a machine other work may keep busy)")
 
 
-def _thread_clause(n, one_s, many_s, threads):
-    """One product's verdict, from the per-run times of each block on one thread and on
-    `threads`: faster or slower when every block of one beat every block of the other, else
-    cannot tell. Only the slower branch of a tiny product names a cause, as a likely one."""
+def threads_ratio_words(r, threads, n):
+    """The verdict on an n x n product timed on one thread and on `threads` in turns (`r`
+    helpers.ratio(one thread, all threads): how many times as fast all threads were, round by
+    round): faster, slower, or within noise (this run cannot tell), from the rounds' spread."""
     what = f"the {n}x{n} product"
-    x = statistics.median(one_s) / statistics.median(many_s)
-    if max(many_s) < min(one_s):
-        return f"{what} was {x:.1f} times as fast on {threads} threads as on one, in every block"
-    if min(many_s) > max(one_s):
-        why = ("a likely reason, not measured here, is threading overhead: handing a product "
-               "this small to several threads, and waiting for them all, can cost more than "
-               "the arithmetic they share" if n <= TINY_PRODUCT else
-               "other work on the machine's cores is one possible cause")
-        return (f"{what} was slower on {threads} threads in every block ({1 / x:.2f} times its "
-                f"time on one), which this run does not explain ({why})")
-    return (f"{what}'s blocks on {threads} threads and on one overlap, so this run cannot tell "
-            "them apart")
-
-
-def threads_words(products, threads):
-    """A sentence on the products timed on one thread and on `threads` (torch's count):
-    `products` holds (n, one-thread times, all-thread times), the per-run times of
-    torch.utils.benchmark's blocks. One thread in all: both timed the same, nothing to compare."""
     if threads == 1:
-        return ("PyTorch had one thread here, so both sections timed the products on one "
-                "thread: this run compares no thread counts.")
-    said = [_thread_clause(n, one, many, threads) for n, one, many in products]
-    said[0] = said[0][0].upper() + said[0][1:]
-    return "; ".join(said) + "."
+        return (f"PyTorch had one thread here, so {what} was timed on one thread only: this run "
+                "compares no thread counts.")
+    spread = f"{r.median:.2f} times as fast, {r.lo:.2f} to {r.hi:.2f} over the rounds"
+    if r.verdict == "faster":
+        return f"Timed in turns, {what} on {threads} threads was faster than on one ({spread})."
+    if r.verdict == "slower":
+        why = ("threading overhead is a likely reason, not measured here" if n <= TINY_PRODUCT
+               else "this run does not say why; other work on the cores is one possible cause")
+        return (f"Timed in turns, {what} on {threads} threads was slower than on one ({spread}): "
+                f"{why}.")
+    return (f"Timed in turns, {what} on {threads} threads and on one are within noise of each "
+            f"other ({spread}): this run cannot tell them apart.")
+
+
+def launch_bound_words(call_s, peak_flops):
+    """What bounds a small float32 product on the GPU beyond its intensity, after "from n ≈ N":
+    `call_s` the fixed cost of a call in the GPU reference run (None: not measured, a
+    prediction), `peak_flops` the GPU's compute roof. Until 2n³/P reaches the call's cost, the
+    call, not either roof, sets the time."""
+    if not call_s:
+        return (", by its intensity alone. A call's fixed cost, microseconds on a GPU (a "
+                "prediction: no GPU run has measured it), outlasts the arithmetic of far larger "
+                "products")
+    if call_s <= 0 or peak_flops <= 0:
+        raise ValueError(f"a time and a rate must be > 0, got {call_s} s and {peak_flops}")
+    n = (call_s * peak_flops / 2) ** (1 / 3)
+    return (f", by its intensity alone. A call's fixed cost ({call_s * 1e6:.1f} µs in the GPU "
+            f"reference run) outlasts the arithmetic until 2n³/P reaches it, at n ≈ {n:,.0f}: "
+            "smaller products are bound by the call, not by either roof")
 
 
 def memory_pass_words(copy_bw, mem_bw):
@@ -219,6 +253,24 @@ def pinned_words(pinned_gbs, pageable_gbs):
             "cannot tell them apart.")
 
 
+def link_cost_words(inside_gbs=None, pinned_gbs=None, pageable_gbs=None):
+    """A sentence on a copy over the link against one inside the GPU's memory (GB/s, each byte
+    counted once; one timing each): the link costlier per byte, cheaper, or within BAND (cannot
+    tell). None: no run measured them, the sentence is a prediction."""
+    if inside_gbs is None:
+        return ("A copy over the link is expected to cost far more per byte than one inside the "
+                "GPU's memory (a prediction)")
+    x = inside_gbs / max(pinned_gbs, pageable_gbs)
+    if x > 1 + BAND:
+        return (f"A copy over the link cost {x:,.0f} times as much per byte as one inside the "
+                "GPU's memory, from the faster of the two host memories")
+    if x < 1 / (1 + BAND):
+        return ("A copy over the link cost less per byte than one inside the GPU's memory here, "
+                "which this run does not explain")
+    return (f"A copy over the link and one inside the GPU's memory are within {BAND:.0%} of each "
+            "other: from one timing each, this run cannot tell them apart")
+
+
 def overlap_words(one_s, two_s):
     """The verdict on a copy and a product on one stream against the copy on a second stream
     (a median each, no spread): the second stream faster (they overlapped), slower, or within
@@ -250,13 +302,16 @@ def _chapter(ref):
 
 def reference_copies_words(ref):
     """After "this machine has no GPU": the reference run's host-to-GPU copies (pinned,
-    pageable) and the copy inside the GPU, or that none was recorded (a prediction follows)."""
+    pageable) and the copy inside the GPU (GB/s of bytes copied, each counted once, like the
+    link's), or that none was recorded (then pinned's speed is a prediction)."""
     fig = _chapter(ref)
     if not fig:
-        return _not_yet(ref, "these copies", "the next sentence is a prediction")
+        return _not_yet(ref, "these copies", "pinned memory is expected to be the faster "
+                        "(a prediction)")
     return (f" {_where(ref)}, {fig['mib']} MiB moved at {fig['pinned_gbs']:.1f} GB/s from "
             f"pinned memory and {fig['pageable_gbs']:.1f} GB/s from pageable memory (CUDA "
-            f"events), while a copy inside the GPU's memory moved {fig['inside_gbs']:.0f} GB/s."
+            f"events), while a copy inside the GPU's memory ran at {fig['inside_gbs']:.0f} GB/s "
+            "(each byte counted once, as over the link)."
             + pinned_words(fig["pinned_gbs"], fig["pageable_gbs"]))
 
 

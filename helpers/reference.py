@@ -171,14 +171,14 @@ def one_gpu_step(path=None):
                 gpu=ref["gpu"], date=ref["date"])
 
 
-def failed_cells_words(notebook, path=None, names=None):
+def failed_cells_words(notebook, path=None, names=None, who="That run also"):
     """What the committed GPU run's nbval step recorded for `notebook` (its path in the
     repository, e.g. "book/part4/fixes.ipynb"): "" where none of its cells failed there (or no
     GPU run, or it was not run), else a sentence (after a space) naming the failed cells. The
     file records which cells failed, not why: so does the sentence. `names`, {commit: {nbval
     cell number: words}}, says what a failed cell held at the run's commit (a number means
     nothing to a reader): every failed cell named, by content only; some, by number and then
-    what those held."""
+    what those held. `who` opens the sentence, naming the run as the text before it does."""
     ref = gpu_reference(path)
     nbval = ref.get("steps", {}).get("nbval", {}) if ref.get("exists") else {}
     prefix = notebook.replace("/", ".").replace(".ipynb", "") + ".ipynb::Cell "
@@ -188,7 +188,7 @@ def failed_cells_words(notebook, path=None, names=None):
         return ""
     commit = ref.get("commit", "unknown")
     known = next((v for k, v in (names or {}).items() if str(commit).startswith(k)), {})
-    head = (" That run also executed this notebook's code cells on its GPU (nbval), and "
+    head = (f" {who} executed this notebook's code cells on its GPU (nbval), and "
             f"{len(cells)} of them failed there")
     them = ("them, what those cells compute is" if len(cells) > 1
             else "it, what that cell computes is")

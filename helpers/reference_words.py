@@ -16,20 +16,22 @@ def speed_words(speed):
     return "as fast as"
 
 
-def fixed_cost_words(copy_s=None, flops_per_s=None, where=None):
+def fixed_cost_words(copy_s=None, flops_per_s=None, where=None, rounds=1):
     """The GPU's fixed cost of a call, without a period: `copy_s` the seconds a call of a 1 KiB
-    copy took in the GPU reference run (`where`: its GPU and date), `flops_per_s` its measured
-    large-product rate (the work those seconds could have done). None: a prediction."""
+    copy took in the GPU reference run (`where`: its GPU and date), the median of `rounds`
+    rounds of ten calls (1: one reading), `flops_per_s` its measured large-product rate (the
+    work those seconds could have done). None: a prediction."""
     if not copy_s:
         return ("A call costs microseconds on a GPU too (a prediction: a kernel launch takes "
                 "microseconds, however little the kernel does), time in which a GPU could have "
                 "done a great deal of arithmetic")
     if copy_s <= 0 or (flops_per_s is not None and flops_per_s <= 0):
         raise ValueError(f"a time and a rate must be > 0, got {copy_s} s and {flops_per_s} FLOP/s")
+    how = "one reading" if rounds == 1 else f"the median of {rounds} rounds"
     text = (f"A call costs microseconds on a GPU too: in the GPU reference run ({where}), ten "
             f"copies of 1 KiB inside the GPU's memory, issued back to back, took "
-            f"{copy_s * 1e6:.1f} µs a call on the GPU's own clock (CUDA events), however little "
-            "each moved; calls this short measure how fast the host issues them (see the CUDA "
+            f"{copy_s * 1e6:.1f} µs a call on the GPU's own clock (CUDA events; {how}, of "
+            "one size). Calls this short measure how fast the host issues them (see the CUDA "
             "events below)")
     if flops_per_s:
         text += (f". In those {copy_s * 1e6:.1f} µs the GPU could have done about "

@@ -4,13 +4,15 @@
 host's clock as it submits each product, when it reads the clock without waiting, and when
 `.result()` (the "synchronise") returns; the worker's clock as each product starts and ends.
 `plot_queue_timeline` draws those stamps: a host row and a stream row against one time axis.
+`plot_gpu_machine` draws the machine the chapter talks about: the host, two GPUs, and the links
+between them, labelled with the bandwidths of their specifications (predictions, not measured).
 """
 import time
 
 from .schematics import LABEL_FONT as SMALL
-from .schematics import SCHEMATIC_WIDTH, device_color, diagram
+from .schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
 
-__all__ = ["queue_timeline", "plot_queue_timeline"]
+__all__ = ["queue_timeline", "plot_queue_timeline", "machine_links", "plot_gpu_machine"]
 
 HOST, STREAM = 1.0, 0.0          # the rows' heights on the drawing's y axis
 
@@ -86,5 +88,48 @@ def plot_queue_timeline(facts):
            yticks=[STREAM, HOST], yticklabels=[f"stream:\n{n} products", "host"])
     ax.set_xlabel("ms since the first product was queued", fontsize=SMALL)
     ax.tick_params(labelsize=SMALL, left=False)
+    fig.tight_layout()
+    return fig
+
+
+def machine_links(specs, hbm_bytes_per_s):
+    """GB/s each way of the machine's hops, from their specifications (`specs` as
+    helpers.LINK_SPECS, `hbm_bytes_per_s` a datasheet's memory bandwidth): host to GPU over PCIe
+    5.0 x16, GPU to GPU over NVLink 4 (all links), and a GPU to its own HBM."""
+    lane = specs["pcie5_gt_s"] * specs["pcie4_encoding"] / 8 / 1e9    # 128b/130b, as 4.0
+    return dict(pcie=lane * specs["pcie4_lanes"],
+                nvlink=specs["nvlink4_links"] * specs["nvlink4_link_gbs"],
+                hbm=hbm_bytes_per_s / 1e9)
+
+
+def plot_gpu_machine(links):
+    """The host (CPU, DRAM) and two GPUs (SMs, HBM, copy engine), joined by PCIe to the host
+    and NVLink to each other, each hop labelled with `links` (machine_links: GB/s by their
+    specifications). Returns the figure."""
+    from matplotlib.patches import FancyArrowPatch
+    fig, axes = diagram(1, 1, width=SCHEMATIC_WIDTH, height=3.6)
+    ax = axes[0, 0]
+    light = "#EEEEEE"
+    draw_box(ax, 0, 0.6, 2.6, 5.0, light, edge="0.5")
+    ax.text(1.3, 5.25, "host", ha="center", va="center", fontsize=SMALL)
+    draw_box(ax, 0.3, 3.0, 2.0, 1.6, "0.45", "CPU", fontsize=SMALL)
+    draw_box(ax, 0.3, 1.0, 2.0, 1.6, "0.7", "DRAM", fontsize=SMALL)
+    for g, y in ((0, 3.6), (1, 0.0)):
+        draw_box(ax, 4.6, y, 5.4, 2.6, light, edge="0.5")
+        ax.text(7.3, y + 2.25, f"GPU {g} (device)", ha="center", va="center", fontsize=SMALL)
+        draw_box(ax, 4.75, y + 0.2, 1.3, 1.6, device_color(g), "SMs", fontsize=SMALL)
+        draw_box(ax, 6.15, y + 0.2, 1.85, 1.6, device_color(2),
+                 f"HBM\n{links['hbm'] / 1e3:.1f}\nTB/s", fontsize=SMALL)
+        draw_box(ax, 8.1, y + 0.2, 1.8, 1.6, "0.85", "copy\nengine", fontsize=SMALL)
+        ax.add_patch(FancyArrowPatch((2.6, y + 1.0), (4.6, y + 1.0),
+                                     arrowstyle="<|-|>", mutation_scale=12, color="black",
+                                     linewidth=1.5))
+    ax.text(3.6, 3.1, f"PCIe\n{links['pcie']:.0f}\nGB/s", ha="center", va="center",
+            fontsize=SMALL)
+    ax.add_patch(FancyArrowPatch((9.0, 2.6), (9.0, 3.6), arrowstyle="<|-|>", mutation_scale=12,
+                                 color="black", linewidth=1.5))
+    ax.text(8.8, 3.1, f"NVLink {links['nvlink']:.0f} GB/s", ha="right", va="center",
+            fontsize=SMALL)
+    ax.set(xlim=(0, 10), ylim=(0, 6.2))
     fig.tight_layout()
     return fig

@@ -349,13 +349,17 @@ if gpu:
         src = torch.empty(k, dtype=torch.uint8, device=d)
         dst = torch.empty_like(src)
         dst.copy_(src)
-        start.record()
-        for _ in range(10):
-            dst.copy_(src)
-        end.record()
-        end.synchronize()
-        copies[k] = start.elapsed_time(end) / 1e3 / 10
-    res.update(matmul_fp32_flops_per_s=flops, copy_s={str(k): v for k, v in copies.items()})
+        rounds = []
+        for _ in range(5):        # the median of 5 rounds of 10 copies each
+            start.record()
+            for _ in range(10):
+                dst.copy_(src)
+            end.record()
+            end.synchronize()
+            rounds.append(start.elapsed_time(end) / 1e3 / 10)
+        copies[k] = sorted(rounds)[2]
+    res.update(matmul_fp32_flops_per_s=flops, copy_s={str(k): v for k, v in copies.items()},
+               copy_rounds=5)
     res["gpus_chapter"] = helpers.gpu_chapter_figures()   # gpus.ipynb's GPU-only sections
     rates = dict(flops_per_s=flops, measured=["flops_per_s"])
     if helpers.num_gpus() >= 2:   # messages: NCCL between two GPUs

@@ -15,6 +15,25 @@ def test_pool_words_larger_smaller_or_unlisted_cache():
         "a pool of 1,024 MiB (this system does not list its cache sizes)")
 
 
+def test_one_call_words_faster_slower_or_cannot_tell():
+    one, many = (5e-6, 4e-6, 6e-6), (3.4e-3, 3.2e-3, 3.5e-3)      # (median, fastest, slowest)
+    assert helpers.one_call_words(one, many) == (
+        "doing the work as one call was 680 times as fast, in every repeat")
+    slower = helpers.one_call_words((2e-3, 1.9e-3, 2.1e-3), (1e-3, 0.9e-3, 1.1e-3))
+    assert slower.startswith("doing the work as one call was slower (0.50 times as fast)")
+    overlap = helpers.one_call_words((2e-3, 1e-3, 3e-3), (2.5e-3, 2e-3, 4e-3))
+    assert overlap == ("the repeats of one call and of the many calls overlap (1.25 times as "
+                       "fast at the medians), so this run cannot tell them apart")
+
+
+def test_queued_words_every_round_medians_only_or_not_later():
+    assert helpers.queued_words([1e-4, 2e-4, 1e-4], [0.1, 0.12, 0.2]) == (
+        "1,200 times later, in every round")
+    medians = helpers.queued_words([1e-4, 1e-4, 0.2], [0.1, 0.12, 0.15])
+    assert medians.startswith("1,200 times later at the medians, though some rounds overlap")
+    assert "does not explain" in helpers.queued_words([0.2, 0.3], [0.1, 0.2])
+
+
 def test_copy_fit_words_fits_strays_or_falls():
     assert "one latency and one bandwidth describe every copy" in helpers.copy_fit_words(0, 1.5)
     # a high load, measured: named as the likely cause
@@ -66,27 +85,37 @@ def test_size_growth_words_within_more_or_less():
     assert "does not say why" in helpers.size_growth_words(10)
 
 
-def test_threads_words_faster_slower_cannot_tell_or_one_thread():
-    # times per run of each block (s): one thread, then all threads
-    small = (256, [3.7e-4, 3.8e-4, 3.9e-4], [5.0e-4, 5.1e-4, 5.2e-4])     # slower on 2
-    large = (1024, [2.3e-2, 2.4e-2], [1.3e-2, 1.2e-2])                   # faster on 2
-    said = helpers.threads_words([small, large], 2)
-    assert said.startswith("The 256x256 product was slower on 2 threads in every block (1.34 "
-                           "times its time on one), which this run does not explain (a likely "
-                           "reason, not measured here, is threading overhead")
-    assert said.endswith("; the 1024x1024 product was 1.9 times as fast on 2 threads as on one, "
-                         "in every block.")
-    # a large product slower on all threads: no threading-overhead reason is offered
-    slow = helpers.threads_words([(1024, [1e-2, 1.1e-2], [1.2e-2, 1.3e-2])], 4)
-    assert "slower on 4 threads" in slow and "overhead" not in slow
-    assert "one possible cause" in slow
-    # one block of each side overlapping the other: cannot tell
-    mixed = helpers.threads_words([(256, [3.7e-4, 4.0e-4], [3.8e-4, 4.1e-4])], 2)
-    assert mixed == ("The 256x256 product's blocks on 2 threads and on one overlap, so this run "
-                     "cannot tell them apart.")
-    assert helpers.threads_words([small, large], 1) == (
-        "PyTorch had one thread here, so both sections timed the products on one thread: this "
-        "run compares no thread counts.")
+def test_threads_ratio_words_faster_slower_within_noise_or_one_thread():
+    # round by round, one thread's time over all threads': all > 1 is faster
+    fast = helpers.threads_ratio_words(helpers.Ratio([1.8, 1.9, 2.0, 2.1, 2.2]), 2, 1024)
+    assert fast == ("Timed in turns, the 1024x1024 product on 2 threads was faster than on one "
+                    "(2.00 times as fast, 1.80 to 2.20 over the rounds).")
+    slow_small = helpers.threads_ratio_words(helpers.Ratio([0.7, 0.75, 0.8]), 2, 256)
+    assert "was slower than on one (0.75 times as fast" in slow_small
+    assert "threading overhead is a likely reason" in slow_small
+    slow_large = helpers.threads_ratio_words(helpers.Ratio([0.7, 0.75, 0.8]), 4, 1024)
+    assert "overhead" not in slow_large and "one possible cause" in slow_large
+    # a spread across 1, however far the medians lie apart: within noise
+    noise = helpers.threads_ratio_words(helpers.Ratio([0.9, 2.2, 2.3]), 2, 1024)
+    assert noise.endswith("are within noise of each other (2.20 times as fast, 0.90 to 2.30 "
+                          "over the rounds): this run cannot tell them apart.")
+    # one round: no spread, no verdict either
+    assert "cannot tell them apart" in helpers.threads_ratio_words(helpers.Ratio([2.0]), 2, 64)
+    assert helpers.threads_ratio_words(helpers.Ratio([1.0, 1.0]), 1, 1024) == (
+        "PyTorch had one thread here, so the 1024x1024 product was timed on one thread only: "
+        "this run compares no thread counts.")
+
+
+def test_launch_bound_words_measured_or_a_prediction():
+    said = helpers.launch_bound_words(16.5e-6, 51e12)
+    assert said == (", by its intensity alone. A call's fixed cost (16.5 µs in the GPU reference "
+                    "run) outlasts the arithmetic until 2n³/P reaches it, at n ≈ 749: smaller "
+                    "products are bound by the call, not by either roof")
+    # twice the rate: the same call outlasts products 2^(1/3) times as large
+    assert "n ≈ 944" in helpers.launch_bound_words(16.5e-6, 102e12)
+    assert "a prediction: no GPU run has measured it" in helpers.launch_bound_words(None, 51e12)
+    with pytest.raises(ValueError, match="must be > 0"):
+        helpers.launch_bound_words(-1e-6, 51e12)
 
 
 def test_memory_pass_words_names_the_faster_pass():
@@ -132,13 +161,15 @@ def test_reference_copies_words_recorded_or_not():
     assert helpers.reference_copies_words(_with(FIG)) == (
         " In the GPU reference run (GPU X, today), 256 MiB moved at 50.0 GB/s from pinned memory "
         "and 20.5 GB/s from pageable memory (CUDA events), while a copy inside the GPU's memory "
-        "moved 3900 GB/s. Pinned memory was 2.4 times as fast.")
+        "ran at 3900 GB/s (each byte counted once, as over the link). Pinned memory was 2.4 times "
+        "as fast.")
     ran = helpers.reference_copies_words(REF)
     assert ran == (" No GPU run has recorded these copies yet (the GPU reference run executed "
-                   "this notebook under nbval, which keeps no outputs): the next sentence is a "
-                   "prediction.")
+                   "this notebook under nbval, which keeps no outputs): pinned memory is expected "
+                   "to be the faster (a prediction).")
     assert helpers.reference_copies_words(dict(exists=False)) == (
-        " No GPU run has recorded these copies yet: the next sentence is a prediction.")
+        " No GPU run has recorded these copies yet: pinned memory is expected to be the faster "
+        "(a prediction).")
 
 
 def test_reference_link_words_two_gpus_one_or_none():
@@ -166,6 +197,15 @@ def test_pinned_words_faster_slower_or_cannot_tell():
     assert "slower here (0.50 times" in helpers.pinned_words(10.0, 20.0)
     assert "cannot tell them apart" in helpers.pinned_words(21.0, 20.0)
     assert "cannot tell them apart" in helpers.pinned_words(20.0, 21.0)
+
+
+def test_link_cost_words_costlier_cheaper_cannot_tell_or_a_prediction():
+    assert helpers.link_cost_words(3900.0, 50.0, 20.0) == (
+        "A copy over the link cost 78 times as much per byte as one inside the GPU's memory, "
+        "from the faster of the two host memories")
+    assert "does not explain" in helpers.link_cost_words(10.0, 50.0, 20.0)
+    assert "cannot tell them apart" in helpers.link_cost_words(52.0, 50.0, 20.0)
+    assert "(a prediction)" in helpers.link_cost_words()
 
 
 def test_overlap_words_faster_slower_or_cannot_tell():

@@ -49,6 +49,9 @@ def test_fixed_cost_words_prediction_measured_and_with_the_work_forgone():
     plain = helpers.fixed_cost_words(16.5e-6, where="GPU X, today")
     assert "(GPU X, today)" in plain and "16.5 µs a call" in plain and "GFLOP" not in plain
     assert "how fast the host issues them" in plain
+    assert "(CUDA events; one reading, of one size)" in plain
+    assert "(CUDA events; the median of 5 rounds, of one size)" in helpers.fixed_cost_words(
+        16.5e-6, where="GPU X, today", rounds=5)
     work = helpers.fixed_cost_words(16.5e-6, 51.4e12, "GPU X, today")
     assert "about 0.85 GFLOP" in work and "51 TFLOP/s" in work
     with pytest.raises(ValueError, match="must be > 0"):

@@ -232,6 +232,8 @@ READABLE = {
             helpers.allreduce)),                                          # as scratch.ipynb
     "thread as a stream, 3 products": lambda: helpers.plot_queue_timeline(_queue_run(1024, 3)),
     "thread as a stream, quick mode's": lambda: helpers.plot_queue_timeline(_queue_run(256, 2)),
+    "host and two GPUs": lambda: helpers.plot_gpu_machine(helpers.machine_links(
+        helpers.LINK_SPECS, helpers.H200_DATASHEET["bw"])),                  # as gpus.ipynb
 }
 
 

@@ -76,3 +76,17 @@ def test_the_picture_refuses_stamps_no_single_stream_makes(runs, why):
         helpers.plot_queue_timeline(dict(FACTS, runs=runs))
     with pytest.raises(ValueError, match="wait ended"):
         helpers.plot_queue_timeline(dict(FACTS, waited=0.03))
+
+
+def test_the_machine_schematic_labels_each_hop_with_its_specification():
+    import matplotlib.pyplot as plt
+    links = helpers.machine_links(helpers.LINK_SPECS, helpers.H200_DATASHEET["bw"])
+    # PCIe 5.0 x16 is twice PCIe 4.0's 31.5 GB/s; NVLink 4 18 links of 25 GB/s
+    assert links["pcie"] == pytest.approx(63.0, rel=1e-3)
+    assert links["nvlink"] == 450 and links["hbm"] == 4800
+    fig = helpers.plot_gpu_machine(links)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    assert "PCIe\n63\nGB/s" in texts and "NVLink 450 GB/s" in texts
+    assert texts.count("HBM\n4.8\nTB/s") == 2 and texts.count("SMs") == 2
+    assert {"GPU 0 (device)", "GPU 1 (device)", "host", "CPU", "DRAM"} <= set(texts)

@@ -32,3 +32,6 @@ def test_a_failed_cell_is_named_by_what_it_checked_at_the_runs_commit(tmp_path):
                                        names={"0000000": checked["abc1234"]})
     assert "(the 23rd code cell of" in other and "too small" not in other
     assert "too small" not in helpers.failed_cells_words("book/gpus.ipynb", str(path))
+    # the sentence opens with the run as the text names it
+    named = helpers.failed_cells_words("book/gpus.ipynb", str(path), who="The GPU run (G, d)")
+    assert named.startswith(" The GPU run (G, d) executed this notebook's code cells")
