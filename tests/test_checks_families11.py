@@ -26,7 +26,7 @@ INSPECTS = "inspects the running program"
 
 
 def _erase(world, rank, op):
-    """The hunt's edit: `op`'s messages by `rank` taken out of the World's records."""
+    """`op`'s messages by `rank` taken out of the World's records."""
     with world._cond:
         world.messages[:] = [m for m in world.messages if not (m.rank == rank and m.op == op)]
         world.timeline[rank][:] = [e for e in world.timeline[rank]
@@ -209,7 +209,7 @@ def _tamper(edit):
     (lambda w: w.messages.pop(0), "its list of messages"),
     (lambda w: setattr(w, "messages", []), "its list of messages"),
     (lambda w: setattr(w.messages[1], "nbytes", 0), "message"),
-    (lambda w: w.messages[0].tensor.zero_(), "message"),
+    (lambda w: next(m for m in w.messages if m.rank == 0).tensor.zero_(), "message"),
     (lambda w: setattr(w, "allow", None), "its allow-list"),
     (lambda w: w.timeline[1].append((99, "mark", ("F", 3))), "rank 1's timeline"),
     (lambda w: w.timeline[0].clear(), "rank 0's timeline"),
