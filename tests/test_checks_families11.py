@@ -6,7 +6,8 @@ tests/check_cases.py's form, each with the words its refusal names:
    handle's `.world` and `.message` and a tapped output's hook leading to the Taps' list;
 2. code that names a closure's cells (`__closure__`, `cell_contents`) is refused before it runs;
 3. a World reached anyway (its closure's cells by names built at run time) and edited: its
-   records differ from the harness's own copy, and the run fails.
+   records differ from the harness's own copy, and the run fails; a mark the reader's code
+   asks for (`world.mark`) is refused.
 """
 import importlib
 
@@ -187,6 +188,17 @@ def dp_average_allow_lifted_by_built_names(grads, comm):
         g.copy_(comm.all_gather(g.unsqueeze(0), dim=0).mean(0))
 
 
+@shortcut("check_pipeline_forward", "marks forged on the World reached by built names, the "
+          "stage run once on the whole batch", "marked the check's timeline")
+def pipeline_marks_forged_by_built_names(stage, comm, X, m, n, in_shape):
+    cells = getattr(stage._watched, "__clo" + "sure__")
+    world = next(c for c in (getattr(c, "cell_" + "contents") for c in cells)
+                 if hasattr(c, "mark"))
+    for rows in torch.arange(n).tensor_split(m):
+        world.mark(("F", len(rows)))
+    return stage(X) if comm.rank == 0 else None
+
+
 def _tamper(edit):
     world = World(2, record_ops=True, allow={"all_reduce", "send"})
 
@@ -197,7 +209,6 @@ def _tamper(edit):
             comm.send(t, 1)
         else:
             comm.recv(0, (3,))
-        world.mark(("F", 3))
         dist.barrier()
         if comm.rank == 0:
             edit(world)
@@ -213,6 +224,7 @@ def _tamper(edit):
     (lambda w: setattr(w, "allow", None), "its allow-list"),
     (lambda w: w.timeline[1].append((99, "mark", ("F", 3))), "rank 1's timeline"),
     (lambda w: w.timeline[0].clear(), "rank 0's timeline"),
+    (lambda w: ThreadWorld.event(w, 0, "mark", ("F", 3)), "rank 0's timeline"),   # unbound
     (lambda w: w.received[1].add((1, 0)), "what rank 1 received"),
     (lambda w: w.recorders.__setitem__(1, None), "rank 1's Recorder"),
 ])

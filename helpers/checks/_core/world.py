@@ -32,6 +32,7 @@ What the checks' World adds to the ThreadWorld, through its hooks:
   in torch, in numpy, math and statistics, and as the shape of a recv.
 """
 import contextlib
+import sys
 
 import torch
 
@@ -42,9 +43,21 @@ from .ledger import ledger, tampered
 from .observe import Recorder
 from .provenance import Provenance
 from .rank_numbers import TagWatch, foreign_in, foreign_message
-from .run import CheckFailed
+from .run import CheckFailed, is_reader_code
 
 __all__ = ["World", "Message", "Work"]
+
+
+_OURS = {__file__, sys.modules[ThreadWorld.__module__].__file__}
+
+
+def _asked_by_reader():
+    """True when the code that asked for a timeline event, past this module and the runtime's
+    thread world (ThreadWorld.mark), is the reader's."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename in _OURS:
+        frame = frame.f_back
+    return frame is not None and is_reader_code(frame.f_code.co_filename)
 
 
 class World(ThreadWorld):
@@ -202,7 +215,12 @@ class World(ThreadWorld):
             self._note("message", rank, (kind, m))
 
     def event(self, rank, kind, detail=None):
-        """As ThreadWorld.event; the ledger keeps its own copy."""
+        """As ThreadWorld.event; the ledger keeps its own copy. A mark is the check's observation
+        (a stage call, "backward returned"): one the reader's code asked for would be forged."""
+        if kind == "mark" and _asked_by_reader():
+            raise CheckFailed(f"rank {self.rank} marked the check's timeline ({detail!r}) "
+                              "itself: the check records what the answer does, the answer "
+                              "does not report it")
         with self._cond:
             seq = super().event(rank, kind, detail)
             self._note("event", rank, (seq, kind, detail))
