@@ -234,7 +234,7 @@ def _pipeline_through_a_closure():
             mine = {q: (s, x) for q, s, x in met[-p:]}
             h = mine[0][1]
             for q in range(p):
-                h = mine[q][0].stage(h)
+                h = mine[q][0](h)
             return h
     forward.__name__ = "pipeline_forward_closure"
     return forward

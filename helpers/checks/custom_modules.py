@@ -85,17 +85,19 @@ def _refuse_consume(*args, **kwargs):
 class _SyncRecorder(nn.Module):
     """A linear model with DDP's no_sync() interface: records, for each micro-batch's output,
     whether its forward ran with synchronisation on (DDP decides at forward time) and in which
-    backward pass (a callback queued on the autograd engine ends each one) its gradient flowed."""
+    backward pass (a callback queued on the autograd engine ends each one) its gradient flowed,
+    in `outputs` and `rows`, which the check hands in and keeps (the model holds them only in
+    its forward's closure); with `taps` (recorded.Taps), the gradients reaching its outputs."""
 
-    def __init__(self, g):
+    def __init__(self, g, taps=None, outputs=None, rows=None):
         super().__init__()
         with torch.random.fork_rng(devices=[]):   # leave the notebook's random numbers alone
             self.lin = nn.Linear(5, 1)
         with torch.no_grad():
             self.lin.weight.copy_(torch.randn(1, 5, generator=g))
-        self.sync, self.outputs, self.passes, self._queued = True, [], 0, False
-        self.rows = []                      # (rows, gradient non-zero) of every output
-        self.taps = None                    # recorded.Taps while the answer runs
+        self.sync = True
+        self._forward = _sync_forward(taps, [] if outputs is None else outputs,
+                                      [] if rows is None else rows)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -105,25 +107,34 @@ class _SyncRecorder(nn.Module):
         finally:
             self.sync = old
 
-    def _end_of_backward(self):
-        self.passes += 1
-        self._queued = False
-
     def forward(self, X):
-        out, sync = self.lin(X), self.sync
+        return self._forward(self, X)
+
+
+def _sync_forward(taps, outputs, rows):
+    """_SyncRecorder's forward: `outputs` gets (synchronised, backward pass) and `rows` (rows,
+    gradient non-zero) for every output that takes part in a backward."""
+    state = {"passes": 0, "queued": False}
+
+    def end_of_backward():
+        state["passes"] += 1
+        state["queued"] = False
+
+    def forward(model, X):
+        out, sync = model.lin(X), model.sync
         if out.requires_grad:
             def seen(grad):
-                if not self._queued:
-                    self._queued = True
-                    torch.autograd.Variable._execution_engine.queue_callback(
-                        self._end_of_backward)
-                self.outputs.append((sync, self.passes))
-                self.rows.append((grad.shape[0], bool(grad.detach().abs().sum() > 0)))
+                if not state["queued"]:
+                    state["queued"] = True
+                    torch.autograd.Variable._execution_engine.queue_callback(end_of_backward)
+                outputs.append((sync, state["passes"]))
+                rows.append((grad.shape[0], bool(grad.detach().abs().sum() > 0)))
                 return grad
             out.register_hook(seen)
-            if self.taps is not None:
-                self.taps.tap(out)
+            if taps is not None:
+                taps.tap(out)
         return out
+    return forward
 
 
 @check("accumulate_gradients", observes=[
@@ -143,24 +154,23 @@ def check_accumulate_gradients(fn):
     if len(set(sizes)) == 1:
         sizes[-1] += 2                                  # the last micro-batch shorter or longer
     micro = [(torch.randn(s, 5, generator=g), torch.randn(s, 1, generator=g)) for s in sizes]
-    model, loss_fn = _SyncRecorder(g), nn.MSELoss()
-    with Recorder() as rec:
-        model.taps = Taps(rec)
+    rec, outs, seen_rows = Recorder(), [], []
+    taps = Taps(rec)
+    model, loss_fn = _SyncRecorder(g, taps, outs, seen_rows), nn.MSELoss()
+    with rec:
         fn(model, loss_fn, micro)
-    made = model.taps.made([p.grad for p in model.lin.parameters()])
-    model.taps = None
-    outs = model.outputs
+    made = taps.made([p.grad for p in model.lin.parameters()])
     expect(len(outs) == k, f"{len(outs)} micro-batch outputs took part in backward, for {k} "
                            "micro-batches: forward each micro-batch")
     expect(len({p for _, p in outs}) == k,
            f"the {k} micro-batches went through {len({p for _, p in outs})} backward pass(es): "
            "call backward once per micro-batch (summing the losses first keeps every "
            "micro-batch's activations alive at once, which is what accumulation avoids)")
-    rows = sorted(r for r, _ in model.rows)
+    rows = sorted(r for r, _ in seen_rows)
     expect(rows == sorted(sizes), f"the outputs that took part in backward had {rows} rows, "
                                   f"for micro-batches of {sorted(sizes)}: forward each "
                                   "micro-batch on its own, never a concatenated batch")
-    expect(all(nonzero for _, nonzero in model.rows),
+    expect(all(nonzero for _, nonzero in seen_rows),
            "a micro-batch's loss reached backward with a zero weight: every micro-batch "
            "contributes its share of the mean loss")
     syncs = [s for s, _ in sorted(outs, key=lambda o: o[1])]

@@ -229,32 +229,36 @@ def _served(what, fn, start, grads, lr):
 
 
 # ---- data_parallel: gradient accumulation ----------------------------------------------------
-_SEEN = {}    # id(net) -> (examples of each call, "forward"/"backward" in order), kept here:
-             # an answer that appends to the net's own lists reports, it does not run
-
-
 class _RecordingNet:
-    """net(X, params), a linear layer, recording the examples of each call, and each call and
-    each backward through what a call returned, in order (`seen()`)."""
+    """net(X, params), a linear layer. It holds only a closure: what it records is
+    `_recording_net`'s, kept by the check, out of the answer's reach."""
 
-    def __init__(self, taps=None):
-        _SEEN[id(self)] = ([], [])
-        self.taps = taps
+    __slots__ = ("_call",)
 
-    def seen(self):
-        return _SEEN.pop(id(self))
+    def __init__(self, call):
+        self._call = call
 
     def __call__(self, X, params):
+        return self._call(X, params)
+
+
+def _recording_net(taps=None):
+    """(net, sizes, passes): a net that records the examples of each call in `sizes`, and each
+    call and each backward through what a call returned, in order, in `passes`; with `taps`
+    (recorded.Taps), the gradient each backward delivers to its outputs."""
+    sizes, passes = [], []
+
+    def call(X, params):
         W, b = params
-        sizes, passes = _SEEN[id(self)]
         sizes.append(X.shape[0])
         passes.append("forward")
         out = X @ W + b
         if out.requires_grad:
             out.register_hook(lambda grad: passes.append("backward"))
-            if self.taps is not None:
-                self.taps.tap(out)
+            if taps is not None:
+                taps.tap(out)
         return out
+    return _RecordingNet(call), sizes, passes
 
 
 @check("accumulated_step", changes_inputs=True, observes=[
@@ -269,7 +273,6 @@ def check_accumulated_step(fn):
     (tensor_split), the gradients of the summed losses adding up in .grad, then one SGD step
     with the gradient of the whole batch's mean loss (divide by n once)."""
     g = fresh_generator()
-    _SEEN.clear()
     for _ in range(4):
         num_micro = randint(g, 2, 5)
         n = num_micro * randint(g, 2, 4) + randint(g, 1, num_micro - 1)
@@ -280,17 +283,17 @@ def check_accumulated_step(fn):
         params = [p.clone().requires_grad_() for p in start]
         objects = list(params)
         with Recorder() as rec:
-            net = _RecordingNet(Taps(rec))
+            taps = Taps(rec)
+            net, sizes, passes = _recording_net(taps)
             call = f"accumulated_step(net, params, X of {n} examples, y, {num_micro}, {lr})"
             copies = kept(X, y, *start)
             fn(net, params, X, y, num_micro, lr)
-        made = net.taps.made(params)
+        made = taps.made(params)
         expect_unchanged(call, copies, [X, y, *start], ["X", "y", "W", "b"])
         ref = [p.clone().requires_grad_() for p in start]
         grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
         want = [(p - lr * gr).detach() for p, gr in zip(start, grads)]
         micro = [len(s) for s in torch.arange(n).tensor_split(num_micro)]
-        sizes, passes = net.seen()
         expect(n not in sizes, f"{call}: the net saw all {n} examples in one call "
                f"(calls: {sizes}); run one micro-batch at a time ({micro})")
         expect(sorted(sizes) == sorted(micro), f"{call}: the net saw micro-batches of "

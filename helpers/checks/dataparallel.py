@@ -107,9 +107,6 @@ def check_lr_at(fn):
             raise CheckFailed(f"{call} returned {got:.6g}: {msg}")
 
 
-_LOGS = {}      # id -> _CallLog, kept here while a check runs (its modules hold only the id)
-
-
 class _CallLog:
     """Shared by a module and all its deep copies: (replica id, rows, device) of every forward."""
 
@@ -131,17 +128,23 @@ class _RecordingLinear(nn.Module):
         with torch.no_grad():
             self.lin.weight.copy_(torch.randn(n_out, n_in, generator=g))
             self.lin.bias.copy_(torch.randn(n_out, generator=g))
-        _LOGS[id(log)] = log                 # the check's, not the module's: an answer that
-        self.log_key = id(log)               # writes calls into net.log reports, does not run
+        self._forward = _logged(log)     # the check's log, in a closure: no attribute leads
+                                         # an answer to it (or to the Recorder it holds)
 
     def forward(self, X):
-        log = _LOGS[self.log_key]
-        log.keep.append(self)        # alive, so no later copy gets its id()
-        log.calls.append((id(self), X.shape[0], X.device, self.lin.weight.device))
-        Y = self.lin(X)
+        return self._forward(self, X)
+
+
+def _logged(log):
+    """_RecordingLinear's forward (its deep copies share it): every call logged in `log`."""
+    def forward(module, X):
+        log.keep.append(module)        # alive, so no later copy gets its id()
+        log.calls.append((id(module), X.shape[0], X.device, module.lin.weight.device))
+        Y = module.lin(X)
         if log.rec is not None:         # (storage, version) of this output as it left
-            log.outputs.append((id(self), log.rec.latest(Y)))
+            log.outputs.append((id(module), log.rec.latest(Y)))
         return Y
+    return forward
 
 
 def _dp_case(g):
@@ -165,7 +168,6 @@ def check_dp_forward(fn):
     per device, the batch cut with torch.chunk (as scatter does), each piece run by its own
     replica on its device, the outputs gathered on devices[0] in order."""
     g = fresh_generator()
-    _LOGS.clear()
     for _ in range(2):
         k, n, n_in, n_out = _dp_case(g)
         log = _CallLog()

@@ -74,15 +74,22 @@ def check_idle_share(fn):
 
 # --- a forward-only pipeline ------------------------------------------------------------------
 class _Watched(nn.Module):
-    """The stage the answer is given: every call leaves ("F", rows) in its rank's timeline."""
+    """The stage the answer is given: every call leaves ("F", rows) in its rank's timeline. The
+    stage and the world live in a closure only: no attribute runs the stage unwatched or marks
+    the timeline without running it. Its parameters are the stage's (provenance and untouched.py
+    see them as handed to this rank)."""
 
     def __init__(self, stage, world):
         super().__init__()
-        self.stage, self.world = stage, world
+        self.params = nn.ParameterList(stage.parameters())
+
+        def watched(x):
+            world.mark(("F", int(x.shape[0])))
+            return stage(x)
+        self._watched = watched
 
     def forward(self, x):
-        self.world.mark(("F", int(x.shape[0])))
-        return self.stage(x)
+        return self._watched(x)
 
 
 def _forward_rank(comm, fn, stages, X, m, n, widths):

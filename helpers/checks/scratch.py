@@ -202,32 +202,34 @@ def _random_linear_params(g, num_inputs, num_outputs):
             torch.randn(num_outputs, generator=g)]
 
 
-_CALLS = {}     # id(net) -> its calls, and the Recorder's op indices inside them: kept here, so
-               # an answer that appends to a list of the net's reports, it does not run
-
-
 class _RecordingNet:
-    """A functional net `net(X, params)` (a linear layer) that records every call: how many
-    examples it saw, and which parameter tensors it used (their storage); with `rec` set, the
-    range of the Recorder's operations each call ran."""
+    """A functional net `net(X, params)` (a linear layer). It holds only a closure: what it
+    records is `_recording_net`'s, kept by the check, out of the answer's reach."""
 
-    def __init__(self, rec=None):
-        _CALLS[id(self)] = ([], [])
-        self.rec = rec
+    __slots__ = ("_call",)
 
-    @property
-    def calls(self):
-        return _CALLS[id(self)][0]
+    def __init__(self, call):
+        self._call = call
 
     def __call__(self, X, params):
+        return self._call(X, params)
+
+
+def _recording_net(rec=None):
+    """(net, calls, spans): a net that records every call in `calls` (how many examples it saw,
+    which parameter tensors it used: their storage, the devices) and, with a Recorder `rec`,
+    the range of its operations each call ran in `spans`; the answer gets only the net."""
+    calls, spans = [], []
+
+    def call(X, params):
         W, b = params
-        calls, spans = _CALLS[id(self)]
         calls.append((X.shape[0], W.untyped_storage()._cdata, X.device, W.device))
-        start = len(self.rec.ops) if self.rec is not None else 0
+        start = len(rec.ops) if rec is not None else 0
         out = torch.mm(X, W) + b
-        if self.rec is not None:
-            spans.append(range(start, len(self.rec.ops)))
+        if rec is not None:
+            spans.append(range(start, len(rec.ops)))
         return out
+    return _RecordingNet(call), calls, spans
 
 
 @check("evaluate_accuracy_multi", simulated=True, observes=[
@@ -242,7 +244,6 @@ def check_evaluate_accuracy_multi(fn):
     `net(X, params)` with every batch split over `devices`, each device using its own copy of
     `params`: the same number as the single-device evaluation, uneven batches included."""
     g = fresh_generator()
-    _CALLS.clear()
     for _ in range(3):
         k = randint(g, 2, 4)
         batch_size = randint(g, k + 1, 13)
@@ -259,15 +260,14 @@ def check_evaluate_accuracy_multi(fn):
                                                 generator=torch.Generator())
         devices = [CPU] * k
         rec = Recorder()
-        net = _RecordingNet(rec)
+        net, calls, spans = _recording_net(rec)
         what = (f"evaluate_accuracy_multi on {n} examples in batches of {batch_size} (the last "
                 f"has {last}) over {k} devices")
         copies = kept(X, y)
         exits = []
         with rec, watch_exits(lambda t, how, exits=exits: exits.append((storage_key(t), how))):
             got = fn(net, params, data_iter, devices)
-        net.rec = None
-        beside = outside_calls(rec, _CALLS[id(net)][1], params, exits)   # the net a decoy?
+        beside = outside_calls(rec, spans, params, exits)   # the net a decoy?
         expect(not beside, f"{what}: your code computed with the parameters outside the net "
                            f"({beside}): every prediction must come from net(X, params) on a "
                            "shard, with that device's copy of the parameters")
@@ -276,7 +276,7 @@ def check_evaluate_accuracy_multi(fn):
                f"{what} changed the parameters: evaluation must leave them as they are")
         expect_unchanged(what, copies, [X, y], ["data (X)", "data (y)"])
         with torch.no_grad():           # the expected accuracy, after the answer returned
-            right = [(_RecordingNet()(Xb, params).argmax(dim=1) == yb) for Xb, yb in data_iter]
+            right = [(_recording_net()[0](Xb, params).argmax(dim=1) == yb) for Xb, yb in data_iter]
         want = sum(int(r.sum()) for r in right) / n
         if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
             shards = [r.tensor_split(k) for r in right]
@@ -302,7 +302,7 @@ def check_evaluate_accuracy_multi(fn):
                    "and examples, then divide")
             expect(False, f"{what} returned {got:.4f}, expected {want:.4f} (the "
                           "single-device accuracy)")
-        sizes = sorted({c[0] for c in net.calls})
+        sizes = sorted({c[0] for c in calls})
         expect(batch_size not in sizes,
                f"{what}: the net ran on whole batches of {batch_size} examples; split each "
                f"batch over the {k} devices (split_batch) and run every shard on its device")
@@ -313,7 +313,7 @@ def check_evaluate_accuracy_multi(fn):
                f"of {batch_size} over {k} devices have {sorted(shard_sizes)}: split every "
                "batch with split_batch")
         original = params[0].untyped_storage()._cdata
-        used = {c[1] for c in net.calls}
+        used = {c[1] for c in calls}
         expect(original not in used,
                f"{what}: the shards ran with the original parameters; give each device its "
                "own copy (get_params(params, device)), as training does")
@@ -326,10 +326,10 @@ def check_evaluate_accuracy_multi(fn):
 def _placed(what, fn, params, data_iter, k):
     """The same evaluation on simulated GPUs: where each shard and its parameters were."""
     gpus = FakeGPUs(k)
-    net = _RecordingNet()
+    net, calls, _ = _recording_net()
     gpus.run(fn, net, params, data_iter, gpus.devices, what=what)
     ran = {}
-    for rows, _, x_dev, w_dev in net.calls:
+    for rows, _, x_dev, w_dev in calls:
         expect(x_dev == w_dev, f"{what}: a shard of {rows} examples on {describe_device(x_dev)} "
                                f"ran with parameters on {describe_device(w_dev)}")
         ran[x_dev] = ran.get(x_dev, 0) + rows

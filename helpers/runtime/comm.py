@@ -206,23 +206,40 @@ class DistComm(_Exchanges):
                             itemsize=x.element_size())
         return out
 
+
+def _network(world):
+    """A ThreadComm's way to its world's network: three closures, so the comm (which a check
+    hands an answer) holds no attribute that leads to the world and its records."""
+    def send(t, dst, tag):
+        world.send(t, dst, tag)
+
+    def recv(src, tag, shape, dtype):
+        return world.recv(src, tag, shape=shape, dtype=dtype)
+
+    def collective(op, ranks, t, payload, combine, deliver):
+        return world.collective(op, ranks, t, payload, combine, deliver)
+    return send, recv, collective
+
+
 class ThreadComm(_Exchanges):
     """The DistComm calls for one rank of a ThreadWorld (runtime.thread_world), whose network
     records every message. A rank that waits longer than the world's timeout for a message or
-    a collective raises TimeoutError (instead of hanging a check)."""
+    a collective raises TimeoutError (instead of hanging a check). The comm holds no reference
+    to its world (only `_network`'s closures): a check's world keeps the records it judges."""
 
     def __init__(self, world, rank: int) -> None:   # world: a ThreadWorld
-        self.w, self.rank, self.world, self._pending = world, rank, world.size, []
+        self.rank, self.world, self._pending = rank, world.size, []
         self.device = torch.device("cpu")
+        self._send, self._recv, self._collective_call = _network(world)
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         t = t.detach()
-        self.w.send(t, dst, tag)
+        self._send(t, dst, tag)
         self._count("send", t, dst)
 
     def recv(self, src: int, shape: Sequence[int], tag: int = 0,
              dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.w.recv(src, tag, shape=tuple(shape), dtype=dtype)
+        return self._recv(src, tag, shape=tuple(shape), dtype=dtype)
 
     def isendrecv(self, sends: Sequence[tuple], recvs: Sequence[tuple]) -> Exchange:
         """DistComm.isendrecv: the sends go at once (a ThreadWorld's send never blocks), the
@@ -236,8 +253,8 @@ class ThreadComm(_Exchanges):
     def _collective(self, op, t, combine, finish):
         """Every rank's copy of `t` (in rank order) -> combine -> finish(mine) in this rank."""
         got = []
-        self.w.collective(op, range(self.world), t, t.detach().clone(), combine,
-                          lambda mine: got.append(finish(mine)))
+        self._collective_call(op, range(self.world), t, t.detach().clone(), combine,
+                              lambda mine: got.append(finish(mine)))
         return got[0]
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -275,7 +292,7 @@ class ThreadComm(_Exchanges):
         pieces = list(x.split(in_splits))
         for j in range(self.world):
             if j != self.rank:
-                self.w.send(pieces[j].detach(), j, tag)
+                self._send(pieces[j].detach(), j, tag)
         self.traffic.record(op, tensor_bytes(x), self.rank,
                             wire=all_to_all_wire(x, in_splits, self.world, self.rank),
                             itemsize=x.element_size())

@@ -60,22 +60,28 @@ class Message:
 
 
 class Work:
-    """What an async call returns: `wait()` delivers the result (once) and is recorded."""
+    """What an async call returns: `wait()` delivers the result (once) and is recorded. It holds
+    only a closure (no attribute leads to the world or the message a check judges)."""
+
+    __slots__ = ("_wait", "_done")
 
     def __init__(self, world, message, deliver):
-        self.world, self.message, self._deliver = world, message, deliver
+        pending = [deliver]
+
+        def wait():
+            if pending:
+                with world.comm_context():
+                    pending.pop()()
+                if world.record:
+                    message.waited = world.event(message.rank, "wait", message)
+        self._wait, self._done = wait, lambda: not pending
 
     def wait(self, timeout=None):
-        if self._deliver is not None:
-            deliver, self._deliver = self._deliver, None
-            with self.world.comm_context():
-                deliver()
-            if self.world.record:
-                self.message.waited = self.world.event(self.message.rank, "wait", self.message)
+        self._wait()
         return True
 
     def is_completed(self):
-        return self._deliver is None
+        return self._done()
 
     def get_future(self):
         fut = torch.futures.Future()

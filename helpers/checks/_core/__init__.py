@@ -25,7 +25,8 @@ world.py      World: the runtime's ThreadWorld (ranks as threads, a network that
               allowed calls, and provenance.py: no tensor passes between ranks but by the comm
               (rank_numbers.py, rank_arrays.py: nor Python numbers or numpy arrays read out
               of a rank's tensors; outside.py: nor memory outside torch every rank wraps;
-              early_views.py: nor a numpy view of a tensor taken before the ranks started)
+              early_views.py: nor a numpy view of a tensor taken before the ranks started);
+              ledger.py: the World's records kept out of the answer's reach, and verified
 exits.py      every way values leave torch without an aten operation (tolist, numpy, repr ...)
 recorded.py   a recording net's guards: no work on its parameters beside its calls, and a step
               or gradient made from the backwards through its outputs (Taps)

@@ -2,16 +2,19 @@
 active, `dist.<call>` from a rank's thread goes to the world (from any other thread, to torch's
 own function). Every correct form of a call is accepted: list and tensor forms of
 reduce_scatter and all_gather, async_op=True, groups from new_group, the ReduceOp of the call.
+Each call takes the World as its first argument, from the closure `_dispatch` makes: no module
+global holds the World (an answer could import it and edit the records the check judges).
 """
 import contextlib
 import functools
+import threading
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["torch_distributed", "Group"]
 
-_WORLD = None          # the World whose ranks are running (one at a time)
+_ONE = threading.Lock()     # held while a World stands in for torch.distributed (one at a time)
 
 
 class Group:
@@ -24,15 +27,15 @@ class Group:
         return len(self.ranks)
 
     def rank(self):
-        r = _WORLD.rank
+        r = dist.get_rank()
         return self.ranks.index(r) if r in self.ranks else -1
 
     def __repr__(self):
         return f"Group({self.ranks})"
 
 
-def _ranks(group):
-    return group.ranks if isinstance(group, Group) else list(range(_WORLD.size))
+def _ranks(W, group):
+    return group.ranks if isinstance(group, Group) else list(range(W.size))
 
 
 def _reduce(op, tensors):
@@ -60,57 +63,57 @@ def _copy_into(out):
 
 
 # --- the calls ----------------------------------------------------------------------------------
-def all_reduce(tensor, op=None, group=None, async_op=False):
-    ranks = _ranks(group)
-    return _WORLD.collective("all_reduce", ranks, tensor, _snap(tensor),
+def all_reduce(W, tensor, op=None, group=None, async_op=False):
+    ranks = _ranks(W, group)
+    return W.collective("all_reduce", ranks, tensor, _snap(tensor),
                              lambda ps: [_reduce(op, ps)] * len(ps), _copy_into(tensor), async_op)
 
 
-def broadcast(tensor, src=0, group=None, async_op=False, group_src=None):
-    ranks = _ranks(group)
+def broadcast(W, tensor, src=0, group=None, async_op=False, group_src=None):
+    ranks = _ranks(W, group)
     src = ranks[group_src] if group_src is not None else src
-    return _WORLD.collective("broadcast", ranks, tensor, _snap(tensor),
+    return W.collective("broadcast", ranks, tensor, _snap(tensor),
                              lambda ps: [ps[ranks.index(src)]] * len(ps), _copy_into(tensor),
                              async_op)
 
 
-def reduce(tensor, dst=0, op=None, group=None, async_op=False, group_dst=None):
-    ranks = _ranks(group)
+def reduce(W, tensor, dst=0, op=None, group=None, async_op=False, group_dst=None):
+    ranks = _ranks(W, group)
     dst = ranks[group_dst] if group_dst is not None else dst
-    mine = _WORLD.rank
+    mine = W.rank
 
     def deliver(value):
         if mine == dst:
             tensor.copy_(value)
-    return _WORLD.collective("reduce", ranks, tensor, _snap(tensor),
+    return W.collective("reduce", ranks, tensor, _snap(tensor),
                              lambda ps: [_reduce(op, ps)] * len(ps), deliver, async_op)
 
 
-def all_gather(tensor_list, tensor, group=None, async_op=False):
-    ranks = _ranks(group)
+def all_gather(W, tensor_list, tensor, group=None, async_op=False):
+    ranks = _ranks(W, group)
 
     def deliver(values):
         for out, v in zip(tensor_list, values):
             out.copy_(v.reshape(out.shape))
     if len(tensor_list) != len(ranks):
         raise ValueError(f"all_gather: {len(tensor_list)} output tensors for {len(ranks)} ranks")
-    return _WORLD.collective("all_gather", ranks, tensor, _snap(tensor),
+    return W.collective("all_gather", ranks, tensor, _snap(tensor),
                              lambda ps: [ps] * len(ps), deliver, async_op)
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-    ranks = _ranks(group)
+def all_gather_into_tensor(W, output_tensor, input_tensor, group=None, async_op=False):
+    ranks = _ranks(W, group)
     if output_tensor.numel() != input_tensor.numel() * len(ranks):
         raise ValueError(f"all_gather_into_tensor: the output has {output_tensor.numel()} "
                          f"elements, the input {input_tensor.numel()}: the output must be world "
                          f"({len(ranks)}) times the input")
-    return _WORLD.collective("all_gather", ranks, input_tensor, _snap(input_tensor),
+    return W.collective("all_gather", ranks, input_tensor, _snap(input_tensor),
                              lambda ps: [torch.cat([p.reshape(-1) for p in ps])] * len(ps),
                              _copy_into(output_tensor), async_op)
 
 
-def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
-    ranks = _ranks(group)
+def reduce_scatter(W, output, input_list, op=None, group=None, async_op=False):
+    ranks = _ranks(W, group)
     if len(input_list) != len(ranks):
         raise ValueError(f"reduce_scatter: {len(input_list)} input tensors for {len(ranks)} ranks")
     flat = torch.cat([t.detach().reshape(-1) for t in input_list])
@@ -119,12 +122,12 @@ def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
     def combine(ps):
         parts = [p.split(sizes) for p in ps]
         return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
-    return _WORLD.collective("reduce_scatter", ranks, flat, flat.clone(), combine,
+    return W.collective("reduce_scatter", ranks, flat, flat.clone(), combine,
                              _copy_into(output), async_op)
 
 
-def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False):
-    ranks = _ranks(group)
+def reduce_scatter_tensor(W, output, input, op=None, group=None, async_op=False):
+    ranks = _ranks(W, group)
     if input.numel() != output.numel() * len(ranks):
         raise ValueError(f"reduce_scatter_tensor: the input has {input.numel()} elements, the "
                          f"output {output.numel()}: the input must be world ({len(ranks)}) "
@@ -133,7 +136,7 @@ def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False):
     def combine(ps):
         parts = [p.reshape(-1).chunk(len(ps)) for p in ps]
         return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
-    return _WORLD.collective("reduce_scatter", ranks, input, _snap(input), combine,
+    return W.collective("reduce_scatter", ranks, input, _snap(input), combine,
                              _copy_into(output), async_op)
 
 
@@ -141,58 +144,56 @@ all_gather_single = all_gather_into_tensor      # torch 2.14's names for them
 reduce_scatter_single = reduce_scatter_tensor
 
 
-def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
-    ranks = _ranks(group)
+def all_to_all(W, output_tensor_list, input_tensor_list, group=None, async_op=False):
+    ranks = _ranks(W, group)
 
     def deliver(values):
         for out, v in zip(output_tensor_list, values):
             out.copy_(v.reshape(out.shape))
     flat = torch.cat([t.detach().reshape(-1) for t in input_tensor_list])
-    return _WORLD.collective("all_to_all", ranks, flat, [_snap(t) for t in input_tensor_list],
+    return W.collective("all_to_all", ranks, flat, [_snap(t) for t in input_tensor_list],
                              lambda ps: [[p[i] for p in ps] for i in range(len(ps))], deliver,
                              async_op)
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+def all_to_all_single(W, output, input, output_split_sizes=None, input_split_sizes=None,
                       group=None, async_op=False):
-    ranks = _ranks(group)
+    ranks = _ranks(W, group)
     n = len(ranks)
     pieces = list(input.split(input_split_sizes if input_split_sizes else input.shape[0] // n))
 
     def deliver(values):
         output.copy_(torch.cat(values).reshape(output.shape))
-    return _WORLD.collective("all_to_all", ranks, input, [_snap(p) for p in pieces],
+    return W.collective("all_to_all", ranks, input, [_snap(p) for p in pieces],
                              lambda ps: [[p[i] for p in ps] for i in range(n)], deliver, async_op)
 
 
-def barrier(group=None, async_op=False, device_ids=None):
-    ranks = _ranks(group)
-    return _WORLD.collective("barrier", ranks, None, None, lambda ps: [None] * len(ps),
+def barrier(W, group=None, async_op=False, device_ids=None):
+    ranks = _ranks(W, group)
+    return W.collective("barrier", ranks, None, None, lambda ps: [None] * len(ps),
                              lambda _: None, async_op)
 
 
-def send(tensor, dst=None, group=None, tag=0, group_dst=None):
-    dst = _ranks(group)[group_dst] if group_dst is not None else dst
-    _WORLD.send(tensor, dst, tag)
+def send(W, tensor, dst=None, group=None, tag=0, group_dst=None):
+    dst = _ranks(W, group)[group_dst] if group_dst is not None else dst
+    W.send(tensor, dst, tag)
 
 
-def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
-    dst = _ranks(group)[group_dst] if group_dst is not None else dst
-    m = _WORLD.send(tensor, dst, tag, async_op=True)
-    work = _Done(m)
-    return work
+def isend(W, tensor, dst=None, group=None, tag=0, group_dst=None):
+    dst = _ranks(W, group)[group_dst] if group_dst is not None else dst
+    return _Done(W, W.send(tensor, dst, tag, async_op=True))
 
 
-def recv(tensor, src=None, group=None, tag=0, group_src=None):
-    src = _ranks(group)[group_src] if group_src is not None else src
-    _WORLD.recv(src, tag, out=tensor)
+def recv(W, tensor, src=None, group=None, tag=0, group_src=None):
+    src = _ranks(W, group)[group_src] if group_src is not None else src
+    W.recv(src, tag, out=tensor)
     return src
 
 
-def irecv(tensor, src=None, group=None, tag=0, group_src=None):
+def irecv(W, tensor, src=None, group=None, tag=0, group_src=None):
     from .world import Work
-    src = _ranks(group)[group_src] if group_src is not None else src
-    world, rank = _WORLD, _WORLD.rank
+    src = _ranks(W, group)[group_src] if group_src is not None else src
+    world, rank = W, W.rank
 
     def deliver():
         world.recv(src, tag, out=tensor)
@@ -209,26 +210,31 @@ class P2POp:
         self.tag, self.group_peer = tag, group_peer
 
 
-def batch_isend_irecv(p2p_op_list):
+def batch_isend_irecv(W, p2p_op_list):
     """Post each P2POp in order; their handles, one per op."""
     calls = {"isend": isend, "irecv": irecv}
     works = []
     for p in p2p_op_list:
         call = calls[getattr(p.op, "__name__", "")]
         peer = "group_dst" if call is isend else "group_src"
-        works.append(call(p.tensor, p.peer, p.group, p.tag, **{peer: p.group_peer}))
+        works.append(call(W, p.tensor, p.peer, p.group, p.tag, **{peer: p.group_peer}))
     return works
 
 
 class _Done:
-    """isend's handle: the message is on its way already."""
+    """isend's handle: the message is on its way already. It holds only a closure: no attribute
+    leads to the world or the message a check judges."""
 
-    def __init__(self, message):
-        self.message = message
+    __slots__ = ("_wait",)
+
+    def __init__(self, world, message):
+        def wait():
+            if message.waited is None:
+                message.waited = world.event(message.rank, "wait", message)
+        self._wait = wait
 
     def wait(self, timeout=None):
-        if self.message.waited is None:
-            self.message.waited = _WORLD.event(self.message.rank, "wait", self.message)
+        self._wait()
         return True
 
     def is_completed(self):
@@ -242,39 +248,44 @@ class _Marker:
         self.rank, self.waited = rank, None
 
 
-def new_group(ranks=None, timeout=None, backend=None, pg_options=None, **kwargs):
-    return Group(range(_WORLD.size) if ranks is None else ranks)
+def new_group(W, ranks=None, timeout=None, backend=None, pg_options=None, **kwargs):
+    return Group(range(W.size) if ranks is None else ranks)
 
 
-def get_rank(group=None):
+def get_rank(W, group=None):
     if isinstance(group, Group):
         return group.rank()
-    return _WORLD.rank
+    return W.rank
 
 
-def get_world_size(group=None):
-    return len(_ranks(group))
+def get_world_size(W, group=None):
+    return len(_ranks(W, group))
 
 
-def get_global_rank(group, group_rank):
-    return _ranks(group)[group_rank]
+def get_global_rank(W, group, group_rank):
+    return _ranks(W, group)[group_rank]
 
 
-def get_process_group_ranks(group):
-    return list(_ranks(group))
+def get_process_group_ranks(W, group):
+    return list(_ranks(W, group))
 
 
 _CALLS = {name: obj for name, obj in dict(globals()).items()
           if callable(obj) and not name.startswith("_") and name not in (
-              "torch_distributed", "Group", "contextlib", "functools", "torch", "dist")}
-_CALLS.update(is_initialized=lambda: True, get_backend=lambda group=None: "gloo")
+              "torch_distributed", "Group", "P2POp", "contextlib", "functools", "threading",
+              "torch", "dist")}
+_CALLS.update(is_initialized=lambda W: True, get_backend=lambda W, group=None: "gloo",
+              P2POp=lambda W, *args, **kwargs: P2POp(*args, **kwargs))
 
 
-def _dispatch(name, original):
+def _dispatch(name, original, world):
+    """torch.distributed's `name` while `world` runs: the world's call from its rank threads,
+    torch's own from any other thread. The world is held in this closure only (no module
+    global an answer could import)."""
     @functools.wraps(original) if original is not None else (lambda f: f)
     def call(*args, **kwargs):
-        if _WORLD is not None and _WORLD.rank is not None:
-            return _CALLS[name](*args, **kwargs)
+        if world.rank is not None:
+            return _CALLS[name](world, *args, **kwargs)
         if original is None:
             raise RuntimeError(f"torch.distributed.{name} is not available here")
         return original(*args, **kwargs)
@@ -284,13 +295,11 @@ def _dispatch(name, original):
 @contextlib.contextmanager
 def torch_distributed(world):
     """Route torch.distributed's calls from `world`'s rank threads to `world`."""
-    global _WORLD
-    if _WORLD is not None:
+    if not _ONE.acquire(blocking=False):
         raise RuntimeError("one simulated world at a time")
     saved = {name: getattr(dist, name, None) for name in _CALLS}
-    _WORLD = world
     for name, original in saved.items():
-        setattr(dist, name, _dispatch(name, original))
+        setattr(dist, name, _dispatch(name, original, world))
     try:
         yield
     finally:
@@ -299,4 +308,4 @@ def torch_distributed(world):
                 delattr(dist, name)
             else:
                 setattr(dist, name, original)
-        _WORLD = None
+        _ONE.release()

@@ -42,23 +42,29 @@ def outside_calls(rec, spans, params, exits):
 
 
 class Taps:
-    """The gradients that backward delivered to a recording net's outputs (see above)."""
+    """The gradients that backward delivered to a recording net's outputs (see above). Its state
+    lives in closures, and the hook it registers is one: a hook found on an output leads to no
+    list an answer could add a gradient to. Hand a net only a call that taps its own outputs,
+    never `tap` itself (an answer would tap a tensor computed beside the net)."""
+
+    __slots__ = ("tap", "made")
 
     def __init__(self, rec):
-        self.rec, self.refs = rec, []
-        self._lock = threading.Lock()
+        refs, lock = [], threading.Lock()
 
-    def tap(self, out):
-        """In the net's call: watch the gradient that reaches `out` in any backward."""
-        if out.requires_grad:
-            out.register_hook(self._seen)
+        def seen(grad):
+            with lock:
+                refs.append(rec.latest(grad))
 
-    def _seen(self, grad):
-        with self._lock:
-            self.refs.append(self.rec.latest(grad))
+        def tap(out):
+            """In the net's call: watch the gradient that reaches `out` in any backward."""
+            if out.requires_grad:
+                out.register_hook(seen)
 
-    def made(self, tensors):
-        """True when every tensor of `tensors` is computed from a tapped gradient."""
-        refs = set(self.refs)
-        return bool(refs) and all(
-            t is not None and self.rec.flowed([self.rec.latest(t)]) & refs for t in tensors)
+        def made(tensors):
+            """True when every tensor of `tensors` is computed from a tapped gradient."""
+            with lock:
+                tapped = set(refs)
+            return bool(tapped) and all(
+                t is not None and rec.flowed([rec.latest(t)]) & tapped for t in tensors)
+        self.tap, self.made = tap, made

@@ -32,18 +32,32 @@ What the checks' World adds to the ThreadWorld, through its hooks:
   in torch, in numpy, math and statistics, and as the shape of a recv.
 """
 import contextlib
+import sys
 
 import torch
 
 from ...runtime.thread_world import Message, ThreadWorld, Work
 from ...runtime.traffic import ByteLog, Transfer, wire_share
 from .exits import watch_exits
+from .ledger import ledger, tampered
 from .observe import Recorder
 from .provenance import Provenance
 from .rank_numbers import TagWatch, foreign_in, foreign_message
-from .run import CheckFailed
+from .run import CheckFailed, is_reader_code
 
 __all__ = ["World", "Message", "Work"]
+
+
+_OURS = {__file__, sys.modules[ThreadWorld.__module__].__file__}
+
+
+def _asked_by_reader():
+    """True when the code that asked for a timeline event, past this module and the runtime's
+    thread world (ThreadWorld.mark), is the reader's."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename in _OURS:
+        frame = frame.f_back
+    return frame is not None and is_reader_code(frame.f_code.co_filename)
 
 
 class World(ThreadWorld):
@@ -57,6 +71,7 @@ class World(ThreadWorld):
         self.received = [set() for _ in range(size)]   # (storage key, version) delivered
         self.exits = [[] for _ in range(size)]   # (op index, ref): values read out of torch
         self.provenance = Provenance(self)
+        self._note, self._verify, self._allow = ledger(self)   # the harness's own copy
 
     def run_context(self):
         from .dist import torch_distributed
@@ -70,7 +85,9 @@ class World(ThreadWorld):
         rank = self.provenance.rank_here()
         rec = self.recorders[rank] if rank is not None else None
         if rec is not None and not self.provenance.exempt():
-            self.exits[rank].append((len(rec.ops), rec.latest(t)))
+            entry = (len(rec.ops), rec.latest(t))
+            self.exits[rank].append(entry)
+            self._note("exit", rank, entry)
 
     def rank_context(self, rank):
         stack = contextlib.ExitStack()
@@ -78,12 +95,17 @@ class World(ThreadWorld):
         stack.enter_context(TagWatch(rank))
         if self.record_ops:
             self.recorders[rank] = stack.enter_context(Recorder())
+            self._note("recorder", rank, self.recorders[rank])
         return stack
 
     def start(self, body):
         """As ThreadWorld.start; a rank whose result holds numbers that only other ranks read
-        out of torch (rank_numbers.py) fails."""
+        out of torch (rank_numbers.py) fails, and so does a run whose records (messages,
+        timeline, allow-list ...) differ from the harness's own copy (ledger.py)."""
         results, errors, stuck = super().start(body)
+        changed = self._verify()
+        if changed:
+            return results, [(None, tampered(changed), "")], stuck
         if not errors and not stuck:
             for r, result in enumerate(results):
                 others = foreign_in(result, r, self.provenance.exited_last)
@@ -121,8 +143,9 @@ class World(ThreadWorld):
             yield
         finally:
             if rec is not None:
-                self.received[rank].update((r.key, r.version) for op in rec.ops[start:]
-                                           for r in op.writes + op.outputs)
+                got = {(r.key, r.version) for op in rec.ops[start:] for r in op.writes + op.outputs}
+                self.received[rank].update(got)
+                self._note("received", rank, got)
 
     def uses_received(self, rank, tensors):
         """True when what the network delivered to `rank` flowed into `tensors` (a tensor or a
@@ -185,11 +208,30 @@ class World(ThreadWorld):
     def comm_context(self):
         return self.provenance.network()
 
+    def _log(self, rank, kind, m):
+        """As ThreadWorld._log (under the lock); the ledger keeps its own copy."""
+        super()._log(rank, kind, m)
+        if self.record:
+            self._note("message", rank, (kind, m))
+
+    def event(self, rank, kind, detail=None):
+        """As ThreadWorld.event; the ledger keeps its own copy. A mark is the check's observation
+        (a stage call, "backward returned"): one the reader's code asked for would be forged."""
+        if kind == "mark" and _asked_by_reader():
+            raise CheckFailed(f"rank {self.rank} marked the check's timeline ({detail!r}) "
+                              "itself: the check records what the answer does, the answer "
+                              "does not report it")
+        with self._cond:
+            seq = super().event(rank, kind, detail)
+            self._note("event", rank, (seq, kind, detail))
+            return seq
+
     def allowed(self, op):
         """Refuse, in the calling rank, a call the exercise does not allow: a substitute for the
         collective it is about (an all_gather beside a decoy all_reduce) moves the data the
         exercise asks for in another way."""
-        if self.allow is not None and op not in self.allow:
+        allow = self._allow()      # the harness's copy: the attribute is only for reading
+        if allow is not None and op not in allow:
             raise CheckFailed(f"rank {self.rank} called {op}: this exercise allows only "
-                              f"{', '.join(sorted(self.allow - {'barrier', 'recv'}))} to move "
+                              f"{', '.join(sorted(allow - {'barrier', 'recv'}))} to move "
                               "data between the ranks")
