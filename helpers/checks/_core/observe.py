@@ -13,6 +13,8 @@ that a check can ask
   `zero_`, an `out=`, does not depend on what the storage held before, nor one that cancels an
   operand, `x * 0`, `x - x`, nor one whose values leave the result bitwise the same:
   cancels.py);
+- `reached_by(refs)`: the storages the data of some storage versions reached through any
+  operation, and `live_peak(keys)`: the most bytes of them alive at once;
 - `first_error_op`: the operation that raised (for "this mixed cuda:0 and cuda:1").
 Storages are told apart by their StorageImpl (real, meta and fake tensors alike); the recorder
 keeps every storage it saw alive, so no address is reused while it records.
