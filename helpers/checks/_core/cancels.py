@@ -3,11 +3,12 @@
 data with what arrived added times zero (`mean + 0 * received`) is not made of what arrived.
 - `cancelled`: by form, `x * 0`, `0 * x`, `add(y, x, alpha=0)`, `x - x`;
 - `unused`: by values, any operation on plain CPU tensors (up to `_PERTURBED` elements) of two
-  tensors or more, or of one and a Python number: run again with one operand changed (negated
-  and doubled; all zeros made ones), a result bitwise equal to the one it gave does not depend
-  on that operand (`lerp(y, x, 0)`, `where` on an all-false mask, `y + x * 1e-30` rounded
-  away, `clamp(x, 0, 0)`). Seeded random operations, moves and injective math are not run
-  again; `zeros_like(x)` and its kin read only sizes.
+  tensors or more, or of one and a Python number: run again with one floating or boolean
+  operand changed (negated and doubled, all zeros made ones; flipped), a result bitwise equal
+  to the one it gave does not depend on that operand (`lerp(y, x, 0)`, `where` on an all-false
+  mask, `y + x * 1e-30` rounded away, `clamp(x, 0, 0)`). Integer operands are not changed (a
+  kernel may index with them unchecked); seeded random operations, moves and injective math
+  are not run again; `zeros_like(x)` and its kin read only sizes.
 Values are read only from plain CPU tensors (a simulated GPU's have none): a zero held in a
 tensor on fake devices is not seen.
 """
@@ -130,8 +131,8 @@ def _whole(t):
 
 
 def _changed(t):
-    """`t` with its elements changed: `-2t` (signs flip, magnitudes double: a term too small
-    to count stays too small), all zeros made ones, booleans flipped."""
+    """Floating `t` with its elements changed: `-2t` (signs flip, magnitudes double: a term too
+    small to count stays too small), all zeros made ones; booleans flipped."""
     if t.dtype == torch.bool:
         return ~t
     return t.mul(-2) if t.any() else torch.ones_like(t)
@@ -160,6 +161,8 @@ def unused(func, args, kwargs, out, written):
             t = leaves[i]
             if t.numel() == 0 or any(t is leaves[j] for j in positions if j != i):
                 continue
+            if not (t.is_floating_point() or t.dtype == torch.bool):
+                continue            # integers index: a kernel may not check them (nll_loss)
             if id(t) in written and not _whole(t):
                 continue            # a view written in place: the rest of its storage stays
             again = list(leaves)
