@@ -24,6 +24,10 @@ def _row_rank(comm, fn, x, W, b):
     return fn(x.chunk(k, -1)[r].clone(), W.chunk(k, 1)[r].clone(), b.clone(), comm)
 
 
+_ONE = dict.fromkeys(("all_gather", "broadcast", "send", "reduce_scatter", "all_to_all"),
+                     "a row-split layer needs exactly one all-reduce each, of the partial output")
+
+
 @check("row_parallel_linear", references=["TPMLP", "dense_split_rows"], observes=[
     "on 2 and 4 thread ranks: the collectives each rank called (one all-reduce each, of the "
     "partial output's bytes) and every rank's output against x @ W.T + b"])
@@ -34,7 +38,7 @@ def check_row_parallel_linear(fn):
         n, d_in, d_out = randint(g, 2, 5), k * randint(g, 1, 4), randint(g, 2, 6)
         x, W = torch.randn(n, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
         b = torch.randn(d_out, generator=g)
-        world = World(k, timeout=TIMEOUT, record_ops=True)
+        world = World(k, timeout=TIMEOUT, record_ops=True, allow={"all_reduce"}, why=_ONE)
         results = world.run(_row_rank, fn, x, W, b)      # the ranks get copies of x, W, b
         want = x @ W.T + b
         calls = [len(world.sent(rank=r)) for r in range(k)]
@@ -75,6 +79,11 @@ def _mlp_rank(comm, fn, world, x, W1, b1, W2, b2, R):
     return out.detach(), x.grad, [s.grad for s in shards], split
 
 
+_REBUILDS = dict.fromkeys(("all_gather", "broadcast", "send", "reduce_scatter", "all_to_all"),
+                          "moving shards rebuilds weights; a tensor-parallel MLP keeps its shard "
+                          "and all-reduces only the output (g) and x's gradient (f)")
+
+
 @check("megatron_mlp", references=["TPMLP", "megatron_mlp"], observes=[
     "on 2 and 4 thread ranks: the collectives each rank called in forward and in backward "
     "(one all-reduce each, of at most one activation's bytes: no weight travels)",
@@ -91,7 +100,7 @@ def check_megatron_mlp(fn):
         W1, b1 = torch.randn(h, d, generator=g), torch.randn(h, generator=g)
         W2, b2 = torch.randn(d, h, generator=g), torch.randn(d, generator=g)
         R = torch.randn(n, d, generator=g)
-        world = World(k, timeout=TIMEOUT, record_ops=True)
+        world = World(k, timeout=TIMEOUT, record_ops=True, allow={"all_reduce"}, why=_REBUILDS)
         results = world.run(lambda comm, *a, world=world: _mlp_rank(comm, fn, world, *a),
                             x, W1, b1, W2, b2, R)        # the ranks get copies of the inputs
         ref = [t.clone().requires_grad_() for t in (x, W1, b1, W2, b2)]
@@ -182,6 +191,11 @@ def _vocab_rank(comm, fn, logits, target):
     return loss.detach(), mine.grad
 
 
+_LOGITS = dict.fromkeys(("all_gather", "broadcast", "send", "reduce_scatter", "all_to_all"),
+                        "that gathered the logits, whole or piece by piece; all-reduce one "
+                        "number per row instead (a maximum, a sum, the target's logit)")
+
+
 @check("vocab_loss", references=["vocab_parallel_cross_entropy"], observes=[
     "on 2 and 4 thread ranks: every collective each rank called and its bytes (at most one "
     "number per row per call, and about three per row in all: the logits never travel)",
@@ -196,7 +210,7 @@ def check_vocab_loss(fn):
         logits = torch.randn(n, k * v, generator=g) * 3
         logits[randint(g, 0, n - 1)] += 120.0            # exp(120) overflows float32
         target = torch.randint(0, k * v, (n,), generator=g)
-        world = World(k, timeout=TIMEOUT, record_ops=True)
+        world = World(k, timeout=TIMEOUT, record_ops=True, allow={"all_reduce"}, why=_LOGITS)
         results = world.run(_vocab_rank, fn, logits, target)   # the ranks get copies
         ref = logits.clone().requires_grad_()
         want = torch.nn.functional.cross_entropy(ref, target)

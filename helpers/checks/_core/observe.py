@@ -11,7 +11,10 @@ that a check can ask
 - `depends_on(tensors, refs)`: whether any of the storage versions `refs` flowed into `tensors`
   (the same walk, where an operation that overwrites the whole of a storage, `copy_`, `fill_`,
   `zero_`, an `out=`, does not depend on what the storage held before, nor one that cancels an
-  operand, `x * 0`, `x - x`: cancels.py);
+  operand, `x * 0`, `x - x`, nor one whose values leave the result bitwise the same:
+  cancels.py);
+- `reached_by(refs)`: the storages the data of some storage versions reached through any
+  operation, and `live_peak(keys)`: the most bytes of them alive at once;
 - `first_error_op`: the operation that raised (for "this mixed cuda:0 and cuda:1").
 Storages are told apart by their StorageImpl (real, meta and fake tensors alike); the recorder
 keeps every storage it saw alive, so no address is reused while it records.
@@ -22,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .cancels import cancelled
+from .cancels import cancelled, snapshot, unused
 
 __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
 
@@ -186,6 +189,7 @@ class Recorder(TorchDispatchMode):
         if self.answer_scalars and name == "equal":
             return True
         inputs = _tensors((args, kwargs))
+        written = snapshot(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
         except Exception:
@@ -195,10 +199,10 @@ class Recorder(TorchDispatchMode):
         if name in ("device", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim",
                     "is_same_size", "_has_compatible_shallow_copy_type"):
             return out
-        self._record(func, args, kwargs, inputs, out)
+        self._record(func, args, kwargs, inputs, out, unused(func, args, kwargs, out, written))
         return out
 
-    def _record(self, func, args, kwargs, inputs, out):
+    def _record(self, func, args, kwargs, inputs, out, unread=()):
         op = Op(len(self.ops), func)
         schema = func._schema
         written, blind = set(), set()
@@ -210,6 +214,7 @@ class Recorder(TorchDispatchMode):
                     if (arg.kwarg_only or op.name in _OVERWRITES) and _whole(t):
                         blind.add(id(t))    # an out= (kwarg-only) or an overwrite: not read
         blind |= cancelled(op.name, args, kwargs)  # x * 0, x - x: its values reach nothing
+        blind |= unread          # run again without them, the same result: lerp(y, x, 0)
         op.view = any(r.alias_info is not None and not r.alias_info.is_write
                       for r in schema.returns)
         lift = op.name in ("lift_fresh", "lift_fresh_copy")
@@ -272,11 +277,25 @@ class Recorder(TorchDispatchMode):
                 keys |= {r.key for r in op.outputs + op.writes}
         return keys
 
-    def live_peak(self, keys=None):
+    def reached_by(self, refs):
+        """(keys, refs): the storages, and their (storage key, version)s, whose dataflow reaches
+        one of the (storage key, version) `refs`: what any operation, work included, made or
+        wrote from them, and so on (a block kept as `kv * 1.0`, `-kv` or `kv.double()` is still
+        the block's data); an operand an operation overwrites whole or cancels does not pass on."""
+        tainted = set(refs)
+        for op in self.ops:
+            if any((r.key, r.version) in tainted for i, r in enumerate(op.reads)
+                   if i not in op.blind):
+                tainted.update((r.key, r.version) for r in op.outputs + op.writes)
+        return {key for key, _ in tainted}, tainted
+
+    def live_peak(self, keys=None, kept=()):
         """The most bytes alive at once in the storages the recorded operations made (of those
         in `keys`, if given): a storage lives from the operation that first made or wrote it to
-        the last that read or wrote it (what the answer still needed, not what Python holds)."""
-        span = {}                                    # key -> [first, last, bytes]
+        the last that read or wrote it (what the answer still needed, not what Python holds);
+        `kept`: (operation index, bytes) held from there to the end (values read out of torch,
+        which nothing follows)."""
+        span = {("kept", i): [at, len(self.ops), n] for i, (at, n) in enumerate(kept)}
         for op in self.ops:
             for r in op.outputs + op.writes:
                 if keys is None or r.key in keys:

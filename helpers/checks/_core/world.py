@@ -10,6 +10,7 @@ a check sees what travelled between whom instead of trusting what the answer rep
                                           # one Transfer per message or collective call
     World(3, allow={"all_reduce"})        # any other call (send, all_gather ...) fails the
                                           # answer (CheckFailed); barriers are always allowed
+                                          # (why={"all_gather": ...}: the lesson it skips)
     world.expect_from_messages(r, t, "its output")   # with record_ops: rank r's tensor(s) t
                                           # must be computed from what rank r received
 
@@ -63,10 +64,11 @@ def _asked_by_reader():
 class World(ThreadWorld):
     """`size` thread ranks whose network the check reads (see the module's docstring)."""
 
-    def __init__(self, size, timeout=10.0, record_ops=False, allow=None):
+    def __init__(self, size, timeout=10.0, record_ops=False, allow=None, why=None):
         super().__init__(size, timeout)
         self.record_ops = record_ops
         self.allow = None if allow is None else frozenset(allow) | {"barrier", "recv"}
+        self.why = dict(why or {})        # op -> the sentence that names the lesson it skips
         self.recorders = [None] * size
         self.received = [set() for _ in range(size)]   # (storage key, version) delivered
         self.exits = [[] for _ in range(size)]   # (op index, ref): values read out of torch
@@ -173,6 +175,23 @@ class World(ThreadWorld):
             rec.producer.get(ref, -1) >= first and rec.ops[rec.producer[ref]].scalar
             for ref in seen)      # a Python float operand, after: `g *= max_norm / norm`
 
+    def held_from_messages(self, rank):
+        """The most bytes `rank` held at once of what it received and what it made from that
+        (record_ops=True; `Recorder.live_peak`): every storage whose dataflow reaches a received
+        one, through any operation (`kv * 1.0`, `-kv`, `kv.double()` are the data still), and
+        values of those read out of torch (`.tolist()`, `.item()`), held from there to the end
+        since nothing follows them in Python."""
+        rec = self.recorders[rank]
+        keys, refs = rec.reached_by(self.received[rank])
+        size = {}
+        for op in rec.ops:
+            for r in op.reads + op.writes + op.outputs:
+                size[r.key] = max(size.get(r.key, 0), r.nbytes)
+        outs = self.exits[rank] + [(op.index, (r.key, r.version))
+                                   for op in rec.named("_local_scalar_dense") for r in op.reads]
+        kept = [(i, size.get(ref[0], 0)) for i, ref in outs if ref in refs]
+        return rec.live_peak(keys, kept)
+
     def expect_from_messages(self, rank, tensors, what, world=None):
         """Fail unless rank `rank`'s `tensors` (`what`, in the reader's words) are computed from
         what it received: the exercise moves data between ranks so that the result is made of
@@ -232,6 +251,7 @@ class World(ThreadWorld):
         exercise asks for in another way."""
         allow = self._allow()      # the harness's copy: the attribute is only for reading
         if allow is not None and op not in allow:
+            why = f" ({self.why[op]})" if op in self.why else ""
             raise CheckFailed(f"rank {self.rank} called {op}: this exercise allows only "
                               f"{', '.join(sorted(allow - {'barrier', 'recv'}))} to move "
-                              "data between the ranks")
+                              f"data between the ranks{why}")
