@@ -9,6 +9,8 @@ import functools
 import torch
 import torch.distributed as dist
 
+from ...runtime.comm import wire as _wire
+
 __all__ = ["torch_distributed", "Group"]
 
 _WORLD = None          # the World whose ranks are running (one at a time)
@@ -52,7 +54,7 @@ def _reduce(op, tensors):
 
 
 def _snap(t):
-    return t.detach().clone()
+    return _wire(t)
 
 
 def _copy_into(out):
@@ -119,7 +121,7 @@ def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
     def combine(ps):
         parts = [p.split(sizes) for p in ps]
         return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
-    return _WORLD.collective("reduce_scatter", ranks, flat, flat.clone(), combine,
+    return _WORLD.collective("reduce_scatter", ranks, flat, _wire(flat), combine,
                              _copy_into(output), async_op)
 
 
