@@ -87,6 +87,13 @@ class Comm(Protocol):
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
+def wire(t: torch.Tensor) -> torch.Tensor:
+    """What travels of tensor `t` between thread ranks: its values, shape and dtype, laid out
+    afresh (a real network carries bytes: the sender's strides, even those of a size-1 or empty
+    dimension, stay home)."""
+    return t.detach().clone(memory_format=torch.contiguous_format)
+
+
 def _splits(sizes):
     """Split sizes as plain ints (a tensor's `.tolist()` or numpy integers alike)."""
     return [int(s) for s in sizes]
@@ -253,7 +260,7 @@ class ThreadComm(_Exchanges):
     def _collective(self, op, t, combine, finish):
         """Every rank's copy of `t` (in rank order) -> combine -> finish(mine) in this rank."""
         got = []
-        self._collective_call(op, range(self.world), t, t.detach().clone(), combine,
+        self._collective_call(op, range(self.world), t, wire(t), combine,
                               lambda mine: got.append(finish(mine)))
         return got[0]
 

@@ -11,8 +11,11 @@ a per-rank Recorder, allowed calls and data provenance through the hooks below).
 Each Message records op, caller, source and destination, the storage and shape of the tensor
 handed over, bytes, when it was launched and when (if ever) it was waited for. Collectives meet
 like real ones (every rank of the group, in the same order); an async one delivers its result
-at `wait()`. A rank that waits longer than `timeout` raises TimeoutError naming what it waited
-for; when one rank fails, the ranks waiting on it stop quietly, so the first cause is reported.
+at `wait()`. A recv into a buffer of another shape raises ValueError naming both shapes, and the
+message stays unreceived (`takes`, `mismatch`: hooks the checks' World makes stricter). What
+travels is the tensor's values, shape and dtype (`comm.wire`), not its strides. A rank that
+waits longer than `timeout` raises TimeoutError naming what it waited for; when one rank fails,
+the ranks waiting on it stop quietly, so the first cause is reported.
 """
 import collections
 import contextlib
@@ -24,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .comm import ThreadComm
+from .comm import ThreadComm, wire
 from .errors import LaunchTimeout
 
 __all__ = ["ThreadWorld"]
@@ -48,7 +51,7 @@ class Message:
         self.dtype = t.dtype if t is not None else None
         self.nbytes = t.numel() * t.element_size() if t is not None else 0
         self.seq, self.async_op, self.waited = seq, async_op, None
-        self.tensor = t.detach().clone() if t is not None else None     # what was handed over
+        self.tensor = wire(t) if t is not None else None     # what was handed over
 
     @property
     def collective(self):
@@ -93,7 +96,8 @@ class Work:
 class ThreadWorld:
     """`size` ranks as threads (see the module's docstring). Subclasses hook in with
     `run_context()` (around a whole run), `rank_context(rank)` (around each rank's thread),
-    `comm_context()` (around the network's own work in a rank) and `allowed(op)`."""
+    `comm_context()` (around the network's own work in a rank), `allowed(op)`, and `takes`
+    and `mismatch` (what a recv accepts)."""
 
     def __init__(self, size: int, timeout: float = 10.0, deadline: float | None = None,
                  record: bool = True) -> None:
@@ -248,11 +252,11 @@ class ThreadWorld:
             with self._cond:
                 self._wait(lambda: bool(box),
                            f"a message from rank {src} (tag {tag}) that was never sent")
-                got = box.popleft().tensor
+                got = box[0].tensor
                 want = tuple(out.shape) if out is not None else shape
-                if want is not None and tuple(want) != tuple(got.shape):
-                    raise ValueError(f"rank {rank} expected shape {tuple(want)} from rank {src}, "
-                                     f"got {tuple(got.shape)}")
+                if not self.takes(got, want, out.dtype if out is not None else dtype):
+                    self.mismatch(src, tag, want, got)
+                box.popleft()
                 if self.record:
                     self._log(rank, "recv", Message("recv", rank, got, next(self._seq),
                                                     src=src, dst=rank, tag=tag))
@@ -261,6 +265,17 @@ class ThreadWorld:
             with torch.no_grad():
                 out.copy_(got)
             return out
+
+    def takes(self, got, shape, dtype):
+        """Whether a recv of `shape` (None: any) and `dtype` takes message tensor `got`; here
+        the shape must be the same, and the values are converted to the receiver's dtype."""
+        return shape is None or tuple(shape) == tuple(got.shape)
+
+    def mismatch(self, src, tag, want, got):
+        """A recv whose buffer's shape `want` is not the shape of the message `got` it would
+        take: raised in the receiving rank, and the message stays unreceived."""
+        raise ValueError(f"rank {self.rank} expected shape {tuple(want)} from rank {src} "
+                         f"(tag {tag}), got {tuple(got.shape)}")
 
     # --- collectives ---------------------------------------------------------------------------
     def collective(self, op, ranks, t, payload, combine, deliver, async_op=False):

@@ -12,6 +12,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from ...runtime.comm import wire as _wire
+
 __all__ = ["torch_distributed", "Group"]
 
 _ONE = threading.Lock()     # held while a World stands in for torch.distributed (one at a time)
@@ -55,7 +57,7 @@ def _reduce(op, tensors):
 
 
 def _snap(t):
-    return t.detach().clone()
+    return _wire(t)
 
 
 def _copy_into(out):
@@ -122,7 +124,7 @@ def reduce_scatter(W, output, input_list, op=None, group=None, async_op=False):
     def combine(ps):
         parts = [p.split(sizes) for p in ps]
         return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
-    return W.collective("reduce_scatter", ranks, flat, flat.clone(), combine,
+    return W.collective("reduce_scatter", ranks, flat, _wire(flat), combine,
                              _copy_into(output), async_op)
 
 

@@ -11,7 +11,7 @@ records no longer match this copy and the answer fails (`CheckFailed`).
     note, verify, allow = ledger(world)
     note("message", rank, (kind, m))     # as the world logs m
     note("event", rank, (seq, kind, detail)); note("received", rank, keys)
-    note("exit", rank, entry); note("recorder", rank, rec)
+    note("exit", rank, entry); note("recorder", rank, rec); note("failure", rank, (rank, e))
     verify()                             # None, or what differs, in words
 """
 
@@ -44,6 +44,7 @@ def ledger(world):
     received = [set() for _ in range(size)]
     exits = [[] for _ in range(size)]
     recorders = [None] * size
+    failure = []          # the first call the network refused (world.network_failure)
     allowed = world.allow
 
     def note(what, rank, item):
@@ -60,6 +61,8 @@ def ledger(world):
             exits[rank].append(item)
         elif what == "recorder":
             recorders[rank] = item
+        elif what == "failure":
+            failure.append(item)
 
     def verify():
         try:
@@ -70,6 +73,8 @@ def ledger(world):
     def compare():
         if world.allow != allowed:
             return "its allow-list"
+        if getattr(world, "network_failure", None) is not (failure[0] if failure else None):
+            return "the call its network refused"
         got = world.messages
         if len(got) != len(messages) or any(a is not m for a, (m, _) in zip(got, messages)):
             return "its list of messages"

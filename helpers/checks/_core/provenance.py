@@ -108,6 +108,7 @@ def handed_in(args, kwargs):
 
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 _SCALAR = torch.ops.aten._local_scalar_dense.default
+_VIEW_DTYPE = torch.ops.aten.view.dtype
 
 
 @functools.cache
@@ -268,8 +269,9 @@ class Provenance:
                     return out if t.dtype == torch.bool else rank_arrays.own_array(out, rank)
                 if t.dtype == torch.bool:
                     return out
-                if t.is_floating_point():
-                    self.read_out(rank, [out] if isinstance(out, float) else tree_leaves(out))
+                if not t.is_complex():        # floats, and integers not round
+                    self.read_out(rank, [out] if isinstance(out, (float, int))
+                                  else tree_leaves(out))
                 return rank_numbers.tag(out, rank)
             return call
         def tagging_callback(name):      # apply_(fn), map_(t, fn): fn gets tagged numbers
@@ -325,14 +327,16 @@ class _Mode(TorchDispatchMode):
         leaves = tree_leaves((args, kwargs))
         self.p.touch(self.rank, [t for t in leaves if isinstance(t, torch.Tensor)], func)
         if self.p.exited:        # numbers from Python: a scalar argument, a tensor made from data
-            self.p.refuse_foreign(self.rank, [x for x in leaves if isinstance(x, float)],
-                                  f"passed to {func}")
+            self.p.refuse_foreign(self.rank, [x for x in leaves if isinstance(x, (float, int))
+                                              and not isinstance(x, bool)], f"passed to {func}")
             if func in _LIFTS:
                 self.p.refuse_foreign(self.rank, rank_numbers.values(args[0]),
                                       "made a tensor from")
         out = func(*args, **kwargs)
-        if func is _SCALAR and isinstance(out, float) and not self.p.exempt():
+        if func is _SCALAR and isinstance(out, (float, int)) and not self.p.exempt():
             self.p.read_out(self.rank, [out])       # item(), float(t): kept as a fingerprint
+        if func is _VIEW_DTYPE and not self.p.exempt():
+            self._bits(args[0], out)
         positions, fresh = _writes(func)
         written = [args[i] if i < len(args) else kwargs.get(name) for i, name in positions]
         outs = out if isinstance(out, (tuple, list)) and len(fresh) > 1 else (out,)
@@ -340,3 +344,13 @@ class _Mode(TorchDispatchMode):
         self.p.mark(self.rank, [t for t in tree_leaves(written) if isinstance(t, torch.Tensor)],
                     func)
         return out
+
+    def _bits(self, t, view):
+        """A float tensor viewed as integers: its floats count as read out (its bits may leave
+        torch in pieces too small to fingerprint); integers viewed as floats: floats only other
+        ranks read out fail, as if made from Python data."""
+        if t.is_floating_point() and not view.is_floating_point():
+            self.p.read_out(self.rank, rank_numbers.values(t))
+        elif view.is_floating_point() and not t.is_floating_point():
+            self.p.refuse_foreign(self.rank, rank_numbers.values(view),
+                                  "made floats from the bits of integers holding")

@@ -14,13 +14,16 @@ decoy collective. Two marks follow such numbers, for one run of a World:
   slice) fails (`TagWatch`, a TorchFunctionMode), and so do a recv sized by one (world.py), a
   numpy or math function handed one (rank_arrays.py) and a rank's result that holds one;
 - a fingerprint: every floating value a rank reads out (the exits above, numpy and the others of
-  exits.py included) is kept; a rank that puts into torch (a Python scalar argument, a tensor
-  made from Python or numpy data) or returns a value that only other ranks read out fails.
-  Round values (integers, multiples of 1/4096) are too common to mean anything and are left out.
+  exits.py included), every integer beyond ROUND_INT in size, and the floats under an integer
+  view of a float tensor (provenance.py) are kept; a rank that puts into torch (a Python scalar
+  argument, a tensor made from Python or numpy data, integers viewed as floats) or returns a
+  value that only other ranks read out fails. Round values (integral floats, multiples of
+  1/4096, integers below ROUND_INT) are too common to mean anything and are left out.
 
 What it does not see (book/teachers.md names the limit): numbers Python makes plain again
-(`int(t)`, `float(t)`, `len(t)`, `int(x)`, `float(x)`: CPython turns the subclass an `__int__`
-or `__len__` returns back into a plain number), counts Python makes (`list.count`,
+(`int(t)`, `float(t)`, `len(t)`, `int(x)`, `float(x)`, `hash(x)`, an unbound `int.__add__`:
+CPython turns the subclass an `__int__` or `__len__` returns back into a plain number) when
+they are round, counts Python makes (`list.count`,
 `collections.Counter`), text and bytes (`str`, pickling), each changed by arithmetic before it
 reaches the other rank; an integer that only steers Python (a loop count, a comparison).
 """
@@ -89,17 +92,29 @@ def _method(cls, name):
     return method
 
 
-_ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
-               "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
-               "__rpow__", "__divmod__", "__rdivmod__", "__neg__", "__pos__", "__abs__",
-               "__round__", "__trunc__", "__floor__", "__ceil__")
+def _attribute(cls, name):
+    get = getattr(cls.__mro__[1], name).__get__
+    return property(lambda self: retag(get(self), self.ranks), doc=f"{name}, tagged")
+
+
+# Every method and attribute of int and float keeps the tag of what it returns (dir() walked, so
+# a method a new Python adds is wrapped too), except what returns no number (text, a truth value)
+# and what CPython makes plain itself: int(), float() and hash() copy a subclass's result into a
+# plain number (int() and float() warning), so `__int__`, `__float__` and `__hash__` stay as they
+# are; the fingerprints catch a number made plain that way (rank_builtins.py keeps int() and
+# float() in the answer's own module).
+UNTAGGED = frozenset((
+    "__hash__", "__int__", "__float__", "__bool__", "__repr__", "__str__", "__format__", "hex",
+    "to_bytes", "is_integer", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"))
+_MACHINERY = frozenset((
+    "__class__", "__new__", "__init__", "__init_subclass__", "__subclasshook__",
+    "__getattribute__", "__setattr__", "__delattr__", "__reduce__", "__reduce_ex__", "__dir__",
+    "__doc__", "__getstate__", "__getformat__", "fromhex", "from_bytes"))
 for _cls in (Tagged, TaggedInt):
-    for _name in _ARITHMETIC:
-        if hasattr(_cls.__mro__[1], _name):
-            setattr(_cls, _name, _method(_cls, _name))
-for _name in ("__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__",
-              "__rlshift__", "__rshift__", "__rrshift__", "__invert__"):
-    setattr(TaggedInt, _name, _method(TaggedInt, _name))
+    for _name in sorted(set(dir(_cls.__mro__[1])) - UNTAGGED - _MACHINERY):
+        _base = getattr(_cls.__mro__[1], _name)
+        setattr(_cls, _name, _attribute(_cls, _name) if hasattr(_base, "__set__")
+                else _method(_cls, _name))
 
 
 def ranks_of(leaf):
@@ -121,18 +136,27 @@ def tag(value, rank):
     return value
 
 
+ROUND_INT = 1 << 16     # integers below are counts, sizes, indices: too common to mean anything
+
+
 def is_round(v):
-    """Too common a value to say where it came from: an integer or a multiple of 1/4096."""
+    """Too common a value to say where it came from: a float that is an integer or a multiple
+    of 1/4096, an integer below ROUND_INT in size (above it: a float's bit pattern, a hash)."""
+    if isinstance(v, int):
+        return abs(v) < ROUND_INT
     return not math.isfinite(v) or (v * 4096).is_integer()
 
 
 def values(t, limit=100_000):
-    """The floating values of tensor `t` (at most `limit`), read with every mode off."""
+    """The floating values of tensor `t` (at most `limit`), or its integers (of an integer
+    dtype: those not round), read with every mode off."""
     with _disable_current_modes(), torch._C.DisableTorchFunction():
-        if not t.is_floating_point() or t.device.type != "cpu" or t.is_meta:
+        if t.device.type != "cpu" or t.is_meta or t.dtype == torch.bool or t.is_complex():
             return []
-        flat = t.detach().reshape(-1)[:limit].double()
-        return torch._C.TensorBase.tolist(flat)        # not the watched Tensor.tolist
+        flat = t.detach().reshape(-1)[:limit]
+        if t.is_floating_point():
+            return torch._C.TensorBase.tolist(flat.double())   # not the watched Tensor.tolist
+        return [v for v in torch._C.TensorBase.tolist(flat.long()) if not is_round(v)]
 
 
 def foreign_message(rank, others, how):
@@ -175,12 +199,12 @@ def foreign_in(tree, rank, exited):
     for leaf in tree_leaves(tree):
         if ranks_of(leaf) - {rank}:
             return ranks_of(leaf) - {rank}
-        if isinstance(leaf, float) and not is_round(leaf):
-            who = exited.get(float(leaf), ())
+        if isinstance(leaf, (float, int)) and not isinstance(leaf, bool) and not is_round(leaf):
+            who = exited.get(leaf, ())
             if who and rank not in who:
                 return set(who)
         if hasattr(leaf, "dtype") and hasattr(leaf, "ravel") and not isinstance(
-                leaf, torch.Tensor) and getattr(leaf.dtype, "kind", "") == "f":
+                leaf, torch.Tensor) and getattr(leaf.dtype, "kind", "") in ("f", "i", "u"):
             for v in leaf.ravel()[:100_000].tolist():          # a numpy array
                 who = exited.get(v, ()) if not is_round(v) else ()
                 if who and rank not in who:

@@ -73,6 +73,7 @@ class World(ThreadWorld):
         self.received = [set() for _ in range(size)]   # (storage key, version) delivered
         self.exits = [[] for _ in range(size)]   # (op index, ref): values read out of torch
         self.provenance = Provenance(self)
+        self.network_failure = None     # (rank, error): the first call the network refused
         self._note, self._verify, self._allow = ledger(self)   # the harness's own copy
 
     def run_context(self):
@@ -108,6 +109,8 @@ class World(ThreadWorld):
         changed = self._verify()
         if changed:
             return results, [(None, tampered(changed), "")], stuck
+        if not errors and self.network_failure is not None:    # the answer caught it
+            errors = [(*self.network_failure, "")]
         if not errors and not stuck:
             for r, result in enumerate(results):
                 others = foreign_in(result, r, self.provenance.exited_last)
@@ -118,23 +121,79 @@ class World(ThreadWorld):
 
     def recv(self, src, tag=0, out=None, shape=None, dtype=None):
         """As ThreadWorld.recv; a shape made of another rank's numbers (a count it read out and
-        left in a shared object) fails: how much arrives is something the comm tells."""
+        left in a shared object) fails: how much arrives is something the comm tells. A recv
+        names the shape and dtype it takes (`mismatch`): what a message's shape or dtype could
+        tell, beside the bytes the traffic counts, is nothing the receiver did not know."""
         rank = self.rank
         if rank is not None and shape is not None:
             others = foreign_in(list(shape), rank, {})
             if others:
                 raise CheckFailed(foreign_message(rank, others, "sized a recv with"))
-        with self._delivering(self.provenance.rank_here()):
+        want = (tuple(out.shape), out.dtype) if out is not None else (shape, dtype)
+        if rank is not None and None in want:
+            self._refuse(rank, f"rank {rank} received from rank {src} without naming the shape "
+                         "and dtype it expects: a recv takes a buffer (or a shape and a dtype)")
+        with self._delivering(self.provenance.rank_here()), self._refusing(rank, "recv"):
             return super().recv(src, tag, out=out, shape=shape, dtype=dtype)
 
+    def takes(self, got, shape, dtype):
+        return super().takes(got, shape, dtype) and got.dtype == dtype
+
+    def mismatch(self, src, tag, want, got):
+        """A recv of another shape (or dtype) than the message's fails the answer, even if it
+        catches the error; the words name only the receiver's own buffer."""
+        self._refuse(self.rank, f"rank {self.rank} received from rank {src} (tag {tag}) into "
+                     f"a buffer of shape {tuple(want)}, which is not the shape and dtype of the "
+                     "tensor sent: a recv takes exactly what its sender sends")
+
+    def _refuse(self, rank, words):
+        error = CheckFailed(words)
+        with self._cond:
+            if self.network_failure is None:
+                self.network_failure = (rank, error)
+                self._note("failure", rank, self.network_failure)
+        raise error
+
+    @contextlib.contextmanager
+    def _refusing(self, rank, op):
+        """Any error out of the network's work in a rank fails the answer (recorded: caught,
+        it still fails), raised as a CheckFailed whose words hold nothing another rank sent
+        (torch's and the runtime's errors name the other ranks' shapes, ops and sizes)."""
+        failed = None
+        try:
+            yield
+        except CheckFailed:
+            raise
+        except TimeoutError as e:
+            with self._cond:
+                if self.network_failure is None:
+                    self.network_failure = (rank, e)
+                    self._note("failure", rank, self.network_failure)
+            raise
+        except Exception:   # noqa: BLE001 - replaced by words of this rank's own call
+            failed = True
+        if failed:       # raised outside the handler: no __context__ to read the original from
+            self._refuse(rank, f"rank {rank}'s {op} did not match the other ranks' calls: "
+                         "every rank of a collective calls the same one at the same point, "
+                         "with a tensor of the same shape and dtype (a recv: the sender's)")
+
     def collective(self, op, ranks, t, payload, combine, deliver, async_op=False):
-        """As ThreadWorld.collective; what `deliver` writes in this rank is kept as received."""
+        """As ThreadWorld.collective; what `deliver` writes in this rank is kept as received.
+        Every rank hands a tensor of one shape and dtype (an all-to-all's pieces may differ),
+        and an error in the meeting or the delivery fails the answer (`_refusing`)."""
         rank = self.provenance.rank_here()
 
         def delivered(mine):
-            with self._delivering(rank):
+            with self._delivering(rank), self._refusing(rank, op):
                 deliver(mine)
-        return super().collective(op, ranks, t, payload, combine, delivered, async_op)
+
+        def same(payloads):
+            kinds = {(tuple(p.shape), p.dtype) for p in payloads if isinstance(p, torch.Tensor)}
+            if op != "all_to_all" and len(kinds) > 1:
+                raise ValueError("the ranks' tensors differ")
+            return combine(payloads)
+        with self._refusing(rank, op):
+            return super().collective(op, ranks, t, payload, same, delivered, async_op)
 
     @contextlib.contextmanager
     def _delivering(self, rank):
