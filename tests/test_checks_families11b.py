@@ -73,8 +73,9 @@ def _by_reduce_errors(halves, r, w):
     got = {s: [] for s in range(w)}
     for s in range(w):
         for h in halves if s == r else range(len(halves)):
-            try:      # torch.stack's error named every rank's shape
-                dist.all_reduce(torch.empty(0, h) if s == r else torch.empty(0))
+            try:      # torch's error named every rank's shape
+                dist.all_gather([torch.empty(0) for _ in range(w)],
+                                torch.empty(0, h) if s == r else torch.empty(0))
             except Exception as e:   # noqa: BLE001 - the shortcut reads torch's words
                 dims = re.search(r"\[0, (\d+)\]", str(e))
                 got[s].append(int(dims.group(1)) if dims else 0)
@@ -82,12 +83,13 @@ def _by_reduce_errors(halves, r, w):
 
 
 @shortcut("check_qwz_all_gather", "float shards in the shapes of zero-element sends, read from "
-          "the recv's error", SENT)
+          "the recv's error (refused first by the allow-list; the recv route: the tests below)",
+          "allows only all_gather")
 def qwz_shapes_through_recv_errors(shard, block):
     return _qwz_through(shard, _by_recv_errors)
 
 
-@shortcut("check_qwz_all_gather", "float shards in the shapes of zero-element all-reduces, read "
+@shortcut("check_qwz_all_gather", "float shards in the shapes of zero-element all-gathers, read "
           "from the collective's error", CALLS)
 def qwz_shapes_through_reduce_errors(shard, block):
     return _qwz_through(shard, _by_reduce_errors)

@@ -307,10 +307,10 @@ class World(ThreadWorld):
     def allowed(self, op):
         """Refuse, in the calling rank, a call the exercise does not allow: a substitute for the
         collective it is about (an all_gather beside a decoy all_reduce) moves the data the
-        exercise asks for in another way."""
+        exercise asks for in another way. Caught, it still fails the answer."""
         allow = self._allow()      # the harness's copy: the attribute is only for reading
         if allow is not None and op not in allow:
             why = f" ({self.why[op]})" if op in self.why else ""
-            raise CheckFailed(f"rank {self.rank} called {op}: this exercise allows only "
-                              f"{', '.join(sorted(allow - {'barrier', 'recv'}))} to move "
-                              f"data between the ranks{why}")
+            self._refuse(self.rank, f"rank {self.rank} called {op}: this exercise allows only "
+                         f"{', '.join(sorted(allow - {'barrier', 'recv'}))} to move "
+                         f"data between the ranks{why}")
