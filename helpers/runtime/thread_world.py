@@ -103,6 +103,7 @@ class ThreadWorld:
         self._local = threading.local()
         self._boxes = collections.defaultdict(collections.deque)
         self._slots, self._done = {}, {}
+        self._taken = collections.Counter()     # per call: ranks that took their result
         self._calls = collections.Counter()
         self._failed = None
         self._comms = {}
@@ -282,6 +283,9 @@ class ThreadWorld:
             if call not in self._done:
                 self._done[call] = combine([slot[r][1] for r in ranks])
             mine = self._done[call][ranks.index(rank)]
+            self._taken[call] += 1
+            if self._taken[call] == len(ranks):     # the last rank took its result: free them
+                del self._slots[call], self._done[call], self._taken[call]
 
         def finish():
             with torch.no_grad():
