@@ -7,7 +7,8 @@ torch takes): each joins the default process group first (runtime.group.setup: g
 NCCL with one GPU per rank), runs with one intra-op thread, finds its device in cfg["device"]
 and hands its result back through a file written atomically.
 A rank that raises, dies or hangs past `timeout` ends the call with RankFailed or LaunchTimeout
-naming the rank and the cause; the other ranks are stopped, never left running. The ranks die
+naming the rank and the cause; the other process ranks are killed, never left running (thread
+ranks cannot be: each stops at its next comm call, see runtime.thread_world). The ranks die
 with the caller (Ctrl-C, SIGTERM, a killed kernel) instead of running on as orphans.
 `threads=True` runs fn as thread ranks of a ThreadWorld (runtime.thread_world), talking through
 the ThreadComm in cfg["comm"] (any callable works, also one defined in a notebook).
@@ -322,7 +323,7 @@ def _launch_threads(fn, world, cfg, timeout):
         tail = "\n".join(tb.rstrip().splitlines()[-_TAIL:])
         raise RankFailed(r, f"{type(e).__name__}: {e}", tail, original=e) from e
     if alive:
-        raise LaunchTimeout(alive, timeout)
+        raise LaunchTimeout(alive, timeout, threads=True)
     return results
 
 

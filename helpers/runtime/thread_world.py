@@ -13,11 +13,15 @@ handed over, bytes, when it was launched and when (if ever) it was waited for. C
 like real ones (every rank of the group, in the same order); an async one delivers its result
 at `wait()`. A rank that waits longer than `timeout` raises TimeoutError naming what it waited
 for; when one rank fails, the ranks waiting on it stop quietly, so the first cause is reported.
+A run has one deadline: then the ranks blocked in a comm call wake and stop, and a rank still
+computing stops at its next comm call (a thread cannot be killed: one that never calls the
+comm again runs on, a daemon thread).
 """
 import collections
 import contextlib
 import itertools
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -106,6 +110,7 @@ class ThreadWorld:
         self._taken = collections.Counter()     # per call: ranks that took their result
         self._calls = collections.Counter()
         self._failed = None
+        self._ended = False                     # the deadline passed: every comm call stops
         self._comms = {}
         self.deadline = timeout * 3 + 5 if deadline is None else deadline
 
@@ -191,16 +196,30 @@ class ThreadWorld:
                                         name=f"rank {r}") for r in range(self.size)]
             for t in threads:
                 t.start()
+            end = time.monotonic() + self.deadline        # one deadline for the whole run
             for t in threads:
-                t.join(self.deadline)
+                t.join(max(0.0, end - time.monotonic()))
         errors.sort(key=lambda e: isinstance(e[1], TimeoutError))   # stable: order of occurrence
-        return results, errors, [r for r, t in enumerate(threads) if t.is_alive()]
+        stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+        if stuck:
+            self._end()
+        return results, errors, stuck
+
+    def _end(self):
+        """The deadline passed: wake the ranks blocked in a comm call, and refuse every later
+        call, so that each stuck rank stops quietly at its next one."""
+        self._ended = True
+        self._fail(None, None)
+
+    def _enter(self):
+        if self._ended:
+            raise _Aborted()
 
     def _raise(self, results, errors, stuck):
         if errors:
             raise errors[0][1]
         if stuck:
-            raise LaunchTimeout(stuck, self.deadline)
+            raise LaunchTimeout(stuck, self.deadline, threads=True)
         return results
 
     def _fail(self, rank, error):
@@ -223,6 +242,7 @@ class ThreadWorld:
 
     # --- point to point ------------------------------------------------------------------------
     def send(self, t, dst, tag=0, async_op=False):
+        self._enter()
         rank = self.rank
         self.allowed("send")
         if not 0 <= dst < self.size or dst == rank:
@@ -237,6 +257,7 @@ class ThreadWorld:
 
     def recv(self, src, tag=0, out=None, shape=None, dtype=None):
         """The next message from `src` with `tag`, copied into `out` (or a new tensor)."""
+        self._enter()
         rank = self.rank
         box = self._boxes[(src, rank, tag)]
         with self.comm_context():
@@ -262,6 +283,7 @@ class ThreadWorld:
         """Meet the other ranks of `ranks` at this rank's next collective call: `payload` is what
         this rank contributes, `combine(payloads)` (in group order) what each rank gets back,
         `deliver(mine)` writes it into the caller's tensors (at wait() when async)."""
+        self._enter()
         rank = self.rank
         self.allowed(op)
         ranks = list(ranks)
