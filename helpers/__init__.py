@@ -30,6 +30,7 @@ runtime.traffic             bytes sent, on one log               ByteLog, send, 
 runtime.files               THE atomic writer                    atomic_write, write_json
 runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
 runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
+ring                        ring collectives, simulated devices  ring_all_reduce, ring_all_gather
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
 pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
@@ -97,6 +98,7 @@ from .runtime.files import atomic_write, write_json
 from .runtime.emulate import Clock, Rates, clock_scale
 from .runtime.checkpoint import (set_rng_state, save_snapshot, load_snapshot, save_checkpoint,
                                  save_snapshot_all, load_checkpoint)
+from .ring import ring_reduce_scatter, ring_all_gather, ring_all_reduce
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
 from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
@@ -205,8 +207,7 @@ from .pipeline_parallel.experiments import (pipeline_run, pipelining_run, pingpo
 from .pipeline_parallel.verdicts import (bubble_trend_words, schedule_gap,
                                          message_delay_words, balance_words)
 from .tensor_parallel.split_words import bytes_vs_dp_words
-from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
-                                        CopyToShards, ReduceFromShards, copy_to_shards,
+from .tensor_parallel.simulated import (CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,
                                         dense_split_columns, dense_split_rows, lenet_within_layer)
 from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
