@@ -101,7 +101,7 @@ from .runtime.checkpoint import (set_rng_state, save_snapshot, load_snapshot, sa
 from .ring import ring_reduce_scatter, ring_all_gather, ring_all_reduce
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
-from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
+from .data_parallel.allreduce import (flatten, unflatten_into, flat_allreduce,
                                       bucketed_allreduce, ring_allreduce, OverlapReducer,
                                       train_batch_overlap, allreduce_time, fit_alpha_beta,
                                       exposed_seconds, ASSUMED_LINKS, ASSUMED_BACKWARD_S)

@@ -11,9 +11,9 @@ from ..costs import ring_bytes_per_device
 from ..models import lenet, loss
 from ..ring import ring_all_reduce
 from ..runtime.traffic import ByteLog
-from .simulated import sgd, split_batch
+from .simulated import allreduce, sgd, split_batch
 
-__all__ = ["flatten", "unflatten_into", "sum_into_all", "flat_allreduce", "bucketed_allreduce",
+__all__ = ["flatten", "unflatten_into", "flat_allreduce", "bucketed_allreduce",
            "ring_allreduce", "OverlapReducer", "train_batch_overlap",
            "allreduce_time", "fit_alpha_beta", "exposed_seconds", "ASSUMED_LINKS",
            "ASSUMED_BACKWARD_S"]
@@ -36,19 +36,11 @@ def unflatten_into(flat, tensors):
         offset += n
 
 
-def sum_into_all(bufs):
-    """The naive allreduce of Part II on whole buffers: sum into bufs[0], copy back to the rest."""
-    for i in range(1, len(bufs)):
-        bufs[0].add_(bufs[i].to(bufs[0].device))
-    for i in range(1, len(bufs)):
-        bufs[i].copy_(bufs[0])
-
-
 def flat_allreduce(grads):
     """Allreduce k replicas' gradient lists (`grads[c]` = the list on device c) through ONE flat
     buffer per device: 2(k-1) copies in all, instead of 2(k-1) per parameter."""
     bufs = [flatten(g) for g in grads]
-    sum_into_all(bufs)
+    allreduce(bufs)
     for buf, g in zip(bufs, grads, strict=True):
         unflatten_into(buf, g)
 
