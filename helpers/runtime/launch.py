@@ -17,6 +17,7 @@ Inside a rank, `report_progress(step, total, what)` (runtime.progress) shows how
 the caller's one progress line, updated in place while the ranks run.
 """
 import difflib
+import inspect
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -41,7 +42,7 @@ from .files import atomic_save, write_json
 from .group import backend_line, choose_backend, free_port
 from .progress import ProgressLine, RankStderr
 
-__all__ = ["launch", "take", "run_ranks", "run_in_turn"]
+__all__ = ["launch", "take", "take_kwargs", "run_ranks", "run_in_turn"]
 
 _TAIL = 8          # traceback (and stderr) lines a RankFailed quotes (runtime.errors)
 _GRACE = 10.0      # seconds a rank that has handed in its result may take to leave the group
@@ -104,6 +105,17 @@ def take(cfg: Mapping[str, Any], *required: str, **defaults: Any) -> list[Any]:
                         f"{' (a typo? ' + ', '.join(near) + ')' if near else ''}: "
                         f"expected {list(required)} and optionally {list(defaults)}")
     return [cfg[k] for k in required] + [cfg.get(k, v) for k, v in defaults.items()]
+
+
+def take_kwargs(cfg: Mapping[str, Any], fn: Callable[..., Any]) -> dict[str, Any]:
+    """A nested cfg (a model's sizes) as the keyword arguments of `fn` (a constructor): each of
+    fn's parameters with its value in cfg, else fn's own default, the one place defaults live;
+    a key fn does not take is an error, as in `take`."""
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p.name for p in params if p.default is p.empty]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    return dict(zip([*required, *defaults], take(cfg, *required, **defaults), strict=True))
 
 
 def _validate_importable(fn):
