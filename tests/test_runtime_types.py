@@ -2,6 +2,7 @@
 code written against it runs on process ranks and thread ranks alike."""
 import inspect
 
+import pytest
 import torch
 import torch._dynamo  # noqa: F401 - here, not lazily in a rank thread (slow: past its deadline)
 
@@ -63,3 +64,17 @@ def test_both_comms_record_the_same_traffic_for_the_same_exchange():
         for got in (thread[r][1], dist[r][1]):
             assert [g.dtype for g in got] == [torch.float32, torch.float64]
             assert all(torch.equal(g, torch.full_like(g, prv)) for g in got)
+
+
+def test_both_comms_refuse_an_op_they_do_not_reduce_with_naming_theirs():
+    """A ThreadComm summed on an unknown op, a DistComm raised a bare KeyError: both refuse it
+    before counting anything."""
+    words = r"all_reduce\(op='avg'\): the comms reduce with 'sum' or 'max'"
+    with pytest.raises(ValueError, match=words):
+        DistComm.__new__(DistComm).all_reduce(torch.ones(2), op="avg")
+    w = ThreadWorld(1)
+    comm = w.comm(0)
+    with pytest.raises(ValueError, match=words):
+        w.run(lambda comm: comm.all_reduce(torch.ones(2), op="avg"))
+    assert comm.traffic.calls() == 0
+    assert w.run(lambda comm: comm.all_reduce(torch.ones(2), op="max").tolist()) == [[1.0, 1.0]]
