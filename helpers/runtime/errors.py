@@ -5,6 +5,8 @@ from ..words import plural_names
 
 __all__ = ["RankFailed", "LaunchTimeout"]
 
+TAIL = 8    # the traceback (and stderr) lines a RankFailed quotes
+
 
 class RankFailed(RuntimeError):
     """A rank raised or died. `rank`, `cause` (one line), `tail` (its last traceback lines),

@@ -37,14 +37,13 @@ from typing import Any
 import torch
 
 from ..validate import validate_backend, validate_positive_int
-from .errors import LaunchTimeout, RankFailed
+from .errors import TAIL, LaunchTimeout, RankFailed
 from .files import atomic_save, write_json
 from .group import backend_line, choose_backend, free_port
 from .progress import ProgressLine, RankStderr
 
 __all__ = ["launch", "take", "take_kwargs", "run_ranks", "run_in_turn"]
 
-_TAIL = 8          # traceback (and stderr) lines a RankFailed quotes (runtime.errors)
 _GRACE = 10.0      # seconds a rank that has handed in its result may take to leave the group
 _NO_MAIN_GUARD = 86   # a rank's exit code: it started by re-running a script without the guard
 
@@ -254,7 +253,7 @@ def _raise_first_failure(procs, out, stderr):
     else:
         r = min(errors, key=lambda k: errors[k]["time"])
         cause = f"{errors[r]['kind']}: {errors[r]['message']}"
-        tail = "\n".join(errors[r]["traceback"].rstrip().splitlines()[-_TAIL:])
+        tail = "\n".join(errors[r]["traceback"].rstrip().splitlines()[-TAIL:])
     echoes = [f"rank {k}: {e['kind']}" for k, e in sorted(errors.items()) if k != r]
     if echoes:
         cause += f" (then {', '.join(echoes)})"
@@ -332,7 +331,7 @@ def _launch_threads(fn, world, cfg, timeout):
     results, errors, alive = w.start(w.rank_body(fn, cfg))
     if errors:
         r, e, tb = errors[0]
-        tail = "\n".join(tb.rstrip().splitlines()[-_TAIL:])
+        tail = "\n".join(tb.rstrip().splitlines()[-TAIL:])
         raise RankFailed(r, f"{type(e).__name__}: {e}", tail, original=e) from e
     if alive:
         raise LaunchTimeout(alive, timeout, threads=True)
