@@ -318,3 +318,43 @@ def test_meshes_are_built_by_runtime_mesh_or_in_code_a_chapter_prints():
     stray = [f"{m}.{n}" for m, n in builders if m != "helpers.runtime.mesh" and not any(
         m == pm and (n == pn or n.startswith(pn + ".")) for pm, pn in printed)]
     assert not stray, f"build the mesh with helpers.runtime.mesh.device_mesh in {stray}"
+
+
+# --- the façade's table -------------------------------------------------------------------------
+def _facade_table():
+    """[(home modules, names)] of the façade docstring's table, a row's continuation lines
+    joined: the home column ends at column 28, the names begin at column 65."""
+    lines = helpers.__doc__.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("home module"))
+    rows = []
+    for line in lines[top + 1:]:
+        if not line.strip():
+            break
+        home, names = line[:28].strip(), line[65:]
+        if home:
+            rows.append((home, names))
+        else:
+            rows[-1] = (rows[-1][0], rows[-1][1] + " " + names)
+    return [([h.strip() for h in home.split(",")],
+             [n.strip() for n in names.split(",") if n.strip() not in ("", "...", "-")])
+            for home, names in rows]
+
+
+def test_the_facade_table_names_what_the_facade_exports_from_each_home():
+    """Every name in the table's last column is helpers.X (helpers.checks.X in the checks row),
+    imported by the façade from a module of its row (a reader following it finds it there)."""
+    homes, wrong = _facade_imports(), []
+    table = _facade_table()
+    assert len(table) > 30 and any("runtime.launch" in h for h, _ in table)
+    for patterns, names in table:
+        for name in names:
+            if patterns == ["checks"]:
+                import helpers.checks
+                ok = hasattr(helpers.checks, name)
+            else:
+                home = homes.get(name, "").removeprefix("helpers.")
+                ok = any(home == p or (p.endswith(".*") and home.startswith(p[:-1]))
+                         or (p.startswith("*/") and home.endswith("." + p[2:])) for p in patterns)
+            if not ok:
+                wrong.append(f"{name} ({', '.join(patterns)})")
+    assert not wrong, f"the façade's table names what it does not export there: {wrong}"
