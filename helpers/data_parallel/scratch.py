@@ -138,6 +138,12 @@ class DDPFromScratch(nn.Module):
         self._pending = []                          # (bucket index, work, flat buffer)
 
     @property
+    def synchronized(self) -> bool:
+        """True when no forward or backward ran since the last finish_gradient_synchronization()
+        (every gradient this wrapper holds is the average over the ranks)."""
+        return not self._open
+
+    @property
     def timeline(self):
         """This step's [(seconds, "grad" | "launch" | "done", bucket index)] on the host clock
         (on a GPU it waits for the device to reach the last stamp)."""
