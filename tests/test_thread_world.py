@@ -65,6 +65,13 @@ def test_the_deadline_is_one_for_the_run_not_one_per_rank():
     assert took < 2.0, f"three stuck ranks held the run {took:.1f} s past a 1 s deadline"
 
 
+def test_the_default_deadline_grows_with_the_ranks_that_share_the_interpreter():
+    """One deadline for the run, by default three timeouts and 5 s per rank: thread ranks
+    share one interpreter, so a run of more ranks takes longer."""
+    assert ThreadWorld(1, timeout=1.0).deadline == 8.0
+    assert ThreadWorld(3, timeout=1.0).deadline == 24.0
+
+
 def test_stuck_ranks_stop_at_the_deadline_blocked_or_at_their_next_comm_call():
     go, left, after = threading.Event(), [threading.Event() for _ in range(3)], []
 

@@ -96,7 +96,8 @@ class ThreadWorld:
     def __init__(self, size: int, timeout: float = 10.0, deadline: float | None = None,
                  record: bool = True) -> None:
         """timeout: how long a rank waits for a message or a collective; deadline: how long a
-        run waits for its ranks (default: three timeouts and 5 s); record: keep every Message
+        run waits for its ranks (default: three timeouts and 5 s per rank, since the ranks share
+        one interpreter, so a run takes longer the more ranks it has); record: keep every Message
         (and a copy of its tensor) in `messages` and `timeline` (off for long runs: launch)."""
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
@@ -112,7 +113,7 @@ class ThreadWorld:
         self._failed = None
         self._ended = False                     # the deadline passed: every comm call stops
         self._comms = {}
-        self.deadline = timeout * 3 + 5 if deadline is None else deadline
+        self.deadline = (timeout * 3 + 5) * size if deadline is None else deadline
 
     # --- hooks (no-ops here) ---------------------------------------------------------------------
     def run_context(self):
