@@ -6,39 +6,41 @@ Each name has one home module (the import lines below list them; `helpers.X.__mo
 it too). Folders name the split, files the version: simulated (one process, Part I/II), scratch
 (by hand across processes), torch_api (torch's own), experiments (the chapters' runs).
 
-home module                 what lives there                     e.g.
+home module                 what lives there                     helpers.X, e.g. (-: none)
 config, devices, data       run sizes, devices, Fashion-MNIST    choose, get_devices, load_tensors
 models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18, TinyLM, make_model
 plotting, paths, validate   plots and glue, scripts, arguments   glue, script_path, validate_lr
 script_args                 the DDP scripts' command line        script_parser, resolve_args
-seeding                     models built from a seed, in threads seeded
+seeding                     the same weights from a seed         -
 activations                 what autograd saves for backward     saved_tensor_bytes
-costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff,
-                            unsplit runs everything is compared  train_one_process
+costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff
+                            unsplit runs everything is compared
 cost_explorer               the cost explorer's static twin      with_static_twin
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
-words                       counts with their nouns in agreement plural, plural_names
-torch_floor                 the oldest torch, checked on import  TORCH_FLOOR, validate_torch_version
+words                       counts with their nouns in agreement plural, how_often
+torch_floor                 the oldest torch, checked on import  -
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks
-runtime.errors              how a run of ranks fails             RankFailed, LaunchTimeout
-runtime.thread_world        ranks as threads, a recorded network ThreadWorld
-runtime.comm                counted send/recv over ranks/threads Comm, DistComm, ThreadComm
-runtime.agree               ranks running the same collectives   agree, CollectiveMismatch
+runtime.errors              how a run of ranks fails             RankFailed
+runtime.thread_world        ranks as threads (ThreadWorld)       -
+runtime.comm                counted send/recv over ranks/threads DistComm
+runtime.agree               ranks running the same collectives   -
 runtime.traffic             bytes sent, on one log               ByteLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
 runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
 runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
+runtime.mesh                ranks along named mesh dimensions    rank_grid, coords_of
+ring                        ring collectives, simulated devices  ring_all_reduce, ring_all_gather
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
 pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
 tensor_parallel.*           Part I (simulated), Part VI          megatron_mlp, TPBlock, tp_plan
-context_parallel.*          Part VII: the sequence split         ring_attention, CPAttention
+context_parallel.*          Part VII: the sequence split         ring_attention, ulysses_attention
 expert_parallel.*           Part VII: mixture of experts         MoE, ExpertParallelMoE
 composed.*                  Part VII: all at once, the planner   train_3d_scratch, plan
 schematics, */schematics    pictures drawn by the code they show plot_ring_allreduce, plot_shards
-checks                      exercise checks (helpers.checks)     check_split_batch, ...
+checks                      exercise checks (helpers.checks.X)   check_dp_average, ...
 """
 # The course's mark: a notebook's set-up cell (scripts/colab_setup_cell.py) tells this package
 # from any other module named `helpers` (a reader's helpers.py) by it.
@@ -65,15 +67,13 @@ from .costs import (layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_
                     plot_costs, OPTIMIZER_STATE_BYTES, SHARDING_STAGES, sharding_costs,
                     network_cuts, BACKWARD_SHARE)
 from .transformer_costs import (activation_bytes_per_token, block_params, ring_attention_bytes,
-                                moe_dispatch_bytes)
-from .transformer_costs import ulysses_attention_bytes, moe_layer_seconds
+                                moe_dispatch_bytes, ulysses_attention_bytes, moe_layer_seconds)
 from .cost_explorer import with_static_twin
 from .compare import all_close, max_diff
 from .profiling import (quiet_native_stderr, profile_cpu, collectives_in, count_ops, trace_events,
                         overlap_ms, exposed_ms, trace_sentence)
 from .prose import claim, say
 from .words import how_often, plural
-from .data_parallel.dp_vs_ddp import time_dp_vs_ddp
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
                         failed_cells_words)
 from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
@@ -99,9 +99,12 @@ from .runtime.files import atomic_write, write_json
 from .runtime.emulate import Clock, Rates, clock_scale
 from .runtime.checkpoint import (set_rng_state, save_snapshot, load_snapshot, save_checkpoint,
                                  save_snapshot_all, load_checkpoint)
+from .runtime.mesh import rank_grid, coords_of
+from .ring import ring_reduce_scatter, ring_all_gather, ring_all_reduce
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
-from .data_parallel.allreduce import (flatten, unflatten_into, sum_into_all, flat_allreduce,
+from .data_parallel.dp_vs_ddp import time_dp_vs_ddp
+from .data_parallel.allreduce import (flatten, unflatten_into, flat_allreduce,
                                       bucketed_allreduce, ring_allreduce, OverlapReducer,
                                       train_batch_overlap, allreduce_time, fit_alpha_beta,
                                       exposed_seconds, ASSUMED_LINKS, ASSUMED_BACKWARD_S)
@@ -207,8 +210,7 @@ from .pipeline_parallel.experiments import (pipeline_run, pipelining_run, pingpo
 from .pipeline_parallel.verdicts import (bubble_trend_words, schedule_gap,
                                          message_delay_words, balance_words)
 from .tensor_parallel.split_words import bytes_vs_dp_words
-from .tensor_parallel.simulated import (ring_reduce_scatter, ring_all_gather, ring_all_reduce,
-                                        CopyToShards, ReduceFromShards, copy_to_shards,
+from .tensor_parallel.simulated import (CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,
                                         dense_split_columns, dense_split_rows, lenet_within_layer)
 from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
@@ -220,27 +222,24 @@ from .tensor_parallel.sequence import (GatherSequence, SPBlock, sync_replicated_
 from .tensor_parallel.experiments import tp_worker, mesh2d_worker, hsdp_worker
 from .context_parallel.scratch import (split_positions, shard_sequence, unshard_sequence,
                                        attention_reference, block_attention, merge_blocks,
-                                       ring_attention, RingAttention, block_work)
+                                       ring_attention, RingAttention, block_work, causal_block,
+                                       ring_pass, RingCensus)
 from .context_parallel.torch_api import context_parallel_status, torch_context_parallel
 from .context_parallel.experiments import (qkv_inputs, cp_attention_run,
                                            cp_ulysses_run, cp_activation_memory, cp_torch_run)
-from .context_parallel.scratch import causal_block, ring_pass, RingCensus
 from .context_parallel.ulysses import seq_to_heads, heads_to_seq, SeqToHeads, ulysses_attention
 from .context_parallel.schematics import ring_schedule, plot_ring, plot_split
-from .expert_parallel.moe import route, load_balancing_loss, MoE, moe_inputs
+from .expert_parallel.moe import route, load_balancing_loss, MoE, moe_inputs, router_z_loss
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import ep_equal_run, ep_imbalance_run, ep_production_run
-from .expert_parallel.moe import router_z_loss
 from .expert_parallel.torch_api import EPMoE, ep_dp_mesh, permute_by_expert
 from .expert_parallel.schematics import dispatch_counts, plot_all_to_all
-from .runtime.mesh import rank_grid, coords_of
-from .composed.scratch import train_3d_scratch, one_process_run
+from .composed.scratch import train_3d_scratch, one_process_run, cp_gpt
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_cp_zero2
-from .composed.scratch import cp_gpt
 from .composed.schematics import draw_mesh
 from .composed.planner_page import PLANNER_FIELDS, plan_table_html, with_planner_twin
-from .composed.planner import stage_costs, plan
+from .composed.planner import stage_costs, plan, data_parallel_costs
 from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatron_trace,
                                          plot_megatron_mlp)
 from .pipeline_parallel.schematics import plot_network_split, plot_pipeline_schedules
@@ -254,4 +253,3 @@ from .data_parallel.torchrun_schematics import (sampler_facts, plot_sampler, res
 from .data_parallel.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
 from .stream_schematics import (queue_timeline, plot_queue_timeline, machine_links,
                                 plot_gpu_machine)
-from .composed.planner import data_parallel_costs

@@ -114,6 +114,7 @@ def mismatches(rank, world, cfg):
         "zero2: models differ": lambda: helpers.Zero2(model(4 + rank), torch.optim.SGD, lr=0.1),
         "zero1: models differ": lambda: helpers.ShardedOptimizer(
             model(4 + rank).parameters(), torch.optim.SGD, lr=0.1),
+        "ddp: models differ": lambda: helpers.DDPFromScratch(model(4 + rank)),
         "fsdp: clip on rank 0 only": clip_on_rank_0,
         "fsdp: finish on rank 0 only": lambda: _fsdp_branch(rank, [[0, 1, 2, 3]] * 2,
                                                              finish=rank == 0, again=True),

@@ -25,6 +25,7 @@ def told():
                              "build the same model"]),
     ("zero2: models differ", ["rank 0: a Zero2 (4 tensors", "build the same model"]),
     ("zero1: models differ", ["rank 0: a ShardedOptimizer (4 tensors", "build the same model"]),
+    ("ddp: models differ", ["rank 0: a DDPFromScratch (4 tensors", "build the same model"]),
     ("fsdp: finish on rank 0 only", ["rank 0: finish_gradient_synchronization after 11 "
                                      "collectives (ag0 ag1 ag2 ag3 ag3 rs3",
                                      "rank 1: the all-gather of unit 0 ('0', 20 elements"]),

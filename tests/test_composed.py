@@ -107,3 +107,15 @@ def test_cp_zero2_equals_one_process_and_the_planner(cp_ranks, rec):
             16, 2, 8, dtype_bytes=4) if rec == "full" else 0
         assert abs(mem["acts_kept"] - (want["acts"] - recomputed)) <= 0.25 * mem["acts_kept"]
         assert mem["peak"] > want["acts"]
+
+
+def test_a_model_cfg_may_leave_sizes_to_the_gpts_defaults():
+    """cfg["model"] names only the sizes it changes; gpt's own defaults give the rest, read
+    from its signature (no second copy of them, no KeyError), and a misspelt size is refused."""
+    cfg = dict(shape=(1, 1, 1), model={"width": 64}, batch=2, steps=1)
+    losses, weights = one_process_run(cfg)
+    assert weights["0.tok.weight"].shape == (32, 64) and len(losses) == 1   # gpt's vocab 32
+    (got,) = launch(train_3d_scratch, 1, cfg, quiet=True, timeout=120)
+    assert got["weights"]["0.tok.weight"].shape == (32, 64) and len(got["losses"]) == 1
+    with pytest.raises(TypeError, match="'widht' -> 'width'"):
+        one_process_run(dict(cfg, model={"widht": 64}))

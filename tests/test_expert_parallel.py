@@ -181,3 +181,10 @@ def test_shared_expert_and_z_loss_on_threads():
     torch.testing.assert_close(torch.cat([r[1] for r in results]), Xr.grad)
     for got, p in zip(results[0][2], ref.shared.parameters()):
         torch.testing.assert_close(got, p.grad)
+
+
+def test_a_moe_cfg_may_leave_sizes_to_the_moes_defaults():
+    """cfg["moe"] names only what it changes; MoE's own defaults (width 16) give the rest."""
+    (rows,) = launch(ep_equal_run, 1, dict(moe={"n_experts": 2}, tokens=8, factors=[None]),
+                     quiet=True, timeout=120)
+    assert rows[0]["y"].shape == (8, 16)

@@ -124,6 +124,21 @@ def test_ring_allreduce_keeps_shapes():
     assert all(torch.equal(d, torch.full((4, 5), 6.0)) for d in data)
 
 
+def test_the_in_place_ring_is_part_ones_ring_counted_on_its_byte_log(monkeypatch):
+    """One ring in the course: Part IV's in-place ring_allreduce runs Part I's ring_all_reduce,
+    and the counts it returns are what that ring's ByteLog recorded per device."""
+    data = [torch.arange(10.0) + i for i in range(3)]
+    log = helpers.ByteLog()
+    helpers.ring_all_reduce([d.clone() for d in data], [CPU] * 3, log)
+    calls = []
+    real = helpers.data_parallel.allreduce.ring_all_reduce
+    monkeypatch.setattr(helpers.data_parallel.allreduce, "ring_all_reduce",
+                        lambda *a: calls.append(a) or real(*a))
+    sent = ring_allreduce(data)
+    assert len(calls) == 1
+    assert sent == [log.numbers(src=i) for i in range(3)] == [14, 13, 13]
+
+
 # --- overlap via gradient hooks ---------------------------------------------------------------
 
 @pytest.mark.parametrize("k", [1, 2, 3])

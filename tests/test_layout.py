@@ -267,3 +267,94 @@ def test_no_test_imports_the_tests_folder_as_a_package():
            for n, line in enumerate(p.read_text().splitlines(), 1)
            if re.match(r"\s*(from tests[.\s]|import tests\b)", line)]
     assert not bad, bad
+
+
+# --- one mesh builder -------------------------------------------------------------------------
+def _functions_calling(tree, callee, prefix=""):
+    """Qualified names of the functions in `tree` that call `callee` by its bare name."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, (ast.FunctionDef, ast.ClassDef)):
+            name = f"{prefix}{child.name}"
+            if isinstance(child, ast.FunctionDef) and any(
+                    isinstance(c, ast.Call) and getattr(c.func, "id", None) == callee
+                    for c in ast.walk(child)):
+                yield name
+            else:
+                yield from _functions_calling(child, callee, name + ".")
+
+
+def _mesh_builders():
+    """(module, qualified name) of each function of helpers (the grader's aside) that calls
+    torch's init_device_mesh."""
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG)
+        if rel.parts[0] != "checks":
+            module = "helpers." + ".".join(rel.with_suffix("").parts)
+            for name in _functions_calling(ast.parse(path.read_text()), "init_device_mesh"):
+                yield module, name
+
+
+def _printed_by_a_chapter():
+    """(module, qualified name) of each helpers object a chapter prints with getsource."""
+    from book_files import toc_notebooks
+    printed = set()
+    for path in toc_notebooks():
+        for cell in json.loads(path.read_text())["cells"]:
+            for expr in re.findall(r"getsource\(\s*([\w.]+)\s*\)", "".join(cell["source"])):
+                obj = helpers
+                for part in expr.removeprefix("helpers.").split("."):
+                    obj = getattr(obj, part, None)
+                if obj is not None and hasattr(obj, "__qualname__"):
+                    printed.add((obj.__module__, obj.__qualname__))
+    return printed
+
+
+def test_meshes_are_built_by_runtime_mesh_or_in_code_a_chapter_prints():
+    """runtime.mesh.device_mesh is the one way helpers builds a DeviceMesh; a function a
+    chapter prints may call torch's init_device_mesh itself, to show it."""
+    printed = _printed_by_a_chapter()
+    builders = list(_mesh_builders())
+    assert ("helpers.runtime.mesh", "device_mesh") in builders
+    stray = [f"{m}.{n}" for m, n in builders if m != "helpers.runtime.mesh" and not any(
+        m == pm and (n == pn or n.startswith(pn + ".")) for pm, pn in printed)]
+    assert not stray, f"build the mesh with helpers.runtime.mesh.device_mesh in {stray}"
+
+
+# --- the façade's table -------------------------------------------------------------------------
+def _facade_table():
+    """[(home modules, names)] of the façade docstring's table, a row's continuation lines
+    joined: the home column ends at column 28, the names begin at column 65."""
+    lines = helpers.__doc__.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("home module"))
+    rows = []
+    for line in lines[top + 1:]:
+        if not line.strip():
+            break
+        home, names = line[:28].strip(), line[65:]
+        if home:
+            rows.append((home, names))
+        else:
+            rows[-1] = (rows[-1][0], rows[-1][1] + " " + names)
+    return [([h.strip() for h in home.split(",")],
+             [n.strip() for n in names.split(",") if n.strip() not in ("", "...", "-")])
+            for home, names in rows]
+
+
+def test_the_facade_table_names_what_the_facade_exports_from_each_home():
+    """Every name in the table's last column is helpers.X (helpers.checks.X in the checks row),
+    imported by the façade from a module of its row (a reader following it finds it there)."""
+    homes, wrong = _facade_imports(), []
+    table = _facade_table()
+    assert len(table) > 30 and any("runtime.launch" in h for h, _ in table)
+    for patterns, names in table:
+        for name in names:
+            if patterns == ["checks"]:
+                import helpers.checks
+                ok = hasattr(helpers.checks, name)
+            else:
+                home = homes.get(name, "").removeprefix("helpers.")
+                ok = any(home == p or (p.endswith(".*") and home.startswith(p[:-1]))
+                         or (p.startswith("*/") and home.endswith("." + p[2:])) for p in patterns)
+            if not ok:
+                wrong.append(f"{name} ({', '.join(patterns)})")
+    assert not wrong, f"the façade's table names what it does not export there: {wrong}"

@@ -2,6 +2,7 @@
 code written against it runs on process ranks and thread ranks alike."""
 import inspect
 
+import pytest
 import torch
 import torch._dynamo  # noqa: F401 - here, not lazily in a rank thread (slow: past its deadline)
 
@@ -105,3 +106,17 @@ def test_dist_comm_sendrecv_on_gloo_ranks():
     import helpers
     got = helpers.launch(lt.sendrecv_pairs, 2, quiet=True, timeout=240)
     assert got == [([2.0, 4.0, 6.0], 3.0, 4, 0), ([1.0, 2.0, 3.0], None, 4, 0)]
+
+
+def test_both_comms_refuse_an_op_they_do_not_reduce_with_naming_theirs():
+    """A ThreadComm summed on an unknown op, a DistComm raised a bare KeyError: both refuse it
+    before counting anything."""
+    words = r"all_reduce\(op='avg'\): the comms reduce with 'sum' or 'max'"
+    with pytest.raises(ValueError, match=words):
+        DistComm.__new__(DistComm).all_reduce(torch.ones(2), op="avg")
+    w = ThreadWorld(1)
+    comm = w.comm(0)
+    with pytest.raises(ValueError, match=words):
+        w.run(lambda comm: comm.all_reduce(torch.ones(2), op="avg"))
+    assert comm.traffic.calls() == 0
+    assert w.run(lambda comm: comm.all_reduce(torch.ones(2), op="max").tolist()) == [[1.0, 1.0]]

@@ -5,8 +5,7 @@ Random inputs are drawn so that the shortcuts learners take give numbers the rul
 """
 import math
 
-from .. import activation_bytes_per_token, data_parallel_costs, ring_bytes_per_device
-from ..runtime.mesh import rank_grid
+from .. import activation_bytes_per_token, data_parallel_costs, rank_grid, ring_bytes_per_device
 from ._core import CheckFailed, as_number, check, expect, fresh_generator, randint
 
 __all__ = ["check_mesh_groups_3d", "check_activation_bytes", "check_tp_bytes_per_step",

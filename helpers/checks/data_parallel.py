@@ -66,7 +66,7 @@ def check_combine_mean_grads(fn):
 
 @check("reduce_then_broadcast", simulated=True, changes_inputs=True,
        references=["allreduce", "ring_allreduce", "flat_allreduce",
-                   "bucketed_allreduce", "sum_into_all"], observes=[
+                   "bucketed_allreduce"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, and every device's "

@@ -295,8 +295,8 @@ def check_scratch_accumulate(fn):
         before = len(w.sent("all_reduce", rank=comm.rank))
         fn(model, nn.MSELoss(), list(data[comm.rank]))
         calls = len(w.sent("all_reduce", rank=comm.rank)) - before
-        expect(not model._open, "the step ended with gradients not yet averaged: call "
-                                "model.finish_gradient_synchronization() at the end")
+        expect(model.synchronized, "the step ended with gradients not yet averaged: call "
+                                   "model.finish_gradient_synchronization() at the end")
         return calls, len(model.buckets), {n: p.grad.clone() for n, p in net.named_parameters()}
     results = w.run(rank_fn)
     expect_unchanged("scratch_accumulate", copies, given, ["a micro-batch"] * len(given))

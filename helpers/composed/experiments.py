@@ -7,7 +7,7 @@ from ..context_parallel.scratch import shard_sequence
 from ..devices import synchronize
 from ..models import unwrap
 from ..runtime.comm import DistComm
-from ..runtime.launch import take
+from ..runtime.launch import take, take_kwargs
 from ..runtime.mesh import coords_of, new_groups
 from ..runtime.traffic import count_traffic
 from ..sharding.memory import PeakBytes
@@ -72,6 +72,7 @@ def train_cp_zero2(rank, world, cfg):
     # device: models, batches and flags live there (NCCL takes no CPU tensor)
     device, shape, model_cfg, batch, steps, lr, recomputes = take(
         cfg, "device", "shape", "model", "batch", "steps", lr=0.05, recomputes=("none", "full"))
+    model_cfg = take_kwargs(model_cfg, gpt)               # gpt's defaults for what it omits
     dp, cp = shape = tuple(shape)
     if dp * cp != world:
         raise ValueError(f"a {dp}x{cp} (dp, cp) mesh needs {dp * cp} ranks, not {world}")

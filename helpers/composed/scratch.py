@@ -25,7 +25,7 @@ from ..devices import synced_now
 from ..pipeline_parallel.schedules import one_f_one_b_rank_order
 from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
 from ..runtime.comm import DistComm
-from ..runtime.launch import take
+from ..runtime.launch import take, take_kwargs
 from ..runtime.mesh import coords_of, new_groups
 from ..runtime.traffic import count_traffic
 from ..sharding.zero import optimizer_state_bytes
@@ -62,6 +62,7 @@ def train_3d_scratch(rank, world, cfg):
     memory (params, grads, optimizer state, peak saved activations) and seconds per step."""
     device, shape, model_cfg, batch, steps, m, lr = take(cfg, "device", "shape", "model", "batch",
                                                          "steps", m=2, lr=0.05)
+    model_cfg = take_kwargs(model_cfg, gpt)               # gpt's defaults for what it omits
     pp, dp, tp = shape = tuple(shape)
     if pp * dp * tp != world:
         raise ValueError(f"a {pp}x{dp}x{tp} mesh needs {pp * dp * tp} ranks, not {world}")
@@ -116,6 +117,7 @@ def one_process_run(cfg):
     read). Returns (losses, {name in gpt_layers: weight})."""
     model_cfg, batch, steps, lr, *_mesh = take(cfg, "model", "batch", "steps", lr=0.05,
                                                shape=None, m=None, recomputes=None)
+    model_cfg = take_kwargs(model_cfg, gpt)
     net = gpt_layers(gpt(**model_cfg))
     opt = _optimizer(net.parameters(), lr)
     losses = []

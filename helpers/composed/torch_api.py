@@ -8,7 +8,7 @@ import torch
 
 from ..devices import synced_now
 from ..pipeline_parallel.scratch import stage_of
-from ..runtime.launch import take
+from ..runtime.launch import take, take_kwargs
 from ..runtime.mesh import MESH_DIMS
 from ..tensor_parallel.torch_api import tp_plan
 from ..tiny_models import SmallBlock
@@ -36,6 +36,7 @@ def train_3d_torch(rank, world, cfg):
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     device, shape, model_cfg, batch, steps, m, lr = take(cfg, "device", "shape", "model", "batch",
                                                          "steps", m=2, lr=0.05)
+    model_cfg = take_kwargs(model_cfg, gpt)               # gpt's defaults for what it omits
     pp, dp, tp = shape = tuple(shape)
     validate_data_split(batch, dp)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)

@@ -9,9 +9,11 @@ import torch
 
 from ..costs import ring_bytes_per_device
 from ..models import lenet, loss
-from .simulated import sgd, split_batch
+from ..ring import ring_all_reduce
+from ..runtime.traffic import ByteLog
+from .simulated import allreduce, sgd, split_batch
 
-__all__ = ["flatten", "unflatten_into", "sum_into_all", "flat_allreduce", "bucketed_allreduce",
+__all__ = ["flatten", "unflatten_into", "flat_allreduce", "bucketed_allreduce",
            "ring_allreduce", "OverlapReducer", "train_batch_overlap",
            "allreduce_time", "fit_alpha_beta", "exposed_seconds", "ASSUMED_LINKS",
            "ASSUMED_BACKWARD_S"]
@@ -34,19 +36,11 @@ def unflatten_into(flat, tensors):
         offset += n
 
 
-def sum_into_all(bufs):
-    """The naive allreduce of Part II on whole buffers: sum into bufs[0], copy back to the rest."""
-    for i in range(1, len(bufs)):
-        bufs[0].add_(bufs[i].to(bufs[0].device))
-    for i in range(1, len(bufs)):
-        bufs[i].copy_(bufs[0])
-
-
 def flat_allreduce(grads):
     """Allreduce k replicas' gradient lists (`grads[c]` = the list on device c) through ONE flat
     buffer per device: 2(k-1) copies in all, instead of 2(k-1) per parameter."""
     bufs = [flatten(g) for g in grads]
-    sum_into_all(bufs)
+    allreduce(bufs)
     for buf, g in zip(bufs, grads, strict=True):
         unflatten_into(buf, g)
 
@@ -75,23 +69,16 @@ def ring_allreduce(data):
     device i passes one chunk to device i+1, which adds it to its own; afterwards device i holds
     the full sum of chunk i+1. All-gather: k-1 more steps pass the summed chunks round the ring.
     Returns the number of elements each device sent: 2(k-1)/k of the tensor, whatever k is.
+    (Part I's `ring_all_reduce` runs the ring; its ByteLog counts the elements.)
     """
     k = len(data)
     if k == 0:
         raise ValueError("ring_allreduce needs at least one tensor")
-    chunks = [list(t.view(-1).tensor_split(k)) for t in data]   # views: writes go to data
-    sent = [0] * k
-    for s in range(k - 1):                                   # reduce-scatter
-        for i in range(k):
-            c, dst = (i - s) % k, (i + 1) % k
-            chunks[dst][c].add_(chunks[i][c].to(data[dst].device))
-            sent[i] += chunks[i][c].numel()
-    for s in range(k - 1):                                   # all-gather
-        for i in range(k):
-            c, dst = (i + 1 - s) % k, (i + 1) % k
-            chunks[dst][c].copy_(chunks[i][c])
-            sent[i] += chunks[i][c].numel()
-    return sent
+    log = ByteLog()
+    summed = ring_all_reduce(list(data), [t.device for t in data], log)
+    for t, total in zip(data, summed, strict=True):
+        t.copy_(total)
+    return [int(log.numbers(src=i)) for i in range(k)]
 
 
 class OverlapReducer:

@@ -30,9 +30,9 @@ from ..models import init_lenet_params, lenet, loss
 from ..plotting import Animator
 from ..runtime.launch import take
 from ..validate import validate_lr, validate_positive_int, validate_seed
-from .allreduce import flatten, sum_into_all
+from .allreduce import flatten
 from .fast_lenet import fused_flat_grad, tap_major, untap
-from .simulated import evaluate_accuracy
+from .simulated import allreduce, evaluate_accuracy
 
 __all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy",
            "flat_replica", "train_fast_rank", "replica_flat_grad"]
@@ -202,7 +202,7 @@ class FastDataParallel:
 
     def _reduce_and_update(self, ls, batch_size):
         with torch.no_grad():
-            sum_into_all(self.flat_grads)             # one allreduce of the flat gradients
+            allreduce(self.flat_grads)                # one allreduce of the flat gradients
             if self.group is not None:                # ... and one message between processes
                 import torch.distributed as dist
                 dist.all_reduce(self.flat_grads[0], group=self.group)

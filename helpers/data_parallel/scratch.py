@@ -10,14 +10,13 @@ import contextlib
 import functools
 import itertools
 import weakref
-import zlib
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..devices import DeviceClock
-from ..runtime.agree import where_are_the_others
+from ..runtime.agree import SAME_MODEL, agree, fingerprint, where_are_the_others
 
 __all__ = ["DDPFromScratch", "make_buckets"]
 
@@ -97,7 +96,9 @@ class DDPFromScratch(nn.Module):
         # recorded on a side stream that waits for it (the compute stream does not)
         self._watch = torch.cuda.Stream(device) if device.type == "cuda" and \
             "nccl" in str(dist.get_backend(group)) else None
-        _check_same_model(module, self.rank, self.world, group, device)
+        # refused on every rank alike (as torch's DDP does) before the broadcast, which
+        # would abort on a size mismatch: ranks holding different models
+        agree(fingerprint("a DDPFromScratch", module), group=group, fix=SAME_MODEL)
         ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
         self._tag = (f"ddp{next(_NUMBER.setdefault(ranks, itertools.count()))}@"
                      + "-".join(map(str, ranks)))
@@ -135,6 +136,12 @@ class DDPFromScratch(nn.Module):
         self._ready = [0] * len(self.buckets)
         self._next = 0                              # the next bucket to launch, in order
         self._pending = []                          # (bucket index, work, flat buffer)
+
+    @property
+    def synchronized(self) -> bool:
+        """True when no forward or backward ran since the last finish_gradient_synchronization()
+        (every gradient this wrapper holds is the average over the ranks)."""
+        return not self._open
 
     @property
     def timeline(self):
@@ -289,13 +296,6 @@ class DDPFromScratch(nn.Module):
                                "averaged: set requires_grad before wrapping the model")
 
 
-def _signature(module):
-    """What must agree across ranks: every parameter's and buffer's name, shape, dtype and
-    requires_grad, in order."""
-    return [(n, tuple(t.shape), str(t.dtype), t.requires_grad)
-            for n, t in [*module.named_parameters(), *module.named_buffers()]]
-
-
 def _device_of(module):
     """Where the module's parameters (else buffers) live; a module without any: the rank's
     current device (the GPU NCCL communicates on), else the CPU."""
@@ -304,32 +304,3 @@ def _device_of(module):
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _check_same_model(module, rank, world, group=None, device=None):
-    """Refuse, on every rank alike, models that differ between the ranks (torch's DDP checks
-    this too): one all_gather of a fingerprint, a second one only to name the difference."""
-    sig = _signature(module)
-    device = device or _device_of(module)
-    mine = torch.tensor([len(sig), zlib.crc32(repr(sig).encode())], dtype=torch.int64,
-                        device=device)
-    every = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine, group=group)
-    if all(torch.equal(e, every[0]) for e in every):
-        return
-    other = next(r for r, e in enumerate(every) if not torch.equal(e, every[0]))
-    counts = [int(e[0]) for e in every]
-    if len(set(counts)) > 1:
-        raise ValueError(f"rank {other}'s model has {counts[other]} parameters and buffers, rank "
-                         f"0's {counts[0]}: build the same model on every rank before wrapping it")
-    entries = torch.tensor([zlib.crc32(repr(s).encode()) for s in sig], dtype=torch.int64,
-                           device=device)
-    all_entries = [torch.empty_like(entries) for _ in range(world)]
-    dist.all_gather(all_entries, entries, group=group)
-    differ = [r for r, e in enumerate(all_entries) if not torch.equal(e, all_entries[0])]
-    k = int((all_entries[differ[0]] != all_entries[0]).nonzero()[0])
-    name, shape, dtype, trainable = sig[k]
-    who = f"rank {differ[0]} differs" if len(differ) == 1 else f"ranks {differ} differ"
-    raise ValueError(f"the models differ between ranks: {who} from rank 0 at "
-                     f"{name!r} (on this rank, {rank}: shape {shape}, {dtype}, requires_grad="
-                     f"{trainable}): build the same model on every rank before wrapping it")

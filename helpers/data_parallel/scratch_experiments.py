@@ -219,7 +219,7 @@ def scratch_refusals(rank, world, cfg):
                forward_before_finish=_raises(forward_before_finish, "forward before",
                                              "no_sync"),
                step_early=_raises(step_early, "finish_gradient_synchronization"),
-               other_model=_raises(other_model, "from rank 0 at", "'0.weight'",
+               other_model=_raises(other_model, "rank 1: a DDPFromScratch", "fingerprint",
                                    "same model"),
                mixed_dtypes=_raises(mixed_dtypes, "mixes", "bucket_mb=None"),
                trainable_later=_raises(trainable_later, "0.weight", "before wrapping"))

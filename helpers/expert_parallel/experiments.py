@@ -5,7 +5,7 @@ import torch
 
 from ..devices import synced_now
 from ..runtime.comm import DistComm
-from ..runtime.launch import take
+from ..runtime.launch import take, take_kwargs
 from .moe import MoE, moe_inputs
 from .scratch import ExpertParallelMoE
 from .torch_api import EPMoE, ep_dp_mesh
@@ -47,6 +47,7 @@ def ep_equal_run(rank, world, cfg):
     all-to-alls sent in forward and in backward. cfg: moe (MoE kwargs), tokens, seed."""
     device, moe_cfg, tokens, factors, seed = take(cfg, "device", "moe", "tokens", "factors",
                                                   seed=0)
+    moe_cfg = take_kwargs(moe_cfg, MoE)                   # MoE's defaults for what it omits
     comm = DistComm(device=device)
     X, R = (t.to(device) for t in moe_inputs(tokens, moe_cfg["width"], seed))
     Xl, Rl = X.chunk(world)[rank], R.chunk(world)[rank]
@@ -76,6 +77,7 @@ def ep_imbalance_run(rank, world, cfg):
     tokens, skews, factors, repeats, seed."""
     device, moe_cfg, tokens, skews, factors, repeats, seed = take(
         cfg, "device", "moe", "tokens", "skews", "factors", repeats=3, seed=0)
+    moe_cfg = take_kwargs(moe_cfg, MoE)                   # MoE's defaults for what it omits
     comm = DistComm(device=device)
     X, _ = moe_inputs(tokens, moe_cfg["width"], seed)
     Xl = X.chunk(world)[rank].to(device)
@@ -106,6 +108,7 @@ def ep_production_run(rank, world, cfg):
     experts' over their own dp group), named as in the unsplit MoE, the bytes its all-to-alls
     sent, which grouped GEMM ran, the tokens its experts computed. cfg: moe, tokens, ep, seed."""
     device, moe_cfg, tokens, ep_size, seed = take(cfg, "device", "moe", "tokens", "ep", seed=0)
+    moe_cfg = take_kwargs(moe_cfg, MoE)                   # MoE's defaults for what it omits
     mesh = ep_dp_mesh(world, ep_size, device.type)
     moe = MoE(**dict(moe_cfg, capacity_factor=None)).to(device)
     model = EPMoE(moe, mesh)

@@ -94,6 +94,14 @@ def wire(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone(memory_format=torch.contiguous_format)
 
 
+def _reduce_op(op: str) -> dist.ReduceOp:
+    """The ReduceOp of `op`, the same ops on both comms; any other: ValueError naming them."""
+    if op not in _OPS:
+        raise ValueError(f"all_reduce(op={op!r}): the comms reduce with "
+                         f"{' or '.join(map(repr, _OPS))} (an average: the sum over comm.world)")
+    return _OPS[op]
+
+
 def _splits(sizes):
     """Split sizes as plain ints (a tensor's `.tolist()` or numpy integers alike)."""
     return [int(s) for s in sizes]
@@ -177,8 +185,9 @@ class DistComm(_Exchanges):
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum `t` over the ranks, in place (op="max": the largest value)."""
+        reduce_op = _reduce_op(op)
         self._count("all_reduce", t)
-        dist.all_reduce(t, op=_OPS[op], group=self.group)
+        dist.all_reduce(t, op=reduce_op, group=self.group)
         return t
 
     def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
@@ -266,6 +275,7 @@ class ThreadComm(_Exchanges):
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum `t` over the ranks, in place (op="max": the largest value)."""
+        _reduce_op(op)
         self._count("all_reduce", t)
 
         def combine(ps):

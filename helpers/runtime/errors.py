@@ -5,6 +5,8 @@ from ..words import plural_names
 
 __all__ = ["RankFailed", "LaunchTimeout"]
 
+TAIL = 8    # the traceback (and stderr) lines a RankFailed quotes
+
 
 class RankFailed(RuntimeError):
     """A rank raised or died. `rank`, `cause` (one line), `tail` (its last traceback lines),
@@ -23,10 +25,12 @@ class RankFailed(RuntimeError):
 
 
 class LaunchTimeout(TimeoutError):
-    """Ranks still running after the launch's timeout (they have been stopped). `ranks`: which."""
+    """Ranks still running after the launch's timeout. `ranks`: which. Process ranks have been
+    killed; thread ranks cannot be, so each stops at its next comm call (threads=True)."""
 
-    def __init__(self, ranks, timeout, progress=""):
+    def __init__(self, ranks, timeout, progress="", threads=False):
         self.ranks, self.timeout = ranks, timeout
+        how = "each stops at its next comm call" if threads else "stopped"
         super().__init__(f"{plural_names(ranks, 'rank')} still running after {timeout:g} s "
-                         f"(stopped){progress}: a rank waits for a message or a collective "
+                         f"({how}){progress}: a rank waits for a message or a collective "
                          "that never comes, or the run needs more time (launch(..., timeout=...))")

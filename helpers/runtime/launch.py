@@ -7,7 +7,8 @@ torch takes): each joins the default process group first (runtime.group.setup: g
 NCCL with one GPU per rank), runs with one intra-op thread, finds its device in cfg["device"]
 and hands its result back through a file written atomically.
 A rank that raises, dies or hangs past `timeout` ends the call with RankFailed or LaunchTimeout
-naming the rank and the cause; the other ranks are stopped, never left running. The ranks die
+naming the rank and the cause; the other process ranks are killed, never left running (thread
+ranks cannot be: each stops at its next comm call, see runtime.thread_world). The ranks die
 with the caller (Ctrl-C, SIGTERM, a killed kernel) instead of running on as orphans.
 `threads=True` runs fn as thread ranks of a ThreadWorld (runtime.thread_world), talking through
 the ThreadComm in cfg["comm"] (any callable works, also one defined in a notebook).
@@ -16,6 +17,7 @@ Inside a rank, `report_progress(step, total, what)` (runtime.progress) shows how
 the caller's one progress line, updated in place while the ranks run.
 """
 import difflib
+import inspect
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -34,14 +36,13 @@ from typing import Any
 import torch
 
 from ..validate import validate_backend, validate_positive_int
-from .errors import LaunchTimeout, RankFailed
+from .errors import TAIL, LaunchTimeout, RankFailed
 from .files import atomic_save, write_json
 from .group import backend_line, choose_backend, free_port
 from .progress import ProgressLine, RankStderr
 
-__all__ = ["launch", "take", "run_ranks", "run_in_turn"]
+__all__ = ["launch", "take", "take_kwargs", "run_ranks", "run_in_turn"]
 
-_TAIL = 8          # traceback (and stderr) lines a RankFailed quotes (runtime.errors)
 _GRACE = 10.0      # seconds a rank that has handed in its result may take to leave the group
 _NO_MAIN_GUARD = 86   # a rank's exit code: it started by re-running a script without the guard
 
@@ -102,6 +103,17 @@ def take(cfg: Mapping[str, Any], *required: str, **defaults: Any) -> list[Any]:
                         f"{' (a typo? ' + ', '.join(near) + ')' if near else ''}: "
                         f"expected {list(required)} and optionally {list(defaults)}")
     return [cfg[k] for k in required] + [cfg.get(k, v) for k, v in defaults.items()]
+
+
+def take_kwargs(cfg: Mapping[str, Any], fn: Callable[..., Any]) -> dict[str, Any]:
+    """A nested cfg (a model's sizes) as the keyword arguments of `fn` (a constructor): each of
+    fn's parameters with its value in cfg, else fn's own default, the one place defaults live;
+    a key fn does not take is an error, as in `take`."""
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p.name for p in params if p.default is p.empty]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    return dict(zip([*required, *defaults], take(cfg, *required, **defaults), strict=True))
 
 
 def _validate_importable(fn):
@@ -245,7 +257,7 @@ def _raise_first_failure(procs, out, stderr):
     else:
         r = min(errors, key=lambda k: errors[k]["time"])
         cause = f"{errors[r]['kind']}: {errors[r]['message']}"
-        tail = "\n".join(errors[r]["traceback"].rstrip().splitlines()[-_TAIL:])
+        tail = "\n".join(errors[r]["traceback"].rstrip().splitlines()[-TAIL:])
     echoes = [f"rank {k}: {e['kind']}" for k, e in sorted(errors.items()) if k != r]
     if echoes:
         cause += f" (then {', '.join(echoes)})"
@@ -323,10 +335,10 @@ def _launch_threads(fn, world, cfg, timeout):
     results, errors, alive = w.start(w.rank_body(fn, cfg))
     if errors:
         r, e, tb = errors[0]
-        tail = "\n".join(tb.rstrip().splitlines()[-_TAIL:])
+        tail = "\n".join(tb.rstrip().splitlines()[-TAIL:])
         raise RankFailed(r, f"{type(e).__name__}: {e}", tail, original=e) from e
     if alive:
-        raise LaunchTimeout(alive, timeout)
+        raise LaunchTimeout(alive, timeout, threads=True)
     return results
 
 

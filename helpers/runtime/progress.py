@@ -12,11 +12,11 @@ import threading
 import time
 from contextlib import contextmanager
 
+from .errors import TAIL
 from .files import atomic_write
 
 __all__ = ["report_progress", "ProgressLine", "report_to"]   # RankStderr, stderr_to: launch's
 
-_TAIL = 8   # stderr lines a RankFailed quotes
 
 _progress_file = None
 _last_report = 0.0
@@ -180,4 +180,4 @@ class RankStderr:
     def tail(self, rank):
         self.pump()
         text = self.last[rank].decode(errors="replace")
-        return "\n".join(line for line in text.rstrip().splitlines()[-_TAIL:])
+        return "\n".join(line for line in text.rstrip().splitlines()[-TAIL:])

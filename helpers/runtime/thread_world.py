@@ -16,11 +16,15 @@ message stays unreceived (`takes`, `mismatch`: hooks the checks' World makes str
 travels is the tensor's values, shape and dtype (`comm.wire`), not its strides. A rank that
 waits longer than `timeout` raises TimeoutError naming what it waited for; when one rank fails,
 the ranks waiting on it stop quietly, so the first cause is reported.
+A run has one deadline: then the ranks blocked in a comm call wake and stop, and a rank still
+computing stops at its next comm call (a thread cannot be killed: one that never calls the
+comm again runs on, a daemon thread).
 """
 import collections
 import contextlib
 import itertools
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -102,7 +106,8 @@ class ThreadWorld:
     def __init__(self, size: int, timeout: float = 10.0, deadline: float | None = None,
                  record: bool = True) -> None:
         """timeout: how long a rank waits for a message or a collective; deadline: how long a
-        run waits for its ranks (default: three timeouts and 5 s); record: keep every Message
+        run waits for its ranks (default: three timeouts and 5 s per rank, since the ranks share
+        one interpreter, so a run takes longer the more ranks it has); record: keep every Message
         (and a copy of its tensor) in `messages` and `timeline` (off for long runs: launch)."""
         if size < 1:
             raise ValueError(f"a world needs at least one rank, got {size}")
@@ -113,10 +118,12 @@ class ThreadWorld:
         self._local = threading.local()
         self._boxes = collections.defaultdict(collections.deque)
         self._slots, self._done = {}, {}
+        self._taken = collections.Counter()     # per call: ranks that took their result
         self._calls = collections.Counter()
         self._failed = None
+        self._ended = False                     # the deadline passed: every comm call stops
         self._comms = {}
-        self.deadline = timeout * 3 + 5 if deadline is None else deadline
+        self.deadline = (timeout * 3 + 5) * size if deadline is None else deadline
 
     # --- hooks (no-ops here) ---------------------------------------------------------------------
     def run_context(self):
@@ -200,16 +207,30 @@ class ThreadWorld:
                                         name=f"rank {r}") for r in range(self.size)]
             for t in threads:
                 t.start()
+            end = time.monotonic() + self.deadline        # one deadline for the whole run
             for t in threads:
-                t.join(self.deadline)
+                t.join(max(0.0, end - time.monotonic()))
         errors.sort(key=lambda e: isinstance(e[1], TimeoutError))   # stable: order of occurrence
-        return results, errors, [r for r, t in enumerate(threads) if t.is_alive()]
+        stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+        if stuck:
+            self._end()
+        return results, errors, stuck
+
+    def _end(self):
+        """The deadline passed: wake the ranks blocked in a comm call, and refuse every later
+        call, so that each stuck rank stops quietly at its next one."""
+        self._ended = True
+        self._fail(None, None)
+
+    def _enter(self):
+        if self._ended:
+            raise _Aborted()
 
     def _raise(self, results, errors, stuck):
         if errors:
             raise errors[0][1]
         if stuck:
-            raise LaunchTimeout(stuck, self.deadline)
+            raise LaunchTimeout(stuck, self.deadline, threads=True)
         return results
 
     def _fail(self, rank, error):
@@ -232,6 +253,7 @@ class ThreadWorld:
 
     # --- point to point ------------------------------------------------------------------------
     def send(self, t, dst, tag=0, async_op=False):
+        self._enter()
         rank = self.rank
         self.allowed("send")
         if not 0 <= dst < self.size or dst == rank:
@@ -246,6 +268,7 @@ class ThreadWorld:
 
     def recv(self, src, tag=0, out=None, shape=None, dtype=None):
         """The next message from `src` with `tag`, copied into `out` (or a new tensor)."""
+        self._enter()
         rank = self.rank
         box = self._boxes[(src, rank, tag)]
         with self.comm_context():
@@ -282,6 +305,7 @@ class ThreadWorld:
         """Meet the other ranks of `ranks` at this rank's next collective call: `payload` is what
         this rank contributes, `combine(payloads)` (in group order) what each rank gets back,
         `deliver(mine)` writes it into the caller's tensors (at wait() when async)."""
+        self._enter()
         rank = self.rank
         self.allowed(op)
         ranks = list(ranks)
@@ -303,6 +327,9 @@ class ThreadWorld:
             if call not in self._done:
                 self._done[call] = combine([slot[r][1] for r in ranks])
             mine = self._done[call][ranks.index(rank)]
+            self._taken[call] += 1
+            if self._taken[call] == len(ranks):     # the last rank took its result: free them
+                del self._slots[call], self._done[call], self._taken[call]
 
         def finish():
             with torch.no_grad():

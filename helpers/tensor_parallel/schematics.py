@@ -11,6 +11,7 @@ from itertools import pairwise
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..ring import ring_all_reduce
 from ..runtime.traffic import ByteLog
 from ..schematics import (
     EVERY_RANK_COLOR,
@@ -22,7 +23,7 @@ from ..schematics import (
 )
 from ..schematics import LABEL_FONT as SMALL
 from ..schematics import SCHEMATIC_FONT as FONT
-from .simulated import megatron_mlp, ring_all_reduce
+from .simulated import megatron_mlp
 
 __all__ = ["ring_steps", "plot_ring_allreduce", "megatron_trace", "plot_megatron_mlp"]
 

@@ -1,58 +1,19 @@
 """Part I: splitting within a layer over simulated devices (lists of tensors, one per device):
-a convolution or a dense layer in shards, ring collectives, and the Megatron MLP.
-
-The ring all-reduce (reduce-scatter, then all-gather) moves every chunk with `runtime.traffic.send`,
-so a ByteLog counts the bytes each device would put on its link. `f` and `g` are Megatron-LM's
-two operators (Shoeybi et al., 2019) as autograd functions: f (copy_to_shards) is the identity
-forward and an all-reduce backward, g (reduce_from_shards) an all-reduce forward and the identity
-backward.
+a convolution or a dense layer in shards, and the Megatron MLP, whose all-reduces are the ring's
+(helpers.ring). Every tensor moves with `runtime.traffic.send`, so a ByteLog counts the bytes each
+device would put on its link. `f` and `g` are Megatron-LM's two operators (Shoeybi et al., 2019)
+as autograd functions: f (copy_to_shards) is the identity forward and an all-reduce backward,
+g (reduce_from_shards) an all-reduce forward and the identity backward.
 """
 import torch
 from torch.nn import functional as F
 
+from ..ring import ring_all_reduce
 from ..runtime.traffic import send
 
-__all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
-           "CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
+__all__ = ["CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
            "megatron_mlp", "conv_split_channels", "dense_split_columns", "dense_split_rows",
            "lenet_within_layer"]
-
-
-def ring_reduce_scatter(xs, devices, log=None, what="reduce-scatter"):
-    """Ring reduce-scatter of k same-shape tensors (xs[i] on devices[i]): each is cut into k
-    chunks; in k-1 steps device i passes one chunk to device i+1, which adds its own.
-    Returns chunks[i][c], device i's copy of chunk c: chunk (i+1) % k holds the full sum."""
-    k = len(xs)
-    chunks = [list(x.reshape(-1).tensor_split(k)) for x in xs]
-    for step in range(k - 1):
-        for i in range(k):
-            c, dst = (i - step) % k, (i + 1) % k
-            chunks[dst][c] = chunks[dst][c] + send(chunks[i][c], i, dst, devices, log, what)
-    return chunks
-
-
-def ring_all_gather(chunks, devices, log=None, what="all-gather"):
-    """Ring all-gather after ring_reduce_scatter: device i starts with the full chunk (i+1) % k
-    and in k-1 steps passes the newest chunk it holds to device i+1. Returns the chunks."""
-    k = len(chunks)
-    chunks = [list(c) for c in chunks]
-    for step in range(k - 1):
-        for i in range(k):
-            c, dst = (i + 1 - step) % k, (i + 1) % k
-            chunks[dst][c] = send(chunks[i][c], i, dst, devices, log, what)
-    return chunks
-
-
-def ring_all_reduce(xs, devices, log=None, what="all-reduce"):
-    """Sum of the k tensors xs (xs[i] on devices[i]), returned to every device as a new tensor:
-    reduce-scatter, then all-gather. Each device sends 2(k-1) chunks, 2(k-1)/k of a tensor."""
-    if len(xs) != len(devices):
-        raise ValueError(f"{len(xs)} tensors for {len(devices)} devices: give one per device")
-    if len(xs) == 1:
-        return [xs[0]]
-    chunks = ring_reduce_scatter(xs, devices, log, f"{what}: reduce-scatter")
-    chunks = ring_all_gather(chunks, devices, log, f"{what}: all-gather")
-    return [torch.cat(c).reshape(x.shape) for c, x in zip(chunks, xs)]  # noqa: B905
 
 
 class CopyToShards(torch.autograd.Function):

@@ -45,11 +45,9 @@ __all__ = ["RankArray", "watch_numbers", "own_array", "read_only"]
 _WHO = []       # while a World runs: a function giving the calling thread's rank (None: none)
 
 
-def _rank():
+def current_rank():
+    """The calling thread's rank while a World runs, else None."""
     return _WHO[-1]() if _WHO else None
-
-
-current_rank = _rank        # the calling thread's rank while a World runs, else None
 
 
 def _ranks_in(x, rank, depth=0):
@@ -115,15 +113,16 @@ class RankArray(np.ndarray):
         self.ranks = getattr(obj, "ranks", frozenset())
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        ranks = _refuse(_rank(), (inputs, kwargs), f"computed with numpy's {ufunc.__name__} on")
+        ranks = _refuse(current_rank(), (inputs, kwargs),
+                        f"computed with numpy's {ufunc.__name__} on")
         return mark(getattr(ufunc, method)(*_plain(inputs), **_plain(kwargs)), ranks)
 
     def __array_function__(self, func, types_, args, kwargs):
-        ranks = _refuse(_rank(), (args, kwargs), f"computed with numpy's {func.__name__} on")
+        ranks = _refuse(current_rank(), (args, kwargs), f"computed with numpy's {func.__name__} on")
         return mark(func(*_plain(args), **_plain(kwargs)), ranks)
 
     def _read(self, how):
-        _refuse(_rank(), self, how)
+        _refuse(current_rank(), self, how)
         return self.view(np.ndarray)
 
     def __getitem__(self, index):
@@ -135,7 +134,7 @@ class RankArray(np.ndarray):
 
     def __setitem__(self, index, value):
         if not self.flags.writeable:
-            raise CheckFailed(_READ_ONLY.format(_rank()))
+            raise CheckFailed(_READ_ONLY.format(current_rank()))
         super().__setitem__(index, value)
 
     def tolist(self):
@@ -160,7 +159,7 @@ for _name in ("__repr__", "__str__", "__format__", "__float__", "__int__",
 
 def _plain_reader(name):
     def method(self, *args, **kwargs):
-        _refuse(_rank(), self, f"read (.{name})")
+        _refuse(current_rank(), self, f"read (.{name})")
         return getattr(np.ndarray, name)(self, *args, **kwargs)
     method.__name__ = name
     return method
@@ -169,7 +168,7 @@ def _plain_reader(name):
 RankArray.view = _plain_reader("view")           # view(np.ndarray) would drop the rank
 for _name in ("flat", "base", "data", "ctypes", "__array_interface__"):
     setattr(RankArray, _name, property(functools.partial(
-        lambda name, self: (_refuse(_rank(), self, f"read (.{name})"),
+        lambda name, self: (_refuse(current_rank(), self, f"read (.{name})"),
                             getattr(super(RankArray, self), name))[1], _name)))
 
 
@@ -206,7 +205,7 @@ def _watched(fn, module, keep=True):
     drain = module != "numpy" or fn.__name__ == "fromiter"   # iterables of numbers, consumed
 
     def call(*args, **kwargs):
-        rank = _rank()
+        rank = current_rank()
         if rank is None:
             return fn(*args, **kwargs)
         if drain:

@@ -1,0 +1,109 @@
+"""The runtime's ThreadWorld frees what a collective carried once every rank of its group took
+its result (a long threads-mode run holds no payload of earlier calls), and gives a run one
+deadline, after which its stuck ranks stop at their next comm call."""
+import gc
+import threading
+import time
+import types
+
+import pytest
+import torch
+
+import helpers
+from helpers.runtime.errors import LaunchTimeout
+from helpers.runtime.thread_world import ThreadWorld
+
+_MB = 2 ** 18              # float32 elements in 1 MB
+
+
+def _held_bytes(world):
+    """Bytes of the tensors the world reaches (its dicts, lists and objects, not modules)."""
+    seen, todo, total = set(), [world], 0
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, (type, types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            total += o.numel() * o.element_size()
+        else:
+            todo.extend(gc.get_referents(o))
+    return total
+
+
+def test_collectives_leave_no_payload_behind():
+    w = ThreadWorld(2, timeout=10.0, record=False)
+    held = []
+
+    def fn(comm):
+        t = torch.ones(_MB)
+        for _ in range(100):
+            comm.all_reduce(t)
+            held.append(len(w._slots) + len(w._done))
+        return t[0].item()
+
+    assert w.run(fn) == [2.0 ** 100] * 2
+    assert not w._slots and not w._done and not w._taken
+    assert max(held) <= 4                     # one call in flight per rank, at most
+    assert _held_bytes(w) < _MB               # neither the ranks' copies nor the results remain
+
+
+def test_a_recording_world_frees_the_slots_too():
+    w = ThreadWorld(3, timeout=10.0)
+    w.run(lambda comm: [comm.all_gather(torch.ones(4)) for _ in range(5)])
+    assert not w._slots and not w._done and len(w.sent("all_gather")) == 15
+
+
+def test_the_deadline_is_one_for_the_run_not_one_per_rank():
+    stop = threading.Event()
+    w = ThreadWorld(3, timeout=0.1, deadline=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout, match="ranks 0, 1 and 2 still running after 1 s"):
+        w.run(lambda comm: stop.wait(20))
+    took = time.monotonic() - t0
+    stop.set()
+    assert took < 2.0, f"three stuck ranks held the run {took:.1f} s past a 1 s deadline"
+
+
+def test_the_default_deadline_grows_with_the_ranks_that_share_the_interpreter():
+    """One deadline for the run, by default three timeouts and 5 s per rank: thread ranks
+    share one interpreter, so a run of more ranks takes longer."""
+    assert ThreadWorld(1, timeout=1.0).deadline == 8.0
+    assert ThreadWorld(3, timeout=1.0).deadline == 24.0
+
+
+def test_stuck_ranks_stop_at_the_deadline_blocked_or_at_their_next_comm_call():
+    go, left, after = threading.Event(), [threading.Event() for _ in range(3)], []
+
+    def fn(comm):
+        try:
+            if comm.rank == 0:
+                go.wait(20)                       # computing past the deadline
+                comm.send(torch.ones(1), 1)
+            elif comm.rank == 1:
+                comm.recv(2, (1,))                # blocked, waiting for a message never sent
+            else:
+                comm.all_reduce(torch.ones(1))    # blocked in a collective the others miss
+            after.append(comm.rank)
+        finally:
+            left[comm.rank].set()
+
+    w = ThreadWorld(3, timeout=30.0, deadline=0.5)
+    with pytest.raises(LaunchTimeout, match="each stops at its next comm call"):
+        w.run(fn)
+    assert left[1].wait(5) and left[2].wait(5), "a rank blocked in the comm did not wake"
+    go.set()
+    assert left[0].wait(5) and after == [], f"ranks {after} went on past the comm call"
+
+
+def test_launch_on_threads_gives_the_same_one_deadline():
+    stop = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout, match="next comm call"):
+        helpers.launch(_spin, 3, dict(stop=stop), timeout=1.0, threads=True)
+    stop.set()
+    assert time.monotonic() - t0 < 2.0
+
+
+def _spin(rank, world, cfg):
+    cfg["stop"].wait(20)
