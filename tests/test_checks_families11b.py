@@ -79,6 +79,8 @@ def _by_reduce_errors(halves, r, w):
             except Exception as e:   # noqa: BLE001 - the shortcut reads torch's words
                 dims = re.search(r"\[0, (\d+)\]", str(e))
                 got[s].append(int(dims.group(1)) if dims else 0)
+                if not dims and len(got[s]) > 3:   # refused, words that name nothing: stop
+                    return got
     return got
 
 

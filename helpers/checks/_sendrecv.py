@@ -7,7 +7,7 @@ import torch
 
 from ._core import CheckFailed, World, as_int, expect
 
-TIMEOUT = 2.0
+TIMEOUT = 5.0
 
 
 def _threads(fn, world, *args):

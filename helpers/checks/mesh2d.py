@@ -9,7 +9,7 @@ from ._core import CheckFailed, World, check, expect, fresh_generator, randint
 
 __all__ = ["check_mesh_groups", "check_dp_average", "check_local_shape"]
 
-TIMEOUT = 2.0   # seconds a thread-rank waits for a message that never comes
+TIMEOUT = 5.0   # seconds a thread-rank waits for a message that never comes
 
 
 def _timeout():

@@ -12,7 +12,7 @@ from ._core.inputs import expect_unchanged, kept
 __all__ = ["check_idle_share", "check_pipeline_forward", "check_cuts_for_times",
            "check_microbatches_for", "check_weight_grads"]
 
-TIMEOUT = 2.0   # seconds a thread-rank waits for a message that never comes
+TIMEOUT = 5.0   # seconds a thread-rank waits for a message that never comes
 
 
 # --- idle share -------------------------------------------------------------------------------

@@ -146,12 +146,20 @@ class World(ThreadWorld):
                      f"a buffer of shape {tuple(want)}, which is not the shape and dtype of the "
                      "tensor sent: a recv takes exactly what its sender sends")
 
+    def _enter(self):
+        """After the network refused a call the answer has failed: every later comm call fails
+        at once (an answer that catches the refusal and goes on does not wait out timeouts)."""
+        super()._enter()
+        if self.network_failure is not None:
+            raise CheckFailed(str(self.network_failure[1]))
+
     def _refuse(self, rank, words):
         error = CheckFailed(words)
         with self._cond:
             if self.network_failure is None:
                 self.network_failure = (rank, error)
                 self._note("failure", rank, self.network_failure)
+        self._fail(rank, error)        # the ranks waiting on this call stop now
         raise error
 
     @contextlib.contextmanager
