@@ -93,9 +93,9 @@ def plot_queue_timeline(facts):
 
 
 def machine_links(specs, hbm_bytes_per_s):
-    """GB/s each way of the machine's hops, from their specifications (`specs` as
-    helpers.LINK_SPECS, `hbm_bytes_per_s` a datasheet's memory bandwidth): host to GPU over PCIe
-    5.0 x16, GPU to GPU over NVLink 4 (all links), and a GPU to its own HBM."""
+    """GB/s of the machine's hops, from their specifications (`specs` as helpers.LINK_SPECS,
+    `hbm_bytes_per_s` a datasheet's memory bandwidth): host to GPU over PCIe 5.0 x16 and GPU to
+    GPU over NVLink 4 (all links), each way; a GPU to its own HBM in all (reads plus writes)."""
     lane = specs["pcie5_gt_s"] * specs["pcie4_encoding"] / 8 / 1e9    # 128b/130b, as 4.0
     return dict(pcie=lane * specs["pcie4_lanes"],
                 nvlink=specs["nvlink4_links"] * specs["nvlink4_link_gbs"],
@@ -119,16 +119,17 @@ def plot_gpu_machine(links):
         ax.text(7.3, y + 2.25, f"GPU {g} (device)", ha="center", va="center", fontsize=SMALL)
         draw_box(ax, 4.75, y + 0.2, 1.3, 1.6, device_color(g), "SMs", fontsize=SMALL)
         draw_box(ax, 6.15, y + 0.2, 1.85, 1.6, device_color(2),
-                 f"HBM\n{links['hbm'] / 1e3:.1f}\nTB/s", fontsize=SMALL)
+                 f"HBM\n{links['hbm'] / 1e3:.1f} TB/s\nin all", fontsize=SMALL)
         draw_box(ax, 8.1, y + 0.2, 1.8, 1.6, "0.85", "copy\nengine", fontsize=SMALL)
         ax.add_patch(FancyArrowPatch((2.6, y + 1.0), (4.6, y + 1.0),
                                      arrowstyle="<|-|>", mutation_scale=12, color="black",
                                      linewidth=1.5))
     ax.text(3.6, 3.1, f"PCIe\n{links['pcie']:.0f}\nGB/s", ha="center", va="center",
             fontsize=SMALL)
-    ax.add_patch(FancyArrowPatch((9.0, 2.6), (9.0, 3.6), arrowstyle="<|-|>", mutation_scale=12,
+    # NVLink joins the GPUs' edges: SMs load and store over it too, not only the copy engines
+    ax.add_patch(FancyArrowPatch((7.3, 2.6), (7.3, 3.6), arrowstyle="<|-|>", mutation_scale=12,
                                  color="black", linewidth=1.5))
-    ax.text(8.8, 3.1, f"NVLink {links['nvlink']:.0f} GB/s", ha="right", va="center",
+    ax.text(7.5, 3.1, f"NVLink {links['nvlink']:.0f} GB/s", ha="left", va="center",
             fontsize=SMALL)
     ax.set(xlim=(0, 10), ylim=(0, 6.2))
     fig.tight_layout()

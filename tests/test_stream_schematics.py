@@ -88,5 +88,5 @@ def test_the_machine_schematic_labels_each_hop_with_its_specification():
     texts = [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
     assert "PCIe\n63\nGB/s" in texts and "NVLink 450 GB/s" in texts
-    assert texts.count("HBM\n4.8\nTB/s") == 2 and texts.count("SMs") == 2
+    assert texts.count("HBM\n4.8 TB/s\nin all") == 2 and texts.count("SMs") == 2
     assert {"GPU 0 (device)", "GPU 1 (device)", "host", "CPU", "DRAM"} <= set(texts)
