@@ -215,14 +215,41 @@ def test_overlap_words_faster_slower_or_cannot_tell():
     assert "cannot tell whether the copy overlapped" in helpers.overlap_words(4e-3, 4.2e-3)
 
 
-def test_call_share_words_the_call_most_of_it_or_cannot_say():
-    assert helpers.call_share_words(1.9e-6, 2e-6).startswith(", the call itself: a bare 1x1 call "
-                                                             "took 95% of it")
-    most = helpers.call_share_words(1.58e-6, 2.03e-6)
-    assert most.startswith("; most of it is the call itself") and "78%" in most
-    assert "cannot say how much" in helpers.call_share_words(0.5e-6, 2e-6)
+def test_call_share_words_decided_from_the_rounds():
+    roof = 0.1e-6                                   # beyond it: 2.0 µs in every round below
+    small = [2.1e-6] * 3
+    most = helpers.call_share_words([1.2e-6, 1.6e-6, 1.9e-6], small, roof)
+    assert most == ("; most of it is the call itself: a bare 1x1 call took from 60% to 95% of "
+                    "it round by round (median 80%); this run does not say what the rest is")
+    over = helpers.call_share_words([1.2e-6, 1.6e-6, 2.4e-6], small, roof)
+    assert "to 120% of it" in over and "above 100% where the bare call was the slower" in over
+    little = helpers.call_share_words([0.2e-6, 0.4e-6, 0.9e-6], small, roof)
+    assert little.startswith("; a bare 1x1 call took only from 10% to 45% of it")
+    assert "most of it is not the bare call's cost" in little
+    # one round under half, the others over: the median alone would say "most"
+    straddle = helpers.call_share_words([0.8e-6, 1.6e-6, 1.9e-6], small, roof)
+    assert straddle.endswith("on both sides of half: this run cannot tell how much of it is "
+                             "the call")
+    # paired by round: each bare call against the small call of its own round
+    paired = helpers.call_share_words([1.0e-6, 2.0e-6], [1.1e-6, 4.1e-6], roof)
+    assert "from 50% to 100%" in paired
     with pytest.raises(ValueError, match="must be > 0"):
-        helpers.call_share_words(1e-6, 0.0)
+        helpers.call_share_words([1e-6], [0.1e-6], roof)
+    with pytest.raises(ValueError, match="the same rounds"):
+        helpers.call_share_words([1e-6, 1e-6], [2e-6], roof)
+
+
+def test_call_share_summary_quotes_only_what_the_verdict_supports():
+    roof, small = 0.1e-6, [2.1e-6] * 3
+    most = helpers.call_share_summary([1.2e-6, 1.6e-6, 1.9e-6], small, roof)
+    assert most == ("; a bare 1x1 call, timed in turns with it, took 60% to 95% of the time a "
+                    "16x16 call spent beyond the roof, round by round: most of that time is "
+                    "the call")
+    assert helpers.call_share_summary([0.2e-6, 0.4e-6, 0.9e-6], small, roof).endswith(
+        "most of that time is not the bare call")
+    straddle = helpers.call_share_summary([0.8e-6, 1.6e-6, 1.9e-6], small, roof)
+    assert straddle.endswith("so this run cannot tell how much of that time is the call")
+    assert "most of that time is the call" not in straddle
 
 
 def test_fit_ends_words_below_above_or_cannot_tell():
