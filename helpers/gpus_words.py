@@ -188,7 +188,7 @@ def _call_shares(call_rounds, small_rounds, roof_s):
     rests = [s - roof_s for s in small_rounds]
     if min(rests) <= 0:
         raise ValueError(f"call_share: the time beyond the roof must be > 0, not {min(rests)}")
-    shares = sorted(c / r for c, r in zip(call_rounds, rests))
+    shares = sorted(c / r for c, r in zip(call_rounds, rests, strict=True))
     return shares[0], statistics.median(shares), shares[-1]
 
 
