@@ -128,21 +128,27 @@ def threads_ratio_words(r, threads, n):
             f"other ({spread}): this run cannot tell them apart.")
 
 
-def launch_bound_words(call_s, peak_flops):
+def launch_bound_words(call_s, peak_flops, rounds=1, product_s=None):
     """What bounds a small float32 product on the GPU beyond its intensity, after "from n ≈ N":
-    `call_s` the fixed cost of a call in the GPU reference run (None: not measured, a
-    prediction), `peak_flops` the GPU's compute roof. Until 2n³/P reaches the call's cost, the
-    call, not either roof, sets the time."""
-    if not call_s:
+    `call_s` a 1 KiB copy's call in the GPU reference run (the median of `rounds` rounds; 1: one
+    reading; None: not measured, a prediction), `product_s` a tiny product's call there where the
+    run timed one (ten back to back), `peak_flops` the GPU's compute roof. Until 2n³/P reaches
+    the call's cost, the call, not either roof, sets the time: a prediction from those readings."""
+    if not (product_s or call_s):
         return (", by its intensity alone. A call's fixed cost, microseconds on a GPU (a "
                 "prediction: no GPU run has measured it), outlasts the arithmetic of far larger "
                 "products")
-    if call_s <= 0 or peak_flops <= 0:
+    if (product_s or call_s) <= 0 or peak_flops <= 0:
         raise ValueError(f"a time and a rate must be > 0, got {call_s} s and {peak_flops}")
-    n = (call_s * peak_flops / 2) ** (1 / 3)
-    return (f", by its intensity alone. A call's fixed cost ({call_s * 1e6:.1f} µs in the GPU "
-            f"reference run) outlasts the arithmetic until 2n³/P reaches it, at n ≈ {n:,.0f}: "
-            "smaller products are bound by the call, not by either roof")
+    how = "one reading" if rounds == 1 else f"the median of {rounds} rounds"
+    said = (f"A tiny product's call ({product_s * 1e6:.1f} µs in the GPU reference run: ten "
+            f"back to back, {how})" if product_s else
+            f"A call's fixed cost ({call_s * 1e6:.1f} µs in the GPU reference run: {how} of a "
+            "1 KiB copy's call; a product's launch was not timed)")
+    n = ((product_s or call_s) * peak_flops / 2) ** (1 / 3)
+    return (f", by its intensity alone. {said} outlasts the arithmetic until 2n³/P reaches it, "
+            f"at n ≈ {n:,.0f} (a prediction from that reading): smaller products would be bound "
+            "by the call, not by either roof")
 
 
 def memory_pass_words(copy_bw, mem_bw):

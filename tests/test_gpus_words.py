@@ -106,13 +106,21 @@ def test_threads_ratio_words_faster_slower_within_noise_or_one_thread():
         "this run compares no thread counts.")
 
 
-def test_launch_bound_words_measured_or_a_prediction():
+def test_launch_bound_words_a_prediction_from_the_readings():
     said = helpers.launch_bound_words(16.5e-6, 51e12)
-    assert said == (", by its intensity alone. A call's fixed cost (16.5 µs in the GPU reference "
-                    "run) outlasts the arithmetic until 2n³/P reaches it, at n ≈ 749: smaller "
-                    "products are bound by the call, not by either roof")
+    assert said == (", by its intensity alone. A call's fixed cost (16.5 µs in the GPU "
+                    "reference run: one reading of a 1 KiB copy's call; a product's launch was "
+                    "not timed) outlasts the arithmetic until 2n³/P reaches it, at n ≈ 749 (a "
+                    "prediction from that reading): smaller products would be bound by the call, "
+                    "not by either roof")
     # twice the rate: the same call outlasts products 2^(1/3) times as large
     assert "n ≈ 944" in helpers.launch_bound_words(16.5e-6, 102e12)
+    assert "the median of 5 rounds of a 1 KiB" in helpers.launch_bound_words(16.5e-6, 51e12, 5)
+    # a tiny product's own call, where the run timed one, is used instead of the copy's
+    product = helpers.launch_bound_words(16.5e-6, 51e12, 5, product_s=8.0e-6)
+    assert "A tiny product's call (8.0 µs in the GPU reference run: ten back to back, the " \
+        "median of 5 rounds)" in product and "n ≈ 589" in product
+    assert "not timed" not in product
     assert "a prediction: no GPU run has measured it" in helpers.launch_bound_words(None, 51e12)
     with pytest.raises(ValueError, match="must be > 0"):
         helpers.launch_bound_words(-1e-6, 51e12)
