@@ -75,7 +75,7 @@ from .prose import claim, say
 from .words import how_often, plural
 from .data_parallel.dp_vs_ddp import time_dp_vs_ddp
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
-                        failed_cells_words)
+                        failed_cells_words, failed_cells_note)
 from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
                           load_words)
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
