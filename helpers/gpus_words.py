@@ -12,8 +12,7 @@ __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth
            "queued_words", "link_cost_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
-           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "call_share_words",
-           "call_share_summary", "fit_ends_words"]
+           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "fit_ends_words"]
 
 BAND = 0.1             # two single timings closer than this cannot be told apart
 NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
@@ -180,53 +179,6 @@ H200_DATASHEET = dict(peak=67e12, bf16=989e12, bw=4.8e12)
 # and H200 SXM: 18 links of 25 GB/s each way in all (NVIDIA's Hopper architecture whitepaper)
 LINK_SPECS = dict(pcie4_gt_s=16e9, pcie5_gt_s=32e9, pcie4_lanes=16, pcie4_encoding=128 / 130,
                   nvlink4_links=18, nvlink4_link_gbs=25)
-
-
-MOST = 0.5      # a bare call's share of the time beyond the roof: "most of it" from here
-
-
-def _call_shares(call_rounds, small_rounds, roof_s):
-    """A bare call's share of what a small product took beyond its roof, round by round:
-    `call_rounds` and `small_rounds` the seconds a call of each took in the same rounds (timed in
-    turns), `roof_s` what the roof allows the small product. Returns (lowest, median, highest)."""
-    if len(call_rounds) != len(small_rounds) or not call_rounds:
-        raise ValueError("call_share: one time of each call a round, the same rounds")
-    rests = [s - roof_s for s in small_rounds]
-    if min(rests) <= 0:
-        raise ValueError(f"call_share: the time beyond the roof must be > 0, not {min(rests)}")
-    shares = sorted(c / r for c, r in zip(call_rounds, rests, strict=True))
-    return shares[0], statistics.median(shares), shares[-1]
-
-
-def call_share_words(call_rounds, small_rounds, roof_s):
-    """What a bare call (a 1x1 product) says of the time a small product took beyond its roof,
-    decided from the rounds (see _call_shares), as a clause after "what the roofline leaves
-    out": most of it in every round, less than most in every round, or this run cannot tell."""
-    lo, mid, hi = _call_shares(call_rounds, small_rounds, roof_s)
-    spread = f"from {lo:.0%} to {hi:.0%} of it round by round (median {mid:.0%})"
-    if lo >= MOST:
-        over = (": above 100% where the bare call was the slower of the two" if hi > 1
-                else "")
-        return (f"; most of it is the call itself: a bare 1x1 call took {spread}{over}; this "
-                "run does not say what the rest is")
-    if hi < MOST:
-        return (f"; a bare 1x1 call took only {spread}: most of it is not the bare call's cost, "
-                "and this run does not say what it is")
-    return (f"; a bare 1x1 call took {spread}, on both sides of half: this run cannot tell how "
-            "much of it is the call")
-
-
-def call_share_summary(call_rounds, small_rounds, roof_s):
-    """The summary's clause for the same verdict as call_share_words (after "... at N% of it
-    here"): only what the rounds support."""
-    lo, _, hi = _call_shares(call_rounds, small_rounds, roof_s)
-    took = (f"a bare 1x1 call, timed in turns with it, took {lo:.0%} to {hi:.0%} of the time a "
-            "16x16 call spent beyond the roof, round by round")
-    if lo >= MOST:
-        return f"; {took}: most of that time is the call"
-    if hi < MOST:
-        return f"; {took}: most of that time is not the bare call"
-    return f"; {took}, so this run cannot tell how much of that time is the call"
 
 
 def _against(what, got, lo, hi, show, source):

@@ -280,3 +280,18 @@ def test_fit_ends_words_below_above_or_cannot_tell():
     assert "to no limit), so this run cannot tell" in unbounded
     with pytest.raises(ValueError, match="median, fastest, slowest"):
         helpers.fit_ends_words(1e-6, 9.0, (64, (1.0e-6, 1.1e-6, 1.2e-6)), largest)
+
+
+def test_cache_copy_words_faster_slower_or_cannot_tell():
+    walk = "a pool of 512 MiB"
+    faster = helpers.cache_copy_words(helpers.Ratio([1.8, 2.1, 2.4]), 2**18, walk)
+    assert faster == ("Timed in turns, one buffer of 256 KiB copied again and again, read from "
+                      "the caches, against copies of that size walking the pool, read from main "
+                      "memory: the one buffer was faster (1.80-2.40 times as fast, 3 rounds). "
+                      "That is why the copies walk a pool of 512 MiB.")
+    slower = helpers.cache_copy_words(helpers.Ratio([0.7, 0.8, 0.9]), 2**20, walk)
+    assert "one buffer of 1 MiB" in slower and "was slower" in slower
+    assert "this run does not say why" in slower and "That is why" not in slower
+    noise = helpers.cache_copy_words(helpers.Ratio([0.9, 1.1, 1.3]), 2**18, walk)
+    assert "this run cannot tell them apart" in noise and "That is why" not in noise
+
