@@ -253,5 +253,6 @@ from .data_parallel.torchrun_schematics import (sampler_facts, plot_sampler, res
                                                 plot_restart, torchrun_facts, plot_torchrun)
 from .data_parallel.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
 from .stream_schematics import (queue_timeline, plot_queue_timeline, machine_links,
-                                plot_gpu_machine)
+                                plot_gpu_machine,
+                                two_stream_facts, plot_two_streams)
 from .composed.planner import data_parallel_costs
