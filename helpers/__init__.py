@@ -75,7 +75,7 @@ from .profiling import (quiet_native_stderr, profile_cpu, collectives_in, count_
 from .prose import claim, say
 from .words import how_often, plural
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
-                        failed_cells_words)
+                        failed_cells_words, failed_cells_note)
 from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
                           load_words)
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
@@ -85,8 +85,8 @@ from .gpus_words import (pool_words, copy_fit_words, unsynced_timing_words, size
                          reference_link_words, reference_memory_words, reference_streams_words,
                          H200_DATASHEET, LINK_SPECS, pinned_words, overlap_words,
                          threads_ratio_words, launch_bound_words, one_call_words, queued_words,
-                         link_cost_words,
-                         call_share_words, fit_ends_words)
+                         link_cost_words, fit_ends_words)
+from .gpus_cost_words import call_share_words, call_share_summary, cache_copy_words
 from .timing import (Measurement, Ratio, measure, interleave, ratio, machine_load, quartiles_word,
                      cpu_clock)
 from .runtime.group import (choose_backend, backend_for, env_ranks, rank_device, setup, teardown,
@@ -252,4 +252,5 @@ from .data_parallel.torchrun_schematics import (sampler_facts, plot_sampler, res
                                                 plot_restart, torchrun_facts, plot_torchrun)
 from .data_parallel.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
 from .stream_schematics import (queue_timeline, plot_queue_timeline, machine_links,
-                                plot_gpu_machine)
+                                plot_gpu_machine,
+                                two_stream_facts, plot_two_streams)

@@ -12,8 +12,7 @@ __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth
            "queued_words", "link_cost_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
-           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "call_share_words",
-           "fit_ends_words"]
+           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "fit_ends_words"]
 
 BAND = 0.1             # two single timings closer than this cannot be told apart
 NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
@@ -128,21 +127,27 @@ def threads_ratio_words(r, threads, n):
             f"other ({spread}): this run cannot tell them apart.")
 
 
-def launch_bound_words(call_s, peak_flops):
+def launch_bound_words(call_s, peak_flops, rounds=1, product_s=None):
     """What bounds a small float32 product on the GPU beyond its intensity, after "from n ≈ N":
-    `call_s` the fixed cost of a call in the GPU reference run (None: not measured, a
-    prediction), `peak_flops` the GPU's compute roof. Until 2n³/P reaches the call's cost, the
-    call, not either roof, sets the time."""
-    if not call_s:
+    `call_s` a 1 KiB copy's call in the GPU reference run (the median of `rounds` rounds; 1: one
+    reading; None: not measured, a prediction), `product_s` a tiny product's call there where the
+    run timed one (ten back to back), `peak_flops` the GPU's compute roof. Until 2n³/P reaches
+    the call's cost, the call, not either roof, sets the time: a prediction from those readings."""
+    if not (product_s or call_s):
         return (", by its intensity alone. A call's fixed cost, microseconds on a GPU (a "
                 "prediction: no GPU run has measured it), outlasts the arithmetic of far larger "
                 "products")
-    if call_s <= 0 or peak_flops <= 0:
+    if (product_s or call_s) <= 0 or peak_flops <= 0:
         raise ValueError(f"a time and a rate must be > 0, got {call_s} s and {peak_flops}")
-    n = (call_s * peak_flops / 2) ** (1 / 3)
-    return (f", by its intensity alone. A call's fixed cost ({call_s * 1e6:.1f} µs in the GPU "
-            f"reference run) outlasts the arithmetic until 2n³/P reaches it, at n ≈ {n:,.0f}: "
-            "smaller products are bound by the call, not by either roof")
+    how = "one reading" if rounds == 1 else f"the median of {rounds} rounds"
+    said = (f"A tiny product's call ({product_s * 1e6:.1f} µs in the GPU reference run: ten "
+            f"back to back, {how})" if product_s else
+            f"A call's fixed cost ({call_s * 1e6:.1f} µs in the GPU reference run: {how} of a "
+            "1 KiB copy's call; a product's launch was not timed)")
+    n = ((product_s or call_s) * peak_flops / 2) ** (1 / 3)
+    return (f", by its intensity alone. {said} outlasts the arithmetic until 2n³/P reaches it, "
+            f"at n ≈ {n:,.0f} (a prediction from that reading): smaller products would be bound "
+            "by the call, not by either roof")
 
 
 def memory_pass_words(copy_bw, mem_bw):
@@ -174,23 +179,6 @@ H200_DATASHEET = dict(peak=67e12, bf16=989e12, bw=4.8e12)
 # and H200 SXM: 18 links of 25 GB/s each way in all (NVIDIA's Hopper architecture whitepaper)
 LINK_SPECS = dict(pcie4_gt_s=16e9, pcie5_gt_s=32e9, pcie4_lanes=16, pcie4_encoding=128 / 130,
                   nvlink4_links=18, nvlink4_link_gbs=25)
-
-
-def call_share_words(call_s, rest_s):
-    """What a bare call (a 1x1 product, `call_s`) says of the time a small product took beyond
-    its roof (`rest_s`), as a clause after "what the roofline leaves out": the call itself,
-    most of it, or this run cannot say."""
-    if rest_s <= 0:
-        raise ValueError(f"call_share_words: the time beyond the roof must be > 0, not {rest_s}")
-    share = call_s / rest_s
-    if share >= 0.9:
-        return (f", the call itself: a bare 1x1 call took {share:.0%} of it, so the call "
-                "accounts for it")
-    if share >= 0.5:
-        return (f"; most of it is the call itself: a bare 1x1 call took {share:.0%} of it, and "
-                "this run does not say what the rest is")
-    return (f"; a bare 1x1 call took only {share:.0%} of it, so this run cannot say how much "
-            "of it is the call")
 
 
 def _against(what, got, lo, hi, show, source):

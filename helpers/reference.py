@@ -21,7 +21,7 @@ from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
            "capture_env", "gpu_figures", "one_gpu_step", "add_notebook", "add_path",
-           "failed_cells_words"]
+           "failed_cells_words", "failed_cells_note"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
@@ -179,14 +179,9 @@ def failed_cells_words(notebook, path=None, names=None, who="That run also"):
     cell number: words}}, says what a failed cell held at the run's commit (a number means
     nothing to a reader): every failed cell named, by content only; some, by number and then
     what those held. `who` opens the sentence, naming the run as the text before it does."""
-    ref = gpu_reference(path)
-    nbval = ref.get("steps", {}).get("nbval", {}) if ref.get("exists") else {}
-    prefix = notebook.replace("/", ".").replace(".ipynb", "") + ".ipynb::Cell "
-    cells = sorted(int(f[len(prefix):]) for f in nbval.get("failed", [])
-                   if f.startswith(prefix) and f[len(prefix):].isdigit())
+    cells, commit = _failed_cells(notebook, path)
     if not cells:
         return ""
-    commit = ref.get("commit", "unknown")
     known = next((v for k, v in (names or {}).items() if str(commit).startswith(k)), {})
     head = (f" {who} executed this notebook's code cells on its GPU (nbval), and "
             f"{len(cells)} of them failed there")
@@ -206,6 +201,38 @@ def failed_cells_words(notebook, path=None, names=None, who="That run also"):
             f"code cells only; {tail}"
             + "".join(f" At that commit the {_ordinal(c + 1)} code cell was {known[c]}."
                       for c in cells if c in known))
+
+
+def _failed_cells(notebook, path=None):
+    """(the nbval numbers of `notebook`'s cells that failed in the committed GPU run, sorted;
+    the run's commit)."""
+    ref = gpu_reference(path)
+    nbval = ref.get("steps", {}).get("nbval", {}) if ref.get("exists") else {}
+    prefix = notebook.replace("/", ".").replace(".ipynb", "") + ".ipynb::Cell "
+    cells = sorted(int(f[len(prefix):]) for f in nbval.get("failed", [])
+                   if f.startswith(prefix) and f[len(prefix):].isdigit())
+    return cells, ref.get("commit", "unknown")
+
+
+def failed_cells_note(notebook, path=None, names=None):
+    """A short note (after a space) for the reader where the committed GPU run's nbval step
+    failed cells of `notebook`: "" where none failed. `names` as failed_cells_words' ({commit:
+    {nbval cell number: what it checks}}), used only for the run's commit; no commit or cell
+    number reaches the reader."""
+    cells, commit = _failed_cells(notebook, path)
+    if not cells:
+        return ""
+    known = next((v for k, v in (names or {}).items() if str(commit).startswith(k)), {})
+    if all(c in known for c in cells):
+        said = [known[c] for c in cells]
+        what = " and ".join(said)
+        verb = "have" if len(said) > 1 else "has"
+        return (f" The GPU check of {what} {verb} not yet passed at this version of the chapter; "
+                "a GPU rerun will say.")
+    one = len(cells) == 1
+    return (f" {'One' if one else len(cells)} of this chapter's cells "
+            f"{'has' if one else 'have'} not yet passed {'its' if one else 'their'} GPU check "
+            "at this version; a GPU rerun will say.")
 
 
 def _ordinal(n):

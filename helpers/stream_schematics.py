@@ -6,13 +6,16 @@ host's clock as it submits each product, when it reads the clock without waiting
 `plot_queue_timeline` draws those stamps: a host row and a stream row against one time axis.
 `plot_gpu_machine` draws the machine the chapter talks about: the host, two GPUs, and the links
 between them, labelled with the bandwidths of their specifications (predictions, not measured).
+`two_stream_facts` and `plot_two_streams` draw a schematic (not measured): copies and products
+on one stream, in turn, against the next copy on a second stream under this product.
 """
 import time
 
 from .schematics import LABEL_FONT as SMALL
 from .schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
 
-__all__ = ["queue_timeline", "plot_queue_timeline", "machine_links", "plot_gpu_machine"]
+__all__ = ["queue_timeline", "plot_queue_timeline", "machine_links", "plot_gpu_machine",
+           "two_stream_facts", "plot_two_streams"]
 
 HOST, STREAM = 1.0, 0.0          # the rows' heights on the drawing's y axis
 
@@ -93,9 +96,9 @@ def plot_queue_timeline(facts):
 
 
 def machine_links(specs, hbm_bytes_per_s):
-    """GB/s each way of the machine's hops, from their specifications (`specs` as
-    helpers.LINK_SPECS, `hbm_bytes_per_s` a datasheet's memory bandwidth): host to GPU over PCIe
-    5.0 x16, GPU to GPU over NVLink 4 (all links), and a GPU to its own HBM."""
+    """GB/s of the machine's hops, from their specifications (`specs` as helpers.LINK_SPECS,
+    `hbm_bytes_per_s` a datasheet's memory bandwidth): host to GPU over PCIe 5.0 x16 and GPU to
+    GPU over NVLink 4 (all links), each way; a GPU to its own HBM in all (reads plus writes)."""
     lane = specs["pcie5_gt_s"] * specs["pcie4_encoding"] / 8 / 1e9    # 128b/130b, as 4.0
     return dict(pcie=lane * specs["pcie4_lanes"],
                 nvlink=specs["nvlink4_links"] * specs["nvlink4_link_gbs"],
@@ -119,17 +122,68 @@ def plot_gpu_machine(links):
         ax.text(7.3, y + 2.25, f"GPU {g} (device)", ha="center", va="center", fontsize=SMALL)
         draw_box(ax, 4.75, y + 0.2, 1.3, 1.6, device_color(g), "SMs", fontsize=SMALL)
         draw_box(ax, 6.15, y + 0.2, 1.85, 1.6, device_color(2),
-                 f"HBM\n{links['hbm'] / 1e3:.1f}\nTB/s", fontsize=SMALL)
+                 f"HBM\n{links['hbm'] / 1e3:.1f} TB/s\nin all", fontsize=SMALL)
         draw_box(ax, 8.1, y + 0.2, 1.8, 1.6, "0.85", "copy\nengine", fontsize=SMALL)
         ax.add_patch(FancyArrowPatch((2.6, y + 1.0), (4.6, y + 1.0),
                                      arrowstyle="<|-|>", mutation_scale=12, color="black",
                                      linewidth=1.5))
     ax.text(3.6, 3.1, f"PCIe\n{links['pcie']:.0f}\nGB/s", ha="center", va="center",
             fontsize=SMALL)
-    ax.add_patch(FancyArrowPatch((9.0, 2.6), (9.0, 3.6), arrowstyle="<|-|>", mutation_scale=12,
+    # NVLink joins the GPUs' edges: SMs load and store over it too, not only the copy engines
+    ax.add_patch(FancyArrowPatch((7.3, 2.6), (7.3, 3.6), arrowstyle="<|-|>", mutation_scale=12,
                                  color="black", linewidth=1.5))
-    ax.text(8.8, 3.1, f"NVLink {links['nvlink']:.0f} GB/s", ha="right", va="center",
+    ax.text(7.5, 3.1, f"NVLink {links['nvlink']:.0f} GB/s", ha="left", va="center",
             fontsize=SMALL)
     ax.set(xlim=(0, 10), ylim=(0, 6.2))
+    fig.tight_layout()
+    return fig
+
+
+def two_stream_facts(batches=3, copy=1.0, compute=2.0):
+    """Where each batch's copy and product run (start, end), in schematic units, on one stream
+    (each waits for the one before) and on two (a batch's product waits for its copy; the next
+    batch's copy runs under it on the second stream). A schematic, not a measurement."""
+    if batches < 1 or copy <= 0 or compute <= 0:
+        raise ValueError(f"need >= 1 batch and durations > 0, got {batches}, {copy}, {compute}")
+    serial = dict(copy=[], compute=[])
+    t = 0.0
+    for _ in range(batches):
+        serial["copy"].append((t, t + copy))
+        serial["compute"].append((t + copy, t + copy + compute))
+        t += copy + compute
+    two = dict(copy=[(0.0, copy)], compute=[])
+    for i in range(batches):
+        # a product after its copy and the product before; the next copy (second stream)
+        # starts with it, into the other buffer, once the copy before is done
+        start = max(two["copy"][i][1], two["compute"][-1][1] if two["compute"] else 0.0)
+        two["compute"].append((start, start + compute))
+        if i + 1 < batches:
+            nxt = max(start, two["copy"][i][1])
+            two["copy"].append((nxt, nxt + copy))
+    return dict(one=serial, two=two)
+
+
+def plot_two_streams(facts):
+    """Two panels, each a compute row over a copy row against schematic time: one stream (copy,
+    then product, in turn) and two streams (the next copy under this product). Returns the
+    figure, labelled "schematic, not measured"."""
+    fig, axes = diagram(2, 1, width=SCHEMATIC_WIDTH, height=4.2)
+    end = max(e for rows in facts.values() for spans in rows.values() for _, e in spans)
+    titles = dict(one="one stream: copy, then compute, in turn",
+                  two="two streams: the next copy runs under this compute")
+    for ax, key in zip(axes[:, 0], ("one", "two"), strict=True):
+        rows = facts[key]
+        for y, row, color in ((1.0, "compute", device_color(0)), (0.0, "copy", device_color(1))):
+            for i, (s, e) in enumerate(rows[row]):          # numbered by batch
+                draw_box(ax, s, y, e - s, 0.8, color, f"{i + 1}", fontsize=SMALL)
+            on = 2 if key == "two" and row == "copy" else 1
+            ax.text(-0.2, y + 0.4, f"stream {on}:\n{row}", ha="right", va="center",
+                    fontsize=SMALL)
+        ax.text(0, 2.05, titles[key], ha="left", va="bottom", fontsize=SMALL)
+        last = max(e for spans in rows.values() for _, e in spans)
+        ax.axvline(last, color="0.3", linestyle="--", linewidth=1.0, ymax=0.8)
+        ax.set(xlim=(-2.4, end + 0.3), ylim=(-0.2, 2.6))
+    axes[1, 0].text(end / 2, -0.45, "time (schematic, not measured)", ha="center", va="top",
+                    fontsize=SMALL)
     fig.tight_layout()
     return fig

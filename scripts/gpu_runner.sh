@@ -358,8 +358,18 @@ if gpu:
             end.synchronize()
             rounds.append(start.elapsed_time(end) / 1e3 / 10)
         copies[k] = sorted(rounds)[2]
+    x = torch.randn(16, 16, device=d)
+    x @ x
+    rounds = []
+    for _ in range(5):            # a tiny product's call: 5 rounds of 10 back to back
+        start.record()
+        for _ in range(10):
+            x @ x
+        end.record()
+        end.synchronize()
+        rounds.append(start.elapsed_time(end) / 1e3 / 10)
     res.update(matmul_fp32_flops_per_s=flops, copy_s={str(k): v for k, v in copies.items()},
-               copy_rounds=5)
+               copy_rounds=5, matmul_tiny_s=sorted(rounds)[2])
     res["gpus_chapter"] = helpers.gpu_chapter_figures()   # gpus.ipynb's GPU-only sections
     rates = dict(flops_per_s=flops, measured=["flops_per_s"])
     if helpers.num_gpus() >= 2:   # messages: NCCL between two GPUs

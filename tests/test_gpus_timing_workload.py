@@ -46,7 +46,7 @@ def test_the_claim_rests_on_every_round():
     claim = _cell("#@title Bookkeeping for the text below (double-click to see the code)\n"
                   "if torch.cuda.is_available():\n    helpers.claim(verdict")
     assert 'verdict == "too small"' in claim
-    branch = _cell("if torch.cuda.is_available():")
+    branch = _cell("# the note the text quotes")
     assert "helpers.unsynced_timing_words(wrong_s, right_s)" in branch, \
         "the GPU branch's verdict comes from the tested words, on every round's readings"
     # every round decides: one round that overlaps the other side's makes it "cannot tell"

@@ -106,13 +106,21 @@ def test_threads_ratio_words_faster_slower_within_noise_or_one_thread():
         "this run compares no thread counts.")
 
 
-def test_launch_bound_words_measured_or_a_prediction():
+def test_launch_bound_words_a_prediction_from_the_readings():
     said = helpers.launch_bound_words(16.5e-6, 51e12)
-    assert said == (", by its intensity alone. A call's fixed cost (16.5 µs in the GPU reference "
-                    "run) outlasts the arithmetic until 2n³/P reaches it, at n ≈ 749: smaller "
-                    "products are bound by the call, not by either roof")
+    assert said == (", by its intensity alone. A call's fixed cost (16.5 µs in the GPU "
+                    "reference run: one reading of a 1 KiB copy's call; a product's launch was "
+                    "not timed) outlasts the arithmetic until 2n³/P reaches it, at n ≈ 749 (a "
+                    "prediction from that reading): smaller products would be bound by the call, "
+                    "not by either roof")
     # twice the rate: the same call outlasts products 2^(1/3) times as large
     assert "n ≈ 944" in helpers.launch_bound_words(16.5e-6, 102e12)
+    assert "the median of 5 rounds of a 1 KiB" in helpers.launch_bound_words(16.5e-6, 51e12, 5)
+    # a tiny product's own call, where the run timed one, is used instead of the copy's
+    product = helpers.launch_bound_words(16.5e-6, 51e12, 5, product_s=8.0e-6)
+    assert "A tiny product's call (8.0 µs in the GPU reference run: ten back to back, the " \
+        "median of 5 rounds)" in product and "n ≈ 589" in product
+    assert "not timed" not in product
     assert "a prediction: no GPU run has measured it" in helpers.launch_bound_words(None, 51e12)
     with pytest.raises(ValueError, match="must be > 0"):
         helpers.launch_bound_words(-1e-6, 51e12)
@@ -215,14 +223,41 @@ def test_overlap_words_faster_slower_or_cannot_tell():
     assert "cannot tell whether the copy overlapped" in helpers.overlap_words(4e-3, 4.2e-3)
 
 
-def test_call_share_words_the_call_most_of_it_or_cannot_say():
-    assert helpers.call_share_words(1.9e-6, 2e-6).startswith(", the call itself: a bare 1x1 call "
-                                                             "took 95% of it")
-    most = helpers.call_share_words(1.58e-6, 2.03e-6)
-    assert most.startswith("; most of it is the call itself") and "78%" in most
-    assert "cannot say how much" in helpers.call_share_words(0.5e-6, 2e-6)
+def test_call_share_words_decided_from_the_rounds():
+    roof = 0.1e-6                                   # beyond it: 2.0 µs in every round below
+    small = [2.1e-6] * 3
+    most = helpers.call_share_words([1.2e-6, 1.6e-6, 1.9e-6], small, roof)
+    assert most == ("; most of it is the call itself: a bare 1x1 call took from 60% to 95% of "
+                    "it round by round (median 80%); this run does not say what the rest is")
+    over = helpers.call_share_words([1.2e-6, 1.6e-6, 2.4e-6], small, roof)
+    assert "to 120% of it" in over and "above 100% where the bare call was the slower" in over
+    little = helpers.call_share_words([0.2e-6, 0.4e-6, 0.9e-6], small, roof)
+    assert little.startswith("; a bare 1x1 call took only from 10% to 45% of it")
+    assert "most of it is not the bare call's cost" in little
+    # one round under half, the others over: the median alone would say "most"
+    straddle = helpers.call_share_words([0.8e-6, 1.6e-6, 1.9e-6], small, roof)
+    assert straddle.endswith("on both sides of half: this run cannot tell how much of it is "
+                             "the call")
+    # paired by round: each bare call against the small call of its own round
+    paired = helpers.call_share_words([1.0e-6, 2.0e-6], [1.1e-6, 4.1e-6], roof)
+    assert "from 50% to 100%" in paired
     with pytest.raises(ValueError, match="must be > 0"):
-        helpers.call_share_words(1e-6, 0.0)
+        helpers.call_share_words([1e-6], [0.1e-6], roof)
+    with pytest.raises(ValueError, match="the same rounds"):
+        helpers.call_share_words([1e-6, 1e-6], [2e-6], roof)
+
+
+def test_call_share_summary_quotes_only_what_the_verdict_supports():
+    roof, small = 0.1e-6, [2.1e-6] * 3
+    most = helpers.call_share_summary([1.2e-6, 1.6e-6, 1.9e-6], small, roof)
+    assert most == ("; a bare 1x1 call, timed in turns with it, took 60% to 95% of the time a "
+                    "16x16 call spent beyond the roof, round by round: most of that time is "
+                    "the call")
+    assert helpers.call_share_summary([0.2e-6, 0.4e-6, 0.9e-6], small, roof).endswith(
+        "most of that time is not the bare call")
+    straddle = helpers.call_share_summary([0.8e-6, 1.6e-6, 1.9e-6], small, roof)
+    assert straddle.endswith("so this run cannot tell how much of that time is the call")
+    assert "most of that time is the call" not in straddle
 
 
 def test_fit_ends_words_below_above_or_cannot_tell():
@@ -245,3 +280,18 @@ def test_fit_ends_words_below_above_or_cannot_tell():
     assert "to no limit), so this run cannot tell" in unbounded
     with pytest.raises(ValueError, match="median, fastest, slowest"):
         helpers.fit_ends_words(1e-6, 9.0, (64, (1.0e-6, 1.1e-6, 1.2e-6)), largest)
+
+
+def test_cache_copy_words_faster_slower_or_cannot_tell():
+    walk = "a pool of 512 MiB"
+    faster = helpers.cache_copy_words(helpers.Ratio([1.8, 2.1, 2.4]), 2**18, walk)
+    assert faster == ("Timed in turns, one buffer of 256 KiB copied again and again, read from "
+                      "the caches, against copies of that size walking the pool, read from main "
+                      "memory: the one buffer was faster (1.80-2.40 times as fast, 3 rounds). "
+                      "That is why the copies walk a pool of 512 MiB.")
+    slower = helpers.cache_copy_words(helpers.Ratio([0.7, 0.8, 0.9]), 2**20, walk)
+    assert "one buffer of 1 MiB" in slower and "was slower" in slower
+    assert "this run does not say why" in slower and "That is why" not in slower
+    noise = helpers.cache_copy_words(helpers.Ratio([0.9, 1.1, 1.3]), 2**18, walk)
+    assert "this run cannot tell them apart" in noise and "That is why" not in noise
+

@@ -234,6 +234,7 @@ READABLE = {
     "thread as a stream, quick mode's": lambda: helpers.plot_queue_timeline(_queue_run(256, 2)),
     "host and two GPUs": lambda: helpers.plot_gpu_machine(helpers.machine_links(
         helpers.LINK_SPECS, helpers.H200_DATASHEET["bw"])),                  # as gpus.ipynb
+    "one stream and two": lambda: helpers.plot_two_streams(helpers.two_stream_facts()),
 }
 
 

@@ -88,5 +88,32 @@ def test_the_machine_schematic_labels_each_hop_with_its_specification():
     texts = [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
     assert "PCIe\n63\nGB/s" in texts and "NVLink 450 GB/s" in texts
-    assert texts.count("HBM\n4.8\nTB/s") == 2 and texts.count("SMs") == 2
+    assert texts.count("HBM\n4.8 TB/s\nin all") == 2 and texts.count("SMs") == 2
     assert {"GPU 0 (device)", "GPU 1 (device)", "host", "CPU", "DRAM"} <= set(texts)
+
+
+def test_two_streams_overlap_the_next_copy_and_keep_each_product_after_its_copy():
+    import matplotlib.pyplot as plt
+    facts = helpers.two_stream_facts(batches=3, copy=1.0, compute=2.0)
+    one, two = facts["one"], facts["two"]
+    # one stream: nothing overlaps, each call after the one before
+    calls = sorted(one["copy"] + one["compute"])
+    assert all(a[1] <= b[0] for a, b in zip(calls, calls[1:]))
+    assert calls[-1][1] == 9.0
+    # two streams: each product after its copy and the product before; the next copy under it
+    for i, (start, _) in enumerate(two["compute"]):
+        assert start >= two["copy"][i][1]
+        if i:
+            assert start >= two["compute"][i - 1][1]
+    for i in range(1, 3):
+        c_start, c_end = two["copy"][i]
+        p_start, p_end = two["compute"][i - 1]
+        assert p_start <= c_start and c_end <= p_end      # under the product before
+    assert two["compute"][-1][1] == 7.0                   # 1 + 3 x 2: the copies hidden
+    with pytest.raises(ValueError, match="durations > 0"):
+        helpers.two_stream_facts(compute=0)
+    fig = helpers.plot_two_streams(facts)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    plt.close(fig)
+    assert "time (schematic, not measured)" in texts
+    assert texts.count("stream 2:\ncopy") == 1 and texts.count("stream 1:\ncopy") == 1

@@ -35,3 +35,27 @@ def test_a_failed_cell_is_named_by_what_it_checked_at_the_runs_commit(tmp_path):
     # the sentence opens with the run as the text names it
     named = helpers.failed_cells_words("book/gpus.ipynb", str(path), who="The GPU run (G, d)")
     assert named.startswith(" The GPU run (G, d) executed this notebook's code cells")
+
+
+def test_the_readers_note_names_what_failed_without_commit_or_cell_number(tmp_path):
+    ref = {"exists": True, "gpu": "G", "torch": "t", "date": "d", "command": "c",
+           "commit": "abc1234", "steps": {"nbval": {"failed": ["book.gpus.ipynb::Cell 22"]}}}
+    path = tmp_path / "gpu_reference.json"
+    path.write_text(json.dumps(ref))
+    checked = {"abc1234": {22: "the unsynchronised timer above"}}
+    note = helpers.failed_cells_note("book/gpus.ipynb", str(path), names=checked)
+    assert note == (" The GPU check of the unsynchronised timer above has not yet passed at this "
+                    "version of the chapter; a GPU rerun will say.")
+    # another commit's numbers name nothing; the count alone, no number or commit
+    other = helpers.failed_cells_note("book/gpus.ipynb", str(path), names={"0000000": {22: "x"}})
+    assert other == (" One of this chapter's cells has not yet passed its GPU check at this "
+                     "version; a GPU rerun will say.")
+    two = dict(ref, steps={"nbval": {"failed": ["book.gpus.ipynb::Cell 22",
+                                                "book.gpus.ipynb::Cell 30"]}})
+    path.write_text(json.dumps(two))
+    some = helpers.failed_cells_note("book/gpus.ipynb", str(path), names=checked)
+    assert some.startswith(" 2 of this chapter's cells have not yet passed their GPU check")
+    for said in (note, other, some):
+        assert "abc1234" not in said and "22" not in said and "23rd" not in said
+    # none of this notebook's cells failed: nothing to say
+    assert helpers.failed_cells_note("book/part4/fixes.ipynb", str(path)) == ""
