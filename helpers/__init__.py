@@ -54,7 +54,8 @@ from .devices import (Timer, exact_float32, get_devices, num_gpus, rank_clock, s
                       synchronize, try_all_gpus, try_gpu, gpu_copy_gbs, copy_while_computing)
 from .data import (DataMissingError, load_data_fashion_mnist, load_tensors, ensure_data,
                    fashion_mnist)
-from .models import init_lenet_params, lenet, lenet_module, loss, num_params, resnet18, unwrap
+from .models import (LENET_SHAPES, init_lenet_params, lenet, lenet_module, loss, num_params,
+                     resnet18, unwrap)
 from .tiny_models import (TinyLM, TinyBlock, counting_tokens, model_bytes, make_model, deep_mlp,
                           SmallAttention, small_block, small_stack, block_inputs, block_loss)
 from .plotting import Animator, glue, progress

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["init_lenet_params", "lenet", "lenet_module", "loss", "num_params", "resnet18",
-           "unwrap"]
+__all__ = ["LENET_SHAPES", "init_lenet_params", "lenet", "lenet_module", "loss", "num_params",
+           "resnet18", "unwrap"]
 
 # Shapes of the reference LeNet's parameters: two convolutions, two dense layers, with biases.
 LENET_SHAPES = [(20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (800, 128), (128,), (128, 10), (10,)]
