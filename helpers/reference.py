@@ -217,14 +217,21 @@ def _failed_cells(notebook, path=None):
 def failed_cells_note(notebook, path=None, names=None):
     """A short note (after a space) for the reader where the committed GPU run's nbval step
     failed cells of `notebook`: "" where none failed. `names` as failed_cells_words' ({commit:
-    {nbval cell number: what it checks}}), used only for the run's commit; no commit or cell
-    number reaches the reader."""
+    {nbval cell number: what it checks}}), used only for the run's commit; a value may be a
+    tuple (what, then, now) for a cell changed since the run: what the failed version did and
+    what this one does. No commit or cell number reaches the reader."""
     cells, commit = _failed_cells(notebook, path)
     if not cells:
         return ""
     known = next((v for k, v in (names or {}).items() if str(commit).startswith(k)), {})
     if all(c in known for c in cells):
         said = [known[c] for c in cells]
+        if len(said) == 1 and isinstance(said[0], tuple):
+            what, then, now = said[0]
+            return (f" The GPU reference run failed its check of {what}, at an earlier "
+                    f"version of the cell, which {then}; this version {now} and is not yet "
+                    "checked on a GPU.")
+        said = [s[0] if isinstance(s, tuple) else s for s in said]
         what = " and ".join(said)
         verb = "have" if len(said) > 1 else "has"
         return (f" The GPU check of {what} {verb} not yet passed at this version of the chapter; "

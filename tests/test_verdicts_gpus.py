@@ -59,3 +59,21 @@ def test_the_readers_note_names_what_failed_without_commit_or_cell_number(tmp_pa
         assert "abc1234" not in said and "22" not in said and "23rd" not in said
     # none of this notebook's cells failed: nothing to say
     assert helpers.failed_cells_note("book/part4/fixes.ipynb", str(path)) == ""
+
+
+def test_the_readers_note_says_a_changed_cell_failed_at_its_earlier_version(tmp_path):
+    ref = {"exists": True, "gpu": "G", "torch": "t", "date": "d", "command": "c",
+           "commit": "abc1234", "steps": {"nbval": {"failed": ["book.gpus.ipynb::Cell 22"]}}}
+    path = tmp_path / "gpu_reference.json"
+    path.write_text(json.dumps(ref))
+    changed = {"abc1234": {22: ("the timer", "timed a much smaller product",
+                                "times a 4096x4096 product")}}
+    note = helpers.failed_cells_note("book/gpus.ipynb", str(path), names=changed)
+    assert note == (" The GPU reference run failed its check of the timer, at an earlier "
+                    "version of the cell, which timed a much smaller product; this version "
+                    "times a 4096x4096 product and is not yet checked on a GPU.")
+    assert "not yet passed" not in note and "abc1234" not in note and "22" not in note
+    # a run with no failed cell of this notebook: nothing, whatever the names
+    ok = dict(ref, steps={"nbval": {"failed": []}})
+    path.write_text(json.dumps(ok))
+    assert helpers.failed_cells_note("book/gpus.ipynb", str(path), names=changed) == ""
