@@ -127,12 +127,12 @@ def plot_gpu_machine(links):
         ax.add_patch(FancyArrowPatch((2.6, y + 1.0), (4.6, y + 1.0),
                                      arrowstyle="<|-|>", mutation_scale=12, color="black",
                                      linewidth=1.5))
-    ax.text(3.6, 3.1, f"PCIe\n{links['pcie']:.0f}\nGB/s", ha="center", va="center",
-            fontsize=SMALL)
+    ax.text(3.6, 3.1, f"PCIe\n{links['pcie']:.0f}\nGB/s\neach way\n(spec)", ha="center",
+            va="center", fontsize=SMALL)
     # NVLink joins the GPUs' edges: SMs load and store over it too, not only the copy engines
     ax.add_patch(FancyArrowPatch((7.3, 2.6), (7.3, 3.6), arrowstyle="<|-|>", mutation_scale=12,
                                  color="black", linewidth=1.5))
-    ax.text(7.5, 3.1, f"NVLink {links['nvlink']:.0f} GB/s", ha="left", va="center",
+    ax.text(7.5, 3.1, f"NVLink {links['nvlink']:.0f} GB/s\neach way (spec)", ha="left", va="center",
             fontsize=SMALL)
     ax.set(xlim=(0, 10), ylim=(0, 6.2))
     fig.tight_layout()

@@ -87,7 +87,8 @@ def test_the_machine_schematic_labels_each_hop_with_its_specification():
     fig = helpers.plot_gpu_machine(links)
     texts = [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
-    assert "PCIe\n63\nGB/s" in texts and "NVLink 450 GB/s" in texts
+    assert "PCIe\n63\nGB/s\neach way\n(spec)" in texts
+    assert "NVLink 450 GB/s\neach way (spec)" in texts
     assert texts.count("HBM\n4.8 TB/s\nin all") == 2 and texts.count("SMs") == 2
     assert {"GPU 0 (device)", "GPU 1 (device)", "host", "CPU", "DRAM"} <= set(texts)
 
