@@ -98,12 +98,12 @@ def test_four_ranks_on_threads():
         rows = slice(comm.rank * TOKENS // 4, (comm.rank + 1) * TOKENS // 4)
         return moe_step(ep, comm, X[rows], R[rows])
 
-    results, comms = run_threads(rank_fn, 4, record=True)
+    results, comms, world = run_threads(rank_fn, 4, record=True)
     torch.testing.assert_close(torch.cat([r[0] for r in results]), y, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.cat([r[1] for r in results]), x_grad, rtol=1e-5,
                                atol=1e-6)
     for c in comms:   # every exchange reached every other rank, and counted as one call
-        assert {m.dst for m in c.w.sent("send", rank=c.rank)} == set(range(4)) - {c.rank}
+        assert {m.dst for m in world.sent("send", rank=c.rank)} == set(range(4)) - {c.rank}
         assert c.traffic.calls("all_to_all") >= 4 and all(
             t.dst is None for t in c.traffic.records if t.op == "all_to_all")
 

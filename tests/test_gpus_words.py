@@ -294,4 +294,3 @@ def test_cache_copy_words_faster_slower_or_cannot_tell():
     assert "this run does not say why" in slower and "That is why" not in slower
     noise = helpers.cache_copy_words(helpers.Ratio([0.9, 1.1, 1.3]), 2**18, walk)
     assert "this run cannot tell them apart" in noise and "That is why" not in noise
-

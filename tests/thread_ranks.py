@@ -7,7 +7,8 @@ from helpers.runtime.thread_world import ThreadWorld
 
 def run_threads(fn, world, *args, timeout=5.0, record=False):
     """fn(comm, *args) on `world` thread ranks; (results, comms) in rank order. record=True:
-    the world keeps every message (the comms hold no reference to it)."""
+    (results, comms, the world, which keeps every message: the comms hold no reference to it)."""
     w = ThreadWorld(world, timeout, deadline=timeout * 4 + 30, record=record)
     results = w.run(fn, *args)
-    return results, [w.comm(r) for r in range(world)]
+    comms = [w.comm(r) for r in range(world)]
+    return (results, comms, w) if record else (results, comms)
