@@ -6,11 +6,18 @@ import json
 import helpers
 
 
-def test_a_failed_cell_is_named_by_what_it_checked_at_the_runs_commit(tmp_path):
+def _reference_failing_cell_22(tmp_path):
+    """A GPU reference file (at commit abc1234) whose nbval step failed gpus' cell 22."""
     ref = {"exists": True, "gpu": "G", "torch": "t", "date": "d", "command": "c",
            "commit": "abc1234", "steps": {"nbval": {"failed": ["book.gpus.ipynb::Cell 22"]}}}
     path = tmp_path / "gpu_reference.json"
     path.write_text(json.dumps(ref))
+    return path
+
+
+def test_a_failed_cell_is_named_by_what_it_checked_at_the_runs_commit(tmp_path):
+    path = _reference_failing_cell_22(tmp_path)
+    ref = json.loads(path.read_text())
     checked = {"abc1234": {22: "the check that the timer reads too small"}}
     said = helpers.failed_cells_words("book/gpus.ipynb", str(path), names=checked)
     assert "1 of them failed there: the check that the timer reads too small (in the notebook "\
@@ -38,10 +45,8 @@ def test_a_failed_cell_is_named_by_what_it_checked_at_the_runs_commit(tmp_path):
 
 
 def test_the_readers_note_names_what_failed_without_commit_or_cell_number(tmp_path):
-    ref = {"exists": True, "gpu": "G", "torch": "t", "date": "d", "command": "c",
-           "commit": "abc1234", "steps": {"nbval": {"failed": ["book.gpus.ipynb::Cell 22"]}}}
-    path = tmp_path / "gpu_reference.json"
-    path.write_text(json.dumps(ref))
+    path = _reference_failing_cell_22(tmp_path)
+    ref = json.loads(path.read_text())
     checked = {"abc1234": {22: "the unsynchronised timer above"}}
     note = helpers.failed_cells_note("book/gpus.ipynb", str(path), names=checked)
     assert note == (" The GPU check of the unsynchronised timer above has not yet passed at this "
@@ -62,10 +67,8 @@ def test_the_readers_note_names_what_failed_without_commit_or_cell_number(tmp_pa
 
 
 def test_the_readers_note_says_a_changed_cell_failed_at_its_earlier_version(tmp_path):
-    ref = {"exists": True, "gpu": "G", "torch": "t", "date": "d", "command": "c",
-           "commit": "abc1234", "steps": {"nbval": {"failed": ["book.gpus.ipynb::Cell 22"]}}}
-    path = tmp_path / "gpu_reference.json"
-    path.write_text(json.dumps(ref))
+    path = _reference_failing_cell_22(tmp_path)
+    ref = json.loads(path.read_text())
     changed = {"abc1234": {22: ("the timer", "timed a much smaller product",
                                 "times a 4096x4096 product")}}
     note = helpers.failed_cells_note("book/gpus.ipynb", str(path), names=changed)
