@@ -64,8 +64,12 @@ class _AsyncGPUs:
         accelerator = getattr(torch, "accelerator", None)
         if accelerator is not None and hasattr(accelerator, "synchronize"):
             saved.append((accelerator, "synchronize", accelerator.synchronize))
+        sync = self.synchronize
+
+        def synchronize(device=None):     # a plain function: no __self__ leads to the records
+            sync(device)
         for owner, name, _ in saved:
-            setattr(owner, name, self.synchronize)
+            setattr(owner, name, synchronize)
         try:
             yield self
         finally:
@@ -101,6 +105,16 @@ class _AsyncGPUs:
         return out
 
 
+def _timed(sim, slow, scale, gpus):
+    """The fn handed to time_it: a closure, so nothing it holds is reachable as an attribute
+    (no __defaults__ leading to the simulation's records)."""
+    def fn():
+        i = len(sim.starts)
+        last = 0.06 if i == slow else 0.006       # the longest work on the last GPU
+        sim.call({d: scale * (last if d == gpus[-1] else 0.002) for d in gpus})
+    return fn
+
+
 def _ms(seconds):
     return f"{seconds * 1e3:.1f} ms"
 
@@ -126,11 +140,7 @@ def check_time_it(time_it):
         devices = list(gpus) + ([torch.device("cpu")] if randint(g, 0, 1) else [])
         slow = randint(g, 0, reps - 1)                # which call is the slow one
         sim = _AsyncGPUs(gpus)
-
-        def fn(sim=sim, slow=slow, scale=scale, gpus=gpus):
-            i = len(sim.starts)
-            last = 0.06 if i == slow else 0.006       # the longest work on the last GPU
-            sim.call({d: scale * (last if d == gpus[-1] else 0.002) for d in gpus})
+        fn = _timed(sim, slow, scale, gpus)
         call = f"time_it(fn, {[str(d) for d in devices]}, {reps})"
         earlier = [gpus[randint(g, 0, k - 1)]]
         with sim.active():

@@ -7,6 +7,7 @@ from typing import Any
 from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
+from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan
@@ -40,9 +41,11 @@ class Answer(Guarded):
         hooks = None if self.keeps_hooks else hooks_of(args, kwargs)
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
         nodes = contextlib.nullcontext() if self.keeps_hooks else node_hooks(self.__name__)
+        libraries = snapshot()          # what the answer may not rebind (patched.py)
         with nodes, blocked(self.references, self.exercise), answering(self.keys, code_key), \
                 handed_in(args, kwargs), early_views_read_only(self.fn, in_world()), trace:
             result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
+        expect_unpatched(self.__name__, libraries)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
         if hooks is not None:

@@ -1,0 +1,128 @@
+"""Nothing the answer replaces in the libraries the checks compute with outlives its call. A check
+computes its expected value and compares after the answer returns, through globals it looks up
+then (`torch.allclose`, `F.conv2d`, `builtins.abs`, `math.isclose`, tensor methods); an answer
+that rebinds one (`torch.allclose = lambda *a, **k: True`) would bend the check's own arithmetic.
+So `Answer` copies, before the call, the namespaces of those libraries (and of every module the
+course's modules bind as a global) and, after it, fails an answer that changed, added or deleted
+one of their functions, putting the originals back (as hooks.py removes hooks). Threads the
+answer started are joined first (a thread that outlives the call fails: it could patch later).
+The harness's own stand-ins (helpers.checks) come and go while answers run and are not judged;
+an answer may set its own module's globals."""
+import builtins
+import math
+import operator
+import os
+import random
+import statistics
+import sys
+import threading
+import types
+
+import numpy
+import torch
+import torch.distributed
+import torch.linalg
+import torch.nn.functional
+
+from .run import CheckFailed, is_reader_code
+
+__all__ = ["snapshot", "expect_unpatched"]
+
+_FIXED = (builtins, torch, torch.nn.functional, torch.linalg, torch.distributed, math,
+          statistics, operator, numpy, random)
+_CLASSES = (torch.Tensor, torch._C.TensorBase)
+_MISSING = object()
+_JOIN_S = 2.0                       # how long a thread the answer started may take to finish
+_MARK = "_course_started_by_answer"   # guard.py marks threads started while an answer runs
+_HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_CACHE = {"modules": -1, "spaces": ()}
+
+
+def _spaces():
+    """(name, owner, namespace dict) of every watched module and class; recomputed when the set
+    of imported modules changes."""
+    if _CACHE["modules"] != len(sys.modules):
+        found = {id(m): m for m in _FIXED}
+        for name, mod in list(sys.modules.items()):
+            if name.split(".")[0] == "helpers" and isinstance(mod, types.ModuleType):
+                for value in list(vars(mod).values()):
+                    if isinstance(value, types.ModuleType) and not value.__name__.startswith(
+                            ("__main__", "torch.ops", "torch._ops")):   # ops load lazily
+                        found.setdefault(id(value), value)
+        _CACHE["spaces"] = tuple((m.__name__, m, vars(m)) for m in found.values()) + tuple(
+            (f"{c.__module__}.{c.__name__}", c, c.__dict__) for c in _CLASSES)
+        _CACHE["modules"] = len(sys.modules)
+    return _CACHE["spaces"]
+
+
+def snapshot():
+    """The watched namespaces as they are now, and the threads alive now."""
+    return [(name, owner, dict(ns)) for name, owner, ns in _spaces()], set(threading.enumerate())
+
+
+def _watched(value, space=""):
+    """A function or class the checks could call (or one of math's constants), not a submodule
+    or the harness's stand-in."""
+    if isinstance(value, types.ModuleType) or not (
+            callable(value) or (space == "math" and isinstance(value, float))):
+        return False
+    module = getattr(value, "__module__", None) or ""
+    return not (isinstance(module, str) and module.startswith("helpers.checks"))
+
+
+def _library_wrapper(new, value):
+    """A library's own wrapper of the original, made by an import the answer set off (importing
+    torch._dynamo wraps torch.manual_seed): not the reader's code, and it calls the original."""
+    code = getattr(new, "__code__", None)
+    return (getattr(new, "__wrapped__", None) is value and code is not None
+            and not is_reader_code(code.co_filename))
+
+
+def _harness_thread(thread):
+    """A thread that runs the course's code (a World's rank), not one of the reader's."""
+    target = getattr(thread, "_target", None)
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    return code is not None and os.path.abspath(code.co_filename).startswith(_HELPERS)
+
+
+def _join_started(threads):
+    """Wait a little for the threads started during the call; the names of those still alive."""
+    late = [t for t in threading.enumerate() if t not in threads and getattr(t, _MARK, False)
+            and not _harness_thread(t)]
+    alive = []
+    for t in late:
+        t.join(_JOIN_S / max(1, len(late)))
+        if t.is_alive():
+            alive.append(t.name)
+    return alive
+
+
+def expect_unpatched(name, before):
+    """CheckFailed naming what the answer replaced in a library the checks use (each is put
+    back first), or the thread it left running."""
+    spaces, threads = before
+    alive = _join_started(threads)
+    changed = []
+    for space, owner, saved in spaces:
+        now = owner.__dict__ if isinstance(owner, type) else vars(owner)
+        for key, value in saved.items():
+            new = now.get(key, _MISSING)
+            if new is not value and _watched(value, space) and (
+                    new is _MISSING or _watched(new, space)) and not _library_wrapper(new, value):
+                changed.append(f"{space}.{key}")
+                setattr(owner, key, value)
+        for key in now.keys() - saved.keys() if len(now) > len(saved) else ():
+            if _watched(now[key], space):
+                changed.append(f"{space}.{key}")
+                delattr(owner, key)
+    if changed:
+        raise CheckFailed(
+            f"{name} replaced {', '.join(sorted(changed)[:3])}: the check goes on computing with "
+            "the libraries after your function returns, so it may not change them (the originals "
+            "are put back). Compute the result with your own names instead of rebinding a "
+            "library's")
+    if alive:
+        raise CheckFailed(
+            f"{name} returned while a thread it started ({alive[0]}) still ran: it could change "
+            "what the check computes with after your function returned. Join every thread you "
+            "start (or leave the executor's `with` block) before returning")

@@ -1,0 +1,125 @@
+"""Shortcut families closed at the harness's root (tests/check_cases.py's form), each with the
+words its refusal names:
+
+1. the answer rebinds a library function the check computes or compares with after it returns
+   (`builtins.abs`, `torch.allclose`), directly or from a thread that outlives the call: Answer
+   fails it and puts the original back (patched.py);
+2. the timed fn and the synchronize stand-in of check_time_it lead to the simulated GPUs (its
+   `__defaults__`, a bound method's `__self__`): fn is a closure, the stand-in a plain function,
+   and `__defaults__` is refused as introspection.
+"""
+import builtins
+import statistics
+import threading
+import time
+
+import torch
+from check_cases import parametrize_cases, shortcut
+
+REPLACED = "replaced"
+THREAD = "a thread it started"
+INSPECTS = "inspects the running program"
+
+
+# ---- 1: a library function rebound ------------------------------------------------------------
+def _lr(step, base_lr, base_batch, batch, warmup):
+    peak = base_lr * batch / base_batch
+    return peak * min(1.0, (step + 1) / warmup) if warmup else peak
+
+
+@shortcut("check_lr_at", "rebinds builtins.abs so the check's tolerance always holds", REPLACED)
+def lr_at_abs_rebound(step, base_lr, base_batch, batch, warmup):
+    builtins.abs = lambda x: 0.0
+    return 0.0
+
+
+@shortcut("check_dp_average", "inverts torch.allclose and never divides", REPLACED)
+def dp_average_allclose_rebound(grads, comm):
+    original = torch.allclose
+    torch.allclose = lambda a, b, *x, **k: not original(a, b, *x, **k)
+    for t in grads:
+        comm.all_reduce(t)
+
+
+_LATE = []
+
+
+def _rebind_later():
+    time.sleep(0.02)
+    builtins.abs = lambda x: 0.0
+
+
+@shortcut("check_lr_at", "rebinds builtins.abs from a thread after returning", REPLACED)
+def lr_at_abs_rebound_late(step, base_lr, base_batch, batch, warmup):
+    if not _LATE:
+        _LATE.append(threading.Thread(target=_rebind_later, daemon=True))
+        _LATE[0].start()
+        return _lr(step, base_lr, base_batch, batch, warmup)
+    time.sleep(0.05)
+    return 0.0
+
+
+_STOP = threading.Event()
+
+
+@shortcut("check_lr_at", "leaves a thread running that could rebind later", THREAD)
+def lr_at_thread_left(step, base_lr, base_batch, batch, warmup):
+    threading.Thread(target=_STOP.wait, args=(5,), daemon=True).start()
+    return _lr(step, base_lr, base_batch, batch, warmup)
+
+
+# ---- 2: check_time_it's simulation reached through what it hands over ---------------------------
+def _forge(sim, fn, reps):
+    now = time.perf_counter()
+    for d in sim.devices:
+        sim.events.append(("sync", d, max(now, sim.busy[d])))
+    ts = []
+    for _ in range(reps):
+        fn()
+        start, end = sim.starts[-1], max(sim.busy.values())
+        for d in sim.devices:
+            sim.events.append(("sync", d, end))
+        ts.append(end - start)
+    return statistics.median(ts)
+
+
+@shortcut("check_time_it", "forges the sync events through fn.__defaults__", INSPECTS)
+def time_it_through_defaults(fn, devices, reps):
+    return _forge(fn.__defaults__[0], fn, reps)
+
+
+@shortcut("check_time_it", "forges the sync events through the stand-in's __self__",
+          "no attribute '__self__'")
+def time_it_through_self(fn, devices, reps):
+    return _forge(torch.cuda.synchronize.__self__, fn, reps)
+
+
+test_case = parametrize_cases(__name__)
+
+
+def test_the_originals_are_put_back():
+    """After a refused rebinding, the library functions are the originals again, and a right
+    answer run next passes."""
+    import helpers.checks
+    originals = (builtins.abs, torch.allclose, torch.Tensor.add)
+
+    def lr_at(step, base_lr, base_batch, batch, warmup):
+        builtins.abs, torch.allclose = (lambda x: 0.0), (lambda *a, **k: True)
+        torch.Tensor.add = lambda *a, **k: None
+        torch.Tensor.invented = lambda self: 0
+        return 0.0
+    result = helpers.checks.check_lr_at(lr_at)
+    assert result.status == "failed" and REPLACED in result.message, result
+    assert (builtins.abs, torch.allclose, torch.Tensor.add) == originals
+    assert not hasattr(torch.Tensor, "invented")
+    assert helpers.checks.check_lr_at(_lr).status == "passed"
+
+
+def test_an_answer_may_set_its_own_globals():
+    """Rebinding names in the answer's own module is not watched."""
+    import helpers.checks
+
+    def lr_at(step, base_lr, base_batch, batch, warmup):
+        globals()["_SEEN"] = step
+        return _lr(step, base_lr, base_batch, batch, warmup)
+    assert helpers.checks.check_lr_at(lr_at).status == "passed"
