@@ -46,9 +46,9 @@ def _spaces():
         for name, mod in list(sys.modules.items()):
             if name.split(".")[0] == "helpers" and isinstance(mod, types.ModuleType):
                 for value in list(vars(mod).values()):
-                    if isinstance(value, types.ModuleType) and not value.__name__.startswith(
-                            ("__main__", "torch.ops", "torch._ops")):   # ops load lazily
-                        found.setdefault(id(value), value)
+                    if isinstance(value, types.ModuleType) and not _private(value.__name__) \
+                            and not value.__name__.startswith(("__main__", "torch.ops")):
+                        found.setdefault(id(value), value)   # (torch.ops: ops load lazily)
         _CACHE["spaces"] = tuple((m.__name__, m, vars(m)) for m in found.values()) + tuple(
             (f"{c.__module__}.{c.__name__}", c, c.__dict__) for c in _CLASSES)
         _CACHE["modules"] = len(sys.modules)
@@ -58,6 +58,12 @@ def _spaces():
 def snapshot():
     """The watched namespaces as they are now, and the threads alive now."""
     return [(name, owner, dict(ns)) for name, owner, ns in _spaces()], set(threading.enumerate())
+
+
+def _private(dotted):
+    """A module or name the libraries keep to themselves (`torch._dynamo.utils`, `_stack`): they
+    rebind those while they run (dynamo swaps its own helpers), and no check computes with them."""
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
 
 
 def _watched(value, space=""):
@@ -107,12 +113,12 @@ def expect_unpatched(name, before):
         now = owner.__dict__ if isinstance(owner, type) else vars(owner)
         for key, value in saved.items():
             new = now.get(key, _MISSING)
-            if new is not value and _watched(value, space) and (
+            if new is not value and not _private(key) and _watched(value, space) and (
                     new is _MISSING or _watched(new, space)) and not _library_wrapper(new, value):
                 changed.append(f"{space}.{key}")
                 setattr(owner, key, value)
         for key in now.keys() - saved.keys() if len(now) > len(saved) else ():
-            if _watched(now[key], space):
+            if not _private(key) and _watched(now[key], space):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
     if changed:
