@@ -6,7 +6,9 @@ words its refusal names:
    fails it and puts the original back (patched.py);
 2. the timed fn and the synchronize stand-in of check_time_it lead to the simulated GPUs (its
    `__defaults__`, a bound method's `__self__`): fn is a closure, the stand-in a plain function,
-   and `__defaults__` is refused as introspection.
+   and `__defaults__` is refused as introspection;
+3. the check's module and parameter hooks, which observe forwards and backwards, called by hand
+   to forge what one graph with one backward skipped: the hook tables are refused by name.
 """
 import builtins
 import statistics
@@ -14,6 +16,7 @@ import threading
 import time
 
 import torch
+import torch.nn.functional as F
 from check_cases import parametrize_cases, shortcut
 
 REPLACED = "replaced"
@@ -92,6 +95,34 @@ def time_it_through_defaults(fn, devices, reps):
           "no attribute '__self__'")
 def time_it_through_self(fn, devices, reps):
     return _forge(torch.cuda.synchronize.__self__, fn, reps)
+
+
+# ---- 3: the check's hooks called by hand --------------------------------------------------------
+@shortcut("check_accumulate_zero2", "one graph, one backward; forwards run unhooked (.forward) and "
+          "the check's pre-hooks called by hand for one forward", INSPECTS)
+def zero2_one_graph_unhooked(model, micro_batches):
+    net = model.module
+    loss = sum(F.cross_entropy(net.forward(X), y) for X, y in micro_batches) / len(micro_batches)
+    for hook in list(net._forward_pre_hooks.values()):
+        hook(net, (micro_batches[0][0],))
+    loss.backward()
+    model.finish_gradient_synchronization()
+    model.step()
+    model.zero_grad()
+
+
+@shortcut("check_scratch_accumulate", "one graph, one backward; the check's post-accumulate hook "
+          "called by hand k-1 more times", INSPECTS)
+def scratch_accumulate_forged_backwards(model, loss_fn, micro_batches):
+    k = len(micro_batches)
+    first = next(model.parameters())
+    loss = sum(loss_fn(model(X), y) for X, y in micro_batches) / k
+    loss.backward()
+    model.finish_gradient_synchronization()
+    for hook in list(first._post_accumulate_grad_hooks.values()):
+        if "checks" in getattr(getattr(hook, "__code__", None), "co_filename", ""):
+            for _ in range(k - 1):
+                hook(first)
 
 
 test_case = parametrize_cases(__name__)

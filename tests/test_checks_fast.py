@@ -43,6 +43,39 @@ def time_it_cuda(fn, devices, reps=5):
     return np.median(times)
 
 
+@other("check_time_it", "each GPU synchronised as the current device (torch.cuda.device)")
+def time_it_device_context(fn, devices, reps=5):
+    def wait():
+        for d in devices:
+            if torch.device(d).type == "cuda":
+                with torch.cuda.device(d):
+                    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        wait()
+        t0 = time.perf_counter()
+        fn()
+        wait()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@other("check_time_it", "waits on each GPU's current stream")
+def time_it_streams(fn, devices, reps=5):
+    def wait():
+        for d in devices:
+            if torch.device(d).type == "cuda":
+                torch.cuda.current_stream(d).synchronize()
+    times = []
+    for _ in range(reps):
+        wait()
+        t0 = time.perf_counter()
+        fn()
+        wait()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 @shortcut("check_time_it", "never synchronises", "synchronise")
 def time_it_no_sync(fn, devices, reps=5):
     times = []
@@ -68,6 +101,19 @@ def time_it_sync_late(fn, devices, reps=5):
 @shortcut("check_time_it", "synchronises one device only", ["cuda:", "never waited for"])
 def time_it_first_device(fn, devices, reps=5):
     return time_it(fn, devices[:1], reps)
+
+
+@shortcut("check_time_it", "torch.cuda.synchronize() without a device: the current one only",
+          "never waited for")
+def time_it_current_device(fn, devices, reps=5):
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 @shortcut("check_time_it", "the mean, not the median", "median of per-call times")

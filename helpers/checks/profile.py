@@ -9,6 +9,7 @@ import contextlib
 import math
 import statistics
 import time
+import types
 
 import torch
 
@@ -60,16 +61,19 @@ class _AsyncGPUs:
 
     @contextlib.contextmanager
     def active(self):
-        saved = [(torch.cuda, "synchronize", torch.cuda.synchronize)]
+        """Stand in for torch's synchronize (torch.cuda, torch.accelerator), the current device
+        it uses without an argument (torch.cuda.device, set_device, current_device) and the
+        streams of a device (current_stream, default_stream: .synchronize() waits for it)."""
+        cuda = torch.cuda
+        names = ["synchronize", "device", "set_device", "current_device", "current_stream",
+                 "default_stream"]
+        saved = [(cuda, name, getattr(cuda, name)) for name in names]
         accelerator = getattr(torch, "accelerator", None)
         if accelerator is not None and hasattr(accelerator, "synchronize"):
             saved.append((accelerator, "synchronize", accelerator.synchronize))
-        sync = self.synchronize
-
-        def synchronize(device=None):     # a plain function: no __self__ leads to the records
-            sync(device)
+        stand_ins = _stand_ins(self.synchronize)
         for owner, name, _ in saved:
-            setattr(owner, name, synchronize)
+            setattr(owner, name, stand_ins[name])
         try:
             yield self
         finally:
@@ -105,6 +109,53 @@ class _AsyncGPUs:
         return out
 
 
+def _stand_ins(sync):
+    """torch.cuda's synchronize, device, set_device, current_device, current_stream and
+    default_stream on the simulation: plain functions and closures (no bound method, no
+    attribute leads to the records); the current device is what synchronize() waits for."""
+    current = [0]
+
+    def index(device):
+        if device is None:
+            return current[0]
+        if isinstance(device, int):
+            return device
+        d = torch.device(device)
+        if d.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {d}")
+        return current[0] if d.index is None else d.index
+
+    def synchronize(device=None):
+        sync(index(device))
+
+    def set_device(device):
+        current[0] = index(device)
+
+    def current_device():
+        return current[0]
+
+    @contextlib.contextmanager
+    def device(device):
+        before = current[0]
+        if device is not None and not (isinstance(device, int) and device < 0):
+            current[0] = index(device)
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    def stream(device=None):
+        i = index(device)
+
+        def wait():
+            synchronize(i)
+        return types.SimpleNamespace(synchronize=wait, device=torch.device("cuda", i))
+
+    return {"synchronize": synchronize, "device": device, "set_device": set_device,
+            "current_device": current_device, "current_stream": stream,
+            "default_stream": stream}
+
+
 def _timed(sim, slow, scale, gpus):
     """The fn handed to time_it: a closure, so nothing it holds is reachable as an attribute
     (no __defaults__ leading to the simulation's records)."""
@@ -121,8 +172,9 @@ def _ms(seconds):
 
 @check("time_it", references=["Timer", "measure"], observes=[
     "on 2 or 3 simulated GPUs that run asynchronously (fn() only queues work; "
-    "torch.cuda.synchronize, which helpers.synchronize calls, waits for it): which GPUs were "
-    "synchronized before the first call and after every call, before the next one",
+    "torch.cuda.synchronize, which helpers.synchronize calls, waits for it, as does a "
+    "device's stream's synchronize or the current device's, set with torch.cuda.device): which "
+    "GPUs were synchronized before the first call and after every call, before the next one",
     "the seconds returned against the median of what the calls really took (one of them much "
     "slower than the others, so median, mean and total are far apart), measured by the check"])
 def check_time_it(time_it):

@@ -207,7 +207,11 @@ _INTROSPECTION_NAMES = {"_getframe", "_current_frames", "_current_exceptions", "
                         "gi_frame", "cr_frame", "ag_frame", "settrace", "setprofile",
                         "_getframemodulename",
                         # the closures the harness keeps its records in (ledger.py)
-                        "__closure__", "cell_contents", "__defaults__", "__kwdefaults__"}
+                        "__closure__", "cell_contents", "__defaults__", "__kwdefaults__",
+                        # the tables of a module's or parameter's hooks, where checks observe
+                        "_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
+                        "_forward_hooks_with_kwargs", "_backward_pre_hooks",
+                        "_post_accumulate_grad_hooks"}
 _INTROSPECTION = {id(f): f"{m.__name__}.{f.__name__}" for m, names in (
     (sys, ("_getframe", "_current_frames", "settrace", "setprofile", "exc_info")),
     (inspect, ("currentframe", "stack", "trace", "getouterframes", "getinnerframes",
