@@ -154,3 +154,56 @@ def test_an_answer_may_set_its_own_globals():
         globals()["_SEEN"] = step
         return _lr(step, base_lr, base_batch, batch, warmup)
     assert helpers.checks.check_lr_at(lr_at).status == "passed"
+
+
+def test_a_stand_in_gone_before_the_answer_returns_is_not_put_back():
+    """A rank still answering when its World has put torch back (a straggler after a deadline,
+    or another rank's watch ending first) saw the harness's stand-ins in its snapshot: they are
+    neither judged nor put back (functools.wraps gives them the original's __module__), or a
+    stale stand-in would bend every later check in the process."""
+    from helpers.checks._core import exits, patched
+    originals = {name: torch.Tensor.__dict__.get(name) for name in exits.EXITS}
+    with exits.watch_exits(lambda t, how: None):
+        assert torch.Tensor.__dict__["tolist"] is not originals["tolist"]
+        before = patched.snapshot()
+    patched.expect_unpatched("answer", before)
+    assert {name: torch.Tensor.__dict__.get(name) for name in exits.EXITS} == originals
+    assert torch.ones(2).tolist() == [1.0, 1.0]
+
+
+def test_a_rank_left_running_past_the_deadline_leaves_torch_as_it_was():
+    """The same, end to end: a rank's answer still running when its World gave up returns
+    after the World put torch back; torch's tensor methods and torch.distributed stay torch's."""
+    import pytest
+    import torch.distributed as dist
+
+    from helpers.checks._core import exits
+    from helpers.checks._core.declare import Answer
+    from helpers.checks._core.world import World
+    from helpers.runtime import errors
+    names = (*exits.EXITS, "item")
+    tensor_before = {name: torch.Tensor.__dict__.get(name) for name in names}
+    dist_before = dict(vars(dist))
+    stop, done = threading.Event(), threading.Event()
+
+    def late(comm):
+        if comm.rank:
+            stop.wait(5)
+
+    answer = Answer(late, "late", [])
+
+    def body(comm):
+        try:
+            answer(comm)
+        finally:
+            if comm.rank:
+                done.set()
+    world = World(2, timeout=0.1)
+    world.deadline = 0.5
+    with pytest.raises(errors.LaunchTimeout):
+        world.run(body)
+    stop.set()
+    assert done.wait(5)
+    time.sleep(0.1)              # the straggler's Answer checks the libraries as it returns
+    assert {name: torch.Tensor.__dict__.get(name) for name in names} == tensor_before
+    assert {k: v for k, v in vars(dist).items() if dist_before.get(k) is not v} == {}

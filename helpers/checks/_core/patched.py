@@ -9,6 +9,7 @@ answer started are joined first (a thread that outlives the call fails: it could
 The harness's own stand-ins (helpers.checks) come and go while answers run and are not judged;
 an answer may set its own module's globals."""
 import builtins
+import functools
 import math
 import operator
 import os
@@ -35,6 +36,7 @@ _MISSING = object()
 _JOIN_S = 2.0                       # how long a thread the answer started may take to finish
 _MARK = "_course_started_by_answer"   # guard.py marks threads started while an answer runs
 _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_CHECKS = os.path.join(_HELPERS, "checks") + os.sep
 _CACHE = {"modules": -1, "spaces": ()}
 
 
@@ -66,14 +68,27 @@ def _private(dotted):
     return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
 
 
+def _harness(value):
+    """One of the harness's stand-ins (a World's torch.distributed, the tagging tensor methods):
+    made by helpers.checks, even where functools.wraps gave it the original's `__module__`."""
+    while isinstance(value, functools.partial):
+        value = value.func
+    code = getattr(getattr(value, "__func__", value), "__code__", None)
+    if code is not None and os.path.abspath(code.co_filename).startswith(_CHECKS):
+        return True
+    module = getattr(value, "__module__", None)
+    return isinstance(module, str) and module.startswith("helpers.checks")
+
+
 def _watched(value, space=""):
     """A function or class the checks could call (or one of math's constants), not a submodule
-    or the harness's stand-in."""
+    or the harness's stand-in. Stand-ins come and go on their own schedule (a rank still
+    running when its World has put torch back), so neither side of a change may be one: judged
+    or put back, a stale stand-in would outlive its World."""
     if isinstance(value, types.ModuleType) or not (
             callable(value) or (space == "math" and isinstance(value, float))):
         return False
-    module = getattr(value, "__module__", None) or ""
-    return not (isinstance(module, str) and module.startswith("helpers.checks"))
+    return not _harness(value)
 
 
 def _library_wrapper(new, value):
