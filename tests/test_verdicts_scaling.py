@@ -1,10 +1,10 @@
-"""The scaling chapter's sentences (helpers/data_parallel/scaling_verdicts.py): a branch per
+"""The scaling chapter's sentences (helpers/data_parallel/words/scaling_verdicts.py): a branch per
 verdict, a cause only where the run measured it, and the all-reduce never credited with the
 wait for the other worker."""
 import pytest
 
 import helpers
-from helpers.data_parallel.scaling_verdicts import same_setup_words
+from helpers.data_parallel.words.scaling_verdicts import same_setup_words
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])

@@ -1,9 +1,10 @@
-"""The scaling chapter's sentences chosen by its numbers (helpers/data_parallel/scaling_words.py):
-every branch reached, the words a stored run shows unchanged for the same numbers."""
+"""The scaling chapter's sentences chosen by its numbers
+(helpers/data_parallel/words/scaling_words.py): every branch reached, the words a stored run shows
+unchanged for the same numbers."""
 import pytest
 
 import helpers
-from helpers.data_parallel.scaling_verdicts import same_setup_words
+from helpers.data_parallel.words.scaling_verdicts import same_setup_words
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 

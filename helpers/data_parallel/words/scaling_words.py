@@ -3,7 +3,7 @@ make, the sizes that fall under the latency range, the LeNet step against the mo
 all-reduce, one function each with a branch per case (tests/test_verdicts_scaling_words.py), so
 that no hidden notebook cell decides what a sentence says.
 """
-from ..words import plural
+from ...words import plural
 from .scaling_verdicts import same_setup_words
 
 __all__ = ["one_core_words", "setup_words", "sweep_setup_note", "below_range_words",
