@@ -130,14 +130,14 @@ from .data_parallel.words.fixes_words import (gpu_status_words, best_step_words,
                                               real_overlap_words, bench_accuracy_words,
                                               bench_scratch_words, device_words, trace_order_words,
                                               fusing_bound_words)
-from .data_parallel.words.scaling_verdicts import (strong_words, two_workers_sentence, weak_split,
-                                                   sweep_words, sweep_summary, model_saving_words)
+from .data_parallel.words.scaling_verdicts import (strong_words, two_workers_sentence,
+                                                   sweep_words, sweep_summary)
 from .data_parallel.schematics.profile_schematics import plot_phases
 from .data_parallel.schematics.scaling_schematics import (plot_scaling, plot_alpha_beta_fit,
                                                           plot_exposed)
-from .data_parallel.words.scaling_words import (one_core_words, setup_words, sweep_setup_note,
-                                                below_range_words, step_ms_text, lenet_step_verdict,
-                                                no_two_workers_words, flat_upto_words)
+from .data_parallel.words.scaling_words import (two_worker_words, weak_words, model_vs_run_words,
+                                                setup_words, sweep_setup_note, below_range_words,
+                                                step_ms_text, lenet_step_verdict, flat_upto_words)
 from .data_parallel.words.scratch_verdicts import (takeoff_words, accuracy_gap_words,
                                                    epoch_speed_words)
 from .data_parallel.words.seed_verdicts import (paired_verdict, chance_words, scaled_rate_verdict,
