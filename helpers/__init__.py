@@ -119,36 +119,36 @@ from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exac
                                       bn_stats, global_batches, train_bn_steps)
 from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights,
                                         uneven_inputs_join, ddp_trace, ddp_knobs)
-from .data_parallel.verdicts import (against_prediction, graph_sentence, knob_words, bucket_words,
-                                     message_cause, overlap_step_words, shared_rounding_words,
-                                     arithmetic_share_words)
-from .data_parallel.fixes_verdicts import (fused_step_words, compression_words, bench_step_words,
-                                           size_check)
-from .data_parallel.fixes_words import (gpu_status_words, best_step_words,
-                                        compiled_step_words, missed_words, arith_note_words,
-                                        ablation_words, regime_counts, emulated_overlap_words,
-                                        real_overlap_words, bench_accuracy_words,
-                                        bench_scratch_words, device_words,
-                                        trace_order_words, fusing_bound_words)
-from .data_parallel.scaling_verdicts import (strong_words, two_workers_sentence, weak_split,
-                                             sweep_words, sweep_summary, model_saving_words)
-from .data_parallel.profile_schematics import plot_phases
-from .data_parallel.scaling_schematics import (plot_scaling, plot_alpha_beta_fit,
-                                                plot_exposed)
-from .data_parallel.scaling_words import (one_core_words, setup_words, sweep_setup_note,
-                                          below_range_words, step_ms_text, lenet_step_verdict,
-                                          no_two_workers_words, flat_upto_words)
-from .data_parallel.scratch_verdicts import (takeoff_words, accuracy_gap_words,
-                                             epoch_speed_words)
-from .data_parallel.seed_verdicts import (paired_verdict, chance_words, scaled_rate_verdict,
-                                          equal_steps_verdict)
+from .data_parallel.words.verdicts import (against_prediction, graph_sentence, knob_words,
+                                           bucket_words, message_cause, overlap_step_words,
+                                           shared_rounding_words, arithmetic_share_words)
+from .data_parallel.words.fixes_verdicts import (fused_step_words, compression_words,
+                                                 bench_step_words, size_check)
+from .data_parallel.words.fixes_words import (gpu_status_words, best_step_words,
+                                              compiled_step_words, missed_words, arith_note_words,
+                                              ablation_words, regime_counts, emulated_overlap_words,
+                                              real_overlap_words, bench_accuracy_words,
+                                              bench_scratch_words, device_words, trace_order_words,
+                                              fusing_bound_words)
+from .data_parallel.words.scaling_verdicts import (strong_words, two_workers_sentence,
+                                                   sweep_words, sweep_summary)
+from .data_parallel.schematics.profile_schematics import plot_phases
+from .data_parallel.schematics.scaling_schematics import (plot_scaling, plot_alpha_beta_fit,
+                                                          plot_exposed)
+from .data_parallel.words.scaling_words import (two_worker_words, weak_words, model_vs_run_words,
+                                                setup_words, sweep_setup_note, below_range_words,
+                                                step_ms_text, lenet_step_verdict, flat_upto_words)
+from .data_parallel.words.scratch_verdicts import (takeoff_words, accuracy_gap_words,
+                                                   epoch_speed_words)
+from .data_parallel.words.seed_verdicts import (paired_verdict, chance_words, scaled_rate_verdict,
+                                                equal_steps_verdict)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
-from .data_parallel.syncbn_words import (long_run_words, cost_words, found_words,
-                                         comm_resolved_words)
-from .data_parallel.ddp_words import (dp_ddp_words, timeline_clock_words, exposed_words,
-                                      pending_words, flight_recorder_words,
-                                      reference_dump_words, nodes_same_words, join_share_words,
-                                      walk_growth_words, flag_cost_words)
+from .data_parallel.words.syncbn_words import (long_run_words, cost_words, found_words,
+                                               comm_resolved_words)
+from .data_parallel.words.ddp_words import (dp_ddp_words, timeline_clock_words, exposed_words,
+                                            pending_words, flight_recorder_words,
+                                            reference_dump_words, nodes_same_words,
+                                            join_share_words, walk_growth_words, flag_cost_words)
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
                                                 exposed_comm_times)
@@ -156,19 +156,18 @@ from .data_parallel.overlap_experiments import (gradient_timeline, overlap_step_
                                                 ddp_scratch_trace, emulated_overlap)
 from .data_parallel.speed import (time_data_parallel, lenet_module_from, bench_ranks,
                                   time_gloo_allreduce)
-from .data_parallel.profile_verdicts import (simulated_devices_words, same_code_words,
-                                             loader_step_words, compute_split_words,
-                                             allreduce_split_words, overlap_lengthens_words,
-                                             alone_prediction_words,
-                                             split_prediction_words,
-                                             backward_compute_words, emulation_margin_words,
-                                             thesis_words)
-from .data_parallel.trace_verdicts import (bucket_launch_words, trace_region_words,
-                                           reducer_wait_words, trace_actor_words,
-                                           trace_cut_words, OUTSIDE_MS, WAIT_IDLE_MS)
-from .data_parallel.profile_words import (profile_gpu_status, self_check_words, split_lead_in,
-                                          halves_control_words, fixed_part_words,
-                                          gpu_arithmetic_words)
+from .data_parallel.words.profile_verdicts import (simulated_devices_words, same_code_words,
+                                                   loader_step_words, compute_split_words,
+                                                   allreduce_split_words, overlap_lengthens_words,
+                                                   alone_prediction_words, split_prediction_words,
+                                                   backward_compute_words, emulation_margin_words,
+                                                   thesis_words)
+from .data_parallel.words.trace_verdicts import (bucket_launch_words, trace_region_words,
+                                                 reducer_wait_words, trace_actor_words,
+                                                 trace_cut_words, OUTSIDE_MS, WAIT_IDLE_MS)
+from .data_parallel.words.profile_words import (profile_gpu_status, self_check_words, split_lead_in,
+                                                halves_control_words, fixed_part_words,
+                                                gpu_arithmetic_words)
 from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
                             clip_sharded_grad_norm_)
@@ -245,13 +244,14 @@ from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatr
                                          plot_megatron_mlp)
 from .pipeline_parallel.schematics import plot_network_split, plot_pipeline_schedules
 from .sharding.schematics import plot_shards, plot_memory_per_stage
-from .data_parallel.schematics import bucket_timeline, plot_buckets
-from .data_parallel.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
-from .data_parallel.dp_schematics import (dp_step_facts, plot_dp_step, scratch_step_facts,
-                                          plot_scratch_step)
-from .data_parallel.torchrun_schematics import (sampler_facts, plot_sampler, restart_facts,
-                                                plot_restart, torchrun_facts, plot_torchrun)
-from .data_parallel.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
+from .data_parallel.schematics.bucket_schematics import bucket_timeline, plot_buckets
+from .data_parallel.schematics.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
+from .data_parallel.schematics.dp_schematics import (dp_step_facts, plot_dp_step,
+                                                     scratch_step_facts, plot_scratch_step)
+from .data_parallel.schematics.torchrun_schematics import (sampler_facts, plot_sampler,
+                                                           restart_facts, plot_restart,
+                                                           torchrun_facts, plot_torchrun)
+from .data_parallel.schematics.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
 from .stream_schematics import (queue_timeline, plot_queue_timeline, machine_links,
                                 plot_gpu_machine,
                                 two_stream_facts, plot_two_streams)

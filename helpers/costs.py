@@ -207,8 +207,8 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     `seconds_exposed` (the communication that does not overlap with compute) and
     `seconds_step`, their sum. data, ZeRO-1/2: the all-reduce can hide behind the backward (2/3
     of the compute), at best: the last bucket is ready only when the backward ends, so a real
-    step exposes at least its all-reduce (data_parallel.schematics.bucket_timeline lays the
-    buckets out); ZeRO-3 behind the whole step (prefetched gathers); within layer: none (every
+    step exposes at least its all-reduce (`helpers.bucket_timeline` lays the buckets out);
+    ZeRO-3 behind the whole step (prefetched gathers); within layer: none (every
     collective sits between two layers); network: GPipe over the stages' compute
     (((m-1) max + sum) / m), exposed: one micro-batch's hand-offs through every cut and back.
     """

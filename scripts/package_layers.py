@@ -193,9 +193,9 @@ def drawing(deps):
     graph_ = condensed(deps)
     depth = layers(graph_)
     members = {}
-    for m in deps:
-        if node(m).endswith("/") and "." in m:
-            members.setdefault(node(m), []).append(m.split(".", 1)[1])
+    for m in deps:       # a sub-package (data_parallel/words/) shows as its modules' prefix
+        if node(m).endswith("/") and "." in m and not any(d.startswith(m + ".") for d in deps):
+            members.setdefault(node(m), []).append(m.split(".", 1)[1].replace(".", "/"))
     lines = ["```text", "layer  a split's folder with its modules, or a module "
              "(each imports lower layers only)"]
     shown = {v for v in depth if v != "runtime"}          # runtime/__init__.py: a docstring

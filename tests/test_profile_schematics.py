@@ -1,5 +1,5 @@
-"""The profile chapter's breakdown (helpers/data_parallel/profile_schematics.py) shows every phase:
-the step to scale, and each phase apart on a log axis where none is a sliver."""
+"""The profile chapter's breakdown (helpers/data_parallel/schematics/profile_schematics.py) shows
+every phase: the step to scale, and each phase apart on a log axis where none is a sliver."""
 import matplotlib
 import pytest
 

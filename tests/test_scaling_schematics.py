@@ -1,6 +1,6 @@
-"""The scaling chapter's figures (helpers/data_parallel/scaling_schematics.py) keep to their data:
-the fit is drawn over the measured sizes only, the legends cover no line, and the symlog axis of
-the exposed time shows no negative range."""
+"""The scaling chapter's figures (helpers/data_parallel/schematics/scaling_schematics.py) keep to
+their data: the fit is drawn over the measured sizes only, the legends cover no line, and the symlog
+axis of the exposed time shows no negative range."""
 import matplotlib
 import pytest
 

@@ -1,10 +1,10 @@
-"""The DataParallel chapter's accuracy verdicts over seeds (helpers/data_parallel/seed_verdicts.py):
-every paired gap must clear the margin, each sentence branch is reached, and the chance level is
-what three fair coins give."""
+"""The DataParallel chapter's accuracy verdicts over seeds
+(helpers/data_parallel/words/seed_verdicts.py): every paired gap must clear the margin, each
+sentence branch is reached, and the chance level is what three fair coins give."""
 import pytest
 
 import helpers
-from helpers.data_parallel.seed_verdicts import sign_chance, unseparated_words
+from helpers.data_parallel.words.seed_verdicts import sign_chance, unseparated_words
 
 
 def test_every_gap_must_clear_the_margin():

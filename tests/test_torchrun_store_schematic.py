@@ -73,7 +73,7 @@ def test_facts_read_a_real_torchrun_job():
     """What the chapter does: two processes print the variables torchrun gave them."""
     import json
     show = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
-            f"{helpers.data_parallel.torchrun_schematics.LAUNCH_VARS!r}}}))")
+            f"{helpers.data_parallel.schematics.torchrun_schematics.LAUNCH_VARS!r}}}))")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node", "2", "--no-python", sys.executable, "-c", show],
                          capture_output=True, text=True, timeout=120, check=True)

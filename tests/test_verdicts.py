@@ -1,9 +1,9 @@
-"""Part IV's sentences from its measurements (helpers/data_parallel/verdicts.py): every verdict
-gets its own words, and a cause is named only where the ratio is resolved."""
+"""Part IV's sentences from its measurements (helpers/data_parallel/words/verdicts.py): every
+verdict gets its own words, and a cause is named only where the ratio is resolved."""
 import pytest
 
 import helpers
-from helpers.data_parallel.verdicts import compile_sentence, ratio_words
+from helpers.data_parallel.words.verdicts import compile_sentence, ratio_words
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])

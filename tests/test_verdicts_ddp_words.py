@@ -1,8 +1,8 @@
-"""Part III's DDP and DataParallel words (helpers/data_parallel/ddp_words.py): each branch, from
-the numbers, the machine or the reference run that choose it."""
+"""Part III's DDP and DataParallel words (helpers/data_parallel/words/ddp_words.py): each branch,
+from the numbers, the machine or the reference run that choose it."""
 import pytest
 
-from helpers.data_parallel.ddp_words import (
+from helpers.data_parallel.words.ddp_words import (
     dp_ddp_words,
     exposed_words,
     flag_cost_words,

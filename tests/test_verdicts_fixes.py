@@ -1,10 +1,10 @@
-"""The fixes chapter's sentences (helpers/data_parallel/fixes_verdicts.py): the compile ablation
-credits only what resolved faster, the rewrite eager and compiled apart; the fused step's and the
-compression hook's words follow their verdicts."""
+"""The fixes chapter's sentences (helpers/data_parallel/words/fixes_verdicts.py): the compile
+ablation credits only what resolved faster, the rewrite eager and compiled apart; the fused step's
+and the compression hook's words follow their verdicts."""
 import pytest
 
 import helpers
-from helpers.data_parallel.fixes_verdicts import ablation_credit
+from helpers.data_parallel.words.fixes_verdicts import ablation_credit
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])

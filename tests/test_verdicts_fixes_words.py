@@ -1,9 +1,9 @@
-"""The fixes chapter's sentences chosen by its numbers (helpers/data_parallel/fixes_words.py):
+"""The fixes chapter's sentences chosen by its numbers (helpers/data_parallel/words/fixes_words.py):
 every branch reached, the words a stored run shows unchanged for the same numbers."""
 import pytest
 
 import helpers
-from helpers.data_parallel.verdicts import compile_sentence
+from helpers.data_parallel.words.verdicts import compile_sentence
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])

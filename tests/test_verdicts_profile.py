@@ -1,5 +1,6 @@
-"""The profile and ddp_scratch chapters' sentences (helpers/data_parallel/profile_verdicts.py): a
-branch per verdict, and a cause named only where a measurement resolved it."""
+"""The profile and ddp_scratch chapters' sentences
+(helpers/data_parallel/words/profile_verdicts.py): a branch per verdict, and a cause named only
+where a measurement resolved it."""
 import pytest
 
 import helpers

@@ -1,6 +1,6 @@
-"""The profile chapter's sentences chosen by its numbers (helpers/data_parallel/profile_words.py,
-and the trace's actor and cut in trace_verdicts.py): every branch reached, the words a stored run
-shows unchanged for the same numbers."""
+"""The profile chapter's sentences chosen by its numbers
+(helpers/data_parallel/words/profile_words.py, and the trace's actor and cut in trace_verdicts.py):
+every branch reached, the words a stored run shows unchanged for the same numbers."""
 import pytest
 
 import helpers

@@ -1,10 +1,14 @@
-"""The scaling chapter's sentences (helpers/data_parallel/scaling_verdicts.py): a branch per
+"""The scaling chapter's sentences (helpers/data_parallel/words/scaling_verdicts.py): a branch per
 verdict, a cause only where the run measured it, and the all-reduce never credited with the
 wait for the other worker."""
 import pytest
 
 import helpers
-from helpers.data_parallel.scaling_verdicts import same_setup_words
+from helpers.data_parallel.words.scaling_verdicts import (
+    model_saving_words,
+    same_setup_words,
+    weak_split,
+)
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 SLOWER = helpers.Ratio([0.7, 0.8, 0.9])
@@ -65,13 +69,13 @@ def test_the_two_workers_sentence_splits_the_all_reduce_from_the_wait_or_says_no
 
 def test_weak_scaling_credits_the_all_reduce_only_with_the_time_after_both_arrived():
     split = dict(step_ms=(25.0, 33.0), compute_ms=(24.0, 28.0), wait_ms=3.0, after_ms=2.0)
-    both = helpers.weak_split(SLOWER, SLOWER, **split)
+    both = weak_split(SLOWER, SLOWER, **split)
     assert "each worker's compute slowed too" in both["text"]
     assert "slowed by 4.0 ms (resolved): 9.0 of the 8.0 ms lost" in both["summary"]
     assert "rank 0's wait for the other worker (3.0 ms)" in both["summary"]
     assert "Of the 8.0 ms a step it added" in both["text"]
     assert "0.80 of one worker's speed (0.70-0.90 over 3 repeats in turns" in both["text"]
-    comm = helpers.weak_split(SLOWER, NOISE, **split)
+    comm = weak_split(SLOWER, NOISE, **split)
     # 2.0 of the 8.0 ms lost is communication; the 3.0 ms of waiting is not counted as it
     assert "the communication this run can name (25% of the loss)" in comm["text"]
     assert "rank 0 waited 3.0 ms for the other worker to arrive and 2.0 ms passed" \
@@ -80,13 +84,13 @@ def test_weak_scaling_credits_the_all_reduce_only_with_the_time_after_both_arriv
     assert "took 2.0 ms a step (25% of the loss), rank 0 waited a further 3.0 ms" \
         in comm["summary"]
     assert "not resolved slower" in comm["summary"] and "slowed by" not in comm["summary"]
-    odd = helpers.weak_split(FASTER, NOISE, **split)
+    odd = weak_split(FASTER, NOISE, **split)
     assert "names no cause" in odd["text"] and "names no cause" in odd["summary"]
     for r in (NOISE, ONE):
-        got = helpers.weak_split(r, SLOWER, **split)
+        got = weak_split(r, SLOWER, **split)
         assert "cannot tell" in got["text"] and "compute" not in got["text"]
     with pytest.raises(TypeError, match="helpers.Ratio"):
-        helpers.weak_split(0.8, SLOWER, **split)
+        weak_split(0.8, SLOWER, **split)
 
 
 def test_the_batch_sweep_gives_the_fall_and_the_growth_each_its_verdict():
@@ -118,22 +122,22 @@ def test_the_sweep_summary_shows_the_fall_only_where_it_resolved():
 
 
 def test_the_model_saving_is_checked_inside_a_step_in_three_branches():
-    got = helpers.model_saving_words(2.0, 240, (12.0, 2.0), FASTER, 15, 4)
+    got = model_saving_words(2.0, 240, (12.0, 2.0), FASTER, 15, 4)
     assert "at batch 4" in got and "the waits for the other worker left out" in got
     assert "prices the saving at 2.0 ms a step; the run measured 10.0 ms, 5.0 times" in got
     assert "about 1,429 µs for each message saved, against an α of 240 µs" in got
     assert ("from the fastest of 15 isolated calls on ranks doing nothing else: the model's α "
             "misses most of the per-message cost inside a step.") in got
-    assert "within a factor of two" in helpers.model_saving_words(
+    assert "within a factor of two" in model_saving_words(
         2.0, 240, (5.0, 2.0), FASTER, 15, 4)
     assert got.endswith("This run does not say where the rest of it goes.")
-    assert helpers.model_saving_words(2.0, 240, (5.0, 2.0), FASTER, 15, 4).endswith("the rest of "
+    assert model_saving_words(2.0, 240, (5.0, 2.0), FASTER, 15, 4).endswith("the rest of "
                                                                                   "it goes.")
-    over = helpers.model_saving_words(2.0, 240, (2.5, 2.0), FASTER, 15, 4)
+    over = model_saving_words(2.0, 240, (2.5, 2.0), FASTER, 15, 4)
     assert "overprices" in over and "the rest" not in over and over.endswith("inside a step.")
-    assert "the rest" not in helpers.model_saving_words(2.0, 240, (3.5, 2.0), FASTER, 15, 4)
-    assert "does not confirm" in helpers.model_saving_words(2.0, 240, (5.0, 6.0), SLOWER, 15, 4)
-    noise = helpers.model_saving_words(2.0, 240, (7.0, 6.0), NOISE, 15, 4)
+    assert "the rest" not in model_saving_words(2.0, 240, (3.5, 2.0), FASTER, 15, 4)
+    assert "does not confirm" in model_saving_words(2.0, 240, (5.0, 6.0), SLOWER, 15, 4)
+    noise = model_saving_words(2.0, 240, (7.0, 6.0), NOISE, 15, 4)
     assert "cannot check the model's saving of 2.0 ms" in noise and "times the" not in noise
-    assert "medians show no saving" in helpers.model_saving_words(
+    assert "medians show no saving" in model_saving_words(
         2.0, 240, (5.0, 6.0), FASTER, 15, 4)

@@ -1,19 +1,67 @@
-"""The scaling chapter's sentences chosen by its numbers (helpers/data_parallel/scaling_words.py):
-every branch reached, the words a stored run shows unchanged for the same numbers."""
+"""The scaling chapter's sentences chosen by its numbers
+(helpers/data_parallel/words/scaling_words.py): every branch reached, the words a stored run shows
+unchanged for the same numbers."""
 import pytest
 
 import helpers
-from helpers.data_parallel.scaling_verdicts import same_setup_words
+from helpers.data_parallel.words.scaling_verdicts import (
+    model_saving_words,
+    same_setup_words,
+    weak_split,
+)
 
 FASTER = helpers.Ratio([1.2, 1.3, 1.4])
 
 
-def test_one_core_says_which_run_it_could_not_make():
-    assert helpers.one_core_words("strong") == "not run: one core is too few for two workers"
-    assert helpers.one_core_words("sweep") == "was not run (one core)"
-    with pytest.raises(ValueError, match="strong"):
-        helpers.one_core_words("weak")
-    assert helpers.no_two_workers_words().startswith("With one core, two workers were not run")
+def test_two_workers_are_the_runs_words_where_they_ran_else_what_one_core_could_not_make():
+    assert helpers.two_worker_words("strong", [1, 2, 4], "measured") == "measured"
+    assert helpers.two_worker_words("sweep", [1, 2], "measured") == "measured"
+    assert helpers.two_worker_words("strong", [1], None) == (
+        "not run: one core is too few for two workers")
+    assert helpers.two_worker_words("sweep", [1], None) == "was not run (one core)"
+    for ks in ([1], [1, 2]):
+        with pytest.raises(ValueError, match="strong"):
+            helpers.two_worker_words("weak", ks, "measured")
+
+
+def _runs(ks, names, **parts):
+    """A worker sweep as time_data_parallel returns it: {k: {run: {part: samples}}}."""
+    return {"cores": ks[-1], **{k: {n: {p: list(v[k - 1]) for p, v in parts.items()}
+                                     for n in names} for k in ks}}
+
+
+def test_weak_scaling_is_weak_splits_words_where_two_workers_ran_else_says_not_run():
+    # one worker's step 10 ms and two workers' 12 ms, repeat by repeat; compute 8 ms and 9 ms
+    parts = dict(step_s=([0.010, 0.011, 0.009], [0.012, 0.013, 0.011]),
+                 compute_s=([0.008, 0.008, 0.008], [0.009, 0.0095, 0.0085]),
+                 wait_s=([0, 0, 0], [0.001, 0.001, 0.001]),
+                 after_s=([0, 0, 0], [0.002, 0.002, 0.002]))
+    runs = _runs([1, 2], ["fast 64", "fast 128"], **parts)
+    ratio = helpers.ratio
+    step = [helpers.Measurement(v) for v in parts["step_s"]]
+    compute = [helpers.Measurement(v) for v in parts["compute_s"]]
+    expected = weak_split(ratio(*step), ratio(*compute), step_ms=(10.0, 12.0),
+                          compute_ms=(8.0, 9.0), wait_ms=1.0, after_ms=2.0)
+    got = helpers.weak_words(runs, one="fast 64", two="fast 128")
+    assert got == expected and "slower than ideal" in got["text"]
+    alone = helpers.weak_words(_runs([1], ["fast 64", "fast 128"], **parts))
+    assert alone == dict(text="with one core, two workers were not run",
+                         summary="with one core, two workers were not run")
+
+
+def test_the_model_against_the_run_is_model_saving_words_where_two_workers_ran_else_says_not():
+    after = ([0, 0, 0], [0.012, 0.013, 0.011])    # the reference step's 8 messages ...
+    fast = ([0, 0, 0], [0.002, 0.0021, 0.0019])    # ... against the fast step's one
+    runs = _runs([1, 2], ["reference 4"], after_s=after)
+    runs[2]["fast 4"] = {"after_s": list(fast[1])}
+    many, one = helpers.Measurement(after[1]), helpers.Measurement(fast[1])
+    got = helpers.model_vs_run_words(runs, 4, 2.0, 240, 15)
+    assert got == model_saving_words(2.0, 240, (12.0, 2.0), helpers.ratio(many, one), 15, 4)
+    assert "the reference step's 8 all-reduces took 12.0 ms a step and the fast step's one 2.0 ms" \
+        in got and "one message was 6.00 times as fast" in got
+    alone = helpers.model_vs_run_words(_runs([1], ["reference 4"], after_s=after), 4, 2.0, 240, 15)
+    assert alone == ("With one core, two workers were not run, so this run cannot check the "
+                     "model against a measured step.")
 
 
 def test_the_setup_words_follow_same_setup_words_or_say_one_core():

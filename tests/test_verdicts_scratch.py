@@ -1,10 +1,10 @@
-"""Part II's run words (helpers/data_parallel/scratch_verdicts.py): each branch, from the numbers
-that choose it."""
+"""Part II's run words (helpers/data_parallel/words/scratch_verdicts.py): each branch, from the
+numbers that choose it."""
 import math
 
 import pytest
 
-from helpers.data_parallel.scratch_verdicts import (
+from helpers.data_parallel.words.scratch_verdicts import (
     PLATEAU,
     accuracy_gap_words,
     epoch_speed_words,

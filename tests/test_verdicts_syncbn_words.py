@@ -1,8 +1,8 @@
-"""Part III's SyncBatchNorm words (helpers/data_parallel/syncbn_words.py): each branch, from the
-gaps and the cost ratios that choose it, a one-round ratio ("cannot tell") included."""
+"""Part III's SyncBatchNorm words (helpers/data_parallel/words/syncbn_words.py): each branch, from
+the gaps and the cost ratios that choose it, a one-round ratio ("cannot tell") included."""
 import pytest
 
-from helpers.data_parallel.syncbn_words import (
+from helpers.data_parallel.words.syncbn_words import (
     comm_resolved_words,
     cost_words,
     found_words,

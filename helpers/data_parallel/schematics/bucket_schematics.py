@@ -8,10 +8,10 @@ have gone (DDPFromScratch's rule), one at a time on the link, alpha + bytes/beta
 bucket holds the first layers' gradients: it is ready only when the backward ends, so its
 all-reduce is always exposed. `plot_buckets` draws it.
 """
-from ..schematics import LABEL_FONT as SMALL
-from ..schematics import SCHEMATIC_FONT as FONT
-from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
-from .scratch import make_buckets
+from ...schematics import LABEL_FONT as SMALL
+from ...schematics import SCHEMATIC_FONT as FONT
+from ...schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
+from ..scratch import make_buckets
 
 __all__ = ["bucket_timeline", "plot_buckets"]
 

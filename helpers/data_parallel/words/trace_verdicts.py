@@ -2,7 +2,7 @@
 launched against backward's last autograd node, where the all-reduce time fell against the
 region "backward", and what the reducer's wait after the last gradient's hook was made of. Each
 sentence is chosen by the measured split (helpers.profiling.exposed_ms), never by a template."""
-from ..words import plural
+from ...words import plural
 from .profile_verdicts import _ms
 
 __all__ = ["bucket_launch_words", "trace_region_words", "reducer_wait_words", "trace_actor_words",

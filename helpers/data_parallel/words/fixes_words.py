@@ -3,7 +3,7 @@ step, the ablation, the regimes' table, the emulated and the real overlap, the b
 and the GPU run's status, one function each with a branch per case (tests/test_verdicts_fixes.py),
 so that no hidden notebook cell decides what a sentence says.
 """
-from ..timing import ratio
+from ...timing import ratio
 from .fixes_verdicts import ablation_credit
 from .verdicts import _check, _places, compile_sentence, ratio_words
 

@@ -1,30 +1,63 @@
-"""The scaling chapter's remaining sentences chosen by its numbers: runs that one core cannot
-make, the sizes that fall under the latency range, the LeNet step against the modelled
-all-reduce, one function each with a branch per case (tests/test_verdicts_scaling_words.py), so
-that no hidden notebook cell decides what a sentence says.
+"""The scaling chapter's remaining sentences chosen by its numbers: two workers' sentences (the
+run's own, or that one core could not make them), the sizes that fall under the latency range,
+the LeNet step against the modelled all-reduce, one function each with a branch per case
+(tests/test_verdicts_scaling_words.py), so that no notebook cell decides what a sentence says.
 """
-from ..words import plural
-from .scaling_verdicts import same_setup_words
+from ...timing import Measurement, ratio
+from ...words import plural
+from .scaling_verdicts import model_saving_words, same_setup_words, weak_split
 
-__all__ = ["one_core_words", "setup_words", "sweep_setup_note", "below_range_words",
-           "step_ms_text", "lenet_step_verdict", "no_two_workers_words",
+__all__ = ["two_worker_words", "weak_words", "model_vs_run_words", "setup_words",
+           "sweep_setup_note", "below_range_words", "step_ms_text", "lenet_step_verdict",
            "flat_upto_words"]
 
+_NOT_RUN = {"strong": "not run: one core is too few for two workers",
+            "sweep": "was not run (one core)"}
 
-def one_core_words(kind):
-    """What a sentence says of two workers where one core cannot run them: `kind` 'strong'
+
+def two_worker_words(kind, ks, measured):
+    """The sentence on two workers of a sweep over the worker counts `ks`: `measured` (the run's
+    own sentence) where `ks` holds 2, else that one core could not run them; `kind` 'strong'
     (the worker sweep) or 'sweep' (the batch sweep)."""
-    if kind == "strong":
-        return "not run: one core is too few for two workers"
-    if kind == "sweep":
-        return "was not run (one core)"
-    raise ValueError(f"kind is 'strong' or 'sweep', got {kind!r}")
+    if kind not in _NOT_RUN:
+        raise ValueError(f"kind is 'strong' or 'sweep', got {kind!r}")
+    return measured if 2 in ks else _NOT_RUN[kind]
 
 
-def no_two_workers_words():
-    """The model-against-run sentence where one core ran no two workers."""
-    return ("With one core, two workers were not run, so "
-            "this run cannot check the model against a measured step.")
+def weak_words(runs, one="fast 64", two="fast 128"):
+    """Weak scaling from the worker sweep (`runs` as time_data_parallel returns them, {workers:
+    {run: {part: samples}}}): run `two` on two workers against `one` on one worker, twice the
+    global batch, in weak_split's words ({"text", "summary"}); where one core ran no two workers
+    (no 2 in `runs`), that they were not run."""
+    if 2 not in runs:
+        said = "with one core, two workers were not run"
+        return dict(text=said, summary=said)
+
+    def both(key):
+        return Measurement(runs[1][one][key]), Measurement(runs[2][two][key])
+
+    def ms(m):
+        return 1e3 * m.median
+
+    step, compute = both("step_s"), both("compute_s")
+    return weak_split(ratio(*step), ratio(*compute), step_ms=tuple(map(ms, step)),
+                      compute_ms=tuple(map(ms, compute)),
+                      wait_ms=ms(Measurement(runs[2][two]["wait_s"])),
+                      after_ms=ms(Measurement(runs[2][two]["after_s"])))
+
+
+def model_vs_run_words(runs, batch, model_ms, alpha_us, reps):
+    """The alpha-beta model's saving of one message a step (`model_ms`, from its α `alpha_us`
+    fitted on the fastest of `reps` calls) against the batch sweep's two-worker steps at global
+    batch `batch` (`runs` as time_data_parallel returns them): model_saving_words on the
+    all-reduce after both workers arrived, the reference step's 8 messages against the fast
+    step's one; where one core ran no two workers (no 2 in `runs`), that it cannot check."""
+    if 2 not in runs:
+        return ("With one core, two workers were not run, so "
+                "this run cannot check the model against a measured step.")
+    after = [Measurement(runs[2][f"{mode} {batch}"]["after_s"]) for mode in ("reference", "fast")]
+    return model_saving_words(model_ms, alpha_us, [1e3 * a.median for a in after], ratio(*after),
+                              reps, batch)
 
 
 def setup_words(r=None, reps=None):

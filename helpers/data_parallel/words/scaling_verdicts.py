@@ -5,7 +5,7 @@ A worker's all-reduce time in a step (comm_s) includes waiting for the other wor
 the words never credit the all-reduce with that wait: they give it apart (wait_s, after_s of
 helpers.time_data_parallel), and name a cause only where the run measured it.
 """
-from ..words import plural
+from ...words import plural
 from .verdicts import _check, ratio_words
 
 __all__ = ["strong_words", "same_setup_words", "two_workers_sentence", "weak_split",

@@ -2,7 +2,7 @@
 moved against a rounding-size control, and what the cost timings resolved. A cost ratio is a
 time with more work over a time without, per round (Ratio's "faster" is then a cost), and every
 verdict, "cannot tell" (one round) included, has its words."""
-from ..timing import Ratio
+from ...timing import Ratio
 
 __all__ = ["long_run_words", "cost_words", "resolved_words", "found_words",
            "comm_resolved_words"]

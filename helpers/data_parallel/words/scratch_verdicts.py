@@ -4,7 +4,7 @@ the two apart (three branches, from their ranges: a simulated pair runs one afte
 import math
 import statistics
 
-from ..words import plural
+from ...words import plural
 
 __all__ = ["PLATEAU", "take_off", "takeoff_words", "accuracy_gap_words", "epoch_speed_words"]
 

@@ -3,7 +3,7 @@ below another only where EVERY paired seed puts it there by more than a margin, 
 that a rule like this is fooled is stated beside it: with no real difference, n paired gaps all
 share a sign 2 / 2**n of the time (1 in 4 for three seeds)."""
 
-from ..words import plural
+from ...words import plural
 
 __all__ = ["paired_verdict", "unseparated_words", "sign_chance", "chance_words",
            "scaled_rate_verdict", "equal_steps_verdict"]

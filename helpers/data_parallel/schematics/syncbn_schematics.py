@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime.launch import take
-from ..schematics import LABEL_FONT as SMALL
-from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
-from .torch_api import _combine_stats, convert_sync_batchnorm
+from ...runtime.launch import take
+from ...schematics import LABEL_FONT as SMALL
+from ...schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
+from ..torch_api import _combine_stats, convert_sync_batchnorm
 
 __all__ = ["syncbn_traffic", "syncbn_facts", "plot_syncbn"]
 

@@ -10,8 +10,8 @@ parameters the reducer itself names in the error it raises at the next forward.
 """
 import re
 
-from ..schematics import SCHEMATIC_FONT as FONT
-from ..schematics import device_color, diagram
+from ...schematics import SCHEMATIC_FONT as FONT
+from ...schematics import device_color, diagram
 
 __all__ = ["ddp_wrapper_facts", "plot_ddp_wrapper"]
 

@@ -1,8 +1,8 @@
 """Part III's words for DDP and DataParallel (the dataparallel, ddp_scratch, ddp_torchrun and
 custom_modules chapters): sentences chosen by a run's numbers, by what the machine had (GPUs,
 dumps) or by the GPU reference run, each branch unit-tested, so no notebook cell picks them."""
-from ..timing import Ratio
-from ..words import plural
+from ...timing import Ratio
+from ...words import plural
 
 __all__ = ["dp_ddp_words", "timeline_clock_words", "exposed_words", "pending_words",
            "flight_recorder_words", "reference_dump_words", "nodes_same_words",

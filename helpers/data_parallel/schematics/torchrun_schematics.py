@@ -17,8 +17,8 @@ launcher, one process per rank with its variables, and the rendezvous store they
 """
 import textwrap
 
-from ..schematics import LABEL_FONT as SMALL
-from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
+from ...schematics import LABEL_FONT as SMALL
+from ...schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
 
 __all__ = ["sampler_facts", "plot_sampler", "restart_facts", "plot_restart", "torchrun_facts",
            "plot_torchrun"]

@@ -2,8 +2,8 @@
 function each with a branch per verdict (tests/test_verdicts_profile.py), as verdicts.py does for
 the fixes and scaling chapters. A cause is named only where the run measured it.
 """
-from ..timing import Ratio
-from ..words import plural
+from ...timing import Ratio
+from ...words import plural
 from .verdicts import _check, _places
 
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",

@@ -3,7 +3,7 @@ fused step and its compression hook, one function each with a branch per verdict
 (tests/test_verdicts_fixes.py), as verdicts.py does for the other Part IV measurements. A part
 of a gain is credited only where its own ratio was resolved faster.
 """
-from ..words import plural
+from ...words import plural
 from .verdicts import _check, _digits
 
 __all__ = ["ablation_credit", "fused_step_words", "compression_words", "bench_step_words",

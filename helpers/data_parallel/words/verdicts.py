@@ -7,7 +7,7 @@ A sentence names a cause only for a resolved ratio, and only from a measured spl
 chapter's sentences are in scaling_verdicts.py, the profile and ddp_scratch chapters' in
 profile_verdicts.py.
 """
-from ..timing import Ratio
+from ...timing import Ratio
 
 __all__ = ["ratio_words", "against_prediction", "compile_sentence", "graph_sentence",
            "knob_words", "bucket_words", "message_cause", "overlap_step_words",

@@ -16,8 +16,8 @@ and copied back.
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..schematics import LABEL_FONT as SMALL
-from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
+from ...schematics import LABEL_FONT as SMALL
+from ...schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
 
 __all__ = ["dp_step_facts", "plot_dp_step", "scratch_step_facts", "plot_scratch_step"]
 
