@@ -72,8 +72,11 @@ def test_the_picture_names_rank_0_as_the_server_without_the_agents_store():
 def test_facts_read_a_real_torchrun_job():
     """What the chapter does: two processes print the variables torchrun gave them."""
     import json
-    show = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
-            f"{helpers.data_parallel.schematics.torchrun_schematics.LAUNCH_VARS!r}}}))")
+    # one os.write per process, as the chapter does: print's two writes (the line, then its
+    # newline) interleave between the processes when the output is unbuffered
+    show = ("import json, os; os.write(1, (json.dumps({k: os.environ.get(k) for k in "
+            f"{helpers.data_parallel.schematics.torchrun_schematics.LAUNCH_VARS!r}}}) + '\\n')"
+            ".encode())")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node", "2", "--no-python", sys.executable, "-c", show],
                          capture_output=True, text=True, timeout=120, check=True)
