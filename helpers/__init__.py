@@ -47,7 +47,7 @@ checks                      exercise checks (helpers.checks.X)   check_dp_averag
 __course__ = "multigpu-course"
 # First: refuse a torch older than the course's floor, naming the fix (before any module
 # touches an API it lacks).
-from . import torch_floor  # noqa: F401  (its import checks the installed torch)
+from . import torch_floor  # its import checks the installed torch
 
 from .config import choose, quick
 from .devices import (Timer, exact_float32, get_devices, num_gpus, rank_clock, synced_now,

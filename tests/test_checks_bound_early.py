@@ -249,7 +249,7 @@ class _Worker:
             fn, box, done = job
             try:
                 box.append(fn())
-            except BaseException as e:   # noqa: BLE001 - handed back to the answer
+            except BaseException as e:   # handed back to the answer
                 box.append(e)
             done.set()
 

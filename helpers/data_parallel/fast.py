@@ -166,7 +166,8 @@ class FastDataParallel:
         if self.streams:
             return self._step_streams(idx)
         ls = []
-        for c, (d, shard, params) in enumerate(zip(self.devices, self._shards(idx), self.params)):
+        for c, (d, shard, params) in enumerate(zip(self.devices, self._shards(idx), self.params,
+                                                   strict=True)):
             Xd, yd = self.data[d]
             shard = shard.to(d, non_blocking=True)
             if self.grad_fn:                           # forward and backward in one call
@@ -185,7 +186,7 @@ class FastDataParallel:
         Xd, yd = self.data[self.devices[0]]
         ls = []
         for c, (s, shard, params) in enumerate(zip(self.streams, self._shards(idx),
-                                                   self.params)):
+                                                   self.params, strict=True)):
             s.wait_stream(cur)                        # fork: sees the batch and the last update
             with torch.cuda.stream(s):
                 if self.grad_fn:
@@ -208,7 +209,7 @@ class FastDataParallel:
                 dist.all_reduce(self.flat_grads[0], group=self.group)
                 for fg in self.flat_grads[1:]:
                     fg.copy_(self.flat_grads[0])
-            for fp, fg, lr in zip(self.flat_params, self.flat_grads, self._lr):
+            for fp, fg, lr in zip(self.flat_params, self.flat_grads, self._lr, strict=True):
                 fp.sub_(fg.mul(lr).div_(batch_size))   # = param -= lr * grad / batch_size
                 fg.zero_()
         return sum(l.detach().to(self.devices[0]) for l in ls)
@@ -258,7 +259,7 @@ def _try_compile(fn, fallback=None):
             return state["fn"](*args)
         except Exception as e:  # no compiler, unsupported platform or shape, ...: stay eager
             warnings.warn(f"torch.compile failed here ({type(e).__name__}: {str(e)[:120]}); "
-                          "running eagerly from now on")
+                          "running eagerly from now on", stacklevel=2)
             state["fn"] = fallback
             return fallback(*args)
     wrapped.eager = lambda: state["fn"] is fallback
@@ -290,8 +291,8 @@ def flat_replica(params, device):
 
 def resident_accuracy(params, X, y, chunk=2048):
     """Test accuracy of LeNet with `params` on resident tensors X, y (in chunks)."""
-    return evaluate_accuracy(lambda X: lenet(X, params), zip(X.split(chunk), y.split(chunk)),
-                             X.device)
+    return evaluate_accuracy(lambda X: lenet(X, params),
+                             zip(X.split(chunk), y.split(chunk), strict=True), X.device)
 
 
 def train_fast(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, cuda_graph=None,

@@ -149,7 +149,7 @@ class DDPFromScratch(nn.Module):
         (on a GPU it waits for the device to reach the last stamp)."""
         log = list(self._log)
         seconds = self.clock.seconds([t for t, _, _ in log])
-        return [(t, what, i) for t, (_, what, i) in zip(seconds, log)]
+        return [(t, what, i) for t, (_, what, i) in zip(seconds, log, strict=True)]
 
     def completions(self):
         """How many of this step's all-reduces have a completion on the timeline (gloo's

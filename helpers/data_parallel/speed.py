@@ -100,8 +100,8 @@ def _waits(arrivals, k):
     wait, after = [], []
     for r, steps in enumerate(arrivals[0]):
         last = [max(arrivals[q][r][j][0] for q in range(k)) for j in range(len(steps))]
-        wait.append(statistics.mean(t - a for (a, _), t in zip(steps, last)))
-        after.append(statistics.mean(e - t for (_, e), t in zip(steps, last)))
+        wait.append(statistics.mean(t - a for (a, _), t in zip(steps, last, strict=True)))
+        after.append(statistics.mean(e - t for (_, e), t in zip(steps, last, strict=True)))
     return wait, after
 
 
@@ -152,7 +152,7 @@ def dp_timing_worker(rank, world_size, cfg):
                     times, steps = trainers[run["name"]][k].repeat(run["steps"], rank, X, y,
                                                                    groups[k])
                     if r > 0:
-                        for key, v in zip(keys, times):
+                        for key, v in zip(keys, times, strict=True):
                             out[run["name"]][k][key].append(v)
                         arrive[run["name"]][k].append(steps)
     every = [arrive]
@@ -251,7 +251,8 @@ def lenet_module_from(params):
     dense = [m for m in net if isinstance(m, torch.nn.Linear)]
     W1, b1, W2, b2, W3, b3, W4, b4 = params
     with torch.no_grad():
-        for m, (w, b) in zip(convs + dense, [(W1, b1), (W2, b2), (W3.T, b3), (W4.T, b4)]):
+        for m, (w, b) in zip(convs + dense, [(W1, b1), (W2, b2), (W3.T, b3), (W4.T, b4)],
+                             strict=True):
             m.weight.copy_(w)
             m.bias.copy_(b)
     return net
@@ -307,7 +308,7 @@ def bench_worker(rank, world_size, cfg):
             times.append(synced_now(device) - t0)
         with torch.no_grad():
             correct = sum(int((net(Xc).argmax(1) == yc).sum())
-                          for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
+                          for Xc, yc in zip(X_test.split(2048), y_test.split(2048), strict=True))
         results[wrapper] = dict(
             epoch_times=times, test_acc=correct / len(y_test),
             param_sum=float(sum(p.detach().double().abs().sum() for p in net.parameters())),

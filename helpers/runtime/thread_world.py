@@ -197,7 +197,7 @@ class ThreadWorld:
                     results[r] = body(r)
             except _Aborted:
                 pass
-            except BaseException as e:   # noqa: BLE001 - handed to the caller
+            except BaseException as e:   # handed to the caller
                 with self._cond:
                     errors.append((r, e, traceback.format_exc()))
                 self._fail(r, e)
