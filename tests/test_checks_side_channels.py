@@ -1,4 +1,4 @@
-"""Two families of data that travel past the byte count between thread ranks:
+"""Data cannot travel between thread ranks past the byte count, through two side channels:
 
 1. a message's metadata: the shape of a zero-element message (no payload bytes), read back from
    the error of a recv into a buffer of another shape, from a collective's error, or from the
