@@ -79,27 +79,25 @@ def replica_flat_grad(X, y, params):
 
 
 class FastDataParallel:
-    """k replicas of LeNet whose parameters and gradients live in one flat buffer per device.
-
-    `step(idx)` trains on the examples X[idx] of the resident data: the batch is split over the
-    devices exactly as `split_batch` does, the summed per-shard losses are backpropagated, the flat
-    gradients summed over devices as `allreduce` does, and every replica takes
-    `param -= lr * grad / batch_size` -- the arithmetic of Part II's train_batch, fused.
-
-    cuda_graph: None = capture the step as a CUDA graph when all replicas share one GPU (one graph
-    per process: it does not span devices); True = insist; False = never. The first `warmup` steps
-    of each batch size run eagerly on a side stream (real training steps), the next one is
-    captured and every later one replayed. compile=True computes each replica's gradients with
-    one torch.compile'd forward+backward (`replica_flat_grad`; `fused_flat_grad` when every
-    replica is on a CPU), falling back to eager (with a warning) where compiling fails; each new
-    batch size may compile again. replica_streams=True
-    (one GPU only) runs each replica's forward and backward on its own CUDA stream, so that
-    replicas sharing a GPU can run at the same time (inside the graph too); the arithmetic is
-    unchanged. group: a torch.distributed process group (e.g. torch.distributed.group.WORLD):
-    this process is one rank of it, `step(idx)` trains on its `idx.tensor_split(world)[rank]`
-    slice of the global batch idx (split again over `devices`), and the flat gradients are
-    summed over the ranks with one all_reduce before the update (no CUDA graph then).
-    """
+    """k replicas of LeNet whose parameters and gradients live in one flat buffer per device:
+    `step(idx)` is Part II's train_batch on X[idx], fused (the options below)."""
+    # `step(idx)` trains on the examples X[idx] of the resident data: the batch is split over the
+    # devices exactly as `split_batch` does, the summed per-shard losses are backpropagated, the
+    # flat gradients summed over devices as `allreduce` does, and every replica takes
+    # `param -= lr * grad / batch_size`.
+    # cuda_graph: None = capture the step as a CUDA graph when all replicas share one GPU (one
+    #   graph per process: it does not span devices); True = insist; False = never. The first
+    #   `warmup` steps of each batch size run eagerly on a side stream (real training steps), the
+    #   next one is captured and every later one replayed.
+    # compile=True: each replica's gradients from one torch.compile'd forward+backward
+    #   (`replica_flat_grad`; `fused_flat_grad` when every replica is on a CPU), falling back to
+    #   eager (with a warning) where compiling fails; each new batch size may compile again.
+    # replica_streams=True (one GPU only): each replica's forward and backward on its own CUDA
+    #   stream, so that replicas sharing a GPU run at the same time (inside the graph too).
+    # group: a torch.distributed process group this process is one rank of: `step(idx)` trains on
+    #   its `idx.tensor_split(world)[rank]` slice of the global batch (split again over
+    #   `devices`), the flat gradients summed over the ranks with one all_reduce before the
+    #   update (no CUDA graph then).
 
     def __init__(self, params, devices, lr, X, y, cuda_graph=None, warmup=3, compile=False,
                  replica_streams=False, group=None):

@@ -106,21 +106,19 @@ def _waits(arrivals, k):
 
 
 def dp_timing_worker(rank, world_size, cfg):
-    """Launch target (gloo): time every run of cfg['runs'] for every worker count of cfg['ks']
-    on this rank; rank 0 returns them (the others None).
-
-    cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
-    mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
-    The runs take turns in every repeat (the order reversed every other repeat), and so do the
-    counts within each run, all in this one set of processes, so that they share the same
-    conditions (a machine's load drifts): sample i of every run and count comes from repeat i,
-    and their ratios can be paired. For k workers, ranks 0..k-1 train
-    (a process group of their own) while the others wait at a barrier. Repeat 0 warms up and is
-    not kept. Besides step_s, compute_s, comm_s and update_s (rank 0's), compute_cpu_s is rank
-    0's CPU time of compute, and wait_s and after_s split its comm_s: waiting for the last rank
-    to arrive, and the rest (see _waits). Every k trains on the same global batches:
-    `torch.randint(0, n, (B,))` from a generator seeded with `seed`, rank r taking its
-    `tensor_split` slice."""
+    """Launch target (gloo): time every run of cfg['runs'] for every worker count of cfg['ks'],
+    the runs and counts taking turns in one set of processes; rank 0 returns them."""
+    # cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
+    #   mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
+    # The runs take turns in every repeat (the order reversed every other repeat), and so do the
+    # counts within each run, so that they share the same conditions (a machine's load drifts):
+    # sample i of every run and count comes from repeat i, and their ratios can be paired. For k
+    # workers, ranks 0..k-1 train (a process group of their own) while the others wait at a
+    # barrier. Repeat 0 warms up and is not kept. Besides step_s, compute_s, comm_s and update_s
+    # (rank 0's), compute_cpu_s is rank 0's CPU time of compute, and wait_s and after_s split its
+    # comm_s: waiting for the last rank to arrive, and the rest (see _waits). Every k trains on
+    # the same global batches: `torch.randint(0, n, (B,))` from a generator seeded with `seed`,
+    # rank r taking its `tensor_split` slice.
     import torch.distributed as dist
 
     from ..data import load_tensors
