@@ -346,7 +346,7 @@ def _launch_threads(fn, world, cfg, timeout):
 def run_in_turn(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """A launch target running cfg["runs"], [(label, fn, kwargs), ...], one after another on
     every rank (fn(rank, world, dict(kwargs, device=..., comm=... on thread ranks)), a barrier
-    between them); returns {label: what fn returned}."""
+    between them, which a thread rank's comm does not count); returns {label: what fn returned}."""
     import torch.distributed as dist
 
     from .progress import report_progress
@@ -360,6 +360,7 @@ def run_in_turn(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
             dist.barrier()
         else:                                   # thread ranks: no process group
             comm.all_reduce(torch.zeros(1))
+            comm.reset_counts()                 # the next run counts only its own traffic
     return results
 
 
