@@ -112,7 +112,8 @@ def sharded_server_every_device(params, grads, devices, lr):
 def conv_split_out_channels(X, W, b, devices, log=None):
     parts = []
     for d, Wi, bi in zip(devices, W.tensor_split(len(devices)), b.tensor_split(len(devices))):
-        parts.append(F.conv2d(X.to(d), Wi.to(d), bi.to(d)).to(devices[0]))
+        if len(Wi):                                   # fewer output channels than devices
+            parts.append(F.conv2d(X.to(d), Wi.to(d), bi.to(d)).to(devices[0]))
     return torch.cat(parts, dim=1)
 
 
