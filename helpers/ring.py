@@ -44,4 +44,4 @@ def ring_all_reduce(xs, devices, log=None, what="all-reduce"):
         return [xs[0]]
     chunks = ring_reduce_scatter(xs, devices, log, f"{what}: reduce-scatter")
     chunks = ring_all_gather(chunks, devices, log, f"{what}: all-gather")
-    return [torch.cat(c).reshape(x.shape) for c, x in zip(chunks, xs, strict=True)]
+    return [torch.cat(c).reshape(x.shape) for c, x in zip(chunks, xs)]  # noqa: B905

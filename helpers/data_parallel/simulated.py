@@ -55,8 +55,8 @@ def split_batch(X, y, devices):
         raise ValueError("no devices given: pass at least one, e.g. helpers.get_devices(1)")
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}; they must pair up")
-    return ([x.to(d) for x, d in zip(X.tensor_split(k), devices, strict=True)],
-            [t.to(d) for t, d in zip(y.tensor_split(k), devices, strict=True)])
+    return ([x.to(d) for x, d in zip(X.tensor_split(k), devices)],  # noqa: B905
+            [t.to(d) for t, d in zip(y.tensor_split(k), devices)])  # noqa: B905
 
 
 def sgd(params, lr, batch_size):
@@ -77,7 +77,7 @@ def train_batch(X, y, device_params, devices, lr):
     validate_step(X, y, device_params, devices, lr)   # before any replica computes or steps
     X_shards, y_shards = split_batch(X, y, devices)
     ls = [loss(lenet(X_shard, W), y_shard).sum()
-          for X_shard, y_shard, W in zip(X_shards, y_shards, device_params, strict=True)]
+          for X_shard, y_shard, W in zip(X_shards, y_shards, device_params)]  # noqa: B905
     for l in ls:   # backward runs on each device separately
         l.backward()
     with torch.no_grad():

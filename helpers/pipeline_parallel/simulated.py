@@ -5,7 +5,6 @@ agree with one device up to float32 rounding either way. Transfers are logged by
 `devices` (runtime.traffic.send), so simulated devices count the bytes that real ones would send.
 """
 import copy
-from itertools import pairwise
 
 import torch
 
@@ -31,8 +30,7 @@ def split_sequential(net, cuts, devices):
     if len(bounds) - 1 != len(devices):
         raise ValueError(
             f"{len(cuts)} cuts make {len(bounds) - 1} stages for {len(devices)} devices")
-    return [copy.deepcopy(net[a:b]).to(d)
-            for (a, b), d in zip(pairwise(bounds), devices, strict=True)]
+    return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]  # noqa: B905
 
 
 def network_split_forward(stages, X, devices, log=None):

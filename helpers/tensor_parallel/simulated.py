@@ -63,8 +63,7 @@ def megatron_mlp(X, W1, b1, W2, b2, devices, log=None):
     the partial outputs, and b2 is added once, after it."""
     k = len(devices)
     Xs = copy_to_shards(X, devices, log)                                 # f
-    shards = zip(Xs, W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k), devices,
-                 strict=True)
+    shards = zip(Xs, W1.tensor_split(k, dim=1), b1.tensor_split(k), W2.tensor_split(k), devices)  # noqa: B905
     partials = [F.relu(Xi @ W1i.to(d) + b1i.to(d)) @ W2i.to(d) for Xi, W1i, b1i, W2i, d in shards]
     return reduce_from_shards(partials, devices, log) + b2.to(devices[0])   # g, then b2 once
 
@@ -77,7 +76,7 @@ def conv_split_channels(X, W, b, devices, log=None, **conv_args):
     """A convolution with its output channels split over the devices: device i computes its
     channels from the whole input; the outputs are gathered on devices[0]."""
     k, Ys = len(devices), []
-    for i, (Wi, bi) in enumerate(zip(W.tensor_split(k), b.tensor_split(k), strict=True)):
+    for i, (Wi, bi) in enumerate(zip(W.tensor_split(k), b.tensor_split(k))):  # noqa: B905
         Xi = send(X, 0, i, devices, log, "input")
         Ys.append(F.conv2d(Xi, Wi.to(devices[i]), bi.to(devices[i]), **conv_args))
     return torch.cat([send(Y, i, 0, devices, log, "output") for i, Y in enumerate(Ys)], dim=1)
@@ -87,7 +86,7 @@ def dense_split_columns(X, W, b, devices, log=None):
     """X @ W + b with W (in, out) split by columns (output units): device i computes its outputs
     from the whole input; the outputs are gathered on devices[0]."""
     k, Ys = len(devices), []
-    for i, (Wi, bi) in enumerate(zip(W.tensor_split(k, dim=1), b.tensor_split(k), strict=True)):
+    for i, (Wi, bi) in enumerate(zip(W.tensor_split(k, dim=1), b.tensor_split(k))):  # noqa: B905
         Xi = send(X, 0, i, devices, log, "input")
         Ys.append(torch.mm(Xi, Wi.to(devices[i])) + bi.to(devices[i]))
     return torch.cat([send(Y, i, 0, devices, log, "output") for i, Y in enumerate(Ys)], dim=1)
@@ -98,7 +97,7 @@ def dense_split_rows(X, W, b, devices, log=None):
     features by its rows, giving a partial sum of the WHOLE output; the partial sums are added up
     on devices[0], and the bias is added once, after the sum."""
     k = len(devices)
-    shards = zip(X.tensor_split(k, dim=1), W.tensor_split(k), strict=True)
+    shards = zip(X.tensor_split(k, dim=1), W.tensor_split(k))  # noqa: B905
     partials = [torch.mm(send(Xi, 0, i, devices, log, "input"), Wi.to(devices[i]))
                 for i, (Xi, Wi) in enumerate(shards)]
     Y = sum(send(P, i, 0, devices, log, "partial sum") for i, P in enumerate(partials))
