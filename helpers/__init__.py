@@ -2,23 +2,28 @@
 importable as `helpers.X`; the rest stays in its home module, where tests import it from
 (tests/test_layout.py).
 
-Each name has one home module (the import lines below list them; `helpers.X.__module__` says
-it too). Folders name the split, files the version: simulated (one process, Part I/II), scratch
-(by hand across processes), torch_api (torch's own), experiments (the chapters' runs).
+Each name has one home module (the import lines below list them, one a module, in the order
+of the table's rows; `helpers.X.__module__` says it too). Folders name the split, files the
+version: simulated (one process, Part I/II), scratch (by hand across processes), torch_api
+(torch's own), experiments (the chapters' runs).
 
 home module                 what lives there                     helpers.X, e.g. (-: none)
+torch_floor                 the oldest torch, checked on import  -
 config, devices, data       run sizes, devices, Fashion-MNIST    choose, get_devices, load_tensors
 models, tiny_models         LeNet, ResNet-18, Part V's models    lenet, resnet18, TinyLM, make_model
 plotting, paths, validate   plots and glue, scripts, arguments   glue, script_path, validate_lr
 script_args                 the DDP scripts' command line        script_parser, resolve_args
 seeding                     the same weights from a seed         -
 activations                 what autograd saves for backward     saved_tensor_bytes
-costs, compare, one_process cost formulas, comparators, the      split_costs, max_diff
-                            unsplit runs everything is compared
+costs, transformer_costs    cost formulas, a block's bytes       split_costs, block_params
+compare, one_process        comparators, the unsplit runs        max_diff, all_close
+                            everything is compared with
 cost_explorer               the cost explorer's static twin      with_static_twin
 profiling, prose, reference profiler, claims, GPU reference run  count_ops, claim, gpu_reference
 words                       counts with their nouns in agreement plural, how_often
-torch_floor                 the oldest torch, checked on import  -
+model_words                 the cost model's sentences           fit_words, load_words
+reference_words, gpus_words the GPU reference's sentences        speed_words, pool_words
+gpus_cost_words             a call's share of a step, in words   call_share_words
 timing                      medians, spreads, ratios in turns    measure, interleave, ratio
 runtime.group               THE init_process_group               setup, teardown, choose_backend
 runtime.launch              THE way ranks start                  launch, run_ranks
@@ -28,8 +33,8 @@ runtime.comm                counted send/recv over ranks/threads DistComm
 runtime.agree               ranks running the same collectives   -
 runtime.traffic             bytes sent, on one log               ByteLog, send, count_traffic
 runtime.files               THE atomic writer                    atomic_write, write_json
-runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
 runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
+runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
 runtime.mesh                ranks along named mesh dimensions    rank_grid, coords_of
 ring                        ring collectives, simulated devices  ring_all_reduce, ring_all_gather
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
@@ -39,7 +44,7 @@ tensor_parallel.*           Part I (simulated), Part VI          megatron_mlp, T
 context_parallel.*          Part VII: the sequence split         ring_attention, ulysses_attention
 expert_parallel.*           Part VII: mixture of experts         MoE, ExpertParallelMoE
 composed.*                  Part VII: all at once, the planner   train_3d_scratch, plan
-schematics, */schematics    pictures drawn by the code they show plot_ring_allreduce, plot_shards
+*schematics                 pictures drawn by the code they show plot_ring_allreduce, plot_shards
 checks                      exercise checks (helpers.checks.X)   check_dp_average, ...
 """
 # The course's mark: a notebook's set-up cell (scripts/colab_setup_cell.py) tells this package
@@ -47,7 +52,7 @@ checks                      exercise checks (helpers.checks.X)   check_dp_averag
 __course__ = "multigpu-course"
 # First: refuse a torch older than the course's floor, naming the fix (before any module
 # touches an API it lacks).
-from . import torch_floor  # noqa: F401  (its import checks the installed torch)
+from . import torch_floor  # its import checks the installed torch
 
 from .config import choose, quick
 from .devices import (Timer, exact_float32, get_devices, num_gpus, rank_clock, synced_now,
@@ -69,14 +74,14 @@ from .costs import (layer_sizes, saved_per_layer, balanced_cuts, ring_bytes_per_
                     network_cuts, BACKWARD_SHARE)
 from .transformer_costs import (activation_bytes_per_token, block_params, ring_attention_bytes,
                                 moe_dispatch_bytes, ulysses_attention_bytes, moe_layer_seconds)
-from .cost_explorer import with_static_twin
 from .compare import all_close, max_diff
+from .cost_explorer import with_static_twin
 from .profiling import (quiet_native_stderr, profile_cpu, collectives_in, count_ops, trace_events,
                         overlap_ms, exposed_ms, trace_sentence)
 from .prose import claim, say
-from .words import how_often, plural
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
                         failed_cells_words, failed_cells_note)
+from .words import how_often, plural
 from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
                           load_words)
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
@@ -132,9 +137,6 @@ from .data_parallel.words.fixes_words import (gpu_status_words, best_step_words,
                                               fusing_bound_words)
 from .data_parallel.words.scaling_verdicts import (strong_words, two_workers_sentence,
                                                    sweep_words, sweep_summary)
-from .data_parallel.schematics.profile_schematics import plot_phases
-from .data_parallel.schematics.scaling_schematics import (plot_scaling, plot_alpha_beta_fit,
-                                                          plot_exposed)
 from .data_parallel.words.scaling_words import (two_worker_words, weak_words, model_vs_run_words,
                                                 setup_words, sweep_setup_note, below_range_words,
                                                 step_ms_text, lenet_step_verdict, flat_upto_words)
@@ -228,16 +230,13 @@ from .context_parallel.torch_api import context_parallel_status, torch_context_p
 from .context_parallel.experiments import (qkv_inputs, cp_attention_run,
                                            cp_ulysses_run, cp_activation_memory, cp_torch_run)
 from .context_parallel.ulysses import seq_to_heads, heads_to_seq, SeqToHeads, ulysses_attention
-from .context_parallel.schematics import ring_schedule, plot_ring, plot_split
 from .expert_parallel.moe import route, load_balancing_loss, MoE, moe_inputs, router_z_loss
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import ep_equal_run, ep_imbalance_run, ep_production_run
 from .expert_parallel.torch_api import EPMoE, ep_dp_mesh, permute_by_expert
-from .expert_parallel.schematics import dispatch_counts, plot_all_to_all
 from .composed.scratch import train_3d_scratch, one_process_run, cp_gpt
 from .composed.torch_api import train_3d_torch
 from .composed.experiments import train_cp_zero2
-from .composed.schematics import draw_mesh
 from .composed.planner_page import PLANNER_FIELDS, plan_table_html, with_planner_twin
 from .composed.planner import stage_costs, plan, data_parallel_costs
 from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatron_trace,
@@ -252,6 +251,12 @@ from .data_parallel.schematics.torchrun_schematics import (sampler_facts, plot_s
                                                            restart_facts, plot_restart,
                                                            torchrun_facts, plot_torchrun)
 from .data_parallel.schematics.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
+from .data_parallel.schematics.profile_schematics import plot_phases
+from .data_parallel.schematics.scaling_schematics import (plot_scaling, plot_alpha_beta_fit,
+                                                          plot_exposed)
+from .context_parallel.schematics import ring_schedule, plot_ring, plot_split
+from .expert_parallel.schematics import dispatch_counts, plot_all_to_all
+from .composed.schematics import draw_mesh
 from .stream_schematics import (queue_timeline, plot_queue_timeline, machine_links,
                                 plot_gpu_machine,
                                 two_stream_facts, plot_two_streams)

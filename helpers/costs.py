@@ -184,34 +184,30 @@ def ring_bytes_per_device(nbytes, k):
 def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_per_value=4,
                 optimizer="sgd", latency_us=0.0, zero=False, tflops=None
                 ) -> dict[str, SplitCost]:
-    """Per training step, for each split in SPLITS (and ZERO_ROWS when zero=True): the bytes the
-    busiest device sends, the memory of the fullest device (params, grads, optimizer state,
-    activations, in bytes), the collectives and the point-to-point hand-offs of the step, the
-    messages the busiest device sends, and the seconds its sending takes in the alpha-beta model:
-    messages * latency_us + bytes / bandwidth_gbs.
-
-    data: every device holds the model, its optimizer state and 1/k of the batch; one ring
-      all-reduce of the gradients (2(k-1) messages per device).
-    network: contiguous layers per device (network_cuts: the fullest device as small as it can
-      be, then the busiest sender), the whole batch passes through each; the activation at each
-      cut goes forward, its gradient back, once per micro-batch.
-    within layer: every conv/dense layer is split k ways by output channels/units; its outputs
-      are all-gathered after it (forward), its input gradients all-reduced (backward); each
-      device keeps the gathered, full activations.
-    ZeRO-1/2/3: data parallelism with the optimizer state, then the gradients, then the
-      parameters sharded k ways (sharding_costs); ZeRO-3 gathers each layer's parameters for its
-      forward and again for its backward.
-
-    With `tflops` (a device's speed, in 10^12 FLOP/s) each row also gets the seconds of a step:
-    `seconds_compute` (6 FLOPs per multiply-add per example, divided as the split divides it),
-    `seconds_exposed` (the communication that does not overlap with compute) and
-    `seconds_step`, their sum. data, ZeRO-1/2: the all-reduce can hide behind the backward (2/3
-    of the compute), at best: the last bucket is ready only when the backward ends, so a real
-    step exposes at least its all-reduce (`helpers.bucket_timeline` lays the buckets out);
-    ZeRO-3 behind the whole step (prefetched gathers); within layer: none (every
-    collective sits between two layers); network: GPipe over the stages' compute
-    (((m-1) max + sum) / m), exposed: one micro-batch's hand-offs through every cut and back.
-    """
+    """Per training step, the cost of each split in SPLITS (and ZERO_ROWS when zero=True): the
+    busiest device's bytes, messages and sending seconds (alpha-beta), the fullest device's memory,
+    the collectives and hand-offs; with `tflops`, the step's seconds too."""
+    # data: every device holds the model, its optimizer state and 1/k of the batch; one ring
+    #   all-reduce of the gradients (2(k-1) messages per device).
+    # network: contiguous layers per device (network_cuts: the fullest device as small as it can
+    #   be, then the busiest sender), the whole batch passes through each; the activation at each
+    #   cut goes forward, its gradient back, once per micro-batch.
+    # within layer: every conv/dense layer is split k ways by output channels/units; its outputs
+    #   are all-gathered after it (forward), its input gradients all-reduced (backward); each
+    #   device keeps the gathered, full activations.
+    # ZeRO-1/2/3: data parallelism with the optimizer state, then the gradients, then the
+    #   parameters sharded k ways (sharding_costs); ZeRO-3 gathers each layer's parameters for its
+    #   forward and again for its backward.
+    #
+    # With `tflops` (a device's speed, in 10^12 FLOP/s) each row also gets the seconds of a step:
+    # `seconds_compute` (6 FLOPs per multiply-add per example, divided as the split divides it),
+    # `seconds_exposed` (the communication that does not overlap with compute) and
+    # `seconds_step`, their sum. data, ZeRO-1/2: the all-reduce can hide behind the backward (2/3
+    # of the compute), at best: the last bucket is ready only when the backward ends, so a real
+    # step exposes at least its all-reduce (`helpers.bucket_timeline` lays the buckets
+    # out); ZeRO-3 behind the whole step (prefetched gathers); within layer: none (every
+    # collective sits between two layers); network: GPipe over the stages' compute
+    # (((m-1) max + sum) / m), exposed: one micro-batch's hand-offs through every cut and back.
     if optimizer not in OPTIMIZER_STATE_BYTES:
         raise ValueError(f"optimizer must be one of {tuple(OPTIMIZER_STATE_BYTES)}, "
                          f"not {optimizer!r}")

@@ -6,7 +6,7 @@ import torch
 
 from .words import plural
 
-__all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "require_gpus",
+__all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "validate_gpus",
            "rank_clock", "sleep_until", "synced_now", "synchronize", "try_all_gpus", "try_gpu",
            "gpu_copy_gbs", "copy_while_computing", "gpu_chapter_figures"]
 
@@ -57,7 +57,7 @@ def get_devices(k, simulate=True):
     return devices
 
 
-def require_gpus(k):
+def validate_gpus(k):
     """Raise a clear error unless at least k real GPUs are present."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int (how many GPUs this needs), got {k!r}")
@@ -263,7 +263,7 @@ def gpu_chapter_figures(mib=256):
     inside the GPU, GPU-to-GPU GB/s (2 GPUs), LeNet's step memory at batch 256, and a copy plus
     a product on one stream against two. Needs a GPU."""
     from .models import lenet_module
-    require_gpus(1)
+    validate_gpus(1)
     d = torch.device("cuda", 0)
     X = torch.randn(mib * 2**18)
     out = dict(mib=mib, pageable_gbs=gpu_copy_gbs(X, d),

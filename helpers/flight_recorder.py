@@ -116,6 +116,7 @@ def fr_trace_report(dump_dir):
 
 
 def main(argv=None):
+    """The command line: run the flight-recorder demonstration, dumps into `dump_dir`."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dump_dir")
     p.add_argument("--timeout", type=float, default=4.0, help="seconds a collective waits")

@@ -27,7 +27,7 @@ class Animator:
                 self.X[i].append(x)
                 self.Y[i].append(y)
         self.ax.cla()
-        for i, (xs, y_s) in enumerate(zip(self.X, self.Y)):
+        for i, (xs, y_s) in enumerate(zip(self.X, self.Y, strict=True)):
             self.ax.plot(xs, y_s, "-o", markersize=3,
                          label=self.legend[i] if i < len(self.legend) else None)
         self.ax.set(**{k: v for k, v in self.labels.items() if v is not None})

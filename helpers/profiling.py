@@ -319,31 +319,34 @@ def _step_windows(events, on_gpu):
 
 
 def exposed_ms(events):
-    """Split the all-reduce time of a DDP trace (helpers.trace_events) at the end of each
-    backward's compute, each all-reduce record tied to its own step: the backward window it
-    began in. {'overlapped': ms of all-reduce while its own backward still computed,
-    'exposed': ms of all-reduce inside its own backward's reducer wait (backward had no compute
-    left and backward() waited for it), 'outside': ms of all-reduce outside its own window
-    (neither: the step did not wait for it there), of which 'late' ran on after its own window
-    had ended (in all-reduces that began inside it; of that, 'stale' ms fell inside a later
-    step's window, where they are not counted as that step's overlap or wait) and the rest,
-    outside - late, in all-reduces that began outside every window; 'total' (overlapped +
-    exposed + outside: concurrent records count once, an instant counted with the step whose
-    own all-reduce ran then, if any), 'windows': ms of the backward windows, 'wait': ms of the
-    'reducer wait' regions, of which 'wait_busy' ms had some all-reduce record open (its own
-    step's or a late one of an earlier step) and 'wait_idle' ms had none (the reducer waited
-    with nothing in flight in the trace: for its threads to get a core, say, or for the other
-    rank; the trace does not say which), 'clock': 'host' or 'gpu'}.
-    On the host (gloo) a window is the region 'backward', its compute ending at the last
-    gradient's hook (the first bucket launch from inside its last autograd node, else that
-    node's end: a bucket launched there starts no earlier, so it cannot count as overlapped)
-    and the reducer's wait after it; in a trace with GPU activity (NCCL) it is
-    'backward kernels' and the 'reducer wait' after them, on the GPU's clock. Gloo can leave
-    time outside: it marks an all-reduce's result ready, which ends the reducer's wait and lets
-    backward() return, before it closes the all-reduce's record in the trace (torch's
-    ProcessGroupGloo: the Future is completed, then Work::finish ends the record), and such a
-    record can stay open into the next step's forward and backward. A region 'backward' alone
-    cannot tell overlapped from exposed: under DDP it ends after the wait."""
+    """A DDP trace's all-reduce time (helpers.trace_events) split at the end of each backward's
+    compute, in ms: overlapped, exposed, outside (late, stale), total, windows, wait (wait_busy,
+    wait_idle), and the clock; each is defined below."""
+    # Split the all-reduce time of a DDP trace (helpers.trace_events) at the end of each
+    # backward's compute, each all-reduce record tied to its own step: the backward window it
+    # began in. {'overlapped': ms of all-reduce while its own backward still computed,
+    # 'exposed': ms of all-reduce inside its own backward's reducer wait (backward had no compute
+    # left and backward() waited for it), 'outside': ms of all-reduce outside its own window
+    # (neither: the step did not wait for it there), of which 'late' ran on after its own window
+    # had ended (in all-reduces that began inside it; of that, 'stale' ms fell inside a later
+    # step's window, where they are not counted as that step's overlap or wait) and the rest,
+    # outside - late, in all-reduces that began outside every window; 'total' (overlapped +
+    # exposed + outside: concurrent records count once, an instant counted with the step whose
+    # own all-reduce ran then, if any), 'windows': ms of the backward windows, 'wait': ms of the
+    # 'reducer wait' regions, of which 'wait_busy' ms had some all-reduce record open (its own
+    # step's or a late one of an earlier step) and 'wait_idle' ms had none (the reducer waited
+    # with nothing in flight in the trace: for its threads to get a core, say, or for the other
+    # rank; the trace does not say which), 'clock': 'host' or 'gpu'}.
+    # On the host (gloo) a window is the region 'backward', its compute ending at the last
+    # gradient's hook (the first bucket launch from inside its last autograd node, else that
+    # node's end: a bucket launched there starts no earlier, so it cannot count as overlapped)
+    # and the reducer's wait after it; in a trace with GPU activity (NCCL) it is
+    # 'backward kernels' and the 'reducer wait' after them, on the GPU's clock. Gloo can leave
+    # time outside: it marks an all-reduce's result ready, which ends the reducer's wait and lets
+    # backward() return, before it closes the all-reduce's record in the trace (torch's
+    # ProcessGroupGloo: the Future is completed, then Work::finish ends the record), and such a
+    # record can stay open into the next step's forward and backward. A region 'backward' alone
+    # cannot tell overlapped from exposed: under DDP it ends after the wait.
     records = [(e["start_ms"], e["start_ms"] + e["dur_ms"]) for e in events
                if e["lane"] == "all-reduce"]
     on_gpu = any(e["lane"] == "gpu" for e in events)

@@ -37,11 +37,11 @@ def queue_timeline(stream, fn, reps, clock=time.perf_counter):
     read = clock() - t0                      # what a timer read here would report
     runs = [w.result() for w in work]        # the "synchronise"
     waited = clock() - t0
-    return _check_timeline(dict(submitted=submitted, read=read, waited=waited,
+    return _validate_timeline(dict(submitted=submitted, read=read, waited=waited,
                                runs=[(s - t0, e - t0) for s, e in runs]))
 
 
-def _check_timeline(facts):
+def _validate_timeline(facts):
     """`facts` if its stamps are those of one in-order stream, else ValueError: each call starts
     after it was queued and after the one before it ended, and the wait ends after the last."""
     sub, runs = facts["submitted"], facts["runs"]
@@ -61,7 +61,7 @@ def plot_queue_timeline(facts):
     """The host row (queueing, then waiting in .result()) and the stream row (each call from
     its start to its end) against milliseconds since the first submit, with the clock read
     without waiting and the end of the wait marked. Returns the figure."""
-    _check_timeline(facts)
+    _validate_timeline(facts)
     ms = 1e3
     read, waited = facts["read"] * ms, facts["waited"] * ms
     fig, axes = diagram(1, 1, width=SCHEMATIC_WIDTH, height=2.9)

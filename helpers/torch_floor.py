@@ -22,9 +22,9 @@ def validate_torch_version(version):
                       f"pip install -U 'torch>={floor}', then restart the kernel")
 
 
-def _check_installed_torch():
+def _validate_installed_torch():
     import torch
     validate_torch_version(torch.__version__)
 
 
-_check_installed_torch()
+_validate_installed_torch()

@@ -37,10 +37,10 @@ import time
 os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root
 
-import torch  # noqa: E402
+import torch
 
-import helpers  # noqa: E402
-from helpers import timing  # noqa: E402
+import helpers
+from helpers import timing
 
 QUICK = dict(num_epochs=3, subset=1024)
 CPU = dict(num_epochs=4, subset=25600)   # minutes on 2 cores: enough to learn, and to compare

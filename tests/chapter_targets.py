@@ -182,7 +182,7 @@ def each(rank, world, cfg):
         try:
             fn(rank, world, dict(kwargs, device=cfg["device"]))
             error = None
-        except Exception as e:   # noqa: BLE001 - reported per target
+        except Exception as e:   # reported per target
             lines = traceback.format_exc().strip().splitlines()
             error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}" if str(e) \
                 else type(e).__name__

@@ -684,7 +684,7 @@ def on_fake_gpus(rank, world, cfg):
                 got = fn(rank, world, dict(kwargs, device=torch.device("cuda", rank)))
                 on_gpu = sorted({str(tuple(t.shape)) for t in tree_leaves(_opened(got))
                                  if isinstance(t, torch.Tensor) and index_of(t) is not None})
-        except (Exception, BaseException) as e:   # noqa: BLE001 - reported per target
+        except (Exception, BaseException) as e:   # reported per target
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"

@@ -58,7 +58,7 @@ def serve(rank, world, cfg):
         fn, kwargs = torch.load(job, weights_only=False)
         try:
             out = ("ok", fn(rank, world, dict(kwargs, device=cfg["device"])), "")
-        except Exception as e:   # noqa: BLE001 - handed to the test
+        except Exception as e:   # handed to the test
             out = ("error", f"{type(e).__name__}: {e}", traceback.format_exc()[-3000:])
         atomic_save(out, folder / f"res{n}.{rank}.pt")
         if out[0] == "ok":
@@ -81,7 +81,7 @@ class RankPool:
             try:
                 helpers.launch(serve, self.world, dict(dir=str(self.dir)), backend="gloo",
                                timeout=24 * 3600.0, quiet=True)
-            except BaseException as e:   # noqa: BLE001 - reported by the next run
+            except BaseException as e:   # reported by the next run
                 self.failure = e
         self.thread = threading.Thread(target=body, daemon=True, name=f"pool{self.world}")
         self.thread.start()

@@ -22,7 +22,7 @@ from book_files import ROOT
 from nbformat.v4 import new_code_cell, new_notebook
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import student_edition as se  # noqa: E402
+import student_edition as se
 
 PRELUDE = ("import contextlib\n\nimport torch\nfrom torch.nn import functional as F\n\n"
            "from helpers import get_params, send, split_batch")

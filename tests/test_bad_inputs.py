@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.devices import require_gpus
+from helpers.devices import validate_gpus
 from helpers.expert_parallel.moe import expert_capacity
 from helpers.runtime.launch import take
 from helpers.transformer_costs import train_flops_per_token
@@ -37,7 +37,7 @@ ROWS = [
     ("loaders batch_size=0", lambda: helpers.load_data_fashion_mnist(0), ValueError,
      "batch_size must be at least 1"),
     ("try_gpu(-1)", lambda: helpers.try_gpu(-1), ValueError, "try_gpu(0)"),
-    ("require_gpus(0)", lambda: require_gpus(0), ValueError, "positive int"),
+    ("validate_gpus(0)", lambda: validate_gpus(0), ValueError, "positive int"),
     ("split_batch no devices", lambda: helpers.split_batch(X4, Y4, []), ValueError,
      "at least one"),
     ("split_batch unpaired", lambda: helpers.split_batch(X4, Y4[:3], [CPU]), ValueError,

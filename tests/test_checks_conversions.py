@@ -22,7 +22,7 @@ VIEW = "through a numpy view"
 NUMPY = ["numpy arrays", "with arithmetic"]
 
 
-# ---- H. objects that compute when the check converts them ---------------------------------------
+# ---- 1. objects that compute when the check converts them ------------------------------------
 class _SplitWhenListed:
     """Shard sizes measured on a tensor split, but only when the check lists them."""
 

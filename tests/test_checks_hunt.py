@@ -69,7 +69,7 @@ def _returns(fn, args, kwargs, seconds=0.5):
             signal.setitimer(signal.ITIMER_REAL, seconds)
             fn(*args, **kwargs)
             ok = True
-        except BaseException:     # noqa: BLE001 - any failure, or too slow: not a candidate
+        except BaseException:     # any failure, or too slow: not a candidate
             ok = False
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)

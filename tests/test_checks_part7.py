@@ -227,7 +227,7 @@ def groups_column_major(rank, shape):
     pp, dp, tp = shape
     t, rest = divmod(rank, pp * dp)
     d, p = divmod(rest, pp)
-    at = lambda i, j, k: i + pp * (j + dp * k)                                   # noqa: E731
+    at = lambda i, j, k: i + pp * (j + dp * k)
     return dict(pp=[at(i, d, t) for i in range(pp)], dp=[at(p, j, t) for j in range(dp)],
                 tp=[at(p, d, k) for k in range(tp)])
 

@@ -1,8 +1,7 @@
-"""Shortcut answers for two families of grader holes that once passed: a rank's
-numbers reaching another rank outside the comm (a) as numpy arrays, combined with numpy before
-they return to torch, and (b) as Python integers (counts, sizes). Each answer is a student's,
-written to stand alone; each must fail. Right answers that use numpy or integers on their own
-rank's data must pass (tests/check_cases.py's form; helpers/checks/_core/rank_numbers.py)."""
+"""A rank's numbers cannot reach another rank outside the comm (tests/check_cases.py's form;
+helpers/checks/_core/rank_numbers.py): as numpy arrays, combined with numpy before they return
+to torch, or as Python integers (counts, sizes). Each answer is a student's, written to stand
+alone; each must fail. Right answers that use numpy or integers on their own rank's data pass."""
 import collections
 import functools
 import math
@@ -23,7 +22,7 @@ def _wait_for(ready):
         time.sleep(0.001)
 
 
-# ---- (a) numpy arithmetic on the other ranks' copies ---------------------------------------------
+# ---- numpy arithmetic on the other ranks' copies -------------------------------------------------
 _NP = {}
 
 
@@ -160,7 +159,7 @@ def dp_average_own_numpy_first(grads, comm):
         assert g.numel() == n
 
 
-# ---- (b) integers between ranks ------------------------------------------------------------------
+# ---- integers between ranks ----------------------------------------------------------------------
 _COUNTS = {}
 
 

@@ -1,4 +1,4 @@
-"""Family G, traffic whose data never reaches the result (tests/check_cases.py's form): each
+"""Traffic whose data never reaches the result fails (tests/check_cases.py's form): each
 answer sends and receives exactly what the exercise asks for (the right peers, sizes and
 payloads), then computes its result from something else, so its messages are decoration. The
 data here travels past the comm through a tensor every rank shares, written with ctypes

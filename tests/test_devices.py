@@ -6,7 +6,7 @@ import torch
 
 import helpers
 from helpers import devices
-from helpers.devices import DeviceClock, require_gpus
+from helpers.devices import DeviceClock, validate_gpus
 
 
 def test_try_all_gpus_is_never_empty():
@@ -41,7 +41,7 @@ def test_too_few_gpus_is_a_clear_error(monkeypatch):
     with pytest.raises(RuntimeError, match="asked for 4 GPUs but found 1"):
         helpers.get_devices(4, simulate=False)
     with pytest.raises(RuntimeError, match="needs 2 GPU"):
-        require_gpus(2)
+        validate_gpus(2)
     with pytest.raises(ValueError):
         helpers.get_devices(0)
 

@@ -80,7 +80,7 @@ def test_bytes_match_the_cost_model(ranks):
 def test_imbalance_drops_tokens_or_overloads_a_rank(ranks):
     rows = {(row["skew"], row["factor"], rank): row
             for rank, r in enumerate(ranks) for row in r["imbalance"]}
-    dropped = lambda skew: sum(rows[(skew, 1.25, r)]["dropped"] for r in (0, 1))  # noqa: E731
+    dropped = lambda skew: sum(rows[(skew, 1.25, r)]["dropped"] for r in (0, 1))
     assert dropped(4.0) > dropped(0.0)
     # dropless: rank 0 holds expert 0, which a skewed router prefers
     load = [rows[(4.0, None, r)]["received"] for r in (0, 1)]

@@ -110,7 +110,7 @@ def test_a_hung_rank_times_out_and_is_stopped(tmp_path):
 def test_functions_a_rank_cannot_import_are_refused_with_the_fix():
     def local(rank, world, cfg):
         return rank
-    notebook = lambda rank, world, cfg: rank                      # noqa: E731
+    notebook = lambda rank, world, cfg: rank
     notebook.__module__ = "__main__"
     for fn, where in [(local, "inside a function"), (notebook, "in the notebook")]:
         with pytest.raises(ValueError, match=where) as info:

@@ -353,8 +353,33 @@ def test_the_facade_table_names_what_the_facade_exports_from_each_home():
                 ok = hasattr(helpers.checks, name)
             else:
                 home = homes.get(name, "").removeprefix("helpers.")
-                ok = any(home == p or (p.endswith(".*") and home.startswith(p[:-1]))
-                         or (p.startswith("*/") and home.endswith("." + p[2:])) for p in patterns)
+                ok = any(_in_row(home, p) for p in patterns)
             if not ok:
                 wrong.append(f"{name} ({', '.join(patterns)})")
     assert not wrong, f"the façade's table names what it does not export there: {wrong}"
+
+
+def _in_row(home, pattern):
+    """Whether a home module (without `helpers.`) is one a table row names: `ring`, every module
+    of a package (`sharding.*`), or any module whose name ends so (`*schematics`)."""
+    return (home == pattern or (pattern.endswith(".*") and home.startswith(pattern[:-1]))
+            or (pattern.startswith("*") and home.endswith(pattern[1:])))
+
+
+def test_the_facade_imports_each_module_once_in_the_tables_order():
+    """One import line per home module, in the order of the table's rows (a module's row: the
+    last that names it, so `*schematics` gathers the pictures after the splits), and every
+    module the façade imports has a row: the table is the map of the import lines."""
+    tree = ast.parse((PKG / "__init__.py").read_text())
+    modules = [n.module or n.names[0].name for n in tree.body
+               if isinstance(n, ast.ImportFrom) and n.level == 1]
+    repeated = sorted({m for m in modules if modules.count(m) > 1})
+    assert not repeated, f"one import line per module in helpers/__init__.py: {repeated}"
+    table = _facade_table()
+    rows = {m: max((i for i, (patterns, _) in enumerate(table)
+                    if any(_in_row(m, p) for p in patterns)), default=None) for m in modules}
+    missing = [m for m, row in rows.items() if row is None]
+    assert not missing, f"no row of the façade's table names {missing}"
+    late = [f"{a} (row {rows[a]}) before {b} (row {rows[b]})"
+            for a, b in zip(modules, modules[1:]) if rows[a] > rows[b]]
+    assert not late, f"helpers/__init__.py imports out of the table's order: {late}"

@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401 - here, not lazily in a rank thread (slow: past its deadline)
+import torch._dynamo  # here, not lazily in a rank thread (slow: past its deadline)
 
 from helpers.runtime.comm import Comm, DistComm, ThreadComm
 from helpers.runtime.thread_world import ThreadWorld

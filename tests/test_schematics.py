@@ -159,7 +159,7 @@ def test_shard_owners_are_what_the_classes_hold(fake_world):
 def test_fsdp2_rows_are_what_fully_shard_keeps(fake_world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    make = lambda: nn.Sequential(nn.Linear(5, 10), nn.ReLU(), nn.Linear(10, 3))  # noqa: E731
+    make = lambda: nn.Sequential(nn.Linear(5, 10), nn.ReLU(), nn.Linear(10, 3))
     owners = shard_owners(make(), 4)["FSDP2 (fully_shard)"]["weights"]
     sizes = [p.numel() for p in make().parameters()]
     for rank in range(4):

@@ -16,7 +16,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 import helpers.checks
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import student_edition as se  # noqa: E402
+import student_edition as se
 
 # the chapters in _toc.yml whose notebook exists (tests/test_book.py fails for a missing one)
 CHAPTERS = se.chapters()

@@ -112,3 +112,16 @@ def test_a_thread_ranks_cfg_holds_what_a_process_ranks_does():
 
 def _cfg_keys(rank, world, cfg):
     return sorted(cfg)
+
+
+def test_each_run_in_turn_counts_only_its_own_traffic():
+    """run_ranks on thread ranks: the barrier between two runs is not counted into the next
+    run's traffic (one shared ThreadComm per rank), so a run need not reset the counts itself."""
+    def talk(rank, world, cfg):
+        cfg["comm"].all_reduce(torch.ones(4))
+        return len(cfg["comm"].traffic)
+
+    def quiet(rank, world, cfg):
+        return len(cfg["comm"].traffic)
+    out = run_ranks(2, [("talk", talk, {}), ("quiet", quiet, {})], threads=True)
+    assert [r["talk"] for r in out] == [1, 1] and [r["quiet"] for r in out] == [0, 0]

@@ -69,7 +69,7 @@ def test_shards_are_half(ranks, name):
 def test_one_all_reduce_each_way_per_sublayer(ranks):
     """Megatron: one all-reduce of one activation in forward and one in backward, per SmallMLP (and
     per attention); DTensor with PrepareModuleInput does the same, without it one per q/k/v."""
-    ops = lambda log: [(t.op, t.payload) for t in log]                          # noqa: E731
+    ops = lambda log: [(t.op, t.payload) for t in log]
     r = ranks[0]
     assert ops(r["mlp"]["fwd"]) == [("all_reduce", ACT_BYTES)]
     assert ops(r["mlp"]["bwd"]) == [("all_reduce", ACT_BYTES)]
@@ -127,7 +127,7 @@ def test_sequence_parallel_moves_the_same_bytes_and_saves_less(ranks):
     """An all-gather of a half and a reduce-scatter of the whole replace each all-reduce: per
     rank the ring sends (k-1)/k of an activation for each, 2(k-1)/k for the pair, as the
     all-reduce; the activations autograd saves per rank shrink (the norm regions hold half)."""
-    ops = lambda log: [(t.op, t.payload) for t in log]                          # noqa: E731
+    ops = lambda log: [(t.op, t.payload) for t in log]
     r = ranks[0]
     pair = [("all_gather", ACT_BYTES // 2), ("reduce_scatter", ACT_BYTES)]
     assert ops(r["sp"]["fwd"]) == pair * 2
@@ -136,7 +136,7 @@ def test_sequence_parallel_moves_the_same_bytes_and_saves_less(ranks):
     assert {op for op, _ in ops(r["sp"]["bwd"])[6:]} == {"all_reduce"}
     dt = ops(r["sp_dtensor"]["fwd"])
     assert [op for op, _ in dt] == ["all_gather_into_tensor", "reduce_scatter_tensor"] * 2
-    wire = lambda log: sum(t.wire for t in log)                               # noqa: E731
+    wire = lambda log: sum(t.wire for t in log)
     assert wire(r["sp"]["fwd"]) == wire(r["tp"]["fwd"]) == wire(r["sp_dtensor"]["fwd"]) > 0
     assert all(r["sp"]["saved"] < r["tp"]["saved"] < r["unsplit"]["saved"] for r in ranks)
     # DTensor's SequenceParallel keeps the two gathered inputs whole; the hand-written one

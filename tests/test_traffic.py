@@ -160,3 +160,21 @@ def test_tensor_bytes_is_the_one_size_of_a_tensor():
     log = ByteLog()
     helpers.send(torch.zeros(5, dtype=torch.int8), 0, 1, [torch.device("cpu")] * 2, log)
     assert log.payload_bytes() == 5
+
+
+def test_count_traffic_refuses_a_thread_rank_and_serves_the_main_thread():
+    """count_traffic rebinds torch.distributed for the whole process: thread ranks nesting it
+    would restore each other's wrappers, so a rank of a ThreadWorld is refused."""
+    import torch.distributed as dist
+
+    from helpers.runtime.thread_world import ThreadWorld, in_rank_thread
+
+    def rank(comm):
+        with pytest.raises(RuntimeError, match="comm.traffic"), helpers.count_traffic():
+            pass
+        return in_rank_thread()
+    assert ThreadWorld(2).run(rank) == [True, True]
+    before = dist.all_reduce
+    with helpers.count_traffic():
+        assert dist.all_reduce is not before
+    assert dist.all_reduce is before and not in_rank_thread()

@@ -28,7 +28,7 @@ from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import chapter_runs  # noqa: E402
+import chapter_runs
 
 logger = logging.getLogger(__name__)
 

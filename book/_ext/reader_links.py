@@ -29,13 +29,13 @@ def _anchors(app, docname):
     if docname not in cache:
         try:
             tree = app.env.get_doctree(docname)
-        except Exception:  # noqa: BLE001 - not read in this build
+        except Exception:  # not read in this build
             return None
         ids = {i for node in tree.findall(nodes.Element) for i in node.get("ids", [])}
         try:   # sphinxcontrib-bibtex adds the bibliography's entries after reading
             ids |= {c.citation_id for c in app.env.get_domain("cite").citations
                     if c.bibliography_key.docname == docname}
-        except Exception:  # noqa: BLE001 - no bibtex domain, or another version of it
+        except Exception:  # no bibtex domain, or another version of it
             pass
         cache[docname] = ids
     return cache[docname]

@@ -49,7 +49,7 @@ def check_combine_mean_grads(fn):
         grads = [torch.randn(3, 2, generator=g) for _ in range(k)]
         call = f"combine_mean_grads(…, sizes={sizes})"
         got = fn([gr.clone() for gr in grads], list(sizes))
-        want = sum(gr * s for gr, s in zip(grads, sizes)) / sum(sizes)
+        want = sum(gr * s for gr, s in zip(grads, sizes, strict=True)) / sum(sizes)
         expect(isinstance(got, torch.Tensor) and got.shape == want.shape,
                f"{call} returned {type(got).__name__}, expected a tensor of shape "
                f"{tuple(want.shape)}")
@@ -177,7 +177,9 @@ def check_sharded_server_step(fn):
         what = f"for {count} devices and {n} parameters"
         fn(params, [x.clone() for x in grads], [CPU] * count, lr)
         want = start - lr * torch.stack(grads).sum(0)
-        for i, (p, orig) in enumerate(zip(params, objects)):
+        expect(len(params) == count, f"{what}: the list of replicas now has {len(params)} "
+               "items; update each replica's tensor in place, leave the list as it is")
+        for i, (p, orig) in enumerate(zip(params, objects, strict=True)):
             expect(p is orig and p.data_ptr() == ptrs[i], f"{what}: replica {i} was not "
                    "updated in place (the list holds a new tensor, or its storage was replaced);"
                    " pull the chunks into the replica's own tensor with copy_()")
@@ -292,7 +294,7 @@ def check_accumulated_step(fn):
         expect_unchanged(call, copies, [X, y, *start], ["X", "y", "W", "b"])
         ref = [p.clone().requires_grad_() for p in start]
         grads = torch.autograd.grad(loss(X @ ref[0] + ref[1], y).mean(), ref)
-        want = [(p - lr * gr).detach() for p, gr in zip(start, grads)]
+        want = [(p - lr * gr).detach() for p, gr in zip(start, grads, strict=True)]
         micro = [len(s) for s in torch.arange(n).tensor_split(num_micro)]
         expect(n not in sizes, f"{call}: the net saw all {n} examples in one call "
                f"(calls: {sizes}); run one micro-batch at a time ({micro})")
@@ -306,7 +308,9 @@ def check_accumulated_step(fn):
         expect(made, f"{call}: the step does not use the gradients the "
                "backwards through the net's calls made (a gradient computed beside the net, "
                "the net's backwards only decoys): step with what they accumulated in .grad")
-        for name, p, w, orig in zip(("W", "b"), params, want, objects):
+        expect(len(params) == 2, f"{call}: params now has {len(params)} items; update W and b "
+                                 "in place, leave the list as it is")
+        for name, p, w, orig in zip(("W", "b"), params, want, objects, strict=True):
             expect(p is orig, f"{call}: params[{'W b'.split().index(name)}] was replaced by a "
                               "new tensor; update the parameters in place")
             if torch.allclose(p.detach(), w, rtol=1e-5, atol=1e-6):
@@ -316,7 +320,7 @@ def check_accumulated_step(fn):
             gl = torch.autograd.grad(loss(Xl @ last[0] + last[1], yl).sum() / n, last)
             hint = ""
             if all(torch.allclose(q.detach(), s - lr * x, atol=1e-6)
-                   for q, s, x in zip(params, start, gl)):
+                   for q, s, x in zip(params, start, gl, strict=True)):
                 hint = ": only the last micro-batch's gradient was used; .grad adds up over " \
                        "backward calls, so do not zero it between micro-batches"
             else:

@@ -5,6 +5,8 @@ while they run, and every collective is recorded (which storage it was handed, i
 was launched and when it was waited for) next to the check's own marks ("backward returned").
 So a check sees what an answer sent and when, never what it reports.
 """
+from itertools import pairwise
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -20,7 +22,7 @@ def _random_mlp(g, frozen=False, seed=None):
     widths = [randint(g, 3, 12) for _ in range(randint(g, 4, 6))]
     torch.manual_seed(randint(g, 0, 10**6) if seed is None else seed)
     layers = []
-    for a, b in zip(widths, widths[1:]):
+    for a, b in pairwise(widths):
         layers += [nn.Linear(a, b), nn.Tanh()]
     net = nn.Sequential(*layers[:-1])
     if frozen:
@@ -123,7 +125,7 @@ def check_overlap_hooks(fn):
     def make():
         torch.manual_seed(seed)
         layers = []
-        for a, b in zip(widths, widths[1:]):
+        for a, b in pairwise(widths):
             layers += [nn.Linear(a, b), nn.Tanh()]
         net = nn.Sequential(*layers[:-1])
         net[2].requires_grad_(False)
@@ -194,11 +196,11 @@ def _launched_when_ready(calls, keys, ready, mark):
     before backward returned): one launch per hook, as it fires, not all of them at the end of
     backward (from the last hook, or from a callback queued to run after it)."""
     name = {key: n for n, key in keys.items()}
-    after = {n: seq for (_, n), (seq, _) in zip(ready, ready[1:] + [(mark, None)])}
+    after = {n: seq for (_, n), (seq, _) in zip(ready, ready[1:] + [(mark, None)], strict=True)}
     for m in calls:
         n = name.get(m.key)
         if n in after and m.seq > after[n]:
-            nxt = next((later for (_, earlier), (_, later) in zip(ready, ready[1:])
+            nxt = next((later for (_, earlier), (_, later) in pairwise(ready)
                         if earlier == n), None)
             raise CheckFailed(
                 f"the all-reduce of {n}.grad was launched after {nxt}.grad was ready too: "
@@ -276,7 +278,7 @@ def check_scratch_accumulate(fn):
     def make():
         torch.manual_seed(seed)
         layers = []
-        for a, b in zip(widths, widths[1:]):
+        for a, b in pairwise(widths):
             layers += [nn.Linear(a, b), nn.Tanh()]
         return nn.Sequential(*layers[:-1])
     given = [t for d in data for pair in d for t in pair]

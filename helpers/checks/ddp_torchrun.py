@@ -132,7 +132,7 @@ def check_rank_loss(fn):
         expect_unchanged("rank_loss", copies, params, ["X", "y", "the weight", "the bias"])
         want = _grads(model, per_example(slice(None)).mean())     # after the answer ran
         got = [sum(r[i] for r in ranks) / w for i in range(len(want))]   # what DDP does
-        if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want)):
+        if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want, strict=True)):
             continue
         ratio = float(got[0].norm() / want[0].norm())
         shape = f"shards of {sizes} examples over {w} ranks"
@@ -191,7 +191,7 @@ def check_resume(fn):
             got_epoch = fn(path, model2, opt2)
             snap = torch.load(path, weights_only=True)
             expect(all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(),
-                                                          snap["model"].values())),
+                                                          snap["model"].values(), strict=True)),
                    "the model's parameters are not the snapshot's: model.load_state_dict")
             expect(bool(opt2.state_dict()["state"]),
                    "the optimizer has no momentum buffers: load its state too "
@@ -206,7 +206,7 @@ def check_resume(fn):
                                        f"{epoch} from the snapshot")
             _training_run(model2, opt2, after)
             expect(all(torch.equal(a, b) for a, b in zip(model.parameters(),
-                                                          model2.parameters())),
+                                                          model2.parameters(), strict=True)),
                    "the continuation differs from the run that never stopped")
     finally:
         torch.set_rng_state(state[0])

@@ -38,7 +38,9 @@ def _moves(rec):
 
 
 def _in_place(call, data, objs, ptrs, what="tensor"):
-    for i, (t, orig) in enumerate(zip(data, objs)):
+    expect(len(data) == len(objs), f"{call}: the list now has {len(data)} items, not "
+                                   f"{len(objs)}: write the sums INTO the given tensors")
+    for i, (t, orig) in enumerate(zip(data, objs, strict=True)):
         expect(t is orig, f"{call}: {what} {i} was replaced in the list: write the sums INTO "
                           "the given tensors (copy_, add_), they are the replicas' gradients")
         expect(orig.data_ptr() == ptrs[i], f"{call}: {what} {i} got new storage (.data = or "
@@ -174,7 +176,7 @@ def check_ring_allreduce(ring_allreduce):
                f"{call} returned {sent!r}: return a list of {k} counts, one per device")
         sent = [as_int(s, f"{call}[{i}]") for i, s in enumerate(sent)]
         seen = _ring_traffic(ring_allreduce, before, call) if k > 1 else [0]
-        for i, (a, b) in enumerate(zip(sent, seen)):
+        for i, (a, b) in enumerate(zip(sent, seen, strict=True)):
             expect(a == b, f"{call}: you report device {i} sent {a} elements, but it sent {b} "
                            f"(all: {seen}); count the elements each device passes on")
 
@@ -226,7 +228,7 @@ def check_amdahl_speedup(amdahl_speedup):
     names = ["data", "copy", "compute", "allreduce", "sgd"]
     for fixed in (1, 2, 3, 0):
         w = [uniform(g, 0.05, 1.0) for _ in names]
-        shares = {n: x / math.fsum(w) for n, x in zip(names, w)}
+        shares = {n: x / math.fsum(w) for n, x in zip(names, w, strict=True)}
         picked = [names[i] for i in torch.randperm(len(names), generator=g)[:fixed].tolist()]
         factors = {n: uniform(g, 1.5, 20.0) for n in picked}
         call = ("amdahl_speedup(shares, "

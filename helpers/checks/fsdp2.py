@@ -310,7 +310,7 @@ def check_dcp_resume(fn):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
         fresh, fresh_opt = build(randint(g, 0, 10**6))
         fn(fresh, fresh_opt, path)
-    for (n, p), q in zip(net.named_parameters(), fresh.parameters()):
+    for (n, p), q in zip(net.named_parameters(), fresh.parameters(), strict=True):
         expect(torch.equal(p, q), f"after loading, {n} is not the saved one")
     saved, got = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
     expect(len(got) == len(saved),
@@ -325,5 +325,5 @@ def check_dcp_resume(fn):
     seed = randint(g2, 0, 10**6)
     for model, o in ((net, opt), (fresh, fresh_opt)):
         _train(model, o, torch.Generator().manual_seed(seed), 1, d)
-    for (n, p), q in zip(net.named_parameters(), fresh.parameters()):
+    for (n, p), q in zip(net.named_parameters(), fresh.parameters(), strict=True):
         expect(torch.allclose(p, q, atol=1e-6), f"the step after loading moved {n} elsewhere")

@@ -4,6 +4,8 @@ Shards are judged by their values, lengths and memory; gathers and clipping by w
 thread ranks saw travel (every collective, its bytes); units by building helpers.FSDPFromScratch
 with them and training a step against one process.
 """
+from itertools import pairwise
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -72,7 +74,7 @@ def check_gather_layer(fn):
         outs = w.run(lambda comm, shards=shards, shapes=shapes: fn(shards[comm.rank].clone(),
                                                                   list(shapes)))
         full = [t.reshape(s) for t, s in            # the layer's tensors, after the answer ran
-                zip(flat[:numel].split([s.numel() for s in shapes]), shapes)]
+                zip(flat[:numel].split([s.numel() for s in shapes]), shapes, strict=True)]
         call = f"gather_layer ({world} ranks, shapes {[tuple(s) for s in shapes]})"
         for r in range(world):
             gathers = w.sent("all_gather", rank=r)
@@ -85,7 +87,7 @@ def check_gather_layer(fn):
             got = list(outs[r])
             expect(len(got) == len(shapes),
                    f"{call}: rank {r} returned {len(got)} tensors for {len(shapes)} shapes")
-            for i, (a, b) in enumerate(zip(got, full)):
+            for i, (a, b) in enumerate(zip(got, full, strict=True)):
                 expect(tuple(a.shape) == tuple(b.shape),
                        f"{call}: tensor {i} has shape {tuple(a.shape)}, expected "
                        f"{tuple(b.shape)} (drop the padding, then split the flat vector in order)")
@@ -98,7 +100,7 @@ def _random_layers(g):
     with torch.random.fork_rng(devices=[]):   # leave the notebook's random numbers alone
         torch.manual_seed(randint(g, 0, 10**6))
         layers = [nn.Linear(a, b, bias=bool(randint(g, 0, 1)))
-                  for a, b in zip(widths, widths[1:])]
+                  for a, b in pairwise(widths)]
     return layers, widths
 
 
@@ -170,7 +172,7 @@ def check_clip_sharded(fn):
         coef = min(1.0, max_norm / (total + 1e-6))
         shards = [[nn.Parameter(torch.zeros(n)) for n in sizes[r]] for r in range(world)]
         for r in range(world):
-            for p, gr in zip(shards[r], grads[r]):
+            for p, gr in zip(shards[r], grads[r], strict=True):
                 p.grad = gr.clone()
         # each rank all-reduces: the ranks share the norm through the comm (a thread started
         # before the check that carries it is refused: guard.py)
@@ -198,7 +200,7 @@ def check_clip_sharded(fn):
             expect(w.sent("all_reduce", rank=r),
                    f"{call}: rank {r} never called all_reduce: each rank holds only its own "
                    "shards, so the squared norms must be summed over the ranks by an all-reduce")
-            for p, gr in zip(shards[r], grads[r]):
+            for p, gr in zip(shards[r], grads[r], strict=True):
                 expect(torch.allclose(p.grad, gr * coef, rtol=1e-4, atol=1e-6),
                        f"{call}: rank {r}'s gradients are not scaled by max_norm / (norm + 1e-6)"
                        f" = {coef:.4g} (capped at 1), the factor torch's clip_grad_norm_ uses")

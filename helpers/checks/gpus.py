@@ -78,7 +78,7 @@ def check_tensor_bytes(fn):
     trials = [_random_tensors(g, randint(g, 1, 5)) for _ in range(6)]
     # at least one list mixing every dtype, so a fixed bytes-per-element cannot pass
     mixed = _random_tensors(g, 4)
-    trials.append([t.to(dtype) for t, dtype in zip(mixed, _DTYPES)])
+    trials.append([t.to(dtype) for t, dtype in zip(mixed, _DTYPES, strict=True)])
     for tensors in trials:
         got = as_number(fn(list(tensors)), f"tensor_bytes({_describe(tensors)})")
         want = sum(t.numel() * t.element_size() for t in tensors)    # after the answer ran
@@ -117,7 +117,7 @@ def check_copy_time(fn):
         results.add(got)
         if rel_close(got, want, 8, dtype):
             continue
-        close = lambda x, got=got, dtype=dtype: rel_close(got, x, 8, dtype)          # noqa: E731
+        close = lambda x, got=got, dtype=dtype: rel_close(got, x, 8, dtype)
         expect(not close(transfer), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "
                "latency term is missing (every copy pays latency_s before the first byte)")
         expect(not close(latency_s), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "
@@ -141,7 +141,8 @@ def check_copy_time(fn):
 def _misfit(nbytes, seconds, alpha, gbs):
     """The weighted least-squares objective of the exercise: Σ ((t - α - b/β) / t)²."""
     beta = gbs * 1e9
-    return math.fsum(((t - alpha - b / beta) / t) ** 2 for b, t in zip(nbytes, seconds))
+    return math.fsum(((t - alpha - b / beta) / t) ** 2
+                     for b, t in zip(nbytes, seconds, strict=True))
 
 
 def _best_fit(nbytes, seconds):
@@ -162,7 +163,7 @@ def _measurements(g):
     count = randint(g, 10, 16)
     nbytes = [round(10 ** (1.8 + (top - 1.8) * i / (count - 1))) for i in range(count)]
     noise = 1 + 0.06 * (torch.rand(count, generator=g, dtype=torch.float64) - 0.5)
-    seconds = [(alpha + b / (gbs * 1e9)) * float(e) for b, e in zip(nbytes, noise)]
+    seconds = [(alpha + b / (gbs * 1e9)) * float(e) for b, e in zip(nbytes, noise, strict=True)]
     slow = randint(g, count - 2, count - 1)            # one of the two largest copies
     seconds[slow] *= 1.6
     return nbytes, seconds, alpha, gbs
@@ -246,7 +247,7 @@ def check_roofline_time(fn):
         compute_s, memory_s = flops / peak, nbytes / bw        # after the answer ran
         want = max(compute_s, memory_s)
         want_bound = "memory" if memory_s > compute_s else "compute"
-        close = lambda x, s=seconds, d=dtype: rel_close(s, x, 8, d)          # noqa: E731
+        close = lambda x, s=seconds, d=dtype: rel_close(s, x, 8, d)
         shown = f"{call} returned {seconds:.3e} s, expected {want:.3e} s"
         if not close(want):
             expect(not close(compute_s + memory_s), f"{shown}: the sum of the two times. The "

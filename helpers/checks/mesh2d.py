@@ -73,7 +73,7 @@ def check_dp_average(fn):
                f"on {k} ranks rank 0 never called all_reduce: each rank only has its own "
                "gradients until they are summed across ranks")
         for r, mine in enumerate(results):
-            for t, full, s in zip(mine, grads, shapes):
+            for t, full, s in zip(mine, grads, shapes, strict=True):
                 if torch.allclose(t, full.sum(0), atol=1e-5):
                     raise CheckFailed(f"rank {r} holds the sum over {k} ranks: divide by "
                                       "the number of ranks for the average")

@@ -3,6 +3,7 @@ that balance the parameters (placed on simulated GPUs), the 1F1B order (run, not
 import copy
 import fractions
 import math
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -68,7 +69,7 @@ def check_microbatches_for_bubble(fn):
         if got in right:
             continue
         want = min(right)
-        bubble = lambda m, p=p: (p - 1) / (m + p - 1)            # noqa: E731
+        bubble = lambda m, p=p: (p - 1) / (m + p - 1)
         hint = ""
         if got == want + p - 1:
             hint = f": {got} is the number of clock ticks, m + p - 1; the question is m"
@@ -83,7 +84,7 @@ def check_microbatches_for_bubble(fn):
 def _random_net(g):
     widths = [randint(g, 2, 40) for _ in range(randint(g, 4, 7))]
     layers = []
-    for a, b in zip(widths, widths[1:]):
+    for a, b in pairwise(widths):
         layers += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*layers[:-1]), widths
 
@@ -121,7 +122,7 @@ def check_split_by_params(fn):
         sizes = [sum(p.numel() for p in s.parameters()) for s in stages]
         per_layer = [sum(p.numel() for p in m.parameters()) for m in net]
         bounds = [0, *balanced_cuts(per_layer, k), len(per_layer)]
-        best = max(sum(per_layer[a:b]) for a, b in zip(bounds, bounds[1:]))
+        best = max(sum(per_layer[a:b]) for a, b in pairwise(bounds))
         expect(max(sizes) == best, f"{call}: your largest stage holds {max(sizes)} parameters "
                                    f"(stages: {sizes}); a better cut gets it down to {best}")
         gpus = FakeGPUs(k)
@@ -138,7 +139,7 @@ def check_split_by_params(fn):
 def _mlp_stages(g, p):
     """A small random MLP of p layers (the unsplit model) and its widths."""
     widths = [randint(g, 3, 12) for _ in range(p + 1)]
-    layers = [nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in zip(widths, widths[1:])]
+    layers = [nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in pairwise(widths)]
     with torch.no_grad():
         for layer in layers:
             for q in layer.parameters():
@@ -171,7 +172,7 @@ def check_order_1f1b(fn):
         net, widths = _mlp_stages(g, p)
         X = torch.randn(2 * m, widths[0], generator=g)
         y = torch.randn(2 * m, widths[-1], generator=g)
-        mse = lambda out, t: ((out - t) ** 2).sum(dim=1)            # noqa: E731
+        mse = lambda out, t: ((out - t) ** 2).sum(dim=1)
         want = mse(net(X), y).mean()
         want.backward()
         stages = [copy.deepcopy(layer) for layer in net]

@@ -2,6 +2,8 @@
 measured boxes, a forward-only pipeline run on thread ranks whose every message and stage call
 is recorded (micro-batch j must travel on before j + 1 comes in), cuts by measured time, and a
 micro-batch count PyTorch's schedules accept."""
+from itertools import pairwise
+
 import torch
 from torch import nn
 
@@ -60,7 +62,7 @@ def check_idle_share(fn):
         formula = (p - 1) / (m + p - 1)
         spans = [max(e["end"] for e in tl) - min(e["start"] for e in tl) for tl in tls]
         own = 1 - sum(sum(e["end"] - e["start"] for e in tl) / s
-                      for tl, s in zip(tls, spans)) / p
+                      for tl, s in zip(tls, spans, strict=True)) / p
         if abs(got - formula) < 1e-9 and not equal:
             msg = ("that is (p-1)/(m+p-1), which assumes equal stages; these stages differ: "
                    "measure the idle time from the boxes")
@@ -210,14 +212,14 @@ def check_cuts_for_times(fn):
         except TypeError:
             raise CheckFailed(f"{call} returned {got!r}, expected a list of ints") from None
         expect(len(cuts) == p - 1, f"{call} returned {len(cuts)} cuts, expected {p - 1}")
-        expect(all(a < b for a, b in zip([0] + cuts, cuts + [L])),
+        expect(all(a < b for a, b in zip([0] + cuts, cuts + [L], strict=True)),
                f"{call} returned {cuts}: cuts must increase within 1..{L - 1}, so every "
                "stage gets at least one layer")
         bounds = [0, *cuts, L]
-        slowest = max(sum(times[a:b]) for a, b in zip(bounds, bounds[1:]))
+        slowest = max(sum(times[a:b]) for a, b in pairwise(bounds))
         best_cuts = balanced_cuts(times, p)
         bb = [0, *best_cuts, L]
-        best = max(sum(times[a:b]) for a, b in zip(bb, bb[1:]))
+        best = max(sum(times[a:b]) for a, b in pairwise(bb))
         if slowest > best + 1e-9:
             even = [round(L * i / p) for i in range(1, p)]
             hint = (": that gives every stage the same number of layers; balance the "

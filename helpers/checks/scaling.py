@@ -26,7 +26,7 @@ def _line(n, t, weights):
 
 
 def _squares(n, t, weights, a, s):
-    return math.fsum(((a + s * x - y) * w) ** 2 for x, y, w in zip(n, t, weights))
+    return math.fsum(((a + s * x - y) * w) ** 2 for x, y, w in zip(n, t, weights, strict=True))
 
 
 @check("fit_latency_bandwidth", references=["fit_alpha_beta"], observes=[
@@ -41,7 +41,7 @@ def check_fit_latency_bandwidth(fit):
         step = randint(g, 1, 2)
         n = [2 ** e for e in range(8, 25, step)]
         noise = torch.randn(len(n), generator=g, dtype=torch.float64).tolist()
-        t = [(alpha + x / beta) * (1 + 0.05 * z) for x, z in zip(n, noise)]
+        t = [(alpha + x / beta) * (1 + 0.05 * z) for x, z in zip(n, noise, strict=True)]
         t[0] *= 1.5 + uniform(g, 0, 0.5)          # the first, cold measurement: an outlier
         call = f"fit_latency_bandwidth(n_bytes, seconds) ({len(n)} sizes)"
         a, b = as_pair(fit(list(n), list(t)), call, "alpha, beta")

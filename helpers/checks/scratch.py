@@ -90,7 +90,7 @@ def check_shard_sizes(fn):
         got = _as_sizes(value, call)
         expect(len(got) == k, f"{call} returned {len(got)} sizes, expected {k} (one per device"
                               + (", empty ones included" if n < k else "") + ")")
-        for i, (a, b) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
             if a == b:
                 continue
             if sorted(got) == sorted(want):
@@ -130,7 +130,7 @@ def check_allreduce_spread(fn):
         expect(isinstance(data, list) and len(data) == count,
                f"{what}: the list now has {len(data)} items; allreduce must keep the list "
                "as it is and change the tensors' values")
-        for i, (t, orig) in enumerate(zip(data, tensors)):
+        for i, (t, orig) in enumerate(zip(data, tensors, strict=True)):
             stale = "its old values" if torch.equal(orig, before[i]) else "other values"
             expect(t is orig, f"tensor {i} was not updated in place: the list now holds a new "
                               f"tensor, and the original (a replica's .grad) still holds {stale}; "
@@ -272,7 +272,7 @@ def check_evaluate_accuracy_multi(fn):
                            f"({beside}): every prediction must come from net(X, params) on a "
                            "shard, with that device's copy of the parameters")
         got = as_number(got, what)
-        expect(all(torch.equal(p, q) for p, q in zip(params, saved)),
+        expect(all(torch.equal(p, q) for p, q in zip(params, saved, strict=True)),
                f"{what} changed the parameters: evaluation must leave them as they are")
         expect_unchanged(what, copies, [X, y], ["data (X)", "data (y)"])
         with torch.no_grad():           # the expected accuracy, after the answer returned

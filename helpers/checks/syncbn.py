@@ -222,7 +222,7 @@ def check_sync_bn_input_grad(fn):
         if torch.allclose(t, want[r], atol=1e-4, rtol=1e-4):
             continue
         m1 = torch.stack([d.mean(0) for d in dys]).mean(0)
-        m2 = torch.stack([(d * x).mean(0) for d, x in zip(dys, x_hats)]).mean(0)
+        m2 = torch.stack([(d * x).mean(0) for d, x in zip(dys, x_hats, strict=True)]).mean(0)
         avg = invstd * (dys[r] - m1 - x_hats[r] * m2)
         expect(not torch.allclose(t, avg, atol=1e-4, rtol=1e-4),
                "you averaged the ranks' means: ranks hold different numbers of rows, so add the "

@@ -132,7 +132,7 @@ def check_megatron_mlp(fn):
                    "this rank's part unless f all-reduces it")
             want = [ref[1].grad.chunk(k, 0)[r], ref[2].grad.chunk(k, 0)[r],
                     ref[3].grad.chunk(k, 1)[r], ref[4].grad]
-            for name, got, w in zip(("up_w", "up_b", "down_w", "down_b"), grads, want):
+            for name, got, w in zip(("up_w", "up_b", "down_w", "down_b"), grads, want, strict=True):
                 expect(got is not None and torch.allclose(got, w, atol=1e-4),
                        f"rank {r}'s gradient of {name} differs from its slice of the "
                        "unsplit gradient")

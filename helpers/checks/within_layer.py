@@ -173,7 +173,7 @@ def _grads_match(call, got, want, tensors, names, g):
     expect(got.requires_grad, f"{call}: the output does not depend on the inputs through "
                               "autograd: slice the tensors, do not detach them")
     gg = torch.autograd.grad((got * R).sum(), tensors, allow_unused=True)
-    for name, a, b in zip(names, gg, gw):
+    for name, a, b in zip(names, gg, gw, strict=True):
         expect(a is not None, f"{call}: the output does not depend on {name} through autograd: "
                               "slice it, do not detach it")
         expect(torch.allclose(a, b, rtol=1e-4, atol=1e-4),

@@ -57,7 +57,7 @@ def check_partition(fn):
     for sizes, world in cases:
         call = f"partition({sizes}, {world})"
         owners = _owners(fn, sizes, world, call)
-        load = [sum(s for s, r in zip(sizes, owners) if r == k) for k in range(world)]
+        load = [sum(s for s, r in zip(sizes, owners, strict=True) if r == k) for k in range(world)]
         best = _greedy_max(sizes, world)
         expect(max(load) <= best,
                f"{call}: the ranks hold {load} elements, the largest {max(load)}; giving each "
@@ -93,10 +93,11 @@ def check_zero1_optimizer(fn):
                "(Adam's weight decay is coupled to the gradient; AdamW's is not)")
         lrs = {float(grp["lr"]) for grp in opt.param_groups}
         expect(lrs == {lr}, f"{call}: the optimizer's learning rate is {sorted(lrs)}, not {lr}")
-        for p, gr in zip(params, grads):
+        for p, gr in zip(params, grads, strict=True):
             p.grad = gr.clone()
         opt.step()
-        stepped = [i for i, (p, b) in enumerate(zip(params, start)) if not torch.equal(p, b)]
+        stepped = [i for i, (p, b) in enumerate(zip(params, start, strict=True))
+                   if not torch.equal(p, b)]
         state = sum(v.numel() * v.element_size() for st in opt.state.values()
                     for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
         total = 8 * sum(p.numel() for p in params)

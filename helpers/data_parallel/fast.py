@@ -79,27 +79,25 @@ def replica_flat_grad(X, y, params):
 
 
 class FastDataParallel:
-    """k replicas of LeNet whose parameters and gradients live in one flat buffer per device.
-
-    `step(idx)` trains on the examples X[idx] of the resident data: the batch is split over the
-    devices exactly as `split_batch` does, the summed per-shard losses are backpropagated, the flat
-    gradients summed over devices as `allreduce` does, and every replica takes
-    `param -= lr * grad / batch_size` -- the arithmetic of Part II's train_batch, fused.
-
-    cuda_graph: None = capture the step as a CUDA graph when all replicas share one GPU (one graph
-    per process: it does not span devices); True = insist; False = never. The first `warmup` steps
-    of each batch size run eagerly on a side stream (real training steps), the next one is
-    captured and every later one replayed. compile=True computes each replica's gradients with
-    one torch.compile'd forward+backward (`replica_flat_grad`; `fused_flat_grad` when every
-    replica is on a CPU), falling back to eager (with a warning) where compiling fails; each new
-    batch size may compile again. replica_streams=True
-    (one GPU only) runs each replica's forward and backward on its own CUDA stream, so that
-    replicas sharing a GPU can run at the same time (inside the graph too); the arithmetic is
-    unchanged. group: a torch.distributed process group (e.g. torch.distributed.group.WORLD):
-    this process is one rank of it, `step(idx)` trains on its `idx.tensor_split(world)[rank]`
-    slice of the global batch idx (split again over `devices`), and the flat gradients are
-    summed over the ranks with one all_reduce before the update (no CUDA graph then).
-    """
+    """k replicas of LeNet whose parameters and gradients live in one flat buffer per device:
+    `step(idx)` is Part II's train_batch on X[idx], fused (the options below)."""
+    # `step(idx)` trains on the examples X[idx] of the resident data: the batch is split over the
+    # devices exactly as `split_batch` does, the summed per-shard losses are backpropagated, the
+    # flat gradients summed over devices as `allreduce` does, and every replica takes
+    # `param -= lr * grad / batch_size`.
+    # cuda_graph: None = capture the step as a CUDA graph when all replicas share one GPU (one
+    #   graph per process: it does not span devices); True = insist; False = never. The first
+    #   `warmup` steps of each batch size run eagerly on a side stream (real training steps), the
+    #   next one is captured and every later one replayed.
+    # compile=True: each replica's gradients from one torch.compile'd forward+backward
+    #   (`replica_flat_grad`; `fused_flat_grad` when every replica is on a CPU), falling back to
+    #   eager (with a warning) where compiling fails; each new batch size may compile again.
+    # replica_streams=True (one GPU only): each replica's forward and backward on its own CUDA
+    #   stream, so that replicas sharing a GPU run at the same time (inside the graph too).
+    # group: a torch.distributed process group this process is one rank of: `step(idx)` trains on
+    #   its `idx.tensor_split(world)[rank]` slice of the global batch (split again over
+    #   `devices`), the flat gradients summed over the ranks with one all_reduce before the
+    #   update (no CUDA graph then).
 
     def __init__(self, params, devices, lr, X, y, cuda_graph=None, warmup=3, compile=False,
                  replica_streams=False, group=None):
@@ -166,7 +164,8 @@ class FastDataParallel:
         if self.streams:
             return self._step_streams(idx)
         ls = []
-        for c, (d, shard, params) in enumerate(zip(self.devices, self._shards(idx), self.params)):
+        for c, (d, shard, params) in enumerate(zip(self.devices, self._shards(idx), self.params,
+                                                   strict=True)):
             Xd, yd = self.data[d]
             shard = shard.to(d, non_blocking=True)
             if self.grad_fn:                           # forward and backward in one call
@@ -185,7 +184,7 @@ class FastDataParallel:
         Xd, yd = self.data[self.devices[0]]
         ls = []
         for c, (s, shard, params) in enumerate(zip(self.streams, self._shards(idx),
-                                                   self.params)):
+                                                   self.params, strict=True)):
             s.wait_stream(cur)                        # fork: sees the batch and the last update
             with torch.cuda.stream(s):
                 if self.grad_fn:
@@ -208,7 +207,7 @@ class FastDataParallel:
                 dist.all_reduce(self.flat_grads[0], group=self.group)
                 for fg in self.flat_grads[1:]:
                     fg.copy_(self.flat_grads[0])
-            for fp, fg, lr in zip(self.flat_params, self.flat_grads, self._lr):
+            for fp, fg, lr in zip(self.flat_params, self.flat_grads, self._lr, strict=True):
                 fp.sub_(fg.mul(lr).div_(batch_size))   # = param -= lr * grad / batch_size
                 fg.zero_()
         return sum(l.detach().to(self.devices[0]) for l in ls)
@@ -258,7 +257,7 @@ def _try_compile(fn, fallback=None):
             return state["fn"](*args)
         except Exception as e:  # no compiler, unsupported platform or shape, ...: stay eager
             warnings.warn(f"torch.compile failed here ({type(e).__name__}: {str(e)[:120]}); "
-                          "running eagerly from now on")
+                          "running eagerly from now on", stacklevel=2)
             state["fn"] = fallback
             return fallback(*args)
     wrapped.eager = lambda: state["fn"] is fallback
@@ -290,8 +289,8 @@ def flat_replica(params, device):
 
 def resident_accuracy(params, X, y, chunk=2048):
     """Test accuracy of LeNet with `params` on resident tensors X, y (in chunks)."""
-    return evaluate_accuracy(lambda X: lenet(X, params), zip(X.split(chunk), y.split(chunk)),
-                             X.device)
+    return evaluate_accuracy(lambda X: lenet(X, params),
+                             zip(X.split(chunk), y.split(chunk), strict=True), X.device)
 
 
 def train_fast(num_gpus, batch_size, lr, num_epochs=10, subset=None, seed=0, cuda_graph=None,

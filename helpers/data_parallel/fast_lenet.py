@@ -39,7 +39,7 @@ def _conv1(X, W1t, b1, i0, j0, size, step):
     return out
 
 
-def _check_images(X):
+def _validate_images(X):
     """The crops above are LeNet's on 28x28 images: any other size would be cropped silently
     where `lenet` fails, so it is refused."""
     if X.shape[-2:] != (28, 28):
@@ -52,7 +52,7 @@ def conv1_relu_pool(X, W1t, b1):
     """avg_pool2d(relu(conv2d(X, W1, b1)), 2, 2)[:, :, :12, :12] of a one-channel image X
     (n, 28, 28), channels last: (n, 12, 12, 20). W1t is conv1's weight tap-major, (9, 20).
     Each 2x2 window's 4 corners are conv1 at stride 2 from a corner."""
-    _check_images(X)
+    _validate_images(X)
     pooled = 0
     for di in range(2):
         for dj in range(2):

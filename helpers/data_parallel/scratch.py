@@ -149,7 +149,7 @@ class DDPFromScratch(nn.Module):
         (on a GPU it waits for the device to reach the last stamp)."""
         log = list(self._log)
         seconds = self.clock.seconds([t for t, _, _ in log])
-        return [(t, what, i) for t, (_, what, i) in zip(seconds, log)]
+        return [(t, what, i) for t, (_, what, i) in zip(seconds, log, strict=True)]
 
     def completions(self):
         """How many of this step's all-reduces have a completion on the timeline (gloo's
@@ -252,7 +252,7 @@ class DDPFromScratch(nn.Module):
         leave the averaged gradient in each p.grad; a parameter no rank used keeps its .grad
         (None after zero_grad), as under torch's DDP. Without a forward or backward since the
         last finish there is nothing to do (no communication)."""
-        self._check_no_new_trainable()
+        self._validate_no_new_trainable()
         if not self._open or not self.buckets:
             self._reset()
             return
@@ -287,7 +287,7 @@ class DDPFromScratch(nn.Module):
                 offset += n
         self._reset()
 
-    def _check_no_new_trainable(self):
+    def _validate_no_new_trainable(self):
         extra = [n for n, p in self.module.named_parameters()
                  if p.requires_grad and id(p) not in self._index]
         if extra:

@@ -100,27 +100,25 @@ def _waits(arrivals, k):
     wait, after = [], []
     for r, steps in enumerate(arrivals[0]):
         last = [max(arrivals[q][r][j][0] for q in range(k)) for j in range(len(steps))]
-        wait.append(statistics.mean(t - a for (a, _), t in zip(steps, last)))
-        after.append(statistics.mean(e - t for (_, e), t in zip(steps, last)))
+        wait.append(statistics.mean(t - a for (a, _), t in zip(steps, last, strict=True)))
+        after.append(statistics.mean(e - t for (_, e), t in zip(steps, last, strict=True)))
     return wait, after
 
 
 def dp_timing_worker(rank, world_size, cfg):
-    """Launch target (gloo): time every run of cfg['runs'] for every worker count of cfg['ks']
-    on this rank; rank 0 returns them (the others None).
-
-    cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
-    mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
-    The runs take turns in every repeat (the order reversed every other repeat), and so do the
-    counts within each run, all in this one set of processes, so that they share the same
-    conditions (a machine's load drifts): sample i of every run and count comes from repeat i,
-    and their ratios can be paired. For k workers, ranks 0..k-1 train
-    (a process group of their own) while the others wait at a barrier. Repeat 0 warms up and is
-    not kept. Besides step_s, compute_s, comm_s and update_s (rank 0's), compute_cpu_s is rank
-    0's CPU time of compute, and wait_s and after_s split its comm_s: waiting for the last rank
-    to arrive, and the rest (see _waits). Every k trains on the same global batches:
-    `torch.randint(0, n, (B,))` from a generator seeded with `seed`, rank r taking its
-    `tensor_split` slice."""
+    """Launch target (gloo): time every run of cfg['runs'] for every worker count of cfg['ks'],
+    the runs and counts taking turns in one set of processes; rank 0 returns them."""
+    # cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
+    #   mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
+    # The runs take turns in every repeat (the order reversed every other repeat), and so do the
+    # counts within each run, so that they share the same conditions (a machine's load drifts):
+    # sample i of every run and count comes from repeat i, and their ratios can be paired. For k
+    # workers, ranks 0..k-1 train (a process group of their own) while the others wait at a
+    # barrier. Repeat 0 warms up and is not kept. Besides step_s, compute_s, comm_s and update_s
+    # (rank 0's), compute_cpu_s is rank 0's CPU time of compute, and wait_s and after_s split its
+    # comm_s: waiting for the last rank to arrive, and the rest (see _waits). Every k trains on
+    # the same global batches: `torch.randint(0, n, (B,))` from a generator seeded with `seed`,
+    # rank r taking its `tensor_split` slice.
     import torch.distributed as dist
 
     from ..data import load_tensors
@@ -152,7 +150,7 @@ def dp_timing_worker(rank, world_size, cfg):
                     times, steps = trainers[run["name"]][k].repeat(run["steps"], rank, X, y,
                                                                    groups[k])
                     if r > 0:
-                        for key, v in zip(keys, times):
+                        for key, v in zip(keys, times, strict=True):
                             out[run["name"]][k][key].append(v)
                         arrive[run["name"]][k].append(steps)
     every = [arrive]
@@ -251,7 +249,8 @@ def lenet_module_from(params):
     dense = [m for m in net if isinstance(m, torch.nn.Linear)]
     W1, b1, W2, b2, W3, b3, W4, b4 = params
     with torch.no_grad():
-        for m, (w, b) in zip(convs + dense, [(W1, b1), (W2, b2), (W3.T, b3), (W4.T, b4)]):
+        for m, (w, b) in zip(convs + dense, [(W1, b1), (W2, b2), (W3.T, b3), (W4.T, b4)],
+                             strict=True):
             m.weight.copy_(w)
             m.bias.copy_(b)
     return net
@@ -307,7 +306,7 @@ def bench_worker(rank, world_size, cfg):
             times.append(synced_now(device) - t0)
         with torch.no_grad():
             correct = sum(int((net(Xc).argmax(1) == yc).sum())
-                          for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
+                          for Xc, yc in zip(X_test.split(2048), y_test.split(2048), strict=True))
         results[wrapper] = dict(
             epoch_times=times, test_acc=correct / len(y_test),
             param_sum=float(sum(p.detach().double().abs().sum() for p in net.parameters())),

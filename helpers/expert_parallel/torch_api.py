@@ -88,7 +88,7 @@ class GroupedExperts(nn.Module):
 
     def __init__(self, experts, mesh=None, first=0):
         super().__init__()
-        stack = lambda ts: torch.stack([t.detach().clone() for t in ts])   # noqa: E731
+        stack = lambda ts: torch.stack([t.detach().clone() for t in ts])
         local = {"w1": stack(e[0].weight.t() for e in experts),
                  "b1": stack(e[0].bias for e in experts),
                  "w2": stack(e[2].weight.t() for e in experts),

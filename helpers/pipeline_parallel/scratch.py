@@ -234,7 +234,7 @@ def pipeline_rank_step(stage, comm, order, X, y, num_microbatches, batch_size, i
     tape = LinearTape(stage) if any(ph == "W" for ph, _ in order) else None
     acts = LiveActivations()
     held, total, n0 = {}, 0.0, len(clock.boxes)
-    info = lambda j: dict(stage=r, virtual=r, micro=j, rows=rows[j])          # noqa: E731
+    info = lambda j: dict(stage=r, virtual=r, micro=j, rows=rows[j])
     seconds = (lambda ph, j: box_seconds(ph, j, rows[j])) if box_seconds else (lambda ph, j: None)
     outgoing = None     # the last box's output, sent with the next box's receive (sendrecv)
 

@@ -121,7 +121,7 @@ def pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats, 
     from ..runtime.emulate import Clock
     n = X.shape[0]
     num_stages = validate_pipelining(schedule, n, m, world, len(net), cuts)
-    loss_fn = lambda out, t: sum_loss(out, t) / n                           # noqa: E731
+    loss_fn = lambda out, t: sum_loss(out, t) / n
     clock, memory = clock or Clock(), LiveActivations()
     ids = list(range(rank, num_stages, world))            # looped placement: r, r + world
     mods = [stage_of(net, cuts, i, num_stages).to(device) for i in ids]

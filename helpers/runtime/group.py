@@ -228,10 +228,12 @@ def teardown() -> None:
 
 
 def get_rank() -> int:
+    """This process's rank, 0 outside a process group (a notebook, a script run alone)."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def get_world_size() -> int:
+    """How many ranks the process group has, 1 outside one."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 

@@ -79,7 +79,7 @@ def launch(fn: Target, world: int, cfg: Mapping[str, Any] | None = None, *,
     backend = backend or choose_backend(world)
     try:
         pickle.dumps(cfg)
-    except Exception as e:   # noqa: BLE001 - any pickling error is the same mistake
+    except Exception as e:   # any pickling error is the same mistake
         raise TypeError(f"launch: cfg must pickle to reach the ranks (numbers, strings, tensors, "
                         f"lists and dicts of them): {type(e).__name__}: {e}") from None
     if not quiet:
@@ -312,7 +312,7 @@ def _rank_main(rank, world, port, backend, fn, cfg, out, parent, timeout, env):
         result = fn(rank, world, dict(cfg, device=device))
         atomic_save(result, out / f"rank{rank}.pt")
         del result
-    except BaseException as e:   # noqa: BLE001 - handed to the caller, whatever it is
+    except BaseException as e:   # handed to the caller, whatever it is
         write_json(out / f"rank{rank}.error.json", dict(
             kind=type(e).__name__, message=str(e), traceback=traceback.format_exc(),
             time=time.time()))
@@ -346,7 +346,7 @@ def _launch_threads(fn, world, cfg, timeout):
 def run_in_turn(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """A launch target running cfg["runs"], [(label, fn, kwargs), ...], one after another on
     every rank (fn(rank, world, dict(kwargs, device=..., comm=... on thread ranks)), a barrier
-    between them); returns {label: what fn returned}."""
+    between them, which a thread rank's comm does not count); returns {label: what fn returned}."""
     import torch.distributed as dist
 
     from .progress import report_progress
@@ -360,6 +360,7 @@ def run_in_turn(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
             dist.barrier()
         else:                                   # thread ranks: no process group
             comm.all_reduce(torch.zeros(1))
+            comm.reset_counts()                 # the next run counts only its own traffic
     return results
 
 

@@ -33,8 +33,15 @@ import torch
 
 from .comm import ThreadComm, wire
 from .errors import LaunchTimeout
+from .traffic import RANK_THREAD
 
-__all__ = ["ThreadWorld"]
+__all__ = ["ThreadWorld", "in_rank_thread"]
+
+
+
+def in_rank_thread() -> bool:
+    """Whether the calling thread is a rank of a ThreadWorld (process-wide state is shared)."""
+    return getattr(RANK_THREAD, "rank", None) is not None
 
 
 class _Aborted(BaseException):
@@ -191,13 +198,13 @@ class ThreadWorld:
         results, errors = [None] * self.size, []
 
         def target(r):
-            self._local.rank = r
+            self._local.rank = RANK_THREAD.rank = r
             try:
                 with self.rank_context(r):
                     results[r] = body(r)
             except _Aborted:
                 pass
-            except BaseException as e:   # noqa: BLE001 - handed to the caller
+            except BaseException as e:   # handed to the caller
                 with self._cond:
                     errors.append((r, e, traceback.format_exc()))
                 self._fail(r, e)

@@ -31,6 +31,7 @@ methods: `wire_bytes`, `payload_bytes`, `gathered_bytes`, `numbers`, `calls`, `o
 `numbers` reads payload or gathered in elements instead of bytes (a record's `itemsize`).
 """
 import contextlib
+import threading
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -42,6 +43,8 @@ from ..costs import ring_bytes_per_device
 
 __all__ = ["Transfer", "ByteLog", "CountsSent", "send", "count_traffic",
            "TrafficLog", "FuncolBytes", "wire_share", "all_to_all_wire", "tensor_bytes"]
+
+RANK_THREAD = threading.local()   # .rank: set by ThreadWorld in each of its rank threads
 
 
 class Transfer(NamedTuple):
@@ -239,7 +242,13 @@ def _group(name, args, kwargs):
 @contextlib.contextmanager
 def count_traffic():
     """Count what this rank sends through dist collectives inside the block (yields a
-    TrafficLog): each collective as a ring over the ranks of ITS group."""
+    TrafficLog): each collective as a ring over the ranks of ITS group. It rebinds
+    torch.distributed's functions for the whole process, so it refuses a thread rank (ranks
+    nesting it would restore each other's wrappers): there, read the rank's comm.traffic()."""
+    if getattr(RANK_THREAD, "rank", None) is not None:
+        raise RuntimeError("count_traffic rebinds torch.distributed for the whole process, so "
+                           "thread ranks would undo each other's counting: read the rank's "
+                           "comm.traffic() instead")
     log, saved = TrafficLog(), {}
     for name in _GROUP_AT:
         fn = getattr(dist, name, None)

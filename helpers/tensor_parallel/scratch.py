@@ -46,10 +46,12 @@ class ReduceFromTP(torch.autograd.Function):
 
 
 def copy_to_tp(x, comm):
+    """CopyToTP (Megatron's f): identity in forward, the gradient all-reduced in backward."""
     return CopyToTP.apply(x, comm)
 
 
 def reduce_from_tp(x, comm):
+    """ReduceFromTP (Megatron's g): the partial outputs all-reduced, identity in backward."""
     return ReduceFromTP.apply(x, comm)
 
 

@@ -59,10 +59,12 @@ class ScatterSequence(torch.autograd.Function):
 
 
 def gather_sequence(x, comm):
+    """GatherSequence: all-gather the sequence in forward, reduce-scatter the gradient."""
     return GatherSequence.apply(x, comm)
 
 
 def scatter_sequence(x, comm):
+    """ScatterSequence: reduce-scatter the partial outputs in forward, all-gather the gradient."""
     return ScatterSequence.apply(x, comm)
 
 

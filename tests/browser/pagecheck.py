@@ -125,11 +125,11 @@ def wait_rendered(page, timeout=RENDER_TIMEOUT_MS):
     by check_page (this only waits)."""
     try:
         page.wait_for_function(_RENDERED_JS, timeout=timeout, polling=100)
-    except Exception:   # noqa: BLE001 - the checks below say what is missing
+    except Exception:   # the checks below say what is missing
         pass
     try:   # MathJax may still be laying out the last expressions
         page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
-    except Exception:   # noqa: BLE001
+    except Exception:
         pass
 
 

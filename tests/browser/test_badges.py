@@ -10,7 +10,7 @@ import book_files
 import pytest
 
 sys.path.insert(0, str(book_files.ROOT / "book" / "_ext"))
-import chapter_runs  # noqa: E402
+import chapter_runs
 
 
 def _text(fragment):

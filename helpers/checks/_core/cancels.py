@@ -175,7 +175,7 @@ def unused(func, args, kwargs, out, written):
             try:
                 a, k = tree_unflatten(again, spec)
                 res = func(*a, **k)
-            except Exception:    # noqa: BLE001 - it fails on other values: it reads them
+            except Exception:    # it fails on other values: it reads them
                 continue
             fresh = {id(again[j]) for j in positions if id(leaves[j]) in written}
             after = [t for t in tree_flatten(res)[0] if isinstance(t, torch.Tensor)
@@ -183,6 +183,6 @@ def unused(func, args, kwargs, out, written):
                                                 if id(leaves[j]) in written]
             if len(after) == len(before) and all(
                     x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
-                    for x, y in zip(before, after)):
+                    for x, y in zip(before, after, strict=True)):
                 found.add(id(leaves[i]))
     return found

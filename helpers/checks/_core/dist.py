@@ -95,7 +95,7 @@ def all_gather(W, tensor_list, tensor, group=None, async_op=False):
     ranks = _ranks(W, group)
 
     def deliver(values):
-        for out, v in zip(tensor_list, values):
+        for out, v in zip(tensor_list, values, strict=True):
             out.copy_(v.reshape(out.shape))
     if len(tensor_list) != len(ranks):
         raise ValueError(f"all_gather: {len(tensor_list)} output tensors for {len(ranks)} ranks")
@@ -150,8 +150,11 @@ def all_to_all(W, output_tensor_list, input_tensor_list, group=None, async_op=Fa
     ranks = _ranks(W, group)
 
     def deliver(values):
-        for out, v in zip(output_tensor_list, values):
+        for out, v in zip(output_tensor_list, values, strict=True):
             out.copy_(v.reshape(out.shape))
+    if not len(output_tensor_list) == len(input_tensor_list) == len(ranks):
+        raise ValueError(f"all_to_all: {len(input_tensor_list)} input and "
+                         f"{len(output_tensor_list)} output tensors for {len(ranks)} ranks")
     flat = torch.cat([t.detach().reshape(-1) for t in input_tensor_list])
     return W.collective("all_to_all", ranks, flat, [_snap(t) for t in input_tensor_list],
                              lambda ps: [[p[i] for p in ps] for i in range(len(ps))], deliver,

@@ -125,7 +125,7 @@ def kept(*tensors):
 
 def expect_unchanged(call, copies, tensors, names):
     """Fail unless every tensor still holds the values `kept` copied."""
-    for copy, t, name in zip(copies, tensors, names):
+    for copy, t, name in zip(copies, tensors, names, strict=True):
         expect(t.shape == copy.shape and torch.equal(t.detach(), copy),
                f"{call}: your code changed its input {name}; compute from the inputs, leave "
                "them as they are")

@@ -31,7 +31,7 @@ def _same(a, b):
         return True
     try:
         return a[0] == b[0] and a[1] == b[1] and (a[2] is b[2] or bool(a[2] == b[2]))
-    except Exception:   # noqa: BLE001 - a label that cannot be compared is not the same
+    except Exception:   # a label that cannot be compared is not the same
         return False
 
 
@@ -67,7 +67,7 @@ def ledger(world):
     def verify():
         try:
             return compare()
-        except Exception:   # noqa: BLE001 - records replaced by something else
+        except Exception:   # records replaced by something else
             return "its records"
 
     def compare():
@@ -76,7 +76,8 @@ def ledger(world):
         if getattr(world, "network_failure", None) is not (failure[0] if failure else None):
             return "the call its network refused"
         got = world.messages
-        if len(got) != len(messages) or any(a is not m for a, (m, _) in zip(got, messages)):
+        if len(got) != len(messages) or any(a is not m for a, (m, _)
+                                            in zip(got, messages, strict=True)):
             return "its list of messages"
         for m, fields in messages:
             if _fields(m) != fields or m.waited != waits.get(id(m)):

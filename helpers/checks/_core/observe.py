@@ -248,7 +248,7 @@ class Recorder(TorchDispatchMode):
         if op.name in _MATMULS or packet in _flop_registry():
             try:
                 op.flops = int(_flop_registry()[packet](*args, **kwargs, out_val=out))
-            except Exception:    # noqa: BLE001 - no formula for this overload: count elements
+            except Exception:    # no formula for this overload: count elements
                 op.flops = None
         self.ops.append(op)
 

@@ -340,7 +340,8 @@ class _Mode(TorchDispatchMode):
         positions, fresh = _writes(func)
         written = [args[i] if i < len(args) else kwargs.get(name) for i, name in positions]
         outs = out if isinstance(out, (tuple, list)) and len(fresh) > 1 else (out,)
-        written += [o for o, new in zip(outs, fresh) if new]
+        outs = outs if fresh else ()                # an operation that returns nothing
+        written += [o for o, new in zip(outs, fresh, strict=True) if new]
         self.p.mark(self.rank, [t for t in tree_leaves(written) if isinstance(t, torch.Tensor)],
                     func)
         return out

@@ -110,7 +110,7 @@ def _loads(fn):
     """(name, object) for every global, closure variable, module attribute and import the
     bytecode of `fn` (and of the functions nested in it) loads."""
     globals_ = getattr(fn, "__globals__", {})
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
     for code in _codes(fn.__code__):
         current = importing = None
         for ins in dis.get_instructions(code):

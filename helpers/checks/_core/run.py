@@ -128,7 +128,7 @@ def run_check(name, body, *args, declared=False):
         result = Result(name, "failed", str(e))
     except ReferenceUsed as e:
         result = Result(name, "failed", str(e))
-    except Exception as e:   # noqa: BLE001 - sorted out below, never lost
+    except Exception as e:   # sorted out below, never lost
         kind, frame = _blame(e, declared)
         if kind == "stub":
             result = Result(name, "not done",

@@ -186,7 +186,7 @@ class _Settler:
             return x
         items = list(x)
         new = [self(v, depth + 1) for v in items]
-        if all(a is b for a, b in zip(new, items)):
+        if all(a is b for a, b in zip(new, items, strict=True)):
             return x
         if cls is list:
             x[:] = new

@@ -178,7 +178,7 @@ class World(ThreadWorld):
                     self.network_failure = (rank, e)
                     self._note("failure", rank, self.network_failure)
             raise
-        except Exception:   # noqa: BLE001 - replaced by words of this rank's own call
+        except Exception:   # replaced by words of this rank's own call
             failed = True
         if failed:       # raised outside the handler: no __context__ to read the original from
             self._refuse(rank, f"rank {rank}'s {op} did not match the other ranks' calls: "

@@ -1,13 +1,13 @@
-"""Shortcut answers that step outside what the checks watch: work done in another process
-(forked, or a fresh interpreter that imports the course again), torch's dispatch switched off
-around the work (the Recorder and the ranks' ownership watch through it), and a returned tensor
-of the answer's own subclass that answers the check's comparisons itself, memory the ranks
-share outside torch (a module-level numpy array or bytearray that every rank wraps), an input
-the check handed to one rank read by another through a global, and shard sizes measured on numpy
-arrays where the check refuses the same work in torch (numpy_work.py). Each must fail; right answers
+"""Shortcut answers that step outside what the checks watch fail (tests/check_cases.py's form):
+work done in another process (forked, or a fresh interpreter that imports the course again),
+torch's dispatch switched off around the work (the Recorder and the ranks' ownership watch
+through it), a returned tensor of the answer's own subclass that answers the check's comparisons
+itself, memory the ranks share outside torch (a module-level numpy array or bytearray that every
+rank wraps), an input the check handed to one rank read by another through a global, and shard
+sizes measured on numpy arrays where the check refuses the same work in torch. Right answers
 (host-made buffers moved to the devices, each rank's own numpy buffer, constants made before the
-run, sizes from numpy's integer scalars used as numbers) must pass (tests/check_cases.py's form;
-helpers/checks/_core/guard.py, references.py, provenance.py and numpy_work.py)."""
+run, sizes from numpy's integer scalars used as numbers) pass (helpers/checks/_core/guard.py,
+references.py, provenance.py and numpy_work.py)."""
 import concurrent.futures
 import multiprocessing as mp
 

@@ -1,8 +1,8 @@
-"""The checks of Part VII's later exercises (half block, tokens to heads, z-loss, permutation,
-expert gradient groups, accumulation bytes; helpers/checks/ context_parallel.py, expert_parallel.py,
-composed.py): the worked answers (the notebooks' solution cells) pass, shortcuts of two kinds or
-more fail with the words that name the skipped step, and other right answers pass
-(tests/check_cases.py)."""
+"""The checks of Part VII's exercises on blocks and experts (half block, tokens to heads, z-loss,
+permutation, expert gradient groups, accumulation bytes; helpers/checks/ context_parallel.py,
+expert_parallel.py, composed.py): the worked answers (the notebooks' solution cells) pass,
+shortcuts of two kinds or more fail with the words that name the skipped step, and other right
+answers pass (tests/check_cases.py); test_checks_part7.py holds the chapters' other checks."""
 import json
 import math
 
@@ -208,7 +208,7 @@ def test_case(case, monkeypatch):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_new_check_is_declared_and_tested_three_ways(name, monkeypatch):
+def test_every_check_here_is_declared_and_tested_three_ways(name, monkeypatch):
     from helpers.checks._core import REGISTRY
     assert name in REGISTRY and REGISTRY[name].observes
     cases = CASES[name]

@@ -1,4 +1,4 @@
-"""Two families of data that travel past the byte count between thread ranks:
+"""Data cannot travel between thread ranks past the byte count, through two side channels:
 
 1. a message's metadata: the shape of a zero-element message (no payload bytes), read back from
    the error of a recv into a buffer of another shape, from a collective's error, or from the
@@ -62,7 +62,7 @@ def _by_recv_errors(halves, r, w):
         for i in range(0, len(halves), 3):
             try:
                 dist.recv(torch.empty(0), src=s, tag=1000 + i // 3)
-            except Exception as e:   # noqa: BLE001 - the shortcut reads the error
+            except Exception as e:   # the shortcut reads the error
                 dims = re.search(r"got \(([^)]*)\)", str(e))
                 got[s] += [int(x) for x in dims.group(1).split(",") if x.strip()][1:] if dims \
                     else []
@@ -76,7 +76,7 @@ def _by_reduce_errors(halves, r, w):
             try:      # torch's error named every rank's shape
                 dist.all_gather([torch.empty(0) for _ in range(w)],
                                 torch.empty(0, h) if s == r else torch.empty(0))
-            except Exception as e:   # noqa: BLE001 - the shortcut reads torch's words
+            except Exception as e:   # the shortcut reads torch's words
                 dims = re.search(r"\[0, (\d+)\]", str(e))
                 got[s].append(int(dims.group(1)) if dims else 0)
                 if not dims and len(got[s]) > 3:   # refused, words that name nothing: stop

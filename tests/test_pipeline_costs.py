@@ -1,6 +1,6 @@
-"""The helpers behind the new parts of Parts 0-II: the bubble of unequal stages,
-schedules replayed with modelled durations, interleaved 1F1B, the network split's cuts, and the
-step-time model of split_costs."""
+"""Pipeline and stage cost models: the bubble of unequal stages, schedules replayed with
+modelled durations, interleaved 1F1B, the network split's cuts, the step-time model of
+split_costs, and the cost rows' keys against their TypedDicts."""
 import itertools
 import random
 

@@ -1,14 +1,14 @@
-"""Shortcut families closed at the harness's root (tests/check_cases.py's form), each with the
-words its refusal names:
+"""What an answer may reach beyond what it is handed, each with the words its refusal names:
 
-1. the answer rebinds a library function the check computes or compares with after it returns
-   (`builtins.abs`, `torch.allclose`), directly or from a thread that outlives the call: Answer
-   fails it and puts the original back (patched.py);
-2. the timed fn and the synchronize stand-in of check_time_it lead to the simulated GPUs (its
-   `__defaults__`, a bound method's `__self__`): fn is a closure, the stand-in a plain function,
-   and `__defaults__` is refused as introspection;
-3. the check's module and parameter hooks, which observe forwards and backwards, called by hand
-   to forge what one graph with one backward skipped: the hook tables are refused by name.
+1. a library function the check computes or compares with after the answer returns
+   (`builtins.abs`, `torch.allclose`), rebound directly or from a thread that outlives the call:
+   Answer fails it and puts the original back (patched.py), and never mistakes the harness's own
+   stand-ins for the answer's;
+2. the simulated GPUs behind check_time_it's timed fn and synchronize stand-in (`__defaults__`,
+   a bound method's `__self__`): fn is a closure, the stand-in a plain function, and
+   `__defaults__` is refused as introspection;
+3. the module and parameter hook tables through which checks observe forwards and backwards,
+   called by hand to forge what one graph with one backward skipped: refused by name.
 """
 import builtins
 import statistics

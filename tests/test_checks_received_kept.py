@@ -1,5 +1,5 @@
-"""Shortcut families closed at the harness's root (tests/check_cases.py's form), each with the
-words its refusal names:
+"""What a rank does with the data it received is judged from the dataflow (tests/check_cases.py's
+form), each shortcut with the words its refusal names:
 
 1. received K/V blocks kept through arithmetic (`kv * 1.0`, `-kv`, `kv + 0.0`, `abs` with the
    sign aside, values read out of torch): check_ring_forward bounds everything a rank made from

@@ -1,5 +1,5 @@
-"""The grader's own records out of the answer's reach (ledger.py, runtime/comm.py, dist.py), in
-tests/check_cases.py's form, each with the words its refusal names:
+"""The grader's own records are out of the answer's reach (ledger.py, runtime/comm.py, dist.py),
+in tests/check_cases.py's form, each with the words its refusal names:
 
 1. the routes an answer took to the records (`comm.w`, a stage's `.world` and `.stage`, a
    recorded net's `.rec`, `helpers.checks._core.dist._WORLD`) are gone, and so are an async

@@ -1,21 +1,22 @@
-"""Round 9's shortcut families (reviews_r9/hunt.md), each closed at its root, as
-tests/check_cases.py's cases: every shortcut fails with the words that name it, the right
-answers beside them pass.
+"""Values leave torch only through watched exits, and what a rank sends, holds and computes is
+bounded (tests/check_cases.py's form): every shortcut fails with the words that name it, the
+right answers beside them pass.
 
-- E: values out of torch through ways exits.py did not watch: the C base class's methods
-  (`torch._C.TensorBase.tolist`), an original bound before the check ran, `to_dlpack`, the
-  Python-callback kernels `apply_`, `map_`, `map2_` (map_ reads ANOTHER tensor: provenance);
-- R: `apply_` on a simulated GPU's CPU tensor crashed the interpreter: now a failed answer;
-- P: the logits gathered in messages under the per-message cap: a total per rank bounds them;
-- W: the sharded server's update computed on the host: every device at work is bounded;
-- D: the recorded net's backwards as decoys, the step (or .grad) computed beside the net: the
-  step must be made from the gradients the backwards through the net's outputs delivered;
-- S: an identity autograd.Function dressed as f, then plain copies: f's forward must put X on
-  every device;
-- L: ring attention that keeps every K/V block it receives and does a plain softmax at the end:
-  the received blocks alive at once are bounded (a ring needs three at most);
-- right answers once rejected: a `Decimal` result (as_number), SyncBatchNorm's two sums
-  all-reduced in float64 (the cap counts numbers, not float32 bytes).
+- unwatched exits (exits.py): the C base class's methods (`torch._C.TensorBase.tolist`), an
+  original bound before the check ran, `to_dlpack`, the Python-callback kernels `apply_`,
+  `map_`, `map2_` (map_ reads ANOTHER tensor: provenance);
+- a Python-callback kernel on a simulated GPU's tensor is a failed answer, not a crashed
+  interpreter (fake.py);
+- many small messages: the logits gathered under the per-message cap, bounded by a total per
+  rank;
+- the work moved to the host: every device at work is bounded (the sharded server's update);
+- decoy backwards: the step (or .grad) computed beside the recorded net must be made from the
+  gradients the backwards through the net's outputs delivered (recorded.py);
+- a node of the right type that does nothing: f's forward must put X on every device;
+- every received block kept: ring attention's received K/V blocks alive at once are bounded
+  (a ring needs three at most);
+- right answers: a `Decimal` result (as_number), SyncBatchNorm's two sums all-reduced in float64
+  (the cap counts numbers, not float32 bytes).
 """
 from decimal import Decimal
 from fractions import Fraction
@@ -32,7 +33,7 @@ UNWATCHED = "unwatched way out of torch"
 READ_OUT = "out of torch into Python numbers"
 
 
-# ---- E: unwatched exits ------------------------------------------------------------------------
+# ---- unwatched exits ---------------------------------------------------------------------------
 def _exact(counts, ms, vs):
     """The global mean and variance in exact arithmetic, from numbers read out of torch."""
     w, c = len(ms), len(ms[0])
@@ -150,7 +151,7 @@ def sampler_shard_unbound_tolist(n, rank, world, epoch, seed):
     return perm[rank:per * world:world]
 
 
-# ---- R: a Python-callback kernel on the simulated GPUs ----------------------------------------
+# ---- a Python-callback kernel on the simulated GPUs -------------------------------------------
 @shortcut("check_reduce_then_broadcast", "apply_ on a simulated CPU tensor (crashed)",
           "simulated GPUs")
 def reduce_then_broadcast_apply(grads):
@@ -160,7 +161,7 @@ def reduce_then_broadcast_apply(grads):
         g.copy_(total.to(g.device))
 
 
-# ---- P: many small messages -------------------------------------------------------------------
+# ---- many small messages ----------------------------------------------------------------------
 @shortcut("check_vocab_loss", "the logits gathered two columns per all_reduce", "piece by piece")
 def vocab_loss_sliced_gather(logits, target, comm, start):
     n, v = logits.shape
@@ -196,7 +197,7 @@ def vocab_loss_sent_columns(logits, target, comm, start):
     return F.cross_entropy(torch.cat(parts, -1), target)
 
 
-# ---- W: the work moved to the host ------------------------------------------------------------
+# ---- the work moved to the host ---------------------------------------------------------------
 @shortcut("check_sharded_server_step", "the whole update on the host, then pulled",
           ["the CPU", "more than serving its chunk needs"])
 def sharded_server_step_on_host(params, grads, devices, lr):
@@ -211,7 +212,7 @@ def sharded_server_step_on_host(params, grads, devices, lr):
                 params[i][c[0]:c[-1] + 1].copy_(params[j][c[0]:c[-1] + 1].to(devices[i]))
 
 
-# ---- D: decoy backwards, the work beside the net -----------------------------------------------
+# ---- decoy backwards, the work beside the net --------------------------------------------------
 BESIDE = "beside the net"
 
 
@@ -280,7 +281,7 @@ def accumulate_gradients_beside(model, loss_fn, micro):
         loss_fn(F.linear(X, w, b), y), (w, b))
 
 
-# ---- S: a node of the right type that does nothing ------------------------------------------
+# ---- a node of the right type that does nothing ---------------------------------------------
 class _Identity(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X):
@@ -318,7 +319,7 @@ def attention_by_heads_identity_f(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
     return helpers.reduce_from_shards(partials, devices, log)
 
 
-# ---- L: every block kept --------------------------------------------------------------------
+# ---- every block kept -----------------------------------------------------------------------
 KEPT = "received K/V blocks alive at once"
 
 
@@ -363,7 +364,7 @@ def ring_forward_hold_clones(q, k, v, comm):
     return out
 
 
-# ---- right answers once rejected -----------------------------------------------------------
+# ---- right answers --------------------------------------------------------------------------
 @other("check_matmul_flops", "a Decimal")
 def matmul_flops_decimal(n):
     return Decimal(2) * Decimal(n) ** 3

@@ -1,7 +1,8 @@
-"""The shortcut families, one answer per way into each hole (tests/check_cases.py's
-form): reading the check's state, the course's own answer under another name, work hidden in
-another thread. Each must fail in the harness, for any exercise; none of them is specific to the
-check it is tried on."""
+"""Shortcut families that apply to any exercise, one answer per way into each hole
+(tests/check_cases.py's form): reading the check's state (its frame, its traceback, the garbage
+collector), the course's own answer under another name, natural wrong answers, substituted
+collectives, work hidden in another thread, constants. Each must fail in the harness; none of
+them is specific to the check it is tried on, and the right answers beside them pass."""
 import concurrent.futures
 import gc
 import importlib.util

@@ -1,8 +1,9 @@
 """Shortcuts that reach the course's answer or do hidden work through something made before the
-check ran: a reference bound early (in a deque, an object's attribute, a rank's deque, torch's
-DistributedSampler.__iter__) is stubbed all the same, its code put back fails, a worker thread
-started before the check refuses the answer; public helpers that compute the exercise are
-blocked; a decoy collective or no collective fails. Right answers written differently pass."""
+check ran fail: a reference bound early (in a deque, an object's attribute, a rank's deque,
+torch's DistributedSampler.__iter__) is stubbed all the same, its code put back fails, a worker
+thread started before the check refuses the answer; public helpers that compute the exercise are
+blocked; a decoy collective or no collective fails. Right answers written differently pass
+(references.py, stubs.py, early_threads.py)."""
 import collections
 import decimal
 import queue
@@ -141,7 +142,7 @@ def dp_average_by_all_gather(grads, comm):
         g.copy_(torch.stack(parts).mean(0))
 
 
-# --- right answers written differently (the red-team hunt's) ------------------------------------
+# --- right answers written differently ----------------------------------------------------------
 @other("check_shard_sizes")
 def shard_sizes_by_comparison(n, k):
     return [n // k + (i < n % k) for i in range(k)]
@@ -249,7 +250,7 @@ class _Worker:
             fn, box, done = job
             try:
                 box.append(fn())
-            except BaseException as e:   # noqa: BLE001 - handed back to the answer
+            except BaseException as e:   # handed back to the answer
                 box.append(e)
             done.set()
 

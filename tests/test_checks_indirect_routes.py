@@ -1,5 +1,5 @@
-"""Shortcut families closed at the harness's root (tests/check_cases.py's form), each with the
-words its refusal names:
+"""Shortcuts that reach what a check watches by an indirect route fail at the harness's root
+(tests/check_cases.py's form), each with the words its refusal names:
 
 1. cancelling arithmetic: a result made of other data, with what arrived added times zero
    (`+ 0 * received`, `add(..., alpha=0)`, `x - x`): the Recorder cuts that flow (observe.py);
@@ -9,11 +9,10 @@ words its refusal names:
    `function.__new__` on a blocked reference's code while an answer runs);
 4. a thread started before the check, idle in library code, fed work later through a queue
    (an executor's internal queue, or a queue a library loop reads): guard.py;
-5. a hook on an autograd node (`grad_fn.register_hook`, `register_prehook`) left registered
-   after the answer returned (hooks.py);
-6. numpy views of tensors taken before the ranks started, held deeper than one level (their
-   cases sit with the other early views in test_checks_leftovers.py);
-7. sharded clipping whose factor does not come from the all-reduce (check_clip_sharded).
+5. sharded clipping whose factor does not come from the all-reduce (check_clip_sharded).
+
+Hooks left on autograd nodes are tested in test_checks_hooks.py, numpy views taken before the
+ranks started in test_checks_early_views.py.
 """
 import collections
 import concurrent.futures
@@ -32,13 +31,10 @@ from check_cases import other, parametrize_cases, shortcut
 
 import helpers
 import helpers.checks
-from helpers.checks._core import CheckFailed
-from helpers.checks._core.declare import Answer
 
 USED = "the course's own answer"
 DECOR = "does not depend on what it received"
 HIDDEN = "a thread started before the check ran"
-NODE = "autograd node"
 
 
 # ---- 1. cancelling arithmetic ---------------------------------------------------------------
@@ -160,49 +156,7 @@ def tensor_bytes_saved_code_in_deque(tensors):
     return type(lambda: 0)(_CODES[0], _BOX.where, "mine")(tensors)
 
 
-# ---- 5. a hook on an autograd node ----------------------------------------------------------
-def _prehook(X):
-    X.grad_fn.register_prehook(lambda g: tuple(x * 0 for x in g))
-
-
-def _hook(X):
-    X.grad_fn.register_hook(lambda gi, go: None)
-
-
-def _deeper(X):
-    X.grad_fn.next_functions[0][0].register_hook(lambda gi, go: None)
-
-
-def _on_the_result(X):
-    out = X * 2
-    out.grad_fn.register_prehook(lambda g: g)
-    return out
-
-
-@pytest.mark.parametrize("leave", [_prehook, _hook, _deeper, _on_the_result])
-def test_node_hook_left_fails_and_is_removed(leave):
-    """A hook left on any autograd node (handed, deeper in its graph, or on the result) fails
-    the answer, and the harness takes it away: the check's backward runs none of it."""
-    w = torch.ones(3, requires_grad=True)
-    X = w * 3
-    with pytest.raises(CheckFailed, match=NODE):
-        Answer(leave, "x", [])(X)
-    X.sum().backward()
-    assert torch.equal(w.grad, torch.full((3,), 3.0))
-
-
-def test_node_hook_removed_inside_passes_and_kept_where_declared():
-    w = torch.ones(3, requires_grad=True)
-    X = w * 3
-
-    def removed(X):
-        handle = X.grad_fn.register_prehook(lambda g: g)
-        handle.remove()
-    Answer(removed, "x", [])(X)
-    Answer(_hook, "x", [], keeps_hooks=True)(X)
-
-
-# ---- 7. sharded clipping whose factor is not the all-reduce's ------------------------------
+# ---- 5. sharded clipping whose factor is not the all-reduce's ------------------------------
 _CALLS = collections.Counter()
 _CALLS_LOCK = threading.Lock()
 

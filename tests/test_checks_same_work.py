@@ -1,0 +1,62 @@
+"""An answer does the same work on CPU tensors and on the simulated GPUs (same_work.py): answers
+that tell the two runs apart, by the device's type, the tensors' class or
+`torch.cuda.is_available()`, and compute the values one way and place the work another fail; a
+branch on the device that does the same work either way passes (tests/check_cases.py's form)."""
+import torch
+import torch.nn.functional as F
+from check_cases import other, parametrize_cases, shortcut
+
+BRANCHED = "other work on the simulated GPUs"
+
+
+def _spread(data):
+    k = len(data)
+    chunks = [t.view(-1).tensor_split(k) for t in data]
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[i][i].add_(chunks[j][i].to(chunks[i][i].device))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
+
+
+def _funnel(data):
+    total = torch.stack(data).sum(0)
+    for t in data:
+        t.copy_(total)
+
+
+@shortcut("check_allreduce_spread", "the spread only where the tensors are on a GPU", BRANCHED)
+def allreduce_spread_on_gpus_only(data):
+    (_spread if data[0].is_cuda else _funnel)(data)
+
+
+@shortcut("check_allreduce_spread", "the spread only for fake tensors (by class name)", BRANCHED)
+def allreduce_spread_fake_only(data):
+    (_spread if "Fake" in type(data[0]).__name__ else _funnel)(data)
+
+
+def _conv_split(X, W, b, devices):
+    k = len(devices)
+    parts = [F.conv2d(Xi.to(d), Wi.to(d)) for d, Xi, Wi in
+             zip(devices, X.tensor_split(k, dim=1), W.tensor_split(k, dim=1))]
+    return sum(p.to(devices[0]) for p in parts) + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
+@shortcut("check_conv_split_in_channels", "split only on GPUs CUDA does not know of", BRANCHED)
+def conv_split_simulated_only(X, W, b, devices, log=None):
+    if X.is_cuda and not torch.cuda.is_available():
+        return _conv_split(X, W, b, devices)
+    return F.conv2d(X, W, b)
+
+
+@other("check_conv_split_in_channels", "a branch on the device that does the same work")
+def conv_split_same_work(X, W, b, devices, log=None):
+    where = "a GPU" if X.is_cuda else "the CPU"       # only steers what it would print
+    assert where
+    return _conv_split(X, W, b, devices)
+
+
+test_case = parametrize_cases(__name__)
