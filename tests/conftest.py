@@ -27,6 +27,36 @@ def _replayed_check_inputs(request):
     _core.replay_seeds(None)
 
 
+def _functions(spaces):
+    """(space, name) -> the public function or class each namespace holds now."""
+    import types
+    return {(label, k): v for label, ns in spaces for k, v in list(ns.items())
+            if not k.startswith("_") and callable(v) and not isinstance(v, types.ModuleType)}
+
+
+@pytest.fixture(autouse=True)
+def _libraries_left_as_found(request):
+    """A grader test that leaves torch's or Python's functions replaced (an answer's patch that
+    the harness failed to put back) fails itself, instead of bending every later test in the
+    worker (wrong values far from their cause)."""
+    if not request.node.fspath.basename.startswith(("test_checks_", "test_autograde")):
+        yield
+        return
+    import builtins
+
+    import torch
+    import torch.distributed
+    spaces = (("torch", vars(torch)), ("torch.Tensor", torch.Tensor.__dict__),
+              ("builtins", vars(builtins)), ("torch.distributed", vars(torch.distributed)))
+    before = _functions(spaces)
+    yield
+    after = _functions(spaces)
+    changed = sorted(f"{label}.{k}" for (label, k), v in before.items()
+                     if after.get((label, k)) is not v
+                     and getattr(after.get((label, k)), "__wrapped__", None) is not v)
+    assert not changed, f"the test left {', '.join(changed[:5])} replaced"
+
+
 # Seconds each slow test module took in one `make test-unit` (2 workers on a loaded 2-core
 # machine): they only order the work (see pytest_collection_modifyitems), so a stale figure costs
 # time, never a result. Notebooks are ordered by their quick runs in book/_ext/runs.json.

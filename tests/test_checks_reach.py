@@ -207,3 +207,53 @@ def test_a_rank_left_running_past_the_deadline_leaves_torch_as_it_was():
     time.sleep(0.1)              # the straggler's Answer checks the libraries as it returns
     assert {name: torch.Tensor.__dict__.get(name) for name in names} == tensor_before
     assert {k: v for k, v in vars(dist).items() if dist_before.get(k) is not v} == {}
+
+
+def test_ranks_that_replace_one_function_in_turn_leave_the_original():
+    """Rank 1 starts after rank 0 replaced torch.allclose, and returns after rank 0's answer
+    put the original back: rank 1's answer must not take rank 0's replacement for the original
+    and put it back (every later check in the process would compare with it)."""
+    import pytest
+
+    from helpers.checks._core.declare import Answer
+    from helpers.checks._core.run import CheckFailed
+    from helpers.checks._core.world import World
+    original = torch.allclose
+    patched, entered, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def rebinds(comm):
+        if comm.rank == 1:
+            entered.set()                   # its snapshot is taken: after rank 0's replacement
+            assert returned.wait(5)
+        before = torch.allclose
+        torch.allclose = lambda a, b, *x, **k: not before(a, b, *x, **k)
+        if comm.rank == 0:
+            patched.set()
+            assert entered.wait(5)
+
+    answer = Answer(rebinds, "rebinds", [])
+
+    def body(comm):
+        if comm.rank == 1:
+            assert patched.wait(5)
+        try:
+            answer(comm)
+        finally:
+            if comm.rank == 0:
+                returned.set()
+    with pytest.raises(CheckFailed, match=REPLACED):
+        World(2).run(body)
+    assert torch.allclose is original
+
+
+def test_an_answer_that_raises_puts_back_what_it_replaced():
+    """A replacement does not outlive an answer that raised (or a rank stopped mid-call)."""
+    import helpers.checks
+    original = torch.allclose
+
+    def lr_at(step, base_lr, base_batch, batch, warmup):
+        torch.allclose = lambda *a, **k: True
+        raise ValueError("no")
+    result = helpers.checks.check_lr_at(lr_at)
+    assert result.status == "failed" and REPLACED in result.message, result
+    assert torch.allclose is original

@@ -42,9 +42,14 @@ class Answer(Guarded):
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
         nodes = contextlib.nullcontext() if self.keeps_hooks else node_hooks(self.__name__)
         libraries = snapshot()          # what the answer may not rebind (patched.py)
-        with nodes, blocked(self.references, self.exercise), answering(self.keys, code_key), \
-                handed_in(args, kwargs), early_views_read_only(self.fn, in_world()), trace:
-            result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
+        try:
+            with nodes, blocked(self.references, self.exercise), \
+                    answering(self.keys, code_key), handed_in(args, kwargs), \
+                    early_views_read_only(self.fn, in_world()), trace:
+                result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
+        except BaseException:
+            expect_unpatched(self.__name__, libraries)    # put back, even when it raised
+            raise
         expect_unpatched(self.__name__, libraries)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)

@@ -6,8 +6,10 @@ So `Answer` copies, before the call, the namespaces of those libraries (and of e
 course's modules bind as a global) and, after it, fails an answer that changed, added or deleted
 one of their functions, putting the originals back (as hooks.py removes hooks). Threads the
 answer started are joined first (a thread that outlives the call fails: it could patch later).
-The harness's own stand-ins (helpers.checks) come and go while answers run and are not judged;
-an answer may set its own module's globals."""
+The answers running at once (a World's ranks) share one snapshot, taken before the first of
+them started, and an answer that raised is checked too. The harness's own stand-ins
+(helpers.checks) come and go while answers run and are not judged; an answer may set its own
+module's globals."""
 import builtins
 import functools
 import math
@@ -38,6 +40,8 @@ _MARK = "_course_started_by_answer"   # guard.py marks threads started while an 
 _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
 _CACHE = {"modules": -1, "spaces": ()}
+_LOCK = threading.Lock()
+_SHARED = {"running": 0, "before": None}      # the answers running now, and their snapshot
 
 
 def _spaces():
@@ -58,8 +62,16 @@ def _spaces():
 
 
 def snapshot():
-    """The watched namespaces as they are now, and the threads alive now."""
-    return [(name, owner, dict(ns)) for name, owner, ns in _spaces()], set(threading.enumerate())
+    """The watched namespaces and the threads alive before any answer ran: one snapshot shared
+    by the answers running at once (a World's ranks), taken when the first of them starts. Each
+    rank taking its own would record as original what another rank had already replaced, and
+    put that back."""
+    with _LOCK:
+        if not _SHARED["running"]:
+            _SHARED["before"] = ([(name, owner, dict(ns)) for name, owner, ns in _spaces()],
+                                 set(threading.enumerate()))
+        _SHARED["running"] += 1
+        return _SHARED["before"]
 
 
 def _private(dotted):
@@ -120,7 +132,28 @@ def _join_started(threads):
 
 def expect_unpatched(name, before):
     """CheckFailed naming what the answer replaced in a library the checks use (each is put
-    back first), or the thread it left running."""
+    back first), or the thread it left running. Called once for every snapshot(), also when
+    the answer raised (a replaced function must not outlive a failed answer either)."""
+    try:
+        changed, alive = _put_back(before)
+    finally:
+        with _LOCK:
+            _SHARED["running"] -= 1
+    if changed:
+        raise CheckFailed(
+            f"{name} replaced {', '.join(sorted(changed)[:3])}: the check goes on computing with "
+            "the libraries after your function returns, so it may not change them (the originals "
+            "are put back). Compute the result with your own names instead of rebinding a "
+            "library's")
+    if alive:
+        raise CheckFailed(
+            f"{name} returned while a thread it started ({alive[0]}) still ran: it could change "
+            "what the check computes with after your function returned. Join every thread you "
+            "start (or leave the executor's `with` block) before returning")
+
+
+def _put_back(before):
+    """The names of what was replaced (each put back), and the answer's threads still alive."""
     spaces, threads = before
     alive = _join_started(threads)
     changed = []
@@ -136,14 +169,4 @@ def expect_unpatched(name, before):
             if not _private(key) and _watched(now[key], space):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
-    if changed:
-        raise CheckFailed(
-            f"{name} replaced {', '.join(sorted(changed)[:3])}: the check goes on computing with "
-            "the libraries after your function returns, so it may not change them (the originals "
-            "are put back). Compute the result with your own names instead of rebinding a "
-            "library's")
-    if alive:
-        raise CheckFailed(
-            f"{name} returned while a thread it started ({alive[0]}) still ran: it could change "
-            "what the check computes with after your function returned. Join every thread you "
-            "start (or leave the executor's `with` block) before returning")
+    return changed, alive
