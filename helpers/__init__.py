@@ -86,7 +86,7 @@ from .gpus_words import (pool_words, copy_fit_words, unsynced_timing_words, size
                          reference_link_words, reference_memory_words, reference_streams_words,
                          H200_DATASHEET, LINK_SPECS, pinned_words, overlap_words,
                          threads_ratio_words, launch_bound_words, one_call_words, queued_words,
-                         link_cost_words, fit_ends_words)
+                         link_cost_words, fit_ends_words, iqr_words)
 from .gpus_cost_words import call_share_words, call_share_summary, cache_copy_words
 from .timing import (Measurement, Ratio, measure, interleave, ratio, machine_load, quartiles_word,
                      cpu_clock)
