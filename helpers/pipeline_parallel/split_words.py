@@ -7,17 +7,15 @@ __all__ = ["mac_bubble_words", "simulated_timing_words", "bubble_vs_formula_word
            "devices_words"]
 
 
-def mac_bubble_words(macs_bubble, replay_bubble, free_layers=(), margin=0.02):
+def mac_bubble_words(macs_bubble, replay_bubble, margin=0.02):
     """(word, why): whether the bubble predicted from multiply-adds is "lower", "higher" or
-    "about the same" as the replayed one (beyond `margin`), and the clause the text gives as
-    the reason. `free_layers` names the smaller stage's layers that count no multiply-adds."""
+    "about the same" as the replayed one (beyond `margin`), and the clause the text gives after
+    the smaller stage's shares of the multiply-adds and of the busy time: only what those two
+    shares say (the run times stages, not layers, so it names no layer as the cause)."""
     if macs_bubble < replay_bubble - margin:
         return "lower", ": its operations ran faster per multiply-add than the larger stage's"
     if macs_bubble > replay_bubble + margin:
-        uncounted = (f"its {' and '.join(sorted(free_layers))} layers count none but take "
-                     "time; " if free_layers else "")
-        return "higher", (": multiply-adds do not count all of a stage's work "
-                          f"({uncounted}this run does not time the layers apart)")
+        return "higher", ": its operations ran slower per multiply-add than the larger stage's"
     return "about the same", ", about its share of the work"
 
 
