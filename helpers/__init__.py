@@ -245,7 +245,7 @@ from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatr
                                          plot_megatron_mlp)
 from .pipeline_parallel.schematics import plot_network_split, plot_pipeline_schedules
 from .sharding.schematics import plot_shards, plot_memory_per_stage
-from .data_parallel.schematics import bucket_timeline, plot_buckets
+from .data_parallel.schematics import bucket_timeline, plot_buckets, plot_data_parallel_steps
 from .data_parallel.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
 from .data_parallel.dp_schematics import (dp_step_facts, plot_dp_step, scratch_step_facts,
                                           plot_scratch_step)
