@@ -91,7 +91,7 @@ from .gpus_words import (pool_words, copy_fit_words, unsynced_timing_words, size
                          reference_link_words, reference_memory_words, reference_streams_words,
                          H200_DATASHEET, LINK_SPECS, pinned_words, overlap_words,
                          threads_ratio_words, launch_bound_words, one_call_words, queued_words,
-                         link_cost_words, fit_ends_words)
+                         link_cost_words, fit_ends_words, iqr_words)
 from .gpus_cost_words import call_share_words, call_share_summary, cache_copy_words
 from .timing import (Measurement, Ratio, measure, interleave, ratio, machine_load, quartiles_word,
                      cpu_clock)
@@ -200,7 +200,8 @@ from .pipeline_parallel.simulated import (split_sequential, network_split_forwar
                                           pipeline_1f1b, multiply_adds, run_interleaved,
                                           pipeline_order_words)
 from .pipeline_parallel.split_words import (mac_bubble_words, simulated_timing_words,
-                                            bubble_vs_formula_words, devices_words)
+                                            bubble_vs_formula_words, devices_words,
+                                            stage_layers_words)
 from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
                                         layer_times, cuts_by, LinearTape)
 from .pipeline_parallel.timelines import (pipeline_model_time, replayed_bubble, wait_parts,
@@ -243,7 +244,8 @@ from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatr
                                          plot_megatron_mlp)
 from .pipeline_parallel.schematics import plot_network_split, plot_pipeline_schedules
 from .sharding.schematics import plot_shards, plot_memory_per_stage
-from .data_parallel.schematics.bucket_schematics import bucket_timeline, plot_buckets
+from .data_parallel.schematics.bucket_schematics import (bucket_timeline, plot_buckets,
+                                                         plot_data_parallel_steps)
 from .data_parallel.schematics.wrapper_schematics import ddp_wrapper_facts, plot_ddp_wrapper
 from .data_parallel.schematics.dp_schematics import (dp_step_facts, plot_dp_step,
                                                      scratch_step_facts, plot_scratch_step)

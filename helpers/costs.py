@@ -193,8 +193,9 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     #   be, then the busiest sender), the whole batch passes through each; the activation at each
     #   cut goes forward, its gradient back, once per micro-batch.
     # within layer: every conv/dense layer is split k ways by output channels/units; its outputs
-    #   are all-gathered after it (forward), its input gradients all-reduced (backward); each
-    #   device keeps the gathered, full activations.
+    #   are all-gathered right after it (forward), before any ReLU or pooling that follows (the
+    #   within_layer chapter's gather-first variant), its input gradients all-reduced (backward);
+    #   each device keeps the gathered, full activations.
     # ZeRO-1/2/3: data parallelism with the optimizer state, then the gradients, then the
     #   parameters sharded k ways (sharding_costs); ZeRO-3 gathers each layer's parameters for its
     #   forward and again for its backward.

@@ -12,7 +12,8 @@ __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth
            "queued_words", "link_cost_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
-           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "fit_ends_words"]
+           "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "fit_ends_words",
+           "iqr_words"]
 
 BAND = 0.1             # two single timings closer than this cannot be told apart
 NEAR_ROOF = 0.8        # a product at this share of the compute roof or more is near it
@@ -156,6 +157,19 @@ def memory_pass_words(copy_bw, mem_bw):
     return "a copy" if copy_bw >= mem_bw else "the addition"
 
 
+def iqr_words(iqr, median):
+    """What `blocked_autorange`'s IQR (the spread of the middle half of its blocks) says beside
+    its median: wide (half the median or more: the blocks' times varied that much, so only the
+    medians are compared) or narrow."""
+    if not median > 0:
+        raise ValueError(f"a median must be > 0, got {median}")
+    if iqr >= 0.5 * median:
+        return (f"its IQR, {iqr * 1e3:.2f} ms, is {iqr / median:.0%} of the median: the middle "
+                "half of its blocks spread that widely, so only the medians are compared here")
+    return (f"its IQR, {iqr * 1e3:.2f} ms, is {iqr / median:.0%} of the median: the middle half "
+            "of its blocks stayed close to it")
+
+
 def compute_roof_words(share):
     """Where the largest product sits against the compute roof, `share` its median FLOP/s over
     the roof P, measured apart from it (the fastest reading of a separate run of the same
@@ -163,12 +177,13 @@ def compute_roof_words(share):
     if not share > 0:
         raise ValueError(f"a share of the peak must be > 0, got {share}")
     if share > ABOVE_ROOF:
-        return (f"above the compute roof ({share:.0%} of the peak): the table's run of this "
+        return (f"above the compute roof ({share:.0%} of $P$): the table's run of this "
                 "product beat the fastest reading of the separate run, so that run was slowed "
                 "and this $P$ is too low")
     if share >= NEAR_ROOF:
-        return f"near the compute roof ({share:.0%} of the peak)"
-    return (f"below the compute roof ({share:.0%} of the peak): its median fell short of the "
+        return (f"near the compute roof ({share:.0%} of $P$, the fastest reading of a separate "
+                "run)")
+    return (f"below the compute roof ({share:.0%} of $P$): its median fell short of the "
             "fastest reading of the same product in the separate run, which this run does not "
             "explain (other work on the machine is one possible cause)")
 
@@ -279,8 +294,8 @@ def _where(ref):
 
 def _not_yet(ref, what, then):
     """' No GPU run has recorded <what> yet (...): <then>.' for a section the run lacks."""
-    ran = (" (the GPU reference run executed this notebook under nbval, which keeps no "
-           "outputs)" if ref.get("exists") else "")
+    ran = (" (the GPU reference run executed this chapter's code, but it stores only whether "
+           "each cell ran through, not the figures the cells print)" if ref.get("exists") else "")
     return f" No GPU run has recorded {what} yet{ran}: {then}."
 
 

@@ -224,22 +224,26 @@ def failed_cells_note(notebook, path=None, names=None):
     if not cells:
         return ""
     known = next((v for k, v in (names or {}).items() if str(commit).startswith(k)), {})
+    ref = gpu_reference(path)
+    run = f"The GPU reference run ({ref.get('gpu')}, {ref.get('date')})"
+    why = ("it stopped with an error or a check of the text that did not hold; the run stores "
+           "which cells failed, not why, nor the figures they print")
     if all(c in known for c in cells):
         said = [known[c] for c in cells]
         if len(said) == 1 and isinstance(said[0], tuple):
             what, then, now = said[0]
-            return (f" The GPU reference run failed its check of {what}, at an earlier "
-                    f"version of the cell, which {then}; this version {now} and is not yet "
-                    "checked on a GPU.")
+            return (f" {run} executed an earlier version of {what}, which {then}, and that cell "
+                    f"failed there ({why}). This version {now}, and no GPU run has recorded it "
+                    "yet: what this section says a GPU shows is a prediction.")
         said = [s[0] if isinstance(s, tuple) else s for s in said]
-        what = " and ".join(said)
-        verb = "have" if len(said) > 1 else "has"
-        return (f" The GPU check of {what} {verb} not yet passed at this version of the chapter; "
-                "a GPU rerun will say.")
+        cell = "the cells" if len(said) > 1 else "the cell"
+        return (f" {run} executed this chapter, and {cell} of {' and '.join(said)} failed there "
+                f"({why}): what the chapter says a GPU shows there is a prediction until a GPU "
+                "run records it.")
     one = len(cells) == 1
-    return (f" {'One' if one else len(cells)} of this chapter's cells "
-            f"{'has' if one else 'have'} not yet passed {'its' if one else 'their'} GPU check "
-            "at this version; a GPU rerun will say.")
+    return (f" {run} executed this chapter, and {'one' if one else len(cells)} of its cells "
+            f"failed there ({why}): what the chapter says a GPU shows is a prediction until a "
+            "GPU run records it.")
 
 
 def _ordinal(n):

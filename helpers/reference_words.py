@@ -62,12 +62,12 @@ def measured_step_words(model_s, speed_model, step=None, speed_measured=None):
     if speed_measured is None:
         raise ValueError("pass speed_measured: the model's speed-up at the measured step")
     times = step["seconds"] / model_s
-    how = f"{step['row']}: {step['note']}" if step.get("note") else step["row"]
+    how = f"{step['note']}, " if step.get("note") else ""   # in words: no row's identifier
     same = (speed_measured > 1) == (speed_model > 1) and (speed_measured < 1) == (speed_model < 1)
     turn = ("the same verdict as at the large product's rate" if same else
             "the opposite verdict: in the model, a longer backward hides more of the all-reduce")
-    return (f"The GPU reference run measured LeNet's one-GPU step, the fastest of its one-GPU "
-            f"trainers ({how}, batch {step['batch']}, {step['gpu']}), at "
+    return (f"The GPU reference run measured LeNet's one-GPU step, with the fastest of Part IV's "
+            f"one-GPU trainers ({how}batch {step['batch']}, {step['gpu']}), at "
             f"{step['seconds'] * 1e3:.3f} ms, "
             f"{times:.1f} times the model's {model_s * 1e3:.3f} ms. At the measured step, the "
             f"model's data parallelism would be {speed_words(speed_measured)} one device "

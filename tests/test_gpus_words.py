@@ -132,16 +132,29 @@ def test_memory_pass_words_names_the_faster_pass():
 
 
 def test_compute_roof_words_near_below_or_above():
-    assert helpers.compute_roof_words(0.97) == "near the compute roof (97% of the peak)"
+    assert helpers.compute_roof_words(0.97) == ("near the compute roof (97% of $P$, the fastest "
+                                                "reading of a separate run)")
     assert helpers.compute_roof_words(0.8).startswith("near")
     below = helpers.compute_roof_words(0.6)
-    assert below.startswith("below the compute roof (60% of the peak)")
+    assert below.startswith("below the compute roof (60% of $P$)")
     assert "one possible cause" in below
     above = helpers.compute_roof_words(1.2)
-    assert above.startswith("above the compute roof (120% of the peak)")
+    assert above.startswith("above the compute roof (120% of $P$)")
     assert "this $P$ is too low" in above
     with pytest.raises(ValueError, match="share"):
         helpers.compute_roof_words(0)
+
+
+def test_iqr_words_wide_or_narrow():
+    wide = helpers.iqr_words(0.01135, 0.01208)
+    assert wide.startswith("its IQR, 11.35 ms, is 94% of the median: the middle half of its "
+                           "blocks spread that widely") and "only the medians" in wide
+    assert helpers.iqr_words(0.006, 0.012).startswith("its IQR, 6.00 ms, is 50% of the median: "
+                                                      "the middle half of its blocks spread")
+    narrow = helpers.iqr_words(0.001, 0.012)
+    assert narrow.endswith("stayed close to it") and "8%" in narrow
+    with pytest.raises(ValueError, match="median"):
+        helpers.iqr_words(0.001, 0)
 
 
 REF = dict(exists=True, gpu="GPU X", date="today", paths=dict(comm=dict(
@@ -173,8 +186,10 @@ def test_reference_copies_words_recorded_or_not():
         "as fast.")
     ran = helpers.reference_copies_words(REF)
     assert ran == (" No GPU run has recorded these copies yet (the GPU reference run executed "
-                   "this notebook under nbval, which keeps no outputs): pinned memory is expected "
-                   "to be the faster (a prediction).")
+                   "this chapter's code, but it stores only whether each cell ran through, not "
+                   "the figures the cells print): pinned memory is expected to be the faster (a "
+                   "prediction).")
+    assert "nbval" not in ran
     assert helpers.reference_copies_words(dict(exists=False)) == (
         " No GPU run has recorded these copies yet: pinned memory is expected to be the faster "
         "(a prediction).")
@@ -197,7 +212,7 @@ def test_reference_memory_and_streams_words():
         "took 3.46 ms on one stream and 2.90 ms with the copy on a second stream. The second "
         "stream made the pair 1.2 times as fast: the copy ran while the product did.")
     assert helpers.reference_streams_words(REF).endswith(
-        "keeps no outputs): the overlap described above is a prediction.")
+        "not the figures the cells print): the overlap described above is a prediction.")
 
 
 def test_pinned_words_faster_slower_or_cannot_tell():

@@ -1,5 +1,6 @@
 """The reader-facing metadata: bibliography labels as the text cites, one version everywhere."""
 import importlib.util
+import json
 import pathlib
 import tomllib
 
@@ -83,6 +84,26 @@ def test_the_version_note_says_release_or_branch(tmp_path):
                           ("0.1.0", "release v0.1.0")]:
         (tmp_path / "pyproject.toml").write_text(f'[project]\nversion = "{version}"\n')
         assert cv.version_note(tmp_path) == note
+
+
+def test_the_landing_page_names_the_gpu_reference_run_from_its_file(tmp_path):
+    """{{ gpu_reference }}: the stored run's GPU, torch, date and commit, read from the file, or
+    that none is recorded (no file, or a dry run); the landing page quotes it."""
+    cv = _ext("course_version")
+    assert "{{ gpu_reference }}" in (ROOT / "book" / "intro.md").read_text()
+    assert "none is recorded" in cv.gpu_reference_note(tmp_path)
+    (tmp_path / "reference").mkdir()
+    ref = {"exists": True, "gpu": "G9", "gpu_count": 1, "torch": "2.0", "date": "D",
+           "commit": "abc1234", "command": "c"}
+    (tmp_path / "reference" / "gpu_reference.json").write_text(json.dumps(ref))
+    assert cv.gpu_reference_note(tmp_path) == ("one G9 (torch 2.0, on D, with the course at "
+                                               "commit abc1234)")
+    (tmp_path / "reference" / "gpu_reference.json").write_text(
+        json.dumps(dict(ref, gpu_count=2)))
+    assert cv.gpu_reference_note(tmp_path).startswith("2 G9 GPUs (torch 2.0")
+    (tmp_path / "reference" / "gpu_reference.json").write_text(
+        json.dumps(dict(ref, dry_run=True)))
+    assert "none is recorded" in cv.gpu_reference_note(tmp_path)
 
 
 def test_training_curves_tick_whole_epochs_and_say_which_run():

@@ -218,7 +218,10 @@ def test_every_schematic_draws():
             helpers.plot_pipeline_schedules(2, 2),
             helpers.plot_shards(deep_mlp(8, 16, 2), 2),
             helpers.plot_buckets(helpers.bucket_timeline(deep_mlp(8, 16, 2),
-                                                         (torch.zeros(2, 8),), 0.001))]
+                                                         (torch.zeros(2, 8),), 0.001)),
+            helpers.plot_data_parallel_steps(
+                [torch.zeros(3, 2)] * 2, [torch.ones(3)] * 2, [[torch.ones(2), torch.ones(())]] * 2,
+                [torch.ones(2), torch.ones(())], [[torch.ones(2), torch.ones(())]] * 2)]
     for fig in figs:
         assert fig.get_facecolor()[:3] == (1.0, 1.0, 1.0)   # a light panel in dark mode too
         texts = [t for ax in fig.axes for t in ax.texts]

@@ -7,6 +7,7 @@ from helpers.pipeline_parallel.split_words import (
     devices_words,
     mac_bubble_words,
     simulated_timing_words,
+    stage_layers_words,
 )
 from helpers.tensor_parallel.split_words import bytes_vs_dp_words
 from helpers.words import how_often
@@ -15,16 +16,37 @@ from helpers.words import how_often
 def test_mac_bubble_words_three_branches():
     assert mac_bubble_words(0.20, 0.30)[0] == "lower"
     assert "faster per multiply-add" in mac_bubble_words(0.20, 0.30)[1]
-    word, why = mac_bubble_words(0.40, 0.30, {"ReLU", "MaxPool2d"})
+    word, why = mac_bubble_words(0.40, 0.30)
     assert word == "higher"
-    assert "its MaxPool2d and ReLU layers count none but take time" in why
-    assert "this run does not time the layers apart" in why
+    assert why == ": its operations ran slower per multiply-add than the larger stage's"
     assert mac_bubble_words(0.31, 0.30) == ("about the same", ", about its share of the work")
 
 
-def test_higher_without_free_layers_names_none():
-    word, why = mac_bubble_words(0.40, 0.30)
-    assert word == "higher" and "count none" not in why
+def test_higher_names_no_cause_the_run_did_not_time():
+    """The run times stages, not layers: no layer type is named as what took the time."""
+    for _, why in (mac_bubble_words(0.40, 0.30), mac_bubble_words(0.20, 0.30)):
+        assert "layers" not in why and "ReLU" not in why and "Pool" not in why
+
+
+def test_stage_layers_words_three_branches():
+    names, macs = ["Conv2d", "ReLU", "AvgPool2d"], [121680, 0, 0]
+    group, said = stage_layers_words(names, [8.5, 1.5, 1.2], macs)
+    assert group == "counted" and said == (
+        " Timed alone, one layer at a time, its Conv2d layer took 76% of the stage's time and its "
+        "AvgPool2d and ReLU layers 24%: most of the time went to the layer that does the "
+        "multiply-adds, not to the layers that count none.")
+    group, said = stage_layers_words(names, [1.0, 1.5, 1.2], macs)
+    assert group == "uncounted" and "27% of the stage's time" in said
+    assert said.endswith("most of the time went to layers that count no multiply-adds.")
+    group, said = stage_layers_words(names, [1.5, 1.5, 0.2], macs)
+    assert group == "both" and said.endswith("split between the two kinds of layer.")
+    # one kind of layer only: its share, no comparison
+    assert stage_layers_words(["Conv2d", "Linear"], [1, 2], [5, 6]) == (
+        "counted", " Timed alone, one layer at a time, its Conv2d and Linear layers took 100% "
+                   "of the stage's time.")
+    assert stage_layers_words(["ReLU"], [1], [0])[0] == "uncounted"
+    with pytest.raises(ValueError):
+        stage_layers_words(names, [0, 0, 0], macs)
 
 
 def test_simulated_timing_words():

@@ -49,19 +49,23 @@ def test_the_readers_note_names_what_failed_without_commit_or_cell_number(tmp_pa
     ref = json.loads(path.read_text())
     checked = {"abc1234": {22: "the unsynchronised timer above"}}
     note = helpers.failed_cells_note("book/gpus.ipynb", str(path), names=checked)
-    assert note == (" The GPU check of the unsynchronised timer above has not yet passed at this "
-                    "version of the chapter; a GPU rerun will say.")
+    assert note == (" The GPU reference run (G, d) executed this chapter, and the cell of the "
+                    "unsynchronised timer above failed there (it stopped with an error or a "
+                    "check of the text that did not hold; the run stores which cells failed, not "
+                    "why, nor the figures they print): what the chapter says a GPU shows there "
+                    "is a prediction until a GPU run records it.")
     # another commit's numbers name nothing; the count alone, no number or commit
     other = helpers.failed_cells_note("book/gpus.ipynb", str(path), names={"0000000": {22: "x"}})
-    assert other == (" One of this chapter's cells has not yet passed its GPU check at this "
-                     "version; a GPU rerun will say.")
+    assert other.startswith(" The GPU reference run (G, d) executed this chapter, and one of its "
+                            "cells failed there (")
     two = dict(ref, steps={"nbval": {"failed": ["book.gpus.ipynb::Cell 22",
                                                 "book.gpus.ipynb::Cell 30"]}})
     path.write_text(json.dumps(two))
     some = helpers.failed_cells_note("book/gpus.ipynb", str(path), names=checked)
-    assert some.startswith(" 2 of this chapter's cells have not yet passed their GPU check")
+    assert "and 2 of its cells failed there" in some
     for said in (note, other, some):
         assert "abc1234" not in said and "22" not in said and "23rd" not in said
+        assert "nbval" not in said
     # none of this notebook's cells failed: nothing to say
     assert helpers.failed_cells_note("book/part4/fixes.ipynb", str(path)) == ""
 
@@ -72,9 +76,12 @@ def test_the_readers_note_says_a_changed_cell_failed_at_its_earlier_version(tmp_
     changed = {"abc1234": {22: ("the timer", "timed a much smaller product",
                                 "times a 4096x4096 product")}}
     note = helpers.failed_cells_note("book/gpus.ipynb", str(path), names=changed)
-    assert note == (" The GPU reference run failed its check of the timer, at an earlier "
-                    "version of the cell, which timed a much smaller product; this version "
-                    "times a 4096x4096 product and is not yet checked on a GPU.")
+    assert note == (" The GPU reference run (G, d) executed an earlier version of the timer, "
+                    "which timed a much smaller product, and that cell failed there (it stopped "
+                    "with an error or a check of the text that did not hold; the run stores which "
+                    "cells failed, not why, nor the figures they print). This version times a "
+                    "4096x4096 product, and no GPU run has recorded it yet: what this section "
+                    "says a GPU shows is a prediction.")
     assert "not yet passed" not in note and "abc1234" not in note and "22" not in note
     # a run with no failed cell of this notebook: nothing, whatever the names
     ok = dict(ref, steps={"nbval": {"failed": []}})

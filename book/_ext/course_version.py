@@ -6,8 +6,10 @@ the branch; scripts/colab_setup_cell.py). CHANGELOG.md lists the releases. This 
 version into the MyST substitutions (`{{ version }}`; `{{ version_note }}`, which says which
 release or branch it is; `{{ release_tag }}`, the newest release's tag) and Sphinx's
 `version`/`release`, so the landing page shows the version a reader is reading, never a typed
-copy.
+copy. `{{ gpu_reference }}` names the committed GPU reference run (reference/gpu_reference.json)
+the same way: its GPU, torch, date and commit, read from the file.
 """
+import json
 import pathlib
 import re
 import tomllib
@@ -44,6 +46,19 @@ def version_note(root=ROOT, branch="main"):
     return f"a development version between releases: the {branch} branch{after}"
 
 
+def gpu_reference_note(root=ROOT):
+    """'one NVIDIA H200 (torch 2.11.0+cu130, on 2026-12-04 13:33 UTC, with the course at commit
+    05c8a0a)' from reference/gpu_reference.json, or what stands where no GPU run is recorded."""
+    path = pathlib.Path(root) / "reference" / "gpu_reference.json"
+    ref = json.loads(path.read_text()) if path.exists() else {}
+    if not ref.get("exists") or ref.get("dry_run"):
+        return "a GPU machine (none is recorded yet: the file says so)"
+    count = ref.get("gpu_count") or 1
+    gpus = f"one {ref['gpu']}" if count == 1 else f"{count} {ref['gpu']} GPUs"
+    return (f"{gpus} (torch {ref['torch']}, on {ref['date']}, with the course at commit "
+            f"{ref.get('commit', 'unknown')})")
+
+
 def add_version(app, config):
     version = course_version()
     config.version = config.release = version
@@ -53,7 +68,7 @@ def add_version(app, config):
     subs = dict(getattr(config, "myst_substitutions", None) or {})
     subs.update(version=version, version_note=version_note(branch=branch),
                 release_tag=f"v{version}" if is_release(version) or not done
-                else f"v{done[0][0]}")
+                else f"v{done[0][0]}", gpu_reference=gpu_reference_note())
     config.myst_substitutions = subs
 
 

@@ -3,22 +3,54 @@ multiply-adds predict compares with the replayed run's, and why (from the stage 
 measured), how the measured bubble compares with the equal-stage formula, and what timings of
 simulated devices can show."""
 
-__all__ = ["mac_bubble_words", "simulated_timing_words", "bubble_vs_formula_words",
-           "devices_words"]
+__all__ = ["mac_bubble_words", "stage_layers_words", "simulated_timing_words",
+           "bubble_vs_formula_words", "devices_words"]
 
 
-def mac_bubble_words(macs_bubble, replay_bubble, free_layers=(), margin=0.02):
+def mac_bubble_words(macs_bubble, replay_bubble, margin=0.02):
     """(word, why): whether the bubble predicted from multiply-adds is "lower", "higher" or
-    "about the same" as the replayed one (beyond `margin`), and the clause the text gives as
-    the reason. `free_layers` names the smaller stage's layers that count no multiply-adds."""
+    "about the same" as the replayed one (beyond `margin`), and the clause the text gives after
+    the smaller stage's shares of the multiply-adds and of the busy time: only what those two
+    shares say (the run times stages, not layers, so it names no layer as the cause)."""
     if macs_bubble < replay_bubble - margin:
         return "lower", ": its operations ran faster per multiply-add than the larger stage's"
     if macs_bubble > replay_bubble + margin:
-        uncounted = (f"its {' and '.join(sorted(free_layers))} layers count none but take "
-                     "time; " if free_layers else "")
-        return "higher", (": multiply-adds do not count all of a stage's work "
-                          f"({uncounted}this run does not time the layers apart)")
+        return "higher", ": its operations ran slower per multiply-add than the larger stage's"
     return "about the same", ", about its share of the work"
+
+
+def _layers(names):
+    kinds = sorted(set(names))
+    return f"{' and '.join(kinds)} layer{'s' if len(names) > 1 else ''}"
+
+
+def stage_layers_words(names, seconds, macs, most=2 / 3):
+    """(group, words): where a stage's time went, its layers (`names`, their class names) timed
+    one at a time (`seconds`), beside their multiply-adds (`macs`): "counted" when the layers
+    that count multiply-adds took `most` of the time or more, "uncounted" when the layers that
+    count none did, else "both" (the time is split between them)."""
+    total = sum(seconds)
+    if not total > 0 or not len(names) == len(seconds) == len(macs):
+        raise ValueError("one time > 0 and one multiply-add count for every layer")
+    counted = [(n, s) for n, s, w in zip(names, seconds, macs, strict=True) if w > 0]
+    free = [(n, s) for n, s, w in zip(names, seconds, macs, strict=True) if w == 0]
+    share = sum(s for _, s in counted) / total
+    said = (f"its {_layers([n for n, _ in counted])} took {share:.0%} of the stage's time"
+            if counted else "")
+    if free:
+        rest = f"its {_layers([n for n, _ in free])} {1 - share:.0%}"
+        said = f"{said} and {rest}" if said else f"{rest} of the stage's time"
+    said = f" Timed alone, one layer at a time, {said}"
+    if not free or not counted:
+        return ("counted" if counted else "uncounted"), said + "."
+    if share >= most:
+        doing = "the layer that does" if len(counted) == 1 else "the layers that do"
+        return "counted", (said + f": most of the time went to {doing} the multiply-adds, not "
+                           "to the layers that count none.")
+    if share <= 1 - most:
+        return "uncounted", (said + ": most of the time went to layers that count no "
+                             "multiply-adds.")
+    return "both", said + ": the time is split between the two kinds of layer."
 
 
 def simulated_timing_words(simulated):

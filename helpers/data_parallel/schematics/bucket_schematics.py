@@ -7,13 +7,16 @@ each bucket's all-reduce launched once all its gradients are ready and the bucke
 have gone (DDPFromScratch's rule), one at a time on the link, alpha + bytes/beta each. The last
 bucket holds the first layers' gradients: it is ready only when the backward ends, so its
 all-reduce is always exposed. `plot_buckets` draws it.
+
+`plot_data_parallel_steps` draws Part I's five data-parallel steps from the numbers the chapter
+computed: each device's shard, its local gradient, the sum on device 0, the broadcast, the update.
 """
 from ...schematics import LABEL_FONT as SMALL
 from ...schematics import SCHEMATIC_FONT as FONT
 from ...schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
 from ..scratch import make_buckets
 
-__all__ = ["bucket_timeline", "plot_buckets"]
+__all__ = ["bucket_timeline", "plot_buckets", "plot_data_parallel_steps"]
 
 
 def _ready_order(model, inputs):
@@ -93,4 +96,43 @@ def plot_buckets(timeline, title=None):
     ax.text(timeline["backward"] / 2, len(bs) + 1.45, "hidden behind\nthe backward",
             ha="center", va="top", fontsize=SMALL, color="0.3")
     fig.tight_layout()
+    return fig
+
+
+def plot_data_parallel_steps(X_shards, y_shards, local, summed, replicas):
+    """One column per step (split, local gradient, aggregate, broadcast, update), one row per
+    device, each box the numbers of a linear model's (w, b) at that step: `local` and `summed`
+    are [grad w, grad b], `replicas` each device's updated [w, b]. Returns the figure."""
+    def grad(g):
+        return "∇w " + ", ".join(f"{v:.1f}" for v in g[0].tolist()) + f"\n∇b {g[1].item():.1f}"
+
+    def shard(Xs, ys):
+        return f"{Xs.shape[0]} examples\ny = {', '.join(f'{v:g}' for v in ys.tolist())}"
+
+    def params(W):
+        return f"w {', '.join(f'{v:.3f}' for v in W[0].tolist())}\nb {W[1].item():.3f}"
+
+    steps = ["1 split", "2 local gradient", "3 aggregate", "4 broadcast", "5 update"]
+    k = len(replicas)
+    cells = [[shard(Xs, ys) for Xs, ys in zip(X_shards, y_shards, strict=True)],
+             [grad(g) for g in local],
+             [grad(summed) + "\n(sum)"] + ["sends its\ngradient"] * (k - 1),
+             [grad(summed)] * k, [params(W) for W in replicas]]
+    fig, axes = diagram(width=10, height=1.2 + 1.3 * k)
+    ax = axes[0, 0]
+    for c, (step, column) in enumerate(zip(steps, cells, strict=True)):
+        ax.text(c, -0.8, step, ha="center", fontweight="bold")
+        for r, text in enumerate(column):
+            colour = "tab:green" if c == 2 and r == 0 else "0.92"
+            ax.text(c, r, text, ha="center", va="center", fontsize=9,
+                    bbox=dict(boxstyle="round", fc=colour, alpha=0.6))
+            if c < len(steps) - 1:
+                ax.annotate("", (c + 0.62, r), (c + 0.38, r), arrowprops=dict(arrowstyle="->"))
+    for r in range(1, k):   # the gradients travel to device 0 and back
+        ax.annotate("", (2, 0.3), (1.6, r - 0.1), arrowprops=dict(arrowstyle="->", color="tab:red"))
+        ax.annotate("", (3 - 0.3, r), (2.35, 0.3),
+                    arrowprops=dict(arrowstyle="->", color="tab:blue"))
+    for r in range(k):
+        ax.text(-0.55, r, f"device {r}", ha="right", va="center", fontsize=10)
+    ax.set(xlim=(-1.1, len(steps) - 0.4), ylim=(k - 0.4, -1.1))
     return fig
