@@ -64,7 +64,7 @@ from .models import (LENET_SHAPES, init_lenet_params, lenet, lenet_module, loss,
 from .tiny_models import (TinyLM, TinyBlock, counting_tokens, model_bytes, make_model, deep_mlp,
                           SmallAttention, small_block, small_stack, block_inputs, block_loss)
 from .plotting import Animator, glue, progress
-from .paths import script_path
+from .paths import script_path, script_diff
 from .validate import (validate_positive_int, validate_lr, validate_seed, validate_output_path,
                        validate_step)
 from .script_args import script_parser, resolve_args
@@ -143,7 +143,7 @@ from .data_parallel.words.scaling_words import (two_worker_words, weak_words, mo
 from .data_parallel.words.scratch_verdicts import (takeoff_words, accuracy_gap_words,
                                                    epoch_speed_words)
 from .data_parallel.words.seed_verdicts import (paired_verdict, chance_words, scaled_rate_verdict,
-                                                equal_steps_verdict)
+                                                equal_steps_verdict, chance_level_words)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.words.syncbn_words import (long_run_words, cost_words, found_words,
                                                comm_resolved_words)

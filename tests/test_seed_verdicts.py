@@ -77,3 +77,20 @@ def test_unseparated_words_name_what_kept_the_seeds_apart():
     assert words == "the seeds disagree: 2 seeds put a above b by more than the margin, 1 below it"
     assert unseparated_words([0.5] * 2, [0.501] * 2, "a", "b") == \
         "no seed separates a from b by the margin"
+
+
+def test_chance_level_words_name_the_seeds_still_at_chance():
+    from helpers.data_parallel.seed_verdicts import chance_level_words
+    # the stored ResNet run: one seed of batch 512 at 0.103 after 3 epochs, 819 test images
+    settings = {"batch 256": [0.674, 0.418, 0.49], "batch 512, doubled rate": [0.403, 0.103, 0.3]}
+    said = chance_level_words(settings, 819)
+    assert said.startswith("One seed had not left chance level")
+    assert "batch 512, doubled rate: 0.103" in said and "819 test images" in said
+    assert chance_level_words({"a": [0.5, 0.6]}, 819) == ""        # none: nothing said
+    two = chance_level_words({"a": [0.11], "b": [0.09, 0.7]}, 819)
+    assert two.startswith("2 seeds had not left") and "a: 0.110; b: 0.090" in two
+    # 3 standard errors of a chance-level accuracy over 819 images: 0.031
+    assert chance_level_words({"a": [0.135]}, 819) == ""
+    assert chance_level_words({"a": [0.125]}, 819).startswith("One seed")
+    with pytest.raises(ValueError, match="need test images"):
+        chance_level_words({"a": [0.1]}, 0)

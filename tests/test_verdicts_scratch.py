@@ -42,13 +42,31 @@ def test_takeoff_words_branch_on_when_each_run_left(one, two, words):
     assert words in takeoff_words(plateau_then(one), plateau_then(two))
 
 
-def test_accuracy_gap_words():
-    assert "agree closely" in accuracy_gap_words(0.745, 0.734)
-    assert "differ" in accuracy_gap_words(0.745, 0.70)
+@pytest.mark.parametrize("one, two, words", [
+    # the seeds disagree in sign: not separated, whatever one seed's gap
+    ([0.745, 0.730, 0.751], [0.734, 0.741, 0.752], "These runs cannot tell the two apart"),
+    ([0.745, 0.730, 0.751], [0.760, 0.741, 0.762], "two devices ended above one on every seed"),
+    ([0.745, 0.730, 0.751], [0.734, 0.720, 0.740], "two devices ended below one on every seed"),
+])
+def test_accuracy_gap_words_three_branches_over_seeds(one, two, words):
+    said = accuracy_gap_words(one, two)
+    assert words in said and "Over 3 seeds" in said
+    assert "seeds of one setting lie up to 0.021 apart" in said   # the measured spread
+    if "every seed" in said:   # the rule's chance, and no claim the runs differ for sure
+        assert "1 in 4 times" in said and "more seeds would tell" in said
+
+
+def test_one_seed_gap_is_no_verdict():
+    # the stored run: one seed each, a gap of 0.011, once read as "agree closely" on a fixed
+    # threshold; one seed has no spread to set a gap against
+    with pytest.raises(ValueError, match="at least two seeds"):
+        accuracy_gap_words([0.745], [0.734])
+    with pytest.raises(ValueError):
+        accuracy_gap_words([0.745, 0.73], [0.734])
 
 
 @pytest.mark.parametrize("t1, t2, word", [
-    ([6.3, 6.5, 6.8], [6.5, 6.6, 6.8], "cannot be told apart"),
+    ([6.3, 6.5, 6.8], [6.5, 6.6, 6.8], "so this run cannot tell them apart"),
     ([6.3, 6.5, 6.8], [3.0, 3.1, 3.2], "faster than one in every epoch"),
     ([3.0, 3.1, 3.2], [6.3, 6.5, 6.8], "slower than one in every epoch"),
 ])
@@ -61,7 +79,8 @@ def test_epoch_speed_words_three_branches(t1, t2, word):
 
 def test_simulated_pair_says_it_shows_correctness_not_speed():
     said = epoch_speed_words([6.3, 6.5], [3.0, 3.1], simulated=True)
-    assert "simulated on one device" in said and "not parallel speed" in said
+    assert "simulated one after the other on one device" in said
+    assert "say nothing about parallel speed" in said and "correctness" not in said
 
 
 def test_no_epochs_is_refused():

@@ -38,7 +38,8 @@ if torch.cuda.device_count() > local_rank:    # a GPU of its own: NCCL
     backend = "nccl"
 else:                                         # no GPU (or too few): gloo on the CPU
     device, backend = torch.device("cpu"), "gloo"
-dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))   # a hang: an error
+dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60),  # a hang: an error
+                        device_id=device if backend == "nccl" else None)  # NCCL: bound now
 rank, world_size = dist.get_rank(), dist.get_world_size()
 
 # --- data: every rank sees its own shard of each global batch ---

@@ -1,10 +1,12 @@
 """Part II's words for its one-device against two-device run (the scratch chapter): when each
-run left LeNet's plateau, whether the two accuracies agree, and whether the epochs' times tell
-the two apart (three branches, from their ranges: a simulated pair runs one after the other)."""
+run left LeNet's plateau, whether the two accuracies differ over seeds, and whether the epochs'
+times tell the two apart (three branches, from their ranges: a simulated pair runs one after the
+other)."""
 import math
 import statistics
 
 from ...words import plural
+from .seed_verdicts import WITHIN, chance_words, paired_verdict, unseparated_words
 
 __all__ = ["PLATEAU", "take_off", "takeoff_words", "accuracy_gap_words", "epoch_speed_words"]
 
@@ -43,17 +45,33 @@ def takeoff_words(losses_1, losses_2, window=10):
             "steps")
 
 
-def accuracy_gap_words(acc_1, acc_2, close=0.02):
-    """Whether two test accuracies of the same update agree (a gap below `close`) or differ."""
-    if abs(acc_1 - acc_2) < close:
-        return "The two accuracies agree closely"
-    return "The two accuracies differ, although every step computes the same update"
+def accuracy_gap_words(accs_1, accs_2, margin=0.005):
+    """Whether two devices' test accuracies (accs_2, one per seed) differ from one device's
+    (accs_1; a seed gives both the same start and batches): above or below only where every
+    seed's gap exceeds `margin` (seed_verdicts' rule, its chance stated), else not separated."""
+    gaps = [b - a for a, b in zip(accs_1, accs_2, strict=True)]
+    if len(gaps) < 2:
+        raise ValueError(f"{len(gaps)} seed(s): the gap between one device and two needs at "
+                         "least two seeds to be set against the spread between seeds")
+    n, listed = len(gaps), ", ".join(f"{g:+.3f}" for g in gaps)
+    spread = max(max(a) - min(a) for a in (accs_1, accs_2))
+    verdict = paired_verdict(accs_2, accs_1, margin)
+    if verdict == WITHIN:
+        said = unseparated_words(accs_2, accs_1, "two devices", "one", margin)
+        return (f"Over {plural(n, 'seed')}, two devices minus one gave {listed}; {said} (the "
+                f"margin: {margin:g}), while the seeds of one setting lie up to {spread:.3f} "
+                "apart. These runs cannot tell the two apart, as befits the same update")
+    return (f"Over {plural(n, 'seed')}, two devices ended {verdict} one on every seed by more "
+            f"than {margin:g} (two devices minus one: {listed}; the seeds of one setting lie up "
+            f"to {spread:.3f} apart), although every step computes the one-device update. With "
+            f"no real difference, {n} paired gaps share a sign {chance_words(n)} times: more "
+            "seeds would tell whether this is only where the rounding took these runs")
 
 
 def epoch_speed_words(times_1, times_2, simulated):
     """The two runs' epochs after the first (it pays for warm-up), told apart only where their
     ranges do not overlap; medians given with the verdict. A simulated pair (two devices run one
-    after the other on one) shows correctness, not parallel speed, and says so."""
+    after the other on one) says nothing about parallel speed, and the words say so."""
     t_1, t_2 = sorted(times_1), sorted(times_2)
     if not t_1 or not t_2:
         raise ValueError("epoch_speed_words needs at least one timed epoch per run")
@@ -65,8 +83,9 @@ def epoch_speed_words(times_1, times_2, simulated):
         said = (f"two devices were {word} than one in every epoch ({ranges}), and this run "
                 "does not say why")
     else:
-        said = f"the two cannot be told apart: their epochs overlap ({ranges})"
+        said = f"the epochs' ranges overlap ({ranges}), so this run cannot tell them apart"
     if simulated:
-        return ("The two devices were simulated on one device, one after the other, so these "
-                f"timings show correctness, not parallel speed: {said}.")
+        return ("The two devices were simulated one after the other on one device (one "
+                "device's arithmetic plus an all-reduce), so these timings say nothing about "
+                f"parallel speed; {said}.")
     return f"Both devices were real GPUs: {said}."

@@ -6,7 +6,7 @@ share a sign 2 / 2**n of the time (1 in 4 for three seeds)."""
 from ...words import plural
 
 __all__ = ["paired_verdict", "unseparated_words", "sign_chance", "chance_words",
-           "scaled_rate_verdict", "equal_steps_verdict"]
+           "scaled_rate_verdict", "equal_steps_verdict", "chance_level_words"]
 
 # WITHIN: some seed's gap lies inside the margin, or the gaps disagree in sign; it says the run
 # could not separate the two, not that they are equal (unseparated_words says which)
@@ -111,3 +111,24 @@ def equal_steps_verdict(a1, a2, a3, margin=0.005):
     return (f"given as many steps, the doubled batch recovers "
             f"{'most' if share >= 0.5 else 'part'} of the gap ({100 * share:.0f} % on average), "
             "not all of it")
+
+
+def chance_level_words(settings, n_test, classes=10, within=3):
+    """The seeds still at chance level, named: an accuracy within `within` standard errors of
+    1 / classes (the SE of a chance-level accuracy over n_test test images). settings maps a
+    setting's words to its accuracies, one per seed. '' when no seed is there."""
+    if n_test < 1 or classes < 2:
+        raise ValueError(f"n_test={n_test}, classes={classes}: need test images and 2+ classes")
+    chance = 1 / classes
+    se = (chance * (1 - chance) / n_test) ** 0.5
+    stuck = [(name, acc) for name, accs in settings.items() for acc in accs
+             if abs(acc - chance) <= within * se]
+    if not stuck:
+        return ""
+    where = "; ".join(f"{name}: {acc:.3f}" for name, acc in stuck)
+    rule = (f"within {within} standard errors of chance, {chance:g}, over {n_test:,} test images")
+    if len(stuck) == 1:
+        return (f"One seed had not left chance level by the end of its run ({where}; {rule}): "
+                "it weighs on that setting's mean and spread.")
+    return (f"{len(stuck)} seeds had not left chance level by the end of their runs ({where}; "
+            f"{rule}): they weigh on those settings' means and spreads.")

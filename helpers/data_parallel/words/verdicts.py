@@ -7,6 +7,8 @@ A sentence names a cause only for a resolved ratio, and only from a measured spl
 chapter's sentences are in scaling_verdicts.py, the profile and ddp_scratch chapters' in
 profile_verdicts.py.
 """
+import statistics
+
 from ...timing import Ratio
 
 __all__ = ["ratio_words", "against_prediction", "compile_sentence", "graph_sentence",
@@ -204,19 +206,22 @@ def overlap_step_words(r):
             "cannot tell": "not told apart (one round) from"}.get(r.verdict, "within noise of")
 
 
-def shared_rounding_words(apart, rounding):
-    """How much rounding two float32 results of one function share, from how far `apart` they
-    are and how far each is from the float64 value (`rounding`): three branches, no cause beyond
-    what the two numbers show (the order of a reduction's additions moves it, so it is measured,
-    never assumed)."""
-    if not (apart >= 0 and rounding > 0):
-        raise ValueError(f"apart={apart!r} and rounding={rounding!r}: a distance >= 0 and a "
-                         "rounding error > 0")
-    if apart < rounding / 10:
-        return ("a tenth or less of what either misses of the float64 value: they round in much "
-                "the same places, so what each misses is mostly the same rounding")
-    if apart < rounding:
-        return ("less than what either misses of the float64 value: they share part of their "
-                "rounding, not most of it")
-    return ("as much as either misses of the float64 value: they round in different places, "
-            "two separate roundings of the same size")
+def shared_rounding_words(cosines):
+    """How much rounding two float32 results of one function share, from the cosine between
+    their errors against the float64 value, one per state. Errors a = s + n1 and b = s + n2 with
+    a shared part s and independent parts of equal size have cosine |s|**2 / |a|**2: the share
+    of each error's square that is shared. The median chooses: 1/2 or more most, below 1/10 none."""
+    cos = sorted(cosines)
+    if not cos or not all(-1 - 1e-9 <= c <= 1 + 1e-9 for c in cos):
+        raise ValueError(f"cosines={cosines!r}: one cosine between -1 and 1 per state")
+    mid = statistics.median(cos)
+    spread = (f"median cosine {mid:.2f} over {len(cos)} states, from {cos[0]:.2f} to "
+              f"{cos[-1]:.2f}; 1 is the same rounding, about 0 two independent ones")
+    if mid >= 0.5:
+        return (f"the two errors point largely the same way ({spread}): they share most of "
+                "their rounding")
+    if mid >= 0.1:
+        return (f"the two errors point partly the same way ({spread}): they share part of "
+                "their rounding, not most of it")
+    return (f"the two errors do not point the same way ({spread}): they round in different "
+            "places")
