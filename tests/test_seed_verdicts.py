@@ -80,7 +80,7 @@ def test_unseparated_words_name_what_kept_the_seeds_apart():
 
 
 def test_chance_level_words_name_the_seeds_still_at_chance():
-    from helpers.data_parallel.seed_verdicts import chance_level_words
+    from helpers.data_parallel.words.seed_verdicts import chance_level_words
     # the stored ResNet run: one seed of batch 512 at 0.103 after 3 epochs, 819 test images
     settings = {"batch 256": [0.674, 0.418, 0.49], "batch 512, doubled rate": [0.403, 0.103, 0.3]}
     said = chance_level_words(settings, 819)
