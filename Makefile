@@ -159,10 +159,13 @@ test-notebooks: $(STAMP)
 	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) book
 
 # test-unit and test-notebooks in one run (what CI runs): the workers share out both. The 30
-# longest tests and notebooks are listed at the end (where CI time goes).
+# longest tests and notebooks are listed at the end (where CI time goes), and the test modules and
+# notebooks that cost most CPU, with how long each worker sat idle at the end (all of them, with
+# their worker, start and end, in _build/scope-times.json: conftest.py's --scope-times).
 test-py: $(STAMP)
 	rm -rf _build/executed
-	$(call cpu_use,test-py) $(BIN)/pytest -q --durations=30 $(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
+	$(call cpu_use,test-py) $(BIN)/pytest -q --durations=30 --scope-times _build/scope-times.json \
+		$(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
