@@ -13,7 +13,7 @@ export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
 
 .PHONY: book test lint test-unit test-notebooks test-py test-book test-book-fresh test-browser student test-student bench \
-	gpu-dry outputs lock venv clean book-static pdf pdf-html test-pdf test-pdf-html
+	gpu-dry outputs lock venv clean book-static pdf pdf-html test-pdf test-pdf-html chromium
 TORCH ?=
 CPU_INDEX := https://download.pytorch.org/whl/cpu
 # With TORCH=cpu: which CPU wheels (default: the lock's versions; CI's oldest-torch job names older)
@@ -106,17 +106,17 @@ ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 # one Sphinx process), node_modules and the PDF's single page (in the Pages venv, after the book:
 # they share _build/.doctrees), all in about 70 s. After test-py, the browser test (two workers,
 # 1.7 cores busy) shares the cores with the single-process stages, longest first: gpu-dry (one
-# small step after another, about 85 s), then the fresh book's Sphinx build; the PDF is printed
-# once the browser test has ended (it may install chromium). Before: the PDF's Sphinx build and
-# gpu-dry waited for the browser test, which ran alone, and gpu-dry alone set the last 86 s (the
-# PDF and the fresh book beside it, a core idle for its last 28 s). test-py runs alone: nbval beside
+# small step after another, about 90 s of CPU), the PDF's printing (30 s) and the fresh book's
+# Sphinx build (15 s). Before: the PDF's Sphinx build and gpu-dry waited for the browser test,
+# which ran alone, and gpu-dry alone set the last 86 s (the PDF and the fresh book beside it, a
+# core idle for its last 28 s). test-py runs alone: nbval beside
 # the book, browser and PDF chain was not faster on 2 cores (535 s, against about 500 s one after
 # the other). The unit tests and the notebooks are one pytest run (test-py), so that neither
 # stage's last long module or notebook leaves a core idle while the other stage waits.
 # Order-only prerequisites set the order (`make test-book` alone still runs only the book); make
 # starts runnable stages in the order of TEST_STAGES. No --output-sync: it would hold a stage's
 # output until the stage ends (minutes of silence).
-TEST_STAGES := test-py lint test-book test-pdf-html test-browser gpu-dry test-book-fresh test-pdf
+TEST_STAGES := test-py lint test-book test-pdf-html test-browser gpu-dry test-pdf test-book-fresh
 test: export COURSE_QUICK := 1
 # One torch thread per process: the two pytest workers' notebook kernels and test processes share
 # 2 cores, and each one's default pool of 2 threads spun at every parallel region (syncbn's quick
@@ -144,6 +144,7 @@ ifeq ($(CI_ORDER),1)
 test-py: | test-book
 test-browser: | test-py
 gpu-dry: | test-py
+test-pdf: | test-py
 endif
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
@@ -189,20 +190,23 @@ test-book-fresh: $(STAMP) $(if $(filter 1,$(CI_ORDER)),test-py,test-notebooks)
 
 # Every page of _build/html (built by test-book) in headless Debian Chromium, offline, with
 # axe-core (node_modules/, from package-lock.json) in light and dark mode; screenshots in
-# artifacts/screenshots/. Installs chromium when missing and run as root (Playwright's own
-# browser download fails here; see tests/browser/conftest.py).
-test-browser: $(STAMP) test-book node_modules/.installed
-	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
-		|| (apt-get update -qq && apt-get install -y -qq chromium)
+# artifacts/screenshots/.
+test-browser: $(STAMP) test-book node_modules/.installed chromium
 	$(call cpu_use,test-browser) $(BIN)/pytest -q -p no:cacheprovider \
 		$(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist load) tests/browser
 
+# Debian's chromium (the browser test's and the PDF's), installed when missing and run as root
+# (Playwright's own browser download fails here; see tests/browser/conftest.py).
+chromium:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq chromium)
+
 # The PDF in CI: its single page built by the Pages venv (after the Pages book: one Sphinx
-# build at a time in _build/), printed after the browser test (which installs chromium).
+# build at a time in _build/), then printed (about 30 s of CPU).
 test-pdf-html: $(BOOK_VENV)/.installed test-book
 	$(MAKE) --no-print-directory pdf-html PDF_VENV=$(BOOK_VENV)
 
-test-pdf: $(STAMP) test-browser test-pdf-html
+test-pdf: $(STAMP) chromium test-pdf-html
 	$(BIN)/python scripts/book_pdf.py
 
 # The pinned JavaScript (axe-core for the browser test), with integrity hashes from the lock.
