@@ -109,13 +109,13 @@ ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 # small step after another, about 90 s of CPU), the PDF's printing (30 s) and the fresh book's
 # Sphinx build (15 s). Before: the PDF's Sphinx build and gpu-dry waited for the browser test,
 # which ran alone, and gpu-dry alone set the last 86 s (the PDF and the fresh book beside it, a
-# core idle for its last 28 s). test-py runs alone: nbval beside
-# the book, browser and PDF chain was not faster on 2 cores (535 s, against about 500 s one after
-# the other). The unit tests and the notebooks are one pytest run (test-py), so that neither
-# stage's last long module or notebook leaves a core idle while the other stage waits.
-# Order-only prerequisites set the order (`make test-book` alone still runs only the book); make
-# starts runnable stages in the order of TEST_STAGES. No --output-sync: it would hold a stage's
-# output until the stage ends (minutes of silence).
+# core idle for its last 28 s). test-py runs alone: nbval beside the book, browser and PDF chain
+# was not faster on 2 cores (535 s, against about 500 s one after the other). The unit tests and
+# the notebooks are one pytest run (test-py), so that neither stage's last long module or
+# notebook leaves a core idle while the other stage waits. Order-only prerequisites set the
+# order (`make test-book` alone still runs only the book); make starts runnable stages in the
+# order of TEST_STAGES. No --output-sync: it would hold a stage's output until the stage ends
+# (minutes of silence).
 TEST_STAGES := test-py lint test-book test-pdf-html test-browser gpu-dry test-pdf test-book-fresh
 test: export COURSE_QUICK := 1
 # One torch thread per process: the two pytest workers' notebook kernels and test processes share
