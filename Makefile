@@ -190,9 +190,10 @@ test-book-fresh: $(STAMP) $(if $(filter 1,$(CI_ORDER)),test-py,test-notebooks)
 
 # Every page of _build/html (built by test-book) in headless Debian Chromium, offline, with
 # axe-core (node_modules/, from package-lock.json) in light and dark mode; screenshots in
-# artifacts/screenshots/.
+# artifacts/screenshots/. Without nbval's plugin, which no browser test uses: it imports
+# nbformat, whose jsonschema builds rfc3987-syntax's 35 grammars (2 s of CPU in each process).
 test-browser: $(STAMP) test-book node_modules/.installed chromium
-	$(call cpu_use,test-browser) $(BIN)/pytest -q -p no:cacheprovider \
+	$(call cpu_use,test-browser) $(BIN)/pytest -q -p no:cacheprovider -p no:nbval \
 		$(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist load) tests/browser
 
 # Debian's chromium (the browser test's and the PDF's), installed when missing and run as root
