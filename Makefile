@@ -13,7 +13,7 @@ export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
 
 .PHONY: book test lint test-unit test-notebooks test-py test-book test-book-fresh test-browser student test-student bench \
-	gpu-dry outputs lock venv clean book-static pdf test-pdf
+	gpu-dry outputs lock venv clean book-static pdf pdf-html test-pdf test-pdf-html chromium
 TORCH ?=
 CPU_INDEX := https://download.pytorch.org/whl/cpu
 # With TORCH=cpu: which CPU wheels (default: the lock's versions; CI's oldest-torch job names older)
@@ -79,10 +79,15 @@ book-static: $(BOOK_VENV)/.installed
 	@echo "The book is in _build/html/ (open _build/html/index.html)"
 
 # The whole book as one PDF (_build/pdf/book.pdf): Sphinx's single-page HTML from the stored
-# outputs, printed by the Chromium the browser test drives (scripts/book_pdf.py).
-pdf: $(STAMP)
-	$(BIN)/python scripts/book_config.py --execute off --out _build/_config.pdf.yml
-	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going --config _build/_config.pdf.yml
+# outputs (pdf-html, in PDF_VENV: any venv with the book's tools, the Pages one in CI), printed
+# by the Chromium the browser test drives (scripts/book_pdf.py).
+PDF_VENV ?= $(VENV)
+pdf-html: $(PDF_VENV)/.installed
+	$(PDF_VENV)/bin/python scripts/book_config.py --execute off --out _build/_config.pdf.yml
+	$(PDF_VENV)/bin/jupyter-book build . --builder singlehtml -W -n --keep-going \
+		--config _build/_config.pdf.yml
+
+pdf: $(STAMP) pdf-html
 	$(BIN)/python scripts/book_pdf.py
 
 # The tests on every core (pytest-xdist): a test module, or a notebook's cells, on one worker, in
@@ -96,20 +101,22 @@ XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
-# (make -j2) only where each leaves a core idle: the Pages build (its own venv, no torch: pip,
-# then one Sphinx process) and node_modules beside the course venv's install (pip, one process),
-# and, after the browser test, the three single-process stages, longest first: gpu-dry (one small
-# step after another, about 90 s) beside the PDF (about 50 s), then the fresh book's Sphinx build
-# in the slot the PDF leaves (before: the fresh book alone between test-py and the browser test,
-# then the PDF beside gpu-dry, a core idle for the last 40 s). The stages with two pytest workers
-# (unit tests with notebooks, browser) run alone: nbval beside the book, browser and PDF chain was
-# not faster on 2 cores (535 s, against about 500 s one after the other). The unit tests and the
-# notebooks are one pytest run (test-py), so that neither stage's last long module or notebook
-# leaves a core idle while the other stage waits. Order-only prerequisites set the order
-# (`make test-book` alone still runs only the book); make starts runnable stages in the order of
-# TEST_STAGES. No --output-sync: it would hold a stage's output until the stage ends (minutes of
-# silence).
-TEST_STAGES := lint test-py test-book test-browser gpu-dry test-pdf test-book-fresh
+# (make -j2) only where each leaves a core idle. While the course venv installs (pip, one
+# process, about 100 s), the other core builds the Pages book (its own venv, no torch: pip, then
+# one Sphinx process), node_modules and the PDF's single page (in the Pages venv, after the book:
+# they share _build/.doctrees), all in about 70 s. After test-py, the browser test (two workers,
+# 1.7 cores busy) shares the cores with the single-process stages, longest first: gpu-dry (one
+# small step after another, about 90 s of CPU), the PDF's printing (30 s) and the fresh book's
+# Sphinx build (15 s). Before: the PDF's Sphinx build and gpu-dry waited for the browser test,
+# which ran alone, and gpu-dry alone set the last 86 s (the PDF and the fresh book beside it, a
+# core idle for its last 28 s). test-py runs alone: nbval beside the book, browser and PDF chain
+# was not faster on 2 cores (535 s, against about 500 s one after the other). The unit tests and
+# the notebooks are one pytest run (test-py), so that neither stage's last long module or
+# notebook leaves a core idle while the other stage waits. Order-only prerequisites set the
+# order (`make test-book` alone still runs only the book); make starts runnable stages in the
+# order of TEST_STAGES. No --output-sync: it would hold a stage's output until the stage ends
+# (minutes of silence).
+TEST_STAGES := test-py lint test-book test-pdf-html test-browser gpu-dry test-pdf test-book-fresh
 test: export COURSE_QUICK := 1
 # One torch thread per process: the two pytest workers' notebook kernels and test processes share
 # 2 cores, and each one's default pool of 2 threads spun at every parallel region (syncbn's quick
@@ -136,8 +143,8 @@ test:
 ifeq ($(CI_ORDER),1)
 test-py: | test-book
 test-browser: | test-py
-gpu-dry: | test-browser
-test-book-fresh: | test-browser
+gpu-dry: | test-py
+test-pdf: | test-py
 endif
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
@@ -159,10 +166,13 @@ test-notebooks: $(STAMP)
 	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) book
 
 # test-unit and test-notebooks in one run (what CI runs): the workers share out both. The 30
-# longest tests and notebooks are listed at the end (where CI time goes).
+# longest tests and notebooks are listed at the end (where CI time goes), and the test modules and
+# notebooks that cost most CPU, with how long each worker sat idle at the end (all of them, with
+# their worker, start and end, in _build/scope-times.json: conftest.py's --scope-times).
 test-py: $(STAMP)
 	rm -rf _build/executed
-	$(call cpu_use,test-py) $(BIN)/pytest -q --durations=30 $(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
+	$(call cpu_use,test-py) $(BIN)/pytest -q --durations=30 --scope-times _build/scope-times.json \
+		$(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
@@ -180,17 +190,25 @@ test-book-fresh: $(STAMP) $(if $(filter 1,$(CI_ORDER)),test-py,test-notebooks)
 
 # Every page of _build/html (built by test-book) in headless Debian Chromium, offline, with
 # axe-core (node_modules/, from package-lock.json) in light and dark mode; screenshots in
-# artifacts/screenshots/. Installs chromium when missing and run as root (Playwright's own
-# browser download fails here; see tests/browser/conftest.py).
-test-browser: $(STAMP) test-book node_modules/.installed
-	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
-		|| (apt-get update -qq && apt-get install -y -qq chromium)
-	$(call cpu_use,test-browser) $(BIN)/pytest -q -p no:cacheprovider \
+# artifacts/screenshots/. Without nbval's plugin, which no browser test uses: it imports
+# nbformat, whose jsonschema builds rfc3987-syntax's 35 grammars (2 s of CPU in each process).
+test-browser: $(STAMP) test-book node_modules/.installed chromium
+	$(call cpu_use,test-browser) $(BIN)/pytest -q -p no:cacheprovider -p no:nbval \
 		$(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist load) tests/browser
 
-# The PDF in CI: built after the browser test (which installs chromium), in about a minute.
-test-pdf: test-browser
-	$(MAKE) --no-print-directory pdf
+# Debian's chromium (the browser test's and the PDF's), installed when missing and run as root
+# (Playwright's own browser download fails here; see tests/browser/conftest.py).
+chromium:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq chromium)
+
+# The PDF in CI: its single page built by the Pages venv (after the Pages book: one Sphinx
+# build at a time in _build/), then printed (about 30 s of CPU).
+test-pdf-html: $(BOOK_VENV)/.installed test-book
+	$(MAKE) --no-print-directory pdf-html PDF_VENV=$(BOOK_VENV)
+
+test-pdf: $(STAMP) chromium test-pdf-html
+	$(BIN)/python scripts/book_pdf.py
 
 # The pinned JavaScript (axe-core for the browser test), with integrity hashes from the lock.
 node_modules/.installed: package.json package-lock.json
