@@ -252,6 +252,7 @@ def test_pingpong_times_each_round_trip_after_a_warm_up():
     (dict(schedule="ScheduleGPipe"), "pick one of.*pipelining_run"),
     (dict(m=0), "m must be a positive int"),
     (dict(m=True), "m must be a positive int"),
+    (dict(repeats=0), "repeats must be at least 1"),
 ])
 def test_pipeline_run_refuses_what_it_cannot_run(cfg, words):
     small = dict(net=NET, batch_size=8, seed=0, schedule="1f1b", m=2, cuts=[3])

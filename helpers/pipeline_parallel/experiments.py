@@ -110,6 +110,8 @@ def pipeline_run(rank: int, world: int, cfg: dict) -> PipelineRun:
                          "(torch's schedules: helpers.pipelining_run)")
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"m must be a positive int, got {m!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1 (the first step's results), not {repeats}")
     net, X, y = _net_and_batch(net_cfg, n, seed, device)
     stage = stage_of(net, cuts, rank, world)      # refuses cuts that do not fit the ranks
     model = _model(net, cuts, schedule, emulate, equal, rates)
