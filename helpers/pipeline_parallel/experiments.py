@@ -132,7 +132,7 @@ def pipeline_run(rank: int, world: int, cfg: dict) -> PipelineRun:
                          peak_bytes=got["peak_bytes"],
                          grads={rank: [p.grad.detach().cpu().clone()
                                        for p in stage.parameters()]})
-    sent = comm.traffic.wire_bytes() / max(1, repeats)
+    sent = comm.traffic.wire_bytes() / repeats
     comm.reset_counts()
     return PipelineRun(schedule=schedule, m=m, timelines=timelines, bytes_sent=sent, **first)
 
