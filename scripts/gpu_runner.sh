@@ -384,13 +384,14 @@ EOF
     ;;
   cp)
     paths cp >> "$log" 2>&1 <<'EOF' || ok=1
+import dataclasses
 import sys
 import helpers
 from helpers.reference import add_path
 backend = "nccl" if helpers.num_gpus() > 0 else "gloo"
 got = helpers.launch(helpers.cp_torch_run, 1, dict(width=16, heads=2, batch=1, T=64),
                      backend=backend, quiet=True)[0]
-add_path(sys.argv[1], sys.argv[2], dict(got, backend=backend))
+add_path(sys.argv[1], sys.argv[2], dict(dataclasses.asdict(got), backend=backend))
 print(got)
 EOF
     ;;

@@ -29,22 +29,22 @@ def _weights(ranks, kind):
     got = {}
     if kind == "torch":          # full_tensor() gathered them; one rank per stage keeps them
         for r in ranks:
-            got.update(r["torch"]["weights"] or {})
+            got.update(r["torch"].weights or {})
         return got
     for p in range(SHAPE[0]):    # dp replicas agree; the tp slices are concatenated
-        got.update(gather_shards([r["scratch"]["weights"] for r in ranks
-                                  if r["scratch"]["coords"]["pp"] == p
-                                  and r["scratch"]["coords"]["dp"] == 0]))
+        got.update(gather_shards([r["scratch"].weights for r in ranks
+                                  if r["scratch"].coords["pp"] == p
+                                  and r["scratch"].coords["dp"] == 0]))
     return got
 
 
 @pytest.mark.parametrize("kind", ["scratch", "torch"])
 def test_equal_to_one_process(ranks, reference, kind):
     losses, weights = reference
-    last = [r[kind] for r in ranks if r[kind]["coords"]["pp"] == SHAPE[0] - 1]
+    last = [r[kind] for r in ranks if r[kind].coords["pp"] == SHAPE[0] - 1]
     assert len(last) == 4
     for r in last:
-        assert r["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+        assert r.losses == pytest.approx(losses, rel=1e-5, abs=1e-6)
     got = _weights(ranks, kind)
     assert set(got) == set(weights)
     for n, w in weights.items():
@@ -56,7 +56,7 @@ def test_groups_are_the_mesh(ranks):
     for rank, r in enumerate(ranks):
         for name in ("pp", "dp", "tp"):
             mine = [g for g in grid[name] if rank in g]
-            assert r["scratch"]["groups"][name] == mine[0] == r["torch"]["groups"][name]
+            assert r["scratch"].groups[name] == mine[0] == r["torch"].groups[name]
 
 
 def test_planner_predicts_memory_and_bytes(ranks):
@@ -64,16 +64,15 @@ def test_planner_predicts_memory_and_bytes(ranks):
     lay = dict(dp=2, tp=2, pp=2, m=2, zero="dp")
     stages = stage_costs(model, lay, optimizer="momentum", dtype_bytes=4)
     for r in ranks:
-        got, want = r["scratch"], stages[r["scratch"]["coords"]["pp"]]
-        for part in ("params", "grads", "optim"):
-            assert got["memory"][part] == want[part]
-        measured = sum(got["memory"].values())
+        got, want = r["scratch"], stages[r["scratch"].coords["pp"]]
+        mem = got.memory
+        assert [mem.params, mem.grads, mem.optim] == [want[p] for p in ("params", "grads", "optim")]
+        measured = mem.total
         assert abs(want["memory"] - measured) <= 0.15 * measured
-        for dim in ("tp", "pp"):
-            assert got["bytes"][dim] == want["bytes"][dim], dim
+        assert (got.sent.tp, got.sent.pp) == (want["bytes"]["tp"], want["bytes"]["pp"])
         # DDPFromScratch all-reduces one "used" flag per parameter tensor with its last bucket
-        flags = helpers.ring_bytes_per_device(4 * len(got["weights"]), lay["dp"])
-        assert got["bytes"]["dp"] == want["bytes"]["dp"] + flags
+        flags = helpers.ring_bytes_per_device(4 * len(got.weights), lay["dp"])
+        assert got.sent.dp == want["bytes"]["dp"] + flags
 
 
 # ---- the planner's other axes: ZeRO-2, cp = 2, recomputation ---------------------------------
@@ -89,24 +88,24 @@ def cp_ranks():
 def test_cp_zero2_equals_one_process_and_the_planner(cp_ranks, rec):
     losses, weights = one_process_run(CP_CFG)
     got = cp_ranks[0][rec]
-    assert got["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    assert got.losses == pytest.approx(losses, rel=1e-5, abs=1e-6)
     for n, w in weights.items():
-        torch.testing.assert_close(got["weights"][n], w, rtol=1e-5, atol=1e-6, msg=n)
+        torch.testing.assert_close(got.weights[n], w, rtol=1e-5, atol=1e-6, msg=n)
     model = dict(CP_CFG["model"], batch=CP_CFG["batch"])
     want = stage_costs(model, dict(dp=2, cp=2, zero="zero2", recompute=rec, m=1),
                        optimizer="momentum", dtype_bytes=4)[0]
     tensors = len(weights)                 # Zero2's "used" flags, one float per tensor
     for r in cp_ranks:
-        mem, sent = r[rec]["memory"], r[rec]["bytes"]
-        assert [mem[p] for p in ("params", "grads", "optim")] == [
+        mem, sent = r[rec].memory, r[rec].sent
+        assert [mem.params, mem.grads, mem.optim] == [
             want[p] for p in ("params", "grads", "optim")]
-        assert sent["cp"] == want["bytes"]["cp"]
-        assert sent["dp"] == want["bytes"]["dp"] + helpers.ring_bytes_per_device(4 * tensors, 4)
+        assert sent.cp == want["bytes"]["cp"]
+        assert sent.dp == want["bytes"]["dp"] + helpers.ring_bytes_per_device(4 * tensors, 4)
         # the count keeps what forward saved; the allocator also holds what backward makes
         recomputed = want["tokens"] * helpers.activation_bytes_per_token(
             16, 2, 8, dtype_bytes=4) if rec == "full" else 0
-        assert abs(mem["acts_kept"] - (want["acts"] - recomputed)) <= 0.25 * mem["acts_kept"]
-        assert mem["peak"] > want["acts"]
+        assert abs(mem.acts_kept - (want["acts"] - recomputed)) <= 0.25 * mem.acts_kept
+        assert mem.peak > want["acts"]
 
 
 def test_a_model_cfg_may_leave_sizes_to_the_gpts_defaults():
@@ -116,6 +115,6 @@ def test_a_model_cfg_may_leave_sizes_to_the_gpts_defaults():
     losses, weights = one_process_run(cfg)
     assert weights["0.tok.weight"].shape == (32, 64) and len(losses) == 1   # gpt's vocab 32
     (got,) = launch(train_3d_scratch, 1, cfg, quiet=True, timeout=120)
-    assert got["weights"]["0.tok.weight"].shape == (32, 64) and len(got["losses"]) == 1
+    assert got.weights["0.tok.weight"].shape == (32, 64) and len(got.losses) == 1
     with pytest.raises(TypeError, match="'widht' -> 'width'"):
         one_process_run(dict(cfg, model={"widht": 64}))

@@ -57,7 +57,7 @@ def reference(causal=True, size=SIZE):
 def test_ring_equals_unsplit_in_values_and_gradients(ranks, layout):
     want = reference()
     for i, name in enumerate(("out", "dq", "dk", "dv")):
-        got = unshard_sequence([r["attention"][layout][name] for r in ranks], layout)
+        got = unshard_sequence([getattr(r["attention"][layout], name) for r in ranks], layout)
         torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6, msg=name)
 
 
@@ -65,13 +65,13 @@ def test_bytes_match_the_cost_model(ranks):
     B, H, T, D = SIZE.values()
     for r in ranks:
         got = r["attention"]["zigzag"]
-        assert got["fwd_bytes"] + got["bwd_bytes"] == ring_attention_bytes(
+        assert got.fwd_bytes + got.bwd_bytes == ring_attention_bytes(
             B * T // WORLD, H * D, WORLD)
-        assert got["fwd_bytes"] == (WORLD - 1) * 2 * B * H * (T // WORLD) * D * 4
+        assert got.fwd_bytes == (WORLD - 1) * 2 * B * H * (T // WORLD) * D * 4
 
 
 def test_zigzag_lowers_the_busiest_rank_to_the_formula(ranks):
-    formed = {lay: [sum(b["products"] for b in r["attention"][lay]["blocks"]
+    formed = {lay: [sum(b["products"] for b in r["attention"][lay].blocks
                         if b["phase"] == phase) for r in ranks]
               for lay in ("contiguous", "zigzag") for phase in ("forward", "backward")}
     L = SIZE["T"] // WORLD
@@ -80,15 +80,15 @@ def test_zigzag_lowers_the_busiest_rank_to_the_formula(ranks):
     assert max(formed["zigzag"]) * 2 * WORLD == max(formed["contiguous"]) * (WORLD + 1)
     assert formed["zigzag"] == block_work(SIZE["T"], WORLD, "zigzag")
     for r in ranks:           # the half blocks: every block after the first is (L/2) x L
-        later = [b for b in r["attention"]["zigzag"]["blocks"] if b["step"] > 0]
+        later = [b for b in r["attention"]["zigzag"].blocks if b["step"] > 0]
         assert later and all(b["products"] == L * L // 2 for b in later)
 
 
 def test_a_rank_holds_three_blocks_not_the_sequence(ranks):
     for r in ranks:
         for lay in ("contiguous", "zigzag"):
-            assert r["attention"][lay]["live_fwd"] == 3.0     # its own, computing, arriving
-            assert r["attention"][lay]["live_bwd"] == 4.0     # ... and the gradient block
+            assert r["attention"][lay].live_fwd == 3.0     # its own, computing, arriving
+            assert r["attention"][lay].live_bwd == 4.0     # ... and the gradient block
 
 
 def test_the_census_sees_what_an_all_gather_holds(ranks):
@@ -98,19 +98,19 @@ def test_the_census_sees_what_an_all_gather_holds(ranks):
 def test_ulysses_equals_the_ring_with_constant_bytes(ranks):
     want = reference()
     for i, name in enumerate(("out", "dq", "dk", "dv")):
-        got = unshard_sequence([r["ulysses"][name] for r in ranks], "contiguous")
+        got = unshard_sequence([getattr(r["ulysses"], name) for r in ranks], "contiguous")
         torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6, msg=name)
     B, H, T, D = SIZE.values()
     for r in ranks:
-        assert r["ulysses"]["bytes"] == ulysses_attention_bytes(B * T // WORLD, H * D, WORLD)
-        assert r["ulysses"]["calls"] == 8                      # q, k, v, out; and back
+        assert r["ulysses"].sent == ulysses_attention_bytes(B * T // WORLD, H * D, WORLD)
+        assert r["ulysses"].calls == 8                      # q, k, v, out; and back
 
 
 def test_activation_memory_per_rank_is_linear_in_the_sequence(ranks):
     for r in ranks:
         rows = r["memory"]
-        assert max(row["max_diff"] for row in rows) < 1e-5
-        per_token = {row["saved_bytes"] / row["T"] for row in rows}
+        assert max(row.max_diff for row in rows) < 1e-5
+        per_token = {row.saved_bytes / row.T for row in rows}
         assert len(per_token) == 1                      # twice the tokens, twice the bytes
 
 
@@ -120,8 +120,8 @@ def test_torch_context_parallel_runs_only_on_cuda():
     # it has context_parallel and says only what is missing (no "and a torch that has it")
     assert why.count("context_parallel") == 1, why
     got = cp_torch_run(0, 1, dict(device=torch.device("cpu"), width=8, heads=2, batch=1, T=8))
-    assert {m: r["ran"] for m, r in got["runs"].items()} == {"allgather": False,
-                                                             "alltoall": False}
+    assert {m: r.ran for m, r in got.runs.items()} == {"allgather": False,
+                                                       "alltoall": False}
 
 
 def _ring_rank(comm, q, k, v, g, world, layout, causal, attention=ring_attention):

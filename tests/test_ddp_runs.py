@@ -270,7 +270,7 @@ def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
     got = helpers.launch(helpers.ddp_trace, 2, dict(trace_dir=str(tmp_path), width=128, depth=4,
                                                     batch=16, bucket_mb=0.05, steps=2),
                          quiet=True)[0]
-    events = got["events"]
+    events = got.events
     assert (tmp_path / "ddp_rank0.json").exists() and (tmp_path / "ddp_rank1.json").exists()
     backward = [e for e in events if e["name"] == "backward"]
     launches = [e for e in events if e["lane"] == "launch"]
@@ -295,20 +295,20 @@ def test_ddp_trace_shows_all_reduces_launched_during_backward(tmp_path):
 def test_ddp_knobs_keep_the_arithmetic_except_compression():
     got = helpers.launch(helpers.ddp_knobs, 2, dict(width=64, depth=3, batch=8, steps=2,
                                                     rounds=2), quiet=True)[0]
-    assert all(len(s) == 2 and min(s) > 0 for s in got["step_s"].values())
-    assert got["exposed_s"].keys() == got["step_s"].keys()
-    assert all(len(s) == 2 and min(s) > 0 for s in got["exposed_s"].values()), \
+    assert all(len(s) == 2 and min(s) > 0 for s in got.step_s.values())
+    assert got.exposed_s.keys() == got.step_s.keys()
+    assert all(len(s) == 2 and min(s) > 0 for s in got.exposed_s.values()), \
         "backward() returns after its last gradient: the reducer's wait"
-    assert all(e < t for knob in got["step_s"]
-               for e, t in zip(got["exposed_s"][knob], got["step_s"][knob]))
+    assert all(e < t for knob in got.step_s
+               for e, t in zip(got.exposed_s[knob], got.step_s[knob]))
     # the bucket knobs' traces, split as the profile chapter splits its own
-    assert set(got["traced"]) == set(helpers.data_parallel.experiments.TRACED_KNOBS)
-    for knob, split in got["traced"].items():
+    assert set(got.traced) == set(helpers.data_parallel.experiments.TRACED_KNOBS)
+    for knob, split in got.traced.items():
         assert split["steps"] == 3, (knob, split)
         assert abs(split["overlapped"] + split["exposed"] + split["outside"]
                    - split["total"]) < 1e-6, (knob, split)
         assert split["total"] > 0, f"{knob}: its trace holds the all-reduce"
-    for knob, diff in got["max_diff"].items():
+    for knob, diff in got.max_diff.items():
         if "compression" in knob:
             assert diff > 0, "bf16 compression rounds the gradients: not the same arithmetic"
         else:

@@ -53,40 +53,40 @@ def unsplit(factor, groups):
 def test_equal_to_unsplit(ranks, i):
     y, x_grad, grads, aux = unsplit(FACTORS[i], groups=2)
     runs = [r["equal"][i] for r in ranks]
-    torch.testing.assert_close(torch.cat([r["y"] for r in runs]), y, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(torch.cat([r["x_grad"] for r in runs]), x_grad,
+    torch.testing.assert_close(torch.cat([r.y for r in runs]), y, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.cat([r.x_grad for r in runs]), x_grad,
                                rtol=1e-5, atol=1e-6)
     got = {}
     for r in runs:
-        got.update(r["grads"])
+        got.update(r.grads)
     assert set(got) == set(grads)
     for n in grads:
         torch.testing.assert_close(got[n], grads[n], rtol=1e-5, atol=1e-6, msg=n)
-    assert sum(r["dropped"] for r in runs) == aux["dropped"]
+    assert sum(r.dropped for r in runs) == aux["dropped"]
     assert (aux["dropped"] > 0) == (FACTORS[i] == 0.5)
 
 
 def test_bytes_match_the_cost_model(ranks):
     for r in ranks:
         for run in r["equal"]:
-            if run["factor"] is None:
+            if run.factor is None:
                 continue
-            want = moe_dispatch_bytes(run["tokens"], MOE["width"], MOE["n_experts"], MOE["k"],
-                                      run["factor"], 2)
-            assert run["fwd_bytes"] + run["bwd_bytes"] == want
-            assert run["fwd_bytes"] == run["bwd_bytes"]
+            want = moe_dispatch_bytes(run.tokens, MOE["width"], MOE["n_experts"], MOE["k"],
+                                      run.factor, 2)
+            assert run.fwd_bytes + run.bwd_bytes == want
+            assert run.fwd_bytes == run.bwd_bytes
 
 
 def test_imbalance_drops_tokens_or_overloads_a_rank(ranks):
-    rows = {(row["skew"], row["factor"], rank): row
+    rows = {(row.skew, row.factor, rank): row
             for rank, r in enumerate(ranks) for row in r["imbalance"]}
-    dropped = lambda skew: sum(rows[(skew, 1.25, r)]["dropped"] for r in (0, 1))
+    dropped = lambda skew: sum(rows[(skew, 1.25, r)].dropped for r in (0, 1))
     assert dropped(4.0) > dropped(0.0)
     # dropless: rank 0 holds expert 0, which a skewed router prefers
-    load = [rows[(4.0, None, r)]["received"] for r in (0, 1)]
+    load = [rows[(4.0, None, r)].received for r in (0, 1)]
     assert load[0] > load[1]
-    assert sum(load) == sum(rows[(4.0, None, r)]["choices"] for r in (0, 1))
-    assert rows[(4.0, None, 0)]["aux_loss"] > rows[(0.0, None, 0)]["aux_loss"]
+    assert sum(load) == sum(rows[(4.0, None, r)].choices for r in (0, 1))
+    assert rows[(4.0, None, 0)].aux_loss > rows[(0.0, None, 0)].aux_loss
 
 
 def test_four_ranks_on_threads():
@@ -136,14 +136,14 @@ def test_production_moe_with_ep_times_dp_equals_unsplit():
     X.requires_grad_()
     y, aux = moe(X, groups=4)
     ((y * R).sum() + AUX * aux["loss"] + Z_LOSS * aux["z_loss"]).backward()
-    torch.testing.assert_close(torch.cat([r["y"] for r in got]), y.detach())
-    torch.testing.assert_close(torch.cat([r["x_grad"] for r in got]), X.grad)
+    torch.testing.assert_close(torch.cat([r.y for r in got]), y.detach())
+    torch.testing.assert_close(torch.cat([r.x_grad for r in got]), X.grad)
     want = dict(moe.named_parameters())
     for rank, r in enumerate(got):
-        assert len(r["grads"]) == 2 + 4 + 2 * 4 and r["first"] == 2 * (rank % 2)
-        for n, g in r["grads"].items():
+        assert len(r.grads) == 2 + 4 + 2 * 4 and r.first == 2 * (rank % 2)
+        for n, g in r.grads.items():
             torch.testing.assert_close(g, want[n].grad, msg=n)
-    rows = [sum(r["received"]) for r in got]
+    rows = [sum(r.received) for r in got]
     assert sum(rows) == 16 * PROD["k"]
 
 
@@ -187,4 +187,4 @@ def test_a_moe_cfg_may_leave_sizes_to_the_moes_defaults():
     """cfg["moe"] names only what it changes; MoE's own defaults (width 16) give the rest."""
     (rows,) = launch(ep_equal_run, 1, dict(moe={"n_experts": 2}, tokens=8, factors=[None]),
                      quiet=True, timeout=120)
-    assert rows[0]["y"].shape == (8, 16)
+    assert rows[0].y.shape == (8, 16)

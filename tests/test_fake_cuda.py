@@ -179,7 +179,7 @@ def test_the_exposed_communication_is_the_gpus(slow):
 
 def test_ddp_knobs_read_no_host_clock_around_gpu_work(slow):
     got = slow["knobs"]["result"]
-    assert all(len(v) == 1 for v in got["step_s"].values()), got
+    assert all(len(v) == 1 for v in got.step_s.values()), got
     assert not slow["knobs"]["problems"], slow["knobs"]["problems"]
 
 

@@ -38,16 +38,16 @@ def one_process():
 def test_equal_to_one_process(ranks, label):
     losses, weights = one_process()
     for r in ranks:
-        assert r[label]["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
-    got = ranks[0][label]["weights"]
+        assert r[label].losses == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    got = ranks[0][label].weights
     assert set(got) == set(weights)
     for n, w in weights.items():
         torch.testing.assert_close(got[n], w.detach(), rtol=1e-5, atol=1e-6, msg=n)
 
 
 def test_mesh_coordinates_and_shards(ranks):
-    assert [r["block"]["coords"] for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    shapes = ranks[0]["block"]["local_shapes"]
+    assert [r["block"].coords for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    shapes = ranks[0]["block"].local_shapes
     # up: split by tp (columns) and by dp (FSDP's dim-0 shard): a quarter of the rows
     assert shapes["0.mlp.up.weight"] == (64 // 4, 16)
     # down: split by tp along its input (dim 1), then by FSDP along dim 0
@@ -62,7 +62,7 @@ def _calls(traffic, word):
 def test_traffic_per_mesh_dimension(ranks):
     """The root-only wrap all-gathers once per step (nothing again in backward); per
     block, each block is all-gathered before its forward and its backward (ZeRO-3)."""
-    block, root = ranks[0]["block"]["traffic"], ranks[0]["root"]["traffic"]
+    block, root = ranks[0]["block"].traffic, ranks[0]["root"].traffic
     assert _calls(block["dp"], "all_gather") == 2 * BLOCKS
     assert _calls(block["dp"], "reduce_scatter") == BLOCKS
     assert _calls(root["dp"], "all_gather") == 1 and _calls(root["dp"], "reduce_scatter") == 1
@@ -72,9 +72,9 @@ def test_traffic_per_mesh_dimension(ranks):
 
 def test_hsdp_all_reduces_across_replicas_and_shards_unevenly(ranks):
     h = ranks[0]["hsdp"]
-    assert set(h["traffic"]["replicate"]) == {"all_reduce"}
-    assert _calls(h["traffic"]["shard"], "all_gather") == 2 * BLOCKS
-    assert "Replicate" in h["placements"] and "Shard(dim=0)" in h["placements"]
+    assert set(h.traffic["replicate"]) == {"all_reduce"}
+    assert _calls(h.traffic["shard"], "all_gather") == 2 * BLOCKS
+    assert "Replicate" in h.placements and "Shard(dim=0)" in h.placements
     # nn.Linear(5, 3) over 2 ranks: torch.chunk gives 2 rows and 1
-    assert [r["hsdp"]["odd_local"]["weight"] for r in ranks] == [(2, 5), (1, 5)] * 2
-    assert all(r["hsdp"]["odd_equal"] for r in ranks)
+    assert [r["hsdp"].odd_local["weight"] for r in ranks] == [(2, 5), (1, 5)] * 2
+    assert all(r["hsdp"].odd_equal for r in ranks)

@@ -89,7 +89,7 @@ def reference():
 def stitched(results, label):
     grads = {}
     for rank in results:
-        grads.update(rank[label]["grads"])
+        grads.update(rank[label].grads)
     return [g for stage in sorted(grads) for g in grads[stage]]
 
 
@@ -97,7 +97,7 @@ def stitched(results, label):
 def test_equal_to_unsplit(ranks, reference, label):
     loss, grads = reference
     last = ranks[-1][label]
-    assert last["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-6)
+    assert last.loss == pytest.approx(loss, rel=1e-5, abs=1e-6)
     got = stitched(ranks, label)
     assert len(got) == len(grads), "every parameter of the net has a gradient on some rank"
     for a, b in zip(got, grads):
@@ -107,9 +107,9 @@ def test_equal_to_unsplit(ranks, reference, label):
 
 def test_stages_really_split(ranks):
     """Each rank holds only its stage: rank 0 the embedding and two blocks, rank 1 the rest."""
-    n0, n1 = len(ranks[0]["gpipe"]["grads"][0]), len(ranks[1]["gpipe"]["grads"][1])
+    n0, n1 = len(ranks[0]["gpipe"].grads[0]), len(ranks[1]["gpipe"].grads[1])
     assert (n0, n1) == (1 + 2 * 2, 2 * 2 + 2)
-    assert ranks[0]["gpipe"]["bytes_sent"] > 0 and ranks[1]["gpipe"]["bytes_sent"] > 0
+    assert ranks[0]["gpipe"].bytes_sent > 0 and ranks[1]["gpipe"].bytes_sent > 0
 
 
 @pytest.mark.parametrize("gpipe,one_f_one_b", [("gpipe", "1f1b"),
@@ -118,15 +118,15 @@ def test_stages_really_split(ranks):
 def test_live_microbatches(ranks, gpipe, one_f_one_b):
     """GPipe holds all m micro-batches on every rank; 1F1B at most p - rank (measured from
     what autograd saves), from scratch and in torch.distributed.pipelining alike."""
-    assert [r[gpipe]["peak_live"] for r in ranks] == [M, M]
-    assert [r[one_f_one_b]["peak_live"] for r in ranks] == [2, 1]
-    assert 0 < ranks[0][one_f_one_b]["peak_bytes"] < ranks[0][gpipe]["peak_bytes"]
-    assert ranks[1][one_f_one_b]["peak_bytes"] * M == pytest.approx(
-        ranks[1][gpipe]["peak_bytes"], rel=0.3)
+    assert [r[gpipe].peak_live for r in ranks] == [M, M]
+    assert [r[one_f_one_b].peak_live for r in ranks] == [2, 1]
+    assert 0 < ranks[0][one_f_one_b].peak_bytes < ranks[0][gpipe].peak_bytes
+    assert ranks[1][one_f_one_b].peak_bytes * M == pytest.approx(
+        ranks[1][gpipe].peak_bytes, rel=0.3)
 
 
 def test_timelines_give_a_bubble(ranks):
-    tls = [r["gpipe"]["timelines"][0] for r in ranks]
+    tls = [r["gpipe"].timelines[0] for r in ranks]
     assert all(len(tl) == 2 * M for tl in tls)
     assert 0 < timeline_bubble(tls) < 1
 
@@ -198,7 +198,7 @@ def test_emulated_bubble_follows_its_formula_beside_a_busy_process(ranks, label,
     """Each box's math ran for real (test_equal_to_unsplit), each rank slept out the box's
     modelled time, and on the model's clock the bubble is the formula's (within 10%), though
     a busy process shared the 2 cores with the ranks."""
-    tls = [r[label]["timelines"][0] for r in ranks]
+    tls = [r[label].timelines[0] for r in ranks]
     stages = 4 if cfg["schedule"] in LOOPED_SCHEDULES else 2
     modelled = pipeline_model_time(tls, stages, NET["width"] * 4, Rates(**FREE))
     want = _formula(cfg)
@@ -213,7 +213,7 @@ def test_emulated_bubble_falls_with_m(ranks):
         got = []
         for label, _, cfg in EMULATED:
             if cfg["schedule"] == s:
-                tls = [r[label]["timelines"][0] for r in ranks]
+                tls = [r[label].timelines[0] for r in ranks]
                 got.append(timeline_bubble(pipeline_model_time(tls, 2, 64, Rates(**FREE))))
         assert got == sorted(got, reverse=True) and got[0] > 2 * got[-1]
 
@@ -245,13 +245,14 @@ def test_a_run_refuses_three_stages_on_two_ranks_before_any_work():
 
 def test_pingpong_times_each_round_trip_after_a_warm_up():
     got = launch(pingpong_run, 2, dict(shape=(4, 8), repeats=3), threads=True, timeout=20)
-    assert len(got[0]["seconds"]) == 3 and all(t > 0 for t in got[0]["seconds"])
+    assert len(got[0].seconds) == 3 and all(t > 0 for t in got[0].seconds)
 
 
 @pytest.mark.parametrize("cfg,words", [
     (dict(schedule="ScheduleGPipe"), "pick one of.*pipelining_run"),
     (dict(m=0), "m must be a positive int"),
     (dict(m=True), "m must be a positive int"),
+    (dict(repeats=0), "repeats must be at least 1"),
 ])
 def test_pipeline_run_refuses_what_it_cannot_run(cfg, words):
     small = dict(net=NET, batch_size=8, seed=0, schedule="1f1b", m=2, cuts=[3])

@@ -80,9 +80,9 @@ def test_pipeline_runs_on_thread_ranks_equal_their_process_ranks():
             for label in w:
                 run_g, run_w = g[label], w[label]
                 what = f"run {attempt}, rank {rank}, {label}"
-                if run_w["loss"] is not None:
-                    assert run_g["loss"] == pytest.approx(run_w["loss"], rel=1e-6), what
-                for a, b in zip(run_g["grads"][rank], run_w["grads"][rank]):
+                if run_w.loss is not None:
+                    assert run_g.loss == pytest.approx(run_w.loss, rel=1e-6), what
+                for a, b in zip(run_g.grads[rank], run_w.grads[rank]):
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=what)
 
 

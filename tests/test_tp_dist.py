@@ -47,9 +47,9 @@ def reference(part):
 def test_equal_to_unsplit(ranks, name):
     out, grads, x_grad = reference("mlp" if name == "mlp" else "block")
     for r in ranks:
-        torch.testing.assert_close(r[name]["out"], out, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(r[name]["x_grad"], x_grad, rtol=1e-5, atol=1e-6)
-    got = gather_shards([r[name]["grads"] for r in ranks])
+        torch.testing.assert_close(r[name].out, out, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(r[name].x_grad, x_grad, rtol=1e-5, atol=1e-6)
+    got = gather_shards([r[name].grads for r in ranks])
     assert set(got) == set(grads)
     for n in grads:
         torch.testing.assert_close(got[n], grads[n], rtol=1e-5, atol=1e-6, msg=n)
@@ -59,7 +59,7 @@ def test_equal_to_unsplit(ranks, name):
 def test_shards_are_half(ranks, name):
     _, grads, _ = reference("mlp" if name == "mlp" else "block")
     dims = split_dims(grads)
-    for n, g in ranks[0][name]["grads"].items():
+    for n, g in ranks[0][name].grads.items():
         want = list(grads[n].shape)
         if dims[n] is not None:
             want[dims[n]] //= 2
@@ -71,12 +71,12 @@ def test_one_all_reduce_each_way_per_sublayer(ranks):
     per attention); DTensor with PrepareModuleInput does the same, without it one per q/k/v."""
     ops = lambda log: [(t.op, t.payload) for t in log]
     r = ranks[0]
-    assert ops(r["mlp"]["fwd"]) == [("all_reduce", ACT_BYTES)]
-    assert ops(r["mlp"]["bwd"]) == [("all_reduce", ACT_BYTES)]
-    assert ops(r["block"]["fwd"]) == ops(r["block"]["bwd"]) == [("all_reduce", ACT_BYTES)] * 2
-    assert ops(r["dtensor"]["fwd"]) == ops(r["dtensor"]["bwd"]) == [("all_reduce", ACT_BYTES)] * 2
-    assert len(r["dtensor_plain"]["bwd"]) == 4
-    assert sum(r["dtensor"]["comm_counts"].values()) == 4
+    assert ops(r["mlp"].fwd) == [("all_reduce", ACT_BYTES)]
+    assert ops(r["mlp"].bwd) == [("all_reduce", ACT_BYTES)]
+    assert ops(r["block"].fwd) == ops(r["block"].bwd) == [("all_reduce", ACT_BYTES)] * 2
+    assert ops(r["dtensor"].fwd) == ops(r["dtensor"].bwd) == [("all_reduce", ACT_BYTES)] * 2
+    assert len(r["dtensor_plain"].bwd) == 4
+    assert sum(r["dtensor"].comm_counts.values()) == 4
 
 
 def _thread_block(comm, block, X, R, part):
@@ -114,11 +114,11 @@ def test_sequence_parallel_equals_unsplit(ranks, name):
     """Each rank holds half the positions: the halves put together are the unsplit output and
     input gradient, and the gradients (the replicated ones summed over ranks) are too."""
     out, grads, x_grad = reference("block")
-    torch.testing.assert_close(torch.cat([r[name]["out"] for r in ranks], 1), out,
+    torch.testing.assert_close(torch.cat([r[name].out for r in ranks], 1), out,
                                rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(torch.cat([r[name]["x_grad"] for r in ranks], 1), x_grad,
+    torch.testing.assert_close(torch.cat([r[name].x_grad for r in ranks], 1), x_grad,
                                rtol=1e-5, atol=1e-6)
-    got = gather_shards([r[name]["grads"] for r in ranks])
+    got = gather_shards([r[name].grads for r in ranks])
     for n in grads:
         torch.testing.assert_close(got[n], grads[n], rtol=1e-5, atol=1e-6, msg=n)
 
@@ -130,18 +130,18 @@ def test_sequence_parallel_moves_the_same_bytes_and_saves_less(ranks):
     ops = lambda log: [(t.op, t.payload) for t in log]
     r = ranks[0]
     pair = [("all_gather", ACT_BYTES // 2), ("reduce_scatter", ACT_BYTES)]
-    assert ops(r["sp"]["fwd"]) == pair * 2
+    assert ops(r["sp"].fwd) == pair * 2
     regather = [("all_gather", ACT_BYTES // 2)]     # the saved positions, gathered again
-    assert ops(r["sp"]["bwd"])[:6] == (regather + pair) * 2   # then the replicated gradients
-    assert {op for op, _ in ops(r["sp"]["bwd"])[6:]} == {"all_reduce"}
-    dt = ops(r["sp_dtensor"]["fwd"])
+    assert ops(r["sp"].bwd)[:6] == (regather + pair) * 2   # then the replicated gradients
+    assert {op for op, _ in ops(r["sp"].bwd)[6:]} == {"all_reduce"}
+    dt = ops(r["sp_dtensor"].fwd)
     assert [op for op, _ in dt] == ["all_gather_into_tensor", "reduce_scatter_tensor"] * 2
     wire = lambda log: sum(t.wire for t in log)
-    assert wire(r["sp"]["fwd"]) == wire(r["tp"]["fwd"]) == wire(r["sp_dtensor"]["fwd"]) > 0
-    assert all(r["sp"]["saved"] < r["tp"]["saved"] < r["unsplit"]["saved"] for r in ranks)
+    assert wire(r["sp"].fwd) == wire(r["tp"].fwd) == wire(r["sp_dtensor"].fwd) > 0
+    assert all(r["sp"].saved < r["tp"].saved < r["unsplit"].saved for r in ranks)
     # DTensor's SequenceParallel keeps the two gathered inputs whole; the hand-written one
     # keeps their halves (GatherLinears)
-    assert r["sp_dtensor"]["saved"] - r["sp"]["saved"] == 2 * ACT_BYTES // 2
+    assert r["sp_dtensor"].saved - r["sp"].saved == 2 * ACT_BYTES // 2
 
 
 def test_sp_needs_the_sequence_to_divide():
@@ -162,10 +162,10 @@ def test_vocab_parallel_loss_and_gradients_equal_one_process(ranks, name):
     loss = torch.nn.functional.cross_entropy(lm(ids).flatten(0, 1), y.flatten())
     loss.backward()
     for r in ranks:
-        assert r[name]["loss"] == pytest.approx(loss.item(), rel=1e-5)
-        assert r[name]["logits_bytes"] == LM["batch"] * LM["seq"] * 16 * 4   # half the vocab
+        assert r[name].loss == pytest.approx(loss.item(), rel=1e-5)
+        assert r[name].logits_bytes == LM["batch"] * LM["seq"] * 16 * 4   # half the vocab
     for key in ("emb.weight", "head.weight"):
-        got = torch.cat([r[name]["grads"][key] for r in ranks])
+        got = torch.cat([r[name].grads[key] for r in ranks])
         want = lm.get_parameter(key).grad
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=key)
 

@@ -13,12 +13,14 @@ from ..runtime.traffic import count_traffic
 from ..sharding.memory import PeakBytes
 from ..sharding.zero import Zero2, optimizer_state_bytes
 from .model import gpt, gpt_batches, gpt_layers, gpt_loss, validate_data_split
+from .results import CPMemory, CPSent, CPZero2Run
 from .scratch import cp_gpt
 
 __all__ = ["train_cp_zero2"]
 
 
-def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, recompute):
+def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups,
+                  recompute) -> CPZero2Run:
     dp, cp = shape
     c = coords_of(rank, (dp, cp), ("dp", "cp"))
     cp_comm = DistComm(groups["cp"][0], device=device)
@@ -50,16 +52,17 @@ def _cp_zero2_run(rank, device, shape, model_cfg, batch, steps, lr, groups, reco
         total = torch.tensor([float(loss.detach())], device=device)
         dist.all_reduce(total)
         losses.append(float(total) / (dp * cp))
-    return dict(coords=c, losses=losses, memory=dict(state, acts_saved=saved, acts_kept=kept,
-                                                    peak=peak.peak),
-                cuda_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-                else None,
-                bytes=dict(dp=dp_log.wire_bytes(), cp=cp_comm.traffic.wire_bytes("send")),
-                weights={n: p.detach().cpu().clone()
-                         for n, p in gpt_layers(lm).named_parameters()} if rank == 0 else None)
+    return CPZero2Run(coords=c, losses=losses,
+                      memory=CPMemory(**state, acts_saved=saved, acts_kept=kept, peak=peak.peak),
+                      cuda_peak=torch.cuda.max_memory_allocated(device)
+                      if device.type == "cuda" else None,
+                      sent=CPSent(dp=dp_log.wire_bytes(), cp=cp_comm.traffic.wire_bytes("send")),
+                      weights={n: p.detach().cpu().clone()
+                               for n, p in gpt_layers(lm).named_parameters()}
+                      if rank == 0 else None)
 
 
-def train_cp_zero2(rank, world, cfg):
+def train_cp_zero2(rank: int, world: int, cfg: dict) -> dict[str, CPZero2Run]:
     """launch target: cfg["steps"] SGD steps of the GPT (cfg["model"]) on a (dp, cp) =
     cfg["shape"] mesh, for each recomputation in cfg["recomputes"] ("none", "full"): the
     sequence split zig-zag over "cp" (ring attention in every block), ZeRO-2 (helpers.Zero2)
@@ -68,7 +71,8 @@ def train_cp_zero2(rank, world, cfg):
     last step (dp: ZeRO-2's collectives; cp: the ring), its memory by the planner's definition
     (params, grads, optim; acts_saved: what autograd saved in forward, acts_kept: the bytes
     forward left alive for backward) and the allocator's (peak: PeakBytes over the step, beside
-    the state; on CUDA also cuda_peak: max_memory_allocated), and rank 0's weights."""
+    the state; on CUDA also cuda_peak: max_memory_allocated), and rank 0's weights: a
+    results.CPZero2Run per recomputation, by its name."""
     # device: models, batches and flags live there (NCCL takes no CPU tensor)
     device, shape, model_cfg, batch, steps, lr, recomputes = take(
         cfg, "device", "shape", "model", "batch", "steps", lr=0.05, recomputes=("none", "full"))

@@ -32,6 +32,7 @@ from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
 from .model import GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts, validate_data_split
+from .results import Memory3D, Run3D, Sent3D
 
 __all__ = ["build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
            "CPBlock", "Recomputed", "cp_gpt"]
@@ -53,13 +54,14 @@ def _optimizer(params, lr):
     return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
-def train_3d_scratch(rank, world, cfg):
+def train_3d_scratch(rank: int, world: int, cfg: dict) -> Run3D:
     """launch target: cfg["steps"] SGD steps of the GPT (cfg["model"]: kwargs of gpt) on a
     cfg["shape"] = (pp, dp, tp) mesh, cfg["batch"] sequences per global batch, cfg["m"]
     micro-batches per data-parallel rank. Returns this rank's coords and groups, its weights
     (its tensor-parallel slices, named as in gpt_layers: a slice of an nn.Sequential keeps the
     names), the losses (last stage), the bytes it sent in the last step by dimension, its
-    memory (params, grads, optimizer state, peak saved activations) and seconds per step."""
+    memory (params, grads, optimizer state, peak saved activations) and seconds per step: a
+    results.Run3D."""
     device, shape, model_cfg, batch, steps, m, lr = take(cfg, "device", "shape", "model", "batch",
                                                          "steps", m=2, lr=0.05)
     model_cfg = take_kwargs(model_cfg, gpt)               # gpt's defaults for what it omits
@@ -103,12 +105,13 @@ def train_3d_scratch(rank, world, cfg):
             losses.append(float(loss) / dp)
     tp_bytes = tp_comm.traffic.wire_bytes("all_reduce")
     params = sum(p.numel() * p.element_size() for p in stage.parameters())
-    return dict(coords=c, groups={k: v[1] for k, v in groups.items()}, losses=losses,
-                weights={n: p.detach().cpu().clone() for n, p in stage.named_parameters()},
-                bytes=dict(tp=tp_bytes, pp=pp_comm.traffic.wire_bytes(), dp=dp_log.wire_bytes()),
-                memory=dict(params=params, grads=params, optim=optimizer_state_bytes(opt),
-                            acts=peak),
-                seconds=seconds)
+    return Run3D(coords=c, groups={k: v[1] for k, v in groups.items()}, losses=losses,
+                 weights={n: p.detach().cpu().clone() for n, p in stage.named_parameters()},
+                 sent=Sent3D(tp=tp_bytes, pp=pp_comm.traffic.wire_bytes(),
+                             dp=dp_log.wire_bytes()),
+                 memory=Memory3D(params=params, grads=params, optim=optimizer_state_bytes(opt),
+                                 acts=peak),
+                 seconds=seconds)
 
 
 def one_process_run(cfg):

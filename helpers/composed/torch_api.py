@@ -13,6 +13,7 @@ from ..runtime.mesh import MESH_DIMS
 from ..tensor_parallel.torch_api import tp_plan
 from ..tiny_models import SmallBlock
 from .model import gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts, validate_data_split
+from .results import TorchRun3D
 
 __all__ = ["train_3d_torch"]
 
@@ -25,10 +26,10 @@ def _fully_shard():
     return fully_shard
 
 
-def train_3d_torch(rank, world, cfg):
+def train_3d_torch(rank: int, world: int, cfg: dict) -> TorchRun3D:
     """launch target with the cfg of train_3d_scratch. Returns this rank's coords, the full
     weights (rank 0; gathered with full_tensor), the losses (last stage), the seconds per step
-    and the mesh's groups as torch built them."""
+    and the mesh's groups as torch built them: a results.TorchRun3D."""
     import torch.distributed.pipelining as pp_api
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
@@ -77,5 +78,5 @@ def train_3d_torch(rank, world, cfg):
     full = {n: p.full_tensor().detach().cpu().clone() for n, p in stage.named_parameters()}
     groups = {name: sorted(torch.distributed.get_process_group_ranks(mesh[name].get_group()))
               for name in MESH_DIMS}
-    return dict(coords=c, groups=groups, losses=losses, seconds=seconds,
-                weights=full if c["dp"] == 0 and c["tp"] == 0 else None)
+    return TorchRun3D(coords=c, groups=groups, losses=losses, seconds=seconds,
+                      weights=full if c["dp"] == 0 and c["tp"] == 0 else None)

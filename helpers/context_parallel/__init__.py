@@ -1,6 +1,6 @@
 """Part VII: context parallelism (the sequence split over ranks): ring attention by hand
 (scratch), all-to-all attention over the heads (ulysses), PyTorch's context_parallel
-(torch_api), the chapter's experiments (experiments)."""
+(torch_api), the chapter's experiments (experiments; what they return: results)."""
 from .experiments import (
                       cp_activation_memory,
                       cp_attention_run,

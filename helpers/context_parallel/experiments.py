@@ -9,6 +9,7 @@ from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
 from ..tiny_models import SmallAttention
+from .results import RingRun, RotateRun, SavedAt, TorchCPRun, UlyssesRun
 from .scratch import CPAttention, RingCensus, attention_reference, ring_attention, shard_sequence
 from .torch_api import ROTATE_METHODS, context_parallel_status, torch_context_parallel
 from .ulysses import ulysses_attention
@@ -27,13 +28,13 @@ def _cpu(t):
     return t.detach().cpu().clone()
 
 
-def cp_attention_run(rank, world, cfg):
+def cp_attention_run(rank: int, world: int, cfg: dict) -> dict[str, RingRun]:
     """Ring attention (causal or not) on this rank's tokens for each layout in cfg["layouts"]:
     its output and q/k/v gradients, the blocks it computed (ring_attention's stats: products
     formed and useful, per step, forward and backward), the bytes it sent forward and backward,
     the sends, and the most K/V blocks' worth of point-to-point buffers alive at once in
-    forward and in backward (RingCensus; a K/V block: this rank's keys and values).
-    cfg: B, H, T, D, causal, layouts, seed."""
+    forward and in backward (RingCensus; a K/V block: this rank's keys and values): a
+    results.RingRun per layout, by its name. cfg: B, H, T, D, causal, layouts, seed."""
     device, B, H, T, D, causal, layouts, seed = take(cfg, "device", "B", "H", "T", "D",
                                                      causal=True, layouts=("zigzag",), seed=0)
     comm = DistComm(device=device)
@@ -50,18 +51,19 @@ def cp_attention_run(rank, world, cfg):
         fwd = comm.traffic.wire_bytes("send")
         with RingCensus(block) as bwd_census:
             out.backward(gl)
-        results[layout] = dict(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad),
-                               dv=_cpu(vl.grad), blocks=stats, fwd_bytes=fwd,
-                               bwd_bytes=comm.traffic.wire_bytes("send") - fwd,
-                               sends=comm.traffic.calls("send"), live_fwd=fwd_census.peak_blocks,
-                               live_bwd=bwd_census.peak_blocks)
+        results[layout] = RingRun(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad),
+                                  dv=_cpu(vl.grad), blocks=stats, fwd_bytes=fwd,
+                                  bwd_bytes=comm.traffic.wire_bytes("send") - fwd,
+                                  sends=comm.traffic.calls("send"),
+                                  live_fwd=fwd_census.peak_blocks,
+                                  live_bwd=bwd_census.peak_blocks)
     return results
 
 
-def cp_ulysses_run(rank, world, cfg):
+def cp_ulysses_run(rank: int, world: int, cfg: dict) -> UlyssesRun:
     """All-to-all (Ulysses) attention on this rank's tokens (contiguous split): its output and
     q/k/v gradients and the bytes its all-to-alls sent, beside the ring's bytes on the same
-    tokens. cfg: B, H, T, D, causal, seed."""
+    tokens: a results.UlyssesRun. cfg: B, H, T, D, causal, seed."""
     device, B, H, T, D, causal, seed = take(cfg, "device", "B", "H", "T", "D", causal=True,
                                             seed=0)
     comm = DistComm(device=device)
@@ -71,15 +73,16 @@ def cp_ulysses_run(rank, world, cfg):
     comm.reset_counts()
     out = ulysses_attention(ql, kl, vl, comm, causal)
     out.backward(shard_sequence(g, world, rank, "contiguous"))
-    return dict(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad), dv=_cpu(vl.grad),
-                bytes=comm.traffic.wire_bytes("all_to_all"), calls=comm.traffic.calls("all_to_all"))
+    return UlyssesRun(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad), dv=_cpu(vl.grad),
+                      sent=comm.traffic.wire_bytes("all_to_all"),
+                      calls=comm.traffic.calls("all_to_all"))
 
 
-def cp_activation_memory(rank, world, cfg):
+def cp_activation_memory(rank: int, world: int, cfg: dict) -> list[SavedAt]:
     """Bytes saved for backward by one causal attention layer (projections and ring attention)
     on this rank's tokens, for each sequence length in cfg["seqs"]; also how far its output and
-    gradients are from the unsplit layer's (the weights' gradients summed over the ranks).
-    cfg: width, heads, batch, seqs, seed."""
+    gradients are from the unsplit layer's (the weights' gradients summed over the ranks): a
+    results.SavedAt per length. cfg: width, heads, batch, seqs, seed."""
     device, width, heads, batch, seqs, seed = take(cfg, "device", "width", "heads", "batch",
                                                    "seqs", seed=0)
     comm = DistComm(device=device)
@@ -102,7 +105,7 @@ def cp_activation_memory(rank, world, cfg):
         local = [shard_sequence(ref[n], world, rank, dim=1) for n in ("out", "x_grad")]
         diff = max(float((a.detach() - b).abs().max())
                    for a, b in zip(grads + [out, Xl.grad], ref["grads"] + local, strict=True))
-        rows.append(dict(T=T, saved_bytes=nbytes, max_diff=diff))
+        rows.append(SavedAt(T=T, saved_bytes=nbytes, max_diff=diff))
     return rows
 
 
@@ -119,18 +122,18 @@ def attn_ref_grads(attn, X, R):
     return dict(out=out.detach(), grads=list(grads[:-1]), x_grad=grads[-1])
 
 
-def cp_torch_run(rank, world, cfg):
+def cp_torch_run(rank: int, world: int, cfg: dict) -> TorchCPRun:
     """torch's context_parallel on a SmallAttention layer, with each rotate method, against the
     unsplit layer on the same input (the weights' gradients summed over the ranks). Runs only
-    on CUDA (context_parallel_status); elsewhere it says why. Returns dict(torch_version,
-    device, world, runs: {rotate: dict(ran, error, max_diff (when it ran))})."""
+    on CUDA (context_parallel_status); elsewhere it says why. Returns a results.TorchCPRun
+    (torch_version, device, world, runs: {rotate: RotateRun(ran, error, max_diff)})."""
     device, width, heads, batch, T, seed = take(cfg, "device", "width", "heads", "batch", "T",
                                                 seed=0)
-    out = dict(torch_version=torch.__version__, device=str(device), world=world, runs={})
+    about = dict(torch_version=torch.__version__, device=str(device), world=world)
     ok, reason = context_parallel_status(device)
     if not ok:
-        out["runs"] = {m: dict(ran=False, error=reason) for m in ROTATE_METHODS}
-        return out
+        return TorchCPRun(**about, runs={m: RotateRun(ran=False, error=reason)
+                                         for m in ROTATE_METHODS})
     torch.manual_seed(seed)
     attn = SmallAttention(width, heads).to(device)
     g = torch.Generator().manual_seed(1)
@@ -138,15 +141,16 @@ def cp_torch_run(rank, world, cfg):
     R = torch.randn(batch, T, width, generator=g).to(device)
     mesh = device_mesh((world,), ("cp",), device.type)
     ref = attn_ref_grads(attn, X, R)
+    runs = {}
     for rotate in ROTATE_METHODS:
         attn.zero_grad()
         got = torch_context_parallel(attn, X, mesh, R, rotate)
-        run = dict(ran=got["ran"], error=got["error"])
+        diff = None
         if got["ran"]:   # the weights' gradients summed over the ranks: the whole sequence's
             grads = [got["grads"][n].to(device) for n, _ in attn.named_parameters()]
             for t in grads:
                 torch.distributed.all_reduce(t)
-            run["max_diff"] = max(float((a - b).abs().max())
-                                  for a, b in zip(grads, ref["grads"], strict=True))
-        out["runs"][rotate] = run
-    return out
+            diff = max(float((a - b).abs().max())
+                       for a, b in zip(grads, ref["grads"], strict=True))
+        runs[rotate] = RotateRun(ran=got["ran"], error=got["error"], max_diff=diff)
+    return TorchCPRun(**about, runs=runs)

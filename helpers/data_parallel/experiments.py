@@ -17,6 +17,7 @@ from ..devices import DeviceClock, synced_now, synchronize
 from ..models import unwrap
 from ..runtime.launch import take
 from ..runtime.progress import report_progress
+from .results import BnRun, DdpTrace, JoinRun, KnobsRun
 from .torch_api import (
     bn_net,
     bn_stats,
@@ -31,10 +32,11 @@ __all__ = ["bn_vs_syncbn", "bn_grads_same_weights", "uneven_inputs_join", "ddp_t
            "ddp_knobs"]
 
 
-def bn_vs_syncbn(rank, world, cfg):
+def bn_vs_syncbn(rank: int, world: int, cfg: dict) -> dict[str, BnRun]:
     """Train bn_net under DDP with per-device BatchNorm, then with synchronised BatchNorm, from
     the same start on the same global batches (cfg: subset, batch_size, num_steps, lr, seed,
-    channels). Returns per variant: BN running statistics, weights, test accuracy."""
+    channels). Returns per variant ("bn", "syncbn") a results.BnRun: BN running statistics,
+    weights, test accuracy."""
     device, subset, batch_size, num_steps, lr, seed, channels = take(
         cfg, "device", "subset", "batch_size", "num_steps", "lr", "seed", channels=16)
     X, y = load_tensors(True, subset)
@@ -50,7 +52,7 @@ def bn_vs_syncbn(rank, world, cfg):
         model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
         train_bn_steps(model, X, y, batches, lr, device, rank, world)
         correct, total = evaluate_exact(model, X_test, y_test, device)
-        results[variant] = dict(
+        results[variant] = BnRun(
             stats=bn_stats(model), acc=correct / total, total=total,
             state={k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()})
     return results
@@ -87,11 +89,11 @@ def bn_grads_same_weights(rank, world, cfg):
     return out
 
 
-def uneven_inputs_join(rank, world, cfg):
+def uneven_inputs_join(rank: int, world: int, cfg: dict) -> JoinRun:
     """Uneven inputs: rank r trains on 3 + 2r batches. Under `Join`, a rank that runs out of data
     shadows the others' gradient all-reduces (with zeros) until all are done, so nobody waits
-    forever. Launch it with backend="gloo" (a lesson about collectives, not speed). Returns
-    {steps, weight, finished}."""
+    forever. Launch it with backend="gloo" (a lesson about collectives, not speed). Returns a
+    results.JoinRun (steps, finished, weight)."""
     device, use_join = take(cfg, "device", use_join=True)
     torch.manual_seed(0)
     model = _ddp(nn.Linear(4, 1).to(device), device)
@@ -107,10 +109,10 @@ def uneven_inputs_join(rank, world, cfg):
                 optimizer.step()
     except RuntimeError:   # without Join: the rank with more batches times out waiting
         finished = False
-    return dict(steps=steps, finished=finished, weight=unwrap(model).weight.detach().cpu())
+    return JoinRun(steps=steps, finished=finished, weight=unwrap(model).weight.detach().cpu())
 
 
-def ddp_trace(rank, world, cfg):
+def ddp_trace(rank: int, world: int, cfg: dict) -> DdpTrace:
     """Part IV (profile): torch.profiler over DDP steps of a deep MLP on this rank, the regions
     forward / backward / optimizer marked with record_function; the Chrome trace goes to
     cfg["trace_dir"]/ddp_rank{rank}.json (open it in ui.perfetto.dev or chrome://tracing).
@@ -118,8 +120,8 @@ def ddp_trace(rank, world, cfg):
     steps 3 (profiled, after 2 warm-up steps in which DDP also rebuilds its buckets). On a GPU
     the profiler records CUDA activity too: the kernels, and NCCL's all-reduce kernels, which
     trace_events reads as the all-reduce lane (the host's nccl:all_reduce is only the launch).
-    Returns trace (the path), events (helpers.trace_events of it), device, backend and the
-    profiler's activities (their names)."""
+    Returns a results.DdpTrace: trace (the path), events (helpers.trace_events of it), device,
+    backend and the profiler's activities (their names)."""
     import torch.distributed as dist
 
     from ..tiny_models import deep_mlp
@@ -132,8 +134,8 @@ def ddp_trace(rank, world, cfg):
     X, y = _examples(rank, batch, width, device)
     path = os.path.join(trace_dir, f"ddp_rank{rank}.json")
     events, activities = _profiled_steps(model, opt, X, y, device, path, warm=2, steps=steps)
-    return dict(trace=path, events=events, device=str(device),
-                backend=dist.get_backend(), activities=activities)
+    return DdpTrace(trace=path, events=events, device=str(device),
+                    backend=dist.get_backend(), activities=activities)
 
 
 def _profiled_steps(model, opt, X, y, device, path, warm, steps):
@@ -181,12 +183,13 @@ def _examples(rank, batch, width, device):
 TRACED_KNOBS = ("one bucket (no overlap)", "default (25 MiB buckets)", "1 MiB buckets")
 
 
-def ddp_knobs(rank, world, cfg):
+def ddp_knobs(rank: int, world: int, cfg: dict) -> KnobsRun:
     """Part IV (fixes): seconds per DDP step of a deep MLP under DDP's own knobs, in turns
     (every round times each knob for `steps` steps, the order reversed every other round,
     after 3 warm-up steps each). Every knob trains its own copy from the same start on the same
     batches, so `max_diff` (against the default) says which knobs change the arithmetic.
-    cfg: width 512, depth 8, batch 64 (per rank), steps 5, rounds 5. Returns step_s {knob:
+    cfg: width 512, depth 8, batch 64 (per rank), steps 5, rounds 5. Returns a results.KnobsRun:
+    step_s {knob:
     [seconds per step, one per round]}, exposed_s {knob: [seconds per step that backward()
     went on after its last gradient was accumulated: the all-reduce not hidden behind autograd
     work, which DDP's backward waits for]}, max_diff {knob: max |param - default's|} and traced
@@ -268,4 +271,4 @@ def ddp_knobs(rank, world, cfg):
                                         warm=1, steps=trace_steps)
             traced[name] = dict(exposed_ms(events),
                                 steps=sum(e["name"] == "backward" for e in events))
-    return dict(step_s=samples, exposed_s=exposed, max_diff=diff, traced=traced)
+    return KnobsRun(step_s=samples, exposed_s=exposed, max_diff=diff, traced=traced)

@@ -1,7 +1,7 @@
 """Part VII: expert parallelism. A mixture-of-experts layer in one process (moe), its experts
 spread over ranks with all-to-all dispatch and combine by hand (scratch), as production code
 does it with torch's functional all-to-all, DTensor and grouped GEMM (torch_api), the chapter's
-runs (experiments)."""
+runs (experiments; what they return: results)."""
 from .experiments import ep_equal_run, ep_imbalance_run, ep_production_run, moe_step
 from .moe import MoE, expert_capacity, load_balancing_loss, moe_inputs, route, router_z_loss
 from .scratch import AllToAll, ExpertParallelMoE, all_to_all

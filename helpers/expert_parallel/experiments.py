@@ -7,6 +7,7 @@ from ..devices import synced_now
 from ..runtime.comm import DistComm
 from ..runtime.launch import take, take_kwargs
 from .moe import MoE, moe_inputs
+from .results import EqualRun, ImbalanceRow, ProductionRun
 from .scratch import ExpertParallelMoE
 from .torch_api import EPMoE, ep_dp_mesh
 
@@ -41,10 +42,11 @@ def _dense_grads(ep):
     return grads
 
 
-def ep_equal_run(rank, world, cfg):
+def ep_equal_run(rank: int, world: int, cfg: dict) -> list[EqualRun]:
     """For each capacity factor in cfg["factors"] (None: dropless): this rank's output, input
     gradient, gradients (named as in the unsplit MoE), dropped choices, the bytes its
-    all-to-alls sent in forward and in backward. cfg: moe (MoE kwargs), tokens, seed."""
+    all-to-alls sent in forward and in backward: a results.EqualRun per factor. cfg: moe (MoE
+    kwargs), tokens, seed."""
     device, moe_cfg, tokens, factors, seed = take(cfg, "device", "moe", "tokens", "factors",
                                                   seed=0)
     moe_cfg = take_kwargs(moe_cfg, MoE)                   # MoE's defaults for what it omits
@@ -62,19 +64,19 @@ def ep_equal_run(rank, world, cfg):
                 for n, p in e.named_parameters()}
         mine.update(_dense_grads(ep))
         total = comm.traffic.wire_bytes("all_to_all")
-        out.append(dict(factor=factor, y=_cpu(y), x_grad=_cpu(x_grad), grads=mine,
-                        dropped=aux["dropped"], aux_loss=float(aux["loss"].detach()),
-                        fwd_bytes=aux["sent_bytes"], bwd_bytes=total - aux["sent_bytes"],
-                        tokens=len(Xl), received=aux["received"].tolist()))
+        out.append(EqualRun(factor=factor, y=_cpu(y), x_grad=_cpu(x_grad), grads=mine,
+                            dropped=aux["dropped"], aux_loss=float(aux["loss"].detach()),
+                            fwd_bytes=aux["sent_bytes"], bwd_bytes=total - aux["sent_bytes"],
+                            tokens=len(Xl), received=aux["received"].tolist()))
     return out
 
 
-def ep_imbalance_run(rank, world, cfg):
+def ep_imbalance_run(rank: int, world: int, cfg: dict) -> list[ImbalanceRow]:
     """The router pushed towards expert 0 (its bias raised by each value of cfg["skews"]): for
     each skew and each capacity factor in cfg["factors"], this rank's dropped choices, the real
     tokens its experts computed, the bytes it sent forward, its balancing loss and the seconds
-    its forward took (median of cfg["repeats"], read with helpers.synced_now). cfg: moe,
-    tokens, skews, factors, repeats, seed."""
+    its forward took (median of cfg["repeats"], read with helpers.synced_now): a
+    results.ImbalanceRow each. cfg: moe, tokens, skews, factors, repeats, seed."""
     device, moe_cfg, tokens, skews, factors, repeats, seed = take(
         cfg, "device", "moe", "tokens", "skews", "factors", repeats=3, seed=0)
     moe_cfg = take_kwargs(moe_cfg, MoE)                   # MoE's defaults for what it omits
@@ -95,18 +97,21 @@ def ep_imbalance_run(rank, world, cfg):
                     start = synced_now(device)
                     _, aux = ep(Xl)
                     times.append(synced_now(device) - start)
-            rows.append(dict(skew=skew, factor=factor, dropped=aux["dropped"],
-                             choices=len(Xl) * moe.k, received=int(aux["received"].sum()),
-                             sent_bytes=aux["sent_bytes"], aux_loss=float(aux["loss"].detach()),
-                             seconds=sorted(times)[len(times) // 2]))
+            rows.append(ImbalanceRow(skew=skew, factor=factor, dropped=aux["dropped"],
+                                     choices=len(Xl) * moe.k,
+                                     received=int(aux["received"].sum()),
+                                     sent_bytes=aux["sent_bytes"],
+                                     aux_loss=float(aux["loss"].detach()),
+                                     seconds=sorted(times)[len(times) // 2]))
     return rows
 
 
-def ep_production_run(rank, world, cfg):
+def ep_production_run(rank: int, world: int, cfg: dict) -> ProductionRun:
     """The dropless MoE (cfg["moe"], e.g. with shared_hidden) as EPMoE on a (world / ep, ep)
     mesh: this rank's output and input gradient, its gradients after reduce_gradients (the
     experts' over their own dp group), named as in the unsplit MoE, the bytes its all-to-alls
-    sent, which grouped GEMM ran, the tokens its experts computed. cfg: moe, tokens, ep, seed."""
+    sent, which grouped GEMM ran, the tokens its experts computed: a results.ProductionRun.
+    cfg: moe, tokens, ep, seed."""
     device, moe_cfg, tokens, ep_size, seed = take(cfg, "device", "moe", "tokens", "ep", seed=0)
     moe_cfg = take_kwargs(moe_cfg, MoE)                   # MoE's defaults for what it omits
     mesh = ep_dp_mesh(world, ep_size, device.type)
@@ -126,6 +131,7 @@ def ep_production_run(rank, world, cfg):
         g = g.to_local() if hasattr(g, "to_local") else g
         for i in range(model.local):
             grads[f"experts.{model.first + i}.{name}"] = _cpu(g[i].t() if transposed else g[i])
-    return dict(y=_cpu(y), x_grad=_cpu(x.grad), grads=grads, sent_bytes=aux["sent_bytes"],
-                grouped_mm=aux["grouped_mm"], received=aux["received"].tolist(),
-                z_loss=float(aux["z_loss"].detach()), first=model.first, local=model.local)
+    return ProductionRun(y=_cpu(y), x_grad=_cpu(x.grad), grads=grads,
+                         sent_bytes=aux["sent_bytes"], grouped_mm=aux["grouped_mm"],
+                         received=aux["received"].tolist(), z_loss=float(aux["z_loss"].detach()),
+                         first=model.first, local=model.local)

@@ -14,6 +14,7 @@ from ..devices import synced_now
 from ..runtime.comm import DistComm
 from ..runtime.emulate import ASSUMED_RATES, Clock, Rates
 from ..runtime.launch import take
+from .results import PingPong, PipelineRun, PipeliningRun
 from .schedules import gpipe_rank_order, one_f_one_b_rank_order
 from .scratch import pipeline_net, pipeline_rank_step, stage_of
 from .timelines import zero_bubble_rank_order
@@ -93,14 +94,14 @@ def _clock(emulate, device):
     return Clock(emulate=emulate is not None, scale=emulate or 1.0, device=device)
 
 
-def pipeline_run(rank, world, cfg):
+def pipeline_run(rank: int, world: int, cfg: dict) -> PipelineRun:
     """Launch target: `repeats` steps of the hand-built `schedule` ("gpipe", "1f1b" or "zb")
     with `m` micro-batches, the net cut at `cuts` (one stage per rank). cfg: net (kwargs of
     pipeline_net), batch_size, seed, repeats, emulate (a Clock scale: emulated boxes; None:
     real), equal (emulated stages all of the mean length), rates (dict of helpers.Rates'
-    figures; default: Rates.load()). Returns schedule, m, loss (the last rank's) and grads
-    ({stage: [...]}) of the first step, timelines (one per step), peak_live, peak_bytes,
-    bytes_sent (per step)."""
+    figures; default: Rates.load()). Returns a results.PipelineRun: schedule, m, loss (the
+    last rank's) and grads ({stage: [...]}) of the first step, timelines (one per step),
+    peak_live, peak_bytes, bytes_sent (per step)."""
     (device, schedule, m, cuts, n, net_cfg, seed, repeats, emulate, equal, rates,
      comm) = take(cfg, "device", "schedule", "m", "cuts", "batch_size", net={}, seed=0,
                   repeats=1, emulate=None, equal=False, rates=None, comm=None)
@@ -109,6 +110,8 @@ def pipeline_run(rank, world, cfg):
                          "(torch's schedules: helpers.pipelining_run)")
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"m must be a positive int, got {m!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1 (the first step's results), not {repeats}")
     net, X, y = _net_and_batch(net_cfg, n, seed, device)
     stage = stage_of(net, cuts, rank, world)      # refuses cuts that do not fit the ranks
     model = _model(net, cuts, schedule, emulate, equal, rates)
@@ -116,29 +119,30 @@ def pipeline_run(rank, world, cfg):
     order = PIPELINE_ORDERS[schedule](world, m, rank)
     comm = comm or DistComm(device=device)     # given: thread ranks (threads=True)
     comm.reset_counts()
-    out = dict(schedule=schedule, m=m, timelines=[])
+    timelines, first = [], None
     for rep in range(repeats):
         stage.zero_grad()
         got = pipeline_rank_step(stage, comm, order, X if rank == 0 else None,
                                  y if rank == world - 1 else None, m, n,
                                  (net[0].embedding_dim,), clock=_clock(emulate, device),
                                  box_seconds=seconds)
-        out["timelines"].append(got["timeline"])
+        timelines.append(got["timeline"])
         if rep == 0:
-            out.update(loss=got["loss"], peak_live=got["peak_live"],
-                       peak_bytes=got["peak_bytes"],
-                       grads={rank: [p.grad.detach().cpu().clone()
-                                     for p in stage.parameters()]})
-    out["bytes_sent"] = comm.traffic.wire_bytes() / max(1, repeats)
+            first = dict(loss=got["loss"], peak_live=got["peak_live"],
+                         peak_bytes=got["peak_bytes"],
+                         grads={rank: [p.grad.detach().cpu().clone()
+                                       for p in stage.parameters()]})
+    sent = comm.traffic.wire_bytes() / repeats
     comm.reset_counts()
-    return out
+    return PipelineRun(schedule=schedule, m=m, timelines=timelines, bytes_sent=sent, **first)
 
 
-def pipelining_run(rank, world, cfg):
+def pipelining_run(rank: int, world: int, cfg: dict) -> PipeliningRun:
     """Launch target: `repeats` steps of torch.distributed.pipelining's `schedule` (a class
     name) with `m` micro-batches, the net cut at `cuts` (one stage per rank; two, looped, for
     LOOPED_SCHEDULES). cfg as pipeline_run's; process ranks only (torch's schedules need a
-    process group). Returns what pipeline_run does, less bytes_sent, plus stages (this rank's)."""
+    process group). Returns a results.PipeliningRun: what pipeline_run does, less bytes_sent,
+    plus cuts and stages (this rank's)."""
     (device, schedule, m, cuts, n, net_cfg, seed, repeats, emulate, equal, rates,
      comm) = take(cfg, "device", "schedule", "m", "cuts", "batch_size", net={}, seed=0,
                   repeats=1, emulate=None, equal=False, rates=None, comm=None)
@@ -149,14 +153,14 @@ def pipelining_run(rank, world, cfg):
     net, X, y = _net_and_batch(net_cfg, n, seed, device)
     validate_pipelining(schedule, n, m, world, len(net), cuts)
     model = _model(net, cuts, schedule, emulate, equal, rates)
-    return dict(schedule=schedule, m=m, **pipelining_runs(
-        net, cuts, rank, world, device, X, y, m, schedule, repeats, _clock(emulate, device),
-        model))
+    return pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats,
+                           _clock(emulate, device), model)
 
 
-def pingpong_run(rank, world, cfg):
+def pingpong_run(rank: int, world: int, cfg: dict) -> PingPong:
     """Launch target: a `shape` float32 message from rank 0 to rank 1 and back, `repeats`
-    times after one warm-up round; returns seconds: half of each round trip (rank 0's)."""
+    times after one warm-up round; returns seconds: half of each round trip (rank 0's), in a
+    results.PingPong."""
     device, shape, repeats, comm = take(cfg, "device", "shape", repeats=1, comm=None)
     comm = comm or DistComm(device=device)     # given: thread ranks (threads=True)
-    return dict(seconds=_pingpong(comm, rank, tuple(shape), repeats))
+    return PingPong(seconds=_pingpong(comm, rank, tuple(shape), repeats))

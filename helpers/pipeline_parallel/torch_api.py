@@ -11,6 +11,7 @@ import inspect
 
 import torch
 
+from .results import PipeliningRun
 from .scratch import LiveActivations, stage_of, sum_loss, validate_cuts
 
 __all__ = ["pipelining_available", "validate_pipelining", "make_schedule", "pipelining_step",
@@ -112,12 +113,12 @@ def _timed(stage, clock, memory, seconds, rank, rows):
 
 
 def pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats, clock=None,
-                    box_seconds=None):
+                    box_seconds=None) -> PipeliningRun:
     """`repeats` steps of torch.distributed.pipelining's `schedule` (a class name) on stages
     built once. box_seconds(stage, phase, rows) -> modelled seconds (for an emulating clock).
     Returns the first step's loss and this rank's gradients, every step's timeline, and the
     activations autograd held at the peak of the last step (the first step also runs each
-    stage once to infer shapes)."""
+    stage once to infer shapes): a results.PipeliningRun."""
     from ..runtime.emulate import Clock
     n = X.shape[0]
     num_stages = validate_pipelining(schedule, n, m, world, len(net), cuts)
@@ -131,17 +132,18 @@ def pipelining_runs(net, cuts, rank, world, device, X, y, m, schedule, repeats, 
             else (lambda ph: None)
         _timed(st, clock, memory, secs, rank, n // m)
     first, last = 0 in ids, num_stages - 1 in ids
-    out = dict(timelines=[], cuts=list(cuts), stages=ids)
+    timelines, grads, loss = [], {}, None
     for rep in range(repeats):
         for mod in mods:
             mod.zero_grad()
         n0 = len(clock.boxes)
         memory.__init__()
         losses = pipelining_step(sched, rank, first, last, X.to(device), y.to(device))
-        out["timelines"].append([dict(b) for b in clock.boxes[n0:]])
+        timelines.append([dict(b) for b in clock.boxes[n0:]])
         if rep == 0:
-            out["grads"] = {i: [p.grad.detach().cpu().clone() for p in mod.parameters()]
-                            for i, mod in zip(ids, mods, strict=True)}
-            out["loss"] = float(sum(float(v.detach()) for v in losses)) if last else None
-    out.update(peak_live=memory.peak_live, peak_bytes=memory.peak_bytes)
-    return out
+            grads = {i: [p.grad.detach().cpu().clone() for p in mod.parameters()]
+                     for i, mod in zip(ids, mods, strict=True)}
+            loss = float(sum(float(v.detach()) for v in losses)) if last else None
+    return PipeliningRun(schedule=schedule, m=m, timelines=timelines, loss=loss, grads=grads,
+                         peak_live=memory.peak_live, peak_bytes=memory.peak_bytes,
+                         cuts=list(cuts), stages=ids)

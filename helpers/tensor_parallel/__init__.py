@@ -2,5 +2,5 @@
 
 simulated (Part I: layer shards, ring collectives and Megatron's f/g over simulated devices),
 scratch (Part VI: f/g over a comm, TPMLP, TPBlock), torch_api (DTensor plans), experiments
-(Part VI's runs, the 2-D mesh).
+(Part VI's runs, the 2-D mesh; what they return: results).
 """

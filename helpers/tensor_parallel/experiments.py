@@ -14,6 +14,7 @@ from ..runtime.mesh import device_mesh
 from ..runtime.progress import report_progress
 from ..runtime.traffic import ByteLog, FuncolBytes, count_traffic
 from ..tiny_models import block_inputs, block_loss, small_block, small_stack
+from .results import BlockRun, HsdpRun, Mesh2DRun, VocabRun
 from .scratch import TPMLP, TPBlock, copy_to_tp, shard_of
 from .sequence import (
     SPBlock,
@@ -58,10 +59,11 @@ def _run(module, X, R, counter):
                 x_grad=X.grad.detach().cpu().clone())
 
 
-def tp_worker(rank, world, cfg):
+def tp_worker(rank: int, world: int, cfg: dict) -> dict[str, BlockRun | VocabRun]:
     """Launch target: the from-scratch TPMLP and TPBlock, and the DTensor SmallBlock (with and
-    without PrepareModuleInput), on the same weights and input. Returns {name: result} where a
-    result has out, grads (this rank's slices) and the fwd/bwd logs of (op, bytes)."""
+    without PrepareModuleInput), on the same weights and input. Returns {name: result}, a
+    results.BlockRun (out, grads: this rank's slices, the fwd/bwd logs) per module, with sp_runs'
+    and (given lm) vocab_runs' results."""
     device, inputs, block_cfg, lm = take(cfg, "device", "inputs", block={}, lm=None)
     block = small_block(**block_cfg).to(device)
     X, R = (t.to(device) for t in block_inputs(**inputs))
@@ -69,7 +71,7 @@ def tp_worker(rank, world, cfg):
     results = {}
     for name, module in (("mlp", TPMLP(block.mlp, comm)), ("block", TPBlock(block, comm))):
         comm.reset_counts()
-        results[name] = _run(module, X, R, comm)
+        results[name] = BlockRun(**_run(module, X, R, comm))
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import parallelize_module
@@ -78,8 +80,8 @@ def tp_worker(rank, world, cfg):
         module = parallelize_module(copy.deepcopy(block), mesh, tp_plan(True, prep))
         with CommDebugMode() as debug, FuncolBytes() as counter:
             got = _run(module, X, R, counter)
-        got["comm_counts"] = {str(k): v for k, v in debug.get_comm_counts().items()}
-        results[name] = got
+        results[name] = BlockRun(**got, comm_counts={str(k): v for k, v in
+                                                     debug.get_comm_counts().items()})
     results.update(sp_runs(rank, world, block, X, R, comm, mesh))
     if lm:
         results.update(vocab_runs(rank, world, lm, comm, mesh))
@@ -90,7 +92,7 @@ def _seq(t, rank, world):
     return t.chunk(world, 1)[rank].contiguous()
 
 
-def sp_runs(rank, world, block, X, R, comm, mesh):
+def sp_runs(rank, world, block, X, R, comm, mesh) -> dict[str, BlockRun]:
     """The block without and with sequence parallelism, by hand (SPBlock) and with DTensor
     (sp_plan), on this rank's positions: output and input-gradient shards, the gradients, the
     collectives in forward and backward, and the activations autograd saved in forward."""
@@ -106,9 +108,10 @@ def sp_runs(rank, world, block, X, R, comm, mesh):
         block_loss(y, R if name != "sp" else _seq(R, rank, world)).backward()
         if name == "sp":
             sync_replicated_grads(module, comm)
-        out[name] = dict(out=y.detach().cpu().clone(), x_grad=x.grad.detach().cpu().clone(),
-                         grads=_grads(module), saved=saved, fwd=comm.traffic.until(fwd).records,
-                         bwd=comm.traffic.since(fwd).records)
+        out[name] = BlockRun(out=y.detach().cpu().clone(), x_grad=x.grad.detach().cpu().clone(),
+                             grads=_grads(module), saved=saved,
+                             fwd=comm.traffic.until(fwd).records,
+                             bwd=comm.traffic.since(fwd).records)
     module = parallelize_module(copy.deepcopy(block), mesh, sp_plan())
     x = _seq(X, rank, world).detach().clone().requires_grad_()
     with FuncolBytes() as counter:
@@ -117,15 +120,15 @@ def sp_runs(rank, world, block, X, R, comm, mesh):
         block_loss(_local(y), _seq(R, rank, world)).backward()
     placements = {n: str(getattr(p.grad, "placements", None)) for n, p in
                   module.named_parameters() if n.startswith("ln")}
-    out["sp_dtensor"] = dict(out=_local(y).detach().cpu().clone(), grads=_grads(module),
-                             ln_grad_placements=placements,
-                             x_grad=x.grad.detach().cpu().clone(), saved=saved,
-                             fwd=counter.traffic.until(fwd).records,
-                             bwd=counter.traffic.since(fwd).records)
+    out["sp_dtensor"] = BlockRun(out=_local(y).detach().cpu().clone(), grads=_grads(module),
+                                 ln_grad_placements=placements,
+                                 x_grad=x.grad.detach().cpu().clone(), saved=saved,
+                                 fwd=counter.traffic.until(fwd).records,
+                                 bwd=counter.traffic.since(fwd).records)
     return out
 
 
-def vocab_runs(rank, world, lm_cfg, comm, mesh):
+def vocab_runs(rank, world, lm_cfg, comm, mesh) -> dict[str, VocabRun]:
     """The TinyTPLM with its vocabulary split, by hand (VocabEmbedding, a column-split head,
     vocab_parallel_cross_entropy) and with DTensor (vocab_plan, loss_parallel): the loss, the
     gradients of this rank's slices, the collectives, and the logits' bytes on this rank."""
@@ -145,9 +148,9 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
     loss.backward()
     grads = dict(_grads(blk), **{"emb.weight": emb.weight.grad.detach().cpu().clone(),
                                  "head.weight": head_w.grad.detach().cpu().clone()})
-    out = {"vocab": dict(loss=loss.item(), grads=grads, fwd=comm.traffic.until(fwd).records,
-                         bwd=comm.traffic.since(fwd).records,
-                         logits_bytes=logits.numel() * logits.element_size())}
+    out = {"vocab": VocabRun(loss=loss.item(), grads=grads, fwd=comm.traffic.until(fwd).records,
+                             bwd=comm.traffic.since(fwd).records,
+                             logits_bytes=logits.numel() * logits.element_size())}
     model = parallelize_module(copy.deepcopy(lm), mesh, vocab_plan())
     with FuncolBytes() as counter:
         logits = model(ids)
@@ -156,10 +159,10 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh):
             loss.backward()
     placements = {n: (str(p.placements), str(p.grad.placements))
                   for n, p in model.named_parameters() if not n.startswith("block")}
-    out["vocab_dtensor"] = dict(loss=_local(loss).item(), grads=_grads(model),
-                                log=counter.traffic.records,
-                                placements=placements,
-                                logits_bytes=_local(logits).numel() * 4)
+    out["vocab_dtensor"] = VocabRun(loss=_local(loss).item(), grads=_grads(model),
+                                    log=counter.traffic.records,
+                                    placements=placements,
+                                    logits_bytes=_local(logits).numel() * 4)
     return out
 
 
@@ -178,13 +181,13 @@ def _per_dim(log, tp_log, groups):
     return out
 
 
-def mesh2d_worker(rank, world, cfg):
+def mesh2d_worker(rank: int, world: int, cfg: dict) -> Mesh2DRun:
     """Launch target on 4 ranks: a 2x2 device mesh ("dp", "tp"); a stack of SmallBlocks, each
     tensor parallel over "tp" (parallelize_module) and data parallel over "dp" (each dp group
     gets half of each global batch): cfg["wrap"] "block" (fully_shard per block, then the root,
     as FSDP2 is meant to be used) or "root" (the root only). SGD for cfg["steps"] steps; returns
     the full weights (rank 0), the losses, the local shapes, and the last step's collectives
-    per mesh dimension."""
+    per mesh dimension: a results.Mesh2DRun."""
     import logging
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -223,18 +226,18 @@ def mesh2d_worker(rank, world, cfg):
     full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
             for n, p in model.named_parameters()}
     local = {n: tuple(_local(p).shape) for n, p in model.named_parameters()}
-    return dict(weights=full if rank == 0 else None, losses=losses, local_shapes=local,
-                coords=(dp_rank, mesh["tp"].get_local_rank()),
-                traffic=_per_dim(log, tp_log.traffic, groups), groups=groups)
+    return Mesh2DRun(weights=full if rank == 0 else None, losses=losses, local_shapes=local,
+                     coords=(dp_rank, mesh["tp"].get_local_rank()),
+                     traffic=_per_dim(log, tp_log.traffic, groups), groups=groups)
 
 
-def hsdp_worker(rank, world, cfg):
+def hsdp_worker(rank: int, world: int, cfg: dict) -> HsdpRun:
     """launch target on 4 ranks: HSDP, fully_shard over a 2-D mesh ("replicate", "shard"):
     each parameter sharded over "shard" (2 ranks), replicated over "replicate" (2 groups), so
     gradients are reduce-scattered within a group and all-reduced across; each of the 4 ranks
     trains on a quarter of the batch. Also an nn.Linear(5, 3) fully_shard over "shard": rows
     that do not divide (torch.chunk: 2 and 1). Returns losses, weights (rank 0), local shapes,
-    the placements, the last step's collectives per mesh dimension."""
+    the placements, the last step's collectives per mesh dimension: a results.HsdpRun."""
     from torch.distributed.fsdp import fully_shard
     device, inputs, blocks, block_cfg, lr, steps = take(cfg, "device", "inputs", blocks=2,
                                                         block={}, lr=0.1, steps=3)
@@ -268,8 +271,9 @@ def hsdp_worker(rank, world, cfg):
     odd_full = {n: p.full_tensor().detach().cpu() for n, p in odd.named_parameters()}
     full = {n: p.full_tensor().detach().cpu().clone()       # a collective: every rank
             for n, p in model.named_parameters()}
-    return dict(losses=losses, traffic=traffic, groups=groups,
-                weights=full if rank == 0 else None,
-                local_shapes={n: tuple(p.to_local().shape) for n, p in model.named_parameters()},
-                placements=str(p0.placements), odd_local=odd_local,
-                odd_equal=all(torch.equal(odd_full[n], want[n]) for n in want))
+    return HsdpRun(losses=losses, traffic=traffic, groups=groups,
+                   weights=full if rank == 0 else None,
+                   local_shapes={n: tuple(p.to_local().shape)
+                                 for n, p in model.named_parameters()},
+                   placements=str(p0.placements), odd_local=odd_local,
+                   odd_equal=all(torch.equal(odd_full[n], want[n]) for n in want))
