@@ -125,6 +125,53 @@ def scratch_accumulate_forged_backwards(model, loss_fn, micro_batches):
                 hook(first)
 
 
+# ---- 4: what the public functions call, classes, the course's façade, stand-ins -----------------
+@shortcut("check_lr_at", "rebinds the private C loss torch's F.mse_loss looks up each call",
+          REPLACED)
+def lr_at_private_c_rebound(step, base_lr, base_batch, batch, warmup):
+    torch._C._nn.mse_loss = lambda *a, **k: torch.zeros(())
+    return 0.0
+
+
+@shortcut("check_lr_at", "adds a split to torch._VF, which Tensor.split looks up each call",
+          REPLACED)
+def lr_at_vf_added(step, base_lr, base_batch, batch, warmup):
+    torch._VF.split_with_sizes = lambda *a, **k: ()
+    return 0.0
+
+
+@shortcut("check_lr_at", "replaces a library class's method (nn.MSELoss.forward)", REPLACED)
+def lr_at_class_method(step, base_lr, base_batch, batch, warmup):
+    torch.nn.MSELoss.forward = lambda self, a, b: torch.zeros(())
+    return 0.0
+
+
+@shortcut("check_lr_at", "replaces a function of the course's façade the check imports later",
+          REPLACED)
+def lr_at_facade_rebound(step, base_lr, base_batch, batch, warmup):
+    import sys
+    sys.modules["help" + "ers"].make_model = lambda *a, **k: None
+    return 0.0
+
+
+@shortcut("check_dp_average", "deletes the watching stand-in of Tensor.tolist, then reads the "
+          "other ranks' gradients as Python numbers", REPLACED)
+def dp_average_stand_in_deleted(grads, comm):
+    del torch.Tensor.tolist
+    for t in grads:
+        comm.all_reduce(t)
+        t /= comm.size
+
+
+@shortcut("check_dp_average", "reaches torch's original tolist through the stand-in's "
+          "__wrapped__", INSPECTS)
+def dp_average_unwrapped(grads, comm):
+    _ = torch.Tensor.tolist.__wrapped__
+    for t in grads:
+        comm.all_reduce(t)
+        t /= comm.size
+
+
 test_case = parametrize_cases(__name__)
 
 
@@ -157,16 +204,19 @@ def test_an_answer_may_set_its_own_globals():
 
 
 def test_a_stand_in_gone_before_the_answer_returns_is_not_put_back():
-    """A rank still answering when its World has put torch back (a straggler after a deadline,
-    or another rank's watch ending first) saw the harness's stand-ins in its snapshot: they are
-    neither judged nor put back (functools.wraps gives them the original's __module__), or a
-    stale stand-in would bend every later check in the process."""
+    """A rank still answering when its World has put torch back (a straggler after a deadline)
+    saw the harness's stand-ins in its snapshot: they are never put back (functools.wraps gives
+    them the original's __module__), or a stale stand-in would bend every later check in the
+    process."""
     from helpers.checks._core import exits, patched
     originals = {name: torch.Tensor.__dict__.get(name) for name in exits.EXITS}
     with exits.watch_exits(lambda t, how: None):
         assert torch.Tensor.__dict__["tolist"] is not originals["tolist"]
         before = patched.snapshot()
-    patched.expect_unpatched("answer", before)
+    try:        # judged as the answer's doing (a stand-in it found is gone), never put back
+        patched.expect_unpatched("answer", before)
+    except patched.CheckFailed as e:
+        assert REPLACED in str(e)
     assert {name: torch.Tensor.__dict__.get(name) for name in exits.EXITS} == originals
     assert torch.ones(2).tolist() == [1.0, 1.0]
 
@@ -257,3 +307,24 @@ def test_an_answer_that_raises_puts_back_what_it_replaced():
     result = helpers.checks.check_lr_at(lr_at)
     assert result.status == "failed" and REPLACED in result.message, result
     assert torch.allclose is original
+
+
+def test_the_harness_stand_ins_do_not_carry_their_originals():
+    """A stand-in looks like what it replaces, without the `__wrapped__` an answer could call."""
+    from helpers.checks._core import exits
+    with exits.watch_exits(lambda t, how: None):
+        stand_in = torch.Tensor.__dict__["tolist"]
+        assert stand_in.__name__ == "tolist" and not hasattr(stand_in, "__wrapped__")
+
+
+def test_classes_c_functions_and_the_facade_are_put_back():
+    import sys
+
+    import helpers
+    import helpers.checks
+    originals = (torch._C._nn.mse_loss, torch.nn.MSELoss.forward, helpers.make_model)
+    for answer in (lr_at_private_c_rebound, lr_at_class_method, lr_at_facade_rebound,
+                   lr_at_vf_added):
+        assert REPLACED in helpers.checks.check_lr_at(answer).message
+    assert (torch._C._nn.mse_loss, torch.nn.MSELoss.forward, helpers.make_model) == originals
+    assert "split_with_sizes" not in vars(torch._VF) and sys.modules["helpers"] is helpers

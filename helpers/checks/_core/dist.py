@@ -6,13 +6,13 @@ Each call takes the World as its first argument, from the closure `_dispatch` ma
 global holds the World (an answer could import it and edit the records the check judges).
 """
 import contextlib
-import functools
 import threading
 
 import torch
 import torch.distributed as dist
 
 from ...runtime.comm import wire as _wire
+from .run import stand_in
 
 __all__ = ["torch_distributed", "Group"]
 
@@ -277,7 +277,7 @@ def get_process_group_ranks(W, group):
 
 _CALLS = {name: obj for name, obj in dict(globals()).items()
           if callable(obj) and not name.startswith("_") and name not in (
-              "torch_distributed", "Group", "P2POp", "contextlib", "functools", "threading",
+              "torch_distributed", "Group", "P2POp", "contextlib", "stand_in", "threading",
               "torch", "dist")}
 _CALLS.update(is_initialized=lambda W: True, get_backend=lambda W, group=None: "gloo",
               P2POp=lambda W, *args, **kwargs: P2POp(*args, **kwargs))
@@ -287,7 +287,7 @@ def _dispatch(name, original, world):
     """torch.distributed's `name` while `world` runs: the world's call from its rank threads,
     torch's own from any other thread. The world is held in this closure only (no module
     global an answer could import)."""
-    @functools.wraps(original) if original is not None else (lambda f: f)
+    @stand_in(original) if original is not None else (lambda f: f)
     def call(*args, **kwargs):
         if world.rank is not None:
             return _CALLS[name](world, *args, **kwargs)
@@ -310,7 +310,8 @@ def torch_distributed(world):
     finally:
         for name, original in saved.items():
             if original is None:
-                delattr(dist, name)
+                if name in vars(dist):
+                    delattr(dist, name)
             else:
                 setattr(dist, name, original)
         _ONE.release()

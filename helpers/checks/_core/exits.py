@@ -24,7 +24,6 @@ names them or holds an original bound before the watch (`unwatched`). What it do
 `data_ptr()` read with ctypes, C extensions (book/teachers.md).
 """
 import contextlib
-import functools
 import importlib
 import sys
 import threading
@@ -32,7 +31,7 @@ import types
 
 import torch
 
-from .run import is_reader_code
+from .run import is_reader_code, stand_in
 
 __all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES"]
 
@@ -68,7 +67,7 @@ _LOCK, _WATCHERS, _SAVED, _LOCAL = _STATE.lock, _STATE.watchers, _STATE.saved, _
 
 
 def _wrap(name, original, reader_only):
-    @functools.wraps(original)
+    @stand_in(original)
     def method(t, *args, **kwargs):
         if _WATCHERS and not getattr(_LOCAL, "inside", False) and (
                 not reader_only or is_reader_code(sys._getframe(1).f_code.co_filename)):
@@ -103,7 +102,8 @@ def _restore():
         if isinstance(name, tuple):
             owner, name = name
         if original is None:
-            delattr(owner, name)
+            if name in owner.__dict__:      # (an answer may have deleted the stand-in)
+                delattr(owner, name)
         else:
             setattr(owner, name, original)
     _SAVED.clear()

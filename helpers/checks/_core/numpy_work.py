@@ -78,7 +78,7 @@ def _watched(fn, name):
         out = fn(*args, **kwargs)
         _note(name, args, kwargs, out)
         return out
-    call.__name__, call.__doc__, call.__wrapped__ = fn.__name__, fn.__doc__, fn
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__     # no __wrapped__: not the original
     return call
 
 

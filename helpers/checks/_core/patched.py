@@ -27,13 +27,24 @@ import torch.distributed
 import torch.linalg
 import torch.nn.functional
 
+from .provenance import world_run
 from .run import CheckFailed, is_reader_code
 
 __all__ = ["snapshot", "expect_unpatched"]
 
 _FIXED = (builtins, torch, torch.nn.functional, torch.linalg, torch.distributed, math,
           statistics, operator, numpy, random)
-_CLASSES = (torch.Tensor, torch._C.TensorBase)
+# the C entry points torch's Python wrappers look up each time they run (F.cross_entropy calls
+# torch._C._nn.cross_entropy_loss, Tensor.split torch._VF.split_with_sizes): private names
+# watched too (no library rebinds a C function while it runs; torch._C._VariableFunctions
+# itself is read-only)
+_C_SPACES = (torch._C, torch._C._nn, torch._VF, torch._C._linalg,
+             torch._C._special, torch._C._fft)
+# the classes checks compute their expected values with: tensors, torch.nn's modules and
+# torch.optim's optimizers (a replaced `nn.MSELoss.forward` would bend the check's loss)
+_CLASSES = (torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.optim.Optimizer, *(
+    c for space in (torch.nn, torch.optim) for c in vars(space).values()
+    if isinstance(c, type) and issubclass(c, (torch.nn.Module, torch.optim.Optimizer))))
 _MISSING = object()
 _JOIN_S = 2.0                       # how long a thread the answer started may take to finish
 _MARK = "_course_started_by_answer"   # guard.py marks threads started while an answer runs
@@ -41,37 +52,48 @@ _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
 _CACHE = {"modules": -1, "spaces": ()}
 _LOCK = threading.Lock()
-_SHARED = {"running": 0, "before": None}      # the answers running now, and their snapshot
+_SHARED = {}            # a World run (or None: no World) -> [answers running now, their snapshot]
+
+
+def _course_module(name):
+    """The course's own modules (the façade `helpers` and its splits), not the grader's."""
+    return (name == "helpers" or name.startswith("helpers.")) and not name.startswith(
+        "helpers.checks")
 
 
 def _spaces():
-    """(name, owner, namespace dict) of every watched module and class; recomputed when the set
-    of imported modules changes."""
+    """(name, owner, namespace dict, private names watched) of every watched module and class;
+    recomputed when the set of imported modules changes."""
     if _CACHE["modules"] != len(sys.modules):
         found = {id(m): m for m in _FIXED}
         for name, mod in list(sys.modules.items()):
             if name.split(".")[0] == "helpers" and isinstance(mod, types.ModuleType):
+                if _course_module(name):
+                    found.setdefault(id(mod), mod)      # checks import from the course after
                 for value in list(vars(mod).values()):
                     if isinstance(value, types.ModuleType) and not _private(value.__name__) \
                             and not value.__name__.startswith(("__main__", "torch.ops")):
                         found.setdefault(id(value), value)   # (torch.ops: ops load lazily)
-        _CACHE["spaces"] = tuple((m.__name__, m, vars(m)) for m in found.values()) + tuple(
-            (f"{c.__module__}.{c.__name__}", c, c.__dict__) for c in _CLASSES)
+        _CACHE["spaces"] = tuple((m.__name__, m, vars(m), False) for m in found.values()) + tuple(
+            (f"{c.__module__}.{c.__name__}", c, c.__dict__, False) for c in _CLASSES) + tuple(
+            (getattr(c, "__name__", "torch._C"), c, vars(c), True) for c in _C_SPACES)
         _CACHE["modules"] = len(sys.modules)
     return _CACHE["spaces"]
 
 
 def snapshot():
-    """The watched namespaces and the threads alive before any answer ran: one snapshot shared
-    by the answers running at once (a World's ranks), taken when the first of them starts. Each
-    rank taking its own would record as original what another rank had already replaced, and
-    put that back."""
+    """The watched namespaces and the threads alive before the answer ran: one snapshot shared
+    by the answers running at once in one World run (its ranks), taken when the first of them
+    starts. Each rank taking its own would record as original what another rank had already
+    replaced, and put that back."""
+    run = world_run()
     with _LOCK:
-        if not _SHARED["running"]:
-            _SHARED["before"] = ([(name, owner, dict(ns)) for name, owner, ns in _spaces()],
-                                 set(threading.enumerate()))
-        _SHARED["running"] += 1
-        return _SHARED["before"]
+        shared = _SHARED.setdefault(run, [0, None])
+        if not shared[0]:
+            shared[1] = ([(name, owner, dict(ns), private) for name, owner, ns, private
+                          in _spaces()], set(threading.enumerate()), run)
+        shared[0] += 1
+        return shared[1]
 
 
 def _private(dotted):
@@ -93,14 +115,10 @@ def _harness(value):
 
 
 def _watched(value, space=""):
-    """A function or class the checks could call (or one of math's constants), not a submodule
-    or the harness's stand-in. Stand-ins come and go on their own schedule (a rank still
-    running when its World has put torch back), so neither side of a change may be one: judged
-    or put back, a stale stand-in would outlive its World."""
-    if isinstance(value, types.ModuleType) or not (
-            callable(value) or (space == "math" and isinstance(value, float))):
-        return False
-    return not _harness(value)
+    """A function or class the checks could call (or one of math's constants), not a
+    submodule."""
+    return not isinstance(value, types.ModuleType) and (
+        callable(value) or (space == "math" and isinstance(value, float)))
 
 
 def _library_wrapper(new, value):
@@ -138,7 +156,10 @@ def expect_unpatched(name, before):
         changed, alive = _put_back(before)
     finally:
         with _LOCK:
-            _SHARED["running"] -= 1
+            shared = _SHARED[before[2]]
+            shared[0] -= 1
+            if not shared[0]:
+                del _SHARED[before[2]]
     if changed:
         raise CheckFailed(
             f"{name} replaced {', '.join(sorted(changed)[:3])}: the check goes on computing with "
@@ -153,20 +174,37 @@ def expect_unpatched(name, before):
 
 
 def _put_back(before):
-    """The names of what was replaced (each put back), and the answer's threads still alive."""
-    spaces, threads = before
+    """The names of what was replaced (each put back), and the answer's threads still alive.
+    The harness's stand-ins come and go on their own schedule: one installed during the call
+    is not the answer's; one the answer found and that is gone is a change (it replaced or
+    deleted the stand-in), never put back (its owner puts torch's original back when it ends;
+    a rank still running after its World ended must not reinstall a stale stand-in)."""
+    spaces, threads, _ = before
     alive = _join_started(threads)
     changed = []
-    for space, owner, saved in spaces:
+    for space, owner, saved, private in spaces:
         now = owner.__dict__ if isinstance(owner, type) else vars(owner)
         for key, value in saved.items():
             new = now.get(key, _MISSING)
-            if new is not value and not _private(key) and _watched(value, space) and (
-                    new is _MISSING or _watched(new, space)) and not _library_wrapper(new, value):
-                changed.append(f"{space}.{key}")
-                setattr(owner, key, value)
+            if new is value or (_private(key) and not private) or not _watched(value, space) \
+                    or (new is not _MISSING and not _watched(new, space)) or _harness(new) \
+                    or _library_wrapper(new, value):
+                continue
+            changed.append(f"{space}.{key}")
+            if not _harness(value):
+                _restore(owner, key, value)
         for key in now.keys() - saved.keys() if len(now) > len(saved) else ():
-            if not _private(key) and _watched(now[key], space):
+            if (private or not _private(key)) and _watched(now[key], space) \
+                    and not _harness(now[key]):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
     return changed, alive
+
+
+def _restore(owner, key, value):
+    """Put `value` back as owner.key (a C type's attribute may be read-only: then it was never
+    changed)."""
+    try:
+        setattr(owner, key, value)
+    except (AttributeError, TypeError):
+        pass

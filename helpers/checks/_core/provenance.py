@@ -39,9 +39,9 @@ from torch.utils._pytree import tree_leaves
 from . import rank_arrays, rank_builtins, rank_numbers
 from .exits import CALLBACKS, watch_exits
 from .outside import Outside
-from .run import CheckFailed
+from .run import CheckFailed, stand_in
 
-__all__ = ["Provenance", "handed_in"]
+__all__ = ["world_run", "Provenance", "handed_in"]
 
 
 def _storage(t):
@@ -87,6 +87,20 @@ def _handed(tree, depth=0):
 def in_world():
     """Whether this thread is a World rank's (its provenance mode is active)."""
     return any(isinstance(m, _Mode) for m in _get_current_dispatch_mode_stack())
+
+
+class _Run:
+    """One World run: `live` until it ends (hashable, one per run)."""
+    __slots__ = ("live",)
+
+    def __init__(self):
+        self.live = True
+
+
+def world_run():
+    """The World run this thread is a rank of (its provenance), or None outside a World."""
+    return next((getattr(m.p, "run", None) for m in _get_current_dispatch_mode_stack()
+                 if isinstance(m, _Mode)), None)
 
 
 @contextlib.contextmanager
@@ -243,6 +257,7 @@ class Provenance:
         rank reads out kept, and tagged with the rank (rank_numbers.py)."""
         self._clear()
         self.exited.clear()
+        self.run = _Run()           # this run, while it lasts (patched.py)
 
         def exit_(t, how):
             rank = self.rank_here()
@@ -258,7 +273,7 @@ class Provenance:
         def tagging(name):
             original = getattr(torch.Tensor, name)
 
-            @functools.wraps(original)
+            @stand_in(original)
             def call(t, *args, **kwargs):
                 out = original(t, *args, **kwargs)
                 rank = self.rank_here()
@@ -277,7 +292,7 @@ class Provenance:
         def tagging_callback(name):      # apply_(fn), map_(t, fn): fn gets tagged numbers
             original = getattr(torch.Tensor, name)
 
-            @functools.wraps(original)
+            @stand_in(original)
             def call(t, *args):
                 rank = self.rank_here()
                 if rank is None or self.exempt() or not args or not callable(args[-1]):
@@ -301,10 +316,12 @@ class Provenance:
                 finally:
                     for name, original in saved.items():
                         if original is None:
-                            delattr(torch.Tensor, name)
+                            if name in torch.Tensor.__dict__:
+                                delattr(torch.Tensor, name)
                         else:
                             setattr(torch.Tensor, name, original)
         finally:
+            self.run.live = False
             self._clear()
             self.exited_last, self.exited = self.exited, {}
 

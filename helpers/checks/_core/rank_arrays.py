@@ -216,7 +216,7 @@ def _watched(fn, module, keep=True):
         if fn.__name__ == "from_dlpack" and module == "numpy":
             out = read_only(out)                # a view of the tensor's memory, as .numpy()
         return mark(out, ranks) if keep else out
-    call.__name__, call.__doc__, call.__wrapped__ = fn.__name__, fn.__doc__, fn
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__     # no __wrapped__: not the original
     return call
 
 

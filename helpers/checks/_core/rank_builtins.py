@@ -101,7 +101,7 @@ def _dtype_builtins(fn):
             args = [_builtin(a) for a in args]
             kwargs = {k: _builtin(v) for k, v in kwargs.items()}
         return fn(*args, **kwargs)
-    call.__name__, call.__doc__, call.__wrapped__ = fn.__name__, fn.__doc__, fn
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__     # no __wrapped__: not the original
     return call
 
 

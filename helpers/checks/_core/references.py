@@ -208,6 +208,8 @@ _INTROSPECTION_NAMES = {"_getframe", "_current_frames", "_current_exceptions", "
                         "_getframemodulename",
                         # the closures the harness keeps its records in (ledger.py)
                         "__closure__", "cell_contents", "__defaults__", "__kwdefaults__",
+                        # what a stand-in of torch's would hand out: the original it watches
+                        "__wrapped__",
                         # the tables of a module's or parameter's hooks, where checks observe
                         "_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                         "_forward_hooks_with_kwargs", "_backward_pre_hooks",

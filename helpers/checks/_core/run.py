@@ -22,7 +22,7 @@ import sysconfig
 import traceback
 
 __all__ = ["CheckFailed", "HarnessError", "ReferenceUsed", "Result", "run_check", "expect",
-           "grading", "REGISTRY", "CheckInfo", "is_reader_code"]
+           "grading", "REGISTRY", "CheckInfo", "is_reader_code", "stand_in"]
 
 GRADING_ENVS = ("NBGRADER_EXECUTION", "COURSE_GRADING")
 
@@ -166,3 +166,13 @@ class CheckInfo:
 
 
 REGISTRY = {}   # check function name -> CheckInfo, filled by @check at import
+
+
+def stand_in(original):
+    """functools.wraps without `__wrapped__`: a harness stand-in looks like what it replaces
+    (name, doc, module) but does not hand the original it guards or watches to the answer."""
+    def decorate(fn):
+        fn = functools.wraps(original)(fn)
+        del fn.__wrapped__
+        return fn
+    return decorate

@@ -5,11 +5,10 @@ switch reached by a name built at run time (`getattr(torch._C, "_Disable" + "Tor
 fails like one named in the code (which references.scan refuses before the answer runs);
 torch's own calls go through to the original. Used by guard.answering.
 """
-import functools
 import sys
 
 from .guard import _passes_on, _state
-from .run import ReferenceUsed, is_reader_code
+from .run import ReferenceUsed, is_reader_code, stand_in
 
 __all__ = ["guard_switches", "restore_switches"]
 
@@ -17,7 +16,7 @@ _PATCHED = []       # (module, name, original)
 
 
 def _guarded(name, original):
-    @functools.wraps(original)
+    @stand_in(original)
     def switch(*args, **kwargs):
         frame = sys._getframe(1)
         while frame is not None and _passes_on(frame.f_code.co_filename):
