@@ -212,7 +212,7 @@ from .pipeline_parallel.experiments import (pipeline_run, pipelining_run, pingpo
                                              forward_flops, box_model)
 from .pipeline_parallel.verdicts import (bubble_trend_words, schedule_gap,
                                          message_delay_words, balance_words)
-from .tensor_parallel.split_words import bytes_vs_dp_words
+from .tensor_parallel.split_words import bytes_vs_dp_words, paired_vs_column_words
 from .tensor_parallel.simulated import (CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,
                                         dense_split_columns, dense_split_rows, lenet_within_layer,

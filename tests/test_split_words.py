@@ -9,7 +9,7 @@ from helpers.pipeline_parallel.split_words import (
     simulated_timing_words,
     stage_layers_words,
 )
-from helpers.tensor_parallel.split_words import bytes_vs_dp_words
+from helpers.tensor_parallel.split_words import bytes_vs_dp_words, paired_vs_column_words
 from helpers.words import how_often
 
 
@@ -75,6 +75,17 @@ def test_devices_words():
 ])
 def test_bytes_vs_dp_words_three_branches(split, dp, word):
     assert bytes_vs_dp_words(split, dp) == word
+
+
+@pytest.mark.parametrize("paired, column, start", [
+    (29_160, 25_878, "more, 113% of the column split's bytes: a row split"),   # LeNet, k = 4
+    (20_000, 25_000, "less, 80% of the column split's bytes"),
+    (25_000, 25_000, "as much as the column split"),
+])
+def test_paired_vs_column_words_three_branches(paired, column, start):
+    words = paired_vs_column_words(paired, column)
+    assert words.startswith(start)
+    assert ("before the ReLU" in words) == (paired > column), "the cause only where it sends more"
 
 
 def test_how_often():
