@@ -201,7 +201,7 @@ from .pipeline_parallel.simulated import (split_sequential, network_split_forwar
                                           pipeline_order_words)
 from .pipeline_parallel.split_words import (mac_bubble_words, simulated_timing_words,
                                             bubble_vs_formula_words, devices_words,
-                                            stage_layers_words)
+                                            stage_layers_words, naive_order_words)
 from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
                                         layer_times, cuts_by, LinearTape)
 from .pipeline_parallel.timelines import (pipeline_model_time, replayed_bubble, wait_parts,

@@ -2,6 +2,7 @@
 split_words.py) and the count of times in words.py: each branch."""
 import pytest
 
+import helpers
 from helpers.pipeline_parallel.split_words import (
     bubble_vs_formula_words,
     devices_words,
@@ -92,3 +93,20 @@ def test_how_often():
     assert how_often(1) == "once"
     assert how_often(2) == "2 times"
     assert how_often(0) == "0 times"
+
+
+@pytest.mark.parametrize("one, naive, start", [
+    ([5, 6], [3, 4], "faster than one device in every run"),
+    ([3, 4], [5, 6], "slower than one device in every run"),
+    ([3, 5], [4, 6], "within noise of one device"),
+])
+def test_naive_order_words_three_branches(one, naive, start):
+    words = helpers.naive_order_words(one, naive)
+    assert words.startswith(start)
+    assert "at once" not in words or "not devices working at once" in words
+    assert "caus" not in words or "possible cause, not measured" in words
+
+
+def test_naive_order_words_needs_runs():
+    with pytest.raises(ValueError):
+        helpers.naive_order_words([], [1.0])
