@@ -216,7 +216,7 @@ from .tensor_parallel.split_words import bytes_vs_dp_words, paired_vs_column_wor
 from .tensor_parallel.simulated import (CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,
                                         dense_split_columns, dense_split_rows, lenet_within_layer,
-                                        AllGatherShards, all_gather_shards, lenet_gathered_shards)
+                                        lenet_gathered_shards)
 from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
                                       TPAttention, TPBlock, split_dims, gather_shards)
 from .tensor_parallel.torch_api import tp_plan, sp_plan

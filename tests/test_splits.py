@@ -47,6 +47,7 @@ from helpers import (
     split_sequential,
 )
 from helpers.models import LENET_SHAPES
+from helpers.tensor_parallel.simulated import all_gather_shards
 
 torch.backends.cudnn.allow_tf32 = False   # exact float32 convolutions on GPUs too
 
@@ -174,7 +175,7 @@ def test_gather_shards_backward_is_a_reduce_scatter():
     """Device j gets the sum over devices of its own slice of the gradient, nothing more."""
     devs = devices(3)
     shards = [torch.randn(2, c, requires_grad=True) for c in (2, 1, 2)]
-    full = helpers.all_gather_shards(shards, devs)
+    full = all_gather_shards(shards, devs)
     assert all(torch.equal(f, torch.cat(shards, 1)) for f in full)
     grads = [torch.randn(2, 5) for _ in devs]
     torch.autograd.backward(full, grads)
