@@ -201,7 +201,7 @@ from .pipeline_parallel.simulated import (split_sequential, network_split_forwar
                                           pipeline_order_words)
 from .pipeline_parallel.split_words import (mac_bubble_words, simulated_timing_words,
                                             bubble_vs_formula_words, devices_words,
-                                            stage_layers_words)
+                                            stage_layers_words, naive_order_words)
 from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
                                         layer_times, cuts_by, LinearTape)
 from .pipeline_parallel.timelines import (pipeline_model_time, replayed_bubble, wait_parts,
@@ -212,10 +212,11 @@ from .pipeline_parallel.experiments import (pipeline_run, pipelining_run, pingpo
                                              forward_flops, box_model)
 from .pipeline_parallel.verdicts import (bubble_trend_words, schedule_gap,
                                          message_delay_words, balance_words)
-from .tensor_parallel.split_words import bytes_vs_dp_words
+from .tensor_parallel.split_words import bytes_vs_dp_words, paired_vs_column_words
 from .tensor_parallel.simulated import (CopyToShards, ReduceFromShards, copy_to_shards,
                                         reduce_from_shards, megatron_mlp, conv_split_channels,
-                                        dense_split_columns, dense_split_rows, lenet_within_layer)
+                                        dense_split_columns, dense_split_rows, lenet_within_layer,
+                                        lenet_gathered_shards)
 from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
                                       TPAttention, TPBlock, split_dims, gather_shards)
 from .tensor_parallel.torch_api import tp_plan, sp_plan

@@ -194,8 +194,10 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     #   cut goes forward, its gradient back, once per micro-batch.
     # within layer: every conv/dense layer is split k ways by output channels/units; its outputs
     #   are all-gathered right after it (forward), before any ReLU or pooling that follows (the
-    #   within_layer chapter's gather-first variant), its input gradients all-reduced (backward);
-    #   each device keeps the gathered, full activations.
+    #   within_layer chapter's gather-first variant); backward, each layer's input gradient is
+    #   reduce-scattered (the adjoint of the all-gather: a device needs only its own channels'
+    #   slice, and the ReLU and pooling act on each channel alone); each device keeps the
+    #   gathered, full activations.
     # ZeRO-1/2/3: data parallelism with the optimizer state, then the gradients, then the
     #   parameters sharded k ways (sharding_costs); ZeRO-3 gathers each layer's parameters for its
     #   forward and again for its backward.
@@ -229,11 +231,11 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     weighted = sum(r["params"] for r in sizes if r["weighted"])
     p_dev = -(-weighted // k) + (P - weighted)    # conv/dense weights split, the rest replicated
     sent = sum((k - 1) / k * n * o * b for _, o in layers)                       # all-gathers
-    sent += sum(ring_bytes_per_device(n * i * b, k) for i, _ in layers[1:])       # all-reduces
+    sent += sum((k - 1) / k * n * i * b for i, _ in layers[1:])               # reduce-scatters
     L = len(layers) if k > 1 else 0
     costs["within layer"] = dict(sent=sent, params=p_dev * b, grads=p_dev * b, optim=p_dev * ob,
                                  acts=n * A * b, collectives=max(0, 2 * L - 1), handoffs=0,
-                                 messages=(k - 1) * L + 2 * (k - 1) * max(0, L - 1))
+                                 messages=(k - 1) * (2 * L - 1) if L else 0)
     if zero:
         with_params = sum(1 for r in sizes if r["params"]) if k > 1 else 0
         for row, stage in zip(ZERO_ROWS, SHARDING_STAGES[1:], strict=True):

@@ -2,6 +2,7 @@
 split_words.py) and the count of times in words.py: each branch."""
 import pytest
 
+import helpers
 from helpers.pipeline_parallel.split_words import (
     bubble_vs_formula_words,
     devices_words,
@@ -9,7 +10,7 @@ from helpers.pipeline_parallel.split_words import (
     simulated_timing_words,
     stage_layers_words,
 )
-from helpers.tensor_parallel.split_words import bytes_vs_dp_words
+from helpers.tensor_parallel.split_words import bytes_vs_dp_words, paired_vs_column_words
 from helpers.words import how_often
 
 
@@ -77,7 +78,35 @@ def test_bytes_vs_dp_words_three_branches(split, dp, word):
     assert bytes_vs_dp_words(split, dp) == word
 
 
+@pytest.mark.parametrize("paired, column, start", [
+    (29_160, 25_878, "more, 113% of the column split's bytes: a row split"),   # LeNet, k = 4
+    (20_000, 25_000, "less, 80% of the column split's bytes"),
+    (25_000, 25_000, "as much as the column split"),
+])
+def test_paired_vs_column_words_three_branches(paired, column, start):
+    words = paired_vs_column_words(paired, column)
+    assert words.startswith(start)
+    assert ("before the ReLU" in words) == (paired > column), "the cause only where it sends more"
+
+
 def test_how_often():
     assert how_often(1) == "once"
     assert how_often(2) == "2 times"
     assert how_often(0) == "0 times"
+
+
+@pytest.mark.parametrize("one, naive, start", [
+    ([5, 6], [3, 4], "faster than one device in every run"),
+    ([3, 4], [5, 6], "slower than one device in every run"),
+    ([3, 5], [4, 6], "within noise of one device"),
+])
+def test_naive_order_words_three_branches(one, naive, start):
+    words = helpers.naive_order_words(one, naive)
+    assert words.startswith(start)
+    assert "at once" not in words or "not devices working at once" in words
+    assert "caus" not in words or "possible cause, not measured" in words
+
+
+def test_naive_order_words_needs_runs():
+    with pytest.raises(ValueError):
+        helpers.naive_order_words([], [1.0])

@@ -22,6 +22,7 @@ from helpers import (
     gpipe_rank_order,
     layer_sizes,
     lenet,
+    lenet_gathered_shards,
     lenet_module,
     lenet_within_layer,
     max_diff,
@@ -46,6 +47,7 @@ from helpers import (
     split_sequential,
 )
 from helpers.models import LENET_SHAPES
+from helpers.tensor_parallel.simulated import all_gather_shards
 
 torch.backends.cudnn.allow_tf32 = False   # exact float32 convolutions on GPUs too
 
@@ -151,6 +153,36 @@ def test_lenet_within_layer(k):
     assert not same_as_unsplit(broken, lambda X, *p: lenet(X, p), params, X)
 
 
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_lenet_gathered_shards(k):
+    """The column split with all-gathers of the pooled shards: a reduce-scatter backward gives
+    the unsplit gradients, and each collective moves (k-1)/k of its tensor per device."""
+    params = leaves(*LENET_SHAPES)
+    X, devs = torch.randn(3, 1, 28, 28), devices(k)
+    assert same_as_unsplit(lambda X, *p: lenet_gathered_shards(X, p, devs),
+                           lambda X, *p: lenet(X, p), params, X)
+    log = ByteLog()
+    out = lenet_gathered_shards(X, params, devs, log)
+    out.square().sum().backward()
+    # floats per example: pooled outputs all-gathered, the inputs of layers 2-4 reduce-scattered
+    assert log.wire_bytes("all-gather") == (k - 1) * 3 * 4 * (3380 + 800 + 128 + 10)
+    assert log.wire_bytes("reduce-scatter") == (k - 1) * 3 * 4 * (3380 + 800 + 128)
+    assert log.wire_bytes() / k == pytest.approx(3 * 4 * (k - 1) / k * (4318 + 4308))
+
+
+def test_gather_shards_backward_is_a_reduce_scatter():
+    """Device j gets the sum over devices of its own slice of the gradient, nothing more."""
+    devs = devices(3)
+    shards = [torch.randn(2, c, requires_grad=True) for c in (2, 1, 2)]
+    full = all_gather_shards(shards, devs)
+    assert all(torch.equal(f, torch.cat(shards, 1)) for f in full)
+    grads = [torch.randn(2, 5) for _ in devs]
+    torch.autograd.backward(full, grads)
+    total = sum(grads)
+    for s, want in zip(shards, total.split([2, 1, 2], 1), strict=True):
+        torch.testing.assert_close(s.grad, want)
+
 def reference(seed=0, n=12):
     torch.manual_seed(seed)
     net = lenet_module()
@@ -229,9 +261,13 @@ def test_lenet_costs_by_hand():
     c4 = split_costs(sizes, 4, 256, 16.0)
     assert c4["data"]["sent"] == pytest.approx(1.5 * 516272)
     assert c4["data"]["acts"] == 64 * sum(r["acts"] for r in sizes) * 4
-    # within a layer: weights split 4 ways, 4 all-gathers and 3 all-reduces
+    # within a layer: weights split 4 ways, 4 all-gathers (outputs, before the ReLU and pooling)
+    # and 3 reduce-scatters (the input gradients of layers 2-4), (k-1)/k of each per device
     assert c4["within layer"]["params"] == 129068 // 4 * 4
     assert c4["within layer"]["collectives"] == 7
+    assert c4["within layer"]["messages"] == 3 * 7
+    outs, ins = 13520 + 4050 + 128 + 10, 3380 + 800 + 128
+    assert c4["within layer"]["sent"] == pytest.approx(0.75 * 256 * 4 * (outs + ins))
     # network split at 2 devices: one cut, its activation forward and gradient back
     cut = c2["network"]["cuts"][0]
     assert c2["network"]["sent"] == 256 * sizes[cut - 1]["out"] * 4

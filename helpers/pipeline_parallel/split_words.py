@@ -1,10 +1,10 @@
 """Part I's words for the network split (the network_split chapter): how the bubble that
 multiply-adds predict compares with the replayed run's, and why (from the stage shares the run
-measured), how the measured bubble compares with the equal-stage formula, and what timings of
-simulated devices can show."""
+measured), how the measured bubble compares with the equal-stage formula, what timings of
+simulated devices can show, and how the naive split's step compares with one device's."""
 
 __all__ = ["mac_bubble_words", "stage_layers_words", "simulated_timing_words",
-           "bubble_vs_formula_words", "devices_words"]
+           "bubble_vs_formula_words", "devices_words", "naive_order_words"]
 
 
 def mac_bubble_words(macs_bubble, replay_bubble, margin=0.02):
@@ -77,3 +77,20 @@ def bubble_vs_formula_words(lo, hi, formula):
 def devices_words(simulated):
     """What the chapter's devices were, for the sentence that gives their step times."""
     return "simulated on one processor" if simulated else "real, separate devices"
+
+
+def naive_order_words(one_times, naive_times):
+    """The naive split's step against one device's, from the seconds of each run: faster or
+    slower only where every run says so (the spreads do not overlap), else within noise. The
+    naive split runs one stage at a time, so no branch credits devices working at once, and a
+    cause is offered only as possible: the runs time the steps, not why they differ."""
+    if not one_times or not naive_times:
+        raise ValueError("pass the seconds of at least one run of each step")
+    if max(naive_times) < min(one_times):
+        return ("faster than one device in every run, although it does the same work and the "
+                "copies between its stages besides. Its stages run one at a time, so that is not "
+                "devices working at once; these runs do not measure what made it faster")
+    if min(naive_times) > max(one_times):
+        return ("slower than one device in every run; a possible cause, not measured here: the "
+                "copies between its stages and the split's bookkeeping")
+    return "within noise of one device: their spreads overlap, so this run cannot tell them apart"

@@ -3,7 +3,8 @@ a convolution or a dense layer in shards, and the Megatron MLP, whose all-reduce
 (helpers.ring). Every tensor moves with `runtime.traffic.send`, so a ByteLog counts the bytes each
 device would put on its link. `f` and `g` are Megatron-LM's two operators (Shoeybi et al., 2019)
 as autograd functions: f (copy_to_shards) is the identity forward and an all-reduce backward,
-g (reduce_from_shards) an all-reduce forward and the identity backward.
+g (reduce_from_shards) an all-reduce forward and the identity backward. all_gather_shards is the
+column split's: an all-gather of the shards forward, its adjoint, a reduce-scatter, backward.
 """
 import torch
 from torch.nn import functional as F
@@ -13,7 +14,7 @@ from ..runtime.traffic import send
 
 __all__ = ["CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
            "megatron_mlp", "conv_split_channels", "dense_split_columns", "dense_split_rows",
-           "lenet_within_layer"]
+           "lenet_within_layer", "AllGatherShards", "all_gather_shards", "lenet_gathered_shards"]
 
 
 class CopyToShards(torch.autograd.Function):
@@ -113,3 +114,67 @@ def lenet_within_layer(X, params, devices, log=None):
     h2 = h2.reshape(h2.shape[0], -1)
     h3 = F.relu(dense_split_columns(h2, W3, b3, devices, log))
     return dense_split_columns(h3, W4, b4, devices, log)
+
+
+# ---- The column split with ring collectives: all-gather forward, reduce-scatter backward -------
+
+class AllGatherShards(torch.autograd.Function):
+    """Forward, a ring all-gather: device i holds shards[i] (its slice along `dim`) and every
+    device ends with the whole tensor. Backward, its adjoint, a ring reduce-scatter: device j
+    needs only its own slice of the gradient, summed over the k devices' contributions, which
+    is (k-1)/k of the tensor per device where an all-reduce would send twice that. With
+    `replicated=True` (the logits, whose loss every device computes alike) every device
+    holds the same whole gradient already, so each takes its slice and nothing moves."""
+
+    @staticmethod
+    def forward(ctx, devices, log, dim, replicated, *shards):
+        ctx.devices, ctx.log, ctx.dim, ctx.replicated = devices, log, dim, replicated
+        ctx.sizes = [s.shape[dim] for s in shards]
+        k = len(devices)
+        held = [[None] * k for _ in range(k)]
+        for i, s in enumerate(shards):
+            held[i][i] = s
+        for step in range(k - 1):          # device i passes on the newest shard it holds
+            for i in range(k):
+                c, dst = (i - step) % k, (i + 1) % k
+                held[dst][c] = send(held[i][c], i, dst, devices, log, "all-gather")
+        return tuple(torch.cat(h, dim=dim) for h in held)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        k, dim = len(ctx.devices), ctx.dim
+        if ctx.replicated:
+            return (None, None, None, None, *grads[0].split(ctx.sizes, dim=dim))
+        chunks = [list(g.split(ctx.sizes, dim=dim)) for g in grads]
+        for step in range(k - 1):          # chunk c ends, summed, on device c
+            for i in range(k):
+                c, dst = (i - step - 1) % k, (i + 1) % k
+                chunks[dst][c] = chunks[dst][c] + send(chunks[i][c], i, dst, ctx.devices,
+                                                       ctx.log, "reduce-scatter")
+        return (None, None, None, None, *(chunks[j][j] for j in range(k)))
+
+
+def all_gather_shards(shards, devices, log=None, dim=1, replicated=False):
+    """The whole tensor on every device from the devices' slices along `dim` (ring all-gather;
+    backward, a ring reduce-scatter of the gradient: AllGatherShards)."""
+    return list(AllGatherShards.apply(devices, log, dim, replicated, *shards))
+
+
+def lenet_gathered_shards(X, params, devices, log=None):
+    """helpers.lenet with every layer split by output channels or units, as a real split runs
+    it: each device applies the ReLU and pooling to its own channels (they act on each channel
+    alone), and the pooled shards are all-gathered (all_gather_shards: a reduce-scatter backward).
+    Every device reads the data itself; the logits are returned as devices[0] holds them."""
+    k, (W1, b1, W2, b2, W3, b3, W4, b4) = len(devices), params
+    xs = [X.to(d) for d in devices]
+    for W, b in ((W1, b1), (W2, b2)):
+        ys = [F.avg_pool2d(F.relu(F.conv2d(x, Wi.to(d), bi.to(d))), kernel_size=2, stride=2)
+              for x, Wi, bi, d in zip(xs, W.tensor_split(k), b.tensor_split(k), devices)]  # noqa: B905
+        xs = all_gather_shards(ys, devices, log)
+    xs = [x.reshape(x.shape[0], -1) for x in xs]
+    ys = [F.relu(x @ Wi.to(d) + bi.to(d))
+          for x, Wi, bi, d in zip(xs, W3.tensor_split(k, dim=1), b3.tensor_split(k), devices)]  # noqa: B905
+    xs = all_gather_shards(ys, devices, log)
+    ys = [x @ Wi.to(d) + bi.to(d)
+          for x, Wi, bi, d in zip(xs, W4.tensor_split(k, dim=1), b4.tensor_split(k), devices)]  # noqa: B905
+    return all_gather_shards(ys, devices, log, replicated=True)[0]
