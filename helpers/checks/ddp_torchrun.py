@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
-from ._core import CheckFailed, check, expect, fresh_generator, randint
+from ._core import CheckFailed, check, expect, fresh_generator, randint, tensor_close, tensor_equal
 from ._core.inputs import expect_unchanged, kept
 from ._core.references import Reference, blocked, scan
 
@@ -132,7 +132,7 @@ def check_rank_loss(fn):
         expect_unchanged("rank_loss", copies, params, ["X", "y", "the weight", "the bias"])
         want = _grads(model, per_example(slice(None)).mean())     # after the answer ran
         got = [sum(r[i] for r in ranks) / w for i in range(len(want))]   # what DDP does
-        if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want, strict=True)):
+        if all(tensor_close(a, b, atol=1e-6) for a, b in zip(got, want, strict=True)):
             continue
         ratio = float(got[0].norm() / want[0].norm())
         shape = f"shards of {sizes} examples over {w} ranks"
@@ -190,7 +190,7 @@ def check_resume(fn):
             model2, opt2 = _fresh(seed + 2)
             got_epoch = fn(path, model2, opt2)
             snap = torch.load(path, weights_only=True)
-            expect(all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(),
+            expect(all(tensor_equal(a, b) for a, b in zip(model2.state_dict().values(),
                                                           snap["model"].values(), strict=True)),
                    "the model's parameters are not the snapshot's: model.load_state_dict")
             expect(bool(opt2.state_dict()["state"]),
@@ -205,7 +205,7 @@ def check_resume(fn):
             expect(got_epoch == epoch, f"returned {got_epoch!r}, expected the next epoch "
                                        f"{epoch} from the snapshot")
             _training_run(model2, opt2, after)
-            expect(all(torch.equal(a, b) for a, b in zip(model.parameters(),
+            expect(all(tensor_equal(a, b) for a, b in zip(model.parameters(),
                                                           model2.parameters(), strict=True)),
                    "the continuation differs from the run that never stopped")
     finally:

@@ -19,6 +19,7 @@ from ._core import (
     fresh_generator,
     randint,
     storage_key,
+    tensor_equal,
 )
 from ._core.exits import watch_exits
 from ._core.inputs import expect_unchanged, kept
@@ -131,7 +132,7 @@ def check_allreduce_spread(fn):
                f"{what}: the list now has {len(data)} items; allreduce must keep the list "
                "as it is and change the tensors' values")
         for i, (t, orig) in enumerate(zip(data, tensors, strict=True)):
-            stale = "its old values" if torch.equal(orig, before[i]) else "other values"
+            stale = "its old values" if tensor_equal(orig, before[i]) else "other values"
             expect(t is orig, f"tensor {i} was not updated in place: the list now holds a new "
                               f"tensor, and the original (a replica's .grad) still holds {stale}; "
                               "write into it with copy_() or add_() instead of assigning data[i]")
@@ -146,9 +147,9 @@ def check_allreduce_spread(fn):
 def _values(what, tensors, before, want, count, shape):
     bounds = torch.arange(math.prod(shape)).tensor_split(count)
     for i, t in enumerate(tensors):
-        if torch.equal(t, want):
+        if tensor_equal(t, want):
             continue
-        expect(not torch.equal(t, before[i]), f"{what}: tensor {i} is unchanged; every tensor "
+        expect(not tensor_equal(t, before[i]), f"{what}: tensor {i} is unchanged; every tensor "
                                               "must end up holding the sum")
         flat_t, flat_want = t.reshape(-1), want.reshape(-1)
         wrong = (flat_t != flat_want).nonzero().flatten()
@@ -272,7 +273,7 @@ def check_evaluate_accuracy_multi(fn):
                            f"({beside}): every prediction must come from net(X, params) on a "
                            "shard, with that device's copy of the parameters")
         got = as_number(got, what)
-        expect(all(torch.equal(p, q) for p, q in zip(params, saved, strict=True)),
+        expect(all(tensor_equal(p, q) for p, q in zip(params, saved, strict=True)),
                f"{what} changed the parameters: evaluation must leave them as they are")
         expect_unchanged(what, copies, [X, y], ["data (X)", "data (y)"])
         with torch.no_grad():           # the expected accuracy, after the answer returned
