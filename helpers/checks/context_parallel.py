@@ -22,11 +22,17 @@ from ._core import (
 )
 from ._sendrecv import TIMEOUT, _as_list, _carries, _pair, _threads
 
+# torch's context parallelism holds copies of two exercises: the zig-zag ("head-tail") split and
+# the merge of two blocks' attention
+_CP = "torch.distributed.tensor.experimental._context_parallel."
+
 __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",
            "check_half_block", "check_tokens_to_heads"]
 
 
-@check("zigzag_positions", references=["split_positions", "shard_sequence"], observes=[
+@check("zigzag_positions", references=[
+    "split_positions", "shard_sequence",
+    _CP + "_load_balancer._HeadTailLoadBalancer._generate_indices"], observes=[
     "the positions returned for fresh sequence lengths, world sizes and every rank, against "
     "the zig-zag rule; the contiguous split is named"])
 def check_zigzag_positions(fn):
@@ -48,7 +54,8 @@ def check_zigzag_positions(fn):
                               + hint)
 
 
-@check("merge_attention", references=["merge_blocks"], observes=[
+@check("merge_attention", references=["merge_blocks", _CP + "_attention._SDPAMerger._merge_one"],
+       observes=[
     "the merged output and log-sum-exp (float32, as given) of two key blocks of fresh random "
     "scores, against attention over all the keys, computed after the answer returned; with "
     "scores shifted by hundreds, up and down, so that a merge exponentiating the log-sum-exps "

@@ -38,11 +38,13 @@ def _forbid(fn, exercise, objects):
                           f"{name}, which does it for you") from None
 
 
-@check("strip_module_prefix", references=["load_checkpoint"], observes=[
+@check("strip_module_prefix", observes=[
     "the dict returned for keys with and without a leading 'module.', names that merely contain "
     "'module', and the argument left unchanged",
     "by identity: neither helpers.load_checkpoint nor torch's "
-    "consume_prefix_in_state_dict_if_present (which do it for you)"])
+    "consume_prefix_in_state_dict_if_present or torch.distributed.utils._replace_by_prefix "
+    "(which do it for you)"],
+       references=["load_checkpoint", "torch.distributed.utils._replace_by_prefix"])
 def check_strip_module_prefix(fn):
     """fn(state_dict) -> a new dict whose keys lose ONE leading "module." (others untouched)."""
     from torch.nn.modules import utils
@@ -81,6 +83,8 @@ def check_strip_module_prefix(fn):
 
 
 class _Named(Reference):
+    whose = "torch's copy of what the exercise asks for"
+
     def __repr__(self):
         return f"torch's {self.name}"
 

@@ -31,8 +31,26 @@ def _indices(value, what):
 
 
 class _Torch(Reference):
+    whose = "torch's copy of what the exercise asks for"
+
     def __repr__(self):
         return self.name
+
+
+def _torch_samplers():
+    """DistributedSampler and torch's subclasses of it (ElasticDistributedSampler ...): each a
+    copy of the shard the exercise asks for, refused with its own __iter__."""
+    try:
+        import torch.distributed.elastic.utils.data  # noqa: F401  (loads ElasticDistributedSampler)
+    except ImportError:
+        pass
+    found, todo = [], [DistributedSampler]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.split(".")[0] == "torch" and cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
 
 
 def _refuse_sampler(*args, **kwargs):
@@ -42,20 +60,23 @@ def _refuse_sampler(*args, **kwargs):
 @check("sampler_shard", observes=[
     "the indices returned for fresh (n, rank, world, epoch, seed), padding included, against "
     "DistributedSampler's",
-    "by identity: the answer's code may not reach DistributedSampler or its __iter__ (a copy "
-    "bound before the check runs included), and DistributedSampler.__iter__ raises while it "
-    "runs"])
+    "by identity: the answer's code may not reach DistributedSampler, torch's subclasses of it "
+    "(ElasticDistributedSampler) or their __iter__ (a copy bound before the check runs "
+    "included), and their __iter__ raises while it runs"])
 def check_sampler_shard(fn):
     """fn(n, rank, world_size, epoch, seed) must be the indices DistributedSampler(shuffle=True)
     gives that rank in that epoch, computed without DistributedSampler."""
+    samplers = _torch_samplers()
+    refuse = [_Torch(f"{c.__name__}.__iter__", c.__dict__["__iter__"])
+              for c in samplers if "__iter__" in c.__dict__]
     try:
-        scan(fn.fn, [_Torch("DistributedSampler", DistributedSampler),
-                     _Torch("DistributedSampler.__iter__", DistributedSampler.__iter__)],
-             "sampler_shard")
-    except CheckFailed:
-        raise CheckFailed("compute the shard yourself: your code uses DistributedSampler (or "
-                          "its __iter__), which the exercise asks you to write") from None
-    refuse = [_Torch("DistributedSampler.__iter__", DistributedSampler.__iter__)]
+        scan(fn.fn, [_Torch(c.__name__, c) for c in samplers] + refuse, "sampler_shard")
+    except CheckFailed as e:
+        name = max((c.__name__ for c in samplers if c.__name__ in str(e)), key=len,
+                   default="DistributedSampler")
+        raise CheckFailed(f"compute the shard yourself: your code uses torch's {name} (or its "
+                          "__iter__), which computes the shard the exercise asks you to "
+                          "write") from None
     g = fresh_generator()
     cases = [(randint(g, 5, 40), randint(g, 2, 4), randint(g, 1, 5), randint(g, 0, 99))
              for _ in range(6)]

@@ -147,7 +147,9 @@ def _mlp_stages(g, p):
     return nn.Sequential(*layers), widths
 
 
-@check("order_1f1b", references=["one_f_one_b_order", "one_f_one_b_rank_order"], observes=[
+@check("order_1f1b", references=["one_f_one_b_order", "one_f_one_b_rank_order",
+                                "torch.distributed.pipelining.schedules._get_1f1b_rank_ops"],
+       observes=[
     "the order is RUN (run_schedule) on fresh stages: the unsplit model's loss and gradients, "
     "the clock ticks of the run (GPipe's 2(m+p-1)), and the micro-batches alive on each stage "
     "counted from the run (at most p - s on stage s)"])

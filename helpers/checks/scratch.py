@@ -53,7 +53,8 @@ def _rows(m):
 
 
 @check("shard_sizes", references=["split_batch"], observes=[
-    "the sizes returned for fresh (n, k), uneven, even and n < k, against the shards "
+    "the sizes returned for fresh (n, k), uneven, even, n < k and n over 10**6 (beyond any "
+    "table built ahead), against the shards "
     "split_batch makes (torch.tensor_split: larger first, empty shards when n < k)",
     "every torch operation the answer runs, and every numpy function it runs on arrays: the "
     "sizes must come from arithmetic, not from splitting a tensor (or a numpy array) and "
@@ -69,6 +70,9 @@ def check_shard_sizes(fn):
     cases += [(k * randint(g, 1, 6), k), (k, k)]                       # even, one row each
     k = randint(g, 3, 8)
     cases += [(randint(g, 1, k - 1), k), (0, randint(g, 1, 4))]        # fewer rows than devices
+    # beyond any table built ahead (each entry a tensor of n rows), within reach of a loop that
+    # deals the rows one at a time
+    cases.append((randint(g, 10**6, 2 * 10**6), randint(g, 2, 8)))
     for n, k in cases:
         call = f"shard_sizes({n}, {k})"
         with Recorder() as rec, numpy_work(fn) as arrays:
@@ -80,7 +84,9 @@ def check_shard_sizes(fn):
                                       f"last {k - n} shards empty: return "
                                       f"{[1] * n + [0] * (k - n)}") from None
                 raise
-        want = [len(s) for s in torch.arange(n).tensor_split(k)]     # after the answer ran
+        # after the answer ran: tensor_split's sizes (its arithmetic, for n beyond memory)
+        want = ([len(s) for s in torch.arange(n).tensor_split(k)] if n <= 10**4
+                else [n // k + (i < n % k) for i in range(k)])
         expect_list(value, call, "q, r = divmod(n, k)")
         ops = sorted({op.name for op in rec.ops})
         expect(not ops, f"{call}: your code built and split a tensor ({', '.join(ops)}) to "

@@ -24,7 +24,9 @@ __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn
 
 
 @check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm",
-                                      "data_parallel.torch_api._combine_stats"], observes=[
+                                      "data_parallel.torch_api._combine_stats",
+                                      "torch.nn.modules._functions.SyncBatchNorm.forward"],
+       observes=[
     "the mean and biased variance returned for float32 shards of unequal sizes with a large mean "
     "and a small spread (where E[x^2] - E[x]^2 loses the variance), against the exact values; "
     "one channel where every rank's mean is the same power of two, 2**30 or more, where "
@@ -174,7 +176,9 @@ def check_update_running_stats(fn):
                "running_var is not (1 - momentum) * running_var + momentum * unbiased var")
 
 
-@check("sync_bn_input_grad", references=["SyncBatchNormFunction"], observes=[
+@check("sync_bn_input_grad", references=["SyncBatchNormFunction",
+                                         "torch.nn.modules._functions.SyncBatchNorm.backward"],
+       observes=[
     "on a World of 2-4 thread ranks holding different numbers of rows: every call each rank "
     "made and how many numbers it sent in all (the two per-channel sums at most, in any float "
     "precision)",
