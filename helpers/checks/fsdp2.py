@@ -163,6 +163,11 @@ def check_checkpointed_forward(fn):
            "without checkpointing: checkpoint each block, so only its input is kept")
     back = [(kind, i) for ph, kind, i in log if ph == "backward"]
     redo = [i for kind, i in back if kind == "fwd"]
+    expect(sorted(redo) != list(range(depth - 1)),
+           f"backward recomputed blocks {redo} but not the last one ({depth - 1}): it ran "
+           "without a checkpoint (torch's checkpoint_sequential leaves its last segment plain); "
+           "the exercise asks for every block under its own checkpoint: "
+           "checkpoint(block, x, use_reentrant=False) for each block, the last included")
     expect(sorted(redo) == list(range(depth)),
            f"backward recomputed blocks {redo}: checkpointing recomputes every block's forward "
            "once during backward")
