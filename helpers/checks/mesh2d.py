@@ -74,7 +74,7 @@ def check_dp_average(fn):
                "gradients until they are summed across ranks")
         for r, mine in enumerate(results):
             for t, full, s in zip(mine, grads, shapes, strict=True):
-                if tensor_close(t, full.sum(0), atol=1e-5):
+                if tensor_close(t, full.sum(0), atol=1e-5, what=f"rank {r}'s gradient"):
                     raise CheckFailed(f"rank {r} holds the sum over {k} ranks: divide by "
                                       "the number of ranks for the average")
                 expect(tensor_close(t, full.mean(0), atol=1e-5),

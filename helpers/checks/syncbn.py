@@ -224,7 +224,7 @@ def check_sync_bn_input_grad(fn):
         expect(isinstance(t, torch.Tensor) and t.shape == dys[r].shape,
                f"rank {r} returned {type(t).__name__}, expected its input gradient of shape "
                f"{tuple(dys[r].shape)}")
-        if tensor_close(t, want[r], atol=1e-4, rtol=1e-4):
+        if tensor_close(t, want[r], atol=1e-4, rtol=1e-4, what=f"rank {r}'s input gradient"):
             continue
         m1 = torch.stack([d.mean(0) for d in dys]).mean(0)
         m2 = torch.stack([(d * x).mean(0) for d, x in zip(dys, x_hats, strict=True)]).mean(0)

@@ -55,7 +55,7 @@ def check_row_parallel_linear(fn):
         partial = x.chunk(k, -1)[0] @ W.chunk(k, 1)[0].T
         r0 = results[0]
         expect(isinstance(r0, torch.Tensor), f"rank 0 returned {type(r0).__name__}")
-        if calls[0] == 0 and tensor_close(r0, partial + b, atol=1e-5):
+        if calls[0] == 0 and tensor_close(r0, partial + b, atol=1e-5, what="rank 0's output"):
             raise CheckFailed(f"on {k} ranks rank 0 returned only its partial sum: "
                               "all-reduce the partial products (comm.all_reduce)")
         expect(reduces == [1] * k and calls == [1] * k,
@@ -65,7 +65,7 @@ def check_row_parallel_linear(fn):
         expect(nbytes == n * d_out * 4,
                f"rank 0 all-reduced {nbytes} bytes; the partial output is {n * d_out * 4}")
         for r, y in enumerate(results):
-            if tensor_close(y, want + (k - 1) * b, atol=1e-5):
+            if tensor_close(y, want + (k - 1) * b, atol=1e-5, what=f"rank {r}'s output"):
                 raise CheckFailed("the bias was added on every rank before the all-reduce, "
                                   f"so it counts {k} times: add it once, after")
             expect(tensor_close(y, want, atol=1e-5),
@@ -129,7 +129,7 @@ def check_megatron_mlp(fn):
             expect(len(fwd) == 1 and fwd[0].op == "all_reduce",
                    f"rank {r} made {[m.op for m in fwd]} in forward, expected one all-reduce "
                    "(g, after the row-split layer)")
-            expect(tensor_close(o, out.detach(), atol=1e-4),
+            expect(tensor_close(o, out.detach(), atol=1e-4, what=f"rank {r}'s output"),
                    f"on {k} ranks rank {r}'s output differs from the unsplit MLP by "
                    f"{(o - out.detach()).abs().max():.3g}")
             expect(xg is not None and len(bwd) == 1 and bwd[0].op == "all_reduce"
