@@ -77,7 +77,7 @@ def check_strip_module_prefix(fn):
         for k in want:
             expect(k in got, f'key "{k}" is missing from the result (keys: {sorted(got)[:4]}...):'
                              ' strip only a LEADING "module.", once')
-            expect(got[k] is want[k] or tensor_equal(got[k], want[k]),
+            expect(got[k] is want[k] or tensor_equal(got[k], want[k], what=f'"{k}"'),
                    f'the tensor under "{k}" changed')
         expect(len(got) == len(want), f"the result has {len(got)} keys, expected {len(want)}")
 
