@@ -149,6 +149,18 @@ def zigzag_positions_head_tail(T, world, rank):
     return order.reshape(-1).chunk(world)[rank].tolist()
 
 
+def test_every_torch_copy_a_check_names_exists_in_this_torch():
+    """A torch copy renamed by a torch upgrade would silently stop being refused."""
+    from helpers.checks._core import REGISTRY
+    from helpers.checks._core.references import TorchReference, resolve
+    named = sorted({r for info in REGISTRY.values() for r in info.references
+                    if r.startswith("torch.")})
+    assert len(named) >= 6
+    found = resolve(named)
+    assert [ref.name for ref in found] == named
+    assert all(isinstance(ref, TorchReference) and ref.key[0] == "code" for ref in found)
+
+
 # ---- 3. a table built at import ----------------------------------------------------------------
 _SIZES = {(n, k): [len(s) for s in torch.arange(n).tensor_split(k)]
           for n in range(64) for k in range(1, 9)}
