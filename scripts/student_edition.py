@@ -323,9 +323,12 @@ def checks_table():
                         "what it logs.")
             continue
         observes = "; ".join(info.observes)
-        refs = ", ".join(f"`helpers.{r}`" for r in info.references)
+        refs = ", ".join(f"`helpers.{r}`" for r in info.references if not r.startswith("torch."))
+        torch_refs = ", ".join(f"`{r}`" for r in info.references if r.startswith("torch."))
+        refused = " and ".join(([f"the course's own {refs}"] if refs else [])
+                               + ([f"torch's {torch_refs}"] if torch_refs else []))
         rows.append(f"- **`{name}`** observes {observes}." + (
-            f" It refuses the course's own {refs}." if refs else ""))
+            f" It refuses {refused}." if refused else ""))
     return "\n".join(rows)
 
 

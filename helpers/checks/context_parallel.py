@@ -8,14 +8,31 @@ import math
 import torch
 
 from .. import attention_reference, causal_block, split_positions
-from ._core import CheckFailed, Recorder, World, check, expect, fresh_generator, randint, uniform
+from ._core import (
+    CheckFailed,
+    Recorder,
+    World,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    tensor_close,
+    tensor_equal,
+    uniform,
+)
 from ._sendrecv import TIMEOUT, _as_list, _carries, _pair, _threads
+
+# torch's context parallelism holds copies of two exercises: the zig-zag ("head-tail") split and
+# the merge of two blocks' attention
+_CP = "torch.distributed.tensor.experimental._context_parallel."
 
 __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",
            "check_half_block", "check_tokens_to_heads"]
 
 
-@check("zigzag_positions", references=["split_positions", "shard_sequence"], observes=[
+@check("zigzag_positions", references=[
+    "split_positions", "shard_sequence",
+    _CP + "_load_balancer._HeadTailLoadBalancer._generate_indices"], observes=[
     "the positions returned for fresh sequence lengths, world sizes and every rank, against "
     "the zig-zag rule; the contiguous split is named"])
 def check_zigzag_positions(fn):
@@ -37,7 +54,8 @@ def check_zigzag_positions(fn):
                               + hint)
 
 
-@check("merge_attention", references=["merge_blocks"], observes=[
+@check("merge_attention", references=["merge_blocks", _CP + "_attention._SDPAMerger._merge_one"],
+       observes=[
     "the merged output and log-sum-exp (float32, as given) of two key blocks of fresh random "
     "scores, against attention over all the keys, computed after the answer returned; with "
     "scores shifted by hundreds, up and down, so that a merge exponentiating the log-sum-exps "
@@ -75,12 +93,12 @@ def check_merge_attention(fn):
                               "your result has inf or nan: exp() of a large log-sum-exp "
                               "overflows (of a very negative one, underflows to 0); rescale by "
                               "the larger log-sum-exp before exponentiating")
-        expect(torch.allclose(lse, torch.logsumexp(s, -1), rtol=1e-5, atol=1e-4),
+        expect(tensor_close(lse, torch.logsumexp(s, -1), rtol=1e-5, atol=1e-4, what="lse"),
                "lse is not the log-sum-exp of all the scores")
         # float32 holds an lse near 900 to about 1e-4: the weights exp(lse_i - lse) carry
         # that much, whatever the merge; a wrong merge is off by the outputs' size
         atol = 1e-5 + 8 * torch.finfo(s.dtype).eps * float(s.abs().max() * v.abs().max())
-        expect(torch.allclose(o, want, rtol=1e-4, atol=atol),
+        expect(tensor_close(o, want, rtol=1e-4, atol=atol, what="o"),
                "o is not attention over both blocks: weight each block's output by its "
                "share exp(lse_block - lse) of the softmax denominator")
 
@@ -152,8 +170,9 @@ def check_ring_forward(fn):
                    "(online softmax), then let it go")
         want = attention_reference(q, k, v)
         for r, out in enumerate(results):
-            expect(isinstance(out, torch.Tensor) and torch.allclose(
-                out, want.chunk(world, dim=2)[r], rtol=1e-4, atol=1e-5),
+            expect(isinstance(out, torch.Tensor) and tensor_close(
+                out, want.chunk(world, dim=2)[r], rtol=1e-4, atol=1e-5,
+                what=f"on {world} ranks rank {r}'s output"),
                 f"on {world} ranks rank {r}'s output is not attention over the whole "
                 "sequence")
             w.expect_from_messages(r, out, "output", world)
@@ -255,7 +274,7 @@ def check_tokens_to_heads(fn):
         for r, got in enumerate(results):
             want = full.chunk(world, dim=1)[r]
             expect(isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape)
-                   and torch.equal(got, want),
+                   and tensor_equal(got, want),
                    f"on {world} ranks rank {r} should return every token of heads "
                    f"{r * per}..{(r + 1) * per - 1}, shape {tuple(want.shape)}, the tokens in "
                    "sequence order (rank 0's first)")

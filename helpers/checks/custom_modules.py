@@ -6,7 +6,16 @@ import contextlib
 import torch
 from torch import nn
 
-from ._core import CheckFailed, Recorder, check, expect, fresh_generator, randint
+from ._core import (
+    CheckFailed,
+    Recorder,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    tensor_close,
+    tensor_equal,
+)
 from ._core.recorded import Taps
 from ._core.references import Reference, blocked, scan
 
@@ -29,11 +38,13 @@ def _forbid(fn, exercise, objects):
                           f"{name}, which does it for you") from None
 
 
-@check("strip_module_prefix", references=["load_checkpoint"], observes=[
+@check("strip_module_prefix", observes=[
     "the dict returned for keys with and without a leading 'module.', names that merely contain "
     "'module', and the argument left unchanged",
     "by identity: neither helpers.load_checkpoint nor torch's "
-    "consume_prefix_in_state_dict_if_present (which do it for you)"])
+    "consume_prefix_in_state_dict_if_present or torch.distributed.utils._replace_by_prefix "
+    "(which do it for you)"],
+       references=["load_checkpoint", "torch.distributed.utils._replace_by_prefix"])
 def check_strip_module_prefix(fn):
     """fn(state_dict) -> a new dict whose keys lose ONE leading "module." (others untouched)."""
     from torch.nn.modules import utils
@@ -66,12 +77,14 @@ def check_strip_module_prefix(fn):
         for k in want:
             expect(k in got, f'key "{k}" is missing from the result (keys: {sorted(got)[:4]}...):'
                              ' strip only a LEADING "module.", once')
-            expect(got[k] is want[k] or torch.equal(got[k], want[k]),
+            expect(got[k] is want[k] or tensor_equal(got[k], want[k], what=f'"{k}"'),
                    f'the tensor under "{k}" changed')
         expect(len(got) == len(want), f"the result has {len(got)} keys, expected {len(want)}")
 
 
 class _Named(Reference):
+    whose = "torch's copy of what the exercise asks for"
+
     def __repr__(self):
         return f"torch's {self.name}"
 
@@ -189,14 +202,14 @@ def check_accumulate_gradients(fn):
                  "decoys): let each micro-batch's backward accumulate into .grad")
     per_k = sum(loss_fn(ref.lin(Xm), ym) / k for Xm, ym in micro)
     mean_of_means = torch.autograd.grad(per_k, ref.lin.weight)[0]
-    expect(not torch.allclose(grad, mean_of_means, atol=1e-5),
+    expect(not tensor_close(grad, mean_of_means, atol=1e-5),
            f"the gradient is the mean of the {k} micro-batches' mean losses, but they hold "
            f"{sizes} examples: weight each micro-batch's loss by its share of all the examples "
            "(len(y) / total)")
-    expect(not torch.allclose(grad, mean_of_means * k, atol=1e-5),
+    expect(not tensor_close(grad, mean_of_means * k, atol=1e-5),
            f"gradients are about {k}x too large: scale each micro-batch's loss by its share of "
            "all the examples")
-    expect(torch.allclose(grad, want, atol=1e-5),
+    expect(tensor_close(grad, want, atol=1e-5),
            "the accumulated gradient is not that of the mean loss over all the examples")
 
 

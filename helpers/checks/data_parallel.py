@@ -19,6 +19,7 @@ from ._core import (
     expect,
     fresh_generator,
     randint,
+    tensor_close,
 )
 from ._core.inputs import expect_unchanged, kept
 from ._core.recorded import Taps
@@ -31,7 +32,7 @@ CPU = torch.device("cpu")
 
 def _close(got, want):
     return (isinstance(got, torch.Tensor) and got.shape == want.shape
-            and torch.allclose(got.detach().double().cpu(), want.double(), rtol=1e-5, atol=1e-6))
+            and tensor_close(got.detach().double().cpu(), want.double(), rtol=1e-5, atol=1e-6))
 
 
 @check("combine_mean_grads", observes=[
@@ -82,14 +83,14 @@ def check_reduce_then_broadcast(fn):
         fn(grads)
         want = sum(own)
         for i, orig in enumerate(originals):
-            if grads[i] is not orig and torch.allclose(grads[i], want, atol=1e-5):
-                expect(torch.allclose(orig, want, atol=1e-5),
+            if grads[i] is not orig and tensor_close(grads[i], want, atol=1e-5):
+                expect(tensor_close(orig, want, atol=1e-5),
                        f"{call}: tensor {i} of the list was replaced by a new tensor; the "
                        "device's own gradient still holds its local value: write into it in "
                        "place (copy_)")
-            expect(torch.allclose(orig, want, atol=1e-5),
+            expect(tensor_close(orig, want, atol=1e-5),
                    f"{call}: tensor {i} does not hold the sum of the {k} gradients" + (
-                       " (it still holds its own gradient)" if torch.allclose(orig, own[i])
+                       " (it still holds its own gradient)" if tensor_close(orig, own[i])
                        else ""))
         gpus = FakeGPUs(k)
         fakes = [gpus.tensor(gr, i) for i, gr in enumerate(own)]
@@ -184,12 +185,12 @@ def check_sharded_server_step(fn):
                    "updated in place (the list holds a new tensor, or its storage was replaced);"
                    " pull the chunks into the replica's own tensor with copy_()")
         for i, p in enumerate(objects):
-            if torch.allclose(p, want, rtol=1e-5, atol=1e-5):
+            if tensor_close(p, want, rtol=1e-5, atol=1e-5):
                 continue
             hint = ""
-            if torch.allclose(p, start, atol=1e-6):
+            if tensor_close(p, start, atol=1e-6):
                 hint = ": it is unchanged; every device pulls every updated chunk"
-            elif torch.allclose(p, start - lr * grads[i], rtol=1e-5, atol=1e-5):
+            elif tensor_close(p, start - lr * grads[i], rtol=1e-5, atol=1e-5):
                 hint = ": it took a step with its own gradient only"
             expect(False, f"{what}: replica {i} differs from the step on the summed gradient "
                           f"(p - lr * sum of the gradients){hint}")
@@ -313,13 +314,13 @@ def check_accumulated_step(fn):
         for name, p, w, orig in zip(("W", "b"), params, want, objects, strict=True):
             expect(p is orig, f"{call}: params[{'W b'.split().index(name)}] was replaced by a "
                               "new tensor; update the parameters in place")
-            if torch.allclose(p.detach(), w, rtol=1e-5, atol=1e-6):
+            if tensor_close(p.detach(), w, rtol=1e-5, atol=1e-6):
                 continue
             last = [q.clone().requires_grad_() for q in start]
             Xl, yl = X.tensor_split(num_micro)[-1], y.tensor_split(num_micro)[-1]
             gl = torch.autograd.grad(loss(Xl @ last[0] + last[1], yl).sum() / n, last)
             hint = ""
-            if all(torch.allclose(q.detach(), s - lr * x, atol=1e-6)
+            if all(tensor_close(q.detach(), s - lr * x, atol=1e-6)
                    for q, s, x in zip(params, start, gl, strict=True)):
                 hint = ": only the last micro-batch's gradient was used; .grad adds up over " \
                        "backward calls, so do not zero it between micro-batches"

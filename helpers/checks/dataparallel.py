@@ -19,6 +19,7 @@ from ._core import (
     expect,
     fresh_generator,
     randint,
+    tensor_close,
 )
 from ._core.numpy_work import expect_list, numpy_work
 
@@ -186,7 +187,7 @@ def check_dp_forward(fn):
                f"{what} returned {type(out).__name__} "
                f"{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}, expected the "
                f"gathered outputs of shape {tuple(want.shape)}")
-        expect(torch.allclose(out.detach(), want, atol=1e-5),
+        expect(tensor_close(out.detach(), want, atol=1e-5),
                f"{what}: the outputs differ from the module's on the whole batch: gather the "
                "pieces' outputs in order (torch.cat)")
         rows = [r for _, r, _, _ in log.calls]

@@ -11,7 +11,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._core import CheckFailed, World, check, expect, fresh_generator, randint, storage_key
+from ._core import (
+    CheckFailed,
+    World,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    storage_key,
+    tensor_close,
+    tensor_equal,
+)
 from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_bucket_params", "check_overlap_hooks", "check_average_bucket",
@@ -183,9 +193,9 @@ def check_overlap_hooks(fn):
         for n, avg in want.items():
             got = grads[n]
             expect(got is not None, f"{n} has no gradient after finish()")
-            expect(not torch.allclose(got, avg * world, atol=1e-6),
+            expect(not tensor_close(got, avg * world, atol=1e-6),
                    f"{n}.grad is the sum over the {world} ranks: divide it by the world size")
-            expect(torch.allclose(got, avg, atol=1e-6),
+            expect(tensor_close(got, avg, atol=1e-6),
                    f"{n}.grad after finish() is {float(got.norm()):.4g} in norm, expected the "
                    f"average over the ranks, {float(avg.norm()):.4g}")
             w.expect_from_messages(r, got, f"{n}.grad", world)
@@ -247,12 +257,12 @@ def check_average_bucket(fn):
                    f"{call} replaced or reshaped the gradient tensors: write into them in place")
             got = torch.cat([t.reshape(-1) for t in grads])
             mine = torch.cat([t.reshape(-1) for t in data[r]])
-            expect(not torch.equal(got, mine),
+            expect(not tensor_equal(got, mine),
                    f"{call} left the gradients unchanged: the flat buffer is a copy, copy its "
                    "averaged slices back into each gradient")
-            expect(not torch.allclose(got, want * world, atol=1e-5),
+            expect(not tensor_close(got, want * world, atol=1e-5),
                    f"{call} left the sum over the ranks: divide by the world size")
-            expect(torch.allclose(got, want, atol=1e-5),
+            expect(tensor_close(got, want, atol=1e-5),
                    f"{call}: the gradients are not the average over the ranks (copy slice i of "
                    "the buffer back into gradient i, in order)")
             for i, t in enumerate(grads):
@@ -312,9 +322,9 @@ def check_scratch_accumulate(fn):
                                  "communicate once per step, not once per micro-batch (all but "
                                  "the last micro-batch inside `with model.no_sync():`)")
         for n, avg in want.items():
-            if torch.allclose(grads[n], avg * k, atol=1e-5):
+            if tensor_close(grads[n], avg * k, atol=1e-5):
                 expect(False, f"the gradients are {k}x too large: divide each micro-batch's loss "
                               f"by the number of micro-batches ({k})")
-            expect(torch.allclose(grads[n], avg, atol=1e-5),
+            expect(tensor_close(grads[n], avg, atol=1e-5),
                    f"rank {r}: {n}.grad is not the gradient of the mean loss over all the "
                    "micro-batches, averaged over the ranks")

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
-from ._core import CheckFailed, check, expect, fresh_generator, randint
+from ._core import CheckFailed, check, expect, fresh_generator, randint, tensor_close, tensor_equal
 from ._core.inputs import expect_unchanged, kept
 from ._core.references import Reference, blocked, scan
 
@@ -31,8 +31,26 @@ def _indices(value, what):
 
 
 class _Torch(Reference):
+    whose = "torch's copy of what the exercise asks for"
+
     def __repr__(self):
         return self.name
+
+
+def _torch_samplers():
+    """DistributedSampler and torch's subclasses of it (ElasticDistributedSampler ...): each a
+    copy of the shard the exercise asks for, refused with its own __iter__."""
+    try:
+        import torch.distributed.elastic.utils.data  # noqa: F401  (loads ElasticDistributedSampler)
+    except ImportError:
+        pass
+    found, todo = [], [DistributedSampler]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.split(".")[0] == "torch" and cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
 
 
 def _refuse_sampler(*args, **kwargs):
@@ -42,20 +60,23 @@ def _refuse_sampler(*args, **kwargs):
 @check("sampler_shard", observes=[
     "the indices returned for fresh (n, rank, world, epoch, seed), padding included, against "
     "DistributedSampler's",
-    "by identity: the answer's code may not reach DistributedSampler or its __iter__ (a copy "
-    "bound before the check runs included), and DistributedSampler.__iter__ raises while it "
-    "runs"])
+    "by identity: the answer's code may not reach DistributedSampler, torch's subclasses of it "
+    "(ElasticDistributedSampler) or their __iter__ (a copy bound before the check runs "
+    "included), and their __iter__ raises while it runs"])
 def check_sampler_shard(fn):
     """fn(n, rank, world_size, epoch, seed) must be the indices DistributedSampler(shuffle=True)
     gives that rank in that epoch, computed without DistributedSampler."""
+    samplers = _torch_samplers()
+    refuse = [_Torch(f"{c.__name__}.__iter__", c.__dict__["__iter__"])
+              for c in samplers if "__iter__" in c.__dict__]
     try:
-        scan(fn.fn, [_Torch("DistributedSampler", DistributedSampler),
-                     _Torch("DistributedSampler.__iter__", DistributedSampler.__iter__)],
-             "sampler_shard")
-    except CheckFailed:
-        raise CheckFailed("compute the shard yourself: your code uses DistributedSampler (or "
-                          "its __iter__), which the exercise asks you to write") from None
-    refuse = [_Torch("DistributedSampler.__iter__", DistributedSampler.__iter__)]
+        scan(fn.fn, [_Torch(c.__name__, c) for c in samplers] + refuse, "sampler_shard")
+    except CheckFailed as e:
+        name = max((c.__name__ for c in samplers if c.__name__ in str(e)), key=len,
+                   default="DistributedSampler")
+        raise CheckFailed(f"compute the shard yourself: your code uses torch's {name} (or its "
+                          "__iter__), which computes the shard the exercise asks you to "
+                          "write") from None
     g = fresh_generator()
     cases = [(randint(g, 5, 40), randint(g, 2, 4), randint(g, 1, 5), randint(g, 0, 99))
              for _ in range(6)]
@@ -132,7 +153,7 @@ def check_rank_loss(fn):
         expect_unchanged("rank_loss", copies, params, ["X", "y", "the weight", "the bias"])
         want = _grads(model, per_example(slice(None)).mean())     # after the answer ran
         got = [sum(r[i] for r in ranks) / w for i in range(len(want))]   # what DDP does
-        if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want, strict=True)):
+        if all(tensor_close(a, b, atol=1e-6) for a, b in zip(got, want, strict=True)):
             continue
         ratio = float(got[0].norm() / want[0].norm())
         shape = f"shards of {sizes} examples over {w} ranks"
@@ -190,7 +211,7 @@ def check_resume(fn):
             model2, opt2 = _fresh(seed + 2)
             got_epoch = fn(path, model2, opt2)
             snap = torch.load(path, weights_only=True)
-            expect(all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(),
+            expect(all(tensor_equal(a, b) for a, b in zip(model2.state_dict().values(),
                                                           snap["model"].values(), strict=True)),
                    "the model's parameters are not the snapshot's: model.load_state_dict")
             expect(bool(opt2.state_dict()["state"]),
@@ -205,7 +226,7 @@ def check_resume(fn):
             expect(got_epoch == epoch, f"returned {got_epoch!r}, expected the next epoch "
                                        f"{epoch} from the snapshot")
             _training_run(model2, opt2, after)
-            expect(all(torch.equal(a, b) for a, b in zip(model.parameters(),
+            expect(all(tensor_equal(a, b) for a, b in zip(model.parameters(),
                                                           model2.parameters(), strict=True)),
                    "the continuation differs from the run that never stopped")
     finally:

@@ -7,7 +7,16 @@ Random inputs are drawn so that the shortcuts learners take give numbers the rul
 import torch
 
 from .. import load_balancing_loss, route, router_z_loss
-from ._core import CheckFailed, as_int, as_number, check, expect, fresh_generator, randint
+from ._core import (
+    CheckFailed,
+    as_int,
+    as_number,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    tensor_equal,
+)
 from ._sendrecv import _carries, _threads
 
 __all__ = ["check_balancing_loss", "check_keep_within_capacity", "check_dispatch_tokens",
@@ -57,7 +66,7 @@ def check_keep_within_capacity(fn):
         per_expert = torch.bincount(r["expert"][got], minlength=E)
         expect(int(per_expert.max()) <= cap,
                f"an expert kept {int(per_expert.max())} choices with capacity {cap}")
-        if not torch.equal(got, r["kept"]):
+        if not tensor_equal(got, r["kept"]):
             raise CheckFailed(f"with capacity {cap} you kept {got.int().tolist()}, expected "
                               f"{r['kept'].int().tolist()}: every first choice comes "
                               "before any second choice, then earlier tokens first")
@@ -94,7 +103,7 @@ def check_dispatch_tokens(fn):
         for r, got in enumerate(results):
             want = torch.cat([xs[s][dests[s] == r] for s in range(world)])
             expect(isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(
-                want.shape) and torch.equal(got, want),
+                want.shape) and tensor_equal(got, want),
                 f"on {world} ranks rank {r} should end with the {len(want)} rows sent to "
                 "it, in source-rank order")
             if any((dests[s] == r).any() for s in range(world) if s != r):
@@ -149,10 +158,10 @@ def check_permute_tokens(fn):
         want = x[order // k]
         expect(isinstance(rows, torch.Tensor) and tuple(rows.shape) == tuple(want.shape),
                f"rows must be a ({len(want)}, {d}) tensor: one row per choice")
-        if not torch.equal(rows, want):
+        if not tensor_equal(rows, want):
             by_token = x.repeat_interleave(k, 0)
             hint = ("those are the tokens in their own order: group them by expert"
-                    if torch.equal(rows, by_token) else
+                    if tensor_equal(rows, by_token) else
                     "each expert's rows together, experts in order, and within an expert the "
                     "tokens in their order (a stable sort)")
             raise CheckFailed(f"with {N} tokens, {E} experts, k={k} the rows are not "

@@ -21,6 +21,7 @@ from ._core import (
     fresh_generator,
     randint,
     rel_close,
+    tensor_equal,
     uniform,
 )
 
@@ -106,7 +107,7 @@ def check_bucket_allreduce(bucket_allreduce):
         for c in range(k):
             _in_place(call, grads[c], objs[c], ptrs[c], f"replica {c}'s tensor")
             for i, s in enumerate(sums):
-                expect(torch.equal(objs[c][i], s), f"{call}: replica {c}'s tensor {i} does not "
+                expect(tensor_equal(objs[c][i], s), f"{call}: replica {c}'s tensor {i} does not "
                                                    "hold the sum over the replicas")
         if k > 1:
             _bucket_traffic(bucket_allreduce, before, bucket_bytes, want, call)
@@ -168,8 +169,8 @@ def check_ring_allreduce(ring_allreduce):
         total = torch.stack(before).sum(0)          # after the answer ran
         _in_place(call, data, objs, ptrs)
         for i, t in enumerate(objs):
-            expect(torch.equal(t, total), f"{call}: tensor {i} does not hold the sum"
-                   + ("" if k == 1 or torch.equal(objs[0], total) else "; after the "
+            expect(tensor_equal(t, total), f"{call}: tensor {i} does not hold the sum"
+                   + ("" if k == 1 or tensor_equal(objs[0], total) else "; after the "
                       "reduce-scatter each device holds one summed chunk: the all-gather "
                       "passes them round the ring"))
         expect(isinstance(sent, (list, tuple)) and len(sent) == k,

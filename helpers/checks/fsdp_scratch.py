@@ -10,7 +10,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._core import CheckFailed, World, as_number, check, expect, fresh_generator, randint
+from ._core import (
+    CheckFailed,
+    World,
+    as_number,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    tensor_close,
+    tensor_equal,
+)
 
 __all__ = ["check_shard_flat", "check_gather_layer", "check_zero3_sent_bytes",
            "check_clip_sharded", "check_fsdp_units"]
@@ -43,7 +53,7 @@ def check_shard_flat(fn):
                "flatten all the tensors into one vector, then pad it once")
         expect(all(s.dim() == 1 for s in shards), f"{call}: each shard must be a flat vector")
         got = torch.cat([s.reshape(-1) for s in shards])
-        expect(torch.equal(got, flat),
+        expect(tensor_equal(got, flat),
                f"{call}: the shards, put together in rank order, are not the flattened tensors "
                "(each rank holds a contiguous slice of ONE flat vector, not a piece of every "
                "tensor)")
@@ -91,7 +101,7 @@ def check_gather_layer(fn):
                 expect(tuple(a.shape) == tuple(b.shape),
                        f"{call}: tensor {i} has shape {tuple(a.shape)}, expected "
                        f"{tuple(b.shape)} (drop the padding, then split the flat vector in order)")
-                expect(torch.equal(a, b), f"{call}: tensor {i} has the wrong values")
+                expect(tensor_equal(a, b), f"{call}: tensor {i} has the wrong values")
                 w.expect_from_messages(r, a, f"tensor {i}", world)
 
 
@@ -201,7 +211,7 @@ def check_clip_sharded(fn):
                    f"{call}: rank {r} never called all_reduce: each rank holds only its own "
                    "shards, so the squared norms must be summed over the ranks by an all-reduce")
             for p, gr in zip(shards[r], grads[r], strict=True):
-                expect(torch.allclose(p.grad, gr * coef, rtol=1e-4, atol=1e-6),
+                expect(tensor_close(p.grad, gr * coef, rtol=1e-4, atol=1e-6),
                        f"{call}: rank {r}'s gradients are not scaled by max_norm / (norm + 1e-6)"
                        f" = {coef:.4g} (capped at 1), the factor torch's clip_grad_norm_ uses")
             if coef < 1:       # the factor must come from the all-reduce's result
@@ -270,5 +280,5 @@ def check_fsdp_units(fn):
            f"{call}: {count} unit(s): the whole model is gathered at once, so no rank ever holds "
            "less than all the weights; give each block a unit of its own")
     for n, p in ref.named_parameters():
-        expect(n in full and torch.allclose(full[n], p.detach(), atol=1e-5),
+        expect(n in full and tensor_close(full[n], p.detach(), atol=1e-5),
                f"{call}: after one step {n} differs from one process")

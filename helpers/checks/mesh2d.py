@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from ._core import CheckFailed, World, check, expect, fresh_generator, randint
+from ._core import CheckFailed, World, check, expect, fresh_generator, randint, tensor_close
 
 __all__ = ["check_mesh_groups", "check_dp_average", "check_local_shape"]
 
@@ -74,10 +74,10 @@ def check_dp_average(fn):
                "gradients until they are summed across ranks")
         for r, mine in enumerate(results):
             for t, full, s in zip(mine, grads, shapes, strict=True):
-                if torch.allclose(t, full.sum(0), atol=1e-5):
+                if tensor_close(t, full.sum(0), atol=1e-5, what=f"rank {r}'s gradient"):
                     raise CheckFailed(f"rank {r} holds the sum over {k} ranks: divide by "
                                       "the number of ranks for the average")
-                expect(torch.allclose(t, full.mean(0), atol=1e-5),
+                expect(tensor_close(t, full.mean(0), atol=1e-5),
                        f"on {k} ranks rank {r}'s gradient of shape {s} is not the average "
                        "(the tensors must be changed in place)")
                 world.expect_from_messages(r, t, f"gradient of shape {s}", k)

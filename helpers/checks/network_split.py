@@ -89,6 +89,13 @@ def _random_net(g):
     return nn.Sequential(*layers[:-1]), widths
 
 
+def _empty(stage):
+    """True when a stage holds no layer: only containers (nn.Sequential(), nested ones) or
+    nn.Identity. A layer returned as itself (`net[a]`, an nn.Linear) is a stage of one layer."""
+    bare = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.Identity)
+    return all(isinstance(m, bare) for m in stage.modules())
+
+
 @check("split_by_params", simulated=True, references=["balanced_cuts", "split_sequential"],
        observes=[
     "on CPU: k independent stages that together compute net, none empty, the largest holding "
@@ -107,7 +114,7 @@ def check_split_by_params(fn):
                f"{call}: expected a list of {k} stages, got {type(stages).__name__}"
                + (f" of length {len(stages)}" if hasattr(stages, "__len__") else ""))
         for i, s in enumerate(stages):
-            expect(isinstance(s, nn.Module) and len(list(s.children())) > 0,
+            expect(isinstance(s, nn.Module) and not _empty(s),
                    f"{call}: stage {i} is empty: every device gets at least one layer")
         own = {p.data_ptr() for p in net.parameters()}
         expect(not any(p.data_ptr() in own for s in stages for p in s.parameters()),
@@ -147,7 +154,9 @@ def _mlp_stages(g, p):
     return nn.Sequential(*layers), widths
 
 
-@check("order_1f1b", references=["one_f_one_b_order", "one_f_one_b_rank_order"], observes=[
+@check("order_1f1b", references=["one_f_one_b_order", "one_f_one_b_rank_order",
+                                "torch.distributed.pipelining.schedules._get_1f1b_rank_ops"],
+       observes=[
     "the order is RUN (run_schedule) on fresh stages: the unsplit model's loss and gradients, "
     "the clock ticks of the run (GPipe's 2(m+p-1)), and the micro-batches alive on each stage "
     "counted from the run (at most p - s on stage s)"])

@@ -8,7 +8,17 @@ import torch
 from torch import nn
 
 from .. import balanced_cuts, validate_pipelining
-from ._core import CheckFailed, World, as_int, as_number, check, expect, fresh_generator, randint
+from ._core import (
+    CheckFailed,
+    World,
+    as_int,
+    as_number,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    tensor_close,
+)
 from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_idle_share", "check_pipeline_forward", "check_cuts_for_times",
@@ -185,7 +195,7 @@ def check_pipeline_forward(fn):
         expect(tuple(got.shape) == tuple(want.shape),
                f"the last rank returned shape {tuple(got.shape)}, expected "
                f"{tuple(want.shape)} (all micro-batches, in order)")
-        expect(torch.allclose(got.detach(), want, atol=1e-5),
+        expect(tensor_close(got.detach(), want, atol=1e-5),
                f"on {p} ranks the output differs from the unsplit net (by "
                f"{(got.detach() - want).abs().max():.3g})")
         world.expect_from_messages(p - 1, got, "output (the last stage's)", p)
@@ -291,9 +301,9 @@ def check_weight_grads(fn):
         expect(len(products) <= 1,
                f"{call} ran {len(products)} matrix products ({', '.join(products)}): it ran "
                "the layer's forward again; W needs only x and dy, one product dy^T x")
-        expect(torch.allclose(dW, lin.weight.grad, atol=1e-5),
+        expect(tensor_close(dW, lin.weight.grad, atol=1e-5),
                f"{call}: dW differs from the weight's gradient by "
                f"{(dW - lin.weight.grad).abs().max():.3g}")
-        expect(torch.allclose(db, lin.bias.grad, atol=1e-5),
+        expect(tensor_close(db, lin.bias.grad, atol=1e-5),
                f"{call}: db differs from the bias's gradient (sum dy over every row, of every "
                "leading dimension)")

@@ -19,6 +19,7 @@ from ._core import (
     fresh_generator,
     randint,
     storage_key,
+    tensor_equal,
 )
 from ._core.exits import watch_exits
 from ._core.inputs import expect_unchanged, kept
@@ -52,7 +53,8 @@ def _rows(m):
 
 
 @check("shard_sizes", references=["split_batch"], observes=[
-    "the sizes returned for fresh (n, k), uneven, even and n < k, against the shards "
+    "the sizes returned for fresh (n, k), uneven, even, n < k and n over 10**6 (beyond any "
+    "table built ahead), against the shards "
     "split_batch makes (torch.tensor_split: larger first, empty shards when n < k)",
     "every torch operation the answer runs, and every numpy function it runs on arrays: the "
     "sizes must come from arithmetic, not from splitting a tensor (or a numpy array) and "
@@ -68,6 +70,9 @@ def check_shard_sizes(fn):
     cases += [(k * randint(g, 1, 6), k), (k, k)]                       # even, one row each
     k = randint(g, 3, 8)
     cases += [(randint(g, 1, k - 1), k), (0, randint(g, 1, 4))]        # fewer rows than devices
+    # beyond any table built ahead (each entry a tensor of n rows), within reach of a loop that
+    # deals the rows one at a time
+    cases.append((randint(g, 10**6, 2 * 10**6), randint(g, 2, 8)))
     for n, k in cases:
         call = f"shard_sizes({n}, {k})"
         with Recorder() as rec, numpy_work(fn) as arrays:
@@ -79,7 +84,9 @@ def check_shard_sizes(fn):
                                       f"last {k - n} shards empty: return "
                                       f"{[1] * n + [0] * (k - n)}") from None
                 raise
-        want = [len(s) for s in torch.arange(n).tensor_split(k)]     # after the answer ran
+        # after the answer ran: tensor_split's sizes (its arithmetic, for n beyond memory)
+        want = ([len(s) for s in torch.arange(n).tensor_split(k)] if n <= 10**4
+                else [n // k + (i < n % k) for i in range(k)])
         expect_list(value, call, "q, r = divmod(n, k)")
         ops = sorted({op.name for op in rec.ops})
         expect(not ops, f"{call}: your code built and split a tensor ({', '.join(ops)}) to "
@@ -131,7 +138,7 @@ def check_allreduce_spread(fn):
                f"{what}: the list now has {len(data)} items; allreduce must keep the list "
                "as it is and change the tensors' values")
         for i, (t, orig) in enumerate(zip(data, tensors, strict=True)):
-            stale = "its old values" if torch.equal(orig, before[i]) else "other values"
+            stale = "its old values" if tensor_equal(orig, before[i]) else "other values"
             expect(t is orig, f"tensor {i} was not updated in place: the list now holds a new "
                               f"tensor, and the original (a replica's .grad) still holds {stale}; "
                               "write into it with copy_() or add_() instead of assigning data[i]")
@@ -146,9 +153,9 @@ def check_allreduce_spread(fn):
 def _values(what, tensors, before, want, count, shape):
     bounds = torch.arange(math.prod(shape)).tensor_split(count)
     for i, t in enumerate(tensors):
-        if torch.equal(t, want):
+        if tensor_equal(t, want):
             continue
-        expect(not torch.equal(t, before[i]), f"{what}: tensor {i} is unchanged; every tensor "
+        expect(not tensor_equal(t, before[i]), f"{what}: tensor {i} is unchanged; every tensor "
                                               "must end up holding the sum")
         flat_t, flat_want = t.reshape(-1), want.reshape(-1)
         wrong = (flat_t != flat_want).nonzero().flatten()
@@ -272,7 +279,7 @@ def check_evaluate_accuracy_multi(fn):
                            f"({beside}): every prediction must come from net(X, params) on a "
                            "shard, with that device's copy of the parameters")
         got = as_number(got, what)
-        expect(all(torch.equal(p, q) for p, q in zip(params, saved, strict=True)),
+        expect(all(tensor_equal(p, q) for p, q in zip(params, saved, strict=True)),
                f"{what} changed the parameters: evaluation must leave them as they are")
         expect_unchanged(what, copies, [X, y], ["data (X)", "data (y)"])
         with torch.no_grad():           # the expected accuracy, after the answer returned

@@ -16,6 +16,7 @@ from ._core import (
     fresh_generator,
     randint,
     storage_key,
+    tensor_close,
 )
 from ._core.exits import watch_exits
 
@@ -23,7 +24,9 @@ __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn
 
 
 @check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm",
-                                      "data_parallel.torch_api._combine_stats"], observes=[
+                                      "data_parallel.torch_api._combine_stats",
+                                      "torch.nn.modules._functions.SyncBatchNorm.forward"],
+       observes=[
     "the mean and biased variance returned for float32 shards of unequal sizes with a large mean "
     "and a small spread (where E[x^2] - E[x]^2 loses the variance), against the exact values; "
     "one channel where every rank's mean is the same power of two, 2**30 or more, where "
@@ -80,8 +83,8 @@ def check_global_mean_var(fn):
     expect(mean.shape == (c,) and var.shape == (c,),
            f"mean and var should have shape ({c},), one value per channel")
     n = counts.sum()
-    if not torch.allclose(mean, want_mean, rtol=1e-6, atol=1e-4):
-        expect(not torch.allclose(mean, m64.mean(0), rtol=1e-6, atol=1e-4),
+    if not tensor_close(mean, want_mean, rtol=1e-6, atol=1e-4, what="mean"):
+        expect(not tensor_close(mean, m64.mean(0), rtol=1e-6, atol=1e-4),
                "mean is the average of the ranks' means: with shards of different sizes, weight "
                "each mean by its rank's count")
         raise CheckFailed("mean is not the global batch's mean (the count-weighted mean of the "
@@ -91,19 +94,19 @@ def check_global_mean_var(fn):
     # delta = mean_b - mean_a carries mean_a's rounding); E[x^2] - E[x]^2 by about u * mean**2,
     # ~1e-1 relative here: the tolerance stays 100x below it
     tol = dict(rtol=1e-3, atol=1e-5)
-    if torch.allclose(var, want_var, **tol):
+    if tensor_close(var, want_var, **tol, what="var"):
         return
     rest = [j for j in range(c) if j != exact]
-    expect(not torch.allclose(var[rest], want_var[rest], **tol),
+    expect(not tensor_close(var[rest], want_var[rest], **tol),
            f"var is off in channel {exact}, where every rank's mean is {means[0, exact]:.6g} and "
            f"the variance {want_var[exact]:.3g}: E[x^2] - E[x]^2 loses the variance there in any "
            "precision (float64 and Python floats too); combine the ranks' variances and the "
            "spread of their means instead (no squares of raw values)")
     within = (counts[:, None].double() * v64).sum(0) / n
-    expect(not torch.allclose(var, within, **tol),
+    expect(not tensor_close(var, within, **tol),
            "var is the count-weighted mean of the ranks' variances: it leaves out how far each "
            "rank's mean lies from the global mean (add count * (mean_r - mean)**2 for every rank)")
-    expect(not torch.allclose(var, want_var * n / (n - 1), **tol),
+    expect(not tensor_close(var, want_var * n / (n - 1), **tol),
            "var is the unbiased variance: normalisation uses the biased one")
     sumsq = (counts[:, None] * (variances + means * means)).sum(0)   # float32, as given
     mean32 = (counts[:, None] * means).sum(0) / n
@@ -158,22 +161,24 @@ def check_update_running_stats(fn):
         expect(isinstance(got, (tuple, list)) and len(got) == 2,
                "return (running_mean, running_var)")
         new_mean, new_var = (torch.as_tensor(t, dtype=torch.float32) for t in got)
-        if not torch.allclose(new_mean, bn.running_mean, atol=1e-5):
+        if not tensor_close(new_mean, bn.running_mean, atol=1e-5, what="running_mean"):
             flipped = momentum * rm + (1 - momentum) * mean
-            expect(not torch.allclose(new_mean, flipped, atol=1e-5),
+            expect(not tensor_close(new_mean, flipped, atol=1e-5),
                    f"running_mean: momentum {momentum} is the weight of the NEW batch mean "
                    "(PyTorch's convention), not of the old running value")
             raise CheckFailed("running_mean is not (1 - momentum) * running_mean + momentum * "
                               "mean")
         biased = (1 - momentum) * rv + momentum * var
-        expect(not torch.allclose(new_var, biased, atol=1e-5),
+        expect(not tensor_close(new_var, biased, atol=1e-5, what="running_var"),
                "running_var used the biased batch variance; BatchNorm stores the unbiased one "
                f"(var * n / (n - 1), here n = {n})")
-        expect(torch.allclose(new_var, bn.running_var, atol=1e-5),
+        expect(tensor_close(new_var, bn.running_var, atol=1e-5, what="running_var"),
                "running_var is not (1 - momentum) * running_var + momentum * unbiased var")
 
 
-@check("sync_bn_input_grad", references=["SyncBatchNormFunction"], observes=[
+@check("sync_bn_input_grad", references=["SyncBatchNormFunction",
+                                         "torch.nn.modules._functions.SyncBatchNorm.backward"],
+       observes=[
     "on a World of 2-4 thread ranks holding different numbers of rows: every call each rank "
     "made and how many numbers it sent in all (the two per-channel sums at most, in any float "
     "precision)",
@@ -219,12 +224,12 @@ def check_sync_bn_input_grad(fn):
         expect(isinstance(t, torch.Tensor) and t.shape == dys[r].shape,
                f"rank {r} returned {type(t).__name__}, expected its input gradient of shape "
                f"{tuple(dys[r].shape)}")
-        if torch.allclose(t, want[r], atol=1e-4, rtol=1e-4):
+        if tensor_close(t, want[r], atol=1e-4, rtol=1e-4, what=f"rank {r}'s input gradient"):
             continue
         m1 = torch.stack([d.mean(0) for d in dys]).mean(0)
         m2 = torch.stack([(d * x).mean(0) for d, x in zip(dys, x_hats, strict=True)]).mean(0)
         avg = invstd * (dys[r] - m1 - x_hats[r] * m2)
-        expect(not torch.allclose(t, avg, atol=1e-4, rtol=1e-4),
+        expect(not tensor_close(t, avg, atol=1e-4, rtol=1e-4),
                "you averaged the ranks' means: ranks hold different numbers of rows, so add the "
                "SUMS over the ranks, then divide by the global count n")
         raise CheckFailed(f"rank {r}'s gradient is not the synchronised BatchNorm's input "

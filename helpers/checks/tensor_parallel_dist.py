@@ -6,7 +6,16 @@ answer that computes the unsplit product on one rank, or skips a collective, fai
 reason even when its numbers come out right."""
 import torch
 
-from ._core import CheckFailed, World, as_number, check, expect, fresh_generator, randint
+from ._core import (
+    CheckFailed,
+    World,
+    as_number,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    tensor_close,
+)
 
 __all__ = ["check_row_parallel_linear", "check_megatron_mlp", "check_tp_ring_bytes",
            "check_vocab_loss"]
@@ -46,7 +55,7 @@ def check_row_parallel_linear(fn):
         partial = x.chunk(k, -1)[0] @ W.chunk(k, 1)[0].T
         r0 = results[0]
         expect(isinstance(r0, torch.Tensor), f"rank 0 returned {type(r0).__name__}")
-        if calls[0] == 0 and torch.allclose(r0, partial + b, atol=1e-5):
+        if calls[0] == 0 and tensor_close(r0, partial + b, atol=1e-5, what="rank 0's output"):
             raise CheckFailed(f"on {k} ranks rank 0 returned only its partial sum: "
                               "all-reduce the partial products (comm.all_reduce)")
         expect(reduces == [1] * k and calls == [1] * k,
@@ -56,10 +65,10 @@ def check_row_parallel_linear(fn):
         expect(nbytes == n * d_out * 4,
                f"rank 0 all-reduced {nbytes} bytes; the partial output is {n * d_out * 4}")
         for r, y in enumerate(results):
-            if torch.allclose(y, want + (k - 1) * b, atol=1e-5):
+            if tensor_close(y, want + (k - 1) * b, atol=1e-5, what=f"rank {r}'s output"):
                 raise CheckFailed("the bias was added on every rank before the all-reduce, "
                                   f"so it counts {k} times: add it once, after")
-            expect(torch.allclose(y, want, atol=1e-5),
+            expect(tensor_close(y, want, atol=1e-5),
                    f"on {k} ranks rank {r}'s output differs from x @ W.T + b by "
                    f"{(y - want).abs().max():.3g}")
             world.expect_from_messages(r, y, "output", k)
@@ -120,20 +129,20 @@ def check_megatron_mlp(fn):
             expect(len(fwd) == 1 and fwd[0].op == "all_reduce",
                    f"rank {r} made {[m.op for m in fwd]} in forward, expected one all-reduce "
                    "(g, after the row-split layer)")
-            expect(torch.allclose(o, out.detach(), atol=1e-4),
+            expect(tensor_close(o, out.detach(), atol=1e-4, what=f"rank {r}'s output"),
                    f"on {k} ranks rank {r}'s output differs from the unsplit MLP by "
                    f"{(o - out.detach()).abs().max():.3g}")
             expect(xg is not None and len(bwd) == 1 and bwd[0].op == "all_reduce"
                    and world.transfer(bwd[0]).payload == act,
                    f"rank {r} made {len(bwd)} all-reduces in backward, expected one of "
                    "x's gradient (f: identity forward, all-reduce backward)")
-            expect(torch.allclose(xg, ref[0].grad, atol=1e-4),
+            expect(tensor_close(xg, ref[0].grad, atol=1e-4),
                    f"rank {r}'s gradient of x differs from the unsplit one: it is only "
                    "this rank's part unless f all-reduces it")
             want = [ref[1].grad.chunk(k, 0)[r], ref[2].grad.chunk(k, 0)[r],
                     ref[3].grad.chunk(k, 1)[r], ref[4].grad]
             for name, got, w in zip(("up_w", "up_b", "down_w", "down_b"), grads, want, strict=True):
-                expect(got is not None and torch.allclose(got, w, atol=1e-4),
+                expect(got is not None and tensor_close(got, w, atol=1e-4),
                        f"rank {r}'s gradient of {name} differs from its slice of the "
                        "unsplit gradient")
             world.expect_from_messages(r, o, "output", k)
@@ -238,7 +247,7 @@ def check_vocab_loss(fn):
             expect(abs(loss.item() - want.item()) <= 1e-4 * max(1.0, abs(want.item())),
                    f"on {k} ranks rank {r}'s loss is {loss.item():.6f}, the unsplit "
                    f"cross-entropy {want.item():.6f}")
-            expect(grad is not None and torch.allclose(
+            expect(grad is not None and tensor_close(
                 grad, ref.grad[:, r * v:(r + 1) * v], atol=1e-5),
                    f"rank {r}'s gradient of its logits differs from its columns of the "
                    "unsplit one (the sums must pass the gradient back: g)")

@@ -21,6 +21,7 @@ from ._core import (
     expect,
     fresh_generator,
     randint,
+    tensor_close,
 )
 from ._core.inputs import expect_unchanged, kept
 
@@ -33,7 +34,7 @@ CPU = torch.device("cpu")
 
 def _close(got, want, rtol=1e-4, atol=1e-5):
     return (isinstance(got, torch.Tensor) and got.shape == want.shape
-            and torch.allclose(got.detach().float().cpu(), want.detach().float(),
+            and tensor_close(got.detach().float().cpu(), want.detach().float(),
                                rtol=rtol, atol=atol))
 
 
@@ -123,8 +124,8 @@ def check_conv_split_in_channels(fn):
         want = F.conv2d(X, W, b)        # after the answer: nothing to read while it runs
         if not _close(got, want):
             diff = (got.detach() - want.detach()).mean(dim=(0, 2, 3))
-            expect(not torch.allclose(diff, -b.detach(), atol=1e-4), f"{call}: the bias is missing")
-            expect(not torch.allclose(diff, (k - 1) * b.detach(), atol=1e-4),
+            expect(not tensor_close(diff, -b.detach(), atol=1e-4), f"{call}: the bias is missing")
+            expect(not tensor_close(diff, (k - 1) * b.detach(), atol=1e-4),
                    f"{call}: the bias was added {k} times; add it once, after the sum")
             expect(False, f"{call}: the output differs from conv2d (is a shard's partial sum "
                           "missing?)")
@@ -176,7 +177,7 @@ def _grads_match(call, got, want, tensors, names, g):
     for name, a, b in zip(names, gg, gw, strict=True):
         expect(a is not None, f"{call}: the output does not depend on {name} through autograd: "
                               "slice it, do not detach it")
-        expect(torch.allclose(a, b, rtol=1e-4, atol=1e-4),
+        expect(tensor_close(a, b, rtol=1e-4, atol=1e-4),
                f"{call}: the gradient of {name} differs from the unsplit layer's")
 
 
@@ -262,9 +263,9 @@ def _check_column_then_row(fn, gated):
         if not _close(got, want):
             if not gated:
                 d_ = (got - want).detach().mean(dim=0)
-                expect(not torch.allclose(d_, (k - 1) * b2.detach(), atol=1e-4),
+                expect(not tensor_close(d_, (k - 1) * b2.detach(), atol=1e-4),
                        f"{call}: b2 was added {k} times; add it once, after the sum")
-                expect(not torch.allclose(d_, -b2.detach(), atol=1e-4), f"{call}: b2 is missing")
+                expect(not tensor_close(d_, -b2.detach(), atol=1e-4), f"{call}: b2 is missing")
             expect(False, f"{call}: the output differs from {formula}" + (
                 " (split W1 and V at the same columns: a hidden unit's gate and value must be "
                 "on the same device)" if gated else ""))

@@ -11,7 +11,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._core import CheckFailed, World, as_int, as_number, check, expect, fresh_generator, randint
+from ._core import (
+    CheckFailed,
+    World,
+    as_int,
+    as_number,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    tensor_close,
+    tensor_equal,
+)
 
 __all__ = ["check_partition", "check_zero1_optimizer", "check_grad_shard",
            "check_accumulate_zero2", "check_mixed_zero_bytes", "check_qwz_all_gather"]
@@ -97,7 +108,7 @@ def check_zero1_optimizer(fn):
             p.grad = gr.clone()
         opt.step()
         stepped = [i for i, (p, b) in enumerate(zip(params, start, strict=True))
-                   if not torch.equal(p, b)]
+                   if not tensor_equal(p, b)]
         state = sum(v.numel() * v.element_size() for st in opt.state.values()
                     for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
         total = 8 * sum(p.numel() for p in params)
@@ -111,7 +122,7 @@ def check_zero1_optimizer(fn):
             q = nn.Parameter(start[i].clone())
             q.grad = grads[i].clone()
             torch.optim.AdamW([q], lr=lr).step()
-            expect(torch.allclose(params[i], q, atol=1e-6),
+            expect(tensor_close(params[i], q, atol=1e-6),
                    f"{call}: parameter {i} moved to other values than one AdamW step (lr {lr}, "
                    "default weight decay) gives")
             expect(i not in owned, f"parameter {i} is stepped by ranks {owned.get(i)} and "
@@ -164,9 +175,9 @@ def check_grad_shard(fn):
             expect(torch.is_tensor(out) and out.shape == want.shape,
                    f"{call}: rank {r} returned shape {tuple(getattr(out, 'shape', ()))}, "
                    f"expected {tuple(want.shape)} (1/world of the padded gradient)")
-            expect(not (want.abs().max() > 1e-3 and torch.allclose(out, want * world, atol=1e-5)),
+            expect(not (want.abs().max() > 1e-3 and tensor_close(out, want * world, atol=1e-5)),
                    f"{call}: rank {r} returned the sum over the ranks: divide by the world size")
-            expect(torch.allclose(out, want, atol=1e-5),
+            expect(tensor_close(out, want, atol=1e-5),
                    f"{call}: rank {r} returned the wrong values: expected its slice of the "
                    "averaged gradient (an async reduce-scatter delivers only at wait())")
             w.expect_from_messages(r, out, "shard", world)

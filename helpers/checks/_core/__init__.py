@@ -45,6 +45,8 @@ from .inputs import (
                      randint,
                      rel_close,
                      replay_seeds,
+                     tensor_close,
+                     tensor_equal,
                      uniform,
                      unit_roundoff,
 )
@@ -66,5 +68,5 @@ from .world import Message, World
 __all__ = ["CheckFailed", "HarnessError", "Result", "run_check", "expect", "fresh_generator",
            "check", "REGISTRY"]
 _ = (Answer, FakeGPUs, as_int, as_number, as_pair, gamma, randint, rel_close, replay_seeds,
-     uniform, unit_roundoff, Op, Recorder, Ref, describe_device, storage_key, CheckInfo,
-     ReferenceUsed, grading, is_reader_code, Message, World)
+     tensor_close, tensor_equal, uniform, unit_roundoff, Op, Recorder, Ref, describe_device,
+     storage_key, CheckInfo, ReferenceUsed, grading, is_reader_code, Message, World)

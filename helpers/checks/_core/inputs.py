@@ -15,7 +15,8 @@ import torch
 from .run import CheckFailed, expect
 
 __all__ = ["fresh_generator", "replay_seeds", "randint", "uniform", "as_number", "as_int",
-           "as_pair", "unit_roundoff", "gamma", "rel_close", "kept", "expect_unchanged"]
+           "as_pair", "unit_roundoff", "gamma", "rel_close", "tensor_close", "tensor_equal",
+           "kept", "expect_unchanged"]
 
 # The course's own test suite replays the same draws on every run (tests/conftest.py calls
 # replay_seeds per test): inputs stay fresh from call to call, and a rare unlucky draw cannot
@@ -64,6 +65,46 @@ def gamma(n, dtype=torch.float64):
 def rel_close(got, want, steps, dtype=torch.float64):
     """|got - want| <= γ_steps(dtype)·|want| (or, for want == 0, got == 0)."""
     return abs(got - want) <= gamma(steps, dtype) * abs(want)
+
+
+# Comparing tensors: shape first. torch.allclose and friends broadcast, so an empty
+# `t[None][:0]` is "close" to anything; a check compares a result only once it has the expected
+# shape and kind of values. Bound at import: what the answer rebinds later cannot bend them.
+_ALLCLOSE, _EQUAL, _PROMOTE = torch.allclose, torch.equal, torch.promote_types
+
+
+def _kind(dtype):
+    return ("boolean" if dtype == torch.bool else "complex" if dtype.is_complex
+            else "floating-point" if dtype.is_floating_point else "integer")
+
+
+def _comparable(got, want, what):
+    """`got` and `want` in one dtype, or fail unless `got` is a tensor of `want`'s shape and
+    kind of values (floating, integer, boolean); any precision of that kind is compared."""
+    shape = tuple(want.shape)
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailed(f"{what} is {type(got).__name__}, expected a tensor of shape {shape}")
+    expect(tuple(got.shape) == shape,
+           f"{what} has shape {tuple(got.shape)}, expected shape {shape}: return exactly that "
+           "shape (values compared across another shape would broadcast)")
+    expect(_kind(got.dtype) == _kind(want.dtype),
+           f"{what} holds {_kind(got.dtype)} values ({got.dtype}), expected "
+           f"{_kind(want.dtype)} ones like {want.dtype}")
+    dtype = _PROMOTE(got.dtype, want.dtype)
+    return got.to(dtype), want.to(dtype)
+
+
+def tensor_close(got, want, rtol=1e-5, atol=1e-8, what="a result"):
+    """torch.allclose(got, want), shape-strict: fails (CheckFailed naming the expected shape)
+    unless `got` is a tensor of `want`'s shape and kind of values, then compares the values."""
+    got, want = _comparable(got, want, what)
+    return _ALLCLOSE(got, want, rtol=rtol, atol=atol)
+
+
+def tensor_equal(got, want, what="a result"):
+    """torch.equal(got, want), shape-strict as tensor_close."""
+    got, want = _comparable(got, want, what)
+    return _EQUAL(got, want)
 
 
 def _precision(value):

@@ -110,7 +110,7 @@ _DTYPE_TAKERS = [(torch, name) for name in _TORCH] + [(torch.Tensor, name) for n
 
 def shadow(fn):
     """While shadowing() is active: the stand-ins in the globals `fn` was defined in (not the
-    course's or torch's, nor a name the module defines itself)."""
+    course's or torch's, nor a name the module binds to something else than the builtin)."""
     if not _ACTIVE:
         return
     fn = getattr(fn, "func", fn)                               # functools.partial
@@ -122,8 +122,8 @@ def shadow(fn):
             return
         saved = {name: g.get(name, _MISSING) for name in STAND_INS}
         _PATCHED[id(g)] = g, saved
-        for name, stand_in in STAND_INS.items():
-            if saved[name] is _MISSING:
+        for name, stand_in in STAND_INS.items():   # `int = builtins.int` is the builtin still
+            if saved[name] is _MISSING or saved[name] is getattr(builtins, name):
                 g[name] = stand_in
 
 
@@ -148,6 +148,10 @@ def shadowing():
                         setattr(owner, name, before)
                 for g, saved in _PATCHED.values():
                     for name, before in saved.items():
-                        if before is _MISSING and g.get(name) is STAND_INS[name]:
+                        if g.get(name) is not STAND_INS[name]:
+                            continue
+                        if before is _MISSING:
                             del g[name]
+                        else:
+                            g[name] = before
                 _PATCHED.clear()

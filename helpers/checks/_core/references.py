@@ -41,7 +41,9 @@ _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.
 
 
 class Reference:
-    """A course object the exercise asks the reader to write: its façade name and identity."""
+    """A course object the exercise asks the reader to write: its façade name and identity.
+    `whose` says whose copy it is in a refusal (a subclass for torch's: `TorchReference`)."""
+    whose = "the course's own answer"
 
     def __init__(self, name, obj):
         self.name, self.obj, self.key = name, obj, identity(obj)
@@ -86,11 +88,41 @@ def identity(obj):
     return ("id", id(obj))
 
 
+class TorchReference(Reference):
+    """torch's own copy of what an exercise asks the reader to write, named by its dotted path
+    ("torch.distributed.utils._replace_by_prefix"), refused like the course's."""
+    whose = "torch's copy of what the exercise asks for"
+
+    def __repr__(self):
+        return self.name
+
+
+def _torch_object(dotted):
+    """The object at a dotted path in torch (its longest importable module, then attributes);
+    None where this build of torch lacks it (then there is nothing to refuse)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part, None)
+        return obj
+    return None
+
+
 def resolve(names):
-    """The References for façade names ("balanced_cuts", "ByteLog.wire_bytes")."""
+    """The References for façade names ("balanced_cuts", "ByteLog.wire_bytes") and for torch's
+    copies of the exercise, named from "torch." on."""
     package = importlib.import_module(_PACKAGE)
     refs = []
     for name in names:
+        if name.startswith("torch."):
+            obj = _torch_object(name)
+            if obj is not None:
+                refs.append(TorchReference(name, obj))
+            continue
         obj = package
         for part in name.split("."):
             obj = getattr(obj, part)
@@ -275,7 +307,7 @@ def scan(fn, refs, exercise, limit=20000):
         ref = keys.get(identity(obj)) if callable(obj) or isinstance(obj, type) else None
         if ref is not None:
             raise CheckFailed(f"the exercise asks you to write {exercise} yourself, but your "
-                              f"code uses {ref} (the course's own answer), through {path}: it is "
+                              f"code uses {ref} ({ref.whose}), through {path}: it is "
                               "unavailable while the check runs")
         peek = _introspects(obj)
         if peek is not None:

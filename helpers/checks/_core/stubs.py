@@ -35,8 +35,9 @@ def _stub(ref, exercise):
 
 
 def _message(ref, exercise):
+    whose = getattr(ref, "whose", "the course's own answer")
     return (f"the exercise asks you to write {exercise} yourself, but your code called {ref} "
-            "(the course's own answer), which is unavailable while the check runs")
+            f"({whose}), which is unavailable while the check runs")
 
 
 @functools.lru_cache(maxsize=4096)
