@@ -203,7 +203,7 @@ class Recorder(TorchDispatchMode):
             if self.failed is None:
                 self.failed = (name, [Ref(t, self.version[storage_key(t)]) for t in inputs])
             raise
-        if space == "aten" and name in (
+        if space in TORCH_OPERATORS and name in (
                 "device", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim",
                 "is_same_size", "_has_compatible_shallow_copy_type"):
             return out
