@@ -262,37 +262,22 @@ def test_a_rank_left_running_past_the_deadline_leaves_torch_as_it_was():
 def test_ranks_that_replace_one_function_in_turn_leave_the_original():
     """Rank 1 starts after rank 0 replaced torch.allclose, and returns after rank 0's answer
     put the original back: rank 1's answer must not take rank 0's replacement for the original
-    and put it back (every later check in the process would compare with it)."""
+    and put it back (every later check in the process would compare with it). The answers
+    running at once share the snapshot taken before the first of them started."""
     import pytest
 
-    from helpers.checks._core.declare import Answer
+    from helpers.checks._core import patched
     from helpers.checks._core.run import CheckFailed
-    from helpers.checks._core.world import World
     original = torch.allclose
-    patched, entered, returned = threading.Event(), threading.Event(), threading.Event()
-
-    def rebinds(comm):
-        if comm.rank == 1:
-            entered.set()                   # its snapshot is taken: after rank 0's replacement
-            assert returned.wait(5)
-        before = torch.allclose
-        torch.allclose = lambda a, b, *x, **k: not before(a, b, *x, **k)
-        if comm.rank == 0:
-            patched.set()
-            assert entered.wait(5)
-
-    answer = Answer(rebinds, "rebinds", [])
-
-    def body(comm):
-        if comm.rank == 1:
-            assert patched.wait(5)
-        try:
-            answer(comm)
-        finally:
-            if comm.rank == 0:
-                returned.set()
+    rank0 = patched.snapshot()                                      # rank 0 starts
+    torch.allclose = lambda a, b, *x, **k: not original(a, b, *x, **k)
+    rank1 = patched.snapshot()                                      # rank 1 starts
     with pytest.raises(CheckFailed, match=REPLACED):
-        World(2).run(body)
+        patched.expect_unpatched("rank 0", rank0)                   # rank 0 returns
+    assert torch.allclose is original
+    torch.allclose = lambda a, b, *x, **k: not original(a, b, *x, **k)
+    with pytest.raises(CheckFailed, match=REPLACED):
+        patched.expect_unpatched("rank 1", rank1)                   # rank 1 returns
     assert torch.allclose is original
 
 

@@ -17,18 +17,18 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 __all__ = ["cancelled", "snapshot", "unused"]
 
-_NOT_RUN = {"set_", "resize_", "_local_scalar_dense", "equal", "record_stream",
+_NOT_RUN = frozenset({"set_", "resize_", "_local_scalar_dense", "equal", "record_stream",
             # every operand's values reach the result (moves, concatenations, injective math)
             "clone", "_to_copy", "copy_", "detach", "alias", "lift_fresh", "lift_fresh_copy",
             "_unsafe_view", "cat", "stack", "neg", "exp", "log", "sqrt", "rsqrt", "reciprocal",
-            "tanh", "sigmoid", "sin", "cos", "erf", "exp2", "log1p", "expm1"}
+            "tanh", "sigmoid", "sin", "cos", "erf", "exp2", "log1p", "expm1"})
 _PERTURBED = 1 << 15         # elements an operation may touch to be run again (beyond: not judged)
 
-_TIMES = {"mul", "mul_"}
-_LIKE = {"zeros_like", "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
-         "new_empty", "new_full", "new_empty_strided"}
-_PLUS = {"add", "add_", "sub", "sub_"}
-_MINUS = {"sub", "sub_"}
+_TIMES = frozenset({"mul", "mul_"})
+_LIKE = frozenset({"zeros_like", "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
+         "new_empty", "new_full", "new_empty_strided"})
+_PLUS = frozenset({"add", "add_", "sub", "sub_"})
+_MINUS = frozenset({"sub", "sub_"})
 _LARGEST = 1 << 20           # elements read to tell a zero tensor (beyond: not judged)
 
 

@@ -4,6 +4,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .callbacks import callbacks, expect_no_callbacks
 from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
@@ -42,15 +43,20 @@ class Answer(Guarded):
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
         nodes = contextlib.nullcontext() if self.keeps_hooks else node_hooks(self.__name__)
         libraries = snapshot()          # what the answer may not rebind (patched.py)
+        later = callbacks()             # what runs later on its own (callbacks.py)
         try:
             with nodes, blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
                     early_views_read_only(self.fn, in_world()), trace:
                 result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
         except BaseException:
-            expect_unpatched(self.__name__, libraries)    # put back, even when it raised
+            try:
+                expect_unpatched(self.__name__, libraries)    # put back, even when it raised
+            finally:
+                expect_no_callbacks(self.__name__, later)
             raise
         expect_unpatched(self.__name__, libraries)
+        expect_no_callbacks(self.__name__, later)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
         if hooks is not None:

@@ -7,6 +7,7 @@ global holds the World (an answer could import it and edit the records the check
 """
 import contextlib
 import threading
+import types
 
 import torch
 import torch.distributed as dist
@@ -278,9 +279,10 @@ def get_process_group_ranks(W, group):
 _CALLS = {name: obj for name, obj in dict(globals()).items()
           if callable(obj) and not name.startswith("_") and name not in (
               "torch_distributed", "Group", "P2POp", "contextlib", "stand_in", "threading",
-              "torch", "dist")}
+              "torch", "dist", "types")}
 _CALLS.update(is_initialized=lambda W: True, get_backend=lambda W, group=None: "gloo",
               P2POp=lambda W, *args, **kwargs: P2POp(*args, **kwargs))
+_CALLS = types.MappingProxyType(_CALLS)
 
 
 def _dispatch(name, original, world):

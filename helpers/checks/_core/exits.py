@@ -44,6 +44,7 @@ _HOW = {"tolist": ".tolist()", "numpy": ".numpy()", "__array__": "np.asarray()",
         "apply_": ".apply_()", "map_": ".map_()", "map2_": ".map2_()", "to_dlpack": "dlpack",
         "untyped_storage": ".untyped_storage()", "storage": ".storage()",
         "_typed_storage": "._typed_storage()"}
+_HOW = types.MappingProxyType(_HOW)
 # what an answer may not name: the unpatchable class and functions that hold the originals
 UNWATCHED_NAMES = frozenset({"TensorBase", "_TensorBase", "_to_dlpack", "_to_dlpack_versioned",
                              "_dlpack_exchange_api", "_const_dlpack_exchange_api"})

@@ -34,26 +34,30 @@ import types
 
 from .run import CheckFailed, ReferenceUsed, is_reader_code
 
-__all__ = ["answering", "refusal", "harness_busy"]
+__all__ = ["answering", "refusal", "harness_busy", "own_operator", "TORCH_OPERATORS"]
 
 _SHARED = "_course_answer_guard"          # one hook and one state for every import of the course
-_FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "sys._current_exceptions",
-                 "gc.get_referrers", "gc.get_referents", "gc.get_objects", "sys.settrace",
-                 "sys.setprofile", "sys._getframemodulename"}
-_PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
-                   "subprocess.Popen", "os.startfile"}
+_FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions",
+                           "gc.get_referrers", "gc.get_referents", "gc.get_objects",
+                           "sys.settrace", "sys.setprofile", "sys._getframemodulename"})
+# process-wide callbacks: the reader's code would run after the answer returned, while the check
+# judges it (an audit hook cannot even be removed); refused whoever calls them while one runs
+_CALLBACK_EVENTS = frozenset({"sys.addaudithook", "sys.monitoring.register_callback",
+                              "sys._setprofileallthreads", "sys._settraceallthreads"})
+_PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
+                             "os.system", "subprocess.Popen", "os.startfile"})
 _STDLIB = sysconfig.get_paths()["stdlib"]
-_FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
 # caller a frame; logging.info finding its caller's line is not reading the check)
 _INTROSPECTORS = ("inspect.py", "traceback.py", "logging/__init__.py")
-_LOGGING_FRAME = {"currentframe", "<lambda>"}
+_LOGGING_FRAME = frozenset({"currentframe", "<lambda>"})
 # traceback's functions that only print or format text (file names, lines, no values): an answer
 # that reports an exception it caught is not reading the check (walk_stack, StackSummary.extract
 # and TracebackException, which can capture locals, stay refused)
-_PRINTERS = {"print_exc", "format_exc", "print_exception", "format_exception", "print_tb",
-             "format_tb", "print_last", "print_stack", "format_stack", "extract_tb",
-             "extract_stack"}
+_PRINTERS = frozenset({"print_exc", "format_exc", "print_exception", "format_exception",
+                       "print_tb", "format_tb", "print_last", "print_stack", "format_stack",
+                       "extract_tb", "extract_stack"})
 
 
 class _State(types.ModuleType):
@@ -99,6 +103,13 @@ def _make_hook(state):
         if event in _PROCESS_EVENTS:
             _refuse_process(state, event)
             return
+        if event in _CALLBACK_EVENTS:
+            message = (f"your code installs a process-wide callback ({event}): it would run "
+                       "your code after your function returned, while the check judges it. "
+                       "An answer does its work inside its call")
+            if state.refused is None:
+                state.refused = message
+            raise ReferenceUsed(message)
         if event not in _FRAME_EVENTS and event not in ("exec", "function.__new__") and not (
                 event == "object.__getattr__" and len(args) > 1
                 and (args[1] in _FRAME_ATTRS or args[1] == "__code__")):
@@ -299,6 +310,31 @@ class answering:
         if refused and not (exc[0] is not None and issubclass(exc[0], ReferenceUsed)):
             raise ReferenceUsed(refused)
         return False
+
+
+# torch's own operator namespaces (those its Python defines too); an operator defined in Python
+# in another (torch.library) runs its implementation with the dispatch modes popped: the work
+# inside it would go unrecorded
+TORCH_OPERATORS = frozenset({
+    "aten", "prim", "prims", "c10d", "_c10d_functional", "c10d_functional",
+    "_c10d_functional_autograd", "_dtensor", "higher_order", "profiler", "_native", "coor",
+    "debug_mode_ops", "debugprims", "export", "rngprims", "fsdp", "inductor", "streams",
+    "_inductor_test", "_quantized", "quantized", "mkldnn", "onednn", "sparse", "mtia", "_test"})
+
+
+def own_operator(name):
+    """Refuse an operator defined in Python outside torch (a custom op) while a Recorder
+    watches: raised as the guard's refusal, so an answer's `except` cannot hide it."""
+    import torch.library
+    if name not in getattr(torch.library, "_defs", ()):
+        return
+    message = (f"your code calls an operator of its own ({name}, torch.library): the work "
+               "inside one is invisible to the check, so an answer must run torch's own "
+               "operations in plain view")
+    state = _state()
+    if state.depth and state.refused is None:
+        state.refused = message
+    raise ReferenceUsed(message)
 
 
 class harness_busy:

@@ -12,6 +12,7 @@ registered and removed before returning are fine.
 Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
 `@check(..., keeps_hooks=True)`; settle.py guards those hooks like the answer itself."""
 import contextlib
+import functools
 import sys
 import threading
 import types
@@ -33,10 +34,10 @@ _TENSOR = ("_backward_hooks", "_post_accumulate_grad_hooks")
 _OPTIMIZER = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
               "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
               "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
-_GLOBAL = [(module_hooks, n) for n in dir(module_hooks)
+_GLOBAL = tuple([(module_hooks, n) for n in dir(module_hooks)
            if n.startswith("_global_") and n.endswith("hooks")] + \
           [(optim_hooks, n) for n in ("_global_optimizer_pre_hooks",
-                                      "_global_optimizer_post_hooks")]
+                                      "_global_optimizer_post_hooks")])
 
 
 class _Walk:
@@ -108,11 +109,11 @@ def _saved_top():
 
 
 # the process-wide stacks an answer can leave entered: (its top, pop the top)
-_STACKS = {
+_STACKS = types.MappingProxyType({
     "saved": (lambda: _saved_top() and frozenset(map(id, _saved_top())),
               torch._C._autograd._pop_saved_tensors_default_hooks),
     "dispatch": (lambda: _top_id(_get_current_dispatch_mode_stack()), _pop_mode),
-    "function": (lambda: _top_id(_function_modes()), torch._C._pop_torch_function_stack)}
+    "function": (lambda: _top_id(_function_modes()), torch._C._pop_torch_function_stack)})
 
 
 def _top_id(stack):
@@ -166,34 +167,88 @@ _MIXIN = torch.autograd.function._HookMixin
 _REGISTER = _MIXIN.__dict__["_register_hook"]
 
 
-def _register_node_hook(hooks, hook):
-    """Every hook on an autograd node (C++ nodes and custom Functions' alike) is registered
-    through this static method: noted, when the reader's code registers it or it is the
-    reader's code (not torch's own: a module's full backward hooks put node hooks on each
-    forward's output), for the answers running in this thread (all of them when none does: a
-    thread the answer started)."""
-    hooks, handle = _REGISTER.__func__(hooks, hook)
-    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
-    if not (is_reader_code(sys._getframe(1).f_code.co_filename) or (
-            isinstance(code, types.CodeType) and is_reader_code(code.co_filename))):
-        return hooks, handle
+def _reader_hook(hook, caller, depth=2):
+    """Whether a hook is the reader's: registered from the reader's code, or its code (its
+    function, a partial's, a closure's cell one or two levels in: torch's
+    `register_multi_grad_hook` wraps the reader's function in its own) is the reader's."""
+    if caller is not None and is_reader_code(caller.f_code.co_filename):
+        return True
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    hook = getattr(hook, "__func__", hook)
+    code = getattr(hook, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return False
+    if is_reader_code(code.co_filename):
+        return True
+    cells = [c.cell_contents for c in getattr(hook, "__closure__", None) or ()
+             if _filled(c)] if depth else ()
+    return any(callable(v) and _reader_hook(v, None, depth - 1) for v in cells)
+
+
+def _filled(cell):
+    try:
+        _ = cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _note(hooks, key):
+    """A hook of the reader's registered: noted for the answers running in this thread (all of
+    them when none does: a thread the answer started)."""
     with _NODE_LOCK:
         lists = _NODES["lists"].get(threading.get_ident()) or [
             lst for per in _NODES["lists"].values() for lst in per]
         for lst in lists:
-            lst.append((hooks, handle.id))
+            lst.append((hooks, key))
+
+
+def _register_node_hook(hooks, hook):
+    """Every hook on an autograd node (C++ nodes and custom Functions' alike) is registered
+    through this static method: noted when it is the reader's (not torch's own: a module's full
+    backward hooks put node hooks on each forward's output)."""
+    hooks, handle = _REGISTER.__func__(hooks, hook)
+    if _reader_hook(hook, sys._getframe(1)):
+        _note(hooks, handle.id)
     return hooks, handle
+
+
+# a tensor's gradient hooks: on any tensor, an intermediate one of the result's graph included
+# (`mid.register_hook(h)` on a non-leaf goes to its node in C, past _HookMixin)
+_TENSOR_REGISTER = types.MappingProxyType({
+    name: torch.Tensor.__dict__[name]
+    for name in ("register_hook", "register_post_accumulate_grad_hook")})
+
+
+def _tensor_register(original):
+    def register(self, hook):
+        handle = original(self, hook)
+        ref = getattr(handle, "hooks_dict_ref", None)
+        hooks = ref() if callable(ref) else None
+        if isinstance(hooks, dict) and _reader_hook(hook, sys._getframe(1)):
+            _note(hooks, handle.id)
+        return handle
+    register.__name__, register.__doc__ = original.__name__, original.__doc__
+    return register
+
+
+_TENSOR_STAND_INS = types.MappingProxyType(
+    {name: _tensor_register(f) for name, f in _TENSOR_REGISTER.items()})
 
 
 @contextlib.contextmanager
 def node_hooks(name):
     """Fail an answer that returns with a hook it registered on an autograd node (a handed
-    tensor's `grad_fn`, a node deeper in its graph, its result's): the check's backward would
-    run it. Its hooks are removed either way."""
+    tensor's `grad_fn`, a node deeper in its graph, its result's) or on a tensor (any: an
+    intermediate one of the result's graph too): the check's backward would run it. Its hooks
+    are removed either way."""
     mine, me = [], threading.get_ident()
     with _NODE_LOCK:
         if _NODES["depth"] == 0:
             _MIXIN._register_hook = staticmethod(_register_node_hook)
+            for attr, stand_in in _TENSOR_STAND_INS.items():
+                setattr(torch.Tensor, attr, stand_in)
         _NODES["depth"] += 1
         _NODES["lists"].setdefault(me, []).append(mine)
     returned = False
@@ -208,12 +263,15 @@ def node_hooks(name):
             _NODES["depth"] -= 1
             if _NODES["depth"] == 0:
                 _MIXIN._register_hook = _REGISTER
+                for attr, original in _TENSOR_REGISTER.items():
+                    setattr(torch.Tensor, attr, original)
         left = [(hooks, key) for hooks, key in mine if key in hooks]
         for hooks, key in left:
             hooks.pop(key, None)
     if returned and left:
         raise CheckFailed(
-            f"{name} returned with a hook still registered on an autograd node (grad_fn."
-            "register_hook or register_prehook): it would run your code in the check's "
+            f"{name} returned with a hook still registered on a tensor or an autograd node "
+            "(register_hook, register_post_accumulate_grad_hook, grad_fn.register_hook or "
+            "register_prehook), on any tensor of its graph: it would run your code in the check's "
             "backward, after your function returned. Compute the result inside your function, "
             "and remove every hook you register (handle.remove()) before returning")

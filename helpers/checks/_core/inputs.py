@@ -9,6 +9,7 @@ from the precision of the type the answer computed in, not from luck.
 import decimal
 import numbers
 import random
+import types
 
 import torch
 
@@ -49,6 +50,7 @@ def uniform(g, low, high):
 
 _ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11,
              torch.bfloat16: 2.0**-8}
+_ROUNDOFF = types.MappingProxyType(_ROUNDOFF)
 
 
 def unit_roundoff(dtype=torch.float64):

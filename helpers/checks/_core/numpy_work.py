@@ -41,7 +41,7 @@ from .settle import reader_class
 __all__ = ["numpy_work", "expect_list"]
 
 _MODULES = (np, numpy.lib.stride_tricks, numpy.ma, numpy.linalg)
-_NAMES = {m: _functions(m) for m in _MODULES}
+_NAMES = types.MappingProxyType({m: tuple(_functions(m)) for m in _MODULES})
 _LOCK = threading.Lock()
 _ACTIVE = []        # the lists of the numpy_work() blocks running now (innermost last)
 
@@ -112,9 +112,9 @@ class _Seen(np.ndarray):
         return super().__array_function__(func, types_, args, kwargs)
 
 
-_NUMBER_METHODS = {"item", "tolist", "astype", "conjugate", "conj", "round", "is_integer",
+_NUMBER_METHODS = frozenset({"item", "tolist", "astype", "conjugate", "conj", "round", "is_integer",
                    "as_integer_ratio", "bit_count", "__round__", "__format__", "__index__",
-                   "__int__", "__float__", "__bool__", "__reduce__", "__reduce_ex__"}
+                   "__int__", "__float__", "__bool__", "__reduce__", "__reduce_ex__"})
 
 
 def _profile(frame, event, arg):

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .cancels import cancelled, snapshot, unused
+from .guard import TORCH_OPERATORS, own_operator
 
 __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
 
@@ -34,14 +35,16 @@ aten = torch.ops.aten
 # additions: elements added per call (anything else counts as work, not as additions)
 _ELEMENTWISE_ADDS = {"add", "add_", "sub", "sub_", "addcmul", "addcmul_", "addcdiv", "addcdiv_",
                      "rsub", "lerp", "lerp_", "_foreach_add", "_foreach_add_"}
-_REDUCING_ADDS = {"sum", "mean", "nansum", "cumsum", "cumsum_", "logsumexp", "norm",
-                  "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace"}
-_SCATTER_ADDS = {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put",
+_ELEMENTWISE_ADDS = frozenset(_ELEMENTWISE_ADDS)
+_REDUCING_ADDS = frozenset({"sum", "mean", "nansum", "cumsum", "cumsum_", "logsumexp", "norm",
+                  "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace"})
+_SCATTER_ADDS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put",
                  "index_put_", "_index_put_impl_", "scatter_reduce", "scatter_reduce_",
-                 "embedding_dense_backward", "bincount"}
+                 "embedding_dense_backward", "bincount"})
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "dot", "vdot", "mv", "addmv", "addbmm",
             "convolution", "convolution_backward", "_convolution", "linear", "einsum",
             "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"}
+_MATMULS = frozenset(_MATMULS)
 # no computation: moves, views, metadata, fresh tensors
 _NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "lift_fresh_copy",
              "detach", "detach_", "alias", "empty", "empty_like", "empty_strided", "zeros",
@@ -53,12 +56,13 @@ _NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "li
              "unsqueeze_", "squeeze_", "t_", "transpose_", "as_strided_", "constant_pad_nd",
              "index_select", "gather", "masked_fill_", "masked_fill", "where", "expand_copy",
              "slice_scatter", "select_scatter", "permute_copy", "_foreach_copy_"}
+_NOT_WORK = frozenset(_NOT_WORK)
 
 
 # operations whose written argument `self` is overwritten without being read
-_OVERWRITES = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_",
+_OVERWRITES = frozenset({"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_",
                "exponential_", "geometric_", "cauchy_", "log_normal_", "_copy_from",
-               "_foreach_copy_"}
+               "_foreach_copy_"})
 
 
 def _whole(t):
@@ -184,6 +188,9 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.__name__.split(".")[0]
+        space = getattr(func, "namespace", "aten")
+        if space not in TORCH_OPERATORS:
+            own_operator(getattr(getattr(func, "_schema", None), "name", f"{space}::{name}"))
         if self.answer_scalars and name == "_local_scalar_dense":
             return _placeholder(args[0].dtype)
         if self.answer_scalars and name == "equal":
@@ -196,8 +203,9 @@ class Recorder(TorchDispatchMode):
             if self.failed is None:
                 self.failed = (name, [Ref(t, self.version[storage_key(t)]) for t in inputs])
             raise
-        if name in ("device", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim",
-                    "is_same_size", "_has_compatible_shallow_copy_type"):
+        if space in TORCH_OPERATORS and name in (
+                "device", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim",
+                "is_same_size", "_has_compatible_shallow_copy_type"):
             return out
         self._record(func, args, kwargs, inputs, out, unused(func, args, kwargs, out, written))
         return out

@@ -227,9 +227,10 @@ def _functions(module):
         or type(v).__name__ == "_ArrayFunctionDispatcher")]
 
 
-_NAMES = {m: _functions(m) for m in (np, math, statistics)}
+_NAMES = types.MappingProxyType({m: tuple(_functions(m)) for m in (np, math, statistics)})
 _INTO_TORCH = {torch: ("from_numpy", "frombuffer", "from_dlpack"),   # no torch function to watch
                torch.utils.dlpack: ("from_dlpack",)}
+_INTO_TORCH = types.MappingProxyType(_INTO_TORCH)
 
 
 class _Ufunc:

@@ -17,6 +17,7 @@ What it does not see: the reader's code in another module, and counts Python mak
 import builtins
 import contextlib
 import threading
+import types
 
 import numpy as np
 import torch
@@ -80,6 +81,7 @@ def _len(obj):
 
 STAND_INS = {"int": _tagged(builtins.int, TaggedInt), "float": _tagged(builtins.float, Tagged),
              "len": _len}
+STAND_INS = types.MappingProxyType(STAND_INS)
 
 
 _TORCH = ("tensor", "as_tensor", "asarray", "zeros", "ones", "empty", "full", "arange", "linspace",
@@ -106,6 +108,7 @@ def _dtype_builtins(fn):
 
 
 _DTYPE_TAKERS = [(torch, name) for name in _TORCH] + [(torch.Tensor, name) for name in _METHODS]
+_DTYPE_TAKERS = tuple(_DTYPE_TAKERS)
 
 
 def shadow(fn):

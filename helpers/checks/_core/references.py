@@ -17,6 +17,7 @@ the copies made while the answer runs). An answer that reaches the checks themse
 tensors the checks simulate devices with, or the introspection that reads another frame
 (`sys._getframe`, `gc.get_referrers`, a traceback's `tb_frame`) is refused as well.
 """
+import atexit
 import builtins
 import dis
 import functools
@@ -25,18 +26,24 @@ import hashlib
 import importlib
 import inspect
 import logging
+import signal
 import sys
 import threading
 import traceback
 import types
+import weakref
+
+from torch._ops import OpOverload, OpOverloadPacket, _OpNamespace
 
 from . import exits
+from .guard import TORCH_OPERATORS
 from .run import CheckFailed, is_reader_code
 
 __all__ = ["resolve", "scan", "blocked", "identity", "Reference"]
 
 _PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's name)
 _COURSE = {_PACKAGE, "helpers"}                  # the fresh copy guards the notebook's helpers
+_COURSE = frozenset(_COURSE)
 _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.overrides")
 
 
@@ -246,7 +253,8 @@ _INTROSPECTION_NAMES = {"_getframe", "_current_frames", "_current_exceptions", "
                         "_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                         "_forward_hooks_with_kwargs", "_backward_pre_hooks",
                         "_post_accumulate_grad_hooks"}
-_INTROSPECTION = {id(f): f"{m.__name__}.{f.__name__}" for m, names in (
+_INTROSPECTION_NAMES = frozenset(_INTROSPECTION_NAMES)
+_INTROSPECTION = types.MappingProxyType({id(f): f"{m.__name__}.{f.__name__}" for m, names in (
     (sys, ("_getframe", "_current_frames", "settrace", "setprofile", "exc_info")),
     (inspect, ("currentframe", "stack", "trace", "getouterframes", "getinnerframes",
                "getframeinfo")),
@@ -254,16 +262,16 @@ _INTROSPECTION = {id(f): f"{m.__name__}.{f.__name__}" for m, names in (
     (traceback, ("extract_stack", "walk_stack", "format_stack", "print_stack", "walk_tb")),
     (gc, ("get_referrers", "get_referents", "get_objects")),
     (threading, ("settrace", "setprofile"))) for f in [getattr(m, n, None) for n in names]
-    if f is not None}
+    if f is not None})
 
 
 # what switches off torch's dispatch interception, which the Recorder and the ranks' ownership
 # watch through: under it an answer's operations would run unseen
-_DISPATCH_OFF_NAMES = {"_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
+_DISPATCH_OFF_NAMES = frozenset({"_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
                        "_disable_current_modes", "_pop_torch_dispatch_stack",
                        "_unset_dispatch_mode", "_pop_mode",
                        "_pop_mode_temporarily", "_DisablePythonDispatcher",
-                       "_disable_infra_mode", "_pop_torch_function_stack"}
+                       "_disable_infra_mode", "_pop_torch_function_stack"})
 
 
 def _dispatch_off(obj):
@@ -283,6 +291,43 @@ def _names_in_reader_code(obj, names):
             found = names.intersection(c.co_names)
             if found:
                 return min(found)
+    return None
+
+
+# what installs the reader's code to run after its function returned, process-wide (guard.py and
+# callbacks.py refuse those reached by a name built at run time)
+_LATER = types.MappingProxyType({id(obj): name for name, obj in (
+    ("sys.addaudithook", sys.addaudithook), ("atexit.register", atexit.register),
+    ("gc.callbacks", gc.callbacks), ("weakref.finalize", weakref.finalize),
+    ("signal.signal", signal.signal), ("signal.setitimer", signal.setitimer),
+    ("sys.monitoring", getattr(sys, "monitoring", sys.addaudithook)))})
+_LATER_NAMES = frozenset({"addaudithook", "excepthook", "displayhook", "unraisablehook",
+                          "breakpointhook", "set_asyncgen_hooks", "meta_path", "path_hooks",
+                          "setitimer", "_register_hook_dict"})
+# what defines or calls an operator of its own: the work inside one runs under no Recorder (the
+# dispatch mode is popped while an operator runs), so it would be invisible to the check
+_OPERATOR_MODULES = ("torch.library", "torch._library", "torch._custom_op", "torch._custom_ops")
+
+
+def _later(obj):
+    """The process-wide callback `obj` is or names in its own code (the reader's), or None."""
+    return _LATER.get(id(obj)) or _names_in_reader_code(obj, _LATER_NAMES)
+
+
+def _operator(obj):
+    """The operator machinery `obj` is (torch.library, an operator outside aten), or None."""
+    if isinstance(obj, _OpNamespace):
+        name = getattr(obj, "name", None) or getattr(obj, "__name__", "").rsplit(".", 1)[-1]
+        return None if name in TORCH_OPERATORS else f"torch.ops.{name}"
+    if isinstance(obj, (OpOverload, OpOverloadPacket)):
+        space = obj.namespace if isinstance(obj, OpOverload) else \
+            obj._qualified_op_name.split("::")[0]
+        return None if space in TORCH_OPERATORS else f"torch.ops.{space}"
+    module = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(
+        obj if callable(obj) else type(obj), "__module__", None)
+    if isinstance(module, str) and module.startswith(_OPERATOR_MODULES):
+        return module if isinstance(obj, types.ModuleType) else getattr(
+            obj, "__name__", type(obj).__name__)
     return None
 
 
@@ -314,6 +359,17 @@ def scan(fn, refs, exercise, limit=20000):
             raise CheckFailed(f"your code inspects the running program ({peek}, through {path}):"
                               " an answer must compute its result, not read the check's frames,"
                               " tracebacks or objects")
+        late = _later(obj)
+        if late is not None:
+            raise CheckFailed(f"your code installs a callback that runs after your function "
+                              f"returned ({late}, through {path}): the check judges what your "
+                              "function did while it ran, so an answer may leave nothing of its "
+                              "own to run later")
+        op = _operator(obj)
+        if op is not None:
+            raise CheckFailed(f"your code defines or calls an operator of its own ({op}, through "
+                              f"{path}, torch.library): the work inside one is invisible to the "
+                              "check, so an answer must run torch's own operations in plain view")
         out = exits.unwatched(obj) or _names_in_reader_code(obj, exits.UNWATCHED_NAMES)
         if out is not None:
             raise CheckFailed(f"your code reaches tensor values through {out} (through {path}), "

@@ -77,6 +77,7 @@ def grading():
 _HELPERS = pathlib.Path(__file__).resolve().parents[2]
 _LIBRARIES = {pathlib.Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")
               if (p := sysconfig.get_paths().get(key))}
+_LIBRARIES = frozenset(_LIBRARIES)
 _LIBRARIES |= {pathlib.Path(p).resolve() for p in sys.path if "site-packages" in p}
 
 

@@ -25,9 +25,9 @@ from .run import CheckFailed
 
 __all__ = ["traced", "compare_work", "expect_same_work", "check_declared"]
 
-_MOVES = {"_to_copy", "to", "is_pinned", "_pin_memory", "pin_memory", "record_stream",
+_MOVES = frozenset({"_to_copy", "to", "is_pinned", "_pin_memory", "pin_memory", "record_stream",
           "_local_scalar_dense",   # .item(): a fake tensor's .tolist() dispatches, a real one's not
-          "clone", "_unsafe_view"}  # a reshape copies or not by the layout a device's kernel chose
+          "clone", "_unsafe_view"})  # a reshape copies or not by the layout a device's kernel chose
 
 
 class _Trace(TorchDispatchMode):

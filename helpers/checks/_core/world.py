@@ -49,7 +49,7 @@ from .run import CheckFailed, is_reader_code
 __all__ = ["World", "Message", "Work"]
 
 
-_OURS = {__file__, sys.modules[ThreadWorld.__module__].__file__}
+_OURS = frozenset({__file__, sys.modules[ThreadWorld.__module__].__file__})
 
 
 def _asked_by_reader():

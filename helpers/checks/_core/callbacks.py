@@ -1,0 +1,135 @@
+"""Nothing of the reader's code is left to run later through the process's own callbacks. After
+the answer returned, the check converts, computes its expected value and compares; a callback
+the answer installed process-wide (a gc callback, a signal handler or timer, sys's hooks, a
+profile or trace function, an import hook, a finalizer of its own) would run the reader's code
+then, where nothing watches it, and could bend the verdict (rebind what the check compares with,
+after patched.py's comparison). So `Answer` notes them before the call and fails an answer that
+returns with one of the reader's changed, putting the original back (a library imported
+lazily may install its own). Audit hooks, which cannot be removed, and sys.monitoring are
+refused when installed (guard.py); `atexit.register`, which cannot be listed, when the answer's
+code reaches it (references.py)."""
+import functools
+import signal
+import sys
+import threading
+import types
+import weakref
+
+from .run import CheckFailed, is_reader_code
+
+__all__ = ["callbacks", "expect_no_callbacks"]
+
+_GC = __import__("gc").callbacks      # the list gc runs (rebinding gc.callbacks leaves it)
+_SYS = ("excepthook", "displayhook", "unraisablehook", "breakpointhook")
+_SIGNALS = tuple(signal.valid_signals())
+_TIMERS = tuple(getattr(signal, n) for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
+                if hasattr(signal, n))
+_LISTS = types.MappingProxyType({"sys.meta_path": sys.meta_path,
+                                 "sys.path_hooks": sys.path_hooks, "gc.callbacks": _GC})
+
+
+def _getsignal(s):
+    try:
+        return signal.getsignal(s)
+    except (ValueError, OSError):
+        return None
+
+
+def _finalizers():
+    """The alive finalizers whose function may run the reader's code: {finalizer: its text}."""
+    found = {}
+    for f in list(weakref.finalize._registry):
+        info = f._registry.get(f)
+        if info is not None and _readers((info.func, *info.args, *(info.kwargs or {}).values())):
+            found[f] = getattr(info.func, "__name__", "a function")
+    return found
+
+
+def _readers(values):
+    """Whether any of `values` is (or wraps) a callable or an object of the reader's, or a
+    builtin that would run code handed to it (exec, setattr ...): not the course's or a
+    library's own function."""
+    from .settle import reader_class
+    for v in values:
+        if not isinstance(v, type) and reader_class(type(v)):
+            return True
+        while isinstance(v, functools.partial):
+            v = v.func
+        code = getattr(getattr(v, "__func__", v), "__code__", None)
+        if isinstance(code, types.CodeType) and is_reader_code(code.co_filename):
+            return True
+        if isinstance(v, types.BuiltinFunctionType) and getattr(v, "__self__", None) in (
+                None, sys.modules["builtins"]):
+            return True
+    return False
+
+
+def callbacks():
+    """What runs later on its own, now: {what: value}."""
+    found = {f"sys.{n}": getattr(sys, n, None) for n in _SYS}
+    found.update({"threading.excepthook": threading.excepthook, "sys.setprofile": sys.getprofile(),
+                  "sys.settrace": sys.gettrace(),
+                  "threading.setprofile": getattr(threading, "_profile_hook", None),
+                  "threading.settrace": getattr(threading, "_trace_hook", None),
+                  "sys.set_asyncgen_hooks": tuple(sys.get_asyncgen_hooks()),
+                  "weakref.finalize": frozenset(_finalizers())})
+    found.update({k: tuple(v) for k, v in _LISTS.items()})
+    found.update({f"signal.signal({s!s})": _getsignal(s) for s in _SIGNALS})
+    found.update({f"signal.setitimer({t})": signal.getitimer(t)[0] > 0 for t in _TIMERS})
+    return found
+
+
+def _put_back(what, value):
+    if what.startswith("sys.") and what[4:] in _SYS:
+        setattr(sys, what[4:], value)
+    elif what == "threading.excepthook":
+        threading.excepthook = value
+    elif what == "sys.setprofile":
+        sys.setprofile(value)
+    elif what == "sys.settrace":
+        sys.settrace(value)
+    elif what.startswith("threading.set"):
+        setattr(threading, f"_{what[13:]}_hook", value)
+    elif what == "sys.set_asyncgen_hooks":
+        sys.set_asyncgen_hooks(*value)
+    elif what in _LISTS:
+        _LISTS[what][:] = value
+    elif what == "weakref.finalize":
+        for f in _finalizers().keys() - value:
+            f.detach()
+    elif what.startswith("signal.signal(") and threading.current_thread() is \
+            threading.main_thread() and value is not None:
+        signal.signal(next(s for s in _SIGNALS if f"signal.signal({s!s})" == what), value)
+    elif what.startswith("signal.setitimer("):
+        signal.setitimer(next(t for t in _TIMERS if f"signal.setitimer({t})" == what), 0)
+
+
+def _new(before, after):
+    """What is new in `after`: the items a list gained, else the value itself."""
+    if isinstance(after, (tuple, frozenset)):
+        return [v for v in after if not any(v is b for b in before or ())]
+    return [after]
+
+
+def _left(what, before, after):
+    """Whether the change of `what` is a callback of the reader's left to run: a timer armed, a
+    finalizer of the reader's made (those are filtered already), a reader's function put in."""
+    if what.startswith("signal.setitimer"):
+        return after
+    new = _new(before, after)
+    return bool(new) if what == "weakref.finalize" else _readers(new)
+
+
+def expect_no_callbacks(name, before):
+    """CheckFailed naming the process-wide callback of the reader's the answer left (each put
+    back first, as far as it can be)."""
+    after = callbacks()
+    changed = [what for what, value in after.items() if before.get(what) != value and _left(
+        what, before.get(what), value)]
+    for what in changed:
+        _put_back(what, before.get(what))
+    if changed:
+        raise CheckFailed(
+            f"{name} left {', '.join(changed[:3])} set: a process-wide callback would run your "
+            "code after your function returned, while the check judges it (it is put back). "
+            "Compute the result inside your function, and install nothing that runs later")
