@@ -313,3 +313,20 @@ def test_classes_c_functions_and_the_facade_are_put_back():
         assert REPLACED in helpers.checks.check_lr_at(answer).message
     assert (torch._C._nn.mse_loss, torch.nn.MSELoss.forward, helpers.make_model) == originals
     assert "split_with_sizes" not in vars(torch._VF) and sys.modules["helpers"] is helpers
+
+
+def test_a_library_hooking_an_inherited_method_is_not_the_answers_patch():
+    """The first optimizer of a class hooks its class's step (torch.optim wraps the inherited
+    Adam.step into AdamW's own dict): a right answer that builds one is not refused."""
+    from helpers.checks._core import patched
+    hooked = vars(torch.optim.AdamW).get("step")
+    if hooked is not None:
+        delattr(torch.optim.AdamW, "step")      # as before the process's first AdamW
+    try:
+        before = patched.snapshot()
+        torch.optim.AdamW([torch.zeros(2, requires_grad=True)])
+        assert "step" in vars(torch.optim.AdamW)
+        patched.expect_unpatched("answer", before)
+    finally:
+        if hooked is not None:
+            torch.optim.AdamW.step = hooked

@@ -131,10 +131,15 @@ def _watched(value, space=""):
         callable(value) or (space == "math" and isinstance(value, float)))
 
 
-def _library_wrapper(new, value):
+def _library_wrapper(new, value, added=False):
     """A library's own wrapper of the original, made by an import the answer set off (importing
     torch._dynamo wraps torch.manual_seed): not the reader's code, and it calls the original."""
     code = getattr(new, "__code__", None)
+    if added:       # a class's wrapper of an inherited method (the first Optimizer of a class
+        inner = getattr(getattr(value, "__func__", value), "__code__", None)   # hooks its step)
+        return (value is not None and code is not None and inner is not None
+                and not is_reader_code(code.co_filename)
+                and not is_reader_code(inner.co_filename))
     return (getattr(new, "__wrapped__", None) is value and code is not None
             and not is_reader_code(code.co_filename))
 
@@ -219,7 +224,8 @@ def _put_back(before):
                 _restore(owner, key, value)
         for key in now.keys() - saved.keys() if len(now) > len(saved) else ():
             if (private or not _private(key)) and _watched(now[key], space) \
-                    and not _harness(now[key]):
+                    and not _harness(now[key]) and not _library_wrapper(
+                        now[key], getattr(now[key], "__wrapped__", None), added=True):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
     return changed, alive
