@@ -83,7 +83,7 @@ from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_
                         failed_cells_words, failed_cells_note)
 from .words import how_often, plural
 from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
-                          load_words)
+                          load_words, sweep_memory_words, last_bucket_words)
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
                               measured_step_words)
 from .gpus_words import (pool_words, copy_fit_words, unsynced_timing_words, size_growth_words,

@@ -1,10 +1,12 @@
-"""Part I's words for the step-time model against a measured run (the costs chapter): where the
+"""Part I's words for the cost model (the costs chapter): how the fullest device's memory moves as
+devices are added, and when DDP's last bucket goes; and, against a measured run, where the
 prediction falls in the measured spread, which part missed most, and what a measured all-reduce
 inside a step is made of (the wait for the slower worker, measured; the rest, not)."""
 
 import statistics
 
-__all__ = ["spread_verdict", "largest_miss", "comm_inside_step_words", "fit_words", "load_words"]
+__all__ = ["spread_verdict", "largest_miss", "comm_inside_step_words", "fit_words", "load_words",
+           "sweep_memory_words", "last_bucket_words"]
 
 
 def spread_verdict(predicted, measured):
@@ -66,3 +68,70 @@ def load_words(load, cores):
     if load is None:
         return "unknown"
     return f"{load * cores:.1f}"
+
+
+def _split_name(split):
+    """'the network split', 'the within-layer split'; a ZeRO stage by its own name."""
+    return split if split.startswith("ZeRO") else f"the {split.replace(' ', '-')} split"
+
+
+def sweep_memory_words(ks, memory, floors=None, rtol=1e-6):
+    """How the fullest device's memory moves as devices are added (`memory`: {split: bytes at
+    each k of `ks`}): falling for every split, or not for those that stay flat (named, with where)
+    or grow. `floors` {split: bytes}: the least a split can hold (a layer it cannot cut), said
+    when a flat stretch sits on it."""
+    grows, flat = [], {}
+    for split, mem in memory.items():
+        if len(mem) != len(ks):
+            raise ValueError(f"{split}: {len(mem)} memories for {len(ks)} values of k")
+        for i in range(1, len(ks)):
+            if mem[i] > mem[i - 1] * (1 + rtol):
+                grows.append((split, i))
+                break
+            if mem[i] >= mem[i - 1] * (1 - rtol) and split not in flat:
+                end = i
+                while end + 1 < len(ks) and abs(mem[end + 1] - mem[i - 1]) <= rtol * mem[i - 1]:
+                    end += 1
+                flat[split] = (i - 1, end)
+    if grows:
+        split, i = grows[0]
+        mem = memory[split]
+        return (f"not falling with k for every split: {_split_name(split)}'s fullest device grows "
+                f"from {mem[i - 1] / 1e6:.1f} MB at k = {ks[i - 1]} to {mem[i] / 1e6:.1f} MB at "
+                f"k = {ks[i]}")
+    if not flat:
+        return "falling with k for every split"
+    stays = []
+    for split, (a, b) in flat.items():
+        value = memory[split][a]
+        where = f"from k = {ks[a]} on" if b == len(ks) - 1 else f"from k = {ks[a]} to {ks[b]}"
+        floor = (floors or {}).get(split)
+        why = (" (a single top-level layer, the heaviest: a split across layers cannot cut it)"
+               if floor is not None and abs(value - floor) <= rtol * floor else "")
+        stays.append((split, f"{value / 1e6:.1f} MB {where}{why}"))
+    if len(stays) == 1:
+        split, said = stays[0]
+        return (f"falling with k for every split but {_split_name(split)}, whose fullest device "
+                f"stays at {said}")
+    names = [_split_name(s) for s, _ in stays]
+    return (f"falling with k for every split but {', '.join(names[:-1])} and {names[-1]}, whose "
+            "fullest devices stop falling: " + "; ".join(f"{_split_name(s)} stays at {said}"
+                                                          for s, said in stays))
+
+
+def last_bucket_words(bucket, backward, seconds_per_unit):
+    """When DDP's last bucket (a bucket of helpers.bucket_timeline: its gradients all ready at
+    `complete`, its all-reduce from `start` to `end`) goes against the backward's end
+    (`backward`), on that clock of `seconds_per_unit` seconds: at once, or behind the buckets
+    queued before it."""
+    complete, start, end = bucket["complete"], bucket["start"], bucket["end"]
+    tol = 1e-9 * backward
+    if complete < backward - tol:
+        raise ValueError(f"the last bucket is complete at {complete:g}, before the backward "
+                         f"ends at {backward:g}: it is not the last")
+    took = f"the last one, {1e3 * (end - start) * seconds_per_unit:.2f} ms,"
+    if start > complete + tol:
+        return (f"{took} cannot start before the backward ends, and here starts "
+                f"{1e3 * (start - backward) * seconds_per_unit:.2f} ms after it, behind the "
+                "buckets queued before it")
+    return f"{took} starts as soon as the backward ends"

@@ -71,6 +71,7 @@ def measured_step_words(model_s, speed_model, step=None, speed_measured=None):
             f"{step['seconds'] * 1e3:.3f} ms, "
             f"{times:.1f} times the model's {model_s * 1e3:.3f} ms. At the measured step, the "
             f"model's data parallelism would be {speed_words(speed_measured)} one device "
-            f"({speed_measured:.2f} times its speed, an upper bound: the model shrinks each "
-            f"device's compute with its share of the batch, which kernels this small do not "
-            f"do), {turn}")
+            f"({speed_measured:.2f} times its speed; the model shrinks each device's compute "
+            f"with its share of the batch, so this is an upper bound if, as the GPU chapter's "
+            f"fixed cost per call predicts, kernels this small do not shrink with it: a "
+            f"prediction, not measured here), {turn}")

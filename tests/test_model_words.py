@@ -6,8 +6,10 @@ from helpers.model_words import (
     comm_inside_step_words,
     fit_words,
     largest_miss,
+    last_bucket_words,
     load_words,
     spread_verdict,
+    sweep_memory_words,
 )
 
 
@@ -56,3 +58,63 @@ def test_fit_words():
 def test_load_words_for_the_whole_machine_or_unknown():
     assert load_words(0.5, 4) == "2.0"       # per core, times the cores
     assert load_words(None, 4) == "unknown"  # no load average on this system
+
+
+KS = [1, 2, 3, 4, 5]
+FALLING = [900e6, 500e6, 400e6, 350e6, 320e6]
+
+
+def test_sweep_memory_falling_for_every_split():
+    assert sweep_memory_words(KS, {"data": FALLING, "ZeRO-3": [x / 2 for x in FALLING]}) == \
+        "falling with k for every split"
+
+
+def test_sweep_memory_names_the_split_that_stays_flat_and_where():
+    flat = [900e6, 550e6, 413.4e6, 413.4e6, 413.4e6]
+    said = sweep_memory_words(KS, {"data": FALLING, "network": flat})
+    assert said == ("falling with k for every split but the network split, whose fullest "
+                    "device stays at 413.4 MB from k = 3 on")
+    # on the floor given for it: the layer it cannot cut is named; off it, not
+    on_floor = sweep_memory_words(KS, {"data": FALLING, "network": flat},
+                                  floors={"network": 413.4e6})
+    assert on_floor.endswith("from k = 3 on (a single top-level layer, the heaviest: a split "
+                             "across layers cannot cut it)")
+    assert "cannot cut" not in sweep_memory_words(KS, {"network": flat},
+                                                  floors={"network": 300e6})
+    middle = [900e6, 500e6, 500e6, 400e6, 300e6]
+    assert sweep_memory_words(KS, {"within layer": middle}).endswith(
+        "the within-layer split, whose fullest device stays at 500.0 MB from k = 2 to 3")
+
+
+def test_sweep_memory_names_every_flat_split():
+    said = sweep_memory_words(KS, {"network": [9e8, 5e8, 5e8, 5e8, 5e8],
+                                   "ZeRO-1": [9e8, 8e8, 7e8, 7e8, 6e8]})
+    assert said == ("falling with k for every split but the network split and ZeRO-1, whose "
+                    "fullest devices stop falling: the network split stays at 500.0 MB from "
+                    "k = 2 on; ZeRO-1 stays at 700.0 MB from k = 3 to 4")
+
+
+def test_sweep_memory_growing_is_not_called_falling():
+    said = sweep_memory_words(KS, {"data": FALLING, "network": [9e8, 5e8, 5e8, 6e8, 4e8]})
+    assert said == ("not falling with k for every split: the network split's fullest device "
+                    "grows from 500.0 MB at k = 3 to 600.0 MB at k = 4")
+
+
+def test_sweep_memory_refuses_a_short_row():
+    with pytest.raises(ValueError, match="3 memories for 5 values of k"):
+        sweep_memory_words(KS, {"data": FALLING[:3]})
+
+
+def test_last_bucket_at_once_or_queued():
+    at_once = dict(complete=1.0, start=1.0, end=1.2)
+    assert last_bucket_words(at_once, 1.0, 2e-3) == (
+        "the last one, 0.40 ms, starts as soon as the backward ends")
+    queued = dict(complete=1.0, start=1.5, end=1.65)
+    assert last_bucket_words(queued, 1.0, 2e-3) == (
+        "the last one, 0.30 ms, cannot start before the backward ends, and here starts 1.00 ms "
+        "after it, behind the buckets queued before it")
+
+
+def test_last_bucket_ready_before_the_end_is_refused():
+    with pytest.raises(ValueError, match="it is not the last"):
+        last_bucket_words(dict(complete=0.9, start=0.9, end=1.0), 1.0, 2e-3)

@@ -67,6 +67,9 @@ def test_measured_step_words_has_a_branch_per_outcome():
     flip = helpers.measured_step_words(0.067e-3, 0.59, STEP, 2.79)
     assert "0.400 ms, 6.0 times the model's 0.067 ms" in flip
     assert "faster than one device (2.79 times" in flip and "the opposite verdict" in flip
+    # the small kernels' fixed cost is the GPU chapter's prediction, labelled as one
+    assert "upper bound if, as the GPU chapter's fixed cost per call predicts" in flip
+    assert "a prediction, not measured here" in flip
     assert "fastest of Part IV's one-GPU trainers (CUDA graph, batch 256, GPU X)" in flip
     assert "fast_1" not in flip, "a row's identifier means nothing to a reader"
     assert "trainers (batch 256, GPU X)" in helpers.measured_step_words(
