@@ -56,7 +56,8 @@ from . import torch_floor  # its import checks the installed torch
 
 from .config import choose, quick
 from .devices import (Timer, exact_float32, get_devices, num_gpus, rank_clock, synced_now,
-                      synchronize, try_all_gpus, try_gpu, gpu_copy_gbs, copy_while_computing)
+                      synchronize, try_all_gpus, try_gpu, gpu_copy_gbs, copy_while_computing,
+                      time_matmul)
 from .data import (DataMissingError, load_data_fashion_mnist, load_tensors, ensure_data,
                    fashion_mnist)
 from .models import (LENET_SHAPES, init_lenet_params, lenet, lenet_module, loss, num_params,
@@ -85,10 +86,11 @@ from .words import how_often, plural
 from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
                           load_words, sweep_memory_words, last_bucket_words)
 from .reference_words import (speed_words, fixed_cost_words, memory_roof_words,
-                              measured_step_words)
+                              measured_step_words, call_vs_box_words)
 from .gpus_words import (pool_words, copy_fit_words, unsynced_timing_words, size_growth_words,
                          memory_pass_words, compute_roof_words, gpu_roofs, reference_copies_words,
                          reference_link_words, reference_memory_words, reference_streams_words,
+                         reference_chapter_figures, reference_timer_words,
                          H200_DATASHEET, LINK_SPECS, pinned_words, overlap_words,
                          threads_ratio_words, launch_bound_words, one_call_words, queued_words,
                          link_cost_words, fit_ends_words, iqr_words)

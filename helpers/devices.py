@@ -8,7 +8,8 @@ from .words import plural
 
 __all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "validate_gpus",
            "rank_clock", "sleep_until", "synced_now", "synchronize", "try_all_gpus", "try_gpu",
-           "gpu_copy_gbs", "copy_while_computing", "gpu_chapter_figures"]
+           "gpu_copy_gbs", "copy_while_computing", "gpu_chapter_figures", "GPU_TIMER_WORK",
+           "time_matmul", "unsynced_timings"]
 
 
 def num_gpus():
@@ -257,11 +258,42 @@ def copy_while_computing(X_host, A, reps=5):
     return result
 
 
+# the GPU chapter's product for its timer lesson (its `gpu_work`, tests/test_notebook_sync.py):
+# several ms on a current GPU, so that queueing it is a small part of running it
+GPU_TIMER_WORK = dict(n=4096, reps=10, rounds=5)
+
+
+def time_matmul(A, B, reps, sync):
+    """Seconds per product, with or without waiting for the device."""
+    A @ B                         # warm-up: the first call pays for set-up
+    synchronize([A.device])
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        A @ B                     # queued; the result is not needed
+    if sync:
+        synchronize([A.device])
+    return (time.perf_counter() - t0) / reps
+
+
+def unsynced_timings(device, work=None):
+    """The GPU chapter's timer lesson as its cell runs it: seconds per n x n product on `device`
+    read without and with synchronising (time_matmul), one of each per round, in turns."""
+    work = dict(work or GPU_TIMER_WORK)
+    A = torch.randn(work["n"], work["n"], device=device)
+    B = torch.randn(work["n"], work["n"], device=device)
+    wrong_s, right_s = [], []
+    for _ in range(work["rounds"]):
+        wrong_s.append(time_matmul(A, B, work["reps"], sync=False))
+        right_s.append(time_matmul(A, B, work["reps"], sync=True))
+    return dict(timer=work, wrong_s=wrong_s, right_s=right_s)
+
+
 def gpu_chapter_figures(mib=256):
     """What the GPU chapter's GPU-only sections measure, for the GPU reference run
     (scripts/gpu_runner.sh): host-to-GPU GB/s from pageable and pinned memory, GB/s of a copy
-    inside the GPU, GPU-to-GPU GB/s (2 GPUs), LeNet's step memory at batch 256, and a copy plus
-    a product on one stream against two. Needs a GPU."""
+    inside the GPU, GPU-to-GPU GB/s (2 GPUs), LeNet's step memory at batch 256, a copy plus a
+    product on one stream against two, and the products timed without and with synchronising
+    (unsynced_timings). Needs a GPU."""
     from .models import lenet_module
     validate_gpus(1)
     d = torch.device("cuda", 0)
@@ -295,4 +327,5 @@ def gpu_chapter_figures(mib=256):
         both = copy_while_computing(X.pin_memory(), torch.randn(4096, 4096, device=d))
     out["one_stream_ms"], out["two_streams_ms"] = (1e3 * both["one stream"],
                                                    1e3 * both["two streams"])
+    out.update(unsynced_timings(d))
     return out

@@ -12,6 +12,7 @@ __all__ = ["pool_words", "copy_fit_words", "unsynced_timing_words", "size_growth
            "queued_words", "link_cost_words",
            "memory_pass_words", "compute_roof_words", "gpu_roofs", "reference_copies_words",
            "reference_link_words", "reference_memory_words", "reference_streams_words",
+           "reference_chapter_figures", "reference_timer_words",
            "H200_DATASHEET", "LINK_SPECS", "pinned_words", "overlap_words", "fit_ends_words",
            "iqr_words"]
 
@@ -299,15 +300,36 @@ def _not_yet(ref, what, then):
     return f" No GPU run has recorded {what} yet{ran}: {then}."
 
 
-def _chapter(ref):
-    return ref.get("paths", {}).get("comm", {}).get("gpus_chapter") if ref else None
+def reference_chapter_figures(ref):
+    """The GPU-only sections' figures the reference run's gpus step recorded on a GPU
+    (helpers.devices.gpu_chapter_figures, scripts/gpu_runner.sh), or None."""
+    fig = ref.get("paths", {}).get("gpus") if ref else None
+    return fig if fig and "pinned_gbs" in fig else None   # a dry run's CPU has none
+
+
+def reference_timer_words(ref, work, noted=False):
+    """After "this machine has no GPU": the reference run's `work`-sized products (n, reps,
+    rounds) timed without and with synchronising, as the chapter's cell times them, and the
+    verdict; where no run recorded them, that the section's GPU reading is a prediction ("" when
+    the note on the run's failed cell, `noted`, says so already)."""
+    fig = reference_chapter_figures(ref)
+    if fig and fig.get("timer") == dict(work):
+        n, right = work["n"], statistics.median(fig["right_s"])
+        _, seen = unsynced_timing_words(fig["wrong_s"], fig["right_s"])
+        return (f" {_where(ref)}, with {n}x{n} products in {work['rounds']} rounds, {seen}; "
+                f"synchronised, a product took {right * 1e3:.2f} ms "
+                f"({2 * n**3 / right / 1e12:.1f} TFLOP/s).")
+    if noted:
+        return ""
+    return _not_yet(ref, "these two timings", "that a reading without synchronising is too "
+                    "small is a prediction")
 
 
 def reference_copies_words(ref):
     """After "this machine has no GPU": the reference run's host-to-GPU copies (pinned,
     pageable) and the copy inside the GPU (GB/s of bytes copied, each counted once, like the
     link's), or that none was recorded (then pinned's speed is a prediction)."""
-    fig = _chapter(ref)
+    fig = reference_chapter_figures(ref)
     if not fig:
         return _not_yet(ref, "these copies", "pinned memory is expected to be the faster "
                         "(a prediction)")
@@ -321,7 +343,7 @@ def reference_copies_words(ref):
 def reference_link_words(ref):
     """After "nothing to time with events": the reference run's copy between two GPUs, that it
     had one GPU, or "" where no run recorded the GPU chapter's figures (no number is quoted)."""
-    fig = _chapter(ref)
+    fig = reference_chapter_figures(ref)
     if not fig:
         return ""
     if "gpu_to_gpu_gbs" not in fig:
@@ -334,7 +356,7 @@ def reference_link_words(ref):
 def reference_memory_words(ref):
     """After "no such counters for the CPU": LeNet's step memory in the reference run, or ""
     where no run recorded it (no number is quoted)."""
-    fig = _chapter(ref)
+    fig = reference_chapter_figures(ref)
     if not fig:
         return ""
     return (f" {_where(ref)}, one forward and backward of LeNet on 256 images peaked at "
@@ -345,7 +367,7 @@ def reference_memory_words(ref):
 def reference_streams_words(ref):
     """After "the thread above is the nearest thing to a stream": the reference run's copy and
     product on one stream and on two, or that no run recorded them (a prediction)."""
-    fig = _chapter(ref)
+    fig = reference_chapter_figures(ref)
     if not fig:
         return _not_yet(ref, "the two streams' times", "the overlap described above is a "
                         "prediction")

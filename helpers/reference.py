@@ -312,7 +312,7 @@ def add_notebook(outdir, notebook, junit=None, seconds=None):
 
 
 def add_path(outdir, step, result):
-    """Record what one of the runner's GPU-path steps (train, torchrun, comm, cp, memory)
+    """Record what one of the runner's GPU-path steps (train, torchrun, comm, cp, memory; gpus)
     found, in outdir/paths.json, keeping the other steps' (one file: the device returns few)."""
     path = os.path.join(outdir, "paths.json")
     got = read_json(path) if os.path.exists(path) else {}

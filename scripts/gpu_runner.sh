@@ -15,7 +15,10 @@
 #   graphs    tests/test_fast.py -k cuda_graph: FastDataParallel's CUDA-graph capture
 #   bench     scripts/bench.py, short: reference, fast (graphs, streams, compile), NCCL world 1
 #             -> bench.json (the figures Part IV cites)
-#   gpus      book/gpus.ipynb under nbval (quick): the cells only a GPU runs -> nbval.json
+#   gpus      book/gpus.ipynb under nbval (quick): the cells only a GPU runs -> nbval.json;
+#             and the figures its GPU-only sections quote where no GPU is (pinned and pageable
+#             copies, the link, a step's memory, two streams, and the product timed without and
+#             with synchronising: helpers.devices.gpu_chapter_figures)         -> paths.json
 #   fixes     book/part4/fixes.ipynb under nbval (quick)                     -> nbval.json
 #   train     one-GPU training in this process: helpers.train, helpers.train_fast -> paths.json
 #   torchrun  scripts/ddp/torchrun.py on one GPU (NCCL, --snapshot, resumed), and 2 gloo ranks
@@ -175,7 +178,7 @@ paths() {   # paths STEP  (the code on stdin)
 }
 
 # estimates (seconds on the H200) below which a step is not started
-declare -A need=([sweep]=60 [graphs]=40 [bench]=120 [gpus]=60 [fixes]=90 [train]=30
+declare -A need=([sweep]=60 [graphs]=40 [bench]=120 [gpus]=75 [fixes]=90 [train]=30
                  [torchrun]=60 [comm]=20 [cp]=15 [memory]=15 [record]=5 [unit]=300 [nbval]=120)
 [ $mode = dry ] && for k in "${!need[@]}"; do need[$k]=1; done
 tmp=$(mktemp -d)
@@ -247,7 +250,23 @@ EOF
       $PY -c "from helpers.reference import main; main()" nbval "$out" "$nb" "$tmp/nb.xml" \
         "$(( $(date +%s) - t1 ))" >> "$log" 2>&1
       rm -f "$tmp/nb.xml"
-    done ;;
+    done
+    if [ $s = gpus ]; then   # what the chapter quotes from this run where no GPU is
+      paths gpus >> "$log" 2>&1 <<'EOF' || ok=1
+import sys
+import torch
+import helpers
+from helpers.devices import gpu_chapter_figures, unsynced_timings
+from helpers.reference import add_path
+if helpers.num_gpus() > 0:
+    res = gpu_chapter_figures()   # the timer's products at the chapter's size (GPU_TIMER_WORK)
+else:   # a dry run's CPU: the timer's code on a small product; the chapter quotes none of it
+    res = dict(unsynced_timings(torch.device("cpu"), dict(n=64, reps=2, rounds=2)),
+               device="cpu")
+add_path(sys.argv[1], sys.argv[2], res)
+print(res)
+EOF
+    fi ;;
   train)
     paths train >> "$log" 2>&1 <<'EOF' || ok=1
 import sys
@@ -370,7 +389,6 @@ if gpu:
         rounds.append(start.elapsed_time(end) / 1e3 / 10)
     res.update(matmul_fp32_flops_per_s=flops, copy_s={str(k): v for k, v in copies.items()},
                copy_rounds=5, matmul_tiny_s=sorted(rounds)[2])
-    res["gpus_chapter"] = helpers.gpu_chapter_figures()   # gpus.ipynb's GPU-only sections
     rates = dict(flops_per_s=flops, measured=["flops_per_s"])
     if helpers.num_gpus() >= 2:   # messages: NCCL between two GPUs
         two = helpers.time_gloo_allreduce([1, 1 << 26], world_size=2, reps=5,

@@ -181,3 +181,17 @@ def test_device_clock_on_a_gpu_stamps_events_and_maps_them_to_the_host_clock(mon
     gpu_now[0], host[0] = 101.0, 61.0       # the last event fires at 101.0; the host reads 61.0
     assert clock.seconds([a, b, 7.0]) == [60.0, 60.5, 7.0]
     assert synced == [torch.device("cuda:1")], "it waits for the device before reading"
+
+
+def test_unsynced_timings_reads_each_round_both_ways_and_waits_only_when_asked(monkeypatch):
+    """The GPU reference run's timer readings (gpu_chapter_figures): one reading without and one
+    with synchronising per round, through time_matmul, the code the GPU chapter runs."""
+    waits = []
+    monkeypatch.setattr(devices, "synchronize", lambda ds: waits.append(list(ds)))
+    work = dict(n=8, reps=2, rounds=3)
+    got = devices.unsynced_timings(torch.device("cpu"), work)
+    assert got["timer"] == work and got["timer"] is not work
+    assert len(got["wrong_s"]) == len(got["right_s"]) == 3
+    assert all(t > 0 for t in got["wrong_s"] + got["right_s"])
+    # each call waits after its warm-up; only the synchronised one waits after its products
+    assert len(waits) == 3 * (1 + 2) and all(w == [torch.device("cpu")] for w in waits)

@@ -164,7 +164,41 @@ FIG = dict(mib=256, pinned_gbs=50.04, pageable_gbs=20.5, inside_gbs=3900.2, step
 
 
 def _with(fig):
-    return dict(REF, paths=dict(comm=dict(REF["paths"]["comm"], gpus_chapter=fig)))
+    return dict(REF, paths=dict(REF["paths"], gpus=fig))   # the runner's gpus step
+
+
+def test_reference_chapter_figures_only_from_a_gpu():
+    assert helpers.reference_chapter_figures(_with(FIG)) == FIG
+    dry = _with(dict(timer=dict(n=64, reps=2, rounds=2), wrong_s=[1e-5] * 2,
+                     right_s=[1e-5] * 2, device="cpu"))   # a dry run's CPU: nothing to quote
+    assert helpers.reference_chapter_figures(dry) is None
+    assert helpers.reference_chapter_figures(REF) is None
+    assert helpers.reference_chapter_figures(None) is None
+
+
+WORK = dict(n=4096, reps=10, rounds=3)
+
+
+def test_reference_timer_words_recorded_noted_or_a_prediction():
+    fig = dict(FIG, timer=WORK, wrong_s=[1e-4, 1.1e-4, 1.2e-4], right_s=[2.7e-3, 2.8e-3, 2.9e-3])
+    assert helpers.reference_timer_words(_with(fig), WORK) == (
+        " In the GPU reference run (GPU X, today), with 4096x4096 products in 3 rounds, the "
+        "unsynchronised timing was 25 times too small in every round: it timed the queueing; "
+        "synchronised, a product took 2.80 ms (49.1 TFLOP/s).")
+    overlap = dict(fig, wrong_s=[1e-4, 1.1e-4, 2.75e-3])
+    assert "the rounds overlap, so this run cannot tell" in helpers.reference_timer_words(
+        _with(overlap), WORK)
+    # another product than the chapter's: not quoted as its reading
+    other = helpers.reference_timer_words(_with(fig), dict(WORK, n=1024))
+    assert other == (" No GPU run has recorded these two timings yet (the GPU reference run "
+                     "executed this chapter's code, but it stores only whether each cell ran "
+                     "through, not the figures the cells print): that a reading without "
+                     "synchronising is too small is a prediction.")
+    assert helpers.reference_timer_words(REF, WORK) == other
+    # said once: the note on the run's failed cell already calls the section a prediction
+    assert helpers.reference_timer_words(REF, WORK, noted=True) == ""
+    assert helpers.reference_timer_words(_with(fig), WORK, noted=True).startswith(
+        " In the GPU reference run")
 
 
 def test_gpu_roofs_measured_or_from_the_datasheet():

@@ -93,3 +93,14 @@ def test_scaling_assumptions_are_what_helpers_ships():
     found = _assigned_literals(path, {"assumed", "backward_s"})
     assert found == {"assumed": helpers.ASSUMED_LINKS,
                      "backward_s": helpers.ASSUMED_BACKWARD_S}, found
+
+
+def test_the_gpu_chapters_timer_product_is_the_one_the_reference_run_times():
+    """The GPU reference run times the GPU chapter's timer lesson with helpers.devices'
+    time_matmul at GPU_TIMER_WORK (gpu_chapter_figures); the chapter quotes those readings as its
+    own product's: its `gpu_work` must be that size."""
+    from helpers.devices import GPU_TIMER_WORK
+    path = next(p for p in toc_notebooks() if p.name == "gpus.ipynb")
+    assert _assigned_literals(path, {"gpu_work"}) == {"gpu_work": GPU_TIMER_WORK}
+    assert "time_matmul" in {name for name, _ in notebook_definitions(path)}, \
+        "the chapter defines time_matmul, compared with the shipped one above"
