@@ -3,7 +3,8 @@ machine's: the GPU chapter's fixed cost of a call and its roofline, and the cost
 step. Every
 branch has its words, and a figure no GPU has measured is called a prediction."""
 
-__all__ = ["speed_words", "fixed_cost_words", "memory_roof_words", "measured_step_words"]
+__all__ = ["speed_words", "fixed_cost_words", "memory_roof_words", "measured_step_words",
+           "call_vs_box_words"]
 
 
 def speed_words(speed):
@@ -75,3 +76,24 @@ def measured_step_words(model_s, speed_model, step=None, speed_measured=None):
             f"with its share of the batch, so this is an upper bound if, as the GPU chapter's "
             f"fixed cost per call predicts, kernels this small do not shrink with it: a "
             f"prediction, not measured here), {turn}")
+
+
+def call_vs_box_words(box_s, call_s=None, where=None):
+    """After "the per-call cost of every operation in it": a call's cost on a GPU against the
+    emulated schedule's longest box (`box_s`, its multiply-adds at a large product's rate):
+    `call_s` a 1 KiB copy's call in the GPU reference run (`where`: its GPU and date), longer
+    than the box, a share of it, or a small share; None: no GPU run measured one."""
+    if not call_s:
+        return (" (the GPU chapter measures one on this machine; no GPU run has recorded a "
+                "GPU's yet, so how it compares with the box is not known here)")
+    if call_s <= 0 or box_s <= 0:
+        raise ValueError(f"times must be > 0, got a call of {call_s} s and a box of {box_s} s")
+    r = call_s / box_s
+    if r >= 1:
+        cmp = f"{r:.1f} times the box's modelled length"
+    elif r >= 0.1:
+        cmp = f"{r:.0%} of the box's modelled length"
+    else:
+        cmp = f"only {r:.0%} of the box's modelled length"
+    return (f": in the GPU reference run ({where}) one call, a copy of 1 KiB inside the GPU's "
+            f"memory, took {call_s * 1e6:.1f} µs (CUDA events), {cmp}")

@@ -99,3 +99,18 @@ def test_pipeline_order_words_names_causes_only_as_possible():
     assert helpers.pipeline_order_words([3, 5], [4, 6], True, 64).startswith("within noise")
     with pytest.raises(ValueError, match="at least one run"):
         helpers.pipeline_order_words([], [1], True, 64)
+
+
+def test_call_vs_box_words_longer_a_share_a_small_share_or_not_measured():
+    where = "GPU X, today"
+    assert helpers.call_vs_box_words(10.7e-6, 16.5e-6, where) == (
+        ": in the GPU reference run (GPU X, today) one call, a copy of 1 KiB inside the GPU's "
+        "memory, took 16.5 µs (CUDA events), 1.5 times the box's modelled length")
+    assert helpers.call_vs_box_words(40e-6, 16e-6, where).endswith(
+        "took 16.0 µs (CUDA events), 40% of the box's modelled length")
+    assert helpers.call_vs_box_words(1e-3, 16e-6, where).endswith(
+        "only 2% of the box's modelled length")
+    unknown = helpers.call_vs_box_words(10.7e-6)
+    assert "no GPU run has recorded a GPU's yet" in unknown and "µs" not in unknown
+    with pytest.raises(ValueError, match="must be > 0"):
+        helpers.call_vs_box_words(0.0, 16e-6, where)
