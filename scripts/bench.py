@@ -222,14 +222,14 @@ def run_on_ranks(row, size, args, seed, compile_ok):
         backend = helpers.choose_backend(k)
         r = helpers.launch(helpers.train_fast_rank, k, cfg, quiet=True, timeout=RANK_TIMEOUT)[0]
         note = f"{backend}, {helpers.plural(k, 'process')}" + (
-            ", compiled" if r["compiled"] else "")
+            ", compiled" if r.compiled else "")
     else:
         got, backend = helpers.bench_ranks(k, [name], args.batch_size, args.lr,
                                            size["num_epochs"], size["subset"], seed,
                                            timeout=RANK_TIMEOUT)
         r, note = got[name], f"{backend}, {helpers.plural(k, 'process')}"
-    return dict(epoch_times=r["epoch_times"], test_acc=r["test_acc"], note=note,
-                param_sum=r["param_sum"])
+    return dict(epoch_times=r.epoch_times, test_acc=r.test_acc, note=note,
+                param_sum=r.param_sum)
 
 
 # --- the checks: same arithmetic, and the targets ------------------------------------------------

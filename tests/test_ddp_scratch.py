@@ -44,22 +44,22 @@ def test_equals_one_process_and_torch_ddp(runs, i):
     for rank in runs:
         case = rank["ddp"][i]
         # float32 rounding: the mean of two half-batch means is not bit-identical to one mean
-        assert case["scratch"] <= 1e-6, case
-        assert case["torch"] <= 1e-6, case
-        assert abs(case["scratch"] - case["torch"]) <= 1e-6, case
+        assert case.scratch <= 1e-6, case
+        assert case.torch <= 1e-6, case
+        assert abs(case.scratch - case.torch) <= 1e-6, case
 
 
 def test_one_allreduce_per_bucket_tied_once_frozen_skipped(runs):
     for case in runs[0]["ddp"]:
-        assert case["calls"] == case["num_buckets"], case   # one all-reduce per bucket, no more
-        assert sum(case["sizes"]) == case["num_trainable"], case   # each trainable param once
-    by = {(c["kind"], c["bucket_mb"]): c for c in runs[0]["ddp"]}
-    assert by[("mlp", None)]["num_buckets"] == by[("mlp", None)]["num_trainable"]
-    assert by[("mlp", 25)]["num_buckets"] == 1
-    assert 1 < by[("mlp", 0.004)]["num_buckets"] < by[("mlp", None)]["num_buckets"]
+        assert case.calls == case.num_buckets, case   # one all-reduce per bucket, no more
+        assert sum(case.sizes) == case.num_trainable, case   # each trainable param once
+    by = {(c.kind, c.bucket_mb): c for c in runs[0]["ddp"]}
+    assert by[("mlp", None)].num_buckets == by[("mlp", None)].num_trainable
+    assert by[("mlp", 25)].num_buckets == 1
+    assert 1 < by[("mlp", 0.004)].num_buckets < by[("mlp", None)].num_buckets
     tied = helpers.TinyLM(tied=True)
-    assert by[("tied", None)]["num_buckets"] == len(list(tied.parameters()))
-    assert by[("tied", None)]["num_buckets"] == len(list(tied.named_parameters(
+    assert by[("tied", None)].num_buckets == len(list(tied.parameters()))
+    assert by[("tied", None)].num_buckets == len(list(tied.named_parameters(
         remove_duplicate=False))) - 1   # head.weight is tok.weight: reduced once
 
 
@@ -72,11 +72,11 @@ def test_parameters_some_ranks_skip_are_averaged_as_torch_ddp_does(runs, runs3, 
     ranks = runs if world == 2 else runs3
     for rank in ranks:
         for case in rank["unused"]:
-            assert case["diff"] <= 1e-6, case
-            assert case["never_none"], case
+            assert case.diff <= 1e-6, case
+            assert case.never_none, case
     for case, other in zip(ranks[0]["unused"], ranks[-1]["unused"]):   # replicas agree
-        assert helpers.max_diff(case["state"], other["state"]) == 0, case["bucket_mb"]
-    by = {(c["optim"], c["bucket_mb"]): c["state"] for c in ranks[0]["unused"]}
+        assert helpers.max_diff(case.state, other.state) == 0, case.bucket_mb
+    by = {(c.optim, c.bucket_mb): c.state for c in ranks[0]["unused"]}
     for (optim, bucket_mb), state in by.items():
         assert helpers.max_diff(state, by[(optim, "torch")]) <= 1e-6, (optim, bucket_mb)
 
@@ -89,25 +89,25 @@ def test_accumulation_with_no_sync_equals_the_whole_batch(runs, runs3, world):
     ranks = runs if world == 2 else runs3
     for rank in ranks:
         for case in rank["accumulation"]:
-            assert case["diff"] <= 1e-6, case
+            assert case.diff <= 1e-6, case
         for case in rank["accumulation"]:
-            if case["how"] != "torch":   # one all-reduce per bucket per step, whatever k
-                assert case["calls"] == case["num_buckets"], case
+            if case.how != "torch":   # one all-reduce per bucket per step, whatever k
+                assert case.calls == case.num_buckets, case
 
 
 @pytest.mark.parametrize("name", ["two_backwards", "forward_before_finish", "step_early",
                                   "other_model", "mixed_dtypes", "trainable_later"])
 def test_what_it_cannot_average_is_refused_on_every_rank(runs, name):
     for rank in runs:
-        got = rank["refusals"][name]
+        got = rank["refusals"].refused[name]
         assert got is not None, f"{name}: no error"
-        assert got["words"], got["message"]
+        assert got.has_words, got.message
 
 
 def test_a_second_finish_communicates_nothing(runs):
     """Finish again, or on one rank only, is a no-op (no collective a peer
     would wait for)."""
-    assert [rank["refusals"]["extra_finish_calls"] for rank in runs] == [0, 0]
+    assert [rank["refusals"].extra_finish_calls for rank in runs] == [0, 0]
 
 
 def test_a_step_one_rank_skipped_times_out_with_a_clear_error(runs):
@@ -121,35 +121,35 @@ def test_a_step_one_rank_skipped_times_out_with_a_clear_error(runs):
 def test_allreduces_start_in_order_before_backward_ends_and_complete(runs, name):
     for rank in runs:
         t = rank[name]
-        launches = [(s, i) for s, what, i in t["events"] if what == "launch"]
-        grads = [s for s, what, _ in t["events"] if what == "grad"]
-        done = {i: s for s, what, i in t["events"] if what == "done"}
-        assert len(launches) == t["num_buckets"] > 1
+        launches = [(s, i) for s, what, i in t.events if what == "launch"]
+        grads = [s for s, what, _ in t.events if what == "grad"]
+        done = {i: s for s, what, i in t.events if what == "done"}
+        assert len(launches) == t.num_buckets > 1
         # the first all-reduce is in flight before autograd has produced the last gradient
-        assert launches[0][0] < grads[-1] < t["backward_s"], t
+        assert launches[0][0] < grads[-1] < t.backward_s, t
         # launched strictly in bucket order (the output layer's first) on every rank
-        assert [i for _, i in launches] == list(range(t["num_buckets"]))
+        assert [i for _, i in launches] == list(range(t.num_buckets))
         # each completed (seen through its future), after it was launched
-        assert sorted(done) == list(range(t["num_buckets"])), t
+        assert sorted(done) == list(range(t.num_buckets)), t
         assert all(done[i] >= s for s, i in launches), t
 
 
 def test_the_trace_shows_launches_inside_backward_only_with_overlap(runs):
     for rank in runs:
-        for mode, tr in rank["trace"].items():
-            lanes = {lane for lane, _, _ in tr["events"]}
+        for mode, tr in rank["trace"].modes().items():
+            lanes = {lane for lane, _, _ in tr.events}
             assert {"forward", "backward", "finish", "launch", "all-reduce"} <= lanes, lanes
-            backward = [(t, t + d) for lane, t, d in tr["events"] if lane == "backward"]
-            inside = sum(1 for lane, t, _ in tr["events"] if lane == "launch"
+            backward = [(t, t + d) for lane, t, d in tr.events if lane == "backward"]
+            inside = sum(1 for lane, t, _ in tr.events if lane == "launch"
                          and any(a <= t <= b for a, b in backward))
-            assert tr["launches_in_backward"] == inside
+            assert tr.launches_in_backward == inside
             # whether gloo's threads got a core before backward ended depends on the machine's
             # load (a busy 2-core CI run gave 0.0 ms): only the launches are the schedule's shape
             if mode == "overlap":
                 assert inside > 0
             else:
-                assert inside == 0 and tr["hidden_ms"] == 0, tr["hidden_ms"]
-            assert 0 <= tr["hidden_ms"] <= tr["comm_ms"]
+                assert inside == 0 and tr.hidden_ms == 0, tr.hidden_ms
+            assert 0 <= tr.hidden_ms <= tr.comm_ms
 
 
 def test_emulated_overlap_keeps_the_schedule_shape(runs):
@@ -158,17 +158,17 @@ def test_emulated_overlap_keeps_the_schedule_shape(runs):
     first all-reduce runs before backward ends."""
     for rank in runs:
         e = rank["emulated"]
-        ov, after = e["overlap"], e["after"]
-        assert ov["comm"][0][0] < ov["backward"], ov
-        assert after["comm"][0][0] >= after["backward"] - 1e-9, after
-        comm = sum(b - a for a, b in after["comm"])
-        assert after["step"] >= after["backward"] + comm - 1e-6, after
-        assert ov["step"] < after["step"], (ov["step"], after["step"])
+        ov, after = e.overlap, e.after
+        assert ov.comm[0][0] < ov.backward, ov
+        assert after.comm[0][0] >= after.backward - 1e-9, after
+        comm = sum(b - a for a, b in after.comm)
+        assert after.step >= after.backward + comm - 1e-6, after
+        assert ov.step < after.step, (ov.step, after.step)
         # a machine can only delay the schedule: each step ends at or after its modelled end
         for m in (ov, after):
-            assert m["step"] >= m["modelled"] - 1e-9, m
-        assert e["margin_s"] == pytest.approx(
-            (after["modelled"] - ov["modelled"]) * e["scale"]) and e["margin_s"] > 0
+            assert m.step >= m.modelled - 1e-9, m
+        assert e.margin_s == pytest.approx(
+            (after.modelled - ov.modelled) * e.scale) and e.margin_s > 0
 
 
 def test_the_modelled_step_launches_each_bucket_once_it_and_those_before_are_ready():
@@ -203,8 +203,8 @@ def test_exposed_communication_is_measured_per_round(runs):
     ready; each sample is a positive duration, one per round."""
     for rank in runs:
         e = rank["exposed"]
-        for mode in ("overlap", "after"):
-            assert len(e[mode]["exposed"]) == len(e[mode]["compute"]) == 2, e
-            assert min(e[mode]["exposed"]) > 0 and min(e[mode]["compute"]) > 0, e
-        assert e["after"]["pending"] == [e["num_buckets"]] * 2, e
-        assert max(e["overlap"]["pending"]) <= e["num_buckets"], e
+        for m in (e.overlap, e.after):
+            assert len(m.exposed) == len(m.compute) == 2, e
+            assert min(m.exposed) > 0 and min(m.compute) > 0, e
+        assert e.after.pending == [e.num_buckets] * 2, e
+        assert max(e.overlap.pending) <= e.num_buckets, e

@@ -156,13 +156,13 @@ def test_the_scratch_ddp_timeline_is_the_gpus(slow):
     clock in its callback says "done" at launch and every bucket would seem to finish before
     backward returned. The timeline must say when the GPU finished each all-reduce."""
     t = slow["timeline"]["result"]
-    launch = {i: s for s, what, i in t["events"] if what == "launch"}
-    done = {i: s for s, what, i in t["events"] if what == "done"}
-    assert set(done) == set(launch) and len(launch) > 1, t["events"]
+    launch = {i: s for s, what, i in t.events if what == "launch"}
+    done = {i: s for s, what, i in t.events if what == "done"}
+    assert set(done) == set(launch) and len(launch) > 1, t.events
     for k, i in enumerate(sorted(launch)):    # one after another, COMM each, from the first
         assert done[i] >= launch[0] + (k + 1) * COMM * 0.9, (i, done[i], launch[0])
-    assert t["backward_s"] < min(done.values()), "no all-reduce can be done before it ran"
-    assert t["finish_s"] >= len(launch) * COMM * 0.9, "finish waits for the GPU's all-reduces"
+    assert t.backward_s < min(done.values()), "no all-reduce can be done before it ran"
+    assert t.finish_s >= len(launch) * COMM * 0.9, "finish waits for the GPU's all-reduces"
     assert not slow["timeline"]["problems"], slow["timeline"]["problems"]
 
 
@@ -170,10 +170,10 @@ def test_the_exposed_communication_is_the_gpus(slow):
     """exposed_comm_times on the same fake GPU: every all-reduce is still running when the last
     gradient is ready (each takes COMM), and the step waits for all of them after it."""
     got = slow["exposed"]["result"]
-    n = got["num_buckets"]
-    for mode in ("overlap", "after"):
-        assert got[mode]["pending"] == [n], (mode, got[mode])
-        assert got[mode]["exposed"][0] >= (n - 1) * COMM, (mode, got[mode])
+    n = got.num_buckets
+    for mode, m in got.modes().items():
+        assert m.pending == [n], (mode, m)
+        assert m.exposed[0] >= (n - 1) * COMM, (mode, m)
     assert not slow["exposed"]["problems"], slow["exposed"]["problems"]
 
 

@@ -395,8 +395,8 @@ def test_worker_processes_train_like_train_batch():
     runs = [dict(name=m, global_batch=6, steps=2, reps=1, mode=m, return_params=True)
             for m in ("fast", "reference")]
     got = helpers.time_data_parallel([1, 2], runs, subset=64, seed=3)
-    assert len(set(got["cores"])) == min(2, len(__import__("os").sched_getaffinity(0))), \
-        f"workers must be pinned to distinct cores, got {got['cores']}"
+    assert len(set(got.cores)) == min(2, len(__import__("os").sched_getaffinity(0))), \
+        f"workers must be pinned to distinct cores, got {got.cores}"
     X, y = helpers.load_tensors(True, 64)
     devices = [CPU, CPU]
     ref = [get_params(init_lenet_params(seed=3), d) for d in devices]
@@ -406,18 +406,18 @@ def test_worker_processes_train_like_train_batch():
         train_batch(X[idx], y[idx], ref, devices, 0.2)
     for k in (1, 2):
         for mode in ("fast", "reference"):
-            res = got[k][mode]
-            assert all(len(res[key]) == 1 and res[key][0] >= 0
-                       for key in ("step_s", "compute_s", "comm_s", "update_s",
-                                   "compute_cpu_s", "wait_s", "after_s"))
-            assert 0 < res["compute_cpu_s"][0] <= res["compute_s"][0] + 1e-3
-            assert res["wait_s"][0] + res["after_s"][0] == pytest.approx(res["comm_s"][0])
+            res = got.times[k][mode]
+            assert all(len(part) == 1 and part[0] >= 0
+                       for part in (res.step_s, res.compute_s, res.comm_s, res.update_s,
+                                    res.compute_cpu_s, res.wait_s, res.after_s))
+            assert 0 < res.compute_cpu_s[0] <= res.compute_s[0] + 1e-3
+            assert res.wait_s[0] + res.after_s[0] == pytest.approx(res.comm_s[0])
             if k == 2:
-                assert res["comm_s"][0] > 1e-6, "two workers must have communicated"
-                assert res["after_s"][0] > 0, "the all-reduce ends after the last arrival"
+                assert res.comm_s[0] > 1e-6, "two workers must have communicated"
+                assert res.after_s[0] > 0, "the all-reduce ends after the last arrival"
             else:
-                assert res["wait_s"][0] == 0.0, "one worker waits for nobody"
-            params = [torch.tensor(p) for p in res["params"]]
+                assert res.wait_s[0] == 0.0, "one worker waits for nobody"
+            params = [torch.tensor(p) for p in res.params]
             assert max_diff(ref[0], params) < 1e-5, (k, mode)
             assert max_diff(init_lenet_params(seed=3), params) > 1e-4, "training must move them"
 
@@ -472,7 +472,7 @@ def test_fast_on_two_ranks_equals_train_batch():
     ends where train_batch on 2 devices ends, fed the same global batches."""
     cfg = dict(batch_size=64, lr=0.2, num_epochs=2, subset=150, seed=4, return_params=True)
     got = helpers.launch(helpers.train_fast_rank, 2, cfg, quiet=True)
-    assert got[0]["param_sum"] == got[1]["param_sum"], "every rank holds the same parameters"
+    assert got[0].param_sum == got[1].param_sum, "every rank holds the same parameters"
     got = got[0]
     X, y = helpers.load_tensors(True, 150)
     devices = [CPU, CPU]
@@ -481,7 +481,7 @@ def test_fast_on_two_ranks_equals_train_batch():
     for _ in range(2):
         for idx in loader.index_batches():
             train_batch(X[idx], y[idx], ref, devices, 0.2)
-    params = [torch.tensor(p) for p in got["params"]]
+    params = [torch.tensor(p) for p in got.params]
     assert max_diff(ref[0], params) < 1e-5
     assert max_diff(init_lenet_params(seed=4), params) > 1e-3, "training must move them"
-    assert len(got["epoch_times"]) == 2 and 0 <= got["test_acc"] <= 1
+    assert len(got.epoch_times) == 2 and 0 <= got.test_acc <= 1

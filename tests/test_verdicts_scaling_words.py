@@ -4,6 +4,7 @@ unchanged for the same numbers."""
 import pytest
 
 import helpers
+from helpers.data_parallel.results import WorkerTimes
 from helpers.data_parallel.words.scaling_verdicts import (
     model_saving_words,
     same_setup_words,
@@ -24,10 +25,16 @@ def test_two_workers_are_the_runs_words_where_they_ran_else_what_one_core_could_
             helpers.two_worker_words("weak", ks, "measured")
 
 
+def _times(**samples):
+    """A run's WorkerTimes, with these samples (no samples for the parts not given)."""
+    parts = ("step_s", "compute_s", "comm_s", "update_s", "compute_cpu_s", "wait_s", "after_s")
+    return WorkerTimes(**{p: list(samples.get(p, [])) for p in parts})
+
+
 def _runs(ks, names, **parts):
-    """A worker sweep as time_data_parallel returns it: {k: {run: {part: samples}}}."""
-    return {"cores": ks[-1], **{k: {n: {p: list(v[k - 1]) for p, v in parts.items()}
-                                     for n in names} for k in ks}}
+    """A worker sweep's times as time_data_parallel returns them: {k: {run: WorkerTimes}}."""
+    return {k: {n: _times(**{p: v[k - 1] for p, v in parts.items()}) for n in names}
+            for k in ks}
 
 
 def test_weak_scaling_is_weak_splits_words_where_two_workers_ran_else_says_not_run():
@@ -53,7 +60,7 @@ def test_the_model_against_the_run_is_model_saving_words_where_two_workers_ran_e
     after = ([0, 0, 0], [0.012, 0.013, 0.011])    # the reference step's 8 messages ...
     fast = ([0, 0, 0], [0.002, 0.0021, 0.0019])    # ... against the fast step's one
     runs = _runs([1, 2], ["reference 4"], after_s=after)
-    runs[2]["fast 4"] = {"after_s": list(fast[1])}
+    runs[2]["fast 4"] = _times(after_s=fast[1])
     many, one = helpers.Measurement(after[1]), helpers.Measurement(fast[1])
     got = helpers.model_vs_run_words(runs, 4, 2.0, 240, 15)
     assert got == model_saving_words(2.0, 240, (12.0, 2.0), helpers.ratio(many, one), 15, 4)

@@ -32,6 +32,7 @@ from ..runtime.launch import take
 from ..validate import validate_lr, validate_positive_int, validate_seed
 from .allreduce import flatten
 from .fast_lenet import fused_flat_grad, tap_major, untap
+from .results import EpochRun
 from .simulated import allreduce, evaluate_accuracy
 
 __all__ = ["ResidentLoader", "FastDataParallel", "train_fast", "resident_accuracy",
@@ -347,9 +348,9 @@ def train_fast_rank(rank, world, cfg):
     `cfg["batch_size"]` (ResidentLoader's order); FastDataParallel(group=WORLD) trains on this
     rank's slice and sums the flat gradients with one all_reduce. cfg: batch_size, lr,
     num_epochs, subset, seed, compile (default False), return_params. Returns this rank's
-    epoch_times (from one barrier to the next: the slowest rank's time), test_acc, param_sum (the
-    sum of |params| in float64: equal on every rank), compiled, and the parameters as lists when
-    return_params is set."""
+    results.EpochRun: epoch_times (from one barrier to the next: the slowest rank's time),
+    test_acc, param_sum (the sum of |params| in float64: equal on every rank), compiled, and
+    the parameters as lists when return_params is set."""
     import torch.distributed as dist
     device, batch_size, lr, num_epochs, subset, seed, compile_, return_params = take(
         cfg, "device", "batch_size", "lr", "num_epochs", "subset", "seed", compile=False,
@@ -373,7 +374,7 @@ def train_fast_rank(rank, world, cfg):
         dist.barrier()
         times.append(synced_now(device) - t0)
     params = net.params[0]
-    return dict(epoch_times=times, test_acc=resident_accuracy(params, X_test, y_test),
-                param_sum=float(sum(p.detach().double().abs().sum() for p in params)),
-                compiled=net.compiled,
-                params=[p.tolist() for p in params] if return_params else None)
+    return EpochRun(epoch_times=times, test_acc=resident_accuracy(params, X_test, y_test),
+                    param_sum=float(sum(p.detach().double().abs().sum() for p in params)),
+                    compiled=net.compiled,
+                    params=[p.tolist() for p in params] if return_params else None)

@@ -12,6 +12,14 @@ from torch import nn
 from ..one_process import flat_cross_entropy, local_batch
 from ..runtime.launch import take
 from ..tiny_models import make_batches, make_model
+from .results import (
+    EmulatedMode,
+    EmulatedRun,
+    GradientTimeline,
+    OverlapSteps,
+    ScratchTrace,
+    TraceMode,
+)
 from .scratch import DDPFromScratch
 
 __all__ = ["gradient_timeline", "overlap_step_times", "ddp_scratch_trace", "emulated_overlap",
@@ -48,7 +56,8 @@ def gradient_timeline(rank, world, cfg):
     """When each gradient was ready, each bucket's all-reduce launched and completed (seconds
     from the start of loss.backward()), on the last of `repeats` steps (the first ones warm
     up), and when backward and finish returned, and the device (on a GPU the times are the
-    GPU's: CUDA events). cfg["batch_size"]: this rank's examples."""
+    GPU's: CUDA events): a results.GradientTimeline. cfg["batch_size"]: this rank's
+    examples."""
     device, bucket_mb, sizes, repeats, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, repeats=3, batch_size=32)
     model, batch = _timeline_model(device, sizes, bucket_mb)
@@ -57,17 +66,17 @@ def gradient_timeline(rank, world, cfg):
     for _ in range(repeats):
         dist.barrier()
         t0, t1, t2 = _step(model, X, y)
-    return dict(events=[(t - t0, what, i) for t, what, i in model.timeline],
-                backward_s=t1 - t0, finish_s=t2 - t0, num_buckets=len(model.buckets),
-                device=str(device))
+    return GradientTimeline(events=[(t - t0, what, i) for t, what, i in model.timeline],
+                            backward_s=t1 - t0, finish_s=t2 - t0,
+                            num_buckets=len(model.buckets), device=str(device))
 
 
 def overlap_step_times(rank, world, cfg):
     """Seconds of backward + finish per step, with the all-reduces launched from the hooks
     (overlap) and all launched in finish (after), on the same model and buckets, timed in
     turns (ABAB..., the order reversed every other round, ranks meeting in a barrier before
-    each step) after `warmup` rounds. Returns {"overlap": [...], "after": [...]} (one sample per
-    round) and how many all-reduces of the last overlapped step completed before backward
+    each step) after `warmup` rounds. Returns a results.OverlapSteps: one sample per round of
+    each, and how many all-reduces of the last overlapped step completed before backward
     returned."""
     device, bucket_mb, sizes, rounds, warmup, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, rounds=7, warmup=2, batch_size=32)
@@ -86,8 +95,8 @@ def overlap_step_times(rank, world, cfg):
                 times[k].append(t2 - t0)
             if k == "overlap":
                 done_early = sum(1 for t, w, _ in models[k].timeline if w == "done" and t < t1)
-    return dict(times, done_before_backward_end=done_early,
-                num_buckets=len(models["overlap"].buckets))
+    return OverlapSteps(**times, done_before_backward_end=done_early,
+                        num_buckets=len(models["overlap"].buckets))
 
 
 _LANES = {"forward": "forward", "backward": "backward", "finish": "finish"}
@@ -130,10 +139,10 @@ def _covered(spans):
 def ddp_scratch_trace(rank, world, cfg):
     """torch.profiler traces of `steps` DDPFromScratch steps (after a warm-up), with the
     all-reduces launched from the hooks ("overlap") and all in finish ("after"); on a GPU with
-    CUDA activity too (the all-reduce lane: NCCL's kernels). Returns per mode the trace's
-    events [(lane, start_ms, dur_ms)] and, summed over the steps, the ms some all-reduce was
-    running, the ms of that during backward (work done while communication was in flight)
-    and the ms of the steps (forward start to finish end)."""
+    CUDA activity too (the all-reduce lane: NCCL's kernels). Returns a results.ScratchTrace:
+    per mode the trace's events [(lane, start_ms, dur_ms)] and, summed over the steps, the ms
+    some all-reduce was running, the ms of that during backward (work done while
+    communication was in flight) and the ms of the steps (forward start to finish end)."""
     import os
     import tempfile
 
@@ -178,10 +187,11 @@ def ddp_scratch_trace(rank, world, cfg):
         # much of gloo's work got a core before backward ended, which a busy machine can make 0
         inside = sum(1 for lane, t, _ in events if lane == "launch"
                      and any(a <= t <= b for a, b in back))
-        out[mode] = dict(events=events, comm_ms=_covered(comm), hidden_ms=hidden,
-                         launches_in_backward=inside,
-                         step_ms=sum(e - s for s, e in zip(starts, ends, strict=True)), steps=steps)
-    return out
+        out[mode] = TraceMode(events=events, comm_ms=_covered(comm), hidden_ms=hidden,
+                              launches_in_backward=inside,
+                              step_ms=sum(e - s for s, e in zip(starts, ends, strict=True)),
+                              steps=steps)
+    return ScratchTrace(**out)
 
 
 def _layer_flops(net, batch):
@@ -214,8 +224,8 @@ def emulated_overlap(rank, world, cfg):
     helpers.Rates.load(), times `scale`), and each bucket's all-reduce completes when a ring over
     `world` ranks would have sent it (one link, buckets in launch order, 2(k-1) messages of
     alpha + bytes/k / beta). Sleeps cost no CPU, so busy cores keep the schedule's shape
-    unless they delay the sleeps by more than its margin. Returns per mode ("overlap",
-    "after"): step end, backward end and the all-reduce spans
+    unless they delay the sleeps by more than its margin. Returns a results.EmulatedRun: per
+    mode ("overlap", "after"): step end, backward end and the all-reduce spans
     (modelled seconds since backward started), and `modelled`, the step of the same schedule
     with no delay (modelled_step); `margin_s`, overlap's modelled saving times scale: the real
     seconds by which the machine may delay the overlapped step's sleeps, beyond the other's,
@@ -226,7 +236,7 @@ def emulated_overlap(rank, world, cfg):
     device, bucket_mb, sizes, model_batch, scale, steps = take(
         cfg, "device", bucket_mb=None, sizes=None, model_batch=2048, scale=500.0, steps=2)
     rates, now = Rates.load(), Clock(device=device).now
-    out = dict(source=rates.source, scale=scale, model_batch=model_batch)
+    out = {}
     for mode in ("overlap", "after"):
         net = make_model("mlp", **(sizes or {})).to(device)
         flops = _layer_flops(net, model_batch)
@@ -266,7 +276,7 @@ def emulated_overlap(rank, world, cfg):
             end = max(link, t1)                          # then their modelled completion: a
             sleep_until(end, now)    # real all-reduce that a busy machine slows does not move it
             model.zero_grad()
-        out[mode] = dict(step=(end - t0) / scale, backward=(t1 - t0) / scale, comm=spans,
-                         modelled=modelled)
-    out["margin_s"] = (out["after"]["modelled"] - out["overlap"]["modelled"]) * scale
-    return out
+        out[mode] = EmulatedMode(step=(end - t0) / scale, backward=(t1 - t0) / scale,
+                                 comm=spans, modelled=modelled)
+    return EmulatedRun(**out, margin_s=(out["after"].modelled - out["overlap"].modelled) * scale,
+                       source=rates.source, scale=scale, model_batch=model_batch)

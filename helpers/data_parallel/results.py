@@ -1,5 +1,7 @@
-"""What the launch targets of data_parallel/experiments.py return (Part III's BatchNorm and Join
-lessons, Part IV's profile and knobs): small frozen dataclasses whose fields the chapters read
+"""What data_parallel's launch targets return (experiments.py: Part III's BatchNorm and Join
+lessons, Part IV's profile and knobs; scratch_experiments.py and overlap_experiments.py:
+DDPFromScratch against one process and torch's DDP, and its overlap; speed.py: the timed
+workers): small frozen dataclasses whose fields the chapters read
 by name (`run.acc`, not `run["acc"]`: a misspelt field fails at once, not as a KeyError after a
 launch). Defined at module level, so a rank's result pickles in its process and unpickles in
 the notebook's. Maps keyed by data (a BatchNorm variant, a knob's name) stay dicts.
@@ -8,7 +10,10 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-__all__ = ["BnRun", "JoinRun", "DdpTrace", "KnobsRun"]
+__all__ = ["BnRun", "JoinRun", "DdpTrace", "KnobsRun", "DdpCase", "UnusedCase", "NoSyncCase",
+           "Refusal", "ScratchRefusals", "ExposedMode", "ExposedRun", "GradientTimeline",
+           "OverlapSteps", "TraceMode", "ScratchTrace", "EmulatedMode", "EmulatedRun",
+           "WorkerTimes", "WorkerSweep", "RankSums", "EpochRun"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +50,178 @@ class KnobsRun:
     exposed_s: dict[str, list[float]]    # communication left after backward's compute, per step
     max_diff: dict[str, float]           # parameters against the default's
     traced: dict[str, dict]              # the traced knobs: helpers.exposed_ms and steps
+
+
+class _Modes:
+    """A run with an "overlap" field (the all-reduces launched from the hooks) and an "after"
+    field (all launched in finish), each the same kind of result."""
+
+    def modes(self):
+        """{"overlap": ..., "after": ...}: the two modes, for a loop over both."""
+        return {"overlap": self.overlap, "after": self.after}
+
+
+# ---------------------------------------------------------------- scratch_experiments.py
+@dataclass(frozen=True)
+class DdpCase:
+    """ddp_vs_one_process, one (model kind, bucket_mb): max |difference| to one process."""
+    kind: str
+    bucket_mb: float | None
+    scratch: float               # DDPFromScratch against one process
+    torch: float                 # torch's DDP against one process
+    calls: int                   # DDPFromScratch's all-reduces in the last step
+    num_buckets: int
+    sizes: list[int]             # parameters per bucket
+    num_trainable: int           # trainable parameters of the model
+
+
+@dataclass(frozen=True)
+class UnusedCase:
+    """unused_vs_torch, one (optimizer, bucket_mb or "torch": DDP(find_unused_parameters))."""
+    optim: str
+    bucket_mb: float | str | None
+    never_none: bool             # the layer no rank uses kept .grad None
+    diff: float                  # against one process
+    state: dict[str, Tensor]     # the parameters at the end
+
+
+@dataclass(frozen=True)
+class NoSyncCase:
+    """accumulation_vs_torch, one (k micro-batches, how: "last", "all" or "torch")."""
+    k: int
+    how: str
+    diff: float                  # against one process on the whole batch
+    calls: int                   # all-reduces in the last step
+    num_buckets: int | None      # None for torch's DDP
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The error a refused case raised."""
+    kind: str                    # the exception's type name
+    has_words: bool              # its message holds every word that names the fix
+    message: str
+
+
+@dataclass(frozen=True)
+class ScratchRefusals:
+    """scratch_refusals: each case by its name (None: nothing was raised), and the all-reduces
+    of a second finish and of a finish on one rank only."""
+    refused: dict[str, Refusal | None]
+    extra_finish_calls: int
+
+
+@dataclass(frozen=True)
+class ExposedMode:
+    """exposed_comm_times, one mode: one sample per round."""
+    exposed: list[float]         # seconds from the last gradient to the end of finish
+    compute: list[float]         # seconds from backward's start to the last gradient
+    pending: list[int]           # all-reduces not yet completed at the last gradient
+
+
+@dataclass(frozen=True)
+class ExposedRun(_Modes):
+    """exposed_comm_times."""
+    overlap: ExposedMode
+    after: ExposedMode
+    num_buckets: int
+
+
+# ---------------------------------------------------------------- overlap_experiments.py
+@dataclass(frozen=True)
+class GradientTimeline:
+    """gradient_timeline: seconds since loss.backward() started, on the model's clock."""
+    events: list[tuple[float, str, int]]     # (seconds, "grad"/"launch"/"done", index)
+    backward_s: float                        # when backward returned
+    finish_s: float                          # when finish returned
+    num_buckets: int
+    device: str
+
+
+@dataclass(frozen=True)
+class OverlapSteps(_Modes):
+    """overlap_step_times: seconds of backward + finish, one sample per round."""
+    overlap: list[float]
+    after: list[float]
+    done_before_backward_end: int    # all-reduces of the last overlapped step
+    num_buckets: int
+
+
+@dataclass(frozen=True)
+class TraceMode:
+    """ddp_scratch_trace, one mode: the trace's events and, summed over the steps, ms."""
+    events: list[tuple[str, float, float]]   # (lane, start_ms, dur_ms)
+    comm_ms: float                   # some all-reduce running
+    hidden_ms: float                 # of that, during backward
+    launches_in_backward: int
+    step_ms: float                   # forward start to finish end
+    steps: int
+
+
+@dataclass(frozen=True)
+class ScratchTrace(_Modes):
+    """ddp_scratch_trace."""
+    overlap: TraceMode
+    after: TraceMode
+
+
+@dataclass(frozen=True)
+class EmulatedMode:
+    """emulated_overlap, one mode: modelled seconds since backward started."""
+    step: float                      # the step's end
+    backward: float                  # backward's end
+    comm: list[tuple[float, float]]  # each all-reduce's (start, end)
+    modelled: float                  # the step with no delay (modelled_step)
+
+
+@dataclass(frozen=True)
+class EmulatedRun(_Modes):
+    """emulated_overlap."""
+    overlap: EmulatedMode
+    after: EmulatedMode
+    margin_s: float      # overlap's modelled saving times scale, in real seconds
+    source: str          # where the rates came from
+    scale: float
+    model_batch: int
+
+
+# ---------------------------------------------------------------- speed.py, fast.py
+@dataclass(frozen=True)
+class WorkerTimes:
+    """dp_timing_worker, one run at one worker count: rank 0's seconds per step, one sample per
+    kept repeat (sample i of every run and count comes from the same repeat: they pair up)."""
+    step_s: list[float]
+    compute_s: list[float]       # forward + backward
+    comm_s: list[float]          # the all-reduce: wait_s + after_s
+    update_s: list[float]
+    compute_cpu_s: list[float]   # this thread's CPU time during compute
+    wait_s: list[float]          # in the all-reduce, until the last rank arrived
+    after_s: list[float]         # from that arrival to the all-reduce's end
+    params: list | None = None   # the trained parameters as lists (the run's return_params)
+
+
+@dataclass(frozen=True)
+class WorkerSweep:
+    """dp_timing_worker (rank 0), what time_data_parallel returns: every run at every worker
+    count, the counts and runs timed in turns in one set of processes."""
+    times: dict[int, dict[str, WorkerTimes]]     # {workers: {run name: its times}}
+    cores: list[int]             # the core each rank was pinned to
+    threads: int                 # torch's threads in rank 0
+
+
+@dataclass(frozen=True)
+class RankSums:
+    """allreduce_compare_worker (rank 0): every rank's inputs and torch's sums, on the CPU."""
+    inputs: list[list[Tensor]]   # [rank][tensor]
+    sums: list[Tensor]
+
+
+@dataclass(frozen=True)
+class EpochRun:
+    """One trainer's epochs across processes (bench_worker, per wrapper; train_fast_rank)."""
+    epoch_times: list[float]     # seconds, barrier to barrier: the slowest rank's
+    test_acc: float
+    param_sum: float             # sum of |params| in float64: equal on every rank
+    peak_mem_mib: float | None = None    # on a GPU (bench_worker)
+    compiled: bool | None = None         # train_fast_rank: whether torch.compile ran
+    params: list | None = None           # train_fast_rank's return_params: lists

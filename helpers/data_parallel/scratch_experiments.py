@@ -22,6 +22,15 @@ from ..one_process import (
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
+from .results import (
+    DdpCase,
+    ExposedMode,
+    ExposedRun,
+    NoSyncCase,
+    Refusal,
+    ScratchRefusals,
+    UnusedCase,
+)
 from .scratch import DDPFromScratch
 
 __all__ = ["ddp_vs_one_process", "Branchy", "unused_vs_torch", "accumulation_vs_torch",
@@ -29,13 +38,14 @@ __all__ = ["ddp_vs_one_process", "Branchy", "unused_vs_torch", "accumulation_vs_
 
 
 def ddp_vs_one_process(rank, world, cfg):
-    """DDPFromScratch and torch's DDP against one process, for each (model kind, bucket_mb)."""
+    """DDPFromScratch and torch's DDP against one process, for each (model kind, bucket_mb): a
+    list of results.DdpCase."""
     device, cases, num_steps, batch_size = take(cfg, "device", "cases", num_steps=3, batch_size=8)
     out = []
     for kind, bucket_mb in cases:
         batches = make_batches(kind, num_steps, batch_size)
         ref = train_one_process(kind, batches, device, num_steps, optim="sgd")
-        diffs = {}
+        diffs, counts = {}, {}
         for impl in ("scratch", "torch"):
             # different init per rank: broadcast fixes it
             net = make_model(kind, seed=rank).to(device)
@@ -55,11 +65,11 @@ def ddp_vs_one_process(rank, world, cfg):
                 opt.zero_grad()
             diffs[impl] = max_diff(params_of(unwrap(model)), ref)
             if impl == "scratch":
-                diffs["calls"] = log.calls("all_reduce")   # all-reduces in the last step
-                diffs["num_buckets"] = len(model.buckets)
-                diffs["sizes"] = [len(b) for b in model.buckets]
-        out.append(dict(kind=kind, bucket_mb=bucket_mb, **diffs,
-                        num_trainable=sum(1 for p in net.parameters() if p.requires_grad)))
+                counts = dict(calls=log.calls("all_reduce"),   # all-reduces in the last step
+                              num_buckets=len(model.buckets),
+                              sizes=[len(b) for b in model.buckets])
+        out.append(DdpCase(kind=kind, bucket_mb=bucket_mb, **diffs, **counts,
+                           num_trainable=sum(1 for p in net.parameters() if p.requires_grad)))
     return out
 
 
@@ -94,8 +104,9 @@ def _branches(r, world):
 def unused_vs_torch(rank, world, cfg):
     """Parameters used by some ranks only (and one by none): DDPFromScratch (buckets of each
     size in cfg) against torch's DDP with find_unused_parameters=True and against one process
-    whose loss is the mean of the ranks' losses. Returns per (optimizer, bucket_mb) the largest
-    parameter differences and whether the never-used layer's .grad stayed None."""
+    whose loss is the mean of the ranks' losses. Returns per (optimizer, bucket_mb) a
+    results.UnusedCase: the largest parameter difference, whether the never-used layer's .grad
+    stayed None."""
     device, bucket_sizes, num_steps = take(cfg, "device", bucket_sizes=(None, 1e-4, 25),
                                            num_steps=3)
     batches = _branchy_batches(num_steps, world)
@@ -123,9 +134,8 @@ def unused_vs_torch(rank, world, cfg):
                 never_none = net.never.weight.grad is None
                 opt.step()
                 opt.zero_grad()
-            out.append(dict(optim=optim, bucket_mb=bucket_mb, never_none=never_none,
-                            diff=max_diff(params_of(net), ref),
-                            state=params_of(net)))
+            out.append(UnusedCase(optim=optim, bucket_mb=bucket_mb, never_none=never_none,
+                                  diff=max_diff(params_of(net), ref), state=params_of(net)))
     return out
 
 
@@ -133,7 +143,8 @@ def accumulation_vs_torch(rank, world, cfg):
     """Gradient accumulation over k micro-batches: DDPFromScratch with all but the last inside
     no_sync() ("last"), or all inside and finish averaging the sum ("all"), against torch's DDP
     with no_sync and against one process on the whole batch (AdamW with weight decay groups).
-    Returns per (k, how) the largest differences and the all-reduces of the last step."""
+    Returns per (k, how) a results.NoSyncCase: the largest difference and the all-reduces of
+    the last step."""
     device, ks, num_steps, bucket_mb = take(cfg, "device", ks=(1, 2, 3), num_steps=2,
                                             bucket_mb=0.004)
     out = []
@@ -157,26 +168,28 @@ def accumulation_vs_torch(rank, world, cfg):
                         model.finish_gradient_synchronization()
                 opt.step()
                 opt.zero_grad()
-            out.append(dict(k=k, how=how, diff=max_diff(params_of(net), ref),
-                            calls=log.calls("all_reduce"),
-                            num_buckets=None if how == "torch" else len(model.buckets)))
+            out.append(NoSyncCase(k=k, how=how, diff=max_diff(params_of(net), ref),
+                                  calls=log.calls("all_reduce"),
+                                  num_buckets=None if how == "torch" else len(model.buckets)))
     return out
 
 
 def _raises(fn, *words):
-    """The message of the error fn() raises (None if it raises none), checked for `words`."""
+    """The error fn() raises, a results.Refusal (None if it raises none), its message checked
+    for `words`."""
     try:
         fn()
     except (RuntimeError, ValueError) as e:
         msg = str(e)
-        return dict(kind=type(e).__name__, words=all(w in msg for w in words), message=msg)
+        return Refusal(kind=type(e).__name__, has_words=all(w in msg for w in words), message=msg)
     return None
 
 
 def scratch_refusals(rank, world, cfg):
     """What DDPFromScratch refuses, on every rank alike, before a wrong number: two backwards
     before finish, a forward or an optimizer step before finish, models that differ between
-    ranks; and what is harmless: finish twice, finish on one rank only (no communication)."""
+    ranks; and what is harmless: finish twice, finish on one rank only (no communication).
+    Returns a results.ScratchRefusals."""
     (device,) = take(cfg, "device")
     X, y = torch.randn(8, 32).to(device), torch.randint(10, (8,)).to(device)
 
@@ -215,14 +228,14 @@ def scratch_refusals(rank, world, cfg):
         flat_cross_entropy(model(X), y).backward()
         model.finish_gradient_synchronization()
 
-    out = dict(two_backwards=_raises(two_backwards, "second backward", "no_sync"),
-               forward_before_finish=_raises(forward_before_finish, "forward before",
-                                             "no_sync"),
-               step_early=_raises(step_early, "finish_gradient_synchronization"),
-               other_model=_raises(other_model, "rank 1: a DDPFromScratch", "fingerprint",
-                                   "same model"),
-               mixed_dtypes=_raises(mixed_dtypes, "mixes", "bucket_mb=None"),
-               trainable_later=_raises(trainable_later, "0.weight", "before wrapping"))
+    refused = dict(two_backwards=_raises(two_backwards, "second backward", "no_sync"),
+                   forward_before_finish=_raises(forward_before_finish, "forward before",
+                                                 "no_sync"),
+                   step_early=_raises(step_early, "finish_gradient_synchronization"),
+                   other_model=_raises(other_model, "rank 1: a DDPFromScratch", "fingerprint",
+                                       "same model"),
+                   mixed_dtypes=_raises(mixed_dtypes, "mixes", "bucket_mb=None"),
+                   trainable_later=_raises(trainable_later, "0.weight", "before wrapping"))
     dist.barrier()
     model, opt = fresh()
     flat_cross_entropy(model(X), y).backward()
@@ -231,8 +244,7 @@ def scratch_refusals(rank, world, cfg):
         model.finish_gradient_synchronization()          # again: nothing to do
         if rank == 0:
             model.finish_gradient_synchronization()      # on one rank only: nothing either
-    out["extra_finish_calls"] = log.calls()
-    return out
+    return ScratchRefusals(refused=refused, extra_finish_calls=log.calls())
 
 
 def scratch_skipped_step(rank, world, cfg):
@@ -261,9 +273,9 @@ def exposed_comm_times(rank, world, cfg):
     (the order reversed every other round, the ranks meeting in a barrier before each step):
     "exposed", from the last gradient's hook (the end of backward's compute) to the end of
     finish_gradient_synchronization (the last all-reduce waited for), and "compute", from the
-    start of backward to that last gradient. Returns {mode: {"exposed": [s, ...], "compute":
-    [...], "pending": [...]}}, one sample per round ("pending": the all-reduces not yet
-    completed when the last gradient was ready), and the number of buckets."""
+    start of backward to that last gradient. Returns a results.ExposedRun: per mode, one
+    sample per round of each ("pending": the all-reduces not yet completed when the last
+    gradient was ready), and the number of buckets."""
     from .overlap_experiments import _step, _timeline_model
     device, bucket_mb, sizes, rounds, warmup, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, rounds=7, warmup=2, batch_size=32)
@@ -283,4 +295,5 @@ def exposed_comm_times(rank, world, cfg):
                 out[k]["compute"].append(last_grad - t0)
                 out[k]["pending"].append(len(models[k].buckets) - sum(
                     1 for t, what, _ in models[k].timeline if what == "done" and t <= last_grad))
-    return dict(out, num_buckets=len(models["overlap"].buckets))
+    return ExposedRun(**{k: ExposedMode(**v) for k, v in out.items()},
+                      num_buckets=len(models["overlap"].buckets))

@@ -22,6 +22,7 @@ from ..devices import synced_now, synchronize
 from ..runtime.group import choose_backend, pin_to_core
 from ..runtime.launch import launch, take
 from ..runtime.progress import report_progress
+from .results import EpochRun, RankSums, WorkerSweep, WorkerTimes
 
 __all__ = ["dp_timing_worker", "time_data_parallel", "spread",
            "allreduce_compare_worker", "compare_with_dist_all_reduce", "lenet_module_from",
@@ -107,7 +108,8 @@ def _waits(arrivals, k):
 
 def dp_timing_worker(rank, world_size, cfg):
     """Launch target (gloo): time every run of cfg['runs'] for every worker count of cfg['ks'],
-    the runs and counts taking turns in one set of processes; rank 0 returns them."""
+    the runs and counts taking turns in one set of processes; rank 0 returns them, a
+    results.WorkerSweep."""
     # cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
     #   mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
     # The runs take turns in every repeat (the order reversed every other repeat), and so do the
@@ -127,7 +129,6 @@ def dp_timing_worker(rank, world_size, cfg):
     groups = {k: dist.new_group(list(range(k))) if 1 < k < world_size else None
               for k in ks}                       # every rank must call new_group
     X, y = load_tensors(True, subset)
-    results = {str(k): {} for k in ks}
     names = [run["name"] for run in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"run names must differ: {names}")
@@ -163,26 +164,26 @@ def dp_timing_worker(rank, world_size, cfg):
                            ([0.0] * len(out[name][k]["comm_s"]),
                             list(out[name][k]["comm_s"])))   # one worker: no one to wait for
             out[name][k]["wait_s"], out[name][k]["after_s"] = wait, after
+    times = {k: {} for k in ks}
     for run in runs:
         for k in ks:
-            if run.get("return_params") and rank < k:
-                out[run["name"]][k]["params"] = [p.detach().tolist()
-                                                 for p in trainers[run["name"]][k].params]
-            results[str(k)][run["name"]] = out[run["name"]][k]
+            params = ([p.detach().tolist() for p in trainers[run["name"]][k].params]
+                      if run.get("return_params") and rank < k else None)
+            times[k][run["name"]] = WorkerTimes(**out[run["name"]][k], params=params)
     cores = [core]
     if world_size > 1:
         cores = [None] * world_size
         dist.all_gather_object(cores, core)
     if rank == 0:
-        return {"results": results, "cores": cores, "threads": torch.get_num_threads()}
+        return WorkerSweep(times=times, cores=cores, threads=torch.get_num_threads())
 
 
 def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False, timeout=300.0):
     """Time the data-parallel `runs` (see dp_timing_worker) for each worker count in `ks` (an int
     or a list), on max(ks) gloo worker processes with one thread each, pinned to cores; the
-    counts take turns in the same processes. Returns {k: {name: {step_s, compute_s, comm_s,
-    update_s, compute_cpu_s, wait_s, after_s: seconds per step, one per repeat}}} plus 'cores'
-    (the core of each rank). `timeout`: seconds the whole run may take (helpers.launch's; a busy
+    counts take turns in the same processes. Returns a results.WorkerSweep: .times[k][name]
+    a results.WorkerTimes (seconds per step, one per repeat), .cores (the core of each rank).
+    `timeout`: seconds the whole run may take (helpers.launch's; a busy
     machine needs more)."""
     ks = [ks] if isinstance(ks, int) else sorted(set(ks))
     if not ks or ks[0] < 1:
@@ -198,11 +199,8 @@ def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False, timeo
             raise ValueError(f"run {run['name']!r}: global batch {run['global_batch']} does not "
                              f"split evenly over {bad} workers")
     cfg = {"ks": ks, "runs": list(runs), "subset": subset, "lr": lr, "seed": seed}
-    got = launch(dp_timing_worker, ks[-1], cfg, backend="gloo", quiet=quiet,
-                 timeout=timeout)[0]
-    res = {int(k): v for k, v in got["results"].items()}
-    res["cores"] = got["cores"]
-    return res
+    return launch(dp_timing_worker, ks[-1], cfg, backend="gloo", quiet=quiet,
+                  timeout=timeout)[0]
 
 
 def spread(times):
@@ -216,7 +214,7 @@ def allreduce_compare_worker(rank, world_size, cfg):
     """Launch target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with
     torch.distributed, on the rank's device (cfg['device']: NCCL needs CUDA tensors); rank 0
     returns the inputs of every rank and the results, on the CPU, for comparison in one
-    process."""
+    process: a results.RankSums."""
     import torch.distributed as dist
     shapes, seed, device = take(cfg, "shapes", "seed", "device")
     g = torch.Generator().manual_seed(seed + rank)
@@ -227,7 +225,7 @@ def allreduce_compare_worker(rank, world_size, cfg):
     for t in sums:
         dist.all_reduce(t)
     if rank == 0:
-        return dict(inputs=inputs, sums=[t.cpu() for t in sums])
+        return RankSums(inputs=inputs, sums=[t.cpu() for t in sums])
 
 
 def compare_with_dist_all_reduce(shapes, world_size=2, seed=0):
@@ -235,7 +233,7 @@ def compare_with_dist_all_reduce(shapes, world_size=2, seed=0):
     (inputs[rank][i], sums[i])."""
     got = launch(allreduce_compare_worker, world_size, dict(shapes=shapes, seed=seed),
                  backend="gloo", quiet=True)[0]
-    return got["inputs"], got["sums"]
+    return got.inputs, got.sums
 
 
 # --- the benchmark's library rows: torch DDP and DDPFromScratch on real ranks (scripts/bench.py) --
@@ -260,8 +258,9 @@ def bench_worker(rank, world_size, cfg):
     """Launch target for scripts/bench.py: train LeNet with each wrapper in cfg['wrappers']
     ('ddp': torch's DistributedDataParallel, 'scratch': helpers.DDPFromScratch) from the same
     initialisation, batch cfg['batch_size'] split over the ranks, SGD at cfg['lr'], on the
-    resident data in ResidentLoader's order. Rank 0 returns per wrapper: epoch_times, test_acc,
-    peak_mem_mib. NCCL with one GPU per rank, or gloo on CPUs with one thread per rank, pinned."""
+    resident data in ResidentLoader's order. Rank 0 returns per wrapper a results.EpochRun:
+    epoch_times, test_acc, param_sum, peak_mem_mib. NCCL with one GPU per rank, or gloo on CPUs
+    with one thread per rank, pinned."""
     import torch.distributed as dist
     from torch.nn import functional as F
 
@@ -307,7 +306,7 @@ def bench_worker(rank, world_size, cfg):
         with torch.no_grad():
             correct = sum(int((net(Xc).argmax(1) == yc).sum())
                           for Xc, yc in zip(X_test.split(2048), y_test.split(2048), strict=True))
-        results[wrapper] = dict(
+        results[wrapper] = EpochRun(
             epoch_times=times, test_acc=correct / len(y_test),
             param_sum=float(sum(p.detach().double().abs().sum() for p in net.parameters())),
             peak_mem_mib=torch.cuda.max_memory_allocated(device) / 2**20 if nccl else None)

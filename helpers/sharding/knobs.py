@@ -5,7 +5,6 @@ and prefetching (by hand and with FSDP2's API), ZeRO in mixed precision (bytes p
 and the cases each wrapper refuses, with their messages. Results: results.py's dataclasses.
 """
 import contextlib
-import copy
 
 import torch
 from torch import nn
@@ -13,7 +12,7 @@ from torch import nn
 from ..compare import max_diff, rel_diff
 from ..costs import sharding_costs
 from ..models import unwrap
-from ..one_process import flat_cross_entropy, local_batch, params_of
+from ..one_process import flat_cross_entropy, local_batch, params_of, train_one_process
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
@@ -29,23 +28,6 @@ __all__ = ["zero2_accumulation", "clip_over_shards", "fsdp_knobs", "mixed_precis
            "refusals"]
 
 
-def _one_process(batches, micro, sizes, device, clip=None):
-    """AdamW (lr 1e-3, weight decay 0.1, one group) on one process: `micro` micro-batches per
-    step, each loss divided by `micro`; optionally clipped by the global norm. On the rank's
-    device: the same kernels as the sharded run it is compared with."""
-    net = make_model("mlp", **(sizes or {})).to(device)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
-    norms = []
-    for s in range(len(batches) // micro):
-        for X, y in batches[s * micro:(s + 1) * micro]:
-            (flat_cross_entropy(net(X.to(device)), y.to(device)) / micro).backward()
-        if clip is not None:
-            norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), clip)))
-        opt.step()
-        opt.zero_grad()
-    return params_of(net), norms
-
-
 def zero2_accumulation(rank, world, cfg):
     """Zero2 with `micro` micro-batches per step, both ways torch offers: a reduce-scatter after
     every backward ("every": ZeRO-2's memory), or no_sync for all but the last ("no_sync": full
@@ -54,7 +36,8 @@ def zero2_accumulation(rank, world, cfg):
     device, micro, num_steps, batch_size, sizes = \
         take(cfg, "device", micro=8, num_steps=2, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps * micro, batch_size)
-    ref, _ = _one_process(batches, micro, sizes, device)
+    ref = train_one_process("mlp", batches, device, num_steps, "adamw_decay", sizes=sizes,
+                            groups=False, micro=micro)
     out = {}
     for mode in ("every", "no_sync"):
         model = Zero2(make_model("mlp", **(sizes or {})).to(device), torch.optim.AdamW, lr=1e-3,
@@ -83,7 +66,9 @@ def clip_over_shards(rank, world, cfg):
     device, max_norm, num_steps, batch_size, sizes = \
         take(cfg, "device", max_norm=0.5, num_steps=3, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps, batch_size)
-    ref, ref_norms = _one_process(batches, 1, sizes, device, clip=max_norm)
+    ref_norms = []
+    ref = train_one_process("mlp", batches, device, num_steps, "adamw_decay", sizes=sizes,
+                            groups=False, clip=max_norm, norms=ref_norms)
     out = {}
     for kind in ("zero2", "fsdp"):
         net = make_model("mlp", **(sizes or {})).to(device)
@@ -118,13 +103,7 @@ def fsdp_knobs(rank, world, cfg):
     device, num_steps, batch_size, sizes = \
         take(cfg, "device", num_steps=2, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps, batch_size)
-    ref = make_model("mlp", **(sizes or {})).to(device)      # on the device the runs use
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
-    for X, y in batches:
-        flat_cross_entropy(ref(X.to(device)), y.to(device)).backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-    ref = params_of(ref)
+    ref = train_one_process("mlp", batches, device, num_steps, sizes=sizes, groups=False)
     out = {}
     for impl, reshard, prefetch in [("scratch", True, False), ("scratch", False, False),
                                     ("scratch", True, True), ("fsdp2", True, False),
@@ -161,20 +140,8 @@ def mixed_precision_zero(rank, world, cfg):
         take(cfg, "device", num_steps=4, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps, batch_size)
     low = torch.bfloat16
-
-    def one_process(dtype):
-        net = make_model("mlp", **(sizes or {})).to(device)
-        master = copy.deepcopy(net)
-        opt = torch.optim.AdamW(master.parameters(), lr=1e-3, weight_decay=0.1)
-        for X, y in batches:
-            net = copy.deepcopy(master).to(dtype)
-            flat_cross_entropy(net(X.to(device, dtype)), y.to(device)).backward()
-            for p, q in zip(master.parameters(), net.parameters(), strict=True):
-                p.grad = q.grad.float()
-            opt.step()
-            opt.zero_grad()
-        return params_of(master)
-    ref, fp32 = one_process(low), one_process(torch.float32)
+    ref, fp32 = (train_one_process("mlp", batches, device, num_steps, "adamw_decay", dtype, sizes,
+                                   groups=False) for dtype in (low, None))
     net = make_model("mlp", **(sizes or {})).to(device).to(low)
     opt = MixedPrecisionZero(net, lr=1e-3, weight_decay=0.1)
     n = sum(p.numel() for p in net.parameters())

@@ -25,37 +25,36 @@ def two_worker_words(kind, ks, measured):
 
 
 def weak_words(runs, one="fast 64", two="fast 128"):
-    """Weak scaling from the worker sweep (`runs` as time_data_parallel returns them, {workers:
-    {run: {part: samples}}}): run `two` on two workers against `one` on one worker, twice the
-    global batch, in weak_split's words ({"text", "summary"}); where one core ran no two workers
-    (no 2 in `runs`), that they were not run."""
+    """Weak scaling from the worker sweep (`runs` the times of a results.WorkerSweep, as
+    time_data_parallel returns it: {workers: {run: WorkerTimes}}): run `two` on two workers
+    against `one` on one worker, twice the global batch, in weak_split's words ({"text",
+    "summary"}); where one core ran no two workers (no 2 in `runs`), that they were not run."""
     if 2 not in runs:
         said = "with one core, two workers were not run"
         return dict(text=said, summary=said)
-
-    def both(key):
-        return Measurement(runs[1][one][key]), Measurement(runs[2][two][key])
+    alone, both = runs[1][one], runs[2][two]
 
     def ms(m):
         return 1e3 * m.median
 
-    step, compute = both("step_s"), both("compute_s")
+    step = Measurement(alone.step_s), Measurement(both.step_s)
+    compute = Measurement(alone.compute_s), Measurement(both.compute_s)
     return weak_split(ratio(*step), ratio(*compute), step_ms=tuple(map(ms, step)),
                       compute_ms=tuple(map(ms, compute)),
-                      wait_ms=ms(Measurement(runs[2][two]["wait_s"])),
-                      after_ms=ms(Measurement(runs[2][two]["after_s"])))
+                      wait_ms=ms(Measurement(both.wait_s)),
+                      after_ms=ms(Measurement(both.after_s)))
 
 
 def model_vs_run_words(runs, batch, model_ms, alpha_us, reps):
     """The alpha-beta model's saving of one message a step (`model_ms`, from its α `alpha_us`
     fitted on the fastest of `reps` calls) against the batch sweep's two-worker steps at global
-    batch `batch` (`runs` as time_data_parallel returns them): model_saving_words on the
+    batch `batch` (`runs` as in weak_words): model_saving_words on the
     all-reduce after both workers arrived, the reference step's 8 messages against the fast
     step's one; where one core ran no two workers (no 2 in `runs`), that it cannot check."""
     if 2 not in runs:
         return ("With one core, two workers were not run, so "
                 "this run cannot check the model against a measured step.")
-    after = [Measurement(runs[2][f"{mode} {batch}"]["after_s"]) for mode in ("reference", "fast")]
+    after = [Measurement(runs[2][f"{mode} {batch}"].after_s) for mode in ("reference", "fast")]
     return model_saving_words(model_ms, alpha_us, [1e3 * a.median for a in after], ratio(*after),
                               reps, batch)
 
