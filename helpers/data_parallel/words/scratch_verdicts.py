@@ -109,7 +109,7 @@ def epoch_speed_words(times_1, times_2, simulated):
         said = (f"the seeds disagree (two devices' epochs against one's, seed by seed: "
                 f"{counts}; {pooled}), so these runs cannot tell them apart")
     if simulated:
-        return ("The two devices were simulated one after the other on one device (the same "
-                "arithmetic in two halves, one after the other, plus an all-reduce), so these "
-                f"timings say nothing about parallel speed; {said}.")
+        return ("The two devices were simulated on one device (the same arithmetic in two "
+                "halves, one after the other, plus an all-reduce), so these timings say nothing "
+                f"about parallel speed; {said}.")
     return f"Both devices were real GPUs: {said}."
