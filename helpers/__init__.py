@@ -148,7 +148,7 @@ from .data_parallel.words.seed_verdicts import (paired_verdict, chance_words, sc
                                                 equal_steps_verdict, chance_level_words)
 from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
 from .data_parallel.words.syncbn_words import (long_run_words, cost_words, found_words,
-                                               comm_resolved_words)
+                                               comm_resolved_words, paired_accuracy_words)
 from .data_parallel.words.ddp_words import (dp_ddp_words, timeline_clock_words, exposed_words,
                                             pending_words, flight_recorder_words,
                                             reference_dump_words, nodes_same_words,

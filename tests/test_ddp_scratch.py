@@ -208,3 +208,26 @@ def test_exposed_communication_is_measured_per_round(runs):
             assert min(m.exposed) > 0 and min(m.compute) > 0, e
         assert e.after.pending == [e.num_buckets] * 2, e
         assert max(e.overlap.pending) <= e.num_buckets, e
+        for m in (e.overlap, e.after):   # every launch is booked in compute, in both modes
+            assert all(0 < c <= t for c, t in zip(m.launches, m.compute, strict=True)), e
+
+
+# one step of two buckets, in seconds from the start of backward (end of finish: 1.0)
+OVERLAP = [(0.1, "grad", 0), (0.1, "launch", 0), (0.15, "queued", 0), (0.3, "done", 0),
+           (0.5, "grad", 1), (0.5, "launch", 1), (0.6, "queued", 1), (0.9, "done", 1)]
+AFTER = [(0.1, "grad", 0), (0.4, "grad", 1), (0.4, "launch", 0), (0.45, "queued", 0),
+         (0.45, "launch", 1), (0.55, "queued", 1), (0.7, "done", 0), (0.9, "done", 1)]
+
+
+@pytest.mark.parametrize("timeline, compute, exposed, pending", [
+    (OVERLAP, 0.5 + 0.1, 0.5 - 0.1, 1),   # bucket 0 launched in a hook, bucket 1 after the last
+    (AFTER, 0.4 + 0.15, 0.6 - 0.15, 2),   # both launched in finish: booked in compute the same
+])
+def test_split_step_books_the_bucket_launches_in_compute_in_both_modes(timeline, compute,
+                                                                       exposed, pending):
+    split = E.split_step(timeline, 0.0, 1.0)
+    assert split["launches"] == pytest.approx(0.15)
+    assert split["compute"] == pytest.approx(compute)
+    assert split["exposed"] == pytest.approx(exposed)
+    assert split["compute"] + split["exposed"] == pytest.approx(1.0)
+    assert split["pending"] == pending

@@ -71,18 +71,58 @@ def test_one_seed_gap_is_no_verdict():
     ([3.0, 3.1, 3.2], [6.3, 6.5, 6.8], "slower than one in every epoch"),
 ])
 def test_epoch_speed_words_three_branches(t1, t2, word):
-    said = epoch_speed_words(t1, t2, simulated=False)
+    said = epoch_speed_words([t1], [t2], simulated=False)
     assert word in said and said.startswith("Both devices were real GPUs")
     # the medians come with the verdict, never before it
     assert f"{sorted(t2)[1]:.2f} s an epoch (median" in said
 
 
+# the stored run's shape: seed 0 slower on two devices in every epoch, the other two seeds
+# the other way round or overlapping; one seed's verdict must not speak for all
+ONE = [[9.84, 9.99, 10.31], [11.4, 11.46, 11.5], [10.1, 10.14, 10.2]]
+SLOWER_0 = [[10.36, 10.37, 11.0], [11.2, 11.25, 11.3], [10.05, 10.12, 10.3]]
+
+
+@pytest.mark.parametrize("t1, t2, word", [
+    (ONE, SLOWER_0, "the seeds disagree"),
+    (ONE, [[t + 5 for t in ts] for ts in ONE], "slower than one in every epoch on every seed"),
+    (ONE, [[t - 5 for t in ts] for ts in ONE], "faster than one in every epoch on every seed"),
+    (ONE, [[t + 0.01 for t in ts] for ts in ONE], "the epochs' ranges overlap on every seed"),
+])
+def test_epoch_speed_words_pools_every_seed(t1, t2, word):
+    said = epoch_speed_words(t1, t2, simulated=False)
+    assert word in said
+    if "disagree" in said or "overlap" in said:
+        assert "cannot tell them apart" in said and "faster than" not in said \
+            and "slower than" not in said
+    # medians and ranges pooled over every seed's epochs
+    pooled_1 = sorted(t for ts in t1 for t in ts)
+    assert f"against one device's {pooled_1[len(pooled_1) // 2]:.2f} s" in said
+    assert f"({pooled_1[0]:.2f} to {pooled_1[-1]:.2f})" in said
+    assert "over 9 epochs each from 3 seeds" in said
+
+
+def test_epoch_speed_words_counts_each_seeds_verdict():
+    said = epoch_speed_words(ONE, SLOWER_0, simulated=False)
+    assert "1 faster, 1 slower, 1 overlapping" in said
+
+
+def test_epoch_speed_words_needs_seeds_paired():
+    with pytest.raises(ValueError):
+        epoch_speed_words(ONE, SLOWER_0[:2], simulated=False)
+
+
 def test_simulated_pair_says_it_shows_correctness_not_speed():
-    said = epoch_speed_words([6.3, 6.5], [3.0, 3.1], simulated=True)
-    assert "simulated one after the other on one device" in said
+    said = epoch_speed_words([[6.3, 6.5]], [[3.0, 3.1]], simulated=True)
+    assert "simulated on one device" in said and "in two halves, one after the other" in said
     assert "say nothing about parallel speed" in said and "correctness" not in said
+    # two half-size shards in turn: not one device's arithmetic
+    assert "the same arithmetic in two halves" in said
+    assert "one device's arithmetic" not in said
 
 
 def test_no_epochs_is_refused():
     with pytest.raises(ValueError, match="at least one timed epoch"):
-        epoch_speed_words([], [1.0], simulated=True)
+        epoch_speed_words([[]], [[1.0]], simulated=True)
+    with pytest.raises(ValueError, match="at least one timed epoch"):
+        epoch_speed_words([], [], simulated=True)

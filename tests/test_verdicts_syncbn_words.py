@@ -1,5 +1,7 @@
 """Part III's SyncBatchNorm words (helpers/data_parallel/words/syncbn_words.py): each branch, from
 the gaps and the cost ratios that choose it, a one-round ratio ("cannot tell") included."""
+import statistics
+
 import pytest
 
 from helpers.data_parallel.words.syncbn_words import (
@@ -7,6 +9,8 @@ from helpers.data_parallel.words.syncbn_words import (
     cost_words,
     found_words,
     long_run_words,
+    paired_accuracy_words,
+    paired_difference_se,
     resolved_words,
 )
 from helpers.timing import Ratio
@@ -60,3 +64,44 @@ def test_found_words_lists_what_resolved_in_order():
 def test_comm_resolved_words(big, tiny, words):
     cost = {"16 a rank": dict(comm=big, impl=COST), "2 a rank": dict(comm=tiny, impl=COST)}
     assert comm_resolved_words(cost) == words
+
+
+def _images(both, only_bn, only_sync, neither):
+    """Per-image truth values of two models scored on the same images."""
+    bn = [1] * both + [1] * only_bn + [0] * only_sync + [0] * neither
+    sync = [1] * both + [0] * only_bn + [1] * only_sync + [0] * neither
+    return bn, sync
+
+
+def test_paired_se_is_the_spread_of_the_per_image_differences():
+    bn, sync = _images(280, 35, 23, 71)
+    d = [s - b for b, s in zip(bn, sync)]
+    assert paired_difference_se(bn, sync) == pytest.approx(
+        statistics.pstdev(d) / len(d) ** 0.5, rel=1e-12)
+
+
+def test_paired_se_is_smaller_than_the_unpaired_one_when_the_models_agree():
+    bn, sync = _images(300, 5, 3, 101)
+    n, p_bn, p_sync = len(bn), sum(bn) / len(bn), sum(sync) / len(sync)
+    unpaired = ((p_bn * (1 - p_bn) + p_sync * (1 - p_sync)) / n) ** 0.5
+    assert paired_difference_se(bn, sync) < 0.3 * unpaired
+    assert paired_difference_se(bn, bn) == 0
+
+
+def test_paired_se_refuses_different_images():
+    with pytest.raises(ValueError, match="the same images"):
+        paired_difference_se([1, 0], [1])
+    with pytest.raises(ValueError):
+        paired_difference_se([], [])
+
+
+def test_paired_accuracy_words_give_the_counts_and_no_verdict():
+    bn, sync = _images(280, 35, 23, 71)
+    said = paired_accuracy_words(bn, sync)
+    assert "On the same 409 test images" in said
+    assert f"{100 * (23 - 35) / 409:+.1f} points" in said
+    assert "35 images right only per-device, 23 only with SyncBatchNorm" in said
+    assert f"about {100 * paired_difference_se(bn, sync):.1f} points" in said
+    assert "no verdict" in said and "seed" in said
+    same = paired_accuracy_words(bn, bn)
+    assert "exactly the same images right" in same and "seed" in same

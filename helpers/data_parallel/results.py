@@ -114,8 +114,9 @@ class ScratchRefusals:
 @dataclass(frozen=True)
 class ExposedMode:
     """exposed_comm_times, one mode: one sample per round."""
-    exposed: list[float]         # seconds from the last gradient to the end of finish
-    compute: list[float]         # seconds from backward's start to the last gradient
+    exposed: list[float]         # the rest of finish: the all-reduces waited for, the copies back
+    compute: list[float]         # backward to the last gradient, plus every launch made after it
+    launches: list[float]        # seconds spent launching buckets (copy in, queue the all-reduce)
     pending: list[int]           # all-reduces not yet completed at the last gradient
 
 

@@ -75,7 +75,9 @@ class DDPFromScratch(nn.Module):
     optimizer step before finish, models that differ between ranks, a bucket mixing dtypes or
     devices. `group`: the data-parallel ranks to average over (all by default). `overlap=False`
     launches every all-reduce in finish (the baseline to time overlap against). `timeline`:
-    this step's (seconds, "grad" | "launch" | "done", bucket index), on the host clock; on a
+    this step's (seconds, "grad" | "launch" | "queued" | "done", bucket index), on the host
+    clock ("launch" to "queued": the bucket's gradients copied into its buffer and its
+    all-reduce queued); on a
     GPU the stamps are CUDA events (when the GPU got there, not when the host queued it), and
     an NCCL all-reduce's "done" is an event its completion fires (its future completes at
     launch).
@@ -145,8 +147,8 @@ class DDPFromScratch(nn.Module):
 
     @property
     def timeline(self):
-        """This step's [(seconds, "grad" | "launch" | "done", bucket index)] on the host clock
-        (on a GPU it waits for the device to reach the last stamp)."""
+        """This step's [(seconds, "grad" | "launch" | "queued" | "done", bucket index)] on the
+        host clock (on a GPU it waits for the device to reach the last stamp)."""
         log = list(self._log)
         seconds = self.clock.seconds([t for t, _, _ in log])
         return [(t, what, i) for t, (_, what, i) in zip(seconds, log, strict=True)]
@@ -230,6 +232,7 @@ class DDPFromScratch(nn.Module):
         flat = torch.cat(parts)
         work = dist.all_reduce(flat, group=self.group, async_op=True)
         self._on_done(work, i)
+        self._log.append((self.clock.stamp(), "queued", i))   # copied, and the all-reduce queued
         self._pending.append((i, work, flat))
         self._next = i + 1
 

@@ -267,15 +267,30 @@ def scratch_skipped_step(rank, world, cfg):
     return message
 
 
+def split_step(timeline, t0, t2):
+    """One step's timeline (DDPFromScratch.timeline, from `t0`, the start of backward, to `t2`,
+    the end of finish) split so that the buckets' launches fall on the same side in both modes:
+    "launches", the seconds spent launching buckets (copying the gradients into a buffer and
+    queueing its all-reduce), wherever they ran (in the hooks with overlap, in finish without);
+    "compute", backward up to the last gradient's hook plus every launch made after it;
+    "exposed", the rest of finish (the all-reduces waited for, and the averages copied back
+    into .grad); "pending", the all-reduces not completed when the last gradient was ready."""
+    last_grad = max(t for t, what, _ in timeline if what == "grad")
+    start = {i: t for t, what, i in timeline if what == "launch"}
+    launches = [(start[i], t) for t, what, i in timeline if what == "queued"]
+    late = sum(b - a for a, b in launches if a >= last_grad)   # made after the last gradient
+    done = sum(1 for t, what, _ in timeline if what == "done" and t <= last_grad)
+    return {"compute": last_grad - t0 + late, "exposed": t2 - last_grad - late,
+            "launches": sum(b - a for a, b in launches), "pending": len(start) - done}
+
+
 def exposed_comm_times(rank, world, cfg):
     """The communication a step waits for, measured on the real ranks: per round, for the
     all-reduces launched from the hooks ("overlap") and all in finish ("after"), timed in turns
-    (the order reversed every other round, the ranks meeting in a barrier before each step):
-    "exposed", from the last gradient's hook (the end of backward's compute) to the end of
-    finish_gradient_synchronization (the last all-reduce waited for), and "compute", from the
-    start of backward to that last gradient. Returns a results.ExposedRun: per mode, one
-    sample per round of each ("pending": the all-reduces not yet completed when the last
-    gradient was ready), and the number of buckets."""
+    (the order reversed every other round, the ranks meeting in a barrier before each step) and
+    split by split_step: "compute" (backward and every bucket's launch), "exposed" (the rest of
+    finish), "launches" and "pending". Returns a results.ExposedRun: per mode, one sample per
+    round of each, and the number of buckets."""
     from .overlap_experiments import _step, _timeline_model
     device, bucket_mb, sizes, rounds, warmup, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, rounds=7, warmup=2, batch_size=32)
@@ -284,16 +299,13 @@ def exposed_comm_times(rank, world, cfg):
               for k in modes}
     X, y = local_batch(_timeline_model(device, sizes, bucket_mb)[1], rank, world, device)
     X, y = X[:batch_size], y[:batch_size]
-    out = {k: {"exposed": [], "compute": [], "pending": []} for k in modes}
+    out = {k: {"exposed": [], "compute": [], "launches": [], "pending": []} for k in modes}
     for r in range(warmup + rounds):
         for k in (modes if r % 2 == 0 else modes[::-1]):
             dist.barrier()
             t0, _, t2 = _step(models[k], X, y)
-            last_grad = max(t for t, what, _ in models[k].timeline if what == "grad")
             if r >= warmup:
-                out[k]["exposed"].append(t2 - last_grad)
-                out[k]["compute"].append(last_grad - t0)
-                out[k]["pending"].append(len(models[k].buckets) - sum(
-                    1 for t, what, _ in models[k].timeline if what == "done" and t <= last_grad))
+                for key, value in split_step(models[k].timeline, t0, t2).items():
+                    out[k][key].append(value)
     return ExposedRun(**{k: ExposedMode(**v) for k, v in out.items()},
                       num_buckets=len(models["overlap"].buckets))

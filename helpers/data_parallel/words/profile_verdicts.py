@@ -156,9 +156,11 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
     return head + share + away
 
 
-# What overlap adds to backward's compute, neither measured apart in these runs.
-_SUSPECTS = ("gloo's threads running the all-reduces on the core autograd needed, and the hooks' "
-             "copies of every gradient into its bucket (the run does not separate the two)")
+# What overlap adds to backward's compute, not measured apart in these runs (the buckets'
+# copies and launches are booked as compute in both modes: exposed_comm_times).
+_SUSPECTS = ("gloo's threads running the all-reduces on the core autograd needed (the buckets' "
+             "copies and launches count as compute in both modes, so they are not the "
+             "difference)")
 
 
 def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
@@ -281,10 +283,10 @@ def split_prediction_words(p, r, where):
 
 def backward_compute_words(r):
     """Backward's compute with overlap against without (Ratio: without's / with's, paired
-    rounds: below 1, overlap's was longer). Overlap adds two things to backward: gloo's threads
-    on the same core and the hooks' copies into the buckets; the run measures neither apart, so
-    they are offered as suspects where resolved, with 'if real' where not, and no cause is named
-    for a shorter one."""
+    rounds: below 1, overlap's was longer; the buckets' copies and launches count as compute in
+    both). Overlap adds gloo's threads on the same core to backward; the run does not measure
+    them apart, so they are offered as the suspect where resolved, with 'if real' where not, and
+    no cause is named for a shorter one."""
     _check(r)
     if r.verdict == "slower":
         return f"longer with overlap ({_as_long(r)}: resolved): we suspect {_SUSPECTS}"

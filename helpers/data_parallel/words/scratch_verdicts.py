@@ -68,24 +68,48 @@ def accuracy_gap_words(accs_1, accs_2, margin=0.005):
             "seeds would tell whether this is only where the rounding took these runs")
 
 
+def _seed_speed(t_1, t_2):
+    """One seed's epochs (sorted): "faster" or "slower" where two devices' range lies wholly
+    below or above one device's, else "overlap"."""
+    if t_2[-1] < t_1[0]:
+        return "faster"
+    return "slower" if t_2[0] > t_1[-1] else "overlap"
+
+
 def epoch_speed_words(times_1, times_2, simulated):
-    """The two runs' epochs after the first (it pays for warm-up), told apart only where their
-    ranges do not overlap; medians given with the verdict. A simulated pair (two devices run one
-    after the other on one) says nothing about parallel speed, and the words say so."""
-    t_1, t_2 = sorted(times_1), sorted(times_2)
-    if not t_1 or not t_2:
+    """The epochs after the first (it pays for warm-up) of every seed: times_1[s] and times_2[s]
+    are seed s's on one device and on two (a seed gives both the same start and batches). Seed
+    by seed, two devices are faster or slower only where their epochs' range does not overlap
+    one device's; the verdict is faster or slower only where every seed agrees, else the runs
+    cannot tell. Medians and ranges are pooled over all seeds' epochs. A simulated pair (two
+    devices run one after the other on one) says nothing about parallel speed, and the words
+    say so."""
+    seeds = [(sorted(a), sorted(b)) for a, b in zip(times_1, times_2, strict=True)]
+    if not seeds or any(not a or not b for a, b in seeds):
         raise ValueError("epoch_speed_words needs at least one timed epoch per run")
-    ranges = (f"two devices {statistics.median(t_2):.2f} s an epoch (median; {t_2[0]:.2f} to "
+    t_1, t_2 = sorted(t for a, _ in seeds for t in a), sorted(t for _, b in seeds for t in b)
+    n = len(seeds)
+    pooled = (f"two devices {statistics.median(t_2):.2f} s an epoch (median; {t_2[0]:.2f} to "
               f"{t_2[-1]:.2f}) against one device's {statistics.median(t_1):.2f} s "
-              f"({t_1[0]:.2f} to {t_1[-1]:.2f}), over {plural(len(t_1), 'epoch')} each")
-    if t_2[-1] < t_1[0] or t_2[0] > t_1[-1]:
-        word = "faster" if t_2[-1] < t_1[0] else "slower"
-        said = (f"two devices were {word} than one in every epoch ({ranges}), and this run "
-                "does not say why")
+              f"({t_1[0]:.2f} to {t_1[-1]:.2f}), over {plural(len(t_1), 'epoch')} each"
+              + (f" from {plural(n, 'seed')}" if n > 1 else ""))
+    found = [_seed_speed(a, b) for a, b in seeds]
+    if found[0] != "overlap" and found.count(found[0]) == n:
+        every = " on every seed" if n > 1 else ""
+        said = (f"two devices were {found[0]} than one in every epoch{every} ({pooled}), and "
+                "these runs do not say why")
+    elif found.count("overlap") == n:
+        every = " on every seed" if n > 1 else ""
+        said = (f"the epochs' ranges overlap{every} ({pooled}), so "
+                f"{'these runs' if n > 1 else 'this run'} cannot tell them apart")
     else:
-        said = f"the epochs' ranges overlap ({ranges}), so this run cannot tell them apart"
+        counts = ", ".join(f"{found.count(k)} {w}" for k, w in (
+            ("faster", "faster"), ("slower", "slower"), ("overlap", "overlapping"))
+            if found.count(k))
+        said = (f"the seeds disagree (two devices' epochs against one's, seed by seed: "
+                f"{counts}; {pooled}), so these runs cannot tell them apart")
     if simulated:
-        return ("The two devices were simulated one after the other on one device (one "
-                "device's arithmetic plus an all-reduce), so these timings say nothing about "
-                f"parallel speed; {said}.")
+        return ("The two devices were simulated on one device (the same arithmetic in two "
+                "halves, one after the other, plus an all-reduce), so these timings say nothing "
+                f"about parallel speed; {said}.")
     return f"Both devices were real GPUs: {said}."

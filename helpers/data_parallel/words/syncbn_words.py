@@ -2,10 +2,12 @@
 moved against a rounding-size control, and what the cost timings resolved. A cost ratio is a
 time with more work over a time without, per round (Ratio's "faster" is then a cost), and every
 verdict, "cannot tell" (one round) included, has its words."""
+import math
+
 from ...timing import Ratio
 
 __all__ = ["long_run_words", "cost_words", "resolved_words", "found_words",
-           "comm_resolved_words"]
+           "comm_resolved_words", "paired_difference_se", "paired_accuracy_words"]
 
 
 def long_run_words(gap_bn, gap_sync, gap_control):
@@ -68,3 +70,42 @@ def comm_resolved_words(cost):
     if not yes:
         return "not resolved at either batch"
     return f"resolved at {yes[0]}, not at {no[0]}"
+
+
+def _disagreements(right_a, right_b):
+    """(images only a got right, images only b got right, images): two models on the same
+    images, one truth value per image each."""
+    a, b = [bool(x) for x in right_a], [bool(x) for x in right_b]
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a paired comparison needs the same images for both models, at least "
+                         f"one: got {len(a)} and {len(b)}")
+    pairs = list(zip(a, b, strict=True))
+    return sum(x and not y for x, y in pairs), sum(y and not x for x, y in pairs), len(a)
+
+
+def paired_difference_se(right_a, right_b):
+    """The standard error of accuracy(b) - accuracy(a) when both models are scored on the same
+    images (`right_a`, `right_b`: one truth value per image): from the images only one of them
+    got right, sqrt(n_ab + n_ba - (n_ab - n_ba)**2 / n) / n, the paired (McNemar) form, which
+    the unpaired formula overstates when the two models get the same images right."""
+    only_a, only_b, n = _disagreements(right_a, right_b)
+    return math.sqrt(max(0.0, only_a + only_b - (only_b - only_a) ** 2 / n)) / n
+
+
+def paired_accuracy_words(right_bn, right_sync):
+    """Per-device BatchNorm against SyncBatchNorm on the same test images (one truth value per
+    image each): the difference, the images only one got right, and the paired standard error.
+    One run of each measures no seed-to-seed spread, so the words give no verdict."""
+    only_bn, only_sync, n = _disagreements(right_bn, right_sync)
+    se = paired_difference_se(right_bn, right_sync)
+    diff = 100 * (only_sync - only_bn) / n
+    seeds = ("the spread from one training seed to the next, which one run of each does not "
+             "measure")
+    if only_bn + only_sync == 0:
+        return (f"On the same {n:,} test images the two models got exactly the same images "
+                f"right; {seeds}, could still separate them")
+    return (f"On the same {n:,} test images, SyncBatchNorm minus per-device is {diff:+.1f} "
+            f"points ({only_bn} images right only per-device, {only_sync} only with "
+            f"SyncBatchNorm); the standard error of that paired difference, from those images, "
+            f"is about {100 * se:.1f} points. It leaves out {seeds}, so these runs give no "
+            "verdict on accuracy")
