@@ -202,7 +202,8 @@ def _closure_sizes():
         w = comm.world
         for j in range(w):
             sizes[(w, comm.rank, j)] = x[dest == j].size(0)     # a size, not a count
-        _wait_for(lambda: all((w, r, 0) in sizes for r in range(w)))
+        # every rank's every entry (waiting for the first alone raced the later writes)
+        _wait_for(lambda: all((w, r, j) in sizes for r in range(w) for j in range(w)))
         return _rows_from(x, dest, comm, lambda j: sizes[(w, j, comm.rank)])
     return dispatch_tokens
 
