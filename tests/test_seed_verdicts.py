@@ -62,13 +62,16 @@ def test_equal_steps_verdict_has_a_clause_per_branch():
     assert "did not clearly close" in helpers.equal_steps_verdict(a1, a2, [0.3, 0.9, 0.9])
     assert "does better than the first run" in helpers.equal_steps_verdict(a1, a2, [0.8] * 3)
     split = helpers.equal_steps_verdict(a1, a2, [0.6, 0.8, 0.7])
-    assert "not clearly above or below: the seeds disagree: 1 seed put" in split
+    assert "not clearly above or below the first run: the seeds disagree: 1 seed put" in split
+    assert split.startswith("the third run agrees with that reading: given as many steps")
     assert "no seed separates" not in split
     some = helpers.equal_steps_verdict(a1, a2, [0.7, 0.8, 0.9])
     assert "1 of the 3 seeds does not separate the doubled batch from the first run" in some
     most = helpers.equal_steps_verdict(a1, a2, [0.6] * 3)
     assert "recovers most of the gap (75 % on average)" in most
-    assert "recovers part of the gap (25 %" in helpers.equal_steps_verdict(a1, a2, [0.4] * 3)
+    part = helpers.equal_steps_verdict(a1, a2, [0.4] * 3)
+    assert "recovers part of the gap (25 %" in part and "that reading in part:" in part
+    assert "in part" not in most
 
 
 def test_unseparated_words_name_what_kept_the_seeds_apart():
@@ -86,11 +89,13 @@ def test_chance_level_words_name_the_seeds_still_at_chance():
     said = chance_level_words(settings, 819)
     assert said.startswith("One seed had not left chance level")
     assert "batch 512, doubled rate: 0.103" in said and "819 test images" in said
-    assert chance_level_words({"a": [0.5, 0.6]}, 819) == ""        # none: nothing said
+    assert chance_level_words({"a": [0.5, 0.6]}, 819) == (       # none: said so
+        "No seed was left at chance level (within 3 standard errors of chance, 0.1, over 819 "
+        "test images).")
     two = chance_level_words({"a": [0.11], "b": [0.09, 0.7]}, 819)
     assert two.startswith("2 seeds had not left") and "a: 0.110; b: 0.090" in two
     # 3 standard errors of a chance-level accuracy over 819 images: 0.031
-    assert chance_level_words({"a": [0.135]}, 819) == ""
+    assert chance_level_words({"a": [0.135]}, 819).startswith("No seed")
     assert chance_level_words({"a": [0.125]}, 819).startswith("One seed")
     with pytest.raises(ValueError, match="need test images"):
         chance_level_words({"a": [0.1]}, 0)

@@ -114,11 +114,12 @@ def wait_parts(timelines):
 
 
 def zero_bubble_rank_order(p, m, rank, f=1.0, b=1.0, w=1.0):
-    """A zero-bubble order (ZB-H1 of Qi et al.): 1F1B's forwards and input-gradient backwards
-    (B), each weight-gradient box (W) moved into the time the rank would otherwise wait. Found by
-    running the schedule with box times f, b, w: a rank whose next F or B is not ready runs a
-    pending W instead; the W left at the end run last. Each W held back keeps its layers' inputs
-    and output gradients alive (here up to m on a rank; the published ZB-H1 bounds them)."""
+    """A zero-bubble order after ZB-H1 of Qi et al., without its memory bound: 1F1B's forwards and
+    input-gradient backwards (B), each weight-gradient box (W) moved into the time the rank would
+    otherwise wait. Found by running the schedule with box times f, b, w: a rank whose next F or
+    B is not ready runs a pending W instead; the W left at the end run last. Each W held back
+    keeps its layers' inputs and output gradients alive (here up to m on a rank; the published
+    ZB-H1 bounds them)."""
     main = [one_f_one_b_rank_order(p, m, r) for r in range(p)]
     dur = {"F": f, "B": b, "W": w}
     pos, free, end = [0] * p, [0.0] * p, {}

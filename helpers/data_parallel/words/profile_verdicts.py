@@ -156,11 +156,11 @@ def compute_split_words(cpu_vs_half, off_core, compute_ms, cpu_ms, one_ms, one_c
     return head + share + away
 
 
-# What overlap adds to backward's compute, not measured apart in these runs (the buckets'
+# What overlap adds to backward's compute: a possible cause, not timed in these runs (the buckets'
 # copies and launches are booked as compute in both modes: exposed_comm_times).
-_SUSPECTS = ("gloo's threads running the all-reduces on the core autograd needed (the buckets' "
-             "copies and launches count as compute in both modes, so they are not the "
-             "difference)")
+_SUSPECTS = ("one possible cause, not timed here, is gloo's threads running the all-reduces on "
+             "the core autograd needed (the buckets' copies and launches count as compute in "
+             "both modes, so they are not the difference)")
 
 
 def allreduce_split_words(comm_ms, wait_ms, after_ms, alone):
@@ -193,23 +193,22 @@ def _as_long(r):
 def overlap_lengthens_words(step, compute):
     """Overlap against all-reduce-after-backward on one core per rank: the step (Ratio: after's /
     overlap's) and backward's compute (Ratio: after's compute / overlap's, paired rounds; below
-    1 means overlap lengthened it). The core shared with gloo's threads is named as the cause of
-    a longer step only where the compute was resolved longer with overlap."""
+    1 means overlap lengthened it). Two sentences: the step's verdict, then the compute's; the
+    possible causes of a longer compute are offered only where it was resolved longer."""
     _check(step), _check(compute)
     grew = compute.verdict == "slower"
-    why = (f"backward's compute itself was longer with overlap ({_as_long(compute)}: "
-           f"resolved): we suspect {_SUSPECTS}" if grew else
-           f"backward's compute was shorter with overlap ({_as_long(compute)}: resolved)"
+    why = (f"Backward's compute itself was longer with overlap ({_as_long(compute)}: "
+           f"resolved); {_SUSPECTS}" if grew else
+           f"Backward's compute was shorter with overlap ({_as_long(compute)}: resolved)"
            if compute.verdict == "faster" else
-           "backward's compute with overlap could not be told from its compute without "
+           "Backward's compute with overlap could not be told from its compute without "
            f"({_as_long(compute)})")
     if step.verdict == "slower":
-        return ("overlap lengthened the step here: " + why
-                + ("" if grew else "; so why, this run does not say"))
+        return ("overlap lengthened the step here" + ("" if grew else ", and why, this run "
+                                                       "does not say") + ". " + why)
     if step.verdict == "faster":
-        return ("overlap shortened the step here" + (", although " + why if grew else ""))
-    return ("this run cannot tell whether overlap lengthened or shortened the step here; "
-            + why)
+        return "overlap shortened the step here" + (". " + why if grew else "")
+    return "this run cannot tell whether overlap lengthened or shortened the step here. " + why
 
 
 def _against(p, r):
@@ -284,17 +283,17 @@ def split_prediction_words(p, r, where):
 def backward_compute_words(r):
     """Backward's compute with overlap against without (Ratio: without's / with's, paired
     rounds: below 1, overlap's was longer; the buckets' copies and launches count as compute in
-    both). Overlap adds gloo's threads on the same core to backward; the run does not measure
-    them apart, so they are offered as the suspect where resolved, with 'if real' where not, and
-    no cause is named for a shorter one."""
+    both). Overlap adds gloo's threads on the same core to backward; the run does not time them,
+    so they are offered as a possible cause where resolved, with 'if real' where not, and no
+    cause is named for a shorter one."""
     _check(r)
     if r.verdict == "slower":
-        return f"longer with overlap ({_as_long(r)}: resolved): we suspect {_SUSPECTS}"
+        return f"longer with overlap ({_as_long(r)}: resolved); {_SUSPECTS}"
     if r.verdict == "faster":
         return (f"shorter with overlap ({_as_long(r)}: resolved), which this run does not "
                 "explain")
     told = f"not told apart ({_as_long(r)}: {r.verdict})"
-    return f"{told}; if real, we suspect {_SUSPECTS}" \
+    return f"{told}; if the difference is real, {_SUSPECTS}" \
         if r.median < 1 else told
 
 

@@ -96,19 +96,22 @@ def scaled_rate_verdict(acc_1, acc_same, acc_scaled, margin=0.005):
 
 def equal_steps_verdict(a1, a2, a3, margin=0.005):
     """The ResNet clause on steps: a1 (batch b), a2 (batch 2b, doubled rate), a3 (batch 2b for
-    twice the epochs: as many steps as a1), one accuracy per seed."""
+    twice the epochs: as many steps as a1), one accuracy per seed. A third run above the second
+    agrees with the reading the sentence before gives, that the second lacked steps."""
     if paired_verdict(a3, a2, margin) != ABOVE:
         return ("here even as many steps did not clearly close the gap: the rate, too large "
                 "this early for so small a model, is the other suspect")
+    agrees = "the third run agrees with that reading: given as many steps, the doubled batch"
     against_one = paired_verdict(a3, a1, margin)
     if against_one == ABOVE:
-        return ("given as many steps, the doubled batch does better than the first run, on "
-                "every seed")
+        return f"{agrees} does better than the first run, on every seed"
     if against_one == WITHIN:
         words = unseparated_words(a3, a1, "the doubled batch", "the first run", margin)
-        return f"given as many steps, the doubled batch is not clearly above or below: {words}"
+        return f"{agrees} is not clearly above or below the first run: {words}"
     share = (_mean(a3) - _mean(a2)) / (_mean(a1) - _mean(a2))
-    return (f"given as many steps, the doubled batch recovers "
+    if share < 0.5:
+        agrees = agrees.replace("that reading:", "that reading in part:")
+    return (f"{agrees} recovers "
             f"{'most' if share >= 0.5 else 'part'} of the gap ({100 * share:.0f} % on average), "
             "not all of it")
 
@@ -116,17 +119,17 @@ def equal_steps_verdict(a1, a2, a3, margin=0.005):
 def chance_level_words(settings, n_test, classes=10, within=3):
     """The seeds still at chance level, named: an accuracy within `within` standard errors of
     1 / classes (the SE of a chance-level accuracy over n_test test images). settings maps a
-    setting's words to its accuracies, one per seed. '' when no seed is there."""
+    setting's words to its accuracies, one per seed; a sentence saying so when no seed is there."""
     if n_test < 1 or classes < 2:
         raise ValueError(f"n_test={n_test}, classes={classes}: need test images and 2+ classes")
     chance = 1 / classes
     se = (chance * (1 - chance) / n_test) ** 0.5
     stuck = [(name, acc) for name, accs in settings.items() for acc in accs
              if abs(acc - chance) <= within * se]
-    if not stuck:
-        return ""
-    where = "; ".join(f"{name}: {acc:.3f}" for name, acc in stuck)
     rule = (f"within {within} standard errors of chance, {chance:g}, over {n_test:,} test images")
+    if not stuck:
+        return f"No seed was left at chance level ({rule})."
+    where = "; ".join(f"{name}: {acc:.3f}" for name, acc in stuck)
     if len(stuck) == 1:
         return (f"One seed had not left chance level by the end of its run ({where}; {rule}): "
                 "it weighs on that setting's mean and spread.")
