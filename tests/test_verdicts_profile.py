@@ -214,11 +214,11 @@ def test_backward_compute_blames_gloos_threads_only_for_a_longer_compute():
     words = helpers.backward_compute_words
     assert words(SLOWER).startswith("longer with overlap (overlap's took 1.25 times as long "
                                     "(1.11-1.43, 3 rounds): resolved)")
-    assert "; two possible causes, neither timed here, are gloo's threads" in words(SLOWER)
+    assert "; one possible cause, not timed here, is gloo's threads" in words(SLOWER)
     assert "if the difference is real" not in words(SLOWER)
     longer = words(helpers.Ratio([0.5, 0.9, 1.2]))      # overlap's longer, not resolved
     assert longer.startswith("not told apart")
-    assert "; if the difference is real, two possible causes" in longer
+    assert "; if the difference is real, one possible cause" in longer
     assert words(NOISE) == ("not told apart (overlap's took 0.91 times as long (0.77-1.11, "
                             "3 rounds): within noise)")
     shorter = words(FASTER)
