@@ -281,8 +281,7 @@ keep = ("num_gpus", "test_acc", "sec_per_epoch", "epoch_times")
 got = dict(train={k: naive.get(k) for k in keep}, train_fast={k: fast.get(k) for k in keep},
            devices=[str(d) for d in helpers.get_devices(2)])
 if helpers.num_gpus() >= 2:     # Part III: DataParallel against DDP, a step each (2 GPUs)
-    from helpers.dp_vs_ddp import dp_vs_ddp
-    dd = dp_vs_ddp(batch=256, steps=50, rounds=3)
+    dd = helpers.time_dp_vs_ddp(batch=256, steps=50, rounds=3)
     got["dp_vs_ddp"] = dict(dp=dd["dp"].to_dict(), ddp=dd["ddp"].to_dict(),
                             ratio=dd["ratio"].to_dict(), batch=256, steps=50)
 add_path(sys.argv[1], sys.argv[2], got)
