@@ -193,6 +193,25 @@ def test_the_originals_are_put_back():
     assert helpers.checks.check_lr_at(_lr).status == "passed"
 
 
+def test_the_comparison_is_not_made_of_what_the_answer_replaces():
+    """The namespaces are compared by identity in C (`all`, `map`, `len`, `operator.is_`): an
+    answer that replaces those too, to make every namespace look unchanged, is still refused,
+    and everything is put back."""
+    import operator
+
+    import helpers.checks
+    originals = (builtins.all, builtins.map, builtins.len, operator.is_, torch.allclose)
+
+    def lr_at(step, base_lr, base_batch, batch, warmup):
+        torch.allclose = lambda *a, **k: True
+        builtins.all, builtins.map = (lambda it: True), (lambda *a: ())
+        builtins.len, operator.is_ = (lambda x: 0), (lambda a, b: True)
+        return 0.0
+    result = helpers.checks.check_lr_at(lr_at)
+    assert result.status == "failed" and REPLACED in result.message, result
+    assert (builtins.all, builtins.map, builtins.len, operator.is_, torch.allclose) == originals
+
+
 def test_an_answer_may_set_its_own_globals():
     """Rebinding names in the answer's own module is not watched."""
     import helpers.checks

@@ -206,7 +206,7 @@ def _put_back(before):
     spaces, views, copies, threads, _ = before
     alive = _join_started(threads)
     changed = []
-    if _same_all(copies, views):
+    if _same(copies, views, _all_spaces=True):
         return changed, alive
     for (space, owner, _, private), saved, now in zip(spaces, copies, views, strict=True):
         if _same(saved, now):
@@ -236,23 +236,22 @@ def _put_back(before):
     return changed, alive
 
 
-def _same_all(copies, views, _list=list, _len=len, _all=all, _map=map, _is=operator.is_,
-              _chain=itertools.chain.from_iterable, _values=operator.methodcaller("values")):
-    """Whether every watched namespace still holds what its copy holds (`_same`, over all of
-    them in one pass in C: most calls change nothing)."""
-    return _list(_map(_len, copies)) == _list(_map(_len, views)) and _all(
-        _map(_is, _chain(copies), _chain(views))) and _all(
-        _map(_is, _chain(_map(_values, copies)), _chain(_map(_values, views))))
-
-
-def _same(saved, now, _len=len, _all=all, _map=map, _is=operator.is_):
-    """Whether `now` holds the very keys and values `saved` copied, in the same order: compared
-    by identity in C (no __eq__ of anything runs), so an unchanged namespace costs no Python
-    loop; any difference goes to the name-by-name comparison. The builtins it uses are bound
-    at import (an answer that replaced `builtins.all` must not make every namespace look
-    unchanged)."""
-    return _len(now) == _len(saved) and _all(_map(_is, saved, now)) and _all(
-        _map(_is, saved.values(), now.values()))
+def _same(saved, now, _all_spaces=False, _list=list, _len=len, _all=all, _map=map,
+          _is=operator.is_, _chain=itertools.chain.from_iterable,
+          _values=operator.methodcaller("values")):
+    """Whether `now` holds the very keys and values `saved` copied, in the same order (with
+    `_all_spaces`, every namespace against its copy, in one pass): compared by identity in C, no
+    __eq__ of anything run, so an unchanged namespace costs no Python loop; any difference (or a
+    namespace changed while it was read) goes to the name-by-name comparison. The builtins it
+    uses are bound at import: a replaced `builtins.all` must not make everything look unchanged."""
+    if not _all_spaces:
+        saved, now = (saved,), (now,)
+    try:
+        return _list(_map(_len, saved)) == _list(_map(_len, now)) and _all(
+            _map(_is, _chain(saved), _chain(now))) and _all(
+            _map(_is, _chain(_map(_values, saved)), _chain(_map(_values, now))))
+    except RuntimeError:        # another thread's import added a name while it was read
+        return False
 
 
 def _restore(owner, key, value):
