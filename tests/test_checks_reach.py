@@ -336,16 +336,24 @@ def test_classes_c_functions_and_the_facade_are_put_back():
 
 def test_a_library_hooking_an_inherited_method_is_not_the_answers_patch():
     """The first optimizer of a class hooks its class's step (torch.optim wraps the inherited
-    Adam.step into AdamW's own dict): a right answer that builds one is not refused."""
+    Adam.step into AdamW's own dict): a right answer that builds one is not refused. Both
+    classes are set back to before their first optimizer (an Adam made earlier in the process
+    hooked the step AdamW inherits), and the snapshot is always closed (a shared one left open
+    would be every later answer's)."""
     from helpers.checks._core import patched
-    hooked = vars(torch.optim.AdamW).get("step")
-    if hooked is not None:
+    hooked = {c: vars(c).get("step") for c in (torch.optim.AdamW, torch.optim.Adam)}
+    if hooked[torch.optim.AdamW] is not None:
         delattr(torch.optim.AdamW, "step")      # as before the process's first AdamW
+    if getattr(hooked[torch.optim.Adam], "hooked", False):
+        torch.optim.Adam.step = hooked[torch.optim.Adam].__wrapped__   # and its first Adam
     try:
         before = patched.snapshot()
-        torch.optim.AdamW([torch.zeros(2, requires_grad=True)])
-        assert "step" in vars(torch.optim.AdamW)
-        patched.expect_unpatched("answer", before)
+        try:
+            torch.optim.AdamW([torch.zeros(2, requires_grad=True)])
+            assert "step" in vars(torch.optim.AdamW)
+        finally:
+            patched.expect_unpatched("answer", before)
     finally:
-        if hooked is not None:
-            torch.optim.AdamW.step = hooked
+        for cls, step in hooked.items():
+            if step is not None:
+                cls.step = step
