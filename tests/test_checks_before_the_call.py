@@ -3,6 +3,9 @@ earlier cell, a hook for every module or optimizer, saved-tensor hooks) would ru
 reference values, its comparisons, the answer's operations under the Recorder. hooks.py fails
 only what the answer adds, so a check refuses to start while one is active (early_hooks.py),
 naming what to remove, and leaves it in place; torch's own, or none, and the check runs."""
+import functools
+import operator
+
 import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -55,7 +58,7 @@ def combine_mean_grads(grads, sizes):
     return sum(g * s for g, s in zip(grads, sizes, strict=True)) / sum(sizes)
 
 
-KEPT = []
+KEPT, KEPT_BY = [], {}
 
 
 def _keep(module, args, out):
@@ -92,6 +95,12 @@ def _module_pre_hook():
     return torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: None).remove
 
 
+def _builtin_hook():
+    """No code of the reader's runs: a builtin keeps each module in the reader's dict."""
+    return torch.nn.modules.module.register_module_forward_pre_hook(
+        functools.partial(operator.setitem, KEPT_BY)).remove
+
+
 def _optimizer_hook():
     return register_optimizer_step_pre_hook(_step).remove
 
@@ -107,6 +116,7 @@ INSTALLS = {_dispatch: "a dispatch mode of yours (_Allclose)",
             _library_mode: "a dispatch mode of yours (_HiddenWork)",
             _module_hook: "a hook of yours for every module (_keep",
             _module_pre_hook: "a hook of yours for every module",
+            _builtin_hook: "a hook of yours for every module (setitem",
             _optimizer_hook: "a hook of yours for every optimizer (_step",
             _saved_hooks: "saved-tensor hooks of yours"}
 
@@ -117,6 +127,7 @@ def _not_grading(monkeypatch):
     monkeypatch.delenv("COURSE_GRADING", raising=False)
     FLAG[0] = False
     KEPT.clear()
+    KEPT_BY.clear()
 
 
 @pytest.mark.parametrize("install", list(INSTALLS), ids=lambda f: f.__name__)
@@ -132,7 +143,7 @@ def test_a_check_refuses_to_start_under_the_readers_code(install):
         assert early_hooks(), "the reader's code was removed: the reader's process changed"
     finally:
         remove()
-    assert not KEPT
+    assert not KEPT and not KEPT_BY
     assert not early_hooks()
     assert helpers.checks.check_combine_mean_grads(combine_mean_grads).status == "passed"
 

@@ -5,6 +5,9 @@ for it, and hooks.py fails only what the answer adds. So a check refuses to star
 active, naming what to remove: refusing (not popping them for the check and back) leaves the
 reader's process as it was, shows the grade the notebook itself would get, and tells the reader
 of a leftover that also bends their own cells' numbers."""
+import functools
+import types
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -25,6 +28,21 @@ def _reader(obj):
     held = getattr(obj, "__dict__", None)
     return isinstance(held, dict) and not type(obj).__module__.startswith("helpers.") and any(
         callable(v) and _reader_hook(v, None) for v in held.values())
+
+
+def _reader_callback(hook):
+    """A hook the reader's, or a builtin (no Python code: `SEEN.append`, a partial of
+    `operator.setitem` on the reader's dict) that would keep what it is handed for the reader."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+    return not isinstance(code, types.CodeType) or _reader(hook)
+
+
+def _name(hook):
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    return getattr(hook, "__name__", type(hook).__name__)
 
 
 def _modes():
@@ -49,13 +67,13 @@ def early_hooks():
     for owner, attr in _GLOBAL:
         hooks = getattr(owner, attr, None)
         for hook in list(hooks.values()) if isinstance(hooks, dict) else ():
-            if _reader(hook):
+            if _reader_callback(hook):
                 every = "module" if "optimizer" not in attr else "optimizer"
-                found.append(f"a hook of yours for every {every} ({getattr(hook, '__name__', '')}"
-                             f" in {owner.__name__}.{attr}) is still registered: remove it "
+                found.append(f"a hook of yours for every {every} ({_name(hook)} in "
+                             f"{owner.__name__}.{attr}) is still registered: remove it "
                              "(handle.remove() on the handle its register_ call returned)")
     top = _saved_top()
-    if top and any(_reader(h) for h in top):
+    if top and any(_reader_callback(h) for h in top):
         found.append("saved-tensor hooks of yours (torch.autograd.graph.saved_tensors_hooks "
                      "entered earlier) are still active: leave their `with` block")
     return found
