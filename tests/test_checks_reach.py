@@ -193,6 +193,25 @@ def test_the_originals_are_put_back():
     assert helpers.checks.check_lr_at(_lr).status == "passed"
 
 
+def test_the_comparison_is_not_made_of_what_the_answer_replaces():
+    """The namespaces are compared by identity in C (`all`, `map`, `len`, `operator.is_`): an
+    answer that replaces those too, to make every namespace look unchanged, is still refused,
+    and everything is put back."""
+    import operator
+
+    import helpers.checks
+    originals = (builtins.all, builtins.map, builtins.len, operator.is_, torch.allclose)
+
+    def lr_at(step, base_lr, base_batch, batch, warmup):
+        torch.allclose = lambda *a, **k: True
+        builtins.all, builtins.map = (lambda it: True), (lambda *a: ())
+        builtins.len, operator.is_ = (lambda x: 0), (lambda a, b: True)
+        return 0.0
+    result = helpers.checks.check_lr_at(lr_at)
+    assert result.status == "failed" and REPLACED in result.message, result
+    assert (builtins.all, builtins.map, builtins.len, operator.is_, torch.allclose) == originals
+
+
 def test_an_answer_may_set_its_own_globals():
     """Rebinding names in the answer's own module is not watched."""
     import helpers.checks
@@ -317,16 +336,24 @@ def test_classes_c_functions_and_the_facade_are_put_back():
 
 def test_a_library_hooking_an_inherited_method_is_not_the_answers_patch():
     """The first optimizer of a class hooks its class's step (torch.optim wraps the inherited
-    Adam.step into AdamW's own dict): a right answer that builds one is not refused."""
+    Adam.step into AdamW's own dict): a right answer that builds one is not refused. Both
+    classes are set back to before their first optimizer (an Adam made earlier in the process
+    hooked the step AdamW inherits), and the snapshot is always closed (a shared one left open
+    would be every later answer's)."""
     from helpers.checks._core import patched
-    hooked = vars(torch.optim.AdamW).get("step")
-    if hooked is not None:
+    hooked = {c: vars(c).get("step") for c in (torch.optim.AdamW, torch.optim.Adam)}
+    if hooked[torch.optim.AdamW] is not None:
         delattr(torch.optim.AdamW, "step")      # as before the process's first AdamW
+    if getattr(hooked[torch.optim.Adam], "hooked", False):
+        torch.optim.Adam.step = hooked[torch.optim.Adam].__wrapped__   # and its first Adam
     try:
         before = patched.snapshot()
-        torch.optim.AdamW([torch.zeros(2, requires_grad=True)])
-        assert "step" in vars(torch.optim.AdamW)
-        patched.expect_unpatched("answer", before)
+        try:
+            torch.optim.AdamW([torch.zeros(2, requires_grad=True)])
+            assert "step" in vars(torch.optim.AdamW)
+        finally:
+            patched.expect_unpatched("answer", before)
     finally:
-        if hooked is not None:
-            torch.optim.AdamW.step = hooked
+        for cls, step in hooked.items():
+            if step is not None:
+                cls.step = step

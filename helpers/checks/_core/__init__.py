@@ -8,10 +8,11 @@ declare.py    @check(exercise, observes=[...], references=[...]): the registry t
 settle.py     what an answer returns, settled before its call ends: no code of the reader's runs
               when the check converts or compares it
 hooks.py      no hook the answer registered on what it was handed, or on the whole process,
-              is left when it returns (the check goes on using those objects)
+              is left when it returns (the check goes on using those objects); early_hooks.py:
+              nor may one of the reader's installed earlier be active when a check starts
 references.py no reference shortcut: the course's own answer is unreachable, by identity
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
-              float rounding
+              the expected computation's rounding (a half-precision number refused)
 observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions
               (cancels.py: an operand an op cancels, `x * 0`, `x - x`, flows nowhere)
 guard.py      while an answer runs: no reading of other frames, no process, threads observed

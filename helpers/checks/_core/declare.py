@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .callbacks import callbacks, expect_no_callbacks
+from .early_hooks import expect_no_early_hooks
 from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
@@ -82,7 +83,8 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
           simulated: bool = False) -> Callable[[Body], CheckFn]:
     """Declare a check: `body(fn)` judges the reader's `fn` (called through Answer) and raises
     CheckFailed with the reason; the check function returned runs it through run_check, after
-    refusing an answer that reaches a reference or the checks themselves (references.scan).
+    refusing an answer that reaches a reference or the checks themselves (references.scan), and
+    refusing to start while a mode or global hook of the reader's is active (early_hooks.py).
     `references` are names of the flat façade (`"balanced_cuts"`, `"ByteLog.wire_bytes"`).
     `changes_inputs`: the exercise writes into what it is handed (otherwise an answer that
     changes its arguments fails: untouched.py). `keeps_hooks`: the exercise registers hooks that
@@ -93,6 +95,7 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
         @functools.wraps(body)
         def check_fn(fn: Callable[..., Any]) -> Result:
             def judged(fn):
+                expect_no_early_hooks()     # before the check computes anything
                 refs = resolve(references)
                 scan(fn, refs, exercise)
                 answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)

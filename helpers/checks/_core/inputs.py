@@ -4,11 +4,13 @@ that let a check compute its expected value after the answer (kept, expect_uncha
 Inputs come from a generator seeded by the operating system (never torch's global one: a check
 must not change the notebook's random numbers); the course's tests replay fixed seeds instead.
 Numbers are accepted in any real type (int, float, numpy scalars, 0-d tensors); tolerances come
-from the precision of the type the answer computed in, not from luck.
+from the rounding of the expected computation (float32 widens them a little; a number in half
+precision is refused: the answer does not choose its tolerance), not from luck.
 """
 import decimal
 import numbers
 import random
+import sys
 import types
 
 import torch
@@ -109,19 +111,40 @@ def tensor_equal(got, want, what="a result"):
     return _EQUAL(got, want)
 
 
-def _precision(value):
-    """The dtype the answer's number was computed in (for its tolerance)."""
+# A number's tolerance is the rounding of the computation the check expects (float64 steps on
+# the Python numbers it hands over), which float32 hardly widens (γ_16 ≈ 1e-6, below any mistake
+# a check names). A half-precision type would let the answer pick a tolerance of percents (γ_16
+# of bfloat16 ≈ 7 %, wide enough to pass a wrong formula): it is refused, never widened to.
+_NUMPY_PRECISION = types.MappingProxyType({"float32": torch.float32, "float16": torch.float16})
+
+
+def _precision(value, what):
+    """The dtype the answer's number was computed in (for its tolerance): float64 for Python
+    numbers, float32 for a float32 tensor or numpy float32; half precision is refused."""
     if isinstance(value, torch.Tensor):
-        return value.dtype
-    name = type(value).__name__
-    return {"float32": torch.float32, "float16": torch.float16}.get(name, torch.float64)
+        dtype = value.dtype
+    else:
+        cls = type(value)       # a numpy scalar or 0-d array: numpy's own class, its dtype
+        genuine = getattr(sys.modules.get("numpy"), cls.__name__, None) is cls
+        name = str(getattr(value, "dtype", "")) if genuine else ""
+        dtype = _NUMPY_PRECISION.get(name, torch.float64)
+    if dtype.is_floating_point and torch.finfo(dtype).bits < 32:
+        bits = int(1 / torch.finfo(dtype).eps).bit_length()
+        raise CheckFailed(
+            f"{what} returned a {str(dtype).removeprefix('torch.')} number, which keeps "
+            f"{bits} significant bits: too few for the check to tell your formula from a wrong "
+            "one near it. Return a Python float (compute in float64, or float(x) of a float32 "
+            "or float64 result)")
+    return dtype
 
 
 def as_number(value, what, with_dtype=False):
     """`value` as a Python float: ints, floats, fractions, decimals, numpy scalars and 0-d arrays,
     tensors of one element; or fail saying what came back. `with_dtype=True` also returns the
-    dtype the number was computed in (float64 for Python numbers), for its tolerance."""
-    dtype = _precision(value)
+    dtype the number was computed in (float64 for Python numbers, float32 for float32 types), for
+    its tolerance; a number in half precision (float16, bfloat16) is refused: its rounding would
+    be a tolerance of the answer's choosing."""
+    dtype = _precision(value, what)
     if isinstance(value, torch.Tensor):
         expect(value.numel() == 1, f"{what} returned a tensor of shape {tuple(value.shape)}, "
                                    "expected a single number")

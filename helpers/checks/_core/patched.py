@@ -12,6 +12,7 @@ them started, and an answer that raised is checked too. The harness's own stand-
 module's globals."""
 import builtins
 import functools
+import itertools
 import math
 import operator
 import os
@@ -80,8 +81,9 @@ def _spaces():
         _CACHE["spaces"] = tuple((m.__name__, m, vars(m), False) for m in found.values()) + tuple(
             (f"{c.__module__}.{c.__name__}", c, c.__dict__, False) for c in _CLASSES) + tuple(
             (getattr(c, "__name__", "torch._C"), c, vars(c), True) for c in _C_SPACES)
+        _CACHE["views"] = tuple(ns for _, _, ns, _ in _CACHE["spaces"])
         _CACHE["modules"] = len(sys.modules)
-    return _CACHE["spaces"]
+    return _CACHE["spaces"], _CACHE["views"]
 
 
 def snapshot():
@@ -93,8 +95,8 @@ def snapshot():
     with _LOCK:
         shared = _SHARED.setdefault(run, [0, None])
         if not shared[0]:
-            shared[1] = ([(name, owner, dict(ns), private) for name, owner, ns, private
-                          in _spaces()], set(threading.enumerate()), run)
+            spaces, views = _spaces()     # copied in C, one dict per namespace
+            shared[1] = (spaces, views, tuple(map(dict, views)), set(threading.enumerate()), run)
         shared[0] += 1
         return shared[1]
 
@@ -178,10 +180,10 @@ def expect_unpatched(name, before):
         changed, alive = _put_back(before)
     finally:
         with _LOCK:
-            shared = _SHARED[before[2]]
+            shared = _SHARED[before[-1]]
             shared[0] -= 1
             if not shared[0]:
-                del _SHARED[before[2]]
+                del _SHARED[before[-1]]
     if changed:
         raise CheckFailed(
             f"{name} replaced {', '.join(sorted(changed)[:3])}: the check goes on computing with "
@@ -201,11 +203,14 @@ def _put_back(before):
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, threads, _ = before
+    spaces, views, copies, threads, _ = before
     alive = _join_started(threads)
     changed = []
-    for space, owner, saved, private in spaces:
-        now = owner.__dict__ if isinstance(owner, type) else vars(owner)
+    if _same(copies, views, _all_spaces=True):
+        return changed, alive
+    for (space, owner, _, private), saved, now in zip(spaces, copies, views, strict=True):
+        if _same(saved, now):
+            continue
         own = _own(owner)
         for key, value in saved.items():
             new = now.get(key, _MISSING)
@@ -229,6 +234,24 @@ def _put_back(before):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
     return changed, alive
+
+
+def _same(saved, now, _all_spaces=False, _list=list, _len=len, _all=all, _map=map,
+          _is=operator.is_, _chain=itertools.chain.from_iterable,
+          _values=operator.methodcaller("values")):
+    """Whether `now` holds the very keys and values `saved` copied, in the same order (with
+    `_all_spaces`, every namespace against its copy, in one pass): compared by identity in C, no
+    __eq__ of anything run, so an unchanged namespace costs no Python loop; any difference (or a
+    namespace changed while it was read) goes to the name-by-name comparison. The builtins it
+    uses are bound at import: a replaced `builtins.all` must not make everything look unchanged."""
+    if not _all_spaces:
+        saved, now = (saved,), (now,)
+    try:
+        return _list(_map(_len, saved)) == _list(_map(_len, now)) and _all(
+            _map(_is, _chain(saved), _chain(now))) and _all(
+            _map(_is, _chain(_map(_values, saved)), _chain(_map(_values, now))))
+    except RuntimeError:        # another thread's import added a name while it was read
+        return False
 
 
 def _restore(owner, key, value):

@@ -45,6 +45,7 @@ _PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's
 _COURSE = {_PACKAGE, "helpers"}                  # the fresh copy guards the notebook's helpers
 _COURSE = frozenset(_COURSE)
 _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.overrides")
+_CODE_KEYS = {}   # id(code) -> (code, code_key): found by identity (hashing a code reads it all)
 
 
 class Reference:
@@ -59,12 +60,14 @@ class Reference:
         return f"helpers.{self.name}"
 
 
-@functools.lru_cache(maxsize=16384)
 def code_key(code):
     """What a code object is, not where it was defined: a hash of its bytecode, the names and
     constants it uses and its arguments, nested code included. Left out: file, line, name, the
     docstring and the names of local variables (the bytecode refers to locals by position), so
     a copy with its docstring replaced or its locals renamed is the same code."""
+    hit = _CODE_KEYS.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
     consts = []
     body = code.co_consts
     if code.co_name != "<lambda>" and body and isinstance(body[0], (str, type(None))):
@@ -79,7 +82,10 @@ def code_key(code):
     text = repr((code.co_code, tuple(consts), code.co_names, len(code.co_varnames),
                  len(code.co_freevars), len(code.co_cellvars), code.co_argcount,
                  code.co_kwonlyargcount, code.co_flags))
-    return hashlib.sha1(text.encode()).hexdigest()
+    if len(_CODE_KEYS) >= 16384:
+        _CODE_KEYS.clear()
+    _CODE_KEYS[id(code)] = hit = (code, hashlib.sha1(text.encode()).hexdigest())
+    return hit[1]
 
 
 def identity(obj):

@@ -5,6 +5,7 @@ switch reached by a name built at run time (`getattr(torch._C, "_Disable" + "Tor
 fails like one named in the code (which references.scan refuses before the answer runs);
 torch's own calls go through to the original. Used by guard.answering.
 """
+import operator
 import sys
 
 from .guard import _passes_on, _state
@@ -13,6 +14,7 @@ from .run import ReferenceUsed, is_reader_code, stand_in
 __all__ = ["guard_switches", "restore_switches"]
 
 _PATCHED = []       # (module, name, original)
+_CACHE = {"loaded": [], "spaces": ()}     # the loaded torch modules (_torch_spaces)
 
 
 def _guarded(name, original):
@@ -32,17 +34,30 @@ def _guarded(name, original):
     return switch
 
 
+def _torch_spaces(_list=list, _len=len, _all=all, _map=map, _is=operator.is_):
+    """(module, its namespace dict) of every loaded torch module: rebuilt only when sys.modules
+    holds other modules than at the last call (compared by identity, in C)."""
+    loaded = _list(sys.modules.values())
+    if _len(loaded) != _len(_CACHE["loaded"]) or not _all(_map(_is, loaded, _CACHE["loaded"])):
+        found = []
+        for mod_name, module in list(sys.modules.items()):
+            if module is None or not mod_name.startswith("torch"):
+                continue
+            space = getattr(module, "__dict__", None)
+            if isinstance(space, dict):
+                found.append((module, space))
+        _CACHE["loaded"], _CACHE["spaces"] = loaded, tuple(found)
+    return _CACHE["spaces"]
+
+
 def guard_switches():
-    """Put the guarded switches in place of the originals, in every loaded torch module."""
+    """Put the guarded switches in place of the originals, in every loaded torch module (each
+    module's names looked up by the switches' names: a dict view's `&` with the small set)."""
     from .references import _DISPATCH_OFF_NAMES
     originals = {}
-    for mod_name, module in list(sys.modules.items()):
-        if module is None or not mod_name.startswith("torch"):
-            continue
-        space = getattr(module, "__dict__", None)
-        if not isinstance(space, dict):
-            continue
-        for name in _DISPATCH_OFF_NAMES.intersection(space):
+    for module, space in _torch_spaces():
+        names = space.keys() & _DISPATCH_OFF_NAMES
+        for name in names:
             value = space[name]
             if not callable(value) or not str(getattr(value, "__module__", "")).startswith(
                     "torch"):
