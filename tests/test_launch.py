@@ -99,6 +99,13 @@ def test_a_rank_gloo_aborts_says_why():
     assert "collective mismatch" in e.stderr and "collective mismatch" in str(e), str(e)
 
 
+def test_a_rank_that_exits_without_a_result_is_named_with_the_fix():
+    with pytest.raises(helpers.RankFailed) as info:
+        helpers.launch(lt.exit_quietly_on_rank_1, 2, quiet=True, timeout=60)
+    assert info.value.rank == 1 and "without handing in a result" in info.value.cause
+    assert "return the result instead" in str(info.value)
+
+
 def test_a_hung_rank_times_out_and_is_stopped(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
@@ -122,6 +129,9 @@ def test_functions_a_rank_cannot_import_are_refused_with_the_fix():
         helpers.launch(lt.report, 0)
     with pytest.raises(ValueError, match="not .label, function, kwargs."):
         helpers.run_ranks(2, [("zero1", {})])
+    twice = [("a", lt.report, {}), ("a", lt.report, {})]
+    with pytest.raises(ValueError, match="repeat; give each run its own"):
+        helpers.run_ranks(2, twice)
 
 
 def test_run_ranks_runs_experiments_in_turn_on_thread_ranks_too():

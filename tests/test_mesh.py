@@ -36,3 +36,11 @@ def test_rank_grid_lays_the_last_name_fastest():
 def test_a_mesh_that_cannot_be_laid_out_is_refused(shape, names, match):
     with pytest.raises(ValueError, match=match):
         mesh.rank_grid(shape, names)
+
+
+def test_a_mesh_that_does_not_hold_the_world_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(mesh.dist, "get_world_size", lambda: 6)
+    for build in (mesh.new_groups, mesh.device_mesh):
+        with pytest.raises(ValueError, match="the world has 6: choose dimensions whose "
+                                             "product is 6"):
+            build((2, 2), ("dp", "tp"))

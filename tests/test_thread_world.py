@@ -31,6 +31,11 @@ def _held_bytes(world):
     return total
 
 
+def test_a_world_without_ranks_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="at least one rank, got 0: pass size >= 1"):
+        ThreadWorld(0)
+
+
 def test_collectives_leave_no_payload_behind():
     w = ThreadWorld(2, timeout=10.0, record=False)
     held = []

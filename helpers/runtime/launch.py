@@ -206,11 +206,12 @@ def _wait(procs, out, timeout, progress, stderr):
     while True:
         stderr.pump()
         _raise_first_failure(procs, out, stderr)
+        codes = [p.exitcode for p in procs]     # before results: a rank that left wrote its own
         results = [(out / f"rank{r}.pt").exists() for r in range(len(procs))]
-        codes = [p.exitcode for p in procs]
         for r, code in enumerate(codes):
             if code == 0 and not results[r]:
-                raise RankFailed(r, "exited without handing in a result",
+                raise RankFailed(r, "exited without handing in a result: the function ended "
+                                 "the process (os._exit(0)?); return the result instead",
                                  stderr=stderr.tail(r))
         if all(results):
             done_at = done_at or time.monotonic()

@@ -117,7 +117,7 @@ class ThreadWorld:
         one interpreter, so a run takes longer the more ranks it has); record: keep every Message
         (and a copy of its tensor) in `messages` and `timeline` (off for long runs: launch)."""
         if size < 1:
-            raise ValueError(f"a world needs at least one rank, got {size}")
+            raise ValueError(f"a world needs at least one rank, got {size}: pass size >= 1")
         self.size, self.timeout, self.record = size, timeout, record
         self.messages, self.timeline = [], [[] for _ in range(size)]
         self._seq = itertools.count()
