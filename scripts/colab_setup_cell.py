@@ -145,6 +145,8 @@ def main(argv=None):
     ap.add_argument("notebooks", nargs="*", type=pathlib.Path)
     ap.add_argument("--check", action="store_true", help="change nothing; list stale notebooks")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from helpers.runtime.files import atomic_write  # a kill leaves the old notebook whole
     source = cell_source()
     stale = []
     for path in args.notebooks or toc_notebooks():
@@ -153,9 +155,7 @@ def main(argv=None):
             stale.append(path)
             if not args.check:
                 nbformat.validate(nb)
-                tmp = path.with_name(path.name + ".tmp")
-                nbformat.write(nb, tmp)
-                tmp.replace(path)
+                atomic_write(path, lambda f, nb=nb: nbformat.write(nb, f), mode="w")
                 print("set-up cell written:", path)
     if args.check and stale:
         print("set-up cell missing or stale (run scripts/colab_setup_cell.py):",

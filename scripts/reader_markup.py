@@ -585,6 +585,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--out", type=pathlib.Path, help="write converted copies under this folder")
     args = ap.parse_args(argv)
+    from helpers.runtime.files import atomic_write  # a kill leaves the old notebook whole
     cfg = config()
     bad, problems_all = [], []
     for path in args.notebooks or toc_notebooks():
@@ -605,9 +606,7 @@ def main(argv=None):
         nbformat.validate(new)
         dest = (args.out / path.relative_to(ROOT)) if args.out else path
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".tmp")
-        nbformat.write(new, tmp)
-        tmp.replace(dest)
+        atomic_write(dest, lambda f, nb=new: nbformat.write(nb, f), mode="w")
     if bad:
         print("not converted (run scripts/reader_markup.py):", *bad, sep="\n  ")
         return 1

@@ -488,9 +488,9 @@ def _keep_prose(original, released):
                            f"{len(texts)} before")
     for cell, outputs in zip(prose, texts):
         cell.outputs = [o for o in copy.deepcopy(outputs) if o.get("output_type") == "display_data"]
-    tmp = released.with_name(released.name + ".tmp")
-    nbformat.write(nb, tmp)
-    os.replace(tmp, released)
+    sys.path.insert(0, str(ROOT))
+    from helpers.runtime.files import atomic_write
+    atomic_write(released, lambda f: nbformat.write(nb, f), mode="w")
 
 
 def main(argv=None):

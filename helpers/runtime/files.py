@@ -89,13 +89,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], mode: str 
                  durable: bool = True) -> Path:
     """Write a file all at once or not at all: `write(f)` fills a temporary file next to `path`,
     which is flushed, fsynced and renamed over `path`. On any error the old file stays.
-    durable=False skips the fsyncs (a progress note: whole or absent, not worth a disk flush)."""
+    durable=False skips the fsyncs (a progress note: whole or absent, not worth a disk flush).
+    Text modes write UTF-8 whatever the locale (as nbformat.write and the course's readers do)."""
     path = Path(path)
     host = socket.gethostname().replace(".", "-") or "host"
     _remove_stale(path, host)
     tmp, fd = _open_temporary(path, host)
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             try:
                 os.chmod(tmp, os.stat(path).st_mode & 0o7777)   # an overwrite keeps its mode
             except FileNotFoundError:
