@@ -19,9 +19,10 @@ import torch.autograd
 import torch.autograd.graph
 import torch.autograd.variable
 
+from . import patched
 from .callbacks import callbacks, expect_no_callbacks
 from .guard import answering
-from .patched import _put_back, _spaces, expect_unpatched, snapshot
+from .patched import _spaces, expect_unpatched, snapshot
 from .provenance import handed_in
 from .references import blocked, code_key
 from .run import CheckFailed
@@ -34,13 +35,15 @@ _ENGINE = vars(torch.autograd.graph).setdefault("_course_engine",
 _STATE = {"answer": None, "called": False}     # the check body running now, and whether its
 _LOCAL = threading.local()                      # answer was called; per thread: inside a call
 LATE = "after your function returned"
+_MARK = "_course_started_by_answer"   # guard.py marks threads started while an answer runs
 
 
 def _run_backward(*args, **kwargs):
     """torch.autograd's entry into the engine: while a check judges an answer it called, the
     check's own backward is a window of the answer's (the reader's code may run in it)."""
     answer = _STATE["answer"]
-    if answer is None or not _STATE["called"] or getattr(_LOCAL, "depth", 0):
+    if answer is None or not _STATE["called"] or getattr(_LOCAL, "depth", 0) or getattr(
+            threading.current_thread(), _MARK, False):      # a thread of the answer's: watched
         return _ENGINE(*args, **kwargs)
     return _LATE(answer, args, kwargs)
 
@@ -105,6 +108,29 @@ def inside():
                           "original is put back)")
 
 
+def _changed(spaces):
+    """What was replaced or deleted in the watched namespaces since `spaces` was copied (each
+    put back), by patched.py's rules; names a library added on its own (a lazy import, the
+    first optimizer of a class hooking its step) are left."""
+    changed = []
+    for space, owner, saved, private in spaces:
+        now, own = vars(owner), patched._own(owner)
+        for key, value in saved.items():
+            new = now.get(key, patched._MISSING)
+            if new is value:
+                continue
+            if own and patched._judged_data(key, value):
+                changed.append(f"{space}.{key}")
+                setattr(owner, key, value)
+            elif not ((patched._private(key) and not private)
+                      or not patched._watched(value, space) or patched._harness(new)
+                      or patched._harness(value) or patched._library_wrapper(new, value)
+                      or (new is not patched._MISSING and not patched._watched(new, space))):
+                changed.append(f"{space}.{key}")
+                patched._restore(owner, key, value)
+    return changed
+
+
 @contextlib.contextmanager
 def checking(answer):
     """Around a check body: arms the late windows for `answer`, and compares the libraries and
@@ -120,7 +146,7 @@ def checking(answer):
         failed = False
     finally:
         _STATE.update(outer)
-        changed = _put_back(before)[0] + _route_changed()
+        changed = _changed(before[0]) + _route_changed()
         if changed and not failed:
             raise CheckFailed(
                 f"something of your code ran {LATE} (a custom autograd Function's backward, a "
