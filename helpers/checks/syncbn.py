@@ -152,12 +152,12 @@ def check_update_running_stats(fn):
         rm, rv = torch.randn(c, generator=g), torch.rand(c, generator=g) + 0.5
         X = torch.randn(n, c, generator=g) * 2 + 1
         mean, var = X.mean(0), X.var(0, unbiased=False)
-        bn = nn.BatchNorm1d(c, momentum=momentum)
+        got = fn(rm.clone(), rv.clone(), mean.clone(), var.clone(), n, momentum)
+        bn = nn.BatchNorm1d(c, momentum=momentum)     # the expected values: after the call
         with torch.no_grad():
             bn.running_mean.copy_(rm)
             bn.running_var.copy_(rv)
         bn(X)
-        got = fn(rm.clone(), rv.clone(), mean.clone(), var.clone(), n, momentum)
         expect(isinstance(got, (tuple, list)) and len(got) == 2,
                "return (running_mean, running_var)")
         new_mean, new_var = (torch.as_tensor(t, dtype=torch.float32) for t in got)

@@ -9,6 +9,7 @@ from .early_hooks import expect_no_early_hooks
 from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
+from .late import checking, inside
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world
 from .rank_builtins import shadow
@@ -48,7 +49,7 @@ class Answer(Guarded):
         try:
             with nodes, blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
-                    early_views_read_only(self.fn, in_world()), trace:
+                    early_views_read_only(self.fn, in_world()), trace, inside():
                 result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
         except BaseException:
             try:
@@ -99,7 +100,8 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
                 refs = resolve(references)
                 scan(fn, refs, exercise)
                 answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)
-                body(answer)
+                with checking(answer):      # late.py: the reader's code after a call
+                    body(answer)
                 expect_same_work(answer)
             return run_check(exercise, judged, fn, declared=True)
         info = CheckInfo(body.__name__, exercise, observes, references, body.__module__)

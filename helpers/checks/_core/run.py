@@ -93,6 +93,7 @@ def is_reader_code(filename):
 
 
 _DECLARE = str(pathlib.Path(__file__).with_name("declare.py"))
+_ENTRIES = (_DECLARE, str(pathlib.Path(__file__).with_name("late.py")))   # the answer's windows
 
 
 def _blame(exc, declared):
@@ -101,7 +102,7 @@ def _blame(exc, declared):
     passed through the reader's files."""
     frames = traceback.extract_tb(exc.__traceback__)
     if declared:
-        calls = [i for i, f in enumerate(frames) if f.filename == _DECLARE and f.name == "__call__"]
+        calls = [i for i, f in enumerate(frames) if f.filename in _ENTRIES and f.name == "__call__"]
         inside = frames[calls[0] + 1:] if calls else []
     else:
         inside = frames
