@@ -145,8 +145,6 @@ def main(argv=None):
     ap.add_argument("notebooks", nargs="*", type=pathlib.Path)
     ap.add_argument("--check", action="store_true", help="change nothing; list stale notebooks")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from helpers.runtime.files import atomic_write  # a kill leaves the old notebook whole
     source = cell_source()
     stale = []
     for path in args.notebooks or toc_notebooks():
@@ -155,7 +153,12 @@ def main(argv=None):
             stale.append(path)
             if not args.check:
                 nbformat.validate(nb)
-                atomic_write(path, lambda f, nb=nb: nbformat.write(nb, f), mode="w")
+                # written whole, then renamed (a kill leaves the old notebook): by hand, not
+                # helpers' atomic_write, since the pre-commit hook runs this script with
+                # nbformat and pyyaml only (helpers imports torch)
+                tmp = path.with_name(path.name + ".tmp")
+                nbformat.write(nb, tmp)
+                tmp.replace(path)
                 print("set-up cell written:", path)
     if args.check and stale:
         print("set-up cell missing or stale (run scripts/colab_setup_cell.py):",
