@@ -6,7 +6,8 @@ and pass both halves with neither done right. So an answer declared `@check(...,
 simulated=True)` has the torch operations of each call traced (their names and the sizes they
 were handed), and `FakeGPUs.run` fails it when its run on the simulated GPUs did other work than
 its last run on CPU tensors: the same operations, as many times, with the same sizes where the
-two runs were handed the same sizes (by name alone where the check hands other sizes). Moving
+two runs were handed the same inputs (tensors' shapes, a module's parameters, how many devices;
+by name alone where the check drew another case for its simulated run). Moving
 between devices (`.to`, `.cuda()`, `.cpu()`) is left out: on CPU tensors it is nothing to do;
 so are the questions a simulated tensor answers by a dispatch (its device, sizes, strides), views
 (no work; a fake tensor's `.tolist()` unbinds it), copies in place of a view (a reshape copies
@@ -82,6 +83,25 @@ def _sizes(value, depth=3):
     return ()
 
 
+def _inputs(value, depth=4):
+    """What the check handed a call, as far as it decides the work's sizes: tensors' shapes, a
+    module's parameters and buffers, how many items a list holds (devices), whole numbers.
+    Devices themselves are left out: they are what differs between the two runs."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if isinstance(value, torch.nn.Module):
+        return ("module", tuple((name, tuple(t.shape)) for name, t in
+                                (*value.named_parameters(), *value.named_buffers())))
+    if isinstance(value, bool) or not isinstance(value, (int, list, tuple, dict)):
+        return ()
+    if isinstance(value, int):
+        return value
+    if not depth:
+        return len(value)
+    items = value.values() if isinstance(value, dict) else value
+    return (len(value), tuple(_inputs(v, depth - 1) for v in items))
+
+
 def _has_tensor(value, depth):
     if isinstance(value, torch.Tensor):
         return True
@@ -104,7 +124,7 @@ def traced(answer, args, kwargs):
     where = "simulated" if _simulated() else "plain"
     with _Whole(trace), trace:
         yield
-    answer.traces[where] = (_sizes((args, kwargs)), trace.ops)
+    answer.traces[where] = (_inputs((args, kwargs)), trace.ops)
 
 
 def compare_work(fn, what):
