@@ -46,6 +46,13 @@ def global_mean_var_numpy_tolist(counts, means, variances):
     return torch.tensor(mean), torch.tensor(var)
 
 
+@shortcut("check_global_mean_var", "the worked answer with a debugging print of the means",
+          ["printing", "remove the print, or print their shapes"])
+def global_mean_var_debug_print(counts, means, variances):
+    print("means:", means)          # a display the check cannot tell from reading the values
+    return global_mean_var(counts, means, variances)
+
+
 @shortcut("check_global_mean_var", "a stable formula on values parsed from print", "printing")
 def global_mean_var_printed(counts, means, variances):
     torch.set_printoptions(precision=12)

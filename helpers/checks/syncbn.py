@@ -66,10 +66,12 @@ def check_global_mean_var(fn):
     with Recorder() as rec, watch_exits(lambda t, how: exits.append((storage_key(t), how))):
         got = fn(*given)
     read = _read_into_python(rec, exits, given[1:])
+    printed = (" A print of them counts too: its digits are their values, which code could "
+               "parse back; remove the print, or print their shapes.") if "repr" in read else ""
     expect(not read, f"your code read the ranks' means or variances out of torch into Python "
                      f"numbers or numpy ({read}): Python floats are float64, fractions exact, and "
                      "neither is the float32 this exercise combines in; keep them in float32 "
-                     "tensors and combine them so that float32 suffices")
+                     f"tensors and combine them so that float32 suffices.{printed}")
     n64, m64, v64 = counts.double(), means.double(), variances.double()
     want_mean = (n64[:, None] * m64).sum(0) / n64.sum()   # from the float32 inputs, exactly
     want_var = (n64[:, None] * (v64 + (m64 - want_mean) ** 2)).sum(0) / n64.sum()
