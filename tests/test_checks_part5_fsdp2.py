@@ -183,6 +183,18 @@ def checkpoint_none(blocks, x, budget):
     return []
 
 
+def test_choose_checkpoints_budget_from_the_layers_is_the_measured_one():
+    """The check sets its budget from the blocks' layers before the answer runs (nothing
+    computed) and judges with the bytes measured after: the two agree, so the cases that
+    refuse choosing by parameter count keep their budgets."""
+    from helpers.checks.fsdp2 import _blocks_with_saved, _measured
+    g = torch.Generator().manual_seed(5)
+    for spec in ([(32, 1), (16, 5), (16, 5), (32, 1)], None, None, None):
+        blocks, x, saved, gain = _blocks_with_saved(g, spec, d=8 if spec else None,
+                                                    n=64 if spec else None)
+        assert (saved, gain) == _measured(blocks, x)
+
+
 # ---- fsdp2: Exercise 4 (selective checkpointing) ------------------------------------------------
 @worked("check_save_matmuls")
 def save_matmuls(ctx, op, *args, **kwargs):

@@ -182,7 +182,9 @@ def check_checkpointed_forward(fn):
 
 def _blocks_with_saved(g, spec=None, d=None, n=None):
     """Blocks (Linear, `tanhs` Tanh, Linear) whose saved bytes do not follow their parameter
-    counts: each Tanh saves its output but has no parameter. spec: [(hidden, tanhs), ...]."""
+    counts: each Tanh saves its output but has no parameter. spec: [(hidden, tanhs), ...].
+    The bytes each block saves, and frees when checkpointed, follow from its layers: nothing
+    runs before the answer (`_measured` agrees, tests/test_checks_part5_fsdp2.py)."""
     d, n = d or randint(g, 4, 10), n or randint(g, 4, 12)
     spec = spec or [(d * randint(g, 1, 4), randint(g, 1, 5)) for _ in range(randint(g, 4, 6))]
     with torch.random.fork_rng(devices=[]):   # leave the notebook's random numbers alone
@@ -190,13 +192,22 @@ def _blocks_with_saved(g, spec=None, d=None, n=None):
         blocks = nn.ModuleList(nn.Sequential(nn.Linear(d, h), *[nn.Tanh() for _ in range(r)],
                                              nn.Linear(h, d)) for h, r in spec)
     x = torch.randn(n, d, generator=g, requires_grad=True)
+    size = x.element_size()
+    saved = [size * n * (d + r * h) for h, r in spec]   # its input, each Tanh's output
+    gain = [size * n * r * h for h, r in spec]          # checkpointed, it keeps its input only
+    return blocks, x, saved, gain
+
+
+def _measured(blocks, x):
+    """(saved, gain) of each block, measured: what autograd saves in its forward, and how much
+    less when it is checkpointed."""
     saved, gain, h = [], [], x
     for b in blocks:   # a checkpointed block still keeps its input
         saved.append(saved_tensor_bytes(b, h)[0])
         gain.append(saved[-1] - saved_tensor_bytes(
             lambda h, b=b: checkpoint(b, h, use_reentrant=False), h, params=b.parameters())[0])
         h = b(h)
-    return blocks, x, saved, gain
+    return saved, gain
 
 
 @check("choose_checkpoints", observes=[
@@ -216,8 +227,9 @@ def check_choose_checkpoints(fn):
         else:
             blocks, x, saved, gain = _blocks_with_saved(g)
             budget = int(sum(saved) * (0.25 + 0.4 * torch.rand(1, generator=g).item()))
-        total = sum(saved)
         got = fn(blocks, x, budget)
+        saved, gain = _measured(blocks, x)     # the reference after the answer ran
+        total = sum(saved)
         call = f"choose_checkpoints({len(blocks)} blocks, budget {budget} of {total} bytes)"
         try:
             chosen = sorted({as_int(i, call) for i in got})
@@ -296,6 +308,15 @@ def _train(net, opt, g, steps, d):
         opt.zero_grad()
 
 
+def _drawn_state(net, opt, g, steps):
+    """AdamW's state as `steps` steps leave it, drawn rather than trained (the moments random,
+    the second positive): the run that saves computes nothing before the answer runs."""
+    for p in net.parameters():
+        opt.state[p] = {"step": torch.tensor(float(steps)),
+                        "exp_avg": torch.empty(p.shape).normal_(0, 0.1, generator=g),
+                        "exp_avg_sq": torch.empty(p.shape).uniform_(1e-3, 1e-2, generator=g)}
+
+
 @check("dcp_resume", changes_inputs=True, references=["dcp_load_resharded"], observes=[
     "a fresh model and AdamW (another initialisation) after the answer loaded a checkpoint "
     "written by torch.distributed.checkpoint as {\"model\": ..., \"optim\": ...} from "
@@ -318,7 +339,7 @@ def check_dcp_resume(fn):
             net = nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, 2))
         return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
     net, opt = build(randint(g, 0, 10**6))
-    _train(net, opt, g, randint(g, 1, 3), d)
+    _drawn_state(net, opt, g, randint(g, 1, 3))
     with tempfile.TemporaryDirectory(prefix="dcp-check-") as path, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model_sd, optim_sd = get_state_dict(net, opt)

@@ -4,6 +4,7 @@ Shards are judged by their values, lengths and memory; gathers and clipping by w
 thread ranks saw travel (every collective, its bytes); units by building helpers.FSDPFromScratch
 with them and training a step against one process.
 """
+import math
 from itertools import pairwise
 
 import torch
@@ -173,13 +174,16 @@ def check_clip_sharded(fn):
         world = randint(g, 2, 4)
         sizes = [[randint(g, 20, 60) for _ in range(randint(g, 1, 3))] for _ in range(world)]
         scale = [2.0 ** randint(g, -3, 3) for _ in range(world)]   # uneven: local norms differ
-        grads = [[torch.randn(n, generator=g) * scale[r] for n in sizes[r]] for r in range(world)]
-        total = float(torch.cat([t for ts in grads for t in ts]).norm())
+        drawn = [[torch.randn(n, generator=g) * scale[r] for n in sizes[r]] for r in range(world)]
+        # the whole gradient scaled to a norm chosen first (the draws' expected one), so that
+        # max_norm is set before the answer runs and the norm measured after it
+        norm = math.sqrt(sum(n * scale[r] ** 2 for r in range(world) for n in sizes[r]))
+        to = norm / torch.cat([t for ts in drawn for t in ts]).norm()
+        grads = [[t * to for t in ts] for ts in drawn]
         # a ratio drawn each time: a factor guessed, or a norm recomputed from max_norm, fails;
         # the last case needs no clipping
         ratio = 0.2 + 0.6 * float(torch.rand((), generator=g)) if case < 2 else 2.0
-        max_norm = total * ratio
-        coef = min(1.0, max_norm / (total + 1e-6))
+        max_norm = norm * ratio
         shards = [[nn.Parameter(torch.zeros(n)) for n in sizes[r]] for r in range(world)]
         for r in range(world):
             for p, gr in zip(shards[r], grads[r], strict=True):
@@ -191,6 +195,8 @@ def check_clip_sharded(fn):
             "not the gradients"))
         norms = w.run(lambda comm, shards=shards, max_norm=max_norm: fn(shards[comm.rank],
                                                                     max_norm))
+        total = float(torch.cat([t for ts in grads for t in ts]).norm())   # after the answer
+        coef = min(1.0, max_norm / (total + 1e-6))
         call = f"clip_sharded ({world} ranks, max_norm {max_norm:.3g})"
         grad_bytes = [4 * sum(s) for s in sizes]
         for r in range(world):
@@ -255,10 +261,6 @@ def check_fsdp_units(fn):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return TiedLM(vocab, d, depth)
-    ref = build()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    F.cross_entropy(ref(x[:, :-1]).reshape(-1, vocab), x[:, 1:].reshape(-1)).backward()
-    opt.step()
     nets = [build() for _ in range(world)]
     units = [fn(net) for net in nets]
 
@@ -274,6 +276,10 @@ def check_fsdp_units(fn):
         opt.step()
         return len(model.units), model.gather_full_params()
     out = World(world).run(rank)
+    ref = build()                            # the reference after the answer ran
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    F.cross_entropy(ref(x[:, :-1]).reshape(-1, vocab), x[:, 1:].reshape(-1)).backward()
+    opt.step()
     call = f"fsdp_units (a TiedLM with {depth} blocks)"
     count, full = out[0]
     expect(count >= depth + 1,

@@ -210,11 +210,7 @@ def check_accumulate_zero2(fn):
     sizes = [sizes[i] for i in torch.randperm(m, generator=g).tolist()]
     X = [torch.randn(world * s, d, generator=g) for s in sizes]
     y = [torch.randint(0, k, (world * s,), generator=g) for s in sizes]
-    ref = _mlp(seed, d, h, k)
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    for i in range(m):
-        (F.cross_entropy(ref(X[i]), y[i]) / m).backward()
-    opt.step()
+    batches = [(a.clone(), b.clone()) for a, b in zip(X, y, strict=True)]   # for the reference
     w = World(world)
     nets = [_mlp(seed, d, h, k) for _ in range(world)]   # built here: threads share one RNG
     seen = [[] for _ in range(world)]                     # the rows of every forward, per rank
@@ -231,6 +227,11 @@ def check_accumulate_zero2(fn):
         fn(model, [(X[i][rows[i]], y[i][rows[i]]) for i in range(m)])
         return model, {n: p.detach().clone() for n, p in model.module.named_parameters()}
     out = w.run(rank)
+    ref = _mlp(seed, d, h, k)                             # the reference after the answer ran
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for a, b in batches:
+        (F.cross_entropy(ref(a), b) / m).backward()
+    opt.step()
     call = f"accumulate_zero2 ({world} ranks, {m} micro-batches of {sizes} rows per rank)"
     buckets = len(out[0][0].buckets)
     for r, (_model, got) in enumerate(out):
@@ -316,7 +317,8 @@ def check_qwz_all_gather(fn):
         n = block * randint(g, 3, 6) - (0 if case == 0 else randint(g, 1, block // 4))
         shards = _shards(g, world, n, block)
         w = World(world, record_ops=True, allow={"all_gather"})
-        got = w.run(lambda comm, shards=shards, block=block: fn(shards[comm.rank].clone(), block))
+        pieces = [s.clone() for s in shards]   # each rank's copy (the answer may write it)
+        got = w.run(lambda comm, pieces=pieces, block=block: fn(pieces[comm.rank], block))
         call = f"qwz_all_gather ({world} ranks, {n} elements each, block {block})"
         want = torch.cat(shards)
         bound = torch.cat([_bounds(s, block) for s in shards])

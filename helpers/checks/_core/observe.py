@@ -51,7 +51,7 @@ _NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "li
              "zeros_like", "ones", "ones_like", "full", "full_like", "new_empty", "new_zeros",
              "new_ones", "new_full", "new_empty_strided", "scalar_tensor", "arange", "randn",
              "rand", "randint", "normal_", "uniform_", "zero_", "fill_", "set_", "cat", "stack",
-             "split", "split_with_sizes", "unbind", "_local_scalar_dense", "equal",
+             "split", "split_with_sizes", "unbind", "_local_scalar_dense", "equal", "is_pinned",
              "_has_compatible_shallow_copy_type", "resize_", "contiguous", "_unsafe_view",
              "unsqueeze_", "squeeze_", "t_", "transpose_", "as_strided_", "constant_pad_nd",
              "index_select", "gather", "masked_fill_", "masked_fill", "where", "expand_copy",
