@@ -33,7 +33,7 @@ CHECKS = sorted(n for n in dir(helpers.checks) if n.startswith("check_") and CAS
 # for a World check whose ranks are handed pieces made in the main thread, to tell apart)
 TO_MOVE = frozenset({
     "check_accumulate_zero2",
-    "check_bytes_sent_naive_vs_ring", "check_choose_checkpoints", "check_clip_sharded",
+    "check_choose_checkpoints", "check_clip_sharded",
     "check_dcp_resume", "check_fit_copy_model", "check_fsdp_units", "check_qwz_all_gather",
     "check_resume", "check_sync_bn_input_grad", "check_unused_parameters", "check_vocab_loss",
     "check_weight_grads"})
