@@ -29,14 +29,6 @@ for path in sorted(TESTS.glob("test_checks_*.py")):
         importlib.import_module(path.stem)     # fills CASES
 
 CHECKS = sorted(n for n in dir(helpers.checks) if n.startswith("check_") and CASES[n]["worked"])
-# found computing before the first call when this test was written, still to move after it (or,
-# for a World check whose ranks are handed pieces made in the main thread, to tell apart)
-TO_MOVE = frozenset({
-    "check_average_bucket", "check_bucket_allreduce",
-    "check_bytes_sent_naive_vs_ring",
-    "check_fit_copy_model",
-    "check_resume", "check_sync_bn_input_grad", "check_unused_parameters", "check_vocab_loss",
-    "check_weight_grads"})
 
 
 def _tensors(value, found, depth=0):
@@ -115,9 +107,7 @@ def _early_work(monkeypatch, check, fn):
     return result, probe.early()
 
 
-@pytest.mark.parametrize("name", [pytest.param(
-    n, marks=pytest.mark.xfail(strict=True, reason="computes before the call")) if n in TO_MOVE
-    else n for n in CHECKS])
+@pytest.mark.parametrize("name", CHECKS)
 def test_nothing_is_computed_before_the_answer_runs(name, monkeypatch):
     case = CASES[name]["worked"][0]
     result, early = _early_work(monkeypatch, getattr(helpers.checks, name), case.fn)

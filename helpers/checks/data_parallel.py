@@ -128,12 +128,12 @@ def check_bytes_sent_naive_vs_ring(fn):
         n = k * randint(g, 1, 200)               # elements: a multiple of k, equal chunks
         nbytes = 4 * n
         xs = [torch.randn(n, generator=g) for _ in range(k)]
+        call = f"bytes_sent({nbytes}, {k})"
+        got_naive, got_ring = as_pair(fn(nbytes, k), call, "naive device 0, ring per device")
         log_naive, log_ring = ByteLog(), ByteLog()
         _naive_allreduce(xs, [CPU] * k, log_naive)
         ring_all_reduce(xs, [CPU] * k, log_ring)
         naive, ring = log_naive.wire_bytes(src=0), log_ring.wire_bytes(src=0)
-        call = f"bytes_sent({nbytes}, {k})"
-        got_naive, got_ring = as_pair(fn(nbytes, k), call, "naive device 0, ring per device")
         seen.add((got_naive, got_ring))
         if got_naive != naive:
             expect(got_naive != 2 * naive, f"{call}: device 0 sends {naive} bytes, you "

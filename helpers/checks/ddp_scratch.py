@@ -232,7 +232,6 @@ def check_average_bucket(fn):
                   for _ in range(randint(g, 3, 6))]
         data = [[torch.randn(s, generator=g) for s in shapes] for _ in range(world)]
         n = sum(t.numel() for t in data[0])
-        want = torch.stack([torch.cat([t.reshape(-1) for t in d]) for d in data]).mean(0)
         # allow: a decoy all_reduce beside all_gathers fails
         w = World(world, allow={"all_reduce"}, record_ops=True)
 
@@ -242,6 +241,7 @@ def check_average_bucket(fn):
             fn(grads)
             return grads, ids
         results = w.run(rank_fn)
+        want = torch.stack([torch.cat([t.reshape(-1) for t in d]) for d in data]).mean(0)
         call = f"average_bucket ({len(shapes)} gradients {shapes}, world {world})"
         for r in range(world):
             calls = w.sent("all_reduce", rank=r)

@@ -98,12 +98,12 @@ def check_bucket_allreduce(bucket_allreduce):
         grads = [[torch.randint(-9, 10, s, generator=g).to(dtype) for s in shapes]
                  for _ in range(k)]
         before = [[t.clone() for t in r] for r in grads]
-        sums = [sum(before[c][i] for c in range(k)) for i in range(len(shapes))]
         call = (f"bucket_allreduce(grads of {k} replica{'s' if k > 1 else ''}, "
                 f"{bucket_bytes}) ({len(shapes)} {str(dtype).split('.')[-1]} tensors)")
         objs = [list(r) for r in grads]
         ptrs = [[t.data_ptr() for t in r] for r in grads]
         bucket_allreduce(grads, bucket_bytes)
+        sums = [sum(before[c][i] for c in range(k)) for i in range(len(shapes))]
         for c in range(k):
             _in_place(call, grads[c], objs[c], ptrs[c], f"replica {c}'s tensor")
             for i, s in enumerate(sums):
