@@ -35,8 +35,7 @@ TO_MOVE = frozenset({
     "check_accumulate_zero2", "check_average_bucket", "check_bucket_allreduce",
     "check_bytes_sent_naive_vs_ring", "check_choose_checkpoints", "check_clip_sharded",
     "check_dcp_resume", "check_fit_copy_model", "check_fsdp_units", "check_qwz_all_gather",
-    "check_resume", "check_sync_bn_input_grad", "check_unused_parameters", "check_vocab_loss",
-    "check_weight_grads"})
+    "check_resume"})
 
 
 def _tensors(value, found, depth=0):
