@@ -242,7 +242,7 @@ def check_unused_parameters(fn):
         model = _Heads(g)
         X = torch.randn(randint(g, 2, 6), 3, generator=g)
         heads = ["a", "b", "c"]
-        used = [h for h in heads if torch.rand((), generator=g) < 0.5] or ["a"]
+        used = [h for h in heads if float(torch.rand((), generator=g)) < 0.5] or ["a"]
         zero = [h for h in heads if h not in used][:1] if trial > 0 else []
         out = model(X, used + zero)
         loss = sum(out[h].pow(2).mean() for h in used) + sum(0 * out[h].sum() for h in zero)

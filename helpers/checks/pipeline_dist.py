@@ -284,10 +284,10 @@ def check_weight_grads(fn):
         x = torch.randn(*shape, d_in, generator=g)
         dy = torch.randn(*shape, d_out, generator=g)
         lin = nn.Linear(d_in, d_out)
-        lin(x).backward(dy)
         call = f"weight_grads(x of shape {tuple(x.shape)}, dy of shape {tuple(dy.shape)})"
         with Recorder() as rec:
             got = fn(x.clone(), dy.clone())
+        lin(x).backward(dy)                   # the expected gradients, after the call
         expect(isinstance(got, (tuple, list)) and len(got) == 2,
                f"{call} returned {type(got).__name__}, expected (dW, db)")
         dW, db = (torch.as_tensor(t) for t in got)

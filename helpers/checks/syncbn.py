@@ -203,9 +203,11 @@ def check_sync_bn_input_grad(fn):
         ("all_gather", "broadcast", "send", "reduce_scatter", "all_to_all"), "only the two "
         "per-channel sums need to travel, all-reduced, never the rows"))
 
+    # each rank's own copies, made here: what flows into them is making the inputs
+    given = [(dys[r].clone(), x_hats[r].clone(), invstd.clone()) for r in range(w)]
+
     def rank_fn(comm):
-        r = comm.rank
-        return fn(dys[r].clone(), x_hats[r].clone(), invstd.clone(), sum(rows))
+        return fn(*given[comm.rank], sum(rows))
     got = world.run(rank_fn)
     for r in range(w):     # in total, not per message: many small messages carry rows too
         sent = world.traffic(r)

@@ -188,11 +188,10 @@ def check_tp_ring_bytes(fn):
 
 
 # --- the loss over a split vocabulary -----------------------------------------------------------
-def _vocab_rank(comm, fn, logits, target):
-    k, r = comm.world, comm.rank
-    v = logits.shape[-1] // k
-    mine = logits[:, r * v:(r + 1) * v].clone().requires_grad_()
-    loss = fn(mine, target.clone(), comm, r * v)
+def _vocab_rank(comm, fn, pieces, target):
+    r = comm.rank
+    mine = pieces[r].requires_grad_()          # this rank's columns, copied before the run
+    loss = fn(mine, target.clone(), comm, r * mine.shape[-1])
     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
         raise CheckFailed(f"rank {r} returned {type(loss).__name__} without a gradient path: "
                           "compute the loss from the logits with differentiable operations")
@@ -220,7 +219,8 @@ def check_vocab_loss(fn):
         logits[randint(g, 0, n - 1)] += 120.0            # exp(120) overflows float32
         target = torch.randint(0, k * v, (n,), generator=g)
         world = World(k, timeout=TIMEOUT, record_ops=True, allow={"all_reduce"}, why=_LOGITS)
-        results = world.run(_vocab_rank, fn, logits, target)   # the ranks get copies
+        pieces = [logits[:, r * v:(r + 1) * v].clone() for r in range(k)]   # the ranks' copies
+        results = world.run(_vocab_rank, fn, pieces, target)
         ref = logits.clone().requires_grad_()
         want = torch.nn.functional.cross_entropy(ref, target)
         want.backward()
