@@ -1,7 +1,8 @@
-"""ZeRO's variants (helpers/sharding/variants.py): ZeRO-R's activation partitioning and constant
-buffers priced by the course's counts, FSDP2's CPU offload run on two processes (same weights,
-state on the host, the bytes a step copies across PCIe as the model says), qwZ's block
-quantization within its bound through a gather, and ZeRO++'s bytes per collective."""
+"""ZeRO's variants (helpers/sharding/variants.py, variants_experiments.py): ZeRO-R's activation
+partitioning and constant buffers priced by the course's counts, FSDP2's CPU offload run on two
+processes (same weights, state on the host, the bytes a step copies across PCIe as the model
+says), qwZ's block quantization within its bound through a gather, and ZeRO++'s bytes per
+collective."""
 import pytest
 import torch
 from torch import nn
