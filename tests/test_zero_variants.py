@@ -119,7 +119,7 @@ def test_plot_variants_draws_a_bar_per_variant():
 
 
 def test_fsdp2_cpu_offload_trains_the_same_and_copies_what_the_model_says():
-    out = helpers.run_ranks(2, [("off", v.offload_run, dict(
+    out = helpers.run_ranks(2, [("off", helpers.offload_run, dict(
         sizes=dict(width=64, depth=3), num_steps=2))], backend="gloo")
     for rank in out:
         r = rank["off"]
