@@ -111,13 +111,13 @@ from .runtime.mesh import rank_grid, coords_of
 from .ring import ring_reduce_scatter, ring_all_gather, ring_all_reduce
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
-from .data_parallel.dp_vs_ddp import time_dp_vs_ddp
+from .data_parallel.dp_vs_ddp_experiments import time_dp_vs_ddp
 from .data_parallel.allreduce import (flatten, unflatten_into, flat_allreduce,
                                       bucketed_allreduce, ring_allreduce, OverlapReducer,
                                       train_batch_overlap, allreduce_time, fit_alpha_beta,
                                       exposed_seconds, ASSUMED_LINKS, ASSUMED_BACKWARD_S)
-from .data_parallel.fast import (ResidentLoader, FastDataParallel, train_fast, replica_flat_grad,
-                                 train_fast_rank)
+from .data_parallel.fast import ResidentLoader, FastDataParallel, train_fast, replica_flat_grad
+from .data_parallel.fast_experiments import train_fast_rank
 from .data_parallel.fast_lenet import lenet_fused, fused_flat_grad, tap_major
 from .data_parallel.scratch import DDPFromScratch, make_buckets
 from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exact,
@@ -146,7 +146,7 @@ from .data_parallel.words.scratch_verdicts import (takeoff_words, accuracy_gap_w
                                                    epoch_speed_words)
 from .data_parallel.words.seed_verdicts import (paired_verdict, chance_words, scaled_rate_verdict,
                                                 equal_steps_verdict, chance_level_words)
-from .data_parallel.syncbn_cost import AloneSyncBatchNorm, syncbn_cost_times
+from .data_parallel.syncbn_experiments import AloneSyncBatchNorm, syncbn_cost_times, syncbn_traffic
 from .data_parallel.words.syncbn_words import (long_run_words, cost_words, found_words,
                                                comm_resolved_words, paired_accuracy_words)
 from .data_parallel.words.ddp_words import (dp_ddp_words, timeline_clock_words, exposed_words,
@@ -158,7 +158,7 @@ from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unu
                                                 exposed_comm_times)
 from .data_parallel.overlap_experiments import (gradient_timeline, overlap_step_times,
                                                 ddp_scratch_trace, emulated_overlap)
-from .data_parallel.speed import (time_data_parallel, lenet_module_from, bench_ranks,
+from .data_parallel.speed_experiments import (time_data_parallel, lenet_module_from, bench_ranks,
                                   time_gloo_allreduce)
 from .data_parallel.words.profile_verdicts import (simulated_devices_words, same_code_words,
                                                    loader_step_words, compute_split_words,
@@ -182,14 +182,14 @@ from .sharding.experiments import (zero1_vs_one_process, zero2_vs_one_process,
                                    fsdp_scratch_vs_one_process, fsdp2_vs_one_process,
                                    dcp_save_sharded, dcp_load_resharded, memory_per_stage,
                                    zero1_checkpoint, full_optimizer_state, held_bytes)
-from .sharding.knobs import (zero2_accumulation, clip_over_shards, fsdp_knobs,
+from .sharding.knobs_experiments import (zero2_accumulation, clip_over_shards, fsdp_knobs,
                              mixed_precision_zero, refusals)
 from .sharding.mixed import MixedPrecisionZero
 from .sharding.memory import PeakBytes
 from .sharding.variants import (activation_partition_costs, fused_buffer_bytes, offload_costs,
-                                offload_run, quantize_blocks, dequantize_blocks,
-                                quantized_all_gather, qwz_vs_all_gather, zeropp_costs,
-                                variant_memory, variant_traffic, plot_variants)
+                                quantize_blocks, dequantize_blocks, quantized_all_gather,
+                                zeropp_costs, variant_memory, variant_traffic, plot_variants)
+from .sharding.variants_experiments import offload_run, qwz_vs_all_gather
 from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, validate_orders,
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,
@@ -238,9 +238,8 @@ from .expert_parallel.moe import route, load_balancing_loss, MoE, moe_inputs, ro
 from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import ep_equal_run, ep_imbalance_run, ep_production_run
 from .expert_parallel.torch_api import EPMoE, ep_dp_mesh, permute_by_expert
-from .composed.scratch import train_3d_scratch, one_process_run, cp_gpt
-from .composed.torch_api import train_3d_torch
-from .composed.experiments import train_cp_zero2
+from .composed.scratch import one_process_run, cp_gpt
+from .composed.experiments import train_3d_scratch, train_3d_torch, train_cp_zero2
 from .composed.planner_page import PLANNER_FIELDS, plan_table_html, with_planner_twin
 from .composed.planner import stage_costs, plan, data_parallel_costs
 from .tensor_parallel.schematics import (ring_steps, plot_ring_allreduce, megatron_trace,
@@ -255,7 +254,7 @@ from .data_parallel.schematics.dp_schematics import (dp_step_facts, plot_dp_step
 from .data_parallel.schematics.torchrun_schematics import (sampler_facts, plot_sampler,
                                                            restart_facts, plot_restart,
                                                            torchrun_facts, plot_torchrun)
-from .data_parallel.schematics.syncbn_schematics import syncbn_traffic, syncbn_facts, plot_syncbn
+from .data_parallel.schematics.syncbn_schematics import syncbn_facts, plot_syncbn
 from .data_parallel.schematics.profile_schematics import plot_phases
 from .data_parallel.schematics.scaling_schematics import (plot_scaling, plot_alpha_beta_fit,
                                                           plot_exposed)

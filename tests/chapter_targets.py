@@ -19,9 +19,9 @@ import traceback
 from dataclasses import dataclass, field
 
 import helpers as h
-from helpers.data_parallel.dp_vs_ddp import ddp_step_seconds
+from helpers.data_parallel.dp_vs_ddp_experiments import ddp_step_seconds
 from helpers.data_parallel.scratch_experiments import scratch_skipped_step
-from helpers.data_parallel.speed import (
+from helpers.data_parallel.speed_experiments import (
     allreduce_compare_worker,
     bench_worker,
     dp_timing_worker,

@@ -28,7 +28,7 @@ INSPECTS = "inspects the running program"
 
 def _erase(world, rank, op):
     """`op`'s messages by `rank` taken out of the World's records."""
-    with world._cond:
+    with world.locked():
         world.messages[:] = [m for m in world.messages if not (m.rank == rank and m.op == op)]
         world.timeline[rank][:] = [e for e in world.timeline[rank]
                                    if getattr(e[2], "op", None) != op]

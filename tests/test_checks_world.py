@@ -2,6 +2,8 @@
 that fails is the runtime's RankFailed or a TimeoutError), and its ranks cannot pass tensors to
 each other but through the comm: answers that share data through a module global or a closure
 list fail, naming it (tests/check_cases.py)."""
+import ast
+import inspect
 import threading
 
 import pytest
@@ -28,6 +30,19 @@ def test_one_thread_world():
     assert type(world.comm(0)) is ThreadComm and world.comm(0) is world.comm(0)
     assert helpers.RankFailed is errors.RankFailed and LaunchTimeout is errors.LaunchTimeout
     assert not hasattr(helpers.checks._core, "RankFailed")
+
+
+def test_the_world_uses_only_the_thread_worlds_declared_hooks():
+    """The grader's World overrides, calls and reads no private member of ThreadWorld: the
+    runtime's subclass contract (ThreadWorld's docstring, tests/test_thread_world.py) is all
+    it builds on, so a refactoring of thread_world.py that keeps the hooks keeps the checks."""
+    base = ThreadWorld(1)
+    private = {n for n in set(dir(base)) | set(vars(base))
+               if n.startswith("_") and not n.startswith("__")}
+    tree = ast.parse(inspect.getsource(helpers.checks._core.world))
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    used |= {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    assert private and not used & private, sorted(used & private)
 
 
 # ---- the shortcuts: data passed past the comm --------------------------------------------------

@@ -44,8 +44,8 @@ def area_of(path, function=""):
         return "part7"
     if p in ("helpers/data_parallel/overlap_experiments.py", "helpers/data_parallel/scratch.py",
              "helpers/data_parallel/scratch_experiments.py",
-             "helpers/data_parallel/torch_api.py", "helpers/data_parallel/syncbn_cost.py",
-             "helpers/data_parallel/dp_vs_ddp.py",
+             "helpers/data_parallel/torch_api.py", "helpers/data_parallel/syncbn_experiments.py",
+             "helpers/data_parallel/dp_vs_ddp_experiments.py",
              "helpers/devices.py"):
         return "part3"
     if p == "helpers/data_parallel/experiments.py":

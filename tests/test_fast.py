@@ -23,7 +23,7 @@ from helpers import (
     train_batch_overlap,
     unflatten_into,
 )
-from helpers.data_parallel.speed import compare_with_dist_all_reduce
+from helpers.data_parallel.speed_experiments import compare_with_dist_all_reduce
 
 CPU = torch.device("cpu")
 
@@ -382,7 +382,7 @@ def test_gloo_allreduce_across_two_processes():
 def test_the_wait_split_takes_the_last_arrival_on_the_shared_clock():
     """Rank 0 arrives at 1.0 and 5.0, rank 1 at 1.5 and 4.0; the all-reduces end at 2.0 and 6.0:
     rank 0 waited 0.5 then 0, and 0.5 then 1.0 passed after the last arrival."""
-    from helpers.data_parallel.speed import _waits
+    from helpers.data_parallel.speed_experiments import _waits
     wait, after = _waits([[[(1.0, 2.0), (5.0, 6.0)]], [[(1.5, 2.0), (4.0, 6.0)]]], 2)
     assert wait == [pytest.approx(0.25)] and after == [pytest.approx(0.75)]
 

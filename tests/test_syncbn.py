@@ -113,7 +113,7 @@ def test_exported():
 def _alone_worker(rank, world_size, cfg):
     """The control of the SyncBatchNorm cost: AloneSyncBatchNorm on a group of this rank alone
     runs the Python autograd function and computes what one BatchNorm2d computes."""
-    from helpers.data_parallel.syncbn_cost import _alone
+    from helpers.data_parallel.syncbn_experiments import _alone
     alone = [dist.new_group([r]) for r in range(world_size)][rank]
     X, w = _inputs(2)
     X = X.split([3, 3])[rank]

@@ -1,6 +1,8 @@
 """One way to read a launch target's cfg: take, which refuses a misspelt key (a typo would
 otherwise run the default silently and answer with a number). A launch target,
-fn(rank, world, cfg), reads cfg only through take (or hands it on whole)."""
+fn(rank, world, cfg), reads cfg only through take (or hands it on whole), and lives where
+CONTRIBUTING says a chapter's run across processes goes: the split's `experiments.py` or a
+`*_experiments.py` beside it (the runtime's own run_in_turn aside: it runs other targets)."""
 import ast
 import pathlib
 
@@ -56,10 +58,39 @@ def test_the_scan_sees_a_raw_read():
 def test_the_package_scan_fails_on_a_raw_read_put_back():
     """A raw read put back into a converted target (the fast trainer's) fails the scan."""
     sources = _package_sources()
-    rel = "data_parallel/fast.py"
+    rel = "data_parallel/fast_experiments.py"
     text = sources[rel]
     at = text.index("def train_fast_rank(rank, world, cfg):")
     body = text.index("    import torch.distributed as dist\n", at)
     sources[rel] = text[:body] + "    lr = cfg.get('lr')\n" + text[body:]
     _, raw = _scan(sources)
     assert [r for r in raw if "(train_fast_rank)" in r and r.startswith(f"helpers/{rel}:")]
+
+
+def _misplaced(sources):
+    """'helpers/<file> (<fn>)' for each launch target outside an experiments module."""
+    return [f"helpers/{rel} ({fn.name})" for rel, text in sources.items()
+            if not rel.startswith("runtime/") and not _in_experiments(rel)
+            for fn in _targets(ast.parse(text))]
+
+
+def _in_experiments(rel):
+    name = pathlib.PurePosixPath(rel).name
+    return name == "experiments.py" or name.endswith("_experiments.py")
+
+
+def test_launch_targets_live_in_experiments_modules():
+    misplaced = _misplaced(_package_sources())
+    assert not misplaced, ("move these launch targets into the split's experiments.py or a "
+                           f"*_experiments.py beside it (CONTRIBUTING.md): {misplaced}")
+
+
+def test_the_place_scan_fails_on_a_target_in_a_figure_module():
+    """Guard the guard: a launch target put back into a schematics module is found, and one in
+    an experiments module is not."""
+    sources = _package_sources()
+    target = "\n\ndef traffic(rank, world, cfg):\n    return rank\n"
+    rel = "data_parallel/schematics/syncbn_schematics.py"
+    sources[rel] += target
+    sources["sharding/knobs_experiments.py"] += target
+    assert _misplaced(sources) == [f"helpers/{rel} (traffic)"]

@@ -112,3 +112,117 @@ def test_launch_on_threads_gives_the_same_one_deadline():
 
 def _spin(rank, world, cfg):
     cfg["stop"].wait(20)
+
+
+# ---- the subclass contract: the hooks the grader's World (helpers/checks) builds on ------------
+HOOKS = ("run_context", "rank_context", "comm_context", "on_enter", "allowed", "takes",
+         "mismatch", "on_message", "locked", "fail")
+
+
+class _Hooked(ThreadWorld):
+    """A ThreadWorld whose every declared hook notes that it was called."""
+
+    def __init__(self, size, **kw):
+        super().__init__(size, **kw)
+        self.calls = []
+
+    def _note(self, *what):
+        with self.locked():
+            self.calls.append(what)
+
+    def run_context(self):
+        self._note("run")
+        return super().run_context()
+
+    def rank_context(self, rank):
+        self._note("rank", rank)
+        return super().rank_context(rank)
+
+    def comm_context(self):
+        self._note("comm", self.rank)
+        return super().comm_context()
+
+    def on_enter(self):
+        self._note("enter", self.rank)
+
+    def allowed(self, op):
+        self._note("allowed", self.rank, op)
+
+    def takes(self, got, shape, dtype):
+        self._note("takes", self.rank)
+        return super().takes(got, shape, dtype)
+
+    def mismatch(self, src, tag, want, got):
+        self._note("mismatch", self.rank)
+        super().mismatch(src, tag, want, got)
+
+    def on_message(self, rank, kind, m):
+        self._note("message", rank, kind, m.op)
+
+
+def _send_recv_all_reduce(comm):
+    if comm.rank == 0:
+        comm.send(torch.ones(2), 1)
+    else:
+        comm.recv(0, (2,))
+    comm.all_reduce(torch.ones(1))
+
+
+def test_the_declared_hooks_are_named_in_the_docstring():
+    for name in HOOKS:
+        assert callable(getattr(ThreadWorld, name)), name
+        assert f"`{name}(" in ThreadWorld.__doc__, f"{name} is not listed as a hook"
+
+
+def test_a_subclass_is_called_through_every_hook():
+    w = _Hooked(2)
+    w.run(_send_recv_all_reduce)
+    calls = set(w.calls)
+    assert ("run",) in calls and {("rank", 0), ("rank", 1)} <= calls
+    assert {("enter", 0), ("enter", 1), ("comm", 0), ("comm", 1)} <= calls
+    assert {("allowed", 0, "send"), ("allowed", 0, "all_reduce"),
+            ("allowed", 1, "all_reduce"), ("takes", 1)} <= calls
+    messages = sorted(c[1:] for c in w.calls if c[0] == "message")
+    assert messages == [(0, "all_reduce", "all_reduce"), (0, "send", "send"),
+                        (1, "all_reduce", "all_reduce"), (1, "recv", "recv")]
+    assert sum(c[0] == "enter" for c in w.calls) == 4      # once per comm call
+
+    w = _Hooked(2)
+    with pytest.raises(ValueError, match="expected shape"):
+        w.run(lambda comm: comm.send(torch.ones(2), 1) if comm.rank == 0
+              else comm.recv(0, (3,)))
+    assert ("mismatch", 1) in w.calls
+
+
+def test_on_enter_refuses_a_call_by_raising():
+    class Refusing(ThreadWorld):
+        def on_enter(self):
+            raise RuntimeError(f"rank {self.rank} may not call the comm")
+
+    with pytest.raises(RuntimeError, match="may not call the comm"):
+        Refusing(2).run(lambda comm: comm.all_reduce(torch.ones(1)))
+
+
+def test_fail_wakes_the_ranks_waiting_and_locked_is_the_networks_lock():
+    w = ThreadWorld(2, timeout=30.0)
+
+    def fn(comm):
+        if comm.rank == 0:
+            time.sleep(0.2)
+            w.fail(0, RuntimeError("rank 0 gave up"))      # rank 1 waits for a send never made
+            return "failed"
+        return comm.recv(0, (1,))
+
+    t0 = time.monotonic()
+    results, errors, stuck = w.start(lambda r: fn(w.comm(r)))
+    assert results == ["failed", None] and not errors and not stuck   # rank 1 stopped quietly
+    assert time.monotonic() - t0 < 5.0, "fail() did not wake the rank waiting"
+
+    w, out = ThreadWorld(2), []
+    with w.locked(), w.locked():                            # re-entrant
+        runner = threading.Thread(target=lambda: out.append(w.run(_send_recv_all_reduce)))
+        runner.start()
+        time.sleep(0.3)
+        assert w.messages == [], "a rank recorded a message while the lock was held"
+    runner.join(20)
+    assert out and len(w.messages) == 4

@@ -1,7 +1,8 @@
-"""ZeRO's variants (helpers/sharding/variants.py): ZeRO-R's activation partitioning and constant
-buffers priced by the course's counts, FSDP2's CPU offload run on two processes (same weights,
-state on the host, the bytes a step copies across PCIe as the model says), qwZ's block
-quantization within its bound through a gather, and ZeRO++'s bytes per collective."""
+"""ZeRO's variants (helpers/sharding/variants.py, variants_experiments.py): ZeRO-R's activation
+partitioning and constant buffers priced by the course's counts, FSDP2's CPU offload run on two
+processes (same weights, state on the host, the bytes a step copies across PCIe as the model
+says), qwZ's block quantization within its bound through a gather, and ZeRO++'s bytes per
+collective."""
 import pytest
 import torch
 from torch import nn
@@ -118,7 +119,7 @@ def test_plot_variants_draws_a_bar_per_variant():
 
 
 def test_fsdp2_cpu_offload_trains_the_same_and_copies_what_the_model_says():
-    out = helpers.run_ranks(2, [("off", v.offload_run, dict(
+    out = helpers.run_ranks(2, [("off", helpers.offload_run, dict(
         sizes=dict(width=64, depth=3), num_steps=2))], backend="gloo")
     for rank in out:
         r = rank["off"]

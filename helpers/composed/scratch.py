@@ -1,6 +1,7 @@
 """Part VII: the small GPT on a 3-D mesh (pipeline x data x tensor), from the course's own pieces.
 
-Nothing here is new machinery; it is composition, in a fixed order:
+Nothing here is new machinery; it is composition, in a fixed order (`train_3d_scratch`, in
+experiments.py, runs it):
 1. groups: one process group per row of each mesh dimension (`new_groups`, built once);
 2. pipeline: this rank's stage of the layers (helpers.stage_of), run with the 1F1B order of
    helpers.pipeline_rank_step over the "pp" group;
@@ -13,29 +14,19 @@ attention in every block, each block optionally recomputed in backward) is what 
 other axes are checked on.
 """
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..context_parallel.scratch import CPAttention, split_positions
 
 # the course's pieces, composed
-from ..data_parallel.scratch import DDPFromScratch
-from ..devices import synced_now
-from ..pipeline_parallel.schedules import one_f_one_b_rank_order
-from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
-from ..runtime.comm import DistComm
+from ..pipeline_parallel.scratch import stage_of
 from ..runtime.launch import take, take_kwargs
-from ..runtime.mesh import coords_of, new_groups
-from ..runtime.traffic import count_traffic
-from ..sharding.zero import optimizer_state_bytes
 from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
-from .model import GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss, stage_cuts, validate_data_split
-from .results import Memory3D, Run3D, Sent3D
+from .model import GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss
 
-__all__ = ["build_stage", "train_3d_scratch", "one_process_run", "CPEmbed",
-           "CPBlock", "Recomputed", "cp_gpt"]
+__all__ = ["build_stage", "one_process_run", "CPEmbed", "CPBlock", "Recomputed", "cp_gpt"]
 
 
 def build_stage(net, cuts, pp_rank, tp_comm):
@@ -52,66 +43,6 @@ def _optimizer(params, lr):
     """SGD with momentum: Adam would turn rounding noise in near-zero gradients into full-size
     steps (it divides by the gradient's own size), and the runs could not be compared."""
     return torch.optim.SGD(params, lr=lr, momentum=0.9)
-
-
-def train_3d_scratch(rank: int, world: int, cfg: dict) -> Run3D:
-    """launch target: cfg["steps"] SGD steps of the GPT (cfg["model"]: kwargs of gpt) on a
-    cfg["shape"] = (pp, dp, tp) mesh, cfg["batch"] sequences per global batch, cfg["m"]
-    micro-batches per data-parallel rank. Returns this rank's coords and groups, its weights
-    (its tensor-parallel slices, named as in gpt_layers: a slice of an nn.Sequential keeps the
-    names), the losses (last stage), the bytes it sent in the last step by dimension, its
-    memory (params, grads, optimizer state, peak saved activations) and seconds per step: a
-    results.Run3D."""
-    device, shape, model_cfg, batch, steps, m, lr = take(cfg, "device", "shape", "model", "batch",
-                                                         "steps", m=2, lr=0.05)
-    model_cfg = take_kwargs(model_cfg, gpt)               # gpt's defaults for what it omits
-    pp, dp, tp = shape = tuple(shape)
-    if pp * dp * tp != world:
-        raise ValueError(f"a {pp}x{dp}x{tp} mesh needs {pp * dp * tp} ranks, not {world}")
-    validate_data_split(batch, dp)
-    groups = new_groups(shape)
-    c = coords_of(rank, shape)
-    tp_comm = DistComm(groups["tp"][0], device=device)
-    pp_comm = DistComm(groups["pp"][0], device=device)
-    net = gpt_layers(gpt(**model_cfg))
-    cuts = stage_cuts(model_cfg["layers"], pp)
-    stage = build_stage(net, cuts, c["pp"], tp_comm).to(device)
-    model = DDPFromScratch(stage, group=groups["dp"][0])
-    opt = _optimizer(model.parameters(), lr)
-    first, last = c["pp"] == 0, c["pp"] == pp - 1
-    order = one_f_one_b_rank_order(pp, m, c["pp"])
-    in_shape = (model_cfg["seq"], model_cfg["width"])
-    losses, seconds, peak = [], [], 0
-    batches = gpt_batches(steps, batch, model_cfg["seq"], model_cfg["vocab"])
-    for X, y in batches:
-        # copies, as a data loader gives them (a view would keep the whole data set alive)
-        Xl, yl = (t.tensor_split(dp)[c["dp"]].clone().to(device) for t in (X, y))
-        tp_comm.reset_counts()
-        pp_comm.reset_counts()
-        start = synced_now(device)
-        with model.no_sync():
-            got = pipeline_rank_step(model, pp_comm, order, Xl if first else None,
-                                     yl if last else None, m, len(Xl), in_shape,
-                                     loss_fn=gpt_loss)
-        with count_traffic() as dp_log:
-            model.finish_gradient_synchronization()
-        opt.step()
-        opt.zero_grad()
-        seconds.append(synced_now(device) - start)
-        peak = max(peak, got["peak_bytes"])
-        if last:
-            loss = torch.tensor(got["loss"], device=device)
-            dist.all_reduce(loss, group=groups["dp"][0])
-            losses.append(float(loss) / dp)
-    tp_bytes = tp_comm.traffic.wire_bytes("all_reduce")
-    params = sum(p.numel() * p.element_size() for p in stage.parameters())
-    return Run3D(coords=c, groups={k: v[1] for k, v in groups.items()}, losses=losses,
-                 weights={n: p.detach().cpu().clone() for n, p in stage.named_parameters()},
-                 sent=Sent3D(tp=tp_bytes, pp=pp_comm.traffic.wire_bytes(),
-                             dp=dp_log.wire_bytes()),
-                 memory=Memory3D(params=params, grads=params, optim=optimizer_state_bytes(opt),
-                                 acts=peak),
-                 seconds=seconds)
 
 
 def one_process_run(cfg):

@@ -1,7 +1,7 @@
 """What data_parallel's launch targets return (experiments.py: Part III's BatchNorm and Join
 lessons, Part IV's profile and knobs; scratch_experiments.py and overlap_experiments.py:
-DDPFromScratch against one process and torch's DDP, and its overlap; speed.py: the timed
-workers): small frozen dataclasses whose fields the chapters read
+DDPFromScratch against one process and torch's DDP, and its overlap; speed_experiments.py and
+fast_experiments.py: the timed workers): small frozen dataclasses whose fields the chapters read
 by name (`run.acc`, not `run["acc"]`: a misspelt field fails at once, not as a KeyError after a
 launch). Defined at module level, so a rank's result pickles in its process and unpickles in
 the notebook's. Maps keyed by data (a BatchNorm variant, a knob's name) stay dicts.
@@ -186,7 +186,7 @@ class EmulatedRun(_Modes):
     model_batch: int
 
 
-# ---------------------------------------------------------------- speed.py, fast.py
+# ------------------------------------------------ speed_experiments.py, fast_experiments.py
 @dataclass(frozen=True)
 class WorkerTimes:
     """dp_timing_worker, one run at one worker count: rank 0's seconds per step, one sample per

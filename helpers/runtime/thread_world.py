@@ -107,8 +107,13 @@ class Work:
 class ThreadWorld:
     """`size` ranks as threads (see the module's docstring). Subclasses hook in with
     `run_context()` (around a whole run), `rank_context(rank)` (around each rank's thread),
-    `comm_context()` (around the network's own work in a rank), `allowed(op)`, and `takes`
-    and `mismatch` (what a recv accepts)."""
+    `comm_context()` (around the network's own work in a rank), `on_enter()` (first in every
+    comm call), `allowed(op)`, `takes(got, shape, dtype)` and `mismatch(src, tag, want, got)`
+    (what a recv accepts) and `on_message(rank, kind, m)` (each recorded Message); they may
+    override `start`, `event`, `send`, `recv` and `collective` calling super(), and use
+    `locked()` (the world's one re-entrant lock) and `fail(rank, error)` (wake and stop the
+    ranks waiting). Nothing else is the contract (tests/test_thread_world.py holds a subclass
+    to these names): the grader's World (helpers/checks/_core/world.py) uses only these."""
 
     def __init__(self, size: int, timeout: float = 10.0, deadline: float | None = None,
                  record: bool = True) -> None:
@@ -142,8 +147,30 @@ class ThreadWorld:
     def comm_context(self):
         return contextlib.nullcontext()
 
+    def on_enter(self):
+        """Called first in every send, recv and collective, in the calling rank: raise to stop
+        the call (a subclass that has already failed the run refuses every later call)."""
+
     def allowed(self, op):
         """Raise (in the calling rank) to refuse a call; here every call is allowed."""
+
+    def on_message(self, rank, kind, m):
+        """Called, under the lock, after Message `m` was recorded (record=True) in `messages`
+        and in `rank`'s timeline as `kind` ("send", "recv", "launch" or the collective)."""
+
+    # --- the world's lock and its failure, for subclasses -------------------------------------
+    def locked(self):
+        """The world's one lock (re-entrant), as a context manager: hold it to read or change
+        the records (messages, timeline) while ranks run, or to wait with the network."""
+        return self._cond
+
+    def fail(self, rank, error):
+        """Record the run's first failure (`rank`, `error`) and wake every rank waiting on a
+        message or a collective: they stop quietly, so the first cause is the one reported."""
+        with self._cond:
+            if self._failed is None:
+                self._failed = (rank, error)
+            self._cond.notify_all()
 
     # --- who is calling ------------------------------------------------------------------------
     @property
@@ -207,7 +234,7 @@ class ThreadWorld:
             except BaseException as e:   # handed to the caller
                 with self._cond:
                     errors.append((r, e, traceback.format_exc()))
-                self._fail(r, e)
+                self.fail(r, e)
 
         with self.run_context():
             threads = [threading.Thread(target=target, args=(r,), daemon=True,
@@ -227,11 +254,12 @@ class ThreadWorld:
         """The deadline passed: wake the ranks blocked in a comm call, and refuse every later
         call, so that each stuck rank stops quietly at its next one."""
         self._ended = True
-        self._fail(None, None)
+        self.fail(None, None)
 
     def _enter(self):
         if self._ended:
             raise _Aborted()
+        self.on_enter()
 
     def _raise(self, results, errors, stuck):
         if errors:
@@ -240,16 +268,11 @@ class ThreadWorld:
             raise LaunchTimeout(stuck, self.deadline, threads=True)
         return results
 
-    def _fail(self, rank, error):
-        with self._cond:
-            if self._failed is None:
-                self._failed = (rank, error)
-            self._cond.notify_all()
-
     def _log(self, rank, kind, m):
         if self.record:
             self.messages.append(m)
             self.timeline[rank].append((m.seq, kind, m))
+            self.on_message(rank, kind, m)
 
     def _wait(self, ready, what):
         """Block until ready() (under the lock), another rank failed, or the timeout."""

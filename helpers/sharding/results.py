@@ -106,7 +106,7 @@ class Zero1CheckpointRun:
     saved_entries: int           # tensors in the consolidated checkpoint
 
 
-# ---------------------------------------------------------------- knobs.py
+# ---------------------------------------------------------------- knobs_experiments.py
 @dataclass(frozen=True)
 class AccumulationMode:
     diff: float
@@ -160,7 +160,7 @@ class MixedZeroRun:
     rel_precision_gap: float     # bfloat16 against float32 training, one process
 
 
-# ---------------------------------------------------------------- variants.py
+# ---------------------------------------------------------------- variants_experiments.py
 @dataclass(frozen=True)
 class OffloadSide:
     """offload_run, one side (on the device, or offloaded): where each state lives."""

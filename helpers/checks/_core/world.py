@@ -146,20 +146,19 @@ class World(ThreadWorld):
                      f"a buffer of shape {tuple(want)}, which is not the shape and dtype of the "
                      "tensor sent: a recv takes exactly what its sender sends")
 
-    def _enter(self):
+    def on_enter(self):
         """After the network refused a call the answer has failed: every later comm call fails
         at once (an answer that catches the refusal and goes on does not wait out timeouts)."""
-        super()._enter()
         if self.network_failure is not None:
             raise CheckFailed(str(self.network_failure[1]))
 
     def _refuse(self, rank, words):
         error = CheckFailed(words)
-        with self._cond:
+        with self.locked():
             if self.network_failure is None:
                 self.network_failure = (rank, error)
                 self._note("failure", rank, self.network_failure)
-        self._fail(rank, error)        # the ranks waiting on this call stop now
+        self.fail(rank, error)         # the ranks waiting on this call stop now
         raise error
 
     @contextlib.contextmanager
@@ -173,7 +172,7 @@ class World(ThreadWorld):
         except CheckFailed:
             raise
         except TimeoutError as e:
-            with self._cond:
+            with self.locked():
                 if self.network_failure is None:
                     self.network_failure = (rank, e)
                     self._note("failure", rank, self.network_failure)
@@ -294,11 +293,9 @@ class World(ThreadWorld):
     def comm_context(self):
         return self.provenance.network()
 
-    def _log(self, rank, kind, m):
-        """As ThreadWorld._log (under the lock); the ledger keeps its own copy."""
-        super()._log(rank, kind, m)
-        if self.record:
-            self._note("message", rank, (kind, m))
+    def on_message(self, rank, kind, m):
+        """Each recorded message (under the lock): the ledger keeps its own copy."""
+        self._note("message", rank, (kind, m))
 
     def event(self, rank, kind, detail=None):
         """As ThreadWorld.event; the ledger keeps its own copy. A mark is the check's observation
@@ -307,7 +304,7 @@ class World(ThreadWorld):
             raise CheckFailed(f"rank {self.rank} marked the check's timeline ({detail!r}) "
                               "itself: the check records what the answer does, the answer "
                               "does not report it")
-        with self._cond:
+        with self.locked():
             seq = super().event(rank, kind, detail)
             self._note("event", rank, (seq, kind, detail))
             return seq

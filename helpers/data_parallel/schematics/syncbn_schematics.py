@@ -1,71 +1,20 @@
 """What SyncBatchNorm sends between the ranks, against per-device BatchNorm, from a real run.
 
-`syncbn_traffic` is a launch target: on each rank it runs one forward and backward of a
-per-device BatchNorm and of the course's synchronised one (`convert_sync_batchnorm`) on its
-shard of one global batch, recording every all-gather and all-reduce: what the rank sent and
-what came back. `syncbn_facts` reads the ranks' records; `plot_syncbn` draws them, two ranks
+`syncbn_traffic` (data_parallel/syncbn_experiments.py, the launch target) records on each rank
+every all-gather and all-reduce of one forward and backward, per-device BatchNorm's and the
+course's synchronised one's. `syncbn_facts` reads the ranks' records; `plot_syncbn` draws them,
+two ranks
 side by side: SyncBatchNorm's forward all-gather of (count, mean, variance) and the global
 statistics every rank gets, its backward all-reduce of two per-channel sums, and below,
 per-device BatchNorm's two independent statistics and no communication.
 """
-import contextlib
-
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from ...runtime.launch import take
 from ...schematics import LABEL_FONT as SMALL
 from ...schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
-from ..torch_api import _combine_stats, convert_sync_batchnorm
+from ..torch_api import _combine_stats
 
-__all__ = ["syncbn_traffic", "syncbn_facts", "plot_syncbn"]
-
-
-@contextlib.contextmanager
-def _recording(calls):
-    """dist.all_gather and dist.all_reduce, each call appended to `calls` as dict(op, sent,
-    got): the tensor this rank handed over and what it holds afterwards."""
-    gather, reduce = dist.all_gather, dist.all_reduce
-
-    def all_gather(out, t, *args, **kwargs):
-        work = gather(out, t, *args, **kwargs)
-        calls.append(dict(op="all_gather", sent=t.detach().clone(),
-                          got=torch.stack([o.detach().clone() for o in out])))
-        return work
-
-    def all_reduce(t, *args, **kwargs):
-        sent = t.detach().clone()
-        work = reduce(t, *args, **kwargs)
-        calls.append(dict(op="all_reduce", sent=sent, got=t.detach().clone()))
-        return work
-    dist.all_gather, dist.all_reduce = all_gather, all_reduce
-    try:
-        yield calls
-    finally:
-        dist.all_gather, dist.all_reduce = gather, reduce
-
-
-def syncbn_traffic(rank, world, cfg):
-    """Launch target: one forward and backward of a BatchNorm2d and of its synchronised
-    version on this rank's shard of one seeded global batch (cfg: batch, channels, size, seed).
-    Returns dict(count: values per channel in the shard, bn_calls, sync_calls: the recorded
-    collectives of each kind)."""
-    batch, channels, size, seed = take(cfg, "batch", "channels", "size", seed=0)
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(batch, channels, size, size, generator=g) * 2 + 1
-    dY = torch.randn(X.shape, generator=g)
-    x, dy = X.chunk(world)[rank], dY.chunk(world)[rank]
-    out = {"count": x.numel() // channels}
-    for name, bn in (("bn", nn.BatchNorm2d(channels)),
-                     ("sync", convert_sync_batchnorm(nn.BatchNorm2d(channels), "cpu"))):
-        shard = x.clone().requires_grad_()
-        with _recording([]) as calls:
-            (bn(shard) * dy).sum().backward()
-        out[f"{name}_calls"] = calls
-    out["shard_mean"] = x.mean((0, 2, 3))
-    out["shard_var"] = x.var((0, 2, 3), unbiased=False)
-    return out
+__all__ = ["syncbn_facts", "plot_syncbn"]
 
 
 def syncbn_facts(ranks, eps=1e-5):

@@ -1,4 +1,6 @@
-"""What SyncBatchNorm's collectives cost a step, apart from how it is implemented.
+"""The syncbn chapter's runs across processes: what SyncBatchNorm's collectives cost a step,
+apart from how it is implemented (`syncbn_cost_times`), and what they send (`syncbn_traffic`,
+which schematics/syncbn_schematics.py draws).
 
 On the CPU the synchronised BatchNorm is CPUSyncBatchNorm, a Python autograd function, while
 per-device BatchNorm is ATen's fused kernel: their ratio measures the implementation as much as
@@ -7,6 +9,8 @@ alone: the same arithmetic, nothing to wait for), so syncbn / control is the col
 and control / bn the implementation's. On GPUs nn.SyncBatchNorm on a group of one falls back to
 the plain kernel, so there the control is per-device BatchNorm again.
 """
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -17,7 +21,7 @@ from ..devices import synced_now
 from ..runtime.launch import take
 from .torch_api import CPUSyncBatchNorm, bn_net, convert_sync_batchnorm, global_batches
 
-__all__ = ["AloneSyncBatchNorm", "syncbn_cost_times"]
+__all__ = ["AloneSyncBatchNorm", "syncbn_cost_times", "syncbn_traffic"]
 
 VARIANTS = ("bn", "control", "syncbn")
 
@@ -80,3 +84,49 @@ def syncbn_cost_times(rank, world, cfg):
                 times[variant].append(synced_now([device]) - t0)
     layers = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in models["bn"][0].modules())
     return dict(times, collectives=2 * layers, steps=steps)
+
+
+@contextlib.contextmanager
+def _recording(calls):
+    """dist.all_gather and dist.all_reduce, each call appended to `calls` as dict(op, sent,
+    got): the tensor this rank handed over and what it holds afterwards."""
+    gather, reduce = dist.all_gather, dist.all_reduce
+
+    def all_gather(out, t, *args, **kwargs):
+        work = gather(out, t, *args, **kwargs)
+        calls.append(dict(op="all_gather", sent=t.detach().clone(),
+                          got=torch.stack([o.detach().clone() for o in out])))
+        return work
+
+    def all_reduce(t, *args, **kwargs):
+        sent = t.detach().clone()
+        work = reduce(t, *args, **kwargs)
+        calls.append(dict(op="all_reduce", sent=sent, got=t.detach().clone()))
+        return work
+    dist.all_gather, dist.all_reduce = all_gather, all_reduce
+    try:
+        yield calls
+    finally:
+        dist.all_gather, dist.all_reduce = gather, reduce
+
+
+def syncbn_traffic(rank, world, cfg):
+    """Launch target: one forward and backward of a BatchNorm2d and of its synchronised
+    version on this rank's shard of one seeded global batch (cfg: batch, channels, size, seed).
+    Returns dict(count: values per channel in the shard, bn_calls, sync_calls: the recorded
+    collectives of each kind)."""
+    batch, channels, size, seed = take(cfg, "batch", "channels", "size", seed=0)
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(batch, channels, size, size, generator=g) * 2 + 1
+    dY = torch.randn(X.shape, generator=g)
+    x, dy = X.chunk(world)[rank], dY.chunk(world)[rank]
+    out = {"count": x.numel() // channels}
+    for name, bn in (("bn", nn.BatchNorm2d(channels)),
+                     ("sync", convert_sync_batchnorm(nn.BatchNorm2d(channels), "cpu"))):
+        shard = x.clone().requires_grad_()
+        with _recording([]) as calls:
+            (bn(shard) * dy).sum().backward()
+        out[f"{name}_calls"] = calls
+    out["shard_mean"] = x.mean((0, 2, 3))
+    out["shard_var"] = x.var((0, 2, 3), unbiased=False)
+    return out
