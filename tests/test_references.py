@@ -13,7 +13,8 @@ KEYS = {"huang2019gpipe", "narayanan2019pipedream", "narayanan2021megatron",
         "paszke2019pytorch", "wu2018group", "peng2018megdet", "pytorch2025dataparallel",
         # Parts 0-II
         "qi2024zero", "deepseek2024v3", "sanders2009trees",
-        "li2014parameter", "mccandlish2018empirical", "narayanan2020memory", "dean2012large"}
+        "li2014parameter", "mccandlish2018empirical", "narayanan2020memory", "dean2012large",
+        "williams2009roofline"}
 TERMS = {"rank", "world size", "process group", "backend", "collective", "all-reduce",
          "reduce-scatter", "all-gather", "broadcast", "ring all-reduce", "replica", "shard",
          "bucket", "micro-batch", "pipeline stage", "bubble", "tensor parallelism",

@@ -208,6 +208,42 @@ def test_a_buckets_last_tick_is_drawn_over_the_next_buckets_first():
     plt.close(fig)
     assert len(ticks) == len(t["ready"]) and ticks == sorted(ticks, reverse=True), ticks
 
+# ---- Part I's data-parallel steps ---------------------------------------------------------------
+def _dp_steps_figure(start):
+    two = [torch.tensor([-16.5, -19.5]), torch.tensor(-14.0)]   # the chapter's widths
+    shards = [torch.zeros(3, 2)] * 2, [torch.ones(3)] * 2
+    return helpers.plot_data_parallel_steps(*shards, [two] * 2, two, [two] * 2, start=start)
+
+
+@pytest.mark.parametrize("with_start", [True, False])
+def test_data_parallel_steps_draw_step_0_and_arrows_that_stop_at_the_boxes(with_start):
+    """With `start` the first column is step 0's broadcast, every device holding the start;
+    the blue arrows from device 0's sum end at the left edge of the broadcast boxes, not in
+    them."""
+    import matplotlib.pyplot as plt
+    start = [torch.tensor([0.5, 0.25]), torch.tensor(0.0)]
+    fig = _dp_steps_figure(start if with_start else None)
+    ax = fig.axes[0]
+    heads = [t.get_text() for t in ax.texts if t.get_position()[1] == -0.8]
+    assert heads[0].startswith("0 broadcast" if with_start else "1 split"), heads
+    col = 4 if with_start else 3          # the column of step 4, the broadcast
+    if with_start:
+        assert [t.get_text() for t in ax.texts if t.get_position() in ((0, 0), (0, 1))] \
+            == ["w 0.500, 0.250\nb 0.000"] * 2
+    fig.canvas.draw()
+    to_data = ax.transData.inverted()
+    blue = [a for a in ax.texts if isinstance(a, matplotlib.text.Annotation)
+            and a.arrow_patch is not None and a.arrow_patch.get_edgecolor()[:3]
+            == matplotlib.colors.to_rgb("tab:blue")]
+    box = next(t for t in ax.texts if t.get_position() == (col, 1))
+    (left, y0), (_, y1) = to_data.transform(box.get_bbox_patch().get_window_extent().get_points())
+    # it starts left of the box: ending on its left edge, it never crosses the box
+    assert len(blue) == 1 and blue[0].xyann[0] < left, (blue[0].xyann, left)
+    x, y = blue[0].xy
+    assert x <= left + 1e-9 and min(y0, y1) <= y <= max(y0, y1), (blue[0].xy, left, y0, y1)
+    plt.close(fig)
+
+
 # ---- the figures draw ----------------------------------------------------------------------------
 def test_every_schematic_draws():
     import matplotlib.pyplot as plt

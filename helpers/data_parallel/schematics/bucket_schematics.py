@@ -8,8 +8,9 @@ have gone (DDPFromScratch's rule), one at a time on the link, alpha + bytes/beta
 bucket holds the first layers' gradients: it is ready only when the backward ends, so its
 all-reduce is always exposed. `plot_buckets` draws it.
 
-`plot_data_parallel_steps` draws Part I's five data-parallel steps from the numbers the chapter
-computed: each device's shard, its local gradient, the sum on device 0, the broadcast, the update.
+`plot_data_parallel_steps` draws Part I's data-parallel steps (step 0 included) from the numbers
+the chapter computed: each device's shard, its local gradient, the sum on device 0, the
+broadcast, the update.
 """
 from ...schematics import LABEL_FONT as SMALL
 from ...schematics import SCHEMATIC_FONT as FONT
@@ -99,10 +100,13 @@ def plot_buckets(timeline, title=None):
     return fig
 
 
-def plot_data_parallel_steps(X_shards, y_shards, local, summed, replicas):
+def plot_data_parallel_steps(X_shards, y_shards, local, summed, replicas, start=None):
     """One column per step (split, local gradient, aggregate, broadcast, update), one row per
     device, each box the numbers of a linear model's (w, b) at that step: `local` and `summed`
-    are [grad w, grad b], `replicas` each device's updated [w, b]. Returns the figure."""
+    are [grad w, grad b], `replicas` each device's updated [w, b]. With `start` (the initial
+    [w, b]) a first column shows step 0, the broadcast that makes every replica start equal.
+    The arrows from device 0's sum end at the edge of the boxes they reach. Returns the
+    figure."""
     def grad(g):
         return "∇w " + ", ".join(f"{v:.1f}" for v in g[0].tolist()) + f"\n∇b {g[1].item():.1f}"
 
@@ -118,21 +122,37 @@ def plot_data_parallel_steps(X_shards, y_shards, local, summed, replicas):
              [grad(g) for g in local],
              [grad(summed) + "\n(sum)"] + ["sends its\ngradient"] * (k - 1),
              [grad(summed)] * k, [params(W) for W in replicas]]
-    fig, axes = diagram(width=10, height=1.2 + 1.3 * k)
+    if start is not None:
+        steps, cells = ["0 broadcast\n(once, first)"] + steps, [[params(start)] * k] + cells
+    agg = steps.index("3 aggregate")
+    fig, axes = diagram(width=10 + 1.6 * (start is not None), height=1.2 + 1.3 * k)
     ax = axes[0, 0]
+    boxes = {}
     for c, (step, column) in enumerate(zip(steps, cells, strict=True)):
         ax.text(c, -0.8, step, ha="center", fontweight="bold")
         for r, text in enumerate(column):
-            colour = "tab:green" if c == 2 and r == 0 else "0.92"
-            ax.text(c, r, text, ha="center", va="center", fontsize=9,
-                    bbox=dict(boxstyle="round", fc=colour, alpha=0.6))
+            colour = "tab:green" if c == agg and r == 0 else "0.92"
+            boxes[c, r] = ax.text(c, r, text, ha="center", va="center", fontsize=9,
+                                  bbox=dict(boxstyle="round", fc=colour, alpha=0.6))
             if c < len(steps) - 1:
                 ax.annotate("", (c + 0.62, r), (c + 0.38, r), arrowprops=dict(arrowstyle="->"))
-    for r in range(1, k):   # the gradients travel to device 0 and back
-        ax.annotate("", (2, 0.3), (1.6, r - 0.1), arrowprops=dict(arrowstyle="->", color="tab:red"))
-        ax.annotate("", (3 - 0.3, r), (2.35, 0.3),
-                    arrowprops=dict(arrowstyle="->", color="tab:blue"))
     for r in range(k):
         ax.text(-0.55, r, f"device {r}", ha="right", va="center", fontsize=10)
     ax.set(xlim=(-1.1, len(steps) - 0.4), ylim=(k - 0.4, -1.1))
+    fig.canvas.draw()   # the boxes' sizes, for the arrows' ends
+    to_data = ax.transData.inverted()
+
+    def edge(c, r):
+        """(left, top, bottom) of box (c, r), in data coordinates."""
+        (x0, y0), (_, y1) = to_data.transform(
+            boxes[c, r].get_bbox_patch().get_window_extent().get_points())
+        return x0, min(y0, y1), max(y0, y1)
+
+    _, _, sum_bottom = edge(agg, 0)
+    for r in range(1, k):   # the gradients travel to device 0 and back
+        ax.annotate("", (agg, sum_bottom), (agg - 0.4, r - 0.1),
+                    arrowprops=dict(arrowstyle="->", color="tab:red", shrinkA=0, shrinkB=0))
+        left, top, bottom = edge(agg + 1, r)   # into its left edge, above the black arrow
+        ax.annotate("", (left, top + 0.3 * (bottom - top)), (agg + 0.35, sum_bottom),
+                    arrowprops=dict(arrowstyle="->", color="tab:blue", shrinkA=0, shrinkB=0))
     return fig
