@@ -156,12 +156,13 @@ def _stand_ins(sync):
             "default_stream": stream}
 
 
-def _timed(sim, slow, scale, gpus):
+def _timed(sim, slow, reps, scale, gpus):
     """The fn handed to time_it: a closure, so nothing it holds is reachable as an attribute
-    (no __defaults__ leading to the simulation's records)."""
+    (no __defaults__ leading to the simulation's records). One call in every `reps` in a row is
+    slow, so the timed calls hold exactly one however many warm-up calls came first."""
     def fn():
         i = len(sim.starts)
-        last = 0.06 if i == slow else 0.006       # the longest work on the last GPU
+        last = 0.06 if i % reps == slow else 0.006       # the longest work on the last GPU
         sim.call({d: scale * (last if d == gpus[-1] else 0.002) for d in gpus})
     return fn
 
@@ -175,8 +176,9 @@ def _ms(seconds):
     "torch.cuda.synchronize, which helpers.synchronize calls, waits for it, as does a "
     "device's stream's synchronize or the current device's, set with torch.cuda.device): which "
     "GPUs were synchronized before the first call and after every call, before the next one",
-    "the seconds returned against the median of what the calls really took (one of them much "
-    "slower than the others, so median, mean and total are far apart), measured by the check"])
+    "the seconds returned against the median of what the calls really took (one call in every "
+    "reps in a row much slower than the others, so that the timed calls hold one whatever "
+    "warm-up came first, and median, mean and total are far apart), measured by the check"])
 def check_time_it(time_it):
     """time_it(fn, devices, reps) -> median seconds of one call of fn, the devices synchronized
     before the clock starts and before it stops. Robust on a loaded machine: the check compares
@@ -190,9 +192,9 @@ def check_time_it(time_it):
         k, reps = randint(g, 2, 3), randint(g, 3, 6)
         gpus = [torch.device("cuda", i) for i in range(k)]
         devices = list(gpus) + ([torch.device("cpu")] if randint(g, 0, 1) else [])
-        slow = randint(g, 0, reps - 1)                # which call is the slow one
+        slow = randint(g, 0, reps - 1)                # which call in each `reps` is slow
         sim = _AsyncGPUs(gpus)
-        fn = _timed(sim, slow, scale, gpus)
+        fn = _timed(sim, slow, reps, scale, gpus)
         call = f"time_it(fn, {[str(d) for d in devices]}, {reps})"
         earlier = [gpus[randint(g, 0, k - 1)]]
         with sim.active():
