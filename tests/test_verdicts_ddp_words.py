@@ -130,12 +130,13 @@ def test_flag_cost_words_every_verdict(samples, words):
 
 @pytest.mark.parametrize("samples, share, start, why", [
     # 1.5x: a 50 % slowdown against a 0.15 % walk, over 300 times its share
-    (FASTER, 0.15, "The step grew by 50 % (median), about 333 times the walk's profiled share "
-     "(0.15 % of a step): far more than the walk, so most of it is other work the flag adds",
-     "or the machine's load, not timed apart here"),
+    (FASTER, 0.15, "The step grew by 50 % (the median per round), about 333 times the walk's "
+     "profiled share (0.15 % of a step): far more than the walk, so most of it is other work "
+     "the flag adds", "or the machine's load, which this timing does not tell apart"),
     # the same slowdown against a 10 % walk: the walk could be most of it
-    (FASTER, 10, "The step grew by 50 % (median), less than 10 times the walk's profiled share "
-     "(10 % of a step): the walk and other work", "not timed apart here"),
+    (FASTER, 10, "The step grew by 50 % (the median per round), less than 10 times the walk's "
+     "profiled share (10 % of a step): this timing does not tell the walk apart from other "
+     "work", "or the machine's load"),
     (SLOWER, 0.15, "The flag only adds work, so a faster step with it comes from the machine's "
      "load", "not from the flag"),
     (NOISE, 0.15, "A cost of 0.15 % of a step (the profile above) can hide under a busy "

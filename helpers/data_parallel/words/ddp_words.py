@@ -146,15 +146,17 @@ def flag_step_words(r, walk_share):
     trust = "the profiler's count of the walk is the measure of the walk itself"
     if r.verdict == "faster":   # the time without the flag was the smaller
         extra = 100 * (r.median - 1)
-        other = ("other work the flag adds (the `_DDPSink` node on the outputs, the scan of the "
-                 "outputs for tensors, the all-reduce of the used-parameter map) or the "
-                 "machine's load, not timed apart here")
+        other = ("other work the flag adds (such as the `_DDPSink` node on the outputs, the scan "
+                 "of the outputs for tensors and the all-reduce of the used-parameter map) or "
+                 "the machine's load")
+        grew = (f"The step grew by {extra:.2g} % (the median per round), "
+                if extra < 10 else f"The step grew by {extra:.0f} % (the median per round), ")
         if extra >= 10 * walk_share:
-            return (f"The step grew by {extra:.0f} % (median), about {extra / walk_share:.0f} "
-                    f"times the walk's profiled share ({walk_share:.2g} % of a step): far more "
-                    f"than the walk, so most of it is {other}; {trust}.")
-        return (f"The step grew by {extra:.2g} % (median), less than 10 times the walk's "
-                f"profiled share ({walk_share:.2g} % of a step): the walk and {other}; {trust}.")
+            return (grew + f"about {extra / walk_share:.0f} times the walk's profiled share "
+                    f"({walk_share:.2g} % of a step): far more than the walk, so most of it is "
+                    f"{other}, which this timing does not tell apart; {trust}.")
+        return (grew + f"less than 10 times the walk's profiled share ({walk_share:.2g} % of a "
+                f"step): this timing does not tell the walk apart from {other}; {trust}.")
     if r.verdict == "slower":
         return ("The flag only adds work, so a faster step with it comes from the machine's "
                 f"load between the turns, not from the flag; {trust}.")
