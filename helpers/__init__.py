@@ -152,7 +152,8 @@ from .data_parallel.words.syncbn_words import (long_run_words, cost_words, found
 from .data_parallel.words.ddp_words import (dp_ddp_words, timeline_clock_words, exposed_words,
                                             pending_words, flight_recorder_words,
                                             reference_dump_words, nodes_same_words,
-                                            join_share_words, walk_growth_words, flag_cost_words)
+                                            join_share_words, walk_growth_words, flag_cost_words,
+                                            flag_step_words)
 from .data_parallel.scratch_experiments import (ddp_vs_one_process, Branchy, unused_vs_torch,
                                                 accumulation_vs_torch, scratch_refusals,
                                                 exposed_comm_times)

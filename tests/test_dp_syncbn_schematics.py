@@ -55,8 +55,11 @@ def test_syncbn_facts_are_the_runs_statistics_and_collectives(traffic):
         assert row["count"] == shard.numel() // c
         torch.testing.assert_close(row["mean"], shard.mean(dims))
         torch.testing.assert_close(row["own_mean"], shard.mean(dims))
+        torch.testing.assert_close(row["var"], shard.var(dims, unbiased=False))
+        torch.testing.assert_close(row["own_var"], shard.var(dims, unbiased=False))
         assert (row["sent"], row["sums"]) == (1 + 2 * c, 2 * c)
     torch.testing.assert_close(facts["world"]["mean"], X.mean(dims))
+    torch.testing.assert_close(facts["world"]["var"], X.var(dims, unbiased=False))
     torch.testing.assert_close(facts["world"]["invstd"],
                                torch.rsqrt(X.var(dims, unbiased=False) + 1e-5))
     assert facts["world"]["count"] == X.numel() // c and facts["bn_calls"] == 0
@@ -67,11 +70,11 @@ def test_syncbn_picture_draws_the_facts(traffic):
     facts = helpers.syncbn_facts(traffic[1])
     texts = _texts(helpers.plot_syncbn(facts))
     w = facts["world"]
-    glob = f"global: {w['count']} values\nmean {w['mean'][0]:.2f}\ninvstd {w['invstd'][0]:.2f}"
+    glob = f"global: {w['count']} values\nmean {w['mean'][0]:.2f}\nvar {w['var'][0]:.2f}"
     assert texts.count(glob) == 2
     for r, row in enumerate(facts["ranks"]):
         assert f"rank {r}: {row['count']} values\nmean {row['own_mean'][0]:.2f}" \
-            f"\ninvstd {row['own_invstd'][0]:.2f}" in texts
+            f"\nvar {row['own_var'][0]:.2f}" in texts
     assert any(f"{facts['ranks'][0]['sent']} numbers a rank" in t for t in texts)
     assert any(f"{facts['ranks'][0]['sums']} numbers a rank" in t for t in texts)
     assert any(t.startswith("0 collectives") for t in texts)

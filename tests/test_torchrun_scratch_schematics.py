@@ -126,6 +126,26 @@ def test_scratch_step_draws_split_batchs_shards_and_allreduces_moves(n, k):
     plt.close("all")
 
 
+@pytest.mark.parametrize("k", [2, 4])
+def test_scratch_step_copies_back_only_to_the_devices_without_the_sum(k):
+    """allreduce copies the sum to devices 1..k-1; device 0's gradient is the sum (add_ wrote
+    into it), so the bottom row has k-1 copy arrows and one dashed line, to device 0."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+    X, y = torch.arange(40.0).reshape(10, 4), torch.arange(10)
+    X_shards, y_shards = helpers.split_batch(X, y, [torch.device("cpu")] * k)
+    fig = helpers.plot_scratch_step(helpers.scratch_step_facts(X_shards, y_shards,
+                                                               helpers.allreduce))
+    ax = fig.axes[0]
+    ends = [p._posA_posB[1] for p in ax.patches if isinstance(p, FancyArrowPatch)]
+    bottom = max(e[1] for e in ends)
+    assert sum(e[1] == bottom for e in ends) == k - 1
+    dashed = [ln for ln in ax.lines if ln.get_linestyle() == "--"]
+    assert len(dashed) == 1 and max(dashed[0].get_ydata()) == bottom
+    assert min(e[0] for e in ends if e[1] == bottom) > dashed[0].get_xdata()[0]
+    plt.close(fig)
+
+
 def test_scratch_step_follows_the_allreduce_it_is_given():
     def into_the_last(data):
         for i in range(len(data) - 1):

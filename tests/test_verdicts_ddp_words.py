@@ -6,6 +6,7 @@ from helpers.data_parallel.words.ddp_words import (
     dp_ddp_words,
     exposed_words,
     flag_cost_words,
+    flag_step_words,
     flight_recorder_words,
     join_share_words,
     nodes_same_words,
@@ -125,3 +126,24 @@ def test_walk_growth_words_every_verdict(samples, words):
 ])
 def test_flag_cost_words_every_verdict(samples, words):
     assert flag_cost_words(Ratio(samples)) == words
+
+
+@pytest.mark.parametrize("samples, share, start, why", [
+    # 1.5x: a 50 % slowdown against a 0.15 % walk, over 300 times its share
+    (FASTER, 0.15, "The step grew by 50 % (the median per round), about 333 times the walk's "
+     "profiled share (0.15 % of a step): far more than the walk, so most of it is other work "
+     "the flag adds", "or the machine's load, which this timing does not tell apart"),
+    # the same slowdown against a 10 % walk: the walk could be most of it
+    (FASTER, 10, "The step grew by 50 % (the median per round), less than 10 times the walk's "
+     "profiled share (10 % of a step): this timing does not tell the walk apart from other "
+     "work", "or the machine's load"),
+    (SLOWER, 0.15, "The flag only adds work, so a faster step with it comes from the machine's "
+     "load", "not from the flag"),
+    (NOISE, 0.15, "A cost of 0.15 % of a step (the profile above) can hide under a busy "
+     "machine's noise", "counted above)."),
+    (ONE, 0.15, "A cost of 0.15 % of a step", "can hide under a busy machine's noise"),
+])
+def test_flag_step_words_every_verdict(samples, share, start, why):
+    words = flag_step_words(Ratio(samples), share)
+    assert words.startswith(start) and why in words
+    assert ("far more than the walk" in words) == (samples is FASTER and share < 5)

@@ -144,7 +144,8 @@ def _terms(held):
 
 def plot_scratch_step(facts):
     """Devices across, the step down: each device's shard (rows and labels), its gradient, the
-    adds into the target device and the copies back from it, then the update. Returns the
+    adds into the target device and the copies back from it (an arrow to each other device, a
+    dashed line to the target, which holds the sum already), then the update. Returns the
     figure."""
     k, target = len(facts["devices"]), facts["target"]
     w, left = SCHEMATIC_WIDTH, 1.05
@@ -180,7 +181,9 @@ def plot_scratch_step(facts):
     for i, (x, held) in enumerate(zip(xs, facts["holds"], strict=True)):
         draw_box(ax, x, ys[3], box, row, "white", edge=device_color(i), text="black",
                  label=_terms(held), fontsize=SMALL)
-    draw_arrow(ax, (tx + box / 2, ys[2] + row), (tx + box / 2, ys[3]), width=1.2, head=10)
+    # the target's gradient is the sum (add_ wrote into it): a dashed line, no copy arrow
+    ax.plot([tx + box / 2] * 2, [ys[2] + row, ys[3]], color="black", linewidth=1.2,
+            linestyle=(0, (3, 2)))
     for _, dst, _ in (o for o in facts["ops"] if o[0] == "copy_"):
         draw_arrow(ax, (tx + box * 0.75, ys[2] + row), (xs[dst] + box / 2, ys[3]),
                    color="black", width=1.5, head=10)

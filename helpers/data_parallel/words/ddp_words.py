@@ -6,7 +6,7 @@ from ...words import plural
 
 __all__ = ["dp_ddp_words", "timeline_clock_words", "exposed_words", "pending_words",
            "flight_recorder_words", "reference_dump_words", "nodes_same_words",
-           "join_share_words", "walk_growth_words", "flag_cost_words"]
+           "join_share_words", "walk_growth_words", "flag_cost_words", "flag_step_words"]
 
 
 def dp_ddp_words(r=None, gpus=0, gpu_name="", ref=None):
@@ -137,3 +137,29 @@ def flag_cost_words(r):
                             "the two apart",
             "cannot tell": "not told apart with and without the flag: one round has no "
                            "spread"}[r.verdict]
+
+
+def flag_step_words(r, walk_share):
+    """What the whole-step timing of find_unused_parameters says beside the profiled walk: `r` a
+    Ratio of the time with the flag over the time without, per round; `walk_share` the walk's
+    profiled share of a step, in %. A slowdown is compared with the walk's share."""
+    trust = "the profiler's count of the walk is the measure of the walk itself"
+    if r.verdict == "faster":   # the time without the flag was the smaller
+        extra = 100 * (r.median - 1)
+        other = ("other work the flag adds (such as the `_DDPSink` node on the outputs, the scan "
+                 "of the outputs for tensors and the all-reduce of the used-parameter map) or "
+                 "the machine's load")
+        grew = (f"The step grew by {extra:.2g} % (the median per round), "
+                if extra < 10 else f"The step grew by {extra:.0f} % (the median per round), ")
+        if extra >= 10 * walk_share:
+            return (grew + f"about {extra / walk_share:.0f} times the walk's profiled share "
+                    f"({walk_share:.2g} % of a step): far more than the walk, so most of it is "
+                    f"{other}, which this timing does not tell apart; {trust}.")
+        return (grew + f"less than 10 times the walk's profiled share ({walk_share:.2g} % of a "
+                f"step): this timing does not tell the walk apart from {other}; {trust}.")
+    if r.verdict == "slower":
+        return ("The flag only adds work, so a faster step with it comes from the machine's "
+                f"load between the turns, not from the flag; {trust}.")
+    return (f"A cost of {walk_share:.2g} % of a step (the profile above) can hide under a busy "
+            f"machine's noise; {trust} (it leaves out the flag's extra all-reduce of the "
+            "used-parameter map, counted above).")
