@@ -150,3 +150,15 @@ def test_launch_and_run_threads_keep_no_copy_of_what_travelled():
     world = World(2)
     world.run(lambda comm: comm.all_reduce(torch.ones(1000)))
     assert [m.nbytes for m in world.sent("all_reduce")] == [4000, 4000]
+
+
+def test_a_rank_waits_longer_on_a_busy_machine(monkeypatch):
+    """A right answer's rank must not time out because the machine is loaded (it waits for a
+    CPU, not for a message): the wait scales with the load per core, at most tenfold."""
+    from helpers.checks._core import world as world_module
+    monkeypatch.setattr(world_module.os, "cpu_count", lambda: 2)
+    for load, factor in ((0.5, 1.0), (2.0, 1.0), (8.0, 4.0), (100.0, 10.0)):
+        monkeypatch.setattr(world_module.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert World(2, timeout=0.5).timeout == 0.5 * factor
+    monkeypatch.setattr(world_module.os, "getloadavg", lambda: (_ for _ in ()).throw(OSError))
+    assert World(2, timeout=0.5).timeout == 0.5

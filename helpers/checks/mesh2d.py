@@ -1,8 +1,6 @@
 """Checks for the exercises of Part VI's 2-D chapter (mesh2d): a dp x tp mesh's groups, the
 data-parallel average on thread ranks of the harness's World (which records every collective),
 and the shape a rank holds under TP then FSDP2."""
-import os
-
 import torch
 
 from ._core import CheckFailed, World, check, expect, fresh_generator, randint, tensor_close
@@ -10,16 +8,6 @@ from ._core import CheckFailed, World, check, expect, fresh_generator, randint, 
 __all__ = ["check_mesh_groups", "check_dp_average", "check_local_shape"]
 
 TIMEOUT = 5.0   # seconds a thread-rank waits for a message that never comes
-
-
-def _timeout():
-    """TIMEOUT on an idle machine, scaled by the load per core on a busy one (its ranks then wait
-    for a CPU, not for a message), at most 10 times: a hung answer still ends the check."""
-    try:
-        load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    except (AttributeError, OSError):
-        load = 1.0
-    return TIMEOUT * min(max(1.0, load), 10.0)
 
 
 @check("mesh_groups", references=["rank_grid", "coords_of"], observes=[
@@ -67,7 +55,7 @@ def check_dp_average(fn):
         shapes = [(randint(g, 1, 4), randint(g, 1, 4)) for _ in range(randint(g, 2, 3))]
         grads = [torch.randn(k, *s, generator=g) for s in shapes]
         # allow: a decoy all_reduce beside all_gathers of the whole gradients fails
-        world = World(k, timeout=_timeout(), record_ops=True, allow={"all_reduce"})
+        world = World(k, timeout=TIMEOUT, record_ops=True, allow={"all_reduce"})
         results = world.run(_dp_rank, fn, grads)
         expect(world.sent("all_reduce", rank=0),
                f"on {k} ranks rank 0 never called all_reduce: each rank only has its own "

@@ -33,6 +33,7 @@ What the checks' World adds to the ThreadWorld, through its hooks:
   in torch, in numpy, math and statistics, and as the shape of a recv.
 """
 import contextlib
+import os
 import sys
 
 import torch
@@ -61,11 +62,23 @@ def _asked_by_reader():
     return frame is not None and is_reader_code(frame.f_code.co_filename)
 
 
+def scaled_timeout(seconds):
+    """`seconds` on an idle machine, scaled by the load per core on a busy one (its ranks then
+    wait for a CPU, not for a message), at most 10 times, so a hung answer still ends the check:
+    a right answer's rank once waited out 5 s on two cores under a load of 10."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        load = 1.0
+    return seconds * min(max(1.0, load), 10.0)
+
+
 class World(ThreadWorld):
-    """`size` thread ranks whose network the check reads (see the module's docstring)."""
+    """`size` thread ranks whose network the check reads (see the module's docstring). `timeout`
+    is what a rank waits for a message that never comes on an idle machine (scaled_timeout)."""
 
     def __init__(self, size, timeout=10.0, record_ops=False, allow=None, why=None):
-        super().__init__(size, timeout)
+        super().__init__(size, scaled_timeout(timeout))
         self.record_ops = record_ops
         self.allow = None if allow is None else frozenset(allow) | {"barrier", "recv"}
         self.why = dict(why or {})        # op -> the sentence that names the lesson it skips
