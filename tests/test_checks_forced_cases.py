@@ -1,7 +1,8 @@
 """A check's discriminating cases are forced, not drawn: a named wrong answer fails on every
 draw, not only on the draws that happen to hold the case that tells it apart (a score large
 enough to overflow, a second routing choice, a 4-byte dtype, a max-pool net, two heads per
-rank). Each check's inputs stay fresh; only which cases appear is fixed.
+rank, a memory-bound operation more intense than a compute-bound one). Each check's inputs
+stay fresh; only which cases appear is fixed.
 """
 import importlib
 import pathlib
@@ -18,7 +19,8 @@ for path in sorted(TESTS.glob("test_checks_*.py")):
         importlib.import_module(path.stem)     # fills CASES with every module's shortcuts
 
 FORCED = ["check_z_loss", "check_permute_tokens", "check_tp_bytes_per_step",
-          "check_accumulation_bytes", "check_saved_bytes", "check_tokens_to_heads"]
+          "check_accumulation_bytes", "check_saved_bytes", "check_tokens_to_heads",
+          "check_roofline_time"]
 SEEDS = range(10)
 
 
