@@ -56,14 +56,19 @@ def check_activation_bytes(fn):
 
 
 @check("tp_bytes_per_step", references=["stage_costs"], observes=[
-    "the bytes returned for fresh stages, micro-batches, sizes and tensor-parallel degrees"])
+    "the bytes returned for fresh stages, micro-batches, sizes and tensor-parallel degrees, "
+    "2- and 4-byte activations both"])
 def check_tp_bytes_per_step(fn):
     """fn(blocks, m, tokens, width, tp, dtype_bytes) -> bytes a tensor-parallel rank sends
     per step (ring all-reduces of f and g, forward and backward)."""
     g = fresh_generator()
-    for _ in range(4):
-        blocks, m, tokens = randint(g, 1, 8), randint(g, 1, 8), 2 ** randint(g, 4, 12)
-        width, tp, b = 2 ** randint(g, 5, 10), randint(g, 1, 8), (2, 4)[randint(g, 0, 1)]
+    first = (2, 4)[randint(g, 0, 1)]
+    # Both dtypes forced on cases where every factor counts (tp, blocks, m > 1; tp = 1 sends
+    # nothing), then two drawn freely: a formula that drops an argument fails on every draw.
+    for low, b in ((2, first), (2, 6 - first), (1, None), (1, None)):
+        blocks, m, tokens = randint(g, low, 8), randint(g, low, 8), 2 ** randint(g, 4, 12)
+        width, tp = 2 ** randint(g, 5, 10), randint(g, low, 8)
+        b = b or (2, 4)[randint(g, 0, 1)]
         what = f"tp_bytes_per_step({blocks}, {m}, {tokens}, {width}, {tp}, {b})"
         got = as_number(fn(blocks, m, tokens, width, tp, b), what)
         want = 4 * blocks * m * ring_bytes_per_device(tokens * width * b, tp)
@@ -74,23 +79,33 @@ def check_tp_bytes_per_step(fn):
 @check("accumulation_bytes", references=["data_parallel_costs", "sharding_costs",
                                          "stage_costs"], observes=[
     "the bytes returned for fresh parameter counts, ranks and micro-batches, both ways of "
-    "accumulating"])
+    "accumulating, each with 2- and 4-byte gradients"])
 def check_accumulation_bytes(fn):
     """fn(n_params, k, m, acc, dtype_bytes) -> bytes a ZeRO-2 rank sends per step with m
     micro-batches: acc "every" (a reduce-scatter per micro-batch) or "no_sync"."""
     g = fresh_generator()
-    for acc in ("every", "no_sync", "every", "no_sync"):
-        n, k, m, b = randint(g, 10, 10**6), randint(g, 2, 16), randint(g, 2, 16), (2, 4)[
-            randint(g, 0, 1)]
+    first = (2, 4)[randint(g, 0, 1)]
+    # Each way of accumulating with both dtypes (forced, in a fresh order), not left to the draw.
+    fails = []
+    for acc, b in (("every", first), ("no_sync", first), ("every", 6 - first),
+                   ("no_sync", 6 - first)):
+        n, k, m = randint(g, 10, 10**6), randint(g, 2, 16), randint(g, 2, 16)
         what = f"accumulation_bytes({n}, {k}, {m}, {acc!r}, {b})"
         got = as_number(fn(n, k, m, acc, b), what)
         want = data_parallel_costs(n, k, "zero2", m, acc, "adam", b)["sent_bytes"]
         if abs(got - want) <= 1e-9 * max(1.0, want):
             continue
-        once = (k - 1) / k * n * b
-        hint = ("that ignores the micro-batches: each one's backward reduce-scatters"
-                if acc == "every" and abs(got - 2 * once) < 1e-6 * want else
-                "that is m all-reduces: a reduce-scatter moves half of one, and the "
-                "all-gather of the parameters comes once" if abs(got - 2 * m * once) <
-                1e-6 * max(want, 1.0) else f"expected {want:.6g}")
-        raise CheckFailed(f"{what} returned {got:.6g}: {hint}")
+        once, tol = (k - 1) / k * n * b, 1e-6 * max(want, 1.0)
+        other = data_parallel_costs(n, k, "zero2", m, acc, "adam", 6 - b)["sent_bytes"]
+        fails.append((what, got, want, b, {
+            "micro": acc == "every" and abs(got - 2 * once) < tol,
+            "all-reduce": abs(got - 2 * m * once) < tol, "dtype": abs(got - other) < tol}))
+    if fails:       # a hint only where it explains every failing case (one draw can fit two)
+        what, got, want, b, _ = fails[0]
+        hints = {"micro": "that ignores the micro-batches: each one's backward reduce-scatters",
+                 "all-reduce": "that is m all-reduces: a reduce-scatter moves half of one, and "
+                               "the all-gather of the parameters comes once",
+                 "dtype": f"that counts {6 - b}-byte gradients: each takes dtype_bytes ({b})"}
+        named = [h for h in hints if all(f[4][h] for f in fails)]
+        raise CheckFailed(f"{what} returned {got:.6g}: "
+                          f"{hints[named[0]] if named else f'expected {want:.6g}'}")

@@ -238,13 +238,14 @@ def _heads_rank(comm, fn, xs):
                                    "ulysses_attention"], observes=[
     "every message each thread rank sent: to whom and how many bytes (1/world of its tensor to "
     "each other rank, no collective)", "the tensor each rank returned, against the sequence's "
-    "tokens of its heads"])
+    "tokens of its heads, on one world with one head per rank and on one with two"])
 def check_tokens_to_heads(fn):
     """fn(x, comm) -> (B, H/w, T, D): every token of this rank's heads, from x (B, H, T/w, D)
     this rank's tokens of every head."""
     g = fresh_generator()
-    for world in (2, randint(g, 3, 4)):
-        B, D, per = 1, randint(g, 2, 3), randint(g, 1, 2)
+    first = randint(g, 1, 2)        # one head per rank and two, both forced, in a fresh order
+    for world, per in ((2, first), (randint(g, 3, 4), 3 - first)):
+        B, D = 1, randint(g, 2, 3)
         H, T = world * per, world * randint(g, 2, 3)
         full = torch.randn(B, H, T, D, generator=g)
         xs = [t.contiguous() for t in full.chunk(world, dim=2)]

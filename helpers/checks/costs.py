@@ -68,10 +68,11 @@ def check_largest_batch_data_parallel(fn):
            "is 0")
 
 
-def _random_net(g):
-    """A small random conv net with a view (Flatten), pooling and ReLUs."""
+def _random_net(g, max_pool):
+    """A small random conv net with a view (Flatten), pooling (max pooling saves int64 indices,
+    average pooling nothing of its own) and ReLUs."""
     c1, c2, hidden = randint(g, 2, 6), randint(g, 2, 6), randint(g, 4, 16)
-    pool = nn.MaxPool2d(2) if randint(g, 0, 1) else nn.AvgPool2d(2)
+    pool = nn.MaxPool2d(2) if max_pool else nn.AvgPool2d(2)
     side = randint(g, 8, 12)
     net = nn.Sequential(nn.Conv2d(1, c1, 3), nn.ReLU(), pool, nn.Conv2d(c1, c2, 3), nn.ReLU(),
                         nn.Flatten(), nn.Linear(c2 * ((side - 2) // 2 - 2) ** 2, hidden),
@@ -80,14 +81,16 @@ def _random_net(g):
 
 
 @check("saved_bytes", references=["saved_per_layer", "saved_tensor_bytes"], observes=[
-    "the bytes returned for fresh random conv nets (views, pooling, ReLUs), against what "
-    "autograd saves in the check's own count; helpers.saved_per_layer is unavailable"])
+    "the bytes returned for fresh random conv nets (views, ReLUs, max and average pooling "
+    "both), against what autograd saves in the check's own count; helpers.saved_per_layer is "
+    "unavailable"])
 def check_saved_bytes(fn):
     """fn(net, X): the bytes of activations autograd saves for backward in net(X), each storage
     once, parameters left out (as helpers.saved_per_layer measures them)."""
     g = fresh_generator()
-    for _ in range(4):
-        net, X = _random_net(g)
+    first = bool(randint(g, 0, 1))      # a max-pool net and an average-pool net both, forced
+    for max_pool in (first, not first, bool(randint(g, 0, 1)), bool(randint(g, 0, 1))):
+        net, X = _random_net(g, max_pool)
         call = f"saved_bytes on a batch of {X.shape[0]}"
         got = as_int(fn(net, X), call)
         want = sum(saved_per_layer(net, X))                           # after the answer ran

@@ -4,6 +4,8 @@ router z-loss, token permutation, the expert-gradient groups.
 Random inputs are drawn so that the shortcuts learners take give numbers the rule does not.
 """
 
+import math
+
 import torch
 
 from .. import load_balancing_loss, route, router_z_loss
@@ -16,6 +18,7 @@ from ._core import (
     fresh_generator,
     randint,
     tensor_equal,
+    uniform,
 )
 from ._sendrecv import _carries, _threads
 
@@ -113,14 +116,16 @@ def check_dispatch_tokens(fn):
 
 
 @check("z_loss", references=["router_z_loss"], observes=[
-    "the loss returned for fresh router scores, large and small; the square and the "
-    "log-sum-exp are named"])
+    "the loss returned for fresh router scores, small and large (one above 100 in every large "
+    "draw, where exp overflows float32); the square and the log-sum-exp are named"])
 def check_z_loss(fn):
     """fn(logits) -> ST-MoE's router z-loss: the mean over tokens of logsumexp(logits)^2."""
     g = fresh_generator()
     for scale in (1.0, 30.0):
         N, E = randint(g, 4, 12), randint(g, 3, 8)
         logits = torch.randn(N, E, generator=g) * scale + scale
+        if scale > 1:       # forced, not left to the draw: exp overflows float32 above 88.7
+            logits[randint(g, 0, N - 1), randint(g, 0, E - 1)] = uniform(g, 100.0, 130.0)
         got = as_number(fn(logits.clone()), "z_loss(logits)")
         want = float(router_z_loss(logits))
         if abs(got - want) <= 1e-4 * max(1.0, abs(want)):
@@ -130,20 +135,24 @@ def check_z_loss(fn):
             hint = "that is the mean log-sum-exp: square it per token, then average"
         elif abs(got - float((logits.amax(-1) ** 2).mean())) < 1e-4 * max(1.0, abs(want)):
             hint = "that squares the largest score: the z-loss squares the log-sum-exp"
+        elif not math.isfinite(got):
+            hint = (f"exp overflowed (expected {want:.5g}): subtract each token's largest score "
+                    "before exp, and add it back after the log")
         else:
             hint = f"expected {want:.5g}"
         raise CheckFailed(f"with {N} tokens and {E} experts you returned {got:.5g}: {hint}")
 
 
 @check("permute_tokens", references=["permute_by_expert", "EPMoE"], observes=[
-    "the rows and counts returned for fresh tokens and top-k choices: each expert's rows "
-    "together, experts in order, within an expert the choices in token order"])
+    "the rows and counts returned for fresh tokens, top-1 and top-2 choices both: each "
+    "expert's rows together, experts in order, within an expert the choices in token order"])
 def check_permute_tokens(fn):
     """fn(x, expert, n_experts) -> (rows, counts): the tokens of every choice (expert (N, k)),
     grouped by expert in expert order, each group in token order; counts (E,)."""
     g = fresh_generator()
-    for _ in range(3):
-        N, E, k, d = randint(g, 5, 12), randint(g, 2, 5), randint(g, 1, 2), randint(g, 2, 4)
+    first = randint(g, 1, 2)        # top-1 and top-2 both, in a fresh order: never k=1 alone
+    for k in (first, 3 - first, randint(g, 1, 2)):
+        N, E, d = randint(g, 5, 12), randint(g, 2, 5), randint(g, 2, 4)
         x = torch.randn(N, d, generator=g)
         expert = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
         got = fn(x.clone(), expert.clone(), E)

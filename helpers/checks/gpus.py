@@ -211,12 +211,20 @@ def check_fit_copy_model(fn):
 def _operations(g, count=8):
     """(flops, nbytes, peak FLOP/s, memory bytes/s) of fresh operations and machines, memory-bound
     and compute-bound in turn, their two times at least 1.4x apart (no tie to argue about)."""
+    # The first two, forced: a memory-bound operation more intense than a compute-bound one (on
+    # machines of different balance), so no balance point fixed in advance sorts both right.
+    dense = 10 ** uniform(g, 1, 2)                              # the compute-bound one, FLOP/B
+    sparse = dense * 10 ** uniform(g, 0.3, 1)                   # the memory-bound one, denser
     ops = []
     for k in range(count):
-        peak = float(f"{10 ** uniform(g, 10, 15.3):.3g}")      # 10 GFLOP/s to 2 PFLOP/s
-        bw = float(f"{10 ** uniform(g, 10, 13):.3g}")          # 10 GB/s to 10 TB/s
+        bw = float(f"{10 ** uniform(g, 10, 11.3 if k == 0 else 13):.3g}")   # 10 GB/s to 10 TB/s
         side = 1 if k % 2 else -1                               # right, then left of balance
-        intensity = peak / bw * 10 ** (side * uniform(g, 0.15, 2))
+        if k < 2:
+            intensity = sparse if k == 0 else dense
+            peak = float(f"{intensity * 10 ** (-side * uniform(g, 0.15, 1)) * bw:.3g}")
+        else:
+            peak = float(f"{10 ** uniform(g, 10, 15.3):.3g}")  # 10 GFLOP/s to 2 PFLOP/s
+            intensity = peak / bw * 10 ** (side * uniform(g, 0.15, 2))
         flops = round(10 ** uniform(g, 6, 13))
         ops.append((flops, max(1, round(flops / intensity)), peak, bw))
     return ops
@@ -233,7 +241,8 @@ def _bound_word(value, call):
 
 @check("roofline_time", observes=[
     "the seconds and the bound returned for fresh operations and machines (random FLOPs, bytes, "
-    "peak FLOP/s and memory bandwidth; memory-bound and compute-bound in turn), against "
+    "peak FLOP/s and memory bandwidth; memory-bound and compute-bound in turn, one memory-bound "
+    "operation more intense than a compute-bound one), against "
     "max(FLOPs / peak, bytes / bandwidth) and the roof that sets it"])
 def check_roofline_time(fn):
     """fn(flops, nbytes, peak_flops, mem_bytes_per_s) returns (seconds, bound): the least time the

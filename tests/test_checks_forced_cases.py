@@ -1,0 +1,88 @@
+"""A check's discriminating cases are forced, not drawn: a named wrong answer fails on every
+draw, not only on the draws that happen to hold the case that tells it apart (a score large
+enough to overflow, a second routing choice, a 4-byte dtype, a max-pool net, two heads per
+rank, a memory-bound operation more intense than a compute-bound one). Each check's inputs
+stay fresh; only which cases appear is fixed.
+"""
+import importlib
+import pathlib
+
+import pytest
+import torch
+from check_cases import CASES, parametrize_cases, shortcut
+
+from helpers.checks._core.inputs import replay_seeds
+
+TESTS = pathlib.Path(__file__).resolve().parent
+for path in sorted(TESTS.glob("test_checks_*.py")):
+    if path.stem not in ("test_checks_registry", "test_checks_forced_cases"):
+        importlib.import_module(path.stem)     # fills CASES with every module's shortcuts
+
+FORCED = ["check_z_loss", "check_permute_tokens", "check_tp_bytes_per_step",
+          "check_accumulation_bytes", "check_saved_bytes", "check_tokens_to_heads",
+          "check_roofline_time"]
+SEEDS = range(10)
+
+
+@shortcut("check_z_loss", "log-sum-exp without the max shift (exp overflows)", "exp overflowed")
+def z_loss_unshifted(logits):
+    return (torch.log(torch.exp(logits).sum(-1)) ** 2).mean()
+
+
+@shortcut("check_permute_tokens", "top-1 routing only", "the choices of each expert")
+def permute_top1(x, expert, n_experts):
+    first = expert[:, 0]
+    order = torch.argsort(first, stable=True)
+    return x[order], torch.bincount(first, minlength=n_experts)
+
+
+@shortcut("check_tp_bytes_per_step", "2-byte activations hard-coded", "expected")
+def tp_bytes_bf16(blocks, m, tokens, width, tp, dtype_bytes):
+    return 4 * blocks * m * 2 * (tp - 1) / tp * tokens * width * 2
+
+
+@shortcut("check_accumulation_bytes", "2-byte gradients hard-coded", "2-byte gradients")
+def accumulation_bytes_bf16(n_params, k, m, acc, dtype_bytes):
+    shard = (k - 1) / k * n_params * 2
+    return (m if acc == "every" else 1) * shard + shard
+
+
+@shortcut("check_saved_bytes", "every saved tensor counted as float32", "autograd saved")
+def saved_bytes_f32(net, X):
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    seen, sizes = set(), []
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in params and key not in seen:
+            seen.add(key)
+            sizes.append(t.untyped_storage().nbytes() // t.element_size() * 4)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(X)
+    return sum(sizes)
+
+
+@shortcut("check_tokens_to_heads", "one head per rank assumed", "bytes")
+def heads_one_per_rank(x, comm):
+    r, w = comm.rank, comm.world
+    for j in range(w):
+        if j != r:
+            comm.send(x[:, j:j + 1].contiguous(), j, tag=0)
+    parts = [x[:, r:r + 1] if j == r else comm.recv(j, (x.shape[0], 1, *x.shape[2:]), tag=0)
+             for j in range(w)]
+    return torch.cat(parts, dim=2)
+
+
+test_case = parametrize_cases(__name__)
+
+
+@pytest.mark.parametrize("case", [c for name in FORCED for c in CASES[name]["shortcuts"]],
+                         ids=repr)
+def test_every_shortcut_fails_on_every_draw(case, monkeypatch):
+    """Every registered shortcut of these checks, on ten replayed draws: each one fails."""
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv("COURSE_GRADING", raising=False)
+    for seed in SEEDS:              # conftest replays its own seeds again after the test
+        replay_seeds(seed)
+        case.judge()
