@@ -53,6 +53,7 @@ _PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.spaw
                              "os.system", "subprocess.Popen", "os.startfile"})
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs.py")
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
 # caller a frame; logging.info finding its caller's line is not reading the check)
@@ -145,9 +146,11 @@ def _rewrite(state, args):
         return
     state.local.busy = True
     try:
+        code = args[0].__code__
+        if is_reader_code(code.co_filename) or (args[1] == "__code__" and code.co_name == "_stub"
+                                                and os.path.abspath(code.co_filename) == _STUBS):
+            return             # the reader's own function, or a stubbed reference (stubs.py's)
         fn = args[0]
-        if is_reader_code(fn.__code__.co_filename):
-            return                           # the reader's own function: theirs to change
         name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', '?')}"
     finally:
         state.local.busy = False
