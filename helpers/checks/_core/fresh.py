@@ -23,6 +23,20 @@ import pathlib
 import sys
 
 _COUNTER = itertools.count()
+_FIELDS = object.__getattribute__        # bound now: the verdict is read past Result's methods
+
+
+class _Verdict:
+    """regrade's own reading of a check's Result: the status its instance holds, read without any
+    method of the Result class (a notebook's answer reaches that class while it runs and could
+    give it a `__bool__` or a `passed` that says "passed")."""
+
+    @staticmethod
+    def passed(result, kind):
+        if type(result) is not kind:
+            return False
+        status = _FIELDS(result, "__dict__").get("status")
+        return type(status) is str and str.__eq__(status, "passed") is True
 HELPERS = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -53,7 +67,7 @@ def regrade(check_name, answer):
         except (core.CheckFailed, core.HarnessError) as e:
             message = str(e)
         else:
-            if result:
+            if _Verdict.passed(result, core.Result):
                 return result
             message = repr(result)
     print(f"graded again from a fresh import of the checks: {message}")

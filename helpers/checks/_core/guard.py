@@ -11,6 +11,11 @@ observed like the thread that called it.
   `exec` (or an import under another name) of code that contains a blocked reference's code, a
   new function made of it (`types.FunctionType(saved_code, ...)`, the code saved before the
   check ran, wherever it was held), and reading a blocked reference's `__code__`.
+- It refuses, while an answer runs or a check body judges one, giving a function that is not
+  the reader's new `__code__`, `__defaults__` or `__kwdefaults__` in place (`expect.__code__ =
+  ...`, `F.silu.__code__ = ...`): the same object, so every binding the harness compares by
+  identity would still look like the original. Each attempt is noted (`rewritten`): a check body
+  in which one was made fails (late.py).
 - Processes: the answer may not start one (`os.fork`, `subprocess`, `multiprocessing`, a
   `ProcessPoolExecutor`, the `os.exec*`/`spawn*`/`system` family): a child's work is not seen
   by the check, and a fresh interpreter imports the course without the check's blocks. Torch's
@@ -47,6 +52,8 @@ _CALLBACK_EVENTS = frozenset({"sys.addaudithook", "sys.monitoring.register_callb
 _PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
                              "os.system", "subprocess.Popen", "os.startfile"})
 _STDLIB = sysconfig.get_paths()["stdlib"]
+_FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs.py")
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
 # caller a frame; logging.info finding its caller's line is not reading the check)
@@ -67,6 +74,7 @@ class _State(types.ModuleType):
     def __init__(self):
         super().__init__(_SHARED)
         self.depth, self.keys, self.refused = 0, {}, None
+        self.judging, self.rewritten = 0, []     # check bodies running; functions rewritten
         self.code_key = None
         self.local = threading.local()
         self.lock = threading.RLock()
@@ -98,6 +106,9 @@ def _make_hook(state):
         if event == "_thread.start_new_thread":
             _threads.note_start(args)
             return
+        if event == "object.__setattr__":
+            _rewrite(state, args)
+            return
         if not state.depth or getattr(state.local, "busy", False):
             return
         if event in _PROCESS_EVENTS:
@@ -124,6 +135,32 @@ def _make_hook(state):
                 state.refused = message
             raise ReferenceUsed(message)
     return hook
+
+
+def _rewrite(state, args):
+    """Refuse a function of the libraries' or the course's given new code or defaults in place
+    while an answer runs or a check judges one (the harness's own stubs are `busy`)."""
+    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (state.depth or state.judging)
+            or not isinstance(args[0], types.FunctionType)
+            or getattr(state.local, "busy", False)):
+        return
+    state.local.busy = True
+    try:
+        code = args[0].__code__
+        if is_reader_code(code.co_filename) or (args[1] == "__code__" and code.co_name == "_stub"
+                                                and os.path.abspath(code.co_filename) == _STUBS):
+            return             # the reader's own function, or a stubbed reference (stubs.py's)
+        fn = args[0]
+        name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', '?')}"
+    finally:
+        state.local.busy = False
+    message = (f"your code gave {name} a new {args[1]} in place: the check computes its verdict "
+               "with that function, so it may not change it. Compute the result with your own "
+               "functions")
+    state.rewritten.append(message)
+    if state.depth and state.refused is None:
+        state.refused = message
+    raise ReferenceUsed(message)
 
 
 def _judge(state, event, args):

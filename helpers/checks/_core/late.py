@@ -10,7 +10,10 @@ check backpropagates through what the answer returned. So, while a check body ru
   copy taken when it began, and any change fails the answer (put back first): what reader code
   left behind anywhere after a call would otherwise bend the verdict unseen;
 - the route a check's backward takes into the engine (`torch.autograd._engine_run_backward`) is
-  a stand-in, verified after each call of the answer (a replaced one fails)."""
+  a stand-in, verified after each call of the answer (a replaced one fails);
+- while the body runs, guard.py refuses a function of the libraries' or the course's given new
+  code or defaults in place, and the body fails if one was tried, even outside the answer's
+  calls (the same function object: none of the comparisons by identity would see it)."""
 import contextlib
 import threading
 
@@ -21,6 +24,7 @@ import torch.autograd.variable
 
 from . import patched
 from .callbacks import callbacks, expect_no_callbacks
+from .guard import _state as _guard_state
 from .guard import answering
 from .patched import _spaces, expect_unpatched, snapshot
 from .provenance import handed_in
@@ -119,7 +123,7 @@ def _changed(spaces):
             new = now.get(key, patched._MISSING)
             if new is value:
                 continue
-            if own and patched._judged_data(key, value):
+            if own and patched._judged(owner, key, value):
                 changed.append(f"{space}.{key}")
                 setattr(owner, key, value)
             elif not ((patched._private(key) and not private)
@@ -137,16 +141,23 @@ def checking(answer):
     the harness's globals at the end with a copy taken at the start (fails on a change)."""
     _route_changed()          # a route replaced before the check ran is the harness's again
     before = ([(name, owner, dict(ns), private) for name, owner, ns, private in _spaces()[0]],
-              set(threading.enumerate()), None)
-    outer = dict(_STATE)
+              patched.cells())
+    outer, guard = dict(_STATE), _guard_state()
     _STATE.update(answer=answer, called=False)
-    failed = True
+    failed, tried = True, len(guard.rewritten)
+    guard.judging += 1
     try:
         yield
         failed = False
     finally:
+        guard.judging -= 1
         _STATE.update(outer)
-        changed = _changed(before[0]) + _route_changed()
+        changed = _changed(before[0]) + patched.cells_changed(before[1]) + _route_changed()
+        rewritten = guard.rewritten[tried:]
+        if not guard.judging:
+            del guard.rewritten[:]
+        if rewritten and not failed:
+            raise CheckFailed(f"something of your code ran {LATE} or in it: {rewritten[0]}")
         if changed and not failed:
             raise CheckFailed(
                 f"something of your code ran {LATE} (a custom autograd Function's backward, a "

@@ -78,10 +78,17 @@ def _spaces():
                     if isinstance(value, types.ModuleType) and not _private(value.__name__) \
                             and not value.__name__.startswith(("__main__", "torch.ops")):
                         found.setdefault(id(value), value)   # (torch.ops: ops load lazily)
+        own = tuple(c for m in found.values() if _own(m) for c in list(vars(m).values())
+                    if isinstance(c, type) and c.__module__ == m.__name__)
         _CACHE["spaces"] = tuple((m.__name__, m, vars(m), False) for m in found.values()) + tuple(
+            (f"{c.__module__}.{c.__qualname__}", c, c.__dict__, True) for c in own) + tuple(
             (f"{c.__module__}.{c.__name__}", c, c.__dict__, False) for c in _CLASSES) + tuple(
             (getattr(c, "__name__", "torch._C"), c, vars(c), True) for c in _C_SPACES)
         _CACHE["views"] = tuple(ns for _, _, ns, _ in _CACHE["spaces"])
+        _CACHE["cells"] = tuple(
+            (f"{m.__name__}.{key}", cell) for m in found.values() if _own(m)
+            for key, f in list(vars(m).items()) if isinstance(f, types.FunctionType)
+            and _harness(f) for cell in f.__closure__ or ())
         _CACHE["modules"] = len(sys.modules)
     return _CACHE["spaces"], _CACHE["views"]
 
@@ -96,16 +103,52 @@ def snapshot():
         shared = _SHARED.setdefault(run, [0, None])
         if not shared[0]:
             spaces, views = _spaces()     # copied in C, one dict per namespace
-            shared[1] = (spaces, views, tuple(map(dict, views)), set(threading.enumerate()), run)
+            shared[1] = (spaces, views, tuple(map(dict, views)), cells(),
+                         set(threading.enumerate()), run)
         shared[0] += 1
         return shared[1]
 
 
+def cells():
+    """The closure cells of the harness's own functions (a check's wrapper, `late.inside`) and
+    what each holds now: a cell's contents can be set in place (`cell_contents = ...`) with no
+    binding changed."""
+    return tuple((name, cell, _contents(cell)) for name, cell in _CACHE.get("cells", ()))
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:      # an empty cell
+        return _MISSING
+
+
+def cells_changed(saved):
+    """The harness functions whose closure cells hold something else than in `saved` (each put
+    back)."""
+    changed = []
+    for name, cell, value in saved:
+        if _contents(cell) is not value:
+            changed.append(f"{name} (its closure)")
+            if value is not _MISSING:
+                cell.cell_contents = value
+    return changed
+
+
 def _own(module):
-    """One of the harness's own modules (helpers.checks): its tables and constants are data the
-    verdicts read, judged by identity, private names included."""
+    """One of the harness's own modules (helpers.checks), or a class one defines (`Result`): its
+    tables, constants and methods are what the verdicts read, judged by identity, private names
+    and a class's dunders included (`Result.__bool__`)."""
+    if isinstance(module, type):
+        return _own(sys.modules.get(module.__module__))
     where = getattr(module, "__file__", None) if isinstance(module, types.ModuleType) else None
     return isinstance(where, str) and os.path.abspath(where).startswith(_CHECKS)
+
+
+def _judged(owner, key, value):
+    """Whether a name of the harness's own is judged: every name of its classes, and every one of
+    its modules' but those `_judged_data` leaves."""
+    return isinstance(owner, type) or _judged_data(key, value)
 
 
 def _private(dotted):
@@ -203,9 +246,9 @@ def _put_back(before):
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, views, copies, threads, _ = before
+    spaces, views, copies, closures, threads, _ = before
     alive = _join_started(threads)
-    changed = []
+    changed = cells_changed(closures)
     if _same(copies, views, _all_spaces=True):
         return changed, alive
     for (space, owner, _, private), saved, now in zip(spaces, copies, views, strict=True):
@@ -216,7 +259,7 @@ def _put_back(before):
             new = now.get(key, _MISSING)
             if new is value:
                 continue
-            if own and _judged_data(key, value):       # the harness's own tables and names
+            if own and _judged(owner, key, value):     # the harness's own tables and names
                 changed.append(f"{space}.{key}")
                 setattr(owner, key, value)
                 continue
