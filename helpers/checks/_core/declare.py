@@ -17,7 +17,7 @@ from .references import blocked, code_key, resolve, scan
 from .run import REGISTRY, CheckInfo, Result, run_check
 from .same_work import expect_same_work, traced
 from .settle import Guarded, settle
-from .untouched import expect_untouched, fingerprint
+from .untouched import classes, expect_same_classes, expect_untouched, fingerprint
 
 __all__ = ["check", "Answer"]
 
@@ -40,6 +40,7 @@ class Answer(Guarded):
 
     def __call__(self, *args, **kwargs):
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
+        kinds = classes((args, kwargs))     # never changed, not even by an in-place exercise
         before = None if self.changes_inputs else (fingerprint(args), fingerprint(kwargs))
         hooks = None if self.keeps_hooks else hooks_of(args, kwargs)
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
@@ -59,6 +60,7 @@ class Answer(Guarded):
             raise
         expect_unpatched(self.__name__, libraries)
         expect_no_callbacks(self.__name__, later)
+        expect_same_classes(self.__name__, kinds)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
         if hooks is not None:

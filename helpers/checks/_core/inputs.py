@@ -10,7 +10,6 @@ precision is refused: the answer does not choose its tolerance), not from luck.
 import decimal
 import numbers
 import random
-import sys
 import types
 
 import torch
@@ -74,7 +73,10 @@ def rel_close(got, want, steps, dtype=torch.float64):
 # Comparing tensors: shape first. torch.allclose and friends broadcast, so an empty
 # `t[None][:0]` is "close" to anything; a check compares a result only once it has the expected
 # shape and kind of values. Bound at import: what the answer rebinds later cannot bend them.
+# Compared with tensor subclasses' `__torch_function__` off: a subclass of the reader's that
+# got past settle.py still cannot answer the comparison (torch's own subclasses dispatch below).
 _ALLCLOSE, _EQUAL, _PROMOTE = torch.allclose, torch.equal, torch.promote_types
+_PLAIN_DISPATCH = torch._C.DisableTorchFunctionSubclass
 
 
 def _kind(dtype):
@@ -101,20 +103,23 @@ def _comparable(got, want, what):
 def tensor_close(got, want, rtol=1e-5, atol=1e-8, what="a result"):
     """torch.allclose(got, want), shape-strict: fails (CheckFailed naming the expected shape)
     unless `got` is a tensor of `want`'s shape and kind of values, then compares the values."""
-    got, want = _comparable(got, want, what)
-    return _ALLCLOSE(got, want, rtol=rtol, atol=atol)
+    with _PLAIN_DISPATCH():
+        got, want = _comparable(got, want, what)
+        return _ALLCLOSE(got, want, rtol=rtol, atol=atol)
 
 
 def tensor_equal(got, want, what="a result"):
     """torch.equal(got, want), shape-strict as tensor_close."""
-    got, want = _comparable(got, want, what)
-    return _EQUAL(got, want)
+    with _PLAIN_DISPATCH():
+        got, want = _comparable(got, want, what)
+        return _EQUAL(got, want)
 
 
 # A number's tolerance is the rounding of the computation the check expects (float64 steps on
 # the Python numbers it hands over), which float32 hardly widens (γ_16 ≈ 1e-6, below any mistake
 # a check names). A half-precision type would let the answer pick a tolerance of percents (γ_16
 # of bfloat16 ≈ 7 %, wide enough to pass a wrong formula): it is refused, never widened to.
+_C_TYPE = 1 << 8         # Py_TPFLAGS_IMMUTABLETYPE: no class statement makes one
 _NUMPY_PRECISION = types.MappingProxyType({"float32": torch.float32, "float16": torch.float16})
 
 
@@ -124,8 +129,8 @@ def _precision(value, what):
     if isinstance(value, torch.Tensor):
         dtype = value.dtype
     else:
-        cls = type(value)       # a numpy scalar or 0-d array: numpy's own class, its dtype
-        genuine = getattr(sys.modules.get("numpy"), cls.__name__, None) is cls
+        cls = type(value)       # a numpy scalar or 0-d array: numpy's own (C) class, its dtype;
+        genuine = cls.__module__ == "numpy" and bool(cls.__flags__ & _C_TYPE)   # never a claim
         name = str(getattr(value, "dtype", "")) if genuine else ""
         dtype = _NUMPY_PRECISION.get(name, torch.float64)
     if dtype.is_floating_point and torch.finfo(dtype).bits < 32:

@@ -25,6 +25,7 @@ import fractions
 import functools
 import itertools
 import numbers
+import os
 import sys
 import types
 import weakref
@@ -60,29 +61,44 @@ def _code_file(v):
     return code.co_filename if isinstance(code, types.CodeType) else None
 
 
-def _genuine(c):
-    """Whether class `c` is the one its module names (torch's, numpy's, the course's own), not
-    a class of the reader's that only claims their `__module__`."""
-    obj = sys.modules.get(c.__module__)
-    for part in c.__qualname__.split("."):
-        obj = getattr(obj, part, None)
-    return obj is c
+_TORCH = os.path.dirname(torch.__file__) + os.sep
+_IMMUTABLE = 1 << 8     # Py_TPFLAGS_IMMUTABLETYPE: a C type, which no class statement makes
 
 
-def reader_class(cls):
+def _library_class(c):
+    """Whether `c` is torch's own: the functions it holds were all compiled from torch's files
+    (a class of the reader's that claims torch's module, `C.__module__ = "torch"`, holds none)."""
+    files = {_code_file(v) for v in vars(c).values()} - {None}
+    return c.__module__.split(".")[0] == "torch" and bool(files) and all(
+        f.startswith(_TORCH) for f in files)
+
+
+# The classes whose methods are not walked, by identity (taken at import: torch's tensors,
+# modules and optimizers; a class reached later by a name that claims a module is walked).
+_LIBRARY = frozenset(c for c in (
+    torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.Tensor),
+    torch.nn.Module, torch.optim.Optimizer, *(
+        c for space in (torch.nn, torch.optim) for c in vars(space).values()
+        if isinstance(c, type) and issubclass(c, (torch.nn.Module, torch.optim.Optimizer))))
+    if _library_class(c))
+
+
+def reader_class(cls, _depth=2):
     """Whether `cls` or a class it derives from is the reader's: defined in the reader's module,
-    or holding a function whose code is in the reader's files (whatever `__module__` says)."""
+    or holding a function (or a callable object of a class of the reader's) whose code is in
+    the reader's files, whatever `__module__` says; only C types and `_LIBRARY` go unwalked."""
     for c in cls.__mro__:
-        if c is object:
+        if c is object or c in _LIBRARY or c.__flags__ & _IMMUTABLE:
             continue
         where = getattr(sys.modules.get(c.__module__), "__file__", None)
         if c.__module__ == "__main__" or (where and is_reader_code(where)):
             return True
-        if _genuine(c) and where:
-            continue
         for v in vars(c).values():
             file = _code_file(v)
             if file and is_reader_code(file):
+                return True
+            if file is None and _depth and callable(v) and reader_class(
+                    v if isinstance(v, type) else type(v), _depth - 1):
                 return True
     return False
 
@@ -101,8 +117,7 @@ class _Settler:
         self.name, self.guarded, self.path = name, guarded, set()
 
     def __call__(self, x, depth=0):
-        if type(x) in _PLAIN or isinstance(x, np.generic) and type(x).__module__ == "numpy" \
-                and _genuine(type(x)):
+        if type(x) in _PLAIN or isinstance(x, np.generic) and not reader_class(type(x)):
             return x
         if depth > _MAX_DEPTH:
             raise CheckFailed(f"{self.name} returned values nested more than {_MAX_DEPTH} deep")

@@ -5,17 +5,22 @@ reassigned) would move the target to meet its own result. Exercises whose lesson
 their inputs in place (an all-reduce into the gradients, an optimizer step) declare it:
 `@check(..., changes_inputs=True)`.
 
-A fingerprint is taken before the call and compared after it: for a tensor its sizes, strides,
-dtype, storage size, version counter (every in-place write bumps it) and, on the CPU, its bytes
-(a write through `.data` or another alias bumps no counter); for a module every
-submodule (by identity, with a `forward` of its own if one was set) and every parameter and
-buffer; containers item by item. Other objects by identity only."""
+A fingerprint is taken before the call and compared after it: for a tensor its class, sizes,
+strides, dtype, storage size, version counter (every in-place write bumps it) and, on the CPU,
+its bytes (a write through `.data` or another alias bumps no counter); for a module every
+submodule (by identity and class, with a `forward` of its own if one was set) and every
+parameter and buffer; containers item by item. Other objects by identity and class.
+
+Classes are kept even where the inputs may change (`classes`, `expect_same_classes`): an answer
+that reassigns `X.__class__` (or a parameter's, a gradient's, a module's, a handed object's) to
+a class of its own would run its code in the check's later operations on them."""
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .run import CheckFailed
+from .settle import reader_class
 
-__all__ = ["fingerprint", "expect_untouched"]
+__all__ = ["fingerprint", "expect_untouched", "classes", "expect_same_classes"]
 
 _DEPTH = 4
 _MAX_COPY = 1 << 22   # elements: values copied up to 16 MiB of float32
@@ -30,7 +35,7 @@ class _TensorPrint:
             nbytes = t.untyped_storage().nbytes()
         except (RuntimeError, NotImplementedError):   # no storage (fake, meta)
             nbytes = None
-        self.meta = (id(t), tuple(t.shape), tuple(t.stride()), t.dtype, nbytes, t._version)
+        self.meta = (id(t), type(t), tuple(t.shape), tuple(t.stride()), t.dtype, nbytes, t._version)
         self.bytes = None
         if nbytes is not None and t.device.type == "cpu" and t.numel() <= _MAX_COPY \
                 and t.is_contiguous() and t.layout == torch.strided:
@@ -77,7 +82,52 @@ def _print(value, depth):
     if depth and isinstance(value, dict):
         return (dict, id(value), tuple((k, _print(v, depth - 1))
                                        for k, v in value.items()))
-    return ("object", id(value))
+    return ("object", id(value), type(value))
+
+
+def classes(value):
+    """Every object in `value` as handed (tensors and their gradients, modules, their
+    submodules, parameters and buffers, containers' items, other objects) with its class."""
+    seen, found = set(), []
+
+    def note(x):
+        if id(x) not in seen:
+            seen.add(id(x))
+            found.append((x, type(x)))
+            grad = x.grad if isinstance(x, torch.Tensor) and x.is_leaf else None
+            if isinstance(grad, torch.Tensor):
+                note(grad)
+
+    def walk(x, depth):
+        note(x)
+        if isinstance(x, torch.nn.Module):
+            for m in x.modules():
+                note(m)
+            for t in list(x.parameters(recurse=True)) + list(x.buffers(recurse=True)):
+                note(t)
+        elif depth and isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, depth - 1)
+        elif depth and isinstance(x, dict):
+            for v in x.values():
+                walk(v, depth - 1)
+
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        walk(value, _DEPTH)
+    return tuple(found)
+
+
+def expect_same_classes(name, before):
+    """CheckFailed if an object the answer was handed (`before = classes(...)` taken before the
+    call) is of another class now (`X.__class__ = Sub`); a library's subclass of the class it
+    had, which runs none of the reader's code (`fully_shard`, a parametrization), is kept."""
+    changed = [(x, cls) for x, cls in before if type(x) is not cls and not (
+        issubclass(type(x), cls) and not reader_class(type(x)))]   # torch's (fully_shard's)
+    if changed:
+        x, cls = changed[0]
+        raise CheckFailed(f"{name} changed the class of what it was handed (a {cls.__name__} "
+                          f"became a {type(x).__name__}): compute the answer from what it is "
+                          "handed, and leave its inputs' classes as they were")
 
 
 def expect_untouched(name, before, args, kwargs):
