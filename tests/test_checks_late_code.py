@@ -163,3 +163,19 @@ def test_a_fresh_regrade_fails_the_late_rebinding(monkeypatch, capsys):
     with pytest.raises(AssertionError, match="its backward"):
         regrade("check_rank_loss", rank_loss)
     assert _inputs()._ALLCLOSE is not _yes and torch.allclose is not _yes
+
+
+def test_a_regrade_leaves_the_route_into_the_engine_to_the_harness():
+    """A fresh copy of the checks installs its own route into autograd's engine; once the regrade
+    is over, the harness loaded before it gets it back (else its next check reads the copy's
+    route as a replacement the answer made)."""
+    from helpers.checks._core import fresh, late
+
+    def shard_sizes_right(n, k):
+        return [n // k + (i < n % k) for i in range(k)]
+
+    before = torch.autograd._engine_run_backward
+    assert before is late._run_backward
+    fresh.regrade("check_shard_sizes", shard_sizes_right)
+    assert torch.autograd._engine_run_backward is before
+    assert torch.autograd.graph._engine_run_backward is before

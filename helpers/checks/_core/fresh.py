@@ -45,6 +45,7 @@ def fresh_course():
     """A new import of the helpers package (this file's) under a private name, made now, after
     every cell of the notebook ran: no cell can have touched it. Dropped afterwards."""
     name = f"_graded_helpers_{next(_COUNTER)}"
+    taken = _engine_route()
     spec = importlib.util.spec_from_file_location(
         name, HELPERS / "__init__.py", submodule_search_locations=[str(HELPERS)])
     package = importlib.util.module_from_spec(spec)
@@ -55,6 +56,16 @@ def fresh_course():
     finally:
         for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
             del sys.modules[key]
+        for owner, key, value in taken:      # the harness loaded before the copy takes it back
+            setattr(owner, key, value)
+
+
+def _engine_route():
+    """The names a copy's late.py takes over process-wide when it is imported (torch's route
+    into the autograd engine), with what they hold now."""
+    import torch.autograd.graph
+    return [(owner, "_engine_run_backward", owner._engine_run_backward)
+            for owner in (torch.autograd, torch.autograd.graph)]
 
 
 def regrade(check_name, answer):
