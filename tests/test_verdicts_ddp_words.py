@@ -137,8 +137,8 @@ def test_flag_cost_words_every_verdict(samples, words):
     (FASTER, 10, "The step grew by 50 % (the median per round), less than 10 times the walk's "
      "profiled share (10 % of a step): this timing does not tell the walk apart from other "
      "work", "or the machine's load"),
-    (SLOWER, 0.15, "The flag only adds work, so a faster step with it comes from the machine's "
-     "load", "not from the flag"),
+    (SLOWER, 0.15, "The flag only adds work, so a faster step with it comes from something "
+     "other than the flag", "such as the machine's load between the turns (not measured here)"),
     (NOISE, 0.15, "A cost of 0.15 % of a step (the profile above) can hide under a busy "
      "machine's noise", "counted above)."),
     (ONE, 0.15, "A cost of 0.15 % of a step", "can hide under a busy machine's noise"),

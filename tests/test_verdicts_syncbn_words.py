@@ -51,6 +51,9 @@ def test_found_words_lists_what_resolved_in_order():
     cost = {"16 a rank": dict(comm=NOISE, impl=COST), "2 a rank": dict(comm=COST, impl=ONE)}
     assert found_words(cost) == ("at 16 a rank, the Python implementation added 65 % to a "
                                  "step; at 2 a rank, the collectives added 65 % to a step")
+    both = {"16 a rank": dict(comm=COST, impl=COST), "2 a rank": dict(comm=NOISE, impl=ONE)}
+    assert found_words(both) == ("at 16 a rank, the collectives added 65 % to a step and the "
+                                 "Python implementation added 65 % to a step")
     nothing = {"16 a rank": dict(comm=NOISE, impl=ONE), "2 a rank": dict(comm=ONE, impl=NOISE)}
     assert found_words(nothing).startswith("no ratio resolved")
 

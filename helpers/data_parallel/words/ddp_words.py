@@ -158,8 +158,9 @@ def flag_step_words(r, walk_share):
         return (grew + f"less than 10 times the walk's profiled share ({walk_share:.2g} % of a "
                 f"step): this timing does not tell the walk apart from {other}; {trust}.")
     if r.verdict == "slower":
-        return ("The flag only adds work, so a faster step with it comes from the machine's "
-                f"load between the turns, not from the flag; {trust}.")
+        return ("The flag only adds work, so a faster step with it comes from something other "
+                "than the flag, such as the machine's load between the turns (not measured "
+                f"here); {trust}.")
     return (f"A cost of {walk_share:.2g} % of a step (the profile above) can hide under a busy "
             f"machine's noise; {trust} (it leaves out the flag's extra all-reduce of the "
             "used-parameter map, counted above).")

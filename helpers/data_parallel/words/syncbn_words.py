@@ -51,9 +51,12 @@ def resolved_words(r: Ratio, what):
 def found_words(cost):
     """Everything the cost ratios resolved, batch by batch: `cost` maps a batch's name ('16 a
     rank') to {"comm": Ratio (syncbn / control), "impl": Ratio (control / bn), ...}."""
-    found = [f"at {name}, {w}" for name, c in cost.items()
-             for w in (resolved_words(c["comm"], "the collectives"),
-                       resolved_words(c["impl"], "the Python implementation")) if w]
+    found = []
+    for name, c in cost.items():
+        words = [w for w in (resolved_words(c["comm"], "the collectives"),
+                             resolved_words(c["impl"], "the Python implementation")) if w]
+        if words:
+            found.append(f"at {name}, {' and '.join(words)}")
     if found:
         return "; ".join(found)
     return ("no ratio resolved: every ratio's spread crossed 1.0, or it had too few rounds to "
