@@ -156,12 +156,7 @@ def test_time_it_does_not_depend_on_the_machine_being_idle(monkeypatch):
 
 def _time_it_mean_after_warmup(fn, devices, reps=5):
     fn()                                       # a warm-up, then the mean of the timed calls
-    synchronize(devices)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-        synchronize(devices)
-    return (time.perf_counter() - t0) / reps
+    return time_it_mean(fn, devices, reps)
 
 
 def test_time_it_verdicts_do_not_depend_on_which_call_is_slow():
