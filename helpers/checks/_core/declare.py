@@ -10,6 +10,7 @@ from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
 from .late import checking, inside
+from .modes import expect_same_switches, switches
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world
 from .rank_builtins import shadow
@@ -47,6 +48,7 @@ class Answer(Guarded):
         nodes = contextlib.nullcontext() if self.keeps_hooks else node_hooks(self.__name__)
         libraries = snapshot()          # what the answer may not rebind (patched.py)
         later = callbacks()             # what runs later on its own (callbacks.py)
+        modes = switches()              # grad mode, default dtype, ... (modes.py)
         try:
             with nodes, blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
@@ -56,9 +58,13 @@ class Answer(Guarded):
             try:
                 expect_unpatched(self.__name__, libraries)    # put back, even when it raised
             finally:
-                expect_no_callbacks(self.__name__, later)
+                try:
+                    expect_no_callbacks(self.__name__, later)
+                finally:
+                    expect_same_switches(self.__name__, modes)
             raise
         expect_unpatched(self.__name__, libraries)
+        expect_same_switches(self.__name__, modes)
         expect_no_callbacks(self.__name__, later)
         expect_same_classes(self.__name__, kinds)
         if before is not None:
