@@ -10,6 +10,8 @@ settle.py     what an answer returns, settled before its call ends: no code of t
 hooks.py      no hook the answer registered on what it was handed, or on the whole process,
               is left when it returns (the check goes on using those objects); early_hooks.py:
               nor may one of the reader's installed earlier be active when a check starts
+modes.py      no torch switch (grad mode, default dtype, inference mode, ...) the answer changed
+              is left changed when it returns
 references.py no reference shortcut: the course's own answer is unreachable, by identity
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
               the expected computation's rounding (a half-precision number refused)

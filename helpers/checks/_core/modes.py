@@ -1,9 +1,10 @@
 """Torch's global and thread-local switches around the answer's call: grad mode, inference mode,
-the default dtype, anomaly mode, deterministic algorithms, autograd's multithreading, saved-tensor
-hooks. A switch the answer leaves changed (`torch.set_grad_enabled(False)`, a default dtype of
-float64 with `torch.Storage` put back) would bend the check's own computations afterwards and the
-reader's later cells, and binds no name patched.py compares: noted when the answer is called,
-compared after it returns (or raises), put back, and the answer fails naming the switch."""
+the default dtype, anomaly mode, deterministic algorithms, autocast, autograd's multithreading,
+saved-tensor hooks. A switch the answer leaves changed (`torch.set_grad_enabled(False)`, a
+default dtype of float64 with `torch.Storage` put back) would bend the check's own computations
+afterwards and the reader's later cells, and binds no name patched.py compares: noted when the
+answer is called, compared after it returns (or raises), put back, and the answer fails naming
+the switch."""
 import torch
 
 from .run import CheckFailed
@@ -22,6 +23,7 @@ def _inference(on):
 
 
 _KEPT = []
+_AUTOCAST = ("cpu", "cuda")
 
 
 def _saved_hooks(on):
@@ -50,6 +52,11 @@ _SWITCHES = (
               torch.is_deterministic_algorithms_warn_only_enabled()),
      lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]),
      "set it back before returning"),
+    ("autocast (torch.is_autocast_enabled)",
+     lambda: tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST),
+     lambda v: [(torch.set_autocast_enabled(d, on), torch.set_autocast_dtype(d, dt))
+                for d, (on, dt) in zip(_AUTOCAST, v, strict=True)],
+     "use `with torch.autocast(...):`"),
     ("autograd's multithreading (torch.autograd.set_multithreading_enabled)",
      _C._is_multithreading_enabled, _C._set_multithreading_enabled,
      "use `with torch.autograd.set_multithreading_enabled(...):`"),
