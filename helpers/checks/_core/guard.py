@@ -302,8 +302,6 @@ def _submit(self, fn, /, *args, **kwargs):
     return _state().submit(self, carried, *args, **kwargs)
 
 
-
-
 class answering:
     """While an answer runs: the hook is armed with `keys` ({code key: reference name}), threads
     carry the dispatch modes. Raises ReferenceUsed at the end if the hook refused anything, even
