@@ -37,7 +37,7 @@ import sysconfig
 import threading
 import types
 
-from .run import CheckFailed, ReferenceUsed, is_reader_code
+from .run import CheckFailed, ReferenceUsed, is_reader_code, is_reader_function
 
 __all__ = ["answering", "refusal", "harness_busy", "own_operator", "TORCH_OPERATORS"]
 
@@ -147,8 +147,9 @@ def _rewrite(state, args):
     state.local.busy = True
     try:
         code = args[0].__code__
-        if is_reader_code(code.co_filename) or (args[1] == "__code__" and code.co_name == "_stub"
-                                                and os.path.abspath(code.co_filename) == _STUBS):
+        if is_reader_function(args[0], sys._getframe(2)) or (
+                args[1] == "__code__" and code.co_name == "_stub"
+                and os.path.abspath(code.co_filename) == _STUBS):
             return             # the reader's own function, or a stubbed reference (stubs.py's)
         fn = args[0]
         name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', '?')}"
@@ -299,8 +300,6 @@ def _submit(self, fn, /, *args, **kwargs):
     carried = _with_modes(fn, _modes())
     setattr(carried, _CARRIED, True)
     return _state().submit(self, carried, *args, **kwargs)
-
-
 
 
 class answering:

@@ -35,7 +35,7 @@ import weakref
 
 from torch._ops import OpOverload, OpOverloadPacket, _OpNamespace
 
-from . import exits
+from . import bytecode, exits
 from .guard import TORCH_OPERATORS
 from .run import CheckFailed, is_reader_code
 
@@ -79,7 +79,7 @@ def code_key(code):
             consts.append(("frozenset", tuple(sorted(map(repr, const)))))
         else:
             consts.append(repr(const))
-    text = repr((code.co_code, tuple(consts), code.co_names, len(code.co_varnames),
+    text = repr((bytecode.instructions(code), tuple(consts), code.co_names, len(code.co_varnames),
                  len(code.co_freevars), len(code.co_cellvars), code.co_argcount,
                  code.co_kwonlyargcount, code.co_flags))
     if len(_CODE_KEYS) >= 16384:

@@ -92,6 +92,28 @@ def is_reader_code(filename):
     return not any(path.is_relative_to(root) for root in (_HELPERS, *_LIBRARIES))
 
 
+_MAKERS = ("collections/__init__.py", "dataclasses.py")     # the stdlib's generated methods
+
+
+def is_reader_function(fn, setter):
+    """True when `fn` is the reader's: its code's file is (is_reader_code) and, for code compiled
+    from a string (`<...>`: a cell, but also namedtuple's and dataclasses' generated methods),
+    so is the module it runs in: a course class's generated `__new__` is not. `setter`, the
+    frame changing it: the stdlib's maker setting up a method it made passes."""
+    filename = fn.__code__.co_filename
+    if not is_reader_code(filename) or not filename.startswith("<"):
+        return is_reader_code(filename)
+    made = setter.f_code.co_filename if setter is not None else ""
+    if made.startswith(sysconfig.get_paths()["stdlib"]) and made.endswith(_MAKERS):
+        return True
+    name = fn.__globals__.get("__name__")
+    module = sys.modules.get(name) if name not in (None, "__main__") else None
+    if name not in (None, "__main__") and module is None:
+        return False                     # namedtuple's own namespace ("namedtuple_Transfer")
+    file = getattr(module, "__file__", None)
+    return file is None or is_reader_code(file)
+
+
 _DECLARE = str(pathlib.Path(__file__).with_name("declare.py"))
 _ENTRIES = (_DECLARE, str(pathlib.Path(__file__).with_name("late.py")))   # the answer's windows
 
