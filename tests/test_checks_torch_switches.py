@@ -58,10 +58,14 @@ def test_switches_put_back_after_a_failed_check():
 
 
 def test_switches_put_back_when_the_answer_raises():
+    ran = []
+
     def dtype_then_raise(logits):
+        ran.append(torch.get_default_dtype())
         keep = torch.Storage
         torch.set_default_dtype(torch.float64)
         torch.Storage = keep
         raise ValueError("boom")
     checks.check_z_loss(dtype_then_raise)
+    assert ran, "the answer never ran: the test would prove nothing"
     assert torch.get_default_dtype() == torch.float32
