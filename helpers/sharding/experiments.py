@@ -65,11 +65,7 @@ def zero1_vs_one_process(rank, world, cfg):
                                           weight_decay=groups[0]["weight_decay"], **kw)
             opt.add_param_group(groups[1])
         for batch in batches:
-            X, y = local_batch(batch, rank, world, device)
-            flat_cross_entropy(model(X), y).backward()
-            model.finish_gradient_synchronization()
-            opt.step()
-            opt.zero_grad()
+            train_step(model, opt, batch, rank, world, device, finish=True)
         state = optimizer_state_bytes(opt.local) if impl == "scratch" and opt.local else \
             optimizer_state_bytes(opt.optim) if impl == "torch" else 0
         res[impl] = OptimizerRun(diff=max_diff(params_of(unwrap(model)), ref), state_bytes=state)
@@ -155,12 +151,7 @@ def fsdp2_vs_one_process(rank, world, cfg):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
         with count_traffic() as log:
             for batch in batches:
-                X, y = local_batch(batch, rank, world, device)
-                flat_cross_entropy(model(X), y).backward()
-                if impl == "scratch":
-                    model.finish_gradient_synchronization()
-                opt.step()
-                opt.zero_grad()
+                train_step(model, opt, batch, rank, world, device, finish=impl == "scratch")
         if impl == "fsdp2":
             local_bytes = sum(p.to_local().numel() * 4 for p in model.parameters())
             runs[impl] = full_params(model)
@@ -217,9 +208,13 @@ def dcp_load_resharded(rank, world, cfg):
     return DcpRun(**loaded, after=full_params(model))
 
 
-def train_step(model, opt, batch, rank, world, device):
+def train_step(model, opt, batch, rank, world, device, finish=False):
+    """One step on this rank's slice of `batch`. `finish`: a wrapper built by hand, which
+    reduces the gradients in finish_gradient_synchronization() (torch's wrappers in backward)."""
     X, y = local_batch(batch, rank, world, device)
     flat_cross_entropy(model(X), y).backward()
+    if finish:
+        model.finish_gradient_synchronization()
     opt.step()
     opt.zero_grad()
 
@@ -244,11 +239,7 @@ def zero1_checkpoint(rank, world, cfg):
 
     def run(model, opt, part):
         for batch in part:
-            X, y = local_batch(batch, rank, world, device)
-            flat_cross_entropy(model(X), y).backward()
-            model.finish_gradient_synchronization()
-            opt.step()
-            opt.zero_grad()
+            train_step(model, opt, batch, rank, world, device, finish=True)
     model = DDPFromScratch(make_model("mlp").to(device))
     opt = ShardedOptimizer(unwrap(model).parameters(), torch.optim.AdamW, lr=1e-3)
     run(model, opt, batches[:half])

@@ -16,6 +16,7 @@ from ..one_process import flat_cross_entropy, local_batch, params_of, train_one_
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..tiny_models import make_batches, make_model
+from .experiments import train_step
 from .flat import all_gather_flat
 from .fsdp_scratch import FSDPFromScratch
 from .memory import PeakBytes
@@ -116,12 +117,7 @@ def fsdp_knobs(rank, world, cfg):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
         with count_traffic() as log, PeakBytes().skip(list(model.parameters())) as peak:
             for batch in batches:
-                X, y = local_batch(batch, rank, world, device)
-                flat_cross_entropy(model(X), y).backward()
-                if impl == "scratch":
-                    model.finish_gradient_synchronization()
-                opt.step()
-                opt.zero_grad()
+                train_step(model, opt, batch, rank, world, device, finish=impl == "scratch")
         gathers = sum(v for k, v in log.ops().items() if k.startswith("all_gather"))
         full = model.gather_full_params() if impl == "scratch" else full_params(model)
         by_hand = dict(peak_gathered=model.peak_live_bytes,
