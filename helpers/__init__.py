@@ -54,10 +54,10 @@ __course__ = "multigpu-course"
 # touches an API it lacks).
 from . import torch_floor  # its import checks the installed torch
 
-from .config import choose, quick
+from .config import choose, full, quick
 from .devices import (Timer, exact_float32, get_devices, num_gpus, rank_clock, synced_now,
                       synchronize, try_all_gpus, try_gpu, gpu_copy_gbs, copy_while_computing,
-                      time_matmul)
+                      time_matmul, gpu_chapter_figures, unsynced_timings)
 from .data import (DataMissingError, load_data_fashion_mnist, load_tensors, ensure_data,
                    fashion_mnist)
 from .models import (LENET_SHAPES, init_lenet_params, lenet, lenet_module, loss, num_params,
@@ -79,9 +79,9 @@ from .compare import all_close, max_diff
 from .cost_explorer import with_static_twin
 from .profiling import (quiet_native_stderr, profile_cpu, collectives_in, count_ops, trace_events,
                         overlap_ms, exposed_ms, trace_sentence)
-from .prose import claim, say
+from .prose import claim, formatted, say
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
-                        failed_cells_words, failed_cells_note)
+                        failed_cells_words, failed_cells_note, add_gpu_path, gpu_runner_cli)
 from .words import how_often, plural
 from .model_words import (spread_verdict, largest_miss, comm_inside_step_words, fit_words,
                           load_words, sweep_memory_words, last_bucket_words)
@@ -96,7 +96,7 @@ from .gpus_words import (pool_words, copy_fit_words, unsynced_timing_words, size
                          link_cost_words, fit_ends_words, iqr_words)
 from .gpus_cost_words import call_share_words, call_share_summary, cache_copy_words
 from .timing import (Measurement, Ratio, measure, interleave, ratio, machine_load, quartiles_word,
-                     cpu_clock)
+                     cpu_clock, MIN_ROUNDS)
 from .runtime.group import (choose_backend, backend_for, env_ranks, rank_device, setup, teardown,
                             free_port, log0)
 from .runtime.launch import launch, run_ranks

@@ -3,7 +3,7 @@ import os
 
 from .words import plural
 
-__all__ = ["choose", "quick"]
+__all__ = ["choose", "quick", "full"]
 
 QUICK_ENV = "COURSE_QUICK"   # set to 1: tiny data subsets, one or two epochs (CI, a quick look)
 FULL_ENV = "COURSE_FULL"     # set to 1: full sizes even without a GPU (slow on a laptop)

@@ -5,9 +5,9 @@ file says that no GPU run exists and the chapters say so.
 The runner's steps each leave their results in one folder (env.json: the machine, captured on
 the GPU; unit.xml, nbval.json: the test results; bench.json: the benchmark), so the steps can run
 in separate sessions; `record` gathers them into the reference file and names what did not run.
-    python -c "from helpers.reference import main; main()" env OUTDIR [--dry-run]
-    python -c "from helpers.reference import main; main()" record OUTDIR COMMAND [--dry-run]
-    python -c "from helpers.reference import main; main()" nbval OUTDIR NOTEBOOK JUNIT SECONDS
+    python -c "import helpers; helpers.gpu_runner_cli()" env OUTDIR [--dry-run]
+    python -c "import helpers; helpers.gpu_runner_cli()" record OUTDIR COMMAND [--dry-run]
+    python -c "import helpers; helpers.gpu_runner_cli()" nbval OUTDIR NOTEBOOK JUNIT SECONDS
 """
 import datetime
 import os
@@ -20,8 +20,8 @@ from .paths import course_file
 from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
-           "capture_env", "gpu_figures", "one_gpu_step", "add_notebook", "add_path",
-           "failed_cells_words", "failed_cells_note"]
+           "capture_env", "gpu_figures", "one_gpu_step", "add_notebook", "add_gpu_path",
+           "gpu_runner_cli", "failed_cells_words", "failed_cells_note"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "reference", "gpu_reference.json")
@@ -311,7 +311,7 @@ def add_notebook(outdir, notebook, junit=None, seconds=None):
                                                if v.get("ran") else "not run (budget)"))
 
 
-def add_path(outdir, step, result):
+def add_gpu_path(outdir, step, result):
     """Record what one of the runner's GPU-path steps (train, torchrun, comm, cp, memory; gpus)
     found, in outdir/paths.json, keeping the other steps' (one file: the device returns few)."""
     path = os.path.join(outdir, "paths.json")
@@ -366,13 +366,13 @@ def write_gpu_reference(outdir, command, path=None, dry_run=False):
     return ref
 
 
-def main(argv=None):
+def gpu_runner_cli(argv=None):
     """The runner's command line: env OUTDIR [--dry-run] | record OUTDIR COMMAND [--dry-run]."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2 or argv[0] not in ("env", "record", "nbval") \
             or argv[0] in ("record", "nbval") and len(argv) < 3:
-        raise SystemExit("usage: main() with env OUTDIR [--dry-run] | record OUTDIR COMMAND "
-                         f"[--dry-run] | nbval OUTDIR NOTEBOOK (JUNIT SECONDS | --not-run); "
+        raise SystemExit("usage: gpu_runner_cli() with env OUTDIR [--dry-run] | record OUTDIR "
+                         "COMMAND [--dry-run] | nbval OUTDIR NOTEBOOK (JUNIT SECONDS | --not-run); "
                          f"got {argv}")
     what, outdir, dry = argv[0], argv[1], "--dry-run" in argv
     if what == "nbval":

@@ -18,7 +18,7 @@ Every row trains the same LeNet from the same initialisation, batch 256, lr 0.2,
 The rows take turns: every round runs each row once, in the opposite order every other round
 (ABAB...), and round r uses seed + r, so a row's test accuracy comes from --rounds seeds. A row's
 figure in a round is its median seconds per epoch from epoch 2 on (epoch 1 pays for warm-up and
-compiling: its excess is reported); each ratio is divided round by round (helpers.timing), with
+compiling: its excess is reported); each ratio is divided round by round (helpers.ratio), with
 its median and spread, and "within noise" where the spread crosses 1 ("cannot tell" from one
 round: no spread). The JSON keeps every sample. Quick size (--quick, COURSE_QUICK=1) is for
 CI: too short to compare. Full size (on a GPU, or with COURSE_FULL=1): all of Fashion-MNIST for
@@ -40,7 +40,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch
 
 import helpers
-from helpers import timing
 
 QUICK = dict(num_epochs=3, subset=1024)
 CPU = dict(num_epochs=4, subset=25600)   # minutes on 2 cores: enough to learn, and to compare
@@ -93,7 +92,7 @@ def validate_args(args):
         raise ValueError(f"--lr must be a positive, finite number, got {args.lr}: e.g. "
                          "--lr 0.2") from None
     helpers.validate_seed(args.seed + (args.rounds or 3) - 1, "--seed")   # round r: seed + r
-    helpers.quick(), helpers.config.full()   # a value these switches do not know is refused
+    helpers.quick(), helpers.full()   # a value these switches do not know is refused
     if args.ranks is None:
         args.ranks = "2" if args.quick or helpers.quick() else "1,2"
     try:
@@ -256,13 +255,13 @@ def same_arithmetic(size, args, steps, compile_ok):
 def target_word(v):
     """'met' / 'NOT met' when the whole spread says so; from one round, that round's reading."""
     word = "met" if v["met"] else "NOT met"
-    return word if v.get("rounds", timing.MIN_ROUNDS) >= timing.MIN_ROUNDS else (
+    return word if v.get("rounds", helpers.MIN_ROUNDS) >= helpers.MIN_ROUNDS else (
         f"{word} in the one round (no spread: cannot tell)")
 
 
 def judge(targets, rows, ratios):
     """The issue's targets, each with its figure and whether the whole spread meets it (with
-    `rounds`: from fewer than timing.MIN_ROUNDS the spread is one sample, so cannot tell)."""
+    `rounds`: from fewer than helpers.MIN_ROUNDS the spread is one sample, so cannot tell)."""
     key = {(r["trainer"], r["n"], r["where"]): r for r in rows}
     out = []
 
@@ -327,7 +326,7 @@ def main(argv=None):
         rows = [r for r in rows if r["trainer"] != "scratch"]
         print("bench: DDPFromScratch rows skipped: helpers.data_parallel.scratch is not "
               "importable here")
-    load = [timing.machine_load()]
+    load = [helpers.machine_load()]
     t_start = time.perf_counter()
     for r in rows:
         r.update(name=f"{r['trainer']}_{r['n']}" if r["where"] == "process"
@@ -344,18 +343,18 @@ def main(argv=None):
                 print(f"bench: {r['name']} failed in round {rnd + 1}: {r['error']}")
                 continue
             t = got["epoch_times"]
-            got.update(seed=seed, sec_per_epoch=timing.Measurement(t[1:]).median,
-                       first_epoch_extra_s=t[0] - timing.Measurement(t[1:]).median)
+            got.update(seed=seed, sec_per_epoch=helpers.Measurement(t[1:]).median,
+                       first_epoch_extra_s=t[0] - helpers.Measurement(t[1:]).median)
             r["rounds"].append(got)
             print(f"bench: round {rnd + 1}/{rounds}: {r['name']}: {got['sec_per_epoch']:.3f} "
                   f"s/epoch, test acc {got['test_acc']:.3f}", flush=True)
-        load.append(timing.machine_load())
+        load.append(helpers.machine_load())
     rows = [r for r in rows if len(r["rounds"]) == rounds]   # a row that failed is left out
     if not rows:
         raise SystemExit("bench: every row failed (see above)")
     for r in rows:
-        r["sec_per_epoch"] = timing.Measurement([x["sec_per_epoch"] for x in r["rounds"]])
-        r["test_acc"] = timing.Measurement([x["test_acc"] for x in r["rounds"]], unit="")
+        r["sec_per_epoch"] = helpers.Measurement([x["sec_per_epoch"] for x in r["rounds"]])
+        r["test_acc"] = helpers.Measurement([x["test_acc"] for x in r["rounds"]], unit="")
         r["note"] = r["rounds"][-1]["note"]
     ratios = {}
     ref = next((r for r in rows if r["trainer"] == "reference"), None)
@@ -372,7 +371,7 @@ def main(argv=None):
         if r["where"] == "ranks" and r["n"] > 1:   # k ranks against one
             pairs += [(r, o) for o in rows if o["name"] == f"{r['trainer']}_ranks_1"]
     for a, b in pairs:
-        ratios[f"{a['name']}_over_{b['name']}"] = timing.ratio(b["sec_per_epoch"],
+        ratios[f"{a['name']}_over_{b['name']}"] = helpers.ratio(b["sec_per_epoch"],
                                                                  a["sec_per_epoch"]).to_dict()
     print_table(rows, ref)
     print("\nratios (speed: how many times as fast, round by round; > 1 is faster):")
@@ -380,9 +379,9 @@ def main(argv=None):
         spread = (f"{v['spread'][0]:.2f}-{v['spread'][1]:.2f}" if len(v["samples"]) >= 2 else
                   "one round, no spread")
         print(f"  {name}: {v['median']:.2f}x ({spread}) {v['verdict']}")
-    if rounds < timing.MIN_ROUNDS:
-        print(f"  (one round: every verdict is 'cannot tell'; --rounds {timing.MIN_ROUNDS} or more "
-              "gives a spread)")
+    if rounds < helpers.MIN_ROUNDS:
+        print("  (one round: every verdict is 'cannot tell'; "
+              f"--rounds {helpers.MIN_ROUNDS} or more gives a spread)")
     diffs = same_arithmetic(size, args, args.check_steps, compile_ok and not gpu)
     print(f"\nsame arithmetic: after {args.check_steps} steps from the same start on the same "
           "batches, max |parameter difference| from Part II's train_batch: "
@@ -393,7 +392,7 @@ def main(argv=None):
     for v in verdicts:
         print(f"target: {v['target']}: {v['median']:.3g} ({v['spread'][0]:.3g}-"
               f"{v['spread'][1]:.3g}): {target_word(v)}")
-    load.append(timing.machine_load())
+    load.append(helpers.machine_load())
     busy = [f"{x:.2f}" for x in load if x is not None]
     print(f"bench: {len(rows)} rows x {rounds} {word} in {time.perf_counter() - t_start:.0f} s;"
           f" machine load (1-min load average per core) {', '.join(busy) or 'unknown'}")
@@ -422,7 +421,7 @@ def print_table(rows, ref):
     for r in rows:
         s, a = r["sec_per_epoch"], r["test_acc"]
         speed = f"{ref['sec_per_epoch'].median / s.median:.2f}x" if ref else "-"
-        extra = timing.Measurement([x["first_epoch_extra_s"] for x in r["rounds"]]).median
+        extra = helpers.Measurement([x["first_epoch_extra_s"] for x in r["rounds"]]).median
         where = (helpers.plural(r["n"], "rank") if r["where"] == "ranks" else
                  helpers.plural(r["n"], "device"))
         print(f"{r['trainer']:<12} {r['n']:>2} {s.median:>8.3f} {s.lo:>7.3f}-{s.hi:<7.3f} "

@@ -289,7 +289,7 @@ def execute(path, store=True, record=None):
         from helpers import atomic_write  # the one atomic writer: a kill keeps the old file
         atomic_write(path, lambda f: nbformat.write(nb, f), mode="w")
     record_run(docname(path), mode, entry, record)
-    from helpers.words import plural
+    from helpers import plural
     print(f"executed {path} ({chapter_runs.MODES[mode]}): {chapter_runs.run_text(entry)}, "
           f"{chapter_runs.fmt_bytes(entry['peak_bytes'])}, {plural(entry['processes'], 'process')} "
           "at once"

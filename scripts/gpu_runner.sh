@@ -18,7 +18,7 @@
 #   gpus      book/gpus.ipynb under nbval (quick): the cells only a GPU runs -> nbval.json;
 #             and the figures its GPU-only sections quote where no GPU is (pinned and pageable
 #             copies, the link, a step's memory, two streams, and the product timed without and
-#             with synchronising: helpers.devices.gpu_chapter_figures)         -> paths.json
+#             with synchronising: helpers.gpu_chapter_figures)                 -> paths.json
 #   fixes     book/part4/fixes.ipynb under nbval (quick)                     -> nbval.json
 #   train     one-GPU training in this process: helpers.train, helpers.train_fast -> paths.json
 #   torchrun  scripts/ddp/torchrun.py on one GPU (NCCL, --snapshot, resumed), and 2 gloo ranks
@@ -145,7 +145,7 @@ export COURSE_DATA=${COURSE_DATA:-$PWD/data} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 unset COURSE_FULL
 export COURSE_QUICK=1                 # the paths, not the full sizes: those are for later runs
 dry=$([ $mode = dry ] && echo --dry-run)
-$PY -c "from helpers.reference import main; main()" env "$out" $dry >> "$log" 2>&1 \
+$PY -c "import helpers; helpers.gpu_runner_cli()" env "$out" $dry >> "$log" 2>&1 \
   || { tail -5 "$log"; exit 1; }
 start=$(date +%s)
 budget=${DEADLINE:-$([ $mode = dry ] && echo 1500 || echo 540)}   # a CPU in CI: slower, no device
@@ -239,7 +239,7 @@ EOF
     fi
     for nb in $nbs; do
       if [ "$(left)" -lt 30 ]; then
-        $PY -c "from helpers.reference import main; main()" nbval "$out" "$nb" --not-run \
+        $PY -c "import helpers; helpers.gpu_runner_cli()" nbval "$out" "$nb" --not-run \
           >> "$log" 2>&1
         continue
       fi
@@ -247,7 +247,7 @@ EOF
       timeout "$(left)" $PY -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
         --nbval-cell-timeout "$(( $(left) < 300 ? $(left) : 300 ))" --junitxml "$tmp/nb.xml" \
         "$nb" >> "$log" 2>&1 || ok=1
-      $PY -c "from helpers.reference import main; main()" nbval "$out" "$nb" "$tmp/nb.xml" \
+      $PY -c "import helpers; helpers.gpu_runner_cli()" nbval "$out" "$nb" "$tmp/nb.xml" \
         "$(( $(date +%s) - t1 ))" >> "$log" 2>&1
       rm -f "$tmp/nb.xml"
     done
@@ -256,14 +256,12 @@ EOF
 import sys
 import torch
 import helpers
-from helpers.devices import gpu_chapter_figures, unsynced_timings
-from helpers.reference import add_path
 if helpers.num_gpus() > 0:
-    res = gpu_chapter_figures()   # the timer's products at the chapter's size (GPU_TIMER_WORK)
+    res = helpers.gpu_chapter_figures()   # the timer's products at the chapter's size (GPU_TIMER_WORK)
 else:   # a dry run's CPU: the timer's code on a small product; the chapter quotes none of it
-    res = dict(unsynced_timings(torch.device("cpu"), dict(n=64, reps=2, rounds=2)),
+    res = dict(helpers.unsynced_timings(torch.device("cpu"), dict(n=64, reps=2, rounds=2)),
                device="cpu")
-add_path(sys.argv[1], sys.argv[2], res)
+helpers.add_gpu_path(sys.argv[1], sys.argv[2], res)
 print(res)
 EOF
     fi ;;
@@ -271,7 +269,6 @@ EOF
     paths train >> "$log" 2>&1 <<'EOF' || ok=1
 import sys
 import helpers
-from helpers.reference import add_path
 dry = "--dry-run" in sys.argv
 size = dict(num_epochs=1, subset=512) if dry else dict(num_epochs=2, subset=12800)
 naive = helpers.train(2, 256, 0.2, plot=False, **size)   # Part II: two replicas, one GPU
@@ -284,13 +281,13 @@ if helpers.num_gpus() >= 2:     # Part III: DataParallel against DDP, a step eac
     dd = helpers.time_dp_vs_ddp(batch=256, steps=50, rounds=3)
     got["dp_vs_ddp"] = dict(dp=dd["dp"].to_dict(), ddp=dd["ddp"].to_dict(),
                             ratio=dd["ratio"].to_dict(), batch=256, steps=50)
-add_path(sys.argv[1], sys.argv[2], got)
+helpers.add_gpu_path(sys.argv[1], sys.argv[2], got)
 EOF
     ;;
   torchrun)
     paths torchrun >> "$log" 2>&1 <<'EOF' || ok=1
 import json, os, subprocess, sys, tempfile
-from helpers.reference import add_path
+import helpers
 dry = "--dry-run" in sys.argv
 run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 size = ["--dry-run"] if dry else ["--subset", "2048", "--epochs", "2"]
@@ -332,7 +329,7 @@ with tempfile.TemporaryDirectory() as tmp:
             returncode=0 if dumps else r.returncode)
     else:
         got["flight_recorder"] = dict(skipped="NCCL needs a GPU per rank: 2 GPUs")
-add_path(sys.argv[1], sys.argv[2], got)
+helpers.add_gpu_path(sys.argv[1], sys.argv[2], got)
 assert all(v.get("returncode", 0) == 0 for v in got.values()), got
 EOF
     ;;
@@ -341,7 +338,6 @@ EOF
 import sys
 import torch
 import helpers
-from helpers.reference import add_path
 dry = "--dry-run" in sys.argv
 gpu = helpers.num_gpus() > 0
 backend = "nccl" if gpu else "gloo"
@@ -396,7 +392,7 @@ if gpu:
         beta = (1 << 26) * 4 / max(two[1 << 26] - two[1], 1e-9)
         rates.update(alpha=two[1], beta=beta, measured=["flops_per_s", "alpha", "beta"])
     res["rates"] = rates
-add_path(sys.argv[1], sys.argv[2], res)
+helpers.add_gpu_path(sys.argv[1], sys.argv[2], res)
 print(res)
 EOF
     ;;
@@ -405,11 +401,10 @@ EOF
 import dataclasses
 import sys
 import helpers
-from helpers.reference import add_path
 backend = "nccl" if helpers.num_gpus() > 0 else "gloo"
 got = helpers.launch(helpers.cp_torch_run, 1, dict(width=16, heads=2, batch=1, T=64),
                      backend=backend, quiet=True)[0]
-add_path(sys.argv[1], sys.argv[2], dict(dataclasses.asdict(got), backend=backend))
+helpers.add_gpu_path(sys.argv[1], sys.argv[2], dict(dataclasses.asdict(got), backend=backend))
 print(got)
 EOF
     ;;
@@ -417,7 +412,6 @@ EOF
     paths memory >> "$log" 2>&1 <<'EOF' || ok=1
 import sys
 import helpers
-from helpers.reference import add_path
 backend = "nccl" if helpers.num_gpus() > 0 else "gloo"
 sizes = dict(width=64, depth=2) if "--dry-run" in sys.argv else dict(width=1024, depth=8)
 got = helpers.run_ranks(1, [("memory", helpers.memory_per_stage, dict(sizes=sizes))],
@@ -425,7 +419,7 @@ got = helpers.run_ranks(1, [("memory", helpers.memory_per_stage, dict(sizes=size
 rows = {stage: {k: getattr(m, k) for k in ("n_params", "params_bytes", "optim_bytes",
                                            "transient_peak", "peak_bytes", "cuda_peak")}
         for stage, m in got.items()}   # StageMemory (helpers/sharding/results.py)
-add_path(sys.argv[1], sys.argv[2], dict(backend=backend, sizes=sizes, stages=rows))
+helpers.add_gpu_path(sys.argv[1], sys.argv[2], dict(backend=backend, sizes=sizes, stages=rows))
 for stage, r in rows.items():
     print(stage, r)
 EOF
@@ -440,7 +434,7 @@ EOF
     timeout "$(left)" $PY -m pytest -q -p no:cacheprovider $par $sel $book \
       --junitxml "$out/unit.xml" >> "$log" 2>&1 || ok=1 ;;
   record)
-    $PY -c "from helpers.reference import main; main()" record "$out" "$command" $dry \
+    $PY -c "import helpers; helpers.gpu_runner_cli()" record "$out" "$command" $dry \
       >> "$log" 2>&1 || ok=1 ;;
   esac
   secs=$(( $(date +%s) - t0 ))

@@ -229,7 +229,7 @@ def write(path=CONTRIBUTING, deps=None):
     else:
         text = text.rstrip("\n") + "\n\n" + new + "\n"
     sys.path.insert(0, str(ROOT))
-    from helpers.runtime.files import atomic_write  # a kill leaves the old file whole
+    from helpers import atomic_write  # a kill leaves the old file whole
     atomic_write(path, lambda f: f.write(text), mode="w")
 
 

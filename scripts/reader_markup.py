@@ -467,7 +467,7 @@ def book_field(template, url=None):
 
 
 def say_cell(template, names, md_cell, imported):
-    from helpers.prose import formatted  # the formatting the kernel will do
+    from helpers import formatted  # the formatting the kernel will do
     body = rewrap(template)
     lines = [TITLE] + ([] if imported else ["import helpers", ""]) + \
         ['helpers.say(r"""', body, '""")']
@@ -585,7 +585,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--out", type=pathlib.Path, help="write converted copies under this folder")
     args = ap.parse_args(argv)
-    from helpers.runtime.files import atomic_write  # a kill leaves the old notebook whole
+    from helpers import atomic_write  # a kill leaves the old notebook whole
     cfg = config()
     bad, problems_all = [], []
     for path in args.notebooks or toc_notebooks():

@@ -314,7 +314,7 @@ def checks_table():
     (@check in helpers/checks): complete by construction. A list, not a table: on a phone a
     three-column table squeezed the long check names into a letter column."""
     import helpers.checks
-    from helpers.checks._core import REGISTRY
+    from helpers.checks import REGISTRY
     rows = []
     for name in sorted(n for n in dir(helpers.checks) if n.startswith("check_")):
         info = REGISTRY.get(name)
@@ -409,7 +409,7 @@ def update_teachers_guide(path=TEACHERS, notebooks=None):
     new = _between(new, GRADING_BEGIN, GRADING_END, grading_table(notebooks))
     if new != text:
         sys.path.insert(0, str(ROOT))
-        from helpers.runtime.files import atomic_write  # a kill leaves the old guide whole
+        from helpers import atomic_write  # a kill leaves the old guide whole
         atomic_write(pathlib.Path(path), lambda f: f.write(new), mode="w")
     return new != text
 
@@ -489,7 +489,7 @@ def _keep_prose(original, released):
     for cell, outputs in zip(prose, texts):
         cell.outputs = [o for o in copy.deepcopy(outputs) if o.get("output_type") == "display_data"]
     sys.path.insert(0, str(ROOT))
-    from helpers.runtime.files import atomic_write
+    from helpers import atomic_write
     atomic_write(released, lambda f: nbformat.write(nb, f), mode="w")
 
 
@@ -561,7 +561,7 @@ def _stale(out, notebooks):
 def _record(out, written):
     """Add what this build wrote to `out`'s manifest (written atomically)."""
     sys.path.insert(0, str(ROOT))
-    from helpers.runtime.files import atomic_write
+    from helpers import atomic_write
     names = {str(p.relative_to(out)) for p in _written_before(out) if p.exists()}
     names |= {str(pathlib.Path(p).resolve().relative_to(out.resolve())) for p in written}
     text = "".join(f"{n}\n" for n in sorted(names))

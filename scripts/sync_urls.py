@@ -23,7 +23,7 @@ FILES = ["README.md", "pyproject.toml", "CITATION.cff"]
 def _write(path, text):
     """`text` into `path` with the course's atomic writer: a kill leaves the old file whole."""
     sys.path.insert(0, str(ROOT))
-    from helpers.runtime.files import atomic_write
+    from helpers import atomic_write
     atomic_write(path, lambda f: f.write(text), mode="w")
 
 

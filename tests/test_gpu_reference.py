@@ -150,8 +150,9 @@ def test_record_gathers_the_gpu_path_steps_and_the_rates_they_measured(tmp_path)
     from helpers import Rates
     from helpers.runtime.emulate import ASSUMED_RATES
     out = outdir_with(tmp_path)
-    gr.add_path(str(out), "cp", dict(ran=True))
-    gr.add_path(str(out), "comm", dict(rates=dict(flops_per_s=4.0e13, measured=["flops_per_s"])))
+    gr.add_gpu_path(str(out), "cp", dict(ran=True))
+    gr.add_gpu_path(str(out), "comm",
+                    dict(rates=dict(flops_per_s=4.0e13, measured=["flops_per_s"])))
     (out / "status.json").write_text(json.dumps(dict(steps=dict(cp=dict(status="passed")))))
     ref = gr.write_gpu_reference(str(out), "cmd", path=str(tmp_path / "ref.json"))
     assert ref["paths"]["cp"] == dict(ran=True) and ref["status"]["steps"]["cp"]
