@@ -279,8 +279,8 @@ got = dict(train={k: naive[k] for k in keep}, train_fast={k: fast[k] for k in ke
            devices=[str(d) for d in helpers.get_devices(2)])
 if helpers.num_gpus() >= 2:     # Part III: DataParallel against DDP, a step each (2 GPUs)
     dd = helpers.time_dp_vs_ddp(batch=256, steps=50, rounds=3)
-    got["dp_vs_ddp"] = dict(dp=dd["dp"].to_dict(), ddp=dd["ddp"].to_dict(),
-                            ratio=dd["ratio"].to_dict(), batch=256, steps=50)
+    got["dp_vs_ddp"] = dict(dp=dd.dp.to_dict(), ddp=dd.ddp.to_dict(), ratio=dd.ratio.to_dict(),
+                            batch=dd.batch, steps=dd.steps)
 helpers.add_gpu_path(sys.argv[1], sys.argv[2], got)
 EOF
     ;;

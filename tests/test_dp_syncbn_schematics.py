@@ -1,6 +1,7 @@
 """The pictures of DataParallel's step and of SyncBatchNorm's traffic draw the data they are
 given: torch.chunk's pieces and idle devices, and the statistics and collectives of a real
 two-rank run."""
+import dataclasses
 import inspect
 
 import matplotlib
@@ -82,6 +83,6 @@ def test_syncbn_picture_draws_the_facts(traffic):
 
 
 def test_syncbn_facts_refuse_other_traffic(traffic):
-    ranks = [dict(r, sync_calls=r["sync_calls"][:1]) for r in traffic[1]]
+    ranks = [dataclasses.replace(r, sync_calls=r.sync_calls[:1]) for r in traffic[1]]
     with pytest.raises(ValueError, match="expected one all_gather"):
         helpers.syncbn_facts(ranks)

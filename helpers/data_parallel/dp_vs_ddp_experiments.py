@@ -12,6 +12,7 @@ from torch import nn
 from ..devices import synced_now
 from ..runtime.launch import take
 from ..timing import Measurement, ratio
+from .results import DpVsDdp
 
 __all__ = ["time_dp_vs_ddp", "ddp_step_seconds"]
 
@@ -48,8 +49,8 @@ def ddp_step_seconds(rank, world, cfg):
 
 
 def time_dp_vs_ddp(batch=256, steps=50, rounds=3):
-    """{"dp": Measurement, "ddp": Measurement (seconds a step, one sample a round), "ratio":
-    DataParallel's time / DDP's, round by round (above 1: DDP faster)} on 2 GPUs."""
+    """DpVsDdp: DataParallel's and DDP's seconds a step (one sample a round) on 2 GPUs, and
+    DataParallel's time / DDP's, round by round (above 1: DDP faster)."""
     from ..devices import num_gpus
     from ..models import lenet_module
     from ..runtime.launch import launch
@@ -68,4 +69,4 @@ def time_dp_vs_ddp(batch=256, steps=50, rounds=3):
         ddp.append(launch(ddp_step_seconds, 2, dict(batch=batch, steps=steps),
                           backend="nccl", quiet=True)[0])
     dp, ddp = Measurement(dp), Measurement(ddp)
-    return dict(dp=dp, ddp=ddp, ratio=ratio(dp, ddp), batch=batch, steps=steps)
+    return DpVsDdp(dp=dp, ddp=ddp, ratio=ratio(dp, ddp), batch=batch, steps=steps)

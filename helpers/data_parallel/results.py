@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from ..timing import Measurement, Ratio
+
 __all__ = ["BnRun", "JoinRun", "DdpTrace", "KnobsRun", "DdpCase", "UnusedCase", "NoSyncCase",
            "Refusal", "ScratchRefusals", "ExposedMode", "ExposedRun", "GradientTimeline",
            "OverlapSteps", "TraceMode", "ScratchTrace", "EmulatedMode", "EmulatedRun",
-           "WorkerTimes", "WorkerSweep", "RankSums", "EpochRun"]
+           "WorkerTimes", "WorkerSweep", "RankSums", "EpochRun", "Collective", "SyncBnTraffic",
+           "SyncBnCost", "DpVsDdp"]
 
 
 @dataclass(frozen=True)
@@ -226,3 +229,40 @@ class EpochRun:
     peak_mem_mib: float | None = None    # on a GPU (bench_worker)
     compiled: bool | None = None         # train_fast_rank: whether torch.compile ran
     params: list | None = None           # train_fast_rank's return_params: lists
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective syncbn_traffic recorded: what this rank handed over, what it then held."""
+    op: str                      # "all_gather" or "all_reduce"
+    sent: Tensor
+    got: Tensor                  # all_gather: the ranks' tensors stacked
+
+
+@dataclass(frozen=True)
+class SyncBnTraffic:
+    """syncbn_traffic, one rank: one forward and backward of BatchNorm2d and of SyncBatchNorm."""
+    count: int                   # values per channel in this rank's shard
+    bn_calls: list[Collective]   # per-device BatchNorm's (none)
+    sync_calls: list[Collective]
+    shard_mean: Tensor           # the shard's own statistics, per channel
+    shard_var: Tensor
+
+
+@dataclass(frozen=True)
+class SyncBnCost:
+    """syncbn_cost_times, one rank: seconds of `steps` steps, one sample a round, per variant
+    ("bn", "control", "syncbn": a map keyed by the variant)."""
+    times: dict[str, list[float]]
+    collectives: int             # the synchronised layers' collectives per step
+    steps: int
+
+
+@dataclass(frozen=True)
+class DpVsDdp:
+    """time_dp_vs_ddp (one process, not a launch target): seconds a step, one sample a round."""
+    dp: Measurement              # nn.DataParallel
+    ddp: Measurement             # DDP, one process per GPU
+    ratio: Ratio                 # DataParallel's time / DDP's, round by round (above 1: DDP faster)
+    batch: int
+    steps: int

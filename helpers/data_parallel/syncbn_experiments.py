@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..data import load_tensors
 from ..devices import synced_now
 from ..runtime.launch import take
+from .results import Collective, SyncBnCost, SyncBnTraffic
 from .torch_api import CPUSyncBatchNorm, bn_net, convert_sync_batchnorm, global_batches
 
 __all__ = ["AloneSyncBatchNorm", "syncbn_cost_times", "syncbn_traffic"]
@@ -51,8 +52,8 @@ def syncbn_cost_times(rank, world, cfg):
     """Seconds of `steps` training steps of bn_net under DDP with per-device BatchNorm ("bn"),
     the synchronised BatchNorm on a group of this rank alone ("control") and across all ranks
     ("syncbn"), timed in turns (the order rotated every round, the ranks meeting in a barrier
-    before each sample) after `warmup` rounds. Returns {variant: [seconds, ...]}, one sample
-    per round, and "collectives": the synchronised layers' collectives per step."""
+    before each sample) after `warmup` rounds. Returns a SyncBnCost: {variant: [seconds, ...]},
+    one sample per round, and the synchronised layers' collectives per step."""
     device, subset, batch_size, rounds, warmup, steps, channels = take(
         cfg, "device", subset=2048, batch_size=32, rounds=9, warmup=2, steps=5, channels=16)
     X, y = load_tensors(True, subset)
@@ -83,25 +84,25 @@ def syncbn_cost_times(rank, world, cfg):
             if r >= warmup:
                 times[variant].append(synced_now([device]) - t0)
     layers = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in models["bn"][0].modules())
-    return dict(times, collectives=2 * layers, steps=steps)
+    return SyncBnCost(times=times, collectives=2 * layers, steps=steps)
 
 
 @contextlib.contextmanager
 def _recording(calls):
-    """dist.all_gather and dist.all_reduce, each call appended to `calls` as dict(op, sent,
-    got): the tensor this rank handed over and what it holds afterwards."""
+    """dist.all_gather and dist.all_reduce, each call appended to `calls` as a Collective: the
+    tensor this rank handed over and what it holds afterwards."""
     gather, reduce = dist.all_gather, dist.all_reduce
 
     def all_gather(out, t, *args, **kwargs):
         work = gather(out, t, *args, **kwargs)
-        calls.append(dict(op="all_gather", sent=t.detach().clone(),
-                          got=torch.stack([o.detach().clone() for o in out])))
+        calls.append(Collective(op="all_gather", sent=t.detach().clone(),
+                                got=torch.stack([o.detach().clone() for o in out])))
         return work
 
     def all_reduce(t, *args, **kwargs):
         sent = t.detach().clone()
         work = reduce(t, *args, **kwargs)
-        calls.append(dict(op="all_reduce", sent=sent, got=t.detach().clone()))
+        calls.append(Collective(op="all_reduce", sent=sent, got=t.detach().clone()))
         return work
     dist.all_gather, dist.all_reduce = all_gather, all_reduce
     try:
@@ -113,20 +114,20 @@ def _recording(calls):
 def syncbn_traffic(rank, world, cfg):
     """Launch target: one forward and backward of a BatchNorm2d and of its synchronised
     version on this rank's shard of one seeded global batch (cfg: batch, channels, size, seed).
-    Returns dict(count: values per channel in the shard, bn_calls, sync_calls: the recorded
-    collectives of each kind)."""
+    Returns a SyncBnTraffic: values per channel in the shard, the recorded collectives of each
+    kind, the shard's own statistics."""
     batch, channels, size, seed = take(cfg, "batch", "channels", "size", seed=0)
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(batch, channels, size, size, generator=g) * 2 + 1
     dY = torch.randn(X.shape, generator=g)
     x, dy = X.chunk(world)[rank], dY.chunk(world)[rank]
-    out = {"count": x.numel() // channels}
+    calls = {}
     for name, bn in (("bn", nn.BatchNorm2d(channels)),
                      ("sync", convert_sync_batchnorm(nn.BatchNorm2d(channels), "cpu"))):
         shard = x.clone().requires_grad_()
-        with _recording([]) as calls:
+        with _recording([]) as recorded:
             (bn(shard) * dy).sum().backward()
-        out[f"{name}_calls"] = calls
-    out["shard_mean"] = x.mean((0, 2, 3))
-    out["shard_var"] = x.var((0, 2, 3), unbiased=False)
-    return out
+        calls[name] = recorded
+    return SyncBnTraffic(count=x.numel() // channels, bn_calls=calls["bn"],
+                         sync_calls=calls["sync"], shard_mean=x.mean((0, 2, 3)),
+                         shard_var=x.var((0, 2, 3), unbiased=False))

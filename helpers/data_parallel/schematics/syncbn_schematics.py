@@ -18,26 +18,26 @@ __all__ = ["syncbn_facts", "plot_syncbn"]
 
 
 def syncbn_facts(ranks, eps=1e-5):
-    """From syncbn_traffic's per-rank results: dict(ranks: [dict(count, mean, var, invstd, sent:
-    numbers all-gathered, sums: numbers all-reduced, own_mean, own_var, own_invstd: the shard's
-    statistics per-device BatchNorm normalises with)], world: dict(count, mean, var, invstd),
-    channels, bn_calls: collectives per-device BatchNorm ran), every statistic per channel."""
+    """From syncbn_traffic's per-rank SyncBnTraffic: dict(ranks: [dict(count, mean, var,
+    invstd, sent: numbers all-gathered, sums: numbers all-reduced, own_mean, own_var,
+    own_invstd: the shard's statistics per-device BatchNorm normalises with)], world:
+    dict(count, mean, var, invstd), channels, bn_calls: collectives per-device BatchNorm ran),
+    every statistic per channel."""
     rows, gathered = [], None
     for r in ranks:
-        ops = [c["op"] for c in r["sync_calls"]]
+        ops = [c.op for c in r.sync_calls]
         if ops != ["all_gather", "all_reduce"]:
             raise ValueError(f"SyncBatchNorm ran {ops}: expected one all_gather, one all_reduce")
-        gather, reduce = r["sync_calls"]
-        c = (len(gather["sent"]) - 1) // 2
-        rows.append(dict(count=int(gather["sent"][0]), mean=gather["sent"][1:1 + c],
-                         var=gather["sent"][1 + c:],
-                         invstd=torch.rsqrt(gather["sent"][1 + c:] + eps),
-                         sent=len(gather["sent"]), sums=len(reduce["sent"]),
-                         own_mean=r["shard_mean"], own_var=r["shard_var"],
-                         own_invstd=torch.rsqrt(r["shard_var"] + eps)))
-        gathered = gather["got"]
+        gather, reduce = r.sync_calls
+        c = (len(gather.sent) - 1) // 2
+        rows.append(dict(count=int(gather.sent[0]), mean=gather.sent[1:1 + c],
+                         var=gather.sent[1 + c:], invstd=torch.rsqrt(gather.sent[1 + c:] + eps),
+                         sent=len(gather.sent), sums=len(reduce.sent),
+                         own_mean=r.shard_mean, own_var=r.shard_var,
+                         own_invstd=torch.rsqrt(r.shard_var + eps)))
+        gathered = gather.got
     mean, var, n = _combine_stats(gathered[:, 0], gathered[:, 1:1 + c], gathered[:, 1 + c:])
-    return dict(ranks=rows, channels=c, bn_calls=sum(len(r["bn_calls"]) for r in ranks),
+    return dict(ranks=rows, channels=c, bn_calls=sum(len(r.bn_calls) for r in ranks),
                 world=dict(count=int(n), mean=mean, var=var, invstd=torch.rsqrt(var + eps)))
 
 
