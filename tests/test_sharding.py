@@ -1,10 +1,13 @@
 """Part V: ZeRO-1/2/3 from scratch and FSDP2 on gloo processes equal one process; each rank holds
 the share of memory the cost model of Part I predicts, and sends what it says (or we say why not).
 Two launches: world 2 (equality, checkpoint saved) and world 4 (checkpoint loaded, memory)."""
+import pickle
+
 import pytest
 import torch
 
 import helpers
+from helpers.sharding.results import KnobSetting
 from helpers.tiny_models import deep_mlp
 
 U_BF16 = 2.0 ** -8   # unit roundoff of bfloat16 (8 significant bits)
@@ -196,16 +199,24 @@ def test_fsdp_knobs_equal_one_process_and_trade_traffic_for_memory(two):
         k = rank["knobs"]
         assert all(v.diff <= 1e-5 for v in k.values()), k
         for impl in ("scratch", "fsdp2"):   # no resharding: gathered once per step
-            assert k[f"{impl}:reshard=False:prefetch=False"].gathers == units
-        assert k["fsdp2:reshard=True:prefetch=False"].gathers == 2 * units
+            assert k[(impl, False, False)].gathers == units     # (impl, reshard, prefetch)
+        assert k[("fsdp2", True, False)].gathers == 2 * units
         # by hand the first layer is not gathered again (autograd does not ask for it) ...
-        assert k["scratch:reshard=True:prefetch=False"].gathers == 2 * units - 1
+        assert k[("scratch", True, False)].gathers == 2 * units - 1
         # ... but prefetching in backward cannot know that, as FSDP2 cannot
-        assert k["scratch:reshard=True:prefetch=True"].gathers == 2 * units
-        peak = {n.split(":", 1)[1]: v.peak_gathered for n, v in k.items()
-                if n.startswith("scratch")}
-        assert peak["reshard=True:prefetch=False"] < peak["reshard=True:prefetch=True"] < \
-            peak["reshard=False:prefetch=False"], peak
+        assert k[("scratch", True, True)].gathers == 2 * units
+        peak = {(n.reshard, n.prefetch): v.peak_gathered for n, v in k.items()
+                if n.impl == "scratch"}
+        assert peak[(True, False)] < peak[(True, True)] < peak[(False, False)], peak
+
+
+def test_a_knob_setting_is_a_tuple_that_prints_as_its_name():
+    """fsdp_knobs' keys: the chapters index them by tuple and print them as names."""
+    s = KnobSetting("fsdp2", False, True)
+    assert s == ("fsdp2", False, True) and {s: 1}[("fsdp2", False, True)] == 1
+    assert str(s) == "fsdp2:reshard=False:prefetch=True"
+    assert f"{s:36}|" == "fsdp2:reshard=False:prefetch=True   |"
+    assert pickle.loads(pickle.dumps(s)).prefetch is True
 
 
 def test_mixed_precision_zero_holds_2_2_12_over_k(two):

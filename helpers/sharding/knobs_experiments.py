@@ -21,7 +21,15 @@ from .flat import all_gather_flat
 from .fsdp_scratch import FSDPFromScratch
 from .memory import PeakBytes
 from .mixed import MixedPrecisionZero
-from .results import AccumulationMode, AccumulationRun, ClipNorms, ClipRun, KnobRun, MixedZeroRun
+from .results import (
+    AccumulationMode,
+    AccumulationRun,
+    ClipNorms,
+    ClipRun,
+    KnobRun,
+    KnobSetting,
+    MixedZeroRun,
+)
 from .torch_api import fsdp2_layers, full_params
 from .zero import ShardedOptimizer, Zero2
 
@@ -100,7 +108,8 @@ def fsdp_knobs(rank, world, cfg):
     """FSDP's knobs, by hand (FSDPFromScratch) and in FSDP2: reshard_after_forward (True: ZeRO-3,
     all-gather again for backward; False: keep the weights, ZeRO-2's traffic) and prefetching.
     Each: the difference to one process, all-gathers per step, bytes sent; by hand also the peak
-    of gathered weights and the step's timeline (gather issued, waited, unit computing)."""
+    of gathered weights and the step's timeline (gather issued, waited, unit computing).
+    Returns {KnobSetting(impl, reshard, prefetch): KnobRun}."""
     device, num_steps, batch_size, sizes = \
         take(cfg, "device", num_steps=2, batch_size=8, sizes=None)
     batches = make_batches("mlp", num_steps, batch_size)
@@ -122,7 +131,7 @@ def fsdp_knobs(rank, world, cfg):
         full = model.gather_full_params() if impl == "scratch" else full_params(model)
         by_hand = dict(peak_gathered=model.peak_live_bytes,
                        events=tuple(model.events)) if impl == "scratch" else {}
-        out[f"{impl}:reshard={reshard}:prefetch={prefetch}"] = KnobRun(
+        out[KnobSetting(impl, reshard, prefetch)] = KnobRun(
             diff=max_diff(full, ref), gathers=gathers / num_steps,
             sent=log.wire_bytes() / num_steps, transient_peak=peak.peak, **by_hand)
     return out

@@ -6,13 +6,14 @@ Differences are max |a - b| over every element (`compare.max_diff`) unless named
 over how far training moved the weights: `compare.rel_diff`); bytes are per rank.
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch import Tensor
 
 __all__ = ["OptimizerRun", "Zero1Run", "Zero2Run", "FsdpRun", "Fsdp2Run", "DcpRun",
            "StageMemory", "Zero1CheckpointRun", "AccumulationMode", "AccumulationRun",
-           "ClipNorms", "ClipRun", "KnobRun", "MixedZeroRun", "OffloadSide", "OffloadRun",
-           "QwzRun"]
+           "ClipNorms", "ClipRun", "KnobSetting", "KnobRun", "MixedZeroRun", "OffloadSide",
+           "OffloadRun", "QwzRun"]
 
 
 # ---------------------------------------------------------------- experiments.py
@@ -136,6 +137,20 @@ class ClipRun:
     one_process_norms: tuple[float, ...]
     zero2: ClipNorms
     fsdp: ClipNorms
+
+
+class KnobSetting(NamedTuple):
+    """fsdp_knobs' key: a wrapper and its knobs, a tuple (`knobs[("fsdp2", False, False)]`
+    finds it) that prints as "fsdp2:reshard=False:prefetch=False"."""
+    impl: str                    # "scratch" (FSDPFromScratch) or "fsdp2" (fully_shard)
+    reshard: bool                # reshard_after_forward
+    prefetch: bool
+
+    def __str__(self):
+        return f"{self.impl}:reshard={self.reshard}:prefetch={self.prefetch}"
+
+    def __format__(self, spec):
+        return format(str(self), spec)
 
 
 @dataclass(frozen=True)
