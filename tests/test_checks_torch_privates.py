@@ -1,9 +1,9 @@
 """The grader observes answers from below torch's public API: it names private torch attributes
 (`torch._C._DisableTorchDispatch`, `torch.utils._python_dispatch._pop_mode`, ...) that a torch
-release may rename without notice. pyproject.toml caps torch at the releases CI tests; this
-test lists every private name the grader's code reaches (read from its source) and fails, naming
-each missing one and the torch installed, so that a new torch shows the breakage here at once
-rather than as "the check itself failed" in every reader's exercise."""
+release may rename without notice. pyproject.toml caps torch just above the pinned release;
+this test lists every private name the grader's code reaches (read from its source) and fails,
+naming each missing one and the torch installed, so that a new torch shows the breakage here at
+once rather than as "the check itself failed" in every reader's exercise."""
 import ast
 import importlib
 import pathlib
