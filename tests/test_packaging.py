@@ -107,7 +107,7 @@ def test_helpers_refuse_a_torch_below_the_floor(tmp_path):
     import subprocess
 
     dep = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch>="))
-    assert TORCH_FLOOR == tuple(map(int, dep.removeprefix("torch>=").split(",")[0].split(".")))
+    assert TORCH_FLOOR == tuple(map(int, dep.removeprefix("torch>=").split(".")))
     floor = ".".join(map(str, TORCH_FLOOR))
     major, minor = TORCH_FLOOR
     for ok in (f"{floor}.0", f"{floor}.0a0+git1", f"{major}.{minor + 3}.1+cu126",
