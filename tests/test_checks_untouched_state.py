@@ -139,3 +139,23 @@ def test_module_of_the_course_keeps_its_own_state_free():
                                                       "step": lambda self: None}))
     assert {"training", "forward", "_compiled_call_impl", "step"} <= names
     assert "_log" not in names
+
+
+def test_fingerprint_sees_attributes_and_requires_grad():
+    """Unit level: a tensor held as a plain attribute of a torch module is compared as a tensor
+    (written through `.data`), a hyperparameter by value (an equal new tuple is no change), and
+    requires_grad of a handed tensor."""
+    from helpers.checks._core.untouched import fingerprint
+    conv = nn.Conv2d(1, 2, 3)
+    conv.mask = torch.ones(3)
+    x = torch.zeros(2)
+    args = (conv, x)
+    before = fingerprint(args)
+    conv.stride = (1, 1)                  # the same value, a new tuple
+    assert fingerprint(args) == before
+    conv.mask.data.zero_()
+    assert fingerprint(args) != before
+    conv.mask.data.fill_(1)
+    assert fingerprint(args) == before
+    x.requires_grad_()
+    assert fingerprint(args) != before

@@ -57,10 +57,12 @@ class _Same:
 
 
 def _value(v):
-    """Plain data (a number, a string, a dtype, a tuple of those) by value, anything else by
-    identity and class."""
+    """Plain data (a number, a string, a dtype, a tuple of those) by value, a tensor as a
+    tensor (one held outside the parameters and buffers), anything else by identity and class."""
     if type(v) in _PLAIN or (type(v) is tuple and all(type(x) in _PLAIN for x in v)):
         return (type(v), repr(v))
+    if type(v) in (torch.Tensor, torch.nn.Parameter):
+        return _TensorPrint(v)
     return (_Same(v), type(v))
 
 
