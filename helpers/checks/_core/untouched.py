@@ -9,11 +9,11 @@ A fingerprint is taken before the call and compared after it: for a tensor its c
 strides, dtype, storage size, version counter (every in-place write bumps it), `requires_grad`
 and, on the CPU, its bytes (a write through `.data` or another alias bumps no counter); for a module
 every submodule (by identity and class), every parameter and buffer, and its instance attributes
-(plain values by value, tensors as tensors, others by identity): all of them for torch's and the harness's classes
-(`training`, a conv's `stride`, `_compiled_call_impl`, which nn.Module's `__call__` runs
-instead of the module), nn.Module's own and those that shadow a method for the course's classes
-(whose methods keep their own state there); containers item by item. Other objects by identity
-and class.
+(plain values by value, tensors as tensors, others by identity): all of them for torch's and the
+harness's classes (`training`, a conv's `stride`, `_compiled_call_impl`, which nn.Module's
+`__call__` runs instead of the module), nn.Module's own and those that shadow a method for the
+course's classes (whose methods keep their own state there); containers item by item. Other
+objects by identity and class.
 
 Kept even where the inputs may change (`classes`, `expect_same_classes`): every object's class
 (an answer that reassigns `X.__class__` to a class of its own would run its code in the check's
