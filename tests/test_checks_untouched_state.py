@@ -127,6 +127,25 @@ def saved_bytes_after_backward(net, X):
     return out
 
 
+# ---- a method shadowed on a handed tensor or optimizer ------------------------------------------
+def _no_continuation(*args, **kwargs):
+    return None
+
+
+@shortcut("check_resume", "the optimizer's step shadowed on the instance by a no-op (an exercise "
+          "that changes its inputs)", [CHANGED, "`step` set on a SGD"])
+def resume_step_shadowed(path, model, optimizer):
+    snap = torch.load(path, weights_only=True)
+    model.load_state_dict(snap["model"])
+    optimizer.load_state_dict(snap["optimizer"])
+    rng = snap["rng"][0]
+    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
+    version, state, gauss = rng["python"]
+    random.setstate((version, tuple(state), gauss))
+    optimizer.step = _no_continuation
+    return snap["epoch"]
+
+
 test_case = parametrize_cases(__name__)
 
 
@@ -159,3 +178,21 @@ def test_fingerprint_sees_attributes_and_requires_grad():
     assert fingerprint(args) == before
     x.requires_grad_()
     assert fingerprint(args) != before
+
+
+def test_tensor_method_shadowed():
+    """A method set on a handed tensor's instance (`t.sum = ...`), which the check's own
+    `t.sum()` afterwards would call: the answer fails, in an exercise that changes its inputs
+    too."""
+    from helpers.checks._core.run import CheckFailed
+    from helpers.checks._core.untouched import classes, expect_same_classes
+    t = torch.ones(3)
+    before = classes(([t], {}))
+    expect_same_classes("answer", before)
+    t.sum = lambda *a, **k: torch.tensor(0.0)
+    try:
+        expect_same_classes("answer", before)
+    except CheckFailed as e:
+        assert "`sum` set on a Tensor" in str(e)
+    else:
+        raise AssertionError("a shadowed tensor method was not seen")

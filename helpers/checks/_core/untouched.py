@@ -17,8 +17,9 @@ objects by identity and class.
 
 Kept even where the inputs may change (`classes`, `expect_same_classes`): every object's class
 (an answer that reassigns `X.__class__` to a class of its own would run its code in the check's
-later operations on them) and what a module's call runs (`forward`, `_compiled_call_impl`,
-`_call_impl` or another method set on the instance)."""
+later operations on them) and what calling it runs: an instance attribute that shadows a method
+of its class (`forward` or `_call_impl` on a module, `t.sum = f` on a tensor, `opt.step = f`) or
+a module's `_compiled_call_impl`."""
 import types
 import weakref
 
@@ -67,12 +68,14 @@ def _value(v):
 
 
 def _routes(cls):
-    """The instance attributes through which calling a module of class `cls` runs code:
-    nn.Module's class attributes (`forward`, `_call_impl`, `_compiled_call_impl`) and the names
-    of every method and property of the class."""
+    """The instance attributes through which using an object of class `cls` runs code: the
+    names of every method and property of the class (an instance attribute shadows a method:
+    `t.sum = f` on a tensor, `opt.step = f`) and, for a module, nn.Module's class attributes
+    (`_compiled_call_impl`, which its `__call__` runs instead of the module)."""
     names = _ROUTES.get(cls)
     if names is None:
-        names = frozenset(vars(torch.nn.Module)).union(
+        module = issubclass(cls, torch.nn.Module)
+        names = frozenset(vars(torch.nn.Module) if module else ()).union(
             k for c in cls.__mro__ for k, v in vars(c).items()
             if isinstance(v, _DESCRIPTORS) or callable(v))
         _ROUTES[cls] = names
@@ -81,8 +84,12 @@ def _routes(cls):
 
 def _attributes(m, names):
     """(name, value) of m's instance attributes among `names` (all but the walked containers
-    where `names` is None)."""
-    return tuple((k, _value(v)) for k, v in vars(m).items()
+    where `names` is None); None for an object without a `__dict__`."""
+    try:
+        own = object.__getattribute__(m, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return tuple((k, _value(v)) for k, v in list(own.items())
                  if k not in _WALKED and (names is None or k in names))
 
 
@@ -158,15 +165,14 @@ def _print(value, depth):
 def classes(value):
     """Every object in `value` as handed (tensors and their gradients, modules, their
     submodules, parameters and buffers, containers' items, other objects) with its class, and
-    for a module the instance attributes its call may run (`_routes`)."""
+    the instance attributes that shadow a method of its class (`_routes`)."""
     seen, found = set(), []
 
     def note(x):
         if id(x) not in seen:
             seen.add(id(x))
             cls = type(x)
-            found.append((x, cls, _attributes(x, _routes(cls))
-                          if isinstance(x, torch.nn.Module) else None))
+            found.append((x, cls, _attributes(x, _routes(cls))))
             grad = x.grad if isinstance(x, torch.Tensor) and x.is_leaf else None
             if isinstance(grad, torch.Tensor):
                 note(grad)
@@ -202,13 +208,13 @@ def expect_same_classes(name, before):
                           f"became a {type(x).__name__}): compute the answer from what it is "
                           "handed, and leave its inputs' classes as they were")
     with _disable_current_modes(), torch._C.DisableTorchFunction():
-        routes = [(cls, _differs(kept, _attributes(x, _routes(cls))))
+        routes = [(cls, _differs(kept, _attributes(x, _routes(cls)) or ()))
                   for x, cls, kept in before if kept is not None]
     for cls, key in routes:
         if key:
             raise CheckFailed(
                 f"{name} changed its inputs (`{key}` set on a {cls.__name__} it was handed: the "
-                "check calls that module after your function returns, which would run what you "
+                "check uses it after your function returns, and calling it would run what you "
                 "put there): compute the answer from what it is handed, and leave that as it was")
 
 
