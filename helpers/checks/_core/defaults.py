@@ -106,12 +106,14 @@ def changed(objects, copies):
 
 
 def _alike(obj, saved):
-    """The same contents: by identity for a dict's values and a list's items (no `__eq__` of the
-    reader's objects runs), a set's by its members."""
+    """The same contents: a dict's keys and values and a list's items by identity, in order (no
+    `__hash__` or `__eq__` of the reader's objects runs), a set's by its members' stored
+    hashes."""
     if len(obj) != len(saved):
         return False
     if type(obj) is dict:
-        return all(k in saved and saved[k] is v for k, v in obj.items())
+        return all(ka is kb and va is vb for (ka, va), (kb, vb) in zip(
+            obj.items(), saved.items(), strict=True))
     if type(obj) is list:
         return all(a is b for a, b in zip(obj, saved, strict=True))
     return obj == saved
