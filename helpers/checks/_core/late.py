@@ -22,7 +22,7 @@ import torch.autograd
 import torch.autograd.graph
 import torch.autograd.variable
 
-from . import patched
+from . import defaults, patched
 from .callbacks import callbacks, expect_no_callbacks
 from .guard import _state as _guard_state
 from .guard import answering
@@ -141,7 +141,7 @@ def checking(answer):
     the harness's globals at the end with a copy taken at the start (fails on a change)."""
     _route_changed()          # a route replaced before the check ran is the harness's again
     before = ([(name, owner, dict(ns), private) for name, owner, ns, private in _spaces()[0]],
-              patched.cells())
+              patched.cells(), patched.held_defaults())
     outer, guard = dict(_STATE), _guard_state()
     _STATE.update(answer=answer, called=False)
     failed, tried = True, len(guard.rewritten)
@@ -152,7 +152,8 @@ def checking(answer):
     finally:
         guard.judging -= 1
         _STATE.update(outer)
-        changed = _changed(before[0]) + patched.cells_changed(before[1]) + _route_changed()
+        changed = _changed(before[0]) + patched.cells_changed(before[1]) + defaults.changed(
+            *before[2]) + _route_changed()
         rewritten = guard.rewritten[tried:]
         if not guard.judging:
             del guard.rewritten[:]

@@ -4,10 +4,12 @@ then (`torch.allclose`, `F.conv2d`, `builtins.abs`, `math.isclose`, tensor metho
 that rebinds one (`torch.allclose = lambda *a, **k: True`) would bend the check's own arithmetic.
 So `Answer` copies, before the call, the namespaces of those libraries (and of every module the
 course's modules bind as a global) and, after it, fails an answer that changed, added or deleted
-one of their functions, putting the originals back (as hooks.py removes hooks). Threads the
-answer started are joined first (a thread that outlives the call fails: it could patch later).
-The answers running at once (a World's ranks) share one snapshot, taken before the first of
-them started, and an answer that raised is checked too. The harness's own stand-ins
+one of their functions, putting the originals back (as hooks.py removes hooks); their functions'
+default arguments are compared by their contents too (defaults.py: a `__kwdefaults__` dict
+changed in place keeps every binding). Threads the answer started are joined first (a thread
+that outlives the call fails: it could patch later). The answers running at once (a World's
+ranks) share one snapshot, taken before the first of them started, and an answer that raised
+is checked too. The harness's own stand-ins
 (helpers.checks) come and go while answers run and are not judged; an answer may set its own
 module's globals."""
 import builtins
@@ -28,6 +30,7 @@ import torch.distributed
 import torch.linalg
 import torch.nn.functional
 
+from . import defaults
 from .provenance import world_run
 from .run import CheckFailed, is_reader_code
 
@@ -85,6 +88,7 @@ def _spaces():
             (f"{c.__module__}.{c.__name__}", c, c.__dict__, False) for c in _CLASSES) + tuple(
             (getattr(c, "__name__", "torch._C"), c, vars(c), True) for c in _C_SPACES)
         _CACHE["views"] = tuple(ns for _, _, ns, _ in _CACHE["spaces"])
+        _CACHE["defaults"] = defaults.held((name, ns) for name, _, ns, _ in _CACHE["spaces"])
         _CACHE["cells"] = tuple(
             (f"{m.__name__}.{key}", cell) for m in found.values() if _own(m)
             for key, f in list(vars(m).items()) if isinstance(f, types.FunctionType)
@@ -103,7 +107,7 @@ def snapshot():
         shared = _SHARED.setdefault(run, [0, None])
         if not shared[0]:
             spaces, views = _spaces()     # copied in C, one dict per namespace
-            shared[1] = (spaces, views, tuple(map(dict, views)), cells(),
+            shared[1] = (spaces, views, tuple(map(dict, views)), cells(), held_defaults(),
                          set(threading.enumerate()), run)
         shared[0] += 1
         return shared[1]
@@ -114,6 +118,13 @@ def cells():
     what each holds now: a cell's contents can be set in place (`cell_contents = ...`) with no
     binding changed."""
     return tuple((name, cell, _contents(cell)) for name, cell in _CACHE.get("cells", ()))
+
+
+def held_defaults():
+    """The watched functions' default-argument containers and what each holds now (a
+    `__kwdefaults__` dict can be changed in place: defaults.py)."""
+    held = _CACHE.get("defaults", ())
+    return held, defaults.copy(held)
 
 
 def _contents(cell):
@@ -232,7 +243,7 @@ def expect_unpatched(name, before):
             f"{name} replaced {', '.join(sorted(changed)[:3])}: the check goes on computing with "
             "the libraries after your function returns, so it may not change them (the originals "
             "are put back). Compute the result with your own names instead of rebinding a "
-            "library's")
+            "library's (or changing its functions' defaults)")
     if alive:
         raise CheckFailed(
             f"{name} returned while a thread it started ({alive[0]}) still ran: it could change "
@@ -246,9 +257,9 @@ def _put_back(before):
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, views, copies, closures, threads, _ = before
+    spaces, views, copies, closures, (held, kept), threads, _ = before
     alive = _join_started(threads)
-    changed = cells_changed(closures)
+    changed = cells_changed(closures) + defaults.changed(held, kept)
     if _same(copies, views, _all_spaces=True):
         return changed, alive
     for (space, owner, _, private), saved, now in zip(spaces, copies, views, strict=True):

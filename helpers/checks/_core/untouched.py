@@ -1,19 +1,28 @@
 """What a check hands an answer stays as it was handed. A check computes its expected value after
 the call, from the same objects (so that nothing the answer can reach holds it beforehand); an
 answer that changed them (`t.resize_(0)`, a layer replaced by `nn.Identity`, `forward`
-reassigned) would move the target to meet its own result. Exercises whose lesson is to change
-their inputs in place (an all-reduce into the gradients, an optimizer step) declare it:
-`@check(..., changes_inputs=True)`.
+reassigned, `requires_grad` turned off) would move the target to meet its own result. Exercises
+whose lesson is to change their inputs in place (an all-reduce into the gradients, an optimizer
+step) declare it: `@check(..., changes_inputs=True)`.
 
 A fingerprint is taken before the call and compared after it: for a tensor its class, sizes,
-strides, dtype, storage size, version counter (every in-place write bumps it) and, on the CPU,
-its bytes (a write through `.data` or another alias bumps no counter); for a module every
-submodule (by identity and class, with a `forward` of its own if one was set) and every
-parameter and buffer; containers item by item. Other objects by identity and class.
+strides, dtype, storage size, version counter (every in-place write bumps it), `requires_grad`
+and, on the CPU, its bytes (a write through `.data` or another alias bumps no counter); for a module
+every submodule (by identity and class), every parameter and buffer, and its instance attributes
+(plain values by value, tensors as tensors, others by identity): all of them for torch's and the
+harness's classes (`training`, a conv's `stride`, `_compiled_call_impl`, which nn.Module's
+`__call__` runs instead of the module), nn.Module's own and those that shadow a method for the
+course's classes (whose methods keep their own state there); containers item by item. Other
+objects by identity and class.
 
-Classes are kept even where the inputs may change (`classes`, `expect_same_classes`): an answer
-that reassigns `X.__class__` (or a parameter's, a gradient's, a module's, a handed object's) to
-a class of its own would run its code in the check's later operations on them."""
+Kept even where the inputs may change (`classes`, `expect_same_classes`): every object's class
+(an answer that reassigns `X.__class__` to a class of its own would run its code in the check's
+later operations on them) and what calling it runs: an instance attribute that shadows a method
+of its class (`forward` or `_call_impl` on a module, `t.sum = f` on a tensor, `opt.step = f`) or
+a module's `_compiled_call_impl`."""
+import types
+import weakref
+
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -24,6 +33,74 @@ __all__ = ["fingerprint", "expect_untouched", "classes", "expect_same_classes"]
 
 _DEPTH = 4
 _MAX_COPY = 1 << 22   # elements: values copied up to 16 MiB of float32
+_WALKED = frozenset({"_parameters", "_buffers", "_modules",   # fingerprinted item by item
+                     "_is_full_backward_hook"})   # set by a full backward hook, kept when removed
+_MODULE_OWN = frozenset(vars(torch.nn.Module())) - _WALKED    # `training`, the hook tables
+_PLAIN = frozenset({bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
+                    torch.layout, torch.memory_format})
+_DESCRIPTORS = (types.FunctionType, staticmethod, classmethod, property)
+_ROUTES = weakref.WeakKeyDictionary()    # a module class -> the names its call may run
+_COMPARED = weakref.WeakKeyDictionary()  # a module class -> the attribute names compared
+
+
+class _Same:
+    """An attribute's value compared by identity (held: its address is not reused), so no
+    `__eq__` of an object of the reader's runs."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return type(other) is _Same and other.obj is self.obj
+
+    __hash__ = None
+
+
+def _value(v):
+    """Plain data (a number, a string, a dtype, a tuple of those) by value, a tensor as a
+    tensor (one held outside the parameters and buffers), anything else by identity and class."""
+    if type(v) in _PLAIN or (type(v) is tuple and all(type(x) in _PLAIN for x in v)):
+        return (type(v), repr(v))
+    if type(v) in (torch.Tensor, torch.nn.Parameter):
+        return _TensorPrint(v)
+    return (_Same(v), type(v))
+
+
+def _routes(cls):
+    """The instance attributes through which using an object of class `cls` runs code: the
+    names of every method and property of the class (an instance attribute shadows a method:
+    `t.sum = f` on a tensor, `opt.step = f`) and, for a module, nn.Module's class attributes
+    (`_compiled_call_impl`, which its `__call__` runs instead of the module)."""
+    names = _ROUTES.get(cls)
+    if names is None:
+        module = issubclass(cls, torch.nn.Module)
+        names = frozenset(vars(torch.nn.Module) if module else ()).union(
+            k for c in cls.__mro__ for k, v in vars(c).items()
+            if isinstance(v, _DESCRIPTORS) or callable(v))
+        _ROUTES[cls] = names
+    return names
+
+
+def _attributes(m, names):
+    """(name, value) of m's instance attributes among `names` (all but the walked containers
+    where `names` is None); None for an object without a `__dict__`."""
+    try:
+        own = object.__getattribute__(m, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return tuple((k, _value(v)) for k, v in list(own.items())
+                 if k not in _WALKED and (names is None or k in names))
+
+
+def _compared(cls):
+    """The attribute names compared for a module of class `cls`: all of them for torch's and the
+    harness's classes; nn.Module's own and the routes for the course's, whose methods change
+    their own state (a bucket's log, a step count) while the answer calls them."""
+    if cls not in _COMPARED:
+        _COMPARED[cls] = None if str(cls.__module__).startswith(
+            ("torch.", "helpers.checks.")) and not reader_class(cls) else _MODULE_OWN | _routes(cls)
+    return _COMPARED[cls]
 
 
 class _TensorPrint:
@@ -35,7 +112,8 @@ class _TensorPrint:
             nbytes = t.untyped_storage().nbytes()
         except (RuntimeError, NotImplementedError):   # no storage (fake, meta)
             nbytes = None
-        self.meta = (id(t), type(t), tuple(t.shape), tuple(t.stride()), t.dtype, nbytes, t._version)
+        self.meta = (id(t), type(t), tuple(t.shape), tuple(t.stride()), t.dtype, nbytes, t._version,
+                     t.requires_grad)
         self.bytes = None
         if nbytes is not None and t.device.type == "cpu" and t.numel() <= _MAX_COPY \
                 and t.is_contiguous() and t.layout == torch.strided:
@@ -57,8 +135,7 @@ class _TensorPrint:
 def _module(m):
     parts = []
     for name, sub in m.named_modules(remove_duplicate=False):
-        own = sub.__dict__.get("forward")
-        parts.append((name, id(sub), type(sub), id(own) if own is not None else None))
+        parts.append((name, id(sub), type(sub), _attributes(sub, _compared(type(sub)))))
     for name, t in list(m.named_parameters(remove_duplicate=False)) + \
             list(m.named_buffers(remove_duplicate=False)):
         parts.append((name, _TensorPrint(t)))
@@ -87,13 +164,15 @@ def _print(value, depth):
 
 def classes(value):
     """Every object in `value` as handed (tensors and their gradients, modules, their
-    submodules, parameters and buffers, containers' items, other objects) with its class."""
+    submodules, parameters and buffers, containers' items, other objects) with its class, and
+    the instance attributes that shadow a method of its class (`_routes`)."""
     seen, found = set(), []
 
     def note(x):
         if id(x) not in seen:
             seen.add(id(x))
-            found.append((x, type(x)))
+            cls = type(x)
+            found.append((x, cls, _attributes(x, _routes(cls))))
             grad = x.grad if isinstance(x, torch.Tensor) and x.is_leaf else None
             if isinstance(grad, torch.Tensor):
                 note(grad)
@@ -121,13 +200,28 @@ def expect_same_classes(name, before):
     """CheckFailed if an object the answer was handed (`before = classes(...)` taken before the
     call) is of another class now (`X.__class__ = Sub`); a library's subclass of the class it
     had, which runs none of the reader's code (`fully_shard`, a parametrization), is kept."""
-    changed = [(x, cls) for x, cls in before if type(x) is not cls and not (
+    changed = [(x, cls) for x, cls, _ in before if type(x) is not cls and not (
         issubclass(type(x), cls) and not reader_class(type(x)))]   # torch's (fully_shard's)
     if changed:
         x, cls = changed[0]
         raise CheckFailed(f"{name} changed the class of what it was handed (a {cls.__name__} "
                           f"became a {type(x).__name__}): compute the answer from what it is "
                           "handed, and leave its inputs' classes as they were")
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        routes = [(cls, _differs(kept, _attributes(x, _routes(cls)) or ()))
+                  for x, cls, kept in before if kept is not None]
+    for cls, key in routes:
+        if key:
+            raise CheckFailed(
+                f"{name} changed its inputs (`{key}` set on a {cls.__name__} it was handed: the "
+                "check uses it after your function returns, and calling it would run what you "
+                "put there): compute the answer from what it is handed, and leave that as it was")
+
+
+def _differs(before, after):
+    """The first attribute name whose value differs between two `_attributes` records."""
+    b, a = dict(before), dict(after)
+    return next((k for k in [*b, *a] if b.get(k) != a.get(k)), None)
 
 
 def expect_untouched(name, before, args, kwargs):
@@ -138,11 +232,36 @@ def expect_untouched(name, before, args, kwargs):
     with _disable_current_modes(), torch._C.DisableTorchFunction():   # compared unseen too
         if (a_args, a_kwargs) == (b_args, b_kwargs):
             return
-        changed = [f"argument {i + 1}" for i, (b, a) in enumerate(zip(b_args[2], a_args[2],
-                                                                      strict=True)) if b != a]
-        changed += [f"`{k}`" for (k, b), (_, a) in zip(b_kwargs[2], a_kwargs[2], strict=True)
-                    if b != a]
-    what = ", ".join(changed) or "its arguments"
-    raise CheckFailed(f"{name} changed its inputs ({what}: resized, written in place, or a "
-                      "module's layers or forward replaced): compute the answer from what it is "
-                      "handed, and leave that as it was")
+        pairs = [(f"argument {i + 1}", b, a) for i, (b, a) in enumerate(
+            zip(b_args[2], a_args[2], strict=True))]
+        pairs += [(f"`{k}`", b, a) for (k, b), (_, a) in zip(b_kwargs[2], a_kwargs[2],
+                                                              strict=True)]
+        changed = [(what, _how(b, a)) for what, b, a in pairs if b != a]
+    what = ", ".join(f"{w}{h and f': {h}'}" for w, h in changed) or "its arguments"
+    hint = " (for a gradient of your own: `x.detach().requires_grad_()`)" * (
+        "requires_grad" in what)
+    raise CheckFailed(f"{name} changed its inputs ({what}; resized, written in place, "
+                      "requires_grad switched, or a module's layers, attributes or forward "
+                      "replaced): compute the answer from what it is handed, and leave that as it "
+                      f"was{hint}")
+
+
+def _how(before, after):
+    """What changed between two fingerprints of one argument, in words, where it is an
+    attribute or a tensor's requires_grad ("" otherwise)."""
+    if isinstance(before, _TensorPrint) and isinstance(after, _TensorPrint):
+        if before.meta[:-1] == after.meta[:-1] and before.meta[-1] != after.meta[-1]:
+            return f"requires_grad turned {'on' if after.meta[-1] else 'off'}"
+        return ""
+    if not (isinstance(before, tuple) and isinstance(after, tuple)) or len(before) != len(after):
+        return ""
+    if len(before) == 4 and isinstance(before[2], type) and before[:3] == after[:3]:
+        key = _differs(before[3], after[3])          # a submodule's (name, id, class, attributes)
+        return f"`{key}` of {before[0] or 'the module'}" if key else ""
+    if len(before) == 2 and isinstance(before[0], str) and isinstance(before[1], _TensorPrint):
+        how = _how(before[1], after[1])          # a parameter's or buffer's (name, print)
+        return how and f"{before[0]}: {how}"
+    for b, a in zip(before, after, strict=True):
+        if b != a:
+            return _how(b, a)
+    return ""

@@ -1,0 +1,119 @@
+"""The default arguments of the functions patched.py watches, compared by their contents. A
+function's `__kwdefaults__` is a dict, and a mutable item of its `__defaults__` (a list, a dict, a
+set) an object, that the answer can change in place (`AdamW.__init__.__kwdefaults__["maximize"]
+= True`): no binding changes, the function stays the same object, and no audit event is raised
+(guard.py refuses only a new `__kwdefaults__` or `__defaults__`), yet the check's reference built
+after the call (`torch.optim.AdamW([q], lr=lr)`) would take the answer's keyword. So the contents
+are copied with the bindings and compared wherever patched.py and late.py compare those, each
+changed one put back.
+
+Which functions: those bound in a watched namespace (a module's or a class's dict: methods,
+static and class methods, properties' accessors, a partial's keywords) and the originals their
+`functools.wraps` wrappers name; the reader's own functions are not judged (guard.py's rule). A
+mutable default that is also a global of its function's module is the module's state (logging
+keeps its handlers in one), not a default, and is left out."""
+import functools
+import types
+import weakref
+
+from .run import is_reader_function
+
+__all__ = ["held", "copy", "changed"]
+
+_DEPTH = 8                  # how many `__wrapped__` links are followed
+_MUTABLE = (dict, list, set)
+_OWN = weakref.WeakKeyDictionary()   # a function -> (its defaults' objects, what they hold)
+_KINDS = frozenset({types.FunctionType, staticmethod, classmethod, types.MethodType, property,
+                    functools.partial})
+
+
+def held(namespaces):
+    """(label, mutable object) for every default-argument container of the functions bound in
+    `namespaces` ((dotted name, namespace dict) pairs), each object once; read without running
+    any code of the objects it meets (no getattr on them, exact types only)."""
+    found, seen = [], set()
+
+    def note(label, obj):
+        if type(obj) in _MUTABLE and id(obj) not in seen:
+            seen.add(id(obj))
+            found.append((label, obj))
+
+    def function(fn):
+        for _ in range(_DEPTH):
+            if type(fn) is not types.FunctionType or id(fn) in seen:
+                return
+            seen.add(id(fn))
+            for label, obj in _own(fn):
+                note(label, obj)
+            fn = fn.__dict__.get("__wrapped__")
+
+    for space, namespace in namespaces:
+        for key, value in list(namespace.items()):
+            kind = type(value)
+            if kind not in _KINDS:
+                continue
+            if kind in (staticmethod, classmethod, types.MethodType):
+                value = value.__func__
+            elif kind is property:
+                for part in (value.fget, value.fset, value.fdel):
+                    function(part)
+                continue
+            elif kind is functools.partial:
+                note(f"{space}.{key} (its keywords)", value.keywords)
+                value = value.func
+            function(value)
+    return tuple(found)
+
+
+def _own(fn):
+    """(label, container) of `fn`'s own default arguments, kept while they are the same objects
+    (the namespaces are read again whenever a module is imported)."""
+    kw, pos = fn.__kwdefaults__, fn.__defaults__
+    hit = _OWN.get(fn)
+    if hit is not None and hit[0] is kw and hit[1] is pos:
+        return hit[2]
+    mutable = [(i, v) for i, v in enumerate(pos or ()) if type(v) in _MUTABLE]
+    out = []
+    if (kw is not None or mutable) and not is_reader_function(fn, None):
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        if kw is not None:
+            out.append((f"{name} (its __kwdefaults__)", kw))
+        out += [(f"{name} (its __defaults__[{i}])", v) for i, v in mutable
+                if not any(g is v for g in fn.__globals__.values())]   # the module's state
+    _OWN[fn] = (kw, pos, tuple(out))
+    return _OWN[fn][2]
+
+
+def copy(objects):
+    """What each container of `objects` (from `held`) holds now."""
+    return tuple(type(obj)(obj) for _, obj in objects)
+
+
+def changed(objects, copies):
+    """The labels of the containers whose contents differ from `copies` (each put back in place:
+    the same object keeps its contents, so the function never gets a new one)."""
+    out = []
+    for (label, obj), saved in zip(objects, copies, strict=True):
+        if _alike(obj, saved):
+            continue
+        out.append(label)
+        if type(obj) is list:
+            obj[:] = saved
+        else:
+            obj.clear()
+            obj.update(saved)
+    return out
+
+
+def _alike(obj, saved):
+    """The same contents: a dict's keys and values and a list's items by identity, in order (no
+    `__hash__` or `__eq__` of the reader's objects runs), a set's by its members' stored
+    hashes."""
+    if len(obj) != len(saved):
+        return False
+    if type(obj) is dict:
+        return all(ka is kb and va is vb for (ka, va), (kb, vb) in zip(
+            obj.items(), saved.items(), strict=True))
+    if type(obj) is list:
+        return all(a is b for a, b in zip(obj, saved, strict=True))
+    return obj == saved
