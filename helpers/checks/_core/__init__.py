@@ -37,6 +37,12 @@ numpy_work.py numpy's functions run on arrays while an answer runs (work no Reco
               the checks that refuse that work in torch too
 fresh.py      regrade: grading from a fresh import of the course (a patched check cannot score)
 """
+# torch imports torch._dynamo lazily, at the first operation that asks whether it is being
+# compiled (an optimizer's step, the checks' own dispatch modes). Inside a check that import would
+# run under the guard and the recorders, which watch every step of it: ten times the import's own
+# cost, in the first exercise of a kernel started afresh. So it is imported with the checks.
+import torch._dynamo  # noqa: F401
+
 from .declare import Answer, check
 from .fake import FakeGPUs
 from .inputs import (
