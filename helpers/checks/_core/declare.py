@@ -4,7 +4,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .callbacks import callbacks, expect_no_callbacks
+from .callbacks import callbacks, expect_no_callbacks, left_later
 from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
@@ -39,13 +39,15 @@ class Answer(Guarded):
     def __call__(self, *args, **kwargs):
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
         before = None if self.changes_inputs else (fingerprint(args), fingerprint(kwargs))
-        hooks = None if self.keeps_hooks else hooks_of(args, kwargs)
+        hooks = hooks_of(args, kwargs)
+        keep = self._again if self.keeps_hooks else None   # hooks kept are guarded, run as this
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
-        nodes = contextlib.nullcontext() if self.keeps_hooks else node_hooks(self.__name__)
+        nodes = node_hooks(self.__name__, keep)
         libraries = snapshot()          # what the answer may not rebind (patched.py)
         later = callbacks()             # what runs later on its own (callbacks.py)
         try:
-            with nodes, blocked(self.references, self.exercise), \
+            with left_later(self.__name__, self.fn, args), nodes, \
+                    blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
                     early_views_read_only(self.fn, in_world()), trace:
                 result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
@@ -59,8 +61,7 @@ class Answer(Guarded):
         expect_no_callbacks(self.__name__, later)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
-        if hooks is not None:
-            expect_no_new_hooks(self.__name__, hooks, args, kwargs)
+        expect_no_new_hooks(self.__name__, hooks, args, kwargs, keep)
         return result
 
     def _again(self, fn):

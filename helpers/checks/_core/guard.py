@@ -34,7 +34,7 @@ import types
 
 from .run import CheckFailed, ReferenceUsed, is_reader_code
 
-__all__ = ["answering", "refusal", "harness_busy", "own_operator", "TORCH_OPERATORS"]
+__all__ = ["answering", "refusal", "refuse", "harness_busy", "own_operator", "TORCH_OPERATORS"]
 
 _SHARED = "_course_answer_guard"          # one hook and one state for every import of the course
 _FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions",
@@ -331,6 +331,15 @@ def own_operator(name):
     message = (f"your code calls an operator of its own ({name}, torch.library): the work "
                "inside one is invisible to the check, so an answer must run torch's own "
                "operations in plain view")
+    state = _state()
+    if state.depth and state.refused is None:
+        state.refused = message
+    raise ReferenceUsed(message)
+
+
+def refuse(message):
+    """Refuse from a harness's stand-in: the answer's first refusal (its `except` cannot hide
+    it), raised."""
     state = _state()
     if state.depth and state.refused is None:
         state.refused = message
