@@ -297,26 +297,49 @@ def _collections():
 
 
 def _open():
+    """The first answer of those running at once (a World's ranks) notes what is young and the
+    exit functions, and puts the stand-ins in."""
     with _WINDOW_LOCK:
         if _WINDOW["depth"] == 0:
             _KINDS.clear()             # a class may have gained a __del__ since
             _WINDOW["gc"] = gc.isenabled()
-            gc.disable()               # what the call makes stays young, where _young finds it
+            gc.disable()               # what the calls make stays young, where _young finds it
             atexit.register = _register_at_exit
             for name, stand in _KERNEL_STAND_INS.items():
                 setattr(_DISPATCH, name, stand)
+            _WINDOW.update(young=_young(), runs=_collections(), exits=atexit._ncallbacks(),
+                           library=_WINDOW["library_exits"], readers=len(_READER_EXITS))
         _WINDOW["depth"] += 1
 
 
-def _close():
+def _close(fn, args):
+    """The last answer of those running at once judges what they all left (while another still
+    ran, its objects would be taken for this one's): (objects left, exit functions left)."""
     with _WINDOW_LOCK:
         _WINDOW["depth"] -= 1
-        if _WINDOW["depth"] == 0:
+        if _WINDOW["depth"]:
+            return [], 0
+        try:
+            found = _young()
+            if _collections() != _WINDOW["runs"]:
+                found.update(_reachable(fn, args))
+            left = [(o, k) for i, (o, k) in found.items()
+                    if i not in _WINDOW["young"] and _runs_later(o, k)]
+            _KEPT.extend(o for o, _ in left)
+            mine = _READER_EXITS[_WINDOW["readers"]:]
+            del _READER_EXITS[_WINDOW["readers"]:]
+            exits = atexit._ncallbacks() - _WINDOW["exits"] - (
+                _WINDOW["library_exits"] - _WINDOW["library"])
+            for f in mine:
+                atexit.unregister(f)
+        finally:
+            _WINDOW["young"] = None
             atexit.register = _AT_EXIT
             for name, method in _KERNELS.items():
                 setattr(_DISPATCH, name, method)
             if _WINDOW["gc"]:
                 gc.enable()
+        return left, exits
 
 
 @contextlib.contextmanager
@@ -326,28 +349,12 @@ def left_later(name, fn, args):
     runs), an exit function (one of the reader's is unregistered). A Python kernel for an
     operator is refused when registered (by the stand-ins of torch.library's registrations)."""
     _open()
+    returned = False
     try:
-        before, runs = _young(), _collections()
-        exits, library, readers = atexit._ncallbacks(), _WINDOW["library_exits"], len(
-            _READER_EXITS)
-        returned = False
-        try:
-            yield
-            returned = True
-        finally:
-            found = _young()
-            if _collections() != runs:
-                found.update(_reachable(fn, args))
-            left = [(o, k) for i, (o, k) in found.items() if i not in before and _runs_later(o, k)]
-            _KEPT.extend(o for o, _ in left)
-            mine = _READER_EXITS[readers:]
-            del _READER_EXITS[readers:]
-            unseen = atexit._ncallbacks() - exits - (_WINDOW["library_exits"] - library) - len(
-                mine)
-            for f in mine:
-                atexit.unregister(f)
+        yield
+        returned = True
     finally:
-        _close()
+        left, exits = _close(fn, args)
     if returned and left:
         obj, kind = left[0]
         raise CheckFailed(
@@ -355,8 +362,8 @@ def left_later(name, fn, args):
             f"({kind}: {type(obj).__name__}), after your function returned, while the check "
             "judges it (it is kept alive). Compute the result inside your function, and leave "
             "nothing that runs your code when it dies")
-    if returned and (mine or unseen > 0):
+    if returned and exits > 0:
         raise CheckFailed(
             f"{name} registered a function to run at exit (atexit.register): it would run your "
-            "code after the check judged it" + ("" if mine else " (it cannot be removed)") + ". "
-            "Compute the result inside your function, and leave nothing that runs later")
+            "code after the check judged it. Compute the result inside your function, and leave "
+            "nothing that runs later")

@@ -10,7 +10,8 @@ answer that returns with one more (and removes it: a hook from its dict, a saved
 hook or a mode popped until the stack's top is one that was there before). Hooks it
 registered and removed before returning are fine.
 Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
-`@check(..., keeps_hooks=True)`; settle.py guards those hooks like the answer itself."""
+`@check(..., keeps_hooks=True)`; the hooks of the reader's left are then guarded in place, run as
+the answer itself (a hook that rebinds what the check compares with fails)."""
 import contextlib
 import functools
 import sys
