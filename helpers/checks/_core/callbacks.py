@@ -27,7 +27,7 @@ import torch
 
 from .run import CheckFailed, is_reader_code, stand_in
 
-__all__ = ["callbacks", "expect_no_callbacks", "left_later"]
+__all__ = ["callbacks", "expect_no_callbacks", "left_later", "collector_back"]
 
 _GC = __import__("gc").callbacks      # the list gc runs (rebinding gc.callbacks leaves it)
 _SYS = ("excepthook", "displayhook", "unraisablehook", "breakpointhook")
@@ -249,13 +249,21 @@ def _runs_later(obj, kind):
 
 def _young():
     """{id: (object, kind)} of the young objects (those made since the last collection: with the
-    collector off while an answer runs, all it made) that may run code when they die."""
-    found = {}
-    for obj in gc.get_objects(0):
-        kind = _kind(type(obj))
-        if kind is not None:
-            found[id(obj)] = (obj, kind)
-    return found
+    collector off while answers run, all they made) that may run code when they die. The list of
+    them is held only while no other thread runs (a tuple another thread is building would fail
+    to grow while held) and nothing blocks: classes first seen are judged in between."""
+    new = set(map(type, gc.get_objects(0))) - _KINDS.keys()
+    for cls in new:
+        _kind(cls)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        objs = gc.get_objects(0)
+        picked = [(o, _KINDS.get(type(o))) for o in objs if _KINDS.get(type(o))]
+        del objs
+    finally:
+        sys.setswitchinterval(interval)
+    return {id(o): (o, kind) for o, kind in picked}
 
 
 def _reachable(fn, args):
@@ -325,7 +333,8 @@ def _close(fn, args):
                 found.update(_reachable(fn, args))
             left = [(o, k) for i, (o, k) in found.items()
                     if i not in _WINDOW["young"] and _runs_later(o, k)]
-            _KEPT.extend(o for o, _ in left)
+            _KEPT.extend(o for o, _ in left)     # a weakref's referent too: it never dies
+            _KEPT.extend(o() for o, k in left if k == "a weakref's callback")
             mine = _READER_EXITS[_WINDOW["readers"]:]
             del _READER_EXITS[_WINDOW["readers"]:]
             exits = atexit._ncallbacks() - _WINDOW["exits"] - (
@@ -337,9 +346,17 @@ def _close(fn, args):
             atexit.register = _AT_EXIT
             for name, method in _KERNELS.items():
                 setattr(_DISPATCH, name, method)
-            if _WINDOW["gc"]:
-                gc.enable()
+            _WINDOW["gc_back"] = _WINDOW["gc"]
         return left, exits
+
+
+def collector_back():
+    """The collector on again once no answer runs, after the callbacks they left were judged and
+    put back (a collection between would run a gc callback of the reader's)."""
+    with _WINDOW_LOCK:
+        if _WINDOW["depth"] == 0 and _WINDOW.get("gc_back"):
+            _WINDOW["gc_back"] = False
+            gc.enable()
 
 
 @contextlib.contextmanager

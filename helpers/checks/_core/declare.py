@@ -4,7 +4,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .callbacks import callbacks, expect_no_callbacks, left_later
+from .callbacks import callbacks, collector_back, expect_no_callbacks, left_later
 from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
@@ -55,10 +55,16 @@ class Answer(Guarded):
             try:
                 expect_unpatched(self.__name__, libraries)    # put back, even when it raised
             finally:
-                expect_no_callbacks(self.__name__, later)
+                try:
+                    expect_no_callbacks(self.__name__, later)
+                finally:
+                    collector_back()
             raise
-        expect_unpatched(self.__name__, libraries)
-        expect_no_callbacks(self.__name__, later)
+        try:
+            expect_unpatched(self.__name__, libraries)
+            expect_no_callbacks(self.__name__, later)
+        finally:
+            collector_back()
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
         expect_no_new_hooks(self.__name__, hooks, args, kwargs, keep)

@@ -295,8 +295,8 @@ def _left_hooks(mine):
     left = []
     for hooks, key, *keys in mine:
         if key is _TABLE:
-            left += [(hooks, k) for k, v in list(hooks.items())
-                     if k not in keys[0] and _reader_hook(v, None)]
+            left += [(hooks, k) for k, v in list(hooks.items())   # its own code: a harness
+                     if k not in keys[0] and _reader_hook(v, None, 0)]   # tap may hold the reader's
         elif key in hooks:
             left.append((hooks, key))
     return list({(id(h), k): (h, k) for h, k in left}.values())
