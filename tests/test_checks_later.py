@@ -1,0 +1,206 @@
+"""Code of the answer's that would run after its call, through what it leaves behind, each with
+the words its refusal names:
+
+1. an object left to die later whose death runs the reader's code: a weakref's callback, a
+   `__del__` (on the result, in a global): callbacks.py looks at what the call left alive;
+2. a function left to run at exit, reached by a name built at run time (`atexit.register`,
+   `threading._register_atexit`): callbacks.py counts and watches them;
+3. a gradient hook put in a tensor's hook table without the watched `register_hook` (the table
+   handed to the node by `_register_hook_dict` reached by a built name, or `register_hook`'s
+   original bound before the check ran): hooks.py notes every table given to a tensor;
+4. in an exercise whose hooks run later on purpose (keeps_hooks), the hooks left are guarded
+   like the answer: one that rebinds what the check compares with fails;
+5. a Python kernel registered for an aten operator (torch.library reached by a built name).
+"""
+import importlib
+import sys
+import weakref
+
+import torch
+import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut
+
+LATER = "would run your code later"
+AT_EXIT = "at exit"
+TENSOR_HOOK = "still registered on a tensor"
+REPLACED = "replaced"
+KERNEL = "kernel of its own"
+
+_KEEP = []
+_RH = torch.Tensor.register_hook       # the original, bound before any check ran
+
+
+def _module(*parts):
+    """A module reached by a name built at run time (the scan cannot read it)."""
+    return importlib.import_module("".join(parts))
+
+
+def _core(name):
+    return next((m for n, m in list(sys.modules.items()) if n.endswith("_core." + name)), None)
+
+
+def _bend_close(*_):
+    """What check_rank_loss compares with, made to agree with anything."""
+    inputs = _core("in" + "puts")
+    if inputs is not None:           # at exit, where the objects kept alive die, it is gone
+        setattr(inputs, "_ALL" + "CLOSE", lambda *a, **k: True)
+
+
+def _bend_grad(grad):
+    _bend_close()
+    return grad
+
+
+# ---- 1: objects whose death runs the reader's code -------------------------------------------
+@shortcut("check_rank_loss", "the per-rank mean; a weakref callback on the result bends the "
+          "comparison when the check drops it", [LATER, "weakref"])
+def rank_loss_weakref_callback(losses, global_batch, world_size):
+    out = losses.mean()
+    _KEEP.append(weakref.ref(out, _bend_close))
+    return out
+
+
+class _Bender:
+    def __del__(self):
+        _bend_close()
+
+
+@shortcut("check_rank_loss", "the per-rank mean; a __del__ on an object the result holds",
+          [LATER, "_Bender"])
+def rank_loss_del_on_result(losses, global_batch, world_size):
+    out = losses.mean()
+    out.keep = _Bender()
+    return out
+
+
+@shortcut("check_rank_loss", "the per-rank mean; a __del__ on a reference cycle left as garbage",
+          [LATER, "_Bender"])
+def rank_loss_del_in_cycle(losses, global_batch, world_size):
+    b = _Bender()
+    b.me = b
+    return losses.mean()
+
+
+@other("check_rank_loss", "a weakref without a callback, and an object of its own, dropped")
+def rank_loss_weakref_plain(losses, global_batch, world_size):
+    ref = weakref.ref(losses)
+    helper = type("Plain", (), {})()
+    del helper
+    return ref().sum() * world_size / global_batch
+
+
+# ---- 2: functions left to run at exit -------------------------------------------------------
+def _lr(step, base_lr, base_batch, batch, warmup):
+    peak = base_lr * batch / base_batch
+    return peak * min(1.0, (step + 1) / warmup) if warmup else peak
+
+
+def _at_exit():
+    pass
+
+
+@shortcut("check_lr_at", "an exit function reached by a name built at run time",
+          [AT_EXIT, "atexit.register"])
+def lr_at_atexit_built(step, base_lr, base_batch, batch, warmup):
+    getattr(_module("ate", "xit"), "regis" + "ter")(_at_exit)
+    return _lr(step, base_lr, base_batch, batch, warmup)
+
+
+@shortcut("check_lr_at", "threading's exit functions, reached by a name built at run time",
+          ["process-wide callback", "threading._register_atexit"])
+def lr_at_threading_atexit(step, base_lr, base_batch, batch, warmup):
+    getattr(_module("threa", "ding"), "_register_" + "atexit")(_at_exit)
+    return _lr(step, base_lr, base_batch, batch, warmup)
+
+
+# ---- 3: gradient hooks put in a tensor's table -------------------------------------------------
+@shortcut("check_rank_loss", "the per-rank mean; a hook table handed to the node by a built name",
+          TENSOR_HOOK)
+def rank_loss_hook_dict_built(losses, global_batch, world_size):
+    mid = losses * 1.0
+    setattr(mid, "_backward" + "_hooks", {0: _bend_grad})
+    getattr(mid.grad_fn, "_register_hook" + "_dict")(mid)
+    return mid.mean()
+
+
+@shortcut("check_rank_loss", "the per-rank mean; register_hook's original bound at import",
+          TENSOR_HOOK)
+def rank_loss_prebound_register_hook(losses, global_batch, world_size):
+    mid = losses * 1.0
+    _RH(mid, _bend_grad)
+    return mid.mean()
+
+
+@shortcut("check_rank_loss", "the per-rank mean; a hook put in a table it emptied", TENSOR_HOOK)
+def rank_loss_hook_table_refilled(losses, global_batch, world_size):
+    mid = losses * 1.0
+    mid.register_hook(lambda g: g).remove()
+    getattr(mid, "_backward" + "_hooks")[7] = _bend_grad
+    return mid.mean()
+
+
+# ---- 4: hooks kept on purpose, guarded -------------------------------------------------------
+@shortcut("check_overlap_hooks", "never averages; its hook makes the comparison divide instead",
+          [REPLACED, "_ALLCLOSE"])
+def overlap_hooks_bending_hook(model):
+    handles = []
+    inputs = _core("in" + "puts")
+    original = getattr(inputs, "_ALL" + "CLOSE")
+
+    def hook(p):
+        handles.append(dist.all_reduce(p.grad, async_op=True))
+        w = dist.get_world_size()
+        setattr(inputs, "_ALL" + "CLOSE", lambda a, b, **k: original(a, b * w, **k))
+
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for h in handles:
+            h.wait()
+        handles.clear()
+    return finish
+
+
+@shortcut("check_overlap_hooks", "never averages; a forward hook puts a bending hook on the "
+          "output, an intermediate tensor", [REPLACED, "_ALLCLOSE"])
+def overlap_hooks_intermediate(model):
+    handles = []
+    inputs = _core("in" + "puts")
+    original = getattr(inputs, "_ALL" + "CLOSE")
+
+    def bend(grad):
+        w = dist.get_world_size()
+        setattr(inputs, "_ALL" + "CLOSE", lambda a, b, **k: original(a, b * w, **k))
+        return grad
+
+    def hook(p):
+        handles.append(dist.all_reduce(p.grad, async_op=True))
+
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+    model.register_forward_hook(lambda m, i, o: o.register_hook(bend) and None)
+
+    def finish():
+        for h in handles:
+            h.wait()
+        handles.clear()
+    return finish
+
+
+# ---- 5: a Python kernel for an aten operator ---------------------------------------------------
+@shortcut("check_rank_loss", "the per-rank mean; aten::allclose made to agree, torch.library "
+          "reached by a built name", KERNEL)
+def rank_loss_aten_kernel(losses, global_batch, world_size):
+    lib = getattr(_module("torch.lib", "rary"), "Lib" + "rary")("aten", "IMPL")
+    try:
+        lib.impl("allclose", lambda *a, **k: True, "CPU")
+    except BaseException:
+        pass
+    _KEEP.append(lib)
+    return losses.mean()
+
+
+test_case = parametrize_cases(__name__)
