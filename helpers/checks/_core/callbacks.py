@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import functools
 import gc
+import itertools
 import signal
 import sys
 import sysconfig
@@ -250,20 +251,27 @@ def _runs_later(obj, kind):
 def _young():
     """{id: (object, kind)} of the young objects (those made since the last collection: with the
     collector off while answers run, all they made) that may run code when they die. The list of
-    them is held only while no other thread runs (a tuple another thread is building would fail
-    to grow while held) and nothing blocks: classes first seen are judged in between."""
-    new = set(map(type, gc.get_objects(0))) - _KINDS.keys()
+    them lives only inside one call of C code, no bytecode of ours between (a tuple another thread
+    is building fails to grow while another reference to it is held, and a thread switch comes
+    only between bytecodes): classes first seen are judged in between."""
+    new = set(map(type, _listed())) - _KINDS.keys()
     for cls in new:
         _kind(cls)
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(60.0)
-    try:
-        objs = gc.get_objects(0)
-        picked = [(o, _KINDS.get(type(o))) for o in objs if _KINDS.get(type(o))]
-        del objs
-    finally:
-        sys.setswitchinterval(interval)
-    return {id(o): (o, kind) for o, kind in picked}
+    picked = list(itertools.compress(*_picked()))
+    return {id(o): (o, _KINDS[type(o)]) for o in picked}
+
+
+def _picked():
+    """The young objects and whether each may run code when it dies, both listed only when
+    iterated."""
+    objs, again = itertools.tee(_listed())
+    return objs, map(_KINDS.get, map(type, again))
+
+
+def _listed():
+    """gc's young objects, listed only when iterated: the list is made and let go inside the C
+    call that consumes it."""
+    return itertools.chain.from_iterable(map(gc.get_objects, (0,)))
 
 
 def _reachable(fn, args):
@@ -304,19 +312,22 @@ def _collections():
     return sum(s["collections"] for s in gc.get_stats())
 
 
-def _open():
-    """The first answer of those running at once (a World's ranks) notes what is young and the
-    exit functions, and puts the stand-ins in."""
+def _open(scan):
+    """The first answer of those running at once notes what is young (`scan`: not in a World,
+    whose ranks run the check's code beside it: listing the young objects while another thread
+    builds a tuple fails that thread) and the exit functions, and puts the stand-ins in."""
     with _WINDOW_LOCK:
         if _WINDOW["depth"] == 0:
             _KINDS.clear()             # a class may have gained a __del__ since
-            _WINDOW["gc"] = gc.isenabled()
-            gc.disable()               # what the calls make stays young, where _young finds it
+            _WINDOW["gc"], _WINDOW["scan"] = gc.isenabled(), scan
+            if scan:
+                gc.disable()           # what the calls make stays young, where _young finds it
             atexit.register = _register_at_exit
             for name, stand in _KERNEL_STAND_INS.items():
                 setattr(_DISPATCH, name, stand)
-            _WINDOW.update(young=_young(), runs=_collections(), exits=atexit._ncallbacks(),
-                           library=_WINDOW["library_exits"], readers=len(_READER_EXITS))
+            _WINDOW.update(young=_young() if scan else {}, runs=_collections(),
+                           exits=atexit._ncallbacks(), library=_WINDOW["library_exits"],
+                           readers=len(_READER_EXITS))
         _WINDOW["depth"] += 1
 
 
@@ -328,8 +339,8 @@ def _close(fn, args):
         if _WINDOW["depth"]:
             return [], 0
         try:
-            found = _young()
-            if _collections() != _WINDOW["runs"]:
+            found = _young() if _WINDOW["scan"] else {}
+            if _WINDOW["scan"] and _collections() != _WINDOW["runs"]:
                 found.update(_reachable(fn, args))
             left = [(o, k) for i, (o, k) in found.items()
                     if i not in _WINDOW["young"] and _runs_later(o, k)]
@@ -346,7 +357,7 @@ def _close(fn, args):
             atexit.register = _AT_EXIT
             for name, method in _KERNELS.items():
                 setattr(_DISPATCH, name, method)
-            _WINDOW["gc_back"] = _WINDOW["gc"]
+            _WINDOW["gc_back"] = _WINDOW["gc"] and _WINDOW["scan"]
         return left, exits
 
 
@@ -360,12 +371,12 @@ def collector_back():
 
 
 @contextlib.contextmanager
-def left_later(name, fn, args):
+def left_later(name, fn, args, world=False):
     """Fail an answer that leaves something to run its code later, after the check compared:
     an object it made whose death runs the reader's code (kept alive from then on, so it never
     runs), an exit function (one of the reader's is unregistered). A Python kernel for an
     operator is refused when registered (by the stand-ins of torch.library's registrations)."""
-    _open()
+    _open(not world)
     returned = False
     try:
         yield

@@ -51,7 +51,7 @@ class Answer(Guarded):
         later = callbacks()             # what runs later on its own (callbacks.py)
         modes = switches()              # grad mode, default dtype, ... (modes.py)
         try:
-            with left_later(self.__name__, self.fn, args), nodes, \
+            with left_later(self.__name__, self.fn, args, in_world()), nodes, \
                     blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
                     early_views_read_only(self.fn, in_world()), trace, inside():
