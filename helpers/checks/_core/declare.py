@@ -4,7 +4,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .callbacks import callbacks, expect_no_callbacks
+from .callbacks import callbacks, collector_back, expect_no_callbacks, left_later
 from .early_hooks import expect_no_early_hooks
 from .early_views import early_views_read_only
 from .guard import answering
@@ -43,34 +43,27 @@ class Answer(Guarded):
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
         kinds = classes((args, kwargs))     # never changed, not even by an in-place exercise
         before = None if self.changes_inputs else (fingerprint(args), fingerprint(kwargs))
-        hooks = None if self.keeps_hooks else hooks_of(args, kwargs)
+        hooks = hooks_of(args, kwargs)
+        keep = self._again if self.keeps_hooks else None   # hooks kept are guarded, run as this
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
-        nodes = contextlib.nullcontext() if self.keeps_hooks else node_hooks(self.__name__)
+        nodes = node_hooks(self.__name__, keep)
         libraries = snapshot()          # what the answer may not rebind (patched.py)
         later = callbacks()             # what runs later on its own (callbacks.py)
         modes = switches()              # grad mode, default dtype, ... (modes.py)
         try:
-            with nodes, blocked(self.references, self.exercise), \
+            with left_later(self.__name__, self.fn, args, in_world()), nodes, \
+                    blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
                     early_views_read_only(self.fn, in_world()), trace, inside():
                 result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
         except BaseException:
-            try:
-                expect_unpatched(self.__name__, libraries)    # put back, even when it raised
-            finally:
-                try:
-                    expect_no_callbacks(self.__name__, later)
-                finally:
-                    expect_same_switches(self.__name__, modes)
+            _after_call(self.__name__, libraries, modes, later)   # put back, even when it raised
             raise
-        expect_unpatched(self.__name__, libraries)
-        expect_same_switches(self.__name__, modes)
-        expect_no_callbacks(self.__name__, later)
+        _after_call(self.__name__, libraries, modes, later)
         expect_same_classes(self.__name__, kinds)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
-        if hooks is not None:
-            expect_no_new_hooks(self.__name__, hooks, args, kwargs)
+        expect_no_new_hooks(self.__name__, hooks, args, kwargs, keep)
         return result
 
     def _again(self, fn):
@@ -81,6 +74,21 @@ class Answer(Guarded):
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
+
+
+def _after_call(name, libraries, modes, later):
+    """Judge what the call may have changed in the process, each comparison putting its own back
+    (all run; the first failure is raised), then the collector back on (callbacks.py)."""
+    failure = None
+    for judge, noted in ((expect_unpatched, libraries), (expect_same_switches, modes),
+                         (expect_no_callbacks, later)):
+        try:
+            judge(name, noted)
+        except BaseException as error:      # every one puts its own back
+            failure = failure or error
+    collector_back()
+    if failure is not None:
+        raise failure
 
 
 Body = Callable[["Answer"], None]             # judges the answer; raises CheckFailed

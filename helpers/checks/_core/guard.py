@@ -39,7 +39,7 @@ import types
 
 from .run import CheckFailed, ReferenceUsed, is_reader_code, is_reader_function
 
-__all__ = ["answering", "refusal", "harness_busy", "own_operator", "TORCH_OPERATORS"]
+__all__ = ["answering", "refusal", "refuse", "harness_busy", "own_operator", "TORCH_OPERATORS"]
 
 _SHARED = "_course_answer_guard"          # one hook and one state for every import of the course
 _FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions",
@@ -118,9 +118,7 @@ def _make_hook(state):
             message = (f"your code installs a process-wide callback ({event}): it would run "
                        "your code after your function returned, while the check judges it. "
                        "An answer does its work inside its call")
-            if state.refused is None:
-                state.refused = message
-            raise ReferenceUsed(message)
+            refuse(message)
         if event not in _FRAME_EVENTS and event not in ("exec", "function.__new__") and not (
                 event == "object.__getattr__" and len(args) > 1
                 and (args[1] in _FRAME_ATTRS or args[1] == "__code__")):
@@ -131,9 +129,7 @@ def _make_hook(state):
         finally:
             state.local.busy = False
         if message:
-            if state.refused is None:
-                state.refused = message
-            raise ReferenceUsed(message)
+            refuse(message)
     return hook
 
 
@@ -159,9 +155,7 @@ def _rewrite(state, args):
                "with that function, so it may not change it. Compute the result with your own "
                "functions")
     state.rewritten.append(message)
-    if state.depth and state.refused is None:
-        state.refused = message
-    raise ReferenceUsed(message)
+    refuse(message)
 
 
 def _judge(state, event, args):
@@ -215,9 +209,7 @@ def _refuse_process(state, event):
     finally:
         state.local.busy = False
     if message:
-        if state.refused is None:
-            state.refused = message
-        raise ReferenceUsed(message)
+        refuse(message)
 
 
 def _process_start(self, *args, **kwargs):
@@ -367,6 +359,12 @@ def own_operator(name):
     message = (f"your code calls an operator of its own ({name}, torch.library): the work "
                "inside one is invisible to the check, so an answer must run torch's own "
                "operations in plain view")
+    refuse(message)
+
+
+def refuse(message):
+    """Refuse from a harness's stand-in: the answer's first refusal (its `except` cannot hide
+    it), raised."""
     state = _state()
     if state.depth and state.refused is None:
         state.refused = message

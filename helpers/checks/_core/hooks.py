@@ -10,7 +10,8 @@ answer that returns with one more (and removes it: a hook from its dict, a saved
 hook or a mode popped until the stack's top is one that was there before). Hooks it
 registered and removed before returning are fine.
 Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
-`@check(..., keeps_hooks=True)`; settle.py guards those hooks like the answer itself."""
+`@check(..., keeps_hooks=True)`; the hooks of the reader's left are then guarded in place, run as
+the answer itself (a hook that rebinds what the check compares with fails)."""
 import contextlib
 import functools
 import sys
@@ -38,6 +39,8 @@ _GLOBAL = tuple([(module_hooks, n) for n in dir(module_hooks)
            if n.startswith("_global_") and n.endswith("hooks")] + \
           [(optim_hooks, n) for n in ("_global_optimizer_pre_hooks",
                                       "_global_optimizer_post_hooks")])
+
+_GLOBAL_KEYS = frozenset((id(owner), attr) for owner, attr in _GLOBAL)
 
 
 class _Walk:
@@ -137,14 +140,20 @@ def hooks_of(args, kwargs):
     return {**walk.found, **_global()}
 
 
-def expect_no_new_hooks(name, before, args, kwargs):
+def expect_no_new_hooks(name, before, args, kwargs, guard=None):
     """CheckFailed naming the hook the answer left registered, if it left one; every hook it
-    left is removed first (a failed answer leaves no process-wide hook behind it)."""
+    left is removed first (a failed answer leaves no process-wide hook behind it). `guard` (an
+    exercise that keeps hooks): a hook left in a table of what it was handed is guarded in place
+    instead (one for every module or optimizer still fails: the check's own forwards run it)."""
     after = hooks_of(args, kwargs)
     left = []
     for key, (what, attr, keys, hooks) in after.items():
         new = keys - before.get(key, (None, None, frozenset(), None))[2]
-        if new:
+        if new and guard is not None and hooks is not None and key not in _GLOBAL_KEYS:
+            for k in new:
+                if k in hooks and _unguarded(hooks[k]):
+                    hooks[k] = guard(hooks[k])
+        elif new:
             left.append((what, attr))
             for k in new if hooks is not None else ():
                 hooks.pop(k, None)
@@ -186,6 +195,12 @@ def _reader_hook(hook, caller, depth=2):
     return any(callable(v) and _reader_hook(v, None, depth - 1) for v in cells)
 
 
+def _unguarded(hook):
+    """A hook of the reader's not yet run as the answer is (settle.Guarded)."""
+    from .settle import Guarded
+    return hook is not None and not isinstance(hook, Guarded) and _reader_hook(hook, None)
+
+
 def _filled(cell):
     try:
         _ = cell.cell_contents
@@ -194,14 +209,15 @@ def _filled(cell):
     return True
 
 
-def _note(hooks, key):
-    """A hook of the reader's registered: noted for the answers running in this thread (all of
-    them when none does: a thread the answer started)."""
+def _note(hooks, key, *keys):
+    """A hook of the reader's registered (or a table given to a tensor: `key` _TABLE, `keys` what
+    it held then): noted for the answers running in this thread (all of them when none does: a
+    thread the answer started)."""
     with _NODE_LOCK:
         lists = _NODES["lists"].get(threading.get_ident()) or [
             lst for per in _NODES["lists"].values() for lst in per]
         for lst in lists:
-            lst.append((hooks, key))
+            lst.append((hooks, key, *keys))
 
 
 def _register_node_hook(hooks, hook):
@@ -237,18 +253,69 @@ _TENSOR_STAND_INS = types.MappingProxyType(
     {name: _tensor_register(f) for name, f in _TENSOR_REGISTER.items()})
 
 
+# a tensor's hook tables themselves: every table given to a tensor while the answer runs (by
+# torch's register_hook, an original of it bound before the check ran, or the reader's own code,
+# `t._backward_hooks = {...}` then handed to its node by `_register_hook_dict`) is noted, and a
+# hook of the reader's left in one is judged as a registered one
+_TABLE_BASE = types.MappingProxyType({name: vars(torch._C.TensorBase)[name] for name in (
+    "_backward_hooks", "_post_accumulate_grad_hooks") if name in vars(torch._C.TensorBase)})
+
+
+def _table(name, base):
+    def get(self):
+        return base.__get__(self, type(self))
+
+    def put(self, value):
+        base.__set__(self, value)
+        if isinstance(value, dict):
+            _note(value, _TABLE, frozenset())
+
+    def drop(self):
+        base.__delete__(self)
+    return property(get, put, drop, base.__doc__)
+
+
+_TABLE = object()            # the key noted for a whole table: every hook in it then
+_TABLES = types.MappingProxyType({name: _table(name, base) for name, base in _TABLE_BASE.items()})
+
+
+def _install(on):
+    if on:
+        _MIXIN._register_hook = staticmethod(_register_node_hook)
+        for attr, stand_in in {**_TENSOR_STAND_INS, **_TABLES}.items():
+            setattr(torch.Tensor, attr, stand_in)
+    else:
+        _MIXIN._register_hook = _REGISTER
+        for attr, original in _TENSOR_REGISTER.items():
+            setattr(torch.Tensor, attr, original)
+        for attr in _TABLES:
+            delattr(torch.Tensor, attr)
+
+
+def _left_hooks(mine):
+    """(table, key) of the reader's hooks left registered: those noted, and those of the
+    reader's added to a table noted whole."""
+    left = []
+    for hooks, key, *keys in mine:
+        if key is _TABLE:
+            left += [(hooks, k) for k, v in list(hooks.items())   # its own code: a harness
+                     if k not in keys[0] and _reader_hook(v, None, 0)]   # tap may hold the reader's
+        elif key in hooks:
+            left.append((hooks, key))
+    return list({(id(h), k): (h, k) for h, k in left}.values())
+
+
 @contextlib.contextmanager
-def node_hooks(name):
+def node_hooks(name, guard=None):
     """Fail an answer that returns with a hook it registered on an autograd node (a handed
     tensor's `grad_fn`, a node deeper in its graph, its result's) or on a tensor (any: an
     intermediate one of the result's graph too): the check's backward would run it. Its hooks
-    are removed either way."""
+    are removed either way. `guard` (an exercise that keeps hooks): each is guarded in place,
+    run as the answer is, instead."""
     mine, me = [], threading.get_ident()
     with _NODE_LOCK:
         if _NODES["depth"] == 0:
-            _MIXIN._register_hook = staticmethod(_register_node_hook)
-            for attr, stand_in in _TENSOR_STAND_INS.items():
-                setattr(torch.Tensor, attr, stand_in)
+            _install(True)
         _NODES["depth"] += 1
         _NODES["lists"].setdefault(me, []).append(mine)
     returned = False
@@ -262,13 +329,14 @@ def node_hooks(name):
                 del _NODES["lists"][me]
             _NODES["depth"] -= 1
             if _NODES["depth"] == 0:
-                _MIXIN._register_hook = _REGISTER
-                for attr, original in _TENSOR_REGISTER.items():
-                    setattr(torch.Tensor, attr, original)
-        left = [(hooks, key) for hooks, key in mine if key in hooks]
+                _install(False)
+        left = _left_hooks(mine)
         for hooks, key in left:
-            hooks.pop(key, None)
-    if returned and left:
+            if guard is None:
+                hooks.pop(key, None)
+            elif returned and _unguarded(hooks.get(key)):
+                hooks[key] = guard(hooks[key])
+    if returned and left and guard is None:
         raise CheckFailed(
             f"{name} returned with a hook still registered on a tensor or an autograd node "
             "(register_hook, register_post_accumulate_grad_hook, grad_fn.register_hook or "
