@@ -238,3 +238,37 @@ def test_a_librarys_profiler_stays_and_the_check_passes():
         profiler.disable()
     assert result.status == "passed", result
 
+
+# ---- the draws: fresh from the operating system, whatever a cell patched ----------------------
+def _seen_args(monkeypatch, patch):
+    """The first arguments two regrades hand the answer, with `patch` applied."""
+    patch()
+    seen = []
+
+    def probe(*args):
+        seen.append(args)
+        return -1.0
+    for _ in range(2):
+        with pytest.raises(AssertionError):
+            fresh.regrade("check_lr_at", probe)
+    return seen
+
+
+def test_a_patched_system_random_does_not_fix_the_draws(monkeypatch):
+    import random
+    seen = _seen_args(monkeypatch, lambda: monkeypatch.setattr(
+        random.SystemRandom, "getrandbits", lambda self, k: 12345 % (1 << k)))
+    assert len(seen) == 2 and seen[0] != seen[1], "the draws repeated"
+
+
+def test_a_replaced_os_urandom_is_refused(monkeypatch):
+    monkeypatch.setattr(os, "urandom", lambda n: bytes(n))
+    with pytest.raises(AssertionError, match="os.urandom is not the operating system's"):
+        fresh.regrade("check_lr_at", _lr)
+
+
+def test_replay_seeds_is_the_test_suites(monkeypatch):
+    from helpers.checks._core.inputs import replay_seeds
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    with pytest.raises(RuntimeError, match="test suite"):
+        replay_seeds(7)
