@@ -241,16 +241,16 @@ def test_a_librarys_profiler_stays_and_the_check_passes():
 
 # ---- the draws: fresh from the operating system, whatever a cell patched ----------------------
 def _seen_args(monkeypatch, patch):
-    """The first arguments two regrades hand the answer, with `patch` applied."""
+    """Every argument tuple each of three regrades hands a right answer, with `patch` applied."""
     patch()
     seen = []
 
     def probe(*args):
-        seen.append(args)
-        return -1.0
-    for _ in range(2):
-        with pytest.raises(AssertionError):
-            fresh.regrade("check_lr_at", probe)
+        seen[-1].append(args)
+        return _lr(*args)
+    for _ in range(3):
+        seen.append([])
+        fresh.regrade("check_lr_at", probe)
     return seen
 
 
@@ -258,7 +258,8 @@ def test_a_patched_system_random_does_not_fix_the_draws(monkeypatch):
     import random
     seen = _seen_args(monkeypatch, lambda: monkeypatch.setattr(
         random.SystemRandom, "getrandbits", lambda self, k: 12345 % (1 << k)))
-    assert len(seen) == 2 and seen[0] != seen[1], "the draws repeated"
+    assert len(seen) == 3 and all(seen), seen
+    assert len({tuple(calls) for calls in seen}) == 3, "the draws repeated"
 
 
 def test_a_replaced_os_urandom_is_refused(monkeypatch):

@@ -110,7 +110,10 @@ def verdict_writer(stream, fallback):
     code with the check's frames open; early_hooks refuses the check then)."""
     if stream is None or _reader_stream(stream):
         stream = fallback
-    return functools.partial(type(stream).write, stream) if stream is not None else len
+    if stream is None:
+        return len
+    write = getattr(type(stream), "write", None)        # None: a proxy that forwards it
+    return functools.partial(write, stream) if write is not None else stream.write
 
 
 def _reader_stream(stream):
