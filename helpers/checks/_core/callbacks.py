@@ -1,40 +1,46 @@
 """Nothing of the reader's code is left to run later through the process's own callbacks. After
 the answer returned, the check converts, computes its expected value and compares; a callback
 the answer installed process-wide (a gc callback, a signal handler or timer, sys's hooks, a
-profile or trace function, an import hook, a finalizer of its own) would run the reader's code
+profile or trace function, an import hook, a finalizer of its own, what shows a warning) would
+run the reader's code
 then, where nothing watches it, and could bend the verdict (rebind what the check compares with,
 after patched.py's comparison). So `Answer` notes them before the call and fails an answer that
 returns with one of the reader's changed, putting the original back (a library imported
 lazily may install its own). Audit hooks, which cannot be removed, and sys.monitoring are
 refused when installed (guard.py); `atexit.register`, which cannot be listed, when the answer's
-code reaches it (references.py), and counted while it runs (`left_later`).
+code reaches it (references.py), and counted while it runs (left_later.py). So are the slots the
+harness itself reads after the call: sys's streams and the methods set on them (the verdict is
+printed through `sys.stdout`: a writer of the reader's would run with the check's frames open)
+and the grading switch (`os.environ`'s keys that make a failure raise): any change fails, whoever's
+object it holds. early_hooks.py refuses a check that starts with one of the reader's.
 
-`left_later` is the window around the call for what runs the reader's code later without being a
-callback: an object whose death runs it (a `__del__` of the reader's class, a weakref's callback,
-a suspended generator's `finally`), an exit function, a Python kernel for an operator."""
-import atexit
-import contextlib
+What runs the reader's code later without being a callback (an object whose death runs it, an
+exit function, a Python kernel for an operator) is left_later.py's."""
 import functools
-import gc
-import itertools
+import os
 import signal
 import sys
-import sysconfig
 import threading
 import types
+import warnings
 import weakref
 
-import torch
+from .run import GRADING_ENVS, CheckFailed, is_reader_code
 
-from .run import CheckFailed, is_reader_code, stand_in
-
-__all__ = ["callbacks", "expect_no_callbacks", "left_later", "collector_back"]
+__all__ = ["callbacks", "expect_no_callbacks", "STREAMS"]
 
 _GC = __import__("gc").callbacks      # the list gc runs (rebinding gc.callbacks leaves it)
 _SYS = ("excepthook", "displayhook", "unraisablehook", "breakpointhook")
+_WARNINGS = ("showwarning", "_showwarnmsg")    # what a warning raised inside the check runs
 _SIGNALS = tuple(signal.valid_signals())
 _TIMERS = tuple(getattr(signal, n) for n in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
                 if hasattr(signal, n))
+STREAMS = ("sys.stdout", "sys.stderr", "sys.stdin")
+_ENVIRON = os.environ                 # the process's environment (rebinding os.environ leaves it)
+_OWN = tuple(f"{what}.__dict__" for what in STREAMS)      # methods set on the stream itself
+_METHODS = ("write", "writelines", "flush")
+_SWITCHES = tuple(f"os.environ[{k!r}]" for k in GRADING_ENVS)
+_STATE = frozenset((*STREAMS, *_OWN, *_SWITCHES, "os.environ"))   # any change of these fails
 _LISTS = types.MappingProxyType({"sys.meta_path": sys.meta_path,
                                  "sys.path_hooks": sys.path_hooks, "gc.callbacks": _GC,
                                  "threading._register_atexit": getattr(
@@ -91,6 +97,17 @@ def _readers(values):
     return False
 
 
+def _own(stream):
+    """The methods set on `stream` itself (its instance dict), flat: (name, value, ...); none
+    read from a stream of the reader's class (reading could run its code: it fails anyway)."""
+    from .settle import reader_class
+    if stream is None or reader_class(type(stream)):
+        return ()
+    held = getattr(stream, "__dict__", None)
+    held = held if isinstance(held, dict) else {}
+    return tuple(x for name in _METHODS if name in held for x in (name, held[name]))
+
+
 def callbacks():
     """What runs later on its own, now: {what: value}."""
     found = {f"sys.{n}": getattr(sys, n, None) for n in _SYS}
@@ -103,12 +120,33 @@ def callbacks():
     found.update({k: tuple(v) for k, v in _LISTS.items()})
     found.update({f"signal.signal({s!s})": _getsignal(s) for s in _SIGNALS})
     found.update({f"signal.setitimer({t})": signal.getitimer(t)[0] > 0 for t in _TIMERS})
+    found.update({f"warnings.{n}": getattr(warnings, n, None) for n in _WARNINGS})
+    found.update({what: getattr(sys, what[4:], None) for what in STREAMS})
+    found.update({own: _own(found[what]) for what, own in zip(STREAMS, _OWN, strict=True)})
+    found.update({what: _ENVIRON.get(k) for what, k in zip(_SWITCHES, GRADING_ENVS, strict=True)})
+    found["os.environ"] = os.environ
     return found
 
 
 def _put_back(what, value):
-    if what.startswith("sys.") and what[4:] in _SYS:
+    if what.startswith("sys.") and (what[4:] in _SYS or what in STREAMS):
         setattr(sys, what[4:], value)
+    elif what.startswith("warnings."):
+        setattr(warnings, what[9:], value)
+    elif what in _OWN:
+        held = getattr(getattr(sys, what[4:-9], None), "__dict__", None)
+        if isinstance(held, dict):
+            for name in _METHODS:
+                held.pop(name, None)
+            held.update(zip(value[::2], value[1::2], strict=True))
+    elif what in _SWITCHES:
+        key = GRADING_ENVS[_SWITCHES.index(what)]
+        if value is None:
+            _ENVIRON.pop(key, None)
+        else:
+            _ENVIRON[key] = value
+    elif what == "os.environ":
+        os.environ = value    # noqa: B003 (the object noted before the call, not a new one)
     elif what == "threading.excepthook":
         threading.excepthook = value
     elif what == "sys.setprofile":
@@ -141,257 +179,40 @@ def _new(before, after):
 def _left(what, before, after):
     """Whether the change of `what` is a callback of the reader's left to run: a timer armed, a
     finalizer of the reader's made (those are filtered already), a reader's function put in."""
-    if what.startswith("signal.setitimer"):
-        return after
+    if what.startswith("signal.setitimer") or what in _STATE:
+        return True
     new = _new(before, after)
     return bool(new) if what == "weakref.finalize" else _readers(new)
 
 
+def _same(a, b):
+    """`a` and `b` are the same callbacks, by identity (`!=` would run an object's `__eq__`)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+    if isinstance(a, frozenset) and isinstance(b, frozenset):
+        return a == b                 # weakref.finalize objects: compared by identity
+    return a is b or (type(a) in (str, bool) and a == b)
+
+
 def expect_no_callbacks(name, before):
-    """CheckFailed naming the process-wide callback of the reader's the answer left (each put
-    back first, as far as it can be)."""
+    """CheckFailed naming the process-wide callback of the reader's the answer left, or the
+    harness's slot it changed (each put back first, as far as it can be)."""
     after = callbacks()
-    changed = [what for what, value in after.items() if before.get(what) != value and _left(
-        what, before.get(what), value)]
+    changed = [what for what, value in after.items() if not _same(before.get(what), value)
+               and _left(what, before.get(what), value)]
     for what in changed:
         _put_back(what, before.get(what))
+    slots = [what for what in changed if what in _STATE]
+    if slots:
+        why = ["the check prints its verdict through sys.stdout after your function returned: "
+               "restore a stream you replace (contextlib.redirect_stdout does)"] if set(
+                   slots) & {*STREAMS, *_OWN} else []
+        why += ["the grading switch decides whether a failed check raises: leave the "
+                "environment's grading keys alone"] if set(slots) - {*STREAMS, *_OWN} else []
+        raise CheckFailed(f"{name} left {', '.join(slots[:3])} changed (put back): "
+                          + "; ".join(why))
     if changed:
         raise CheckFailed(
             f"{name} left {', '.join(changed[:3])} set: a process-wide callback would run your "
             "code after your function returned, while the check judges it (it is put back). "
             "Compute the result inside your function, and install nothing that runs later")
-
-
-# --- what the call leaves to run the reader's code later (left_later) ------------------------
-_WINDOW = {"depth": 0, "gc": False, "library_exits": 0}
-_WINDOW_LOCK = threading.Lock()
-_READER_EXITS = []          # exit functions of the reader's registered through the stand-in
-_KEPT = []                  # objects left by failed answers: kept alive, so they never run
-_KINDS = {}                 # a class -> what its objects run when they die (None: nothing)
-_GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
-_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
-_AT_EXIT = atexit.register
-_TORCH = torch.__file__.rsplit("/", 1)[0] + "/"
-_STDLIB = sysconfig.get_paths()["stdlib"]
-_DISPATCH = torch._C._DispatchModule         # what every torch.library registration goes through
-_KERNELS = types.MappingProxyType({n: vars(_DISPATCH)[n] for n in (
-    "impl", "impl_t_t", "impl_with_aoti_compile", "fallback") if n in vars(_DISPATCH)})
-
-
-@stand_in(_AT_EXIT)
-def _register_at_exit(func, *args, **kwargs):
-    if _readers((func, *args, *kwargs.values())):
-        _READER_EXITS.append(func)
-    else:
-        _WINDOW["library_exits"] += 1
-    return _AT_EXIT(func, *args, **kwargs)
-
-
-def _from_reader(values):
-    """Whether a registration is the reader's: one of `values` is, or the first caller past
-    torch and the standard library is the reader's code."""
-    if _readers(values):
-        return True
-    frame = sys._getframe(2)
-    while frame is not None and (frame.f_code.co_filename.startswith((_TORCH, __file__)) or (
-            frame.f_code.co_filename.startswith(_STDLIB)
-            and "-packages" not in frame.f_code.co_filename)):
-        frame = frame.f_back
-    return frame is not None and is_reader_code(frame.f_code.co_filename)
-
-
-def _kernel_stand_in(name, method):
-    @stand_in(method)
-    def register(self, *args, **kwargs):
-        if _from_reader((*args, *kwargs.values())):
-            from .guard import refuse
-            op = next((a for a in args if isinstance(a, str)), name)
-            refuse(f"your code registers a kernel of its own for an operator ({op}, "
-                   "torch.library): it would run your code inside torch's operations, unseen "
-                   "by the check and after your function returned. Run torch's own operations")
-        return method.__get__(self, _DISPATCH)(*args, **kwargs)
-    return register
-
-
-_KERNEL_STAND_INS = types.MappingProxyType(
-    {name: _kernel_stand_in(name, m) for name, m in _KERNELS.items()})
-
-
-def _kind(cls):
-    """What an object of `cls` runs when it dies, if it may be the reader's code."""
-    kind = _KINDS.get(cls, _UNSEEN)
-    if kind is _UNSEEN:
-        if issubclass(cls, weakref.ref):
-            kind = "a weakref's callback"
-        elif cls in _PROXIES:
-            kind = "a weakref proxy's callback"
-        elif cls in _GENERATORS:
-            kind = "a suspended generator"
-        else:
-            finalizer = getattr(cls, "__del__", None)
-            kind = "a __del__" if finalizer is not None and _readers((finalizer,)) else None
-        _KINDS[cls] = kind
-    return kind
-
-
-def _runs_later(obj, kind):
-    """Whether `obj` (of `kind`) would run the reader's code when it dies."""
-    if kind == "a weakref's callback":
-        return obj() is not None and _readers((obj.__callback__,))
-    if kind == "a weakref proxy's callback":
-        return _readers(gc.get_referents(obj))
-    if kind == "a suspended generator":
-        code = getattr(obj, "gi_code", None) or getattr(obj, "cr_code", None) or getattr(
-            obj, "ag_code", None)
-        return bool(getattr(obj, "gi_suspended", getattr(obj, "cr_suspended", False))) and \
-            code is not None and is_reader_code(code.co_filename) and bool(code.co_exceptiontable)
-    return kind is not None
-
-
-def _young():
-    """{id: (object, kind)} of the young objects (those made since the last collection: with the
-    collector off while answers run, all they made) that may run code when they die. The list of
-    them lives only inside one call of C code, no bytecode of ours between (a tuple another thread
-    is building fails to grow while another reference to it is held, and a thread switch comes
-    only between bytecodes): classes first seen are judged in between."""
-    new = set(map(type, _listed())) - _KINDS.keys()
-    for cls in new:
-        _kind(cls)
-    picked = list(itertools.compress(*_picked()))
-    return {id(o): (o, _KINDS[type(o)]) for o in picked}
-
-
-def _picked():
-    """The young objects and whether each may run code when it dies, both listed only when
-    iterated."""
-    objs, again = itertools.tee(_listed())
-    return objs, map(_KINDS.get, map(type, again))
-
-
-def _listed():
-    """gc's young objects, listed only when iterated: the list is made and let go inside the C
-    call that consumes it."""
-    return itertools.chain.from_iterable(map(gc.get_objects, (0,)))
-
-
-def _reachable(fn, args):
-    """{id: (object, kind)} of what the answer's module, closure and arguments hold (three levels
-    down): where an object it made lives after a collection it set off moved it out of the young
-    objects."""
-    found, seen = {}, set()
-    stack = [(v, 3) for v in (getattr(fn, "__globals__", {}), *(
-        c.cell_contents for c in getattr(fn, "__closure__", None) or () if _cell(c)), *args)]
-    while stack and len(seen) < 20000:
-        obj, depth = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        kind = _kind(type(obj))
-        if kind is not None:
-            found[id(obj)] = (obj, kind)
-        if not depth or isinstance(obj, (str, bytes, int, float, types.ModuleType, type)):
-            continue
-        if isinstance(obj, dict):
-            stack.extend((v, depth - 1) for v in list(obj.values()))
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend((v, depth - 1) for v in list(obj))
-        elif isinstance(getattr(obj, "__dict__", None), dict) and not callable(obj):
-            stack.append((vars(obj), depth - 1))
-    return found
-
-
-def _cell(cell):
-    try:
-        _ = cell.cell_contents
-    except ValueError:
-        return False
-    return True
-
-
-def _collections():
-    return sum(s["collections"] for s in gc.get_stats())
-
-
-def _open(scan):
-    """The first answer of those running at once notes what is young (`scan`: not in a World,
-    whose ranks run the check's code beside it: listing the young objects while another thread
-    builds a tuple fails that thread) and the exit functions, and puts the stand-ins in."""
-    with _WINDOW_LOCK:
-        if _WINDOW["depth"] == 0:
-            _KINDS.clear()             # a class may have gained a __del__ since
-            _WINDOW["gc"], _WINDOW["scan"] = gc.isenabled(), scan
-            if scan:
-                gc.disable()           # what the calls make stays young, where _young finds it
-            atexit.register = _register_at_exit
-            for name, stand in _KERNEL_STAND_INS.items():
-                setattr(_DISPATCH, name, stand)
-            _WINDOW.update(young=_young() if scan else {}, runs=_collections(),
-                           exits=atexit._ncallbacks(), library=_WINDOW["library_exits"],
-                           readers=len(_READER_EXITS))
-        _WINDOW["depth"] += 1
-
-
-def _close(fn, args):
-    """The last answer of those running at once judges what they all left (while another still
-    ran, its objects would be taken for this one's): (objects left, exit functions left)."""
-    with _WINDOW_LOCK:
-        _WINDOW["depth"] -= 1
-        if _WINDOW["depth"]:
-            return [], 0
-        try:
-            found = _young() if _WINDOW["scan"] else {}
-            if _WINDOW["scan"] and _collections() != _WINDOW["runs"]:
-                found.update(_reachable(fn, args))
-            left = [(o, k) for i, (o, k) in found.items()
-                    if i not in _WINDOW["young"] and _runs_later(o, k)]
-            _KEPT.extend(o for o, _ in left)     # a weakref's referent too: it never dies
-            _KEPT.extend(o() for o, k in left if k == "a weakref's callback")
-            mine = _READER_EXITS[_WINDOW["readers"]:]
-            del _READER_EXITS[_WINDOW["readers"]:]
-            exits = atexit._ncallbacks() - _WINDOW["exits"] - (
-                _WINDOW["library_exits"] - _WINDOW["library"])
-            for f in mine:
-                atexit.unregister(f)
-        finally:
-            _WINDOW["young"] = None
-            atexit.register = _AT_EXIT
-            for name, method in _KERNELS.items():
-                setattr(_DISPATCH, name, method)
-            _WINDOW["gc_back"] = _WINDOW["gc"] and _WINDOW["scan"]
-        return left, exits
-
-
-def collector_back():
-    """The collector on again once no answer runs, after the callbacks they left were judged and
-    put back (a collection between would run a gc callback of the reader's)."""
-    with _WINDOW_LOCK:
-        if _WINDOW["depth"] == 0 and _WINDOW.get("gc_back"):
-            _WINDOW["gc_back"] = False
-            gc.enable()
-
-
-@contextlib.contextmanager
-def left_later(name, fn, args, world=False):
-    """Fail an answer that leaves something to run its code later, after the check compared:
-    an object it made whose death runs the reader's code (kept alive from then on, so it never
-    runs), an exit function (one of the reader's is unregistered). A Python kernel for an
-    operator is refused when registered (by the stand-ins of torch.library's registrations)."""
-    _open(not world)
-    returned = False
-    try:
-        yield
-        returned = True
-    finally:
-        left, exits = _close(fn, args)
-    if returned and left:
-        obj, kind = left[0]
-        raise CheckFailed(
-            f"{name} left an object that would run your code later, when it is collected "
-            f"({kind}: {type(obj).__name__}), after your function returned, while the check "
-            "judges it (it is kept alive). Compute the result inside your function, and leave "
-            "nothing that runs your code when it dies")
-    if returned and exits > 0:
-        raise CheckFailed(
-            f"{name} registered a function to run at exit (atexit.register): it would run your "
-            "code after the check judged it. Compute the result inside your function, and leave "
-            "nothing that runs later")

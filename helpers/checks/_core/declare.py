@@ -4,12 +4,13 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .callbacks import callbacks, collector_back, expect_no_callbacks, left_later
+from .callbacks import callbacks, expect_no_callbacks
 from .early_hooks import expect_no_early_hooks
 from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
 from .late import checking, inside
+from .left_later import collector_back, left_later
 from .modes import expect_same_switches, switches
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world

@@ -3,12 +3,17 @@ that let a check compute its expected value after the answer (kept, expect_uncha
 
 Inputs come from a generator seeded by the operating system (never torch's global one: a check
 must not change the notebook's random numbers); the course's tests replay fixed seeds instead.
+The seed is read from `os.urandom` bound at import and verified to be the operating system's at
+each draw, never through `random.SystemRandom`'s Python methods, which a cell could patch: draws
+made repeatable would let a table learnt from the failure messages (which name the expected
+value) pass.
 Numbers are accepted in any real type (int, float, numpy scalars, 0-d tensors); tolerances come
 from the rounding of the expected computation (float32 widens them a little; a number in half
 precision is refused: the answer does not choose its tolerance), not from luck.
 """
 import decimal
 import numbers
+import os
 import random
 import types
 
@@ -24,19 +29,39 @@ __all__ = ["fresh_generator", "replay_seeds", "randint", "uniform", "as_number",
 # replay_seeds per test): inputs stay fresh from call to call, and a rare unlucky draw cannot
 # make CI flaky. Readers and graders always get seeds from the operating system.
 _SEEDS = None
+_URANDOM = os.urandom          # bound at import; verified at each draw (_os_seed)
 
 
 def replay_seeds(seed):
-    """Draw check inputs from a sequence seeded with `seed` (None: the operating system again)."""
+    """Draw check inputs from a sequence seeded with `seed` (None: the operating system again).
+    The test suite's alone: refused outside a pytest test (in a notebook, repeatable draws would
+    let a table of the expected values the failure messages name pass; `fresh.regrade`'s own
+    import of the checks never replays)."""
     global _SEEDS
+    if seed is not None and "PYTEST_CURRENT_TEST" not in os.environ:
+        raise RuntimeError("replay_seeds is the course's test suite's: checks draw fresh cases "
+                           "from the operating system on every call")
     _SEEDS = None if seed is None else random.Random(seed)
 
 
 def fresh_generator(seed=None):
     """A random generator for fresh check inputs (a new seed each call unless given)."""
     if seed is None:
-        seed = (_SEEDS or random.SystemRandom()).randrange(2**31)
+        seed = _SEEDS.randrange(2**31) if _SEEDS is not None else _os_seed()
     return torch.Generator().manual_seed(seed)
+
+
+def _os_seed():
+    """31 bits from the operating system: `os.urandom` as bound at import, refused unless it is
+    the C function of os's own module (a cell that replaced it before the checks were imported
+    would fix every draw)."""
+    f = _URANDOM
+    if not (isinstance(f, types.BuiltinFunctionType) and f.__name__ == "urandom"
+            and getattr(f.__self__, "__name__", None) in ("posix", "nt")):
+        raise CheckFailed("os.urandom is not the operating system's (code of yours replaced it): "
+                          "the check draws its cases from it, and fixed draws cannot judge an "
+                          "answer. Put the original back, or restart the kernel")
+    return int.from_bytes(f(4), "little") & 0x7FFFFFFF
 
 
 def randint(g, low, high):

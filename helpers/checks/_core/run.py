@@ -25,6 +25,8 @@ __all__ = ["CheckFailed", "HarnessError", "ReferenceUsed", "Result", "run_check"
            "grading", "REGISTRY", "CheckInfo", "is_reader_code", "stand_in"]
 
 GRADING_ENVS = ("NBGRADER_EXECUTION", "COURSE_GRADING")
+_ENVIRON = os.environ            # bound at import: an answer that rebinds os.environ leaves it
+_STDOUT = sys.__stdout__         # the process's own stream, for a stdout that is the reader's
 
 
 class CheckFailed(AssertionError):
@@ -67,7 +69,7 @@ class Result:
 
 def grading():
     """True while an autograder runs the notebook (nbgrader sets NBGRADER_EXECUTION)."""
-    return any(os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+    return any(_ENVIRON.get(name, "").strip().lower() not in ("", "0", "false", "no")
                for name in GRADING_ENVS)
 
 
@@ -145,8 +147,16 @@ def run_check(name, body, *args, declared=False):
     """Run `body(*args)` and report: CheckFailed -> failed with its message; the stub's
     NotImplementedError -> not done yet; an exception out of the reader's code -> failed, saying
     what it raised; any other exception -> an error of the check itself. Prints and returns a
-    Result; while grading, a result that did not pass is raised (CheckFailed, or HarnessError)."""
+    Result; while grading, a result that did not pass is raised (CheckFailed, or HarnessError).
+    The grading switch, the output stream and the reader's trace functions (taken off: they
+    could rewrite the check's locals) are settled before anything runs, so the answer cannot
+    change how its verdict is reported; the verdict is fixed before it is printed."""
+    from .early_hooks import taken_off, verdict_writer  # early_hooks imports this module
+    early = taken_off()              # first: a tracer of the reader's sees each line until then
+    graded, say = grading(), verdict_writer(sys.stdout, _STDOUT)
     try:
+        if early:
+            raise CheckFailed(early)
         body(*args)
     except CheckFailed as e:
         result = Result(name, "failed", str(e))
@@ -165,10 +175,11 @@ def run_check(name, body, *args, declared=False):
                                            "your answer was not judged")
     else:
         result = Result(name, "passed")
-    print(result)
-    if not result.passed and grading():
-        raise (HarnessError if result.status == "error" else CheckFailed)(repr(result))
-    return result
+    line, status, message = repr(result), result.status, result.message
+    say(line + "\n")
+    if status != "passed" and graded:
+        raise (HarnessError if status == "error" else CheckFailed)(line)
+    return Result(name, status, message)
 
 
 def expect(condition, message):

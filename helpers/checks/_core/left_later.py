@@ -1,0 +1,254 @@
+"""What an answer leaves to run the reader's code later without being a callback (`left_later`):
+an object whose death runs it (a `__del__` of the reader's class, a weakref's callback, a
+suspended generator's `finally`), an exit function, a Python kernel for an operator; the
+collector stays off while answers run so that what the call made stays young."""
+import atexit
+import contextlib
+import gc
+import itertools
+import sys
+import sysconfig
+import threading
+import types
+import weakref
+
+import torch
+
+from .callbacks import _UNSEEN, _readers
+from .run import CheckFailed, is_reader_code, stand_in
+
+__all__ = ["left_later", "collector_back"]
+
+
+_WINDOW = {"depth": 0, "gc": False, "library_exits": 0}
+_WINDOW_LOCK = threading.Lock()
+_READER_EXITS = []          # exit functions of the reader's registered through the stand-in
+_KEPT = []                  # objects left by failed answers: kept alive, so they never run
+_KINDS = {}                 # a class -> what its objects run when they die (None: nothing)
+_GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+_AT_EXIT = atexit.register
+_TORCH = torch.__file__.rsplit("/", 1)[0] + "/"
+_STDLIB = sysconfig.get_paths()["stdlib"]
+_DISPATCH = torch._C._DispatchModule         # what every torch.library registration goes through
+_KERNELS = types.MappingProxyType({n: vars(_DISPATCH)[n] for n in (
+    "impl", "impl_t_t", "impl_with_aoti_compile", "fallback") if n in vars(_DISPATCH)})
+
+
+@stand_in(_AT_EXIT)
+def _register_at_exit(func, *args, **kwargs):
+    if _readers((func, *args, *kwargs.values())):
+        _READER_EXITS.append(func)
+    else:
+        _WINDOW["library_exits"] += 1
+    return _AT_EXIT(func, *args, **kwargs)
+
+
+def _from_reader(values):
+    """Whether a registration is the reader's: one of `values` is, or the first caller past
+    torch and the standard library is the reader's code."""
+    if _readers(values):
+        return True
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith((_TORCH, __file__)) or (
+            frame.f_code.co_filename.startswith(_STDLIB)
+            and "-packages" not in frame.f_code.co_filename)):
+        frame = frame.f_back
+    return frame is not None and is_reader_code(frame.f_code.co_filename)
+
+
+def _kernel_stand_in(name, method):
+    @stand_in(method)
+    def register(self, *args, **kwargs):
+        if _from_reader((*args, *kwargs.values())):
+            from .guard import refuse
+            op = next((a for a in args if isinstance(a, str)), name)
+            refuse(f"your code registers a kernel of its own for an operator ({op}, "
+                   "torch.library): it would run your code inside torch's operations, unseen "
+                   "by the check and after your function returned. Run torch's own operations")
+        return method.__get__(self, _DISPATCH)(*args, **kwargs)
+    return register
+
+
+_KERNEL_STAND_INS = types.MappingProxyType(
+    {name: _kernel_stand_in(name, m) for name, m in _KERNELS.items()})
+
+
+def _kind(cls):
+    """What an object of `cls` runs when it dies, if it may be the reader's code."""
+    kind = _KINDS.get(cls, _UNSEEN)
+    if kind is _UNSEEN:
+        if issubclass(cls, weakref.ref):
+            kind = "a weakref's callback"
+        elif cls in _PROXIES:
+            kind = "a weakref proxy's callback"
+        elif cls in _GENERATORS:
+            kind = "a suspended generator"
+        else:
+            finalizer = getattr(cls, "__del__", None)
+            kind = "a __del__" if finalizer is not None and _readers((finalizer,)) else None
+        _KINDS[cls] = kind
+    return kind
+
+
+def _runs_later(obj, kind):
+    """Whether `obj` (of `kind`) would run the reader's code when it dies."""
+    if kind == "a weakref's callback":
+        return obj() is not None and _readers((obj.__callback__,))
+    if kind == "a weakref proxy's callback":
+        return _readers(gc.get_referents(obj))
+    if kind == "a suspended generator":
+        code = getattr(obj, "gi_code", None) or getattr(obj, "cr_code", None) or getattr(
+            obj, "ag_code", None)
+        return bool(getattr(obj, "gi_suspended", getattr(obj, "cr_suspended", False))) and \
+            code is not None and is_reader_code(code.co_filename) and bool(code.co_exceptiontable)
+    return kind is not None
+
+
+def _young():
+    """{id: (object, kind)} of the young objects (those made since the last collection: with the
+    collector off while answers run, all they made) that may run code when they die. The list of
+    them lives only inside one call of C code, no bytecode of ours between (a tuple another thread
+    is building fails to grow while another reference to it is held, and a thread switch comes
+    only between bytecodes): classes first seen are judged in between."""
+    new = set(map(type, _listed())) - _KINDS.keys()
+    for cls in new:
+        _kind(cls)
+    picked = list(itertools.compress(*_picked()))
+    return {id(o): (o, _KINDS[type(o)]) for o in picked}
+
+
+def _picked():
+    """The young objects and whether each may run code when it dies, both listed only when
+    iterated."""
+    objs, again = itertools.tee(_listed())
+    return objs, map(_KINDS.get, map(type, again))
+
+
+def _listed():
+    """gc's young objects, listed only when iterated: the list is made and let go inside the C
+    call that consumes it."""
+    return itertools.chain.from_iterable(map(gc.get_objects, (0,)))
+
+
+def _reachable(fn, args):
+    """{id: (object, kind)} of what the answer's module, closure and arguments hold (three levels
+    down): where an object it made lives after a collection it set off moved it out of the young
+    objects."""
+    found, seen = {}, set()
+    stack = [(v, 3) for v in (getattr(fn, "__globals__", {}), *(
+        c.cell_contents for c in getattr(fn, "__closure__", None) or () if _cell(c)), *args)]
+    while stack and len(seen) < 20000:
+        obj, depth = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        kind = _kind(type(obj))
+        if kind is not None:
+            found[id(obj)] = (obj, kind)
+        if not depth or isinstance(obj, (str, bytes, int, float, types.ModuleType, type)):
+            continue
+        if isinstance(obj, dict):
+            stack.extend((v, depth - 1) for v in list(obj.values()))
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend((v, depth - 1) for v in list(obj))
+        elif isinstance(getattr(obj, "__dict__", None), dict) and not callable(obj):
+            stack.append((vars(obj), depth - 1))
+    return found
+
+
+def _cell(cell):
+    try:
+        _ = cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _collections():
+    return sum(s["collections"] for s in gc.get_stats())
+
+
+def _open(scan):
+    """The first answer of those running at once notes what is young (`scan`: not in a World,
+    whose ranks run the check's code beside it: listing the young objects while another thread
+    builds a tuple fails that thread) and the exit functions, and puts the stand-ins in."""
+    with _WINDOW_LOCK:
+        if _WINDOW["depth"] == 0:
+            _KINDS.clear()             # a class may have gained a __del__ since
+            _WINDOW["gc"], _WINDOW["scan"] = gc.isenabled(), scan
+            if scan:
+                gc.disable()           # what the calls make stays young, where _young finds it
+            atexit.register = _register_at_exit
+            for name, stand in _KERNEL_STAND_INS.items():
+                setattr(_DISPATCH, name, stand)
+            _WINDOW.update(young=_young() if scan else {}, runs=_collections(),
+                           exits=atexit._ncallbacks(), library=_WINDOW["library_exits"],
+                           readers=len(_READER_EXITS))
+        _WINDOW["depth"] += 1
+
+
+def _close(fn, args):
+    """The last answer of those running at once judges what they all left (while another still
+    ran, its objects would be taken for this one's): (objects left, exit functions left)."""
+    with _WINDOW_LOCK:
+        _WINDOW["depth"] -= 1
+        if _WINDOW["depth"]:
+            return [], 0
+        try:
+            found = _young() if _WINDOW["scan"] else {}
+            if _WINDOW["scan"] and _collections() != _WINDOW["runs"]:
+                found.update(_reachable(fn, args))
+            left = [(o, k) for i, (o, k) in found.items()
+                    if i not in _WINDOW["young"] and _runs_later(o, k)]
+            _KEPT.extend(o for o, _ in left)     # a weakref's referent too: it never dies
+            _KEPT.extend(o() for o, k in left if k == "a weakref's callback")
+            mine = _READER_EXITS[_WINDOW["readers"]:]
+            del _READER_EXITS[_WINDOW["readers"]:]
+            exits = atexit._ncallbacks() - _WINDOW["exits"] - (
+                _WINDOW["library_exits"] - _WINDOW["library"])
+            for f in mine:
+                atexit.unregister(f)
+        finally:
+            _WINDOW["young"] = None
+            atexit.register = _AT_EXIT
+            for name, method in _KERNELS.items():
+                setattr(_DISPATCH, name, method)
+            _WINDOW["gc_back"] = _WINDOW["gc"] and _WINDOW["scan"]
+        return left, exits
+
+
+def collector_back():
+    """The collector on again once no answer runs, after the callbacks they left were judged and
+    put back (a collection between would run a gc callback of the reader's)."""
+    with _WINDOW_LOCK:
+        if _WINDOW["depth"] == 0 and _WINDOW.get("gc_back"):
+            _WINDOW["gc_back"] = False
+            gc.enable()
+
+
+@contextlib.contextmanager
+def left_later(name, fn, args, world=False):
+    """Fail an answer that leaves something to run its code later, after the check compared:
+    an object it made whose death runs the reader's code (kept alive from then on, so it never
+    runs), an exit function (one of the reader's is unregistered). A Python kernel for an
+    operator is refused when registered (by the stand-ins of torch.library's registrations)."""
+    _open(not world)
+    returned = False
+    try:
+        yield
+        returned = True
+    finally:
+        left, exits = _close(fn, args)
+    if returned and left:
+        obj, kind = left[0]
+        raise CheckFailed(
+            f"{name} left an object that would run your code later, when it is collected "
+            f"({kind}: {type(obj).__name__}), after your function returned, while the check "
+            "judges it (it is kept alive). Compute the result inside your function, and leave "
+            "nothing that runs your code when it dies")
+    if returned and exits > 0:
+        raise CheckFailed(
+            f"{name} registered a function to run at exit (atexit.register): it would run your "
+            "code after the check judged it. Compute the result inside your function, and leave "
+            "nothing that runs later")
