@@ -11,11 +11,11 @@ value) would do its work there. So, still inside the call:
   that hold other objects (torch.Size, slice, Fraction's two slots) pass when what they hold
   does (`torch.Size([MyInt(3)])` keeps the reader's int, whose `__int__` the check would call);
 - tensors and arrays of torch's and numpy's own classes pass with nothing set in their instance
-  `__dict__` but plain data under names their class does not use (`t.to = f` would shadow
-  Tensor.to, which the comparisons call), a leaf's `.grad` likewise; the same for the
-  parameters and buffers of a returned module and the state of a returned optimizer, and for
-  library containers (an OrderedDict's `items`); objects of the course's classes pass with no
-  method shadowed by an instance attribute;
+  `__dict__` but plain data or torch's own (a fake tensor's mode) under names their class does
+  not use (`t.to = f` would shadow Tensor.to, which the comparisons call), a leaf's `.grad`
+  likewise, and so do a returned module's parameters and buffers and an optimizer's state;
+  library containers (an OrderedDict's `items`) and objects of the course's classes pass with
+  no method shadowed by an instance attribute;
 - containers (lists, tuples, dicts, sets, deques) are walked; one of the reader's own container
   classes (a namedtuple, a list subclass) is rebuilt as the plain container, here;
 - an iterator (a generator) is run to its end here, under the check's observers, and comes
@@ -245,7 +245,7 @@ class _Settler:
             _refuse(self.name, x, f"{what} whose __dict__ is ")
         for k, v in list(held.items()):
             if type(k) is str and not _shadows(type(x), k, strict) and (
-                    not strict or _inert(v)):
+                    not strict or _inert(v) or _torch_data(v)):
                 continue
             name = k if type(k) is str else "an attribute"
             raise CheckFailed(
@@ -328,6 +328,14 @@ def _inert(v, depth=0):
     if type(v) in _ATOMS:
         return True
     return type(v) in (tuple, frozenset) and depth < 4 and all(_inert(u, depth + 1) for u in v)
+
+
+def _torch_data(v):
+    """torch's or the course's data (a fake tensor's mode): not callable, not the reader's."""
+    cls = type(v)
+    return (str(getattr(cls, "__module__", "")).split(".")[0] in ("torch", "helpers")
+            and not callable(v)
+            and not reader_class(cls))
 
 
 class Guarded:
