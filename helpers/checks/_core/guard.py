@@ -76,7 +76,6 @@ class _State(types.ModuleType):
         self.depth, self.keys, self.refused = 0, {}, None
         self.judging, self.rewritten = 0, []     # check bodies running; functions rewritten
         self.code_key = None
-        self.local = threading.local()
         self.lock = threading.RLock()
         self.start = threading.Thread.start          # the originals, restored after each answer
         self.submit = concurrent.futures.ThreadPoolExecutor.submit
@@ -102,17 +101,28 @@ def _caller():
 
 
 def _make_hook(state):
+    local = threading.local()   # a thread's off switch (re-entry, stubs): in no object's attribute
+
+    def quiet(flag):
+        """harness_busy's switch, for stubs.py's code only: returns the flag it replaced."""
+        if os.path.abspath(sys._getframe(2).f_code.co_filename) != _STUBS:
+            state.refused = state.refused or "your code switched the check's guard off"
+            raise ReferenceUsed("your code switched the check's guard off")
+        before, local.busy = getattr(local, "busy", False), flag
+        return before
+    state.quiet = quiet
+
     def hook(event, args):
         if event == "_thread.start_new_thread":
             _threads.note_start(args)
             return
         if event == "object.__setattr__":
-            _rewrite(state, args)
+            _rewrite(state, local, args)
             return
-        if not state.depth or getattr(state.local, "busy", False):
+        if not state.depth or getattr(local, "busy", False):
             return
         if event in _PROCESS_EVENTS:
-            _refuse_process(state, event)
+            _refuse_process(state, local, event)
             return
         if event in _CALLBACK_EVENTS:
             message = (f"your code installs a process-wide callback ({event}): it would run "
@@ -125,11 +135,11 @@ def _make_hook(state):
                 event == "object.__getattr__" and len(args) > 1
                 and (args[1] in _FRAME_ATTRS or args[1] == "__code__")):
             return
-        state.local.busy = True
+        local.busy = True
         try:
             message = _judge(state, event, args)
         finally:
-            state.local.busy = False
+            local.busy = False
         if message:
             if state.refused is None:
                 state.refused = message
@@ -137,14 +147,14 @@ def _make_hook(state):
     return hook
 
 
-def _rewrite(state, args):
+def _rewrite(state, local, args):
     """Refuse a function of the libraries' or the course's given new code or defaults in place
     while an answer runs or a check judges one (the harness's own stubs are `busy`)."""
     if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (state.depth or state.judging)
             or not isinstance(args[0], types.FunctionType)
-            or getattr(state.local, "busy", False)):
+            or getattr(local, "busy", False)):
         return
-    state.local.busy = True
+    local.busy = True
     try:
         code = args[0].__code__
         if is_reader_function(args[0], sys._getframe(2)) or (
@@ -154,7 +164,7 @@ def _rewrite(state, args):
         fn = args[0]
         name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', '?')}"
     finally:
-        state.local.busy = False
+        local.busy = False
     message = (f"your code gave {name} a new {args[1]} in place: the check computes its verdict "
                "with that function, so it may not change it. Compute the result with your own "
                "functions")
@@ -208,12 +218,12 @@ def _passes_on(filename):
                                     and "-packages" not in filename)
 
 
-def _refuse_process(state, event):
-    state.local.busy = True
+def _refuse_process(state, local, event):
+    local.busy = True
     try:
         message = _process_message(event)
     finally:
-        state.local.busy = False
+        local.busy = False
     if message:
         if state.refused is None:
             state.refused = message
@@ -223,7 +233,7 @@ def _refuse_process(state, event):
 def _process_start(self, *args, **kwargs):
     state = _state()
     if state.depth:
-        _refuse_process(state, "multiprocessing")
+        _refuse_process(state, threading.local(), "multiprocessing")
     return state.process_start(self, *args, **kwargs)
 
 
@@ -348,42 +358,14 @@ class answering:
         return False
 
 
-# torch's own operator namespaces (those its Python defines too); an operator defined in Python
-# in another (torch.library) runs its implementation with the dispatch modes popped: the work
-# inside it would go unrecorded
-TORCH_OPERATORS = frozenset({
-    "aten", "prim", "prims", "c10d", "_c10d_functional", "c10d_functional",
-    "_c10d_functional_autograd", "_dtensor", "higher_order", "profiler", "_native", "coor",
-    "debug_mode_ops", "debugprims", "export", "rngprims", "fsdp", "inductor", "streams",
-    "_inductor_test", "_quantized", "quantized", "mkldnn", "onednn", "sparse", "mtia", "_test"})
-
-
-def own_operator(name):
-    """Refuse an operator defined in Python outside torch (a custom op) while a Recorder
-    watches: raised as the guard's refusal, so an answer's `except` cannot hide it."""
-    import torch.library
-    if name not in getattr(torch.library, "_defs", ()):
-        return
-    message = (f"your code calls an operator of its own ({name}, torch.library): the work "
-               "inside one is invisible to the check, so an answer must run torch's own "
-               "operations in plain view")
-    state = _state()
-    if state.depth and state.refused is None:
-        state.refused = message
-    raise ReferenceUsed(message)
-
-
 class harness_busy:
-    """The check's own work (the references' stubs put on and taken off) is not the answer's:
-    the hook lets it read the references' code while another rank's answer runs."""
+    """The stubs' own work is not the answer's: the hook lets it read the references' code."""
 
     def __enter__(self):
-        local = _state().local
-        self.before = getattr(local, "busy", False)
-        local.busy = True
+        self.before = _state().quiet(True)
 
     def __exit__(self, *exc):
-        _state().local.busy = self.before
+        _state().quiet(self.before)
         return False
 
 
@@ -394,5 +376,6 @@ def refusal():
 
 from . import early_threads as _threads  # noqa: E402  (they read the names above)
 from . import switches as _switches  # noqa: E402
+from .operators import TORCH_OPERATORS, own_operator  # noqa: E402
 
 _state()     # the hook from the checks' import on: it notes who starts each thread
