@@ -1,8 +1,9 @@
 """The state the harness's hooks decide by is not the answer's to change (tests/check_cases.py's
-form): guard.py's off switch for a thread lives in its audit hook's closure, and exits.py reads
-from the thread's stack whether an exit is already running, so setting a flag on the shared
-objects in sys.modules (`_course_answer_guard`, `_course_exit_watch`) switches nothing off;
-calling the guard's own switch from the answer is refused. Each refusal keeps its own words.
+form): guard.py's off switch for a thread, the answers running and their blocked code live in
+its audit hook's closure, and exits.py reads from the thread's stack whether an exit is already
+running, so setting a flag or a depth on the shared objects in sys.modules
+(`_course_answer_guard`, `_course_exit_watch`) switches nothing off; calling the guard's own
+switches (`quiet`, `disarm`) from the answer is refused. Each refusal keeps its own words.
 """
 import importlib
 import importlib.util
@@ -34,6 +35,24 @@ def zigzag_positions_guard_flag(T, world, rank):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return getattr(mod, "split_" + "positions")(T, world, rank)
+
+
+@shortcut("check_zigzag_positions", "the course's module imported again, the answers' depth 0",
+          "ran a copy of")
+def zigzag_positions_guard_depth(T, world, rank):
+    state = sys.modules["_course_answer" + "_guard"]
+    state.depth, state.keys = 0, {}
+    path = importlib.import_module("helpers.context_" + "parallel.scratch").__file__
+    spec = importlib.util.spec_from_file_location("helpers.context_parallel.mine_again2", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, "split_" + "positions")(T, world, rank)
+
+
+@shortcut("check_gpipe_time", "no overlap; the guard disarmed by its own function", "guard off")
+def gpipe_time_guard_disarmed(t_stage, p, m):
+    getattr(sys.modules["_course_answer" + "_guard"], "dis" + "arm")()
+    return t_stage * p
 
 
 def _noop(condition, message):

@@ -37,6 +37,7 @@ import sysconfig
 import threading
 import types
 
+from .carried import _modes, _with_modes
 from .run import CheckFailed, ReferenceUsed, is_reader_code, is_reader_function
 
 __all__ = ["answering", "refusal", "harness_busy", "own_operator", "TORCH_OPERATORS"]
@@ -53,6 +54,8 @@ _PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.spaw
                              "os.system", "subprocess.Popen", "os.startfile"})
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_HERE = os.path.abspath(__file__)
+_OFF = "your code switched the check's guard off: an answer computes, it leaves the grader be"
 _STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs.py")
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
@@ -73,9 +76,7 @@ class _State(types.ModuleType):
 
     def __init__(self):
         super().__init__(_SHARED)
-        self.depth, self.keys, self.refused = 0, {}, None
         self.judging, self.rewritten = 0, []     # check bodies running; functions rewritten
-        self.code_key = None
         self.lock = threading.RLock()
         self.start = threading.Thread.start          # the originals, restored after each answer
         self.submit = concurrent.futures.ThreadPoolExecutor.submit
@@ -84,7 +85,7 @@ class _State(types.ModuleType):
 
 def _state():
     state = sys.modules.get(_SHARED)
-    if not isinstance(state, types.ModuleType) or not hasattr(state, "depth"):
+    if not isinstance(state, types.ModuleType) or not hasattr(state, "arm"):
         state = _State()
         sys.modules[_SHARED] = state
         sys.addaudithook(_make_hook(state))
@@ -101,35 +102,59 @@ def _caller():
 
 
 def _make_hook(state):
-    local = threading.local()   # a thread's off switch (re-entry, stubs): in no object's attribute
+    # what the hook decides by, in its closure (no object an answer can name holds it): a
+    # thread's off switch (re-entry, stubs), and the answers running, their blocked code keys
+    # and first refusal, changed only through the functions below, by answering and stubs.py
+    local = threading.local()
+    armed = types.SimpleNamespace(depth=0, keys={}, code_key=None, refused=None)
+
+    def refuse(message):
+        if armed.depth and armed.refused is None:
+            armed.refused = message
 
     def quiet(flag):
         """harness_busy's switch, for stubs.py's code only: returns the flag it replaced."""
         if os.path.abspath(sys._getframe(2).f_code.co_filename) != _STUBS:
-            state.refused = state.refused or "your code switched the check's guard off"
-            raise ReferenceUsed("your code switched the check's guard off")
+            refuse(_OFF)
+            raise ReferenceUsed(_OFF)
         before, local.busy = getattr(local, "busy", False), flag
         return before
-    state.quiet = quiet
+
+    def arm(keys, code_key):
+        """answering's: one more answer running; True for the outermost."""
+        _from_answering(sys._getframe(1), refuse)
+        if armed.depth == 0:
+            armed.refused, armed.keys, armed.code_key = None, dict(keys), code_key
+        armed.depth += 1
+        return armed.depth == 1
+
+    def disarm():
+        """answering's: one answer fewer; its first refusal and the answers left."""
+        _from_answering(sys._getframe(1), refuse)
+        armed.depth -= 1
+        if armed.depth == 0:
+            armed.keys = {}
+        return armed.refused, armed.depth
+    state.quiet, state.arm, state.disarm, state.refuse = quiet, arm, disarm, refuse
+    state.armed, state.refusal = (lambda: armed.depth), (lambda: armed.refused)
 
     def hook(event, args):
         if event == "_thread.start_new_thread":
             _threads.note_start(args)
             return
         if event == "object.__setattr__":
-            _rewrite(state, local, args)
+            _rewrite(state, armed, local, args)
             return
-        if not state.depth or getattr(local, "busy", False):
+        if not armed.depth or getattr(local, "busy", False):
             return
         if event in _PROCESS_EVENTS:
-            _refuse_process(state, local, event)
+            _refuse_process(refuse, local, event)
             return
         if event in _CALLBACK_EVENTS:
             message = (f"your code installs a process-wide callback ({event}): it would run "
                        "your code after your function returned, while the check judges it. "
                        "An answer does its work inside its call")
-            if state.refused is None:
-                state.refused = message
+            refuse(message)
             raise ReferenceUsed(message)
         if event not in _FRAME_EVENTS and event not in ("exec", "function.__new__") and not (
                 event == "object.__getattr__" and len(args) > 1
@@ -137,20 +162,28 @@ def _make_hook(state):
             return
         local.busy = True
         try:
-            message = _judge(state, event, args)
+            message = _judge(armed, event, args)
         finally:
             local.busy = False
         if message:
-            if state.refused is None:
-                state.refused = message
+            refuse(message)
             raise ReferenceUsed(message)
     return hook
 
 
-def _rewrite(state, local, args):
+def _from_answering(frame, refuse):
+    """Only answering's methods arm and disarm the hook, called from the harness's code."""
+    if (frame.f_code.co_name not in ("__enter__", "__exit__") or frame.f_back is None
+            or os.path.abspath(frame.f_code.co_filename) != _HERE
+            or is_reader_code(frame.f_back.f_code.co_filename)):
+        refuse(_OFF)
+        raise ReferenceUsed(_OFF)
+
+
+def _rewrite(state, armed, local, args):
     """Refuse a function of the libraries' or the course's given new code or defaults in place
     while an answer runs or a check judges one (the harness's own stubs are `busy`)."""
-    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (state.depth or state.judging)
+    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (armed.depth or state.judging)
             or not isinstance(args[0], types.FunctionType)
             or getattr(local, "busy", False)):
         return
@@ -169,8 +202,8 @@ def _rewrite(state, local, args):
                "with that function, so it may not change it. Compute the result with your own "
                "functions")
     state.rewritten.append(message)
-    if state.depth and state.refused is None:
-        state.refused = message
+    if armed.depth and armed.refused is None:
+        armed.refused = message
     raise ReferenceUsed(message)
 
 
@@ -218,22 +251,21 @@ def _passes_on(filename):
                                     and "-packages" not in filename)
 
 
-def _refuse_process(state, local, event):
+def _refuse_process(refuse, local, event):
     local.busy = True
     try:
         message = _process_message(event)
     finally:
         local.busy = False
     if message:
-        if state.refused is None:
-            state.refused = message
+        refuse(message)
         raise ReferenceUsed(message)
 
 
 def _process_start(self, *args, **kwargs):
     state = _state()
-    if state.depth:
-        _refuse_process(state, threading.local(), "multiprocessing")
+    if state.armed():
+        _refuse_process(state.refuse, threading.local(), "multiprocessing")
     return state.process_start(self, *args, **kwargs)
 
 
@@ -257,42 +289,6 @@ def _holds_reference(state, code):
 
 
 # --- threads ---------------------------------------------------------------------------------
-def _modes():
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-    return list(_get_current_dispatch_mode_stack())
-
-
-_FAKE_TURN = threading.Lock()   # the simulated GPUs' fake-tensor mode: one thread at a time
-
-
-def _with_modes(fn, modes):
-    """`fn` run under `modes` (those of the thread that started it) where not already active.
-    Under the simulated GPUs the answer's threads take turns: torch's fake-tensor mode keeps one
-    "inside a kernel" flag for every thread, so two at once fail at random (a right answer that
-    runs its replicas in threads, as DataParallel does, would be rejected)."""
-    fake = any(_is_fake(m) for m in modes)
-
-    def run(*args, **kwargs):
-        import contextlib
-        active = {id(m) for m in _modes()}
-        with contextlib.ExitStack() as stack:
-            if fake:
-                stack.enter_context(_FAKE_TURN)
-            for mode in modes:
-                if id(mode) not in active:
-                    stack.enter_context(mode)
-            return fn(*args, **kwargs)
-    return run
-
-
-def _is_fake(mode):
-    try:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-    except ImportError:   # pragma: no cover - every supported torch has it
-        return False
-    return isinstance(mode, FakeTensorMode)
-
-
 _MARK = "_course_started_by_answer"
 _CARRIED = "_course_carried"
 _CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -329,24 +325,20 @@ class answering:
                               "the work in the answer")
         state = _state()
         with state.lock:
-            if state.depth == 0:
-                state.refused, state.keys, state.code_key = None, dict(self.keys), self.code_key
+            if state.arm(self.keys, self.code_key):
                 threading.Thread.start = _start
                 concurrent.futures.ThreadPoolExecutor.submit = _submit
                 _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
                     _threads.run_item, _threads.made_item)
                 _switches.guard_switches()
                 multiprocessing.process.BaseProcess.start = _process_start
-            state.depth += 1
         return self
 
     def __exit__(self, *exc):
         state = _state()
         with state.lock:
-            state.depth -= 1
-            refused = state.refused
-            if state.depth == 0:
-                state.keys = {}
+            refused, depth = state.disarm()
+            if depth == 0:
                 threading.Thread.start = state.start
                 concurrent.futures.ThreadPoolExecutor.submit = state.submit
                 _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
@@ -371,7 +363,7 @@ class harness_busy:
 
 def refusal():
     """The message of the hook's first refusal in the current answer (None if none)."""
-    return _state().refused
+    return _state().refusal()
 
 
 from . import early_threads as _threads  # noqa: E402  (they read the names above)

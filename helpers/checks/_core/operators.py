@@ -24,7 +24,5 @@ def own_operator(name):
     message = (f"your code calls an operator of its own ({name}, torch.library): the work "
                "inside one is invisible to the check, so an answer must run torch's own "
                "operations in plain view")
-    state = _state()
-    if state.depth and state.refused is None:
-        state.refused = message
+    _state().refuse(message)
     raise ReferenceUsed(message)
