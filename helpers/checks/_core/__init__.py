@@ -13,6 +13,7 @@ hooks.py      no hook the answer registered on what it was handed, or on the who
 modes.py      no torch switch (grad mode, default dtype, inference mode, ...) the answer changed
               is left changed when it returns
 references.py no reference shortcut: the course's own answer is unreachable, by identity
+              (compiled.py: a copy torch compiled, jit or fx, is the reference)
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
               the expected computation's rounding (a half-precision number refused)
 observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions
