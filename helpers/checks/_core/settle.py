@@ -54,6 +54,7 @@ _HOLDERS = frozenset({slice, torch.Size, fractions.Fraction})
 _PLAIN = (*_ATOMS, *_HOLDERS)
 _SLOTS = (fractions.Fraction.__dict__["_numerator"], fractions.Fraction.__dict__["_denominator"])
 _BARE = frozenset({dict, list, tuple, set, frozenset, collections.deque})
+_COURSE = frozenset({"helpers", __name__.split(".")[0]})    # and the fresh copy's (fresh.py)
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial, types.BuiltinFunctionType,
               types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType,
               types.MethodDescriptorType)
@@ -333,7 +334,7 @@ def _inert(v, depth=0):
 def _torch_data(v):
     """torch's or the course's data (a fake tensor's mode): not callable, not the reader's."""
     cls = type(v)
-    return (str(getattr(cls, "__module__", "")).split(".")[0] in ("torch", "helpers")
+    return (str(getattr(cls, "__module__", "")).split(".")[0] in ("torch", *_COURSE)
             and not callable(v)
             and not reader_class(cls))
 
@@ -344,7 +345,7 @@ class Guarded:
 
 def _course_class(cls):
     """The course's own classes (helpers): their code is the course's."""
-    return cls.__module__.split(".")[0] == "helpers" and not reader_class(cls)
+    return str(cls.__module__).split(".")[0] in _COURSE and not reader_class(cls)
 
 
 def _drain(name, it):
