@@ -121,8 +121,7 @@ def test_expected_value_is_not_in_the_frame_during_the_call(name, monkeypatch):
     from helpers.checks._core import guard
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     monkeypatch.delenv("COURSE_GRADING", raising=False)
-    state = guard._state()                  # the hook skips a thread it marks busy
-    monkeypatch.setattr(state.local, "busy", True, raising=False)
+    monkeypatch.setattr(guard, "_judge", lambda *args: None)     # the hook refuses nothing
     seen = []
 
     def peek(*args, **kwargs):

@@ -163,9 +163,8 @@ setattr(TOOLS, SNAPSHOT, _snapshot)
 
 @pytest.fixture
 def guard_off(monkeypatch):
-    """The audit hook returns at once in every thread (it skips a thread marked busy)."""
-    state = guard._state()
-    monkeypatch.setattr(state, "local", types.SimpleNamespace(busy=True))
+    """The audit hook refuses nothing in any thread (its judge says yes to everything)."""
+    monkeypatch.setattr(guard, "_judge", lambda *args: None)
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     monkeypatch.delenv("COURSE_GRADING", raising=False)
 

@@ -13,13 +13,15 @@ hooks.py      no hook the answer registered on what it was handed, or on the who
 modes.py      no torch switch (grad mode, default dtype, inference mode, ...) the answer changed
               is left changed when it returns
 references.py no reference shortcut: the course's own answer is unreachable, by identity
+              (compiled.py: a copy torch compiled, jit or fx, is the reference)
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
               the expected computation's rounding (a half-precision number refused)
 observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions
               (cancels.py: an operand an op cancels, `x * 0`, `x - x`, flows nowhere)
 guard.py      while an answer runs: no reading of other frames, no process, threads observed
               (early_threads.py: threads started before it refused; switches.py: torch's
-              dispatch switches refused from the reader's code)
+              dispatch switches refused from the reader's code; carried.py: the modes its
+              threads carry; operators.py: no operator of the reader's own, torch.library)
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
 same_work.py  the answer's run on FakeGPUs does the same torch work as its run on CPU tensors
               (no branch on the simulation)

@@ -53,35 +53,44 @@ UNWATCHED_NAMES = frozenset({"TensorBase", "_TensorBase", "_to_dlpack", "_to_dlp
 
 def _shared():
     """One state for every import of the course (fresh.py imports another copy): the active
-    callbacks, the class attributes replaced, and per thread whether an exit is running."""
+    callbacks and the class attributes replaced. Whether an exit is running in a thread is read
+    from its stack (`_inside`), never from a flag an answer could set."""
     state = sys.modules.get("_course_exit_watch")
     if not isinstance(state, types.ModuleType) or not hasattr(state, "watchers"):
         state = types.ModuleType("_course_exit_watch")
         state.lock, state.watchers, state.saved = threading.RLock(), [], {}
-        state.local = threading.local()
         sys.modules["_course_exit_watch"] = state
     return state
 
 
 _STATE = _shared()
-_LOCK, _WATCHERS, _SAVED, _LOCAL = _STATE.lock, _STATE.watchers, _STATE.saved, _STATE.local
+_LOCK, _WATCHERS, _SAVED = _STATE.lock, _STATE.watchers, _STATE.saved
+_HERE = __file__
+
+
+def _inside(frame):
+    """Whether a stand-in of this file is running below `frame` (a repr calling tolist is one
+    exit): every stand-in's code is `method` in this file, whichever import made it."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "method" and code.co_filename == _HERE:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _wrap(name, original, reader_only):
     @stand_in(original)
     def method(t, *args, **kwargs):
-        if _WATCHERS and not getattr(_LOCAL, "inside", False) and (
-                not reader_only or is_reader_code(sys._getframe(1).f_code.co_filename)):
-            _LOCAL.inside = True
-            try:
+        if _WATCHERS:
+            caller = sys._getframe(1)
+            if (not reader_only or is_reader_code(caller.f_code.co_filename)) and not _inside(
+                    caller):
                 read = [t] + ([a for a in args if isinstance(a, torch.Tensor)]
                               if name in CALLBACKS else [])
                 for callback in list(_WATCHERS):
                     for x in read:
                         callback(x, _HOW[name])
-                return original(t, *args, **kwargs)
-            finally:
-                _LOCAL.inside = False
         return original(t, *args, **kwargs)
     return method
 

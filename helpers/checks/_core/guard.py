@@ -37,6 +37,7 @@ import sysconfig
 import threading
 import types
 
+from .carried import _modes, _with_modes
 from .run import CheckFailed, ReferenceUsed, is_reader_code, is_reader_function
 
 __all__ = ["answering", "refusal", "refuse", "harness_busy", "own_operator", "TORCH_OPERATORS"]
@@ -53,6 +54,8 @@ _PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.spaw
                              "os.system", "subprocess.Popen", "os.startfile"})
 _STDLIB = sysconfig.get_paths()["stdlib"]
 _FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_HERE = os.path.abspath(__file__)
+_OFF = "your code switched the check's guard off: an answer computes, it leaves the grader be"
 _STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs.py")
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
@@ -73,10 +76,7 @@ class _State(types.ModuleType):
 
     def __init__(self):
         super().__init__(_SHARED)
-        self.depth, self.keys, self.refused = 0, {}, None
         self.judging, self.rewritten = 0, []     # check bodies running; functions rewritten
-        self.code_key = None
-        self.local = threading.local()
         self.lock = threading.RLock()
         self.start = threading.Thread.start          # the originals, restored after each answer
         self.submit = concurrent.futures.ThreadPoolExecutor.submit
@@ -85,7 +85,7 @@ class _State(types.ModuleType):
 
 def _state():
     state = sys.modules.get(_SHARED)
-    if not isinstance(state, types.ModuleType) or not hasattr(state, "depth"):
+    if not isinstance(state, types.ModuleType) or not hasattr(state, "arm"):
         state = _State()
         sys.modules[_SHARED] = state
         sys.addaudithook(_make_hook(state))
@@ -102,45 +102,92 @@ def _caller():
 
 
 def _make_hook(state):
+    # what the hook decides by, in its closure (no object an answer can name holds it): a
+    # thread's off switch (re-entry, stubs), and the answers running, their blocked code keys
+    # and first refusal, changed only through the functions below, by answering and stubs.py
+    local = threading.local()
+    armed = types.SimpleNamespace(depth=0, keys={}, code_key=None, refused=None)
+
+    def refuse(message):
+        if armed.depth and armed.refused is None:
+            armed.refused = message
+
+    def quiet(flag):
+        """harness_busy's switch, for stubs.py's code only: returns the flag it replaced."""
+        if os.path.abspath(sys._getframe(2).f_code.co_filename) != _STUBS:
+            refuse(_OFF)
+            raise ReferenceUsed(_OFF)
+        before, local.busy = getattr(local, "busy", False), flag
+        return before
+
+    def arm(keys, code_key):
+        """answering's: one more answer running; True for the outermost."""
+        _from_answering(sys._getframe(1), refuse)
+        if armed.depth == 0:
+            armed.refused, armed.keys, armed.code_key = None, dict(keys), code_key
+        armed.depth += 1
+        return armed.depth == 1
+
+    def disarm():
+        """answering's: one answer fewer; its first refusal and the answers left."""
+        _from_answering(sys._getframe(1), refuse)
+        armed.depth -= 1
+        if armed.depth == 0:
+            armed.keys = {}
+        return armed.refused, armed.depth
+    state.quiet, state.arm, state.disarm, state.refuse = quiet, arm, disarm, refuse
+    state.armed, state.refusal = (lambda: armed.depth), (lambda: armed.refused)
+
     def hook(event, args):
         if event == "_thread.start_new_thread":
             _threads.note_start(args)
             return
         if event == "object.__setattr__":
-            _rewrite(state, args)
+            _rewrite(state, armed, local, args)
             return
-        if not state.depth or getattr(state.local, "busy", False):
+        if not armed.depth or getattr(local, "busy", False):
             return
         if event in _PROCESS_EVENTS:
-            _refuse_process(state, event)
+            _refuse_process(refuse, local, event)
             return
         if event in _CALLBACK_EVENTS:
             message = (f"your code installs a process-wide callback ({event}): it would run "
                        "your code after your function returned, while the check judges it. "
                        "An answer does its work inside its call")
             refuse(message)
+            raise ReferenceUsed(message)
         if event not in _FRAME_EVENTS and event not in ("exec", "function.__new__") and not (
                 event == "object.__getattr__" and len(args) > 1
                 and (args[1] in _FRAME_ATTRS or args[1] == "__code__")):
             return
-        state.local.busy = True
+        local.busy = True
         try:
-            message = _judge(state, event, args)
+            message = _judge(armed, event, args)
         finally:
-            state.local.busy = False
+            local.busy = False
         if message:
             refuse(message)
+            raise ReferenceUsed(message)
     return hook
 
 
-def _rewrite(state, args):
+def _from_answering(frame, refuse):
+    """Only answering's methods arm and disarm the hook, called from the harness's code."""
+    if (frame.f_code.co_name not in ("__enter__", "__exit__") or frame.f_back is None
+            or os.path.abspath(frame.f_code.co_filename) != _HERE
+            or is_reader_code(frame.f_back.f_code.co_filename)):
+        refuse(_OFF)
+        raise ReferenceUsed(_OFF)
+
+
+def _rewrite(state, armed, local, args):
     """Refuse a function of the libraries' or the course's given new code or defaults in place
     while an answer runs or a check judges one (the harness's own stubs are `busy`)."""
-    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (state.depth or state.judging)
+    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (armed.depth or state.judging)
             or not isinstance(args[0], types.FunctionType)
-            or getattr(state.local, "busy", False)):
+            or getattr(local, "busy", False)):
         return
-    state.local.busy = True
+    local.busy = True
     try:
         code = args[0].__code__
         if is_reader_function(args[0], sys._getframe(2)) or (
@@ -150,12 +197,14 @@ def _rewrite(state, args):
         fn = args[0]
         name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', '?')}"
     finally:
-        state.local.busy = False
+        local.busy = False
     message = (f"your code gave {name} a new {args[1]} in place: the check computes its verdict "
                "with that function, so it may not change it. Compute the result with your own "
                "functions")
     state.rewritten.append(message)
-    refuse(message)
+    if armed.depth and armed.refused is None:
+        armed.refused = message
+    raise ReferenceUsed(message)
 
 
 def _judge(state, event, args):
@@ -202,20 +251,21 @@ def _passes_on(filename):
                                     and "-packages" not in filename)
 
 
-def _refuse_process(state, event):
-    state.local.busy = True
+def _refuse_process(refuse, local, event):
+    local.busy = True
     try:
         message = _process_message(event)
     finally:
-        state.local.busy = False
+        local.busy = False
     if message:
         refuse(message)
+        raise ReferenceUsed(message)
 
 
 def _process_start(self, *args, **kwargs):
     state = _state()
-    if state.depth:
-        _refuse_process(state, "multiprocessing")
+    if state.armed():
+        _refuse_process(state.refuse, threading.local(), "multiprocessing")
     return state.process_start(self, *args, **kwargs)
 
 
@@ -239,42 +289,6 @@ def _holds_reference(state, code):
 
 
 # --- threads ---------------------------------------------------------------------------------
-def _modes():
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-    return list(_get_current_dispatch_mode_stack())
-
-
-_FAKE_TURN = threading.Lock()   # the simulated GPUs' fake-tensor mode: one thread at a time
-
-
-def _with_modes(fn, modes):
-    """`fn` run under `modes` (those of the thread that started it) where not already active.
-    Under the simulated GPUs the answer's threads take turns: torch's fake-tensor mode keeps one
-    "inside a kernel" flag for every thread, so two at once fail at random (a right answer that
-    runs its replicas in threads, as DataParallel does, would be rejected)."""
-    fake = any(_is_fake(m) for m in modes)
-
-    def run(*args, **kwargs):
-        import contextlib
-        active = {id(m) for m in _modes()}
-        with contextlib.ExitStack() as stack:
-            if fake:
-                stack.enter_context(_FAKE_TURN)
-            for mode in modes:
-                if id(mode) not in active:
-                    stack.enter_context(mode)
-            return fn(*args, **kwargs)
-    return run
-
-
-def _is_fake(mode):
-    try:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-    except ImportError:   # pragma: no cover - every supported torch has it
-        return False
-    return isinstance(mode, FakeTensorMode)
-
-
 _MARK = "_course_started_by_answer"
 _CARRIED = "_course_carried"
 _CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -311,24 +325,20 @@ class answering:
                               "the work in the answer")
         state = _state()
         with state.lock:
-            if state.depth == 0:
-                state.refused, state.keys, state.code_key = None, dict(self.keys), self.code_key
+            if state.arm(self.keys, self.code_key):
                 threading.Thread.start = _start
                 concurrent.futures.ThreadPoolExecutor.submit = _submit
                 _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
                     _threads.run_item, _threads.made_item)
                 _switches.guard_switches()
                 multiprocessing.process.BaseProcess.start = _process_start
-            state.depth += 1
         return self
 
     def __exit__(self, *exc):
         state = _state()
         with state.lock:
-            state.depth -= 1
-            refused = state.refused
-            if state.depth == 0:
-                state.keys = {}
+            refused, depth = state.disarm()
+            if depth == 0:
                 threading.Thread.start = state.start
                 concurrent.futures.ThreadPoolExecutor.submit = state.submit
                 _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
@@ -340,57 +350,31 @@ class answering:
         return False
 
 
-# torch's own operator namespaces (those its Python defines too); an operator defined in Python
-# in another (torch.library) runs its implementation with the dispatch modes popped: the work
-# inside it would go unrecorded
-TORCH_OPERATORS = frozenset({
-    "aten", "prim", "prims", "c10d", "_c10d_functional", "c10d_functional",
-    "_c10d_functional_autograd", "_dtensor", "higher_order", "profiler", "_native", "coor",
-    "debug_mode_ops", "debugprims", "export", "rngprims", "fsdp", "inductor", "streams",
-    "_inductor_test", "_quantized", "quantized", "mkldnn", "onednn", "sparse", "mtia", "_test"})
+class harness_busy:
+    """The stubs' own work is not the answer's: the hook lets it read the references' code."""
 
+    def __enter__(self):
+        self.before = _state().quiet(True)
 
-def own_operator(name):
-    """Refuse an operator defined in Python outside torch (a custom op) while a Recorder
-    watches: raised as the guard's refusal, so an answer's `except` cannot hide it."""
-    import torch.library
-    if name not in getattr(torch.library, "_defs", ()):
-        return
-    message = (f"your code calls an operator of its own ({name}, torch.library): the work "
-               "inside one is invisible to the check, so an answer must run torch's own "
-               "operations in plain view")
-    refuse(message)
+    def __exit__(self, *exc):
+        _state().quiet(self.before)
+        return False
 
 
 def refuse(message):
     """Refuse from a harness's stand-in: the answer's first refusal (its `except` cannot hide
     it), raised."""
-    state = _state()
-    if state.depth and state.refused is None:
-        state.refused = message
+    _state().refuse(message)
     raise ReferenceUsed(message)
-
-
-class harness_busy:
-    """The check's own work (the references' stubs put on and taken off) is not the answer's:
-    the hook lets it read the references' code while another rank's answer runs."""
-
-    def __enter__(self):
-        local = _state().local
-        self.before = getattr(local, "busy", False)
-        local.busy = True
-
-    def __exit__(self, *exc):
-        _state().local.busy = self.before
-        return False
 
 
 def refusal():
     """The message of the hook's first refusal in the current answer (None if none)."""
-    return _state().refused
+    return _state().refusal()
 
 
 from . import early_threads as _threads  # noqa: E402  (they read the names above)
 from . import switches as _switches  # noqa: E402
+from .operators import TORCH_OPERATORS, own_operator  # noqa: E402
 
 _state()     # the hook from the checks' import on: it notes who starts each thread

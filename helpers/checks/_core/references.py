@@ -12,10 +12,9 @@ slip through:
 A function is identified by what its code is (its bytecode, names and constants, nested code
 included), not by where or under which name it was defined: the fresh copy of the course that
 grading imports (fresh.py), a copy renamed with `CodeType.replace`, rebuilt from its source with
-`exec`, or imported again under another module name are all the same reference (guard.py refuses
-the copies made while the answer runs). An answer that reaches the checks themselves, the fake
-tensors the checks simulate devices with, or the introspection that reads another frame
-(`sys._getframe`, `gc.get_referrers`, a traceback's `tb_frame`) is refused as well.
+`exec`, imported again under another name, or compiled by torch (compiled.py) are all the same
+reference (guard.py refuses the copies made while the answer runs). An answer that reaches the
+checks, their fake tensors, or the introspection that reads another frame is refused as well.
 """
 import atexit
 import builtins
@@ -36,14 +35,14 @@ import weakref
 from torch._ops import OpOverload, OpOverloadPacket, _OpNamespace
 
 from . import bytecode, exits
+from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
 from .run import CheckFailed, is_reader_code
 
 __all__ = ["resolve", "scan", "blocked", "identity", "Reference"]
 
 _PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's name)
-_COURSE = {_PACKAGE, "helpers"}                  # the fresh copy guards the notebook's helpers
-_COURSE = frozenset(_COURSE)
+_COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the notebook's helpers
 _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.overrides")
 _CODE_KEYS = {}   # id(code) -> (code, code_key): found by identity (hashing a code reads it all)
 
@@ -98,7 +97,8 @@ def identity(obj):
         return ("code", code_key(code))
     if isinstance(obj, type):
         return ("class", obj.__module__.split(".", 1)[-1], obj.__qualname__)
-    return ("id", id(obj))
+    origin = compiled_origin(obj)
+    return identity(origin) if origin is not None else ("id", id(obj))
 
 
 class TorchReference(Reference):

@@ -6,9 +6,16 @@ the reader's own class whose `__eq__`, `__iter__`, `__float__`, `__index__`, `__
 `__torch_function__` computes (or calls the course's answer, or reads the check's expected
 value) would do its work there. So, still inside the call:
 
-- values the reader's code cannot run in pass as they are: Python and numpy numbers, strings,
-  bytes, None, tensors and arrays of torch's and numpy's own classes, torch.Size, dtypes,
-  devices, enum members, ranges and slices, objects of the course's classes;
+- values the reader's code cannot run in pass as they are, decided by exact type: Python and
+  numpy numbers, strings, bytes, None, dtypes, devices, enum members, ranges; the plain types
+  that hold other objects (torch.Size, slice, Fraction's two slots) pass when what they hold
+  does (`torch.Size([MyInt(3)])` keeps the reader's int, whose `__int__` the check would call);
+- tensors and arrays of torch's and numpy's own classes pass with nothing set in their instance
+  `__dict__` but plain data or torch's own (a fake tensor's mode) under names their class does
+  not use (`t.to = f` would shadow Tensor.to, which the comparisons call), a leaf's `.grad`
+  likewise, and so do a returned module's parameters and buffers and an optimizer's state;
+  library containers (an OrderedDict's `items`) and objects of the course's classes pass with
+  no method shadowed by an instance attribute;
 - containers (lists, tuples, dicts, sets, deques) are walked; one of the reader's own container
   classes (a namedtuple, a list subclass) is rebuilt as the plain container, here;
 - an iterator (a generator) is run to its end here, under the check's observers, and comes
@@ -38,9 +45,16 @@ from .run import CheckFailed, is_reader_code
 
 __all__ = ["settle", "reader_class", "Guarded"]
 
-_PLAIN = (type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis),
-          torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
-          fractions.Fraction, decimal.Decimal, np.dtype)
+# exact types with nothing of Python's inside (a range's bounds are made plain ints)
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, range, type(Ellipsis),
+                    torch.dtype, torch.device, torch.layout, torch.memory_format,
+                    decimal.Decimal, np.dtype})
+# exact types that keep the objects they were built from: passed when what they hold is
+_HOLDERS = frozenset({slice, torch.Size, fractions.Fraction})
+_PLAIN = (*_ATOMS, *_HOLDERS)
+_SLOTS = (fractions.Fraction.__dict__["_numerator"], fractions.Fraction.__dict__["_denominator"])
+_BARE = frozenset({dict, list, tuple, set, frozenset, collections.deque})
+_COURSE = frozenset({"helpers", __name__.split(".")[0]})    # and the fresh copy's (fresh.py)
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial, types.BuiltinFunctionType,
               types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType,
               types.MethodDescriptorType)
@@ -117,7 +131,13 @@ class _Settler:
         self.name, self.guarded, self.path = name, guarded, set()
 
     def __call__(self, x, depth=0):
-        if type(x) in _PLAIN or isinstance(x, np.generic) and not reader_class(type(x)):
+        if type(x) in _ATOMS:
+            return x
+        if type(x) in _HOLDERS:
+            return self._holder(x, depth)
+        if isinstance(x, np.generic) and not reader_class(type(x)):
+            if x.dtype.hasobject:
+                _refuse(self.name, x, "a numpy scalar of objects: ")
             return x
         if depth > _MAX_DEPTH:
             raise CheckFailed(f"{self.name} returned values nested more than {_MAX_DEPTH} deep")
@@ -151,16 +171,37 @@ class _Settler:
             return self.guarded(x)
         _refuse(self.name, x, "")
 
+    def _holder(self, x, depth):
+        """A torch.Size, slice or Fraction: what it holds must be plain (or the harness's)."""
+        if type(x) is slice:
+            items = (x.start, x.stop, x.step)
+        elif type(x) is torch.Size:
+            items = tuple.__iter__(x)
+        else:
+            items = (_SLOTS[0].__get__(x), _SLOTS[1].__get__(x))
+        for v in items:
+            if type(v) not in _ATOMS and reader_class(type(v)):
+                _refuse(self.name, v, f"a {type(x).__name__} holding ")
+            self(v, depth + 1)
+        return x
+
     def _library(self, x, cls, depth):
         if isinstance(x, torch.Tensor):
             self._hooks(x)
+            self._own_attrs(x, "a tensor", strict=True)
+            if x.is_leaf and x.grad is not None:
+                self(x.grad, depth + 1)
             return x
         if isinstance(x, np.ndarray):
+            self._own_attrs(x, "an array", strict=True)
             if x.dtype == object:
                 for v in x.view(np.ndarray).ravel():
                     self(v, depth + 1)
             return x
-        if isinstance(x, (numbers.Number, enum.Enum)):
+        if isinstance(x, enum.Enum):
+            return x
+        if isinstance(x, numbers.Number) and _course_class(cls):
+            self._own_attrs(x, "a number", strict=True)     # the ranks' tagged numbers
             return x
         if isinstance(x, (list, tuple, set, frozenset, collections.deque, dict)):
             return self._container(x, cls, depth)
@@ -174,20 +215,48 @@ class _Settler:
                 if reader_class(type(m)):
                     _refuse(self.name, m, "a module holding ")
                 self._attrs(m)
+                for t in (*m._parameters.values(), *m._buffers.values()):
+                    self(t, depth + 1)
             return x
         if isinstance(x, torch.optim.Optimizer):
             self._attrs(x)
             self(x.param_groups, depth + 1)
+            for p, state in list(x.state.items()):
+                self(p, depth + 1)
+                self(state, depth + 1)
             return x
         if isinstance(x, _CALLABLES):
             return self.guarded(x) if _runs_reader_code(x) else x
         if isinstance(x, Iterator):
             return self(_drain(self.name, x), depth + 1)
         if _course_class(cls):
+            self._own_attrs(x, f"a {cls.__name__}", strict=False)
             return x
         _refuse(self.name, x, "")
 
+    def _own_attrs(self, x, what, strict):
+        """Refuse an instance attribute that would run in the check's later use of `x`: one that
+        shadows its class's (`t.to = f`: Tensor's methods are non-data descriptors) or, when
+        `strict` (tensors, arrays, numbers: a right answer sets none), any but plain data."""
+        try:
+            held = object.__getattribute__(x, "__dict__")
+        except AttributeError:
+            return
+        if type(held) is not dict:
+            _refuse(self.name, x, f"{what} whose __dict__ is ")
+        for k, v in list(held.items()):
+            if type(k) is str and not _shadows(type(x), k, strict) and (
+                    not strict or _inert(v) or _torch_data(v)):
+                continue
+            name = k if type(k) is str else "an attribute"
+            raise CheckFailed(
+                f"{self.name} returned {what} with .{name} set on it: an attribute of your own "
+                "on what you return would run when the check uses it (its comparisons call the "
+                "object's own methods); return plain values, with nothing set on them")
+
     def _container(self, x, cls, depth):
+        if cls not in _BARE:
+            self._own_attrs(x, f"a {cls.__name__}", strict=False)
         if isinstance(x, dict):
             for k in list(x):
                 self(k, depth + 1)
@@ -245,13 +314,38 @@ def _runs_reader_code(f):
         and reader_class(owner if isinstance(owner, type) else type(owner)))
 
 
+def _shadows(cls, name, strict):
+    """Whether an instance attribute `name` hides one of `cls`'s: any (`strict`), or one that
+    runs when read (a method, a non-data descriptor, a callable)."""
+    for c in cls.__mro__:
+        if name in c.__dict__:
+            held = c.__dict__[name]
+            return strict or callable(held) or hasattr(type(held), "__get__")
+    return False
+
+
+def _inert(v, depth=0):
+    """Plain data of exact builtin types (tuples and frozensets of them included)."""
+    if type(v) in _ATOMS:
+        return True
+    return type(v) in (tuple, frozenset) and depth < 4 and all(_inert(u, depth + 1) for u in v)
+
+
+def _torch_data(v):
+    """torch's or the course's data (a fake tensor's mode): not callable, not the reader's."""
+    cls = type(v)
+    return (str(getattr(cls, "__module__", "")).split(".")[0] in ("torch", *_COURSE)
+            and not callable(v)
+            and not reader_class(cls))
+
+
 class Guarded:
     """Marks what `guarded` returned (declare.Answer), so it is not wrapped twice."""
 
 
 def _course_class(cls):
     """The course's own classes (helpers): their code is the course's."""
-    return cls.__module__.split(".")[0] == "helpers" and not reader_class(cls)
+    return str(cls.__module__).split(".")[0] in _COURSE and not reader_class(cls)
 
 
 def _drain(name, it):

@@ -26,9 +26,7 @@ def _guarded(name, original):
         if frame is not None and is_reader_code(frame.f_code.co_filename):
             message = (f"your code switches off torch's dispatch ({name}): the check watches "
                        "your operations through it, so an answer must run them in plain view")
-            state = _state()
-            if state.refused is None:
-                state.refused = message
+            _state().refuse(message)
             raise ReferenceUsed(message)
         return original(*args, **kwargs)
     return switch

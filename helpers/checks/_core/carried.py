@@ -1,0 +1,41 @@
+"""Threads an answer starts carry its torch dispatch modes (the check's Recorder, the
+simulated GPUs): guard.py wraps what they run in `_with_modes`."""
+import contextlib
+import threading
+
+__all__ = ["_modes", "_with_modes"]
+
+
+def _modes():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    return list(_get_current_dispatch_mode_stack())
+
+
+_FAKE_TURN = threading.Lock()   # the simulated GPUs' fake-tensor mode: one thread at a time
+
+
+def _with_modes(fn, modes):
+    """`fn` run under `modes` (those of the thread that started it) where not already active.
+    Under the simulated GPUs the answer's threads take turns: torch's fake-tensor mode keeps one
+    "inside a kernel" flag for every thread, so two at once fail at random (a right answer that
+    runs its replicas in threads, as DataParallel does, would be rejected)."""
+    fake = any(_is_fake(m) for m in modes)
+
+    def run(*args, **kwargs):
+        active = {id(m) for m in _modes()}
+        with contextlib.ExitStack() as stack:
+            if fake:
+                stack.enter_context(_FAKE_TURN)
+            for mode in modes:
+                if id(mode) not in active:
+                    stack.enter_context(mode)
+            return fn(*args, **kwargs)
+    return run
+
+
+def _is_fake(mode):
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError:   # pragma: no cover - every supported torch has it
+        return False
+    return isinstance(mode, FakeTensorMode)

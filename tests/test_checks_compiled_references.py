@@ -1,0 +1,57 @@
+"""A reference compiled by torch before the check ran is the reference (tests/check_cases.py's
+form): `torch.jit.script(ref)` (a TorchScript function, no Python bytecode) and
+`torch.fx.symbolic_trace(ref)` (a GraphModule whose forward fx generated) held in a global are
+refused like the reference itself (compiled.py: what torch records of its origin names the
+function it was made from). The reader's own function scripted passes.
+"""
+import warnings
+
+import torch
+from check_cases import other, parametrize_cases, shortcut
+
+import helpers
+
+USES = "the course's own answer"
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    SCRIPTED = torch.jit.script(getattr(helpers, "router_" + "z_loss"))
+    TRACED = torch.fx.symbolic_trace(getattr(helpers, "router_" + "z_loss"))
+
+
+@shortcut("check_z_loss", "the reference compiled by torch.jit.script in a cell before", USES)
+def z_loss_scripted_reference(logits):
+    return SCRIPTED(logits)
+
+
+@shortcut("check_z_loss", "the reference traced by torch.fx.symbolic_trace in a cell before", USES)
+def z_loss_traced_reference(logits):
+    return TRACED(logits)
+
+
+def _own_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    m = logits.max(dim=-1, keepdim=True).values
+    lse = m.squeeze(-1) + (logits - m).exp().sum(-1).log()
+    return (lse * lse).mean()
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    OWN = torch.jit.script(_own_z_loss)
+
+
+@other("check_z_loss", "the reader's own z-loss, scripted by torch.jit.script")
+def z_loss_own_scripted(logits):
+    return OWN(logits)
+
+
+test_case = parametrize_cases(__name__)
+
+
+def test_the_origin_of_a_compiled_reference():
+    from helpers.checks._core.compiled import compiled_origin
+    from helpers.checks._core.references import identity
+    ref = getattr(helpers, "router_" + "z_loss")
+    assert compiled_origin(SCRIPTED) is ref and compiled_origin(TRACED) is ref
+    assert identity(SCRIPTED) == identity(TRACED) == identity(ref)
+    assert compiled_origin(OWN) is _own_z_loss and compiled_origin(ref) is None
