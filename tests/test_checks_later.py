@@ -93,11 +93,11 @@ class _Bender:
             _bend_until_latest(self.token)
 
 
-@shortcut("check_rank_loss", "the per-rank mean; a __del__ on an object each result holds",
-          [LATER, "_Bender"])
+@shortcut("check_rank_loss", "the per-rank mean; a __del__ on an object each result's autograd "
+          "node holds (an attribute set on the result itself is settle.py's)", [LATER, "_Bender"])
 def rank_loss_del_on_result(losses, global_batch, world_size):
     out = losses.mean()
-    return _dying(out, lambda token: setattr(out, "keep", _Bender(token)))
+    return _dying(out, lambda token: out.grad_fn.metadata.__setitem__("keep", _Bender(token)))
 
 
 @shortcut("check_rank_loss", "the per-rank mean; a __del__ on a reference cycle left as garbage",
