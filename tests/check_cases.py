@@ -16,6 +16,7 @@ a check that lacks any of the three kinds.
     test_case = parametrize_cases(__name__)
 """
 import collections
+import gc
 
 import pytest
 
@@ -81,3 +82,19 @@ def parametrize_cases(module):
         monkeypatch.delenv("COURSE_GRADING", raising=False)
         case.judge()
     return test_case
+
+
+def _stash():
+    """Holds what escape_young keeps, on a function's attributes: where left_later.py's walk of an
+    answer's module globals, closure and arguments does not look."""
+
+
+_stash.kept = []
+
+
+def escape_young(obj):
+    """Keep `obj` (a weakref whose callback is an answer's) out of left_later.py's reach: held on
+    a function's attribute and moved out of the young objects by a collection, so the tests of
+    late.py's comparison at the check body's end still reach that comparison."""
+    _stash.kept.append(obj)
+    gc.collect()

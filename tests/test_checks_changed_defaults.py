@@ -4,14 +4,13 @@ and keeps every binding, yet the check's reference built after the call takes th
 default (`AdamW(...)` maximizing). patched.py and late.py compare their contents with the
 bindings (defaults.py), put them back, and fail the answer naming the function."""
 import functools
-import gc
 import importlib
 import os
 import weakref
 
 import pytest
 import torch
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import escape_young, other, parametrize_cases, shortcut
 
 _KW = "__kw" + "defaults__"                 # a name the scan cannot read
 _ACT = importlib.import_module("helpers.act" + "ivations")
@@ -87,18 +86,6 @@ test_case = parametrize_cases(__name__)
 
 
 # ---- outside the answer's calls: a weakref callback while the check judges ---------------------
-def _stash():
-    """Holds what the answer below keeps where callbacks.py's walk does not look (a function's
-    attributes), moved out of the young objects by a collection: late.py alone sees its callback
-    (callbacks.py fails one the answer leaves young, tests/test_checks_later.py)."""
-
-
-_stash.kept = []
-
-
-def _escape(ref):
-    _stash.kept.append(ref)
-    gc.collect()
 
 
 def test_default_changed_after_the_call_fails_the_body():
@@ -110,7 +97,7 @@ def test_default_changed_after_the_call_fails_the_body():
         getattr(torch.optim.AdamW.__init__, _KW)["maximize"] = True
 
     def rank_loss(losses, global_batch, world_size):
-        _escape(weakref.ref(losses, flip))
+        escape_young(weakref.ref(losses, flip))
         return losses.sum() * world_size / global_batch
     result = check_rank_loss(rank_loss)
     assert result.status == "failed" and "(its __kwdefaults__)" in result.message, result

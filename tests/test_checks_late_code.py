@@ -6,14 +6,13 @@ each with the words its refusal names:
 2. the route into the engine replaced by the answer, so the check's backward would run unwatched;
 3. code run outside any window (a weakref callback): the comparison when the check body ends.
 """
-import gc
 import importlib
 import sys
 import weakref
 
 import pytest
 import torch
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import escape_young, other, parametrize_cases, shortcut
 
 LATE = "after your function returned"
 REPLACED = "replaced"
@@ -135,24 +134,12 @@ def rank_loss_engine_replaced(losses, global_batch, world_size):
 
 
 # ---- 3: outside any window: the comparison at the end ----------------------------------------
-def _stash():
-    """Holds what the answer below keeps where callbacks.py's walk does not look (a function's
-    attributes), moved out of the young objects by a collection: late.py alone sees its callback
-    (callbacks.py fails one the answer leaves young, tests/test_checks_later.py)."""
-
-
-_stash.kept = []
-
-
-def _escape(ref):
-    _stash.kept.append(ref)
-    gc.collect()
 
 
 @shortcut("check_rank_loss", "per-rank mean; a weakref callback rebinds the harness's comparison",
           [LATE, REPLACED, "_ALLCLOSE"])
 def rank_loss_weakref_callback(losses, global_batch, world_size):
-    _escape(weakref.ref(losses, lambda ref: setattr(_inputs(), "_ALL" + "CLOSE", _yes)))
+    escape_young(weakref.ref(losses, lambda ref: setattr(_inputs(), "_ALL" + "CLOSE", _yes)))
     return losses.mean()
 
 

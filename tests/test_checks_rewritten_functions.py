@@ -5,7 +5,6 @@ is no binding of a module. Each is refused (guard.py's audit hook, late.py at th
 patched.py's comparison of the harness's classes), and fresh.regrade reads the verdict without
 Result's methods. Every original is put back here too, so a failure leaves no broken process.
 """
-import gc
 import importlib
 import sys
 import weakref
@@ -13,7 +12,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import escape_young, other, parametrize_cases, shortcut
 
 from helpers import copy_to_shards, reduce_from_shards
 
@@ -91,18 +90,6 @@ def gated_mlp_silu_rewritten(X, W1, V, W2, devices, log=None):
 
 
 # ---- outside the answer's calls: a weakref callback while the check judges ---------------------
-def _stash():
-    """Holds what the answer below keeps where callbacks.py's walk does not look (a function's
-    attributes), moved out of the young objects by a collection: late.py alone sees its callback
-    (callbacks.py fails one the answer leaves young, tests/test_checks_later.py)."""
-
-
-_stash.kept = []
-
-
-def _escape(ref):
-    _stash.kept.append(ref)
-    gc.collect()
 
 
 def _rewrite_expect(ref):
@@ -113,7 +100,7 @@ def _rewrite_expect(ref):
 @shortcut("check_rank_loss", "per-rank mean; a weakref callback gives expect a no-op's code",
           "weight each rank by its share")
 def rank_loss_weakref_rewrites_expect(losses, global_batch, world_size):
-    _escape(weakref.ref(losses, _rewrite_expect))
+    escape_young(weakref.ref(losses, _rewrite_expect))
     return losses.mean()
 
 

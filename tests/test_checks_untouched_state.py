@@ -61,10 +61,8 @@ def choose_checkpoints_compiled_call(blocks, x, budget):
     return []
 
 
-@shortcut("check_resume", "the dropout's call rerouted to the identity (an exercise that "
-          "changes its inputs: what a module's call runs is kept there too)",
-          [CHANGED, "`_compiled_call_impl` set on a Dropout"])
-def resume_dropout_rerouted(path, model, optimizer):
+def _resumed(path, model, optimizer):
+    """The worked resume's restoring (tests/test_checks_ddp.py): the snapshot, loaded."""
     snap = torch.load(path, weights_only=True)
     model.load_state_dict(snap["model"])
     optimizer.load_state_dict(snap["optimizer"])
@@ -72,6 +70,14 @@ def resume_dropout_rerouted(path, model, optimizer):
     torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
     version, state, gauss = rng["python"]
     random.setstate((version, tuple(state), gauss))
+    return snap
+
+
+@shortcut("check_resume", "the dropout's call rerouted to the identity (an exercise that "
+          "changes its inputs: what a module's call runs is kept there too)",
+          [CHANGED, "`_compiled_call_impl` set on a Dropout"])
+def resume_dropout_rerouted(path, model, optimizer):
+    snap = _resumed(path, model, optimizer)
     for m in model.modules():
         if isinstance(m, nn.Dropout):
             m._compiled_call_impl = lambda x: x
@@ -135,13 +141,7 @@ def _no_continuation(*args, **kwargs):
 @shortcut("check_resume", "the optimizer's step shadowed on the instance by a no-op (an exercise "
           "that changes its inputs)", [CHANGED, "`step` set on a SGD"])
 def resume_step_shadowed(path, model, optimizer):
-    snap = torch.load(path, weights_only=True)
-    model.load_state_dict(snap["model"])
-    optimizer.load_state_dict(snap["optimizer"])
-    rng = snap["rng"][0]
-    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
-    version, state, gauss = rng["python"]
-    random.setstate((version, tuple(state), gauss))
+    snap = _resumed(path, model, optimizer)
     optimizer.step = _no_continuation
     return snap["epoch"]
 
