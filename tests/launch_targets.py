@@ -56,7 +56,8 @@ def how_started(rank, world, cfg):
     the caller's environment set after the fork server started."""
     import sys
     return dict(ppid=os.getppid(), probe=os.environ.get("COURSE_LAUNCH_PROBE"),
-                threads=torch.get_num_threads(), had_helpers="helpers" in sys.modules)
+                threads=torch.get_num_threads(), had_helpers="helpers" in sys.modules,
+                had_torchvision="torchvision" in sys.modules)
 
 
 def mismatch_on_rank_1(rank, world, cfg):

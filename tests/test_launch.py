@@ -54,15 +54,17 @@ def test_results_come_back_per_rank_even_with_a_stale_master_addr(monkeypatch, c
 
 @pytest.mark.skipif(sys.platform == "win32", reason="no fork server on Windows")
 def test_ranks_fork_from_a_server_with_the_callers_environment_of_now(monkeypatch):
-    """Ranks fork from a fork server that imported torch and helpers once (a rank starts in
-    a fraction of a second); each still gets the caller's environment as it is at the launch,
-    not as it was when the server started. COURSE_START=spawn starts fresh interpreters."""
+    """Ranks fork from a fork server that imported torch, torchvision and helpers once (a rank
+    starts in a fraction of a second; one that loads data would import torchvision, and with it
+    torch._dynamo, 1.6 s of CPU, on its own); each still gets the caller's environment as it is
+    at the launch, not as it was when the server started. COURSE_START=spawn starts fresh
+    interpreters."""
     helpers.launch(lt.how_started, 2, quiet=True)          # the server runs from here on
     monkeypatch.setenv("COURSE_LAUNCH_PROBE", "set after the server started")
     forked = helpers.launch(lt.how_started, 2, quiet=True)
     for r in forked:
         assert r["ppid"] != os.getpid(), "a rank's parent should be the fork server"
-        assert r["had_helpers"] and r["threads"] == 1
+        assert r["had_helpers"] and r["had_torchvision"] and r["threads"] == 1
         assert r["probe"] == "set after the server started", r
     monkeypatch.setenv("COURSE_START", "spawn")
     spawned = helpers.launch(lt.how_started, 2, quiet=True)

@@ -148,8 +148,10 @@ def _environ(**values):
 
 
 # What the fork server imports once, so that a rank starts in a fraction of a second instead of
-# importing torch again (2-3 s of CPU per rank, most of a small launch's time)
-_PRELOAD = ["torch", "torch.distributed", "helpers"]
+# importing torch again (2-3 s of CPU per rank, most of a small launch's time). torchvision too:
+# every rank that loads Fashion-MNIST imports it, and it imports torch._dynamo (1.6 s of CPU a
+# rank; in CI's test run, 406 s of CPU in 230 forked ranks before, 200 s after)
+_PRELOAD = ["torch", "torch.distributed", "torchvision", "helpers"]
 
 
 def _context():
