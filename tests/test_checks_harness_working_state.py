@@ -10,6 +10,7 @@ import sys
 from fractions import Fraction as Q
 
 import numpy as np
+import pytest
 import torch
 from check_cases import parametrize_cases, shortcut
 
@@ -106,3 +107,20 @@ test_case = parametrize_cases(__name__)
 def test_no_module_holds_left_laters_class_cache():
     """The cache of what a class runs when its objects die lives in a window, not the module."""
     assert not hasattr(sys.modules["helpers.checks._core.left_later"], "_KINDS")
+
+
+def _hook_then_emptied(X):
+    """A hook left on the handed tensor's node, the answer's record of it emptied."""
+    X.grad_fn.register_prehook(lambda g: tuple(x * 0 for x in g))
+    for lists in getattr(_core("ho" + "oks"), "_NO" + "DES")["lists"].values():
+        for lst in lists:
+            lst.clear()
+
+
+def test_a_node_hook_left_with_its_record_emptied_fails():
+    from helpers.checks._core import CheckFailed
+    from helpers.checks._core.declare import Answer
+    w = torch.ones(3, requires_grad=True)
+    X = w * 3
+    with pytest.raises(CheckFailed, match="emptied the check's record of the hooks"):
+        Answer(_hook_then_emptied, "x", [])(X)
