@@ -1,8 +1,8 @@
 """The state the harness's hooks decide by is not the answer's to change (tests/check_cases.py's
 form): guard.py's off switch for a thread, the answers running and their blocked code live in
 its audit hook's closure, and exits.py reads from the thread's stack whether an exit is already
-running, so setting a flag or a depth on the shared objects in sys.modules
-(`_course_answer_guard`, `_course_exit_watch`) switches nothing off; calling the guard's own
+running, so setting a flag or a depth on the shared objects (`_course_answer_guard` in
+sys.modules, exits.py's state) switches nothing off; calling the guard's own
 switches (`quiet`, `disarm`) from the answer is refused. Each refusal keeps its own words.
 """
 import importlib
@@ -19,7 +19,8 @@ from check_cases import parametrize_cases, shortcut
 def _flag(module, name):
     """Sets `name` on the shared state's per-thread object, and on a stand-in for it (names
     built at run time: the scan sees nothing)."""
-    state = sys.modules["_course_" + module]
+    state = sys.modules.get("_course_" + module) or getattr(
+        importlib.import_module("helpers.checks._core.ex" + "its"), "_EX" + "ITS")
     held = getattr(state, "local", None)
     if held is not None:
         setattr(held, name, True)

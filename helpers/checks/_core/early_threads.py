@@ -11,7 +11,7 @@ import sys
 import threading
 import types
 
-from .guard import _CARRIED, _CHECKS, _MARK, _passes_on, _state
+from .guard import _CARRIED, _CHECKS, _MARK, _passes_on, armed, note_refusal
 from .run import ReferenceUsed, is_reader_code
 
 __all__ = ["note_start", "run_item", "made_item", "hidden_worker"]
@@ -40,13 +40,13 @@ def run_item(self):
     put on the executor's queue directly, made while the answer ran or holding the reader's
     code, would run unseen."""
     thread = threading.current_thread()
-    if (_state().armed() and not getattr(thread, _MARK, False)
+    if (armed() and not getattr(thread, _MARK, False)
             and not getattr(self.fn, _CARRIED, False)
             and (getattr(self, _MADE, False) or _holds_reader_code(self))):
         message = (f"a thread started before the check ran ({thread.name}) ran your code, "
                    "handed to it through its executor's queue: its work is invisible to the "
                    "check. Start threads inside the answer, or submit() the work")
-        _state().refuse(message)
+        note_refusal(message)
         if self.future.set_running_or_notify_cancel():
             self.future.set_exception(ReferenceUsed(message))
         return None
@@ -55,7 +55,7 @@ def run_item(self):
 
 def made_item(self, *args, **kwargs):
     _ITEM_INIT(self, *args, **kwargs)
-    if _state().armed():
+    if armed():
         setattr(self, _MADE, True)
 
 

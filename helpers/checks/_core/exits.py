@@ -26,11 +26,11 @@ names them or holds an original bound before the watch (`unwatched`). What it do
 import contextlib
 import importlib
 import sys
-import threading
 import types
 
 import torch
 
+from .guard import _EXITS, armed, refuse
 from .run import is_reader_code, stand_in
 
 __all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES"]
@@ -51,20 +51,13 @@ UNWATCHED_NAMES = frozenset({"TensorBase", "_TensorBase", "_to_dlpack", "_to_dlp
 
 
 
-def _shared():
-    """One state for every import of the course (fresh.py imports another copy): the active
-    callbacks and the class attributes replaced. Whether an exit is running in a thread is read
-    from its stack (`_inside`), never from a flag an answer could set."""
-    state = sys.modules.get("_course_exit_watch")
-    if not isinstance(state, types.ModuleType) or not hasattr(state, "watchers"):
-        state = types.ModuleType("_course_exit_watch")
-        state.lock, state.watchers, state.saved = threading.RLock(), [], {}
-        sys.modules["_course_exit_watch"] = state
-    return state
-
-
-_STATE = _shared()
-_LOCK, _WATCHERS, _SAVED = _STATE.lock, _STATE.watchers, _STATE.saved
+# One state for every import of the course (fresh.py imports another copy): the active callbacks
+# and the class attributes replaced, made by guard.py's audit hook and handed by it to each
+# import (never looked up in sys.modules, where a cell could put its own). Whether an exit is
+# running in a thread is read from its stack (`_inside`), never from a flag an answer could set.
+_LOCK, _WATCHERS, _SAVED = _EXITS.lock, _EXITS.watchers, _EXITS.saved
+_EMPTIED = ("your code emptied the check's list of what watches tensor values leaving torch "
+            "(exits.py): an answer computes, it leaves the grader be")
 _HERE = __file__
 
 
@@ -82,6 +75,8 @@ def _inside(frame):
 def _wrap(name, original, reader_only):
     @stand_in(original)
     def method(t, *args, **kwargs):
+        if not _WATCHERS and armed():
+            refuse(_EMPTIED)       # installed while one watches: emptied by the answer
         if _WATCHERS:
             caller = sys._getframe(1)
             if (not reader_only or is_reader_code(caller.f_code.co_filename)) and not _inside(

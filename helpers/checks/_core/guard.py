@@ -38,11 +38,13 @@ import threading
 import types
 
 from .carried import _modes, _with_modes
+from .guard_judge import judge as _judge
 from .run import CheckFailed, ReferenceUsed, is_reader_code, is_reader_function
 
 __all__ = ["answering", "refusal", "refuse", "harness_busy", "own_operator", "TORCH_OPERATORS"]
 
 _SHARED = "_course_answer_guard"          # one hook and one state for every import of the course
+_PING = "_course_answer_guard.state"     # the hook hands its state to the callable of this event
 _FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions",
                            "gc.get_referrers", "gc.get_referents", "gc.get_objects",
                            "sys.settrace", "sys.setprofile", "sys._getframemodulename"})
@@ -57,17 +59,8 @@ _FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 _HERE = os.path.abspath(__file__)
 _OFF = "your code switched the check's guard off: an answer computes, it leaves the grader be"
 _STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs.py")
+_LATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "late.py")
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
-# stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
-# caller a frame; logging.info finding its caller's line is not reading the check)
-_INTROSPECTORS = ("inspect.py", "traceback.py", "logging/__init__.py")
-_LOGGING_FRAME = frozenset({"currentframe", "<lambda>"})
-# traceback's functions that only print or format text (file names, lines, no values): an answer
-# that reports an exception it caught is not reading the check (walk_stack, StackSummary.extract
-# and TracebackException, which can capture locals, stay refused)
-_PRINTERS = frozenset({"print_exc", "format_exc", "print_exception", "format_exception",
-                       "print_tb", "format_tb", "print_last", "print_stack", "format_stack",
-                       "extract_tb", "extract_stack"})
 
 
 class _State(types.ModuleType):
@@ -76,29 +69,28 @@ class _State(types.ModuleType):
 
     def __init__(self):
         super().__init__(_SHARED)
-        self.judging, self.rewritten = 0, []     # check bodies running; functions rewritten
         self.lock = threading.RLock()
         self.start = threading.Thread.start          # the originals, restored after each answer
         self.submit = concurrent.futures.ThreadPoolExecutor.submit
         self.process_start = multiprocessing.process.BaseProcess.start
 
 
+def _shared():
+    """The state of the course's first import, found by asking the audit hooks (the first one
+    installed answers first: an earlier import's), never by `sys.modules`, which any cell can
+    change; a new state and hook if none answers."""
+    found = []
+    sys.audit(_PING, lambda api: found.append(api) if not found else None)
+    if not found:
+        hook, api = _make_hook(_State())
+        sys.addaudithook(hook)
+        found.append(api)
+    sys.modules[_SHARED] = found[0][0]       # (for reading only: nothing looks it up there)
+    return found[0]
+
+
 def _state():
-    state = sys.modules.get(_SHARED)
-    if not isinstance(state, types.ModuleType) or not hasattr(state, "arm"):
-        state = _State()
-        sys.modules[_SHARED] = state
-        sys.addaudithook(_make_hook(state))
-    return state
-
-
-def _caller():
-    """The code that triggered the event: past this hook, and past inspect/traceback; and the
-    inspect/traceback function that code called (None if it triggered the event itself)."""
-    frame, entry = sys._getframe(3), None     # _caller, _judge, the hook, the code
-    while frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS):
-        frame, entry = frame.f_back, frame
-    return frame, entry
+    return _STATE
 
 
 def _make_hook(state):
@@ -106,7 +98,8 @@ def _make_hook(state):
     # thread's off switch (re-entry, stubs), and the answers running, their blocked code keys
     # and first refusal, changed only through the functions below, by answering and stubs.py
     local = threading.local()
-    armed = types.SimpleNamespace(depth=0, keys={}, code_key=None, refused=None)
+    armed = types.SimpleNamespace(depth=0, keys={}, code_key=None, refused=None, judging=0,
+                                  rewritten=[])
 
     def refuse(message):
         if armed.depth and armed.refused is None:
@@ -135,15 +128,37 @@ def _make_hook(state):
         if armed.depth == 0:
             armed.keys = {}
         return armed.refused, armed.depth
+    def judge(step, tried=0):
+        """late.checking's, around a check body: one more (`step` 1: returns how many rewrites
+        were noted) or one fewer (-1: returns those noted since `tried`)."""
+        frame = sys._getframe(2)      # checking's, through contextlib
+        if frame.f_code.co_name != "checking" or os.path.abspath(
+                frame.f_code.co_filename) != _LATE:
+            refuse(_OFF)
+            raise ReferenceUsed(_OFF)
+        armed.judging += step
+        if step > 0:
+            return len(armed.rewritten)
+        rewritten = tuple(armed.rewritten[tried:])
+        if not armed.judging:
+            armed.rewritten.clear()
+        return rewritten
     state.quiet, state.arm, state.disarm, state.refuse = quiet, arm, disarm, refuse
     state.armed, state.refusal = (lambda: armed.depth), (lambda: armed.refused)
+    # what every import binds once, from the hook itself (`_PING`): never read off `state`,
+    # whose attributes a cell can set
+    exits = types.SimpleNamespace(lock=threading.RLock(), watchers=[], saved={})  # exits.py's
+    api = (state, quiet, arm, disarm, refuse, state.armed, state.refusal, judge, exits)
 
     def hook(event, args):
+        if event == _PING:
+            args[0](api)
+            return
         if event == "_thread.start_new_thread":
             _threads.note_start(args)
             return
         if event == "object.__setattr__":
-            _rewrite(state, armed, local, args)
+            _rewrite(armed, local, args)
             return
         if not armed.depth or getattr(local, "busy", False):
             return
@@ -168,7 +183,7 @@ def _make_hook(state):
         if message:
             refuse(message)
             raise ReferenceUsed(message)
-    return hook
+    return hook, api
 
 
 def _from_answering(frame, refuse):
@@ -180,10 +195,10 @@ def _from_answering(frame, refuse):
         raise ReferenceUsed(_OFF)
 
 
-def _rewrite(state, armed, local, args):
+def _rewrite(armed, local, args):
     """Refuse a function of the libraries' or the course's given new code or defaults in place
     while an answer runs or a check judges one (the harness's own stubs are `busy`)."""
-    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (armed.depth or state.judging)
+    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (armed.depth or armed.judging)
             or not isinstance(args[0], types.FunctionType)
             or getattr(local, "busy", False)):
         return
@@ -201,35 +216,10 @@ def _rewrite(state, armed, local, args):
     message = (f"your code gave {name} a new {args[1]} in place: the check computes its verdict "
                "with that function, so it may not change it. Compute the result with your own "
                "functions")
-    state.rewritten.append(message)
+    armed.rewritten.append(message)
     if armed.depth and armed.refused is None:
         armed.refused = message
     raise ReferenceUsed(message)
-
-
-def _judge(state, event, args):
-    if event in ("exec", "function.__new__"):
-        code = args[0] if args else None
-        name = _holds_reference(state, code) if isinstance(code, types.CodeType) else None
-        how = "exec'd or imported again" if event == "exec" else "its code made a new function"
-        return name and (f"your code ran a copy of {name} (the course's own answer: {how}), "
-                         "which is unavailable while the check runs")
-    if event == "object.__getattr__" and args[1] == "__code__":
-        name = _blocked_name(state, args[0])
-        return name and (f"your code read the code of {name} (the course's own answer), which "
-                         "is unavailable while the check runs")
-    frame, entry = _caller()
-    if frame is None or not is_reader_code(frame.f_code.co_filename):
-        return None
-    if (entry is not None and entry.f_code.co_filename.endswith("traceback.py")
-            and entry.f_code.co_name in _PRINTERS):
-        return None
-    if (entry is not None and entry.f_code.co_filename.endswith("logging/__init__.py")
-            and entry.f_code.co_name not in _LOGGING_FRAME):
-        return None
-    what = args[1] if event == "object.__getattr__" else event
-    return (f"your code inspects the running program ({what}): an answer must compute its "
-            "result, not read the check's frames, tracebacks or objects")
 
 
 def _process_message(event):
@@ -263,29 +253,9 @@ def _refuse_process(refuse, local, event):
 
 
 def _process_start(self, *args, **kwargs):
-    state = _state()
-    if state.armed():
-        _refuse_process(state.refuse, threading.local(), "multiprocessing")
-    return state.process_start(self, *args, **kwargs)
-
-
-def _blocked_name(state, obj):
-    if not state.keys or not isinstance(obj, types.FunctionType) or state.code_key is None:
-        return None
-    return state.keys.get(("code", state.code_key(obj.__code__)))
-
-
-def _holds_reference(state, code):
-    if not state.keys or state.code_key is None:
-        return None
-    stack = [code]
-    while stack:
-        code = stack.pop()
-        name = state.keys.get(("code", state.code_key(code)))
-        if name:
-            return name
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-    return None
+    if _ARMED():
+        _refuse_process(_REFUSE, threading.local(), "multiprocessing")
+    return _STATE.process_start(self, *args, **kwargs)
 
 
 # --- threads ---------------------------------------------------------------------------------
@@ -299,13 +269,13 @@ def _start(self, *args, **kwargs):
     modes = _modes()
     if modes:
         self.run = _with_modes(self.run, modes)
-    return _state().start(self, *args, **kwargs)
+    return _STATE.start(self, *args, **kwargs)
 
 
 def _submit(self, fn, /, *args, **kwargs):
     carried = _with_modes(fn, _modes())
     setattr(carried, _CARRIED, True)
-    return _state().submit(self, carried, *args, **kwargs)
+    return _STATE.submit(self, carried, *args, **kwargs)
 
 
 class answering:
@@ -323,9 +293,9 @@ class answering:
                               "code: its work is invisible to the check. Start threads inside "
                               "the answer (they are observed like the answer itself), or do "
                               "the work in the answer")
-        state = _state()
+        state = _STATE
         with state.lock:
-            if state.arm(self.keys, self.code_key):
+            if _ARM(self.keys, self.code_key):
                 threading.Thread.start = _start
                 concurrent.futures.ThreadPoolExecutor.submit = _submit
                 _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
@@ -335,9 +305,9 @@ class answering:
         return self
 
     def __exit__(self, *exc):
-        state = _state()
+        state = _STATE
         with state.lock:
-            refused, depth = state.disarm()
+            refused, depth = _DISARM()
             if depth == 0:
                 threading.Thread.start = state.start
                 concurrent.futures.ThreadPoolExecutor.submit = state.submit
@@ -354,27 +324,43 @@ class harness_busy:
     """The stubs' own work is not the answer's: the hook lets it read the references' code."""
 
     def __enter__(self):
-        self.before = _state().quiet(True)
+        self.before = _QUIET(True)
 
     def __exit__(self, *exc):
-        _state().quiet(self.before)
+        _QUIET(self.before)
         return False
 
 
 def refuse(message):
     """Refuse from a harness's stand-in: the answer's first refusal (its `except` cannot hide
     it), raised."""
-    _state().refuse(message)
+    _REFUSE(message)
     raise ReferenceUsed(message)
+
+
+def note_refusal(message):
+    """Note a refusal as the answer's first (if none yet), without raising."""
+    _REFUSE(message)
 
 
 def refusal():
     """The message of the hook's first refusal in the current answer (None if none)."""
-    return _state().refusal()
+    return _REFUSAL()
+
+
+def armed():
+    """How many answers run now (0: none)."""
+    return _ARMED()
+
+
+def judging(step, tried=0):
+    """late.checking's count of check bodies running (see `judge` in the hook's closure)."""
+    return _JUDGE(step, tried)
 
 
 from . import early_threads as _threads  # noqa: E402  (they read the names above)
 from . import switches as _switches  # noqa: E402
 from .operators import TORCH_OPERATORS, own_operator  # noqa: E402
 
-_state()     # the hook from the checks' import on: it notes who starts each thread
+# the hook from the checks' import on (it notes who starts each thread), and its functions
+_STATE, _QUIET, _ARM, _DISARM, _REFUSE, _ARMED, _REFUSAL, _JUDGE, _EXITS = _shared()

@@ -14,6 +14,7 @@ Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
 the answer itself (a hook that rebinds what the check compares with fails)."""
 import contextlib
 import functools
+import itertools
 import sys
 import threading
 import types
@@ -171,6 +172,9 @@ def expect_no_new_hooks(name, before, args, kwargs, guard=None):
 
 # --- hooks on autograd nodes: `t.grad_fn.register_hook`, `register_prehook` ----------------
 _NODES = {"depth": 0, "lists": {}}     # thread id -> the lists of the answers running there
+# every note ticks (bound as defaults, which guard.py keeps while an answer runs): a window that
+# ran alone and holds fewer notes than it saw ticks had its list emptied by the answer
+_TICK, _OPENED = itertools.count().__next__, itertools.count().__next__
 _NODE_LOCK = threading.Lock()
 _MIXIN = torch.autograd.function._HookMixin
 _REGISTER = _MIXIN.__dict__["_register_hook"]
@@ -209,11 +213,12 @@ def _filled(cell):
     return True
 
 
-def _note(hooks, key, *keys):
+def _note(hooks, key, *keys, _tick=_TICK):
     """A hook of the reader's registered (or a table given to a tensor: `key` _TABLE, `keys` what
     it held then): noted for the answers running in this thread (all of them when none does: a
     thread the answer started)."""
     with _NODE_LOCK:
+        _tick()
         lists = _NODES["lists"].get(threading.get_ident()) or [
             lst for per in _NODES["lists"].values() for lst in per]
         for lst in lists:
@@ -306,7 +311,7 @@ def _left_hooks(mine):
 
 
 @contextlib.contextmanager
-def node_hooks(name, guard=None):
+def node_hooks(name, guard=None, *, _tick=_TICK, _opened=_OPENED):
     """Fail an answer that returns with a hook it registered on an autograd node (a handed
     tensor's `grad_fn`, a node deeper in its graph, its result's) or on a tensor (any: an
     intermediate one of the result's graph too): the check's backward would run it. Its hooks
@@ -316,6 +321,7 @@ def node_hooks(name, guard=None):
     with _NODE_LOCK:
         if _NODES["depth"] == 0:
             _install(True)
+        alone, opened, ticked = _NODES["depth"] == 0, _opened(), _tick()
         _NODES["depth"] += 1
         _NODES["lists"].setdefault(me, []).append(mine)
     returned = False
@@ -324,9 +330,12 @@ def node_hooks(name, guard=None):
         returned = True
     finally:
         with _NODE_LOCK:
-            _NODES["lists"][me].remove(mine)
-            if not _NODES["lists"][me]:
-                del _NODES["lists"][me]
+            alone = alone and _opened() == opened + 1
+            emptied = alone and len(mine) < _tick() - ticked - 1
+            lists = _NODES["lists"].get(me, [])
+            lists[:] = [lst for lst in lists if lst is not mine]
+            if not lists:
+                _NODES["lists"].pop(me, None)
             _NODES["depth"] -= 1
             if _NODES["depth"] == 0:
                 _install(False)
@@ -336,6 +345,9 @@ def node_hooks(name, guard=None):
                 hooks.pop(key, None)
             elif returned and _unguarded(hooks.get(key)):
                 hooks[key] = guard(hooks[key])
+    if returned and emptied:
+        raise CheckFailed(f"{name}: your code emptied the check's record of the hooks it "
+                          "registers (hooks.py): an answer computes, it leaves the grader be")
     if returned and left and guard is None:
         raise CheckFailed(
             f"{name} returned with a hook still registered on a tensor or an autograd node "

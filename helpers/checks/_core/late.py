@@ -24,8 +24,8 @@ import torch.autograd.variable
 
 from . import defaults, patched
 from .callbacks import callbacks, expect_no_callbacks
-from .guard import _state as _guard_state
 from .guard import answering
+from .guard import judging as _judging
 from .patched import _spaces, expect_unpatched, snapshot
 from .provenance import handed_in
 from .references import blocked, code_key
@@ -142,21 +142,17 @@ def checking(answer):
     _route_changed()          # a route replaced before the check ran is the harness's again
     before = ([(name, owner, dict(ns), private) for name, owner, ns, private in _spaces()[0]],
               patched.cells(), patched.held_defaults())
-    outer, guard = dict(_STATE), _guard_state()
+    outer = dict(_STATE)
     _STATE.update(answer=answer, called=False)
-    failed, tried = True, len(guard.rewritten)
-    guard.judging += 1
+    failed, tried = True, _judging(1)
     try:
         yield
         failed = False
     finally:
-        guard.judging -= 1
+        rewritten = _judging(-1, tried)
         _STATE.update(outer)
         changed = _changed(before[0]) + patched.cells_changed(before[1]) + defaults.changed(
             *before[2]) + _route_changed()
-        rewritten = guard.rewritten[tried:]
-        if not guard.judging:
-            del guard.rewritten[:]
         if rewritten and not failed:
             raise CheckFailed(f"something of your code ran {LATE} or in it: {rewritten[0]}")
         if changed and not failed:

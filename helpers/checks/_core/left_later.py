@@ -24,7 +24,6 @@ _WINDOW = {"depth": 0, "gc": False, "library_exits": 0}
 _WINDOW_LOCK = threading.Lock()
 _READER_EXITS = []          # exit functions of the reader's registered through the stand-in
 _KEPT = []                  # objects left by failed answers: kept alive, so they never run
-_KINDS = {}                 # a class -> what its objects run when they die (None: nothing)
 _GENERATORS = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
 _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 _AT_EXIT = atexit.register
@@ -74,9 +73,10 @@ _KERNEL_STAND_INS = types.MappingProxyType(
     {name: _kernel_stand_in(name, m) for name, m in _KERNELS.items()})
 
 
-def _kind(cls):
-    """What an object of `cls` runs when it dies, if it may be the reader's code."""
-    kind = _KINDS.get(cls, _UNSEEN)
+def _kind(cls, kinds):
+    """What an object of `cls` runs when it dies, if it may be the reader's code (`kinds`: the
+    window's cache, class -> kind, None: nothing)."""
+    kind = kinds.get(cls, _UNSEEN)
     if kind is _UNSEEN:
         if issubclass(cls, weakref.ref):
             kind = "a weakref's callback"
@@ -87,7 +87,7 @@ def _kind(cls):
         else:
             finalizer = getattr(cls, "__del__", None)
             kind = "a __del__" if finalizer is not None and _readers((finalizer,)) else None
-        _KINDS[cls] = kind
+        kinds[cls] = kind
     return kind
 
 
@@ -105,24 +105,24 @@ def _runs_later(obj, kind):
     return kind is not None
 
 
-def _young():
+def _young(kinds):
     """{id: (object, kind)} of the young objects (those made since the last collection: with the
     collector off while answers run, all they made) that may run code when they die. The list of
     them lives only inside one call of C code, no bytecode of ours between (a tuple another thread
     is building fails to grow while another reference to it is held, and a thread switch comes
     only between bytecodes): classes first seen are judged in between."""
-    new = set(map(type, _listed())) - _KINDS.keys()
+    new = set(map(type, _listed())) - kinds.keys()
     for cls in new:
-        _kind(cls)
-    picked = list(itertools.compress(*_picked()))
-    return {id(o): (o, _KINDS[type(o)]) for o in picked}
+        _kind(cls, kinds)
+    picked = list(itertools.compress(*_picked(kinds)))
+    return {id(o): (o, kinds[type(o)]) for o in picked}
 
 
-def _picked():
+def _picked(kinds):
     """The young objects and whether each may run code when it dies, both listed only when
     iterated."""
     objs, again = itertools.tee(_listed())
-    return objs, map(_KINDS.get, map(type, again))
+    return objs, map(kinds.get, map(type, again))
 
 
 def _listed():
@@ -131,7 +131,7 @@ def _listed():
     return itertools.chain.from_iterable(map(gc.get_objects, (0,)))
 
 
-def _reachable(fn, args):
+def _reachable(fn, args, kinds):
     """{id: (object, kind)} of what the answer's module, closure and arguments hold (three levels
     down): where an object it made lives after a collection it set off moved it out of the young
     objects."""
@@ -143,7 +143,7 @@ def _reachable(fn, args):
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        kind = _kind(type(obj))
+        kind = _kind(type(obj), kinds)
         if kind is not None:
             found[id(obj)] = (obj, kind)
         if not depth or isinstance(obj, (str, bytes, int, float, types.ModuleType, type)):
@@ -172,49 +172,58 @@ def _collections():
 def _open(scan):
     """The first answer of those running at once notes what is young (`scan`: not in a World,
     whose ranks run the check's code beside it: listing the young objects while another thread
-    builds a tuple fails that thread) and the exit functions, and puts the stand-ins in."""
+    builds a tuple fails that thread) and the exit functions, and puts the stand-ins in. It
+    returns (to the first answer alone) its own copy of what it noted, which no module holds:
+    `_WINDOW` is reachable from the answer, which could add its objects to the young ones or
+    mark its class as running nothing when its objects die, and restore it before returning."""
+    mine = None
     with _WINDOW_LOCK:
         if _WINDOW["depth"] == 0:
-            _KINDS.clear()             # a class may have gained a __del__ since
+            kinds = {}                 # a new cache: a class may have gained a __del__ since
             _WINDOW["gc"], _WINDOW["scan"] = gc.isenabled(), scan
             if scan:
                 gc.disable()           # what the calls make stays young, where _young finds it
             atexit.register = _register_at_exit
             for name, stand in _KERNEL_STAND_INS.items():
                 setattr(_DISPATCH, name, stand)
-            _WINDOW.update(young=_young() if scan else {}, runs=_collections(),
+            _WINDOW.update(young=_young(kinds) if scan else {}, runs=_collections(),
                            exits=atexit._ncallbacks(), library=_WINDOW["library_exits"],
-                           readers=len(_READER_EXITS))
+                           readers=len(_READER_EXITS), kinds=kinds)
+            mine = dict(_WINDOW, kinds=dict(kinds), young=dict(_WINDOW["young"]))
         _WINDOW["depth"] += 1
+    return mine
 
 
-def _close(fn, args):
+def _close(fn, args, mine):
     """The last answer of those running at once judges what they all left (while another still
-    ran, its objects would be taken for this one's): (objects left, exit functions left)."""
+    ran, its objects would be taken for this one's): (objects left, exit functions left), by
+    what the first noted (`mine`, when it is this one: its own copy)."""
     with _WINDOW_LOCK:
         _WINDOW["depth"] -= 1
         if _WINDOW["depth"]:
             return [], 0
+        noted = mine if mine is not None else dict(_WINDOW, kinds=dict(_WINDOW["kinds"] or {}))
+        kinds = noted["kinds"]
         try:
-            found = _young() if _WINDOW["scan"] else {}
-            if _WINDOW["scan"] and _collections() != _WINDOW["runs"]:
-                found.update(_reachable(fn, args))
+            found = _young(kinds) if noted["scan"] else {}
+            if noted["scan"] and _collections() != noted["runs"]:
+                found.update(_reachable(fn, args, kinds))
             left = [(o, k) for i, (o, k) in found.items()
-                    if i not in _WINDOW["young"] and _runs_later(o, k)]
+                    if i not in noted["young"] and _runs_later(o, k)]
             _KEPT.extend(o for o, _ in left)     # a weakref's referent too: it never dies
             _KEPT.extend(o() for o, k in left if k == "a weakref's callback")
-            mine = _READER_EXITS[_WINDOW["readers"]:]
-            del _READER_EXITS[_WINDOW["readers"]:]
-            exits = atexit._ncallbacks() - _WINDOW["exits"] - (
-                _WINDOW["library_exits"] - _WINDOW["library"])
-            for f in mine:
+            readers = _READER_EXITS[noted["readers"]:]
+            del _READER_EXITS[noted["readers"]:]
+            exits = atexit._ncallbacks() - noted["exits"] - (
+                _WINDOW["library_exits"] - noted["library"])
+            for f in readers:
                 atexit.unregister(f)
         finally:
-            _WINDOW["young"] = None
+            _WINDOW["young"] = _WINDOW["kinds"] = None
             atexit.register = _AT_EXIT
             for name, method in _KERNELS.items():
                 setattr(_DISPATCH, name, method)
-            _WINDOW["gc_back"] = _WINDOW["gc"] and _WINDOW["scan"]
+            _WINDOW["gc_back"] = noted["gc"] and noted["scan"]
         return left, exits
 
 
@@ -233,13 +242,13 @@ def left_later(name, fn, args, world=False):
     an object it made whose death runs the reader's code (kept alive from then on, so it never
     runs), an exit function (one of the reader's is unregistered). A Python kernel for an
     operator is refused when registered (by the stand-ins of torch.library's registrations)."""
-    _open(not world)
+    mine = _open(not world)
     returned = False
     try:
         yield
         returned = True
     finally:
-        left, exits = _close(fn, args)
+        left, exits = _close(fn, args, mine)
     if returned and left:
         obj, kind = left[0]
         raise CheckFailed(

@@ -24,6 +24,7 @@ imports), indexing, `len` and Python's builtins run over an array (`sum(A)`); nu
 submodules (`numpy.random`, `numpy.fft`); threads started before the run; C extensions.
 """
 import contextlib
+import itertools
 import sys
 import threading
 import types
@@ -34,8 +35,9 @@ import numpy.linalg
 import numpy.ma
 import torch
 
+from .guard import armed, note_refusal
 from .rank_arrays import _functions
-from .run import expect, is_reader_code
+from .run import CheckFailed, expect, is_reader_code
 from .settle import reader_class
 
 __all__ = ["numpy_work", "expect_list"]
@@ -44,6 +46,12 @@ _MODULES = (np, numpy.lib.stride_tricks, numpy.ma, numpy.linalg)
 _NAMES = types.MappingProxyType({m: tuple(_functions(m)) for m in _MODULES})
 _LOCK = threading.Lock()
 _ACTIVE = []        # the lists of the numpy_work() blocks running now (innermost last)
+# every record ticks, and every block counts the ticks it saw (bound as defaults, which guard.py
+# keeps while an answer runs): a block whose list holds fewer was emptied (the answer reaches
+# `_ACTIVE` by a built name) and fails
+_TICK, _OPENED = itertools.count().__next__, itertools.count().__next__
+_EMPTIED = ("your code emptied the check's record of its numpy calls (numpy_work): an answer "
+            "computes, it leaves the grader be")
 
 
 def _arrays(x, depth=0):
@@ -57,9 +65,12 @@ def _arrays(x, depth=0):
     return False
 
 
-def _record(name):
+def _record(name, _tick=_TICK):
+    _tick()
     if _ACTIVE:
         _ACTIVE[-1].append(name)
+    elif armed():      # the recorders are in only while a block runs: the answer emptied it
+        note_refusal(_EMPTIED)
 
 
 def _note(name, args, kwargs, out):
@@ -120,7 +131,7 @@ _NUMBER_METHODS = frozenset({"item", "tolist", "astype", "conjugate", "conj", "r
 def _profile(frame, event, arg):
     """A call the reader's code makes into C: recorded if bound to an array (not 0-d), a ufunc,
     one of numpy's modules, or a numpy number's method that is not arithmetic (`.repeat(k)`)."""
-    if event != "c_call" or not _ACTIVE or not is_reader_code(frame.f_code.co_filename):
+    if event != "c_call" or not is_reader_code(frame.f_code.co_filename):
         return
     owner = getattr(arg, "__self__", None)
     if isinstance(owner, np.ndarray) and owner.ndim > 0:
@@ -220,13 +231,14 @@ class _Cell:
 
 
 @contextlib.contextmanager
-def numpy_work(fn=None):
+def numpy_work(fn=None, *, _tick=_TICK, _opened=_OPENED):
     """While active: the numpy calls on arrays (their names, in order) in the list it yields;
     `fn`'s module sees the stand-ins too."""
     calls = []
     with _LOCK:
         _ACTIVE.append(calls)
         saved = _install(fn)
+        opened, ticked = _opened(), _tick()
     profiles = sys.getprofile(), threading.getprofile()
     sys.setprofile(_profile)
     threading.setprofile(_profile)
@@ -238,7 +250,10 @@ def numpy_work(fn=None):
         with _LOCK:
             for space, n, v in reversed(saved):
                 space[n] = v
-            _ACTIVE.remove(calls)
+            _ACTIVE[:] = [c for c in _ACTIVE if c is not calls]
+            ticks, others = _tick() - ticked - 1, _opened() - opened - 1
+    if not others and len(calls) < ticks:       # (a block inside this one has its own ticks)
+        raise CheckFailed(_EMPTIED)
 
 
 def expect_list(value, call, how):

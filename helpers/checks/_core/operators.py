@@ -1,6 +1,6 @@
 """Operators defined in Python outside torch (torch.library): refused while a Recorder
 watches (observe.py) and by name (references.py); guard.py re-exports them."""
-from .guard import _state
+from .guard import refuse
 from .run import ReferenceUsed
 
 __all__ = ["TORCH_OPERATORS", "own_operator"]
@@ -24,5 +24,5 @@ def own_operator(name):
     message = (f"your code calls an operator of its own ({name}, torch.library): the work "
                "inside one is invisible to the check, so an answer must run torch's own "
                "operations in plain view")
-    _state().refuse(message)
+    refuse(message)
     raise ReferenceUsed(message)

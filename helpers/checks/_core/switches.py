@@ -8,7 +8,7 @@ torch's own calls go through to the original. Used by guard.answering.
 import operator
 import sys
 
-from .guard import _passes_on, _state
+from .guard import _passes_on, refuse
 from .run import ReferenceUsed, is_reader_code, stand_in
 
 __all__ = ["guard_switches", "restore_switches"]
@@ -26,7 +26,7 @@ def _guarded(name, original):
         if frame is not None and is_reader_code(frame.f_code.co_filename):
             message = (f"your code switches off torch's dispatch ({name}): the check watches "
                        "your operations through it, so an answer must run them in plain view")
-            _state().refuse(message)
+            refuse(message)
             raise ReferenceUsed(message)
         return original(*args, **kwargs)
     return switch

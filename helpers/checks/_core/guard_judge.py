@@ -1,0 +1,71 @@
+"""What guard.py's audit hook refuses while an answer runs (its `judge`): a copy of the course's
+own answer run (exec, a new function, its code read), and the reader's code reading the
+running program (frames, tracebacks, the collector's lists)."""
+import sys
+import types
+
+from .run import is_reader_code
+
+# stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
+# caller a frame; logging.info finding its caller's line is not reading the check)
+_INTROSPECTORS = ("inspect.py", "traceback.py", "logging/__init__.py")
+_LOGGING_FRAME = frozenset({"currentframe", "<lambda>"})
+# traceback's functions that only print or format text (file names, lines, no values): an answer
+# that reports an exception it caught is not reading the check (walk_stack, StackSummary.extract
+# and TracebackException, which can capture locals, stay refused)
+_PRINTERS = frozenset({"print_exc", "format_exc", "print_exception", "format_exception",
+                       "print_tb", "format_tb", "print_last", "print_stack", "format_stack",
+                       "extract_tb", "extract_stack"})
+
+
+def _caller():
+    """The code that triggered the event: past this hook, and past inspect/traceback; and the
+    inspect/traceback function that code called (None if it triggered the event itself)."""
+    frame, entry = sys._getframe(3), None     # _caller, judge, the hook, the code
+    while frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS):
+        frame, entry = frame.f_back, frame
+    return frame, entry
+
+
+def judge(state, event, args):
+    if event in ("exec", "function.__new__"):
+        code = args[0] if args else None
+        name = _holds_reference(state, code) if isinstance(code, types.CodeType) else None
+        how = "exec'd or imported again" if event == "exec" else "its code made a new function"
+        return name and (f"your code ran a copy of {name} (the course's own answer: {how}), "
+                         "which is unavailable while the check runs")
+    if event == "object.__getattr__" and args[1] == "__code__":
+        name = _blocked_name(state, args[0])
+        return name and (f"your code read the code of {name} (the course's own answer), which "
+                         "is unavailable while the check runs")
+    frame, entry = _caller()
+    if frame is None or not is_reader_code(frame.f_code.co_filename):
+        return None
+    if (entry is not None and entry.f_code.co_filename.endswith("traceback.py")
+            and entry.f_code.co_name in _PRINTERS):
+        return None
+    if (entry is not None and entry.f_code.co_filename.endswith("logging/__init__.py")
+            and entry.f_code.co_name not in _LOGGING_FRAME):
+        return None
+    what = args[1] if event == "object.__getattr__" else event
+    return (f"your code inspects the running program ({what}): an answer must compute its "
+            "result, not read the check's frames, tracebacks or objects")
+
+
+def _blocked_name(state, obj):
+    if not state.keys or not isinstance(obj, types.FunctionType) or state.code_key is None:
+        return None
+    return state.keys.get(("code", state.code_key(obj.__code__)))
+
+
+def _holds_reference(state, code):
+    if not state.keys or state.code_key is None:
+        return None
+    stack = [code]
+    while stack:
+        code = stack.pop()
+        name = state.keys.get(("code", state.code_key(code)))
+        if name:
+            return name
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return None
