@@ -25,8 +25,9 @@ observed like the thread that called it.
   dispatch modes (the check's Recorder, the simulated GPUs) into the new thread, so work done in
   a worker thread is seen as if done in place.
 
-What it cannot stop: Python code that avoids these entry points (ctypes, a C extension, code
-compiled under a library's file name). Those are named in book/teachers.md.
+What it cannot stop: Python code that avoids these entry points (ctypes, a C extension). Those
+are named in book/teachers.md. Code compiled under a library's or the course's file name is the
+reader's all the same (whose.py: it is not that file's own code).
 """
 import concurrent.futures
 import concurrent.futures.thread as _cf_thread
@@ -38,7 +39,8 @@ import threading
 import types
 
 from .carried import _modes, _with_modes
-from .run import CheckFailed, ReferenceUsed, is_reader_code, is_reader_function
+from .run import CheckFailed, ReferenceUsed, is_reader_function
+from .whose import file_code, genuine, reader_code
 
 __all__ = ["answering", "refusal", "refuse", "harness_busy", "own_operator", "TORCH_OPERATORS"]
 
@@ -96,7 +98,8 @@ def _caller():
     """The code that triggered the event: past this hook, and past inspect/traceback; and the
     inspect/traceback function that code called (None if it triggered the event itself)."""
     frame, entry = sys._getframe(3), None     # _caller, _judge, the hook, the code
-    while frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS):
+    while (frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS)
+           and genuine(frame.f_code)):     # not a copy compiled under inspect.py's name
         frame, entry = frame.f_back, frame
     return frame, entry
 
@@ -114,7 +117,7 @@ def _make_hook(state):
 
     def quiet(flag):
         """harness_busy's switch, for stubs.py's code only: returns the flag it replaced."""
-        if os.path.abspath(sys._getframe(2).f_code.co_filename) != _STUBS:
+        if not file_code(sys._getframe(2).f_code, _STUBS):
             refuse(_OFF)
             raise ReferenceUsed(_OFF)
         before, local.busy = getattr(local, "busy", False), flag
@@ -174,8 +177,7 @@ def _make_hook(state):
 def _from_answering(frame, refuse):
     """Only answering's methods arm and disarm the hook, called from the harness's code."""
     if (frame.f_code.co_name not in ("__enter__", "__exit__") or frame.f_back is None
-            or os.path.abspath(frame.f_code.co_filename) != _HERE
-            or is_reader_code(frame.f_back.f_code.co_filename)):
+            or not file_code(frame.f_code, _HERE) or reader_code(frame.f_back.f_code)):
         refuse(_OFF)
         raise ReferenceUsed(_OFF)
 
@@ -192,7 +194,7 @@ def _rewrite(state, armed, local, args):
         code = args[0].__code__
         if is_reader_function(args[0], sys._getframe(2)) or (
                 args[1] == "__code__" and code.co_name == "_stub"
-                and os.path.abspath(code.co_filename) == _STUBS):
+                and file_code(code, _STUBS)):
             return             # the reader's own function, or a stubbed reference (stubs.py's)
         fn = args[0]
         name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', '?')}"
@@ -219,7 +221,7 @@ def _judge(state, event, args):
         return name and (f"your code read the code of {name} (the course's own answer), which "
                          "is unavailable while the check runs")
     frame, entry = _caller()
-    if frame is None or not is_reader_code(frame.f_code.co_filename):
+    if frame is None or not reader_code(frame.f_code):
         return None
     if (entry is not None and entry.f_code.co_filename.endswith("traceback.py")
             and entry.f_code.co_name in _PRINTERS):
@@ -236,9 +238,9 @@ def _process_message(event):
     """A refusal when the first frame past the standard library that started a process is the
     reader's (None for torch's or the course's own workers)."""
     frame = sys._getframe(2)
-    while frame is not None and _passes_on(frame.f_code.co_filename):
+    while frame is not None and _passes_on(frame.f_code.co_filename) and genuine(frame.f_code):
         frame = frame.f_back
-    if frame is None or not is_reader_code(frame.f_code.co_filename):
+    if frame is None or not reader_code(frame.f_code):
         return None
     return (f"your code starts another process ({event}): the check sees only this process, "
             "so an answer must do its work here (threads are fine)")
