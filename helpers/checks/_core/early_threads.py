@@ -18,26 +18,21 @@ from .whose import genuine, reader_code
 __all__ = ["note_start", "run_item", "made_item", "hidden_worker"]
 
 _READER = "_course_started_by_reader"      # before any answer, by the reader's code
-STARTER = "_course_reader_started"         # by the reader's code, whenever
 _MADE = "_course_made_in_answer"
 _ITEM_RUN, _ITEM_INIT = _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__
 
 
 def note_start(args):
     """A Thread started, at any time: marked when the reader's code started it (the first frame
-    past the standard library and this module), so an answer refuses it while it lives; one the
-    answer started (`_MARK`) is observed instead, but noted as the reader's too (`STARTER`: the
-    checks' own functions refuse to run in it, own.py)."""
+    past the standard library and this module), so an answer refuses it while it lives."""
     owner = getattr(args[0], "__self__", None) if args else None
-    if not isinstance(owner, threading.Thread):
+    if not isinstance(owner, threading.Thread) or getattr(owner, _MARK, False):
         return
     frame = sys._getframe(2)
     while frame is not None and _passes_on(frame.f_code.co_filename) and genuine(frame.f_code):
         frame = frame.f_back
     if frame is not None and reader_code(frame.f_code):      # a copy named a library's too
-        setattr(owner, STARTER, True)
-        if not getattr(owner, _MARK, False):
-            setattr(owner, _READER, True)
+        setattr(owner, _READER, True)
 
 
 def run_item(self):

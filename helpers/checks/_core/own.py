@@ -19,8 +19,7 @@ import sys
 import threading
 import types
 
-from .early_threads import STARTER
-from .guard import _state, refuse
+from .guard import _MARK, _state, refuse
 from .references import code_key
 from .whose import genuine, reader_code, vouch
 
@@ -28,7 +27,8 @@ __all__ = ["gate", "KEYS"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKS_DIR = os.path.dirname(_HERE)
-_ANSWER_WINDOWS = frozenset(os.path.join(_HERE, f) for f in ("declare.py", "carried.py"))
+_DECLARE, _CARRIED = os.path.join(_HERE, "declare.py"), os.path.join(_HERE, "carried.py")
+_WORLD = os.path.join(os.path.dirname(_CHECKS_DIR), "runtime", "thread_world.py")
 _SMALL = 12        # a function this short (instructions) may well have a twin in a library
 _KEYS = {}
 KEYS = types.MappingProxyType(_KEYS)   # code key -> "the check's own <module>.<name>"
@@ -42,20 +42,25 @@ def _message(name):
 def _checks_calling(frame):
     """True when the gated function is called by a check's own code: the first frame above it
     that is not a library's or the harness's is a check module's own code (not the reader's, not
-    an answer's window in declare.py, not the answer's work in a thread: carried.py); at the
-    end of the stack, in a thread the reader's code did not start (a World's rank: its threads
-    are started by the course's code, early_threads.py notes who starts each)."""
+    an answer's call in declare.py, not work submitted to an executor while an answer ran:
+    carried.py); at the end of the stack, a World's rank (the runtime's thread world started
+    it) or a thread not started while an answer ran (guard.py's mark)."""
+    world = False
     while frame is not None:
         code = frame.f_code
         if reader_code(code):
             return False
         path = os.path.abspath(code.co_filename)
-        if path in _ANSWER_WINDOWS:
+        if path == _DECLARE and code.co_name == "__call__":
             return False
+        if path == _CARRIED and not isinstance(
+                getattr(frame.f_locals.get("fn"), "__self__", None), threading.Thread):
+            return False            # submitted work (a thread's own run is carried too)
         if os.path.dirname(path) == _CHECKS_DIR and genuine(code):
             return True
+        world = world or (path == _WORLD and genuine(code))
         frame = frame.f_back
-    return not getattr(threading.current_thread(), STARTER, False)
+    return world or not getattr(threading.current_thread(), _MARK, False)
 
 
 def _make():
