@@ -14,6 +14,10 @@ modes.py      no torch switch (grad mode, default dtype, inference mode, ...) th
               is left changed when it returns
 references.py no reference shortcut: the course's own answer is unreachable, by identity
               (compiled.py: a copy torch compiled, jit or fx, is the reference)
+own.py        the check modules' own functions (what a check computes its expected value with)
+              run only for the check's own code while an answer runs
+whose.py      whose code a code object is, by the code itself: one compiled under a library's
+              or a check module's file name is the reader's
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
               the expected computation's rounding (a half-precision number refused)
 observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions

@@ -12,6 +12,7 @@ from .hooks import expect_no_new_hooks, hooks_of, node_hooks
 from .late import checking, inside
 from .left_later import collector_back, left_later
 from .modes import expect_same_switches, switches
+from .own import KEYS
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world
 from .rank_builtins import shadow
@@ -38,7 +39,7 @@ class Answer(Guarded):
         self.keeps_hooks = keeps_hooks         # else it leaves no hook behind (hooks.py)
         self.traces = {} if simulated else None   # its work, CPU against FakeGPUs (same_work.py)
         self.__name__ = getattr(fn, "__name__", exercise)
-        self.keys = {ref.key: str(ref) for ref in references if ref.key[0] == "code"}
+        self.keys = {**KEYS, **{ref.key: str(ref) for ref in references if ref.key[0] == "code"}}
 
     def __call__(self, *args, **kwargs):
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World

@@ -13,6 +13,7 @@ import types
 
 from .guard import _CARRIED, _CHECKS, _MARK, _passes_on, armed, note_refusal
 from .run import ReferenceUsed, is_reader_code
+from .whose import genuine, reader_code
 
 __all__ = ["note_start", "run_item", "made_item", "hidden_worker"]
 
@@ -28,9 +29,9 @@ def note_start(args):
     if not isinstance(owner, threading.Thread) or getattr(owner, _MARK, False):
         return
     frame = sys._getframe(2)
-    while frame is not None and _passes_on(frame.f_code.co_filename):
+    while frame is not None and _passes_on(frame.f_code.co_filename) and genuine(frame.f_code):
         frame = frame.f_back
-    if frame is not None and is_reader_code(frame.f_code.co_filename):
+    if frame is not None and reader_code(frame.f_code):      # a copy named a library's too
         setattr(owner, _READER, True)
 
 

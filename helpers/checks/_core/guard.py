@@ -25,8 +25,9 @@ observed like the thread that called it.
   dispatch modes (the check's Recorder, the simulated GPUs) into the new thread, so work done in
   a worker thread is seen as if done in place.
 
-What it cannot stop: Python code that avoids these entry points (ctypes, a C extension, code
-compiled under a library's file name). Those are named in book/teachers.md.
+What it cannot stop: Python code that avoids these entry points (ctypes, a C extension). Those
+are named in book/teachers.md. Code compiled under a library's or the course's file name is the
+reader's all the same (whose.py: it is not that file's own code).
 """
 import concurrent.futures
 import concurrent.futures.thread as _cf_thread
@@ -39,7 +40,8 @@ import types
 
 from .carried import _modes, _with_modes
 from .guard_judge import judge as _judge
-from .run import CheckFailed, ReferenceUsed, is_reader_code, is_reader_function
+from .run import CheckFailed, ReferenceUsed, is_reader_function
+from .whose import file_code, genuine, reader_code
 
 __all__ = ["answering", "refusal", "refuse", "harness_busy", "own_operator", "TORCH_OPERATORS"]
 
@@ -107,7 +109,7 @@ def _make_hook(state):
 
     def quiet(flag):
         """harness_busy's switch, for stubs.py's code only: returns the flag it replaced."""
-        if os.path.abspath(sys._getframe(2).f_code.co_filename) != _STUBS:
+        if not file_code(sys._getframe(2).f_code, _STUBS):
             refuse(_OFF)
             raise ReferenceUsed(_OFF)
         before, local.busy = getattr(local, "busy", False), flag
@@ -189,8 +191,7 @@ def _make_hook(state):
 def _from_answering(frame, refuse):
     """Only answering's methods arm and disarm the hook, called from the harness's code."""
     if (frame.f_code.co_name not in ("__enter__", "__exit__") or frame.f_back is None
-            or os.path.abspath(frame.f_code.co_filename) != _HERE
-            or is_reader_code(frame.f_back.f_code.co_filename)):
+            or not file_code(frame.f_code, _HERE) or reader_code(frame.f_back.f_code)):
         refuse(_OFF)
         raise ReferenceUsed(_OFF)
 
@@ -207,7 +208,7 @@ def _rewrite(armed, local, args):
         code = args[0].__code__
         if is_reader_function(args[0], sys._getframe(2)) or (
                 args[1] == "__code__" and code.co_name == "_stub"
-                and os.path.abspath(code.co_filename) == _STUBS):
+                and file_code(code, _STUBS)):
             return             # the reader's own function, or a stubbed reference (stubs.py's)
         fn = args[0]
         name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', '?')}"
@@ -226,9 +227,9 @@ def _process_message(event):
     """A refusal when the first frame past the standard library that started a process is the
     reader's (None for torch's or the course's own workers)."""
     frame = sys._getframe(2)
-    while frame is not None and _passes_on(frame.f_code.co_filename):
+    while frame is not None and _passes_on(frame.f_code.co_filename) and genuine(frame.f_code):
         frame = frame.f_back
-    if frame is None or not is_reader_code(frame.f_code.co_filename):
+    if frame is None or not reader_code(frame.f_code):
         return None
     return (f"your code starts another process ({event}): the check sees only this process, "
             "so an answer must do its work here (threads are fine)")

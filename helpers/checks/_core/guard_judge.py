@@ -4,7 +4,7 @@ running program (frames, tracebacks, the collector's lists)."""
 import sys
 import types
 
-from .run import is_reader_code
+from .whose import genuine, reader_code
 
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
 # caller a frame; logging.info finding its caller's line is not reading the check)
@@ -22,7 +22,8 @@ def _caller():
     """The code that triggered the event: past this hook, and past inspect/traceback; and the
     inspect/traceback function that code called (None if it triggered the event itself)."""
     frame, entry = sys._getframe(3), None     # _caller, judge, the hook, the code
-    while frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS):
+    while (frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS)
+           and genuine(frame.f_code)):     # not a copy compiled under inspect.py's name
         frame, entry = frame.f_back, frame
     return frame, entry
 
@@ -39,7 +40,7 @@ def judge(state, event, args):
         return name and (f"your code read the code of {name} (the course's own answer), which "
                          "is unavailable while the check runs")
     frame, entry = _caller()
-    if frame is None or not is_reader_code(frame.f_code.co_filename):
+    if frame is None or not reader_code(frame.f_code):
         return None
     if (entry is not None and entry.f_code.co_filename.endswith("traceback.py")
             and entry.f_code.co_name in _PRINTERS):

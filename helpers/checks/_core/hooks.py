@@ -24,7 +24,8 @@ import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optim_hooks
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
-from .run import CheckFailed, is_reader_code
+from .run import CheckFailed
+from .whose import reader_code
 
 __all__ = ["hooks_of", "expect_no_new_hooks", "node_hooks"]
 
@@ -184,7 +185,7 @@ def _reader_hook(hook, caller, depth=2):
     """Whether a hook is the reader's: registered from the reader's code, or its code (its
     function, a partial's, a closure's cell one or two levels in: torch's
     `register_multi_grad_hook` wraps the reader's function in its own) is the reader's."""
-    if caller is not None and is_reader_code(caller.f_code.co_filename):
+    if caller is not None and reader_code(caller.f_code):
         return True
     while isinstance(hook, functools.partial):
         hook = hook.func
@@ -192,7 +193,7 @@ def _reader_hook(hook, caller, depth=2):
     code = getattr(hook, "__code__", None)
     if not isinstance(code, types.CodeType):
         return False
-    if is_reader_code(code.co_filename):
+    if reader_code(code):          # a copy compiled under a library's name too (whose.py)
         return True
     cells = [c.cell_contents for c in getattr(hook, "__closure__", None) or ()
              if _filled(c)] if depth else ()

@@ -14,7 +14,8 @@ import types
 
 from .guard import harness_busy
 from .references import _COURSE, _PACKAGE, identity
-from .run import ReferenceUsed, is_reader_code
+from .run import ReferenceUsed
+from .whose import genuine, reader_code, vouch
 
 __all__ = ["blocked"]
 
@@ -51,19 +52,20 @@ def _stub_code(freevars, key):
            + f"        return __import__({__name__!r}, fromlist=['_'])._hit({key!r}, args, "
            "kwargs)\n    return _stub\n")
     space = {}
-    exec(compile(src, __file__, "exec"), space)
+    exec(vouch(compile(src, __file__, "exec")), space)
     return space["_outer"]().__code__
 
 
 def _checks_calling():
     """True when the call comes from a check's own code (a check module's frame met before any
-    of the reader's, the answer's entry in declare.py, or the end of the stack)."""
+    of the reader's, the answer's entry in declare.py, or the end of the stack). A frame is a
+    check module's when its code is that file's own, not a copy compiled under its name."""
     frame = sys._getframe(3)             # _checks_calling <- _hit <- the stub <- its caller
     while frame is not None:
         name = frame.f_code.co_filename
-        if is_reader_code(name) or name == _DECLARE:
+        if reader_code(frame.f_code) or name == _DECLARE:
             return False
-        if os.path.dirname(os.path.abspath(name)) == _CHECKS_DIR:
+        if os.path.dirname(os.path.abspath(name)) == _CHECKS_DIR and genuine(frame.f_code):
             return True
         frame = frame.f_back
     return False
