@@ -109,7 +109,7 @@ def _os_seed():
 # `torch.randn` to fixed values, would make every draw the same, `fresh.regrade`'s included).
 _GENERATOR, _RANDINT, _RAND = torch.Generator, torch.randint, torch.rand    # bound at import
 _FUNCTIONS = ("randn", "rand", "randint", "randperm", "normal", "empty", "zeros", "tensor")
-_METHODS = ("normal_", "uniform_", "random_")               # torch.Tensor's, from TensorBase
+_METHODS = ("normal_", "uniform_", "random_", "item")       # torch.Tensor's, from TensorBase
 _BUILTIN, _DESCRIPTOR = type([].append), type(str.join)     # from literals: no name to rebind
 
 
@@ -139,13 +139,13 @@ def _replaced(what):
 def randint(g, low, high):
     """A random int in [low, high] (both included) drawn from generator `g`."""
     _expect_torch()
-    return int(_RANDINT(low, high + 1, (), generator=g))
+    return _RANDINT(low, high + 1, (), generator=g).item()     # no builtin int() looked up
 
 
 def uniform(g, low, high):
     """A random float in [low, high) drawn from generator `g`."""
     _expect_torch()
-    return low + (high - low) * float(_RAND((), generator=g, dtype=torch.float64))
+    return low + (high - low) * _RAND((), generator=g, dtype=torch.float64).item()
 
 
 _ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11,
