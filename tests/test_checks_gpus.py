@@ -109,6 +109,15 @@ def fit_copy_model_unweighted(nbytes, seconds):
     return alpha, 1 / slope / 1e9
 
 
+@shortcut("check_fit_copy_model", "the weighted fit in float32", "solved in float32")
+def fit_copy_model_float32(nbytes, seconds):
+    t = torch.tensor(seconds)                   # torch's default dtype: float32
+    b = torch.tensor(nbytes, dtype=torch.float32)
+    A = torch.stack([torch.ones_like(b), b], dim=1) / t[:, None]
+    alpha, slope = torch.linalg.lstsq(A, (t / t)[:, None]).solution.squeeze(1).tolist()
+    return alpha, 1 / slope / 1e9
+
+
 @shortcut("check_fit_copy_model", "no fit: two points", "reading two points")
 def fit_copy_model_two_points(nbytes, seconds):
     slope = (seconds[-1] - seconds[-2]) / (nbytes[-1] - nbytes[-2])

@@ -266,10 +266,3 @@ def test_a_replaced_os_urandom_is_refused(monkeypatch):
     monkeypatch.setattr(os, "urandom", lambda n: bytes(n))
     with pytest.raises(AssertionError, match="os.urandom is not the operating system's"):
         fresh.regrade("check_lr_at", _lr)
-
-
-def test_replay_seeds_is_the_test_suites(monkeypatch):
-    from helpers.checks._core.inputs import replay_seeds
-    monkeypatch.delenv("PYTEST_CURRENT_TEST")
-    with pytest.raises(RuntimeError, match="test suite"):
-        replay_seeds(7)

@@ -145,11 +145,11 @@ def _misfit(nbytes, seconds, alpha, gbs):
                      for b, t in zip(nbytes, seconds, strict=True))
 
 
-def _best_fit(nbytes, seconds):
-    t = torch.tensor(seconds, dtype=torch.float64)
-    b = torch.tensor(nbytes, dtype=torch.float64)
+def _best_fit(nbytes, seconds, dtype=torch.float64):
+    t = torch.tensor(seconds, dtype=dtype)
+    b = torch.tensor(nbytes, dtype=dtype)
     A = torch.stack([torch.ones_like(b), b], dim=1) / t[:, None]
-    alpha, slope = torch.linalg.lstsq(A, torch.ones(len(t), 1, dtype=torch.float64)) \
+    alpha, slope = torch.linalg.lstsq(A, torch.ones(len(t), 1, dtype=dtype)) \
         .solution.squeeze(1).tolist()
     return alpha, 1 / slope / 1e9
 
@@ -197,6 +197,13 @@ def check_fit_copy_model(fn):
         expect(not math.isclose(bw * gbs * 1e9, 1, rel_tol=0.3) and
                not math.isclose(bw * gbs, 1, rel_tol=0.3),
                f"{call}: {bw:.3g} is seconds per byte (the slope): the bandwidth is its inverse")
+        # the same weighted fit in float32 (torch.tensor(seconds)): lstsq drops the 1/t column
+        lat32, bw32 = _best_fit(nbytes, seconds, torch.float32)
+        expect(abs(lat32) >= 0.05 * alpha or abs(lat - lat32) > 0.01 * alpha
+               or not math.isclose(bw, bw32, rel_tol=0.01), f"{call}: latency {lat:.3g} s: "
+               "that is the weighted fit solved in float32 (torch.tensor of Python floats), where "
+               f"the 1/t column, up to {nbytes[-1]:.0e} times below the b/t one, is lost with the "
+               "latency: fit in float64 (dtype=torch.float64)")
         expect(lat > 0.05 * alpha, f"{call}: latency {lat:.3g} s, but every copy here took at "
                f"least {min(seconds):.3g} s: the smallest copies show the latency; a fit with each "
                "copy weighed by 1/t lets them count")

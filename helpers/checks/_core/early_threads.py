@@ -7,6 +7,7 @@ an executor's worker started before it runs only what was submit()ted (carrying 
 """
 import concurrent.futures.thread as _cf_thread
 import gc
+import inspect
 import sys
 import threading
 import types
@@ -15,7 +16,7 @@ from .guard import _CARRIED, _CHECKS, _MARK, _passes_on, armed, note_refusal
 from .run import ReferenceUsed, is_reader_code
 from .whose import genuine, reader_code
 
-__all__ = ["note_start", "run_item", "made_item", "hidden_worker"]
+__all__ = ["note_start", "run_item", "made_item", "hidden_worker", "idle_worker"]
 
 _READER = "_course_started_by_reader"      # before any answer, by the reader's code
 _MADE = "_course_made_in_answer"
@@ -142,3 +143,28 @@ def hidden_worker():
         if reader:
             return thread.name
     return None
+
+
+_WORKER = _cf_thread._worker
+# the line of `_worker` where a worker waits for its next item (None: not found, not required)
+_WAIT = next((_WORKER.__code__.co_firstlineno + i for i, line in enumerate(
+    inspect.getsourcelines(_WORKER)[0]) if "work_queue.get(" in line), None)
+_QUEUE = type(_cf_thread.queue.SimpleQueue())
+
+
+def idle_worker(thread, before):
+    """Whether `thread`, started while an answer ran, is a worker of an executor that had a
+    worker before (`before`: the threads alive then), now waiting on its empty queue: it runs
+    nothing of the answer's, and later only what is submit()ted, like that earlier worker. One
+    still running an item or an initializer, or with items queued, is not idle."""
+    args = getattr(thread, "_args", ())
+    if getattr(thread, "_target", None) is not _WORKER or len(args) != 4:
+        return False
+    queue = args[1]
+    if type(queue) is not _QUEUE or not any(
+            getattr(b, "_target", None) is _WORKER and b._args[1] is queue
+            for b in before if b is not thread and b.is_alive()):
+        return False
+    frame = _current_frames().get(thread.ident)
+    return (frame is not None and frame.f_code is _WORKER.__code__ and queue.empty()
+            and (_WAIT is None or frame.f_lineno == _WAIT))

@@ -12,9 +12,11 @@ from the rounding of the expected computation (float32 widens them a little; a n
 precision is refused: the answer does not choose its tolerance), not from luck.
 """
 import decimal
+import io
 import numbers
 import os
 import random
+import sys
 import types
 
 import torch
@@ -27,28 +29,65 @@ __all__ = ["fresh_generator", "replay_seeds", "randint", "uniform", "as_number",
 
 # The course's own test suite replays the same draws on every run (tests/conftest.py calls
 # replay_seeds per test): inputs stay fresh from call to call, and a rare unlucky draw cannot
-# make CI flaky. Readers and graders always get seeds from the operating system.
+# make CI flaky. Readers and graders always get seeds from the operating system: whether this
+# process is a pytest run's is read from the operating system (its command line), never from a
+# variable of the process, and again at each replayed draw.
 _SEEDS = None
 _URANDOM = os.urandom          # bound at import; verified at each draw (_os_seed)
+_C_TYPE = 1 << 8               # Py_TPFLAGS_IMMUTABLETYPE: no class statement makes one
+_FILE = io.FileIO              # a C type (verified): reads the command lines
 
 
 def replay_seeds(seed):
     """Draw check inputs from a sequence seeded with `seed` (None: the operating system again).
-    The test suite's alone: refused outside a pytest test (in a notebook, repeatable draws would
-    let a table of the expected values the failure messages name pass; `fresh.regrade`'s own
-    import of the checks never replays)."""
+    The test suite's alone: refused outside a pytest process (in a notebook, repeatable draws
+    would let a table of the expected values the failure messages name pass; `fresh.regrade`'s
+    own import of the checks never replays)."""
     global _SEEDS
-    if seed is not None and "PYTEST_CURRENT_TEST" not in os.environ:
+    if seed is not None and not _under_pytest():
         raise RuntimeError("replay_seeds is the course's test suite's: checks draw fresh cases "
                            "from the operating system on every call")
     _SEEDS = None if seed is None else random.Random(seed)
 
 
+def _under_pytest():
+    """Whether this process runs pytest: its command line names pytest (`pytest ...`, `python -m
+    pytest ...`), or it is a pytest-xdist worker (execnet's bootstrap) of a process that does.
+    Read from /proc, which no cell rewrites (an environment key, `sys.argv` or a module in
+    sys.modules are the process's own, any cell sets them); without /proc, `sys.orig_argv`."""
+    if not (isinstance(_FILE, type) and _FILE.__flags__ & _C_TYPE and _FILE.__name__ == "FileIO"):
+        return False
+    try:
+        own = _command_line("self")
+        return _runs_pytest(own) or (own[-2:] == ["-c", _EXECNET] and _runs_pytest(
+            _command_line(str(os.getppid()))))
+    except OSError:              # no /proc (macOS, Windows)
+        return _runs_pytest(list(getattr(sys, "orig_argv", ())))
+
+
+_EXECNET = "import sys;exec(eval(sys.stdin.readline()))"     # pytest-xdist's workers start so
+
+
+def _command_line(pid):
+    with _FILE(f"/proc/{pid}/cmdline") as f:
+        return [a.decode(errors="replace") for a in f.readall().split(b"\0")[:-1]]
+
+
+def _runs_pytest(argv):
+    """`argv` runs pytest: its program or script is pytest's, or it is `python -m pytest`."""
+    names = [a.replace("\\", "/").rsplit("/", 1)[-1] for a in argv[:2]]
+    return any(n in ("pytest", "py.test", "pytest.exe") for n in names) or any(
+        argv[i:i + 2] == ["-m", "pytest"] for i in range(1, min(len(argv), 4)))
+
+
 def fresh_generator(seed=None):
-    """A random generator for fresh check inputs (a new seed each call unless given)."""
+    """A random generator for fresh check inputs (a new seed each call unless given). Torch's
+    functions that the checks draw with are verified to be torch's own first (_expect_torch)."""
+    _expect_torch()
     if seed is None:
-        seed = _SEEDS.randrange(2**31) if _SEEDS is not None else _os_seed()
-    return torch.Generator().manual_seed(seed)
+        replayed = _SEEDS is not None and _under_pytest()
+        seed = _SEEDS.randrange(2**31) if replayed else _os_seed()
+    return _GENERATOR().manual_seed(seed)
 
 
 def _os_seed():
@@ -64,14 +103,49 @@ def _os_seed():
     return int.from_bytes(f(4), "little") & 0x7FFFFFFF
 
 
+# What the checks draw with, looked up in torch's namespace at each draw (`torch.randn(...,
+# generator=g)`): verified at each fresh_generator to be torch's own C functions and types (a
+# cell that rebinds `torch.Generator` to a class whose manual_seed ignores the seed, or
+# `torch.randn` to fixed values, would make every draw the same, `fresh.regrade`'s included).
+_GENERATOR, _RANDINT, _RAND = torch.Generator, torch.randint, torch.rand    # bound at import
+_FUNCTIONS = ("randn", "rand", "randint", "randperm", "normal", "empty", "zeros", "tensor")
+_METHODS = ("normal_", "uniform_", "random_", "item")       # torch.Tensor's, from TensorBase
+_BUILTIN, _DESCRIPTOR = type([].append), type(str.join)     # from literals: no name to rebind
+
+
+def _expect_torch():
+    """CheckFailed naming the first of torch's drawing functions or types that is not torch's."""
+    for name, f in (("torch.Generator", torch.Generator), ("torch.Generator", _GENERATOR)):
+        if not (isinstance(f, type) and f.__flags__ & _C_TYPE and f.__name__ == "Generator"):
+            _replaced(name)
+    for name, f in (*((n, getattr(torch, n, None)) for n in _FUNCTIONS),
+                    ("randint", _RANDINT), ("rand", _RAND)):
+        if not (type(f) is _BUILTIN and f.__self__ is None and f.__name__ == name):
+            _replaced(f"torch.{name}")
+    for name in _METHODS:
+        f = getattr(torch.Tensor, name, None)
+        owner = getattr(f, "__objclass__", None)
+        if not (type(f) is _DESCRIPTOR and f.__name__ == name and isinstance(owner, type)
+                and owner.__flags__ & _C_TYPE and owner.__name__ == "TensorBase"):
+            _replaced(f"torch.Tensor.{name}")
+
+
+def _replaced(what):
+    raise CheckFailed(f"{what} is not torch's own (code of yours replaced it): the check draws its "
+                      "cases with it, and fixed draws cannot judge an answer. Put the original "
+                      "back, or restart the kernel")
+
+
 def randint(g, low, high):
     """A random int in [low, high] (both included) drawn from generator `g`."""
-    return int(torch.randint(low, high + 1, (), generator=g))
+    _expect_torch()
+    return _RANDINT(low, high + 1, (), generator=g).item()     # no builtin int() looked up
 
 
 def uniform(g, low, high):
     """A random float in [low, high) drawn from generator `g`."""
-    return low + (high - low) * float(torch.rand((), generator=g, dtype=torch.float64))
+    _expect_torch()
+    return low + (high - low) * _RAND((), generator=g, dtype=torch.float64).item()
 
 
 _ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11,
@@ -144,7 +218,6 @@ def tensor_equal(got, want, what="a result"):
 # the Python numbers it hands over), which float32 hardly widens (γ_16 ≈ 1e-6, below any mistake
 # a check names). A half-precision type would let the answer pick a tolerance of percents (γ_16
 # of bfloat16 ≈ 7 %, wide enough to pass a wrong formula): it is refused, never widened to.
-_C_TYPE = 1 << 8         # Py_TPFLAGS_IMMUTABLETYPE: no class statement makes one
 _NUMPY_PRECISION = types.MappingProxyType({"float32": torch.float32, "float16": torch.float16})
 
 

@@ -22,6 +22,7 @@ import random
 import statistics
 import sys
 import threading
+import time
 import types
 
 import numpy
@@ -31,6 +32,7 @@ import torch.linalg
 import torch.nn.functional
 
 from . import defaults
+from .early_threads import idle_worker
 from .provenance import world_run
 from .run import CheckFailed, is_reader_code
 
@@ -215,13 +217,17 @@ def _harness_thread(thread):
 
 
 def _join_started(threads):
-    """Wait a little for the threads started during the call; the names of those still alive."""
+    """Wait a little for the threads started during the call; the names of those still alive.
+    A worker that an executor made before the call started during it (`POOL.map` on a pool
+    made earlier grows it) is the executor's like its earlier workers: once it waits on its
+    empty queue it is not the answer's (early_threads.idle_worker)."""
     late = [t for t in threading.enumerate() if t not in threads and getattr(t, _MARK, False)
             and not _harness_thread(t)]
-    alive = []
+    alive, deadline = [], time.monotonic() + _JOIN_S
     for t in late:
-        t.join(_JOIN_S / max(1, len(late)))
-        if t.is_alive():
+        while t.is_alive() and not idle_worker(t, threads) and time.monotonic() < deadline:
+            t.join(min(0.05, max(0.0, deadline - time.monotonic())))
+        if t.is_alive() and not idle_worker(t, threads):
             alive.append(t.name)
     return alive
 

@@ -14,6 +14,7 @@ In a notebook the check prints one line. Under nbgrader's autograder (it sets
 NBGRADER_EXECUTION) or with COURSE_GRADING=1 a check that did not pass also raises, so the
 grader's test cell fails.
 """
+import dis
 import functools
 import os
 import pathlib
@@ -138,6 +139,21 @@ def _blame(exc, declared):
     return "answer", reader[-1]
 
 
+def _interrupt(exc):
+    """True for a KeyboardInterrupt the reader's code did not raise with a `raise` statement: the
+    kernel interrupted (a signal lands on whatever instruction runs), so it propagates."""
+    if not isinstance(exc, KeyboardInterrupt) or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code.co_code
+    return not (0 <= tb.tb_lasti < len(code) and code[tb.tb_lasti] in _RAISES)
+
+
+_RAISES = frozenset(dis.opmap[name] for name in ("RAISE_VARARGS", "RERAISE") if name in dis.opmap)
+
+
 def _answer_error(exc, frame):
     where = f" (in {frame.name}, line {frame.lineno})" if frame and frame.name != "<module>" else ""
     return f"your code raised {type(exc).__name__}: {exc}{where}"
@@ -146,8 +162,10 @@ def _answer_error(exc, frame):
 def run_check(name, body, *args, declared=False):
     """Run `body(*args)` and report: CheckFailed -> failed with its message; the stub's
     NotImplementedError -> not done yet; an exception out of the reader's code -> failed, saying
-    what it raised; any other exception -> an error of the check itself. Prints and returns a
-    Result; while grading, a result that did not pass is raised (CheckFailed, or HarnessError).
+    what it raised (SystemExit, GeneratorExit and a KeyboardInterrupt it raises included; the
+    harness's own ReferenceUsed and the kernel's interrupt propagate); any other exception -> an
+    error of the check itself. Prints and returns a Result; while grading, a result that did
+    not pass is raised (CheckFailed, or HarnessError).
     The grading switch, the output stream and the reader's trace functions (taken off: they
     could rewrite the check's locals) are settled before anything runs, so the answer cannot
     change how its verdict is reported; the verdict is fixed before it is printed."""
@@ -162,8 +180,10 @@ def run_check(name, body, *args, declared=False):
         result = Result(name, "failed", str(e))
     except ReferenceUsed as e:
         result = Result(name, "failed", str(e))
-    except Exception as e:   # sorted out below, never lost
+    except BaseException as e:   # sorted out below, never lost
         kind, frame = _blame(e, declared)
+        if not isinstance(e, Exception) and (kind == "harness" or _interrupt(e)):
+            raise                    # the harness's own, or the kernel interrupted
         if kind == "stub":
             result = Result(name, "not done",
                             "replace the `raise NotImplementedError()` with your code")
