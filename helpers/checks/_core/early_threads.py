@@ -8,6 +8,7 @@ an executor's worker started before it runs only what was submit()ted (carrying 
 import concurrent.futures.thread as _cf_thread
 import gc
 import inspect
+import os
 import sys
 import threading
 import types
@@ -119,7 +120,8 @@ def hidden_worker():
     """A thread started before the answer ran (not by an answer) that runs the reader's code:
     its target is the reader's, or the reader's code is on its stack outside an answer. The
     Recorder and the other watches are per thread and carried only into threads started while
-    the answer runs, so such a thread's work would go unseen. Its name, or None."""
+    the answer runs, so such a thread's work would go unseen. Its name and why (which code of
+    the reader's it runs: the refusal says where), or None."""
     frames = _current_frames()
     me = threading.get_ident()
     for thread in threading.enumerate():
@@ -127,22 +129,32 @@ def hidden_worker():
             continue
         target = getattr(thread, "_target", None)
         code = getattr(getattr(target, "__func__", target), "__code__", None)
-        reader = isinstance(code, types.CodeType) and is_reader_code(code.co_filename)
+        why = (_where(code) if isinstance(code, types.CodeType)
+               and is_reader_code(code.co_filename) else None)
         frame = frames[thread.ident]
         if _worker(target):     # an executor's: fed only through submit() (or refused)
-            reader = reader or (getattr(thread, _READER, False) and _busy(frame))
-        else:                   # idle in library code, it could read a queue the reader feeds
-            reader = reader or getattr(thread, _READER, False) or _opaque(thread, target)
+            if why is None and getattr(thread, _READER, False) and _busy(frame):
+                why = "an item of yours on an executor"
+        elif why is None and getattr(thread, _READER, False):
+            why = "started by your code"
+        elif why is None and _opaque(thread, target):   # idle in library code, over a queue
+            why = "a library loop over what it is handed"
         while frame is not None:
             name = frame.f_code.co_filename
             if name.startswith(_CHECKS):    # a check's thread (a World's rank): observed
-                reader = False
+                why = None
                 break
-            reader = reader or is_reader_code(name)
+            if why is None and is_reader_code(name):
+                why = _where(frame.f_code, frame.f_lineno)
             frame = frame.f_back
-        if reader:
-            return thread.name
+        if why is not None:
+            return f"{thread.name}: {why}"
     return None
+
+
+def _where(code, line=None):
+    return (f"{code.co_name} in {os.path.basename(code.co_filename)}, line "
+            f"{line if line is not None else code.co_firstlineno}")
 
 
 _WORKER = _cf_thread._worker
