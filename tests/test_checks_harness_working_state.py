@@ -7,12 +7,11 @@ cache and young objects (the first answer's window keeps its own copy, which no 
 """
 import importlib
 import sys
-from fractions import Fraction as Q
 
 import numpy as np
 import pytest
 import torch
-from check_cases import parametrize_cases, shortcut
+from check_cases import exact_mean_var, parametrize_cases, shortcut
 
 HOLD = []
 
@@ -53,18 +52,6 @@ def shard_sizes_record_decoy(n, k):
         active[:] = saved
 
 
-def _exact(counts, means, variances):
-    n = [Q(c) for c in counts.tolist()]
-    M = [[Q(v) for v in row] for row in means.tolist()]
-    V = [[Q(v) for v in row] for row in variances.tolist()]
-    N = sum(n)
-    mean = [sum(n[i] * M[i][j] for i in range(len(n))) / N for j in range(len(M[0]))]
-    var = [sum(n[i] * (V[i][j] + (M[i][j] - mean[j]) ** 2) for i in range(len(n))) / N
-           for j in range(len(M[0]))]
-    return (torch.tensor([float(x) for x in mean], dtype=torch.float32),
-            torch.tensor([float(x) for x in var], dtype=torch.float32))
-
-
 @shortcut("check_global_mean_var", "exact Fractions from .tolist(), the exit watchers emptied",
           "emptied the check's list")
 def global_mean_var_watchers_emptied(counts, means, variances):
@@ -72,7 +59,7 @@ def global_mean_var_watchers_emptied(counts, means, variances):
     saved = list(watchers)
     watchers.clear()
     try:
-        return _exact(counts, means, variances)
+        return exact_mean_var(counts, means, variances)
     finally:
         watchers[:] = saved
 

@@ -13,7 +13,6 @@ are blocked like references' (`KEYS`: guard.py refuses a copy exec'd, imported a
 into a new function while an answer runs). A check module's classes (the nets a check hands the
 answer, whose methods run inside it) are not gated.
 """
-import functools
 import os
 import sys
 import threading
@@ -21,7 +20,7 @@ import types
 
 from .guard import _MARK, _state, refuse
 from .references import code_key
-from .whose import genuine, reader_code, vouch
+from .whose import forwarding_code, genuine, reader_code
 
 __all__ = ["gate", "KEYS"]
 
@@ -82,19 +81,9 @@ def _make():
 _through, _add = _make()
 
 
-@functools.lru_cache(maxsize=1024)
 def _gate_code(freevars, key):
-    """Code that hands every call to `_through(key, ...)`, with as many free variables as the
-    function it replaces (a function's `__code__` must match its closure)."""
-    free = [f"_f{i}" for i in range(freevars)]
-    src = ("def _outer():\n" + "".join(f"    {v} = None\n" for v in free)
-           + "    def _gate(*args, **kwargs):\n"
-           + (f"        {', '.join(free)}\n" if free else "")
-           + f"        return __import__({__name__!r}, fromlist=['_'])._through({key!r}, args, "
-           "kwargs)\n    return _gate\n")
-    space = {}
-    exec(vouch(compile(src, __file__, "exec")), space)
-    return space["_outer"]().__code__
+    """Code that hands every call to `_through(key, ...)` (whose.forwarding_code)."""
+    return forwarding_code(freevars, "_gate", __name__, "_through", key, __file__)
 
 
 def _gated(module):

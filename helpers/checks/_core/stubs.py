@@ -5,7 +5,6 @@ with them, and an answer that puts their code back fails (an audit hook refuses 
 block's end verifies it). Used through references.blocked.
 """
 import contextlib
-import functools
 import importlib
 import os
 import sys
@@ -15,7 +14,7 @@ import types
 from .guard import harness_busy
 from .references import _COURSE, _PACKAGE, identity
 from .run import ReferenceUsed
-from .whose import genuine, reader_code, vouch
+from .whose import forwarding_code, genuine, reader_code
 
 __all__ = ["blocked"]
 
@@ -41,19 +40,9 @@ def _message(ref, exercise):
             f"({whose}), which is unavailable while the check runs")
 
 
-@functools.lru_cache(maxsize=4096)
 def _stub_code(freevars, key):
-    """Code that hands every call to `_hit(key, ...)`, with as many free variables as the
-    function it replaces (a function's `__code__` must match its closure)."""
-    free = [f"_f{i}" for i in range(freevars)]
-    src = ("def _outer():\n" + "".join(f"    {v} = None\n" for v in free)
-           + "    def _stub(*args, **kwargs):\n"
-           + (f"        {', '.join(free)}\n" if free else "")
-           + f"        return __import__({__name__!r}, fromlist=['_'])._hit({key!r}, args, "
-           "kwargs)\n    return _stub\n")
-    space = {}
-    exec(vouch(compile(src, __file__, "exec")), space)
-    return space["_outer"]().__code__
+    """Code that hands every call to `_hit(key, ...)` (whose.forwarding_code)."""
+    return forwarding_code(freevars, "_stub", __name__, "_hit", key, __file__)
 
 
 def _checks_calling():

@@ -10,6 +10,7 @@ constants, names, first line) one of its code objects of the same name and first
 harness vouches for the code it compiles under its own files (the stubs, the own-helpers' gates).
 """
 import _imp
+import functools
 import os
 import types
 
@@ -89,3 +90,20 @@ def file_code(code, path):
     """True when `code` is the code of the file `path` (an absolute path), not a copy compiled
     under its name."""
     return os.path.abspath(code.co_filename) == path and genuine(code)
+
+
+@functools.lru_cache(maxsize=4096)
+def forwarding_code(freevars, name, module, to, key, filename):
+    """The code of a function `name` that hands every call to `module.to(key, args, kwargs)`,
+    with as many free variables as the function whose `__code__` it replaces (a function's code
+    must match its closure), compiled under the harness's `filename` and vouched for: stubs.py's
+    stubs and own.py's gates."""
+    free = [f"_f{i}" for i in range(freevars)]
+    src = ("def _outer():\n" + "".join(f"    {v} = None\n" for v in free)
+           + f"    def {name}(*args, **kwargs):\n"
+           + (f"        {', '.join(free)}\n" if free else "")
+           + f"        return __import__({module!r}, fromlist=['_']).{to}({key!r}, args, "
+           f"kwargs)\n    return {name}\n")
+    space = {}
+    exec(vouch(compile(src, filename, "exec")), space)
+    return space["_outer"]().__code__
