@@ -13,14 +13,13 @@ import sys
 import threading
 import types
 
-from .guard import _CARRIED, _CHECKS, _MARK, _passes_on, armed, note_refusal
+from . import guard as _guard
+from .guard import _CHECKS, _passes_on, armed, note_refusal
 from .run import ReferenceUsed, is_reader_code
 from .whose import genuine, reader_code
 
 __all__ = ["note_start", "run_item", "made_item", "hidden_worker", "idle_worker"]
 
-_READER = "_course_started_by_reader"      # before any answer, by the reader's code
-_MADE = "_course_made_in_answer"
 _ITEM_RUN, _ITEM_INIT = _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__
 
 
@@ -28,13 +27,13 @@ def note_start(args):
     """A Thread started, at any time: marked when the reader's code started it (the first frame
     past the standard library and this module), so an answer refuses it while it lives."""
     owner = getattr(args[0], "__self__", None) if args else None
-    if not isinstance(owner, threading.Thread) or getattr(owner, _MARK, False):
+    if not isinstance(owner, threading.Thread) or _guard.MARKS.started.has(owner):
         return
     frame = sys._getframe(2)
     while frame is not None and _passes_on(frame.f_code.co_filename) and genuine(frame.f_code):
         frame = frame.f_back
     if frame is not None and reader_code(frame.f_code):      # a copy named a library's too
-        setattr(owner, _READER, True)
+        _guard.MARKS.reader.add(owner)
 
 
 def run_item(self):
@@ -43,9 +42,8 @@ def run_item(self):
     put on the executor's queue directly, made while the answer ran or holding the reader's
     code, would run unseen."""
     thread = threading.current_thread()
-    if (armed() and not getattr(thread, _MARK, False)
-            and not getattr(self.fn, _CARRIED, False)
-            and (getattr(self, _MADE, False) or _holds_reader_code(self))):
+    if (armed() and not _guard.MARKS.started.has(thread) and not _guard.MARKS.carried.has(self.fn)
+            and (_guard.MARKS.made.has(self) or _holds_reader_code(self))):
         message = (f"a thread started before the check ran ({thread.name}) ran your code, "
                    "handed to it through its executor's queue: its work is invisible to the "
                    "check. Start threads inside the answer, or submit() the work")
@@ -59,7 +57,7 @@ def run_item(self):
 def made_item(self, *args, **kwargs):
     _ITEM_INIT(self, *args, **kwargs)
     if armed():
-        setattr(self, _MADE, True)
+        _guard.MARKS.made.add(self)
 
 
 def _holds_reader_code(item):
@@ -125,7 +123,7 @@ def hidden_worker():
     frames = _current_frames()
     me = threading.get_ident()
     for thread in threading.enumerate():
-        if thread.ident == me or getattr(thread, _MARK, False) or thread.ident not in frames:
+        if thread.ident == me or _guard.MARKS.started.has(thread) or thread.ident not in frames:
             continue
         target = getattr(thread, "_target", None)
         code = getattr(getattr(target, "__func__", target), "__code__", None)
@@ -133,9 +131,9 @@ def hidden_worker():
                and is_reader_code(code.co_filename) else None)
         frame = frames[thread.ident]
         if _worker(target):     # an executor's: fed only through submit() (or refused)
-            if why is None and getattr(thread, _READER, False) and _busy(frame):
+            if why is None and _guard.MARKS.reader.has(thread) and _busy(frame):
                 why = "an item of yours on an executor"
-        elif why is None and getattr(thread, _READER, False):
+        elif why is None and _guard.MARKS.reader.has(thread):
             why = "started by your code"
         elif why is None and _opaque(thread, target):   # idle in library code, over a queue
             why = "a library loop over what it is handed"

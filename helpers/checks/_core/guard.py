@@ -40,6 +40,7 @@ import types
 
 from .carried import _modes, _with_modes
 from .guard_judge import judge as _judge
+from .marks import registries
 from .run import CheckFailed, ReferenceUsed, is_reader_function
 from .whose import file_code, genuine, reader_code
 
@@ -150,7 +151,8 @@ def _make_hook(state):
     # what every import binds once, from the hook itself (`_PING`): never read off `state`,
     # whose attributes a cell can set
     exits = types.SimpleNamespace(lock=threading.RLock(), watchers=[], saved={})  # exits.py's
-    api = (state, quiet, arm, disarm, refuse, state.armed, state.refusal, judge, exits)
+    api = (state, quiet, arm, disarm, refuse, state.armed, state.refusal, judge, exits,
+           registries())                     # marks.py's: threads and work, by identity
 
     def hook(event, args):
         if event == _PING:
@@ -260,23 +262,32 @@ def _process_start(self, *args, **kwargs):
 
 
 # --- threads ---------------------------------------------------------------------------------
-_MARK = "_course_started_by_answer"
-_CARRIED = "_course_carried"
 _CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _start(self, *args, **kwargs):
-    setattr(self, _MARK, True)          # started while an answer ran: observed (carried)
+    MARKS.started.add(self)             # started while an answer ran: observed (carried)
     modes = _modes()
     if modes:
-        self.run = _with_modes(self.run, modes)
+        run = _with_modes(self.run, modes)
+        object.__setattr__(self, "run", run)      # not through a class's own __setattr__
+        if object.__getattribute__(self, "run") is not run or any(
+                "__getattribute__" in vars(c) for c in type(self).__mro__[:-1]):
+            refuse("your Thread class keeps the check's watch out of the thread it starts "
+                   "(its own run or attribute lookup): its work would go unseen. Use "
+                   "threading.Thread with a target, or subclass it without those")
     return _STATE.start(self, *args, **kwargs)
 
 
 def _submit(self, fn, /, *args, **kwargs):
     carried = _with_modes(fn, _modes())
-    setattr(carried, _CARRIED, True)
+    MARKS.carried.add(carried)
     return _STATE.submit(self, carried, *args, **kwargs)
+
+
+def started_by_answer(thread):
+    """Whether `thread` was started while an answer ran (guard's Thread.start stand-in)."""
+    return MARKS.started.has(thread)
 
 
 class answering:
@@ -364,4 +375,4 @@ from . import switches as _switches  # noqa: E402
 from .operators import TORCH_OPERATORS, own_operator  # noqa: E402
 
 # the hook from the checks' import on (it notes who starts each thread), and its functions
-_STATE, _QUIET, _ARM, _DISARM, _REFUSE, _ARMED, _REFUSAL, _JUDGE, _EXITS = _shared()
+_STATE, _QUIET, _ARM, _DISARM, _REFUSE, _ARMED, _REFUSAL, _JUDGE, _EXITS, MARKS = _shared()

@@ -24,7 +24,7 @@ import torch.autograd.variable
 
 from . import defaults, patched
 from .callbacks import callbacks, expect_no_callbacks
-from .guard import answering
+from .guard import answering, started_by_answer
 from .guard import judging as _judging
 from .patched import _spaces, expect_unpatched, snapshot
 from .provenance import handed_in
@@ -39,15 +39,14 @@ _ENGINE = vars(torch.autograd.graph).setdefault("_course_engine",
 _STATE = {"answer": None, "called": False}     # the check body running now, and whether its
 _LOCAL = threading.local()                      # answer was called; per thread: inside a call
 LATE = "after your function returned"
-_MARK = "_course_started_by_answer"   # guard.py marks threads started while an answer runs
 
 
 def _run_backward(*args, **kwargs):
     """torch.autograd's entry into the engine: while a check judges an answer it called, the
     check's own backward is a window of the answer's (the reader's code may run in it)."""
     answer = _STATE["answer"]
-    if answer is None or not _STATE["called"] or getattr(_LOCAL, "depth", 0) or getattr(
-            threading.current_thread(), _MARK, False):      # a thread of the answer's: watched
+    if answer is None or not _STATE["called"] or getattr(_LOCAL, "depth", 0) or (
+            started_by_answer(threading.current_thread())):  # a thread of the answer's: watched
         return _ENGINE(*args, **kwargs)
     return _LATE(answer, args, kwargs)
 

@@ -7,22 +7,23 @@ without computing anything.
 a check module (`helpers/checks/*.py`, the harness's `_core` aside, the check bodies aside) gets
 a gate's code in place of its own (the function object stays, so every binding of it, in any
 module, reaches the gate). While no answer runs the gate calls the original at once; while one
-runs, it calls it only for the check's own code (the first frame above it, past libraries and
-the harness, is a check module's own code: whose.py), else refuses. The original code's keys
+runs, it calls it only for the check's own code (a check module's own code is above it, whose.py,
+and no answer window is open below: checks_calling), else refuses. The original code's keys
 are blocked like references' (`KEYS`: guard.py refuses a copy exec'd, imported again or made
 into a new function while an answer runs). A check module's classes (the nets a check hands the
-answer, whose methods run inside it) are not gated.
+answer, whose methods run inside it) are not gated: called by the answer, they run as the
+answer's, so they cannot carry a gated or blocked call out as the check's.
 """
 import os
 import sys
 import threading
 import types
 
-from .guard import _MARK, _state, refuse
+from .guard import _state, refuse, started_by_answer
 from .references import code_key
 from .whose import forwarding_code, genuine, reader_code
 
-__all__ = ["gate", "KEYS"]
+__all__ = ["gate", "KEYS", "checks_calling"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKS_DIR = os.path.dirname(_HERE)
@@ -38,13 +39,16 @@ def _message(name):
             "your answer with: an answer computes its result itself")
 
 
-def _checks_calling(frame):
-    """True when the gated function is called by a check's own code: the first frame above it
-    that is not a library's or the harness's is a check module's own code (not the reader's, not
-    an answer's call in declare.py, not work submitted to an executor while an answer ran:
-    carried.py); at the end of the stack, a World's rank (the runtime's thread world started
-    it) or a thread not started while an answer ran (guard.py's mark)."""
-    world = False
+def checks_calling(frame, bare=True):
+    """True when a gated or blocked call is the check's own: a check module's own code
+    (whose.py) is on the stack above it and no answer window is open below it on this thread's
+    stack: no frame of the reader's, no answer's call in declare.py, no work submitted to an
+    executor while an answer ran (carried.py), anywhere (a check module's class or closure
+    handed the answer's callable runs it for the answer, not for the check). At the end of the
+    stack, a thread started while an answer ran (guard.py's marks) is the answer's unless a
+    World's rank (the runtime's thread world) runs it. `bare`: a stack with no check's frame
+    counts (own.py's gates: a thread the check started), or not (stubs.py)."""
+    world = mine = False
     while frame is not None:
         code = frame.f_code
         if reader_code(code):
@@ -55,11 +59,10 @@ def _checks_calling(frame):
         if path == _CARRIED and not isinstance(
                 getattr(frame.f_locals.get("fn"), "__self__", None), threading.Thread):
             return False            # submitted work (a thread's own run is carried too)
-        if os.path.dirname(path) == _CHECKS_DIR and genuine(code):
-            return True
+        mine = mine or (os.path.dirname(path) == _CHECKS_DIR and genuine(code))
         world = world or (path == _WORLD and genuine(code))
         frame = frame.f_back
-    return world or not getattr(threading.current_thread(), _MARK, False)
+    return (mine or bare) and (world or not started_by_answer(threading.current_thread()))
 
 
 def _make():
@@ -69,7 +72,7 @@ def _make():
 
     def through(key, args, kwargs):
         name, original = originals[key]
-        if _state().armed() and not _checks_calling(sys._getframe(2)):
+        if _state().armed() and not checks_calling(sys._getframe(2)):
             refuse(_message(name))
         return original(*args, **kwargs)
 

@@ -33,6 +33,7 @@ import torch.nn.functional
 
 from . import defaults
 from .early_threads import idle_worker
+from .guard import started_by_answer
 from .provenance import world_run
 from .run import CheckFailed, is_reader_code
 
@@ -53,7 +54,6 @@ _CLASSES = (torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.optim.Opti
     if isinstance(c, type) and issubclass(c, (torch.nn.Module, torch.optim.Optimizer))))
 _MISSING = object()
 _JOIN_S = 2.0                       # how long a thread the answer started may take to finish
-_MARK = "_course_started_by_answer"   # guard.py marks threads started while an answer runs
 _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
 _CACHE = {"modules": -1, "spaces": ()}
@@ -221,7 +221,7 @@ def _join_started(threads):
     A worker that an executor made before the call started during it (`POOL.map` on a pool
     made earlier grows it) is the executor's like its earlier workers: once it waits on its
     empty queue it is not the answer's (early_threads.idle_worker)."""
-    late = [t for t in threading.enumerate() if t not in threads and getattr(t, _MARK, False)
+    late = [t for t in threading.enumerate() if t not in threads and started_by_answer(t)
             and not _harness_thread(t)]
     alive, deadline = [], time.monotonic() + _JOIN_S
     for t in late:

@@ -6,15 +6,15 @@ block's end verifies it). Used through references.blocked.
 """
 import contextlib
 import importlib
-import os
 import sys
 import threading
 import types
 
 from .guard import harness_busy
+from .own import checks_calling
 from .references import _COURSE, _PACKAGE, identity
 from .run import ReferenceUsed
-from .whose import forwarding_code, genuine, reader_code
+from .whose import forwarding_code
 
 __all__ = ["blocked"]
 
@@ -22,8 +22,6 @@ __all__ = ["blocked"]
 _LOCK = threading.RLock()
 _ACTIVE = {"depth": 0, "patched": [], "used": [], "swapping": False}   # shared by a run's ranks
 _SWAPPED = {}      # stub key -> [function, original code, stub code, holders, ref, exercise]
-_CHECKS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_DECLARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "declare.py")
 
 
 def _stub(ref, exercise):
@@ -46,18 +44,10 @@ def _stub_code(freevars, key):
 
 
 def _checks_calling():
-    """True when the call comes from a check's own code (a check module's frame met before any
-    of the reader's, the answer's entry in declare.py, or the end of the stack). A frame is a
-    check module's when its code is that file's own, not a copy compiled under its name."""
-    frame = sys._getframe(3)             # _checks_calling <- _hit <- the stub <- its caller
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if reader_code(frame.f_code) or name == _DECLARE:
-            return False
-        if os.path.dirname(os.path.abspath(name)) == _CHECKS_DIR and genuine(frame.f_code):
-            return True
-        frame = frame.f_back
-    return False
+    """True when the call comes from a check's own code: a check module's own frame above it,
+    and no answer window (the reader's frames, the answer's entry in declare.py, submitted
+    work) anywhere below on this thread's stack (own.checks_calling)."""
+    return checks_calling(sys._getframe(3), bare=False)   # <- _hit <- the stub <- its caller
 
 
 def _hit(key, args, kwargs):
