@@ -60,6 +60,21 @@ def idle_share_on_a_thread_that_drops_marks(timelines):
     return out[0]
 
 
+@shortcut("check_idle_share", "calls the check's own function on a raw thread", OWN)
+def idle_share_on_a_raw_thread(timelines):
+    import _thread
+    import heapq
+    import time
+    out = []
+    _thread.start_new_thread(out.extend, (heapq.merge(map(
+        getattr(_module("pipeline_dist"), "_bub" + "ble"), [timelines])),))
+    for _ in range(500):
+        if out:
+            return out[0]
+        time.sleep(0.01)
+    raise RuntimeError("the thread gave nothing")
+
+
 test_case = parametrize_cases(__name__)
 
 

@@ -25,7 +25,8 @@ observe.py    Recorder: every aten op with its device, storages, dataflow, work 
 guard.py      while an answer runs: no reading of other frames, no process, threads observed
               (early_threads.py: threads started before it refused; switches.py: torch's
               dispatch switches refused from the reader's code; carried.py: the modes its
-              threads carry; operators.py: no operator of the reader's own, torch.library)
+              threads carry; operators.py: no operator of the reader's own, torch.library;
+              marks.py: who started a thread, by identity, never an attribute of it)
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
 same_work.py  the answer's run on FakeGPUs does the same torch work as its run on CPU tensors
               (no branch on the simulation)

@@ -45,8 +45,9 @@ def checks_calling(frame, bare=True):
     stack: no frame of the reader's, no answer's call in declare.py, no work submitted to an
     executor while an answer ran (carried.py), anywhere (a check module's class or closure
     handed the answer's callable runs it for the answer, not for the check). At the end of the
-    stack, a thread started while an answer ran (guard.py's marks) is the answer's unless a
-    World's rank (the runtime's thread world) runs it. `bare`: a stack with no check's frame
+    stack, a thread started while an answer ran (guard.py's marks), or not by threading at all
+    (`_thread.start_new_thread`), is the answer's unless a World's rank (the runtime's thread
+    world) runs it. `bare`: a stack with no check's frame
     counts (own.py's gates: a thread the check started), or not (stubs.py)."""
     world = mine = False
     while frame is not None:
@@ -62,7 +63,9 @@ def checks_calling(frame, bare=True):
         mine = mine or (os.path.dirname(path) == _CHECKS_DIR and genuine(code))
         world = world or (path == _WORLD and genuine(code))
         frame = frame.f_back
-    return (mine or bare) and (world or not started_by_answer(threading.current_thread()))
+    thread = threading.current_thread()     # threading's, or a _DummyThread (_thread's raw)
+    return (mine or bare) and (world or not (started_by_answer(thread)
+                                             or isinstance(thread, threading._DummyThread)))
 
 
 def _make():
