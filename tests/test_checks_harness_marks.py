@@ -75,6 +75,24 @@ def idle_share_on_a_raw_thread(timelines):
     raise RuntimeError("the thread gave nothing")
 
 
+class _OwnLookup(threading.Thread):
+    def __getattribute__(self, name):
+        if name == "run":
+            return types.MethodType(threading.Thread.run, self)
+        return object.__getattribute__(self, name)
+
+
+@shortcut("check_shard_sizes", "splits a tensor on a thread whose class keeps the watch out",
+          "keeps the check's watch out")
+def shard_sizes_on_a_thread_that_keeps_the_watch_out(n, k):
+    out = []
+    worker = _OwnLookup(target=lambda: out.append(
+        [int(c.numel()) for c in torch.arange(n).tensor_split(k)]))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
 test_case = parametrize_cases(__name__)
 
 
