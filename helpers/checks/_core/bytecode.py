@@ -2,6 +2,7 @@
 `module.f(...)` as LOAD_ATTR in one module and LOAD_METHOD in another (a `def` copied out of
 its file), which also moves jump offsets; both are normalised so such a copy keys the same."""
 import dis
+import types
 
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 _SAME = {"LOAD_METHOD": "LOAD_ATTR"}
@@ -22,3 +23,16 @@ def instructions(code):
             arg = ins.arg
         out.append((_SAME.get(ins.opname, ins.opname), arg))
     return tuple(out)
+
+
+def one_statement(fn):
+    """True for a function whose body is one statement and holds no nested code (a formula:
+    `return (torch.logsumexp(x.float(), -1) ** 2).mean()`). A reader who writes that formula
+    writes the same code as the course: equal code is no sign of a copy there, so only the
+    course's own function object is refused (scan), not code equal to it."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType) or any(
+            isinstance(c, types.CodeType) for c in code.co_consts):
+        return False
+    lines = {line for _, _, line in code.co_lines() if line is not None}
+    return len(lines - {code.co_firstlineno}) <= 1
