@@ -25,14 +25,21 @@ def instructions(code):
     return tuple(out)
 
 
-def one_statement(fn):
-    """True for a function whose body is one statement and holds no nested code (a formula:
-    `return (torch.logsumexp(x.float(), -1) ** 2).mean()`). A reader who writes that formula
-    writes the same code as the course: equal code is no sign of a copy there, so only the
-    course's own function object is refused (scan), not code equal to it."""
+def one_statement(fn, package):
+    """True for a function whose body is one statement, with no nested code, that calls nothing
+    of `package` (a formula over torch: `return (torch.logsumexp(x.float(), -1) ** 2).mean()`).
+    A reader who writes that formula writes the course's code: equal code is no sign of a copy
+    there (references.scan refuses only the course's function object itself)."""
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType) or any(
             isinstance(c, types.CodeType) for c in code.co_consts):
         return False
     lines = {line for _, _, line in code.co_lines() if line is not None}
+    for name in code.co_names:
+        value = fn.__globals__.get(name)
+        module = value.__name__ if isinstance(value, types.ModuleType) else getattr(
+            value, "__module__", None)
+        if value is not None and (not isinstance(module, str) or module == package
+                                  or module.startswith(package + ".")):
+            return False
     return len(lines - {code.co_firstlineno}) <= 1
