@@ -4,6 +4,8 @@ its file), which also moves jump offsets; both are normalised so such a copy key
 import dis
 import types
 
+from .run import is_reader_code
+
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 _SAME = {"LOAD_METHOD": "LOAD_ATTR"}
 
@@ -43,3 +45,12 @@ def one_statement(fn, package):
                                   or module.startswith(package + ".")):
             return False
     return len(lines - {code.co_firstlineno}) <= 1
+
+
+def written_formula(obj, ref, package):
+    """True when `obj`, code equal to the reference `ref`, is a plain function of the reader's
+    own file and `ref` a formula (one_statement): the reader wrote it. A compiled, scripted or
+    traced copy of the course's function, or the function itself, is not."""
+    code = getattr(obj, "__code__", None)
+    return (type(obj) is types.FunctionType and obj is not ref and code is not None
+            and is_reader_code(code.co_filename) and one_statement(ref, package))
