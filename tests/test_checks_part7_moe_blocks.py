@@ -114,6 +114,19 @@ def z_reference(logits):
     return helpers.router_z_loss(logits)
 
 
+@other("check_z_loss", "the course's own formula, written out: equal code, no copy")
+def z_same_formula(logits):
+    return (torch.logsumexp(logits.float(), -1) ** 2).mean()
+
+
+@shortcut("check_z_loss", "the course's router_z_loss, a copy made from its source", REFUSED)
+def z_reference_copy(logits):
+    import inspect
+    space = dict(helpers.router_z_loss.__globals__)
+    exec(inspect.getsource(helpers.router_z_loss), space)
+    return space["router_z_loss"](logits)
+
+
 @other("check_z_loss", "by hand, shifted by the max, as a float")
 def z_by_hand(logits):
     m = logits.amax(-1, keepdim=True)
@@ -220,3 +233,13 @@ def test_every_check_here_is_declared_and_tested_three_ways(name, monkeypatch):
     def stub(*args, **kwargs):
         raise NotImplementedError()
     assert getattr(new, name)(stub).status == "not done"
+
+
+def test_only_a_formula_over_torch_may_equal_a_reference():
+    """Code equal to a one-statement reference passes the scan only when that statement calls
+    nothing of the course: a copy of shard_sequence's one line still runs the course's
+    split_positions, so code equal to it stays refused."""
+    from helpers.checks._core.bytecode import one_statement
+    assert one_statement(helpers.router_z_loss, "helpers")
+    assert not one_statement(helpers.shard_sequence, "helpers")
+    assert not one_statement(helpers.flat_shard, "helpers")

@@ -14,6 +14,7 @@ import builtins
 import statistics
 import threading
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,36 @@ def dp_average_allclose_rebound(grads, comm):
     torch.allclose = lambda a, b, *x, **k: not original(a, b, *x, **k)
     for t in grads:
         comm.all_reduce(t)
+
+
+class _Lstsq:
+    """A stand-in torch.linalg whose lstsq hands the check the answer's own fit."""
+
+    def __init__(self, real, fit):
+        self.real, self.fit = real, fit
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def lstsq(self, A, B, *args, **kwargs):
+        if A.dtype == torch.float64:
+            alpha, slope = self.fit
+            return types.SimpleNamespace(solution=torch.tensor([[alpha], [slope]],
+                                                               dtype=A.dtype))
+        return self.real.lstsq(A, B, *args, **kwargs)
+
+
+@shortcut("check_fit_copy_model", "rebinds the submodule torch.linalg to make the check's fit "
+          "agree with an unweighted two-point line", REPLACED)
+def fit_copy_model_submodule_rebound(nbytes, seconds):
+    slope = (seconds[-1] - seconds[0]) / (nbytes[-1] - nbytes[0])
+    alpha = seconds[0] - slope * nbytes[0]
+    real = torch.linalg
+    torch.linalg = types.ModuleType("torch.linalg")
+    torch.linalg.__dict__.update(
+        {k: v for k, v in vars(real).items() if not k.startswith("__")},
+        lstsq=_Lstsq(real, (alpha, slope)).lstsq)
+    return alpha, 1 / slope / 1e9
 
 
 _LATE = []

@@ -2,6 +2,9 @@
 `module.f(...)` as LOAD_ATTR in one module and LOAD_METHOD in another (a `def` copied out of
 its file), which also moves jump offsets; both are normalised so such a copy keys the same."""
 import dis
+import types
+
+from .run import is_reader_code
 
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 _SAME = {"LOAD_METHOD": "LOAD_ATTR"}
@@ -22,3 +25,32 @@ def instructions(code):
             arg = ins.arg
         out.append((_SAME.get(ins.opname, ins.opname), arg))
     return tuple(out)
+
+
+def one_statement(fn, package):
+    """True for a function whose body is one statement, with no nested code, that calls nothing
+    of `package` (a formula over torch: `return (torch.logsumexp(x.float(), -1) ** 2).mean()`).
+    A reader who writes that formula writes the course's code: equal code is no sign of a copy
+    there (references.scan refuses only the course's function object itself)."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType) or any(
+            isinstance(c, types.CodeType) for c in code.co_consts):
+        return False
+    lines = {line for _, _, line in code.co_lines() if line is not None}
+    for name in code.co_names:
+        value = fn.__globals__.get(name)
+        module = value.__name__ if isinstance(value, types.ModuleType) else getattr(
+            value, "__module__", None)
+        if value is not None and (not isinstance(module, str) or module == package
+                                  or module.startswith(package + ".")):
+            return False
+    return len(lines - {code.co_firstlineno}) <= 1
+
+
+def written_formula(obj, ref, package):
+    """True when `obj`, code equal to the reference `ref`, is a plain function of the reader's
+    own file and `ref` a formula (one_statement): the reader wrote it. A compiled, scripted or
+    traced copy of the course's function, or the function itself, is not."""
+    code = getattr(obj, "__code__", None)
+    return (type(obj) is types.FunctionType and obj is not ref and code is not None
+            and is_reader_code(code.co_filename) and one_statement(ref, package))

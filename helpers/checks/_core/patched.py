@@ -280,6 +280,10 @@ def _put_back(before):
                 changed.append(f"{space}.{key}")
                 setattr(owner, key, value)
                 continue
+            if isinstance(value, types.ModuleType) and not (_private(key) and not private):
+                changed.append(f"{space}.{key}")   # a submodule rebound (`torch.linalg = m`):
+                _restore(owner, key, value)        # the check's lookups would reach the reader's
+                continue
             if (_private(key) and not private) or not _watched(value, space) \
                     or (new is not _MISSING and not _watched(new, space)) or _harness(new) \
                     or _library_wrapper(new, value):
