@@ -7,7 +7,9 @@ reader's when its file name says so, or when it claims a library's, the course's
 module's file but is not that file's own code: the file's source (a frozen module's own code
 object) is compiled once per process and the code must equal (CPython's code equality: bytecode,
 constants, names, first line) one of its code objects of the same name and first line. The
-harness vouches for the code it compiles under its own files (the stubs, the own-helpers' gates).
+harness vouches for the code it compiles under its own files (the stubs, the own-helpers' gates);
+code the reader's code exec'd or made a function of is disowned (guard.py's hook), so a copy
+compiled from a file's own source is the reader's however equal it is.
 """
 import _imp
 import functools
@@ -16,11 +18,8 @@ import types
 
 from .run import is_reader_code
 
-__all__ = ["reader_code", "genuine", "vouch", "file_code"]
+__all__ = ["reader_code", "genuine", "vouch", "disown", "file_code"]
 
-_TREES = {}     # file name -> {(co_name, co_firstlineno): (code, ...)}, or None (unreadable)
-_SEEN = {}      # id(code) -> (code, genuine?): by identity, the code kept alive with its answer
-_VOUCHED = {}   # id(code) -> code: compiled by the harness under its own file's name
 _FROZEN = {"importlib._bootstrap": "_frozen_importlib",
            "importlib._bootstrap_external": "_frozen_importlib_external"}
 
@@ -32,10 +31,8 @@ def _codes(code):
             yield from _codes(const)
 
 
-def _tree(filename):
+def _compiled(filename):
     """The code objects the file `filename` (or the frozen module it names) compiles to."""
-    if filename in _TREES:
-        return _TREES[filename]
     top = None
     try:
         if filename.startswith("<frozen ") and filename.endswith(">"):
@@ -47,37 +44,59 @@ def _tree(filename):
                 top = compile(source.read(), filename, "exec", dont_inherit=True, optimize=-1)
     except (OSError, SyntaxError, ValueError, ImportError):
         top = None
-    found = None
-    if top is not None:
-        found = {}
-        for code in _codes(top):
-            found.setdefault((code.co_name, code.co_firstlineno), []).append(code)
-        found = {key: tuple(codes) for key, codes in found.items()}
-    _TREES[filename] = found
-    return found
+    if top is None:
+        return None
+    found = {}
+    for code in _codes(top):
+        found.setdefault((code.co_name, code.co_firstlineno), []).append(code)
+    return {key: tuple(codes) for key, codes in found.items()}
 
 
-def vouch(code):
-    """Code the harness compiled under its own file's name (and the code nested in it)."""
-    for inner in _codes(code):
-        _VOUCHED[id(inner)] = inner
-    return code
+def _make():
+    """vouch and genuine, their caches in this closure: no module attribute leads to them (a
+    cell that reached a module dict of whose by a built name could enter its own code)."""
+    trees = {}      # file name -> {(co_name, co_firstlineno): (code, ...)}, or None (unreadable)
+    seen = {}       # id(code) -> (code, genuine?): by identity, the code kept alive with its answer
+    vouched = {}    # id(code) -> code: compiled by the harness under its own file's name
+    disowned = {}   # id(code) -> code: exec'd (or made a function) by the reader's code
+
+    def vouch(code):
+        """Code the harness compiled under its own file's name (and the code nested in it)."""
+        for inner in _codes(code):
+            vouched[id(inner)] = inner
+        return code
+
+    def disown(code):
+        """Code the reader's code exec'd or made a function of (guard.py's hook): the reader's,
+        whatever file it claims and however equal it is to that file's own code."""
+        for inner in _codes(code):
+            if vouched.get(id(inner)) is not inner:
+                disowned[id(inner)] = inner
+
+    def genuine(code):
+        """True when `code` is its file's own code (or the harness vouched for it)."""
+        if vouched.get(id(code)) is code:
+            return True
+        if disowned.get(id(code)) is code:
+            return False
+        hit = seen.get(id(code))
+        if hit is not None and hit[0] is code:
+            return hit[1]
+        filename = code.co_filename
+        if filename not in trees:
+            trees[filename] = _compiled(filename)
+        tree = trees[filename]
+        same = tree is not None and any(
+            code == mine for mine in tree.get((code.co_name, code.co_firstlineno), ()))
+        if len(seen) >= 16384:
+            seen.clear()
+        seen[id(code)] = (code, same)
+        return same
+
+    return vouch, genuine, disown
 
 
-def genuine(code):
-    """True when `code` is its file's own code (or the harness vouched for it)."""
-    if _VOUCHED.get(id(code)) is code:
-        return True
-    hit = _SEEN.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
-    tree = _tree(code.co_filename)
-    same = tree is not None and any(
-        code == mine for mine in tree.get((code.co_name, code.co_firstlineno), ()))
-    if len(_SEEN) >= 16384:
-        _SEEN.clear()
-    _SEEN[id(code)] = (code, same)
-    return same
+vouch, genuine, disown = _make()
 
 
 def reader_code(code):
