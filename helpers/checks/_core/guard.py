@@ -162,9 +162,8 @@ def _make_hook(state):
         if event == "object.__setattr__":
             _rewrite(armed, local, args)
             return
-        if event in ("exec", "function.__new__") and args and isinstance(
-                args[0], types.CodeType) and reader_code(sys._getframe(1).f_code):
-            disown(args[0])       # a copy of a file's own code, made by the reader's code
+        if event in ("exec", "function.__new__") and args and isinstance(args[0], types.CodeType):
+            disown(args[0], sys._getframe(1))       # a copy of a file's code the reader made
         if not armed.depth or getattr(local, "busy", False):
             return
         if event in _PROCESS_EVENTS:

@@ -18,8 +18,10 @@ import types
 
 from .run import is_reader_code
 
-__all__ = ["reader_code", "genuine", "vouch", "disown", "file_code"]
+__all__ = ["reader_code", "genuine", "vouch", "disown", "made_by_reader", "file_code"]
 
+_WALK = 6           # frames up from an exec to its reader's caller (a library's trampoline)
+_IMPORTING = frozenset({"_load_unlocked", "exec_module", "_exec", "_load"})
 _FROZEN = {"importlib._bootstrap": "_frozen_importlib",
            "importlib._bootstrap_external": "_frozen_importlib_external"}
 
@@ -66,9 +68,22 @@ def _make():
             vouched[id(inner)] = inner
         return code
 
-    def disown(code):
-        """Code the reader's code exec'd or made a function of (guard.py's hook): the reader's,
-        whatever file it claims and however equal it is to that file's own code."""
+    def disown(code, frame):
+        """guard.py's hook, on exec or a new function of `code` called from `frame`: code the
+        reader's code exec'd or made a function of, directly or through a library's function
+        that hands it on (not an import: the import system's frames), is the reader's, whatever
+        file it claims and however equal it is to that file's own code."""
+        for _ in range(_WALK):
+            if frame is None or made_by_reader(frame.f_code):
+                break
+            if frame.f_code.co_name in _IMPORTING and frame.f_code.co_filename.startswith(
+                    "<frozen importlib._bootstrap"):
+                return
+            frame = frame.f_back
+        else:
+            return
+        if frame is None:
+            return
         for inner in _codes(code):
             if vouched.get(id(inner)) is not inner:
                 disowned[id(inner)] = inner
@@ -93,10 +108,15 @@ def _make():
         seen[id(code)] = (code, same)
         return same
 
-    return vouch, genuine, disown
+    def made_by_reader(code):
+        """True when `code`'s file is the reader's (is_reader_code) or the reader's code exec'd
+        it or made a function of it (disown): cheap, no file compiled."""
+        return is_reader_code(code.co_filename) or disowned.get(id(code)) is code
+
+    return vouch, genuine, disown, made_by_reader
 
 
-vouch, genuine, disown = _make()
+vouch, genuine, disown, made_by_reader = _make()
 
 
 def reader_code(code):
