@@ -163,7 +163,7 @@ def _make_hook(state):
             _rewrite(armed, local, args)
             return
         if event in ("exec", "function.__new__") and args and isinstance(args[0], types.CodeType):
-            disown(args[0], sys._getframe(1))       # a copy of a file's code the reader made
+            disown(args[0], sys._getframe(1), event)    # a copy of a file's code the reader made
         if not armed.depth or getattr(local, "busy", False):
             return
         if event in _PROCESS_EVENTS:

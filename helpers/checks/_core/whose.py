@@ -68,12 +68,13 @@ def _make():
             vouched[id(inner)] = inner
         return code
 
-    def disown(code, frame):
-        """guard.py's hook, on exec or a new function of `code` called from `frame`: code the
-        reader's code exec'd or made a function of, directly or through a library's function
-        that hands it on (not an import: the import system's frames), is the reader's, whatever
-        file it claims and however equal it is to that file's own code."""
-        for _ in range(_WALK):
+    def disown(code, frame, event):
+        """guard.py's hook, on `event` (exec, or a new function) of `code` called from `frame`:
+        code the reader's code exec'd (directly or through a library's function that hands it
+        on, not an import: the import system's frames) or made a function of (directly: a
+        library that makes one of its own code for the reader's keeps it) is the reader's,
+        whatever file it claims and however equal it is to that file's own code."""
+        for _ in range(_WALK if event == "exec" else 1):
             if frame is None or made_by_reader(frame.f_code):
                 break
             if frame.f_code.co_name in _IMPORTING and frame.f_code.co_filename.startswith(
