@@ -42,7 +42,7 @@ from .carried import _modes, _with_modes
 from .guard_judge import judge as _judge
 from .marks import registries
 from .run import CheckFailed, ReferenceUsed, is_reader_function
-from .whose import file_code, genuine, reader_code
+from .whose import disown, file_code, genuine, reader_code
 
 __all__ = ["answering", "refusal", "refuse", "harness_busy", "own_operator", "TORCH_OPERATORS"]
 
@@ -164,6 +164,8 @@ def _make_hook(state):
         if event == "object.__setattr__":
             _rewrite(armed, local, args)
             return
+        if event in ("exec", "function.__new__") and args and isinstance(args[0], types.CodeType):
+            disown(args[0], sys._getframe(1), event)    # a copy of a file's code the reader made
         if not armed.depth or getattr(local, "busy", False):
             return
         if event in _PROCESS_EVENTS:

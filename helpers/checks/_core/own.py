@@ -30,8 +30,19 @@ _CHECKS_DIR = os.path.dirname(_HERE)
 _DECLARE, _CARRIED = os.path.join(_HERE, "declare.py"), os.path.join(_HERE, "carried.py")
 _WORLD = os.path.join(os.path.dirname(_CHECKS_DIR), "runtime", "thread_world.py")
 _SMALL = 12        # a function this short (instructions) may well have a twin in a library
-_KEYS = {}
-KEYS = types.MappingProxyType(_KEYS)   # code key -> "the check's own <module>.<name>"
+
+
+def _key_table():
+    """KEYS (code key -> "the check's own <module>.<name>") and its writer: the dict is held by
+    this closure and the read-only view only, no module dict an answer could empty."""
+    keys = {}
+
+    def add(key, label):
+        keys[key] = label
+    return types.MappingProxyType(keys), add
+
+
+KEYS, _add_key = _key_table()
 
 
 def _message(name):
@@ -122,7 +133,7 @@ def gate(package):
             key = f"{label}:{id(fn)}"
             _add(key, label, original)
             if len(list(_instructions(fn.__code__))) >= _SMALL:
-                _KEYS[("code", code_key(fn.__code__))] = f"the check's own {label}"
+                _add_key(("code", code_key(fn.__code__)), f"the check's own {label}")
             fn.__code__ = _gate_code(len(fn.__code__.co_freevars), key)
 
 

@@ -35,7 +35,8 @@ from . import defaults
 from .early_threads import idle_worker
 from .guard import started_by_answer
 from .provenance import world_run
-from .run import CheckFailed, is_reader_code
+from .run import CheckFailed
+from .whose import reader_code
 
 __all__ = ["snapshot", "expect_unpatched"]
 
@@ -191,15 +192,15 @@ def _watched(value, space=""):
 
 def _library_wrapper(new, value, added=False):
     """A library's own wrapper of the original, made by an import the answer set off (importing
-    torch._dynamo wraps torch.manual_seed): not the reader's code, and it calls the original."""
+    torch._dynamo wraps torch.manual_seed): not the reader's code by whose.py (a wrapper compiled
+    under a library's file name is not that file's code), and it calls the original."""
     code = getattr(new, "__code__", None)
     if added:       # a class's wrapper of an inherited method (the first Optimizer of a class
         inner = getattr(getattr(value, "__func__", value), "__code__", None)   # hooks its step)
         return (value is not None and code is not None and inner is not None
-                and not is_reader_code(code.co_filename)
-                and not is_reader_code(inner.co_filename))
+                and not reader_code(code) and not reader_code(inner))
     return (getattr(new, "__wrapped__", None) is value and code is not None
-            and not is_reader_code(code.co_filename))
+            and not reader_code(code))
 
 
 def _judged_data(key, value):

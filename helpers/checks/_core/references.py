@@ -14,8 +14,7 @@ included), not by where or under which name it was defined: the fresh copy of th
 grading imports (fresh.py), a copy renamed with `CodeType.replace`, rebuilt from its source with
 `exec`, imported again under another name, or compiled by torch (compiled.py) are all the same
 reference (guard.py refuses the copies made while the answer runs). An answer that reaches the
-checks, their fake tensors, or the introspection that reads another frame is refused as well.
-"""
+checks, their fake tensors, or the introspection that reads another frame is refused as well."""
 import atexit
 import builtins
 import dis
@@ -38,6 +37,7 @@ from . import bytecode, exits
 from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
 from .run import CheckFailed, is_reader_code
+from .whose import made_by_reader
 
 __all__ = ["resolve", "scan", "blocked", "identity", "Reference"]
 
@@ -187,7 +187,7 @@ def _expandable(obj):
     code = getattr(obj, "__code__", None)
     if not isinstance(code, types.CodeType):
         return False
-    return is_reader_code(code.co_filename) or (
+    return made_by_reader(code) or (
         getattr(obj, "__module__", "") or "").split(".")[0] in _COURSE
 
 
@@ -292,7 +292,7 @@ def _names_in_reader_code(obj, names):
     """The first (alphabetically) of `names` that `obj`'s own code names, nested code included,
     where that code is the reader's; else None."""
     code = getattr(obj, "__code__", None)
-    if isinstance(code, types.CodeType) and is_reader_code(code.co_filename):
+    if isinstance(code, types.CodeType) and made_by_reader(code):
         for c in _codes(code):
             found = names.intersection(c.co_names)
             if found:

@@ -7,7 +7,9 @@ reader's when its file name says so, or when it claims a library's, the course's
 module's file but is not that file's own code: the file's source (a frozen module's own code
 object) is compiled once per process and the code must equal (CPython's code equality: bytecode,
 constants, names, first line) one of its code objects of the same name and first line. The
-harness vouches for the code it compiles under its own files (the stubs, the own-helpers' gates).
+harness vouches for the code it compiles under its own files (the stubs, the own-helpers' gates);
+code the reader's code exec'd or made a function of is disowned (guard.py's hook), so a copy
+compiled from a file's own source is the reader's however equal it is.
 """
 import _imp
 import functools
@@ -16,11 +18,10 @@ import types
 
 from .run import is_reader_code
 
-__all__ = ["reader_code", "genuine", "vouch", "file_code"]
+__all__ = ["reader_code", "genuine", "vouch", "disown", "made_by_reader", "file_code"]
 
-_TREES = {}     # file name -> {(co_name, co_firstlineno): (code, ...)}, or None (unreadable)
-_SEEN = {}      # id(code) -> (code, genuine?): by identity, the code kept alive with its answer
-_VOUCHED = {}   # id(code) -> code: compiled by the harness under its own file's name
+_WALK = 6           # frames up from an exec to its reader's caller (a library's trampoline)
+_IMPORTING = frozenset({"_load_unlocked", "exec_module", "_exec", "_load"})
 _FROZEN = {"importlib._bootstrap": "_frozen_importlib",
            "importlib._bootstrap_external": "_frozen_importlib_external"}
 
@@ -32,10 +33,8 @@ def _codes(code):
             yield from _codes(const)
 
 
-def _tree(filename):
+def _compiled(filename):
     """The code objects the file `filename` (or the frozen module it names) compiles to."""
-    if filename in _TREES:
-        return _TREES[filename]
     top = None
     try:
         if filename.startswith("<frozen ") and filename.endswith(">"):
@@ -47,37 +46,78 @@ def _tree(filename):
                 top = compile(source.read(), filename, "exec", dont_inherit=True, optimize=-1)
     except (OSError, SyntaxError, ValueError, ImportError):
         top = None
-    found = None
-    if top is not None:
-        found = {}
-        for code in _codes(top):
-            found.setdefault((code.co_name, code.co_firstlineno), []).append(code)
-        found = {key: tuple(codes) for key, codes in found.items()}
-    _TREES[filename] = found
-    return found
+    if top is None:
+        return None
+    found = {}
+    for code in _codes(top):
+        found.setdefault((code.co_name, code.co_firstlineno), []).append(code)
+    return {key: tuple(codes) for key, codes in found.items()}
 
 
-def vouch(code):
-    """Code the harness compiled under its own file's name (and the code nested in it)."""
-    for inner in _codes(code):
-        _VOUCHED[id(inner)] = inner
-    return code
+def _make():
+    """vouch and genuine, their caches in this closure: no module attribute leads to them (a
+    cell that reached a module dict of whose by a built name could enter its own code)."""
+    trees = {}      # file name -> {(co_name, co_firstlineno): (code, ...)}, or None (unreadable)
+    seen = {}       # id(code) -> (code, genuine?): by identity, the code kept alive with its answer
+    vouched = {}    # id(code) -> code: compiled by the harness under its own file's name
+    disowned = {}   # id(code) -> code: exec'd (or made a function) by the reader's code
+
+    def vouch(code):
+        """Code the harness compiled under its own file's name (and the code nested in it)."""
+        for inner in _codes(code):
+            vouched[id(inner)] = inner
+        return code
+
+    def disown(code, frame, event):
+        """guard.py's hook, on `event` (exec, or a new function) of `code` called from `frame`:
+        code the reader's code exec'd (directly or through a library's function that hands it
+        on, not an import: the import system's frames) or made a function of (directly: a
+        library that makes one of its own code for the reader's keeps it) is the reader's,
+        whatever file it claims and however equal it is to that file's own code."""
+        for _ in range(_WALK if event == "exec" else 1):
+            if frame is None or made_by_reader(frame.f_code):
+                break
+            if frame.f_code.co_name in _IMPORTING and frame.f_code.co_filename.startswith(
+                    "<frozen importlib._bootstrap"):
+                return
+            frame = frame.f_back
+        else:
+            return
+        if frame is None:
+            return
+        for inner in _codes(code):
+            if vouched.get(id(inner)) is not inner:
+                disowned[id(inner)] = inner
+
+    def genuine(code):
+        """True when `code` is its file's own code (or the harness vouched for it)."""
+        if vouched.get(id(code)) is code:
+            return True
+        if disowned.get(id(code)) is code:
+            return False
+        hit = seen.get(id(code))
+        if hit is not None and hit[0] is code:
+            return hit[1]
+        filename = code.co_filename
+        if filename not in trees:
+            trees[filename] = _compiled(filename)
+        tree = trees[filename]
+        same = tree is not None and any(
+            code == mine for mine in tree.get((code.co_name, code.co_firstlineno), ()))
+        if len(seen) >= 16384:
+            seen.clear()
+        seen[id(code)] = (code, same)
+        return same
+
+    def made_by_reader(code):
+        """True when `code`'s file is the reader's (is_reader_code) or the reader's code exec'd
+        it or made a function of it (disown): cheap, no file compiled."""
+        return is_reader_code(code.co_filename) or disowned.get(id(code)) is code
+
+    return vouch, genuine, disown, made_by_reader
 
 
-def genuine(code):
-    """True when `code` is its file's own code (or the harness vouched for it)."""
-    if _VOUCHED.get(id(code)) is code:
-        return True
-    hit = _SEEN.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
-    tree = _tree(code.co_filename)
-    same = tree is not None and any(
-        code == mine for mine in tree.get((code.co_name, code.co_firstlineno), ()))
-    if len(_SEEN) >= 16384:
-        _SEEN.clear()
-    _SEEN[id(code)] = (code, same)
-    return same
+vouch, genuine, disown, made_by_reader = _make()
 
 
 def reader_code(code):
