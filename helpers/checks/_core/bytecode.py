@@ -54,3 +54,11 @@ def written_formula(obj, ref, package):
     code = getattr(obj, "__code__", None)
     return (type(obj) is types.FunctionType and obj is not ref and code is not None
             and is_reader_code(code.co_filename) and one_statement(ref, package))
+
+
+def nested(code):
+    """A code object and every code object nested in it (lambdas, inner functions)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from nested(const)

@@ -143,20 +143,12 @@ def resolve(names):
     return tuple(refs)
 
 
-def _codes(code):
-    """A code object and every code object nested in it (lambdas, inner functions)."""
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
-
-
 def _loads(fn):
     """(name, object) for every global, closure variable, module attribute and import the
     bytecode of `fn` (and of the functions nested in it) loads."""
     globals_ = getattr(fn, "__globals__", {})
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
-    for code in _codes(fn.__code__):
+    for code in bytecode.nested(fn.__code__):
         current = importing = None
         for ins in dis.get_instructions(code):
             op, arg = ins.opname, ins.argval
@@ -293,7 +285,7 @@ def _names_in_reader_code(obj, names):
     where that code is the reader's; else None."""
     code = getattr(obj, "__code__", None)
     if isinstance(code, types.CodeType) and made_by_reader(code):
-        for c in _codes(code):
+        for c in bytecode.nested(code):
             found = names.intersection(c.co_names)
             if found:
                 return min(found)

@@ -14,8 +14,8 @@ compiled from a file's own source is the reader's however equal it is.
 import _imp
 import functools
 import os
-import types
 
+from .bytecode import nested
 from .run import is_reader_code
 
 __all__ = ["reader_code", "genuine", "vouch", "disown", "made_by_reader", "file_code"]
@@ -24,13 +24,6 @@ _WALK = 6           # frames up from an exec to its reader's caller (a library's
 _IMPORTING = frozenset({"_load_unlocked", "exec_module", "_exec", "_load"})
 _FROZEN = {"importlib._bootstrap": "_frozen_importlib",
            "importlib._bootstrap_external": "_frozen_importlib_external"}
-
-
-def _codes(code):
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
 
 
 def _compiled(filename):
@@ -49,7 +42,7 @@ def _compiled(filename):
     if top is None:
         return None
     found = {}
-    for code in _codes(top):
+    for code in nested(top):
         found.setdefault((code.co_name, code.co_firstlineno), []).append(code)
     return {key: tuple(codes) for key, codes in found.items()}
 
@@ -64,7 +57,7 @@ def _make():
 
     def vouch(code):
         """Code the harness compiled under its own file's name (and the code nested in it)."""
-        for inner in _codes(code):
+        for inner in nested(code):
             vouched[id(inner)] = inner
         return code
 
@@ -85,7 +78,7 @@ def _make():
             return
         if frame is None:
             return
-        for inner in _codes(code):
+        for inner in nested(code):
             if vouched.get(id(inner)) is not inner:
                 disowned[id(inner)] = inner
 
