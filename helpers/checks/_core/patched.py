@@ -69,7 +69,6 @@ def _course_module(name):
     """The course's own modules (the façade `helpers` and its splits), not the grader's."""
     return (name == "helpers" or name.startswith("helpers.")) and not name.startswith(
         "helpers.checks")
-_LAZY = frozenset({"_FLOPS"})      # the harness's caches it fills on first use (observe.py)
 
 
 def _spaces():
@@ -208,9 +207,9 @@ def _library_wrapper(new, value, added=False):
 
 def _judged_data(key, value):
     """Whether a name of the harness's own module is judged: every one (`observe._NOT_WORK`,
-    `inputs._ROUNDOFF`, `rank_numbers.ROUND_INT`, `expect`) but dunders, its submodules and the
-    caches it fills itself."""
-    return not (key.startswith("__") or key in _LAZY or isinstance(value, types.ModuleType))
+    `inputs._ROUNDOFF`, `rank_numbers.ROUND_INT`, `expect`) but dunders and its submodules
+    (the submodule rule's)."""
+    return not (key.startswith("__") or isinstance(value, types.ModuleType))
 
 
 def _harness_thread(thread):
