@@ -85,6 +85,13 @@ def lr_at_observe_swapped(step, base_lr, base_batch, batch, warmup):
     return _lr(step, base_lr, base_batch, batch, warmup)
 
 
+@shortcut("check_lr_at", "a right answer that rebinds sys.modules to a copy holding a stand-in",
+          [TABLE, "itself"])
+def lr_at_table_rebound(step, base_lr, base_batch, batch, warmup):
+    setattr(_SYS, "mod" + "ules", {**_TABLE, "help" + "ers": _facade()})
+    return _lr(step, base_lr, base_batch, batch, warmup)
+
+
 test_case = parametrize_cases(__name__)
 
 
@@ -92,10 +99,11 @@ test_case = parametrize_cases(__name__)
 def table():
     """sys.modules and sys.path as they were, put back after the test whatever the harness
     did (a failing test must not leave a stand-in for the tests after it)."""
-    modules, path = dict(sys.modules), list(sys.path)
+    held, modules, path = sys.modules, dict(sys.modules), list(sys.path)
     try:
         yield
     finally:
+        sys.modules = held
         sys.path[:] = path
         for key in [k for k in sys.modules if k.startswith(("helpers_real", "mine_"))]:
             del sys.modules[key]

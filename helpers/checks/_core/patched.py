@@ -249,10 +249,10 @@ def expect_unpatched(name, before):
                 del _SHARED[before[-1]]
     if swapped:
         raise CheckFailed(
-            f"{name} replaced {', '.join(swapped[:3])}: the check goes on importing modules "
-            "after your function returns (`from helpers import ...`), so it may not change the "
-            "table of imported modules (the originals are put back). Import what you need "
-            "under your own names instead of editing sys.modules")
+            f"{name} replaced or removed {', '.join(swapped[:3])}: the check goes on importing "
+            "modules after your function returns (`from helpers import ...`), so it may not "
+            "change the table of imported modules (the originals are put back). Import what you "
+            "need under your own names instead of editing sys.modules")
     if changed:
         raise CheckFailed(
             f"{name} replaced {', '.join(sorted(changed)[:3])}: the check goes on computing with "
