@@ -8,9 +8,7 @@ answer adds (its own imports) pass.
 """
 import copy
 import importlib
-import pathlib
 import sys
-import tempfile
 import threading
 import types
 
@@ -110,10 +108,10 @@ def table():
         sys.modules.update(modules)         # real imports added meanwhile stay
 
 
-def test_a_removed_facade_found_again_on_a_path_of_the_readers_fails():
+def test_a_removed_facade_found_again_on_a_path_of_the_readers_fails(tmp_path):
     """Removing `helpers` and putting a directory with a stand-in first on sys.path: the check's
     next `from helpers import TPBlock` would import the reader's file."""
-    where = pathlib.Path(tempfile.mkdtemp())
+    where = tmp_path
     (where / ("help" + "ers")).mkdir()
     (where / ("help" + "ers") / "__init__.py").write_text(
         "import copy, sys\nreal = sys.modules.pop('helpers_real')\n"
@@ -167,11 +165,11 @@ def test_a_stand_in_harness_left_for_a_later_check_fails_and_is_put_back():
     assert later.status == "failed" and "forward again" in later.message, later
 
 
-def test_a_right_answer_that_imports_new_modules_passes():
+def test_a_right_answer_that_imports_new_modules_passes(tmp_path):
     """Entries an answer adds are its own imports: a module of its own, a library not yet loaded,
     one reloaded in place (the same module object)."""
-    where = pathlib.Path(tempfile.mkdtemp())
-    name = f"mine_{where.name}"
+    where = tmp_path
+    name = f"mine_{abs(hash(str(where)))}"
     (where / f"{name}.py").write_text("def peak(base_lr, base_batch, batch):\n"
                                       "    return base_lr * batch / base_batch\n")
     sys.path.insert(0, str(where))
