@@ -111,12 +111,12 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
     check runs the answer on CPU tensors and on FakeGPUs, which must do the same work
     (same_work.py)."""
     def declare(body: Body) -> CheckFn:
-        torch_found = torch_objects(references)     # imported now, never while checks run
+        named = (references, torch_objects(references))   # torch's imported now, not later
         @functools.wraps(body)
         def check_fn(fn: Callable[..., Any]) -> Result:
             def judged(fn):
                 expect_no_early_hooks()     # before the check computes anything
-                refs = resolve(references, torch_found)
+                refs = resolve(*named)
                 scan(fn, refs, exercise)
                 answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)
                 with checking(answer):      # late.py: the reader's code after a call
