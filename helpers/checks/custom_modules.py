@@ -5,6 +5,7 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.nn.modules import utils as module_utils
 
 from ._core import (
     CheckFailed,
@@ -47,10 +48,9 @@ def _forbid(fn, exercise, objects):
        references=["load_checkpoint", "torch.distributed.utils._replace_by_prefix"])
 def check_strip_module_prefix(fn):
     """fn(state_dict) -> a new dict whose keys lose ONE leading "module." (others untouched)."""
-    from torch.nn.modules import utils
     _forbid(fn, "strip_module_prefix", {
         "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present":
-            utils.consume_prefix_in_state_dict_if_present})
+            module_utils.consume_prefix_in_state_dict_if_present})
     g = fresh_generator()
     names = ["weight", "bias", "running_mean", "submodule.weight", "encoder.module.bias",
              "modules.0.weight", "head.module_scale", "module.inner.weight"]
@@ -61,14 +61,14 @@ def check_strip_module_prefix(fn):
         if not wrapped:   # a key that only starts with "module." once, of the model's own
             sd = {k: v for k, v in sd.items() if not k.startswith("module.")}
         before = dict(sd)
-        saved, utils.consume_prefix_in_state_dict_if_present = (
-            utils.consume_prefix_in_state_dict_if_present, _refuse_consume)
+        saved, module_utils.consume_prefix_in_state_dict_if_present = (
+            module_utils.consume_prefix_in_state_dict_if_present, _refuse_consume)
         try:
             with blocked([_Named("consume_prefix_in_state_dict_if_present", saved)],
                          "strip_module_prefix"):     # a binding made before the check too
                 got = fn(sd)
         finally:
-            utils.consume_prefix_in_state_dict_if_present = saved
+            module_utils.consume_prefix_in_state_dict_if_present = saved
         expect(isinstance(got, dict), f"strip_module_prefix returned {type(got).__name__}, "
                                       "expected a dict")
         expect(sd == before and list(sd) == list(before),

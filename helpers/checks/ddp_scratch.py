@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import DDPFromScratch
 from ._core import (
     CheckFailed,
     World,
@@ -277,7 +278,6 @@ def check_average_bucket(fn):
 def check_scratch_accumulate(fn):
     """fn(model, loss_fn, micro_batches): one accumulation step with helpers.DDPFromScratch,
     every micro-batch forward and backward, one all-reduce per bucket, ending with finish."""
-    from .. import DDPFromScratch
     g = fresh_generator()
     world, k = randint(g, 2, 3), randint(g, 2, 4)
     seed = randint(g, 0, 10**6)

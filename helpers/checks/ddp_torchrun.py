@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
+from ..runtime import checkpoint
 from ._core import CheckFailed, check, expect, fresh_generator, randint, tensor_close, tensor_equal
 from ._core.inputs import expect_unchanged, kept
 from ._core.references import Reference, blocked, scan
@@ -37,13 +38,15 @@ class _Torch(Reference):
         return self.name
 
 
+try:
+    import torch.distributed.elastic.utils.data  # loads ElasticDistributedSampler
+except ImportError:         # pragma: no cover - every supported torch has it
+    pass
+
+
 def _torch_samplers():
     """DistributedSampler and torch's subclasses of it (ElasticDistributedSampler ...): each a
     copy of the shard the exercise asks for, refused with its own __iter__."""
-    try:
-        import torch.distributed.elastic.utils.data  # noqa: F401  (loads ElasticDistributedSampler)
-    except ImportError:
-        pass
     found, todo = [], [DistributedSampler]
     while todo:
         cls = todo.pop()
@@ -193,7 +196,6 @@ def check_resume(fn):
     """fn(path, model, optimizer) restores a snapshot written by helpers.save_snapshot into a
     fresh model and optimizer, restores torch's and Python's RNGs, and returns the next epoch;
     the continuation must then equal the uninterrupted run bitwise."""
-    from ..runtime import checkpoint
     g = fresh_generator()
     seed, after, epoch = randint(g, 0, 10**6), randint(g, 2, 5), randint(g, 1, 20)
     state = (torch.get_rng_state(), random.getstate())     # the notebook's RNGs, given back

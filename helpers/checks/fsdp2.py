@@ -6,9 +6,14 @@ autograd saves counted once, parameters left out. Recomputation is seen from the
 hooks (which block recomputes when, in backward) and from the aten operations backward runs
 (Recorder).
 """
+import tempfile
+import warnings
+
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from .. import saved_tensor_bytes
 from ._core import (
@@ -267,7 +272,6 @@ def check_choose_checkpoints(fn):
 def check_save_matmuls(fn):
     """fn(ctx, op, *args, **kwargs) -> a torch.utils.checkpoint.CheckpointPolicy: MUST_SAVE for
     matrix products (aten mm, addmm, bmm), PREFER_RECOMPUTE for everything else."""
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
     g = fresh_generator()
     d, n = randint(g, 4, 12), randint(g, 3, 9)
     with torch.random.fork_rng(devices=[]):
@@ -325,11 +329,6 @@ def _drawn_state(net, opt, g, steps):
 def check_dcp_resume(fn):
     """fn(model, optimizer, path) -> load into model and optimizer the checkpoint at path,
     saved with dcp.save({"model": model_sd, "optim": optim_sd}) from get_state_dict."""
-    import tempfile
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
     g = fresh_generator()
     d, h = randint(g, 3, 8), randint(g, 3, 8)
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import FSDPFromScratch
 from ._core import (
     CheckFailed,
     World,
@@ -251,7 +252,6 @@ def check_fsdp_units(fn):
     """fn(model) -> the units= for helpers.FSDPFromScratch(model) of a TiedLM: each block its
     own unit, and the tied embedding and head together (FSDP2's way: the blocks, then the model
     itself, whose unit takes what no inner unit holds)."""
-    from .. import FSDPFromScratch
     g = fresh_generator()
     world, vocab, d, depth = randint(g, 2, 3), randint(g, 5, 9), randint(g, 3, 6), randint(g, 2, 4)
     seed = randint(g, 0, 10**6)

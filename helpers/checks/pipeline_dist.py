@@ -10,6 +10,7 @@ from torch import nn
 from .. import balanced_cuts, validate_pipelining
 from ._core import (
     CheckFailed,
+    Recorder,
     World,
     as_int,
     as_number,
@@ -275,7 +276,6 @@ _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "dot"
 def check_weight_grads(fn):
     """fn(x, dy) -> (dW, db): an nn.Linear's weight and bias gradients from the input x it
     saw and the gradient dy of its output, as the zero-bubble W box computes them."""
-    from ._core import Recorder
     g = fresh_generator()
     for shape in ((randint(g, 3, 6),), (randint(g, 2, 3), randint(g, 2, 4))):
         d_in, d_out = randint(g, 2, 5), randint(g, 3, 6)

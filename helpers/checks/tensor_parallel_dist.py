@@ -6,6 +6,7 @@ answer that computes the unsplit product on one rank, or skips a collective, fai
 reason even when its numbers come out right."""
 import torch
 
+from .. import TPBlock, block_loss, small_block
 from ._core import (
     CheckFailed,
     World,
@@ -150,7 +151,6 @@ def check_megatron_mlp(fn):
 
 
 def _block_bytes(comm, block, X, R):
-    from .. import TPBlock, block_loss
     X = X.clone().requires_grad_()
     block_loss(TPBlock(block, comm)(X), R).backward()
     return comm.traffic.payload_bytes("all_reduce"), comm.traffic.wire_bytes("all_reduce")
@@ -163,7 +163,6 @@ def _block_bytes(comm, block, X, R):
 def check_tp_ring_bytes(fn):
     """fn(batch, seq, width, k): bytes each rank sends in one forward and backward of the
     tensor-parallel SmallBlock over k ranks, its all-reduces done as rings."""
-    from .. import small_block
     g = fresh_generator()
     for case in range(3):   # k = 4 always once: for k = 2 the ring sends the payload
         k = 4 if case == 0 else (2, 4)[randint(g, 0, 1)]

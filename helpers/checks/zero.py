@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import Zero2
 from ._core import (
     CheckFailed,
     World,
@@ -200,7 +201,6 @@ def check_accumulate_zero2(fn):
     """fn(model, micro_batches) -> one optimizer step of a helpers.Zero2 `model` over the list
     of (X, y) micro-batches: each loss divided by their number, full gradients kept under
     no_sync() until the last backward, then finish, step, zero_grad."""
-    from .. import Zero2
     g = fresh_generator()
     world, m = randint(g, 2, 3), randint(g, 2, 4)
     d, h, k, b = randint(g, 3, 7), randint(g, 3, 9), randint(g, 2, 4), randint(g, 1, 3)

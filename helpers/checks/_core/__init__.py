@@ -50,6 +50,9 @@ fresh.py      regrade: grading from a fresh import of the course (a patched chec
 # cost, in the first exercise of a kernel started afresh. So it is imported with the checks.
 import torch._dynamo  # noqa: F401
 
+# run.py first: it binds early_hooks.py's functions once its own names are defined, and
+# early_hooks.py's imports (callbacks, hooks, settle) need those names, never the reverse
+from . import run  # noqa: F401
 from .declare import Answer, check
 from .fake import FakeGPUs
 from .inputs import (

@@ -26,6 +26,7 @@ import warnings
 import weakref
 
 from .run import GRADING_ENVS, CheckFailed
+from .settle import reader_class
 from .whose import reader_code
 
 __all__ = ["callbacks", "expect_no_callbacks", "STREAMS"]
@@ -83,7 +84,6 @@ def _readers(values):
     """Whether any of `values` is (or wraps) a callable or an object of the reader's, or a
     builtin that would run code handed to it (exec, setattr ...): not the course's or a
     library's own function."""
-    from .settle import reader_class
     for v in values:
         if not isinstance(v, type) and reader_class(type(v)):
             return True
@@ -101,7 +101,6 @@ def _readers(values):
 def _own(stream):
     """The methods set on `stream` itself (its instance dict), flat: (name, value, ...); none
     read from a stream of the reader's class (reading could run its code: it fails anyway)."""
-    from .settle import reader_class
     if stream is None or reader_class(type(stream)):
         return ()
     held = getattr(stream, "__dict__", None)

@@ -3,11 +3,13 @@ simulated GPUs): guard.py wraps what they run in `_with_modes`."""
 import contextlib
 import threading
 
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
 __all__ = ["_modes", "_with_modes"]
 
 
 def _modes():
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     return list(_get_current_dispatch_mode_stack())
 
 
@@ -34,8 +36,4 @@ def _with_modes(fn, modes):
 
 
 def _is_fake(mode):
-    try:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-    except ImportError:   # pragma: no cover - every supported torch has it
-        return False
     return isinstance(mode, FakeTensorMode)

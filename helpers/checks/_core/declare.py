@@ -16,7 +16,7 @@ from .own import KEYS
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world
 from .rank_builtins import shadow
-from .references import blocked, code_key, resolve, scan
+from .references import blocked, code_key, resolve, scan, torch_objects
 from .run import REGISTRY, CheckInfo, Result, run_check
 from .same_work import expect_same_work, traced
 from .settle import Guarded, settle
@@ -111,11 +111,12 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
     check runs the answer on CPU tensors and on FakeGPUs, which must do the same work
     (same_work.py)."""
     def declare(body: Body) -> CheckFn:
+        named = (references, torch_objects(references))   # torch's imported now, not later
         @functools.wraps(body)
         def check_fn(fn: Callable[..., Any]) -> Result:
             def judged(fn):
                 expect_no_early_hooks()     # before the check computes anything
-                refs = resolve(references)
+                refs = resolve(*named)
                 scan(fn, refs, exercise)
                 answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)
                 with checking(answer):      # late.py: the reader's code after a call

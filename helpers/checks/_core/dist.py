@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ...runtime.comm import wire as _wire
+from ...runtime.thread_world import Work
 from .run import stand_in
 
 __all__ = ["torch_distributed", "Group"]
@@ -197,7 +198,6 @@ def recv(W, tensor, src=None, group=None, tag=0, group_src=None):
 
 
 def irecv(W, tensor, src=None, group=None, tag=0, group_src=None):
-    from .world import Work
     src = _ranks(W, group)[group_src] if group_src is not None else src
     world, rank = W, W.rank
 

@@ -24,11 +24,11 @@ names them or holds an original bound before the watch (`unwatched`). What it do
 `data_ptr()` read with ctypes, C extensions (book/teachers.md).
 """
 import contextlib
-import importlib
 import sys
 import types
 
 import torch
+import torch.utils.dlpack
 
 from .guard import _EXITS, armed, refuse
 from .run import is_reader_code, stand_in
@@ -38,7 +38,7 @@ __all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCH
 CALLBACKS = ("apply_", "map_", "map2_")      # Python callbacks handed every element
 EXITS = ("tolist", "numpy", "__array__", "__dlpack__", "__reduce_ex__", "__repr__", *CALLBACKS)
 _READER_ONLY = ("untyped_storage", "storage", "_typed_storage")
-_FUNCTIONS = (("torch.utils.dlpack", "to_dlpack"), ("torch", "to_dlpack"))
+_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))   # modules bound now
 _HOW = {"tolist": ".tolist()", "numpy": ".numpy()", "__array__": "np.asarray()",
         "__dlpack__": "dlpack", "__reduce_ex__": "pickling", "__repr__": "printing (repr)",
         "apply_": ".apply_()", "map_": ".map_()", "map2_": ".map2_()", "to_dlpack": "dlpack",
@@ -96,7 +96,6 @@ def _install():
         setattr(torch.Tensor, name, _wrap(name, getattr(torch.Tensor, name),
                                           name in _READER_ONLY))
     for module, name in _FUNCTIONS:
-        module = importlib.import_module(module)
         _SAVED[module, name] = vars(module)[name]
         setattr(module, name, _wrap(name, vars(module)[name], False))
 
@@ -119,7 +118,7 @@ def patched(owner, name):
     lookup of it while the answer runs finds the watched one."""
     if owner is torch.Tensor:
         return name in EXITS or name in _READER_ONLY
-    return any(owner is sys.modules.get(m) and name == n for m, n in _FUNCTIONS)
+    return any(owner is m and name == n for m, n in _FUNCTIONS)
 
 
 def unwatched(obj):

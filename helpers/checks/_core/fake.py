@@ -23,6 +23,7 @@ import contextlib
 
 import torch
 import torch.utils
+from torch._subclasses import fake_tensor
 
 from .exits import CALLBACKS, watch_exits
 from .observe import Recorder, describe_device
@@ -33,7 +34,6 @@ __all__ = ["FakeGPUs"]
 
 
 def _fake_tensor_module():
-    from torch._subclasses import fake_tensor
     return fake_tensor
 
 

@@ -22,6 +22,8 @@ import itertools
 import pathlib
 import sys
 
+import torch.autograd.graph
+
 _COUNTER = itertools.count()
 _FIELDS = object.__getattribute__        # bound now: the verdict is read past Result's methods
 
@@ -63,7 +65,6 @@ def fresh_course():
 def _engine_route():
     """The names a copy's late.py takes over process-wide when it is imported (torch's route
     into the autograd engine), with what they hold now."""
-    import torch.autograd.graph
     return [(owner, "_engine_run_backward", owner._engine_run_backward)
             for owner in (torch.autograd, torch.autograd.graph)]
 

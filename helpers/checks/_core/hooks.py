@@ -22,9 +22,11 @@ import types
 import torch
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optim_hooks
+from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
 from .run import CheckFailed
+from .settle import Guarded
 from .whose import reader_code
 
 __all__ = ["hooks_of", "expect_no_new_hooks", "node_hooks"]
@@ -105,7 +107,6 @@ def _global():
 
 
 def _function_modes():
-    from torch.overrides import _get_current_function_mode_stack
     return _get_current_function_mode_stack()
 
 
@@ -202,7 +203,6 @@ def _reader_hook(hook, caller, depth=2):
 
 def _unguarded(hook):
     """A hook of the reader's not yet run as the answer is (settle.Guarded)."""
-    from .settle import Guarded
     return hook is not None and not isinstance(hook, Guarded) and _reader_hook(hook, None)
 
 

@@ -140,7 +140,7 @@ def checking(answer):
     the harness's globals at the end with a copy taken at the start (fails on a change)."""
     _route_changed()          # a route replaced before the check ran is the harness's again
     before = ([(name, owner, dict(ns), private) for name, owner, ns, private in _spaces()[0]],
-              patched.cells(), patched.held_defaults())
+              patched.cells(), patched.held_defaults(), patched._MODULES.copy())
     outer = dict(_STATE)
     _STATE.update(answer=answer, called=False)
     failed, tried = True, _judging(1)
@@ -151,7 +151,7 @@ def checking(answer):
         rewritten = _judging(-1, tried)
         _STATE.update(outer)
         changed = _changed(before[0]) + patched.cells_changed(before[1]) + defaults.changed(
-            *before[2]) + _route_changed()
+            *before[2]) + _route_changed() + patched.modules_changed(before[3])
         if rewritten and not failed:
             raise CheckFailed(f"something of your code ran {LATE} or in it: {rewritten[0]}")
         if changed and not failed:

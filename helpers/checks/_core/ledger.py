@@ -14,6 +14,7 @@ records no longer match this copy and the answer fails (`CheckFailed`).
     note("exit", rank, entry); note("recorder", rank, rec); note("failure", rank, (rank, e))
     verify()                             # None, or what differs, in words
 """
+from .run import CheckFailed
 
 __all__ = ["ledger", "tampered"]
 
@@ -99,7 +100,6 @@ def ledger(world):
 
 def tampered(what):
     """The failure for an answer that changed the records a check judges (`what`, in words)."""
-    from .run import CheckFailed
     return CheckFailed(f"the answer changed the grader's records of the run ({what}): an answer "
                        "must do its work through the comm it is handed, not edit what the check "
                        "observes")

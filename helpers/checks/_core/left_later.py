@@ -15,6 +15,7 @@ import weakref
 import torch
 
 from .callbacks import _UNSEEN, _readers
+from .guard import refuse
 from .run import CheckFailed, is_reader_code, stand_in
 
 __all__ = ["left_later", "collector_back"]
@@ -60,7 +61,6 @@ def _kernel_stand_in(name, method):
     @stand_in(method)
     def register(self, *args, **kwargs):
         if _from_reader((*args, *kwargs.values())):
-            from .guard import refuse
             op = next((a for a in args if isinstance(a, str)), name)
             refuse(f"your code registers a kernel of its own for an operator ({op}, "
                    "torch.library): it would run your code inside torch's operations, unseen "

@@ -25,6 +25,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+try:
+    from torch.utils.flop_counter import flop_registry as _FLOPS
+except ImportError:         # pragma: no cover - every supported torch has it
+    _FLOPS = {}
+
 from .cancels import cancelled, snapshot, unused
 from .guard import TORCH_OPERATORS, own_operator
 
@@ -385,15 +390,5 @@ def _placeholder(dtype):
     return 0 if not dtype.is_floating_point and not dtype.is_complex else 0.0
 
 
-_FLOPS = None
-
-
 def _flop_registry():
-    global _FLOPS
-    if _FLOPS is None:
-        try:
-            from torch.utils.flop_counter import flop_registry
-            _FLOPS = flop_registry
-        except ImportError:
-            _FLOPS = {}
     return _FLOPS

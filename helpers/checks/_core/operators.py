@@ -1,5 +1,7 @@
 """Operators defined in Python outside torch (torch.library): refused while a Recorder
 watches (observe.py) and by name (references.py); guard.py re-exports them."""
+import torch.library
+
 from .guard import refuse
 from .run import ReferenceUsed
 
@@ -18,7 +20,6 @@ TORCH_OPERATORS = frozenset({
 def own_operator(name):
     """Refuse an operator defined in Python outside torch (a custom op) while a Recorder
     watches: raised as the guard's refusal, so an answer's `except` cannot hide it."""
-    import torch.library
     if name not in getattr(torch.library, "_defs", ()):
         return
     message = (f"your code calls an operator of its own ({name}, torch.library): the work "

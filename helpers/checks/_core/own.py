@@ -14,6 +14,7 @@ into a new function while an answer runs). A check module's classes (the nets a 
 answer, whose methods run inside it) are not gated: called by the answer, they run as the
 answer's, so they cannot carry a gated or blocked call out as the check's.
 """
+import dis
 import os
 import sys
 import threading
@@ -21,6 +22,7 @@ import types
 
 from .guard import _state, refuse, started_by_answer
 from .references import code_key
+from .run import REGISTRY
 from .whose import forwarding_code, genuine, reader_code
 
 __all__ = ["gate", "KEYS", "checks_calling"]
@@ -105,7 +107,6 @@ def _gate_code(freevars, key):
 
 def _gated(module):
     """The functions defined at the top of `module` (its own file), check bodies aside."""
-    from .run import REGISTRY
     file = os.path.abspath(getattr(module, "__file__", "") or "")
     for attr, value in list(vars(module).items()):
         if (isinstance(value, types.FunctionType) and value.__name__ not in REGISTRY
@@ -138,5 +139,4 @@ def gate(package):
 
 
 def _instructions(code):
-    import dis
     return dis.get_instructions(code)

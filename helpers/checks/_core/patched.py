@@ -9,7 +9,9 @@ default arguments are compared by their contents too (defaults.py: a `__kwdefaul
 changed in place keeps every binding). Threads the answer started are joined first (a thread
 that outlives the call fails: it could patch later). The answers running at once (a World's
 ranks) share one snapshot, taken before the first of them started, and an answer that raised
-is checked too. The harness's own stand-ins
+is checked too. So is the table of imported modules: an entry of `sys.modules` replaced or
+removed (the check's later `from helpers import X` would reach the reader's module) fails the
+answer and is put back; entries added (new imports) pass. The harness's own stand-ins
 (helpers.checks) come and go while answers run and are not judged; an answer may set its own
 module's globals."""
 import builtins
@@ -59,6 +61,7 @@ _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
 _CACHE = {"modules": -1, "spaces": ()}
 _LOCK = threading.Lock()
+_MODULES = sys.modules  # the import system's table, bound at import (`sys.modules` can be rebound)
 _SHARED = {}            # a World run (or None: no World) -> [answers running now, their snapshot]
 
 
@@ -66,7 +69,6 @@ def _course_module(name):
     """The course's own modules (the façade `helpers` and its splits), not the grader's."""
     return (name == "helpers" or name.startswith("helpers.")) and not name.startswith(
         "helpers.checks")
-_LAZY = frozenset({"_FLOPS"})      # the harness's caches it fills on first use (observe.py)
 
 
 def _spaces():
@@ -111,7 +113,7 @@ def snapshot():
         if not shared[0]:
             spaces, views = _spaces()     # copied in C, one dict per namespace
             shared[1] = (spaces, views, tuple(map(dict, views)), cells(), held_defaults(),
-                         set(threading.enumerate()), run)
+                         set(threading.enumerate()), _MODULES.copy(), run)
         shared[0] += 1
         return shared[1]
 
@@ -205,9 +207,9 @@ def _library_wrapper(new, value, added=False):
 
 def _judged_data(key, value):
     """Whether a name of the harness's own module is judged: every one (`observe._NOT_WORK`,
-    `inputs._ROUNDOFF`, `rank_numbers.ROUND_INT`, `expect`) but dunders, its submodules and the
-    caches it fills itself."""
-    return not (key.startswith("__") or key in _LAZY or isinstance(value, types.ModuleType))
+    `inputs._ROUNDOFF`, `rank_numbers.ROUND_INT`, `expect`) but dunders and its submodules
+    (the submodule rule's)."""
+    return not (key.startswith("__") or isinstance(value, types.ModuleType))
 
 
 def _harness_thread(thread):
@@ -238,13 +240,19 @@ def expect_unpatched(name, before):
     back first), or the thread it left running. Called once for every snapshot(), also when
     the answer raised (a replaced function must not outlive a failed answer either)."""
     try:
-        changed, alive = _put_back(before)
+        changed, alive, swapped = _put_back(before)
     finally:
         with _LOCK:
             shared = _SHARED[before[-1]]
             shared[0] -= 1
             if not shared[0]:
                 del _SHARED[before[-1]]
+    if swapped:
+        raise CheckFailed(
+            f"{name} replaced or removed {', '.join(swapped[:3])}: the check goes on importing "
+            "modules after your function returns (`from helpers import ...`), so it may not "
+            "change the table of imported modules (the originals are put back). Import what you "
+            "need under your own names instead of editing sys.modules")
     if changed:
         raise CheckFailed(
             f"{name} replaced {', '.join(sorted(changed)[:3])}: the check goes on computing with "
@@ -259,16 +267,18 @@ def expect_unpatched(name, before):
 
 
 def _put_back(before):
-    """The names of what was replaced (each put back), and the answer's threads still alive.
+    """The names of what was replaced (each put back), the answer's threads still alive, and the
+    entries of sys.modules replaced (each put back).
     The harness's stand-ins come and go on their own schedule: one installed during the call
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, views, copies, closures, (held, kept), threads, _ = before
+    spaces, views, copies, closures, (held, kept), threads, modules, _ = before
     alive = _join_started(threads)
+    swapped = modules_changed(modules)      # first: what the rest imports is the original
     changed = cells_changed(closures) + defaults.changed(held, kept)
     if _same(copies, views, _all_spaces=True):
-        return changed, alive
+        return changed, alive, swapped
     for (space, owner, _, private), saved, now in zip(spaces, copies, views, strict=True):
         if _same(saved, now):
             continue
@@ -298,7 +308,33 @@ def _put_back(before):
                         now[key], getattr(now[key], "__wrapped__", None), added=True):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
-    return changed, alive
+    return changed, alive, swapped
+
+
+def modules_changed(saved, _is=operator.is_, _all=all, _map=map, _len=len,
+                    _islice=itertools.islice):
+    """The entries of `sys.modules` (`saved`: a copy of it) that hold another module object now,
+    or none (a removed entry included), each put back; so is `sys.modules` itself if rebound.
+    Compared by identity in C (no `__eq__` of a module of the reader's runs); entries added
+    since the copy are new imports, and pass."""
+    changed = []
+    if sys.modules is not _MODULES:
+        changed.append("sys.modules itself")
+        sys.modules = _MODULES
+    n = _len(saved)
+    try:        # unchanged: the copied entries are still the first n, in order, by identity
+        if _len(_MODULES) >= n and _all(_map(_is, saved, _islice(_MODULES, n))) and _all(
+                _map(_is, saved.values(), _islice(_MODULES.values(), n))):
+            return changed
+    except RuntimeError:        # another thread's import added an entry while it was read
+        pass
+    now = _MODULES.copy()
+    for key, value in saved.items():
+        new = now.get(key, _MISSING)
+        if new is not value:
+            changed.append(f"sys.modules[{key!r}]" + (" (removed)" if new is _MISSING else ""))
+            _MODULES[key] = value
+    return changed
 
 
 def _same(saved, now, _all_spaces=False, _list=list, _len=len, _all=all, _map=map,

@@ -37,12 +37,14 @@ from . import bytecode, exits
 from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
 from .run import CheckFailed, is_reader_code
+from .switches import _DISPATCH_OFF_NAMES
 from .whose import made_by_reader
 
 __all__ = ["resolve", "scan", "blocked", "identity", "Reference"]
 
 _PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's name)
 _COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the notebook's helpers
+_FACADE = importlib.import_module(_PACKAGE)     # bound now: never looked up in sys.modules later
 _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.overrides")
 _CODE_KEYS = {}   # id(code) -> (code, code_key): found by identity (hashing a code reads it all)
 
@@ -125,18 +127,24 @@ def _torch_object(dotted):
     return None
 
 
-def resolve(names):
+def torch_objects(names):
+    """(name, object) of torch's copies among `names`, imported now: a check's declaration
+    binds them, so its resolve imports nothing (no lookup in sys.modules) when it runs."""
+    return tuple((name, _torch_object(name)) for name in names if name.startswith("torch."))
+
+
+def resolve(names, torch_found=None):
     """The References for façade names ("balanced_cuts", "ByteLog.wire_bytes") and for torch's
-    copies of the exercise, named from "torch." on."""
-    package = importlib.import_module(_PACKAGE)
+    copies of the exercise, named from "torch." on (`torch_found`: torch_objects' pairs)."""
+    found = dict(torch_objects(names) if torch_found is None else torch_found)
     refs = []
     for name in names:
         if name.startswith("torch."):
-            obj = _torch_object(name)
+            obj = found.get(name)
             if obj is not None:
                 refs.append(TorchReference(name, obj))
             continue
-        obj = package
+        obj = _FACADE
         for part in name.split("."):
             obj = getattr(obj, part)
         refs.append(Reference(name, obj))
@@ -263,13 +271,6 @@ _INTROSPECTION = types.MappingProxyType({id(f): f"{m.__name__}.{f.__name__}" for
     if f is not None})
 
 
-# what switches off torch's dispatch interception, which the Recorder and the ranks' ownership
-# watch through: under it an answer's operations would run unseen
-_DISPATCH_OFF_NAMES = frozenset({"_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
-                       "_disable_current_modes", "_pop_torch_dispatch_stack",
-                       "_unset_dispatch_mode", "_pop_mode",
-                       "_pop_mode_temporarily", "_DisablePythonDispatcher",
-                       "_disable_infra_mode", "_pop_torch_function_stack"})
 
 
 def _dispatch_off(obj):

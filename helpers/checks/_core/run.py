@@ -169,7 +169,6 @@ def run_check(name, body, *args, declared=False):
     The grading switch, the output stream and the reader's trace functions (taken off: they
     could rewrite the check's locals) are settled before anything runs, so the answer cannot
     change how its verdict is reported; the verdict is fixed before it is printed."""
-    from .early_hooks import taken_off, verdict_writer  # early_hooks imports this module
     early = taken_off()              # first: a tracer of the reader's sees each line until then
     graded, say = grading(), verdict_writer(sys.stdout, _STDOUT)
     try:
@@ -231,3 +230,8 @@ def stand_in(original):
         del fn.__wrapped__
         return fn
     return decorate
+
+
+# bound once this module's names exist (early_hooks.py and what it imports need them); the
+# package imports this module first (_core/__init__.py), so run_check never imports at run time
+from .early_hooks import taken_off, verdict_writer  # noqa: E402

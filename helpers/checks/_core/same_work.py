@@ -19,6 +19,7 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
@@ -113,7 +114,6 @@ def _has_tensor(value, depth):
 
 
 def _simulated():
-    from torch._subclasses.fake_tensor import FakeTensorMode
     return any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
 
 

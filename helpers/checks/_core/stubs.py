@@ -5,14 +5,13 @@ with them, and an answer that puts their code back fails (an audit hook refuses 
 block's end verifies it). Used through references.blocked.
 """
 import contextlib
-import importlib
 import sys
 import threading
 import types
 
 from .guard import harness_busy
 from .own import checks_calling
-from .references import _COURSE, _PACKAGE, identity
+from .references import _COURSE, _FACADE, identity
 from .run import ReferenceUsed
 from .whose import forwarding_code
 
@@ -201,7 +200,7 @@ def blocked(refs, exercise):
 
 
 def _owner(dotted):
-    obj = importlib.import_module(_PACKAGE)
+    obj = _FACADE
     for part in dotted.split("."):
         obj = getattr(obj, part, None)
     return obj

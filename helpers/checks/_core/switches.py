@@ -1,15 +1,24 @@
-"""While an answer runs, torch's dispatch switches (references.py's `_DISPATCH_OFF_NAMES`:
-`_DisableTorchDispatch`, `_disable_current_modes`, ...) are guarded in every loaded torch module:
-called from the reader's code (the first frame past the standard library), one is refused, so a
-switch reached by a name built at run time (`getattr(torch._C, "_Disable" + "TorchDispatch")`)
-fails like one named in the code (which references.scan refuses before the answer runs);
-torch's own calls go through to the original. Used by guard.answering.
+"""While an answer runs, torch's dispatch switches (`_DISPATCH_OFF_NAMES`, which references.py
+also refuses by name: `_DisableTorchDispatch`, `_disable_current_modes`, ...) are guarded in
+every loaded torch module: called from the reader's code (the first frame past the standard
+library), one is refused, so a switch reached by a name built at run time
+(`getattr(torch._C, "_Disable" + "TorchDispatch")`) fails like one named in the code (which
+references.scan refuses before the answer runs); torch's own calls go through to the original.
+Used by guard.answering.
 """
 import operator
 import sys
 
 from .guard import _passes_on, refuse
 from .run import ReferenceUsed, is_reader_code, stand_in
+
+# what switches off torch's dispatch interception, which the Recorder and the ranks' ownership
+# watch through: under it an answer's operations would run unseen (references.py refuses names)
+_DISPATCH_OFF_NAMES = frozenset({"_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
+                       "_disable_current_modes", "_pop_torch_dispatch_stack",
+                       "_unset_dispatch_mode", "_pop_mode",
+                       "_pop_mode_temporarily", "_DisablePythonDispatcher",
+                       "_disable_infra_mode", "_pop_torch_function_stack"})
 
 __all__ = ["guard_switches", "restore_switches"]
 
@@ -51,7 +60,6 @@ def _torch_spaces(_list=list, _len=len, _all=all, _map=map, _is=operator.is_):
 def guard_switches():
     """Put the guarded switches in place of the originals, in every loaded torch module (each
     module's names looked up by the switches' names: a dict view's `&` with the small set)."""
-    from .references import _DISPATCH_OFF_NAMES
     originals = {}
     for module, space in _torch_spaces():
         names = space.keys() & _DISPATCH_OFF_NAMES

@@ -40,6 +40,7 @@ import torch
 
 from ...runtime.thread_world import Message, ThreadWorld, Work
 from ...runtime.traffic import ByteLog, Transfer, wire_share
+from .dist import torch_distributed
 from .exits import watch_exits
 from .ledger import ledger, tampered
 from .observe import Recorder
@@ -90,7 +91,6 @@ class World(ThreadWorld):
         self._note, self._verify, self._allow = ledger(self)   # the harness's own copy
 
     def run_context(self):
-        from .dist import torch_distributed
         stack = contextlib.ExitStack()
         stack.enter_context(torch_distributed(self))
         stack.enter_context(self.provenance.python_exits())
