@@ -337,7 +337,8 @@ def _launch_threads(fn, world, cfg, timeout):
     w = ThreadWorld(world, timeout / 2, deadline=timeout, record=False)
     results, errors, alive = w.start(w.rank_body(fn, cfg))
     if errors:
-        r, e, tb = errors[0]
+        r, e = errors[0]
+        tb = "".join(traceback.format_exception(e))
         tail = "\n".join(tb.rstrip().splitlines()[-TAIL:])
         raise RankFailed(r, f"{type(e).__name__}: {e}", tail, original=e) from e
     if alive:

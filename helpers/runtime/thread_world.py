@@ -25,7 +25,6 @@ import contextlib
 import itertools
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -220,8 +219,8 @@ class ThreadWorld:
 
     def start(self, body):
         """body(rank) on one thread per rank, for at most the world's deadline. Returns
-        (results, errors, stuck): errors as (rank, exception, traceback text), the first cause
-        first; stuck: the ranks still running."""
+        (results, errors, stuck): errors as (rank, exception), the first cause first; stuck:
+        the ranks still running."""
         results, errors = [None] * self.size, []
 
         def target(r):
@@ -233,7 +232,8 @@ class ThreadWorld:
                 pass
             except BaseException as e:   # handed to the caller
                 with self._cond:
-                    errors.append((r, e, traceback.format_exc()))
+                    errors.append((r, e))   # words are the caller's to make (a check's
+                    #                         World must not run an exception's __str__ here)
                 self.fail(r, e)
 
         with self.run_context():

@@ -15,6 +15,7 @@ from .modes import expect_same_switches, switches
 from .own import KEYS
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world
+from .raised import settled_raise
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan, torch_objects
 from .run import REGISTRY, CheckInfo, Result, run_check
@@ -57,7 +58,7 @@ class Answer(Guarded):
                     blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
                     early_views_read_only(self.fn, in_world()), trace, inside():
-                result = settle(self.fn(*args, **kwargs), self.__name__, self._again)
+                result = settle(self._call(args, kwargs), self.__name__, self._again)
         except BaseException:
             _after_call(self.__name__, libraries, modes, later)   # put back, even when it raised
             raise
@@ -67,6 +68,16 @@ class Answer(Guarded):
             expect_untouched(self.__name__, before, args, kwargs)
         expect_no_new_hooks(self.__name__, hooks, args, kwargs, keep)
         return result
+
+    def _call(self, args, kwargs):
+        """The reader's function's result; an exception it raised is settled here, while its
+        call is still watched (raised.py), and raised outside the `except`, with no chain."""
+        failure = None
+        try:
+            return self.fn(*args, **kwargs)
+        except BaseException as exc:   # settled, then raised again (below)
+            failure = settled_raise(exc)
+        raise failure
 
     def _again(self, fn):
         """`fn` (returned by the answer: a function, an iterator's next step, a hook) guarded
@@ -117,7 +128,11 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
             def judged(fn):
                 expect_no_early_hooks()     # before the check computes anything
                 refs = resolve(*named)
-                scan(fn, refs, exercise)
+                noted = snapshot(), switches(), callbacks()
+                try:                        # a read of the reader's object (a property) runs
+                    scan(fn, refs, exercise)   # its code: judged as the answer's would be
+                finally:
+                    _after_call(exercise, *noted)
                 answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)
                 with checking(answer):      # late.py: the reader's code after a call
                     body(answer)

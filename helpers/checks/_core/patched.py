@@ -303,7 +303,10 @@ def _put_back(before):
             if not _harness(value):
                 _restore(owner, key, value)
         for key in now.keys() - saved.keys() if len(now) > len(saved) else ():
-            if (private or not _private(key)) and _watched(now[key], space) \
+            if own and _judged(owner, key, now[key]):   # a name added to the harness's own
+                changed.append(f"{space}.{key}")        # (a property on `Result`)
+                delattr(owner, key)
+            elif (private or not _private(key)) and _watched(now[key], space) \
                     and not _harness(now[key]) and not _library_wrapper(
                         now[key], getattr(now[key], "__wrapped__", None), added=True):
                 changed.append(f"{space}.{key}")

@@ -20,7 +20,6 @@ import os
 import pathlib
 import sys
 import sysconfig
-import traceback
 
 __all__ = ["CheckFailed", "HarnessError", "ReferenceUsed", "Result", "run_check", "expect",
            "grading", "REGISTRY", "CheckInfo", "is_reader_code", "stand_in"]
@@ -125,7 +124,7 @@ def _blame(exc, declared):
     """("stub" | "answer" | "harness", frame) for an exception out of a check body. In a
     declared check the answer is what ran inside Answer.__call__; in an older check, whatever
     passed through the reader's files."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames = _frames(_traceback_of(exc))
     if declared:
         calls = [i for i, f in enumerate(frames) if f.filename in _ENTRIES and f.name == "__call__"]
         inside = frames[calls[0] + 1:] if calls else []
@@ -134,17 +133,35 @@ def _blame(exc, declared):
     reader = [f for f in inside if is_reader_code(f.filename)]
     if not inside or not reader:
         return "harness", frames[-1] if frames else None
-    if isinstance(exc, NotImplementedError) and is_reader_code(frames[-1].filename):
+    if issubclass(type(exc), NotImplementedError) and is_reader_code(frames[-1].filename):
         return "stub", frames[-1]
     return "answer", reader[-1]
+
+
+class _Frame:
+    """Where a traceback entry ran (what `traceback.extract_tb` gives, without reading source
+    lines: linecache would ask the loader a module's globals name, which may be the reader's)."""
+    __slots__ = ("filename", "name", "lineno")
+
+    def __init__(self, tb):
+        code = tb.tb_frame.f_code
+        self.filename, self.name, self.lineno = code.co_filename, code.co_name, tb.tb_lineno
+
+
+def _frames(tb):
+    frames = []
+    while tb is not None:
+        frames.append(_Frame(tb))
+        tb = tb.tb_next
+    return frames
 
 
 def _interrupt(exc):
     """True for a KeyboardInterrupt the reader's code did not raise with a `raise` statement: the
     kernel interrupted (a signal lands on whatever instruction runs), so it propagates."""
-    if not isinstance(exc, KeyboardInterrupt) or exc.__traceback__ is None:
+    tb = _traceback_of(exc)
+    if not issubclass(type(exc), KeyboardInterrupt) or tb is None:
         return False
-    tb = exc.__traceback__
     while tb.tb_next is not None:
         tb = tb.tb_next
     code = tb.tb_frame.f_code.co_code
@@ -156,7 +173,7 @@ _RAISES = frozenset(dis.opmap[name] for name in ("RAISE_VARARGS", "RERAISE") if 
 
 def _answer_error(exc, frame):
     where = f" (in {frame.name}, line {frame.lineno})" if frame and frame.name != "<module>" else ""
-    return f"your code raised {type(exc).__name__}: {exc}{where}"
+    return f"your code raised {_type_name(type(exc))}: {_describe(exc)}{where}"
 
 
 def run_check(name, body, *args, declared=False):
@@ -176,12 +193,12 @@ def run_check(name, body, *args, declared=False):
             raise CheckFailed(early)
         body(*args)
     except CheckFailed as e:
-        result = Result(name, "failed", str(e))
+        result = Result(name, "failed", _describe(e))
     except ReferenceUsed as e:
-        result = Result(name, "failed", str(e))
+        result = Result(name, "failed", _describe(e))
     except BaseException as e:   # sorted out below, never lost
         kind, frame = _blame(e, declared)
-        if not isinstance(e, Exception) and (kind == "harness" or _interrupt(e)):
+        if not issubclass(type(e), Exception) and (kind == "harness" or _interrupt(e)):
             raise                    # the harness's own, or the kernel interrupted
         if kind == "stub":
             result = Result(name, "not done",
@@ -190,7 +207,8 @@ def run_check(name, body, *args, declared=False):
             result = Result(name, "failed", _answer_error(e, frame))
         else:
             where = f" at {pathlib.Path(frame.filename).name}:{frame.lineno}" if frame else ""
-            result = Result(name, "error", f"{type(e).__name__}: {e}{where}. Please report it; "
+            result = Result(name, "error", f"{_type_name(type(e))}: {_describe(e)}{where}. "
+                                           "Please report it; "
                                            "your answer was not judged")
     else:
         result = Result(name, "passed")
@@ -235,3 +253,6 @@ def stand_in(original):
 # bound once this module's names exist (early_hooks.py and what it imports need them); the
 # package imports this module first (_core/__init__.py), so run_check never imports at run time
 from .early_hooks import taken_off, verdict_writer  # noqa: E402
+from .raised import describe as _describe  # noqa: E402
+from .raised import traceback_of as _traceback_of  # noqa: E402
+from .raised import type_name as _type_name  # noqa: E402

@@ -121,14 +121,14 @@ class World(ThreadWorld):
         results, errors, stuck = super().start(body)
         changed = self._verify()
         if changed:
-            return results, [(None, tampered(changed), "")], stuck
+            return results, [(None, tampered(changed))], stuck
         if not errors and self.network_failure is not None:    # the answer caught it
-            errors = [(*self.network_failure, "")]
+            errors = [tuple(self.network_failure)]
         if not errors and not stuck:
             for r, result in enumerate(results):
                 others = foreign_in(result, r, self.provenance.exited_last)
                 if others:
-                    errors = [(r, CheckFailed(foreign_message(r, others, "returned")), "")]
+                    errors = [(r, CheckFailed(foreign_message(r, others, "returned")))]
                     break
         return results, errors, stuck
 
