@@ -6,11 +6,13 @@ that patches the checks.
 To stay fast it grades one representative assignment, built from the real chapters: the
 exercise cells (solution and check cells, as the chapters have them) of Part II's three checked
 exercises, DataParallel's learning-rate schedule, gradient accumulation and the global BatchNorm
-statistics. Four submissions, one kernel run each: solved, untouched, and two with the
-shortcuts of alternate exercises (between them, every shortcut once, the check-patching one
-before solved exercises whose marks it must not change). The second of these also edits a check
-cell: nbgrader must report that cell, and only it, as changed (its checksum warning), while the
-untouched check cells of every submission raise no warning (scripts/released_checksums.py).
+statistics. Three submissions, one kernel run each: untouched, and two with the shortcuts of
+alternate exercises and the worked solutions of the others (between them, every shortcut once,
+the check-patching one before solved exercises whose marks it must not change, and every worked
+solution once: a submission of all of them would grade each a second time, in a kernel of its
+own, for nothing more). The second of the two also edits a check cell: nbgrader must report
+that cell, and only it, as changed (its checksum warning), while the untouched check cells of
+every submission raise no warning (scripts/released_checksums.py).
 """
 import os
 import subprocess
@@ -146,7 +148,6 @@ def graded(tmp_path_factory):
     wrong = {name: src for name, (_, src) in EXERCISES.items()}
     odd, even = NAMES[0::2], NAMES[1::2]
     submissions = {
-        "solved": solved,
         "untouched": {},
         "wrong_a": {n: (wrong[n] if n in odd else solved[n]) for n in NAMES},
         "wrong_b": {n: (wrong[n] if n in even else solved[n]) for n in NAMES},
@@ -185,8 +186,11 @@ def _logs_by_student(log, students):
 
 
 def test_worked_solutions_get_full_marks(graded):
-    scores, _, _, _ = graded
-    assert scores["solved"] == {n: 1 for n in NAMES}
+    """Each exercise's worked solution, in the submission that answers it so (the other half of
+    that submission answers wrongly)."""
+    scores, odd, even, _ = graded
+    got = {n: scores["wrong_a" if n in even else "wrong_b"][n] for n in NAMES}
+    assert got == {n: 1 for n in NAMES}
 
 
 def test_untouched_stubs_get_zero(graded):
@@ -201,7 +205,7 @@ def test_a_wrong_answer_scores_zero_on_its_exercise_only(graded, student, which)
     assert scores[student] == {n: 0 if n in wrong else 1 for n in NAMES}
 
 
-@pytest.mark.parametrize("student", ["untouched", "solved", "wrong_a"])
+@pytest.mark.parametrize("student", ["untouched", "wrong_a"])
 def test_no_checksum_warning_for_check_cells_as_released(graded, student):
     """The hidden regrade lines nbgrader puts back are not reported as an edit
     (scripts/released_checksums.py)."""

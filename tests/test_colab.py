@@ -371,17 +371,22 @@ def _platform_venv():
     stamp = VENV / ".stack"
     if not (py.exists() and stamp.exists() and stamp.read_text() == " ".join(PLATFORM_STACK)):
         shutil.rmtree(VENV, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        # without ensurepip: its pip (an old one, byte-compiled as it installs) cost more CPU
+        # than the stack. This interpreter's pip installs a current pip (the set-up cell's) and
+        # the stack into the venv, in one resolution, uncompiled
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(VENV)], check=True)
         rest = [name for name in PLATFORM_STACK if name not in PREINSTALLED]
-        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--no-compile", *rest],
-                       check=True, env=_clean_env())
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet",
+                        "--no-compile", "pip", *rest], check=True, env=_clean_env())
         _link_preinstalled(py)
         subprocess.run([str(py), "-m", "ipykernel", "install", "--sys-prefix", "--name",
                         "python3"], check=True, env=_clean_env(), capture_output=True)
         stamp.write_text(" ".join(PLATFORM_STACK))
-    # as the platforms have it: no course package until the set-up cell installs one
-    subprocess.run([str(py), "-m", "pip", "uninstall", "--quiet", "-y", "multigpu-course-helpers"],
-                   env=_clean_env(), capture_output=True)
+    # as the platforms have it: no course package until the set-up cell installs one (pip runs
+    # only where an earlier session left one: _run_emulated's probe fails on a leftover)
+    if any(VENV.glob("lib/python*/site-packages/multigpu_course_helpers-*.dist-info")):
+        subprocess.run([str(py), "-m", "pip", "uninstall", "--quiet", "-y",
+                        "multigpu-course-helpers"], env=_clean_env(), capture_output=True)
     return py
 
 

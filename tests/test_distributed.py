@@ -83,42 +83,59 @@ def check_metrics(path, reference):
 
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
-    """Two torchrun jobs at once (2 ranks each, gloo): torchrun.py uninterrupted, and the
-    plain-torch minimal.py. Returns {name: (returncode, output, folder)}.
+    """Two torchrun jobs at once (gloo): torchrun.py on two "nodes" of one rank each, meeting
+    over loopback, and the plain-torch minimal.py on 2 ranks of one machine.
+    Returns {name: ([returncode, ...], [output, ...], folder)}, one entry per launcher.
 
-    A killed rank under --max-restarts (the whole group restarts and resumes from the epoch's
-    snapshot, bitwise equal to the uninterrupted run) is launched and checked by ddp_torchrun's
-    own cells under nbval (`make test`): the same torchrun.py flags, the launcher's exit code and
-    the parameters asserted there, the attempt that ran each epoch compared with the stored
-    output. A second launch of it here proved nothing more."""
+    The one launch of torchrun.py shows both that 2 ranks train like one process on the combined
+    batch and that two nodes meet: torchrun.py's 2 ranks on one machine (--standalone) are
+    launched by the test of a dead or stuck rank below and by ddp_torchrun's cells under nbval,
+    and one more launch of them here proved nothing more. A killed rank under --max-restarts
+    (the whole group restarts and resumes from the epoch's snapshot, bitwise equal to the
+    uninterrupted run) is launched and checked by those cells too: the same torchrun.py flags,
+    the launcher's exit code and the parameters asserted there, the attempt that ran each epoch
+    compared with the stored output."""
     d = tmp_path_factory.mktemp("launches")
-    (d / "plain").mkdir()
-    procs = {"plain": subprocess.Popen(
-        [*LAUNCH, "--standalone", "--nproc-per-node", "2", str(SCRIPT), *ARGS,
-         "--timeout", "30", "--save", str(d / "plain" / "model.pt"),
-         "--metrics", str(d / "plain" / "m.json")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)}
+    (d / "nodes").mkdir()
+    port = helpers.free_port()
+    procs = {"nodes": [subprocess.Popen(
+        [*LAUNCH, "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), str(SCRIPT), *ARGS,
+         "--backend", "gloo", "--timeout", "30", "--save", str(d / "nodes" / "model.pt"),
+         "--metrics", str(d / "nodes" / "m.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)
+        for i in (0, 1)]}
     (d / "minimal").mkdir()                    # the plain-torch script, beside it
-    procs["minimal"] = subprocess.Popen(
+    procs["minimal"] = [subprocess.Popen(
         [*LAUNCH, "--standalone", "--nproc-per-node", "2", str(SCRIPT.parent / "minimal.py"),
          "--steps", "12", "--save", str(d / "minimal" / "model.pt")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)]
     try:
-        outs = {name: p.communicate(timeout=150)[0] for name, p in procs.items()}
+        outs = {name: [p.communicate(timeout=150)[0] for p in ps] for name, ps in procs.items()}
     finally:
-        for p in procs.values():
-            p.kill()
-    return {name: (p.returncode, outs[name], d / name) for name, p in procs.items()}
+        for ps in procs.values():
+            for p in ps:
+                p.kill()
+    return {name: ([p.returncode for p in ps], outs[name], d / name)
+            for name, ps in procs.items()}
 
 
 def test_two_ranks_equal_one_process_on_the_combined_batch(launches, reference):
-    rc, out, d = launches["plain"]
-    assert rc == 0, out[-4000:]
+    rcs, outs, d = launches["nodes"]
+    assert rcs == [0, 0], outs[0][-2000:] + outs[1][-2000:]
     assert_same_model(d / "model.pt", reference)
     m = check_metrics(d / "m.json", reference)
     assert m["world_size"] == 2 and m["steps"] == 8
-    assert out.count("epoch 1:") == 1, "only rank 0 logs"
+    assert "".join(outs).count("epoch 1:") == 1, "only rank 0 logs"
     assert [len(h["rank_losses"]) for h in m["history"]] == [2, 2], "per-rank losses recorded"
+
+
+def test_two_nodes_over_loopback(launches):
+    """Two torchrun launchers of one rank each (--nnodes 2, a node rank each) meet at node 0's
+    address over loopback and form one group of 2 ranks (its training: the test above)."""
+    rcs, outs, _ = launches["nodes"]
+    assert rcs == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    assert "2 ranks, backend gloo" in outs[0], outs[0][-2000:]
 
 
 def minimal_reference(steps, batch_size=64, world=2):
@@ -154,7 +171,7 @@ def minimal_reference(steps, batch_size=64, world=2):
 def test_the_plain_torch_script_trains_like_one_process(launches):
     """scripts/ddp/minimal.py (init_process_group, LOCAL_RANK, set_device by hand; rank 0 saves
     while the others wait) equals one process on the combined batch."""
-    rc, out, d = launches["minimal"]
+    (rc,), (out,), d = launches["minimal"]
     assert rc == 0, out[-4000:]
     assert "2 ranks over gloo, 12 steps" in out, out[-2000:]
     state = torch.load(d / "model.pt", weights_only=True)
@@ -234,24 +251,6 @@ def test_a_dead_or_a_stuck_rank_ends_the_run():
     hang = outs["hang"]   # the survivor's collective timed out and said why
     assert "ERROR in a collective" in hang and "Timed out" in hang, hang[-3000:]
     print(f"both launchers exited non-zero within {time.perf_counter() - t0:.1f} s")
-
-
-def test_two_nodes_over_loopback(tmp_path, reference):
-    ckpt, port = tmp_path / "model.pt", helpers.free_port()
-    nodes = [subprocess.Popen(
-        [*LAUNCH, "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), str(SCRIPT), *ARGS,
-         "--backend", "gloo", "--timeout", "30", "--save", str(ckpt)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)
-        for i in (0, 1)]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in nodes]
-    finally:
-        for p in nodes:
-            p.kill()
-    assert [p.returncode for p in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
-    assert "2 ranks, backend gloo" in outs[0]
-    assert_same_model(ckpt, reference)
 
 
 # --- the helpers, without launching anything ---
