@@ -1,8 +1,10 @@
 """A check's discriminating cases are forced, not drawn: a named wrong answer fails on every
 draw, not only on the draws that happen to hold the case that tells it apart (a score large
 enough to overflow, a second routing choice, a 4-byte dtype, a max-pool net, two heads per
-rank, a memory-bound operation more intense than a compute-bound one). Each check's inputs
-stay fresh; only which cases appear is fixed.
+rank, a memory-bound operation more intense than a compute-bound one, an uneven split where
+torch.tensor_split's sizes are not torch.chunk's, a sort of more than 16 equal keys, where
+torch's CPU sort stops keeping their order unasked). Each check's inputs stay fresh; only which
+cases appear is fixed.
 """
 import importlib
 import pathlib
@@ -11,6 +13,7 @@ import pytest
 import torch
 from check_cases import CASES, parametrize_cases, shortcut
 
+import helpers
 from helpers.checks._core.inputs import replay_seeds
 
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -20,7 +23,9 @@ for path in sorted(TESTS.glob("test_checks_*.py")):
 
 FORCED = ["check_z_loss", "check_permute_tokens", "check_tp_bytes_per_step",
           "check_accumulation_bytes", "check_saved_bytes", "check_tokens_to_heads",
-          "check_roofline_time"]
+          "check_roofline_time", "check_local_shape"]
+# A World of thread ranks a draw: this module's own shortcuts only, not every module's.
+FORCED_HERE = ["check_dispatch_tokens"]
 SEEDS = range(10)
 
 
@@ -74,13 +79,43 @@ def heads_one_per_rank(x, comm):
     return torch.cat(parts, dim=2)
 
 
+@shortcut("check_permute_tokens", "an unstable sort (token order within an expert not kept)",
+          "a stable sort")
+def permute_unstable_sort(x, expert, n_experts):
+    flat = expert.reshape(-1)
+    order = flat.argsort()
+    return x[order // expert.shape[1]], torch.bincount(flat, minlength=n_experts)
+
+
+@shortcut("check_local_shape", "torch.tensor_split's sizes (the extra rows to the first ranks)",
+          "tensor_split")
+def local_shape_tensor_split(shape, split_dim, dp, tp, dp_rank):
+    s = list(shape)
+    if split_dim is not None:
+        s[split_dim] //= tp
+    s[0] = s[0] // dp + (1 if dp_rank < s[0] % dp else 0)
+    return tuple(s)
+
+
+@shortcut("check_dispatch_tokens", "an unstable sort of dest (row order within a source lost)",
+          "a stable sort")
+def dispatch_unstable_sort(x, dest, comm):
+    w = comm.world
+    order = dest.argsort()
+    send = torch.bincount(dest, minlength=w)
+    recv = helpers.all_to_all(comm, send, [1] * w, [1] * w)
+    return helpers.all_to_all(comm, x[order], send.tolist(), recv.tolist())
+
+
 test_case = parametrize_cases(__name__)
 
 
-@pytest.mark.parametrize("case", [c for name in FORCED for c in CASES[name]["shortcuts"]],
-                         ids=repr)
+@pytest.mark.parametrize("case", [c for name in FORCED for c in CASES[name]["shortcuts"]]
+                         + [c for name in FORCED_HERE for c in CASES[name]["shortcuts"]
+                            if c.module == __name__], ids=repr)
 def test_every_shortcut_fails_on_every_draw(case, monkeypatch):
-    """Every registered shortcut of these checks, on ten replayed draws: each one fails."""
+    """Every registered shortcut of these checks (of the FORCED_HERE ones, this module's), on
+    ten replayed draws: each one fails."""
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     monkeypatch.delenv("COURSE_GRADING", raising=False)
     for seed in SEEDS:              # conftest replays its own seeds again after the test

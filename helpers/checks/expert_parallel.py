@@ -81,13 +81,18 @@ def _dispatch_rank(comm, fn, xs, dests):
 
 @check("dispatch_tokens", references=["ExpertParallelMoE"], observes=[
     "the bytes each thread rank sent to each other rank (its rows for that rank, plus at "
-    "most a few count integers)", "the rows each rank ended with, in source-rank order"])
+    "most a few count integers)", "the rows each rank ended with, in source-rank order, "
+    "then row order (one rank of 32 rows or more, where an unstable sort shows)"])
 def check_dispatch_tokens(fn):
     """fn(x, dest, comm) -> rows received from every rank (source order, then row order)."""
     g = fresh_generator()
     for world in (2, randint(g, 3, 4)):
         d = randint(g, 2, 5)
-        xs = [torch.randn(randint(g, 3, 8), d, generator=g) for _ in range(world)]
+        # One rank of 32 rows or more, forced, in a fresh place: torch's CPU sort keeps equal
+        # keys in order up to 16 elements, stable or not, so an unstable sort shows only above.
+        many = randint(g, 0, world - 1)
+        xs = [torch.randn(randint(g, 32, 40) if r == many else randint(g, 3, 8), d, generator=g)
+              for r in range(world)]
         dests = [torch.randint(0, world, (len(x),), generator=g) for x in xs]
         results, sends, w = _threads(_dispatch_rank, world, fn, xs, dests)
         for rank, mine in enumerate(sends):
@@ -108,7 +113,8 @@ def check_dispatch_tokens(fn):
             expect(isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(
                 want.shape) and tensor_equal(got, want),
                 f"on {world} ranks rank {r} should end with the {len(want)} rows sent to "
-                "it, in source-rank order")
+                "it, in source-rank order, each source's in their own order (a stable sort "
+                "keeps it)")
             if any((dests[s] == r).any() for s in range(world) if s != r):
                 w.expect_from_messages(r, got, "rows", world)
 
@@ -144,15 +150,21 @@ def check_z_loss(fn):
 
 
 @check("permute_tokens", references=["permute_by_expert", "EPMoE"], observes=[
-    "the rows and counts returned for fresh tokens, top-1 and top-2 choices both: each "
-    "expert's rows together, experts in order, within an expert the choices in token order"])
+    "the rows and counts returned for fresh tokens, top-1 and top-2 choices both (32 choices or "
+    "more in one case of every draw, where an unstable sort shows): each expert's rows "
+    "together, experts in order, within an expert the choices in token order"])
 def check_permute_tokens(fn):
     """fn(x, expert, n_experts) -> (rows, counts): the tokens of every choice (expert (N, k)),
     grouped by expert in expert order, each group in token order; counts (E,)."""
     g = fresh_generator()
     first = randint(g, 1, 2)        # top-1 and top-2 both, in a fresh order: never k=1 alone
-    for k in (first, 3 - first, randint(g, 1, 2)):
+    # One case of 32 choices or more, forced, in a fresh place: torch's CPU sort keeps equal keys
+    # in order up to 16 elements, stable or not, so an unstable sort shows only above.
+    many = randint(g, 0, 2)
+    for case, k in enumerate((first, 3 - first, randint(g, 1, 2))):
         N, E, d = randint(g, 5, 12), randint(g, 2, 5), randint(g, 2, 4)
+        if case == many:
+            N = randint(g, 32, 40) // k     # N * k >= 32 choices of at most 5 experts
         x = torch.randn(N, d, generator=g)
         expert = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
         got = fn(x.clone(), expert.clone(), E)

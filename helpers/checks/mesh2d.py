@@ -86,18 +86,23 @@ def _fsdp_rows(n, dp, rank):
 
 @check("local_shape", observes=[
     "the shape returned for every dp rank of fresh weights (column-wise, row-wise, "
-    "replicated), dim 0 divisible by dp and not, against TP's slice then FSDP2's torch.chunk "
-    "of dim 0 (ceil rows, the last shard smaller, empty shards past the end)"])
+    "replicated), dim 0 divisible by dp and not (in every draw a case where torch.tensor_split's "
+    "sizes differ), against TP's slice then FSDP2's torch.chunk of dim 0 (ceil rows, the last "
+    "shard smaller, empty shards past the end)"])
 def check_local_shape(fn):
     """fn(shape, split_dim, dp, tp, dp_rank) -> the shape the rank at dp index `dp_rank` holds of a
     weight of `shape`, split by tensor parallelism along `split_dim` (0: column-wise, 1:
     row-wise, None: replicated) over tp ranks, then sharded by fully_shard over dp ranks."""
     g = fresh_generator()
+    # One uneven case, forced, in a fresh place: dp >= 3 and 1 <= rows % dp <= dp - 2, where
+    # torch.tensor_split's sizes (the extra rows one each to the first ranks) are not chunk's.
+    split_apart = 2 * randint(g, 0, 2) + 1
     for case in range(6):
-        dp, tp = randint(g, 2, 4), randint(g, 2, 4)
+        dp, tp = randint(g, 3 if case == split_apart else 2, 4), randint(g, 2, 4)
         uneven = case % 2 == 1
+        most = dp - 2 if case == split_apart else dp - 1
         for split_dim in (0, 1, None):
-            rows = dp * randint(g, 1, 3) + (randint(g, 1, dp - 1) if uneven else 0)
+            rows = dp * randint(g, 1, 3) + (randint(g, 1, most) if uneven else 0)
             shape = [rows * (tp if split_dim == 0 else 1), tp * randint(g, 1, 3)]
             if split_dim is None:
                 shape = [rows]
@@ -124,6 +129,11 @@ def check_local_shape(fn):
                     msg = "a replicated weight is still sharded by FSDP over dp"
                 elif got == only_tp:
                     msg = "that is the tensor-parallel slice; FSDP shards it again over dp"
+                elif got == floor and dp_rank > 0:     # the ranks before it held ceil rows
+                    msg = (f"those are torch.tensor_split's sizes for {only_tp[0]} rows over "
+                           f"{dp} ranks (the extra rows one each to the first ranks): FSDP2 "
+                           "cuts dim 0 with torch.chunk (ceil(rows / dp) each, the last "
+                           "smaller)")
                 elif got == floor:
                     msg = (f"{only_tp[0]} rows do not split evenly over {dp} ranks: FSDP2 cuts "
                            "dim 0 with torch.chunk (ceil(rows / dp) each, the last smaller)")
