@@ -95,6 +95,7 @@ def open_page(context, url, base, timeout=RENDER_TIMEOUT_MS):
     page.on("console", on_console)
     page.on("pageerror", lambda exc: seen.console_errors.append(
         f"uncaught {getattr(exc, 'name', None) or 'Error'}: {getattr(exc, 'message', exc)}"))
+
     def on_failed(req):
         if req.url.startswith(base):
             seen.local_failures.append(f"{req.url} ({req.failure})")
