@@ -30,8 +30,18 @@ def toc_entries_of(book_dir):
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
+    """Quiet, and its files cacheable: a page's scripts and styles (the theme's, MathJax, the
+    widget manager, mostly the same on every page) come from Chromium's cache, compiled code
+    included, after the first page of a run instead of being served and parsed again. An error
+    (a missing file) is not cached: every page that asks for it is told so."""
+
     def log_message(self, *args):
         pass
+
+    def send_response(self, code, message=None):
+        super().send_response(code, message)
+        if code == 200:
+            self.send_header("Cache-Control", "max-age=3600")
 
 
 @contextlib.contextmanager
@@ -56,25 +66,25 @@ class Page:
         self.console_errors, self.local_failures, self.blocked = [], [], []
 
 
+# The browser resolves no host name but 127.0.0.1 (conftest.py's OFFLINE): a request outside
+# the local server fails at once with this error, inside Chromium. Blocking each request through
+# Playwright's routes instead has Chromium pause every request for the driver, with its cache off.
+OFFLINE_ERROR = "net::ERR_NAME_NOT_RESOLVED"
+
+
 def open_page(context, url, base, timeout=RENDER_TIMEOUT_MS):
-    """Open `url` in a new tab of `context`; requests not under `base` are blocked and noted.
-    Waits up to `timeout` ms for math, widgets and images to render."""
+    """Open `url` in a new tab of `context` (a browser started offline: conftest.py); requests
+    outside `base` fail and are noted. Waits up to `timeout` ms for math, widgets and images to
+    render."""
     page = context.new_page()
     seen = Page(page, url)
-
-    def route(r):
-        if r.request.url.startswith(base) or r.request.url.startswith("data:"):
-            r.continue_()
-        else:
-            seen.blocked.append(r.request.url)
-            r.abort("blockedbyclient")
 
     def on_console(msg):
         if msg.type != "error":
             return
         where = (msg.location or {}).get("url", "")
-        if "net::ERR_BLOCKED_BY_CLIENT" in msg.text or (where and not where.startswith(base)
-                                                         and "Failed to load resource" in msg.text):
+        if OFFLINE_ERROR in msg.text or (where and not where.startswith(base)
+                                         and "Failed to load resource" in msg.text):
             return   # an external request we blocked on purpose; it is listed in seen.blocked
         seen.console_errors.append(f"{msg.text} ({where})" if where else msg.text)
 
@@ -82,12 +92,17 @@ def open_page(context, url, base, timeout=RENDER_TIMEOUT_MS):
     # which test_page's dark-mode pass clicks, stores its choice in localStorage), so the theme
     # follows the system's, light here
     page.add_init_script("localStorage.removeItem('theme'); localStorage.removeItem('mode');")
-    page.route("**/*", route)
     page.on("console", on_console)
     page.on("pageerror", lambda exc: seen.console_errors.append(
         f"uncaught {getattr(exc, 'name', None) or 'Error'}: {getattr(exc, 'message', exc)}"))
-    page.on("requestfailed", lambda req: req.url.startswith(base) and seen.local_failures.append(
-        f"{req.url} ({req.failure})"))
+
+    def on_failed(req):
+        if req.url.startswith(base):
+            seen.local_failures.append(f"{req.url} ({req.failure})")
+        elif not req.url.startswith("data:") and OFFLINE_ERROR in (req.failure or ""):
+            seen.blocked.append(req.url)
+
+    page.on("requestfailed", on_failed)
     page.on("response", lambda resp: resp.url.startswith(base) and resp.status >= 400 and
             seen.local_failures.append(f"{resp.url} (HTTP {resp.status})"))
     page.goto(url, wait_until="load")

@@ -37,7 +37,8 @@ def _widget_state(*widgets):
 
 
 def _page(body, state=None, math=False, css=False):
-    head = ['<meta charset="utf-8"><title>t</title>']
+    # an icon, as the book's pages have: else Chromium asks the server for /favicon.ico
+    head = ['<meta charset="utf-8"><title>t</title><link rel="icon" href="data:,">']
     if css:   # the book's own stylesheet (book/_css/course.css)
         head.append('<link rel="stylesheet" href="_static/course.css">')
     if state is not None:
@@ -270,6 +271,22 @@ def test_external_requests_are_blocked_not_needed(browser, synthetic):
     problems, seen = _problems(browser, synthetic, "external.html")
     assert seen.blocked == ["https://example.org/plot.png"]
     assert any("broken image https://example.org/plot.png" in p for p in problems)
+
+
+def test_no_host_name_resolves(browser, tmp_path):
+    """Offline wherever the tests run, internet or not: a name that resolves on any machine
+    (localhost, for the very server of the page) loads nothing; only 127.0.0.1 does."""
+    Image.new("RGB", (120, 120), "red").save(tmp_path / "plot.png")
+    with serve(tmp_path) as base:
+        elsewhere = base.replace("127.0.0.1", "localhost") + "plot.png"
+        (tmp_path / "p.html").write_text(_page(f'<img src="plot.png"><img src="{elsewhere}">'))
+        seen = open_page(browser, base + "p.html", base, timeout=3000)
+        try:
+            problems = check_page(seen, base, tmp_path)
+        finally:
+            seen.page.close()
+    assert seen.blocked == [elsewhere]
+    assert problems == [f"broken image {elsewhere}"], problems
 
 
 def test_launch_buttons_must_open_the_notebook(browser, synthetic):
