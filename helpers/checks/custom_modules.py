@@ -17,8 +17,9 @@ from ._core import (
     tensor_close,
     tensor_equal,
 )
+from ._core.declare import judged_scan
 from ._core.recorded import Taps
-from ._core.references import Reference, blocked, scan
+from ._core.references import Reference, blocked
 
 __all__ = ["check_strip_module_prefix", "check_accumulate_gradients", "check_unused_parameters"]
 
@@ -30,7 +31,7 @@ def _forbid(fn, exercise, objects):
         def __repr__(self):
             return self.name
     try:
-        scan(getattr(fn, "fn", fn), [Named(n, o) for n, o in objects.items()], exercise)
+        judged_scan(getattr(fn, "fn", fn), [Named(n, o) for n, o in objects.items()], exercise)
     except CheckFailed as e:
         name = next((n for n in objects if n in str(e)), None)
         if name is None:

@@ -15,8 +15,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ..runtime import checkpoint
 from ._core import CheckFailed, check, expect, fresh_generator, randint, tensor_close, tensor_equal
+from ._core.declare import judged_scan
 from ._core.inputs import expect_unchanged, kept
-from ._core.references import Reference, blocked, scan
+from ._core.references import Reference, blocked
 
 __all__ = ["check_sampler_shard", "check_rank_loss", "check_resume"]
 
@@ -73,7 +74,7 @@ def check_sampler_shard(fn):
     refuse = [_Torch(f"{c.__name__}.__iter__", c.__dict__["__iter__"])
               for c in samplers if "__iter__" in c.__dict__]
     try:
-        scan(fn.fn, [_Torch(c.__name__, c) for c in samplers] + refuse, "sampler_shard")
+        judged_scan(fn.fn, [_Torch(c.__name__, c) for c in samplers] + refuse, "sampler_shard")
     except CheckFailed as e:
         name = max((c.__name__ for c in samplers if c.__name__ in str(e)), key=len,
                    default="DistributedSampler")

@@ -13,6 +13,7 @@ from .late import checking, inside
 from .left_later import collector_back, left_later
 from .modes import expect_same_switches, switches
 from .own import KEYS
+from .parts import function_name
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world
 from .raised import settled_raise
@@ -23,7 +24,7 @@ from .same_work import expect_same_work, traced
 from .settle import Guarded, settle
 from .untouched import classes, expect_same_classes, expect_untouched, fingerprint
 
-__all__ = ["check", "Answer"]
+__all__ = ["check", "Answer", "judged_scan"]
 
 
 class Answer(Guarded):
@@ -39,7 +40,7 @@ class Answer(Guarded):
         self.changes_inputs = changes_inputs   # else what it is handed stays (untouched.py)
         self.keeps_hooks = keeps_hooks         # else it leaves no hook behind (hooks.py)
         self.traces = {} if simulated else None   # its work, CPU against FakeGPUs (same_work.py)
-        self.__name__ = getattr(fn, "__name__", exercise)
+        self.__name__ = function_name(fn, exercise)   # read by type: no property of the reader's
         self.keys = {**KEYS, **{ref.key: str(ref) for ref in references if ref.key[0] == "code"}}
 
     def __call__(self, *args, **kwargs):
@@ -85,8 +86,16 @@ class Answer(Guarded):
         return Answer(fn, self.exercise, self.references, self.changes_inputs, self.keeps_hooks,
                       self.traces is not None)
 
-    def __getattr__(self, name):
-        return getattr(self.fn, name)
+
+
+def judged_scan(fn, refs, exercise):
+    """references.scan, judged as the answer's call is: a read of the reader's object (a
+    property, a `__getattr__`) runs its code, so what it changed fails and is put back."""
+    noted = snapshot(), switches(), callbacks()
+    try:
+        scan(fn, refs, exercise)
+    finally:
+        _after_call(exercise, *noted)
 
 
 def _after_call(name, libraries, modes, later):
@@ -128,11 +137,7 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
             def judged(fn):
                 expect_no_early_hooks()     # before the check computes anything
                 refs = resolve(*named)
-                noted = snapshot(), switches(), callbacks()
-                try:                        # a read of the reader's object (a property) runs
-                    scan(fn, refs, exercise)   # its code: judged as the answer's would be
-                finally:
-                    _after_call(exercise, *noted)
+                judged_scan(fn, refs, exercise)
                 answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)
                 with checking(answer):      # late.py: the reader's code after a call
                     body(answer)

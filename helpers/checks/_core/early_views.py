@@ -13,6 +13,7 @@ import types
 import numpy as np
 import torch
 
+from .parts import function_closure, function_globals
 from .rank_arrays import RankArray
 
 __all__ = ["early_views_read_only"]
@@ -66,7 +67,6 @@ _DEPTH = 4
 
 def _spaces(fn):
     """(mapping, key, array) for the tensor-backed arrays fn's module and closure hold."""
-    fn = getattr(fn, "func", fn)
     found, seen = [], set()
 
     def scan(space, items, depth):
@@ -82,10 +82,10 @@ def _spaces(fn):
                 seen.add(id(v))
                 scan(vars(v), vars(v).items(), depth + 1)
 
-    g = getattr(fn, "__globals__", None)
+    g = function_globals(fn)
     if isinstance(g, dict) and not str(g.get("__name__", "")).startswith(("helpers", "numpy")):
         scan(g, ((k, v) for k, v in g.items() if not k.startswith("__")), 0)
-    for cell in getattr(fn, "__closure__", None) or ():
+    for cell in function_closure(fn):
         try:
             v = cell.cell_contents
         except ValueError:           # a cell not filled yet

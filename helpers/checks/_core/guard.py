@@ -62,6 +62,7 @@ _FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 _HERE = os.path.abspath(__file__)
 _OFF = "your code switched the check's guard off: an answer computes, it leaves the grader be"
 _STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs.py")
+_CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # helpers/checks/
 _LATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "late.py")
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 
@@ -202,15 +203,22 @@ def _from_answering(frame, refuse):
 
 def _rewrite(armed, local, args):
     """Refuse a function of the libraries' or the course's given new code or defaults in place
-    while an answer runs or a check judges one (the harness's own stubs are `busy`)."""
-    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS or not (armed.depth or armed.judging)
+    while an answer runs or a check judges one (the harness's own stubs are `busy`), and one of
+    the harness's own by the reader's code at any time (a getter the harness reads between its
+    windows, a cell: the verdict's `expect` would be the reader's)."""
+    if (len(args) < 2 or args[1] not in _FUNCTION_PARTS
             or not isinstance(args[0], types.FunctionType)
             or getattr(local, "busy", False)):
         return
     local.busy = True
     try:
         code = args[0].__code__
-        if is_reader_function(args[0], sys._getframe(2)) or (
+        setter = sys._getframe(2)
+        if not (armed.depth or armed.judging) and not (
+                os.path.abspath(code.co_filename).startswith(_CHECKS)
+                and reader_code(setter.f_code)):
+            return             # outside a check: only the harness's own functions are kept
+        if is_reader_function(args[0], setter) or (
                 args[1] == "__code__" and code.co_name == "_stub"
                 and file_code(code, _STUBS)):
             return             # the reader's own function, or a stubbed reference (stubs.py's)
@@ -221,7 +229,8 @@ def _rewrite(armed, local, args):
     message = (f"your code gave {name} a new {args[1]} in place: the check computes its verdict "
                "with that function, so it may not change it. Compute the result with your own "
                "functions")
-    armed.rewritten.append(message)
+    if armed.depth or armed.judging:
+        armed.rewritten.append(message)
     if armed.depth and armed.refused is None:
         armed.refused = message
     raise ReferenceUsed(message)

@@ -16,6 +16,7 @@ import torch
 
 from .callbacks import _UNSEEN, _readers
 from .guard import refuse
+from .parts import function_closure, function_globals
 from .run import CheckFailed, is_reader_code, stand_in
 
 __all__ = ["left_later", "collector_back"]
@@ -136,8 +137,8 @@ def _reachable(fn, args, kinds):
     down): where an object it made lives after a collection it set off moved it out of the young
     objects."""
     found, seen = {}, set()
-    stack = [(v, 3) for v in (getattr(fn, "__globals__", {}), *(
-        c.cell_contents for c in getattr(fn, "__closure__", None) or () if _cell(c)), *args)]
+    stack = [(v, 3) for v in (function_globals(fn) or {}, *(
+        c.cell_contents for c in function_closure(fn) if _cell(c)), *args)]
     while stack and len(seen) < 20000:
         obj, depth = stack.pop()
         if id(obj) in seen:

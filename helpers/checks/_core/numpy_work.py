@@ -36,6 +36,7 @@ import numpy.ma
 import torch
 
 from .guard import armed, note_refusal
+from .parts import function_closure, function_globals
 from .rank_arrays import _functions
 from .run import CheckFailed, expect, is_reader_code
 from .settle import reader_class
@@ -158,7 +159,7 @@ def _install(fn):
             stand_ins.setdefault(id(f), _stand_in(m, n, f))
             saved.append((vars(m), n, f))
             setattr(m, n, stand_ins[id(f)])
-    g = getattr(getattr(fn, "func", fn), "__globals__", None)
+    g = function_globals(fn)
     if isinstance(g, dict) and not str(g.get("__name__", "")).startswith(("helpers", "numpy")):
         for n, v in list(g.items()):
             if n.startswith("__"):
@@ -171,7 +172,7 @@ def _install(fn):
                 g[n] = stand_ins[id(v)]
             else:
                 _held(v, saved)
-    for cell in getattr(getattr(fn, "func", fn), "__closure__", None) or ():
+    for cell in function_closure(fn):
         try:
             v = cell.cell_contents
         except ValueError:          # a cell not filled yet

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import rank_arrays
+from .parts import function_globals
 from .rank_numbers import Tagged, TaggedInt, ranks_of
 
 __all__ = ["shadowing", "shadow"]
@@ -116,8 +117,7 @@ def shadow(fn):
     course's or torch's, nor a name the module binds to something else than the builtin)."""
     if not _ACTIVE:
         return
-    fn = getattr(fn, "func", fn)                               # functools.partial
-    g = getattr(fn, "__globals__", None)
+    g = function_globals(fn)                  # read by type: no attribute of the reader's
     if not isinstance(g, dict) or str(g.get("__name__", "")).startswith(("helpers", "torch")):
         return
     with _LOCK:

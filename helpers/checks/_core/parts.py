@@ -1,0 +1,48 @@
+"""The parts of the reader's function the harness reads (its name, module globals, closure),
+read by exact type: the plain function behind a partial, a bound method or an `Answer`, never an
+attribute of an object of the reader's class (a `__name__` property or a `__getattr__` would
+run the reader's code between the answer's watched windows)."""
+import functools
+import types
+
+from .settle import Guarded
+
+__all__ = ["plain_function", "function_globals", "function_closure", "function_name"]
+
+_DEPTH = 8
+
+
+def plain_function(fn):
+    """The plain function `fn` calls, unwrapped by exact type; None for any other callable."""
+    for _ in range(_DEPTH):
+        cls = type(fn)
+        if cls is types.FunctionType:
+            return fn
+        if cls is functools.partial:
+            fn = fn.func                      # a member of the exact type: no code of the reader's
+        elif cls is types.MethodType:
+            fn = fn.__func__
+        elif issubclass(cls, Guarded):
+            fn = object.__getattribute__(fn, "fn")   # the harness's Answer (no __getattr__)
+        else:
+            return None
+    return None
+
+
+def function_globals(fn):
+    """The module globals of the plain function behind `fn` (a dict), or None."""
+    f = plain_function(fn)
+    return f.__globals__ if f is not None else None
+
+
+def function_closure(fn):
+    """The closure cells of the plain function behind `fn` (a tuple, maybe empty)."""
+    f = plain_function(fn)
+    return (f.__closure__ or ()) if f is not None else ()
+
+
+def function_name(fn, default):
+    """The name of the plain function behind `fn`, if a plain str; else `default`."""
+    f = plain_function(fn)
+    name = f.__name__ if f is not None else None
+    return name if type(name) is str else default
