@@ -13,13 +13,13 @@ from .late import checking, inside
 from .left_later import collector_back, left_later
 from .modes import expect_same_switches, switches
 from .own import KEYS
-from .parts import function_name
+from .parts import function_name, plain_globals
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in, in_world
 from .raised import settled_raise
 from .rank_builtins import shadow
 from .references import blocked, code_key, resolve, scan, torch_objects
-from .run import REGISTRY, CheckInfo, Result, run_check
+from .run import REGISTRY, CheckInfo, Result, expect, run_check
 from .same_work import expect_same_work, traced
 from .settle import Guarded, settle
 from .untouched import classes, expect_same_classes, expect_untouched, fingerprint
@@ -136,6 +136,9 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
         def check_fn(fn: Callable[..., Any]) -> Result:
             def judged(fn):
                 expect_no_early_hooks()     # before the check computes anything
+                expect(plain_globals(fn), "your function's module globals are not a plain dict "
+                       "(it was made with a dict subclass, by `exec` or `types.FunctionType`): "
+                       "the check reads them, so define it in a cell or a module")
                 refs = resolve(*named)
                 judged_scan(fn, refs, exercise)
                 answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)

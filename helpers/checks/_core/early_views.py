@@ -13,7 +13,7 @@ import types
 import numpy as np
 import torch
 
-from .parts import function_closure, function_globals
+from .parts import function_closure, function_globals, module_name
 from .rank_arrays import RankArray
 
 __all__ = ["early_views_read_only"]
@@ -83,7 +83,7 @@ def _spaces(fn):
                 scan(vars(v), vars(v).items(), depth + 1)
 
     g = function_globals(fn)
-    if isinstance(g, dict) and not str(g.get("__name__", "")).startswith(("helpers", "numpy")):
+    if g is not None and not module_name(g).startswith(("helpers", "numpy")):
         scan(g, ((k, v) for k, v in g.items() if not k.startswith("__")), 0)
     for cell in function_closure(fn):
         try:

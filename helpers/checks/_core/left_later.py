@@ -77,19 +77,34 @@ _KERNEL_STAND_INS = types.MappingProxyType(
 def _kind(cls, kinds):
     """What an object of `cls` runs when it dies, if it may be the reader's code (`kinds`: the
     window's cache, class -> kind, None: nothing)."""
-    kind = kinds.get(cls, _UNSEEN)
+    plain = type(cls) is type      # a metaclass's __hash__ or __getattribute__ never runs
+    kind = kinds.get(cls, _UNSEEN) if plain else _UNSEEN
     if kind is _UNSEEN:
         if issubclass(cls, weakref.ref):
             kind = "a weakref's callback"
-        elif cls in _PROXIES:
+        elif any(cls is c for c in _PROXIES):
             kind = "a weakref proxy's callback"
-        elif cls in _GENERATORS:
+        elif any(cls is c for c in _GENERATORS):
             kind = "a suspended generator"
         else:
-            finalizer = getattr(cls, "__del__", None)
+            finalizer = _own_attribute(cls, "__del__")
             kind = "a __del__" if finalizer is not None and _readers((finalizer,)) else None
-        kinds[cls] = kind
+        if plain:
+            kinds[cls] = kind
     return kind
+
+
+_MRO = type.__dict__["__mro__"].__get__
+_CLASS_DICT = type.__dict__["__dict__"].__get__
+
+
+def _own_attribute(cls, name):
+    """`name` as the classes of `cls`'s MRO define it, read from their dicts (None if none)."""
+    for c in _MRO(cls):
+        held = _CLASS_DICT(c)
+        if name in held:
+            return held[name]
+    return None
 
 
 def _runs_later(obj, kind):
@@ -144,17 +159,20 @@ def _reachable(fn, args, kinds):
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        kind = _kind(type(obj), kinds)
+        cls = type(obj)
+        kind = _kind(cls, kinds)
         if kind is not None:
             found[id(obj)] = (obj, kind)
-        if not depth or isinstance(obj, (str, bytes, int, float, types.ModuleType, type)):
+        if not depth or issubclass(cls, (str, bytes, int, float, types.ModuleType, type)):
             continue
-        if isinstance(obj, dict):
-            stack.extend((v, depth - 1) for v in list(obj.values()))
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend((v, depth - 1) for v in list(obj))
-        elif isinstance(getattr(obj, "__dict__", None), dict) and not callable(obj):
-            stack.append((vars(obj), depth - 1))
+        # read by the base types' own methods and the collector's referents: a container or
+        # an object of the reader's class runs none of its code here (after the call)
+        if issubclass(cls, dict):
+            stack.extend((v, depth - 1) for v in list(dict.values(obj)))
+        elif issubclass(cls, (list, tuple, set, frozenset)):
+            stack.extend((v, depth - 1) for v in list(gc.get_referents(obj)))
+        elif not callable(obj):
+            stack.extend((v, depth - 1) for v in gc.get_referents(obj) if type(v) is dict)
     return found
 
 

@@ -36,7 +36,7 @@ import numpy.ma
 import torch
 
 from .guard import armed, note_refusal
-from .parts import function_closure, function_globals
+from .parts import function_closure, function_globals, module_name
 from .rank_arrays import _functions
 from .run import CheckFailed, expect, is_reader_code
 from .settle import reader_class
@@ -160,7 +160,7 @@ def _install(fn):
             saved.append((vars(m), n, f))
             setattr(m, n, stand_ins[id(f)])
     g = function_globals(fn)
-    if isinstance(g, dict) and not str(g.get("__name__", "")).startswith(("helpers", "numpy")):
+    if g is not None and not module_name(g).startswith(("helpers", "numpy")):
         for n, v in list(g.items()):
             if n.startswith("__"):
                 continue

@@ -7,7 +7,8 @@ import types
 
 from .settle import Guarded
 
-__all__ = ["plain_function", "function_globals", "function_closure", "function_name"]
+__all__ = ["plain_function", "function_globals", "function_closure", "function_name",
+           "module_name", "plain_globals"]
 
 _DEPTH = 8
 
@@ -29,10 +30,25 @@ def plain_function(fn):
     return None
 
 
-def function_globals(fn):
-    """The module globals of the plain function behind `fn` (a dict), or None."""
+def plain_globals(fn):
+    """Whether the plain function behind `fn` (if any) has a plain dict as its globals: a
+    function made with a dict subclass (`types.FunctionType(code, MyDict())`, `exec`) would run
+    the reader's `get`, `__getitem__` or `values` wherever the harness reads them."""
     f = plain_function(fn)
-    return f.__globals__ if f is not None else None
+    return f is None or type(f.__globals__) is dict
+
+
+def function_globals(fn):
+    """The module globals of the plain function behind `fn`, if a plain dict; else None."""
+    f = plain_function(fn)
+    g = f.__globals__ if f is not None else None
+    return g if type(g) is dict else None
+
+
+def module_name(g):
+    """The `__name__` a module's globals hold, if a plain str (else "")."""
+    name = dict.get(g, "__name__", "") if type(g) is dict else ""
+    return name if type(name) is str else ""
 
 
 def function_closure(fn):

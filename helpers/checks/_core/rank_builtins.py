@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from . import rank_arrays
-from .parts import function_globals
+from .parts import function_globals, module_name
 from .rank_numbers import Tagged, TaggedInt, ranks_of
 
 __all__ = ["shadowing", "shadow"]
@@ -118,7 +118,7 @@ def shadow(fn):
     if not _ACTIVE:
         return
     g = function_globals(fn)                  # read by type: no attribute of the reader's
-    if not isinstance(g, dict) or str(g.get("__name__", "")).startswith(("helpers", "torch")):
+    if g is None or module_name(g).startswith(("helpers", "torch")):
         return
     with _LOCK:
         if id(g) in _PATCHED or not _ACTIVE:
