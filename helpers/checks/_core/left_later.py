@@ -16,7 +16,7 @@ import torch
 
 from .callbacks import _UNSEEN, _readers
 from .guard import refuse
-from .parts import function_closure, function_globals
+from .parts import class_attribute, function_closure, function_globals
 from .run import CheckFailed, is_reader_code, stand_in
 
 __all__ = ["left_later", "collector_back"]
@@ -87,24 +87,12 @@ def _kind(cls, kinds):
         elif any(cls is c for c in _GENERATORS):
             kind = "a suspended generator"
         else:
-            finalizer = _own_attribute(cls, "__del__")
+            finalizer = class_attribute(cls, "__del__")
             kind = "a __del__" if finalizer is not None and _readers((finalizer,)) else None
         if plain:
             kinds[cls] = kind
     return kind
 
-
-_MRO = type.__dict__["__mro__"].__get__
-_CLASS_DICT = type.__dict__["__dict__"].__get__
-
-
-def _own_attribute(cls, name):
-    """`name` as the classes of `cls`'s MRO define it, read from their dicts (None if none)."""
-    for c in _MRO(cls):
-        held = _CLASS_DICT(c)
-        if name in held:
-            return held[name]
-    return None
 
 
 def _runs_later(obj, kind):

@@ -8,9 +8,21 @@ import types
 from .settle import Guarded
 
 __all__ = ["plain_function", "function_globals", "function_closure", "function_name",
-           "module_name", "plain_globals"]
+           "module_name", "plain_globals", "class_mro", "class_attribute"]
 
 _DEPTH = 8
+class_mro = type.__dict__["__mro__"].__get__     # a class's MRO, from `type` (no metaclass runs)
+_CLASS_DICT = type.__dict__["__dict__"].__get__
+
+
+def class_attribute(cls, name):
+    """`name` as the classes of `cls`'s MRO define it, read from their dicts (None if none):
+    no metaclass `__getattribute__` runs."""
+    for c in class_mro(cls):
+        held = _CLASS_DICT(c)
+        if name in held:
+            return held[name]
+    return None
 
 
 def plain_function(fn):

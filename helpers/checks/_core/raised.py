@@ -8,12 +8,11 @@ exception of the first C type it derives from (`ValueError`, `AssertionError`) h
 taken now, while the answer's observers still watch (a `__str__` that changes the harness is
 judged like the answer), with its traceback (run.py's blame reads the reader's frames from it).
 What the check reads of an exception afterwards it reads with C-level accessors (`describe`)."""
-from .settle import reader_class
+from .parts import class_mro
+from .settle import _IMMUTABLE, reader_class
 
 __all__ = ["settled_raise", "describe", "type_name", "traceback_of"]
 
-_IMMUTABLE = 1 << 8     # Py_TPFLAGS_IMMUTABLETYPE: a C type, which no class statement makes
-_MRO = type.__dict__["__mro__"].__get__
 _NAME = type.__dict__["__name__"].__get__
 _FLAGS = type.__dict__["__flags__"].__get__
 _ARGS = BaseException.__dict__["args"].__get__
@@ -70,7 +69,7 @@ def _plain(exc, depth=0):
 
 def _c_base(cls):
     """The C types `cls` derives from, nearest first (BaseException is always one)."""
-    return [c for c in _MRO(cls) if _FLAGS(c) & _IMMUTABLE and issubclass(c, BaseException)]
+    return [c for c in class_mro(cls) if _FLAGS(c) & _IMMUTABLE and issubclass(c, BaseException)]
 
 
 def _text(exc):
