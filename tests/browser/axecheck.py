@@ -19,27 +19,61 @@ FAIL_ON = ("serious", "critical")
 # from the text around them by colour alone)
 COLOUR_RULES = ["color-contrast", "link-in-text-block"]
 
-RUN_AXE = """async (rules) => {
+# Highlighted code is most of a long chapter's text nodes (thousands of one-token spans) but a
+# handful of styles: axe's colour rules read each span's colours, about 3 s of CPU per chapter
+# and mode. While they run, a span whose colour, background behind it, size, weight, opacity and
+# shadow repeat an earlier span's (all a contrast verdict reads) is hidden, so that each distinct
+# style of code is judged once on every page and in both modes; other rules see every node.
+REPEATS = """() => {
+  const seen = new Set(), repeats = [];
+  for (const el of document.querySelectorAll('.highlight pre > span')) {
+    if (el.childElementCount) continue;
+    const s = getComputedStyle(el);
+    let behind = '', up = el;
+    while (up && up.nodeType === 1) {
+      const u = getComputedStyle(up);
+      if (u.backgroundImage !== 'none' || !/^(transparent|rgba\\(.*, 0\\))$/.test(
+          u.backgroundColor)) { behind = u.backgroundColor + u.backgroundImage; break; }
+      up = up.parentElement;
+    }
+    const key = [s.color, behind, s.fontSize, s.fontWeight, s.opacity, s.textShadow].join('|');
+    if (seen.has(key)) repeats.push(el); else seen.add(key);
+  }
+  return repeats;
+}"""
+RUN_AXE = """async ([rules, skip]) => {
   const options = {resultTypes: ['violations']};
   if (rules) options.runOnly = {type: 'rule', values: rules};
-  const r = await axe.run(document, options);
+  if (skip) options.rules = Object.fromEntries(skip.map(id => [id, {enabled: false}]));
+  const repeats = rules ? (REPEATS)() : [];
+  const hide = document.createElement('style');
+  hide.textContent = '[data-axe-repeat] { visibility: hidden !important; }';
+  for (const el of repeats) el.setAttribute('data-axe-repeat', '');
+  document.head.append(hide);
+  let r;
+  try { r = await axe.run(document, options); }
+  finally { hide.remove(); for (const el of repeats) el.removeAttribute('data-axe-repeat'); }
   return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
     nodes: v.nodes.slice(0, 3).map(n => n.target.join(' ') + ': ' +
                                    (n.failureSummary || '').split('\\n').slice(1, 2).join(''))
                                    .map(s => s.slice(0, 240)),
     count: v.nodes.length}));
-}"""
+}""".replace("REPEATS", REPEATS)
 
 
 def axe_violations(page, rules=None):
     """axe-core's violations on the loaded page, [{id, impact, help, nodes, count}]; only
-    those of `rules` (axe rule ids) if given."""
+    those of `rules` (axe rule ids) if given. Every rule: the colour rules in a run of their own
+    (repeated code styles hidden, above), the others on every node."""
     if not AXE.is_file():
         pytest.fail(f"axe-core is missing ({AXE}): run `npm ci` (make test-browser does)",
                     pytrace=False)
     if not page.evaluate("() => !!window.axe"):
         page.add_script_tag(path=str(AXE))
-    return page.evaluate(RUN_AXE, rules)
+    if rules is not None:
+        return page.evaluate(RUN_AXE, [rules, None])
+    return (page.evaluate(RUN_AXE, [None, COLOUR_RULES])
+            + page.evaluate(RUN_AXE, [COLOUR_RULES, None]))
 
 
 # The theme's switch button, clicked until the page has `mode` (pydata-sphinx-theme cycles auto,

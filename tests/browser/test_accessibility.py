@@ -4,7 +4,7 @@ loaded, and its colour rules in dark mode, the same page turned dark by the them
 second load of every page). Dark-mode screenshots (the first screen of each page; test_page takes
 the full light-mode page) go to artifacts/screenshots/<entry>-dark.png.
 """
-from axecheck import COLOUR_RULES, RUN_AXE, axe_failures, axe_violations, dark_mode_failures
+from axecheck import COLOUR_RULES, axe_failures, axe_violations, dark_mode_failures
 from pagecheck import wait_rendered
 
 
@@ -29,7 +29,7 @@ def test_axe_reports_an_inaccessible_page(browser, tmp_path):
         page = open_in_mode(browser, base + "bad.html", base, "light")
         try:
             violations = axe_violations(page)
-            colour = {v["id"] for v in page.evaluate(RUN_AXE, COLOUR_RULES)}   # dark mode's
+            colour = {v["id"] for v in axe_violations(page, COLOUR_RULES)}   # dark mode's
             no_switch = dark_mode_failures(page, "bad", tmp_path)   # no theme switch
         finally:
             page.close()
@@ -43,3 +43,34 @@ def test_axe_reports_an_inaccessible_page(browser, tmp_path):
     assert (tmp_path / "bad-axe-light.json").is_file()
     assert no_switch == ["the theme's switch did not turn the page dark (data-theme=None)"], \
         no_switch
+
+
+def test_code_styles_are_judged_once_each(browser, tmp_path):
+    """The colour rules judge each style of highlighted code once (repeats hidden while they
+    run): a low-contrast style is still found, on its first span and on one met only after many
+    readable repeats, in the colour rules' own run and in the full one; the page is left as it
+    was."""
+    from pagecheck import serve
+    ok = '<span style="color:#000">x</span> ' * 200
+    for name, body in (("first", '<span style="color:#bbb">faint</span> ' + ok),
+                       ("late", ok + '<span style="color:#ccc">faint</span>'),
+                       ("fine", ok)):
+        (tmp_path / f"{name}.html").write_text(
+            '<!DOCTYPE html><html lang="en"><head><title>t</title></head><body><main><h1>C</h1>'
+            f'<div class="highlight" style="background:#fff"><pre>{body}</pre></div>'
+            '</main></body></html>')
+    found = {}
+    with serve(tmp_path) as base:
+        for name in ("first", "late", "fine"):
+            page = open_in_mode(browser, base + f"{name}.html", base, "light")
+            try:
+                found[name] = ({v["id"]: v["count"] for v in axe_violations(page, COLOUR_RULES)},
+                               {v["id"]: v["count"] for v in axe_violations(page)})
+                left = page.evaluate("() => [document.querySelectorAll('[data-axe-repeat]')"
+                                     ".length, document.styleSheets.length]")
+            finally:
+                page.close()
+            assert left == [0, 0], f"{name}: the page was not left as it was: {left}"
+    for name in ("first", "late"):
+        assert found[name] == ({"color-contrast": 1}, {"color-contrast": 1}), found[name]
+    assert found["fine"] == ({}, {}), found["fine"]
