@@ -3,7 +3,8 @@ draw, not only on the draws that happen to hold the case that tells it apart (a 
 enough to overflow, a second routing choice, a 4-byte dtype, a max-pool net, two heads per
 rank, a memory-bound operation more intense than a compute-bound one, an uneven split where
 torch.tensor_split's sizes are not torch.chunk's, a sort of more than 16 equal keys, where
-torch's CPU sort stops keeping their order unasked). Each check's inputs stay fresh; only which
+torch's CPU sort stops keeping their order unasked, a length the world size divides, a bucket
+of more or fewer tensors than there are ranks). Each check's inputs stay fresh; only which
 cases appear is fixed.
 """
 import importlib
@@ -11,6 +12,7 @@ import pathlib
 
 import pytest
 import torch
+import torch.distributed as dist
 from check_cases import CASES, parametrize_cases, shortcut
 
 import helpers
@@ -25,7 +27,10 @@ FORCED = ["check_z_loss", "check_permute_tokens", "check_tp_bytes_per_step",
           "check_accumulation_bytes", "check_saved_bytes", "check_tokens_to_heads",
           "check_roofline_time", "check_local_shape"]
 # A World of thread ranks a draw: this module's own shortcuts only, not every module's.
-FORCED_HERE = ["check_dispatch_tokens"]
+FORCED_HERE = ["check_dispatch_tokens", "check_grad_shard", "check_average_bucket"]
+# Their worked answers replayed too: a forced size (one the world size divides, a tensor count
+# other than the world size) must reject no right answer.
+WORKED_HERE = ["check_grad_shard", "check_average_bucket"]
 SEEDS = range(10)
 
 
@@ -107,6 +112,28 @@ def dispatch_unstable_sort(x, dest, comm):
     return helpers.all_to_all(comm, x[order], send.tolist(), recv.tolist())
 
 
+@shortcut("check_grad_shard", "padded by world - n % world (a whole block more when it divides)",
+          "reduce-scattered")
+def grad_shard_overpad(flat_grad):
+    world = dist.get_world_size()
+    flat = torch.cat([flat_grad, flat_grad.new_zeros(world - flat_grad.numel() % world)])
+    out = flat.new_empty(flat.numel() // world)
+    dist.reduce_scatter_tensor(out, flat)
+    return out / world
+
+
+@shortcut("check_average_bucket", "divided by the number of tensors, not of ranks",
+          "not the average over the ranks")
+def average_bucket_by_count(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= len(grads)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 test_case = parametrize_cases(__name__)
 
 
@@ -119,5 +146,16 @@ def test_every_shortcut_fails_on_every_draw(case, monkeypatch):
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     monkeypatch.delenv("COURSE_GRADING", raising=False)
     for seed in SEEDS:              # conftest replays its own seeds again after the test
+        replay_seeds(seed)
+        case.judge()
+
+
+@pytest.mark.parametrize("case", [c for name in WORKED_HERE for c in CASES[name]["worked"]],
+                         ids=repr)
+def test_worked_answer_passes_on_every_draw(case, monkeypatch):
+    """The worked answers of WORKED_HERE's checks pass on the same ten replayed draws."""
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv("COURSE_GRADING", raising=False)
+    for seed in SEEDS:
         replay_seeds(seed)
         case.judge()
