@@ -176,6 +176,19 @@ def allreduce_spread_floor_plus_one(data):
                 chunks[j][i].copy_(chunks[i][i])
 
 
+@shortcut("check_sharded_server_step", "chunks of n // k + 1 (a whole element more when k divides)",
+          "more than serving its chunk needs")
+def sharded_server_floor_plus_one(params, grads, devices, lr):
+    k = len(devices)
+    p_chunks, g_chunks = _chunks_floor_plus_one(params), _chunks_floor_plus_one(grads)
+    for j in range(k):
+        p_chunks[j][j].sub_(lr * sum(g_chunks[i][j].to(devices[j]) for i in range(k)))
+    for i in range(k):
+        for j in range(k):
+            if i != j:
+                p_chunks[i][j].copy_(p_chunks[j][j])
+
+
 @shortcut("check_gather_layer", "the padding kept (split fails when there is some)", "raised")
 def gather_layer_padding_kept(shard, shapes):
     full = shard.new_empty(shard.numel() * dist.get_world_size())
