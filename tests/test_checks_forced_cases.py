@@ -232,3 +232,16 @@ def test_worked_answer_passes_on_every_draw(case, monkeypatch):
     for seed in SEEDS:
         replay_seeds(seed)
         case.judge()
+
+
+def test_average_bucket_is_told_apart_on_its_least_favourable_draw(monkeypatch):
+    """A draw where both buckets hold as many tensors as there are ranks (about 1 in 36): the
+    answer that divides by the number of tensors still fails, on the bucket forced to differ."""
+    import helpers.checks.ddp_scratch as module
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv("COURSE_GRADING", raising=False)
+    monkeypatch.setattr(module, "randint", lambda g, lo, hi: min(max(lo, 3), hi))  # world 3, 3
+    result = helpers.checks.check_average_bucket(average_bucket_by_count)
+    assert result.status == "failed", f"dividing by the number of tensors passed: {result}"
+    worked = CASES["check_average_bucket"]["worked"][0].fn
+    assert helpers.checks.check_average_bucket(worked).status == "passed"
