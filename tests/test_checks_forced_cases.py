@@ -3,14 +3,16 @@ draw, not only on the draws that happen to hold the case that tells it apart (a 
 enough to overflow, a second routing choice, a 4-byte dtype, a max-pool net, two heads per
 rank, a memory-bound operation more intense than a compute-bound one, an uneven split where
 torch.tensor_split's sizes are not torch.chunk's, a sort of more than 16 equal keys, where
-torch's CPU sort stops keeping their order unasked). Each check's inputs stay fresh; only which
-cases appear is fixed.
+torch's CPU sort stops keeping their order unasked, a length the world size or the device count
+divides and one it does not, a bucket of more or fewer tensors than there are ranks). Each
+check's inputs stay fresh; only which cases appear is fixed.
 """
 import importlib
 import pathlib
 
 import pytest
 import torch
+import torch.distributed as dist
 from check_cases import CASES, parametrize_cases, shortcut
 
 import helpers
@@ -25,7 +27,11 @@ FORCED = ["check_z_loss", "check_permute_tokens", "check_tp_bytes_per_step",
           "check_accumulation_bytes", "check_saved_bytes", "check_tokens_to_heads",
           "check_roofline_time", "check_local_shape"]
 # A World of thread ranks a draw: this module's own shortcuts only, not every module's.
-FORCED_HERE = ["check_dispatch_tokens"]
+FORCED_HERE = ["check_dispatch_tokens", "check_grad_shard", "check_average_bucket",
+               "check_gather_layer"]
+# Their worked answers replayed too: a forced size (one the world size divides, a tensor count
+# other than the world size) must reject no right answer.
+WORKED_HERE = ["check_grad_shard", "check_average_bucket"]
 SEEDS = range(10)
 
 
@@ -107,6 +113,100 @@ def dispatch_unstable_sort(x, dest, comm):
     return helpers.all_to_all(comm, x[order], send.tolist(), recv.tolist())
 
 
+@shortcut("check_grad_shard", "padded by world - n % world (a whole block more when it divides)",
+          "reduce-scattered")
+def grad_shard_overpad(flat_grad):
+    world = dist.get_world_size()
+    flat = torch.cat([flat_grad, flat_grad.new_zeros(world - flat_grad.numel() % world)])
+    out = flat.new_empty(flat.numel() // world)
+    dist.reduce_scatter_tensor(out, flat)
+    return out / world
+
+
+@shortcut("check_average_bucket", "divided by the number of tensors, not of ranks",
+          "not the average over the ranks")
+def average_bucket_by_count(grads):
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= len(grads)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def _chunks_floor_plus_one(data):
+    """Each tensor's views in chunks of n // k + 1 elements (a ceiling wrong when k divides n),
+    padded with empty views to k chunks."""
+    k = len(data)
+    size = data[0].numel() // k + 1
+    chunks = [list(t.view(-1).split(size)) for t in data]
+    return [c + [t.view(-1)[:0]] * (k - len(c)) for c, t in zip(chunks, data, strict=True)]
+
+
+# Sizes forced one way and the other (one that k divides, others not), judged on one draw each:
+# simulated GPUs cost too much for ten.
+@shortcut("check_ring_allreduce", "chunks of n // k + 1 (a whole element more when k divides)",
+          "one chunk of about n/k")
+def ring_allreduce_floor_plus_one(data):
+    k, chunks, sent = len(data), _chunks_floor_plus_one(data), [0] * len(data)
+    for phase in ("reduce-scatter", "all-gather"):
+        for s in range(k - 1):
+            for i in range(k):
+                dst, c = (i + 1) % k, (i - s) % k if phase == "reduce-scatter" else (i + 1 - s) % k
+                if phase == "reduce-scatter":
+                    chunks[dst][c].add_(chunks[i][c].to(data[dst].device))
+                else:
+                    chunks[dst][c].copy_(chunks[i][c])
+                sent[i] += chunks[i][c].numel()
+    return sent
+
+
+@shortcut("check_allreduce_spread", "chunks of n // k + 1 (a whole element more when k divides)",
+          "spread them")
+def allreduce_spread_floor_plus_one(data):
+    k, chunks = len(data), _chunks_floor_plus_one(data)
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[i][i].add_(chunks[j][i].to(data[i].device))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
+
+
+@shortcut("check_sharded_server_step", "chunks of n // k + 1 (a whole element more when k divides)",
+          "more than serving its chunk needs")
+def sharded_server_floor_plus_one(params, grads, devices, lr):
+    k = len(devices)
+    p_chunks, g_chunks = _chunks_floor_plus_one(params), _chunks_floor_plus_one(grads)
+    for j in range(k):
+        p_chunks[j][j].sub_(lr * sum(g_chunks[i][j].to(devices[j]) for i in range(k)))
+    for i in range(k):
+        for j in range(k):
+            if i != j:
+                p_chunks[i][j].copy_(p_chunks[j][j])
+
+
+@shortcut("check_gather_layer", "the padding kept (split fails when there is some)", "raised")
+def gather_layer_padding_kept(shard, shapes):
+    full = shard.new_empty(shard.numel() * dist.get_world_size())
+    dist.all_gather_into_tensor(full, shard)
+    return [p.view(s) for p, s in zip(full.split([s.numel() for s in shapes]), shapes,
+                                       strict=True)]
+
+
+@shortcut("check_gather_layer", "the padding cut by [:-pad] (all of it when pad is 0)", "raised")
+def gather_layer_cut_negative(shard, shapes):
+    world = dist.get_world_size()
+    full = shard.new_empty(shard.numel() * world)
+    dist.all_gather_into_tensor(full, shard)
+    full = full[:-(-sum(s.numel() for s in shapes) % world)]
+    return [p.view(s) for p, s in zip(full.split([s.numel() for s in shapes]), shapes,
+                                       strict=True)]
+
+
 test_case = parametrize_cases(__name__)
 
 
@@ -121,3 +221,27 @@ def test_every_shortcut_fails_on_every_draw(case, monkeypatch):
     for seed in SEEDS:              # conftest replays its own seeds again after the test
         replay_seeds(seed)
         case.judge()
+
+
+@pytest.mark.parametrize("case", [c for name in WORKED_HERE for c in CASES[name]["worked"]],
+                         ids=repr)
+def test_worked_answer_passes_on_every_draw(case, monkeypatch):
+    """The worked answers of WORKED_HERE's checks pass on the same ten replayed draws."""
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv("COURSE_GRADING", raising=False)
+    for seed in SEEDS:
+        replay_seeds(seed)
+        case.judge()
+
+
+def test_average_bucket_is_told_apart_on_its_least_favourable_draw(monkeypatch):
+    """A draw where both buckets hold as many tensors as there are ranks (about 1 in 36): the
+    answer that divides by the number of tensors still fails, on the bucket forced to differ."""
+    import helpers.checks.ddp_scratch as module
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv("COURSE_GRADING", raising=False)
+    monkeypatch.setattr(module, "randint", lambda g, lo, hi: min(max(lo, 3), hi))  # world 3, 3
+    result = helpers.checks.check_average_bucket(average_bucket_by_count)
+    assert result.status == "failed", f"dividing by the number of tensors passed: {result}"
+    worked = CASES["check_average_bucket"]["worked"][0].fn
+    assert helpers.checks.check_average_bucket(worked).status == "passed"

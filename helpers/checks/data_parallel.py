@@ -158,7 +158,7 @@ def check_bytes_sent_naive_vs_ring(fn):
 # ---- data_parallel: a parameter server sharded over the devices -------------------------------
 @check("sharded_server_step", simulated=True, changes_inputs=True, observes=[
     "on CPU tensors: afterwards every replica (the same tensor objects, the same storage) holds "
-    "the SGD step on the sum of all devices' gradients, uneven chunks included",
+    "the SGD step on the sum of all devices' gradients, equal and uneven chunks",
     "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "
     "other device, the server of its chunk, into its own tensor (the pulled copy is an "
     "ancestor of the replica's final values), and no device, the host CPU included, added up or "
@@ -168,8 +168,9 @@ def check_sharded_server_step(fn):
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
     parameters by SGD (p -= lr * sum) and every device pulls the chunk from it, in place."""
     g = fresh_generator()
-    for count in (randint(g, 2, 5), randint(g, 2, 5), 3):
-        n = count * randint(g, 2, 6) + randint(g, 1, count - 1)
+    for case, count in enumerate((randint(g, 2, 5), randint(g, 2, 5), 3)):
+        # the first size divides by the count (equal chunks), the others do not
+        n = count * randint(g, 2, 6) + (randint(g, 1, count - 1) if case else 0)
         start = torch.randn(n, generator=g)
         grads = [torch.randn(n, generator=g) for _ in range(count)]
         lr = randint(g, 1, 9) / 10

@@ -227,10 +227,11 @@ def check_average_bucket(fn):
     """fn(grads) averages a bucket of gradients over the ranks, in place, with ONE all-reduce of
     a flat buffer; run by every rank of a World whose ranks hold different gradients."""
     g = fresh_generator()
-    for _ in range(2):
-        world = randint(g, 2, 4)
-        shapes = [tuple(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
-                  for _ in range(randint(g, 3, 6))]
+    for case in range(2):
+        world, count = randint(g, 2, 4), randint(g, 3, 6)
+        if case == 0 and count == world:    # one bucket whose tensors do not number the ranks
+            count = world + 1
+        shapes = [tuple(randint(g, 1, 6) for _ in range(randint(g, 1, 2))) for _ in range(count)]
         data = [[torch.randn(s, generator=g) for s in shapes] for _ in range(world)]
         n = sum(t.numel() for t in data[0])
         # allow: a decoy all_reduce beside all_gathers fails

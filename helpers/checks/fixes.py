@@ -147,8 +147,8 @@ def _bucket_traffic(fn, before, bucket_bytes, want, call):
 @check("ring_allreduce", simulated=True, changes_inputs=True,
        references=["ring_allreduce", "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather"],
        observes=[
-    "on CPU tensors (sizes no k divides, 1-D and 2-D): every tensor (the same object, the same "
-    "storage) holds the sum",
+    "on CPU tensors (1-D and 2-D, sizes k divides for one k and no other): every tensor (the "
+    "same object, the same storage) holds the sum",
     "on k simulated GPUs (tensor i on cuda:i): every copy between devices, its source, "
     "destination and size: only between neighbours of the ring, one chunk (about n/k) at a "
     "time, 2(k-1)n elements in all, and each device's additions at most k-1 chunks",
@@ -157,8 +157,9 @@ def check_ring_allreduce(ring_allreduce):
     """ring_allreduce(data) in place by a reduce-scatter then an all-gather over k chunks;
     returns the elements each device sent."""
     g = fresh_generator()
+    even = randint(g, 2, 5)      # the one k > 1 that divides its size (equal chunks)
     for k in (1, 2, 3, 4, 5):
-        n = k * randint(g, 2, 9) + (randint(g, 1, k - 1) if k > 1 else 0)
+        n = k * randint(g, 2, 9) + (randint(g, 1, k - 1) if k not in (1, even) else 0)
         shape = (n,) if k % 2 == 0 or n % 2 else (2, n // 2)
         n = math.prod(shape)
         data = [torch.randint(-9, 10, shape, generator=g).float() for _ in range(k)]

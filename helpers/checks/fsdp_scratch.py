@@ -39,6 +39,8 @@ def check_shard_flat(fn):
         world = randint(g, 2, 5) if case else 2
         shapes = [tuple(randint(g, 1, 5) for _ in range(randint(g, 1, 2)))
                   for _ in range(randint(g, 2, 4))] if case else [(3,), (1, 3)]
+        if case == 1 and not sum(math.prod(s) for s in shapes) % world:
+            shapes.append((1,))             # case 0 needs no padding, case 1 surely does
         tensors = [torch.randn(s, generator=g) for s in shapes]
         flat = torch.cat([t.reshape(-1) for t in tensors])
         n = flat.numel()
@@ -73,11 +75,14 @@ def check_gather_layer(fn):
     """fn(shard, shapes) -> the layer's full tensors (one per shape), all-gathered from every
     rank's shard with one all-gather, the padding dropped. Run on every rank of a world."""
     g = fresh_generator()
-    for _ in range(3):
+    for case in range(3):
         world = randint(g, 2, 4)
         shapes = [torch.Size(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
                   for _ in range(randint(g, 1, 3))]
         numel = sum(s.numel() for s in shapes)
+        if case < 2 and bool(numel % world) != (case == 0):     # case 0 padded, case 1 not
+            shapes.append(torch.Size([1 if case == 0 else world - numel % world]))
+            numel = sum(s.numel() for s in shapes)
         flat = torch.cat([torch.randn(numel, generator=g), torch.zeros(-numel % world)])
         shards = list(flat.chunk(world))
         w = World(world, record_ops=True, allow={"all_gather"}, why={

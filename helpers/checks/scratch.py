@@ -115,7 +115,7 @@ def check_shard_sizes(fn):
 @check("allreduce_spread", simulated=True, changes_inputs=True,
        references=["ring_allreduce", "ring_all_reduce"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
-    "holds the sum, uneven sizes included",
+    "holds the sum, for one size that k divides and sizes that it does not",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, the elements each "
     "device added and computed (any operation, not a list of names) are at most about its "
     "share, and every device's tensor is computed from every device's data"])
@@ -126,7 +126,8 @@ def check_allreduce_spread(fn):
     g = fresh_generator()
     counts = [randint(g, 2, 6) for _ in range(3)] + [randint(g, 3, 6), 1]
     for trial, count in enumerate(counts):
-        rows = count * randint(g, 1, 5) + (randint(g, 1, count - 1) if count > 1 else 0)
+        # the first size divides by the count (equal chunks), the others do not
+        rows = count * randint(g, 1, 5) + (randint(g, 1, count - 1) if count > 1 and trial else 0)
         shape = (rows,) if trial % 2 == 0 else (rows, randint(g, 2, 4))
         data = [torch.randint(-9, 10, shape, generator=g).float() for _ in range(count)]
         before = [t.clone() for t in data]

@@ -154,8 +154,8 @@ def check_grad_shard(fn):
     g = fresh_generator()
     for case in range(3):
         world, n = randint(g, 2, 4), randint(g, 5, 40)
-        if case == 0:
-            n = world * randint(g, 2, 6) + 1          # surely padded
+        if case < 2:     # one padded, one that the world size divides (no padding at all)
+            n = world * randint(g, 2, 6) + (1 - case)
         grads = [torch.randn(n, generator=g) for _ in range(world)]
         # any other collective beside the reduce-scatter would be its substitute (a decoy
         # reduce-scatter, the gradients all-gathered and averaged by hand)
