@@ -67,6 +67,22 @@ def _value(v):
     return (_Same(v), type(v))
 
 
+class _Key(_Same):
+    """A key that is not a plain str or int, compared (and hashed) by identity: no `__eq__` or
+    `__hash__` of a key of the reader's runs when two records are compared."""
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(other) is _Key and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+def _key(k):
+    return k if type(k) is str or type(k) is int else _Key(k)
+
+
 def _routes(cls):
     """The instance attributes through which using an object of class `cls` runs code: the
     names of every method and property of the class (an instance attribute shadows a method:
@@ -89,8 +105,11 @@ def _attributes(m, names):
         own = object.__getattribute__(m, "__dict__")
     except (AttributeError, TypeError):
         return None
-    return tuple((k, _value(v)) for k, v in list(own.items())
-                 if k not in _WALKED and (names is None or k in names))
+    if type(own) is not dict:
+        return None
+    return tuple((k, _value(v)) if type(k) is str else (_Key(k), _value(v))
+                 for k, v in list(dict.items(own))
+                 if type(k) is not str or (k not in _WALKED and (names is None or k in names)))
 
 
 def _compared(cls):
@@ -157,8 +176,8 @@ def _print(value, depth):
     if depth and isinstance(value, (list, tuple)):
         return (type(value), id(value), tuple(_print(v, depth - 1) for v in value))
     if depth and isinstance(value, dict):
-        return (dict, id(value), tuple((k, _print(v, depth - 1))
-                                       for k, v in value.items()))
+        return (dict, id(value), tuple((_key(k), _print(v, depth - 1))
+                                       for k, v in dict.items(value)))
     return ("object", id(value), type(value))
 
 

@@ -92,6 +92,8 @@ def _make():
         if hit is not None and hit[0] is code:
             return hit[1]
         filename = code.co_filename
+        if type(filename) is not str or type(code.co_name) is not str:
+            return False        # a name of the reader's class: no method of it runs here
         if filename not in trees:
             trees[filename] = _compiled(filename)
         tree = trees[filename]
@@ -122,7 +124,8 @@ def reader_code(code):
 def file_code(code, path):
     """True when `code` is the code of the file `path` (an absolute path), not a copy compiled
     under its name."""
-    return os.path.abspath(code.co_filename) == path and genuine(code)
+    filename = code.co_filename
+    return type(filename) is str and os.path.abspath(filename) == path and genuine(code)
 
 
 @functools.lru_cache(maxsize=4096)
