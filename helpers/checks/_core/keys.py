@@ -3,6 +3,7 @@ namespaces, `sys.modules`), read before the harness looks a name up in one: a ke
 reader's class whose `__hash__` copies a name's would have each lookup of that name run its
 `__eq__` (CPython compares keys of equal hash), inside the harness, between the answer's
 windows. A dict whose keys are all exact strs is looked up with no Python-level comparison."""
+import gc
 import itertools
 import operator
 
@@ -47,8 +48,7 @@ def drop_odd_keys(space, _items=dict.items, _clear=dict.clear, _update=dict.upda
 def taken_out(modules, spaces):
     """The names of the namespaces holding a key that is not an exact str, each such key taken
     out: `modules` (`sys.modules`) first, then those of `spaces()` (patched.py's (name, owner,
-    namespace, _) of each, and the namespaces; a class's dict holds strs only: type's setattr
-    makes them so)."""
+    namespace, _) of each, and the namespaces: a module's dict or a class's mappingproxy)."""
     odd = []
     if not str_keys(modules):
         drop_odd_keys(modules)
@@ -58,9 +58,14 @@ def taken_out(modules, spaces):
         for name, _, space, _ in spaces:
             if not str_keys(space):
                 odd.append(name)
-                if type(space) is dict:
-                    drop_odd_keys(space)
+                drop_odd_keys(space if type(space) is dict else _proxied(space))
     return odd
+
+
+def _proxied(proxy):
+    """The dict a class's mappingproxy shows (a key gets there only through the collector's
+    referents: type's setattr takes strs only)."""
+    return next(r for r in gc.get_referents(proxy) if type(r) is dict)
 
 
 def odd_keys_message(name, odd):
