@@ -22,7 +22,13 @@ from .references import blocked, code_key, resolve, scan, torch_objects
 from .run import REGISTRY, CheckInfo, Result, expect, run_check
 from .same_work import expect_same_work, traced
 from .settle import Guarded, settle
-from .untouched import classes, expect_same_classes, expect_untouched, fingerprint
+from .untouched import (
+    classes,
+    expect_named_attributes,
+    expect_same_classes,
+    expect_untouched,
+    fingerprint,
+)
 
 __all__ = ["check", "Answer", "judged_scan"]
 
@@ -61,6 +67,7 @@ class Answer(Guarded):
                     answering(self.keys, code_key), handed_in(args, kwargs), \
                     early_views_read_only(self.fn, in_world()), trace, inside():
                 result = settle(self._call(args, kwargs), self.__name__, self._again)
+                expect_named_attributes(self.__name__, kinds)   # before a name is read there
         except BaseException:
             _after_call(self.__name__, libraries, modes, later)   # put back, even when it raised
             raise

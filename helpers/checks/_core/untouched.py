@@ -26,10 +26,12 @@ import weakref
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .keys import drop_odd_keys, str_keys
 from .run import CheckFailed
 from .settle import reader_class
 
-__all__ = ["fingerprint", "expect_untouched", "classes", "expect_same_classes"]
+__all__ = ["fingerprint", "expect_untouched", "classes", "expect_same_classes",
+           "expect_named_attributes"]
 
 _DEPTH = 4
 _MAX_COPY = 1 << 22   # elements: values copied up to 16 MiB of float32
@@ -213,6 +215,31 @@ def classes(value):
     with _disable_current_modes(), torch._C.DisableTorchFunction():
         walk(value, _DEPTH)
     return tuple(found)
+
+
+def expect_named_attributes(name, before):
+    """CheckFailed if an object the answer was handed (`before = classes(...)`) holds an
+    instance attribute under a key that is not an exact str (each taken out unlooked-up): the
+    check reads their attributes after the call, and each lookup of a colliding name would run
+    that key's `__eq__`. Called inside the call, before anything reads them."""
+    odd = [cls for x, cls, _ in before if type(x) is cls and _odd_dict(x)]
+    if odd:
+        raise CheckFailed(f"{name} gave a {odd[0].__name__} it was handed an attribute named by "
+                          "something that is not a str: the check reads that object's "
+                          "attributes after your function returns. Leave what you are handed "
+                          "as it was")
+
+
+def _odd_dict(x):
+    """Whether x's instance dict held a key that is not an exact str (taken out)."""
+    try:
+        own = object.__getattribute__(x, "__dict__")
+    except (AttributeError, TypeError):
+        return False
+    if type(own) is not dict or str_keys(own):
+        return False
+    drop_odd_keys(own)
+    return True
 
 
 def expect_same_classes(name, before):
