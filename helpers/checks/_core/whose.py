@@ -16,6 +16,7 @@ import functools
 import os
 
 from .bytecode import nested
+from .keys import str_keys
 from .run import is_reader_code
 
 __all__ = ["reader_code", "genuine", "vouch", "disown", "made_by_reader", "file_code"]
@@ -92,8 +93,10 @@ def _make():
         if hit is not None and hit[0] is code:
             return hit[1]
         filename = code.co_filename
-        if type(filename) is not str or type(code.co_name) is not str:
-            return False        # a name of the reader's class: no method of it runs here
+        if type(filename) is not str or type(code.co_name) is not str or not all(str_keys(
+                (c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars)) for c in nested(code)):
+            return False        # a name of the reader's class (`==` below compares the names
+            #                     of every nested code object): no method of it runs here
         if filename not in trees:
             trees[filename] = _compiled(filename)
         tree = trees[filename]
