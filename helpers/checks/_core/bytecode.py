@@ -34,7 +34,7 @@ def one_statement(fn, package):
     there (references.scan refuses only the course's function object itself)."""
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType) or any(
-            isinstance(c, types.CodeType) for c in code.co_consts):
+            type(c) is types.CodeType for c in code.co_consts):
         return False
     lines = {line for _, _, line in code.co_lines() if line is not None}
     for name in code.co_names:
@@ -60,5 +60,23 @@ def nested(code):
     """A code object and every code object nested in it (lambdas, inner functions)."""
     yield code
     for const in code.co_consts:
-        if isinstance(const, types.CodeType):
+        if type(const) is types.CodeType:   # (not isinstance: it reads a `__class__`)
             yield from nested(const)
+
+
+_PLAIN = (str, bytes, int, float, complex, bool, type(None), type(Ellipsis))
+
+
+def const_key(const, code_key):
+    """A code object's constant as a key, read by exact type (plain: its repr; a reader's object
+    put there by `CodeType.replace`: its identity): none of its methods runs."""
+    kind = type(const)
+    if kind is types.CodeType:
+        return ("code", code_key(const))
+    if any(kind is plain for plain in _PLAIN):
+        return repr(const)
+    if kind is tuple:
+        return ("tuple", *(const_key(c, code_key) for c in const))
+    if kind is frozenset:
+        return ("frozenset", tuple(sorted(repr(const_key(c, code_key)) for c in const)))
+    return ("object", id(const))

@@ -22,7 +22,13 @@ from .references import blocked, code_key, resolve, scan, torch_objects
 from .run import REGISTRY, CheckInfo, Result, expect, run_check
 from .same_work import expect_same_work, traced
 from .settle import Guarded, settle
-from .untouched import classes, expect_same_classes, expect_untouched, fingerprint
+from .untouched import (
+    classes,
+    expect_named_attributes,
+    expect_same_classes,
+    expect_untouched,
+    fingerprint,
+)
 
 __all__ = ["check", "Answer", "judged_scan"]
 
@@ -44,6 +50,7 @@ class Answer(Guarded):
         self.keys = {**KEYS, **{ref.key: str(ref) for ref in references if ref.key[0] == "code"}}
 
     def __call__(self, *args, **kwargs):
+        expect(plain_globals(self.fn), _ODD_GLOBALS)     # before anything looks a name up
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
         kinds = classes((args, kwargs))     # never changed, not even by an in-place exercise
         before = None if self.changes_inputs else (fingerprint(args), fingerprint(kwargs))
@@ -51,7 +58,7 @@ class Answer(Guarded):
         keep = self._again if self.keeps_hooks else None   # hooks kept are guarded, run as this
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
         nodes = node_hooks(self.__name__, keep)
-        libraries = snapshot()          # what the answer may not rebind (patched.py)
+        libraries = snapshot(keys=False)    # what the answer may not rebind (patched.py)
         later = callbacks()             # what runs later on its own (callbacks.py)
         modes = switches()              # grad mode, default dtype, ... (modes.py)
         try:
@@ -60,10 +67,12 @@ class Answer(Guarded):
                     answering(self.keys, code_key), handed_in(args, kwargs), \
                     early_views_read_only(self.fn, in_world()), trace, inside():
                 result = settle(self._call(args, kwargs), self.__name__, self._again)
+                expect_named_attributes(self.__name__, kinds)   # before a name is read there
         except BaseException:
             _after_call(self.__name__, libraries, modes, later)   # put back, even when it raised
             raise
         _after_call(self.__name__, libraries, modes, later)
+        expect(plain_globals(self.fn), _ODD_GLOBALS)     # a key the call added
         expect_same_classes(self.__name__, kinds)
         if before is not None:
             expect_untouched(self.__name__, before, args, kwargs)
@@ -113,6 +122,11 @@ def _after_call(name, libraries, modes, later):
         raise failure
 
 
+_ODD_GLOBALS = ("your function's module globals are not a plain dict keyed by names (made with a "
+                "dict subclass, by `exec` or `types.FunctionType`, or given a key that is not a "
+                "str): the check reads them, so define it in a cell or a module and bind only "
+                "names in it")
+
 Body = Callable[["Answer"], None]             # judges the answer; raises CheckFailed
 CheckFn = Callable[[Callable[..., Any]], Result]   # what a notebook calls: check_x(x)
 
@@ -136,9 +150,7 @@ def check(exercise: str, *, observes: Sequence[str], references: Sequence[str] =
         def check_fn(fn: Callable[..., Any]) -> Result:
             def judged(fn):
                 expect_no_early_hooks()     # before the check computes anything
-                expect(plain_globals(fn), "your function's module globals are not a plain dict "
-                       "(it was made with a dict subclass, by `exec` or `types.FunctionType`): "
-                       "the check reads them, so define it in a cell or a module")
+                expect(plain_globals(fn), _ODD_GLOBALS)
                 refs = resolve(*named)
                 judged_scan(fn, refs, exercise)
                 answer = Answer(fn, exercise, refs, changes_inputs, keeps_hooks, simulated)

@@ -16,12 +16,14 @@ import functools
 import types
 import weakref
 
+from .keys import str_keys
 from .run import is_reader_function
 
 __all__ = ["held", "copy", "changed"]
 
 _DEPTH = 8                  # how many `__wrapped__` links are followed
 _MUTABLE = (dict, list, set)
+_KEPT = []                  # what a put-back took out of a container: held, so none of it dies
 _OWN = weakref.WeakKeyDictionary()   # a function -> (its defaults' objects, what they hold)
 _KINDS = frozenset({types.FunctionType, staticmethod, classmethod, types.MethodType, property,
                     functools.partial})
@@ -85,8 +87,12 @@ def _own(fn):
 
 
 def copy(objects):
-    """What each container of `objects` (from `held`) holds now."""
-    return tuple(type(obj)(obj) for _, obj in objects)
+    """What each container of `objects` (from `held`) holds now; of a dict, its items keyed by
+    exact strs only (copying one whose keys are not all strs could run a key's `__eq__`: the
+    dict then differs from its copy, and is put back to it)."""
+    return tuple(type(obj)(obj) if type(obj) is not dict or str_keys(obj) else
+                 dict([(k, v) for k, v in dict.items(obj) if type(k) is str])
+                 for _, obj in objects)
 
 
 def changed(objects, copies):
@@ -97,6 +103,7 @@ def changed(objects, copies):
         if _alike(obj, saved):
             continue
         out.append(label)
+        _KEPT.append(list(dict.items(obj)) if type(obj) is dict else list(obj))   # no __del__
         if type(obj) is list:
             obj[:] = saved
         else:
@@ -107,8 +114,7 @@ def changed(objects, copies):
 
 def _alike(obj, saved):
     """The same contents: a dict's keys and values and a list's items by identity, in order (no
-    `__hash__` or `__eq__` of the reader's objects runs), a set's by its members' stored
-    hashes."""
+    `__hash__` or `__eq__` of the reader's objects runs), a set's members by identity."""
     if len(obj) != len(saved):
         return False
     if type(obj) is dict:
@@ -116,4 +122,4 @@ def _alike(obj, saved):
             obj.items(), saved.items(), strict=True))
     if type(obj) is list:
         return all(a is b for a, b in zip(obj, saved, strict=True))
-    return obj == saved
+    return all(any(a is b for b in saved) for a in obj)     # a set's members, by identity

@@ -13,12 +13,15 @@ import types
 import numpy as np
 import torch
 
+from .keys import plain_keys
 from .parts import function_closure, function_globals, module_name
 from .rank_arrays import RankArray
+from .run import CheckFailed
 
 __all__ = ["early_views_read_only"]
 
 _LOCK = threading.Lock()
+_ODD = object()  # a dict whose keys the harness does not look up (keys.plain_keys)
 _HELD = {}      # (id(space), key) -> [calls inside, space, key, the original array]
 _BASE = np.ndarray.base.__get__
 _INTERFACE = np.ndarray.__array_interface__.__get__   # past a RankArray's watched property
@@ -28,12 +31,12 @@ def _torch_backed(v):
     """A numpy array whose memory a tensor owns (its base chain reaches a tensor), other than a
     rank's own RankArray: rank_arrays guards those (another rank's reads refused, the memory
     read-only), and one may already sit in a global when a slower rank's answer starts."""
-    if isinstance(v, RankArray):
+    if issubclass(type(v), RankArray):     # (by its class: no `__class__` of the reader's read)
         return False
     base = v
     for _ in range(32):            # read by ndarray's own descriptor: no subclass's code runs
-        if not isinstance(base, np.ndarray):     # (another rank's RankArray refuses .base)
-            return isinstance(base, torch.Tensor) and base is not v
+        if not issubclass(type(base), np.ndarray):   # (another rank's RankArray refuses .base)
+            return issubclass(type(base), torch.Tensor) and base is not v
         base = _BASE(base)
     return False
 
@@ -75,16 +78,19 @@ def _spaces(fn):
                 found.append((space, k, v))
             elif depth >= _DEPTH or id(v) in seen:
                 continue
-            elif isinstance(v, (dict, list)):
+            elif type(v) is dict:       # by exact types, their own methods: no `items` or
+                seen.add(id(v))         # key `__eq__` of the reader's runs (nor is one looked
+                scan(v if plain_keys(v) else _ODD, dict.items(v), depth + 1)   # up: _ODD)
+            elif type(v) is list:
                 seen.add(id(v))
-                scan(v, v.items() if isinstance(v, dict) else enumerate(v), depth + 1)
-            elif isinstance(v, types.SimpleNamespace):
+                scan(v, enumerate(v), depth + 1)
+            elif type(v) is types.SimpleNamespace:
                 seen.add(id(v))
-                scan(vars(v), vars(v).items(), depth + 1)
+                scan(vars(v), dict.items(vars(v)), depth + 1)
 
     g = function_globals(fn)
     if g is not None and not module_name(g).startswith(("helpers", "numpy")):
-        scan(g, ((k, v) for k, v in g.items() if not k.startswith("__")), 0)
+        scan(g, ((k, v) for k, v in dict.items(g) if not k.startswith("__")), 0)   # (strs)
     for cell in function_closure(fn):
         try:
             v = cell.cell_contents
@@ -113,9 +119,14 @@ def early_views_read_only(fn, in_world):
     if not in_world:
         yield
         return
-    keys = []
+    keys, spaces = [], _spaces(fn)
+    if any(space is _ODD for space, _, _ in spaces):
+        raise CheckFailed(
+            "your module holds a numpy view of a tensor's memory in a dict keyed by objects "
+            "that are not names or numbers: the check makes such views read-only while the "
+            "ranks run, and cannot reach that one. Key the dict by strs or ints, or hold no view")
     with _LOCK:
-        for space, k, v in _spaces(fn):
+        for space, k, v in spaces:
             key = _key(space, k)
             if key not in _HELD:
                 sub = _read_only(v)
@@ -131,5 +142,6 @@ def early_views_read_only(fn, in_world):
                 entry = _HELD[key]
                 entry[0] -= 1
                 if entry[0] == 0:
-                    entry[1][entry[2]] = entry[3]
+                    if type(entry[1]) is not dict or plain_keys(entry[1]):
+                        entry[1][entry[2]] = entry[3]   # (a key added: the answer fails)
                     del _HELD[key]

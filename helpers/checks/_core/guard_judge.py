@@ -68,5 +68,5 @@ def _holds_reference(state, code):
         name = state.keys.get(("code", state.code_key(code)))
         if name:
             return name
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        stack.extend(c for c in code.co_consts if type(c) is types.CodeType)
     return None

@@ -12,6 +12,7 @@ registered and removed before returning are fine.
 Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
 `@check(..., keeps_hooks=True)`; the hooks of the reader's left are then guarded in place, run as
 the answer itself (a hook that rebinds what the check compares with fails)."""
+import collections
 import contextlib
 import functools
 import itertools
@@ -25,6 +26,7 @@ import torch.optim.optimizer as optim_hooks
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
+from .keys import plain_keys
 from .run import CheckFailed
 from .settle import Guarded
 from .whose import reader_code
@@ -47,6 +49,22 @@ _GLOBAL = tuple([(module_hooks, n) for n in dir(module_hooks)
 _GLOBAL_KEYS = frozenset((id(owner), attr) for owner, attr in _GLOBAL)
 
 
+_ODD = object()         # a hook table holding a key that is not an int or a str
+_KEPT = []              # what _take_odd took out: held, so none of it dies
+
+
+def _take_odd(hooks):
+    """Take the keys that are not plain out of a hook table of torch's own type (the table
+    emptied and refilled: a lookup would run an odd key's `__eq__`)."""
+    items = list(dict.items(hooks))
+    _KEPT.append(items)
+    kind = type(hooks)
+    if kind is dict or kind is collections.OrderedDict:
+        kept = [(k, v) for k, v in items if type(k) is int or type(k) is str]
+        kind.clear(hooks)
+        kind.update(hooks, kept)
+
+
 class _Walk:
     """Every hook dict reachable from the handed values: {(owner id, attr): (what, keys)}."""
 
@@ -58,8 +76,9 @@ class _Walk:
             hooks = owner.__dict__.get(attr) if hasattr(owner, "__dict__") else None
             if hooks is None and isinstance(owner, torch.Tensor):
                 hooks = getattr(owner, attr, None)
-            if isinstance(hooks, dict):
-                self.found[(id(owner), attr)] = (what, attr, frozenset(hooks), hooks)
+            if issubclass(type(hooks), dict):     # its keys read by dict's own methods
+                keys = frozenset(dict.keys(hooks)) if plain_keys(hooks) else _ODD
+                self.found[(id(owner), attr)] = (what, attr, keys, hooks)
 
     def value(self, v, what, depth):
         if id(v) in self.seen:
@@ -151,6 +170,10 @@ def expect_no_new_hooks(name, before, args, kwargs, guard=None):
     after = hooks_of(args, kwargs)
     left = []
     for key, (what, attr, keys, hooks) in after.items():
+        if keys is _ODD:        # a key that is not a handle's id: none is looked up
+            left.append((what, attr))
+            _take_odd(hooks)
+            continue
         new = keys - before.get(key, (None, None, frozenset(), None))[2]
         if new and guard is not None and hooks is not None and key not in _GLOBAL_KEYS:
             for k in new:

@@ -26,6 +26,7 @@ from . import defaults, patched
 from .callbacks import callbacks, expect_no_callbacks
 from .guard import answering, started_by_answer
 from .guard import judging as _judging
+from .keys import odd_keys_message
 from .patched import _spaces, expect_unpatched, snapshot
 from .provenance import handed_in
 from .references import blocked, code_key
@@ -75,7 +76,7 @@ class _Late:
 
     def __call__(self, answer, args, kwargs):
         name = f"{answer.__name__} (its backward, run by the check {LATE})"
-        libraries, later = snapshot(), callbacks()
+        libraries, later = snapshot(keys=False), callbacks()
         try:
             with inside(), blocked(answer.references, answer.exercise), \
                     answering(answer.keys, code_key), handed_in((), {}):
@@ -104,6 +105,9 @@ def inside():
         yield
     finally:
         _LOCAL.depth -= 1
+    odd = patched.odd_keys()    # while the window is open: the harness's code after it looks
+    if odd:                     # names up (its globals, builtins) with no key of the reader's
+        raise CheckFailed(odd_keys_message("your code", odd))
     changed = _route_changed()
     if changed:
         raise CheckFailed(f"your code replaced {changed[0]}: the check's backward goes through "
@@ -150,8 +154,11 @@ def checking(answer):
     finally:
         rewritten = _judging(-1, tried)
         _STATE.update(outer)
+        odd = patched.odd_keys()
         changed = _changed(before[0]) + patched.cells_changed(before[1]) + defaults.changed(
             *before[2]) + _route_changed() + patched.modules_changed(before[3])
+        if odd and not failed:
+            raise CheckFailed(odd_keys_message(f"something of your code ran {LATE}", odd))
         if rewritten and not failed:
             raise CheckFailed(f"something of your code ran {LATE} or in it: {rewritten[0]}")
         if changed and not failed:

@@ -36,7 +36,8 @@ import numpy.ma
 import torch
 
 from .guard import armed, note_refusal
-from .parts import function_closure, function_globals, module_name
+from .keys import plain_keys, str_keys
+from .parts import _CLASS_DICT, function_closure, function_globals, module_name
 from .rank_arrays import _functions
 from .run import CheckFailed, expect, is_reader_code
 from .settle import reader_class
@@ -164,7 +165,7 @@ def _install(fn):
         for n, v in list(g.items()):
             if n.startswith("__"):
                 continue
-            if isinstance(v, np.ndarray) and type(v) is np.ndarray and v.ndim > 0:
+            if _plain_array(v):
                 saved.append((g, n, v))
                 g[n] = v.view(_Seen)
             elif callable(v) and id(v) in stand_ins and stand_ins[id(v)] is not v:
@@ -177,7 +178,7 @@ def _install(fn):
             v = cell.cell_contents
         except ValueError:          # a cell not filled yet
             continue
-        if isinstance(v, np.ndarray) and type(v) is np.ndarray and v.ndim > 0:
+        if _plain_array(v):
             saved.append((_Cell(cell), "cell_contents", v))
             cell.cell_contents = v.view(_Seen)
         else:
@@ -186,39 +187,62 @@ def _install(fn):
 
 
 def _plain_array(v):
-    return isinstance(v, np.ndarray) and type(v) is np.ndarray and v.ndim > 0
+    return type(v) is np.ndarray and v.ndim > 0      # (no `__class__` of the reader's read)
+
+
+_ODD = object()     # a dict whose keys the harness does not look up (keys.plain_keys)
+_ODD_KEYS = ("your module holds an array in a dict keyed by objects that are not names or "
+             "numbers: the check watches the arrays your module holds and cannot reach that one. "
+             "Key the dict by strs or ints")
 
 
 def _held(holder, saved, depth=0):
     """The arrays an object of the answer's module holds (its attributes, a dict's or a list's
-    entries; two levels down) replaced by views that record the ufuncs run on them."""
-    if isinstance(holder, (dict, list)):
-        space, items = holder, (holder.items() if isinstance(holder, dict) else
-                                enumerate(holder))
-    elif isinstance(holder, types.SimpleNamespace) or reader_class(
-            holder if isinstance(holder, type) else type(holder)):
-        space, items = _Attr(holder), getattr(holder, "__dict__", {}).items()
+    entries; two levels down) replaced by views that record the ufuncs run on them. Read by
+    exact types, through the base types' own methods: a dict subclass's `items`, a
+    `__getattribute__` or a key's `__eq__` of the reader's would run its code here, in the
+    check body. One whose keys are not names or numbers is not written (a lookup would run a
+    key's `__eq__`): holding an array there fails the answer."""
+    cls = type(holder)
+    if cls is dict:
+        space, items = (holder if plain_keys(holder) else _ODD), dict.items(holder)
+    elif cls is list:
+        space, items = holder, enumerate(holder)
+    elif issubclass(cls, type) and reader_class(holder):
+        held = _CLASS_DICT(holder)
+        space, items = (_Attr(holder) if str_keys(held) else _ODD), held.items()
+    elif cls is types.SimpleNamespace or reader_class(cls):
+        try:
+            space = object.__getattribute__(holder, "__dict__")
+        except (AttributeError, TypeError):     # no instance dict (slots)
+            return
+        if type(space) is not dict:
+            return
+        space, items = (space if plain_keys(space) else _ODD), dict.items(space)
     else:
         return
     for n, v in list(items):
-        if _plain_array(v):
+        if _plain_array(v) and space is _ODD:       # (none of its keys is looked up)
+            saved.append((_ODD, n, v))
+        elif _plain_array(v):
             try:
                 space[n] = v.view(_Seen)
             except (AttributeError, TypeError):     # a read-only attribute, an enum's member
                 continue
             saved.append((space, n, v))
-        elif depth < 1 and not (isinstance(n, str) and n.startswith("__")):
+        elif depth < 1 and not (type(n) is str and n.startswith("__")):
             _held(v, saved, depth + 1)
 
 
 class _Attr:
-    """An object's attributes as a mapping, to put its arrays back."""
+    """A class's attributes as a mapping, to put its arrays back (type's own setattr: no
+    metaclass of the reader's runs)."""
 
     def __init__(self, obj):
         self._obj = obj
 
     def __setitem__(self, name, v):
-        setattr(self._obj, name, v)
+        type.__setattr__(self._obj, name, v)
 
 
 class _Cell:
@@ -244,13 +268,15 @@ def numpy_work(fn=None, *, _tick=_TICK, _opened=_OPENED):
     sys.setprofile(_profile)
     threading.setprofile(_profile)
     try:
+        expect(not any(space is _ODD for space, _, _ in saved), _ODD_KEYS)
         yield calls
     finally:
         sys.setprofile(profiles[0])
         threading.setprofile(profiles[1])
         with _LOCK:
             for space, n, v in reversed(saved):
-                space[n] = v
+                if space is not _ODD and (type(space) is not dict or plain_keys(space)):
+                    space[n] = v    # (a key the call added: its `__eq__` would run; it fails)
             _ACTIVE[:] = [c for c in _ACTIVE if c is not calls]
             ticks, others = _tick() - ticked - 1, _opened() - opened - 1
     if not others and len(calls) < ticks:       # (a block inside this one has its own ticks)

@@ -5,6 +5,7 @@ run the reader's code between the answer's watched windows)."""
 import functools
 import types
 
+from .keys import str_keys
 from .settle import Guarded
 
 __all__ = ["plain_function", "function_globals", "function_closure", "function_name",
@@ -20,6 +21,8 @@ def class_attribute(cls, name):
     no metaclass `__getattribute__` runs."""
     for c in class_mro(cls):
         held = _CLASS_DICT(c)
+        if not str_keys(held):      # a class made by `type(name, bases, {odd_key: ...})`
+            held = {k: v for k, v in held.items() if type(k) is str}
         if name in held:
             return held[name]
     return None
@@ -43,23 +46,25 @@ def plain_function(fn):
 
 
 def plain_globals(fn):
-    """Whether the plain function behind `fn` (if any) has a plain dict as its globals: a
-    function made with a dict subclass (`types.FunctionType(code, MyDict())`, `exec`) would run
-    the reader's `get`, `__getitem__` or `values` wherever the harness reads them."""
+    """Whether the plain function behind `fn` (if any) has a plain dict as its globals, keyed by
+    exact strs: a function made with a dict subclass (`types.FunctionType(code, MyDict())`,
+    `exec`) would run the reader's `get`, `__getitem__` or `values` wherever the harness reads
+    them, and a key of the reader's class its `__eq__` (str_keys)."""
     f = plain_function(fn)
-    return f is None or type(f.__globals__) is dict
+    return f is None or (type(f.__globals__) is dict and str_keys(f.__globals__))
 
 
 def function_globals(fn):
-    """The module globals of the plain function behind `fn`, if a plain dict; else None."""
+    """The module globals of the plain function behind `fn`, if a plain dict keyed by exact
+    strs; else None."""
     f = plain_function(fn)
     g = f.__globals__ if f is not None else None
-    return g if type(g) is dict else None
+    return g if type(g) is dict and str_keys(g) else None
 
 
 def module_name(g):
     """The `__name__` a module's globals hold, if a plain str (else "")."""
-    name = dict.get(g, "__name__", "") if type(g) is dict else ""
+    name = dict.get(g, "__name__", "") if type(g) is dict and str_keys(g) else ""
     return name if type(name) is str else ""
 
 

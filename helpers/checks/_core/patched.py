@@ -36,11 +36,12 @@ import torch.nn.functional
 from . import defaults
 from .early_threads import idle_worker
 from .guard import started_by_answer
+from .keys import odd_keys_message, taken_out
 from .provenance import world_run
 from .run import CheckFailed
 from .whose import reader_code
 
-__all__ = ["snapshot", "expect_unpatched"]
+__all__ = ["snapshot", "expect_unpatched", "odd_keys"]
 
 _FIXED = (builtins, torch, torch.nn.functional, torch.linalg, torch.distributed, math,
           statistics, operator, numpy, random)
@@ -56,6 +57,7 @@ _CLASSES = (torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.optim.Opti
     c for space in (torch.nn, torch.optim) for c in vars(space).values()
     if isinstance(c, type) and issubclass(c, (torch.nn.Module, torch.optim.Optimizer))))
 _MISSING = object()
+_MODULE_OF = type.__dict__["__module__"].__get__
 _JOIN_S = 2.0                       # how long a thread the answer started may take to finish
 _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
@@ -102,20 +104,28 @@ def _spaces():
     return _CACHE["spaces"], _CACHE["views"]
 
 
-def snapshot():
+def snapshot(keys=True):
     """The watched namespaces and the threads alive before the answer ran: one snapshot shared
     by the answers running at once in one World run (its ranks), taken when the first of them
     starts. Each rank taking its own would record as original what another rank had already
-    replaced, and put that back."""
+    replaced, and put that back. `keys`: their keys read first (a copy of a dict compares its
+    keys); an answer's call passes False, every window of the reader's code having ended with
+    that read (late.inside) and the check's first snapshot made it (declare.judged_scan)."""
     run = world_run()
     with _LOCK:
         shared = _SHARED.setdefault(run, [0, None])
         if not shared[0]:
+            odd = odd_keys() if keys else []
             spaces, views = _spaces()     # copied in C, one dict per namespace
             shared[1] = (spaces, views, tuple(map(dict, views)), cells(), held_defaults(),
-                         set(threading.enumerate()), _MODULES.copy(), run)
+                         set(threading.enumerate()), _MODULES.copy(), odd, run)
         shared[0] += 1
         return shared[1]
+
+
+def odd_keys():
+    """keys.taken_out for sys.modules and the watched namespaces (read after it, by name)."""
+    return taken_out(_MODULES, lambda: _spaces())
 
 
 def cells():
@@ -155,10 +165,11 @@ def _own(module):
     """One of the harness's own modules (helpers.checks), or a class one defines (`Result`): its
     tables, constants and methods are what the verdicts read, judged by identity, private names
     and a class's dunders included (`Result.__bool__`)."""
-    if isinstance(module, type):
-        return _own(sys.modules.get(module.__module__))
-    where = getattr(module, "__file__", None) if isinstance(module, types.ModuleType) else None
-    return isinstance(where, str) and os.path.abspath(where).startswith(_CHECKS)
+    if issubclass(type(module), type):      # by exact types: an object of the reader's class
+        name = _MODULE_OF(module)           # in sys.modules runs none of its code here
+        return type(name) is str and _own(_MODULES.get(name))
+    where = dict.get(vars(module), "__file__") if type(module) is types.ModuleType else None
+    return type(where) is str and os.path.abspath(where).startswith(_CHECKS)
 
 
 def _judged(owner, key, value):
@@ -240,13 +251,15 @@ def expect_unpatched(name, before):
     back first), or the thread it left running. Called once for every snapshot(), also when
     the answer raised (a replaced function must not outlive a failed answer either)."""
     try:
-        changed, alive, swapped = _put_back(before)
+        changed, alive, swapped, odd = _put_back(before)
     finally:
         with _LOCK:
             shared = _SHARED[before[-1]]
             shared[0] -= 1
             if not shared[0]:
                 del _SHARED[before[-1]]
+    if odd:
+        raise CheckFailed(odd_keys_message(name, odd))
     if swapped:
         raise CheckFailed(
             f"{name} replaced or removed {', '.join(swapped[:3])}: the check goes on importing "
@@ -273,12 +286,14 @@ def _put_back(before):
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, views, copies, closures, (held, kept), threads, modules, _ = before
+    spaces, views, copies, closures, (held, kept), threads, modules, odd, _ = before
     alive = _join_started(threads)
+    odd = [*odd, *taken_out(_MODULES, lambda: ((), ()))]   # before a lookup in it (and in the
     swapped = modules_changed(modules)      # first: what the rest imports is the original
     changed = cells_changed(closures) + defaults.changed(held, kept)
-    if _same(copies, views, _all_spaces=True):
-        return changed, alive, swapped
+    if _same(copies, views, _all_spaces=True):      # spaces: below; the keys copied, strs)
+        return changed, alive, swapped, odd
+    odd += taken_out({}, lambda: (spaces, views))
     for (space, owner, _, private), saved, now in zip(spaces, copies, views, strict=True):
         if _same(saved, now):
             continue
@@ -311,7 +326,7 @@ def _put_back(before):
                         now[key], getattr(now[key], "__wrapped__", None), added=True):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
-    return changed, alive, swapped
+    return changed, alive, swapped, odd
 
 
 def modules_changed(saved, _is=operator.is_, _all=all, _map=map, _len=len,

@@ -23,8 +23,10 @@ import numpy as np
 import torch
 
 from . import rank_arrays
+from .keys import drop_odd_keys, str_keys
 from .parts import function_globals, module_name
 from .rank_numbers import Tagged, TaggedInt, ranks_of
+from .run import CheckFailed
 
 __all__ = ["shadowing", "shadow"]
 
@@ -138,6 +140,7 @@ def shadowing():
     if len(_ACTIVE) == 1:
         for owner, name, _ in saved:
             setattr(owner, name, _dtype_builtins(getattr(owner, name)))
+    odd = False
     try:
         yield
     finally:
@@ -150,6 +153,9 @@ def shadowing():
                     else:
                         setattr(owner, name, before)
                 for g, saved in _PATCHED.values():
+                    if not str_keys(g):         # a key the ranks added: taken out unlooked-up
+                        drop_odd_keys(g)
+                        odd = True
                     for name, before in saved.items():
                         if g.get(name) is not STAND_INS[name]:
                             continue
@@ -158,3 +164,8 @@ def shadowing():
                         else:
                             g[name] = before
                 _PATCHED.clear()
+    if odd:
+        raise CheckFailed(
+            "your function's module globals were given a key that is not a str while the ranks "
+            "ran: the check looks names up there after they end, which would run that key's "
+            "code. Bind only names in your module")

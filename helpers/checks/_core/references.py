@@ -36,6 +36,7 @@ from torch._ops import OpOverload, OpOverloadPacket, _OpNamespace
 from . import bytecode, exits
 from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
+from .keys import str_keys
 from .run import CheckFailed, is_reader_code
 from .switches import _DISPATCH_OFF_NAMES
 from .whose import made_by_reader
@@ -69,17 +70,12 @@ def code_key(code):
     hit = _CODE_KEYS.get(id(code))
     if hit is not None and hit[0] is code:
         return hit[1]
-    consts = []
+    if not str_keys((code.co_names, code.co_varnames)):   # a str subclass's repr: unread
+        return f"object:{id(code)}"
     body = code.co_consts
-    if code.co_name != "<lambda>" and body and isinstance(body[0], (str, type(None))):
+    if code.co_name != "<lambda>" and body and (type(body[0]) is str or body[0] is None):
         body = body[1:]                  # a function's first constant: its docstring or None
-    for const in body:
-        if isinstance(const, types.CodeType):
-            consts.append(("code", code_key(const)))
-        elif isinstance(const, frozenset):
-            consts.append(("frozenset", tuple(sorted(map(repr, const)))))
-        else:
-            consts.append(repr(const))
+    consts = [bytecode.const_key(const, code_key) for const in body]
     text = repr((bytecode.instructions(code), tuple(consts), code.co_names, len(code.co_varnames),
                  len(code.co_freevars), len(code.co_cellvars), code.co_argcount,
                  code.co_kwonlyargcount, code.co_flags))

@@ -21,6 +21,8 @@ import pathlib
 import sys
 import sysconfig
 
+from .keys import str_keys
+
 __all__ = ["CheckFailed", "HarnessError", "ReferenceUsed", "Result", "run_check", "expect",
            "grading", "REGISTRY", "CheckInfo", "is_reader_code", "stand_in"]
 
@@ -83,9 +85,15 @@ _LIBRARIES = frozenset(_LIBRARIES)
 _LIBRARIES |= {pathlib.Path(p).resolve() for p in sys.path if "site-packages" in p}
 
 
+def is_reader_code(filename, _type=type):
+    """True when `filename` (a code object's co_filename) holds the reader's code; a name that
+    is not an exact str (`code.replace(co_filename=MyStr(...))`) is the reader's, and none of
+    its methods (`__hash__`, `startswith`) runs."""
+    return _type(filename) is not str or _reader_file(filename)
+
+
 @functools.lru_cache(maxsize=4096)
-def is_reader_code(filename):
-    """True when `filename` (a code object's co_filename) holds the reader's code."""
+def _reader_file(filename):
     if filename.startswith("<frozen"):
         return False
     if filename.startswith("<"):
@@ -108,7 +116,12 @@ def is_reader_function(fn, setter):
     made = setter.f_code.co_filename if setter is not None else ""
     if made.startswith(sysconfig.get_paths()["stdlib"]) and made.endswith(_MAKERS):
         return True
-    name = fn.__globals__.get("__name__")
+    g = fn.__globals__          # the reader's: looked up only if a plain dict keyed by strs
+    if type(g) is not dict or not str_keys(g):
+        return False            # (a key's `__eq__` would run here with the hook off)
+    name = dict.get(g, "__name__")
+    if (name is not None and type(name) is not str) or not str_keys(sys.modules):
+        return False
     module = sys.modules.get(name) if name not in (None, "__main__") else None
     if name not in (None, "__main__") and module is None:
         return False                     # namedtuple's own namespace ("namedtuple_Transfer")

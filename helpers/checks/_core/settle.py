@@ -97,6 +97,9 @@ _LIBRARY = frozenset(c for c in (
     if _library_class(c))
 
 
+_MODULE_OF = type.__dict__["__module__"].__get__
+
+
 def reader_class(cls, _depth=2):
     """Whether `cls` or a class it derives from is the reader's: defined in the reader's module,
     or holding a function (or a callable object of a class of the reader's) whose code is in
@@ -104,8 +107,11 @@ def reader_class(cls, _depth=2):
     for c in cls.__mro__:
         if c is object or c in _LIBRARY or c.__flags__ & _IMMUTABLE:
             continue
-        where = getattr(sys.modules.get(c.__module__), "__file__", None)
-        if c.__module__ == "__main__" or (where and is_reader_code(where)):
+        module = _MODULE_OF(c)      # type's own getter: a str, or the reader's object
+        if type(module) is not str:     # (whose `__hash__`/`__eq__` a lookup would run)
+            return True
+        where = getattr(sys.modules.get(module), "__file__", None)
+        if module == "__main__" or (where and is_reader_code(where)):
             return True
         for v in vars(c).values():
             file = _code_file(v)

@@ -26,10 +26,12 @@ import weakref
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .keys import drop_odd_keys, str_keys
 from .run import CheckFailed
 from .settle import reader_class
 
-__all__ = ["fingerprint", "expect_untouched", "classes", "expect_same_classes"]
+__all__ = ["fingerprint", "expect_untouched", "classes", "expect_same_classes",
+           "expect_named_attributes"]
 
 _DEPTH = 4
 _MAX_COPY = 1 << 22   # elements: values copied up to 16 MiB of float32
@@ -67,6 +69,22 @@ def _value(v):
     return (_Same(v), type(v))
 
 
+class _Key(_Same):
+    """A key that is not a plain str or int, compared (and hashed) by identity: no `__eq__` or
+    `__hash__` of a key of the reader's runs when two records are compared."""
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(other) is _Key and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+def _key(k):
+    return k if type(k) is str or type(k) is int else _Key(k)
+
+
 def _routes(cls):
     """The instance attributes through which using an object of class `cls` runs code: the
     names of every method and property of the class (an instance attribute shadows a method:
@@ -89,8 +107,11 @@ def _attributes(m, names):
         own = object.__getattribute__(m, "__dict__")
     except (AttributeError, TypeError):
         return None
-    return tuple((k, _value(v)) for k, v in list(own.items())
-                 if k not in _WALKED and (names is None or k in names))
+    if type(own) is not dict:
+        return None
+    return tuple((k, _value(v)) if type(k) is str else (_Key(k), _value(v))
+                 for k, v in list(dict.items(own))
+                 if type(k) is not str or (k not in _WALKED and (names is None or k in names)))
 
 
 def _compared(cls):
@@ -157,8 +178,8 @@ def _print(value, depth):
     if depth and isinstance(value, (list, tuple)):
         return (type(value), id(value), tuple(_print(v, depth - 1) for v in value))
     if depth and isinstance(value, dict):
-        return (dict, id(value), tuple((k, _print(v, depth - 1))
-                                       for k, v in value.items()))
+        return (dict, id(value), tuple((_key(k), _print(v, depth - 1))
+                                       for k, v in dict.items(value)))
     return ("object", id(value), type(value))
 
 
@@ -194,6 +215,31 @@ def classes(value):
     with _disable_current_modes(), torch._C.DisableTorchFunction():
         walk(value, _DEPTH)
     return tuple(found)
+
+
+def expect_named_attributes(name, before):
+    """CheckFailed if an object the answer was handed (`before = classes(...)`) holds an
+    instance attribute under a key that is not an exact str (each taken out unlooked-up): the
+    check reads their attributes after the call, and each lookup of a colliding name would run
+    that key's `__eq__`. Called inside the call, before anything reads them."""
+    odd = [cls for x, cls, _ in before if type(x) is cls and _odd_dict(x)]
+    if odd:
+        raise CheckFailed(f"{name} gave a {odd[0].__name__} it was handed an attribute named by "
+                          "something that is not a str: the check reads that object's "
+                          "attributes after your function returns. Leave what you are handed "
+                          "as it was")
+
+
+def _odd_dict(x):
+    """Whether x's instance dict held a key that is not an exact str (taken out)."""
+    try:
+        own = object.__getattribute__(x, "__dict__")
+    except (AttributeError, TypeError):
+        return False
+    if type(own) is not dict or str_keys(own):
+        return False
+    drop_odd_keys(own)
+    return True
 
 
 def expect_same_classes(name, before):

@@ -16,6 +16,7 @@ import functools
 import os
 
 from .bytecode import nested
+from .keys import str_keys
 from .run import is_reader_code
 
 __all__ = ["reader_code", "genuine", "vouch", "disown", "made_by_reader", "file_code"]
@@ -92,6 +93,10 @@ def _make():
         if hit is not None and hit[0] is code:
             return hit[1]
         filename = code.co_filename
+        if type(filename) is not str or type(code.co_name) is not str or not all(str_keys(
+                (c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars)) for c in nested(code)):
+            return False        # a name of the reader's class (`==` below compares the names
+            #                     of every nested code object): no method of it runs here
         if filename not in trees:
             trees[filename] = _compiled(filename)
         tree = trees[filename]
@@ -122,7 +127,8 @@ def reader_code(code):
 def file_code(code, path):
     """True when `code` is the code of the file `path` (an absolute path), not a copy compiled
     under its name."""
-    return os.path.abspath(code.co_filename) == path and genuine(code)
+    filename = code.co_filename
+    return type(filename) is str and os.path.abspath(filename) == path and genuine(code)
 
 
 @functools.lru_cache(maxsize=4096)
