@@ -172,7 +172,8 @@ def _restore(mine):
 
 def _code_written(event, args):
     """Audit hook: a blocked reference's code replaced while the check runs, other than by
-    the check, is refused (and remembered: the check fails)."""
+    the check, is refused (and remembered: the check fails). Every function's code written,
+    but by the harness's own swaps, is counted (bindings.py reads its kept walks again)."""
     if event != "object.__setattr__":
         return
     if len(args) >= 3 and args[1] == "__code__" and not (
