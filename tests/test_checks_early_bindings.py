@@ -8,6 +8,7 @@ import collections
 import decimal
 import queue
 import threading
+import types
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from torch.utils.data.distributed import DistributedSampler
 import helpers
 import helpers.checks
 from helpers.checks._core.references import Reference, blocked
+from helpers.checks._core.run import ReferenceUsed
 
 USED = "the course's own answer"
 _DQ = collections.deque([helpers.held_bytes])           # bound at import, before any check
@@ -325,3 +327,32 @@ def test_stubs_are_taken_off_and_shared_blocks_nest():
         assert helpers.held_bytes.__code__ is not code
     assert helpers.held_bytes.__code__ is code
     assert helpers.held_bytes([torch.zeros(3)]) == 12
+
+
+def _plain(tensors):
+    return -1
+
+
+def test_a_reference_bound_or_written_after_a_check_is_stubbed_in_the_next():
+    """The walk of the course's modules kept between checks (bindings.py) sees a name rebound
+    (a same-sized namespace) to a renamed copy of the reference, and a course function given
+    the reference's code, after the walk was kept: the next check stubs both."""
+    ref = Reference("held_bytes", helpers.held_bytes)
+    decoy = types.FunctionType(_plain.__code__, {}, "decoy")
+    rewritten = types.FunctionType(_plain.__code__, helpers.held_bytes.__globals__, "rewritten")
+    helpers._early_probe, helpers._early_rewritten = decoy, rewritten
+    try:
+        with blocked([ref], "a"):
+            assert helpers._early_probe([torch.zeros(3)]) == -1     # kept: not the reference
+        helpers._early_probe = types.FunctionType(
+            helpers.held_bytes.__code__, helpers.held_bytes.__globals__, "renamed")
+        with pytest.raises(ReferenceUsed):
+            with blocked([ref], "a"):
+                helpers._early_probe([torch.zeros(3)])
+        rewritten.__code__ = helpers.held_bytes.__code__       # no name rebound this time
+        with pytest.raises(ReferenceUsed):
+            with blocked([ref], "a"):
+                helpers._early_rewritten([torch.zeros(3)])
+        assert helpers._early_rewritten([torch.zeros(3)]) == 12        # put back after
+    finally:
+        del helpers._early_probe, helpers._early_rewritten

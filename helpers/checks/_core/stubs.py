@@ -9,9 +9,10 @@ import sys
 import threading
 import types
 
+from . import bindings
 from .guard import harness_busy
 from .own import checks_calling
-from .references import _COURSE, _FACADE, identity
+from .references import _FACADE, identity
 from .run import ReferenceUsed
 from .whose import forwarding_code
 
@@ -19,8 +20,10 @@ __all__ = ["blocked"]
 
 # --- while the answer runs ----------------------------------------------------------------------
 _LOCK = threading.RLock()
-_ACTIVE = {"depth": 0, "patched": [], "used": [], "swapping": False}   # shared by a run's ranks
+_ACTIVE = {"depth": 0, "patched": [], "used": [], "swapping": False,   # shared by a run's ranks
+           "writing": None}
 _SWAPPED = {}      # stub key -> [function, original code, stub code, holders, ref, exercise]
+_WRITES = [0]      # functions' code written since import, but the harness's own swaps
 
 
 def _stub(ref, exercise):
@@ -87,36 +90,58 @@ def _swap(fn, ref, exercise, mine):
     key = f"{id(fn)}:{len(_SWAPPED)}:{ref.name}"
     stub = _stub_code(len(fn.__code__.co_freevars), key)
     _SWAPPED[key] = [fn, fn.__code__, stub, 1, ref, exercise]
+    _write_code(fn, stub)
+    mine.append(key)
+
+
+def _write_code(fn, code):
+    """The harness's own write of a blocked function's code (not counted as a code written)."""
     _ACTIVE["swapping"] = True
+    _ACTIVE["writing"] = (fn, code)
     try:
-        fn.__code__ = stub
+        fn.__code__ = code
     finally:
         _ACTIVE["swapping"] = False
-    mine.append(key)
+        _ACTIVE["writing"] = None
+
+
+def _code_writes():
+    """How many times a function's code was written, other than by the harness's swaps."""
+    return _WRITES[0]
+
+
+def _swapped():
+    """{id(function): its entry} of the functions stubbed now."""
+    return {id(entry[0]): entry for entry in _SWAPPED.values()}
 
 
 def _patch(refs, exercise, mine):
     keys = {ref.key: ref for ref in refs}
     known = {}      # id(value) -> its reference or None, for the objects bound in several modules
-    for name, module in list(sys.modules.items()):
-        if module is None or name.split(".")[0] not in _COURSE or ".checks" in name:
-            continue
-        for attr, value in list(vars(module).items()):
-            if isinstance(value, type) or not callable(value):   # classes stay: isinstance
-                continue
-            ref = known.get(id(value), known)
-            if ref is known:
-                ref = known[id(value)] = keys.get(identity(value))
-            if ref is None:
-                continue
-            inner = [f for f in _functions(value) if identity(f) == ref.key]
-            if inner:
-                known.clear()          # a stubbed function changes the identity of its wrappers
-            for fn in inner:
-                _swap(fn, ref, exercise, mine)
-            if not inner and _ACTIVE["depth"] == 0:   # not Python code: the name alone
-                _ACTIVE["patched"].append((module, attr, value))
-                setattr(module, attr, _stub(ref, exercise))
+
+    def visit(module, attr, value):
+        """One binding of a course module: stub it if it is a reference's."""
+        if isinstance(value, type) or not callable(value):   # classes stay: isinstance
+            return False
+        ref = known.get(id(value), known)
+        if ref is known:
+            ref = known[id(value)] = keys.get(identity(value))
+        return ref is not None and hit(module, attr, value, ref)
+
+    def hit(module, attr, value, ref):
+        """A binding of `ref`: its functions stubbed (True), else the name alone."""
+        inner = [f for f in _functions(value) if identity(f) == ref.key]
+        if inner:
+            known.clear()          # a stubbed function changes the identity of its wrappers
+        for fn in inner:
+            _swap(fn, ref, exercise, mine)
+        if not inner and _ACTIVE["depth"] == 0:   # not Python code: the name alone
+            _ACTIVE["patched"].append((module, attr, value))
+            setattr(module, attr, _stub(ref, exercise))
+        return bool(inner)
+
+    # every course module's binding, by the walk kept per module where provably current
+    bindings.walk(sys.modules, keys, visit, hit, known, _code_writes, _swapped)
     for ref in refs:                   # the object itself (torch's too), however reached
         for fn in _functions(ref.obj):
             if identity(fn) == ref.key:
@@ -140,19 +165,22 @@ def _restore(mine):
         if entry[3] == 0:
             if fn.__code__ is not stub:
                 tampered.append(ref)
-            _ACTIVE["swapping"] = True
-            try:
-                fn.__code__ = original
-            finally:
-                _ACTIVE["swapping"] = False
+            _write_code(fn, original)
             del _SWAPPED[key]
     return tampered
 
 
 def _code_written(event, args):
     """Audit hook: a blocked reference's code replaced while the check runs, other than by
-    the check, is refused (and remembered: the check fails)."""
-    if event != "object.__setattr__" or not _SWAPPED or _ACTIVE["swapping"]:
+    the check, is refused (and remembered: the check fails). Every function's code written,
+    but by the harness's own swaps, is counted (bindings.py reads its kept walks again)."""
+    if event != "object.__setattr__":
+        return
+    if len(args) >= 3 and args[1] == "__code__" and not (
+            _ACTIVE["writing"] is not None and args[0] is _ACTIVE["writing"][0]
+            and args[2] is _ACTIVE["writing"][1]):
+        _WRITES[0] += 1             # any other write: bindings.py's kept walks read it again
+    if not _SWAPPED or _ACTIVE["swapping"]:
         return
     if len(args) >= 2 and args[1] == "__code__" and any(
             entry[0] is args[0] for entry in list(_SWAPPED.values())):
