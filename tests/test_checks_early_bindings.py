@@ -356,3 +356,36 @@ def test_a_reference_bound_or_written_after_a_check_is_stubbed_in_the_next():
         assert helpers._early_rewritten([torch.zeros(3)]) == 12        # put back after
     finally:
         del helpers._early_probe, helpers._early_rewritten
+
+
+def test_a_reference_stays_stubbed_until_the_last_rank_leaves():
+    """The ranks of a World each enter the block; the first one out must not put the
+    reference's code back while another rank still runs (it would call the course's answer)."""
+    refs = (Reference("make_buckets", helpers.make_buckets),)
+    original = helpers.make_buckets.__code__
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def rank(i):
+        if i == 1:
+            first_in.wait(10)
+        try:
+            with blocked(refs, "make_buckets"):
+                if i == 0:
+                    first_in.set()
+                    second_in.wait(10)
+                    return
+                second_in.set()
+                first_out.wait(10)
+                seen.append(helpers.make_buckets.__code__ is original)
+        finally:
+            if i == 0:
+                first_out.set()
+
+    ranks = [threading.Thread(target=rank, args=(i,)) for i in (0, 1)]
+    for t in ranks:
+        t.start()
+    for t in ranks:
+        t.join(20)
+    assert seen == [False], "the first rank out put the course's code back for the others"
+    assert helpers.make_buckets.__code__ is original, "the last rank out puts it back"
