@@ -4,7 +4,8 @@ enough to overflow, a second routing choice, a 4-byte dtype, a max-pool net, two
 rank, a memory-bound operation more intense than a compute-bound one, an uneven split where
 torch.tensor_split's sizes are not torch.chunk's, a sort of more than 16 equal keys, where
 torch's CPU sort stops keeping their order unasked, a length the world size or the device count
-divides and one it does not, a bucket of more or fewer tensors than there are ranks). Each
+divides and one it does not, a bucket of more or fewer tensors than there are ranks, a last
+expert or rank that nothing is sent to, a running total exactly the bucket size). Each
 check's inputs stay fresh; only which cases appear is fixed.
 """
 import importlib
@@ -26,9 +27,10 @@ for path in sorted(TESTS.glob("test_checks_*.py")):
 FORCED = ["check_z_loss", "check_permute_tokens", "check_tp_bytes_per_step",
           "check_accumulation_bytes", "check_saved_bytes", "check_tokens_to_heads",
           "check_roofline_time", "check_local_shape"]
-# A World of thread ranks a draw: this module's own shortcuts only, not every module's.
+# This module's own shortcuts only, not every module's: a World of thread ranks a draw, or other
+# modules' shortcuts that no forced case concerns (ten draws of each would cost seconds apiece).
 FORCED_HERE = ["check_dispatch_tokens", "check_grad_shard", "check_average_bucket",
-               "check_gather_layer"]
+               "check_gather_layer", "check_balancing_loss", "check_bucket_params"]
 # Their worked answers replayed too: a forced size (one the world size divides, a tensor count
 # other than the world size) must reject no right answer.
 WORKED_HERE = ["check_grad_shard", "check_average_bucket"]
@@ -45,6 +47,38 @@ def permute_top1(x, expert, n_experts):
     first = expert[:, 0]
     order = torch.argsort(first, stable=True)
     return x[order], torch.bincount(first, minlength=n_experts)
+
+
+@shortcut("check_permute_tokens", "torch.bincount without minlength (no count for an unchosen "
+          "last expert)", "the choices of each expert")
+def permute_no_minlength(x, expert, n_experts):
+    flat = expert.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    return x[order // expert.shape[1]], torch.bincount(flat)
+
+
+@shortcut("check_balancing_loss", "torch.bincount without minlength (no count for an unchosen "
+          "last expert)", "raised")
+def balancing_no_minlength(probs, expert, n_experts):
+    f = torch.bincount(expert.reshape(-1)).float() / expert.numel()
+    return n_experts * (f * probs.mean(0)).sum()
+
+
+@shortcut("check_bucket_params", "a bucket closed above bucket_mb, not at it (size > limit)",
+          "at least bucket_mb")
+def bucket_params_above(params, bucket_mb):
+    limit = None if bucket_mb is None else bucket_mb * 2**20
+    buckets, current, size, seen = [], [], 0, set()
+    for p in reversed(list(params)):
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if limit is None or size > limit:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
 
 
 @shortcut("check_tp_bytes_per_step", "2-byte activations hard-coded", "expected")
@@ -111,6 +145,16 @@ def dispatch_unstable_sort(x, dest, comm):
     send = torch.bincount(dest, minlength=w)
     recv = helpers.all_to_all(comm, send, [1] * w, [1] * w)
     return helpers.all_to_all(comm, x[order], send.tolist(), recv.tolist())
+
+
+@shortcut("check_dispatch_tokens", "torch.bincount without minlength (no count for a last rank "
+          "sent nothing)", "raised")
+def dispatch_no_minlength(x, dest, comm):
+    counts = torch.bincount(dest)
+    ones = [1] * comm.world
+    incoming = helpers.all_to_all(comm, counts, ones, ones)
+    return helpers.all_to_all(comm, x[torch.argsort(dest, stable=True)], counts.tolist(),
+                              incoming.tolist())
 
 
 @shortcut("check_grad_shard", "padded by world - n % world (a whole block more when it divides)",

@@ -60,7 +60,9 @@ def _buckets(params, bucket_mb):
 
 @check("bucket_params", references=["make_buckets"], observes=[
     "the buckets returned (lists of the very parameter objects) for a random MLP with a frozen "
-    "layer and a parameter listed twice, at three bucket sizes: order, membership, sizes"])
+    "layer and a parameter listed twice, at five bucket sizes (two of them exactly the total of "
+    "the first few parameters, one for each order the one listed twice may take: there a "
+    "bucket closed only above bucket_mb shows): order, membership, sizes"])
 def check_bucket_params(fn):
     """fn(params, bucket_mb) -> list of lists of parameters, as DDPFromScratch buckets them."""
     g = fresh_generator()
@@ -69,12 +71,17 @@ def check_bucket_params(fn):
     params.insert(randint(g, 0, len(params)), params[-1])          # listed twice (tied)
     names = {id(p): n for n, p in net.named_parameters()}
     sizes = sorted(p.numel() * 4 for p in net.parameters())
-    for bucket_mb in (None, sizes[len(sizes) // 2] / 2**20, 1.0):
+    # a parameter listed twice: either occurrence may count. torch keeps the first
+    # (parameters() dedupes) and DDP reverses that list; keeping the last is the other way
+    first = [p for i, p in enumerate(params) if all(q is not p for q in params[:i])]
+    exact = []          # forced: a running total equal to bucket_mb, in either order
+    for listed in (params, first):
+        order = [b[0] for b in _buckets(listed, None)]
+        k = randint(g, 1, len(order) - 1)           # a bucket of k, where > would take k + 1
+        exact.append(sum(p.numel() * p.element_size() for p in order[:k]) / 2**20)
+    for bucket_mb in (None, sizes[len(sizes) // 2] / 2**20, 1.0, *exact):
         got = fn(list(params), bucket_mb)
         want = _buckets(params, bucket_mb)
-        # a parameter listed twice: either occurrence may count. torch keeps the first
-        # (parameters() dedupes) and DDP reverses that list; keeping the last is the other way
-        first = [p for i, p in enumerate(params) if all(q is not p for q in params[:i])]
         torch_order = _buckets(first, bucket_mb)
         if isinstance(got, (list, tuple)) and [id(p) for b in got for p in b] == [
                 id(p) for b in torch_order for p in b]:
@@ -98,7 +105,8 @@ def check_bucket_params(fn):
                "reverse order")
         expect([len(b) for b in got] == [len(b) for b in want],
                f"{call} made buckets of {[len(b) for b in got]} parameters, expected "
-               f"{[len(b) for b in want]}: close a bucket as soon as it holds bucket_mb MB")
+               f"{[len(b) for b in want]}: close a bucket as soon as it holds at least "
+               "bucket_mb MiB")
 
 
 def _rank_data(g, widths, world, rows=6):

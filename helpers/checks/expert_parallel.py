@@ -27,14 +27,19 @@ __all__ = ["check_balancing_loss", "check_keep_within_capacity", "check_dispatch
 
 
 @check("balancing_loss", references=["load_balancing_loss"], observes=[
-    "the loss returned for fresh router probabilities and top-1 and top-2 choices; counting "
-    "only first choices is named"])
+    "the loss returned for fresh router probabilities and top-1 and top-2 choices (in one case "
+    "of every draw no token chooses the last expert); counting only first choices is named"])
 def check_balancing_loss(fn):
     """fn(probs, expert, n_experts) -> Switch Transformer's load-balancing loss."""
     g = fresh_generator()
-    for k in (1, 2, 2):
+    empty = randint(g, 0, 2)     # forced, in a fresh case: the last expert chosen by no token
+    for case, k in enumerate((1, 2, 2)):
         N, E = randint(g, 6, 20), randint(g, 3, 6)
-        probs = torch.softmax(torch.randn(N, E, generator=g) * 2, -1)
+        logits = torch.randn(N, E, generator=g)
+        if case == empty:           # each token's lowest score moved to the last expert
+            rows, low = torch.arange(N), logits.argmin(-1)
+            logits[rows, low], logits[rows, -1] = logits[rows, -1], logits[rows, low]
+        probs = torch.softmax(logits * 2, -1)
         expert = probs.topk(k, -1).indices
         got = as_number(fn(probs.clone(), expert.clone(), E),
                         "balancing_loss(probs, expert, n_experts)")
@@ -82,7 +87,8 @@ def _dispatch_rank(comm, fn, xs, dests):
 @check("dispatch_tokens", references=["ExpertParallelMoE"], observes=[
     "the bytes each thread rank sent to each other rank (its rows for that rank, plus at "
     "most a few count integers)", "the rows each rank ended with, in source-rank order, "
-    "then row order (one rank of 32 rows or more, where an unstable sort shows)"])
+    "then row order (one rank of 32 rows or more, where an unstable sort shows, and one that "
+    "sends the last rank nothing)"])
 def check_dispatch_tokens(fn):
     """fn(x, dest, comm) -> rows received from every rank (source order, then row order)."""
     g = fresh_generator()
@@ -93,7 +99,10 @@ def check_dispatch_tokens(fn):
         many = randint(g, 0, world - 1)
         xs = [torch.randn(randint(g, 32, 40) if r == many else randint(g, 3, 8), d, generator=g)
               for r in range(world)]
-        dests = [torch.randint(0, world, (len(x),), generator=g) for x in xs]
+        # Forced, in a fresh place: one rank that sends the last rank nothing.
+        quiet = randint(g, 0, world - 1)
+        dests = [torch.randint(0, world - (r == quiet), (len(x),), generator=g)
+                 for r, x in enumerate(xs)]
         results, sends, w = _threads(_dispatch_rank, world, fn, xs, dests)
         for rank, mine in enumerate(sends):
             for j in range(world):
@@ -151,8 +160,9 @@ def check_z_loss(fn):
 
 @check("permute_tokens", references=["permute_by_expert", "EPMoE"], observes=[
     "the rows and counts returned for fresh tokens, top-1 and top-2 choices both (32 choices or "
-    "more in one case of every draw, where an unstable sort shows): each expert's rows "
-    "together, experts in order, within an expert the choices in token order"])
+    "more in one case of every draw, where an unstable sort shows, and in one no choice of the "
+    "last expert): each expert's rows together, experts in order, within an expert the "
+    "choices in token order"])
 def check_permute_tokens(fn):
     """fn(x, expert, n_experts) -> (rows, counts): the tokens of every choice (expert (N, k)),
     grouped by expert in expert order, each group in token order; counts (E,)."""
@@ -161,12 +171,16 @@ def check_permute_tokens(fn):
     # One case of 32 choices or more, forced, in a fresh place: torch's CPU sort keeps equal keys
     # in order up to 16 elements, stable or not, so an unstable sort shows only above.
     many = randint(g, 0, 2)
+    empty = randint(g, 0, 2)        # forced, in a fresh case: the last expert chosen by no token
     for case, k in enumerate((first, 3 - first, randint(g, 1, 2))):
         N, E, d = randint(g, 5, 12), randint(g, 2, 5), randint(g, 2, 4)
         if case == many:
             N = randint(g, 32, 40) // k     # N * k >= 32 choices of at most 5 experts
+        if case == empty:
+            E = max(E, k + 1)
         x = torch.randn(N, d, generator=g)
-        expert = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+        chosen = E - (case == empty)        # the experts the choices are drawn from
+        expert = torch.stack([torch.randperm(chosen, generator=g)[:k] for _ in range(N)])
         got = fn(x.clone(), expert.clone(), E)
         expect(isinstance(got, tuple) and len(got) == 2,
                "permute_tokens must return a pair (rows, counts)")
