@@ -72,10 +72,9 @@ _TENSOR_TABLES = {attr: _BASE[attr].__get__ for attr in _TENSOR if attr in _BASE
 
 
 class _Walk:
-    """Every hook dict reachable from the handed values: {(owner id, attr): (what, keys)}. Read
-    by exact types and the base classes' own getters and methods (after the call the answer may
-    have put objects of its own there: an isinstance, a hasattr or a subclass's `__iter__` would
-    run their code outside the watched window)."""
+    """Every hook dict reachable from the handed values: {(owner id, attr): (what, keys)}, read
+    by exact types and base getters (what the answer put there after the call: an isinstance,
+    hasattr or a subclass's `__iter__` would run its code outside the watched window)."""
 
     def __init__(self):
         self.found, self.seen = {}, set()
@@ -343,9 +342,12 @@ def _left_hooks(mine):
     reader's added to a table noted whole."""
     left = []
     for hooks, key, *keys in mine:
-        if key is _TABLE:       # read by dict's own methods, only plain keys hashed
-            left += [(hooks, k) for k, v in list(dict.items(hooks)) if type(k) in (int, str)
-                     and k not in keys[0] and _reader_hook(v, None, 0)]
+        if key is _TABLE and not plain_keys(hooks):     # a key of the reader's class: taken
+            _take_odd(hooks)                            # out unlooked-up, the answer failed
+            left.append((hooks, _ODD))
+        elif key is _TABLE:       # read by dict's own methods
+            left += [(hooks, k) for k, v in list(dict.items(hooks))
+                     if k not in keys[0] and _reader_hook(v, None, 0)]
         elif dict.__contains__(hooks, key):
             left.append((hooks, key))
     return list({(id(h), k): (h, k) for h, k in left}.values())
