@@ -27,6 +27,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
 from .keys import plain_keys
+from .parts import base_items, class_attribute, dict_pairs, module_tree, own_dict
 from .run import CheckFailed
 from .settle import Guarded
 from .whose import reader_code
@@ -65,56 +66,68 @@ def _take_odd(hooks):
         kind.update(hooks, kept)
 
 
+_BASE = vars(torch._C.TensorBase)   # a tensor's own getters (a subclass's properties never run)
+_GRAD, _IS_LEAF = _BASE["grad"].__get__, _BASE["is_leaf"].__get__
+_TENSOR_TABLES = {attr: _BASE[attr].__get__ for attr in _TENSOR if attr in _BASE}
+
+
 class _Walk:
-    """Every hook dict reachable from the handed values: {(owner id, attr): (what, keys)}."""
+    """Every hook dict reachable from the handed values: {(owner id, attr): (what, keys)}, read
+    by exact types and base getters (what the answer put there after the call: an isinstance,
+    hasattr or a subclass's `__iter__` would run its code outside the watched window)."""
 
     def __init__(self):
         self.found, self.seen = {}, set()
 
-    def dicts(self, owner, attrs, what):
-        for attr in attrs:
-            hooks = owner.__dict__.get(attr) if hasattr(owner, "__dict__") else None
-            if hooks is None and isinstance(owner, torch.Tensor):
-                hooks = getattr(owner, attr, None)
-            if issubclass(type(hooks), dict):     # its keys read by dict's own methods
-                keys = frozenset(dict.keys(hooks)) if plain_keys(hooks) else _ODD
-                self.found[(id(owner), attr)] = (what, attr, keys, hooks)
+    def table(self, owner, attr, hooks, what):
+        if issubclass(type(hooks), dict):     # its keys read by dict's own methods
+            keys = frozenset(dict.keys(hooks)) if plain_keys(hooks) else _ODD
+            self.found[(id(owner), attr)] = (what, attr, keys, hooks)
 
     def value(self, v, what, depth):
         if id(v) in self.seen:
             return
         self.seen.add(id(v))
-        if isinstance(v, torch.Tensor):
-            self.dicts(v, _TENSOR, what)
-            grad = v.grad if v.is_leaf else None      # a non-leaf's .grad warns, holds none
-            if isinstance(grad, torch.Tensor):
+        cls = type(v)
+        if issubclass(cls, torch.Tensor):
+            for attr, read in _TENSOR_TABLES.items():
+                self.table(v, attr, read(v), what)
+            grad = _GRAD(v) if _IS_LEAF(v) else None   # a non-leaf's .grad warns, holds none
+            if issubclass(type(grad), torch.Tensor):
                 self.value(grad, f"the gradient of {what}", depth)
-        elif isinstance(v, torch.nn.Module):
-            for name, sub in v.named_modules(remove_duplicate=False):
-                self.dicts(sub, _MODULE, f"{what}'s layer {name}" if name else what)
-            for name, t in list(v.named_parameters(remove_duplicate=False)) + \
-                    list(v.named_buffers(remove_duplicate=False)):
+        elif issubclass(cls, torch.nn.Module):
+            subs, tensors = module_tree(v)
+            for name, sub in subs:
+                own = own_dict(sub)
+                for attr in _MODULE:
+                    self.table(sub, attr, own.get(attr), f"{what}'s layer {name}" if name else what)
+            for name, t in tensors:
                 self.value(t, f"{what}'s {name}", depth)
-        elif isinstance(v, torch.optim.Optimizer):
-            self.dicts(v, _OPTIMIZER, what)
-            for group in v.param_groups:
-                for p in group.get("params", ()):
+        elif issubclass(cls, torch.optim.Optimizer):
+            own = own_dict(v)
+            for attr in _OPTIMIZER:
+                self.table(v, attr, own.get(attr), what)
+            for group in base_items(own.get("param_groups")) or ():
+                for p in base_items(dict(dict_pairs(group)).get("params")) or ():
                     self.value(p, f"a parameter of {what}", depth)
-        elif depth and isinstance(v, (list, tuple, set, frozenset)):
-            for item in v:
+        elif depth:
+            for item in base_items(v) or ():
                 self.value(item, what, depth - 1)
-        elif depth and isinstance(v, dict):
-            for item in v.values():
-                self.value(item, what, depth - 1)
+
+
+def _table_kind(hooks):
+    """The base class whose `pop` keeps a hook table whole (an OrderedDict's own links)."""
+    return collections.OrderedDict if issubclass(type(hooks), collections.OrderedDict) else dict
 
 
 def _global():
     found = {}
     for owner, attr in _GLOBAL:
         hooks = getattr(owner, attr, None)
-        if isinstance(hooks, dict):
-            found[(id(owner), attr)] = ("every module" if owner is module_hooks
-                                        else "every optimizer", attr, frozenset(hooks), hooks)
+        if issubclass(type(hooks), dict):
+            found[(id(owner), attr)] = ("every module" if owner is module_hooks else
+                                        "every optimizer", attr, frozenset(dict.keys(hooks))
+                                        if plain_keys(hooks) else _ODD, hooks)
     found["saved"] = ("autograd's saved tensors", "saved_tensors_hooks",
                       frozenset(map(id, torch._C._autograd._top_saved_tensors_default_hooks(
                           False) or ())), None)
@@ -153,12 +166,14 @@ def _pop_to(key, before):
 
 
 def hooks_of(args, kwargs):
-    """The hooks now registered on what an answer is handed, and the process's global ones."""
+    """The hooks now registered on what an answer is handed, and the process's global ones
+    (read with torch functions off: no `__torch_function__` of a tensor subclass runs)."""
     walk = _Walk()
-    for i, a in enumerate(args):
-        walk.value(a, f"argument {i + 1}", _DEPTH)
-    for k, a in kwargs.items():
-        walk.value(a, f"`{k}`", _DEPTH)
+    with torch._C.DisableTorchFunction():
+        for i, a in enumerate(args):
+            walk.value(a, f"argument {i + 1}", _DEPTH)
+        for k, a in kwargs.items():
+            walk.value(a, f"`{k}`", _DEPTH)
     return {**walk.found, **_global()}
 
 
@@ -176,13 +191,13 @@ def expect_no_new_hooks(name, before, args, kwargs, guard=None):
             continue
         new = keys - before.get(key, (None, None, frozenset(), None))[2]
         if new and guard is not None and hooks is not None and key not in _GLOBAL_KEYS:
-            for k in new:
-                if k in hooks and _unguarded(hooks[k]):
-                    hooks[k] = guard(hooks[k])
+            for k in new:       # read by dict's own methods: a subclass's never run
+                if dict.__contains__(hooks, k) and _unguarded(dict.__getitem__(hooks, k)):
+                    dict.__setitem__(hooks, k, guard(dict.__getitem__(hooks, k)))
         elif new:
             left.append((what, attr))
             for k in new if hooks is not None else ():
-                hooks.pop(k, None)
+                _table_kind(hooks).pop(hooks, k, None)
             if key in _STACKS:
                 _pop_to(key, before[key][2])
     if left:
@@ -211,30 +226,31 @@ def _reader_hook(hook, caller, depth=2):
     `register_multi_grad_hook` wraps the reader's function in its own) is the reader's."""
     if caller is not None and reader_code(caller.f_code):
         return True
-    while isinstance(hook, functools.partial):
-        hook = hook.func
-    hook = getattr(hook, "__func__", hook)
-    code = getattr(hook, "__code__", None)
-    if not isinstance(code, types.CodeType):
+    for _ in range(8):      # unwrapped by exact types: no attribute of the reader's object read
+        if type(hook) is functools.partial:
+            hook = hook.func
+        elif type(hook) is types.MethodType:
+            hook = hook.__func__
+        elif type(hook) is not types.FunctionType:    # a callable object: its class's __call__
+            hook = class_attribute(type(hook), "__call__")
+    if type(hook) is not types.FunctionType:
         return False
-    if reader_code(code):          # a copy compiled under a library's name too (whose.py)
+    if reader_code(hook.__code__):          # a copy compiled under a library's name too (whose.py)
         return True
-    cells = [c.cell_contents for c in getattr(hook, "__closure__", None) or ()
-             if _filled(c)] if depth else ()
+    cells = [c.cell_contents for c in hook.__closure__ or () if _filled(c)] if depth else ()
     return any(callable(v) and _reader_hook(v, None, depth - 1) for v in cells)
 
 
 def _unguarded(hook):
     """A hook of the reader's not yet run as the answer is (settle.Guarded)."""
-    return hook is not None and not isinstance(hook, Guarded) and _reader_hook(hook, None)
+    return hook is not None and not issubclass(type(hook), Guarded) and _reader_hook(hook, None)
 
 
 def _filled(cell):
     try:
-        _ = cell.cell_contents
+        return cell.cell_contents is cell.cell_contents
     except ValueError:
         return False
-    return True
 
 
 def _note(hooks, key, *keys, _tick=_TICK):
@@ -296,7 +312,7 @@ def _table(name, base):
 
     def put(self, value):
         base.__set__(self, value)
-        if isinstance(value, dict):
+        if issubclass(type(value), dict):
             _note(value, _TABLE, frozenset())
 
     def drop(self):
@@ -326,10 +342,13 @@ def _left_hooks(mine):
     reader's added to a table noted whole."""
     left = []
     for hooks, key, *keys in mine:
-        if key is _TABLE:
-            left += [(hooks, k) for k, v in list(hooks.items())   # its own code: a harness
-                     if k not in keys[0] and _reader_hook(v, None, 0)]   # tap may hold the reader's
-        elif key in hooks:
+        if key is _TABLE and not plain_keys(hooks):     # a key of the reader's class: taken
+            _take_odd(hooks)                            # out unlooked-up, the answer failed
+            left.append((hooks, _ODD))
+        elif key is _TABLE:       # read by dict's own methods
+            left += [(hooks, k) for k, v in list(dict.items(hooks))
+                     if k not in keys[0] and _reader_hook(v, None, 0)]
+        elif dict.__contains__(hooks, key):
             left.append((hooks, key))
     return list({(id(h), k): (h, k) for h, k in left}.values())
 
@@ -366,9 +385,9 @@ def node_hooks(name, guard=None, *, _tick=_TICK, _opened=_OPENED):
         left = _left_hooks(mine)
         for hooks, key in left:
             if guard is None:
-                hooks.pop(key, None)
-            elif returned and _unguarded(hooks.get(key)):
-                hooks[key] = guard(hooks[key])
+                _table_kind(hooks).pop(hooks, key, None)
+            elif returned and _unguarded(dict.get(hooks, key)):
+                dict.__setitem__(hooks, key, guard(dict.__getitem__(hooks, key)))
     if returned and emptied:
         raise CheckFailed(f"{name}: your code emptied the check's record of the hooks it "
                           "registers (hooks.py): an answer computes, it leaves the grader be")

@@ -5,11 +5,14 @@ run the reader's code between the answer's watched windows)."""
 import functools
 import types
 
+import torch
+
 from .keys import str_keys
 from .settle import Guarded
 
 __all__ = ["plain_function", "function_globals", "function_closure", "function_name",
-           "module_name", "plain_globals", "class_mro", "class_attribute"]
+           "module_name", "plain_globals", "class_mro", "class_attribute", "own_dict",
+           "instance_dict", "dict_pairs", "module_tree", "base_items"]
 
 _DEPTH = 8
 class_mro = type.__dict__["__mro__"].__get__     # a class's MRO, from `type` (no metaclass runs)
@@ -79,3 +82,69 @@ def function_name(fn, default):
     f = plain_function(fn)
     name = f.__name__ if f is not None else None
     return name if type(name) is str else default
+
+
+def instance_dict(obj):
+    """`obj`'s instance dict as the getter Python made for the first class of its MRO that has
+    one gives it (a `__dict__` property or `__getattribute__` of the reader's class never runs);
+    None if it has no plain dict."""
+    for c in reversed(class_mro(type(obj))):
+        getter = class_attribute(c, "__dict__") if c is not object else None
+        if type(getter) is types.GetSetDescriptorType:
+            try:
+                held = getter.__get__(obj)
+            except TypeError:          # another class's getter, put there by the reader
+                return None
+            return held if type(held) is dict else None
+    return None
+
+
+def own_dict(obj):
+    """instance_dict with only its exact-str keys (no key's `__eq__` runs on a lookup); {} for
+    an object without one."""
+    held = instance_dict(obj)
+    if held is None:
+        return {}
+    return held if str_keys(held) else {k: v for k, v in dict.items(held) if type(k) is str}
+
+
+_ITEMS = ((list, list.__iter__), (tuple, tuple.__iter__), (set, set.__iter__),
+          (frozenset, frozenset.__iter__), (dict, dict.values))
+
+
+def base_items(v):
+    """The items of a list, tuple, set or frozenset, a dict's values (a subclass's read by the
+    base type's own method: its `__iter__` or `values` never runs); None for anything else."""
+    read = next((r for base, r in _ITEMS if issubclass(type(v), base)), None)
+    return None if read is None else list(read(v))
+
+
+def dict_pairs(d):
+    """(key, value) of a dict, a subclass's read by dict's own method (its `items` never runs),
+    a key that is not an exact str named "?"; () for anything else."""
+    if not issubclass(type(d), dict):
+        return ()
+    return [(k if type(k) is str else "?", v) for k, v in dict.items(d)]
+
+
+def module_tree(m):
+    """(submodules, tensors) of module `m`, named and ordered as `named_modules` and
+    `named_parameters` + `named_buffers` list them (each submodule once), read from the instance
+    dicts by exact types: no method, property or container method of the reader's runs."""
+    subs, tensors, seen = [], [], set()
+
+    def walk(mod, name):
+        if id(mod) in seen:
+            return
+        seen.add(id(mod))
+        subs.append((name, mod))
+        for key, sub in dict_pairs(own_dict(mod).get("_modules")):
+            if issubclass(type(sub), torch.nn.Module):
+                walk(sub, f"{name}.{key}" if name else key)
+    walk(m, "")
+    for kind in ("_parameters", "_buffers"):
+        for name, mod in subs:
+            for key, t in dict_pairs(own_dict(mod).get(kind)):
+                if issubclass(type(t), torch.Tensor):
+                    tensors.append((f"{name}.{key}" if name else key, t))
+    return subs, tensors

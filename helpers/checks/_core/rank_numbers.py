@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
+from .parts import base_items, own_dict
 from .run import CheckFailed
 
 __all__ = ["Tagged", "TaggedInt", "TagWatch", "tag", "retag", "ranks_of", "is_round",
@@ -118,11 +119,16 @@ for _cls in (Tagged, TaggedInt):
 
 
 def ranks_of(leaf):
-    """The ranks a leaf (a number, a numpy array, a slice) carries, or an empty set."""
-    if isinstance(leaf, slice):
+    """The ranks a leaf (a number, a numpy array, a slice) carries, or an empty set: read by
+    exact types and from its instance dict (no `__class__` or `ranks` property of the reader's
+    runs: the harness reads a rank's result after its window closed)."""
+    cls = type(leaf)
+    if cls is slice:
         return frozenset().union(*(ranks_of(v) for v in (leaf.start, leaf.stop, leaf.step)))
-    return getattr(leaf, "ranks", frozenset()) if isinstance(
-        leaf, (Tagged, TaggedInt, np.ndarray)) else frozenset()
+    if not issubclass(cls, (Tagged, TaggedInt, np.ndarray)):
+        return frozenset()
+    ranks = own_dict(leaf).get("ranks")
+    return ranks if type(ranks) is frozenset else frozenset()
 
 
 def tag(value, rank):
@@ -195,18 +201,42 @@ class TagWatch(TorchFunctionMode):
 
 
 def foreign_in(tree, rank, exited):
-    """The other ranks a number in `tree` (not tensors) comes from: by tag or by fingerprint."""
-    for leaf in tree_leaves(tree):
+    """The other ranks a number in `tree` (not tensors) comes from: by tag or by fingerprint.
+    Walked and read by exact types, numbers and arrays as their base types hold them: nothing
+    of the reader's runs (a rank's result is read after its window closed)."""
+    for leaf in _leaves(tree):
         if ranks_of(leaf) - {rank}:
             return ranks_of(leaf) - {rank}
-        if isinstance(leaf, (float, int)) and not isinstance(leaf, bool) and not is_round(leaf):
-            who = exited.get(leaf, ())
+        cls = type(leaf)
+        if issubclass(cls, float) or (issubclass(cls, int) and cls is not bool):
+            v = float.__float__(leaf) if issubclass(cls, float) else int.__int__(leaf)
+            who = exited.get(v, ()) if not is_round(v) else ()
             if who and rank not in who:
                 return set(who)
-        if hasattr(leaf, "dtype") and hasattr(leaf, "ravel") and not isinstance(
-                leaf, torch.Tensor) and getattr(leaf.dtype, "kind", "") in ("f", "i", "u"):
-            for v in leaf.ravel()[:100_000].tolist():          # a numpy array
+        array = np.ndarray.view(leaf, np.ndarray) if issubclass(cls, np.ndarray) else \
+            np.asarray(leaf) if cls in _NUMPY_SCALARS else None
+        if array is not None and array.dtype.kind in ("f", "i", "u"):
+            for v in array.ravel()[:100_000].tolist():          # a numpy array
                 who = exited.get(v, ()) if not is_round(v) else ()
                 if who and rank not in who:
                     return set(who)
     return set()
+
+
+_NUMPY_SCALARS = frozenset(c for c in vars(np).values() if type(c) is type and issubclass(
+    c, np.generic))
+
+
+def _leaves(tree, depth=8):
+    """The leaves of lists, tuples, sets and dicts (their subclasses read by the base types' own
+    methods) down to `depth`, each container once."""
+    out, seen, stack = [], set(), [(tree, depth)]
+    while stack:
+        v, left = stack.pop()
+        items = base_items(v) if left else None
+        if items is None:
+            out.append(v)
+        elif id(v) not in seen:
+            seen.add(id(v))
+            stack.extend((x, left - 1) for x in reversed(items))
+    return out

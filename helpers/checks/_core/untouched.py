@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .keys import drop_odd_keys, str_keys
+from .parts import instance_dict, module_tree
 from .run import CheckFailed
 from .settle import reader_class
 
@@ -103,11 +104,8 @@ def _routes(cls):
 def _attributes(m, names):
     """(name, value) of m's instance attributes among `names` (all but the walked containers
     where `names` is None); None for an object without a `__dict__`."""
-    try:
-        own = object.__getattribute__(m, "__dict__")
-    except (AttributeError, TypeError):
-        return None
-    if type(own) is not dict:
+    own = instance_dict(m)      # never a `__dict__` property of the reader's class
+    if own is None:
         return None
     return tuple((k, _value(v)) if type(k) is str else (_Key(k), _value(v))
                  for k, v in list(dict.items(own))
@@ -154,13 +152,10 @@ class _TensorPrint:
 
 
 def _module(m):
-    parts = []
-    for name, sub in m.named_modules(remove_duplicate=False):
-        parts.append((name, id(sub), type(sub), _attributes(sub, _compared(type(sub)))))
-    for name, t in list(m.named_parameters(remove_duplicate=False)) + \
-            list(m.named_buffers(remove_duplicate=False)):
-        parts.append((name, _TensorPrint(t)))
-    return ("module", tuple(parts))
+    subs, tensors = module_tree(m)      # read from the instance dicts: no method of a module's
+    parts = [(name, id(sub), type(sub), _attributes(sub, _compared(type(sub))))
+             for name, sub in subs]
+    return ("module", tuple(parts + [(name, _print(t, 0)) for name, t in tensors]))
 
 
 def fingerprint(value):
@@ -171,16 +166,22 @@ def fingerprint(value):
 
 
 def _print(value, depth):
-    if isinstance(value, torch.Tensor):
+    """Read by exact types and the base types' own methods (after the call the answer may have
+    put objects of its own in a container: no `__class__` property or `__iter__` of theirs runs);
+    a tensor of the reader's class by identity and class."""
+    cls = type(value)
+    if issubclass(cls, torch.Tensor) and (cls in (torch.Tensor, torch.nn.Parameter)
+                                          or not reader_class(cls)):
         return _TensorPrint(value)
-    if isinstance(value, torch.nn.Module):
+    if issubclass(cls, torch.nn.Module):
         return _module(value)
-    if depth and isinstance(value, (list, tuple)):
-        return (type(value), id(value), tuple(_print(v, depth - 1) for v in value))
-    if depth and isinstance(value, dict):
+    if depth and issubclass(cls, (list, tuple)):
+        items = list.__iter__(value) if issubclass(cls, list) else tuple.__iter__(value)
+        return (cls, id(value), tuple(_print(v, depth - 1) for v in list(items)))
+    if depth and issubclass(cls, dict):
         return (dict, id(value), tuple((_key(k), _print(v, depth - 1))
-                                       for k, v in dict.items(value)))
-    return ("object", id(value), type(value))
+                                       for k, v in list(dict.items(value))))
+    return ("object", id(value), cls)
 
 
 def classes(value):
