@@ -9,7 +9,8 @@ from .keys import str_keys
 from .settle import Guarded
 
 __all__ = ["plain_function", "function_globals", "function_closure", "function_name",
-           "module_name", "plain_globals", "class_mro", "class_attribute"]
+           "module_name", "plain_globals", "class_mro", "class_attribute", "descriptor",
+           "own_methods", "bare_function", "wrapped_by"]
 
 _DEPTH = 8
 class_mro = type.__dict__["__mro__"].__get__     # a class's MRO, from `type` (no metaclass runs)
@@ -26,6 +27,38 @@ def class_attribute(cls, name):
         if name in held:
             return held[name]
     return None
+
+
+def descriptor(value):
+    """Whether `value`'s class defines `__get__`, `__set__` or `__delete__` (a property, a
+    classmethod, any descriptor): set on a class, it runs code when the name is read. Read from
+    the MRO's dicts: nothing of the reader's runs."""
+    cls = type(value)
+    return any(class_attribute(cls, name) is not None
+               for name in ("__get__", "__set__", "__delete__"))
+
+
+def own_methods(cls):
+    """The plain functions in `cls`'s own dict (read from `type`'s slot: no metaclass runs)."""
+    return [v for v in _CLASS_DICT(cls).values() if type(v) is types.FunctionType]
+
+
+def bare_function(value):
+    """The plain function behind a partial or a bound method (exact types only), or None."""
+    for _ in range(_DEPTH):
+        if type(value) is functools.partial:
+            value = value.func
+        elif type(value) is types.MethodType:
+            value = value.__func__
+        else:
+            break
+    return value if type(value) is types.FunctionType else None
+
+
+def wrapped_by(fn):
+    """The `__wrapped__` a plain function holds in its own dict (functools.wraps), or None."""
+    held = fn.__dict__ if type(fn) is types.FunctionType else None
+    return dict.get(held, "__wrapped__") if type(held) is dict and str_keys(held) else None
 
 
 def plain_function(fn):
