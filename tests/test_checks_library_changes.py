@@ -5,6 +5,7 @@ or a descriptor (a property added to `torch.Tensor`, whose getter runs when the 
 `.shape` after the call; one in place of a method), not only a plain callable (patched.py)."""
 import threading
 
+import pytest
 import torch
 
 from helpers.checks import check_dp_average, check_update_running_stats
@@ -38,18 +39,24 @@ def _verdict(check, answer, *names):
                 setattr(owner, name, original)
 
 
-def test_a_stand_in_claiming_the_harness_module_fails_and_is_put_back():
+@pytest.mark.parametrize("kind", ["function", "object"])
+def test_a_stand_in_claiming_the_harness_module_fails_and_is_put_back(kind):
     original, pending = torch.as_tensor, []
 
     def as_tensor(*args, **kwargs):
         _pending_fix(pending)
         return original(*args, **kwargs)
 
+    class AsTensor:
+        __call__ = staticmethod(as_tensor)
+
     def answer(running_mean, running_var, mean, var, n, momentum):
         got = _stats(running_mean, running_var, mean, var, n, momentum, unbiased=False)
         pending.append((got[1], var, n, momentum))
-        as_tensor.__module__ = "helpers.checks.syncbn"      # in the call: the scan saw the truth
-        torch.as_tensor = as_tensor
+        stand_in = as_tensor if kind == "function" else AsTensor()
+        target = as_tensor if kind == "function" else AsTensor
+        target.__module__ = "helpers.checks.syncbn"     # in the call: the scan saw the truth
+        torch.as_tensor = stand_in
         return got
 
     result, restored = _verdict(check_update_running_stats, answer,
@@ -124,3 +131,18 @@ def test_right_answers_still_pass():
 
     assert check_update_running_stats(_stats).passed
     assert check_dp_average(dp_average).passed
+
+
+def test_a_check_body_end_removes_a_property_added():
+    """late.py's comparison at a check body's end (a change made outside the answer's calls)
+    judges added names too, by patched.py's rules."""
+    from helpers.checks._core import late, patched
+    before = [(name, owner, dict(ns), private)
+              for name, owner, ns, private in patched._spaces()[0]]
+    torch.Tensor.shape = property(lambda self: SHAPE.__get__(self))
+    try:
+        changed = late._changed(before)
+        removed = "shape" not in vars(torch.Tensor)
+    finally:
+        vars(torch.Tensor).get("shape") is None or delattr(torch.Tensor, "shape")
+    assert "torch.Tensor.shape" in changed and removed

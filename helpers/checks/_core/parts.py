@@ -15,6 +15,8 @@ __all__ = ["plain_function", "function_globals", "function_closure", "function_n
 _DEPTH = 8
 class_mro = type.__dict__["__mro__"].__get__     # a class's MRO, from `type` (no metaclass runs)
 _CLASS_DICT = type.__dict__["__dict__"].__get__
+_PLAIN_CLASS_PARTS = (str, type(None), types.FunctionType, types.GetSetDescriptorType,
+                      types.MemberDescriptorType)
 
 
 def class_attribute(cls, name):
@@ -39,8 +41,14 @@ def descriptor(value):
 
 
 def own_methods(cls):
-    """The plain functions in `cls`'s own dict (read from `type`'s slot: no metaclass runs)."""
-    return [v for v in _CLASS_DICT(cls).values() if type(v) is types.FunctionType]
+    """The plain functions in `cls`'s own dict, if `cls` derives from `object` alone and its dict
+    holds nothing else but text and C slots (`__dict__`, `__slots__` members); else []. Read from
+    `type`'s slots: no metaclass runs."""
+    held, mro = list(_CLASS_DICT(cls).values()), class_mro(cls)
+    if len(mro) != 2 or mro[1] is not object or not all(
+            any(type(v) is t for t in _PLAIN_CLASS_PARTS) for v in held):
+        return []
+    return [v for v in held if type(v) is types.FunctionType]
 
 
 def bare_function(value):
