@@ -99,8 +99,8 @@ def _spaces():
         _CACHE["defaults"] = defaults.held((name, ns) for name, _, ns, _ in _CACHE["spaces"])
         _CACHE["cells"] = tuple(
             (f"{m.__name__}.{key}", cell) for m in found.values() if _own(m)
-            for key, f in list(vars(m).items()) if isinstance(f, types.FunctionType)
-            and _harness(f) for cell in f.__closure__ or ())
+            for key, f in list(vars(m).items()) if type(f) is types.FunctionType
+            and (_harness(f) or _harness(wrapped_by(f))) for cell in f.__closure__ or ())
         _CACHE["modules"] = len(sys.modules)
     return _CACHE["spaces"], _CACHE["views"]
 
@@ -130,9 +130,9 @@ def odd_keys():
 
 
 def cells():
-    """The closure cells of the harness's own functions (a check's wrapper, `late.inside`) and
-    what each holds now: a cell's contents can be set in place (`cell_contents = ...`) with no
-    binding changed."""
+    """The closure cells of the harness's own functions (a check's wrapper, `late.inside` and
+    contextlib's wrapper of it) and what each holds now: a cell's contents can be set in place
+    (`cell_contents = ...`) with no binding changed."""
     return tuple((name, cell, _contents(cell)) for name, cell in _CACHE.get("cells", ()))
 
 
