@@ -27,6 +27,7 @@ from .callbacks import callbacks, expect_no_callbacks
 from .guard import answering, started_by_answer
 from .guard import judging as _judging
 from .keys import odd_keys_message
+from .parts import wrapped_by
 from .patched import _spaces, expect_unpatched, snapshot
 from .provenance import handed_in
 from .references import blocked, code_key
@@ -116,9 +117,9 @@ def inside():
 
 
 def _changed(spaces):
-    """What was replaced or deleted in the watched namespaces since `spaces` was copied (each
-    put back), by patched.py's rules; names a library added on its own (a lazy import, the
-    first optimizer of a class hooking its step) are left."""
+    """What was replaced, deleted or added in the watched namespaces since `spaces` was copied
+    (each put back or removed), by patched.py's rules; names a library added on its own (a lazy
+    import's, the first optimizer of a class hooking its step) are left."""
     changed = []
     for space, owner, saved, private in spaces:
         now, own = vars(owner), patched._own(owner)
@@ -130,11 +131,19 @@ def _changed(spaces):
                 changed.append(f"{space}.{key}")
                 setattr(owner, key, value)
             elif not ((patched._private(key) and not private)
-                      or not patched._watched(value, space) or patched._harness(new)
-                      or patched._harness(value) or patched._library_wrapper(new, value)
-                      or (new is not patched._MISSING and not patched._watched(new, space))):
+                      or not patched._watched(value if new is patched._MISSING else new, space)
+                      or patched._harness(new) or patched._harness(value)
+                      or patched._library_wrapper(new, value)):
                 changed.append(f"{space}.{key}")
                 patched._restore(owner, key, value)
+        for key in now.keys() - saved.keys():
+            added = now[key]        # a name added (a property on torch.Tensor), as patched.py
+            if (own and patched._judged(owner, key, added)) or (
+                    (private or not patched._private(key)) and patched._watched(added, space)
+                    and not patched._harness(added) and not patched._library_wrapper(
+                        added, wrapped_by(added), added=True)):
+                changed.append(f"{space}.{key}")
+                delattr(owner, key)
     return changed
 
 

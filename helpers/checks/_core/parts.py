@@ -12,11 +12,14 @@ from .settle import Guarded
 
 __all__ = ["plain_function", "function_globals", "function_closure", "function_name",
            "module_name", "plain_globals", "class_mro", "class_attribute", "own_dict",
-           "instance_dict", "dict_pairs", "module_tree", "base_items"]
+           "instance_dict", "dict_pairs", "module_tree", "base_items", "descriptor",
+           "own_methods", "bare_function", "wrapped_by"]
 
 _DEPTH = 8
 class_mro = type.__dict__["__mro__"].__get__     # a class's MRO, from `type` (no metaclass runs)
 _CLASS_DICT = type.__dict__["__dict__"].__get__
+_PLAIN_CLASS_PARTS = (str, type(None), types.FunctionType, types.GetSetDescriptorType,
+                      types.MemberDescriptorType)
 
 
 def class_attribute(cls, name):
@@ -29,6 +32,44 @@ def class_attribute(cls, name):
         if name in held:
             return held[name]
     return None
+
+
+def descriptor(value):
+    """Whether `value`'s class defines `__get__`, `__set__` or `__delete__` (a property, a
+    classmethod, any descriptor): set on a class, it runs code when the name is read. Read from
+    the MRO's dicts: nothing of the reader's runs."""
+    cls = type(value)
+    return any(class_attribute(cls, name) is not None
+               for name in ("__get__", "__set__", "__delete__"))
+
+
+def own_methods(cls):
+    """The plain functions in `cls`'s own dict, if `cls` derives from `object` alone and its dict
+    holds nothing else but text and C slots (`__dict__`, `__slots__` members); else []. Read from
+    `type`'s slots: no metaclass runs."""
+    held, mro = list(_CLASS_DICT(cls).values()), class_mro(cls)
+    if len(mro) != 2 or mro[1] is not object or not all(
+            any(type(v) is t for t in _PLAIN_CLASS_PARTS) for v in held):
+        return []
+    return [v for v in held if type(v) is types.FunctionType]
+
+
+def bare_function(value):
+    """The plain function behind a partial or a bound method (exact types only), or None."""
+    for _ in range(_DEPTH):
+        if type(value) is functools.partial:
+            value = value.func
+        elif type(value) is types.MethodType:
+            value = value.__func__
+        else:
+            break
+    return value if type(value) is types.FunctionType else None
+
+
+def wrapped_by(fn):
+    """The `__wrapped__` a plain function holds in its own dict (functools.wraps), or None."""
+    held = fn.__dict__ if type(fn) is types.FunctionType else None
+    return dict.get(held, "__wrapped__") if type(held) is dict and str_keys(held) else None
 
 
 def plain_function(fn):

@@ -15,7 +15,6 @@ answer and is put back; entries added (new imports) pass. The harness's own stan
 (helpers.checks) come and go while answers run and are not judged; an answer may set its own
 module's globals."""
 import builtins
-import functools
 import itertools
 import math
 import operator
@@ -37,9 +36,10 @@ from . import defaults
 from .early_threads import idle_worker
 from .guard import started_by_answer
 from .keys import odd_keys_message, taken_out
+from .parts import bare_function, descriptor, own_methods, wrapped_by
 from .provenance import world_run
 from .run import CheckFailed
-from .whose import reader_code
+from .whose import genuine, reader_code
 
 __all__ = ["snapshot", "expect_unpatched", "odd_keys"]
 
@@ -58,6 +58,7 @@ _CLASSES = (torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.optim.Opti
     if isinstance(c, type) and issubclass(c, (torch.nn.Module, torch.optim.Optimizer))))
 _MISSING = object()
 _MODULE_OF = type.__dict__["__module__"].__get__
+_callable = callable        # bound at import: `builtins.callable` is watched, not trusted
 _JOIN_S = 2.0                       # how long a thread the answer started may take to finish
 _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
@@ -98,8 +99,8 @@ def _spaces():
         _CACHE["defaults"] = defaults.held((name, ns) for name, _, ns, _ in _CACHE["spaces"])
         _CACHE["cells"] = tuple(
             (f"{m.__name__}.{key}", cell) for m in found.values() if _own(m)
-            for key, f in list(vars(m).items()) if isinstance(f, types.FunctionType)
-            and _harness(f) for cell in f.__closure__ or ())
+            for key, f in list(vars(m).items()) if type(f) is types.FunctionType
+            and (_harness(f) or _harness(wrapped_by(f))) for cell in f.__closure__ or ())
         _CACHE["modules"] = len(sys.modules)
     return _CACHE["spaces"], _CACHE["views"]
 
@@ -129,9 +130,9 @@ def odd_keys():
 
 
 def cells():
-    """The closure cells of the harness's own functions (a check's wrapper, `late.inside`) and
-    what each holds now: a cell's contents can be set in place (`cell_contents = ...`) with no
-    binding changed."""
+    """The closure cells of the harness's own functions (a check's wrapper, `late.inside` and
+    contextlib's wrapper of it) and what each holds now: a cell's contents can be set in place
+    (`cell_contents = ...`) with no binding changed."""
     return tuple((name, cell, _contents(cell)) for name, cell in _CACHE.get("cells", ()))
 
 
@@ -185,35 +186,42 @@ def _private(dotted):
 
 
 def _harness(value):
-    """One of the harness's stand-ins (a World's torch.distributed, the tagging tensor methods):
-    made by helpers.checks, even where functools.wraps gave it the original's `__module__`."""
-    while isinstance(value, functools.partial):
-        value = value.func
-    code = getattr(getattr(value, "__func__", value), "__code__", None)
-    if code is not None and os.path.abspath(code.co_filename).startswith(_CHECKS):
-        return True
-    module = getattr(value, "__module__", None)
-    return isinstance(module, str) and module.startswith("helpers.checks")
+    """One of the harness's stand-ins (a World's torch.distributed, the tagging tensor methods, a
+    ufunc's): a function whose code is helpers.checks' own (whose.genuine: not a copy compiled
+    under a check file's name), or an object of a class whose methods all are; read by exact
+    type, never by a `__module__` the reader can write."""
+    fn = bare_function(value)
+    if fn is not None:
+        return _checks_code(fn.__code__)
+    methods = own_methods(type(value))
+    return bool(methods) and all(_checks_code(f.__code__) for f in methods)
+
+
+def _checks_code(code):
+    name = code.co_filename
+    return type(name) is str and os.path.abspath(name).startswith(_CHECKS) and genuine(code)
 
 
 def _watched(value, space=""):
-    """A function or class the checks could call (or one of math's constants), not a
-    submodule."""
-    return not isinstance(value, types.ModuleType) and (
-        callable(value) or (space == "math" and isinstance(value, float)))
+    """What the checks could call or read through (a function, a class, a descriptor such as a
+    property, whose getter runs when the name is read), or one of math's constants; not a
+    submodule. By exact reads (parts.descriptor): nothing of the reader's runs."""
+    cls = type(value)
+    return not issubclass(cls, types.ModuleType) and (
+        _callable(value) or descriptor(value) or (space == "math" and issubclass(cls, float)))
 
 
 def _library_wrapper(new, value, added=False):
     """A library's own wrapper of the original, made by an import the answer set off (importing
-    torch._dynamo wraps torch.manual_seed): not the reader's code by whose.py (a wrapper compiled
-    under a library's file name is not that file's code), and it calls the original."""
-    code = getattr(new, "__code__", None)
+    torch._dynamo wraps torch.manual_seed): a plain function, not the reader's code by whose.py
+    (a wrapper compiled under a library's file name is not that file's code), and it calls the
+    original."""
+    if type(new) is not types.FunctionType or reader_code(new.__code__):
+        return False
     if added:       # a class's wrapper of an inherited method (the first Optimizer of a class
-        inner = getattr(getattr(value, "__func__", value), "__code__", None)   # hooks its step)
-        return (value is not None and code is not None and inner is not None
-                and not reader_code(code) and not reader_code(inner))
-    return (getattr(new, "__wrapped__", None) is value and code is not None
-            and not reader_code(code))
+        inner = bare_function(value)                                          # hooks its step)
+        return inner is not None and not reader_code(inner.__code__)
+    return wrapped_by(new) is value
 
 
 def _judged_data(key, value):
@@ -310,20 +318,20 @@ def _put_back(before):
                 changed.append(f"{space}.{key}")   # a submodule rebound (`torch.linalg = m`):
                 _restore(owner, key, value)        # the check's lookups would reach the reader's
                 continue
-            if (_private(key) and not private) or not _watched(value, space) \
-                    or (new is not _MISSING and not _watched(new, space)) or _harness(new) \
-                    or _library_wrapper(new, value):
+            held = value if new is _MISSING else new    # judged by what the name holds now
+            if (_private(key) and not private) or not _watched(held, space) \
+                    or _harness(new) or _library_wrapper(new, value):
                 continue
             changed.append(f"{space}.{key}")
             if not _harness(value):
                 _restore(owner, key, value)
-        for key in now.keys() - saved.keys() if len(now) > len(saved) else ():
+        for key in now.keys() - saved.keys():
             if own and _judged(owner, key, now[key]):   # a name added to the harness's own
                 changed.append(f"{space}.{key}")        # (a property on `Result`)
                 delattr(owner, key)
             elif (private or not _private(key)) and _watched(now[key], space) \
                     and not _harness(now[key]) and not _library_wrapper(
-                        now[key], getattr(now[key], "__wrapped__", None), added=True):
+                        now[key], wrapped_by(now[key]), added=True):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
     return changed, alive, swapped, odd
