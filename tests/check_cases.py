@@ -16,7 +16,9 @@ a check that lacks any of the three kinds.
     test_case = parametrize_cases(__name__)
 """
 import collections
+import contextlib
 import gc
+import io
 
 import pytest
 
@@ -115,3 +117,17 @@ def exact_mean_var(counts, means, variances):
            for j in range(len(M[0]))]
     return (torch.tensor([float(x) for x in mean], dtype=torch.float32),
             torch.tensor([float(x) for x in var], dtype=torch.float32))
+
+
+@pytest.fixture(autouse=True)
+def not_grading(monkeypatch):
+    """A reader's run, not nbgrader's or a grading run's: every test of a module that imports
+    it (`from check_cases import not_grading`)."""
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv("COURSE_GRADING", raising=False)
+
+
+def quiet(check, answer):
+    """`check(answer)`'s Result, without its printed line."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return check(answer)

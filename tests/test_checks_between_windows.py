@@ -3,14 +3,13 @@ windows (parts.py), and the harness's own functions keep their code at all times
 answer object whose `__name__` is a property or whose `__getattr__` runs code, read by the check
 before or between the answer's calls, did its work unwatched (a shortcut: the check's `expect`
 given a no-op's code, or the sizes measured from the check's own frame)."""
-import contextlib
-import io
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from check_cases import quiet
 from numpy import arange as _arange
 from numpy import array_split as _array_split
 
@@ -32,11 +31,6 @@ def expect_kept(monkeypatch):
     yield
     if run.expect.__code__ is not _EXPECT_CODE:     # without the fix: put it back for the rest
         object.__setattr__(run.expect, "__code__", _EXPECT_CODE)
-
-
-def _quiet(check, answer):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return check(answer)
 
 
 class NamedConstant:
@@ -106,5 +100,5 @@ def test_a_callable_object_that_does_the_work_passes():
     class Sizes:
         def __call__(self, n, k):
             return [n // k + (1 if i < n % k else 0) for i in range(k)]
-    result = _quiet(helpers.checks.check_shard_sizes, Sizes())
+    result = quiet(helpers.checks.check_shard_sizes, Sizes())
     assert result.passed, result

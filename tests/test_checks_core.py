@@ -1,18 +1,13 @@
 """The check framework (helpers/checks/_core.py): what a student sees, and what a grader sees."""
 import pytest
 import torch
+from check_cases import not_grading  # noqa: F401 (not_grading: autouse)
 
 from helpers.checks import CheckFailed, Result, expect, fresh_generator, run_check
 
 
 def body(answer):
     expect(answer() == 42, f"answer() returned {answer()!r}, expected 42")
-
-
-@pytest.fixture(autouse=True)
-def not_grading(monkeypatch):
-    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
-    monkeypatch.delenv("COURSE_GRADING", raising=False)
 
 
 def test_outcomes_print_one_line(capsys):

@@ -6,8 +6,6 @@ anything reads them and after each call; one put into a watched library namespac
 `sys.modules` fails the answer and is taken out unlooked-up (keys.py). Each shortcut here fixes
 a wrong result (or reads the running program) from such a key; each must fail."""
 import builtins
-import contextlib
-import io
 import statistics
 import sys
 import textwrap
@@ -15,6 +13,7 @@ import threading
 
 import numpy as np
 import pytest
+from check_cases import quiet
 
 import helpers.checks
 
@@ -38,11 +37,6 @@ def no_key_left(monkeypatch):
 
 _LEFT = []
 _CLEAR, _UPDATE = dict.clear, dict.update
-
-
-def _quiet(check, answer):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return check(answer)
 
 
 def _answer(source, name, **names):
@@ -101,7 +95,7 @@ def test_a_key_in_the_globals_is_refused_on_a_world_check():
     pending = []
     answer, g = _answer(SUMMED, "dp_average", PENDING=pending)
     g[Colliding("int", pending, _divide)] = None     # looked up after the World ended
-    result = _quiet(helpers.checks.check_dp_average, answer)
+    result = quiet(helpers.checks.check_dp_average, answer)
     assert not result.passed and "keyed by names" in result.message, result
 
 
@@ -121,7 +115,7 @@ def test_a_key_the_ranks_add_to_the_globals_fails_the_answer():
     answer, g = _answer(SUMMED_ADDING_A_KEY, "dp_average", PENDING=pending, Key=Colliding,
                         divide=_divide)
     g["G"] = g
-    result = _quiet(helpers.checks.check_dp_average, answer)
+    result = quiet(helpers.checks.check_dp_average, answer)
     assert not result.passed and "not a str" in result.message, result
 
 
@@ -154,7 +148,7 @@ def shard_sizes(n, k):
 def test_a_key_in_the_globals_is_refused_on_a_plain_check():
     answer, g = _answer(CACHED, "shard_sizes", CACHE=Measuring.cache)
     g[Measuring()] = None
-    result = _quiet(helpers.checks.check_shard_sizes, answer)
+    result = quiet(helpers.checks.check_shard_sizes, answer)
     assert not result.passed and "keyed by names" in result.message, result
 
 
@@ -179,7 +173,7 @@ def test_a_key_put_into_a_library_namespace_fails_the_answer(space, name):
     pending = []
     answer, _ = _answer(BIASED_PLANTING, "update_running_stats", PENDING=pending,
                         SPACE=vars(space), Key=Colliding, NAME=name, unbias=_unbias)
-    result = _quiet(helpers.checks.check_update_running_stats, answer)
+    result = quiet(helpers.checks.check_update_running_stats, answer)
     assert not result.passed and f"into {space.__name__}" in result.message, result
     assert all(type(k) is str for k in dict.keys(vars(space)))      # taken out
 
@@ -216,7 +210,7 @@ def test_a_key_put_into_sys_modules_fails_the_answer_and_never_runs():
     ran = []
     answer, _ = _answer(RIGHT_PLANTING_MODULES, "update_running_stats", RAN=ran, Key=Counting,
                         sys=sys)
-    result = _quiet(helpers.checks.check_update_running_stats, answer)
+    result = quiet(helpers.checks.check_update_running_stats, answer)
     assert not result.passed and "sys.modules" in result.message, result
     assert "ran" not in ran
     assert all(type(k) is str for k in dict.keys(sys.modules))
@@ -256,7 +250,7 @@ def update_running_stats(running_mean, running_var, mean, var, n, momentum):
 def test_a_key_read_under_the_guards_off_switch_never_runs():
     answer, _ = _answer(RIGHT_READING_FRAMES, "update_running_stats", HELPER=_helper())
     FrameReading.read.clear()          # (read as the helper's globals were filled)
-    result = _quiet(helpers.checks.check_update_running_stats, answer)
+    result = quiet(helpers.checks.check_update_running_stats, answer)
     assert not result.passed, result
     assert FrameReading.read == []
 
@@ -281,5 +275,5 @@ def test_right_answers_with_plain_globals_pass():
                               (helpers.checks.check_update_running_stats, RIGHT_STATS,
                                "update_running_stats")):
         answer, _ = _answer(body, name)
-        result = _quiet(check, answer)
+        result = quiet(check, answer)
         assert result.passed, result

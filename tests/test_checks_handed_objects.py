@@ -5,26 +5,14 @@ them by exact types, the base types' own methods and the getters Python made: an
 (a `__class__` property), a hasattr (a `__dict__` property), a list subclass's `__iter__` or a
 dict subclass's `values` would run the reader's code outside the window. Each shortcut here is a
 wrong answer (a sum never divided) that such a read would have fixed after the call."""
-import contextlib
-import io
 
 import pytest
 import torch
+from check_cases import not_grading, quiet  # noqa: F401 (not_grading: autouse)
 
 import helpers
 import helpers.checks
 from helpers.checks._core.hooks import hooks_of
-
-
-@pytest.fixture(autouse=True)
-def not_grading(monkeypatch):
-    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
-    monkeypatch.delenv("COURSE_GRADING", raising=False)
-
-
-def _quiet(check, answer):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return check(answer)
 
 
 # ---- a World check: dp_average's handed list --------------------------------------------------
@@ -61,12 +49,12 @@ def test_a_class_property_in_a_world_checks_list_runs_nothing():
     def dp_average(grads, comm):
         _dp_summed(grads, comm)
         grads.append(_Divides(grads, comm.world))
-    result = _quiet(helpers.checks.check_dp_average, dp_average)
+    result = quiet(helpers.checks.check_dp_average, dp_average)
     assert not result.passed, result
 
 
 def test_a_right_world_answer_passes():
-    result = _quiet(helpers.checks.check_dp_average, _dp_right)
+    result = quiet(helpers.checks.check_dp_average, _dp_right)
     assert result.passed, result.message
 
 
@@ -165,14 +153,14 @@ def _with_late(cls):
     lambda late: _DictFixes()._arm(late),
 ], ids=["class-property", "list-subclass-iter", "dict-subclass-values", "dict-property"])
 def test_an_object_put_in_a_changed_input_runs_nothing(make):
-    result = _quiet(helpers.checks.check_accumulated_step, _put_later(make))
+    result = quiet(helpers.checks.check_accumulated_step, _put_later(make))
     assert not result.passed, result
 
 
 def test_a_right_answer_with_changed_inputs_passes():
     def accumulated_step(net, params, X, y, num_micro, lr):
         _step(net, params, X, y, num_micro, lr, divide=True)
-    result = _quiet(helpers.checks.check_accumulated_step, accumulated_step)
+    result = quiet(helpers.checks.check_accumulated_step, accumulated_step)
     assert result.passed, result.message
 
 

@@ -4,25 +4,12 @@ collection the answer set off (left_later.py) reads containers through the base 
 methods and the collector's referents. Each shortcut here fixes a wrong result from a method of
 the reader's that the harness used to run after the call (a World check's `get` on the globals,
 a list subclass's `__iter__`); each must fail."""
-import contextlib
 import gc
-import io
 import types
 
-import pytest
+from check_cases import not_grading, quiet  # noqa: F401 (not_grading: autouse)
 
 import helpers.checks
-
-
-@pytest.fixture(autouse=True)
-def not_grading(monkeypatch):
-    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
-    monkeypatch.delenv("COURSE_GRADING", raising=False)
-
-
-def _quiet(check, answer):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return check(answer)
 
 
 def _biased(running_mean, running_var, mean, var, n, momentum):
@@ -49,7 +36,7 @@ def test_globals_of_a_dict_subclass_are_refused():
         return new_mean, new_var
     g = Fixing(_biased=_biased, Fixing=Fixing, __builtins__=__builtins__)
     answer = types.FunctionType(body.__code__, g, "update_running_stats")
-    result = _quiet(helpers.checks.check_update_running_stats, answer)
+    result = quiet(helpers.checks.check_update_running_stats, answer)
     assert not result.passed and "not a plain dict" in result.message, result
 
 
@@ -74,5 +61,5 @@ def update_running_stats(running_mean, running_var, mean, var, n, momentum):
 
 
 def test_a_container_of_the_readers_is_not_walked_by_its_methods():
-    result = _quiet(helpers.checks.check_update_running_stats, update_running_stats)
+    result = quiet(helpers.checks.check_update_running_stats, update_running_stats)
     assert not result.passed and "biased" in result.message, result
