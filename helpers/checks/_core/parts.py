@@ -13,7 +13,7 @@ from .settle import Guarded
 __all__ = ["plain_function", "function_globals", "function_closure", "function_name",
            "module_name", "plain_globals", "class_mro", "class_attribute", "own_dict",
            "instance_dict", "dict_pairs", "module_tree", "base_items", "descriptor",
-           "own_methods", "bare_function", "wrapped_by"]
+           "own_methods", "wrapped_by"]
 
 _DEPTH = 8
 class_mro = type.__dict__["__mro__"].__get__     # a class's MRO, from `type` (no metaclass runs)
@@ -54,26 +54,15 @@ def own_methods(cls):
     return [v for v in held if type(v) is types.FunctionType]
 
 
-def bare_function(value):
-    """The plain function behind a partial or a bound method (exact types only), or None."""
-    for _ in range(_DEPTH):
-        if type(value) is functools.partial:
-            value = value.func
-        elif type(value) is types.MethodType:
-            value = value.__func__
-        else:
-            break
-    return value if type(value) is types.FunctionType else None
-
-
 def wrapped_by(fn):
     """The `__wrapped__` a plain function holds in its own dict (functools.wraps), or None."""
     held = fn.__dict__ if type(fn) is types.FunctionType else None
     return dict.get(held, "__wrapped__") if type(held) is dict and str_keys(held) else None
 
 
-def plain_function(fn):
-    """The plain function `fn` calls, unwrapped by exact type; None for any other callable."""
+def plain_function(fn, answers=True):
+    """The plain function `fn` calls, unwrapped by exact type (through a partial, a bound
+    method and, with `answers`, the harness's Answer); None for any other callable."""
     for _ in range(_DEPTH):
         cls = type(fn)
         if cls is types.FunctionType:
@@ -82,7 +71,7 @@ def plain_function(fn):
             fn = fn.func                      # a member of the exact type: no code of the reader's
         elif cls is types.MethodType:
             fn = fn.__func__
-        elif issubclass(cls, Guarded):
+        elif answers and issubclass(cls, Guarded):
             fn = object.__getattribute__(fn, "fn")   # the harness's Answer (no __getattr__)
         else:
             return None

@@ -36,7 +36,7 @@ from . import defaults
 from .early_threads import idle_worker
 from .guard import started_by_answer
 from .keys import odd_keys_message, taken_out
-from .parts import bare_function, descriptor, own_methods, wrapped_by
+from .parts import descriptor, own_methods, plain_function, wrapped_by
 from .provenance import world_run
 from .run import CheckFailed
 from .whose import genuine, reader_code
@@ -190,7 +190,7 @@ def _harness(value):
     ufunc's): a function whose code is helpers.checks' own (whose.genuine: not a copy compiled
     under a check file's name), or an object of a class whose methods all are; read by exact
     type, never by a `__module__` the reader can write."""
-    fn = bare_function(value)
+    fn = plain_function(value, answers=False)
     if fn is not None:
         return _checks_code(fn.__code__)
     methods = own_methods(type(value))
@@ -219,7 +219,7 @@ def _library_wrapper(new, value, added=False):
     if type(new) is not types.FunctionType or reader_code(new.__code__):
         return False
     if added:       # a class's wrapper of an inherited method (the first Optimizer of a class
-        inner = bare_function(value)                                          # hooks its step)
+        inner = plain_function(value, answers=False)                           # hooks its step)
         return inner is not None and not reader_code(inner.__code__)
     return wrapped_by(new) is value
 
