@@ -23,20 +23,19 @@ TORCH_PINS ?= $(shell $(PYTHON) scripts/lock_subset.py --torch-pins $(LOCK))
 # A venv outside this tree (VENV=/elsewhere/.venv, shared by several git worktrees) is used as it
 # is: reinstalling it from here would point its editable `helpers` at this tree.
 ifneq ($(filter $(CURDIR)/%,$(abspath $(VENV))),)
-$(STAMP): $(LOCK) pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml | $(UV)
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11 or newer is needed (numpy 2.4)" if sys.version_info < (3, 11) else 0)'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade --quiet pip
 # TORCH=cpu: the CPU wheels of torch and torchvision from the PyTorch index (not hashed: the
 # lock holds PyPI's CUDA build), then the lock without them and what only that build needs.
 ifeq ($(TORCH),cpu)
-	$(BIN)/pip install --quiet --index-url $(CPU_INDEX) $(TORCH_PINS)
+	$(UV_INSTALL) $(BIN)/python --index-url $(CPU_INDEX) $(TORCH_PINS)
 	$(PYTHON) scripts/lock_subset.py --cpu $(LOCK) -o $(VENV)/lock-cpu.txt
-	$(BIN)/pip install --quiet --require-hashes -r $(VENV)/lock-cpu.txt
+	$(UV_INSTALL) $(BIN)/python --require-hashes -r $(VENV)/lock-cpu.txt
 else
-	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+	$(UV_INSTALL) $(BIN)/python --require-hashes -r $(LOCK)
 endif
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(UV_INSTALL) $(BIN)/python --no-deps -e .
 	touch $@
 else
 $(STAMP):
@@ -45,11 +44,21 @@ endif
 
 venv: $(STAMP)
 
+# uv installs the venvs (requirements/uv.txt, pinned with its hashes, in a venv of its own under
+# _build/): it downloads and unpacks wheels in parallel and leaves bytecode to the first import,
+# where pip took one core for minutes over the lock's CUDA build of torch. It reads no pip.conf.
+# Order-only for the venvs: a new copy of uv (after `make clean`) reinstalls nothing.
+UV_VENV := _build/uv
+UV := $(UV_VENV)/bin/uv
+UV_INSTALL = $(UV) pip install --quiet --python
+$(UV): requirements/uv.txt
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install --quiet --require-hashes -r requirements/uv.txt
+
 # Re-resolve requirements.txt (the groups under requirements/) into the lock, with hashes, using
 # uv from a throwaway venv under _build/ (never the course's venv).
-lock:
-	[ -x _build/uv/bin/uv ] || ($(PYTHON) -m venv _build/uv && _build/uv/bin/pip install --quiet uv==0.13.8)
-	_build/uv/bin/uv pip compile requirements.txt --generate-hashes --universal --python-version 3.11 \
+lock: $(UV)
+	$(UV) pip compile requirements.txt --generate-hashes --universal --python-version 3.11 \
 		--no-header --quiet -o _build/lock.txt
 	(sed -n '1,3p' $(LOCK); cat _build/lock.txt) > _build/lock.new && mv _build/lock.new $(LOCK)
 
@@ -67,10 +76,10 @@ endif
 # The hosted Pages build: the book from the stored outputs, in a venv of the book's tools only
 # (requirements/book.txt's packages from the lock, with their hashes: no torch, about 270 MB).
 BOOK_VENV ?= .venv-book
-$(BOOK_VENV)/.installed: $(LOCK) requirements/book.txt
+$(BOOK_VENV)/.installed: $(LOCK) requirements/book.txt | $(UV)
 	$(PYTHON) -m venv $(BOOK_VENV)
 	$(PYTHON) scripts/lock_subset.py --only requirements/book.txt $(LOCK) -o $(BOOK_VENV)/lock-book.txt
-	$(BOOK_VENV)/bin/pip install --quiet --require-hashes -r $(BOOK_VENV)/lock-book.txt
+	$(UV_INSTALL) $(BOOK_VENV)/bin/python --require-hashes -r $(BOOK_VENV)/lock-book.txt
 	touch $@
 
 book-static: $(BOOK_VENV)/.installed
