@@ -19,6 +19,17 @@ CPU_INDEX := https://download.pytorch.org/whl/cpu
 # With TORCH=cpu: which CPU wheels (default: the lock's versions; CI's oldest-torch job names older)
 TORCH_PINS ?= $(shell $(PYTHON) scripts/lock_subset.py --torch-pins $(LOCK))
 
+# uv installs the venvs (requirements/uv.txt, pinned with its hashes, in a venv of its own under
+# _build/): it downloads and unpacks wheels in parallel and leaves bytecode to the first import,
+# where pip took one core for minutes over the lock's CUDA build of torch. It reads no pip.conf.
+# Order-only for the venvs: a new copy of uv (after `make clean`) reinstalls nothing.
+UV_VENV := _build/uv
+UV := $(UV_VENV)/bin/uv
+UV_INSTALL = $(UV) pip install --quiet --python
+$(UV): requirements/uv.txt
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install --quiet --require-hashes -r requirements/uv.txt
+
 # The venv from the lock file: every package pinned with its hash (requirements/lock.txt).
 # A venv outside this tree (VENV=/elsewhere/.venv, shared by several git worktrees) is used as it
 # is: reinstalling it from here would point its editable `helpers` at this tree.
@@ -43,17 +54,6 @@ $(STAMP):
 endif
 
 venv: $(STAMP)
-
-# uv installs the venvs (requirements/uv.txt, pinned with its hashes, in a venv of its own under
-# _build/): it downloads and unpacks wheels in parallel and leaves bytecode to the first import,
-# where pip took one core for minutes over the lock's CUDA build of torch. It reads no pip.conf.
-# Order-only for the venvs: a new copy of uv (after `make clean`) reinstalls nothing.
-UV_VENV := _build/uv
-UV := $(UV_VENV)/bin/uv
-UV_INSTALL = $(UV) pip install --quiet --python
-$(UV): requirements/uv.txt
-	$(PYTHON) -m venv $(UV_VENV)
-	$(UV_VENV)/bin/pip install --quiet --require-hashes -r requirements/uv.txt
 
 # Re-resolve requirements.txt (the groups under requirements/) into the lock, with hashes, using
 # uv from a throwaway venv under _build/ (never the course's venv).
