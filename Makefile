@@ -11,6 +11,11 @@ LOCK   := requirements/lock.txt
 JB     := $(BIN)/jupyter-book build . --all -W -n --keep-going
 export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
+# Bytecode cached (__pycache__, ignored by git) for every target, even where the environment
+# turns it off: uv installs no bytecode, and every kernel, rank and script would otherwise compile
+# what it imports again (helpers' modules and torch's, seconds of CPU each, hundreds of processes
+# in a test run or a book build).
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: book test lint test-unit test-notebooks test-py test-book test-book-fresh test-browser student test-student bench \
 	gpu-dry outputs lock venv clean book-static pdf pdf-html test-pdf test-pdf-html chromium
@@ -110,10 +115,10 @@ XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
-# (make -j2) only where each leaves a core idle. While the course venv installs (pip, one
-# process, about 100 s), the other core builds the Pages book (its own venv, no torch: pip, then
-# one Sphinx process), node_modules and the PDF's single page (in the Pages venv, after the book:
-# they share _build/.doctrees), all in about 70 s. After test-py, the browser test (two workers,
+# (make -j2) only where each leaves a core idle. While the course venv installs (uv, mostly
+# waiting on downloads), the other core builds the Pages book (its own venv, no torch, then one
+# Sphinx process), node_modules and the PDF's single page (in the Pages venv, after the book:
+# they share _build/.doctrees). After test-py, the browser test (two workers,
 # 1.7 cores busy) shares the cores with the single-process stages, longest first: gpu-dry (one
 # small step after another, about 90 s of CPU), the PDF's printing (30 s) and the fresh book's
 # Sphinx build (15 s). Before: the PDF's Sphinx build and gpu-dry waited for the browser test,
@@ -134,10 +139,6 @@ test: export COURSE_QUICK := 1
 test: export OMP_NUM_THREADS := 1
 # A claim the run contradicts fails the test (helpers.prose.claim); a reader's run only says so.
 test: export COURSE_CLAIMS := strict
-# Bytecode cached (helpers/__pycache__, ignored by git) even where the environment turns it off:
-# every kernel, rank and script that imports helpers would otherwise compile its modules
-# (about 150) again (0.16 s of CPU each time, a few hundred processes in a run).
-test: export PYTHONDONTWRITEBYTECODE :=
 test-notebooks: export COURSE_CLAIMS := strict
 test-py: export COURSE_CLAIMS := strict
 # cpu_use.py (stdlib only, so the system Python runs it before the venv exists) prints the CPU
