@@ -11,6 +11,11 @@ LOCK   := requirements/lock.txt
 JB     := $(BIN)/jupyter-book build . --all -W -n --keep-going
 export TQDM_DISABLE := 1
 export PYTHONUNBUFFERED := 1
+# Bytecode cached (__pycache__, ignored by git) for every target, even where the environment
+# turns it off: uv installs no bytecode, and every kernel, rank and script would otherwise compile
+# what it imports again (helpers' modules and torch's, seconds of CPU each, hundreds of processes
+# in a test run or a book build).
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: book test lint test-unit test-notebooks test-py test-book test-book-fresh test-browser student test-student bench \
 	gpu-dry outputs lock venv clean book-static pdf pdf-html test-pdf test-pdf-html chromium
@@ -19,24 +24,34 @@ CPU_INDEX := https://download.pytorch.org/whl/cpu
 # With TORCH=cpu: which CPU wheels (default: the lock's versions; CI's oldest-torch job names older)
 TORCH_PINS ?= $(shell $(PYTHON) scripts/lock_subset.py --torch-pins $(LOCK))
 
+# uv installs the venvs (requirements/uv.txt, pinned with its hashes, in a venv of its own under
+# _build/): it downloads and unpacks wheels in parallel and leaves bytecode to the first import,
+# where pip took one core for minutes over the lock's CUDA build of torch. It reads no pip.conf.
+# Order-only for the venvs: a new copy of uv (after `make clean`) reinstalls nothing.
+UV_VENV := _build/uv
+UV := $(UV_VENV)/bin/uv
+UV_INSTALL = $(UV) pip install --quiet --python
+$(UV): requirements/uv.txt
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install --quiet --require-hashes -r requirements/uv.txt
+
 # The venv from the lock file: every package pinned with its hash (requirements/lock.txt).
 # A venv outside this tree (VENV=/elsewhere/.venv, shared by several git worktrees) is used as it
 # is: reinstalling it from here would point its editable `helpers` at this tree.
 ifneq ($(filter $(CURDIR)/%,$(abspath $(VENV))),)
-$(STAMP): $(LOCK) pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml | $(UV)
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11 or newer is needed (numpy 2.4)" if sys.version_info < (3, 11) else 0)'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade --quiet pip
 # TORCH=cpu: the CPU wheels of torch and torchvision from the PyTorch index (not hashed: the
 # lock holds PyPI's CUDA build), then the lock without them and what only that build needs.
 ifeq ($(TORCH),cpu)
-	$(BIN)/pip install --quiet --index-url $(CPU_INDEX) $(TORCH_PINS)
+	$(UV_INSTALL) $(BIN)/python --index-url $(CPU_INDEX) $(TORCH_PINS)
 	$(PYTHON) scripts/lock_subset.py --cpu $(LOCK) -o $(VENV)/lock-cpu.txt
-	$(BIN)/pip install --quiet --require-hashes -r $(VENV)/lock-cpu.txt
+	$(UV_INSTALL) $(BIN)/python --require-hashes -r $(VENV)/lock-cpu.txt
 else
-	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+	$(UV_INSTALL) $(BIN)/python --require-hashes -r $(LOCK)
 endif
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(UV_INSTALL) $(BIN)/python --no-deps -e .
 	touch $@
 else
 $(STAMP):
@@ -47,9 +62,8 @@ venv: $(STAMP)
 
 # Re-resolve requirements.txt (the groups under requirements/) into the lock, with hashes, using
 # uv from a throwaway venv under _build/ (never the course's venv).
-lock:
-	[ -x _build/uv/bin/uv ] || ($(PYTHON) -m venv _build/uv && _build/uv/bin/pip install --quiet uv==0.13.8)
-	_build/uv/bin/uv pip compile requirements.txt --generate-hashes --universal --python-version 3.11 \
+lock: $(UV)
+	$(UV) pip compile requirements.txt --generate-hashes --universal --python-version 3.11 \
 		--no-header --quiet -o _build/lock.txt
 	(sed -n '1,3p' $(LOCK); cat _build/lock.txt) > _build/lock.new && mv _build/lock.new $(LOCK)
 
@@ -67,10 +81,10 @@ endif
 # The hosted Pages build: the book from the stored outputs, in a venv of the book's tools only
 # (requirements/book.txt's packages from the lock, with their hashes: no torch, about 270 MB).
 BOOK_VENV ?= .venv-book
-$(BOOK_VENV)/.installed: $(LOCK) requirements/book.txt
+$(BOOK_VENV)/.installed: $(LOCK) requirements/book.txt | $(UV)
 	$(PYTHON) -m venv $(BOOK_VENV)
 	$(PYTHON) scripts/lock_subset.py --only requirements/book.txt $(LOCK) -o $(BOOK_VENV)/lock-book.txt
-	$(BOOK_VENV)/bin/pip install --quiet --require-hashes -r $(BOOK_VENV)/lock-book.txt
+	$(UV_INSTALL) $(BOOK_VENV)/bin/python --require-hashes -r $(BOOK_VENV)/lock-book.txt
 	touch $@
 
 book-static: $(BOOK_VENV)/.installed
@@ -101,10 +115,10 @@ XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 
 # Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
-# (make -j2) only where each leaves a core idle. While the course venv installs (pip, one
-# process, about 100 s), the other core builds the Pages book (its own venv, no torch: pip, then
-# one Sphinx process), node_modules and the PDF's single page (in the Pages venv, after the book:
-# they share _build/.doctrees), all in about 70 s. After test-py, the browser test (two workers,
+# (make -j2) only where each leaves a core idle. While the course venv installs (uv, mostly
+# waiting on downloads), the other core builds the Pages book (its own venv, no torch, then one
+# Sphinx process), node_modules and the PDF's single page (in the Pages venv, after the book:
+# they share _build/.doctrees). After test-py, the browser test (two workers,
 # 1.7 cores busy) shares the cores with the single-process stages, longest first: gpu-dry (one
 # small step after another, about 90 s of CPU), the PDF's printing (30 s) and the fresh book's
 # Sphinx build (15 s). Before: the PDF's Sphinx build and gpu-dry waited for the browser test,
@@ -125,10 +139,6 @@ test: export COURSE_QUICK := 1
 test: export OMP_NUM_THREADS := 1
 # A claim the run contradicts fails the test (helpers.prose.claim); a reader's run only says so.
 test: export COURSE_CLAIMS := strict
-# Bytecode cached (helpers/__pycache__, ignored by git) even where the environment turns it off:
-# every kernel, rank and script that imports helpers would otherwise compile its modules
-# (about 150) again (0.16 s of CPU each time, a few hundred processes in a run).
-test: export PYTHONDONTWRITEBYTECODE :=
 test-notebooks: export COURSE_CLAIMS := strict
 test-py: export COURSE_CLAIMS := strict
 # cpu_use.py (stdlib only, so the system Python runs it before the venv exists) prints the CPU

@@ -90,7 +90,10 @@ def main(argv=None):
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 1400})
             page.route("**/*", lambda r: _route(r, base))
-            page.goto(base + root_doc.relative_to(site).as_posix(), wait_until="load")
+            # The whole book in one page, every image through _route: on a busy 2-core machine
+            # (make test runs the browser test beside it) its load took over playwright's 30 s.
+            page.goto(base + root_doc.relative_to(site).as_posix(), wait_until="load",
+                      timeout=300_000)
             page.wait_for_function(_READY_JS, timeout=120_000, polling=250)
             text = page.evaluate("() => document.querySelector('main').innerText")
             flat = " ".join(text.split())

@@ -78,6 +78,18 @@ def test_the_lock_pins_every_requirement_with_hashes():
         assert name in wanted, f"pin {name} in requirements/book.txt (book/_ext depends on it)"
 
 
+def test_the_installer_is_pinned_with_hashes():
+    """make installs the venvs with uv from requirements/uv.txt: one exact version, a hash for
+    each of its wheels (pip --require-hashes refuses it otherwise), and make runs no other uv."""
+    text = (ROOT / "requirements" / "uv.txt").read_text()
+    pins = _pins(ROOT / "requirements" / "uv.txt")
+    assert list(pins) == ["uv"], pins
+    assert text.count("--hash=sha256:") >= 10, "a hash for every platform's wheel of uv"
+    make = (ROOT / "Makefile").read_text()
+    assert "--require-hashes -r requirements/uv.txt" in make
+    assert not re.search(r"pip install[^\n]*\buv\b(?!\.txt)", make), "uv only from uv.txt"
+
+
 def test_binder_is_slim_and_cpu():
     text = (ROOT / "binder" / "requirements.txt").read_text()
     assert "download.pytorch.org/whl/cpu" in text
