@@ -24,8 +24,8 @@ from ..runtime.launch import launch, take
 from ..runtime.progress import report_progress
 from .results import EpochRun, RankSums, WorkerSweep, WorkerTimes
 
-__all__ = ["dp_timing_worker", "time_data_parallel", "spread",
-           "allreduce_compare_worker", "compare_with_dist_all_reduce", "lenet_module_from",
+__all__ = ["dp_timing_worker", "time_data_parallel", "allreduce_compare_worker",
+           "compare_with_dist_all_reduce", "lenet_module_from",
            "bench_worker", "bench_ranks", "gloo_allreduce_worker", "time_gloo_allreduce"]
 
 MODES = ("fast", "reference")   # one flat all-reduce + fused update / one per parameter tensor
@@ -201,11 +201,6 @@ def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False, timeo
     cfg = {"ks": ks, "runs": list(runs), "subset": subset, "lr": lr, "seed": seed}
     return launch(dp_timing_worker, ks[-1], cfg, backend="gloo", quiet=quiet,
                   timeout=timeout)[0]
-
-
-def spread(times):
-    """(median, min, max) of a list of timings."""
-    return statistics.median(times), min(times), max(times)
 
 
 # --- correctness across processes (tests): the course's allreduces against torch's --------------
