@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..compare import max_diff
 from ..data import load_tensors
 from ..devices import DeviceClock, synced_now, synchronize
 from ..models import unwrap
@@ -257,8 +258,7 @@ def ddp_knobs(rank: int, world: int, cfg: dict) -> KnobsRun:
             samples[name].append((synced_now(device) - t0) / steps)
             exposed[name].append(waited(ends) / steps)
     base = list(models["default (25 MiB buckets)"][0].parameters())
-    diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters(), strict=True))
-            for name, (m, _) in models.items()}
+    diff = {name: max_diff(base, list(m.parameters())) for name, (m, _) in models.items()}
     # after the diff (these steps train on): the profile chapter's trace of a few steps of the
     # bucket knobs, split by helpers.exposed_ms at the end of backward's compute (none where
     # trace_steps is 0)
