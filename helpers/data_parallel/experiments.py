@@ -144,16 +144,12 @@ def _profiled_steps(model, opt, X, y, device, path, warm, steps):
     optimizer marked with record_function; the Chrome trace of the last `steps` goes to `path`.
     Returns helpers.trace_events of it and the profiler's activities (their names)."""
     from torch.nn import functional as F
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+    from torch.profiler import record_function, schedule
 
-    from ..profiling import quiet_native_stderr, trace_events
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
-                                           if device.type == "cuda" else [])
-    with quiet_native_stderr(), profile(
-            activities=activities,
-            schedule=schedule(wait=0, warmup=warm, active=steps, repeat=1),
-            on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+    from ..profiling import quiet_profile, trace_events
+    cuda = device.type == "cuda"
+    with quiet_profile(cuda, schedule=schedule(wait=0, warmup=warm, active=steps, repeat=1),
+                       on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
         for k in range(warm + steps):
             with record_function("forward"):
                 loss = F.cross_entropy(model(X), y)
@@ -165,7 +161,7 @@ def _profiled_steps(model, opt, X, y, device, path, warm, steps):
             if k == warm + steps - 1:
                 synchronize(device)            # the last kernels in the trace too
             prof.step()
-    return trace_events(path), [a.name for a in activities]
+    return trace_events(path), ["CPU", "CUDA"] if cuda else ["CPU"]
 
 
 def _ddp(net, device, **kw):
