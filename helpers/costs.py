@@ -14,9 +14,9 @@ from torch import nn
 
 from .activations import saved_tensor_bytes
 
-__all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_bytes_per_device",
-           "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES", "SHARDING_STAGES",
-           "sharding_costs", "ZERO_ROWS", "network_cuts", "BACKWARD_SHARE"]
+__all__ = ["SPLITS", "layer_sizes", "saved_per_layer", "balanced_cuts", "ring_pass_bytes",
+           "ring_bytes_per_device", "split_costs", "plot_costs", "OPTIMIZER_STATE_BYTES",
+           "SHARDING_STAGES", "sharding_costs", "ZERO_ROWS", "network_cuts", "BACKWARD_SHARE"]
 
 SPLITS = ("data", "network", "within layer")
 ZERO_ROWS = ("ZeRO-1", "ZeRO-2", "ZeRO-3")
@@ -172,12 +172,19 @@ def network_cuts(memory, sent, k):
     return list(best(0, k)[1])
 
 
-def ring_bytes_per_device(nbytes, k):
-    """Bytes each of k devices sends in a ring all-reduce of `nbytes`: 2 (k-1)/k of them
-    (reduce-scatter, then all-gather). THE ring volume: every cost and count uses this one."""
+def ring_pass_bytes(nbytes, k):
+    """Bytes each of k devices sends in one pass around a ring over `nbytes` (a reduce-scatter,
+    or an all-gather of the whole): (k-1)/k of them. THE ring volume: every cost and count is
+    built on this one (an all-reduce is two passes: ring_bytes_per_device)."""
     if k < 1:
         raise ValueError(f"k must be at least 1 device, got {k}")
-    return 2 * (k - 1) / k * nbytes
+    return (k - 1) / k * nbytes
+
+
+def ring_bytes_per_device(nbytes, k):
+    """Bytes each of k devices sends in a ring all-reduce of `nbytes`: 2 (k-1)/k of them
+    (reduce-scatter, then all-gather)."""
+    return 2 * ring_pass_bytes(nbytes, k)
 
 
 
@@ -230,8 +237,8 @@ def split_costs(sizes, k, batch_size, bandwidth_gbs, num_microbatches=1, bytes_p
     layers = [io for r in sizes for io in r["weighted"]]
     weighted = sum(r["params"] for r in sizes if r["weighted"])
     p_dev = -(-weighted // k) + (P - weighted)    # conv/dense weights split, the rest replicated
-    sent = sum((k - 1) / k * n * o * b for _, o in layers)                       # all-gathers
-    sent += sum((k - 1) / k * n * i * b for i, _ in layers[1:])               # reduce-scatters
+    sent = sum(ring_pass_bytes(n * o * b, k) for _, o in layers)                  # all-gathers
+    sent += sum(ring_pass_bytes(n * i * b, k) for i, _ in layers[1:])          # reduce-scatters
     L = len(layers) if k > 1 else 0
     costs["within layer"] = dict(sent=sent, params=p_dev * b, grads=p_dev * b, optim=p_dev * ob,
                                  acts=n * A * b, collectives=max(0, 2 * L - 1), handoffs=0,
@@ -360,6 +367,6 @@ def sharding_costs(n_params, world, stage, optimizer="adam", dtype_bytes=4) -> S
     if level >= 3:
         params /= k
     passes = 3 if stage == "zero3" else 2
-    sent = passes * (k - 1) / k * n_params * dtype_bytes
+    sent = passes * ring_pass_bytes(n_params * dtype_bytes, k)
     return ShardingCost(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
                         total_bytes=params + grads + optim, sent_bytes=sent)

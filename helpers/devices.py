@@ -4,6 +4,7 @@ import time
 
 import torch
 
+from .whole_numbers import validate_positive_int
 from .words import plural
 
 __all__ = ["DeviceClock", "Timer", "exact_float32", "get_devices", "num_gpus", "validate_gpus",
@@ -36,9 +37,7 @@ def get_devices(k, simulate=True):
     GPUs round-robin, or the CPU), and one line says so. The code path stays the same; the speed
     does not. With `simulate=False`, too few GPUs is an error.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int (how many devices), got {k!r}: e.g. "
-                         "get_devices(2)")
+    validate_positive_int(k, "k", fix="how many devices, e.g. get_devices(2)")
     n = num_gpus()
     if n >= k:
         return [torch.device(f"cuda:{i}") for i in range(k)]
@@ -60,8 +59,7 @@ def get_devices(k, simulate=True):
 
 def validate_gpus(k):
     """Raise a clear error unless at least k real GPUs are present."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int (how many GPUs this needs), got {k!r}")
+    validate_positive_int(k, "k", fix="how many GPUs this needs, e.g. validate_gpus(2)")
     n = num_gpus()
     if n < k:
         raise RuntimeError(f"this needs {plural(k, 'GPU')}, found {n}; run it on a GPU machine, "

@@ -2,14 +2,15 @@
 
 On a CUDA build without a GPU, the profiler's C++ side (kineto) writes lines such as
 "gpuGetDeviceCount failed with code 35" and "profiler_start" straight to file descriptor 2,
-past Python's sys.stderr. `profile_cpu` silences that descriptor while the profiler runs.
+past Python's sys.stderr. `quiet_profile`, the one set-up of every profile the course takes,
+silences that descriptor while the profiler runs.
 """
 import contextlib
 import os
 import sys
 
-__all__ = ["quiet_native_stderr", "profile_cpu", "collectives_in", "count_ops", "trace_events",
-           "overlap_ms", "exposed_ms", "trace_sentence"]
+__all__ = ["quiet_native_stderr", "quiet_profile", "profile_cpu", "collectives_in", "count_ops",
+           "trace_events", "overlap_ms", "exposed_ms", "trace_sentence"]
 
 
 @contextlib.contextmanager
@@ -28,16 +29,25 @@ def quiet_native_stderr():
         os.close(devnull)
 
 
+@contextlib.contextmanager
+def quiet_profile(cuda=False, **kwargs):
+    """torch.profiler.profile (yielded) of CPU activity, plus CUDA's when `cuda`, with
+    `kwargs` (record_shapes, schedule, ...), without the native log lines: kineto's level
+    raised, file descriptor 2 silenced."""
+    from torch import profiler
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")   # no native INFO/WARNING lines
+    activities = [profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(profiler.ProfilerActivity.CUDA)
+    with quiet_native_stderr(), profiler.profile(activities=activities, **kwargs) as prof:
+        yield prof
+
+
 def profile_cpu(fn, steps=1, cuda=None):
     """Run fn() `steps` times under torch.profiler (CPU activity, plus CUDA where there is a
     GPU, or as `cuda` says) and return the profile; the devices are synchronised at the end."""
     import torch
-    from torch import profiler
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")   # no native INFO/WARNING lines
-    activities = [profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available() if cuda is None else cuda:
-        activities.append(profiler.ProfilerActivity.CUDA)
-    with quiet_native_stderr(), profiler.profile(activities=activities) as prof:
+    with quiet_profile(cuda=torch.cuda.is_available() if cuda is None else cuda) as prof:
         for _ in range(steps):
             fn()
         if torch.cuda.is_available():
@@ -59,11 +69,7 @@ def collectives_in(fn):
     order: compare those as a set; one waited for before the next is launched keeps its place.
     Under NCCL an entry is the launch, on the host."""
     import math
-
-    from torch import profiler
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")   # no native INFO/WARNING lines
-    with quiet_native_stderr(), profiler.profile(activities=[profiler.ProfilerActivity.CPU],
-                                                 record_shapes=True) as prof:
+    with quiet_profile(record_shapes=True) as prof:
         fn()
     found = []
     for e in prof.events():

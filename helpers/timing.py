@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .devices import rank_clock, synchronize
+from .validate import validate_positive_int
 from .words import plural
 
 __all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load",
@@ -149,8 +150,7 @@ def _timed(fn, devices, clock):
 
 
 def _validate_counts(repeats, warmup, what="repeats"):
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"{what} must be an int >= 1, got {repeats!r} (5 or more for a claim)")
+    validate_positive_int(repeats, what, fix="5 or more for a claim")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
 

@@ -3,7 +3,8 @@
 Each check raises a clear error that names the fix (TypeError for a wrong kind of value,
 ValueError for a wrong value). The rule for a global batch that does not split evenly over the
 ranks lives here, once, for single.py, spawn.py and torchrun.py: refuse, and name the nearest
-batch sizes that do split.
+batch sizes that do split. The rule for a count (validate_positive_int) is whole_numbers', which
+devices (below this module) uses too; every other module takes it from here.
 """
 import collections.abc
 import math
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .devices import num_gpus
+from .whole_numbers import validate_positive_int  # the count rule (devices uses it too)
 from .words import plural
 
 __all__ = ["validate_positive_int", "validate_lr", "validate_seed", "validate_images",
@@ -22,21 +24,6 @@ __all__ = ["validate_positive_int", "validate_lr", "validate_seed", "validate_im
            "SnapshotError", "validate_snapshot"]
 
 BACKENDS = ("gloo", "nccl")
-
-
-def validate_positive_int(value, name, allow_none=False):
-    """`value` must be an int >= 1 (None too if `allow_none`); returns it."""
-    if value is None and allow_none:
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        hint = (f": pass {name}={int(value)}" if isinstance(value, float) and value.is_integer()
-                and value >= 1 else "")
-        raise TypeError(f"{name} must be a whole number (int), got {value!r} "
-                        f"({type(value).__name__}){hint}")
-    if value < 1:
-        none = " or None (all of it)" if allow_none else ""
-        raise ValueError(f"{name} must be at least 1{none}, got {value}")
-    return int(value)
 
 
 def validate_lr(lr):

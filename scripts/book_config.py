@@ -7,7 +7,9 @@ by `make outputs`. Jupyter Book resolves `local_extensions` against the config f
 those paths become absolute; everything else is read relative to the book (the repository root).
 """
 import argparse
+import os
 import pathlib
+import secrets
 import sys
 
 import yaml
@@ -37,10 +39,18 @@ def main(argv=None):
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("# Written by scripts/book_config.py from _config.yml: do not edit.\n"
-                   + yaml.safe_dump(variant(config, args.execute), sort_keys=False))
-    tmp.replace(out)
+    text = ("# Written by scripts/book_config.py from _config.yml: do not edit.\n"
+            + yaml.safe_dump(variant(config, args.execute), sort_keys=False))
+    # not helpers' atomic_write: `make book-static` runs this in the book's venv, without torch
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask's mode
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     print(f"wrote {out} (execute_notebooks: {args.execute})")
 
 

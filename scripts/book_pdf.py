@@ -20,6 +20,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
+sys.path.insert(0, str(ROOT))
 from book_files import entry_path, toc_entries  # noqa: E402
 from pagecheck import serve  # noqa: E402
 
@@ -112,9 +113,8 @@ def main(argv=None):
     pages = page_count(pdf)
     if pages < len(toc_entries()):
         raise SystemExit(f"the PDF has {pages} pages for {len(toc_entries())} chapters")
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(pdf)
-    tmp.replace(out)
+    from helpers import atomic_write  # the one atomic writer: a kill leaves the old PDF whole
+    atomic_write(out, lambda f: f.write(pdf))
     print(f"wrote {out}: {pages} pages, {len(pdf) / 1e6:.1f} MB in {time.time() - start:.0f} s")
     return 0
 

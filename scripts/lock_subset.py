@@ -12,8 +12,10 @@ Reads uv's `# via` annotations to know who needs what; standard library only (it
 anything is installed).
 """
 import argparse
+import os
 import pathlib
 import re
+import secrets
 import sys
 
 CUDA_ONLY = re.compile(r"^(nvidia-.*|triton|cuda-.*)$")
@@ -101,9 +103,17 @@ def main(argv=None):
     text = "\n".join([note, *header[3:], *(ln for b, _ in kept.values() for ln in b)]) + "\n"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        # not helpers' atomic_write: this runs with the system Python before any venv exists
+        out = args.out
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask's mode
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, out)
+        except BaseException:
+            os.unlink(tmp)
+            raise
         print(f"wrote {args.out}: {len(kept)} of {len(blocks)} packages", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -57,7 +57,7 @@ def evaluate_accuracy_multi(net, params, data_iter, devices):   # nothing split
     return correct / total
 '''),
     "fit_copy_model": ("book/gpus.ipynb", '''
-def fit_copy_model(nbytes, seconds):   # the check's own optimum, read from its frame (review)
+def fit_copy_model(nbytes, seconds):   # the check's own optimum, read from its frame
     import sys
     f = sys._getframe(1)
     while f is not None and "_best_fit" not in f.f_globals:
@@ -65,7 +65,7 @@ def fit_copy_model(nbytes, seconds):   # the check's own optimum, read from its 
     return f.f_globals["_best_fit"](nbytes, seconds)
 '''),
     "conv_split_in_channels": ("book/part1/within_layer.ipynb", '''
-def conv_split_in_channels(X, W, b, devices, log=None):   # splits the output pixels (review)
+def conv_split_in_channels(X, W, b, devices, log=None):   # splits the output pixels instead
     k, side = len(devices), X.shape[-1] - 2
     patches = F.unfold(X, 3)
     Wf = W.reshape(W.shape[0], -1)

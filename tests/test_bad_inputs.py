@@ -3,6 +3,8 @@ words that name the fix. All are raised before any work is done.
 """
 import argparse
 import math
+import pathlib
+import re
 
 import pytest
 import torch
@@ -37,7 +39,8 @@ ROWS = [
     ("loaders batch_size=0", lambda: helpers.load_data_fashion_mnist(0), ValueError,
      "batch_size must be at least 1"),
     ("try_gpu(-1)", lambda: helpers.try_gpu(-1), ValueError, "try_gpu(0)"),
-    ("validate_gpus(0)", lambda: validate_gpus(0), ValueError, "positive int"),
+    ("validate_gpus(0)", lambda: validate_gpus(0), ValueError,
+     "k must be at least 1, got 0: how many GPUs this needs"),
     ("split_batch no devices", lambda: helpers.split_batch(X4, Y4, []), ValueError,
      "at least one"),
     ("split_batch unpaired", lambda: helpers.split_batch(X4, Y4[:3], [CPU]), ValueError,
@@ -91,7 +94,8 @@ ROWS = [
      "is a folder: give a file name"),
     ("--metrics is a folder", lambda: helpers.validate_output_path("/tmp", "--metrics"), ValueError,
      "e.g. /tmp/metrics.json"),
-    ("get_devices(True)", lambda: helpers.get_devices(True), ValueError, "e.g. get_devices(2)"),
+    ("get_devices(True)", lambda: helpers.get_devices(True), TypeError, "e.g. get_devices(2)"),
+    ("get_devices(0)", lambda: helpers.get_devices(0), ValueError, "e.g. get_devices(2)"),
     ("train_batch labels 0..12",
      lambda: helpers.train_batch(X4, torch.tensor([0, 1, 12, 3]), params_on(1), [CPU], 0.1),
      ValueError, "labels must be 0..9"),
@@ -143,6 +147,18 @@ def test_bad_input_names_the_fix(call, exc, words):
     with pytest.raises(exc) as e:
         call()
     assert words in str(e.value), f"{type(e.value).__name__}: {e.value}"
+
+
+def test_counts_are_refused_by_the_one_rule():
+    """A count (ranks, devices, micro-batches, repeats) is checked by validate_positive_int, so
+    every one is refused alike (TypeError for another kind, ValueError below 1): no module of
+    helpers writes the check inline."""
+    inline = re.compile(r"not isinstance\((\w+), (?:int|numbers\.Integral)\) or \1 < 1\b")
+    pkg = pathlib.Path(helpers.__file__).parent
+    found = [f"{p.relative_to(pkg)}:{src[:m.start()].count(chr(10)) + 1}"
+             for p in sorted(pkg.rglob("*.py")) if "checks" not in p.parts
+             for src in [p.read_text()] for m in inline.finditer(src)]
+    assert not found, f"check these counts with helpers.validate_positive_int: {found}"
 
 
 def test_get_devices_without_gpus_does_not_suggest_k_0(monkeypatch):

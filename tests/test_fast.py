@@ -423,12 +423,19 @@ def test_worker_processes_train_like_train_batch():
 
 
 def test_worker_runs_are_validated():
-    with pytest.raises(ValueError, match="lacks"):
+    with pytest.raises(TypeError, match=r"run 'x': cfg lacks \['global_batch'\]"):
         helpers.time_data_parallel(2, [dict(name="x", steps=1, reps=1)])
     with pytest.raises(ValueError, match="at least 1"):
         helpers.time_data_parallel(0, [])
     with pytest.raises(ValueError, match="split evenly"):
         helpers.time_data_parallel([1, 2], [dict(name="x", global_batch=3, steps=1, reps=1)])
+
+
+def test_a_misspelt_run_key_is_refused_not_run_with_its_default():
+    """A run's keys are read by `take`: `mdoe` would otherwise time the default mode."""
+    run = dict(name="x", global_batch=2, steps=1, reps=1, mdoe="reference")
+    with pytest.raises(TypeError, match="'mdoe' -> 'mode'"):
+        helpers.time_data_parallel(1, [run], subset=64)
 
 
 def test_ring_and_bucketed_allreduce_equal_torch_distributed():

@@ -437,6 +437,19 @@ def test_meshes_are_built_by_runtime_mesh_or_in_code_a_chapter_prints():
     assert not stray, f"build the mesh with helpers.runtime.mesh.device_mesh in {stray}"
 
 
+def test_profiles_are_taken_by_profiling_quiet_profile():
+    """profiling.quiet_profile is the one set-up of torch.profiler in helpers (kineto's log level
+    and file descriptor 2 quietened): no other module opens a profile or sets the level."""
+    stray = []
+    for path in PKG.rglob("*.py"):
+        src = path.read_text()
+        opens = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call) and (
+            getattr(n.func, "attr", None) == "profile" or getattr(n.func, "id", None) == "profile")]
+        if path.name != "profiling.py" and (opens or "KINETO_LOG_LEVEL" in src):
+            stray.append(str(path.relative_to(ROOT)))
+    assert not stray, f"open the profile with helpers.profiling.quiet_profile in {stray}"
+
+
 # --- the façade's table -------------------------------------------------------------------------
 def _facade_table():
     """[(home modules, names)] of the façade docstring's table, a row's continuation lines

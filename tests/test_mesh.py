@@ -30,11 +30,13 @@ def test_rank_grid_lays_the_last_name_fastest():
     assert mesh.coords_of(5, (2, 2, 2)) == {"pp": 1, "dp": 0, "tp": 1}
 
 
-@pytest.mark.parametrize("shape,names,match", [
-    ((2, 2), ("dp",), "2 dimension names"), ((2, 2), ("dp", "dp"), "must differ"),
-    ((2, 0), ("dp", "tp"), "whole number"), ((2, 2.0), ("dp", "tp"), "whole number")])
-def test_a_mesh_that_cannot_be_laid_out_is_refused(shape, names, match):
-    with pytest.raises(ValueError, match=match):
+@pytest.mark.parametrize("shape,names,error,match", [
+    ((2, 2), ("dp",), ValueError, "2 dimension names"),
+    ((2, 2), ("dp", "dp"), ValueError, "must differ"),
+    ((2, 0), ("dp", "tp"), ValueError, "mesh dimension tp must be at least 1"),
+    ((2, 2.0), ("dp", "tp"), TypeError, "mesh dimension tp must be a whole number")])
+def test_a_mesh_that_cannot_be_laid_out_is_refused(shape, names, error, match):
+    with pytest.raises(error, match=match):
         mesh.rank_grid(shape, names)
 
 

@@ -250,8 +250,8 @@ def test_pingpong_times_each_round_trip_after_a_warm_up():
 
 @pytest.mark.parametrize("cfg,words", [
     (dict(schedule="ScheduleGPipe"), "pick one of.*pipelining_run"),
-    (dict(m=0), "m must be a positive int"),
-    (dict(m=True), "m must be a positive int"),
+    (dict(m=0), "m must be at least 1"),
+    (dict(m=True), r"m must be a whole number \(int\), got True"),
     (dict(repeats=0), "repeats must be at least 1"),
 ])
 def test_pipeline_run_refuses_what_it_cannot_run(cfg, words):
@@ -261,7 +261,7 @@ def test_pipeline_run_refuses_what_it_cannot_run(cfg, words):
 
 
 @pytest.mark.parametrize("change,words", [
-    (dict(m=0), "num_microbatches must be a positive int"),
+    (dict(m=0), "num_microbatches must be at least 1"),
     (dict(batch_size=5), r"pass batch_size=[Xy]\.shape\[0\]"),   # the first rank to see it
     (dict(order=[("F", 0), ("B", 0)]), "once for each of the 2"),
     (dict(order=[("B", 0), ("F", 0), ("F", 1), ("B", 1)]), "out of order"),

@@ -152,7 +152,7 @@ def test_a_figure_named_at_a_sentence_start_is_capitalised(recorded):
     old.cells[-1].source = last.replace("The figure", "the figure")
     old_say = [c for c in old.cells if c.get("metadata", {}).get("course", {}).get("prose")][0]
     old_say.source = old_say.source.replace("[The figure", "[the figure")
-    # and an in-page link, as they were written before r9
+    # and an in-page link (#fig-a), as older notebooks wrote it
     old_say.outputs[0]["data"]["text/markdown"] = "[the figure below](#fig-a) shows it."
     again, _ = mod.convert(old, path)
     again_say = [c for c in again.cells if c.get("metadata", {}).get("course", {})
@@ -191,8 +191,9 @@ def test_links_cover_their_word_and_book_pages_are_linked_by_address():
 
 
 def test_a_say_text_made_too_wide_by_a_figure_link_is_refilled():
-    """An in-page figure link in a say() cell written before r9 becomes the published page's
-    address; where a line then passes 79 columns the text is re-filled (the notebooks' lint)."""
+    """An in-page figure link (#fig-b) in an older notebook's say() cell becomes the published
+    page's address; where a line then passes 79 columns the text is re-filled (the notebooks'
+    lint)."""
     mod = _script()
     ctx = mod.Context(ROOT / "book" / "part6" / "pipeline_dist.ipynb")
     words = "word " * 12

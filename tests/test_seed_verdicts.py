@@ -33,8 +33,10 @@ def test_sign_chance_is_two_in_two_to_the_seeds():
     assert sign_chance(1) == 1.0
     assert helpers.chance_words(3) == "1 in 4"
     assert helpers.chance_words(11) == "1 in 1,024"
-    for bad in (0, 2.0, "3"):
-        with pytest.raises(ValueError, match="positive int"):
+    with pytest.raises(ValueError, match="seeds must be at least 1"):
+        sign_chance(0)
+    for bad in (2.0, "3", True):
+        with pytest.raises(TypeError, match="seeds must be a whole number"):
             sign_chance(bad)
 
 

@@ -1,6 +1,6 @@
 """book/_ext/text_tables.py: which text outputs keep their alignment (scroll sideways on a phone
-instead of wrapping). The examples are the outputs the r9 readers' review found wrapped at
-390 px (its wraps.txt), and outputs that must keep wrapping (one long line, plain sentences)."""
+instead of wrapping). The examples are outputs of the book's that were found wrapped at 390 px
+(a phone's width), and outputs that must keep wrapping (one long line, plain sentences)."""
 import importlib.util
 import re
 

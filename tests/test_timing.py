@@ -49,11 +49,12 @@ def test_measure_reads_the_rank_clock_of_the_devices(monkeypatch):
     assert m.samples == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, True, None])
-def test_bad_counts_are_refused(bad):
-    with pytest.raises(ValueError, match="repeats"):
+@pytest.mark.parametrize("bad,error", [(0, ValueError), (-1, ValueError), (2.5, TypeError),
+                                       (True, TypeError), (None, TypeError)])
+def test_bad_counts_are_refused(bad, error):
+    with pytest.raises(error, match="repeats.*5 or more for a claim"):
         timing.measure(lambda: None, repeats=bad)
-    with pytest.raises(ValueError, match="rounds"):
+    with pytest.raises(error, match="rounds"):
         timing.interleave({"a": lambda: None}, rounds=bad)
 
 

@@ -130,7 +130,7 @@ def test_the_gpu_runs_failed_cells_are_named_from_the_reference_file(tmp_path):
 
 
 def test_size_check_holds_only_when_the_predicted_size_is_inside_the_spread():
-    # the r10 stored run: 1.66x (1.03-2.21) where the data phase allowed about 1.1x
+    # a spread wholly above the prediction: 1.66x (1.03-2.21) where the data phase allowed 1.1x
     what = "removing the reference's data phase"
     wide = helpers.Ratio([1.66, 1.8, 1.7, 1.9, 1.6])
     larger = helpers.size_check(wide, 1.1, what)

@@ -90,7 +90,7 @@ def test_the_compute_split_says_off_the_core_only_when_wall_time_exceeds_cpu_tim
 
 
 def test_the_compute_split_names_the_test_that_decided_and_prints_the_low_end_apart():
-    # the r10 stored batch-256 run: a 0.8 ms gap, 16 times the floor, but the lowest ratio
+    # a batch-256 run whose gap passes the floor: 0.8 ms, 16 times it, but the lowest ratio
     # 1.008 under 1.01: the sentence must say that the ratio decided, and not print 1.01
     ratio = helpers.Ratio([1.0, 1.008, 1.01, 1.01, 1.01, 1.01, 1.02, 1.02, 1.06, 1.1])
     got = helpers.compute_split_words(NOISE, ratio, 40.2, 39.4, 79.6, 77.1)
@@ -153,7 +153,8 @@ def test_alone_predictions_say_inside_cannot_tell_above_or_below_each_spread():
                         "inside the measured 0.90-1.30")
     unnamed = words([("b", 2.0, (1.9, 2.1), FASTER, [("compute lost", -0.2)])])
     assert "this run does not say" in unnamed and "compute lost" not in unnamed
-    # the batch-4 case of the review: 1.37 predicted, 0.50-1.50 from the spread, 0.46-0.70
+    # a prediction whose range overlaps the measurement: 1.37 predicted, 0.50-1.50 from the
+    # spread, 0.46-0.70
     overlap = words([("batch 4", 1.37, (0.50, 1.50), helpers.Ratio([0.46, 0.6, 0.70]), parts)])
     assert overlap == ("1.37 times at batch 4 (0.50-1.50 from the lone timing's spread), a range "
                        "that overlaps the measured 0.46-0.70: this run cannot tell the "

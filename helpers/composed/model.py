@@ -11,6 +11,7 @@ from torch import nn
 
 from ..seeding import seeded
 from ..tiny_models import SmallBlock, TinyLM, counting_tokens
+from ..validate import validate_positive_int
 
 __all__ = ["gpt", "gpt_layers", "GPTEmbed", "GPTHead", "gpt_loss", "gpt_batches",
            "stage_cuts", "validate_data_split"]
@@ -66,8 +67,7 @@ def gpt_batches(steps, batch, seq=16, vocab=32, seed=1):
 def validate_data_split(batch, dp):
     """Refuse a global batch that does not split into dp equal shares: each data-parallel rank
     averages its own rows, so unequal shares would weight the sequences unequally."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a whole number of sequences >= 1, not {batch!r}")
+    validate_positive_int(batch, "batch", fix="how many sequences")
     if batch % dp:
         raise ValueError(f"a global batch of {batch} sequences does not split over dp={dp} "
                          f"data-parallel ranks: use a multiple of {dp} (each rank averages "

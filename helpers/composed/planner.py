@@ -21,7 +21,13 @@ brings, half a block for a causal zig-zag ring (its MLP waits for it).
 """
 import itertools
 
-from ..costs import OPTIMIZER_STATE_BYTES, SHARDING_STAGES, ring_bytes_per_device, sharding_costs
+from ..costs import (
+    OPTIMIZER_STATE_BYTES,
+    SHARDING_STAGES,
+    ring_bytes_per_device,
+    ring_pass_bytes,
+    sharding_costs,
+)
 from ..transformer_costs import (
     RECOMPUTE,
     activation_bytes_per_token,
@@ -67,7 +73,8 @@ def data_parallel_costs(n_params, k, zero, m=1, acc="every", optimizer="adam", d
     z = dict(sharding_costs(n_params, k, zero, optimizer, dtype_bytes))
     if zero in ("dp", "zero1") or m == 1:
         return z
-    full, once = n_params * dtype_bytes, (k - 1) / k * n_params * dtype_bytes
+    full = n_params * dtype_bytes
+    once = ring_pass_bytes(full, k)
     if acc == "no_sync":
         z["grads_bytes"] = full
         if zero == "zero3":

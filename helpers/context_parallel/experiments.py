@@ -5,6 +5,7 @@ computation. Results come back on the CPU."""
 import torch
 
 from ..activations import saved_tensor_bytes
+from ..compare import max_diff
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
@@ -103,8 +104,7 @@ def cp_activation_memory(rank: int, world: int, cfg: dict) -> list[SavedAt]:
             comm.all_reduce(t)        # the weights' gradient: the sum over every rank's tokens
         ref = attn_ref_grads(attn, X, R)
         local = [shard_sequence(ref[n], world, rank, dim=1) for n in ("out", "x_grad")]
-        diff = max(float((a.detach() - b).abs().max())
-                   for a, b in zip(grads + [out, Xl.grad], ref["grads"] + local, strict=True))
+        diff = max_diff(grads + [out, Xl.grad], ref["grads"] + local)
         rows.append(SavedAt(T=T, saved_bytes=nbytes, max_diff=diff))
     return rows
 
@@ -150,7 +150,6 @@ def cp_torch_run(rank: int, world: int, cfg: dict) -> TorchCPRun:
             grads = [got["grads"][n].to(device) for n, _ in attn.named_parameters()]
             for t in grads:
                 torch.distributed.all_reduce(t)
-            diff = max(float((a - b).abs().max())
-                       for a, b in zip(grads, ref["grads"], strict=True))
+            diff = max_diff(grads, ref["grads"])
         runs[rotate] = RotateRun(ran=got["ran"], error=got["error"], max_diff=diff)
     return TorchCPRun(**about, runs=runs)

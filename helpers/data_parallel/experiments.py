@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..compare import max_diff
 from ..data import load_tensors
 from ..devices import DeviceClock, synced_now, synchronize
 from ..models import unwrap
@@ -143,16 +144,12 @@ def _profiled_steps(model, opt, X, y, device, path, warm, steps):
     optimizer marked with record_function; the Chrome trace of the last `steps` goes to `path`.
     Returns helpers.trace_events of it and the profiler's activities (their names)."""
     from torch.nn import functional as F
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+    from torch.profiler import record_function, schedule
 
-    from ..profiling import quiet_native_stderr, trace_events
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
-                                           if device.type == "cuda" else [])
-    with quiet_native_stderr(), profile(
-            activities=activities,
-            schedule=schedule(wait=0, warmup=warm, active=steps, repeat=1),
-            on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+    from ..profiling import quiet_profile, trace_events
+    cuda = device.type == "cuda"
+    with quiet_profile(cuda, schedule=schedule(wait=0, warmup=warm, active=steps, repeat=1),
+                       on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
         for k in range(warm + steps):
             with record_function("forward"):
                 loss = F.cross_entropy(model(X), y)
@@ -164,7 +161,7 @@ def _profiled_steps(model, opt, X, y, device, path, warm, steps):
             if k == warm + steps - 1:
                 synchronize(device)            # the last kernels in the trace too
             prof.step()
-    return trace_events(path), [a.name for a in activities]
+    return trace_events(path), ["CPU", "CUDA"] if cuda else ["CPU"]
 
 
 def _ddp(net, device, **kw):
@@ -257,8 +254,7 @@ def ddp_knobs(rank: int, world: int, cfg: dict) -> KnobsRun:
             samples[name].append((synced_now(device) - t0) / steps)
             exposed[name].append(waited(ends) / steps)
     base = list(models["default (25 MiB buckets)"][0].parameters())
-    diff = {name: max((a - b).abs().max().item() for a, b in zip(base, m.parameters(), strict=True))
-            for name, (m, _) in models.items()}
+    diff = {name: max_diff(base, list(m.parameters())) for name, (m, _) in models.items()}
     # after the diff (these steps train on): the profile chapter's trace of a few steps of the
     # bucket knobs, split by helpers.exposed_ms at the end of backward's compute (none where
     # trace_steps is 0)

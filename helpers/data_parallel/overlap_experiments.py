@@ -149,12 +149,9 @@ def ddp_scratch_trace(rank, world, cfg):
     from torch import profiler
 
     from ..devices import synchronize
-    from ..profiling import quiet_native_stderr
+    from ..profiling import quiet_profile
     device, bucket_mb, sizes, steps, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, steps=3, batch_size=32)
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-    activities = [profiler.ProfilerActivity.CPU] + (
-        [profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
     out = {}
     for mode in ("overlap", "after"):
         model, batch = _timeline_model(device, sizes, bucket_mb, overlap=mode == "overlap")
@@ -163,7 +160,7 @@ def ddp_scratch_trace(rank, world, cfg):
         for _ in range(2):
             _step(model, X, y)
         dist.barrier()
-        with quiet_native_stderr(), profiler.profile(activities=activities) as prof:
+        with quiet_profile(device.type == "cuda") as prof:
             for _ in range(steps):
                 with profiler.record_function("forward"):
                     loss = flat_cross_entropy(model(X), y)

@@ -15,6 +15,7 @@ its function by name, so they live here rather than in a notebook.
 """
 import statistics
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -24,11 +25,30 @@ from ..runtime.launch import launch, take
 from ..runtime.progress import report_progress
 from .results import EpochRun, RankSums, WorkerSweep, WorkerTimes
 
-__all__ = ["dp_timing_worker", "time_data_parallel", "spread",
-           "allreduce_compare_worker", "compare_with_dist_all_reduce", "lenet_module_from",
+__all__ = ["dp_timing_worker", "time_data_parallel", "allreduce_compare_worker",
+           "compare_with_dist_all_reduce", "lenet_module_from",
            "bench_worker", "bench_ranks", "gloo_allreduce_worker", "time_gloo_allreduce"]
 
 MODES = ("fast", "reference")   # one flat all-reduce + fused update / one per parameter tensor
+
+
+class _Run(NamedTuple):
+    name: str
+    global_batch: int
+    steps: int
+    reps: int
+    mode: str
+    return_params: bool
+
+
+def _read_run(run):
+    """One run of cfg["runs"], read by `take`: a misspelt key is refused, not run as the
+    default."""
+    try:
+        return _Run(*take(run, "name", "global_batch", "steps", "reps", mode="fast",
+                          return_params=False))
+    except TypeError as e:
+        raise TypeError(f"run {run.get('name', run)!r}: {e}") from None
 
 
 def _flat_params(params):
@@ -43,7 +63,7 @@ class _Trainer:
 
     def __init__(self, run, k, lr, seed):
         from ..models import init_lenet_params
-        self.B, self.mode, self.k, self.lr = run["global_batch"], run.get("mode", "fast"), k, lr
+        self.B, self.mode, self.k, self.lr = run.global_batch, run.mode, k, lr
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: use one of {MODES}")
         if self.B % k:
@@ -126,21 +146,22 @@ def dp_timing_worker(rank, world_size, cfg):
     from ..data import load_tensors
     core = pin_to_core(rank)
     ks, runs, subset, lr, seed = take(cfg, "ks", "runs", subset=4096, lr=0.2, seed=0)
+    runs = [_read_run(run) for run in runs]
     groups = {k: dist.new_group(list(range(k))) if 1 < k < world_size else None
               for k in ks}                       # every rank must call new_group
     X, y = load_tensors(True, subset)
-    names = [run["name"] for run in runs]
+    names = [run.name for run in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"run names must differ: {names}")
-    trainers = {run["name"]: {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
+    trainers = {run.name: {k: _Trainer(run, k, lr, seed) if rank < k else None for k in ks}
                 for run in runs}
     keys = ("step_s", "compute_s", "comm_s", "update_s", "compute_cpu_s")
     out = {name: {k: {key: [] for key in keys} for k in ks} for name in names}
     arrive = {name: {k: [] for k in ks} for name in names}
-    done, total = 0, sum(run["reps"] + 1 for run in runs)
-    for r in range(max(run["reps"] for run in runs) + 1):   # the runs take turns too
+    done, total = 0, sum(run.reps + 1 for run in runs)
+    for r in range(max(run.reps for run in runs) + 1):   # the runs take turns too
         for run in (runs if r % 2 == 0 else runs[::-1]):
-            if r > run["reps"]:
+            if r > run.reps:
                 continue
             done += 1
             report_progress(done, total, "timed repeat")
@@ -148,12 +169,11 @@ def dp_timing_worker(rank, world_size, cfg):
                 if world_size > 1:
                     dist.barrier()
                 if rank < k:
-                    times, steps = trainers[run["name"]][k].repeat(run["steps"], rank, X, y,
-                                                                   groups[k])
+                    times, steps = trainers[run.name][k].repeat(run.steps, rank, X, y, groups[k])
                     if r > 0:
                         for key, v in zip(keys, times, strict=True):
-                            out[run["name"]][k][key].append(v)
-                        arrive[run["name"]][k].append(steps)
+                            out[run.name][k][key].append(v)
+                        arrive[run.name][k].append(steps)
     every = [arrive]
     if world_size > 1:
         every = [None] * world_size
@@ -167,9 +187,9 @@ def dp_timing_worker(rank, world_size, cfg):
     times = {k: {} for k in ks}
     for run in runs:
         for k in ks:
-            params = ([p.detach().tolist() for p in trainers[run["name"]][k].params]
-                      if run.get("return_params") and rank < k else None)
-            times[k][run["name"]] = WorkerTimes(**out[run["name"]][k], params=params)
+            params = ([p.detach().tolist() for p in trainers[run.name][k].params]
+                      if run.return_params and rank < k else None)
+            times[k][run.name] = WorkerTimes(**out[run.name][k], params=params)
     cores = [core]
     if world_size > 1:
         cores = [None] * world_size
@@ -188,24 +208,16 @@ def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False, timeo
     ks = [ks] if isinstance(ks, int) else sorted(set(ks))
     if not ks or ks[0] < 1:
         raise ValueError(f"worker counts must be at least 1, got {ks}")
-    for run in runs:
-        missing = {"name", "global_batch", "steps", "reps"} - set(run)
-        if missing:
-            raise ValueError(f"run {run} lacks {sorted(missing)}")
-        if run["reps"] < 1 or run["steps"] < 1:
-            raise ValueError(f"run {run['name']!r}: reps and steps must be at least 1")
-        bad = [k for k in ks if run["global_batch"] % k]
+    for run in map(_read_run, runs):
+        if run.reps < 1 or run.steps < 1:
+            raise ValueError(f"run {run.name!r}: reps and steps must be at least 1")
+        bad = [k for k in ks if run.global_batch % k]
         if bad:
-            raise ValueError(f"run {run['name']!r}: global batch {run['global_batch']} does not "
+            raise ValueError(f"run {run.name!r}: global batch {run.global_batch} does not "
                              f"split evenly over {bad} workers")
     cfg = {"ks": ks, "runs": list(runs), "subset": subset, "lr": lr, "seed": seed}
     return launch(dp_timing_worker, ks[-1], cfg, backend="gloo", quiet=quiet,
                   timeout=timeout)[0]
-
-
-def spread(times):
-    """(median, min, max) of a list of timings."""
-    return statistics.median(times), min(times), max(times)
 
 
 # --- correctness across processes (tests): the course's allreduces against torch's --------------

@@ -14,6 +14,7 @@ from ..devices import synced_now
 from ..runtime.comm import DistComm
 from ..runtime.emulate import ASSUMED_RATES, Clock, Rates
 from ..runtime.launch import take
+from ..validate import validate_positive_int
 from .results import PingPong, PipelineRun, PipeliningRun
 from .schedules import gpipe_rank_order, one_f_one_b_rank_order
 from .scratch import pipeline_net, pipeline_rank_step, stage_of
@@ -108,10 +109,8 @@ def pipeline_run(rank: int, world: int, cfg: dict) -> PipelineRun:
     if schedule not in PIPELINE_ORDERS:
         raise ValueError(f"schedule {schedule!r}: pick one of {list(PIPELINE_ORDERS)} "
                          "(torch's schedules: helpers.pipelining_run)")
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"m must be a positive int, got {m!r}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1 (the first step's results), not {repeats}")
+    validate_positive_int(m, "m")
+    validate_positive_int(repeats, "repeats", fix="the first step's results")
     net, X, y = _net_and_batch(net_cfg, n, seed, device)
     stage = stage_of(net, cuts, rank, world)      # refuses cuts that do not fit the ranks
     model = _model(net, cuts, schedule, emulate, equal, rates)

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..costs import balanced_cuts
 from ..seeding import seeded
+from ..validate import validate_positive_int
 
 __all__ = ["pipeline_net", "validate_cuts", "stage_of", "validate_pipeline_step",
            "pipeline_rank_step", "unsplit_step", "layer_times", "cuts_by", "sum_loss",
@@ -134,12 +135,12 @@ def _sync(t):
 
 
 def validate_pipeline_step(order, X, y, num_microbatches, batch_size, first, last, stage=None):
-    """ValueError naming the fix, before any work, for what pipeline_rank_step cannot run: m and
-    the batch size positive ints; X (first rank) and y (last rank) with batch_size rows; an empty
-    stage; an order that does not run F, then B (then W, if any) once per micro-batch."""
-    for name, v in (("num_microbatches", num_microbatches), ("batch_size", batch_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    """An error naming the fix, before any work, for what pipeline_rank_step cannot run: m and
+    the batch size not positive ints (validate_positive_int); X (first rank) and y (last rank)
+    without batch_size rows; an empty stage; an order that does not run F, then B (then W, if
+    any) once per micro-batch."""
+    validate_positive_int(num_microbatches, "num_microbatches")
+    validate_positive_int(batch_size, "batch_size")
     for name, t, here in (("X", X, first), ("y", y, last)):
         if here and (t is None or t.shape[0] != batch_size):
             raise ValueError(f"{name} has {None if t is None else t.shape[0]} rows but "

@@ -11,6 +11,7 @@ import inspect
 
 import torch
 
+from ..validate import validate_positive_int
 from .results import PipeliningRun
 from .scratch import LiveActivations, stage_of, sum_loss, validate_cuts
 
@@ -31,14 +32,14 @@ def pipelining_available(name):
 
 
 def validate_pipelining(schedule, batch_size, m, world, num_layers, cuts):
-    """ValueError naming the fix, on every rank before any work, for what torch's schedules
-    cannot run: m must divide the batch (equal micro-batches), the schedule must exist, and
-    the cuts must give one stage per rank (two per rank, looped r, r + world, when interleaved)."""
+    """An error naming the fix, on every rank before any work, for what torch's schedules
+    cannot run: m, a positive int, must divide the batch (equal micro-batches), the schedule must
+    exist, and the cuts must give one stage per rank (two per rank, looped r, r + world, when
+    interleaved)."""
     if not pipelining_available(schedule):
         raise ValueError(f"torch {torch.__version__} has no torch.distributed.pipelining."
                          f"{schedule}: pick one of its Schedule* classes")
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"n_microbatches must be a positive int, got {m!r}")
+    validate_positive_int(m, "n_microbatches")
     if batch_size % m:
         fits = [k for k in range(1, min(batch_size, 4 * m) + 1) if batch_size % k == 0]
         raise ValueError(f"torch's {schedule} needs equal micro-batches, and {m} micro-batches "

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from ..validate import validate_positive_int
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -21,15 +23,15 @@ MESH_DIMS = ("pp", "dp", "tp")   # Part VII's order: outermost first, tp ranks c
 
 def _checked(shape: Sequence[int], names: Sequence[str], world: int | None = None
              ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """(shape, names) as tuples; ValueError naming the fix for a mesh that cannot be laid out."""
+    """(shape, names) as tuples; an error naming the fix for a mesh that cannot be laid out."""
     shape, names = tuple(shape), tuple(names)
     if len(shape) != len(names):
         raise ValueError(f"a mesh of shape {shape} needs {len(shape)} dimension names, got "
                          f"{names}")
     if len(set(names)) != len(names):
         raise ValueError(f"mesh dimension names must differ, got {names}")
-    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
-        raise ValueError(f"every mesh dimension is a whole number of ranks >= 1, got {shape}")
+    for name, s in zip(names, shape, strict=True):
+        validate_positive_int(s, f"mesh dimension {name}", fix=f"its ranks, in shape {shape}")
     if world is not None and math.prod(shape) != world:
         raise ValueError(f"a {' x '.join(map(str, shape))} mesh ({', '.join(names)}) holds "
                          f"{math.prod(shape)} ranks, the world has {world}: choose dimensions "

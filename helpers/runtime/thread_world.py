@@ -34,13 +34,7 @@ from .comm import ThreadComm, wire
 from .errors import LaunchTimeout
 from .traffic import RANK_THREAD
 
-__all__ = ["ThreadWorld", "in_rank_thread"]
-
-
-
-def in_rank_thread() -> bool:
-    """Whether the calling thread is a rank of a ThreadWorld (process-wide state is shared)."""
-    return getattr(RANK_THREAD, "rank", None) is not None
+__all__ = ["ThreadWorld"]
 
 
 class _Aborted(BaseException):

@@ -41,10 +41,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..costs import ring_bytes_per_device
 
-__all__ = ["Transfer", "ByteLog", "CountsSent", "send", "count_traffic",
+__all__ = ["Transfer", "ByteLog", "CountsSent", "send", "count_traffic", "in_rank_thread",
            "TrafficLog", "FuncolBytes", "wire_share", "all_to_all_wire", "tensor_bytes"]
 
 RANK_THREAD = threading.local()   # .rank: set by ThreadWorld in each of its rank threads
+
+
+def in_rank_thread() -> bool:
+    """Whether the calling thread is a rank of a ThreadWorld (process-wide state is shared)."""
+    return getattr(RANK_THREAD, "rank", None) is not None
 
 
 class Transfer(NamedTuple):
@@ -245,7 +250,7 @@ def count_traffic():
     TrafficLog): each collective as a ring over the ranks of ITS group. It rebinds
     torch.distributed's functions for the whole process, so it refuses a thread rank (ranks
     nesting it would restore each other's wrappers): there, read the rank's comm.traffic()."""
-    if getattr(RANK_THREAD, "rank", None) is not None:
+    if in_rank_thread():
         raise RuntimeError("count_traffic rebinds torch.distributed for the whole process, so "
                            "thread ranks would undo each other's counting: read the rank's "
                            "comm.traffic() instead")

@@ -9,7 +9,7 @@ shard per node (hpZ), quantized gradients (qgZ); qwZ's block quantization built 
 """
 import torch
 
-from ..costs import ring_bytes_per_device, sharding_costs
+from ..costs import ring_bytes_per_device, ring_pass_bytes, sharding_costs
 from ..data_parallel.scratch import make_buckets
 from ..transformer_costs import activation_bytes_per_token
 from .flat import all_gather_flat
@@ -32,7 +32,7 @@ def activation_partition_costs(width, heads, seq, layers, batch, tp, dtype_bytes
     part = layers * tokens * activation_bytes_per_token(
         width, heads, seq, tp, sp=True, recompute="full", dtype_bytes=dtype_bytes)
     one = tokens * width * dtype_bytes             # one (b, s, h) activation
-    pa_sent = layers * (tp - 1) / tp * one          # an all-gather's share: half a ring
+    pa_sent = layers * ring_pass_bytes(one, tp)     # an all-gather's share: half a ring
     tp_sent = layers * 6 * ring_bytes_per_device(one, tp)
     return dict(kept_bytes=kept, partitioned_bytes=part, pa_sent_bytes=pa_sent,
                 tp_sent_bytes=tp_sent)
@@ -118,11 +118,11 @@ def zeropp_costs(n_params, world, per_node, dtype_bytes=2, block=256, qwz=False,
     full = n_params * dtype_bytes
     int8 = n_params * (1 + 4 / block)
     int4 = n_params * (0.5 + 4 / block)
-    share = (k - 1) / k
-    rows = {"forward all-gather": (share * (int8 if qwz else full), "inter"),
-            "backward all-gather": (((g - 1) / g * full, "intra") if hpz else
-                                    (share * (int8 if qwz else full), "inter")),
-            "gradient reduce-scatter": (share * (int4 if qgz else full), "inter")}
+    gathered = ring_pass_bytes(int8 if qwz else full, k)
+    rows = {"forward all-gather": (gathered, "inter"),
+            "backward all-gather": ((ring_pass_bytes(full, g), "intra") if hpz else
+                                    (gathered, "inter")),
+            "gradient reduce-scatter": (ring_pass_bytes(int4 if qgz else full, k), "inter")}
     z3 = sharding_costs(n_params, k, "zero3", "mixed_adam", dtype_bytes)
     extra = full / g if hpz else 0.0
     return dict(rows=rows, inter_bytes=sum(b for b, w in rows.values() if w == "inter"),

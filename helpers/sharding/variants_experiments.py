@@ -6,6 +6,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from ..compare import max_diff
 from .flat import all_gather_flat
 from .results import OffloadRun, OffloadSide, QwzRun
 from .variants import quantization_bound, quantized_all_gather
@@ -92,7 +93,7 @@ def offload_run(rank, world, cfg):
         full[label] = full_params(model)
     a, b = full["on device"], full["offload"]
     return OffloadRun(on_device=out["on device"], offload=out["offload"],
-                      diff=max(float((a[n] - b[n]).abs().max()) for n in a))
+                      diff=max_diff(a, b))
 
 
 def qwz_vs_all_gather(rank, world, cfg):
@@ -111,5 +112,5 @@ def qwz_vs_all_gather(rank, world, cfg):
         got = quantized_all_gather(shard, world, block)
     bound = max(quantization_bound(plain[r * shard.numel():(r + 1) * shard.numel()], block)
                 for r in range(world))
-    return QwzRun(diff=float((got - plain).abs().max()), bound=bound, numel=plain.numel(),
+    return QwzRun(diff=max_diff(got, plain), bound=bound, numel=plain.numel(),
                   plain_sent=plain_log.wire_bytes(), qwz_sent=q_log.wire_bytes(), block=block)

@@ -61,7 +61,8 @@ def _cell(output_html, tags=(), source="x = 1"):
 _TABLE = ('<div class="output stream highlight-myst-ansi"><div class="highlight"><pre>'
           + "\n".join(f"{'row ' + str(i):<12}{i * 1.5:>14.2f}{i * 300:>16,} bytes{i:>12} steps"
                       for i in range(6)) + "</pre></div></div>")
-# right-aligned labels (leading spaces, then single spaces) and code indented 8 spaces: r9's misses
+# right-aligned labels (leading spaces, then single spaces) and code indented 8 spaces: layouts
+# the alignment rule once missed
 _LABELS = ('<div class="output stream highlight-myst-ansi"><div class="highlight"><pre>'
            + "\n".join(f"{'x' * i:>14}: {i * 1.5:.2f} ms ({i * 300} to {i * 400}, 41 samples); "
                         "against plain, eager: 1.00x (1.00-1.00, 41 rounds): within noise"

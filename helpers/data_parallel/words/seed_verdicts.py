@@ -3,6 +3,7 @@ below another only where EVERY paired seed puts it there by more than a margin, 
 that a rule like this is fooled is stated beside it: with no real difference, n paired gaps all
 share a sign 2 / 2**n of the time (1 in 4 for three seeds)."""
 
+from ...validate import validate_positive_int
 from ...words import plural
 
 __all__ = ["paired_verdict", "unseparated_words", "sign_chance", "chance_words",
@@ -61,8 +62,7 @@ def unseparated_words(a, b, subject, other, margin=0.005):
 def sign_chance(seeds):
     """How often `seeds` paired gaps with no real difference behind them (symmetric about zero,
     independent) all share a sign, either one: 2 / 2**seeds. The margin makes it rarer still."""
-    if not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"seeds must be a positive int, got {seeds!r}")
+    validate_positive_int(seeds, "seeds")
     return 2 / 2 ** seeds
 
 
