@@ -5,9 +5,11 @@ rank, a memory-bound operation more intense than a compute-bound one, an uneven 
 torch.tensor_split's sizes are not torch.chunk's, a sort of more than 16 equal keys, where
 torch's CPU sort stops keeping their order unasked, a length the world size or the device count
 divides and one it does not, a bucket of more or fewer tensors than there are ranks, a last
-expert or rank that nothing is sent to, a running total exactly the bucket size). Each
-check's inputs stay fresh; only which cases appear is fixed.
+expert or rank that nothing is sent to, a running total exactly the bucket size, a block with
+a batched product, two slices of one activation saved alone, big tensors side by side, a
+momentum other than 0.5). Each check's inputs stay fresh; only which cases appear is fixed.
 """
+import contextlib
 import importlib
 import pathlib
 
@@ -15,6 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from check_cases import CASES, parametrize_cases, shortcut
+from torch.nn import functional as F
+from torch.utils.checkpoint import CheckpointPolicy
 
 import helpers
 from helpers.checks._core.inputs import replay_seeds
@@ -30,10 +34,14 @@ FORCED = ["check_z_loss", "check_permute_tokens", "check_tp_bytes_per_step",
 # This module's own shortcuts only, not every module's: a World of thread ranks a draw, or other
 # modules' shortcuts that no forced case concerns (ten draws of each would cost seconds apiece).
 FORCED_HERE = ["check_dispatch_tokens", "check_grad_shard", "check_average_bucket",
-               "check_gather_layer", "check_balancing_loss", "check_bucket_params"]
+               "check_gather_layer", "check_balancing_loss", "check_bucket_params",
+               "check_accumulate_zero2", "check_save_matmuls", "check_saved_bytes_of_call",
+               "check_zero1_optimizer", "check_update_running_stats", "check_accumulated_step"]
 # Their worked answers replayed too: a forced size (one the world size divides, a tensor count
-# other than the world size) must reject no right answer.
-WORKED_HERE = ["check_grad_shard", "check_average_bucket"]
+# other than the world size, a split where chunk's sizes are not tensor_split's) must reject no
+# right answer.
+WORKED_HERE = ["check_grad_shard", "check_average_bucket", "check_accumulated_step",
+               "check_zero1_optimizer", "check_accumulate_zero2", "check_save_matmuls"]
 SEEDS = range(10)
 
 
@@ -249,6 +257,100 @@ def gather_layer_cut_negative(shard, shapes):
     full = full[:-(-sum(s.numel() for s in shapes) % world)]
     return [p.view(s) for p, s in zip(full.split([s.numel() for s in shapes]), shapes,
                                        strict=True)]
+
+
+# An optimizer step that shows the gradient's scale (AdamW's first step, about lr * sign(g), hid
+# it); a block with every matrix product the policy names; slices saved alone; big tensors side
+# by side; a momentum other than 0.5; a split where chunk's sizes are not tensor_split's.
+@shortcut("check_accumulate_zero2", "each micro-batch's loss not divided by their number",
+          "times the averaged gradient")
+def accumulate_zero2_undivided(model, micro_batches):
+    for i, (X, y) in enumerate(micro_batches):
+        with model.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():
+            F.cross_entropy(model(X), y).backward()
+    model.finish_gradient_synchronization()
+    model.step()
+    model.zero_grad()
+
+
+@shortcut("check_save_matmuls", "bmm forgotten (MUST_SAVE for mm and addmm only)",
+          "ran matrix products again ({'bmm'")
+def save_matmuls_no_bmm(ctx, op, *args, **kwargs):
+    aten = torch.ops.aten
+    if op in (aten.mm.default, aten.addmm.default):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _view_bytes(f, args, params, key):
+    """Each saved tensor's own bytes (numel * element_size), once per `key(t)`: the bytes of a
+    view, not of its storage."""
+    skip = {key(p) for p in params}
+    seen = {}
+
+    def pack(t):
+        if key(t) not in skip:
+            seen.setdefault(key(t), t.numel() * t.element_size())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        f(*args)
+    return sum(seen.values())
+
+
+def _by_address(t):
+    return t.data_ptr()
+
+
+def _by_storage(t):
+    return t.untyped_storage().data_ptr()
+
+
+@shortcut("check_saved_bytes_of_call", "keyed by t.data_ptr(), each view's bytes",
+          "a slice saved alone")
+def saved_bytes_of_call_by_address(f, *inputs):
+    return _view_bytes(f, inputs, f.parameters(), _by_address)
+
+
+@shortcut("check_saved_bytes_of_call", "keyed by storage, the first view's bytes",
+          "a slice saved alone")
+def saved_bytes_of_call_first_view(f, *inputs):
+    return _view_bytes(f, inputs, f.parameters(), _by_storage)
+
+
+# words any hint keeps: the hint is chosen by which wrong count the number equals, and a count
+# keyed by address can equal the layers' outputs by chance
+@shortcut("check_saved_bytes", "keyed by t.data_ptr(), each view's bytes", "autograd saved")
+def saved_bytes_by_address(net, X):
+    return _view_bytes(net, (X,), net.parameters(), _by_address)
+
+
+@shortcut("check_saved_bytes", "keyed by storage, the first view's bytes", "autograd saved")
+def saved_bytes_first_view(net, X):
+    return _view_bytes(net, (X,), net.parameters(), _by_storage)
+
+
+@shortcut("check_zero1_optimizer", "contiguous runs by count (tensor_split of the indices)",
+          "balance them by size")
+def zero1_contiguous(params, rank, world, lr):
+    mine = torch.arange(len(params)).tensor_split(world)[rank].tolist()
+    return torch.optim.AdamW([params[i] for i in mine], lr=lr)
+
+
+@shortcut("check_update_running_stats", "momentum weighing the old value (flipped)",
+          "the weight of the NEW batch mean")
+def update_running_stats_flipped(running_mean, running_var, mean, var, n, momentum):
+    return (momentum * running_mean + (1 - momentum) * mean,
+            momentum * running_var + (1 - momentum) * var * n / (n - 1))
+
+
+@shortcut("check_accumulated_step", "micro-batches by torch.chunk", "torch.chunk's sizes")
+def accumulated_step_chunk(net, params, X, y, num_micro, lr):
+    for X_m, y_m in zip(X.chunk(num_micro), y.chunk(num_micro), strict=True):
+        helpers.loss(net(X_m, params), y_m).sum().backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad / X.shape[0]
+            p.grad = None
 
 
 test_case = parametrize_cases(__name__)

@@ -68,22 +68,30 @@ def check_largest_batch_data_parallel(fn):
            "is 0")
 
 
+class _Neighbours(nn.Module):
+    """x[:, 1:] * x[:, :-1]: saves two offset slices of its input and never the whole of it, so
+    counting a slice's bytes, or one storage per address, is off."""
+
+    def forward(self, x):
+        return x[:, 1:] * x[:, :-1]
+
+
 def _random_net(g, max_pool):
     """A small random conv net with a view (Flatten), pooling (max pooling saves int64 indices,
-    average pooling nothing of its own) and ReLUs."""
+    average pooling nothing of its own), slices (_Neighbours) and ReLUs."""
     c1, c2, hidden = randint(g, 2, 6), randint(g, 2, 6), randint(g, 4, 16)
     pool = nn.MaxPool2d(2) if max_pool else nn.AvgPool2d(2)
     side = randint(g, 8, 12)
     net = nn.Sequential(nn.Conv2d(1, c1, 3), nn.ReLU(), pool, nn.Conv2d(c1, c2, 3), nn.ReLU(),
                         nn.Flatten(), nn.Linear(c2 * ((side - 2) // 2 - 2) ** 2, hidden),
-                        nn.ReLU(), nn.Linear(hidden, 3))
+                        _Neighbours(), nn.ReLU(), nn.Linear(hidden - 1, 3))
     return net, torch.randn(randint(g, 1, 4), 1, side, side, generator=g)
 
 
 @check("saved_bytes", references=["saved_per_layer", "saved_tensor_bytes"], observes=[
-    "the bytes returned for fresh random conv nets (views, ReLUs, max and average pooling "
-    "both), against what autograd saves in the check's own count; helpers.saved_per_layer is "
-    "unavailable"])
+    "the bytes returned for fresh random conv nets (views, two slices of one activation, "
+    "ReLUs, max and average pooling both), against what autograd saves in the check's own "
+    "count; helpers.saved_per_layer is unavailable"])
 def check_saved_bytes(fn):
     """fn(net, X): the bytes of activations autograd saves for backward in net(X), each storage
     once, parameters left out (as helpers.saved_per_layer measures them)."""
@@ -111,7 +119,11 @@ def check_saved_bytes(fn):
             hint = " (the weights are parameters, not activations: leave them out)"
         elif got > want:
             hint = " (a tensor saved twice, or a view of a saved one, takes its memory " \
-                   "once: count each storage once, and no parameters)"
+                   "once: count each storage once, keyed by t.untyped_storage().data_ptr() " \
+                   "(two slices of one tensor have different data_ptr()), and no parameters)"
+        elif got < want:
+            hint = " (a slice saved alone keeps its whole storage alive: count " \
+                   "t.untyped_storage().nbytes(), not the slice's numel() * element_size())"
         expect(got == want, f"{call}: autograd saved {want} bytes of activations, you "
                             f"returned {got:g}{hint}")
 

@@ -277,9 +277,11 @@ def check_accumulated_step(fn):
     (tensor_split), the gradients of the summed losses adding up in .grad, then one SGD step
     with the gradient of the whole batch's mean loss (divide by n once)."""
     g = fresh_generator()
-    for _ in range(4):
-        num_micro = randint(g, 2, 5)
-        n = num_micro * randint(g, 2, 4) + randint(g, 1, num_micro - 1)
+    for case in range(4):
+        # case 0, forced: a remainder below num_micro - 1, where torch.chunk's sizes are not
+        # tensor_split's (chunks of ceil(n / num_micro), the last one short)
+        num_micro = randint(g, 3 if case == 0 else 2, 5)
+        n = num_micro * randint(g, 2, 4) + randint(g, 1, num_micro - (2 if case == 0 else 1))
         d, c = randint(g, 3, 6), randint(g, 2, 4)
         X, y = torch.randn(n, d, generator=g), torch.randint(0, c, (n,), generator=g)
         start = [torch.randn(d, c, generator=g), torch.randn(c, generator=g)]
@@ -300,6 +302,12 @@ def check_accumulated_step(fn):
         micro = [len(s) for s in torch.arange(n).tensor_split(num_micro)]
         expect(n not in sizes, f"{call}: the net saw all {n} examples in one call "
                f"(calls: {sizes}); run one micro-batch at a time ({micro})")
+        chunks = [len(s) for s in torch.arange(n).chunk(num_micro)]
+        expect(sorted(sizes) != sorted(chunks) or chunks == micro,
+               f"{call}: the net saw micro-batches of {sizes} examples, torch.chunk's sizes "
+               f"(chunks of ceil(n / num_micro), the last one short, {len(chunks)} of them); "
+               f"the exercise splits with tensor_split, which makes {micro}: num_micro "
+               "micro-batches whose sizes differ by one at most")
         expect(sorted(sizes) == sorted(micro), f"{call}: the net saw micro-batches of "
                f"{sizes} examples; tensor_split makes {micro}")
         expect(passes == ["forward", "backward"] * (len(passes) // 2),

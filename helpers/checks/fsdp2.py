@@ -2,9 +2,9 @@
 activations and recomputation.
 
 Activation bytes are the course's one measure (helpers.saved_tensor_bytes): every storage
-autograd saves counted once, parameters left out. Recomputation is seen from the blocks' own
-hooks (which block recomputes when, in backward) and from the aten operations backward runs
-(Recorder).
+autograd saves counted once, parameters left out. Recomputation is seen from hooks on the
+blocks' layers (which block recomputes when, in backward) and from the aten operations backward
+runs (Recorder).
 """
 import tempfile
 import warnings
@@ -45,6 +45,15 @@ class _Twice(nn.Module):
         return (a.t() @ a).sum() + (a * a).sum()
 
 
+class _Slices(_Twice):
+    """Saves two offset slices of one activation, never the whole of it: their storage counts
+    once, at its own size (not a slice's, nor one per address)."""
+
+    def forward(self, x):
+        a = self.lin(x)
+        return (a[:, 1:] * a[:, :-1]).sum()
+
+
 @check("saved_bytes_of_call", references=["saved_per_layer", "saved_tensor_bytes"], observes=[
     "the number returned (any real type) for fresh modules and inputs, against the bytes of "
     "the distinct storages autograd saves, parameters left out"])
@@ -60,7 +69,8 @@ def check_saved_bytes_of_call(fn):
                  ("Linear", nn.Linear(d, h)),
                  ("Linear, Tanh, Linear", nn.Sequential(nn.Linear(d, h), nn.Tanh(),
                                                          nn.Linear(h, d))),
-                 ("ReLU (saves its output)", nn.ReLU())]
+                 ("ReLU (saves its output)", nn.ReLU()),
+                 ("a = lin(x) used as a[:, 1:] * a[:, :-1]", _Slices(d, h))]
     x = torch.randn(n, d, generator=g, requires_grad=True)
     for what, f in cases:
         call = f"saved_bytes_of_call({what}, x of shape {tuple(x.shape)})"
@@ -86,7 +96,10 @@ def check_saved_bytes_of_call(fn):
                f"{call}: {got} bytes sums every tensor the pack hook receives: a tensor saved "
                "by two operations, and the weights (views of the parameters), are counted; "
                "count each storage once and leave the parameters out")
-        expect(got == want, f"{call}: {got} bytes, expected {want}")
+        expect(got == want, f"{call}: {got} bytes, expected {want}" + (
+            ": count each storage once at its own size (a slice saved alone keeps its whole "
+            "storage, t.untyped_storage(), whose data_ptr() and nbytes() are not the slice's)"
+            if isinstance(f, _Slices) else ""))
 
 
 def _ffn_blocks(g, d, depth):
@@ -117,8 +130,9 @@ def _graph_names(t):
 @check("checkpointed_forward", observes=[
     "the output, and the gradients after backward, against the plain forward",
     "the bytes autograd saves (each storage once, no parameters) against the plain forward's",
-    "which block each backward step recomputes, from the blocks' own hooks: each block's "
-    "forward again right after its output's gradient arrives, one block at a time",
+    "which block each backward step recomputes, from hooks on each block's first and last "
+    "layers: each block's forward again right after its output's gradient arrives, one block "
+    "at a time",
     "the autograd graph: no reentrant checkpoint (CheckpointFunctionBackward)"])
 def check_checkpointed_forward(fn):
     """fn(blocks, x) -> the output of the blocks applied in turn, each block under its own
@@ -127,13 +141,15 @@ def check_checkpointed_forward(fn):
     d, n, depth = randint(g, 8, 24), randint(g, 4, 12), randint(g, 3, 5)
     blocks = _ffn_blocks(g, d, depth)
     log, phase = [], ["forward"]
+    # hooks on each block's first and last layers, not on the block: a block run as
+    # checkpoint(b.forward, x) passes by its own hooks, never by its layers'
     for i, b in enumerate(blocks):
-        b.register_forward_pre_hook(lambda m, a, i=i: log.append((phase[0], "fwd", i)))
+        b[0].register_forward_pre_hook(lambda m, a, i=i: log.append((phase[0], "fwd", i)))
 
         def out_hook(m, a, out, i=i):
             if phase[0] == "forward" and out.requires_grad:
                 out.register_hook(lambda grad: log.append(("backward", "grad", i)))
-        b.register_forward_hook(out_hook)
+        b[-1].register_forward_hook(out_hook)
     x = torch.randn(n, d, generator=g, requires_grad=True)
     params = list(blocks.parameters())
     copies = kept(x, *params)
@@ -264,10 +280,18 @@ def check_choose_checkpoints(fn):
                "frees the most bytes (measured, not guessed from parameters or position)")
 
 
+class _Mix(nn.Module):
+    """Attention over the 4 slices of each row (d wide): two batched products (aten bmm)."""
+
+    def forward(self, h):
+        a = h.view(h.shape[0], 4, -1)
+        return torch.bmm(torch.bmm(a, a.transpose(1, 2)).softmax(-1), a).reshape(h.shape)
+
+
 @check("save_matmuls", observes=[
     "the aten operations backward runs with a block checkpointed under the returned policy "
     "(create_selective_checkpoint_contexts), against backward without checkpointing: no matrix "
-    "product run again, the pointwise operations recomputed",
+    "product (the block runs mm, addmm and bmm) run again, the pointwise operations recomputed",
     "the gradients against the plain block's"])
 def check_save_matmuls(fn):
     """fn(ctx, op, *args, **kwargs) -> a torch.utils.checkpoint.CheckpointPolicy: MUST_SAVE for
@@ -276,8 +300,8 @@ def check_save_matmuls(fn):
     d, n = randint(g, 4, 12), randint(g, 3, 9)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(randint(g, 0, 10**6))
-        block = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d, bias=False),
-                              nn.Tanh())
+        block = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), _Mix(),   # addmm, bmm, mm
+                              nn.Linear(4 * d, d, bias=False), nn.Tanh())
     x = torch.randn(n, d, generator=g, requires_grad=True)
 
     def backward_ops(run):

@@ -86,56 +86,60 @@ def check_partition(fn):
 def check_zero1_optimizer(fn):
     """fn(params, rank, world, lr) -> a torch.optim.AdamW over this rank's share of params."""
     g = fresh_generator()
-    world = randint(g, 2, 4)
-    lr = [1e-2, 3e-3, 0.05][randint(g, 0, 2)]
-    big, small = (randint(g, 20, 30), randint(g, 20, 30)), (randint(g, 2, 5),)
-    # a big matrix at every world-th place: dealing them out by index is unbalanced
-    shapes = [big if i % world == 0 else small for i in range(3 * world + 1)]
-    start = [torch.randn(s, generator=g) for s in shapes]
-    grads = [torch.randn(s, generator=g) for s in shapes]
-    owned = {}
-    for rank in range(world):
-        params = [nn.Parameter(t.clone()) for t in start]
-        opt = fn(params, rank, world, lr)
-        call = f"zero1_optimizer(params, rank {rank}, world {world}, lr {lr})"
-        expect(isinstance(opt, torch.optim.Optimizer),
-               f"{call} returned {type(opt).__name__}, expected a torch optimizer")
-        expect(isinstance(opt, torch.optim.AdamW),
-               f"{call} returned {type(opt).__name__}: the exercise asks for torch.optim.AdamW "
-               "(Adam's weight decay is coupled to the gradient; AdamW's is not)")
-        lrs = {float(grp["lr"]) for grp in opt.param_groups}
-        expect(lrs == {lr}, f"{call}: the optimizer's learning rate is {sorted(lrs)}, not {lr}")
-        for p, gr in zip(params, grads, strict=True):
-            p.grad = gr.clone()
-        opt.step()
-        stepped = [i for i, (p, b) in enumerate(zip(params, start, strict=True))
-                   if not tensor_equal(p, b)]
-        state = sum(v.numel() * v.element_size() for st in opt.state.values()
-                    for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
-        total = 8 * sum(p.numel() for p in params)
-        expect(len(stepped) < len(shapes),
-               f"rank {rank} of {world} stepped every parameter and holds {state} bytes of "
-               f"optimizer state, {state / total:.0%} of the unsharded {total}: ZeRO-1 keeps "
-               "about 1/world (build the optimizer over this rank's parameters only)")
-        expect(state == 8 * sum(params[i].numel() for i in stepped),
-               f"rank {rank}: the optimizer state does not match the parameters it stepped")
-        for i in stepped:   # one AdamW step from the same start: the values of AdamW
-            q = nn.Parameter(start[i].clone())
-            q.grad = grads[i].clone()
-            torch.optim.AdamW([q], lr=lr).step()
-            expect(tensor_close(params[i], q, atol=1e-6),
-                   f"{call}: parameter {i} moved to other values than one AdamW step (lr {lr}, "
-                   "default weight decay) gives")
-            expect(i not in owned, f"parameter {i} is stepped by ranks {owned.get(i)} and "
-                                   f"{rank}: each parameter has exactly one owner")
-            owned[i] = rank
-    missing = sorted(set(range(len(shapes))) - set(owned))
-    expect(not missing, f"no rank steps parameters {missing}")
-    sizes = [torch.Size(s).numel() for s in shapes]
-    load = [sum(n for i, n in enumerate(sizes) if owned[i] == r) for r in range(world)]
-    expect(max(load) <= _greedy_max(sizes, world),
-           f"the ranks own {load} elements (optimizer state {[8 * n for n in load]} bytes): "
-           "balance them by size, so each holds about 1/world")
+    for adjacent in (False, True):
+        world = randint(g, 2, 4)
+        lr = [1e-2, 3e-3, 0.05][randint(g, 0, 2)]
+        big, small = (randint(g, 20, 30), randint(g, 20, 30)), (randint(g, 2, 5),)
+        # a big matrix at every world-th place (dealing them out by index is unbalanced), or one
+        # per rank all first (contiguous runs by count put two on rank 0): both, in every call
+        shapes = [big if (i < world if adjacent else i % world == 0) else small
+                  for i in range(3 * world + 1)]
+        start = [torch.randn(s, generator=g) for s in shapes]
+        grads = [torch.randn(s, generator=g) for s in shapes]
+        owned = {}
+        for rank in range(world):
+            params = [nn.Parameter(t.clone()) for t in start]
+            opt = fn(params, rank, world, lr)
+            call = f"zero1_optimizer(params, rank {rank}, world {world}, lr {lr})"
+            expect(isinstance(opt, torch.optim.Optimizer),
+                   f"{call} returned {type(opt).__name__}, expected a torch optimizer")
+            expect(isinstance(opt, torch.optim.AdamW),
+                   f"{call} returned {type(opt).__name__}: the exercise asks for torch.optim.AdamW "
+                   "(Adam's weight decay is coupled to the gradient; AdamW's is not)")
+            lrs = {float(grp["lr"]) for grp in opt.param_groups}
+            expect(lrs == {lr}, f"{call}: the optimizer's learning rate is {sorted(lrs)}, not {lr}")
+            for p, gr in zip(params, grads, strict=True):
+                p.grad = gr.clone()
+            opt.step()
+            stepped = [i for i, (p, b) in enumerate(zip(params, start, strict=True))
+                       if not tensor_equal(p, b)]
+            state = sum(v.numel() * v.element_size() for st in opt.state.values()
+                        for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+            total = 8 * sum(p.numel() for p in params)
+            expect(len(stepped) < len(shapes),
+                   f"rank {rank} of {world} stepped every parameter and holds {state} bytes of "
+                   f"optimizer state, {state / total:.0%} of the unsharded {total}: ZeRO-1 keeps "
+                   "about 1/world (build the optimizer over this rank's parameters only)")
+            expect(state == 8 * sum(params[i].numel() for i in stepped),
+                   f"rank {rank}: the optimizer state does not match the parameters it stepped")
+            for i in stepped:   # one AdamW step from the same start: the values of AdamW
+                q = nn.Parameter(start[i].clone())
+                q.grad = grads[i].clone()
+                torch.optim.AdamW([q], lr=lr).step()
+                expect(tensor_close(params[i], q, atol=1e-6),
+                       f"{call}: parameter {i} moved to other values than one AdamW step (lr {lr}, "
+                       "default weight decay) gives")
+                expect(i not in owned, f"parameter {i} is stepped by ranks {owned.get(i)} and "
+                                       f"{rank}: each parameter has exactly one owner")
+                owned[i] = rank
+        missing = sorted(set(range(len(shapes))) - set(owned))
+        expect(not missing, f"no rank steps parameters {missing}")
+        sizes = [torch.Size(s).numel() for s in shapes]
+        load = [sum(n for i, n in enumerate(sizes) if owned[i] == r) for r in range(world)]
+        expect(max(load) <= _greedy_max(sizes, world),
+               f"world {world}: the ranks own {load} elements (optimizer state "
+               f"{[8 * n for n in load]} bytes): balance them by size, so each holds about 1/world "
+               "(dealing parameters out by index, or in contiguous runs, never looks at sizes)")
 
 
 _NOT_RS = {"all_reduce": "it sends twice what a reduce-scatter sends and leaves the whole "
@@ -192,7 +196,8 @@ def _mlp(seed, d, h, k):
 
 @check("accumulate_zero2", changes_inputs=True, references=[], observes=[
     "the weights after the answer's step with helpers.Zero2 on every rank of a fresh world, "
-    "against one process on all micro-batches (AdamW)",
+    "against one process on all micro-batches (plain SGD with lr 1: the step is the averaged "
+    "gradient itself, so a gradient scaled by any factor shows)",
     "the reduce-scatters each rank ran: one per bucket per step (no_sync until the last "
     "micro-batch), not one per micro-batch",
     "the forwards and backwards each rank's model ran, in order: one backward right after each "
@@ -222,13 +227,16 @@ def check_accumulate_zero2(fn):
             lambda p, r=r: passes[r].append("backward"))
 
     def rank(comm):
-        model = Zero2(nets[comm.rank], torch.optim.AdamW, lr=1e-2)
+        # SGD, not an adaptive optimizer: AdamW's first step, about lr * sign(g), is blind to
+        # the gradient's scale (every loss left undivided by m would pass)
+        model = Zero2(nets[comm.rank], torch.optim.SGD, lr=1.0)
         rows = [slice(comm.rank * s, (comm.rank + 1) * s) for s in sizes]
         fn(model, [(X[i][rows[i]], y[i][rows[i]]) for i in range(m)])
         return model, {n: p.detach().clone() for n, p in model.module.named_parameters()}
     out = w.run(rank)
     ref = _mlp(seed, d, h, k)                             # the reference after the answer ran
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    start = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    opt = torch.optim.SGD(ref.parameters(), lr=1.0)
     for a, b in batches:
         (F.cross_entropy(ref(a), b) / m).backward()
     opt.step()
@@ -253,6 +261,11 @@ def check_accumulate_zero2(fn):
                               "call finish_gradient_synchronization() before step()")
         for n, p in ref.named_parameters():
             gap = float((got[n] - p.detach()).abs().max())
+            scaled = m * (start[n] - p.detach())    # the step of losses left undivided by m
+            expect(gap <= 2e-5 or not tensor_close(start[n] - got[n], scaled, atol=2e-5),
+                   f"{call}: your step moved {n} by {m} times the averaged gradient: divide "
+                   f"each micro-batch's loss by their number ({m}), so that the gradients "
+                   "accumulate to the mean over the micro-batches, not their sum")
             expect(gap <= 2e-5,
                    f"{call}: after your step {n} differs from one process on all the "
                    f"micro-batches by {gap:.1e} (divide each loss by the number of "
