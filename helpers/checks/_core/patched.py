@@ -320,7 +320,7 @@ def _put_back(before):
     tagged = tags() if tags else None   # the same dicts' tags as before the call
     if (tagged == then) if tags else same(copies, views, _all_spaces=True):   # (keys: strs)
         return changed, alive, swapped, odd
-    moved = [i for i in range(len(views)) if not tags or tagged[i] != then[i]]
+    moved = versions.moved(tagged, then, len(views))
     odd += taken_out({}, lambda: tuple(tuple(x[i] for i in moved) for x in (spaces, views)))
     for i, ((space, owner, _, private), saved, now) in enumerate(zip(spaces, copies, views,
                                                                        strict=True)):

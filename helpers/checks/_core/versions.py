@@ -10,7 +10,7 @@ import operator
 import sys
 import sysconfig
 
-__all__ = ["reader", "copies", "unverified", "same"]
+__all__ = ["reader", "copies", "unverified", "moved", "same"]
 
 # Bound at import, before any reader's code runs: ctypes' Python classes can be changed later
 # (`ctypes.c_uint64.value = property(...)` would make every tag read alike); the C getter and
@@ -19,7 +19,7 @@ _U64 = ctypes.c_uint64
 _AT = type(_U64).__dict__["from_address"]           # PyCSimpleType's, a C method
 _VALUE = ctypes._SimpleCData.__dict__["value"].__get__
 _USED = ctypes.c_ssize_t
-_id, _map, _tuple = id, map, tuple
+_id, _map, _tuple, _enumerate, _dict, _range = id, map, tuple, enumerate, dict, range
 
 
 def _offset():
@@ -82,12 +82,12 @@ def copies(views, now, kept):
     its tag in `now` (read before: a change while copying leaves the tag kept older than the
     dict's) is the one it was copied at; `now` None: every one copied afresh."""
     if now is None:
-        return _tuple(_map(dict, views))
+        return _tuple(_map(_dict, views))
     out = []
-    for i, view in enumerate(views):
+    for i, view in _enumerate(views):
         hit = kept.get(i)
         if hit is None or hit[0] != now[i]:
-            hit = kept[i] = (now[i], dict(view))
+            hit = kept[i] = (now[i], _dict(view))
         out.append(hit[1])
     return _tuple(out)
 
@@ -101,9 +101,15 @@ def unverified(spaces, views, cache, read):
         return spaces, views
     now = tags()
     verified = cache["verified"]
-    pick = [i for i, tag in enumerate(now) if verified.get(i) != tag]
+    pick = [i for i, tag in _enumerate(now) if verified.get(i) != tag]
     read.append((tags, now, pick))
     return _tuple(spaces[i] for i in pick), _tuple(views[i] for i in pick)
+
+
+def moved(tags, then, n):
+    """The indices of the `n` namespaces whose tag is not the one read before (all, without
+    tags)."""
+    return [i for i in _range(n) if tags is None or tags[i] != then[i]]
 
 
 def same(saved, now, _all_spaces=False, _list=list, _len=len, _all=all, _map=map,
