@@ -52,6 +52,9 @@ else
 	$(UV_INSTALL) $(BIN)/python --require-hashes -r $(LOCK)
 endif
 	$(UV_INSTALL) $(BIN)/python --no-deps -e .
+# uv writes no bytecode: one process compiles what every kernel, rank and test imports, once,
+# before make test starts them in parallel (each would compile the same modules itself)
+	$(BIN)/python -c 'import helpers.checks, torchvision, matplotlib.pyplot, nbformat, ipykernel'
 	touch $@
 else
 $(STAMP):

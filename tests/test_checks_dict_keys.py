@@ -277,3 +277,25 @@ def test_right_answers_with_plain_globals_pass():
         answer, _ = _answer(body, name)
         result = quiet(check, answer)
         assert result.passed, result
+
+
+def test_a_dict_changed_while_its_keys_are_read_is_read_again():
+    """Another rank's lazy import may add a name while str_keys reads the keys ("dictionary
+    changed size during iteration"): the keys are read again, not the check failed."""
+    import itertools
+
+    from helpers.checks._core.keys import str_keys
+    calls = []
+
+    def racing(spaces):
+        calls.append(1)
+        keys = itertools.chain.from_iterable(spaces)
+        if len(calls) == 1:        # the first read meets a change part of the way through
+            keys = itertools.chain(itertools.islice(keys, 1), _changed_size())
+        return keys
+
+    def _changed_size():
+        raise RuntimeError("dictionary changed size during iteration")
+        yield
+    assert str_keys(({"a": 1}, {"b": 2}), _chain=racing) and len(calls) == 2
+    assert not str_keys(({"a": 1}, {3: 2}), _chain=racing)

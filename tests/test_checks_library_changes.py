@@ -133,15 +133,16 @@ def test_right_answers_still_pass():
     assert check_dp_average(dp_average).passed
 
 
-def test_a_check_body_end_removes_a_property_added():
+@pytest.mark.parametrize("tags", [True, False], ids=["version tags", "names compared"])
+def test_a_check_body_end_removes_a_property_added(tags):
     """late.py's comparison at a check body's end (a change made outside the answer's calls)
-    judges added names too, by patched.py's rules."""
+    judges added names too, by patched.py's rules: where namespaces are told unchanged by their
+    version tags, and where every name is compared (a Python without tags)."""
     from helpers.checks._core import late, patched
-    before = [(name, owner, dict(ns), private)
-              for name, owner, ns, private in patched._spaces()[0]]
+    spaces, _, copies, tagged = patched.copied()
     torch.Tensor.shape = property(lambda self: SHAPE.__get__(self))
     try:
-        changed = late._changed(before)
+        changed = late._changed(spaces, copies, tagged if tags else (None, None))
         removed = "shape" not in vars(torch.Tensor)
     finally:
         vars(torch.Tensor).get("shape") is None or delattr(torch.Tensor, "shape")

@@ -14,12 +14,19 @@ _DROPPED = []    # what drop_odd_keys took out of a namespace: held, so no `__de
 
 
 def str_keys(space, _all=all, _map=map, _is=operator.is_, _type=type,
-             _str=_STRS, _chain=itertools.chain.from_iterable):
+             _str=_STRS, _chain=itertools.chain.from_iterable, _tries=range(100)):
     """Whether every key of `space` (a plain dict or a class's mappingproxy; a tuple of them:
     each one's) is an exact str, tested in C: no key hashed, no `__eq__` or attribute of one
-    read, the callables bound at import (a replaced `builtins.all` changes nothing here)."""
-    keys = _chain(space) if _type(space) is tuple else space
-    return _all(_map(_is, _map(_type, keys), _str))
+    read, the callables bound at import (a replaced `builtins.all` changes nothing here). Read
+    again when another thread changed a dict while it was read (a collection started by an
+    iterator's allocation can run a finalizer, which lets another rank's lazy import in)."""
+    for _ in _tries:
+        keys = _chain(space) if _type(space) is tuple else space
+        try:
+            return _all(_map(_is, _map(_type, keys), _str))
+        except RuntimeError:    # "dictionary changed size during iteration"
+            continue
+    return False                # (then each namespace is read on its own)
 
 
 def plain_keys(space, _type=type, _keys=dict.keys):

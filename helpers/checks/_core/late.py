@@ -28,7 +28,7 @@ from .guard import answering, started_by_answer
 from .guard import judging as _judging
 from .keys import odd_keys_message
 from .parts import wrapped_by
-from .patched import _spaces, expect_unpatched, snapshot
+from .patched import expect_unpatched, snapshot
 from .provenance import handed_in
 from .references import blocked, code_key
 from .run import CheckFailed
@@ -116,12 +116,17 @@ def inside():
                           "original is put back)")
 
 
-def _changed(spaces):
-    """What was replaced, deleted or added in the watched namespaces since `spaces` was copied
+def _changed(spaces, copies, tagged):
+    """What was replaced, deleted or added in the watched namespaces since `copies` were made
     (each put back or removed), by patched.py's rules; names a library added on its own (a lazy
-    import's, the first optimizer of a class hooking its step) are left."""
+    import's, the first optimizer of a class hooking its step) are left. A namespace whose tag
+    is the one read before the copy is unchanged (patched.copied)."""
     changed = []
-    for space, owner, saved, private in spaces:
+    tags, then = tagged
+    now_tags = tags() if tags else None
+    for i, ((space, owner, _, private), saved) in enumerate(zip(spaces, copies, strict=True)):
+        if tags and now_tags[i] == then[i]:
+            continue
         now, own = vars(owner), patched._own(owner)
         for key, value in saved.items():
             new = now.get(key, patched._MISSING)
@@ -152,8 +157,9 @@ def checking(answer):
     """Around a check body: arms the late windows for `answer`, and compares the libraries and
     the harness's globals at the end with a copy taken at the start (fails on a change)."""
     _route_changed()          # a route replaced before the check ran is the harness's again
-    before = ([(name, owner, dict(ns), private) for name, owner, ns, private in _spaces()[0]],
-              patched.cells(), patched.held_defaults(), patched._MODULES.copy())
+    spaces, _, copies, tagged = patched.copied()
+    before = ((spaces, copies, tagged), patched.cells(), patched.held_defaults(),
+              patched._MODULES.copy())
     outer = dict(_STATE)
     _STATE.update(answer=answer, called=False)
     failed, tried = True, _judging(1)
@@ -164,7 +170,7 @@ def checking(answer):
         rewritten = _judging(-1, tried)
         _STATE.update(outer)
         odd = patched.odd_keys()
-        changed = _changed(before[0]) + patched.cells_changed(before[1]) + defaults.changed(
+        changed = _changed(*before[0]) + patched.cells_changed(before[1]) + defaults.changed(
             *before[2]) + _route_changed() + patched.modules_changed(before[3])
         if odd and not failed:
             raise CheckFailed(odd_keys_message(f"something of your code ran {LATE}", odd))

@@ -32,13 +32,14 @@ import torch.distributed
 import torch.linalg
 import torch.nn.functional
 
-from . import defaults
+from . import defaults, versions
 from .early_threads import idle_worker
 from .guard import started_by_answer
 from .keys import odd_keys_message, taken_out
 from .parts import descriptor, own_methods, plain_function, wrapped_by
 from .provenance import world_run
 from .run import CheckFailed
+from .versions import same
 from .whose import genuine, reader_code
 
 __all__ = ["snapshot", "expect_unpatched", "odd_keys"]
@@ -96,6 +97,8 @@ def _spaces():
             (f"{c.__module__}.{c.__name__}", c, c.__dict__, False) for c in _CLASSES) + tuple(
             (getattr(c, "__name__", "torch._C"), c, vars(c), True) for c in _C_SPACES)
         _CACHE["views"] = tuple(ns for _, _, ns, _ in _CACHE["spaces"])
+        # their version tags' reader (None: no tags here); each one's last copy and last scan
+        _CACHE.update(tags=versions.reader(_CACHE["views"]), copies={}, verified={})
         _CACHE["defaults"] = defaults.held((name, ns) for name, _, ns, _ in _CACHE["spaces"])
         _CACHE["cells"] = tuple(
             (f"{m.__name__}.{key}", cell) for m in found.values() if _own(m)
@@ -117,16 +120,31 @@ def snapshot(keys=True):
         shared = _SHARED.setdefault(run, [0, None])
         if not shared[0]:
             odd = odd_keys() if keys else []
-            spaces, views = _spaces()     # copied in C, one dict per namespace
-            shared[1] = (spaces, views, tuple(map(dict, views)), cells(), held_defaults(),
-                         set(threading.enumerate()), _MODULES.copy(), odd, run)
+            spaces, views, copies, tagged = copied()
+            shared[1] = (spaces, views, copies, cells(), held_defaults(),
+                         set(threading.enumerate()), _MODULES.copy(), odd, tagged, run)
         shared[0] += 1
         return shared[1]
 
 
+def copied():
+    """The watched namespaces, a copy of each (kept while its version tag is unchanged:
+    versions.py) and (the tags' reader, the tags read before the copies)."""
+    spaces, views = _spaces()
+    tags = _CACHE["tags"]
+    now = tags() if tags else None
+    return spaces, views, versions.copies(views, now, _CACHE["copies"]), (tags, now)
+
+
 def odd_keys():
-    """keys.taken_out for sys.modules and the watched namespaces (read after it, by name)."""
-    return taken_out(_MODULES, lambda: _spaces())
+    """keys.taken_out for sys.modules and the watched namespaces (read after it, by name): of
+    those, the ones changed since a scan found only str keys in them (all, without tags)."""
+    read = []
+    odd = taken_out(_MODULES, lambda: versions.unverified(*_spaces(), _CACHE, read))
+    for tags, now, pick in read:        # scanned now; one that held an odd key lost it, which
+        if tags is _CACHE["tags"]:      # gave it another tag than `now`'s
+            _CACHE["verified"].update((i, now[i]) for i in pick)
+    return odd
 
 
 def cells():
@@ -294,16 +312,19 @@ def _put_back(before):
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, views, copies, closures, (held, kept), threads, modules, odd, _ = before
+    spaces, views, copies, closures, (held, kept), threads, modules, odd, (tags, then), _ = before
     alive = _join_started(threads)
     odd = [*odd, *taken_out(_MODULES, lambda: ((), ()))]   # before a lookup in it (and in the
     swapped = modules_changed(modules)      # first: what the rest imports is the original
     changed = cells_changed(closures) + defaults.changed(held, kept)
-    if _same(copies, views, _all_spaces=True):      # spaces: below; the keys copied, strs)
+    tagged = tags() if tags else None   # the same dicts' tags as before the call
+    if (tagged == then) if tags else same(copies, views, _all_spaces=True):   # (keys: strs)
         return changed, alive, swapped, odd
-    odd += taken_out({}, lambda: (spaces, views))
-    for (space, owner, _, private), saved, now in zip(spaces, copies, views, strict=True):
-        if _same(saved, now):
+    moved = versions.moved(tagged, then, len(views))
+    odd += taken_out({}, lambda: tuple(tuple(x[i] for i in moved) for x in (spaces, views)))
+    for i, ((space, owner, _, private), saved, now) in enumerate(zip(spaces, copies, views,
+                                                                       strict=True)):
+        if (tags and tagged[i] == then[i]) or same(saved, now):
             continue
         own = _own(owner)
         for key, value in saved.items():
@@ -361,24 +382,6 @@ def modules_changed(saved, _is=operator.is_, _all=all, _map=map, _len=len,
             changed.append(f"sys.modules[{key!r}]" + (" (removed)" if new is _MISSING else ""))
             _MODULES[key] = value
     return changed
-
-
-def _same(saved, now, _all_spaces=False, _list=list, _len=len, _all=all, _map=map,
-          _is=operator.is_, _chain=itertools.chain.from_iterable,
-          _values=operator.methodcaller("values")):
-    """Whether `now` holds the very keys and values `saved` copied, in the same order (with
-    `_all_spaces`, every namespace against its copy, in one pass): compared by identity in C, no
-    __eq__ of anything run, so an unchanged namespace costs no Python loop; any difference (or a
-    namespace changed while it was read) goes to the name-by-name comparison. The builtins it
-    uses are bound at import: a replaced `builtins.all` must not make everything look unchanged."""
-    if not _all_spaces:
-        saved, now = (saved,), (now,)
-    try:
-        return _list(_map(_len, saved)) == _list(_map(_len, now)) and _all(
-            _map(_is, _chain(saved), _chain(now))) and _all(
-            _map(_is, _chain(_map(_values, saved)), _chain(_map(_values, now))))
-    except RuntimeError:        # another thread's import added a name while it was read
-        return False
 
 
 def _restore(owner, key, value):

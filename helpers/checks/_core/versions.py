@@ -1,0 +1,130 @@
+"""Version tags of the watched namespaces' dicts. CPython 3.11 to 3.13 keeps in every dict a tag
+that changes at each change of its keys or values (PEP 509's `ma_version_tag`, read here through
+ctypes): a namespace whose tag is the one read before an answer ran is unchanged, with no
+comparison of its names (about 17,000 in the watched libraries, each compared at each call).
+Where a Python keeps no such tag (3.14 on, a free-threaded build, another implementation) or the
+self-test below finds another layout, `reader` gives None and patched.py compares every name."""
+import ctypes
+import itertools
+import operator
+import sys
+import sysconfig
+
+__all__ = ["reader", "copies", "unverified", "moved", "same"]
+
+# Bound at import, before any reader's code runs: ctypes' Python classes can be changed later
+# (`ctypes.c_uint64.value = property(...)` would make every tag read alike); the C getter and
+# the C constructor below cannot.
+_U64 = ctypes.c_uint64
+_AT = type(_U64).__dict__["from_address"]           # PyCSimpleType's, a C method
+_VALUE = ctypes._SimpleCData.__dict__["value"].__get__
+_USED = ctypes.c_ssize_t
+_id, _map, _tuple, _enumerate, _dict, _range = id, map, tuple, enumerate, dict, range
+
+
+def _offset():
+    """Where a dict keeps its tag (after PyObject_HEAD and `ma_used`), or None: only where a
+    read of the count finds the length, and inserting, replacing, deleting, clearing and updating
+    each give the dict a new tag, a class's attribute set through `setattr` too."""
+    if sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 13) \
+            or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
+    head = object.__basicsize__
+    at = head + ctypes.sizeof(_USED)
+    d = {"a": 1}
+    used, tag = _AT(_USED, _id(d) + head), _AT(_U64, _id(d) + at)
+    if _VALUE(used) != 1:
+        return None
+    seen = [_VALUE(tag), _VALUE(tag)]
+    if seen[0] != seen[1]:
+        return None
+    for change in (lambda: d.__setitem__("a", 2), lambda: d.__setitem__("b", 3),
+                   lambda: d.__delitem__("b"), d.clear, lambda: d.update(c=3)):
+        change()
+        seen.append(_VALUE(tag))
+    if _VALUE(used) != 1 or len(set(seen)) != len(seen) - 1:
+        return None
+
+    class Probe:
+        pass
+    inner = _proxied(Probe.__dict__)
+    before = _VALUE(_AT(_U64, _id(inner) + at))
+    Probe.x = 1
+    return at if _VALUE(_AT(_U64, _id(inner) + at)) != before else None
+
+
+def _proxied(space):
+    """The dict itself: a module's, or the one a class's mappingproxy shows."""
+    if type(space) is dict:
+        return space
+    import gc
+    return next(r for r in gc.get_referents(space) if type(r) is dict)
+
+
+_OFFSET = _offset()
+
+
+def reader(spaces):
+    """A function giving the tags of `spaces` (dicts or classes' mappingproxies) as one tuple of
+    ints, read in C; None where this Python keeps no tags. The dicts are held by it."""
+    if _OFFSET is None:
+        return None
+    dicts = _tuple(_map(_proxied, spaces))
+    cells = _tuple(_AT(_U64, _id(d) + _OFFSET) for d in dicts)
+
+    def tags(_cells=cells, _held=dicts):
+        return _tuple(_map(_VALUE, _cells))
+    return tags
+
+
+def copies(views, now, kept):
+    """A plain copy of each of `views`, the one in `kept` ({index: (tag, copy)}, updated) where
+    its tag in `now` (read before: a change while copying leaves the tag kept older than the
+    dict's) is the one it was copied at; `now` None: every one copied afresh."""
+    if now is None:
+        return _tuple(_map(_dict, views))
+    out = []
+    for i, view in _enumerate(views):
+        hit = kept.get(i)
+        if hit is None or hit[0] != now[i]:
+            hit = kept[i] = (now[i], _dict(view))
+        out.append(hit[1])
+    return _tuple(out)
+
+
+def unverified(spaces, views, cache, read):
+    """Of the watched `spaces` and `views`, those whose tag is not the one of their last scan
+    that found only str keys (`cache["verified"]`: {index: tag}); `read` gets (the reader, the
+    tags, the indices picked), for the caller to mark them scanned once the scan is done."""
+    tags = cache["tags"]
+    if tags is None:
+        return spaces, views
+    now = tags()
+    verified = cache["verified"]
+    pick = [i for i, tag in _enumerate(now) if verified.get(i) != tag]
+    read.append((tags, now, pick))
+    return _tuple(spaces[i] for i in pick), _tuple(views[i] for i in pick)
+
+
+def moved(tags, then, n):
+    """The indices of the `n` namespaces whose tag is not the one read before (all, without
+    tags)."""
+    return [i for i in _range(n) if tags is None or tags[i] != then[i]]
+
+
+def same(saved, now, _all_spaces=False, _list=list, _len=len, _all=all, _map=map,
+          _is=operator.is_, _chain=itertools.chain.from_iterable,
+          _values=operator.methodcaller("values")):
+    """Whether `now` holds the very keys and values `saved` copied, in the same order (with
+    `_all_spaces`, every namespace against its copy, in one pass): compared by identity in C, no
+    __eq__ of anything run, so an unchanged namespace costs no Python loop; any difference (or a
+    namespace changed while it was read) goes to the name-by-name comparison. The builtins it
+    uses are bound at import: a replaced `builtins.all` must not make everything look unchanged."""
+    if not _all_spaces:
+        saved, now = (saved,), (now,)
+    try:
+        return _list(_map(_len, saved)) == _list(_map(_len, now)) and _all(
+            _map(_is, _chain(saved), _chain(now))) and _all(
+            _map(_is, _chain(_map(_values, saved)), _chain(_map(_values, now))))
+    except RuntimeError:        # another thread's import added a name while it was read
+        return False
