@@ -172,19 +172,19 @@ def network_cuts(memory, sent, k):
     return list(best(0, k)[1])
 
 
-def ring_pass_bytes(nbytes, k):
-    """Bytes each of k devices sends in one pass around a ring over `nbytes` (a reduce-scatter,
-    or an all-gather of the whole): (k-1)/k of them. THE ring volume: every cost and count is
-    built on this one (an all-reduce is two passes: ring_bytes_per_device)."""
-    if k < 1:
-        raise ValueError(f"k must be at least 1 device, got {k}")
-    return (k - 1) / k * nbytes
-
-
 def ring_bytes_per_device(nbytes, k):
     """Bytes each of k devices sends in a ring all-reduce of `nbytes`: 2 (k-1)/k of them
-    (reduce-scatter, then all-gather)."""
-    return 2 * ring_pass_bytes(nbytes, k)
+    (reduce-scatter, then all-gather). THE ring volume (within_layer.ipynb builds it): every
+    cost and count uses this one, or its half, ring_pass_bytes."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1 device, got {k}")
+    return 2 * (k - 1) / k * nbytes
+
+
+def ring_pass_bytes(nbytes, k):
+    """Bytes each of k devices sends in one pass around a ring over `nbytes` (a reduce-scatter,
+    or an all-gather of the whole): half of the all-reduce's ring_bytes_per_device."""
+    return ring_bytes_per_device(nbytes, k) / 2
 
 
 
