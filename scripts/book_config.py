@@ -9,10 +9,12 @@ those paths become absolute; everything else is read relative to the book (the r
 import argparse
 import os
 import pathlib
-import secrets
 import sys
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/ (loaded by path too)
+from text_files import write_text_atomic
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODES = ("off", "force", "auto", "cache", "inline")
@@ -41,16 +43,7 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     text = ("# Written by scripts/book_config.py from _config.yml: do not edit.\n"
             + yaml.safe_dump(variant(config, args.execute), sort_keys=False))
-    # not helpers' atomic_write: `make book-static` runs this in the book's venv, without torch
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask's mode
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_text_atomic(out, text)   # text_files.py: no torch in the book's venv
     print(f"wrote {out} (execute_notebooks: {args.execute})")
 
 

@@ -15,8 +15,10 @@ import argparse
 import os
 import pathlib
 import re
-import secrets
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/ (loaded by path too)
+from text_files import write_text_atomic
 
 CUDA_ONLY = re.compile(r"^(nvidia-.*|triton|cuda-.*)$")
 TORCH = ("torch", "torchvision")
@@ -103,17 +105,7 @@ def main(argv=None):
     text = "\n".join([note, *header[3:], *(ln for b, _ in kept.values() for ln in b)]) + "\n"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        # not helpers' atomic_write: this runs with the system Python before any venv exists
-        out = args.out
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask's mode
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, out)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_text_atomic(args.out, text)   # text_files.py: the standard library only
         print(f"wrote {args.out}: {len(kept)} of {len(blocks)} packages", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -72,3 +72,16 @@ def test_outputs_refuse_quick_mode(monkeypatch):
     with pytest.raises(SystemExit, match="default size"):
         _load("execute_notebooks").main([])
     assert "env -u COURSE_QUICK" in (ROOT / "Makefile").read_text()
+
+
+def test_scripts_write_text_whole_or_not_at_all(tmp_path):
+    """text_files.write_text_atomic (the scripts that run without torch): the new text or the
+    old file, never a part, and no temporary file left either way."""
+    mod = _load("text_files")
+    out = tmp_path / "lock.txt"
+    mod.write_text_atomic(out, "old\n")
+    with pytest.raises(UnicodeEncodeError):
+        mod.write_text_atomic(out, "new\n\ud800")     # fails while writing: no UTF-8 for it
+    assert out.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["lock.txt"]
+    mod.write_text_atomic(out, "new\n")
+    assert out.read_text() == "new\n" and len(list(tmp_path.iterdir())) == 1
