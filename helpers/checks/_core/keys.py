@@ -7,7 +7,7 @@ import gc
 import itertools
 import operator
 
-__all__ = ["str_keys", "plain_keys", "drop_odd_keys", "taken_out", "odd_keys_message"]
+__all__ = ["str_keys", "plain_keys", "drop_odd_keys", "taken_out", "proxied", "odd_keys_message"]
 
 _STRS = itertools.repeat(str)    # (one endless iterator, read in C)
 _DROPPED = []    # what drop_odd_keys took out of a namespace: held, so no `__del__` runs
@@ -65,14 +65,16 @@ def taken_out(modules, spaces):
         for name, _, space, _ in spaces:
             if not str_keys(space):
                 odd.append(name)
-                drop_odd_keys(space if type(space) is dict else _proxied(space))
+                drop_odd_keys(proxied(space))
     return odd
 
 
-def _proxied(proxy):
-    """The dict a class's mappingproxy shows (a key gets there only through the collector's
-    referents: type's setattr takes strs only)."""
-    return next(r for r in gc.get_referents(proxy) if type(r) is dict)
+def proxied(space):
+    """The dict itself: a module's, or the one a class's mappingproxy shows (a key gets there
+    only through the collector's referents: type's setattr takes strs only)."""
+    if type(space) is dict:
+        return space
+    return next(r for r in gc.get_referents(space) if type(r) is dict)
 
 
 def odd_keys_message(name, odd):

@@ -10,6 +10,8 @@ import operator
 import sys
 import sysconfig
 
+from .keys import proxied
+
 __all__ = ["reader", "copies", "unverified", "moved", "same"]
 
 # Bound at import, before any reader's code runs: ctypes' Python classes can be changed later
@@ -47,18 +49,10 @@ def _offset():
 
     class Probe:
         pass
-    inner = _proxied(Probe.__dict__)
+    inner = proxied(Probe.__dict__)
     before = _VALUE(_AT(_U64, _id(inner) + at))
     Probe.x = 1
     return at if _VALUE(_AT(_U64, _id(inner) + at)) != before else None
-
-
-def _proxied(space):
-    """The dict itself: a module's, or the one a class's mappingproxy shows."""
-    if type(space) is dict:
-        return space
-    import gc
-    return next(r for r in gc.get_referents(space) if type(r) is dict)
 
 
 _OFFSET = _offset()
@@ -69,7 +63,7 @@ def reader(spaces):
     ints, read in C; None where this Python keeps no tags. The dicts are held by it."""
     if _OFFSET is None:
         return None
-    dicts = _tuple(_map(_proxied, spaces))
+    dicts = _tuple(_map(proxied, spaces))
     cells = _tuple(_AT(_U64, _id(d) + _OFFSET) for d in dicts)
 
     def tags(_cells=cells, _held=dicts):
