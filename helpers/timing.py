@@ -168,7 +168,7 @@ def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, devices
 
 
 def turn_order(items: Iterable, r: int) -> list:
-    """The order `items` take turns in in round r: as given in even rounds, reversed in odd
+    """The order `items` take their turns in round r: as given in even rounds, reversed in odd
     ones (AB, BA, AB, ...), so that none always runs first or always after the same one."""
     return list(items) if r % 2 == 0 else list(items)[::-1]
 
