@@ -77,8 +77,8 @@ from .transformer_costs import (activation_bytes_per_token, block_params, ring_a
                                 moe_dispatch_bytes, ulysses_attention_bytes, moe_layer_seconds)
 from .compare import all_close, max_diff
 from .cost_explorer import with_static_twin
-from .profiling import (quiet_native_stderr, profile_cpu, collectives_in, count_ops, trace_events,
-                        overlap_ms, exposed_ms, trace_sentence)
+from .profiling import (quiet_native_stderr, quiet_profile, profile_cpu, collectives_in, count_ops,
+                        trace_events, overlap_ms, exposed_ms, trace_sentence)
 from .prose import claim, formatted, say
 from .reference import (gpu_reference, describe_gpu_reference, gpu_figures, one_gpu_step,
                         failed_cells_words, failed_cells_note, add_gpu_path, gpu_runner_cli)

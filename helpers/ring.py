@@ -10,12 +10,13 @@ from .runtime.traffic import send
 __all__ = ["ring_reduce_scatter", "ring_all_gather", "ring_all_reduce"]
 
 
-def ring_reduce_scatter(xs, devices, log=None, what="reduce-scatter"):
+def ring_reduce_scatter(xs, devices, log=None, what="reduce-scatter", cut=None):
     """Ring reduce-scatter of k same-shape tensors (xs[i] on devices[i]): each is cut into k
-    chunks; in k-1 steps device i passes one chunk to device i+1, which adds its own.
+    chunks (flat, near-equal; or cut(x)'s k chunks); in k-1 steps device i passes one chunk to
+    device i+1, which adds its own.
     Returns chunks[i][c], device i's copy of chunk c: chunk (i+1) % k holds the full sum."""
     k = len(xs)
-    chunks = [list(x.reshape(-1).tensor_split(k)) for x in xs]
+    chunks = [list(cut(x) if cut else x.reshape(-1).tensor_split(k)) for x in xs]
     for step in range(k - 1):
         for i in range(k):
             c, dst = (i - step) % k, (i + 1) % k

@@ -20,15 +20,16 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .devices import rank_clock, synchronize
 from .validate import validate_positive_int
 from .words import plural
 
-__all__ = ["Measurement", "Ratio", "measure", "interleave", "ratio", "machine_load",
-           "MIN_ROUNDS", "verdict_of", "quartiles_word", "clock_tick", "cpu_clock"]
+__all__ = ["Measurement", "Ratio", "measure", "interleave", "turn_order", "ratio",
+           "machine_load", "MIN_ROUNDS", "verdict_of", "quartiles_word", "clock_tick",
+           "cpu_clock"]
 
 MIN_ROUNDS = 2   # a spread needs two samples at least: one round is a figure, not a verdict
 
@@ -166,6 +167,12 @@ def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, devices
     return Measurement([_timed(fn, devices, clock) for _ in range(repeats)])
 
 
+def turn_order(items: Iterable, r: int) -> list:
+    """The order `items` take their turns in round r: as given in even rounds, reversed in odd
+    ones (AB, BA, AB, ...), so that none always runs first or always after the same one."""
+    return list(items) if r % 2 == 0 else list(items)[::-1]
+
+
 def interleave(fns: Mapping[str, Callable[[], object]], rounds: int = 5, warmup: int = 1,
                devices=(), clock: Callable[[], float] | None = None
                ) -> dict[str, Measurement]:
@@ -182,7 +189,7 @@ def interleave(fns: Mapping[str, Callable[[], object]], rounds: int = 5, warmup:
         synchronize(devices)
     samples = {name: [] for name in names}
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in turn_order(names, r):
             samples[name].append(_timed(fns[name], devices, clock))
     return {name: Measurement(s) for name, s in samples.items()}
 

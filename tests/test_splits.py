@@ -47,6 +47,7 @@ from helpers import (
     split_sequential,
 )
 from helpers.models import LENET_SHAPES
+from helpers.ring import ring_reduce_scatter
 from helpers.tensor_parallel.simulated import all_gather_shards
 
 torch.backends.cudnn.allow_tf32 = False   # exact float32 convolutions on GPUs too
@@ -192,6 +193,30 @@ def reference(seed=0, n=12):
     l = helpers.loss(net(X), y).sum() / n
     l.backward()
     return net, X, y, l.item(), [p.grad for p in net.parameters()]
+
+
+def test_gather_shards_sends_each_shard_round_the_ring():
+    """The traffic of all_gather_shards, send by send (helpers.ring's, on the shards as chunks):
+    forward, at step s device i passes shard (i - s) % k to device i+1; backward, device i
+    passes its partial sum of shard (i - s - 1) % k, so that shard j ends summed on device j."""
+    devs, sizes = devices(3), (2, 1, 3)
+    shards = [torch.randn(2, c, requires_grad=True) for c in sizes]
+    log = ByteLog()
+    torch.autograd.backward(all_gather_shards(shards, devs, log), [torch.ones(2, 6)] * 3)
+    got = [(t.op, t.src, t.dst, t.payload) for t in log.records]
+    ring = [(s, i) for s in range(2) for i in range(3)]
+    assert got == [("all-gather", i, (i + 1) % 3, 2 * 4 * sizes[(i - s) % 3]) for s, i in ring] \
+        + [("reduce-scatter", i, (i + 1) % 3, 2 * 4 * sizes[(i - s - 1) % 3]) for s, i in ring]
+
+
+def test_ring_reduce_scatter_cuts_as_told():
+    """cut(x) gives the k chunks in place of the flat near-equal ones; chunk (i+1) % k ends
+    summed on device i, as without it."""
+    xs = [torch.randn(2, 5) for _ in range(3)]
+    chunks = ring_reduce_scatter(xs, devices(3), cut=lambda x: x.split([1, 3, 1], dim=1))
+    want = sum(xs).split([1, 3, 1], dim=1)
+    for i in range(3):
+        torch.testing.assert_close(chunks[i][(i + 1) % 3], want[(i + 1) % 3])
 
 
 @pytest.mark.parametrize("cuts", [[7], [3, 7], [1, 4, 8]])

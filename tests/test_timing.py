@@ -72,6 +72,18 @@ def test_interleave_takes_turns_and_reverses_every_other_round():
     assert got["a"].samples == [2.0] * 3 and got["b"].samples == [1.0] * 3
 
 
+def test_turn_order_reverses_every_other_round():
+    """The one order of turns (interleave's and the experiments' timed loops): as given in
+    even rounds, reversed in odd ones; any iterable (a dict gives its keys), as a new list."""
+    names = ("a", "b", "c")
+    assert [timing.turn_order(names, r) for r in range(4)] == [
+        ["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"], ["c", "b", "a"]]
+    assert timing.turn_order({"x": 1, "y": 2}, 1) == ["y", "x"]
+    items = ["a", "b"]
+    timing.turn_order(items, 1).append("c")
+    assert items == ["a", "b"]
+
+
 def test_ratio_divides_round_by_round():
     base = timing.Measurement([2.0, 4.0, 3.0])
     new = timing.Measurement([1.0, 2.0, 1.0])

@@ -18,6 +18,7 @@ from ..devices import DeviceClock, synced_now, synchronize
 from ..models import unwrap
 from ..runtime.launch import take
 from ..runtime.progress import report_progress
+from ..timing import turn_order
 from .results import BnRun, DdpTrace, JoinRun, KnobsRun
 from .torch_api import (
     bn_net,
@@ -245,7 +246,7 @@ def ddp_knobs(rank: int, world: int, cfg: dict) -> KnobsRun:
     samples = {name: [] for name in knobs}
     exposed = {name: [] for name in knobs}
     for r in range(rounds):
-        for name in (list(knobs) if r % 2 == 0 else list(knobs)[::-1]):
+        for name in turn_order(knobs, r):
             dist.barrier()
             t0 = synced_now(device)
             ends = train(name, steps)

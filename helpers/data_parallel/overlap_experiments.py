@@ -11,6 +11,7 @@ from torch import nn
 
 from ..one_process import flat_cross_entropy, local_batch
 from ..runtime.launch import take
+from ..timing import turn_order
 from ..tiny_models import make_batches, make_model
 from .results import (
     EmulatedMode,
@@ -88,7 +89,7 @@ def overlap_step_times(rank, world, cfg):
     times = {k: [] for k in models}
     done_early = 0
     for r in range(warmup + rounds):
-        for k in (("overlap", "after") if r % 2 == 0 else ("after", "overlap")):
+        for k in turn_order(("overlap", "after"), r):
             dist.barrier()
             t0, t1, t2 = _step(models[k], X, y)
             if r >= warmup:

@@ -21,6 +21,7 @@ from ..one_process import (
 )
 from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
+from ..timing import turn_order
 from ..tiny_models import make_batches, make_model
 from .results import (
     DdpCase,
@@ -301,7 +302,7 @@ def exposed_comm_times(rank, world, cfg):
     X, y = X[:batch_size], y[:batch_size]
     out = {k: {"exposed": [], "compute": [], "launches": [], "pending": []} for k in modes}
     for r in range(warmup + rounds):
-        for k in (modes if r % 2 == 0 else modes[::-1]):
+        for k in turn_order(modes, r):
             dist.barrier()
             t0, _, t2 = _step(models[k], X, y)
             if r >= warmup:

@@ -23,6 +23,7 @@ from ..devices import synced_now, synchronize
 from ..runtime.group import choose_backend, pin_to_core
 from ..runtime.launch import launch, take
 from ..runtime.progress import report_progress
+from ..timing import turn_order
 from .results import EpochRun, RankSums, WorkerSweep, WorkerTimes
 
 __all__ = ["dp_timing_worker", "time_data_parallel", "allreduce_compare_worker",
@@ -160,7 +161,7 @@ def dp_timing_worker(rank, world_size, cfg):
     arrive = {name: {k: [] for k in ks} for name in names}
     done, total = 0, sum(run.reps + 1 for run in runs)
     for r in range(max(run.reps for run in runs) + 1):   # the runs take turns too
-        for run in (runs if r % 2 == 0 else runs[::-1]):
+        for run in turn_order(runs, r):
             if r > run.reps:
                 continue
             done += 1

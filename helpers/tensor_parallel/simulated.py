@@ -9,7 +9,7 @@ column split's: an all-gather of the shards forward, its adjoint, a reduce-scatt
 import torch
 from torch.nn import functional as F
 
-from ..ring import ring_all_reduce
+from ..ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from ..runtime.traffic import send
 
 __all__ = ["CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
@@ -118,40 +118,42 @@ def lenet_within_layer(X, params, devices, log=None):
 
 # ---- The column split with ring collectives: all-gather forward, reduce-scatter backward -------
 
+def _ring_order(shards):
+    """Shards in helpers.ring's chunk order: its ring leaves chunk (i+1) % k on device i, so
+    device i's shard i is chunk (i+1) % k."""
+    return [shards[-1], *shards[:-1]]
+
+
+def _shard_order(chunks):
+    """helpers.ring's chunks back in shard order (undoes _ring_order)."""
+    return [*chunks[1:], chunks[0]]
+
+
 class AllGatherShards(torch.autograd.Function):
     """Forward, a ring all-gather: device i holds shards[i] (its slice along `dim`) and every
     device ends with the whole tensor. Backward, its adjoint, a ring reduce-scatter: device j
     needs only its own slice of the gradient, summed over the k devices' contributions, which
     is (k-1)/k of the tensor per device where an all-reduce would send twice that. With
     `replicated=True` (the logits, whose loss every device computes alike) every device
-    holds the same whole gradient already, so each takes its slice and nothing moves."""
+    holds the same whole gradient already, so each takes its slice and nothing moves.
+    Both are helpers.ring's, on the shards as its chunks (cut along `dim`, sizes as given)."""
 
     @staticmethod
     def forward(ctx, devices, log, dim, replicated, *shards):
         ctx.devices, ctx.log, ctx.dim, ctx.replicated = devices, log, dim, replicated
         ctx.sizes = [s.shape[dim] for s in shards]
-        k = len(devices)
-        held = [[None] * k for _ in range(k)]
-        for i, s in enumerate(shards):
-            held[i][i] = s
-        for step in range(k - 1):          # device i passes on the newest shard it holds
-            for i in range(k):
-                c, dst = (i - step) % k, (i + 1) % k
-                held[dst][c] = send(held[i][c], i, dst, devices, log, "all-gather")
-        return tuple(torch.cat(h, dim=dim) for h in held)
+        held = [_ring_order([s if c == i else None for c in range(len(shards))])
+                for i, s in enumerate(shards)]                # device i holds its shard only
+        held = ring_all_gather(held, devices, log, "all-gather")
+        return tuple(torch.cat(_shard_order(h), dim=dim) for h in held)
 
     @staticmethod
     def backward(ctx, *grads):
-        k, dim = len(ctx.devices), ctx.dim
         if ctx.replicated:
-            return (None, None, None, None, *grads[0].split(ctx.sizes, dim=dim))
-        chunks = [list(g.split(ctx.sizes, dim=dim)) for g in grads]
-        for step in range(k - 1):          # chunk c ends, summed, on device c
-            for i in range(k):
-                c, dst = (i - step - 1) % k, (i + 1) % k
-                chunks[dst][c] = chunks[dst][c] + send(chunks[i][c], i, dst, ctx.devices,
-                                                       ctx.log, "reduce-scatter")
-        return (None, None, None, None, *(chunks[j][j] for j in range(k)))
+            return (None, None, None, None, *grads[0].split(ctx.sizes, dim=ctx.dim))
+        chunks = ring_reduce_scatter(list(grads), ctx.devices, ctx.log, "reduce-scatter",
+                                     cut=lambda g: _ring_order(g.split(ctx.sizes, dim=ctx.dim)))
+        return (None, None, None, None, *(_shard_order(c)[j] for j, c in enumerate(chunks)))
 
 
 def all_gather_shards(shards, devices, log=None, dim=1, replicated=False):
