@@ -119,6 +119,7 @@ from .data_parallel.allreduce import (flatten, unflatten_into, flat_allreduce,
 from .data_parallel.fast import ResidentLoader, FastDataParallel, train_fast, replica_flat_grad
 from .data_parallel.fast_experiments import train_fast_rank
 from .data_parallel.fast_lenet import lenet_fused, fused_flat_grad, tap_major
+from .data_parallel.compiled_step import train_compiled
 from .data_parallel.scratch import DDPFromScratch, make_buckets
 from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exact,
                                       ddp_step_collectives, SyncBatchNormFunction, CPUSyncBatchNorm,

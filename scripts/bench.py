@@ -12,6 +12,7 @@ Every row trains the same LeNet from the same initialisation, batch 256, lr 0.2,
   fast-compile  the CUDA graph AND the compiled forward+backward (GPU: does compiling pay there?)
   fast-shared   2 devices sharing one GPU (GPU only: the 2-devices-on-one target)
   compile       torch.compile(mode="reduce-overhead") of the plain nn.Module's step, 1 device
+                (helpers.train_compiled)
   ddp, scratch, fast (with --ranks)  torch's DistributedDataParallel, helpers.DDPFromScratch and
                 the fast trainer on k ranks (NCCL, one GPU per rank; else gloo processes on the
                 CPU, one thread each, pinned to cores)
@@ -161,7 +162,8 @@ def run_in_process(row, size, args, seed, gpu, compile_ok):
     if row["trainer"] == "reference":
         fn = helpers.train
     elif row["trainer"] == "compile":
-        return run_compiled(size, args, seed, backend=None if compile_ok else "eager")
+        return helpers.train_compiled(args.batch_size, args.lr, size["num_epochs"], size["subset"],
+                                      seed, backend=None if compile_ok else "eager")
     else:
         fn = helpers.train_fast
         kw.update(verbose=False, compile=compile_ok and (row["trainer"] == "fast-compile"
@@ -173,44 +175,6 @@ def run_in_process(row, size, args, seed, gpu, compile_ok):
     notes = [w for w, on in (("CUDA graph", r.get("used_graph")),
                              ("compiled", r.get("compiled"))) if on]
     return dict(epoch_times=r["epoch_times"], test_acc=r["test_acc"], note=", ".join(notes))
-
-
-def run_compiled(size, args, seed, backend=None):
-    """torch.compile(mode='reduce-overhead') of one SGD step of the plain module. On a GPU its
-    CUDA graphs reuse their output memory: each step is marked as a new iteration
-    (torch.compiler.cudagraph_mark_step_begin, as torch documents) and returns nothing, so no
-    output of an earlier replay is read after the next one overwrote it (the first GPU run:
-    "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run").
-    backend="eager": dynamo alone, no code generated (the quick CPU dry run: same step, same
-    loop, seconds instead of a compile)."""
-    from torch.nn import functional as F
-    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    X, y = helpers.load_tensors(True, size["subset"], device)
-    X_test, y_test = helpers.load_tensors(False, size["subset"], device)
-    net = helpers.lenet_module_from(helpers.init_lenet_params(seed=seed)).to(device)
-    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
-
-    def step(Xb, yb):
-        loss = F.cross_entropy(net(Xb), yb)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()   # set_to_none: no gradient buffer kept from one replay to the next
-
-    compiled = (torch.compile(step, backend=backend) if backend else
-                torch.compile(step, mode="reduce-overhead"))
-    loader = helpers.ResidentLoader(X, y, args.batch_size, seed=seed)
-    times = []
-    for _ in range(size["num_epochs"]):
-        with helpers.Timer([device]) as timer:
-            for idx in loader.index_batches():
-                torch.compiler.cudagraph_mark_step_begin()   # a new step: earlier outputs free
-                compiled(X[idx], y[idx])
-        times.append(timer.times[-1])
-    with torch.no_grad():
-        correct = sum(int((net(Xc).argmax(1) == yc).sum())
-                      for Xc, yc in zip(X_test.split(2048), y_test.split(2048)))
-    return dict(epoch_times=times, test_acc=correct / len(y_test),
-                note=f"compiled ({backend} backend)" if backend else "")
 
 
 def run_on_ranks(row, size, args, seed, compile_ok):

@@ -9,9 +9,10 @@ in (a submission that runs every cell, as a finished one does), runs
 and samples it as scripts/execute_notebooks.py samples a chapter (wall time, peak memory of the
 whole process tree, the cores other work kept busy meanwhile). It checks that every check cell
 scored, then writes the wall time divided by N, with the machine, the date and the command, to
-book/_ext/grading_times.json (GRADING_RECORD). The teacher's guide prints it per chapter
-(`student_edition.py --update-teachers-guide`); a chapter not measured here shows its quick-mode
-run time from book/_ext/runs.json, labelled as an estimate. Nobody types these numbers.
+book/_ext/grading_times.json (teachers_guide.GRADING_RECORD). The teacher's guide prints it per
+chapter (`student_edition.py --update-teachers-guide`); a chapter not measured here shows its
+quick-mode run time from book/_ext/runs.json, labelled as an estimate. Nobody types these
+numbers.
 """
 import argparse
 import datetime
@@ -26,8 +27,11 @@ import nbformat
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+import chapter_runs  # noqa: E402
 import execute_notebooks as ex  # noqa: E402
 import student_edition as se  # noqa: E402
+import teachers_guide as tg  # noqa: E402
 
 COMMAND = "COURSE_QUICK=1 nbgrader autograde {aid}"
 
@@ -98,17 +102,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("notebooks", nargs="+", help="chapter notebooks, e.g. book/part2/scratch.ipynb")
     ap.add_argument("--submissions", type=int, default=1, help="solved copies to grade (1)")
-    ap.add_argument("--record", default=str(se.GRADING_RECORD), help="the record to write")
+    ap.add_argument("--record", default=str(tg.GRADING_RECORD), help="the record to write")
     args = ap.parse_args(argv)
     for name in args.notebooks:
         path = pathlib.Path(name)
         entry = measure(path, args.submissions)
         doc = ex.docname(path)
-        record = se.grading_record(args.record)
+        record = tg.grading_record(args.record)
         record[doc] = entry
         from helpers import write_json
         write_json(pathlib.Path(args.record), dict(sorted(record.items())))
-        print(f"{doc}: {se.chapter_runs.run_text(entry)} per submission "
+        print(f"{doc}: {chapter_runs.run_text(entry)} per submission "
               f"({entry['submissions']} graded, {entry['checks']} check cells each)")
 
 

@@ -24,6 +24,7 @@ from book_files import ROOT
 from nbformat.v4 import new_code_cell, new_notebook
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import exercise_cells as ec
 import student_edition as se
 
 PRELUDE = ("import contextlib\n\nimport torch\nfrom torch.nn import functional as F\n\n"
@@ -97,9 +98,9 @@ NAMES = list(EXERCISES)
 def _exercise_cells(name, chapter):
     """The solution cell defining `name` in the chapter and the check cell after it."""
     cells = nbformat.read(ROOT / chapter, as_version=4).cells
-    i = next(i for i, c in enumerate(cells) if se.is_solution(c) and c.cell_type == "code"
-             and f"def {name}(" in se.source(c))
-    j = next(j for j in range(i + 1, len(cells)) if se.is_check(cells[j]))
+    i = next(i for i, c in enumerate(cells) if ec.is_solution(c) and c.cell_type == "code"
+             and f"def {name}(" in ec.source(c))
+    j = next(j for j in range(i + 1, len(cells)) if ec.is_check(cells[j]))
     return [cells[i], cells[j]]
 
 
@@ -129,7 +130,7 @@ def _submission(released, answers, tamper=()):
             cell.source = f'print("{name}: looks right")'
         if not cell.metadata.get("nbgrader", {}).get("solution"):
             continue
-        name = next((n for n in NAMES if f"def {n}(" in se.source(cell)), None)
+        name = next((n for n in NAMES if f"def {n}(" in ec.source(cell)), None)
         if name in answers:
             cell.source = answers[name]
     return nb
@@ -144,7 +145,7 @@ def graded(tmp_path_factory):
     se.build([path], out=base / "student", course=course, quiet=True)
     aid = se.assignment_id(path)
     released = course / "release" / aid / path.name
-    solved = {name: se.source(_exercise_cells(name, ch)[0]) for name, (ch, _) in EXERCISES.items()}
+    solved = {name: ec.source(_exercise_cells(name, ch)[0]) for name, (ch, _) in EXERCISES.items()}
     wrong = {name: src for name, (_, src) in EXERCISES.items()}
     odd, even = NAMES[0::2], NAMES[1::2]
     submissions = {

@@ -115,10 +115,9 @@ def test_compiled_row_marks_every_step_and_keeps_no_output(monkeypatch):
     been overwritten by a subsequent run". As torch documents, each step is marked as a new
     iteration (torch.compiler.cudagraph_mark_step_begin) and returns no tensor to keep. The
     same step and loop run here with dynamo's eager backend (what the quick CPU dry run does)."""
-    import types
-
     import torch
-    bench = load_bench()
+
+    from helpers.data_parallel.compiled_step import train_compiled
     marks, returned = [], []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     compile_ = torch.compile
@@ -131,8 +130,7 @@ def test_compiled_row_marks_every_step_and_keeps_no_output(monkeypatch):
             returned.append(compiled(*a))
         return call
     monkeypatch.setattr(torch, "compile", spy)
-    args = types.SimpleNamespace(lr=0.2, batch_size=64)
-    got = bench.run_compiled(dict(num_epochs=2, subset=256), args, seed=0, backend="eager")
+    got = train_compiled(64, 0.2, num_epochs=2, subset=256, seed=0, backend="eager")
     assert len(got["epoch_times"]) == 2 and 0 <= got["test_acc"] <= 1
     assert len(marks) == len(returned) == 2 * 4, "one mark before each of the 8 steps"
     assert all(r is None for r in returned), "a step's output would outlive its replay"

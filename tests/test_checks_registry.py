@@ -45,9 +45,9 @@ def test_a_stub_is_not_done_yet(name, monkeypatch, capsys):
 def test_teachers_guide_lists_what_every_check_observes():
     import sys
     sys.path.insert(0, str(TESTS.parent / "scripts"))
-    import student_edition as se
-    text = se.TEACHERS.read_text()
-    begin = text.index(se.CHECKS_BEGIN) + len(se.CHECKS_BEGIN)
-    assert text[begin:text.index(se.CHECKS_END)].strip() == se.checks_table(), (
+    import teachers_guide as tg
+    text = tg.TEACHERS.read_text()
+    begin = text.index(tg.CHECKS_BEGIN) + len(tg.CHECKS_BEGIN)
+    assert text[begin:text.index(tg.CHECKS_END)].strip() == tg.checks_table(), (
         "book/teachers.md's checks table is out of date: run "
         ".venv/bin/python scripts/student_edition.py --update-teachers-guide")

@@ -1,6 +1,7 @@
 """The package's shape: the flat façade re-exports, explicitly, what notebooks, scripts and the
 grader use (and nothing else: tests import the rest from its home module); no name hides a
-module; the install ships every folder of helpers/; the layers hold."""
+module; the install ships every folder of helpers/; the layers hold; no module of helpers/ or
+scripts/ runs over 400 lines."""
 import ast
 import importlib
 import json
@@ -357,9 +358,10 @@ def test_contributing_shows_the_current_layers():
 
 
 def test_no_module_over_400_lines():
-    """Every module of helpers, the grader's included, reads in a sitting."""
-    long = {str(p.relative_to(ROOT)): n for p in PKG.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 400}
+    """Every module of helpers (the grader's included) and of scripts/ (its subfolders too)
+    reads in a sitting."""
+    long = {str(p.relative_to(ROOT)): n for folder in (PKG, ROOT / "scripts")
+            for p in folder.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"split these modules: {long}"
 
 

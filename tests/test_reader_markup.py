@@ -18,6 +18,11 @@ from book_files import ROOT, toc_notebooks
 import helpers
 from helpers.prose import ClaimFailed, formatted
 
+sys.path.insert(0, str(ROOT / "scripts"))
+import book_links as links
+import glued_prose as glued
+import myst_markdown as myst
+
 READER_MARKUP_APPLIED = True    # the integrator flips this once book/ is converted
 # in rendered HTML a role's backticks have become <code>, a directive's fence a code block
 RAW = re.compile(r"\{(?:glue(?::text)?|term|cite(?::[pt])?|numref|doc)\}|language-\{[\w-]+\}|"
@@ -71,7 +76,7 @@ RUN = dict(seconds=45.0, peak_bytes=3 * 2 ** 29, processes=3, machine="2 CPU cor
 def recorded(monkeypatch):
     """The test notebook's run in the record (book/part1/x has none in runs.json)."""
     mod = _script()
-    monkeypatch.setattr(mod.chapter_runs, "load", lambda path=None: {"book/part1/x":
+    monkeypatch.setattr(myst.chapter_runs, "load", lambda path=None: {"book/part1/x":
                                                                       {"small": RUN}})
     return mod
 
@@ -81,14 +86,14 @@ def test_the_converter_writes_plain_markdown_and_say_cells(recorded):
     path = ROOT / "book" / "part1" / "x.ipynb"   # where the links are relative from
     new, problems = mod.convert(_notebook(), path)
     assert problems == []
-    assert mod.raw_markup(new) == []
+    assert myst.raw_markup(new) == []
     md = [c.source for c in new.cells if c.cell_type == "markdown"]
     text = "\n".join(md)
-    runs = mod.chapter_runs.notebook_line({"book/part1/x": {"small": RUN}}, "book/part1/x", 2)
+    runs = myst.chapter_runs.notebook_line({"book/part1/x": {"small": RUN}}, "book/part1/x", 2)
     assert f"*Runs on: CPU, several GPUs.* {runs}" in text and "45 s" in runs, \
         "the run time and needs under the title, as the book's badge says them"
     assert "[ranks](" in text, "a plural is inside its link"
-    assert f"[a page]({mod.book_url()}book/part2/scratch.html#sec)" in text, "links absolute"
+    assert f"[a page]({links.book_url()}book/part2/scratch.html#sec)" in text, "links absolute"
     kept = [c for c in new.cells if "helpers.claim" in c.source]
     assert kept[0].source.startswith(mod.BOOKKEEPING + "\n"), "bookkeeping folds in Colab"
     assert kept[0].metadata["cellView"] == "form" and kept[0].metadata["jupyter"][
@@ -139,7 +144,7 @@ def test_a_figure_named_at_a_sentence_start_is_capitalised(recorded):
     new, problems = mod.convert(nb, path)
     assert problems == []
     say = [c for c in new.cells if c.get("metadata", {}).get("course", {}).get("prose")][0]
-    fig = f"{mod.book_url()}book/part1/x.html#fig-a"
+    fig = f"{links.book_url()}book/part1/x.html#fig-a"
     for text, at in ((say.source, "{book}book/part1/x.html#fig-a"),
                      (say.outputs[0]["data"]["text/markdown"], fig)):
         flat = " ".join(text.split())
@@ -173,20 +178,19 @@ def test_a_display_formula_over_several_lines_stays_in_place():
     """A $$...$$ block over lines in a markdown cell without numbers stays whole and in order
     (its middle lines once moved above it: a second run rewrote the formula)."""
     text = "Before:\n\n$$a \\to\nb \\to\nc$$\n\nafter."
-    assert _script().split_blocks(text) == ["Before:", "$$a \\to\nb \\to\nc$$", "after."]
+    assert glued.split_blocks(text) == ["Before:", "$$a \\to\nb \\to\nc$$", "after."]
 
 
 def test_links_cover_their_word_and_book_pages_are_linked_by_address():
-    mod = _script()
-    assert mod.whole_word_links("[bucket](u#a)s and [x](v) s") == "[buckets](u#a) and [x](v) s"
-    ctx = mod.Context(ROOT / "book" / "part5" / "fsdp2.ipynb")
-    url = mod.book_url()
-    assert mod.absolute_links("[m](../part6/mesh2d.ipynb) [g](glossary.md) [w](https://x.org/"
+    assert links.whole_word_links("[bucket](u#a)s and [x](v) s") == "[buckets](u#a) and [x](v) s"
+    ctx = links.Context(ROOT / "book" / "part5" / "fsdp2.ipynb")
+    url = links.book_url()
+    assert links.absolute_links("[m](../part6/mesh2d.ipynb) [g](glossary.md) [w](https://x.org/"
                               "a.md) [h](#here)", ctx) == \
         f"[m]({url}book/part6/mesh2d.html) [g](glossary.md) [w](https://x.org/a.md) " \
         f"[h]({url}book/part5/fsdp2.html#here)"
     assert ctx.problems == ["link glossary.md: no page book/part5/glossary in _toc.yml"]
-    assert mod.absolute_links("[m](../part6/mesh2d.ipynb) [f](#fig-a)", ctx, field=True) == \
+    assert links.absolute_links("[m](../part6/mesh2d.ipynb) [f](#fig-a)", ctx, field=True) == \
         "[m]({book}book/part6/mesh2d.html) [f]({book}book/part5/fsdp2.html#fig-a)"
 
 
@@ -195,15 +199,15 @@ def test_a_say_text_made_too_wide_by_a_figure_link_is_refilled():
     page's address; where a line then passes 79 columns the text is re-filled (the notebooks'
     lint)."""
     mod = _script()
-    ctx = mod.Context(ROOT / "book" / "part6" / "pipeline_dist.ipynb")
+    ctx = links.Context(ROOT / "book" / "part6" / "pipeline_dist.ipynb")
     words = "word " * 12
     cell = nbformat.v4.new_code_cell(
-        source=mod.TITLE + '\nhelpers.say(r"""\nOn the clock ([the figure above](#fig-b), '
+        source=glued.TITLE + '\nhelpers.say(r"""\nOn the clock ([the figure above](#fig-b), '
         f'crosses)\n{words}{{x:.2f}}.\n""")', metadata={"course": {"prose": True}})
     mod.relink_prose(cell, ctx)
     assert "({book}book/part6/pipeline_dist.html#fig-b)" in cell.source
-    assert all(len(ln) <= mod.WIDTH for ln in cell.source.splitlines()), cell.source
-    assert cell.source.startswith(mod.TITLE + '\nhelpers.say(r"""\nOn the clock')
+    assert all(len(ln) <= glued.WIDTH for ln in cell.source.splitlines()), cell.source
+    assert cell.source.startswith(glued.TITLE + '\nhelpers.say(r"""\nOn the clock')
     assert cell.source.endswith('{x:.2f}.\n""")')
 
 
@@ -317,13 +321,12 @@ def test_links_into_the_book_are_a_field_that_fits_the_page():
     fits 79 columns; a display formula over several lines stays as written, and the prose after
     it is re-filled."""
     from helpers import prose
-    mod = _script()
-    assert prose.BOOK_URL == mod.book_url()
+    assert prose.BOOK_URL == links.book_url()
     assert prose.formatted("[x]({book}glossary.html#term-x)") == \
-        f"[x]({mod.book_url()}glossary.html#term-x)"
-    assert mod.book_field(f"see [x]({mod.book_url()}a.html)") == "see [x]({book}a.html)"
+        f"[x]({links.book_url()}glossary.html#term-x)"
+    assert links.book_field(f"see [x]({links.book_url()}a.html)") == "see [x]({book}a.html)"
     text = "$$a = b\n+ c:$$\n\n" + " ".join(["word"] * 40)
-    out = mod.rewrap(text)
+    out = glued.rewrap(text)
     assert out.startswith("$$a = b\n+ c:$$\n\n") and max(map(len, out.split("\n"))) <= 79
 
 

@@ -16,10 +16,12 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 import helpers.checks
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import exercise_cells as ec
 import student_edition as se
+import teachers_guide as tg
 
 # the chapters in _toc.yml whose notebook exists (tests/test_book.py fails for a missing one)
-CHAPTERS = se.chapters()
+CHAPTERS = ec.chapters()
 IDS = [str(p.relative_to(ROOT)) for p in CHAPTERS]
 
 
@@ -42,16 +44,16 @@ def solution_lines(nb):
     does not also show outside them."""
     secret, public = set(), set()
     for cell in nb.cells:
-        text = se.source(cell)
-        if not se.is_solution(cell):
+        text = ec.source(cell)
+        if not ec.is_solution(cell):
             public |= lines(text)
-        elif se.is_text(cell):
+        elif ec.is_text(cell):
             secret |= lines(text)
         else:
             inside = False
             for line in text.splitlines():
-                if se.BEGIN in line or se.END in line:
-                    inside = se.BEGIN in line
+                if ec.BEGIN in line or ec.END in line:
+                    inside = ec.BEGIN in line
                     continue
                 (secret if inside else public).add(line.strip())
     return {line for line in secret - public if nontrivial(line)}
@@ -119,30 +121,30 @@ def student_copy(edition, path):
 # --- the student edition, on a sample and on every chapter -------------------------------------
 def test_sample_edition(edition):
     original, student = read(edition["sample"]), student_copy(edition, edition["sample"])
-    text = "\n".join(se.source(c) for c in student.cells)
+    text = "\n".join(ec.source(c) for c in student.cells)
     assert solution_lines(original) >= {"flops_per_entry = 2 * n   # SECRET ONE",
                                         'raise ValueError("SECRET TWO")',
                                         "Because of SECRET PROSE.",
                                         "Because of SECRET NUMBERS."}
     assert "SECRET" not in text and "BEGIN SOLUTION" not in text
-    stubs = [se.source(c) for c in student.cells if se.is_solution(c)]
-    assert len(stubs) == 2 and all(s.rstrip().endswith(se.STUB) for s in stubs)
+    stubs = [ec.source(c) for c in student.cells if ec.is_solution(c)]
+    assert len(stubs) == 2 and all(s.rstrip().endswith(ec.STUB) for s in stubs)
     assert stubs[0].startswith('def matmul_flops(n):\n'
                                '    """Operations of an n×n by n×n product."""')
-    assert [se.source(c) for c in student.cells if se.is_check(c)] == [
+    assert [ec.source(c) for c in student.cells if ec.is_check(c)] == [
         "check_matmul_flops(matmul_flops)", "check_shard_sizes(shard_sizes)"]
-    assert not any("nbval-check-output" in se.tags(c) for c in student.cells)
+    assert not any("nbval-check-output" in ec.tags(c) for c in student.cells)
     kept = [c for c in student.cells if c.get("outputs")]
     assert [c.outputs[0]["data"]["text/markdown"] for c in kept] == [
         "A paragraph with 3 numbers."], "only the prose keeps its stored text"
-    assert se.source(student.cells[-1]) == 'print("after the exercises")'
-    grade = [c.metadata["nbgrader"] for c in student.cells if se.is_check(c)]
+    assert ec.source(student.cells[-1]) == 'print("after the exercises")'
+    grade = [c.metadata["nbgrader"] for c in student.cells if ec.is_check(c)]
     assert all(g["grade"] and g["locked"] and g["points"] == 1 for g in grade)
     answer, = [c for c in student.cells if c.metadata.get("nbgrader", {}).get("grade")
                and c.cell_type == "markdown"]
     assert answer.metadata["nbgrader"]["solution"] and not answer.metadata["nbgrader"]["locked"]
     assert answer.metadata["nbgrader"]["grade_id"] == "answer-exercise3"
-    assert se.source(answer) == "YOUR ANSWER HERE", "nbgrader's stub for a written answer"
+    assert ec.source(answer) == "YOUR ANSWER HERE", "nbgrader's stub for a written answer"
     assert student.cells.index(answer) == student.cells.index(kept[0]) + 8
     assert (edition["course"] / "source" / "sample" / "sample.ipynb").exists()
 
@@ -164,7 +166,7 @@ def test_gradebook_for_autograding(tmp_path):
 
 
 def test_sample_exercise_table(edition):
-    table = se.exercise_table([edition["sample"]])
+    table = tg.exercise_table([edition["sample"]])
     assert ("| A sample chapter | 1. Count the work | warm-up | 5 min | "
             "`check_matmul_flops` |") in table
     assert "|  | 2. Shard sizes | core | 15 min | `check_shard_sizes` |" in table
@@ -175,12 +177,12 @@ def test_sample_exercise_table(edition):
 def test_solutions_must_be_marked():
     nb = sample_notebook()
     nb.cells[4].source = "def matmul_flops(n):\n    return 2 * n**3"
-    with pytest.raises(se.EditionError, match="no `### BEGIN SOLUTION`"):
-        se.nbgrader_source(nb)
+    with pytest.raises(ec.EditionError, match="no `### BEGIN SOLUTION`"):
+        ec.nbgrader_source(nb)
     nb = sample_notebook()
     nb.cells[4].metadata["tags"] = []
-    with pytest.raises(se.EditionError, match="is not tagged `solution`"):
-        se.nbgrader_source(nb)
+    with pytest.raises(ec.EditionError, match="is not tagged `solution`"):
+        ec.nbgrader_source(nb)
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
@@ -188,7 +190,7 @@ def test_no_solution_in_student_edition(path, edition):
     secret = solution_lines(read(path))
     student_file = se.student_path(path, edition["out"])
     student = read(student_file)
-    shown = set().union(*(lines(se.source(c)) for c in student.cells))
+    shown = set().union(*(lines(ec.source(c)) for c in student.cells))
     leaked = sorted(secret & shown)
     assert not leaked, f"{student_file.name} gives solutions away: {leaked}"
     assert "BEGIN SOLUTION" not in student_file.read_text()
@@ -197,25 +199,25 @@ def test_no_solution_in_student_edition(path, edition):
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
 def test_student_edition_keeps_checks_and_drops_prose(path, edition):
     original, student = read(path), student_copy(edition, path)
-    assert [se.source(c) for c in student.cells if se.is_check(c)] == \
-        [se.source(c) for c in original.cells if se.is_check(c)], "every check cell is kept"
-    assert not [c for c in student.cells if se.is_solution(c) and se.is_text(c)]
+    assert [ec.source(c) for c in student.cells if ec.is_check(c)] == \
+        [ec.source(c) for c in original.cells if ec.is_check(c)], "every check cell is kept"
+    assert not [c for c in student.cells if ec.is_solution(c) and ec.is_text(c)]
     for cell in student.cells:
-        if se.is_solution(cell):
-            assert se.STUB in se.source(cell)
-        if se.is_prose(cell):
+        if ec.is_solution(cell):
+            assert ec.STUB in ec.source(cell)
+        if ec.is_prose(cell):
             assert all(o["output_type"] == "display_data" for o in cell.outputs)
         else:
             assert not cell.get("outputs"), "outputs are cleared, but for the prose's text"
-        assert "nbval-check-output" not in se.tags(cell), \
+        assert "nbval-check-output" not in ec.tags(cell), \
             "outputs are cleared: nbval has nothing to compare"
-    prose = [c for c in original.cells if se.is_prose(c) and not se.is_solution(c)]
-    assert [c.outputs for c in student.cells if se.is_prose(c)] == [
+    prose = [c for c in original.cells if ec.is_prose(c) and not ec.is_solution(c)]
+    assert [c.outputs for c in student.cells if ec.is_prose(c)] == [
         [o for o in c.outputs if o["output_type"] == "display_data"] for c in prose]
-    kept = [c for c in original.cells if not (se.is_solution(c) and se.is_text(c))]
+    kept = [c for c in original.cells if not (ec.is_solution(c) and ec.is_text(c))]
     answers = [c for c in student.cells if c.cell_type == "markdown"
                and c.metadata.get("nbgrader", {}).get("grade")]
-    open_ended = [e for e in se.exercises(path) if e["written"]]     # checked or not
+    open_ended = [e for e in tg.exercises(path) if e["written"]]     # checked or not
     assert [c.metadata["nbgrader"]["grade_id"] for c in answers] == [
         f"answer-exercise{e['number']}" for e in open_ended], \
         "an answer cell for every exercise the teacher grades by hand"
@@ -226,16 +228,16 @@ def test_a_checked_exercise_with_a_written_question_gets_an_answer_cell():
     """gpus' Exercise 3 is checked and also asks a written question (its worked answer): the
     handout has a graded place for the written half, after the check cell."""
     path = next(p for p in CHAPTERS if p.stem == "gpus")
-    ex3 = next(e for e in se.exercises(path) if e["number"] == 3)
+    ex3 = next(e for e in tg.exercises(path) if e["number"] == 3)
     assert ex3["written"] and ex3["check"].startswith("`check_") and \
         ex3["check"].endswith(" and a worked answer")
-    nb = se.nbgrader_source(read(path), "gpus")
+    nb = ec.nbgrader_source(read(path), "gpus")
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
     at = ids.index("answer-exercise3")
-    head = max(i for i, c in enumerate(nb.cells[:at]) if se.is_text(c)
-               and not se.is_solution(c) and se.EXERCISE.search(se.source(c)))
-    assert se.EXERCISE.search(se.source(nb.cells[head])).group(1) == "3"
-    assert any(se.is_check(c) for c in nb.cells[head:at]), \
+    head = max(i for i, c in enumerate(nb.cells[:at]) if ec.is_text(c)
+               and not ec.is_solution(c) and ec.EXERCISE.search(ec.source(c)))
+    assert ec.EXERCISE.search(ec.source(nb.cells[head])).group(1) == "3"
+    assert any(ec.is_check(c) for c in nb.cells[head:at]), \
         "the answer cell follows the exercise's check cell"
 
 
@@ -243,15 +245,15 @@ def test_a_checked_exercise_with_a_written_question_gets_an_answer_cell():
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
 def test_chapter_has_exercises(path):
     nb = read(path)
-    text = "\n".join(se.source(c) for c in nb.cells if se.is_text(c))
+    text = "\n".join(ec.source(c) for c in nb.cells if ec.is_text(c))
     assert re.search(r"^## Exercises\s*$", text, re.M), "the chapter needs a `## Exercises` section"
-    found = se.exercises(path)
+    found = tg.exercises(path)
     assert len(found) >= 3, f"{len(found)} `### Exercise N: title` headings; at least three"
     for ex in found:
         assert ex["level"] and ex["minutes"], (
             f"Exercise {ex['number']} ({ex['title']}) must state its level (warm-up, core, "
             "open-ended) and its time (e.g. '10 min') in its heading's cell")
-    assert any(se.is_check(c) for c in nb.cells), "at least one exercise with a check cell"
+    assert any(ec.is_check(c) for c in nb.cells), "at least one exercise with a check cell"
 
 
 def _names(tree, kinds):
@@ -282,17 +284,17 @@ def uses_of_solutions(nb):
     name a solution cell binds: in the student edition that solution is a stub that raises."""
     solved, found = {}, []   # name -> the solution cell that binds it
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or se.is_prose(cell):
+        if cell.cell_type != "code" or ec.is_prose(cell):
             continue
         try:
-            tree = ast.parse("\n".join(line for line in se.source(cell).splitlines()
+            tree = ast.parse("\n".join(line for line in ec.source(cell).splitlines()
                                        if not line.lstrip().startswith(("%", "!"))))
         except SyntaxError:
             continue
-        if se.is_solution(cell):
+        if ec.is_solution(cell):
             solved.update(dict.fromkeys(_defined(tree), i))
             continue
-        if se.is_check(cell) or _catches_stub(tree):
+        if ec.is_check(cell) or _catches_stub(tree):
             continue
         used = _names(tree, ast.Load) & set(solved)
         if used:
@@ -325,17 +327,17 @@ def test_nothing_after_an_exercise_uses_its_solution(path):
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
 def test_solution_cells_have_markers_inside_a_function(path):
     for i, cell in enumerate(read(path).cells):
-        if not (se.is_solution(cell) and cell.cell_type == "code" and not se.is_prose(cell)):
+        if not (ec.is_solution(cell) and cell.cell_type == "code" and not ec.is_prose(cell)):
             continue
-        text = se.source(cell)
-        begin = [l for l in text.splitlines() if se.BEGIN in l]
-        end = [l for l in text.splitlines() if se.END in l]
-        assert len(begin) == len(end) >= 1, f"cell {i}: needs {se.BEGIN} ... {se.END}"
-        assert text.index(se.BEGIN) < text.index(se.END), f"cell {i}: markers in the wrong order"
+        text = ec.source(cell)
+        begin = [l for l in text.splitlines() if ec.BEGIN in l]
+        end = [l for l in text.splitlines() if ec.END in l]
+        assert len(begin) == len(end) >= 1, f"cell {i}: needs {ec.BEGIN} ... {ec.END}"
+        assert text.index(ec.BEGIN) < text.index(ec.END), f"cell {i}: markers in the wrong order"
         assert all(l.startswith((" ", "\t")) for l in begin), \
             f"cell {i}: the markers go inside the function body, so the stub keeps the `def`"
         assert any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in ast.parse(text).body)
-        assert "hide-input" in se.tags(cell), f"cell {i}: tag it hide-input so the book folds it"
+        assert "hide-input" in ec.tags(cell), f"cell {i}: tag it hide-input so the book folds it"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=IDS)
@@ -343,9 +345,9 @@ def test_check_cells_store_a_pass(path):
     """nbval compares a check cell's stored output: stored as a pass, the book's test run proves
     that the reference solution passes its check."""
     for i, cell in enumerate(read(path).cells):
-        if not se.is_check(cell):
+        if not ec.is_check(cell):
             continue
-        assert "nbval-check-output" in se.tags(cell), f"check cell {i}: tag it nbval-check-output"
+        assert "nbval-check-output" in ec.tags(cell), f"check cell {i}: tag it nbval-check-output"
         out = "".join(o.get("text", "") for o in cell.get("outputs", []))
         assert "✔ passed" in out and "failed" not in out and "not done" not in out, (
             f"check cell {i} stores {out!r}: the reference solution must pass "
@@ -356,8 +358,8 @@ def test_every_check_is_called_from_a_notebook():
     called = set()
     for path in CHAPTERS:
         for cell in read(path).cells:
-            if se.is_check(cell):
-                called |= set(re.findall(r"\b(check_\w+)\s*\(", se.source(cell)))
+            if ec.is_check(cell):
+                called |= set(re.findall(r"\b(check_\w+)\s*\(", ec.source(cell)))
     listed = [str(p.relative_to(ROOT)) for p in CHAPTERS]
     missing = []
     for name in sorted(dir(helpers.checks)):
@@ -373,10 +375,10 @@ def test_every_check_is_called_from_a_notebook():
 
 
 def test_teachers_guide_table_matches_the_notebooks():
-    text = se.TEACHERS.read_text()
-    begin = text.index(se.TABLE_BEGIN) + len(se.TABLE_BEGIN)
-    table = text[begin:text.index(se.TABLE_END)].strip()
-    assert table == se.exercise_table(CHAPTERS), (
+    text = tg.TEACHERS.read_text()
+    begin = text.index(tg.TABLE_BEGIN) + len(tg.TABLE_BEGIN)
+    table = text[begin:text.index(tg.TABLE_END)].strip()
+    assert table == tg.exercise_table(CHAPTERS), (
         "book/teachers.md's exercise table is out of date: run "
         ".venv/bin/python scripts/student_edition.py --update-teachers-guide")
 
@@ -384,17 +386,17 @@ def test_teachers_guide_table_matches_the_notebooks():
 def test_teachers_guide_grading_times_match_their_records():
     """The guide's time per submission is printed from the records (book/_ext/grading_times.json,
     book/_ext/runs.json), never typed."""
-    text = se.TEACHERS.read_text()
-    begin = text.index(se.GRADING_BEGIN) + len(se.GRADING_BEGIN)
-    table = text[begin:text.index(se.GRADING_END)].strip()
-    assert table == se.grading_table(CHAPTERS), (
+    text = tg.TEACHERS.read_text()
+    begin = text.index(tg.GRADING_BEGIN) + len(tg.GRADING_BEGIN)
+    table = text[begin:text.index(tg.GRADING_END)].strip()
+    assert table == tg.grading_table(CHAPTERS), (
         "book/teachers.md's grading-time table is out of date: run "
         ".venv/bin/python scripts/student_edition.py --update-teachers-guide")
     assert len(table.splitlines()) == 2 + len(CHAPTERS)
 
 
 def test_a_measured_grading_time_names_its_machine_date_and_command():
-    record = se.grading_record()
+    record = tg.grading_record()
     assert record, "no chapter's autograde time is measured: run scripts/time_autograde.py"
     docs = {p.resolve().relative_to(ROOT).with_suffix("").as_posix() for p in CHAPTERS}
     for doc, entry in record.items():
@@ -410,14 +412,14 @@ def test_an_unmeasured_chapter_shows_its_quick_run_as_an_estimate():
     runs = {"book/x": {"quick": quick}}
     measured = {"book/y": dict(quick, seconds=80, submissions=1, others=0.1,
                                command="COURSE_QUICK=1 nbgrader autograde y")}
-    time, how = se.grading_time("book/x", measured, runs)
+    time, how = tg.grading_time("book/x", measured, runs)
     assert time == "about 1 min 35 s" and how.startswith("estimate: the quick-mode run")
     assert "2026-01-02" in how and "busy (other work: 1.6 cores)" in how
-    time, how = se.grading_time("book/y", measured, runs)
+    time, how = tg.grading_time("book/y", measured, runs)
     assert time == "1 min 20 s"
     assert how.startswith("measured: `COURSE_QUICK=1 nbgrader autograde y`")
     assert "busy" not in how
-    assert se.grading_time("book/z", measured, runs)[0] == "?"
+    assert tg.grading_time("book/z", measured, runs)[0] == "?"
 
 
 # --- the edition never deletes what it did not write (a teacher's own notebooks) ---------------
