@@ -18,6 +18,7 @@ ranks are new interpreters started by torchrun: they import helpers only if the 
 visible to every process, and run the DDP scripts the package ships. The venv is cached in
 _build/colab-venv (first run about a minute).
 """
+import fcntl
 import importlib.util
 import json
 import os
@@ -366,7 +367,16 @@ def _link_preinstalled(py):
 
 
 def _platform_venv():
-    """A venv with the platforms' stack only, cached under _build/ (rebuilt when it changes)."""
+    """A venv with the platforms' stack only, cached under _build/ (rebuilt when it changes).
+    Under a lock: two pytest workers (plain `-n 2` spreads this module's tests) would otherwise
+    build it at once, one deleting what the other installs."""
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / "colab-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _platform_venv_locked()
+
+
+def _platform_venv_locked():
     py = VENV / "bin" / "python"
     stamp = VENV / ".stack"
     if not (py.exists() and stamp.exists() and stamp.read_text() == " ".join(PLATFORM_STACK)):
