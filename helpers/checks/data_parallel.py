@@ -168,9 +168,11 @@ def check_sharded_server_step(fn):
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
     parameters by SGD (p -= lr * sum) and every device pulls the chunk from it, in place."""
     g = fresh_generator()
-    for case, count in enumerate((randint(g, 2, 5), randint(g, 2, 5), 3)):
-        # the first size divides by the count (equal chunks), the others do not
+    for case, count in enumerate((randint(g, 2, 5), randint(g, 2, 5), 3, randint(g, 4, 5))):
+        # the first size divides by the count (equal chunks), the others do not; the last,
+        # 2 * count + 1, is one where torch.chunk makes fewer than count chunks
         n = count * randint(g, 2, 6) + (randint(g, 1, count - 1) if case else 0)
+        n = 2 * count + 1 if case == 3 else n
         start = torch.randn(n, generator=g)
         grads = [torch.randn(n, generator=g) for _ in range(count)]
         lr = randint(g, 1, 9) / 10
