@@ -82,6 +82,21 @@ def link_between_count_first(topo, visible, i, j):
     return topo[gpus[i]][gpus[j]]
 
 
+@shortcut("check_link_between", "a repeat anywhere makes none visible, even after an entry "
+          "that is not a number", "raised")
+def link_between_repeat_anywhere(topo, visible, i, j):
+    entries = [] if visible is None else [e.strip() for e in visible.split(",")]
+    gpus = list(range(len(topo))) if visible is None else []
+    if len(set(entries)) == len(entries):
+        for entry in entries:
+            if not entry.isdigit() or int(entry) >= len(topo):
+                break
+            gpus.append(int(entry))
+    if max(i, j) >= len(gpus):
+        raise ValueError(f"only {len(gpus)} GPUs are visible")
+    return topo[gpus[i]][gpus[j]]
+
+
 @shortcut("check_link_between", "physical numbering (ignores CUDA_VISIBLE_DEVICES)",
           "nvidia-smi numbers the physical GPUs")
 def link_between_physical(topo, visible, i, j):

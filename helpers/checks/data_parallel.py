@@ -168,9 +168,11 @@ def check_sharded_server_step(fn):
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
     parameters by SGD (p -= lr * sum) and every device pulls the chunk from it, in place."""
     g = fresh_generator()
-    for case, count in enumerate((randint(g, 2, 5), randint(g, 2, 5), 3)):
-        # the first size divides by the count (equal chunks), the others do not
+    for case, count in enumerate((randint(g, 2, 5), randint(g, 2, 5), 3, randint(g, 4, 5))):
+        # the first size divides by the count (equal chunks), the others do not; the last,
+        # 2 * count + 1, is one where torch.chunk makes fewer than count chunks
         n = count * randint(g, 2, 6) + (randint(g, 1, count - 1) if case else 0)
+        n = 2 * count + 1 if case == 3 else n
         start = torch.randn(n, generator=g)
         grads = [torch.randn(n, generator=g) for _ in range(count)]
         lr = randint(g, 1, 9) / 10
@@ -269,13 +271,15 @@ def _recording_net(taps=None):
     "the examples the check's net saw in each call (one call per micro-batch, none with the "
     "whole batch), and the backward through each call's output, right after it",
     "the parameters afterwards (the same tensors), against one SGD step on the mean loss of "
-    "the whole batch; micro-batches of unequal size included",
+    "the whole batch; micro-batches of unequal size included; their .grad cleared (None or "
+    "zeros)",
     "the dataflow of the step: the parameters afterwards are computed from the gradients the "
     "backwards through the net's outputs delivered (not from a gradient computed beside it)"])
 def check_accumulated_step(fn):
     """fn(net, params, X, y, num_micro, lr): forward and backward one micro-batch at a time
     (tensor_split), the gradients of the summed losses adding up in .grad, then one SGD step
-    with the gradient of the whole batch's mean loss (divide by n once)."""
+    with the gradient of the whole batch's mean loss (divide by n once), and the gradients
+    cleared."""
     g = fresh_generator()
     for case in range(4):
         # case 0, forced: a remainder below num_micro - 1, where torch.chunk's sizes are not
@@ -339,3 +343,8 @@ def check_accumulated_step(fn):
                         "unequal micro-batches wrongly)")
             expect(False, f"{call}: {name} differs from one SGD step on the whole batch's mean "
                           f"loss{hint}")
+        for name, p in zip(("W", "b"), params, strict=True):     # the text: "and clear"
+            expect(p.grad is None or not p.grad.any(),
+                   f"{call}: {name}.grad still holds this step's gradient after the call; clear "
+                   "the gradients after the step (p.grad = None, or zero them), or the next "
+                   "step's backwards add onto it")

@@ -60,9 +60,10 @@ def _buckets(params, bucket_mb):
 
 @check("bucket_params", references=["make_buckets"], observes=[
     "the buckets returned (lists of the very parameter objects) for a random MLP with a frozen "
-    "layer and a parameter listed twice, at five bucket sizes (two of them exactly the total of "
-    "the first few parameters, one for each order the one listed twice may take: there a "
-    "bucket closed only above bucket_mb shows): order, membership, sizes"])
+    "layer and a parameter listed twice, at seven bucket sizes (two of them exactly the total "
+    "of the first few parameters, one for each order the one listed twice may take: there a "
+    "bucket closed only above bucket_mb shows; two between that total in MiB and in MB: "
+    "there a size in MB, not MiB, shows): order, membership, sizes"])
 def check_bucket_params(fn):
     """fn(params, bucket_mb) -> list of lists of parameters, as DDPFromScratch buckets them."""
     g = fresh_generator()
@@ -78,7 +79,9 @@ def check_bucket_params(fn):
     for listed in (params, first):
         order = [b[0] for b in _buckets(listed, None)]
         k = randint(g, 1, len(order) - 1)           # a bucket of k, where > would take k + 1
-        exact.append(sum(p.numel() * p.element_size() for p in order[:k]) / 2**20)
+        total = sum(p.numel() * p.element_size() for p in order[:k])
+        # and one between total / 2**20 and total / 10**6: a bucket of k in MB, more in MiB
+        exact += [total / 2**20, total * (1 / 2**20 + 1 / 10**6) / 2]
     for bucket_mb in (None, sizes[len(sizes) // 2] / 2**20, 1.0, *exact):
         got = fn(list(params), bucket_mb)
         want = _buckets(params, bucket_mb)

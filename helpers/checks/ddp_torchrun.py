@@ -62,8 +62,8 @@ def _refuse_sampler(*args, **kwargs):
 
 
 @check("sampler_shard", observes=[
-    "the indices returned for fresh (n, rank, world, epoch, seed), padding included, against "
-    "DistributedSampler's",
+    "the indices returned for fresh (n, rank, world, epoch, seed), padding included (one longer "
+    "than the data), against DistributedSampler's",
     "by identity: the answer's code may not reach DistributedSampler, torch's subclasses of it "
     "(ElasticDistributedSampler) or their __iter__ (a copy bound before the check runs "
     "included), and their __iter__ raises while it runs"])
@@ -85,6 +85,7 @@ def check_sampler_shard(fn):
     cases = [(randint(g, 5, 40), randint(g, 2, 4), randint(g, 1, 5), randint(g, 0, 99))
              for _ in range(6)]
     cases.append((10, 4, 1, 0))   # 10 over 4 ranks: padding needed
+    cases.append((2, 5, randint(g, 1, 5), randint(g, 0, 99)))  # padding longer than the data
     for n, w, epoch, seed in cases:
         for r in range(w):
             what = f"sampler_shard({n}, {r}, {w}, epoch={epoch}, seed={seed})"

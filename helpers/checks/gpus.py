@@ -326,7 +326,7 @@ def _visible(spec, n):
 def _specs(g, n):
     """CUDA_VISIBLE_DEVICES values that reorder, drop, stop at an invalid entry, and repeat an
     index (before the first entry that is not a number: none visible, even after an index with
-    no such GPU)."""
+    no such GPU; after it: the repeat is not read)."""
     perm = [int(i) for i in _permutation(g, n)]
     keep = perm[:randint(g, 2, n)]
     bad = str(n + randint(g, 0, 5))
@@ -334,7 +334,8 @@ def _specs(g, n):
     tail = [i for i in perm if i not in head][:2]
     return [None, ",".join(map(str, keep)), ",".join(map(str, head + [bad] + tail)),
             ",".join(map(str, perm[::-1])), ",".join(map(str, head + ["-1"] + tail)),
-            ",".join(map(str, keep + keep[:1])), ",".join(map(str, head + [bad] + head[:1]))]
+            ",".join(map(str, keep + keep[:1])), ",".join(map(str, head + [bad] + head[:1])),
+            ",".join(map(str, head + ["-1"] + head[:1]))]
 
 
 def _permutation(g, n):

@@ -124,10 +124,12 @@ def check_allreduce_spread(fn):
     i sums chunk i (a reduce-scatter), then sends it to all (an all-gather). Afterwards every
     tensor of the list (the same tensor objects, the same storage) holds the sum."""
     g = fresh_generator()
-    counts = [randint(g, 2, 6) for _ in range(3)] + [randint(g, 3, 6), 1]
+    counts = [randint(g, 2, 6) for _ in range(3)] + [randint(g, 3, 6), randint(g, 4, 6), 1]
     for trial, count in enumerate(counts):
-        # the first size divides by the count (equal chunks), the others do not
+        # the first size divides by the count (equal chunks), the others do not; the fifth,
+        # 2 * count + 1, is one where torch.chunk makes fewer than count chunks
         rows = count * randint(g, 1, 5) + (randint(g, 1, count - 1) if count > 1 and trial else 0)
+        rows = 2 * count + 1 if trial == 4 else rows
         shape = (rows,) if trial % 2 == 0 else (rows, randint(g, 2, 4))
         data = [torch.randint(-9, 10, shape, generator=g).float() for _ in range(count)]
         before = [t.clone() for t in data]

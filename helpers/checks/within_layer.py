@@ -317,8 +317,9 @@ def attention(X, Wq, Wk, Wv, Wo, heads):
 @check("attention_by_heads", simulated=True, observes=[
     "values and all gradients on CPU tensors, against unsplit multi-head attention (a number of "
     "heads the devices do not divide)",
-    "on k simulated GPUs: each device computed its share of the multiply-adds, no product saw "
-    "the columns of all heads, no operation mixed devices",
+    "on k simulated GPUs: each device computed its share of the multiply-adds (at most its "
+    "tensor_split count of heads'), no product saw the columns of all heads, no operation "
+    "mixed devices",
     "the autograd graph: X enters the devices through an autograd.Function (f) whose forward "
     "puts it on every device (no plain copies after it), and the k partial outputs leave "
     "through one (g)"])
@@ -352,5 +353,13 @@ def check_attention_by_heads(fn):
                        f"{call}: {op.name} on {describe_device(op.device)} used the columns of "
                        f"all {heads} heads at once: device i holds only its heads")
         macs = 3 * t * d * width + 2 * t * t * width + t * width * d
-        _spread(call, rec, Y, gpus.devices, macs, "the heads (Wq, Wk, Wv columns, Wo rows)")
+        ancestry = _spread(call, rec, Y, gpus.devices, macs,
+                           "the heads (Wq, Wk, Wv columns, Wo rows)")
+        done = _macs_by_device(ancestry)
+        for d, count in zip(gpus.devices, map(len, torch.arange(heads).tensor_split(k)),
+                            strict=True):
+            did = done.get(d, 0) / (macs / heads)        # in heads' worth of multiply-adds
+            expect(did <= count + 0.5, f"{call}: {describe_device(d)} computed {did:.1f} "
+                   f"heads' multiply-adds, expected {count}: give each device as many heads as "
+                   "tensor_split gives it (the first heads % k devices get one more)")
         _megatron_structure(call, Y, fakes[0], k)

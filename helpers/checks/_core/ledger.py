@@ -14,6 +14,7 @@ records no longer match this copy and the answer fails (`CheckFailed`).
     note("exit", rank, entry); note("recorder", rank, rec); note("failure", rank, (rank, e))
     verify()                             # None, or what differs, in words
 """
+from .composite import version_of
 from .run import CheckFailed
 
 __all__ = ["ledger", "tampered"]
@@ -23,7 +24,7 @@ def _fields(m):
     """What a Message says (the tensor by identity and version): an edit of any of it shows."""
     t = m.tensor
     return (m.op, m.rank, m.src, m.dst, m.ranks, m.tag, m.key, m.shape, m.dtype, m.nbytes,
-            m.seq, m.async_op, id(t), None if t is None else t._version)
+            m.seq, m.async_op, id(t), None if t is None else version_of(t))
 
 
 def _same(a, b):

@@ -31,7 +31,9 @@ except ImportError:         # pragma: no cover - every supported torch has it
     _FLOPS = {}
 
 from .cancels import cancelled, snapshot, unused
+from .composite import split_composite
 from .guard import TORCH_OPERATORS, own_operator
+from .placeholders import placeholder
 
 __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
 
@@ -178,11 +180,13 @@ def _tensors(tree):
 class Recorder(TorchDispatchMode):
     """Records every aten operation run while it is active (see the module's docstring).
     `answer_scalars=True` answers data-dependent calls (`.item()`, `torch.equal`) with a
-    placeholder instead of raising: on fake devices values are unknown, placement is not."""
+    placeholder instead of raising (placeholders.py): on fake devices values are unknown,
+    placement is not."""
 
     def __init__(self, answer_scalars=False):
         super().__init__()
         self.ops, self.answer_scalars = [], answer_scalars
+        self.answered = 0                        # values answered with a placeholder
         self.version = collections.Counter()     # storage key -> writes so far
         self.producer = {}                       # (key, version) -> op index
         self.failed = None                       # (func, reads) of the operation that raised
@@ -192,14 +196,16 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        parts = split_composite(self, func, args, kwargs)
+        if parts is not NotImplemented:      # inference mode: its parts were recorded
+            return parts
         name = func.__name__.split(".")[0]
         space = getattr(func, "namespace", "aten")
         if space not in TORCH_OPERATORS:
             own_operator(getattr(getattr(func, "_schema", None), "name", f"{space}::{name}"))
-        if self.answer_scalars and name == "_local_scalar_dense":
-            return _placeholder(args[0].dtype)
-        if self.answer_scalars and name == "equal":
-            return True
+        value = placeholder(self, name, args) if self.answer_scalars else NotImplemented
+        if value is not NotImplemented:
+            return value
         inputs = _tensors((args, kwargs))
         written = snapshot(func, args, kwargs)
         try:
@@ -382,12 +388,6 @@ class Recorder(TorchDispatchMode):
             todo.extend((r.key, r.version) for i, r in enumerate(op.reads)
                         if not (exact and i in op.blind))
         return [self.ops[i] for i in sorted(found)]
-
-
-def _placeholder(dtype):
-    if dtype == torch.bool:
-        return False
-    return 0 if not dtype.is_floating_point and not dtype.is_complex else 0.0
 
 
 def _flop_registry():

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 
 from . import rank_arrays, rank_builtins, rank_numbers
+from .composite import split_composite
 from .exits import CALLBACKS, watch_exits
 from .outside import Outside
 from .run import CheckFailed, stand_in
@@ -341,6 +342,9 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        parts = split_composite(self, func, args, kwargs)
+        if parts is not NotImplemented:      # inference mode: its parts were watched
+            return parts
         leaves = tree_leaves((args, kwargs))
         self.p.touch(self.rank, [t for t in leaves if isinstance(t, torch.Tensor)], func)
         if self.p.exited:        # numbers from Python: a scalar argument, a tensor made from data

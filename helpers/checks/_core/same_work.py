@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
+from .composite import split_composite
 from .run import CheckFailed
 
 __all__ = ["traced", "compare_work", "expect_same_work", "check_declared"]
@@ -41,6 +42,9 @@ class _Trace(TorchDispatchMode):
         self.whole = 0        # inside an operation counted whole (attention)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        parts = split_composite(self, func, args, kwargs or {})
+        if parts is not NotImplemented:      # inference mode: its parts were counted
+            return parts
         name = func.overloadpacket.__name__
         if not self.whole and name not in _MOVES and func.namespace != "prim" and not _query(name) \
                 and not func.is_view:

@@ -26,6 +26,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .composite import version_of
 from .keys import drop_odd_keys, str_keys
 from .parts import instance_dict, module_tree
 from .run import CheckFailed
@@ -131,8 +132,8 @@ class _TensorPrint:
             nbytes = t.untyped_storage().nbytes()
         except (RuntimeError, NotImplementedError):   # no storage (fake, meta)
             nbytes = None
-        self.meta = (id(t), type(t), tuple(t.shape), tuple(t.stride()), t.dtype, nbytes, t._version,
-                     t.requires_grad)
+        self.meta = (id(t), type(t), tuple(t.shape), tuple(t.stride()), t.dtype, nbytes,
+                     version_of(t), t.requires_grad)
         self.bytes = None
         if nbytes is not None and t.device.type == "cpu" and t.numel() <= _MAX_COPY \
                 and t.is_contiguous() and t.layout == torch.strided:

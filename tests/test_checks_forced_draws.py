@@ -1,0 +1,173 @@
+"""Natural wrong answers that once passed on some draws: each check now forces the case that
+tells it apart into every call (a size where torch.chunk makes fewer pieces than tensor_split,
+a bucket size between a total in MiB and in MB, a net a greedy cut splits wrongly, a padding
+longer than the data, an index repeated after an entry that is not a number, the gradients
+left after a step the text asks to clear them after). Each shortcut fails on five replayed
+draws, and the right answers beside them pass."""
+import copy
+import math
+
+import pytest
+import torch
+from check_cases import CASES, not_grading, other, parametrize_cases, shortcut  # noqa: F401
+
+import helpers
+from helpers import copy_to_shards, reduce_from_shards
+from helpers.checks._core.inputs import replay_seeds
+
+
+@shortcut("check_accumulated_step", "gradients left in .grad after the step",
+          "clear the gradients")
+def accumulated_step_not_cleared(net, params, X, y, num_micro, lr):
+    for X_m, y_m in zip(X.tensor_split(num_micro), y.tensor_split(num_micro), strict=True):
+        helpers.loss(net(X_m, params), y_m).sum().backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad / X.shape[0]
+
+
+@other("check_accumulated_step", "gradients zeroed in place, not set to None")
+def accumulated_step_zeroed(net, params, X, y, num_micro, lr):
+    for X_m, y_m in zip(X.tensor_split(num_micro), y.tensor_split(num_micro), strict=True):
+        helpers.loss(net(X_m, params), y_m).sum().backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad / X.shape[0]
+            p.grad.zero_()
+
+
+@shortcut("check_pipeline_forward", "micro-batches by torch.chunk", "micro-batch")
+def pipeline_forward_chunk(stage, comm, X, num_microbatches, batch_size, in_shape):
+    r, p, m = comm.rank, comm.world, num_microbatches
+    rows = [len(c) for c in torch.arange(batch_size).chunk(m)]
+    outs = []
+    with torch.no_grad():
+        for j in range(len(rows)):
+            h = X.chunk(m)[j] if r == 0 else comm.recv(r - 1, (rows[j], *in_shape), tag=j)
+            out = stage(h)
+            if r < p - 1:
+                comm.send(out, r + 1, tag=j)
+            outs.append(out)
+    comm.wait()
+    return torch.cat(outs) if r == p - 1 else None
+
+
+@shortcut("check_sharded_server_step", "chunks by torch.chunk", "raised")
+def sharded_server_step_chunk(params, grads, devices, lr):
+    k = len(devices)
+    pc, gc = [p.chunk(k) for p in params], [g.chunk(k) for g in grads]
+    for j in range(k):
+        pc[j][j].sub_(lr * sum(gc[i][j].to(devices[j]) for i in range(k)))
+    for i in range(k):
+        for j in range(k):
+            if i != j:
+                pc[i][j].copy_(pc[j][j])
+
+
+@shortcut("check_allreduce_spread", "chunks by torch.chunk", "raised")
+def allreduce_spread_chunk(data):
+    k = len(data)
+    chunks = [t.view(-1).chunk(k) for t in data]
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[i][i].add_(chunks[j][i].to(chunks[i][i].device))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
+
+
+@shortcut("check_ring_allreduce", "chunks by torch.chunk", "raised")
+def ring_allreduce_chunk(data):
+    k = len(data)
+    chunks = [t.view(-1).chunk(k) for t in data]
+    sent = [0] * k
+    for phase in ("reduce-scatter", "all-gather"):
+        for s in range(k - 1):
+            for i in range(k):
+                dst, c = (i + 1) % k, (i - s if phase == "reduce-scatter" else i + 1 - s) % k
+                if phase == "reduce-scatter":
+                    chunks[dst][c].add_(chunks[i][c].to(data[dst].device))
+                else:
+                    chunks[dst][c].copy_(chunks[i][c])
+                sent[i] += chunks[i][c].numel()
+    return sent
+
+
+@shortcut("check_bucket_params", "bucket_mb read as MB (10**6 bytes), not MiB",
+          "bucket_mb MiB")
+def bucket_params_megabytes(params, bucket_mb):
+    limit = None if bucket_mb is None else bucket_mb * 1e6
+    buckets, current, size, seen = [], [], 0, set()
+    for p in reversed(list(params)):
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if limit is None or size >= limit:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+@shortcut("check_split_by_params", "greedy cuts at a k-th of the total", "a better cut")
+def split_by_params_greedy(net, devices):
+    k, n = len(devices), len(net)
+    sizes = [helpers.num_params(layer) for layer in net]
+    target, cuts, run = sum(sizes) / k, [], 0
+    for i, s in enumerate(sizes):
+        run += s
+        left_layers, left_stages = n - i - 1, k - 1 - len(cuts)
+        if left_stages and (run >= target or left_layers == left_stages) \
+                and left_layers >= left_stages:
+            cuts.append(i + 1)
+            run = 0
+    bounds = [0, *cuts, n]
+    return [copy.deepcopy(net[a:b]).to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
+
+
+@shortcut("check_sampler_shard", "padding by one copy of the permutation's start",
+          "has 0 indices")
+def sampler_shard_short_padding(n, rank, world_size, epoch, seed):
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    padded = perm + perm[:-(-n // world_size) * world_size - n]
+    return padded[rank::world_size]
+
+
+@shortcut("check_attention_by_heads", "heads // k each, the rest to the last device",
+          "as many heads as tensor_split")
+def attention_by_heads_rest_last(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
+    k, t, e = len(devices), X.shape[0], Wq.shape[1] // heads
+    counts = [heads // k] * (k - 1) + [heads - heads // k * (k - 1)]
+    first, partials = 0, []
+    for Xi, d, h in zip(copy_to_shards(X, devices, log), devices, counts, strict=True):
+        cols = slice(first * e, (first + h) * e)
+        first += h
+        Q, K, V = ((Xi @ W[:, cols].to(d)).reshape(t, h, e).transpose(0, 1) for W in (Wq, Wk, Wv))
+        A = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(e), dim=-1) @ V
+        partials.append(A.transpose(0, 1).reshape(t, h * e) @ Wo[cols].to(d))
+    return reduce_from_shards(partials, devices, log)
+
+
+test_case = parametrize_cases(__name__)
+
+
+@pytest.mark.parametrize("case", [c for cases in CASES.values() for c in cases["shortcuts"]
+                                  if c.module == __name__], ids=repr)
+def test_shortcut_fails_on_every_draw(case):
+    """Each shortcut above, on five more replayed draws: the case that tells it apart is in
+    every call, so no draw lets it pass."""
+    for seed in range(5):
+        replay_seeds(seed)
+        case.judge()
+
+
+def test_split_by_params_tells_greedy_cuts_apart_on_nets_they_split_right(monkeypatch):
+    """Drawn nets of equal layers (every draw its lowest), which a greedy cut splits as well as
+    the best cut: the greedy answer still fails, on the net fixed in every call."""
+    import helpers.checks.network_split as module
+    monkeypatch.setattr(module, "randint", lambda g, lo, hi: lo)
+    result = helpers.checks.check_split_by_params(split_by_params_greedy)
+    assert result.status == "failed" and "a better cut" in result.message, result
