@@ -205,7 +205,8 @@ def _mlp(seed, d, h, k):
 def check_accumulate_zero2(fn):
     """fn(model, micro_batches) -> one optimizer step of a helpers.Zero2 `model` over the list
     of (X, y) micro-batches: each loss divided by their number, full gradients kept under
-    no_sync() until the last backward, then finish, step, zero_grad."""
+    no_sync() until the last backward, then finish and step. Clearing the gradients after
+    it (the worked answer's zero_grad) is not judged: the exercise's text does not ask it."""
     g = fresh_generator()
     world, m = randint(g, 2, 3), randint(g, 2, 4)
     d, h, k, b = randint(g, 3, 7), randint(g, 3, 9), randint(g, 2, 4), randint(g, 1, 3)
