@@ -13,7 +13,8 @@ valid GPipe too: the ticks, the bubble and the peak of live micro-batches are th
 """
 from ..validate import validate_positive_int
 
-__all__ = ["gpipe_order", "one_f_one_b_order", "validate_orders", "clock_ticks", "bubble_fraction",
+__all__ = ["needs", "chunk_needs", "gpipe_order", "one_f_one_b_order", "validate_orders",
+           "clock_ticks", "bubble_fraction",
            "schedule_bubble", "replay", "measured_bubble", "peak_live", "plot_schedule",
            "plot_live", "gpipe_rank_order", "one_f_one_b_rank_order", "busy_times",
            "timeline_bubble", "as_schedule", "unequal_bubble", "interleaved_order",
@@ -34,12 +35,23 @@ def one_f_one_b_order(p, m):
     return [one_f_one_b_rank_order(p, m, s) for s in range(p)]
 
 
-def _needs(s, phase, j, p):
-    """The op that must have run before (s, phase, j): the previous stage's forward of the same
-    micro-batch, the next stage's backward (the last stage: its own forward); None for the first."""
+def needs(q, phase, j, stages):
+    """The box that stage q's (phase, j) waits for, as (stage, phase, j), or None: a forward
+    needs stage q-1's forward of j, a backward stage q+1's backward of j (the last stage: its
+    own forward), a weight-gradient box W its own backward of j. q counts virtual stages: with v
+    chunks per device, chunk c of device d is stage c*p + d of stages = v*p (plain: v = 1)."""
     if phase == "F":
-        return (s - 1, "F", j) if s > 0 else None
-    return (s + 1, "B", j) if s < p - 1 else (s, "F", j)
+        return (q - 1, "F", j) if q > 0 else None
+    if phase == "B":
+        return (q + 1, "B", j) if q < stages - 1 else (q, "F", j)
+    return (q, "B", j)
+
+
+def chunk_needs(d, phase, j, c, p, v):
+    """needs() for device d's op on chunk c (p devices, v chunks each), as (device, phase, j,
+    chunk), or None."""
+    before = needs(c * p + d, phase, j, v * p)
+    return None if before is None else (before[0] % p, before[1], j, before[0] // p)
 
 
 def validate_orders(orders):
@@ -59,7 +71,7 @@ def validate_orders(orders):
 
 def clock_ticks(orders):
     """{(stage, phase, micro): tick}: each stage runs its order one op per clock tick, as soon as
-    the op it needs (_needs) ran in an earlier tick. ValueError if some stage would wait forever."""
+    the op it needs (needs) ran in an earlier tick. ValueError if some stage would wait forever."""
     p, total = len(orders), sum(len(ops) for ops in orders)
     done, pos, tick = {}, [0] * p, 0
     while len(done) < total:
@@ -67,14 +79,14 @@ def clock_ticks(orders):
         for s in range(p):
             if pos[s] < len(orders[s]):
                 phase, j = orders[s][pos[s]]
-                need = _needs(s, phase, j, p)
+                need = needs(s, phase, j, p)
                 if need is None or done.get(need, tick) < tick:
                     ready.append((s, phase, j))
         if not ready:
             s = min(s for s in range(p) if pos[s] < len(orders[s]))
             phase, j = orders[s][pos[s]]
             raise ValueError(f"deadlock at tick {tick}: stage {s} waits forever for "
-                             f"{_needs(s, phase, j, p)} before its {(phase, j)}")
+                             f"{needs(s, phase, j, p)} before its {(phase, j)}")
         for s, phase, j in ready:
             done[(s, phase, j)] = tick
             pos[s] += 1
@@ -124,7 +136,7 @@ def replay(schedule):
     free, finish, out = [0.0] * p, {}, []
     for e in sorted(schedule, key=lambda e: (e["tick"], e["stage"])):
         s = e["stage"]
-        start = max(free[s], finish.get(_needs(s, e["phase"], e["micro"], p), 0.0))
+        start = max(free[s], finish.get(needs(s, e["phase"], e["micro"], p), 0.0))
         end = start + e["end"] - e["start"]
         finish[(s, e["phase"], e["micro"])] = free[s] = end
         out.append(dict(e, start=start, end=end))
@@ -295,22 +307,15 @@ def interleaved_ticks(orders, v):
     the op it needs ran in an earlier tick: the forward of virtual stage q needs q-1's forward,
     its backward q+1's backward (the last virtual stage: its own forward)."""
     p = len(orders)
-    last = v * p - 1
     total = sum(len(ops) for ops in orders)
     done, pos, tick = {}, [0] * p, 0
-
-    def need(d, phase, j, c):
-        q = c * p + d
-        if phase == "F":
-            return None if q == 0 else ((q - 1) % p, "F", j, (q - 1) // p)
-        return (d, "F", j, c) if q == last else ((q + 1) % p, "B", j, (q + 1) // p)
 
     while len(done) < total:
         ready = []
         for d in range(p):
             if pos[d] < len(orders[d]):
                 op = (d, *orders[d][pos[d]])
-                before = need(*op)
+                before = chunk_needs(*op, p, v)
                 if before is None or done.get(before, tick) < tick:
                     ready.append(op)
         if not ready:

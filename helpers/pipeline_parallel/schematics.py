@@ -15,7 +15,13 @@ from ..runtime.traffic import ByteLog
 from ..schematics import LABEL_FONT as SMALL
 from ..schematics import SCHEMATIC_FONT as FONT
 from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
-from .schedules import gpipe_rank_order, interleaved_order, one_f_one_b_rank_order, timeline_bubble
+from .schedules import (
+    chunk_needs,
+    gpipe_rank_order,
+    interleaved_order,
+    one_f_one_b_rank_order,
+    timeline_bubble,
+)
 from .simulated import multiply_adds, network_split_forward, split_sequential
 from .timelines import replay_orders, zero_bubble_rank_order
 
@@ -79,22 +85,16 @@ def _replay_chunks(orders, v, f, b):
     """Interleaved orders ((phase, micro, chunk) per device) run on equal chunks: a chunk's
     forward takes f/v, its backward b/v; each op starts when its device is free and the op it
     needs (interleaved_ticks' dependencies) has ended. Returns one list of boxes per device."""
-    p, last = len(orders), v * len(orders) - 1
+    p = len(orders)
     pos, free, end = [0] * p, [0.0] * p, {}
     timelines = [[] for _ in range(p)]
-
-    def need(d, phase, j, c):
-        q = c * p + d
-        if phase == "F":
-            return None if q == 0 else ((q - 1) % p, "F", j, (q - 1) // p)
-        return (d, "F", j, c) if q == last else ((q + 1) % p, "B", j, (q + 1) // p)
 
     while any(pos[d] < len(orders[d]) for d in range(p)):
         moved = False
         for d in range(p):
             while pos[d] < len(orders[d]):
                 op = (d, *orders[d][pos[d]])
-                before = need(*op)
+                before = chunk_needs(*op, p, v)
                 if before is not None and before not in end:
                     break
                 start = max(free[d], end[before] if before else 0.0)
