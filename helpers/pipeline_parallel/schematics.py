@@ -16,10 +16,10 @@ from ..schematics import LABEL_FONT as SMALL
 from ..schematics import SCHEMATIC_FONT as FONT
 from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
 from .schedules import (
-    chunk_needs,
     gpipe_rank_order,
     interleaved_order,
     one_f_one_b_rank_order,
+    run_boxes,
     timeline_bubble,
 )
 from .simulated import multiply_adds, network_split_forward, split_sequential
@@ -84,28 +84,10 @@ def plot_network_split(net, options, input_shape):
 def _replay_chunks(orders, v, f, b):
     """Interleaved orders ((phase, micro, chunk) per device) run on equal chunks: a chunk's
     forward takes f/v, its backward b/v; each op starts when its device is free and the op it
-    needs (interleaved_ticks' dependencies) has ended. Returns one list of boxes per device."""
-    p = len(orders)
-    pos, free, end = [0] * p, [0.0] * p, {}
-    timelines = [[] for _ in range(p)]
-
-    while any(pos[d] < len(orders[d]) for d in range(p)):
-        moved = False
-        for d in range(p):
-            while pos[d] < len(orders[d]):
-                op = (d, *orders[d][pos[d]])
-                before = chunk_needs(*op, p, v)
-                if before is not None and before not in end:
-                    break
-                start = max(free[d], end[before] if before else 0.0)
-                free[d] = end[op] = start + (f if op[1] == "F" else b) / v
-                timelines[d].append(dict(stage=d, phase=op[1], micro=op[2], chunk=op[3],
-                                         start=start, end=free[d]))
-                pos[d] += 1
-                moved = True
-        if not moved:
-            raise ValueError("the interleaved orders deadlock")
-    return timelines
+    needs has ended (run_boxes). Returns one list of boxes per device."""
+    rows = [[dict(stage=d, phase=phase, micro=j, chunk=c) for phase, j, c in ops]
+            for d, ops in enumerate(orders)]
+    return run_boxes(rows, lambda box, t: t + (f if box["phase"] == "F" else b) / v, v)
 
 
 def schedule_timelines(p=4, m=4, v=2):

@@ -9,7 +9,7 @@ machine adds (`wait_parts`: the time from a message's sending to the box that ne
 """
 from ..runtime.emulate import model_time, waits
 from ..validate import validate_positive_int
-from .schedules import needs, one_f_one_b_rank_order, timeline_bubble
+from .schedules import needs, one_f_one_b_rank_order, run_boxes, timeline_bubble
 
 __all__ = ["pipeline_model_time", "replay_orders", "replayed_bubble", "with_ready",
            "wait_parts", "zero_bubble_rank_order", "zero_bubble_bubble",
@@ -29,29 +29,12 @@ def pipeline_model_time(timelines, num_stages, row_bytes, rates):
 
 def replay_orders(orders, seconds):
     """Run `orders` (orders[r]: rank r's list of (phase, j)) with box durations seconds(r,
-    phase, j): each box starts when its rank is free and the box it needs has ended. Returns the
-    timelines (one list of dicts per rank). ValueError if some rank would wait forever."""
-    p = len(orders)
-    pos, free, end = [0] * p, [0.0] * p, {}
-    timelines = [[] for _ in range(p)]
-    while any(pos[r] < len(orders[r]) for r in range(p)):
-        progressed = False
-        for r in range(p):
-            while pos[r] < len(orders[r]):
-                phase, j = orders[r][pos[r]]
-                need = needs(r, phase, j, p)
-                if need is not None and need not in end:
-                    break
-                start = max(free[r], end[need] if need is not None else 0.0)
-                free[r] = end[(r, phase, j)] = start + seconds(r, phase, j)
-                timelines[r].append(dict(stage=r, micro=j, phase=phase, start=start,
-                                         end=free[r]))
-                pos[r] += 1
-                progressed = True
-        if not progressed:
-            stuck = [(r, orders[r][pos[r]]) for r in range(p) if pos[r] < len(orders[r])]
-            raise ValueError(f"the orders deadlock: (rank, box) {stuck} wait forever")
-    return timelines
+    phase, j): each box starts when its rank is free and the box it needs has ended (run_boxes).
+    Returns the timelines (one list of dicts per rank). ValueError if some rank would wait
+    forever."""
+    rows = [[dict(stage=r, micro=j, phase=phase) for phase, j in ops]
+            for r, ops in enumerate(orders)]
+    return run_boxes(rows, lambda b, t: t + seconds(b["stage"], b["phase"], b["micro"]))
 
 
 def replayed_bubble(timelines):
