@@ -3,7 +3,7 @@
 `plot_network_split` cuts a model with `split_sequential`, runs one example through the stages
 with a ByteLog and draws which device holds which layers, what share of the multiply-adds each
 does, and how many numbers cross each cut. `schedule_timelines` lays out the course's schedule
-functions (gpipe_rank_order, one_f_one_b_rank_order, interleaved_order, zero_bubble_rank_order)
+functions (gpipe_order, one_f_one_b_rank_order, interleaved_order, zero_bubble_rank_order)
 on equal stages, each box starting as soon as its rank is free and its input is ready;
 `plot_pipeline_schedules` draws them one above the other.
 """
@@ -16,7 +16,7 @@ from ..schematics import LABEL_FONT as SMALL
 from ..schematics import SCHEMATIC_FONT as FONT
 from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
 from .schedules import (
-    gpipe_rank_order,
+    gpipe_order,
     interleaved_order,
     one_f_one_b_rank_order,
     run_boxes,
@@ -97,7 +97,7 @@ def schedule_timelines(p=4, m=4, v=2):
     whole = {"F": 1.0, "B": 2.0}
     split = {"F": 1.0, "B": 1.0, "W": 1.0}
     runs = {
-        "GPipe": ([gpipe_rank_order(p, m, r) for r in range(p)], whole),
+        "GPipe": (gpipe_order(p, m), whole),
         "1F1B": ([one_f_one_b_rank_order(p, m, r) for r in range(p)], whole),
         "zero bubble": ([zero_bubble_rank_order(p, m, r) for r in range(p)], split),
     }
