@@ -115,8 +115,10 @@ def layer_sizes(net, input_shape):
 
 
 def balanced_cuts(weights, k):
-    """Cut points that split `weights` into k contiguous, non-empty groups whose largest sum is as
-    small as possible (how a network split places layers on devices)."""
+    """Cut points that split `weights` (any iterable: per-layer parameters, seconds, ...) into k
+    contiguous, non-empty groups whose largest sum is as small as possible (how a network split
+    places layers on devices)."""
+    weights = list(weights)
     n = len(weights)
     if not 1 <= k <= n:
         raise ValueError(f"cannot place {n} layers on {k} devices: use 1 to {n} devices")

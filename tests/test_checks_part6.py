@@ -146,9 +146,9 @@ def cuts_equal_counts(times, p):
     return [round(len(times) * i / p) for i in range(1, p)]
 
 
-@shortcut("check_cuts_for_times", "the course's cuts_by (used in the chapter)", REFUSED)
+@shortcut("check_cuts_for_times", "the course's balanced_cuts (used in the chapter)", REFUSED)
 def cuts_reference(times, p):
-    return helpers.cuts_by(times, p)
+    return helpers.balanced_cuts(times, p)
 
 
 @shortcut("check_cuts_for_times", "a greedy prefix cut", "slowest stage")

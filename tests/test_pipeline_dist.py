@@ -16,9 +16,9 @@ from helpers import (
     LOOPED_SCHEDULES,
     RankFailed,
     Rates,
+    balanced_cuts,
     box_model,
     bubble_fraction,
-    cuts_by,
     gpipe_rank_order,
     interleaved_bubble,
     launch,
@@ -158,7 +158,7 @@ def test_four_stages_on_threads(schedule):
     net = pipeline_net(**NET)
     X, y = batch(5)
     loss, grads = unsplit_step(net, X, y)
-    cuts = cuts_by([1] * len(net), 4)
+    cuts = balanced_cuts([1] * len(net), 4)
     results, comms = run_threads(_thread_step, 4, net, cuts, X, y, 6, schedule)
     assert results[-1][0]["loss"] == pytest.approx(loss, rel=1e-5)
     got = [g for _, gs in results for g in gs]
@@ -171,9 +171,10 @@ def test_four_stages_on_threads(schedule):
     assert phases == ({"F", "B", "W"} if schedule is zero_bubble_rank_order else {"F", "B"})
 
 
-def test_cuts_by_balance():
-    assert cuts_by([10, 1, 1, 1, 1], 2) == [1]
-    assert cuts_by([0.0, 1, 1, 1, 1], 2) == [3]
+def test_balanced_cuts_takes_any_iterable():
+    assert balanced_cuts([10, 1, 1, 1, 1], 2) == [1]
+    assert balanced_cuts((0.0, 1, 1, 1, 1), 2) == [3]
+    assert balanced_cuts((t for t in [10, 1, 1, 1, 1]), 2) == [1]   # measured times, lazily
 
 
 def test_a_missing_send_times_out_with_a_message():

@@ -205,7 +205,7 @@ def check_pipeline_forward(fn):
 
 
 # --- cuts by measured time --------------------------------------------------------------------
-@check("cuts_for_times", references=["balanced_cuts", "cuts_by"], observes=[
+@check("cuts_for_times", references=["balanced_cuts"], observes=[
     "the cuts returned for fresh per-layer times (one slow first layer among them): valid "
     "(increasing, no empty stage) and with a slowest stage no slower than the best cut's, "
     "computed by the check"])

@@ -11,9 +11,11 @@ tests/test_splits.py checks both). GPipe runs the backwards in the order of the 
 micro-batch first, as torch.distributed.pipelining's ScheduleGPipe does (reversed would be a
 valid GPipe too: the ticks, the bubble and the peak of live micro-batches are the same).
 """
+from ..runtime.emulate import model_time
 from ..validate import validate_positive_int
 
-__all__ = ["gpipe_order", "one_f_one_b_order", "validate_orders", "clock_ticks", "bubble_fraction",
+__all__ = ["needs", "chunk_needs", "gpipe_order", "one_f_one_b_order", "validate_orders",
+           "clock_ticks", "run_boxes", "bubble_fraction",
            "schedule_bubble", "replay", "measured_bubble", "peak_live", "plot_schedule",
            "plot_live", "gpipe_rank_order", "one_f_one_b_rank_order", "busy_times",
            "timeline_bubble", "as_schedule", "unequal_bubble", "interleaved_order",
@@ -34,12 +36,23 @@ def one_f_one_b_order(p, m):
     return [one_f_one_b_rank_order(p, m, s) for s in range(p)]
 
 
-def _needs(s, phase, j, p):
-    """The op that must have run before (s, phase, j): the previous stage's forward of the same
-    micro-batch, the next stage's backward (the last stage: its own forward); None for the first."""
+def needs(q, phase, j, stages):
+    """The box that stage q's (phase, j) waits for, as (stage, phase, j), or None: a forward
+    needs stage q-1's forward of j, a backward stage q+1's backward of j (the last stage: its
+    own forward), a weight-gradient box W its own backward of j. q counts virtual stages: with v
+    chunks per device, chunk c of device d is stage c*p + d of stages = v*p (plain: v = 1)."""
     if phase == "F":
-        return (s - 1, "F", j) if s > 0 else None
-    return (s + 1, "B", j) if s < p - 1 else (s, "F", j)
+        return (q - 1, "F", j) if q > 0 else None
+    if phase == "B":
+        return (q + 1, "B", j) if q < stages - 1 else (q, "F", j)
+    return (q, "B", j)
+
+
+def chunk_needs(d, phase, j, c, p, v):
+    """needs() for device d's op on chunk c (p devices, v chunks each), as (device, phase, j,
+    chunk), or None."""
+    before = needs(c * p + d, phase, j, v * p)
+    return None if before is None else (before[0] % p, before[1], j, before[0] // p)
 
 
 def validate_orders(orders):
@@ -59,27 +72,22 @@ def validate_orders(orders):
 
 def clock_ticks(orders):
     """{(stage, phase, micro): tick}: each stage runs its order one op per clock tick, as soon as
-    the op it needs (_needs) ran in an earlier tick. ValueError if some stage would wait forever."""
-    p, total = len(orders), sum(len(ops) for ops in orders)
-    done, pos, tick = {}, [0] * p, 0
-    while len(done) < total:
-        ready = []
-        for s in range(p):
-            if pos[s] < len(orders[s]):
-                phase, j = orders[s][pos[s]]
-                need = _needs(s, phase, j, p)
-                if need is None or done.get(need, tick) < tick:
-                    ready.append((s, phase, j))
-        if not ready:
-            s = min(s for s in range(p) if pos[s] < len(orders[s]))
-            phase, j = orders[s][pos[s]]
-            raise ValueError(f"deadlock at tick {tick}: stage {s} waits forever for "
-                             f"{_needs(s, phase, j, p)} before its {(phase, j)}")
-        for s, phase, j in ready:
-            done[(s, phase, j)] = tick
-            pos[s] += 1
-        tick += 1
-    return done
+    the op it needs (needs) ran in an earlier tick: interleaved_ticks with one chunk per stage.
+    ValueError if some stage would wait forever."""
+    ticks = interleaved_ticks([[(*op, 0) for op in ops] for ops in orders], 1)
+    return {(s, phase, j): tick for (s, phase, j, _), tick in ticks.items()}
+
+
+def run_boxes(rows, finish, v=1):
+    """Run per-device rows of boxes (dicts with stage, phase, micro and, for v chunks per
+    device, chunk) on runtime.emulate.model_time: each box starts when its device is free and
+    the box it needs (chunk_needs) has ended; finish(box, start) is when it ends. Returns copies
+    with start and end, one list per device. ValueError if some box would wait forever."""
+    p = len(rows)
+
+    def key(b):
+        return b["stage"], b["phase"], b["micro"], b.get("chunk", 0)
+    return model_time(rows, key, lambda b: chunk_needs(*key(b), p, v), finish=finish)
 
 
 def bubble_fraction(p, m):
@@ -119,16 +127,13 @@ def schedule_bubble(schedule):
 def replay(schedule):
     """The schedule as it would run with every stage on its own device, all in parallel: each op
     takes its measured time (end - start) and starts when its stage is free and the op it needs
-    has finished. Returns a copy with start and end replaced."""
-    p = 1 + max(e["stage"] for e in schedule)
-    free, finish, out = [0.0] * p, {}, []
-    for e in sorted(schedule, key=lambda e: (e["tick"], e["stage"])):
-        s = e["stage"]
-        start = max(free[s], finish.get(_needs(s, e["phase"], e["micro"], p), 0.0))
-        end = start + e["end"] - e["start"]
-        finish[(s, e["phase"], e["micro"])] = free[s] = end
-        out.append(dict(e, start=start, end=end))
-    return out
+    has finished (run_boxes). Returns a copy with start and end replaced."""
+    ops = sorted(schedule, key=lambda e: (e["tick"], e["stage"]))
+    rows = [[] for _ in range(1 + max(e["stage"] for e in schedule))]
+    for e in ops:
+        rows[e["stage"]].append(e)
+    ran = [iter(row) for row in run_boxes(rows, lambda e, t: t + e["end"] - e["start"])]
+    return [next(ran[e["stage"]]) for e in ops]
 
 
 def measured_bubble(schedule):
@@ -292,34 +297,13 @@ def interleaved_order(p, m, v=2):
 def interleaved_ticks(orders, v):
     """{(device, phase, micro, chunk): tick} for per-device orders of (phase, micro, chunk):
     each device runs one chunk's op per tick (a tick is 1/v of a whole stage's op), as soon as
-    the op it needs ran in an earlier tick: the forward of virtual stage q needs q-1's forward,
-    its backward q+1's backward (the last virtual stage: its own forward)."""
-    p = len(orders)
-    last = v * p - 1
-    total = sum(len(ops) for ops in orders)
-    done, pos, tick = {}, [0] * p, 0
-
-    def need(d, phase, j, c):
-        q = c * p + d
-        if phase == "F":
-            return None if q == 0 else ((q - 1) % p, "F", j, (q - 1) // p)
-        return (d, "F", j, c) if q == last else ((q + 1) % p, "B", j, (q + 1) // p)
-
-    while len(done) < total:
-        ready = []
-        for d in range(p):
-            if pos[d] < len(orders[d]):
-                op = (d, *orders[d][pos[d]])
-                before = need(*op)
-                if before is None or done.get(before, tick) < tick:
-                    ready.append(op)
-        if not ready:
-            raise ValueError(f"deadlock at tick {tick}: no device can run its next op")
-        for op in ready:
-            done[op] = tick
-            pos[op[0]] += 1
-        tick += 1
-    return done
+    the op it needs (chunk_needs) ran in an earlier tick: run_boxes with every op one tick
+    long, in the order of the ticks."""
+    rows = [[dict(stage=d, phase=phase, micro=j, chunk=c) for phase, j, c in ops]
+            for d, ops in enumerate(orders)]
+    ran = [b for row in run_boxes(rows, lambda b, t: t + 1, v) for b in row]
+    return {(b["stage"], b["phase"], b["micro"], b["chunk"]): int(b["start"])
+            for b in sorted(ran, key=lambda b: (b["start"], b["stage"]))}
 
 
 def interleaved_bubble(p, m, v):

@@ -3,7 +3,7 @@
 `plot_network_split` cuts a model with `split_sequential`, runs one example through the stages
 with a ByteLog and draws which device holds which layers, what share of the multiply-adds each
 does, and how many numbers cross each cut. `schedule_timelines` lays out the course's schedule
-functions (gpipe_rank_order, one_f_one_b_rank_order, interleaved_order, zero_bubble_rank_order)
+functions (gpipe_order, one_f_one_b_rank_order, interleaved_order, zero_bubble_rank_order)
 on equal stages, each box starting as soon as its rank is free and its input is ready;
 `plot_pipeline_schedules` draws them one above the other.
 """
@@ -15,7 +15,13 @@ from ..runtime.traffic import ByteLog
 from ..schematics import LABEL_FONT as SMALL
 from ..schematics import SCHEMATIC_FONT as FONT
 from ..schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_box
-from .schedules import gpipe_rank_order, interleaved_order, one_f_one_b_rank_order, timeline_bubble
+from .schedules import (
+    gpipe_order,
+    interleaved_order,
+    one_f_one_b_rank_order,
+    run_boxes,
+    timeline_bubble,
+)
 from .simulated import multiply_adds, network_split_forward, split_sequential
 from .timelines import replay_orders, zero_bubble_rank_order
 
@@ -78,34 +84,10 @@ def plot_network_split(net, options, input_shape):
 def _replay_chunks(orders, v, f, b):
     """Interleaved orders ((phase, micro, chunk) per device) run on equal chunks: a chunk's
     forward takes f/v, its backward b/v; each op starts when its device is free and the op it
-    needs (interleaved_ticks' dependencies) has ended. Returns one list of boxes per device."""
-    p, last = len(orders), v * len(orders) - 1
-    pos, free, end = [0] * p, [0.0] * p, {}
-    timelines = [[] for _ in range(p)]
-
-    def need(d, phase, j, c):
-        q = c * p + d
-        if phase == "F":
-            return None if q == 0 else ((q - 1) % p, "F", j, (q - 1) // p)
-        return (d, "F", j, c) if q == last else ((q + 1) % p, "B", j, (q + 1) // p)
-
-    while any(pos[d] < len(orders[d]) for d in range(p)):
-        moved = False
-        for d in range(p):
-            while pos[d] < len(orders[d]):
-                op = (d, *orders[d][pos[d]])
-                before = need(*op)
-                if before is not None and before not in end:
-                    break
-                start = max(free[d], end[before] if before else 0.0)
-                free[d] = end[op] = start + (f if op[1] == "F" else b) / v
-                timelines[d].append(dict(stage=d, phase=op[1], micro=op[2], chunk=op[3],
-                                         start=start, end=free[d]))
-                pos[d] += 1
-                moved = True
-        if not moved:
-            raise ValueError("the interleaved orders deadlock")
-    return timelines
+    needs has ended (run_boxes). Returns one list of boxes per device."""
+    rows = [[dict(stage=d, phase=phase, micro=j, chunk=c) for phase, j, c in ops]
+            for d, ops in enumerate(orders)]
+    return run_boxes(rows, lambda box, t: t + (f if box["phase"] == "F" else b) / v, v)
 
 
 def schedule_timelines(p=4, m=4, v=2):
@@ -115,7 +97,7 @@ def schedule_timelines(p=4, m=4, v=2):
     whole = {"F": 1.0, "B": 2.0}
     split = {"F": 1.0, "B": 1.0, "W": 1.0}
     runs = {
-        "GPipe": ([gpipe_rank_order(p, m, r) for r in range(p)], whole),
+        "GPipe": (gpipe_order(p, m), whole),
         "1F1B": ([one_f_one_b_rank_order(p, m, r) for r in range(p)], whole),
         "zero bubble": ([zero_bubble_rank_order(p, m, r) for r in range(p)], split),
     }

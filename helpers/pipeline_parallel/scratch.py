@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..costs import balanced_cuts
 from ..seeding import seeded
 from ..validate import validate_positive_int
 
 __all__ = ["pipeline_net", "validate_cuts", "stage_of", "validate_pipeline_step",
-           "pipeline_rank_step", "unsplit_step", "layer_times", "cuts_by", "sum_loss",
+           "pipeline_rank_step", "unsplit_step", "layer_times", "sum_loss",
            "LiveActivations", "LinearTape"]
 
 
@@ -45,7 +44,7 @@ def validate_cuts(cuts, num_layers, stages=None):
                          f"layers: give strictly increasing indices within 1..{num_layers - 1}")
     if stages is not None and len(cuts) + 1 != stages:
         raise ValueError(f"{len(cuts)} cuts make {len(cuts) + 1} stages for {stages} ranks: give "
-                         f"{stages - 1} cuts (e.g. helpers.cuts_by(times, {stages}))")
+                         f"{stages - 1} cuts (e.g. helpers.balanced_cuts(times, {stages}))")
     return cuts
 
 
@@ -328,9 +327,3 @@ def layer_times(net, X, y, repeats=5, loss_fn=sum_loss):
         return times
     finally:
         torch.set_num_threads(threads)
-
-
-def cuts_by(weights, p):
-    """Cuts that balance `weights` (per-layer parameter counts, or measured seconds) over p
-    stages: the largest stage as small as possible (helpers.balanced_cuts)."""
-    return balanced_cuts(list(weights), p)

@@ -9,22 +9,11 @@ machine adds (`wait_parts`: the time from a message's sending to the box that ne
 """
 from ..runtime.emulate import model_time, waits
 from ..validate import validate_positive_int
-from .schedules import one_f_one_b_rank_order, timeline_bubble
+from .schedules import needs, one_f_one_b_rank_order, run_boxes, timeline_bubble
 
-__all__ = ["box_needs", "pipeline_model_time", "replay_orders", "replayed_bubble", "with_ready",
+__all__ = ["pipeline_model_time", "replay_orders", "replayed_bubble", "with_ready",
            "wait_parts", "zero_bubble_rank_order", "zero_bubble_bubble",
            "bubble_added"]
-
-
-def box_needs(rank, phase, j, p):
-    """The box that (rank, phase, j) waits for, as (rank, phase, j), or None: a forward needs
-    the previous rank's forward of j, a backward the next rank's backward of j (the last rank:
-    its own forward), a weight-gradient box W its own backward of j."""
-    if phase == "F":
-        return (rank - 1, "F", j) if rank > 0 else None
-    if phase == "B":
-        return (rank + 1, "B", j) if rank < p - 1 else (rank, "F", j)
-    return (rank, "B", j)
 
 
 def pipeline_model_time(timelines, num_stages, row_bytes, rates):
@@ -34,42 +23,18 @@ def pipeline_model_time(timelines, num_stages, row_bytes, rates):
     bytes takes rates.message(...). `virtual` is the stage a box ran (looped placement)."""
     def key(b):
         return (b["virtual"], b["phase"], b["micro"])
-
-    def needs(b):
-        v, ph, j = key(b)
-        if ph == "F":
-            return (v - 1, "F", j) if v > 0 else None
-        if ph == "B":
-            return (v + 1, "B", j) if v < num_stages - 1 else (v, "F", j)
-        return (v, "B", j)
-    return model_time(timelines, key, needs, lambda b: rates.message(b["rows"] * row_bytes))
+    return model_time(timelines, key, lambda b: needs(*key(b), num_stages),
+                      lambda b: rates.message(b["rows"] * row_bytes))
 
 
 def replay_orders(orders, seconds):
     """Run `orders` (orders[r]: rank r's list of (phase, j)) with box durations seconds(r,
-    phase, j): each box starts when its rank is free and the box it needs has ended. Returns the
-    timelines (one list of dicts per rank). ValueError if some rank would wait forever."""
-    p = len(orders)
-    pos, free, end = [0] * p, [0.0] * p, {}
-    timelines = [[] for _ in range(p)]
-    while any(pos[r] < len(orders[r]) for r in range(p)):
-        progressed = False
-        for r in range(p):
-            while pos[r] < len(orders[r]):
-                phase, j = orders[r][pos[r]]
-                need = box_needs(r, phase, j, p)
-                if need is not None and need not in end:
-                    break
-                start = max(free[r], end[need] if need is not None else 0.0)
-                free[r] = end[(r, phase, j)] = start + seconds(r, phase, j)
-                timelines[r].append(dict(stage=r, micro=j, phase=phase, start=start,
-                                         end=free[r]))
-                pos[r] += 1
-                progressed = True
-        if not progressed:
-            stuck = [(r, orders[r][pos[r]]) for r in range(p) if pos[r] < len(orders[r])]
-            raise ValueError(f"the orders deadlock: (rank, box) {stuck} wait forever")
-    return timelines
+    phase, j): each box starts when its rank is free and the box it needs has ended (run_boxes).
+    Returns the timelines (one list of dicts per rank). ValueError if some rank would wait
+    forever."""
+    rows = [[dict(stage=r, micro=j, phase=phase) for phase, j in ops]
+            for r, ops in enumerate(orders)]
+    return run_boxes(rows, lambda b, t: t + seconds(b["stage"], b["phase"], b["micro"]))
 
 
 def replayed_bubble(timelines):
@@ -91,7 +56,7 @@ def with_ready(timelines):
     for r, tl in enumerate(timelines):
         boxes = []
         for b in tl:
-            need = box_needs(r, b["phase"], b["micro"], p)
+            need = needs(r, b["phase"], b["micro"], p)
             ready = sent.get(need) if need is not None and need[0] != r else None
             boxes.append(dict(b, ready=ready) if ready is not None else dict(b))
         out.append(boxes)
@@ -130,7 +95,7 @@ def zero_bubble_rank_order(p, m, rank, f=1.0, b=1.0, w=1.0):
             nxt = main[r][pos[r]] if pos[r] < 2 * m else None
             ready = None
             if nxt is not None:
-                need = box_needs(r, *nxt, p)
+                need = needs(r, *nxt, p)
                 ready = 0.0 if need is None else end.get(need)
             if ready is not None and (ready <= free[r] or not pending[r]):
                 cand = (max(free[r], ready), r, nxt)

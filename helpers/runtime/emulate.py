@@ -166,12 +166,13 @@ def waits(boxes, step_start=None):
     return total
 
 
-def model_time(timelines, key, needs, message=None):
+def model_time(timelines, key, needs, message=None, finish=None):
     """The recorded boxes on the model's clock: timelines[r] is rank r's boxes in the order they
     ran (each with its "modelled" seconds); key(box) names a box, needs(box) names the box it
     waits for (or None); message(box) is the modelled seconds of the message it waited for when
-    that box ran on another rank. Each box starts when its rank is free and its input is there.
-    Returns copies with start and end in model seconds. ValueError on a cycle."""
+    that box ran on another rank; finish(box, start), if given, is when a box started at `start`
+    ends (default start + its "modelled"). Each box starts when its rank is free and its input
+    is there. Returns copies with start and end in model seconds. ValueError on a cycle."""
     where = {key(b): r for r, tl in enumerate(timelines) for b in tl}
     pos, free, end = [0] * len(timelines), [0.0] * len(timelines), {}
     out = [[] for _ in timelines]
@@ -189,10 +190,13 @@ def model_time(timelines, key, needs, message=None):
                 if need is not None:
                     ready = end[need] + (message(b) if message and where[need] != r else 0.0)
                 start = max(free[r], ready)
-                free[r] = end[key(b)] = start + b["modelled"]
+                free[r] = end[key(b)] = (finish(b, start) if finish
+                                         else start + b["modelled"])
                 out[r].append(dict(b, start=start, end=free[r]))
                 pos[r] += 1
                 moved = True
         if not moved:
-            raise ValueError("the recorded boxes wait for each other in a cycle")
+            stuck = next(tl[pos[r]] for r, tl in enumerate(timelines) if pos[r] < len(tl))
+            raise ValueError(f"the recorded boxes wait for each other in a cycle: box "
+                             f"{key(stuck)} waits forever for {needs(stuck)}")
     return out
