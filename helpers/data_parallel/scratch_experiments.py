@@ -252,7 +252,7 @@ def scratch_refusals(rank, world, cfg):
 def scratch_skipped_step(rank, world, cfg):
     """Rank 1 skips a step that rank 0 takes: rank 0's finish waits for an all-reduce nobody
     joins, and after the group's `timeout` (seconds) raises an error naming the likely causes
-    instead of gloo's bare timeout. Returns {rank: that message} (None elsewhere)."""
+    instead of gloo's bare timeout. Returns that message on rank 0, None on the others."""
     import datetime
     device, timeout = take(cfg, "device", timeout=3)
     group = dist.new_group(timeout=datetime.timedelta(seconds=timeout))
