@@ -3,10 +3,10 @@ backward, seen as they pass through torch.autograd.graph.saved_tensors_hooks."""
 import torch
 from torch import nn
 
-__all__ = ["saved_tensor_bytes"]
+__all__ = ["saved_tensor_bytes", "local_tensor"]
 
 
-def _local(t):
+def local_tensor(t):
     """A DTensor's local tensor (this rank's storage); any other tensor as it is."""
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -14,7 +14,7 @@ def _local(t):
 def _storage_key(t):
     """Which storage t uses: its address, or on the meta device (no addresses) the tensor it is
     a view of."""
-    t = _local(t)
+    t = local_tensor(t)
     if t.device.type == "meta":
         return "meta", id(t._base if t._base is not None else t)
     return t.untyped_storage().data_ptr()
@@ -36,7 +36,7 @@ def saved_tensor_bytes(fn, *args, params=(), seen=None):
         key = _storage_key(t)
         if key not in skip and key not in seen:
             seen[key] = t          # held: its address is not reused while the count goes on
-            total += _local(t).untyped_storage().nbytes()
+            total += local_tensor(t).untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -8,7 +8,7 @@ training moved.
 """
 import torch
 
-__all__ = ["all_close", "max_diff", "rel_diff"]
+__all__ = ["all_close", "max_diff", "rel_diff", "cpu_copy"]
 
 
 def _pairs(xs, ys):
@@ -59,3 +59,8 @@ def rel_diff(a, b, start):
     num = sum(float((x.double() - y.double()).pow(2).sum()) for x, y in _pairs(a, b))
     den = sum(float((y.double() - s.double()).pow(2).sum()) for y, s in _pairs(b, start))
     return (num / den) ** 0.5
+
+
+def cpu_copy(t):
+    """What a rank hands back to be compared: `t` detached, on the CPU, in storage of its own."""
+    return t.detach().cpu().clone()

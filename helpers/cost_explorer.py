@@ -17,7 +17,7 @@ import math
 
 from .costs import split_costs
 
-__all__ = ["cost_grid", "cost_explorer_html", "with_static_twin"]
+__all__ = ["cost_grid", "with_static_twin"]
 
 PARTS = ("sent", "messages", "params", "grads", "optim", "acts")
 DISCRETE = ("model", "k", "batch_size", "optimizer")
@@ -81,7 +81,7 @@ def _control_html(name, spec, uid):
             f'<output for="{uid}-{name}"></output>')
 
 
-def cost_explorer_html(grid, specs, title=""):
+def _cost_explorer_html(grid, specs, title=""):
     """The twin: controls (hidden until its script runs), a table of the current setting, the
     grid as JSON. `specs`: {name: {"kind": "select"|"index"|"log", "value", "values" or
     "base"/"min"/"max"/"step"/"exponent"}}."""
@@ -163,7 +163,7 @@ def with_static_twin(explorer, sizes):
                          f"{list(sizes)}")
     grid = cost_grid(sizes, specs["k"]["values"], specs["batch_size"]["values"],
                      specs["optimizer"]["values"])
-    return WithTwin(explorer, cost_explorer_html(grid, specs, title=(
+    return WithTwin(explorer, _cost_explorer_html(grid, specs, title=(
         "Move the controls: this page looks up the numbers split_costs computed when the "
         "notebook ran, and works out the seconds from the bandwidth and latency.")))
 

@@ -26,8 +26,7 @@ import torch.distributed as dist
 
 from .runtime.group import setup
 
-__all__ = ["fr_env", "fr_dumper", "read_dumps", "first_unjoined", "fr_trace_report",
-           "FR_ENTRIES"]
+__all__ = ["fr_env", "read_dumps", "first_unjoined", "fr_trace_report", "FR_ENTRIES"]
 
 FR_ENTRIES = 2000     # the tutorial's size: ring-buffer entries, one a collective
 
@@ -43,7 +42,7 @@ def fr_env(dump_dir):
             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
 
 
-def fr_dumper(backend):
+def _fr_dumper(backend):
     """The function that returns this process's flight-recorder buffer (pickled bytes), or
     None where this torch records only NCCL's collectives (gloo's joined the recorder later)."""
     from torch._C import _distributed_c10d as c10d
@@ -53,7 +52,7 @@ def fr_dumper(backend):
 
 
 def _dump(backend, dump_dir, rank):
-    dump = fr_dumper(backend)
+    dump = _fr_dumper(backend)
     if dump is None:
         print(f"rank {rank}: this torch's gloo has no flight recorder: it needs NCCL",
               flush=True)

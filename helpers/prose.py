@@ -10,9 +10,8 @@ import os
 import string
 import sys
 
-__all__ = ["ClaimFailed", "claim", "claims_made", "say", "glued", "formatted"]
+__all__ = ["ClaimFailed", "claim", "say", "glued", "formatted"]
 
-_made = []
 _differs = []   # claims this reader's run did not bear out, for the next say()
 
 
@@ -37,7 +36,6 @@ def claim(holds, says, **measured):
     figures = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                         for k, v in measured.items())
     if holds:
-        _made.append(says)
         return
     measured_text = f" ({figures})" if figures else ""
     if strict_claims():
@@ -45,11 +43,6 @@ def claim(holds, says, **measured):
                           f"{measured_text}: rerun on a quiet machine, or change the text")
     _differs.append(f"the text says that {says}, but your run measured otherwise{measured_text}")
     print(f"Note: {_differs[-1]}.", file=sys.stderr)
-
-
-def claims_made():
-    """The claims asserted so far in this process (what a page's hidden cells checked)."""
-    return list(_made)
 
 
 # ---------------------------------------------------------------- prose that carries numbers

@@ -20,7 +20,7 @@ from .paths import course_file
 from .runtime.files import read_json, write_json
 
 __all__ = ["REFERENCE_PATH", "gpu_reference", "describe_gpu_reference", "write_gpu_reference",
-           "capture_env", "gpu_figures", "one_gpu_step", "add_notebook", "add_gpu_path",
+           "gpu_figures", "one_gpu_step", "add_notebook", "add_gpu_path",
            "gpu_runner_cli", "failed_cells_words", "failed_cells_note"]
 
 REFERENCE_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -253,7 +253,7 @@ def _ordinal(n):
     return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def capture_env(path, dry_run=False):
+def _capture_env(path, dry_run=False):
     """Write what the reference file says about the machine (GPU, versions, date) to `path`:
     called on the GPU machine itself, so that `record` can run anywhere later."""
     import torch
@@ -379,7 +379,7 @@ def gpu_runner_cli(argv=None):
         ran = "--not-run" not in argv and len(argv) >= 5
         add_notebook(outdir, argv[2], argv[3] if ran else None, int(argv[4]) if ran else None)
     elif what == "env":
-        capture_env(os.path.join(outdir, "env.json"), dry_run=dry)
+        _capture_env(os.path.join(outdir, "env.json"), dry_run=dry)
     elif what == "record":
         ref = write_gpu_reference(outdir, argv[2], dry_run=dry)
         print(f"gpu_runner: wrote {os.path.join(outdir, 'gpu_reference.json')}"

@@ -6,29 +6,28 @@ and few words (a phone shows a figure at about half its size), colours that stay
 colour-blind readers (Okabe and Ito's), and a white figure background (the book shows figures
 on a light panel in dark mode too).
 """
-__all__ = ["DEVICE_COLORS", "EVERY_RANK_COLOR", "SCHEMATIC_FONT", "LABEL_FONT", "SCHEMATIC_WIDTH",
-           "PHONE_COLUMN_PX", "device_color", "text_color", "diagram", "draw_box", "draw_arrow",
-           "phone_text_px"]
+__all__ = ["EVERY_RANK_COLOR", "SCHEMATIC_FONT", "LABEL_FONT", "SCHEMATIC_WIDTH", "device_color",
+           "diagram", "draw_box", "draw_arrow", "phone_text_px"]
 
 SCHEMATIC_FONT = 13                     # points; phones show figures at about half size
-PHONE_COLUMN_PX = 342                   # the book's text column on a 390-px-wide phone (CSS px)
+_PHONE_COLUMN_PX = 342                   # the book's text column on a 390-px-wide phone (CSS px)
 # A phone shrinks a figure W inches wide to the column, so a label of s points shows at
 # s * 342 / (72 * W) CSS px: the smallest label (LABEL_FONT) in a figure no wider than
 # SCHEMATIC_WIDTH shows at 10.4 px, the least a reader reads without zooming.
 LABEL_FONT = 11
 SCHEMATIC_WIDTH = 5.0
 # Okabe-Ito: distinguishable with every common colour-vision deficiency
-DEVICE_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+_DEVICE_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
                  "#000000")
 EVERY_RANK_COLOR = "#BBBBBB"        # held whole by every device (replicated)
 
 
 def device_color(i):
     """The colour of device (rank) i, the same in every schematic."""
-    return DEVICE_COLORS[i % len(DEVICE_COLORS)]
+    return _DEVICE_COLORS[i % len(_DEVICE_COLORS)]
 
 
-def text_color(fill):
+def _text_color(fill):
     """Black on light fills, white on dark ones (by the fill's relative luminance)."""
     from matplotlib.colors import to_rgb
     r, g, b = to_rgb(fill)
@@ -53,7 +52,7 @@ def draw_box(ax, x, y, w, h, fill, label=None, fontsize=SCHEMATIC_FONT, edge="wh
     ax.add_patch(Rectangle((x, y), w, h, facecolor=fill, edgecolor=edge, linewidth=1.5, **kwargs))
     if label is not None:
         ax.text(x + w / 2, y + h / 2, label, ha="center", va="center", fontsize=fontsize,
-                color=text or text_color(fill))
+                color=text or _text_color(fill))
 
 
 def draw_arrow(ax, start, end, color="black", rad=0.0, width=2.0, head=16):
@@ -65,7 +64,7 @@ def draw_arrow(ax, start, end, color="black", rad=0.0, width=2.0, head=16):
                                  shrinkA=0, shrinkB=0))
 
 
-def phone_text_px(fig, column=PHONE_COLUMN_PX):
+def phone_text_px(fig, column=_PHONE_COLUMN_PX):
     """(size, text) of the smallest text of `fig` in CSS pixels as the book shows it in a column
     `column` px wide: Jupyter stores the figure's tight bounding box as a PNG at fig.dpi (one
     CSS px per pixel), and the page shrinks a wider image to the column. Read from the figure

@@ -19,9 +19,9 @@ from .devices import num_gpus
 from .whole_numbers import validate_positive_int  # the count rule (devices uses it too)
 from .words import plural
 
-__all__ = ["validate_positive_int", "validate_lr", "validate_seed", "validate_images",
-           "validate_global_batch", "validate_backend", "validate_output_path", "validate_step",
-           "SnapshotError", "validate_snapshot"]
+__all__ = ["validate_positive_int", "validate_lr", "validate_seed", "validate_global_batch",
+           "validate_backend", "validate_output_path", "validate_step", "SnapshotError",
+           "validate_snapshot"]
 
 BACKENDS = ("gloo", "nccl")
 
@@ -46,7 +46,7 @@ def validate_seed(seed, name="seed"):
     return seed
 
 
-def validate_images(X, y=None):
+def _validate_images(X, y=None):
     """X must be float images of shape (n, 1, 28, 28) (what LeNet takes); y integer labels of
     length n."""
     if not isinstance(X, torch.Tensor):
@@ -138,7 +138,7 @@ def validate_step(X, y, device_params, devices, lr):
     if len(device_params) != len(devices):
         raise ValueError(f"{len(device_params)} replicas for {len(devices)} devices: make one "
                          "replica per device, [get_params(params, d) for d in devices]")
-    validate_images(X, y)
+    _validate_images(X, y)
     if X.shape[0] == 0:
         raise ValueError("an empty batch: give at least one example")
     dtype = device_params[0][0].dtype if device_params and len(device_params[0]) else X.dtype

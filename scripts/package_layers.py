@@ -7,7 +7,8 @@ A module's layer is one above the highest layer it imports (module-level and def
 alike), so every arrow points down. The rules (tests/test_layout.py keeps them): no import
 cycle; runtime/ imports no split folder (nor the façade); a split folder imports runtime/ and
 the top-level modules, not another split, except the pairs in MAY_IMPORT.
-helpers/checks/ is drawn as one box: it may import anything.
+helpers/checks/ is drawn as one box, on top: it imports only the façade and helpers.runtime
+(tests/test_checks_exports.py keeps that), and nothing else in helpers imports it.
 """
 import ast
 import pathlib

@@ -27,6 +27,7 @@ from helpers.data_parallel.speed_experiments import (
     dp_timing_worker,
     gloo_allreduce_worker,
 )
+from helpers.runtime.launch import take
 
 SMALL_MLP = dict(d_in=16, width=32, depth=3, d_out=10)
 ZERO_MLP = dict(d_in=16, width=32, depth=3)     # make_model("mlp")'s sizes
@@ -176,11 +177,12 @@ def each(rank, world, cfg):
     a peer waiting in a collective)."""
     if world != 1:
         raise ValueError("chapter_targets.each runs on one rank: launch it with world 1")
+    runs, device = take(cfg, "runs", "device")
     out = {}
-    for label, fn, kwargs in cfg["runs"]:
+    for label, fn, kwargs in runs:
         t0 = time.perf_counter()
         try:
-            fn(rank, world, dict(kwargs, device=cfg["device"]))
+            fn(rank, world, dict(kwargs, device=device))
             error = None
         except Exception as e:   # reported per target
             lines = traceback.format_exc().strip().splitlines()

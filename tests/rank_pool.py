@@ -19,22 +19,24 @@ from pathlib import Path
 import torch
 
 import helpers
+from helpers.runtime.errors import LaunchTimeout, RankFailed
 from helpers.runtime.files import atomic_save
 
 __all__ = ["RankPool", "JobFailed", "JobTimeout", "serve"]
 
 
-class JobFailed(RuntimeError):
-    """A job raised on some rank: `errors` maps rank -> "Kind: message"."""
+class JobFailed(RankFailed):
+    """A job raised on some rank: `errors` maps rank -> "Kind: message"; the rank, cause and
+    tail a RankFailed names are the first such rank's, so one `except RankFailed` covers both."""
 
     def __init__(self, errors, tails):
         self.errors, self.tails = errors, tails
         first = min(errors)
-        super().__init__(f"rank {first} raised {errors[first]}\n{tails[first]}")
+        super().__init__(first, errors[first], tail=tails[first])
 
 
-class JobTimeout(TimeoutError):
-    pass
+class JobTimeout(LaunchTimeout):
+    """A job still running on the pool's ranks after its timeout (the ranks were killed)."""
 
 
 def serve(rank, world, cfg):
@@ -111,8 +113,8 @@ class RankPool:
                 raise RuntimeError(f"the pool's ranks ended: {self.failure}")
             if time.monotonic() > deadline:
                 self.close(kill=True)
-                raise JobTimeout(f"job {fn.__name__} still running after "
-                                 f"{timeout or self.job_timeout:g} s on {self.world} ranks")
+                raise JobTimeout(list(range(self.world)), timeout or self.job_timeout,
+                                 progress=f", in job {fn.__name__}")
             time.sleep(0.005)
 
     def close(self, kill=False):

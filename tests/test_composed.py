@@ -7,7 +7,9 @@ import torch
 
 import helpers
 from helpers import gather_shards, launch, run_ranks
-from helpers.composed import one_process_run, stage_costs, train_3d_scratch, train_3d_torch
+from helpers.composed.experiments import train_3d_scratch, train_3d_torch
+from helpers.composed.planner import stage_costs
+from helpers.composed.scratch import one_process_run
 from helpers.runtime.mesh import rank_grid
 
 SHAPE = (2, 2, 2)

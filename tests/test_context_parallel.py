@@ -12,22 +12,24 @@ import torch
 from thread_ranks import run_threads
 
 from helpers import run_ranks
-from helpers.context_parallel import (
-    attention_reference,
-    block_work,
-    causal_block,
-    context_parallel_status,
+from helpers.context_parallel.experiments import (
     cp_activation_memory,
     cp_attention_run,
     cp_torch_run,
     cp_ulysses_run,
+    qkv_inputs,
+)
+from helpers.context_parallel.scratch import (
+    attention_reference,
+    block_work,
+    causal_block,
     ring_attention,
     shard_sequence,
     split_positions,
-    ulysses_attention,
     unshard_sequence,
 )
-from helpers.context_parallel.experiments import qkv_inputs
+from helpers.context_parallel.torch_api import context_parallel_status
+from helpers.context_parallel.ulysses import ulysses_attention
 from helpers.transformer_costs import ring_attention_bytes, ulysses_attention_bytes
 
 WORLD = 4

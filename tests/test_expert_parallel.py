@@ -10,22 +10,24 @@ import torch
 from thread_ranks import run_threads
 
 from helpers import launch, run_ranks
-from helpers.expert_parallel import (
-    ExpertParallelMoE,
-    MoE,
+from helpers.expert_parallel.experiments import (
+    AUX,
+    Z_LOSS,
     ep_equal_run,
     ep_imbalance_run,
     ep_production_run,
+    moe_step,
+)
+from helpers.expert_parallel.moe import (
+    MoE,
     expert_capacity,
-    grouped_mm,
     load_balancing_loss,
     moe_inputs,
-    moe_step,
-    permute_by_expert,
     route,
     router_z_loss,
 )
-from helpers.expert_parallel.experiments import AUX, Z_LOSS
+from helpers.expert_parallel.scratch import ExpertParallelMoE
+from helpers.expert_parallel.torch_api import grouped_mm, permute_by_expert
 from helpers.transformer_costs import moe_dispatch_bytes
 
 MOE = dict(width=8, hidden=16, n_experts=4, k=2)

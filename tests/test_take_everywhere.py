@@ -13,8 +13,7 @@ def _targets(tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
             names = [a.arg for a in node.args.args]
-            if names[:1] == ["rank"] and names[1:2] in (["world"], ["world_size"]) \
-                    and names[2:3] == ["cfg"]:
+            if names[:1] == ["rank"] and len(names) >= 3 and names[2] == "cfg":
                 yield node
 
 
@@ -47,6 +46,26 @@ def test_launch_targets_read_cfg_through_take():
     count, raw = _scan(_package_sources())
     assert count >= 40, f"found only {count} launch targets: the scan no longer sees them"
     assert not raw, f"read these with take(cfg, ...): {raw}"
+
+
+def _misnamed(sources):
+    """'helpers/<file> (<fn>)' for each launch target whose second argument is not `world`."""
+    return [f"helpers/{rel} ({fn.name})" for rel, text in sources.items()
+            for fn in _targets(ast.parse(text)) if fn.args.args[1].arg != "world"]
+
+
+def test_launch_targets_call_the_world_size_world():
+    """One signature, fn(rank, world, cfg), for every target: a reader who has seen one has
+    seen them all."""
+    misnamed = _misnamed(_package_sources())
+    assert not misnamed, f"name the second argument `world`: {misnamed}"
+
+
+def test_the_name_scan_fails_on_world_size():
+    """Guard the guard: a target spelt (rank, world_size, cfg) is found."""
+    sources = {"sharding/knobs_experiments.py":
+               "def t(rank, world_size, cfg):\n    return rank\n"}
+    assert _misnamed(sources) == ["helpers/sharding/knobs_experiments.py (t)"]
 
 
 def test_the_scan_sees_a_raw_read():

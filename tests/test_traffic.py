@@ -171,8 +171,11 @@ def test_count_traffic_refuses_a_thread_rank_and_serves_the_main_thread():
     from helpers.runtime.traffic import in_rank_thread
 
     def rank(comm):
-        with pytest.raises(RuntimeError, match="comm.traffic"), helpers.count_traffic():
+        with pytest.raises(RuntimeError, match=r"comm\.traffic \(a property\)") as refused, \
+                helpers.count_traffic():
             pass
+        assert "traffic()" not in str(refused.value)     # the advice, followed, must work
+        assert comm.traffic is not None
         return in_rank_thread()
     assert ThreadWorld(2).run(rank) == [True, True]
     before = dist.all_reduce

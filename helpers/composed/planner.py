@@ -37,19 +37,18 @@ from ..transformer_costs import (
     train_flops_per_token,
 )
 
-__all__ = ["MODEL_KEYS", "GPU_KEYS", "ACCUMULATION", "LATENCY",
-           "data_parallel_costs", "stage_costs", "ring_exposed_seconds", "layout_costs",
+__all__ = ["data_parallel_costs", "stage_costs", "ring_exposed_seconds", "layout_costs",
            "candidate_layouts", "plan", "format_plan"]
 
-MODEL_KEYS = ("layers", "width", "heads", "vocab", "seq", "batch")
-GPU_KEYS = ("memory", "flops", "bandwidth")
-ACCUMULATION = ("every", "no_sync")
-LATENCY = 10e-6        # seconds a message pays before its first byte (gpu["latency"] overrides)
+_MODEL_KEYS = ("layers", "width", "heads", "vocab", "seq", "batch")
+_GPU_KEYS = ("memory", "flops", "bandwidth")
+_ACCUMULATION = ("every", "no_sync")
+_LATENCY = 10e-6        # seconds a message pays before its first byte (gpu["latency"] overrides)
 
 
 def validate_model(model, gpu=None):
     """Refuse a model (or GPU) description that misses a key or has a non-positive size."""
-    for what, d, keys in (("model", model, MODEL_KEYS), ("gpu", gpu, GPU_KEYS)):
+    for what, d, keys in (("model", model, _MODEL_KEYS), ("gpu", gpu, _GPU_KEYS)):
         if d is None:
             continue
         missing = [k for k in keys if k not in d]
@@ -58,7 +57,7 @@ def validate_model(model, gpu=None):
         bad = [k for k in keys if not d[k] > 0]
         if bad:
             raise ValueError(f"the {what}'s {', '.join(bad)} must be > 0")
-    if gpu is not None and not gpu.get("latency", LATENCY) >= 0:
+    if gpu is not None and not gpu.get("latency", _LATENCY) >= 0:
         raise ValueError(f"the gpu's latency must be >= 0 seconds, not {gpu['latency']}")
 
 
@@ -68,8 +67,8 @@ def data_parallel_costs(n_params, k, zero, m=1, acc="every", optimizer="adam", d
     all-reduce; ZeRO-3: an all-gather in forward and in backward and a reduce-scatter per
     micro-batch), "no_sync" keeps full gradients (ZeRO-3: and unsharded parameters) until one
     reduction. Plain dp and ZeRO-1 hold full gradients anyway (DDP's no_sync)."""
-    if acc not in ACCUMULATION:
-        raise ValueError(f"acc must be one of {ACCUMULATION}, not {acc!r}")
+    if acc not in _ACCUMULATION:
+        raise ValueError(f"acc must be one of {_ACCUMULATION}, not {acc!r}")
     z = dict(sharding_costs(n_params, k, zero, optimizer, dtype_bytes))
     if zero in ("dp", "zero1") or m == 1:
         return z
@@ -121,7 +120,7 @@ def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout
     """Per pipeline stage (a list, stage 0 first), what one of its ranks holds and sends per
     step: params, grads, optim, acts, memory (bytes), bytes = {tp, pp, dp, cp, ep} and the
     messages along tp, pp, cp and ep (each pays the latency).
-    `lay`: dp, tp, pp, cp, ep, zero (a stage of helpers.SHARDING_STAGES), acc (ACCUMULATION),
+    `lay`: dp, tp, pp, cp, ep, zero (a stage of helpers.SHARDING_STAGES), acc (_ACCUMULATION),
     recompute, m, sp."""
     validate_model(model)
     h, a, s, V = (model[k] for k in ("width", "heads", "seq", "vocab"))
@@ -207,7 +206,7 @@ def layout_costs(model, gpu, lay, optimizer="adam", dtype_bytes=2, mfu=0.4, **kw
                                   model["seq"], lay.get("recompute", "none"))
     rate = mfu * gpu["flops"]
     compute = flops * model["batch"] * model["seq"] / (dp * tp * pp * cp) / rate
-    link, latency = gpu["bandwidth"], gpu.get("latency", LATENCY)
+    link, latency = gpu["bandwidth"], gpu.get("latency", _LATENCY)
 
     # data traffic overlaps the backward it follows: every micro-batch's when each reduces its
     # gradients; only the last one's when they accumulate whole and reduce once (no_sync; plain
@@ -260,7 +259,7 @@ def candidate_layouts(model, n_gpus, sp=True):
             if zero in ("dp", "zero1"):
                 accs = ("no_sync",)
             else:
-                accs = ACCUMULATION if m > 1 else ("every",)
+                accs = _ACCUMULATION if m > 1 else ("every",)
             for acc in accs:
                 out.append(dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, acc=acc,
                                 recompute=rec, m=m, sp=sp and tp > 1))

@@ -26,7 +26,7 @@ from ..tensor_parallel.scratch import TPBlock
 from ..tiny_models import SmallBlock
 from .model import GPTHead, gpt, gpt_batches, gpt_layers, gpt_loss
 
-__all__ = ["build_stage", "one_process_run", "CPEmbed", "CPBlock", "Recomputed", "cp_gpt"]
+__all__ = ["build_stage", "one_process_run", "cp_gpt"]
 
 
 def build_stage(net, cuts, pp_rank, tp_comm):
@@ -64,7 +64,7 @@ def one_process_run(cfg):
     return losses, {n: p.detach().clone() for n, p in net.named_parameters()}
 
 
-class CPEmbed(nn.Module):
+class _CPEmbed(nn.Module):
     """Token plus position embeddings of this rank's tokens of the sequence (their global
     positions, `positions`: not a buffer, which data parallelism would copy from rank 0)."""
 
@@ -76,7 +76,7 @@ class CPEmbed(nn.Module):
         return self.tok(idx) + self.pos(self.positions.to(idx.device))
 
 
-class CPBlock(nn.Module):
+class _CPBlock(nn.Module):
     """A SmallBlock on this rank's tokens (the same modules): its attention a ring over `comm`
     (helpers.context_parallel.scratch.CPAttention); the norms and the MLP need no other token."""
 
@@ -90,7 +90,7 @@ class CPBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class Recomputed(nn.Module):
+class _Recomputed(nn.Module):
     """`module` under activation recomputation: backward runs its forward again (its ring
     included) instead of keeping what it saved; only its input is kept."""
 
@@ -104,11 +104,11 @@ class Recomputed(nn.Module):
 
 def cp_gpt(lm, comm, recompute="none", layout="zigzag"):
     """The GPT (a gpt()) on this rank's tokens of a sequence split over `comm` by `layout`:
-    CPEmbed, its blocks as CPBlocks (each Recomputed with recompute="full"), GPTHead."""
+    _CPEmbed, its blocks as _CPBlock (each _Recomputed with recompute="full"), GPTHead."""
     if recompute not in ("none", "full"):
         raise ValueError(f"recompute must be 'none' or 'full', not {recompute!r}")
     pos = split_positions(lm.pos.num_embeddings, comm.world, comm.rank, layout)
-    blocks = [CPBlock(b, comm, layout) for b in lm.blocks]
+    blocks = [_CPBlock(b, comm, layout) for b in lm.blocks]
     if recompute == "full":
-        blocks = [Recomputed(b) for b in blocks]
-    return nn.Sequential(CPEmbed(lm, pos), *blocks, GPTHead(lm))
+        blocks = [_Recomputed(b) for b in blocks]
+    return nn.Sequential(_CPEmbed(lm, pos), *blocks, GPTHead(lm))

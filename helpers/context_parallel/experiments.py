@@ -5,7 +5,7 @@ computation. Results come back on the CPU."""
 import torch
 
 from ..activations import saved_tensor_bytes
-from ..compare import max_diff
+from ..compare import cpu_copy, max_diff
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
@@ -23,10 +23,6 @@ def qkv_inputs(B, H, T, D, seed=0, device="cpu"):
     """q, k, v and an output gradient, each (B, H, T, D), the same on every rank."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, T, D, generator=g).to(device) for _ in range(4)]
-
-
-def _cpu(t):
-    return t.detach().cpu().clone()
 
 
 def cp_attention_run(rank: int, world: int, cfg: dict) -> dict[str, RingRun]:
@@ -52,8 +48,8 @@ def cp_attention_run(rank: int, world: int, cfg: dict) -> dict[str, RingRun]:
         fwd = comm.traffic.wire_bytes("send")
         with RingCensus(block) as bwd_census:
             out.backward(gl)
-        results[layout] = RingRun(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad),
-                                  dv=_cpu(vl.grad), blocks=stats, fwd_bytes=fwd,
+        results[layout] = RingRun(out=cpu_copy(out), dq=cpu_copy(ql.grad), dk=cpu_copy(kl.grad),
+                                  dv=cpu_copy(vl.grad), blocks=stats, fwd_bytes=fwd,
                                   bwd_bytes=comm.traffic.wire_bytes("send") - fwd,
                                   sends=comm.traffic.calls("send"),
                                   live_fwd=fwd_census.peak_blocks,
@@ -74,7 +70,8 @@ def cp_ulysses_run(rank: int, world: int, cfg: dict) -> UlyssesRun:
     comm.reset_counts()
     out = ulysses_attention(ql, kl, vl, comm, causal)
     out.backward(shard_sequence(g, world, rank, "contiguous"))
-    return UlyssesRun(out=_cpu(out), dq=_cpu(ql.grad), dk=_cpu(kl.grad), dv=_cpu(vl.grad),
+    return UlyssesRun(out=cpu_copy(out), dq=cpu_copy(ql.grad), dk=cpu_copy(kl.grad),
+                      dv=cpu_copy(vl.grad),
                       sent=comm.traffic.wire_bytes("all_to_all"),
                       calls=comm.traffic.calls("all_to_all"))
 

@@ -24,17 +24,18 @@ from .results import (
 from .scratch import DDPFromScratch
 
 __all__ = ["gradient_timeline", "overlap_step_times", "ddp_scratch_trace", "emulated_overlap",
-           "modelled_step"]
+           "modelled_step", "timeline_model", "timed_step"]
 
 
-def _timeline_model(device, sizes, bucket_mb, overlap=True):
+def timeline_model(device, sizes, bucket_mb, overlap=True):
+    """A DDPFromScratch MLP that records its timeline, and one batch for it: (model, batch)."""
     model = DDPFromScratch(make_model("mlp", **(sizes or {})).to(device), bucket_mb=bucket_mb,
                            overlap=overlap)
     batch = make_batches("mlp", 1, 64, d_in=(sizes or {}).get("d_in", 32))[0]
     return model, batch
 
 
-def _step(model, X, y):
+def timed_step(model, X, y):
     """One synchronised step's backward and finish, timed on the model's clock (CUDA events on
     a GPU: when the GPU got there): (start, backward end, finish end) in host-clock seconds,
     as model.timeline, which it leaves holding the step."""
@@ -61,12 +62,12 @@ def gradient_timeline(rank, world, cfg):
     examples."""
     device, bucket_mb, sizes, repeats, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, repeats=3, batch_size=32)
-    model, batch = _timeline_model(device, sizes, bucket_mb)
+    model, batch = timeline_model(device, sizes, bucket_mb)
     X, y = local_batch(batch, rank, world, device)
     X, y = X[:batch_size], y[:batch_size]
     for _ in range(repeats):
         dist.barrier()
-        t0, t1, t2 = _step(model, X, y)
+        t0, t1, t2 = timed_step(model, X, y)
     return GradientTimeline(events=[(t - t0, what, i) for t, what, i in model.timeline],
                             backward_s=t1 - t0, finish_s=t2 - t0,
                             num_buckets=len(model.buckets), device=str(device))
@@ -81,9 +82,9 @@ def overlap_step_times(rank, world, cfg):
     returned."""
     device, bucket_mb, sizes, rounds, warmup, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, rounds=7, warmup=2, batch_size=32)
-    models = {k: _timeline_model(device, sizes, bucket_mb, overlap=k == "overlap")[0]
+    models = {k: timeline_model(device, sizes, bucket_mb, overlap=k == "overlap")[0]
               for k in ("overlap", "after")}
-    batch = _timeline_model(device, sizes, bucket_mb)[1]
+    batch = timeline_model(device, sizes, bucket_mb)[1]
     X, y = local_batch(batch, rank, world, device)
     X, y = X[:batch_size], y[:batch_size]
     times = {k: [] for k in models}
@@ -91,7 +92,7 @@ def overlap_step_times(rank, world, cfg):
     for r in range(warmup + rounds):
         for k in turn_order(("overlap", "after"), r):
             dist.barrier()
-            t0, t1, t2 = _step(models[k], X, y)
+            t0, t1, t2 = timed_step(models[k], X, y)
             if r >= warmup:
                 times[k].append(t2 - t0)
             if k == "overlap":
@@ -155,11 +156,11 @@ def ddp_scratch_trace(rank, world, cfg):
         cfg, "device", bucket_mb=None, sizes=None, steps=3, batch_size=32)
     out = {}
     for mode in ("overlap", "after"):
-        model, batch = _timeline_model(device, sizes, bucket_mb, overlap=mode == "overlap")
+        model, batch = timeline_model(device, sizes, bucket_mb, overlap=mode == "overlap")
         X, y = local_batch(batch, rank, world, device)
         X, y = X[:batch_size], y[:batch_size]
         for _ in range(2):
-            _step(model, X, y)
+            timed_step(model, X, y)
         dist.barrier()
         with quiet_profile(device.type == "cuda") as prof:
             for _ in range(steps):

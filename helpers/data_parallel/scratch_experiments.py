@@ -23,6 +23,7 @@ from ..runtime.launch import take
 from ..runtime.traffic import count_traffic
 from ..timing import turn_order
 from ..tiny_models import make_batches, make_model
+from .overlap_experiments import timed_step, timeline_model
 from .results import (
     DdpCase,
     ExposedMode,
@@ -251,7 +252,7 @@ def scratch_refusals(rank, world, cfg):
 def scratch_skipped_step(rank, world, cfg):
     """Rank 1 skips a step that rank 0 takes: rank 0's finish waits for an all-reduce nobody
     joins, and after the group's `timeout` (seconds) raises an error naming the likely causes
-    instead of gloo's bare timeout. Returns {rank: that message} (None elsewhere)."""
+    instead of gloo's bare timeout. Returns that message on rank 0, None on the others."""
     import datetime
     device, timeout = take(cfg, "device", timeout=3)
     group = dist.new_group(timeout=datetime.timedelta(seconds=timeout))
@@ -292,19 +293,18 @@ def exposed_comm_times(rank, world, cfg):
     split by split_step: "compute" (backward and every bucket's launch), "exposed" (the rest of
     finish), "launches" and "pending". Returns a results.ExposedRun: per mode, one sample per
     round of each, and the number of buckets."""
-    from .overlap_experiments import _step, _timeline_model
     device, bucket_mb, sizes, rounds, warmup, batch_size = take(
         cfg, "device", bucket_mb=None, sizes=None, rounds=7, warmup=2, batch_size=32)
     modes = ("overlap", "after")
-    models = {k: _timeline_model(device, sizes, bucket_mb, overlap=k == "overlap")[0]
+    models = {k: timeline_model(device, sizes, bucket_mb, overlap=k == "overlap")[0]
               for k in modes}
-    X, y = local_batch(_timeline_model(device, sizes, bucket_mb)[1], rank, world, device)
+    X, y = local_batch(timeline_model(device, sizes, bucket_mb)[1], rank, world, device)
     X, y = X[:batch_size], y[:batch_size]
     out = {k: {"exposed": [], "compute": [], "launches": [], "pending": []} for k in modes}
     for r in range(warmup + rounds):
         for k in turn_order(modes, r):
             dist.barrier()
-            t0, _, t2 = _step(models[k], X, y)
+            t0, _, t2 = timed_step(models[k], X, y)
             if r >= warmup:
                 for key, value in split_step(models[k].timeline, t0, t2).items():
                     out[k][key].append(value)

@@ -127,11 +127,11 @@ def _waits(arrivals, k):
     return wait, after
 
 
-def dp_timing_worker(rank, world_size, cfg):
+def dp_timing_worker(rank, world, cfg):
     """Launch target (gloo): time every run of cfg['runs'] for every worker count of cfg['ks'],
     the runs and counts taking turns in one set of processes; rank 0 returns them, a
     results.WorkerSweep."""
-    # cfg: ks (worker counts, at most world_size), runs (dicts: name, global_batch, steps, reps,
+    # cfg: ks (worker counts, at most world), runs (dicts: name, global_batch, steps, reps,
     #   mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
     # The runs take turns in every repeat (the order reversed every other repeat), and so do the
     # counts within each run, so that they share the same conditions (a machine's load drifts):
@@ -148,7 +148,7 @@ def dp_timing_worker(rank, world_size, cfg):
     core = pin_to_core(rank)
     ks, runs, subset, lr, seed = take(cfg, "ks", "runs", subset=4096, lr=0.2, seed=0)
     runs = [_read_run(run) for run in runs]
-    groups = {k: dist.new_group(list(range(k))) if 1 < k < world_size else None
+    groups = {k: dist.new_group(list(range(k))) if 1 < k < world else None
               for k in ks}                       # every rank must call new_group
     X, y = load_tensors(True, subset)
     names = [run.name for run in runs]
@@ -167,7 +167,7 @@ def dp_timing_worker(rank, world_size, cfg):
             done += 1
             report_progress(done, total, "timed repeat")
             for k in ks:
-                if world_size > 1:
+                if world > 1:
                     dist.barrier()
                 if rank < k:
                     times, steps = trainers[run.name][k].repeat(run.steps, rank, X, y, groups[k])
@@ -176,8 +176,8 @@ def dp_timing_worker(rank, world_size, cfg):
                             out[run.name][k][key].append(v)
                         arrive[run.name][k].append(steps)
     every = [arrive]
-    if world_size > 1:
-        every = [None] * world_size
+    if world > 1:
+        every = [None] * world
         dist.all_gather_object(every, arrive)
     for name in names:
         for k in ks:
@@ -192,8 +192,8 @@ def dp_timing_worker(rank, world_size, cfg):
                       if run.return_params and rank < k else None)
             times[k][run.name] = WorkerTimes(**out[run.name][k], params=params)
     cores = [core]
-    if world_size > 1:
-        cores = [None] * world_size
+    if world > 1:
+        cores = [None] * world
         dist.all_gather_object(cores, core)
     if rank == 0:
         return WorkerSweep(times=times, cores=cores, threads=torch.get_num_threads())
@@ -223,7 +223,7 @@ def time_data_parallel(ks, runs, subset=4096, lr=0.2, seed=0, quiet=False, timeo
 
 # --- correctness across processes (tests): the course's allreduces against torch's --------------
 
-def allreduce_compare_worker(rank, world_size, cfg):
+def allreduce_compare_worker(rank, world, cfg):
     """Launch target: all_reduce (sum) rank-seeded tensors of cfg['shapes'] with
     torch.distributed, on the rank's device (cfg['device']: NCCL needs CUDA tensors); rank 0
     returns the inputs of every rank and the results, on the CPU, for comparison in one
@@ -232,7 +232,7 @@ def allreduce_compare_worker(rank, world_size, cfg):
     shapes, seed, device = take(cfg, "shapes", "seed", "device")
     g = torch.Generator().manual_seed(seed + rank)
     mine = [torch.randn(s, generator=g) for s in shapes]
-    inputs = [None] * world_size
+    inputs = [None] * world
     dist.all_gather_object(inputs, mine)      # CPU copies: nothing pickled from a GPU
     sums = [t.to(device) for t in mine]
     for t in sums:
@@ -267,7 +267,7 @@ def lenet_module_from(params):
     return net
 
 
-def bench_worker(rank, world_size, cfg):
+def bench_worker(rank, world, cfg):
     """Launch target for scripts/bench.py: train LeNet with each wrapper in cfg['wrappers']
     ('ddp': torch's DistributedDataParallel, 'scratch': helpers.DDPFromScratch) from the same
     initialisation, batch cfg['batch_size'] split over the ranks, SGD at cfg['lr'], on the
@@ -306,7 +306,7 @@ def bench_worker(rank, world_size, cfg):
             dist.barrier()
             t0 = synced_now(device)
             for idx in loader.index_batches():
-                idx = idx.tensor_split(world_size)[rank]
+                idx = idx.tensor_split(world)[rank]
                 loss = F.cross_entropy(model(X[idx]), y[idx])   # mean; ranks average
                 opt.zero_grad(set_to_none=False)
                 loss.backward()
@@ -342,7 +342,7 @@ def bench_ranks(world_size, wrappers, batch_size=256, lr=0.2, num_epochs=3, subs
 
 
 # --- one all-reduce, timed across processes (scaling.ipynb's alpha-beta fit) --------------------
-def gloo_allreduce_worker(rank, world_size, cfg):
+def gloo_allreduce_worker(rank, world, cfg):
     """Launch target: time all_reduce of float32 tensors of cfg['sizes'] elements (the fastest
     of cfg['reps'] calls: other processes' noise only adds time; every call's seconds with
     cfg['keep'] 'all'); rank 0 returns {size: seconds}. On NCCL each rank uses its own GPU
@@ -364,9 +364,9 @@ def gloo_allreduce_worker(rank, world_size, cfg):
             if r >= 2:
                 times.append(synced_now(device) - t0)
         results[n] = min(times) if keep == "min" else times
-        if x[0].item() != world_size ** (reps + 2):
+        if x[0].item() != world ** (reps + 2):
             raise RuntimeError(f"all_reduce gave {x[0].item()}, expected "
-                               f"{world_size ** (reps + 2)}")
+                               f"{world ** (reps + 2)}")
     if rank == 0:
         return results
 

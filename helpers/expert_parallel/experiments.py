@@ -3,6 +3,7 @@ helpers.launch. Every rank builds the same MoE and the same global tokens from t
 its device, and keeps its group of tokens and its experts; results come back on the CPU."""
 import torch
 
+from ..compare import cpu_copy
 from ..devices import synced_now
 from ..runtime.comm import DistComm
 from ..runtime.launch import take, take_kwargs
@@ -15,10 +16,6 @@ __all__ = ["moe_step", "ep_equal_run", "ep_imbalance_run", "ep_production_run"]
 
 AUX = 0.01      # weight of the load-balancing loss in the training loss
 Z_LOSS = 0.001  # weight of the router z-loss
-
-
-def _cpu(t):
-    return t.detach().cpu().clone()
 
 
 def moe_step(ep, comm, X, R):
@@ -36,9 +33,9 @@ def moe_step(ep, comm, X, R):
 
 
 def _dense_grads(ep):
-    grads = {"router." + n: _cpu(p.grad) for n, p in ep.router.named_parameters()}
+    grads = {"router." + n: cpu_copy(p.grad) for n, p in ep.router.named_parameters()}
     if ep.shared is not None:
-        grads.update({"shared." + n: _cpu(p.grad) for n, p in ep.shared.named_parameters()})
+        grads.update({"shared." + n: cpu_copy(p.grad) for n, p in ep.shared.named_parameters()})
     return grads
 
 
@@ -60,11 +57,11 @@ def ep_equal_run(rank: int, world: int, cfg: dict) -> list[EqualRun]:
         comm.reset_counts()
         y, x_grad, aux = moe_step(ep, comm, Xl, Rl)
         first = rank * ep.local
-        mine = {f"experts.{first + i}." + n: _cpu(p.grad) for i, e in enumerate(ep.experts)
+        mine = {f"experts.{first + i}." + n: cpu_copy(p.grad) for i, e in enumerate(ep.experts)
                 for n, p in e.named_parameters()}
         mine.update(_dense_grads(ep))
         total = comm.traffic.wire_bytes("all_to_all")
-        out.append(EqualRun(factor=factor, y=_cpu(y), x_grad=_cpu(x_grad), grads=mine,
+        out.append(EqualRun(factor=factor, y=cpu_copy(y), x_grad=cpu_copy(x_grad), grads=mine,
                             dropped=aux["dropped"], aux_loss=float(aux["loss"].detach()),
                             fwd_bytes=aux["sent_bytes"], bwd_bytes=total - aux["sent_bytes"],
                             tokens=len(Xl), received=aux["received"].tolist()))
@@ -130,8 +127,8 @@ def ep_production_run(rank: int, world: int, cfg: dict) -> ProductionRun:
         g = getattr(model.experts, key).grad
         g = g.to_local() if hasattr(g, "to_local") else g
         for i in range(model.local):
-            grads[f"experts.{model.first + i}.{name}"] = _cpu(g[i].t() if transposed else g[i])
-    return ProductionRun(y=_cpu(y), x_grad=_cpu(x.grad), grads=grads,
+            grads[f"experts.{model.first + i}.{name}"] = cpu_copy(g[i].t() if transposed else g[i])
+    return ProductionRun(y=cpu_copy(y), x_grad=cpu_copy(x.grad), grads=grads,
                          sent_bytes=aux["sent_bytes"], grouped_mm=aux["grouped_mm"],
                          received=aux["received"].tolist(), z_loss=float(aux["z_loss"].detach()),
                          first=model.first, local=model.local)

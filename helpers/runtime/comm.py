@@ -1,11 +1,11 @@
 """One small interface for what ranks say to each other, counted.
 
-`DistComm` wraps torch.distributed (point-to-point sends, all-reduce, all-gather and
-reduce-scatter along a dimension) and counts the bytes each
-rank sends; `ThreadComm` gives the same calls to the thread ranks of a ThreadWorld
-(runtime.thread_world: `launch(..., threads=True)` and the exercise checks,
-which run a function defined in a notebook that a spawned rank could not import). Code written
-against a comm runs on real gloo/NCCL ranks and in a check alike.
+`DistComm` wraps torch.distributed (point-to-point sends, batched sends and receives with
+isendrecv, all-reduce, all-gather and reduce-scatter along a dimension, all-to-all with uneven
+splits) and counts the bytes each rank sends; `ThreadComm` gives the same calls to the thread
+ranks of a ThreadWorld (runtime.thread_world: `launch(..., threads=True)` and the exercise
+checks, which run a function defined in a notebook that a spawned rank could not import).
+Code written against a comm runs on real gloo/NCCL ranks and in a check alike.
 """
 from collections.abc import Sequence
 from typing import Protocol

@@ -249,11 +249,12 @@ def count_traffic():
     """Count what this rank sends through dist collectives inside the block (yields a
     TrafficLog): each collective as a ring over the ranks of ITS group. It rebinds
     torch.distributed's functions for the whole process, so it refuses a thread rank (ranks
-    nesting it would restore each other's wrappers): there, read the rank's comm.traffic()."""
+    nesting it would restore each other's wrappers): there, read the rank's `comm.traffic`
+    (a property)."""
     if in_rank_thread():
         raise RuntimeError("count_traffic rebinds torch.distributed for the whole process, so "
                            "thread ranks would undo each other's counting: read the rank's "
-                           "comm.traffic() instead")
+                           "comm.traffic (a property) instead")
     log, saved = TrafficLog(), {}
     for name in _GROUP_AT:
         fn = getattr(dist, name, None)

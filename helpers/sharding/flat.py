@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..data_parallel.allreduce import flatten
 from ..runtime.agree import agree
 from ..words import plural
 
@@ -25,7 +26,7 @@ def flat_shard(tensors, rank, world):
 
 def padded_flat(tensors, world):
     """The tensors flattened into one new vector, zero-padded to a multiple of `world`."""
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    flat = flatten([t.detach() for t in tensors])
     return torch.cat([flat, flat.new_zeros(-flat.numel() % world)])
 
 

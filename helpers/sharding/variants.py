@@ -16,7 +16,7 @@ from .flat import all_gather_flat
 
 __all__ = ["activation_partition_costs", "fused_buffer_bytes", "offload_costs", "quantize_blocks",
            "dequantize_blocks", "quantization_bound", "quantized_all_gather", "zeropp_costs",
-           "ZEROPP_COLLECTIVES", "variant_memory", "variant_traffic", "plot_variants"]
+           "variant_memory", "variant_traffic", "plot_variants"]
 
 
 # ---------------------------------------------------------------- ZeRO-R
@@ -98,9 +98,6 @@ def quantized_all_gather(shard, world, block=256):
     return torch.cat([dequantize_blocks(qs[r * per_q:(r + 1) * per_q],
                                         ss[r * per_s:(r + 1) * per_s], shard.numel())
                       for r in range(world)])
-
-
-ZEROPP_COLLECTIVES = ("forward all-gather", "backward all-gather", "gradient reduce-scatter")
 
 
 def zeropp_costs(n_params, world, per_node, dtype_bytes=2, block=256, qwz=False, hpz=False,

@@ -7,7 +7,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from ..activations import saved_tensor_bytes
+from ..activations import local_tensor, saved_tensor_bytes
 from ..runtime.comm import DistComm
 from ..runtime.launch import take
 from ..runtime.mesh import device_mesh
@@ -28,10 +28,6 @@ from .torch_api import sp_plan, tp_plan, vocab_plan
 __all__ = ["tp_worker", "sp_runs", "vocab_runs", "mesh2d_worker", "hsdp_worker"]
 
 
-def _local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _grad_like(p):
     """A parameter's gradient, this rank's piece laid out as the parameter is: DTensor may
     leave it Partial (a sequence-parallel layer norm's: each rank holds part of the sum) or
@@ -39,7 +35,7 @@ def _grad_like(p):
     g = p.grad
     if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
         g = g.redistribute(p.device_mesh, p.placements)
-    return _local(g)
+    return local_tensor(g)
 
 
 def _grads(module):
@@ -53,8 +49,8 @@ def _run(module, X, R, counter):
     X = X.detach().clone().requires_grad_()
     out = module(X)
     fwd = counter.traffic.mark()
-    block_loss(_local(out), R).backward()
-    return dict(out=_local(out).detach().cpu().clone(), grads=_grads(module),
+    block_loss(local_tensor(out), R).backward()
+    return dict(out=local_tensor(out).detach().cpu().clone(), grads=_grads(module),
                 fwd=counter.traffic.until(fwd).records, bwd=counter.traffic.since(fwd).records,
                 x_grad=X.grad.detach().cpu().clone())
 
@@ -117,10 +113,10 @@ def sp_runs(rank, world, block, X, R, comm, mesh) -> dict[str, BlockRun]:
     with FuncolBytes() as counter:
         saved, y = saved_tensor_bytes(module, x)
         fwd = counter.traffic.mark()
-        block_loss(_local(y), _seq(R, rank, world)).backward()
+        block_loss(local_tensor(y), _seq(R, rank, world)).backward()
     placements = {n: str(getattr(p.grad, "placements", None)) for n, p in
                   module.named_parameters() if n.startswith("ln")}
-    out["sp_dtensor"] = BlockRun(out=_local(y).detach().cpu().clone(), grads=_grads(module),
+    out["sp_dtensor"] = BlockRun(out=local_tensor(y).detach().cpu().clone(), grads=_grads(module),
                                  ln_grad_placements=placements,
                                  x_grad=x.grad.detach().cpu().clone(), saved=saved,
                                  fwd=counter.traffic.until(fwd).records,
@@ -159,10 +155,10 @@ def vocab_runs(rank, world, lm_cfg, comm, mesh) -> dict[str, VocabRun]:
             loss.backward()
     placements = {n: (str(p.placements), str(p.grad.placements))
                   for n, p in model.named_parameters() if not n.startswith("block")}
-    out["vocab_dtensor"] = VocabRun(loss=_local(loss).item(), grads=_grads(model),
+    out["vocab_dtensor"] = VocabRun(loss=local_tensor(loss).item(), grads=_grads(model),
                                     log=counter.traffic.records,
                                     placements=placements,
-                                    logits_bytes=_local(logits).numel() * 4)
+                                    logits_bytes=local_tensor(logits).numel() * 4)
     return out
 
 
@@ -217,7 +213,8 @@ def mesh2d_worker(rank: int, world: int, cfg: dict) -> Mesh2DRun:
         Rs = R[dp_rank * rows:(dp_rank + 1) * rows].to(device)
         opt.zero_grad()
         with count_traffic() as log, FuncolBytes() as tp_log:
-            loss = block_loss(_local(model(Xs)), Rs) / X.shape[0] * dp   # this dp shard's mean
+            # this dp shard's mean
+            loss = block_loss(local_tensor(model(Xs)), Rs) / X.shape[0] * dp
             loss.backward()
         opt.step()
         total = loss.detach().clone() / dp
@@ -225,7 +222,7 @@ def mesh2d_worker(rank: int, world: int, cfg: dict) -> Mesh2DRun:
         losses.append(float(total))
     full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
             for n, p in model.named_parameters()}
-    local = {n: tuple(_local(p).shape) for n, p in model.named_parameters()}
+    local = {n: tuple(local_tensor(p).shape) for n, p in model.named_parameters()}
     return Mesh2DRun(weights=full if rank == 0 else None, losses=losses, local_shapes=local,
                      coords=(dp_rank, mesh["tp"].get_local_rank()),
                      traffic=_per_dim(log, tp_log.traffic, groups), groups=groups)

@@ -24,10 +24,9 @@ from torch import nn
 from ..seeding import seeded
 from .scratch import TPMLP, TPAttention, reduce_from_tp, shard_of
 
-__all__ = ["GatherSequence", "ScatterSequence", "gather_sequence", "scatter_sequence",
-           "GatherLinears", "gather_linears", "SPAttention", "SPMLP", "SPBlock",
-           "sync_replicated_grads", "VocabEmbedding",
-           "vocab_parallel_cross_entropy", "TinyTPLM", "tiny_tp_lm"]
+__all__ = ["GatherSequence", "scatter_sequence", "GatherLinears", "SPBlock",
+           "sync_replicated_grads", "VocabEmbedding", "vocab_parallel_cross_entropy", "TinyTPLM",
+           "tiny_tp_lm"]
 
 
 class GatherSequence(torch.autograd.Function):
@@ -44,7 +43,7 @@ class GatherSequence(torch.autograd.Function):
         return ctx.comm.reduce_scatter(grad.contiguous(), dim=1), None
 
 
-class ScatterSequence(torch.autograd.Function):
+class _ScatterSequence(torch.autograd.Function):
     """Out of a tensor-parallel region: reduce-scatter the partial outputs along the sequence in
     forward (the sum, only this rank's positions); in backward, all-gather the gradient."""
 
@@ -58,18 +57,18 @@ class ScatterSequence(torch.autograd.Function):
         return ctx.comm.all_gather(grad.contiguous(), dim=1), None
 
 
-def gather_sequence(x, comm):
+def _gather_sequence(x, comm):
     """GatherSequence: all-gather the sequence in forward, reduce-scatter the gradient."""
     return GatherSequence.apply(x, comm)
 
 
 def scatter_sequence(x, comm):
-    """ScatterSequence: reduce-scatter the partial outputs in forward, all-gather the gradient."""
-    return ScatterSequence.apply(x, comm)
+    """_ScatterSequence: reduce-scatter the partial outputs in forward, all-gather the gradient."""
+    return _ScatterSequence.apply(x, comm)
 
 
 class GatherLinears(torch.autograd.Function):
-    """gather_sequence followed by column-split linears, saving only this rank's positions:
+    """_gather_sequence followed by column-split linears, saving only this rank's positions:
     forward all-gathers x (B, T/k, h) and returns each linear of the whole sequence; backward
     all-gathers x again for the weights' gradients and reduce-scatters the input's. One more
     all-gather in backward buys (k - 1)/k of the gathered input's memory."""
@@ -99,38 +98,38 @@ class GatherLinears(torch.autograd.Function):
         return (ctx.comm.reduce_scatter(gx, dim=1), None, *out)
 
 
-def gather_linears(x, comm, linears):
+def _gather_linears(x, comm, linears):
     """The outputs of `linears` (column-split nn.Linear) on the all-gathered sequence of x,
     saving only x (GatherLinears)."""
     params = [t for lin in linears for t in (lin.weight, lin.bias)]
     return GatherLinears.apply(x, comm, *params)
 
 
-class SPAttention(TPAttention):
+class _SPAttention(TPAttention):
     """TPAttention entered from this rank's positions: q, k and v read the gathered sequence
-    through gather_linears, so the gathered input is not saved."""
+    through _gather_linears, so the gathered input is not saved."""
 
     def partial(self, h):
-        q, k, v = gather_linears(h, self.comm, (self.q, self.k, self.v))
+        q, k, v = _gather_linears(h, self.comm, (self.q, self.k, self.v))
         B, T, _ = q.shape
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.linear(y.transpose(1, 2).reshape(B, T, -1), self.proj.weight)
 
 
-class SPMLP(TPMLP):
+class _SPMLP(TPMLP):
     """TPMLP entered from this rank's positions: its first layer reads the gathered sequence
-    through gather_linears."""
+    through _gather_linears."""
 
     def partial(self, h):
-        (up,) = gather_linears(h, self.comm, (self.up,))
+        (up,) = _gather_linears(h, self.comm, (self.up,))
         return F.linear(F.gelu(up), self.down.weight)
 
 
 class SPBlock(nn.Module):
     """The SmallBlock with tensor and sequence parallelism: this rank holds T/k positions of the
     residual stream; layer norms run on them; attention and MLP are split as in TPBlock, entered
-    by an all-gather (fused with their first linears: SPAttention, SPMLP) and left by
+    by an all-gather (fused with their first linears: _SPAttention, _SPMLP) and left by
     scatter_sequence. The layer norms and the output biases are replicated but each rank sees
     only its positions: sync_replicated_grads sums their gradients."""
 
@@ -138,7 +137,7 @@ class SPBlock(nn.Module):
         super().__init__()
         self.comm = comm
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
-        self.attn, self.mlp = SPAttention(block.attn, comm), SPMLP(block.mlp, comm)
+        self.attn, self.mlp = _SPAttention(block.attn, comm), _SPMLP(block.mlp, comm)
 
     def _region(self, module, h, bias):
         partial = module.partial(h)            # gathers h inside, keeping only h for backward

@@ -14,7 +14,7 @@ from ..runtime.traffic import send
 
 __all__ = ["CopyToShards", "ReduceFromShards", "copy_to_shards", "reduce_from_shards",
            "megatron_mlp", "conv_split_channels", "dense_split_columns", "dense_split_rows",
-           "lenet_within_layer", "AllGatherShards", "all_gather_shards", "lenet_gathered_shards"]
+           "lenet_within_layer", "all_gather_shards", "lenet_gathered_shards"]
 
 
 class CopyToShards(torch.autograd.Function):
@@ -129,7 +129,7 @@ def _shard_order(chunks):
     return [*chunks[1:], chunks[0]]
 
 
-class AllGatherShards(torch.autograd.Function):
+class _AllGatherShards(torch.autograd.Function):
     """Forward, a ring all-gather: device i holds shards[i] (its slice along `dim`) and every
     device ends with the whole tensor. Backward, its adjoint, a ring reduce-scatter: device j
     needs only its own slice of the gradient, summed over the k devices' contributions, which
@@ -158,8 +158,8 @@ class AllGatherShards(torch.autograd.Function):
 
 def all_gather_shards(shards, devices, log=None, dim=1, replicated=False):
     """The whole tensor on every device from the devices' slices along `dim` (ring all-gather;
-    backward, a ring reduce-scatter of the gradient: AllGatherShards)."""
-    return list(AllGatherShards.apply(devices, log, dim, replicated, *shards))
+    backward, a ring reduce-scatter of the gradient: _AllGatherShards)."""
+    return list(_AllGatherShards.apply(devices, log, dim, replicated, *shards))
 
 
 def lenet_gathered_shards(X, params, devices, log=None):

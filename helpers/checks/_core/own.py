@@ -20,6 +20,7 @@ import sys
 import threading
 import types
 
+from ...runtime.thread_world import ThreadWorld
 from .guard import _state, refuse, started_by_answer
 from .references import code_key
 from .run import REGISTRY
@@ -30,7 +31,7 @@ __all__ = ["gate", "KEYS", "checks_calling"]
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKS_DIR = os.path.dirname(_HERE)
 _DECLARE, _CARRIED = os.path.join(_HERE, "declare.py"), os.path.join(_HERE, "carried.py")
-_WORLD = os.path.join(os.path.dirname(_CHECKS_DIR), "runtime", "thread_world.py")
+_WORLD = os.path.abspath(sys.modules[ThreadWorld.__module__].__file__)   # as world.py's _OURS
 _SMALL = 12        # a function this short (instructions) may well have a twin in a library
 
 

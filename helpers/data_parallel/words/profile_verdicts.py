@@ -8,7 +8,7 @@ from .verdicts import _check, _places
 
 __all__ = ["simulated_devices_words", "same_code_words", "loader_step_words",
            "compute_split_words", "allreduce_split_words", "overlap_lengthens_words",
-           "alone_prediction_words", "GAP_PART_MS", "split_prediction_words",
+           "alone_prediction_words", "split_prediction_words",
            "backward_compute_words", "emulation_margin_words", "thesis_words"]
 
 
@@ -223,7 +223,7 @@ def _against(p, r):
 
 # Below this (milliseconds a step) a part of the gap between the lone timing's prediction and
 # the run is not named: a few hundredths of a millisecond are within the clocks' reach.
-GAP_PART_MS = 0.05
+_GAP_PART_MS = 0.05
 
 
 def alone_prediction_words(predictions):
@@ -234,7 +234,7 @@ def alone_prediction_words(predictions):
     the compute a worker lost against half of one worker's, the all-reduce after both arrived
     above its lone median: medians). The point inside the measured spread: inside; the
     predicted range overlapping it: the run cannot tell the prediction from the measurement;
-    the range above it: two workers did worse, and the parts of at least GAP_PART_MS are named
+    the range above it: two workers did worse, and the parts of at least _GAP_PART_MS are named
     in order of size, largest first (none measured: the run does not say why); below it: they
     did better, which the run does not explain."""
     parts = []
@@ -251,7 +251,7 @@ def alone_prediction_words(predictions):
             parts.append(f"{head}, a range that overlaps {spread}: this run cannot tell the "
                          "prediction from the measurement")
         elif p_lo > r.hi:
-            named = sorted(((ms, words) for words, ms in gap if ms >= GAP_PART_MS), reverse=True)
+            named = sorted(((ms, words) for words, ms in gap if ms >= _GAP_PART_MS), reverse=True)
             why = ("; the step was longer than predicted by " + ", then ".join(
                 f"{ms:.2f} ms of {words}" for ms, words in named) + " (medians, in order of "
                 "size)" if named else "; none of the split's parts was measured longer than the "
