@@ -36,6 +36,17 @@ def accumulated_step_zeroed(net, params, X, y, num_micro, lr):
             p.grad.zero_()
 
 
+@other("check_accumulated_step", "gradients cleared first, before the backwards (zero_grad)")
+def accumulated_step_cleared_first(net, params, X, y, num_micro, lr):
+    for p in params:
+        p.grad = None
+    for X_m, y_m in zip(X.tensor_split(num_micro), y.tensor_split(num_micro), strict=True):
+        helpers.loss(net(X_m, params), y_m).sum().backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad / X.shape[0]
+
+
 @shortcut("check_pipeline_forward", "micro-batches by torch.chunk", "micro-batch")
 def pipeline_forward_chunk(stage, comm, X, num_microbatches, batch_size, in_shape):
     r, p, m = comm.rank, comm.world, num_microbatches
