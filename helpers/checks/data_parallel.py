@@ -162,7 +162,8 @@ def check_bytes_sent_naive_vs_ring(fn):
     "on k simulated GPUs: every replica pulled parameters (not only gradients) from every "
     "other device, the server of its chunk, into its own tensor (the pulled copy is an "
     "ancestor of the replica's final values), and no device, the host CPU included, added up or "
-    "computed more than its chunk's share (every operation counted)"])
+    "computed more than its own chunk's share (tensor_split's chunk j; every operation "
+    "counted; a case of 3 devices with a remainder of 2 in every call)"])
 def check_sharded_server_step(fn):
     """fn(params, grads, devices, lr): params[i], grads[i] flat tensors on devices[i]. Device j
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
@@ -172,7 +173,7 @@ def check_sharded_server_step(fn):
         # the first size divides by the count (equal chunks), the others do not; the last,
         # 2 * count + 1, is one where torch.chunk makes fewer than count chunks
         n = count * randint(g, 2, 6) + (randint(g, 1, count - 1) if case else 0)
-        n = 2 * count + 1 if case == 3 else n
+        n = 2 * count + 1 if case == 3 else n - n % 3 + 2 if case == 2 else n   # 3 devices, r 2
         start = torch.randn(n, generator=g)
         grads = [torch.randn(n, generator=g) for _ in range(count)]
         lr = randint(g, 1, 9) / 10
@@ -220,13 +221,14 @@ def _served(what, fn, start, grads, lr):
                f"{', '.join(map(str, missing))}: the update is the server's, not every "
                "device's; device j updates chunk j of its parameters, and every replica copies "
                "that chunk from device j")
-    adds, bound = rec.adds_by_device(), (count + 1) * chunk + count
-    work, most = rec.work_by_device(), 3 * (count + 1) * chunk + count
+    adds, work, most = rec.adds_by_device(), rec.work_by_device(), 3 * (count + 1) * chunk + count
+    sizes = dict(zip(gpus.devices, map(len, torch.arange(n).tensor_split(count)), strict=True))
     for d in rec.working_devices(gpus.devices):      # the host (the CPU) included
-        a = adds.get(d, 0)
+        a, bound = adds.get(d, 0), (count + 1) * sizes.get(d, chunk) + count   # its own chunk
         expect(a <= bound, f"{what}: {describe_device(d)} added up {a} elements (per device: "
                f"{[adds.get(x, 0) for x in gpus.devices]}), more than serving its chunk needs "
-               f"(at most about {bound}): device j sums and updates chunk j only")
+               f"(at most about {bound}): device j sums and updates chunk j only, tensor_split's "
+               "chunk j (the first n % k chunks one element longer)")
         w = work.get(d, 0)
         expect(w <= most, f"{what}: {describe_device(d)} computed {w} elements of work (every "
                f"operation counted; per device: {[work.get(x, 0) for x in gpus.devices]}), more "
