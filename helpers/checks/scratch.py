@@ -119,7 +119,8 @@ def check_shard_sizes(fn):
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, the elements each "
     "device added and computed (any operation, not a list of names) are at most about its "
     "share (its tensor_split chunk summed, or a ring's every other chunk once; a remainder of 2 "
-    "on 3 devices or more in every call), and every device's tensor is computed from every device's data"])
+    "on 3 devices or more in every call), and every device's tensor is computed from every "
+    "device's data"])
 def check_allreduce_spread(fn):
     """fn(data) sums a list of tensors in place, spreading the additions over the devices: device
     i sums chunk i (a reduce-scatter), then sends it to all (an all-gather). Afterwards every
