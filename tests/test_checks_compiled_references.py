@@ -2,12 +2,13 @@
 form): `torch.jit.script(ref)` (a TorchScript function, no Python bytecode) and
 `torch.fx.symbolic_trace(ref)` (a GraphModule whose forward fx generated) held in a global are
 refused like the reference itself (compiled.py: what torch records of its origin names the
-function it was made from). The reader's own function scripted passes.
+function it was made from). The reader's own code scripted, traced or loaded by TorchScript is
+refused too: its interpreter reads values out in C++ (prim::tolist), past every watched exit.
 """
 import warnings
 
 import torch
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import parametrize_cases, shortcut
 
 import helpers
 
@@ -40,9 +41,33 @@ with warnings.catch_warnings():
     OWN = torch.jit.script(_own_z_loss)
 
 
-@other("check_z_loss", "the reader's own z-loss, scripted by torch.jit.script")
+@shortcut("check_z_loss", "the reader's own z-loss, scripted by torch.jit.script", "TorchScript")
 def z_loss_own_scripted(logits):
     return OWN(logits)
+
+
+@torch.jit.script
+def _read_out(t: torch.Tensor) -> list[list[float]]:
+    return t.tolist()
+
+
+@shortcut("check_global_mean_var", "values read out by a TorchScript tolist", "TorchScript")
+def global_mean_var_scripted_reads(counts, means, variances):
+    n, m, v = counts.double(), _read_out(means), _read_out(variances)
+    rows = [[float(x) for x in r] for r in m]
+    mean = (n[:, None] * torch.tensor(rows, dtype=torch.float64)).sum(0) / n.sum()
+    ex2 = (n[:, None] * (torch.tensor(v, dtype=torch.float64)
+                         + torch.tensor(rows, dtype=torch.float64) ** 2)).sum(0) / n.sum()
+    return mean.float(), (ex2 - mean ** 2).float()
+
+
+@shortcut("check_global_mean_var", "torch.jit.script called while the answer runs",
+          "TorchScript")
+def global_mean_var_scripts_at_run_time(counts, means, variances):
+    torch.jit.script(_own_z_loss)(means)
+    n = counts.to(means.dtype)[:, None]
+    mean = (n * means).sum(0) / n.sum()
+    return mean, (n * (variances + (means - mean) ** 2)).sum(0) / n.sum()
 
 
 test_case = parametrize_cases(__name__)

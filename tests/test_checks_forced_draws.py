@@ -1,9 +1,9 @@
 """Natural wrong answers that once passed on some draws: each check now forces the case that
 tells it apart into every call (a size where torch.chunk makes fewer pieces than tensor_split,
 a bucket size between a total in MiB and in MB, a net a greedy cut splits wrongly, a padding
-longer than the data, an index repeated after an entry that is not a number, the gradients
-left after a step the text asks to clear them after). Each shortcut fails on five replayed
-draws, and the right answers beside them pass."""
+longer than the data, a remainder of 2 on 3 devices, an index repeated after an entry that is
+not a number, the gradients left after a step the text asks to clear them after). Each
+shortcut fails on five replayed draws, and the right answers beside them pass."""
 import copy
 import math
 
@@ -36,6 +36,17 @@ def accumulated_step_zeroed(net, params, X, y, num_micro, lr):
             p.grad.zero_()
 
 
+@other("check_accumulated_step", "gradients cleared first, before the backwards (zero_grad)")
+def accumulated_step_cleared_first(net, params, X, y, num_micro, lr):
+    for p in params:
+        p.grad = None
+    for X_m, y_m in zip(X.tensor_split(num_micro), y.tensor_split(num_micro), strict=True):
+        helpers.loss(net(X_m, params), y_m).sum().backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad / X.shape[0]
+
+
 @shortcut("check_pipeline_forward", "micro-batches by torch.chunk", "micro-batch")
 def pipeline_forward_chunk(stage, comm, X, num_microbatches, batch_size, in_shape):
     r, p, m = comm.rank, comm.world, num_microbatches
@@ -52,7 +63,7 @@ def pipeline_forward_chunk(stage, comm, X, num_microbatches, batch_size, in_shap
     return torch.cat(outs) if r == p - 1 else None
 
 
-@shortcut("check_sharded_server_step", "chunks by torch.chunk", "raised")
+@shortcut("check_sharded_server_step", "chunks by torch.chunk", [])   # raises or over a bound
 def sharded_server_step_chunk(params, grads, devices, lr):
     k = len(devices)
     pc, gc = [p.chunk(k) for p in params], [g.chunk(k) for g in grads]
@@ -64,7 +75,7 @@ def sharded_server_step_chunk(params, grads, devices, lr):
                 pc[i][j].copy_(pc[j][j])
 
 
-@shortcut("check_allreduce_spread", "chunks by torch.chunk", "raised")
+@shortcut("check_allreduce_spread", "chunks by torch.chunk", [])   # raises or over a bound
 def allreduce_spread_chunk(data):
     k = len(data)
     chunks = [t.view(-1).chunk(k) for t in data]
@@ -149,6 +160,55 @@ def attention_by_heads_rest_last(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
         A = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(e), dim=-1) @ V
         partials.append(A.transpose(0, 1).reshape(t, h * e) @ Wo[cols].to(d))
     return reduce_from_shards(partials, devices, log)
+
+
+def _remainder_first(n, k):
+    """Chunk sizes with the whole remainder on the first device (q + r, then q each)."""
+    return [n // k + n % k] + [n // k] * (k - 1)
+
+
+@shortcut("check_attention_by_heads", "heads // k each, the rest to the first device",
+          "as many heads as tensor_split")
+def attention_by_heads_rest_first(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
+    k, t, e = len(devices), X.shape[0], Wq.shape[1] // heads
+    first, partials = 0, []
+    for Xi, d, h in zip(copy_to_shards(X, devices, log), devices, _remainder_first(heads, k),
+                        strict=True):
+        cols = slice(first * e, (first + h) * e)
+        first += h
+        Q, K, V = ((Xi @ W[:, cols].to(d)).reshape(t, h, e).transpose(0, 1) for W in (Wq, Wk, Wv))
+        A = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(e), dim=-1) @ V
+        partials.append(A.transpose(0, 1).reshape(t, h * e) @ Wo[cols].to(d))
+    return reduce_from_shards(partials, devices, log)
+
+
+@shortcut("check_sharded_server_step", "the remainder's elements all served by device 0",
+          "tensor_split's chunk j")
+def sharded_server_step_rest_first(params, grads, devices, lr):
+    k = len(devices)
+    sizes = _remainder_first(params[0].numel(), k)
+    pc, gc = [p.split(sizes) for p in params], [g.split(sizes) for g in grads]
+    for j in range(k):
+        pc[j][j].sub_(lr * sum(gc[i][j].to(devices[j]) for i in range(k)))
+    for i in range(k):
+        for j in range(k):
+            if i != j:
+                pc[i][j].copy_(pc[j][j])
+
+
+@shortcut("check_allreduce_spread", "the remainder's elements all summed by device 0",
+          "tensor_split")
+def allreduce_spread_rest_first(data):
+    k = len(data)
+    chunks = [t.view(-1).split(_remainder_first(t.numel(), k)) for t in data]
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[i][i].add_(chunks[j][i].to(chunks[i][i].device))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
 
 
 test_case = parametrize_cases(__name__)

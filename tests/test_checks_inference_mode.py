@@ -2,8 +2,8 @@
 `torch.no_grad()`: the harness's dispatch modes see a composite operation's parts either way
 (`.item()` as `_local_scalar_dense`, `.to()` as `_to_copy`), so a refusal keyed on them still
 refuses and a transfer is still counted; a World's records of a message sent under it (an
-inference tensor has no version counter) do not read as tampering; and a value the simulated
-GPUs cannot know is the grader's limit, not the answer's error."""
+inference tensor has no version counter) do not read as tampering; and a value read out on the
+simulated GPUs is the CPU run's, replayed."""
 import contextlib
 import io
 
@@ -137,9 +137,10 @@ def test_inference_mode_shows_the_same_operations():
     assert "_local_scalar_dense" in names and "item" not in names and transfers == 2
 
 
-def test_a_value_the_simulated_gpus_cannot_know_is_the_graders_limit():
-    """An answer right on CPU tensors whose assert on a value read out fails on the simulated
-    GPUs (placeholders): an error of the grader that says so, not a failure of the answer."""
+def test_a_value_read_on_the_simulated_gpus_is_the_cpu_runs():
+    """An answer right on CPU tensors with an assert on a value read out: the simulated GPUs
+    replay the CPU run's value (placeholders.py), so the assert holds there too and it passes
+    (a placeholder 0 once made it the grader's error)."""
     def reduce_then_broadcast_positive(grads):
         total = sum(g.to(grads[0].device) for g in grads)
         assert total.abs().sum().item() > 0, "an all-zero gradient"
@@ -147,6 +148,4 @@ def test_a_value_the_simulated_gpus_cannot_know_is_the_graders_limit():
             g.copy_(total)
     with contextlib.redirect_stdout(io.StringIO()):
         result = helpers.checks.check_reduce_then_broadcast(reduce_then_broadcast_positive)
-    assert result.status == "error", result
-    assert "grader's limit" in result.message and "not a verdict on your answer" in \
-        result.message, result.message
+    assert result.status == "passed", result

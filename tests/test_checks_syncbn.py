@@ -132,6 +132,41 @@ def global_mean_var_fractions_items(counts, means, variances):
     return torch.tensor([float(x) for x in mean]), torch.tensor([float(x) for x in var])
 
 
+def _stable_from_bits(counts, bits):
+    """The stable formula, in Python floats rebuilt from float32 bits read out of torch."""
+    import struct
+    rows = [[struct.unpack("f", struct.pack("i", b))[0] for b in row] for row in bits]
+    w = len(counts)
+    m, v = torch.tensor(rows[:w]), torch.tensor(rows[w:])
+    n = counts.sum()
+    mean = (counts[:, None] * m).sum(0) / n
+    return mean, (counts[:, None] * (v + (m - mean) ** 2)).sum(0) / n
+
+
+@shortcut("check_global_mean_var", "float bits read through an integer copy", ".tolist()")
+def global_mean_var_int_copy(counts, means, variances):
+    return _stable_from_bits(counts, means.view(torch.int32).clone().tolist()
+                             + variances.view(torch.int32).clone().tolist())
+
+
+@shortcut("check_global_mean_var", "float bits read through an int64 cast", ".tolist()")
+def global_mean_var_int64_cast(counts, means, variances):
+    bits = [t.view(torch.int32).to(torch.int64) for t in (means, variances)]
+    return _stable_from_bits(counts, bits[0].tolist() + bits[1].tolist())
+
+
+@shortcut("check_global_mean_var", "float bits read one true/false flag each",
+          "true/false flags")
+def global_mean_var_bit_flags(counts, means, variances):
+    shifts = torch.arange(32, dtype=torch.int32)
+    rows = []
+    for t in (means, variances):
+        flags = ((t.view(torch.int32)[..., None] >> shifts) & 1).bool().tolist()
+        rows += [[sum(b << i for i, b in enumerate(el)) for el in row] for row in flags]
+    rows = [[b - (1 << 32) if b >= 1 << 31 else b for b in row] for row in rows]
+    return _stable_from_bits(counts, rows)
+
+
 @other("check_global_mean_var", "the total count read with .item(), the inputs checked")
 def global_mean_var_item_count(counts, means, variances):
     if (variances < 0).any() or not torch.isfinite(means).all():

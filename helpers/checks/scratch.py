@@ -118,7 +118,9 @@ def check_shard_sizes(fn):
     "holds the sum, for one size that k divides and sizes that it does not",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, the elements each "
     "device added and computed (any operation, not a list of names) are at most about its "
-    "share, and every device's tensor is computed from every device's data"])
+    "share (its tensor_split chunk summed, or a ring's every other chunk once; a remainder of 2 "
+    "on 3 devices or more in every call), and every device's tensor is computed from every "
+    "device's data"])
 def check_allreduce_spread(fn):
     """fn(data) sums a list of tensors in place, spreading the additions over the devices: device
     i sums chunk i (a reduce-scatter), then sends it to all (an all-gather). Afterwards every
@@ -127,10 +129,12 @@ def check_allreduce_spread(fn):
     counts = [randint(g, 2, 6) for _ in range(3)] + [randint(g, 3, 6), randint(g, 4, 6), 1]
     for trial, count in enumerate(counts):
         # the first size divides by the count (equal chunks), the others do not; the fifth,
-        # 2 * count + 1, is one where torch.chunk makes fewer than count chunks
+        # 2 * count + 1, is one where torch.chunk makes fewer than count chunks; the fourth, a
+        # remainder of 2 on 3 devices or more, is one where a remainder given whole to one
+        # device differs from tensor_split's chunks
         rows = count * randint(g, 1, 5) + (randint(g, 1, count - 1) if count > 1 and trial else 0)
-        rows = 2 * count + 1 if trial == 4 else rows
-        shape = (rows,) if trial % 2 == 0 else (rows, randint(g, 2, 4))
+        rows = 2 * count + 1 if trial == 4 else rows - rows % count + 2 if trial == 3 else rows
+        shape = (rows,) if trial % 2 == 0 or trial == 3 else (rows, randint(g, 2, 4))
         data = [torch.randint(-9, 10, shape, generator=g).float() for _ in range(count)]
         before = [t.clone() for t in data]
         tensors, ptrs = list(data), [t.data_ptr() for t in data]
@@ -181,17 +185,23 @@ def _spread(what, fn, before, shape):
     fakes = [gpus.tensor(t, i) for i, t in enumerate(before)]
     keys = [(f.untyped_storage()._cdata, 0) for f in fakes]
     _, rec = gpus.run(fn, list(fakes), what=what)
-    share = (count - 1) * -(-n // count)
+    most = (count - 1) * -(-n // count)
+    # device i sums tensor_split's chunk i ((count - 1) * its size), or in a ring every chunk but
+    # its own once (n - its size)
+    shares = {d: max((count - 1) * len(c), n - len(c)) for d, c in zip(
+        gpus.devices, torch.arange(n).tensor_split(count), strict=True)}
     adds, work = rec.adds_by_device(), rec.work_by_device()
     total = sum(adds.values())
     for d in rec.working_devices(gpus.devices):      # the host (the CPU) included
-        a = adds.get(d, 0)
+        a, share = adds.get(d, 0), shares.get(d, most)
         expect(a <= share, f"{what}: {describe_device(d)} did {a} of the {total} additions "
                            f"(per device: {[adds.get(x, 0) for x in gpus.devices]}); spread them: "
                            f"device i adds the other devices' chunk i into its own chunk i (at "
-                           f"most {share} additions each), in place, then sends it to the others")
+                           f"most {share} additions here: chunk i is tensor_split's, the "
+                           "first n % k chunks one element longer), in place, then sends it to "
+                           "the others (or pass the chunks around a ring)")
         w = work.get(d, 0)
-        expect(w <= 2 * share + count, f"{what}: {describe_device(d)} computed {w} elements "
+        expect(w <= 2 * most + count, f"{what}: {describe_device(d)} computed {w} elements "
                f"(per device: {[work.get(x, 0) for x in gpus.devices]}), more than its chunk "
                "needs: each device sums only its own chunk")
     expect(total <= (count - 1) * n, f"{what}: the devices did {total} additions in all, more "

@@ -22,6 +22,9 @@ from ._core.exits import watch_exits
 
 __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn_input_grad"]
 
+_FLAGS = 8          # true/false elements an answer may read from the statistics (its branches)
+_DTYPE, _NUMEL = torch._C.TensorBase.dtype.__get__, torch._C.TensorBase.numel
+
 
 @check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm",
                                       "data_parallel.torch_api._combine_stats",
@@ -34,8 +37,10 @@ __all__ = ["check_global_mean_var", "check_update_running_stats", "check_sync_bn
     "the dtype of every operation the answer ran: float32 only (float64 would hide the "
     "rounding the exercise is about)",
     "whether the answer read the means or variances out of torch (.item(), float(), .tolist(), "
-    ".numpy(), np.asarray, pickling, printing): Python floats are float64, fractions exact, and "
-    "numpy's precision is out of the check's sight; computing in float32 torch is the exercise"])
+    ".numpy(), np.asarray, pickling, printing), or any tensor computed from them whatever its "
+    "dtype (their bits through an integer copy), but a few true/false flags: Python floats are "
+    "float64, fractions exact, and numpy's precision is out of the check's sight; computing in "
+    "float32 torch is the exercise"])
 def check_global_mean_var(fn):
     """fn(counts, means, variances) -> (mean, var): per-channel mean and biased variance of the
     global batch from each rank's count and per-channel mean and biased variance (shapes
@@ -63,7 +68,8 @@ def check_global_mean_var(fn):
     c += 1
     given = (counts.clone(), means.clone(), variances.clone())
     exits = []                           # what left torch without an aten operation (exits.py)
-    with Recorder() as rec, watch_exits(lambda t, how: exits.append((storage_key(t), how))):
+    with Recorder() as rec, watch_exits(lambda t, how: exits.append(   # TensorBase's getters
+            (storage_key(t), how, _DTYPE(t) == torch.bool, _NUMEL(t)))):
         got = fn(*given)
     read = _read_into_python(rec, exits, given[1:])
     printed = (" A print of them counts too: its digits are their values, which code could "
@@ -122,20 +128,25 @@ def check_global_mean_var(fn):
 
 
 def _read_into_python(rec, exits, tensors):
-    """How the answer read floating values computed from `tensors` out of torch (.item(),
-    float(), .tolist(), .numpy(), np.asarray, print ...: exits.py), or "" if it did not (a flag,
-    `if (var < 0).any()`, may be read): storages descended from them, in op order, and holding
-    floating data (a float storage read through an integer view counts)."""
+    """How the answer read values computed from `tensors` out of torch (.item(), float(),
+    .tolist(), .numpy(), np.asarray, print ...: exits.py), or "" if it did not: any storage
+    descended from them, whatever its dtype (a float's bits read through an integer copy count),
+    but a few true/false flags (`if (var < 0).any()`) may be read."""
     keys = {storage_key(t) for t in tensors}
-    floating = set(keys)
-    how = []
+    how, flags = [], 0
     for op in rec.ops:
-        floating |= {r.key for r in op.outputs + op.writes if r.dtype.is_floating_point}
         if any(r.key in keys for r in op.reads):
-            if op.name == "_local_scalar_dense" and op.reads[0].key in floating:
-                how.append(".item() or float()")
+            if op.name == "_local_scalar_dense":
+                if op.reads[0].dtype == torch.bool:
+                    flags += 1
+                else:
+                    how.append(".item() or float()")
             keys |= {r.key for r in op.outputs + op.writes}
-    how += [name for key, name in exits if key in keys and key in floating]
+    for key, name, is_flag, numel in exits:
+        if key in keys:
+            flags += numel if is_flag else 0
+            how += [] if is_flag else [name]
+    how += [f"{flags} true/false flags"] if flags > _FLAGS else []
     return " and ".join(sorted(set(how)))
 
 

@@ -5,6 +5,7 @@ run.py        run_check, Result, CheckFailed, HarnessError: one line for the rea
               for a grader, the blame on the answer or on the harness
 declare.py    @check(exercise, observes=[...], references=[...]): the registry teachers.md and
               the tests read; the answer is called with the exercise's references blocked
+              (compile_ready.py: torch.compile's one-time installs made before its snapshot)
 settle.py     what an answer returns, settled before its call ends: no code of the reader's runs
               when the check converts or compares it
 hooks.py      no hook the answer registered on what it was handed, or on the whole process,

@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .callbacks import callbacks, expect_no_callbacks
+from .compile_ready import ready as compile_ready
 from .early_hooks import expect_no_early_hooks
 from .early_views import early_views_read_only
 from .guard import answering
@@ -100,6 +101,7 @@ class Answer(Guarded):
 def judged_scan(fn, refs, exercise):
     """references.scan, judged as the answer's call is: a read of the reader's object (a
     property, a `__getattr__`) runs its code, so what it changed fails and is put back."""
+    compile_ready(fn)       # torch.compile's one-time installs, before the first snapshot
     noted = snapshot(), switches(), callbacks()
     try:
         scan(fn, refs, exercise)

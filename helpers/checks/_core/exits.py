@@ -33,7 +33,8 @@ import torch.utils.dlpack
 from .guard import _EXITS, armed, refuse
 from .run import is_reader_code, stand_in
 
-__all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES"]
+__all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES",
+           "SCRIPTED", "SCRIPT_NAMES"]
 
 CALLBACKS = ("apply_", "map_", "map2_")      # Python callbacks handed every element
 EXITS = ("tolist", "numpy", "__array__", "__dlpack__", "__reduce_ex__", "__repr__", *CALLBACKS)
@@ -45,9 +46,17 @@ _HOW = {"tolist": ".tolist()", "numpy": ".numpy()", "__array__": "np.asarray()",
         "untyped_storage": ".untyped_storage()", "storage": ".storage()",
         "_typed_storage": "._typed_storage()"}
 _HOW = types.MappingProxyType(_HOW)
+_SCRIPTING = frozenset({"script", "trace", "trace_module", "load", "freeze", "fork",
+                        "script_if_tracing", "optimize_for_inference", "script_method"})
 # what an answer may not name: the unpatchable class and functions that hold the originals
+# TorchScript runs code in its own C++ interpreter (prim::tolist, aten::Float), where values leave
+# torch without calling any method replaced here: code that scripts, traces or loads is refused
+SCRIPTED = "TorchScript (torch.jit: its interpreter reads values out in C++, where no watch sees)"
+SCRIPT_NAMES = frozenset({"jit", "ScriptFunction", "ScriptModule", "CompilationUnit",
+                          "_jit_script_compile", "_jit_script_class_compile", "import_ir_module"})
 UNWATCHED_NAMES = frozenset({"TensorBase", "_TensorBase", "_to_dlpack", "_to_dlpack_versioned",
-                             "_dlpack_exchange_api", "_const_dlpack_exchange_api"})
+                             "_dlpack_exchange_api", "_const_dlpack_exchange_api", *SCRIPT_NAMES})
+_SCRIPT_TYPES = (torch.jit.ScriptFunction, torch.jit.ScriptModule, torch._C.CompilationUnit)
 
 
 
@@ -129,8 +138,13 @@ def unwatched(obj):
         name = getattr(obj, "__name__", None)
     except Exception:       # an object of the reader's whose attributes compute
         return None
+    if isinstance(obj, _SCRIPT_TYPES) or (isinstance(obj, types.ModuleType) and (
+            obj.__name__ + ".").startswith("torch.jit.")):
+        return SCRIPTED
     if not isinstance(name, str):
         return None
+    if str(getattr(obj, "__module__", "")).startswith("torch.jit") and name in _SCRIPTING:
+        return SCRIPTED
     if objclass is torch._C.TensorBase and name in EXITS + _READER_ONLY:
         return f"torch._C.TensorBase.{name}"
     if name in EXITS + _READER_ONLY and obj is _SAVED.get(name, torch.Tensor.__dict__.get(name)):

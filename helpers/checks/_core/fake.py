@@ -28,7 +28,7 @@ from torch._subclasses import fake_tensor
 from .exits import CALLBACKS, watch_exits
 from .observe import Recorder, describe_device
 from .run import CheckFailed, HarnessError
-from .same_work import check_declared, compare_work
+from .same_work import check_declared, compare_work, values_read
 
 __all__ = ["FakeGPUs"]
 
@@ -98,6 +98,7 @@ class FakeGPUs:
         ft = _fake_tensor_module()
         check_declared(fn)
         with self.active() as recorder:
+            recorder.replay = values_read(fn, args, kwargs)   # the CPU run's reads, in order
             try:
                 out = fn(*args, **kwargs)
             except RuntimeError as e:         # torch 2.14: FakeTensorDeviceMismatchError

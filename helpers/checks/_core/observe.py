@@ -186,7 +186,7 @@ class Recorder(TorchDispatchMode):
     def __init__(self, answer_scalars=False):
         super().__init__()
         self.ops, self.answer_scalars = [], answer_scalars
-        self.answered = 0                        # values answered with a placeholder
+        self.answered, self.replay = 0, []      # placeholders answered; CPU values to replay
         self.version = collections.Counter()     # storage key -> writes so far
         self.producer = {}                       # (key, version) -> op index
         self.failed = None                       # (func, reads) of the operation that raised

@@ -24,9 +24,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from .composite import split_composite
+from .placeholders import READS, read_sizes
 from .run import CheckFailed
 
-__all__ = ["traced", "compare_work", "expect_same_work", "check_declared"]
+__all__ = ["traced", "compare_work", "expect_same_work", "check_declared", "values_read"]
 
 _MOVES = frozenset({"_to_copy", "to", "is_pinned", "_pin_memory", "pin_memory", "record_stream",
           "_local_scalar_dense",   # .item(): a fake tensor's .tolist() dispatches, a real one's not
@@ -40,6 +41,7 @@ class _Trace(TorchDispatchMode):
         super().__init__()
         self.ops = collections.Counter()
         self.whole = 0        # inside an operation counted whole (attention)
+        self.read = []        # ((name, sizes), value) of each value read out, in order
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         parts = split_composite(self, func, args, kwargs or {})
@@ -49,7 +51,10 @@ class _Trace(TorchDispatchMode):
         if not self.whole and name not in _MOVES and func.namespace != "prim" and not _query(name) \
                 and not func.is_view:
             self.ops[(name, _sizes((args, kwargs)))] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if name in READS:
+            self.read.append(((name, read_sizes(args)), out))
+        return out
 
 
 class _Whole(TorchFunctionMode):
@@ -129,6 +134,18 @@ def traced(answer, args, kwargs):
     with _Whole(trace), trace:
         yield
     answer.traces[where] = (_inputs((args, kwargs)), trace.ops)
+    if where == "plain":
+        answer.traces["read"] = trace.read
+
+
+def values_read(fn, args, kwargs):
+    """The values the answer's last run on CPU tensors read out (((name, sizes), value), in
+    order), for its run on the simulated GPUs handed the same inputs to replay; else []."""
+    traces = getattr(fn, "traces", None) or {}
+    plain = traces.get("plain")
+    if plain is None or plain[0] != _inputs((args, kwargs)):
+        return []
+    return list(traces.get("read", ()))
 
 
 def compare_work(fn, what):
