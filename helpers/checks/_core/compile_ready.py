@@ -40,7 +40,7 @@ def _reaches(obj, depth, seen):
     while codes:
         c = codes.pop()
         names.update(c.co_names)
-        codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        codes.extend(k for k in c.co_consts if type(k) is types.CodeType)   # exact type
     if names & _NAMES:
         return True
     scope = obj.__globals__
