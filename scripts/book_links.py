@@ -91,17 +91,23 @@ class Context:
         return f"{self.url}{entry}.html" + (f"#{anchor}" if anchor else "")
 
 
+def page_entry(here, target):
+    """The _toc.yml entry a relative link `target` on page `here` points to ("." and ".."
+    resolved)."""
+    parts = []
+    for p in (pathlib.PurePosixPath(here).parent / target).as_posix().split("/"):
+        if p == "..":
+            parts.pop()
+        elif p != ".":
+            parts.append(p)
+    return "/".join(parts)
+
+
 def absolute_links(text, ctx, field=False):
     """Relative links to pages of the book as the published pages' addresses (`{book}...` in a
     say() text when `field`)."""
     def repl(m):
-        parts = []
-        for p in (pathlib.PurePosixPath(ctx.entry).parent / m.group(2)).as_posix().split("/"):
-            if p == "..":
-                parts.pop()
-            elif p != ".":
-                parts.append(p)
-        entry = "/".join(parts)
+        entry = page_entry(ctx.entry, m.group(2))
         if entry not in ctx.titles:
             ctx.problems.append(f"link {m.group(2)}.{m.group(3)}: no page {entry} in _toc.yml")
             return m.group(0)

@@ -8,7 +8,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 sys.path.insert(0, str(ROOT / "scripts"))
 import chapter_runs  # noqa: E402
-from book_links import term_anchor  # noqa: E402
+from book_links import page_entry, term_anchor  # noqa: E402
 
 ROLES = re.compile(r"\{(glue(:text)?|term|cite(:[pt])?|numref)\}`")   # what the audit counts
 TERM = re.compile(r"\{term\}`([^`<]+?)(?:\s*<([^`>]+)>)?`")
@@ -46,14 +46,7 @@ def _cite(m, ctx):
 
 def _doc(m, ctx):
     text, target = m.group(1).strip(), (m.group(2) or m.group(1)).strip()
-    entry = (pathlib.PurePosixPath(ctx.entry).parent / target).as_posix()
-    parts = []
-    for p in entry.split("/"):
-        if p == "..":
-            parts.pop()
-        elif p != ".":
-            parts.append(p)
-    entry = "/".join(parts)
+    entry = page_entry(ctx.entry, target)
     if entry not in ctx.titles:
         ctx.problems.append(f"{{doc}}`{target}`: no page {entry} in _toc.yml")
         return text
