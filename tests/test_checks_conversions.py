@@ -7,6 +7,7 @@ fail; right answers (a namedtuple, a generator of sizes by arithmetic, a shared 
 through numpy) pass."""
 import collections
 import sys
+import threading
 import types
 
 import numpy as np
@@ -199,6 +200,20 @@ def shard_sizes_scalar_repeat(n, k):
     sizes = np.int64(q).repeat(k)
     sizes[:r] += 1
     return [int(v) for v in sizes]
+
+
+@shortcut("check_shard_sizes", "array methods in a thread the answer starts", NUMPY)
+def shard_sizes_methods_in_a_thread(n, k):
+    out = []
+
+    def work():     # only the profile function sees these (no numpy function is called)
+        sizes = np.int64(n // k).repeat(k)
+        sizes[:n % k] += 1
+        out.extend(int(v) for v in sizes)
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    return out
 
 
 @shortcut("check_dp_shard_sizes", "ndarray.cumsum, unbound, of an attribute's array", NUMPY)

@@ -13,6 +13,7 @@ from .hooks import expect_no_new_hooks, hooks_of, node_hooks
 from .late import checking, inside
 from .left_later import collector_back, left_later
 from .modes import expect_same_switches, switches
+from .numpy_work import c_calls_watched
 from .own import KEYS
 from .parts import function_name, plain_globals
 from .patched import expect_unpatched, snapshot
@@ -67,7 +68,8 @@ class Answer(Guarded):
                     blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
                     early_views_read_only(self.fn, in_world()), trace, inside():
-                result = settle(self._call(args, kwargs), self.__name__, self._again)
+                with c_calls_watched():
+                    result = settle(self._call(args, kwargs), self.__name__, self._again)
                 expect_named_attributes(self.__name__, kinds)   # before a name is read there
         except BaseException:
             _after_call(self.__name__, libraries, modes, later)   # put back, even when it raised
