@@ -146,6 +146,74 @@ def time_it_course(fn, devices, reps=5):
     return helpers.measure(fn, repeats=reps, warmup=0).median
 
 
+def _per_call_times(fn, devices, reps):
+    times = []
+    for _ in range(reps):
+        synchronize(devices)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(devices)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+@shortcut("check_time_it", "the fastest call", "the fastest call took")
+def time_it_min(fn, devices, reps=5):
+    return min(_per_call_times(fn, devices, reps))
+
+
+@shortcut("check_time_it", "the first timed call", "median of per-call times")
+def time_it_first_call(fn, devices, reps=5):
+    return _per_call_times(fn, devices, reps)[0]
+
+
+@shortcut("check_time_it", "the mean without the slowest call", "without the slowest")
+def time_it_trimmed_mean(fn, devices, reps=5):
+    return statistics.fmean(sorted(_per_call_times(fn, devices, reps))[:-1])
+
+
+@other("check_time_it", "torch's median (the lower middle one), after two warm-up calls")
+def time_it_torch_median(fn, devices, reps=5):
+    fn()
+    synchronize(devices)
+    fn()
+    return torch.tensor(_per_call_times(fn, devices, reps)).median().item()
+
+
+STATISTICS = [time_it_min, time_it_first_call, time_it_trimmed_mean, time_it_mean]
+
+
+def test_time_it_tells_the_median_from_the_other_statistics_on_every_draw():
+    """Each call's work differs (a fast and a slow outlier, the others well off the median), so
+    the fastest call, the first timed call and the means fail on every draw; the median passes."""
+    from helpers.checks._core.inputs import replay_seeds
+    for seed in range(3000, 3004):     # conftest replays its own seeds again after the test
+        replay_seeds(seed)
+        assert check_time_it(time_it).status == "passed", seed
+        for wrong in STATISTICS:
+            replay_seeds(seed)
+            assert check_time_it(wrong).status == "failed", (seed, wrong.__name__)
+
+
+def test_time_it_work_sets_the_median_apart_in_every_window():
+    """The work each call is given: in any reps calls in a row after the warm-ups the check
+    allows, the median (lower, upper, mean of the middle two) is over 15% from the fastest call,
+    the first call and the mean without the slowest, and half the mean."""
+    from helpers.checks._core.inputs import fresh_generator, replay_seeds
+    from helpers.checks.profile import _levels
+    for seed in range(200):
+        replay_seeds(seed)
+        g = fresh_generator()
+        for reps in range(3, 7):
+            levels = _levels(g, reps) * 2
+            for start in range(reps - 1 - (reps % 2 == 0)):
+                w = levels[start:start + reps]
+                wrong = [min(w), w[0], statistics.fmean(sorted(w)[:-1])]
+                for m in {statistics.median_low(w), statistics.median_high(w)}:
+                    assert all(abs(x - m) > 0.15 * m for x in wrong), (seed, reps, start, w)
+                    assert statistics.fmean(w) > 2 * m
+
+
 def test_time_it_does_not_depend_on_the_machine_being_idle(monkeypatch):
     """On a loaded grading server sleeps overrun: the check compares the answer with the calls'
     real durations, so a right answer still passes when every sleep takes 3x longer."""

@@ -7,7 +7,8 @@ torch's CPU sort stops keeping their order unasked, a length the world size or t
 divides and one it does not, a bucket of more or fewer tensors than there are ranks, a last
 expert or rank that nothing is sent to, a running total exactly the bucket size, a block with
 a batched product, two slices of one activation saved alone, big tensors side by side, a
-momentum other than 0.5). Each check's inputs stay fresh; only which cases appear is fixed.
+momentum other than 0.5, full recomputation under sequence parallelism). Each check's inputs
+stay fresh; only which cases appear is fixed.
 """
 import contextlib
 import importlib
@@ -30,7 +31,7 @@ for path in sorted(TESTS.glob("test_checks_*.py")):
 
 FORCED = ["check_z_loss", "check_permute_tokens", "check_tp_bytes_per_step",
           "check_accumulation_bytes", "check_saved_bytes", "check_tokens_to_heads",
-          "check_roofline_time", "check_local_shape"]
+          "check_roofline_time", "check_local_shape", "check_activation_bytes"]
 # This module's own shortcuts only, not every module's: a World of thread ranks a draw, or other
 # modules' shortcuts that no forced case concerns (five draws of each would cost seconds apiece).
 FORCED_HERE = ["check_dispatch_tokens", "check_grad_shard", "check_average_bucket",

@@ -38,6 +38,31 @@ def shard_each_tensor(tensors, rank, world):
     return torch.cat([shard_flat([t], rank, world) for t in tensors])
 
 
+@shortcut("check_shard_flat", "a view of the whole padded vector", ["a view", ".clone()"])
+def shard_view_of_padded(tensors, rank, world):
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    flat = torch.cat([flat, flat.new_zeros(-flat.numel() % world)])
+    s = flat.numel() // world
+    return flat[rank * s:(rank + 1) * s]
+
+
+@shortcut("check_shard_flat", "a narrow of F.pad's vector", ["a view", ".clone()"])
+def shard_narrow_of_padded(tensors, rank, world):
+    flat = torch.nn.functional.pad(torch.cat([t.reshape(-1) for t in tensors]),
+                                   (0, -sum(t.numel() for t in tensors) % world))
+    return flat.narrow(0, rank * (flat.numel() // world), flat.numel() // world)
+
+
+@other("check_shard_flat", "the slice copied into a tensor of its own")
+def shard_flat_copied(tensors, rank, world):
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    s = -(-flat.numel() // world)
+    out = flat.new_zeros(s)
+    mine = flat[rank * s:(rank + 1) * s]
+    out[:mine.numel()] = mine
+    return out
+
+
 @shortcut("check_shard_flat", "the course's flat_shard", "helpers.flat_shard")
 def shard_reference(tensors, rank, world):
     return helpers.flat_shard(tensors, rank, world)

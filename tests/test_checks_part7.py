@@ -252,6 +252,14 @@ def activation_all_split(width, heads, seq, tp, sp, recompute):
     return width * (34 + attn) / tp
 
 
+@shortcut("check_activation_bytes", "full recomputation keeps the whole input under sp",
+          ["sp=True, 'full'", "expected"])
+def activation_full_unsplit(width, heads, seq, tp, sp, recompute):
+    if recompute == "full":
+        return 2 * width
+    return activation_terms(width, heads, seq, tp, sp, recompute)
+
+
 @shortcut("check_activation_bytes", "the course's function", REFUSED)
 def activation_reference(width, heads, seq, tp, sp, recompute):
     return helpers.activation_bytes_per_token(width, heads, seq, tp, sp, recompute, 2,

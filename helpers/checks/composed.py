@@ -39,7 +39,7 @@ def check_activation_bytes(fn):
     (16-bit activations, dropout, no flash attention)."""
     g = fresh_generator()
     cases = [(1, False, "none"), (None, False, "none"), (None, True, "none"),
-             (None, True, "selective"), (None, False, "full")]
+             (None, True, "selective"), (None, False, "full"), (None, True, "full")]
     for tp, sp, rec in cases:
         log_heads = randint(g, 2, 5)
         heads = 2 ** log_heads

@@ -30,7 +30,8 @@ __all__ = ["check_shard_flat", "check_gather_layer", "check_zero3_sent_bytes",
 
 @check("shard_flat", references=["flat_shard", "padded_flat"], observes=[
     "the shards returned for every rank of fresh tensors and world sizes: equal lengths, rank "
-    "order giving the flattened zero-padded vector, no memory shared with the inputs"])
+    "order giving the flattened zero-padded vector, no memory shared with the inputs, each "
+    "shard's storage exactly its own size (not a view of the padded vector)"])
 def check_shard_flat(fn):
     """fn(tensors, rank, world) -> this rank's equal-length slice of the flattened, zero-padded
     tensors (a new tensor)."""
@@ -65,6 +66,11 @@ def check_shard_flat(fn):
                    for s in shards for t in tensors),
                f"{call}: a shard shares memory with a full tensor, so freeing the full tensors "
                "frees nothing")
+        held = [(s.untyped_storage().nbytes(), s.numel() * s.element_size()) for s in shards]
+        expect(all(a == b for a, b in held),
+               f"{call}: a shard is a view of a bigger buffer ({max(held)[0]} bytes held for a "
+               f"{max(held)[1]}-byte shard): each rank would keep the whole padded vector "
+               "alive; return a copy of its own slice (`.clone()`)")
 
 
 @check("gather_layer", references=["all_gather_flat"], observes=[

@@ -17,7 +17,12 @@ numpy view of it (`t.numpy()[:] = ...`) is provenance.py's: the views a rank get
 """
 import threading
 
-__all__ = ["Outside", "span"]
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+__all__ = ["Outside", "span", "rebuilt_views"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def span(storage):
@@ -76,3 +81,16 @@ class Outside:
         """(key, storage) of the storages linked to `key`'s."""
         with self.lock:
             return list(self.alias.get(key, {}).items())
+
+
+def rebuilt_views(storage, dtype):
+    """All of `storage` read as each floating dtype and as `dtype`: a storage a rank set on a
+    tensor that no rank's operation made (rebuilt in C from bytes: unpickling, torch.load, a
+    storage from a buffer) is judged by its values, whatever dtype it is read as later."""
+    views = []
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        for dt in dict.fromkeys((*_FLOATS, dtype)):
+            n = storage.nbytes() // dt.itemsize
+            if n and storage.device.type == "cpu":
+                views.append(torch.empty(0, dtype=dt).set_(storage, 0, (n,)))
+    return views

@@ -21,7 +21,8 @@ them (through a module dict, a closure list) fails as if the owner had made them
 handed to more than one rank stays shared. The check's own code in a rank (slicing every rank's
 inputs before the call) is exempt. Storages over memory torch did not allocate (a numpy array,
 a bytearray, a file, wrapped in every rank) are linked by their bytes (outside.py), so a rank
-that reads what another wrote there through its own wrapper fails too.
+that reads what another wrote there through its own wrapper fails too. A storage rebuilt in C
+from bytes (unpickled, torch.load) that a rank sets on a tensor is judged by its values.
 
 What it does not see: values that leave as Python numbers through an operation the rank is
 entitled to (rank 0 calls .item() on its own tensor and puts the float in a global), and work
@@ -36,10 +37,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
-from . import rank_arrays, rank_builtins, rank_numbers
+from . import outside, rank_arrays, rank_builtins, rank_numbers
 from .composite import split_composite
 from .exits import CALLBACKS, watch_exits
-from .outside import Outside
 from .run import CheckFailed, stand_in
 
 __all__ = ["world_run", "Provenance", "handed_in"]
@@ -144,7 +144,7 @@ class Provenance:
         self.owner = {}       # storage key -> (rank, operation) that made or wrote it, storage
         self.seen = {}        # storage key -> storage, of those used or handed but not made
         self.handed = {}      # storage key -> the rank the check handed it to, or _SHARED
-        self.memory = Outside()
+        self.memory = outside.Outside()
         self._lock = threading.Lock()
         self.exited = {}      # floating value -> the ranks that read it out of torch
         self.exited_last = {}  # the same, of the last run (a rank's result is judged after it)
@@ -347,6 +347,10 @@ class _Mode(TorchDispatchMode):
             return parts
         leaves = tree_leaves((args, kwargs))
         self.p.touch(self.rank, [t for t in leaves if isinstance(t, torch.Tensor)], func)
+        if self.p.exited and not self.p.exempt():     # set_ on a storage rebuilt from bytes
+            for s in leaves:
+                if isinstance(s, (torch.UntypedStorage, torch.TypedStorage)):
+                    self._rebuilt(s, getattr(args[0], "dtype", torch.uint8))
         if self.p.exited:        # numbers from Python: a scalar argument, a tensor made from data
             self.p.refuse_foreign(self.rank, [x for x in leaves if isinstance(x, (float, int))
                                               and not isinstance(x, bool)], f"passed to {func}")
@@ -367,12 +371,23 @@ class _Mode(TorchDispatchMode):
                     func)
         return out
 
+    def _rebuilt(self, storage, dtype):
+        """A storage no rank's operation made nor the check handed (made in C from bytes):
+        its values, read as any dtype, fail if only other ranks read them out."""
+        storage = getattr(storage, "_untyped_storage", storage)
+        if storage._cdata not in self.p.owner and storage._cdata not in self.p.seen:
+            for view in outside.rebuilt_views(storage, dtype):
+                self.p.refuse_foreign(self.rank, rank_numbers.values(view), "rebuilt a tensor "
+                                      "from bytes (pickle.loads, torch.load) holding")
+
     def _bits(self, t, view):
-        """A float tensor viewed as integers: its floats count as read out (its bits may leave
-        torch in pieces too small to fingerprint); integers viewed as floats: floats only other
-        ranks read out fail, as if made from Python data."""
-        if t.is_floating_point() and not view.is_floating_point():
+        """A float tensor viewed as another dtype: its floats count as read out (its bits may
+        leave torch in pieces too small to fingerprint); bits viewed as floats of another dtype:
+        floats only other ranks read out fail, as if made from Python data."""
+        if t.dtype == view.dtype:
+            return
+        if t.is_floating_point():
             self.p.read_out(self.rank, rank_numbers.values(t))
-        elif view.is_floating_point() and not t.is_floating_point():
+        if view.is_floating_point():
             self.p.refuse_foreign(self.rank, rank_numbers.values(view),
-                                  "made floats from the bits of integers holding")
+                                  "made floats from the bits of another dtype holding")

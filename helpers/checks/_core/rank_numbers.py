@@ -168,7 +168,8 @@ def values(t, limit=100_000):
 def foreign_message(rank, others, how):
     names = ", ".join(map(str, sorted(others)))
     return (f"rank {rank} {how} numbers that rank {names} read out of its own tensors (.item(), "
-            f".tolist(), .numpy(), .shape ...) and left where rank {rank} could reach them (a "
+            f".tolist(), .numpy(), pickling, .shape ...) and left where rank {rank} could reach "
+            f"them (a "
             "module global, a closure, a class attribute): ranks share data only through the "
             "comm (send/recv or a collective)")
 
