@@ -131,3 +131,34 @@ def quiet(check, answer):
     """`check(answer)`'s Result, without its printed line."""
     with contextlib.redirect_stdout(io.StringIO()):
         return check(answer)
+
+
+def ring_over(data, chunks):
+    """A ring all-reduce of each device's tensor in `data`, in place, over the pieces `chunks[i]`
+    cut from data[i] (how the pieces are cut is what the shortcut answers get wrong); the number
+    of elements each device sent."""
+    k, sent = len(data), [0] * len(data)
+    for phase in ("reduce-scatter", "all-gather"):
+        for s in range(k - 1):
+            for i in range(k):
+                dst, c = (i + 1) % k, (i - s if phase == "reduce-scatter" else i + 1 - s) % k
+                if phase == "reduce-scatter":
+                    chunks[dst][c].add_(chunks[i][c].to(data[dst].device))
+                else:
+                    chunks[dst][c].copy_(chunks[i][c])
+                sent[i] += chunks[i][c].numel()
+    return sent
+
+
+def spread_over(chunks):
+    """All-reduce by spreading, in place: device i sums piece i of every device's pieces
+    `chunks`, then sends it back to each."""
+    k = len(chunks)
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[i][i].add_(chunks[j][i].to(chunks[i][i].device))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])

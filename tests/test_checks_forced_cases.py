@@ -17,7 +17,7 @@ import pathlib
 import pytest
 import torch
 import torch.distributed as dist
-from check_cases import CASES, parametrize_cases, shortcut
+from check_cases import CASES, parametrize_cases, ring_over, shortcut, spread_over
 from torch.nn import functional as F
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -204,31 +204,13 @@ def _chunks_floor_plus_one(data):
 @shortcut("check_ring_allreduce", "chunks of n // k + 1 (a whole element more when k divides)",
           "one chunk of about n/k")
 def ring_allreduce_floor_plus_one(data):
-    k, chunks, sent = len(data), _chunks_floor_plus_one(data), [0] * len(data)
-    for phase in ("reduce-scatter", "all-gather"):
-        for s in range(k - 1):
-            for i in range(k):
-                dst, c = (i + 1) % k, (i - s) % k if phase == "reduce-scatter" else (i + 1 - s) % k
-                if phase == "reduce-scatter":
-                    chunks[dst][c].add_(chunks[i][c].to(data[dst].device))
-                else:
-                    chunks[dst][c].copy_(chunks[i][c])
-                sent[i] += chunks[i][c].numel()
-    return sent
+    return ring_over(data, _chunks_floor_plus_one(data))
 
 
 @shortcut("check_allreduce_spread", "chunks of n // k + 1 (a whole element more when k divides)",
           "spread them")
 def allreduce_spread_floor_plus_one(data):
-    k, chunks = len(data), _chunks_floor_plus_one(data)
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                chunks[i][i].add_(chunks[j][i].to(data[i].device))
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                chunks[j][i].copy_(chunks[i][i])
+    spread_over(_chunks_floor_plus_one(data))
 
 
 @shortcut("check_sharded_server_step", "chunks of n // k + 1 (a whole element more when k divides)",

@@ -9,7 +9,15 @@ import math
 
 import pytest
 import torch
-from check_cases import CASES, not_grading, other, parametrize_cases, shortcut  # noqa: F401
+from check_cases import (  # noqa: F401
+    CASES,
+    not_grading,
+    other,
+    parametrize_cases,
+    ring_over,
+    shortcut,
+    spread_over,
+)
 
 import helpers
 from helpers import copy_to_shards, reduce_from_shards
@@ -77,33 +85,12 @@ def sharded_server_step_chunk(params, grads, devices, lr):
 
 @shortcut("check_allreduce_spread", "chunks by torch.chunk", [])   # raises or over a bound
 def allreduce_spread_chunk(data):
-    k = len(data)
-    chunks = [t.view(-1).chunk(k) for t in data]
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                chunks[i][i].add_(chunks[j][i].to(chunks[i][i].device))
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                chunks[j][i].copy_(chunks[i][i])
+    spread_over([t.view(-1).chunk(len(data)) for t in data])
 
 
 @shortcut("check_ring_allreduce", "chunks by torch.chunk", "raised")
 def ring_allreduce_chunk(data):
-    k = len(data)
-    chunks = [t.view(-1).chunk(k) for t in data]
-    sent = [0] * k
-    for phase in ("reduce-scatter", "all-gather"):
-        for s in range(k - 1):
-            for i in range(k):
-                dst, c = (i + 1) % k, (i - s if phase == "reduce-scatter" else i + 1 - s) % k
-                if phase == "reduce-scatter":
-                    chunks[dst][c].add_(chunks[i][c].to(data[dst].device))
-                else:
-                    chunks[dst][c].copy_(chunks[i][c])
-                sent[i] += chunks[i][c].numel()
-    return sent
+    return ring_over(data, [t.view(-1).chunk(len(data)) for t in data])
 
 
 @shortcut("check_bucket_params", "bucket_mb read as MB (10**6 bytes), not MiB",
