@@ -111,6 +111,17 @@ def global_mean_var_namedtuple(counts, means, variances):
     return _Stats(mean, (w * (variances + (means - mean) ** 2)).sum(0))
 
 
+@other("check_shard_sizes", "arithmetic in a thread it starts and never joins")
+def shard_sizes_thread_not_joined(n, k):
+    out = [0] * k
+
+    def work():     # starts as the call returns: its profile install races the check's
+        q, r = divmod(n, k)
+        out[:] = [q + (i < r) for i in range(k)]
+    threading.Thread(target=work).start()
+    return out
+
+
 @other("check_shard_sizes", "a generator of sizes from divmod")
 def shard_sizes_generator(n, k):
     q, r = divmod(n, k)

@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import sys
 import threading
+import time
 import types
 
 import numpy as np
@@ -299,8 +300,20 @@ def c_calls_watched():
     try:
         yield
     finally:
-        sys.setprofile(profiles[0])
-        threading.setprofile(profiles[1])
+        threading.setprofile(profiles[1])   # first: a thread that starts now gets the old one
+        _set_profile(profiles[0])
+
+
+def _set_profile(fn, tries=1000):
+    """sys.setprofile(fn), tried again while a thread the answer left starting installs its own
+    (CPython refuses two installs at once: "another profile function is being installed")."""
+    for _ in range(tries - 1):
+        try:
+            sys.setprofile(fn)
+            return
+        except RuntimeError:
+            time.sleep(0.001)
+    sys.setprofile(fn)
 
 
 def expect_list(value, call, how):
