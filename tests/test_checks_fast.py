@@ -172,6 +172,23 @@ def time_it_trimmed_mean(fn, devices, reps=5):
     return statistics.fmean(sorted(_per_call_times(fn, devices, reps))[:-1])
 
 
+@shortcut("check_time_it", "the last timed call (a loop that overwrites its time)",
+          "median of per-call times")
+def time_it_last_call(fn, devices, reps=5):
+    return _per_call_times(fn, devices, reps)[-1]
+
+
+@shortcut("check_time_it", "the geometric mean", "median of per-call times")
+def time_it_geometric_mean(fn, devices, reps=5):
+    return statistics.geometric_mean(_per_call_times(fn, devices, reps))
+
+
+@shortcut("check_time_it", "the mean without the fastest and the slowest call",
+          "median of per-call times")
+def time_it_middle_mean(fn, devices, reps=5):
+    return statistics.fmean(sorted(_per_call_times(fn, devices, reps))[1:-1])
+
+
 @other("check_time_it", "torch's median (the lower middle one), after two warm-up calls")
 def time_it_torch_median(fn, devices, reps=5):
     fn()
@@ -180,7 +197,8 @@ def time_it_torch_median(fn, devices, reps=5):
     return torch.tensor(_per_call_times(fn, devices, reps)).median().item()
 
 
-STATISTICS = [time_it_min, time_it_first_call, time_it_trimmed_mean, time_it_mean]
+STATISTICS = [time_it_min, time_it_first_call, time_it_trimmed_mean, time_it_mean,
+              time_it_last_call, time_it_geometric_mean, time_it_middle_mean]
 
 
 def test_time_it_tells_the_median_from_the_other_statistics_on_every_draw():
@@ -196,19 +214,21 @@ def test_time_it_tells_the_median_from_the_other_statistics_on_every_draw():
 
 
 def test_time_it_work_sets_the_median_apart_in_every_window():
-    """The work each call is given: in any reps calls in a row after the warm-ups the check
-    allows, the median (lower, upper, mean of the middle two) is over 15% from the fastest call,
-    the first call and the mean without the slowest, and half the mean."""
+    """The work each call is given: in the reps calls timed after no or one warm-up call, the
+    median (lower, upper, mean of the middle two) is over 15% from the fastest, the first and
+    the last call, the means without the slowest or without both outliers, the geometric mean,
+    and half the mean."""
     from helpers.checks._core.inputs import fresh_generator, replay_seeds
     from helpers.checks.profile import _levels
     for seed in range(200):
         replay_seeds(seed)
         g = fresh_generator()
-        for reps in range(3, 7):
+        for reps in range(5, 8):
             levels = _levels(g, reps) * 2
-            for start in range(reps - 1 - (reps % 2 == 0)):
+            for start in (0, 1):
                 w = levels[start:start + reps]
-                wrong = [min(w), w[0], statistics.fmean(sorted(w)[:-1])]
+                wrong = [min(w), w[0], w[-1], statistics.fmean(sorted(w)[:-1]),
+                         statistics.fmean(sorted(w)[1:-1]), statistics.geometric_mean(w)]
                 for m in {statistics.median_low(w), statistics.median_high(w)}:
                     assert all(abs(x - m) > 0.15 * m for x in wrong), (seed, reps, start, w)
                     assert statistics.fmean(w) > 2 * m

@@ -157,17 +157,21 @@ def _stand_ins(sync):
 
 
 def _levels(g, reps):
-    """Each call's work, a multiple of the median call's, repeating every `reps` calls: a fast
-    and a slow outlier, the others well below or above the median, and the median's last in the
-    first `reps` (twice for an even count), so that any `reps` calls in a row hold the same work,
-    and the first of them, after at most reps - 2 warm-up calls (reps - 3 for an even count),
-    is not the median's: median, fastest call, first call and mean without the slowest differ."""
+    """Each call's work, a multiple of the median call's, repeating every `reps` calls (5 to 7):
+    a fast and a slow outlier, the others well below or far above the median (unevenly, so that
+    the means of the middle calls, plain or geometric, are far from it too), and the median's in
+    the middle of the period (twice for an even count), so that any `reps` calls in a row hold
+    the same work and, after no or one warm-up call, neither the first nor the last timed call
+    is the median's."""
     middle = 1 + (reps % 2 == 0)
-    below = [uniform(g, 0.25, 0.3)] + [uniform(g, 0.45, 0.55) for _ in range((reps - 3) // 2)]
-    above = [10.0] + [uniform(g, 1.25, 1.35) for _ in range((reps - 3) // 2)]
+    n = (reps - 3) // 2
+    below = [uniform(g, 0.25, 0.3)] + [uniform(g, 0.6, 0.7) for _ in range(n)]
+    above = [10.0] + [uniform(g, 3.0, 3.5) for _ in range(n)]
     others = below + above
     order = sorted(range(len(others)), key=lambda _: uniform(g, 0, 1))
-    return [others[i] for i in order] + [1.0] * middle
+    others = [others[i] for i in order]
+    at = (reps - middle) // 2
+    return others[:at] + [1.0] * middle + others[at:]
 
 
 def _timed(sim, levels, scale, gpus):
@@ -193,8 +197,9 @@ def _ms(seconds):
     "GPUs were synchronized before the first call and after every call, before the next one",
     "the seconds returned against the median of what the calls really took (the work differs "
     "from call to call, repeating every reps calls, with a fast and a slow outlier, so that the "
-    "median is far from the mean, the total, the fastest call, the mean without the slowest and, "
-    "after up to reps - 3 warm-up calls, the first timed call), measured by the check"])
+    "median is far from the mean, the geometric mean, the total, the fastest call, the means "
+    "without the slowest or without both outliers and, after no or one warm-up call, the first "
+    "and the last timed calls), measured by the check"])
 def check_time_it(time_it):
     """time_it(fn, devices, reps) -> median seconds of one call of fn, the devices synchronized
     before the clock starts and before it stops. Robust on a loaded machine: the check compares
@@ -205,7 +210,7 @@ def check_time_it(time_it):
     base = uniform(g, 1.0, 1.5)
     scales = [base, 4 * base] if randint(g, 0, 1) else [4 * base, base]
     for scale in scales:
-        k, reps = randint(g, 2, 3), randint(g, 3, 6)
+        k, reps = randint(g, 2, 3), randint(g, 5, 7)
         gpus = [torch.device("cuda", i) for i in range(k)]
         devices = list(gpus) + ([torch.device("cpu")] if randint(g, 0, 1) else [])
         sim = _AsyncGPUs(gpus)
@@ -240,10 +245,12 @@ def check_time_it(time_it):
         expect(not math.isclose(t, total, rel_tol=0.2),
                f"{call} says {_ms(t)}, the total of all {n} calls ({_ms(total)}); return the "
                "median of per-call times")
-        trimmed = statistics.fmean(sorted(real)[:-1])
-        wrong = {"the mean": mean, "the fastest call": min(real),
-                 "the first timed call": real[0], "the mean without the slowest call": trimmed}
-        # a statistic within 10% of the median (the first call after many warm-ups) is not
+        trimmed, middle = statistics.fmean(sorted(real)[:-1]), statistics.fmean(sorted(real)[1:-1])
+        wrong = {"the mean": mean, "the fastest call": min(real), "the first timed call": real[0],
+                 "the last timed call": real[-1], "the mean without the slowest call": trimmed,
+                 "the mean without the fastest and the slowest call": middle,
+                 "the geometric mean": statistics.geometric_mean(real)}
+        # a statistic within 10% of the median (the first call after two warm-ups) is not
         # told apart on this draw: the median's answer must not fail for being near it
         wrong = {k: v for k, v in wrong.items() if k == "the mean" or abs(v - med) > 0.1 * med}
         what = min(wrong, key=lambda k: abs(t - wrong[k]))
