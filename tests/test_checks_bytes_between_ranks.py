@@ -3,6 +3,7 @@ form): one rank pickles or torch.saves its tensor into a module global, another 
 (pickle.loads, torch.load, a storage made from the bytes, read as another dtype) after a decoy
 collective. Torch rebuilds such a storage in C, with no operation a rank made, so provenance.py
 judges it by its values. Right answers that round-trip their own tensors through bytes pass."""
+import ctypes
 import io
 import pickle
 
@@ -74,6 +75,18 @@ def sync_bn_input_grad_pickled(dy, x_hat, invstd, n):
     sums = decoy + sum(pickle.loads(_BYTES[q]) for q in range(w))
     m1, m2 = (sums / n).chunk(2)
     return invstd * (dy - m1 - x_hat * m2)
+
+
+@shortcut("check_dp_average", "other ranks' gradients copied with ctypes at their data_ptr()",
+          "ctypes")
+def dp_average_ctypes(grads, comm):
+    _BYTES[comm.rank] = [g.clone() for g in grads]      # held: their memory stays valid
+
+    def copied(held, i):
+        out = torch.empty_like(grads[i])
+        ctypes.memmove(out.data_ptr(), held[i].data_ptr(), out.numel() * out.element_size())
+        return out
+    _decoy_then(grads, comm, copied)
 
 
 @other("check_dp_average", "each rank's own gradients round-tripped through pickle and save")

@@ -20,8 +20,9 @@ not, so they are watched here, as one family:
 first (once per outermost call: a repr that calls tolist inside is one exit). The originals stay
 reachable where they cannot be replaced: the C base class `torch._C.TensorBase` (its `tolist`,
 `numpy`, `apply_` ...) and `torch._C._to_dlpack`; references.scan refuses an answer whose code
-names them or holds an original bound before the watch (`unwatched`). What it does not see:
-`data_ptr()` read with ctypes, C extensions (book/teachers.md).
+names them or holds an original bound before the watch (`unwatched`), and one that reaches ctypes
+(a tensor's memory at its `data_ptr()`). What it does not see: ctypes reached by a name built at
+run time, C extensions (book/teachers.md).
 """
 import contextlib
 import sys
@@ -34,7 +35,7 @@ from .guard import _EXITS, armed, refuse
 from .run import is_reader_code, stand_in
 
 __all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES",
-           "SCRIPTED", "SCRIPT_NAMES"]
+           "SCRIPTED", "SCRIPT_NAMES", "RAW_MEMORY", "RAW_NAMES"]
 
 CALLBACKS = ("apply_", "map_", "map2_")      # Python callbacks handed every element
 EXITS = ("tolist", "numpy", "__array__", "__dlpack__", "__reduce_ex__", "__repr__", *CALLBACKS)
@@ -54,8 +55,12 @@ _SCRIPTING = frozenset({"script", "trace", "trace_module", "load", "freeze", "fo
 SCRIPTED = "TorchScript (torch.jit: its interpreter reads values out in C++, where no watch sees)"
 SCRIPT_NAMES = frozenset({"jit", "ScriptFunction", "ScriptModule", "CompilationUnit",
                           "_jit_script_compile", "_jit_script_class_compile", "import_ir_module"})
+RAW_MEMORY = ("ctypes (a tensor's memory read or written in C, at its data_ptr(), where no "
+              "watch sees)")
+RAW_NAMES = frozenset({"ctypes", "memmove", "memset", "string_at", "from_address"})
 UNWATCHED_NAMES = frozenset({"TensorBase", "_TensorBase", "_to_dlpack", "_to_dlpack_versioned",
-                             "_dlpack_exchange_api", "_const_dlpack_exchange_api", *SCRIPT_NAMES})
+                             "_dlpack_exchange_api", "_const_dlpack_exchange_api", *SCRIPT_NAMES,
+                             *RAW_NAMES})
 _SCRIPT_TYPES = (torch.jit.ScriptFunction, torch.jit.ScriptModule, torch._C.CompilationUnit)
 
 
@@ -141,6 +146,9 @@ def unwatched(obj):
     if isinstance(obj, _SCRIPT_TYPES) or (isinstance(obj, types.ModuleType) and (
             obj.__name__ + ".").startswith("torch.jit.")):
         return SCRIPTED
+    owner = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "")
+    if type(owner) is str and owner.split(".")[0] == "ctypes":
+        return RAW_MEMORY
     if not isinstance(name, str):
         return None
     if str(getattr(obj, "__module__", "")).startswith("torch.jit") and name in _SCRIPTING:
