@@ -18,6 +18,7 @@ a check that lacks any of the three kinds.
 import collections
 import contextlib
 import gc
+import importlib
 import io
 
 import pytest
@@ -162,3 +163,11 @@ def spread_over(chunks):
         for j in range(k):
             if j != i:
                 chunks[j][i].copy_(chunks[i][i])
+
+
+def raw_copy(dst, src, nbytes):
+    """ctypes' memmove, reached by names built at run time: the way past every watch that the
+    scan cannot refuse by name (book/teachers.md), for shortcuts that test the checks behind
+    it (an answer that names ctypes is refused before they run)."""
+    lib = importlib.import_module("ct" + "ypes")
+    getattr(lib, "mem" + "move")(dst, src, nbytes)

@@ -187,15 +187,7 @@ def sharded_server_step_rest_first(params, grads, devices, lr):
           "tensor_split")
 def allreduce_spread_rest_first(data):
     k = len(data)
-    chunks = [t.view(-1).split(_remainder_first(t.numel(), k)) for t in data]
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                chunks[i][i].add_(chunks[j][i].to(chunks[i][i].device))
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                chunks[j][i].copy_(chunks[i][i])
+    spread_over([t.view(-1).split(_remainder_first(t.numel(), k)) for t in data])
 
 
 test_case = parametrize_cases(__name__)

@@ -17,7 +17,6 @@ ranks started in test_checks_early_views.py.
 import collections
 import concurrent.futures
 import concurrent.futures.thread as cf_thread
-import ctypes
 import importlib
 import operator
 import sys
@@ -27,7 +26,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import other, parametrize_cases, raw_copy, shortcut
 
 import helpers
 import helpers.checks
@@ -45,7 +44,7 @@ _SLOT = 1 << 10
 def _post(slot, flat):
     """`flat` written on the board with ctypes: no aten operation sees it."""
     flat = flat.detach().contiguous().float()
-    ctypes.memmove(_BOARD.data_ptr() + 4 * slot * _SLOT, flat.data_ptr(), 4 * flat.numel())
+    raw_copy(_BOARD.data_ptr() + 4 * slot * _SLOT, flat.data_ptr(), 4 * flat.numel())
 
 
 def _board_mean(k, n):

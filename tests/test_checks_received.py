@@ -5,12 +5,11 @@ data here travels past the comm through a tensor every rank shares, written with
 (provenance.py's documented limit): any leak nobody has found yet, or a recomputation from data
 a rank already had, reads the same. world.py's `expect_from_messages` refuses them all: a
 rank's result must be computed from what the network delivered to it."""
-import ctypes
 import math
 
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import other, parametrize_cases, raw_copy, shortcut
 
 import helpers
 
@@ -23,7 +22,7 @@ _SLOT = 1 << 12                   # elements per rank
 def _post(slot, *tensors):
     """Write tensors on the board (a rank's slot) with ctypes: no aten operation sees it."""
     flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-    ctypes.memmove(_BOARD.data_ptr() + 4 * slot * _SLOT, flat.data_ptr(), 4 * flat.numel())
+    raw_copy(_BOARD.data_ptr() + 4 * slot * _SLOT, flat.data_ptr(), 4 * flat.numel())
 
 
 def _read(slot, *shapes):

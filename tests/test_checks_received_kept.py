@@ -11,11 +11,10 @@ form), each shortcut with the words its refusal names:
    operation again with it changed, and the Recorder's dataflow does not follow it;
 4. stand-ins of the right sizes sent by check_tokens_to_heads (its messages' contents).
 """
-import ctypes
 
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import other, parametrize_cases, raw_copy, shortcut
 
 KEPT = "received K/V blocks alive at once"
 ALLOWS = "this exercise allows only"
@@ -152,7 +151,7 @@ def _bucket(grads, mix):
     the board and `mix(mean, received)` written back."""
     k, r = dist.get_world_size(), dist.get_rank()
     flat = torch.cat([g.reshape(-1) for g in grads]).detach().contiguous()
-    ctypes.memmove(_BOARD.data_ptr() + 4 * r * _SLOT, flat.data_ptr(), 4 * flat.numel())
+    raw_copy(_BOARD.data_ptr() + 4 * r * _SLOT, flat.data_ptr(), 4 * flat.numel())
     dist.all_reduce(flat)
     dist.barrier()
     n = flat.numel()
@@ -190,7 +189,7 @@ def average_bucket_clamped(grads):
 def tokens_to_heads_zeros(x, comm):
     w, r = comm.world, comm.rank
     per, flat = x.shape[1] // w, x.contiguous()
-    ctypes.memmove(_BOARD.data_ptr() + 4 * r * _SLOT, flat.data_ptr(), 4 * flat.numel())
+    raw_copy(_BOARD.data_ptr() + 4 * r * _SLOT, flat.data_ptr(), 4 * flat.numel())
     for j in range(w):         # sent after the board was written: a recv from j sees j's slot
         if j != r:
             comm.send(torch.zeros_like(x[:, j * per:(j + 1) * per]), j, tag=j)

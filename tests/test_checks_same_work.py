@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import other, parametrize_cases, shortcut, spread_over
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import helpers.checks
@@ -16,16 +16,7 @@ BRANCHED = "other work on the simulated GPUs"
 
 
 def _spread(data):
-    k = len(data)
-    chunks = [t.view(-1).tensor_split(k) for t in data]
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                chunks[i][i].add_(chunks[j][i].to(chunks[i][i].device))
-    for i in range(k):
-        for j in range(k):
-            if j != i:
-                chunks[j][i].copy_(chunks[i][i])
+    spread_over([t.view(-1).tensor_split(len(data)) for t in data])
 
 
 def _funnel(data):
