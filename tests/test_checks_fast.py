@@ -15,8 +15,8 @@ from helpers.checks import check_ring_allreduce, check_time_it
 
 
 # ---- profile: time_it ------------------------------------------------------------------------
-@worked("check_time_it")
-def time_it(fn, devices, reps=5):
+def _per_call_times(fn, devices, reps):
+    """Each call's seconds, the devices synchronised before and after it."""
     times = []
     for _ in range(reps):
         synchronize(devices)
@@ -24,7 +24,12 @@ def time_it(fn, devices, reps=5):
         fn()
         synchronize(devices)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+@worked("check_time_it")
+def time_it(fn, devices, reps=5):
+    return statistics.median(_per_call_times(fn, devices, reps))
 
 
 @other("check_time_it", "torch.cuda.synchronize per device, a warm-up call, numpy's median")
@@ -144,17 +149,6 @@ def time_it_ms(fn, devices, reps=5):
 @shortcut("check_time_it", "the course's timer", "course's own answer")
 def time_it_course(fn, devices, reps=5):
     return helpers.measure(fn, repeats=reps, warmup=0).median
-
-
-def _per_call_times(fn, devices, reps):
-    times = []
-    for _ in range(reps):
-        synchronize(devices)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(devices)
-        times.append(time.perf_counter() - t0)
-    return times
 
 
 @shortcut("check_time_it", "the fastest call", "the fastest call took")
