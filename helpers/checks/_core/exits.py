@@ -32,6 +32,7 @@ import torch
 import torch.utils.dlpack
 
 from .guard import _EXITS, armed, refuse
+from .reader_objects import is_a
 from .run import is_reader_code, stand_in
 
 __all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES",
@@ -138,20 +139,21 @@ def patched(owner, name):
 def unwatched(obj):
     """The name of the exit `obj` is an original of (bound before any watch, or the C base
     class's method, which cannot be replaced), or None."""
+    if is_a(obj, _SCRIPT_TYPES) or (is_a(obj, types.ModuleType) and (
+            obj.__name__ + ".").startswith("torch.jit.")):
+        return SCRIPTED
     try:
         objclass = getattr(obj, "__objclass__", None)
         name = getattr(obj, "__name__", None)
+        owner = obj.__name__ if is_a(obj, types.ModuleType) else getattr(
+            obj, "__module__", "")
     except Exception:       # an object of the reader's whose attributes compute
         return None
-    if isinstance(obj, _SCRIPT_TYPES) or (isinstance(obj, types.ModuleType) and (
-            obj.__name__ + ".").startswith("torch.jit.")):
-        return SCRIPTED
-    owner = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "")
     if type(owner) is str and owner.split(".")[0] == "ctypes":
         return RAW_MEMORY
     if not isinstance(name, str):
         return None
-    if str(getattr(obj, "__module__", "")).startswith("torch.jit") and name in _SCRIPTING:
+    if type(owner) is str and owner.startswith("torch.jit") and name in _SCRIPTING:
         return SCRIPTED
     if objclass is torch._C.TensorBase and name in EXITS + _READER_ONLY:
         return f"torch._C.TensorBase.{name}"

@@ -37,6 +37,7 @@ from . import bytecode, exits
 from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
 from .keys import str_keys
+from .reader_objects import ROUTINES, SCALARS, attr, is_a
 from .run import CheckFailed, is_reader_code
 from .switches import _DISPATCH_OFF_NAMES
 from .whose import made_by_reader
@@ -88,12 +89,12 @@ def code_key(code):
 def identity(obj):
     """A key that is the same for one function wherever and under whatever name it was defined
     (code_key). Classes by module path (without the package's name) and qualified name."""
-    obj = getattr(obj, "__func__", obj)
-    obj = getattr(obj, "__wrapped__", obj)
-    code = getattr(obj, "__code__", None)
+    obj = attr(obj, "__func__", obj)
+    obj = attr(obj, "__wrapped__", obj)
+    code = attr(obj, "__code__", None)
     if isinstance(code, types.CodeType):
         return ("code", code_key(code))
-    if isinstance(obj, type):
+    if is_a(obj, type):
         return ("class", obj.__module__.split(".", 1)[-1], obj.__qualname__)
     origin = compiled_origin(obj)
     return identity(origin) if origin is not None else ("id", id(obj))
@@ -180,42 +181,42 @@ def _loads(fn):
 
 def _expandable(obj):
     """A function whose code the walk reads: the reader's, or the course's helpers'."""
-    code = getattr(obj, "__code__", None)
+    code = attr(obj, "__code__", None)
     if not isinstance(code, types.CodeType):
         return False
     return made_by_reader(code) or (
-        getattr(obj, "__module__", "") or "").split(".")[0] in _COURSE
+        attr(obj, "__module__", "") or "").split(".")[0] in _COURSE
 
 
 def _children(obj):
     """What `obj` gives the walk next: (label, child) pairs."""
-    if isinstance(obj, functools.partial):
+    if is_a(obj, functools.partial):
         yield "partial", obj.func
         yield from (("arg", a) for a in (*obj.args, *obj.keywords.values()))
         return
-    if inspect.ismethod(obj):
+    if is_a(obj, types.MethodType):
         yield "method", obj.__func__
         return
-    if isinstance(obj, (staticmethod, classmethod)):
+    if is_a(obj, (staticmethod, classmethod)):
         yield "method", obj.__func__
         return
-    if isinstance(obj, type):
+    if is_a(obj, type):
         if is_reader_code(getattr(sys.modules.get(obj.__module__), "__file__", None) or "<"):
             for name, member in vars(obj).items():
                 if callable(member) or isinstance(member, (staticmethod, classmethod)):
                     yield name, member
         return
-    if isinstance(obj, (list, tuple, set, frozenset)):
+    if is_a(obj, (list, tuple, set, frozenset)):
         yield from (("item", x) for x in list(obj)[:200])
         return
-    if isinstance(obj, dict):
+    if is_a(obj, dict):
         yield from ((str(k), v) for k, v in list(obj.items())[:200])
         return
-    if callable(obj) and not inspect.isroutine(obj) and not isinstance(obj, type):
+    if callable(obj) and not is_a(obj, ROUTINES) and not is_a(obj, type):
         call = inspect.getattr_static(type(obj), "__call__", None)   # a reader's callable
         if _expandable(call):
             yield "__call__", call
-    wrapped = getattr(obj, "__wrapped__", None)
+    wrapped = attr(obj, "__wrapped__", None)
     if wrapped is not None:
         yield "wrapped", wrapped
     if _expandable(obj):
@@ -236,8 +237,7 @@ def _cell_filled(cell):
 
 def _is_harness(obj):
     """The checks (this package) or the machinery that simulates devices for them."""
-    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", "")
-    name = name or ""
+    name = (obj.__name__ if is_a(obj, types.ModuleType) else attr(obj, "__module__", "")) or ""
     return name.startswith((*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
 
 
@@ -271,8 +271,8 @@ _INTROSPECTION = types.MappingProxyType({id(f): f"{m.__name__}.{f.__name__}" for
 
 def _dispatch_off(obj):
     """The dispatch switch `obj` is or names in its own code (the reader's), or None."""
-    name = getattr(obj, "__name__", None)
-    if name in _DISPATCH_OFF_NAMES and str(getattr(obj, "__module__", "")).startswith("torch"):
+    name = attr(obj, "__name__", None)
+    if name in _DISPATCH_OFF_NAMES and str(attr(obj, "__module__", "")).startswith("torch"):
         return name
     return _names_in_reader_code(obj, _DISPATCH_OFF_NAMES)
 
@@ -280,7 +280,7 @@ def _dispatch_off(obj):
 def _names_in_reader_code(obj, names):
     """The first (alphabetically) of `names` that `obj`'s own code names, nested code included,
     where that code is the reader's; else None."""
-    code = getattr(obj, "__code__", None)
+    code = attr(obj, "__code__", None)
     if isinstance(code, types.CodeType) and made_by_reader(code):
         for c in bytecode.nested(code):
             found = names.intersection(c.co_names)
@@ -311,17 +311,17 @@ def _later(obj):
 
 def _operator(obj):
     """The operator machinery `obj` is (torch.library, an operator outside aten), or None."""
-    if isinstance(obj, _OpNamespace):
-        name = getattr(obj, "name", None) or getattr(obj, "__name__", "").rsplit(".", 1)[-1]
+    if is_a(obj, _OpNamespace):
+        name = attr(obj, "name", None) or attr(obj, "__name__", "").rsplit(".", 1)[-1]
         return None if name in TORCH_OPERATORS else f"torch.ops.{name}"
-    if isinstance(obj, (OpOverload, OpOverloadPacket)):
-        space = obj.namespace if isinstance(obj, OpOverload) else \
+    if is_a(obj, (OpOverload, OpOverloadPacket)):
+        space = obj.namespace if is_a(obj, OpOverload) else \
             obj._qualified_op_name.split("::")[0]
         return None if space in TORCH_OPERATORS else f"torch.ops.{space}"
-    module = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(
+    module = obj.__name__ if is_a(obj, types.ModuleType) else attr(
         obj if callable(obj) else type(obj), "__module__", None)
     if isinstance(module, str) and module.startswith(_OPERATOR_MODULES):
-        return module if isinstance(obj, types.ModuleType) else getattr(
+        return module if is_a(obj, types.ModuleType) else attr(
             obj, "__name__", type(obj).__name__)
     return None
 
@@ -338,54 +338,63 @@ def scan(fn, refs, exercise, limit=20000):
     if not callable(fn):
         raise CheckFailed(f"expected the function {exercise}, got {type(fn).__name__}")
     keys = {ref.key: ref for ref in refs}
-    seen, stack = set(), [(fn, getattr(fn, "__name__", exercise))]
+    seen, stack = set(), [(fn, attr(fn, "__name__", exercise))]
     while stack and len(seen) < limit:
         obj, path = stack.pop()
-        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        if id(obj) in seen or (is_a(obj, SCALARS) and not callable(obj)):
             continue
         seen.add(id(obj))
-        ref = keys.get(identity(obj)) if callable(obj) or isinstance(obj, type) else None
-        if ref is not None and not bytecode.written_formula(obj, ref.obj, _PACKAGE):
-            raise CheckFailed(f"the exercise asks you to write {exercise} yourself, but your "
-                              f"code uses {ref} ({ref.whose}), through {path}: it is "
-                              "unavailable while the check runs")
-        peek = _introspects(obj)
-        if peek is not None:
-            raise CheckFailed(f"your code inspects the running program ({peek}, through {path}):"
-                              " an answer must compute its result, not read the check's frames,"
-                              " tracebacks or objects")
-        late = _later(obj)
-        if late is not None:
-            raise CheckFailed(f"your code installs a callback that runs after your function "
-                              f"returned ({late}, through {path}): the check judges what your "
-                              "function did while it ran, so an answer may leave nothing of its "
-                              "own to run later")
-        op = _operator(obj)
-        if op is not None:
-            raise CheckFailed(f"your code defines or calls an operator of its own ({op}, through "
-                              f"{path}, torch.library): the work inside one is invisible to the "
-                              "check, so an answer must run torch's own operations in plain view")
-        out = exits.unwatched(obj) or _names_in_reader_code(obj, exits.UNWATCHED_NAMES)
-        out = exits.SCRIPTED if out in exits.SCRIPT_NAMES else (
-            exits.RAW_MEMORY if out in exits.RAW_NAMES else out)
-        if out is not None:
-            raise CheckFailed(f"your code reaches tensor values through {out} (through {path}), "
-                              "an unwatched way out of torch: the check watches every way values "
-                              "leave torch (.tolist(), .numpy(), .item() ...); call those on "
-                              "the tensor itself")
-        off = _dispatch_off(obj)
-        if off is not None:
-            raise CheckFailed(f"your code switches off torch's dispatch ({off}, through {path}): "
-                              "the check watches your operations through it, so an answer must "
-                              "run them in plain view")
-        if obj is not fn and _is_harness(obj):
-            raise CheckFailed(f"your code uses the course's checks or their simulated devices "
-                              f"({path}): an answer must do the work itself, not consult or "
-                              "change the check")
-        if isinstance(obj, types.ModuleType):
-            continue
-        for label, child in _children(obj):
-            stack.append((child, f"{path} → {label}"))
+        try:
+            _examine(obj, path, keys, exercise, stack, obj is fn)
+        except CheckFailed:
+            raise
+        except Exception as e:      # an object of the reader's whose attributes compute
+            raise CheckFailed(f"reading {path}, which your code uses, raised {type(e).__name__}"
+                              ": keep such an object out of your answer's code") from None
+
+
+def _examine(obj, path, keys, exercise, stack, answer):
+    """Refuse `obj` (reached through `path`) if `scan` must; else push what it reaches."""
+    ref = keys.get(identity(obj)) if callable(obj) or is_a(obj, type) else None
+    if ref is not None and not bytecode.written_formula(obj, ref.obj, _PACKAGE):
+        raise CheckFailed(f"the exercise asks you to write {exercise} yourself, but your "
+                          f"code uses {ref} ({ref.whose}), through {path}: it is "
+                          "unavailable while the check runs")
+    peek = _introspects(obj)
+    if peek is not None:
+        raise CheckFailed(f"your code inspects the running program ({peek}, through {path}):"
+                          " an answer must compute its result, not read the check's frames,"
+                          " tracebacks or objects")
+    late = _later(obj)
+    if late is not None:
+        raise CheckFailed(f"your code installs a callback that runs after your function "
+                          f"returned ({late}, through {path}): the check judges what your "
+                          "function did while it ran, so an answer may leave nothing of its "
+                          "own to run later")
+    op = _operator(obj)
+    if op is not None:
+        raise CheckFailed(f"your code defines or calls an operator of its own ({op}, through "
+                          f"{path}, torch.library): the work inside one is invisible to the "
+                          "check, so an answer must run torch's own operations in plain view")
+    out = exits.unwatched(obj) or _names_in_reader_code(obj, exits.UNWATCHED_NAMES)
+    out = exits.SCRIPTED if out in exits.SCRIPT_NAMES else (
+        exits.RAW_MEMORY if out in exits.RAW_NAMES else out)
+    if out is not None:
+        raise CheckFailed(f"your code reaches tensor values through {out} (through {path}), "
+                          "an unwatched way out of torch: the check watches every way values "
+                          "leave torch (.tolist(), .numpy(), .item() ...); call those on "
+                          "the tensor itself")
+    off = _dispatch_off(obj)
+    if off is not None:
+        raise CheckFailed(f"your code switches off torch's dispatch ({off}, through {path}): "
+                          "the check watches your operations through it, so an answer must "
+                          "run them in plain view")
+    if not answer and _is_harness(obj):
+        raise CheckFailed(f"your code uses the course's checks or their simulated devices "
+                          f"({path}): an answer must do the work itself, not consult or "
+                          "change the check")
+    if not is_a(obj, types.ModuleType):
+        stack.extend((child, f"{path} → {label}") for label, child in _children(obj))
 
 
 from .stubs import blocked  # noqa: E402  (stubs.py reads identity above)
