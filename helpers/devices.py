@@ -199,9 +199,7 @@ class Timer:
         """Median of the recorded times, leaving out the first `skip` (warm-up) if more remain."""
         if not self.times:
             raise ValueError("no times recorded yet: time at least one run (start/stop)")
-        s = sorted(self.times[skip:] if len(self.times) > skip else self.times)
-        m = len(s) // 2
-        return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+        return statistics.median(self.times[skip:] if len(self.times) > skip else self.times)
 
 
 def exact_float32():

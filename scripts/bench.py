@@ -69,7 +69,7 @@ def parse_args(argv=None):
                    help="steps of the same-arithmetic check (reference against fast)")
     p.add_argument("--no-compile", action="store_true", help="no torch.compile anywhere")
     p.add_argument("--targets", choices=("auto", "cpu", "gpu", "none"), default="auto",
-                   help="the issue's targets to judge (auto: gpu on a GPU, cpu otherwise)")
+                   help="the speed targets to judge (auto: gpu on a GPU, cpu otherwise)")
     p.add_argument("--json", help="also write the results (every sample) to this JSON file")
     args = p.parse_args(argv)
     try:
@@ -224,7 +224,7 @@ def target_word(v):
 
 
 def judge(targets, rows, ratios):
-    """The issue's targets, each with its figure and whether the whole spread meets it (with
+    """The speed targets, each with its figure and whether the whole spread meets it (with
     `rounds`: from fewer than helpers.MIN_ROUNDS the spread is one sample, so cannot tell)."""
     key = {(r["trainer"], r["n"], r["where"]): r for r in rows}
     out = []

@@ -13,6 +13,7 @@ lesson on what gloo raises). data: it reads Fashion-MNIST.
 `each(rank, world, cfg)` is a launch target running cfg["runs"] in turn, each failure reported
 (not raised): the world-1 sweep's, where no peer can be left waiting.
 """
+import functools
 import os
 import time
 import traceback
@@ -27,7 +28,7 @@ from helpers.data_parallel.speed_experiments import (
     dp_timing_worker,
     gloo_allreduce_worker,
 )
-from helpers.runtime.launch import take
+from helpers.runtime.launch import run_in_turn, take
 
 SMALL_MLP = dict(d_in=16, width=32, depth=3, d_out=10)
 ZERO_MLP = dict(d_in=16, width=32, depth=3)     # make_model("mlp")'s sizes
@@ -171,25 +172,29 @@ COVERED_BY = {"run_in_turn": "every target (helpers.run_ranks)",
               "states given)"}
 
 
+def _captured(fn, rank, world, cfg):
+    """fn(rank, world, cfg), reported rather than raised: {error (None: it ran), seconds}."""
+    t0 = time.perf_counter()
+    try:
+        fn(rank, world, cfg)
+        error = None
+    except Exception as e:   # reported per target
+        lines = traceback.format_exc().strip().splitlines()
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}" if str(e) \
+            else type(e).__name__
+        error += "\n     at " + next((ln.strip() for ln in reversed(lines)
+                                    if ln.strip().startswith("File") and "/helpers/" in ln),
+                                   lines[-1].strip() if lines else "?")
+    return dict(error=error, seconds=time.perf_counter() - t0)
+
+
 def each(rank, world, cfg):
-    """Launch target: every (label, fn, kwargs) of cfg["runs"] in turn on this rank; returns
-    {label: dict(error (None: it ran), seconds)}. For one rank only (a failure here would leave
-    a peer waiting in a collective)."""
+    """Launch target: every (label, fn, kwargs) of cfg["runs"] in turn on this rank (the
+    runtime's run_in_turn), each one's failure reported, not raised; returns {label:
+    dict(error, seconds)}. For one rank only (a failure here would leave a peer waiting in a
+    collective)."""
     if world != 1:
         raise ValueError("chapter_targets.each runs on one rank: launch it with world 1")
-    runs, device = take(cfg, "runs", "device")
-    out = {}
-    for label, fn, kwargs in runs:
-        t0 = time.perf_counter()
-        try:
-            fn(rank, world, dict(kwargs, device=device))
-            error = None
-        except Exception as e:   # reported per target
-            lines = traceback.format_exc().strip().splitlines()
-            error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}" if str(e) \
-                else type(e).__name__
-            error += "\n     at " + next((ln.strip() for ln in reversed(lines)
-                                        if ln.strip().startswith("File") and "/helpers/" in ln),
-                                       lines[-1].strip() if lines else "?")
-        out[label] = dict(error=error, seconds=time.perf_counter() - t0)
-    return out
+    (runs,) = take(cfg, "runs")
+    captured = [(label, functools.partial(_captured, fn), kw) for label, fn, kw in runs]
+    return run_in_turn(rank, world, dict(cfg, runs=captured))

@@ -1,5 +1,5 @@
 """The bibliography and the glossary hold exactly the keys and terms the chapters may use (the
-brief's lists), each entry complete, and every {cite} / {term} in the book resolves."""
+course's lists), each entry complete, and every {cite} / {term} in the book resolves."""
 import re
 
 import pytest

@@ -38,7 +38,7 @@ from ..transformer_costs import (
 )
 
 __all__ = ["data_parallel_costs", "stage_costs", "ring_exposed_seconds", "layout_costs",
-           "candidate_layouts", "plan", "format_plan"]
+           "candidate_layouts", "plan"]
 
 _MODEL_KEYS = ("layers", "width", "heads", "vocab", "seq", "batch")
 _GPU_KEYS = ("memory", "flops", "bandwidth")
@@ -279,17 +279,3 @@ def plan(model, gpu, n_gpus, optimizer="adam", dtype_bytes=2, top=None, **kw):
     fits = sorted((r for r in rows if r["fits"]),
                   key=lambda r: (r["seconds"], r["bytes"], r["memory"]))
     return fits[:top] if top else fits
-
-
-def format_plan(rows, gpu=None):
-    """The plan as a text table, one layout a line."""
-    head = (f"{'dp':>3} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} {'ZeRO':>6} {'acc':>7} "
-            f"{'recompute':>9} {'m':>3} {'GB/GPU':>8} {'step s':>8}")
-    lines = [head]
-    for r in rows:
-        lines.append(f"{r['dp']:>3} {r['tp']:>3} {r['pp']:>3} {r['cp']:>3} {r['ep']:>3} "
-                     f"{r['zero']:>6} {r['acc']:>7} {r['recompute']:>9} {r['m']:>3} "
-                     f"{r['memory'] / 1e9:>8.2f} {r['seconds']:>8.3g}")
-    if not rows:
-        lines.append("no layout fits" + (f" in {gpu['memory'] / 1e9:.0f} GB" if gpu else ""))
-    return "\n".join(lines)
