@@ -191,6 +191,36 @@ def time_it_torch_median(fn, devices, reps=5):
     return torch.tensor(_per_call_times(fn, devices, reps)).median().item()
 
 
+@other("check_time_it", "two warm-up calls queued back to back, then one synchronize")
+def time_it_warmups_queued(fn, devices, reps=5):
+    fn()
+    fn()
+    synchronize(devices)
+    return statistics.median(_per_call_times(fn, devices, reps))
+
+
+@other("check_time_it", "three warm-up calls queued back to back, then one synchronize")
+def time_it_three_warmups_queued(fn, devices, reps=5):
+    for _ in range(3):
+        fn()
+    synchronize(devices)
+    return statistics.median(_per_call_times(fn, devices, reps))
+
+
+@shortcut("check_time_it", "warm-ups never waited for before the first clock read",
+          ["untimed calls before it", "before starting the clock"])
+def time_it_warmups_unwaited(fn, devices, reps=5):
+    fn()
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(devices)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 STATISTICS = [time_it_min, time_it_first_call, time_it_trimmed_mean, time_it_mean,
               time_it_last_call, time_it_geometric_mean, time_it_middle_mean]
 

@@ -80,20 +80,25 @@ class _AsyncGPUs:
             for owner, name, value in saved:
                 setattr(owner, name, value)
 
-    def unsynced(self, gpus, earlier):
-        """For each call of fn: the GPUs not synchronized between it and the next call (or the
-        end), then the GPUs of `earlier` work not synchronized before the first call:
-        [(call index or -1, [devices])]."""
+    def unsynced(self, gpus, earlier, timed):
+        """Where the timed calls (the last `timed` calls of fn) were not waited for: the GPUs
+        still running what was queued before the first of them (earlier work, or every GPU after
+        untimed calls, which may be queued back to back) and not synchronized since, then, for
+        each timed call, the GPUs not synchronized between it and the next call (or the end):
+        [(call index, [devices], True if before it)]."""
+        first = len(self.starts) - timed
+        pending = gpus if first > 0 else earlier
         out, since, call = [], set(), -1
         for kind, what, _ in self.events + [("call", None, None)]:
             if kind == "sync":
                 since.add(what)
-            else:
-                missing = [d for d in (gpus if call >= 0 else earlier) if d not in since]
-                if missing:
-                    out.append((call, missing))
-                since, call = set(), what
-        return sorted(out, key=lambda item: item[0] < 0)
+                continue
+            if call >= first:
+                out.append((call, [d for d in gpus if d not in since], False))
+            elif what == first:
+                out.append((first, [d for d in pending if d not in since], True))
+            since, call = set(), what
+        return [item for item in sorted(out, key=lambda item: not item[2]) if item[1]]
 
     def durations(self, gpus):
         """What each call really took: from its start to the return of the synchronize that
@@ -194,7 +199,9 @@ def _ms(seconds):
     "on 2 or 3 simulated GPUs that run asynchronously (fn() only queues work; "
     "torch.cuda.synchronize, which helpers.synchronize calls, waits for it, as does a "
     "device's stream's synchronize or the current device's, set with torch.cuda.device): which "
-    "GPUs were synchronized before the first call and after every call, before the next one",
+    "GPUs were synchronized before the first timed call (the last reps calls: untimed warm-up "
+    "calls before them may be queued back to back) and after every timed call, before the "
+    "next one",
     "the seconds returned against the median of what the calls really took (the work differs "
     "from call to call, repeating every reps calls, with a fast and a slow outlier, so that the "
     "median is far from the mean, the geometric mean, the total, the fastest call, the means "
@@ -222,13 +229,13 @@ def check_time_it(time_it):
             t = as_number(time_it(fn, list(devices), reps), call)
         n = len(sim.starts)
         expect(n >= reps, f"{call} called fn {n} times, expected reps = {reps}")
-        warm = n > reps            # a warm-up call ran the earlier work out before timing
-        for i, missing in sim.unsynced(gpus, [] if warm else earlier):
+        for i, missing, before in sim.unsynced(gpus, earlier, reps):
             names = " and ".join(map(describe_device, missing))
-            if i < 0:
-                expect(False, f"{call} started timing while {names} still ran earlier work: "
-                              "synchronise the devices before starting the clock "
-                              "(helpers.synchronize(devices))")
+            what = (f" call {i + 1} while {names} still ran the work of the untimed calls "
+                    "before it" if i else f" while {names} still ran earlier work")
+            expect(not before, f"{call} started timing{what}: "
+                               "synchronise the devices before starting the clock "
+                               "(helpers.synchronize(devices))")
             expect(False, f"{call}: the work that fn queued on {names} in call {i + 1} was "
                           "never waited for before " + ("the next call" if i < n - 1 else
                                                   f"{call.split('(')[0]} returned") +
