@@ -14,11 +14,15 @@ not, so they are watched here, as one family:
 - `torch.utils.dlpack.to_dlpack` (`torch.to_dlpack`), the module function behind `__dlpack__`;
 - `Tensor.untyped_storage`, `storage` and `_typed_storage` when the reader's code calls them (the
   storage object reads its bytes or values without a tensor operation; torch itself calls these
-  all the time, which is not an exit).
+  all the time, which is not an exit);
+- a storage's own methods that read its memory out or write into it in C (`_write_file`,
+  pickling, `torch.save`, `storage[i]`, `_set_from_file` ...), whenever they run:
+  storage_exits.py, installed and restored with these.
 
-`watch_exits(callback)`: while active, every such call, in any thread, calls `callback(t, how)`
-first (once per outermost call: a repr that calls tolist inside is one exit). The originals stay
-reachable where they cannot be replaced: the C base class `torch._C.TensorBase` (its `tolist`,
+`watch_exits(callback, entered)`: while active, every such call, in any thread, calls
+`callback(t, how)` first (once per outermost call: a repr that calls tolist inside is one exit),
+and a write into a storage from outside torch calls `entered(t, how)` after it. The originals
+stay reachable where they cannot be replaced: the C base class `torch._C.TensorBase` (its `tolist`,
 `numpy`, `apply_` ...) and `torch._C._to_dlpack`; references.scan refuses an answer whose code
 names them or holds an original bound before the watch (`unwatched`), and one that reaches ctypes
 (a tensor's memory at its `data_ptr()`). What it does not see: ctypes reached by a name built at
@@ -31,6 +35,7 @@ import types
 import torch
 import torch.utils.dlpack
 
+from . import storage_exits
 from .guard import _EXITS, armed, refuse
 from .reader_objects import is_a
 from .run import is_reader_code, stand_in
@@ -60,7 +65,8 @@ RAW_MEMORY = ("ctypes (a tensor's memory read or written in C, at its data_ptr()
               "watch sees)")
 RAW_NAMES = frozenset({"ctypes", "memmove", "memset", "string_at", "from_address"})
 UNWATCHED_NAMES = frozenset({"TensorBase", "_TensorBase", "_to_dlpack", "_to_dlpack_versioned",
-                             "_dlpack_exchange_api", "_const_dlpack_exchange_api", *SCRIPT_NAMES,
+                             "_dlpack_exchange_api", "_const_dlpack_exchange_api", "StorageBase",
+                             *SCRIPT_NAMES,
                              *RAW_NAMES})
 _SCRIPT_TYPES = (torch.jit.ScriptFunction, torch.jit.ScriptModule, torch._C.CompilationUnit)
 
@@ -70,7 +76,7 @@ _SCRIPT_TYPES = (torch.jit.ScriptFunction, torch.jit.ScriptModule, torch._C.Comp
 # and the class attributes replaced, made by guard.py's audit hook and handed by it to each
 # import (never looked up in sys.modules, where a cell could put its own). Whether an exit is
 # running in a thread is read from its stack (`_inside`), never from a flag an answer could set.
-_LOCK, _WATCHERS, _SAVED = _EXITS.lock, _EXITS.watchers, _EXITS.saved
+_LOCK, _WATCHERS, _ENTERED, _SAVED = _EXITS.lock, _EXITS.watchers, _EXITS.entered, _EXITS.saved
 _EMPTIED = ("your code emptied the check's list of what watches tensor values leaving torch "
             "(exits.py): an answer computes, it leaves the grader be")
 _HERE = __file__
@@ -113,6 +119,7 @@ def _install():
     for module, name in _FUNCTIONS:
         _SAVED[module, name] = vars(module)[name]
         setattr(module, name, _wrap(name, vars(module)[name], False))
+    storage_exits.install(_SAVED)
 
 
 def _restore():
@@ -133,6 +140,8 @@ def patched(owner, name):
     lookup of it while the answer runs finds the watched one."""
     if owner is torch.Tensor:
         return name in EXITS or name in _READER_ONLY
+    if storage_exits.patched(owner, name):
+        return True
     return any(owner is m and name == n for m, n in _FUNCTIONS)
 
 
@@ -155,6 +164,9 @@ def unwatched(obj):
         return None
     if type(owner) is str and owner.startswith("torch.jit") and name in _SCRIPTING:
         return SCRIPTED
+    stored = storage_exits.unwatched(obj, objclass, name)
+    if stored:
+        return stored
     if objclass is torch._C.TensorBase and name in EXITS + _READER_ONLY:
         return f"torch._C.TensorBase.{name}"
     if name in EXITS + _READER_ONLY and obj is _SAVED.get(name, torch.Tensor.__dict__.get(name)):
@@ -166,16 +178,21 @@ def unwatched(obj):
 
 
 @contextlib.contextmanager
-def watch_exits(callback):
-    """While active, `callback(t, how)` before every exit of tensor `t`'s values (see above)."""
+def watch_exits(callback, entered=None):
+    """While active, `callback(t, how)` before every exit of tensor `t`'s values, and
+    `entered(t, how)` after every write into a storage from outside torch (see above)."""
     with _LOCK:
         if not _WATCHERS:
             _install()
         _WATCHERS.append(callback)
+        if entered is not None:
+            _ENTERED.append(entered)
     try:
         yield
     finally:
         with _LOCK:
             _WATCHERS.remove(callback)
+            if entered is not None:
+                _ENTERED.remove(entered)
             if not _WATCHERS:
                 _restore()

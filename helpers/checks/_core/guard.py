@@ -151,7 +151,8 @@ def _make_hook(state):
     state.armed, state.refusal = (lambda: armed.depth), (lambda: armed.refused)
     # what every import binds once, from the hook itself (`_PING`): never read off `state`,
     # whose attributes a cell can set
-    exits = types.SimpleNamespace(lock=threading.RLock(), watchers=[], saved={})  # exits.py's
+    exits = types.SimpleNamespace(lock=threading.RLock(), watchers=[], entered=[],
+                                  saved={})      # exits.py's and storage_exits.py's
     api = (state, quiet, arm, disarm, refuse, state.armed, state.refusal, judge, exits,
            registries())                     # marks.py's: threads and work, by identity
 

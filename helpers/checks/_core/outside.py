@@ -20,7 +20,9 @@ import threading
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["Outside", "span", "rebuilt_views"]
+from .storage_exits import HOWS
+
+__all__ = ["Outside", "span", "rebuilt_views", "as_read"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -77,6 +79,12 @@ class Outside:
                 self.alias.setdefault(k, {})[key] = storage
         return [k for k, _ in found]
 
+    def written(self, key):
+        """The storage `key` was written from outside torch (`_set_from_file`, `storage[i] =
+        b`: storage_exits.py): its values are judged at every use, as memory outside torch."""
+        with self.lock:
+            self.keys.add(key)
+
     def aliases(self, key):
         """(key, storage) of the storages linked to `key`'s."""
         with self.lock:
@@ -94,3 +102,9 @@ def rebuilt_views(storage, dtype):
             if n and storage.device.type == "cpu":
                 views.append(torch.empty(0, dtype=dt).set_(storage, 0, (n,)))
     return views
+
+
+def as_read(t, how):
+    """What an exit `how` of `t` read: `t`, or for a storage's own exit (storage_exits.py: `t`
+    is a uint8 tensor over its bytes, whose dtype nobody knows) all of it as each float dtype."""
+    return rebuilt_views(t.untyped_storage(), t.dtype) if how in HOWS else [t]

@@ -10,9 +10,11 @@ storages are kept alive for the run, so no address is reused meanwhile. The netw
 (sending, receiving, combining a collective, delivering a result) runs exempt, and what it
 hands over is the receiver's. The exits that read memory without an aten operation (exits.py:
 tolist, numpy, __array__, repr, pickling, the storage, the Python-callback kernels apply_, map_
-and map2_, whose other tensors are read too) are checked as one; the numbers a callback receives
-carry the rank (rank_numbers.py); dlpack, whose array no one follows, is refused in a rank. The
-numpy arrays `.numpy()` and `np.asarray(t)` hand a rank are read-only views (a write through one
+and map2_, whose other tensors are read too; a storage's own reads, storage_exits.py, as every
+float dtype) are checked as one; a storage written from outside torch (`_set_from_file`,
+`storage[i] = b`) is judged by its values at every use; the numbers a callback receives carry
+the rank (rank_numbers.py); dlpack, whose array no one follows, is refused in a rank. The numpy
+arrays `.numpy()` and `np.asarray(t)` hand a rank are read-only views (a write through one
 would change the tensor with no operation to see: rank_arrays.read_only).
 
 The tensors a check hands the answer in a rank's thread (its arguments, with the parameters,
@@ -269,7 +271,12 @@ class Provenance:
                         raise CheckFailed(f"rank {rank} handed a tensor to another library "
                                           "through dlpack: in a world of ranks, read values out "
                                           "with .numpy() or .tolist(), which the check follows")
-                    self.read_out(rank, rank_numbers.values(t))
+                    for read in outside.as_read(t, how):    # a storage: as any float
+                        self.read_out(rank, rank_numbers.values(read))
+
+        def entered(t, how):      # written from outside torch: its values judged at every use
+            if self.rank_here() is not None and not self.exempt():
+                self.memory.written(t.untyped_storage()._cdata)
 
         def tagging(name):
             original = getattr(torch.Tensor, name)
@@ -305,7 +312,7 @@ class Provenance:
         # float(t), int(t) must return a plain number: float(t) is fingerprinted in _Mode
         names = ("item", "tolist", "numpy", "__array__") + CALLBACKS
         try:
-            with watch_exits(exit_), rank_arrays.watch_numbers(
+            with watch_exits(exit_, entered), rank_arrays.watch_numbers(
                     lambda: None if self.exempt() else self.rank_here()), \
                     rank_builtins.shadowing():
                 saved = {name: torch.Tensor.__dict__.get(name) for name in names}
