@@ -219,6 +219,20 @@ def attention_by_heads_sdpa(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
     return reduce_from_shards(partials, devices, log)
 
 
+@shortcut("check_attention_by_heads", "the whole weights to every device, sliced there",
+          ["received", "elements of Wq", "slice first"])
+def attention_by_heads_whole_sent(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
+    k, e = len(devices), Wq.shape[1] // heads
+    Xs = copy_to_shards(X, devices, log)
+    partials, first = [], 0
+    for Xi, h, d in zip(Xs, [len(s) for s in torch.arange(heads).tensor_split(k)], devices):
+        s = slice(first * e, (first + h) * e)
+        first += h
+        partials.append(_heads(Xi, Wq.to(d)[:, s], Wk.to(d)[:, s], Wv.to(d)[:, s],
+                               Wo.to(d)[s], e))
+    return reduce_from_shards(partials, devices, log)
+
+
 @shortcut("check_attention_by_heads", "splits the columns, not the heads", "split by whole heads")
 def attention_by_heads_columns(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
     k = len(devices)

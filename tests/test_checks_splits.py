@@ -232,6 +232,34 @@ def conv_bias_each(X, W, b, devices, log=None):
     return sum(P.to(devices[0]) for P in parts)
 
 
+@shortcut("check_conv_split_in_channels", "the whole X and W to every device, sliced there",
+          ["received", "elements of X", "slice first"])
+def conv_whole_sent_sliced_there(X, W, b, devices, log=None):
+    k, c = len(devices), X.shape[1]
+    bounds = [c * i // k for i in range(k + 1)]
+    parts = [F.conv2d(X.to(d)[:, lo:hi], W.to(d)[:, lo:hi]).to(devices[0])
+             for d, lo, hi in zip(devices, bounds, bounds[1:])]
+    return sum(parts) + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
+@shortcut("check_conv_split_in_channels", "slices of X, the whole W to every device",
+          ["received", "elements of W;"])
+def conv_whole_w_sent(X, W, b, devices, log=None):
+    k = len(devices)
+    parts = [F.conv2d(Xi.to(d), W.to(d).tensor_split(k, dim=1)[i]).to(devices[0])
+             for i, (Xi, d) in enumerate(zip(X.tensor_split(k, dim=1), devices))]
+    return sum(parts) + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
+@shortcut("check_conv_split_in_channels", "the whole X to the host, sliced there",
+          ["the CPU received", "elements of X"])
+def conv_whole_x_through_host(X, W, b, devices, log=None):
+    k, host = len(devices), X.cpu()
+    parts = [F.conv2d(Xi.to(d), Wi.to(d)).to(devices[0]) for Xi, Wi, d in
+             zip(host.tensor_split(k, dim=1), W.tensor_split(k, dim=1), devices)]
+    return sum(parts) + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
 @worked("check_gated_mlp_column_then_row")
 def gated_mlp_column_then_row(X, W1, V, W2, devices, log=None):
     k = len(devices)
@@ -263,6 +291,40 @@ def gated_own_f(X, W1, V, W2, devices, log=None):
     cols = torch.arange(W1.shape[1]).tensor_split(k)
     partials = [(F.silu(Xi @ W1[:, c].to(d)) * (Xi @ V[:, c].to(d))) @ W2[c].to(d)
                 for Xi, c, d in zip(Xs, cols, devices)]
+    return reduce_from_shards(partials, devices, log)
+
+
+@other("check_gated_mlp_column_then_row", "W1's and V's slices moved as one tensor")
+def gated_fused_move(X, W1, V, W2, devices, log=None):
+    k = len(devices)
+    Xs = copy_to_shards(X, devices, log)
+    partials = []
+    for Xi, W1i, Vi, W2i, d in zip(Xs, W1.tensor_split(k, dim=1), V.tensor_split(k, dim=1),
+                                   W2.tensor_split(k), devices):
+        gate, value = (Xi @ torch.cat([W1i, Vi], dim=1).to(d)).split(W1i.shape[1], dim=1)
+        partials.append((F.silu(gate) * value) @ W2i.to(d))
+    return reduce_from_shards(partials, devices, log)
+
+
+@shortcut("check_gated_mlp_column_then_row", "the whole weights to every device, sliced there",
+          ["received", "elements of W1", "slice first"])
+def gated_whole_sent_sliced_there(X, W1, V, W2, devices, log=None):
+    k, h = len(devices), W1.shape[1]
+    bounds = [h * i // k for i in range(k + 1)]
+    Xs = copy_to_shards(X, devices, log)
+    partials = [(F.silu(Xi @ W1.to(d)[:, lo:hi]) * (Xi @ V.to(d)[:, lo:hi])) @ W2.to(d)[lo:hi]
+                for Xi, d, lo, hi in zip(Xs, devices, bounds, bounds[1:])]
+    return reduce_from_shards(partials, devices, log)
+
+
+@shortcut("check_gated_mlp_column_then_row", "slices of W1 and V, the whole W2 to every device",
+          ["received", "elements of W2"])
+def gated_whole_w2_sent(X, W1, V, W2, devices, log=None):
+    k = len(devices)
+    Xs = copy_to_shards(X, devices, log)
+    partials = [(F.silu(Xi @ W1i.to(d)) * (Xi @ Vi.to(d))) @ W2.to(d).tensor_split(k)[i]
+                for i, (Xi, W1i, Vi, d) in enumerate(zip(Xs, W1.tensor_split(k, dim=1),
+                                                          V.tensor_split(k, dim=1), devices))]
     return reduce_from_shards(partials, devices, log)
 
 

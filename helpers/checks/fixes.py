@@ -24,18 +24,9 @@ from ._core import (
     tensor_equal,
     uniform,
 )
+from ._core.moved import moves
 
 __all__ = ["check_bucket_allreduce", "check_ring_allreduce", "check_amdahl_speedup"]
-
-
-def _moves(rec):
-    """(source device, destination device, elements) of every copy between devices."""
-    out = []
-    for op in rec.transfers():
-        src = op.reads[-1 if op.name == "copy_" else 0]
-        dst = (op.writes or op.outputs)[0]
-        out.append((src.device, dst.device, src.numel))
-    return out
 
 
 def _in_place(call, data, objs, ptrs, what="tensor"):
@@ -118,7 +109,7 @@ def _bucket_traffic(fn, before, bucket_bytes, want, call):
     gpus = FakeGPUs(k)
     fakes = [[gpus.tensor(t, c) for t in r] for c, r in enumerate(before)]
     _, rec = gpus.run(fn, fakes, bucket_bytes, what=call)
-    sizes = [n for _, _, n in _moves(rec)]
+    sizes = [n for _, _, n, _ in moves(rec)]
     numels = [t.numel() for t in before[0]]
     total = sum(numels)
     expect(sizes, f"{call}: nothing crossed between the devices")
@@ -193,7 +184,7 @@ def _ring_traffic(fn, before, call):
     fakes = [gpus.tensor(t, i) for i, t in enumerate(before)]
     _, rec = gpus.run(fn, list(fakes), what=call)
     sent = [0] * k
-    for src, dst, size in _moves(rec):
+    for src, dst, size, _ in moves(rec):
         expect(src.type != "cuda" or dst.type == "cuda",
                f"{call}: {describe_device(src)} sent {size} elements to the host: in a ring the "
                "data stays on the devices, each passing chunks to its neighbour")

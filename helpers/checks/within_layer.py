@@ -24,6 +24,7 @@ from ._core import (
     tensor_close,
 )
 from ._core.inputs import expect_unchanged, kept
+from ._core.moved import expect_slices_received
 
 # check_mlp_column_then_row has no exercise now (tests use it)
 __all__ = ["check_partial_sum_bytes", "check_conv_split_in_channels",
@@ -104,7 +105,8 @@ def _spread(call, rec, Y, devices, whole, what):
     "values and gradients on CPU tensors, against F.conv2d (bias once)",
     "on k simulated GPUs: every device ran a convolution on its slice of the input channels "
     "that reaches the output, no device did more than its share of the multiply-adds, the "
-    "output is on device 0, no operation mixed devices"])
+    "output is on device 0, no operation mixed devices, and no device (the host included) "
+    "received more of X or W than its slice (the whole sent and sliced there) or b twice"])
 def check_conv_split_in_channels(fn):
     """fn(X, W, b, devices, log): conv2d(X, W, b) with the INPUT channels split over the devices:
     device i convolves its channels of X with its slice of every filter (a partial sum of the whole
@@ -144,6 +146,7 @@ def check_conv_split_in_channels(fn):
         ancestry = _spread(call, rec, Y, gpus.devices, want.numel() * c_in * 9,
                            "the input channels and of W")
         _partial_sums(call, ancestry, rec, Y, gpus.devices, want.numel() * c_in * 9)
+        expect_slices_received(call, rec, gpus.devices, {"X": (fX, 1), "W": (fW, 1)}, {"b": fb})
 
 
 def _partial_sums(call, ancestry, rec, Y, devices, whole):
@@ -282,6 +285,10 @@ def _check_column_then_row(fn, gated):
         _spread(call, rec, Y, gpus.devices, macs, "the weights' columns (W1" +
                 (", V" if gated else "") + ") and rows (W2)")
         _megatron_structure(call, Y, fakes[0], k)
+        named = dict(zip(names, fakes, strict=True))
+        expect_slices_received(call, rec, gpus.devices, {
+            n: (named[n], 0 if n in ("W2", "b1") else 1) for n in names if n not in ("X", "b2")},
+            {n: named[n] for n in ("X", "b2") if n in named})
 
 
 @check("mlp_column_then_row", simulated=True,
@@ -295,7 +302,8 @@ def check_mlp_column_then_row(fn):
 @check("gated_mlp_column_then_row", simulated=True, observes=[
     "values and all gradients on CPU tensors, against the unsplit block",
     "on k simulated GPUs: each device computed its share of the multiply-adds, no product saw "
-    "all hidden units, no operation mixed devices",
+    "all hidden units, no operation mixed devices, no device (the host included) received more "
+    "of W1, V or W2 than its slice (the whole sent and sliced there)",
     "the autograd graph: X enters the devices through an autograd.Function (f) whose forward "
     "puts it on every device (no plain copies after it), and the k partial outputs leave "
     "through one (g)"])
@@ -319,7 +327,8 @@ def attention(X, Wq, Wk, Wv, Wo, heads):
     "heads the devices do not divide; 3 devices with heads % 3 == 2 in every call)",
     "on k simulated GPUs: each device computed its share of the multiply-adds (at most its "
     "tensor_split count of heads'), no product saw the columns of all heads, no operation "
-    "mixed devices",
+    "mixed devices, no device (the host included) received more of Wq, Wk, Wv or Wo than its "
+    "slice (the whole sent and sliced there)",
     "the autograd graph: X enters the devices through an autograd.Function (f) whose forward "
     "puts it on every device (no plain copies after it), and the k partial outputs leave "
     "through one (g)"])
@@ -365,3 +374,6 @@ def check_attention_by_heads(fn):
                    f"heads' multiply-adds, expected {count}: give each device as many heads as "
                    "tensor_split gives it (the first heads % k devices get one more)")
         _megatron_structure(call, Y, fakes[0], k)
+        expect_slices_received(call, rec, gpus.devices, {
+            n: (w, 0 if n == "Wo" else 1) for n, w in zip(("Wq", "Wk", "Wv", "Wo"), fakes[1:],
+                                                       strict=True)}, {"X": fakes[0]})
