@@ -305,6 +305,19 @@ def sharded_server_step_one_server(params, grads, devices, lr):
         p.copy_(params[0])
 
 
+@shortcut("check_sharded_server_step", "whole gradients pushed, whole parameters pulled",
+          ["received", "not whole tensors"])
+def sharded_server_step_whole_moves(params, grads, devices, lr):
+    k = len(devices)
+    for j, d in enumerate(devices):
+        total = sum(g.to(d).tensor_split(k)[j] for g in grads)
+        params[j].tensor_split(k)[j].sub_(lr * total)
+    for i, d in enumerate(devices):
+        for j in range(k):
+            if j != i:
+                params[i].tensor_split(k)[j].copy_(params[j].to(d).tensor_split(k)[j])
+
+
 @shortcut("check_sharded_server_step", "rebinds the replicas", "in place")
 def sharded_server_step_rebind(params, grads, devices, lr):
     total = sum(g.to(devices[0]) for g in grads)

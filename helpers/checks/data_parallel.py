@@ -5,6 +5,7 @@ parameter server sharded over the devices, gradient accumulation on one device.
 The device exercises run twice: on CPU tensors for the values, and on FakeGPUs (cuda:0..k-1),
 where the Recorder sees which device ran each operation and what flowed where. A recording net
 shows what a one-device answer fed its model."""
+import collections
 import math
 
 import torch
@@ -22,6 +23,7 @@ from ._core import (
     tensor_close,
 )
 from ._core.inputs import expect_unchanged, kept
+from ._core.moved import moves
 from ._core.recorded import Taps
 
 __all__ = ["check_combine_mean_grads", "check_reduce_then_broadcast",
@@ -163,7 +165,9 @@ def check_bytes_sent_naive_vs_ring(fn):
     "other device, the server of its chunk, into its own tensor (the pulled copy is an "
     "ancestor of the replica's final values), and no device, the host CPU included, added up or "
     "computed more than its own chunk's share (tensor_split's chunk j; every operation "
-    "counted; a case of 3 devices with a remainder of 2 in every call)"])
+    "counted; a case of 3 devices with a remainder of 2 in every call), and none received more "
+    "than its chunk of every other gradient and the other servers' chunks (whole tensors moved "
+    "and sliced where they arrive)"])
 def check_sharded_server_step(fn):
     """fn(params, grads, devices, lr): params[i], grads[i] flat tensors on devices[i]. Device j
     serves chunk j (tensor_split): it sums chunk j of every gradient, updates chunk j of its
@@ -234,6 +238,16 @@ def _served(what, fn, start, grads, lr):
                f"operation counted; per device: {[work.get(x, 0) for x in gpus.devices]}), more "
                f"than serving its chunk needs (at most about {most}): device j sums and updates "
                "chunk j only")
+    got = collections.Counter()
+    for _, dst, size, _ in moves(rec):
+        got[dst] += size
+    for d, size in sorted(got.items(), key=lambda x: -x[1]):
+        own = sizes.get(d, chunk)       # chunk j of every other gradient, the others' chunks
+        bound = (count - 1) * own + n - own + 2 * count + 8
+        expect(size <= bound, f"{what}: {describe_device(d)} received {size} elements, more "
+               f"than its part of the step needs (about {bound - 2 * count - 8}: chunk j of every "
+               "other gradient, then every other server's chunk of the parameters): move only "
+               "the chunks, not whole tensors sliced where they arrive")
 
 
 # ---- data_parallel: gradient accumulation ----------------------------------------------------
