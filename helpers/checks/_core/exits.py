@@ -17,7 +17,10 @@ not, so they are watched here, as one family:
   all the time, which is not an exit);
 - a storage's own methods that read its memory out or write into it in C (`_write_file`,
   pickling, `torch.save`, `storage[i]`, `_set_from_file` ...), whenever they run:
-  storage_exits.py, installed and restored with these.
+  storage_exits.py, installed and restored with these;
+- a tensor's or storage's address, `data_ptr()`, when the reader's code takes it: the storage is
+  exposed from then on, and the functions that make memory from an address are refused while an
+  answer runs: addresses.py, installed and restored with these.
 
 `watch_exits(callback, entered)`: while active, every such call, in any thread, calls
 `callback(t, how)` first (once per outermost call: a repr that calls tolist inside is one exit),
