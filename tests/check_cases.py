@@ -171,3 +171,20 @@ def raw_copy(dst, src, nbytes):
     it (an answer that names ctypes is refused before they run)."""
     lib = importlib.import_module("ct" + "ypes")
     getattr(lib, "mem" + "move")(dst, src, nbytes)
+
+
+def raw_floats(ptr, n):
+    """n float32 values read at address `ptr` by numpy's raw-pointer protocol, its name built at
+    run time (the scan refuses reader code that names it): memory made from a data_ptr(), for
+    shortcuts that test the checks behind the scan."""
+    import numpy as np
+    holder = type("Raw", (), {"__array" + "_interface__": {
+        "data": (ptr, True), "shape": (n,), "typestr": "<f4", "version": 3}})()
+    return np.asarray(holder).copy()
+
+
+def storage_at(ptr, device, nbytes):
+    """torch's storage over the memory at address `ptr`, its maker reached by a name built at
+    run time (the scan refuses reader code that names it)."""
+    import torch
+    return getattr(torch._C, "_construct_storage" + "_from_data_pointer")(ptr, device, nbytes)

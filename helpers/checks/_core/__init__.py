@@ -40,7 +40,9 @@ world.py      World: the runtime's ThreadWorld (ranks as threads, a network that
               early_views.py: nor a numpy view of a tensor taken before the ranks started);
               ledger.py: the World's records kept out of the answer's reach, and verified
 exits.py      every way values leave torch without an aten operation (tolist, numpy, repr ...;
-              storage_exits.py: a storage's own methods that read or write its memory in C)
+              storage_exits.py: a storage's own methods that read or write its memory in C;
+              addresses.py: data_ptr(), whose storage stays exposed, and memory made from an
+              address refused)
 recorded.py   a recording net's guards: no work on its parameters beside its calls, and a step
               or gradient made from the backwards through its outputs (Taps)
 numpy_work.py numpy's functions run on arrays while an answer runs (work no Recorder sees), for

@@ -17,7 +17,10 @@ not, so they are watched here, as one family:
   all the time, which is not an exit);
 - a storage's own methods that read its memory out or write into it in C (`_write_file`,
   pickling, `torch.save`, `storage[i]`, `_set_from_file` ...), whenever they run:
-  storage_exits.py, installed and restored with these.
+  storage_exits.py, installed and restored with these;
+- a tensor's or storage's address, `data_ptr()`, when the reader's code takes it: the storage is
+  exposed from then on, and the functions that make memory from an address are refused while an
+  answer runs: addresses.py, installed and restored with these.
 
 `watch_exits(callback, entered)`: while active, every such call, in any thread, calls
 `callback(t, how)` first (once per outermost call: a repr that calls tolist inside is one exit),
@@ -35,7 +38,7 @@ import types
 import torch
 import torch.utils.dlpack
 
-from . import storage_exits
+from . import addresses, storage_exits
 from .guard import _EXITS, armed, refuse
 from .reader_objects import is_a
 from .run import is_reader_code, stand_in
@@ -66,8 +69,7 @@ RAW_MEMORY = ("ctypes (a tensor's memory read or written in C, at its data_ptr()
 RAW_NAMES = frozenset({"ctypes", "memmove", "memset", "string_at", "from_address"})
 UNWATCHED_NAMES = frozenset({"TensorBase", "_TensorBase", "_to_dlpack", "_to_dlpack_versioned",
                              "_dlpack_exchange_api", "_const_dlpack_exchange_api", "StorageBase",
-                             *SCRIPT_NAMES,
-                             *RAW_NAMES})
+                             *SCRIPT_NAMES, *RAW_NAMES, *addresses.NAMES})
 _SCRIPT_TYPES = (torch.jit.ScriptFunction, torch.jit.ScriptModule, torch._C.CompilationUnit)
 
 
@@ -120,6 +122,7 @@ def _install():
         _SAVED[module, name] = vars(module)[name]
         setattr(module, name, _wrap(name, vars(module)[name], False))
     storage_exits.install(_SAVED)
+    addresses.install(_SAVED)
 
 
 def _restore():
@@ -140,7 +143,7 @@ def patched(owner, name):
     lookup of it while the answer runs finds the watched one."""
     if owner is torch.Tensor:
         return name in EXITS or name in _READER_ONLY
-    if storage_exits.patched(owner, name):
+    if storage_exits.patched(owner, name) or addresses.patched(owner, name):
         return True
     return any(owner is m and name == n for m, n in _FUNCTIONS)
 
@@ -164,7 +167,8 @@ def unwatched(obj):
         return None
     if type(owner) is str and owner.startswith("torch.jit") and name in _SCRIPTING:
         return SCRIPTED
-    stored = storage_exits.unwatched(obj, objclass, name)
+    stored = storage_exits.unwatched(obj, objclass, name) or addresses.unwatched(
+        obj, objclass, name)
     if stored:
         return stored
     if objclass is torch._C.TensorBase and name in EXITS + _READER_ONLY:

@@ -11,6 +11,10 @@ through one is a write through all). Memory written without torch (numpy, a file
 values instead: provenance.py compares the values a rank reads from such a storage with the floats
 only other ranks read out (rank_numbers.py).
 
+A storage whose address a rank took (`data_ptr()`, addresses.py) is exposed: any memory made
+from the address reads it raw at any time, so provenance.py counts every write into it as read
+out by that rank.
+
 What it does not see: one file mapped by each rank at its own address (`from_file` with
 `shared=True`) holding round values (rank_numbers.is_round). torch's own memory written through a
 numpy view of it (`t.numpy()[:] = ...`) is provenance.py's: the views a rank gets are read-only.
@@ -20,6 +24,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from . import addresses
 from .storage_exits import HOWS
 
 __all__ = ["Outside", "span", "rebuilt_views", "as_read"]
@@ -51,11 +56,25 @@ class Outside:
         self.lock = threading.Lock()
         self.keys = set()       # keys of storages over memory torch did not allocate
         self.alias = {}         # key -> {key of another storage over the same bytes: storage}
+        self.exposed = {}       # key -> the ranks that took its address (addresses.py)
 
     def clear(self):
         with self.lock:
             self.keys.clear()
             self.alias.clear()
+            self.exposed.clear()
+
+    def expose(self, key, rank):
+        """Rank `rank` took the address of storage `key`'s memory (`data_ptr()`): whatever it
+        holds from now on may be read raw at any time, so every write into it counts as read
+        out by that rank (provenance.py)."""
+        with self.lock:
+            self.exposed.setdefault(key, set()).add(rank)
+
+    def exposed_by(self, key):
+        """The ranks that took the address of storage `key` (empty if none)."""
+        with self.lock:
+            return set(self.exposed.get(key, ()))
 
     def first_sight(self, key, storage, known):
         """`storage` (key `key`) is used for the first time: if its memory is outside torch,
@@ -105,6 +124,8 @@ def rebuilt_views(storage, dtype):
 
 
 def as_read(t, how):
-    """What an exit `how` of `t` read: `t`, or for a storage's own exit (storage_exits.py: `t`
-    is a uint8 tensor over its bytes, whose dtype nobody knows) all of it as each float dtype."""
-    return rebuilt_views(t.untyped_storage(), t.dtype) if how in HOWS else [t]
+    """What an exit `how` of `t` read: `t`, or for a storage's own exit or an address
+    (storage_exits.py, addresses.py: `t` is a uint8 tensor over its bytes, whose dtype nobody
+    knows) all of it as each float dtype."""
+    whole = how in HOWS or how in addresses.HOWS
+    return rebuilt_views(t.untyped_storage(), t.dtype) if whole else [t]

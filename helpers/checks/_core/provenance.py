@@ -11,7 +11,8 @@ storages are kept alive for the run, so no address is reused meanwhile. The netw
 hands over is the receiver's. The exits that read memory without an aten operation (exits.py:
 tolist, numpy, __array__, repr, pickling, the storage, the Python-callback kernels apply_, map_
 and map2_, whose other tensors are read too; a storage's own reads, storage_exits.py, as every
-float dtype) are checked as one; a storage written from outside torch (`_set_from_file`,
+float dtype; an address, `data_ptr()`, addresses.py, and every later write into the storage
+it exposes) are checked as one; a storage written from outside torch (`_set_from_file`,
 `storage[i] = b`) is judged by its values at every use; the numbers a callback receives carry
 the rank (rank_numbers.py); dlpack, whose array no one follows, is refused in a rank. The numpy
 arrays `.numpy()` and `np.asarray(t)` hand a rank are read-only views (a write through one
@@ -39,9 +40,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
-from . import outside, rank_arrays, rank_builtins, rank_numbers
+from . import addresses, outside, rank_arrays, rank_builtins, rank_numbers
 from .composite import split_composite
 from .exits import CALLBACKS, watch_exits
+from .handed import handed
 from .run import CheckFailed, stand_in
 
 __all__ = ["world_run", "Provenance", "handed_in"]
@@ -71,22 +73,6 @@ def _used(rank, made, what):
     return f"rank {rank} used a tensor that rank {made[0]} made ({made[1]}) in {what}, {_THROUGH}"
 
 
-def _handed(tree, depth=0):
-    """The tensors in the arguments a check hands an answer: tensors with their gradients, the
-    parameters, buffers and gradients of modules and optimizers, inside lists, tuples, dicts."""
-    if isinstance(tree, torch.Tensor):
-        grad = tree.grad if tree.is_leaf else None
-        return [tree] if grad is None else [tree, grad]
-    if isinstance(tree, torch.nn.Module):
-        return [t for x in (*tree.parameters(), *tree.buffers()) for t in _handed(x)]
-    if isinstance(tree, torch.optim.Optimizer):
-        return _handed([g["params"] for g in tree.param_groups], depth)
-    if depth < 4 and isinstance(tree, (list, tuple, dict, set, frozenset)):
-        items = tree.values() if isinstance(tree, dict) else tree
-        return [t for x in items for t in _handed(x, depth + 1)]
-    return []
-
-
 def in_world():
     """Whether this thread is a World rank's (its provenance mode is active)."""
     return any(isinstance(m, _Mode) for m in _get_current_dispatch_mode_stack())
@@ -114,7 +100,7 @@ def handed_in(args, kwargs):
     if mode is None:
         yield
         return
-    mode.p.hand_in(mode.rank, _handed((args, kwargs)))
+    mode.p.hand_in(mode.rank, handed((args, kwargs)))
     local = mode.p._local
     local.answering = getattr(local, "answering", 0) + 1
     try:
@@ -227,6 +213,9 @@ class Provenance:
                 if self.memory.alias:   # a write through one wrapper is a write through all
                     for k, other in self.memory.aliases(key):
                         self.owner[k] = (rank, what, other, "memory")
+                for r in self.memory.exposed_by(key) if self.memory.exposed else ():
+                    for view in outside.rebuilt_views(storage, t.dtype):   # its address known
+                        self.read_out(r, rank_numbers.values(view))
 
     def rank_here(self):
         """The rank whose work this thread does: its own, or that of the rank that started it."""
@@ -271,6 +260,8 @@ class Provenance:
                         raise CheckFailed(f"rank {rank} handed a tensor to another library "
                                           "through dlpack: in a world of ranks, read values out "
                                           "with .numpy() or .tolist(), which the check follows")
+                    if how in addresses.HOWS:       # any later write can be read there too
+                        self.memory.expose(t.untyped_storage()._cdata, rank)
                     for read in outside.as_read(t, how):    # a storage: as any float
                         self.read_out(rank, rank_numbers.values(read))
 

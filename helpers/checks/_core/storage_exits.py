@@ -18,8 +18,9 @@ through tensor operations, which the dispatch modes see), as three kinds:
   `_new_using_*`, `_get_shared_fd`: two storages over one memory at two addresses) and moving a
   storage's memory pointer (`_swap_data_ptr_`, `_resize_with_addr_`).
 
-A right answer's uses pass unwatched: `data_ptr()`, `nbytes()`, `size()`, `element_size()`,
-`is_shared()`, `resize_` (FSDP's freeing), and `copy_`/`fill_`, which run aten operations.
+A right answer's uses pass unwatched: `nbytes()`, `size()`, `element_size()`,
+`is_shared()`, `resize_` (FSDP's freeing), and `copy_`/`fill_`, which run aten operations;
+`data_ptr()` too, as an exit that exposes the storage (addresses.py).
 """
 import inspect
 import sys
@@ -32,7 +33,7 @@ from .guard import _EXITS, armed, refuse
 from .reader_objects import is_a
 from .run import stand_in
 
-__all__ = ["EXITS", "ENTRIES", "REFUSED", "HOWS", "install", "patched", "unwatched"]
+__all__ = ["EXITS", "ENTRIES", "REFUSED", "HOWS", "install", "patched", "unwatched", "whole"]
 
 EXITS = ("_write_file", "__getitem__", "__iter__", "tolist", "__repr__", "__reduce__",
          "__reduce_ex__")
@@ -69,7 +70,7 @@ def _inside(frame):
     return False
 
 
-def _whole(storage):
+def whole(storage):
     """A uint8 tensor over all of `storage`, made out of every dispatch mode's sight, or None
     (a storage with no memory to read: a fake device's)."""
     storage = getattr(storage, "_untyped_storage", storage)
@@ -83,10 +84,10 @@ def _whole(storage):
 
 
 def _tell(callbacks, storage, how):
-    whole = _whole(storage)
-    if whole is not None:
+    over = whole(storage)
+    if over is not None:
         for callback in list(callbacks):
-            callback(whole, how)
+            callback(over, how)
 
 
 def _wrap(name, original):
