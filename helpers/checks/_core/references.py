@@ -16,9 +16,6 @@ grading imports (fresh.py), a copy renamed with `CodeType.replace`, rebuilt from
 reference (guard.py refuses the copies made while the answer runs). An answer that reaches the
 checks, their fake tensors, or the introspection that reads another frame is refused as well."""
 import atexit
-import builtins
-import dis
-import functools
 import gc
 import hashlib
 import importlib
@@ -37,8 +34,9 @@ from . import bytecode, exits
 from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
 from .keys import str_keys
-from .reader_objects import ROUTINES, SCALARS, attr, is_a
-from .run import CheckFailed, is_reader_code
+from .reach import children
+from .reader_objects import SCALARS, attr, is_a
+from .run import CheckFailed
 from .switches import _DISPATCH_OFF_NAMES
 from .whose import made_by_reader
 
@@ -148,93 +146,6 @@ def resolve(names, torch_found=None):
     return tuple(refs)
 
 
-def _loads(fn):
-    """(name, object) for every global, closure variable, module attribute and import the
-    bytecode of `fn` (and of the functions nested in it) loads."""
-    globals_ = getattr(fn, "__globals__", {})
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
-    for code in bytecode.nested(fn.__code__):
-        current = importing = None
-        for ins in dis.get_instructions(code):
-            op, arg = ins.opname, ins.argval
-            found = None
-            if op in ("LOAD_GLOBAL", "LOAD_NAME"):
-                found = globals_.get(arg, getattr(builtins, arg, None))
-            elif op in ("LOAD_DEREF", "LOAD_CLOSURE") and arg in cells:
-                found = cells[arg].cell_contents if _cell_filled(cells[arg]) else None
-            elif op in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(current, (types.ModuleType,
-                                                                               type)):
-                # an exit looked up while the answer runs is the watched one (exits.py)
-                found = None if exits.patched(current, arg) else getattr(current, arg, None)
-            elif op == "IMPORT_NAME":
-                found = importing = sys.modules.get(arg) or sys.modules.get(arg.split(".")[0])
-            elif op == "IMPORT_FROM" and isinstance(importing, types.ModuleType):
-                found = None if exits.patched(importing, arg) else getattr(importing, arg, None)
-                if found is None:
-                    found = sys.modules.get(f"{importing.__name__}.{arg}")
-            elif op == "POP_TOP":
-                importing = None
-            current = found
-            if found is not None:
-                yield arg, found
-
-
-def _expandable(obj):
-    """A function whose code the walk reads: the reader's, or the course's helpers'."""
-    code = attr(obj, "__code__", None)
-    if not isinstance(code, types.CodeType):
-        return False
-    return made_by_reader(code) or (
-        attr(obj, "__module__", "") or "").split(".")[0] in _COURSE
-
-
-def _children(obj):
-    """What `obj` gives the walk next: (label, child) pairs."""
-    if is_a(obj, functools.partial):
-        yield "partial", obj.func
-        yield from (("arg", a) for a in (*obj.args, *obj.keywords.values()))
-        return
-    if is_a(obj, types.MethodType):
-        yield "method", obj.__func__
-        return
-    if is_a(obj, (staticmethod, classmethod)):
-        yield "method", obj.__func__
-        return
-    if is_a(obj, type):
-        if is_reader_code(getattr(sys.modules.get(obj.__module__), "__file__", None) or "<"):
-            for name, member in vars(obj).items():
-                if callable(member) or isinstance(member, (staticmethod, classmethod)):
-                    yield name, member
-        return
-    if is_a(obj, (list, tuple, set, frozenset)):
-        yield from (("item", x) for x in list(obj)[:200])
-        return
-    if is_a(obj, dict):
-        yield from ((str(k), v) for k, v in list(obj.items())[:200])
-        return
-    if callable(obj) and not is_a(obj, ROUTINES) and not is_a(obj, type):
-        call = inspect.getattr_static(type(obj), "__call__", None)   # a reader's callable
-        if _expandable(call):
-            yield "__call__", call
-    wrapped = attr(obj, "__wrapped__", None)
-    if wrapped is not None:
-        yield "wrapped", wrapped
-    if _expandable(obj):
-        yield from _loads(obj)
-        yield from (("closure", c.cell_contents) for c in (obj.__closure__ or ())
-                    if _cell_filled(c))
-        yield from (("default", d) for d in (obj.__defaults__ or ()))
-        yield from (("default", d) for d in (obj.__kwdefaults__ or {}).values())
-
-
-def _cell_filled(cell):
-    try:
-        _ = cell.cell_contents
-    except ValueError:
-        return False
-    return True
-
-
 def _is_harness(obj):
     """The checks (this package) or the machinery that simulates devices for them."""
     name = (obj.__name__ if is_a(obj, types.ModuleType) else attr(obj, "__module__", "")) or ""
@@ -341,7 +252,7 @@ def scan(fn, refs, exercise, limit=20000):
     seen, stack = set(), [(fn, attr(fn, "__name__", exercise))]
     while stack and len(seen) < limit:
         obj, path = stack.pop()
-        if id(obj) in seen or (is_a(obj, SCALARS) and not callable(obj)):
+        if id(obj) in seen or type(obj) in SCALARS:    # a subclass's instance is walked
             continue
         seen.add(id(obj))
         try:
@@ -394,7 +305,7 @@ def _examine(obj, path, keys, exercise, stack, answer):
                           f"({path}): an answer must do the work itself, not consult or "
                           "change the check")
     if not is_a(obj, types.ModuleType):
-        stack.extend((child, f"{path} → {label}") for label, child in _children(obj))
+        stack.extend((child, f"{path} → {label}") for label, child in children(obj))
 
 
 from .stubs import blocked  # noqa: E402  (stubs.py reads identity above)
