@@ -47,6 +47,8 @@ _COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the note
 _FACADE = importlib.import_module(_PACKAGE)     # bound now: never looked up in sys.modules later
 _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.overrides")
 _CODE_KEYS = {}   # id(code) -> (code, code_key): found by identity (hashing a code reads it all)
+_TYPE_MODULE = type.__dict__["__module__"].__get__
+_TYPE_QUALNAME = type.__dict__["__qualname__"].__get__
 
 
 class Reference:
@@ -92,8 +94,11 @@ def identity(obj):
     code = attr(obj, "__code__", None)
     if isinstance(code, types.CodeType):
         return ("code", code_key(code))
-    if is_a(obj, type):
-        return ("class", obj.__module__.split(".", 1)[-1], obj.__qualname__)
+    if is_a(obj, type):     # read by type's own getters: a `__module__` property never runs
+        module, name = _TYPE_MODULE(obj), _TYPE_QUALNAME(obj)
+        if type(module) is str and type(name) is str:
+            return ("class", module.split(".", 1)[-1], name)
+        return ("id", id(obj))
     origin = compiled_origin(obj)
     return identity(origin) if origin is not None else ("id", id(obj))
 
@@ -148,8 +153,8 @@ def resolve(names, torch_found=None):
 
 def _is_harness(obj):
     """The checks (this package) or the machinery that simulates devices for them."""
-    name = (obj.__name__ if is_a(obj, types.ModuleType) else attr(obj, "__module__", "")) or ""
-    return name.startswith((*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
+    name = obj.__name__ if is_a(obj, types.ModuleType) else attr(obj, "__module__", "")
+    return type(name) is str and name.startswith((*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
 
 
 # what reads another frame or the objects the check holds (guard.py refuses it at run time too)
