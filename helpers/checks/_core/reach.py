@@ -7,6 +7,7 @@ decided by where the functions it holds were compiled and by whether it is found
 `__module__` and `__qualname__` say, never by what `__module__` claims alone; torch's, numpy's
 and the standard library's classes are not walked member by member (their code is not read)."""
 import builtins
+import collections
 import dis
 import functools
 import gc
@@ -37,7 +38,8 @@ _FUNC = {staticmethod: staticmethod.__dict__["__func__"].__get__,
 _ACCESSORS = tuple(property.__dict__[n].__get__ for n in ("fget", "fset", "fdel"))
 _PARTIAL = tuple(functools.partial.__dict__[n].__get__ for n in ("func", "args", "keywords"))
 _BASE_ITEMS = ((dict, dict.items), (list, list.__iter__), (tuple, tuple.__iter__),
-               (set, set.__iter__), (frozenset, frozenset.__iter__))
+               (set, set.__iter__), (frozenset, frozenset.__iter__),
+               (collections.deque, collections.deque.__iter__))
 
 
 def loads(fn):

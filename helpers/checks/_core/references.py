@@ -3,9 +3,10 @@ reach of the reader's answer.
 
 Two guards, by identity, so that a name bound earlier (`spl = helpers.saved_per_layer`) does not
 slip through:
-- `scan` walks what the answer's code can reach before it runs: the globals and module
-  attributes its bytecode loads, its closure and defaults, recursively through the reader's own
-  functions and the course's helpers (whose code may call the reference in turn);
+- `scan` walks what the answer's code can reach before it runs (reach.py): the globals and
+  module attributes its bytecode loads, its closure and defaults, the objects they hold and their
+  classes' members, recursively through the reader's own functions and classes and the course's
+  helpers (whose code may call the reference in turn);
 - `blocked` (stubs.py) gives the reference's function object a stub's code while the answer
   runs, so a lookup the scan cannot see (getattr with a computed name, a binding made before
   the check in a deque, an object or a worker thread) raises ReferenceUsed inside the answer.
@@ -154,7 +155,8 @@ def resolve(names, torch_found=None):
 def _is_harness(obj):
     """The checks (this package) or the machinery that simulates devices for them."""
     name = obj.__name__ if is_a(obj, types.ModuleType) else attr(obj, "__module__", "")
-    return type(name) is str and name.startswith((*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
+    return type(name) is str and name.startswith(
+        (*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
 
 
 # what reads another frame or the objects the check holds (guard.py refuses it at run time too)
