@@ -20,7 +20,7 @@ from .reader_objects import attr, is_a
 from .run import is_reader_code
 from .whose import made_by_reader
 
-__all__ = ["children", "expandable", "loads"]
+__all__ = ["children", "expandable", "loads", "CONTAINERS"]
 
 _PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's name)
 _COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the notebook's helpers
@@ -40,6 +40,9 @@ _PARTIAL = tuple(functools.partial.__dict__[n].__get__ for n in ("func", "args",
 _BASE_ITEMS = ((dict, dict.items), (list, list.__iter__), (tuple, tuple.__iter__),
                (set, set.__iter__), (frozenset, frozenset.__iter__),
                (collections.deque, collections.deque.__iter__))
+# the built-in containers, by exact type: what they hold is all the walk needs of them
+CONTAINERS = frozenset({dict, list, tuple, set, frozenset, collections.OrderedDict,
+                        collections.defaultdict, collections.deque})
 
 
 def loads(fn):

@@ -35,7 +35,7 @@ from . import bytecode, exits
 from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
 from .keys import str_keys
-from .reach import children
+from .reach import CONTAINERS, children
 from .reader_objects import SCALARS, attr, is_a
 from .run import CheckFailed
 from .switches import _DISPATCH_OFF_NAMES
@@ -289,6 +289,9 @@ def _examine(obj, path, keys, exercise, stack, answer):
                           f"returned ({late}, through {path}): the check judges what your "
                           "function did while it ran, so an answer may leave nothing of its "
                           "own to run later")
+    if type(obj) in CONTAINERS:     # a built-in container: what follows never refuses one
+        stack.extend((child, f"{path} → {label}") for label, child in children(obj))
+        return
     op = _operator(obj)
     if op is not None:
         raise CheckFailed(f"your code defines or calls an operator of its own ({op}, through "
