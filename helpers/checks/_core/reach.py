@@ -20,7 +20,7 @@ from .reader_objects import attr, is_a
 from .run import is_reader_code
 from .whose import made_by_reader
 
-__all__ = ["children", "expandable", "loads", "CONTAINERS"]
+__all__ = ["children", "expandable", "loads", "readers_class", "CONTAINERS"]
 
 _PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's name)
 _COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the notebook's helpers
@@ -126,14 +126,15 @@ def _found_where_claimed(cls, module):
     return held is cls
 
 
-def _walked(cls):
+def _walked(cls, course=True):
     """Whether the walk reads `cls`'s members: a class made in Python that holds a function of
     the reader's (or the course's), or claims the reader's module, or is not found where its
     `__module__` and `__qualname__` say (a class claiming `json` that `json` does not hold)."""
     if not _made_in_python(cls):
         return False
     for member in _CLASS_DICT(cls).values():
-        if any(expandable(f) for f in _functions(member)):
+        if any(expandable(f) if course else is_a(f, types.FunctionType) and made_by_reader(
+                f.__code__) for f in _functions(member)):
             return True
     module = _MODULE_OF(cls)
     if type(module) is not str:
@@ -142,6 +143,11 @@ def _walked(cls):
     if module == "__main__" or is_reader_code(where if type(where) is str else "<"):
         return True
     return not _found_where_claimed(cls, module)
+
+
+def readers_class(cls):
+    """Whether a class of `cls`'s MRO is the reader's (`_walked`, the course's left out)."""
+    return any(_walked(c, course=False) for c in _MRO(cls))
 
 
 def _label(key):

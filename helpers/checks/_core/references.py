@@ -35,7 +35,7 @@ from . import bytecode, exits
 from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
 from .keys import str_keys
-from .reach import CONTAINERS, children
+from .reach import CONTAINERS, children, readers_class
 from .reader_objects import SCALARS, attr, is_a
 from .run import CheckFailed
 from .switches import _DISPATCH_OFF_NAMES
@@ -259,7 +259,8 @@ def scan(fn, refs, exercise, limit=20000):
     seen, stack = set(), [(fn, attr(fn, "__name__", exercise))]
     while stack and len(seen) < limit:
         obj, path = stack.pop()
-        if id(obj) in seen or type(obj) in SCALARS:    # a subclass's instance is walked
+        if id(obj) in seen or is_a(obj, SCALARS) and not callable(obj) and (
+                type(obj) in SCALARS or not readers_class(type(obj))):  # the reader's: walked
             continue
         seen.add(id(obj))
         try:
