@@ -28,6 +28,12 @@ _SAMPLER = collections.deque([DistributedSampler, DistributedSampler.__iter__])
 _HELD_CODE = helpers.held_bytes.__code__
 
 
+def _unscanned(name):
+    """The module global `name`, looked up by a string at run time: the scan before the answer
+    runs walks every object it can name, so these early bindings stay for the later guards."""
+    return globals()[name]
+
+
 class _Holder:
     pass
 
@@ -38,7 +44,7 @@ _HOLDER.f = helpers.held_bytes
 
 @shortcut("check_tensor_bytes", "the course's function bound early in a deque", USED)
 def tensor_bytes_from_deque(tensors):
-    return _DQ[0](tensors)
+    return _unscanned("_DQ")[0](tensors)
 
 
 @shortcut("check_tensor_bytes", "the course's function bound early in an attribute", USED)
@@ -49,7 +55,7 @@ def tensor_bytes_from_attribute(tensors):
 @shortcut("check_tensor_bytes", "the course's code put back into its function",
           "rewrote the code")
 def tensor_bytes_code_restored(tensors):
-    fn = _DQ[0]
+    fn = _unscanned("_DQ")[0]
     fn.__code__ = _HELD_CODE
     return fn(tensors)
 
@@ -59,16 +65,16 @@ def grad_shard_from_deque(flat_grad):
     w = dist.get_world_size()
     full = torch.cat([flat_grad, flat_grad.new_zeros(-flat_grad.numel() % w)])
     out = full.new_empty(full.numel() // w)
-    _RANKS[0]["rs"](out, full).wait()
+    _unscanned("_RANKS")[0]["rs"](out, full).wait()
     return out / w
 
 
 @shortcut("check_sampler_shard", "torch's DistributedSampler.__iter__ bound early",
           "DistributedSampler.__iter__")
 def sampler_from_early_iter(n, rank, world, epoch, seed):
-    s = _SAMPLER[0](range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    s = _unscanned("_SAMPLER")[0](range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
     s.set_epoch(epoch)
-    return list(_SAMPLER[1](s))
+    return list(_unscanned("_SAMPLER")[1](s))
 
 
 # --- public helpers that compute the exercise ---------------------------------------------------
@@ -289,7 +295,7 @@ def test_work_in_an_early_thread_fails(worker):
     _failed("check_dp_shard_sizes", lambda b, k: worker.ask(
         lambda: [len(c) for c in torch.arange(b).chunk(k)]), HIDDEN)
     _failed("check_tensor_bytes", lambda tensors: worker.ask(
-        lambda: _DQ[0](tensors)), HIDDEN)
+        lambda: _unscanned("_DQ")[0](tensors)), HIDDEN)
 
 
 def test_ranks_meeting_in_an_early_thread_fail(worker):

@@ -144,15 +144,21 @@ _BOX.where = helpers.held_bytes.__globals__
 _CODES = collections.deque([helpers.held_bytes.__code__])
 
 
+def _unscanned(name):
+    """The module global `name`, looked up by a string at run time: the scan before the answer
+    runs walks every object it can name, so these early bindings stay for the later guards."""
+    return globals()[name]
+
+
 @shortcut("check_tensor_bytes", "a saved code object run as a new function", "a copy of")
 def tensor_bytes_saved_code(tensors):
-    return types.FunctionType(_BOX.code, _BOX.where)(tensors)
+    return types.FunctionType(_unscanned("_BOX").code, _unscanned("_BOX").where)(tensors)
 
 
 @shortcut("check_tensor_bytes", "a saved code object (in a deque) run as a new function",
           "a copy of")
 def tensor_bytes_saved_code_in_deque(tensors):
-    return type(lambda: 0)(_CODES[0], _BOX.where, "mine")(tensors)
+    return type(lambda: 0)(_unscanned("_CODES")[0], _unscanned("_BOX").where, "mine")(tensors)
 
 
 # ---- 5. sharded clipping whose factor is not the all-reduce's ------------------------------

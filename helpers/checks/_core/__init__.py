@@ -14,7 +14,8 @@ hooks.py      no hook the answer registered on what it was handed, or on the who
 modes.py      no torch switch (grad mode, default dtype, inference mode, ...) the answer changed
               is left changed when it returns
 references.py no reference shortcut: the course's own answer is unreachable, by identity
-              (compiled.py: a copy torch compiled, jit or fx, is the reference)
+              (compiled.py: a copy torch compiled, jit or fx, is the reference; reach.py: what
+              an answer's code can reach, every object's class and what it holds walked)
 own.py        the check modules' own functions (what a check computes its expected value with)
               run only for the check's own code while an answer runs
 whose.py      whose code a code object is, by the code itself: one compiled under a library's

@@ -3,9 +3,10 @@ reach of the reader's answer.
 
 Two guards, by identity, so that a name bound earlier (`spl = helpers.saved_per_layer`) does not
 slip through:
-- `scan` walks what the answer's code can reach before it runs: the globals and module
-  attributes its bytecode loads, its closure and defaults, recursively through the reader's own
-  functions and the course's helpers (whose code may call the reference in turn);
+- `scan` walks what the answer's code can reach before it runs (reach.py): the globals and
+  module attributes its bytecode loads, its closure and defaults, the objects they hold and their
+  classes' members, recursively through the reader's own functions and classes and the course's
+  helpers (whose code may call the reference in turn);
 - `blocked` (stubs.py) gives the reference's function object a stub's code while the answer
   runs, so a lookup the scan cannot see (getattr with a computed name, a binding made before
   the check in a deque, an object or a worker thread) raises ReferenceUsed inside the answer.
@@ -16,9 +17,6 @@ grading imports (fresh.py), a copy renamed with `CodeType.replace`, rebuilt from
 reference (guard.py refuses the copies made while the answer runs). An answer that reaches the
 checks, their fake tensors, or the introspection that reads another frame is refused as well."""
 import atexit
-import builtins
-import dis
-import functools
 import gc
 import hashlib
 import importlib
@@ -37,8 +35,9 @@ from . import bytecode, exits
 from .compiled import compiled_origin
 from .guard import TORCH_OPERATORS
 from .keys import str_keys
-from .reader_objects import ROUTINES, SCALARS, attr, is_a
-from .run import CheckFailed, is_reader_code
+from .reach import CONTAINERS, children, readers_class
+from .reader_objects import SCALARS, attr, is_a
+from .run import CheckFailed
 from .switches import _DISPATCH_OFF_NAMES
 from .whose import made_by_reader
 
@@ -49,6 +48,8 @@ _COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the note
 _FACADE = importlib.import_module(_PACKAGE)     # bound now: never looked up in sys.modules later
 _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.overrides")
 _CODE_KEYS = {}   # id(code) -> (code, code_key): found by identity (hashing a code reads it all)
+_TYPE_MODULE = type.__dict__["__module__"].__get__
+_TYPE_QUALNAME = type.__dict__["__qualname__"].__get__
 
 
 class Reference:
@@ -94,8 +95,11 @@ def identity(obj):
     code = attr(obj, "__code__", None)
     if isinstance(code, types.CodeType):
         return ("code", code_key(code))
-    if is_a(obj, type):
-        return ("class", obj.__module__.split(".", 1)[-1], obj.__qualname__)
+    if is_a(obj, type):     # read by type's own getters: a `__module__` property never runs
+        module, name = _TYPE_MODULE(obj), _TYPE_QUALNAME(obj)
+        if type(module) is str and type(name) is str:
+            return ("class", module.split(".", 1)[-1], name)
+        return ("id", id(obj))
     origin = compiled_origin(obj)
     return identity(origin) if origin is not None else ("id", id(obj))
 
@@ -148,97 +152,11 @@ def resolve(names, torch_found=None):
     return tuple(refs)
 
 
-def _loads(fn):
-    """(name, object) for every global, closure variable, module attribute and import the
-    bytecode of `fn` (and of the functions nested in it) loads."""
-    globals_ = getattr(fn, "__globals__", {})
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
-    for code in bytecode.nested(fn.__code__):
-        current = importing = None
-        for ins in dis.get_instructions(code):
-            op, arg = ins.opname, ins.argval
-            found = None
-            if op in ("LOAD_GLOBAL", "LOAD_NAME"):
-                found = globals_.get(arg, getattr(builtins, arg, None))
-            elif op in ("LOAD_DEREF", "LOAD_CLOSURE") and arg in cells:
-                found = cells[arg].cell_contents if _cell_filled(cells[arg]) else None
-            elif op in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(current, (types.ModuleType,
-                                                                               type)):
-                # an exit looked up while the answer runs is the watched one (exits.py)
-                found = None if exits.patched(current, arg) else getattr(current, arg, None)
-            elif op == "IMPORT_NAME":
-                found = importing = sys.modules.get(arg) or sys.modules.get(arg.split(".")[0])
-            elif op == "IMPORT_FROM" and isinstance(importing, types.ModuleType):
-                found = None if exits.patched(importing, arg) else getattr(importing, arg, None)
-                if found is None:
-                    found = sys.modules.get(f"{importing.__name__}.{arg}")
-            elif op == "POP_TOP":
-                importing = None
-            current = found
-            if found is not None:
-                yield arg, found
-
-
-def _expandable(obj):
-    """A function whose code the walk reads: the reader's, or the course's helpers'."""
-    code = attr(obj, "__code__", None)
-    if not isinstance(code, types.CodeType):
-        return False
-    return made_by_reader(code) or (
-        attr(obj, "__module__", "") or "").split(".")[0] in _COURSE
-
-
-def _children(obj):
-    """What `obj` gives the walk next: (label, child) pairs."""
-    if is_a(obj, functools.partial):
-        yield "partial", obj.func
-        yield from (("arg", a) for a in (*obj.args, *obj.keywords.values()))
-        return
-    if is_a(obj, types.MethodType):
-        yield "method", obj.__func__
-        return
-    if is_a(obj, (staticmethod, classmethod)):
-        yield "method", obj.__func__
-        return
-    if is_a(obj, type):
-        if is_reader_code(getattr(sys.modules.get(obj.__module__), "__file__", None) or "<"):
-            for name, member in vars(obj).items():
-                if callable(member) or isinstance(member, (staticmethod, classmethod)):
-                    yield name, member
-        return
-    if is_a(obj, (list, tuple, set, frozenset)):
-        yield from (("item", x) for x in list(obj)[:200])
-        return
-    if is_a(obj, dict):
-        yield from ((str(k), v) for k, v in list(obj.items())[:200])
-        return
-    if callable(obj) and not is_a(obj, ROUTINES) and not is_a(obj, type):
-        call = inspect.getattr_static(type(obj), "__call__", None)   # a reader's callable
-        if _expandable(call):
-            yield "__call__", call
-    wrapped = attr(obj, "__wrapped__", None)
-    if wrapped is not None:
-        yield "wrapped", wrapped
-    if _expandable(obj):
-        yield from _loads(obj)
-        yield from (("closure", c.cell_contents) for c in (obj.__closure__ or ())
-                    if _cell_filled(c))
-        yield from (("default", d) for d in (obj.__defaults__ or ()))
-        yield from (("default", d) for d in (obj.__kwdefaults__ or {}).values())
-
-
-def _cell_filled(cell):
-    try:
-        _ = cell.cell_contents
-    except ValueError:
-        return False
-    return True
-
-
 def _is_harness(obj):
     """The checks (this package) or the machinery that simulates devices for them."""
-    name = (obj.__name__ if is_a(obj, types.ModuleType) else attr(obj, "__module__", "")) or ""
-    return name.startswith((*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
+    name = obj.__name__ if is_a(obj, types.ModuleType) else attr(obj, "__module__", "")
+    return type(name) is str and name.startswith(
+        (*(f"{p}.checks" for p in _COURSE), *_HARNESS_MODULES))
 
 
 # what reads another frame or the objects the check holds (guard.py refuses it at run time too)
@@ -341,7 +259,8 @@ def scan(fn, refs, exercise, limit=20000):
     seen, stack = set(), [(fn, attr(fn, "__name__", exercise))]
     while stack and len(seen) < limit:
         obj, path = stack.pop()
-        if id(obj) in seen or (is_a(obj, SCALARS) and not callable(obj)):
+        if id(obj) in seen or is_a(obj, SCALARS) and not callable(obj) and (
+                type(obj) in SCALARS or not readers_class(type(obj))):  # the reader's: walked
             continue
         seen.add(id(obj))
         try:
@@ -371,6 +290,9 @@ def _examine(obj, path, keys, exercise, stack, answer):
                           f"returned ({late}, through {path}): the check judges what your "
                           "function did while it ran, so an answer may leave nothing of its "
                           "own to run later")
+    if type(obj) in CONTAINERS:     # a built-in container: what follows never refuses one
+        stack.extend((child, f"{path} → {label}") for label, child in children(obj))
+        return
     op = _operator(obj)
     if op is not None:
         raise CheckFailed(f"your code defines or calls an operator of its own ({op}, through "
@@ -394,7 +316,7 @@ def _examine(obj, path, keys, exercise, stack, answer):
                           f"({path}): an answer must do the work itself, not consult or "
                           "change the check")
     if not is_a(obj, types.ModuleType):
-        stack.extend((child, f"{path} → {label}") for label, child in _children(obj))
+        stack.extend((child, f"{path} → {label}") for label, child in children(obj))
 
 
 from .stubs import blocked  # noqa: E402  (stubs.py reads identity above)
