@@ -26,7 +26,7 @@ import torch
 
 from .guard import _EXITS, armed, refuse
 from .reader_objects import is_a
-from .run import is_reader_code, stand_in
+from .run import EMPTIED, is_reader_code, stand_in
 from .storage_exits import whole
 
 __all__ = ["HOWS", "NAMES", "install", "patched", "unwatched"]
@@ -45,8 +45,6 @@ NAMES = frozenset({"_construct_storage_from_data_pointer", "_from_blob", "from_b
                    "_data_address", "ctypeslib", "__array_interface__", "__array_struct__",
                    "__cuda_array_interface__"})
 _WATCHERS = _EXITS.watchers
-_EMPTIED = ("your code emptied the check's list of what watches tensor values leaving torch "
-            "(exits.py): an answer computes, it leaves the grader be")
 _MADE = ("your code called {name}, which makes memory from an integer address (a tensor's "
          "data_ptr()), past every operation and exit the check sees: work with tensors and their "
          "operations (in a world of ranks, data travels through the comm)")
@@ -56,7 +54,7 @@ def _address(name, original, how):
     @stand_in(original)
     def method(subject, *args, **kwargs):
         if not _WATCHERS and armed():
-            refuse(_EMPTIED)       # installed while one watches: emptied by the answer
+            refuse(EMPTIED)       # installed while one watches: emptied by the answer
         if _WATCHERS and is_reader_code(sys._getframe(1).f_code.co_filename):
             try:
                 over = whole(subject.untyped_storage() if isinstance(subject, torch.Tensor)

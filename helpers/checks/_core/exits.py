@@ -41,7 +41,7 @@ import torch.utils.dlpack
 from . import addresses, storage_exits
 from .guard import _EXITS, armed, refuse
 from .reader_objects import is_a
-from .run import is_reader_code, stand_in
+from .run import EMPTIED, is_reader_code, stand_in, stand_in_below
 
 __all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES",
            "SCRIPTED", "SCRIPT_NAMES", "RAW_MEMORY", "RAW_NAMES"]
@@ -77,33 +77,20 @@ _SCRIPT_TYPES = (torch.jit.ScriptFunction, torch.jit.ScriptModule, torch._C.Comp
 # One state for every import of the course (fresh.py imports another copy): the active callbacks
 # and the class attributes replaced, made by guard.py's audit hook and handed by it to each
 # import (never looked up in sys.modules, where a cell could put its own). Whether an exit is
-# running in a thread is read from its stack (`_inside`), never from a flag an answer could set.
+# running in a thread is read from its stack (`stand_in_below`), never from a flag an answer could set.
 _LOCK, _WATCHERS, _ENTERED, _SAVED = _EXITS.lock, _EXITS.watchers, _EXITS.entered, _EXITS.saved
-_EMPTIED = ("your code emptied the check's list of what watches tensor values leaving torch "
-            "(exits.py): an answer computes, it leaves the grader be")
 _HERE = __file__
-
-
-def _inside(frame):
-    """Whether a stand-in of this file is running below `frame` (a repr calling tolist is one
-    exit): every stand-in's code is `method` in this file, whichever import made it."""
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "method" and code.co_filename == _HERE:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _wrap(name, original, reader_only):
     @stand_in(original)
     def method(t, *args, **kwargs):
         if not _WATCHERS and armed():
-            refuse(_EMPTIED)       # installed while one watches: emptied by the answer
+            refuse(EMPTIED)       # installed while one watches: emptied by the answer
         if _WATCHERS:
             caller = sys._getframe(1)
-            if (not reader_only or is_reader_code(caller.f_code.co_filename)) and not _inside(
-                    caller):
+            if (not reader_only or is_reader_code(caller.f_code.co_filename)) and not \
+                    stand_in_below(caller, _HERE):
                 read = [t] + ([a for a in args if isinstance(a, torch.Tensor)]
                               if name in CALLBACKS else [])
                 for callback in list(_WATCHERS):

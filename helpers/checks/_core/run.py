@@ -263,6 +263,21 @@ def stand_in(original):
     return decorate
 
 
+EMPTIED = ("your code emptied the check's list of what watches tensor values leaving torch "
+           "(exits.py): an answer computes, it leaves the grader be")
+
+
+def stand_in_below(frame, filename):
+    """Whether a watching stand-in of `filename` (a function named `method` there, whichever
+    import of the course made it) runs at or below `frame`: an exit inside another is one."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "method" and code.co_filename == filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 # bound once this module's names exist (early_hooks.py and what it imports need them); the
 # package imports this module first (_core/__init__.py), so run_check never imports at run time
 from .early_hooks import taken_off, verdict_writer  # noqa: E402

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .guard import _EXITS, armed, refuse
 from .reader_objects import is_a
-from .run import stand_in
+from .run import EMPTIED, stand_in, stand_in_below
 
 __all__ = ["EXITS", "ENTRIES", "REFUSED", "HOWS", "install", "patched", "unwatched", "whole"]
 
@@ -51,23 +51,10 @@ HOWS = frozenset(_HOW.values())      # the `how` of a storage's exit or entry
 _STORAGE = torch.UntypedStorage
 _WRITER = torch._C.PyTorchFileWriter
 _WATCHERS, _ENTERED = _EXITS.watchers, _EXITS.entered
-_EMPTIED = ("your code emptied the check's list of what watches tensor values leaving torch "
-            "(exits.py): an answer computes, it leaves the grader be")
 _REFUSED = ("your code called storage.{name}, which shares a storage's memory by a handle or "
             "moves its memory pointer, past every operation the check sees: work with tensors "
             "and their operations (in a world of ranks, data travels through the comm)")
 _HERE = __file__
-
-
-def _inside(frame):
-    """Whether a stand-in of this file runs below `frame` (tolist reading storage[i] is one
-    exit): every stand-in's code is `method` in this file, whichever import made it."""
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "method" and code.co_filename == _HERE:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def whole(storage):
@@ -96,7 +83,7 @@ def _wrap(name, original):
     @stand_in(original)
     def method(*args, **kwargs):
         if not _WATCHERS and armed():
-            refuse(_EMPTIED)       # installed while one watches: emptied by the answer
+            refuse(EMPTIED)       # installed while one watches: emptied by the answer
         if name in REFUSED:
             if armed():
                 refuse(_REFUSED.format(name=name))
@@ -107,11 +94,11 @@ def _wrap(name, original):
             subject = args[0] if args else None
         indexed = name not in ("__getitem__", "__setitem__") or (
             len(args) > 1 and not is_a(args[1], slice))      # a slice is a view, no values
-        outer = indexed and _WATCHERS and not _inside(sys._getframe(1))
+        outer = indexed and _WATCHERS and not stand_in_below(sys._getframe(1), _HERE)
         if outer and name in EXITS + ("write_record",):
             _tell(_WATCHERS, subject, how)
         out = original(*args, **kwargs)
-        if name in ENTRIES and _WATCHERS and not _inside(sys._getframe(1)):
+        if name in ENTRIES and _WATCHERS and not stand_in_below(sys._getframe(1), _HERE):
             _tell(_ENTERED, subject, how)
         return out
     return method
