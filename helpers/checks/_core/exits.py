@@ -77,7 +77,8 @@ _SCRIPT_TYPES = (torch.jit.ScriptFunction, torch.jit.ScriptModule, torch._C.Comp
 # One state for every import of the course (fresh.py imports another copy): the active callbacks
 # and the class attributes replaced, made by guard.py's audit hook and handed by it to each
 # import (never looked up in sys.modules, where a cell could put its own). Whether an exit is
-# running in a thread is read from its stack (`stand_in_below`), never from a flag an answer could set.
+# running in a thread is read from its stack (`stand_in_below`), never from a flag an answer
+# could set.
 _LOCK, _WATCHERS, _ENTERED, _SAVED = _EXITS.lock, _EXITS.watchers, _EXITS.entered, _EXITS.saved
 _HERE = __file__
 

@@ -154,14 +154,18 @@ def is_round(v):
 
 
 def values(t, limit=100_000):
-    """The floating values of tensor `t` (at most `limit`), or its integers (of an integer
-    dtype: those not round), read with every mode off."""
+    """The values of tensor `t` (of its first `limit`) that are not round (is_round: they say
+    nothing of where they came from, so no rule reads them), read with every mode off; the
+    floats sorted out in torch, not one by one in Python."""
     with _disable_current_modes(), torch._C.DisableTorchFunction():
         if t.device.type != "cpu" or t.is_meta or t.dtype == torch.bool or t.is_complex():
             return []
         flat = t.detach().reshape(-1)[:limit]
         if t.is_floating_point():
-            return torch._C.TensorBase.tolist(flat.double())   # not the watched Tensor.tolist
+            d = flat.double()
+            scaled = d * 4096
+            plain = torch.isfinite(d) & ~(torch.isfinite(scaled) & (scaled == scaled.round()))
+            return torch._C.TensorBase.tolist(d[plain])   # not the watched Tensor.tolist
         return [v for v in torch._C.TensorBase.tolist(flat.long()) if not is_round(v)]
 
 
