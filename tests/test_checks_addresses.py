@@ -6,7 +6,7 @@ addresses, as FSDP's views do, pass."""
 from fractions import Fraction
 
 import torch
-from check_cases import other, parametrize_cases, raw_floats, shortcut, storage_at
+from check_cases import other, parametrize_cases, posted_then, raw_floats, shortcut, storage_at
 
 from helpers.checks._core import fresh
 
@@ -16,14 +16,8 @@ _POSTED = {}
 
 
 def _posted_then(grads, comm, post, read):
-    """Each gradient: `post(g)` (an address) kept in a global, a zeros all-reduce of its size
-    (the bytes a right answer sends), then the mean of every rank's values at its address."""
-    _POSTED[comm.rank] = [(post(g.detach()), g.numel()) for g in grads]
-    for i, g in enumerate(grads):
-        decoy = torch.zeros_like(g)
-        comm.all_reduce(decoy)              # every rank has posted when this returns
-        got = [read(*_POSTED[q][i], g) for q in range(comm.world)]
-        g.copy_(decoy + sum(got) / comm.world)
+    """check_cases.posted_then with `post(g)` an address: read at (address, numel)."""
+    posted_then(grads, comm, lambda g: (post(g), g.numel()), lambda kept, g: read(*kept, g))
 
 
 def _copy_address(g):

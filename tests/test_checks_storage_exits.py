@@ -10,27 +10,16 @@ import struct
 from fractions import Fraction
 
 import torch
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import other, parametrize_cases, posted_then, shortcut
 
 from helpers.checks._core import fresh
 
 FOREIGN = "read out of its own tensors"
-_BYTES = {}
 
 
 def _header(raw):
     """`_set_from_file`'s input: the byte count, then the bytes."""
     return io.BytesIO(struct.pack("<q", len(raw)) + raw)
-
-
-def _decoy_then(grads, comm, out, into):
-    """Each gradient: `out(g)` kept in a global, a zeros all-reduce of its size (the bytes a right
-    answer sends), then the mean of every rank's copy made by `into(kept, g)`."""
-    _BYTES[comm.rank] = [out(g.detach()) for g in grads]
-    for i, g in enumerate(grads):
-        decoy = torch.zeros_like(g)
-        comm.all_reduce(decoy)              # every rank has written _BYTES when this returns
-        g.copy_(decoy + sum(into(_BYTES[q][i], g) for q in range(comm.world)) / comm.world)
 
 
 def _bytes_out(g):
@@ -60,19 +49,19 @@ def _setitem(raw, g):
 
 @shortcut("check_dp_average", "other ranks' bytes written in by storage._set_from_file", FOREIGN)
 def dp_average_set_from_file(grads, comm):
-    _decoy_then(grads, comm, _bytes_out, _set_from_file)
+    posted_then(grads, comm, _bytes_out, _set_from_file)
 
 
 @shortcut("check_dp_average", "a storage built empty, set on a tensor, then written from a file",
           FOREIGN)
 def dp_average_fresh_storage(grads, comm):
-    _decoy_then(grads, comm, _bytes_out, _fresh_storage)
+    posted_then(grads, comm, _bytes_out, _fresh_storage)
 
 
 @shortcut("check_dp_average", "other ranks' bytes written in byte by byte (storage[i] = b)",
           FOREIGN)
 def dp_average_storage_setitem(grads, comm):
-    _decoy_then(grads, comm, _bytes_out, _setitem)
+    posted_then(grads, comm, _bytes_out, _setitem)
 
 
 def _held(g, typed=False):
@@ -104,17 +93,17 @@ def _wrapped(raw, g):
 
 @shortcut("check_dp_average", "gradients written out by storage._write_file", FOREIGN)
 def dp_average_write_file(grads, comm):
-    _decoy_then(grads, comm, _write_file, _wrapped)
+    posted_then(grads, comm, _write_file, _wrapped)
 
 
 @shortcut("check_dp_average", "a storage taken before the values, written out later", FOREIGN)
 def dp_average_early_storage(grads, comm):
-    _decoy_then(grads, comm, _early_handle, _wrapped)
+    posted_then(grads, comm, _early_handle, _wrapped)
 
 
 @shortcut("check_dp_average", "a storage pickled through a global", FOREIGN)
 def dp_average_pickled_storage(grads, comm):
-    _decoy_then(grads, comm, lambda g: pickle.dumps(_held(g, typed=True)),
+    posted_then(grads, comm, lambda g: pickle.dumps(_held(g, typed=True)),
                 lambda raw, g: torch.empty(0, dtype=g.dtype).set_(pickle.loads(raw)).view(
                     g.shape))
 
@@ -127,7 +116,7 @@ def _saved(g):
 
 @shortcut("check_dp_average", "a storage through torch.save and torch.load", FOREIGN)
 def dp_average_saved_storage(grads, comm):
-    _decoy_then(grads, comm, _saved, lambda raw, g: torch.empty(0, dtype=g.dtype).set_(
+    posted_then(grads, comm, _saved, lambda raw, g: torch.empty(0, dtype=g.dtype).set_(
         torch.load(io.BytesIO(raw), weights_only=True)).view(g.shape))
 
 
@@ -137,7 +126,7 @@ def dp_average_base_write_file(grads, comm):
         buf = io.BytesIO()
         torch._C.StorageBase._write_file(_held(g), buf, False, False, 1)
         return buf.getvalue()
-    _decoy_then(grads, comm, out, _wrapped)
+    posted_then(grads, comm, out, _wrapped)
 
 
 def _floats(t):
