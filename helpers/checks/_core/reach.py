@@ -13,6 +13,7 @@ import functools
 import gc
 import sys
 import types
+import weakref
 
 from . import bytecode, exits
 from .keys import str_keys
@@ -27,6 +28,10 @@ _COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the note
 _ITEMS = 200                                    # items read of one container or one object
 _HEAP, _IMMUTABLE = 1 << 9, 1 << 8              # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
 _REFERENTS = gc.get_referents                   # bound now: the guard watches later lookups
+_REFERENT = weakref.ref.__call__                # a weak reference's object, read in C
+# read by other steps (their code by `loads`, a class's members by `_class_members`): a
+# function's referents include its module's globals, which the walk reads only as code loads them
+_NOT_TRAVERSED = (types.FunctionType, types.ModuleType, type)
 _FLAGS = type.__dict__["__flags__"].__get__
 _MRO = type.__dict__["__mro__"].__get__
 _CLASS_DICT = type.__dict__["__dict__"].__get__
@@ -168,23 +173,49 @@ def _class_members(cls):
 def _held(obj):
     """What `obj` holds: the items of a built-in container (by the base type's own method); an
     object of a class made in Python, what the collector says it refers to (its attributes and
-    slots, its container items); else its instance dict, by its type's own getter."""
+    slots, its container items); else its instance dict, by its type's own getter, and what the
+    collector says it refers to (a slice's bounds, a generator's locals, an exception's args, a
+    mapping proxy's mapping, a defaultdict's factory: C code, no reader's)."""
     cls = type(obj)
     base = next(((b, read) for b, read in _BASE_ITEMS if issubclass(cls, b)), None)
     if base is not None and not _made_in_python(cls):
         items = list(base[1](obj))[:_ITEMS]
         if base[0] is dict:
-            return [(_label(k), v) for k, v in items]
-        return [("item", x) for x in items]
+            items = [(_label(k), v) for k, v in items]
+        else:
+            items = [("item", x) for x in items]
+        return items + _referents(obj) if cls is collections.defaultdict else items
     if _made_in_python(cls):
         return [("held", x) for x in _REFERENTS(obj)[:_ITEMS] if x is not cls]
+    held = []
     getter = next((d["__dict__"] for d in map(_CLASS_DICT, _MRO(cls)) if "__dict__" in d),
                   None)     # a C type's MRO: C types, whose dicts hold only strs
     if type(getter) in (types.GetSetDescriptorType, types.MemberDescriptorType):
         held = getter.__get__(obj, cls)
         if type(held) is dict:
-            return [(_label(k), v) for k, v in list(dict.items(held))[:_ITEMS]]
-    return []
+            held = [(_label(k), v) for k, v in list(dict.items(held))[:_ITEMS]]
+        else:
+            held = []
+    return held + ([] if is_a(obj, _NOT_TRAVERSED) else _referents(obj))
+
+
+def _referents(obj):
+    """What the collector says the C object `obj` refers to (its type's tp_traverse, no
+    reader's code), less a library module's namespace (the walk stops at a library, as it does
+    at its module)."""
+    return [("held", x) for x in _REFERENTS(obj)[:_ITEMS] if not _library_namespace(x)]
+
+
+def _library_namespace(space):
+    """Whether `space` is the globals of a module in sys.modules that is not the reader's."""
+    if type(space) is not dict or not str_keys(space):
+        return False
+    name = space.get("__name__")
+    module = sys.modules.get(name) if type(name) is str else None
+    if not is_a(module, types.ModuleType) or _MODULE_DICT(module) is not space:
+        return False
+    where = space.get("__file__")
+    return name != "__main__" and not is_reader_code(where if type(where) is str else "<")
 
 
 def children(obj):
@@ -210,6 +241,8 @@ def children(obj):
         wrapped = attr(obj, "__wrapped__", None)
         if wrapped is not None:
             yield "wrapped", wrapped
+    if is_a(obj, weakref.ReferenceType):    # (the collector does not say what it refers to)
+        yield "referent", _REFERENT(obj)
     yield from _held(obj)
     if expandable(obj):
         yield from loads(obj)
