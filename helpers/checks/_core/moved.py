@@ -3,14 +3,10 @@ with the elements it carried (`moves`), and per device what it received of some 
 (`received`), so a split check can bound each device to its slice of what was split."""
 import collections
 
-from .observe import describe_device, storage_key
+from .observe import _MATMULS, describe_device, storage_key
 from .run import expect
 
 __all__ = ["moves", "received", "PYTHON", "expect_slices_received"]
-
-# selections that copy some of their input's elements unchanged (Recorder counts them as work)
-_SELECTIONS = frozenset({"index", "take", "masked_select", "narrow_copy", "repeat",
-                         "repeat_interleave", "unfold_copy", "slice_copy", "select_copy"})
 
 
 def moves(rec, ops=None):
@@ -23,35 +19,61 @@ def moves(rec, ops=None):
     return out
 
 
-def _carriers(rec, keys):
-    """The storages `keys` and those holding copies or selections of their data made without
-    arithmetic (moves, views, clones, concatenations, indexing)."""
-    keys = set(keys)
-    for op in rec.ops:
-        if (not op.is_work or op.name in _SELECTIONS) and any(
-                r.key in keys for i, r in enumerate(op.reads) if i not in op.blind):
-            keys |= {r.key for r in op.outputs + op.writes}
-    return keys
-
-
 PYTHON = "data made from Python numbers or tensors other than the inputs"
+
+
+def _passed_on(op, data, held, but=None):
+    """{name: elements} an operation's result holds of each name: what its reads hold, each read
+    at most its own elements (a view of a storage is part of it); a product of two or more
+    operands made from the inputs (a matmul, a convolution: the layer's own partial results,
+    which right answers move) holds none, while one of a single such operand with constants
+    (`W @ eye`) holds that operand's, like elementwise operations (`W * 1`, `-W`, `flip`,
+    reductions) and copies (moves, views, concatenations, selections)."""
+    reads = [r for i, r in enumerate(op.reads) if i not in op.blind]
+    if op.is_work and (op.name in _MATMULS or op.flops is not None) and sum(
+            r.key in data for r in reads) > 1:
+        return {}
+    total = collections.Counter()
+    for r in (r for r in reads if r.key != but):
+        for name, n in held.get(r.key, {}).items():
+            total[name] += min(n, r.numel)
+    return total
 
 
 def received(rec, tensors):
     """{name: {device: elements of that tensor's data the device received by copies between
     devices}} for `tensors` ({name: tensor}), and under PYTHON what reached a device of data no
     recorded operation made and no input held (`torch.tensor(..., device=)`, a tensor made
-    before the call); a copy of several at once (a concatenation moved whole) counts an equal
-    part to each."""
-    carriers = {name: _carriers(rec, [storage_key(t)]) for name, t in tensors.items()}
-    inputs = set().union(*carriers.values())
-    outside = {r.key for op in rec.ops for r in op.reads if r.version == 0} - inputs
-    carriers[PYTHON] = _carriers(rec, outside)
-    got = {name: collections.Counter() for name in carriers}
-    for _, dst, n, key in moves(rec):
-        names = [name for name, keys in carriers.items() if key in keys]
-        for name in names:
-            got[name][dst] += n / len(names)
+    before the call). The record is followed in order, each storage holding, per name, the
+    elements of that name's data it carries (`_passed_on`: through copies and elementwise
+    arithmetic alike), so a move of several names (a packed buffer) charges each the elements
+    it brought, and a whole tensor sent after arithmetic on it is still charged whole."""
+    held = collections.defaultdict(collections.Counter)     # storage key -> {name: elements}
+    for name, t in tensors.items():
+        held[storage_key(t)][name] += t.numel()
+    data = set(held)            # storages made from the inputs (products of them included)
+    for op in rec.ops:
+        for r in op.reads:
+            if r.version == 0 and r.key not in data:
+                held[r.key][PYTHON] = max(held[r.key][PYTHON], r.numel)
+    got = {name: collections.Counter() for name in [*tensors, PYTHON]}
+    for op in rec.ops:
+        if op.is_transfer:
+            src = op.reads[-1 if op.name == "copy_" else 0]
+            dst = (op.writes or op.outputs)[0].device
+            for name, n in held.get(src.key, {}).items():
+                got[name][dst] += min(n, src.numel)
+        passed = _passed_on(op, data, held)
+        reads = [r for i, r in enumerate(op.reads) if i not in op.blind]
+        if any(r.key in data for r in reads):
+            data.update(r.key for r in op.outputs + op.writes)
+        for r in op.outputs:
+            held[r.key] = collections.Counter({n: min(v, r.numel) for n, v in passed.items()})
+        for w in op.writes:     # in place: what it held stays unless overwritten whole
+            kept = held[w.key] if any(r.key == w.key for r in reads) else collections.Counter()
+            others = _passed_on(op, data, held, but=w.key)
+            held[w.key] = kept + collections.Counter(
+                {n: min(v, w.numel) for n, v in others.items()})
     return got
 
 
