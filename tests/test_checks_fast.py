@@ -442,6 +442,55 @@ def bucket_allreduce_reference(grads, bucket_bytes):
     helpers.bucketed_allreduce(grads, bucket_bytes)
 
 
+def _bucket_indices(grads, bucket_bytes):
+    """The right buckets: consecutive tensors, each closed once it holds >= bucket_bytes."""
+    out, cur, size = [], [], 0
+    for i, g in enumerate(grads[0]):
+        cur.append(i)
+        size += g.numel() * g.element_size()
+        if size >= bucket_bytes or i == len(grads[0]) - 1:
+            out.append(cur)
+            cur, size = [], 0
+    return out
+
+
+@other("check_bucket_allreduce", "a ring allreduce of each bucket's flat buffers (DDP on NCCL)")
+def bucket_allreduce_ring(grads, bucket_bytes):
+    for b in _bucket_indices(grads, bucket_bytes):
+        flats = [torch.cat([r[j].reshape(-1) for j in b]) for r in grads]
+        helpers.ring_allreduce(flats)
+        for f, r in zip(flats, grads, strict=True):
+            unflatten_into(f, [r[j] for j in b])
+
+
+@other("check_bucket_allreduce", "each bucket summed on the host, the sum copied back")
+def bucket_allreduce_host_sum(grads, bucket_bytes):
+    for b in _bucket_indices(grads, bucket_bytes):
+        total = sum(torch.cat([r[j].reshape(-1) for j in b]).cpu() for r in grads)
+        for r in grads:
+            unflatten_into(total.to(r[0].device), [r[j] for j in b])
+
+
+@shortcut("check_bucket_allreduce", "a buffer reaching into the next bucket", "parts of 2 buckets")
+def bucket_allreduce_reaching(grads, bucket_bytes):
+    buckets = _bucket_indices(grads, bucket_bytes)
+    buckets[:2] = [buckets[0] + buckets[1][:1], buckets[1][1:]]   # values still summed right
+    for b in buckets:
+        flats = [torch.cat([r[j].reshape(-1) for j in b]) for r in grads]
+        helpers.ring_allreduce(flats)
+        for f, r in zip(flats, grads, strict=True):
+            unflatten_into(f, [r[j] for j in b])
+
+
+@shortcut("check_bucket_allreduce", "a bucket's tensors moved one by one", "single tensors")
+def bucket_allreduce_one_by_one(grads, bucket_bytes):
+    dev = grads[0][0].device
+    for b in _bucket_indices(grads, bucket_bytes):
+        total = sum(torch.cat([r[j].reshape(-1).to(dev) for j in b]) for r in grads)
+        for r in grads:
+            unflatten_into(total.to(r[0].device), [r[j] for j in b])
+
+
 # ---- fixes: ring_allreduce -------------------------------------------------------------------
 @worked("check_ring_allreduce")
 def my_ring_allreduce(data):

@@ -24,7 +24,7 @@ from ._core import (
     tensor_equal,
     uniform,
 )
-from ._core.moved import moves
+from ._core.moved import PYTHON, carried, moves
 
 __all__ = ["check_bucket_allreduce", "check_ring_allreduce", "check_amdahl_speedup"]
 
@@ -39,15 +39,22 @@ def _in_place(call, data, objs, ptrs, what="tensor"):
                                            "set_): write the sums INTO the given tensors")
 
 
-def _bucket_sizes(numels, itemsize, bucket_bytes):
-    """Elements per bucket: consecutive tensors, closed once a bucket holds >= bucket_bytes."""
-    out, cur = [], 0
-    for n in numels:
-        cur += n
-        if cur * itemsize >= bucket_bytes:
+def _buckets(numels, itemsize, bucket_bytes):
+    """The tensors' indices per bucket: consecutive tensors, closed once a bucket holds >=
+    bucket_bytes."""
+    out, cur, size = [], [], 0
+    for i, n in enumerate(numels):
+        cur.append(i)
+        size += n
+        if size * itemsize >= bucket_bytes:
             out.append(cur)
-            cur = 0
+            cur, size = [], 0
     return out + ([cur] if cur else [])
+
+
+def _bucket_sizes(numels, itemsize, bucket_bytes):
+    """Elements per bucket (`_buckets`)."""
+    return [sum(numels[i] for i in b) for b in _buckets(numels, itemsize, bucket_bytes)]
 
 
 def _bucket_case(g, dtype):
@@ -76,9 +83,13 @@ def _bucket_case(g, dtype):
        observes=[
     "on CPU tensors: every gradient (the same objects, the same storage) holds the sum over "
     "the replicas, for k = 1, 2, 3 and float32 and float64",
-    "on k simulated GPUs (replica c on cuda:c): every copy between devices, and its size: each "
-    "must carry one bucket's flat buffer, and every bucket (consecutive tensors, closed once it "
-    "holds at least bucket_bytes bytes) must travel; no tensor alone, no one buffer of all"])
+    "on k simulated GPUs (replica c on cuda:c): every copy between devices, by whose elements "
+    "it carries (followed through cat, views, chunks and additions), not by its size: each must "
+    "carry one bucket's flat buffer, whole or a chunk of it (a ring), and every bucket "
+    "(consecutive tensors, closed once it holds at least bucket_bytes bytes) must travel; no "
+    "tensor of a larger bucket alone, no copy mixing buckets, no one buffer of all",
+    "where the sum is computed (one device, every device, the host) is not judged: the lesson is "
+    "what travels, judged per bucket"])
 def check_bucket_allreduce(bucket_allreduce):
     """bucket_allreduce(grads, bucket_bytes): grads[c] = list of tensors of replica c, summed over
     the replicas in place, one flat buffer per bucket of consecutive tensors."""
@@ -105,34 +116,49 @@ def check_bucket_allreduce(bucket_allreduce):
 
 
 def _bucket_traffic(fn, before, bucket_bytes, want, call):
-    k = len(before)
+    """Every move between devices carries one bucket: judged by whose elements it carries (a
+    ring's chunk of a bucket's flat buffer carries that bucket), not by its size."""
+    k, numels = len(before), [t.numel() for t in before[0]]
+    buckets = _buckets(numels, before[0][0].element_size(), bucket_bytes)
+    bucket_of = {i: b for b, idx in enumerate(buckets) for i in idx}
     gpus = FakeGPUs(k)
     fakes = [[gpus.tensor(t, c) for t in r] for c, r in enumerate(before)]
     _, rec = gpus.run(fn, fakes, bucket_bytes, what=call)
-    sizes = [n for _, _, n, _ in moves(rec)]
-    numels = [t.numel() for t in before[0]]
-    total = sum(numels)
-    expect(sizes, f"{call}: nothing crossed between the devices")
-    if total in sizes:
-        raise CheckFailed(f"{call}: one buffer of all {total} elements crossed between the "
-                          f"devices: form buckets of consecutive tensors, each closed once it "
-                          f"holds at least bucket_bytes = {bucket_bytes} bytes (numel * "
-                          f"element_size; here {want} elements)")
-    odd = [n for n in sizes if n not in want]
-    if odd:
-        hint = ""
-        if all(n in numels for n in odd):
-            hint = (": those are single tensors; copy each bucket's tensors into one flat "
-                    "buffer per replica (torch.cat) and send that")
-        raise CheckFailed(f"{call}: buffers of {sorted(set(odd))} elements crossed between the "
-                          f"devices, but the buckets hold {want} elements: a bucket takes "
-                          f"consecutive tensors from the first and closes as soon as it holds "
-                          f"at least bucket_bytes bytes (numel * element_size), the last may be "
-                          f"smaller{hint}")
-    seen, need = collections.Counter(sizes), collections.Counter(want)
-    short = [n for n in need if seen[n] < need[n] * (k - 1)]
-    expect(not short, f"{call}: the buckets of {short} elements never crossed between all "
-                      "the devices: reduce every bucket")
+    moved = carried(rec, {(c, i): t for c, r in enumerate(fakes) for i, t in enumerate(r)})
+    expect(moved, f"{call}: nothing crossed between the devices")
+    rule = (f"a bucket takes consecutive tensors from the first and closes as soon as it holds "
+            f"at least bucket_bytes = {bucket_bytes} bytes (numel * element_size), the last may "
+            f"be smaller: here tensors {buckets} ({want} elements)")
+    crossed = [0] * len(buckets)
+    for src, dst, size, names, made in moved:
+        where = f"{describe_device(src)} sent {size} elements to {describe_device(dst)}"
+        per = collections.defaultdict(set)          # replica -> its tensors the move carries
+        for name in names:
+            if name != PYTHON:
+                per[name[0]].add(name[1])
+        if not per:
+            expect(not made, f"{call}: {where}, computed from the gradients by a product: "
+                             "send each bucket's flat buffer itself (torch.cat of its tensors)")
+            continue
+        got = set().union(*per.values())
+        if len(got) == len(numels):
+            raise CheckFailed(f"{call}: one buffer of all {len(numels)} tensors crossed between "
+                              f"the devices ({where}): form buckets instead; {rule}")
+        hit = sorted({bucket_of[i] for i in got})
+        expect(len(hit) == 1, f"{call}: {where} holding tensors {sorted(got)}, parts of "
+                              f"{len(hit)} buckets: {rule}")
+        part = min((sorted(t) for t in per.values() if t != set(buckets[hit[0]])), default=None)
+        if part and len(part) == 1:
+            raise CheckFailed(f"{call}: {where} of tensor {part[0]} alone, but its bucket holds "
+                              f"tensors {buckets[hit[0]]}: those are single tensors; copy each "
+                              "bucket's tensors into one flat buffer per replica (torch.cat) and "
+                              "send that, whole or in chunks")
+        expect(not part, f"{call}: {where} holding tensors {part}, part of the bucket of "
+                         f"tensors {buckets[hit[0]]}: {rule}")
+        crossed[hit[0]] += size
+    short = [buckets[b] for b, n in enumerate(crossed) if n < (k - 1) * want[b]]
+    expect(not short, f"{call}: the buckets of tensors {short} never crossed between all the "
+                      "devices: reduce every bucket")
 
 
 @check("ring_allreduce", simulated=True, changes_inputs=True,

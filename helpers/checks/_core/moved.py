@@ -1,12 +1,13 @@
 """What crossed between devices in a Recorder's record: every copy from one device to another
-with the elements it carried (`moves`), and per device what it received of some tensors' data
-(`received`), so a split check can bound each device to its slice of what was split."""
+with the elements it carried (`moves`), which inputs' data each one carried (`carried`), and
+per device what it received of some tensors' data (`received`), so a split check can bound
+each device to its slice of what was split."""
 import collections
 
 from .observe import _MATMULS, describe_device, storage_key
 from .run import expect
 
-__all__ = ["moves", "received", "PYTHON", "expect_slices_received"]
+__all__ = ["moves", "carried", "received", "PYTHON", "expect_slices_received"]
 
 
 def moves(rec, ops=None):
@@ -40,14 +41,11 @@ def _passed_on(op, data, held, but=None):
     return total
 
 
-def received(rec, tensors):
-    """{name: {device: elements of that tensor's data the device received by copies between
-    devices}} for `tensors` ({name: tensor}), and under PYTHON what reached a device of data no
-    recorded operation made and no input held (`torch.tensor(..., device=)`, a tensor made
-    before the call). The record is followed in order, each storage holding, per name, the
+def _follow(rec, tensors):
+    """Every copy between devices in order, as (op, the storage it read, {name: elements} that
+    storage holds, whether it was made from the inputs): each storage holding, per name, the
     elements of that name's data it carries (`_passed_on`: through copies and elementwise
-    arithmetic alike), so a move of several names (a packed buffer) charges each the elements
-    it brought, and a whole tensor sent after arithmetic on it is still charged whole."""
+    arithmetic alike), and under PYTHON data no recorded operation made and no input held."""
     held = collections.defaultdict(collections.Counter)     # storage key -> {name: elements}
     for name, t in tensors.items():
         held[storage_key(t)][name] += t.numel()
@@ -56,13 +54,10 @@ def received(rec, tensors):
         for r in op.reads:
             if r.version == 0 and r.key not in data:
                 held[r.key][PYTHON] = max(held[r.key][PYTHON], r.numel)
-    got = {name: collections.Counter() for name in [*tensors, PYTHON]}
     for op in rec.ops:
         if op.is_transfer:
             src = op.reads[-1 if op.name == "copy_" else 0]
-            dst = (op.writes or op.outputs)[0].device
-            for name, n in held.get(src.key, {}).items():
-                got[name][dst] += min(n, src.numel)
+            yield op, src, collections.Counter(held.get(src.key, {})), src.key in data
         passed = _passed_on(op, data, held)
         reads = [r for i, r in enumerate(op.reads) if i not in op.blind]
         if any(r.key in data for r in reads):
@@ -74,6 +69,29 @@ def received(rec, tensors):
             others = _passed_on(op, data, held, but=w.key)
             held[w.key] = kept + collections.Counter(
                 {n: min(v, w.numel) for n, v in others.items()})
+
+
+def carried(rec, tensors):
+    """(source device, destination device, elements, {name: elements of it carried}, made from
+    the inputs) of every copy between devices, in order, for `tensors` ({name: tensor}): what
+    each move carries, whatever its size (a chunk of a buffer carries the buffer's names), and
+    a move made from the inputs by products (`_passed_on`) carries no name."""
+    return [(src.device, (op.writes or op.outputs)[0].device, src.numel,
+             {n: min(v, src.numel) for n, v in names.items()}, made)
+            for op, src, names, made in _follow(rec, tensors)]
+
+
+def received(rec, tensors):
+    """{name: {device: elements of that tensor's data the device received by copies between
+    devices}} for `tensors` ({name: tensor}), and under PYTHON what reached a device of data no
+    recorded operation made and no input held (`torch.tensor(..., device=)`, a tensor made
+    before the call). The record is followed in order (`_follow`), so a move of several names
+    (a packed buffer) charges each the elements it brought, and a whole tensor sent after
+    arithmetic on it is still charged whole."""
+    got = {name: collections.Counter() for name in [*tensors, PYTHON]}
+    for _, dst, _, names, _ in carried(rec, tensors):
+        for name, n in names.items():
+            got[name][dst] += n
     return got
 
 
