@@ -2,8 +2,9 @@
 tells it apart into every call (a size where torch.chunk makes fewer pieces than tensor_split,
 a bucket size between a total in MiB and in MB, a net a greedy cut splits wrongly, a padding
 longer than the data, a remainder of 2 on 3 devices, an index repeated after an entry that is
-not a number, the gradients left after a step the text asks to clear them after). Each
-shortcut fails on five replayed draws, and the right answers beside them pass."""
+not a number, the gradients left after a step the text asks to clear them after, a batch whose
+best micro-batch count is the batch size itself). Each shortcut fails on five replayed draws,
+and the right answers beside them pass."""
 import copy
 import math
 
@@ -188,6 +189,13 @@ def sharded_server_step_rest_first(params, grads, devices, lr):
 def allreduce_spread_rest_first(data):
     k = len(data)
     spread_over([t.view(-1).split(_remainder_first(t.numel(), k)) for t in data])
+
+
+@shortcut("check_microbatches_for", "range(1, n): the batch size itself left out as a count",
+          "is accepted too")
+def microbatches_below_batch(batch_size, wanted):
+    ok = [m for m in range(1, batch_size) if batch_size % m == 0]
+    return min(ok, key=lambda m: (abs(m - wanted), -m))
 
 
 test_case = parametrize_cases(__name__)

@@ -458,4 +458,53 @@ def wgrad_einsum(x, dy):
     return torch.einsum("...o,...i->oi", dy, x), dy.sum(dim=tuple(range(dy.dim() - 1)))
 
 
+@other("check_weight_grads", "one product per batch element, summed (3-D x)")
+def wgrad_loop(x, dy):
+    if x.dim() == 2:
+        return dy.T @ x, dy.sum(0)
+    return sum(dy[b].T @ x[b] for b in range(x.shape[0])), dy.sum((0, 1))
+
+
+@other("check_weight_grads", "an outer product per example, accumulated")
+def wgrad_rows(x, dy):
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    dW = torch.zeros(dy2.shape[1], x2.shape[1])
+    for n in range(x2.shape[0]):
+        dW += dy2[n, :, None] @ x2[n, None, :]
+    return dW, dy2.sum(0)
+
+
+@shortcut("check_weight_grads", "the forward again with no product op (mul, sum), through "
+          "autograd", "forward again")
+def wgrad_forward_elementwise(x, dy):
+    w = torch.zeros(dy.shape[-1], x.shape[-1], requires_grad=True)
+    b = torch.zeros(dy.shape[-1], requires_grad=True)
+    return torch.autograd.grad((x.unsqueeze(-2) * w).sum(-1) + b, (w, b), dy)
+
+
+@shortcut("check_weight_grads", "the forward again through torch.func.vjp", "forward again")
+def wgrad_forward_vjp(x, dy):
+    from torch.func import vjp
+    _, back = vjp(lambda w, b: (x[..., None, :] * w).sum(-1) + b,
+                  torch.zeros(dy.shape[-1], x.shape[-1]), torch.zeros(dy.shape[-1]))
+    return back(dy)
+
+
+@shortcut("check_weight_grads", "a forward by hand (x W^T + b, no autograd) beside dy^T x",
+          "a weight")
+def wgrad_forward_by_hand(x, dy):
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    y = F.linear(x2, torch.randn(dy2.shape[1], x2.shape[1]), torch.zeros(dy2.shape[1]))
+    return dy2.T @ x2 + 0 * y.sum(), dy2.sum(0)
+
+
+@shortcut("check_weight_grads", "the forward again with a stand-in weight made from dy, "
+          "through autograd", "autograd's engine ran")
+def wgrad_forward_dy_weight(x, dy):
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    w = dy2[:1].T.expand(-1, x2.shape[1]).clone().requires_grad_()
+    b = dy2[0].clone().requires_grad_()
+    return torch.autograd.grad(F.linear(x2, w, b), (w, b), dy2)
+
+
 test_case = parametrize_cases(__name__)
