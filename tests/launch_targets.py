@@ -107,3 +107,32 @@ def exit_quietly_on_rank_1(rank, world, cfg):
     if rank == 1:
         os._exit(0)
     return rank
+
+
+def future_values(rank, world, cfg):
+    """What each async collective's `get_future()` resolves to, run on gloo ranks or on the
+    checks' World: per call, its tensors named by the argument each is (or is a view of), with
+    their shapes and sums; "none" where the backend's Work has no future."""
+    t = torch.full((4,), float(rank + 1))
+    outs, ins = [torch.zeros(4) for _ in range(world)], [torch.ones(4) for _ in range(world)]
+    big, small, src = torch.zeros(4 * world), torch.zeros(4), torch.ones(4 * world)
+    names = dict(t=t, outs0=outs[0], outs1=outs[1], big=big, small=small)
+    calls = dict(
+        all_reduce=lambda: dist.all_reduce(t, async_op=True),
+        broadcast=lambda: dist.broadcast(t, 0, async_op=True),
+        all_gather=lambda: dist.all_gather(outs, t, async_op=True),
+        all_gather_into_tensor=lambda: dist.all_gather_into_tensor(big, t, async_op=True),
+        all_to_all=lambda: dist.all_to_all(outs, ins, async_op=True),
+        all_to_all_single=lambda: dist.all_to_all_single(big, src, async_op=True),
+        barrier=lambda: dist.barrier(async_op=True))
+
+    def name(x):
+        same = [n for n, a in names.items() if a is x]
+        views = [n for n, a in names.items()
+                 if a.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()]
+        return same[0] if same else f"view of {views[0]}" if views else "new"
+    got = {}
+    for op, call in calls.items():
+        value = call().get_future().wait()
+        got[op] = [(name(x), tuple(x.shape), float(x.sum())) for x in value]
+    return got

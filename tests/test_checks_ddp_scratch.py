@@ -105,6 +105,48 @@ def overlap_hooks_divide_first(model):
     return lambda: [w.wait() for w in pending]
 
 
+@other("check_overlap_hooks", "the handles' futures, waited with wait_all in finish")
+def overlap_hooks_futures(model):
+    futures = []
+
+    def hook(p):
+        futures.append(dist.all_reduce(p.grad, async_op=True).get_future())
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        torch.futures.wait_all(futures)
+        futures.clear()
+        torch._foreach_div_([p.grad for p in model.parameters() if p.grad is not None],
+                            dist.get_world_size())
+    return finish
+
+
+@other("check_overlap_hooks", "DDP comm-hook style: then() divides the future's value")
+def overlap_hooks_then(model):
+    futures, world = [], dist.get_world_size()
+
+    def hook(p):
+        fut = dist.all_reduce(p.grad, async_op=True).get_future()
+        futures.append(fut.then(lambda f: f.value()[0].div_(world)))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+    return lambda: [f.wait() for f in futures]
+
+
+@shortcut("check_overlap_hooks", "waits on the future inside the hook", "inside backward")
+def overlap_hooks_future_wait_in_hook(model):
+    def hook(p):
+        dist.all_reduce(p.grad, async_op=True).get_future().wait()[0].div_(
+            dist.get_world_size())
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+    return lambda: None
+
+
 @shortcut("check_overlap_hooks", "waits inside the hook", "inside backward")
 def overlap_hooks_wait_in_hook(model):
     def hook(p):

@@ -11,9 +11,10 @@ a per-rank Recorder, allowed calls and data provenance through the hooks below).
 Each Message records op, caller, source and destination, the storage and shape of the tensor
 handed over, bytes, when it was launched and when (if ever) it was waited for. Collectives meet
 like real ones (every rank of the group, in the same order); an async one delivers its result
-at `wait()`. A recv into a buffer of another shape raises ValueError naming both shapes, and the
-message stays unreceived (`takes`, `mismatch`: hooks the checks' World makes stricter). What
-travels is the tensor's values, shape and dtype (`comm.wire`), not its strides. A rank that
+at `wait()` or `get_future()`, its wait recorded where the rank waits (work.py). A recv into a
+buffer of another shape raises ValueError naming both shapes, and the message stays unreceived
+(`takes`, `mismatch`: hooks the checks' World makes stricter). What travels is the tensor's
+values, shape and dtype (`comm.wire`), not its strides. A rank that
 waits longer than `timeout` raises TimeoutError naming what it waited for; when one rank fails,
 the ranks waiting on it stop quietly, so the first cause is reported.
 A run has one deadline: then the ranks blocked in a comm call wake and stop, and a rank still
@@ -33,6 +34,7 @@ import torch
 from .comm import ThreadComm, wire
 from .errors import LaunchTimeout
 from .traffic import RANK_THREAD
+from .work import Work, futures_waited
 
 __all__ = ["ThreadWorld"]
 
@@ -64,37 +66,6 @@ class Message:
     def __repr__(self):
         peer = f" {self.src}->{self.dst}" if not self.collective else f" by rank {self.rank}"
         return f"{self.op}{peer} {list(self.shape)} ({self.nbytes} B) #{self.seq}"
-
-
-class Work:
-    """What an async call returns: `wait()` delivers the result (once) and is recorded. It holds
-    only a closure (no attribute leads to the world or the message a check judges)."""
-
-    __slots__ = ("_wait", "_done")
-
-    def __init__(self, world, message, deliver):
-        pending = [deliver]
-
-        def wait():
-            if pending:
-                with world.comm_context():
-                    pending.pop()()
-                if world.record:
-                    message.waited = world.event(message.rank, "wait", message)
-        self._wait, self._done = wait, lambda: not pending
-
-    def wait(self, timeout=None):
-        self._wait()
-        return True
-
-    def is_completed(self):
-        return self._done()
-
-    def get_future(self):
-        fut = torch.futures.Future()
-        self.wait()
-        fut.set_result(None)
-        return fut
 
 
 class ThreadWorld:
@@ -230,7 +201,7 @@ class ThreadWorld:
                     #                         World must not run an exception's __str__ here)
                 self.fail(r, e)
 
-        with self.run_context():
+        with self.run_context(), futures_waited() if self.record else contextlib.nullcontext():
             threads = [threading.Thread(target=target, args=(r,), daemon=True,
                                         name=f"rank {r}") for r in range(self.size)]
             for t in threads:
@@ -325,10 +296,11 @@ class ThreadWorld:
                          f"(tag {tag}), got {tuple(got.shape)}")
 
     # --- collectives ---------------------------------------------------------------------------
-    def collective(self, op, ranks, t, payload, combine, deliver, async_op=False):
+    def collective(self, op, ranks, t, payload, combine, deliver, async_op=False, value=None):
         """Meet the other ranks of `ranks` at this rank's next collective call: `payload` is what
         this rank contributes, `combine(payloads)` (in group order) what each rank gets back,
-        `deliver(mine)` writes it into the caller's tensors (at wait() when async)."""
+        `deliver(mine)` writes it into the caller's tensors (at wait() or get_future() when
+        async); `value()`: what the async Work's future resolves to (torch's, e.g. [tensor])."""
         self._enter()
         rank = self.rank
         self.allowed(op)
@@ -359,7 +331,7 @@ class ThreadWorld:
             with torch.no_grad():
                 deliver(mine)
         if async_op:
-            return Work(self, m, finish)
+            return Work(self, m, finish, value)
         with self.comm_context():
             finish()
         return None

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ...runtime.comm import wire as _wire
-from ...runtime.thread_world import Work
+from ...runtime.work import Work
 from .run import stand_in
 
 __all__ = ["torch_distributed", "Group"]
@@ -70,7 +70,8 @@ def _copy_into(out):
 def all_reduce(W, tensor, op=None, group=None, async_op=False):
     ranks = _ranks(W, group)
     return W.collective("all_reduce", ranks, tensor, _snap(tensor),
-                             lambda ps: [_reduce(op, ps)] * len(ps), _copy_into(tensor), async_op)
+                             lambda ps: [_reduce(op, ps)] * len(ps), _copy_into(tensor), async_op,
+                             value=lambda: [tensor])
 
 
 def broadcast(W, tensor, src=0, group=None, async_op=False, group_src=None):
@@ -78,7 +79,7 @@ def broadcast(W, tensor, src=0, group=None, async_op=False, group_src=None):
     src = ranks[group_src] if group_src is not None else src
     return W.collective("broadcast", ranks, tensor, _snap(tensor),
                              lambda ps: [ps[ranks.index(src)]] * len(ps), _copy_into(tensor),
-                             async_op)
+                             async_op, value=lambda: [tensor])
 
 
 def reduce(W, tensor, dst=0, op=None, group=None, async_op=False, group_dst=None):
@@ -90,7 +91,8 @@ def reduce(W, tensor, dst=0, op=None, group=None, async_op=False, group_dst=None
         if mine == dst:
             tensor.copy_(value)
     return W.collective("reduce", ranks, tensor, _snap(tensor),
-                             lambda ps: [_reduce(op, ps)] * len(ps), deliver, async_op)
+                             lambda ps: [_reduce(op, ps)] * len(ps), deliver, async_op,
+                             value=lambda: [tensor])
 
 
 def all_gather(W, tensor_list, tensor, group=None, async_op=False):
@@ -102,7 +104,8 @@ def all_gather(W, tensor_list, tensor, group=None, async_op=False):
     if len(tensor_list) != len(ranks):
         raise ValueError(f"all_gather: {len(tensor_list)} output tensors for {len(ranks)} ranks")
     return W.collective("all_gather", ranks, tensor, _snap(tensor),
-                             lambda ps: [ps] * len(ps), deliver, async_op)
+                             lambda ps: [ps] * len(ps), deliver, async_op,
+                             value=lambda: list(tensor_list))
 
 
 def all_gather_into_tensor(W, output_tensor, input_tensor, group=None, async_op=False):
@@ -113,7 +116,8 @@ def all_gather_into_tensor(W, output_tensor, input_tensor, group=None, async_op=
                          f"({len(ranks)}) times the input")
     return W.collective("all_gather", ranks, input_tensor, _snap(input_tensor),
                              lambda ps: [torch.cat([p.reshape(-1) for p in ps])] * len(ps),
-                             _copy_into(output_tensor), async_op)
+                             _copy_into(output_tensor), async_op,
+                             value=lambda: list(output_tensor.chunk(len(ranks))))
 
 
 def reduce_scatter(W, output, input_list, op=None, group=None, async_op=False):
@@ -127,7 +131,7 @@ def reduce_scatter(W, output, input_list, op=None, group=None, async_op=False):
         parts = [p.split(sizes) for p in ps]
         return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
     return W.collective("reduce_scatter", ranks, flat, _wire(flat), combine,
-                             _copy_into(output), async_op)
+                             _copy_into(output), async_op, value=lambda: [output])
 
 
 def reduce_scatter_tensor(W, output, input, op=None, group=None, async_op=False):
@@ -141,7 +145,7 @@ def reduce_scatter_tensor(W, output, input, op=None, group=None, async_op=False)
         parts = [p.reshape(-1).chunk(len(ps)) for p in ps]
         return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
     return W.collective("reduce_scatter", ranks, input, _snap(input), combine,
-                             _copy_into(output), async_op)
+                             _copy_into(output), async_op, value=lambda: [output])
 
 
 all_gather_single = all_gather_into_tensor      # torch 2.14's names for them
@@ -160,7 +164,7 @@ def all_to_all(W, output_tensor_list, input_tensor_list, group=None, async_op=Fa
     flat = torch.cat([t.detach().reshape(-1) for t in input_tensor_list])
     return W.collective("all_to_all", ranks, flat, [_snap(t) for t in input_tensor_list],
                              lambda ps: [[p[i] for p in ps] for i in range(len(ps))], deliver,
-                             async_op)
+                             async_op, value=lambda: list(output_tensor_list))
 
 
 def all_to_all_single(W, output, input, output_split_sizes=None, input_split_sizes=None,
@@ -172,7 +176,8 @@ def all_to_all_single(W, output, input, output_split_sizes=None, input_split_siz
     def deliver(values):
         output.copy_(torch.cat(values).reshape(output.shape))
     return W.collective("all_to_all", ranks, input, [_snap(p) for p in pieces],
-                             lambda ps: [[p[i] for p in ps] for i in range(n)], deliver, async_op)
+                             lambda ps: [[p[i] for p in ps] for i in range(n)], deliver, async_op,
+                             value=lambda: [output])
 
 
 def barrier(W, group=None, async_op=False, device_ids=None):
@@ -204,7 +209,7 @@ def irecv(W, tensor, src=None, group=None, tag=0, group_src=None):
     def deliver():
         world.recv(src, tag, out=tensor)
     m = _Marker(rank)
-    return Work(world, m, deliver)
+    return Work(world, m, deliver, lambda: [tensor])
 
 
 class P2POp:

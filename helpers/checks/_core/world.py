@@ -200,7 +200,7 @@ class World(ThreadWorld):
                          "every rank of a collective calls the same one at the same point, "
                          "with a tensor of the same shape and dtype (a recv: the sender's)")
 
-    def collective(self, op, ranks, t, payload, combine, deliver, async_op=False):
+    def collective(self, op, ranks, t, payload, combine, deliver, async_op=False, value=None):
         """As ThreadWorld.collective; what `deliver` writes in this rank is kept as received.
         Every rank hands a tensor of one shape and dtype (an all-to-all's pieces may differ),
         and an error in the meeting or the delivery fails the answer (`_refusing`)."""
@@ -216,7 +216,7 @@ class World(ThreadWorld):
                 raise ValueError("the ranks' tensors differ")
             return combine(payloads)
         with self._refusing(rank, op):
-            return super().collective(op, ranks, t, payload, same, delivered, async_op)
+            return super().collective(op, ranks, t, payload, same, delivered, async_op, value)
 
     @contextlib.contextmanager
     def _delivering(self, rank):

@@ -1,0 +1,61 @@
+"""The thread world's async Work (helpers/runtime/work.py): its future completes with the result
+delivered and resolves to what torch's gloo gives (`[tensor]` for an all-reduce), and the rank's
+wait is recorded where it waits on the future (wait, value, wait_all, a chained future), not
+when the future is made or a then() callback runs: check_overlap_hooks reads that record."""
+import launch_targets as lt
+import torch
+
+import helpers
+from helpers.checks._core.world import World
+from helpers.runtime.comm import wire
+from helpers.runtime.thread_world import ThreadWorld
+
+
+def _async_sum(w, t):
+    """An async all-reduce (sum) of `t` on `w`'s calling rank: its Work and its Message."""
+    work = w.collective("all_reduce", range(w.size), t, wire(t),
+                        lambda ps: [torch.stack(ps).sum(0)] * len(ps),
+                        lambda total: t.copy_(total), True, value=lambda: [t])
+    return work, w.sent("all_reduce", rank=w.rank)[-1]
+
+
+def _waits_where_the_rank_waits(comm, w):
+    t = torch.full((3,), float(comm.rank + 1))
+    work, m = _async_sum(w, t)
+    fut = work.get_future()
+    seen = dict(done=fut.done(), delivered=t.tolist())
+    seen["waited_at_get_future"] = m.waited
+    chained = fut.then(lambda f: f.value()[0] * 2)
+    seen["waited_after_then"] = m.waited
+    mark = w.mark("before the wait")
+    torch.futures.wait_all([chained])
+    seen.update(waited=m.waited, mark=mark, chained=chained.value().tolist())
+    seen["value_is_t"] = torch.futures.Future.value(fut)[0] is t
+    t2 = torch.ones(2)
+    work2, m2 = _async_sum(w, t2)
+    work2.get_future()
+    work2.wait()                       # Work.wait() after get_future(): the wait is recorded
+    seen["waited_by_work_wait"] = m2.waited is not None
+    return seen
+
+
+def test_the_future_completes_with_the_result_and_the_wait_is_where_the_rank_waits():
+    w = ThreadWorld(2, timeout=10.0)
+    for seen in w.run(_waits_where_the_rank_waits, w):
+        assert seen["done"] and seen["value_is_t"], "the future is not torch's [tensor]"
+        assert seen["delivered"] == [3.0] * 3, "get_future() did not deliver the sum"
+        assert seen["waited_at_get_future"] is None, "get_future() recorded a wait"
+        assert seen["waited_after_then"] is None, "a then() callback was recorded as a wait"
+        assert seen["waited"] is not None and seen["waited"] > seen["mark"], (
+            "wait_all over a chained future did not record the wait where the rank waited")
+        assert seen["chained"] == [6.0] * 3
+        assert seen["waited_by_work_wait"]
+    assert torch.futures.wait_all.__module__ == "torch.futures", "wait_all was not put back"
+
+
+def test_the_futures_resolve_as_on_gloo_in_a_two_process_launch():
+    gloo = helpers.launch(lt.future_values, 2, quiet=True, timeout=120)
+    w = World(2)
+    threads = w.run(lambda comm: lt.future_values(comm.rank, 2, {}))
+    assert threads == gloo
+    assert gloo[0]["all_reduce"] == [("t", (4,), 12.0)]      # torch's [tensor], the sum
