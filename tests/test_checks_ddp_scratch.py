@@ -7,6 +7,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 from check_cases import other, parametrize_cases, shortcut, worked
+from torch.futures import collect_all, wait_all
 
 import helpers
 
@@ -120,6 +121,27 @@ def overlap_hooks_futures(model):
         futures.clear()
         torch._foreach_div_([p.grad for p in model.parameters() if p.grad is not None],
                             dist.get_world_size())
+    return finish
+
+
+@other("check_overlap_hooks", "wait_all and collect_all bound at import, before the check ran")
+def overlap_hooks_bound_early(model):
+    futures = []
+
+    def hook(p):
+        futures.append(dist.all_reduce(p.grad, async_op=True).get_future())
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        half = len(futures) // 2
+        wait_all(futures[:half])
+        collect_all(futures[half:]).wait()
+        futures.clear()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(dist.get_world_size())
     return finish
 
 

@@ -101,16 +101,14 @@ def _waited_all(futures):
             f._waited()
 
 
-_ORIGINAL = {"wait_all": torch.futures.wait_all, "collect_all": torch.futures.collect_all}
-
-
-def _wait_all(futures):
-    _waited_all(futures)
-    return _ORIGINAL["wait_all"](futures)
+_ORIGINAL = torch._C._collect_all
 
 
 def _collect_all(futures):
-    collected = _ORIGINAL["collect_all"](futures)
+    """torch._C._collect_all, which torch.futures.wait_all and collect_all both call when they
+    run (however the answer bound them): the combined future of WorkFutures records their waits
+    when it is waited on."""
+    collected = _ORIGINAL(futures)
     futures = [f for f in futures if isinstance(f, WorkFuture)]
     if not futures:
         return collected
@@ -125,8 +123,6 @@ def _collect_all(futures):
     return out
 
 
-_wait_all.__doc__, _collect_all.__doc__ = torch.futures.wait_all.__doc__, \
-    torch.futures.collect_all.__doc__
 _USERS = [0]
 _LOCK = threading.Lock()
 
@@ -134,11 +130,12 @@ _LOCK = threading.Lock()
 @contextlib.contextmanager
 def futures_waited():
     """While a thread world runs, torch.futures.wait_all and collect_all record the waits of the
-    WorkFutures they are handed (torch's run in C++, past the futures' own `wait()`); either
-    behaves as torch's otherwise. Worlds running at once share the one replacement."""
+    WorkFutures they are handed (torch's combine them in C++, past the futures' own `wait()`),
+    also when bound before the run (`from torch.futures import wait_all`): the C function they
+    look up when called is replaced. Worlds running at once share the one replacement."""
     with _LOCK:
         if not _USERS[0]:
-            torch.futures.wait_all, torch.futures.collect_all = _wait_all, _collect_all
+            torch._C._collect_all = _collect_all
         _USERS[0] += 1
     try:
         yield
@@ -146,5 +143,4 @@ def futures_waited():
         with _LOCK:
             _USERS[0] -= 1
             if not _USERS[0]:
-                torch.futures.wait_all = _ORIGINAL["wait_all"]
-                torch.futures.collect_all = _ORIGINAL["collect_all"]
+                torch._C._collect_all = _ORIGINAL
