@@ -34,7 +34,7 @@ import torch
 from .comm import ThreadComm, wire
 from .errors import LaunchTimeout
 from .traffic import RANK_THREAD
-from .work import Work, futures_waited
+from .work import Work
 
 __all__ = ["ThreadWorld"]
 
@@ -201,7 +201,7 @@ class ThreadWorld:
                     #                         World must not run an exception's __str__ here)
                 self.fail(r, e)
 
-        with self.run_context(), futures_waited() if self.record else contextlib.nullcontext():
+        with self.run_context():
             threads = [threading.Thread(target=target, args=(r,), daemon=True,
                                         name=f"rank {r}") for r in range(self.size)]
             for t in threads:

@@ -6,12 +6,10 @@ wait is recorded where the rank blocks on or reads the result: `Work.wait()`, th
 future chained from it with `then()`. Making the future does not wait, nor does a `then()` or
 `add_done_callback()` callback running (torch runs those off the rank's thread).
 """
-import contextlib
-import threading
 
 import torch
 
-__all__ = ["Work", "WorkFuture", "futures_waited"]
+__all__ = ["Work", "WorkFuture", "waited_all"]
 
 
 class WorkFuture(torch.futures.Future):
@@ -94,53 +92,10 @@ class Work:
         return self._future()
 
 
-def _waited_all(futures):
-    """Record the waits of the WorkFutures among `futures`."""
+def waited_all(futures):
+    """Record the waits of the WorkFutures among `futures` (torch.futures.wait_all and
+    collect_all combine them in C++, past their own `wait()`: the grader's World replaces the C
+    function both call, helpers/checks/_core/dist.py)."""
     for f in futures:
         if isinstance(f, WorkFuture):
             f._waited()
-
-
-_ORIGINAL = torch._C._collect_all
-
-
-def _collect_all(futures):
-    """torch._C._collect_all, which torch.futures.wait_all and collect_all both call when they
-    run (however the answer bound them): the combined future of WorkFutures records their waits
-    when it is waited on."""
-    collected = _ORIGINAL(futures)
-    futures = [f for f in futures if isinstance(f, WorkFuture)]
-    if not futures:
-        return collected
-    out = WorkFuture(lambda: _waited_all(futures))
-
-    def settle(c):
-        try:
-            out.set_result(c.value())
-        except Exception as e:
-            out.set_exception(e)
-    collected.add_done_callback(settle)
-    return out
-
-
-_USERS = [0]
-_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def futures_waited():
-    """While a thread world runs, torch.futures.wait_all and collect_all record the waits of the
-    WorkFutures they are handed (torch's combine them in C++, past the futures' own `wait()`),
-    also when bound before the run (`from torch.futures import wait_all`): the C function they
-    look up when called is replaced. Worlds running at once share the one replacement."""
-    with _LOCK:
-        if not _USERS[0]:
-            torch._C._collect_all = _collect_all
-        _USERS[0] += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _USERS[0] -= 1
-            if not _USERS[0]:
-                torch._C._collect_all = _ORIGINAL

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ...runtime.comm import wire as _wire
-from ...runtime.work import Work
+from ...runtime.work import Work, WorkFuture, waited_all
 from .run import stand_in
 
 __all__ = ["torch_distributed", "Group"]
@@ -304,12 +304,36 @@ def _dispatch(name, original, world):
     return call
 
 
+_COLLECT_ALL = torch._C._collect_all
+
+
+def _collect_all(futures):
+    """torch._C._collect_all while a World runs: the combined future of the World's futures
+    records their waits when it is waited on (torch's combines them past their own `wait()`)."""
+    collected = _COLLECT_ALL(futures)
+    mine = [f for f in futures if isinstance(f, WorkFuture)]
+    if not mine:
+        return collected
+    out = WorkFuture(lambda: waited_all(mine))
+
+    def settle(c):
+        try:
+            out.set_result(c.value())
+        except Exception as e:
+            out.set_exception(e)
+    collected.add_done_callback(settle)
+    return out
+
+
 @contextlib.contextmanager
 def torch_distributed(world):
-    """Route torch.distributed's calls from `world`'s rank threads to `world`."""
+    """Route torch.distributed's calls from `world`'s rank threads to `world`; and
+    torch._C._collect_all, which torch.futures.wait_all and collect_all call however the answer
+    bound them, to `_collect_all`, so a wait through them is recorded where the rank waits."""
     if not _ONE.acquire(blocking=False):
         raise RuntimeError("one simulated world at a time")
     saved = {name: getattr(dist, name, None) for name in _CALLS}
+    torch._C._collect_all = _collect_all
     for name, original in saved.items():
         setattr(dist, name, _dispatch(name, original, world))
     try:
@@ -321,4 +345,5 @@ def torch_distributed(world):
                     delattr(dist, name)
             else:
                 setattr(dist, name, original)
+        torch._C._collect_all = _COLLECT_ALL
         _ONE.release()
