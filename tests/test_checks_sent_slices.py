@@ -101,6 +101,26 @@ def conv_packed(X, W, b, devices, log=None):
     return _conv(X, W, b, devices, _packed)
 
 
+@other("check_conv_split_in_channels", "every device's X and W slices in one buffer, in ranges")
+def conv_one_buffer_in_ranges(X, W, b, devices, log=None):
+    cuts = _cuts(X.shape[1], len(devices))
+    xs = [X[:, lo:hi] for lo, hi in zip(cuts, cuts[1:])]
+    ws = [W[:, lo:hi] for lo, hi in zip(cuts, cuts[1:])]
+    buf = torch.empty(X.numel() + W.numel(), dtype=X.dtype, device=X.device)
+    starts = [0]
+    for x, w in zip(xs, ws):
+        at = starts[-1]
+        buf[at:at + x.numel()].copy_(x.reshape(-1))
+        buf[at + x.numel():at + x.numel() + w.numel()].copy_(w.reshape(-1))
+        starts.append(at + x.numel() + w.numel())
+    parts = []
+    for i, d in enumerate(devices):
+        got = buf[starts[i]:starts[i + 1]].to(d)
+        x, w = got.split([xs[i].numel(), ws[i].numel()])
+        parts.append(F.conv2d(x.view(xs[i].shape), w.view(ws[i].shape)).to(devices[0]))
+    return sum(parts[1:], parts[0]) + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
 # ---- attention_by_heads --------------------------------------------------------------------
 def _attention(X, Wq, Wk, Wv, Wo, heads, devices, log, folded_whole):
     """Attention split by heads with the softmax scale folded into Wq on the host: into the
@@ -159,3 +179,25 @@ def test_a_packed_move_charges_each_name_its_own_elements():
     got = _received(lambda X, W: torch.cat([X[:, :4].reshape(-1), W[:, :1].reshape(-1)])
                     .to("meta"), X=X, W=W)
     assert got == {"X": {torch.device("meta"): 12}, "W": {torch.device("meta"): 2}}
+
+
+def test_a_range_of_a_packed_buffer_charges_what_was_written_there():
+    """X and W copied into ranges of one buffer: a range moved carries only its own names."""
+    def pack_and_send(X, W):
+        buf = torch.empty(X.numel() + W.numel())
+        buf[:24].copy_(X.reshape(-1))
+        buf[24:].copy_(W.reshape(-1))
+        buf[:12].to("meta")
+        buf[24:28].to("meta")
+    got = _received(pack_and_send, X=torch.randn(3, 8), W=torch.randn(2, 4))
+    assert got == {"X": {torch.device("meta"): 12}, "W": {torch.device("meta"): 4}}
+
+
+def test_an_overwritten_column_leaves_the_rest_charged():
+    """Overwriting a strided view (a column) replaces only its elements, not the rows' span."""
+    def zero_a_column_and_send(W):
+        c = W.clone()
+        c[:, 0].copy_(torch.zeros(4))
+        c.to("meta")
+    assert _received(zero_a_column_and_send, W=torch.randn(4, 6))["W"] == {
+        torch.device("meta"): 24}

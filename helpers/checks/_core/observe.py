@@ -34,6 +34,7 @@ from .cancels import cancelled, snapshot, unused
 from .composite import split_composite
 from .guard import TORCH_OPERATORS, own_operator
 from .placeholders import placeholder
+from .spans import span
 
 __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
 
@@ -94,12 +95,12 @@ def describe_device(device):
 class Ref:
     """A tensor as one operation saw it."""
 
-    __slots__ = ("key", "version", "shape", "dtype", "device", "numel")
+    __slots__ = ("key", "version", "shape", "dtype", "device", "numel", "span")
 
     def __init__(self, t, version):
         self.key, self.version = storage_key(t), version
         self.shape, self.dtype, self.device = tuple(t.shape), t.dtype, t.device
-        self.numel = t.numel()
+        self.numel, self.span = t.numel(), span(t)     # span: (first byte, end, dense)
 
     @property
     def nbytes(self):
