@@ -26,10 +26,13 @@ not, so they are watched here, as one family:
 `callback(t, how)` first (once per outermost call: a repr that calls tolist inside is one exit),
 and a write into a storage from outside torch calls `entered(t, how)` after it. The originals
 stay reachable where they cannot be replaced: the C base class `torch._C.TensorBase` (its `tolist`,
-`numpy`, `apply_` ...) and `torch._C._to_dlpack`; references.scan refuses an answer whose code
-names them or holds an original bound before the watch (`unwatched`), and one that reaches ctypes
-(a tensor's memory at its `data_ptr()`). What it does not see: ctypes reached by a name built at
-run time, C extensions (book/teachers.md).
+`numpy`, `apply_` ...); references.scan refuses an answer whose code names them (or
+`torch._C._to_dlpack`) or holds an original bound before the watch (`unwatched`), and one that
+reaches ctypes (a tensor's memory at its `data_ptr()`). Reached by a name built at run time, the
+base's methods are exits all the same: `BaseExitsCarriedMode`, a function mode active in every
+thread the checks observe (`watched_here`), is handed each call. What it does not see: ctypes
+reached by a name built at run time, C extensions, the base's methods called under
+`torch._C.DisableTorchFunction()` reached so (book/teachers.md).
 """
 import contextlib
 import sys
