@@ -29,7 +29,7 @@ from .reader_objects import is_a
 from .run import EMPTIED, is_reader_code, stand_in
 from .storage_exits import whole
 
-__all__ = ["HOWS", "NAMES", "install", "patched", "unwatched"]
+__all__ = ["HOWS", "NAMES", "TENSOR_HOWS", "expose", "install", "patched", "unwatched"]
 
 _STORAGE = torch.UntypedStorage
 _TENSOR_ADDRESSES = ("data_ptr", "const_data_ptr")
@@ -39,6 +39,7 @@ _HOW = types.MappingProxyType({"data_ptr": "data_ptr() (its memory's address)",
                                "const_data_ptr": "const_data_ptr() (its memory's address)",
                                "storage": "storage.data_ptr() (its memory's address)"})
 HOWS = frozenset(_HOW.values())      # an address exit: the storage exposed from then on
+TENSOR_HOWS = types.MappingProxyType({name: _HOW[name] for name in _TENSOR_ADDRESSES})
 MAKERS = ((torch._C, "_construct_storage_from_data_pointer"), (torch, "_from_blob"),
           (torch._C, "_data_address"))
 NAMES = frozenset({"_construct_storage_from_data_pointer", "_from_blob", "from_blob",
@@ -56,16 +57,22 @@ def _address(name, original, how):
         if not _WATCHERS and armed():
             refuse(EMPTIED)       # installed while one watches: emptied by the answer
         if _WATCHERS and is_reader_code(sys._getframe(1).f_code.co_filename):
-            try:
-                over = whole(subject.untyped_storage() if isinstance(subject, torch.Tensor)
-                             else subject)
-            except (RuntimeError, NotImplementedError, TypeError, AttributeError):
-                over = None        # no storage of its own (sparse, a wrapper subclass)
-            if over is not None:
-                for callback in list(_WATCHERS):
-                    callback(over, how)
+            expose(subject, how)
         return original(subject, *args, **kwargs)
     return method
+
+
+def expose(subject, how):
+    """The reader's code took the address of `subject` (a tensor or a storage): an exit of all
+    its storage's bytes, for every watcher."""
+    try:
+        over = whole(subject.untyped_storage() if isinstance(subject, torch.Tensor)
+                     else subject)
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        over = None        # no storage of its own (sparse, a wrapper subclass)
+    if over is not None:
+        for callback in list(_WATCHERS):
+            callback(over, how)
 
 
 def _maker(name, original):

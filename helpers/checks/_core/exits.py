@@ -26,10 +26,13 @@ not, so they are watched here, as one family:
 `callback(t, how)` first (once per outermost call: a repr that calls tolist inside is one exit),
 and a write into a storage from outside torch calls `entered(t, how)` after it. The originals
 stay reachable where they cannot be replaced: the C base class `torch._C.TensorBase` (its `tolist`,
-`numpy`, `apply_` ...) and `torch._C._to_dlpack`; references.scan refuses an answer whose code
-names them or holds an original bound before the watch (`unwatched`), and one that reaches ctypes
-(a tensor's memory at its `data_ptr()`). What it does not see: ctypes reached by a name built at
-run time, C extensions (book/teachers.md).
+`numpy`, `apply_` ...); references.scan refuses an answer whose code names them (or
+`torch._C._to_dlpack`) or holds an original bound before the watch (`unwatched`), and one that
+reaches ctypes (a tensor's memory at its `data_ptr()`). Reached by a name built at run time, the
+base's methods are exits all the same: `BaseExitsCarriedMode`, a function mode active in every
+thread the checks observe (`watched_here`), is handed each call. What it does not see: ctypes
+reached by a name built at run time, C extensions, the base's methods called under
+`torch._C.DisableTorchFunction()` reached so (book/teachers.md).
 """
 import contextlib
 import sys
@@ -39,20 +42,24 @@ import torch
 import torch.utils.dlpack
 
 from . import addresses, storage_exits
+from .carried import CarriedFunctionMode, carried_function_modes
 from .guard import _EXITS, armed, refuse
 from .reader_objects import is_a
 from .run import EMPTIED, is_reader_code, stand_in, stand_in_below
 
-__all__ = ["watch_exits", "EXITS", "CALLBACKS", "patched", "unwatched", "UNWATCHED_NAMES",
-           "SCRIPTED", "SCRIPT_NAMES", "RAW_MEMORY", "RAW_NAMES"]
+__all__ = ["watch_exits", "watched_here", "EXITS", "CALLBACKS", "patched", "unwatched",
+           "UNWATCHED_NAMES", "SCRIPTED", "SCRIPT_NAMES", "RAW_MEMORY", "RAW_NAMES"]
 
 CALLBACKS = ("apply_", "map_", "map2_")      # Python callbacks handed every element
 EXITS = ("tolist", "numpy", "__array__", "__dlpack__", "__reduce_ex__", "__repr__", *CALLBACKS)
 _READER_ONLY = ("untyped_storage", "storage", "_typed_storage")
-_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"))   # modules bound now
+# modules bound now; torch._C's dlpack makers are looked up by name (Tensor.__dlpack__ too)
+_FUNCTIONS = ((torch.utils.dlpack, "to_dlpack"), (torch, "to_dlpack"), *(
+    (torch._C, name) for name in ("_to_dlpack", "_to_dlpack_versioned") if hasattr(torch._C, name)))
 _HOW = {"tolist": ".tolist()", "numpy": ".numpy()", "__array__": "np.asarray()",
         "__dlpack__": "dlpack", "__reduce_ex__": "pickling", "__repr__": "printing (repr)",
         "apply_": ".apply_()", "map_": ".map_()", "map2_": ".map2_()", "to_dlpack": "dlpack",
+        "_to_dlpack": "dlpack", "_to_dlpack_versioned": "dlpack",
         "untyped_storage": ".untyped_storage()", "storage": ".storage()",
         "_typed_storage": "._typed_storage()"}
 _HOW = types.MappingProxyType(_HOW)
@@ -99,6 +106,64 @@ def _wrap(name, original, reader_only):
                         callback(x, _HOW[name])
         return original(t, *args, **kwargs)
     return method
+
+
+# the C base class's methods, which torch hands to the function modes when one is active (as the
+# method torch.Tensor holds: the stand-in while watched, else the base's own)
+_BASE = types.MappingProxyType({id(vars(torch._C.TensorBase)[name]): name for name in (
+    *EXITS, *_READER_ONLY, *addresses.TENSOR_HOWS) if name in vars(torch._C.TensorBase)})
+# the stand-ins whose own test of their caller would see this mode's frame: counted here
+_ROUTED = frozenset(name for name in (*_READER_ONLY, *addresses.TENSOR_HOWS)
+                    if name in vars(torch._C.TensorBase))
+_STAND_INS = frozenset({_HERE, addresses.__file__})
+_FUNCTION = types.FunctionType
+
+
+class BaseExitsCarriedMode(CarriedFunctionMode):
+    """The exits of the C base class reached by a name built while the answer runs
+    (`getattr(torch._C, "Tensor" + "Base").tolist(t)`, `super(torch.Tensor, t).numpy()`):
+    while a function mode is active torch hands each call of a tensor's method to it, so the
+    stand-in torch.Tensor holds runs (or, for the reader-only names, the exit is counted here,
+    once, as the stand-ins count). Carried into the threads the answer starts (carried.py)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = _BASE.get(id(func))
+        if name is None and type(func) is _FUNCTION and func.__name__ in _ROUTED and \
+                func.__code__.co_filename in _STAND_INS:
+            name = func.__name__
+        if name is not None and args and _SAVED:
+            _base_exit(name, args, sys._getframe(1))
+        return func(*args, **(kwargs or {}))
+
+
+def _base_exit(name, args, caller):
+    """`name` called on `args[0]` by the code of frame `caller`, past the stand-ins."""
+    if not _WATCHERS:
+        if armed():
+            refuse(EMPTIED)       # installed while one watches: emptied by the answer
+        return
+    if name in addresses.TENSOR_HOWS:
+        if is_reader_code(caller.f_code.co_filename):
+            addresses.expose(args[0], addresses.TENSOR_HOWS[name])
+        return
+    if (name in _READER_ONLY and not is_reader_code(caller.f_code.co_filename)) or \
+            stand_in_below(caller, _HERE):
+        return
+    read = [x for x in args if isinstance(x, torch.Tensor)] if name in CALLBACKS else args[:1]
+    for callback in list(_WATCHERS):
+        for x in read:
+            callback(x, _HOW[name])
+
+
+@contextlib.contextmanager
+def watched_here():
+    """The C base class's exits watched in this thread too, while exits are watched (a World's
+    rank threads; the thread that watches): a function mode, unless one is active here."""
+    if not _WATCHERS or carried_function_modes():
+        yield
+        return
+    with BaseExitsCarriedMode():
+        yield
 
 
 def _install():
@@ -163,8 +228,8 @@ def unwatched(obj):
         return f"torch._C.TensorBase.{name}"
     if name in EXITS + _READER_ONLY and obj is _SAVED.get(name, torch.Tensor.__dict__.get(name)):
         return f"torch.Tensor.{name} (bound before the check ran)"
-    if obj is getattr(torch._C, "_to_dlpack", None) or obj is getattr(
-            torch._C, "_to_dlpack_versioned", None):
+    if any(obj is _SAVED.get((torch._C, n), getattr(torch._C, n, None))
+           for n in ("_to_dlpack", "_to_dlpack_versioned")):
         return "to_dlpack (bound before the check ran)"
     return None
 
@@ -180,7 +245,8 @@ def watch_exits(callback, entered=None):
         if entered is not None:
             _ENTERED.append(entered)
     try:
-        yield
+        with watched_here():
+            yield
     finally:
         with _LOCK:
             _WATCHERS.remove(callback)

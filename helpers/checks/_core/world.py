@@ -42,7 +42,7 @@ from ...runtime.thread_world import Message, ThreadWorld, Work
 from ...runtime.traffic import ByteLog, Transfer, wire_share
 from . import addresses
 from .dist import torch_distributed
-from .exits import watch_exits
+from .exits import watch_exits, watched_here
 from .ledger import ledger, tampered
 from .observe import Recorder
 from .provenance import Provenance
@@ -111,6 +111,7 @@ class World(ThreadWorld):
     def rank_context(self, rank):
         stack = contextlib.ExitStack()
         stack.enter_context(self.provenance.mode(rank))
+        stack.enter_context(watched_here())       # the C base class's exits (exits.py)
         stack.enter_context(TagWatch(rank))
         if self.record_ops:
             self.recorders[rank] = stack.enter_context(Recorder())
