@@ -90,7 +90,8 @@ def _spaces(fn):
 
     g = function_globals(fn)
     if g is not None and not module_name(g).startswith(("helpers", "numpy")):
-        scan(g, ((k, v) for k, v in dict.items(g) if not k.startswith("__")), 0)   # (strs)
+        # a copy (one C call: a rank's answer may set a global while another rank scans)
+        scan(g, [(k, v) for k, v in dict.items(dict.copy(g)) if not k.startswith("__")], 0)
     for cell in function_closure(fn):
         try:
             v = cell.cell_contents
