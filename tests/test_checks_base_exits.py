@@ -7,28 +7,13 @@ names written out; a name built at run time passes it, so the watch must see the
 """
 import concurrent.futures
 import threading
-from fractions import Fraction
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import exact_from_numbers, other, parametrize_cases, shortcut
 
 READ_OUT = "out of torch into Python numbers"
-
-
-def _exact(counts, ms, vs):
-    """The global mean and variance in exact arithmetic, from numbers read out of torch."""
-    w, c = len(ms), len(ms[0])
-    n = sum(Fraction(x) for x in counts)
-    mean, var = [], []
-    for j in range(c):
-        m = sum(Fraction(counts[i]) * Fraction(ms[i][j]) for i in range(w)) / n
-        v = sum(Fraction(counts[i]) * (Fraction(vs[i][j]) + (Fraction(ms[i][j]) - m) ** 2)
-                for i in range(w)) / n
-        mean.append(float(m))
-        var.append(float(v))
-    return torch.tensor(mean), torch.tensor(var)
 
 
 def _base():
@@ -38,21 +23,21 @@ def _base():
 @shortcut("check_global_mean_var", "tolist of the C base reached by getattr", READ_OUT)
 def global_mean_var_getattr_base(counts, means, variances):
     tl = _base().tolist
-    return _exact(tl(counts), tl(means), tl(variances))
+    return exact_from_numbers(tl(counts), tl(means), tl(variances))
 
 
 @shortcut("check_global_mean_var", "numpy of the C base reached by type(t).__mro__", READ_OUT)
 def global_mean_var_mro_numpy(counts, means, variances):
     def read(t):
         return type(t).__mro__[1].numpy(t).tolist()
-    return _exact(read(counts), read(means), read(variances))
+    return exact_from_numbers(read(counts), read(means), read(variances))
 
 
 @shortcut("check_global_mean_var", "tolist through super(torch.Tensor, t)", READ_OUT)
 def global_mean_var_super_tolist(counts, means, variances):
     def read(t):
         return super(torch.Tensor, t).tolist()
-    return _exact(read(counts), read(means), read(variances))
+    return exact_from_numbers(read(counts), read(means), read(variances))
 
 
 class _Capsule:
@@ -72,7 +57,7 @@ class _Capsule:
 def global_mean_var_built_to_dlpack(counts, means, variances):
     def read(t):
         return np.from_dlpack(_Capsule(t)).tolist()
-    return _exact(read(counts), read(means), read(variances))
+    return exact_from_numbers(read(counts), read(means), read(variances))
 
 
 @shortcut("check_global_mean_var", "the C base's tolist in a thread the answer starts",
@@ -83,7 +68,7 @@ def global_mean_var_base_in_thread(counts, means, variances):
         _base().tolist(t) for t in (counts, means, variances)))
     worker.start()
     worker.join()
-    return _exact(*out)
+    return exact_from_numbers(*out)
 
 
 @other("check_global_mean_var", "operations of the C base reached by a built name")

@@ -19,13 +19,12 @@ right answers beside them pass.
   (the cap counts numbers, not float32 bytes).
 """
 from decimal import Decimal
-from fractions import Fraction
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import exact_from_numbers, other, parametrize_cases, shortcut
 
 import helpers
 
@@ -34,24 +33,10 @@ READ_OUT = "out of torch into Python numbers"
 
 
 # ---- unwatched exits ---------------------------------------------------------------------------
-def _exact(counts, ms, vs):
-    """The global mean and variance in exact arithmetic, from numbers read out of torch."""
-    w, c = len(ms), len(ms[0])
-    n = sum(Fraction(x) for x in counts)
-    mean, var = [], []
-    for j in range(c):
-        m = sum(Fraction(counts[i]) * Fraction(ms[i][j]) for i in range(w)) / n
-        v = sum(Fraction(counts[i]) * (Fraction(vs[i][j]) + (Fraction(ms[i][j]) - m) ** 2)
-                for i in range(w)) / n
-        mean.append(float(m))
-        var.append(float(v))
-    return torch.tensor(mean), torch.tensor(var)
-
-
 @shortcut("check_global_mean_var", "read with the C base class's tolist", UNWATCHED)
 def global_mean_var_base_tolist(counts, means, variances):
     tl = torch._C.TensorBase.tolist
-    return _exact(tl(counts), tl(means), tl(variances))
+    return exact_from_numbers(tl(counts), tl(means), tl(variances))
 
 
 _TOLIST = torch.Tensor.tolist          # bound before any check ran: the original
@@ -59,7 +44,7 @@ _TOLIST = torch.Tensor.tolist          # bound before any check ran: the origina
 
 @shortcut("check_global_mean_var", "an original tolist bound before the check", UNWATCHED)
 def global_mean_var_bound_before(counts, means, variances):
-    return _exact(_TOLIST(counts), _TOLIST(means), _TOLIST(variances))
+    return exact_from_numbers(_TOLIST(counts), _TOLIST(means), _TOLIST(variances))
 
 
 def _grab(t):
@@ -72,7 +57,7 @@ def _grab(t):
 def global_mean_var_apply(counts, means, variances):
     c = means.shape[1]
     ms, vs = _grab(means), _grab(variances)
-    return _exact(_grab(counts), [ms[i:i + c] for i in range(0, len(ms), c)],
+    return exact_from_numbers(_grab(counts), [ms[i:i + c] for i in range(0, len(ms), c)],
                   [vs[i:i + c] for i in range(0, len(vs), c)])
 
 
@@ -93,7 +78,7 @@ class _Capsule:
 def global_mean_var_to_dlpack(counts, means, variances):
     def read(t):
         return np.from_dlpack(_Capsule(t)).tolist()
-    return _exact(read(counts), read(means), read(variances))
+    return exact_from_numbers(read(counts), read(means), read(variances))
 
 
 _BOARD = {}
