@@ -465,6 +465,12 @@ def wgrad_loop(x, dy):
     return sum(dy[b].T @ x[b] for b in range(x.shape[0])), dy.sum((0, 1))
 
 
+@other("check_weight_grads", "torch.func.vmap of an outer product, summed (a process's first vmap)")
+def wgrad_vmap(x, dy):
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    return torch.func.vmap(torch.outer)(dy2, x2).sum(0), dy2.sum(0)
+
+
 @other("check_weight_grads", "an outer product per example, accumulated")
 def wgrad_rows(x, dy):
     x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])

@@ -57,6 +57,16 @@ fresh.py      regrade: grading from a fresh import of the course (a patched chec
 # cost, in the first exercise of a kernel started afresh. So it is imported with the checks.
 import torch._dynamo  # noqa: F401
 
+# torch.func's first vmap registers its decompositions (a torch.library kernel, once per
+# process): inside a check that reads as the answer registering a kernel of its own
+# (left_later.py), so a right answer that is a process's first vmap would fail. Loaded here.
+try:
+    from torch._functorch.predispatch import lazy_load_decompositions
+except ImportError:                 # a torch that loads them elsewhere (or eagerly)
+    pass
+else:
+    lazy_load_decompositions()
+
 # run.py first: it binds early_hooks.py's functions once its own names are defined, and
 # early_hooks.py's imports (callbacks, hooks, settle) need those names, never the reverse
 from . import run  # noqa: F401
