@@ -65,8 +65,8 @@ def _finalizers():
     Each is judged once (torch keeps a hundred or more alive; judging them all at every call
     made each answer's call 40 ms slower)."""
     found, alive = {}, list(weakref.finalize._registry)
-    for f in _JUDGED.keys() - set(alive):          # finalizers that ran: forgotten
-        del _JUDGED[f]
+    for f in _JUDGED.keys() - set(alive):          # finalizers that ran: forgotten (pop:
+        _JUDGED.pop(f, None)                         # a World's other rank may forget it too)
     for f in alive:
         text = _JUDGED.get(f, _UNSEEN)
         if text is _UNSEEN:
