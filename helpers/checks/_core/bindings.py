@@ -53,8 +53,8 @@ def _course_table(table, _len=len, _type=type, _str=str, _is=operator.is_, _all=
                     course=tuple((n, m) for n, m in zip(keys, values, strict=True)
                                  if m is not None))
     kept = {id(m) for _, m in _MODULES["course"]}
-    for gone in [k for k in _PLANS if k not in kept]:
-        del _PLANS[gone]
+    for gone in [k for k in list(_PLANS) if k not in kept]:    # (ranks may run this at once:
+        _PLANS.pop(gone, None)                                  # a copy, and pop)
     return _MODULES["course"]
 
 
