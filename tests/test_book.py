@@ -263,3 +263,31 @@ def test_ci_builds_the_pages_as_the_workflow_does():
     assert "$(TEST_STAGES)" in test, test
     recipe = re.search(r"^test-book: .*\n((?:\t.*\n)+)", make, re.M).group(1)
     assert "book-static" in recipe, recipe
+
+
+def _output_text(cell):
+    """A code cell's stored text, as nbval compares it (streams and plain-text results)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        for text in (out.get("text", ""), out.get("data", {}).get("text/plain", "")):
+            parts.append("".join(text) if isinstance(text, list) else text)
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("path", toc_notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_checked_output_holds_no_rounding_noise(path):
+    """nbval compares a cell tagged nbval-check-output with its stored output verbatim, so a
+    float32 rounding gap printed there (7.5e-08 stored, 6.6e-08 in another run) fails a run
+    that is right. Such a cell prints the bound (`< 1e-6`) or exact zeros; the prose beside it
+    gives the run's own gap."""
+    small = re.compile(r"\b\d\.\d+e-(\d+)\b")
+    bad = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] != "code" \
+                or "nbval-check-output" not in cell["metadata"].get("tags", []):
+            continue
+        noise = [m.group(0) for m in small.finditer(_output_text(cell))
+                 if int(m.group(1)) >= 4 and float(m.group(0)) != 0]
+        if noise:
+            bad.append(f"cell {i}: {noise[:3]}")
+    assert not bad, f"{path.relative_to(ROOT)} checks rounding noise verbatim: {bad}"
