@@ -110,9 +110,9 @@ def exit_quietly_on_rank_1(rank, world, cfg):
 
 
 def future_values(rank, world, cfg):
-    """What each async collective's `get_future()` resolves to, run on gloo ranks or on the
-    checks' World: per call, its tensors named by the argument each is (or is a view of), with
-    their shapes and sums; "none" where the backend's Work has no future."""
+    """What each async collective's `get_future()` resolves to, and its Work's `result()` and
+    `is_completed()` after that, run on gloo ranks or on the checks' World: per call, its
+    tensors named by the argument each is (or is a view of), with their shapes and sums."""
     t = torch.full((4,), float(rank + 1))
     outs, ins = [torch.zeros(4) for _ in range(world)], [torch.ones(4) for _ in range(world)]
     big, small, src = torch.zeros(4 * world), torch.zeros(4), torch.ones(4 * world)
@@ -133,6 +133,10 @@ def future_values(rank, world, cfg):
         return same[0] if same else f"view of {views[0]}" if views else "new"
     got = {}
     for op, call in calls.items():
-        value = call().get_future().wait()
+        work = call()
+        value = work.get_future().wait()
         got[op] = [(name(x), tuple(x.shape), float(x.sum())) for x in value]
+        work.wait()                     # gloo's result() needs the Work itself completed
+        got[op + " result"] = ([(name(x), tuple(x.shape), float(x.sum())) for x in work.result()],
+                               work.is_completed())
     return got

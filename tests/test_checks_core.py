@@ -241,7 +241,8 @@ def test_world_collectives_in_every_form():
     assert world.recorders[0] is not None and world.recorders[0].ops
 
 
-def test_world_async_results_arrive_at_wait_only(monkeypatch):
+def test_world_async_results_arrive_when_every_rank_launched(monkeypatch):
+    """As on gloo: complete once every rank launched it; the wait is recorded where it waits."""
     world = World(2)
     monkeypatch.setattr(world_module, "is_reader_code", lambda f: False)   # marks as a check's
 
@@ -253,7 +254,7 @@ def test_world_async_results_arrive_at_wait_only(monkeypatch):
         work.wait()
         return before, t
     res = world.run(fn)
-    assert res[0][0].tolist() == [1, 1, 1] and res[0][1].tolist() == [2, 2, 2]
+    assert res[0][0].tolist() == [2, 2, 2] and res[0][1].tolist() == [2, 2, 2]
     kinds = [k for _, k, _ in world.timeline[0]]
     assert kinds == ["launch", "mark", "wait"]
     assert world.messages[0].async_op and world.messages[0].waited is not None

@@ -1,7 +1,8 @@
-"""The thread world's async Work (helpers/runtime/work.py): its future completes with the result
-delivered and resolves to what torch's gloo gives (`[tensor]` for an all-reduce), and the rank's
-wait is recorded where it waits on the future (wait, value, wait_all, a chained future), not
-when the future is made or a then() callback runs: check_overlap_hooks reads that record."""
+"""The thread world's async Work (helpers/runtime/work.py): complete once every rank launched
+it, as on gloo; its future and `result()` give what torch's gloo gives (`[tensor]` for an
+all-reduce), and the rank's wait is recorded where it first observes completion (wait, value,
+result, is_completed or done returning True, wait_all, a chained future), not when the future
+is made or a then() callback runs: check_overlap_hooks reads that record."""
 import launch_targets as lt
 import torch
 
@@ -22,19 +23,35 @@ def _waits_where_the_rank_waits(comm, w):
     t = torch.full((3,), float(comm.rank + 1))
     work, m = _async_sum(w, t)
     fut = work.get_future()
-    seen = dict(done=fut.done(), delivered=t.tolist())
-    seen["waited_at_get_future"] = m.waited
+    seen = dict(waited_at_get_future=m.waited, delivered=t.tolist())
     chained = fut.then(lambda f: f.value()[0] * 2)
     seen["waited_after_then"] = m.waited
     torch.futures.wait_all([chained])
-    seen.update(waited=m.waited, chained=chained.value().tolist())
+    seen.update(waited=m.waited, chained=chained.value().tolist(), done=fut.done())
     seen["value_is_t"] = torch.futures.Future.value(fut)[0] is t
     t2 = torch.ones(2)
     work2, m2 = _async_sum(w, t2)
     work2.get_future()
     work2.wait()                       # Work.wait() after get_future(): the wait is recorded
     seen["waited_by_work_wait"] = m2.waited is not None
+    seen["observed"] = {how: _observed(w, how) for how in _OBSERVE}
     return seen
+
+
+_OBSERVE = dict(is_completed=lambda work: work.is_completed(),
+                done=lambda work: work.get_future().done(),
+                chained_done=lambda work: work.get_future().then(lambda f: 1).done(),
+                result=lambda work: work.result()[0].tolist())
+
+
+def _observed(w, how):
+    """(what `how` returned, whether the wait was recorded before it, after it): a fresh async
+    all-reduce, complete at once (every rank launched it), observed only by `how`."""
+    t = torch.ones(2)
+    work, m = _async_sum(w, t)
+    before = m.waited
+    got = _OBSERVE[how](work)
+    return got, before is None, m.waited is not None
 
 
 def test_the_future_completes_with_the_result_and_the_wait_is_where_the_rank_waits():
@@ -51,6 +68,11 @@ def test_the_future_completes_with_the_result_and_the_wait_is_where_the_rank_wai
             "wait_all over a chained future did not record the wait where the rank waited")
         assert seen["chained"] == [6.0] * 3
         assert seen["waited_by_work_wait"]
+        assert seen["observed"] == dict(is_completed=(True, True, True), done=(True, True, True),
+                                        chained_done=(True, True, True),
+                                        result=([2.0, 2.0], True, True)), (
+            "completion seen through is_completed(), done() or result() was not recorded as "
+            f"the rank's wait: {seen['observed']}")
     assert torch._C._collect_all is collect_all, "torch._C._collect_all was not put back"
 
 

@@ -149,8 +149,8 @@ _NOT_RS = {"all_reduce": "it sends twice what a reduce-scatter sends and leaves 
 
 
 @check("grad_shard", references=["reduce_scatter_flat"], observes=[
-    "every collective each rank of a fresh world of thread ranks calls (list or tensor form, "
-    "async results delivered at wait()), and the bytes it hands over",
+    "every collective each rank of a fresh world of thread ranks calls (list or tensor form; "
+    "an async one waited for), and the bytes it hands over",
     "the returned slice against the average of every rank's padded gradient"])
 def check_grad_shard(fn):
     """fn(flat_grad) -> this rank's averaged shard of the flat gradient (padded to a multiple
@@ -171,6 +171,10 @@ def check_grad_shard(fn):
         for r in range(world):
             rs = w.sent("reduce_scatter", rank=r)
             expect(len(rs) == 1, f"{call}: rank {r} made {len(rs)} reduce-scatters, expected one")
+            expect(all(m.waited is not None for m in rs if m.async_op),
+                   f"{call}: rank {r} launched its reduce-scatter with async_op=True and never "
+                   "waited for it: call wait() on its handle before reading the shard (on a "
+                   "real backend it may not have arrived)")
             nbytes = w.traffic(r).payload_bytes("reduce_scatter")
             expect(nbytes == 4 * (n + pad),
                    f"{call}: rank {r} reduce-scattered {nbytes} bytes; pad the {n} "
@@ -184,7 +188,7 @@ def check_grad_shard(fn):
                    f"{call}: rank {r} returned the sum over the ranks: divide by the world size")
             expect(tensor_close(out, want, atol=1e-5),
                    f"{call}: rank {r} returned the wrong values: expected its slice of the "
-                   "averaged gradient (an async reduce-scatter delivers only at wait())")
+                   "averaged gradient")
             w.expect_from_messages(r, out, "shard", world)
 
 

@@ -10,8 +10,9 @@ a per-rank Recorder, allowed calls and data provenance through the hooks below).
 
 Each Message records op, caller, source and destination, the storage and shape of the tensor
 handed over, bytes, when it was launched and when (if ever) it was waited for. Collectives meet
-like real ones (every rank of the group, in the same order); an async one delivers its result
-at `wait()` or `get_future()`, its wait recorded where the rank waits (work.py). A recv into a
+like real ones (every rank of the group, in the same order); an async one is complete when its
+launch returns (every rank of the group launched it), its wait recorded where the rank first
+observes that (work.py: wait(), is_completed(), its future). A recv into a
 buffer of another shape raises ValueError naming both shapes, and the message stays unreceived
 (`takes`, `mismatch`: hooks the checks' World makes stricter). What travels is the tensor's
 values, shape and dtype (`comm.wire`), not its strides. A rank that
@@ -299,8 +300,9 @@ class ThreadWorld:
     def collective(self, op, ranks, t, payload, combine, deliver, async_op=False, value=None):
         """Meet the other ranks of `ranks` at this rank's next collective call: `payload` is what
         this rank contributes, `combine(payloads)` (in group order) what each rank gets back,
-        `deliver(mine)` writes it into the caller's tensors (at wait() or get_future() when
-        async); `value()`: what the async Work's future resolves to (torch's, e.g. [tensor])."""
+        `deliver(mine)` writes it into the caller's tensors as the call returns, async or not
+        (the last rank of the group has launched it: gloo and NCCL complete it then);
+        `value()`: what the async Work's future and `result()` give (torch's, e.g. [tensor])."""
         self._enter()
         rank = self.rank
         self.allowed(op)
@@ -327,11 +329,6 @@ class ThreadWorld:
             if self._taken[call] == len(ranks):     # the last rank took its result: free them
                 del self._slots[call], self._done[call], self._taken[call]
 
-        def finish():
-            with torch.no_grad():
-                deliver(mine)
-        if async_op:
-            return Work(self, m, finish, value)
-        with self.comm_context():
-            finish()
-        return None
+        with self.comm_context(), torch.no_grad():   # every rank launched it: complete
+            deliver(mine)
+        return Work(self, m, value=value) if async_op else None

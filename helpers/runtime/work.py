@@ -1,9 +1,13 @@
 """What an async call of the thread world (thread_world.py) returns: a Work, and the future its
-`get_future()` gives. The result is delivered once, at `wait()` or at `get_future()` (the
-future completes then, holding what torch's gloo gives: `[tensor]` for an all-reduce). A rank's
-wait is recorded where the rank blocks on or reads the result: `Work.wait()`, the future's
-`wait()` or `value()`, `torch.futures.wait_all` or `collect_all(...).wait()` over it, or over a
-future chained from it with `then()`. Making the future does not wait, nor does a `then()` or
+`get_future()` gives. A collective's Work is complete when the call returns, as on gloo and
+NCCL once every rank of the group has launched it (the thread world's launch returns then,
+the result delivered); a receive's is delivered at its first `wait()` (or `get_future()`).
+The future resolves to what torch's gloo gives (`[tensor]` for an all-reduce), and so does
+`result()`. A rank's wait is recorded where the rank first observes completion: `Work.wait()`,
+`result()`, `is_completed()` returning True, the future's `wait()`, `value()` or `done()`
+returning True, `torch.futures.wait_all` or `collect_all(...).wait()` over it, or any of these
+on a future chained from it with `then()`. So a loop on `is_completed()` or `done()` waits
+where it runs, as `wait()` does. Making the future does not wait, nor does a `then()` or
 `add_done_callback()` callback running (torch runs those off the rank's thread).
 """
 
@@ -13,9 +17,9 @@ __all__ = ["Work", "WorkFuture", "waited_all"]
 
 
 class WorkFuture(torch.futures.Future):
-    """A torch Future whose `wait()` and `value()` first record the rank's wait (`waited()`,
-    once); a future chained with `then()` records the same wait. A callback gets a plain
-    completed Future with the same value, so reading it there is no wait."""
+    """A torch Future whose `wait()`, `value()` and `done()` (when True) first record the rank's
+    wait (`waited()`, once); a future chained with `then()` records the same wait. A callback
+    gets a plain completed Future with the same value, so reading it there is no wait."""
 
     def __init__(self, waited):
         super().__init__()
@@ -28,6 +32,12 @@ class WorkFuture(torch.futures.Future):
     def value(self):
         self._waited()
         return super().value()
+
+    def done(self):
+        finished = super().done()
+        if finished:            # the rank sees it complete: it has waited
+            self._waited()
+        return finished
 
     def _plain(self):
         """A plain Future holding this one's value (or error), for a callback to read."""
@@ -54,15 +64,18 @@ class WorkFuture(torch.futures.Future):
 
 
 class Work:
-    """What an async call returns: `wait()` delivers the result (once) and is recorded;
-    `get_future()` delivers it and returns a completed WorkFuture resolving to `value()`,
-    recording nothing until the rank waits on it. It holds only closures (no attribute leads to
-    the world or the message a check judges)."""
+    """What an async call returns. `deliver`: None when the result is in place already (a
+    collective: delivered as its launch returned), else what delivers it, once, at the first
+    wait or `get_future()` (a receive). `wait()`, `result()` and `is_completed()` returning True
+    record the rank's wait; `get_future()` returns one completed WorkFuture resolving to
+    `value()`, recording nothing until the rank waits on it. It holds only closures (no
+    attribute leads to the world or the message a check judges)."""
 
-    __slots__ = ("_wait", "_done", "_future")
+    __slots__ = ("_wait", "_done", "_future", "_result")
 
-    def __init__(self, world, message, deliver, value=None):
-        pending = [deliver]
+    def __init__(self, world, message, deliver=None, value=None):
+        pending = [] if deliver is None else [deliver]
+        made = []
 
         def delivered():
             if pending:
@@ -74,12 +87,24 @@ class Work:
             if world.record and message.waited is None:
                 message.waited = world.event(message.rank, "wait", message)
 
+        def done():
+            if pending:
+                return False
+            waited()
+            return True
+
+        def result():
+            waited()
+            return value() if value is not None else []
+
         def future():
             delivered()
-            fut = WorkFuture(waited)
-            fut.set_result(value() if value is not None else [])
-            return fut
-        self._wait, self._done, self._future = waited, lambda: not pending, future
+            if not made:
+                fut = WorkFuture(waited)
+                fut.set_result(value() if value is not None else [])
+                made.append(fut)
+            return made[0]
+        self._wait, self._done, self._future, self._result = waited, done, future, result
 
     def wait(self, timeout=None):
         self._wait()
@@ -87,6 +112,11 @@ class Work:
 
     def is_completed(self):
         return self._done()
+
+    def result(self):
+        """What gloo's `result()` gives once the work completed (`[tensor]` for an all-reduce,
+        as its future's value)."""
+        return self._result()
 
     def get_future(self):
         return self._future()

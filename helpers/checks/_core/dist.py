@@ -233,8 +233,9 @@ def batch_isend_irecv(W, p2p_op_list):
 
 
 class _Done:
-    """isend's handle: the message is on its way already. It holds only a closure: no attribute
-    leads to the world or the message a check judges."""
+    """isend's handle: the message is on its way already (complete: `is_completed()` records
+    the wait, as `wait()` does). It holds only a closure: no attribute leads to the world or
+    the message a check judges."""
 
     __slots__ = ("_wait",)
 
@@ -249,7 +250,12 @@ class _Done:
         return True
 
     def is_completed(self):
+        self._wait()
         return True
+
+    def result(self):
+        """gloo's send has none."""
+        raise RuntimeError("result() not implemented.")
 
 
 class _Marker:

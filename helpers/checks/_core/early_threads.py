@@ -4,8 +4,11 @@ answer starts, a thread not started by an answer or a check that runs the reader
 started by the reader's code (and is not an idle executor worker), or is a plain Thread looping
 in library code over whatever it is handed, refuses it (guard.answering); while the answer runs,
 an executor's worker started before it runs only what was submit()ted (carrying its modes).
+A World's rank threads are the check's own while it runs (`world_ranks`), never judged by
+their stacks, which between the rank's steps hold no check frame.
 """
 import concurrent.futures.thread as _cf_thread
+import contextlib
 import gc
 import inspect
 import os
@@ -16,9 +19,10 @@ import types
 from . import guard as _guard
 from .guard import _CHECKS, _passes_on, armed, note_refusal
 from .run import ReferenceUsed, is_reader_code
-from .whose import genuine, reader_code
+from .whose import genuine, namedtuple_new, reader_code
 
-__all__ = ["note_start", "run_item", "made_item", "hidden_worker", "idle_worker"]
+__all__ = ["note_start", "run_item", "made_item", "hidden_worker", "idle_worker",
+           "world_ranks"]
 
 _ITEM_RUN, _ITEM_INIT = _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__
 
@@ -114,16 +118,38 @@ def _current_frames():
                 gc.enable()
 
 
+@contextlib.contextmanager
+def world_ranks():
+    """While a World runs (world.py's run_context): `mark()`, called in each of its rank threads
+    as the rank starts (rank_context, before any code of the reader's), makes the thread the
+    check's own, observed by the rank's modes, whatever its stack holds between steps (the
+    World's own code, a library's, a finalizer a collection runs there). The marks go when the
+    run ends: a rank stuck past its deadline is judged by its stack again."""
+    marked = []
+
+    def mark():
+        thread = threading.current_thread()
+        _guard.MARKS.ranks.add(thread)
+        marked.append(thread)
+    try:
+        yield mark
+    finally:
+        for thread in marked:
+            _guard.MARKS.ranks.drop(thread)
+
+
 def hidden_worker():
-    """A thread started before the answer ran (not by an answer) that runs the reader's code:
-    its target is the reader's, or the reader's code is on its stack outside an answer. The
+    """A thread started before the answer ran (not by an answer, nor a rank of the World
+    running) that runs the reader's code: its target is the reader's, or the reader's code is
+    on its stack outside an answer (a namedtuple's generated `__new__` is no one's). The
     Recorder and the other watches are per thread and carried only into threads started while
     the answer runs, so such a thread's work would go unseen. Its name and why (which code of
     the reader's it runs: the refusal says where), or None."""
     frames = _current_frames()
     me = threading.get_ident()
     for thread in threading.enumerate():
-        if thread.ident == me or _guard.MARKS.started.has(thread) or thread.ident not in frames:
+        if (thread.ident == me or _guard.MARKS.started.has(thread)
+                or _guard.MARKS.ranks.has(thread) or thread.ident not in frames):
             continue
         target = getattr(thread, "_target", None)
         code = getattr(getattr(target, "__func__", target), "__code__", None)
@@ -142,7 +168,8 @@ def hidden_worker():
             if name.startswith(_CHECKS):    # a check's thread (a World's rank): observed
                 why = None
                 break
-            if why is None and is_reader_code(name):
+            if why is None and is_reader_code(name) and not namedtuple_new(
+                    frame.f_code, frame.f_globals):
                 why = _where(frame.f_code, frame.f_lineno)
             frame = frame.f_back
         if why is not None:

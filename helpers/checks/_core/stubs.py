@@ -180,15 +180,16 @@ def _code_written(event, args):
     but by the harness's own swaps, is counted (bindings.py reads its kept walks again)."""
     if event != "object.__setattr__":
         return
+    writing = _ACTIVE["writing"]    # read once: another thread's swap may end meanwhile
     if len(args) >= 3 and args[1] == "__code__" and not (
-            _ACTIVE["writing"] is not None and args[0] is _ACTIVE["writing"][0]
-            and args[2] is _ACTIVE["writing"][1]):
+            writing is not None and args[0] is writing[0] and args[2] is writing[1]):
         _WRITES[0] += 1             # any other write: bindings.py's kept walks read it again
-    if not _SWAPPED or _ACTIVE["swapping"]:
+    if not _SWAPPED or _ACTIVE["swapping"] or len(args) < 2 or args[1] != "__code__":
         return
-    if len(args) >= 2 and args[1] == "__code__" and any(
-            entry[0] is args[0] for entry in list(_SWAPPED.values())):
-        ref = next(e[4] for e in list(_SWAPPED.values()) if e[0] is args[0])
+    # one copy of the entries, read once: another rank's block may end (and delete its entry,
+    # under _LOCK) between two reads
+    ref = next((e[4] for e in list(_SWAPPED.values()) if e[0] is args[0]), None)
+    if ref is not None:
         _ACTIVE["used"].append(ref)
         raise ReferenceUsed(f"your code rewrote the code of {ref} (the course's own answer) "
                             "while the check ran: it stays unavailable")

@@ -9,17 +9,23 @@ object) is compiled once per process and the code must equal (CPython's code equ
 constants, names, first line) one of its code objects of the same name and first line. The
 harness vouches for the code it compiles under its own files (the stubs, the own-helpers' gates);
 code the reader's code exec'd or made a function of is disowned (guard.py's hook), so a copy
-compiled from a file's own source is the reader's however equal it is.
+compiled from a file's own source is the reader's however equal it is. `namedtuple_new(code,
+space)` knows one kind of code compiled from a string that is no one's work: a namedtuple's
+generated `__new__`, by its code and what it calls.
 """
 import _imp
+import collections
 import functools
+import keyword
 import os
+import types
 
 from .bytecode import nested
 from .keys import str_keys
 from .run import is_reader_code
 
-__all__ = ["reader_code", "genuine", "vouch", "disown", "made_by_reader", "file_code"]
+__all__ = ["reader_code", "genuine", "vouch", "disown", "made_by_reader", "file_code",
+           "namedtuple_new"]
 
 _WALK = 6           # frames up from an exec to its reader's caller (a library's trampoline)
 _IMPORTING = frozenset({"_load_unlocked", "exec_module", "_exec", "_load"})
@@ -146,3 +152,33 @@ def forwarding_code(freevars, name, module, to, key, filename):
     space = {}
     exec(vouch(compile(src, filename, "exec")), space)
     return space["_outer"]().__code__
+
+
+@functools.lru_cache(maxsize=256)
+def _tuple_new(names):
+    """The code of namedtuple's `__new__` over `names` (its maker's template, compiled here: no
+    exec, nothing run)."""
+    args = ", ".join(names) + ("," if len(names) == 1 else "")
+    top = compile(f"lambda _cls, {args}: _tuple_new(_cls, ({args}))", "<string>", "eval",
+                  dont_inherit=True)
+    return next(c for c in top.co_consts if isinstance(c, types.CodeType))
+
+
+# the template above is this Python's own (else nothing is recognised)
+_TEMPLATE = _tuple_new(("a", "b")) == collections.namedtuple("_T", "a b").__new__.__code__
+
+
+def namedtuple_new(code, space, _type=type):
+    """True when `code`, run with globals `space` (a frame's), is a namedtuple's generated
+    `__new__` (file name `<string>`, which is_reader_code calls the reader's): its maker's
+    template over its own argument names, its one global `_tuple_new` being `tuple.__new__`.
+    Such a frame builds a tuple and runs nothing else, whoever made the class: a copy of the
+    template with `_tuple_new` bound to another function is not it."""
+    names = code.co_varnames if _type(code) is types.CodeType else None
+    if (not _TEMPLATE or names is None or _type(code.co_filename) is not str
+            or code.co_filename != "<string>" or not names or not str_keys((names,))
+            or names[0] != "_cls" or code.co_argcount != len(names)
+            or not all(n.isidentifier() and not keyword.iskeyword(n) for n in names)
+            or _type(space) is not dict or not str_keys(space)):
+        return False
+    return dict.get(space, "_tuple_new") is tuple.__new__ and code == _tuple_new(names[1:])

@@ -42,6 +42,7 @@ from ...runtime.thread_world import Message, ThreadWorld, Work
 from ...runtime.traffic import ByteLog, Transfer, wire_share
 from . import addresses
 from .dist import torch_distributed
+from .early_threads import world_ranks
 from .exits import watch_exits, watched_here
 from .ledger import ledger, tampered
 from .observe import Recorder
@@ -75,6 +76,10 @@ def scaled_timeout(seconds):
     return seconds * min(max(1.0, load), 10.0)
 
 
+def _no_run():
+    """A rank context entered outside a run marks nothing."""
+
+
 class World(ThreadWorld):
     """`size` thread ranks whose network the check reads (see the module's docstring). `timeout`
     is what a rank waits for a message that never comes on an idle machine (scaled_timeout)."""
@@ -90,9 +95,11 @@ class World(ThreadWorld):
         self.provenance = Provenance(self)
         self.network_failure = None     # (rank, error): the first call the network refused
         self._note, self._verify, self._allow = ledger(self)   # the harness's own copy
+        self._mark_rank = _no_run           # run_context's while a run goes on (world_ranks)
 
     def run_context(self):
         stack = contextlib.ExitStack()
+        self._mark_rank = stack.enter_context(world_ranks())   # the ranks: the check's own
         stack.enter_context(torch_distributed(self))
         stack.enter_context(self.provenance.python_exits())
         stack.enter_context(watch_exits(self._exit))
@@ -109,6 +116,7 @@ class World(ThreadWorld):
             self._note("exit", rank, entry)
 
     def rank_context(self, rank):
+        self._mark_rank()
         stack = contextlib.ExitStack()
         stack.enter_context(self.provenance.mode(rank))
         stack.enter_context(watched_here())       # the C base class's exits (exits.py)
