@@ -13,6 +13,7 @@ import torch
 from check_cases import other, parametrize_cases, shortcut
 from torch.nn import functional as F
 
+import helpers
 from helpers import copy_to_shards, reduce_from_shards, unflatten_into
 from helpers.checks._core.moved import received
 from helpers.checks._core.observe import Recorder
@@ -190,6 +191,15 @@ def _flat_in_ranges(grads, ranges):
 @other("check_bucket_allreduce", "one flat buffer of all gradients, reduced bucket by bucket")
 def bucket_allreduce_flat_buffer_in_ranges(grads, bucket_bytes):
     _flat_in_ranges(grads, _bucket_ranges(grads, bucket_bytes))
+
+
+@other("check_bucket_allreduce", "one flat buffer of all gradients, a ring per bucket's range")
+def bucket_allreduce_flat_buffer_ring(grads, bucket_bytes):
+    flats = [torch.cat([t.reshape(-1) for t in r]) for r in grads]
+    for a, b in _bucket_ranges(grads, bucket_bytes):
+        helpers.ring_allreduce([f[a:b] for f in flats])
+    for f, r in zip(flats, grads, strict=True):
+        unflatten_into(f, r)
 
 
 @shortcut("check_bucket_allreduce", "one flat buffer of all, ranges closed past bucket_bytes",
