@@ -87,7 +87,8 @@ def _bucket_case(g, dtype):
     "it carries (followed through cat, views, chunks and additions), not by its size: each must "
     "carry one bucket's flat buffer, whole or a chunk of it (a ring), and every bucket "
     "(consecutive tensors, closed once it holds at least bucket_bytes bytes) must travel; no "
-    "tensor of a larger bucket alone, no copy mixing buckets, no one buffer of all",
+    "tensor of a larger bucket alone, no copy mixing buckets, no one buffer of all sent whole "
+    "(one flat buffer of every gradient, reduced bucket by bucket in its ranges, passes)",
     "where the sum is computed (one device, every device, the host) is not judged: the lesson is "
     "what travels, judged per bucket"])
 def check_bucket_allreduce(bucket_allreduce):
@@ -130,12 +131,15 @@ def _bucket_traffic(fn, before, bucket_bytes, want, call):
             f"at least bucket_bytes = {bucket_bytes} bytes (numel * element_size), the last may "
             f"be smaller: here tensors {buckets} ({want} elements)")
     crossed = [0] * len(buckets)
-    for src, dst, size, names, made in moved:
+    for src, dst, size, names, made, buffer in moved:
         where = f"{describe_device(src)} sent {size} elements to {describe_device(dst)}"
         per = collections.defaultdict(set)          # replica -> its tensors the move carries
         for name in names:
             if name != PYTHON:
                 per[name[0]].add(name[1])
+        within = collections.defaultdict(set)       # replica -> its tensors the buffer holds
+        for name in buffer - {PYTHON}:
+            within[name[0]].add(name[1])
         if not per:
             expect(not made, f"{call}: {where}, computed from the gradients by a product: "
                              "send each bucket's flat buffer itself (torch.cat of its tensors)")
@@ -147,7 +151,9 @@ def _bucket_traffic(fn, before, bucket_bytes, want, call):
         hit = sorted({bucket_of[i] for i in got})
         expect(len(hit) == 1, f"{call}: {where} holding tensors {sorted(got)}, parts of "
                               f"{len(hit)} buckets: {rule}")
-        part = min((sorted(t) for t in per.values() if t != set(buckets[hit[0]])), default=None)
+        whole = set(buckets[hit[0]])    # a chunk of a buffer holding the bucket: a ring's
+        part = None if any(whole <= t for t in within.values()) else min(
+            (sorted(t) for t in per.values() if t != whole), default=None)
         if part and len(part) == 1:
             raise CheckFailed(f"{call}: {where} of tensor {part[0]} alone, but its bucket holds "
                               f"tensors {buckets[hit[0]]}: those are single tensors; copy each "

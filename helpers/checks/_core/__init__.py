@@ -30,8 +30,9 @@ guard.py      while an answer runs: no reading of other frames, no process, thre
               threads carry; operators.py: no operator of the reader's own, torch.library;
               marks.py: who started a thread, by identity, never an attribute of it)
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
-moved.py      what crossed between devices, and what each received of some inputs' data (per
-              range of a storage's bytes: spans.py, what a tensor covers, from its metadata)
+moved.py      what crossed between devices, and what each received of some inputs' data (flow.py:
+              followed per range of a storage's bytes, spans.py, what a tensor covers, from its
+              metadata; values.py: which reads hold the same values, `x / x` a constant)
 same_work.py  the answer's run on FakeGPUs does the same torch work as its run on CPU tensors
               (no branch on the simulation)
 world.py      World: the runtime's ThreadWorld (ranks as threads, a network that records every

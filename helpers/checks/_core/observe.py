@@ -34,7 +34,8 @@ from .cancels import cancelled, snapshot, unused
 from .composite import split_composite
 from .guard import TORCH_OPERATORS, own_operator
 from .placeholders import placeholder
-from .spans import span
+from .spans import layout, span
+from .values import consts
 
 __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
 
@@ -95,12 +96,13 @@ def describe_device(device):
 class Ref:
     """A tensor as one operation saw it."""
 
-    __slots__ = ("key", "version", "shape", "dtype", "device", "numel", "span")
+    __slots__ = ("key", "version", "shape", "dtype", "device", "numel", "span", "layout")
 
     def __init__(self, t, version):
         self.key, self.version = storage_key(t), version
         self.shape, self.dtype, self.device = tuple(t.shape), t.dtype, t.device
         self.numel, self.span = t.numel(), span(t)     # span: (first byte, end, dense)
+        self.layout = layout(t)                         # (storage offset, strides)
 
     @property
     def nbytes(self):
@@ -114,7 +116,7 @@ class Op:
     """One aten operation: what it read, what it wrote, where."""
 
     __slots__ = ("index", "name", "func", "reads", "writes", "outputs", "device", "flops",
-                 "view", "thread", "blind", "scalar")
+                 "view", "thread", "blind", "scalar", "consts")
 
     def __init__(self, index, func):
         self.index, self.func = index, func
@@ -123,6 +125,7 @@ class Op:
         self.device, self.flops, self.view = None, None, False
         self.blind = ()          # positions in reads of storages overwritten whole, not read
         self.scalar = False      # a Python float among its operands (`g *= max_norm / norm`)
+        self.consts = None       # its operands that are not tensors (values.py), if hashable
 
     @property
     def is_transfer(self):
@@ -245,6 +248,7 @@ class Recorder(TorchDispatchMode):
                     self.from_python[op.reads[-1].key] = op.index
         op.blind = tuple(i for i, t in enumerate(inputs) if id(t) in blind)
         op.scalar = any(isinstance(a, float) for a in (*args, *kwargs.values()))
+        op.consts = consts(args, kwargs)
         outs = _tensors(out)
         for t in inputs:
             if id(t) in written:
