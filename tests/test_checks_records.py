@@ -147,9 +147,12 @@ def test_no_attribute_of_what_an_answer_is_handed_leads_to_the_records():
     def body(comm):
         walk(comm)
         walk(comm.send)
-        walk(dist.isend(torch.ones(1), 1 - comm.rank))
-        walk(dist.all_reduce(torch.ones(1), async_op=True))
-        walk(dist.irecv(torch.empty(1), 1 - comm.rank))
+        handles = [dist.isend(torch.ones(1), 1 - comm.rank),
+                   dist.all_reduce(torch.ones(1), async_op=True),
+                   dist.irecv(torch.empty(1), 1 - comm.rank)]
+        for h in handles:
+            walk(h)
+            h.wait()            # a rank ends with its async calls waited for (waits.py)
         for name in ("all_reduce", "send", "new_group", "get_rank"):
             walk(getattr(dist, name))
         dist.barrier()

@@ -188,8 +188,7 @@ def check_overlap_hooks(fn):
         expect(not late, f"{len(late)} of the {len(calls)} all-reduces were launched after "
                          "backward returned (in finish()): launch each from its gradient's hook, "
                          "during backward, so communication overlaps the rest of backward")
-        expect(all(m.waited is not None for m in calls),
-               "finish() did not wait() for every all-reduce handle")
+        # every one was waited for: a rank that ends with one unwaited fails the run (waits.py)
         early = [m for m in calls if m.waited < mark]
         expect(not early, f"{len(early)} all-reduce(s) were waited for inside backward (in the "
                           "hook): backward then stalls on every gradient; wait only in finish()")

@@ -171,10 +171,6 @@ def check_grad_shard(fn):
         for r in range(world):
             rs = w.sent("reduce_scatter", rank=r)
             expect(len(rs) == 1, f"{call}: rank {r} made {len(rs)} reduce-scatters, expected one")
-            expect(all(m.waited is not None for m in rs if m.async_op),
-                   f"{call}: rank {r} launched its reduce-scatter with async_op=True and never "
-                   "waited for it: call wait() on its handle before reading the shard (on a "
-                   "real backend it may not have arrived)")
             nbytes = w.traffic(r).payload_bytes("reduce_scatter")
             expect(nbytes == 4 * (n + pad),
                    f"{call}: rank {r} reduce-scattered {nbytes} bytes; pad the {n} "

@@ -8,7 +8,8 @@ The future resolves to what torch's gloo gives (`[tensor]` for an all-reduce), a
 returning True, `torch.futures.wait_all` or `collect_all(...).wait()` over it, or any of these
 on a future chained from it with `then()`. So a loop on `is_completed()` or `done()` waits
 where it runs, as `wait()` does. Making the future does not wait, nor does a `then()` or
-`add_done_callback()` callback running (torch runs those off the rank's thread).
+`add_done_callback()` callback running (torch runs those off the rank's thread). The checks'
+World fails a rank that returns with one never waited for (helpers/checks/_core/waits.py).
 """
 
 import torch

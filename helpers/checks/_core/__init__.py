@@ -42,6 +42,7 @@ world.py      World: the runtime's ThreadWorld (ranks as threads, a network that
               of a rank's tensors; outside.py: nor memory outside torch every rank wraps;
               early_views.py: nor a numpy view of a tensor taken before the ranks started);
               ledger.py: the World's records kept out of the answer's reach, and verified
+              waits.py: every async call a rank launched waited for before the rank returns
 exits.py      every way values leave torch without an aten operation (tolist, numpy, repr ...;
               storage_exits.py: a storage's own methods that read or write its memory in C;
               addresses.py: data_ptr(), whose storage stays exposed, and memory made from an

@@ -208,7 +208,8 @@ def irecv(W, tensor, src=None, group=None, tag=0, group_src=None):
 
     def deliver():
         world.recv(src, tag, out=tensor)
-    m = _Marker(rank)
+    m = _Marker(rank, src)
+    world.irecvs[rank].append(m)      # its wait is judged when the rank ends (waits.py)
     return Work(world, m, deliver, lambda: [tensor])
 
 
@@ -261,8 +262,10 @@ class _Done:
 class _Marker:
     """The Message-like record an irecv's wait() fills in."""
 
-    def __init__(self, rank):
-        self.rank, self.waited = rank, None
+    op = "irecv"
+
+    def __init__(self, rank, src):
+        self.rank, self.src, self.waited = rank, src, None
 
 
 def new_group(W, ranks=None, timeout=None, backend=None, pg_options=None, **kwargs):

@@ -17,7 +17,8 @@ a check sees what travelled between whom instead of trusting what the answer rep
 What the checks' World adds to the ThreadWorld, through its hooks:
 - while `run`/`launch` runs, `torch.distributed` is this world too (dist.py): `dist.all_reduce`,
   `dist.reduce_scatter` (list or tensor form), `dist.all_gather`, `isend`/`irecv`,
-  `batch_isend_irecv`, groups, async handles;
+  `batch_isend_irecv`, groups, async handles, each of which its rank must wait for before it
+  returns (waits.py: a rank that ends with an async call never waited for fails);
 - with `record_ops`, each rank's aten operations are recorded (`world.recorders[rank]`), and
   so is what the network delivered to it (`world.received[rank]`: the storage versions a recv
   or a collective wrote in that rank), so `expect_from_messages` can refuse a result whose
@@ -49,6 +50,7 @@ from .observe import Recorder
 from .provenance import Provenance
 from .rank_numbers import TagWatch, foreign_in, foreign_message
 from .run import CheckFailed, is_reader_code
+from .waits import never_waited
 
 __all__ = ["World", "Message", "Work"]
 
@@ -92,6 +94,7 @@ class World(ThreadWorld):
         self.recorders = [None] * size
         self.received = [set() for _ in range(size)]   # (storage key, version) delivered
         self.exits = [[] for _ in range(size)]   # (op index, ref): values read out of torch
+        self.irecvs = [[] for _ in range(size)]  # each rank's irecvs (dist.py), for waits.py
         self.provenance = Provenance(self)
         self.network_failure = None     # (rank, error): the first call the network refused
         self._note, self._verify, self._allow = ledger(self)   # the harness's own copy
@@ -128,8 +131,9 @@ class World(ThreadWorld):
 
     def start(self, body):
         """As ThreadWorld.start; a rank whose result holds numbers that only other ranks read
-        out of torch (rank_numbers.py) fails, and so does a run whose records (messages,
-        timeline, allow-list ...) differ from the harness's own copy (ledger.py)."""
+        out of torch (rank_numbers.py) fails, so does a rank that ended with async work it never
+        waited for (waits.py), and a run whose records (messages, timeline, allow-list ...)
+        differ from the harness's own copy (ledger.py)."""
         results, errors, stuck = super().start(body)
         changed = self._verify()
         if changed:
@@ -142,6 +146,8 @@ class World(ThreadWorld):
                 if others:
                     errors = [(r, CheckFailed(foreign_message(r, others, "returned")))]
                     break
+        if not errors and not stuck:
+            errors = never_waited(self)
         return results, errors, stuck
 
     def recv(self, src, tag=0, out=None, shape=None, dtype=None):
