@@ -117,23 +117,20 @@ JOBS   ?= auto
 XDIST  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope)
 ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 
-# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. Two jobs at a time
-# (make -j2) only where each leaves a core idle. While the course venv installs (uv, mostly
-# waiting on downloads), the other core builds the Pages book (its own venv, no torch, then one
-# Sphinx process), node_modules and the PDF's single page (in the Pages venv, after the book:
-# they share _build/.doctrees). After test-py, the browser test (two workers,
-# 1.7 cores busy) shares the cores with the single-process stages, longest first: gpu-dry (one
-# small step after another, about 90 s of CPU), the PDF's printing (30 s) and the fresh book's
-# Sphinx build (15 s). Before: the PDF's Sphinx build and gpu-dry waited for the browser test,
-# which ran alone, and gpu-dry alone set the last 86 s (the PDF and the fresh book beside it, a
-# core idle for its last 28 s). test-py runs alone: nbval beside the book, browser and PDF chain
-# was not faster on 2 cores (535 s, against about 500 s one after the other). The unit tests and
-# the notebooks are one pytest run (test-py), so that neither stage's last long module or
-# notebook leaves a core idle while the other stage waits. Order-only prerequisites set the
-# order (`make test-book` alone still runs only the book); make starts runnable stages in the
-# order of TEST_STAGES. No --output-sync: it would hold a stage's output until the stage ends
-# (minutes of silence).
-TEST_STAGES := test-py lint test-book test-pdf-html test-browser gpu-dry test-pdf test-book-fresh
+# Everything CI runs, in quick mode (COURSE_QUICK=1): minutes on 2 CPU cores. While the course
+# venv installs (uv, mostly waiting on downloads), the other core builds the Pages book (its own
+# venv, no torch, then one Sphinx process), node_modules and the PDF's single page (in the Pages
+# venv, after the book: they share _build/.doctrees). Then one pytest run (test-py) shares out
+# the unit tests, the notebooks under nbval and the browser test over its workers, longest
+# first, so that no stage's last long module leaves a core idle while another stage waits: the
+# browser test ran after test-py, on its own two workers, beside gpu-dry, the PDF and the fresh
+# book, and those four stages left the cores part idle for minutes. make's second job slot runs
+# the single-process stages beside test-py (gpu-dry: one small step after another, mostly
+# waiting; the PDF's printing), then the fresh book's Sphinx build after it. Order-only
+# prerequisites set the order (`make test-book` alone still runs only the book); make starts
+# runnable stages in the order of TEST_STAGES. No --output-sync: it would hold a stage's output
+# until the stage ends (minutes of silence).
+TEST_STAGES := test-py lint test-book test-pdf-html gpu-dry test-pdf test-book-fresh
 test: export COURSE_QUICK := 1
 # One torch thread per process: the two pytest workers' notebook kernels and test processes share
 # 2 cores, and each one's default pool of 2 threads spun at every parallel region (syncbn's quick
@@ -145,7 +142,7 @@ test: export COURSE_CLAIMS := strict
 test-notebooks: export COURSE_CLAIMS := strict
 test-py: export COURSE_CLAIMS := strict
 # cpu_use.py (stdlib only, so the system Python runs it before the venv exists) prints the CPU
-# every process of the run, and of test-py and the browser test, used beside the wall time:
+# every process of the run, and of test-py, used beside the wall time:
 # near 2 cores busy, only cheaper tests shorten a stage; well below, it waits, and more workers
 # (JOBS=3) or a better order would help.
 cpu_use = $(if $(filter 1,$(CI_ORDER)),$(PYTHON) scripts/cpu_use.py $(1))
@@ -154,10 +151,7 @@ test:
 		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
 
 ifeq ($(CI_ORDER),1)
-test-py: | test-book
-test-browser: | test-py
-gpu-dry: | test-py
-test-pdf: | test-py
+test-py: | test-book node_modules/.installed chromium
 endif
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
@@ -178,14 +172,16 @@ test-notebooks: $(STAMP)
 	rm -rf _build/executed
 	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) book
 
-# test-unit and test-notebooks in one run (what CI runs): the workers share out both. The 30
+# test-unit and test-notebooks in one run, and under `make test` the browser test too (its
+# Chromium, node_modules and the Pages book made first): the workers share out all. The 30
 # longest tests and notebooks are listed at the end (where CI time goes), and the test modules and
 # notebooks that cost most CPU, with how long each worker sat idle at the end (all of them, with
 # their worker, start and end, in _build/scope-times.json: conftest.py's --scope-times).
 test-py: $(STAMP)
 	rm -rf _build/executed
 	$(call cpu_use,test-py) $(BIN)/pytest -q --durations=30 --scope-times _build/scope-times.json \
-		$(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book --ignore=tests/browser
+		$(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book \
+		$(if $(filter 1,$(CI_ORDER)),,--ignore=tests/browser)
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
@@ -201,6 +197,7 @@ test-book-fresh: $(STAMP) $(if $(filter 1,$(CI_ORDER)),test-py,test-notebooks)
 	$(BIN)/python scripts/fresh_book.py --executed _build/executed --out _build/fresh
 	$(BIN)/jupyter-book build _build/fresh --all -W -n --keep-going
 
+# The browser test alone (`make test` runs it inside test-py).
 # Every page of _build/html (built by test-book) in headless Debian Chromium, offline, with
 # axe-core (node_modules/, from package-lock.json) in light and dark mode; screenshots in
 # artifacts/screenshots/. Without nbval's plugin, which no browser test uses: it imports

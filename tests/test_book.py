@@ -291,3 +291,34 @@ def test_a_checked_output_holds_no_rounding_noise(path):
         if noise:
             bad.append(f"cell {i}: {noise[:3]}")
     assert not bad, f"{path.relative_to(ROOT)} checks rounding noise verbatim: {bad}"
+
+
+def test_ci_runs_the_browser_test_in_its_one_pytest_run():
+    """`make test` runs the browser test inside test-py (its workers share it out with the rest)
+    and builds what it needs first; without CI's order, test-py leaves it out (no book built)."""
+    import subprocess
+    make = (ROOT / "Makefile").read_text()
+    assert "test-browser" not in re.search(r"^TEST_STAGES\s*:=(.*)$", make, re.M).group(1)
+
+    def recipe(*args):
+        out = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed",
+                              "test-py", *args], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        command = out.stdout.replace("\\\n", " ")      # make -n keeps the continued lines
+        return next(line for line in command.splitlines() if "pytest" in line)
+    ci = recipe("CI_ORDER=1", "-o", "test-book", "-o", "node_modules/.installed",
+                "-o", "chromium")
+    assert " tests book" in ci and "ignore=tests/browser" not in ci, ci
+    assert "ignore=tests/browser" in recipe(), recipe()
+    order = re.search(r"^ifeq \(\$\(CI_ORDER\),1\)\n(.*?)^endif", make, re.M | re.S).group(1)
+    needs = re.search(r"^test-py:\s*\|(.*)$", order, re.M).group(1).split()
+    assert {"test-book", "node_modules/.installed", "chromium"} <= set(needs), needs
+
+
+def test_every_unit_the_run_order_names_exists():
+    """tests/conftest.py orders the units by SLOW_UNITS: a renamed module or notebook left there
+    would silently drop back to the end of the run."""
+    tree = ast.parse((ROOT / "tests" / "conftest.py").read_text())
+    table = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", "") == "SLOW_UNITS" for t in n.targets))
+    assert table and not [u for u in table if not (ROOT / u).is_file()], table

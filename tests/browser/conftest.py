@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import time
 
 import pytest
 import yaml
@@ -56,12 +57,24 @@ def site(book_dir):
     return html
 
 
+# When this process started collecting: under xdist every worker collects before any test runs,
+# so a file older than this is a previous run's, and never another worker's of this run
+_STARTED = time.time()
+
+
 @pytest.fixture(scope="session")
 def shots(book_dir):
-    """artifacts/screenshots/, emptied once per run: it holds this run's pages only."""
+    """artifacts/screenshots/, holding this run's pages only: a previous run's files are deleted,
+    another worker's of this run kept (a worker may reach its first browser test minutes after
+    the other has written its pages, when the browser tests share a run with the others)."""
     d = book_dir / "artifacts" / "screenshots"
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
+    d.mkdir(parents=True, exist_ok=True)
+    for f in d.iterdir():
+        try:
+            if f.stat().st_mtime < _STARTED:
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
+        except FileNotFoundError:    # the other worker deleted it first
+            pass
     return d
 
 
