@@ -221,41 +221,105 @@ def time_it_warmups_unwaited(fn, devices, reps=5):
     return statistics.median(times)
 
 
+@shortcut("check_time_it", "the call just below the median (an index off by one)",
+          "median of per-call times")
+def time_it_below_median(fn, devices, reps=5):
+    return sorted(_per_call_times(fn, devices, reps))[reps // 2 - 1]
+
+
+@shortcut("check_time_it", "the call two below the upper middle (another index off by one)",
+          "median of per-call times")
+def time_it_two_below(fn, devices, reps=5):
+    return sorted(_per_call_times(fn, devices, reps))[(reps - 1) // 2 - 1]
+
+
+@shortcut("check_time_it", "the call just above the median", "median of per-call times")
+def time_it_above_median(fn, devices, reps=5):
+    return sorted(_per_call_times(fn, devices, reps))[reps // 2 + 1]
+
+
+@shortcut("check_time_it", "the median of the last reps - 1 calls (the first taken as a warm-up)",
+          "median of per-call times")
+def time_it_first_dropped(fn, devices, reps=5):
+    return statistics.median(_per_call_times(fn, devices, reps)[1:])
+
+
+@shortcut("check_time_it", "the median of the first reps - 1 calls", "median of per-call times")
+def time_it_last_dropped(fn, devices, reps=5):
+    return statistics.median(_per_call_times(fn, devices, reps)[:-1])
+
+
+@shortcut("check_time_it", "times kept in a default list across calls (trials mixed)",
+          "median of per-call times")
+def time_it_stale_default(fn, devices, reps=5, _times=[]):  # noqa: B006 (the mistake)
+    _times.extend(_per_call_times(fn, devices, reps))
+    return statistics.median(_times)
+
+
+def _stale_default():
+    """time_it_stale_default with a list of its own: the check's first trial fills it."""
+    def time_it_stale(fn, devices, reps=5, _times=[]):  # noqa: B006
+        _times.extend(_per_call_times(fn, devices, reps))
+        return statistics.median(_times)
+    return time_it_stale
+
+
 STATISTICS = [time_it_min, time_it_first_call, time_it_trimmed_mean, time_it_mean,
-              time_it_last_call, time_it_geometric_mean, time_it_middle_mean]
+              time_it_last_call, time_it_geometric_mean, time_it_middle_mean,
+              time_it_below_median, time_it_two_below, time_it_above_median,
+              time_it_first_dropped, time_it_last_dropped]
 
 
 def test_time_it_tells_the_median_from_the_other_statistics_on_every_draw():
     """Each call's work differs (a fast and a slow outlier, the others well off the median), so
-    the fastest call, the first timed call and the means fail on every draw; the median passes."""
+    the fastest call, the first timed call, the means, the calls next to the median, the
+    median of reps - 1 calls and one over both trials fail on every draw; the median passes."""
     from helpers.checks._core.inputs import replay_seeds
-    for seed in range(3000, 3004):     # conftest replays its own seeds again after the test
+    for seed in range(3000, 3010):     # conftest replays its own seeds again after the test
         replay_seeds(seed)
         assert check_time_it(time_it).status == "passed", seed
-        for wrong in STATISTICS:
+        for wrong in STATISTICS + [_stale_default()]:
             replay_seeds(seed)
             assert check_time_it(wrong).status == "failed", (seed, wrong.__name__)
+
+
+def _wrong_in_window(w):
+    """What the wrong statistics give on one trial's window of levels, and for odd reps (where
+    they differ from the median) the calls next to the median and the medians of reps - 1."""
+    lo, hi = (len(w) - 1) // 2, len(w) // 2
+    s = sorted(w)
+    wrong = [min(w), w[0], w[-1], statistics.fmean(s[:-1]), statistics.fmean(s[1:-1]),
+             statistics.geometric_mean(w), s[lo - 1], s[hi + 1]]
+    if len(w) % 2:
+        wrong += [statistics.median(w[1:]), statistics.median(w[:-1])]
+    return wrong
 
 
 def test_time_it_work_sets_the_median_apart_in_every_window():
     """The work each call is given: in the reps calls timed after no or one warm-up call, the
     median (lower, upper, mean of the middle two) is over 15% from the fastest, the first and
     the last call, the means without the slowest or without both outliers, the geometric mean,
-    and half the mean."""
+    the calls just below and above it, half the mean and, for odd reps, the medians without
+    the first or the last call; and over 15% from a median over both trials' calls (4x apart)."""
     from helpers.checks._core.inputs import fresh_generator, replay_seeds
-    from helpers.checks.profile import _levels
+    from helpers.checks.profile import APART, _levels
     for seed in range(200):
         replay_seeds(seed)
         g = fresh_generator()
+        windows = {}
         for reps in range(5, 8):
             levels = _levels(g, reps) * 2
             for start in (0, 1):
-                w = levels[start:start + reps]
-                wrong = [min(w), w[0], w[-1], statistics.fmean(sorted(w)[:-1]),
-                         statistics.fmean(sorted(w)[1:-1]), statistics.geometric_mean(w)]
+                w = windows[reps, start] = levels[start:start + reps]
                 for m in {statistics.median_low(w), statistics.median_high(w)}:
-                    assert all(abs(x - m) > 0.15 * m for x in wrong), (seed, reps, start, w)
+                    assert all(abs(x - m) > 0.15 * m for x in _wrong_in_window(w)), (seed, w)
                     assert statistics.fmean(w) > 2 * m
+        for first in windows.values():
+            for second in windows.values():
+                m = statistics.median(second)
+                for ratio in (APART, 1 / APART):
+                    mixed = statistics.median([x / ratio for x in first] + second)
+                    assert abs(mixed - m) > 0.15 * m, (seed, first, second, ratio)
 
 
 def test_time_it_does_not_depend_on_the_machine_being_idle(monkeypatch):

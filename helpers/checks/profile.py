@@ -5,14 +5,12 @@ is done when a synchronize of its device returns, so the check sees whether and 
 waited, and what the calls really took. Formulas get fresh inputs, numbers of any real type, and
 tolerances from float rounding.
 """
-import contextlib
 import math
 import statistics
-import time
-import types
 
 import torch
 
+from ._async_gpus import AsyncGPUs
 from ._core import (
     as_number,
     check,
@@ -28,150 +26,23 @@ __all__ = ["check_time_it", "check_time_shares", "check_predicted_speedup"]
 
 
 # --- profile.ipynb ----------------------------------------------------------------------------
-class _AsyncGPUs:
-    """Simulated GPUs that run asynchronously, as CUDA does: `queue(i, work)` returns at once,
-    and `synchronize(d)` (torch.cuda.synchronize, which helpers.synchronize calls) sleeps until
-    d's queued work is done. Records the calls of fn and the synchronizations, in order."""
-
-    def __init__(self, devices):
-        self.devices = devices
-        self.busy = {d: 0.0 for d in devices}        # when each device's queue runs dry
-        self.events = []                              # ("call", i, t) and ("sync", device, t)
-        self.starts = []
-
-    def queue(self, work):
-        now = time.perf_counter()
-        for d, seconds in work.items():
-            self.busy[d] = max(self.busy[d], now) + seconds
-
-    def call(self, work):
-        i = len(self.starts)
-        self.starts.append(time.perf_counter())
-        self.events.append(("call", i, self.starts[-1]))
-        self.queue(work)
-
-    def synchronize(self, device=None):
-        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(
-            device if device is not None else "cuda")
-        d = torch.device("cuda", d.index or 0) if d.type == "cuda" else d
-        wait = self.busy.get(d, 0.0) - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        self.events.append(("sync", d, time.perf_counter()))
-
-    @contextlib.contextmanager
-    def active(self):
-        """Stand in for torch's synchronize (torch.cuda, torch.accelerator), the current device
-        it uses without an argument (torch.cuda.device, set_device, current_device) and the
-        streams of a device (current_stream, default_stream: .synchronize() waits for it)."""
-        cuda = torch.cuda
-        names = ["synchronize", "device", "set_device", "current_device", "current_stream",
-                 "default_stream"]
-        saved = [(cuda, name, getattr(cuda, name)) for name in names]
-        accelerator = getattr(torch, "accelerator", None)
-        if accelerator is not None and hasattr(accelerator, "synchronize"):
-            saved.append((accelerator, "synchronize", accelerator.synchronize))
-        stand_ins = _stand_ins(self.synchronize)
-        for owner, name, _ in saved:
-            setattr(owner, name, stand_ins[name])
-        try:
-            yield self
-        finally:
-            for owner, name, value in saved:
-                setattr(owner, name, value)
-
-    def unsynced(self, gpus, earlier, timed):
-        """Where the timed calls (the last `timed` calls of fn) were not waited for: the GPUs
-        still running what was queued before the first of them (earlier work, or every GPU after
-        untimed calls, which may be queued back to back) and not synchronized since, then, for
-        each timed call, the GPUs not synchronized between it and the next call (or the end):
-        [(call index, [devices], True if before it)]."""
-        first = len(self.starts) - timed
-        pending = gpus if first > 0 else earlier
-        out, since, call = [], set(), -1
-        for kind, what, _ in self.events + [("call", None, None)]:
-            if kind == "sync":
-                since.add(what)
-                continue
-            if call >= first:
-                out.append((call, [d for d in gpus if d not in since], False))
-            elif what == first:
-                out.append((first, [d for d in pending if d not in since], True))
-            since, call = set(), what
-        return [item for item in sorted(out, key=lambda item: not item[2]) if item[1]]
-
-    def durations(self, gpus):
-        """What each call really took: from its start to the return of the synchronize that
-        found the last of its work done, on every GPU."""
-        out = []
-        for i, start in enumerate(self.starts):
-            at = next(j for j, e in enumerate(self.events) if e[:2] == ("call", i))
-            ends = []
-            for d in gpus:
-                ends.append(next((e[2] for e in self.events[at:] if e[:2] == ("sync", d)),
-                                 math.inf))
-            out.append(max(ends) - start)
-        return out
-
-
-def _stand_ins(sync):
-    """torch.cuda's synchronize, device, set_device, current_device, current_stream and
-    default_stream on the simulation: plain functions and closures (no bound method, no
-    attribute leads to the records); the current device is what synchronize() waits for."""
-    current = [0]
-
-    def index(device):
-        if device is None:
-            return current[0]
-        if isinstance(device, int):
-            return device
-        d = torch.device(device)
-        if d.type != "cuda":
-            raise ValueError(f"Expected a cuda device, but got: {d}")
-        return current[0] if d.index is None else d.index
-
-    def synchronize(device=None):
-        sync(index(device))
-
-    def set_device(device):
-        current[0] = index(device)
-
-    def current_device():
-        return current[0]
-
-    @contextlib.contextmanager
-    def device(device):
-        before = current[0]
-        if device is not None and not (isinstance(device, int) and device < 0):
-            current[0] = index(device)
-        try:
-            yield
-        finally:
-            current[0] = before
-
-    def stream(device=None):
-        i = index(device)
-
-        def wait():
-            synchronize(i)
-        return types.SimpleNamespace(synchronize=wait, device=torch.device("cuda", i))
-
-    return {"synchronize": synchronize, "device": device, "set_device": set_device,
-            "current_device": current_device, "current_stream": stream,
-            "default_stream": stream}
+APART = 5      # how many times more work one trial's calls do than the other's (_levels)
 
 
 def _levels(g, reps):
     """Each call's work, a multiple of the median call's, repeating every `reps` calls (5 to 7):
     a fast and a slow outlier, the others well below or far above the median (unevenly, so that
-    the means of the middle calls, plain or geometric, are far from it too), and the median's in
-    the middle of the period (twice for an even count), so that any `reps` calls in a row hold
-    the same work and, after no or one warm-up call, neither the first nor the last timed call
-    is the median's."""
+    the means of the middle calls, plain or geometric, the calls next to the median and, for odd
+    reps, the median of reps - 1 calls are far from it too), and the median's in the middle of
+    the period (twice for an even count), so that any `reps` calls in a row hold the same work
+    and, after no or one warm-up call, neither the first nor the last timed call is the
+    median's. Over both trials (APART times more work in one), every call of the other trial
+    but its slowest (or its fastest) falls on one side of the median, so a median that mixes
+    them in is far from it."""
     middle = 1 + (reps % 2 == 0)
     n = (reps - 3) // 2
-    below = [uniform(g, 0.25, 0.3)] + [uniform(g, 0.6, 0.7) for _ in range(n)]
-    above = [10.0] + [uniform(g, 3.0, 3.5) for _ in range(n)]
+    below = [uniform(g, 0.25, 0.3)] + [uniform(g, 0.4, 0.5) for _ in range(n)]
+    above = [10.0] + [uniform(g, 3.5, 4.0) for _ in range(n)]
     others = below + above
     order = sorted(range(len(others)), key=lambda _: uniform(g, 0, 1))
     others = [others[i] for i in order]
@@ -198,29 +69,38 @@ def _ms(seconds):
 @check("time_it", references=["Timer", "measure"], observes=[
     "on 2 or 3 simulated GPUs that run asynchronously (fn() only queues work; "
     "torch.cuda.synchronize, which helpers.synchronize calls, waits for it, as does a "
-    "device's stream's synchronize or the current device's, set with torch.cuda.device): which "
+    "device's stream's synchronize or the current device's, set with torch.cuda.device, and "
+    "the synchronize of a torch.cuda.Event recorded after the work): which "
     "GPUs were synchronized before the first timed call (the last reps calls: untimed warm-up "
     "calls before them may be queued back to back) and after every timed call, before the "
     "next one",
-    "the seconds returned against the median of what the calls really took (the work differs "
+    "the seconds returned against the median of what the calls really took, within 10%, timed "
+    "by the check from the host or as CUDA events time the GPUs (the work differs "
     "from call to call, repeating every reps calls, with a fast and a slow outlier, so that the "
-    "median is far from the mean, the geometric mean, the total, the fastest call, the means "
-    "without the slowest or without both outliers and, after no or one warm-up call, the first "
-    "and the last timed calls), measured by the check"])
+    "median is over 15% from the mean, the geometric mean, the total, the fastest call, the "
+    "means without the slowest or without both outliers, the calls next to it, a median over "
+    "both trials (5x apart) and, after no or one warm-up call, the first and the last timed "
+    "calls and, in a trial of odd reps (one at least), the median of reps - 1 calls)"])
 def check_time_it(time_it):
     """time_it(fn, devices, reps) -> median seconds of one call of fn, the devices synchronized
     before the clock starts and before it stops. Robust on a loaded machine: the check compares
     with the durations that really happened, not with the work it queued."""
     g = fresh_generator()
-    # the workload's scale, drawn per run: the two trials differ 4x (in a random order), so no
-    # constant can be within a factor 1.5 of both medians
+    # the workload's scale, drawn per run: the two trials differ APART times (in a random
+    # order), so no constant can be within a factor 1.5 of both medians, nor a median over both
     base = uniform(g, 1.0, 1.5)
-    scales = [base, 4 * base] if randint(g, 0, 1) else [4 * base, base]
-    for scale in scales:
+    scales = [base, APART * base] if randint(g, 0, 1) else [APART * base, base]
+    odd = False
+    for trial, scale in enumerate(scales):
         k, reps = randint(g, 2, 3), randint(g, 5, 7)
+        if trial and not odd and reps % 2 == 0:
+            # one trial's reps odd at least: for an even count the lower middle call and the
+            # median of reps - 1 calls are medians too, for an odd one they are wrong
+            reps = 5 + 2 * randint(g, 0, 1)
+        odd = odd or reps % 2 == 1
         gpus = [torch.device("cuda", i) for i in range(k)]
         devices = list(gpus) + ([torch.device("cpu")] if randint(g, 0, 1) else [])
-        sim = _AsyncGPUs(gpus)
+        sim = AsyncGPUs(gpus)
         fn = _timed(sim, _levels(g, reps), scale, gpus)
         call = f"time_it(fn, {[str(d) for d in devices]}, {reps})"
         earlier = [gpus[randint(g, 0, k - 1)]]
@@ -252,16 +132,27 @@ def check_time_it(time_it):
         expect(not math.isclose(t, total, rel_tol=0.2),
                f"{call} says {_ms(t)}, the total of all {n} calls ({_ms(total)}); return the "
                "median of per-call times")
-        trimmed, middle = statistics.fmean(sorted(real)[:-1]), statistics.fmean(sorted(real)[1:-1])
+        ordered = sorted(real)
+        lo, hi = (reps - 1) // 2, reps // 2
         wrong = {"the mean": mean, "the fastest call": min(real), "the first timed call": real[0],
-                 "the last timed call": real[-1], "the mean without the slowest call": trimmed,
-                 "the mean without the fastest and the slowest call": middle,
-                 "the geometric mean": statistics.geometric_mean(real)}
+                 "the last timed call": real[-1],
+                 "the mean without the slowest call": statistics.fmean(ordered[:-1]),
+                 "the mean without the fastest and the slowest call":
+                     statistics.fmean(ordered[1:-1]),
+                 "the geometric mean": statistics.geometric_mean(real),
+                 "the call just below the median": ordered[lo - 1],
+                 "the call just above the median": ordered[hi + 1],
+                 "the median without the first timed call": statistics.median(real[1:]),
+                 "the median without the last timed call": statistics.median(real[:-1])}
         # a statistic within 10% of the median (the first call after two warm-ups) is not
         # told apart on this draw: the median's answer must not fail for being near it
         wrong = {k: v for k, v in wrong.items() if k == "the mean" or abs(v - med) > 0.1 * med}
         what = min(wrong, key=lambda k: abs(t - wrong[k]))
-        expect(abs(t - med) < abs(t - wrong[what]) and t <= 2 * med,
+        # within 10% of the median of what the calls took, timed by the host (start to the
+        # synchronize that found the work done) or by the GPUs (what CUDA events measure);
+        # every wrong statistic is over 15% off on every draw (_levels)
+        gpu = statistics.median(sim.work[-reps:])
+        expect(min(abs(t - med) / med, abs(t - gpu) / gpu) <= 0.1,
                f"{call} says {_ms(t)}, but the calls took {_ms(med)} (median); {what} took "
                f"{_ms(wrong[what])}: return the median of per-call times, in seconds")
 
