@@ -158,6 +158,51 @@ def overlap_hooks_then(model):
     return lambda: [f.wait() for f in futures]
 
 
+def _accumulate_grad_node(p):
+    """The parameter's AccumulateGrad node (the Horovod idiom): kept alive by the caller, or its
+    hooks go with it."""
+    return p.expand_as(p).grad_fn.next_functions[0][0]
+
+
+@other("check_overlap_hooks", "a hook on each parameter's AccumulateGrad node (Horovod's idiom)")
+def overlap_hooks_accumulate_grad_node(model):
+    handles, nodes = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            nodes.append(_accumulate_grad_node(p))
+
+            def hook(grad_inputs, grad_outputs, p=p):
+                handles.append(dist.all_reduce(p.grad, async_op=True))
+            nodes[-1].register_hook(hook)
+
+    def finish():
+        for h in handles:
+            h.wait()
+        handles.clear()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(dist.get_world_size())
+    finish.nodes = nodes
+    return finish
+
+
+@shortcut("check_overlap_hooks", "AccumulateGrad node hooks that never average",
+          "divide it by the world size")
+def overlap_hooks_node_sum(model):
+    handles, nodes = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            nodes.append(_accumulate_grad_node(p))
+            nodes[-1].register_hook(
+                lambda gi, go, p=p: handles.append(dist.all_reduce(p.grad, async_op=True)))
+
+    def finish():
+        for h in handles:
+            h.wait()
+    finish.nodes = nodes
+    return finish
+
+
 @shortcut("check_overlap_hooks", "waits on the future inside the hook", "inside backward")
 def overlap_hooks_future_wait_in_hook(model):
     def hook(p):
@@ -356,3 +401,26 @@ def accumulate_no_finish(model, loss_fn, micro_batches):
 
 
 test_case = parametrize_cases(__name__)
+
+
+def test_only_the_accumulated_grad_is_spared():
+    """untouched.grad_spared leaves out of a kept hook's fingerprint only the gradient an
+    AccumulateGrad node stored as p.grad: a tensor hook's gradient (before accumulation) and
+    another node's gradients are still fingerprinted, so writing them in place still fails."""
+    from helpers.checks._core.untouched import grad_spared
+    seen = {}
+    p = torch.nn.Parameter(torch.randn(3))
+    node = _accumulate_grad_node(p)
+    node.register_hook(lambda gi, go: seen.update(
+        acc=grad_spared((gi, go)), shared=go[0].untyped_storage()._cdata
+        == p.grad.untyped_storage()._cdata))
+    (p * 2).sum().backward()
+    assert seen["shared"] and seen["acc"] == ((), (None,))
+    q = torch.nn.Parameter(torch.randn(3))
+    y = q * 2
+    y.grad_fn.register_hook(lambda gi, go: seen.update(mul=(gi, grad_spared((gi, go)))))
+    q.register_hook(lambda g: seen.update(pre=grad_spared((g,))[0] is g))
+    y.sum().backward()
+    gi, spared = seen["mul"]
+    assert spared[0] is gi and spared[1][0] is not None
+    assert seen["pre"] is True

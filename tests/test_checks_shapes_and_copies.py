@@ -149,6 +149,15 @@ def zigzag_positions_head_tail(T, world, rank):
     return order.reshape(-1).chunk(world)[rank].tolist()
 
 
+@shortcut("check_zigzag_positions", "its sibling, the per-document head-tail load balancer",
+          ["_PerDocumentHeadTailLoadBalancer", TORCH_COPY])
+def zigzag_positions_per_document(T, world, rank):
+    mod = importlib.import_module(
+        "torch.distributed.tensor.experimental._context_parallel._load_balancer")
+    order = mod._PerDocumentHeadTailLoadBalancer([[T]], world, "cpu")._generate_indices()[0]
+    return order.view(world, -1)[rank].tolist()
+
+
 def test_every_torch_copy_a_check_names_exists_in_this_torch():
     """A torch copy renamed by a torch upgrade would silently stop being refused."""
     from helpers.checks._core import REGISTRY

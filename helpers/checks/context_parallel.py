@@ -20,10 +20,12 @@ from ._core import (
     tensor_equal,
     uniform,
 )
+from ._core.references import torch_family
 from ._sendrecv import TIMEOUT, _as_list, _carries, _pair, _threads
 
-# torch's context parallelism holds copies of two exercises: the zig-zag ("head-tail") split and
-# the merge of two blocks' attention
+# torch's context parallelism holds copies of two exercises: the zig-zag ("head-tail") split (in
+# every load balancer it offers, each a subclass of _LoadBalancer) and the merge of two blocks'
+# attention
 _CP = "torch.distributed.tensor.experimental._context_parallel."
 
 __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forward",
@@ -31,8 +33,8 @@ __all__ = ["check_zigzag_positions", "check_merge_attention", "check_ring_forwar
 
 
 @check("zigzag_positions", references=[
-    "split_positions", "shard_sequence",
-    _CP + "_load_balancer._HeadTailLoadBalancer._generate_indices"], observes=[
+    "split_positions", "shard_sequence", *torch_family(_CP + "_load_balancer._LoadBalancer")],
+       observes=[
     "the positions returned for fresh sequence lengths, world sizes and every rank, against "
     "the zig-zag rule; the contiguous split is named"])
 def check_zigzag_positions(fn):

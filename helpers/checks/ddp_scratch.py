@@ -23,6 +23,7 @@ from ._core import (
     tensor_close,
     tensor_equal,
 )
+from ._core.handed import in_place, kept_aside
 from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_bucket_params", "check_overlap_hooks", "check_average_bucket",
@@ -249,9 +250,9 @@ def check_average_bucket(fn):
 
         def rank_fn(comm, data=data):
             grads = [t.clone() for t in data[comm.rank]]
-            ids = [id(t) for t in grads]
+            given = kept_aside(grads)
             fn(grads)
-            return grads, ids
+            return grads, given
         results = w.run(rank_fn)
         want = torch.stack([torch.cat([t.reshape(-1) for t in d]) for d in data]).mean(0)
         call = f"average_bucket ({len(shapes)} gradients {shapes}, world {world})"
@@ -264,9 +265,10 @@ def check_average_bucket(fn):
             nbytes = w.traffic(r).payload_bytes("all_reduce")
             expect(nbytes == 4 * n, f"{call} all-reduced {nbytes} bytes, expected the whole "
                                     f"bucket, {4 * n}")
-        for r, (grads, ids) in enumerate(results):
-            expect([id(t) for t in grads] == ids and [tuple(t.shape) for t in grads] == shapes,
-                   f"{call} replaced or reshaped the gradient tensors: write into them in place")
+        for r, (grads, given) in enumerate(results):
+            grads = in_place(f"{call} on rank {r}", grads, given)
+            expect([tuple(t.shape) for t in grads] == shapes,
+                   f"{call} reshaped the gradient tensors: write into them in place")
             got = torch.cat([t.reshape(-1) for t in grads])
             mine = torch.cat([t.reshape(-1) for t in data[r]])
             expect(not tensor_equal(got, mine),

@@ -24,18 +24,17 @@ from ._core import (
     tensor_equal,
     uniform,
 )
+from ._core.handed import in_place
 from ._core.moved import PYTHON, carried, moves
 
 __all__ = ["check_bucket_allreduce", "check_ring_allreduce", "check_amdahl_speedup"]
 
 
-def _in_place(call, data, objs, ptrs, what="tensor"):
-    expect(len(data) == len(objs), f"{call}: the list now has {len(data)} items, not "
-                                   f"{len(objs)}: write the sums INTO the given tensors")
-    for i, (t, orig) in enumerate(zip(data, objs, strict=True)):
-        expect(t is orig, f"{call}: {what} {i} was replaced in the list: write the sums INTO "
-                          "the given tensors (copy_, add_), they are the replicas' gradients")
-        expect(orig.data_ptr() == ptrs[i], f"{call}: {what} {i} got new storage (.data = or "
+def _in_place(call, data, objs, ptrs, name="data"):
+    """The given tensors kept (`handed.in_place`: no list entry rebound) and their storage."""
+    fix = "write the sums INTO the given tensors (copy_, add_)"
+    for i, orig in enumerate(in_place(call, data, objs, name, fix)):
+        expect(orig.data_ptr() == ptrs[i], f"{call}: {name}[{i}] got new storage (.data = or "
                                            "set_): write the sums INTO the given tensors")
 
 
@@ -108,7 +107,7 @@ def check_bucket_allreduce(bucket_allreduce):
         bucket_allreduce(grads, bucket_bytes)
         sums = [sum(before[c][i] for c in range(k)) for i in range(len(shapes))]
         for c in range(k):
-            _in_place(call, grads[c], objs[c], ptrs[c], f"replica {c}'s tensor")
+            _in_place(call, grads[c], objs[c], ptrs[c], f"grads[{c}]")
             for i, s in enumerate(sums):
                 expect(tensor_equal(objs[c][i], s), f"{call}: replica {c}'s tensor {i} does not "
                                                    "hold the sum over the replicas")

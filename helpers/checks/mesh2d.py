@@ -4,6 +4,7 @@ and the shape a rank holds under TP then FSDP2."""
 import torch
 
 from ._core import CheckFailed, World, check, expect, fresh_generator, randint, tensor_close
+from ._core.handed import in_place, kept_aside
 
 __all__ = ["check_mesh_groups", "check_dp_average", "check_local_shape"]
 
@@ -41,13 +42,15 @@ def check_mesh_groups(fn):
 
 def _dp_rank(comm, fn, grads):
     mine = [g[comm.rank].clone() for g in grads]
+    kept = kept_aside(mine)     # the caller's tensors (a model's p.grad): the ones judged
     fn(mine, comm)
-    return mine
+    return mine, kept
 
 
 @check("dp_average", changes_inputs=True, observes=[
     "on 2 and 3 thread ranks: the all-reduces each rank called, and each rank's own tensors "
-    "(changed in place) against the mean over ranks"])
+    "(the tensor objects it was handed, changed in place: a list entry rebound to a new tensor "
+    "fails) against the mean over ranks"])
 def check_dp_average(fn):
     """fn(grads, comm): average each gradient tensor over the data-parallel ranks, in place."""
     g = fresh_generator()
@@ -60,7 +63,8 @@ def check_dp_average(fn):
         expect(world.sent("all_reduce", rank=0),
                f"on {k} ranks rank 0 never called all_reduce: each rank only has its own "
                "gradients until they are summed across ranks")
-        for r, mine in enumerate(results):
+        for r, (mine, kept) in enumerate(results):
+            mine = in_place(f"on {k} ranks rank {r}", mine, kept)
             for t, full, s in zip(mine, grads, shapes, strict=True):
                 if tensor_close(t, full.sum(0), atol=1e-5, what=f"rank {r}'s gradient"):
                     raise CheckFailed(f"rank {r} holds the sum over {k} ranks: divide by "

@@ -30,6 +30,7 @@ from .untouched import (
     expect_same_classes,
     expect_untouched,
     fingerprint,
+    grad_spared,
 )
 
 __all__ = ["check", "Answer", "judged_scan"]
@@ -55,7 +56,8 @@ class Answer(Guarded):
         expect(plain_globals(self.fn), _ODD_GLOBALS)     # before anything looks a name up
         shadow(self.fn)                 # int(), float(), len() keep a rank's tags in a World
         kinds = classes((args, kwargs))     # never changed, not even by an in-place exercise
-        before = None if self.changes_inputs else (fingerprint(args), fingerprint(kwargs))
+        seen = grad_spared(args) if self.keeps_hooks else args   # a kept node hook's p.grad
+        before = None if self.changes_inputs else (fingerprint(seen), fingerprint(kwargs))
         hooks = hooks_of(args, kwargs)
         keep = self._again if self.keeps_hooks else None   # hooks kept are guarded, run as this
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
@@ -78,7 +80,7 @@ class Answer(Guarded):
         expect(plain_globals(self.fn), _ODD_GLOBALS)     # a key the call added
         expect_same_classes(self.__name__, kinds)
         if before is not None:
-            expect_untouched(self.__name__, before, args, kwargs)
+            expect_untouched(self.__name__, before, seen, kwargs)
         expect_no_new_hooks(self.__name__, hooks, args, kwargs, keep)
         return result
 

@@ -134,6 +134,24 @@ def torch_objects(names):
     return tuple((name, _torch_object(name)) for name in names if name.startswith("torch."))
 
 
+def torch_family(base):
+    """The dotted names of the methods of torch's class at `base` ("torch.x._LoadBalancer") and
+    of every torch subclass of it loaded now: each sibling computes what the exercise asks for,
+    so a check refuses the whole family, one torch adds later included, not the one it named."""
+    root = _torch_object(base)
+    names, todo, seen = [], [root] if isinstance(root, type) else [], set()
+    while todo:
+        cls = todo.pop(0)
+        if cls in seen or not cls.__module__.startswith("torch."):
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        names.extend(f"{cls.__module__}.{cls.__qualname__}.{name}"
+                     for name, member in vars(cls).items() if not name.startswith("__")
+                     and isinstance(member, (types.FunctionType, staticmethod, classmethod)))
+    return names
+
+
 def resolve(names, torch_found=None):
     """The References for façade names ("balanced_cuts", "ByteLog.wire_bytes") and for torch's
     copies of the exercise, named from "torch." on (`torch_found`: torch_objects' pairs)."""

@@ -33,7 +33,7 @@ from .run import CheckFailed
 from .settle import reader_class
 
 __all__ = ["fingerprint", "expect_untouched", "classes", "expect_same_classes",
-           "expect_named_attributes"]
+           "expect_named_attributes", "grad_spared"]
 
 _DEPTH = 4
 _MAX_COPY = 1 << 22   # elements: values copied up to 16 MiB of float32
@@ -157,6 +157,27 @@ def _module(m):
     parts = [(name, id(sub), type(sub), _attributes(sub, _compared(type(sub))))
              for name, sub in subs]
     return ("module", tuple(parts + [(name, _print(t, 0)) for name, t in tensors]))
+
+
+def grad_spared(args):
+    """`args` to fingerprint for a hook the autograd engine runs on a parameter's AccumulateGrad
+    node (the Horovod idiom, `p.expand_as(p).grad_fn.next_functions[0][0].register_hook`): the
+    gradient it hands shares its storage with p.grad, which its all-reduce writes as the
+    exercise asks (a leaf's .grad is never fingerprinted: `register_post_accumulate_grad_hook`'s
+    write passes); left out. Any other node's gradients, and every other argument, are kept."""
+    node = torch._C._current_autograd_node()
+    grad = node.variable.grad if type(node) is torch._C._functions.AccumulateGrad else None
+    if type(grad) is not torch.Tensor:
+        return args
+    key = grad.untyped_storage()._cdata
+
+    def spare(value, depth):
+        if type(value) is tuple and depth:
+            return tuple(spare(v, depth - 1) for v in tuple.__iter__(value))
+        same = type(value) is torch.Tensor and value.untyped_storage()._cdata == key
+        return None if same else value
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        return spare(args, 2)
 
 
 def fingerprint(value):
