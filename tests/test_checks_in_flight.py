@@ -2,9 +2,13 @@
 (helpers/checks/_core/inflight.py): the simulated collective completes as it launches, so the
 values come out right here, and race on gloo and NCCL. Reading in a then() callback, after the
 wait, or launching a second collective on another tensor meanwhile passes (check_cases.py)."""
+import pytest
 import torch
 import torch.distributed as dist
 from check_cases import other, parametrize_cases, shortcut
+
+from helpers.checks._core.run import CheckFailed
+from helpers.checks._core.world import World
 
 FIX = "wait() for the work before reading or writing its tensors"
 
@@ -152,6 +156,48 @@ def forward_reused_send_buffer(stage, comm, X, num_microbatches, batch_size, in_
     for work in pending:
         work.wait()
     return torch.cat(outs) if r == p - 1 else None
+
+
+# ---- the World itself ---------------------------------------------------------------------------
+def _exchange(comm, touch):
+    """Rank 0 isends a tensor and irecvs one from rank 1 (and rank 1 the mirror), touching
+    `touch(sent, got)` before waiting."""
+    peer = 1 - comm.rank
+    sent, got = torch.full((4,), float(comm.rank)), torch.zeros(4)
+    works = [dist.isend(sent, peer), dist.irecv(got, peer)]
+    touch(sent, got)
+    for work in works:
+        work.wait()
+    return got.clone()
+
+
+def test_reading_an_isend_buffer_meanwhile_passes_writing_it_fails():
+    assert [t.tolist() for t in World(2).run(_exchange, lambda s, g: s.sum())] == [
+        [1.0] * 4, [0.0] * 4]
+    with pytest.raises(CheckFailed, match="ran torch's mul_ on the buffer of rank 0's isend"):
+        World(2).run(_exchange, lambda s, g: s[1:].mul_(2))
+
+
+def test_reading_an_irecv_buffer_before_its_wait_fails_even_caught():
+    def peek(sent, got):
+        try:
+            got.sum()
+        except CheckFailed:
+            pass
+    with pytest.raises(CheckFailed, match="ran torch's sum on the buffer of rank 0's irecv"):
+        World(2).run(_exchange, peek)
+
+
+def test_a_done_callback_reads_and_a_wait_frees_the_tensors():
+    def body(comm):
+        t, seen = torch.ones(3), []
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        fut.add_done_callback(lambda f: seen.append(f.value()[0].sum()))
+        other = dist.all_reduce(torch.ones(2), async_op=True)   # a second one meanwhile
+        fut.wait()
+        other.wait()
+        return torch.stack([seen[0], t.sum()])
+    assert [t.tolist() for t in World(2).run(body)] == [[6.0, 6.0]] * 2
 
 
 test_case = parametrize_cases(__name__)

@@ -8,16 +8,18 @@ output of a collective, the buffer of an isend and the buffer of an irecv are st
 the launch until the rank's wait (as work.py records it: `wait()`, `result()`, `is_completed()`,
 the future's `wait()`/`value()`/`done()`, `wait_all`), the byte ranges of those tensors are in
 flight for that rank, and any aten operation of the rank's threads (provenance.py's dispatch
-mode) that touches one of them, through any view, fails the check. Not counted: making a view
-or a tensor of the same shape (no values move), the network's own work (provenance's exempt
-`network()`), and a `then()` / `add_done_callback()` callback of the work's future, which runs
-once the work completed (`landed`).
+mode) that touches one of them, through any view, fails the check (memory the call only reads,
+an isend's buffer or an all-gather's input, only when written: reading it meanwhile is safe).
+Not counted: making a view or a tensor of the same shape (no values move), the network's own
+work (provenance's exempt `network()`), and a `then()` / `add_done_callback()` callback of the
+work's future, which runs once the work completed (`landed`).
 """
 import contextlib
 import inspect
 import threading
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .waits import what
 
@@ -56,12 +58,25 @@ def _touches(func):
     return writes or not views
 
 
+def _written(func, args, kwargs):
+    """The ids of the tensors aten `func` writes (its in-place and out= arguments)."""
+    ids = set()
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            ids.update(id(t) for t in tree_leaves(v) if isinstance(t, torch.Tensor))
+    return ids
+
+
 class _Entry:
-    __slots__ = ("message", "what", "role", "spans", "tensors")
+    """Tensors of one async call; `read_only`: the call only reads them (an isend's buffer, an
+    out-of-place collective's input), so reading them meanwhile is no race, writing is."""
+    __slots__ = ("message", "what", "role", "spans", "tensors", "read_only")
 
     def __init__(self, message, what, role, tensors):
         self.message, self.what, self.role, self.tensors = message, what, role, tensors
         self.spans = [s for s in map(_span, tensors) if s is not None]
+        self.read_only = role == "input" or message.op == "send"
 
 
 class InFlight:
@@ -94,8 +109,9 @@ class InFlight:
         finally:
             self._local.landed = done
 
-    def check(self, rank, func, tensors):
-        """Fail if aten `func`, run by rank `rank` on `tensors`, touches memory in flight."""
+    def check(self, rank, func, args, kwargs):
+        """Fail if aten `func(*args, **kwargs)`, run by rank `rank`, reads or writes memory in
+        flight (only writes, for memory the call only reads)."""
         entries = self._pending.get(rank)
         if not entries:
             return
@@ -104,12 +120,14 @@ class InFlight:
         live = [e for e in entries if e.message not in landed]
         if not live or not _touches(func):
             return
-        for t in tensors:
-            span = _span(t)
+        written = _written(func, args, kwargs)
+        for t in tree_leaves((args, kwargs)):
+            span = _span(t) if isinstance(t, torch.Tensor) else None
             if span is None:
                 continue
             for e in live:
-                if any(k == span[0] and a < span[2] and span[1] < b for k, a, b in e.spans):
+                if (id(t) in written or not e.read_only) and any(
+                        k == span[0] and a < span[2] and span[1] < b for k, a, b in e.spans):
                     self._fail(rank, func, e)
 
     def _fail(self, rank, func, e):

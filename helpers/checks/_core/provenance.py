@@ -344,10 +344,9 @@ class _Mode(TorchDispatchMode):
         if parts is not NotImplemented:      # inference mode: its parts were watched
             return parts
         leaves = tree_leaves((args, kwargs))
-        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        self.p.touch(self.rank, tensors, func)
+        self.p.touch(self.rank, [t for t in leaves if isinstance(t, torch.Tensor)], func)
         if not self.p.exempt():     # an async call's tensors before its wait (inflight.py)
-            self.p.world.in_flight.check(self.rank, func, tensors)
+            self.p.world.in_flight.check(self.rank, func, args, kwargs)
         if self.p.exited and not self.p.exempt():     # set_ on a storage rebuilt from bytes
             for s in leaves:
                 if isinstance(s, (torch.UntypedStorage, torch.TypedStorage)):
