@@ -137,7 +137,8 @@ def grad_shard_sum(flat_grad):
     return out
 
 
-@shortcut("check_grad_shard", "async and never waited", "never waited")
+@shortcut("check_grad_shard", "async and never waited, read meanwhile",
+          "wait() for the work before reading or writing its tensors")
 def grad_shard_no_wait(flat_grad):
     world = dist.get_world_size()
     flat = torch.cat([flat_grad, flat_grad.new_zeros(-flat_grad.numel() % world)])

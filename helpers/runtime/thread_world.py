@@ -72,7 +72,8 @@ class Message:
 class ThreadWorld:
     """`size` ranks as threads (see the module's docstring). Subclasses hook in with
     `run_context()` (around a whole run), `rank_context(rank)` (around each rank's thread),
-    `comm_context()` (around the network's own work in a rank), `on_enter()` (first in every
+    `comm_context()` (around the network's own work in a rank), `landed_context(message)` (around
+    a callback of an async Work's future), `on_enter()` (first in every
     comm call), `allowed(op)`, `takes(got, shape, dtype)` and `mismatch(src, tag, want, got)`
     (what a recv accepts) and `on_message(rank, kind, m)` (each recorded Message); they may
     override `start`, `event`, `send`, `recv` and `collective` calling super(), and use
@@ -110,6 +111,11 @@ class ThreadWorld:
         return contextlib.nullcontext()
 
     def comm_context(self):
+        return contextlib.nullcontext()
+
+    def landed_context(self, message):
+        """Around a `then()` or `add_done_callback()` callback of the future of `message`'s
+        async Work (work.py): the work has completed there."""
         return contextlib.nullcontext()
 
     def on_enter(self):

@@ -11,6 +11,7 @@ where it runs, as `wait()` does. Making the future does not wait, nor does a `th
 `add_done_callback()` callback running (torch runs those off the rank's thread). The checks'
 World fails a rank that returns with one never waited for (helpers/checks/_core/waits.py).
 """
+import contextlib
 
 import torch
 
@@ -22,9 +23,9 @@ class WorkFuture(torch.futures.Future):
     wait (`waited()`, once); a future chained with `then()` records the same wait. A callback
     gets a plain completed Future with the same value, so reading it there is no wait."""
 
-    def __init__(self, waited):
+    def __init__(self, waited, landed=contextlib.nullcontext):
         super().__init__()
-        self._waited = waited
+        self._waited, self._landed = waited, landed     # landed(): around each callback
 
     def wait(self):
         self._waited()
@@ -50,18 +51,23 @@ class WorkFuture(torch.futures.Future):
         return plain
 
     def then(self, callback):
-        child = WorkFuture(self._waited)
+        child = WorkFuture(self._waited, self._landed)
 
         def run(_):
             try:
-                child.set_result(callback(self._plain()))
+                with self._landed():
+                    value = callback(self._plain())
+                child.set_result(value)
             except Exception as e:
                 child.set_exception(e)
         super().add_done_callback(run)
         return child
 
     def add_done_callback(self, callback):
-        super().add_done_callback(lambda _: callback(self._plain()))
+        def run(_):
+            with self._landed():
+                callback(self._plain())
+        super().add_done_callback(run)
 
 
 class Work:
@@ -101,7 +107,7 @@ class Work:
         def future():
             delivered()
             if not made:
-                fut = WorkFuture(waited)
+                fut = WorkFuture(waited, lambda: world.landed_context(message))
                 fut.set_result(value() if value is not None else [])
                 made.append(fut)
             return made[0]

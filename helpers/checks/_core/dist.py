@@ -14,7 +14,9 @@ import torch.distributed as dist
 
 from ...runtime.comm import wire as _wire
 from ...runtime.work import Work, WorkFuture, waited_all
+from .inflight import launched as _launched
 from .run import stand_in
+from .waits import what as _what
 
 __all__ = ["torch_distributed", "Group"]
 
@@ -193,7 +195,9 @@ def send(W, tensor, dst=None, group=None, tag=0, group_dst=None):
 
 def isend(W, tensor, dst=None, group=None, tag=0, group_dst=None):
     dst = _ranks(W, group)[group_dst] if group_dst is not None else dst
-    return _Done(W, W.send(tensor, dst, tag, async_op=True))
+    m = W.send(tensor, dst, tag, async_op=True)
+    W.in_flight.add(W.rank, m, _what(W.rank, m), [("buffer", [tensor])])   # inflight.py
+    return _Done(W, m)
 
 
 def recv(W, tensor, src=None, group=None, tag=0, group_src=None):
@@ -210,6 +214,7 @@ def irecv(W, tensor, src=None, group=None, tag=0, group_src=None):
         world.recv(src, tag, out=tensor)
     m = _Marker(rank, src)
     world.irecvs[rank].append(m)      # its wait is judged when the rank ends (waits.py)
+    world.in_flight.add(rank, m, _what(rank, m), [("buffer", [tensor])])
     return Work(world, m, deliver, lambda: [tensor])
 
 
@@ -306,7 +311,10 @@ def _dispatch(name, original, world):
     @stand_in(original) if original is not None else (lambda f: f)
     def call(*args, **kwargs):
         if world.rank is not None:
-            return _CALLS[name](world, *args, **kwargs)
+            out = _CALLS[name](world, *args, **kwargs)
+            if type(out) is Work and name != "irecv":     # an async collective (inflight.py)
+                _launched(world, _CALLS[name], args, kwargs)
+            return out
         if original is None:
             raise RuntimeError(f"torch.distributed.{name} is not available here")
         return original(*args, **kwargs)

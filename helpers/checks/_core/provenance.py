@@ -345,6 +345,8 @@ class _Mode(TorchDispatchMode):
             return parts
         leaves = tree_leaves((args, kwargs))
         self.p.touch(self.rank, [t for t in leaves if isinstance(t, torch.Tensor)], func)
+        if not self.p.exempt():     # an async call's tensors before its wait (inflight.py)
+            self.p.world.in_flight.check(self.rank, func, args, kwargs)
         if self.p.exited and not self.p.exempt():     # set_ on a storage rebuilt from bytes
             for s in leaves:
                 if isinstance(s, (torch.UntypedStorage, torch.TypedStorage)):

@@ -7,10 +7,11 @@ first observed completion (`wait()`, `result()`, `is_completed()`, its future, a
 from it with `then()`, `torch.futures.wait_all`), as work.py records it."""
 from .run import CheckFailed
 
-__all__ = ["never_waited"]
+__all__ = ["never_waited", "what"]
 
 
-def _what(rank, m):
+def what(rank, m):
+    """Message `m` of rank `rank` in the reader's words ("rank 0's isend to rank 1")."""
     if m.op == "send":
         return f"rank {rank}'s isend to rank {m.dst}"
     if m.op == "irecv":
@@ -27,7 +28,7 @@ def never_waited(world):
         if left:
             more = f" (and {len(left) - 1} more async call(s))" if len(left) > 1 else ""
             return [(r, CheckFailed(
-                f"{_what(r, left[0])} was never waited for{more}: call work.wait() (or "
+                f"{what(r, left[0])} was never waited for{more}: call work.wait() (or "
                 "future.wait()) before using the result, and before the rank returns. Until "
                 "then a real backend may not have finished it (gloo completes it on a "
                 "background thread, NCCL on its own stream): the result may not have arrived, "

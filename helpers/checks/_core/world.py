@@ -45,6 +45,7 @@ from . import addresses
 from .dist import torch_distributed
 from .early_threads import world_ranks
 from .exits import watch_exits, watched_here
+from .inflight import InFlight
 from .ledger import ledger, tampered
 from .observe import Recorder
 from .provenance import Provenance
@@ -96,6 +97,7 @@ class World(ThreadWorld):
         self.exits = [[] for _ in range(size)]   # (op index, ref): values read out of torch
         self.irecvs = [[] for _ in range(size)]  # each rank's irecvs (dist.py), for waits.py
         self.provenance = Provenance(self)
+        self.in_flight = InFlight(self._refuse)     # async calls' tensors until waited
         self.network_failure = None     # (rank, error): the first call the network refused
         self._note, self._verify, self._allow = ledger(self)   # the harness's own copy
         self._mark_rank = _no_run           # run_context's while a run goes on (world_ranks)
@@ -323,6 +325,9 @@ class World(ThreadWorld):
 
     def comm_context(self):
         return self.provenance.network()
+
+    def landed_context(self, message):
+        return self.in_flight.landed(message)
 
     def on_message(self, rank, kind, m):
         """Each recorded message (under the lock): the ledger keeps its own copy."""

@@ -1,0 +1,153 @@
+"""A rank that reads or writes the tensors of its own async call before waiting for it fails.
+
+The simulated Work completes as its launch returns (runtime/work.py) and a send is copied at
+launch, so the values come out right whatever the rank does in between. On gloo the collective
+runs on a background thread and on NCCL on its own stream: until the rank waits, the input and
+output of a collective, the buffer of an isend and the buffer of an irecv are still in use, and
+`p.grad.div_(world)` after `all_reduce(p.grad, async_op=True)` races the reduction. So, from
+the launch until the rank's wait (as work.py records it: `wait()`, `result()`, `is_completed()`,
+the future's `wait()`/`value()`/`done()`, `wait_all`), the byte ranges of those tensors are in
+flight for that rank, and any aten operation of the rank's threads (provenance.py's dispatch
+mode) that touches one of them, through any view, fails the check (memory the call only reads,
+an isend's buffer or an all-gather's input, only when written: reading it meanwhile is safe).
+Not counted: making a view or a tensor of the same shape (no values move), the network's own
+work (provenance's exempt `network()`), and a `then()` / `add_done_callback()` callback of the
+work's future, which runs once the work completed (`landed`).
+"""
+import contextlib
+import inspect
+import threading
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from .waits import what
+
+__all__ = ["InFlight", "launched"]
+
+FIX = ("wait() for the work before reading or writing its tensors: on gloo and NCCL the "
+       "{what} is still running")
+# operations that read only a tensor's shape, dtype and device, never its values
+_METADATA = frozenset({"empty_like", "new_empty", "new_empty_strided", "zeros_like",
+                       "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
+                       "new_zeros", "new_ones", "new_full"})
+
+
+def _span(t):
+    """(storage key, first byte, end byte) of the memory tensor `t` covers, or None."""
+    try:
+        if t.numel() == 0:
+            return None
+        key = t.untyped_storage()._cdata
+        size = t.element_size()
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+        start = t.storage_offset() * size
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None                 # no storage of its own (a wrapper subclass, sparse ...)
+    return key, start, start + extent * size
+
+
+def _touches(func):
+    """Whether aten `func` reads or writes values (not a view, not a same-shape maker)."""
+    schema = func._schema
+    if func.overloadpacket.__name__ in _METADATA:
+        return False
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    views = schema.returns and all(r.alias_info is not None and not r.alias_info.is_write
+                                   for r in schema.returns)
+    return writes or not views
+
+
+def _written(func, args, kwargs):
+    """The ids of the tensors aten `func` writes (its in-place and out= arguments)."""
+    ids = set()
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            ids.update(id(t) for t in tree_leaves(v) if isinstance(t, torch.Tensor))
+    return ids
+
+
+class _Entry:
+    """Tensors of one async call; `read_only`: the call only reads them (an isend's buffer, an
+    out-of-place collective's input), so reading them meanwhile is no race, writing is."""
+    __slots__ = ("message", "what", "role", "spans", "tensors", "read_only")
+
+    def __init__(self, message, what, role, tensors):
+        self.message, self.what, self.role, self.tensors = message, what, role, tensors
+        self.spans = [s for s in map(_span, tensors) if s is not None]
+        self.read_only = role == "input" or message.op == "send"
+
+
+class InFlight:
+    """Each rank's async calls not yet waited for, and the memory they hold (module docstring).
+    `refuse(rank, words)`: how a World fails the answer (recorded, so a caught one fails too)."""
+
+    def __init__(self, refuse):
+        self._refuse = refuse
+        self._pending = {}          # rank -> [_Entry]
+        self._local = threading.local()
+
+    def add(self, rank, message, what, roles):
+        """Rank `rank` launched `message` (`what`: "rank 0's all_reduce ..."); `roles`:
+        [(role, tensors)], e.g. [("output", [out]), ("input", [x])]."""
+        if rank is None or message is None:
+            return
+        entries = self._pending.setdefault(rank, [])
+        for role, tensors in roles:
+            tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+            if tensors:
+                entries.append(_Entry(message, what, role, tensors))
+
+    @contextlib.contextmanager
+    def landed(self, message):
+        """A callback of `message`'s future runs: the work completed, its tensors are free."""
+        done = getattr(self._local, "landed", ())
+        self._local.landed = (*done, message)
+        try:
+            yield
+        finally:
+            self._local.landed = done
+
+    def check(self, rank, func, args, kwargs):
+        """Fail if aten `func(*args, **kwargs)`, run by rank `rank`, reads or writes memory in
+        flight (only writes, for memory the call only reads)."""
+        entries = self._pending.get(rank)
+        if not entries:
+            return
+        entries[:] = [e for e in entries if e.message.waited is None]
+        landed = getattr(self._local, "landed", ())
+        live = [e for e in entries if e.message not in landed]
+        if not live or not _touches(func):
+            return
+        written = _written(func, args, kwargs)
+        for t in tree_leaves((args, kwargs)):
+            span = _span(t) if isinstance(t, torch.Tensor) else None
+            if span is None:
+                continue
+            for e in live:
+                if (id(t) in written or not e.read_only) and any(
+                        k == span[0] and a < span[2] and span[1] < b for k, a, b in e.spans):
+                    self._fail(rank, func, e)
+
+    def _fail(self, rank, func, e):
+        what = "collective" if e.message.op not in ("send", "irecv") else "transfer"
+        self._refuse(rank, f"rank {rank} ran torch's {func.overloadpacket.__name__} on the "
+                     f"{e.role} of {e.what} before waiting for it: " + FIX.format(what=what))
+
+
+def _role(name):
+    return "output" if name.startswith("output") or name == "tensor_list" else (
+        "input" if name.startswith("input") else "tensor")
+
+
+def launched(world, call, args, kwargs):
+    """torch.distributed's `call(world, *args, **kwargs)` returned an async Work in a rank: its
+    tensors (by the parameter that took them: output, input, tensor) are in flight."""
+    rank = world.rank
+    line = world.timeline[rank][-1] if rank is not None and world.timeline[rank] else None
+    if line is None or line[1] != "launch":
+        return
+    bound = inspect.signature(call).bind(world, *args, **kwargs).arguments
+    roles = [(_role(k), v if isinstance(v, (list, tuple)) else [v]) for k, v in bound.items()]
+    world.in_flight.add(rank, line[2], what(rank, line[2]), roles)
