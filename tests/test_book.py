@@ -296,13 +296,19 @@ def test_a_checked_output_holds_no_rounding_noise(path):
 def test_ci_runs_the_browser_test_in_its_one_pytest_run():
     """`make test` runs the browser test inside test-py (its workers share it out with the rest)
     and builds what it needs first; without CI's order, test-py leaves it out (no book built)."""
+    import os
     import subprocess
     make = (ROOT / "Makefile").read_text()
     assert "test-browser" not in re.search(r"^TEST_STAGES\s*:=(.*)$", make, re.M).group(1)
 
+    # a make above this test (`make test` sets CI_ORDER=1) hands its variables down in MAKEFLAGS
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "CI_ORDER")}
+
     def recipe(*args):
         out = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed",
-                              "test-py", *args], cwd=ROOT, capture_output=True, text=True)
+                              "test-py", *args], cwd=ROOT, capture_output=True, text=True,
+                             env=env)
         assert out.returncode == 0, out.stderr
         command = out.stdout.replace("\\\n", " ")      # make -n keeps the continued lines
         return next(line for line in command.splitlines() if "pytest" in line)
@@ -322,3 +328,12 @@ def test_every_unit_the_run_order_names_exists():
     table = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                  and any(getattr(t, "id", "") == "SLOW_UNITS" for t in n.targets))
     assert table and not [u for u in table if not (ROOT / u).is_file()], table
+
+
+def test_no_two_test_modules_share_a_name():
+    """`make test` collects tests/ and tests/browser/ in one pytest run, where two test modules of
+    one basename cannot both be imported ("import file mismatch")."""
+    seen = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {k: v for k, v in seen.items() if len(v) > 1}

@@ -1,7 +1,7 @@
 """The cost explorer of book/part1/costs.ipynb: its static twin (helpers/cost_explorer.py) holds
 split_costs' numbers for every setting of the widget's discrete controls, mirrors the widget's
 controls, and is what the stored notebook shows on the page. Moving its controls in a browser:
-tests/browser/test_cost_explorer.py."""
+tests/browser/test_cost_explorer_page.py."""
 import json
 import re
 
