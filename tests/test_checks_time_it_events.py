@@ -128,3 +128,22 @@ def test_event_answers_pass_on_a_loaded_machine(monkeypatch):
     real_sleep = time.sleep
     monkeypatch.setattr(time, "sleep", lambda s: real_sleep(3 * s))
     assert check_time_it(time_it_events).status == "passed"
+
+
+def test_a_progress_watcher_left_running_does_not_run_a_patched_sleep(monkeypatch):
+    """helpers.runtime.progress's watcher thread (started by an earlier launch in the process)
+    slept through `time.sleep`, so a test that slowed time.sleep made that old thread run the
+    test's lambda, and the check refused it as the reader's code on an unseen thread."""
+    import threading
+    import time
+
+    from helpers.runtime import progress
+    ran = threading.Event()
+    real_sleep = time.sleep
+    monkeypatch.setattr(progress, "_NOTE_AFTER", 0.04)
+    watcher = threading.Thread(target=progress._watch, daemon=True)
+    monkeypatch.setattr(progress, "_waits", threading.Lock())
+    monkeypatch.setattr(time, "sleep", lambda s: (ran.set(), real_sleep(s)))
+    watcher.start()
+    real_sleep(0.1)
+    assert not ran.is_set(), "the watcher ran the replaced time.sleep"
