@@ -146,14 +146,12 @@ test-py: export COURSE_CLAIMS := strict
 # near 2 cores busy, only cheaper tests shorten a stage; well below, it waits, and more workers
 # (JOBS=3) or a better order would help.
 cpu_use = $(if $(filter 1,$(CI_ORDER)),$(PYTHON) scripts/cpu_use.py $(1))
-# test-py's workers under `make test`: one more than the cores. On 2 cores two workers kept
-# 1.61 cores busy (a quiet fresh-clone run: 1,475 s of CPU in 915 s): a worker waits while its
-# unit sleeps, times a rank out or starts processes (torchrun lessons, the browser), and its core
-# idles; a third worker fills those waits.
-TEST_JOBS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
+# test-py's workers: as many as the cores (JOBS=auto). Measured on quiet fresh clones of a 2-core
+# machine, one run each: two workers kept 1.58 cores busy (test-py 847 s, 1,341 s of CPU), three
+# 1.77 (844 s, 1,496 s): the same wall for more CPU, so two.
 test:
 	@$(PYTHON) scripts/cpu_use.py "make test" $(MAKE) --no-print-directory -j2 CI_ORDER=1 \
-		JOBS=$(TEST_JOBS) $(STAMP) test-book node_modules/.installed $(TEST_STAGES)
+		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
 
 ifeq ($(CI_ORDER),1)
 test-py: | test-book node_modules/.installed chromium
