@@ -17,7 +17,8 @@ export PYTHONUNBUFFERED := 1
 # in a test run or a book build).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: book test lint test-unit test-notebooks test-py test-book test-book-fresh test-browser student test-student bench \
+.PHONY: book test lint test-unit test-notebooks test-py test-waiting test-book test-book-fresh \
+	test-browser student test-student bench \
 	gpu-dry outputs lock venv clean book-static pdf pdf-html test-pdf test-pdf-html chromium
 TORCH ?=
 CPU_INDEX := https://download.pytorch.org/whl/cpu
@@ -125,12 +126,12 @@ ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 # first, so that no stage's last long module leaves a core idle while another stage waits: the
 # browser test ran after test-py, on its own two workers, beside gpu-dry, the PDF and the fresh
 # book, and those four stages left the cores part idle for minutes. make's second job slot runs
-# the single-process stages beside test-py (gpu-dry: one small step after another, mostly
-# waiting; the PDF's printing), then the fresh book's Sphinx build after it. Order-only
-# prerequisites set the order (`make test-book` alone still runs only the book); make starts
-# runnable stages in the order of TEST_STAGES. No --output-sync: it would hold a stage's output
-# until the stage ends (minutes of silence).
-TEST_STAGES := test-py lint test-book test-pdf-html gpu-dry test-pdf test-book-fresh
+# the single-process stages beside test-py (test-waiting: the test modules that mostly wait;
+# gpu-dry: one small step after another, mostly waiting; the PDF's printing), then the fresh
+# book's Sphinx build after it. Order-only prerequisites set the order (`make test-book` alone
+# still runs only the book); make starts runnable stages in the order of TEST_STAGES. No
+# --output-sync: it would hold a stage's output until the stage ends (minutes of silence).
+TEST_STAGES := test-py test-waiting lint test-book test-pdf-html gpu-dry test-pdf test-book-fresh
 test: export COURSE_QUICK := 1
 # One torch thread per process: the two pytest workers' notebook kernels and test processes share
 # 2 cores, and each one's default pool of 2 threads spun at every parallel region (syncbn's quick
@@ -184,7 +185,17 @@ test-py: $(STAMP)
 	rm -rf _build/executed
 	$(call cpu_use,test-py) $(BIN)/pytest -q --durations=30 --scope-times _build/scope-times.json \
 		$(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book \
-		$(if $(filter 1,$(CI_ORDER)),,--ignore=tests/browser)
+		$(if $(filter 1,$(CI_ORDER)),$(addprefix --ignore=,$(WAITING)),--ignore=tests/browser)
+
+# Test modules that mostly wait (the simulated GPUs' sleeps, launch timeouts), each in one
+# process on a 2-core machine, 2026-12-07, wall against CPU: test_checks_time_it.py 104 s
+# against 11 s, test_launch.py 57 against 20, test_checks_time_it_events.py 16 against 1. Under
+# `make test` they run in a process of their own in make's second job slot (test-waiting),
+# beside test-py, which leaves them out: its two workers' cores stay busy with the rest. Alone,
+# `make test-py` runs them with the rest.
+WAITING := tests/test_checks_time_it.py tests/test_checks_time_it_events.py tests/test_launch.py
+test-waiting: $(STAMP)
+	$(call cpu_use,test-waiting) $(BIN)/pytest -q -p no:cacheprovider -p no:nbval $(WAITING)
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's

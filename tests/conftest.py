@@ -73,11 +73,12 @@ def _libraries_left_as_found(request):
 # run; from _build/scope-times.json, 2026-12-07). They only order the work (see
 # pytest_collection_modifyitems), so a stale figure costs time, never a result. Units not
 # listed: a notebook by its quick run in book/_ext/runs.json (capped below the listed ones),
-# a module as short.
+# a module as short. test_checks_time_it.py's figure is its own run, alone (`make test` runs it
+# beside test-py: Makefile, WAITING).
 SLOW_UNITS = {"tests/browser/test_pages.py": 199, "book/part3/ddp_torchrun.ipynb": 152,
               "tests/test_colab.py": 99, "tests/test_distributed.py": 66,
               "tests/test_autograde.py": 60, "tests/test_launch.py": 54,
-              "tests/test_checks_fast.py": 53, "tests/test_checks_frames.py": 53,
+              "tests/test_checks_time_it.py": 93, "tests/test_checks_frames.py": 53,
               "book/part4/fixes.ipynb": 47, "book/part3/syncbn.ipynb": 36,
               "tests/test_fast.py": 36, "book/part4/scaling.ipynb": 36,
               "tests/test_checks_forced_cases.py": 35, "tests/test_fake_cuda.py": 34,

@@ -321,6 +321,34 @@ def test_ci_runs_the_browser_test_in_its_one_pytest_run():
     assert {"test-book", "node_modules/.installed", "chromium"} <= set(needs), needs
 
 
+def test_ci_runs_the_waiting_modules_beside_test_py_once():
+    """`make test` runs the modules that mostly wait (WAITING) in a stage of their own beside
+    test-py, which leaves exactly those out under CI's order: a module named in one place only
+    would run twice or never. Without CI's order test-py runs them with the rest."""
+    import os
+    import subprocess
+    make = (ROOT / "Makefile").read_text()
+    assert "test-waiting" in re.search(r"^TEST_STAGES\s*:=(.*)$", make, re.M).group(1)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "CI_ORDER")}
+
+    def recipe(target, *args):
+        out = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed",
+                              "-o", "test-book", "-o", "node_modules/.installed",
+                              "-o", "chromium", target, *args], cwd=ROOT, capture_output=True,
+                             text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        command = out.stdout.replace("\\\n", " ")
+        return next(line for line in command.splitlines() if "pytest" in line).split()
+    waiting = [w for w in recipe("test-waiting", "CI_ORDER=1") if w.startswith("tests/")]
+    left_out = [w.removeprefix("--ignore=") for w in recipe("test-py", "CI_ORDER=1")
+                if w.startswith("--ignore=")]
+    assert waiting and sorted(waiting) == sorted(left_out), (waiting, left_out)
+    assert all((ROOT / w).is_file() for w in waiting), waiting
+    alone = [w for w in recipe("test-py") if w.startswith("--ignore=")]
+    assert alone == ["--ignore=tests/browser"], alone
+
+
 def test_every_unit_the_run_order_names_exists():
     """tests/conftest.py orders the units by SLOW_UNITS: a renamed module or notebook left there
     would silently drop back to the end of the run."""

@@ -148,10 +148,20 @@ def check_time_it(time_it):
                 break
         n = len(sim.starts)
         expect(n >= reps, f"{call} called fn {n} times, expected reps = {reps}")
-        for i, missing, before in sim.unsynced(gpus, earlier, reps):
+        gaps = sim.unsynced(gpus, earlier, reps)
+        after = {d for _, missing, before in gaps if not before for d in missing}
+        for i, missing, before in gaps:
             names = " and ".join(map(describe_device, missing))
             what = (f" call {i + 1} while {names} still ran the work of the untimed calls "
                     "before it" if i else f" while {names} still ran earlier work")
+            # a GPU left busy at the start and never waited for after a call either: both
+            # halves of the fix at once, whichever GPU the earlier work was drawn on
+            never = [d for d in missing if d in after]
+            expect(not (before and never),
+                   f"{call} started timing{what}, and never waited for "
+                   f"{' and '.join(map(describe_device, never))} after a call: synchronise "
+                   "every device in devices before starting the clock and after fn() "
+                   "(helpers.synchronize(devices))")
             expect(not before, f"{call} started timing{what}: "
                                "synchronise the devices before starting the clock "
                                "(helpers.synchronize(devices))")
