@@ -35,7 +35,7 @@ runtime.traffic             bytes sent, on one log               ByteLog, send, 
 runtime.files               THE atomic writer                    atomic_write, write_json
 runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
 runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
-runtime.mesh                ranks along named mesh dimensions    rank_grid, coords_of
+runtime.mesh                ranks along named mesh dimensions    rank_grid, device_mesh
 ring                        ring collectives, simulated devices  ring_all_reduce, ring_all_gather
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
@@ -107,7 +107,7 @@ from .runtime.files import atomic_write, write_json
 from .runtime.emulate import Clock, Rates, clock_scale
 from .runtime.checkpoint import (set_rng_state, save_snapshot, load_snapshot, save_checkpoint,
                                  save_snapshot_all, load_checkpoint)
-from .runtime.mesh import rank_grid, coords_of
+from .runtime.mesh import rank_grid, coords_of, device_mesh
 from .ring import ring_reduce_scatter, ring_all_gather, ring_all_reduce
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)

@@ -389,54 +389,44 @@ def test_no_test_imports_the_tests_folder_as_a_package():
 
 
 # --- one mesh builder -------------------------------------------------------------------------
-def _functions_calling(tree, callee, prefix=""):
-    """Qualified names of the functions in `tree` that call `callee` by its bare name."""
-    for child in ast.iter_child_nodes(tree):
-        if isinstance(child, (ast.FunctionDef, ast.ClassDef)):
-            name = f"{prefix}{child.name}"
-            if isinstance(child, ast.FunctionDef) and any(
-                    isinstance(c, ast.Call) and getattr(c.func, "id", None) == callee
-                    for c in ast.walk(child)):
-                yield name
-            else:
-                yield from _functions_calling(child, callee, name + ".")
+def _names_of(tree, name):
+    """Lines where `tree` names `name` in code (a bare name, an attribute, an import, aliased or
+    not), not in a string."""
+    return sorted({n.lineno for n in ast.walk(tree)
+                   if getattr(n, "id", None) == name or getattr(n, "attr", None) == name
+                   or isinstance(n, ast.alias) and n.name.rsplit(".", 1)[-1] == name})
 
 
 def _mesh_builders():
-    """(module, qualified name) of each function of helpers (the grader's aside) that calls
+    """(path under helpers/, line) of each place in helpers (the grader's aside) that names
     torch's init_device_mesh."""
     for path in sorted(PKG.rglob("*.py")):
         rel = path.relative_to(PKG)
         if rel.parts[0] != "checks":
-            module = "helpers." + ".".join(rel.with_suffix("").parts)
-            for name in _functions_calling(ast.parse(path.read_text()), "init_device_mesh"):
-                yield module, name
+            for line in _names_of(ast.parse(path.read_text()), "init_device_mesh"):
+                yield rel.as_posix(), line
 
 
-def _printed_by_a_chapter():
-    """(module, qualified name) of each helpers object a chapter prints with getsource."""
-    from book_files import toc_notebooks
-    printed = set()
-    for path in toc_notebooks():
-        for cell in json.loads(path.read_text())["cells"]:
-            for expr in re.findall(r"getsource\(\s*([\w.]+)\s*\)", "".join(cell["source"])):
-                obj = helpers
-                for part in expr.removeprefix("helpers.").split("."):
-                    obj = getattr(obj, part, None)
-                if obj is not None and hasattr(obj, "__qualname__"):
-                    printed.add((obj.__module__, obj.__qualname__))
-    return printed
+def test_meshes_are_built_by_runtime_mesh_device_mesh():
+    """runtime.mesh.device_mesh is the one place helpers builds a DeviceMesh (init_device_mesh,
+    after a check that the shape holds the world); the chapters print it to show torch's call."""
+    places = list(_mesh_builders())
+    assert any(path == "runtime/mesh.py" for path, _ in places), "the scan sees the builder"
+    stray = [f"helpers/{path}:{line}" for path, line in places if path != "runtime/mesh.py"]
+    assert not stray, f"build the mesh with helpers.runtime.mesh.device_mesh at {stray}"
 
 
-def test_meshes_are_built_by_runtime_mesh_or_in_code_a_chapter_prints():
-    """runtime.mesh.device_mesh is the one way helpers builds a DeviceMesh; a function a
-    chapter prints may call torch's init_device_mesh itself, to show it."""
-    printed = _printed_by_a_chapter()
-    builders = list(_mesh_builders())
-    assert ("helpers.runtime.mesh", "device_mesh") in builders
-    stray = [f"{m}.{n}" for m, n in builders if m != "helpers.runtime.mesh" and not any(
-        m == pm and (n == pn or n.startswith(pn + ".")) for pm, pn in printed)]
-    assert not stray, f"build the mesh with helpers.runtime.mesh.device_mesh in {stray}"
+def test_the_mesh_scan_sees_each_way_of_naming_init_device_mesh():
+    """Guard the guard: a from-import, an aliased one, an attribute call are seen; a docstring
+    or a comment that only mentions it is not."""
+    seen = _names_of(ast.parse(
+        '"""init_device_mesh, in words."""\n'                                  # 1: no
+        "from torch.distributed.device_mesh import init_device_mesh\n"         # 2
+        "from torch.distributed.device_mesh import init_device_mesh as m\n"    # 3
+        "import torch.distributed.device_mesh as dm\n"                         # 4: no
+        "mesh = dm.init_device_mesh('cpu', (2,))  # init_device_mesh\n"        # 5
+        "mesh = init_device_mesh('cpu', (2,))\n"), "init_device_mesh")         # 6
+    assert seen == [2, 3, 5, 6], seen
 
 
 def test_profiles_are_taken_by_profiling_quiet_profile():

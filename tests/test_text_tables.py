@@ -48,7 +48,7 @@ ALIGNED = {
         "            logits = self.router(xg)\n"
         "            r = route(logits, self.k,\n"),
     "tensor_parallel_dist, two lines of source": (
-        "    mesh = init_device_mesh(device.type, (world,))\n"
+        "    mesh = device_mesh((world,), (\"tp\",), device.type)\n"
         "        module = parallelize_module(copy.deepcopy(block), mesh, tp_plan(True, prep))\n"),
     "a top-level function's source": "def f(x):\n    return x + 1\n",
     # reprs

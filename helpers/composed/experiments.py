@@ -2,9 +2,10 @@
 
 `train_3d_scratch`: the small GPT on a 3-D mesh from the course's own pieces (scratch.py);
 `train_3d_torch`: the same run with PyTorch's engines, in torchtitan's order: one device mesh
-(init_device_mesh, dims "pp", "dp", "tp"), this rank's pipeline stage, tensor parallel
-(parallelize_module with the course's tp_plan) over "tp", then FSDP2 (fully_shard per layer
-and on the stage) over "dp", then torch.distributed.pipelining's Schedule1F1B over "pp";
+(runtime.mesh.device_mesh: init_device_mesh, dims "pp", "dp", "tp"), this rank's pipeline
+stage, tensor parallel (parallelize_module with the course's tp_plan) over "tp", then FSDP2
+(fully_shard per layer and on the stage) over "dp", then torch.distributed.pipelining's
+Schedule1F1B over "pp";
 `train_cp_zero2`: the sequence split over "cp" with ZeRO-2 over "dp".
 """
 import logging
@@ -21,7 +22,7 @@ from ..pipeline_parallel.schedules import one_f_one_b_rank_order
 from ..pipeline_parallel.scratch import pipeline_rank_step, stage_of
 from ..runtime.comm import DistComm
 from ..runtime.launch import take, take_kwargs
-from ..runtime.mesh import MESH_DIMS, coords_of, new_groups
+from ..runtime.mesh import MESH_DIMS, coords_of, device_mesh, new_groups
 from ..runtime.traffic import count_traffic
 from ..sharding.memory import PeakBytes
 from ..sharding.zero import Zero2, optimizer_state_bytes
@@ -174,7 +175,6 @@ def train_3d_torch(rank: int, world: int, cfg: dict) -> TorchRun3D:
     weights (rank 0; gathered with full_tensor), the losses (last stage), the seconds per step
     and the mesh's groups as torch built them: a results.TorchRun3D."""
     import torch.distributed.pipelining as pp_api
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
     # full_tensor() of a 2-D sharded weight warns that it gathers in two steps: true, harmless
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -183,7 +183,7 @@ def train_3d_torch(rank: int, world: int, cfg: dict) -> TorchRun3D:
     model_cfg = take_kwargs(model_cfg, gpt)               # gpt's defaults for what it omits
     pp, dp, tp = shape = tuple(shape)
     validate_data_split(batch, dp)
-    mesh = init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
+    mesh = device_mesh(shape, MESH_DIMS, device.type)
     c = {name: mesh[name].get_local_rank() for name in MESH_DIMS}
     net = gpt_layers(gpt(**model_cfg))
     stage = stage_of(net, stage_cuts(model_cfg["layers"], pp), c["pp"]).to(device)

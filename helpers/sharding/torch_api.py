@@ -7,6 +7,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
+from ..runtime.mesh import device_mesh
 from ..tiny_models import make_model
 
 __all__ = ["fsdp2_api", "fsdp2_model", "fsdp2_layers", "full_params"]
@@ -24,10 +25,9 @@ def fsdp2_api():
 
 def fsdp2_model(kind, world, device, param_dtype=None, seed=0, sizes=None):
     """`make_model(kind)` with fully_shard on every layer that holds parameters, then the root."""
-    from torch.distributed.device_mesh import init_device_mesh
     fully_shard, MixedPrecisionPolicy = fsdp2_api()
     model = make_model(kind, seed=seed, **(sizes or {})).to(device)
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = device_mesh((world,), ("dp",), device.type)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for m in list(model.modules())[1:]:
         if any(True for _ in m.parameters(recurse=False)):
@@ -40,9 +40,8 @@ def fsdp2_layers(world, device, reshard, prefetch, sizes):
     """The MLP with fully_shard on every Linear layer and the root, reshard_after_forward=reshard;
     prefetch: each layer told which one to gather ahead, forward and backward."""
     fully_shard, _ = fsdp2_api()
-    from torch.distributed.device_mesh import init_device_mesh
     net = make_model("mlp", **(sizes or {})).to(device)
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = device_mesh((world,), ("dp",), device.type)
     layers = [m for m in net if isinstance(m, nn.Linear)]
     for m in layers:
         fully_shard(m, mesh=mesh, reshard_after_forward=reshard)

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ..compare import max_diff
+from ..runtime.mesh import device_mesh
 from .flat import all_gather_flat
 from .results import OffloadRun, OffloadSide, QwzRun
 from .variants import quantization_bound, quantized_all_gather
@@ -48,7 +49,6 @@ def offload_run(rank, world, cfg):
     weights' difference, where each sharded state lives (its device), the bytes of state a
     rank holds, and per step the bytes handed to all-gathers and returned by reduce-scatters
     (what crosses PCIe under offload on a GPU)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     from ..one_process import flat_cross_entropy, local_batch
@@ -64,7 +64,7 @@ def offload_run(rank, world, cfg):
         offload = label == "offload"
         model = make_model("mlp", **(sizes or {}))
         model = model if offload else model.to(device)
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = device_mesh((world,), ("dp",), device.type)
         policy = dict(offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda")) \
             if offload else {}
         for m in list(model.modules())[1:]:

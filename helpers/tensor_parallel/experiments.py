@@ -68,10 +68,9 @@ def tp_worker(rank: int, world: int, cfg: dict) -> dict[str, BlockRun | VocabRun
     for name, module in (("mlp", TPMLP(block.mlp, comm)), ("block", TPBlock(block, comm))):
         comm.reset_counts()
         results[name] = BlockRun(**_run(module, X, R, comm))
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import parallelize_module
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = device_mesh((world,), ("tp",), device.type)
     for name, prep in (("dtensor", True), ("dtensor_plain", False)):
         module = parallelize_module(copy.deepcopy(block), mesh, tp_plan(True, prep))
         with CommDebugMode() as debug, FuncolBytes() as counter:
@@ -186,14 +185,13 @@ def mesh2d_worker(rank: int, world: int, cfg: dict) -> Mesh2DRun:
     per mesh dimension: a results.Mesh2DRun."""
     import logging
 
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
     # full_tensor() of a 2D-sharded weight warns that it gathers in two steps: true, harmless
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     device, inputs, (dp, tp), blocks, block_cfg, wrap, lr, steps = take(
         cfg, "device", "inputs", shape=(2, 2), blocks=2, block={}, wrap="block", lr=0.1, steps=3)
-    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = device_mesh((dp, tp), ("dp", "tp"), device.type)
     dp_rank = mesh["dp"].get_local_rank()
     model = small_stack(blocks, **block_cfg).to(device)
     for block in model:                        # tensor parallel inside each block, over "tp"
