@@ -122,9 +122,10 @@ from .data_parallel.fast_lenet import lenet_fused, fused_flat_grad, tap_major
 from .data_parallel.compiled_step import train_compiled
 from .data_parallel.scratch import DDPFromScratch, make_buckets
 from .data_parallel.torch_api import (shard_indices, exact_counts, evaluate_exact,
-                                      ddp_step_collectives, SyncBatchNormFunction, CPUSyncBatchNorm,
-                                      convert_sync_batchnorm, TwoInputNet, side_features, bn_net,
-                                      bn_stats, global_batches, train_bn_steps)
+                                      ddp_step_collectives, combine_stats, SyncBatchNormFunction,
+                                      CPUSyncBatchNorm, convert_sync_batchnorm, TwoInputNet,
+                                      side_features, bn_net, bn_stats, global_batches,
+                                      train_bn_steps)
 from .data_parallel.experiments import (bn_vs_syncbn, bn_grads_same_weights,
                                         uneven_inputs_join, ddp_trace, ddp_knobs)
 from .data_parallel.words.verdicts import (against_prediction, graph_sentence, knob_words,

@@ -222,10 +222,9 @@ def reduce_then_broadcast_twin(grads):
     helpers.allreduce(grads)
 
 
-@shortcut("check_global_mean_var", "the course's _combine_stats", OWN)
+@shortcut("check_global_mean_var", "the course's combine_stats", OWN)
 def global_mean_var_twin(*args, **kwargs):
-    from helpers.data_parallel.torch_api import _combine_stats
-    return _combine_stats(*args, **kwargs)
+    return helpers.combine_stats(*args, **kwargs)
 
 
 # ---- 3. natural wrong answers -------------------------------------------------------------------

@@ -275,7 +275,7 @@ def dispatch_counts_sent(x, dest, comm):
     return torch.cat(got)
 
 
-# ---- what is still not seen (helpers/checks/README.md): must pass, so the docs stay true ---------
+# ---- what is still not seen (helpers/checks/_core/README.md): must pass, so the docs stay true --
 _PLAIN = {}
 
 
@@ -359,7 +359,7 @@ shortcut("check_dp_average", "pickled numpy copies between ranks, a decoy all_re
          "does not depend on what it received")(dp_average_pickled)
 
 
-@pytest.mark.xfail(strict=True, reason="documented as not seen (helpers/checks/README.md)")
+@pytest.mark.xfail(strict=True, reason="documented as not seen (helpers/checks/_core/README.md)")
 @pytest.mark.parametrize("check, answer", [
     ("check_dispatch_tokens", dispatch_counts_counter)], ids=["Counter"])
 def test_still_not_seen(check, answer, monkeypatch):

@@ -51,3 +51,30 @@ def test_teachers_guide_lists_what_every_check_observes():
     assert text[begin:text.index(tg.CHECKS_END)].strip() == tg.checks_table(), (
         "book/teachers.md's checks table is out of date: run "
         ".venv/bin/python scripts/student_edition.py --update-teachers-guide")
+
+
+def test_every_reference_resolves_to_a_facade_name_or_torch():
+    """A check resolves its `references=` only when it runs: a split that renames a function
+    some check lists would make that check fail as "the check itself failed" in a classroom.
+    Each course name is a façade name (`helpers.X`, or a member of one: `ByteLog.wire_bytes`),
+    never a path into a split's module, so `from .. import`'s rule holds for references too."""
+    import inspect
+
+    import helpers
+    from helpers.checks._core.references import _torch_object
+    stale = []
+    for check, info in sorted(REGISTRY.items()):
+        for name in info.references:
+            head, *rest = name.split(".")
+            if name.startswith("torch."):
+                found = _torch_object(name) is not None
+            else:
+                obj = getattr(helpers, head, None)
+                found = obj is not None and not inspect.ismodule(obj)
+                for part in rest:
+                    obj = getattr(obj, part, None)
+                found = found and obj is not None
+            if not found:
+                stale.append(f"{check} ({info.module}): {name!r}")
+    assert not stale, ("references= names that are not a façade name (or torch's) here: "
+                       f"{stale}: rename them in the check too")

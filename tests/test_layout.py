@@ -96,11 +96,12 @@ def _grader_uses(text):
     return found
 
 
-def facade_uses(root=ROOT):
+def facade_uses(root=ROOT, grader=True):
     """Every façade name that book/, scripts/ (shell scripts' Python included) or
     helpers/checks/ use (prose included: a chapter that names `helpers.X` sends the reader
     there). Not tests/: a name only tests use stays in its module, and the tests import it from
-    there."""
+    there. `grader=False`: the grader's uses left out, the teachers' guide's table of checks
+    (generated from its REGISTRY) too."""
     found = set()
     for folder in ("book", "scripts"):
         for path in (root / folder).rglob("*"):
@@ -110,11 +111,14 @@ def facade_uses(root=ROOT):
                 found |= _notebook_uses(path.read_text())
             elif path.suffix in (".py", ".md", ".sh"):
                 text = path.read_text(errors="ignore")
+                if not grader:
+                    text = re.sub(r"<!-- checks-table: begin -->.*<!-- checks-table: end -->",
+                                  "", text, flags=re.S)
                 found |= set(_DOTTED.findall(text))
                 found |= _python_uses(text) if path.suffix == ".py" else set()
                 found |= set().union(*map(_python_uses, _shell_python(text))) \
                     if path.suffix == ".sh" else set()
-    for path in (root / "helpers" / "checks").rglob("*.py"):
+    for path in (root / "helpers" / "checks").rglob("*.py") if grader else ():
         found |= _grader_uses(path.read_text())
     return found
 

@@ -26,8 +26,7 @@ _FLAGS = 8          # true/false elements an answer may read from the statistics
 _DTYPE, _NUMEL = torch._C.TensorBase.dtype.__get__, torch._C.TensorBase.numel
 
 
-@check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm",
-                                      "data_parallel.torch_api._combine_stats",
+@check("global_mean_var", references=["SyncBatchNormFunction", "CPUSyncBatchNorm", "combine_stats",
                                       "torch.nn.modules._functions.SyncBatchNorm.forward"],
        observes=[
     "the mean and biased variance returned for float32 shards of unequal sizes with a large mean "

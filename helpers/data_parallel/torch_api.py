@@ -16,7 +16,7 @@ from ..profiling import collectives_in
 from ..runtime.group import get_rank, get_world_size
 
 __all__ = ["shard_indices", "exact_counts", "evaluate_exact", "no_forward_buffer_sync",
-           "ddp_step_collectives",
+           "ddp_step_collectives", "combine_stats",
            "SyncBatchNormFunction", "CPUSyncBatchNorm", "convert_sync_batchnorm", "TwoInputNet",
            "side_features", "bn_net", "bn_stats", "global_batches", "train_bn_steps"]
 
@@ -84,7 +84,7 @@ def ddp_step_collectives(model, loss_of, steps=3):
     return seen
 
 
-def _combine_stats(counts, means, variances):
+def combine_stats(counts, means, variances):
     """Mean and biased variance of the union of groups from each group's count, mean and biased
     variance (Chan et al.'s parallel formula): no E[x^2] - E[x]^2, whose subtraction of two large
     numbers loses the digits of a small variance."""
@@ -111,7 +111,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         dist.all_gather(gathered, local, group=group)
         stats = torch.stack(gathered)                     # (world_size, 1 + 2 * channels)
         c = X.shape[1]
-        mean, var, n = _combine_stats(stats[:, 0], stats[:, 1:1 + c], stats[:, 1 + c:])
+        mean, var, n = combine_stats(stats[:, 0], stats[:, 1:1 + c], stats[:, 1 + c:])
         shape = [1, c] + [1] * (X.dim() - 2)
         invstd = torch.rsqrt(var + eps)
         X_hat = (X - mean.view(shape)) * invstd.view(shape)

@@ -12,7 +12,7 @@ import torch
 
 from ...schematics import LABEL_FONT as SMALL
 from ...schematics import SCHEMATIC_WIDTH, device_color, diagram, draw_arrow, draw_box
-from ..torch_api import _combine_stats
+from ..torch_api import combine_stats
 
 __all__ = ["syncbn_facts", "plot_syncbn"]
 
@@ -36,7 +36,7 @@ def syncbn_facts(ranks, eps=1e-5):
                          own_mean=r.shard_mean, own_var=r.shard_var,
                          own_invstd=torch.rsqrt(r.shard_var + eps)))
         gathered = gather.got
-    mean, var, n = _combine_stats(gathered[:, 0], gathered[:, 1:1 + c], gathered[:, 1 + c:])
+    mean, var, n = combine_stats(gathered[:, 0], gathered[:, 1:1 + c], gathered[:, 1 + c:])
     return dict(ranks=rows, channels=c, bn_calls=sum(len(r.bn_calls) for r in ranks),
                 world=dict(count=int(n), mean=mean, var=var, invstd=torch.rsqrt(var + eps)))
 
