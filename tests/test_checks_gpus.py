@@ -58,7 +58,8 @@ def tensor_bytes_nbytes(tensors):
     return sum(t.nbytes for t in tensors)
 
 
-@other("check_tensor_bytes", "storage bytes, a tensor")
+@shortcut("check_tensor_bytes", "storage bytes, a tensor (a view's storage is its base's)",
+          "the bytes of their storages")
 def tensor_bytes_storage(tensors):
     return torch.tensor([t.untyped_storage().nbytes() for t in tensors]).sum()
 

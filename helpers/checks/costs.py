@@ -43,7 +43,10 @@ def check_largest_batch_data_parallel(fn):
     g = fresh_generator()
     P = randint(g, 20000, 100000)     # more parameters than activations per example, as in
     acts = [randint(g, 10, 2000) for _ in range(4)]   # LeNet: forgetting the grads shows
-    sizes = [dict(name="layer", params=P // 4, out=a, acts=a, weighted=[]) for a in acts]
+    # each layer's output (what a pipeline would send) a third to a half of what it saves for
+    # backward: an answer that reads "out" for the activations fits a larger batch
+    sizes = [dict(name="layer", params=P // 4, out=max(1, a // randint(g, 2, 3)), acts=a,
+                  weighted=[]) for a in acts]
     total_p = 4 * (P // 4)
     per_example = sum(acts) * 4
     names = ["momentum", "adam", "sgd", "adam", "momentum"]
@@ -55,8 +58,12 @@ def check_largest_batch_data_parallel(fn):
         got = as_int(fn(sizes, k, memory, optimizer), call)
         want = k * ((memory - fixed) // per_example)
         hint = ""
+        outs = sum(s["out"] for s in sizes) * 4
         if got * k == want:
             hint = " (the batch is split over the devices: multiply by k)"
+        elif got == k * ((memory - fixed) // outs) != want:
+            hint = (" (each example's activations are the tensors its layers keep for backward, "
+                    "`acts`, not their outputs, `out`)")
         elif got == k * ((memory - 8 * total_p) // per_example) != want:
             hint = f" ({optimizer} keeps {OPTIMIZER_STATE_BYTES[optimizer]} bytes of state " \
                    "per parameter on every device)"

@@ -72,13 +72,14 @@ def check_combine_mean_grads(fn):
                    "bucketed_allreduce"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum",
-    "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, and every device's "
-    "tensor ends up computed from every device's gradient (the sum travelled to each)"])
+    "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, every device's "
+    "tensor ends up computed from every device's gradient (the sum travelled to each), and the "
+    "additions they came from are no more than one reduction's (k - 1 gradients, plus one)"])
 def check_reduce_then_broadcast(fn):
     """fn(grads): steps 3 and 4, in place: afterwards every tensor in `grads` holds their sum."""
     g = fresh_generator()
-    for _ in range(3):
-        k = randint(g, 2, 5)
+    for trial in range(3):
+        k = randint(g, 3 if trial == 0 else 2, 5)   # 3 or more once: see the adds below
         grads = [torch.randn(4, 3, generator=g) for _ in range(k)]
         originals, own = list(grads), [gr.clone() for gr in grads]
         call = f"reduce_then_broadcast on {k} devices"
@@ -105,6 +106,15 @@ def check_reduce_then_broadcast(fn):
                                 f"never received the sum: the gradients of device "
                                 f"{', '.join(map(str, missing))} did not reach it (add them up on "
                                 "device 0, then copy the sum into every device's tensor)")
+        # the additions the results came from: reducing once adds k - 1 gradients' elements
+        # (one more for Python's sum starting at 0); every device summing all k for itself adds
+        # k (k - 1): more from 3 devices on (work off the path, an assert's norm, not counted)
+        path = {op.index: op for f in fakes for op in rec.ancestors(f)}
+        adds, n = sum(rec.adds_by_device(path.values()).values()), own[0].numel()
+        expect(adds <= k * n, f"{call}: the devices added {adds / n:g} gradients' worth of "
+                              f"elements where one reduction adds {k - 1}: sum the gradients "
+                              "once (on device 0), then copy the sum into every device's "
+                              "tensor, rather than every device summing them for itself")
 
 
 def _naive_allreduce(xs, devices, log):

@@ -16,12 +16,10 @@ from ._core import (
     rel_close,
     uniform,
 )
+from ._visible_gpus import specs, topology, visible
 
 __all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model",
            "check_roofline_time", "check_link_between"]
-
-LINKS = ("NV4", "NV8", "NV12", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS")
-
 
 def _number(value, call):
     return as_number(value, call, with_dtype=True)
@@ -56,17 +54,20 @@ _DTYPES = [torch.float32, torch.float16, torch.int64, torch.bool]
 
 
 def _random_tensors(g, count):
+    """Tensors of random dtypes and shapes, the first a view of a larger one (its storage's
+    bytes are not its own)."""
     tensors = []
-    for _ in range(count):
+    for i in range(count):
         dtype = _DTYPES[randint(g, 0, len(_DTYPES) - 1)]
         shape = tuple(randint(g, 1, 9) for _ in range(randint(g, 1, 3)))
-        tensors.append(torch.zeros(shape, dtype=dtype))
+        base = torch.zeros((2 * shape[0] + 1, *shape[1:]) if i == 0 else shape, dtype=dtype)
+        tensors.append(base[::2][:shape[0]] if i == 0 else base)
     return tensors
 
 
 def _describe(ts):
     return "[" + ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-                           for t in ts) + "]"
+                           + (" (a view)" if t._base is not None else "") for t in ts) + "]"
 
 
 @check("tensor_bytes", references=["held_bytes"],
@@ -85,6 +86,10 @@ def check_tensor_bytes(fn):
         if got == want:
             continue
         numel = sum(t.numel() for t in tensors)
+        stored = sum(t.untyped_storage().nbytes() for t in tensors)
+        expect(got != stored, f"for {_describe(tensors)} you returned {got:g}, the bytes of "
+                              f"their storages (a view shares its base's); expected {want}, "
+                              "numel() × element_size() of each tensor")
         expect(got != numel, f"for {_describe(tensors)} you returned {got:g}, the number of "
                              f"elements; the tensors occupy {want} bytes: multiply each "
                              "tensor's numel() by its element_size()")
@@ -291,61 +296,6 @@ def check_roofline_time(fn):
 
 
 # ---- gpus: which physical GPU is cuda:i, and how is it linked ---------------------------------
-def _topology(g, n):
-    """A random symmetric `nvidia-smi topo -m` matrix of n GPUs ("X" on the diagonal)."""
-    topo = [["X"] * n for _ in range(n)]
-    for a in range(n):
-        for b in range(a + 1, n):
-            topo[a][b] = topo[b][a] = LINKS[randint(g, 0, len(LINKS) - 1)]
-    return topo
-
-
-def _visible(spec, n):
-    """The physical GPUs cuda:0, cuda:1, ... are, as torch reads CUDA_VISIBLE_DEVICES (None:
-    all of them): parsed up to the first entry that is not a number, an index listed twice in
-    that part making none visible (torch.cuda._parse_visible_devices); then counted up to the
-    first index with no such GPU (the device count)."""
-    if spec is None:
-        return list(range(n))
-    parsed = []
-    for entry in spec.split(","):
-        entry = entry.strip()
-        if not entry.isdigit():
-            break
-        if int(entry) in parsed:
-            return []
-        parsed.append(int(entry))
-    out = []
-    for gpu in parsed:
-        if gpu >= n:
-            break
-        out.append(gpu)
-    return out
-
-
-def _specs(g, n):
-    """CUDA_VISIBLE_DEVICES values that reorder, drop, stop at an invalid entry, and repeat an
-    index (before the first entry that is not a number: none visible, even after an index with
-    no such GPU; after it: the repeat is not read)."""
-    perm = [int(i) for i in _permutation(g, n)]
-    keep = perm[:randint(g, 2, n)]
-    bad = str(n + randint(g, 0, 5))
-    head = perm[:2]
-    tail = [i for i in perm if i not in head][:2]
-    return [None, ",".join(map(str, keep)), ",".join(map(str, head + [bad] + tail)),
-            ",".join(map(str, perm[::-1])), ",".join(map(str, head + ["-1"] + tail)),
-            ",".join(map(str, keep + keep[:1])), ",".join(map(str, head + [bad] + head[:1])),
-            ",".join(map(str, head + ["-1"] + head[:1]))]
-
-
-def _permutation(g, n):
-    order = list(range(n))
-    for i in range(n - 1, 0, -1):
-        j = randint(g, 0, i)
-        order[i], order[j] = order[j], order[i]
-    return order
-
-
 @check("link_between", observes=[
     "the link returned for cuda:i and cuda:j on fresh topologies and CUDA_VISIBLE_DEVICES "
     "values (unset, reordered, shortened, with an invalid entry, with a repeated index), "
@@ -357,9 +307,9 @@ def check_link_between(fn):
     g = fresh_generator()
     for _ in range(3):
         n = randint(g, 4, 8)
-        topo = _topology(g, n)
-        for spec in _specs(g, n):
-            shown = _visible(spec, n)
+        topo = topology(g, n)
+        for spec in specs(g, n):
+            shown = visible(spec, n)
             for _ in range(2 if shown else 0):
                 i = randint(g, 0, len(shown) - 1)
                 j = (i + randint(g, 1, len(shown) - 1)) % len(shown)
