@@ -5,6 +5,8 @@ Random inputs are drawn so that the shortcuts learners take give numbers the rul
 """
 import math
 
+import torch
+
 from .. import activation_bytes_per_token, data_parallel_costs, rank_grid, ring_bytes_per_device
 from ._core import CheckFailed, as_number, check, expect, fresh_generator, randint
 
@@ -13,11 +15,14 @@ __all__ = ["check_mesh_groups_3d", "check_activation_bytes", "check_tp_bytes_per
 
 
 @check("mesh_groups_3d", references=["rank_grid", "coords_of"], observes=[
-    "the three groups returned for every rank of a 2x2x2 and of fresh mesh shapes"])
+    "the three groups returned for every rank of a 2x2x2, of sizes 2, 3 and 4 in a fresh order, "
+    "and of fresh mesh shapes"])
 def check_mesh_groups_3d(fn):
     """fn(rank, shape) -> {"pp": [...], "dp": [...], "tp": [...]} for a (pp, dp, tp) mesh."""
     g = fresh_generator()
-    shapes = [(2, 2, 2)] + [tuple(randint(g, 1, 3) for _ in range(3)) for _ in range(3)]
+    # forced: three different sizes, so that no two axes read in the wrong order agree
+    apart = tuple((2, 3, 4)[i] for i in torch.randperm(3, generator=g).tolist())
+    shapes = [(2, 2, 2), apart] + [tuple(randint(g, 1, 3) for _ in range(3)) for _ in range(3)]
     for shape in shapes:
         grid = rank_grid(shape)
         for rank in range(math.prod(shape)):

@@ -79,14 +79,18 @@ def check_dp_shard_sizes(fn):
 
 
 @check("lr_at", observes=["the rate returned at every step of fresh warm-ups (0 included) and "
-                          "batch ratios, any real number type, to 1e-9 relative"])
+                          "batch ratios (one not a whole number in every call), any real number "
+                          "type, to 1e-9 relative"])
 def check_lr_at(fn):
     """fn(step, base_lr, base_batch, batch, warmup_steps): linear scaling plus linear warm-up."""
     g = fresh_generator()
+    apart = randint(g, 0, 3)     # forced, in a fresh case: a batch base_batch does not divide
     for case in range(4):
         base_lr = randint(g, 1, 20) / 100
         base_batch = 2 ** randint(g, 5, 8)
         batch = base_batch * randint(g, 2, 8)
+        if case == apart:            # batch // base_batch would round the ratio down
+            batch += randint(g, 1, base_batch - 1)
         warmup = randint(g, 2, 12) if case == 0 else 0 if case == 1 else randint(g, 0, 12)
         for step in range(warmup + 3):
             call = f"lr_at({step}, {base_lr}, {base_batch}, {batch}, {warmup})"
@@ -98,6 +102,10 @@ def check_lr_at(fn):
                 continue
             if warmup and step < warmup and abs(got - peak) < 1e-9:
                 msg = "during the warm-up the rate must ramp up, not start at the peak"
+            elif batch % base_batch and abs(
+                    got - base_lr * (batch // base_batch) * want / peak) < 1e-9:
+                msg = (f"batch // base_batch rounds the ratio down ({batch} / {base_batch} is "
+                       f"{batch / base_batch:g}): linear scaling multiplies by batch / base_batch")
             elif abs(got - base_lr * min(1.0, (step + 1) / max(warmup, 1))) < 1e-12 \
                     or abs(got - base_lr) < 1e-12:
                 msg = "the rate must grow with the batch (linear scaling)"

@@ -284,15 +284,19 @@ def check_average_bucket(fn):
 
 
 @check("scratch_accumulate", observes=[
-    "a real DDPFromScratch on a World of 2-3 thread ranks: the backward passes per micro-batch "
-    "(counted by a hook), the all_reduce calls of the step, any refusal the wrapper raised",
+    "a real DDPFromScratch on a World of 2-3 thread ranks, never as many micro-batches as ranks: "
+    "the backward passes per micro-batch (counted by a hook), the all_reduce calls of the step, "
+    "any refusal the wrapper raised",
     "the gradients after the step against the mean-loss gradient over every rank's "
     "micro-batches"])
 def check_scratch_accumulate(fn):
     """fn(model, loss_fn, micro_batches): one accumulation step with helpers.DDPFromScratch,
     every micro-batch forward and backward, one all-reduce per bucket, ending with finish."""
     g = fresh_generator()
-    world, k = randint(g, 2, 3), randint(g, 2, 4)
+    # never as many micro-batches as ranks (2..4 but world): a loss divided by the world size
+    # instead of the micro-batch count shows
+    world, k = randint(g, 2, 3), randint(g, 2, 3)
+    k += k >= world
     seed = randint(g, 0, 10**6)
     _, widths = _random_mlp(g, seed=seed)
     data = [[(torch.randn(3, widths[0], generator=g), torch.randn(3, widths[-1], generator=g))
@@ -338,6 +342,10 @@ def check_scratch_accumulate(fn):
             if tensor_close(grads[n], avg * k, atol=1e-5):
                 expect(False, f"the gradients are {k}x too large: divide each micro-batch's loss "
                               f"by the number of micro-batches ({k})")
+            expect(k == world or not tensor_close(grads[n], avg * k / world, atol=1e-5),
+                   f"rank {r}: each micro-batch's loss was divided by the world size ({world}): "
+                   f"divide it by the number of micro-batches ({k}); the all-reduce already "
+                   "averages over the ranks")
             expect(tensor_close(grads[n], avg, atol=1e-5),
                    f"rank {r}: {n}.grad is not the gradient of the mean loss over all the "
                    "micro-batches, averaged over the ranks")

@@ -204,15 +204,19 @@ def check_permute_tokens(fn):
 
 
 @check("expert_grad_group", references=["ep_dp_mesh", "EPMoE", "rank_grid"], observes=[
-    "the group returned for every rank of fresh (dp, ep) layouts, against the ranks that hold "
-    "the same experts"])
+    "the group returned for every rank of fresh (dp, ep) layouts (one with dp other than ep in "
+    "every call), against the ranks that hold the same experts"])
 def check_expert_grad_group(fn):
     """fn(rank, world, ep) -> the ranks (sorted) whose expert gradients rank's are reduced with:
     ep consecutive ranks split the experts, so the same experts sit every ep ranks."""
     g = fresh_generator()
-    for _ in range(4):
+    apart = randint(g, 0, 3)     # forced, in a fresh case: dp = world // ep other than ep
+    for case in range(4):
         ep = randint(g, 2, 4)
-        world = ep * randint(g, 2, 4)
+        dp = randint(g, 2, 3 if case == apart else 4)
+        if case == apart:           # 2..4 but ep
+            dp += dp >= ep
+        world = ep * dp
         for rank in range(world):
             got = sorted(as_int(v, "expert_grad_group") for v in fn(rank, world, ep))
             want = list(range(rank % ep, world, ep))
@@ -221,6 +225,8 @@ def check_expert_grad_group(fn):
             split = list(range(rank - rank % ep, rank - rank % ep + ep))
             hint = (f"those {ep} ranks split the experts between them: none holds rank "
                     f"{rank}'s" if got == split else
+                    f"that steps by world // ep = {world // ep}; the same experts sit every ep "
+                    f"= {ep} ranks" if got == list(range(rank % ep, world, world // ep)) else
                     "every rank holds different experts' weights than most: reduce over those "
                     "holding the same ones" if got == list(range(world)) else
                     f"expected {want}")

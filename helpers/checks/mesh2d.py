@@ -48,14 +48,18 @@ def _dp_rank(comm, fn, grads):
 
 
 @check("dp_average", changes_inputs=True, observes=[
-    "on 2 and 3 thread ranks: the all-reduces each rank called, and each rank's own tensors "
-    "(the tensor objects it was handed, changed in place: a list entry rebound to a new tensor "
-    "fails) against the mean over ranks"])
+    "on 2 and 3 thread ranks, each handed a number of tensors other than the number of ranks: "
+    "the all-reduces each rank called, and each rank's own tensors (the tensor objects it was "
+    "handed, changed in place: a list entry rebound to a new tensor fails) against the mean "
+    "over ranks"])
 def check_dp_average(fn):
     """fn(grads, comm): average each gradient tensor over the data-parallel ranks, in place."""
     g = fresh_generator()
     for k in (2, 3):
-        shapes = [(randint(g, 1, 4), randint(g, 1, 4)) for _ in range(randint(g, 2, 3))]
+        # never as many tensors as ranks (2..4 but k): a sum divided by len(grads) shows
+        count = randint(g, 2, 3)
+        count += count >= k
+        shapes = [(randint(g, 1, 4), randint(g, 1, 4)) for _ in range(count)]
         grads = [torch.randn(k, *s, generator=g) for s in shapes]
         # allow: a decoy all_reduce beside all_gathers of the whole gradients fails
         world = World(k, timeout=TIMEOUT, record_ops=True, allow={"all_reduce"})
@@ -69,6 +73,10 @@ def check_dp_average(fn):
                 if tensor_close(t, full.sum(0), atol=1e-5, what=f"rank {r}'s gradient"):
                     raise CheckFailed(f"rank {r} holds the sum over {k} ranks: divide by "
                                       "the number of ranks for the average")
+                if len(grads) != k and tensor_close(t, full.sum(0) / len(grads), atol=1e-5):
+                    raise CheckFailed(f"on {k} ranks rank {r} divided the sum by "
+                                      f"{len(grads)}, the number of gradient tensors: the "
+                                      f"average divides by the number of ranks, comm.world ({k})")
                 expect(tensor_close(t, full.mean(0), atol=1e-5),
                        f"on {k} ranks rank {r}'s gradient of shape {s} is not the average "
                        "(the tensors must be changed in place)")
@@ -81,6 +89,15 @@ def check_dp_average(fn):
                    "all-reduce the gradients themselves, each element once")
 
 
+def _swapped(shape, split_dim, dp, tp, dp_rank):
+    """The shape local_shape gives with dp and tp swapped (a list)."""
+    out = list(shape)
+    if split_dim is not None:
+        out[split_dim] //= dp
+    out[0] = _fsdp_rows(out[0], tp, dp_rank)
+    return out
+
+
 def _fsdp_rows(n, dp, rank):
     """Rows of dim 0 that FSDP2 gives `rank`: torch.chunk into dp pieces of ceil(n / dp) rows,
     the last smaller, ranks beyond the pieces an empty shard."""
@@ -91,8 +108,8 @@ def _fsdp_rows(n, dp, rank):
 @check("local_shape", observes=[
     "the shape returned for every dp rank of fresh weights (column-wise, row-wise, "
     "replicated), dim 0 divisible by dp and not (in every draw a case where torch.tensor_split's "
-    "sizes differ), against TP's slice then FSDP2's torch.chunk of dim 0 (ceil rows, the last "
-    "shard smaller, empty shards past the end)"])
+    "sizes differ, and one whose tp is not its dp), against TP's slice then FSDP2's torch.chunk "
+    "of dim 0 (ceil rows, the last shard smaller, empty shards past the end)"])
 def check_local_shape(fn):
     """fn(shape, split_dim, dp, tp, dp_rank) -> the shape the rank at dp index `dp_rank` holds of a
     weight of `shape`, split by tensor parallelism along `split_dim` (0: column-wise, 1:
@@ -103,6 +120,9 @@ def check_local_shape(fn):
     split_apart = 2 * randint(g, 0, 2) + 1
     for case in range(6):
         dp, tp = randint(g, 3 if case == split_apart else 2, 4), randint(g, 2, 4)
+        if case == (split_apart + 1) % 6:    # forced, the next case: tp other than dp (2..4)
+            tp = randint(g, 2, 3)
+            tp += tp >= dp
         uneven = case % 2 == 1
         most = dp - 2 if case == split_apart else dp - 1
         for split_dim in (0, 1, None):
@@ -145,5 +165,11 @@ def check_local_shape(fn):
                     msg = ("a row-wise weight is split along dim 1 by tp; FSDP then shards "
                            "dim 0 over dp")
                 else:
-                    msg = f"expected {tuple(want)}"
-                raise CheckFailed(f"{call} returned {tuple(got)}: {msg}")
+                    msg = ""
+                if got == _swapped(shape, split_dim, dp, tp, dp_rank):   # named beside the rest
+                    msg += ("; or it " if msg else "that ") + "swaps dp and tp: " + (
+                        "" if split_dim is None else
+                        f"tensor parallelism cuts dim {split_dim} over tp = {tp}, then ") + (
+                        f"FSDP2 cuts dim 0 over dp = {dp}")
+                raise CheckFailed(f"{call} returned {tuple(got)}: "
+                                  f"{msg or f'expected {tuple(want)}'}")

@@ -30,8 +30,9 @@ TIMEOUT = 5.0   # seconds a thread-rank waits for a message that never comes
 
 
 # --- idle share -------------------------------------------------------------------------------
-def _timelines(g, p, m, equal):
-    """Per-rank timelines of a GPipe step with stage times that are equal or not."""
+def _timelines(g, p, m, equal, backward=True):
+    """Per-rank timelines of a GPipe step with stage times that are equal or not; without the
+    backward, a forward-only pipeline's (the last rank ends last, not rank 0)."""
     base = [1.0] * p if equal else [randint(g, 1, 9) / 4 for _ in range(p)]
     if not equal:
         base[-1] = base[0] + randint(g, 1, 4) / 4      # at least two stages differ
@@ -43,7 +44,7 @@ def _timelines(g, p, m, equal):
             end = start + base[s]
             tls[s].append(dict(stage=s, micro=j, phase="F", start=start + 100, end=end + 100))
             done[s][j], free[s] = end, end
-    for j in range(m):
+    for j in range(m if backward else 0):
         for s in reversed(range(p)):
             start = max(free[s], done[s + 1][j] if s < p - 1 else 0.0)
             end = start + 2 * base[s]
@@ -60,19 +61,23 @@ def _bubble(tls):
 
 @check("idle_share", references=["timeline_bubble", "busy_times"], observes=[
     "the share returned for fresh GPipe timelines (equal and unequal stages, the step starting "
-    "at t = 100 s) against the idle rank-time over p x the span, computed by the check"])
+    "at t = 100 s) and a forward-only pipeline's (its last rank ends last, not rank 0), in a "
+    "fresh order, against the idle rank-time over p x the span, computed by the check"])
 def check_idle_share(fn):
     """fn(timelines) -> idle share of the step, from per-rank lists of F/B boxes."""
     g = fresh_generator()
-    for equal in (True, False, False):
+    kinds = [(True, True), (False, True), (False, True), (False, False)]   # (equal, backward)
+    for i in torch.randperm(len(kinds), generator=g).tolist():
+        equal, backward = kinds[i]
         p, m = randint(g, 2, 4), randint(g, 1, 8)
-        tls = _timelines(g, p, m, equal)
+        tls = _timelines(g, p, m, equal, backward)
         got = as_number(fn([list(tl) for tl in tls]), "idle_share(timelines)")
         want = _bubble(tls)
         if abs(got - want) < 1e-9:
             continue
         formula = (p - 1) / (m + p - 1)
         spans = [max(e["end"] for e in tl) - min(e["start"] for e in tl) for tl in tls]
+        busy = sum(e["end"] - e["start"] for tl in tls for e in tl)
         own = 1 - sum(sum(e["end"] - e["start"] for e in tl) / s
                       for tl, s in zip(tls, spans, strict=True)) / p
         if abs(got - formula) < 1e-9 and not equal:
@@ -81,9 +86,15 @@ def check_idle_share(fn):
         elif abs(got - own) < 1e-9:
             msg = ("each rank's idle time must be counted over the whole step (first start "
                    "to last end on any rank), not over that rank's own span")
+        elif any(abs(got - (1 - busy / (p * s))) < 1e-9 for s in spans):
+            last = max(range(p), key=lambda r: max(e["end"] for e in tls[r]))
+            msg = (f"that takes one rank's first start and last end as the step; here rank "
+                   f"{last} ends last: the step runs from the first start to the last end on "
+                   "any rank")
         else:
             msg = f"expected {want:.4f}"
-        raise CheckFailed(f"with p={p}, m={m} you returned {got:.4f}: {msg}")
+        what = "" if backward else " (forward only)"
+        raise CheckFailed(f"with p={p}, m={m}{what} you returned {got:.4f}: {msg}")
 
 
 # --- a forward-only pipeline ------------------------------------------------------------------

@@ -82,7 +82,8 @@ def check_partition(fn):
     "the optimizer returned on every rank of a fresh world: its class, learning rate and what "
     "one step does to each parameter (against torch.optim.AdamW with that lr)",
     "which parameters each rank steps and the bytes of state it holds: one owner each, "
-    "balanced by size"])
+    "balanced by size (wide matrices and tall, thin ones in one case, where the first "
+    "dimension orders them the other way)"])
 def check_zero1_optimizer(fn):
     """fn(params, rank, world, lr) -> a torch.optim.AdamW over this rank's share of params."""
     g = fresh_generator()
@@ -90,6 +91,9 @@ def check_zero1_optimizer(fn):
         world = randint(g, 2, 4)
         lr = [1e-2, 3e-3, 0.05][randint(g, 0, 2)]
         big, small = (randint(g, 20, 30), randint(g, 20, 30)), (randint(g, 2, 5),)
+        if adjacent:    # big and wide, small and tall: balanced by len(p), the first dimension,
+            # the 2 * world + 1 tall ones fill the ranks first and two big ones share a rank
+            big, small = (2, randint(g, 150, 200)), (randint(g, 35, 45), 1)
         # a big matrix at every world-th place (dealing them out by index is unbalanced), or one
         # per rank all first (contiguous runs by count put two on rank 0): both, in every call
         shapes = [big if (i < world if adjacent else i % world == 0) else small
@@ -138,8 +142,9 @@ def check_zero1_optimizer(fn):
         load = [sum(n for i, n in enumerate(sizes) if owned[i] == r) for r in range(world)]
         expect(max(load) <= _greedy_max(sizes, world),
                f"world {world}: the ranks own {load} elements (optimizer state "
-               f"{[8 * n for n in load]} bytes): balance them by size, so each holds about 1/world "
-               "(dealing parameters out by index, or in contiguous runs, never looks at sizes)")
+               f"{[8 * n for n in load]} bytes): balance them by size in elements, p.numel() "
+               "(len(p) is only the first dimension), so each holds about 1/world (dealing "
+               "parameters out by index, or in contiguous runs, never looks at sizes)")
 
 
 _NOT_RS = {"all_reduce": "it sends twice what a reduce-scatter sends and leaves the whole "
@@ -197,7 +202,8 @@ def _mlp(seed, d, h, k):
 @check("accumulate_zero2", changes_inputs=True, references=[], observes=[
     "the weights after the answer's step with helpers.Zero2 on every rank of a fresh world, "
     "against one process on all micro-batches (plain SGD with lr 1: the step is the averaged "
-    "gradient itself, so a gradient scaled by any factor shows)",
+    "gradient itself, so a gradient scaled by any factor shows); micro-batches of one size "
+    "(2 to 4 rows), never as many as the ranks",
     "the reduce-scatters each rank ran: one per bucket per step (no_sync until the last "
     "micro-batch), not one per micro-batch",
     "the forwards and backwards each rank's model ran, in order: one backward right after each "
@@ -206,14 +212,18 @@ def check_accumulate_zero2(fn):
     """fn(model, micro_batches) -> one optimizer step of a helpers.Zero2 `model` over the list
     of (X, y) micro-batches: each loss divided by their number, full gradients kept under
     no_sync() until the last backward, then finish and step. Clearing the gradients after
-    it (the worked answer's zero_grad) is not judged: the exercise's text does not ask it."""
+    it (the worked answer's zero_grad) is not judged: the exercise's text does not ask it.
+    The micro-batches are of one size, so the mean of their mean losses is the mean loss over
+    all their rows (Part III's check_accumulate_gradients weighs unequal ones by their rows):
+    both weightings are right here."""
     g = fresh_generator()
-    world, m = randint(g, 2, 3), randint(g, 2, 4)
-    d, h, k, b = randint(g, 3, 7), randint(g, 3, 9), randint(g, 2, 4), randint(g, 1, 3)
+    # never as many micro-batches as ranks (2..4 but world): a loss divided by the world size
+    # shows; two rows or more each: a summed loss (reduction="sum") divided by m shows
+    world, m = randint(g, 2, 3), randint(g, 2, 3)
+    m += m >= world
+    d, h, k, b = randint(g, 3, 7), randint(g, 3, 9), randint(g, 2, 4), randint(g, 2, 4)
     seed = randint(g, 0, 10**6)
-    # micro-batches of different sizes: one concatenated batch weighs the examples differently
-    sizes = [b + i for i in range(m)]
-    sizes = [sizes[i] for i in torch.randperm(m, generator=g).tolist()]
+    sizes = [b] * m
     X = [torch.randn(world * s, d, generator=g) for s in sizes]
     y = [torch.randint(0, k, (world * s,), generator=g) for s in sizes]
     batches = [(a.clone(), b.clone()) for a, b in zip(X, y, strict=True)]   # for the reference
@@ -238,8 +248,8 @@ def check_accumulate_zero2(fn):
     ref = _mlp(seed, d, h, k)                             # the reference after the answer ran
     start = {n: p.detach().clone() for n, p in ref.named_parameters()}
     opt = torch.optim.SGD(ref.parameters(), lr=1.0)
-    for a, b in batches:
-        (F.cross_entropy(ref(a), b) / m).backward()
+    F.cross_entropy(ref(torch.cat([a for a, _ in batches])),      # one process, every row
+                    torch.cat([b for _, b in batches])).backward()
     opt.step()
     call = f"accumulate_zero2 ({world} ranks, {m} micro-batches of {sizes} rows per rank)"
     buckets = len(out[0][0].buckets)
@@ -267,6 +277,11 @@ def check_accumulate_zero2(fn):
                    f"{call}: your step moved {n} by {m} times the averaged gradient: divide "
                    f"each micro-batch's loss by their number ({m}), so that the gradients "
                    "accumulate to the mean over the micro-batches, not their sum")
+            by_world = m / world * (start[n] - p.detach())   # each loss divided by world
+            expect(gap <= 2e-5 or not tensor_close(start[n] - got[n], by_world, atol=2e-5),
+                   f"{call}: your step moved {n} by {m}/{world} of the averaged gradient: each "
+                   f"loss was divided by the world size ({world}); divide it by the number of "
+                   f"micro-batches ({m}): Zero2's reduce-scatter already averages over the ranks")
             expect(gap <= 2e-5,
                    f"{call}: after your step {n} differs from one process on all the "
                    f"micro-batches by {gap:.1e} (divide each loss by the number of "
