@@ -6,7 +6,10 @@ of cuda:1 runs "on cuda:1", `.to("cuda:0")` moves it, and an operation that mixe
 raises, as it would on real GPUs. So a device exercise runs twice: on CPU tensors for the values,
 and here for where each tensor went and what crossed between devices (a Recorder is active).
 Values are unknown here: `.item()` and `torch.equal` get placeholders, so the answer's returned
-value means nothing; only what it did counts. The kernels that hand elements to a Python
+value means nothing; only what it did counts. A simulated CPU tensor's `.numpy()` and
+`np.asarray` read its elements like its `.tolist()` (one `_local_scalar_dense` each, answered by
+the CPU run's values where they replay); a simulated GPU tensor's raise TypeError, as a real
+one's. The kernels that hand elements to a Python
 callback (`apply_`, `map_`, `map2_`) would read memory a fake tensor lacks and crash the
 interpreter: on a fake tensor they fail the answer instead (exits.py watches them).
 
@@ -20,13 +23,17 @@ so a simulation with gradients on a device this machine lacks fails; that error 
 the check's limit (HarnessError), never as the answer's mistake.
 """
 import contextlib
+import types
 
+import numpy as np
 import torch
 import torch.utils
 from torch._subclasses import fake_tensor
 
+from .carried import CarriedFunctionMode
 from .exits import CALLBACKS, watch_exits
 from .observe import Recorder, describe_device
+from .reader_objects import is_a
 from .run import CheckFailed, HarnessError
 from .same_work import check_declared, compare_work, values_read
 
@@ -88,7 +95,8 @@ class FakeGPUs:
         """The fake mode with a recorder on top, and the patches fake devices need."""
         recorder = Recorder(answer_scalars=True)
         with _fake_module_moves(self.mode), _no_cuda_sync(), _no_real_gpu_context(), \
-                watch_exits(_no_callbacks_on_fakes), self.mode, recorder:
+                watch_exits(_no_callbacks_on_fakes), _ArraysOfFakesCarriedMode(), self.mode, \
+                recorder:
             yield recorder
 
     def run(self, fn, *args, what="your code", **kwargs):
@@ -118,7 +126,7 @@ class FakeGPUs:
                 if not recorder.answered:
                     raise
                 raise HarnessError(_values_unknown(recorder, e, what)) from e
-        compare_work(fn, what)
+        compare_work(fn, what, recorder.answered)
         return out, recorder
 
 
@@ -151,6 +159,42 @@ def _no_callbacks_on_fakes(t, how):
                           "every element to a Python function, which the simulated devices "
                           "cannot run (they hold no values), and real GPUs refuse (it runs on "
                           "CPU tensors only); compute with tensor operations")
+
+
+_NUMPY = types.MappingProxyType({getattr(torch, name): np.dtype(name) for name in (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
+    "complex64", "complex128")})
+_TO_NUMPY = frozenset({id(torch._C.TensorBase.numpy)})   # or torch.Tensor's (exits.py's stand-in)
+_FUNCTION = types.FunctionType
+
+
+class _ArraysOfFakesCarriedMode(CarriedFunctionMode):
+    """`.numpy()` and `np.asarray` of a simulated tensor (torch refuses them for any tensor
+    subclass): on the CPU, its elements read as its `.tolist()` reads them (each answered by the
+    CPU run's value where the reads replay, placeholders.py); on a GPU, TypeError, as torch
+    raises there. Carried into the threads the answer starts (carried.py)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if args and is_a(args[0], fake_tensor.FakeTensor) and (id(func) in _TO_NUMPY or (
+                type(func) is _FUNCTION and func.__name__ in ("numpy", "__array__"))):
+            return _array_of(args[0], kwargs.get("dtype"), kwargs.get("force", False))
+        return func(*args, **kwargs)
+
+
+def _array_of(t, dtype=None, force=False):
+    """The array torch's `.numpy()` (`force`: a copy from any device) would give, or its error,
+    with the elements read as the simulated tensor's `.tolist()` reads them."""
+    if t.device.type != "cpu" and not force:
+        raise TypeError(f"can't convert {t.device} device type tensor to numpy. Use Tensor.cpu() "
+                        "to copy the tensor to host memory first.")
+    if t.requires_grad and not force:
+        raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
+                           "tensor.detach().numpy() instead.")
+    if t.dtype not in _NUMPY:
+        raise TypeError(f"Got unsupported ScalarType {str(t.dtype).split('.')[-1]}")
+    values = np.array(t.tolist(), dtype=_NUMPY[t.dtype]).reshape(tuple(t.shape))
+    return values if dtype is None else values.astype(dtype, copy=False)
 
 
 def _mixes_devices(e):

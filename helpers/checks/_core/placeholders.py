@@ -5,9 +5,10 @@ a comparison of whole tensors reads yes (`assert torch.isfinite(t).all()`, `asse
 torch.allclose(a, b)`), any other yes/no reads no (`if torch.isnan(t).any(): raise ...`). But
 first, where the check handed the simulated run the inputs of the answer's last run on CPU
 tensors, the values that run read are replayed, in order, while each read is the same operation
-on the same sizes (same_work.py records them): a zero-skip guard takes the CPU run's branch, and a
-failure there is the answer's. The values themselves are judged on CPU tensors; a run that still
-fails after reading a placeholder is the simulation's limit, not the answer's (fake.py)."""
+on the same sizes (same_work.py records them, `.tolist()` and `.numpy()` included, one read per
+element): a zero-skip guard takes the CPU run's branch, and a failure there is the answer's. The
+values themselves are judged on CPU tensors; a run that still fails, or does other work than on
+CPU tensors, after reading a placeholder is the simulation's limit, not the answer's (fake.py)."""
 import torch
 
 __all__ = ["placeholder", "READS", "read_sizes"]

@@ -12,8 +12,13 @@ between devices (`.to`, `.cuda()`, `.cpu()`) is left out: on CPU tensors it is n
 so are the questions a simulated tensor answers by a dispatch (its device, sizes, strides), views
 (no work; a fake tensor's `.tolist()` unbinds it), copies in place of a view (a reshape copies
 by the layout a device's kernel chose) and reading numbers out; attention is one
-operation whichever backend each device picks. The comparison is made after the check's own
-verdicts (declare.py), so an answer that fails one of them is told that first."""
+operation whichever backend each device picks. The values the CPU run reads out are kept, in
+order, for the simulated run to replay (placeholders.py): those read by an operation
+(`_local_scalar_dense`: `int(t)`, `.item()`, iteration) and those read past the dispatcher
+(`.tolist()`, `.numpy()`, `np.asarray`: exits.py's watch), one per element, as the simulated
+tensors' `.tolist()` reads them. The comparison is made after the check's own verdicts
+(declare.py), so an answer that fails one of them is told that first; a difference after the
+simulated run read placeholders (values it could not replay) is the grader's limit."""
 import collections
 import contextlib
 
@@ -24,8 +29,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from .composite import split_composite
+from .exits import watch_exits
 from .placeholders import READS, read_sizes
-from .run import CheckFailed
+from .run import CheckFailed, HarnessError
 
 __all__ = ["traced", "compare_work", "expect_same_work", "check_declared", "values_read"]
 
@@ -75,6 +81,37 @@ class _Whole(TorchFunctionMode):
             return func(*args, **kwargs)
         finally:
             self.trace.whole -= 1
+
+
+# the exits that hand the values themselves to Python (exits.py's words for them); read again here
+# with the C method under no function mode (no stand-in, no mode of the reader's runs)
+_READ_OUT = frozenset({".tolist()", ".numpy()", "np.asarray()"})
+_TOLIST = torch._C.TensorBase.tolist
+_ONE = ("_local_scalar_dense", ((),))   # how a simulated tensor's .tolist() reads each element
+
+
+def _reads_out(trace):
+    """An exit watcher: each value a `.tolist()`, `.numpy()` or `np.asarray` of a tensor hands
+    out in a thread `trace` watches, appended to its reads as one read of a 0-d tensor each (a
+    subclass's, by exact type, reads through the dispatcher if at all: `trace` sees those)."""
+    def note(t, how):
+        kind = type(t)          # compared by identity: no `__eq__` of the reader's runs
+        if how not in _READ_OUT or not (kind is torch.Tensor or kind is torch.nn.Parameter) or \
+                not any(mode is trace for mode in _get_current_dispatch_mode_stack()):
+            return
+        try:
+            with torch._C.DisableTorchFunction():
+                values = _TOLIST(t)
+        except Exception:       # no values to hand (a meta tensor): the exit itself raises
+            return
+        trace.read.extend((_ONE, v) for v in _flat(values))
+    return note
+
+
+def _flat(values):
+    if not isinstance(values, list):
+        return [values]
+    return [v for item in values for v in _flat(item)]
 
 
 def _query(name):
@@ -131,7 +168,8 @@ def traced(answer, args, kwargs):
     """Trace the answer's call; kept on `answer.traces` as "simulated" or "plain"."""
     trace = _Trace()
     where = "simulated" if _simulated() else "plain"
-    with _Whole(trace), trace:
+    reads = watch_exits(_reads_out(trace)) if where == "plain" else contextlib.nullcontext()
+    with _Whole(trace), trace, reads:
         yield
     answer.traces[where] = (_inputs((args, kwargs)), trace.ops)
     if where == "plain":
@@ -148,9 +186,10 @@ def values_read(fn, args, kwargs):
     return list(traces.get("read", ()))
 
 
-def compare_work(fn, what):
+def compare_work(fn, what, answered=0):
     """After a run on the simulated GPUs: note on the answer (`fn.traces["differs"]`) how its
-    work there differed from its last run on CPU tensors; `expect_same_work` fails it."""
+    work there differed from its last run on CPU tensors; `expect_same_work` fails it, or, when
+    that run read `answered` placeholders, reports the grader's limit."""
     traces = getattr(fn, "traces", None)
     if not traces or "plain" not in traces or "simulated" not in traces:
         return
@@ -166,18 +205,29 @@ def compare_work(fn, what):
         f"only on CPU tensors: {', '.join(only_cpu)}" if only_cpu else "",
         f"only on the simulated GPUs: {', '.join(only_sim)}" if only_sim else "",
     ) if part) or "the same operations on other sizes, or as many times"
-    traces.setdefault("differs", (
-        f"{what}: your code did other work on the simulated GPUs than on CPU tensors ({diff}): "
-        "an answer does the same work wherever its tensors are; do not branch on the device's "
-        "type or on how the tensors were made"))
+    if not answered:        # every value it read was the CPU run's: the answer's difference
+        if traces.get("differs", (None,))[0] is not CheckFailed:   # (over a grader's limit)
+            traces["differs"] = (CheckFailed,
+                f"{what}: your code did other work on the simulated GPUs than on CPU tensors "
+                f"({diff}): an answer does the same work wherever its tensors are; do not branch "
+                "on the device's type or on how the tensors were made")
+        return
+    traces.setdefault("differs", (HarnessError,    # its work followed values it could not know
+        f"{what}: your code did other work on the simulated GPUs than on CPU tensors ({diff}) "
+        f"after reading {answered} value(s) out of tensors that they could not replay from "
+        "your run on CPU tensors and answered with placeholders (0, False; True for all() and "
+        "allclose). That work followed values the simulated GPUs do not hold: this is the "
+        "grader's limit, not a verdict on your answer, whose values are judged on CPU tensors. "
+        "Decide the work from shapes rather than from values read out of tensors, and run the "
+        "check again"))
 
 
 def expect_same_work(fn):
     """Once the check's own verdicts passed: fail an answer whose run on the simulated GPUs did
-    other work than on CPU tensors."""
+    other work than on CPU tensors (the grader's limit where that run read placeholders)."""
     differs = (getattr(fn, "traces", None) or {}).get("differs")
     if differs:
-        raise CheckFailed(differs)
+        raise differs[0](differs[1])
 
 
 def check_declared(fn):
