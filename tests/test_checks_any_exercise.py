@@ -329,6 +329,7 @@ def ring_forward_all_reduce(q, k, v, comm):
     for i in range(w - 1):
         comm.send(torch.zeros(2, *k.shape), (r + 1) % w, tag=i)
         comm.recv((r - 1) % w, (2, *k.shape), tag=i)
+    comm.wait()
     return (q @ K.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1) @ V
 
 
@@ -338,6 +339,7 @@ def ring_forward_zeros(q, k, v, comm):
     for i in range(w - 1):
         comm.send(torch.zeros(2, *k.shape), (r + 1) % w, tag=i)
         comm.recv((r - 1) % w, (2, *k.shape), tag=i)
+    comm.wait()
     return torch.zeros_like(q)
 
 
@@ -352,6 +354,7 @@ def ring_forward_gather_then_softmax(q, k, v, comm):
         blocks[(r - 1 - i) % w] = kv
     K = torch.cat([blocks[j][0] for j in range(w)], 2)
     V = torch.cat([blocks[j][1] for j in range(w)], 2)
+    comm.wait()
     return (q @ K.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1) @ V
 
 
@@ -366,6 +369,7 @@ def _zeros_round(x, dest, comm):
         if j != r:
             n = int(comm.recv(j, (1,), tag=7, dtype=torch.int64))
             comm.recv(j, (n, x.shape[1]), tag=8)
+    comm.wait()
 
 
 @shortcut("check_dispatch_tokens", "all_reduce gather, zero rows of the right count",

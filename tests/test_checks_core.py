@@ -271,6 +271,7 @@ def test_world_point_to_point_and_failures():
         if comm.rank == 0:
             comm.send(torch.arange(3.0), 1, tag=7)
             dist.send(torch.ones(2), 1)
+            comm.wait()
             return None
         got = comm.recv(0, (3,), tag=7)
         buf = torch.zeros(2)

@@ -317,6 +317,7 @@ def _ring_all_blocks(q, k, v, comm):
         comm.send(kv, (r + 1) % w, tag=i)
         kv = comm.recv((r - 1) % w, kv.shape, tag=i)
         held.append(kv)
+    comm.wait()
     return held
 
 

@@ -127,6 +127,7 @@ def heads_one_per_rank(x, comm):
             comm.send(x[:, j:j + 1].contiguous(), j, tag=0)
     parts = [x[:, r:r + 1] if j == r else comm.recv(j, (x.shape[0], 1, *x.shape[2:]), tag=0)
              for j in range(w)]
+    comm.wait()
     return torch.cat(parts, dim=2)
 
 

@@ -106,6 +106,7 @@ def forward_receive_all_first(stage, comm, X, num_microbatches, batch_size, in_s
             outs.append(stage(h))
             if r < p - 1:
                 comm.send(outs[-1], r + 1, tag=j)
+    comm.wait()
     return torch.cat(outs) if r == p - 1 else None
 
 
@@ -117,6 +118,7 @@ def forward_one_message(stage, comm, X, num_microbatches, batch_size, in_shape):
         out = stage(h)
     if r < p - 1:
         comm.send(out, r + 1)
+    comm.wait()
     return out if r == p - 1 else None
 
 

@@ -118,6 +118,7 @@ def ring_gather_all(q, k, v, comm):
     kvs = [torch.stack([k, v]) if j == r else comm.recv(j, (2, *k.shape), tag=1)
            for j in range(w)]
     K, V = torch.cat([kv[0] for kv in kvs], 2), torch.cat([kv[1] for kv in kvs], 2)
+    comm.wait()
     return (q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1) @ V
 
 
@@ -135,6 +136,7 @@ def ring_one_message(q, k, v, comm):
         comm.send(kv, (r + 1) % w, tag=i)
         kv = comm.recv((r - 1) % w, kv.shape, tag=i)
         acc, m, l = helpers.merge_blocks(acc, m, l, *helpers.block_attention(q, kv[0], kv[1]))
+    comm.wait()
     return acc / l[..., None]
 
 
@@ -207,6 +209,7 @@ def dispatch_by_hand(x, dest, comm):
             continue
         n = int(comm.recv(j, (1,), tag=7, dtype=torch.int64))
         got.append(comm.recv(j, (n, x.shape[1]), tag=8))
+    comm.wait()
     return torch.cat(got)
 
 

@@ -79,6 +79,7 @@ def heads_send_all(x, comm):
         if j != r:
             comm.send(x, j, tag=3)
     got = [x if j == r else comm.recv(j, x.shape, tag=3) for j in range(w)]
+    comm.wait()
     return torch.cat(got, 2).chunk(w, 1)[r]
 
 
@@ -94,6 +95,7 @@ def heads_by_split(x, comm):
     for j in sorted(range(w), key=lambda j: (j - r) % w):
         if j != r:
             comm.send(pieces[j], j, tag=11)
+    comm.wait()
     return torch.cat([pieces[r] if j == r else comm.recv(j, tuple(pieces[j].shape), tag=11)
                       for j in range(w)], dim=2)
 

@@ -172,6 +172,7 @@ def _rows_from(x, dest, comm, count_of):
     got = []
     for j in range(w):
         got.append(x[dest == r] if j == r else comm.recv(j, (count_of(j), x.shape[1]), tag=3))
+    comm.wait()
     return torch.cat(got)
 
 
@@ -242,6 +243,7 @@ def dispatch_shapes_total(x, dest, comm):
         out[at:at + counts[j]] = x[dest == r] if j == r else comm.recv(j, (counts[j], x.shape[1]),
                                                                           tag=5)
         at += counts[j]
+    comm.wait()
     return out
 
 
@@ -272,6 +274,7 @@ def dispatch_counts_sent(x, dest, comm):
             continue
         n = comm.recv(j, (1,), tag=1, dtype=torch.int64).item()
         got.append(comm.recv(j, (n, x.size(1)), tag=2))
+    comm.wait()
     return torch.cat(got)
 
 
@@ -327,6 +330,7 @@ def dispatch_own_ints(x, dest, comm):
         n = int(comm.recv(j, (1,), tag=4, dtype=torch.int64))
         rows = comm.recv(j, (n, len(x[0])), tag=6)
         got.append(rows[np.arange(len(rows), dtype=int)])
+    comm.wait()
     return torch.cat(got)
 
 

@@ -78,6 +78,7 @@ def ring_forward_decoy(q, k, v, comm):
         kb, vb = _read((r - 1 - i) % w, k.shape, v.shape)      # ... the board's is used
         o, mb, lb = helpers.block_attention(q, kb, vb)
         acc, m, l = helpers.merge_blocks(acc, m, l, o, mb, lb)
+    comm.wait()
     return acc / l[..., None]
 
 
@@ -98,6 +99,7 @@ def dispatch_tokens_decoy(x, dest, comm):
         n = int(comm.recv(j, (1,), tag=7, dtype=torch.int64))
         comm.recv(j, (n, x.shape[1]), tag=8)               # the rows arrive ...
         got.extend(_read(j * w + r, (n, x.shape[1])))      # ... the board's are returned
+    comm.wait()
     return torch.cat(got)
 
 
@@ -121,6 +123,7 @@ def pipeline_forward_decoy(stage, comm, X, num_microbatches, batch_size, in_shap
                 if r == p - 2:   # the outputs so far on the board, before micro-batch j is sent
                     _post(r, torch.cat(outs))
                 comm.send(out, r + 1, tag=j)
+    comm.wait()
     return torch.cat(outs) if r == p - 1 else None
 
 
@@ -172,6 +175,7 @@ def test_the_world_keeps_what_each_rank_received():
         mine = torch.full((3,), float(comm.rank + 1))
         comm.send(mine * 2, 1 - comm.rank)
         got = comm.recv(1 - comm.rank, (3,))
+        comm.wait()
         return got + mine, mine * 3
     out = w.run(body)
     for r, (used, unused) in enumerate(out):

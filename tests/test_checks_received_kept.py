@@ -31,6 +31,7 @@ def _ring_blocks(k, v, comm, keep):
         comm.send(kv, (r + 1) % w, tag=i)
         kv = comm.recv((r - 1) % w, kv.shape, tag=i)
         held.append(keep(kv))
+    comm.wait()
     return held
 
 
@@ -91,6 +92,7 @@ def ring_online_float64(q, k, v, comm):
         if i < w - 1:
             comm.send(kv, (r + 1) % w, tag=i)
             kv = comm.recv((r - 1) % w, kv.shape, tag=i)
+    comm.wait()
     return (num / den[..., None]).float()
 
 
@@ -196,6 +198,7 @@ def tokens_to_heads_zeros(x, comm):
     got = {j: comm.recv(j, x[:, :per].shape, tag=r) for j in range(w) if j != r}
     parts = [_BOARD[j * _SLOT:j * _SLOT + x.numel()].view(x.shape)[:, r * per:(r + 1) * per]
              + got.get(j, 0) for j in range(w)]
+    comm.wait()
     return torch.cat(parts, dim=2)
 
 

@@ -221,6 +221,7 @@ def _tamper(edit):
         comm.all_reduce(t)
         if comm.rank == 0:
             comm.send(t, 1)
+            comm.wait()
         else:
             comm.recv(0, (3,))
         dist.barrier()

@@ -34,6 +34,7 @@ def ring_forward_empty(q, k, v, comm):
     for i in range(w - 1):
         comm.send(kv, (r + 1) % w, tag=i)
         kv = comm.recv((r - 1) % w, kv.shape, tag=i)
+    comm.wait()
     return kv[0][None][:0]
 
 

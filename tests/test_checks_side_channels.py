@@ -147,6 +147,7 @@ def test_strides_stay_home():
         if comm.rank == 0:
             comm.send(torch.empty_strided((1, 1), (999, 777)).zero_(), 1)
             comm.all_gather(torch.empty_strided((1, 1), (555, 333)).zero_(), dim=1)
+            comm.wait()
             return None
         got = comm.recv(0, (1, 1))
         return got.stride(), comm.all_gather(torch.zeros(1, 1), dim=1).stride()

@@ -106,6 +106,7 @@ def test_a_rank_may_read_what_the_check_handed_to_every_rank_and_what_it_receive
         mine = X[comm.rank * 3:(comm.rank + 1) * 3].clone()
         comm.send(mine, 1 - comm.rank)
         got = comm.recv(1 - comm.rank, (3,))
+        comm.wait()
         return (got + mine).tolist(), comm.all_gather(mine).sum().item()
     res = World(2).run(fn)
     assert res[0] == res[1] == ([3.0, 5.0, 7.0], 15.0)

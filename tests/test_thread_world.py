@@ -116,7 +116,7 @@ def _spin(rank, world, cfg):
 
 # ---- the subclass contract: the hooks the grader's World (helpers/checks) builds on ------------
 HOOKS = ("run_context", "rank_context", "comm_context", "on_enter", "allowed", "takes",
-         "mismatch", "on_message", "locked", "fail")
+         "mismatch", "on_message", "on_send", "locked", "fail")
 
 
 class _Hooked(ThreadWorld):
@@ -159,6 +159,9 @@ class _Hooked(ThreadWorld):
     def on_message(self, rank, kind, m):
         self._note("message", rank, kind, m.op)
 
+    def on_send(self, rank, m, t, call):
+        self._note("posted", rank, m.op, m.waited is None, tuple(t.tolist()), call)
+
 
 def _send_recv_all_reduce(comm):
     if comm.rank == 0:
@@ -186,6 +189,8 @@ def test_a_subclass_is_called_through_every_hook():
     assert messages == [(0, "all_reduce", "all_reduce"), (0, "send", "send"),
                         (1, "all_reduce", "all_reduce"), (1, "recv", "recv")]
     assert sum(c[0] == "enter" for c in w.calls) == 4      # once per comm call
+    assert [c for c in w.calls if c[0] == "posted"] == [("posted", 0, "send", True, (1.0, 1.0),
+                                                          "send")]
 
     w = _Hooked(2)
     with pytest.raises(ValueError, match="expected shape"):
@@ -226,3 +231,34 @@ def test_fail_wakes_the_ranks_waiting_and_locked_is_the_networks_lock():
         assert w.messages == [], "a rank recorded a message while the lock was held"
     runner.join(20)
     assert out and len(w.messages) == 4
+
+
+def _waits_seen(comm):
+    """Rank 0 sends, then posts an isendrecv, a sendrecv; which sends' waits each wait records."""
+    if comm.rank == 1:
+        for _ in range(3):
+            comm.recv(0, (2,))
+        return None
+    seen = []
+    comm.send(torch.ones(2), 1)
+    hop = comm.isendrecv([(torch.ones(2), 1, 0)], [])
+    comm.sendrecv((torch.ones(2), 1))
+    seen.append("posted")
+    comm.wait()                 # the send's and the sendrecv's, not the isendrecv's
+    seen.append("comm.wait()")
+    hop.wait()
+    seen.append("hop.wait()")
+    return seen
+
+
+def test_a_comm_send_is_outstanding_until_its_wait_and_recorded_there():
+    """comm.wait() records the waits of comm.send's and sendrecv's sends, the Exchange's wait()
+    those of isendrecv's (as DistComm's waits finish them), each once, in the rank's timeline."""
+    w = ThreadWorld(2)
+    assert w.run(_waits_seen)[0] == ["posted", "comm.wait()", "hop.wait()"]
+    sends = w.sent("send", rank=0)
+    kinds = [k for _, k, _ in w.timeline[0]]
+    assert kinds == ["send", "send", "send", "wait", "wait", "wait"]
+    waits = [d for _, k, d in w.timeline[0] if k == "wait"]
+    assert waits == [sends[0], sends[2], sends[1]]
+    assert [m.waited for m in sends] == [w.timeline[0][i][0] for i in (3, 5, 4)]

@@ -23,13 +23,16 @@ class Exchange:
     the received tensors, in the order of the receives; the sent tensors are let go then.
     `received()` returns them as soon as they arrive, the sends possibly still on their way."""
 
-    def __init__(self, works: Sequence, got: Sequence, sent: Sequence = ()) -> None:
+    def __init__(self, works: Sequence, got: Sequence, sent: Sequence = (),
+                 finish: Sequence = ()) -> None:
         # works: one per posted op, the receives' first, or one for the whole batch (NCCL);
-        # each is waited for once (gloo's receive would wait for a second message)
+        # each is waited for once (gloo's receive would wait for a second message);
+        # finish: what wait() calls last (a ThreadComm's sends: their waits recorded)
         works, self._got, self._sent = list(works), list(got), list(sent)
         split = len(works) == len(got) + len(sent)
         self._recv_works = works[:len(got)] if split else works
         self._works = works[len(got):] if split else []
+        self._finish = list(finish)
 
     def received(self) -> list[torch.Tensor]:
         """The received tensors, in the order of the receives, once they have arrived."""
@@ -43,7 +46,9 @@ class Exchange:
         got = self.received()
         for w in self._works:
             w.wait()
-        self._works, self._sent = [], []
+        for done in self._finish:
+            done()
+        self._works, self._sent, self._finish = [], [], []
         return got
 
 
@@ -225,9 +230,24 @@ class DistComm(_Exchanges):
 
 
 def _network(world):
-    """A ThreadComm's way to its world's network: three closures, so the comm (which a check
-    hands an answer) holds no attribute that leads to the world and its records."""
+    """A ThreadComm's way to its world's network: closures, so the comm (which a check hands an
+    answer) holds no attribute that leads to the world and its records."""
     def send(t, dst, tag):
+        world.send(t, dst, tag)
+
+    def post(t, dst, tag, call):
+        """Send `t` as comm call `call` ("send", "isendrecv") posts it, outstanding until the
+        rank's wait: what records that wait."""
+        m = world.send(t, dst, tag)
+        world.on_send(m.rank, m, t, call)
+
+        def waited():
+            if m.waited is None:
+                m.waited = world.event(m.rank, "wait", m)
+        return waited
+
+    def post_unrecorded(t, dst, tag, call):
+        """`post` in a world that keeps no records (launch): a send, nothing to wait for."""
         world.send(t, dst, tag)
 
     def recv(src, tag, shape, dtype):
@@ -235,37 +255,56 @@ def _network(world):
 
     def collective(op, ranks, t, payload, combine, deliver):
         return world.collective(op, ranks, t, payload, combine, deliver)
-    return send, recv, collective
+    return send, post if world.record else post_unrecorded, recv, collective
+
+
+class _Posted:
+    """A ThreadComm send that `comm.wait()` finishes: its wait recorded (runtime.work's way),
+    where a DistComm's isend is waited for."""
+    __slots__ = ("wait",)
+
+    def __init__(self, waited):
+        self.wait = waited
 
 
 class ThreadComm(_Exchanges):
     """The DistComm calls for one rank of a ThreadWorld (runtime.thread_world), whose network
     records every message. A rank that waits longer than the world's timeout for a message or
     a collective raises TimeoutError (instead of hanging a check). The comm holds no reference
-    to its world (only `_network`'s closures): a check's world keeps the records it judges."""
+    to its world (only `_network`'s closures): a check's world keeps the records it judges.
+    A send is copied as it is posted, yet stays outstanding, as DistComm's isend, until
+    `wait()` (isendrecv's: the Exchange's wait()); a recording world sees it then
+    (`ThreadWorld.on_send`, the wait in its timeline), one without records keeps nothing."""
 
     def __init__(self, world, rank: int) -> None:   # world: a ThreadWorld
         self.rank, self.world, self._pending = rank, world.size, []
         self.device = torch.device("cpu")
-        self._send, self._recv, self._collective_call = _network(world)
+        self._send, self._post, self._recv, self._collective_call = _network(world)
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         t = t.detach()
-        self._send(t, dst, tag)
+        waited = self._post(t, dst, tag, "send")
         self._count("send", t, dst)
+        if waited is not None:
+            self._pending.append((_Posted(waited), None))
 
     def recv(self, src: int, shape: Sequence[int], tag: int = 0,
              dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._recv(src, tag, shape=tuple(shape), dtype=dtype)
 
     def isendrecv(self, sends: Sequence[tuple], recvs: Sequence[tuple]) -> Exchange:
-        """DistComm.isendrecv: the sends go at once (a ThreadWorld's send never blocks), the
-        receives are taken in the Exchange's wait(); counted as DistComm counts it."""
+        """DistComm.isendrecv: the sends go at once (a ThreadWorld's send never blocks), each
+        outstanding until the Exchange's wait(), the receives taken as they are asked for;
+        counted as DistComm counts it."""
+        finish = []
         for t, dst, tag in sends:
-            self.send(t, dst, tag)
+            t = t.detach()
+            finish.append(self._post(t, dst, tag, "isendrecv"))
+            self._count("send", t, dst)
         return Exchange([], [lambda src=src, shape=shape, dtype=dtype, tag=tag:
                              self.recv(src, shape, tag=tag, dtype=dtype)
-                             for src, shape, dtype, tag in recvs])
+                             for src, shape, dtype, tag in recvs],
+                        finish=[f for f in finish if f is not None])
 
     def _collective(self, op, t, combine, finish):
         """Every rank's copy of `t` (in rank order) -> combine -> finish(mine) in this rank."""

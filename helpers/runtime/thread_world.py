@@ -12,7 +12,9 @@ Each Message records op, caller, source and destination, the storage and shape o
 handed over, bytes, when it was launched and when (if ever) it was waited for. Collectives meet
 like real ones (every rank of the group, in the same order); an async one is complete when its
 launch returns (every rank of the group launched it), its wait recorded where the rank first
-observes that (work.py: wait(), is_completed(), its future). A recv into a
+observes that (work.py: wait(), is_completed(), its future); a comm's send is outstanding
+until the rank's `comm.wait()` (isendrecv's: the Exchange's wait()), as DistComm's isend is,
+and its wait is recorded there (`on_send`). A recv into a
 buffer of another shape raises ValueError naming both shapes, and the message stays unreceived
 (`takes`, `mismatch`: hooks the checks' World makes stricter). What travels is the tensor's
 values, shape and dtype (`comm.wire`), not its strides. A rank that
@@ -75,7 +77,8 @@ class ThreadWorld:
     `comm_context()` (around the network's own work in a rank), `landed_context(message)` (around
     a callback of an async Work's future), `on_enter()` (first in every
     comm call), `allowed(op)`, `takes(got, shape, dtype)` and `mismatch(src, tag, want, got)`
-    (what a recv accepts) and `on_message(rank, kind, m)` (each recorded Message); they may
+    (what a recv accepts), `on_message(rank, kind, m)` (each recorded Message) and
+    `on_send(rank, m, t, call)` (a comm's send, outstanding until the rank's wait); they may
     override `start`, `event`, `send`, `recv` and `collective` calling super(), and use
     `locked()` (the world's one re-entrant lock) and `fail(rank, error)` (wake and stop the
     ranks waiting). Nothing else is the contract (tests/test_thread_world.py holds a subclass
@@ -128,6 +131,12 @@ class ThreadWorld:
     def on_message(self, rank, kind, m):
         """Called, under the lock, after Message `m` was recorded (record=True) in `messages`
         and in `rank`'s timeline as `kind` ("send", "recv", "launch" or the collective)."""
+
+    def on_send(self, rank, m, t, call):
+        """Called in `rank` (record=True) after its ThreadComm posted `t` as Message `m` with
+        comm call `call` ("send"; "isendrecv", which sendrecv posts through): `t` stays
+        outstanding, as a DistComm's isend on processes, until the rank's wait (`comm.wait()`,
+        the Exchange's wait()) records `m.waited` with a "wait" in its timeline."""
 
     # --- the world's lock and its failure, for subclasses -------------------------------------
     def locked(self):

@@ -10,6 +10,10 @@ the future's `wait()`/`value()`/`done()`, `wait_all`), the byte ranges of those 
 flight for that rank, and any aten operation of the rank's threads (provenance.py's dispatch
 mode) that touches one of them, through any view, fails the check (memory the call only reads,
 an isend's buffer or an all-gather's input, only when written: reading it meanwhile is safe).
+A thread rank's comm send (`comm.send`, the sends of `isendrecv` and `sendrecv`) is copied as it
+is posted, yet on processes DistComm posts an isend that `comm.wait()` finishes: its tensor is in
+flight the same way (`posted`), from the send until the rank's `comm.wait()` (isendrecv's: the
+Exchange's `wait()`), where runtime/comm.py records the wait; a write names that wait.
 Not counted: making a view or a tensor of the same shape (no values move), the network's own
 work (provenance's exempt `network()`), and a `then()` / `add_done_callback()` callback of the
 work's future, which runs once the work completed (`landed`).
@@ -21,12 +25,17 @@ import threading
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .waits import what
+from .waits import comm_what, what
 
-__all__ = ["InFlight", "launched"]
+__all__ = ["InFlight", "launched", "posted"]
 
 FIX = ("wait() for the work before reading or writing its tensors: on gloo and NCCL the "
        "{what} is still running")
+_WRITES = (" before writing a tensor {}, or send a copy (`t.clone()`): on processes (gloo, "
+           "NCCL) the send may still be reading it")
+COMM_FIX = {"send": "call comm.wait()" + _WRITES.format("you passed to comm.send"),
+            "isendrecv": "call the wait() of the Exchange isendrecv returned (after a sendrecv: "
+                         "comm.wait())" + _WRITES.format("it sends")}
 # operations that read only a tensor's shape, dtype and device, never its values
 _METADATA = frozenset({"empty_like", "new_empty", "new_empty_strided", "zeros_like",
                        "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
@@ -70,11 +79,13 @@ def _written(func, args, kwargs):
 
 class _Entry:
     """Tensors of one async call; `read_only`: the call only reads them (an isend's buffer, an
-    out-of-place collective's input), so reading them meanwhile is no race, writing is."""
-    __slots__ = ("message", "what", "role", "spans", "tensors", "read_only")
+    out-of-place collective's input), so reading them meanwhile is no race, writing is; `fix`:
+    the words that name the wait (None: a torch.distributed work's)."""
+    __slots__ = ("message", "what", "role", "spans", "tensors", "read_only", "fix")
 
-    def __init__(self, message, what, role, tensors):
+    def __init__(self, message, what, role, tensors, fix=None):
         self.message, self.what, self.role, self.tensors = message, what, role, tensors
+        self.fix = fix
         self.spans = [s for s in map(_span, tensors) if s is not None]
         self.read_only = role == "input" or message.op == "send"
 
@@ -88,16 +99,16 @@ class InFlight:
         self._pending = {}          # rank -> [_Entry]
         self._local = threading.local()
 
-    def add(self, rank, message, what, roles):
+    def add(self, rank, message, what, roles, fix=None):
         """Rank `rank` launched `message` (`what`: "rank 0's all_reduce ..."); `roles`:
-        [(role, tensors)], e.g. [("output", [out]), ("input", [x])]."""
+        [(role, tensors)], e.g. [("output", [out]), ("input", [x])]; `fix`: _Entry's."""
         if rank is None or message is None:
             return
         entries = self._pending.setdefault(rank, [])
         for role, tensors in roles:
             tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
             if tensors:
-                entries.append(_Entry(message, what, role, tensors))
+                entries.append(_Entry(message, what, role, tensors, fix))
 
     @contextlib.contextmanager
     def landed(self, message):
@@ -133,7 +144,8 @@ class InFlight:
     def _fail(self, rank, func, e):
         what = "collective" if e.message.op not in ("send", "irecv") else "transfer"
         self._refuse(rank, f"rank {rank} ran torch's {func.overloadpacket.__name__} on the "
-                     f"{e.role} of {e.what} before waiting for it: " + FIX.format(what=what))
+                     f"{e.role} of {e.what} before waiting for it: " +
+                     (e.fix or FIX.format(what=what)))
 
 
 def _role(name):
@@ -151,3 +163,9 @@ def launched(world, call, args, kwargs):
     bound = inspect.signature(call).bind(world, *args, **kwargs).arguments
     roles = [(_role(k), v if isinstance(v, (list, tuple)) else [v]) for k, v in bound.items()]
     world.in_flight.add(rank, line[2], what(rank, line[2]), roles)
+
+
+def posted(in_flight, rank, m, t, call):
+    """Rank `rank`'s comm call `call` ("send", "isendrecv") posted `t` as Message `m`: `t` is in
+    flight, for writes, until the rank's wait records `m.waited` (runtime/comm.py)."""
+    in_flight.add(rank, m, comm_what(rank, m, call), [("buffer", [t])], COMM_FIX[call])

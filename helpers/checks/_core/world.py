@@ -18,7 +18,8 @@ What the checks' World adds to the ThreadWorld, through its hooks:
 - while `run`/`launch` runs, `torch.distributed` is this world too (dist.py): `dist.all_reduce`,
   `dist.reduce_scatter` (list or tensor form), `dist.all_gather`, `isend`/`irecv`,
   `batch_isend_irecv`, groups, async handles, each of which its rank must wait for before it
-  returns (waits.py: a rank that ends with an async call never waited for fails);
+  returns (waits.py: a rank that ends with an async call never waited for fails), as it must
+  call comm.wait() for its comm's sends, whose tensors it may not write until then (inflight.py);
 - with `record_ops`, each rank's aten operations are recorded (`world.recorders[rank]`), and
   so is what the network delivered to it (`world.received[rank]`: the storage versions a recv
   or a collective wrote in that rank), so `expect_from_messages` can refuse a result whose
@@ -45,7 +46,7 @@ from . import addresses
 from .dist import torch_distributed
 from .early_threads import world_ranks
 from .exits import watch_exits, watched_here
-from .inflight import InFlight
+from .inflight import InFlight, posted
 from .ledger import ledger, tampered
 from .observe import Recorder
 from .provenance import Provenance
@@ -96,6 +97,7 @@ class World(ThreadWorld):
         self.received = [set() for _ in range(size)]   # (storage key, version) delivered
         self.exits = [[] for _ in range(size)]   # (op index, ref): values read out of torch
         self.irecvs = [[] for _ in range(size)]  # each rank's irecvs (dist.py), for waits.py
+        self.comm_sends = [[] for _ in range(size)]   # (Message, call): on_send, for waits.py
         self.provenance = Provenance(self)
         self.in_flight = InFlight(self._refuse)     # async calls' tensors until waited
         self.network_failure = None     # (rank, error): the first call the network refused
@@ -328,6 +330,12 @@ class World(ThreadWorld):
 
     def landed_context(self, message):
         return self.in_flight.landed(message)
+
+    def on_send(self, rank, m, t, call):
+        """A comm's send: owed a wait before the rank returns (waits.py), its tensor in flight
+        until then (inflight.py)."""
+        self.comm_sends[rank].append((m, call))
+        posted(self.in_flight, rank, m, t, call)
 
     def on_message(self, rank, kind, m):
         """Each recorded message (under the lock): the ledger keeps its own copy."""
