@@ -36,7 +36,7 @@ runtime.files               THE atomic writer                    atomic_write, w
 runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
 runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint
 runtime.mesh                ranks along named mesh dimensions    rank_grid, device_mesh
-ring                        ring collectives, simulated devices  ring_all_reduce, ring_all_gather
+ring                        ring collectives, simulated devices  ring_all_gather, ...
 data_parallel.*             Parts II-IV                          train, allreduce, DDPFromScratch
 sharding.*                  Part V                               ShardedOptimizer, FSDPFromScratch
 pipeline_parallel.*         Part I (simulated), Part VI          gpipe_order, pipeline_rank_step
@@ -56,8 +56,7 @@ from . import torch_floor  # its import checks the installed torch
 
 from .config import choose, full, quick
 from .devices import (Timer, exact_float32, get_devices, num_gpus, rank_clock, synced_now,
-                      synchronize, try_all_gpus, try_gpu, gpu_copy_gbs, copy_while_computing,
-                      time_matmul, gpu_chapter_figures, unsynced_timings)
+                      synchronize, try_all_gpus, try_gpu, gpu_chapter_figures, unsynced_timings)
 from .data import (DataMissingError, load_data_fashion_mnist, load_tensors, ensure_data,
                    fashion_mnist)
 from .models import (LENET_SHAPES, init_lenet_params, lenet, lenet_module, loss, num_params,
@@ -108,7 +107,7 @@ from .runtime.emulate import Clock, Rates, clock_scale
 from .runtime.checkpoint import (set_rng_state, save_snapshot, load_snapshot, save_checkpoint,
                                  save_snapshot_all, load_checkpoint)
 from .runtime.mesh import rank_grid, coords_of, device_mesh
-from .ring import ring_reduce_scatter, ring_all_gather, ring_all_reduce
+from .ring import ring_reduce_scatter, ring_all_gather
 from .data_parallel.simulated import (get_params, allreduce, split_batch, sgd, train_batch, train,
                                       evaluate_accuracy, default_run_size)
 from .data_parallel.dp_vs_ddp_experiments import time_dp_vs_ddp
@@ -175,7 +174,7 @@ from .data_parallel.words.trace_verdicts import (bucket_launch_words, trace_regi
 from .data_parallel.words.profile_words import (profile_gpu_status, self_check_words, split_lead_in,
                                                 halves_control_words, fixed_part_words,
                                                 gpu_arithmetic_words)
-from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2, optimizer_state_bytes
+from .sharding.zero import partition_by_size, ShardedOptimizer, Zero2
 from .sharding.flat import (flat_shard, all_gather_flat, padded_flat, reduce_scatter_flat,
                             clip_sharded_grad_norm_)
 from .sharding.fsdp_scratch import FSDPFromScratch, GatherParams, FSDPUnit
@@ -196,14 +195,12 @@ from .sharding.variants_experiments import offload_run, qwz_vs_all_gather
 from .pipeline_parallel.schedules import (gpipe_order, one_f_one_b_order, validate_orders,
                                           clock_ticks, bubble_fraction, schedule_bubble, replay,
                                           measured_bubble, peak_live, plot_schedule, plot_live,
-                                          gpipe_rank_order, one_f_one_b_rank_order, busy_times,
-                                          timeline_bubble, as_schedule, unequal_bubble,
-                                          interleaved_order, interleaved_ticks,
-                                          interleaved_bubble, stage_times, with_durations)
-from .pipeline_parallel.simulated import (split_sequential, network_split_forward, pipeline_step,
-                                          run_schedule, stage_forward, stage_backward,
-                                          pipeline_1f1b, multiply_adds, run_interleaved,
-                                          pipeline_order_words)
+                                          one_f_one_b_rank_order, busy_times, timeline_bubble,
+                                          as_schedule, unequal_bubble, interleaved_order,
+                                          interleaved_ticks, interleaved_bubble, stage_times,
+                                          with_durations)
+from .pipeline_parallel.simulated import (split_sequential, run_schedule, pipeline_1f1b,
+                                          multiply_adds, run_interleaved, pipeline_order_words)
 from .pipeline_parallel.split_words import (mac_bubble_words, simulated_timing_words,
                                             bubble_vs_formula_words, devices_words,
                                             stage_layers_words, naive_order_words)
@@ -218,12 +215,9 @@ from .pipeline_parallel.experiments import (pipeline_run, pipelining_run, pingpo
 from .pipeline_parallel.verdicts import (bubble_trend_words, schedule_gap,
                                          message_delay_words, balance_words)
 from .tensor_parallel.split_words import bytes_vs_dp_words, paired_vs_column_words
-from .tensor_parallel.simulated import (CopyToShards, ReduceFromShards, copy_to_shards,
-                                        reduce_from_shards, megatron_mlp, conv_split_channels,
-                                        dense_split_columns, dense_split_rows, lenet_within_layer,
-                                        lenet_gathered_shards)
-from .tensor_parallel.scratch import (CopyToTP, ReduceFromTP, copy_to_tp, reduce_from_tp, TPMLP,
-                                      TPAttention, TPBlock, split_dims, gather_shards)
+from .tensor_parallel.simulated import (copy_to_shards, reduce_from_shards, megatron_mlp,
+                                        dense_split_rows, lenet_gathered_shards)
+from .tensor_parallel.scratch import TPMLP, TPAttention, TPBlock, split_dims, gather_shards
 from .tensor_parallel.torch_api import tp_plan, sp_plan
 from .tensor_parallel.sequence import (GatherSequence, SPBlock, sync_replicated_grads,
                                        VocabEmbedding,
@@ -238,7 +232,7 @@ from .context_parallel.experiments import (qkv_inputs, cp_attention_run,
                                            cp_ulysses_run, cp_activation_memory, cp_torch_run)
 from .context_parallel.ulysses import seq_to_heads, heads_to_seq, SeqToHeads, ulysses_attention
 from .expert_parallel.moe import route, load_balancing_loss, MoE, moe_inputs, router_z_loss
-from .expert_parallel.scratch import all_to_all, AllToAll, ExpertParallelMoE
+from .expert_parallel.scratch import AllToAll, ExpertParallelMoE
 from .expert_parallel.experiments import ep_equal_run, ep_imbalance_run, ep_production_run
 from .expert_parallel.torch_api import EPMoE, ep_dp_mesh, permute_by_expert
 from .composed.scratch import one_process_run, cp_gpt

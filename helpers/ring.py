@@ -39,7 +39,7 @@ def ring_all_gather(chunks, devices, log=None, what="all-gather"):
 def ring_all_reduce(xs, devices, log=None, what="all-reduce"):
     """Sum of the k tensors xs (xs[i] on devices[i]), returned to every device as a new tensor:
     reduce-scatter, then all-gather. Each device sends 2(k-1) chunks, 2(k-1)/k of a tensor.
-    (Part II's exercise, `data_parallel/allreduce.py`'s `ring_allreduce`, does it in place and
+    (Part IV's `helpers.ring_allreduce`, data_parallel/allreduce.py, does it in place and
     returns the elements each device sent.)"""
     if len(xs) != len(devices):
         raise ValueError(f"{len(xs)} tensors for {len(devices)} devices: give one per device")

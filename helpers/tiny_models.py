@@ -3,6 +3,7 @@
 `deep_mlp`: many equal layers, so the parameters (not the activations) dominate memory.
 `TinyLM`: a decoder-only transformer (tied input/output embedding) on a synthetic next-token task.
 """
+import inspect
 import math
 
 import torch
@@ -105,8 +106,10 @@ def make_model(kind, seed=0, **sizes):
     return net
 
 
-def make_batches(kind, num_steps, batch_size, seed=1, d_in=32, **_):
-    """The same `num_steps` global batches on every rank: a list of (X, y)."""
+def make_batches(kind, num_steps, batch_size, seed=1, **sizes):
+    """The same `num_steps` global batches on every rank: a list of (X, y). An MLP's inputs are
+    as wide as make_model(kind, **sizes) takes them (its d_in; deep_mlp's default where absent)."""
+    d_in = sizes.get("d_in", inspect.signature(deep_mlp).parameters["d_in"].default)
     g = torch.Generator().manual_seed(seed)
     if kind in ("tied", "lm"):
         X, y = counting_tokens(num_steps * batch_size, seed=seed)

@@ -6,6 +6,8 @@ import pathlib
 import secrets
 
 
+# Not helpers.atomic_write (the course's one writer): importing helpers imports torch, which the
+# system Python and the book's venv that run these scripts do not have.
 def write_text_atomic(out, text):
     """`text` into `out` through a uniquely named file in the same folder, then os.replace: a
     reader of `out` sees the old file or the new one, never a part (mode: the umask's)."""

@@ -155,8 +155,8 @@ def dispatch_unstable_sort(x, dest, comm):
     w = comm.world
     order = dest.argsort()
     send = torch.bincount(dest, minlength=w)
-    recv = helpers.all_to_all(comm, send, [1] * w, [1] * w)
-    return helpers.all_to_all(comm, x[order], send.tolist(), recv.tolist())
+    recv = comm.all_to_all(send, [1] * w, [1] * w)
+    return comm.all_to_all(x[order], send.tolist(), recv.tolist())
 
 
 @shortcut("check_dispatch_tokens", "torch.bincount without minlength (no count for a last rank "
@@ -164,9 +164,9 @@ def dispatch_unstable_sort(x, dest, comm):
 def dispatch_no_minlength(x, dest, comm):
     counts = torch.bincount(dest)
     ones = [1] * comm.world
-    incoming = helpers.all_to_all(comm, counts, ones, ones)
-    return helpers.all_to_all(comm, x[torch.argsort(dest, stable=True)], counts.tolist(),
-                              incoming.tolist())
+    incoming = comm.all_to_all(counts, ones, ones)
+    return comm.all_to_all(x[torch.argsort(dest, stable=True)], counts.tolist(),
+                           incoming.tolist())
 
 
 @shortcut("check_grad_shard", "padded by world - n % world (a whole block more when it divides)",

@@ -13,7 +13,7 @@ from book_files import ROOT
 from check_cases import other, parametrize_cases, shortcut, worked
 
 import helpers
-from helpers import copy_to_tp, reduce_from_tp
+from helpers.tensor_parallel.scratch import copy_to_tp, reduce_from_tp
 
 REFUSED = "the course's own answer"     # the harness's words for a reference shortcut
 

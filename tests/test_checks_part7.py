@@ -184,9 +184,9 @@ def keep_cumsum(expert, capacity, n_experts):
 @shortcut("check_dispatch_tokens", "everything to everyone", "send each row only to")
 def dispatch_broadcast(x, dest, comm):
     w = comm.world
-    n = helpers.all_to_all(comm, torch.tensor([len(x)] * w), [1] * w, [1] * w)
-    rows = helpers.all_to_all(comm, x.repeat(w, 1), [len(x)] * w, n.tolist())
-    keep = helpers.all_to_all(comm, dest.repeat(w), [len(x)] * w, n.tolist())
+    n = comm.all_to_all(torch.tensor([len(x)] * w), [1] * w, [1] * w)
+    rows = comm.all_to_all(x.repeat(w, 1), [len(x)] * w, n.tolist())
+    keep = comm.all_to_all(dest.repeat(w), [len(x)] * w, n.tolist())
     return rows[keep == comm.rank]
 
 

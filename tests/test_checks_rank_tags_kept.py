@@ -1,7 +1,7 @@
 """A rank's counts keep their rank tag where CPython or a course helper would make them plain
 (tests/check_cases.py's form; helpers/checks/_core/rank_builtins.py, helpers/runtime/comm.py):
 this module binds `int = builtins.int` itself, as a notebook may, and the stand-in still takes
-its place while a World runs; `helpers.all_to_all` keeps the tag of the splits it is handed.
+its place while a World runs; `comm.all_to_all` keeps the tag of the splits it is handed.
 Each answer leaves its counts in a module dict instead of telling the other ranks: each fails.
 A right answer that sends its counts first passes."""
 import builtins
@@ -9,8 +9,6 @@ import time
 
 import torch
 from check_cases import other, parametrize_cases, shortcut
-
-import helpers
 
 int = builtins.int   # the module's own name for the builtin: what the test is about
 
@@ -38,24 +36,24 @@ def dispatch_tokens_own_int(x, dest, comm):
                       for j in range(w)])
 
 
-@shortcut("check_dispatch_tokens", "counts never sent, helpers.all_to_all sized from a dict",
+@shortcut("check_dispatch_tokens", "counts never sent, comm.all_to_all sized from a dict",
           RANKS)
 def dispatch_tokens_all_to_all_from_dict(x, dest, comm):
     w, r = comm.world, comm.rank
     order = torch.argsort(dest, stable=True)
     counts = torch.bincount(dest, minlength=w).tolist()
     incoming = _published(_FROM_DICT, w, r, counts)
-    return helpers.all_to_all(comm, x[order], counts, incoming)
+    return comm.all_to_all(x[order], counts, incoming)
 
 
-@other("check_dispatch_tokens", "counts sent first with helpers.all_to_all, int() of the module")
+@other("check_dispatch_tokens", "counts sent first with comm.all_to_all, int() of the module")
 def dispatch_tokens_counts_sent(x, dest, comm):
     w = comm.world
     order = torch.argsort(dest, stable=True)
     counts = torch.bincount(dest, minlength=w)
-    incoming = helpers.all_to_all(comm, counts, [1] * w, [1] * w)
-    return helpers.all_to_all(comm, x[order], [int(c) for c in counts],
-                              [int(c) for c in incoming])
+    incoming = comm.all_to_all(counts, [1] * w, [1] * w)
+    return comm.all_to_all(x[order], [int(c) for c in counts],
+                           [int(c) for c in incoming])
 
 
 test_case = parametrize_cases(__name__)

@@ -129,7 +129,7 @@ def test_the_in_place_ring_is_part_ones_ring_counted_on_its_byte_log(monkeypatch
     and the counts it returns are what that ring's ByteLog recorded per device."""
     data = [torch.arange(10.0) + i for i in range(3)]
     log = helpers.ByteLog()
-    helpers.ring_all_reduce([d.clone() for d in data], [CPU] * 3, log)
+    helpers.ring.ring_all_reduce([d.clone() for d in data], [CPU] * 3, log)
     calls = []
     real = helpers.data_parallel.allreduce.ring_all_reduce
     monkeypatch.setattr(helpers.data_parallel.allreduce, "ring_all_reduce",

@@ -4,10 +4,12 @@ module; the install ships every folder of helpers/; the layers hold; no module o
 scripts/ runs over 400 lines."""
 import ast
 import importlib
+import inspect
 import json
 import pathlib
 import re
 import sys
+import textwrap
 import tomllib
 
 import helpers
@@ -66,8 +68,8 @@ def _python_uses(src):
 
 
 def _notebook_uses(text):
-    """A notebook's uses, and the names its code defines (tests/test_notebook_sync.py compares
-    those with the façade's)."""
+    """A notebook's uses. Not the names its code defines: a chapter's own copy of a function uses
+    nothing (tests/test_notebook_sync.py finds the shipped one in its module)."""
     found = set()
     for cell in json.loads(text)["cells"]:
         src = "".join(cell["source"])
@@ -75,11 +77,6 @@ def _notebook_uses(text):
         if cell["cell_type"] == "code":
             src = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("%", "!")))
             found |= _python_uses(src)
-            try:
-                found |= {n.name for n in ast.parse(src).body
-                          if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-            except SyntaxError:
-                pass
     return found
 
 
@@ -161,8 +158,80 @@ def test_the_use_scan_sees_each_way_of_using_a_name(tmp_path):
     (tmp_path / "helpers/checks/c.py").write_text(
         "from .. import a_grader\n@check('x', observes=[], references=['a_ref.method'])\n"
         "def c():\n    unused_name = 1\n")
-    assert facade_uses(tmp_path) == {"a_dotted", "a_defined", "a_in_prose", "a_from", "an_alias",
-                                     "a_shell", "a_grader", "a_ref"}   # tests do not count
+    assert facade_uses(tmp_path) == {"a_dotted", "a_in_prose", "a_from", "an_alias", "a_shell",
+                                     "a_grader", "a_ref"}   # tests and definitions do not count
+
+
+# --- one name for one thing on the façade -----------------------------------------------------
+def _forwarded(fn, facade):
+    """What `fn` only hands its own parameters to, unchanged: a method of its own name
+    (`def all_to_all(comm, x): return comm.all_to_all(x)`) or another façade function; None
+    where it does anything else (adapts, checks, computes)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    body = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body
+    if len(body) != 1 or not isinstance(body[0], ast.Return) \
+            or not isinstance(call := body[0].value, ast.Call):
+        return None
+    params = {a.arg for a in (*tree.args.posonlyargs, *tree.args.args, *tree.args.kwonlyargs)}
+    passed = [*call.args, *(k.value for k in call.keywords)]
+    if not all(isinstance(a, ast.Name) and a.id in params for a in passed):
+        return None
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == tree.name:
+        return ast.unparse(f)
+    if isinstance(f, ast.Name) and f.id != tree.name and f.id in facade:
+        return f"helpers.{f.id}"
+    return None
+
+
+def facade_aliases(names, get):
+    """Façade names that are another name's thing again: one object under two names, two names
+    one underscore apart (ring_allreduce, ring_all_reduce), a function that only forwards."""
+    found, seen, spelt = [], {}, {}
+    for name in sorted(names):
+        obj, bare = get(name), name.replace("_", "")
+        if (inspect.isfunction(obj) or inspect.isclass(obj)) and id(obj) in seen:
+            found.append(f"{name} is {seen[id(obj)]}")
+        if bare in spelt:
+            found.append(f"{name} and {spelt[bare]} differ by underscores")
+        seen.setdefault(id(obj), name)
+        spelt.setdefault(bare, name)
+        if inspect.isfunction(obj) and (to := _forwarded(obj, names)):
+            found.append(f"{name} only calls {to}")
+    return found
+
+
+def test_no_facade_name_is_another_under_a_second_name():
+    """One name per thing: `helpers.all_to_all(comm, ...)` once only returned
+    `comm.all_to_all(...)`, and ring_allreduce sat beside ring_all_reduce: two names for a reader
+    to tell apart where there is one operation."""
+    found = facade_aliases(set(_facade_imports()), lambda n: getattr(helpers, n))
+    assert not found, f"keep one name of each on helpers/__init__.py: {found}"
+
+
+def test_the_alias_scan_sees_each_kind_of_second_name(tmp_path, monkeypatch):
+    """Guard the guard: a forwarding wrapper (a method of its name, another façade function), a
+    second binding, a spelling underscores apart are found; what adapts its call is not."""
+    (tmp_path / "alias_mod.py").write_text(
+        "def all_to_all(comm, x, splits, tag=3):\n    '''Doc.'''\n"
+        "    return comm.all_to_all(x, splits, tag=tag)\n\n"
+        "def ring_all_reduce(xs, log=None):\n    return sum(xs)\n\n"
+        "def total(xs, log):\n    return ring_all_reduce(xs, log=log)\n\n"
+        "def ring_allreduce(xs):\n    return ring_all_reduce(list(xs))\n\n"
+        "def scaled(xs):\n    return ring_all_reduce(xs) * 2\n\n"
+        "def send(comm, x):\n    return comm.send(x, 0)\n\n"
+        "again = scaled\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("alias_mod")
+    names = {"all_to_all", "ring_all_reduce", "total", "ring_allreduce", "scaled", "send",
+             "again"}
+    assert sorted(facade_aliases(names, lambda n: getattr(mod, n))) == [
+        "all_to_all only calls comm.all_to_all",
+        "ring_allreduce and ring_all_reduce differ by underscores", "scaled is again",
+        "total only calls helpers.ring_all_reduce"]
 
 
 # --- book/ and scripts/ (shell scripts' Python included) name helpers.X, never a module path --

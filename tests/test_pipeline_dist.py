@@ -19,7 +19,6 @@ from helpers import (
     balanced_cuts,
     box_model,
     bubble_fraction,
-    gpipe_rank_order,
     interleaved_bubble,
     launch,
     one_f_one_b_rank_order,
@@ -37,6 +36,7 @@ from helpers import (
     zero_bubble_bubble,
     zero_bubble_rank_order,
 )
+from helpers.pipeline_parallel.schedules import gpipe_rank_order
 
 NET = dict(vocab=64, width=16, depth=4)
 N, M = 16, 4

@@ -14,30 +14,23 @@ from helpers import (
     all_close,
     bubble_fraction,
     clock_ticks,
-    conv_split_channels,
     copy_to_shards,
-    dense_split_columns,
     dense_split_rows,
     gpipe_order,
-    gpipe_rank_order,
     layer_sizes,
     lenet,
     lenet_gathered_shards,
     lenet_module,
-    lenet_within_layer,
     max_diff,
     measured_bubble,
     megatron_mlp,
     multiply_adds,
-    network_split_forward,
     one_f_one_b_order,
     one_f_one_b_rank_order,
     peak_live,
     pipeline_1f1b,
-    pipeline_step,
     reduce_from_shards,
     replay,
-    ring_all_reduce,
     ring_bytes_per_device,
     run_schedule,
     saved_per_layer,
@@ -47,8 +40,15 @@ from helpers import (
     split_sequential,
 )
 from helpers.models import LENET_SHAPES
-from helpers.ring import ring_reduce_scatter
-from helpers.tensor_parallel.simulated import all_gather_shards
+from helpers.pipeline_parallel.schedules import gpipe_rank_order
+from helpers.pipeline_parallel.simulated import network_split_forward, pipeline_step
+from helpers.ring import ring_all_reduce, ring_reduce_scatter
+from helpers.tensor_parallel.simulated import (
+    all_gather_shards,
+    conv_split_channels,
+    dense_split_columns,
+    lenet_within_layer,
+)
 
 torch.backends.cudnn.allow_tf32 = False   # exact float32 convolutions on GPUs too
 

@@ -21,6 +21,7 @@ from helpers import (
     tiny_tp_lm,
     tp_worker,
 )
+from helpers.tensor_parallel.scratch import copy_to_tp, reduce_from_tp
 
 BLOCK = dict(width=16, heads=4)
 INPUTS = dict(batch=2, seq=6, width=16)
@@ -188,8 +189,7 @@ def test_the_two_f_g_pairs_are_the_same_operators():
 
     def rank(r, world, cfg):
         x = X.clone().requires_grad_()
-        y = helpers.reduce_from_tp(helpers.copy_to_tp(x, cfg["comm"]) @ As[r] @ Bs[r],
-                                   cfg["comm"])
+        y = reduce_from_tp(copy_to_tp(x, cfg["comm"]) @ As[r] @ Bs[r], cfg["comm"])
         (y * R).sum().backward()
         return y.detach(), x.grad
 

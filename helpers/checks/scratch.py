@@ -113,7 +113,7 @@ def check_shard_sizes(fn):
 
 # ---------------------------------------------------------------------------------------------
 @check("allreduce_spread", simulated=True, changes_inputs=True,
-       references=["ring_allreduce", "ring_all_reduce"], observes=[
+       references=["ring_allreduce", "ring_reduce_scatter", "ring_all_gather"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum, for one size that k divides and sizes that it does not",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, the elements each "

@@ -20,14 +20,18 @@ one's); and ring attention hop by hop, each hop overlapping only the attention o
 brings, half a block for a causal zig-zag ring (its MLP waits for it).
 """
 import itertools
+from typing import TypedDict
 
 from ..costs import (
     OPTIMIZER_STATE_BYTES,
     SHARDING_STAGES,
+    ShardingCost,
     ring_bytes_per_device,
     ring_pass_bytes,
     sharding_costs,
 )
+from ..expert_parallel.moe import MoE
+from ..runtime.launch import take_kwargs
 from ..transformer_costs import (
     RECOMPUTE,
     activation_bytes_per_token,
@@ -38,12 +42,72 @@ from ..transformer_costs import (
 )
 
 __all__ = ["data_parallel_costs", "stage_costs", "ring_exposed_seconds", "layout_costs",
-           "candidate_layouts", "plan"]
+           "candidate_layouts", "plan", "DimensionBytes", "DimensionMessages", "StageCost",
+           "Layout", "LayoutCost"]
 
 _MODEL_KEYS = ("layers", "width", "heads", "vocab", "seq", "batch")
 _GPU_KEYS = ("memory", "flops", "bandwidth")
 _ACCUMULATION = ("every", "no_sync")
 _LATENCY = 10e-6        # seconds a message pays before its first byte (gpu["latency"] overrides)
+_MOE_DEFAULTS = take_kwargs({}, MoE)     # MoE's k and capacity_factor where a model omits them
+
+
+class DimensionBytes(TypedDict):
+    """Bytes one rank sends per step along each dimension."""
+    tp: float
+    pp: float
+    dp: float
+    cp: float
+    ep: float
+
+
+class DimensionMessages(TypedDict):
+    """Messages one rank sends per step along the dimensions whose latency shows (dp's hide)."""
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+
+
+class StageCost(TypedDict):
+    """stage_costs' result for one pipeline stage (a plain dict): what one of its ranks holds
+    (bytes) and sends per step."""
+    stage: int
+    params: float
+    grads: float
+    optim: float
+    acts: float
+    memory: float
+    bytes: DimensionBytes
+    messages: DimensionMessages
+    n_params: int
+    tokens: float
+
+
+class Layout(TypedDict, total=False):
+    """A layout (a plain dict; an absent size is 1, ZeRO "dp", accumulation "every", no
+    recomputation, no sequence parallelism)."""
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    zero: str
+    acc: str
+    recompute: str
+    m: int
+    sp: bool
+
+
+class LayoutCost(Layout):
+    """layout_costs' and plan's rows (plain dicts): the layout and its estimate."""
+    memory: float
+    bytes: float
+    seconds: float
+    compute_s: float
+    exposed_s: float
+    stages: list[StageCost]
+    fits: bool
 
 
 def validate_model(model, gpu=None):
@@ -61,7 +125,8 @@ def validate_model(model, gpu=None):
         raise ValueError(f"the gpu's latency must be >= 0 seconds, not {gpu['latency']}")
 
 
-def data_parallel_costs(n_params, k, zero, m=1, acc="every", optimizer="adam", dtype_bytes=2):
+def data_parallel_costs(n_params, k, zero, m=1, acc="every", optimizer="adam",
+                        dtype_bytes=2) -> ShardingCost:
     """sharding_costs over k ranks with m micro-batches per step: "every" reduces the gradients
     after each micro-batch (ZeRO-2: m reduce-scatters and one all-gather, (m + 1)/2 times DDP's
     all-reduce; ZeRO-3: an all-gather in forward and in backward and a reduce-scatter per
@@ -69,7 +134,7 @@ def data_parallel_costs(n_params, k, zero, m=1, acc="every", optimizer="adam", d
     reduction. Plain dp and ZeRO-1 hold full gradients anyway (DDP's no_sync)."""
     if acc not in _ACCUMULATION:
         raise ValueError(f"acc must be one of {_ACCUMULATION}, not {acc!r}")
-    z = dict(sharding_costs(n_params, k, zero, optimizer, dtype_bytes))
+    z = ShardingCost(**sharding_costs(n_params, k, zero, optimizer, dtype_bytes))   # a copy
     if zero in ("dp", "zero1") or m == 1:
         return z
     full = n_params * dtype_bytes
@@ -87,7 +152,9 @@ def data_parallel_costs(n_params, k, zero, m=1, acc="every", optimizer="adam", d
 
 
 def _moe(model):
-    return model.get("experts", 0), model.get("k", 2), model.get("capacity_factor", 1.25)
+    """(experts, k, capacity_factor) of the model: MoE's own defaults for what it omits."""
+    return (model.get("experts", 0), model.get("k", _MOE_DEFAULTS["k"]),
+            model.get("capacity_factor", _MOE_DEFAULTS["capacity_factor"]))
 
 
 def _stage_params(model, lay, r):
@@ -116,7 +183,8 @@ def _active_params(model):
     return model["layers"] * per_block + (V + s) * h + 2 * h + h * V
 
 
-def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout=False):
+def stage_costs(model, lay: Layout, optimizer="adam", dtype_bytes=2, flash=True,
+                dropout=False) -> list[StageCost]:
     """Per pipeline stage (a list, stage 0 first), what one of its ranks holds and sends per
     step: params, grads, optim, acts, memory (bytes), bytes = {tp, pp, dp, cp, ep} and the
     messages along tp, pp, cp and ep (each pays the latency).
@@ -143,7 +211,7 @@ def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout
         z = data_parallel_costs(dense, dp * cp, zero, m, acc, optimizer, b)
         if expert:
             ze = data_parallel_costs(expert, dp * cp // ep, zero, m, acc, optimizer, b)
-            z = {key: z[key] + ze[key] for key in z}
+            z = ShardingCost(**{key: z[key] + ze[key] for key in z})
         live = min(pp - r, m)                           # 1F1B: micro-batches alive at the peak
         per_mb = blocks * tokens * per_token
         if r == 0:
@@ -157,18 +225,19 @@ def stage_costs(model, lay, optimizer="adam", dtype_bytes=2, flash=True, dropout
         ring = ring_attention_bytes(tokens, h, cp, tp, b)
         ring_fwd = 2 * (cp - 1) * tokens * h // tp * b
         pp_msgs = m * ((r < pp - 1) + (r > 0))
-        sent = dict(tp=tp_calls * ring_bytes_per_device(act, tp), pp=pp_msgs * act,
-                    dp=z["sent_bytes"], cp=blocks * m * (ring + (ring_fwd if again else 0)),
-                    ep=blocks * m * moe_dispatch_bytes(tokens, h // tp, E, k, cf, ep, b)
-                    if E and ep > 1 else 0)
-        messages = dict(tp=tp_calls * 2 * (tp - 1), pp=pp_msgs,
-                        cp=blocks * m * (3 * (cp - 1) + 1 + ((cp - 1) if again else 0))
-                        if cp > 1 else 0,
-                        ep=4 * blocks * m * (ep - 1) if E else 0)
+        sent = DimensionBytes(
+            tp=tp_calls * ring_bytes_per_device(act, tp), pp=pp_msgs * act,
+            dp=z["sent_bytes"], cp=blocks * m * (ring + (ring_fwd if again else 0)),
+            ep=blocks * m * moe_dispatch_bytes(tokens, h // tp, E, k, cf, ep, b)
+            if E and ep > 1 else 0)
+        messages = DimensionMessages(
+            tp=tp_calls * 2 * (tp - 1), pp=pp_msgs,
+            cp=blocks * m * (3 * (cp - 1) + 1 + ((cp - 1) if again else 0)) if cp > 1 else 0,
+            ep=4 * blocks * m * (ep - 1) if E else 0)
         mem = z["params_bytes"] + z["grads_bytes"] + z["optim_bytes"] + acts
-        out.append(dict(stage=r, params=z["params_bytes"], grads=z["grads_bytes"],
-                        optim=z["optim_bytes"], acts=acts, memory=mem, bytes=sent,
-                        messages=messages, n_params=dense + expert, tokens=tokens))
+        out.append(StageCost(stage=r, params=z["params_bytes"], grads=z["grads_bytes"],
+                             optim=z["optim_bytes"], acts=acts, memory=mem, bytes=sent,
+                             messages=messages, n_params=dense + expert, tokens=tokens))
     return out
 
 
@@ -192,7 +261,8 @@ def ring_exposed_seconds(tokens, model, lay, rate, link, latency, dtype_bytes=2)
     return fwd * (2 if lay.get("recompute", "none") != "none" else 1) + bwd
 
 
-def layout_costs(model, gpu, lay, optimizer="adam", dtype_bytes=2, mfu=0.4, **kw):
+def layout_costs(model, gpu, lay: Layout, optimizer="adam", dtype_bytes=2, mfu=0.4,
+                 **kw) -> LayoutCost:
     """One layout: the fullest rank's memory, the busiest rank's bytes, and the step time:
     compute (FLOPs at mfu x the GPU's FLOP/s, stretched by the pipeline bubble (m + pp - 1) / m)
     plus the communication that cannot hide: tensor, pipeline and expert traffic in full with a
@@ -226,16 +296,16 @@ def layout_costs(model, gpu, lay, optimizer="adam", dtype_bytes=2, mfu=0.4, **kw
     seconds = compute * (m + pp - 1) / m + exposed
     busy = max(stages, key=lambda st: sum(st["bytes"].values()))["bytes"]
     fullest = max(stages, key=lambda st: st["memory"])
-    return dict(lay, memory=fullest["memory"], bytes=sum(busy.values()), seconds=seconds,
-                compute_s=compute, exposed_s=exposed, stages=stages,
-                fits=fullest["memory"] <= gpu["memory"])
+    return LayoutCost(**lay, memory=fullest["memory"], bytes=sum(busy.values()),
+                      seconds=seconds, compute_s=compute, exposed_s=exposed, stages=stages,
+                      fits=fullest["memory"] <= gpu["memory"])
 
 
 def _divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_layouts(model, n_gpus, sp=True):
+def candidate_layouts(model, n_gpus, sp=True) -> list[Layout]:
     """Every layout the model allows on n_gpus: dp x tp x pp x cp = n_gpus with tp dividing the
     heads and the width, pp the layers, 2 cp the sequence, dp the batch; ep dividing dp and
     the experts; micro-batches m a power of two dividing the batch per dp rank (at most 16);
@@ -261,12 +331,13 @@ def candidate_layouts(model, n_gpus, sp=True):
             else:
                 accs = _ACCUMULATION if m > 1 else ("every",)
             for acc in accs:
-                out.append(dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, acc=acc,
-                                recompute=rec, m=m, sp=sp and tp > 1))
+                out.append(Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, acc=acc,
+                                  recompute=rec, m=m, sp=sp and tp > 1))
     return out
 
 
-def plan(model, gpu, n_gpus, optimizer="adam", dtype_bytes=2, top=None, **kw):
+def plan(model, gpu, n_gpus, optimizer="adam", dtype_bytes=2, top=None,
+         **kw) -> list[LayoutCost]:
     """The layouts that fit in the GPU's memory, fastest first (then the fewest bytes sent by
     the busiest rank, then the least memory)."""
     validate_model(model, gpu)

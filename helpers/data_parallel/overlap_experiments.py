@@ -31,7 +31,7 @@ def timeline_model(device, sizes, bucket_mb, overlap=True):
     """A DDPFromScratch MLP that records its timeline, and one batch for it: (model, batch)."""
     model = DDPFromScratch(make_model("mlp", **(sizes or {})).to(device), bucket_mb=bucket_mb,
                            overlap=overlap)
-    batch = make_batches("mlp", 1, 64, d_in=(sizes or {}).get("d_in", 32))[0]
+    batch = make_batches("mlp", 1, 64, **(sizes or {}))[0]
     return model, batch
 
 
@@ -248,7 +248,7 @@ def emulated_overlap(rank, world, cfg):
         for p in net.parameters():
             p.register_post_accumulate_grad_hook(paced)
         model = DDPFromScratch(net, bucket_mb=bucket_mb, overlap=mode == "overlap")
-        batch = make_batches("mlp", 1, 32 * world, d_in=(sizes or {}).get("d_in", 32))[0]
+        batch = make_batches("mlp", 1, 32 * world, **(sizes or {}))[0]
         X, y = local_batch(batch, rank, world, device)
         for _ in range(steps):
             dist.barrier()

@@ -135,7 +135,8 @@ def dp_timing_worker(rank, world, cfg):
     #   mode 'fast' or 'reference', return_params), subset (training images), lr, seed.
     # The runs take turns in every repeat (the order reversed every other repeat), and so do the
     # counts within each run, so that they share the same conditions (a machine's load drifts):
-    # sample i of every run and count comes from repeat i, and their ratios can be paired. For k
+    # sample i of every run and count comes from repeat i, and their ratios can be paired (hence
+    # its own list of runs, not run_ranks', which runs each experiment once, in turn). For k
     # workers, ranks 0..k-1 train (a process group of their own) while the others wait at a
     # barrier. Repeat 0 warms up and is not kept. Besides step_s, compute_s, comm_s and update_s
     # (rank 0's), compute_cpu_s is rank 0's CPU time of compute, and wait_s and after_s split its

@@ -13,29 +13,22 @@ from torch import nn
 
 from .moe import expert_capacity, load_balancing_loss, route, router_z_loss
 
-__all__ = ["all_to_all", "AllToAll", "ExpertParallelMoE"]
-
-
-def all_to_all(comm, x, in_splits, out_splits, tag=300, op="all_to_all"):
-    """Rows in_splits[j] of x (in order) go to rank j; returns the rows received, out_splits[j]
-    from rank j, in rank order: `comm.all_to_all` (over torch.distributed all_to_all_single;
-    over thread ranks a send to every other rank and a receive from each), the bytes sent to
-    other ranks counted under `op`."""
-    return comm.all_to_all(x, in_splits, out_splits, tag, op)
+__all__ = ["AllToAll", "ExpertParallelMoE"]
 
 
 class AllToAll(torch.autograd.Function):
-    """all_to_all with a gradient: backward sends the gradients back the way the rows came."""
+    """`comm.all_to_all` with a gradient: backward sends the gradients back the way the rows
+    came."""
 
     @staticmethod
     def forward(ctx, x, comm, in_splits, out_splits):
         ctx.comm, ctx.splits = comm, (in_splits, out_splits)
-        return all_to_all(comm, x, in_splits, out_splits)
+        return comm.all_to_all(x, in_splits, out_splits)
 
     @staticmethod
     def backward(ctx, grad):
         in_splits, out_splits = ctx.splits
-        return all_to_all(ctx.comm, grad.contiguous(), out_splits, in_splits), None, None, None
+        return ctx.comm.all_to_all(grad.contiguous(), out_splits, in_splits), None, None, None
 
 
 class ExpertParallelMoE(nn.Module):
@@ -62,8 +55,8 @@ class ExpertParallelMoE(nn.Module):
         One exchange of two integers per rank, logged as "counts"."""
         comm = self.comm
         mine = torch.tensor([[x.shape[0], x.shape[-1]]], device=x.device).repeat(comm.world, 1)
-        got = all_to_all(comm, mine, [1] * comm.world, [1] * comm.world, tag=302,
-                         op="counts").tolist()
+        got = comm.all_to_all(mine, [1] * comm.world, [1] * comm.world, tag=302,
+                              op="counts").tolist()
         held = ", ".join(f"rank {r}: {t} x {d}" for r, (t, d) in enumerate(got))
         if len({d for _, d in got}) > 1:
             raise ValueError(f"expert parallelism needs the same token width on every rank; "
@@ -134,6 +127,6 @@ class ExpertParallelMoE(nn.Module):
 def _exchange_counts(comm, counts, local):
     """Each rank's tokens per expert (E,) -> what this rank's `local` experts get from each rank,
     (world, local). Logged as "counts" (a few integers), apart from the tokens' bytes."""
-    got = all_to_all(comm, counts.view(comm.world, local), [1] * comm.world, [1] * comm.world,
-                     tag=301, op="counts")
+    got = comm.all_to_all(counts.view(comm.world, local), [1] * comm.world, [1] * comm.world,
+                          tag=301, op="counts")
     return got.view(comm.world, local)

@@ -14,6 +14,7 @@ out, the ranks that never reached it.
 import datetime
 import itertools
 import zlib
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ class CollectiveMismatch(RuntimeError):
     """The ranks were about to run different collectives (or hold different models)."""
 
 
-def _store():
+def _store() -> dist.Store | None:
     """The process group's store, or None without one (thread ranks: nothing to check)."""
     try:
         if not dist.is_available() or not dist.is_initialized():
@@ -44,11 +45,12 @@ def _store():
         return None
 
 
-def _ranks(group):
+def _ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
 
 
-def agree(value, group=None, fix="", timeout=None):
+def agree(value: str, group: dist.ProcessGroup | None = None, fix: str = "",
+          timeout: float | None = None) -> int | None:
     """Every rank of `group` (all by default) says `value` (a str); returns the agreement's
     number, the same on every rank (None where there is nothing to check: one rank, no store).
     CollectiveMismatch, naming every rank's value and `fix`, when they differ; TimeoutError
@@ -92,7 +94,7 @@ def agree(value, group=None, fix="", timeout=None):
     return n
 
 
-def fingerprint(what, *parts):
+def fingerprint(what: str, *parts: Any) -> str:
     """`what`, the number of tensors in `parts` and a checksum of them all: a module gives each
     parameter's and buffer's name, shape, dtype and requires_grad; a tensor its shape and dtype;
     anything else its repr. Ranks that must hold the same model agree on it."""
@@ -111,7 +113,8 @@ def fingerprint(what, *parts):
     return f"{what} ({tensors} tensors, fingerprint {zlib.crc32(repr(plan).encode()):08x})"
 
 
-def where_are_the_others(here, topic, group=None, wait=3.0):
+def where_are_the_others(here: str, topic: str, group: dist.ProcessGroup | None = None,
+                         wait: float = 3.0) -> str:
     """After a collective about `topic` timed out on this rank: post `here` (where this rank
     is) and collect, for at most `wait` seconds, where the other ranks whose collectives timed
     out say they are. Returns a sentence naming each, and the ranks that said nothing (they

@@ -6,7 +6,11 @@ model, the optimizer state, the next epoch (the sampler's epoch: `set_epoch` mak
 a function of it) and the random number generators (torch CPU, this rank's GPU where it uses
 one, Python's `random`, NumPy's) of every rank.
 """
+import os
 import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,8 +24,10 @@ from .group import get_rank, get_world_size
 __all__ = ["rng_state", "set_rng_state", "save_snapshot", "load_snapshot", "save_checkpoint",
            "save_snapshot_all", "load_checkpoint"]
 
+RngState = dict[str, Any]   # rng_state()'s: a generator's name -> its state, as plain values
 
-def rng_state():
+
+def rng_state() -> RngState:
     """The states of every random number generator a training step may draw from, as plain
     Python values (lists of ints), so they pickle anywhere (all_gather_object, weights_only):
     the CPU's, and the GPU's this process computes on (the current CUDA device, where CUDA is
@@ -39,7 +45,7 @@ def rng_state():
     return state
 
 
-def set_rng_state(state):
+def set_rng_state(state: RngState) -> None:
     """Restore what `rng_state()` returned (the GPU's state into the current CUDA device; a
     snapshot of the older format, one state per visible GPU, gives it its own)."""
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
@@ -56,7 +62,9 @@ def set_rng_state(state):
         np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def save_snapshot(path, model, optimizer, epoch, history=(), rng=None):
+def save_snapshot(path: str | os.PathLike, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer, epoch: int, history: Iterable[Any] = (),
+                  rng: list[RngState] | None = None) -> Path:
     """Atomically save what a resumed run needs. `epoch` is the NEXT epoch to run. `rng` is a list
     of per-rank `rng_state()`s (gathered by the caller under DDP); this process's by default."""
     snap = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
@@ -65,7 +73,9 @@ def save_snapshot(path, model, optimizer, epoch, history=(), rng=None):
     return atomic_save(snap, path)
 
 
-def load_snapshot(path, model, optimizer, rank=0, lr=None):
+def load_snapshot(path: str | os.PathLike, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer, rank: int = 0, lr: float | None = None
+                  ) -> tuple[int, list[Any]]:
     """Restore a snapshot into `model` and `optimizer` and this rank's RNGs; returns
     (next epoch, history). Loads with weights_only=True: tensors and plain values only. A damaged
     or foreign file, or one saved by another number of ranks, is refused (SnapshotError, naming
@@ -85,7 +95,7 @@ def load_snapshot(path, model, optimizer, rank=0, lr=None):
 
 
 # ---- under DDP: one writer, every rank's RNG states ---------------------------------------
-def save_checkpoint(model, path):
+def save_checkpoint(model: torch.nn.Module, path: str | os.PathLike) -> bool:
     """Rank 0 saves the UNWRAPPED state_dict (keys without "module."); returns True where saved.
     Other ranks that then read the file must wait for it (dist.barrier())."""
     if get_rank() != 0:
@@ -94,7 +104,9 @@ def save_checkpoint(model, path):
     return True
 
 
-def save_snapshot_all(path, model, optimizer, epoch, history=()):
+def save_snapshot_all(path: str | os.PathLike, model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer, epoch: int,
+                      history: Iterable[Any] = ()) -> None:
     """Every rank calls it (it gathers each rank's RNG states: a collective); rank 0 writes the
     snapshot atomically. `epoch` is the next epoch to run."""
     if hasattr(optimizer, "consolidate_state_dict"):   # ZeRO: each rank holds a share
@@ -107,9 +119,11 @@ def save_snapshot_all(path, model, optimizer, epoch, history=()):
         save_snapshot(path, model, optimizer, epoch, history, rng=rngs)
 
 
-def load_checkpoint(model, path, map_location="cpu"):
+def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike,
+                    map_location: str | torch.device = "cpu") -> Any:
     """Load a state_dict saved with or without the wrapper's "module." prefix, safely
-    (weights_only=True: tensors and plain values only, no arbitrary pickled code)."""
+    (weights_only=True: tensors and plain values only, no arbitrary pickled code); returns
+    load_state_dict's missing and unexpected keys."""
     state = torch.load(path, map_location=map_location, weights_only=True)
     consume_prefix_in_state_dict_if_present(state, "module.")
     return unwrap(model).load_state_dict(state)

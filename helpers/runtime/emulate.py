@@ -24,13 +24,19 @@ modelled time): the schedule's own timeline, the same on every machine. `waits(b
 the idle time before each box into waiting for its input (the schedule) and the delay after the
 input was sent (the machine).
 """
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from ..devices import rank_clock, sleep_until
 
 __all__ = ["Clock", "Rates", "ASSUMED_RATES", "clock_scale", "waits",
            "model_time"]
+
+Box = dict[str, Any]   # a box's record: name, start, end, compute, modelled, and its info
 
 
 class Clock:
@@ -41,16 +47,19 @@ class Clock:
     devices.rank_clock, with stream_only: a send in flight does not hold up the next box);
     `now` replaces the clock altogether (tests)."""
 
-    def __init__(self, emulate=False, scale=1.0, now=None, sleep=True, device=None):
+    def __init__(self, emulate: bool = False, scale: float = 1.0,
+                 now: Callable[[], float] | None = None, sleep: bool = True,
+                 device: torch.device | None = None) -> None:
         if not (isinstance(scale, (int, float)) and scale > 0):
             raise ValueError(f"Clock: scale must be a positive number, got {scale!r}")
         self.emulate, self.scale = bool(emulate), float(scale)
         self.now = now or rank_clock(device, stream_only=True)
         self.sleep = bool(sleep)          # False: record the modelled times only (tests)
-        self.boxes, self.marks = [], []
+        self.boxes: list[Box] = []
+        self.marks: list[dict[str, Any]] = []
 
     @contextmanager
-    def box(self, name, seconds=None, **info):
+    def box(self, name: str, seconds: float | None = None, **info: Any) -> Iterator[Box]:
         """Time the body as one box `name`; in emulated mode wait out `seconds` (modelled, before
         scaling). `info` (micro-batch, stage, ...) is kept in the box's record."""
         if self.emulate and not (isinstance(seconds, (int, float)) and seconds >= 0):
@@ -69,19 +78,20 @@ class Clock:
         record["end"] = self.now()
         self.boxes.append(record)
 
-    def mark(self, name, **info):
+    def mark(self, name: str, **info: Any) -> float:
         """A point in time (a message sent, a collective launched); returns its time."""
         t = self.now()
         self.marks.append(dict(info, name=name, time=t))
         return t
 
-    def overruns(self):
+    def overruns(self) -> list[Box]:
         """The boxes whose real math outlasted their modelled time (emulation then stretches the
         schedule: choose a larger scale)."""
         return [b for b in self.boxes if b.get("overrun", 0.0) > 0.0]
 
 
-def clock_scale(modelled, measured=(), factor=5.0, floor=0.01):
+def clock_scale(modelled: Iterable[float], measured: Iterable[float] = (), factor: float = 5.0,
+                floor: float = 0.01) -> float:
     """A scale for Clock: every box lasts at least `floor` wall seconds, and at least `factor`
     times its real math (`measured[i]` seconds for `modelled[i]`), so that the math and a busy
     machine's delays stay small beside the waits the model sets."""
@@ -107,16 +117,16 @@ class Rates:
     beta: float
     source: str
 
-    def compute(self, flops):
+    def compute(self, flops: float) -> float:
         """Seconds of `flops` floating-point operations."""
         return flops / self.flops_per_s
 
-    def message(self, nbytes):
+    def message(self, nbytes: float) -> float:
         """Seconds of one message of `nbytes` bytes (alpha-beta)."""
         return self.alpha + nbytes / self.beta
 
     @classmethod
-    def load(cls, reference=None):
+    def load(cls, reference: dict[str, Any] | None = None) -> "Rates":
         """The committed GPU reference run's rates (its "rates" entry: flops_per_s, alpha, beta,
         measured by scripts/gpu_runner.sh), else ASSUMED_RATES. `reference`: a dict as
         helpers.gpu_reference() returns, read from the repository when None."""
@@ -147,7 +157,7 @@ ASSUMED_RATES = Rates(
            "of alpha = 10 us + bytes / (25 GB/s)")
 
 
-def waits(boxes, step_start=None):
+def waits(boxes: Sequence[Box], step_start: float | None = None) -> dict[str, float]:
     """Where the idle time before each box went. `boxes`: one rank's boxes in the order they ran,
     a box that needed another rank's output carrying `ready` (when that output was sent). For
     each box: idle = start - previous end; input = the part spent before the input was sent
@@ -166,7 +176,10 @@ def waits(boxes, step_start=None):
     return total
 
 
-def model_time(timelines, key, needs, message=None, finish=None):
+def model_time(timelines: Sequence[Sequence[Box]], key: Callable[[Box], Hashable],
+               needs: Callable[[Box], Hashable | None],
+               message: Callable[[Box], float] | None = None,
+               finish: Callable[[Box, float], float] | None = None) -> list[list[Box]]:
     """The recorded boxes on the model's clock: timelines[r] is rank r's boxes in the order they
     ran (each with its "modelled" seconds); key(box) names a box, needs(box) names the box it
     waits for (or None); message(box) is the modelled seconds of the message it waited for when

@@ -32,7 +32,7 @@ methods: `wire_bytes`, `payload_bytes`, `gathered_bytes`, `numbers`, `calls`, `o
 """
 import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import torch
@@ -202,8 +202,8 @@ class CountsSent:
                             itemsize=t.element_size())
 
 
-def send(t: torch.Tensor, src: int, dst: int, devices, log: ByteLog | None = None,
-         what: str = "") -> torch.Tensor:
+def send(t: torch.Tensor, src: int, dst: int, devices: Sequence[torch.device | str],
+         log: ByteLog | None = None, what: str = "") -> torch.Tensor:
     """Move tensor `t` from devices[src] to devices[dst], logging its bytes when src != dst."""
     if log is not None and src != dst:
         log.record(what, tensor_bytes(t), src, dst, itemsize=t.element_size())
@@ -245,7 +245,7 @@ def _group(name, args, kwargs):
 
 
 @contextlib.contextmanager
-def count_traffic():
+def count_traffic() -> Iterator[TrafficLog]:
     """Count what this rank sends through dist collectives inside the block (yields a
     TrafficLog): each collective as a ring over the ranks of ITS group. It rebinds
     torch.distributed's functions for the whole process, so it refuses a thread rank (ranks

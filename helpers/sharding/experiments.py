@@ -284,7 +284,7 @@ def memory_per_stage(rank, world, cfg):
     torch.cuda.max_memory_allocated."""
     device, sizes, stages, batch_size = \
         take(cfg, "device", sizes=None, stages=("dp", "zero1", "zero2", "zero3"), batch_size=16)
-    X, y = local_batch(make_batches("mlp", 1, batch_size, d_in=(sizes or {}).get("d_in", 32))[0],
+    X, y = local_batch(make_batches("mlp", 1, batch_size, **(sizes or {}))[0],
                        rank, world, device)
     out = {}
     for stage in stages:

@@ -57,8 +57,7 @@ def offload_run(rank, world, cfg):
     from .torch_api import full_params
     device, sizes, num_steps, batch_size = \
         take(cfg, "device", sizes=None, num_steps=3, batch_size=8)
-    batches = make_batches("mlp", num_steps, batch_size,
-                           d_in=(sizes or {}).get("d_in", 32))
+    batches = make_batches("mlp", num_steps, batch_size, **(sizes or {}))
     out, full = {}, {}
     for label in ("on device", "offload"):
         offload = label == "offload"
