@@ -3,10 +3,11 @@
 Just before a layer's forward its full weights are all-gathered; right after, they are freed (the
 tensors autograd would keep for backward are replaced by a note saying where they were); backward
 gathers them again and reduce-scatters their gradient, so each rank keeps only its shard of
-parameters, gradients and optimizer state.
+parameters, gradients and optimizer state. Freed means freed at once, as torch's FSDP does it
+(the storage resized to 0), not whenever the last Python reference goes: a backend's worker
+thread may still hold the gathered tensor after the all-gather returned.
 """
 import collections
-import weakref
 import zlib
 from contextlib import contextmanager
 
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
+from torch.utils._pytree import tree_leaves
 
 from ..devices import synced_now
 from ..runtime.agree import SAME_MODEL, agree, fingerprint
@@ -77,7 +79,7 @@ class FSDPUnit:
             del sub._parameters[leaf]
             setattr(sub, leaf, None)
         self.full = self.regathered = self.prefetched = None
-        self.works, self.unsharded_grad = [], None
+        self.works, self.unsharded_grad, self.saved = [], None, False
 
     def gather(self, async_op=False, why="forward"):
         if self.prefetched is not None:   # started earlier by another unit: wait for it
@@ -109,9 +111,9 @@ class FSDPUnit:
         self.full = GatherParams.apply(self.shard, self)
         self.set_views(self.full)
         self.owner.log("compute", self)
-        if self.owner.reshard_after_forward:
-            self.hooks = saved_tensors_hooks(self.pack, self.unpack)
-            self.hooks.__enter__()
+        self.saved = False
+        self.hooks = saved_tensors_hooks(self.pack, self.unpack)
+        self.hooks.__enter__()
         self.owner.prefetch_after(self, backward=False)
         dtype = self.owner.compute_dtype
         if dtype is not None:
@@ -122,17 +124,27 @@ class FSDPUnit:
         return args, kwargs
 
     def post_forward(self, module, args, output):
-        if self.owner.reshard_after_forward:
-            self.hooks.__exit__(None, None, None)
-        self.set_views(None)   # free the gathered weights: only the shard stays (or, without
-        #                        resharding, what autograd saved of them)
-        self.full = None
+        self.hooks.__exit__(None, None, None)
+        self.set_views(None)
+        full, self.full = self.full, None
+        ptr = full.untyped_storage().data_ptr()
+        if any(torch.is_tensor(o) and o.untyped_storage().data_ptr() == ptr
+               for o in tree_leaves(output)):
+            name = self.owner.unit_prefix[id(self)].rstrip(".") or "the model"
+            raise ValueError(f"FSDP unit '{name}' returned a view of its gathered weights, "
+                             "which are freed after its forward: return a copy (.clone()), or "
+                             "make the module that uses the output part of the unit")
+        if self.owner.reshard_after_forward or not self.saved or self.regathered is not None:
+            self.owner.free(full)   # only the shard stays (also when autograd saved none of them)
+        else:   # kept for backward (no second all-gather) by the unit: autograd holds notes
+            self.regathered = full.detach()
         return output
 
     def pack(self, t):
         """A tensor autograd saves: if it is (a view of) the gathered weights, keep a note."""
         if self.full is not None and t.untyped_storage().data_ptr() == \
                 self.full.untyped_storage().data_ptr():
+            self.saved = True
             return ("gathered", t.shape, t.stride(), t.storage_offset())
         return t
 
@@ -145,7 +157,8 @@ class FSDPUnit:
         return packed
 
     def reduce_scatter_grad(self, grad_full):
-        self.regathered = None   # backward of this layer is done: free the weights again
+        self.owner.free(self.regathered)   # backward of this layer is done: free the weights
+        self.regathered = None
         grad = grad_full.to(self.shard.dtype)   # master gradients in the shards' dtype
         if self.unsharded_grad is not None:   # accumulated under no_sync
             grad = grad + self.unsharded_grad
@@ -219,14 +232,16 @@ class FSDPFromScratch(nn.Module):
 
     # ---- bookkeeping: memory, order, events ----------------------------------------------------
     def track(self, full):
-        """Count the bytes of a gathered weight buffer until it is freed."""
-        n = full.numel() * full.element_size()
-        self.live_bytes += n
+        """Count the bytes of a gathered weight buffer until free(full)."""
+        self.live_bytes += full.untyped_storage().nbytes()
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-        weakref.finalize(full, self._freed, n)
 
-    def _freed(self, n):
-        self.live_bytes -= n
+    def free(self, full):
+        """Free a gathered buffer now, as torch's FSDP frees it at reshard (its storage resized
+        to 0, whoever still holds the tensor), and uncount its bytes."""
+        if full is not None and full.untyped_storage().nbytes():
+            self.live_bytes -= full.untyped_storage().nbytes()
+            full.untyped_storage().resize_(0)
 
     def agree_on(self, op, unit, why, always=False):
         """Every rank is about to run the same collective for the same unit: checked before
@@ -286,12 +301,16 @@ class FSDPFromScratch(nn.Module):
                 nxt.gather(async_op=True, why="backward" if backward else "forward")
 
     def drop_prefetched(self):
-        """Wait for and drop all-gathers started for a unit that did not run (they would hold
-        weights from before the next optimizer step)."""
+        """Free the weights no backward will use (they would be from before the next optimizer
+        step): all-gathers started for a unit that did not run, weights kept (not resharding)
+        for a backward that did not come."""
         for unit in self.units:
             if unit.prefetched is not None:
                 unit.prefetched[1].wait()
+                self.free(unit.prefetched[0])
                 unit.prefetched = None
+            self.free(unit.regathered)
+            unit.regathered = None
 
     def forward(self, *args, **kwargs):
         self.drop_prefetched()
