@@ -10,6 +10,7 @@ from .early_hooks import expect_no_early_hooks
 from .early_views import early_views_read_only
 from .guard import answering
 from .hooks import expect_no_new_hooks, hooks_of, node_hooks
+from .kept_hooks import keeping
 from .late import checking, inside
 from .left_later import collector_back, left_later
 from .modes import expect_same_switches, switches
@@ -59,7 +60,7 @@ class Answer(Guarded):
         seen = grad_spared(args) if self.keeps_hooks else args   # a kept node hook's p.grad
         before = None if self.changes_inputs else (fingerprint(seen), fingerprint(kwargs))
         hooks = hooks_of(args, kwargs)
-        keep = self._again if self.keeps_hooks else None   # hooks kept are guarded, run as this
+        keep = keeping(self._again) if self.keeps_hooks else None   # guarded, run as this
         trace = contextlib.nullcontext() if self.traces is None else traced(self, args, kwargs)
         nodes = node_hooks(self.__name__, keep)
         libraries = snapshot(keys=False)    # what the answer may not rebind (patched.py)

@@ -10,6 +10,9 @@ the future's `wait()`/`value()`/`done()`, `wait_all`), the byte ranges of those 
 flight for that rank, and any aten operation of the rank's threads (provenance.py's dispatch
 mode) that touches one of them, through any view, fails the check (memory the call only reads,
 an isend's buffer or an all-gather's input, only when written: reading it meanwhile is safe).
+So does reading their values out of torch without an aten operation (exits.py's exits, which
+the World's watch hands to `exit`: `.tolist()`, `.numpy()`, `np.asarray`, printing, a storage's
+own reads) or writing into them from outside torch (`.apply_()`, `storage._set_from_file`).
 A thread rank's comm send (`comm.send`, the sends of `isendrecv` and `sendrecv`) is copied as it
 is posted, yet on processes DistComm posts an isend that `comm.wait()` finishes: its tensor is in
 flight the same way (`posted`), from the send until the rank's `comm.wait()` (isendrecv's: the
@@ -25,6 +28,7 @@ import threading
 import torch
 from torch.utils._pytree import tree_leaves
 
+from . import addresses
 from .waits import comm_what, what
 
 __all__ = ["InFlight", "launched", "posted"]
@@ -40,6 +44,10 @@ COMM_FIX = {"send": "call comm.wait()" + _WRITES.format("you passed to comm.send
 _METADATA = frozenset({"empty_like", "new_empty", "new_empty_strided", "zeros_like",
                        "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
                        "new_zeros", "new_ones", "new_full"})
+# exits (exits.py's `how`) that read no values: an address, the storage object itself (its own
+# reads are exits of their own); and the one that writes the tensor it is called on
+_NO_VALUES = frozenset({*addresses.HOWS, ".untyped_storage()", ".storage()", "._typed_storage()"})
+_WRITES_SELF = frozenset({".apply_()"})
 
 
 def _span(t):
@@ -120,32 +128,48 @@ class InFlight:
         finally:
             self._local.landed = done
 
+    def _live(self, rank):
+        """Rank `rank`'s entries not yet waited for, but those whose callback runs here."""
+        entries = self._pending.get(rank)
+        if not entries:
+            return ()
+        entries[:] = [e for e in entries if e.message.waited is None]
+        landed = getattr(self._local, "landed", ())
+        return [e for e in entries if e.message not in landed]
+
     def check(self, rank, func, args, kwargs):
         """Fail if aten `func(*args, **kwargs)`, run by rank `rank`, reads or writes memory in
         flight (only writes, for memory the call only reads)."""
-        entries = self._pending.get(rank)
-        if not entries:
-            return
-        entries[:] = [e for e in entries if e.message.waited is None]
-        landed = getattr(self._local, "landed", ())
-        live = [e for e in entries if e.message not in landed]
+        live = self._live(rank)
         if not live or not _touches(func):
             return
         written = _written(func, args, kwargs)
         for t in tree_leaves((args, kwargs)):
             span = _span(t) if isinstance(t, torch.Tensor) else None
-            if span is None:
-                continue
-            for e in live:
-                if (id(t) in written or not e.read_only) and any(
-                        k == span[0] and a < span[2] and span[1] < b for k, a, b in e.spans):
-                    self._fail(rank, func, e)
+            for e in live if span is not None else ():
+                if (id(t) in written or not e.read_only) and _overlaps(e, span):
+                    self._fail(rank, e, f"ran torch's {func.overloadpacket.__name__} on")
 
-    def _fail(self, rank, func, e):
+    def exit(self, rank, t, how, writes=False):
+        """Rank `rank` read `t`'s values out of torch without an aten operation (exits.py's
+        `how`: `.tolist()`, `.numpy()`, `np.asarray()`, a storage's reads ...), or wrote into
+        its memory from outside torch (`writes`): fail as an aten read or write of `t` does."""
+        live = self._live(rank)
+        span = _span(t) if live and how not in _NO_VALUES else None
+        writes = writes or how in _WRITES_SELF
+        for e in live if span is not None else ():
+            if (writes or not e.read_only) and _overlaps(e, span):
+                self._fail(rank, e, "wrote" if writes else "read", f" ({how})")
+
+    def _fail(self, rank, e, did, how=""):
         what = "collective" if e.message.op not in ("send", "irecv") else "transfer"
-        self._refuse(rank, f"rank {rank} ran torch's {func.overloadpacket.__name__} on the "
-                     f"{e.role} of {e.what} before waiting for it: " +
-                     (e.fix or FIX.format(what=what)))
+        self._refuse(rank, f"rank {rank} {did} the {e.role} of {e.what}{how} before waiting for "
+                     "it: " + (e.fix or FIX.format(what=what)))
+
+
+def _overlaps(e, span):
+    """Whether memory `span` (_span's) shares a byte with one of entry `e`'s tensors."""
+    return any(k == span[0] and a < span[2] and span[1] < b for k, a, b in e.spans)
 
 
 def _role(name):

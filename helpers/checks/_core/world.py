@@ -109,18 +109,26 @@ class World(ThreadWorld):
         self._mark_rank = stack.enter_context(world_ranks())   # the ranks: the check's own
         stack.enter_context(torch_distributed(self))
         stack.enter_context(self.provenance.python_exits())
-        stack.enter_context(watch_exits(self._exit))
+        stack.enter_context(watch_exits(self._exit, self._entered))
         return stack
 
     def _exit(self, t, how):
         rank = self.provenance.rank_here()
         rec = self.recorders[rank] if rank is not None else None
+        if rank is not None and not self.provenance.exempt():   # an async call's, unwaited?
+            self.in_flight.exit(rank, t, how)
         if how in addresses.HOWS:       # provenance.py's: an address holds the values of no step
             return
         if rec is not None and not self.provenance.exempt():
             entry = (len(rec.ops), rec.latest(t))
             self.exits[rank].append(entry)
             self._note("exit", rank, entry)
+
+    def _entered(self, t, how):
+        """Memory written from outside torch (`storage._set_from_file`): inflight.py's."""
+        rank = self.provenance.rank_here()
+        if rank is not None and not self.provenance.exempt():
+            self.in_flight.exit(rank, t, how, writes=True)
 
     def rank_context(self, rank):
         self._mark_rank()
