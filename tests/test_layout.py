@@ -46,6 +46,17 @@ def test_every_facade_name_is_its_modules_public_name():
     assert not wrong, f"not a public name of its module (add it to that __all__): {wrong}"
 
 
+def test_every_module_of_the_checks_lists_its_public_names_too():
+    """helpers/checks/ is its own package, but CONTRIBUTING's rule holds there as well: each
+    module (an __init__ aside) assigns __all__ (read from its source)."""
+    missing = [p.relative_to(ROOT).as_posix() for p in sorted((PKG / "checks").rglob("*.py"))
+               if p.name != "__init__.py" and not any(
+                   isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__"
+                                                     for t in n.targets)
+                   for n in ast.parse(p.read_text()).body)]
+    assert not missing, f"list the public names in __all__ in {missing}"
+
+
 # --- what the façade holds: what book/, scripts/ and the grader use (not tests/) ---------------
 _DOTTED = re.compile(r"\bhelpers\.([A-Za-z_]\w*)")
 
