@@ -32,6 +32,7 @@ runtime.thread_world        ranks as threads (ThreadWorld)       -
 runtime.comm                counted send/recv over ranks/threads DistComm
 runtime.agree               ranks running the same collectives   -
 runtime.traffic             bytes sent, on one log               ByteLog, send, count_traffic
+runtime.intercept           THE rebinding of torch.distributed   -
 runtime.files               THE atomic writer                    atomic_write, write_json
 runtime.emulate             emulated durations (schedules)       Clock, Rates, clock_scale
 runtime.checkpoint          checkpoints, snapshots               save_snapshot, load_checkpoint

@@ -46,6 +46,17 @@ def test_every_facade_name_is_its_modules_public_name():
     assert not wrong, f"not a public name of its module (add it to that __all__): {wrong}"
 
 
+def test_every_module_of_the_checks_lists_its_public_names_too():
+    """helpers/checks/ is its own package, but CONTRIBUTING's rule holds there as well: each
+    module (an __init__ aside) assigns __all__ (read from its source)."""
+    missing = [p.relative_to(ROOT).as_posix() for p in sorted((PKG / "checks").rglob("*.py"))
+               if p.name != "__init__.py" and not any(
+                   isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__"
+                                                     for t in n.targets)
+                   for n in ast.parse(p.read_text()).body)]
+    assert not missing, f"list the public names in __all__ in {missing}"
+
+
 # --- what the façade holds: what book/, scripts/ and the grader use (not tests/) ---------------
 _DOTTED = re.compile(r"\bhelpers\.([A-Za-z_]\w*)")
 
@@ -578,3 +589,78 @@ def test_the_facade_imports_each_module_once_in_the_tables_order():
     late = [f"{a} (row {rows[a]}) before {b} (row {rows[b]})"
             for a, b in zip(modules, modules[1:]) if rows[a] > rows[b]]
     assert not late, f"helpers/__init__.py imports out of the table's order: {late}"
+
+
+# --- one rebinding of torch.distributed ---------------------------------------------------------
+def _dist_rebinds(tree):
+    """Lines where `tree` assigns to an attribute of torch.distributed: `setattr(d, ...)`,
+    `d.x = ...` (a tuple's target, `+=` and `del` too), d being torch.distributed under any name
+    it was imported as, or `torch.distributed` itself."""
+    names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names if a.name == "torch.distributed" and a.asname}
+    names |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+              and n.module == "torch" for a in n.names if a.name == "distributed"}
+
+    def is_dist(node):
+        return (isinstance(node, ast.Name) and node.id in names
+                or isinstance(node, ast.Attribute) and node.attr == "distributed"
+                and isinstance(node.value, ast.Name) and node.value.id == "torch")
+    lines = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("setattr", "delattr") \
+                and n.args and is_dist(n.args[0]):
+            lines.add(n.lineno)
+        targets = n.targets if isinstance(n, (ast.Assign, ast.Delete)) else \
+            [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            for leaf in ast.walk(t):
+                if isinstance(leaf, ast.Attribute) and isinstance(leaf.ctx, (ast.Store, ast.Del)) \
+                        and is_dist(leaf.value):
+                    lines.add(leaf.lineno)
+    return sorted(lines)
+
+
+def test_torch_distributed_is_rebound_only_by_runtime_intercept():
+    """runtime.intercept.intercept is the one place helpers rebinds torch.distributed's
+    functions (process-wide: it refuses thread ranks and restores on leaving, nested or not);
+    the grader's stand-in for torch.distributed (helpers/checks/) is its own."""
+    stray = [f"helpers/{p.relative_to(PKG).as_posix()}:{line}" for p in sorted(PKG.rglob("*.py"))
+             if p.relative_to(PKG).parts[0] != "checks"
+             and p.relative_to(PKG).as_posix() != "runtime/intercept.py"
+             for line in _dist_rebinds(ast.parse(p.read_text()))]
+    assert not stray, f"wrap torch.distributed with helpers.runtime.intercept.intercept: {stray}"
+    assert _dist_rebinds(ast.parse((PKG / "runtime/intercept.py").read_text())), \
+        "the scan sees intercept's own setattr"
+
+
+def test_the_rebinding_scan_sees_each_way_of_assigning_to_torch_distributed():
+    """Guard the guard: setattr, an attribute assigned (alone, in a tuple, augmented, deleted)
+    under each import's name is seen; reading, calling, or another module's attribute is not."""
+    seen = _dist_rebinds(ast.parse(
+        "import torch\nimport torch.distributed as dist\n"                      # 1, 2
+        "from torch import distributed as d2\n"                                 # 3
+        "setattr(dist, 'all_reduce', f)\n"                                      # 4
+        "dist.all_gather, dist.all_reduce = g, r\n"                             # 5
+        "d2.broadcast = b\n"                                                    # 6
+        "torch.distributed.barrier = b\n"                                       # 7
+        "dist.x += 1\n"                                                         # 8
+        "del dist.x\n"                                                          # 9
+        "y = dist.all_reduce\ndist.all_reduce(t)\nother.all_reduce = r\n"       # 10-12: no
+        "setattr(other, 'all_reduce', r)\n"))                                   # 13: no
+    assert seen == [4, 5, 6, 7, 8, 9], seen
+
+
+# --- process groups beside the mesh -----------------------------------------------------------
+NEW_GROUP_AT = {"data_parallel/syncbn_experiments.py", "data_parallel/speed_experiments.py",
+                "data_parallel/scratch_experiments.py", "runtime/mesh.py"}
+
+
+def test_new_groups_are_built_by_runtime_mesh_or_an_allowed_lesson():
+    """Process groups come from runtime.mesh; the three that are no mesh dimension (one rank
+    alone, the first k ranks, a group with its own timeout: CONTRIBUTING.md) are allowed."""
+    places = {p.relative_to(PKG).as_posix(): _names_of(ast.parse(p.read_text()), "new_group")
+              for p in sorted(PKG.rglob("*.py")) if p.relative_to(PKG).parts[0] != "checks"}
+    places = {p: lines for p, lines in places.items() if lines}
+    assert "runtime/mesh.py" in places, "the scan sees the builder"
+    stray = [f"helpers/{p}:{lines}" for p, lines in places.items() if p not in NEW_GROUP_AT]
+    assert not stray, f"build process groups with helpers.runtime.mesh at {stray}"

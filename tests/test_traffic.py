@@ -167,8 +167,8 @@ def test_count_traffic_refuses_a_thread_rank_and_serves_the_main_thread():
     would restore each other's wrappers, so a rank of a ThreadWorld is refused."""
     import torch.distributed as dist
 
+    from helpers.runtime.intercept import in_rank_thread
     from helpers.runtime.thread_world import ThreadWorld
-    from helpers.runtime.traffic import in_rank_thread
 
     def rank(comm):
         with pytest.raises(RuntimeError, match=r"comm\.traffic \(a property\)") as refused, \

@@ -7,6 +7,8 @@ import torch
 
 from ._core import CheckFailed, World, as_int, expect
 
+__all__ = ["TIMEOUT"]
+
 TIMEOUT = 5.0
 
 

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..data import load_tensors
 from ..devices import synced_now
+from ..runtime.intercept import intercept
 from ..runtime.launch import take
 from .results import Collective, SyncBnCost, SyncBnTraffic
 from .torch_api import CPUSyncBatchNorm, bn_net, convert_sync_batchnorm, global_batches
@@ -91,24 +92,17 @@ def syncbn_cost_times(rank, world, cfg):
 def _recording(calls):
     """dist.all_gather and dist.all_reduce, each call appended to `calls` as a Collective: the
     tensor this rank handed over and what it holds afterwards."""
-    gather, reduce = dist.all_gather, dist.all_reduce
-
-    def all_gather(out, t, *args, **kwargs):
-        work = gather(out, t, *args, **kwargs)
-        calls.append(Collective(op="all_gather", sent=t.detach().clone(),
-                                got=torch.stack([o.detach().clone() for o in out])))
-        return work
-
-    def all_reduce(t, *args, **kwargs):
+    def record(name, args, kwargs):
+        if name == "all_gather":
+            out, t = args[:2]
+            return lambda _: calls.append(Collective(
+                op=name, sent=t.detach().clone(),
+                got=torch.stack([o.detach().clone() for o in out])))
+        t = args[0]
         sent = t.detach().clone()
-        work = reduce(t, *args, **kwargs)
-        calls.append(Collective(op="all_reduce", sent=sent, got=t.detach().clone()))
-        return work
-    dist.all_gather, dist.all_reduce = all_gather, all_reduce
-    try:
+        return lambda _: calls.append(Collective(op=name, sent=sent, got=t.detach().clone()))
+    with intercept(("all_gather", "all_reduce"), record, who="syncbn_traffic"):
         yield calls
-    finally:
-        dist.all_gather, dist.all_reduce = gather, reduce
 
 
 def syncbn_traffic(rank, world, cfg):

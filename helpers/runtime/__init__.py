@@ -6,7 +6,8 @@
 - thread_world: ranks as threads, on a network that records every message;
 - comm: counted send/recv and collectives, over torch.distributed or threads;
 - agree: ranks checked to run the same collectives;
-- traffic: bytes sent, counted on one log;
+- traffic: bytes sent, counted on one log; intercept: THE rebinding of torch.distributed's
+  functions (count_traffic and the recordings of calls wrap them with it);
 - files: the atomic writer; checkpoint: checkpoints and snapshots a crash cannot destroy;
 - emulate: emulated durations for schedule lessons (real math, modelled time).
 """

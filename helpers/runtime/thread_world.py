@@ -36,7 +36,7 @@ import torch
 
 from .comm import ThreadComm, wire
 from .errors import LaunchTimeout
-from .traffic import RANK_THREAD
+from .intercept import RANK_THREAD
 from .work import Work
 
 __all__ = ["ThreadWorld"]

@@ -6,8 +6,9 @@ Every counter of the course writes there:
 - the comms (runtime.comm: DistComm, ThreadComm) add one record per message or collective a
   rank sends (`comm.traffic`);
 - `count_traffic()` wraps dist.all_reduce, reduce_scatter_tensor, all_gather_into_tensor /
-  all_gather_single and broadcast while it is active (gloo does not report what it really
-  sent: this is the volume the cost model of Part I counts, from the tensors really passed);
+  all_gather_single and broadcast while it is active (runtime.intercept; gloo does not report
+  what it really sent: this is the volume the cost model of Part I counts, from the tensors
+  really passed);
 - `FuncolBytes` adds the functional collectives DTensor dispatches;
 - the exercise checks' World (helpers/checks/_core/world.py) reads one Transfer per message
   its network carried (`World.traffic`).
@@ -31,7 +32,6 @@ methods: `wire_bytes`, `payload_bytes`, `gathered_bytes`, `numbers`, `calls`, `o
 `numbers` reads payload or gathered in elements instead of bytes (a record's `itemsize`).
 """
 import contextlib
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -40,16 +40,10 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..costs import ring_bytes_per_device
+from .intercept import intercept
 
-__all__ = ["Transfer", "ByteLog", "CountsSent", "send", "count_traffic", "in_rank_thread",
-           "TrafficLog", "FuncolBytes", "wire_share", "all_to_all_wire", "tensor_bytes"]
-
-RANK_THREAD = threading.local()   # .rank: set by ThreadWorld in each of its rank threads
-
-
-def in_rank_thread() -> bool:
-    """Whether the calling thread is a rank of a ThreadWorld (process-wide state is shared)."""
-    return getattr(RANK_THREAD, "rank", None) is not None
+__all__ = ["Transfer", "ByteLog", "CountsSent", "send", "count_traffic", "TrafficLog",
+           "FuncolBytes", "wire_share", "all_to_all_wire", "tensor_bytes"]
 
 
 class Transfer(NamedTuple):
@@ -248,31 +242,17 @@ def _group(name, args, kwargs):
 def count_traffic() -> Iterator[TrafficLog]:
     """Count what this rank sends through dist collectives inside the block (yields a
     TrafficLog): each collective as a ring over the ranks of ITS group. It rebinds
-    torch.distributed's functions for the whole process, so it refuses a thread rank (ranks
-    nesting it would restore each other's wrappers): there, read the rank's `comm.traffic`
-    (a property)."""
-    if in_rank_thread():
-        raise RuntimeError("count_traffic rebinds torch.distributed for the whole process, so "
-                           "thread ranks would undo each other's counting: read the rank's "
-                           "comm.traffic (a property) instead")
-    log, saved = TrafficLog(), {}
-    for name in _GROUP_AT:
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-        saved[name] = fn
+    torch.distributed's functions for the whole process (runtime.intercept), so it refuses a
+    thread rank (ranks nesting it would restore each other's wrappers): there, read the rank's
+    `comm.traffic` (a property)."""
+    log = TrafficLog()
 
-        def wrapper(*args, _name=name, _fn=fn, **kwargs):
-            group = _group(_name, args, kwargs)     # a subgroup's ring has its own size
-            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-            log.add(_name, tensor_bytes(_full_tensor(_name, args, kwargs)), len(ranks), ranks)
-            return _fn(*args, **kwargs)
-        setattr(dist, name, wrapper)
-    try:
+    def count(name, args, kwargs):
+        group = _group(name, args, kwargs)     # a subgroup's ring has its own size
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        log.add(name, tensor_bytes(_full_tensor(name, args, kwargs)), len(ranks), ranks)
+    with intercept(_GROUP_AT, count, who="count_traffic"):
         yield log
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
 
 
 # --- DTensor's collectives -----------------------------------------------------------------

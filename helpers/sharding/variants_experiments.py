@@ -4,9 +4,9 @@ and qwZ's quantized all-gather against the plain one (`qwz_vs_all_gather`)."""
 import contextlib
 
 import torch
-import torch.distributed as dist
 
 from ..compare import max_diff
+from ..runtime.intercept import intercept
 from ..runtime.mesh import device_mesh
 from .flat import all_gather_flat
 from .results import OffloadRun, OffloadSide, QwzRun
@@ -20,28 +20,17 @@ def _copies_at_collectives():
     """Bytes handed to all-gathers (under CPU offload, copied host to device first) and bytes
     the reduce-scatters return (copied device to host), counted at dist.* as FSDP2 calls it."""
     seen = dict(h2d=0, d2h=0, gathers=0)
-    saved = {}
-    for name in ("all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor",
-                 "reduce_scatter_single"):
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-        saved[name] = fn
-        gather = name.startswith("all_gather")
 
-        def wrapper(*args, _fn=fn, _gather=gather, **kw):
-            names = ("output_tensor", "input_tensor") if _gather else ("output", "input")
-            out, inp = (kw[n] if n in kw else args[i] for i, n in enumerate(names))
-            t = inp if _gather else out
-            seen["h2d" if _gather else "d2h"] += t.numel() * t.element_size()
-            seen["gathers"] += _gather
-            return _fn(*args, **kw)
-        setattr(dist, name, wrapper)
-    try:
+    def copied(name, args, kw):
+        gather = name.startswith("all_gather")
+        names = ("output_tensor", "input_tensor") if gather else ("output", "input")
+        out, inp = (kw[n] if n in kw else args[i] for i, n in enumerate(names))
+        t = inp if gather else out
+        seen["h2d" if gather else "d2h"] += t.numel() * t.element_size()
+        seen["gathers"] += gather
+    with intercept(("all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor",
+                    "reduce_scatter_single"), copied, who="offload_run"):
         yield seen
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
 
 
 def offload_run(rank, world, cfg):

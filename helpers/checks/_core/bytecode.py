@@ -6,6 +6,8 @@ import types
 
 from .run import is_reader_code
 
+__all__ = ["instructions", "one_statement", "written_formula", "nested", "const_key"]
+
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 _SAME = {"LOAD_METHOD": "LOAD_ATTR"}
 

@@ -24,6 +24,8 @@ import sys
 
 import torch.autograd.graph
 
+__all__ = ["HELPERS", "fresh_course", "regrade"]
+
 _COUNTER = itertools.count()
 _FIELDS = object.__getattribute__        # bound now: the verdict is read past Result's methods
 

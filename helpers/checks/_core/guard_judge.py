@@ -6,6 +6,8 @@ import types
 
 from .whose import genuine, reader_code
 
+__all__ = ["judge"]
+
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
 # caller a frame; logging.info finding its caller's line is not reading the check)
 _INTROSPECTORS = ("inspect.py", "traceback.py", "logging/__init__.py")
