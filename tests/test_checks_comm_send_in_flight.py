@@ -190,14 +190,14 @@ def ring_sends_clones(q, k, v, comm):
 
 
 # ---- tokens_to_heads (context_parallel.ipynb) --------------------------------------------------
-def _heads(x, comm, wait_first):
+@shortcut("check_tokens_to_heads", "one staging buffer reused for every destination",
+          ["ran torch's copy_ on the buffer of rank", "comm.send to rank", WAIT])
+def heads_one_staging_buffer(x, comm):
     w, r = comm.world, comm.rank
     pieces = x.chunk(w, dim=1)
     staged = torch.empty_like(pieces[0])
     for j in range(w):
         if j != r:
-            if wait_first:
-                comm.wait()
             staged.copy_(pieces[j])
             comm.send(staged, j, tag=5)
     got = [pieces[r] if j == r else comm.recv(j, pieces[j].shape, tag=5) for j in range(w)]
@@ -205,15 +205,20 @@ def _heads(x, comm, wait_first):
     return torch.cat(got, dim=2)
 
 
-@shortcut("check_tokens_to_heads", "one staging buffer reused for every destination",
-          ["ran torch's copy_ on the buffer of rank", "comm.send to rank", WAIT])
-def heads_one_staging_buffer(x, comm):
-    return _heads(x, comm, wait_first=False)
-
-
 @other("check_tokens_to_heads", "one staging buffer, the sends waited for before each reuse")
 def heads_staging_waited(x, comm):
-    return _heads(x, comm, wait_first=True)
+    """Step d sends to rank r+d and receives from rank r-d before waiting (waiting for every
+    send before any receive deadlocks on processes: tests/test_checks_send_waits.py)."""
+    w, r = comm.world, comm.rank
+    pieces = x.chunk(w, dim=1)
+    staged = torch.empty_like(pieces[0])
+    got = {r: pieces[r]}
+    for d in range(1, w):
+        staged.copy_(pieces[(r + d) % w])
+        comm.send(staged, (r + d) % w, tag=5)
+        got[(r - d) % w] = comm.recv((r - d) % w, pieces[0].shape, tag=5)
+        comm.wait()
+    return torch.cat([got[j] for j in range(w)], dim=2)
 
 
 # ---- the World itself ---------------------------------------------------------------------------

@@ -95,9 +95,10 @@ def heads_by_split(x, comm):
     for j in sorted(range(w), key=lambda j: (j - r) % w):
         if j != r:
             comm.send(pieces[j], j, tag=11)
-    comm.wait()
-    return torch.cat([pieces[r] if j == r else comm.recv(j, tuple(pieces[j].shape), tag=11)
-                      for j in range(w)], dim=2)
+    out = torch.cat([pieces[r] if j == r else comm.recv(j, tuple(pieces[j].shape), tag=11)
+                     for j in range(w)], dim=2)
+    comm.wait()          # after the receives: waiting before them deadlocks on processes
+    return out
 
 
 # ---- expert_parallel -----------------------------------------------------------------------------

@@ -237,25 +237,35 @@ def _network(world):
 
     def post(t, dst, tag, call):
         """Send `t` as comm call `call` ("send", "isendrecv") posts it, outstanding until the
-        rank's wait: what records that wait."""
+        rank's wait: what that wait calls, which returns once the peer received it (as on
+        gloo and NCCL: a wait that no receive can meet is a Deadlock) and records it."""
         m = world.send(t, dst, tag)
         world.on_send(m.rank, m, t, call)
 
         def waited():
             if m.waited is None:
+                world.wait_received(m, _WAITS[call])
                 m.waited = world.event(m.rank, "wait", m)
         return waited
 
     def post_unrecorded(t, dst, tag, call):
-        """`post` in a world that keeps no records (launch): a send, nothing to wait for."""
-        world.send(t, dst, tag)
+        """`post` in a world that keeps no records (launch): the wait only blocks."""
+        m = world.send(t, dst, tag)
+        return lambda: world.wait_received(m, _WAITS[call])
 
-    def recv(src, tag, shape, dtype):
-        return world.recv(src, tag, shape=shape, dtype=dtype)
+    def recv(src, tag, shape, dtype, posted=False):
+        return world.recv(src, tag, shape=shape, dtype=dtype, posted=posted)
+
+    def post_recv(src, tag):
+        world.post_recv(src, tag)
 
     def collective(op, ranks, t, payload, combine, deliver):
         return world.collective(op, ranks, t, payload, combine, deliver)
-    return send, post if world.record else post_unrecorded, recv, collective
+    return send, post if world.record else post_unrecorded, recv, post_recv, collective
+
+
+_WAITS = {"send": "comm.wait()",
+          "isendrecv": "the wait() of its isendrecv's Exchange (comm.wait() after a sendrecv)"}
 
 
 class _Posted:
@@ -279,32 +289,34 @@ class ThreadComm(_Exchanges):
     def __init__(self, world, rank: int) -> None:   # world: a ThreadWorld
         self.rank, self.world, self._pending = rank, world.size, []
         self.device = torch.device("cpu")
-        self._send, self._post, self._recv, self._collective_call = _network(world)
+        (self._send, self._post, self._recv, self._post_recv,
+         self._collective_call) = _network(world)
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         t = t.detach()
         waited = self._post(t, dst, tag, "send")
         self._count("send", t, dst)
-        if waited is not None:
-            self._pending.append((_Posted(waited), None))
+        self._pending.append((_Posted(waited), None))
 
     def recv(self, src: int, shape: Sequence[int], tag: int = 0,
              dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self._recv(src, tag, shape=tuple(shape), dtype=dtype)
 
     def isendrecv(self, sends: Sequence[tuple], recvs: Sequence[tuple]) -> Exchange:
-        """DistComm.isendrecv: the sends go at once (a ThreadWorld's send never blocks), each
-        outstanding until the Exchange's wait(), the receives taken as they are asked for;
-        counted as DistComm counts it."""
+        """DistComm.isendrecv: the receives are posted and the sends go at once (a
+        ThreadWorld's send never blocks), each send outstanding until the Exchange's wait(),
+        which returns once the peer received it; the receives are taken as they are asked
+        for; counted as DistComm counts it."""
+        for src, _, _, tag in recvs:
+            self._post_recv(src, tag)
         finish = []
         for t, dst, tag in sends:
             t = t.detach()
             finish.append(self._post(t, dst, tag, "isendrecv"))
             self._count("send", t, dst)
         return Exchange([], [lambda src=src, shape=shape, dtype=dtype, tag=tag:
-                             self.recv(src, shape, tag=tag, dtype=dtype)
-                             for src, shape, dtype, tag in recvs],
-                        finish=[f for f in finish if f is not None])
+                             self._recv(src, tag, tuple(shape), dtype, posted=True)
+                             for src, shape, dtype, tag in recvs], finish=finish)
 
     def _collective(self, op, t, combine, finish):
         """Every rank's copy of `t` (in rank order) -> combine -> finish(mine) in this rank."""

@@ -1,9 +1,9 @@
 """How a run of ranks fails, for every way ranks start (processes or threads, runtime.launch and
-runtime.thread_world): the one RankFailed, and LaunchTimeout."""
+runtime.thread_world): the one RankFailed, LaunchTimeout, and a thread world's Deadlock."""
 
 from ..words import plural_names
 
-__all__ = ["RankFailed", "LaunchTimeout"]
+__all__ = ["RankFailed", "LaunchTimeout", "Deadlock"]
 
 TAIL = 8    # the traceback (and stderr) lines a RankFailed quotes
 
@@ -34,3 +34,28 @@ class LaunchTimeout(TimeoutError):
         super().__init__(f"{plural_names(ranks, 'rank')} still running after {timeout:g} s "
                          f"({how}){progress}: a rank waits for a message or a collective "
                          "that never comes, or the run needs more time (launch(..., timeout=...))")
+
+
+SEND_FIX = ("post the receives before waiting for the sends: comm.sendrecv / isendrecv, or "
+            "receive before comm.wait() (with torch.distributed: irecv before the isend's "
+            "wait(), or batch_isend_irecv)")
+
+
+class Deadlock(TimeoutError):
+    """Every rank of a thread world still running is blocked and none can go on: on processes
+    they would hang until the backend's timeout. `blocked`: {rank: its blocking call, in
+    words}; `returned`: the ranks that had already returned."""
+
+    def __init__(self, blocked, returned=()):
+        self.blocked, self.returned = dict(blocked), list(returned)
+        calls = "; ".join(f"rank {r} {what}" for r, what in sorted(self.blocked.items()))
+        gone = (f" ({plural_names(self.returned, 'rank')} already returned)"
+                if self.returned else "")
+        sends = any("to be received" in what for what in self.blocked.values())
+        why = (" On processes a send completes only once its peer receives it (gloo and NCCL "
+               "alike), so a rank that waits for its sends before posting its receives waits "
+               f"for a peer that does the same: {SEND_FIX}" if sends else
+               " Each receive needs a matching send, in the same order, and every rank must "
+               "reach each collective")
+        super().__init__(f"deadlock: every rank still running is blocked and none can go on"
+                         f"{gone}: {calls}.{why}")

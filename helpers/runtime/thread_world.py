@@ -35,8 +35,9 @@ from typing import Any
 import torch
 
 from .comm import ThreadComm, wire
-from .errors import LaunchTimeout
+from .errors import Deadlock, LaunchTimeout
 from .intercept import RANK_THREAD
+from .thread_waits import SendWaits
 from .work import Work
 
 __all__ = ["ThreadWorld"]
@@ -50,7 +51,7 @@ class Message:
     """One send, receive or collective call, as the network saw it."""
 
     __slots__ = ("op", "rank", "src", "dst", "ranks", "tag", "key", "shape", "dtype", "nbytes",
-                 "seq", "async_op", "waited", "tensor")
+                 "seq", "async_op", "waited", "tensor", "index")
 
     def __init__(self, op, rank, t, seq, src=None, dst=None, ranks=None, tag=0, async_op=False):
         self.op, self.rank, self.src, self.dst = op, rank, src, dst
@@ -60,6 +61,7 @@ class Message:
         self.dtype = t.dtype if t is not None else None
         self.nbytes = t.numel() * t.element_size() if t is not None else 0
         self.seq, self.async_op, self.waited = seq, async_op, None
+        self.index = None       # a send's place among its (src, dst, tag) messages
         self.tensor = wire(t) if t is not None else None     # what was handed over
 
     @property
@@ -71,7 +73,7 @@ class Message:
         return f"{self.op}{peer} {list(self.shape)} ({self.nbytes} B) #{self.seq}"
 
 
-class ThreadWorld:
+class ThreadWorld(SendWaits):
     """`size` ranks as threads (see the module's docstring). Subclasses hook in with
     `run_context()` (around a whole run), `rank_context(rank)` (around each rank's thread),
     `comm_context()` (around the network's own work in a rank), `landed_context(message)` (around
@@ -98,6 +100,10 @@ class ThreadWorld:
         self._cond = threading.Condition(threading.RLock())
         self._local = threading.local()
         self._boxes = collections.defaultdict(collections.deque)
+        self._sent = collections.Counter()      # per (src, dst, tag): messages sent
+        self._claimed = collections.Counter()   # per (src, dst, tag): receives posted
+        self._blocked = {}                      # rank -> (ready, its blocking call in words)
+        self._live = set(range(size))           # ranks that have not returned
         self._slots, self._done = {}, {}
         self._taken = collections.Counter()     # per call: ranks that took their result
         self._calls = collections.Counter()
@@ -203,6 +209,7 @@ class ThreadWorld:
         (results, errors, stuck): errors as (rank, exception), the first cause first; stuck:
         the ranks still running."""
         results, errors = [None] * self.size, []
+        self._live = set(range(self.size))
 
         def target(r):
             self._local.rank = RANK_THREAD.rank = r
@@ -216,6 +223,11 @@ class ThreadWorld:
                     errors.append((r, e))   # words are the caller's to make (a check's
                     #                         World must not run an exception's __str__ here)
                 self.fail(r, e)
+            finally:
+                with self._cond:
+                    self._live.discard(r)
+                    self._deadlocked()          # the ranks left may wait for this one
+                    self._cond.notify_all()
 
         with self.run_context():
             threads = [threading.Thread(target=target, args=(r,), daemon=True,
@@ -225,6 +237,10 @@ class ThreadWorld:
             end = time.monotonic() + self.deadline        # one deadline for the whole run
             for t in threads:
                 t.join(max(0.0, end - time.monotonic()))
+        with self._cond:
+            failed = self._failed
+        if not errors and failed is not None and isinstance(failed[1], Deadlock):
+            errors.append(failed)      # found as the last rank returned, or caught by a rank
         errors.sort(key=lambda e: isinstance(e[1], TimeoutError))   # stable: order of occurrence
         stuck = [r for r, t in enumerate(threads) if t.is_alive()]
         if stuck:
@@ -255,9 +271,24 @@ class ThreadWorld:
             self.timeline[rank].append((m.seq, kind, m))
             self.on_message(rank, kind, m)
 
-    def _wait(self, ready, what):
-        """Block until ready() (under the lock), another rank failed, or the timeout."""
-        if not self._cond.wait_for(lambda: ready() or self._failed is not None, self.timeout):
+    def _wait(self, ready, what, blocked=None):
+        """Block until ready() (under the lock), another rank failed, or the timeout; a wait
+        that every rank still running shares with nothing deliverable is a Deadlock, raised at
+        once (`blocked`: this call in the Deadlock's words, "waits in ...")."""
+        rank = self.rank
+        if not ready() and rank is not None:
+            self._blocked[rank] = (ready, blocked or f"waits for {what}")
+            try:
+                error = self._deadlocked()
+                if error is not None:
+                    raise error
+                ok = self._cond.wait_for(lambda: ready() or self._failed is not None,
+                                         self.timeout)
+            finally:
+                self._blocked.pop(rank, None)
+        else:
+            ok = self._cond.wait_for(lambda: ready() or self._failed is not None, self.timeout)
+        if not ok:
             raise TimeoutError(f"rank {self.rank} waited {self.timeout:g} s for {what}")
         if not ready():
             raise _Aborted()
@@ -272,25 +303,33 @@ class ThreadWorld:
         with self.comm_context(), self._cond:
             m = Message("send", rank, t, next(self._seq), src=rank, dst=dst, tag=tag,
                         async_op=async_op)
+            m.index = self._sent[(rank, dst, tag)]
+            self._sent[(rank, dst, tag)] += 1
             self._log(rank, "send", m)
             self._boxes[(rank, dst, tag)].append(m)
             self._cond.notify_all()
         return m
 
-    def recv(self, src, tag=0, out=None, shape=None, dtype=None):
-        """The next message from `src` with `tag`, copied into `out` (or a new tensor)."""
+    def recv(self, src, tag=0, out=None, shape=None, dtype=None, posted=False):
+        """The next message from `src` with `tag`, copied into `out` (or a new tensor);
+        `posted`: the receive was posted before (post_recv)."""
         self._enter()
         rank = self.rank
         box = self._boxes[(src, rank, tag)]
         with self.comm_context():
             with self._cond:
                 self._wait(lambda: bool(box),
-                           f"a message from rank {src} (tag {tag}) that was never sent")
+                           f"a message from rank {src} (tag {tag}) that was never sent",
+                           f"waits in recv for a message from rank {src} (tag {tag}) that "
+                           "was never sent")
                 got = box[0].tensor
                 want = tuple(out.shape) if out is not None else shape
                 if not self.takes(got, want, out.dtype if out is not None else dtype):
                     self.mismatch(src, tag, want, got)
                 box.popleft()
+                if not posted:          # a blocking receive meets its message as it takes it
+                    self._claimed[(src, rank, tag)] += 1
+                    self._cond.notify_all()
                 if self.record:
                     self._log(rank, "recv", Message("recv", rank, got, next(self._seq),
                                                     src=src, dst=rank, tag=tag))
@@ -332,7 +371,8 @@ class ThreadWorld:
             slot[rank] = (op, payload)
             self._cond.notify_all()
             self._wait(lambda: len(slot) == len(ranks),
-                       f"the other ranks of {ranks} to call {op} (call {call[1]})")
+                       f"the other ranks of {ranks} to call {op} (call {call[1]})",
+                       f"waits in {op} for the other ranks of {ranks} to call it")
             ops = {r: slot[r][0] for r in ranks}
             if len(set(ops.values())) > 1:
                 raise ValueError("ranks called different collectives at the same point: " +

@@ -189,8 +189,9 @@ def barrier(W, group=None, async_op=False, device_ids=None):
 
 
 def send(W, tensor, dst=None, group=None, tag=0, group_dst=None):
+    """gloo's blocking send: it returns once the peer received the message."""
     dst = _ranks(W, group)[group_dst] if group_dst is not None else dst
-    W.send(tensor, dst, tag)
+    W.wait_received(W.send(tensor, dst, tag), f"dist.send to rank {dst}")
 
 
 def isend(W, tensor, dst=None, group=None, tag=0, group_dst=None):
@@ -211,7 +212,8 @@ def irecv(W, tensor, src=None, group=None, tag=0, group_src=None):
     world, rank = W, W.rank
 
     def deliver():
-        world.recv(src, tag, out=tensor)
+        world.recv(src, tag, out=tensor, posted=True)
+    world.post_recv(src, tag)          # posted now: a send to it completes
     m = _Marker(rank, src)
     world.irecvs[rank].append(m)      # its wait is judged when the rank ends (waits.py)
     world.in_flight.add(rank, m, _what(rank, m), [("buffer", [tensor])])
@@ -239,25 +241,32 @@ def batch_isend_irecv(W, p2p_op_list):
 
 
 class _Done:
-    """isend's handle: the message is on its way already (complete: `is_completed()` records
-    the wait, as `wait()` does). It holds only a closure: no attribute leads to the world or
-    the message a check judges."""
+    """isend's handle: complete once the peer received the message, as on gloo and NCCL
+    (`wait()` blocks until then; `is_completed()` says False before, and True records the wait,
+    as `wait()` does). It holds only closures: no attribute leads to the world or the message
+    a check judges."""
 
-    __slots__ = ("_wait",)
+    __slots__ = ("_wait", "_done")
 
     def __init__(self, world, message):
         def wait():
             if message.waited is None:
+                world.wait_received(message, f"an isend's wait() (to rank {message.dst})")
                 message.waited = world.event(message.rank, "wait", message)
-        self._wait = wait
+
+        def done():
+            if message.waited is None and not world.send_received(message):
+                return False
+            wait()
+            return True
+        self._wait, self._done = wait, done
 
     def wait(self, timeout=None):
         self._wait()
         return True
 
     def is_completed(self):
-        self._wait()
-        return True
+        return self._done()
 
     def result(self):
         """gloo's send has none."""

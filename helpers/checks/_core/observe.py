@@ -46,7 +46,8 @@ _ELEMENTWISE_ADDS = {"add", "add_", "sub", "sub_", "addcmul", "addcmul_", "addcd
                      "rsub", "lerp", "lerp_", "_foreach_add", "_foreach_add_"}
 _ELEMENTWISE_ADDS = frozenset(_ELEMENTWISE_ADDS)
 _REDUCING_ADDS = frozenset({"sum", "mean", "nansum", "cumsum", "cumsum_", "logsumexp", "norm",
-                  "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace"})
+                  "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace",
+                  "cumprod", "cumprod_", "logcumsumexp", "_logcumsumexp"})
 _SCATTER_ADDS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put",
                  "index_put_", "_index_put_impl_", "scatter_reduce", "scatter_reduce_",
                  "embedding_dense_backward", "bincount"})

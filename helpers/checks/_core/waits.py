@@ -7,7 +7,9 @@ from a background thread, on NCCL on the communication stream, so reading it unw
 race, and a DistComm keeps each send, its tensor held, until its `wait()`. The wait counts where
 the rank first observed completion (`wait()`, `result()`, `is_completed()`, its future, a future
 chained from it with `then()`, `torch.futures.wait_all`), as work.py records it, and for a
-comm's send where the rank calls `comm.wait()` (isendrecv's: the Exchange's `wait()`)."""
+comm's send where the rank calls `comm.wait()` (isendrecv's: the Exchange's `wait()`). A wait
+for a send returns only once the peer received it (runtime/thread_waits.py: a wait no receive
+can meet is a Deadlock), so a recorded send wait is also one a real backend completes."""
 from .run import CheckFailed
 
 __all__ = ["never_waited", "what", "comm_what"]

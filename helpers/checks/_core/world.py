@@ -162,7 +162,7 @@ class World(ThreadWorld):
             errors = never_waited(self)
         return results, errors, stuck
 
-    def recv(self, src, tag=0, out=None, shape=None, dtype=None):
+    def recv(self, src, tag=0, out=None, shape=None, dtype=None, posted=False):
         """As ThreadWorld.recv; a shape made of another rank's numbers (a count it read out and
         left in a shared object) fails: how much arrives is something the comm tells. A recv
         names the shape and dtype it takes (`mismatch`): what a message's shape or dtype could
@@ -177,7 +177,7 @@ class World(ThreadWorld):
             self._refuse(rank, f"rank {rank} received from rank {src} without naming the shape "
                          "and dtype it expects: a recv takes a buffer (or a shape and a dtype)")
         with self._delivering(self.provenance.rank_here()), self._refusing(rank, "recv"):
-            return super().recv(src, tag, out=out, shape=shape, dtype=dtype)
+            return super().recv(src, tag, out=out, shape=shape, dtype=dtype, posted=posted)
 
     def takes(self, got, shape, dtype):
         return super().takes(got, shape, dtype) and got.dtype == dtype
