@@ -120,6 +120,11 @@ def resize(page, width, height=None):
         "w => window.innerWidth === w && matchMedia(`(max-width: ${w}px)`).matches "
         "&& matchMedia(`(min-width: ${w}px)`).matches", arg=width, timeout=10_000)
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    # and until the width's CSS transitions have ended: the theme slides its sidebars off
+    # screen at phone width, and one caught halfway covered the page's right edge
+    page.evaluate("() => Promise.all(document.getAnimations()"
+                  ".filter(a => a.effect?.getComputedTiming().iterations !== Infinity)"
+                  ".map(a => a.finished.catch(() => null)))")
 
 
 # Everything that renders after `load`: MathJax typesetting, the widget manager, lazy images.
