@@ -131,7 +131,7 @@ ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 # book's Sphinx build after it. Order-only prerequisites set the order (`make test-book` alone
 # still runs only the book); make starts runnable stages in the order of TEST_STAGES. No
 # --output-sync: it would hold a stage's output until the stage ends (minutes of silence).
-TEST_STAGES := test-py test-waiting lint test-book test-pdf-html gpu-dry test-pdf test-book-fresh
+TEST_STAGES := test-py lint test-book test-pdf-html gpu-dry test-pdf test-waiting test-book-fresh
 test: export COURSE_QUICK := 1
 # One torch thread per process: the two pytest workers' notebook kernels and test processes share
 # 2 cores, and each one's default pool of 2 threads spun at every parallel region (syncbn's quick
@@ -156,6 +156,9 @@ test:
 
 ifeq ($(CI_ORDER),1)
 test-py: | test-book node_modules/.installed chromium
+# last in the second slot: started earlier, it took the slot test-py was waiting for (chromium's
+# check ran first) and test-py started after gpu-dry and the PDF, 2 minutes late
+test-waiting: | test-pdf gpu-dry
 endif
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.

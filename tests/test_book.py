@@ -328,7 +328,13 @@ def test_ci_runs_the_waiting_modules_beside_test_py_once():
     import os
     import subprocess
     make = (ROOT / "Makefile").read_text()
-    assert "test-waiting" in re.search(r"^TEST_STAGES\s*:=(.*)$", make, re.M).group(1)
+    stages = re.search(r"^TEST_STAGES\s*:=(.*)$", make, re.M).group(1).split()
+    assert stages.index("test-waiting") > stages.index("test-pdf"), stages
+    # under CI's order it waits for the second slot's other stages: started first, it delayed
+    # test-py by the length of gpu-dry and the PDF
+    order = re.search(r"^ifeq \(\$\(CI_ORDER\),1\)\n(.*?)^endif", make, re.M | re.S).group(1)
+    after = re.search(r"^test-waiting:\s*\|(.*)$", order, re.M).group(1).split()
+    assert {"test-pdf", "gpu-dry"} <= set(after), after
     env = {k: v for k, v in os.environ.items()
            if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "CI_ORDER")}
 
