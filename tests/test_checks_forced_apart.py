@@ -89,6 +89,11 @@ def zero1_by_first_dim(params, rank, world, lr):
     return _zero1_by(len, params, rank, world, lr)
 
 
+@shortcut("check_zero1_optimizer", "balanced by p.shape[-1], the last dimension", "p.numel()")
+def zero1_by_last_dim(params, rank, world, lr):
+    return _zero1_by(lambda p: p.shape[-1], params, rank, world, lr)
+
+
 @other("check_zero1_optimizer", "balanced by bytes")
 def zero1_by_bytes(params, rank, world, lr):
     return _zero1_by(lambda p: p.numel() * p.element_size(), params, rank, world, lr)

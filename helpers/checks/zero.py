@@ -83,17 +83,19 @@ def check_partition(fn):
     "one step does to each parameter (against torch.optim.AdamW with that lr)",
     "which parameters each rank steps and the bytes of state it holds: one owner each, "
     "balanced by size (wide matrices and tall, thin ones in one case, where the first "
-    "dimension orders them the other way)"])
+    "dimension orders them the other way, and the same transposed, where the last does)"])
 def check_zero1_optimizer(fn):
     """fn(params, rank, world, lr) -> a torch.optim.AdamW over this rank's share of params."""
     g = fresh_generator()
-    for adjacent in (False, True):
+    for adjacent, flipped in ((False, False), (True, False), (True, True)):
         world = randint(g, 2, 4)
         lr = [1e-2, 3e-3, 0.05][randint(g, 0, 2)]
         big, small = (randint(g, 20, 30), randint(g, 20, 30)), (randint(g, 2, 5),)
         if adjacent:    # big and wide, small and tall: balanced by len(p), the first dimension,
             # the 2 * world + 1 tall ones fill the ranks first and two big ones share a rank
             big, small = (2, randint(g, 150, 200)), (randint(g, 35, 45), 1)
+        if flipped:     # the same, transposed: balanced by p.shape[-1], the last dimension
+            big, small = big[::-1], small[::-1]
         # a big matrix at every world-th place (dealing them out by index is unbalanced), or one
         # per rank all first (contiguous runs by count put two on rank 0): both, in every call
         shapes = [big if (i < world if adjacent else i % world == 0) else small
