@@ -12,12 +12,19 @@ def summary(ds):
                 pixels=int(ds.data[:, ::4, ::4].sum()))
 
 
+def tensors_summary(X, y):
+    """The same numbers for what load_tensors gave (images as floats in [0, 1])."""
+    return dict(n=len(y), classes=y.bincount().tolist(),
+                pixels=int(X[:, 0, ::4, ::4].mul(255).round().long().sum()))
+
+
 def load_at_once(rank, world, cfg):
     """`cfg["trials"]` times: rank 0 leaves only the four .gz archives in cfg["root"] (the
-    README's offline set-up), then every rank loads a split (cfg["train"]) at the same moment.
-    Returns what each load gave, or the error it raised, per trial."""
+    README's offline set-up), then every rank loads a split (cfg["train"]) at the same moment,
+    then its tensors (load_tensors: one cache of them, decoded and written while the others
+    wait or read it). Returns what each load gave, or the error it raised, per trial."""
     os.environ["COURSE_DATA"] = cfg["root"]
-    from helpers import data
+    from helpers import data, decoded_cache
     raw = Path(cfg["root"]) / "FashionMNIST" / "raw"
     out = []
     for _ in range(cfg["trials"]):
@@ -25,11 +32,17 @@ def load_at_once(rank, world, cfg):
         if rank == 0:
             for name in [*data.EXTRACTED_SIZES, data.VERIFIED]:
                 (raw / name).unlink(missing_ok=True)
+            decoded_cache.cache_path(Path(cfg["root"]), cfg["train"]).unlink(missing_ok=True)
         dist.barrier()                    # every rank starts on a folder of archives only
-        try:
-            out.append(summary(data.fashion_mnist(cfg["train"])))
-        except Exception as e:            # what a rank of a real job would die of
-            out.append(f"{type(e).__name__}: {e}")
+        got = {}
+        for what, load in (("dataset", lambda: summary(data.fashion_mnist(cfg["train"]))),
+                           ("tensors", lambda: tensors_summary(*data.load_tensors(cfg["train"])))):
+            dist.barrier()
+            try:
+                got[what] = load()
+            except Exception as e:        # what a rank of a real job would die of
+                got[what] = f"{type(e).__name__}: {e}"
+        out.append(got)
     dist.barrier()
     return out
 
