@@ -197,8 +197,9 @@ def _spread(what, fn, before, shape):
         expect(a <= share, f"{what}: {describe_device(d)} did {a} of the {total} additions "
                            f"(per device: {[adds.get(x, 0) for x in gpus.devices]}); spread them: "
                            f"device i adds the other devices' chunk i into its own chunk i (at "
-                           f"most {share} additions here: chunk i is tensor_split's, the "
-                           "first n % k chunks one element longer), in place, then sends it to "
+                           f"most {share} additions here: chunk i of the flattened tensor, "
+                           "t.view(-1).tensor_split(k), not of its rows; the first n % k chunks "
+                           "one element longer), in place, then sends it to "
                            "the others (or pass the chunks around a ring)")
         w = work.get(d, 0)
         expect(w <= 2 * most + count, f"{what}: {describe_device(d)} computed {w} elements "
