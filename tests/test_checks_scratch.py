@@ -136,8 +136,9 @@ def test_the_exercise_says_the_tensor_is_flattened():
     import json
     import pathlib
     nb = pathlib.Path(__file__).resolve().parent.parent / "book" / "part2" / "scratch.ipynb"
-    text = next("".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
-                if c["cell_type"] == "markdown" and "allreduce_spread(data)" in "".join(c["source"]))
+    cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
+             if c["cell_type"] == "markdown"]
+    text = next(c for c in cells if "allreduce_spread(data)" in c)
     assert "t.view(-1).tensor_split(len(data))" in text
 
 
