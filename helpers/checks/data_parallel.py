@@ -79,8 +79,9 @@ _OWN_STORAGE = ("got new storage (.data = or set_()): each device keeps its own 
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, every device's "
-    "tensor keeps its storage on its device and ends up computed from every device's gradient (the sum travelled to each), and the "
-    "additions they came from are no more than one reduction's (k - 1 gradients, plus one)"])
+    "tensor keeps its storage on its device and ends up computed from every device's gradient "
+    "(the sum travelled to each), and the additions they came from are no more than one "
+    "reduction's (k - 1 gradients, plus one)"])
 def check_reduce_then_broadcast(fn):
     """fn(grads): steps 3 and 4, in place: afterwards every tensor in `grads` holds their sum."""
     g = fresh_generator()

@@ -221,7 +221,8 @@ def check_order_1f1b(fn):
 
 
 # ---- network_split: interleaving -------------------------------------------------------------
-@check("interleaved_costs", references=["interleaved_bubble"], observes=[
+@check("interleaved_costs", references=["interleaved_bubble", "interleaved_ticks",
+                                        "interleaved_order"], observes=[
     "the pair returned for fresh (p, m, v) against the bubble counted on the clock of the "
     "interleaved 1F1B order (interleaved_order, interleaved_ticks) and the hand-offs between "
     "devices that one micro-batch makes, forward and back, through v*p chunks"])

@@ -255,7 +255,8 @@ def _recording_net(rec=None):
 
 @check("evaluate_accuracy_multi", simulated=True, observes=[
     "on CPU: the accuracy returned against the one-device evaluation (uneven shards, a short "
-    "last batch, once one smaller than the device count: empty shards); the check's net records the examples and the parameter storage of each call",
+    "last batch, once one smaller than the device count: empty shards); the check's net "
+    "records the examples and the parameter storage of each call",
     "the dataflow from the parameters: no work on them (or on copies of them) outside the "
     "net's calls, and none read out of torch",
     "on k simulated GPUs: every shard and the parameters it ran with were on the shard's "
