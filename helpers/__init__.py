@@ -206,7 +206,7 @@ from .pipeline_parallel.split_words import (mac_bubble_words, simulated_timing_w
                                             bubble_vs_formula_words, devices_words,
                                             stage_layers_words, naive_order_words)
 from .pipeline_parallel.scratch import (pipeline_net, stage_of, pipeline_rank_step, unsplit_step,
-                                        layer_times, LinearTape)
+                                        layer_times, LinearTape, LiveActivations)
 from .pipeline_parallel.timelines import (pipeline_model_time, replayed_bubble, wait_parts,
                                           zero_bubble_rank_order, zero_bubble_bubble, bubble_added)
 from .pipeline_parallel.torch_api import (validate_pipelining, make_schedule, pipelining_step,

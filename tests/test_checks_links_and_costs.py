@@ -117,10 +117,15 @@ def interleaved_costs(p, m, v):
     return (p - 1) / (v * m + p - 1), 2 * (v * p - 1)
 
 
-@other("check_interleaved_costs", "counted with the course's clock, fractions, numpy")
+@other("check_interleaved_costs", "fractions, numpy")
+def interleaved_costs_fractions(p, m, v):
+    return fractions.Fraction(p - 1, v * m + p - 1), np.int64(2 * v * p - 2)
+
+
+@shortcut("check_interleaved_costs", "counted on the check's own clock", "course's own answer")
 def interleaved_costs_counted(p, m, v):
     ticks = 1 + max(helpers.interleaved_ticks(helpers.interleaved_order(p, m, v), v).values())
-    return fractions.Fraction(ticks - 2 * m * v, ticks), np.int64(2 * v * p - 2)
+    return (ticks - 2 * m * v) / ticks, 2 * (v * p - 1)
 
 
 @shortcut("check_interleaved_costs", "GPipe's bubble", "GPipe's (p-1)/(m+p-1)")

@@ -116,6 +116,32 @@ def allreduce_rebind(data):
         data[i] = total.to(data[i].device)
 
 
+@shortcut("check_allreduce_spread", "a 2-D tensor cut by rows (shares unequal by a row)",
+          "t.view(-1).tensor_split(k), not of its rows")
+def allreduce_spread_rows(data):
+    k = len(data)
+    chunks = [t.tensor_split(k) for t in data]
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[i][i].add_(chunks[j][i].to(data[i].device))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
+
+
+def test_the_exercise_says_the_tensor_is_flattened():
+    """The check counts chunks of the flattened tensor: the exercise's text says so."""
+    import json
+    import pathlib
+    nb = pathlib.Path(__file__).resolve().parent.parent / "book" / "part2" / "scratch.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
+             if c["cell_type"] == "markdown"]
+    text = next(c for c in cells if "allreduce_spread(data)" in c)
+    assert "t.view(-1).tensor_split(len(data))" in text
+
+
 # ---- evaluate_accuracy_multi -------------------------------------------------------------------
 @worked("check_evaluate_accuracy_multi")
 def evaluate_accuracy_multi(net, params, data_iter, devices):

@@ -95,7 +95,8 @@ def _random_net(g, max_pool):
     return net, torch.randn(randint(g, 1, 4), 1, side, side, generator=g)
 
 
-@check("saved_bytes", references=["saved_per_layer", "saved_tensor_bytes"], observes=[
+@check("saved_bytes", references=["saved_per_layer", "saved_tensor_bytes", "LiveActivations",
+                                  "LiveActivations.micro_batch"], observes=[
     "the bytes returned for fresh random conv nets (views, two slices of one activation, "
     "ReLUs, max and average pooling both), against what autograd saves in the check's own "
     "count; helpers.saved_per_layer is unavailable"])

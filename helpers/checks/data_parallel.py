@@ -67,14 +67,21 @@ def check_combine_mean_grads(fn):
         expect(False, f"{call}: the result differs from the full batch's mean gradient")
 
 
+# `g.data = total` re-points every replica's .grad at one tensor: on the CPU they share it (the
+# next backward accumulating into one changes all), on GPUs all move to device 0 with no copy
+_OWN_STORAGE = ("got new storage (.data = or set_()): each device keeps its own gradient, in its "
+                "own memory; copy the sum INTO it (g.copy_(total), which moves it to g's device)")
+
+
 @check("reduce_then_broadcast", simulated=True, changes_inputs=True,
        references=["allreduce", "ring_allreduce", "flat_allreduce",
                    "bucketed_allreduce"], observes=[
     "on CPU tensors: afterwards every tensor of the list (the same objects, the same storage) "
     "holds the sum",
     "on k simulated GPUs (tensor i on cuda:i): no operation mixed devices, every device's "
-    "tensor ends up computed from every device's gradient (the sum travelled to each), and the "
-    "additions they came from are no more than one reduction's (k - 1 gradients, plus one)"])
+    "tensor keeps its storage on its device and ends up computed from every device's gradient "
+    "(the sum travelled to each), and the additions they came from are no more than one "
+    "reduction's (k - 1 gradients, plus one)"])
 def check_reduce_then_broadcast(fn):
     """fn(grads): steps 3 and 4, in place: afterwards every tensor in `grads` holds their sum."""
     g = fresh_generator()
@@ -82,6 +89,7 @@ def check_reduce_then_broadcast(fn):
         k = randint(g, 3 if trial == 0 else 2, 5)   # 3 or more once: see the adds below
         grads = [torch.randn(4, 3, generator=g) for _ in range(k)]
         originals, own = list(grads), [gr.clone() for gr in grads]
+        ptrs = [gr.data_ptr() for gr in grads]
         call = f"reduce_then_broadcast on {k} devices"
         fn(grads)
         want = sum(own)
@@ -95,10 +103,15 @@ def check_reduce_then_broadcast(fn):
                    f"{call}: tensor {i} does not hold the sum of the {k} gradients" + (
                        " (it still holds its own gradient)" if tensor_close(orig, own[i])
                        else ""))
+            expect(orig.data_ptr() == ptrs[i], f"{call}: tensor {i} " + _OWN_STORAGE)
         gpus = FakeGPUs(k)
         fakes = [gpus.tensor(gr, i) for i, gr in enumerate(own)]
         keys = [(f.untyped_storage()._cdata, 0) for f in fakes]
         _, rec = gpus.run(fn, list(fakes), what=call)
+        for i, f in enumerate(fakes):
+            expect(f.untyped_storage()._cdata == keys[i][0] and f.device == gpus.devices[i],
+                   f"{call}: the gradient of {describe_device(gpus.devices[i])} (now on "
+                   f"{describe_device(f.device)}) " + _OWN_STORAGE)
         for i, f in enumerate(fakes):
             read = {(r.key, r.version) for op in rec.ancestors(f) for r in op.reads}
             missing = [j for j, key in enumerate(keys) if j != i and key not in read]

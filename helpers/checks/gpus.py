@@ -177,7 +177,7 @@ def _measurements(g):
     return nbytes, seconds, alpha, gbs
 
 
-@check("fit_copy_model", observes=[
+@check("fit_copy_model", references=["fit_alpha_beta"], observes=[
     "the pair returned for fresh copy times (random latency and bandwidth, 3% noise, one copy "
     "60% slow): its misfit Σ((t − α − b/β)/t)², against the weighted least-squares optimum "
     "the check computes on the same data"])

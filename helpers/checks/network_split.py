@@ -55,17 +55,22 @@ def _fewest(p, target):
 
 @check("microbatches_for_bubble", references=["bubble_fraction"], observes=[
     "the count returned for fresh (p, target), targets met exactly by some count included, "
-    "against the exact count; at an exact boundary both neighbours are accepted (rounding)"])
+    "against the exact count; at an exact boundary both neighbours are accepted (rounding), "
+    "except for a target of 2**-j, exact in floats, where only the exact count is"])
 def check_microbatches_for_bubble(fn):
     """fn(p, target): the fewest micro-batches m with bubble (p-1)/(m+p-1) <= target."""
     g = fresh_generator()
     cases = [(randint(g, 2, 8), randint(g, 2, 45) / 100) for _ in range(5)] + [(1, 0.1), (4, 0.2)]
     p, m0 = randint(g, 2, 8), randint(g, 2, 30)
     cases.append((p, (p - 1) / (m0 + p - 1)))            # a target some count meets exactly
-    for p, target in cases:
+    # a target of 2**-j: (p-1)(1-t)/t is exact in floats, so the count that meets it exactly is
+    # the only answer (a loop on `>=` or floor + 1 for ceil returns the next one)
+    dyadic = (randint(g, 2, 8), 2.0 ** -randint(g, 1, 5))
+    for p, target in [*cases, dyadic]:
         call = f"microbatches_for_bubble({p}, {target:g})"
         got = as_int(fn(p, target), call)
-        right = _fewest(p, target)
+        right = _fewest(p, target) if (p, target) != dyadic else {
+            (p - 1) * (round(1 / target) - 1)}
         if got in right:
             continue
         want = min(right)
@@ -77,10 +82,17 @@ def check_microbatches_for_bubble(fn):
             hint = f": with {got} micro-batches the bubble is still {bubble(got):.3f} > {target:g}"
         elif got > want:
             hint = f": {want} already bring the bubble down to {bubble(want):.3f}; the fewest"
+            hint += " (the bubble may equal the target: <=)" if bubble(want) == target else ""
         expect(False, f"{call} returned {got}, expected {want}{hint}")
 
 
 # ---- cuts that balance parameters ------------------------------------------------------------
+# widths [3, 7, 3, 6, 5]: layers of 28, 24, 24, 35 parameters (below); [2, 4, 8, 3, 6]: layers of
+# 12, 40, 27, 24, where on 3 devices the best largest stage is 51 and the cuts with the least
+# spread (max - min), the least sum of squares, or counting weights without biases give 52
+_FIXED = ([3, 7, 3, 6, 5], [2, 4, 8, 3, 6])
+
+
 def _random_net(g, widths=None):
     """An MLP of random widths, or of `widths`: [3, 7, 3, 6, 5] has layers of 28, 24, 24 and 35
     parameters, which a greedy cut at a third of the total splits wrongly (52, not 48)."""
@@ -101,16 +113,17 @@ def _empty(stage):
 @check("split_by_params", simulated=True, references=["balanced_cuts", "split_sequential"],
        observes=[
     "on CPU: k independent stages that together compute net, none empty, the largest holding "
-    "as few parameters as the best cut (computed by the check); one net fixed, where a greedy "
-    "cut at total / k is not the best",
+    "as few parameters as the best cut (computed by the check); two nets fixed, where a greedy "
+    "cut at total / k is not the best, and where the cuts with the least spread, the least sum "
+    "of squares or the fewest weights (biases left out) are not the best",
     "on k simulated GPUs: every parameter of stage i is on devices[i]"])
 def check_split_by_params(fn):
     """fn(net, devices): len(devices) stages of the nn.Sequential `net`, copies, in order, the
     largest stage holding as few parameters as possible; together they compute net."""
     g = fresh_generator()
-    for case in range(3):
-        net, widths = _random_net(g, [3, 7, 3, 6, 5] if case == 0 else None)
-        k = 3 if case == 0 else randint(g, 2, 4)
+    for case in range(4):
+        net, widths = _random_net(g, _FIXED[case] if case < len(_FIXED) else None)
+        k = 3 if case < len(_FIXED) else randint(g, 2, 4)
         call = f"split_by_params on {len(net)} layers and {k} devices"
         stages = fn(net, [CPU] * k)
         expect(isinstance(stages, (list, tuple)) and len(stages) == k,
@@ -166,7 +179,8 @@ def _mlp_stages(g, p):
 def check_order_1f1b(fn):
     """fn(p, m): per stage, the list of ("F", j) / ("B", j) that 1F1B runs."""
     g = fresh_generator()
-    cases = [(randint(g, 2, 4), 0) for _ in range(3)] + [(2, 1), (3, 2)]
+    # m < p - 1 once ((4, 2)): a warm-up of p - 1 - s forwards not capped at m runs F(2), B(-1)
+    cases = [(randint(g, 2, 4), 0) for _ in range(3)] + [(2, 1), (3, 2), (4, 2)]
     for p, m in cases:
         m = m or randint(g, p + 1, 8)
         call = f"order_1f1b({p}, {m})"
@@ -207,7 +221,8 @@ def check_order_1f1b(fn):
 
 
 # ---- network_split: interleaving -------------------------------------------------------------
-@check("interleaved_costs", references=["interleaved_bubble"], observes=[
+@check("interleaved_costs", references=["interleaved_bubble", "interleaved_ticks",
+                                        "interleaved_order"], observes=[
     "the pair returned for fresh (p, m, v) against the bubble counted on the clock of the "
     "interleaved 1F1B order (interleaved_order, interleaved_ticks) and the hand-offs between "
     "devices that one micro-batch makes, forward and back, through v*p chunks"])

@@ -97,7 +97,7 @@ def _ms(seconds):
     return f"{seconds * 1e3:.1f} ms"
 
 
-@check("time_it", references=["Timer", "measure"], observes=[
+@check("time_it", references=["Timer", "measure", "interleave"], observes=[
     "on 2 or 3 simulated GPUs that run asynchronously (fn() only queues work; "
     "torch.cuda.synchronize, which helpers.synchronize calls, waits for it, as does a "
     "device's stream's synchronize or the current device's, set with torch.cuda.device, and "

@@ -197,8 +197,9 @@ def _spread(what, fn, before, shape):
         expect(a <= share, f"{what}: {describe_device(d)} did {a} of the {total} additions "
                            f"(per device: {[adds.get(x, 0) for x in gpus.devices]}); spread them: "
                            f"device i adds the other devices' chunk i into its own chunk i (at "
-                           f"most {share} additions here: chunk i is tensor_split's, the "
-                           "first n % k chunks one element longer), in place, then sends it to "
+                           f"most {share} additions here: chunk i of the flattened tensor, "
+                           "t.view(-1).tensor_split(k), not of its rows; the first n % k chunks "
+                           "one element longer), in place, then sends it to "
                            "the others (or pass the chunks around a ring)")
         w = work.get(d, 0)
         expect(w <= 2 * most + count, f"{what}: {describe_device(d)} computed {w} elements "
@@ -254,7 +255,8 @@ def _recording_net(rec=None):
 
 @check("evaluate_accuracy_multi", simulated=True, observes=[
     "on CPU: the accuracy returned against the one-device evaluation (uneven shards, a short "
-    "last batch); the check's net records the examples and the parameter storage of each call",
+    "last batch, once one smaller than the device count: empty shards); the check's net "
+    "records the examples and the parameter storage of each call",
     "the dataflow from the parameters: no work on them (or on copies of them) outside the "
     "net's calls, and none read out of torch",
     "on k simulated GPUs: every shard and the parameters it ran with were on the shard's "
@@ -264,11 +266,12 @@ def check_evaluate_accuracy_multi(fn):
     `net(X, params)` with every batch split over `devices`, each device using its own copy of
     `params`: the same number as the single-device evaluation, uneven batches included."""
     g = fresh_generator()
-    for _ in range(3):
+    for trial in range(3):
         k = randint(g, 2, 4)
         batch_size = randint(g, k + 1, 13)
         batch_size += batch_size % k == 0            # shards of different sizes
-        last = randint(g, k, batch_size - 1)          # and a short last batch
+        # and a short last batch; once smaller than k, leaving devices an empty shard
+        last = randint(g, 1, k - 1) if trial == 0 else randint(g, k, batch_size - 1)
         n = batch_size * randint(g, 2, 4) + last
         num_inputs, num_classes = randint(g, 3, 8), randint(g, 2, 5)
         X = torch.randn(n, num_inputs, generator=g)
@@ -299,6 +302,9 @@ def check_evaluate_accuracy_multi(fn):
             right = [(_recording_net()[0](Xb, params).argmax(dim=1) == yb) for Xb, yb in data_iter]
         want = sum(int(r.sum()) for r in right) / n
         if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+            expect(not (math.isnan(got) and last < k), f"{what} returned nan: the last batch "
+                   f"leaves {k - last} device(s) an empty shard, whose mean is nan; count "
+                   "correct predictions and examples, then divide")
             shards = [r.tensor_split(k) for r in right]
             correct = sum(int(r.sum()) for r in right)
             expect(got != correct, f"{what} returned {got:g}, the number of correct "

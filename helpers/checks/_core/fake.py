@@ -11,7 +11,9 @@ value means nothing; only what it did counts. A simulated CPU tensor's `.numpy()
 the CPU run's values where they replay); a simulated GPU tensor's raise TypeError, as a real
 one's. The kernels that hand elements to a Python
 callback (`apply_`, `map_`, `map2_`) would read memory a fake tensor lacks and crash the
-interpreter: on a fake tensor they fail the answer instead (exits.py watches them).
+interpreter: on a fake tensor they fail the answer instead (exits.py watches them). `t.data =
+new` does what it does on real devices: `t` takes `new`'s storage and device (a fake tensor
+would keep the device it was made on, and a real one given a fake's data would read "meta").
 
 The simulation never touches a real GPU, so it runs the same on a machine with fewer GPUs than
 it simulates (one H200 simulating cuda:0..4): torch's FakeTensorMode, where CUDA is available,
@@ -95,8 +97,8 @@ class FakeGPUs:
         """The fake mode with a recorder on top, and the patches fake devices need."""
         recorder = Recorder(answer_scalars=True)
         with _fake_module_moves(self.mode), _no_cuda_sync(), _no_real_gpu_context(), \
-                watch_exits(_no_callbacks_on_fakes), _ArraysOfFakesCarriedMode(), self.mode, \
-                recorder:
+                watch_exits(_no_callbacks_on_fakes), _ArraysOfFakesCarriedMode(), \
+                _DataSetterCarriedMode(self.mode), self.mode, recorder:
             yield recorder
 
     def run(self, fn, *args, what="your code", **kwargs):
@@ -180,6 +182,67 @@ class _ArraysOfFakesCarriedMode(CarriedFunctionMode):
                 type(func) is _FUNCTION and func.__name__ in ("numpy", "__array__"))):
             return _array_of(args[0], kwargs.get("dtype"), kwargs.get("force", False))
         return func(*args, **kwargs)
+
+
+_DATA = torch._C.TensorBase.data        # the attribute whose setter `t.data = new` runs
+
+
+class _DataSetterCarriedMode(CarriedFunctionMode):
+    """`t.data = new` as on real devices: `t` takes `new`'s storage and its device (Module._apply
+    moves parameters so on GPUs). Unhelped, a simulated `t` keeps its old device and a real `t`
+    given a simulated tensor's data reads as "meta". Carried into the answer's threads."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.fake_mode = mode
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if (getattr(func, "__self__", None) is _DATA and getattr(func, "__name__", "") == "__set__"
+                and len(args) == 2 and not kwargs):
+            return _set_data(self.fake_mode, *args)
+        return func(*args, **(kwargs or {}))
+
+
+def _set_data(mode, t, new):
+    """`t.data = new` under the simulated GPUs (above)."""
+    fake = fake_tensor.FakeTensor
+    if not is_a(new, fake) and not is_a(t, fake):
+        return _DATA.__set__(t, new)
+    if not is_a(new, fake):                 # a real tensor's data: it lives where that one does
+        new = mode.from_tensor(new)
+    if is_a(t, fake):
+        _DATA.__set__(t, new)
+        t.fake_device = new.fake_device
+        return None
+    if t.grad is not None:
+        raise HarnessError("your code gave a tensor that has a .grad the data of a tensor on the "
+                           f"simulated {describe_device(new.device)} (.data = ...): the simulated "
+                           "GPUs cannot move a tensor with its gradient that way. Not a verdict "
+                           "on your answer: move the module (.to(device)) or set p.grad = None "
+                           "first, and run the check again")
+    moved = new.detach().requires_grad_(t.requires_grad)
+    if is_a(t, torch.nn.Parameter):
+        moved._is_param = True              # still an nn.Parameter, as Module._apply's swap
+    for name, value in vars(t).items():
+        vars(moved).setdefault(name, value)
+    _forget(mode, t)                        # the fake mode's weak reference to t refuses a swap
+    try:
+        torch.utils.swap_tensors(t, moved)  # the same object, now a tensor of `new`'s device
+    except RuntimeError as e:
+        raise HarnessError(f"the simulated GPUs could not give a tensor the data of one on "
+                           f"{describe_device(new.device)} (.data = ...): {e}. Not a verdict on "
+                           "your answer: move modules with .to(device), tensors with "
+                           "t = t.to(device), and run the check again") from e
+    return None
+
+
+def _forget(mode, t):
+    """Drop the fake mode's record of the real tensor `t` (made when a view of it, `t.data`, was
+    converted): a weak reference, which `swap_tensors` refuses."""
+    converter = getattr(getattr(mode, "fake_tensor_converter", None), "meta_converter", None)
+    lookup = getattr(getattr(converter, "describer", None), "lookup_tensor", None)
+    if lookup is not None and t in lookup:
+        del lookup[t]
 
 
 def _array_of(t, dtype=None, force=False):
