@@ -162,6 +162,97 @@ def local_shape_dp_tp_swapped(shape, split_dim, dp, tp, dp_rank):
     return tuple(out)
 
 
+@shortcut("check_accumulate_gradients", "the no_sync forwards together, then their backwards",
+          "ran after another micro-batch's forward")
+def accumulate_gradients_nosync_batched(model, loss_fn, micro_batches):
+    total = sum(len(y) for _, y in micro_batches)
+    with model.no_sync():
+        losses = [loss_fn(model(X), y) * len(y) / total for X, y in micro_batches[:-1]]
+        for loss in losses:
+            loss.backward()
+    X, y = micro_batches[-1]
+    (loss_fn(model(X), y) * len(y) / total).backward()
+
+
+@shortcut("check_scratch_accumulate", "the no_sync forwards together, then their backwards",
+          "right after its forward")
+def scratch_accumulate_nosync_batched(model, loss_fn, micro_batches):
+    k = len(micro_batches)
+    with model.no_sync():
+        losses = [loss_fn(model(X), y) / k for X, y in micro_batches[:-1]]
+        for loss in losses:
+            loss.backward()
+    X, y = micro_batches[-1]
+    (loss_fn(model(X), y) / k).backward()
+    model.finish_gradient_synchronization()
+
+
+@shortcut("check_accumulate_zero2", "the no_sync forwards together, then their backwards",
+          "right after its forward")
+def accumulate_zero2_nosync_batched(model, micro_batches):
+    m = len(micro_batches)
+    with model.no_sync():
+        losses = [F.cross_entropy(model(X), y) / m for X, y in micro_batches[:-1]]
+        for loss in losses:
+            loss.backward()
+    X, y = micro_batches[-1]
+    (F.cross_entropy(model(X), y) / m).backward()
+    model.finish_gradient_synchronization()
+    model.step()
+
+
+@shortcut("check_local_shape", "no clamp at 0 past the end", "expected")
+def local_shape_no_clamp(shape, split_dim, dp, tp, dp_rank):
+    out = list(shape)
+    if split_dim is not None:
+        out[split_dim] //= tp
+    rows = -(-out[0] // dp)
+    out[0] = min(rows, out[0] - dp_rank * rows)
+    return tuple(out)
+
+
+@shortcut("check_local_shape", "ceil rows for every rank but the last, which takes the rest",
+          "expected")
+def local_shape_last_remainder(shape, split_dim, dp, tp, dp_rank):
+    out = list(shape)
+    if split_dim is not None:
+        out[split_dim] //= tp
+    rows = -(-out[0] // dp)
+    out[0] = rows if dp_rank < dp - 1 else out[0] - rows * (dp - 1)
+    return tuple(out)
+
+
+@shortcut("check_sync_bn_input_grad", "dy.sum(): the channels summed too",
+          "not the synchronised BatchNorm's")
+def sync_bn_input_grad_sum_all(dy, x_hat, invstd, n):
+    sums = torch.stack([dy.sum(), (dy * x_hat).sum()])
+    dist.all_reduce(sums)
+    a, b = sums / n
+    return invstd * (dy - a - x_hat * b)
+
+
+@shortcut("check_bucket_params", "sizes as numel * 4 (float32 assumed)", "made buckets of")
+def bucket_params_four_bytes(params, bucket_mb):
+    seen, out, current, size = set(), [], [], 0
+    for p in reversed(list(params)):
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        current.append(p)
+        size += p.numel() * 4
+        if bucket_mb is None or size >= bucket_mb * 2**20:
+            out.append(current)
+            current, size = [], 0
+    return out + ([current] if current else [])
+
+
+@shortcut("check_zero3_sent_bytes", "each parameter padded, not each layer's flat vector",
+          "pads each parameter")
+def zero3_sent_bytes_per_param(layers, world):
+    shard = sum(-(-p.numel() // world) for m in layers for p in m.parameters())
+    return 3 * (world - 1) * shard * 4
+
+
 test_case = parametrize_cases(__name__)
 HERE = [c for cases in CASES.values() for kind in ("shortcuts", "others") for c in cases[kind]
         if c.module == __name__]

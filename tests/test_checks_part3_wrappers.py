@@ -7,7 +7,7 @@ import copy
 
 import numpy as np
 import torch
-from check_cases import other, parametrize_cases, shortcut, worked
+from check_cases import not_grading, other, parametrize_cases, quiet, shortcut, worked  # noqa: F401
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import helpers
@@ -107,6 +107,56 @@ def dp_forward_threads(net, X, devices):
     for t in threads:
         t.join()
     return torch.cat([o.to(devices[0]) for o in outs])
+
+
+@other("check_dp_forward", "a thread pool's map over the replicas")
+def dp_forward_pool(net, X, devices):
+    from concurrent.futures import ThreadPoolExecutor
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    pieces = [x.to(d) for x, d in zip(X.chunk(len(devices)), devices)]
+    with ThreadPoolExecutor(len(devices)) as pool:
+        outs = list(pool.map(lambda r, x: r(x), replicas, pieces))
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+@other("check_dp_forward", "a pool of one worker, each replica submitted")
+def dp_forward_pool_of_one(net, X, devices):
+    from concurrent.futures import ThreadPoolExecutor
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    pieces = [x.to(d) for x, d in zip(X.chunk(len(devices)), devices)]
+    with ThreadPoolExecutor(1) as pool:
+        outs = [f.result() for f in [pool.submit(r, x) for r, x in zip(replicas, pieces)]]
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+def test_threads_waiting_on_each_other_fail_not_hang(monkeypatch):
+    """On the simulated GPUs the answer's threads run one at a time: a thread that joins one it
+    started would wait forever, so the wait for the turn ends in a verdict naming it."""
+    import threading
+
+    from helpers.checks._core import carried
+    monkeypatch.setattr(carried, "_TURN_WAIT", 0.2, raising=False)
+
+    def nested(net, X, devices):
+        replicas = [copy.deepcopy(net).to(d) for d in devices]
+        pieces, outs = X.chunk(len(devices)), [None] * len(devices)
+
+        def forward(i):
+            outs[i] = replicas[i](pieces[i].to(devices[i]))
+
+        def outer():                  # starts the other replicas' threads and waits for them
+            inner = [threading.Thread(target=forward, args=(i,)) for i in range(1, len(outs))]
+            for t in inner:
+                t.start()
+            forward(0)
+            for t in inner:
+                t.join()
+        t = threading.Thread(target=outer)
+        t.start()
+        t.join()
+        return torch.cat([o.to(devices[0]) for o in outs])
+    result = quiet(helpers.checks.check_dp_forward, nested)
+    assert not result and "wait for one another" in result.message, result.message
 
 
 @shortcut("check_dp_forward", "never moves anything", "simulated GPUs")
@@ -209,6 +259,30 @@ def accumulate_gradients_stack(model, loss_fn, micro_batches):
             if i < len(micro_batches) - 1:
                 stack.enter_context(model.no_sync())
             ((model(X) - y).pow(2).sum() / total).backward()
+
+
+@other("check_accumulate_gradients", "no_sync around the forwards only, a no_grad look between")
+def accumulate_gradients_forward_context(model, loss_fn, micro_batches):
+    total = sum(len(y) for _, y in micro_batches)
+    for i, (X, y) in enumerate(micro_batches):
+        with torch.no_grad():
+            model(X)                  # a look outside no_sync, without grad: arms nothing
+        with (contextlib.nullcontext() if i == len(micro_batches) - 1 else model.no_sync()):
+            loss = loss_fn(model(X), y) * len(y) / total
+        loss.backward()
+
+
+@shortcut("check_accumulate_gradients", "every forward first, then the backwards",
+          "ran after another micro-batch's forward")
+def accumulate_gradients_forwards_first(model, loss_fn, micro_batches):
+    total, k = sum(len(y) for _, y in micro_batches), len(micro_batches)
+    losses = []
+    for i, (X, y) in enumerate(micro_batches):     # on DDP the last forward arms the all-reduce
+        with (contextlib.nullcontext() if i == k - 1 else model.no_sync()):
+            losses.append(loss_fn(model(X), y) * len(y) / total)
+    for i, loss in enumerate(losses):               # and micro-batch 0's backward fires it
+        with (contextlib.nullcontext() if i == k - 1 else model.no_sync()):
+            loss.backward()
 
 
 @shortcut("check_accumulate_gradients", "one backward for all", "once per micro-batch")

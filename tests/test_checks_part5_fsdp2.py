@@ -240,6 +240,15 @@ def dcp_resume(model, optimizer, path):
                    optim_state_dict=state["optim"])
 
 
+@shortcut("check_dcp_resume", "dcp.load in place, no set_state_dict (param_groups never set)",
+          "param_groups never came back")
+def dcp_resume_no_set(model, optimizer, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+
+
 @other("check_dcp_resume", "a Stateful app state")
 def dcp_resume_stateful(model, optimizer, path):
     import torch.distributed.checkpoint as dcp

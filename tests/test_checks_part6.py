@@ -278,6 +278,11 @@ def tp_bytes_forward(batch, seq, width, k):
     return 2 * batch * seq * width * 4 * 2 * (k - 1) / k
 
 
+@shortcut("check_tp_ring_bytes", "the batch left out", "leaves out the batch")
+def tp_bytes_no_batch(batch, seq, width, k):
+    return 4 * seq * width * 4 * 2 * (k - 1) / k
+
+
 @shortcut("check_tp_ring_bytes", "the payload, no ring", "that is the payload")
 def tp_bytes_payload(batch, seq, width, k):
     return 4 * batch * seq * width * 4

@@ -170,6 +170,22 @@ def evaluate_accuracy_multi_ints(net, params, data_iter, devices):
     return correct / total
 
 
+@other("check_evaluate_accuracy_multi", "each replica's shard in a thread pool's map")
+def evaluate_accuracy_multi_pool(net, params, data_iter, devices):
+    from concurrent.futures import ThreadPoolExecutor
+    replicas = [get_params(params, d) for d in devices]
+    correct = total = 0
+
+    def count(W, X_s, y_s):
+        with torch.no_grad():
+            return (net(X_s, W).argmax(dim=1) == y_s).sum().item()
+    with ThreadPoolExecutor(len(devices)) as pool:
+        for X, y in data_iter:
+            correct += sum(pool.map(count, replicas, *split_batch(X, y, devices)))
+            total += y.numel()
+    return correct / total
+
+
 @shortcut("check_evaluate_accuracy_multi", "nothing split", "whole batches")
 def evaluate_accuracy_unsplit(net, params, data_iter, devices):
     correct = total = 0

@@ -212,6 +212,13 @@ def update_running_stats_lerp(running_mean, running_var, mean, var, n, momentum)
             torch.lerp(running_var, var * (n / (n - 1)), momentum).tolist())
 
 
+@other("check_update_running_stats", "in place, as BatchNorm's own buffers, returned")
+def update_running_stats_in_place(running_mean, running_var, mean, var, n, momentum):
+    running_mean.lerp_(mean, momentum)
+    running_var.lerp_(var * n / (n - 1), momentum)
+    return running_mean, running_var
+
+
 @shortcut("check_update_running_stats", "the biased variance", "unbiased one")
 def update_running_stats_biased(running_mean, running_var, mean, var, n, momentum):
     return ((1 - momentum) * running_mean + momentum * mean,
@@ -231,6 +238,14 @@ def sync_bn_input_grad(dy, x_hat, invstd, n):
     dist.all_reduce(sums)                                 # summed over the ranks
     mean_dy, mean_dy_xhat = (sums / n).chunk(2)
     return invstd * (dy - mean_dy - x_hat * mean_dy_xhat)
+
+
+@other("check_sync_bn_input_grad", "the row count all-reduced beside the sums (2c + 1 numbers)")
+def sync_bn_input_grad_count_too(dy, x_hat, invstd, n):
+    c = dy.shape[1]
+    sums = torch.cat([dy.sum(0), (dy * x_hat).sum(0), torch.ones(1) * dy.shape[0]])
+    dist.all_reduce(sums)
+    return invstd * (dy - sums[:c] / sums[-1] - x_hat * sums[c:2 * c] / sums[-1])
 
 
 @other("check_sync_bn_input_grad", "two all-reduces, einsum")

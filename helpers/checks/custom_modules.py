@@ -98,10 +98,11 @@ def _refuse_consume(*args, **kwargs):
 
 class _SyncRecorder(nn.Module):
     """A linear model with DDP's no_sync() interface: records, for each micro-batch's output,
-    whether its forward ran with synchronisation on (DDP decides at forward time) and in which
-    backward pass (a callback queued on the autograd engine ends each one) its gradient flowed,
-    in `outputs` and `rows`, which the check hands in and keeps (the model holds them only in
-    its forward's closure); with `taps` (recorded.Taps), the gradients reaching its outputs."""
+    whether the backward pass its gradient flowed in (a callback queued on the autograd engine
+    ends each one) synchronised, by DDP's rule (a forward outside no_sync arms the all-reduce,
+    the next backward, whoever's, fires it), and how many passes had ended at its forward, in
+    `outputs` and `rows`, which the check hands in and keeps (the model holds them only in its
+    forward's closure); with `taps` (recorded.Taps), the gradients reaching its outputs."""
 
     def __init__(self, g, taps=None, outputs=None, rows=None):
         super().__init__()
@@ -126,22 +127,28 @@ class _SyncRecorder(nn.Module):
 
 
 def _sync_forward(taps, outputs, rows):
-    """_SyncRecorder's forward: `outputs` gets (synchronised, backward pass) and `rows` (rows,
-    gradient non-zero) for every output that takes part in a backward."""
-    state = {"passes": 0, "queued": False}
+    """_SyncRecorder's forward: `outputs` gets (its backward pass synchronised, that pass,
+    passes ended at its forward) and `rows` (rows, gradient non-zero) for every output that
+    takes part in a backward. As DDP's reducer: armed by a forward outside no_sync, disarmed by
+    the end of the backward pass that found it armed."""
+    state = {"passes": 0, "queued": False, "armed": False, "firing": False}
 
     def end_of_backward():
         state["passes"] += 1
         state["queued"] = False
+        if state["firing"]:
+            state["armed"] = state["firing"] = False
 
     def forward(model, X):
-        out, sync = model.lin(X), model.sync
+        out, at = model.lin(X), state["passes"]
+        if model.sync and torch.is_grad_enabled():
+            state["armed"] = True
         if out.requires_grad:
             def seen(grad):
                 if not state["queued"]:
-                    state["queued"] = True
+                    state["queued"], state["firing"] = True, state["armed"]
                     torch.autograd.Variable._execution_engine.queue_callback(end_of_backward)
-                outputs.append((sync, state["passes"]))
+                outputs.append((state["firing"], state["passes"], at))
                 rows.append((grad.shape[0], bool(grad.detach().abs().sum() > 0)))
                 return grad
             out.register_hook(seen)
@@ -152,9 +159,10 @@ def _sync_forward(taps, outputs, rows):
 
 
 @check("accumulate_gradients", observes=[
-    "a stand-in model with DDP's no_sync(): for every micro-batch's output, whether its forward "
-    "ran synchronised and in which backward pass (counted on the autograd engine) its gradient "
-    "flowed",
+    "a stand-in model with DDP's no_sync() and DDP's rule (a forward outside no_sync arms the "
+    "all-reduce of the next backward, whichever micro-batch's): for every micro-batch's output, "
+    "in which backward pass (counted on the autograd engine) its gradient flowed, whether that "
+    "pass synchronised, and whether another backward ran between its forward and its own",
     "the gradients left, for micro-batches of unequal sizes, against the gradient of the mean "
     "loss over all their examples, and their dataflow: made by the backwards through the "
     "model's outputs (not computed beside it)"])
@@ -163,7 +171,7 @@ def check_accumulate_gradients(fn):
     the micro-batches (of unequal sizes), one backward per micro-batch, synchronising (outside
     no_sync) only on the last."""
     g = fresh_generator()
-    k = randint(g, 2, 5)
+    k = randint(g, 3, 5)        # three or more: no_sync forwards batched before backwards show
     sizes = [randint(g, 2, 7) for _ in range(k)]
     if len(set(sizes)) == 1:
         sizes[-1] += 2                                  # the last micro-batch shorter or longer
@@ -176,8 +184,8 @@ def check_accumulate_gradients(fn):
     made = taps.made([p.grad for p in model.lin.parameters()])
     expect(len(outs) == k, f"{len(outs)} micro-batch outputs took part in backward, for {k} "
                            "micro-batches: forward each micro-batch")
-    expect(len({p for _, p in outs}) == k,
-           f"the {k} micro-batches went through {len({p for _, p in outs})} backward pass(es): "
+    expect(len({p for _, p, _ in outs}) == k,
+           f"the {k} micro-batches went through {len({p for _, p, _ in outs})} backward pass(es): "
            "call backward once per micro-batch (summing the losses first keeps every "
            "micro-batch's activations alive at once, which is what accumulation avoids)")
     rows = sorted(r for r, _ in seen_rows)
@@ -187,7 +195,14 @@ def check_accumulate_gradients(fn):
     expect(all(nonzero for _, nonzero in seen_rows),
            "a micro-batch's loss reached backward with a zero weight: every micro-batch "
            "contributes its share of the mean loss")
-    syncs = [s for s, _ in sorted(outs, key=lambda o: o[1])]
+    late = sorted(p for _, p, at in outs if at != p)
+    expect(not late, f"backward {late[0] + 1 if late else 0} of {k} ran after another "
+                     "micro-batch's forward: run each micro-batch's forward and its backward "
+                     "together, one micro-batch after the other (forwarding them all first "
+                     "keeps every micro-batch's activations alive at once, which accumulation "
+                     "avoids; and DDP's forward outside no_sync arms the all-reduce for the very "
+                     "next backward, whichever micro-batch's it is)")
+    syncs = [s for s, _, _ in sorted(outs, key=lambda o: o[1])]
     expect(syncs[-1], "the last backward ran inside no_sync(): the gradients are never "
                       "all-reduced")
     expect(not any(syncs[:-1]), f"backward {syncs.index(True) + 1} of {k} synchronised: only the "

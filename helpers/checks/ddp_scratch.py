@@ -61,7 +61,8 @@ def _buckets(params, bucket_mb):
 
 @check("bucket_params", references=["make_buckets"], observes=[
     "the buckets returned (lists of the very parameter objects) for a random MLP with a frozen "
-    "layer and a parameter listed twice, at seven bucket sizes (two of them exactly the total "
+    "layer, a bfloat16 last layer and a parameter listed twice, at nine bucket sizes (two of "
+    "them 1.5 times the first parameter's bytes, two exactly the total "
     "of the first few parameters, one for each order the one listed twice may take: there a "
     "bucket closed only above bucket_mb shows; two between that total in MiB and in MB: "
     "there a size in MB, not MiB, shows): order, membership, sizes"])
@@ -69,10 +70,11 @@ def check_bucket_params(fn):
     """fn(params, bucket_mb) -> list of lists of parameters, as DDPFromScratch buckets them."""
     g = fresh_generator()
     net, _ = _random_mlp(g, frozen=True)
+    net[-1].to(torch.bfloat16)       # the first bucket's: a size as numel * 4 shows
     params = list(net.parameters())
     params.insert(randint(g, 0, len(params)), params[-1])          # listed twice (tied)
     names = {id(p): n for n, p in net.named_parameters()}
-    sizes = sorted(p.numel() * 4 for p in net.parameters())
+    sizes = sorted(p.numel() * p.element_size() for p in net.parameters())
     # a parameter listed twice: either occurrence may count. torch keeps the first
     # (parameters() dedupes) and DDP reverses that list; keeping the last is the other way
     first = [p for i, p in enumerate(params) if all(q is not p for q in params[:i])]
@@ -83,6 +85,8 @@ def check_bucket_params(fn):
         total = sum(p.numel() * p.element_size() for p in order[:k])
         # and one between total / 2**20 and total / 10**6: a bucket of k in MB, more in MiB
         exact += [total / 2**20, total * (1 / 2**20 + 1 / 10**6) / 2]
+        # and 1.5 times the first (bfloat16) parameter's bytes: closed after it if sized as 4
+        exact.append(1.5 * order[0].numel() * order[0].element_size() / 2**20)
     for bucket_mb in (None, sizes[len(sizes) // 2] / 2**20, 1.0, *exact):
         got = fn(list(params), bucket_mb)
         want = _buckets(params, bucket_mb)
@@ -285,7 +289,8 @@ def check_average_bucket(fn):
 
 @check("scratch_accumulate", observes=[
     "a real DDPFromScratch on a World of 2-3 thread ranks, never as many micro-batches as ranks: "
-    "the backward passes per micro-batch (counted by a hook), the all_reduce calls of the step, "
+    "the backward passes per micro-batch and their order with the forwards (counted by hooks), "
+    "the all_reduce calls of the step, "
     "any refusal the wrapper raised",
     "the gradients after the step against the mean-loss gradient over every rank's "
     "micro-batches"])
@@ -293,10 +298,11 @@ def check_scratch_accumulate(fn):
     """fn(model, loss_fn, micro_batches): one accumulation step with helpers.DDPFromScratch,
     every micro-batch forward and backward, one all-reduce per bucket, ending with finish."""
     g = fresh_generator()
-    # never as many micro-batches as ranks (2..4 but world): a loss divided by the world size
-    # instead of the micro-batch count shows
-    world, k = randint(g, 2, 3), randint(g, 2, 3)
-    k += k >= world
+    # never as many micro-batches as ranks (3..4 but world): a loss divided by the world size
+    # instead of the micro-batch count shows; three or more, so the no_sync forwards batched
+    # before their backwards show
+    world, k = randint(g, 2, 3), randint(g, 3, 4)
+    k += k == world
     seed = randint(g, 0, 10**6)
     _, widths = _random_mlp(g, seed=seed)
     data = [[(torch.randn(3, widths[0], generator=g), torch.randn(3, widths[-1], generator=g))
@@ -312,6 +318,7 @@ def check_scratch_accumulate(fn):
     copies = kept(*given)
     w = World(world, timeout=15)
     backwards = [0] * world
+    passes = [[] for _ in range(world)]             # "forward" / "backward", in order, per rank
 
     nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
 
@@ -320,7 +327,9 @@ def check_scratch_accumulate(fn):
         model = DDPFromScratch(net)
         first = next(p for p in net.parameters())
         first.register_post_accumulate_grad_hook(
-            lambda p: backwards.__setitem__(comm.rank, backwards[comm.rank] + 1))
+            lambda p: passes[comm.rank].append("backward") or backwards.__setitem__(
+                comm.rank, backwards[comm.rank] + 1))
+        net.register_forward_pre_hook(lambda mod, args: passes[comm.rank].append("forward"))
         before = len(w.sent("all_reduce", rank=comm.rank))
         fn(model, nn.MSELoss(), list(data[comm.rank]))
         calls = len(w.sent("all_reduce", rank=comm.rank)) - before
@@ -335,6 +344,10 @@ def check_scratch_accumulate(fn):
         expect(backwards[r] == k, f"rank {r} ran {backwards[r]} backward pass(es) for {k} micro-"
                                   "batches: each micro-batch needs its own forward and backward "
                                   "(that is what keeps the memory of one micro-batch)")
+        expect(passes[r] == ["forward", "backward"] * k,
+               f"rank {r} ran its forwards and backwards in the order {passes[r]}: run each "
+               "micro-batch's backward right after its forward (accumulation keeps one "
+               "micro-batch's activations alive at a time, never one graph of them all)")
         expect(calls == buckets, f"rank {r} made {calls} all-reduces for {buckets} buckets: "
                                  "communicate once per step, not once per micro-batch (all but "
                                  "the last micro-batch inside `with model.no_sync():`)")

@@ -348,7 +348,8 @@ def _drawn_state(net, opt, g, steps):
 @check("dcp_resume", changes_inputs=True, references=["dcp_load_resharded"], observes=[
     "a fresh model and AdamW (another initialisation) after the answer loaded a checkpoint "
     "written by torch.distributed.checkpoint as {\"model\": ..., \"optim\": ...} from "
-    "get_state_dict: every parameter and every optimizer state tensor, and the next step, "
+    "get_state_dict: every parameter, every optimizer state tensor, the optimizer's lr and "
+    "weight_decay (saved unlike the fresh one's), and the next step, "
     "against the run that saved it"])
 def check_dcp_resume(fn):
     """fn(model, optimizer, path) -> load into model and optimizer the checkpoint at path,
@@ -363,6 +364,8 @@ def check_dcp_resume(fn):
         return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
     net, opt = build(randint(g, 0, 10**6))
     _drawn_state(net, opt, g, randint(g, 1, 3))
+    for group in opt.param_groups:     # as a scheduler leaves them: not the fresh optimizer's
+        group["lr"], group["weight_decay"] = 1e-2 * 0.5 ** randint(g, 1, 4), 0.05
     with tempfile.TemporaryDirectory(prefix="dcp-check-") as path, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model_sd, optim_sd = get_state_dict(net, opt)
@@ -376,6 +379,12 @@ def check_dcp_resume(fn):
            f"after loading the optimizer holds state for {len(got)} of {len(saved)} "
            "parameters: AdamW's moments did not come back. Load the optimizer's part too "
            "(get_state_dict(model, optimizer) gives both; set_state_dict puts them back)")
+    for k in ("lr", "weight_decay"):
+        expect(fresh_opt.param_groups[0][k] == opt.param_groups[0][k],
+               f"after loading, the optimizer's {k} is {fresh_opt.param_groups[0][k]}, the "
+               f"saved one {opt.param_groups[0][k]}: its param_groups never came back "
+               "(dcp.load fills the state dict in place; set_state_dict puts it into the "
+               "optimizer)")
     for i, st in saved.items():
         for k, v in st.items():
             expect(torch.is_tensor(got[i].get(k)) and tensor_equal(got[i][k], v),

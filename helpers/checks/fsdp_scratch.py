@@ -129,8 +129,8 @@ def _random_layers(g):
 
 @check("zero3_sent_bytes", observes=[
     "the number returned (any real type) for fresh random layers and world sizes 1 to 8, "
-    "against 3 (k-1) padded shards per layer (layers drawn so that padding each layer and "
-    "padding the total differ)"])
+    "against 3 (k-1) padded shards per layer (layers drawn so that padding each layer, each "
+    "parameter and the total differ)"])
 def check_zero3_sent_bytes(fn):
     """fn(layers, world) -> bytes one rank sends over a ring in one ZeRO-3 training step: each
     layer's padded flat shard all-gathered in forward and again in backward, its gradient
@@ -138,11 +138,13 @@ def check_zero3_sent_bytes(fn):
     g = fresh_generator()
     for case in range(6):
         world = (1, 2)[case] if case < 2 else randint(g, 3, 8)
-        for _ in range(200):     # world > 1: padding each layer, padding the total and not
-            layers, widths = _random_layers(g)          # padding give three different sums
+        for _ in range(200):     # world > 1: padding each layer, each parameter, the total
+            layers, widths = _random_layers(g)          # and not padding give four sums
             counts = [sum(p.numel() for p in m.parameters()) for m in layers]
-            if world == 1 or (sum(counts) % world and sum(-(-c // world) for c in counts)
-                              != -(-sum(counts) // world)):
+            per_param = sum(-(-p.numel() // world) for m in layers for p in m.parameters())
+            per_layer = sum(-(-c // world) for c in counts)
+            if world == 1 or (sum(counts) % world and per_layer != -(-sum(counts) // world)
+                              and per_param != per_layer):
                 break
         call = f"zero3_sent_bytes(Linear layers {widths}, world {world})"
         got = as_number(fn(layers, world), call)
@@ -167,6 +169,10 @@ def check_zero3_sent_bytes(fn):
                f"{call} = {got:g}: that pads the total; fully_shard pads each layer's flat "
                "vector on its own (its own all-gather), so a step sends the sum over the layers "
                "of ceil(numel / world)")
+        expect(not near(3 * (world - 1) * per_param * 4),
+               f"{call} = {got:g}: that pads each parameter; fully_shard flattens a layer's "
+               "parameters into one vector and pads that, so a step sends the sum over the "
+               "layers of ceil(numel / world)")
         expect(abs(got - want) < 1e-6, f"{call} = {got:g}, expected {want}")
 
 

@@ -108,7 +108,8 @@ def _fsdp_rows(n, dp, rank):
 @check("local_shape", observes=[
     "the shape returned for every dp rank of fresh weights (column-wise, row-wise, "
     "replicated), dim 0 divisible by dp and not (in every draw a case where torch.tensor_split's "
-    "sizes differ, and one whose tp is not its dp), against TP's slice then FSDP2's torch.chunk "
+    "sizes differ, one whose tp is not its dp, and 5 rows over dp = 4, whose last rank gets an "
+    "empty shard), against TP's slice then FSDP2's torch.chunk "
     "of dim 0 (ceil rows, the last shard smaller, empty shards past the end)"])
 def check_local_shape(fn):
     """fn(shape, split_dim, dp, tp, dp_rank) -> the shape the rank at dp index `dp_rank` holds of a
@@ -118,8 +119,10 @@ def check_local_shape(fn):
     # One uneven case, forced, in a fresh place: dp >= 3 and 1 <= rows % dp <= dp - 2, where
     # torch.tensor_split's sizes (the extra rows one each to the first ranks) are not chunk's.
     split_apart = 2 * randint(g, 0, 2) + 1
+    past_end = (split_apart + 2) % 6   # forced too: 5 rows over dp = 4, chunk's 2, 2, 1 and 0
     for case in range(6):
         dp, tp = randint(g, 3 if case == split_apart else 2, 4), randint(g, 2, 4)
+        dp = 4 if case == past_end else dp
         if case == (split_apart + 1) % 6:    # forced, the next case: tp other than dp (2..4)
             tp = randint(g, 2, 3)
             tp += tp >= dp
@@ -127,6 +130,7 @@ def check_local_shape(fn):
         most = dp - 2 if case == split_apart else dp - 1
         for split_dim in (0, 1, None):
             rows = dp * randint(g, 1, 3) + (randint(g, 1, most) if uneven else 0)
+            rows = 5 if case == past_end else rows
             shape = [rows * (tp if split_dim == 0 else 1), tp * randint(g, 1, 3)]
             if split_dim is None:
                 shape = [rows]

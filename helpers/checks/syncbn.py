@@ -149,9 +149,9 @@ def _read_into_python(rec, exits, tensors):
     return " and ".join(sorted(set(how)))
 
 
-@check("update_running_stats", observes=[
-    "the running mean and variance returned for fresh statistics and momenta, against what "
-    "nn.BatchNorm1d stores after the same training step"])
+@check("update_running_stats", changes_inputs=True, observes=[     # BatchNorm's is in place
+    "the running mean and variance returned (updated in place or new) for fresh statistics and "
+    "momenta, against what nn.BatchNorm1d stores after the same training step"])
 def check_update_running_stats(fn):
     """fn(running_mean, running_var, mean, var, n, momentum) -> the new (running_mean,
     running_var) of a BatchNorm after one training step whose batch had per-channel mean `mean`,
@@ -193,8 +193,8 @@ def check_update_running_stats(fn):
                                          "torch.nn.modules._functions.SyncBatchNorm.backward"],
        observes=[
     "on a World of 2-4 thread ranks holding different numbers of rows: every call each rank "
-    "made and how many numbers it sent in all (the two per-channel sums at most, in any float "
-    "precision)",
+    "made and how many numbers it sent in all (the two per-channel sums at most, and the row "
+    "count if it likes, in any float precision), over 2-4 channels",
     "each rank's input gradient against autograd's for one BatchNorm over the whole global "
     "batch"])
 def check_sync_bn_input_grad(fn):
@@ -203,7 +203,7 @@ def check_sync_bn_input_grad(fn):
     over the GLOBAL batch of n rows per channel, from per-channel sums all-reduced over the ranks
     (only 2 values per channel travel)."""
     g = fresh_generator()
-    w, c = randint(g, 2, 4), randint(g, 1, 4)
+    w, c = randint(g, 2, 4), randint(g, 2, 4)    # two channels or more: sums per channel show
     rows = [randint(g, 2, 6) + 3 * r for r in range(w)]
     X = torch.randn(sum(rows), c, generator=g) * 2 + 1
     dY = torch.randn(sum(rows), c, generator=g)
@@ -223,7 +223,7 @@ def check_sync_bn_input_grad(fn):
     for r in range(w):     # in total, not per message: many small messages carry rows too
         sent = world.traffic(r)
         total = sent.numbers()       # numbers, not bytes: float64 sums are fine
-        expect(total <= 2 * c,
+        expect(total <= 2 * c + 1,       # the row count beside them is redundant, not wrong
                f"rank {r} sent {total} numbers ({sent.payload_bytes()} bytes) in {len(sent)} "
                f"call(s): only the two per-channel sums ({2 * c} numbers) need to travel, "
                "never the rows")

@@ -219,10 +219,11 @@ def check_accumulate_zero2(fn):
     all their rows (Part III's check_accumulate_gradients weighs unequal ones by their rows):
     both weightings are right here."""
     g = fresh_generator()
-    # never as many micro-batches as ranks (2..4 but world): a loss divided by the world size
-    # shows; two rows or more each: a summed loss (reduction="sum") divided by m shows
-    world, m = randint(g, 2, 3), randint(g, 2, 3)
-    m += m >= world
+    # never as many micro-batches as ranks (3..4 but world): a loss divided by the world size
+    # shows; three or more, so the no_sync forwards batched before their backwards show; two
+    # rows or more each: a summed loss (reduction="sum") divided by m shows
+    world, m = randint(g, 2, 3), randint(g, 3, 4)
+    m += m == world
     d, h, k, b = randint(g, 3, 7), randint(g, 3, 9), randint(g, 2, 4), randint(g, 2, 4)
     seed = randint(g, 0, 10**6)
     sizes = [b] * m
