@@ -8,7 +8,17 @@ import math
 import torch
 
 from .. import activation_bytes_per_token, data_parallel_costs, rank_grid, ring_bytes_per_device
-from ._core import CheckFailed, as_number, check, expect, fresh_generator, randint
+from ._core import (
+    CheckFailed,
+    as_number,
+    check,
+    expect,
+    fresh_generator,
+    near,
+    randint,
+    rounding_note,
+    shown,
+)
 
 __all__ = ["check_mesh_groups_3d", "check_activation_bytes", "check_tp_bytes_per_step",
            "check_accumulation_bytes"]
@@ -52,12 +62,13 @@ def check_activation_bytes(fn):
         seq = 2 ** randint(g, 6, 11)
         tp = tp or 2 ** randint(g, 1, min(3, log_heads))   # tp divides the heads
         what = f"activation_bytes({width}, {heads}, {seq}, tp={tp}, sp={sp}, {rec!r})"
-        got = as_number(fn(width, heads, seq, tp, sp, rec), what)
+        got, dtype = as_number(fn(width, heads, seq, tp, sp, rec), what, with_dtype=True)
         want = activation_bytes_per_token(width, heads, seq, tp, sp, rec, 2, flash=False,
                                           dropout=True, ln_stats=False)
-        expect(abs(got - want) <= 1e-6 * want,
-               f"{what} returned {got:.6g}, expected {want:.6g} (per token: "
-               f"{want / width:.4g} x width)")
+        gs, ws = shown(got, want, 6)
+        expect(near(got, want, dtype, 16, 1e-6),
+               f"{what} returned {gs}, expected {ws} (per token: "
+               f"{want / width:.4g} x width){rounding_note(got, want, dtype)}")
 
 
 @check("tp_bytes_per_step", references=["stage_costs"], observes=[
@@ -75,10 +86,11 @@ def check_tp_bytes_per_step(fn):
         width, tp = 2 ** randint(g, 5, 10), randint(g, low, 8)
         b = b or (2, 4)[randint(g, 0, 1)]
         what = f"tp_bytes_per_step({blocks}, {m}, {tokens}, {width}, {tp}, {b})"
-        got = as_number(fn(blocks, m, tokens, width, tp, b), what)
+        got, dtype = as_number(fn(blocks, m, tokens, width, tp, b), what, with_dtype=True)
         want = 4 * blocks * m * ring_bytes_per_device(tokens * width * b, tp)
-        expect(abs(got - want) <= 1e-9 * max(1, want), f"{what} returned {got:.6g}, "
-                                                       f"expected {want:.6g}")
+        gs, ws = shown(got, want, 6)
+        expect(near(got, want, dtype, 16, 1e-9, max(1, want)),
+               f"{what} returned {gs}, expected {ws}{rounding_note(got, want, dtype)}")
 
 
 @check("accumulation_bytes", references=["data_parallel_costs", "sharding_costs",
@@ -96,21 +108,22 @@ def check_accumulation_bytes(fn):
                    ("no_sync", 6 - first)):
         n, k, m = randint(g, 10, 10**6), randint(g, 2, 16), randint(g, 2, 16)
         what = f"accumulation_bytes({n}, {k}, {m}, {acc!r}, {b})"
-        got = as_number(fn(n, k, m, acc, b), what)
+        got, dtype = as_number(fn(n, k, m, acc, b), what, with_dtype=True)
         want = data_parallel_costs(n, k, "zero2", m, acc, "adam", b)["sent_bytes"]
-        if abs(got - want) <= 1e-9 * max(1.0, want):
+        if near(got, want, dtype, 16, 1e-9, max(1.0, want)):
             continue
         once, tol = (k - 1) / k * n * b, 1e-6 * max(want, 1.0)
         other = data_parallel_costs(n, k, "zero2", m, acc, "adam", 6 - b)["sent_bytes"]
-        fails.append((what, got, want, b, {
+        fails.append((what, got, want, b, dtype, {
             "micro": acc == "every" and abs(got - 2 * once) < tol,
             "all-reduce": abs(got - 2 * m * once) < tol, "dtype": abs(got - other) < tol}))
     if fails:       # a hint only where it explains every failing case (one draw can fit two)
-        what, got, want, b, _ = fails[0]
+        what, got, want, b, dtype, _ = fails[0]
         hints = {"micro": "that ignores the micro-batches: each one's backward reduce-scatters",
                  "all-reduce": "that is m all-reduces: a reduce-scatter moves half of one, and "
                                "the all-gather of the parameters comes once",
                  "dtype": f"that counts {6 - b}-byte gradients: each takes dtype_bytes ({b})"}
-        named = [h for h in hints if all(f[4][h] for f in fails)]
-        raise CheckFailed(f"{what} returned {got:.6g}: "
-                          f"{hints[named[0]] if named else f'expected {want:.6g}'}")
+        named = [h for h in hints if all(f[5][h] for f in fails)]
+        gs, ws = shown(got, want, 6)
+        raise CheckFailed(f"{what} returned {gs}: " + (hints[named[0]] if named else
+                          f"expected {ws}{rounding_note(got, want, dtype)}"))

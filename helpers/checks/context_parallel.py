@@ -79,8 +79,8 @@ def check_merge_attention(fn):
         blocks = [(s[..., :cut], v[..., :cut, :]), (s[..., cut:], v[..., cut:, :])]
         parts = [(x.softmax(-1) @ w, torch.logsumexp(x, -1)) for x, w in blocks]
         got = fn(*(t.clone() for part in parts for t in part))     # copies: nothing to edit
-        expect(isinstance(got, tuple) and len(got) == 2,
-               "merge_attention must return a pair (o, lse)")
+        expect(isinstance(got, (tuple, list)) and len(got) == 2,
+               "merge_attention must return a pair (o, lse), a tuple or a list")
         o, lse = got
         expect(isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor),
                "merge_attention must return two tensors (o, lse)")

@@ -6,7 +6,6 @@ The device exercises run twice: on CPU tensors for the values, and on FakeGPUs (
 where the Recorder sees which device ran each operation and what flowed where. A recording net
 shows what a one-device answer fed its model."""
 import collections
-import math
 
 import torch
 
@@ -19,7 +18,9 @@ from ._core import (
     describe_device,
     expect,
     fresh_generator,
+    near,
     randint,
+    shown,
     tensor_close,
 )
 from ._core.inputs import expect_unchanged, kept
@@ -153,29 +154,30 @@ def check_bytes_sent_naive_vs_ring(fn):
         nbytes = 4 * n
         xs = [torch.randn(n, generator=g) for _ in range(k)]
         call = f"bytes_sent({nbytes}, {k})"
-        got_naive, got_ring = as_pair(fn(nbytes, k), call, "naive device 0, ring per device")
+        (got_naive, got_ring), dtype = as_pair(fn(nbytes, k), call,
+                                               "naive device 0, ring per device", True)
         log_naive = ByteLog()
         _naive_allreduce(xs, [CPU] * k, log_naive)
         naive = log_naive.wire_bytes(src=0)
         ring = ring_allreduce([x.clone() for x in xs])[0] * xs[0].element_size()
         seen.add((got_naive, got_ring))
-        if got_naive != naive:
+        if not near(got_naive, naive, dtype, 16, 0.0):
             expect(got_naive != 2 * naive, f"{call}: device 0 sends {naive} bytes, you "
                    f"returned {got_naive:g}, its sends AND receives: count only what it sends")
             expect(got_naive != nbytes * k, f"{call}: device 0 sends {naive} bytes: the sum "
                    f"goes to the {k - 1} OTHER devices, not to itself")
             expect(False, f"{call}: device 0 sends {naive} bytes when it reduces then "
-                          f"broadcasts, you returned {got_naive:g}")
-        if not math.isclose(got_ring, ring, rel_tol=1e-9):
-            expect(not math.isclose(got_ring, ring / 2, rel_tol=1e-9),
+                          f"broadcasts, you returned {shown(got_naive, naive, 6)[0]}")
+        if not near(got_ring, ring, dtype, 16, 1e-9):
+            expect(not near(got_ring, ring / 2, dtype, 16, 1e-9),
                    f"{call}: in the ring each device sends {ring} bytes, you returned "
                    f"{got_ring:g}: that is the reduce-scatter alone; the all-gather sends as "
                    "much again")
-            expect(not math.isclose(got_ring, 2 * ring, rel_tol=1e-9),
+            expect(not near(got_ring, 2 * ring, dtype, 16, 1e-9),
                    f"{call}: in the ring each device sends {ring} bytes, you returned "
                    f"{got_ring:g}: its sends AND receives; count only what it sends")
             expect(False, f"{call}: in the ring each device sends {ring} bytes (counted), you "
-                          f"returned {got_ring:g}")
+                          f"returned {shown(got_ring, ring, 6)[0]}")
     expect(len(seen) > 1, "bytes_sent returned the same pair for every input")
 
 

@@ -18,7 +18,10 @@ from ._core import (
     describe_device,
     expect,
     fresh_generator,
+    near,
     randint,
+    rounding_note,
+    shown,
     tensor_close,
 )
 from ._core.numpy_work import expect_list, numpy_work
@@ -80,7 +83,7 @@ def check_dp_shard_sizes(fn):
 
 @check("lr_at", observes=["the rate returned at every step of fresh warm-ups (0 included) and "
                           "batch ratios (one not a whole number in every call), any real number "
-                          "type, to 1e-9 relative"])
+                          "type, to 1e-9 relative (a float32 number to float32's rounding)"])
 def check_lr_at(fn):
     """fn(step, base_lr, base_batch, batch, warmup_steps): linear scaling plus linear warm-up."""
     g = fresh_generator()
@@ -94,26 +97,26 @@ def check_lr_at(fn):
         warmup = randint(g, 2, 12) if case == 0 else 0 if case == 1 else randint(g, 0, 12)
         for step in range(warmup + 3):
             call = f"lr_at({step}, {base_lr}, {base_batch}, {batch}, {warmup})"
-            got = as_number(fn(step, base_lr, base_batch, batch, warmup), call)
+            got, dtype = as_number(fn(step, base_lr, base_batch, batch, warmup), call,
+                                   with_dtype=True)
             peak = base_lr * batch / base_batch          # after the call
             want = peak * min(1.0, (step + 1) / warmup) if warmup else peak
-            if abs(got - want) <= 1e-9 * max(1, want):
+            if near(got, want, dtype, 16, 1e-9, max(1, want)):
                 del peak, want          # none of it stays for the next call to read
                 continue
-            if warmup and step < warmup and abs(got - peak) < 1e-9:
+            close = lambda x, got=got, dtype=dtype: near(got, x, dtype, 16, 1e-9)
+            if warmup and step < warmup and close(peak):
                 msg = "during the warm-up the rate must ramp up, not start at the peak"
-            elif batch % base_batch and abs(
-                    got - base_lr * (batch // base_batch) * want / peak) < 1e-9:
+            elif batch % base_batch and close(base_lr * (batch // base_batch) * want / peak):
                 msg = (f"batch // base_batch rounds the ratio down ({batch} / {base_batch} is "
                        f"{batch / base_batch:g}): linear scaling multiplies by batch / base_batch")
-            elif abs(got - base_lr * min(1.0, (step + 1) / max(warmup, 1))) < 1e-12 \
-                    or abs(got - base_lr) < 1e-12:
+            elif close(base_lr * min(1.0, (step + 1) / max(warmup, 1))) or close(base_lr):
                 msg = "the rate must grow with the batch (linear scaling)"
-            elif warmup and abs(got - peak * step / warmup) < 1e-9:
+            elif warmup and close(peak * step / warmup):
                 msg = "off by one: step 0 is the first step and already gets 1/warmup"
             else:
-                msg = f"expected {want:.6g}"
-            raise CheckFailed(f"{call} returned {got:.6g}: {msg}")
+                msg = f"expected {shown(got, want, 6)[1]}{rounding_note(got, want, dtype)}"
+            raise CheckFailed(f"{call} returned {shown(got, want, 6)[0]}: {msg}")
 
 
 class _CallLog:

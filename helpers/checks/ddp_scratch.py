@@ -135,19 +135,21 @@ def _average_grads(make, data):
 
 @check("overlap_hooks", keeps_hooks=True, observes=[
     "on a World of 2-4 thread ranks with different data each, where all_reduce is the only call "
-    "allowed: every all_reduce call (the storage it was handed, async or not, when it was "
-    "launched and waited for) against the check's own marks when each gradient became ready "
-    "and when loss.backward() returned: each all-reduce launched before the next gradient was "
-    "ready",
-    "the gradients after finish() against the mean of the ranks' own gradients"])
+    "allowed, over two steps (other data, zero_grad between: what finish() leaves behind, "
+    "pending handles or hooks, meets the second): every all_reduce call (the storage it was "
+    "handed, async or not, when it was launched and waited for) against the check's own marks "
+    "when each gradient became ready and when loss.backward() returned: each all-reduce "
+    "launched before the next gradient was ready",
+    "the gradients after each step's finish() against the mean of the ranks' own gradients"])
 def check_overlap_hooks(fn):
     """fn(model) registers hooks that all-reduce each gradient asynchronously as soon as it is
-    ready and returns finish(), which waits and averages; run by every rank of a World."""
+    ready and returns finish(), which waits and averages; run by every rank of a World for two
+    steps (a training loop's zero_grad between), since hooks and handles outlive a step."""
     g = fresh_generator()
     world = randint(g, 2, 4)
     seed = randint(g, 0, 10**6)
     _, widths = _random_mlp(g, frozen=True, seed=seed)
-    data = _rank_data(g, widths, world)
+    steps = [_rank_data(g, widths, world) for _ in range(2)]
 
     def make():
         torch.manual_seed(seed)
@@ -158,14 +160,16 @@ def check_overlap_hooks(fn):
         net[2].requires_grad_(False)
         return net
     w = World(world, allow={"all_reduce"}, record_ops=True)
-    grads_at_hook = [dict() for _ in range(world)]
-    ready = [[] for _ in range(world)]       # (seq, name) as each gradient became ready
+    # per rank and step: the storage of each gradient once ready, (seq, name) as each became so
+    grads_at_hook = [[dict(), dict()] for _ in range(world)]
+    ready = [[[], []] for _ in range(world)]
+    now = [0] * world                        # the step each rank is in
 
     nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
 
     def _ready(rank, n, p):
-        grads_at_hook[rank][n] = storage_key(p.grad)
-        ready[rank].append((w.mark(f"{n} ready"), n))
+        grads_at_hook[rank][now[rank]][n] = storage_key(p.grad)
+        ready[rank][now[rank]].append((w.mark(f"{n} ready"), n))
 
     def rank_fn(comm):
         net = nets[comm.rank]
@@ -174,47 +178,67 @@ def check_overlap_hooks(fn):
         for n, p in net.named_parameters():     # which storage holds each gradient, once ready
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda p, n=n: _ready(comm.rank, n, p))
-        X, y = data[comm.rank]
-        F.mse_loss(net(X), y).backward()
-        mark = w.mark("backward returned")
-        finish()
-        return mark, {n: p.grad.clone() if p.grad is not None else None
-                      for n, p in net.named_parameters()}
+        out = []
+        for step, data in enumerate(steps):
+            now[comm.rank] = step
+            begin = w.mark(f"step {step + 1} begins")
+            net.zero_grad()
+            X, y = data[comm.rank]
+            F.mse_loss(net(X), y).backward()
+            mark = w.mark("backward returned")
+            finish()
+            out.append((begin, mark, {n: p.grad.clone() if p.grad is not None else None
+                                      for n, p in net.named_parameters()}))
+        return out
     results = w.run(rank_fn)
-    want = _average_grads(make, data)            # the expected gradients, after the answer ran
+    for step, data in enumerate(steps):
+        want = _average_grads(make, data)       # the expected gradients, after the answer ran
+        for r, out in enumerate(results):
+            begin, mark, grads = out[step]
+            end = out[step + 1][0] if step + 1 < len(out) else float("inf")
+            calls = [m for m in w.sent("all_reduce", rank=r) if begin < m.seq < end]
+            _judge_step(f"step {step + 1}: " if step else "", calls, mark, want, grads,
+                        grads_at_hook[r][step], ready[r][step], world)
+            for n in want:
+                w.expect_from_messages(r, grads[n], f"{n}.grad", world)
+
+
+def _judge_step(when, calls, mark, want, grads, keys, ready, world):
+    """One rank's all-reduces and gradients of one step (`when` names the step)."""
+    expect(calls, f"{when}no all_reduce was called")
+    expect(all(m.async_op for m in calls),
+           f"{when}all_reduce was called without async_op=True: backward then waits for every "
+           "all-reduce instead of overlapping it")
+    late = [m for m in calls if m.seq > mark]
+    expect(not late, f"{when}{len(late)} of the {len(calls)} all-reduces were launched after "
+                     "backward returned (in finish()): launch each from its gradient's hook, "
+                     "during backward, so communication overlaps the rest of backward")
+    # every one was waited for: a rank that ends with one unwaited fails the run (waits.py)
+    early = [m for m in calls if m.waited < mark]
+    expect(not early, f"{when}{len(early)} all-reduce(s) were waited for inside backward (in "
+                      "the hook): backward then stalls on every gradient; wait only in finish()")
+    own = set(keys.values())
+    expect(all(m.key in own for m in calls),
+           f"{when}an all-reduce was handed a tensor that is not a parameter's .grad (a clone "
+           "or a copy): its result never reaches the gradient; all-reduce p.grad itself")
+    _launched_when_ready(calls, keys, ready, mark)
     trainable = len(want)
-    for r, (mark, grads) in enumerate(results):
-        calls = w.sent("all_reduce", rank=r)
-        expect(calls, "no all_reduce was called")
-        expect(all(m.async_op for m in calls),
-               "all_reduce was called without async_op=True: backward then waits for every "
-               "all-reduce instead of overlapping it")
-        late = [m for m in calls if m.seq > mark]
-        expect(not late, f"{len(late)} of the {len(calls)} all-reduces were launched after "
-                         "backward returned (in finish()): launch each from its gradient's hook, "
-                         "during backward, so communication overlaps the rest of backward")
-        # every one was waited for: a rank that ends with one unwaited fails the run (waits.py)
-        early = [m for m in calls if m.waited < mark]
-        expect(not early, f"{len(early)} all-reduce(s) were waited for inside backward (in the "
-                          "hook): backward then stalls on every gradient; wait only in finish()")
-        own = set(grads_at_hook[r].values())
-        expect(all(m.key in own for m in calls),
-               "an all-reduce was handed a tensor that is not a parameter's .grad (a clone or a "
-               "copy): its result never reaches the gradient; all-reduce p.grad itself")
-        _launched_when_ready(calls, grads_at_hook[r], ready[r], mark)
-        expect(len(calls) == trainable,
-               f"{len(calls)} all-reduces for {trainable} trainable parameters: one each (frozen "
-               "ones have nothing to reduce)")
-        expect(grads["2.weight"] is None, "a frozen parameter got a gradient")
-        for n, avg in want.items():
-            got = grads[n]
-            expect(got is not None, f"{n} has no gradient after finish()")
-            expect(not tensor_close(got, avg * world, atol=1e-6),
-                   f"{n}.grad is the sum over the {world} ranks: divide it by the world size")
-            expect(tensor_close(got, avg, atol=1e-6),
-                   f"{n}.grad after finish() is {float(got.norm()):.4g} in norm, expected the "
-                   f"average over the ranks, {float(avg.norm()):.4g}")
-            w.expect_from_messages(r, got, f"{n}.grad", world)
+    expect(len(calls) == trainable,
+           f"{when}{len(calls)} all-reduces for {trainable} trainable parameters: one each "
+           "(frozen ones have nothing to reduce)" + (": hooks registered again for the next "
+                                                    "step add a second all-reduce of each "
+                                                    "gradient" if when else ""))
+    expect(grads["2.weight"] is None, "a frozen parameter got a gradient")
+    for n, avg in want.items():
+        got = grads[n]
+        expect(got is not None, f"{when}{n} has no gradient after finish()")
+        expect(not tensor_close(got, avg * world, atol=1e-6),
+               f"{when}{n}.grad is the sum over the {world} ranks: divide it by the world size")
+        expect(tensor_close(got, avg, atol=1e-6),
+               f"{when}{n}.grad after finish() is {float(got.norm()):.4g} in norm, expected the "
+               f"average over the ranks, {float(avg.norm()):.4g}" + (
+                   ": what the first step left behind (handles never cleared, hooks registered "
+                   "again) acted on this one" if when else ""))
 
 
 def _launched_when_ready(calls, keys, ready, mark):

@@ -321,7 +321,8 @@ def check_save_matmuls(fn):
     expect(not any(v > 0 for v in again.values()),
            f"backward ran matrix products again ({ {k: v for k, v in again.items() if v} }): "
            "return CheckpointPolicy.MUST_SAVE for aten mm, addmm and bmm, so their outputs are "
-           "kept and only cheap operations are recomputed")
+           "kept and only cheap operations are recomputed (op is an OpOverload such as "
+           "aten.mm.default: compare op.overloadpacket with aten.mm, or op with aten.mm.default)")
     expect(ops.count("gelu") > plain.count("gelu") and ops.count("tanh") > plain.count("tanh"),
            "backward recomputed no pointwise operation (gelu, tanh): everything was saved, as "
            "without checkpointing; return PREFER_RECOMPUTE for the operations that are not "

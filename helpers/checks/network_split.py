@@ -30,6 +30,8 @@ from ._core import (
     gamma,
     randint,
     rel_close,
+    rounding_note,
+    shown,
 )
 
 __all__ = ["check_microbatches_for_bubble", "check_split_by_params", "check_order_1f1b",
@@ -237,15 +239,16 @@ def check_interleaved_costs(fn):
         bubble = fractions.Fraction(ticks - 2 * m * v, ticks)
         sends = 2 * (v * p - 1)
         call = f"interleaved_costs({p}, {m}, {v})"
-        got_bubble, got_sends = as_pair(fn(p, m, v), call, "bubble, hand-offs")
-        if not rel_close(got_bubble, float(bubble), 8):
-            hint = ""
-            if rel_close(got_bubble, (p - 1) / (m + p - 1), 8):
+        (got_bubble, got_sends), dtype = as_pair(fn(p, m, v), call, "bubble, hand-offs", True)
+        if not rel_close(got_bubble, float(bubble), 8, dtype):
+            hint = rounding_note(got_bubble, float(bubble), dtype)
+            if rel_close(got_bubble, (p - 1) / (m + p - 1), 8, dtype):
                 hint = (": that is GPipe's (p-1)/(m+p-1); with v chunks per device the fill and "
                         "drain take p-1 chunk-ops, each 1/v of a stage's")
-            expect(False, f"{call}: bubble {got_bubble:g}, but the schedule's clock counts "
+            shown_got, shown_want = shown(got_bubble, float(bubble))
+            expect(False, f"{call}: bubble {shown_got}, but the schedule's clock counts "
                           f"{ticks} ticks of which each device works {2 * m * v}: "
-                          f"{float(bubble):g}{hint}")
+                          f"{shown_want}{hint}")
         hint = ""
         if got_sends == 2 * (p - 1):
             hint = (f": a micro-batch crosses from device to device at every chunk boundary, "

@@ -17,7 +17,10 @@ from ._core import (
     describe_device,
     expect,
     fresh_generator,
+    near,
     randint,
+    rounding_note,
+    shown,
     storage_key,
     tensor_equal,
 )
@@ -294,14 +297,14 @@ def check_evaluate_accuracy_multi(fn):
         expect(not beside, f"{what}: your code computed with the parameters outside the net "
                            f"({beside}): every prediction must come from net(X, params) on a "
                            "shard, with that device's copy of the parameters")
-        got = as_number(got, what)
+        got, dtype = as_number(got, what, with_dtype=True)
         expect(all(tensor_equal(p, q) for p, q in zip(params, saved, strict=True)),
                f"{what} changed the parameters: evaluation must leave them as they are")
         expect_unchanged(what, copies, [X, y], ["data (X)", "data (y)"])
         with torch.no_grad():           # the expected accuracy, after the answer returned
             right = [(_recording_net()[0](Xb, params).argmax(dim=1) == yb) for Xb, yb in data_iter]
         want = sum(int(r.sum()) for r in right) / n
-        if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+        if not (near(got, want, dtype, 16, 1e-9) or abs(got - want) <= 1e-12):
             expect(not (math.isnan(got) and last < k), f"{what} returned nan: the last batch "
                    f"leaves {k - last} device(s) an empty shard, whose mean is nan; count "
                    "correct predictions and examples, then divide")
@@ -326,8 +329,9 @@ def check_evaluate_accuracy_multi(fn):
                    f"{what} returned {got:.4f}, the mean of the per-shard accuracies; "
                    f"expected {want:.4f}: shards differ in size, so count correct predictions "
                    "and examples, then divide")
-            expect(False, f"{what} returned {got:.4f}, expected {want:.4f} (the "
-                          "single-device accuracy)")
+            shown_got, shown_want = shown(got, want)
+            expect(False, f"{what} returned {shown_got}, expected {shown_want} (the "
+                          f"single-device accuracy){rounding_note(got, want, dtype)}")
         sizes = sorted({c[0] for c in calls})
         expect(batch_size not in sizes,
                f"{what}: the net ran on whole batches of {batch_size} examples; split each "

@@ -14,7 +14,10 @@ from ._core import (
     check,
     expect,
     fresh_generator,
+    near,
     randint,
+    rounding_note,
+    shown,
     tensor_close,
 )
 
@@ -173,9 +176,9 @@ def check_tp_ring_bytes(fn):
         X = torch.randn(batch, seq, width, generator=g)
         R = torch.randn(batch, seq, width, generator=g)
         call = f"tp_ring_bytes({batch}, {seq}, {width}, {k})"
-        got = as_number(fn(batch, seq, width, k), call)
+        got, dtype = as_number(fn(batch, seq, width, k), call, with_dtype=True)
         payload, want = World(k, timeout=TIMEOUT).run(_block_bytes, block, X, R)[0]
-        if abs(got - want) <= 1e-6 * want:
+        if near(got, want, dtype, 16, 1e-6):
             continue
         if batch > 1 and abs(got - want / batch) <= 1e-6 * want:
             msg = ("that leaves out the batch: each all-reduce carries batch * seq * width "
@@ -186,8 +189,9 @@ def check_tp_ring_bytes(fn):
         elif abs(got - payload) <= 1e-6 * want:
             msg = "that is the payload; a ring all-reduce sends 2(k-1)/k of it per rank"
         else:
-            msg = f"the block's all-reduces carried {payload} bytes, so expected {want:g}"
-        raise CheckFailed(f"{call} returned {got:g}: {msg}")
+            msg = (f"the block's all-reduces carried {payload} bytes, so expected "
+                   f"{shown(got, want)[1]}{rounding_note(got, want, dtype)}")
+        raise CheckFailed(f"{call} returned {shown(got, want)[0]}: {msg}")
 
 
 # --- the loss over a split vocabulary -----------------------------------------------------------

@@ -20,7 +20,10 @@ from ._core import (
     check,
     expect,
     fresh_generator,
+    near,
     randint,
+    rounding_note,
+    shown,
     tensor_close,
     tensor_equal,
 )
@@ -302,16 +305,27 @@ def check_mixed_zero_bytes(fn):
     for k in (1, randint(g, 2, 5), randint(g, 6, 64)):
         for stage in ("dp", "zero1", "zero2", "zero3"):
             call = f"mixed_zero_bytes({stage!r}, {k})"
-            got = as_number(fn(stage, k), call)
+            got, dtype = as_number(fn(stage, k), call, with_dtype=True)
             want = {"dp": 16, "zero1": 4 + 12 / k, "zero2": 2 + 14 / k,      # after the call
                     "zero3": 16 / k}[stage]
+            if near(got, want, dtype, 16, 1e-9, max(1, want)):
+                continue
             fp32 = {"dp": 16, "zero1": 8 + 8 / k, "zero2": 4 + 12 / k, "zero3": 16 / k}[stage]
-            expect(not (abs(got - fp32) < 1e-9 and abs(fp32 - want) > 1e-9),
-                   f"{call} = {got:g}: that is float32 training's 4 + 4 + 8; mixed precision "
-                   "keeps 2 + 2 bytes of bf16 weights and gradients and 12 of fp32 state")
-            expect(abs(got - want) < 1e-9 * max(1, want),
-                   f"{call} = {got:g}, expected {want:g}: ZeRO-1 shards the 12 bytes of fp32 "
-                   "state, ZeRO-2 the 2 of gradients too, ZeRO-3 the 2 of weights too")
+            whole = {"dp": 16, "zero1": 8 + 8 / k, "zero2": 6 + 10 / k, "zero3": 4 + 12 / k}
+            master = ("the 4 bytes of fp32 master weights kept whole: ZeRO-1 shards them with "
+                      "the momentum and variance (the 12 bytes of fp32 state)")
+            expect(not near(got, whole[stage], dtype, 16, 1e-9) or stage == "zero1",
+                   f"{call} = {got:g}: that keeps {master}")
+            same = f" (or, the same number, {master})" if stage == "zero1" else ""
+            expect(not near(got, fp32, dtype, 16, 1e-9),
+                   f"{call} = {got:g}: that is float32 training's 4 + 4 + 8{same}; mixed "
+                   "precision keeps 2 + 2 bytes of bf16 weights and gradients and 12 of fp32 "
+                   "state")
+            gs, ws = shown(got, want)
+            raise CheckFailed(
+                f"{call} = {gs}, expected {ws}: ZeRO-1 shards the 12 bytes of fp32 state, "
+                "ZeRO-2 the 2 of gradients too, ZeRO-3 the 2 of weights too"
+                f"{rounding_note(got, want, dtype)}")
 
 
 # --- ZeRO's variants: qwZ's quantized gather ---------------------------------------------------

@@ -80,9 +80,12 @@ from .inputs import (
                      as_pair,
                      fresh_generator,
                      gamma,
+                     near,
                      randint,
                      rel_close,
                      replay_seeds,
+                     rounding_note,
+                     shown,
                      tensor_close,
                      tensor_equal,
                      uniform,
@@ -105,6 +108,7 @@ from .world import Message, World
 
 __all__ = ["CheckFailed", "HarnessError", "Result", "run_check", "expect", "fresh_generator",
            "check", "REGISTRY"]
-_ = (Answer, FakeGPUs, as_int, as_number, as_pair, gamma, randint, rel_close, replay_seeds,
-     tensor_close, tensor_equal, uniform, unit_roundoff, Op, Recorder, Ref, describe_device,
-     storage_key, CheckInfo, ReferenceUsed, grading, is_reader_code, Message, World)
+_ = (Answer, FakeGPUs, as_int, as_number, as_pair, gamma, near, randint, rel_close, replay_seeds,
+     rounding_note, shown, tensor_close, tensor_equal, uniform, unit_roundoff, Op, Recorder, Ref,
+     describe_device, storage_key, CheckInfo, ReferenceUsed, grading, is_reader_code, Message,
+     World)

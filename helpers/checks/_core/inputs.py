@@ -276,13 +276,48 @@ def as_int(value, what):
     return int(number)
 
 
-def as_pair(value, what, names):
-    """Two numbers returned as a tuple or list (or a 2-element tensor), as floats."""
+def as_pair(value, what, names, with_dtype=False):
+    """Two numbers returned as a tuple or list (or a 2-element tensor), as floats; with
+    `with_dtype=True` also the dtype of the coarser of the two (as_number's)."""
+    dtype = torch.float64
     if isinstance(value, torch.Tensor) and value.numel() == 2:
+        dtype = _precision(value, what)
         value = value.reshape(-1).tolist()
     expect(isinstance(value, (tuple, list)) and len(value) == 2,
            f"{what} returned {value!r}: expected a pair ({names})")
-    return tuple(as_number(v, what) for v in value)
+    pair = [as_number(v, what, with_dtype=True) for v in value]
+    if any(d == torch.float32 for _, d in pair):
+        dtype = torch.float32
+    numbers = tuple(x for x, _ in pair)
+    return (numbers, dtype) if with_dtype else numbers
+
+
+def near(got, want, dtype=torch.float64, steps=16, floor=0.0, scale=None):
+    """Whether `got` is `want` up to the rounding of `steps` operations in `dtype` on numbers of
+    size `scale` (|want| by default), or to `floor`·scale where the check allows more: how a
+    check compares a returned number, so that a float32 computation of the right formula passes
+    (with `dtype` from as_number's `with_dtype=True`)."""
+    scale = abs(want) if scale is None else scale
+    return abs(got - want) <= max(floor, gamma(steps, dtype)) * scale
+
+
+def shown(got, want, digits=4):
+    """`got` and `want` as text with the fewest significant digits (`digits` or more) that tell
+    them apart, so that a message never shows one number twice."""
+    for d in range(digits, 18):
+        a, b = f"{got:.{d}g}", f"{want:.{d}g}"
+        if a != b:
+            return a, b
+    return repr(got), repr(want)
+
+
+def rounding_note(got, want, dtype):
+    """For a number rejected though within float32 rounding of the expected one (a float32
+    step whose result came back as a Python float): say so, never only "x, expected x"."""
+    if dtype == torch.float64 and got != want and near(got, want, torch.float32, 64):
+        return (" (yours is within float32 rounding of it: compute in float64 or Python "
+                "numbers, or return the float32 tensor itself)")
+    return ""
 
 
 # --- expected values come after the answer ------------------------------------------------------

@@ -1,0 +1,121 @@
+"""Answers that keep state across calls are judged over two steps (check_overlap_hooks: what
+finish() leaves behind meets the next backward), and check_cuts_for_times' fixed case defeats
+the cuts nearest the time quantiles and the greedy ones on every draw."""
+import itertools
+
+import torch.distributed as dist
+from check_cases import other, parametrize_cases, shortcut
+
+import helpers.checks
+
+
+# ---- overlap_hooks: a second step -------------------------------------------------------------
+@shortcut("check_overlap_hooks", "pending handles never cleared: step 2 divides twice",
+          "before waiting for it")
+def overlap_hooks_pending_not_cleared(model):
+    pending = []
+
+    def hook(p):
+        pending.append((p, dist.all_reduce(p.grad, async_op=True)))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for p, h in pending:
+            h.wait()
+            p.grad /= dist.get_world_size()
+    return finish
+
+
+@shortcut("check_overlap_hooks", "hooks registered again in finish(): two all-reduces a grad",
+          "before waiting for it")
+def overlap_hooks_added_per_finish(model):
+    pending = []
+
+    def install():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(
+                    lambda p: pending.append(dist.all_reduce(p.grad, async_op=True)))
+    install()
+
+    def finish():
+        for h in pending:
+            h.wait()
+        pending.clear()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad /= dist.get_world_size()
+        install()
+    return finish
+
+
+@other("check_overlap_hooks", "(param, handle) pairs popped until none is left")
+def overlap_hooks_pairs_popped(model):
+    pending = []
+
+    def hook(p):
+        pending.append((p, dist.all_reduce(p.grad, async_op=True)))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        while pending:
+            p, h = pending.pop()
+            h.wait()
+            p.grad /= dist.get_world_size()
+    return finish
+
+
+# ---- cuts_for_times: the fixed case -----------------------------------------------------------
+def _slowest(times, cuts):
+    bounds = [0, *cuts, len(times)]
+    return max(sum(times[a:b]) for a, b in itertools.pairwise(bounds))
+
+
+@shortcut("check_cuts_for_times", "cut at the prefix sum nearest each time quantile",
+          "slowest stage")
+def cuts_nearest_quantiles(times, p):
+    prefix, L = list(itertools.accumulate(times)), len(times)
+    cuts = []
+    for s in range(1, p):
+        c = min(range(1, L), key=lambda i: abs(prefix[i - 1] - s * prefix[-1] / p))
+        c = min(max(c, cuts[-1] + 1 if cuts else 1), L - (p - s))
+        cuts.append(c)
+    return cuts
+
+
+@shortcut("check_cuts_for_times", "close each stage nearest the mean of what is left",
+          "slowest stage")
+def cuts_greedy_closest(times, p):
+    L, cuts, start = len(times), [], 0
+    for s in range(p - 1):
+        target = sum(times[start:]) / (p - s)
+        best, acc, at = None, 0.0, start + 1
+        for i in range(start + 1, L - (p - 2 - s)):
+            acc += times[i - 1]
+            if best is None or abs(acc - target) < best:
+                best, at = abs(acc - target), i
+        cuts.append(at)
+        start = at
+    return cuts
+
+
+@other("check_cuts_for_times", "every cut tried")
+def cuts_brute_force(times, p):
+    L = len(times)
+    return list(min(itertools.combinations(range(1, L), p - 1),
+                    key=lambda c: _slowest(times, c)))
+
+
+test_case = parametrize_cases(__name__)
+
+
+def test_cuts_heuristics_fail_every_draw():
+    """The fixed case is in every call: the heuristics fail on each of several fresh draws."""
+    for fn in (cuts_nearest_quantiles, cuts_greedy_closest):
+        for _ in range(4):
+            result = helpers.checks.check_cuts_for_times(fn)
+            assert result.status == "failed", f"{fn.__name__} passed: {result}"
