@@ -9,6 +9,7 @@ import torch
 from check_cases import other, parametrize_cases, shortcut
 
 import helpers.checks
+from helpers import get_params, split_batch
 from helpers.checks._core import rounding_note, shown
 
 
@@ -65,6 +66,24 @@ def interleaved_costs_f32(p, m, v):
 @other("check_tp_ring_bytes", "a float32 factor")
 def tp_ring_bytes_f32(batch, seq, width, k):
     return 2 * 2 * 2 * (T(k) - 1) / k * batch * seq * width * 4
+
+
+@other("check_evaluate_accuracy_multi", "the accuracy as a float32 tensor")
+def evaluate_accuracy_multi_f32(net, params, data_iter, devices):
+    replicas = [get_params(params, d) for d in devices]
+    correct, total = torch.zeros(()), 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            for W, X_s, y_s in zip(replicas, *split_batch(X, y, devices), strict=True):
+                correct += (net(X_s, W).argmax(dim=1) == y_s).sum().cpu()
+            total += y.numel()
+    return correct / total
+
+
+@shortcut("check_evaluate_accuracy_multi", "an accuracy off by 1 %, with empty shards drawn",
+          "single-device accuracy")
+def evaluate_accuracy_multi_off(net, params, data_iter, devices):
+    return float(evaluate_accuracy_multi_f32(net, params, data_iter, devices)) * 1.01
 
 
 # ---- the mistakes the checks name, computed in float32, still fail by name -----------------------

@@ -1,0 +1,23 @@
+"""Answers in a form the exercise text allows: merge_attention's pair as a list (as
+weight_grads takes one), and save_matmuls' rejection of OpOverload-vs-packet comparisons naming
+what `op` is (tests/check_cases.py)."""
+import torch
+from check_cases import other, parametrize_cases, shortcut
+from torch.utils.checkpoint import CheckpointPolicy
+
+
+@other("check_merge_attention", "the pair as a list [o, lse]")
+def merge_attention_list(o1, l1, o2, l2):
+    lse = torch.logaddexp(l1, l2)
+    return [torch.exp(l1 - lse)[..., None] * o1 + torch.exp(l2 - lse)[..., None] * o2, lse]
+
+
+@shortcut("check_save_matmuls", "op compared with the packets, never equal: nothing saved",
+          ["OpOverload", "aten.mm.default"])
+def save_matmuls_packets(ctx, op, *args, **kwargs):
+    if op in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+test_case = parametrize_cases(__name__)
