@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED := 1
 # in a test run or a book build).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: book test lint test-unit test-notebooks test-py test-waiting test-book test-book-fresh \
+.PHONY: book test lint test-unit test-notebooks test-py test-beside test-book test-book-fresh \
 	test-browser student test-student bench \
 	gpu-dry outputs lock venv clean book-static pdf pdf-html test-pdf test-pdf-html chromium
 TORCH ?=
@@ -122,16 +122,17 @@ ORDERED := $(if $(XDIST),--no-loadscope-reorder)
 # venv installs (uv, mostly waiting on downloads), the other core builds the Pages book (its own
 # venv, no torch, then one Sphinx process), node_modules and the PDF's single page (in the Pages
 # venv, after the book: they share _build/.doctrees). Then one pytest run (test-py) shares out
-# the unit tests, the notebooks under nbval and the browser test over its workers, longest
-# first, so that no stage's last long module leaves a core idle while another stage waits: the
-# browser test ran after test-py, on its own two workers, beside gpu-dry, the PDF and the fresh
-# book, and those four stages left the cores part idle for minutes. make's second job slot runs
-# the single-process stages beside test-py (test-waiting: the test modules that mostly wait;
-# gpu-dry: one small step after another, mostly waiting; the PDF's printing), then the fresh
-# book's Sphinx build after it. Order-only prerequisites set the order (`make test-book` alone
-# still runs only the book); make starts runnable stages in the order of TEST_STAGES. No
-# --output-sync: it would hold a stage's output until the stage ends (minutes of silence).
-TEST_STAGES := test-py lint test-book test-pdf-html gpu-dry test-pdf test-waiting test-book-fresh
+# the unit tests and the notebooks under nbval over its workers, longest first, so that no last
+# long module leaves a core idle. make's second job slot runs the other stages beside it: gpu-dry
+# (one small step after another), the PDF's printing, then test-beside, the browser test and the
+# test modules that mostly wait, on two workers of their own; then the fresh book's Sphinx build
+# after test-py. Measured on a quiet fresh clone (2026-12-07, 2 cores): with the browser test
+# inside test-py the second slot had nothing left to run for the last 8 minutes, while test-py's
+# workers kept 1.67 cores busy (the browser and the chapters' launches wait). Order-only
+# prerequisites set the order (`make test-book` alone still runs only the book); make starts
+# runnable stages in the order of TEST_STAGES. No --output-sync: it would hold a stage's output
+# until the stage ends (minutes of silence).
+TEST_STAGES := test-py lint test-book test-pdf-html gpu-dry test-pdf test-beside test-book-fresh
 test: export COURSE_QUICK := 1
 # One torch thread per process: the two pytest workers' notebook kernels and test processes share
 # 2 cores, and each one's default pool of 2 threads spun at every parallel region (syncbn's quick
@@ -155,10 +156,10 @@ test:
 		$(STAMP) test-book node_modules/.installed $(TEST_STAGES)
 
 ifeq ($(CI_ORDER),1)
-test-py: | test-book node_modules/.installed chromium
+test-py: | test-book
 # last in the second slot: started earlier, it took the slot test-py was waiting for (chromium's
 # check ran first) and test-py started after gpu-dry and the PDF, 2 minutes late
-test-waiting: | test-pdf gpu-dry
+test-beside: | test-pdf gpu-dry
 endif
 
 # ruff: Python files at 100 columns, notebooks at 79 (book/ruff.toml); config in pyproject.toml.
@@ -179,26 +180,30 @@ test-notebooks: $(STAMP)
 	rm -rf _build/executed
 	$(BIN)/pytest -q $(NBVAL) -p no:cacheprovider $(XDIST) book
 
-# test-unit and test-notebooks in one run, and under `make test` the browser test too (its
-# Chromium, node_modules and the Pages book made first): the workers share out all. The 30
-# longest tests and notebooks are listed at the end (where CI time goes), and the test modules and
-# notebooks that cost most CPU, with how long each worker sat idle at the end (all of them, with
-# their worker, start and end, in _build/scope-times.json: conftest.py's --scope-times).
+# test-unit and test-notebooks in one run: the workers share out all. The 30 longest tests and
+# notebooks are listed at the end (where CI time goes), and the test modules and notebooks that
+# cost most CPU, with how long each worker sat idle at the end (all of them, with their worker,
+# start and end, in _build/scope-times.json: conftest.py's --scope-times). Under `make test` it
+# leaves out what test-beside runs.
 test-py: $(STAMP)
 	rm -rf _build/executed
 	$(call cpu_use,test-py) $(BIN)/pytest -q --durations=30 --scope-times _build/scope-times.json \
 		$(NBVAL) -p no:cacheprovider $(XDIST) $(ORDERED) tests book \
-		$(if $(filter 1,$(CI_ORDER)),$(addprefix --ignore=,$(WAITING)),--ignore=tests/browser)
+		$(addprefix --ignore=,$(if $(filter 1,$(CI_ORDER)),$(BESIDE),tests/browser))
 
-# Test modules that mostly wait (the simulated GPUs' sleeps, launch timeouts), each in one
-# process on a 2-core machine, 2026-12-07, wall against CPU: test_checks_time_it.py 104 s
-# against 11 s, test_launch.py 57 against 20, test_checks_time_it_events.py 16 against 1. Under
-# `make test` they run in a process of their own in make's second job slot (test-waiting),
-# beside test-py, which leaves them out: its two workers' cores stay busy with the rest. Alone,
-# `make test-py` runs them with the rest.
+# Beside test-py under `make test`, in make's second job slot on two workers of their own: the
+# browser test (tests/browser: Chromium, offline; it needs the Pages book, node_modules and
+# Chromium) and the test modules that mostly wait (WAITING: the simulated GPUs' sleeps, launch
+# timeouts; each in one process on a 2-core machine, 2026-12-07, wall against CPU:
+# test_checks_time_it.py 104 s against 11 s, test_launch.py 57 against 20,
+# test_checks_time_it_events.py 16 against 1). Without nbval's plugin, which none of them uses:
+# it imports nbformat, whose jsonschema builds rfc3987-syntax's 35 grammars (2 s of CPU in each
+# process). Alone, `make test-py` runs the waiting modules with the rest.
 WAITING := tests/test_checks_time_it.py tests/test_checks_time_it_events.py tests/test_launch.py
-test-waiting: $(STAMP)
-	$(call cpu_use,test-waiting) $(BIN)/pytest -q -p no:cacheprovider -p no:nbval $(WAITING)
+BESIDE := tests/browser $(WAITING)
+test-beside: $(STAMP) test-book node_modules/.installed chromium
+	$(call cpu_use,test-beside) $(BIN)/pytest -q -p no:cacheprovider -p no:nbval \
+		$(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope) $(ORDERED) $(BESIDE)
 
 # The book as the Pages workflow builds it (.github/workflows/pages.yml runs `make book-static`):
 # from the stored outputs, in the book's own venv (no torch), with warnings as errors. On CI's
@@ -214,7 +219,7 @@ test-book-fresh: $(STAMP) $(if $(filter 1,$(CI_ORDER)),test-py,test-notebooks)
 	$(BIN)/python scripts/fresh_book.py --executed _build/executed --out _build/fresh
 	$(BIN)/jupyter-book build _build/fresh --all -W -n --keep-going
 
-# The browser test alone (`make test` runs it inside test-py).
+# The browser test alone (`make test` runs it in test-beside).
 # Every page of _build/html (built by test-book) in headless Debian Chromium, offline, with
 # axe-core (node_modules/, from package-lock.json) in light and dark mode; screenshots in
 # artifacts/screenshots/. Without nbval's plugin, which no browser test uses: it imports

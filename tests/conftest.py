@@ -70,11 +70,12 @@ def _libraries_left_as_found(request):
 
 # Seconds each slow unit (a test module or a notebook, what xdist's loadscope hands a worker)
 # took in one `make test` (test-py's two workers on a 2-core machine, the browser test in the same
-# run; from _build/scope-times.json, 2026-12-07). They only order the work (see
+# run; from _build/scope-times.json, 2026-12-07; `make test` now runs the browser test beside
+# test-py, in test-beside, ordered by the same table). They only order the work (see
 # pytest_collection_modifyitems), so a stale figure costs time, never a result. Units not
 # listed: a notebook by its quick run in book/_ext/runs.json (capped below the listed ones),
 # a module as short. test_checks_time_it.py's figure is its own run, alone (`make test` runs it
-# beside test-py: Makefile, WAITING).
+# beside test-py: Makefile, BESIDE).
 SLOW_UNITS = {"tests/browser/test_pages.py": 199, "book/part3/ddp_torchrun.ipynb": 152,
               "tests/test_colab.py": 99, "tests/test_distributed.py": 66,
               "tests/test_autograde.py": 60, "tests/test_launch.py": 54,

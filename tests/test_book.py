@@ -293,47 +293,24 @@ def test_a_checked_output_holds_no_rounding_noise(path):
     assert not bad, f"{path.relative_to(ROOT)} checks rounding noise verbatim: {bad}"
 
 
-def test_ci_runs_the_browser_test_in_its_one_pytest_run():
-    """`make test` runs the browser test inside test-py (its workers share it out with the rest)
-    and builds what it needs first; without CI's order, test-py leaves it out (no book built)."""
-    import os
-    import subprocess
-    make = (ROOT / "Makefile").read_text()
-    assert "test-browser" not in re.search(r"^TEST_STAGES\s*:=(.*)$", make, re.M).group(1)
-
-    # a make above this test (`make test` sets CI_ORDER=1) hands its variables down in MAKEFLAGS
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "CI_ORDER")}
-
-    def recipe(*args):
-        out = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed",
-                              "test-py", *args], cwd=ROOT, capture_output=True, text=True,
-                             env=env)
-        assert out.returncode == 0, out.stderr
-        command = out.stdout.replace("\\\n", " ")      # make -n keeps the continued lines
-        return next(line for line in command.splitlines() if "pytest" in line)
-    ci = recipe("CI_ORDER=1", "-o", "test-book", "-o", "node_modules/.installed",
-                "-o", "chromium")
-    assert " tests book" in ci and "ignore=tests/browser" not in ci, ci
-    assert "ignore=tests/browser" in recipe(), recipe()
-    order = re.search(r"^ifeq \(\$\(CI_ORDER\),1\)\n(.*?)^endif", make, re.M | re.S).group(1)
-    needs = re.search(r"^test-py:\s*\|(.*)$", order, re.M).group(1).split()
-    assert {"test-book", "node_modules/.installed", "chromium"} <= set(needs), needs
-
-
-def test_ci_runs_the_waiting_modules_beside_test_py_once():
-    """`make test` runs the modules that mostly wait (WAITING) in a stage of their own beside
-    test-py, which leaves exactly those out under CI's order: a module named in one place only
-    would run twice or never. Without CI's order test-py runs them with the rest."""
+def test_ci_runs_the_browser_and_waiting_modules_beside_test_py_once():
+    """`make test` runs the browser test and the modules that mostly wait (BESIDE) in a stage of
+    their own beside test-py, which leaves exactly those out under CI's order: a module named in
+    one place only would run twice or never. Without CI's order test-py runs the waiting modules
+    with the rest and leaves out only the browser test (test-browser runs it)."""
     import os
     import subprocess
     make = (ROOT / "Makefile").read_text()
     stages = re.search(r"^TEST_STAGES\s*:=(.*)$", make, re.M).group(1).split()
-    assert stages.index("test-waiting") > stages.index("test-pdf"), stages
+    assert "test-browser" not in stages, "the browser test would run twice"
+    # what the browser test needs is built first
+    needs = re.search(r"^test-beside:([^|\n]*)$", make, re.M).group(1).split()
+    assert {"test-book", "node_modules/.installed", "chromium"} <= set(needs), needs
+    assert stages.index("test-beside") > stages.index("test-pdf"), stages
     # under CI's order it waits for the second slot's other stages: started first, it delayed
     # test-py by the length of gpu-dry and the PDF
     order = re.search(r"^ifeq \(\$\(CI_ORDER\),1\)\n(.*?)^endif", make, re.M | re.S).group(1)
-    after = re.search(r"^test-waiting:\s*\|(.*)$", order, re.M).group(1).split()
+    after = re.search(r"^test-beside:\s*\|(.*)$", order, re.M).group(1).split()
     assert {"test-pdf", "gpu-dry"} <= set(after), after
     env = {k: v for k, v in os.environ.items()
            if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "CI_ORDER")}
@@ -346,11 +323,12 @@ def test_ci_runs_the_waiting_modules_beside_test_py_once():
         assert out.returncode == 0, out.stderr
         command = out.stdout.replace("\\\n", " ")
         return next(line for line in command.splitlines() if "pytest" in line).split()
-    waiting = [w for w in recipe("test-waiting", "CI_ORDER=1") if w.startswith("tests/")]
+    beside = [w for w in recipe("test-beside", "CI_ORDER=1") if w.startswith("tests/")]
     left_out = [w.removeprefix("--ignore=") for w in recipe("test-py", "CI_ORDER=1")
                 if w.startswith("--ignore=")]
-    assert waiting and sorted(waiting) == sorted(left_out), (waiting, left_out)
-    assert all((ROOT / w).is_file() for w in waiting), waiting
+    assert "tests/browser" in beside and len(beside) > 1, beside
+    assert sorted(beside) == sorted(left_out), (beside, left_out)
+    assert all((ROOT / w).exists() for w in beside), beside
     alone = [w for w in recipe("test-py") if w.startswith("--ignore=")]
     assert alone == ["--ignore=tests/browser"], alone
 

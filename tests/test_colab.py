@@ -448,10 +448,14 @@ PLATFORMS = {
     # The chapter up to its first training run under torchrun and the load of the model it saved
     # (what a fresh interpreter per rank needs; the later sections launch the same way). Not
     # the launch of minimal.py, which imports torch alone (tests/test_distributed.py runs it):
-    # it tests the platform's torch, not the install
+    # it tests the platform's torch, not the install; nor single.py and spawn.py with the cell
+    # that compares their logs: fresh interpreters running a script of the install by path, as
+    # the torchrun launch does (about 10 s of CPU on a 2-core machine, 3 more processes)
     "kaggle": dict(notebook="book/part3/ddp_torchrun.ipynb", cwd="kaggle/working",
                    through="load_state_dict(torch.load(workdir",
-                   skip='str(SCRIPTS / "minimal.py"), "--steps"',
+                   skip=('str(SCRIPTS / "minimal.py"), "--steps"',
+                         'for script, extra in (("single.py", [])',
+                         'one, two = losses["single.py"], losses["spawn.py"]'),
                    env=dict(KAGGLE_KERNEL_RUN_TYPE="Interactive",
                             KAGGLE_URL_BASE="https://www.kaggle.com",
                             KAGGLE_DOCKER_IMAGE="gcr.io/kaggle-gpu-images/python",
@@ -488,8 +492,8 @@ def _emulate(name, tmp_path):
 def _chapter_cells(entry, cwd, through=None, first=None, label=None, skip=None):
     """`entry`'s cells as a reader opening it gets them: its set-up cell written by the script,
     then every cell up to the one holding `through` (or its first `first` code cells after the
-    set-up cell), less the one code cell holding `skip`; `label`: names the cells' chapter in
-    errors."""
+    set-up cell), less the code cells holding each of `skip` (one cell each); `label`: names the
+    cells' chapter in errors."""
     path = cwd / f"{pathlib.Path(entry).name}.ipynb"   # downloaded or opened alone: a lone file
     shutil.copy(ROOT / f"{entry}.ipynb", path)
     assert _script().main([str(path)]) == 0
@@ -498,9 +502,10 @@ def _chapter_cells(entry, cwd, through=None, first=None, label=None, skip=None):
         last = [i for i, c in enumerate(cells) if c.cell_type == "code" and through in c.source]
         assert last, f"no cell of {entry} has {through!r}: update PLATFORMS"
         cells = cells[:last[0] + 1]
-    if skip:
-        left = [c for c in cells if not (c.cell_type == "code" and skip in c.source)]
-        assert len(left) == len(cells) - 1, f"no one cell of {entry} has {skip!r}: update PLATFORMS"
+    for marker in skip or ():
+        left = [c for c in cells if not (c.cell_type == "code" and marker in c.source)]
+        assert len(left) == len(cells) - 1, \
+            f"no one cell of {entry} has {marker!r}: update PLATFORMS"
         cells = left
     if first is not None:
         cells = [c for c in cells if c.cell_type == "code"]

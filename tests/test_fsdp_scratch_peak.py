@@ -28,7 +28,7 @@ def _unit_bytes():
 @pytest.fixture(scope="module")
 def ranks():
     return helpers.launch(fsdp_peak_ranks.gathered_peaks, WORLD,
-                          dict(conditions=CONDITIONS, knobs=KNOBS, steps=3),
+                          dict(conditions=CONDITIONS, knobs=KNOBS, steps=2),
                           backend="gloo", quiet=True, timeout=600)
 
 

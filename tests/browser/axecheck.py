@@ -11,6 +11,7 @@ import json
 import pathlib
 
 import pytest
+from pagecheck import FRAMES, settle
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
@@ -70,10 +71,11 @@ def axe_violations(page, rules=None):
                     pytrace=False)
     if not page.evaluate("() => !!window.axe"):
         page.add_script_tag(path=str(AXE))
+    def run(args):
+        return settle(page, RUN_AXE, args, seconds=AXE_SECONDS, what="axe-core's run")
     if rules is not None:
-        return page.evaluate(RUN_AXE, [rules, None])
-    return (page.evaluate(RUN_AXE, [None, COLOUR_RULES])
-            + page.evaluate(RUN_AXE, [COLOUR_RULES, None]))
+        return run([rules, None])
+    return run([None, COLOUR_RULES]) + run([COLOUR_RULES, None])
 
 
 # The theme's switch button, clicked until the page has `mode` (pydata-sphinx-theme cycles auto,
@@ -90,7 +92,8 @@ SWITCH_THEME = """(mode) => {
 NO_TRANSITIONS = ("() => { const s = document.createElement('style'); s.id = 'axe-no-transitions';"
                   " s.textContent = '*, *::before, *::after { transition: none !important; }';"
                   " document.head.append(s); }")
-FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+# the longest chapter's every rule took about 5 s of a busy 2-core machine's CPU
+AXE_SECONDS = 120
 
 
 def dark_mode_failures(page, entry, shots):
@@ -102,13 +105,13 @@ def dark_mode_failures(page, entry, shots):
         theme = page.evaluate(SWITCH_THEME, "dark")
         if theme != "dark":
             return [f"the theme's switch did not turn the page dark (data-theme={theme!r})"]
-        page.evaluate(FRAMES)
+        settle(page, FRAMES, what="two frames drawn in dark mode")
         shot = shots / f"{entry}-dark.png"
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))
         found = axe_violations(page, COLOUR_RULES)
         back = page.evaluate(SWITCH_THEME, "light")
-        page.evaluate(FRAMES)
+        settle(page, FRAMES, what="two frames drawn in light mode")
     finally:
         page.evaluate("() => document.getElementById('axe-no-transitions').remove()")
     failures = axe_failures(entry, "dark", found, shots)

@@ -110,6 +110,29 @@ def open_page(context, url, base, timeout=RENDER_TIMEOUT_MS):
     return seen
 
 
+_TIMED_OUT = "pagecheck: the page never settled this promise"
+
+
+def settle(page, js, arg=None, seconds=10.0, what="the page"):
+    """page.evaluate(js, arg) of a function returning a promise, refused after `seconds`:
+    Playwright's evaluate has no timeout, and a promise the page never settles (a paused
+    animation's `finished`, a MathJax start that failed, a frame a stalled tab never draws)
+    hung the whole run. Raises TimeoutError naming `what`."""
+    bounded = (f"async (arg) => {{ let t; const limit = new Promise((_, no) => {{ t = setTimeout("
+               f"() => no(new Error({_TIMED_OUT!r})), {int(seconds * 1000)}); }});"
+               f" try {{ return await Promise.race([({js})(arg), limit]); }}"
+               f" finally {{ clearTimeout(t); }} }}")
+    try:
+        return page.evaluate(bounded, arg)
+    except Exception as e:
+        if _TIMED_OUT in str(e):
+            raise TimeoutError(f"{what} did not finish within {seconds:g} s") from None
+        raise
+
+
+FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+
+
 def resize(page, width, height=None):
     """Set the viewport and wait until the page is laid out at the new width: the width's media
     queries apply and two frames have been drawn. A fixed pause was not enough on a busy machine
@@ -119,12 +142,18 @@ def resize(page, width, height=None):
     page.wait_for_function(
         "w => window.innerWidth === w && matchMedia(`(max-width: ${w}px)`).matches "
         "&& matchMedia(`(min-width: ${w}px)`).matches", arg=width, timeout=10_000)
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    settle(page, FRAMES, what=f"two frames drawn at {width} px")
     # and until the width's CSS transitions have ended: the theme slides its sidebars off
-    # screen at phone width, and one caught halfway covered the page's right edge
-    page.evaluate("() => Promise.all(document.getAnimations()"
-                  ".filter(a => a.effect?.getComputedTiming().iterations !== Infinity)"
-                  ".map(a => a.finished.catch(() => null)))")
+    # screen at phone width, and one caught halfway covered the page's right edge. Running
+    # ones only (a paused animation's `finished` never settles), and for 10 s at most: on a
+    # busy machine a 0.15 s transition once had not finished after 10 s (and, unbounded, hung
+    # the run for 20 minutes); the width's layout holds by then (its media queries, two frames)
+    with contextlib.suppress(TimeoutError):
+        settle(page, "() => Promise.all(document.getAnimations()"
+                     ".filter(a => a.playState === 'running'"
+                     " && a.effect?.getComputedTiming().iterations !== Infinity)"
+                     ".map(a => a.finished.catch(() => null)))",
+               what=f"the running animations at {width} px")
 
 
 # Everything that renders after `load`: MathJax typesetting, the widget manager, lazy images.
@@ -148,7 +177,8 @@ def wait_rendered(page, timeout=RENDER_TIMEOUT_MS):
     except Exception:   # the checks below say what is missing
         pass
     try:   # MathJax may still be laying out the last expressions
-        page.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+        settle(page, "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+               seconds=timeout / 1000, what="MathJax's start")
     except Exception:
         pass
 

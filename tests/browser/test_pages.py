@@ -30,6 +30,7 @@ from pagecheck import (
     check_widget_figures,
     check_widget_twins,
     open_page,
+    settle,
     toc_entries_of,
 )
 
@@ -121,8 +122,9 @@ def test_search_works_offline(browser, base_url, site, book_dir):
         # the text snippets are cut from (Sphinx's Search.htmlToText) of a chapter with every
         # button in its header (launch, download, theme): wherever the word falls
         chapter = next(e for e in toc_entries_of(book_dir) if (book_dir / f"{e}.ipynb").is_file())
-        source = seen.page.evaluate("async (url) => Search.htmlToText(await (await fetch(url))"
-                                    ".text())", base_url + chapter + ".html")
+        source = settle(seen.page, "async (url) => Search.htmlToText(await (await fetch(url))"
+                        ".text())", base_url + chapter + ".html", seconds=30,
+                        what=f"fetching {chapter}.html")
         problems = seen.console_errors + seen.local_failures
     finally:
         seen.page.close()
