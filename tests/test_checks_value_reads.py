@@ -97,38 +97,32 @@ def gated_mlp_iterated(X, W1, V, W2, devices, log=None):
 
 
 # ---- sharded_server_step --------------------------------------------------------------------
-@other("check_sharded_server_step", "each server's chunk bounds read with .tolist()")
-def sharded_server_step_tolist(params, grads, devices, lr):
-    bounds = _bounds(params[0].numel(), len(devices), _tolist)
+def _server_step(params, grads, devices, lr, read, short=0):
+    """The worked sharded server step, its chunk bounds read by `read` (each chunk's last
+    `short` elements left out)."""
+    bounds = [(a, b - short) for a, b in _bounds(params[0].numel(), len(devices), read)]
     for j, (a, b) in enumerate(bounds):
         params[j][a:b].sub_(lr * sum(g[a:b].to(devices[j]) for g in grads))
     for i, p in enumerate(params):
         for j, (a, b) in enumerate(bounds):
             if i != j:
                 p[a:b].copy_(params[j][a:b])
+
+
+@other("check_sharded_server_step", "each server's chunk bounds read with .tolist()")
+def sharded_server_step_tolist(params, grads, devices, lr):
+    _server_step(params, grads, devices, lr, _tolist)
 
 
 @other("check_sharded_server_step", "each server's chunk iterated, each .tolist()")
 def sharded_server_step_iterated(params, grads, devices, lr):
-    bounds = _bounds(params[0].numel(), len(devices), _items_by_tolist)
-    for j, (a, b) in enumerate(bounds):
-        params[j][a:b].sub_(lr * sum(g[a:b].to(devices[j]) for g in grads))
-    for i, p in enumerate(params):
-        for j, (a, b) in enumerate(bounds):
-            if i != j:
-                p[a:b].copy_(params[j][a:b])
+    _server_step(params, grads, devices, lr, _items_by_tolist)
 
 
 @shortcut("check_sharded_server_step", "bounds read with .tolist(), each chunk's last left out",
           "differs from the step")
 def sharded_server_step_tolist_short(params, grads, devices, lr):
-    bounds = [(a, b - 1) for a, b in _bounds(params[0].numel(), len(devices), _tolist)]
-    for j, (a, b) in enumerate(bounds):
-        params[j][a:b].sub_(lr * sum(g[a:b].to(devices[j]) for g in grads))
-    for i, p in enumerate(params):
-        for j, (a, b) in enumerate(bounds):
-            if i != j:
-                p[a:b].copy_(params[j][a:b])
+    _server_step(params, grads, devices, lr, _tolist, short=1)
 
 
 # ---- allreduce_spread -----------------------------------------------------------------------
