@@ -1,7 +1,7 @@
 """Natural mistakes that give the right answer on most inputs, told apart by a case every call
 holds: 1F1B with fewer micro-batches than p - 1, a net whose best cut no other objective finds,
-a batch smaller than the device count (empty shards), a bubble target met exactly in floats
-(tests/check_cases.py). Each fails on every replayed draw."""
+a batch smaller than the device count (empty shards), a bubble target met exactly in floats,
+tensors that share a storage (tests/check_cases.py). Each fails on every replayed draw."""
 import copy
 import math
 
@@ -70,6 +70,25 @@ def evaluate_accuracy_mean_times_len(net, params, data_iter, devices):
                 correct += ((net(X_s, W).argmax(1) == y_s).float().mean() * len(y_s)).item()
             total += len(y)
     return correct / total
+
+
+# ---- tensor_bytes: tensors sharing a storage ---------------------------------------------------
+SHARED = "counting the tensors that share memory once"
+
+
+@shortcut("check_tensor_bytes", "each storage once, keyed by its address (a tied weight's "
+          "transpose left out)", SHARED)
+def tensor_bytes_per_storage(tensors):
+    seen = {}
+    for t in tensors:
+        seen[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+@shortcut("check_tensor_bytes", "the same tensor twice counted once (keyed by the object)",
+          SHARED)
+def tensor_bytes_distinct_objects(tensors):
+    return sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
 
 
 # ---- microbatches_for_bubble: a target met exactly ---------------------------------------------

@@ -65,14 +65,51 @@ def _random_tensors(g, count):
     return tensors
 
 
+def _shared_storage(g):
+    """A tensor, its transpose, one of its rows and the same tensor again, in a random order:
+    one storage, counted per tensor (never equal to a count per storage, nor to a fixed number
+    of bytes per element, with 2 rows or more)."""
+    dtype = _DTYPES[randint(g, 0, len(_DTYPES) - 1)]
+    rows, cols = randint(g, 2, 9), randint(g, 2, 9)
+    base = torch.zeros(rows, cols, dtype=dtype)
+    tensors = [base, base.t(), base[randint(g, 0, rows - 1)], base]
+    return [tensors[i] for i in torch.randperm(len(tensors), generator=g).tolist()]
+
+
+def _per_storage(tensors):
+    """The totals of an answer that counts tensors sharing a storage once, if any do: keyed by
+    storage, address or object, the smallest or largest one's bytes (in _shared_storage's list
+    the first's and the last's are among them), or the storage's own."""
+    storage = lambda t: t.untyped_storage().data_ptr()
+    if len({storage(t) for t in tensors}) == len(tensors):
+        return set()
+    totals = {sum({storage(t): t.untyped_storage().nbytes() for t in tensors}.values())}
+    for key in (storage, lambda t: t.data_ptr(), id):
+        groups = {}
+        for t in tensors:
+            groups.setdefault(key(t), []).append(t.numel() * t.element_size())
+        totals |= {sum(pick(b) for b in groups.values()) for pick in (min, max)}
+    return totals
+
+
 def _describe(ts):
-    return "[" + ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-                           + (" (a view)" if t._base is not None else "") for t in ts) + "]"
+    def note(i, t):
+        same = next((j for j in range(i) if ts[j] is t), None)
+        shared = next((j for j in range(i) if ts[j].untyped_storage().data_ptr()
+                       == t.untyped_storage().data_ptr()), None)
+        if same is not None:
+            return f" (entry {same + 1} again)"
+        if shared is not None:
+            return f" (sharing entry {shared + 1}'s storage)"
+        return " (a view)" if t._base is not None else ""
+    return "[" + ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" + note(i, t)
+                           for i, t in enumerate(ts)) + "]"
 
 
 @check("tensor_bytes", references=["held_bytes"],
        observes=["the bytes returned for fresh lists of tensors of mixed dtypes (one list holds "
-                 "every dtype), against numel × element_size"])
+                 "every dtype, one a tensor, its transpose, one of its rows and the same tensor "
+                 "again), against numel × element_size of each"])
 def check_tensor_bytes(fn):
     """fn(tensors) returns the total bytes a list of tensors occupies (numel × element_size)."""
     g = fresh_generator()
@@ -80,6 +117,8 @@ def check_tensor_bytes(fn):
     # at least one list mixing every dtype, so a fixed bytes-per-element cannot pass
     mixed = _random_tensors(g, 4)
     trials.append([t.to(dtype) for t, dtype in zip(mixed, _DTYPES, strict=True)])
+    # one list whose tensors share a storage, so that counting each storage once cannot pass
+    trials.insert(randint(g, 0, len(trials)), _shared_storage(g))
     for tensors in trials:
         got = as_number(fn(list(tensors)), f"tensor_bytes({_describe(tensors)})")
         want = sum(t.numel() * t.element_size() for t in tensors)    # after the answer ran
@@ -90,6 +129,10 @@ def check_tensor_bytes(fn):
         expect(got != stored, f"for {_describe(tensors)} you returned {got:g}, the bytes of "
                               f"their storages (a view shares its base's); expected {want}, "
                               "numel() × element_size() of each tensor")
+        expect(got not in _per_storage(tensors),
+               f"for {_describe(tensors)} you returned {got:g}, counting the tensors that share "
+               f"memory once; expected {want}: numel() × element_size() of each tensor in the "
+               "list, a view or the same tensor again counted as if it were its own")
         expect(got != numel, f"for {_describe(tensors)} you returned {got:g}, the number of "
                              f"elements; the tensors occupy {want} bytes: multiply each "
                              "tensor's numel() by its element_size()")
