@@ -103,6 +103,19 @@ def time_it_sync_late(fn, devices, reps=5):
     return statistics.median(times)
 
 
+@shortcut("check_time_it", "synchronises after every call, times with time.process_time",
+          ["you synchronised after every call", "time.process_time counts the CPU time"])
+def time_it_cpu_clock(fn, devices, reps=5):
+    times = []
+    for _ in range(reps):
+        synchronize(devices)
+        t0 = time.process_time()
+        fn()
+        synchronize(devices)
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
+
+
 @shortcut("check_time_it", "synchronises one device only", ["cuda:", "never waited for"])
 def time_it_first_device(fn, devices, reps=5):
     return time_it(fn, devices[:1], reps)
@@ -346,10 +359,11 @@ def test_time_it_verdicts_do_not_depend_on_which_call_is_slow():
 
 
 def test_time_it_leaves_torch_as_it_was():
-    saved = torch.cuda.synchronize
+    saved = torch.cuda.synchronize, time.process_time, time.thread_time_ns
     check_time_it(time_it)
     check_time_it(time_it_no_sync)
-    assert torch.cuda.synchronize is saved
+    check_time_it(time_it_cpu_clock)
+    assert (torch.cuda.synchronize, time.process_time, time.thread_time_ns) == saved
 
 
 test_case = parametrize_cases(__name__)

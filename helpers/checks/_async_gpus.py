@@ -1,6 +1,7 @@
 """The simulated GPUs check_time_it (profile.py) times on: they run asynchronously, as CUDA does,
 and torch.cuda's synchronize, current device, streams and events stand in for theirs while the
-answer runs, so the check sees whether and when the answer waited, and what the calls took."""
+answer runs, so the check sees whether and when the answer waited, and what the calls took;
+reads of time's CPU-time clocks are noted (a timer on one cannot see the GPUs' work)."""
 import contextlib
 import math
 import time
@@ -24,6 +25,7 @@ class AsyncGPUs:
         self.events = []                              # ("call", i, t) and ("sync", device, t)
         self.starts = []
         self.work = []                                # each call's GPU seconds (longest device)
+        self.cpu_clock = []     # a name per read of a CPU-time clock (blind to the waits)
 
     def queue(self, work):
         now = time.perf_counter()
@@ -74,7 +76,8 @@ class AsyncGPUs:
         """Stand in for torch's synchronize (torch.cuda, torch.accelerator), the current device
         it uses without an argument (torch.cuda.device, set_device, current_device), the
         streams of a device (current_stream, default_stream: .synchronize() waits for it) and
-        torch.cuda.Event (recorded on the current device's stream or a given one)."""
+        torch.cuda.Event (recorded on the current device's stream or a given one); and note each
+        read of time's CPU-time clocks (a sleep or a wait on a GPU does not advance them)."""
         cuda = torch.cuda
         names = ["synchronize", "device", "set_device", "current_device", "current_stream",
                  "default_stream", "Event"]
@@ -83,6 +86,9 @@ class AsyncGPUs:
         if accelerator is not None and hasattr(accelerator, "synchronize"):
             saved.append((accelerator, "synchronize", accelerator.synchronize))
         stand_ins = _stand_ins(self.synchronize, self.mark, self.reached, self.hold)
+        for name in _CPU_CLOCKS:
+            saved.append((time, name, getattr(time, name)))
+            stand_ins[name] = _noted(getattr(time, name), name, self.cpu_clock.append)
         for owner, name, _ in saved:
             setattr(owner, name, stand_ins[name])
         try:
@@ -123,6 +129,18 @@ class AsyncGPUs:
                                  math.inf))
             out.append(max(ends) - start)
         return out
+
+
+_CPU_CLOCKS = ("process_time", "process_time_ns", "thread_time", "thread_time_ns")
+
+
+def _noted(clock, name, note):
+    """`clock` (a CPU-time clock of time's) that notes its name at every read: a closure."""
+    def read():
+        note(name)
+        return clock()
+    read.__name__ = read.__qualname__ = name
+    return read
 
 
 def _stand_ins(sync, mark, reached, hold):

@@ -104,7 +104,8 @@ def _ms(seconds):
     "the synchronize of a torch.cuda.Event recorded after the work): which "
     "GPUs were synchronized before the first timed call (the last reps calls: untimed warm-up "
     "calls before them may be queued back to back) and after every timed call, before the "
-    "next one",
+    "next one; whether it read a CPU-time clock (time.process_time, time.thread_time: blind "
+    "to a wait)",
     "the seconds returned against the median of what the calls really took, within 10%, timed "
     "by the check from the host or as CUDA events time the GPUs (the work differs "
     "from call to call, repeating every reps calls, with a fast and a slow outlier, so that the "
@@ -173,10 +174,18 @@ def check_time_it(time_it):
         med, total = statistics.median(real), sum(real)
         expect(not math.isclose(t, 1e3 * med, rel_tol=0.5),
                f"{call} says {t:g}: that looks like milliseconds; return seconds")
+        # here every timed call was waited for before the next (no gap above): a time far
+        # below the calls' comes from a clock stopped before that wait, or blind to it
+        short = f"{call} says {_ms(t)}, but every call took at least {_ms(min(real))} until " \
+                "its work was done"
+        if sim.cpu_clock:
+            expect(t >= 0.5 * min(real),
+                   f"{short}, and you synchronised after every call: time.{sim.cpu_clock[-1]} "
+                   "counts the CPU time your process spent, not the time it waited for the "
+                   "GPUs; time with a wall clock (time.perf_counter)")
         expect(t >= 0.5 * min(real),
-               f"{call} says {_ms(t)}, but every call took at least {_ms(min(real))} until its "
-               "work was done: the clock stopped before the devices finished; synchronise "
-               "before stopping the clock, not after")
+               f"{short}: the clock stopped before the devices finished; synchronise before "
+               "stopping the clock, not after, and read a wall clock (time.perf_counter)")
         expect(not math.isclose(t, total, rel_tol=0.2),
                f"{call} says {_ms(t)}, the total of all {n} calls ({_ms(total)}); return the "
                "median of per-call times")
