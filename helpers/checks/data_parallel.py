@@ -38,9 +38,10 @@ def _close(got, want):
             and tensor_close(got.detach().double().cpu(), want.double(), rtol=1e-5, atol=1e-6))
 
 
-@check("combine_mean_grads", observes=[
-    "the tensor returned for fresh shard gradients and unequal shard sizes, against the full "
-    "batch's mean-loss gradient"])
+# handed copies, compared with the check's own tensors: combining in place (not forbidden) passes
+@check("combine_mean_grads", changes_inputs=True, observes=[
+    "the tensor returned for fresh shard gradients (copies, which it may write into) and "
+    "unequal shard sizes, against the full batch's mean-loss gradient"])
 def check_combine_mean_grads(fn):
     """fn(grads, sizes): the full batch's mean-loss gradient from each shard's mean-loss
     gradient."""
