@@ -8,6 +8,7 @@ rounding.
 import collections
 import math
 
+import numpy as np
 import torch
 
 from ._core import (
@@ -200,8 +201,14 @@ def check_ring_allreduce(ring_allreduce):
                    + ("" if k == 1 or tensor_equal(objs[0], total) else "; after the "
                       "reduce-scatter each device holds one summed chunk: the all-gather "
                       "passes them round the ring"))
+        kind = ("a tensor" if isinstance(sent, torch.Tensor) else
+                "a numpy array" if isinstance(sent, np.ndarray) else None)
+        expect(kind is None, f"{call} returned {kind} ({sent.tolist() if kind else ''}): "
+                             f"return a list (not {kind}) of {k} int{'s' * (k > 1)}, one per "
+                             "device")
         expect(isinstance(sent, (list, tuple)) and len(sent) == k,
-               f"{call} returned {sent!r}: return a list of {k} counts, one per device")
+               f"{call} returned {sent!r}: return a list of {k} count{'s' * (k > 1)}, one per "
+               "device")
         sent = [as_int(s, f"{call}[{i}]") for i, s in enumerate(sent)]
         seen = _ring_traffic(ring_allreduce, before, call) if k > 1 else [0]
         for i, (a, b) in enumerate(zip(sent, seen, strict=True)):
