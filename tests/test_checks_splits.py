@@ -260,6 +260,39 @@ def conv_whole_x_through_host(X, W, b, devices, log=None):
     return sum(parts) + b.to(devices[0]).reshape(1, -1, 1, 1)
 
 
+def _conv_partials(X, W, devices):
+    """Each device's partial sum of the whole output, computed on that device."""
+    k = len(devices)
+    return [F.conv2d(Xi.to(d), Wi.to(d)) for Xi, Wi, d in
+            zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1), devices)]
+
+
+@shortcut("check_conv_split_in_channels", "partial sums added along a chain, the total sent to "
+          "device 0", ["sent a partial sum of the whole output", "add them up there"])
+def conv_split_chain_sum(X, W, b, devices, log=None):
+    parts = _conv_partials(X, W, devices)
+    total = parts[0]
+    for i in range(1, len(devices)):
+        total = total.to(devices[i]) + parts[i]
+    return total.to(devices[0]) + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
+@shortcut("check_conv_split_in_channels", "partial sums added up on the host, sent to device 0",
+          ["to the CPU", "add them up there"])
+def conv_split_host_sum(X, W, b, devices, log=None):
+    total = sum(P.cpu() for P in _conv_partials(X, W, devices))
+    return total.to(devices[0]) + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
+@other("check_conv_split_in_channels", "partial sums copied into a buffer on device 0, summed")
+def conv_split_buffer_sum(X, W, b, devices, log=None):
+    parts = _conv_partials(X, W, devices)
+    buf = torch.empty(len(parts), *parts[0].shape, device=devices[0])
+    for i, P in enumerate(parts):
+        buf[i].copy_(P)
+    return buf.sum(0) + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
 @worked("check_gated_mlp_column_then_row")
 def gated_mlp_column_then_row(X, W1, V, W2, devices, log=None):
     k = len(devices)

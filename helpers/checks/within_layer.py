@@ -105,8 +105,10 @@ def _spread(call, rec, Y, devices, whole, what):
     "values and gradients on CPU tensors, against F.conv2d (bias once)",
     "on k simulated GPUs: every device ran a convolution on its slice of the input channels "
     "that reaches the output, no device did more than its share of the multiply-adds, the "
-    "output is on device 0, no operation mixed devices, and no device (the host included) "
-    "received more of X or W than its slice (the whole sent and sliced there) or b twice"])
+    "output is on device 0, every other device's partial sum travelled straight to device 0 "
+    "and none left it (they are added up there), no operation mixed devices, and no device "
+    "(the host included) received more of X or W than its slice (the whole sent and sliced "
+    "there) or b twice"])
 def check_conv_split_in_channels(fn):
     """fn(X, W, b, devices, log): conv2d(X, W, b) with the INPUT channels split over the devices:
     device i convolves its channels of X with its slice of every filter (a partial sum of the whole
@@ -150,13 +152,22 @@ def check_conv_split_in_channels(fn):
 
 
 def _partial_sums(call, ancestry, rec, Y, devices, whole):
-    """By data flow: a full-size partial sum of the output travels from every other device to
-    device 0 (a split of the output's pixels sends pieces, not partial sums), and no device,
-    the host included, did more than its share of the work counted over every operation
-    (elementwise products and im2col included), beside adding the partial sums up."""
+    """By data flow: a full-size partial sum of the output travels from every other device
+    straight to device 0, and none leaves device 0, where they are added up (the exercise's
+    rule; a split of the output's pixels sends pieces, not partial sums), and no device, the host
+    included, did more than its share of the work counted over every operation (elementwise
+    products and im2col included), beside adding the partial sums up."""
+    sums = [op for op in ancestry if op.is_transfer
+            and op.reads[-1 if op.name == "copy_" else 0].numel == Y.numel()]
+    to = {op: (op.writes or op.outputs)[0].device for op in sums}
+    for op in sums:
+        expect(to[op] == devices[0],
+               f"{call}: {describe_device(op.src_device)} sent a partial sum of the whole "
+               f"output ({list(Y.shape)}) to {describe_device(to[op])}: send every device's "
+               "partial sum to device 0 and add them up there (not along a chain, nor "
+               "through another device)")
     for d in devices[1:]:
-        moved = [op for op in ancestry if op.is_transfer and op.src_device == d
-                 and op.reads[-1 if op.name == "copy_" else 0].numel == Y.numel()]
+        moved = [op for op in sums if op.src_device == d]
         expect(moved, f"{call}: no partial sum of the whole output ({list(Y.shape)}) travelled "
                       f"from {describe_device(d)} to device 0: in this split every device "
                       "convolves ALL output pixels with its input channels, and device 0 adds "
