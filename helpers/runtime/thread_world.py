@@ -29,7 +29,8 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -53,7 +54,9 @@ class Message:
     __slots__ = ("op", "rank", "src", "dst", "ranks", "tag", "key", "shape", "dtype", "nbytes",
                  "seq", "async_op", "waited", "tensor", "index")
 
-    def __init__(self, op, rank, t, seq, src=None, dst=None, ranks=None, tag=0, async_op=False):
+    def __init__(self, op: str, rank: int | None, t: torch.Tensor | None, seq: int,
+                 src: int | None = None, dst: int | None = None, ranks: tuple | None = None,
+                 tag: int = 0, async_op: bool = False) -> None:
         self.op, self.rank, self.src, self.dst = op, rank, src, dst
         self.ranks, self.tag = ranks, tag
         self.key = t.untyped_storage()._cdata if t is not None else None
@@ -65,10 +68,10 @@ class Message:
         self.tensor = wire(t) if t is not None else None     # what was handed over
 
     @property
-    def collective(self):
+    def collective(self) -> bool:
         return self.op not in ("send", "recv")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         peer = f" {self.src}->{self.dst}" if not self.collective else f" by rank {self.rank}"
         return f"{self.op}{peer} {list(self.shape)} ({self.nbytes} B) #{self.seq}"
 
@@ -113,44 +116,44 @@ class ThreadWorld(SendWaits):
         self.deadline = (timeout * 3 + 5) * size if deadline is None else deadline
 
     # --- hooks (no-ops here) ---------------------------------------------------------------------
-    def run_context(self):
+    def run_context(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def rank_context(self, rank):
+    def rank_context(self, rank: int) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def comm_context(self):
+    def comm_context(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def landed_context(self, message):
+    def landed_context(self, message: Message) -> AbstractContextManager[Any]:
         """Around a `then()` or `add_done_callback()` callback of the future of `message`'s
         async Work (work.py): the work has completed there."""
         return contextlib.nullcontext()
 
-    def on_enter(self):
+    def on_enter(self) -> None:
         """Called first in every send, recv and collective, in the calling rank: raise to stop
         the call (a subclass that has already failed the run refuses every later call)."""
 
-    def allowed(self, op):
+    def allowed(self, op: str) -> None:
         """Raise (in the calling rank) to refuse a call; here every call is allowed."""
 
-    def on_message(self, rank, kind, m):
+    def on_message(self, rank: int, kind: str, m: Message) -> None:
         """Called, under the lock, after Message `m` was recorded (record=True) in `messages`
         and in `rank`'s timeline as `kind` ("send", "recv", "launch" or the collective)."""
 
-    def on_send(self, rank, m, t, call):
+    def on_send(self, rank: int, m: Message, t: torch.Tensor, call: str) -> None:
         """Called in `rank` (record=True) after its ThreadComm posted `t` as Message `m` with
         comm call `call` ("send"; "isendrecv", which sendrecv posts through): `t` stays
         outstanding, as a DistComm's isend on processes, until the rank's wait (`comm.wait()`,
         the Exchange's wait()) records `m.waited` with a "wait" in its timeline."""
 
     # --- the world's lock and its failure, for subclasses -------------------------------------
-    def locked(self):
+    def locked(self) -> threading.Condition:
         """The world's one lock (re-entrant), as a context manager: hold it to read or change
         the records (messages, timeline) while ranks run, or to wait with the network."""
         return self._cond
 
-    def fail(self, rank, error):
+    def fail(self, rank: int | None, error: BaseException | None) -> None:
         """Record the run's first failure (`rank`, `error`) and wake every rank waiting on a
         message or a collective: they stop quietly, so the first cause is the one reported."""
         with self._cond:
@@ -171,18 +174,18 @@ class ThreadWorld(SendWaits):
                 self._comms[rank] = ThreadComm(self, rank)
             return self._comms[rank]
 
-    def event(self, rank, kind, detail=None):
+    def event(self, rank: int, kind: str, detail: Any = None) -> int:
         """Append to `rank`'s timeline; returns the event's global sequence number."""
         with self._cond:
             seq = next(self._seq)
             self.timeline[rank].append((seq, kind, detail))
             return seq
 
-    def mark(self, label):
+    def mark(self, label: str) -> int:
         """A caller's own marker in the calling rank's timeline ("backward done")."""
         return self.event(self.rank, "mark", label)
 
-    def sent(self, op=None, rank=None):
+    def sent(self, op: str | None = None, rank: int | None = None) -> list[Message]:
         """The messages (of kind `op`, by `rank`) in the order they happened."""
         return [m for m in self.messages if (op is None or m.op == op)
                 and (rank is None or m.rank == rank)]
@@ -204,7 +207,8 @@ class ThreadWorld(SendWaits):
                                          device=torch.device("cpu")))
         return one
 
-    def start(self, body):
+    def start(self, body: Callable[[int], Any]) -> tuple[
+            list[Any], list[tuple[int | None, BaseException]], list[int]]:
         """body(rank) on one thread per rank, for at most the world's deadline. Returns
         (results, errors, stuck): errors as (rank, exception), the first cause first; stuck:
         the ranks still running."""
@@ -294,7 +298,8 @@ class ThreadWorld(SendWaits):
             raise _Aborted()
 
     # --- point to point ------------------------------------------------------------------------
-    def send(self, t, dst, tag=0, async_op=False):
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0,
+             async_op: bool = False) -> Message:
         self._enter()
         rank = self.rank
         self.allowed("send")
@@ -310,7 +315,9 @@ class ThreadWorld(SendWaits):
             self._cond.notify_all()
         return m
 
-    def recv(self, src, tag=0, out=None, shape=None, dtype=None, posted=False):
+    def recv(self, src: int, tag: int = 0, out: torch.Tensor | None = None,
+             shape: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+             posted: bool = False) -> torch.Tensor:
         """The next message from `src` with `tag`, copied into `out` (or a new tensor);
         `posted`: the receive was posted before (post_recv)."""
         self._enter()
@@ -339,19 +346,23 @@ class ThreadWorld(SendWaits):
                 out.copy_(got)
             return out
 
-    def takes(self, got, shape, dtype):
+    def takes(self, got: torch.Tensor, shape: Sequence[int] | None,
+              dtype: torch.dtype | None) -> bool:
         """Whether a recv of `shape` (None: any) and `dtype` takes message tensor `got`; here
         the shape must be the same, and the values are converted to the receiver's dtype."""
         return shape is None or tuple(shape) == tuple(got.shape)
 
-    def mismatch(self, src, tag, want, got):
+    def mismatch(self, src: int, tag: int, want: Sequence[int],
+                 got: torch.Tensor) -> None:
         """A recv whose buffer's shape `want` is not the shape of the message `got` it would
         take: raised in the receiving rank, and the message stays unreceived."""
         raise ValueError(f"rank {self.rank} expected shape {tuple(want)} from rank {src} "
                          f"(tag {tag}), got {tuple(got.shape)}")
 
     # --- collectives ---------------------------------------------------------------------------
-    def collective(self, op, ranks, t, payload, combine, deliver, async_op=False, value=None):
+    def collective(self, op: str, ranks: Sequence[int], t: torch.Tensor | None, payload: Any,
+                   combine: Callable[[list[Any]], Sequence[Any]], deliver: Callable[[Any], Any],
+                   async_op: bool = False, value: Callable[[], Any] | None = None) -> Work | None:
         """Meet the other ranks of `ranks` at this rank's next collective call: `payload` is what
         this rank contributes, `combine(payloads)` (in group order) what each rank gets back,
         `deliver(mine)` writes it into the caller's tensors as the call returns, async or not

@@ -12,6 +12,9 @@ where it runs, as `wait()` does. Making the future does not wait, nor does a `th
 World fails a rank that returns with one never waited for (helpers/checks/_core/waits.py).
 """
 import contextlib
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -23,25 +26,27 @@ class WorkFuture(torch.futures.Future):
     wait (`waited()`, once); a future chained with `then()` records the same wait. A callback
     gets a plain completed Future with the same value, so reading it there is no wait."""
 
-    def __init__(self, waited, landed=contextlib.nullcontext):
+    def __init__(self, waited: Callable[[], None],
+                 landed: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+                 ) -> None:
         super().__init__()
         self._waited, self._landed = waited, landed     # landed(): around each callback
 
-    def wait(self):
+    def wait(self) -> Any:
         self._waited()
         return super().wait()
 
-    def value(self):
+    def value(self) -> Any:
         self._waited()
         return super().value()
 
-    def done(self):
+    def done(self) -> bool:
         finished = super().done()
         if finished:            # the rank sees it complete: it has waited
             self._waited()
         return finished
 
-    def _plain(self):
+    def _plain(self) -> torch.futures.Future:
         """A plain Future holding this one's value (or error), for a callback to read."""
         plain = torch.futures.Future()
         try:
@@ -50,7 +55,7 @@ class WorkFuture(torch.futures.Future):
             plain.set_exception(e)
         return plain
 
-    def then(self, callback):
+    def then(self, callback: Callable[[torch.futures.Future], Any]) -> "WorkFuture":
         child = WorkFuture(self._waited, self._landed)
 
         def run(_):
@@ -63,7 +68,7 @@ class WorkFuture(torch.futures.Future):
         super().add_done_callback(run)
         return child
 
-    def add_done_callback(self, callback):
+    def add_done_callback(self, callback: Callable[[torch.futures.Future], Any]) -> None:
         def run(_):
             with self._landed():
                 callback(self._plain())
@@ -80,7 +85,8 @@ class Work:
 
     __slots__ = ("_wait", "_done", "_future", "_result")
 
-    def __init__(self, world, message, deliver=None, value=None):
+    def __init__(self, world: Any, message: Any, deliver: Callable[[], None] | None = None,
+                 value: Callable[[], Any] | None = None) -> None:   # a ThreadWorld, a Message
         pending = [] if deliver is None else [deliver]
         made = []
 
@@ -113,23 +119,23 @@ class Work:
             return made[0]
         self._wait, self._done, self._future, self._result = waited, done, future, result
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> bool:
         self._wait()
         return True
 
-    def is_completed(self):
+    def is_completed(self) -> bool:
         return self._done()
 
-    def result(self):
+    def result(self) -> Any:
         """What gloo's `result()` gives once the work completed (`[tensor]` for an all-reduce,
         as its future's value)."""
         return self._result()
 
-    def get_future(self):
+    def get_future(self) -> WorkFuture:
         return self._future()
 
 
-def waited_all(futures):
+def waited_all(futures: Iterable[Any]) -> None:
     """Record the waits of the WorkFutures among `futures` (torch.futures.wait_all and
     collect_all combine them in C++, past their own `wait()`: the grader's World replaces the C
     function both call, helpers/checks/_core/dist.py)."""
