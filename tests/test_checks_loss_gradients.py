@@ -93,6 +93,12 @@ def z_log_detached(logits):
     return ((m + rest) ** 2).mean()
 
 
+@shortcut("check_z_loss", "squared in place (pow_ on what logsumexp saved for backward)",
+          ["backward through", "in-place"])
+def z_squared_in_place(logits):
+    return torch.logsumexp(logits, -1).pow_(2).mean()
+
+
 @other("check_z_loss", "the max taken out by hand, detached")
 def z_max_detached(logits):
     m = logits.amax(-1, keepdim=True).detach()

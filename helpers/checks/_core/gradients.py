@@ -10,6 +10,7 @@ get with what the course's own function gives them (float32's rounding).
 import torch
 
 from .inputs import tensor_close
+from .raised import describe, type_name
 from .run import CheckFailed, expect
 from .settle import reader_class
 
@@ -27,7 +28,13 @@ def expect_gradient(got, inputs, reference, what, names, hint):
     if reader_class(type(got)):         # read as a plain tensor, still on its graph
         got = torch._C.TensorBase.as_subclass(got, torch.Tensor)
     expect(got.numel() == 1 and got.grad_fn is not None, lost)
-    grads = torch.autograd.grad(got.reshape(()), list(inputs), allow_unused=True)
+    try:
+        grads = torch.autograd.grad(got.reshape(()), list(inputs), allow_unused=True)
+    except RuntimeError as e:       # torch's words: a saved tensor changed in place, say
+        words = describe(e).split(" Hint:")[0]
+        raise CheckFailed(f"backward through {what} failed ({type_name(type(e))}: {words}): "
+                          "an in-place operation (`pow_`, `mul_`) on a tensor autograd saved "
+                          "for backward breaks it; compute the loss out of place") from None
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     wants = torch.autograd.grad(reference(*leaves), leaves)
     for grad, want, name in zip(grads, wants, names, strict=True):
