@@ -9,7 +9,7 @@ import torch
 from check_cases import other, parametrize_cases, shortcut
 
 import helpers.checks
-from helpers import get_params, split_batch
+from helpers import get_params, partition_by_size, split_batch
 from helpers.checks._core import rounding_note, shown
 
 
@@ -51,6 +51,13 @@ def mixed_zero_bytes_f32(stage, k):
 def lr_at_f32(step, base_lr, base_batch, batch, warmup):
     peak = T(base_lr) * batch / base_batch
     return peak * min(1.0, (step + 1) / warmup) if warmup else peak
+
+
+@other("check_zero1_optimizer", "a float32 tensor learning rate (torch.compile's form)")
+def zero1_tensor_lr(params, rank, world, lr):
+    owners = partition_by_size([p.numel() for p in params], world)
+    mine = [p for p, r in zip(params, owners, strict=True) if r == rank]
+    return torch.optim.AdamW(mine, lr=torch.tensor(lr))
 
 
 @other("check_bytes_sent_naive_vs_ring", "float32 tensors")

@@ -179,6 +179,16 @@ def grad_shard_overpad(flat_grad):
     return out / world
 
 
+@shortcut("check_grad_shard", "padded by n % world (what -n % world is on 2 ranks only)",
+          "the input must be world")
+def grad_shard_pad_mod(flat_grad):
+    world = dist.get_world_size()
+    flat = torch.cat([flat_grad, flat_grad.new_zeros(flat_grad.numel() % world)])
+    out = flat.new_empty(flat.numel() // world)
+    dist.reduce_scatter_tensor(out, flat)
+    return out / world
+
+
 @shortcut("check_average_bucket", "divided by the number of tensors, not of ranks",
           "not the average over the ranks")
 def average_bucket_by_count(grads):
@@ -320,6 +330,16 @@ def saved_bytes_first_view(net, X):
 def zero1_contiguous(params, rank, world, lr):
     mine = torch.arange(len(params)).tensor_split(world)[rank].tolist()
     return torch.optim.AdamW([params[i] for i in mine], lr=lr)
+
+
+@shortcut("check_zero1_optimizer", "each parameter in order to the least loaded rank (no "
+          "largest-first sort)", "balance them by size")
+def zero1_unsorted(params, rank, world, lr):
+    load, owners = [0] * world, []
+    for p in params:
+        owners.append(load.index(min(load)))
+        load[owners[-1]] += p.numel()
+    return torch.optim.AdamW([p for p, r in zip(params, owners) if r == rank], lr=lr)
 
 
 @shortcut("check_update_running_stats", "momentum weighing the old value (flipped)",

@@ -152,10 +152,10 @@ def balancing_probs_only(probs, expert, n_experts):
     return n_experts * (probs.mean(0) ** 2).sum()
 
 
-@other("check_balancing_loss", "one-hot mean, as a float")
+@other("check_balancing_loss", "one-hot mean")
 def balancing_one_hot(probs, expert, n_experts):
     f = torch.nn.functional.one_hot(expert, n_experts).float().mean((0, 1))
-    return float(n_experts * (f * probs.mean(0)).sum())
+    return n_experts * (f * probs.mean(0)).sum()
 
 
 @shortcut("check_keep_within_capacity", "no capacity", "with capacity")

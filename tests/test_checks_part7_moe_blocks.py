@@ -130,11 +130,11 @@ def z_reference_copy(logits):
     return space["router_z_loss"](logits)
 
 
-@other("check_z_loss", "by hand, shifted by the max, as a float")
+@other("check_z_loss", "by hand, shifted by the max")
 def z_by_hand(logits):
     m = logits.amax(-1, keepdim=True)
     lse = (m + (logits - m).exp().sum(-1, keepdim=True).log()).squeeze(-1)
-    return float((lse * lse).mean())
+    return (lse * lse).mean()
 
 
 @shortcut("check_permute_tokens", "the tokens in their own order", "group them by expert")

@@ -13,6 +13,7 @@ from check_cases import other, parametrize_cases, shortcut
 from thread_ranks import run_threads
 
 import helpers
+import helpers.checks
 import helpers.checks._core
 from helpers.checks._core import CheckFailed, World
 from helpers.runtime import errors
@@ -96,6 +97,39 @@ def dp_average_own_numbers(grads, comm):
 
 
 test_case = parametrize_cases(__name__)
+
+
+# ---- a buffer every rank reaches, written by each rank's collective ----------------------------
+_BUFFERS = {}     # output buffers by size, a module global: one per process on gloo, shared here
+
+
+def grad_shard_cached_buffer(flat_grad):
+    world = dist.get_world_size()
+    padded = torch.cat([flat_grad, flat_grad.new_zeros(-flat_grad.numel() % world)])
+    out = _BUFFERS.setdefault(padded.numel() // world, torch.empty(padded.numel() // world))
+    dist.reduce_scatter_tensor(out, padded)
+    return out / world
+
+
+def test_a_buffer_shared_by_the_ranks_collectives_is_refused_on_every_run():
+    """Whichever rank's delivery comes second, and whatever the others did with the buffer in
+    between, the verdict names the shared object: not "wrong values", never a pass."""
+    for _ in range(6):
+        result = helpers.checks.check_grad_shard(grad_shard_cached_buffer)
+        assert result.status == "failed" and "module global" in result.message, result
+
+
+# ---- the functional collectives: not played, and the answer told which calls are --------------
+def test_functional_collectives_are_named_with_the_calls_the_world_plays():
+    import torch.distributed._functional_collectives as funcol
+
+    def dp_average_funcol(grads, comm):
+        for g in grads:
+            g.copy_(funcol.all_reduce(g, "sum", list(range(comm.world))) / comm.world)
+    result = helpers.checks.check_dp_average(dp_average_funcol)
+    assert result.status == "failed", result
+    for words in ("_functional_collectives", "dist.all_reduce", "torch.distributed.nn"):
+        assert words in result.message, result.message
 
 
 # ---- the world itself --------------------------------------------------------------------------

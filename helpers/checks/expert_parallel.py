@@ -20,17 +20,27 @@ from ._core import (
     tensor_equal,
     uniform,
 )
+from ._core.gradients import expect_gradient
 from ._sendrecv import _carries, _threads
 
 __all__ = ["check_balancing_loss", "check_keep_within_capacity", "check_dispatch_tokens",
            "check_z_loss", "check_permute_tokens", "check_expert_grad_group"]
 
 
+# The chapter adds both router losses to the loss it backpropagates: their gradient is their job
+_GRAD = ("keep it a torch computation on {x} (no torch.tensor([...]) of its values, .item(), "
+         ".tolist(), numpy or .detach()): the chapter adds it to the loss it backpropagates, and "
+         "its gradient is what {does}")
+
+
 @check("balancing_loss", references=["load_balancing_loss"], observes=[
     "the loss returned for fresh router probabilities and top-1 and top-2 choices (in one case "
-    "of every draw no token chooses the last expert); counting only first choices is named"])
+    "of every draw no token chooses the last expert); counting only first choices is named",
+    "the gradient backward through it gives the probabilities (a softmax's output, requiring "
+    "grad), against the course's loss's"])
 def check_balancing_loss(fn):
-    """fn(probs, expert, n_experts) -> Switch Transformer's load-balancing loss."""
+    """fn(probs, expert, n_experts) -> Switch Transformer's load-balancing loss, differentiable
+    in probs."""
     g = fresh_generator()
     empty = randint(g, 0, 2)     # forced, in a fresh case: the last expert chosen by no token
     for case, k in enumerate((1, 2, 2)):
@@ -41,10 +51,16 @@ def check_balancing_loss(fn):
             logits[rows, low], logits[rows, -1] = logits[rows, -1], logits[rows, low]
         probs = torch.softmax(logits * 2, -1)
         expert = probs.topk(k, -1).indices
-        got = as_number(fn(probs.clone(), expert.clone(), E),
-                        "balancing_loss(probs, expert, n_experts)")
+        # the router's probabilities as the chapter has them: a softmax's output, on its graph
+        handed = torch.softmax(logits.clone().requires_grad_() * 2, -1)
+        out = fn(handed, expert.clone(), E)
+        call = "balancing_loss(probs, expert, n_experts)"
+        got = as_number(out, call)
         want = float(load_balancing_loss(probs, expert, E))
         if abs(got - want) <= 1e-5 * max(1, abs(want)):
+            expect_gradient(out, [handed], lambda p, e=expert, n=E: load_balancing_loss(p, e, n),
+                            call, ["probs"], _GRAD.format(x="probs", does="pushes the router "
+                                                          "back to balance"))
             continue
         first = float(load_balancing_loss(probs, expert[:, :1], E))
         hint = ("that counts only the first choices: f_i is the share of all k choices"
@@ -132,18 +148,25 @@ def check_dispatch_tokens(fn):
 
 @check("z_loss", references=["router_z_loss"], observes=[
     "the loss returned for fresh router scores, small and large (one above 100 in every large "
-    "draw, where exp overflows float32); the square and the log-sum-exp are named"])
+    "draw, where exp overflows float32); the square and the log-sum-exp are named",
+    "the gradient backward through it gives the scores (requiring grad), against the course's "
+    "loss's"])
 def check_z_loss(fn):
-    """fn(logits) -> ST-MoE's router z-loss: the mean over tokens of logsumexp(logits)^2."""
+    """fn(logits) -> ST-MoE's router z-loss: the mean over tokens of logsumexp(logits)^2,
+    differentiable in logits."""
     g = fresh_generator()
     for scale in (1.0, 30.0):
         N, E = randint(g, 4, 12), randint(g, 3, 8)
         logits = torch.randn(N, E, generator=g) * scale + scale
         if scale > 1:       # forced, not left to the draw: exp overflows float32 above 88.7
             logits[randint(g, 0, N - 1), randint(g, 0, E - 1)] = uniform(g, 100.0, 130.0)
-        got = as_number(fn(logits.clone()), "z_loss(logits)")
+        handed = logits.clone().requires_grad_()
+        out = fn(handed)
+        got = as_number(out, "z_loss(logits)")
         want = float(router_z_loss(logits))
         if abs(got - want) <= 1e-4 * max(1.0, abs(want)):
+            expect_gradient(out, [handed], router_z_loss, "z_loss(logits)", ["logits"],
+                            _GRAD.format(x="logits", does="keeps the router's scores small"))
             continue
         lse = torch.logsumexp(logits, -1)
         if abs(got - float(lse.mean())) < 1e-4 * max(1.0, abs(want)):

@@ -22,6 +22,8 @@ whose.py      whose code a code object is, by the code itself: one compiled unde
               or a check module's file name is the reader's
 inputs.py     fresh inputs (replayed seeds in tests), numbers of any real type, tolerances from
               the expected computation's rounding (a half-precision number refused)
+gradients.py  a result that exists for its gradient (a router's loss) judged by it too: a graph
+              reaching the handed tensors, and the course's function's gradient
 observe.py    Recorder: every aten op with its device, storages, dataflow, work and additions
               (cancels.py: an operand an op cancels, `x * 0`, `x - x`, flows nowhere)
 guard.py      while an answer runs: no reading of other frames, no process, threads observed

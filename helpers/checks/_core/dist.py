@@ -6,6 +6,7 @@ Each call takes the World as its first argument, from the closure `_dispatch` ma
 global holds the World (an answer could import it and edit the records the check judges).
 """
 import contextlib
+import os
 import threading
 import types
 
@@ -15,10 +16,11 @@ import torch.distributed as dist
 from ...runtime.comm import wire as _wire
 from ...runtime.work import Work, WorkFuture, waited_all
 from .inflight import launched as _launched
-from .run import stand_in
+from .raised import traceback_of as _traceback_of
+from .run import CheckFailed, stand_in
 from .waits import what as _what
 
-__all__ = ["torch_distributed", "Group"]
+__all__ = ["torch_distributed", "Group", "not_simulated"]
 
 _ONE = threading.Lock()     # held while a World stands in for torch.distributed (one at a time)
 
@@ -307,7 +309,7 @@ def get_process_group_ranks(W, group):
 _CALLS = {name: obj for name, obj in dict(globals()).items()
           if callable(obj) and not name.startswith("_") and name not in (
               "torch_distributed", "Group", "P2POp", "contextlib", "stand_in", "threading",
-              "torch", "dist", "types")}
+              "torch", "dist", "types", "CheckFailed")}
 _CALLS.update(is_initialized=lambda W: True, get_backend=lambda W, group=None: "gloo",
               P2POp=lambda W, *args, **kwargs: P2POp(*args, **kwargs))
 _CALLS = types.MappingProxyType(_CALLS)
@@ -328,6 +330,28 @@ def _dispatch(name, original, world):
             raise RuntimeError(f"torch.distributed.{name} is not available here")
         return original(*args, **kwargs)
     return call
+
+
+# the functional collectives look their process group up in C++: a thread rank has none (torch
+# raises an empty ValueError), so they are not played, and the answer is told which calls are
+_FUNCOL = os.path.join(os.path.dirname(dist.__file__), "_functional_collectives")
+_PLAYED = ("torch.distributed._functional_collectives needs a real process group, which the "
+           "check's thread ranks do not have: the simulated world plays torch.distributed's "
+           "own calls (dist.all_reduce, dist.reduce_scatter_tensor, dist.all_gather_into_tensor "
+           "and their list forms, dist.all_to_all_single, dist.broadcast, send/recv, "
+           "async_op=True) and torch.distributed.nn.functional's, which call them: use one of "
+           "those here (functional collectives work on processes)")
+
+
+def not_simulated(error):
+    """A CheckFailed naming the calls the world plays for an error raised inside the functional
+    collectives (read from its traceback), else `error` itself."""
+    tb = _traceback_of(error)
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(_FUNCOL):
+            return CheckFailed(_PLAYED)
+        tb = tb.tb_next
+    return error
 
 
 _COLLECT_ALL = torch._C._collect_all

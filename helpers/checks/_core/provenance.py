@@ -209,6 +209,11 @@ class Provenance:
             storage = _storage(t)
             if storage is not None:     # kept alive for the run: no address is reused meanwhile
                 key = storage._cdata
+                made = self.owner.get(key)     # the network writes only into the rank's own:
+                if made and made[0] != rank and self.exempt():    # refused whatever the timing
+                    self.world._refuse(rank, f"the network wrote rank {rank}'s result ({what}) "
+                                       f"into a tensor that rank {made[0]} made ({made[1]}), "
+                                       + _THROUGH)
                 self.owner[key] = (rank, what, storage)
                 if self.memory.alias:   # a write through one wrapper is a write through all
                     for k, other in self.memory.aliases(key):

@@ -43,7 +43,7 @@ import torch
 from ...runtime.thread_world import Message, ThreadWorld, Work
 from ...runtime.traffic import ByteLog, Transfer, wire_share
 from . import addresses
-from .dist import torch_distributed
+from .dist import not_simulated, torch_distributed
 from .early_threads import world_ranks
 from .exits import watch_exits, watched_here
 from .inflight import InFlight, posted
@@ -147,6 +147,7 @@ class World(ThreadWorld):
         waited for (waits.py), and a run whose records (messages, timeline, allow-list ...)
         differ from the harness's own copy (ledger.py)."""
         results, errors, stuck = super().start(body)
+        errors = [(r, not_simulated(e)) for r, e in errors]     # funcol's calls named
         changed = self._verify()
         if changed:
             return results, [(None, tampered(changed))], stuck
