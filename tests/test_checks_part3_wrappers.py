@@ -148,6 +148,14 @@ def dp_forward_main_and_threads(net, X, devices):
     return torch.cat([o.to(devices[0]) for o in outs])
 
 
+@other("check_dp_forward", "replicas copied from the one on devices[0], as replicate does")
+def dp_forward_from_first(net, X, devices):
+    first = copy.deepcopy(net).to(devices[0])
+    replicas = [first] + [copy.deepcopy(first).to(d) for d in devices[1:]]
+    outs = [r(x.to(d)) for r, x, d in zip(replicas, X.chunk(len(devices)), devices)]
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
 @other("check_dp_forward", "threads started by a thread, and a barrier between the replicas")
 def dp_forward_nested_threads(net, X, devices):
     import threading
@@ -202,6 +210,7 @@ def test_a_thread_reads_devices_while_another_is_inside_a_kernel():
     assert seen == [torch.device("cuda", 1)], seen
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_stalled_simulated_operation_ends_in_a_verdict(monkeypatch):
     """An answer's thread that waits past the wait for a simulated operation (held here by the
     calling thread, as by one stuck inside an operation) ends the check as the grader's
@@ -213,6 +222,7 @@ def test_a_stalled_simulated_operation_ends_in_a_verdict(monkeypatch):
     assert result.status == "error" and "waited for another thread" in result.message, result
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_the_simulations_own_error_in_a_thread_is_the_graders(monkeypatch):
     """An error torch's simulation raises inside a thread the answer started (its assertion)
     kills that thread, and the answer then fails elsewhere: reported as the grader's problem,

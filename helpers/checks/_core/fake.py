@@ -65,6 +65,9 @@ def _simulated_mode():
         def avoid_device_init(self):
             return True   # torch.tensor(..., device=cuda:i) stays fake, never made on cuda:i
 
+        def __deepcopy__(self, memo):
+            return self   # a copied simulated tensor stays on these GPUs (its thread-local flag)
+
         @property
         def in_kernel_invocation(self):
             return getattr(self._kernel, "on", False)
