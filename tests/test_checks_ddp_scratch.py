@@ -103,7 +103,8 @@ def overlap_hooks_divide_first(model):
     for p in model.parameters():
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(hook)
-    return lambda: [w.wait() for w in pending]
+    # waited, then let go: a list kept whole grows every step (and keeps every step's gradients)
+    return lambda: [w.wait() for w in pending] and pending.clear()
 
 
 @other("check_overlap_hooks", "the handles' futures, waited with wait_all in finish")
@@ -155,7 +156,7 @@ def overlap_hooks_then(model):
     for p in model.parameters():
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(hook)
-    return lambda: [f.wait() for f in futures]
+    return lambda: [f.wait() for f in futures] and futures.clear()
 
 
 def _accumulate_grad_node(p):

@@ -6,6 +6,7 @@ import contextlib
 import copy
 
 import numpy as np
+import pytest
 import torch
 from check_cases import not_grading, other, parametrize_cases, quiet, shortcut, worked  # noqa: F401
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
@@ -129,34 +130,170 @@ def dp_forward_pool_of_one(net, X, devices):
     return torch.cat([o.to(devices[0]) for o in outs])
 
 
-def test_threads_waiting_on_each_other_fail_not_hang(monkeypatch):
-    """On the simulated GPUs the answer's threads run one at a time: a thread that joins one it
-    started would wait forever, so the wait for the turn ends in a verdict naming it."""
+@other("check_dp_forward", "replica 0 on the calling thread, the others in threads")
+def dp_forward_main_and_threads(net, X, devices):
+    import threading
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    pieces = [x.to(d) for x, d in zip(X.chunk(len(devices)), devices)]
+    outs = [None] * len(pieces)
+
+    def forward(i):
+        outs[i] = replicas[i](pieces[i])
+    threads = [threading.Thread(target=forward, args=(i,)) for i in range(1, len(pieces))]
+    for t in threads:
+        t.start()
+    forward(0)
+    for t in threads:
+        t.join()
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+@other("check_dp_forward", "replicas copied from the one on devices[0], as replicate does")
+def dp_forward_from_first(net, X, devices):
+    first = copy.deepcopy(net).to(devices[0])
+    replicas = [first] + [copy.deepcopy(first).to(d) for d in devices[1:]]
+    outs = [r(x.to(d)) for r, x, d in zip(replicas, X.chunk(len(devices)), devices)]
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+@other("check_dp_forward", "threads started by a thread, and a barrier between the replicas")
+def dp_forward_nested_threads(net, X, devices):
+    import threading
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    pieces, outs = X.chunk(len(devices)), [None] * len(devices)
+    gate = threading.Barrier(len(devices), timeout=20)
+
+    def forward(i):
+        x = pieces[i].to(devices[i])
+        gate.wait()                   # every replica's piece moved before any runs
+        outs[i] = replicas[i](x)
+
+    def outer():                      # starts the other replicas' threads and waits for them
+        inner = [threading.Thread(target=forward, args=(i,)) for i in range(1, len(outs))]
+        for t in inner:
+            t.start()
+        forward(0)
+        for t in inner:
+            t.join()
+    t = threading.Thread(target=outer)
+    t.start()
+    t.join()
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+def test_threads_beside_the_calling_thread_pass_every_time(monkeypatch):
+    """Simulated work on the calling thread beside the answer's own threads: torch's fake mode
+    kept one "inside a kernel" flag for every thread, so a right answer failed most runs."""
+    from helpers.checks._core import carried
+    monkeypatch.setattr(carried, "_TURN_WAIT", 0.5, raising=False)
+    for answer in (dp_forward_main_and_threads, dp_forward_nested_threads) * 3:
+        result = quiet(helpers.checks.check_dp_forward, answer)
+        assert result.status == "passed", f"{answer.__name__}: {result}"
+
+
+def test_a_thread_reads_devices_while_another_is_inside_a_kernel():
+    """The "inside a kernel" flag is each thread's: a simulated tensor's `.device`, read in one
+    thread while another runs a kernel, is its device, never "meta"."""
     import threading
 
+    from helpers.checks._core import FakeGPUs
+    gpus = FakeGPUs(2)
+    t = gpus.tensor(torch.zeros(3), 1)
+    seen = []
+    gpus.mode.in_kernel_invocation = True          # as inside a kernel, on this thread
+    try:
+        reader = threading.Thread(target=lambda: seen.append(t.device))
+        reader.start()
+        reader.join()
+    finally:
+        gpus.mode.in_kernel_invocation = False
+    assert seen == [torch.device("cuda", 1)], seen
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_stalled_simulated_operation_ends_in_a_verdict(monkeypatch):
+    """An answer's thread that waits past the wait for a simulated operation (held here by the
+    calling thread, as by one stuck inside an operation) ends the check as the grader's
+    problem, not a hang."""
     from helpers.checks._core import carried
-    monkeypatch.setattr(carried, "_TURN_WAIT", 0.2, raising=False)
+    monkeypatch.setattr(carried, "_OP_WAIT", 0.2)
+    with carried.one_simulated_op():           # reentrant: the calling thread's own ops go on
+        result = quiet(helpers.checks.check_dp_forward, dp_forward_threads)
+    assert result.status == "error" and "waited for another thread" in result.message, result
 
-    def nested(net, X, devices):
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_simulations_own_error_in_a_thread_is_the_graders(monkeypatch):
+    """An error torch's simulation raises inside a thread the answer started (its assertion)
+    kills that thread, and the answer then fails elsewhere: reported as the grader's problem,
+    never as the answer's."""
+    import threading
+
+    from torch._subclasses import fake_tensor
+    dispatch = fake_tensor.FakeTensorMode.dispatch
+
+    def breaks(self, func, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread() and "addmm" in str(func):
+            raise AssertionError("False, True")
+        return dispatch(self, func, *args, **kwargs)
+    monkeypatch.setattr(fake_tensor.FakeTensorMode, "dispatch", breaks)
+    result = quiet(helpers.checks.check_dp_forward, dp_forward_threads)
+    assert result.status == "error" and "simulation of the GPUs failed" in result.message, result
+
+
+_REPLICAS = {}      # dp_forward_cached's cache: a module global, as a notebook's would be
+
+
+@shortcut("check_dp_forward", "replicas made once per (net, devices) and reused: stale after a "
+          "step", "kept across calls (a cache, a global)")
+def dp_forward_cached(net, X, devices):
+    key = (id(net), tuple(str(d) for d in devices))
+    if key not in _REPLICAS:
+        _REPLICAS[key] = [copy.deepcopy(net).to(d) for d in devices]
+    outs = [r(x.to(d)) for r, x, d in zip(_REPLICAS[key], X.chunk(len(devices)), devices)]
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+def test_a_rerun_of_a_caching_answer_names_what_it_kept():
+    """Run again in the same process (a notebook's rerun), the cache holds the last run's
+    replicas of the check's module: named as kept across calls, not as consulting the checks."""
+    cache = {}
+
+    def cached(net, X, devices):
+        key = (id(net), len(devices))
+        if key not in cache:
+            cache[key] = [copy.deepcopy(net).to(d) for d in devices]
+        return torch.cat([r(x.to(d)).to(devices[0])
+                          for r, x, d in zip(cache[key], X.chunk(len(devices)), devices)])
+    first = quiet(helpers.checks.check_dp_forward, cached)
+    again = quiet(helpers.checks.check_dp_forward, cached)
+    assert first.status == "failed" and "replicas kept across calls" in first.message, first
+    assert again.status == "failed" and "kept from an earlier call" in again.message, again
+    assert "course's checks" not in again.message, again
+
+
+def _by_torch_parallel_apply(apply):
+    """dp_forward with its replicas run by `apply` (torch's parallel_apply, however bound)."""
+    def dp_forward(net, X, devices):
         replicas = [copy.deepcopy(net).to(d) for d in devices]
-        pieces, outs = X.chunk(len(devices)), [None] * len(devices)
-
-        def forward(i):
-            outs[i] = replicas[i](pieces[i].to(devices[i]))
-
-        def outer():                  # starts the other replicas' threads and waits for them
-            inner = [threading.Thread(target=forward, args=(i,)) for i in range(1, len(outs))]
-            for t in inner:
-                t.start()
-            forward(0)
-            for t in inner:
-                t.join()
-        t = threading.Thread(target=outer)
-        t.start()
-        t.join()
+        pieces = [x.to(d) for x, d in zip(X.chunk(len(devices)), devices)]
+        outs = apply()(replicas[:len(pieces)], pieces, devices=devices[:len(pieces)])
         return torch.cat([o.to(devices[0]) for o in outs])
-    result = quiet(helpers.checks.check_dp_forward, nested)
-    assert not result and "wait for one another" in result.message, result.message
+    return dp_forward
+
+
+_BOUND_EARLY = torch.nn.parallel.parallel_apply      # a notebook's import at the top
+
+
+@pytest.mark.parametrize("apply", [lambda: torch.nn.parallel.parallel_apply,
+                                   lambda: _BOUND_EARLY], ids=["looked up", "bound early"])
+def test_torch_parallel_apply_is_refused_by_name(apply):
+    """torch's parallel_apply raises on any device but a real GPU: refused by name, saying what
+    to write instead, never "your code raised"."""
+    result = quiet(helpers.checks.check_dp_forward, _by_torch_parallel_apply(apply))
+    assert result.status == "failed", result
+    assert "needs real CUDA devices" in result.message and "a thread per replica" in \
+        result.message, result
 
 
 @shortcut("check_dp_forward", "never moves anything", "simulated GPUs")

@@ -1,6 +1,7 @@
-"""Answers that keep state across calls are judged over two steps (check_overlap_hooks: what
-finish() leaves behind meets the next backward), and check_cuts_for_times' fixed case defeats
-the cuts nearest the time quantiles and the greedy ones on every draw."""
+"""Answers that keep state across calls are judged over several steps (check_overlap_hooks: what
+finish() leaves behind meets the next backward, and what it still holds is counted), and
+check_cuts_for_times' fixed case defeats the cuts nearest the time quantiles and the greedy ones
+on every draw."""
 import itertools
 
 import torch.distributed as dist
@@ -67,6 +68,107 @@ def overlap_hooks_pairs_popped(model):
             h.wait()
             p.grad /= dist.get_world_size()
     return finish
+
+
+@shortcut("check_overlap_hooks", "(grad, handle) pairs never cleared: step 3 divides the same "
+          ".grad tensors again", "what an earlier step left behind")
+def overlap_hooks_grad_pairs_kept(model):
+    pending = []
+
+    def hook(p):
+        pending.append((p.grad, dist.all_reduce(p.grad, async_op=True)))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for _, h in pending:
+            h.wait()
+        for grad, _ in pending:
+            grad.div_(dist.get_world_size())
+    return finish
+
+
+@shortcut("check_overlap_hooks", "handles never cleared, every old one waited again: values "
+          "right, memory grows each step", "clear the pending list in finish() every step")
+def overlap_hooks_handles_kept(model):
+    handles = []
+
+    def hook(p):
+        handles.append(dist.all_reduce(p.grad, async_op=True))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for h in handles:
+            h.wait()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(dist.get_world_size())
+    return finish
+
+
+@shortcut("check_overlap_hooks", "futures that divide in then(), never cleared: values right, "
+          "memory grows each step", "clear the pending list in finish() every step")
+def overlap_hooks_futures_kept(model):
+    futures = []
+
+    def hook(p):
+        work = dist.all_reduce(p.grad, async_op=True)
+        futures.append(work.get_future().then(
+            lambda f, g=p.grad: g.div_(dist.get_world_size())))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for f in futures:
+            f.wait()
+    return finish
+
+
+@shortcut("check_overlap_hooks", "an object's handles never cleared (finish a bound method)",
+          "clear the pending list in finish() every step")
+def overlap_hooks_object_kept(model):
+    class Overlap:
+        def __init__(self):
+            self.handles = []
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(
+                        lambda p: self.handles.append(dist.all_reduce(p.grad, async_op=True)))
+
+        def finish(self):
+            for h in self.handles:
+                h.wait()
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(dist.get_world_size())
+    return Overlap().finish
+
+
+@other("check_overlap_hooks", "an object's bound finish; the last step's handles let go at the "
+       "next step's first hook")
+def overlap_hooks_object(model):
+    class Overlap:
+        def __init__(self):
+            self.handles, self.done = [], False
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(self.hook)
+
+        def hook(self, p):
+            if self.done:                      # a new step: the last one's handles go
+                self.handles, self.done = [], False
+            self.handles.append((p, dist.all_reduce(p.grad, async_op=True)))
+
+        def finish(self):
+            for p, h in self.handles:
+                h.wait()
+                p.grad.div_(dist.get_world_size())
+            self.done = True
+    return Overlap().finish
 
 
 # ---- cuts_for_times: the fixed case -----------------------------------------------------------

@@ -6,6 +6,9 @@ does it on numpy arrays); DataParallel by hand runs once on CPU
 tensors for the values and once on simulated GPUs (FakeGPUs) for where every replica, piece and
 output lived.
 """
+import contextlib
+import sys
+
 import torch
 from torch import nn
 
@@ -24,7 +27,10 @@ from ._core import (
     shown,
     tensor_close,
 )
+from ._core.declare import judged_scan
+from ._core.guard import refuse
 from ._core.numpy_work import expect_list, numpy_work
+from ._core.references import Reference
 
 __all__ = ["check_dp_shard_sizes", "check_lr_at", "check_dp_forward"]
 
@@ -170,7 +176,9 @@ def _dp_case(g):
 
 @check("dp_forward", simulated=True, observes=[
     "on CPU: the outputs against the module's on the whole batch, and which copy of the module "
-    "ran on how many rows (the check's module logs every call, deep copies included)",
+    "ran on how many rows (the check's module logs every call, deep copies included), and again "
+    "on the same module after its weights changed in place (as a training step changes them): "
+    "the outputs must follow the new weights (replicas kept from the call before would not)",
     "the dataflow into the output returned: every replica's output reaches it, and no work "
     "outside the replicas does",
     "on k simulated GPUs: the device of every replica's weights and of every piece it ran on, "
@@ -180,44 +188,101 @@ def check_dp_forward(fn):
     per device, the batch cut with torch.chunk (as scatter does), each piece run by its own
     replica on its device, the outputs gathered on devices[0] in order."""
     g = fresh_generator()
-    for _ in range(2):
-        k, n, n_in, n_out = _dp_case(g)
-        log = _CallLog()
-        net = _RecordingLinear(g, n_in, n_out, log)
-        X = torch.randn(n, n_in, generator=g)
-        what = f"dp_forward on a batch of {n} over {k} devices"
-        with Recorder() as rec:
-            log.rec = rec
-            try:
-                out = fn(net, X, [torch.device("cpu")] * k)
-            finally:
-                log.rec = None
-        with torch.no_grad():
-            want = net.lin(X)
-        expect(isinstance(out, torch.Tensor) and out.shape == want.shape,
-               f"{what} returned {type(out).__name__} "
-               f"{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}, expected the "
-               f"gathered outputs of shape {tuple(want.shape)}")
-        expect(tensor_close(out.detach(), want, atol=1e-5),
-               f"{what}: the outputs differ from the module's on the whole batch: gather the "
-               "pieces' outputs in order (torch.cat)")
-        rows = [r for _, r, _, _ in log.calls]
-        want_rows = [len(c) for c in torch.arange(n).chunk(k)]
-        expect(rows != [n], f"{what}: the module ran once on all {n} rows; cut the batch into "
-                            "one piece per device (torch.chunk) and run each piece")
-        split_rows = [len(c) for c in torch.arange(n).tensor_split(k)]
-        expect(sorted(rows) != sorted(split_rows), f"{what}: the pieces had {rows} rows, "
-               f"tensor_split's sizes; DataParallel's scatter uses torch.chunk: {want_rows}")
-        expect(sorted(rows) == sorted(want_rows),
-               f"{what}: the pieces had {rows} rows, expected {want_rows} (torch.chunk)")
-        replicas = [rid for rid, _, _, _ in log.calls]
-        expect(id(net) not in replicas, f"{what}: the original module ran "
-               f"{replicas.count(id(net))} of the pieces; give every device its own replica "
-               "(copy.deepcopy(net).to(device))")
-        expect(len(set(replicas)) == k, f"{what}: {len(set(replicas))} module copies ran the "
-                                        f"{k} pieces; each device needs its own replica")
-        _gathered(rec, out, log, what)
-    _placement(fn, g)
+    with _no_parallel_apply(fn):
+        for case in range(2):
+            k, n, n_in, n_out = _dp_case(g)
+            log = _CallLog()
+            net = _RecordingLinear(g, n_in, n_out, log)
+            X = torch.randn(n, n_in, generator=g)
+            what = f"dp_forward on a batch of {n} over {k} devices"
+            earlier = _cpu_call(fn, net, X, k, log, what, set())
+            if case == 0:       # a step changed net's weights: the replicas must follow them
+                with torch.no_grad():
+                    net.lin.weight.add_(torch.randn(n_out, n_in, generator=g))
+                X = torch.randn(n, n_in, generator=g)
+                _cpu_call(fn, net, X, k, log, f"{what}, called again after net's weights "
+                          "changed", earlier)
+        _placement(fn, g)
+
+
+_NEEDS_CUDA = ("your code calls torch.nn.parallel.parallel_apply, which needs real CUDA devices "
+               "and a CUDA runtime: the check runs your function on CPU devices and on simulated "
+               "GPUs, where torch refuses it. Run each replica on its piece yourself, in a loop "
+               "or in a thread per replica (threading.Thread, each joined), as parallel_apply "
+               "does")
+_PARALLEL_APPLY = torch.nn.parallel.parallel_apply
+
+
+@contextlib.contextmanager
+def _no_parallel_apply(fn):
+    """torch's parallel_apply refused by name (it raises on any device but a real GPU, so the
+    answer would read as raising): bound before the call (by identity: scan), or looked up in
+    torch.nn.parallel while the answer runs (in both phases)."""
+    class Named(Reference):
+        def __repr__(self):
+            return self.name
+    try:
+        judged_scan(getattr(fn, "fn", fn), [Named("parallel_apply", _PARALLEL_APPLY)],
+                    "dp_forward")
+    except CheckFailed as e:
+        if "your code uses parallel_apply (" in str(e):
+            raise CheckFailed(_NEEDS_CUDA) from None
+        raise
+
+    def refused(*args, **kwargs):
+        refuse(_NEEDS_CUDA)
+    owners = [torch.nn.parallel, sys.modules["torch.nn.parallel.parallel_apply"]]
+    for owner in owners:
+        owner.parallel_apply = refused
+    try:
+        yield
+    finally:
+        for owner in owners:
+            owner.parallel_apply = _PARALLEL_APPLY
+
+
+def _cpu_call(fn, net, X, k, log, what, earlier):
+    """One call on CPU devices, judged; the ids of the replicas that ran (`earlier`: those of
+    the call before on the same net, named when this call's outputs missed net's new weights)."""
+    n = X.shape[0]
+    log.calls.clear()
+    log.outputs.clear()
+    with Recorder() as rec:
+        log.rec = rec
+        try:
+            out = fn(net, X, [torch.device("cpu")] * k)
+        finally:
+            log.rec = None
+    replicas = [rid for rid, _, _, _ in log.calls]
+    stale = earlier & set(replicas)     # a cache refreshed from net's weights passes
+    with torch.no_grad():
+        want = net.lin(X)
+    expect(isinstance(out, torch.Tensor) and out.shape == want.shape,
+           f"{what} returned {type(out).__name__} "
+           f"{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}, expected the "
+           f"gathered outputs of shape {tuple(want.shape)}")
+    expect(tensor_close(out.detach(), want, atol=1e-5), f"{what}: " + (
+        f"{len(stale)} replica(s) of the call before ran again, with the weights net had then: "
+        "replicas kept across calls (a cache, a global) miss every update of net; copy net "
+        "afresh on every call, as DataParallel replicates on every forward" if stale else
+        "the outputs differ from the module's on the whole batch: gather the pieces' outputs "
+        "in order (torch.cat)"))
+    rows = [r for _, r, _, _ in log.calls]
+    want_rows = [len(c) for c in torch.arange(n).chunk(k)]
+    expect(rows != [n], f"{what}: the module ran once on all {n} rows; cut the batch into "
+                        "one piece per device (torch.chunk) and run each piece")
+    split_rows = [len(c) for c in torch.arange(n).tensor_split(k)]
+    expect(sorted(rows) != sorted(split_rows), f"{what}: the pieces had {rows} rows, "
+           f"tensor_split's sizes; DataParallel's scatter uses torch.chunk: {want_rows}")
+    expect(sorted(rows) == sorted(want_rows),
+           f"{what}: the pieces had {rows} rows, expected {want_rows} (torch.chunk)")
+    expect(id(net) not in replicas, f"{what}: the original module ran "
+           f"{replicas.count(id(net))} of the pieces; give every device its own replica "
+           "(copy.deepcopy(net).to(device))")
+    expect(len(set(replicas)) == k, f"{what}: {len(set(replicas))} module copies ran the "
+                                    f"{k} pieces; each device needs its own replica")
+    _gathered(rec, out, log, what)
+    return set(replicas)
 
 
 def _gathered(rec, out, log, what):

@@ -24,6 +24,7 @@ from ._core import (
     tensor_equal,
 )
 from ._core.handed import in_place, kept_aside
+from ._core.held import still_held
 from ._core.inputs import expect_unchanged, kept
 
 __all__ = ["check_bucket_params", "check_overlap_hooks", "check_average_bucket",
@@ -135,21 +136,24 @@ def _average_grads(make, data):
 
 @check("overlap_hooks", keeps_hooks=True, observes=[
     "on a World of 2-4 thread ranks with different data each, where all_reduce is the only call "
-    "allowed, over two steps (other data, zero_grad between: what finish() leaves behind, "
-    "pending handles or hooks, meets the second): every all_reduce call (the storage it was "
-    "handed, async or not, when it was launched and waited for) against the check's own marks "
+    "allowed, over three steps (other data; zero_grad between, setting the gradients to None, "
+    "then zeroing the same tensors: what finish() leaves behind, pending handles or hooks, "
+    "meets the next step): every all_reduce call (the storage it was handed, async or not, "
+    "when it was launched and waited for) against the check's own marks "
     "when each gradient became ready and when loss.backward() returned: each all-reduce "
     "launched before the next gradient was ready",
-    "the gradients after each step's finish() against the mean of the ranks' own gradients"])
+    "the gradients after each step's finish() against the mean of the ranks' own gradients",
+    "what finish() and the hooks still hold after each finish(): an earlier step's handles, "
+    "futures or gradients"])
 def check_overlap_hooks(fn):
     """fn(model) registers hooks that all-reduce each gradient asynchronously as soon as it is
-    ready and returns finish(), which waits and averages; run by every rank of a World for two
+    ready and returns finish(), which waits and averages; run by every rank of a World for three
     steps (a training loop's zero_grad between), since hooks and handles outlive a step."""
     g = fresh_generator()
     world = randint(g, 2, 4)
     seed = randint(g, 0, 10**6)
     _, widths = _random_mlp(g, frozen=True, seed=seed)
-    steps = [_rank_data(g, widths, world) for _ in range(2)]
+    steps = [_rank_data(g, widths, world) for _ in range(3)]
 
     def make():
         torch.manual_seed(seed)
@@ -161,8 +165,8 @@ def check_overlap_hooks(fn):
         return net
     w = World(world, allow={"all_reduce"}, record_ops=True)
     # per rank and step: the storage of each gradient once ready, (seq, name) as each became so
-    grads_at_hook = [[dict(), dict()] for _ in range(world)]
-    ready = [[[], []] for _ in range(world)]
+    grads_at_hook = [[dict() for _ in steps] for _ in range(world)]
+    ready = [[[] for _ in steps] for _ in range(world)]
     now = [0] * world                        # the step each rank is in
 
     nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
@@ -178,29 +182,37 @@ def check_overlap_hooks(fn):
         for n, p in net.named_parameters():     # which storage holds each gradient, once ready
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda p, n=n: _ready(comm.rank, n, p))
-        out = []
+        out, kept = [], {}
         for step, data in enumerate(steps):
             now[comm.rank] = step
             begin = w.mark(f"step {step + 1} begins")
-            net.zero_grad()
+            net.zero_grad(set_to_none=step < 2)  # step 3 reuses step 2's .grad tensors, zeroed
             X, y = data[comm.rank]
             F.mse_loss(net(X), y).backward()
             mark = w.mark("backward returned")
             finish()
             out.append((begin, mark, {n: p.grad.clone() if p.grad is not None else None
-                                      for n, p in net.named_parameters()}))
+                                      for n, p in net.named_parameters()},
+                        still_held(finish, [p.grad for p in net.parameters()], kept)))
         return out
     results = w.run(rank_fn)
     for step, data in enumerate(steps):
         want = _average_grads(make, data)       # the expected gradients, after the answer ran
         for r, out in enumerate(results):
-            begin, mark, grads = out[step]
+            begin, mark, grads, _ = out[step]
             end = out[step + 1][0] if step + 1 < len(out) else float("inf")
             calls = [m for m in w.sent("all_reduce", rank=r) if begin < m.seq < end]
             _judge_step(f"step {step + 1}: " if step else "", calls, mark, want, grads,
                         grads_at_hook[r][step], ready[r][step], world)
             for n in want:
                 w.expect_from_messages(r, grads[n], f"{n}.grad", world)
+    for step in range(1, len(steps)):
+        stale = max(out[step][3] for out in results)
+        expect(not stale, f"step {step + 1}: after finish() your code still holds {stale} "
+                          "all-reduce handle(s), future(s) or gradient(s) of an earlier step: "
+                          "clear the pending list in finish() every step (handles.clear()), "
+                          "or it grows by one entry per gradient each step and keeps every "
+                          "step's gradients alive")
 
 
 def _judge_step(when, calls, mark, want, grads, keys, ready, world):
@@ -237,8 +249,8 @@ def _judge_step(when, calls, mark, want, grads, keys, ready, world):
         expect(tensor_close(got, avg, atol=1e-6),
                f"{when}{n}.grad after finish() is {float(got.norm()):.4g} in norm, expected the "
                f"average over the ranks, {float(avg.norm()):.4g}" + (
-                   ": what the first step left behind (handles never cleared, hooks registered "
-                   "again) acted on this one" if when else ""))
+                   ": what an earlier step left behind (handles never cleared, hooks "
+                   "registered again) acted on this one" if when else ""))
 
 
 def _launched_when_ready(calls, keys, ready, mark):

@@ -1,16 +1,18 @@
 """Threads an answer starts carry its torch dispatch modes (the check's Recorder, the
 simulated GPUs) and the harness's function modes marked to be carried (exits.py's watch of the C
-base class's exits): guard.py wraps what they run in `_with_modes`."""
-import concurrent.futures.thread as _cf_thread
+base class's exits): guard.py wraps what they run in `_with_modes`. The simulated GPUs run one
+operation at a time, whichever thread asks (`one_simulated_op`)."""
 import contextlib
 import os
 import threading
 
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-__all__ = ["_modes", "_with_modes", "CarriedFunctionMode", "carried_function_modes"]
+from .run import HarnessError
+
+__all__ = ["_modes", "_with_modes", "CarriedFunctionMode", "carried_function_modes",
+           "one_simulated_op"]
 
 _QUALNAME = type.__dict__["__qualname__"].__get__    # the class's slot: no metaclass code runs
 
@@ -30,33 +32,14 @@ def _modes():
     return list(_get_current_dispatch_mode_stack()) + carried_function_modes()
 
 
-# The simulated GPUs' fake-tensor mode: one thread at a time. Reentrant: an executor's worker
-# thread, started under the modes, runs items that carry the modes too.
-_FAKE_TURN = threading.RLock()
-_TURN_WAIT = 30.0   # seconds a thread waits for its turn on an idle machine (then the answer fails)
-
-
-def executor_worker(thread):
-    """Whether `thread` is a concurrent.futures pool's worker: its items take turns, not it (a
-    worker holding the turn while it waits for the next item would lock out every other)."""
-    target = getattr(thread, "_target", None)
-    return getattr(target, "__code__", None) is _cf_thread._worker.__code__
-
-
-def _with_modes(fn, modes, turn=True):
+def _with_modes(fn, modes):
     """`fn` run under `modes` (those of the thread that started it) where not already active.
-    Under the simulated GPUs the answer's threads take turns (unless `turn` is false): torch's
-    fake-tensor mode keeps one "inside a kernel" flag for every thread, so two at once fail at
-    random (a right answer that runs its replicas in threads, as DataParallel does, would be
-    rejected)."""
-    fake = turn and any(_is_fake(m) for m in modes)
-
+    Threads run side by side under the simulated GPUs too: each simulated operation is whole
+    and its "inside a kernel" flag the thread's own (fake.py), so threads that wait for one
+    another's work (a join, a queue, a barrier) run as they would on real devices."""
     def run(*args, **kwargs):
         active = {id(m) for m in _modes()}
         with contextlib.ExitStack() as stack:
-            if fake:
-                _take_turn()
-                stack.callback(_FAKE_TURN.release)
             for mode in modes:
                 if id(mode) not in active:
                     stack.enter_context(mode)
@@ -64,20 +47,26 @@ def _with_modes(fn, modes, turn=True):
     return run
 
 
-def _take_turn():
-    """The turn, or a refusal once another thread has held it past the wait (scaled by the
-    machine's load): the turn is held for a thread's whole run, so threads that wait for one
-    another's work would otherwise hang the check with no verdict."""
-    load = os.getloadavg()[0] / (os.cpu_count() or 1) if hasattr(os, "getloadavg") else 1.0
-    if _FAKE_TURN.acquire(timeout=_TURN_WAIT * min(max(1.0, load), 10.0)):
-        return
-    from .guard import refuse  # guard imports this module
-    refuse("your threads wait for one another's work (a join, a queue, a future, a barrier) "
-           "while they run: on the simulated GPUs the threads you start run one at a time, "
-           "each to its end, so one waiting for another never returns. Start every thread "
-           "from the answer itself and wait for them there (as DataParallel's parallel_apply "
-           "does)")
+# One simulated operation at a time, in every thread (the answer's own threads beside the one
+# that called it): torch's fake-tensor mode keeps its caches and memo on the one mode object.
+_ONE_OP = threading.RLock()
+_OP_WAIT = 30.0     # seconds an operation waits for another thread's (then the check stops)
 
 
-def _is_fake(mode):
-    return isinstance(mode, FakeTensorMode)
+@contextlib.contextmanager
+def one_simulated_op(broke=None):
+    """Hold the simulated GPUs for one operation (reentrant: an operation's parts run inside
+    it). A wait past _OP_WAIT (scaled by the machine's load) ends the check as the grader's
+    problem (noted in `broke`, for a thread's), never a hang: no code of the reader's runs
+    inside a simulated operation."""
+    if not _ONE_OP.acquire(blocking=False) and not _ONE_OP.acquire(timeout=_OP_WAIT * min(
+            max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)), 10.0)):
+        e = HarnessError("a simulated GPU operation waited for another thread's to end past "
+                         f"{_OP_WAIT:g} s: the grader's simulation stalled. Not a verdict on "
+                         "your answer: run the check again")
+        (broke if broke is not None else []).append((e, None))
+        raise e
+    try:
+        yield
+    finally:
+        _ONE_OP.release()

@@ -25,6 +25,7 @@ so a simulation with gradients on a device this machine lacks fails; that error 
 the check's limit (HarnessError), never as the answer's mistake.
 """
 import contextlib
+import threading
 import types
 
 import numpy as np
@@ -32,7 +33,7 @@ import torch
 import torch.utils
 from torch._subclasses import fake_tensor
 
-from .carried import CarriedFunctionMode
+from .carried import CarriedFunctionMode, one_simulated_op
 from .exits import CALLBACKS, watch_exits
 from .observe import Recorder, describe_device
 from .reader_objects import is_a
@@ -47,13 +48,41 @@ def _fake_tensor_module():
 
 
 def _simulated_mode():
-    """A FakeTensorMode that keeps off the real devices, as where CUDA is unavailable."""
+    """A FakeTensorMode that keeps off the real devices, as where CUDA is unavailable, and that
+    threads share: each operation whole (one_simulated_op), "inside a kernel" per thread (torch
+    keeps that flag on the mode, beside a per-thread dispatch key: a tensor read `.device` as
+    "meta" while another thread ran a kernel, and two kernels at once tripped its assertion)."""
     ft = _fake_tensor_module()
+    broken = (AssertionError, ft.DataDependentOutputException, ft.DynamicOutputShapeException,
+              ft.UnsupportedOperatorException)
 
     class SimulatedGPUMode(ft.FakeTensorMode):
+        def __init__(self, **kwargs):
+            self._kernel, self.broke = threading.local(), []   # (error, op) the simulation raised
+            super().__init__(**kwargs)
+
         @property
         def avoid_device_init(self):
             return True   # torch.tensor(..., device=cuda:i) stays fake, never made on cuda:i
+
+        def __deepcopy__(self, memo):
+            return self   # a copied simulated tensor stays on these GPUs (its thread-local flag)
+
+        @property
+        def in_kernel_invocation(self):
+            return getattr(self._kernel, "on", False)
+
+        @in_kernel_invocation.setter
+        def in_kernel_invocation(self, value):
+            self._kernel.on = value
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            with one_simulated_op(self.broke):
+                try:
+                    return super().__torch_dispatch__(func, types, args, kwargs)
+                except broken as e:     # noted: raised in a thread, the answer never sees it
+                    self.broke.append((e, func))
+                    raise
 
     return SimulatedGPUMode(allow_non_fake_inputs=True)
 
@@ -111,7 +140,9 @@ class FakeGPUs:
             recorder.replay = values_read(fn, args, kwargs)   # the CPU run's reads, in order
             try:
                 out = fn(*args, **kwargs)
+                self._unbroken(recorder, what)
             except RuntimeError as e:         # torch 2.14: FakeTensorDeviceMismatchError
+                self._unbroken(recorder, what)
                 if _mixes_devices(e):
                     raise CheckFailed(mixed_devices(recorder, what)) from e
                 if _real_gpu_reached(e):
@@ -125,11 +156,27 @@ class FakeGPUs:
             except (CheckFailed, HarnessError):
                 raise
             except Exception as e:            # an assert on a value read as a placeholder
+                self._unbroken(recorder, what)
                 if not recorder.answered:
                     raise
                 raise HarnessError(_values_unknown(recorder, e, what)) from e
         compare_work(fn, what, recorder.answered)
         return out, recorder
+
+    def _unbroken(self, recorder, what):
+        """The simulation's own error in any thread (one the answer started included, where it
+        kills that thread and the answer then fails elsewhere): the grader's problem."""
+        if not self.mode.broke:
+            return
+        e, func = self.mode.broke[0]
+        if isinstance(e, HarnessError):
+            raise e
+        if not isinstance(e, AssertionError):
+            raise HarnessError(_values_unknown(recorder, e, what)) from e
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise HarnessError(f"torch's simulation of the GPUs failed inside {func} (AssertionError"
+                           f"{': ' + first if first else ''}) while {what} ran: the grader's "
+                           "problem, not a verdict on your answer; run the check again") from e
 
 
 def _needs_values(e):
@@ -199,7 +246,8 @@ class _DataSetterCarriedMode(CarriedFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if (getattr(func, "__self__", None) is _DATA and getattr(func, "__name__", "") == "__set__"
                 and len(args) == 2 and not kwargs):
-            return _set_data(self.fake_mode, *args)
+            with one_simulated_op():
+                return _set_data(self.fake_mode, *args)
         return func(*args, **(kwargs or {}))
 
 
@@ -308,12 +356,13 @@ def _fake_module_moves(mode):
     original = torch.utils.swap_tensors
 
     def swap(t1, t2):
-        memo = getattr(getattr(mode, "fake_tensor_converter", None), "tensor_memo", None)
-        if memo is not None:
-            for key, value in list(memo.items()):
-                if value is t1 or value is t2:
-                    del memo[key]
-        return original(t1, t2)
+        with one_simulated_op():        # the memo is the mode's, shared by the threads
+            memo = getattr(getattr(mode, "fake_tensor_converter", None), "tensor_memo", None)
+            if memo is not None:
+                for key, value in list(memo.items()):
+                    if value is t1 or value is t2:
+                        del memo[key]
+            return original(t1, t2)
 
     torch.utils.swap_tensors = swap
     try:

@@ -38,7 +38,7 @@ import sysconfig
 import threading
 import types
 
-from .carried import _modes, _with_modes, executor_worker
+from .carried import _modes, _with_modes
 from .guard_judge import judge as _judge
 from .marks import registries
 from .run import CheckFailed, ReferenceUsed, is_reader_function
@@ -281,7 +281,7 @@ def _start(self, *args, **kwargs):
     MARKS.started.add(self)             # started while an answer ran: observed (carried)
     modes = _modes()
     if modes:
-        run = _with_modes(self.run, modes, turn=not executor_worker(self))
+        run = _with_modes(self.run, modes)
         object.__setattr__(self, "run", run)      # not through a class's own __setattr__
         if object.__getattribute__(self, "run") is not run or any(
                 "__getattribute__" in vars(c) for c in type(self).__mro__[:-1]):

@@ -1,9 +1,9 @@
 """What an answer computed, seen from below: every aten operation it ran, on which device, on
 which storages, and what flowed into what.
 
-`Recorder` is a TorchDispatchMode (one per thread: modes are thread-local). For each operation it
-keeps an `Op`: name, device, the tensors read and written (storage, version, shape, dtype). From
-that a check can ask
+`Recorder` is a TorchDispatchMode (one per thread: modes are thread-local; the threads an answer
+starts share its, noting one operation at a time). For each operation it keeps an `Op`: name,
+device, the tensors read and written (storage, version, shape, dtype). From that a check can ask
 - `work_by_device()`, `adds_by_device()`: how many elements each device computed, added up;
 - `transfers()`: every copy between devices (`.to`, `copy_`), with the storage it read;
 - `ancestors(t)`: the operations whose results flowed into tensor `t` (a dataflow walk over
@@ -20,15 +20,12 @@ Storages are told apart by their StorageImpl (real, meta and fake tensors alike)
 keeps every storage it saw alive, so no address is reused while it records.
 """
 import collections
+import threading
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-
-try:
-    from torch.utils.flop_counter import flop_registry as _FLOPS
-except ImportError:         # pragma: no cover - every supported torch has it
-    _FLOPS = {}
+from torch.utils.flop_counter import flop_registry as _FLOPS
 
 from .cancels import cancelled, snapshot, unused
 from .composite import split_composite
@@ -42,19 +39,19 @@ __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
 aten = torch.ops.aten
 
 # additions: elements added per call (anything else counts as work, not as additions)
-_ELEMENTWISE_ADDS = {"add", "add_", "sub", "sub_", "addcmul", "addcmul_", "addcdiv", "addcdiv_",
-                     "rsub", "lerp", "lerp_", "_foreach_add", "_foreach_add_"}
-_ELEMENTWISE_ADDS = frozenset(_ELEMENTWISE_ADDS)
+_ELEMENTWISE_ADDS = frozenset({"add", "add_", "sub", "sub_", "addcmul", "addcmul_", "addcdiv",
+                               "addcdiv_", "rsub", "lerp", "lerp_", "_foreach_add",
+                               "_foreach_add_"})
 _REDUCING_ADDS = frozenset({"sum", "mean", "nansum", "cumsum", "cumsum_", "logsumexp", "norm",
                   "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace",
                   "cumprod", "cumprod_", "logcumsumexp", "_logcumsumexp"})
 _SCATTER_ADDS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put",
                  "index_put_", "_index_put_impl_", "scatter_reduce", "scatter_reduce_",
                  "embedding_dense_backward", "bincount"})
-_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "dot", "vdot", "mv", "addmv", "addbmm",
-            "convolution", "convolution_backward", "_convolution", "linear", "einsum",
-            "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"}
-_MATMULS = frozenset(_MATMULS)
+_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "dot", "vdot", "mv", "addmv",
+                      "addbmm", "convolution", "convolution_backward", "_convolution", "linear",
+                      "einsum", "_scaled_dot_product_flash_attention",
+                      "_scaled_dot_product_efficient_attention"})
 # no computation: moves, views, metadata, fresh tensors
 _NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "lift_fresh_copy",
              "detach", "detach_", "alias", "empty", "empty_like", "empty_strided", "zeros",
@@ -197,7 +194,7 @@ class Recorder(TorchDispatchMode):
         self.failed = None                       # (func, reads) of the operation that raised
         self.from_python = {}    # storage key -> first op that took it in, made from Python or
         #                          numpy data (torch.tensor, from_numpy: no op produced it)
-        self._keep = []
+        self._keep, self._lock = [], threading.RLock()     # threads note one op at a time
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -208,7 +205,8 @@ class Recorder(TorchDispatchMode):
         space = getattr(func, "namespace", "aten")
         if space not in TORCH_OPERATORS:
             own_operator(getattr(getattr(func, "_schema", None), "name", f"{space}::{name}"))
-        value = placeholder(self, name, args) if self.answer_scalars else NotImplemented
+        with self._lock:
+            value = placeholder(self, name, args) if self.answer_scalars else NotImplemented
         if value is not NotImplemented:
             return value
         inputs = _tensors((args, kwargs))
@@ -223,7 +221,8 @@ class Recorder(TorchDispatchMode):
                 "device", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "dim",
                 "is_same_size", "_has_compatible_shallow_copy_type"):
             return out
-        self._record(func, args, kwargs, inputs, out, unused(func, args, kwargs, out, written))
+        with self._lock:
+            self._record(func, args, kwargs, inputs, out, unused(func, args, kwargs, out, written))
         return out
 
     def _record(self, func, args, kwargs, inputs, out, unread=()):

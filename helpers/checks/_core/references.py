@@ -50,6 +50,10 @@ _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.
 _CODE_KEYS = {}   # id(code) -> (code, code_key): found by identity (hashing a code reads it all)
 _TYPE_MODULE = type.__dict__["__module__"].__get__
 _TYPE_QUALNAME = type.__dict__["__qualname__"].__get__
+# the harness's code, which an answer may not consult; any other object of its was made by a
+# check (handed to an earlier call, or returned), and kept
+_CODE = (types.ModuleType, type, types.FunctionType, types.MethodType, types.CodeType,
+         types.BuiltinFunctionType, staticmethod, classmethod, property)
 
 
 class Reference:
@@ -329,6 +333,13 @@ def _examine(obj, path, keys, exercise, stack, answer):
         raise CheckFailed(f"your code switches off torch's dispatch ({off}, through {path}): "
                           "the check watches your operations through it, so an answer must "
                           "run them in plain view")
+    if not answer and _is_harness(obj) and not is_a(obj, _CODE):
+        raise CheckFailed(f"your code holds an object of the checks' ({path}: a "
+                          f"{_TYPE_QUALNAME(type(obj))}, or a copy of one), kept from an "
+                          "earlier call or an earlier run of a check: what a check hands your "
+                          "function, copies included, belongs to that call, and kept across "
+                          "calls (a cache, a global) it goes stale; build what you need from "
+                          "each call's arguments")
     if not answer and _is_harness(obj):
         raise CheckFailed(f"your code uses the course's checks or their simulated devices "
                           f"({path}): an answer must do the work itself, not consult or "

@@ -21,6 +21,7 @@ tensors' `.tolist()` reads them. The comparison is made after the check's own ve
 simulated run read placeholders (values it could not replay) is the grader's limit."""
 import collections
 import contextlib
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,7 @@ class _Trace(TorchDispatchMode):
         self.ops = collections.Counter()
         self.whole = 0        # inside an operation counted whole (attention)
         self.read = []        # ((name, sizes), value) of each value read out, in order
+        self.lock = threading.Lock()   # the answer's threads count one operation at a time
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         parts = split_composite(self, func, args, kwargs or {})
@@ -56,7 +58,8 @@ class _Trace(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if not self.whole and name not in _MOVES and func.namespace != "prim" and not _query(name) \
                 and not func.is_view:
-            self.ops[(name, _sizes((args, kwargs)))] += 1
+            with self.lock:
+                self.ops[(name, _sizes((args, kwargs)))] += 1
         out = func(*args, **(kwargs or {}))
         if name in READS:
             self.read.append(((name, read_sizes(args)), out))
@@ -75,7 +78,8 @@ class _Whole(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        self.trace.ops[("scaled_dot_product_attention", _sizes(args[:3]))] += 1
+        with self.trace.lock:
+            self.trace.ops[("scaled_dot_product_attention", _sizes(args[:3]))] += 1
         self.trace.whole += 1
         try:
             return func(*args, **kwargs)
