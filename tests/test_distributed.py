@@ -1,9 +1,9 @@
 """Part III: real torchrun launches on the CPU (gloo), and the helpers they rely on.
 
 The launches are the proof of the chapter: 2 ranks train exactly like 1 process on the combined
-batch; a dead or stuck rank ends the run (non-zero exit) within the timeout; two "nodes" on one
-machine meet over loopback. (A killed rank restarted by torchrun: ddp_torchrun's cells, see
-`launches`.)
+batch; a dead rank ends the run (non-zero exit); two "nodes" on one machine meet over loopback.
+(A stuck rank ending the run within the timeout, and a killed rank restarted by torchrun:
+ddp_torchrun's cells, see `launches`.)
 """
 import json
 import os
@@ -229,28 +229,19 @@ def test_the_earlier_steps_run_spawn_equals_one_process_too(tmp_path, reference)
     assert_same_model(ckpt, reference)
 
 
-def test_a_dead_or_a_stuck_rank_ends_the_run():
-    """Rank 1 exits at step 3 (one launch) or stops responding there (another launch, at the same
-    time): each launcher must exit non-zero, the stuck case within the collective timeout. That
-    timeout also bounds the group's set-up (gloo's connections), so it leaves room for four ranks
-    starting at once on a loaded 2-core machine: 3 s did not (CI, "wait timeout after 3000ms")."""
+def test_a_dead_rank_ends_the_run():
+    """Rank 1 exits at step 3: the launcher must exit non-zero. (A stuck rank, the survivor's
+    collective timing out and the launcher failing: ddp_torchrun's cell of the hang asserts it,
+    on the same torchrun.py flags; one more launch of it here proved nothing more.)"""
     t0 = time.perf_counter()
-    runs = {mode: subprocess.Popen(
+    run = subprocess.run(
         [*LAUNCH, "--standalone", "--nproc-per-node", "2", str(SCRIPT), *ARGS, "--fail-rank", "1",
-         "--fail-step", "3", "--fail-mode", mode, "--timeout", "15"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV)
-        for mode in ("exit", "hang")}
-    try:
-        outs = {mode: p.communicate(timeout=90)[0] for mode, p in runs.items()}
-    finally:
-        for p in runs.values():
-            p.kill()
-    for mode, p in runs.items():
-        assert "failing on purpose" in outs[mode], outs[mode][-3000:]
-        assert p.returncode != 0, f"{mode}: the launcher reported success although a rank failed"
-    hang = outs["hang"]   # the survivor's collective timed out and said why
-    assert "ERROR in a collective" in hang and "Timed out" in hang, hang[-3000:]
-    print(f"both launchers exited non-zero within {time.perf_counter() - t0:.1f} s")
+         "--fail-step", "3", "--fail-mode", "exit", "--timeout", "15"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CPU_ENV,
+        timeout=90)
+    assert "failing on purpose" in run.stdout, run.stdout[-3000:]
+    assert run.returncode != 0, "the launcher reported success although a rank failed"
+    print(f"the launcher exited non-zero within {time.perf_counter() - t0:.1f} s")
 
 
 # --- the helpers, without launching anything ---

@@ -454,9 +454,14 @@ def test_ring_and_bucketed_allreduce_equal_torch_distributed():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-def test_compiled_fast_step_equals_train_batch_within_rounding():
+def test_compiled_fast_step_equals_train_batch_within_rounding(monkeypatch):
     """compile=True: forward and backward are one compiled function; the same arithmetic, up to
     float rounding (the compiler fuses and reorders). One shard size, so one compile."""
+    # Inductor's vector ISA from the CPU's flags, without its trial builds of each ISA (a third
+    # of the test's CPU): the same kernels as a reader's compile where the compiler builds that
+    # ISA, and a kernel that fails to build falls back to eager, which `compiled` below refuses
+    import torch._inductor.config as inductor
+    monkeypatch.setattr(inductor.cpp, "vec_isa_ok", True)
     X, y = fake_data(128)
     devices = [CPU, CPU]
     p0 = init_lenet_params(seed=1)
