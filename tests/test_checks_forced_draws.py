@@ -191,6 +191,18 @@ def allreduce_spread_rest_first(data):
     spread_over([t.view(-1).split(_remainder_first(t.numel(), k)) for t in data])
 
 
+@shortcut("check_conv_split_in_channels", "partial sums added pairwise along a tree",
+          ["to cuda:2", "through another device"])
+def conv_split_tree(X, W, b, devices, log=None):
+    k = len(devices)
+    sums = [(i, torch.nn.functional.conv2d(Xi.to(devices[i]), Wi.to(devices[i]))) for i, (Xi, Wi)
+            in enumerate(zip(X.tensor_split(k, dim=1), W.tensor_split(k, dim=1)))]
+    while len(sums) > 1:        # 1 -> 0 and 3 -> 2, then 2 -> 0: only 4 devices show it
+        sums = [(i, P + sums[j + 1][1].to(devices[i])) if j + 1 < len(sums) else (i, P)
+                for j, (i, P) in enumerate(sums) if j % 2 == 0]
+    return sums[0][1] + b.to(devices[0]).reshape(1, -1, 1, 1)
+
+
 @shortcut("check_microbatches_for", "range(1, n): the batch size itself left out as a count",
           "is accepted too")
 def microbatches_below_batch(batch_size, wanted):

@@ -63,6 +63,47 @@ def balancing_stacked(probs, expert, n_experts):
     return n_experts * (f * P).sum()
 
 
+@other("check_balancing_loss", "each row renormalised first (the same softmax's gradient)")
+def balancing_renormalised(probs, expert, n_experts):
+    p = probs / probs.sum(-1, keepdim=True)
+    return n_experts * (_counts(expert, n_experts) * p.mean(0)).sum()
+
+
+@other("check_balancing_loss", "P as each expert's share of all the probability mass")
+def balancing_mass_share(probs, expert, n_experts):
+    return n_experts * (_counts(expert, n_experts) * (probs.sum(0) / probs.sum())).sum()
+
+
+@shortcut("check_balancing_loss", "f given P's gradient (straight through), value unchanged",
+          WRONG_GRAD)
+def balancing_straight_through(probs, expert, n_experts):
+    P = probs.mean(0)
+    f = _counts(expert, n_experts) + P - P.detach()
+    return n_experts * (f * P).sum()
+
+
+@shortcut("check_balancing_loss", "half of P detached", WRONG_GRAD)
+def balancing_half_detached(probs, expert, n_experts):
+    P = 0.5 * probs.mean(0) + 0.5 * probs.detach().mean(0)
+    return n_experts * (_counts(expert, n_experts) * P).sum()
+
+
+@shortcut("check_balancing_loss", "the first token's row detached", WRONG_GRAD)
+def balancing_first_row_detached(probs, expert, n_experts):
+    P = torch.cat([probs[:1].detach(), probs[1:]]).mean(0)
+    return n_experts * (_counts(expert, n_experts) * P).sum()
+
+
+def test_wrong_gradient_words_leave_out_reading_values_out():
+    """A result on the graph with the wrong gradient is told what changes a gradient, not to
+    stop reading values out (.tolist(), .item()), which it did not do."""
+    import helpers.checks
+    for fn in (balancing_straight_through, balancing_half_detached):
+        message = helpers.checks.check_balancing_loss(fn).message
+        assert WRONG_GRAD in message and ".detach()" in message, message
+        assert ".tolist()" not in message and ".item()" not in message, message
+
+
 # ---- z_loss --------------------------------------------------------------------------------------
 @shortcut("check_z_loss", "log-sum-exp rebuilt per token with torch.tensor", NO_GRAD)
 def z_rebuilt(logits):

@@ -296,6 +296,43 @@ def test_torch_parallel_apply_is_refused_by_name(apply):
         result.message, result
 
 
+_GATHER_EARLY = torch.nn.parallel.gather            # bound at import, as `from ... import`
+
+
+def _dp_by_torch_gather(net, X, devices):
+    outs = [copy.deepcopy(net).to(d)(x.to(d)) for x, d in zip(X.chunk(len(devices)), devices)]
+    return _GATHER_EARLY(outs, devices[0])
+
+
+def _dp_by_torch_replicate(net, X, devices):
+    replicas = torch.nn.parallel.replicate(net, devices)
+    pieces = [x.to(d) for x, d in zip(X.chunk(len(devices)), devices)]
+    return torch.cat([r(x).to(devices[0]) for r, x in zip(replicas, pieces)])
+
+
+def _dp_by_scatter_gather_module(net, X, devices):
+    from torch.nn.parallel import scatter_gather
+    pieces = scatter_gather.scatter(X, devices)
+    return torch.cat([copy.deepcopy(net).to(x.device)(x).to(devices[0]) for x in pieces])
+
+
+def _dp_by_torch_data_parallel(net, X, devices):
+    return torch.nn.parallel.data_parallel(net, X, devices, devices[0])
+
+
+@pytest.mark.parametrize("answer, name", [(_dp_by_torch_gather, "gather"),
+                                          (_dp_by_torch_replicate, "replicate"),
+                                          (_dp_by_scatter_gather_module, "scatter"),
+                                          (_dp_by_torch_data_parallel, "data_parallel")])
+def test_torch_parallel_steps_are_refused_by_name(answer, name):
+    """torch.nn.parallel's replicate, scatter, gather and data_parallel raise on any device but a
+    real GPU, as parallel_apply does: refused by name, with what to write instead."""
+    result = quiet(helpers.checks.check_dp_forward, answer)
+    assert result.status == "failed", result
+    assert f"torch.nn.parallel.{name}, which needs real CUDA devices" in result.message, result
+    assert "Instead," in result.message and "your code raised" not in result.message, result
+
+
 @shortcut("check_dp_forward", "never moves anything", "simulated GPUs")
 def dp_forward_no_moves(net, X, devices):
     replicas = [copy.deepcopy(net) for _ in devices]

@@ -171,6 +171,62 @@ def overlap_hooks_object(model):
     return Overlap().finish
 
 
+@shortcut("check_overlap_hooks", "handles kept on finish itself (finish.pending), never cleared",
+          "clear the pending list in finish() every step")
+def overlap_hooks_function_attribute_kept(model):
+    def finish():
+        for h in finish.pending:
+            h.wait()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(dist.get_world_size())
+    finish.pending = []
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(
+                lambda p: finish.pending.append(dist.all_reduce(p.grad, async_op=True)))
+    return finish
+
+
+@other("check_overlap_hooks", "handles kept on finish itself, a new list every step")
+def overlap_hooks_function_attribute(model):
+    def finish():
+        for h in finish.pending:
+            h.wait()
+        finish.pending = []
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(dist.get_world_size())
+    finish.pending = []
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(
+                lambda p: finish.pending.append(dist.all_reduce(p.grad, async_op=True)))
+    return finish
+
+
+@shortcut("check_overlap_hooks", "handles kept in a class attribute, never cleared",
+          "clear the pending list in finish() every step")
+def overlap_hooks_class_attribute_kept(model):
+    class Overlap:
+        pending = []                           # the class's own list, shared by its objects
+
+        def hook(self, p):
+            self.pending.append(dist.all_reduce(p.grad, async_op=True))
+
+        def finish(self):
+            for h in self.pending:
+                h.wait()
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(dist.get_world_size())
+    overlap = Overlap()
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(overlap.hook)
+    return overlap.finish
+
+
 # ---- cuts_for_times: the fixed case -----------------------------------------------------------
 def _slowest(times, cuts):
     bounds = [0, *cuts, len(times)]

@@ -1,11 +1,17 @@
 """The simulated GPUs check_time_it (profile.py) times on: they run asynchronously, as CUDA does,
 and torch.cuda's synchronize, current device, streams and events stand in for theirs while the
 answer runs, so the check sees whether and when the answer waited, and what the calls took;
-reads of time's CPU-time clocks are noted (a timer on one cannot see the GPUs' work)."""
+reads of CPU-time clocks are noted (a timer on one cannot see the GPUs' work)."""
 import contextlib
 import math
+import os
 import time
 import types
+
+try:
+    import resource
+except ImportError:          # not on Windows
+    resource = None
 
 import torch
 
@@ -77,7 +83,8 @@ class AsyncGPUs:
         it uses without an argument (torch.cuda.device, set_device, current_device), the
         streams of a device (current_stream, default_stream: .synchronize() waits for it) and
         torch.cuda.Event (recorded on the current device's stream or a given one); and note each
-        read of time's CPU-time clocks (a sleep or a wait on a GPU does not advance them)."""
+        read of a CPU-time clock (`_cpu_clocks`: a sleep or a wait on a GPU does not advance
+        them)."""
         cuda = torch.cuda
         names = ["synchronize", "device", "set_device", "current_device", "current_stream",
                  "default_stream", "Event"]
@@ -86,9 +93,9 @@ class AsyncGPUs:
         if accelerator is not None and hasattr(accelerator, "synchronize"):
             saved.append((accelerator, "synchronize", accelerator.synchronize))
         stand_ins = _stand_ins(self.synchronize, self.mark, self.reached, self.hold)
-        for name in _CPU_CLOCKS:
-            saved.append((time, name, getattr(time, name)))
-            stand_ins[name] = _noted(getattr(time, name), name, self.cpu_clock.append)
+        for owner, name, ids in _cpu_clocks():
+            saved.append((owner, name, getattr(owner, name)))
+            stand_ins[name] = _noted(owner, name, ids, self.cpu_clock.append)
         for owner, name, _ in saved:
             setattr(owner, name, stand_ins[name])
         try:
@@ -131,14 +138,33 @@ class AsyncGPUs:
         return out
 
 
-_CPU_CLOCKS = ("process_time", "process_time_ns", "thread_time", "thread_time_ns")
+_CPU_IDS = ("CLOCK_PROCESS_CPUTIME_ID", "CLOCK_THREAD_CPUTIME_ID")
 
 
-def _noted(clock, name, note):
-    """`clock` (a CPU-time clock of time's) that notes its name at every read: a closure."""
-    def read():
-        note(name)
-        return clock()
+def _cpu_clocks():
+    """(module, name, clock ids) of what reads a CPU-time clock: time's own, clock_gettime of a
+    CPU-time clock id (ids: {id: its name}; None: every read), os.times and getrusage (their
+    user and system times). A name bound before the check ran is not seen."""
+    ids = {getattr(time, n): n for n in _CPU_IDS if hasattr(time, n)}
+    found = [(time, n, None) for n in ("process_time", "process_time_ns", "thread_time",
+                                       "thread_time_ns")]
+    found += [(time, n, ids) for n in ("clock_gettime", "clock_gettime_ns") if hasattr(time, n)]
+    found += [(os, "times", None)] if hasattr(os, "times") else []
+    return found + ([(resource, "getrusage", None)] if resource is not None else [])
+
+
+def _noted(owner, name, ids, note):
+    """`owner.name` (a clock) that notes the read, named as the reader wrote it, when it reads
+    a CPU-time clock (of `ids`, for clock_gettime): a closure."""
+    clock, where = getattr(owner, name), f"{owner.__name__}.{name}"
+
+    def read(*args, **kwargs):
+        clock_id = args[0] if args else None
+        if ids is None:
+            note(where)
+        elif type(clock_id) is int and clock_id in ids:
+            note(f"{where}({ids[clock_id]})")
+        return clock(*args, **kwargs)
     read.__name__ = read.__qualname__ = name
     return read
 

@@ -188,7 +188,7 @@ def check_dp_forward(fn):
     per device, the batch cut with torch.chunk (as scatter does), each piece run by its own
     replica on its device, the outputs gathered on devices[0] in order."""
     g = fresh_generator()
-    with _no_parallel_apply(fn):
+    with _no_cuda_only(fn):
         for case in range(2):
             k, n, n_in, n_out = _dp_case(g)
             log = _CallLog()
@@ -205,40 +205,66 @@ def check_dp_forward(fn):
         _placement(fn, g)
 
 
-_NEEDS_CUDA = ("your code calls torch.nn.parallel.parallel_apply, which needs real CUDA devices "
-               "and a CUDA runtime: the check runs your function on CPU devices and on simulated "
-               "GPUs, where torch refuses it. Run each replica on its piece yourself, in a loop "
-               "or in a thread per replica (threading.Thread, each joined), as parallel_apply "
-               "does")
-_PARALLEL_APPLY = torch.nn.parallel.parallel_apply
+# torch.nn.parallel's steps of DataParallel: each runs on real CUDA devices alone (torch raises on
+# CPU devices, where the check's first phase runs), so it is refused by name, never read as
+# "your code raised"; name -> (the module that defines it, what to write instead)
+_CUDA_ONLY = {
+    "parallel_apply": ("parallel_apply", "run each replica on its piece yourself, in a loop or in "
+                       "a thread per replica (threading.Thread, each joined), as parallel_apply "
+                       "does"),
+    "replicate": ("replicate", "make the replicas yourself: copy.deepcopy(net).to(d) per device"),
+    "scatter": ("scatter_gather", "cut X yourself with X.chunk(len(devices)), each piece .to() "
+                "its device"),
+    "gather": ("scatter_gather", "move each output to devices[0] and torch.cat them there, in "
+               "order"),
+    "data_parallel": ("data_parallel", "write its steps yourself: replicas by copy.deepcopy, "
+                      "pieces by X.chunk, each run on its device, outputs torch.cat on "
+                      "devices[0]"),
+}
+_OWNERS = {name: sys.modules[f"torch.nn.parallel.{module}"]
+           for name, (module, _) in _CUDA_ONLY.items()}
+_ORIGINALS = {name: getattr(owner, name) for name, owner in _OWNERS.items()}
+
+
+def _needs_cuda(name):
+    return (f"your code calls torch.nn.parallel.{name}, which needs real CUDA devices and a CUDA "
+            "runtime: the check runs your function on CPU devices and on simulated GPUs, where "
+            f"torch refuses it. Instead, {_CUDA_ONLY[name][1]}")
+
+
+def _refused(name):
+    message = _needs_cuda(name)     # worded now: the stand-in runs as the answer's code
+
+    def refused(*args, **kwargs):
+        refuse(message)
+    return refused
 
 
 @contextlib.contextmanager
-def _no_parallel_apply(fn):
-    """torch's parallel_apply refused by name (it raises on any device but a real GPU, so the
-    answer would read as raising): bound before the call (by identity: scan), or looked up in
-    torch.nn.parallel while the answer runs (in both phases)."""
+def _no_cuda_only(fn):
+    """torch.nn.parallel's CUDA-only steps (`_CUDA_ONLY`) refused by name: bound before the call
+    (by identity: scan), or looked up in torch.nn.parallel or their modules while the answer
+    runs (in both phases)."""
     class Named(Reference):
         def __repr__(self):
             return self.name
     try:
-        judged_scan(getattr(fn, "fn", fn), [Named("parallel_apply", _PARALLEL_APPLY)],
+        judged_scan(getattr(fn, "fn", fn), [Named(n, f) for n, f in _ORIGINALS.items()],
                     "dp_forward")
     except CheckFailed as e:
-        if "your code uses parallel_apply (" in str(e):
-            raise CheckFailed(_NEEDS_CUDA) from None
+        used = next((n for n in _CUDA_ONLY if f"your code uses {n} (" in str(e)), None)
+        if used is not None:
+            raise CheckFailed(_needs_cuda(used)) from None
         raise
-
-    def refused(*args, **kwargs):
-        refuse(_NEEDS_CUDA)
-    owners = [torch.nn.parallel, sys.modules["torch.nn.parallel.parallel_apply"]]
-    for owner in owners:
-        owner.parallel_apply = refused
+    places = [(owner, n) for n, owner in _OWNERS.items()] + [(torch.nn.parallel, n)
+                                                            for n in _CUDA_ONLY]
+    for owner, name in places:
+        setattr(owner, name, _refused(name))
     try:
         yield
     finally:
-        for owner in owners:
-            owner.parallel_apply = _PARALLEL_APPLY
+        for owner, name in places:
+            setattr(owner, name, _ORIGINALS[name])
 
 
 def _cpu_call(fn, net, X, k, log, what, earlier):

@@ -36,8 +36,9 @@ _GRAD = ("keep it a torch computation on {x} (no torch.tensor([...]) of its valu
 @check("balancing_loss", references=["load_balancing_loss"], observes=[
     "the loss returned for fresh router probabilities and top-1 and top-2 choices (in one case "
     "of every draw no token chooses the last expert); counting only first choices is named",
-    "the gradient backward through it gives the probabilities (a softmax's output, requiring "
-    "grad), against the course's loss's"])
+    "the gradient backward through it gives the router's logits behind the probabilities (a "
+    "softmax's output), against the course's loss's (what trains the router: a change along a "
+    "row's (1, ..., 1), renormalising, does not reach the logits)"])
 def check_balancing_loss(fn):
     """fn(probs, expert, n_experts) -> Switch Transformer's load-balancing loss, differentiable
     in probs."""
@@ -52,15 +53,19 @@ def check_balancing_loss(fn):
         probs = torch.softmax(logits * 2, -1)
         expert = probs.topk(k, -1).indices
         # the router's probabilities as the chapter has them: a softmax's output, on its graph
-        handed = torch.softmax(logits.clone().requires_grad_() * 2, -1)
+        leaf = logits.clone().requires_grad_()
+        handed = torch.softmax(leaf * 2, -1)
         out = fn(handed, expert.clone(), E)
         call = "balancing_loss(probs, expert, n_experts)"
         got = as_number(out, call)
         want = float(load_balancing_loss(probs, expert, E))
         if abs(got - want) <= 1e-5 * max(1, abs(want)):
-            expect_gradient(out, [handed], lambda p, e=expert, n=E: load_balancing_loss(p, e, n),
-                            call, ["probs"], _GRAD.format(x="probs", does="pushes the router "
-                                                          "back to balance"))
+            expect_gradient(out, [leaf], lambda lg, e=expert, n=E: load_balancing_loss(
+                torch.softmax(lg * 2, -1), e, n), call, ["the router's logits behind probs"],
+                _GRAD.format(x="probs", does="pushes the router back to balance"),
+                "keep every term of P_i on probs' graph (no .detach() on part of it, no term "
+                "added for its gradient alone; f_i counted from the choices): its gradient "
+                "pushes the router back to balance")
             continue
         first = float(load_balancing_loss(probs, expert[:, :1], E))
         hint = ("that counts only the first choices: f_i is the share of all k choices"

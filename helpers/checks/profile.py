@@ -180,12 +180,13 @@ def check_time_it(time_it):
                 "its work was done"
         if sim.cpu_clock:
             expect(t >= 0.5 * min(real),
-                   f"{short}, and you synchronised after every call: time.{sim.cpu_clock[-1]} "
+                   f"{short}, and you synchronised after every call: {sim.cpu_clock[-1]} "
                    "counts the CPU time your process spent, not the time it waited for the "
                    "GPUs; time with a wall clock (time.perf_counter)")
         expect(t >= 0.5 * min(real),
                f"{short}: the clock stopped before the devices finished; synchronise before "
-               "stopping the clock, not after, and read a wall clock (time.perf_counter)")
+               "stopping the clock, not after, and use a wall clock (time.perf_counter); a "
+               "CPU-time clock does not count the wait")
         expect(not math.isclose(t, total, rel_tol=0.2),
                f"{call} says {_ms(t)}, the total of all {n} calls ({_ms(total)}); return the "
                "median of per-call times")

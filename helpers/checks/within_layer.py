@@ -103,19 +103,20 @@ def _spread(call, rec, Y, devices, whole, what):
 # ---- a convolution split by input channels ----------------------------------------------------
 @check("conv_split_in_channels", simulated=True, observes=[
     "values and gradients on CPU tensors, against F.conv2d (bias once)",
-    "on k simulated GPUs: every device ran a convolution on its slice of the input channels "
-    "that reaches the output, no device did more than its share of the multiply-adds, the "
-    "output is on device 0, every other device's partial sum travelled straight to device 0 "
-    "and none left it (they are added up there), no operation mixed devices, and no device "
-    "(the host included) received more of X or W than its slice (the whole sent and sliced "
-    "there) or b twice"])
+    "on k simulated GPUs (4 in one case): every device ran a convolution on its slice of the "
+    "input channels that reaches the output, no device did more than its share of the "
+    "multiply-adds, the output is on device 0, every other device's partial sum travelled "
+    "straight to device 0 and none left it (they are added up there), no operation mixed "
+    "devices, and no device (the host included) received more of X or W than its slice (the "
+    "whole sent and sliced there) or b twice"])
 def check_conv_split_in_channels(fn):
     """fn(X, W, b, devices, log): conv2d(X, W, b) with the INPUT channels split over the devices:
     device i convolves its channels of X with its slice of every filter (a partial sum of the whole
     output), and the partial sums travel to device 0 to be added up; the bias once."""
     g = fresh_generator()
-    for _ in range(3):
-        k = randint(g, 2, 4)
+    four = randint(g, 0, 2)     # forced, in a fresh case: 4 devices, where a tree of sums shows
+    for case in range(3):
+        k = 4 if case == four else randint(g, 2, 4)
         c_in = randint(g, 3, 5) * k + randint(g, 1, k - 1)   # 7..23, never a shard's width
         c_out, n, hw = randint(g, 2, 4), 2, 6
         X = torch.randn(n, c_in, hw, hw, generator=g).requires_grad_()

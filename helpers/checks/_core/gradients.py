@@ -16,13 +16,17 @@ from .settle import reader_class
 
 __all__ = ["expect_gradient"]
 
+_WRONG = ("every part of it must stay on the graph as the formula has it: a .detach() on part "
+          "of it, or a term added for its gradient alone, changes what backward gives")
 
-def expect_gradient(got, inputs, reference, what, names, hint):
+
+def expect_gradient(got, inputs, reference, what, names, hint, wrong=None):
     """Fail unless `got`, the answer's one-number result, backpropagates to each tensor of
-    `inputs` (what the answer was handed, requiring grad; `names`, in the reader's words) the
-    gradient `reference(*leaves)` gives fresh leaves of their values (the course's function, run
-    here, after the answer). Called once the value is judged right; `hint` says how to keep the
-    result differentiable."""
+    `inputs` (leaves requiring grad: what the answer was handed, or what it was computed from;
+    `names`, in the reader's words) the gradient `reference(*leaves)` gives fresh leaves of
+    their values (the course's function, run here, after the answer). Called once the value is
+    judged right; `hint` says how to keep the result differentiable, `wrong` what changes a
+    gradient on the graph (a result on the graph read no values out: `hint` would misname it)."""
     lost = f"{what} has no gradient: {hint}"
     expect(issubclass(type(got), torch.Tensor), lost)        # by type: no `__class__` runs
     if reader_class(type(got)):         # read as a plain tensor, still on its graph
@@ -45,4 +49,4 @@ def expect_gradient(got, inputs, reference, what, names, hint):
             off = float((grad.to(want.dtype) - want).abs().max())
             raise CheckFailed(f"{what} has the right value but the wrong gradient with respect "
                               f"to {name} (off by up to {off:.3g}, where it is at most "
-                              f"{float(want.abs().max()):.3g}): {hint}")
+                              f"{float(want.abs().max()):.3g}): {wrong or _WRONG}")

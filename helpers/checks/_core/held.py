@@ -1,29 +1,28 @@
 """What a function of the reader's still holds after it returned: the async handles, futures
-and tensors reachable from its closure, defaults, the module globals its code names, and what
-those hold (containers, the reader's objects, bound methods, partials, modules' attributes).
-A stateful answer that keeps each step's handles grows without bound, and keeps every step's
+and tensors reachable from it by the scan's walk (reach.py, the course's code left out): its
+closure, defaults and attributes, the globals its code loads, the classes of the reader's and
+their attributes, and what those hold (containers, objects, bound methods, partials). A
+stateful answer that keeps each step's handles grows without bound, and keeps every step's
 gradients alive, while its values stay right; the checks tell it by what it holds one step
-later (`check_overlap_hooks`). Read by exact types, the base types' own methods and the
-collector's referents: no method, property or container method of the reader's runs."""
-import collections
-import functools
+later (`check_overlap_hooks`). Read as reach.py reads: no method, property or container method
+of the reader's runs."""
 import gc
 import types
 
 import torch
 
 from ...runtime.work import Work
-from .keys import str_keys
-from .parts import base_items, own_dict
-from .run import is_reader_code
+from .parts import own_dict
+from .reach import children, expandable
 from .settle import Guarded
 
 __all__ = ["held_by", "still_held"]
 
 _LIMIT = 20000          # objects visited at most: a walk of a large structure stays bounded
-_LEAVES = (str, bytes, int, float, complex, bool, type(None), types.ModuleType, type,
+# not walked into: a module (what is reached only through one is out of scope), a library's or
+# the harness's function (its closures are the World's, not the answer's state)
+_LEAVES = (str, bytes, int, float, complex, bool, type(None), types.ModuleType,
            types.CodeType, types.BuiltinFunctionType)
-_DEQUE_ITER = collections.deque.__iter__
 
 
 def held_by(fn, depth=8):
@@ -47,41 +46,17 @@ def held_by(fn, depth=8):
 
 
 def _parts(obj):
-    """What `obj` holds, read without running code of the reader's (see the module's text)."""
+    """What `obj` holds: reach.py's children of it, the course's code and members left out; a
+    tensor's own attributes only (its hook tables hold the check's hooks and the harness's
+    wrappers of the answer's, whose state the answer's function reaches itself)."""
     cls = type(obj)
-    if cls is types.MethodType:
-        return [obj.__func__, obj.__self__]
-    if cls is functools.partial:
-        return [obj.func, *obj.args, *dict.values(obj.keywords)]
-    if issubclass(cls, Guarded):
-        return [object.__getattribute__(obj, "fn")]     # the harness's Answer around it
-    if cls is types.FunctionType:
-        f = obj
-        if not is_reader_code(f.__code__.co_filename):
-            return []                  # the harness's, the course's, a library's
-        g = f.__globals__ if type(f.__globals__) is dict and str_keys(f.__globals__) else {}
-        named = [dict.get(g, n) for n in f.__code__.co_names if type(n) is str]
-        cells = [c.cell_contents for c in f.__closure__ or () if _full(c)]
-        kw = f.__kwdefaults__
-        return [*cells, *(f.__defaults__ or ()), *(dict.values(kw) if type(kw) is dict else ()),
-                *named]
-    items = base_items(obj)
-    if items is not None:
-        return items
-    if issubclass(cls, collections.deque):
-        return list(_DEQUE_ITER(obj))
-    if issubclass(cls, torch.Tensor) or issubclass(cls, torch.nn.Module):
+    if issubclass(cls, torch.Tensor):
         return list(own_dict(obj).values())
-    # any other object: its instance dict and slots, by the collector (C code)
-    return [v for v in gc.get_referents(obj) if not issubclass(type(v), type)]
-
-
-def _full(cell):
-    try:
-        _ = cell.cell_contents
-    except ValueError:
-        return False
-    return True
+    if issubclass(cls, Guarded):       # the harness's wrapper of the reader's function or hook
+        return [v for v in gc.get_referents(obj) if not issubclass(type(v), type)]
+    if cls is types.FunctionType and not expandable(obj, course=False):
+        return []                      # the harness's, the course's, a library's
+    return [child for _, child in children(obj, course=False)]
 
 
 def still_held(fn, grads, kept):

@@ -81,13 +81,13 @@ def loads(fn):
                 yield arg, found
 
 
-def expandable(obj):
-    """A function whose code the walk reads: the reader's, or the course's helpers'."""
+def expandable(obj, course=True):
+    """A function whose code the walk reads: the reader's, or (`course`) the course's helpers'."""
     if not is_a(obj, types.FunctionType):
         return False
     module = obj.__module__
     return made_by_reader(obj.__code__) or (
-        type(module) is str and module.split(".")[0] in _COURSE)
+        course and type(module) is str and module.split(".")[0] in _COURSE)
 
 
 def _cell_filled(cell):
@@ -159,11 +159,11 @@ def _label(key):
     return key if type(key) is str else "key"
 
 
-def _class_members(cls):
+def _class_members(cls, course=True):
     """The members of the classes of `cls`'s MRO that the walk reads (`_walked`), and its
     metaclass, whose methods run on the class's attributes."""
     for c in _MRO(cls):
-        if _walked(c):
+        if _walked(c, course):
             yield from ((_label(k), v) for k, v in list(_CLASS_DICT(c).items())[:_ITEMS * 2])
     meta = type(cls)
     if _made_in_python(meta):
@@ -218,8 +218,9 @@ def _library_namespace(space):
     return name != "__main__" and not is_reader_code(where if type(where) is str else "<")
 
 
-def children(obj):
-    """What `obj` gives the walk next: (label, child) pairs."""
+def children(obj, course=True):
+    """What `obj` gives the walk next: (label, child) pairs; without `course`, the code and
+    class members of the reader's alone (held.py: what the reader's state holds)."""
     if is_a(obj, functools.partial):
         func, args, keywords = (get(obj) for get in _PARTIAL)
         yield "partial", func
@@ -233,7 +234,7 @@ def children(obj):
     elif is_a(obj, (staticmethod, classmethod, property)):
         yield from (("method", f) for f in _functions(obj) if f is not None)
     if is_a(obj, type):
-        yield from _class_members(obj)
+        yield from _class_members(obj, course)
         return
     if _made_in_python(type(obj)):
         yield "class", type(obj)
@@ -244,7 +245,7 @@ def children(obj):
     if is_a(obj, weakref.ReferenceType):    # (the collector does not say what it refers to)
         yield "referent", _REFERENT(obj)
     yield from _held(obj)
-    if expandable(obj):
+    if expandable(obj, course):
         yield from loads(obj)
         yield from (("closure", c.cell_contents) for c in (obj.__closure__ or ())
                     if _cell_filled(c))

@@ -1,0 +1,69 @@
+"""check_time_it with a CPU-time clock read other than as `time.process_time`: a timer that
+synchronises after every call but reads a clock blind to the wait is named as such
+(`time.clock_gettime` of a CPU-time clock, `os.times`, `resource.getrusage`), and one bound before
+the check (`from time import process_time`), which the check cannot see, is told both causes."""
+import os
+import resource
+import statistics
+import time
+from time import process_time as bound_early
+
+from check_cases import parametrize_cases, shortcut
+
+from helpers import synchronize
+from helpers.checks import check_time_it
+
+
+def _timed(clock, fn, devices, reps):
+    """The median of per-call times read on `clock`, the devices synchronised around each."""
+    times = []
+    for _ in range(reps):
+        synchronize(devices)
+        t0 = clock()
+        fn()
+        synchronize(devices)
+        times.append(clock() - t0)
+    return statistics.median(times)
+
+
+@shortcut("check_time_it", "the process's CPU-time clock through clock_gettime",
+          ["you synchronised after every call",
+           "time.clock_gettime(CLOCK_PROCESS_CPUTIME_ID) counts the CPU time"])
+def time_it_clock_gettime_cpu(fn, devices, reps=5):
+    return _timed(lambda: time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID), fn, devices, reps)
+
+
+@shortcut("check_time_it", "the thread's CPU-time clock through clock_gettime_ns",
+          "time.clock_gettime_ns(CLOCK_THREAD_CPUTIME_ID) counts the CPU time")
+def time_it_clock_gettime_thread(fn, devices, reps=5):
+    return _timed(lambda: time.clock_gettime_ns(time.CLOCK_THREAD_CPUTIME_ID) / 1e9, fn,
+                  devices, reps)
+
+
+@shortcut("check_time_it", "os.times' user and system times", "os.times counts the CPU time")
+def time_it_os_times(fn, devices, reps=5):
+    return _timed(lambda: sum(os.times()[:2]), fn, devices, reps)
+
+
+@shortcut("check_time_it", "resource.getrusage's user and system times",
+          "resource.getrusage counts the CPU time")
+def time_it_rusage(fn, devices, reps=5):
+    def clock():
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    return _timed(clock, fn, devices, reps)
+
+
+@shortcut("check_time_it", "time.process_time bound before the check (unseen)",
+          ["use a wall clock (time.perf_counter)", "a CPU-time clock does not count the wait"])
+def time_it_process_time_bound_early(fn, devices, reps=5):
+    return _timed(bound_early, fn, devices, reps)
+
+
+def test_time_it_puts_the_clocks_back():
+    saved = time.clock_gettime, time.clock_gettime_ns, os.times, resource.getrusage
+    check_time_it(time_it_os_times)
+    assert (time.clock_gettime, time.clock_gettime_ns, os.times, resource.getrusage) == saved
+
+
+test_case = parametrize_cases(__name__)
