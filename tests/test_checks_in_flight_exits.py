@@ -65,7 +65,8 @@ def grad_shard_tolist_in_a_thread(flat_grad):
 @other("check_grad_shard", "waits, then reads the output with .tolist() and .numpy()")
 def grad_shard_reads_after_wait(flat_grad):
     got = _shard(flat_grad, lambda out: None)
-    return torch.tensor(got.tolist()) + torch.from_numpy(got.numpy().copy()) * 0
+    as_numpy = torch.from_numpy(got.float().numpy().copy()).to(got.dtype)   # numpy: no bf16
+    return torch.tensor(got.tolist(), dtype=got.dtype) + as_numpy * 0
 
 
 # ---- average_bucket (ddp_scratch.py): an async all-reduce of a flat bucket ------------------

@@ -1,7 +1,7 @@
 """The router losses exist for their gradient (the expert-parallel chapter adds both to the loss it
-backpropagates): an answer with the right value and no gradient, or the wrong gradient, fails,
-naming it (helpers/checks/_core/gradients.py); right answers of other forms pass
-(tests/check_cases.py)."""
+backpropagates), and the permuted tokens carry one (the layer backpropagates through them to the
+tokens): an answer with the right value and no gradient, or the wrong gradient, fails, naming it
+(helpers/checks/_core/gradients.py); right answers of other forms pass (tests/check_cases.py)."""
 import numpy as np
 import torch
 from check_cases import other, parametrize_cases, shortcut
@@ -150,6 +150,51 @@ def z_max_detached(logits):
 @other("check_z_loss", "in float64")
 def z_float64(logits):
     return (torch.logsumexp(logits.double(), -1) ** 2).mean()
+
+
+# ---- permute_tokens: the rows go on to the experts, and backward through them to the tokens ----
+def _order(expert):
+    return torch.argsort(expert.reshape(-1), stable=True) // expert.shape[1]
+
+
+def _expert_counts(expert, n_experts):
+    return torch.bincount(expert.reshape(-1), minlength=n_experts)
+
+
+@shortcut("check_permute_tokens", "rows collected with .tolist(), rebuilt with torch.tensor",
+          [NO_GRAD, "permute_tokens' rows"])
+def permute_tolist(x, expert, n_experts):
+    rows = [x[t].tolist() for t in _order(expert).tolist()]
+    return torch.tensor(rows), _expert_counts(expert, n_experts)
+
+
+@shortcut("check_permute_tokens", "x.data indexed", NO_GRAD)
+def permute_data(x, expert, n_experts):
+    return x.data[_order(expert)], _expert_counts(expert, n_experts)
+
+
+@shortcut("check_permute_tokens", "the rows put in a new leaf that requires grad", NO_GRAD)
+def permute_new_leaf(x, expert, n_experts):
+    return x.detach()[_order(expert)].requires_grad_(), _expert_counts(expert, n_experts)
+
+
+@shortcut("check_permute_tokens", "detached rows, a zero-weight term keeping a graph",
+          [WRONG_GRAD, "x"])
+def permute_detached(x, expert, n_experts):
+    return x.detach()[_order(expert)] + 0 * x.sum(), _expert_counts(expert, n_experts)
+
+
+@other("check_permute_tokens", "numpy for the order, torch indexing for the rows")
+def permute_numpy_order(x, expert, n_experts):
+    flat = expert.reshape(-1).numpy()
+    order = np.argsort(flat, kind="stable") // expert.shape[1]
+    return x[torch.from_numpy(order)], torch.from_numpy(np.bincount(flat, minlength=n_experts))
+
+
+@other("check_permute_tokens", "a one-hot permutation matrix times x")
+def permute_matmul(x, expert, n_experts):
+    pick = F.one_hot(_order(expert), len(x)).to(x.dtype)
+    return pick @ x, _expert_counts(expert, n_experts)
 
 
 test_case = parametrize_cases(__name__)

@@ -166,7 +166,7 @@ def zero3_padded_total(layers, world):
 # ---- fsdp_scratch: Exercise 4 (clip over shards) ------------------------------------------------
 @worked("check_clip_sharded")
 def clip_sharded(shards, max_norm):
-    sq = torch.zeros(())
+    sq = torch.zeros((), device=shards[0].grad.device if shards else None)
     for p in shards:
         sq += p.grad.pow(2).sum()
     dist.all_reduce(sq)
@@ -189,6 +189,18 @@ def clip_sharded_float(shards, max_norm):
     return norm
 
 
+@shortcut("check_clip_sharded", "the squares stacked: a rank that owns no shard cannot stack",
+          ["raised RuntimeError", "stack"])
+def clip_stacked(shards, max_norm):
+    sq = torch.stack([p.grad.pow(2).sum() for p in shards]).sum()
+    dist.all_reduce(sq)
+    norm = sq.sqrt()
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for p in shards:
+        p.grad.mul_(coef)
+    return norm
+
+
 @shortcut("check_clip_sharded", "torch's clip on the local shards", "the norm of its own shards")
 def clip_local(shards, max_norm):
     return torch.nn.utils.clip_grad_norm_(shards, max_norm)
@@ -196,7 +208,7 @@ def clip_local(shards, max_norm):
 
 @shortcut("check_clip_sharded", "gathers every gradient", "not the gradients")
 def clip_gather(shards, max_norm):
-    flat = torch.cat([p.grad.reshape(-1) for p in shards])
+    flat = torch.cat([p.grad.reshape(-1) for p in shards] + [torch.zeros(0)])   # none: empty
     sizes = [torch.zeros(1) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, torch.tensor([float(flat.numel())]))
     parts = [torch.zeros(int(s)) for s in sizes]

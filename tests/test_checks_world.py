@@ -106,7 +106,8 @@ _BUFFERS = {}     # output buffers by size, a module global: one per process on 
 def grad_shard_cached_buffer(flat_grad):
     world = dist.get_world_size()
     padded = torch.cat([flat_grad, flat_grad.new_zeros(-flat_grad.numel() % world)])
-    out = _BUFFERS.setdefault(padded.numel() // world, torch.empty(padded.numel() // world))
+    n = padded.numel() // world
+    out = _BUFFERS.setdefault((n, padded.dtype), padded.new_empty(n))
     dist.reduce_scatter_tensor(out, padded)
     return out / world
 

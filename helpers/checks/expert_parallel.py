@@ -186,14 +186,21 @@ def check_z_loss(fn):
         raise CheckFailed(f"with {N} tokens and {E} experts you returned {got:.5g}: {hint}")
 
 
+_ROWS_GRAD = ("index x with the order, keeping it a torch computation (no torch.tensor of its "
+              "values, .tolist(), numpy, .data or .detach()): the layer backpropagates through "
+              "the rows to the tokens")
+
+
 @check("permute_tokens", references=["permute_by_expert", "EPMoE"], observes=[
     "the rows and counts returned for fresh tokens, top-1 and top-2 choices both (32 choices or "
     "more in one case of every draw, where an unstable sort shows, and in one no choice of the "
     "last expert): each expert's rows together, experts in order, within an expert the "
-    "choices in token order"])
+    "choices in token order", "the gradient backward through the rows gives the tokens "
+    "(requiring grad), against indexing's"])
 def check_permute_tokens(fn):
     """fn(x, expert, n_experts) -> (rows, counts): the tokens of every choice (expert (N, k)),
-    grouped by expert in expert order, each group in token order; counts (E,)."""
+    grouped by expert in expert order, each group in token order, differentiable in x;
+    counts (E,)."""
     g = fresh_generator()
     first = randint(g, 1, 2)        # top-1 and top-2 both, in a fresh order: never k=1 alone
     # One case of 32 choices or more, forced, in a fresh place: torch's CPU sort keeps equal keys
@@ -209,7 +216,8 @@ def check_permute_tokens(fn):
         x = torch.randn(N, d, generator=g)
         chosen = E - (case == empty)        # the experts the choices are drawn from
         expert = torch.stack([torch.randperm(chosen, generator=g)[:k] for _ in range(N)])
-        got = fn(x.clone(), expert.clone(), E)
+        handed = x.clone().requires_grad_()     # the layer backpropagates through the rows
+        got = fn(handed, expert.clone(), E)
         expect(isinstance(got, tuple) and len(got) == 2,
                "permute_tokens must return a pair (rows, counts)")
         rows, counts = got
@@ -229,6 +237,8 @@ def check_permute_tokens(fn):
                     "tokens in their order (a stable sort)")
             raise CheckFailed(f"with {N} tokens, {E} experts, k={k} the rows are not "
                               f"permuted right: {hint}")
+        expect_gradient(rows, [handed], lambda t, i=order // k: t[i], "permute_tokens' rows",
+                        ["x"], _ROWS_GRAD, weight=torch.randn(want.shape, generator=g))
 
 
 @check("expert_grad_group", references=["ep_dp_mesh", "EPMoE", "rank_grid"], observes=[

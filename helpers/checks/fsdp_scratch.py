@@ -26,6 +26,7 @@ from ._core import (
     tensor_close,
     tensor_equal,
 )
+from ._core.buffers import expect_dtype
 
 __all__ = ["check_shard_flat", "check_gather_layer", "check_zero3_sent_bytes",
            "check_clip_sharded", "check_fsdp_units"]
@@ -79,12 +80,15 @@ def check_shard_flat(fn):
 @check("gather_layer", references=["all_gather_flat"], observes=[
     "every collective each rank of a fresh world of thread ranks calls and its bytes: exactly "
     "one all-gather of the shard",
-    "the tensors returned, against the layer's full tensors"])
+    "the tensors returned, against the layer's full tensors, in the shard's dtype (one case in "
+    "bfloat16, as a compute dtype gathers)"])
 def check_gather_layer(fn):
     """fn(shard, shapes) -> the layer's full tensors (one per shape), all-gathered from every
     rank's shard with one all-gather, the padding dropped. Run on every rank of a world."""
     g = fresh_generator()
+    half = randint(g, 0, 2)     # forced, in a fresh case: a bfloat16 shard (FSDP's compute dtype)
     for case in range(3):
+        dtype = torch.bfloat16 if case == half else torch.float32
         world = randint(g, 2, 4)
         shapes = [torch.Size(randint(g, 1, 6) for _ in range(randint(g, 1, 2)))
                   for _ in range(randint(g, 1, 3))]
@@ -92,7 +96,7 @@ def check_gather_layer(fn):
         if case < 2 and bool(numel % world) != (case == 0):     # case 0 padded, case 1 not
             shapes.append(torch.Size([1 if case == 0 else world - numel % world]))
             numel = sum(s.numel() for s in shapes)
-        flat = torch.cat([torch.randn(numel, generator=g), torch.zeros(-numel % world)])
+        flat = torch.cat([torch.randn(numel, generator=g), torch.zeros(-numel % world)]).to(dtype)
         shards = list(flat.chunk(world))
         w = World(world, record_ops=True, allow={"all_gather"}, why={
             "broadcast": "a rank that used broadcast sends its shard to each rank in turn: "
@@ -101,15 +105,15 @@ def check_gather_layer(fn):
                                                                   list(shapes)))
         full = [t.reshape(s) for t, s in            # the layer's tensors, after the answer ran
                 zip(flat[:numel].split([s.numel() for s in shapes]), shapes, strict=True)]
-        call = f"gather_layer ({world} ranks, shapes {[tuple(s) for s in shapes]})"
+        call = (f"gather_layer ({world} ranks, {str(dtype)[6:]} shapes "
+                f"{[tuple(s) for s in shapes]})")
         for r in range(world):
             gathers = w.sent("all_gather", rank=r)
             expect(gathers, f"{call}: rank {r} did not all-gather the shards")
             sizes = [t.payload for t in w.traffic(messages=gathers).records]
-            expect(sizes == [shards[r].numel() * 4],
-                   f"{call}: rank {r} ran {len(gathers)} all-gathers of "
-                   f"{sizes} bytes: one all-gather of its "
-                   f"{shards[r].numel() * 4}-byte shard brings every rank's")
+            nbytes = shards[r].numel() * dtype.itemsize
+            expect(sizes == [nbytes], f"{call}: rank {r} ran {len(gathers)} all-gathers of "
+                   f"{sizes} bytes: one all-gather of its {nbytes}-byte shard brings every rank's")
             got = list(outs[r])
             expect(len(got) == len(shapes),
                    f"{call}: rank {r} returned {len(got)} tensors for {len(shapes)} shapes")
@@ -117,6 +121,7 @@ def check_gather_layer(fn):
                 expect(tuple(a.shape) == tuple(b.shape),
                        f"{call}: tensor {i} has shape {tuple(a.shape)}, expected "
                        f"{tuple(b.shape)} (drop the padding, then split the flat vector in order)")
+                expect_dtype(a, dtype, f"{call}: rank {r}'s tensor {i}")
                 expect(tensor_equal(a, b), f"{call}: tensor {i} has the wrong values")
                 w.expect_from_messages(r, a, f"tensor {i}", world)
 
@@ -195,9 +200,12 @@ def check_clip_sharded(fn):
     every element of the model on exactly one rank) by the norm of the WHOLE gradient, as
     torch.nn.utils.clip_grad_norm_ would on one process; return that norm."""
     g = fresh_generator()
-    for case in range(3):
-        world = randint(g, 2, 4)
+    bare = randint(g, 0, 2)     # forced, in a fresh case: a rank that owns no shard (a world
+    for case in range(3):       # bigger than the parameters: its list is empty), of 3 or more
+        world = randint(g, 3 if case == bare else 2, 4)     # (two ranks hold the gradient)
         sizes = [[randint(g, 20, 60) for _ in range(randint(g, 1, 3))] for _ in range(world)]
+        if case == bare:
+            sizes[randint(g, 0, world - 1)] = []
         scale = [2.0 ** randint(g, -3, 3) for _ in range(world)]   # uneven: local norms differ
         drawn = [[torch.randn(n, generator=g) * scale[r] for n in sizes[r]] for r in range(world)]
         # the whole gradient scaled to a norm chosen first (the draws' expected one), so that
@@ -226,12 +234,12 @@ def check_clip_sharded(fn):
         grad_bytes = [4 * sum(s) for s in sizes]
         for r in range(world):
             sent = w.traffic(r).payload_bytes()
-            expect(sent < min(grad_bytes) / 2,
+            expect(sent < min(b for b in grad_bytes if b) / 2,
                    f"{call}: rank {r} sent {sent} bytes for {grad_bytes[r]} bytes of gradient: "
                    "all-reduce one number (the sum of squares), not the gradients")
             got = as_number(norms[r], call)
-            local = float(torch.cat(grads[r]).norm())
-            expect(not (abs(got - local) < 1e-4 * local and abs(local - total) > 1e-3 * total),
+            local = float(torch.cat(grads[r]).norm()) if grads[r] else 0.0
+            expect(not (abs(got - local) <= 1e-4 * local and abs(local - total) > 1e-4 * total),
                    f"{call}: rank {r} returned {got:.4g}, the norm of its own shards: each rank "
                    f"holds part of the gradient, the whole one has norm {total:.4g} (sum the "
                    "squared norms over the ranks with an all-reduce, then take the root)")
@@ -245,7 +253,7 @@ def check_clip_sharded(fn):
                 expect(tensor_close(p.grad, gr * coef, rtol=1e-4, atol=1e-6),
                        f"{call}: rank {r}'s gradients are not scaled by max_norm / (norm + 1e-6)"
                        f" = {coef:.4g} (capped at 1), the factor torch's clip_grad_norm_ uses")
-            if coef < 1:       # the factor must come from the all-reduce's result
+            if coef < 1 and shards[r]:     # the factor must come from the all-reduce's result
                 w.expect_from_messages(r, [p.grad for p in shards[r]], "clipped gradients",
                                        world)
 

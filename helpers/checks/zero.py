@@ -27,6 +27,9 @@ from ._core import (
     tensor_close,
     tensor_equal,
 )
+from ._core.buffers import expect_dtype
+from ._qwz_draws import bounds as _bounds
+from ._qwz_draws import shards as _shards
 
 __all__ = ["check_partition", "check_zero1_optimizer", "check_grad_shard",
            "check_accumulate_zero2", "check_mixed_zero_bytes", "check_qwz_all_gather"]
@@ -165,29 +168,32 @@ _NOT_RS = {"all_reduce": "it sends twice what a reduce-scatter sends and leaves 
 @check("grad_shard", references=["reduce_scatter_flat"], observes=[
     "every collective each rank of a fresh world of thread ranks calls (list or tensor form; "
     "an async one waited for), and the bytes it hands over (one padded case on 3 or 4 ranks)",
-    "the returned slice against the average of every rank's padded gradient"])
+    "the returned slice against the average of every rank's padded gradient, in the "
+    "gradient's dtype (one case in bfloat16)"])
 def check_grad_shard(fn):
     """fn(flat_grad) -> this rank's averaged shard of the flat gradient (padded to a multiple
     of the world size), through one reduce-scatter. Run on every rank of a world."""
     g = fresh_generator()
+    half = randint(g, 0, 2)     # forced, in a fresh case: bfloat16 gradients, as mixed precision
     for case in range(3):
         # forced: the padded case on 3 or 4 ranks (on 2, a pad of n % world is -n % world's)
         world, n = randint(g, 3 if case == 0 else 2, 4), randint(g, 5, 40)
         if case < 2:     # one padded, one that the world size divides (no padding at all)
             n = world * randint(g, 2, 6) + (1 - case)
-        grads = [torch.randn(n, generator=g) for _ in range(world)]
+        dtype, tol = (torch.bfloat16, 1e-2) if case == half else (torch.float32, 1e-5)
+        grads = [torch.randn(n, generator=g).to(dtype) for _ in range(world)]
         # any other collective beside the reduce-scatter would be its substitute (a decoy
         # reduce-scatter, the gradients all-gathered and averaged by hand)
         w = World(world, record_ops=True, allow={"reduce_scatter"}, why=_NOT_RS)
         got = w.run(lambda comm, grads=grads: fn(grads[comm.rank].clone()))
         pad = -n % world
-        full = torch.cat([sum(grads), torch.zeros(pad)]) / world
-        call = f"grad_shard ({world} ranks, {n} gradients)"
+        full = torch.cat([sum(t.float() for t in grads), torch.zeros(pad)]) / world
+        call = f"grad_shard ({world} ranks, {n} {str(dtype)[6:]} gradients)"
         for r in range(world):
             rs = w.sent("reduce_scatter", rank=r)
             expect(len(rs) == 1, f"{call}: rank {r} made {len(rs)} reduce-scatters, expected one")
             nbytes = w.traffic(r).payload_bytes("reduce_scatter")
-            expect(nbytes == 4 * (n + pad),
+            expect(nbytes in (4 * (n + pad), dtype.itemsize * (n + pad)),    # float32, or not
                    f"{call}: rank {r} reduce-scattered {nbytes} bytes; pad the {n} "
                    f"gradients to {n + pad} (a multiple of the world size) and send them once")
             want = full.chunk(world)[r]
@@ -195,9 +201,10 @@ def check_grad_shard(fn):
             expect(torch.is_tensor(out) and out.shape == want.shape,
                    f"{call}: rank {r} returned shape {tuple(getattr(out, 'shape', ()))}, "
                    f"expected {tuple(want.shape)} (1/world of the padded gradient)")
-            expect(not (want.abs().max() > 1e-3 and tensor_close(out, want * world, atol=1e-5)),
+            expect_dtype(out, dtype, f"{call}: rank {r}'s shard")
+            expect(not (want.abs().max() > 1e-3 and tensor_close(out, want * world, tol, tol)),
                    f"{call}: rank {r} returned the sum over the ranks: divide by the world size")
-            expect(tensor_close(out, want, atol=1e-5),
+            expect(tensor_close(out, want, tol, tol),
                    f"{call}: rank {r} returned the wrong values: expected its slice of the "
                    "averaged gradient")
             w.expect_from_messages(r, out, "shard", world)
@@ -334,24 +341,6 @@ def check_mixed_zero_bytes(fn):
 
 
 # --- ZeRO's variants: qwZ's quantized gather ---------------------------------------------------
-def _shards(g, world, n, block):
-    """Shards whose blocks differ in size by up to 10**5: one scale for a whole shard rounds
-    the small blocks to nothing."""
-    out = []
-    for _ in range(world):
-        x = torch.randn(n, generator=g)
-        mags = 10 ** (torch.rand(-(-n // block), generator=g) * 5 - 3)
-        out.append(x * mags.repeat_interleave(block)[:n])
-    return out
-
-
-def _bounds(shard, block):
-    """Per element: half a round-to-nearest step of its block (absmax / 127 / 2)."""
-    n = shard.numel()
-    x = torch.cat([shard, shard.new_zeros(-n % block)]).view(-1, block)
-    return (x.abs().amax(1) / 127 / 2).repeat_interleave(block)[:n]
-
-
 @check("qwz_all_gather", references=["quantized_all_gather", "quantize_blocks",
                                      "dequantize_blocks"], observes=[
     "the bytes every rank of a fresh world of thread ranks hands to its collectives (at most "

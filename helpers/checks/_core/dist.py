@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from ...runtime.comm import wire as _wire
 from ...runtime.work import Work, WorkFuture, waited_all
+from .buffers import copy_each, copy_into
 from .inflight import launched as _launched
 from .raised import traceback_of as _traceback_of
 from .run import CheckFailed, stand_in
@@ -101,15 +102,11 @@ def reduce(W, tensor, dst=0, op=None, group=None, async_op=False, group_dst=None
 
 def all_gather(W, tensor_list, tensor, group=None, async_op=False):
     ranks = _ranks(W, group)
-
-    def deliver(values):
-        for out, v in zip(tensor_list, values, strict=True):
-            out.copy_(v.reshape(out.shape))
     if len(tensor_list) != len(ranks):
         raise ValueError(f"all_gather: {len(tensor_list)} output tensors for {len(ranks)} ranks")
     return W.collective("all_gather", ranks, tensor, _snap(tensor),
-                             lambda ps: [ps] * len(ps), deliver, async_op,
-                             value=lambda: list(tensor_list))
+                             lambda ps: [ps] * len(ps), copy_each(W, "all_gather", tensor_list),
+                             async_op, value=lambda: list(tensor_list))
 
 
 def all_gather_into_tensor(W, output_tensor, input_tensor, group=None, async_op=False):
@@ -120,7 +117,7 @@ def all_gather_into_tensor(W, output_tensor, input_tensor, group=None, async_op=
                          f"({len(ranks)}) times the input")
     return W.collective("all_gather", ranks, input_tensor, _snap(input_tensor),
                              lambda ps: [torch.cat([p.reshape(-1) for p in ps])] * len(ps),
-                             _copy_into(output_tensor), async_op,
+                             copy_into(W, "all_gather_into_tensor", output_tensor), async_op,
                              value=lambda: list(output_tensor.chunk(len(ranks))))
 
 
@@ -135,7 +132,8 @@ def reduce_scatter(W, output, input_list, op=None, group=None, async_op=False):
         parts = [p.split(sizes) for p in ps]
         return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
     return W.collective("reduce_scatter", ranks, flat, _wire(flat), combine,
-                             _copy_into(output), async_op, value=lambda: [output])
+                             copy_into(W, "reduce_scatter", output), async_op,
+                             value=lambda: [output])
 
 
 def reduce_scatter_tensor(W, output, input, op=None, group=None, async_op=False):
@@ -149,7 +147,8 @@ def reduce_scatter_tensor(W, output, input, op=None, group=None, async_op=False)
         parts = [p.reshape(-1).chunk(len(ps)) for p in ps]
         return [_reduce(op, [part[i] for part in parts]) for i in range(len(ps))]
     return W.collective("reduce_scatter", ranks, input, _snap(input), combine,
-                             _copy_into(output), async_op, value=lambda: [output])
+                             copy_into(W, "reduce_scatter_tensor", output), async_op,
+                             value=lambda: [output])
 
 
 all_gather_single = all_gather_into_tensor      # torch 2.14's names for them

@@ -19,28 +19,31 @@ __all__ = ["expect_gradient"]
 _WRONG = ("every part of it must stay on the graph as the formula has it: a .detach() on part "
           "of it, or a term added for its gradient alone, changes what backward gives")
 
-
-def expect_gradient(got, inputs, reference, what, names, hint, wrong=None):
-    """Fail unless `got`, the answer's one-number result, backpropagates to each tensor of
-    `inputs` (leaves requiring grad: what the answer was handed, or what it was computed from;
-    `names`, in the reader's words) the gradient `reference(*leaves)` gives fresh leaves of
-    their values (the course's function, run here, after the answer). Called once the value is
-    judged right; `hint` says how to keep the result differentiable, `wrong` what changes a
-    gradient on the graph (a result on the graph read no values out: `hint` would misname it)."""
+def expect_gradient(got, inputs, reference, what, names, hint, wrong=None, weight=None):
+    """Fail unless `got`, the answer's result, backpropagates to each tensor of `inputs` (leaves
+    requiring grad: what the answer was handed, or what it was computed from; `names`, in the
+    reader's words) the gradient `reference(*leaves)` gives fresh leaves of their values (the
+    course's function, run here, after the answer). Called once the value is judged right;
+    `hint` says how to keep the result differentiable, `wrong` what changes a gradient on the
+    graph (a result on the graph read no values out: `hint` would misname it). `weight`: `got`
+    is a tensor of its shape (rows the chapter goes on computing with), and what backpropagates
+    is `(got * weight).sum()`, the reference's too; without it `got` is one number."""
     lost = f"{what} has no gradient: {hint}"
     expect(issubclass(type(got), torch.Tensor), lost)        # by type: no `__class__` runs
     if reader_class(type(got)):         # read as a plain tensor, still on its graph
         got = torch._C.TensorBase.as_subclass(got, torch.Tensor)
-    expect(got.numel() == 1 and got.grad_fn is not None, lost)
+    expect((weight is not None or got.numel() == 1) and got.grad_fn is not None, lost)
+    loss = got.reshape(()) if weight is None else (got * weight).sum()
     try:
-        grads = torch.autograd.grad(got.reshape(()), list(inputs), allow_unused=True)
+        grads = torch.autograd.grad(loss, list(inputs), allow_unused=True)
     except RuntimeError as e:       # torch's words: a saved tensor changed in place, say
         words = describe(e).split(" Hint:")[0]
         raise CheckFailed(f"backward through {what} failed ({type_name(type(e))}: {words}): "
                           "an in-place operation (`pow_`, `mul_`) on a tensor autograd saved "
                           "for backward breaks it; compute the loss out of place") from None
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    wants = torch.autograd.grad(reference(*leaves), leaves)
+    want = reference(*leaves)
+    wants = torch.autograd.grad(want if weight is None else (want * weight).sum(), leaves)
     for grad, want, name in zip(grads, wants, names, strict=True):
         expect(grad is not None, f"{what} has no gradient with respect to {name}: {hint}")
         scale = max(1.0, float(want.abs().max()))

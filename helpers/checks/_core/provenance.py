@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_leaves
 
 from . import addresses, outside, rank_arrays, rank_builtins, rank_numbers
+from .arrived import Arrived, viewed_bits
 from .composite import split_composite
 from .exits import CALLBACKS, watch_exits
 from .handed import handed
@@ -133,6 +134,7 @@ class Provenance:
         self.seen = {}        # storage key -> storage, of those used or handed but not made
         self.handed = {}      # storage key -> the rank the check handed it to, or _SHARED
         self.memory = outside.Outside()
+        self.arrived = Arrived()     # what each rank received and has not written since
         self._lock = threading.Lock()
         self.exited = {}      # floating value -> the ranks that read it out of torch
         self.exited_last = {}  # the same, of the last run (a rank's result is judged after it)
@@ -215,9 +217,10 @@ class Provenance:
                                        f"into a tensor that rank {made[0]} made ({made[1]}), "
                                        + _THROUGH)
                 self.owner[key] = (rank, what, storage)
-                if self.memory.alias:   # a write through one wrapper is a write through all
-                    for k, other in self.memory.aliases(key):
-                        self.owner[k] = (rank, what, other, "memory")
+                aliases = self.memory.aliases(key) if self.memory.alias else ()
+                for k, other in aliases:    # a write through one wrapper is a write through all
+                    self.owner[k] = (rank, what, other, "memory")
+                self.arrived.wrote(rank, [key] + [k for k, _ in aliases], storage, self.exempt())
                 for r in self.memory.exposed_by(key) if self.memory.exposed else ():
                     for view in outside.rebuilt_views(storage, t.dtype):   # its address known
                         self.read_out(r, rank_numbers.values(view))
@@ -273,6 +276,7 @@ class Provenance:
         def entered(t, how):      # written from outside torch: its values judged at every use
             if self.rank_here() is not None and not self.exempt():
                 self.memory.written(t.untyped_storage()._cdata)
+                self.arrived.wrote(self.rank_here(), [t.untyped_storage()._cdata], None, False)
 
         def tagging(name):
             original = getattr(torch.Tensor, name)
@@ -334,6 +338,7 @@ class Provenance:
         self.seen.clear()
         self.handed.clear()
         self.memory.clear()
+        self.arrived.clear()
 
 
 class _Mode(TorchDispatchMode):
@@ -366,7 +371,7 @@ class _Mode(TorchDispatchMode):
         if func is _SCALAR and isinstance(out, (float, int)) and not self.p.exempt():
             self.p.read_out(self.rank, [out])       # item(), float(t): kept as a fingerprint
         if func is _VIEW_DTYPE and not self.p.exempt():
-            self._bits(args[0], out)
+            viewed_bits(self.p, self.rank, args[0], out)
         positions, fresh = _writes(func)
         written = [args[i] if i < len(args) else kwargs.get(name) for i, name in positions]
         outs = out if isinstance(out, (tuple, list)) and len(fresh) > 1 else (out,)
@@ -384,15 +389,3 @@ class _Mode(TorchDispatchMode):
             for view in outside.rebuilt_views(storage, dtype):
                 self.p.refuse_foreign(self.rank, rank_numbers.values(view), "rebuilt a tensor "
                                       "from bytes (pickle.loads, torch.load) holding")
-
-    def _bits(self, t, view):
-        """A float tensor viewed as another dtype: its floats count as read out (its bits may
-        leave torch in pieces too small to fingerprint); bits viewed as floats of another dtype:
-        floats only other ranks read out fail, as if made from Python data."""
-        if t.dtype == view.dtype:
-            return
-        if t.is_floating_point():
-            self.p.read_out(self.rank, rank_numbers.values(t))
-        if view.is_floating_point():
-            self.p.refuse_foreign(self.rank, rank_numbers.values(view),
-                                  "made floats from the bits of another dtype holding")

@@ -248,11 +248,13 @@ class World(ThreadWorld):
 
     @contextlib.contextmanager
     def _delivering(self, rank):
-        """Keep, as `received[rank]`, the storage versions the operations run inside wrote."""
+        """Keep, as `received[rank]`, the storage versions the operations run inside wrote
+        (and as arrived for provenance: arrived.py, bytes the rank may reinterpret)."""
         rec = self.recorders[rank] if rank is not None else None
         start = len(rec.ops) if rec is not None else 0
         try:
-            yield
+            with self.provenance.arrived.delivering():
+                yield
         finally:
             if rec is not None:
                 got = {(r.key, r.version) for op in rec.ops[start:] for r in op.writes + op.outputs}
