@@ -118,13 +118,14 @@ def conv_split_out_channels(X, W, b, devices, log=None):
 
 
 @shortcut("check_conv_split_in_channels", "output channels by unfold + einsum, zero-padded",
-          "elements of work")
+          [("elements of work",      # or, on more devices than output channels, a device idle
+            "computed nothing that reaches the output")])
 def conv_split_out_channels_padded(X, W, b, devices, log=None):
     k, side = len(devices), X.shape[-1] - 2
     total = 0
     for d, rows in zip(devices, torch.arange(W.shape[0]).tensor_split(k)):
         patches = F.unfold(X.to(d), 3)                            # every input channel
-        Wi = W[rows].reshape(len(rows), -1).to(d)
+        Wi = W[rows].reshape(len(rows), W[0].numel()).to(d)   # none: more devices than rows
         Yi = torch.einsum("ok,nkl->nol", Wi, patches)
         full = torch.zeros(X.shape[0], W.shape[0], Yi.shape[-1], device=d)
         full = full.index_add(1, rows.to(d), Yi)                  # a "partial sum" of zeros

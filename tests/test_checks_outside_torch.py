@@ -247,7 +247,8 @@ pipeline_forward_closure = shortcut(
 
 @other("check_clip_sharded", "the squared norms summed in one all_reduce of a list's stack")
 def clip_sharded_stacked(shards, max_norm):
-    sq = torch.stack([p.grad.pow(2).sum() for p in shards]).sum()
+    sq = torch.stack([p.grad.pow(2).sum() for p in shards]   # a rank may own no shard
+                     or [torch.zeros(())]).sum()
     dist.all_reduce(sq)
     norm = sq.sqrt()
     if norm > max_norm:
