@@ -10,6 +10,14 @@ from check_cases import other, parametrize_cases, shortcut
 import helpers.checks
 
 
+def _hook_each(model, hook):
+    """`hook` after each trainable parameter's gradient is accumulated: the variants below differ
+    in what the hook keeps and what finish() does with it, not in how they register."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
+
+
 # ---- overlap_hooks: a second step -------------------------------------------------------------
 @shortcut("check_overlap_hooks", "pending handles never cleared: step 2 divides twice",
           "before waiting for it")
@@ -18,9 +26,7 @@ def overlap_hooks_pending_not_cleared(model):
 
     def hook(p):
         pending.append((p, dist.all_reduce(p.grad, async_op=True)))
-    for p in model.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(hook)
+    _hook_each(model, hook)
 
     def finish():
         for p, h in pending:
@@ -58,9 +64,7 @@ def overlap_hooks_pairs_popped(model):
 
     def hook(p):
         pending.append((p, dist.all_reduce(p.grad, async_op=True)))
-    for p in model.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(hook)
+    _hook_each(model, hook)
 
     def finish():
         while pending:
@@ -77,9 +81,7 @@ def overlap_hooks_grad_pairs_kept(model):
 
     def hook(p):
         pending.append((p.grad, dist.all_reduce(p.grad, async_op=True)))
-    for p in model.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(hook)
+    _hook_each(model, hook)
 
     def finish():
         for _, h in pending:
@@ -96,9 +98,7 @@ def overlap_hooks_handles_kept(model):
 
     def hook(p):
         handles.append(dist.all_reduce(p.grad, async_op=True))
-    for p in model.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(hook)
+    _hook_each(model, hook)
 
     def finish():
         for h in handles:
@@ -118,9 +118,7 @@ def overlap_hooks_futures_kept(model):
         work = dist.all_reduce(p.grad, async_op=True)
         futures.append(work.get_future().then(
             lambda f, g=p.grad: g.div_(dist.get_world_size())))
-    for p in model.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(hook)
+    _hook_each(model, hook)
 
     def finish():
         for f in futures:
