@@ -8,13 +8,13 @@ collective's delivery: `World._delivering`) and nothing since: a write of the ra
 (an operation, or from outside torch), or memory outside torch or with its address taken, drops
 it, so bits smuggled past the comm cannot be laundered by copying them into a received buffer.
 """
-import contextlib
 import threading
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import rank_numbers
+from .nesting import Nesting
 
 __all__ = ["Arrived", "viewed_bits"]
 
@@ -25,26 +25,17 @@ class Arrived:
     def __init__(self):
         self.storages = {}      # storage key -> (rank, storage)
         self.lock = threading.Lock()
-        self._local = threading.local()
+        self.delivering = Nesting()     # around the network's delivery (World._delivering)
 
     def clear(self):
         with self.lock:
             self.storages.clear()
 
-    @contextlib.contextmanager
-    def delivering(self):
-        """Around the network's delivery into a rank's tensors (World._delivering)."""
-        self._local.depth = getattr(self._local, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            self._local.depth -= 1
-
     def wrote(self, rank, keys, storage, exempt):
         """Rank `rank`'s thread wrote the storages `keys` (`storage`: the first's): arrived if
         the network delivered it, no longer arrived if the rank wrote it itself."""
         with self.lock:
-            if exempt and getattr(self._local, "depth", 0):
+            if exempt and self.delivering:
                 self.storages[keys[0]] = (rank, storage)
             elif not exempt:
                 for key in keys:

@@ -45,6 +45,7 @@ from .arrived import Arrived, viewed_bits
 from .composite import split_composite
 from .exits import CALLBACKS, watch_exits
 from .handed import handed
+from .nesting import Nesting
 from .run import CheckFailed, stand_in
 
 __all__ = ["world_run", "Provenance", "handed_in"]
@@ -102,12 +103,8 @@ def handed_in(args, kwargs):
         yield
         return
     mode.p.hand_in(mode.rank, handed((args, kwargs)))
-    local = mode.p._local
-    local.answering = getattr(local, "answering", 0) + 1
-    try:
+    with mode.p.answering():
         yield
-    finally:
-        local.answering -= 1
 
 
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
@@ -138,22 +135,14 @@ class Provenance:
         self._lock = threading.Lock()
         self.exited = {}      # floating value -> the ranks that read it out of torch
         self.exited_last = {}  # the same, of the last run (a rank's result is judged after it)
-        self._local = threading.local()
+        self.network = Nesting()   # the network's own work in a rank: exempt (how data travels)
+        self.answering = Nesting()  # a rank's thread inside the answer's call (handed_in)
 
     def mode(self, rank):
         return _Mode(self, rank)
 
-    @contextlib.contextmanager
-    def network(self):
-        """The network's own work in a rank: exempt (it is how data is meant to travel)."""
-        self._local.depth = getattr(self._local, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            self._local.depth -= 1
-
     def touch(self, rank, tensors, what):
-        if getattr(self._local, "depth", 0):
+        if self.network:
             return
         for t in tensors:
             storage = _storage(t)
@@ -189,7 +178,7 @@ class Provenance:
         to = self.handed.get(key)
         if to is None or to == _SHARED or to == rank:
             return
-        if getattr(self._local, "answering", 0) or self.world.rank is None:
+        if self.answering or self.world.rank is None:
             raise CheckFailed(f"rank {rank} used a tensor the check handed to rank {to} (one of "
                               f"its inputs) in {what}, {_THROUGH}")
 
@@ -235,7 +224,7 @@ class Provenance:
         return None
 
     def exempt(self):
-        return bool(getattr(self._local, "depth", 0))
+        return bool(self.network)
 
     def read_out(self, rank, numbers):
         """Rank `rank` read these floating values out of torch (rank_numbers.py)."""
