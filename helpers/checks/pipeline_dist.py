@@ -328,7 +328,7 @@ def _forward_ops(rec, x, dy):
     for op in rec.ops:
         written = {r.key for r in op.writes}
         operands = [(made.get((r.key, r.version), NONE), r) for i, r in enumerate(op.reads)
-                    if i not in op.blind or r.key not in written]
+                    if i not in op.targets and (i not in op.blind or r.key not in written)]
         kinds = [k for k, _ in operands]
         weights = [r for k, r in operands if k == NONE and r.numel > 1]
         if op.is_work and X in kinds and not any(DY <= k for k in kinds) and weights:

@@ -8,7 +8,7 @@ import collections
 import itertools
 import math
 
-from .observe import _MATMULS, _OVERWRITES, storage_key
+from .observe import _MATMULS, storage_key
 from .spans import RUNS, WHOLE, Runs, span
 from .values import Values
 
@@ -91,14 +91,14 @@ class _Flow:
             and self.carries(op.reads[i]) >= terms for i in pos) > 1
 
     def passed_on(self, op, but=None):
-        """{name: elements} an operation's result holds of each name: what its reads hold; a
-        product that `mixes` holds MIXED only. `but`: a view written in place, whose own read
-        is left out (what it held stays, or is overwritten)."""
+        """{name: elements} an operation's result holds of each name: what its reads hold (not
+        a view it overwrites unread, an out=); a product that `mixes` holds MIXED only. `but`:
+        a view written in place, whose own read is left out (what it held stays)."""
         if self.mixes(op):
             return {MIXED: math.inf}
         total, skip = collections.Counter(), but is not None
         for i, r in enumerate(op.reads):
-            if i in op.blind:
+            if i in op.blind or i in op.targets:
                 continue
             if skip and r.key == but.key and r.span == but.span:
                 skip = False        # the written view itself (once: `x.copy_(x)` reads it again)
@@ -106,14 +106,13 @@ class _Flow:
                 total.update(self.holds(r))
         return total
 
-    def write(self, op, w, reads, constant):
-        """Names written into view `w`: an overwrite of a dense range (`copy_`, `fill_`, an
-        `out=` of the whole, a constant made in place) drops what the range held; then what the
-        other reads hold joins the range."""
+    def write(self, op, w, reads, constant, fresh):
+        """Names written into view `w`: an overwrite of a dense range (`fresh`: `copy_`,
+        `fill_`, an `out=` of any extent; a constant made in place) drops what the range held;
+        then what the reads hold joins the range (an in-place op's own view's once)."""
         ranges, (a, b, dense) = self.held[w.key], w.span
-        names = {} if constant else self.passed_on(op, but=w)
-        if dense and a < b and (op.name in _OVERWRITES or constant
-                                or not any(r.key == w.key for r in reads)):
+        names = {} if constant else self.passed_on(op, but=None if fresh else w)
+        if dense and a < b and (fresh or constant or not any(r.key == w.key for r in reads)):
             ranges = self.held[w.key] = _drop(ranges, a, b)
         if names:
             had = ranges.setdefault((a, b), collections.Counter())
@@ -190,7 +189,7 @@ def follow(rec, tensors):
             yield op, src, names, src.key in f.data, set(f.reached[src.key])
         constant = f.values.record(op)      # `x / x`: what it reads does not reach its result
         passed = {} if constant else f.passed_on(op)
-        reads = [r for i, r in enumerate(op.reads) if i not in op.blind]
+        reads = [r for i, r in enumerate(op.reads) if i not in op.blind and i not in op.targets]
         if not constant and any(r.key in f.data for r in reads):
             f.data.update(r.key for r in op.outputs + op.writes)
         came = set().union(*(f.reached[r.key] for r in reads)) if not constant else set()
@@ -201,5 +200,5 @@ def follow(rec, tensors):
             placed = f.placed(op, r) if op.name in ("cat", "stack") and not constant else None
             f.held[r.key] = placed if placed is not None else {WHOLE: collections.Counter(
                 {n: min(v, r.numel) for n, v in passed.items()})}
-        for w in op.writes:
-            f.write(op, w, reads, constant)
+        for j, w in enumerate(op.writes):
+            f.write(op, w, reads, constant, j in op.fresh)

@@ -33,6 +33,7 @@ from .guard import TORCH_OPERATORS, own_operator
 from .placeholders import placeholder
 from .spans import layout, span
 from .values import consts
+from .written import Written
 
 __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
 
@@ -64,21 +65,6 @@ _NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "li
              "index_select", "gather", "masked_fill_", "masked_fill", "where", "expand_copy",
              "slice_scatter", "select_scatter", "permute_copy", "_foreach_copy_"}
 _NOT_WORK = frozenset(_NOT_WORK)
-
-
-# operations whose written argument `self` is overwritten without being read
-_OVERWRITES = frozenset({"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_",
-               "exponential_", "geometric_", "cauchy_", "log_normal_", "_copy_from",
-               "_foreach_copy_"})
-
-
-def _whole(t):
-    """True when `t` covers every byte of its storage (writing it leaves nothing of before)."""
-    try:
-        return (t.storage_offset() == 0 and t.is_contiguous()
-                and t.numel() * t.element_size() == t.untyped_storage().nbytes())
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 def storage_key(t):
@@ -114,7 +100,7 @@ class Op:
     """One aten operation: what it read, what it wrote, where."""
 
     __slots__ = ("index", "name", "func", "reads", "writes", "outputs", "device", "flops",
-                 "view", "thread", "blind", "scalar", "consts")
+                 "view", "thread", "blind", "targets", "fresh", "scalar", "consts")
 
     def __init__(self, index, func):
         self.index, self.func = index, func
@@ -122,6 +108,8 @@ class Op:
         self.reads, self.writes, self.outputs = [], [], []
         self.device, self.flops, self.view = None, None, False
         self.blind = ()          # positions in reads of storages overwritten whole, not read
+        self.targets = ()        # positions in reads of views it overwrites unread (an out=)
+        self.fresh = ()          # positions in writes of those views (written.py)
         self.scalar = False      # a Python float among its operands (`g *= max_norm / norm`)
         self.consts = None       # its operands that are not tensors (values.py), if hashable
 
@@ -149,7 +137,7 @@ class Op:
             return 0
         if self.flops is not None:
             return self.flops // 2
-        read = sum(r.numel for r in self.reads)
+        read = sum(r.numel for i, r in enumerate(self.reads) if i not in self.targets)
         written = sum(r.numel for r in self.writes + self.outputs)
         return max(read, written)
 
@@ -228,16 +216,8 @@ class Recorder(TorchDispatchMode):
     def _record(self, func, args, kwargs, inputs, out, unread=()):
         op = Op(len(self.ops), func)
         schema = func._schema
-        written, blind = set(), set()
-        for i, arg in enumerate(schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                value = args[i] if i < len(args) else kwargs.get(arg.name)
-                for t in _tensors(value):
-                    written.add(id(t))
-                    if (arg.kwarg_only or op.name in _OVERWRITES) and _whole(t):
-                        blind.add(id(t))    # an out= (kwarg-only) or an overwrite: not read
-        blind |= cancelled(op.name, args, kwargs)  # x * 0, x - x: its values reach nothing
-        blind |= unread          # run again without them, the same result: lerp(y, x, 0)
+        written = Written(func, args, kwargs, inputs)
+        blind = {*cancelled(op.name, args, kwargs), *unread}  # x * 0, x - x, lerp(y, x, 0)
         op.view = any(r.alias_info is not None and not r.alias_info.is_write
                       for r in schema.returns)
         lift = op.name in ("lift_fresh", "lift_fresh_copy")
@@ -246,19 +226,22 @@ class Recorder(TorchDispatchMode):
             if (lift or op.reads[-1].version == 0) and op.reads[-1].key not in self.from_python:
                 if lift or not t.untyped_storage().resizable():
                     self.from_python[op.reads[-1].key] = op.index
-        op.blind = tuple(i for i, t in enumerate(inputs) if id(t) in blind)
+        op.blind = tuple(sorted({i for i, t in enumerate(inputs) if id(t) in blind}
+                                | written.blind))
+        op.targets = tuple(sorted(written.targets))
         op.scalar = any(isinstance(a, float) for a in (*args, *kwargs.values()))
         op.consts = consts(args, kwargs)
         outs = _tensors(out)
-        for t in inputs:
-            if id(t) in written:
-                key = storage_key(t)
-                self.version[key] += 1
-                op.writes.append(Ref(t, self.version[key]))
-                self.producer[(key, self.version[key])] = op.index
+        for t in written.tensors:           # each once, however often it is handed over
+            key = storage_key(t)
+            self.version[key] += 1
+            op.writes.append(Ref(t, self.version[key]))
+            self.producer[(key, self.version[key])] = op.index
+        op.fresh = tuple(i for i, t in enumerate(written.tensors) if id(t) in written.fresh)
         if not op.view:
+            mine = {id(t) for t in written.tensors}
             for t in outs:
-                if id(t) in written:
+                if id(t) in mine:
                     continue
                 key = storage_key(t)
                 self.version[key] += 1

@@ -74,7 +74,7 @@ class Values:
 
     def constant(self, op):
         """"zero", "constant" (of what `op` reads it makes a constant) or None."""
-        reads = [r for i, r in enumerate(op.reads) if i not in op.blind]
+        reads = [r for i, r in enumerate(op.reads) if i not in op.blind and i not in op.targets]
         leaves, named = op.consts or ((), ())
         if op.name in _ZEROS or (op.name in _FILLED and op.consts and 0 in leaves[-1:]):
             return "zero"
