@@ -1,10 +1,10 @@
 """Natural wrong answers that once passed on some draws: each check now forces the case that
 tells it apart into every call (a size where torch.chunk makes fewer pieces than tensor_split,
 a bucket size between a total in MiB and in MB, a net a greedy cut splits wrongly, a padding
-longer than the data, a remainder of 2 on 3 devices, an index repeated after an entry that is
-not a number, the gradients left after a step the text asks to clear them after, a batch whose
-best micro-batch count is the batch size itself). Each shortcut fails on five replayed draws,
-and the right answers beside them pass."""
+longer than the data, a remainder of 2 on 3 devices and one of 1 (torch.chunk's heads), an
+index repeated after an entry that is not a number, the gradients left after a step the text
+asks to clear them after, a batch whose best micro-batch count is the batch size itself). Each
+shortcut fails on five replayed draws, and the right answers beside them pass."""
 import copy
 import math
 
@@ -135,11 +135,9 @@ def sampler_shard_short_padding(n, rank, world_size, epoch, seed):
     return padded[rank::world_size]
 
 
-@shortcut("check_attention_by_heads", "heads // k each, the rest to the last device",
-          "as many heads as tensor_split")
-def attention_by_heads_rest_last(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
-    k, t, e = len(devices), X.shape[0], Wq.shape[1] // heads
-    counts = [heads // k] * (k - 1) + [heads - heads // k * (k - 1)]
+def _heads_in(counts, X, Wq, Wk, Wv, Wo, heads, devices, log):
+    """Attention by heads, `counts[i]` consecutive heads on device i."""
+    t, e = X.shape[0], Wq.shape[1] // heads
     first, partials = 0, []
     for Xi, d, h in zip(copy_to_shards(X, devices, log), devices, counts, strict=True):
         cols = slice(first * e, (first + h) * e)
@@ -150,6 +148,14 @@ def attention_by_heads_rest_last(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
     return reduce_from_shards(partials, devices, log)
 
 
+@shortcut("check_attention_by_heads", "heads // k each, the rest to the last device",
+          "as many heads as tensor_split")
+def attention_by_heads_rest_last(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
+    k = len(devices)
+    counts = [heads // k] * (k - 1) + [heads - heads // k * (k - 1)]
+    return _heads_in(counts, X, Wq, Wk, Wv, Wo, heads, devices, log)
+
+
 def _remainder_first(n, k):
     """Chunk sizes with the whole remainder on the first device (q + r, then q each)."""
     return [n // k + n % k] + [n // k] * (k - 1)
@@ -158,16 +164,16 @@ def _remainder_first(n, k):
 @shortcut("check_attention_by_heads", "heads // k each, the rest to the first device",
           "as many heads as tensor_split")
 def attention_by_heads_rest_first(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
-    k, t, e = len(devices), X.shape[0], Wq.shape[1] // heads
-    first, partials = 0, []
-    for Xi, d, h in zip(copy_to_shards(X, devices, log), devices, _remainder_first(heads, k),
-                        strict=True):
-        cols = slice(first * e, (first + h) * e)
-        first += h
-        Q, K, V = ((Xi @ W[:, cols].to(d)).reshape(t, h, e).transpose(0, 1) for W in (Wq, Wk, Wv))
-        A = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(e), dim=-1) @ V
-        partials.append(A.transpose(0, 1).reshape(t, h * e) @ Wo[cols].to(d))
-    return reduce_from_shards(partials, devices, log)
+    counts = _remainder_first(heads, len(devices))
+    return _heads_in(counts, X, Wq, Wk, Wv, Wo, heads, devices, log)
+
+
+@shortcut("check_attention_by_heads", "heads given out by torch.chunk ([3, 3, 1] for 7 on 3)",
+          "as many heads as tensor_split")
+def attention_by_heads_chunk(X, Wq, Wk, Wv, Wo, heads, devices, log=None):
+    counts = [len(c) for c in torch.arange(heads).chunk(len(devices))]
+    counts += [0] * (len(devices) - len(counts))
+    return _heads_in(counts, X, Wq, Wk, Wv, Wo, heads, devices, log)
 
 
 @shortcut("check_sharded_server_step", "the remainder's elements all served by device 0",

@@ -4,8 +4,9 @@ refusal names (tests/check_cases.py's form):
 1. a returned tensor of another shape: torch.allclose broadcasts, so an empty `t[None][:0]` was
    "close" to anything; every check compares tensors shape-first (tensor_close, tensor_equal);
 2. torch's second copy of what an exercise asks for (ElasticDistributedSampler,
-   `_replace_by_prefix`, context parallelism's merger and head-tail split), refused as the
-   course's own answer is, by identity and while the answer runs;
+   `_replace_by_prefix`, context parallelism's merger and head-tail split, DTensor's and
+   ShardedTensor's chunk sizes), refused as the course's own answer is, by identity and while
+   the answer runs;
 3. a lookup table built at import with the forbidden split: a case beyond any table;
 4. right answers written differently: a one-layer pipeline stage returned as the layer itself;
    torch's checkpoint_sequential, refused with its cause named (it leaves the last block plain).
@@ -128,6 +129,23 @@ def strip_module_prefix_replace_built(state_dict):
     getattr(importlib.import_module("torch.distributed." + "utils"),
             "_replace_" + "by_prefix")(out, "module.", "")
     return out
+
+
+@shortcut("check_dp_shard_sizes", "DTensor's Shard(0)._local_shard_size_and_offset",
+          ["_local_shard_size_and_offset", TORCH_COPY])
+def dp_shard_sizes_dtensor(batch_size, k):
+    from torch.distributed.tensor.placement_types import Shard
+    sizes = (Shard(0)._local_shard_size_and_offset(batch_size, k, i)[0] for i in range(k))
+    return [n for n in sizes if n]
+
+
+@shortcut("check_dp_shard_sizes", "ShardedTensor's chunk spec, get_split_size and its sibling",
+          ["get_split_size", TORCH_COPY])
+def dp_shard_sizes_sharding_spec(batch_size, k):
+    mod = importlib.import_module("torch.distributed._shard.sharding_spec._internals")
+    split = mod.get_split_size(batch_size, k)
+    sizes = (mod.get_chunked_dim_size(batch_size, split, i) for i in range(k))
+    return [n for n in sizes if n > 0]
 
 
 @shortcut("check_merge_attention", "context parallelism's _SDPAMerger",

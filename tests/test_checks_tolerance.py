@@ -3,11 +3,15 @@ the computation it expects (inputs.py), and a number returned in half precision 
 float16 tensor, numpy's float16), whose rounding would widen that to percents and pass a wrong
 formula, is refused naming the fix; a float32 result, right, still passes (tests/check_cases.py's
 form). Each wrong answer below is off by a percent or so, the right formula times (1 + ERR)."""
+import re
+
 import numpy as np
 import torch
 from check_cases import other, parametrize_cases, shortcut
 
+import helpers.checks
 from helpers.checks._core import as_number
+from helpers.checks._core.inputs import replay_seeds
 
 HALF = ["significant bits", "Return a Python float"]
 
@@ -61,6 +65,36 @@ def dp_step_seconds_float16(compute_s, k, comm_s):
 @shortcut("check_crossover_bytes", "1 % off, in bfloat16", HALF)
 def crossover_bytes_bf16(alpha, beta):
     return _bf16(alpha * beta, 0.01)
+
+
+@other("check_ring_allreduce_seconds", "the ring's 2(k-1) steps added one by one")
+def ring_allreduce_seconds_by_steps(n, k, alpha, beta):
+    return sum(alpha + (n / k) / beta for _ in range(2 * (k - 1)))
+
+
+@other("check_gpipe_time", "the m + p - 1 ticks added one by one")
+def gpipe_time_by_ticks(t, p, m):
+    return sum(t / m for _ in range(m + p - 1))
+
+
+def test_sums_step_by_step_pass_on_every_draw():
+    """A sum of one term per step rounds once per term: its tolerance grows with the steps
+    (a ring of 64 devices sums 126), on every replayed draw."""
+    for seed in range(8):
+        replay_seeds(seed)
+        for fn, check in ((ring_allreduce_seconds_by_steps, "check_ring_allreduce_seconds"),
+                          (gpipe_time_by_ticks, "check_gpipe_time")):
+            result = getattr(helpers.checks, check)(fn)
+            assert result.status == "passed", (seed, result)
+
+
+def test_a_number_just_outside_the_rounding_is_shown_with_digits_that_differ():
+    def off(n, k, alpha, beta):
+        return (2 * (k - 1) * alpha + 2 * (k - 1) / k * n / beta) * (1 + 1e-12 * k)
+    result = helpers.checks.check_ring_allreduce_seconds(off)
+    assert result.status == "failed", result
+    got, want = re.search(r"returned (\S+) s, expected (\S+)", result.message).groups()
+    assert got != want, result.message
 
 
 def test_a_float_named_float32_keeps_float64s_tolerance():

@@ -4,7 +4,17 @@ import torch
 from torch import nn
 
 from .. import OPTIMIZER_STATE_BYTES, saved_per_layer
-from ._core import as_int, as_number, check, expect, fresh_generator, randint, rel_close
+from ._core import (
+    as_int,
+    as_number,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    rel_close,
+    rounding_note,
+    shown,
+)
 
 __all__ = ["check_gpipe_time", "check_largest_batch_data_parallel", "check_saved_bytes",
            "check_dp_step_seconds"]
@@ -22,14 +32,16 @@ def check_gpipe_time(fn):
         call = f"gpipe_time({t}, {p}, {m})"
         got, dtype = as_number(fn(t, p, m), call, with_dtype=True)
         want = (m + p - 1) * t / m                                    # after the answer ran
-        if rel_close(got, want, 6, dtype):
+        steps = m + p + 4           # the m + p - 1 ticks summed one by one, or the formula
+        if rel_close(got, want, steps, dtype):
             continue
-        hint = ""
-        if rel_close(got, (m + p - 1) * t, 6, dtype):
+        hint = rounding_note(got, want, dtype)
+        if rel_close(got, (m + p - 1) * t, steps, dtype):
             hint = ": a tick runs one micro-batch, t_stage / m, not the whole batch"
-        elif rel_close(got, t * p, 6, dtype) or rel_close(got, t, 6, dtype):
+        elif rel_close(got, t * p, steps, dtype) or rel_close(got, t, steps, dtype):
             hint = ": count the ticks, m + p - 1, while the pipeline fills and drains"
-        expect(False, f"{call} returned {got:g}, expected {want:g}: {m + p - 1} ticks of "
+        got_s, want_s = shown(got, want, 6)
+        expect(False, f"{call} returned {got_s}, expected {want_s}: {m + p - 1} ticks of "
                       f"{t / m:g} s each{hint}")
 
 
@@ -165,4 +177,5 @@ def check_dp_step_seconds(fn):
                     "the step shorter than the compute")
         elif rel_close(got, compute + max(0.0, comm - 2 / 3 * compute), 16, dtype):
             hint = ": each device computes 1/k of the batch"
-        expect(False, f"{call} returned {got:g}, expected {want:g}{hint}")
+        got_s, want_s = shown(got, want, 6)
+        expect(False, f"{call} returned {got_s}, expected {want_s}{hint}")

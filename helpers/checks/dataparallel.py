@@ -30,7 +30,7 @@ from ._core import (
 from ._core.declare import judged_scan
 from ._core.guard import refuse
 from ._core.numpy_work import expect_list, numpy_work
-from ._core.references import Reference
+from ._core.references import Reference, split_size_copies
 
 __all__ = ["check_dp_shard_sizes", "check_lr_at", "check_dp_forward"]
 
@@ -45,7 +45,7 @@ def _int_list(value, call):
 
 
 
-@check("dp_shard_sizes", observes=[
+@check("dp_shard_sizes", references=split_size_copies(), observes=[
     "the sizes returned for fresh (batch, k), including batches that leave GPUs without a "
     "piece, against torch.chunk's",
     "every torch operation the answer ran, and every numpy function it ran on arrays (the "

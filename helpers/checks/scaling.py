@@ -9,7 +9,18 @@ import math
 
 import torch
 
-from ._core import as_number, as_pair, check, expect, fresh_generator, randint, rel_close, uniform
+from ._core import (
+    as_number,
+    as_pair,
+    check,
+    expect,
+    fresh_generator,
+    randint,
+    rel_close,
+    rounding_note,
+    shown,
+    uniform,
+)
 
 __all__ = ["check_fit_latency_bandwidth", "check_ring_allreduce_seconds",
            "check_crossover_bytes"]
@@ -90,19 +101,21 @@ def check_ring_allreduce_seconds(seconds):
         call = f"ring_allreduce_time({n}, {k}, {alpha:.3g}, {beta:.3g})"
         got, dtype = as_number(seconds(n, k, alpha, beta), call, with_dtype=True)
         want = 0.0 if k == 1 else 2 * (k - 1) * alpha + 2 * (k - 1) / k * n / beta
-        if rel_close(got, want, 10, dtype):
+        steps = 2 * (k - 1) + 4     # the ring's 2(k-1) steps summed one by one, or the formula
+        if rel_close(got, want, steps, dtype):
             continue
-        hint = ""
+        hint = rounding_note(got, want, dtype)
         if k == 1:
             hint = ": one device has nothing to reduce"
-        elif rel_close(got, 2 * (k - 1) * (alpha + n / beta), 10, dtype):
+        elif rel_close(got, 2 * (k - 1) * (alpha + n / beta), steps, dtype):
             hint = (": that is the naive allreduce, whole copies through one device; a ring's "
                     "2(k-1) steps move n/k bytes each")
-        elif rel_close(got, 2 * (k - 1) * alpha + n / beta, 10, dtype):
+        elif rel_close(got, 2 * (k - 1) * alpha + n / beta, steps, dtype):
             hint = ": each device sends 2(k-1)/k of the n bytes, not n"
-        elif rel_close(got, (k - 1) * alpha + (k - 1) / k * n / beta, 10, dtype):
+        elif rel_close(got, (k - 1) * alpha + (k - 1) / k * n / beta, steps, dtype):
             hint = ": count both phases, the reduce-scatter and the all-gather"
-        expect(False, f"{call} returned {got:.6g} s, expected {want:.6g}{hint}")
+        got_s, want_s = shown(got, want, 6)
+        expect(False, f"{call} returned {got_s} s, expected {want_s}{hint}")
 
 
 @check("crossover_bytes", observes=[
@@ -118,6 +131,7 @@ def check_crossover_bytes(crossover):
         hint = ""
         if rel_close(got, alpha / beta, 4, dtype) or rel_close(got, beta / alpha, 4, dtype):
             hint = ": the transfer time of n bytes is n / beta; set it equal to alpha"
+        got_s, want_s = shown(got, alpha * beta, 6)
         expect(rel_close(got, alpha * beta, 4, dtype),
-               f"{call} returned {got:.6g}, expected {alpha * beta:.6g} bytes (the size n "
+               f"{call} returned {got_s}, expected {want_s} bytes (the size n "
                f"where n / beta = alpha){hint}")

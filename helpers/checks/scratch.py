@@ -28,6 +28,7 @@ from ._core.exits import watch_exits
 from ._core.inputs import expect_unchanged, kept
 from ._core.numpy_work import expect_list, numpy_work
 from ._core.recorded import outside_calls
+from ._core.references import split_size_copies
 
 __all__ = ["check_shard_sizes", "check_allreduce_spread", "check_evaluate_accuracy_multi"]
 
@@ -55,7 +56,7 @@ def _rows(m):
     return f"{m} row" if m == 1 else f"{m} rows"
 
 
-@check("shard_sizes", references=["split_batch"], observes=[
+@check("shard_sizes", references=["split_batch", *split_size_copies()], observes=[
     "the sizes returned for fresh (n, k), uneven, even, n < k and n over 10**6 (beyond any "
     "table built ahead), against the shards "
     "split_batch makes (torch.tensor_split: larger first, empty shards when n < k)",

@@ -336,7 +336,8 @@ def attention(X, Wq, Wk, Wv, Wo, heads):
 
 @check("attention_by_heads", simulated=True, observes=[
     "values and all gradients on CPU tensors, against unsplit multi-head attention (a number of "
-    "heads the devices do not divide; 3 devices with heads % 3 == 2 in every call)",
+    "heads the devices do not divide; 3 devices with heads % 3 == 2 and with heads % 3 == 1 "
+    "in every call)",
     "on k simulated GPUs: each device computed its share of the multiply-adds (at most its "
     "tensor_split count of heads'), no product saw the columns of all heads, no operation "
     "mixed devices, no device (the host included) received more of Wq, Wk, Wv or Wo than its "
@@ -348,11 +349,14 @@ def check_attention_by_heads(fn):
     """fn(X, Wq, Wk, Wv, Wo, heads, devices, log) == attention(X, ...): device i holds whole
     heads (their columns of Wq, Wk, Wv and their rows of Wo), f before, g after."""
     g = fresh_generator()
+    forced = randint(g, 0, 2)      # two of the three cases, forced, in a fresh order
     for case in range(3):
-        # case 0, forced: 3 devices and heads % 3 == 2, where a remainder given whole to one
-        # device differs from tensor_split's (the first heads % k devices one more each)
-        k = 3 if case == 0 else randint(g, 2, 3)
-        heads = k * randint(g, 2, 3) + (2 if case == 0 else randint(g, 1, k - 1))  # never even
+        # 3 devices and heads % 3 == 2, where a remainder given whole to one device differs
+        # from tensor_split's (the first heads % k devices one more each), and heads % 3 == 1,
+        # where torch.chunk's ([3, 3, 1] for 7) does too; the third drawn (never divided evenly)
+        rest = {forced: 2, (forced + 1) % 3: 1}.get(case)
+        k = 3 if rest else randint(g, 2, 3)
+        heads = k * randint(g, 2, 3) + (rest or randint(g, 1, k - 1))
         e, t, d = randint(g, 2, 3), randint(g, 3, 5), 2 * randint(g, 2, 3)
         X = torch.randn(t, d, generator=g).requires_grad_()
         Ws = [(torch.randn(*s, generator=g) / 2).requires_grad_()

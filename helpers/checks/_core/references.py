@@ -41,7 +41,7 @@ from .run import CheckFailed
 from .switches import _DISPATCH_OFF_NAMES
 from .whose import made_by_reader
 
-__all__ = ["resolve", "scan", "blocked", "identity", "Reference"]
+__all__ = ["resolve", "scan", "blocked", "identity", "Reference", "split_size_copies"]
 
 _PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's name)
 _COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the notebook's helpers
@@ -154,6 +154,19 @@ def torch_family(base):
                      for name, member in vars(cls).items() if not name.startswith("__")
                      and isinstance(member, (types.FunctionType, staticmethod, classmethod)))
     return names
+
+
+def split_size_copies():
+    """torch's own copies of torch.chunk's split-size arithmetic, in pure Python that no Recorder
+    sees (every method of DTensor's `Shard`, its sharding helpers, ShardedTensor's chunk spec):
+    the checks whose exercise is that arithmetic refuse them, as they refuse a chunk measured."""
+    return [*torch_family("torch.distributed.tensor.placement_types.Shard"),
+            "torch.distributed.tensor._utils.compute_local_shape_and_global_offset",
+            "torch.distributed.tensor._utils._compute_local_shape_and_global_offset",
+            "torch.distributed.tensor._utils._get_shard_size_and_offsets",
+            "torch.distributed._shard.sharding_spec._internals.get_split_size",
+            "torch.distributed._shard.sharding_spec._internals.get_chunked_dim_size",
+            "torch.distributed._shard.sharding_spec._internals.get_chunk_sharding_params"]
 
 
 def resolve(names, torch_found=None):
