@@ -255,9 +255,10 @@ student: $(STAMP)
 
 # Build it and run every student notebook top to bottom (stubs: checks say "not done yet"), by
 # hand before a release (about as long as test-notebooks). `make test` runs the classroom tests
-# in test-unit instead (tests/test_student.py builds the edition, checks that no cell after an
-# exercise reads its solution, and that every stub reports "not done"; tests/test_autograde.py
-# grades one assignment with nbgrader): the cells that stay are the book's, which nbval runs.
+# in test-unit instead (tests/test_student.py builds the edition and checks that every stub
+# reports "not done", tests/test_exercise_conventions.py that no cell after an exercise reads its
+# solution; tests/test_autograde.py grades one assignment with nbgrader): the cells that stay are
+# the book's, which nbval runs.
 test-student: student
 	$(BIN)/pytest -q --nbval-lax --nbval-current-env -p no:cacheprovider student
 

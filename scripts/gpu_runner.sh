@@ -433,8 +433,10 @@ EOF
   unit)
     sel=$([ $mode = dry ] && echo tests/test_timing.py || echo tests)
     book="--ignore=tests/browser --ignore=tests/test_book.py --ignore=tests/test_student.py
+      --ignore=tests/test_exercise_conventions.py --ignore=tests/test_teachers_guide.py
       --ignore=tests/test_autograde.py --ignore=tests/test_build_scripts.py
-      --ignore=tests/test_colab.py"
+      --ignore=tests/test_colab.py --ignore=tests/test_colab_setup_cell.py
+      --ignore=tests/test_plain_install.py"
     par=$($PY -c "import xdist" 2>/dev/null && [ $mode != dry ] && echo "-n 8")  # 16 cores there
     # shellcheck disable=SC2086
     timeout "$(left)" $PY -m pytest -q -p no:cacheprovider $par $sel $book \

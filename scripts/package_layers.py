@@ -4,7 +4,7 @@
     python scripts/package_layers.py           # print it, and the rules it breaks (exit 1)
 
 A module's layer is one above the highest layer it imports (module-level and deferred imports
-alike), so every arrow points down. The rules (tests/test_layout.py keeps them): no import
+alike), so every arrow points down. The rules (tests/test_package_rules.py keeps them): no import
 cycle; runtime/ imports no split folder (nor the façade); a split folder imports runtime/ and
 the top-level modules, not another split, except the pairs in MAY_IMPORT.
 helpers/checks/ is drawn as one box, on top: it imports only the façade and helpers.runtime

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import chapter_targets as ct
-import fake_cuda
+import fake_cuda_targets
 import pytest
 import torch
 
@@ -83,8 +83,9 @@ def sweep(tmp_path_factory):
         mine = [t for t in rows if t.world == world]
         runs = [(t.name, t.fn, t.cfg) for t in mine]
         if world == 2:
-            runs += [(name, fake_cuda.canary, dict(bug=name)) for name in fake_cuda.CANARIES]
-        got = helpers.launch(fake_cuda.on_fake_gpus, world, dict(runs=runs), backend="gloo",
+            runs += [(name, fake_cuda_targets.canary, dict(bug=name))
+                     for name in fake_cuda_targets.CANARIES]
+        got = helpers.launch(fake_cuda_targets.on_fake_gpus, world, dict(runs=runs), backend="gloo",
                              quiet=True, timeout=600)
         owners = {t.name: t.owner for t in mine}
         for name, *_ in runs:
@@ -122,12 +123,12 @@ def test_launch_target_keeps_to_its_gpu_elsewhere(sweep, name, area):
     _check(sweep, name, {area})
 
 
-@pytest.mark.parametrize("bug", sorted(fake_cuda.CANARIES))
+@pytest.mark.parametrize("bug", sorted(fake_cuda_targets.CANARIES))
 def test_the_fake_gpus_catch_each_kind_of_mistake(sweep, bug):
     """A target that makes one mistake on purpose is reported for it (else the sweep above
     would pass whatever the code did)."""
     kinds = {kind for _, kind, _, _ in sweep[bug]}
-    want = fake_cuda.CANARIES[bug]
+    want = fake_cuda_targets.CANARIES[bug]
     assert (want in kinds) if want else not kinds, (bug, sweep[bug])
 
 
@@ -142,7 +143,7 @@ def slow():
     Only the all-reduces take time: the wrappers' set-up broadcasts (ten a model) would only
     make the host sleep (CI: 20 s of sleep, 3 s without them); ddp_knobs, checked for its
     clock reads and not timed, gets short ones (31 all-reduces)."""
-    return helpers.launch(fake_cuda.slow_comm, 1, dict(
+    return helpers.launch(fake_cuda_targets.slow_comm, 1, dict(
         comm=dict(timeline=COMM, exposed=COMM, knobs=0.02), comm_ops={"allreduce_"}, runs=[
             ("timeline", helpers.gradient_timeline, dict(bucket_mb=0.004, repeats=1)),
             ("exposed", helpers.exposed_comm_times, dict(bucket_mb=0.004, rounds=1, warmup=0)),

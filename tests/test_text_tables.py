@@ -110,11 +110,11 @@ def test_plain_outputs_wrap(name):
 
 
 def test_the_browser_check_uses_the_same_rule():
-    """tests/browser/pagecheck.py repeats the rule in JavaScript (check_text_tables): the same
+    """tests/browser/pagefeatures.py repeats the rule in JavaScript (check_text_tables): the same
     patterns, so a wrapped output the extension missed is what it reports."""
-    js = (ROOT / "tests" / "browser" / "pagecheck.py").read_text()
+    js = (ROOT / "tests" / "browser" / "pagefeatures.py").read_text()
     for name in ("LEADING", "GAP"):
         found = re.search(rf"const .*?\b{name} = /(.+?)/[,;]", js)
-        assert found, f"no {name} pattern in pagecheck's _TEXT_TABLES_JS"
+        assert found, f"no {name} pattern in pagefeatures' _TEXT_TABLES_JS"
         # the JavaScript sits in a Python string: its backslashes are doubled
         assert found.group(1).replace("\\\\", "\\") == getattr(text_tables, name).pattern, name

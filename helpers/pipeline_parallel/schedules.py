@@ -7,9 +7,10 @@ give every stage's (Part I runs them on simulated devices, pipeline_parallel.sim
 gpipe_rank_order(p, m, rank) / one_f_one_b_rank_order(p, m, rank) give one rank's (Part VI,
 across processes, pipeline_parallel.scratch): the same orders, row `rank` (one implementation
 each: gpipe_rank_order is gpipe_order's row, one_f_one_b_order stacks one_f_one_b_rank_order's;
-tests/test_splits.py checks both). GPipe runs the backwards in the order of the forwards, first
-micro-batch first, as torch.distributed.pipelining's ScheduleGPipe does (reversed would be a
-valid GPipe too: the ticks, the bubble and the peak of live micro-batches are the same).
+tests/test_pipeline_splits.py checks both). GPipe runs the backwards in the order of the
+forwards, first micro-batch first, as torch.distributed.pipelining's ScheduleGPipe does
+(reversed would be a valid GPipe too: the ticks, the bubble and the peak of live micro-batches
+are the same).
 """
 from ..runtime.emulate import model_time
 from ..validate import validate_positive_int

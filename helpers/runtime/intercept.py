@@ -1,7 +1,7 @@
 """THE one place that rebinds torch.distributed's functions: `intercept(names, on_call)` wraps
 them for a block, calling `on_call` around each call (count_traffic counts bytes with it; the
 FSDP2 offload run and the SyncBatchNorm recording record calls). The rebinding is process-wide,
-so a rank of a ThreadWorld is refused (tests/test_layout.py keeps every other module off it)."""
+so a rank of a ThreadWorld is refused (tests/test_one_home.py keeps every other module off it)."""
 import contextlib
 import functools
 import threading

@@ -21,7 +21,7 @@ from pagecheck import serve, toc_entries_of  # noqa: E402
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # Offline: no host name resolves but the local server's 127.0.0.1 (the book must work offline;
-# pagecheck.open_page notes the requests that fail so)
+# pageserve.open_page notes the requests that fail so)
 OFFLINE = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run",
