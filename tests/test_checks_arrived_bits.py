@@ -1,8 +1,11 @@
 """Bytes a rank received in a message are its own to reinterpret (helpers/checks/_core/arrived.py):
 a qwZ answer that packs its int8 values and its float scales' bytes into one all-gather and reads
-the scales back with `.view(torch.float32)` passes, while floats made from bits that another rank
-left in a global still fail, whether viewed alone, concatenated with what arrived, or copied into
-a received buffer before the view (tests/check_cases.py)."""
+the scales back with `.view(torch.float32)` (or numpy's view) passes, even after writing the
+received buffer (an in-place clamp, its own slot rewritten: what arrived is kept as delivered),
+while floats made from bits that another rank left in a global still fail, whether viewed alone,
+concatenated with what arrived, copied into a received buffer before the view, or spliced into a
+numpy copy of it (tests/check_cases.py)."""
+import numpy as np
 import torch
 import torch.distributed as dist
 from check_cases import other, parametrize_cases, shortcut
@@ -49,6 +52,43 @@ def qwz_packed_list(shard, block):
     return _dequantized(qs, ss, world, n)
 
 
+def _packed_gather(shard, block):
+    """(q's numel, blocks, the (world, packed) int8 buffer of every rank's values and scales)."""
+    world = dist.get_world_size()
+    q, scale, nb = _quantized(shard, block)
+    buf = torch.cat([q.reshape(-1), scale.contiguous().view(torch.int8)])
+    got = buf.new_empty(world * buf.numel())
+    dist.all_gather_into_tensor(got, buf)
+    return q.numel(), nb, got.view(world, -1), buf
+
+
+@other("check_qwz_all_gather", "packed; the received int8 values clamped in place, then the "
+       "scales viewed")
+def qwz_packed_clamped_in_place(shard, block):
+    world, n = dist.get_world_size(), shard.numel()
+    m, nb, got, _ = _packed_gather(shard, block)
+    got[:, :m].clamp_(-127, 127)            # a write of the rank's own to what arrived
+    ss = got[:, m:].contiguous().view(torch.float32)
+    return _dequantized(got[:, :m].reshape(world, nb, -1), ss, world, n)
+
+
+@other("check_qwz_all_gather", "packed; the rank's own slot rewritten with its own bytes")
+def qwz_packed_own_slot_rewritten(shard, block):
+    world, n = dist.get_world_size(), shard.numel()
+    m, nb, got, buf = _packed_gather(shard, block)
+    got[dist.get_rank()].copy_(buf)
+    ss = got[:, m:].contiguous().view(torch.float32)
+    return _dequantized(got[:, :m].reshape(world, nb, -1), ss, world, n)
+
+
+@other("check_qwz_all_gather", "packed; the scales read through numpy's float32 view")
+def qwz_packed_numpy_view(shard, block):
+    world, n = dist.get_world_size(), shard.numel()
+    m, nb, got, _ = _packed_gather(shard, block)
+    ss = torch.stack([torch.from_numpy(row[m:].numpy().view(np.float32).copy()) for row in got])
+    return _dequantized(got[:, :m].reshape(world, nb, -1), ss, world, n)
+
+
 def _board_scales(scale, r):
     """Rank `r`'s scales' bytes left in a module global (read after the all-gather that
     follows: every rank's are there by then), each made a plain int: bytes are too small to
@@ -85,6 +125,23 @@ def qwz_scales_copied_into_received(shard, block):
     for s in range(world):
         got[s, q.numel():] = torch.tensor(_BOARD[(id(_BOARD), s)],
                                           dtype=torch.uint8).view(torch.int8)
+    ss = got[:, q.numel():].contiguous().view(torch.float32)
+    return _dequantized(got[:, :q.numel()].reshape(world, nb, -1), ss, world, n)
+
+
+@shortcut("check_qwz_all_gather", "scales' bits read from a global, spliced into a numpy copy "
+          "of what arrived before the view", READ)
+def qwz_scales_spliced_into_numpy_copy(shard, block):
+    world, r, n = dist.get_world_size(), dist.get_rank(), shard.numel()
+    q, scale, nb = _quantized(shard, block)
+    _board_scales(scale, r)
+    buf = torch.cat([q.reshape(-1), torch.zeros(4 * nb, dtype=torch.int8)])   # room only
+    got = buf.new_empty(world * buf.numel())
+    dist.all_gather_into_tensor(got, buf)
+    rows = got.view(world, -1).numpy().copy()
+    for s in range(world):
+        rows[s, q.numel():] = np.array(_BOARD[(id(_BOARD), s)], dtype=np.uint8).view(np.int8)
+    got = torch.from_numpy(rows)
     ss = got[:, q.numel():].contiguous().view(torch.float32)
     return _dequantized(got[:, :q.numel()].reshape(world, nb, -1), ss, world, n)
 

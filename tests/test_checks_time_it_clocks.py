@@ -1,10 +1,14 @@
 """check_time_it with a CPU-time clock read other than as `time.process_time`: a timer that
 synchronises after every call but reads a clock blind to the wait is named as such
-(`time.clock_gettime` of a CPU-time clock, `os.times`, `resource.getrusage`), and one bound before
-the check (`from time import process_time`), which the check cannot see, is told both causes."""
+(`time.clock_gettime` of a CPU-time clock, a thread's from `time.pthread_getcpuclockid` included,
+`os.times`, `resource.getrusage`), and one bound before the check (`from time import
+process_time`), which the check cannot see, is told both causes; a wall-clock timer stopped before
+the synchronise that reads a CPU-time clock only to log the loop's CPU time is told to
+synchronise before stopping the clock, not blamed on the CPU clock."""
 import os
 import resource
 import statistics
+import threading
 import time
 from time import process_time as bound_early
 
@@ -40,6 +44,28 @@ def time_it_clock_gettime_thread(fn, devices, reps=5):
                   devices, reps)
 
 
+@shortcut("check_time_it", "the thread's CPU-time clock from pthread_getcpuclockid",
+          "time.clock_gettime(time.pthread_getcpuclockid(...)) counts the CPU time")
+def time_it_pthread_cpu_clock(fn, devices, reps=5):
+    clock_id = time.pthread_getcpuclockid(threading.get_ident())
+    return _timed(lambda: time.clock_gettime(clock_id), fn, devices, reps)
+
+
+@shortcut("check_time_it", "clock stopped before the synchronise, the CPU time logged aside",
+          "the clock stopped before the devices finished; synchronise before stopping")
+def time_it_stopped_early_cpu_logged(fn, devices, reps=5):
+    cpu, times = time.process_time(), []
+    for _ in range(reps):
+        synchronize(devices)
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        synchronize(devices)
+        times.append(t1 - t0)
+    time_it_stopped_early_cpu_logged.cpu = time.process_time() - cpu
+    return statistics.median(times)
+
+
 @shortcut("check_time_it", "os.times' user and system times", "os.times counts the CPU time")
 def time_it_os_times(fn, devices, reps=5):
     return _timed(lambda: sum(os.times()[:2]), fn, devices, reps)
@@ -61,9 +87,11 @@ def time_it_process_time_bound_early(fn, devices, reps=5):
 
 
 def test_time_it_puts_the_clocks_back():
-    saved = time.clock_gettime, time.clock_gettime_ns, os.times, resource.getrusage
+    saved = (time.clock_gettime, time.clock_gettime_ns, time.pthread_getcpuclockid, os.times,
+             resource.getrusage)
     check_time_it(time_it_os_times)
-    assert (time.clock_gettime, time.clock_gettime_ns, os.times, resource.getrusage) == saved
+    assert (time.clock_gettime, time.clock_gettime_ns, time.pthread_getcpuclockid, os.times,
+            resource.getrusage) == saved
 
 
 test_case = parametrize_cases(__name__)

@@ -31,7 +31,8 @@ class AsyncGPUs:
         self.events = []                              # ("call", i, t) and ("sync", device, t)
         self.starts = []
         self.work = []                                # each call's GPU seconds (longest device)
-        self.cpu_clock = []     # a name per read of a CPU-time clock (blind to the waits)
+        # per read of a CPU-time clock (blind to the waits): (its name, the calls started then)
+        self.cpu_clock = []
 
     def queue(self, work):
         now = time.perf_counter()
@@ -95,7 +96,8 @@ class AsyncGPUs:
         stand_ins = _stand_ins(self.synchronize, self.mark, self.reached, self.hold)
         for owner, name, ids in _cpu_clocks():
             saved.append((owner, name, getattr(owner, name)))
-            stand_ins[name] = _noted(owner, name, ids, self.cpu_clock.append)
+            stand_ins[name] = _noted(owner, name, ids,
+                                     lambda read: self.cpu_clock.append((read, len(self.starts))))
         for owner, name, _ in saved:
             setattr(owner, name, stand_ins[name])
         try:
@@ -124,6 +126,14 @@ class AsyncGPUs:
             since, call = set(), what
         return [item for item in sorted(out, key=lambda item: not item[2]) if item[1]]
 
+    def cpu_timer(self, timed):
+        """The CPU-time clock read after each of the last `timed` calls of fn started and before
+        the next one (what a timer on it stops on), as the reader named it; None when no such
+        read follows every one of them (a CPU time logged aside, around the whole loop)."""
+        n, after = len(self.starts), {calls: name for name, calls in self.cpu_clock}
+        names = [after.get(i + 1) for i in range(n - timed, n)]
+        return names[-1] if names and all(names) else None
+
     def durations(self, gpus):
         """What each call really took: from its start to the return of the synchronize that
         found the last of its work done, on every GPU."""
@@ -143,12 +153,14 @@ _CPU_IDS = ("CLOCK_PROCESS_CPUTIME_ID", "CLOCK_THREAD_CPUTIME_ID")
 
 def _cpu_clocks():
     """(module, name, clock ids) of what reads a CPU-time clock: time's own, clock_gettime of a
-    CPU-time clock id (ids: {id: its name}; None: every read), os.times and getrusage (their
-    user and system times). A name bound before the check ran is not seen."""
+    CPU-time clock id (ids: {id: its name}; None: every read; a thread's, that
+    pthread_getcpuclockid returns, added as it is asked), os.times and getrusage (their user and
+    system times). A name bound before the check ran is not seen."""
     ids = {getattr(time, n): n for n in _CPU_IDS if hasattr(time, n)}
     found = [(time, n, None) for n in ("process_time", "process_time_ns", "thread_time",
                                        "thread_time_ns")]
-    found += [(time, n, ids) for n in ("clock_gettime", "clock_gettime_ns") if hasattr(time, n)]
+    found += [(time, n, ids) for n in ("clock_gettime", "clock_gettime_ns",
+                                       "pthread_getcpuclockid") if hasattr(time, n)]
     found += [(os, "times", None)] if hasattr(os, "times") else []
     return found + ([(resource, "getrusage", None)] if resource is not None else [])
 
@@ -160,6 +172,10 @@ def _noted(owner, name, ids, note):
 
     def read(*args, **kwargs):
         clock_id = args[0] if args else None
+        if name == "pthread_getcpuclockid":     # an id for clock_gettime, not a read
+            found = clock(*args, **kwargs)
+            ids[found] = f"{where}(...)"
+            return found
         if ids is None:
             note(where)
         elif type(clock_id) is int and clock_id in ids:

@@ -206,8 +206,10 @@ def check_dp_forward(fn):
 
 
 # torch.nn.parallel's steps of DataParallel: each runs on real CUDA devices alone (torch raises on
-# CPU devices, where the check's first phase runs), so it is refused by name, never read as
-# "your code raised"; name -> (the module that defines it, what to write instead)
+# CPU devices, where the check's first phase runs, and DataParallel's wrapper is left half made),
+# so it is refused by name, never read as "your code raised"; name under torch.nn.parallel ->
+# (the module that defines it, what to write instead)
+_GATHER = "move each output to devices[0] and torch.cat them there, in order"
 _CUDA_ONLY = {
     "parallel_apply": ("parallel_apply", "run each replica on its piece yourself, in a loop or in "
                        "a thread per replica (threading.Thread, each joined), as parallel_apply "
@@ -215,15 +217,30 @@ _CUDA_ONLY = {
     "replicate": ("replicate", "make the replicas yourself: copy.deepcopy(net).to(d) per device"),
     "scatter": ("scatter_gather", "cut X yourself with X.chunk(len(devices)), each piece .to() "
                 "its device"),
-    "gather": ("scatter_gather", "move each output to devices[0] and torch.cat them there, in "
-               "order"),
+    "gather": ("scatter_gather", _GATHER),
+    "comm.gather": ("comm", _GATHER),
+    "comm.scatter": ("comm", "cut X yourself with X.chunk(len(devices)), each piece .to() its "
+                     "device"),
+    "comm.broadcast": ("comm", "copy what each device needs yourself, with .to(d) (a replica: "
+                       "copy.deepcopy(net).to(d))"),
+    "comm.reduce_add": ("comm", "move the tensors to one device with .to() and add them there"),
     "data_parallel": ("data_parallel", "write its steps yourself: replicas by copy.deepcopy, "
                       "pieces by X.chunk, each run on its device, outputs torch.cat on "
                       "devices[0]"),
+    "DataParallel": ("data_parallel", "write its steps yourself, as data_parallel's: replicas "
+                     "by copy.deepcopy, pieces by X.chunk, outputs torch.cat on devices[0]"),
 }
 _OWNERS = {name: sys.modules[f"torch.nn.parallel.{module}"]
            for name, (module, _) in _CUDA_ONLY.items()}
-_ORIGINALS = {name: getattr(owner, name) for name, owner in _OWNERS.items()}
+_ORIGINALS = {name: getattr(owner, name.rsplit(".", 1)[-1]) for name, owner in _OWNERS.items()}
+# where each is refused while the answer runs: (owner, attribute, name, what was there); the
+# wrapper class by its __init__ (every binding of it, torch.nn's too; isinstance still works)
+_DP = _ORIGINALS["DataParallel"]
+_PLACES = [(owner, name.rsplit(".", 1)[-1], name, _ORIGINALS[name])
+           for name, owner in _OWNERS.items() if name != "DataParallel"] + [
+    (torch.nn.parallel, name, name, _ORIGINALS[name]) for name in _CUDA_ONLY
+    if "." not in name and name != "DataParallel"] + [
+    (_DP, "__init__", "DataParallel", _DP.__dict__["__init__"])]
 
 
 def _needs_cuda(name):
@@ -244,27 +261,25 @@ def _refused(name):
 def _no_cuda_only(fn):
     """torch.nn.parallel's CUDA-only steps (`_CUDA_ONLY`) refused by name: bound before the call
     (by identity: scan), or looked up in torch.nn.parallel or their modules while the answer
-    runs (in both phases)."""
+    runs (in both phases); DataParallel when made (named in an isinstance test, it passes)."""
     class Named(Reference):
         def __repr__(self):
             return self.name
     try:
-        judged_scan(getattr(fn, "fn", fn), [Named(n, f) for n, f in _ORIGINALS.items()],
-                    "dp_forward")
+        judged_scan(getattr(fn, "fn", fn), [Named(n, f) for n, f in _ORIGINALS.items()
+                                            if f is not _DP], "dp_forward")   # (isinstance)
     except CheckFailed as e:
         used = next((n for n in _CUDA_ONLY if f"your code uses {n} (" in str(e)), None)
         if used is not None:
             raise CheckFailed(_needs_cuda(used)) from None
         raise
-    places = [(owner, n) for n, owner in _OWNERS.items()] + [(torch.nn.parallel, n)
-                                                            for n in _CUDA_ONLY]
-    for owner, name in places:
-        setattr(owner, name, _refused(name))
+    for owner, attr, name, _ in _PLACES:
+        setattr(owner, attr, _refused(name))
     try:
         yield
     finally:
-        for owner, name in places:
-            setattr(owner, name, _ORIGINALS[name])
+        for owner, attr, _, original in _PLACES:
+            setattr(owner, attr, original)
 
 
 def _cpu_call(fn, net, X, k, log, what, earlier):

@@ -24,8 +24,9 @@ from ._core import (
     tensor_equal,
 )
 from ._core.handed import in_place, kept_aside
-from ._core.held import still_held
+from ._core.held import Steps
 from ._core.inputs import expect_unchanged, kept
+from ._core.kept_hooks import recording
 
 __all__ = ["check_bucket_params", "check_overlap_hooks", "check_average_bucket",
            "check_scratch_accumulate"]
@@ -150,8 +151,7 @@ def check_overlap_hooks(fn):
     ready and returns finish(), which waits and averages; run by every rank of a World for three
     steps (a training loop's zero_grad between), since hooks and handles outlive a step."""
     g = fresh_generator()
-    world = randint(g, 2, 4)
-    seed = randint(g, 0, 10**6)
+    world, seed = randint(g, 2, 4), randint(g, 0, 10**6)
     _, widths = _random_mlp(g, frozen=True, seed=seed)
     steps = [_rank_data(g, widths, world) for _ in range(3)]
 
@@ -168,7 +168,6 @@ def check_overlap_hooks(fn):
     grads_at_hook = [[dict() for _ in steps] for _ in range(world)]
     ready = [[[] for _ in steps] for _ in range(world)]
     now = [0] * world                        # the step each rank is in
-
     nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
 
     def _ready(rank, n, p):
@@ -176,24 +175,25 @@ def check_overlap_hooks(fn):
         ready[rank][now[rank]].append((w.mark(f"{n} ready"), n))
 
     def rank_fn(comm):
-        net = nets[comm.rank]
-        finish = fn(net)
-        expect(callable(finish), "overlap_hooks(model) must return a function finish()")
-        for n, p in net.named_parameters():     # which storage holds each gradient, once ready
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(lambda p, n=n: _ready(comm.rank, n, p))
-        out, kept = [], {}
-        for step, data in enumerate(steps):
-            now[comm.rank] = step
-            begin = w.mark(f"step {step + 1} begins")
-            net.zero_grad(set_to_none=step < 2)  # step 3 reuses step 2's .grad tensors, zeroed
-            X, y = data[comm.rank]
-            F.mse_loss(net(X), y).backward()
-            mark = w.mark("backward returned")
-            finish()
-            out.append((begin, mark, {n: p.grad.clone() if p.grad is not None else None
-                                      for n, p in net.named_parameters()},
-                        still_held(finish, [p.grad for p in net.parameters()], kept)))
+        net, out = nets[comm.rank], []
+        with recording() as hooks:      # the reader's hooks kept: held.py walks from them too
+            finish = fn(net)
+            expect(callable(finish), "overlap_hooks(model) must return a function finish()")
+            held = Steps(lambda: [finish, *hooks()])
+            for n, p in net.named_parameters():   # which storage holds each gradient, once ready
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(lambda p, n=n: _ready(comm.rank, n, p))
+            for step, data in enumerate(steps):
+                now[comm.rank] = step
+                begin = w.mark(f"step {step + 1} begins")
+                net.zero_grad(set_to_none=step < 2)  # step 3 reuses step 2's .grad, zeroed
+                X, y = data[comm.rank]
+                F.mse_loss(net(X), y).backward()
+                mark = w.mark("backward returned")
+                finish()
+                out.append((begin, mark, {n: p.grad.clone() if p.grad is not None else None
+                                          for n, p in net.named_parameters()},
+                            held.stale([p.grad for p in net.parameters()])))
         return out
     results = w.run(rank_fn)
     for step, data in enumerate(steps):

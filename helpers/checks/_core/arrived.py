@@ -1,12 +1,14 @@
-"""Bytes a World rank received in a message are its own to reinterpret (provenance.py's rule on
-bits viewed as floats): a rank that packs int8 values and its float scales' bytes into one
-all-gather and reads the scales back with `.view(torch.float32)` made those floats from what
-arrived, not from numbers another rank left in a global.
+"""Bytes a World rank received in a message are its own to reinterpret (provenance.py's rules on
+bits viewed as floats and on numbers read from memory outside torch): a rank that packs int8
+values and its float scales' bytes into one all-gather and reads the scales back with
+`.view(torch.float32)`, or through numpy, made those floats from what arrived, not from numbers
+another rank left in a global.
 
-A storage counts as arrived while it holds what the network delivered into it (a recv, a
-collective's delivery: `World._delivering`) and nothing since: a write of the rank's own into it
-(an operation, or from outside torch), or memory outside torch or with its address taken, drops
-it, so bits smuggled past the comm cannot be laundered by copying them into a received buffer.
+What arrived is kept as a copy, made as the network delivers it (inside `World._delivering`, of
+each tensor the delivery wrote), for the World's run: a write of the rank's own into a received
+buffer afterwards (an in-place clamp, its own slot rewritten, numpy's view of it) changes nothing
+of what arrived, and bits smuggled past the comm and copied into a received buffer are in no copy,
+so they cannot be laundered that way.
 """
 import threading
 
@@ -20,46 +22,67 @@ __all__ = ["Arrived", "viewed_bits"]
 
 
 class Arrived:
-    """The storages each rank received and has not written since, for one World run."""
+    """Copies of the bytes the network delivered to each rank, for one World run."""
 
     def __init__(self):
-        self.storages = {}      # storage key -> (rank, storage)
+        self.copies = {}        # rank -> [uint8 tensors: what one delivery wrote, in order]
         self.lock = threading.Lock()
         self.delivering = Nesting()     # around the network's delivery (World._delivering)
 
     def clear(self):
         with self.lock:
-            self.storages.clear()
+            self.copies.clear()
 
-    def wrote(self, rank, keys, storage, exempt):
-        """Rank `rank`'s thread wrote the storages `keys` (`storage`: the first's): arrived if
-        the network delivered it, no longer arrived if the rank wrote it itself."""
+    def wrote(self, rank, tensors):
+        """The network's work in rank `rank` wrote `tensors`: kept as copies, inside a
+        delivery (a CPU tensor's elements, in order, as bytes)."""
+        if not self.delivering:
+            return
+        kept = []
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            for t in tensors:
+                copy = _bytes_of(t)
+                if copy is not None:
+                    kept.append(copy)
         with self.lock:
-            if exempt and self.delivering:
-                self.storages[keys[0]] = (rank, storage)
-            elif not exempt:
-                for key in keys:
-                    self.storages.pop(key, None)
+            self.copies.setdefault(rank, []).extend(kept)
 
-    def floats(self, rank, dtype, memory):
+    def floats(self, rank, dtype):
         """Every value of `dtype` the bytes `rank` received hold, read at each byte alignment
-        (a packed buffer puts them at any offset); memory outside torch (outside.py's `memory`)
-        or whose address was taken is skipped: writes into it are not seen."""
+        (a packed buffer puts them at any offset)."""
         with self.lock:
-            held = [s for k, (r, s) in self.storages.items() if r == rank and
-                    k not in memory.keys and k not in memory.exposed]
+            copies = list(self.copies.get(rank, ()))
         found, size = set(), dtype.itemsize
         with _disable_current_modes(), torch._C.DisableTorchFunction():
-            for storage in held:
-                if storage.device.type != "cpu":
-                    continue
-                raw = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+            for raw in copies:
                 for start in range(size):
                     n = (raw.numel() - start) // size
                     if n > 0:
                         bits = raw[start:start + n * size].clone().view(dtype)
                         found.update(rank_numbers.values(bits))
         return found
+
+    def not_arrived(self, rank, made, dtype, exited):
+        """The numbers of `made` (read as `dtype` by rank `rank`) that did not arrive at it in a
+        message, when some of them are numbers only other ranks read out (`exited`); else []."""
+        if not rank_numbers.foreign_in(made, rank, exited):
+            return []
+        arrived = self.floats(rank, dtype)
+        return [v for v in made if v not in arrived]
+
+
+def _bytes_of(t):
+    """A copy of CPU tensor `t`'s elements as bytes (read through a plain tensor over its
+    storage: no subclass's code runs), or None (no storage of its own, another device)."""
+    try:
+        storage = torch._C.TensorBase.untyped_storage(t)
+        if storage.device.type != "cpu" or t.layout != torch.strided:
+            return None
+        plain = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(),
+                                                   t.stride())
+        return plain.clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None
 
 
 def viewed_bits(p, rank, t, view):
@@ -73,7 +96,5 @@ def viewed_bits(p, rank, t, view):
         p.read_out(rank, rank_numbers.values(t))
     if view.is_floating_point() and p.exited:
         made = rank_numbers.values(view)
-        if rank_numbers.foreign_in(made, rank, p.exited):
-            arrived = p.arrived.floats(rank, view.dtype, p.memory)
-            p.refuse_foreign(rank, [v for v in made if v not in arrived],
-                             "made floats from the bits of another dtype holding")
+        p.refuse_foreign(rank, p.arrived.not_arrived(rank, made, view.dtype, p.exited),
+                         "made floats from the bits of another dtype holding")

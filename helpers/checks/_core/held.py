@@ -1,11 +1,15 @@
 """What a function of the reader's still holds after it returned: the async handles, futures
-and tensors reachable from it by the scan's walk (reach.py, the course's code left out): its
-closure, defaults and attributes, the globals its code loads, the classes of the reader's and
-their attributes, and what those hold (containers, objects, bound methods, partials). A
+and tensors reachable from it, and from the hooks of the reader's it keeps (state only a hook
+holds), by the scan's walk (reach.py, the course's code left out): its closure, defaults and
+attributes, the globals its code loads (its module's whole namespace when it calls `globals()`
+or `vars()`), a ContextVar's value in this thread, the classes of the reader's and their
+attributes, and what those hold (containers, objects, bound methods, partials). A
 stateful answer that keeps each step's handles grows without bound, and keeps every step's
 gradients alive, while its values stay right; the checks tell it by what it holds one step
 later (`check_overlap_hooks`). Read as reach.py reads: no method, property or container method
 of the reader's runs."""
+import builtins
+import contextvars
 import gc
 import types
 
@@ -13,10 +17,10 @@ import torch
 
 from ...runtime.work import Work
 from .parts import own_dict
-from .reach import children, expandable
+from .reach import children, expandable, loads
 from .settle import Guarded
 
-__all__ = ["held_by", "still_held"]
+__all__ = ["held_by", "Steps"]
 
 _LIMIT = 20000          # objects visited at most: a walk of a large structure stays bounded
 # not walked into: a module (what is reached only through one is out of scope), a library's or
@@ -25,16 +29,18 @@ _LEAVES = (str, bytes, int, float, complex, bool, type(None), types.ModuleType,
            types.CodeType, types.BuiltinFunctionType)
 
 
-def held_by(fn, depth=8):
-    """{id: object} of the async handles (`Work`, torch futures) and tensors that `fn` (the
-    reader's function, bound method, partial or the harness's Answer around one) reaches."""
-    found, seen = {}, set()
-    stack = [(fn, depth)]
+def held_by(starts, depth=8):
+    """{id: object} of the async handles (`Work`, torch futures) and tensors that the reader's
+    functions `starts` (functions, bound methods, partials, the harness's Answers around one,
+    kept hooks) reach, the depth counted from each; an object met again with more depth left
+    is walked again."""
+    found, seen = {}, {}
+    stack = [(start, depth) for start in starts]
     while stack and len(seen) < _LIMIT:
         obj, left = stack.pop()
-        if id(obj) in seen:
+        if seen.get(id(obj), -1) >= left:
             continue
-        seen.add(id(obj))
+        seen[id(obj)] = left
         cls = type(obj)
         if cls is Work or issubclass(cls, (torch._C.Future, torch.Tensor)):
             found[id(obj)] = obj
@@ -54,18 +60,38 @@ def _parts(obj):
         return list(own_dict(obj).values())
     if issubclass(cls, Guarded):       # the harness's wrapper of the reader's function or hook
         return [v for v in gc.get_referents(obj) if not issubclass(type(v), type)]
+    if cls is contextvars.ContextVar:  # its value in this thread's context (a rank's own)
+        return [contextvars.ContextVar.get(obj, None)]
     if cls is types.FunctionType and not expandable(obj, course=False):
         return []                      # the harness's, the course's, a library's
-    return [child for _, child in children(obj, course=False)]
+    kids = [child for _, child in children(obj, course=False)]
+    if cls is types.FunctionType and _reads_globals(obj):
+        kids.insert(0, obj.__globals__)     # `globals()["NAME"]`: walked last (held_by pops)
+    return kids
 
 
-def still_held(fn, grads, kept):
-    """How many handles, futures and tensors of the steps before (`kept`, by id, kept alive so
-    that no id is reused) `fn` holds now, the current gradients `grads` aside; `kept` then takes
-    this step's handles, futures and gradients."""
-    held, grads = held_by(fn), [t for t in grads if t is not None]
-    live = {id(t) for t in grads}
-    stale = sum(1 for i in held if i in kept and i not in live)
-    kept.update({i: h for i, h in held.items() if not issubclass(type(h), torch.Tensor)})
-    kept.update({id(t): t for t in grads})
-    return stale
+def _reads_globals(fn):
+    """Whether the reader's `fn` (or a function nested in it) calls the builtin `globals` or
+    `vars` (its module's namespace read by a built name)."""
+    return any(found in (builtins.globals, builtins.vars) for _, found in loads(fn))
+
+
+class Steps:
+    """What the reader's functions (`starts()`: its finish and its kept hooks) hold step by
+    step. What they hold before the first step (an earlier run's, left in a module's dict) is
+    not this run's growth and is not counted; everything is kept alive, so no id is reused."""
+
+    def __init__(self, starts):
+        self.starts, self.kept = starts, {}
+        self.before = held_by(starts())
+
+    def stale(self, grads):
+        """How many handles, futures and tensors of the steps before they hold now, the current
+        gradients `grads` aside; this step's handles, futures and gradients are then kept."""
+        held, grads = held_by(self.starts()), [t for t in grads if t is not None]
+        live = {id(t) for t in grads}
+        stale = sum(1 for i in held if i in self.kept and i not in live)
+        self.kept.update({i: h for i, h in held.items()
+                          if not issubclass(type(h), torch.Tensor) and i not in self.before})
+        self.kept.update({id(t): t for t in grads})
+        return stale

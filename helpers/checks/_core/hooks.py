@@ -193,7 +193,7 @@ def expect_no_new_hooks(name, before, args, kwargs, guard=None):
         if new and guard is not None and hooks is not None and key not in _GLOBAL_KEYS:
             for k in new:       # read by dict's own methods: a subclass's never run
                 if dict.__contains__(hooks, k) and _unguarded(dict.__getitem__(hooks, k)):
-                    dict.__setitem__(hooks, k, guard(dict.__getitem__(hooks, k)))
+                    guard(hooks, k)     # the hook at `k` guarded in place (kept_hooks.py)
         elif new:
             left.append((what, attr))
             for k in new if hooks is not None else ():
@@ -387,7 +387,7 @@ def node_hooks(name, guard=None, *, _tick=_TICK, _opened=_OPENED):
             if guard is None:
                 _table_kind(hooks).pop(hooks, key, None)
             elif returned and _unguarded(dict.get(hooks, key)):
-                dict.__setitem__(hooks, key, guard(dict.__getitem__(hooks, key)))
+                guard(hooks, key)
     if returned and emptied:
         raise CheckFailed(f"{name}: your code emptied the check's record of the hooks it "
                           "registers (hooks.py): an answer computes, it leaves the grader be")

@@ -13,22 +13,48 @@ the answer (`guard`) and what it returns is judged here by torch's documented ru
   (`register_prehook(fn(grad_outputs))`): None, or a tuple of as many values as the gradients it
   replaces, each None or a tensor as above (replacement gradients: legitimate).
 A module's or an optimizer's hook (its first argument the module or optimizer) is not judged.
+A check that judges what the answer's state holds later (held.py) reads the hooks kept in its
+thread while `recording()` is open: a hook's closure is state that only the hook may hold.
 """
+import contextlib
+import threading
+
 import torch
 
 from .run import CheckFailed
 from .settle import Guarded
 
-__all__ = ["keeping"]
+__all__ = ["keeping", "recording"]
 
 _BASE = vars(torch._C.TensorBase)        # read by the base's getters: no property of a subclass
 _META = tuple(_BASE[name].__get__ for name in ("shape", "dtype", "device", "layout"))
 _ACCUMULATE = torch._C._functions.AccumulateGrad
 
 
+_OPEN = threading.local()      # this thread's open records: lists of (table, key, kept hook)
+
+
 def keeping(guard):
-    """`guard` (run a hook as the answer) for the hooks an exercise keeps: each is judged too."""
-    return lambda hook: _Kept(guard(hook))
+    """Guard in place the hook at `key` of the hook table `hooks` (`guard`: run a hook as the
+    answer), for the hooks an exercise keeps: each is judged too, and noted where recorded."""
+    def keep(hooks, key):
+        kept = _Kept(guard(dict.__getitem__(hooks, key)))
+        dict.__setitem__(hooks, key, kept)
+        for record in getattr(_OPEN, "records", ()):
+            record.append((hooks, key, kept))
+    return keep
+
+
+@contextlib.contextmanager
+def recording():
+    """While open, a callable giving the hooks kept in this thread that are still registered
+    (one removed since holds nothing the answer still runs)."""
+    record, records = [], _OPEN.__dict__.setdefault("records", [])
+    records.append(record)
+    try:
+        yield lambda: [kept for hooks, key, kept in record if dict.get(hooks, key) is kept]
+    finally:
+        records[:] = [r for r in records if r is not record]
 
 
 class _Kept(Guarded):

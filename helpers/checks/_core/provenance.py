@@ -131,7 +131,7 @@ class Provenance:
         self.seen = {}        # storage key -> storage, of those used or handed but not made
         self.handed = {}      # storage key -> the rank the check handed it to, or _SHARED
         self.memory = outside.Outside()
-        self.arrived = Arrived()     # what each rank received and has not written since
+        self.arrived = Arrived()     # copies of what the network delivered to each rank
         self._lock = threading.Lock()
         self.exited = {}      # floating value -> the ranks that read it out of torch
         self.exited_last = {}  # the same, of the last run (a rank's result is judged after it)
@@ -158,7 +158,9 @@ class Provenance:
             if made is not None and made[0] != rank:
                 raise CheckFailed(_used(rank, made, what))
             if self.exited and key in self.memory.keys:     # written there outside torch?
-                self.refuse_foreign(rank, rank_numbers.values(t),
+                made = rank_numbers.values(t)       # (what arrived in a message is the rank's)
+                self.refuse_foreign(rank, self.arrived.not_arrived(rank, made, t.dtype,
+                                                                   self.exited),
                                     "read from memory outside torch (numpy, a buffer, a file)")
 
     def _first_sight(self, rank, key, storage):
@@ -209,7 +211,8 @@ class Provenance:
                 aliases = self.memory.aliases(key) if self.memory.alias else ()
                 for k, other in aliases:    # a write through one wrapper is a write through all
                     self.owner[k] = (rank, what, other, "memory")
-                self.arrived.wrote(rank, [key] + [k for k, _ in aliases], storage, self.exempt())
+                if self.exempt():       # inside a delivery: a copy of what arrived
+                    self.arrived.wrote(rank, [t])
                 for r in self.memory.exposed_by(key) if self.memory.exposed else ():
                     for view in outside.rebuilt_views(storage, t.dtype):   # its address known
                         self.read_out(r, rank_numbers.values(view))
@@ -265,7 +268,6 @@ class Provenance:
         def entered(t, how):      # written from outside torch: its values judged at every use
             if self.rank_here() is not None and not self.exempt():
                 self.memory.written(t.untyped_storage()._cdata)
-                self.arrived.wrote(self.rank_here(), [t.untyped_storage()._cdata], None, False)
 
         def tagging(name):
             original = getattr(torch.Tensor, name)
@@ -353,9 +355,10 @@ class _Mode(TorchDispatchMode):
         if self.p.exited:        # numbers from Python: a scalar argument, a tensor made from data
             self.p.refuse_foreign(self.rank, [x for x in leaves if isinstance(x, (float, int))
                                               and not isinstance(x, bool)], f"passed to {func}")
-            if func in _LIFTS:
-                self.p.refuse_foreign(self.rank, rank_numbers.values(args[0]),
-                                      "made a tensor from")
+            if func in _LIFTS:      # (numbers whose bytes arrived in a message: the rank's)
+                self.p.refuse_foreign(self.rank, self.p.arrived.not_arrived(
+                    self.rank, rank_numbers.values(args[0]), args[0].dtype, self.p.exited),
+                    "made a tensor from")
         out = func(*args, **kwargs)
         if func is _SCALAR and isinstance(out, (float, int)) and not self.p.exempt():
             self.p.read_out(self.rank, [out])       # item(), float(t): kept as a fingerprint
