@@ -167,8 +167,9 @@ class Provenance:
         """A storage not made by a rank, used for the first time: kept, and linked to the
         storages over the same memory (outside.py); what made the first of those another rank
         wrote, as a refusal, or None."""
-        def known():
-            return [(k, m[2]) for k, m in list(self.owner.items())] + list(self.seen.items())
+        def known():     # copied in C, at once: another rank's thread may add a storage
+            owner, seen = dict.copy(self.owner), dict.copy(self.seen)
+            return [(k, m[2]) for k, m in owner.items()] + list(seen.items())
         self.seen[key] = storage
         for k in self.memory.first_sight(key, storage, known):
             made = self.owner.get(k)

@@ -44,10 +44,11 @@ def _guarded(name, original):
 def _torch_spaces(_list=list, _len=len, _all=all, _map=map, _is=operator.is_):
     """(module, its namespace dict) of every loaded torch module: rebuilt only when sys.modules
     holds other modules than at the last call (compared by identity, in C)."""
-    loaded = _list(sys.modules.values())
+    modules = dict.copy(sys.modules)   # at once, in C: another rank's thread may import
+    loaded = _list(modules.values())
     if _len(loaded) != _len(_CACHE["loaded"]) or not _all(_map(_is, loaded, _CACHE["loaded"])):
         found = []
-        for mod_name, module in list(sys.modules.items()):
+        for mod_name, module in modules.items():
             if module is None or not mod_name.startswith("torch"):
                 continue
             space = getattr(module, "__dict__", None)
