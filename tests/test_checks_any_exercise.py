@@ -1,233 +1,20 @@
 """Shortcut families that apply to any exercise, one answer per way into each hole
-(tests/check_cases.py's form): reading the check's state (its frame, its traceback, the garbage
-collector), the course's own answer under another name, natural wrong answers, substituted
-collectives, work hidden in another thread, constants. Each must fail in the harness; none of
-them is specific to the check it is tried on, and the right answers beside them pass."""
+(tests/check_cases.py's form): natural wrong answers, substituted collectives, work hidden in
+another thread, constants (reading the check's state: tests/test_checks_frame_reads.py; the
+course's own answer under another name: tests/test_checks_course_copies.py). Each must fail in
+the harness; none of them is specific to the check it is tried on, and the right answers beside
+them pass."""
 import concurrent.futures
-import gc
-import importlib.util
-import inspect
-import pathlib
-import sys
 import threading
-import types
 
-import pytest
 import torch
 from check_cases import other, parametrize_cases, shortcut
 from torch.nn import functional as F
 
 import helpers
 
-HELPERS = pathlib.Path(helpers.__file__).resolve().parent
-PEEK = "inspects the running program"
-OWN = "course's own answer"
 
-
-# ---- 1. reading the check: its frame, its traceback, the garbage collector ----------------------
-def _peek(name):
-    """The nearest caller's local `name` (the check's expected value)."""
-    f = sys._getframe(1)
-    while f is not None:
-        if name in f.f_locals:
-            return f.f_locals[name]
-        f = f.f_back
-    return 0
-
-
-def _peek_hidden(name):
-    """The same walk, every name computed (nothing for a reader of the bytecode to see)."""
-    f = getattr(sys, "_get" + "frame")(1)
-    while f is not None:
-        scope = getattr(f, "f_" + "locals")
-        if name in scope:
-            return scope[name]
-        f = getattr(f, "f_" + "back")
-    return 0
-
-
-def _peek_traceback(name):
-    try:
-        raise RuntimeError
-    except RuntimeError as e:
-        tb = e.__traceback__
-    f = getattr(tb, "tb_" + "frame")
-    while f is not None:
-        if name in f.f_locals:
-            return f.f_locals[name]
-        f = f.f_back
-    return 0
-
-
-@shortcut("check_tensor_bytes", "reads `want` in the check's frame", PEEK)
-def tensor_bytes_peek(tensors):
-    return _peek("want")
-
-
-@shortcut("check_tensor_bytes", "frame walk with computed names", PEEK)
-def tensor_bytes_peek_hidden(tensors):
-    return _peek_hidden("want")
-
-
-@shortcut("check_tensor_bytes", "frame from a traceback", PEEK)
-def tensor_bytes_peek_traceback(tensors):
-    return _peek_traceback("want")
-
-
-@shortcut("check_tensor_bytes", "inspect.stack", PEEK)
-def tensor_bytes_inspect(tensors):
-    for info in inspect.stack():
-        if "want" in info.frame.f_locals:
-            return info.frame.f_locals["want"]
-    return 0
-
-
-@shortcut("check_tensor_bytes", "the garbage collector finds the check's list", PEEK)
-def tensor_bytes_gc(tensors):
-    for holder in gc.get_referrers(tensors[0]):
-        if isinstance(holder, list) and holder is not tensors:
-            return sum(t.numel() * t.element_size() for t in holder)
-    return 0
-
-
-@shortcut("check_tensor_bytes", "frames of another thread", PEEK)
-def tensor_bytes_current_frames(tensors):
-    for f in getattr(sys, "_current_" + "frames")().values():
-        while f is not None:
-            if "want" in f.f_locals:
-                return f.f_locals["want"]
-            f = f.f_back
-    return 0
-
-
-@shortcut("check_saved_bytes", "reads `want` in the check's frame", PEEK)
-def saved_bytes_peek(net, X):
-    return _peek_hidden("want")
-
-
-# Behind the guard: checks compute their expected values after the answer ran, so a frame walk
-# that gets past the guard (ctypes, a C extension: book/teachers.md) finds no expected value for
-# the call it is in. The guard is switched off here to show it.
-AFTER_THE_CALL = ["check_tensor_bytes", "check_activation_bytes", "check_tp_bytes_per_step",
-                  "check_accumulation_bytes", "check_largest_batch_data_parallel",
-                  "check_dp_step_seconds", "check_combine_mean_grads", "check_lr_at",
-                  "check_balancing_loss", "check_z_loss", "check_link_between",
-                  "check_idle_share", "check_partial_sum_bytes", "check_tp_ring_bytes",
-                  "check_zero3_sent_bytes", "check_roofline_time"]
-
-
-@pytest.mark.parametrize("name", AFTER_THE_CALL)
-def test_expected_value_is_not_in_the_frame_during_the_call(name, monkeypatch):
-    from helpers.checks._core import guard
-    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
-    monkeypatch.delenv("COURSE_GRADING", raising=False)
-    monkeypatch.setattr(guard, "_judge", lambda *args: None)     # the hook refuses nothing
-    seen = []
-
-    def peek(*args, **kwargs):
-        want = _peek_hidden("want")        # names computed: the static scan sees nothing
-        seen.append(want)
-        return want
-    result = getattr(helpers.checks, name)(peek)
-    assert seen, f"{name}: the answer was not called"
-    assert result.status == "failed", f"{name}: an answer reading `want` passed: {result}"
-    assert "inspects the running program" not in result.message     # the guard was off
-
-
-# ---- 2. the course's own answer under another name ----------------------------------------------
-def _renamed(fn, name):
-    code = fn.__code__.replace(co_name=name, co_qualname=name)
-    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-def _exec_copy(fn):
-    scope = dict(fn.__globals__)
-    exec(compile(inspect.getsource(fn), "<my cell>", "exec"), scope)
-    return scope[fn.__name__]
-
-
-def _other_import(name):
-    """The course imported again under another package name (as fresh.py does)."""
-    spec = importlib.util.spec_from_file_location(
-        name, HELPERS / "__init__.py", submodule_search_locations=[str(HELPERS)])
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[name] = package
-    try:
-        spec.loader.exec_module(package)
-    finally:
-        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-            del sys.modules[key]
-    return package
-
-
-MY_CUTS = _renamed(helpers.balanced_cuts, "my_cuts")
-EXEC_SAVED = _exec_copy(helpers.saved_per_layer)
-OTHER = _other_import("my_course_copy")
-
-
-@shortcut("check_split_by_params", "balanced_cuts renamed with CodeType.replace",
-          [OWN, "balanced_cuts"])
-def split_by_params_renamed(net, devices):
-    sizes = [sum(p.numel() for p in layer.parameters()) for layer in net]
-    bounds = [0, *MY_CUTS(sizes, len(devices)), len(net)]     # no split_sequential: the cuts
-    return [net[a:b].to(d) for a, b, d in zip(bounds, bounds[1:], devices)]
-
-
-@shortcut("check_saved_bytes", "saved_per_layer rebuilt from its source", OWN)
-def saved_bytes_exec(net, X):
-    return sum(EXEC_SAVED(net, X))
-
-
-@shortcut("check_saved_bytes", "saved_per_layer of the course imported again", OWN)
-def saved_bytes_other_import(net, X):
-    return sum(OTHER.saved_per_layer(net, X))
-
-
-@shortcut("check_saved_bytes", "exec'd copy made while the answer runs", OWN)
-def saved_bytes_exec_inside(net, X):
-    scope = {}
-    source = (HELPERS / "costs.py").read_text()
-    exec(compile(source, "<cell>", "exec"), scope)
-    return sum(scope["saved_per_" + "layer"](net, X))
-
-
-@shortcut("check_saved_bytes", "course imported again while the answer runs", OWN)
-def saved_bytes_import_inside(net, X):
-    return sum(getattr(_other_import("my_copy_inside"), "saved_per_" + "layer")(net, X))
-
-
-# twins: other course functions that compute the same answer
-@shortcut("check_saved_bytes", "twin: saved_bytes", OWN)
-def saved_bytes_twin(net, X):
-    return helpers.saved_tensor_bytes(net, X)[0]
-
-
-@shortcut("check_saved_bytes", "twin: saved_bytes of a lambda, parameters passed", OWN)
-def saved_bytes_twin_lambda(net, X):
-    return helpers.saved_tensor_bytes(lambda: net(X), params=list(net.parameters()))[0]
-
-
-@shortcut("check_order_1f1b", "twin: one_f_one_b_rank_order", OWN)
-def order_1f1b_twin(p, m):
-    return [helpers.one_f_one_b_rank_order(p, m, s) for s in range(p)]
-
-
-@shortcut("check_allreduce_spread", "twin: ring_allreduce", OWN)
-def allreduce_spread_twin(data):
-    helpers.ring_allreduce(data)
-
-
-@shortcut("check_reduce_then_broadcast", "twin: allreduce", OWN)
-def reduce_then_broadcast_twin(grads):
-    helpers.allreduce(grads)
-
-
-@shortcut("check_global_mean_var", "the course's combine_stats", OWN)
-def global_mean_var_twin(*args, **kwargs):
-    return helpers.combine_stats(*args, **kwargs)
-
-
-# ---- 3. natural wrong answers -------------------------------------------------------------------
+# ---- natural wrong answers -----------------------------------------------------------------------
 @shortcut("check_allreduce_spread", "sums everything on the host", "the CPU")
 def allreduce_spread_on_host(data):
     total = sum(t.to("cpu") for t in data)
@@ -310,7 +97,7 @@ def accumulate_gradients_concatenated(model, loss_fn, micro_batches):
     loss_fn(model(X), y).backward()
 
 
-# ---- 5. substituted collectives -----------------------------------------------------------------
+# ---- substituted collectives ---------------------------------------------------------------------
 def _gather_by_all_reduce(t, comm):
     """Every rank's t, gathered with all_reduce (a zero buffer with this rank's slot filled)."""
     w = comm.world
@@ -390,7 +177,7 @@ def dispatch_zeros(x, dest, comm):
     return x[dest == comm.rank]
 
 
-# ---- 4. work in another thread ------------------------------------------------------------------
+# ---- work in another thread ----------------------------------------------------------------------
 @shortcut("check_shard_sizes", "torch.tensor_split in a worker thread", "split")
 def shard_sizes_in_thread(n, k):
     out = []
@@ -431,7 +218,7 @@ def unused_parameters_in_thread(model, loss):
     return sorted(n for n, gr in zip(names, grads) if gr is None)
 
 
-# ---- 6. constants -------------------------------------------------------------------------------
+# ---- constants -----------------------------------------------------------------------------------
 @shortcut("check_time_it", "syncs correctly, returns a constant 6.5 ms", " ms")
 def time_it_constant(fn, devices, reps=5):
     for _ in range(reps):
@@ -450,7 +237,7 @@ def time_it_constant_20(fn, devices, reps=5):
     return 0.020
 
 
-# ---- 7. right answers pass ---------------------------------------------------------------------
+# ---- right answers pass --------------------------------------------------------------------------
 @other("check_global_mean_var", "a pairwise (Chan) merge, rank by rank, float32")
 def global_mean_var_chan(counts, means, variances):
     n, m, m2 = counts[0], means[0], variances[0] * counts[0]
@@ -461,38 +248,6 @@ def global_mean_var_chan(counts, means, variances):
         m2 = m2 + m2b + delta * delta * n * nb / total
         n = total
     return m, m2 / n
-
-
-@other("check_tensor_bytes", "prints a traceback it caught, then computes (traceback.print_exc)")
-def tensor_bytes_prints_traceback(tensors):
-    import io
-    import traceback
-    try:
-        int("not a number")
-    except ValueError:
-        traceback.print_exc(file=io.StringIO())
-        traceback.format_exc()
-        traceback.print_stack(file=io.StringIO())
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-@shortcut("check_tensor_bytes", "frames from traceback.walk_stack", PEEK)
-def tensor_bytes_walk_stack(tensors):
-    import traceback
-    for f, _ in traceback.walk_stack(None):
-        if "want" in f.f_locals:
-            return f.f_locals["want"]
-    return 0
-
-
-@shortcut("check_tensor_bytes", "locals captured by traceback.TracebackException", PEEK)
-def tensor_bytes_capture_locals(tensors):
-    import traceback
-    summary = traceback.StackSummary.extract(traceback.walk_stack(None), capture_locals=True)
-    for frame in summary:
-        if frame.locals and "want" in frame.locals:
-            return int(frame.locals["want"])
-    return 0
 
 
 @other("check_bucket_params", "torch's dedupe order: first occurrence, then reversed")

@@ -1,6 +1,6 @@
 """check_dp_forward refuses torch's CUDA-only DataParallel steps by name, with what to write
 instead, never as "your code raised" (helpers/checks/dataparallel.py's `_CUDA_ONLY`): besides
-replicate, scatter, gather, parallel_apply and data_parallel (tests/test_checks_part3_wrappers.py),
+replicate, scatter, gather, parallel_apply and data_parallel (tests/test_checks_dp_forward.py),
 torch.nn.parallel.comm's gather, scatter, broadcast and reduce_add, and nn.DataParallel itself,
 whose wrapper is left half made without CUDA (looked up, or by a built name while it runs)."""
 import copy

@@ -1,5 +1,6 @@
 """Shortcut answers written for particular exercises, one section per family (tests/check_cases.py's
-form; test_checks_any_exercise.py holds those that apply to any exercise): a host-side
+form; test_checks_any_exercise.py, test_checks_frame_reads.py and
+test_checks_course_copies.py hold those that apply to any exercise): a host-side
 all-reduce and ranks that meet outside the comm, a convolution split another way, overlap
 launched late, accumulation in one go, self-reported values, reading the running program, and
 the course's code under another name. Each must fail in the harness, and the right answers

@@ -83,7 +83,7 @@ def test_inputs_of_other_sizes_are_compared_by_name():
 
 def test_a_right_answer_passes_on_every_draw():
     """dp_forward's worked answer on the draws that once failed it (replayed seeds)."""
-    from test_checks_part3_wrappers import dp_forward
+    from test_checks_dp_forward import dp_forward
 
     from helpers.checks._core.inputs import replay_seeds
 

@@ -55,22 +55,12 @@ def test_contributing_shows_the_current_layers():
         "python scripts/package_layers.py --write")
 
 
-# Test modules over 400 lines, being split: the grader's tests, which other work edits now. The
-# list only shrinks: a listed module within 400 lines (or gone) must leave it.
-BEING_SPLIT = {"tests/test_checks_any_exercise.py", "tests/test_checks_ddp_scratch.py",
-               "tests/test_checks_fast.py", "tests/test_checks_part3_wrappers.py",
-               "tests/test_checks_part6.py"}
-
-
 def test_no_module_over_400_lines():
     """Every module of helpers (the grader's included), of scripts/ and of tests/ (their
-    subfolders too) reads in a sitting; in tests/, only the modules BEING_SPLIT run over."""
+    subfolders too) reads in a sitting."""
     long = {str(p.relative_to(ROOT)): n for folder in (PKG, ROOT / "scripts", ROOT / "tests")
             for p in folder.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
-    over = {name: n for name, n in long.items() if name not in BEING_SPLIT}
-    assert not over, f"split these modules: {over}"
-    split = sorted(BEING_SPLIT - set(long))
-    assert not split, f"within 400 lines now: remove {split} from BEING_SPLIT"
+    assert not long, f"split these modules: {long}"
 
 
 def test_helpers_tracks_only_sources():
