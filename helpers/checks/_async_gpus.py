@@ -6,7 +6,6 @@ import contextlib
 import math
 import os
 import time
-import types
 
 try:
     import resource
@@ -14,6 +13,8 @@ except ImportError:          # not on Windows
     resource = None
 
 import torch
+
+from ._core.cuda_calls import installed, patched, stand_ins
 
 __all__ = ["AsyncGPUs"]
 
@@ -80,31 +81,17 @@ class AsyncGPUs:
 
     @contextlib.contextmanager
     def active(self):
-        """Stand in for torch's synchronize (torch.cuda, torch.accelerator), the current device
-        it uses without an argument (torch.cuda.device, set_device, current_device), the
-        streams of a device (current_stream, default_stream: .synchronize() waits for it) and
-        torch.cuda.Event (recorded on the current device's stream or a given one); and note each
-        read of a CPU-time clock (`_cpu_clocks`: a sleep or a wait on a GPU does not advance
-        them)."""
-        cuda = torch.cuda
-        names = ["synchronize", "device", "set_device", "current_device", "current_stream",
-                 "default_stream", "Event"]
-        saved = [(cuda, name, getattr(cuda, name)) for name in names]
-        accelerator = getattr(torch, "accelerator", None)
-        if accelerator is not None and hasattr(accelerator, "synchronize"):
-            saved.append((accelerator, "synchronize", accelerator.synchronize))
-        stand_ins = _stand_ins(self.synchronize, self.mark, self.reached, self.hold)
-        for owner, name, ids in _cpu_clocks():
-            saved.append((owner, name, getattr(owner, name)))
-            stand_ins[name] = _noted(owner, name, ids,
-                                     lambda read: self.cpu_clock.append((read, len(self.starts))))
-        for owner, name, _ in saved:
-            setattr(owner, name, stand_ins[name])
-        try:
+        """Stand in for torch.cuda's synchronize, current device, streams and events (and
+        torch.accelerator's), the ones FakeGPUs has too (cuda_calls.py): a synchronize waits for
+        the device's queue, an event is stamped when its GPU reaches it; and note each read of
+        a CPU-time clock (`_cpu_clocks`: a sleep or a wait on a GPU does not advance them)."""
+        def note(read):
+            self.cpu_clock.append((read, len(self.starts)))
+        pairs = installed(stand_ins(self.synchronize, self.mark, self.reached, self.hold))
+        pairs += [(owner, name, _noted(owner, name, ids, note))
+                  for owner, name, ids in _cpu_clocks()]
+        with patched(pairs):
             yield self
-        finally:
-            for owner, name, value in saved:
-                setattr(owner, name, value)
 
     def unsynced(self, gpus, earlier, timed):
         """Where the timed calls (the last `timed` calls of fn) were not waited for: the GPUs
@@ -183,109 +170,3 @@ def _noted(owner, name, ids, note):
         return clock(*args, **kwargs)
     read.__name__ = read.__qualname__ = name
     return read
-
-
-def _stand_ins(sync, mark, reached, hold):
-    """torch.cuda's synchronize, device, set_device, current_device, current_stream,
-    default_stream and Event on the simulation: plain functions, closures and a class (no bound
-    method, no attribute leads to the records); the current device is what synchronize() waits
-    for and what an event is recorded on."""
-    current = [0]
-
-    def index(device):
-        if device is None:
-            return current[0]
-        if isinstance(device, int):
-            return device
-        d = torch.device(device)
-        if d.type != "cuda":
-            raise ValueError(f"Expected a cuda device, but got: {d}")
-        return current[0] if d.index is None else d.index
-
-    def synchronize(device=None):
-        sync(index(device))
-
-    def set_device(device):
-        current[0] = index(device)
-
-    def current_device():
-        return current[0]
-
-    @contextlib.contextmanager
-    def device(device):
-        before = current[0]
-        if device is not None and not (isinstance(device, int) and device < 0):
-            current[0] = index(device)
-        try:
-            yield
-        finally:
-            current[0] = before
-
-    def stream(device=None):
-        i = index(device)
-
-        def wait():
-            synchronize(i)
-
-        def record_event(event=None):
-            event = Event() if event is None else event
-            event.record(here)
-            return event
-
-        here = types.SimpleNamespace(synchronize=wait, device=torch.device("cuda", i),
-                                     record_event=record_event,
-                                     wait_event=lambda event: event.wait(here),
-                                     query=lambda: mark(i)[0] <= time.perf_counter())
-        return here
-
-    def on(stream):
-        if stream is None:
-            return current[0]
-        d = getattr(stream, "device", None)
-        if not isinstance(d, torch.device) or d.type != "cuda":
-            raise TypeError("expected stream to be a torch.Stream or torch.cuda.Stream object")
-        return index(d)
-
-    class Event:
-        """torch.cuda.Event on the simulated GPUs: stamped when its GPU reaches it."""
-        __slots__ = ("_timing", "_at")
-
-        def __init__(self, enable_timing=False, blocking=False, interprocess=False,
-                     external=False):
-            self._timing, self._at = bool(enable_timing), None
-
-        def record(self, stream=None):
-            i = on(stream)
-            if self._at is not None and self._at[0] != i:
-                raise RuntimeError(f"Event device {self._at[0]} does not match recording "
-                                   f"stream's device {i}.")
-            self._at = (i, *mark(i))
-
-        def wait(self, stream=None):
-            if self._at is not None:
-                hold(on(stream), self._at[1])
-
-        def query(self):
-            return self._at is None or self._at[1] <= time.perf_counter()
-
-        def synchronize(self):
-            if self._at is not None:
-                reached(*self._at)
-
-        def elapsed_time(self, end_event):
-            if self._at is None or end_event._at is None:
-                raise RuntimeError("Both events must be recorded before calculating elapsed "
-                                   "time.")
-            if not (self._timing and end_event._timing):
-                raise RuntimeError("Both events must be created with argument "
-                                   "'enable_timing=True'.")
-            if self._at[0] != end_event._at[0]:
-                raise RuntimeError("Both events must be recorded on the same device.")
-            if not (self.query() and end_event.query()):
-                raise RuntimeError("CUDA error: device not ready (an event not reached yet: "
-                                   "wait with end.synchronize() before elapsed_time)")
-            return (end_event._at[1] - self._at[1]) * 1e3
-
-    return {"synchronize": synchronize, "device": device, "set_device": set_device,
-            "current_device": current_device, "current_stream": stream,
-            "default_stream": stream, "Event": Event}

@@ -9,10 +9,11 @@ import threading
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from ...runtime.intercept import RANK_THREAD
 from .run import HarnessError
 
 __all__ = ["_modes", "_with_modes", "CarriedFunctionMode", "carried_function_modes",
-           "one_simulated_op"]
+           "one_simulated_op", "ranks_carried"]
 
 _QUALNAME = type.__dict__["__qualname__"].__get__    # the class's slot: no metaclass code runs
 
@@ -33,18 +34,51 @@ def _modes():
 
 
 def _with_modes(fn, modes):
-    """`fn` run under `modes` (those of the thread that started it) where not already active.
+    """`fn` run under `modes` (those of the thread that started it) where not already active,
+    and as the rank of a running world that started it (`ranks_carried`: a process group
+    belongs to the process, so a rank's collectives from its own threads are that rank's).
     Threads run side by side under the simulated GPUs too: each simulated operation is whole
     and its "inside a kernel" flag the thread's own (fake.py), so threads that wait for one
     another's work (a join, a queue, a barrier) run as they would on real devices."""
+    ranks = [(w, w.rank) for w in list(_WORLDS) if w.rank is not None]
+
     def run(*args, **kwargs):
         active = {id(m) for m in _modes()}
         with contextlib.ExitStack() as stack:
+            for world, rank in ranks:
+                stack.enter_context(_as_rank(world, rank))
             for mode in modes:
                 if id(mode) not in active:
                     stack.enter_context(mode)
             return fn(*args, **kwargs)
     return run
+
+
+_WORLDS = []    # the worlds running now (world.py's run_context): their ranks' threads carry them
+
+
+@contextlib.contextmanager
+def ranks_carried(world):
+    """While `world` runs, a thread one of its ranks starts (a Thread, a pool's task) runs as
+    that rank (`_with_modes`)."""
+    _WORLDS.append(world)
+    try:
+        yield
+    finally:
+        _WORLDS.remove(world)
+
+
+@contextlib.contextmanager
+def _as_rank(world, rank):
+    """This thread as `rank` of `world` (the thread-local rank ThreadWorld sets in its ranks'
+    threads, and intercept's), put back after (a pool's thread runs other tasks)."""
+    local = world._local
+    before = getattr(local, "rank", None), getattr(RANK_THREAD, "rank", None)
+    local.rank = RANK_THREAD.rank = rank
+    try:
+        yield
+    finally:
+        local.rank, RANK_THREAD.rank = before
 
 
 # One simulated operation at a time, in every thread (the answer's own threads beside the one

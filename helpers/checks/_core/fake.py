@@ -22,7 +22,9 @@ ordinal" for cuda:1 on one GPU) and materialises `torch.tensor(..., device=...)`
 behaves as on a machine without CUDA. One call stays out of reach: where CUDA is available,
 autograd asks the real runtime for the stream of each device a tensor needing gradients is on,
 so a simulation with gradients on a device this machine lacks fails; that error is reported as
-the check's limit (HarnessError), never as the answer's mistake.
+the check's limit (HarnessError), never as the answer's mistake. torch.cuda's device, stream and
+event calls stand in while the answer runs (cuda_calls.py); one that does not, and reaches the
+real runtime, is named in the HarnessError.
 """
 import contextlib
 import threading
@@ -34,6 +36,7 @@ import torch.utils
 from torch._subclasses import fake_tensor
 
 from .carried import CarriedFunctionMode, one_simulated_op
+from .cuda_calls import not_stood_in, simulated_cuda
 from .exits import CALLBACKS, watch_exits
 from .observe import Recorder, describe_device
 from .reader_objects import is_a
@@ -41,6 +44,9 @@ from .run import CheckFailed, HarnessError
 from .same_work import check_declared, compare_work, values_read
 
 __all__ = ["FakeGPUs"]
+
+
+_PIN = torch.ops.aten._pin_memory.default
 
 
 def _fake_tensor_module():
@@ -77,6 +83,8 @@ def _simulated_mode():
             self._kernel.on = value
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is _PIN:        # pinned host memory: a copy, as on a machine with a GPU
+                func, args, kwargs = torch.ops.aten.clone.default, args[:1], {}
             with one_simulated_op(self.broke):
                 try:
                     return super().__torch_dispatch__(func, types, args, kwargs)
@@ -125,7 +133,7 @@ class FakeGPUs:
     def active(self):
         """The fake mode with a recorder on top, and the patches fake devices need."""
         recorder = Recorder(answer_scalars=True)
-        with _fake_module_moves(self.mode), _no_cuda_sync(), _no_real_gpu_context(), \
+        with _fake_module_moves(self.mode), simulated_cuda(self.k), _no_real_gpu_context(), \
                 watch_exits(_no_callbacks_on_fakes), _ArraysOfFakesCarriedMode(), \
                 _DataSetterCarriedMode(self.mode), self.mode, recorder:
             yield recorder
@@ -146,7 +154,7 @@ class FakeGPUs:
                 if _mixes_devices(e):
                     raise CheckFailed(mixed_devices(recorder, what)) from e
                 if _real_gpu_reached(e):
-                    raise HarnessError(_beyond_this_machine(self.k, e)) from e
+                    raise HarnessError(not_stood_in(self.k, e)) from e
                 if isinstance(e, HarnessError) or not (_needs_values(e) or recorder.answered):
                     raise
                 raise HarnessError(_values_unknown(recorder, e, what)) from e
@@ -320,20 +328,8 @@ def _real_gpu_reached(e):
     a GPU, so an answer cannot cause one here)."""
     text = str(e)
     return type(e).__name__ == "AcceleratorError" or any(words in text for words in (
-        "CUDA error", "invalid device ordinal", "out of index range", "CUDA driver"))
-
-
-def _beyond_this_machine(k, e):
-    try:
-        real = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except RuntimeError:
-        real = 0
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return (f"the {k} simulated GPUs reached this machine's real CUDA runtime ({real} GPU(s)): "
-            f"{first}. Where CUDA is available, torch's autograd asks the real runtime about "
-            "every device a tensor that needs gradients is on, and this machine lacks "
-            f"cuda:{real}..{k - 1}. Not a problem with your answer: run this check on a "
-            f"machine with no GPU, or with {k} GPUs")
+        "CUDA error", "invalid device ordinal", "out of index range", "CUDA driver",
+        "no NVIDIA driver", "not compiled with CUDA", "Backend doesn't support"))
 
 
 def mixed_devices(recorder, what="your code"):
@@ -369,14 +365,3 @@ def _fake_module_moves(mode):
         yield
     finally:
         torch.utils.swap_tensors = original
-
-
-@contextlib.contextmanager
-def _no_cuda_sync():
-    """torch.cuda.synchronize() (a timer's, helpers.synchronize's) has nothing to wait for."""
-    saved = torch.cuda.synchronize
-    torch.cuda.synchronize = lambda device=None: None
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize = saved

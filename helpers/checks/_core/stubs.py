@@ -237,3 +237,23 @@ def _owner(dotted):
     for part in dotted.split("."):
         obj = getattr(obj, part, None)
     return obj
+
+
+@contextlib.contextmanager
+def codes_routed(codes):
+    """{function: code} written while the block runs, put back after, as the harness's own
+    writes (dist_bound.py's routes of torch.distributed's functions, bound however early);
+    yields {function: a copy of it with its own code}, for the calls not routed."""
+    with _LOCK, harness_busy():
+        own = {}
+        for fn, code in codes.items():
+            own[fn] = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__,
+                                         fn.__defaults__, fn.__closure__)
+            own[fn].__kwdefaults__ = fn.__kwdefaults__
+            codes[fn], _ = fn.__code__, _write_code(fn, code)
+    try:
+        yield own
+    finally:
+        with _LOCK, harness_busy():
+            for fn, code in codes.items():
+                _write_code(fn, code)

@@ -43,7 +43,9 @@ import torch
 from ...runtime.thread_world import Message, ThreadWorld, Work
 from ...runtime.traffic import ByteLog, Transfer, wire_share
 from . import addresses
+from .carried import ranks_carried
 from .dist import not_simulated, torch_distributed
+from .dist_bound import bound_routed, unplayed
 from .early_threads import world_ranks
 from .exits import watch_exits, watched_here
 from .inflight import InFlight, posted
@@ -108,6 +110,8 @@ class World(ThreadWorld):
         stack = contextlib.ExitStack()
         self._mark_rank = stack.enter_context(world_ranks())   # the ranks: the check's own
         stack.enter_context(torch_distributed(self))
+        stack.enter_context(bound_routed(self))     # names bound before the check ran
+        stack.enter_context(ranks_carried(self))    # threads a rank starts are that rank's
         stack.enter_context(self.provenance.python_exits())
         stack.enter_context(watch_exits(self._exit, self._entered))
         return stack
@@ -147,7 +151,7 @@ class World(ThreadWorld):
         waited for (waits.py), and a run whose records (messages, timeline, allow-list ...)
         differ from the harness's own copy (ledger.py)."""
         results, errors, stuck = super().start(body)
-        errors = [(r, not_simulated(e)) for r, e in errors]     # funcol's calls named
+        errors = [(r, not_simulated(unplayed(e))) for r, e in errors]   # calls not played
         changed = self._verify()
         if changed:
             return results, [(None, tampered(changed))], stuck
