@@ -51,8 +51,10 @@ def judge(state, event, args):
             and entry.f_code.co_name not in _LOGGING_FRAME):
         return None
     what = args[1] if event == "object.__getattr__" else event
-    return (f"your code inspects the running program ({what}): an answer must compute its "
-            "result, not read the check's frames, tracebacks or objects")
+    where = f", in {frame.f_code.co_name} line {frame.f_lineno}" if frame.f_code.co_name != \
+        "<module>" else ""
+    return (f"your code inspects the running program ({what}{where}): an answer must compute "
+            "its result, not read the check's frames, tracebacks or objects")
 
 
 def _blocked_name(state, obj):
