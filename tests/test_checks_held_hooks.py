@@ -1,11 +1,13 @@
 """What an overlap_hooks answer still holds is read from its hooks too (helpers/checks/_core/
 held.py walks from finish() and from the reader's kept hooks, kept_hooks.recording): state only
 a hook holds (a debug log of handles in its closure, every gradient), a pending list in a
-contextvars.ContextVar, or a module dict reached as globals()["NAME"] fails when it keeps an
-earlier step's handles or gradients; the same state cleared every step passes, and so does one
+contextvars.ContextVar, a module dict reached as globals()["NAME"], or a torch future's value
+(a collect_all chained with the step before's) fails when it keeps an earlier step's handles or
+gradients; the same state cleared every step passes, and so does one
 reaching an earlier run's leftovers (tests/check_cases.py's form)."""
 import contextvars
 
+import torch
 import torch.distributed as dist
 from check_cases import other, parametrize_cases, shortcut
 
@@ -118,6 +120,36 @@ def overlap_hooks_globals_cleared(model):
         for work in pending:
             work.wait()
         pending.clear()
+        _average(model)
+    return finish
+
+
+@shortcut("check_overlap_hooks", "each step's collect_all chained with the step before's",
+          KEPT)
+def overlap_hooks_future_chain(model):
+    state = {"all": None, "step": []}
+    _hook_each(model, lambda p: state["step"].append(
+        dist.all_reduce(p.grad, async_op=True).get_future()))
+
+    def finish():
+        futures, state["step"] = state["step"], []
+        earlier = [state["all"]] if state["all"] is not None else []
+        state["all"] = torch.futures.collect_all(futures + earlier)   # holds every step's
+        state["all"].wait()
+        _average(model)
+    return finish
+
+
+@other("check_overlap_hooks", "each step's futures in a collect_all kept until the next step")
+def overlap_hooks_future_replaced(model):
+    state = {"all": None, "step": []}
+    _hook_each(model, lambda p: state["step"].append(
+        dist.all_reduce(p.grad, async_op=True).get_future()))
+
+    def finish():
+        futures, state["step"] = state["step"], []
+        state["all"] = torch.futures.collect_all(futures)     # this step's only
+        state["all"].wait()
         _average(model)
     return finish
 

@@ -3,7 +3,8 @@ and tensors reachable from it, and from the hooks of the reader's it keeps (stat
 holds), by the scan's walk (reach.py, the course's code left out): its closure, defaults and
 attributes, the globals its code loads (its module's whole namespace when it calls `globals()`
 or `vars()`), a ContextVar's value in this thread, the classes of the reader's and their
-attributes, and what those hold (containers, objects, bound methods, partials). A
+attributes, and what those hold (containers, objects, bound methods, partials, the value
+of a completed torch future: a collect_all chained step to step holds every step's). A
 stateful answer that keeps each step's handles grows without bound, and keeps every step's
 gradients alive, while its values stay right; the checks tell it by what it holds one step
 later (`check_overlap_hooks`). Read as reach.py reads: no method, property or container method
@@ -44,7 +45,7 @@ def held_by(starts, depth=8):
         cls = type(obj)
         if cls is Work or issubclass(cls, (torch._C.Future, torch.Tensor)):
             found[id(obj)] = obj
-            if not issubclass(cls, torch.Tensor):
+            if cls is Work:
                 continue               # a handle's own closures are the World's
         if left and not issubclass(cls, _LEAVES):
             stack.extend((v, left - 1) for v in _parts(obj))
@@ -58,6 +59,8 @@ def _parts(obj):
     cls = type(obj)
     if issubclass(cls, torch.Tensor):
         return list(own_dict(obj).values())
+    if issubclass(cls, torch._C.Future):
+        return _settled(obj)
     if issubclass(cls, Guarded):       # the harness's wrapper of the reader's function or hook
         return [v for v in gc.get_referents(obj) if not issubclass(type(v), type)]
     if cls is contextvars.ContextVar:  # its value in this thread's context (a rank's own)
@@ -68,6 +71,17 @@ def _parts(obj):
     if cls is types.FunctionType and _reads_globals(obj):
         kids.insert(0, obj.__globals__)     # `globals()["NAME"]`: walked last (held_by pops)
     return kids
+
+
+def _settled(fut):
+    """The value of a completed, non-failed torch future (a collect_all's futures, an
+    all-reduce's tensors), which C++ holds and only `value()` reaches; torch's own methods are
+    called, not a subclass's (the World's WorkFuture records a wait in its `value()`). Its
+    attributes and callbacks are the World's or C++'s, not walked."""
+    try:
+        return [torch._C.Future.value(fut)] if torch._C.Future.done(fut) else []
+    except Exception:           # it failed: its error holds nothing of the answer's
+        return []
 
 
 def _reads_globals(fn):
