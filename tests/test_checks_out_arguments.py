@@ -1,10 +1,13 @@
 """An `out=` argument is written once and never read (helpers/checks/_core/written.py): the
 Recorder counts `torch.add(a, b, out=a)` as the one in-place addition it is (not two writes, so
 not twice the additions), and an out= into a slice of a scratch buffer holds only what the
-operation wrote there, whatever the buffer held before (tests/check_cases.py)."""
+operation wrote there, whatever the buffer held before; so does a tensor reset by
+`torch._foreach_zero_` (what an optimizer's zero_grad(set_to_none=False) runs) (tests/
+check_cases.py)."""
 import torch
 from check_cases import other, parametrize_cases, shortcut
 
+import helpers
 from helpers import unflatten_into
 
 
@@ -129,6 +132,33 @@ def bucket_allreduce_scratch_cat_out(grads, bucket_bytes):
           [("parts of", "one buffer of all")])
 def bucket_allreduce_scratch_all_so_far(grads, bucket_bytes):
     _scratch_allreduce(grads, bucket_bytes, lambda buf, n, at: buf[:at + n])
+
+
+@other("check_bucket_allreduce", "one scratch buffer reused, reset by torch._foreach_zero_ and "
+       "summed into")
+def bucket_allreduce_scratch_foreach_zero(grads, bucket_bytes):
+    bufs = [r[0].new_empty(sum(t.numel() for t in r)) for r in grads]
+    for b, n in _bucket_ranges(grads, bucket_bytes):
+        torch._foreach_zero_(bufs)          # overwrites each, reads none: nothing of before
+        for buf, r in zip(bufs, grads, strict=True):
+            buf[:n].add_(torch.cat([r[j].reshape(-1) for j in b]))
+        acc = bufs[0][:n]
+        for buf in bufs[1:]:
+            acc.add_(buf[:n].to(acc.device))
+        for buf, r in zip(bufs, grads, strict=True):
+            buf[:n].copy_(acc.to(buf.device))
+            unflatten_into(buf[:n], [r[j] for j in b])
+
+
+@other("check_accumulated_step", "gradients cleared first by an optimizer's "
+       "zero_grad(set_to_none=False), foreach")
+def accumulated_step_optimizer_zero_grad(net, params, X, y, num_micro, lr):
+    torch.optim.SGD(params, lr=lr, foreach=True).zero_grad(set_to_none=False)
+    for X_m, y_m in zip(X.tensor_split(num_micro), y.tensor_split(num_micro), strict=True):
+        helpers.loss(net(X_m, params), y_m).sum().backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad / X.shape[0]
 
 
 test_case = parametrize_cases(__name__)

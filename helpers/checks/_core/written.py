@@ -8,10 +8,11 @@ from torch.utils._pytree import tree_flatten
 
 __all__ = ["Written", "whole", "OVERWRITES"]
 
-# operations whose written argument `self` is overwritten without being read
+# operations whose written argument `self` is overwritten without being read (a `_foreach_`
+# twin's self is a list: each of its tensors; torch has no other twin of these)
 OVERWRITES = frozenset({"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_",
                         "exponential_", "geometric_", "cauchy_", "log_normal_", "_copy_from",
-                        "_foreach_copy_"})
+                        "_foreach_copy_", "_foreach_zero_"})
 
 
 def whole(t):
