@@ -1,10 +1,13 @@
 """The simulated GPUs check_time_it (profile.py) times on: they run asynchronously, as CUDA does,
 and torch.cuda's synchronize, current device, streams and events stand in for theirs while the
 answer runs, so the check sees whether and when the answer waited, and what the calls took;
-reads of CPU-time clocks are noted (a timer on one cannot see the GPUs' work)."""
+the answer's reads of CPU-time clocks (a timer on one cannot see the GPUs' work) and of wall
+clocks are noted, in order with the calls and synchronizations."""
 import contextlib
 import math
 import os
+import sys
+import threading
 import time
 
 try:
@@ -32,8 +35,9 @@ class AsyncGPUs:
         self.events = []                              # ("call", i, t) and ("sync", device, t)
         self.starts = []
         self.work = []                                # each call's GPU seconds (longest device)
-        # per read of a CPU-time clock (blind to the waits): (its name, the calls started then)
-        self.cpu_clock = []
+        # per clock read of the answer's: (a CPU-time clock's name, blind to the waits, or None
+        # for a wall clock's, len(self.events) then)
+        self.reads = []
 
     def queue(self, work):
         now = time.perf_counter()
@@ -84,12 +88,17 @@ class AsyncGPUs:
         """Stand in for torch.cuda's synchronize, current device, streams and events (and
         torch.accelerator's), the ones FakeGPUs has too (cuda_calls.py): a synchronize waits for
         the device's queue, an event is stamped when its GPU reaches it; and note each read of
-        a CPU-time clock (`_cpu_clocks`: a sleep or a wait on a GPU does not advance them)."""
-        def note(read):
-            self.cpu_clock.append((read, len(self.starts)))
+        a CPU-time clock (`_cpu_clocks`: a sleep or a wait on a GPU does not advance them) and
+        the answer's reads of a wall clock."""
+        answer = threading.get_ident()
+
+        def note(read):     # a wall clock read by another thread or by the harness: not noted
+            if read is not None or (threading.get_ident() == answer and not sys._getframe(
+                    2).f_code.co_filename.startswith(_HARNESS)):
+                self.reads.append((read, len(self.events)))
         pairs = installed(stand_ins(self.synchronize, self.mark, self.reached, self.hold))
         pairs += [(owner, name, _noted(owner, name, ids, note))
-                  for owner, name, ids in _cpu_clocks()]
+                  for owner, name, ids in _cpu_clocks() + _wall_clocks()]
         with patched(pairs):
             yield self
 
@@ -114,11 +123,18 @@ class AsyncGPUs:
         return [item for item in sorted(out, key=lambda item: not item[2]) if item[1]]
 
     def cpu_timer(self, timed):
-        """The CPU-time clock read after each of the last `timed` calls of fn started and before
-        the next one (what a timer on it stops on), as the reader named it; None when no such
-        read follows every one of them (a CPU time logged aside, around the whole loop)."""
-        n, after = len(self.starts), {calls: name for name, calls in self.cpu_clock}
-        names = [after.get(i + 1) for i in range(n - timed, n)]
+        """The CPU-time clock that stopped each of the last `timed` calls of fn, as the reader
+        named it: for each, no wall clock read between the call and the first synchronize after
+        it (a wall clock stopped before the wait, a CPU time logged after it), and the last clock
+        read after that synchronize, before the next call, a CPU-time clock's; else None."""
+        calls = [j for j, e in enumerate(self.events) if e[0] == "call"]
+        calls = calls[len(calls) - timed:]
+        names = []
+        for j, end in zip(calls, calls[1:] + [math.inf], strict=True):
+            sync = next((k for k, e in enumerate(self.events) if k > j and e[0] == "sync"), end)
+            early = [name for name, at in self.reads if j < at <= sync]
+            late = [name for name, at in self.reads if sync < at <= end]
+            names.append(late[-1] if late and None not in early else None)
         return names[-1] if names and all(names) else None
 
     def durations(self, gpus):
@@ -136,6 +152,14 @@ class AsyncGPUs:
 
 
 _CPU_IDS = ("CLOCK_PROCESS_CPUTIME_ID", "CLOCK_THREAD_CPUTIME_ID")
+_HARNESS = os.path.dirname(os.path.abspath(__file__))    # the checks' code: its reads not noted
+
+
+def _wall_clocks():
+    """(module, name, None) of time's wall clocks (clock_gettime of a wall clock id: with the
+    CPU-time clocks)."""
+    return [(time, n, None) for n in ("perf_counter", "perf_counter_ns", "monotonic",
+                                      "monotonic_ns", "time", "time_ns")]
 
 
 def _cpu_clocks():
@@ -153,9 +177,10 @@ def _cpu_clocks():
 
 
 def _noted(owner, name, ids, note):
-    """`owner.name` (a clock) that notes the read, named as the reader wrote it, when it reads
-    a CPU-time clock (of `ids`, for clock_gettime): a closure."""
+    """`owner.name` (a clock) that notes the read: named as the reader wrote it when it reads
+    a CPU-time clock (of `ids`, for clock_gettime), None when a wall clock: a closure."""
     clock, where = getattr(owner, name), f"{owner.__name__}.{name}"
+    named = None if (owner, name, ids) in _wall_clocks() else where
 
     def read(*args, **kwargs):
         clock_id = args[0] if args else None
@@ -164,9 +189,11 @@ def _noted(owner, name, ids, note):
             ids[found] = f"{where}(...)"
             return found
         if ids is None:
-            note(where)
+            note(named)
         elif type(clock_id) is int and clock_id in ids:
             note(f"{where}({ids[clock_id]})")
+        else:
+            note(None)
         return clock(*args, **kwargs)
     read.__name__ = read.__qualname__ = name
     return read
