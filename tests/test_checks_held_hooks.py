@@ -2,7 +2,8 @@
 held.py walks from finish() and from the reader's kept hooks, kept_hooks.recording): state only
 a hook holds (a debug log of handles in its closure, every gradient), a pending list in a
 contextvars.ContextVar, a module dict reached as globals()["NAME"], or a torch future's value
-(a collect_all chained with the step before's) fails when it keeps an earlier step's handles or
+(a collect_all chained with the step before's), or a list set on torch.distributed by a built
+name fails when it keeps an earlier step's handles or
 gradients; the same state cleared every step passes, and so does one
 reaching an earlier run's leftovers (tests/check_cases.py's form)."""
 import contextvars
@@ -150,6 +151,37 @@ def overlap_hooks_future_replaced(model):
         futures, state["step"] = state["step"], []
         state["all"] = torch.futures.collect_all(futures)     # this step's only
         state["all"].wait()
+        _average(model)
+    return finish
+
+
+@shortcut("check_overlap_hooks", "handles in a list set on torch.distributed by a built name, "
+          "never cleared", KEPT)
+def overlap_hooks_module_attribute_kept(model):
+    name = f"_held_hooks_case_{dist.get_rank()}"
+    setattr(torch.distributed, name, [])
+    _hook_each(model, lambda p: getattr(torch.distributed, name).append(
+        dist.all_reduce(p.grad, async_op=True)))
+
+    def finish():
+        for work in getattr(torch.distributed, name):
+            work.wait()
+        _average(model)
+    return finish
+
+
+@other("check_overlap_hooks", "handles in a list set on torch.distributed by a built name, "
+       "cleared every step")
+def overlap_hooks_module_attribute_cleared(model):
+    name = f"_held_hooks_cleared_{dist.get_rank()}"
+    setattr(torch.distributed, name, [])
+    _hook_each(model, lambda p: getattr(torch.distributed, name).append(
+        dist.all_reduce(p.grad, async_op=True)))
+
+    def finish():
+        for work in getattr(torch.distributed, name):
+            work.wait()
+        getattr(torch.distributed, name).clear()
         _average(model)
     return finish
 

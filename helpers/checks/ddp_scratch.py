@@ -24,7 +24,7 @@ from ._core import (
     tensor_equal,
 )
 from ._core.handed import in_place, kept_aside
-from ._core.held import Steps
+from ._core.held import Steps, added_attributes
 from ._core.inputs import expect_unchanged, kept
 from ._core.kept_hooks import recording
 
@@ -176,10 +176,10 @@ def check_overlap_hooks(fn):
 
     def rank_fn(comm):
         net, out = nets[comm.rank], []
-        with recording() as hooks:      # the reader's hooks kept: held.py walks from them too
+        with recording() as hooks, added_attributes() as added:   # held.py walks from them too
             finish = fn(net)
             expect(callable(finish), "overlap_hooks(model) must return a function finish()")
-            held = Steps(lambda: [finish, *hooks()])
+            held = Steps(lambda: [finish, *hooks(), *added()])
             for n, p in net.named_parameters():   # which storage holds each gradient, once ready
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(lambda p, n=n: _ready(comm.rank, n, p))

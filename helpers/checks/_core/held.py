@@ -10,8 +10,10 @@ gradients alive, while its values stay right; the checks tell it by what it hold
 later (`check_overlap_hooks`). Read as reach.py reads: no method, property or container method
 of the reader's runs."""
 import builtins
+import contextlib
 import contextvars
 import gc
+import sys
 import types
 
 import torch
@@ -21,7 +23,7 @@ from .parts import own_dict
 from .reach import children, expandable, loads
 from .settle import Guarded
 
-__all__ = ["held_by", "Steps"]
+__all__ = ["held_by", "Steps", "added_attributes"]
 
 _LIMIT = 20000          # objects visited at most: a walk of a large structure stays bounded
 # not walked into: a module (what is reached only through one is out of scope), a library's or
@@ -82,6 +84,22 @@ def _settled(fut):
         return [torch._C.Future.value(fut)] if torch._C.Future.done(fut) else []
     except Exception:           # it failed: its error holds nothing of the answer's
         return []
+
+
+@contextlib.contextmanager
+def added_attributes():
+    """Yields a function of no arguments: the values of the attributes set, since the block was
+    entered, on the modules loaded then (a library's, the reader's; the course's helpers aside),
+    modules left out. A store the answer keeps there (`setattr(torch.distributed, name, [])`,
+    read by a built name) is no module's own, and no load of the reader's names it."""
+    course = __name__.split(".")[0]
+    before = {name: (m, set(m.__dict__.copy())) for name, m in list(sys.modules.items())
+              if isinstance(m, types.ModuleType) and name.split(".")[0] != course}
+
+    def added():
+        return [v for m, names in before.values() for k, v in m.__dict__.copy().items()
+                if k not in names and not isinstance(v, types.ModuleType)]
+    yield added
 
 
 def _reads_globals(fn):
