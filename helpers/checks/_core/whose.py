@@ -16,6 +16,7 @@ generated `__new__`, by its code and what it calls.
 import _imp
 import collections
 import functools
+import io
 import keyword
 import os
 import types
@@ -33,17 +34,21 @@ _FROZEN = {"importlib._bootstrap": "_frozen_importlib",
            "importlib._bootstrap_external": "_frozen_importlib_external"}
 
 
-def _compiled(filename):
-    """The code objects the file `filename` (or the frozen module it names) compiles to."""
+def _compiled(filename, _open=io.open, _compile=compile, _frozen=_imp.is_frozen,
+              _frozen_object=_imp.get_frozen_object):
+    """The code objects the file `filename` (or the frozen module it names) compiles to. The
+    callables are bound at import: the audit hook judges frames at any moment, and a name looked
+    up then (`open` in builtins) could meet a key or a patch the reader left there, and a file
+    judged unreadable once would leave its code the reader's for the rest of the process."""
     top = None
     try:
         if filename.startswith("<frozen ") and filename.endswith(">"):
             name = filename[len("<frozen "):-1]
             name = _FROZEN.get(name, name)
-            top = _imp.get_frozen_object(name) if _imp.is_frozen(name) else None
+            top = _frozen_object(name) if _frozen(name) else None
         elif not filename.startswith("<"):
-            with open(filename, "rb") as source:
-                top = compile(source.read(), filename, "exec", dont_inherit=True, optimize=-1)
+            with _open(filename, "rb") as source:
+                top = _compile(source.read(), filename, "exec", dont_inherit=True, optimize=-1)
     except (OSError, SyntaxError, ValueError, ImportError):
         top = None
     if top is None:
