@@ -307,10 +307,11 @@ class Recorder(TorchDispatchMode):
                 tainted.update((r.key, r.version) for r in op.outputs + op.writes)
         return {key for key, _ in tainted}, tainted
 
-    def live_peak(self, keys=None, kept=()):
+    def live_peak(self, keys=None, kept=(), until=None):
         """The most bytes alive at once in the storages the recorded operations made (of those
         in `keys`, if given): a storage lives from the operation that first made or wrote it to
-        the last that read or wrote it (what the answer still needed, not what Python holds);
+        the last that read or wrote it (what the answer still needed, not what Python holds),
+        or to `until[key]` (an op index) if later: a send's buffer, held until its wait;
         `kept`: (operation index, bytes) held from there to the end (values read out of torch,
         which nothing follows)."""
         span = {("kept", i): [at, len(self.ops), n] for i, (at, n) in enumerate(kept)}
@@ -322,6 +323,9 @@ class Recorder(TorchDispatchMode):
             for r in op.reads:
                 if r.key in span:
                     span[r.key][1] = op.index
+        for key, end in (until or {}).items():
+            if key in span:
+                span[key][1] = max(span[key][1], end)
         events = sorted([(a, n) for a, _, n in span.values()] +
                         [(b + 0.5, -n) for _, b, n in span.values()])
         peak = now = 0
