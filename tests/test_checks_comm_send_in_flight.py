@@ -185,6 +185,7 @@ def ring_sends_clones(q, k, v, comm):
         got = _ring_send(comm, [t.clone() for t in kv], i)
         for t, g in zip(kv, got, strict=True):
             t.copy_(g)
+        comm.wait()         # the clones in flight until the step's end, as the text asks
         return kv
     return _ring(q, k, v, comm, step)
 

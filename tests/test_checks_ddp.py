@@ -149,6 +149,18 @@ def resume_no_rng(path, model, optimizer):
     return snap["epoch"]
 
 
+@shortcut("check_resume", "the last rank's RNG, not rank 0's", "rank 0's")
+def resume_last_rank(path, model, optimizer):
+    snap = torch.load(path, weights_only=True)
+    model.load_state_dict(snap["model"])
+    optimizer.load_state_dict(snap["optimizer"])
+    rng = snap["rng"][-1]
+    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
+    version, state, gauss = rng["python"]
+    random.setstate((version, tuple(state), gauss))
+    return snap["epoch"]
+
+
 @shortcut("check_resume", "no optimizer state", "momentum buffers")
 def resume_no_optimizer(path, model, optimizer):
     snap = torch.load(path, weights_only=True)

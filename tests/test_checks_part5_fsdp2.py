@@ -190,6 +190,11 @@ def checkpoint_none(blocks, x, budget):
     return []
 
 
+@shortcut("check_choose_checkpoints", "the right order, stopped on left < budget", "means <=")
+def checkpoint_strictly_under(blocks, x, budget):
+    return choose_checkpoints(blocks, x, budget - 1)     # `<= budget - 1`: `< budget` in bytes
+
+
 def test_choose_checkpoints_budget_from_the_layers_is_the_measured_one():
     """The check sets its budget from the blocks' layers before the answer runs (nothing
     computed) and judges with the bytes measured after: the two agree, so the cases that

@@ -23,9 +23,16 @@ def shard_flat(tensors, rank, world):
 def shard_flat_slice(tensors, rank, world):
     n = sum(t.numel() for t in tensors)
     size = -(-n // world)
-    flat = torch.zeros(size * world)
+    flat = torch.zeros(size * world, dtype=tensors[0].dtype)
     flat[:n] = torch.cat([t.flatten() for t in tensors])
     return flat[rank * size:(rank + 1) * size].clone()
+
+
+@shortcut("check_shard_flat", "padded with torch.zeros' float32 default", "bfloat16 input")
+def shard_flat_float32_pad(tensors, rank, world):
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    flat = torch.cat([flat, torch.zeros(-flat.numel() % world)])
+    return flat.chunk(world)[rank].clone()
 
 
 @shortcut("check_shard_flat", "unpadded shards", "must be equal")

@@ -135,8 +135,8 @@ def ring_one_message(q, k, v, comm):
     for i in range(w - 1):
         comm.send(kv, (r + 1) % w, tag=i)
         kv = comm.recv((r - 1) % w, kv.shape, tag=i)
+        comm.wait()
         acc, m, l = helpers.merge_blocks(acc, m, l, *helpers.block_attention(q, kv[0], kv[1]))
-    comm.wait()
     return acc / l[..., None]
 
 

@@ -92,7 +92,7 @@ def ring_online_float64(q, k, v, comm):
         if i < w - 1:
             comm.send(kv, (r + 1) % w, tag=i)
             kv = comm.recv((r - 1) % w, kv.shape, tag=i)
-    comm.wait()
+            comm.wait()
     return (num / den[..., None]).float()
 
 

@@ -131,6 +131,34 @@ def allreduce_spread_rows(data):
                 chunks[j][i].copy_(chunks[i][i])
 
 
+@other("check_allreduce_spread", "own.add_(sum(others)): Python's sum() starts from 0")
+def allreduce_sum_from_zero(data):
+    k = len(data)
+    chunks = [t.view(-1).tensor_split(k) for t in data]
+    for i in range(k):
+        own = chunks[i][i]
+        own.add_(sum(chunks[j][i].to(own.device) for j in range(k) if j != i))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
+
+
+@shortcut("check_allreduce_spread", "spread, but each sum starts from a tensor of zeros",
+          "already spread")
+def allreduce_sum_from_zeros(data):
+    k = len(data)
+    chunks = [t.view(-1).tensor_split(k) for t in data]
+    for i in range(k):
+        own = chunks[i][i]
+        own.add_(sum((chunks[j][i].to(own.device) for j in range(k) if j != i),
+                     torch.zeros_like(own)))
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
+
+
 def test_the_exercise_says_the_tensor_is_flattened():
     """The check counts chunks of the flattened tensor: the exercise's text says so."""
     import json

@@ -57,6 +57,21 @@ def ring_by_sendrecv(q, k, v, comm):
     return acc / l[..., None]
 
 
+@shortcut("check_ring_forward", "one comm.wait() at the end: every block sent held till then",
+          ["sent and not yet waited for", "each step"])
+def ring_waits_once_at_the_end(q, k, v, comm):
+    r, w = comm.rank, comm.world
+    acc, m, l = helpers.block_attention(q, k, v)
+    for i in range(w - 1):
+        comm.send(k, (r + 1) % w, tag=2 * i)
+        comm.send(v, (r + 1) % w, tag=2 * i + 1)
+        k = comm.recv((r - 1) % w, k.shape, tag=2 * i)
+        v = comm.recv((r - 1) % w, v.shape, tag=2 * i + 1)
+        acc, m, l = helpers.merge_blocks(acc, m, l, *helpers.block_attention(q, k, v))
+    comm.wait()
+    return acc / l[..., None]
+
+
 @other("check_ring_forward", "isendrecv and the Exchange's wait()")
 def ring_by_isendrecv(q, k, v, comm):
     acc, m, l = helpers.block_attention(q, k, v)

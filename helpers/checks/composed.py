@@ -60,6 +60,8 @@ def check_activation_bytes(fn):
         heads = 2 ** log_heads
         width = heads * 2 ** randint(g, 4, 7)
         seq = 2 ** randint(g, 6, 11)
+        if rec == "none" and not sp:     # forced: an odd seq, so 5 a s / h has a fraction (a
+            seq += 2 * randint(g, 0, seq // 2 - 1) + 1     # `//` or int() loses it)
         tp = tp or 2 ** randint(g, 1, min(3, log_heads))   # tp divides the heads
         what = f"activation_bytes({width}, {heads}, {seq}, tp={tp}, sp={sp}, {rec!r})"
         got, dtype = as_number(fn(width, heads, seq, tp, sp, rec), what, with_dtype=True)
@@ -81,9 +83,11 @@ def check_tp_bytes_per_step(fn):
     first = (2, 4)[randint(g, 0, 1)]
     # Both dtypes forced on cases where every factor counts (tp, blocks, m > 1; tp = 1 sends
     # nothing), then two drawn freely: a formula that drops an argument fails on every draw.
-    for low, b in ((2, first), (2, 6 - first), (1, None), (1, None)):
+    # The first tp is odd, so (tp - 1) / tp of the power-of-two bytes has a fraction (`//`).
+    for i, (low, b) in enumerate(((2, first), (2, 6 - first), (1, None), (1, None))):
         blocks, m, tokens = randint(g, low, 8), randint(g, low, 8), 2 ** randint(g, 4, 12)
         width, tp = 2 ** randint(g, 5, 10), randint(g, low, 8)
+        tp = 2 * randint(g, 1, 3) + 1 if i == 0 else tp
         b = b or (2, 4)[randint(g, 0, 1)]
         what = f"tp_bytes_per_step({blocks}, {m}, {tokens}, {width}, {tp}, {b})"
         got, dtype = as_number(fn(blocks, m, tokens, width, tp, b), what, with_dtype=True)

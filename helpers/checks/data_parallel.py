@@ -122,7 +122,7 @@ def check_reduce_then_broadcast(fn):
                                 f"{', '.join(map(str, missing))} did not reach it (add them up on "
                                 "device 0, then copy the sum into every device's tensor)")
         # the additions the results came from: reducing once adds k - 1 gradients' elements
-        # (one more for Python's sum starting at 0); every device summing all k for itself adds
+        # (Python's sum's `0 + g` is none: observe.py); every device summing all k for itself adds
         # k (k - 1): more from 3 devices on (work off the path, an assert's norm, not counted)
         path = {op.index: op for f in fakes for op in rec.ancestors(f)}
         adds, n = sum(rec.adds_by_device(path.values()).values()), own[0].numel()
@@ -253,7 +253,8 @@ def _served(what, fn, start, grads, lr):
     adds, work, most = rec.adds_by_device(), rec.work_by_device(), 3 * (count + 1) * chunk + count
     sizes = dict(zip(gpus.devices, map(len, torch.arange(n).tensor_split(count)), strict=True))
     for d in rec.working_devices(gpus.devices):      # the host (the CPU) included
-        a, bound = adds.get(d, 0), (count + 1) * sizes.get(d, chunk) + count   # its own chunk
+        # its own chunk: k - 1 additions of gradients and the step's (sum()'s `0 + g` is free)
+        a, bound = adds.get(d, 0), count * sizes.get(d, chunk)
         expect(a <= bound, f"{what}: {describe_device(d)} added up {a} elements (per device: "
                f"{[adds.get(x, 0) for x in gpus.devices]}), more than serving its chunk needs "
                f"(at most about {bound}): device j sums and updates chunk j only, tensor_split's "

@@ -192,7 +192,7 @@ def _fresh(seed):
 
 @check("resume", changes_inputs=True, references=["load_snapshot", "set_rng_state"], observes=[
     "after the answer ran: the model's and the optimizer's state, torch's and Python's RNG "
-    "states against the snapshot's, the epoch returned",
+    "states against rank 0's in a snapshot of two ranks' states, the epoch returned",
     "the continuation (dropout and momentum) against the run that was never stopped, bitwise"])
 def check_resume(fn):
     """fn(path, model, optimizer) restores a snapshot written by helpers.save_snapshot into a
@@ -208,8 +208,12 @@ def check_resume(fn):
             model, opt = _fresh(seed)
             for p in model.parameters():     # momentum drawn, not trained: no work before the call
                 opt.state[p]["momentum_buffer"] = torch.randn(p.shape, generator=g)
-            checkpoint.save_snapshot(path, model, opt, epoch)
-            saved = (torch.get_rng_state(), random.getstate())     # the snapshot's RNGs
+            saved = (torch.get_rng_state(), random.getstate())     # the snapshot's rank 0's
+            mine = checkpoint.rng_state()
+            torch.manual_seed(seed + 3)         # two ranks, as save_snapshot_all writes them: a
+            random.seed(seed + 3)               # rank 1 of other states, so an index tells
+            checkpoint.save_snapshot(path, model, opt, epoch,
+                                     rng=[mine, checkpoint.rng_state()])
             torch.manual_seed(seed + 1)
             random.seed(seed + 1)                          # a new process: other RNG states
             model2, opt2 = _fresh(seed + 2)
@@ -222,11 +226,12 @@ def check_resume(fn):
                    "the optimizer has no momentum buffers: load its state too "
                    "(optimizer.load_state_dict), or the next steps lose their momentum")
             expect(torch.get_rng_state().tolist() == snap["rng"][0]["torch"],
-                   "torch's RNG is not the snapshot's: dropout would draw other masks; "
+                   "torch's RNG is not rank 0's in the snapshot (snap[\"rng\"][0]: the list "
+                   "holds one per rank): dropout would draw other masks; "
                    "torch.set_rng_state(torch.tensor(..., dtype=torch.uint8))")
             expect(random.getstate()[1] == tuple(snap["rng"][0]["python"][1]),
-                   "Python's random is not restored: random.setstate(...) (the version, a tuple "
-                   "of the state, the gauss value)")
+                   "Python's random is not restored to rank 0's state (snap[\"rng\"][0]): "
+                   "random.setstate(...) (the version, a tuple of the state, the gauss value)")
             expect(got_epoch == epoch, f"returned {got_epoch!r}, expected the next epoch "
                                        f"{epoch} from the snapshot")
             resumed = (torch.get_rng_state(), random.getstate())   # the answer's RNGs

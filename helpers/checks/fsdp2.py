@@ -250,13 +250,13 @@ def check_choose_checkpoints(fn):
             budget = int(sum(saved) * (0.25 + 0.4 * torch.rand(1, generator=g).item()))
         got = fn(blocks, x, budget)
         saved, gain = _measured(blocks, x)     # the reference after the answer ran
-        total = sum(saved)
+        total, order = sum(saved), ("each costs a recompute: checkpoint first the blocks that "
+                                    "free the most (measured, not guessed from parameters)")
         call = f"choose_checkpoints({len(blocks)} blocks, budget {budget} of {total} bytes)"
         try:
             chosen = sorted({as_int(i, call) for i in got})
         except TypeError:
-            raise CheckFailed(f"{call} returned {got!r}, expected a list of block indices") \
-                from None
+            raise CheckFailed(f"{call} returned {got!r}, expected a list of indices") from None
         expect(all(0 <= i < len(blocks) for i in chosen),
                f"{call} returned an index outside 0..{len(blocks) - 1}")
 
@@ -274,10 +274,12 @@ def check_choose_checkpoints(fn):
             if left <= budget:
                 break
             left, fewest = left - s, fewest + 1
-        expect(len(chosen) == fewest,
-               f"{call}: checkpointed {len(chosen)} blocks {chosen}, {fewest} suffice: each "
-               "checkpoint costs a recompute, so checkpoint first the blocks whose checkpointing "
-               "frees the most bytes (measured, not guessed from parameters or position)")
+        if left == budget and sorted((gain[i] for i in chosen), reverse=True) == sorted(
+                gain, reverse=True)[:fewest + 1]:    # the right order, one more: stopped on `<`
+            order = (f"one block fewer already meets the budget: at most {budget} bytes means <="
+                     + ("; or, taken in block order: " + order) * (chosen == [*range(fewest + 1)]))
+        expect(len(chosen) == fewest, f"{call}: checkpointed {len(chosen)} blocks {chosen}, "
+                                      f"{fewest} suffice: {order}")
 
 
 class _Mix(nn.Module):

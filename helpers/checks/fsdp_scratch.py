@@ -33,9 +33,10 @@ __all__ = ["check_shard_flat", "check_gather_layer", "check_zero3_sent_bytes",
 
 
 @check("shard_flat", references=["flat_shard", "padded_flat"], observes=[
-    "the shards returned for every rank of fresh tensors and world sizes: equal lengths, rank "
-    "order giving the flattened zero-padded vector, no memory shared with the inputs, each "
-    "shard's storage exactly its own size (not a view of the padded vector)"])
+    "the shards returned for every rank of fresh tensors and world sizes (one case in "
+    "bfloat16, kept as bfloat16): equal lengths, rank order giving the flattened zero-padded "
+    "vector, no memory shared with the inputs, each shard's storage exactly its own size "
+    "(not a view of the padded vector)"])
 def check_shard_flat(fn):
     """fn(tensors, rank, world) -> this rank's equal-length slice of the flattened, zero-padded
     tensors (a new tensor)."""
@@ -46,13 +47,17 @@ def check_shard_flat(fn):
                   for _ in range(randint(g, 2, 4))] if case else [(3,), (1, 3)]
         if case == 1 and not sum(math.prod(s) for s in shapes) % world:
             shapes.append((1,))             # case 0 needs no padding, case 1 surely does
-        tensors = [torch.randn(s, generator=g) for s in shapes]
+        # case 1 (padded) in bfloat16: a pad made with torch.zeros' float32 default promotes it
+        dtype = torch.bfloat16 if case == 1 else torch.float32
+        tensors = [torch.randn(s, generator=g).to(dtype) for s in shapes]
         flat = torch.cat([t.reshape(-1) for t in tensors])
         n = flat.numel()
         flat = torch.cat([flat, flat.new_zeros(-n % world)])
         shards = [fn(tensors, r, world) for r in range(world)]
-        call = f"shard_flat({shapes}, rank, {world})"
+        call = f"shard_flat({shapes}, rank, {world}" + (", bfloat16)" if case == 1 else ")")
         expect(all(torch.is_tensor(s) for s in shards), f"{call} must return tensors")
+        for r, s in enumerate(shards):
+            expect_dtype(s, dtype, f"{call}: rank {r}'s shard")
         lengths = [int(s.numel()) for s in shards]
         expect(len(set(lengths)) == 1,
                f"{call}: the ranks' shards have lengths {lengths}: they must be equal (pad the "

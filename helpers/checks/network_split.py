@@ -77,9 +77,14 @@ def check_microbatches_for_bubble(fn):
             continue
         want = min(right)
         bubble = lambda m, p=p: (p - 1) / (m + p - 1)
-        hint = ""
+        hint, ratio = "", next(m for m in range(1, 10**6) if (p - 1) / m <= target)
+        megatron = ("the m for a bubble of (p-1)/m (idle time over compute time, as in "
+                    "Megatron-LM); here the bubble is the idle share of the step, (p-1)/(m+p-1)")
         if got == want + p - 1:
-            hint = f": {got} is the number of clock ticks, m + p - 1; the question is m"
+            hint = (f": {got} is the number of clock ticks, m + p - 1, or {megatron}; the "
+                    "question is m")
+        elif got == ratio:
+            hint = f": {got} is {megatron}"
         elif got < want:
             hint = f": with {got} micro-batches the bubble is still {bubble(got):.3f} > {target:g}"
         elif got > want:

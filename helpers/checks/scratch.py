@@ -196,10 +196,18 @@ def _spread(what, fn, before, shape):
         gpus.devices, torch.arange(n).tensor_split(count), strict=True)}
     adds, work = rec.adds_by_device(), rec.work_by_device()
     total = sum(adds.values())
+    per = [adds.get(x, 0) for x in gpus.devices]
+    # every device over its share, none elsewhere: spread already, each adds too much
+    even = set(adds) <= set(gpus.devices) and all(adds.get(x, 0) > y for x, y in shares.items())
     for d in rec.working_devices(gpus.devices):      # the host (the CPU) included
         a, share = adds.get(d, 0), shares.get(d, most)
+        expect(a <= share or not even,
+               f"{what}: {describe_device(d)} did {a} additions, {a - share} more than its "
+               f"chunk needs ({share}; per device: {per}, already spread): add each other "
+               "device's chunk i into chunk i once, and nothing more (no sum of all k chunks "
+               "including its own, no sum() started from a tensor of zeros)")
         expect(a <= share, f"{what}: {describe_device(d)} did {a} of the {total} additions "
-                           f"(per device: {[adds.get(x, 0) for x in gpus.devices]}); spread them: "
+                           f"(per device: {per}); spread them: "
                            f"device i adds the other devices' chunk i into its own chunk i (at "
                            f"most {share} additions here: chunk i of the flattened tensor, "
                            "t.view(-1).tensor_split(k), not of its rows; the first n % k chunks "

@@ -311,12 +311,25 @@ def shown(got, want, digits=4):
     return repr(got), repr(want)
 
 
+_FLOORED = "a // or int() on the way dropped a fraction: divide with /"
+
+
 def rounding_note(got, want, dtype):
     """For a number rejected though within float32 rounding of the expected one (a float32
-    step whose result came back as a Python float): say so, never only "x, expected x"."""
-    if dtype == torch.float64 and got != want and near(got, want, torch.float32, 64):
-        return (" (yours is within float32 rounding of it: compute in float64 or Python "
-                "numbers, or return the float32 tensor itself)")
+    step whose result came back as a Python float), or a whole number near a fraction (a `//`
+    or int() on the way): say so, never only "x, expected x"."""
+    if got == want:
+        return ""
+    whole = float(got).is_integer()
+    if whole and not float(want).is_integer() and near(got, want, floor=1e-2):
+        return (" (yours is a whole number, the expected value has a fraction: divide with /, "
+                "not // or int())")
+    if dtype == torch.float64 and near(got, want, torch.float32, 64):
+        return (f" (yours is within float32 rounding of it: {_FLOORED}; or a float32 step: "
+                "compute in float64 or Python numbers, or return the float32 tensor itself)"
+                if whole else " (yours is within float32 rounding of it: compute in float64 or "
+                "Python numbers, or return the float32 tensor itself; or "
+                f"{_FLOORED})")
     return ""
 
 

@@ -43,6 +43,9 @@ aten = torch.ops.aten
 _ELEMENTWISE_ADDS = frozenset({"add", "add_", "sub", "sub_", "addcmul", "addcmul_", "addcdiv",
                                "addcdiv_", "rsub", "lerp", "lerp_", "_foreach_add",
                                "_foreach_add_"})
+# ... of which these add nothing when their one other operand is a Python 0: `0 + t` (Python's
+# sum() starts from 0) and `t - 0` copy `t`, like clone
+_ZERO_ADDS = frozenset({"add", "add_", "sub", "sub_"})
 _REDUCING_ADDS = frozenset({"sum", "mean", "nansum", "cumsum", "cumsum_", "logsumexp", "norm",
                   "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace",
                   "cumprod", "cumprod_", "logcumsumexp", "_logcumsumexp"})
@@ -127,7 +130,8 @@ class Op:
 
     @property
     def is_work(self):
-        return not self.view and self.name not in _NOT_WORK and bool(self.reads)
+        return (not self.view and self.name not in _NOT_WORK and bool(self.reads)
+                and not self.plus_zero)
 
     @property
     def work(self):
@@ -157,6 +161,13 @@ class Op:
         if self.flops is not None:
             return self.flops // 2
         return 0
+
+    @property
+    def plus_zero(self):
+        """`t + 0`, `0 + t`, `t - 0`: one tensor and a Python 0, a copy, neither work nor an
+        addition (Python's sum() starts from 0: `sum(chunks)` makes k additions, k - 1 real)."""
+        first = self.consts[0][:1] if self.consts else ()
+        return self.name in _ZERO_ADDS and len(self.reads) == 1 and first == (0,)
 
     def __repr__(self):
         args = ", ".join(map(repr, self.reads))
@@ -296,10 +307,11 @@ class Recorder(TorchDispatchMode):
                 tainted.update((r.key, r.version) for r in op.outputs + op.writes)
         return {key for key, _ in tainted}, tainted
 
-    def live_peak(self, keys=None, kept=()):
+    def live_peak(self, keys=None, kept=(), until=None):
         """The most bytes alive at once in the storages the recorded operations made (of those
         in `keys`, if given): a storage lives from the operation that first made or wrote it to
-        the last that read or wrote it (what the answer still needed, not what Python holds);
+        the last that read or wrote it (what the answer still needed, not what Python holds),
+        or to `until[key]` (an op index) if later: a send's buffer, held until its wait;
         `kept`: (operation index, bytes) held from there to the end (values read out of torch,
         which nothing follows)."""
         span = {("kept", i): [at, len(self.ops), n] for i, (at, n) in enumerate(kept)}
@@ -311,6 +323,9 @@ class Recorder(TorchDispatchMode):
             for r in op.reads:
                 if r.key in span:
                     span[r.key][1] = op.index
+        for key, end in (until or {}).items():
+            if key in span:
+                span[key][1] = max(span[key][1], end)
         events = sorted([(a, n) for a, _, n in span.values()] +
                         [(b + 0.5, -n) for _, b, n in span.values()])
         peak = now = 0

@@ -100,6 +100,7 @@ class World(ThreadWorld):
         self.exits = [[] for _ in range(size)]   # (op index, ref): values read out of torch
         self.irecvs = [[] for _ in range(size)]  # each rank's irecvs (dist.py), for waits.py
         self.comm_sends = [[] for _ in range(size)]   # (Message, call): on_send, for waits.py
+        self.waited_at = [{} for _ in range(size)]    # a comm send -> the op index of its wait
         self.provenance = Provenance(self)
         self.in_flight = InFlight(self._refuse)     # async calls' tensors until waited
         self.network_failure = None     # (rank, error): the first call the network refused
@@ -366,7 +367,17 @@ class World(ThreadWorld):
         with self.locked():
             seq = super().event(rank, kind, detail)
             self._note("event", rank, (seq, kind, detail))
+            if kind == "wait" and isinstance(detail, Message) and self.recorders[rank]:
+                self.waited_at[rank][detail] = len(self.recorders[rank].ops) - 1
             return seq
+
+    def sent_until(self, rank):
+        """{storage key: op index} of each tensor `rank`'s comm sent: held until the wait that
+        finishes the send (as a DistComm's isend holds it; to the end if none came)."""
+        out, last = {}, len(self.recorders[rank].ops)
+        for m, _ in self.comm_sends[rank]:
+            out[m.key] = max(out.get(m.key, 0), self.waited_at[rank].get(m, last))
+        return out
 
     def allowed(self, op):
         """Refuse, in the calling rank, a call the exercise does not allow: a substitute for the
