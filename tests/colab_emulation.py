@@ -173,4 +173,3 @@ def _course_repository(where, ref):
     if ref.startswith("v"):
         _git(repo, "tag", "-a", ref, "-m", ref)
     return repo
-

@@ -125,4 +125,3 @@ def test_snapshot_restores_model_optimizer_epoch_and_rngs(tmp_path):
     run(net2, opt2, 4)
     assert epoch == 3 and history == [{"epoch": 3}]
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), net2.parameters()))
-

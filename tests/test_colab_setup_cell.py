@@ -188,4 +188,3 @@ def test_pip_would_replace_an_older_torch_but_the_cell_keeps_it(monkeypatch, tmp
                 if a != "--quiet"]
         replaced.update(would_install(args))
     assert project["name"] in replaced and "torch" not in replaced, replaced
-

@@ -152,4 +152,3 @@ def test_every_check_is_called_from_a_notebook():
         if (in_toc or chapter is None) and name not in called:
             missing.append(f"{name} (helpers/checks/{module}.py)")
     assert not missing, f"no check cell calls {missing}: add its exercise or remove the check"
-

@@ -166,4 +166,3 @@ def test_fast_on_two_ranks_equals_train_batch():
     assert max_diff(ref[0], params) < 1e-5
     assert max_diff(init_lenet_params(seed=4), params) > 1e-3, "training must move them"
     assert len(got.epoch_times) == 2 and 0 <= got.test_acc <= 1
-

@@ -116,4 +116,3 @@ def test_the_module_path_scan_sees_each_way_of_naming_a_module(tmp_path):
         "book/part9/x.ipynb": ["helpers.words.plural"],
         "scripts/b.sh": ["helpers.devices.unsynced_timings", "helpers.prose", "helpers.reference"],
         "scripts/tools/a.py": ["helpers.runtime.files"]}
-

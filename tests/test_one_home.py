@@ -136,4 +136,3 @@ def test_new_groups_are_built_by_runtime_mesh_or_an_allowed_lesson():
     assert "runtime/mesh.py" in places, "the scan sees the builder"
     stray = [f"helpers/{p}:{lines}" for p, lines in places.items() if p not in NEW_GROUP_AT]
     assert not stray, f"build process groups with helpers.runtime.mesh at {stray}"
-

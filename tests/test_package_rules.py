@@ -84,4 +84,3 @@ def test_no_test_imports_the_tests_folder_as_a_package():
            for n, line in enumerate(p.read_text().splitlines(), 1)
            if re.match(r"\s*(from tests[.\s]|import tests\b)", line)]
     assert not bad, bad
-

@@ -222,4 +222,3 @@ def test_network_split_proof_catches_shared_layers():
     assert buggy != proof
     with pytest.raises(AssertionError, match="gradients differ"):
         exec(buggy, dict(ns))
-

@@ -50,4 +50,3 @@ def test_a_plain_install_ships_what_the_chapters_read(tmp_path):
     assert bench == (site / "helpers/_scripts/bench.py").resolve()
     assert reference == (site / "helpers/_reference/gpu_reference.json").resolve()
     assert data == tmp_path / ".cache/multigpu-course/data"
-

@@ -120,4 +120,3 @@ def test_sharding_costs(k):
         sharding_costs(n, k, "dp", "adagrad")
     with pytest.raises(ValueError, match="world"):
         sharding_costs(n, 0, "dp")
-

@@ -60,4 +60,3 @@ def test_an_unmeasured_chapter_shows_its_quick_run_as_an_estimate():
     assert how.startswith("measured: `COURSE_QUICK=1 nbgrader autograde y`")
     assert "busy" not in how
     assert tg.grading_time("book/z", measured, runs)[0] == "?"
-

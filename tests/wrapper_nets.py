@@ -104,4 +104,3 @@ def one_process(case):
         opt.step()
         opt.zero_grad()
     return params_of(net)
-

@@ -215,4 +215,3 @@ def check_header(page, width=1366):
     resize(page, width, size["height"])
     return [f"at {width} px an empty header bar ({h} px high) tops the page"
             for h in page.evaluate(_HEADER_JS)]
-

@@ -176,4 +176,3 @@ def wait_rendered(page, timeout=RENDER_TIMEOUT_MS):
                seconds=timeout / 1000, what="MathJax's start")
     except Exception:
         pass
-

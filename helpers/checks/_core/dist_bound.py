@@ -136,4 +136,3 @@ def _torch_call(error):
             return code.co_name
         tb = tb.tb_next
     return None
-
