@@ -112,38 +112,40 @@ def qwz_scales_on_board_concatenated(shard, block):
     return _dequantized(got.view(world, nb, -1), ss, world, n)
 
 
-@shortcut("check_qwz_all_gather", "scales' bits read from a global, copied into a received "
-          "buffer before the view", READ)
-def qwz_scales_copied_into_received(shard, block):
-    world, r, n = dist.get_world_size(), dist.get_rank(), shard.numel()
+def _gathered_with_room(shard, block):
+    """(world, q, nb, got): each rank's int8 blocks gathered with room for its scales left
+    zero (the scales' bits put on the global board, not sent)."""
+    world, r = dist.get_world_size(), dist.get_rank()
     q, scale, nb = _quantized(shard, block)
     _board_scales(scale, r)
     buf = torch.cat([q.reshape(-1), torch.zeros(4 * nb, dtype=torch.int8)])   # room only
     got = buf.new_empty(world * buf.numel())
     dist.all_gather_into_tensor(got, buf)
+    return world, q, nb, got
+
+
+@shortcut("check_qwz_all_gather", "scales' bits read from a global, copied into a received "
+          "buffer before the view", READ)
+def qwz_scales_copied_into_received(shard, block):
+    world, q, nb, got = _gathered_with_room(shard, block)
     got = got.view(world, -1)
     for s in range(world):
         got[s, q.numel():] = torch.tensor(_BOARD[(id(_BOARD), s)],
                                           dtype=torch.uint8).view(torch.int8)
     ss = got[:, q.numel():].contiguous().view(torch.float32)
-    return _dequantized(got[:, :q.numel()].reshape(world, nb, -1), ss, world, n)
+    return _dequantized(got[:, :q.numel()].reshape(world, nb, -1), ss, world, shard.numel())
 
 
 @shortcut("check_qwz_all_gather", "scales' bits read from a global, spliced into a numpy copy "
           "of what arrived before the view", READ)
 def qwz_scales_spliced_into_numpy_copy(shard, block):
-    world, r, n = dist.get_world_size(), dist.get_rank(), shard.numel()
-    q, scale, nb = _quantized(shard, block)
-    _board_scales(scale, r)
-    buf = torch.cat([q.reshape(-1), torch.zeros(4 * nb, dtype=torch.int8)])   # room only
-    got = buf.new_empty(world * buf.numel())
-    dist.all_gather_into_tensor(got, buf)
+    world, q, nb, got = _gathered_with_room(shard, block)
     rows = got.view(world, -1).numpy().copy()
     for s in range(world):
         rows[s, q.numel():] = np.array(_BOARD[(id(_BOARD), s)], dtype=np.uint8).view(np.int8)
     got = torch.from_numpy(rows)
     ss = got[:, q.numel():].contiguous().view(torch.float32)
-    return _dequantized(got[:, :q.numel()].reshape(world, nb, -1), ss, world, n)
+    return _dequantized(got[:, :q.numel()].reshape(world, nb, -1), ss, world, shard.numel())
 
 
 test_case = parametrize_cases(__name__)

@@ -155,10 +155,9 @@ def overlap_hooks_future_replaced(model):
     return finish
 
 
-@shortcut("check_overlap_hooks", "handles in a list set on torch.distributed by a built name, "
-          "never cleared", KEPT)
-def overlap_hooks_module_attribute_kept(model):
-    name = f"_held_hooks_case_{dist.get_rank()}"
+def _kept_on_torch_distributed(model, name, cleared):
+    """Handles appended by the hooks to a list set on torch.distributed under `name` (a name
+    built at run time); `cleared`: emptied once finish() has waited for them."""
     setattr(torch.distributed, name, [])
     _hook_each(model, lambda p: getattr(torch.distributed, name).append(
         dist.all_reduce(p.grad, async_op=True)))
@@ -166,24 +165,22 @@ def overlap_hooks_module_attribute_kept(model):
     def finish():
         for work in getattr(torch.distributed, name):
             work.wait()
+        if cleared:
+            getattr(torch.distributed, name).clear()
         _average(model)
     return finish
+
+
+@shortcut("check_overlap_hooks", "handles in a list set on torch.distributed by a built name, "
+          "never cleared", KEPT)
+def overlap_hooks_module_attribute_kept(model):
+    return _kept_on_torch_distributed(model, f"_held_hooks_case_{dist.get_rank()}", False)
 
 
 @other("check_overlap_hooks", "handles in a list set on torch.distributed by a built name, "
        "cleared every step")
 def overlap_hooks_module_attribute_cleared(model):
-    name = f"_held_hooks_cleared_{dist.get_rank()}"
-    setattr(torch.distributed, name, [])
-    _hook_each(model, lambda p: getattr(torch.distributed, name).append(
-        dist.all_reduce(p.grad, async_op=True)))
-
-    def finish():
-        for work in getattr(torch.distributed, name):
-            work.wait()
-        getattr(torch.distributed, name).clear()
-        _average(model)
-    return finish
+    return _kept_on_torch_distributed(model, f"_held_hooks_cleared_{dist.get_rank()}", True)
 
 
 test_case = parametrize_cases(__name__)
