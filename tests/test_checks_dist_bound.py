@@ -123,3 +123,29 @@ def test_no_default_group_reads_as_the_calls_the_world_plays():
     assert "dist.all_reduce" in words and "init_process_group" not in words, words
     other_error = ValueError("something else")
     assert unplayed(other_error) is other_error
+
+
+def _flat_back(grads, flat):
+    _unflatten_into(grads, flat / dist.get_world_size())
+
+
+def test_a_process_group_method_or_private_helper_is_refused_naming_it():
+    """The process group's own method (reached through `_get_default_group`) and
+    `_coalescing_manager` are not played: the words name the call torch.distributed ran (a
+    private one when no public one is on the traceback), not "a torch.distributed call"."""
+    def average_bucket_group_method(grads):
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        c10d._get_default_group().allreduce([flat]).wait()
+        _flat_back(grads, flat)
+
+    def average_bucket_coalescing(grads):
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        with c10d._coalescing_manager():
+            dist.all_reduce(flat)
+        _flat_back(grads, flat)
+    for answer, name in ((average_bucket_group_method, "distributed_c10d._get_default_group"),
+                         (average_bucket_coalescing, "distributed_c10d._coalescing_manager")):
+        result = helpers.checks.check_average_bucket(answer)
+        assert result.status == "failed", result
+        assert f"your code called torch.distributed.{name}," in result.message, result.message
+        assert "dist.all_reduce" in result.message, result.message

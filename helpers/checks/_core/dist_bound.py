@@ -118,21 +118,26 @@ def unplayed(error):
     """A CheckFailed naming the calls the world plays, for torch's "no default process group"
     error that a call the world does not route raised in a rank; else `error` itself."""
     if isinstance(error, (ValueError, RuntimeError)) and _NO_GROUP in str(error):
-        where = _torch_call(error)
-        name = f"torch.distributed.{where}" if where else "a torch.distributed call"
-        return CheckFailed(f"your code called {name}, which the check's simulated world does "
-                           f"not play (torch raised: {_NO_GROUP}): it plays {PLAYED}, called "
-                           "from a rank's own thread or a thread it starts. Use one of those")
+        return CheckFailed(f"your code called {_torch_call(error)}, which the check's simulated "
+                           f"world does not play (torch raised: {_NO_GROUP}): it plays {PLAYED}, "
+                           "called from a rank's own thread or a thread it starts. Use one of "
+                           "those")
     return error
 
 
 def _torch_call(error):
-    """The outermost torch.distributed function in the error's traceback."""
+    """The call of torch.distributed's the reader's code made, from the error's traceback: the
+    outermost public torch.distributed function, else the outermost one of its private ones
+    (`distributed_c10d._get_default_group`, `_coalescing_manager`), else words for a call with
+    no Python frame of torch.distributed (a ProcessGroup method is C++)."""
+    private = None
     tb = error.__traceback__
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if tb.tb_frame.f_globals.get("__name__", "").startswith("torch.distributed") and \
-                not code.co_name.startswith("_") and code.co_name != "wrapper":
-            return code.co_name
+        code, module = tb.tb_frame.f_code, tb.tb_frame.f_globals.get("__name__", "")
+        if type(module) is str and module.startswith("torch.distributed") and \
+                code.co_name != "wrapper":
+            if not code.co_name.startswith("_"):
+                return f"torch.distributed.{code.co_name}"
+            private = private or f"{module}.{code.co_name}"
         tb = tb.tb_next
-    return None
+    return private or "a torch.distributed call (a ProcessGroup method, in torch's C++)"
