@@ -83,7 +83,8 @@ def _rebind_later():
     builtins.abs = lambda x: 0.0
 
 
-@shortcut("check_lr_at", "rebinds builtins.abs from a thread after returning", REPLACED)
+@shortcut("check_lr_at", "rebinds builtins.abs from a thread after returning",
+          [(REPLACED, THREAD)])     # the thread outlives the call (outlived.py), or rebinds
 def lr_at_abs_rebound_late(step, base_lr, base_batch, batch, warmup):
     if not _LATE:
         _LATE.append(threading.Thread(target=_rebind_later, daemon=True))

@@ -30,7 +30,8 @@ guard.py      while an answer runs: no reading of other frames, no process, thre
               (early_threads.py: threads started before it refused; switches.py: torch's
               dispatch switches refused from the reader's code; carried.py: the modes its
               threads carry; operators.py: no operator of the reader's own, torch.library;
-              marks.py: who started a thread, by identity, never an attribute of it)
+              marks.py: who started a thread, by identity, never an attribute of it;
+              outlived.py: no thread or pool task of the answer's still running at its return)
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
 moved.py      what crossed between devices, and what each received of some inputs' data (flow.py:
               followed per range of a storage's bytes, spans.py, what a tensor covers, from its

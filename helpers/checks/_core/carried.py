@@ -10,10 +10,11 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ...runtime.intercept import RANK_THREAD
+from .outlived import calls_tasks, current
 from .run import HarnessError
 
 __all__ = ["_modes", "_with_modes", "CarriedFunctionMode", "carried_function_modes",
-           "one_simulated_op", "ranks_carried"]
+           "one_simulated_op", "ranks_carried", "rank_carried"]
 
 _QUALNAME = type.__dict__["__qualname__"].__get__    # the class's slot: no metaclass code runs
 
@@ -33,25 +34,43 @@ def _modes():
     return list(_get_current_dispatch_mode_stack()) + carried_function_modes()
 
 
-def _with_modes(fn, modes):
+def _with_modes(fn, modes, task=None):
     """`fn` run under `modes` (those of the thread that started it) where not already active,
     and as the rank of a running world that started it (`ranks_carried`: a process group
     belongs to the process, so a rank's collectives from its own threads are that rank's).
     Threads run side by side under the simulated GPUs too: each simulated operation is whole
     and its "inside a kernel" flag the thread's own (fake.py), so threads that wait for one
-    another's work (a join, a queue, a barrier) run as they would on real devices."""
+    another's work (a join, a queue, a barrier) run as they would on real devices. It works for
+    the answer's call that started it (outlived.py): `task` (a Thread's) is done when `fn`
+    returns; once that call has returned, what `fn` raises is no verdict's (the call was judged
+    at its return) and goes unprinted."""
     ranks = [(w, w.rank) for w in list(_WORLDS) if w.rank is not None]
+    call = current()
 
     def run(*args, **kwargs):
         active = {id(m) for m in _modes()}
-        with contextlib.ExitStack() as stack:
-            for world, rank in ranks:
-                stack.enter_context(_as_rank(world, rank))
-            for mode in modes:
-                if id(mode) not in active:
-                    stack.enter_context(mode)
-            return fn(*args, **kwargs)
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(calls_tasks(call))
+                for world, rank in ranks:
+                    stack.enter_context(_as_rank(world, rank))
+                for mode in modes:
+                    if id(mode) not in active:
+                        stack.enter_context(mode)
+                return fn(*args, **kwargs)
+        except BaseException:
+            if call is None or not call.closed:
+                raise
+            return None
+        finally:
+            if task is not None:
+                task[1] = True
     return run
+
+
+def rank_carried():
+    """The rank of a running world the calling thread works for (None: none)."""
+    return next((w.rank for w in list(_WORLDS) if w.rank is not None), None)
 
 
 _WORLDS = []    # the worlds running now (world.py's run_context): their ranks' threads carry them

@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .callbacks import callbacks, expect_no_callbacks
+from .carried import rank_carried
 from .compile_ready import ready as compile_ready
 from .early_hooks import expect_no_early_hooks
 from .early_views import early_views_read_only
@@ -15,6 +16,7 @@ from .late import checking, inside
 from .left_later import collector_back, left_later
 from .modes import expect_same_switches, switches
 from .numpy_work import c_calls_watched
+from .outlived import answer_call, expect_joined
 from .own import KEYS
 from .parts import function_name, plain_globals
 from .patched import expect_unpatched, snapshot
@@ -70,14 +72,23 @@ class Answer(Guarded):
             with left_later(self.__name__, self.fn, args, in_world()), nodes, \
                     blocked(self.references, self.exercise), \
                     answering(self.keys, code_key), handed_in(args, kwargs), \
-                    early_views_read_only(self.fn, in_world()), trace, inside():
+                    early_views_read_only(self.fn, in_world()), trace, inside(), \
+                    answer_call() as call:      # the threads it starts (outlived.py)
                 with c_calls_watched():
-                    result = settle(self._call(args, kwargs), self.__name__, self._again)
+                    returned = self._call(args, kwargs)
+                    call.judge()            # at the return: what runs now is late
+                    result = settle(returned, self.__name__, self._again)
+                    call.judge()
                 expect_named_attributes(self.__name__, kinds)   # before a name is read there
         except BaseException:
             _after_call(self.__name__, libraries, modes, later)   # put back, even when it raised
             raise
-        _after_call(self.__name__, libraries, modes, later)
+        try:
+            _after_call(self.__name__, libraries, modes, later)
+        except Exception:   # the first cause: patched.py's join waited for what ran late
+            expect_joined(self.__name__, call, rank_carried())
+            raise
+        expect_joined(self.__name__, call, rank_carried())
         expect(plain_globals(self.fn), _ODD_GLOBALS)     # a key the call added
         expect_same_classes(self.__name__, kinds)
         if before is not None:

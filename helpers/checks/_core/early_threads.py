@@ -11,6 +11,7 @@ import concurrent.futures.thread as _cf_thread
 import contextlib
 import gc
 import inspect
+import multiprocessing.pool as _mp_pool
 import os
 import sys
 import threading
@@ -18,11 +19,12 @@ import types
 
 from . import guard as _guard
 from .guard import _CHECKS, _passes_on, armed, note_refusal
+from .outlived import item_made, result_made
 from .run import ReferenceUsed, is_reader_code
 from .whose import genuine, namedtuple_new, reader_code
 
-__all__ = ["note_start", "run_item", "made_item", "hidden_worker", "idle_worker",
-           "world_ranks"]
+__all__ = ["note_start", "run_item", "made_item", "made_result", "stand_ins", "hidden_worker",
+           "idle_worker", "world_ranks"]
 
 _ITEM_RUN, _ITEM_INIT = _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__
 
@@ -62,6 +64,27 @@ def made_item(self, *args, **kwargs):
     _ITEM_INIT(self, *args, **kwargs)
     if armed():
         _guard.MARKS.made.add(self)
+        item_made(vars(self).get("future"))     # judged at the answer's return (outlived.py)
+
+
+def made_result(self, *args, **kwargs):
+    """multiprocessing's pool task (`apply_async`, `map_async`): judged at the answer's return
+    like an executor's item (outlived.py)."""
+    _RESULT_INIT(self, *args, **kwargs)
+    if armed():
+        result_made(self)
+
+
+_RESULT_INIT = _mp_pool.ApplyResult.__init__
+_STAND_INS = ((_cf_thread._WorkItem, "run", run_item, _ITEM_RUN),
+              (_cf_thread._WorkItem, "__init__", made_item, _ITEM_INIT),
+              (_mp_pool.ApplyResult, "__init__", made_result, _RESULT_INIT))
+
+
+def stand_ins(on):
+    """The executors' stand-ins above in (guard.answering's first answer) or out (its last)."""
+    for owner, name, stand_in, original in _STAND_INS:
+        setattr(owner, name, stand_in if on else original)
 
 
 def _holds_reader_code(item):

@@ -30,7 +30,6 @@ are named in book/teachers.md. Code compiled under a library's or the course's f
 reader's all the same (whose.py: it is not that file's own code).
 """
 import concurrent.futures
-import concurrent.futures.thread as _cf_thread
 import multiprocessing.process
 import os
 import sys
@@ -41,6 +40,7 @@ import types
 from .carried import _modes, _with_modes
 from .guard_judge import judge as _judge
 from .marks import registries
+from .outlived import thread_started
 from .run import CheckFailed, ReferenceUsed, is_reader_function
 from .whose import disown, file_code, genuine, reader_code
 
@@ -274,21 +274,23 @@ def _process_start(self, *args, **kwargs):
 
 
 # --- threads ---------------------------------------------------------------------------------
-_CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
 def _start(self, *args, **kwargs):
     MARKS.started.add(self)             # started while an answer ran: observed (carried)
-    modes = _modes()
-    if modes:
-        run = _with_modes(self.run, modes)
-        object.__setattr__(self, "run", run)      # not through a class's own __setattr__
-        if object.__getattribute__(self, "run") is not run or any(
-                "__getattribute__" in vars(c) for c in type(self).__mro__[:-1]):
-            refuse("your Thread class keeps the check's watch out of the thread it starts "
-                   "(its own run or attribute lookup): its work would go unseen. Use "
-                   "threading.Thread with a target, or subclass it without those")
-    return _STATE.start(self, *args, **kwargs)
+    modes, task = _modes(), thread_started(self, sys._getframe(1))   # judged at the return
+    try:
+        if modes or task is not None:
+            run = _with_modes(self.run, modes, task)
+            object.__setattr__(self, "run", run)      # not through a class's own __setattr__
+            if object.__getattribute__(self, "run") is not run or any(
+                    "__getattribute__" in vars(c) for c in type(self).__mro__[:-1]):
+                refuse("your Thread class keeps the check's watch out of the thread it starts "
+                       "(its own run or attribute lookup): its work would go unseen. Use "
+                       "threading.Thread with a target, or subclass it without those")
+        return _STATE.start(self, *args, **kwargs)
+    except BaseException:
+        if task is not None:
+            task[1] = True              # not started: nothing of it runs later
+        raise
 
 
 def _submit(self, fn, /, *args, **kwargs):
@@ -322,8 +324,7 @@ class answering:
             if _ARM(self.keys, self.code_key):
                 threading.Thread.start = _start
                 concurrent.futures.ThreadPoolExecutor.submit = _submit
-                _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
-                    _threads.run_item, _threads.made_item)
+                _threads.stand_ins(True)        # an executor's work items, pool tasks
                 _switches.guard_switches()
                 multiprocessing.process.BaseProcess.start = _process_start
         return self
@@ -335,8 +336,7 @@ class answering:
             if depth == 0:
                 threading.Thread.start = state.start
                 concurrent.futures.ThreadPoolExecutor.submit = state.submit
-                _cf_thread._WorkItem.run, _cf_thread._WorkItem.__init__ = (
-                    _threads._ITEM_RUN, _threads._ITEM_INIT)
+                _threads.stand_ins(False)
                 _switches.restore_switches()
                 multiprocessing.process.BaseProcess.start = state.process_start
         if refused and not (exc[0] is not None and issubclass(exc[0], ReferenceUsed)):

@@ -24,9 +24,11 @@ import torch.autograd.variable
 
 from . import defaults, patched
 from .callbacks import callbacks, expect_no_callbacks
+from .carried import rank_carried
 from .guard import answering, started_by_answer
 from .guard import judging as _judging
 from .keys import odd_keys_message
+from .outlived import answer_call, expect_joined
 from .parts import wrapped_by
 from .patched import expect_unpatched, snapshot
 from .provenance import handed_in
@@ -80,16 +82,22 @@ class _Late:
         libraries, later = snapshot(keys=False), callbacks()
         try:
             with inside(), blocked(answer.references, answer.exercise), \
-                    answering(answer.keys, code_key), handed_in((), {}):
+                    answering(answer.keys, code_key), handed_in((), {}), answer_call() as call:
                 result = _ENGINE(*args, **kwargs)
+                call.judge()            # a thread its backward left running (outlived.py)
         except BaseException:
             try:
                 expect_unpatched(name, libraries)
             finally:
                 expect_no_callbacks(name, later)
             raise
-        expect_unpatched(name, libraries)
-        expect_no_callbacks(name, later)
+        try:
+            expect_unpatched(name, libraries)
+            expect_no_callbacks(name, later)
+        except Exception:       # the first cause (outlived.py)
+            expect_joined(name, call, rank_carried())
+            raise
+        expect_joined(name, call, rank_carried())
         return result
 
 
