@@ -92,14 +92,52 @@ def is_reader_code(filename, _type=type):
     return _type(filename) is not str or _reader_file(filename)
 
 
+def _dir_key(path):
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+# The roots by (device, inode): a file is the course's or a library's when one of its folders is
+# one of them, found by os.stat (a symlinked venv or worktree is the same folder).
+_ROOTS = frozenset(_dir_key(p) for p in (_HELPERS, *_LIBRARIES) if p.is_dir())
+
+
 @functools.lru_cache(maxsize=4096)
-def _reader_file(filename):
+def _reader_file(filename, _cwd=os.getcwd):
+    """Whether `filename` is outside every root. Cached, and judged at any moment (the audit
+    hook, an answer's call): only C functions bound at import run (_outside), none looked up in a
+    module or in builtins, so an answer that replaced `any`, `len` or pathlib's helpers cannot
+    make a harness file the reader's (a cached wrong verdict refused later right answers)."""
     if filename.startswith("<frozen"):
         return False
     if filename.startswith("<"):
         return True                      # <ipython-input-…>, <stdin>, exec'd cells
-    path = pathlib.Path(filename).resolve()
-    return not any(path.is_relative_to(root) for root in (_HELPERS, *_LIBRARIES))
+    return _outside(filename if filename.startswith("/") else _cwd() + "/" + filename)
+
+
+def _outside(path, _lstat=os.lstat, _readlink=os.readlink, _rpartition=str.rpartition,
+             _roots=_ROOTS, _error=(OSError, ValueError), _hops=range(40)):
+    """True when no folder of the absolute `path` is a root, its links followed (a folder that
+    links into a root is in it): the folders read bottom-up, from a link's target on."""
+    for _ in _hops:
+        head, tail = path, ""
+        while True:
+            head, sep, name = _rpartition(head, "/")
+            if not sep:
+                return True
+            tail = "/" + name + tail
+            try:
+                st = _lstat(head or "/")
+            except _error:
+                continue
+            if st.st_mode & 0o170000 == 0o120000:      # a link: go on from where it points
+                target = _readlink(head)
+                path = (target if target.startswith("/") else
+                        _rpartition(head, "/")[0] + "/" + target) + tail
+                break
+            if (st.st_dev, st.st_ino) in _roots:
+                return False
+    return True                          # (a loop of links)
 
 
 _MAKERS = ("collections/__init__.py", "dataclasses.py")     # the stdlib's generated methods
