@@ -32,6 +32,8 @@ guard.py      while an answer runs: no reading of other frames, no process, thre
               threads carry; operators.py: no operator of the reader's own, torch.library;
               marks.py: who started a thread, by identity, never an attribute of it)
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
+              (cuda_calls.py, cuda_streams.py: torch.cuda's calls and streams on them;
+              stream_races.py: no read of what another stream wrote, unwaited)
 moved.py      what crossed between devices, and what each received of some inputs' data (flow.py:
               followed per range of a storage's bytes, spans.py, what a tensor covers, from its
               metadata; values.py: which reads hold the same values, `x / x` a constant)
