@@ -200,7 +200,7 @@ test-py: $(STAMP)
 # it imports nbformat, whose jsonschema builds rfc3987-syntax's 35 grammars (2 s of CPU in each
 # process). Alone, `make test-py` runs the waiting modules with the rest.
 WAITING := tests/test_checks_time_it.py tests/test_checks_time_it_events.py \
-	tests/test_checks_time_it_clocks.py tests/test_launch.py
+	tests/test_checks_time_it_clocks.py tests/test_checks_time_it_streams.py tests/test_launch.py
 BESIDE := tests/browser $(WAITING)
 test-beside: $(STAMP) test-book node_modules/.installed chromium
 	$(call cpu_use,test-beside) $(BIN)/pytest -q -p no:cacheprovider -p no:nbval \

@@ -1,6 +1,8 @@
 """torch.cuda's device, stream and event calls change no value: on the simulated GPUs they
 stand in (cuda_calls.py), so right answers that use them pass, as torch's parallel_apply
-(a device and a stream context per replica) would, and values still flow through the devices."""
+(a device and a stream context per replica) would, and values still flow through the devices.
+pin_memory() in a check's CPU phase, on a machine without CUDA, copies to the host as on a GPU
+grader (host_pin.py), so pinning host batches is no error here."""
 import copy
 import threading
 
@@ -86,6 +88,31 @@ def reduce_then_broadcast_events_unmoved(grads):
             total += g
     for g in grads:
         g.copy_(total)
+
+
+@other("check_dp_forward", "a pinned host copy of a batch on the host, copied non_blocking")
+def dp_forward_pinned_batch(net, X, devices):
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    src = X.pin_memory() if X.device.type == "cpu" else X     # as on a GPU grader, anywhere
+    assert X.device.type != "cpu" or src.is_pinned(), "pin_memory() pinned nothing"
+    pieces = src.chunk(len(devices))
+    outs = [r(x.to(d, non_blocking=True)) for r, x, d in zip(replicas, pieces, devices)]
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+@other("check_evaluate_accuracy_multi", "pinned host batches, shards copied non_blocking")
+def evaluate_accuracy_multi_pinned(net, params, data_iter, devices):
+    replicas = [[p.to(d, copy=True) for p in params] for d in devices]
+    correct, total = 0, 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.pin_memory(), y.pin_memory()
+            k = len(devices)
+            for W, Xs, ys, d in zip(replicas, X.tensor_split(k), y.tensor_split(k), devices):
+                Xs, ys = Xs.to(d, non_blocking=True), ys.to(d, non_blocking=True)
+                correct += int((net(Xs, W).argmax(dim=1) == ys).sum())
+            total += y.numel()
+    return correct / total
 
 
 test_case = parametrize_cases(__name__)

@@ -1,6 +1,7 @@
 """An answer does the same work on CPU tensors and on the simulated GPUs (same_work.py): answers
-that tell the two runs apart, by the device's type, the tensors' class or
-`torch.cuda.is_available()`, and compute the values one way and place the work another fail; a
+that tell the two runs apart, by the device's type or the tensors' class, and compute the values
+one way and place the work another fail (`torch.cuda.is_available()` is True on the simulated
+GPUs, as on a GPU grader, so it tells nothing apart); a
 branch on the device that does the same work either way passes (tests/check_cases.py's form)."""
 import contextlib
 
@@ -42,7 +43,9 @@ def _conv_split(X, W, b, devices):
     return sum(p.to(devices[0]) for p in parts) + b.to(devices[0]).reshape(1, -1, 1, 1)
 
 
-@shortcut("check_conv_split_in_channels", "split only on GPUs CUDA does not know of", BRANCHED)
+@shortcut("check_conv_split_in_channels", "split only on GPUs CUDA does not know of (the "
+          "simulated GPUs answer is_available() True, as a GPU grader's: it never splits)",
+          "saw all")
 def conv_split_simulated_only(X, W, b, devices, log=None):
     if X.is_cuda and not torch.cuda.is_available():
         return _conv_split(X, W, b, devices)

@@ -18,20 +18,24 @@ except ImportError:          # not on Windows
 import torch
 
 from ._core.cuda_calls import installed, patched, stand_ins
+from ._core.cuda_streams import Waits, sleep_until
 
 __all__ = ["AsyncGPUs"]
 
 
-class AsyncGPUs:
-    """Simulated GPUs that run asynchronously, as CUDA does: `queue(work)` returns at once,
-    and `synchronize(d)` (torch.cuda.synchronize, which helpers.synchronize calls) sleeps until
-    d's queued work is done. Records the calls of fn and the synchronizations, in order, and the
-    GPU time of each call (what CUDA events recorded around it measure)."""
+class AsyncGPUs(Waits):
+    """Simulated GPUs that run asynchronously, as CUDA does: `queue(work)` returns at once, the
+    work queued on each device's current stream, and `synchronize(d)` (torch.cuda.synchronize,
+    which helpers.synchronize calls) sleeps until d's queued work is done. Records the calls of
+    fn and the synchronizations, in order, and the GPU time of each call (what CUDA events
+    recorded around it measure). A wait on one stream, or on an event, is a synchronization of
+    its device only when it comes after everything queued there (cuda_streams.py)."""
 
     def __init__(self, devices):
+        super().__init__()
         self.devices = devices
-        self.busy = {d: 0.0 for d in devices}        # when each device's queue runs dry
-        self.queued = {d: 0 for d in devices}        # how many items each device was given
+        self.ends = {}                                # when each stream's queue runs dry
+        self.aside = set()       # the GPUs waited on through a stream or event that missed work
         self.events = []                              # ("call", i, t) and ("sync", device, t)
         self.starts = []
         self.work = []                                # each call's GPU seconds (longest device)
@@ -42,8 +46,9 @@ class AsyncGPUs:
     def queue(self, work):
         now = time.perf_counter()
         for d, seconds in work.items():
-            self.busy[d] = max(self.busy[d], now) + seconds
-            self.queued[d] += 1
+            s = self.streams.current(d.index)
+            self.ends[s] = max(self.ends.get(s, 0.0), now) + seconds
+            self.streams.launch(s)
 
     def call(self, work):
         i = len(self.starts)
@@ -52,36 +57,56 @@ class AsyncGPUs:
         self.work.append(max(work.values()))
         self.queue(work)
 
-    def synchronize(self, device=None):
-        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(
-            device if device is not None else "cuda")
-        d = torch.device("cuda", d.index or 0) if d.type == "cuda" else d
-        wait = self.busy.get(d, 0.0) - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        self.events.append(("sync", d, time.perf_counter()))
+    def synchronize(self, i):
+        """torch.cuda.synchronize(i): sleeps until every stream of GPU i has run dry."""
+        sleep_until(max(self.ends.get(s, 0.0) for s in self.streams.streams_of(i)))
+        super().synchronize(i)
+        self.events.append(("sync", torch.device("cuda", i), time.perf_counter()))
 
-    def mark(self, i):
-        """An event recorded on GPU i now: when the GPU reaches it (its queue's end, or now if
-        idle) and how many items it had been given then."""
-        d = torch.device("cuda", i)
-        return max(self.busy.get(d, 0.0), time.perf_counter()), self.queued.get(d, 0)
-
-    def reached(self, i, point, count):
-        """An event's synchronize: sleeps until GPU i reaches the event; a synchronization of
-        the GPU if nothing was queued on it after the event was recorded."""
-        wait = point - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        d = torch.device("cuda", i)
-        if self.queued.get(d, 0) == count:
+    def _waited(self, stamp, stream):
+        """The host waited for `stamp` (of `stream`): a synchronization of its GPU if nothing
+        queued there is left out."""
+        self.streams.waited(stamp)
+        d = torch.device("cuda", stream[0])
+        if self.streams.covers(stamp, stream[0]):
             self.events.append(("sync", d, time.perf_counter()))
+        elif stream != (stream[0], 0):          # a stream of the answer's: fn's work not on it
+            self.aside.add(d)
 
-    def hold(self, i, point):
-        """A stream's wait for an event: GPU i's later work starts after the event's point."""
-        d = torch.device("cuda", i)
-        if d in self.busy:
-            self.busy[d] = max(self.busy[d], point)
+    def stream_sync(self, stream):
+        """Stream.synchronize: sleeps until that stream has run dry."""
+        sleep_until(self.ends.get(stream, 0.0))
+        self._waited(self.streams.stamp(stream), stream)
+
+    def stream_done(self, stream):
+        """Stream.query: whether it has run dry (then the host knows, as after a wait)."""
+        if self.ends.get(stream, 0.0) > time.perf_counter():
+            return False
+        self._waited(self.streams.stamp(stream), stream)
+        return True
+
+    def record(self, stream):
+        """An event recorded on `stream` now: stamped when the stream reaches it (its queue's
+        end, or now if idle)."""
+        return (stream[0], max(self.ends.get(stream, 0.0), time.perf_counter()),
+                self.streams.stamp(stream), stream)
+
+    def reached(self, at):
+        """Event.synchronize: sleeps until the GPU reaches the event."""
+        sleep_until(at[1])
+        self._waited(at[2], at[3])
+
+    def done(self, at):
+        """Event.query: whether the GPU reached the event (then as its synchronize)."""
+        if at[1] > time.perf_counter():
+            return False
+        self._waited(at[2], at[3])
+        return True
+
+    def hold(self, stream, at):
+        """A stream's wait for an event: its later work starts after the event's point."""
+        self.ends[stream] = max(self.ends.get(stream, 0.0), at[1])
+        super().hold(stream, at)
 
     @contextlib.contextmanager
     def active(self):
@@ -96,7 +121,7 @@ class AsyncGPUs:
             if read is not None or (threading.get_ident() == answer and not sys._getframe(
                     2).f_code.co_filename.startswith(_HARNESS)):
                 self.reads.append((read, len(self.events)))
-        pairs = installed(stand_ins(self.synchronize, self.mark, self.reached, self.hold))
+        pairs = installed(stand_ins(self, count=len(self.devices)))
         pairs += [(owner, name, _noted(owner, name, ids, note))
                   for owner, name, ids in _cpu_clocks() + _wall_clocks()]
         with patched(pairs):

@@ -162,6 +162,12 @@ def check_time_it(time_it):
         after = {d for _, missing, before in gaps if not before for d in missing}
         for i, missing, before in gaps:
             names = " and ".join(map(describe_device, missing))
+            aside = [describe_device(d) for d in missing if d in sim.aside]
+            # a new stream's synchronize, or an event recorded on one, waits for that stream
+            hint = (f" (your waits on {' and '.join(aside)} waited for a stream that fn's work "
+                    "is not on: a stream made with torch.cuda.Stream, or an event recorded on "
+                    "one, holds only what was queued there; fn queues on the current stream)"
+                    if aside else "")
             what = (f" call {i + 1} while {names} still ran the work of the untimed calls "
                     "before it" if i else f" while {names} still ran earlier work")
             # a GPU left busy at the start and never waited for after a call either: both
@@ -171,15 +177,15 @@ def check_time_it(time_it):
                    f"{call} started timing{what}, and never waited for "
                    f"{' and '.join(map(describe_device, never))} after a call: synchronise "
                    "every device in devices before starting the clock and after fn() "
-                   "(helpers.synchronize(devices))")
+                   f"(helpers.synchronize(devices)){hint}")
             expect(not before, f"{call} started timing{what}: "
                                "synchronise the devices before starting the clock "
-                               "(helpers.synchronize(devices))")
+                               f"(helpers.synchronize(devices)){hint}")
             expect(False, f"{call}: the work that fn queued on {names} in call {i + 1} was "
                           "never waited for before " + ("the next call" if i < n - 1 else
                                                   f"{call.split('(')[0]} returned") +
                           ": GPUs run asynchronously; synchronise every device in devices "
-                          "after fn() and before stopping the clock (helpers.synchronize)")
+                          f"after fn() and before stopping the clock (helpers.synchronize){hint}")
         med, total = statistics.median(real), sum(real)
         expect(not math.isclose(t, 1e3 * med, rel_tol=0.5),
                f"{call} says {t:g}: that looks like milliseconds; return seconds")

@@ -33,6 +33,8 @@ guard.py      while an answer runs: no reading of other frames, no process, thre
               marks.py: who started a thread, by identity, never an attribute of it;
               outlived.py: no thread or pool task of the answer's still running at its return)
 fake.py       FakeGPUs: cuda:0..k-1 on any machine (placement, crossings, mixed devices)
+              (cuda_calls.py, cuda_streams.py: torch.cuda's calls and streams on them;
+              stream_races.py: no read of what another stream wrote, unwaited)
 moved.py      what crossed between devices, and what each received of some inputs' data (flow.py:
               followed per range of a storage's bytes, spans.py, what a tensor covers, from its
               metadata; values.py: which reads hold the same values, `x / x` a constant)

@@ -24,7 +24,8 @@ autograd asks the real runtime for the stream of each device a tensor needing gr
 so a simulation with gradients on a device this machine lacks fails; that error is reported as
 the check's limit (HarnessError), never as the answer's mistake. torch.cuda's device, stream and
 event calls stand in while the answer runs (cuda_calls.py); one that does not, and reaches the
-real runtime, is named in the HarnessError.
+real runtime, is named in the HarnessError. The streams order the work: a read of what another
+stream wrote, with no wait between them, fails the answer (stream_races.py).
 """
 import contextlib
 import threading
@@ -37,11 +38,13 @@ from torch._subclasses import fake_tensor
 
 from .carried import CarriedFunctionMode, one_simulated_op
 from .cuda_calls import not_stood_in, simulated_cuda
+from .cuda_streams import Waits
 from .exits import CALLBACKS, watch_exits
-from .observe import Recorder, describe_device
+from .observe import describe_device
 from .reader_objects import is_a
 from .run import CheckFailed, HarnessError
 from .same_work import check_declared, compare_work, values_read
+from .stream_races import Races, handed, stream_recorder
 
 __all__ = ["FakeGPUs"]
 
@@ -130,11 +133,14 @@ class FakeGPUs:
         return f
 
     @contextlib.contextmanager
-    def active(self):
-        """The fake mode with a recorder on top, and the patches fake devices need."""
-        recorder = Recorder(answer_scalars=True)
-        with _fake_module_moves(self.mode), simulated_cuda(self.k), _no_real_gpu_context(), \
-                watch_exits(_no_callbacks_on_fakes), _ArraysOfFakesCarriedMode(), \
+    def active(self, races=None):
+        """The fake mode with a recorder on top, and the patches fake devices need; `races`
+        (stream_races.py) notes the stream of each operation the recorder sees."""
+        races = Races(Waits()) if races is None else races
+        recorder = stream_recorder(races, answer_scalars=True)
+        with _fake_module_moves(self.mode), simulated_cuda(races.waits, self.k), \
+                _no_real_gpu_context(), watch_exits(_no_callbacks_on_fakes), \
+                _ArraysOfFakesCarriedMode(), \
                 _DataSetterCarriedMode(self.mode), self.mode, recorder:
             yield recorder
 
@@ -144,11 +150,15 @@ class FakeGPUs:
         simulation cannot run is the harness's error, not the answer's."""
         ft = _fake_tensor_module()
         check_declared(fn)
-        with self.active() as recorder:
+        races = Races(Waits())
+        with self.active(races) as recorder:
             recorder.replay = values_read(fn, args, kwargs)   # the CPU run's reads, in order
             try:
                 out = fn(*args, **kwargs)
                 self._unbroken(recorder, what)
+                race = races.found or races.unwaited(handed(args, kwargs, out))
+                if race is not None:
+                    raise CheckFailed(f"{what} {race}")
             except RuntimeError as e:         # torch 2.14: FakeTensorDeviceMismatchError
                 self._unbroken(recorder, what)
                 if _mixes_devices(e):

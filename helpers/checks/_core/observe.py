@@ -30,6 +30,7 @@ from torch.utils.flop_counter import flop_registry as _FLOPS
 from .cancels import cancelled, snapshot, unused
 from .composite import split_composite
 from .guard import TORCH_OPERATORS, own_operator
+from .host_pin import HostPins
 from .placeholders import placeholder
 from .spans import layout, span
 from .values import consts
@@ -194,6 +195,7 @@ class Recorder(TorchDispatchMode):
         self.from_python = {}    # storage key -> first op that took it in, made from Python or
         #                          numpy data (torch.tensor, from_numpy: no op produced it)
         self._keep, self._lock = [], threading.RLock()     # threads note one op at a time
+        self._pins = HostPins()         # pin_memory without CUDA: a host copy (host_pin.py)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -211,7 +213,7 @@ class Recorder(TorchDispatchMode):
         inputs = _tensors((args, kwargs))
         written = snapshot(func, args, kwargs)
         try:
-            out = func(*args, **kwargs)
+            out = self._pins.call(func, args, kwargs)
         except Exception:
             if self.failed is None:
                 self.failed = (name, [Ref(t, self.version[storage_key(t)]) for t in inputs])

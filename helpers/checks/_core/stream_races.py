@@ -1,0 +1,159 @@
+"""Reads that race a write on another stream, on the simulated GPUs (FakeGPUs).
+
+Each operation the Recorder sees runs on the current stream of its GPU, the thread's
+(cuda_streams.py); a copy between two GPUs runs on the source's current stream, after the
+destination's current stream and before that stream's later work, as torch's copy orders them.
+Work on two streams runs independently: an operation that reads memory another stream wrote,
+with no wait_stream, wait_event or synchronize between them, may read it before it is written
+(gpus.ipynb, "Streams"), and so may the caller, whose work runs on the default streams, read
+what the answer returned or wrote into what it was handed. Only the order of work is followed:
+the memory a freed side-stream tensor leaves (record_stream's concern) is not, and the backward
+(which runs on its forward's streams) is not judged."""
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .observe import Recorder, Ref, describe_device, storage_key
+from .reader_objects import is_a
+
+__all__ = ["Races", "stream_recorder", "handed"]
+
+
+class Races:
+    """The writes of each storage on the simulated GPUs: (first byte, end byte, stream, its
+    item number there, what wrote it, in words); and the first read that raced one (`found`:
+    words). `waits` (cuda_streams.Waits): the stand-ins' waits, on the same streams."""
+
+    def __init__(self, waits):
+        self.waits, self.streams = waits, waits.streams
+        self.written = {}
+        self.found = None
+
+    def note(self, op, args, kwargs):
+        """Operation `op` (a Recorder's Op) ran now: check its reads, note its writes."""
+        if torch._C._current_graph_task_id() != -1:
+            return          # a backward: on its forward's streams, not followed
+        run, after = self._placed(op)
+        for i, r in enumerate(op.reads):
+            if i in op.blind or i in op.targets or r.device.type != "cuda":
+                continue
+            late = self._unordered(r, run or self._on(r))
+            if late is not None and self.found is None:
+                self.found = _raced(op, r, run or self._on(r), late)
+        written = [w for w in op.writes + op.outputs if w.device.type == "cuda"]
+        on = [run] if run else sorted({self._on(r) for r in op.reads + written} - {None})
+        launched = {s: self.streams.launch(s) for s in on}
+        for w in written:
+            stream = run or self._on(w)
+            what = f"{op.name} wrote on {_stream(stream)}"
+            if after not in (None, "host"):
+                what = (f"a copy from cuda:{run[0]} wrote ({op.name}: torch runs a copy between "
+                        f"GPUs on the source's current stream, here {_stream(run)}, and makes "
+                        f"only the stream current on cuda:{after[0]} then, {_stream(after)}, "
+                        "wait for it)")
+            self._wrote(w, stream, launched[stream], what)
+        if after == "host" and _blocking(op, args, kwargs):
+            self.streams.waited(self.streams.stamp(run))      # a copy to the host waits
+        elif after not in (None, "host"):
+            self.streams.wait(after, self.streams.stamp(run))
+
+    def _placed(self, op):
+        """For a copy between devices: (the stream it runs on, what waits for it after: a
+        stream, "host" or None); else (None, None): each tensor's part runs on the current
+        stream of its GPU (a foreach operation's on each of its devices)."""
+        current = self.streams.current
+        if not op.is_transfer:
+            return None, None
+        src, dst = op.src_device, (op.writes or op.outputs)[0].device
+        if src.type == "cuda" and dst.type == "cuda":
+            run, after = current(self._index(src)), current(self._index(dst))
+            self.streams.wait(run, self.streams.stamp(after))
+            return run, after
+        if dst.type == "cuda":
+            return current(self._index(dst)), None
+        return (current(self._index(src)), "host") if src.type == "cuda" else (None, None)
+
+    def _on(self, ref):
+        """The current stream of the GPU `ref` is on (a CPU tensor's: None)."""
+        d = ref.device
+        return self.streams.current(self._index(d)) if d.type == "cuda" else None
+
+    def _index(self, device):
+        return self.streams.device() if device.index is None else device.index
+
+    def _unordered(self, ref, stream):
+        """Words for a write of the bytes `ref` covers that `stream` does not run after."""
+        first, end = ref.span[0], ref.span[1]
+        for w_first, w_end, writer, n, what in self.written.get(ref.key, ()):
+            if (first < w_end and w_first < end and writer != stream
+                    and not self.streams.ordered(stream, writer, n)):
+                return what
+        return None
+
+    def _wrote(self, ref, stream, n, what):
+        first, end, dense = ref.span
+        kept = [w for w in self.written.get(ref.key, ())
+                if not (dense and first <= w[0] and w[1] <= end)]   # overwritten whole
+        self.written[ref.key] = kept + [(first, end, stream, n, what)]
+
+    def unwaited(self, tensors):
+        """Words for the first of `tensors` (what the answer returned or was handed) whose
+        memory a stream wrote that its GPU's default stream (the caller's) does not run after;
+        None when every one is waited for."""
+        for t in tensors:
+            if t.device.type != "cuda" or storage_key(t) not in self.written:
+                continue
+            ref = Ref(t, 0)
+            late = self._unordered(ref, (t.device.index, 0))
+            if late is not None:
+                return (f"returned a {list(t.shape)} tensor on {describe_device(t.device)} "
+                        f"(or wrote it into what it was handed) that {late}, and "
+                        f"{_stream((t.device.index, 0))}, where the caller's work runs, never "
+                        "waited for it: it may read memory not written yet. Wait for stream s "
+                        "before returning what it wrote: torch.cuda.current_stream("
+                        f"\"{t.device}\").wait_stream(s)")
+        return None
+
+
+def _blocking(op, args, kwargs):
+    """A copy to the host that waits for its stream (non_blocking=False)."""
+    if op.name == "copy_" and len(args) > 2:
+        return not args[2]
+    return not kwargs.get("non_blocking", False)
+
+
+def _stream(stream):
+    i, sid = stream
+    return (f"cuda:{i}'s default stream" if sid == 0
+            else f"a stream of cuda:{i} made with torch.cuda.Stream")
+
+
+def _raced(op, ref, run, late):
+    d = f"cuda:{run[0]}"
+    return (f"ran {op.name} on {_stream(run)}, reading a {list(ref.shape)} tensor on "
+            f"{describe_device(ref.device)} that {late}, with no wait between them: work on two "
+            "streams runs independently, so it may read memory not written yet. Wait for "
+            "stream s before reading what it wrote: "
+            f"torch.cuda.current_stream(\"{d}\").wait_stream(s) (or wait_event on an event "
+            "recorded on s after the write)")
+
+
+def stream_recorder(races, **kwargs):
+    """A Recorder whose every recorded operation `races` notes (a class made here, so the
+    notes are reached through a closure, never an attribute of the recorder)."""
+    note = races.note
+
+    class StreamRecorder(Recorder):
+        def _record(self, func, args, kwargs, inputs, out, unread=()):
+            n = len(self.ops)
+            super()._record(func, args, kwargs, inputs, out, unread)
+            if len(self.ops) > n:
+                note(self.ops[-1], args, kwargs)
+
+    return StreamRecorder(**kwargs)
+
+
+def handed(*trees):
+    """The tensors in `trees` (arguments, a result) of torch's own classes (no property of the
+    reader's runs): what the caller reads after the answer returns."""
+    return [leaf for leaf in tree_flatten(trees)[0] if is_a(leaf, torch.Tensor)
+            and type(leaf).__module__.split(".")[0] == "torch"]

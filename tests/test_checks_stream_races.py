@@ -1,0 +1,154 @@
+"""Streams on the simulated GPUs of the placement checks (FakeGPUs, stream_races.py): work on two
+streams runs independently, so an answer that reads what a side stream copied, or returns what
+one wrote, without making its stream wait (wait_stream, wait_event, a synchronize) reads memory
+that may not be written yet (gpus.ipynb, "Streams") and fails; the same answer with the wait
+passes. A copy between two GPUs runs on the source's current stream, and only the stream then
+current on the destination waits for it, as torch orders it."""
+import copy
+
+import torch
+from check_cases import other, parametrize_cases, shortcut
+
+from helpers.checks._core import FakeGPUs
+
+WAIT = ["with no wait between them", "wait_stream(s)"]
+
+
+def _side(d):
+    d = torch.device(d)
+    return torch.cuda.Stream(d) if d.type == "cuda" else None
+
+
+def _current(d):
+    d = torch.device(d)
+    return torch.cuda.current_stream(d) if d.type == "cuda" else None
+
+
+def _pieces_on_side_streams(X, devices):
+    """X's pieces copied to their devices, each on a new stream of its device: (pieces,
+    streams)."""
+    pieces, streams = [], []
+    for x, d in zip(X.chunk(len(devices)), devices, strict=True):
+        streams.append(_side(d))
+        with torch.cuda.stream(streams[-1]):
+            pieces.append(x.to(d, non_blocking=True))
+    return pieces, streams
+
+
+@shortcut("check_dp_forward", "pieces copied on side streams, never waited for", WAIT)
+def dp_forward_side_unwaited(net, X, devices):
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    pieces, _ = _pieces_on_side_streams(X, devices)
+    outs = [r(x) for r, x in zip(replicas, pieces, strict=True)]
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+@other("check_dp_forward", "pieces copied on side streams, waited for (wait_stream)")
+def dp_forward_side_waited(net, X, devices):
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    pieces, streams = _pieces_on_side_streams(X, devices)
+    outs = []
+    for r, x, d, s in zip(replicas, pieces, devices, streams, strict=True):
+        if s is not None:
+            _current(d).wait_stream(s)
+            x.record_stream(_current(d))
+        outs.append(r(x))
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+@shortcut("check_dp_forward", "outputs gathered on a side stream of devices[0], joined at once",
+          WAIT)
+def dp_forward_gather_side_unwaited(net, X, devices):
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    outs = [r(x.to(d)) for r, x, d in zip(replicas, X.chunk(len(devices)), devices, strict=True)]
+    with torch.cuda.stream(_side(devices[0])):
+        moved = [o.to(devices[0], non_blocking=True) for o in outs]
+    return torch.cat(moved)
+
+
+def _pulled_on_side(grads):
+    """The gradients of the other devices copied to grads[0]'s, on a new stream there."""
+    s = _side(grads[0].device)
+    with torch.cuda.stream(s):
+        return s, [g.to(grads[0].device, non_blocking=True) for g in grads[1:]]
+
+
+@shortcut("check_reduce_then_broadcast", "gradients pulled on a side stream, added at once", WAIT)
+def reduce_then_broadcast_side_unwaited(grads):
+    _, moved = _pulled_on_side(grads)
+    total = grads[0].clone()
+    for m in moved:
+        total.add_(m)
+    for g in grads:
+        g.copy_(total)
+
+
+@other("check_reduce_then_broadcast", "gradients pulled on a side stream, waited for")
+def reduce_then_broadcast_side_waited(grads):
+    s, moved = _pulled_on_side(grads)
+    if s is not None:
+        _current(grads[0].device).wait_stream(s)
+    total = grads[0].clone()
+    for m in moved:
+        total.add_(m)
+    for g in grads:
+        g.copy_(total)
+
+
+@shortcut("check_reduce_then_broadcast", "the sum copied out on each other device's side stream, "
+          "returned without waiting", ["returned", "never waited for it", "wait_stream(s)"])
+def reduce_then_broadcast_returns_unwaited(grads):
+    total = sum(g.to(grads[0].device) for g in grads)
+    grads[0].copy_(total)
+    for g in grads[1:]:
+        with torch.cuda.stream(_side(g.device)):
+            g.copy_(total, non_blocking=True)
+
+
+def _spread_on_side(data, wait):
+    """allreduce_spread with each chunk's pieces fetched on a new stream of its owner; `wait`:
+    an event recorded there that the current stream waits on before adding."""
+    k = len(data)
+    chunks = [t.view(-1).tensor_split(k) for t in data]
+    for i in range(k):
+        own = chunks[i][i]
+        s = _side(own.device)
+        with torch.cuda.stream(s):
+            got = [chunks[j][i].to(own.device, non_blocking=True) for j in range(k) if j != i]
+        if wait and s is not None:
+            _current(own.device).wait_event(s.record_event())
+        for x in got:
+            own.add_(x)
+    for i in range(k):
+        for j in range(k):
+            if j != i:
+                chunks[j][i].copy_(chunks[i][i])
+
+
+@shortcut("check_allreduce_spread", "pieces fetched on side streams, added at once", WAIT)
+def allreduce_spread_side_unwaited(data):
+    _spread_on_side(data, wait=False)
+
+
+@other("check_allreduce_spread", "pieces fetched on side streams, an event waited on")
+def allreduce_spread_side_waited(data):
+    _spread_on_side(data, wait=True)
+
+
+test_case = parametrize_cases(__name__)
+
+
+def test_the_streams_of_the_simulated_gpus():
+    """current_stream is the device's default stream until one is made current (per device, and
+    put back after the block); a new Stream is another stream."""
+    with FakeGPUs(2).active():
+        d = torch.device("cuda", 1)
+        assert torch.cuda.current_stream(d) == torch.cuda.default_stream(d)
+        side = torch.cuda.Stream(d)
+        assert side != torch.cuda.default_stream(d)
+        with torch.cuda.stream(side):
+            assert torch.cuda.current_device() == 1
+            assert torch.cuda.current_stream() == side
+            assert torch.cuda.current_stream(0) == torch.cuda.default_stream(0)
+        assert torch.cuda.current_stream(d) == torch.cuda.default_stream(d)
+        assert torch.cuda.current_device() == 0
