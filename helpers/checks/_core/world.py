@@ -54,7 +54,7 @@ from .observe import Recorder
 from .provenance import Provenance
 from .rank_numbers import TagWatch, foreign_in, foreign_message
 from .run import CheckFailed, is_reader_code
-from .waits import never_waited
+from .waits import answers_deadlock, never_waited
 
 __all__ = ["World", "Message", "Work"]
 
@@ -149,8 +149,8 @@ class World(ThreadWorld):
     def start(self, body):
         """As ThreadWorld.start; a rank whose result holds numbers that only other ranks read
         out of torch (rank_numbers.py) fails, so does a rank that ended with async work it never
-        waited for (waits.py), and a run whose records (messages, timeline, allow-list ...)
-        differ from the harness's own copy (ledger.py)."""
+        waited for (waits.py), a deadlock (a CheckFailed: waits.py), and a run whose records
+        (messages, timeline, allow-list ...) differ from the harness's own copy (ledger.py)."""
         results, errors, stuck = super().start(body)
         errors = [(r, not_simulated(unplayed(e))) for r, e in errors]   # calls not played
         changed = self._verify()
@@ -158,6 +158,7 @@ class World(ThreadWorld):
             return results, [(None, tampered(changed))], stuck
         if not errors and self.network_failure is not None:    # the answer caught it
             errors = [tuple(self.network_failure)]
+        errors = [(r, answers_deadlock(e)) for r, e in errors]     # the answer's, always
         if not errors and not stuck:
             for r, result in enumerate(results):
                 others = foreign_in(result, r, self.provenance.exited_last)
