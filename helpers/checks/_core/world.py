@@ -50,6 +50,7 @@ from .early_threads import world_ranks
 from .exits import watch_exits, watched_here
 from .inflight import InFlight, posted
 from .ledger import ledger, tampered
+from .meshes import meshes_played
 from .observe import Recorder
 from .provenance import Provenance
 from .rank_numbers import TagWatch, foreign_in, foreign_message
@@ -112,6 +113,7 @@ class World(ThreadWorld):
         self._mark_rank = stack.enter_context(world_ranks())   # the ranks: the check's own
         stack.enter_context(torch_distributed(self))
         stack.enter_context(bound_routed(self))     # names bound before the check ran
+        stack.enter_context(meshes_played(self))    # init_device_mesh (meshes.py)
         stack.enter_context(ranks_carried(self))    # threads a rank starts are that rank's
         stack.enter_context(self.provenance.python_exits())
         stack.enter_context(watch_exits(self._exit, self._entered))
