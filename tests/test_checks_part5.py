@@ -172,6 +172,18 @@ def accumulate_zero2(model, micro_batches):
     model.zero_grad()
 
 
+@shortcut("check_accumulate_zero2", "every backward under no_sync (DDP and FSDP2 never reduce)",
+          ["ran every backward under model.no_sync()", "Run the last backward outside no_sync()",
+           "DDP and FSDP2 never synchronise"])
+def accumulate_zero2_all_no_sync(model, micro_batches):
+    with model.no_sync():
+        for X, y in micro_batches:
+            (torch.nn.functional.cross_entropy(model(X), y) / len(micro_batches)).backward()
+    model.finish_gradient_synchronization()
+    model.step()
+    model.zero_grad()
+
+
 @other("check_accumulate_zero2", "set_requires_gradient_sync, summed loss")
 def accumulate_zero2_flag(model, micro_batches):
     model.set_requires_gradient_sync(False)
