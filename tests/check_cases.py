@@ -179,19 +179,34 @@ def raw_copy(dst, src, nbytes):
     lib = importlib.import_module("ct" + "ypes")
     getattr(lib, "mem" + "move")(dst, src, nbytes)
 
+def dp_peers(comm):
+    """The world ranks of a dp_average rank's data-parallel group: check_dp_average runs on a
+    dp x tp mesh (row-major), `comm` one column, torch.distributed's default group the mesh."""
+    import torch.distributed as dist
+    tp = dist.get_world_size() // comm.world
+    return list(range(dist.get_rank() % tp, dist.get_world_size(), tp))
+
+
+def dp_group(comm):
+    """dp_average's data-parallel group for torch.distributed's calls (`group=`)."""
+    import torch.distributed as dist
+    return dist.new_group(dp_peers(comm))
+
+
 _POSTED = {}     # what each rank posts for posted_then: a module global, outside the comm
 
 
 def posted_then(grads, comm, out, into):
-    """A dp_average shortcut's frame: each gradient's `out(g)` kept in a global, a zeros
-    all-reduce of its size (the bytes a right answer sends), then the mean of every rank's copy
-    made by `into(kept, g)`."""
+    """A dp_average shortcut's frame: each gradient's `out(g)` kept in a global (keyed by world
+    rank), a zeros all-reduce of its size (the bytes a right answer sends), then the mean of
+    the copies of every rank of its group made by `into(kept, g)`."""
     import torch
-    _POSTED[comm.rank] = [out(g.detach()) for g in grads]
+    import torch.distributed as dist
+    _POSTED[dist.get_rank()] = [out(g.detach()) for g in grads]
     for i, g in enumerate(grads):
         decoy = torch.zeros_like(g)
         comm.all_reduce(decoy)              # every rank has posted when this returns
-        g.copy_(decoy + sum(into(_POSTED[q][i], g) for q in range(comm.world)) / comm.world)
+        g.copy_(decoy + sum(into(_POSTED[q][i], g) for q in dp_peers(comm)) / comm.world)
 
 
 

@@ -6,7 +6,7 @@ ways runtime/work.py records pass (tests/check_cases.py)."""
 import pytest
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import dp_group, other, parametrize_cases, shortcut
 
 import helpers
 from helpers.checks._core.run import CheckFailed
@@ -34,13 +34,14 @@ def dp_average_chain_never_waited(grads, comm):
 
 @other("check_dp_average", "then()-chained averages, the chained futures waited with wait_all")
 def dp_average_chain_waited(grads, comm):
-    torch.futures.wait_all([dist.all_reduce(g, async_op=True).get_future().then(
+    group = dp_group(comm)
+    torch.futures.wait_all([dist.all_reduce(g, async_op=True, group=group).get_future().then(
         lambda f: f.value()[0].div_(comm.world)) for g in grads])
 
 
 @other("check_dp_average", "async all-reduces, each waited by polling is_completed()")
 def dp_average_polled(grads, comm):
-    works = [dist.all_reduce(g, async_op=True) for g in grads]
+    works = [dist.all_reduce(g, async_op=True, group=dp_group(comm)) for g in grads]
     for g, work in zip(grads, works, strict=True):
         while not work.is_completed():
             pass

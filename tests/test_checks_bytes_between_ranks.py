@@ -9,7 +9,7 @@ import pickle
 
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import dp_peers, other, parametrize_cases, shortcut
 
 REBUILT = "rebuilt a tensor from bytes"
 FOREIGN = "read out of its own tensors"
@@ -22,12 +22,12 @@ def _decoy_then(grads, comm, rebuild):
     for i, g in enumerate(grads):
         decoy = torch.zeros_like(g)
         comm.all_reduce(decoy)              # every rank has written _BYTES when this returns
-        g.copy_(decoy + sum(rebuild(_BYTES[q], i) for q in range(comm.world)) / comm.world)
+        g.copy_(decoy + sum(rebuild(_BYTES[q], i) for q in dp_peers(comm)) / comm.world)
 
 
 @shortcut("check_dp_average", "other ranks' gradients pickled through a global", REBUILT)
 def dp_average_pickled(grads, comm):
-    _BYTES[comm.rank] = pickle.dumps([g.clone() for g in grads])
+    _BYTES[dist.get_rank()] = pickle.dumps([g.clone() for g in grads])
     _decoy_then(grads, comm, lambda b, i: pickle.loads(b)[i])
 
 
@@ -36,7 +36,7 @@ def dp_average_pickled(grads, comm):
 def dp_average_saved(grads, comm):
     buf = io.BytesIO()
     torch.save([g.clone() for g in grads], buf)
-    _BYTES[comm.rank] = buf.getvalue()
+    _BYTES[dist.get_rank()] = buf.getvalue()
     _decoy_then(grads, comm,
                 lambda b, i: torch.load(io.BytesIO(b), weights_only=False)[i])
 
@@ -49,7 +49,7 @@ def _from_storage(b, i):
 
 @shortcut("check_dp_average", "a storage made from other ranks' bytes", REBUILT)
 def dp_average_storage_from_bytes(grads, comm):
-    _BYTES[comm.rank] = ([g.shape for g in grads],
+    _BYTES[dist.get_rank()] = ([g.shape for g in grads],
                          [bytes(g.clone().untyped_storage()) for g in grads])
     _decoy_then(grads, comm, _from_storage)
 
@@ -61,7 +61,7 @@ def _as_float32(b, i):
 
 @shortcut("check_dp_average", "pickled viewed as float16, viewed back as float32", FOREIGN)
 def dp_average_pickled_as_halves(grads, comm):
-    _BYTES[comm.rank] = pickle.dumps([g.reshape(-1).view(torch.float16) for g in grads])
+    _BYTES[dist.get_rank()] = pickle.dumps([g.reshape(-1).view(torch.float16) for g in grads])
     _decoy_then(grads, comm, lambda b, i: _as_float32(b, i).view_as(grads[i]))
 
 
@@ -80,7 +80,7 @@ def sync_bn_input_grad_pickled(dy, x_hat, invstd, n):
 @shortcut("check_dp_average", "other ranks' gradients copied with ctypes at their data_ptr()",
           "ctypes")
 def dp_average_ctypes(grads, comm):
-    _BYTES[comm.rank] = [g.clone() for g in grads]      # held: their memory stays valid
+    _BYTES[dist.get_rank()] = [g.clone() for g in grads]      # held: their memory stays valid
 
     def copied(held, i):
         out = torch.empty_like(grads[i])

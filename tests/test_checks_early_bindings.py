@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import dp_group, other, parametrize_cases, shortcut
 from torch.utils.data.distributed import DistributedSampler
 
 import helpers
@@ -174,8 +174,8 @@ def z_loss_shifted(logits):
 @other("check_dp_average")
 def dp_average_one_flat_bucket(grads, comm):
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
+    dist.all_reduce(flat, group=dp_group(comm))
+    flat /= comm.world
     off = 0
     for g in grads:
         g.copy_(flat[off:off + g.numel()].view_as(g))

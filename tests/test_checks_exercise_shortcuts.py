@@ -12,7 +12,8 @@ import textwrap
 import types
 
 import torch
-from check_cases import other, parametrize_cases, shortcut
+import torch.distributed as dist
+from check_cases import dp_peers, other, parametrize_cases, shortcut
 from torch.nn import functional as F
 
 import helpers
@@ -47,10 +48,10 @@ _SHARED = {}
 @shortcut("check_dp_average", "each rank's numbers in a module global, summed in Python", RANKS)
 def dp_average_python_sum(grads, comm):
     for i, grad in enumerate(grads):
-        _SHARED[(comm.rank, i)] = grad.tolist()
+        _SHARED[(dist.get_rank(), i)] = grad.tolist()
     comm.all_reduce(torch.zeros(1))                      # a decoy meeting point
     for i, grad in enumerate(grads):
-        rows = [_SHARED[(r, i)] for r in range(comm.world)]
+        rows = [_SHARED[(r, i)] for r in dp_peers(comm)]
         grad.copy_(torch.tensor(rows).mean(0))
 
 
@@ -62,10 +63,10 @@ class _Board:
 @shortcut("check_dp_average", "numbers on a class attribute, summed with sum()", RANKS)
 def dp_average_class_attribute(grads, comm):
     for i, grad in enumerate(grads):
-        _Board.numbers[(comm.rank, i)] = [x.item() for x in grad.reshape(-1)]
+        _Board.numbers[(dist.get_rank(), i)] = [x.item() for x in grad.reshape(-1)]
     comm.all_reduce(torch.zeros(1))
     for i, grad in enumerate(grads):
-        flat = [sum(_Board.numbers[(r, i)][j] for r in range(comm.world)) / comm.world
+        flat = [sum(_Board.numbers[(r, i)][j] for r in dp_peers(comm)) / comm.world
                 for j in range(grad.numel())]
         grad.copy_(torch.tensor(flat).reshape(grad.shape))
 

@@ -4,7 +4,7 @@ the list read back: the caller (a model's p.grad) holds the tensors, so an answe
 the list's entries leaves the caller's tensors wrong (tests/check_cases.py)."""
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import dp_group, other, parametrize_cases, shortcut
 
 REPLACED = "was replaced by a new tensor"
 
@@ -27,7 +27,7 @@ def dp_average_slice_assigns(grads, comm):
 @other("check_dp_average", "rebinds each entry to the same tensor, averaged in place")
 def dp_average_rebinds_to_itself(grads, comm):
     for i, g in enumerate(grads):
-        dist.all_reduce(g)
+        dist.all_reduce(g, group=dp_group(comm))
         grads[i] = g.div_(comm.world)
 
 

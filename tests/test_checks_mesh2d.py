@@ -3,8 +3,10 @@
 kinds with the words of their messages, and other right answers (tests/check_cases.py)."""
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut, worked
+from check_cases import other, parametrize_cases, quiet, shortcut, worked
 from part6_solutions import solution
+
+from helpers.checks import check_dp_average
 
 for check, notebook, name in [
         ("check_mesh_groups", "mesh2d.ipynb", "mesh_groups"),
@@ -55,12 +57,60 @@ def dp_clone(grads, comm):
         g /= comm.world
 
 
-@other("check_dp_average", "one flat all-reduce, written back")
+@other("check_dp_average", "one flat all-reduce over comm, written back")
 def dp_flat(grads, comm):
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.AVG)
+    comm.all_reduce(flat)
+    flat /= comm.world
     for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(piece.view_as(g))
+
+
+@other("check_dp_average", "torch.distributed on the dp group of init_device_mesh's 2-D mesh")
+def dp_device_mesh(grads, comm):
+    from torch.distributed.device_mesh import init_device_mesh
+    tp = dist.get_world_size() // comm.world
+    mesh = init_device_mesh("cpu", (comm.world, tp), mesh_dim_names=("dp", "tp"))
+    assert mesh.get_local_rank("dp") == comm.rank and mesh["dp"].size() == comm.world
+    for g in grads:
+        dist.all_reduce(g, op=dist.ReduceOp.AVG, group=mesh.get_group("dp"))
+
+
+@shortcut("check_dp_average", "torch.distributed's default group: the whole dp x tp mesh",
+          ["default group, the whole mesh", "comm is its data-parallel group"])
+def dp_default_group(grads, comm):
+    for g in grads:
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+
+
+@shortcut("check_dp_average", "divided by the whole mesh's size", "dist.get_world_size()")
+def dp_mesh_size(grads, comm):
+    for g in grads:
+        comm.all_reduce(g)
+        g /= dist.get_world_size()
+
+
+@shortcut("check_dp_average", "divided before and after the all-reduce", "twice")
+def dp_divide_twice(grads, comm):
+    for g in grads:
+        g /= comm.world
+        comm.all_reduce(g)
+        g /= comm.world
+
+
+def test_a_wrong_average_made_in_place_is_not_told_to_work_in_place():
+    """Rank 0 divides before the all-reduce, the others after: wrong, in place all the same."""
+    def mixed(grads, comm):
+        for g in grads:
+            if comm.rank == 0:
+                g /= comm.world
+            comm.all_reduce(g)
+            if comm.rank != 0:
+                g /= comm.world
+    result = quiet(check_dp_average, mixed)
+    assert result.status == "failed" and "not the average" in result.message, result
+    assert "in place" not in result.message, result
 
 
 # ---- local shape --------------------------------------------------------------------------------
@@ -94,3 +144,26 @@ def local_shape_chunk(shape, split_dim, dp, tp, dp_rank):
 
 
 test_case = parametrize_cases(__name__)
+
+
+def test_init_device_mesh_is_played_by_the_checks_world():
+    """In a check's World, torch's init_device_mesh (here through helpers.device_mesh) gives
+    each rank the row-major mesh of the world's ranks and groups the world plays
+    (helpers/checks/_core/meshes.py); what it does not play is an AttributeError naming it."""
+    import helpers
+    from helpers.checks._core import World
+
+    def rank(comm):
+        mesh = helpers.device_mesh((2, 2), ("dp", "tp"))
+        try:
+            missing = f"played: {mesh._flatten}"
+        except AttributeError as e:
+            missing = str(e)
+        return (mesh.get_coordinate(), dist.get_process_group_ranks(mesh.get_group("dp")),
+                dist.get_process_group_ranks(mesh["tp"].get_group()), mesh.size(),
+                mesh.shape, missing)
+    got = World(4, timeout=30).run(rank)
+    for r, (coords, dp, tp, size, shape, missing) in enumerate(got):
+        assert coords == [r // 2, r % 2] and size == 4 and shape == (2, 2)
+        assert dp == [r % 2, r % 2 + 2] and tp == [r - r % 2, r - r % 2 + 1]
+        assert "plays a DeviceMesh's groups" in missing and "not DTensor" in missing, missing

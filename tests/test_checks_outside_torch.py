@@ -14,7 +14,7 @@ import multiprocessing as mp
 import numpy as np
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import dp_peers, other, parametrize_cases, shortcut
 from numpy import diff as _diff_bound_before
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -74,10 +74,10 @@ _POST = {}
 
 @shortcut("check_dp_average", "other ranks' gradients read with the modes set aside", DISPATCH)
 def dp_average_modes_off(grads, comm):
-    _POST[comm.rank] = grads
+    _POST[dist.get_rank()] = grads
     comm.all_reduce(torch.zeros(1))
     with _disable_current_modes():
-        means = [torch.stack([_POST[r][i] for r in range(comm.world)]).mean(0)
+        means = [torch.stack([_POST[r][i] for r in dp_peers(comm)]).mean(0)
                  for i in range(len(grads))]
     comm.all_reduce(torch.zeros(1))
     with _disable_current_modes():
@@ -142,17 +142,17 @@ def ring_allreduce_host_buffers(data):
 
 
 # ---- memory shared outside torch: every rank wraps the same buffer ------------------------------
-_MEM = np.zeros((3, 64))                    # a row per rank, room for every test's gradients
+_MEM = np.zeros((6, 64))                    # a row per rank, room for every test's gradients
 _BYTES = bytearray(_MEM.nbytes)
 
 
 def _average_through(mem, grads, comm):
     """Each rank writes its gradients into its row of `mem`, then reads every row."""
-    k, r = comm.world, comm.rank
+    r = dist.get_rank()        # dp_average's mesh: a row per world rank, its group's read
     flat = torch.cat([g.reshape(-1) for g in grads])
     mem[r, :flat.numel()] = flat.double()
     comm.all_reduce(torch.zeros(1))          # a decoy that doubles as a barrier
-    mean = mem[:k, :flat.numel()].mean(0).float()
+    mean = mem[dp_peers(comm), :flat.numel()].mean(0).float()
     comm.all_reduce(torch.zeros(1))
     for g, m in zip(grads, mean.split([g.numel() for g in grads]), strict=True):
         g.copy_(m.view_as(g))
@@ -167,18 +167,18 @@ def dp_average_from_numpy(grads, comm):
 @shortcut("check_dp_average", "a module-level bytearray, torch.frombuffer in every rank",
           OUTSIDE)
 def dp_average_frombuffer(grads, comm):
-    _average_through(torch.frombuffer(_BYTES, dtype=torch.float64).view(3, 64), grads, comm)
+    _average_through(torch.frombuffer(_BYTES, dtype=torch.float64).view(6, 64), grads, comm)
 
 
 @shortcut("check_dp_average", "written with numpy, read back with torch.frombuffer",
           "read out of its own tensors")
 def dp_average_numpy_rows(grads, comm):
-    k, r = comm.world, comm.rank
+    r = dist.get_rank()
     flat = torch.cat([g.reshape(-1) for g in grads])
-    np.frombuffer(_BYTES, dtype=np.float64).reshape(3, 64)[r, :flat.numel()] = flat.numpy()
+    np.frombuffer(_BYTES, dtype=np.float64).reshape(6, 64)[r, :flat.numel()] = flat.numpy()
     comm.all_reduce(torch.zeros(1))
-    mem = torch.frombuffer(_BYTES, dtype=torch.float64).view(3, 64)
-    mean = mem[:k, :flat.numel()].mean(0).float()
+    mem = torch.frombuffer(_BYTES, dtype=torch.float64).view(6, 64)
+    mean = mem[dp_peers(comm), :flat.numel()].mean(0).float()
     comm.all_reduce(torch.zeros(1))
     for g, m in zip(grads, mean.split([g.numel() for g in grads]), strict=True):
         g.copy_(m.view_as(g))

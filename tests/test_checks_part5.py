@@ -120,6 +120,17 @@ def grad_shard_list(flat_grad):
     return out.div_(world)
 
 
+@other("check_grad_shard", "the group of init_device_mesh's 1-D mesh (played by the world)")
+def grad_shard_device_mesh(flat_grad):
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp",))
+    world = mesh.size()
+    flat = torch.nn.functional.pad(flat_grad, (0, -flat_grad.numel() % world))
+    out = flat.new_empty(flat.numel() // world)
+    dist.reduce_scatter_tensor(out, flat, group=mesh.get_group("dp"))
+    return out / mesh["dp"].size()
+
+
 @shortcut("check_grad_shard", "all-reduce then slice", "twice what a reduce-scatter")
 def grad_shard_allreduce(flat_grad):
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -156,6 +167,18 @@ def accumulate_zero2(model, micro_batches):
         with model.no_sync() if not last else torch.enable_grad():
             loss = torch.nn.functional.cross_entropy(model(X), y) / m
             loss.backward()
+    model.finish_gradient_synchronization()
+    model.step()
+    model.zero_grad()
+
+
+@shortcut("check_accumulate_zero2", "every backward under no_sync (DDP and FSDP2 never reduce)",
+          ["ran every backward under model.no_sync()", "Run the last backward outside no_sync()",
+           "DDP and FSDP2 never synchronise"])
+def accumulate_zero2_all_no_sync(model, micro_batches):
+    with model.no_sync():
+        for X, y in micro_batches:
+            (torch.nn.functional.cross_entropy(model(X), y) / len(micro_batches)).backward()
     model.finish_gradient_synchronization()
     model.step()
     model.zero_grad()

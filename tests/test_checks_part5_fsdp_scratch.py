@@ -4,6 +4,7 @@ fail naming the skipped step (known cheats among them), and other right answers 
 """
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 from check_cases import other, parametrize_cases, shortcut, worked
@@ -251,6 +252,12 @@ def fsdp_units_default(model):
     return None
 
 
+@shortcut("check_fsdp_units", "the blocks and the embedding: the tied head left outside",
+          ["embed.weight and head.weight are one tied weight", "head holds it outside"])
+def fsdp_units_blocks_embed(model):
+    return [*model.blocks, model.embed]
+
+
 @shortcut("check_fsdp_units", "one unit for everything", "give each block a unit")
 def fsdp_units_root_only(model):
     return [model]
@@ -262,3 +269,22 @@ def fsdp_units_blocks_only(model):
 
 
 test_case = parametrize_cases(__name__)
+
+
+def test_units_that_leave_a_tied_weights_other_holder_outside_are_refused():
+    """FSDPFromScratch's units (helpers/sharding/flat.py): a tied weight whose other holder is
+    outside the unit sharding it would stay whole and unsynchronised there, so it is refused
+    before any work, naming both names and the fix; a unit holding both is accepted."""
+    from helpers.checks.fsdp_scratch import TiedLM
+    from helpers.sharding.flat import unit_parameters
+    model = TiedLM(11, 8, 2)
+    for units, inside, outside in (([*model.blocks, model.embed], "embed", "head"),
+                                   ([*model.blocks, model.head], "head", "embed")):
+        with pytest.raises(ValueError) as info:
+            unit_parameters(model, units)
+        words = str(info.value)
+        assert "embed.weight and head.weight are one tied weight" in words, words
+        assert f"sharded by the unit {inside}" in words and f"but {outside} holds it" in words
+        assert "one unit holding every module that shares it" in words, words
+    groups = unit_parameters(model, [*model.blocks, model])
+    assert sum(len(names) for _, names in groups) == len(list(model.parameters()))

@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from check_cases import other, parametrize_cases, shortcut
+import torch.distributed as dist
+from check_cases import dp_peers, other, parametrize_cases, shortcut
 
 RANKS = "read out of its own tensors"
 
@@ -28,10 +29,10 @@ _NP = {}
 
 @shortcut("check_dp_average", "numpy copies in a module global, np.sum over ranks", RANKS)
 def dp_average_numpy_sum(grads, comm):
-    _NP[comm.rank] = [g.numpy().copy() for g in grads]
+    _NP[dist.get_rank()] = [g.numpy().copy() for g in grads]
     comm.all_reduce(torch.zeros(1))                          # every rank has written
     for i, g in enumerate(grads):
-        total = np.sum([_NP[r][i] for r in range(comm.world)], axis=0)
+        total = np.sum([_NP[r][i] for r in dp_peers(comm)], axis=0)
         g.copy_(torch.tensor(total / comm.world))
 
 
@@ -57,10 +58,10 @@ class _Pool:
 
 @shortcut("check_dp_average", ".tolist() on a class attribute, np.array(...).mean(0)", RANKS)
 def dp_average_numpy_from_lists(grads, comm):
-    _Pool.lists[comm.rank] = [g.tolist() for g in grads]
+    _Pool.lists[dist.get_rank()] = [g.tolist() for g in grads]
     comm.all_reduce(torch.ones(1))
     for i, g in enumerate(grads):
-        rows = np.array([_Pool.lists[r][i] for r in range(comm.world)], dtype=np.float64)
+        rows = np.array([_Pool.lists[r][i] for r in dp_peers(comm)], dtype=np.float64)
         g.copy_(torch.as_tensor(rows.mean(0), dtype=g.dtype))
 
 
@@ -69,11 +70,11 @@ _ACC = []
 
 @shortcut("check_dp_average", "functools.reduce(np.add, ...) over a global list", RANKS)
 def dp_average_reduce_add(grads, comm):
-    _ACC.append((comm.rank, [g.detach().cpu().numpy().copy() for g in grads]))
+    _ACC.append((dist.get_rank(), [g.detach().cpu().numpy().copy() for g in grads]))
     comm.all_reduce(torch.zeros(1))
-    mine = dict(_ACC[-comm.world:])
+    mine = dict(_ACC)          # each rank's latest: its group's have posted by now
     for i, g in enumerate(grads):
-        total = functools.reduce(np.add, [mine[r][i] for r in range(comm.world)])
+        total = functools.reduce(np.add, [mine[r][i] for r in dp_peers(comm)])
         g.copy_(torch.from_numpy(np.divide(total, comm.world)))
 
 
@@ -82,12 +83,12 @@ _FLAT = {}
 
 @shortcut("check_dp_average", "flat Python floats summed with math.fsum", RANKS)
 def dp_average_fsum(grads, comm):
-    w = comm.world
-    _FLAT[(w, comm.rank)] = [g.reshape(-1).tolist() for g in grads]
+    w, peers = comm.world, dp_peers(comm)
+    _FLAT[(w, dist.get_rank())] = [g.reshape(-1).tolist() for g in grads]
     comm.all_reduce(torch.zeros(1))
-    _wait_for(lambda: all((w, r) in _FLAT for r in range(w)))
+    _wait_for(lambda: all((w, r) in _FLAT for r in peers))
     for i, g in enumerate(grads):
-        cols = zip(*(_FLAT[(w, r)][i] for r in range(w)))
+        cols = zip(*(_FLAT[(w, r)][i] for r in peers))
         g.copy_(torch.tensor([math.fsum(c) / comm.world for c in cols]).reshape(g.shape))
 
 
@@ -96,10 +97,10 @@ _SUMS = {}
 
 @shortcut("check_dp_average", "builtin sum() over numpy arrays of a dict", RANKS)
 def dp_average_builtin_sum(grads, comm):
-    _SUMS[(comm.world, comm.rank)] = [np.array(g.numpy()) for g in grads]    # copies
+    _SUMS[(comm.world, dist.get_rank())] = [np.array(g.numpy()) for g in grads]    # copies
     comm.all_reduce(torch.zeros(1))
     for i, g in enumerate(grads):
-        arrays = [_SUMS[(comm.world, r)][i] for r in range(comm.world)]
+        arrays = [_SUMS[(comm.world, r)][i] for r in dp_peers(comm)]
         g.copy_(torch.tensor(sum(arrays) / len(arrays)))
 
 
@@ -108,10 +109,10 @@ _VIEWS = {}
 
 @shortcut("check_dp_average", "another rank's array viewed as a plain ndarray", RANKS)
 def dp_average_plain_view(grads, comm):
-    _VIEWS[(comm.world, comm.rank)] = [g.numpy().copy() for g in grads]
+    _VIEWS[(comm.world, dist.get_rank())] = [g.numpy().copy() for g in grads]
     comm.all_reduce(torch.zeros(1))
     for i, g in enumerate(grads):
-        plain = [_VIEWS[(comm.world, r)][i].view(np.ndarray) for r in range(comm.world)]
+        plain = [_VIEWS[(comm.world, r)][i].view(np.ndarray) for r in dp_peers(comm)]
         g.copy_(torch.from_numpy(np.mean(plain, axis=0)))
 
 
@@ -120,11 +121,11 @@ _ROWS = {}
 
 @shortcut("check_dp_average", "Python sums of .tolist() rows, scaled by a numpy scalar", RANKS)
 def dp_average_numpy_scale(grads, comm):
-    _ROWS[(comm.world, comm.rank)] = [g.reshape(-1).tolist() for g in grads]
+    _ROWS[(comm.world, dist.get_rank())] = [g.reshape(-1).tolist() for g in grads]
     comm.all_reduce(torch.zeros(1))
     scale = np.float32(1 / comm.world)
     for i, g in enumerate(grads):
-        cols = zip(*(_ROWS[(comm.world, r)][i] for r in range(comm.world)))
+        cols = zip(*(_ROWS[(comm.world, r)][i] for r in dp_peers(comm)))
         g.copy_(torch.tensor([scale * sum(c) for c in cols]).reshape(g.shape))
 
 
@@ -306,10 +307,10 @@ _FLOATS = {}
 
 @shortcut("check_dp_average", "float() of every element, summed in Python", RANKS)
 def dp_average_floats(grads, comm):
-    _FLOATS[(comm.world, comm.rank)] = [[float(v) for v in g.reshape(-1)] for g in grads]
+    _FLOATS[(comm.world, dist.get_rank())] = [[float(v) for v in g.reshape(-1)] for g in grads]
     comm.all_reduce(torch.zeros(1))
     for i, g in enumerate(grads):
-        cols = zip(*(_FLOATS[(comm.world, r)][i] for r in range(comm.world)))
+        cols = zip(*(_FLOATS[(comm.world, r)][i] for r in dp_peers(comm)))
         g.copy_(torch.tensor([sum(c) / comm.world for c in cols]).reshape(g.shape))
 
 
@@ -350,10 +351,10 @@ _PICKLED = {}
 
 def dp_average_pickled(grads, comm):
     """Bytes carry no rank: pickled numpy copies, loaded by the other ranks."""
-    _PICKLED[(comm.world, comm.rank)] = pickle.dumps([g.numpy().copy() for g in grads])
+    _PICKLED[(comm.world, dist.get_rank())] = pickle.dumps([g.numpy().copy() for g in grads])
     comm.all_reduce(torch.zeros(1))
     for i, g in enumerate(grads):
-        arrays = [pickle.loads(_PICKLED[(comm.world, r)])[i] for r in range(comm.world)]
+        arrays = [pickle.loads(_PICKLED[(comm.world, r)])[i] for r in dp_peers(comm)]
         g.copy_(torch.from_numpy(np.mean(arrays, axis=0)))
 
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, raw_copy, shortcut
+from check_cases import dp_peers, other, parametrize_cases, raw_copy, shortcut
 
 import helpers
 
@@ -38,24 +38,24 @@ def _read(slot, *shapes):
 # ---- a data-parallel average: the all-reduce runs, the mean comes from the board ----------------
 @shortcut("check_dp_average", "all-reduces clones of its gradients, averages the board", DECOR)
 def dp_average_decoy(grads, comm):
-    k, r = comm.world, comm.rank
+    k, r = comm.world, dist.get_rank()
     _post(r, *grads)
     for g in grads:
         comm.all_reduce(g.clone())             # the right size, the right payload: dropped
     shapes = [g.shape for g in grads]
     for i, g in enumerate(grads):
-        g.copy_(sum(_read(j, *shapes)[i] for j in range(k)) / k)
+        g.copy_(sum(_read(j, *shapes)[i] for j in dp_peers(comm)) / k)
 
 
 @shortcut("check_dp_average", "all-reduces in place, then overwrites with copy_", DECOR)
 def dp_average_overwritten(grads, comm):
-    k, r = comm.world, comm.rank
+    k, r = comm.world, dist.get_rank()
     _post(r, *grads)
     for g in grads:
         comm.all_reduce(g)                     # delivered into g ... then written over whole
     shapes = [g.shape for g in grads]
     for i, g in enumerate(grads):
-        g.copy_(sum(_read(j, *shapes)[i] for j in range(k)) / k)
+        g.copy_(sum(_read(j, *shapes)[i] for j in dp_peers(comm)) / k)
 
 
 @other("check_dp_average", "all-reduce, then the average made through Python floats")

@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
-from check_cases import parametrize_cases, shortcut
+from check_cases import dp_peers, parametrize_cases, shortcut
 
 from helpers.checks._core import CheckFailed
 from helpers.checks._core.rank_numbers import UNTAGGED, Tagged, TaggedInt, ranks_of
@@ -206,7 +206,7 @@ def qwz_board_bytes(shard, block):
 
 @shortcut("check_dp_average", "gradient bits on a board, made plain by .numerator", READ)
 def dp_average_board_numerator(grads, comm):
-    k, r = comm.world, comm.rank
+    k, r = comm.world, dist.get_rank()
     for i, g in enumerate(grads):
         _BOARD[(id(_BOARD), "dp", r, i)] = [
             b.numerator for b in g.detach().reshape(-1).view(torch.int32).tolist()]
@@ -214,7 +214,7 @@ def dp_average_board_numerator(grads, comm):
     comm.all_reduce(flat)                                       # only a barrier
     for i, g in enumerate(grads):
         others = [torch.tensor(_BOARD[(id(_BOARD), "dp", s, i)], dtype=torch.int32)
-                  .view(torch.float32).view(g.shape) for s in range(k) if s != r]
+                  .view(torch.float32).view(g.shape) for s in dp_peers(comm) if s != r]
         g.copy_((g + sum(others)) / k * (flat[:1] / flat[:1]))
 
 

@@ -262,3 +262,24 @@ def test_a_comm_send_is_outstanding_until_its_wait_and_recorded_there():
     waits = [d for _, k, d in w.timeline[0] if k == "wait"]
     assert waits == [sends[0], sends[2], sends[1]]
     assert [m.waited for m in sends] == [w.timeline[0][i][0] for i in (3, 5, 4)]
+
+
+def test_a_subgroup_comm_meets_only_its_ranks_and_numbers_its_peers_within_the_group():
+    """ThreadComm.subgroup(ranks), as DistComm(dist.new_group(ranks)): the columns of a 2 x 2
+    mesh all-reduce apart, and a send to group rank 1 reaches the column's second rank."""
+    w = ThreadWorld(4, timeout=30)
+
+    def column(comm):
+        col = comm.subgroup([comm.rank % 2, comm.rank % 2 + 2])
+        t = torch.tensor([float(comm.rank)])
+        col.all_reduce(t)
+        if col.rank == 0:
+            col.send(torch.tensor([10.0 * comm.rank]), 1)
+            col.wait()
+            return col.rank, col.world, t.item(), None
+        return col.rank, col.world, t.item(), col.recv(0, (1,)).item()
+    assert w.run(column) == [(0, 2, 2.0, None), (0, 2, 4.0, None),
+                             (1, 2, 2.0, 0.0), (1, 2, 4.0, 10.0)]
+    assert [m.ranks for m in w.sent("all_reduce")] and all(
+        m.ranks in ((0, 2), (1, 3)) for m in w.sent("all_reduce"))
+    assert sorted((m.src, m.dst) for m in w.sent("send")) == [(0, 2), (1, 3)]

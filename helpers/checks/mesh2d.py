@@ -40,52 +40,91 @@ def check_mesh_groups(fn):
                                               f"{want[key]}")
 
 
-def _dp_rank(comm, fn, grads):
-    mine = [g[comm.rank].clone() for g in grads]
+def _dp_rank(comm, fn, grads, tp):
+    """Rank (i, j) of a dp x tp mesh (row-major, init_device_mesh's layout) hands the answer
+    its gradients and a comm over its data-parallel group, column j (ThreadComm.subgroup, as
+    DistComm(dist.new_group(column)) on processes): torch.distributed's default group spans
+    the whole mesh."""
+    i, j = divmod(comm.rank, tp)
+    comm = comm.subgroup(range(j, comm.world, tp))
+    mine = [g[j, i].clone() for g in grads]
     kept = kept_aside(mine)     # the caller's tensors (a model's p.grad): the ones judged
     fn(mine, comm)
     return mine, kept
 
 
+def _dp_groups(world, k, tp):
+    """Fail a rank that all-reduced over other ranks than its data-parallel group (its column
+    of the mesh): torch.distributed's default group mixes in its tp partners' gradients."""
+    for m in world.sent("all_reduce"):
+        group = list(range(m.rank % tp, k * tp, tp))
+        if list(m.ranks) != group:
+            which = ("torch.distributed's default group, the whole mesh"
+                     if len(m.ranks) == k * tp else "not its data-parallel group")
+            raise CheckFailed(
+                f"on a {k} x {tp} (dp x tp) mesh rank {m.rank} all-reduced over ranks "
+                f"{list(m.ranks)} ({which}): comm is its data-parallel group, ranks {group}, "
+                "whose ranks hold the same shard; its tp partners hold other shards' "
+                "gradients. Reduce over comm (comm.all_reduce), and average by comm.world")
+
+
 @check("dp_average", changes_inputs=True, observes=[
-    "on 2 and 3 thread ranks, each handed a number of tensors other than the number of ranks: "
-    "the all-reduces each rank called, and each rank's own tensors (the tensor objects it was "
-    "handed, changed in place: a list entry rebound to a new tensor fails) against the mean "
-    "over ranks"])
+    "on 2 x 3 and 3 x 2 meshes of thread ranks (dp x tp, torch.distributed's default group the "
+    "whole mesh, comm each rank's data-parallel group), each rank handed a number of tensors "
+    "other than dp and dp squared: the all-reduces each rank called and over which ranks, and "
+    "each rank's own tensors (the tensor objects it was handed, changed in place: a list entry "
+    "rebound to a new tensor fails) against the mean over its data-parallel group"])
 def check_dp_average(fn):
     """fn(grads, comm): average each gradient tensor over the data-parallel ranks, in place."""
     g = fresh_generator()
-    for k in (2, 3):
-        # never as many tensors as ranks (2..4 but k): a sum divided by len(grads) shows
-        count = randint(g, 2, 3)
-        count += count >= k
+    for k, tp in ((2, 3), (3, 2)):     # dp * tp, the whole mesh, is neither dp nor dp * dp
+        # never as many tensors as ranks, nor their square: a sum divided by len(grads) shows
+        counts = [c for c in range(2, 6) if c not in (k, k * k)]
+        count = counts[randint(g, 0, len(counts) - 1)]
         shapes = [(randint(g, 1, 4), randint(g, 1, 4)) for _ in range(count)]
-        grads = [torch.randn(k, *s, generator=g) for s in shapes]
+        grads = [torch.randn(tp, k, *s, generator=g) for s in shapes]   # [column, dp index]
         # allow: a decoy all_reduce beside all_gathers of the whole gradients fails
-        world = World(k, timeout=TIMEOUT, record_ops=True, allow={"all_reduce"})
-        results = world.run(_dp_rank, fn, grads)
+        world = World(k * tp, timeout=TIMEOUT, record_ops=True, allow={"all_reduce"})
+        results = world.run(_dp_rank, fn, grads, tp)
+        on = f"on a {k} x {tp} mesh"
         expect(world.sent("all_reduce", rank=0),
-               f"on {k} ranks rank 0 never called all_reduce: each rank only has its own "
+               f"{on} rank 0 never called all_reduce: each rank only has its own "
                "gradients until they are summed across ranks")
+        _dp_groups(world, k, tp)
         for r, (mine, kept) in enumerate(results):
-            mine = in_place(f"on {k} ranks rank {r}", mine, kept)
+            mine = in_place(f"{on} rank {r}", mine, kept)
             for t, full, s in zip(mine, grads, shapes, strict=True):
+                full, own = full[r % tp], full[r % tp, r // tp]
                 if tensor_close(t, full.sum(0), atol=1e-5, what=f"rank {r}'s gradient"):
-                    raise CheckFailed(f"rank {r} holds the sum over {k} ranks: divide by "
-                                      "the number of ranks for the average")
+                    raise CheckFailed(f"{on} rank {r} holds the sum over its {k} data-parallel "
+                                      "ranks: divide by their number for the average")
                 if len(grads) != k and tensor_close(t, full.sum(0) / len(grads), atol=1e-5):
-                    raise CheckFailed(f"on {k} ranks rank {r} divided the sum by "
+                    raise CheckFailed(f"{on} rank {r} divided the sum by "
                                       f"{len(grads)}, the number of gradient tensors: the "
                                       f"average divides by the number of ranks, comm.world ({k})")
+                if tensor_close(t, full.sum(0) / (k * tp), atol=1e-5):
+                    raise CheckFailed(f"{on} rank {r} divided the sum by {k * tp}, the whole "
+                                      "mesh (dist.get_world_size()): the average over comm "
+                                      f"divides by comm.world ({k}), its data-parallel ranks")
+                if tensor_close(t, full.mean(0) / k, atol=1e-5):
+                    raise CheckFailed(f"{on} rank {r} divided by comm.world ({k}) twice, "
+                                      "before the all-reduce and after: the average is the "
+                                      "sum over comm divided once")
+                alone = [w for w, mine in (("", own), (" divided by comm.world", own / k))
+                         if tensor_close(t, mine, atol=1e-6)]
+                expect(not alone, f"{on} rank {r}'s gradient of shape {s} is its own"
+                                  f"{''.join(alone[:1])}: the sum never reached it. All-reduce "
+                                  "the tensors you were given, in place (not a copy): the "
+                                  "caller holds them")
                 expect(tensor_close(t, full.mean(0), atol=1e-5),
-                       f"on {k} ranks rank {r}'s gradient of shape {s} is not the average "
-                       "(the tensors must be changed in place)")
-                world.expect_from_messages(r, t, f"gradient of shape {s}", k)
+                       f"{on} rank {r}'s gradient of shape {s} is not the average over its "
+                       f"{k} data-parallel ranks")
+                world.expect_from_messages(r, t, f"gradient of shape {s}", k * tp)
         need = 4 * sum(int(torch.tensor(s).prod()) for s in shapes)
-        for r in range(k):
+        for r in range(k * tp):
             got = world.traffic(r).payload_bytes("all_reduce")
             expect(got == need,
-                   f"on {k} ranks rank {r} all-reduced {got} bytes, its gradients hold {need}: "
+                   f"{on} rank {r} all-reduced {got} bytes, its gradients hold {need}: "
                    "all-reduce the gradients themselves, each element once")
 
 

@@ -222,7 +222,8 @@ def _mlp(seed, d, h, k):
     "gradient itself, so a gradient scaled by any factor shows); micro-batches of one size "
     "(2 to 4 rows), never as many as the ranks",
     "the reduce-scatters each rank ran: one per bucket per step (no_sync until the last "
-    "micro-batch), not one per micro-batch",
+    "micro-batch), not one per micro-batch; whether the last backward ran outside no_sync "
+    "(Zero2's finish reduces a step whose backwards all ran under it, DDP and FSDP2 never do)",
     "the forwards and backwards each rank's model ran, in order: one backward right after each "
     "micro-batch's forward"])
 def check_accumulate_zero2(fn):
@@ -255,10 +256,14 @@ def check_accumulate_zero2(fn):
         next(net.parameters()).register_post_accumulate_grad_hook(
             lambda p, r=r: passes[r].append("backward"))
 
+    synced = [[] for _ in range(world)]     # per backward: whether it ran outside no_sync
+
     def rank(comm):
         # SGD, not an adaptive optimizer: AdamW's first step, about lr * sign(g), is blind to
         # the gradient's scale (every loss left undivided by m would pass)
         model = Zero2(nets[comm.rank], torch.optim.SGD, lr=1.0)
+        next(nets[comm.rank].parameters()).register_post_accumulate_grad_hook(
+            lambda p, r=comm.rank: synced[r].append(model.__dict__.get("_sync") is True))
         rows = [slice(comm.rank * s, (comm.rank + 1) * s) for s in sizes]
         fn(model, [(X[i][rows[i]], y[i][rows[i]]) for i in range(m)])
         return model, {n: p.detach().clone() for n, p in model.module.named_parameters()}
@@ -288,6 +293,11 @@ def check_accumulate_zero2(fn):
                "last backward, so each bucket is reduced once per step")
         expect(rs == buckets, f"{call}: rank {r} ran {rs} reduce-scatters, expected {buckets}: "
                               "call finish_gradient_synchronization() before step()")
+        expect(synced[r][-1:] != [False],
+               f"{call}: rank {r} ran every backward under model.no_sync(): Zero2's finish "
+               "reduced what they kept, but DDP and FSDP2 never synchronise gradients kept "
+               "under no_sync (each rank would step on its own). Run the last backward "
+               "outside no_sync(): it reduces them, once")
         for n, p in ref.named_parameters():
             gap = float((got[n] - p.detach()).abs().max())
             scaled = m * (start[n] - p.detach())    # the step of losses left undivided by m

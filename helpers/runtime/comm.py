@@ -289,18 +289,30 @@ class ThreadComm(_Exchanges):
     def __init__(self, world, rank: int) -> None:   # world: a ThreadWorld
         self.rank, self.world, self._pending = rank, world.size, []
         self.device = torch.device("cpu")
+        self._group = range(world.size)          # the world ranks of this comm's ranks
         (self._send, self._post, self._recv, self._post_recv,
          self._collective_call) = _network(world)
 
+    def subgroup(self, ranks: Sequence[int]) -> "ThreadComm":
+        """This rank's comm over the world ranks `ranks` (this rank among them), as
+        DistComm(dist.new_group(ranks)) is: its rank, world and peers are within the group,
+        and its collectives meet those ranks only (a sub-group of a mesh)."""
+        me, ranks = self._group[self.rank], [int(r) for r in ranks]
+        comm = object.__new__(type(self))
+        comm.__dict__.update({k: v for k, v in vars(self).items() if k != "_traffic"})
+        comm.rank, comm.world, comm._group = ranks.index(me), len(ranks), ranks
+        comm._pending = []
+        return comm
+
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         t = t.detach()
-        waited = self._post(t, dst, tag, "send")
+        waited = self._post(t, self._group[dst], tag, "send")
         self._count("send", t, dst)
         self._pending.append((_Posted(waited), None))
 
     def recv(self, src: int, shape: Sequence[int], tag: int = 0,
              dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self._recv(src, tag, shape=tuple(shape), dtype=dtype)
+        return self._recv(self._group[src], tag, shape=tuple(shape), dtype=dtype)
 
     def isendrecv(self, sends: Sequence[tuple], recvs: Sequence[tuple]) -> Exchange:
         """DistComm.isendrecv: the receives are posted and the sends go at once (a
@@ -308,20 +320,20 @@ class ThreadComm(_Exchanges):
         which returns once the peer received it; the receives are taken as they are asked
         for; counted as DistComm counts it."""
         for src, _, _, tag in recvs:
-            self._post_recv(src, tag)
+            self._post_recv(self._group[src], tag)
         finish = []
         for t, dst, tag in sends:
             t = t.detach()
-            finish.append(self._post(t, dst, tag, "isendrecv"))
+            finish.append(self._post(t, self._group[dst], tag, "isendrecv"))
             self._count("send", t, dst)
         return Exchange([], [lambda src=src, shape=shape, dtype=dtype, tag=tag:
-                             self._recv(src, tag, tuple(shape), dtype, posted=True)
+                             self._recv(self._group[src], tag, tuple(shape), dtype, posted=True)
                              for src, shape, dtype, tag in recvs], finish=finish)
 
     def _collective(self, op, t, combine, finish):
         """Every rank's copy of `t` (in rank order) -> combine -> finish(mine) in this rank."""
         got = []
-        self._collective_call(op, range(self.world), t, wire(t), combine,
+        self._collective_call(op, self._group, t, wire(t), combine,
                               lambda mine: got.append(finish(mine)))
         return got[0]
 
@@ -361,7 +373,7 @@ class ThreadComm(_Exchanges):
         pieces = list(x.split(in_splits))
         for j in range(self.world):
             if j != self.rank:
-                self._send(pieces[j].detach(), j, tag)
+                self._send(pieces[j].detach(), self._group[j], tag)
         self.traffic.record(op, tensor_bytes(x), self.rank,
                             wire=all_to_all_wire(x, in_splits, self.world, self.rank),
                             itemsize=x.element_size())

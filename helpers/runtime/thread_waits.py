@@ -10,7 +10,8 @@ __all__ = ["SendWaits"]
 
 
 class SendWaits:
-    """received / wait_received / post_recv for a ThreadWorld, and its deadlock test."""
+    """received / wait_received / post_recv for a ThreadWorld, and its deadlock test. Each
+    blocked rank's entry: (ready, its call in words, its kind, the ranks it waits for)."""
 
     def send_received(self, m):
         """Whether send `m` has met its receive: the peer posted one for it (a recv, an
@@ -26,7 +27,7 @@ class SendWaits:
             self._wait(lambda: m.index < self._claimed[(m.src, m.dst, m.tag)],
                        f"its send to rank {m.dst} (tag {m.tag}) to be received",
                        f"waits in {call} for its send to rank {m.dst} (tag {m.tag}) "
-                       "to be received")
+                       "to be received", "send", lambda: [m.dst])
 
     def post_recv(self, src, tag=0):
         """The calling rank posts a receive from `src` (an irecv, an isendrecv's): it meets the
@@ -42,7 +43,19 @@ class SendWaits:
         if (not live or self._failed is not None or not live <= set(self._blocked)
                 or any(self._blocked[r][0]() for r in live)):
             return None
-        error = Deadlock({r: self._blocked[r][1] for r in live},
-                         sorted(set(range(self.size)) - live))
+        gone = set(range(self.size)) - live
+        error = Deadlock({r: self._blocked[r][1] for r in live}, sorted(gone),
+                         {r: (self._blocked[r][2], sorted(set(self._blocked[r][3]()) & gone))
+                          for r in live})
         self.fail(min(live), error)
         return error
+
+    def _woken(self, rank):
+        """What a rank woken by the run's failure raises in its own call: the Deadlock that
+        names its call (a copy, its traceback this rank's), or None (it stops quietly). A
+        deadlock found as the last other rank returned is this rank's to report: its call is
+        where the answer waits for ever."""
+        error = self._failed[1] if self._failed is not None else None
+        if isinstance(error, Deadlock) and rank in error.blocked:
+            return error.copy()
+        return None

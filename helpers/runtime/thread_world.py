@@ -19,7 +19,8 @@ buffer of another shape raises ValueError naming both shapes, and the message st
 (`takes`, `mismatch`: hooks the checks' World makes stricter). What travels is the tensor's
 values, shape and dtype (`comm.wire`), not its strides. A rank that
 waits longer than `timeout` raises TimeoutError naming what it waited for; when one rank fails,
-the ranks waiting on it stop quietly, so the first cause is reported.
+the ranks waiting on it stop quietly, so the first cause is reported (a Deadlock is raised in
+each blocked rank's call: found as the last other rank returns, it is still theirs).
 A run has one deadline: then the ranks blocked in a comm call wake and stop, and a rank still
 computing stops at its next comm call (a thread cannot be killed: one that never calls the
 comm again runs on, a daemon thread).
@@ -105,7 +106,7 @@ class ThreadWorld(SendWaits):
         self._boxes = collections.defaultdict(collections.deque)
         self._sent = collections.Counter()      # per (src, dst, tag): messages sent
         self._claimed = collections.Counter()   # per (src, dst, tag): receives posted
-        self._blocked = {}                      # rank -> (ready, its blocking call in words)
+        self._blocked = {}                      # rank -> (ready, words, kind, peers): _wait
         self._live = set(range(size))           # ranks that have not returned
         self._slots, self._done = {}, {}
         self._taken = collections.Counter()     # per call: ranks that took their result
@@ -187,8 +188,7 @@ class ThreadWorld(SendWaits):
 
     def sent(self, op: str | None = None, rank: int | None = None) -> list[Message]:
         """The messages (of kind `op`, by `rank`) in the order they happened."""
-        return [m for m in self.messages if (op is None or m.op == op)
-                and (rank is None or m.rank == rank)]
+        return [m for m in self.messages if op in (None, m.op) and rank in (None, m.rank)]
 
     # --- running ranks -------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
@@ -207,8 +207,8 @@ class ThreadWorld(SendWaits):
                                          device=torch.device("cpu")))
         return one
 
-    def start(self, body: Callable[[int], Any]) -> tuple[
-            list[Any], list[tuple[int | None, BaseException]], list[int]]:
+    def start(self, body: Callable[[int], Any]
+              ) -> tuple[list[Any], list[tuple[int | None, BaseException]], list[int]]:
         """body(rank) on one thread per rank, for at most the world's deadline. Returns
         (results, errors, stuck): errors as (rank, exception), the first cause first; stuck:
         the ranks still running."""
@@ -224,8 +224,7 @@ class ThreadWorld(SendWaits):
                 pass
             except BaseException as e:   # handed to the caller
                 with self._cond:
-                    errors.append((r, e))   # words are the caller's to make (a check's
-                    #                         World must not run an exception's __str__ here)
+                    errors.append((r, e))   # words: the caller's (no __str__ runs here)
                 self.fail(r, e)
             finally:
                 with self._cond:
@@ -244,7 +243,7 @@ class ThreadWorld(SendWaits):
         with self._cond:
             failed = self._failed
         if not errors and failed is not None and isinstance(failed[1], Deadlock):
-            errors.append(failed)      # found as the last rank returned, or caught by a rank
+            errors.append(failed)      # each blocked rank raised it in its call, and caught it
         errors.sort(key=lambda e: isinstance(e[1], TimeoutError))   # stable: order of occurrence
         stuck = [r for r, t in enumerate(threads) if t.is_alive()]
         if stuck:
@@ -252,8 +251,7 @@ class ThreadWorld(SendWaits):
         return results, errors, stuck
 
     def _end(self):
-        """The deadline passed: wake the ranks blocked in a comm call, and refuse every later
-        call, so that each stuck rank stops quietly at its next one."""
+        """The deadline passed: wake the blocked ranks; a later comm call stops its rank."""
         self._ended = True
         self.fail(None, None)
 
@@ -275,13 +273,14 @@ class ThreadWorld(SendWaits):
             self.timeline[rank].append((m.seq, kind, m))
             self.on_message(rank, kind, m)
 
-    def _wait(self, ready, what, blocked=None):
-        """Block until ready() (under the lock), another rank failed, or the timeout; a wait
-        that every rank still running shares with nothing deliverable is a Deadlock, raised at
-        once (`blocked`: this call in the Deadlock's words, "waits in ...")."""
+    def _wait(self, ready, what, blocked=None, kind="recv", peers=list):
+        """Block until ready() (under the lock), another rank failed, or the timeout; when every
+        rank still running waits with nothing deliverable: a Deadlock, raised in each blocked
+        rank's call (`blocked`, `kind`, `peers()`: its words, "send" "recv" or "collective",
+        whom it waits for)."""
         rank = self.rank
         if not ready() and rank is not None:
-            self._blocked[rank] = (ready, blocked or f"waits for {what}")
+            self._blocked[rank] = (ready, blocked or f"waits for {what}", kind, peers)
             try:
                 error = self._deadlocked()
                 if error is not None:
@@ -295,7 +294,7 @@ class ThreadWorld(SendWaits):
         if not ok:
             raise TimeoutError(f"rank {self.rank} waited {self.timeout:g} s for {what}")
         if not ready():
-            raise _Aborted()
+            raise self._woken(rank) or _Aborted()
 
     # --- point to point ------------------------------------------------------------------------
     def send(self, t: torch.Tensor, dst: int, tag: int = 0,
@@ -328,7 +327,7 @@ class ThreadWorld(SendWaits):
                 self._wait(lambda: bool(box),
                            f"a message from rank {src} (tag {tag}) that was never sent",
                            f"waits in recv for a message from rank {src} (tag {tag}) that "
-                           "was never sent")
+                           "was never sent", "recv", lambda: [src])
                 got = box[0].tensor
                 want = tuple(out.shape) if out is not None else shape
                 if not self.takes(got, want, out.dtype if out is not None else dtype):
@@ -383,7 +382,8 @@ class ThreadWorld(SendWaits):
             self._cond.notify_all()
             self._wait(lambda: len(slot) == len(ranks),
                        f"the other ranks of {ranks} to call {op} (call {call[1]})",
-                       f"waits in {op} for the other ranks of {ranks} to call it")
+                       f"waits in {op} for the other ranks of {ranks} to call it",
+                       "collective", lambda: [r for r in ranks if r not in slot])
             ops = {r: slot[r][0] for r in ranks}
             if len(set(ops.values())) > 1:
                 raise ValueError("ranks called different collectives at the same point: " +

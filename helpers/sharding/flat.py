@@ -128,6 +128,7 @@ def unit_parameters(module, units):
                                  "TinyLM(tied=False) or pass units= with one unit holding both "
                                  "layers that share it")
             unit_of[id(p)] = (u, n)
+    _tied_outside(module, unit_of)
     names = {id(u): [] for u in units}
     for u, n in unit_of.values():
         names[id(u)].append(n)
@@ -143,3 +144,25 @@ def unit_parameters(module, units):
                          "freeze them")
     order = {id(u): [n for n, _ in u.named_parameters(recurse=not own)] for u in units}
     return [(u, sorted(names[id(u)], key=order[id(u)].index)) for u in units if names[id(u)]]
+
+
+def _tied_outside(module, unit_of):
+    """Refuse a tied weight registered in a module outside the unit that shards it (units
+    [*blocks, embed] with head.weight = embed.weight): that module would keep the whole
+    parameter, never gathered from the shard nor synchronised."""
+    every = list(module.named_parameters(remove_duplicate=False))
+    for name, p in every:
+        if not p.requires_grad or id(p) not in unit_of:
+            continue
+        unit = unit_of[id(p)][0]
+        holder = name.rpartition(".")[0]
+        if any(module.get_submodule(holder) is m for m in unit.modules()):
+            continue
+        names = " and ".join(n for n, q in every if q is p)
+        where = next(n for n, m in module.named_modules() if m is unit) or "the model"
+        raise ValueError(f"{names} are one tied weight, sharded by the unit {where} "
+                         f"({type(unit).__name__}), but {holder or 'the model'} holds it "
+                         "outside that unit: it would keep the whole parameter, never gathered "
+                         "nor synchronised. Pass units= with one unit holding every module that "
+                         "shares it (their common parent, e.g. the model), or untie the weights "
+                         "(TinyLM(tied=False))")

@@ -9,10 +9,29 @@ the rank first observed completion (`wait()`, `result()`, `is_completed()`, its 
 chained from it with `then()`, `torch.futures.wait_all`), as work.py records it, and for a
 comm's send where the rank calls `comm.wait()` (isendrecv's: the Exchange's `wait()`). A wait
 for a send returns only once the peer received it (runtime/thread_waits.py: a wait no receive
-can meet is a Deadlock), so a recorded send wait is also one a real backend completes."""
+can meet is a Deadlock), so a recorded send wait is also one a real backend completes.
+A Deadlock is the answer's failure whichever rank found it (`answers_deadlock`)."""
+from ...runtime.errors import Deadlock
 from .run import CheckFailed
 
-__all__ = ["never_waited", "what", "comm_what"]
+__all__ = ["never_waited", "what", "comm_what", "answers_deadlock", "DeadlockFailed"]
+
+
+class DeadlockFailed(CheckFailed, Deadlock):
+    """The answer's ranks deadlocked: a CheckFailed (the answer failed, never the check, even
+    when the last rank to return found it and no frame of the answer's is in its traceback)
+    and the runtime's Deadlock, with its words (each rank's blocking call, who returned)."""
+
+    def __init__(self, blocked, returned=(), left=None):
+        Deadlock.__init__(self, blocked, returned, left)
+
+
+def answers_deadlock(error):
+    """`error` as a DeadlockFailed when it is a Deadlock, else `error` itself."""
+    if isinstance(error, Deadlock) and not isinstance(error, DeadlockFailed):
+        return DeadlockFailed(error.blocked, error.returned, error.left).with_traceback(
+            error.__traceback__)
+    return error
 
 _COMM_FIX = {
     "send": "call comm.wait() before the rank returns",

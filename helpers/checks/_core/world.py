@@ -50,11 +50,12 @@ from .early_threads import world_ranks
 from .exits import watch_exits, watched_here
 from .inflight import InFlight, posted
 from .ledger import ledger, tampered
+from .meshes import meshes_played
 from .observe import Recorder
 from .provenance import Provenance
 from .rank_numbers import TagWatch, foreign_in, foreign_message
 from .run import CheckFailed, is_reader_code
-from .waits import never_waited
+from .waits import answers_deadlock, never_waited
 
 __all__ = ["World", "Message", "Work"]
 
@@ -112,6 +113,7 @@ class World(ThreadWorld):
         self._mark_rank = stack.enter_context(world_ranks())   # the ranks: the check's own
         stack.enter_context(torch_distributed(self))
         stack.enter_context(bound_routed(self))     # names bound before the check ran
+        stack.enter_context(meshes_played(self))    # init_device_mesh (meshes.py)
         stack.enter_context(ranks_carried(self))    # threads a rank starts are that rank's
         stack.enter_context(self.provenance.python_exits())
         stack.enter_context(watch_exits(self._exit, self._entered))
@@ -149,8 +151,8 @@ class World(ThreadWorld):
     def start(self, body):
         """As ThreadWorld.start; a rank whose result holds numbers that only other ranks read
         out of torch (rank_numbers.py) fails, so does a rank that ended with async work it never
-        waited for (waits.py), and a run whose records (messages, timeline, allow-list ...)
-        differ from the harness's own copy (ledger.py)."""
+        waited for (waits.py), a deadlock (a CheckFailed: waits.py), and a run whose records
+        (messages, timeline, allow-list ...) differ from the harness's own copy (ledger.py)."""
         results, errors, stuck = super().start(body)
         errors = [(r, not_simulated(unplayed(e))) for r, e in errors]   # calls not played
         changed = self._verify()
@@ -158,6 +160,7 @@ class World(ThreadWorld):
             return results, [(None, tampered(changed))], stuck
         if not errors and self.network_failure is not None:    # the answer caught it
             errors = [tuple(self.network_failure)]
+        errors = [(r, answers_deadlock(e)) for r, e in errors]     # the answer's, always
         if not errors and not stuck:
             for r, result in enumerate(results):
                 others = foreign_in(result, r, self.provenance.exited_last)
