@@ -79,10 +79,16 @@ def grading():
 # The reader's code is whatever is not the course's helpers, torch, an installed package or the
 # standard library: a notebook cell, a test file, a script.
 _HELPERS = pathlib.Path(__file__).resolve().parents[2]
-_LIBRARIES = {pathlib.Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")
-              if (p := sysconfig.get_paths().get(key))}
-_LIBRARIES = frozenset(_LIBRARIES)
-_LIBRARIES |= {pathlib.Path(p).resolve() for p in sys.path if "site-packages" in p}
+_NAMED = [p for key in ("stdlib", "platstdlib", "purelib", "platlib")
+          if (p := sysconfig.get_paths().get(key))]
+_NAMED += [p for p in sys.path if "site-packages" in p]
+_LIBRARIES = frozenset(pathlib.Path(p).resolve() for p in _NAMED)
+# the same folders as prefixes, resolved and as named (a code object's file names the folder it
+# was imported from, a symlinked virtual environment's too): their files need no pathlib
+_PREFIXES = tuple(dict.fromkeys(os.path.join(os.path.abspath(p), "") for p in (
+    _HELPERS, *_LIBRARIES, os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    *_NAMED)))
+_UP = os.sep + ".."
 
 
 def is_reader_code(filename, _type=type):
@@ -94,10 +100,16 @@ def is_reader_code(filename, _type=type):
 
 @functools.lru_cache(maxsize=4096)
 def _reader_file(filename):
+    """The verdict is kept for the process, so the course's and the libraries' files are told
+    by str methods alone (in C): pathlib's resolution reads builtins (`len`, `map`) that an
+    answer may have replaced when a file is first judged, which made a harness file the
+    reader's for good. Other names (a `..`, a symlink into a folder) are resolved."""
     if filename.startswith("<frozen"):
         return False
     if filename.startswith("<"):
         return True                      # <ipython-input-…>, <stdin>, exec'd cells
+    if filename.startswith(_PREFIXES) and _UP not in filename:
+        return False
     path = pathlib.Path(filename).resolve()
     return not any(path.is_relative_to(root) for root in (_HELPERS, *_LIBRARIES))
 
