@@ -116,3 +116,25 @@ def slow_comm(rank, world, cfg):
             got = fn(rank, world, dict(kwargs, device=torch.device("cuda", rank)))
         out[label] = dict(result=got, problems=gpu.problems)
     return out
+
+
+# ---- a sharded clip on a rank that holds no shard ------------------------------------------------
+def clip_without_a_shard(rank, world, cfg):
+    """Launch target: a sharded clip where the last rank holds no shard (a world bigger than the
+    model): the notebook's clip_sharded (cfg["source"], its solution cell) or the course's
+    clip_sharded_grad_norm_. Each other rank's shard holds 4 gradients of 3: a norm other than
+    the whole gradient's raises (on_fake_gpus reports the error)."""
+    if cfg.get("source"):
+        space = {"torch": torch}
+        exec(compile(cfg["source"], "fsdp_scratch.ipynb:clip_sharded", "exec"), space)
+        clip = space["clip_sharded"]
+    else:
+        from helpers import clip_sharded_grad_norm_ as clip
+    shards = []
+    if rank < world - 1:
+        shards = [torch.nn.Parameter(torch.ones(4, device=cfg["device"]))]
+        shards[0].grad = torch.full((4,), 3.0, device=cfg["device"])
+    norm, want = float(clip(shards, 1.0)), 3.0 * (4 * (world - 1)) ** 0.5
+    if abs(norm - want) > 1e-4 * want:
+        raise AssertionError(f"rank {rank}: norm {norm}, the whole gradient's is {want}")
+    return norm

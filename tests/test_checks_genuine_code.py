@@ -178,3 +178,22 @@ def test_the_files_are_read_with_the_builtins_as_imported(monkeypatch):
         patched.setattr(builtins, "compile", refused)
         table = whose._compiled(keys.__file__)
     assert table and (keys.proxied.__name__, keys.proxied.__code__.co_firstlineno) in table
+
+
+def test_a_verdict_is_not_made_of_builtins_an_answer_replaced(monkeypatch):
+    """genuine() keeps its verdict for a code object: one first judged while an answer had
+    `any`, `all` or `len` replaced must still be the file's own code once they are put back
+    (a new code object of keys.py's, compiled from its source: judged here for the first time)."""
+    import builtins
+
+    from helpers.checks._core import keys
+    path = keys.__file__
+    top = compile(pathlib.Path(path).read_text(), path, "exec")
+    code = next(c for c in top.co_consts if isinstance(c, types.CodeType)
+                and c.co_name == "proxied")
+    with monkeypatch.context() as patched:       # put back before pytest reports
+        for name, stand_in in (("any", lambda it: False), ("all", lambda it: False),
+                               ("len", lambda x: 0)):
+            patched.setattr(builtins, name, stand_in)
+        during = whose.genuine(code)
+    assert during and whose.genuine(code)

@@ -6,8 +6,10 @@ such an answer naming the entry, and puts the original back (patched.py); the ha
 it imports when it loads, so it never looks a module up there after an answer ran. Entries an
 answer adds (its own imports) pass.
 """
+import builtins
 import copy
 import importlib
+import operator
 import sys
 import threading
 import types
@@ -165,10 +167,9 @@ def test_a_stand_in_harness_left_for_a_later_check_fails_and_is_put_back():
     assert later.status == "failed" and "forward again" in later.message, later
 
 
-def test_a_right_answer_that_imports_new_modules_passes(tmp_path):
-    """Entries an answer adds are its own imports: a module of its own, a library not yet loaded,
-    one reloaded in place (the same module object)."""
-    where = tmp_path
+def _importing(where):
+    """A right lr_at answer whose imports add entries: a module of its own (written in
+    `where`), a library not yet loaded, one reloaded in place (the same module object)."""
     name = f"mine_{abs(hash(str(where)))}"
     (where / f"{name}.py").write_text("def peak(base_lr, base_batch, batch):\n"
                                       "    return base_lr * batch / base_batch\n")
@@ -180,7 +181,35 @@ def test_a_right_answer_that_imports_new_modules_passes(tmp_path):
         importlib.import_module("xml.dom.minidom")
         peak = mine.peak(base_lr, base_batch, batch)
         return peak * min(1.0, (step + 1) / warmup) if warmup else peak
+    return name, answer
 
+
+def test_a_right_answer_that_imports_new_modules_passes(tmp_path):
+    """Entries an answer adds are its own imports: a module of its own, a library not yet loaded,
+    one reloaded in place (the same module object)."""
+    name, answer = _importing(tmp_path)
     result = check_lr_at(answer)
     assert result.status == "passed", result
     assert name in sys.modules
+
+
+def test_harness_files_stay_the_harness_after_an_answer_replaced_builtins(tmp_path):
+    """Whose file a frame's code is (run.is_reader_code) is kept for the process: a harness file
+    first judged while an answer had builtins replaced (pathlib reads len and map) stayed the
+    reader's, and a later right answer failed as "inspects the running program (gc.get_referents,
+    in proxied ...)". Emptying the kept verdicts puts every first judging in that window."""
+    from helpers.checks._core import keys, run
+
+    def replacing(step, base_lr, base_batch, batch, warmup):
+        builtins.all, builtins.map = (lambda it: True), (lambda *a: ())
+        builtins.len, operator.is_ = (lambda x: 0), (lambda a, b: True)
+        return 0.0
+    run._reader_file.cache_clear()
+    try:
+        first = check_lr_at(replacing)
+        assert first.status == "failed" and "replaced" in first.message, first
+        assert not run.is_reader_code(keys.proxied.__code__.co_filename)
+        result = check_lr_at(_importing(tmp_path)[1])
+        assert result.status == "passed", result
+    finally:                # nothing judged in the replaced window is kept for later tests
+        run._reader_file.cache_clear()

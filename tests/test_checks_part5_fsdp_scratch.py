@@ -174,7 +174,13 @@ def zero3_padded_total(layers, world):
 # ---- fsdp_scratch: Exercise 4 (clip over shards) ------------------------------------------------
 @worked("check_clip_sharded")
 def clip_sharded(shards, max_norm):
-    sq = torch.zeros((), device=shards[0].grad.device if shards else None)
+    if shards:
+        device = shards[0].grad.device
+    elif dist.get_backend() == "nccl":   # no shard: NCCL sends from a GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    sq = torch.zeros((), device=device)
     for p in shards:
         sq += p.grad.pow(2).sum()
     dist.all_reduce(sq)

@@ -4,9 +4,9 @@ refusal names (tests/check_cases.py's form):
 1. a returned tensor of another shape: torch.allclose broadcasts, so an empty `t[None][:0]` was
    "close" to anything; every check compares tensors shape-first (tensor_close, tensor_equal);
 2. torch's second copy of what an exercise asks for (ElasticDistributedSampler,
-   `_replace_by_prefix`, context parallelism's merger and head-tail split, DTensor's and
-   ShardedTensor's chunk sizes), refused as the course's own answer is, by identity and while
-   the answer runs;
+   `_replace_by_prefix`, context parallelism's merger and head-tail split, DTensor's,
+   ShardedTensor's and functorch's chunk sizes), refused as the course's own answer is, by
+   identity and while the answer runs;
 3. a lookup table built at import with the forbidden split: a case beyond any table;
 4. right answers written differently: a one-layer pipeline stage returned as the layer itself;
    torch's checkpoint_sequential, refused with its cause named (it leaves the last block plain).
@@ -146,6 +146,13 @@ def dp_shard_sizes_sharding_spec(batch_size, k):
     split = mod.get_split_size(batch_size, k)
     sizes = (mod.get_chunked_dim_size(batch_size, split, i) for i in range(k))
     return [n for n in sizes if n > 0]
+
+
+@shortcut("check_dp_shard_sizes", "functorch's get_chunk_sizes (vmap's chunks)",
+          ["get_chunk_sizes", TORCH_COPY])
+def dp_shard_sizes_functorch(batch_size, k):
+    from torch._functorch.vmap import get_chunk_sizes
+    return get_chunk_sizes(batch_size, -(-batch_size // k))
 
 
 @shortcut("check_merge_attention", "context parallelism's _SDPAMerger",

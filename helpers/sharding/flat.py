@@ -50,8 +50,8 @@ def clip_sharded_grad_norm_(shards, max_norm):
     global norm is the square root of the all-reduced sum of every rank's squared norm; every
     rank then scales its shards by the same factor. Returns the global norm."""
     grads = [s.grad for s in shards if s.grad is not None]
-    sq = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else
-                     next((s.device for s in shards), None))
+    device = grads[0].device if grads else shards[0].device if shards else _collective_device()
+    sq = torch.zeros((), dtype=torch.float64, device=device)
     for g in grads:
         sq += g.detach().double().pow(2).sum()
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -62,6 +62,14 @@ def clip_sharded_grad_norm_(shards, max_norm):
     for g in grads:
         g.mul_(coef.to(g.dtype))
     return norm
+
+
+def _collective_device():
+    """Where a rank that holds no shard (a world bigger than the model) makes the tensor it
+    all-reduces: NCCL communicates CUDA tensors only (its current GPU), gloo the CPU's."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def validate_flat_dtypes(params, who):

@@ -158,15 +158,17 @@ def torch_family(base):
 
 def split_size_copies():
     """torch's own copies of torch.chunk's split-size arithmetic, in pure Python that no Recorder
-    sees (every method of DTensor's `Shard`, its sharding helpers, ShardedTensor's chunk spec):
-    the checks whose exercise is that arithmetic refuse them, as they refuse a chunk measured."""
+    sees (every method of DTensor's `Shard`, its sharding helpers, ShardedTensor's chunk spec,
+    functorch's vmap chunks): the checks whose exercise is that arithmetic refuse them, as they
+    refuse a chunk measured."""
     return [*torch_family("torch.distributed.tensor.placement_types.Shard"),
             "torch.distributed.tensor._utils.compute_local_shape_and_global_offset",
             "torch.distributed.tensor._utils._compute_local_shape_and_global_offset",
             "torch.distributed.tensor._utils._get_shard_size_and_offsets",
             "torch.distributed._shard.sharding_spec._internals.get_split_size",
             "torch.distributed._shard.sharding_spec._internals.get_chunked_dim_size",
-            "torch.distributed._shard.sharding_spec._internals.get_chunk_sharding_params"]
+            "torch.distributed._shard.sharding_spec._internals.get_chunk_sharding_params",
+            "torch._functorch.vmap.get_chunk_sizes"]
 
 
 def resolve(names, torch_found=None):

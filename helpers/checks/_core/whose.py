@@ -35,7 +35,7 @@ _FROZEN = {"importlib._bootstrap": "_frozen_importlib",
 
 
 def _compiled(filename, _open=io.open, _compile=compile, _frozen=_imp.is_frozen,
-              _frozen_object=_imp.get_frozen_object):
+              _frozen_object=_imp.get_frozen_object, _len=len, _tuple=tuple):
     """The code objects the file `filename` (or the frozen module it names) compiles to. The
     callables are bound at import: the audit hook judges frames at any moment, and a name looked
     up then (`open` in builtins) could meet a key or a patch the reader left there, and a file
@@ -43,7 +43,7 @@ def _compiled(filename, _open=io.open, _compile=compile, _frozen=_imp.is_frozen,
     top = None
     try:
         if filename.startswith("<frozen ") and filename.endswith(">"):
-            name = filename[len("<frozen "):-1]
+            name = filename[_len("<frozen "):-1]
             name = _FROZEN.get(name, name)
             top = _frozen_object(name) if _frozen(name) else None
         elif not filename.startswith("<"):
@@ -56,12 +56,14 @@ def _compiled(filename, _open=io.open, _compile=compile, _frozen=_imp.is_frozen,
     found = {}
     for code in nested(top):
         found.setdefault((code.co_name, code.co_firstlineno), []).append(code)
-    return {key: tuple(codes) for key, codes in found.items()}
+    return {key: _tuple(codes) for key, codes in found.items()}
 
 
-def _make():
+def _make(_id=id, _type=type, _all=all, _any=any, _len=len, _range=range):
     """vouch and genuine, their caches in this closure: no module attribute leads to them (a
-    cell that reached a module dict of whose by a built name could enter its own code)."""
+    cell that reached a module dict of whose by a built name could enter its own code). The
+    builtins they call are bound here too: a verdict is kept, and one made while an answer had
+    `any` replaced would make the harness's own code the reader's for good."""
     trees = {}      # file name -> {(co_name, co_firstlineno): (code, ...)}, or None (unreadable)
     seen = {}       # id(code) -> (code, genuine?): by identity, the code kept alive with its answer
     vouched = {}    # id(code) -> code: compiled by the harness under its own file's name
@@ -70,7 +72,7 @@ def _make():
     def vouch(code):
         """Code the harness compiled under its own file's name (and the code nested in it)."""
         for inner in nested(code):
-            vouched[id(inner)] = inner
+            vouched[_id(inner)] = inner
         return code
 
     def disown(code, frame, event):
@@ -79,7 +81,7 @@ def _make():
         on, not an import: the import system's frames) or made a function of (directly: a
         library that makes one of its own code for the reader's keeps it) is the reader's,
         whatever file it claims and however equal it is to that file's own code."""
-        for _ in range(_WALK if event == "exec" else 1):
+        for _ in _range(_WALK if event == "exec" else 1):
             if frame is None or made_by_reader(frame.f_code):
                 break
             if frame.f_code.co_name in _IMPORTING and frame.f_code.co_filename.startswith(
@@ -91,37 +93,37 @@ def _make():
         if frame is None:
             return
         for inner in nested(code):
-            if vouched.get(id(inner)) is not inner:
-                disowned[id(inner)] = inner
+            if vouched.get(_id(inner)) is not inner:
+                disowned[_id(inner)] = inner
 
     def genuine(code):
         """True when `code` is its file's own code (or the harness vouched for it)."""
-        if vouched.get(id(code)) is code:
+        if vouched.get(_id(code)) is code:
             return True
-        if disowned.get(id(code)) is code:
+        if disowned.get(_id(code)) is code:
             return False
-        hit = seen.get(id(code))
+        hit = seen.get(_id(code))
         if hit is not None and hit[0] is code:
             return hit[1]
         filename = code.co_filename
-        if type(filename) is not str or type(code.co_name) is not str or not all(str_keys(
+        if _type(filename) is not str or _type(code.co_name) is not str or not _all(str_keys(
                 (c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars)) for c in nested(code)):
             return False        # a name of the reader's class (`==` below compares the names
             #                     of every nested code object): no method of it runs here
         if filename not in trees:
             trees[filename] = _compiled(filename)
         tree = trees[filename]
-        same = tree is not None and any(
+        same = tree is not None and _any(
             code == mine for mine in tree.get((code.co_name, code.co_firstlineno), ()))
-        if len(seen) >= 16384:
+        if _len(seen) >= 16384:
             seen.clear()
-        seen[id(code)] = (code, same)
+        seen[_id(code)] = (code, same)
         return same
 
     def made_by_reader(code):
         """True when `code`'s file is the reader's (is_reader_code) or the reader's code exec'd
         it or made a function of it (disown): cheap, no file compiled."""
-        return is_reader_code(code.co_filename) or disowned.get(id(code)) is code
+        return is_reader_code(code.co_filename) or disowned.get(_id(code)) is code
 
     return vouch, genuine, disown, made_by_reader
 
