@@ -48,9 +48,13 @@ SKIP = re.compile(r"launch|save|load|write|plot|show|glue|claim|train|download|r
                   r"checkpoint|snapshot|notebook|setup|init_process|destroy|stderr|quiet|file|"
                   r"atomic|open|close|sock|port|group|env|seed|barrier|agree|mnist|ensure|"
                   r"dump|dir|path|cache|anim")
+# a function that reads or writes a file: an int handed as its path is a file descriptor
+# (open(2) closes stderr when the file object goes)
+FILES = re.compile(r"path|file|root|dir|notebook|url")
 HELPERS = sorted((name, obj) for name in dir(helpers) if not name.startswith("_")
                  and inspect.isfunction(obj := getattr(helpers, name)) and not SKIP.search(name)
-                 and not obj.__module__.startswith(("helpers.runtime", "helpers.profiling")))
+                 and not obj.__module__.startswith(("helpers.runtime", "helpers.profiling"))
+                 and not any(map(FILES.search, inspect.signature(obj).parameters)))
 CLASSES = sorted((name, obj) for name in dir(helpers) if not name.startswith("_")
                  and inspect.isclass(obj := getattr(helpers, name)) and not SKIP.search(name)
                  and obj.__module__.startswith("helpers.")

@@ -142,8 +142,8 @@ def _counts_unknown(dests):
         rank, failure = w.network_failure or (None, None)      # the first refusal, the cause
         if not all("into a buffer of shape" in str(e) for e in (failure or "", error)):
             return None
-        if any(m.op == "send" and m.shape[:1] != (int((dests[m.src] == m.dst).sum()),)
-               for m in w.messages):
+        if any(m.op == "send" and len(m.shape) == 2         # rows (a count sent is not)
+               and m.shape[0] != int((dests[m.src] == m.dst).sum()) for m in w.messages):
             return None
         return (f"on {len(dests)} ranks rank {rank} expected another number of rows from a "
                 "rank than it was sent (each rank sent exactly its rows for it): out_splits[j] "
