@@ -1,6 +1,6 @@
 """The course's own answer to an exercise under another name: a function (or class) of the course
-that solves it, called as it is, is refused like the exercise's reference (tests/check_cases.py);
-each is in its check's `references=`."""
+that solves it, called as it is or one piece of the input at a time (a layer), is refused like the
+exercise's reference (tests/check_cases.py); each is in its check's `references=`."""
 from check_cases import parametrize_cases, shortcut
 
 import helpers
@@ -33,6 +33,32 @@ def saved_bytes_live_activations_module(net, X):
     tracker = LiveActivations()
     with tracker.micro_batch(list(net.parameters())) as mb:
         net(X)
+    return mb.bytes
+
+
+def _padded(layer, world):
+    n = sum(p.numel() for p in layer.parameters())
+    return -(-n // world) * world
+
+
+@shortcut("check_zero3_sent_bytes", "Part V's sharding_costs, one padded layer at a time", OWN)
+def zero3_sent_bytes_sharding_costs(layers, world):
+    return sum(helpers.sharding_costs(_padded(m, world), world, "zero3")["sent_bytes"]
+               for m in layers)
+
+
+@shortcut("check_zero3_sent_bytes", "Part VII's data_parallel_costs, one padded layer at a time",
+          OWN)
+def zero3_sent_bytes_data_parallel_costs(layers, world):
+    return sum(helpers.data_parallel_costs(_padded(m, world), world, "zero3", 1, "every",
+                                           "adam", 4)["sent_bytes"] for m in layers)
+
+
+@shortcut("check_saved_bytes_of_call", "Part VI's LiveActivations, one micro-batch", OWN)
+def saved_bytes_of_call_live_activations(f, *inputs):
+    tracker = helpers.LiveActivations()
+    with tracker.micro_batch(list(f.parameters())) as mb:
+        f(*inputs)
     return mb.bytes
 
 

@@ -243,6 +243,12 @@ def mixed_zero_bytes_fp32(stage, k):
     return {"dp": 16, "zero1": 8 + 8 / k, "zero2": 4 + 12 / k, "zero3": 16 / k}[stage]
 
 
+@shortcut("check_mixed_zero_bytes", "ZeRO-2 as ZeRO-1: the bf16 gradients not sharded",
+          "2 bytes of bf16 gradients left whole")
+def mixed_zero_bytes_zero2_grads_whole(stage, k):
+    return {"dp": 16, "zero1": 4 + 12 / k, "zero2": 4 + 12 / k, "zero3": 16 / k}[stage]
+
+
 @shortcut("check_mixed_zero_bytes", "everything sharded at every stage", "ZeRO-1 shards")
 def mixed_zero_bytes_all_sharded(stage, k):
     return 16 / k if stage != "dp" else 16

@@ -282,6 +282,17 @@ def dcp_resume_model_only(model, optimizer, path):
     model.load_state_dict(state["model"])
 
 
+@shortcut("check_dcp_resume", "get_state_dict, then the model's part alone loaded and set",
+          "the optimizer's part was never loaded")
+def dcp_resume_model_part_only(model, optimizer, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict
+    model_sd, _ = get_state_dict(model, optimizer)
+    state = {"model": model_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])
+
+
 @shortcut("check_dcp_resume", "torch.load of the folder", "your code raised")
 def dcp_resume_torch_load(model, optimizer, path):
     sd = torch.load(path)

@@ -195,6 +195,21 @@ def dispatch_stay(x, dest, comm):
     return x[dest == comm.rank]
 
 
+@shortcut("check_dispatch_tokens", "its own counts as out_splits: the counts never exchanged",
+          ["out_splits[j] must be the number of rows rank j sends you", "Exchange the counts"])
+def dispatch_own_counts(x, dest, comm):
+    counts = torch.bincount(dest, minlength=comm.world).tolist()
+    return comm.all_to_all(x[torch.argsort(dest, stable=True)], counts, counts)
+
+
+@shortcut("check_dispatch_tokens", "the counts exchanged, then its own passed as out_splits",
+          "out_splits[j] must be the number of rows rank j sends you")
+def dispatch_counts_unused(x, dest, comm):
+    counts = torch.bincount(dest, minlength=comm.world)
+    comm.all_to_all(counts, [1] * comm.world, [1] * comm.world)
+    return comm.all_to_all(x[torch.argsort(dest, stable=True)], counts.tolist(), counts.tolist())
+
+
 @other("check_dispatch_tokens", "send and recv by hand")
 def dispatch_by_hand(x, dest, comm):
     w, r = comm.world, comm.rank
@@ -281,7 +296,7 @@ def activation_terms(width, heads, seq, tp, sp, recompute):
     return (rep / t if sp else rep) + split / t
 
 
-@shortcut("check_tp_bytes_per_step", "forward only", "expected")
+@shortcut("check_tp_bytes_per_step", "forward only", ["expected", "forward only"])
 def tp_bytes_forward(blocks, m, tokens, width, tp, dtype_bytes):
     return 2 * blocks * m * helpers.ring_bytes_per_device(tokens * width * dtype_bytes, tp)
 
@@ -289,6 +304,17 @@ def tp_bytes_forward(blocks, m, tokens, width, tp, dtype_bytes):
 @shortcut("check_tp_bytes_per_step", "the payload, not the ring's volume", "expected")
 def tp_bytes_payload(blocks, m, tokens, width, tp, dtype_bytes):
     return 4 * blocks * m * tokens * width * dtype_bytes
+
+
+@shortcut("check_tp_bytes_per_step", "each ring all-reduce counted as (tp-1)/tp",
+          ["forward only", "reduce-scatter then an all-gather"])
+def tp_bytes_one_ring_phase(blocks, m, tokens, width, tp, dtype_bytes):
+    return 4 * blocks * m * (tp - 1) / tp * tokens * width * dtype_bytes
+
+
+@shortcut("check_tp_bytes_per_step", "the micro-batches left out", "micro-batches left out")
+def tp_bytes_no_micro_batches(blocks, m, tokens, width, tp, dtype_bytes):
+    return 4 * blocks * helpers.ring_bytes_per_device(tokens * width * dtype_bytes, tp)
 
 
 @other("check_tp_bytes_per_step", "closed form")

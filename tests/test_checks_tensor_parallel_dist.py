@@ -99,6 +99,12 @@ def tp_bytes_no_batch(batch, seq, width, k):
     return 4 * seq * width * 4 * 2 * (k - 1) / k
 
 
+@shortcut("check_tp_ring_bytes", "each ring all-reduce counted as (k-1)/k: half, as forward only",
+          ["forward only", "reduce-scatter then an all-gather"])
+def tp_bytes_one_ring_phase(batch, seq, width, k):
+    return 4 * batch * seq * width * 4 * (k - 1) / k
+
+
 @shortcut("check_tp_ring_bytes", "the payload, no ring", "that is the payload")
 def tp_bytes_payload(batch, seq, width, k):
     return 4 * batch * seq * width * 4

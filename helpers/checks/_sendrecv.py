@@ -12,15 +12,21 @@ __all__ = ["TIMEOUT"]
 TIMEOUT = 5.0
 
 
-def _threads(fn, world, *args):
+def _threads(fn, world, *args, reword=None):
     """fn(comm, *args) on `world` thread ranks: (results, the sends each rank made, the World,
-    whose `expect_from_messages` judges whether a result was made of what its rank received)."""
+    whose `expect_from_messages` judges whether a result was made of what its rank received).
+    reword(world, error) -> the words for a check's own cause of a failure (None: the error's)."""
     w = World(world, timeout=TIMEOUT, record_ops=True)
     try:
         with torch.random.fork_rng():
             results = w.run(fn, *args)
     except TimeoutError as e:
         raise CheckFailed(f"on {world} ranks: {e}") from None
+    except CheckFailed as e:
+        words = reword and reword(w, e)
+        if words:
+            raise CheckFailed(words) from None
+        raise
     other = sorted({m.op for m in w.messages if m.op not in ("send", "recv")})
     expect(not other, f"on {world} ranks your code called {', '.join(other)}: this exercise "
                       "exchanges its data with send and recv only (a collective that gathers "

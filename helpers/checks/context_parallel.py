@@ -105,6 +105,17 @@ def check_merge_attention(fn):
                "share exp(lse_block - lse) of the softmax denominator")
 
 
+def _shift(q, k, g):
+    """k plus c * u for one fresh unit vector u: each query's scores move by c (q . u) / sqrt(D),
+    one number per row, which softmax ignores; c is set so that the largest move is 760 to 900,
+    past exp()'s range in float64 (709 up, 745 down). Returns (the keys, that largest move)."""
+    u = torch.randn(q.shape[-1], generator=g)
+    u = u / u.norm()
+    most = float((q @ u).abs().max()) / math.sqrt(q.shape[-1])
+    shift = uniform(g, 760, 900)
+    return k + (shift / most) * u, shift
+
+
 def _ring_rank(comm, fn, q, k, v):
     """This rank's output, and the largest tensor its answer built (an operation's output)."""
     w, r = comm.world, comm.rank
@@ -121,18 +132,25 @@ def _ring_rank(comm, fn, q, k, v):
     "the received K/V blocks (and copies of them) each rank kept alive at once, from arrival to "
     "last use (a sent one: to the wait that finishes its send): three at most, on 6 ranks too "
     "(no holding the whole sequence); with what it "
-    "computed from them (any operation, values read out of torch): no more on 6 ranks than on 4"])
+    "computed from them (any operation, values read out of torch): no more on 6 ranks than on 4",
+    "on one of the three worlds, a fresh one, every key shifted by one shared vector: "
+    "attention unchanged, scores shifted by up to +-(760..900), so exp() without a running "
+    "maximum overflows or underflows, in float64 too"])
 def check_ring_forward(fn):
     """fn(q, k, v, comm) -> this rank's attention output; K/V passed around the ring."""
     g = fresh_generator()
     held = {}          # world -> the most bytes one rank held at once of what it received
     t = randint(g, 3, 4)          # world <= 2t: a row's stats fit a block; D <= t: see peaks
     same = t, randint(g, 1, 2), randint(g, 2, t)    # t, H, D: the same on 4 and 6 ranks
+    shifted = (2, 4, 6)[randint(g, 0, 2)]           # forced, in a fresh world: see _shift
     for world in (2, 4, 6):       # 6: keeping every block exceeds a ring's three
         t = randint(g, 2, 4) if world == 2 else same[0]
         H, D = (randint(g, 1, 2), randint(g, 2, t)) if world == 2 else same[1:]
         B, T = 1, world * t
         q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
+        plain, shift = k, 0.0
+        if world == shifted:
+            k, shift = _shift(q, k, g)
         results, sends, w = _threads(_ring_rank, world, fn, q, k, v)
         peaks = [peak for _, peak in results]
         results = [out for out, _ in results]
@@ -177,10 +195,21 @@ def check_ring_forward(fn):
                        ": holding the whole sequence's keys and values is what the ring avoids; "
                        "merge each block into a running output as it arrives (online softmax), "
                        "then let it go"))
-        want = attention_reference(q, k, v)
+        want = attention_reference(q, plain, v)       # the shift changes no attention
+        # float32 holds a score near 900 to about 1e-4: the output carries that much
+        atol = 1e-5 + bool(shift) * 8 * torch.finfo(q.dtype).eps * float(
+            (q.abs() @ k.abs().transpose(-2, -1)).max() / math.sqrt(D) * v.abs().max())
         for r, out in enumerate(results):
+            if shift and isinstance(out, torch.Tensor) and not torch.isfinite(out).all():
+                raise CheckFailed(
+                    f"on {world} ranks every key was shifted by one shared vector, so a query's "
+                    f"scores move by up to {shift:.0f} (softmax ignores a row's shift: attention "
+                    f"is unchanged), and rank {r}'s output has inf or nan: exp() of a score in "
+                    "the hundreds overflows (of a very negative one, underflows to 0), in "
+                    "float64 too. Keep each row's running maximum, exponentiate the scores "
+                    "minus it, and rescale the running sums when it grows (online softmax)")
             expect(isinstance(out, torch.Tensor) and tensor_close(
-                out, want.chunk(world, dim=2)[r], rtol=1e-4, atol=1e-5,
+                out, want.chunk(world, dim=2)[r], rtol=1e-4, atol=atol,
                 what=f"on {world} ranks rank {r}'s output"),
                 f"on {world} ranks rank {r}'s output is not attention over the whole "
                 "sequence")

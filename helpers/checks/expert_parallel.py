@@ -74,19 +74,46 @@ def check_balancing_loss(fn):
                           + hint)
 
 
+def _served(expert, capacity, n_experts, order):
+    """The kept mask when the choices (token, column) are served in `order`."""
+    used, kept = [0] * n_experts, torch.zeros(expert.shape, dtype=torch.bool)
+    for i, j in order:
+        if used[expert[i, j]] < capacity:
+            used[expert[i, j]] += 1
+            kept[i, j] = True
+    return kept
+
+
+def _told_apart(expert, capacity, n_experts, kept):
+    """Whether `kept` (served column by column) differs from the named wrong orders: token by
+    token, and for k = 3 the later choices token by token, or the third never served."""
+    n, k = expert.shape
+    wrong = [[(i, j) for i in range(n) for j in range(k)]] if k > 1 else []
+    if k > 2:
+        wrong += [[(i, 0) for i in range(n)] + [(i, j) for i in range(n) for j in range(1, k)],
+                  [(i, j) for j in (0, 1) for i in range(n)]]
+    return all(not tensor_equal(_served(expert, capacity, n_experts, o), kept) for o in wrong)
+
+
 @check("keep_within_capacity", references=["route"], observes=[
-    "the kept mask for fresh choices crowding one expert: no expert over capacity, and the "
-    "order first choices first, then earlier tokens"])
+    "the kept mask for fresh choices crowding one expert, with k = 1, 2 and 3 choices per token "
+    "in a fresh order (k = 2 and 3 drawn where serving token by token, or the later choices "
+    "token by token, keeps other choices): no expert over capacity, and the order first "
+    "choices first, then earlier tokens"])
 def check_keep_within_capacity(fn):
     """fn(expert, capacity, n_experts) -> kept (N, k) bools: first choices first, then
     earlier tokens."""
     g = fresh_generator()
-    for _ in range(4):
-        N, E, k = randint(g, 6, 16), randint(g, 2, 4), 2
-        logits = torch.randn(N, E, generator=g)
-        logits[:, 0] += 2                    # crowd expert 0 so that tokens drop
-        cap = randint(g, 1, max(1, N // E))
-        expert = logits.softmax(-1).topk(k, dim=-1).indices     # the choices route() makes
+    # forced, in a fresh order: k = 1 (Switch's), 2 and 3, so that no top-2 answer passes
+    for k in [(1, 2, 3, 2)[i] for i in torch.randperm(4, generator=g).tolist()]:
+        for _ in range(200):     # k > 1: a draw where the wrong orders keep other choices
+            N, E = randint(g, 6, 16), randint(g, max(2, k), 4)
+            logits = torch.randn(N, E, generator=g)
+            logits[:, 0] += 2                    # crowd expert 0 so that tokens drop
+            cap = randint(g, 1, max(1, N // E))
+            expert = logits.softmax(-1).topk(k, dim=-1).indices     # the choices route() makes
+            if _told_apart(expert, cap, E, route(logits, k, cap)["kept"]):
+                break
         got = fn(expert.clone(), cap, E)
         r = route(logits, k, cap)          # the kept mask, after the answer ran
         expect(isinstance(got, torch.Tensor) and tuple(got.shape) == (N, k),
@@ -96,13 +123,33 @@ def check_keep_within_capacity(fn):
         expect(int(per_expert.max()) <= cap,
                f"an expert kept {int(per_expert.max())} choices with capacity {cap}")
         if not tensor_equal(got, r["kept"]):
-            raise CheckFailed(f"with capacity {cap} you kept {got.int().tolist()}, expected "
-                              f"{r['kept'].int().tolist()}: every first choice comes "
-                              "before any second choice, then earlier tokens first")
+            raise CheckFailed(f"with k={k} choices per token and capacity {cap} you kept "
+                              f"{got.int().tolist()}, expected {r['kept'].int().tolist()}: "
+                              "every first choice comes before any second choice (every second "
+                              "before any third), then earlier tokens first")
 
 
 def _dispatch_rank(comm, fn, xs, dests):
     return fn(xs[comm.rank].clone(), dests[comm.rank].clone(), comm)
+
+
+def _counts_unknown(dests):
+    """The words for a receive of another number of rows than its sender sent, when every
+    sender sent exactly its rows for each rank: the receiver's count (out_splits) was wrong,
+    as it is when a rank passes its own counts, never exchanged (the comm's words name the
+    all_to_all's inner receive, which the reader never wrote)."""
+    def reword(w, error):
+        rank, failure = w.network_failure or (None, None)      # the first refusal, the cause
+        if not all("into a buffer of shape" in str(e) for e in (failure or "", error)):
+            return None
+        if any(m.op == "send" and len(m.shape) == 2         # rows (a count sent is not)
+               and m.shape[0] != int((dests[m.src] == m.dst).sum()) for m in w.messages):
+            return None
+        return (f"on {len(dests)} ranks rank {rank} expected another number of rows from a "
+                "rank than it was sent (each rank sent exactly its rows for it): out_splits[j] "
+                "must be the number of rows rank j sends you, which only rank j knows. Exchange "
+                "the counts first (an all_to_all of one count per rank), then the rows")
+    return reword
 
 
 @check("dispatch_tokens", references=["ExpertParallelMoE"], observes=[
@@ -124,7 +171,8 @@ def check_dispatch_tokens(fn):
         quiet = randint(g, 0, world - 1)
         dests = [torch.randint(0, world - (r == quiet), (len(x),), generator=g)
                  for r, x in enumerate(xs)]
-        results, sends, w = _threads(_dispatch_rank, world, fn, xs, dests)
+        results, sends, w = _threads(_dispatch_rank, world, fn, xs, dests,
+                                     reword=_counts_unknown(dests))
         for rank, mine in enumerate(sends):
             for j in range(world):
                 if j == rank:

@@ -54,7 +54,9 @@ class _Slices(_Twice):
         return (a[:, 1:] * a[:, :-1]).sum()
 
 
-@check("saved_bytes_of_call", references=["saved_per_layer", "saved_tensor_bytes"], observes=[
+@check("saved_bytes_of_call", references=["saved_per_layer", "saved_tensor_bytes",
+                                          "LiveActivations", "LiveActivations.micro_batch"],
+       observes=[
     "the number returned (any real type) for fresh modules and inputs, against the bytes of "
     "the distinct storages autograd saves, parameters left out"])
 def check_saved_bytes_of_call(fn):
@@ -331,14 +333,6 @@ def check_save_matmuls(fn):
            "matrix products")
 
 
-def _train(net, opt, g, steps, d):
-    for _ in range(steps):
-        x = torch.randn(6, d, generator=g)
-        net(x).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-
-
 def _drawn_state(net, opt, g, steps):
     """AdamW's state as `steps` steps leave it, drawn rather than trained (the moments random,
     the second positive): the run that saves computes nothing before the answer runs."""
@@ -378,10 +372,15 @@ def check_dcp_resume(fn):
     for (n, p), q in zip(net.named_parameters(), fresh.parameters(), strict=True):
         expect(tensor_equal(p, q), f"after loading, {n} is not the saved one")
     saved, got = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
-    expect(len(got) == len(saved),
-           f"after loading the optimizer holds state for {len(got)} of {len(saved)} "
-           "parameters: AdamW's moments did not come back. Load the optimizer's part too "
-           "(get_state_dict(model, optimizer) gives both; set_state_dict puts them back)")
+    back = [tensor_equal(got[i][k], v) for i, st in saved.items() for k, v in st.items()
+            if torch.is_tensor(got.get(i, {}).get(k))]   # none: the optimizer's part never loaded
+    load = ("(get_state_dict(model, optimizer) gives both parts, dcp.load fills them, "
+            "set_state_dict puts them back)")
+    expect(any(back), "after loading, AdamW's moments did not come back: none of the "
+           "optimizer's state is the saved one (its step and moments are a fresh optimizer's): "
+           f"the optimizer's part was never loaded. Load it too {load}")
+    expect(len(got) == len(saved), f"after loading the optimizer holds state for {len(got)} of "
+           f"{len(saved)} parameters: AdamW's moments did not all come back {load}")
     for k in ("lr", "weight_decay"):
         expect(fresh_opt.param_groups[0][k] == opt.param_groups[0][k],
                f"after loading, the optimizer's {k} is {fresh_opt.param_groups[0][k]}, the "
@@ -392,9 +391,9 @@ def check_dcp_resume(fn):
         for k, v in st.items():
             expect(torch.is_tensor(got[i].get(k)) and tensor_equal(got[i][k], v),
                    f"after loading, the optimizer's {k} of parameter {i} is not the saved one")
-    g2 = fresh_generator()
-    seed = randint(g2, 0, 10**6)
+    x = torch.randn(6, d, generator=fresh_generator())     # one step each, on the same batch
     for model, o in ((net, opt), (fresh, fresh_opt)):
-        _train(model, o, torch.Generator().manual_seed(seed), 1, d)
+        model(x).pow(2).mean().backward()
+        o.step()
     for (n, p), q in zip(net.named_parameters(), fresh.parameters(), strict=True):
         expect(tensor_close(p, q, atol=1e-6), f"the step after loading moved {n} elsewhere")

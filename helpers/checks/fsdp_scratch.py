@@ -140,7 +140,7 @@ def _random_layers(g):
     return layers, widths
 
 
-@check("zero3_sent_bytes", observes=[
+@check("zero3_sent_bytes", references=["sharding_costs", "data_parallel_costs"], observes=[
     "the number returned (any real type) for fresh random layers and world sizes 1 to 8, "
     "against 3 (k-1) padded shards per layer (layers drawn so that padding each layer, each "
     "parameter and the total differ)"])

@@ -153,6 +153,12 @@ def check_megatron_mlp(fn):
             world.expect_from_messages(r, xg, "gradient of x", k)
 
 
+# half the bytes has two causes, one number: name both
+_HALF = ("forward only (backward all-reduces as many activations), or each all-reduce counted "
+         "as (k-1)/k of its payload: a ring all-reduce is a reduce-scatter then an all-gather, "
+         "2(k-1)/k")
+
+
 def _block_bytes(comm, block, X, R):
     X = X.clone().requires_grad_()
     block_loss(TPBlock(block, comm)(X), R).backward()
@@ -182,10 +188,9 @@ def check_tp_ring_bytes(fn):
             continue
         if batch > 1 and abs(got - want / batch) <= 1e-6 * want:
             msg = ("that leaves out the batch: each all-reduce carries batch * seq * width "
-                   "numbers") + (" (or counts forward only, and backward all-reduces as many "
-                                 "activations)" if batch == 2 else "")
+                   "numbers") + (f" (or, the same number, {_HALF})" if batch == 2 else "")
         elif abs(got - want / 2) <= 1e-6 * want:
-            msg = "that is forward only: backward all-reduces as many activations"
+            msg = f"that is half: {_HALF}"
         elif abs(got - payload) <= 1e-6 * want:
             msg = "that is the payload; a ring all-reduce sends 2(k-1)/k of it per rank"
         else:

@@ -338,7 +338,9 @@ def check_mixed_zero_bytes(fn):
                       "the momentum and variance (the 12 bytes of fp32 state)")
             expect(not near(got, whole[stage], dtype, 16, 1e-9) or stage == "zero1",
                    f"{call} = {got:g}: that keeps {master}")
-            same = f" (or, the same number, {master})" if stage == "zero1" else ""
+            same = {"zero1": f" (or, the same number, {master})",
+                    "zero2": " (or, the same number, ZeRO-2 with the 2 bytes of bf16 gradients "
+                             "left whole: ZeRO-2 shards them too, 2 + (2 + 12) / k)"}.get(stage, "")
             expect(not near(got, fp32, dtype, 16, 1e-9),
                    f"{call} = {got:g}: that is float32 training's 4 + 4 + 8{same}; mixed "
                    "precision keeps 2 + 2 bytes of bf16 weights and gradients and 12 of fp32 "
