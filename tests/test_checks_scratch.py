@@ -144,8 +144,7 @@ def allreduce_sum_from_zero(data):
                 chunks[j][i].copy_(chunks[i][i])
 
 
-@shortcut("check_allreduce_spread", "spread, but each sum starts from a tensor of zeros",
-          "already spread")
+@other("check_allreduce_spread", "each sum starts from a tensor of zeros (zeros + g is a copy)")
 def allreduce_sum_from_zeros(data):
     k = len(data)
     chunks = [t.view(-1).tensor_split(k) for t in data]

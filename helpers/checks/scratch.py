@@ -205,7 +205,7 @@ def _spread(what, fn, before, shape):
                f"{what}: {describe_device(d)} did {a} additions, {a - share} more than its "
                f"chunk needs ({share}; per device: {per}, already spread): add each other "
                "device's chunk i into chunk i once, and nothing more (no sum of all k chunks "
-               "including its own, no sum() started from a tensor of zeros)")
+               "including its own)")
         expect(a <= share, f"{what}: {describe_device(d)} did {a} of the {total} additions "
                            f"(per device: {per}); spread them: "
                            f"device i adds the other devices' chunk i into its own chunk i (at "

@@ -33,7 +33,7 @@ from .guard import TORCH_OPERATORS, own_operator
 from .host_pin import HostPins
 from .placeholders import placeholder
 from .spans import layout, span
-from .values import consts
+from .values import adds_zero, consts, makes_zeros
 from .written import Written
 
 __all__ = ["Recorder", "Op", "Ref", "storage_key", "describe_device"]
@@ -44,9 +44,6 @@ aten = torch.ops.aten
 _ELEMENTWISE_ADDS = frozenset({"add", "add_", "sub", "sub_", "addcmul", "addcmul_", "addcdiv",
                                "addcdiv_", "rsub", "lerp", "lerp_", "_foreach_add",
                                "_foreach_add_"})
-# ... of which these add nothing when their one other operand is a Python 0: `0 + t` (Python's
-# sum() starts from 0) and `t - 0` copy `t`, like clone
-_ZERO_ADDS = frozenset({"add", "add_", "sub", "sub_"})
 _REDUCING_ADDS = frozenset({"sum", "mean", "nansum", "cumsum", "cumsum_", "logsumexp", "norm",
                   "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace",
                   "cumprod", "cumprod_", "logcumsumexp", "_logcumsumexp"})
@@ -104,7 +101,7 @@ class Op:
     """One aten operation: what it read, what it wrote, where."""
 
     __slots__ = ("index", "name", "func", "reads", "writes", "outputs", "device", "flops",
-                 "view", "thread", "blind", "targets", "fresh", "scalar", "consts")
+                 "view", "thread", "blind", "targets", "fresh", "scalar", "consts", "zeros")
 
     def __init__(self, index, func):
         self.index, self.func = index, func
@@ -116,6 +113,7 @@ class Op:
         self.fresh = ()          # positions in writes of those views (written.py)
         self.scalar = False      # a Python float among its operands (`g *= max_norm / norm`)
         self.consts = None       # its operands that are not tensors (values.py), if hashable
+        self.zeros = ()          # positions in reads of tensors of zeros (values.makes_zeros)
 
     @property
     def is_transfer(self):
@@ -165,10 +163,10 @@ class Op:
 
     @property
     def plus_zero(self):
-        """`t + 0`, `0 + t`, `t - 0`: one tensor and a Python 0, a copy, neither work nor an
-        addition (Python's sum() starts from 0: `sum(chunks)` makes k additions, k - 1 real)."""
-        first = self.consts[0][:1] if self.consts else ()
-        return self.name in _ZERO_ADDS and len(self.reads) == 1 and first == (0,)
+        """`t + 0`, `0 + t`, `t - 0`, `zeros_like(t) + g`: a copy, neither work nor an addition
+        (Python's sum() starts from 0: `sum(chunks)` makes k additions, k - 1 real), one rule
+        for every check that counts (values.adds_zero)."""
+        return adds_zero(self)
 
     def __repr__(self):
         args = ", ".join(map(repr, self.reads))
@@ -196,6 +194,7 @@ class Recorder(TorchDispatchMode):
         #                          numpy data (torch.tensor, from_numpy: no op produced it)
         self._keep, self._lock = [], threading.RLock()     # threads note one op at a time
         self._pins = HostPins()         # pin_memory without CUDA: a host copy (host_pin.py)
+        self.zeros = set()       # (storage key, version) of tensors of zeros made (values.py)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -244,6 +243,7 @@ class Recorder(TorchDispatchMode):
         op.targets = tuple(sorted(written.targets))
         op.scalar = any(isinstance(a, float) for a in (*args, *kwargs.values()))
         op.consts = consts(args, kwargs)
+        op.zeros = tuple(i for i, r in enumerate(op.reads) if (r.key, r.version) in self.zeros)
         outs = _tensors(out)
         for t in written.tensors:           # each once, however often it is handed over
             key = storage_key(t)
@@ -261,6 +261,8 @@ class Recorder(TorchDispatchMode):
                 op.outputs.append(Ref(t, self.version[key]))
                 self.producer[(key, self.version[key])] = op.index
                 self._keep.append(t)
+            if makes_zeros(op):
+                self.zeros.update((r.key, r.version) for r in op.outputs)
         self._keep.extend(inputs)
         devices = [r.device for r in op.writes + op.outputs] or [r.device for r in op.reads]
         op.device = devices[0] if devices else None

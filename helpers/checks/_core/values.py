@@ -2,11 +2,12 @@
 data read, so fake tensors on simulated devices answer too), and which operations make a
 constant of what they read (`x / x`, `x.sum() - x.sum()`, `x ** 0`, `x * zeros`): flow.py
 does not follow an input's elements through such a constant, so an operand made of one is not
-the inputs' data in a product (`W @ (x / x)` is W's elements)."""
+the inputs' data in a product (`W @ (x / x)` is W's elements). Also which additions add a zero
+(`adds_zero`): observe.py counts them as copies, neither work nor additions."""
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["consts", "Values"]
+__all__ = ["consts", "Values", "adds_zero", "makes_zeros"]
 
 _SEEDED = torch.Tag.nondeterministic_seeded
 # copies: the result holds the values read (its device or dtype aside)
@@ -22,6 +23,31 @@ _ZERO_SELF = frozenset({"sub", "sub_", "rsub", "remainder", "remainder_", "fmod"
 _ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})
 _FILLED = frozenset({"full", "full_like", "new_full", "scalar_tensor"})   # the value: a const
 _TIMES = frozenset({"mul", "mul_"})
+# additions that add nothing when one operand is zero: `0 + t` (Python's sum() starts from 0),
+# `t - 0`, `zeros_like(t) + g` (a sum started from a tensor of zeros)
+_ZERO_ADDS = frozenset({"add", "add_", "sub", "sub_"})
+
+
+def adds_zero(op):
+    """Whether the Recorder's `op` is a copy of one operand: an addition of a Python 0 (`t + 0`,
+    `0 + t`, `t - 0`) or of a tensor of zeros the answer made and has not written since
+    (`op.zeros`: `total = zeros_like(c); total += g`, `sum(gs, zeros_like(c))`); `zeros - g`
+    and `add(zeros, g, alpha=2)` compute, so count."""
+    if op.name not in _ZERO_ADDS or op.consts is None:
+        return False
+    leaves, named = op.consts
+    if len(op.reads) == 1:
+        return leaves[:1] == (0,)
+    return len(op.reads) == 2 and (1 in op.zeros or 0 in op.zeros and op.name[:3] == "add"
+                                   and all(v == (1,) for k, v in named if k == "alpha"))
+
+
+def makes_zeros(op):
+    """Whether the tensors `op` made hold zeros: zeros, zeros_like, new_zeros, a full of 0, or a
+    copy of zeros (`torch.zeros(n).to(d)`)."""
+    leaves = op.consts[0] if op.consts else ()
+    return (op.name in _ZEROS or op.name in _FILLED and 0 in leaves[-1:]
+            or op.name in _COPIES and op.zeros == (0,) and len(op.reads) == 1)
 
 
 def consts(args, kwargs):
