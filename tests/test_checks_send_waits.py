@@ -3,7 +3,8 @@ and NCCL: "send, finish the sends with comm.wait(), then receive" in a cycle han
 (each rank waits for a receive its peer posts only after its own wait), so on thread ranks it
 fails at once as a deadlock naming each rank's blocking call and the fix, in the checks and in
 launch(threads=True) alike; sends received before the wait, sendrecv, isendrecv and an
-overlapped ring pass (helpers/runtime/thread_waits.py, tests/check_cases.py)."""
+overlapped ring pass (helpers/runtime/thread_waits.py, tests/check_cases.py). A ring that waits
+once at the end holds every block it sent until then, a computed copy sent (`k * 1.0`) too."""
 import time
 
 import pytest
@@ -70,6 +71,32 @@ def ring_waits_once_at_the_end(q, k, v, comm):
         acc, m, l = helpers.merge_blocks(acc, m, l, *helpers.block_attention(q, k, v))
     comm.wait()
     return acc / l[..., None]
+
+
+def _ring_sending(q, k, v, comm, sent):
+    """The ring, each block sent as `sent(block)`, and one comm.wait() at the end."""
+    r, w = comm.rank, comm.world
+    acc, m, l = helpers.block_attention(q, k, v)
+    for i in range(w - 1):
+        comm.send(sent(k), (r + 1) % w, tag=2 * i)
+        comm.send(sent(v), (r + 1) % w, tag=2 * i + 1)
+        k = comm.recv((r - 1) % w, k.shape, tag=2 * i)
+        v = comm.recv((r - 1) % w, v.shape, tag=2 * i + 1)
+        acc, m, l = helpers.merge_blocks(acc, m, l, *helpers.block_attention(q, k, v))
+    comm.wait()
+    return acc / l[..., None]
+
+
+@shortcut("check_ring_forward", "sends k * 1.0 (a computed copy), one comm.wait() at the end",
+          ["sent and not yet waited for", "each step"])
+def ring_sends_copies_waits_once(q, k, v, comm):
+    return _ring_sending(q, k, v, comm, lambda block: block * 1.0)
+
+
+@shortcut("check_ring_forward", "sends (-k).neg(), one comm.wait() at the end",
+          ["sent and not yet waited for", "each step"])
+def ring_sends_negated_twice_waits_once(q, k, v, comm):
+    return _ring_sending(q, k, v, comm, lambda block: (-block).neg())
 
 
 @other("check_ring_forward", "isendrecv and the Exchange's wait()")

@@ -295,12 +295,13 @@ class World(ThreadWorld):
             rec.producer.get(ref, -1) >= first and rec.ops[rec.producer[ref]].scalar
             for ref in seen)      # a Python float operand, after: `g *= max_norm / norm`
 
-    def held_from_messages(self, rank):
+    def held_from_messages(self, rank, sends=True):
         """The most bytes `rank` held at once of what it received and what it made from that
         (record_ops=True; `Recorder.live_peak`): every storage whose dataflow reaches a received
         one, through any operation (`kv * 1.0`, `-kv`, `kv.double()` are the data still), and
         values of those read out of torch (`.tolist()`, `.item()`), held from there to the end
-        since nothing follows them in Python."""
+        since nothing follows them in Python; with `sends`, what its comm sent (`k * 1.0` too)
+        held until the wait that finishes the send (`sent_until`)."""
         rec = self.recorders[rank]
         keys, refs = rec.reached_by(self.received[rank])
         size = {}
@@ -310,7 +311,7 @@ class World(ThreadWorld):
         outs = self.exits[rank] + [(op.index, (r.key, r.version))
                                    for op in rec.named("_local_scalar_dense") for r in op.reads]
         kept = [(i, size.get(ref[0], 0)) for i, ref in outs if ref in refs]
-        return rec.live_peak(keys, kept)
+        return rec.live_peak(keys, kept, until=self.sent_until(rank) if sends else None)
 
     def expect_from_messages(self, rank, tensors, what, world=None):
         """Fail unless rank `rank`'s `tensors` (`what`, in the reader's words) are computed from
