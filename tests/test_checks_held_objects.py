@@ -1,10 +1,10 @@
 """The scan of an answer's code (references.py, reach.py) sees what a C object holds, as the
 collector does (tests/check_cases.py's form): the unwatched `torch._C.TensorBase.tolist`, bound
 at import and kept in a slice, a mapping proxy, a generator, an exception's args, a defaultdict's
-default factory, a ContextVar's default, a class reached through a weak reference, or the watched
-`torch.Tensor.tolist` bound before the check ran and kept in a slice, is refused before the
-answer runs; a right answer holding C objects of its own (a slice, a generator, numpy arrays, a
-DataLoader) passes."""
+default factory, a ContextVar's default, a class reached through a weak reference or a dict's
+key, or the watched `torch.Tensor.tolist` bound before the check ran and kept in a slice, is
+refused before the answer runs; a right answer holding C objects of its own (a slice, a
+generator, numpy arrays, a DataLoader) passes."""
 import collections
 import contextvars
 import types
@@ -52,17 +52,18 @@ _HOLDERS = types.SimpleNamespace(
         {"f": torch._C.TensorBase.tolist}), gen=_forever(torch._C.TensorBase.tolist),
     exc=ValueError(torch._C.TensorBase.tolist), weak=weakref.ref(_Box),
     var=contextvars.ContextVar("tolist", default=torch._C.TensorBase.tolist),
-    watched=slice(torch.Tensor.tolist))
+    watched=slice(torch.Tensor.tolist), keyed={torch._C.TensorBase.tolist: "tolist"})
 _UNSEEN = [_Box]
 del _Box
 _SLICE, _PROXY, _GEN, _EXC = _HOLDERS.slice, _HOLDERS.proxy, _HOLDERS.gen, _HOLDERS.exc
-_WEAK, _VAR, _WATCHED = _HOLDERS.weak, _HOLDERS.var, _HOLDERS.watched
+_WEAK, _VAR, _WATCHED, _KEYED = _HOLDERS.weak, _HOLDERS.var, _HOLDERS.watched, _HOLDERS.keyed
 _CASES = (("a slice's stop", lambda: _SLICE.stop), ("a mapping proxy", lambda: _PROXY["f"]),
           ("a generator made at import", lambda: next(_GEN)),
           ("an exception's args", lambda: _EXC.args[0]),
           ("a defaultdict's default factory", lambda: _FACTORY["tolist"]),
           ("a ContextVar's default", lambda: _VAR.get()),
-          ("a class reached through a weak reference", lambda: vars(_WEAK())["tolist"]))
+          ("a class reached through a weak reference", lambda: vars(_WEAK())["tolist"]),
+          ("a dict's key", lambda: next(iter(_KEYED))))
 for _what, _get in _CASES:
     shortcut("check_global_mean_var", f"TensorBase.tolist held in {_what}", UNWATCHED)(
         _kept(_get))

@@ -2,8 +2,10 @@
 thread adds while one rank's first sight of memory outside torch lists the known storages, or a
 module another rank's thread imports while the dispatch switches are guarded, raises nothing in
 the answer ("dictionary changed size during iteration" once failed a right answer under load:
-provenance.py's `known`, switches.py's `_torch_spaces`). A collection run at every allocation,
-whose callback adds an entry, stands in for the other thread (it runs between two items)."""
+provenance.py's `known`, switches.py's `_torch_spaces`), nor does a class another rank's thread
+patches while the scan or the held walk reads its members (reach.py: hooks.py sets and deletes
+torch.Tensor's), or a function's keyword defaults. A collection run at every allocation, whose
+callback adds an entry, stands in for the other thread (it runs between two items)."""
 import gc
 import sys
 import types
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.checks._core import switches
+from helpers.checks._core import reach, switches
 from helpers.checks._core.provenance import Provenance
 
 
@@ -62,3 +64,18 @@ def test_the_switches_list_the_loaded_modules_at_once(adds_at_every_collection):
         for name in names:
             sys.modules.pop(name, None)
         switches._CACHE["loaded"] = []
+
+
+def test_the_walk_lists_a_class_s_members_at_once(adds_at_every_collection):
+    patched = type("Patched", (), {f"member_{i}": i for i in range(200)})
+    counter = iter(range(10**6))
+    adds_at_every_collection(lambda: setattr(patched, f"added_{next(counter)}", 0))
+    assert reach.readers_class(patched)      # made by type() here: the reader's, walked
+
+
+def test_the_walk_lists_a_function_s_keyword_defaults_at_once(adds_at_every_collection):
+    def answer(*, a=0, b=1, c=2):
+        return a + b + c
+    counter = iter(range(10**6))
+    adds_at_every_collection(lambda: answer.__kwdefaults__.setdefault(f"k{next(counter)}", 0))
+    assert [d for label, d in reach.children(answer) if label == "default"][:3] == [0, 1, 2]

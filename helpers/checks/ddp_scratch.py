@@ -179,7 +179,7 @@ def check_overlap_hooks(fn):
         with recording() as hooks, added_attributes() as added:   # held.py walks from them too
             finish = fn(net)
             expect(callable(finish), "overlap_hooks(model) must return a function finish()")
-            held = Steps(lambda: [finish, *hooks(), *added()])
+            held = Steps(lambda: [finish, *hooks(), net, *net.parameters(), *added()])
             for n, p in net.named_parameters():   # which storage holds each gradient, once ready
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(lambda p, n=n: _ready(comm.rank, n, p))

@@ -1,10 +1,12 @@
 """What a function of the reader's still holds after it returned: the async handles, futures
-and tensors reachable from it, and from the hooks of the reader's it keeps (state only a hook
-holds), by the scan's walk (reach.py, the course's code left out): its closure, defaults and
-attributes, the globals its code loads (its module's whole namespace when it calls `globals()`
-or `vars()`), a ContextVar's value in this thread, the classes of the reader's and their
-attributes, and what those hold (containers, objects, bound methods, partials, the value
-of a completed torch future: a collect_all chained step to step holds every step's). A
+and tensors reachable from it, from the hooks of the reader's it keeps (state only a hook
+holds) and from the other starts a check names (what it handed over, the module attributes set
+since the checks' first import: `added_attributes`), by the scan's walk (reach.py, the
+course's code left out): its closure, defaults and attributes, the globals its code loads (its
+module's whole namespace when it calls `globals()` or `vars()`), a ContextVar's value in this
+thread, the classes of the reader's and their attributes, and what those hold (containers and
+a dict's keys, objects, bound methods, partials, the value of a completed torch future: a
+collect_all chained step to step holds every step's). A
 stateful answer that keeps each step's handles grows without bound, and keeps every step's
 gradients alive, while its values stay right; the checks tell it by what it holds one step
 later (`check_overlap_hooks`). Read as reach.py reads: no method, property or container method
@@ -19,8 +21,11 @@ import types
 import torch
 
 from ...runtime.work import Work
+from .guard import _state
+from .keys import str_keys
 from .parts import own_dict
 from .reach import children, expandable, loads
+from .reader_objects import is_a
 from .settle import Guarded
 
 __all__ = ["held_by", "Steps", "added_attributes"]
@@ -30,6 +35,34 @@ _LIMIT = 20000          # objects visited at most: a walk of a large structure s
 # the harness's function (its closures are the World's, not the answer's state)
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), types.ModuleType,
            types.CodeType, types.BuiltinFunctionType)
+_COURSE = frozenset({__name__.split(".")[0], "helpers"})    # the fresh copy's and the notebook's
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+
+
+def _modules():
+    """(name, module) of the modules loaded now, the course's aside (read by exact types)."""
+    return [(name, m) for name, m in list(sys.modules.items()) if type(name) is str
+            and is_a(m, types.ModuleType) and name.split(".")[0] not in _COURSE]
+
+
+def _namespaces():
+    """{name: (module, its attribute names)} of the modules loaded now (`_modules`)."""
+    return {name: (m, {k for k in _MODULE_DICT(m).copy() if type(k) is str})
+            for name, m in _modules()}
+
+
+def _first_import():
+    """The namespaces when the course's checks were first imported in this process, kept on the
+    state every import shares (guard.py): fresh.py's copy, made after the notebook's cells ran,
+    judges by the notebook's import, not by its own."""
+    state = _state()
+    found = getattr(state, "held_namespaces", None)
+    if type(found) is not dict:
+        found = state.held_namespaces = _namespaces()
+    return found
+
+
+_AT_IMPORT = _first_import()    # what a library's modules held then is their own
 
 
 def held_by(starts, depth=8):
@@ -38,7 +71,7 @@ def held_by(starts, depth=8):
     kept hooks) reach, the depth counted from each; an object met again with more depth left
     is walked again."""
     found, seen = {}, {}
-    stack = [(start, depth) for start in starts]
+    stack = [(start, depth) for start in reversed(starts)]   # the first walked first
     while stack and len(seen) < _LIMIT:
         obj, left = stack.pop()
         if seen.get(id(obj), -1) >= left:
@@ -88,18 +121,52 @@ def _settled(fut):
 
 @contextlib.contextmanager
 def added_attributes():
-    """Yields a function of no arguments: the values of the attributes set, since the block was
-    entered, on the modules loaded then (a library's, the reader's; the course's helpers aside),
-    modules left out. A store the answer keeps there (`setattr(torch.distributed, name, [])`,
-    read by a built name) is no module's own, and no load of the reader's names it."""
-    course = __name__.split(".")[0]
-    before = {name: (m, set(m.__dict__.copy())) for name, m in list(sys.modules.items())
-              if isinstance(m, types.ModuleType) and name.split(".")[0] != course}
+    """Yields a function of no arguments: the values of the attributes set on loaded modules (a
+    library's, the reader's; the course's helpers aside) since the checks were imported (for a
+    module imported later, since the block was entered), and every attribute of a module made
+    since, not imported (no `__spec__` or `__file__`: `types.ModuleType(name)` put in
+    sys.modules), modules left out. A store the answer keeps there, at import or while it runs
+    (`setattr(torch, name, {})` read by a built name, a made module reached by
+    `importlib.import_module`), is no library's own, and no load of the reader's names it."""
+    entered = _namespaces()
 
     def added():
-        return [v for m, names in before.values() for k, v in m.__dict__.copy().items()
-                if k not in names and not isinstance(v, types.ModuleType)]
+        out = []
+        for name, m in _modules():
+            space = _MODULE_DICT(m)
+            known = _known(name, m, _AT_IMPORT)
+            if known is None and not _made(name, space.copy()):
+                known = _known(name, m, entered)
+                if known is None:
+                    continue    # imported while the block ran: what it holds is its own
+            out += [v for v in _values(space, known or set()) if not is_a(v, types.ModuleType)]
+        return out
     yield added
+
+
+def _values(space, known):
+    """The values of the namespace `space` under names not in `known`: none where it holds no
+    more names than `known` (most modules: one that lost as many is not read), else a set
+    difference made in C, at once, where every key is an exact str (no key's code runs), else a
+    copy's items."""
+    if len(space) <= len(known):
+        return []
+    if str_keys(space):
+        return [space.get(k) for k in space.keys() - known]
+    return [v for k, v in dict.items(space.copy()) if type(k) is not str or k not in known]
+
+
+def _known(name, module, snapshot):
+    """The attribute names `module` had in `snapshot` (`_namespaces`), or None if not there."""
+    held, names = snapshot.get(name, (None, None))
+    return names if held is module else None
+
+
+def _made(name, space):
+    """Whether the module of namespace `space` was made, not imported (no spec, no file)."""
+    spec = next((v for k, v in dict.items(space) if type(k) is str and k == "__spec__"), None)
+    return name != "__main__" and spec is None and not any(
+        type(k) is str and k == "__file__" for k in space)
 
 
 def _reads_globals(fn):

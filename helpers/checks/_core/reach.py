@@ -137,7 +137,7 @@ def _walked(cls, course=True):
     `__module__` and `__qualname__` say (a class claiming `json` that `json` does not hold)."""
     if not _made_in_python(cls):
         return False
-    for member in _CLASS_DICT(cls).values():
+    for member in list(_CLASS_DICT(cls).values()):   # copied in C: other threads patch classes
         if any(expandable(f) if course else is_a(f, types.FunctionType) and made_by_reader(
                 f.__code__) for f in _functions(member)):
             return True
@@ -180,8 +180,9 @@ def _held(obj):
     base = next(((b, read) for b, read in _BASE_ITEMS if issubclass(cls, b)), None)
     if base is not None and not _made_in_python(cls):
         items = list(base[1](obj))[:_ITEMS]
-        if base[0] is dict:
-            items = [(_label(k), v) for k, v in items]
+        if base[0] is dict:     # a key other than a name or a number is held too (`{work: n}`)
+            items = [(_label(k), v) for k, v in items] + [
+                ("key", k) for k, _ in items if type(k) not in (str, int)]
         else:
             items = [("item", x) for x in items]
         return items + _referents(obj) if cls is collections.defaultdict else items
@@ -250,4 +251,4 @@ def children(obj, course=True):
         yield from (("closure", c.cell_contents) for c in (obj.__closure__ or ())
                     if _cell_filled(c))
         yield from (("default", d) for d in (obj.__defaults__ or ()))
-        yield from (("default", d) for d in (obj.__kwdefaults__ or {}).values())
+        yield from (("default", d) for d in list((obj.__kwdefaults__ or {}).values()))
