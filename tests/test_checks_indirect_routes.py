@@ -4,7 +4,8 @@
 1. cancelling arithmetic: a result made of other data, with what arrived added times zero
    (`+ 0 * received`, `add(..., alpha=0)`, `x - x`): the Recorder cuts that flow (observe.py);
 2. names built at run time: the course's answer, a collective the exercise does not allow or a
-   dispatch switch reached by `getattr`, `importlib`, `vars()` on a computed name;
+   dispatch switch reached by `getattr`, `importlib`, `vars()` on a computed name (torch's own
+   all_reduce reached through `sys.modules` or its `__wrapped__` is the World's: it passes);
 3. a reference's code object saved before the check, run as a new function (guard.py refuses
    `function.__new__` on a blocked reference's code while an answer runs);
 4. a thread started before the check, idle in library code, fed work later through a queue
@@ -18,6 +19,7 @@ import collections
 import concurrent.futures
 import concurrent.futures.thread as cf_thread
 import importlib
+import inspect
 import operator
 import sys
 import threading
@@ -124,6 +126,52 @@ def average_bucket_gather_by_name(grads):
     for g in grads:
         g.copy_(mean[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+def _bucket_through(grads, all_reduce):
+    """The flat bucket summed by `all_reduce` (torch's, however reached), then averaged."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+@other("check_average_bucket", "all_reduce read from its module's dict in sys.modules")
+def average_bucket_from_module_table(grads):
+    _bucket_through(grads, sys.modules["torch.distributed.distributed_c10d"].__dict__[
+        "all_reduce"])
+
+
+@other("check_average_bucket", "torch's undecorated all_reduce (its __wrapped__)")
+def average_bucket_unwrapped(grads):
+    _bucket_through(grads, dist.all_reduce.__wrapped__)
+
+
+def test_the_scan_stops_at_the_module_table(monkeypatch):
+    """An answer that reads sys.modules reaches every loaded module by name, as
+    importlib.import_module does, judged while it runs: the scan does not walk the table, whose
+    first entries (ctypes, wherever a process imported it) are no part of the answer's code."""
+    from helpers.checks._core import references
+    table = {"ctypes": importlib.import_module("ct" + "ypes"), **sys.modules}
+    monkeypatch.setattr(sys, "modules", table)
+    references.scan(average_bucket_from_module_table, [], "average_bucket")
+
+
+def test_a_stand_in_unwraps_to_its_own_code():
+    """dist.all_reduce's stand-in carries a `__wrapped__` as torch's decorated function does: a
+    twin of the stand-in (its code the harness's), never torch's original."""
+    from helpers.checks._core.world import World
+    original = dist.all_reduce
+    chain = {id(original), id(inspect.unwrap(original))}
+
+    def body(comm):
+        inner = inspect.unwrap(dist.all_reduce)
+        return inner is not dist.all_reduce and id(inner) not in chain and (
+            inner.__code__ is dist.all_reduce.__code__)
+    assert World(2).run(body) == [True, True]
 
 
 @shortcut("check_shard_sizes", "tensor_split measured under a dispatch switch named at run time",

@@ -196,7 +196,7 @@ def dp_average_stand_in_deleted(grads, comm):
 
 
 @shortcut("check_dp_average", "reaches torch's original tolist through the stand-in's "
-          "__wrapped__", INSPECTS)
+          "__wrapped__", "has no attribute '__wrapped__'")
 def dp_average_unwrapped(grads, comm):
     _ = torch.Tensor.tolist.__wrapped__
     for t in grads:

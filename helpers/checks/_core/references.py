@@ -204,8 +204,6 @@ _INTROSPECTION_NAMES = {"_getframe", "_current_frames", "_current_exceptions", "
                         "_getframemodulename",
                         # the closures the harness keeps its records in (ledger.py)
                         "__closure__", "cell_contents", "__defaults__", "__kwdefaults__",
-                        # what a stand-in of torch's would hand out: the original it watches
-                        "__wrapped__",
                         # the tables of a module's or parameter's hooks, where checks observe
                         "_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
                         "_forward_hooks_with_kwargs", "_backward_pre_hooks",
@@ -327,6 +325,8 @@ def _examine(obj, path, keys, exercise, stack, answer):
                           f"returned ({late}, through {path}): the check judges what your "
                           "function did while it ran, so an answer may leave nothing of its "
                           "own to run later")
+    if obj is sys.modules:  # every module by name, as importlib.import_module: not walked
+        return              # (its first entries, ctypes among them, are not the answer's code)
     if type(obj) in CONTAINERS:     # a built-in container: what follows never refuses one
         stack.extend((child, f"{path} → {label}") for label, child in children(obj))
         return

@@ -293,10 +293,19 @@ REGISTRY = {}   # check function name -> CheckInfo, filled by @check at import
 
 def stand_in(original):
     """functools.wraps without `__wrapped__`: a harness stand-in looks like what it replaces
-    (name, doc, module) but does not hand the original it guards or watches to the answer."""
+    (name, doc, module) but does not hand the original it guards or watches to the answer. Where
+    the original wraps another (torch's logged collectives), so does the stand-in: a twin of
+    itself, so `dist.all_reduce.__wrapped__(t)`, right on torch, runs the stand-in's code."""
     def decorate(fn):
         fn = functools.wraps(original)(fn)
         del fn.__wrapped__
+        space = getattr(original, "__dict__", None)
+        inner = space.get("__wrapped__") if type(space) is dict and str_keys(space) else None
+        if inner is not None:
+            twin = type(fn)(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                            fn.__closure__)
+            twin.__kwdefaults__ = fn.__kwdefaults__
+            fn.__wrapped__ = stand_in(inner)(twin)
         return fn
     return decorate
 
