@@ -190,8 +190,7 @@ class Recorder(TorchDispatchMode):
         self.version = collections.Counter()     # storage key -> writes so far
         self.producer = {}                       # (key, version) -> op index
         self.failed = None                       # (func, reads) of the operation that raised
-        self.from_python = {}    # storage key -> first op that took it in, made from Python or
-        #                          numpy data (torch.tensor, from_numpy: no op produced it)
+        self.from_python = {}    # storage key -> first op that took it in from Python/numpy data
         self._keep, self._lock = [], threading.RLock()     # threads note one op at a time
         self._pins = HostPins()         # pin_memory without CUDA: a host copy (host_pin.py)
         self.zeros = set()       # (storage key, version) of tensors of zeros made (values.py)
