@@ -103,9 +103,8 @@ def check_zero1_optimizer(fn):
             big, small = (2, randint(g, 150, 200)), (randint(g, 35, 45), 1)
         if flipped:     # the same, transposed: balanced by p.shape[-1], the last dimension
             big, small = big[::-1], small[::-1]
-        # a big matrix after every world - 1 small ones (dealt out by index, or each in turn to
-        # the least loaded rank unsorted, two share a rank), or one per rank all first
-        # (contiguous runs by count put two on rank 0): both, in every call
+        # a big matrix after every world - 1 small ones (dealt by index, or to the least loaded
+        # rank unsorted: two share a rank), or one per rank first (runs by count: two on rank 0)
         shapes = [big if (i < world if adjacent else i % world == world - 1) else small
                   for i in range(3 * world + 1)]
         start = [torch.randn(s, generator=g) for s in shapes]
