@@ -89,3 +89,21 @@ def global_mean_var_c_objects(counts, means, variances):
 
 
 test_case = parametrize_cases(__name__)
+
+
+_ARRAY = __import__("numpy").arange(3)
+
+
+def test_a_function_reading_an_array_global_is_walked():
+    """held.py asks whether a reader's function reads globals() by identity: a global numpy
+    array it loads (whose `==` is elementwise) is no error."""
+    from helpers.checks._core.held import _reads_globals
+
+    def uses_array():
+        return _ARRAY.sum()
+
+    def uses_globals():
+        return globals()
+
+    assert not _reads_globals(uses_array)
+    assert _reads_globals(uses_globals)

@@ -18,7 +18,7 @@ from multiprocessing.pool import ThreadPool
 
 import torch
 import torch.distributed as dist
-from check_cases import other, parametrize_cases, shortcut
+from check_cases import dp_group, other, parametrize_cases, shortcut
 
 import helpers
 
@@ -92,53 +92,56 @@ def average_bucket_pool_waited(grads):
 
 
 # ---- dp_average (mesh2d.py): a World check, in place -------------------------------------------
-def _mean(grads):
+def _mean(grads, group=None):
     for g in grads:
-        dist.all_reduce(g, op=dist.ReduceOp.AVG)
+        dist.all_reduce(g, op=dist.ReduceOp.AVG, group=group)
 
 
 @shortcut("check_dp_average", "the all-reduces left to a thread never joined", THREAD)
 def dp_average_thread_late(grads, comm):
-    threading.Thread(target=_later(lambda: _mean(grads)), daemon=True).start()
+    group = dp_group(comm)
+    threading.Thread(target=_later(lambda: _mean(grads, group)), daemon=True).start()
 
 
 @shortcut("check_dp_average", "the all-reduces submitted to a pool, never waited for", TASK)
 def dp_average_pool_nowait(grads, comm):
-    pool = ThreadPoolExecutor(1)
-    pool.submit(_later(lambda: _mean(grads)))
+    group, pool = dp_group(comm), ThreadPoolExecutor(1)
+    pool.submit(_later(lambda: _mean(grads, group)))
     pool.shutdown(wait=False)
 
 
 @shortcut("check_dp_average", "the all-reduces handed to a multiprocessing ThreadPool, "
           "never waited for", RESULT)
 def dp_average_thread_pool_nowait(grads, comm):
-    pool = ThreadPool(1)
-    pool.apply_async(_later(lambda: _mean(grads)))
+    group, pool = dp_group(comm), ThreadPool(1)
+    pool.apply_async(_later(lambda: _mean(grads, group)))
     pool.close()
 
 
 @shortcut("check_dp_average", "the all-reduces on a Timer's thread", THREAD)
 def dp_average_timer(grads, comm):
-    threading.Timer(LATE, _mean, args=(grads,)).start()
+    threading.Timer(LATE, _mean, args=(grads, dp_group(comm))).start()
 
 
 @other("check_dp_average", "the all-reduces on a thread, joined")
 def dp_average_thread_joined(grads, comm):
-    t = threading.Thread(target=_mean, args=(grads,))
+    t = threading.Thread(target=_mean, args=(grads, dp_group(comm)))
     t.start()
     t.join()
 
 
 @other("check_dp_average", "each all-reduce mapped on an executor, in its `with` block")
 def dp_average_pool_map(grads, comm):
+    group = dp_group(comm)
     with ThreadPoolExecutor(1) as pool:
-        list(pool.map(lambda g: dist.all_reduce(g, op=dist.ReduceOp.AVG), grads))
+        list(pool.map(lambda g: dist.all_reduce(g, op=dist.ReduceOp.AVG, group=group), grads))
 
 
 @other("check_dp_average", "each all-reduce mapped on a multiprocessing ThreadPool")
 def dp_average_thread_pool_map(grads, comm):
+    group = dp_group(comm)
     with ThreadPool(1) as pool:         # its exit stops the workers without joining them
-        pool.map(lambda g: dist.all_reduce(g, op=dist.ReduceOp.AVG), grads)
+        pool.map(lambda g: dist.all_reduce(g, op=dist.ReduceOp.AVG, group=group), grads)
 
 
 # ---- combine_mean_grads (data_parallel.py): one process, the result written in later ----------
@@ -222,7 +225,7 @@ def test_a_thread_left_blocked_in_a_collective_is_refused_not_waited_out():
     0's return refuses it at once, and the refusal ends the thread's wait (no timeout waited
     out, no hang)."""
     def dp_average(grads, comm):
-        _mean(grads)
+        _mean(grads, dp_group(comm))
         if dist.get_rank() == 0:
             threading.Thread(target=lambda: dist.barrier(), daemon=True).start()
         else:

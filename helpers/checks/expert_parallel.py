@@ -106,27 +106,27 @@ def check_keep_within_capacity(fn):
     g = fresh_generator()
     # forced, in a fresh order: k = 1 (Switch's), 2 and 3, so that no top-2 answer passes
     for k in [(1, 2, 3, 2)[i] for i in torch.randperm(4, generator=g).tolist()]:
-        for _ in range(200):     # k > 1: a draw where the wrong orders keep other choices
-            N, E = randint(g, 6, 16), randint(g, max(2, k), 4)
+        for _ in range(200):     # judged draw after draw, until one where the wrong orders
+            N, E = randint(g, 6, 16), randint(g, max(2, k), 4)     # keep other choices (k > 1)
             logits = torch.randn(N, E, generator=g)
             logits[:, 0] += 2                    # crowd expert 0 so that tokens drop
             cap = randint(g, 1, max(1, N // E))
             expert = logits.softmax(-1).topk(k, dim=-1).indices     # the choices route() makes
-            if _told_apart(expert, cap, E, route(logits, k, cap)["kept"]):
+            got = fn(expert.clone(), cap, E)
+            r = route(logits, k, cap)          # the kept mask, after the answer ran
+            expect(isinstance(got, torch.Tensor) and tuple(got.shape) == (N, k),
+                   f"expected a (N, k) = ({N}, {k}) tensor of bools")
+            got = got.bool()
+            per_expert = torch.bincount(r["expert"][got], minlength=E)
+            expect(int(per_expert.max()) <= cap,
+                   f"an expert kept {int(per_expert.max())} choices with capacity {cap}")
+            if not tensor_equal(got, r["kept"]):
+                raise CheckFailed(f"with k={k} choices per token and capacity {cap} you kept "
+                                  f"{got.int().tolist()}, expected {r['kept'].int().tolist()}: "
+                                  "every first choice comes before any second choice (every "
+                                  "second before any third), then earlier tokens first")
+            if _told_apart(expert, cap, E, r["kept"]):
                 break
-        got = fn(expert.clone(), cap, E)
-        r = route(logits, k, cap)          # the kept mask, after the answer ran
-        expect(isinstance(got, torch.Tensor) and tuple(got.shape) == (N, k),
-               f"expected a (N, k) = ({N}, {k}) tensor of bools")
-        got = got.bool()
-        per_expert = torch.bincount(r["expert"][got], minlength=E)
-        expect(int(per_expert.max()) <= cap,
-               f"an expert kept {int(per_expert.max())} choices with capacity {cap}")
-        if not tensor_equal(got, r["kept"]):
-            raise CheckFailed(f"with k={k} choices per token and capacity {cap} you kept "
-                              f"{got.int().tolist()}, expected {r['kept'].int().tolist()}: "
-                              "every first choice comes before any second choice (every second "
-                              "before any third), then earlier tokens first")
 
 
 def _dispatch_rank(comm, fn, xs, dests):

@@ -39,6 +39,9 @@ def judge(state, event, args):
                          "which is unavailable while the check runs")
     if event == "object.__getattr__" and args[1] == "__code__":
         name = _blocked_name(state, args[0])
+        if name:        # read by the reader's code, not by the harness walking what it holds
+            frame, _ = _caller()
+            name = name if frame is not None and reader_code(frame.f_code) else None
         return name and (f"your code read the code of {name} (the course's own answer), which "
                          "is unavailable while the check runs")
     frame, entry = _caller()

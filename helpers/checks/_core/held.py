@@ -172,7 +172,7 @@ def _made(name, space):
 def _reads_globals(fn):
     """Whether the reader's `fn` (or a function nested in it) calls the builtin `globals` or
     `vars` (its module's namespace read by a built name)."""
-    return any(found in (builtins.globals, builtins.vars) for _, found in loads(fn))
+    return any(found is builtins.globals or found is builtins.vars for _, found in loads(fn))
 
 
 class Steps:
