@@ -6,6 +6,7 @@ import builtins
 import importlib
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -47,3 +48,43 @@ def test_a_switch_bound_after_its_module_was_read_is_still_guarded(monkeypatch):
     exec(compile(textwrap.dedent(SPLIT_UNDER_A_MOVED_SWITCH), "<answer>", "exec"), space)
     result = quiet(helpers.checks.check_shard_sizes, space["shard_sizes"])
     assert not result.passed and "switches off torch's dispatch" in result.message, result
+
+
+class _Odd:
+    """A key of the reader's class: each lookup of a name of equal hash would run `__eq__`."""
+
+    def __hash__(self):
+        return hash("__name__")
+
+    def __eq__(self, other):
+        return False
+
+
+def test_a_key_put_into_the_globals_after_a_clean_read_is_refused():
+    """plain_globals skips the answer's globals while their tag is the one of a clean read: a
+    key put there afterwards gives them another, so the next check reads them and refuses."""
+    space = {"__name__": "answer", "__builtins__": builtins}
+    exec("def shard_sizes(n, k):\n    return [n // k + (i < n % k) for i in range(k)]\n",
+         space)
+    assert quiet(helpers.checks.check_shard_sizes, space["shard_sizes"]).passed
+    space[_Odd()] = None
+    result = quiet(helpers.checks.check_shard_sizes, space["shard_sizes"])
+    assert not result.passed and "keyed by names" in result.message, result
+
+
+def test_a_key_put_into_sys_modules_after_a_clean_read_is_taken_out():
+    """sys.modules' keys are read again once its tag changed since a clean read: a key put
+    there between two checks is found by the next one and taken out, never looked up."""
+    assert quiet(helpers.checks.check_shard_sizes, _shard_sizes).passed   # read clean
+    key = _Odd()
+    sys.modules[key] = types.ModuleType("odd")
+    try:
+        result = quiet(helpers.checks.check_shard_sizes, _shard_sizes)
+        assert not result.passed and "sys.modules" in result.message, result
+        assert all(type(k) is str for k in dict.keys(sys.modules))
+    finally:
+        kept = [(k, v) for k, v in dict.items(sys.modules) if type(k) is str]
+        if len(kept) != len(sys.modules):
+            sys.modules.clear()
+            sys.modules.update(kept)
+    assert quiet(helpers.checks.check_shard_sizes, _shard_sizes).passed

@@ -140,7 +140,8 @@ def odd_keys():
     """keys.taken_out for sys.modules and the watched namespaces (read after it, by name): of
     those, the ones changed since a scan found only str keys in them (all, without tags)."""
     read = []
-    odd = taken_out(_MODULES, lambda: versions.unverified(*_spaces(), _CACHE, read))
+    odd = taken_out(_MODULES, lambda: versions.unverified(*_spaces(), _CACHE, read),
+                    versions.clean_keys)
     for tags, now, pick in read:        # scanned now; one that held an odd key lost it, which
         if tags is _CACHE["tags"]:      # gave it another tag than `now`'s
             _CACHE["verified"].update((i, now[i]) for i in pick)
@@ -314,8 +315,9 @@ def _put_back(before):
     a rank still running after its World ended must not reinstall a stale stand-in)."""
     spaces, views, copies, closures, (held, kept), threads, modules, odd, (tags, then), _ = before
     alive = _join_started(threads)
-    odd = [*odd, *taken_out(_MODULES, lambda: ((), ()))]   # before a lookup in it (and in the
-    swapped = modules_changed(modules)      # first: what the rest imports is the original
+    # sys.modules' keys before a lookup in it, its entries first: what the rest imports is
+    odd = [*odd, *taken_out(_MODULES, lambda: ((), ()), versions.clean_keys)]   # the original
+    swapped = modules_changed(modules)
     changed = cells_changed(closures) + defaults.changed(held, kept)
     tagged = tags() if tags else None   # the same dicts' tags as before the call
     if (tagged == then) if tags else same(copies, views, _all_spaces=True):   # (keys: strs)

@@ -10,9 +10,9 @@ import operator
 import sys
 import sysconfig
 
-from .keys import proxied
+from .keys import proxied, str_keys
 
-__all__ = ["reader", "copies", "unverified", "moved", "same"]
+__all__ = ["reader", "copies", "unverified", "moved", "same", "clean_keys"]
 
 # Bound at import, before any reader's code runs: ctypes' Python classes can be changed later
 # (`ctypes.c_uint64.value = property(...)` would make every tag read alike); the C getter and
@@ -69,6 +69,39 @@ def reader(spaces):
     def tags(_cells=cells, _held=dicts):
         return _tuple(_map(_VALUE, _cells))
     return tags
+
+
+def _make_clean():
+    """clean_keys, its record of clean scans in this closure: no module attribute leads to it,
+    so code of the reader's that reached this module by a name built at run time cannot mark a
+    dict scanned."""
+    scanned = {}    # id(dict) -> (the dict, its tag's cell, the tag read before a clean scan)
+
+    def clean_keys(space, _type=type, _dict=dict, _len=len):
+        """keys.str_keys(space), skipped for a plain dict while its version tag is the one read
+        before its last scan that found only exact strs: any key added since (a change of its
+        keys or values) gave it another tag. The dict is held, so its address is its own."""
+        if _OFFSET is None or _type(space) is not _dict:
+            return str_keys(space)
+        hit = scanned.get(_id(space))
+        if hit is not None and hit[0] is space:
+            cell = hit[1]
+            tag = _VALUE(cell)
+            if tag == hit[2]:
+                return True
+        else:
+            cell = _AT(_U64, _id(space) + _OFFSET)
+            tag = _VALUE(cell)
+        if not str_keys(space):
+            return False
+        if _len(scanned) >= 4096:
+            scanned.clear()
+        scanned[_id(space)] = (space, cell, tag)
+        return True
+    return clean_keys
+
+
+clean_keys = _make_clean()
 
 
 def copies(views, now, kept):
