@@ -13,6 +13,7 @@ import torch
 from check_cases import quiet
 
 import helpers.checks
+from helpers.checks._core import defaults
 
 _LINEAR = "torch.nn.modules.linear"     # a torch module that holds no dispatch switch
 
@@ -88,3 +89,24 @@ def test_a_key_put_into_sys_modules_after_a_clean_read_is_taken_out():
             sys.modules.clear()
             sys.modules.update(kept)
     assert quiet(helpers.checks.check_shard_sizes, _shard_sizes).passed
+
+
+def test_a_default_changed_in_place_is_found_and_put_back():
+    """defaults.changed skips a `__kwdefaults__` dict only while its tag holds: one value
+    replaced (its size unchanged) is found and put back; one replaced and put back is not."""
+    held = defaults.held([("torch.optim.AdamW", vars(torch.optim.AdamW))])
+    kw = torch.optim.AdamW.__init__.__kwdefaults__
+    assert any(obj is kw for _, obj in held)
+    tags = defaults.tags(held)
+    kept = defaults.copy(held, tags)
+    original = kw["maximize"]
+    kw["maximize"] = not original
+    try:
+        assert defaults.changed(held, kept, tags) == [
+            "torch.optim.adamw.AdamW.__init__ (its __kwdefaults__)"]
+        assert kw["maximize"] is original          # put back
+    finally:
+        kw["maximize"] = original
+    kw["maximize"] = not original
+    kw["maximize"] = original                      # another tag, the same contents
+    assert defaults.changed(held, kept, tags) == []

@@ -156,10 +156,11 @@ def cells():
 
 
 def held_defaults():
-    """The watched functions' default-argument containers and what each holds now (a
-    `__kwdefaults__` dict can be changed in place: defaults.py)."""
+    """The watched functions' default-argument containers, what each holds now (a
+    `__kwdefaults__` dict can be changed in place: defaults.py) and their tags read before."""
     held = _CACHE.get("defaults", ())
-    return held, defaults.copy(held)
+    tags = defaults.tags(held)
+    return held, defaults.copy(held, tags), tags
 
 
 def _contents(cell):
@@ -313,12 +314,12 @@ def _put_back(before):
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, views, copies, closures, (held, kept), threads, modules, odd, (tags, then), _ = before
+    spaces, views, copies, closures, held, threads, modules, odd, (tags, then), _ = before
     alive = _join_started(threads)
     # sys.modules' keys before a lookup in it, its entries first: what the rest imports is
     odd = [*odd, *taken_out(_MODULES, lambda: ((), ()), versions.clean_keys)]   # the original
     swapped = modules_changed(modules)
-    changed = cells_changed(closures) + defaults.changed(held, kept)
+    changed = cells_changed(closures) + defaults.changed(*held)
     tagged = tags() if tags else None   # the same dicts' tags as before the call
     if (tagged == then) if tags else same(copies, views, _all_spaces=True):   # (keys: strs)
         return changed, alive, swapped, odd
