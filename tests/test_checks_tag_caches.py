@@ -13,7 +13,7 @@ import torch
 from check_cases import quiet
 
 import helpers.checks
-from helpers.checks._core import defaults
+from helpers.checks._core import defaults, imported
 
 _LINEAR = "torch.nn.modules.linear"     # a torch module that holds no dispatch switch
 
@@ -89,6 +89,19 @@ def test_a_key_put_into_sys_modules_after_a_clean_read_is_taken_out():
             sys.modules.clear()
             sys.modules.update(kept)
     assert quiet(helpers.checks.check_shard_sizes, _shard_sizes).passed
+
+
+def test_an_entry_of_sys_modules_replaced_is_found_and_put_back():
+    """imported.changed skips the comparison only while the table's tag holds: an entry
+    replaced by one object (the table's size unchanged) is found and put back."""
+    saved = imported.copy()
+    original = sys.modules["json"]
+    sys.modules["json"] = types.ModuleType("json")
+    try:
+        assert imported.changed(saved) == ["sys.modules['json']"]
+    finally:
+        sys.modules["json"] = original
+    assert imported.changed(imported.copy()) == []
 
 
 def test_a_default_changed_in_place_is_found_and_put_back():

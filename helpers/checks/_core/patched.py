@@ -15,7 +15,6 @@ answer and is put back; entries added (new imports) pass. The harness's own stan
 (helpers.checks) come and go while answers run and are not judged; an answer may set its own
 module's globals."""
 import builtins
-import itertools
 import math
 import operator
 import os
@@ -32,7 +31,7 @@ import torch.distributed
 import torch.linalg
 import torch.nn.functional
 
-from . import defaults, versions
+from . import defaults, imported, versions
 from .early_threads import idle_worker
 from .guard import started_by_answer
 from .keys import odd_keys_message, taken_out
@@ -65,7 +64,7 @@ _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
 _CACHE = {"modules": -1, "spaces": ()}
 _LOCK = threading.Lock()
-_MODULES = sys.modules  # the import system's table, bound at import (`sys.modules` can be rebound)
+_MODULES = imported.MODULES     # the import system's table, bound at import
 _SHARED = {}            # a World run (or None: no World) -> [answers running now, their snapshot]
 
 
@@ -122,7 +121,7 @@ def snapshot(keys=True):
             odd = odd_keys() if keys else []
             spaces, views, copies, tagged = copied()
             shared[1] = (spaces, views, copies, cells(), held_defaults(),
-                         set(threading.enumerate()), _MODULES.copy(), odd, tagged, run)
+                         set(threading.enumerate()), imported.copy(), odd, tagged, run)
         shared[0] += 1
         return shared[1]
 
@@ -318,7 +317,7 @@ def _put_back(before):
     alive = _join_started(threads)
     # sys.modules' keys before a lookup in it, its entries first: what the rest imports is
     odd = [*odd, *taken_out(_MODULES, lambda: ((), ()), versions.clean_keys)]   # the original
-    swapped = modules_changed(modules)
+    swapped = imported.changed(modules)
     changed = cells_changed(closures) + defaults.changed(*held)
     tagged = tags() if tags else None   # the same dicts' tags as before the call
     if (tagged == then) if tags else same(copies, views, _all_spaces=True):   # (keys: strs)
@@ -359,32 +358,6 @@ def _put_back(before):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
     return changed, alive, swapped, odd
-
-
-def modules_changed(saved, _is=operator.is_, _all=all, _map=map, _len=len,
-                    _islice=itertools.islice):
-    """The entries of `sys.modules` (`saved`: a copy of it) that hold another module object now,
-    or none (a removed entry included), each put back; so is `sys.modules` itself if rebound.
-    Compared by identity in C (no `__eq__` of a module of the reader's runs); entries added
-    since the copy are new imports, and pass."""
-    changed = []
-    if sys.modules is not _MODULES:
-        changed.append("sys.modules itself")
-        sys.modules = _MODULES
-    n = _len(saved)
-    try:        # unchanged: the copied entries are still the first n, in order, by identity
-        if _len(_MODULES) >= n and _all(_map(_is, saved, _islice(_MODULES, n))) and _all(
-                _map(_is, saved.values(), _islice(_MODULES.values(), n))):
-            return changed
-    except RuntimeError:        # another thread's import added an entry while it was read
-        pass
-    now = _MODULES.copy()
-    for key, value in saved.items():
-        new = now.get(key, _MISSING)
-        if new is not value:
-            changed.append(f"sys.modules[{key!r}]" + (" (removed)" if new is _MISSING else ""))
-            _MODULES[key] = value
-    return changed
 
 
 def _restore(owner, key, value):
