@@ -13,7 +13,7 @@ import torch
 from check_cases import quiet
 
 import helpers.checks
-from helpers.checks._core import defaults, imported
+from helpers.checks._core import defaults, imported, patched
 
 _LINEAR = "torch.nn.modules.linear"     # a torch module that holds no dispatch switch
 
@@ -123,3 +123,20 @@ def test_a_default_changed_in_place_is_found_and_put_back():
     kw["maximize"] = not original
     kw["maximize"] = original                      # another tag, the same contents
     assert defaults.changed(held, kept, tags) == []
+
+
+def test_a_harness_cell_set_in_place_is_found_and_put_back():
+    """patched.cells_changed compares every cell in C, by identity: a cell given another
+    object (none emptied) is named and put back."""
+    patched._spaces()
+    saved = patched.cells()
+    named, held, values = saved
+    assert held, "the harness's functions have closure cells"
+    cell, value = held[0], values[0]
+    cell.cell_contents = object()
+    try:
+        assert patched.cells_changed(saved) == [f"{named[0][0]} (its closure)"]
+        assert cell.cell_contents is value
+    finally:
+        cell.cell_contents = value
+    assert patched.cells_changed(patched.cells()) == []

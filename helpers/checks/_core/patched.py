@@ -57,6 +57,7 @@ _CLASSES = (torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.optim.Opti
     c for space in (torch.nn, torch.optim) for c in vars(space).values()
     if isinstance(c, type) and issubclass(c, (torch.nn.Module, torch.optim.Optimizer))))
 _MISSING = object()
+_CELL = types.CellType.__dict__["cell_contents"].__get__   # the C getter, bound at import
 _MODULE_OF = type.__dict__["__module__"].__get__
 _callable = callable        # bound at import: `builtins.callable` is watched, not trusted
 _JOIN_S = 2.0                       # how long a thread the answer started may take to finish
@@ -99,10 +100,11 @@ def _spaces():
         # their version tags' reader (None: no tags here); each one's last copy and last scan
         _CACHE.update(tags=versions.reader(_CACHE["views"]), copies={}, verified={})
         _CACHE["defaults"] = defaults.held((name, ns) for name, _, ns, _ in _CACHE["spaces"])
-        _CACHE["cells"] = tuple(
+        named = tuple(
             (f"{m.__name__}.{key}", cell) for m in found.values() if _own(m)
             for key, f in list(vars(m).items()) if type(f) is types.FunctionType
             and (_harness(f) or _harness(wrapped_by(f))) for cell in f.__closure__ or ())
+        _CACHE["cells"] = named, tuple(cell for _, cell in named)
         _CACHE["modules"] = len(sys.modules)
     return _CACHE["spaces"], _CACHE["views"]
 
@@ -150,8 +152,17 @@ def odd_keys():
 def cells():
     """The closure cells of the harness's own functions (a check's wrapper, `late.inside` and
     contextlib's wrapper of it) and what each holds now: a cell's contents can be set in place
-    (`cell_contents = ...`) with no binding changed."""
-    return tuple((name, cell, _contents(cell)) for name, cell in _CACHE.get("cells", ()))
+    (`cell_contents = ...`) with no binding changed. (Their names, the cells, their contents.)"""
+    named, held = _CACHE.get("cells", ((), ()))
+    return named, held, _read_cells(held)
+
+
+def _read_cells(held, _tuple=tuple, _map=map):
+    """What each cell of `held` holds (_MISSING: empty), read in C by the cells' own getter."""
+    try:
+        return _tuple(_map(_CELL, held))
+    except ValueError:      # an empty cell among them
+        return _tuple(_map(_contents, held))
 
 
 def held_defaults():
@@ -169,11 +180,18 @@ def _contents(cell):
         return _MISSING
 
 
-def cells_changed(saved):
-    """The harness functions whose closure cells hold something else than in `saved` (each put
-    back)."""
+def cells_changed(saved, _all=all, _map=map, _is=operator.is_):
+    """The harness functions whose closure cells hold something else than in `saved` (from
+    `cells()`; each put back). Every cell holding the very object it held is told in C, by
+    identity; any other (or one emptied) goes to the cell-by-cell comparison."""
+    named, held, values = saved
+    try:
+        if _all(_map(_is, _map(_CELL, held), values)):
+            return []
+    except ValueError:      # a cell emptied
+        pass
     changed = []
-    for name, cell, value in saved:
+    for (name, cell), value in zip(named, values, strict=True):
         if _contents(cell) is not value:
             changed.append(f"{name} (its closure)")
             if value is not _MISSING:
