@@ -21,7 +21,7 @@ _U64 = ctypes.c_uint64
 _AT = type(_U64).__dict__["from_address"]           # PyCSimpleType's, a C method
 _VALUE = ctypes._SimpleCData.__dict__["value"].__get__
 _USED = ctypes.c_ssize_t
-_id, _map, _tuple, _enumerate, _dict, _range = id, map, tuple, enumerate, dict, range
+_id, _map, _tuple, _dict, _range, _len, _list = id, map, tuple, dict, range, len, list
 
 
 def _offset():
@@ -104,19 +104,19 @@ def _make_clean():
 clean_keys = _make_clean()
 
 
-def copies(views, now, kept):
-    """A plain copy of each of `views`, the one in `kept` ({index: (tag, copy)}, updated) where
-    its tag in `now` (read before: a change while copying leaves the tag kept older than the
-    dict's) is the one it was copied at; `now` None: every one copied afresh."""
+def copies(views, now, kept, _ne=operator.ne, _compress=itertools.compress):
+    """A plain copy of each of `views`, the one in `kept` (its "tags" and "held" copies, updated)
+    where its tag in `now` (read before: a change while copying leaves the tag kept older than
+    the dict's) is the one it was copied at, the tags compared in C; `now` None: every one
+    copied afresh."""
     if now is None:
         return _tuple(_map(_dict, views))
-    out = []
-    for i, view in _enumerate(views):
-        hit = kept.get(i)
-        if hit is None or hit[0] != now[i]:
-            hit = kept[i] = (now[i], _dict(view))
-        out.append(hit[1])
-    return _tuple(out)
+    if "held" not in kept:
+        kept.update(tags=[None] * _len(views), held=[None] * _len(views))
+    tags, held = kept["tags"], kept["held"]
+    for i in _list(_compress(_range(_len(now)), _map(_ne, now, tags))):
+        tags[i], held[i] = now[i], _dict(views[i])
+    return _tuple(held)
 
 
 def unverified(spaces, views, cache, read):
@@ -128,7 +128,8 @@ def unverified(spaces, views, cache, read):
         return spaces, views
     now = tags()
     verified = cache["verified"]
-    pick = [i for i, tag in _enumerate(now) if verified.get(i) != tag]
+    every = _range(_len(now))
+    pick = _list(itertools.compress(every, _map(operator.ne, now, _map(verified.get, every))))
     read.append((tags, now, pick))
     return _tuple(spaces[i] for i in pick), _tuple(views[i] for i in pick)
 
