@@ -91,21 +91,25 @@ def _own(fn):
 def _make():
     """tags, copy and changed, what they know of the last `objects` kept in this closure (no
     module attribute leads to it, so no code of the reader's can mark a dict scanned)."""
-    kept = {"objects": None}
+    kept = [None]
 
     def know(objects):
-        if kept["objects"] is not objects:      # (held: its dicts' addresses are their own)
+        """(objects, their containers, the positions of the lists and sets, the dicts' tags'
+        reader, [the tags of the last clean copy]): one tuple, read at once, so ranks calling
+        at once each get one whole (a new `objects`, after an import, makes a new one)."""
+        known = kept[0]
+        if known is None or known[0] is not objects:  # (held: the dicts' addresses their own)
             at = tuple(i for i, (_, obj) in enumerate(objects) if type(obj) is dict)
-            kept.update(objects=objects, items=tuple(obj for _, obj in objects), clean=None,
-                        others=tuple(i for i, (_, obj) in enumerate(objects)
-                                     if type(obj) is not dict),
-                        read=versions.reader(tuple(objects[i][1] for i in at)))
-        return kept
+            known = kept[0] = (
+                objects, tuple(obj for _, obj in objects),
+                tuple(i for i, (_, obj) in enumerate(objects) if type(obj) is not dict),
+                versions.reader(tuple(objects[i][1] for i in at)), [None])
+        return known
 
     def tags(objects):
         """The version tags (versions.py) of the dicts of `objects` (from `held`), in order, read
         in C; None where this Python keeps none. Read before `copy`."""
-        read = know(objects)["read"]
+        read = know(objects)[3]
         return read() if read is not None else None
 
     def copy(objects, then=None, _copy=operator.methodcaller("copy")):
@@ -114,9 +118,9 @@ def _make():
         differs from its copy, and is put back to it). `then`: the dicts' tags read before; the
         same as at a copy that found only exact strs, every dict is as it was then, and all are
         copied in C (by their exact types' own `copy`) with no scan."""
-        known = know(objects)
-        if then is not None and then == known["clean"]:
-            return tuple(map(_copy, known["items"]))
+        _, items, _, _, clean_at = know(objects)
+        if then is not None and then == clean_at[0]:
+            return tuple(map(_copy, items))
         out, clean = [], True
         for _, obj in objects:
             if type(obj) is not dict or str_keys(obj):
@@ -125,7 +129,7 @@ def _make():
                 clean = False
                 out.append(dict([(k, v) for k, v in dict.items(obj) if type(k) is str]))
         if clean and then is not None:
-            known["clean"] = then
+            clean_at[0] = then
         return tuple(out)
 
     def changed(objects, copies, then=None):
@@ -133,10 +137,10 @@ def _make():
         place: the same object keeps its contents, so the function never gets a new one).
         `then`: the dicts' tags read before `copies`; the same now, and those of a copy with
         nothing left out, every dict is unchanged: only the lists and sets are compared."""
-        known = know(objects)
-        fast = then is not None and then == known["clean"] and tags(objects) == then
+        _, _, others, _, clean_at = know(objects)
+        fast = then is not None and then == clean_at[0] and tags(objects) == then
         out = []
-        for i in known["others"] if fast else range(len(objects)):
+        for i in others if fast else range(len(objects)):
             (label, obj), saved = objects[i], copies[i]
             if _alike(obj, saved):
                 continue
