@@ -13,13 +13,15 @@ static and class methods, properties' accessors, a partial's keywords) and the o
 mutable default that is also a global of its function's module is the module's state (logging
 keeps its handlers in one), not a default, and is left out."""
 import functools
+import operator
 import types
 import weakref
 
+from . import versions
 from .keys import str_keys
 from .run import is_reader_function
 
-__all__ = ["held", "copy", "changed"]
+__all__ = ["held", "tags", "copy", "changed"]
 
 _DEPTH = 8                  # how many `__wrapped__` links are followed
 _MUTABLE = (dict, list, set)
@@ -86,30 +88,74 @@ def _own(fn):
     return _OWN[fn][2]
 
 
-def copy(objects):
-    """What each container of `objects` (from `held`) holds now; of a dict, its items keyed by
-    exact strs only (copying one whose keys are not all strs could run a key's `__eq__`: the
-    dict then differs from its copy, and is put back to it)."""
-    return tuple(type(obj)(obj) if type(obj) is not dict or str_keys(obj) else
-                 dict([(k, v) for k, v in dict.items(obj) if type(k) is str])
-                 for _, obj in objects)
+def _make():
+    """tags, copy and changed, what they know of the last `objects` kept in this closure (no
+    module attribute leads to it, so no code of the reader's can mark a dict scanned)."""
+    kept = [None]
+
+    def know(objects):
+        """(objects, their containers, the positions of the lists and sets, the dicts' tags'
+        reader, [the tags of the last clean copy]): one tuple, read at once, so ranks calling
+        at once each get one whole (a new `objects`, after an import, makes a new one)."""
+        known = kept[0]
+        if known is None or known[0] is not objects:  # (held: the dicts' addresses their own)
+            at = tuple(i for i, (_, obj) in enumerate(objects) if type(obj) is dict)
+            known = kept[0] = (
+                objects, tuple(obj for _, obj in objects),
+                tuple(i for i, (_, obj) in enumerate(objects) if type(obj) is not dict),
+                versions.reader(tuple(objects[i][1] for i in at)), [None])
+        return known
+
+    def tags(objects):
+        """The version tags (versions.py) of the dicts of `objects` (from `held`), in order, read
+        in C; None where this Python keeps none. Read before `copy`."""
+        read = know(objects)[3]
+        return read() if read is not None else None
+
+    def copy(objects, then=None, _copy=operator.methodcaller("copy")):
+        """What each container of `objects` holds now; of a dict, its items keyed by exact strs
+        only (copying one whose keys are not all strs could run a key's `__eq__`: the dict then
+        differs from its copy, and is put back to it). `then`: the dicts' tags read before; the
+        same as at a copy that found only exact strs, every dict is as it was then, and all are
+        copied in C (by their exact types' own `copy`) with no scan."""
+        _, items, _, _, clean_at = know(objects)
+        if then is not None and then == clean_at[0]:
+            return tuple(map(_copy, items))
+        out, clean = [], True
+        for _, obj in objects:
+            if type(obj) is not dict or str_keys(obj):
+                out.append(type(obj)(obj))
+            else:
+                clean = False
+                out.append(dict([(k, v) for k, v in dict.items(obj) if type(k) is str]))
+        if clean and then is not None:
+            clean_at[0] = then
+        return tuple(out)
+
+    def changed(objects, copies, then=None):
+        """The labels of the containers whose contents differ from `copies` (each put back in
+        place: the same object keeps its contents, so the function never gets a new one).
+        `then`: the dicts' tags read before `copies`; the same now, and those of a copy with
+        nothing left out, every dict is unchanged: only the lists and sets are compared."""
+        _, _, others, _, clean_at = know(objects)
+        fast = then is not None and then == clean_at[0] and tags(objects) == then
+        out = []
+        for i in others if fast else range(len(objects)):
+            (label, obj), saved = objects[i], copies[i]
+            if _alike(obj, saved):
+                continue
+            out.append(label)
+            _KEPT.append(list(dict.items(obj)) if type(obj) is dict else list(obj))  # no __del__
+            if type(obj) is list:
+                obj[:] = saved
+            else:
+                obj.clear()
+                obj.update(saved)
+        return out
+    return tags, copy, changed
 
 
-def changed(objects, copies):
-    """The labels of the containers whose contents differ from `copies` (each put back in place:
-    the same object keeps its contents, so the function never gets a new one)."""
-    out = []
-    for (label, obj), saved in zip(objects, copies, strict=True):
-        if _alike(obj, saved):
-            continue
-        out.append(label)
-        _KEPT.append(list(dict.items(obj)) if type(obj) is dict else list(obj))   # no __del__
-        if type(obj) is list:
-            obj[:] = saved
-        else:
-            obj.clear()
-            obj.update(saved)
-    return out
+tags, copy, changed = _make()
 
 
 def _alike(obj, saved):

@@ -157,6 +157,8 @@ def _make_hook(state):
            registries())                     # marks.py's: threads and work, by identity
 
     def hook(event, args):
+        if event == "object.__getattr__" and len(args) > 1 and args[1] == "f_code":
+            return      # (the most frequent event, judged by nothing below: every frame walk)
         if event == _PING:
             args[0](api)
             return

@@ -22,12 +22,17 @@ _PRINTERS = frozenset({"print_exc", "format_exc", "print_exception", "format_exc
 
 def _caller():
     """The code that triggered the event: past this hook, and past inspect/traceback; and the
-    inspect/traceback function that code called (None if it triggered the event itself)."""
-    frame, entry = sys._getframe(3), None     # _caller, judge, the hook, the code
-    while (frame is not None and frame.f_code.co_filename.endswith(_INTROSPECTORS)
-           and genuine(frame.f_code)):     # not a copy compiled under inspect.py's name
-        frame, entry = frame.f_back, frame
-    return frame, entry
+    inspect/traceback function that code called (None if it triggered the event itself); and
+    their code objects (each frame's `f_code` read once: every read is an audit event, which
+    runs every audit hook)."""
+    frame, entry, code, called = sys._getframe(3), None, None, None  # _caller, judge, the hook
+    while frame is not None:
+        code = frame.f_code
+        if not (code.co_filename.endswith(_INTROSPECTORS)     # not a copy compiled under
+                and genuine(code)):                           # inspect.py's name
+            break
+        frame, entry, called = frame.f_back, frame, code
+    return frame, entry, code, called
 
 
 def judge(state, event, args):
@@ -44,18 +49,17 @@ def judge(state, event, args):
             name = name if frame is not None and reader_code(frame.f_code) else None
         return name and (f"your code read the code of {name} (the course's own answer), which "
                          "is unavailable while the check runs")
-    frame, entry = _caller()
-    if frame is None or not reader_code(frame.f_code):
+    frame, entry, code, called = _caller()
+    if frame is None or not reader_code(code):
         return None
-    if (entry is not None and entry.f_code.co_filename.endswith("traceback.py")
-            and entry.f_code.co_name in _PRINTERS):
+    if (entry is not None and called.co_filename.endswith("traceback.py")
+            and called.co_name in _PRINTERS):
         return None
-    if (entry is not None and entry.f_code.co_filename.endswith("logging/__init__.py")
-            and entry.f_code.co_name not in _LOGGING_FRAME):
+    if (entry is not None and called.co_filename.endswith("logging/__init__.py")
+            and called.co_name not in _LOGGING_FRAME):
         return None
     what = args[1] if event == "object.__getattr__" else event
-    where = f", in {frame.f_code.co_name} line {frame.f_lineno}" if frame.f_code.co_name != \
-        "<module>" else ""
+    where = f", in {code.co_name} line {frame.f_lineno}" if code.co_name != "<module>" else ""
     return (f"your code inspects the running program ({what}{where}): an answer must compute "
             "its result, not read the check's frames, tracebacks or objects")
 

@@ -52,12 +52,13 @@ def drop_odd_keys(space, _items=dict.items, _clear=dict.clear, _update=dict.upda
     _update(space, kept)
 
 
-def taken_out(modules, spaces):
+def taken_out(modules, spaces, scan=str_keys):
     """The names of the namespaces holding a key that is not an exact str, each such key taken
-    out: `modules` (`sys.modules`) first, then those of `spaces()` (patched.py's (name, owner,
+    out: `modules` (`sys.modules`, read by `scan`: versions.clean_keys skips it while it is
+    unchanged since a clean scan) first, then those of `spaces()` (patched.py's (name, owner,
     namespace, _) of each, and the namespaces: a module's dict or a class's mappingproxy)."""
     odd = []
-    if not str_keys(modules):
+    if not scan(modules):
         drop_odd_keys(modules)
         odd.append("sys.modules")
     spaces, views = spaces()    # (read once `modules` is clean: it is read by name)

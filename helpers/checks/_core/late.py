@@ -22,7 +22,7 @@ import torch.autograd
 import torch.autograd.graph
 import torch.autograd.variable
 
-from . import defaults, patched
+from . import defaults, imported, patched
 from .callbacks import callbacks, expect_no_callbacks
 from .carried import rank_carried
 from .guard import answering, started_by_answer
@@ -167,7 +167,7 @@ def checking(answer):
     _route_changed()          # a route replaced before the check ran is the harness's again
     spaces, _, copies, tagged = patched.copied()
     before = ((spaces, copies, tagged), patched.cells(), patched.held_defaults(),
-              patched._MODULES.copy())
+              imported.copy())
     outer = dict(_STATE)
     _STATE.update(answer=answer, called=False)
     failed, tried = True, _judging(1)
@@ -179,7 +179,7 @@ def checking(answer):
         _STATE.update(outer)
         odd = patched.odd_keys()
         changed = _changed(*before[0]) + patched.cells_changed(before[1]) + defaults.changed(
-            *before[2]) + _route_changed() + patched.modules_changed(before[3])
+            *before[2]) + _route_changed() + imported.changed(before[3])
         if odd and not failed:
             raise CheckFailed(odd_keys_message(f"something of your code ran {LATE}", odd))
         if rewritten and not failed:

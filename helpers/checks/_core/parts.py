@@ -9,6 +9,7 @@ import torch
 
 from .keys import str_keys
 from .settle import Guarded
+from .versions import clean_keys
 
 __all__ = ["plain_function", "function_globals", "function_closure", "function_name",
            "module_name", "plain_globals", "class_mro", "class_attribute", "own_dict",
@@ -82,9 +83,10 @@ def plain_globals(fn):
     """Whether the plain function behind `fn` (if any) has a plain dict as its globals, keyed by
     exact strs: a function made with a dict subclass (`types.FunctionType(code, MyDict())`,
     `exec`) would run the reader's `get`, `__getitem__` or `values` wherever the harness reads
-    them, and a key of the reader's class its `__eq__` (str_keys)."""
+    them, and a key of the reader's class its `__eq__` (str_keys; read again only once they
+    changed: versions.clean_keys)."""
     f = plain_function(fn)
-    return f is None or (type(f.__globals__) is dict and str_keys(f.__globals__))
+    return f is None or (type(f.__globals__) is dict and clean_keys(f.__globals__))
 
 
 def function_globals(fn):
@@ -92,12 +94,12 @@ def function_globals(fn):
     strs; else None."""
     f = plain_function(fn)
     g = f.__globals__ if f is not None else None
-    return g if type(g) is dict and str_keys(g) else None
+    return g if type(g) is dict and clean_keys(g) else None
 
 
 def module_name(g):
     """The `__name__` a module's globals hold, if a plain str (else "")."""
-    name = dict.get(g, "__name__", "") if type(g) is dict and str_keys(g) else ""
+    name = dict.get(g, "__name__", "") if type(g) is dict and clean_keys(g) else ""
     return name if type(name) is str else ""
 
 

@@ -15,7 +15,6 @@ answer and is put back; entries added (new imports) pass. The harness's own stan
 (helpers.checks) come and go while answers run and are not judged; an answer may set its own
 module's globals."""
 import builtins
-import itertools
 import math
 import operator
 import os
@@ -32,7 +31,7 @@ import torch.distributed
 import torch.linalg
 import torch.nn.functional
 
-from . import defaults, versions
+from . import defaults, imported, versions
 from .early_threads import idle_worker
 from .guard import started_by_answer
 from .keys import odd_keys_message, taken_out
@@ -58,6 +57,7 @@ _CLASSES = (torch.Tensor, torch._C.TensorBase, torch.nn.Module, torch.optim.Opti
     c for space in (torch.nn, torch.optim) for c in vars(space).values()
     if isinstance(c, type) and issubclass(c, (torch.nn.Module, torch.optim.Optimizer))))
 _MISSING = object()
+_CELL = types.CellType.__dict__["cell_contents"].__get__   # the C getter, bound at import
 _MODULE_OF = type.__dict__["__module__"].__get__
 _callable = callable        # bound at import: `builtins.callable` is watched, not trusted
 _JOIN_S = 2.0                       # how long a thread the answer started may take to finish
@@ -65,7 +65,7 @@ _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
 _CACHE = {"modules": -1, "spaces": ()}
 _LOCK = threading.Lock()
-_MODULES = sys.modules  # the import system's table, bound at import (`sys.modules` can be rebound)
+_MODULES = imported.MODULES     # the import system's table, bound at import
 _SHARED = {}            # a World run (or None: no World) -> [answers running now, their snapshot]
 
 
@@ -100,10 +100,11 @@ def _spaces():
         # their version tags' reader (None: no tags here); each one's last copy and last scan
         _CACHE.update(tags=versions.reader(_CACHE["views"]), copies={}, verified={})
         _CACHE["defaults"] = defaults.held((name, ns) for name, _, ns, _ in _CACHE["spaces"])
-        _CACHE["cells"] = tuple(
+        named = tuple(
             (f"{m.__name__}.{key}", cell) for m in found.values() if _own(m)
             for key, f in list(vars(m).items()) if type(f) is types.FunctionType
             and (_harness(f) or _harness(wrapped_by(f))) for cell in f.__closure__ or ())
+        _CACHE["cells"] = named, tuple(cell for _, cell in named)
         _CACHE["modules"] = len(sys.modules)
     return _CACHE["spaces"], _CACHE["views"]
 
@@ -122,7 +123,7 @@ def snapshot(keys=True):
             odd = odd_keys() if keys else []
             spaces, views, copies, tagged = copied()
             shared[1] = (spaces, views, copies, cells(), held_defaults(),
-                         set(threading.enumerate()), _MODULES.copy(), odd, tagged, run)
+                         set(threading.enumerate()), imported.copy(), odd, tagged, run)
         shared[0] += 1
         return shared[1]
 
@@ -140,7 +141,8 @@ def odd_keys():
     """keys.taken_out for sys.modules and the watched namespaces (read after it, by name): of
     those, the ones changed since a scan found only str keys in them (all, without tags)."""
     read = []
-    odd = taken_out(_MODULES, lambda: versions.unverified(*_spaces(), _CACHE, read))
+    odd = taken_out(_MODULES, lambda: versions.unverified(*_spaces(), _CACHE, read),
+                    versions.clean_keys)
     for tags, now, pick in read:        # scanned now; one that held an odd key lost it, which
         if tags is _CACHE["tags"]:      # gave it another tag than `now`'s
             _CACHE["verified"].update((i, now[i]) for i in pick)
@@ -150,15 +152,25 @@ def odd_keys():
 def cells():
     """The closure cells of the harness's own functions (a check's wrapper, `late.inside` and
     contextlib's wrapper of it) and what each holds now: a cell's contents can be set in place
-    (`cell_contents = ...`) with no binding changed."""
-    return tuple((name, cell, _contents(cell)) for name, cell in _CACHE.get("cells", ()))
+    (`cell_contents = ...`) with no binding changed. (Their names, the cells, their contents.)"""
+    named, held = _CACHE.get("cells", ((), ()))
+    return named, held, _read_cells(held)
+
+
+def _read_cells(held, _tuple=tuple, _map=map):
+    """What each cell of `held` holds (_MISSING: empty), read in C by the cells' own getter."""
+    try:
+        return _tuple(_map(_CELL, held))
+    except ValueError:      # an empty cell among them
+        return _tuple(_map(_contents, held))
 
 
 def held_defaults():
-    """The watched functions' default-argument containers and what each holds now (a
-    `__kwdefaults__` dict can be changed in place: defaults.py)."""
+    """The watched functions' default-argument containers, what each holds now (a
+    `__kwdefaults__` dict can be changed in place: defaults.py) and their tags read before."""
     held = _CACHE.get("defaults", ())
-    return held, defaults.copy(held)
+    tags = defaults.tags(held)
+    return held, defaults.copy(held, tags), tags
 
 
 def _contents(cell):
@@ -168,11 +180,18 @@ def _contents(cell):
         return _MISSING
 
 
-def cells_changed(saved):
-    """The harness functions whose closure cells hold something else than in `saved` (each put
-    back)."""
+def cells_changed(saved, _all=all, _map=map, _is=operator.is_):
+    """The harness functions whose closure cells hold something else than in `saved` (from
+    `cells()`; each put back). Every cell holding the very object it held is told in C, by
+    identity; any other (or one emptied) goes to the cell-by-cell comparison."""
+    named, held, values = saved
+    try:
+        if _all(_map(_is, _map(_CELL, held), values)):
+            return []
+    except ValueError:      # a cell emptied
+        pass
     changed = []
-    for name, cell, value in saved:
+    for (name, cell), value in zip(named, values, strict=True):
         if _contents(cell) is not value:
             changed.append(f"{name} (its closure)")
             if value is not _MISSING:
@@ -312,11 +331,12 @@ def _put_back(before):
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, views, copies, closures, (held, kept), threads, modules, odd, (tags, then), _ = before
+    spaces, views, copies, closures, held, threads, modules, odd, (tags, then), _ = before
     alive = _join_started(threads)
-    odd = [*odd, *taken_out(_MODULES, lambda: ((), ()))]   # before a lookup in it (and in the
-    swapped = modules_changed(modules)      # first: what the rest imports is the original
-    changed = cells_changed(closures) + defaults.changed(held, kept)
+    # sys.modules' keys before a lookup in it, its entries first: what the rest imports is
+    odd = [*odd, *taken_out(_MODULES, lambda: ((), ()), versions.clean_keys)]   # the original
+    swapped = imported.changed(modules)
+    changed = cells_changed(closures) + defaults.changed(*held)
     tagged = tags() if tags else None   # the same dicts' tags as before the call
     if (tagged == then) if tags else same(copies, views, _all_spaces=True):   # (keys: strs)
         return changed, alive, swapped, odd
@@ -356,32 +376,6 @@ def _put_back(before):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
     return changed, alive, swapped, odd
-
-
-def modules_changed(saved, _is=operator.is_, _all=all, _map=map, _len=len,
-                    _islice=itertools.islice):
-    """The entries of `sys.modules` (`saved`: a copy of it) that hold another module object now,
-    or none (a removed entry included), each put back; so is `sys.modules` itself if rebound.
-    Compared by identity in C (no `__eq__` of a module of the reader's runs); entries added
-    since the copy are new imports, and pass."""
-    changed = []
-    if sys.modules is not _MODULES:
-        changed.append("sys.modules itself")
-        sys.modules = _MODULES
-    n = _len(saved)
-    try:        # unchanged: the copied entries are still the first n, in order, by identity
-        if _len(_MODULES) >= n and _all(_map(_is, saved, _islice(_MODULES, n))) and _all(
-                _map(_is, saved.values(), _islice(_MODULES.values(), n))):
-            return changed
-    except RuntimeError:        # another thread's import added an entry while it was read
-        pass
-    now = _MODULES.copy()
-    for key, value in saved.items():
-        new = now.get(key, _MISSING)
-        if new is not value:
-            changed.append(f"sys.modules[{key!r}]" + (" (removed)" if new is _MISSING else ""))
-            _MODULES[key] = value
-    return changed
 
 
 def _restore(owner, key, value):

@@ -6,9 +6,11 @@ library), one is refused, so a switch reached by a name built at run time
 references.scan refuses before the answer runs); torch's own calls go through to the original.
 Used by guard.answering.
 """
+import itertools
 import operator
 import sys
 
+from . import versions
 from .guard import _passes_on, refuse
 from .run import ReferenceUsed, is_reader_code, stand_in
 
@@ -58,12 +60,40 @@ def _torch_spaces(_list=list, _len=len, _all=all, _map=map, _is=operator.is_):
     return _CACHE["spaces"]
 
 
+def _make_named():
+    """named(spaces): (module, its names among the switches') of each of `spaces` holding one.
+    A module's names are read again only when its dict's version tag (versions.py: any key or
+    value added, replaced or removed gives a new one) is not the one read before its last read;
+    with no tags, every time. The tags and names are kept in this closure: no module attribute
+    leads to them, so no code of the reader's can mark a module read."""
+    kept = {"spaces": None, "tags": None, "seen": [], "names": []}
+
+    def named(spaces, _ne=operator.ne, _compress=itertools.compress, _len=len, _range=range,
+              _list=list, _map=map, _tuple=tuple):
+        if kept["spaces"] is not spaces:    # (the tuple _torch_spaces rebuilds: held here)
+            kept.update(spaces=spaces, tags=versions.reader(_tuple(s for _, s in spaces)),
+                        seen=[None] * _len(spaces), names=[()] * _len(spaces))
+        tags, seen, names = kept["tags"], kept["seen"], kept["names"]
+        now = tags() if tags is not None else (None,) * _len(spaces)
+        stale = _range(_len(spaces)) if tags is None else _compress(
+            _range(_len(spaces)), _map(_ne, now, seen))
+        for i in _list(stale):       # (the tag read before the names: a change meanwhile
+            names[i] = _tuple(spaces[i][1].keys() & _DISPATCH_OFF_NAMES)   # reads them again)
+            seen[i] = now[i]
+        return [(spaces[i][0], spaces[i][1], names[i]) for i in _compress(
+            _range(_len(spaces)), names)]
+    return named
+
+
+_named = _make_named()
+
+
 def guard_switches():
     """Put the guarded switches in place of the originals, in every loaded torch module (each
-    module's names looked up by the switches' names: a dict view's `&` with the small set)."""
+    module's names looked up by the switches' names: a dict view's `&` with the small set, read
+    again only for a module changed since: `_named`)."""
     originals = {}
-    for module, space in _torch_spaces():
-        names = space.keys() & _DISPATCH_OFF_NAMES
+    for module, space, names in _named(_torch_spaces()):
         for name in names:
             value = space[name]
             if not callable(value) or not str(getattr(value, "__module__", "")).startswith(

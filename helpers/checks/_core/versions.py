@@ -10,9 +10,9 @@ import operator
 import sys
 import sysconfig
 
-from .keys import proxied
+from .keys import proxied, str_keys
 
-__all__ = ["reader", "copies", "unverified", "moved", "same"]
+__all__ = ["reader", "copies", "unverified", "moved", "same", "clean_keys"]
 
 # Bound at import, before any reader's code runs: ctypes' Python classes can be changed later
 # (`ctypes.c_uint64.value = property(...)` would make every tag read alike); the C getter and
@@ -21,7 +21,7 @@ _U64 = ctypes.c_uint64
 _AT = type(_U64).__dict__["from_address"]           # PyCSimpleType's, a C method
 _VALUE = ctypes._SimpleCData.__dict__["value"].__get__
 _USED = ctypes.c_ssize_t
-_id, _map, _tuple, _enumerate, _dict, _range = id, map, tuple, enumerate, dict, range
+_id, _map, _tuple, _dict, _range, _len, _list = id, map, tuple, dict, range, len, list
 
 
 def _offset():
@@ -71,19 +71,52 @@ def reader(spaces):
     return tags
 
 
-def copies(views, now, kept):
-    """A plain copy of each of `views`, the one in `kept` ({index: (tag, copy)}, updated) where
-    its tag in `now` (read before: a change while copying leaves the tag kept older than the
-    dict's) is the one it was copied at; `now` None: every one copied afresh."""
+def _make_clean():
+    """clean_keys, its record of clean scans in this closure: no module attribute leads to it,
+    so code of the reader's that reached this module by a name built at run time cannot mark a
+    dict scanned."""
+    scanned = {}    # id(dict) -> (the dict, its tag's cell, the tag read before a clean scan)
+
+    def clean_keys(space, _type=type, _dict=dict, _len=len):
+        """keys.str_keys(space), skipped for a plain dict while its version tag is the one read
+        before its last scan that found only exact strs: any key added since (a change of its
+        keys or values) gave it another tag. The dict is held, so its address is its own."""
+        if _OFFSET is None or _type(space) is not _dict:
+            return str_keys(space)
+        hit = scanned.get(_id(space))
+        if hit is not None and hit[0] is space:
+            cell = hit[1]
+            tag = _VALUE(cell)
+            if tag == hit[2]:
+                return True
+        else:
+            cell = _AT(_U64, _id(space) + _OFFSET)
+            tag = _VALUE(cell)
+        if not str_keys(space):
+            return False
+        if _len(scanned) >= 4096:
+            scanned.clear()
+        scanned[_id(space)] = (space, cell, tag)
+        return True
+    return clean_keys
+
+
+clean_keys = _make_clean()
+
+
+def copies(views, now, kept, _ne=operator.ne, _compress=itertools.compress):
+    """A plain copy of each of `views`, the one in `kept` (its "tags" and "held" copies, updated)
+    where its tag in `now` (read before: a change while copying leaves the tag kept older than
+    the dict's) is the one it was copied at, the tags compared in C; `now` None: every one
+    copied afresh."""
     if now is None:
         return _tuple(_map(_dict, views))
-    out = []
-    for i, view in _enumerate(views):
-        hit = kept.get(i)
-        if hit is None or hit[0] != now[i]:
-            hit = kept[i] = (now[i], _dict(view))
-        out.append(hit[1])
-    return _tuple(out)
+    if "held" not in kept:
+        kept.update(tags=[None] * _len(views), held=[None] * _len(views))
+    tags, held = kept["tags"], kept["held"]
+    for i in _list(_compress(_range(_len(now)), _map(_ne, now, tags))):
+        tags[i], held[i] = now[i], _dict(views[i])
+    return _tuple(held)
 
 
 def unverified(spaces, views, cache, read):
@@ -95,7 +128,8 @@ def unverified(spaces, views, cache, read):
         return spaces, views
     now = tags()
     verified = cache["verified"]
-    pick = [i for i, tag in _enumerate(now) if verified.get(i) != tag]
+    every = _range(_len(now))
+    pick = _list(itertools.compress(every, _map(operator.ne, now, _map(verified.get, every))))
     read.append((tags, now, pick))
     return _tuple(spaces[i] for i in pick), _tuple(views[i] for i in pick)
 
