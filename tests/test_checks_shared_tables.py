@@ -51,7 +51,8 @@ def test_first_sight_lists_the_known_storages_at_once(adds_at_every_collection):
 
 def test_the_switches_list_the_loaded_modules_at_once(adds_at_every_collection):
     counter = iter(range(10**6))
-    switches._CACHE["loaded"] = []     # rebuilt: every module read
+    cache = switches._torch_spaces.__defaults__[-1]     # held there, no module attribute
+    cache["loaded"] = []     # rebuilt: every module read
     names = []
 
     def add():
@@ -63,7 +64,7 @@ def test_the_switches_list_the_loaded_modules_at_once(adds_at_every_collection):
     finally:
         for name in names:
             sys.modules.pop(name, None)
-        switches._CACHE["loaded"] = []
+        cache["loaded"] = []
 
 
 def test_the_walk_lists_a_class_s_members_at_once(adds_at_every_collection):

@@ -140,3 +140,40 @@ def test_a_harness_cell_set_in_place_is_found_and_put_back():
     finally:
         cell.cell_contents = value
     assert patched.cells_changed(patched.cells()) == []
+
+
+def _reachable_from_modules(depth=3):
+    """The ids of every object the check modules' attributes lead to (module globals, then
+    the items of containers, `depth` deep): what code of the reader's that reached a check
+    module by a name built at run time could change in place, functions' defaults left out."""
+    seen, frontier = set(), [m for name, m in list(sys.modules.items())
+                             if name.startswith("helpers.checks") and m is not None]
+    for _ in range(depth):
+        nxt = []
+        for obj in frontier:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, types.ModuleType):
+                nxt += [v for v in vars(obj).values() if not isinstance(v, types.ModuleType)]
+            elif type(obj) in (dict, list, tuple, set):
+                nxt += list(obj.values()) if type(obj) is dict else list(obj)
+        frontier = nxt
+    return seen | {id(o) for o in frontier}
+
+
+def test_no_module_attribute_leads_to_a_kept_copy_or_the_switches_cache():
+    """patched.py's copies of the watched namespaces (kept while their tags hold) and the list
+    of torch modules switches.py guards are what the verdict trusts after the call: an answer
+    that reached them through a module attribute could poison a copy (a replaced
+    torch.allclose then compares equal to it, and stays replaced) or empty the list (no switch
+    guarded at its next call). They are held as functions' default arguments only."""
+    assert quiet(helpers.checks.check_shard_sizes, _shard_sizes).passed   # copies kept
+    from helpers.checks._core import switches
+    cache = getattr(patched, "_CACHE", None) or patched._spaces.__defaults__[0]
+    shared = getattr(patched, "_SHARED", None) or patched.snapshot.__defaults__[-1]
+    kept = [cache, *cache["copies"].get("held", ()), shared]
+    spaces = getattr(switches, "_CACHE", None) or switches._torch_spaces.__defaults__[-1]
+    kept += [spaces, spaces["spaces"]]
+    reachable = _reachable_from_modules()
+    assert not [k for k in kept if id(k) in reachable]

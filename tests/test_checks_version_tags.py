@@ -98,9 +98,10 @@ def tag_mode(request, monkeypatch):
     """Both ways of telling a namespace unchanged: the tags, and (as on a Python without them)
     the name-by-name comparison."""
     patched._spaces()
+    cache = patched._spaces.__defaults__[0]     # held there, no module attribute
     if request.param == "names compared":
-        monkeypatch.setitem(patched._CACHE, "tags", None)
-    elif patched._CACHE["tags"] is None:
+        monkeypatch.setitem(cache, "tags", None)
+    elif cache["tags"] is None:
         pytest.skip("this Python keeps no tags")
     return request.param
 

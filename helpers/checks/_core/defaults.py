@@ -11,15 +11,19 @@ Which functions: those bound in a watched namespace (a module's or a class's dic
 static and class methods, properties' accessors, a partial's keywords) and the originals their
 `functools.wraps` wrappers name; the reader's own functions are not judged (guard.py's rule). A
 mutable default that is also a global of its function's module is the module's state (logging
-keeps its handlers in one), not a default, and is left out."""
+keeps its handlers in one), not a default, and is left out; so is one of the harness's own
+functions (its code genuine, from helpers/checks): its state, which its own calls change, held
+there so that no module attribute leads to it (patched.py's kept copies)."""
 import functools
 import operator
+import os
 import types
 import weakref
 
 from . import versions
 from .keys import str_keys
 from .run import is_reader_function
+from .whose import genuine
 
 __all__ = ["held", "tags", "copy", "changed"]
 
@@ -27,6 +31,7 @@ _DEPTH = 8                  # how many `__wrapped__` links are followed
 _MUTABLE = (dict, list, set)
 _KEPT = []                  # what a put-back took out of a container: held, so none of it dies
 _OWN = weakref.WeakKeyDictionary()   # a function -> (its defaults' objects, what they hold)
+_CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _KINDS = frozenset({types.FunctionType, staticmethod, classmethod, types.MethodType, property,
                     functools.partial})
 
@@ -82,10 +87,16 @@ def _own(fn):
         name = f"{fn.__module__}.{fn.__qualname__}"
         if kw is not None:
             out.append((f"{name} (its __kwdefaults__)", kw))
-        out += [(f"{name} (its __defaults__[{i}])", v) for i, v in mutable
-                if not any(g is v for g in fn.__globals__.values())]   # the module's state
+        if not _harness(fn.__code__):          # the harness's state, not a default
+            out += [(f"{name} (its __defaults__[{i}])", v) for i, v in mutable
+                    if not any(g is v for g in fn.__globals__.values())]   # the module's state
     _OWN[fn] = (kw, pos, tuple(out))
     return _OWN[fn][2]
+
+
+def _harness(code):
+    name = code.co_filename
+    return type(name) is str and os.path.abspath(name).startswith(_CHECKS) and genuine(code)
 
 
 def _make():

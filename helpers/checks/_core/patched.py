@@ -63,10 +63,15 @@ _callable = callable        # bound at import: `builtins.callable` is watched, n
 _JOIN_S = 2.0                       # how long a thread the answer started may take to finish
 _HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _CHECKS = os.path.join(_HELPERS, "checks") + os.sep
+# What _spaces found and the copies versions.py keeps (_CACHE), and each World run's snapshot
+# (_SHARED: a run, or None -> [answers running now, their snapshot]): handed to the functions
+# below as default arguments, then deleted as module attributes, so code of the reader's that
+# reached this module by a name built at run time cannot poison a kept copy (a replaced
+# torch.allclose would then compare equal to it) or mark namespaces scanned.
 _CACHE = {"modules": -1, "spaces": ()}
 _LOCK = threading.Lock()
 _MODULES = imported.MODULES     # the import system's table, bound at import
-_SHARED = {}            # a World run (or None: no World) -> [answers running now, their snapshot]
+_SHARED = {}
 
 
 def _course_module(name):
@@ -75,7 +80,7 @@ def _course_module(name):
         "helpers.checks")
 
 
-def _spaces():
+def _spaces(_CACHE=_CACHE):
     """(name, owner, namespace dict, private names watched) of every watched module and class;
     recomputed when the set of imported modules changes."""
     if _CACHE["modules"] != len(sys.modules):
@@ -109,7 +114,7 @@ def _spaces():
     return _CACHE["spaces"], _CACHE["views"]
 
 
-def snapshot(keys=True):
+def snapshot(keys=True, _SHARED=_SHARED):
     """The watched namespaces and the threads alive before the answer ran: one snapshot shared
     by the answers running at once in one World run (its ranks), taken when the first of them
     starts. Each rank taking its own would record as original what another rank had already
@@ -128,7 +133,7 @@ def snapshot(keys=True):
         return shared[1]
 
 
-def copied():
+def copied(_CACHE=_CACHE):
     """The watched namespaces, a copy of each (kept while its version tag is unchanged:
     versions.py) and (the tags' reader, the tags read before the copies)."""
     spaces, views = _spaces()
@@ -137,7 +142,7 @@ def copied():
     return spaces, views, versions.copies(views, now, _CACHE["copies"]), (tags, now)
 
 
-def odd_keys():
+def odd_keys(_CACHE=_CACHE):
     """keys.taken_out for sys.modules and the watched namespaces (read after it, by name): of
     those, the ones changed since a scan found only str keys in them (all, without tags)."""
     read = []
@@ -149,7 +154,7 @@ def odd_keys():
     return odd
 
 
-def cells():
+def cells(_CACHE=_CACHE):
     """The closure cells of the harness's own functions (a check's wrapper, `late.inside` and
     contextlib's wrapper of it) and what each holds now: a cell's contents can be set in place
     (`cell_contents = ...`) with no binding changed. (Their names, the cells, their contents.)"""
@@ -165,7 +170,7 @@ def _read_cells(held, _tuple=tuple, _map=map):
         return _tuple(_map(_contents, held))
 
 
-def held_defaults():
+def held_defaults(_CACHE=_CACHE):
     """The watched functions' default-argument containers, what each holds now (a
     `__kwdefaults__` dict can be changed in place: defaults.py) and their tags read before."""
     held = _CACHE.get("defaults", ())
@@ -291,7 +296,7 @@ def _join_started(threads):
     return alive
 
 
-def expect_unpatched(name, before):
+def expect_unpatched(name, before, _SHARED=_SHARED):
     """CheckFailed naming what the answer replaced in a library the checks use (each is put
     back first), or the thread it left running. Called once for every snapshot(), also when
     the answer raised (a replaced function must not outlive a failed answer either)."""
@@ -376,6 +381,9 @@ def _put_back(before):
                 changed.append(f"{space}.{key}")
                 delattr(owner, key)
     return changed, alive, swapped, odd
+
+
+del _CACHE, _SHARED
 
 
 def _restore(owner, key, value):

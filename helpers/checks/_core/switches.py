@@ -25,7 +25,6 @@ _DISPATCH_OFF_NAMES = frozenset({"_DisableTorchDispatch", "_ExcludeDispatchKeyGu
 __all__ = ["guard_switches", "restore_switches"]
 
 _PATCHED = []       # (module, name, original)
-_CACHE = {"loaded": [], "spaces": ()}     # the loaded torch modules (_torch_spaces)
 
 
 def _guarded(name, original):
@@ -43,12 +42,15 @@ def _guarded(name, original):
     return switch
 
 
-def _torch_spaces(_list=list, _len=len, _all=all, _map=map, _is=operator.is_):
+def _torch_spaces(_list=list, _len=len, _all=all, _map=map, _is=operator.is_,
+                  _cache={"loaded": [], "spaces": ()}):   # noqa: B006 (the cache, on purpose)
     """(module, its namespace dict) of every loaded torch module: rebuilt only when sys.modules
-    holds other modules than at the last call (compared by identity, in C)."""
+    holds other modules than at the last call (compared by identity, in C). The cache is a
+    default argument, no module attribute: code of the reader's that reached this module by a
+    name built at run time cannot make it list no module (no switch guarded at its next call)."""
     modules = dict.copy(sys.modules)   # at once, in C: another rank's thread may import
     loaded = _list(modules.values())
-    if _len(loaded) != _len(_CACHE["loaded"]) or not _all(_map(_is, loaded, _CACHE["loaded"])):
+    if _len(loaded) != _len(_cache["loaded"]) or not _all(_map(_is, loaded, _cache["loaded"])):
         found = []
         for mod_name, module in modules.items():
             if module is None or not mod_name.startswith("torch"):
@@ -56,8 +58,8 @@ def _torch_spaces(_list=list, _len=len, _all=all, _map=map, _is=operator.is_):
             space = getattr(module, "__dict__", None)
             if isinstance(space, dict):
                 found.append((module, space))
-        _CACHE["loaded"], _CACHE["spaces"] = loaded, tuple(found)
-    return _CACHE["spaces"]
+        _cache["loaded"], _cache["spaces"] = loaded, tuple(found)
+    return _cache["spaces"]
 
 
 def _make_named():
