@@ -65,6 +65,25 @@ def time_it_events_unsynced(fn, devices, reps=5):
     return statistics.median(times)
 
 
+@shortcut("check_time_it", "events recorded every call, one synchronize at the end",
+          "with CUDA events too, the exercise asks for that synchronize after every call")
+def time_it_events_synced_once(fn, devices, reps=5):
+    gpus = _cuda(devices)
+    for d in gpus:
+        torch.cuda.synchronize(d)
+    spans = []
+    for _ in range(reps):
+        starts = [torch.cuda.current_stream(d).record_event(torch.cuda.Event(enable_timing=True))
+                  for d in gpus]
+        fn()
+        ends = [torch.cuda.current_stream(d).record_event(torch.cuda.Event(enable_timing=True))
+                for d in gpus]
+        spans.append(list(zip(starts, ends, strict=True)))
+    for d in gpus:
+        torch.cuda.synchronize(d)
+    return statistics.median(max(s.elapsed_time(e) for s, e in pairs) / 1e3 for pairs in spans)
+
+
 @shortcut("check_time_it", "events on the current GPU only (the others never waited for)",
           ["cuda:", "synchronise"])
 def time_it_events_one_gpu(fn, devices, reps=5):

@@ -42,6 +42,7 @@ class AsyncGPUs(Waits):
         # per clock read of the answer's: (a CPU-time clock's name, blind to the waits, or None
         # for a wall clock's, len(self.events) then)
         self.reads = []
+        self.marks = 0                                # events recorded (torch.cuda.Event)
 
     def queue(self, work):
         now = time.perf_counter()
@@ -88,6 +89,7 @@ class AsyncGPUs(Waits):
     def record(self, stream):
         """An event recorded on `stream` now: stamped when the stream reaches it (its queue's
         end, or now if idle)."""
+        self.marks += 1
         return (stream[0], max(self.ends.get(stream, 0.0), time.perf_counter()),
                 self.streams.stamp(stream), stream)
 
