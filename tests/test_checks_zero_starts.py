@@ -74,7 +74,8 @@ def allreduce_spread_in_halves(data):
 
 
 def test_an_addition_of_known_zeros_is_a_copy():
-    """Zeros made by zeros, zeros_like, new_zeros, a full of 0 or a copy of those add nothing;
+    """Zeros made by zeros, zeros_like, new_zeros, a full of 0, zeroed in place (`zero_`,
+    `fill_(0)`, `mul_(0)`), a product by 0 or a copy of those add nothing;
     once written, or subtracted from, or scaled by alpha, they count."""
     n, g = 6, torch.randn(6)
     with Recorder() as rec:
@@ -86,7 +87,12 @@ def test_an_addition_of_known_zeros_is_a_copy():
         _ = torch.zeros(n) - g                       # n: a negation
         _ = torch.zeros(n).add(g, alpha=2)           # n: a product
         _ = torch.ones(n) + g                        # n
-    assert rec.adds_by_device() == {torch.device("cpu"): 4 * n}
+        _ = torch.empty(n).zero_() + g               # a copy: zeroed in place
+        _ = torch.empty(n).fill_(0) + g              # a copy
+        _ = g * 0 + g                                # a copy: a product by a Python 0
+        _ = g.clone().mul_(0) + g                    # a copy
+        _ = torch.empty(n).fill_(1) + g              # n
+    assert rec.adds_by_device() == {torch.device("cpu"): 5 * n}
 
 
 test_case = parametrize_cases(__name__)

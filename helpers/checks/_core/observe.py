@@ -260,8 +260,8 @@ class Recorder(TorchDispatchMode):
                 op.outputs.append(Ref(t, self.version[key]))
                 self.producer[(key, self.version[key])] = op.index
                 self._keep.append(t)
-            if makes_zeros(op):
-                self.zeros.update((r.key, r.version) for r in op.outputs)
+        if makes_zeros(op):     # made, or written in place (`zero_`, `mul_(0)`)
+            self.zeros.update((r.key, r.version) for r in op.outputs + op.writes)
         self._keep.extend(inputs)
         devices = [r.device for r in op.writes + op.outputs] or [r.device for r in op.reads]
         op.device = devices[0] if devices else None

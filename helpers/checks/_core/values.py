@@ -23,6 +23,7 @@ _ZERO_SELF = frozenset({"sub", "sub_", "rsub", "remainder", "remainder_", "fmod"
 _ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})
 _FILLED = frozenset({"full", "full_like", "new_full", "scalar_tensor"})   # the value: a const
 _TIMES = frozenset({"mul", "mul_"})
+_FILLS = frozenset({"fill", "fill_"})       # a tensor filled in place with a constant
 # additions that add nothing when one operand is zero: `0 + t` (Python's sum() starts from 0),
 # `t - 0`, `zeros_like(t) + g` (a sum started from a tensor of zeros)
 _ZERO_ADDS = frozenset({"add", "add_", "sub", "sub_"})
@@ -43,10 +44,14 @@ def adds_zero(op):
 
 
 def makes_zeros(op):
-    """Whether the tensors `op` made hold zeros: zeros, zeros_like, new_zeros, a full of 0, or a
-    copy of zeros (`torch.zeros(n).to(d)`)."""
+    """Whether the tensors `op` made or wrote hold zeros: zeros, zeros_like, new_zeros, a full
+    of 0, a tensor zeroed in place (`empty(n).zero_()`, `fill_(0)`), a product by a Python 0
+    (`g * 0`, `g.mul_(0)`: zeros where g is finite), or a copy of zeros
+    (`torch.zeros(n).to(d)`)."""
     leaves = op.consts[0] if op.consts else ()
     return (op.name in _ZEROS or op.name in _FILLED and 0 in leaves[-1:]
+            or op.name == "zero_" or op.name in _FILLS and leaves[-1:] == (0,)
+            or op.name in _TIMES and leaves[-1:] == (0,) and len(op.reads) == 1
             or op.name in _COPIES and op.zeros == (0,) and len(op.reads) == 1)
 
 
