@@ -135,6 +135,87 @@ def allreduce_spread_side_waited(data):
     _spread_on_side(data, wait=True)
 
 
+# One pinned staging buffer reused for every device: a non_blocking copy from pinned memory
+# returns before it runs, so the next piece written into the buffer may be what a GPU receives
+# (PyTorch's pin_memory/non_blocking tutorial), unless the host waits for the copy first.
+PINNED = ["pinned host memory", "may still be reading", ".synchronize()"]
+
+
+def _staged(net, X, devices, write, wait=None, pin=True, non_blocking=True, per_device=False):
+    """dp_forward with X's pieces staged through host buffers: `write(buf, x)` fills one,
+    `wait(d, stream)` runs after each piece's copy to its device `d`."""
+    replicas = [copy.deepcopy(net).to(d) for d in devices]
+    pieces = X.chunk(len(devices))
+
+    def buffer():
+        b = torch.empty(pieces[0].shape, dtype=X.dtype)
+        return b.pin_memory() if pin else b
+
+    stage, outs = buffer(), []
+    for r, x, d in zip(replicas, pieces, devices, strict=True):
+        buf = (buffer() if per_device else stage)[:len(x)]
+        write(buf, x)
+        xd = buf.to(d, non_blocking=non_blocking)
+        if wait is not None and torch.device(d).type == "cuda":
+            wait(d, _current(d))
+        outs.append(r(xd))
+    return torch.cat([o.to(devices[0]) for o in outs])
+
+
+def _copy_in(buf, x):
+    buf.copy_(x)
+
+
+@shortcut("check_dp_forward", "one pinned staging buffer rewritten before its non_blocking "
+          "copy was waited for", PINNED)
+def dp_forward_pinned_staging_reused(net, X, devices):
+    return _staged(net, X, devices, _copy_in)
+
+
+@shortcut("check_dp_forward", "the batch on the host, one pinned buffer refilled in place",
+          PINNED + ["(copy_, on the host)"])
+def dp_forward_pinned_staging_refilled_on_host(net, X, devices):
+    return _staged(net, X.cpu(), devices, _copy_in)
+
+
+@shortcut("check_dp_forward", "one pinned buffer refilled with out=", PINNED + ["(add, "])
+def dp_forward_pinned_staging_out(net, X, devices):
+    return _staged(net, X.cpu(), devices, lambda buf, x: torch.add(x, 0, out=buf))
+
+
+@shortcut("check_dp_forward", "a pinned buffer reused after a wait of the GPU's stream only "
+          "(wait_event), not of the host", PINNED + ["not the host"])
+def dp_forward_pinned_staging_stream_waits(net, X, devices):
+    def gpu_side(d, s):
+        s.wait_event(s.record_event())
+    return _staged(net, X, devices, _copy_in, gpu_side)
+
+
+@other("check_dp_forward", "one pinned staging buffer, the host waits for each copy")
+def dp_forward_pinned_staging_synced(net, X, devices):
+    return _staged(net, X, devices, _copy_in, lambda d, s: s.synchronize())
+
+
+@other("check_dp_forward", "one pinned staging buffer, an event's synchronize between reuses")
+def dp_forward_pinned_staging_event(net, X, devices):
+    return _staged(net, X.cpu(), devices, _copy_in, lambda d, s: s.record_event().synchronize())
+
+
+@other("check_dp_forward", "a pinned staging buffer per device")
+def dp_forward_pinned_staging_per_device(net, X, devices):
+    return _staged(net, X.cpu(), devices, _copy_in, per_device=True)
+
+
+@other("check_dp_forward", "one pageable staging buffer, non_blocking")
+def dp_forward_pageable_staging_reused(net, X, devices):
+    return _staged(net, X.cpu(), devices, _copy_in, pin=False)
+
+
+@other("check_dp_forward", "one pinned staging buffer, blocking copies")
+def dp_forward_pinned_staging_blocking(net, X, devices):
+    return _staged(net, X, devices, _copy_in, non_blocking=False)
+
+
 test_case = parametrize_cases(__name__)
 
 

@@ -90,6 +90,11 @@ class Streams:
             return all(stamp.get(s, 0) >= self._seen[s].get(s, 0)
                        for s in self._seen if s[0] == i)
 
+    def host_waited(self, stream, n):
+        """Whether the host waited for item n of `stream` (a synchronize returned after it)."""
+        with self._lock:
+            return self._host.get(stream, 0) >= n
+
     def ordered(self, stream, writer, n):
         """Whether an item queued on `stream` now runs after item n of `writer`."""
         with self._lock:

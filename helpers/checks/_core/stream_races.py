@@ -6,7 +6,11 @@ destination's current stream and before that stream's later work, as torch's cop
 Work on two streams runs independently: an operation that reads memory another stream wrote,
 with no wait_stream, wait_event or synchronize between them, may read it before it is written
 (gpus.ipynb, "Streams"), and so may the caller, whose work runs on the default streams, read
-what the answer returned or wrote into what it was handed. Only the order of work is followed:
+what the answer returned or wrote into what it was handed. A non_blocking copy to a GPU from
+pinned host memory returns before it runs (from pageable memory it is staged before it returns),
+so the host, or another stream, that writes those bytes before the host waited for the copy's
+stream may change what the GPU receives (PyTorch's pin_memory/non_blocking tutorial; CUDA's API
+synchronization behavior). Only the order of work is followed:
 the memory a freed side-stream tensor leaves (record_stream's concern) is not, and the backward
 (which runs on its forward's streams) is not judged."""
 import torch
@@ -26,13 +30,20 @@ class Races:
     def __init__(self, waits):
         self.waits, self.streams = waits, waits.streams
         self.written = {}
+        self.pinned = set()     # storage keys of pinned host memory (pin_memory, pin_memory=True)
+        self.reading = {}       # key -> (first, end, stream, item) a pinned copy to a GPU reads
         self.found = None
 
     def note(self, op, args, kwargs):
         """Operation `op` (a Recorder's Op) ran now: check its reads, note its writes."""
         if torch._C._current_graph_task_id() != -1:
             return          # a backward: on its forward's streams, not followed
+        if op.name == "_pin_memory" or kwargs.get("pin_memory"):
+            self.pinned.update(o.key for o in op.outputs)
         run, after = self._placed(op)
+        overwrite = self._overwrites(op, run)
+        if overwrite is not None and self.found is None:
+            self.found = overwrite
         for i, r in enumerate(op.reads):
             if i in op.blind or i in op.targets or r.device.type != "cuda":
                 continue
@@ -51,6 +62,10 @@ class Races:
                         f"only the stream current on cuda:{after[0]} then, {_stream(after)}, "
                         "wait for it)")
             self._wrote(w, stream, launched[stream], what)
+        src = op.reads[-1 if op.name == "copy_" else 0] if op.is_transfer else None
+        if (src is not None and src.key in self.pinned and after is None and run is not None
+                and not _blocking(op, args, kwargs)):       # returned before it read src
+            self.reading.setdefault(src.key, []).append((*src.span[:2], run, launched[run]))
         if after == "host" and _blocking(op, args, kwargs):
             self.streams.waited(self.streams.stamp(run))      # a copy to the host waits
         elif after not in (None, "host"):
@@ -71,6 +86,19 @@ class Races:
         if dst.type == "cuda":
             return current(self._index(dst)), None
         return (current(self._index(src)), "host") if src.type == "cuda" else (None, None)
+
+    def _overwrites(self, op, run):
+        """Words for `op`'s write (on the host, or a copy's on stream `run`) over pinned host
+        bytes that a non_blocking copy to a GPU may still be reading; else None."""
+        for w in op.writes:
+            if w.device.type != "cpu":
+                continue
+            for first, end, stream, n in self.reading.get(w.key, ()):
+                done = (self.streams.host_waited(stream, n) if run is None
+                        else self.streams.ordered(run, stream, n))
+                if first < w.span[1] and w.span[0] < end and not done:
+                    return _overwritten(op, w, stream, run)
+        return None
 
     def _on(self, ref):
         """The current stream of the GPU `ref` is on (a CPU tensor's: None)."""
@@ -135,6 +163,21 @@ def _raced(op, ref, run, late):
             "stream s before reading what it wrote: "
             f"torch.cuda.current_stream(\"{d}\").wait_stream(s) (or wait_event on an event "
             "recorded on s after the write)")
+
+
+def _overwritten(op, ref, stream, run):
+    """Words for `op`'s write over pinned memory that a copy on `stream` may still read."""
+    d = f"cuda:{stream[0]}"
+    by = "on the host" if run is None else f"by a copy on {_stream(run)}"
+    wait = (f"torch.cuda.current_stream(\"{d}\").synchronize()" if stream[1] == 0
+            else "s.synchronize() on that stream s")
+    return (f"wrote a {list(ref.shape)} tensor of pinned host memory ({op.name}, {by}) that a "
+            f"non_blocking copy to {d} on {_stream(stream)} may still be reading: a copy from "
+            "pinned memory with non_blocking=True returns before it runs, so the GPU may receive "
+            "the new bytes. Make the host wait for the copy before writing its source again: "
+            f"{wait}, or synchronize() an event recorded after the copy (wait_stream, wait_event "
+            "and record_stream order GPU work, not the host); or give each device its own "
+            "buffer")
 
 
 def stream_recorder(races, **kwargs):
