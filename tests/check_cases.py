@@ -190,9 +190,13 @@ def dp_peers(comm):
 
 
 def dp_group(comm):
-    """dp_average's data-parallel group for torch.distributed's calls (`group=`)."""
+    """dp_average's data-parallel group for torch.distributed's calls (`group=`): every rank
+    creates every column's group, in one order (torch's new_group is a call of every rank of
+    the default group), and keeps its own."""
     import torch.distributed as dist
-    return dist.new_group(dp_peers(comm))
+    world, tp = dist.get_world_size(), dist.get_world_size() // comm.world
+    groups = [dist.new_group(list(range(j, world, tp))) for j in range(tp)]
+    return groups[dist.get_rank() % tp]
 
 
 _POSTED = {}     # what each rank posts for posted_then: a module global, outside the comm

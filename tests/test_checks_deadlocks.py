@@ -43,6 +43,21 @@ def dpa_rank0_extra(grads, comm):
         comm.all_reduce(torch.tensor([float(len(grads))]))
 
 
+@shortcut("check_dp_average", "each rank stops creating dp groups once it made its own",
+          ["deadlock", "waits in new_group", "ranks 0 and 3 returned without calling it",
+           "dist.new_group is entered by every rank of the default group"])
+def dpa_new_groups_until_own(grads, comm):
+    world = dist.get_world_size()
+    tp = world // comm.world
+    for j in range(tp):                     # the ranks of column 0 never create the others
+        mine = dist.new_group(list(range(j, world, tp)))
+        if dist.get_rank() % tp == j:
+            break
+    for g in grads:
+        dist.all_reduce(g, group=mine)
+        g /= comm.world
+
+
 @shortcut("check_gather_layer", "rank 0 alone gathers a second time",
           ["deadlock", RETURNED, "rank 0 waits in all_gather", "returned without calling it"])
 def gl_rank0_twice(shard, shapes):

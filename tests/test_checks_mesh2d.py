@@ -99,6 +99,63 @@ def dp_divide_twice(grads, comm):
         g /= comm.world
 
 
+# torch's new_group is entered by every rank of the default group, in one order, with the same
+# ranks (use_local_synchronization=True: by the members only); on 6 gloo processes the answer
+# below gives wrong sums or "Connection reset by peer" (each rank's first group is named "1")
+@shortcut("check_dp_average", "each rank creates only its own dp group with dist.new_group",
+          ["dist.new_group is entered by every rank of the default group",
+           "Create every group on every rank", "use_local_synchronization=True"])
+def dp_new_group_members_only(grads, comm):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tp = world // comm.world
+    mine = dist.new_group(list(range(rank % tp, world, tp)))
+    for g in grads:
+        dist.all_reduce(g, group=mine)
+        g /= comm.world
+
+
+@other("check_dp_average", "dist.new_group for every column on every rank, its own kept")
+def dp_new_group_every_column(grads, comm):
+    world = dist.get_world_size()
+    tp = world // comm.world
+    groups = [dist.new_group(list(range(j, world, tp))) for j in reversed(range(tp))]
+    mine = next(g for g in groups if g is not dist.GroupMember.NON_GROUP_MEMBER)
+    for g in grads:
+        dist.all_reduce(g, group=mine)
+        g /= dist.get_world_size(mine)
+
+
+@other("check_dp_average", "its own dp group only, with use_local_synchronization=True")
+def dp_new_group_local(grads, comm):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tp = world // comm.world
+    mine = dist.new_group(list(range(rank % tp, world, tp))[::-1],
+                          use_local_synchronization=True)
+    for g in grads:
+        dist.all_reduce(g, group=mine)
+        g /= comm.world
+
+
+def test_new_group_gives_a_rank_outside_it_what_torch_gives():
+    """torch sorts a new group's ranks, and hands a rank outside it NON_GROUP_MEMBER, on which
+    a collective does nothing and get_rank / get_world_size say -1 (_core/groups.py)."""
+    from helpers.checks._core import World
+    outside = dist.GroupMember.NON_GROUP_MEMBER
+
+    def rank(comm):
+        g = dist.new_group([2, 0])
+        local = dist.new_group([1, 2], use_local_synchronization=True)   # rank 0: no meeting
+        t = torch.ones(1) * (comm.rank + 1)
+        out = dist.all_reduce(t, group=g)
+        return (g is outside, out, t, dist.get_rank(g), dist.get_world_size(g),
+                local is outside)
+    got = World(3, timeout=30).run(rank)
+    assert [r[0] for r in got] == [False, True, False] and got[1][1] is None
+    assert [r[2].item() for r in got] == [4, 2, 4]       # ranks 0 and 2 summed, 1 untouched
+    assert [r[3:5] for r in got] == [(0, 2), (-1, -1), (1, 2)]
+    assert [r[5] for r in got] == [True, False, False]
+
+
 def test_a_wrong_average_made_in_place_is_not_told_to_work_in_place():
     """Rank 0 divides before the all-reduce, the others after: wrong, in place all the same."""
     def mixed(grads, comm):

@@ -254,7 +254,7 @@ def test_records_left_as_they_were_pass():
     world, body = _tamper(lambda w: len(w.messages))
     world.run(body)
     assert [m.op for m in world.sent(rank=0)] == ["all_reduce", "send", "barrier", "barrier"]
-    assert world.allow == {"all_reduce", "send", "barrier", "recv"}
+    assert world.allow == {"all_reduce", "send", "barrier", "recv", "new_group"}   # always
 
 
 test_case = parametrize_cases(__name__)

@@ -1,7 +1,8 @@
 """torch.distributed, played by a World's threads (world.py): while `torch_distributed(world)` is
 active, `dist.<call>` from a rank's thread goes to the world (from any other thread, to torch's
 own function). Every correct form of a call is accepted: list and tensor forms of
-reduce_scatter and all_gather, async_op=True, groups from new_group, the ReduceOp of the call.
+reduce_scatter and all_gather, async_op=True, groups from new_group (groups.py: a call of every
+rank, as on torch), the ReduceOp of the call.
 Each call takes the World as its first argument, from the closure `_dispatch` makes: no module
 global holds the World (an answer could import it and edit the records the check judges).
 """
@@ -15,7 +16,11 @@ import torch.distributed as dist
 
 from ...runtime.comm import wire as _wire
 from ...runtime.work import Work, WorkFuture, waited_all
+from . import groups as _groups
 from .buffers import copy_each, copy_into
+from .groups import Group
+from .groups import outside_answer as _outside_answer
+from .groups import ranks_of as _ranks
 from .inflight import launched as _launched
 from .raised import traceback_of as _traceback_of
 from .run import CheckFailed, stand_in
@@ -24,27 +29,6 @@ from .waits import what as _what
 __all__ = ["torch_distributed", "Group", "not_simulated"]
 
 _ONE = threading.Lock()     # held while a World stands in for torch.distributed (one at a time)
-
-
-class Group:
-    """A process group of the simulated world (dist.new_group)."""
-
-    def __init__(self, ranks):
-        self.ranks = list(ranks)
-
-    def size(self):
-        return len(self.ranks)
-
-    def rank(self):
-        r = dist.get_rank()
-        return self.ranks.index(r) if r in self.ranks else -1
-
-    def __repr__(self):
-        return f"Group({self.ranks})"
-
-
-def _ranks(W, group):
-    return group.ranks if isinstance(group, Group) else list(range(W.size))
 
 
 def _reduce(op, tensors):
@@ -283,32 +267,12 @@ class _Marker:
         self.rank, self.src, self.waited = rank, src, None
 
 
-def new_group(W, ranks=None, timeout=None, backend=None, pg_options=None, **kwargs):
-    return Group(range(W.size) if ranks is None else ranks)
-
-
-def get_rank(W, group=None):
-    if isinstance(group, Group):
-        return group.rank()
-    return W.rank
-
-
-def get_world_size(W, group=None):
-    return len(_ranks(W, group))
-
-
-def get_global_rank(W, group, group_rank):
-    return _ranks(W, group)[group_rank]
-
-
-def get_process_group_ranks(W, group):
-    return list(_ranks(W, group))
-
-
 _CALLS = {name: obj for name, obj in dict(globals()).items()
           if callable(obj) and not name.startswith("_") and name not in (
               "torch_distributed", "Group", "P2POp", "contextlib", "stand_in", "threading",
               "torch", "dist", "types", "CheckFailed")}
+_CALLS.update({name: getattr(_groups, name) for name in (      # groups.py's
+    "new_group", "get_rank", "get_world_size", "get_global_rank", "get_process_group_ranks")})
 _CALLS.update(is_initialized=lambda W: True, get_backend=lambda W, group=None: "gloo",
               P2POp=lambda W, *args, **kwargs: P2POp(*args, **kwargs))
 _CALLS = types.MappingProxyType(_CALLS)
@@ -321,6 +285,9 @@ def _dispatch(name, original, world):
     @stand_in(original) if original is not None else (lambda f: f)
     def call(*args, **kwargs):
         if world.rank is not None:
+            outside, out = _outside_answer(name, _CALLS[name], world, args, kwargs)
+            if outside:             # torch's answer to a rank outside the group it names
+                return out
             out = _CALLS[name](world, *args, **kwargs)
             if type(out) is Work and name != "irecv":     # an async collective (inflight.py)
                 _launched(world, _CALLS[name], args, kwargs)

@@ -3,17 +3,18 @@
 (env:// rendezvous), which a thread rank has none of. So while a world runs, the function's code
 (bound however early, as dist_bound.py routes torch.distributed's) hands a call from a rank thread
 to `SimulatedMesh`: init_device_mesh's row-major layout, whose `get_group` gives the world's
-groups (dist.new_group), with the DeviceMesh calls an answer asks a mesh for (size, get_group,
-get_local_rank, get_coordinate, get_rank, mesh[name]). Anything else (a DTensor or fully_shard
+groups (groups.py's, made for every rank as init_device_mesh makes them), with the DeviceMesh
+calls an answer asks a mesh for (size, get_group, get_local_rank, get_coordinate, get_rank,
+mesh[name]). Anything else (a DTensor or fully_shard
 handed the mesh) raises an AttributeError naming what the world plays; from any other thread
 torch's own code runs."""
 import contextlib
 import math
 
 import torch
-import torch.distributed as dist
 from torch.distributed import device_mesh as _device_mesh
 
+from .groups import Group
 from .stubs import codes_routed
 from .whose import forwarding_code
 
@@ -67,7 +68,9 @@ class SimulatedMesh:
         return [int(r) for r in self.mesh[tuple(index)]]
 
     def get_group(self, mesh_dim=None):
-        return dist.new_group(self._line(self._dim(mesh_dim)))
+        """This rank's group along `mesh_dim`: init_device_mesh made every group on every rank
+        (a get_group on one rank alone is right), so no new_group meeting is played here."""
+        return Group(self._line(self._dim(mesh_dim)))
 
     def get_all_groups(self):
         return [self.get_group(d) for d in range(self.ndim)]

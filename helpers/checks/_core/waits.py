@@ -10,8 +10,10 @@ chained from it with `then()`, `torch.futures.wait_all`), as work.py records it,
 comm's send where the rank calls `comm.wait()` (isendrecv's: the Exchange's `wait()`). A wait
 for a send returns only once the peer received it (runtime/thread_waits.py: a wait no receive
 can meet is a Deadlock), so a recorded send wait is also one a real backend completes.
-A Deadlock is the answer's failure whichever rank found it (`answers_deadlock`)."""
+A Deadlock is the answer's failure whichever rank found it (`answers_deadlock`); one where a rank
+waits in dist.new_group adds new_group's rule and its fix (groups.py)."""
 from ...runtime.errors import Deadlock
+from .groups import NEW_GROUP_RULE
 from .run import CheckFailed
 
 __all__ = ["never_waited", "what", "comm_what", "answers_deadlock", "DeadlockFailed"]
@@ -24,6 +26,8 @@ class DeadlockFailed(CheckFailed, Deadlock):
 
     def __init__(self, blocked, returned=(), left=None):
         Deadlock.__init__(self, blocked, returned, left)
+        if any(" in new_group " in w for w in self.blocked.values()):   # groups.py's meeting
+            self.args = (f"{self.args[0].rstrip('.')}. {NEW_GROUP_RULE}",)
 
 
 def answers_deadlock(error):

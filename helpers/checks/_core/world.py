@@ -9,7 +9,8 @@ a check sees what travelled between whom instead of trusting what the answer rep
     world.traffic(rank=1)                 # what rank 1 sent, as a ByteLog (runtime/traffic.py):
                                           # one Transfer per message or collective call
     World(3, allow={"all_reduce"})        # any other call (send, all_gather ...) fails the
-                                          # answer (CheckFailed); barriers are always allowed
+                                          # answer (CheckFailed); barriers and new_group
+                                          # are always allowed
                                           # (why={"all_gather": ...}: the lesson it skips)
     world.expect_from_messages(r, t, "its output")   # with record_ops: rank r's tensor(s) t
                                           # must be computed from what rank r received
@@ -60,6 +61,7 @@ from .waits import answers_deadlock, never_waited
 __all__ = ["World", "Message", "Work"]
 
 
+_ALWAYS = frozenset({"barrier", "recv", "new_group"})    # allowed whatever the exercise
 _OURS = frozenset({__file__, sys.modules[ThreadWorld.__module__].__file__})
 
 
@@ -94,7 +96,7 @@ class World(ThreadWorld):
     def __init__(self, size, timeout=10.0, record_ops=False, allow=None, why=None):
         super().__init__(size, scaled_timeout(timeout))
         self.record_ops = record_ops
-        self.allow = None if allow is None else frozenset(allow) | {"barrier", "recv"}
+        self.allow = None if allow is None else frozenset(allow) | _ALWAYS
         self.why = dict(why or {})        # op -> the sentence that names the lesson it skips
         self.recorders = [None] * size
         self.received = [set() for _ in range(size)]   # (storage key, version) delivered
@@ -391,5 +393,5 @@ class World(ThreadWorld):
         if allow is not None and op not in allow:
             why = f" ({self.why[op]})" if op in self.why else ""
             self._refuse(self.rank, f"rank {self.rank} called {op}: this exercise allows only "
-                         f"{', '.join(sorted(allow - {'barrier', 'recv'}))} to move "
+                         f"{', '.join(sorted(allow - _ALWAYS))} to move "
                          f"data between the ranks{why}")
