@@ -165,12 +165,21 @@ def _sync_forward(taps, outputs, rows):
     "pass synchronised, and whether another backward ran between its forward and its own",
     "the gradients left, for micro-batches of unequal sizes, against the gradient of the mean "
     "loss over all their examples, and their dataflow: made by the backwards through the "
-    "model's outputs (not computed beside it)"])
+    "model's outputs (not computed beside it)",
+    "two calls: the model comes in with no .grad, then with a random .grad (a caller's, from "
+    "an earlier half of the accumulation), which must still be there, the new gradient added"])
 def check_accumulate_gradients(fn):
     """fn(model, loss_fn, micro_batches): the gradient of the mean loss over all the examples of
     the micro-batches (of unequal sizes), one backward per micro-batch, synchronising (outside
-    no_sync) only on the last."""
+    no_sync) only on the last, added to whatever .grad held (the text: do not zero them)."""
     g = fresh_generator()
+    for held in (False, True):      # the second call: the model already holds a gradient
+        _accumulate_once(fn, g, held)
+
+
+def _accumulate_once(fn, g, held):
+    """One call of accumulate_gradients on fresh micro-batches; `held`: the stand-in comes in
+    with a random .grad, which the accumulated gradient must be added to."""
     k = randint(g, 3, 5)        # three or more: no_sync forwards batched before backwards show
     sizes = [randint(g, 2, 7) for _ in range(k)]
     if len(set(sizes)) == 1:
@@ -179,6 +188,9 @@ def check_accumulate_gradients(fn):
     rec, outs, seen_rows = Recorder(), [], []
     taps = Taps(rec)
     model, loss_fn = _SyncRecorder(g, taps, outs, seen_rows), nn.MSELoss()
+    before = torch.randn(1, 5, generator=g) if held else torch.zeros(1, 5)
+    if held:
+        model.lin.weight.grad, model.lin.bias.grad = before.clone(), torch.randn(1, generator=g)
     with rec:
         fn(model, loss_fn, micro)
     made = taps.made([p.grad for p in model.lin.parameters()])
@@ -211,8 +223,12 @@ def check_accumulate_gradients(fn):
     ref.load_state_dict(model.state_dict())
     X, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])
     loss_fn(ref(X), y).backward()
-    grad, want = model.lin.weight.grad, ref.lin.weight.grad
-    expect(grad is not None, "no gradient on the model's weights")
+    expect(model.lin.weight.grad is not None, "no gradient on the model's weights")
+    grad, want = model.lin.weight.grad - before, ref.lin.weight.grad   # what was added
+    expect(not held or not tensor_close(model.lin.weight.grad, want, atol=1e-5),
+           "the model came in with a gradient in .grad (the caller's: an earlier half of the "
+           "accumulation, an auxiliary loss) and it is gone: do not zero the gradients; "
+           "backward adds to what .grad holds")
     expect(made, "the gradients left in .grad were not made by the backwards through the "
                  "model's outputs (a gradient computed beside the model, its backwards only "
                  "decoys): let each micro-batch's backward accumulate into .grad")
@@ -247,7 +263,8 @@ class _Heads(nn.Module):
 
 
 @check("unused_parameters", observes=[
-    "the names returned for losses over random heads (one head used with a zero weight)",
+    "the names returned, as returned (a list or tuple, in sorted order), for losses over random "
+    "heads (one head used with a zero weight; the first draw leaves a head out)",
     "every torch operation the answer ran: a graph walk computes nothing, while backward or "
     "torch.autograd.grad computes every gradient (the cost DDP's walk avoids)"])
 def check_unused_parameters(fn):
@@ -259,6 +276,7 @@ def check_unused_parameters(fn):
         X = torch.randn(randint(g, 2, 6), 3, generator=g)
         heads = ["a", "b", "c"]
         used = [h for h in heads if float(torch.rand((), generator=g)) < 0.5] or ["a"]
+        used = used[:2] if trial == 0 else used     # forced: a head unused, two names in order
         zero = [h for h in heads if h not in used][:1] if trial > 0 else []
         out = model(X, used + zero)
         loss = sum(out[h].pow(2).mean() for h in used) + sum(0 * out[h].sum() for h in zero)
@@ -276,10 +294,12 @@ def check_unused_parameters(fn):
         expect(not ran, f"{what}: your function computed gradients ({', '.join(ran[:4])}): that "
                         "is a backward pass (torch.autograd.grad runs one too). Walk the graph "
                         "from loss.grad_fn through next_functions instead: it computes nothing")
-        try:
-            got = sorted(got)
-        except TypeError:
-            raise CheckFailed(f"{what}: returned {got!r}, expected a list of names") from None
+        expect(isinstance(got, list | tuple) and all(isinstance(n, str) for n in got),
+               f"{what}: returned a {type(got).__name__}, expected a list of the names, sorted "
+               "(a set or a dict has no order to promise)")
+        expect(list(got) == sorted(got), f"{what}: returned {list(got)}, not in sorted order: "
+                                         "return the names sorted (sorted(...))")
+        got = list(got)
         zero_names = sorted(n for n, _ in model.named_parameters()
                             if zero and n.startswith(zero[0] + "."))
         expect(not set(zero_names) & set(got),

@@ -23,6 +23,7 @@ from ._core import (
     tensor_close,
     tensor_equal,
 )
+from ._core.gradients import grads_left
 from ._core.handed import in_place, kept_aside
 from ._core.held import Steps, added_attributes
 from ._core.inputs import expect_unchanged, kept
@@ -359,8 +360,7 @@ def check_scratch_accumulate(fn):
     nets = [make() for _ in range(world)]   # here: thread ranks would share torch's seed
 
     def rank_fn(comm):
-        net = nets[comm.rank]
-        model = DDPFromScratch(net)
+        model = DDPFromScratch(net := nets[comm.rank])
         first = next(p for p in net.parameters())
         first.register_post_accumulate_grad_hook(
             lambda p: passes[comm.rank].append("backward") or backwards.__setitem__(
@@ -371,7 +371,7 @@ def check_scratch_accumulate(fn):
         calls = len(w.sent("all_reduce", rank=comm.rank)) - before
         expect(model.synchronized, "the step ended with gradients not yet averaged: call "
                                    "model.finish_gradient_synchronization() at the end")
-        return calls, len(model.buckets), {n: p.grad.clone() for n, p in net.named_parameters()}
+        return calls, len(model.buckets), grads_left(net.named_parameters(), f"rank {comm.rank}")
     results = w.run(rank_fn)
     expect_unchanged("scratch_accumulate", copies, given, ["a micro-batch"] * len(given))
     whole = [(torch.cat([X for X, _ in d]), torch.cat([y for _, y in d])) for d in data]

@@ -16,6 +16,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ..runtime import checkpoint
 from ._core import CheckFailed, check, expect, fresh_generator, randint, tensor_close, tensor_equal
 from ._core.declare import judged_scan
+from ._core.gradients import grads_left
 from ._core.inputs import expect_unchanged, kept
 from ._core.references import Reference, blocked
 
@@ -117,9 +118,10 @@ def check_sampler_shard(fn):
 
 
 def _grads(model, scalar):
+    """The parameters' gradients from `scalar`'s backward (none left: the answer fails)."""
     model.zero_grad()
     scalar.backward()
-    return [p.grad.clone() for p in model.parameters()]
+    return list(grads_left(model.named_parameters(), "rank_loss's result").values())
 
 
 @check("rank_loss", observes=[

@@ -157,7 +157,8 @@ def _partial_sums(call, ancestry, rec, Y, devices, whole):
     straight to device 0, and none leaves device 0, where they are added up (the exercise's
     rule; a split of the output's pixels sends pieces, not partial sums), and no device, the host
     included, did more than its share of the work counted over every operation (elementwise
-    products and im2col included), beside adding the partial sums up."""
+    products included; im2col, F.unfold's gather of patches, is a copy, as observe.py counts
+    it), beside adding the partial sums up."""
     sums = [op for op in ancestry if op.is_transfer
             and op.reads[-1 if op.name == "copy_" else 0].numel == Y.numel()]
     to = {op: (op.writes or op.outputs)[0].device for op in sums}

@@ -14,7 +14,7 @@ from .raised import describe, type_name
 from .run import CheckFailed, expect
 from .settle import reader_class
 
-__all__ = ["expect_gradient"]
+__all__ = ["expect_gradient", "grads_left"]
 
 _WRONG = ("every part of it must stay on the graph as the formula has it: a .detach() on part "
           "of it, or a term added for its gradient alone, changes what backward gives")
@@ -53,3 +53,16 @@ def expect_gradient(got, inputs, reference, what, names, hint, wrong=None, weigh
             raise CheckFailed(f"{what} has the right value but the wrong gradient with respect "
                               f"to {name} (off by up to {off:.3g}, where it is at most "
                               f"{float(want.abs().max()):.3g}): {wrong or _WRONG}")
+
+
+def grads_left(named, what):
+    """{name: a copy of its .grad} for the (name, parameter) pairs `named`, after the answer's
+    backward: a parameter left without .grad (the loss had no graph back to the model) fails
+    the answer with words, never the check with an AttributeError."""
+    named = list(named)
+    missing = [n for n, p in named if p.grad is None]
+    expect(not missing, f"{what}: the model's parameters ({', '.join(missing[:3])}) got no "
+                        "gradient from your loss: it has no graph back to the model (a new leaf "
+                        "made with requires_grad, a detached value): compute it from the "
+                        "model's outputs without detaching")
+    return {n: p.grad.clone() for n, p in named}

@@ -32,7 +32,8 @@ from .composite import split_composite
 from .guard import TORCH_OPERATORS, own_operator
 from .host_pin import HostPins
 from .placeholders import placeholder
-from .spans import layout, span
+from .run import observer_failed
+from .spans import layout, span, storage_key
 from .values import adds_zero, consts, makes_zeros
 from .written import Written
 
@@ -46,7 +47,7 @@ _ELEMENTWISE_ADDS = frozenset({"add", "add_", "sub", "sub_", "addcmul", "addcmul
                                "_foreach_add_"})
 _REDUCING_ADDS = frozenset({"sum", "mean", "nansum", "cumsum", "cumsum_", "logsumexp", "norm",
                   "linalg_vector_norm", "var", "std", "var_mean", "std_mean", "prod", "trace",
-                  "cumprod", "cumprod_", "logcumsumexp", "_logcumsumexp"})
+                  "cumprod", "cumprod_", "logcumsumexp", "_logcumsumexp", "col2im"})
 _SCATTER_ADDS = frozenset({"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put",
                  "index_put_", "_index_put_impl_", "scatter_reduce", "scatter_reduce_",
                  "embedding_dense_backward", "bincount"})
@@ -54,7 +55,7 @@ _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "dot", "vdot", 
                       "addbmm", "convolution", "convolution_backward", "_convolution", "linear",
                       "einsum", "_scaled_dot_product_flash_attention",
                       "_scaled_dot_product_efficient_attention"})
-# no computation: moves, views, metadata, fresh tensors
+# no computation: moves, views, metadata, fresh tensors, gathers (im2col: F.unfold's patches)
 _NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "lift_fresh_copy",
              "detach", "detach_", "alias", "empty", "empty_like", "empty_strided", "zeros",
              "zeros_like", "ones", "ones_like", "full", "full_like", "new_empty", "new_zeros",
@@ -64,13 +65,8 @@ _NOT_WORK = {"_to_copy", "copy_", "clone", "_copy_from", "to", "lift_fresh", "li
              "_has_compatible_shallow_copy_type", "resize_", "contiguous", "_unsafe_view",
              "unsqueeze_", "squeeze_", "t_", "transpose_", "as_strided_", "constant_pad_nd",
              "index_select", "gather", "masked_fill_", "masked_fill", "where", "expand_copy",
-             "slice_scatter", "select_scatter", "permute_copy", "_foreach_copy_"}
+             "slice_scatter", "select_scatter", "permute_copy", "_foreach_copy_", "im2col"}
 _NOT_WORK = frozenset(_NOT_WORK)
-
-
-def storage_key(t):
-    """The identity of a tensor's storage (views share it)."""
-    return t.untyped_storage()._cdata
 
 
 def describe_device(device):
@@ -221,7 +217,11 @@ class Recorder(TorchDispatchMode):
                 "is_same_size", "_has_compatible_shallow_copy_type"):
             return out
         with self._lock:
-            self._record(func, args, kwargs, inputs, out, unused(func, args, kwargs, out, written))
+            try:
+                self._record(func, args, kwargs, inputs, out,
+                             unused(func, args, kwargs, out, written))
+            except Exception as e:       # the record's own failure: never the answer's
+                raise observer_failed(f"the check's record of aten::{name}", e) from e
         return out
 
     def _record(self, func, args, kwargs, inputs, out, unread=()):

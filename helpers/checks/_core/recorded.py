@@ -23,6 +23,7 @@ cancels them (`g_beside + 0 * W.grad`).
 import threading
 
 from .observe import storage_key
+from .run import observer_failed
 
 __all__ = ["outside_calls", "Taps"]
 
@@ -53,8 +54,11 @@ class Taps:
         refs, lock = [], threading.Lock()
 
         def seen(grad):
-            with lock:
-                refs.append(rec.latest(grad))
+            try:
+                with lock:
+                    refs.append(rec.latest(grad))
+            except Exception as e:       # the tap's own failure: never the answer's
+                raise observer_failed("the check's tap on a gradient of its net", e) from e
 
         def tap(out):
             """In the net's call: watch the gradient that reaches `out` in any backward."""

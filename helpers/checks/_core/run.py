@@ -24,7 +24,7 @@ import sysconfig
 from .keys import str_keys
 
 __all__ = ["CheckFailed", "HarnessError", "ReferenceUsed", "Result", "run_check", "expect",
-           "grading", "REGISTRY", "CheckInfo", "is_reader_code", "stand_in"]
+           "grading", "REGISTRY", "CheckInfo", "is_reader_code", "stand_in", "observer_failed"]
 
 GRADING_ENVS = ("NBGRADER_EXECUTION", "COURSE_GRADING")
 _ENVIRON = os.environ            # bound at import: an answer that rebinds os.environ leaves it
@@ -38,6 +38,14 @@ class CheckFailed(AssertionError):
 class HarnessError(RuntimeError):
     """The check itself could not judge the answer (a limit of the simulation, a bug of the
     check): never reported as the reader's mistake."""
+
+
+def observer_failed(what, exc):
+    """The HarnessError for an exception out of the harness's own bookkeeping that runs inside
+    the answer's call (a Recorder's record of an operation, a hook tapping a gradient): the
+    check could not watch, the answer did nothing wrong (run.py blames it on the check)."""
+    return HarnessError(f"{what} failed ({_type_name(type(exc))}: {_describe(exc)}): the "
+                        "check's own limit, not a verdict on your answer")
 
 
 class ReferenceUsed(BaseException):
@@ -174,8 +182,11 @@ _ENTRIES = (_DECLARE, str(pathlib.Path(__file__).with_name("late.py")))   # the 
 def _blame(exc, declared):
     """("stub" | "answer" | "harness", frame) for an exception out of a check body. In a
     declared check the answer is what ran inside Answer.__call__; in an older check, whatever
-    passed through the reader's files."""
+    passed through the reader's files. A HarnessError the harness raised is the check's own,
+    wherever it ran (a hook or a Recorder's record inside the answer's call: observer_failed)."""
     frames = _frames(_traceback_of(exc))
+    if issubclass(type(exc), HarnessError) and frames and not is_reader_code(frames[-1].filename):
+        return "harness", frames[-1]     # raised by the harness, inside the answer's call too
     if declared:
         calls = [i for i, f in enumerate(frames) if f.filename in _ENTRIES and f.name == "__call__"]
         inside = frames[calls[0] + 1:] if calls else []

@@ -1,12 +1,27 @@
 """The bytes of its storage a tensor covers, from metadata alone (storage offset, sizes,
-strides), so fake tensors on simulated devices answer too: moved.py follows names per range."""
+strides), so fake tensors on simulated devices answer too: moved.py follows names per range;
+and which storage a tensor is (`storage_key`), through torch.func's wrappers."""
 import bisect
 import math
 
-__all__ = ["span", "layout", "Runs", "WHOLE", "RUNS"]
+from torch._C import _functorch
+
+__all__ = ["span", "layout", "Runs", "WHOLE", "RUNS", "storage_key"]
 
 WHOLE = (0, math.inf)       # every byte of a storage (what an out-of-place result holds)
 RUNS = 4096                 # dense runs a view is followed by at most (past: its whole extent)
+
+
+def storage_key(t):
+    """The identity of a tensor's storage (views share it). A functorch wrapper (what
+    torch.func.grad and vmap hand the function they transform: it has no storage) is the tensor
+    it wraps, which the operations below the transform (a Recorder's) read and write."""
+    try:
+        return t.untyped_storage()._cdata
+    except NotImplementedError:
+        while _functorch.is_functorch_wrapped_tensor(t) or _functorch.is_batchedtensor(t):
+            t = _functorch.get_unwrapped(t)
+        return t.untyped_storage()._cdata
 
 
 def span(t):
