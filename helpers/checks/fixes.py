@@ -20,8 +20,9 @@ from ._core import (
     describe_device,
     expect,
     fresh_generator,
+    number_words,
     randint,
-    rel_close,
+    same_number,
     tensor_equal,
     uniform,
 )
@@ -271,12 +272,13 @@ def check_amdahl_speedup(amdahl_speedup):
         got, dtype = as_number(amdahl_speedup(dict(shares), dict(factors)), call,
                                with_dtype=True)
         want = 1 / math.fsum(s / factors.get(n, 1.0) for n, s in shares.items())
-        if rel_close(got, want, 2 * len(names) + 2, dtype):
+        if same_number(got, want, dtype, 2 * len(names) + 2):
             continue
         hint = " (the step's time left is the sum of share / factor)"
         only = math.fsum(shares[n] / f for n, f in factors.items())
-        if factors and rel_close(got, 1 / only, 2 * len(names) + 2, dtype):
+        if factors and same_number(got, 1 / only, dtype, 2 * len(names) + 2):
             hint = ": the phases not in factors still take their share of the time"
         elif not factors:
             hint = ": no fix, no speed-up"
-        expect(False, f"{call} returned {got:.6g}, expected {want:.6g}{hint}")
+        got_s, want_s = number_words(got, want, dtype)
+        expect(False, f"{call} returned {got_s}, expected {want_s}{hint}")
