@@ -17,7 +17,7 @@ from ._core import (
     same_number,
     uniform,
 )
-from ._visible_gpus import specs, topology, visible
+from ._visible_gpus import raises_beyond, specs, topology, visible
 
 __all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model",
            "check_roofline_time", "check_link_between"]
@@ -348,7 +348,8 @@ def check_roofline_time(fn):
 # ---- gpus: which physical GPU is cuda:i, and how is it linked ---------------------------------
 @check("link_between", observes=[
     "the link returned for cuda:i and cuda:j on fresh topologies and CUDA_VISIBLE_DEVICES "
-    "values (unset, reordered, shortened, with an invalid entry, with a repeated index), "
+    "values (unset, empty, reordered, shortened, spaced, with an invalid entry, with a "
+    "repeated index), "
     "against the physical GPUs "
     "CUDA makes visible; asking for a GPU that is not visible must raise"])
 def check_link_between(fn):
@@ -364,7 +365,13 @@ def check_link_between(fn):
                 i = randint(g, 0, len(shown) - 1)
                 j = (i + randint(g, 1, len(shown) - 1)) % len(shown)
                 call = f"link_between(topo, {spec!r}, {i}, {j})"
-                got = fn([row[:] for row in topo], spec, i, j)
+                try:
+                    got = fn([row[:] for row in topo], spec, i, j)
+                except (ValueError, IndexError, KeyError) as e:
+                    spaced = (" (torch strips the spaces around each entry)"
+                              if " " in (spec or "") else "")
+                    raise CheckFailed(f"{call} raised {type(e).__name__}, but cuda:{i} and "
+                                      f"cuda:{j} are visible: GPUs {shown}{spaced}") from None
                 want = topo[shown[i]][shown[j]]
                 if got == want:
                     continue
@@ -376,25 +383,5 @@ def check_link_between(fn):
                 expect(False, f"{call} returned {got!r}, expected {want!r} (cuda:{i} is GPU "
                               f"{shown[i]}, cuda:{j} is GPU {shown[j]}){hint}")
             if spec is not None and len(shown) < len(spec.split(",")):
-                _raises_beyond(fn, topo, spec, shown)
+                raises_beyond(fn, topo, spec, shown)
 
-
-def _raises_beyond(fn, topo, spec, shown):
-    """cuda:len(shown) does not exist: CUDA stopped at the first invalid entry."""
-    i = len(shown)
-    call = f"link_between(topo, {spec!r}, 0, {i})"
-    try:
-        got = fn([row[:] for row in topo], spec, 0, i)
-    except (ValueError, IndexError, KeyError, RuntimeError):
-        return
-    entries = [e.strip() for e in spec.split(",")]
-    numbers = [int(e) for e in entries[:next((k for k, e in enumerate(entries)
-                                               if not e.isdigit()), len(entries))]]
-    if len(set(numbers)) < len(numbers):
-        why = ("an index listed twice (before the first entry that is not a number) makes no "
-               "GPU visible")
-    else:
-        why = (f"CUDA makes the GPUs visible up to the first invalid entry ({entries[i]!r}) and "
-               f"ignores the rest, so only {len(shown)} are visible")
-    raise CheckFailed(f"{call} returned {got!r}, but there is no cuda:{i}: {why}; raise "
-                      "ValueError")
