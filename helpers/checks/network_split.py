@@ -54,7 +54,8 @@ def _fewest(p, target):
     return answers
 
 
-@check("microbatches_for_bubble", references=["bubble_fraction"], observes=[
+@check("microbatches_for_bubble", references=["bubble_fraction", "unequal_bubble",
+                                              "interleaved_bubble"], observes=[
     "the count returned for fresh (p, target), targets met exactly by some count included, "
     "against the exact count; at an exact boundary both neighbours are accepted (rounding), "
     "except for a target of 2**-j, exact in floats, where only the exact count is"])
