@@ -132,14 +132,6 @@ def mesh_groups_by_rank_grid(rank, dp, tp):
                 dp_group=next(g for g in grid["dp"] if rank in g))
 
 
-@shortcut("check_microbatches_for_bubble", "searches with the course's bubble_fraction", USED)
-def microbatches_by_bubble_fraction(p, target):
-    m = 1
-    while helpers.bubble_fraction(p, m) > target + 1e-12:
-        m += 1
-    return m
-
-
 @shortcut("check_dp_average", "a decoy one-number all_reduce, the gradients all-gathered",
           "all_gather")
 def dp_average_by_all_gather(grads, comm):

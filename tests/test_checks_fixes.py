@@ -107,6 +107,34 @@ def bucket_allreduce_reference(grads, bucket_bytes):
     helpers.bucketed_allreduce(grads, bucket_bytes)
 
 
+@shortcut("check_bucket_allreduce", "a flat buffer made in float32 (torch.zeros' default dtype)",
+          "in float64")
+def bucket_allreduce_zeros_buffer(grads, bucket_bytes):
+    for b in _bucket_indices(grads, bucket_bytes):
+        n = sum(grads[0][j].numel() for j in b)
+        flats = []
+        for r in grads:
+            f, o = torch.zeros(n, device=r[0].device), 0
+            for j in b:
+                f[o:o + r[j].numel()] = r[j].reshape(-1)
+                o += r[j].numel()
+            flats.append(f)
+        for f in flats[1:]:
+            flats[0] += f.to(flats[0].device)
+        for r in grads:
+            unflatten_into(flats[0].to(r[0].device, r[0].dtype), [r[j] for j in b])
+
+
+@shortcut("check_bucket_allreduce", "each bucket flattened through .float()", "in float64")
+def bucket_allreduce_float_buffer(grads, bucket_bytes):
+    for b in _bucket_indices(grads, bucket_bytes):
+        flats = [torch.cat([r[j].reshape(-1).float() for j in b]) for r in grads]
+        for f in flats[1:]:
+            flats[0] += f.to(flats[0].device)
+        for r in grads:
+            unflatten_into(flats[0].to(r[0].device, r[0].dtype), [r[j] for j in b])
+
+
 def _bucket_indices(grads, bucket_bytes):
     """The right buckets: consecutive tensors, each closed once it holds >= bucket_bytes."""
     out, cur, size = [], [], 0

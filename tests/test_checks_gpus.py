@@ -197,6 +197,41 @@ def roofline_time_attainable(flops, nbytes, peak_flops, mem_bytes_per_s):
             else "compute-bound"]
 
 
+# ---- link_between: CUDA_VISIBLE_DEVICES empty, or spaced after the commas -----------------------
+def _visible_after(read, topo):
+    """The worked answer's ending: none for a repeat, counted up to a GPU that is missing."""
+    gpus = [] if len(set(read)) < len(read) else read
+    return gpus[:next((k for k, g in enumerate(gpus) if g >= len(topo)), len(gpus))]
+
+
+@shortcut("check_link_between", "an empty CUDA_VISIBLE_DEVICES read as unset (`if not visible`)",
+          "empty string hides every GPU")
+def link_between_empty_as_unset(topo, visible, i, j):
+    read = []
+    for entry in visible.split(",") if visible else []:
+        if not entry.strip().isdigit():
+            break
+        read.append(int(entry))
+    gpus = _visible_after(read, topo) if visible else list(range(len(topo)))
+    if max(i, j) >= len(gpus):
+        raise ValueError(f"only {len(gpus)} GPUs are visible")
+    return topo[gpus[i]][gpus[j]]
+
+
+@shortcut("check_link_between", "entries not stripped (' 1'.isdigit() is False)",
+          "strips the spaces")
+def link_between_no_strip(topo, visible, i, j):
+    read = []
+    for entry in [] if visible is None else visible.split(","):
+        if not entry.isdigit():
+            break
+        read.append(int(entry))
+    gpus = list(range(len(topo))) if visible is None else _visible_after(read, topo)
+    if max(i, j) >= len(gpus):
+        raise ValueError(f"only {len(gpus)} GPUs are visible")
+    return topo[gpus[i]][gpus[j]]
+
+
 test_case = parametrize_cases(__name__)
 
 

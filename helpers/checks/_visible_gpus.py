@@ -1,8 +1,8 @@
 """The draws of check_link_between (gpus.py): random `nvidia-smi topo -m` matrices, values of
 CUDA_VISIBLE_DEVICES, and the physical GPUs torch then calls cuda:0, cuda:1, ..."""
-from ._core import randint
+from ._core import CheckFailed, randint
 
-__all__ = ["topology", "visible", "specs", "permutation"]
+__all__ = ["topology", "visible", "specs", "permutation", "raises_beyond"]
 
 LINKS = ("NV4", "NV8", "NV12", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS")
 
@@ -42,7 +42,9 @@ def visible(spec, n):
 def specs(g, n):
     """CUDA_VISIBLE_DEVICES values that reorder, drop, stop at an invalid entry, and repeat an
     index (before the first entry that is not a number: none visible, even after an index with
-    no such GPU; after it: the repeat is not read)."""
+    no such GPU; after it: the repeat is not read); set but empty (no GPU visible: not the same
+    as unset), and with a space after each comma (torch strips each entry). Every one on
+    every call, in the same order: the telling values are forced, not drawn."""
     perm = [int(i) for i in permutation(g, n)]
     keep = perm[:randint(g, 2, n)]
     bad = str(n + randint(g, 0, 5))
@@ -51,7 +53,7 @@ def specs(g, n):
     return [None, ",".join(map(str, keep)), ",".join(map(str, head + [bad] + tail)),
             ",".join(map(str, perm[::-1])), ",".join(map(str, head + ["-1"] + tail)),
             ",".join(map(str, keep + keep[:1])), ",".join(map(str, head + [bad] + head[:1])),
-            ",".join(map(str, head + ["-1"] + head[:1]))]
+            ",".join(map(str, head + ["-1"] + head[:1])), "", ", ".join(map(str, perm[1:]))]
 
 
 def permutation(g, n):
@@ -60,3 +62,26 @@ def permutation(g, n):
         j = randint(g, 0, i)
         order[i], order[j] = order[j], order[i]
     return order
+
+
+def raises_beyond(fn, topo, spec, shown):
+    """cuda:len(shown) does not exist: CUDA stopped at the first invalid entry."""
+    i = len(shown)
+    call = f"link_between(topo, {spec!r}, 0, {i})"
+    try:
+        got = fn([row[:] for row in topo], spec, 0, i)
+    except (ValueError, IndexError, KeyError, RuntimeError):
+        return
+    entries = [e.strip() for e in spec.split(",")]
+    numbers = [int(e) for e in entries[:next((k for k, e in enumerate(entries)
+                                               if not e.isdigit()), len(entries))]]
+    if not spec.strip():
+        why = "CUDA_VISIBLE_DEVICES set to an empty string hides every GPU (unset shows them all)"
+    elif len(set(numbers)) < len(numbers):
+        why = ("an index listed twice (before the first entry that is not a number) makes no "
+               "GPU visible")
+    else:
+        why = (f"CUDA makes the GPUs visible up to the first invalid entry ({entries[i]!r}) and "
+               f"ignores the rest, so only {len(shown)} are visible")
+    raise CheckFailed(f"{call} returned {got!r}, but there is no cuda:{i}: {why}; raise "
+                      "ValueError")

@@ -10,10 +10,9 @@ from ._core import (
     check,
     expect,
     fresh_generator,
+    number_words,
     randint,
-    rel_close,
-    rounding_note,
-    shown,
+    same_number,
 )
 
 __all__ = ["check_gpipe_time", "check_largest_batch_data_parallel", "check_saved_bytes",
@@ -33,14 +32,14 @@ def check_gpipe_time(fn):
         got, dtype = as_number(fn(t, p, m), call, with_dtype=True)
         want = (m + p - 1) * t / m                                    # after the answer ran
         steps = m + p + 4           # the m + p - 1 ticks summed one by one, or the formula
-        if rel_close(got, want, steps, dtype):
+        if same_number(got, want, dtype, steps):
             continue
-        hint = rounding_note(got, want, dtype)
-        if rel_close(got, (m + p - 1) * t, steps, dtype):
+        hint = ""
+        if same_number(got, (m + p - 1) * t, dtype, steps):
             hint = ": a tick runs one micro-batch, t_stage / m, not the whole batch"
-        elif rel_close(got, t * p, steps, dtype) or rel_close(got, t, steps, dtype):
+        elif same_number(got, t * p, dtype, steps) or same_number(got, t, dtype, steps):
             hint = ": count the ticks, m + p - 1, while the pipeline fills and drains"
-        got_s, want_s = shown(got, want, 6)
+        got_s, want_s = number_words(got, want, dtype)
         expect(False, f"{call} returned {got_s}, expected {want_s}: {m + p - 1} ticks of "
                       f"{t / m:g} s each{hint}")
 
@@ -166,16 +165,16 @@ def check_dp_step_seconds(fn):
         call = f"dp_step_seconds({compute:g}, {k}, {comm:.6g})"
         got, dtype = as_number(fn(compute, k, comm), call, with_dtype=True)
         want = compute / k + max(0.0, comm - back)
-        if rel_close(got, want, 16, dtype):
+        if same_number(got, want, dtype, 16):
             continue
         hint = ""
-        if rel_close(got, compute / k + comm, 16, dtype):
+        if same_number(got, compute / k + comm, dtype, 16):
             hint = (": the all-reduce of the first buckets starts while the backward still runs, "
                     "so only what outlasts the backward adds to the step")
-        elif rel_close(got, compute / k + comm - back, 16, dtype):
+        elif same_number(got, compute / k + comm - back, dtype, 16):
             hint = (": an all-reduce shorter than the backward hides completely; it cannot make "
                     "the step shorter than the compute")
-        elif rel_close(got, compute + max(0.0, comm - 2 / 3 * compute), 16, dtype):
+        elif same_number(got, compute + max(0.0, comm - 2 / 3 * compute), dtype, 16):
             hint = ": each device computes 1/k of the batch"
-        got_s, want_s = shown(got, want, 6)
+        got_s, want_s = number_words(got, want, dtype)
         expect(False, f"{call} returned {got_s}, expected {want_s}{hint}")

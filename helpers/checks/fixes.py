@@ -20,8 +20,9 @@ from ._core import (
     describe_device,
     expect,
     fresh_generator,
+    number_words,
     randint,
-    rel_close,
+    same_number,
     tensor_equal,
     uniform,
 )
@@ -79,10 +80,19 @@ def _bucket_case(g, dtype):
     raise RuntimeError("no bucket case drawn")
 
 
+def _gradient(g, shape, dtype):
+    """Whole numbers for float32 (every sum exact in any order); real values for float64, which
+    float32 cannot hold, so that a buffer made in float32 on the way shows."""
+    if dtype == torch.float64:
+        return torch.randn(shape, generator=g, dtype=dtype) / 3
+    return torch.randint(-9, 10, shape, generator=g).to(dtype)
+
+
 @check("bucket_allreduce", simulated=True, changes_inputs=True, references=["bucketed_allreduce"],
        observes=[
     "on CPU tensors: every gradient (the same objects, the same storage) holds the sum over "
-    "the replicas, for k = 1, 2, 3 and float32 and float64",
+    "the replicas, for k = 1, 2, 3 and float32 (whole numbers) and float64 (values float32 "
+    "cannot hold)",
     "on k simulated GPUs (replica c on cuda:c): every copy between devices, by whose elements "
     "it carries (followed through cat, views, chunks and additions), not by its size: each must "
     "carry one bucket's flat buffer, whole or a chunk of it (a ring), and every bucket "
@@ -98,8 +108,7 @@ def check_bucket_allreduce(bucket_allreduce):
     for k, dtype in ((1, torch.float32), (2, torch.float32), (3, torch.float32),
                      (2, torch.float64)):
         shapes, bucket_bytes, want = _bucket_case(g, dtype)
-        grads = [[torch.randint(-9, 10, s, generator=g).to(dtype) for s in shapes]
-                 for _ in range(k)]
+        grads = [[_gradient(g, s, dtype) for s in shapes] for _ in range(k)]
         before = [[t.clone() for t in r] for r in grads]
         call = (f"bucket_allreduce(grads of {k} replica{'s' if k > 1 else ''}, "
                 f"{bucket_bytes}) ({len(shapes)} {str(dtype).split('.')[-1]} tensors)")
@@ -109,9 +118,12 @@ def check_bucket_allreduce(bucket_allreduce):
         sums = [sum(before[c][i] for c in range(k)) for i in range(len(shapes))]
         for c in range(k):
             _in_place(call, grads[c], objs[c], ptrs[c], f"grads[{c}]")
-            for i, s in enumerate(sums):
+            for i, s in enumerate(sums):       # float64: two addends, any order is exact
                 expect(tensor_equal(objs[c][i], s), f"{call}: replica {c}'s tensor {i} does not "
-                                                   "hold the sum over the replicas")
+                                                   "hold the sum over the replicas" + (
+                                                       " in float64 (a float32 buffer on the "
+                                                       "way rounds it: keep the gradients' dtype)"
+                                                       if dtype == torch.float64 else ""))
         if k > 1:
             _bucket_traffic(bucket_allreduce, before, bucket_bytes, want, call)
 
@@ -271,12 +283,13 @@ def check_amdahl_speedup(amdahl_speedup):
         got, dtype = as_number(amdahl_speedup(dict(shares), dict(factors)), call,
                                with_dtype=True)
         want = 1 / math.fsum(s / factors.get(n, 1.0) for n, s in shares.items())
-        if rel_close(got, want, 2 * len(names) + 2, dtype):
+        if same_number(got, want, dtype, 2 * len(names) + 2):
             continue
         hint = " (the step's time left is the sum of share / factor)"
         only = math.fsum(shares[n] / f for n, f in factors.items())
-        if factors and rel_close(got, 1 / only, 2 * len(names) + 2, dtype):
+        if factors and same_number(got, 1 / only, dtype, 2 * len(names) + 2):
             hint = ": the phases not in factors still take their share of the time"
         elif not factors:
             hint = ": no fix, no speed-up"
-        expect(False, f"{call} returned {got:.6g}, expected {want:.6g}{hint}")
+        got_s, want_s = number_words(got, want, dtype)
+        expect(False, f"{call} returned {got_s}, expected {want_s}{hint}")

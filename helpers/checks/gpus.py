@@ -12,11 +12,12 @@ from ._core import (
     check,
     expect,
     fresh_generator,
+    number_words,
     randint,
-    rel_close,
+    same_number,
     uniform,
 )
-from ._visible_gpus import specs, topology, visible
+from ._visible_gpus import raises_beyond, specs, topology, visible
 
 __all__ = ["check_matmul_flops", "check_tensor_bytes", "check_copy_time", "check_fit_copy_model",
            "check_roofline_time", "check_link_between"]
@@ -37,14 +38,15 @@ def check_matmul_flops(fn):
         got, dtype = _number(fn(n), f"matmul_flops({n})")
         want = 2 * n**3
         seen[n] = got
-        if rel_close(got, n**3, 2, dtype):
+        if same_number(got, n**3, dtype, 2):
             expect(False, f"matmul_flops({n}) returned n³ = {n**3}: each of the n³ "
                           "multiply-adds is two operations, a multiply and an add")
-        if rel_close(got, 2 * n**2, 2, dtype):
+        if same_number(got, 2 * n**2, dtype, 2):
             expect(False, f"matmul_flops({n}) returned 2·n² = {2 * n**2}: each of the n² "
                           "output entries needs n multiplies and n adds")
-        expect(rel_close(got, want, 4, dtype),
-               f"matmul_flops({n}) returned {got:g}, expected 2·n³ = {want}")
+        got_s, want_s = number_words(got, want, dtype)
+        expect(same_number(got, want, dtype, 4),
+               f"matmul_flops({n}) returned {got_s}, expected 2·n³ = {want_s}")
     expect(len(set(seen.values())) == len(seen),
            f"matmul_flops returned the same value for different n: {seen}")
 
@@ -163,26 +165,29 @@ def check_copy_time(fn):
         got, dtype = _number(fn(num_bytes, bandwidth_gbs, latency_s), call)
         want = latency_s + transfer                                   # after the answer ran
         results.add(got)
-        if rel_close(got, want, 8, dtype):
+        if same_number(got, want, dtype, 8):
             continue
-        close = lambda x, got=got, dtype=dtype: rel_close(got, x, 8, dtype)
-        expect(not close(transfer), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "
+        close = lambda x, got=got, dtype=dtype: same_number(got, x, dtype, 8)
+        got_s, want_s = number_words(got, want, dtype, 4, " s")
+        expect(not close(transfer), f"{call} returned {got_s}, expected {want_s}: the "
                "latency term is missing (every copy pays latency_s before the first byte)")
-        expect(not close(latency_s), f"{call} returned {got:.3e} s, expected {want:.3e} s: the "
+        expect(not close(latency_s), f"{call} returned {got_s}, expected {want_s}: the "
                "bandwidth term num_bytes / (bandwidth_gbs·1e9) is missing")
         expect(not close(latency_s + num_bytes / bandwidth_gbs),
-               f"{call} returned {got:.3e} s, expected {want:.3e} s: bandwidth_gbs is in GB/s, "
+               f"{call} returned {got_s}, expected {want_s}: bandwidth_gbs is in GB/s, "
                "multiply it by 1e9 to get bytes per second")
         expect(not close(latency_s + num_bytes / (bandwidth_gbs * 2**30)),
-               f"{call} returned {got:.3e} s, expected {want:.3e} s: a GB here is 1e9 bytes, "
+               f"{call} returned {got_s}, expected {want_s}: a GB here is 1e9 bytes, "
                "not 2**30")
-        expect(False, f"{call} returned {got:.3e} s, expected latency_s + "
-                      f"num_bytes / (bandwidth_gbs·1e9) = {want:.3e} s")
+        expect(False, f"{call} returned {got_s}, expected latency_s + "
+                      f"num_bytes / (bandwidth_gbs·1e9) = {want_s}")
     expect(len(results) > 1, "copy_time returned the same value for every input")
     latency_s = randint(g, 1, 500) * 1e-7
     got, dtype = _number(fn(0, 100.0, latency_s), f"copy_time(0, 100.0, {latency_s:.2e})")
-    expect(rel_close(got, latency_s, 8, dtype), f"copy_time(0, 100.0, {latency_s:.2e}) returned "
-                                                f"{got:.3e} s: a copy of 0 bytes takes latency_s")
+    got_s, want_s = number_words(got, latency_s, dtype, 4, " s")
+    expect(same_number(got, latency_s, dtype, 8), f"copy_time(0, 100.0, {latency_s:.2e}) returned "
+                                                  f"{got_s}: a copy of 0 bytes takes latency_s "
+                                                  f"= {want_s}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,8 +319,9 @@ def check_roofline_time(fn):
         compute_s, memory_s = flops / peak, nbytes / bw        # after the answer ran
         want = max(compute_s, memory_s)
         want_bound = "memory" if memory_s > compute_s else "compute"
-        close = lambda x, s=seconds, d=dtype: rel_close(s, x, 8, d)
-        shown = f"{call} returned {seconds:.3e} s, expected {want:.3e} s"
+        close = lambda x, s=seconds, d=dtype: same_number(s, x, d, 8)
+        got_s, want_s = number_words(seconds, want, dtype, 4, " s")
+        shown = f"{call} returned {got_s}, expected {want_s}"
         if not close(want):
             expect(not close(compute_s + memory_s), f"{shown}: the sum of the two times. The "
                    "roofline lets the arithmetic and the memory traffic overlap, so the least "
@@ -329,7 +335,8 @@ def check_roofline_time(fn):
                    "the least time is the larger of the two times")
             expect(not close(flops / want), f"{shown}: {seconds:.3g} is the attainable rate in "
                    "FLOP/s; return the seconds (flops divided by that rate)")
-            expect(False, f"{shown} = max(flops / peak_flops, nbytes / mem_bytes_per_s)")
+            expect(False, f"{call} returned {got_s}, expected max(flops / peak_flops, "
+                          f"nbytes / mem_bytes_per_s) = {want_s}")
         intensity, balance = flops / nbytes, peak / bw
         expect(bound == want_bound, f"{call} returned the bound {got[1]!r}: the intensity "
                f"flops / nbytes = {intensity:.3g} FLOP/B lies "
@@ -341,7 +348,8 @@ def check_roofline_time(fn):
 # ---- gpus: which physical GPU is cuda:i, and how is it linked ---------------------------------
 @check("link_between", observes=[
     "the link returned for cuda:i and cuda:j on fresh topologies and CUDA_VISIBLE_DEVICES "
-    "values (unset, reordered, shortened, with an invalid entry, with a repeated index), "
+    "values (unset, empty, reordered, shortened, spaced, with an invalid entry, with a "
+    "repeated index), "
     "against the physical GPUs "
     "CUDA makes visible; asking for a GPU that is not visible must raise"])
 def check_link_between(fn):
@@ -357,7 +365,13 @@ def check_link_between(fn):
                 i = randint(g, 0, len(shown) - 1)
                 j = (i + randint(g, 1, len(shown) - 1)) % len(shown)
                 call = f"link_between(topo, {spec!r}, {i}, {j})"
-                got = fn([row[:] for row in topo], spec, i, j)
+                try:
+                    got = fn([row[:] for row in topo], spec, i, j)
+                except (ValueError, IndexError, KeyError) as e:
+                    spaced = (" (torch strips the spaces around each entry)"
+                              if " " in (spec or "") else "")
+                    raise CheckFailed(f"{call} raised {type(e).__name__}, but cuda:{i} and "
+                                      f"cuda:{j} are visible: GPUs {shown}{spaced}") from None
                 want = topo[shown[i]][shown[j]]
                 if got == want:
                     continue
@@ -369,25 +383,5 @@ def check_link_between(fn):
                 expect(False, f"{call} returned {got!r}, expected {want!r} (cuda:{i} is GPU "
                               f"{shown[i]}, cuda:{j} is GPU {shown[j]}){hint}")
             if spec is not None and len(shown) < len(spec.split(",")):
-                _raises_beyond(fn, topo, spec, shown)
+                raises_beyond(fn, topo, spec, shown)
 
-
-def _raises_beyond(fn, topo, spec, shown):
-    """cuda:len(shown) does not exist: CUDA stopped at the first invalid entry."""
-    i = len(shown)
-    call = f"link_between(topo, {spec!r}, 0, {i})"
-    try:
-        got = fn([row[:] for row in topo], spec, 0, i)
-    except (ValueError, IndexError, KeyError, RuntimeError):
-        return
-    entries = [e.strip() for e in spec.split(",")]
-    numbers = [int(e) for e in entries[:next((k for k, e in enumerate(entries)
-                                               if not e.isdigit()), len(entries))]]
-    if len(set(numbers)) < len(numbers):
-        why = ("an index listed twice (before the first entry that is not a number) makes no "
-               "GPU visible")
-    else:
-        why = (f"CUDA makes the GPUs visible up to the first invalid entry ({entries[i]!r}) and "
-               f"ignores the rest, so only {len(shown)} are visible")
-    raise CheckFailed(f"{call} returned {got!r}, but there is no cuda:{i}: {why}; raise "
-                      "ValueError")

@@ -28,10 +28,9 @@ from ._core import (
     expect,
     fresh_generator,
     gamma,
+    number_words,
     randint,
-    rel_close,
-    rounding_note,
-    shown,
+    same_number,
 )
 
 __all__ = ["check_microbatches_for_bubble", "check_split_by_params", "check_order_1f1b",
@@ -55,7 +54,8 @@ def _fewest(p, target):
     return answers
 
 
-@check("microbatches_for_bubble", references=["bubble_fraction"], observes=[
+@check("microbatches_for_bubble", references=["bubble_fraction", "unequal_bubble",
+                                              "interleaved_bubble"], observes=[
     "the count returned for fresh (p, target), targets met exactly by some count included, "
     "against the exact count; at an exact boundary both neighbours are accepted (rounding), "
     "except for a target of 2**-j, exact in floats, where only the exact count is"])
@@ -245,12 +245,12 @@ def check_interleaved_costs(fn):
         sends = 2 * (v * p - 1)
         call = f"interleaved_costs({p}, {m}, {v})"
         (got_bubble, got_sends), dtype = as_pair(fn(p, m, v), call, "bubble, hand-offs", True)
-        if not rel_close(got_bubble, float(bubble), 8, dtype):
-            hint = rounding_note(got_bubble, float(bubble), dtype)
-            if rel_close(got_bubble, (p - 1) / (m + p - 1), 8, dtype):
+        if not same_number(got_bubble, float(bubble), dtype, 8, share=True):
+            hint = ""
+            if same_number(got_bubble, (p - 1) / (m + p - 1), dtype, 8, share=True):
                 hint = (": that is GPipe's (p-1)/(m+p-1); with v chunks per device the fill and "
                         "drain take p-1 chunk-ops, each 1/v of a stage's")
-            shown_got, shown_want = shown(got_bubble, float(bubble))
+            shown_got, shown_want = number_words(got_bubble, float(bubble), dtype, 4)
             expect(False, f"{call}: bubble {shown_got}, but the schedule's clock counts "
                           f"{ticks} ticks of which each device works {2 * m * v}: "
                           f"{shown_want}{hint}")

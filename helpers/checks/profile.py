@@ -18,8 +18,9 @@ from ._core import (
     describe_device,
     expect,
     fresh_generator,
+    number_words,
     randint,
-    rel_close,
+    same_number,
     uniform,
 )
 
@@ -253,15 +254,15 @@ def check_time_shares(time_shares):
                                       f"{sorted(secs)}")
         for name, v in secs.items():
             got, dtype = as_number(out[name], f"{call}[{name!r}]", with_dtype=True)
-            if rel_close(got, v / total, len(secs) + 2, dtype):
+            if same_number(got, v / total, dtype, len(secs) + 2, share=True):
                 continue
             hint = ""
-            if rel_close(got, 100 * v / total, len(secs) + 3, dtype):
+            if same_number(got, 100 * v / total, dtype, len(secs) + 3):
                 hint = ": that is a percentage; return the fraction (between 0 and 1)"
-            elif rel_close(got, v, 1, dtype):
+            elif same_number(got, v, dtype, 1):
                 hint = ": that is its time; divide by the total of all phases"
-            expect(False, f"{call}: the share of {name!r} is {got:.6g}, expected "
-                          f"{v / total:.6g}{hint}")
+            got_s, want_s = number_words(got, v / total, dtype)
+            expect(False, f"{call}: the share of {name!r} is {got_s}, expected {want_s}{hint}")
         expect(list(out) == sorted(secs, key=secs.get, reverse=True),
                f"{call}: the keys come in the order {list(out)}; order them largest share "
                "first")
@@ -285,15 +286,16 @@ def check_predicted_speedup(predicted_speedup):
         call = f"predicted_speedup({compute:.4g}, {comm:.4g}, {k})"
         got, dtype = as_number(predicted_speedup(compute, comm, k), call, with_dtype=True)
         want = 1.0 if k == 1 else compute / (compute / k + comm)
-        if rel_close(got, want, 8, dtype):
+        if same_number(got, want, dtype, 8):
             continue
         hint = " (one worker's step over a k-worker step)"
         if k == 1:
             hint = ": one worker does not communicate: its speed-up over itself is 1"
-        elif rel_close(got, k, 8, dtype):
+        elif same_number(got, k, dtype, 8):
             hint = (f": that is the ideal k; every worker also pays the all-reduce "
                     f"({comm * 1e3:.2f} ms a step)")
-        elif rel_close(got, compute / (compute + comm), 8, dtype):
+        elif same_number(got, compute / (compute + comm), dtype, 8):
             hint = (": that charges the all-reduce but never splits the compute; each worker "
                     "computes 1/k of the batch")
-        expect(False, f"{call} returned {got:.6g}, expected {want:.6g}{hint}")
+        got_s, want_s = number_words(got, want, dtype)
+        expect(False, f"{call} returned {got_s}, expected {want_s}{hint}")

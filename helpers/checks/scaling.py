@@ -15,10 +15,9 @@ from ._core import (
     check,
     expect,
     fresh_generator,
+    number_words,
     randint,
-    rel_close,
-    rounding_note,
-    shown,
+    same_number,
     uniform,
 )
 
@@ -102,19 +101,19 @@ def check_ring_allreduce_seconds(seconds):
         got, dtype = as_number(seconds(n, k, alpha, beta), call, with_dtype=True)
         want = 0.0 if k == 1 else 2 * (k - 1) * alpha + 2 * (k - 1) / k * n / beta
         steps = 2 * (k - 1) + 4     # the ring's 2(k-1) steps summed one by one, or the formula
-        if rel_close(got, want, steps, dtype):
+        if same_number(got, want, dtype, steps):
             continue
-        hint = rounding_note(got, want, dtype)
+        hint = ""
         if k == 1:
             hint = ": one device has nothing to reduce"
-        elif rel_close(got, 2 * (k - 1) * (alpha + n / beta), steps, dtype):
+        elif same_number(got, 2 * (k - 1) * (alpha + n / beta), dtype, steps):
             hint = (": that is the naive allreduce, whole copies through one device; a ring's "
                     "2(k-1) steps move n/k bytes each")
-        elif rel_close(got, 2 * (k - 1) * alpha + n / beta, steps, dtype):
+        elif same_number(got, 2 * (k - 1) * alpha + n / beta, dtype, steps):
             hint = ": each device sends 2(k-1)/k of the n bytes, not n"
-        elif rel_close(got, (k - 1) * alpha + (k - 1) / k * n / beta, steps, dtype):
+        elif same_number(got, (k - 1) * alpha + (k - 1) / k * n / beta, dtype, steps):
             hint = ": count both phases, the reduce-scatter and the all-gather"
-        got_s, want_s = shown(got, want, 6)
+        got_s, want_s = number_words(got, want, dtype)
         expect(False, f"{call} returned {got_s} s, expected {want_s}{hint}")
 
 
@@ -129,9 +128,9 @@ def check_crossover_bytes(crossover):
         call = f"crossover_bytes({alpha:.4g}, {beta:.4g})"
         got, dtype = as_number(crossover(alpha, beta), call, with_dtype=True)
         hint = ""
-        if rel_close(got, alpha / beta, 4, dtype) or rel_close(got, beta / alpha, 4, dtype):
+        if same_number(got, alpha / beta, dtype, 4) or same_number(got, beta / alpha, dtype, 4):
             hint = ": the transfer time of n bytes is n / beta; set it equal to alpha"
-        got_s, want_s = shown(got, alpha * beta, 6)
-        expect(rel_close(got, alpha * beta, 4, dtype),
-               f"{call} returned {got_s}, expected {want_s} bytes (the size n "
-               f"where n / beta = alpha){hint}")
+        got_s, want_s = number_words(got, alpha * beta, dtype, unit=" bytes")
+        expect(same_number(got, alpha * beta, dtype, 4),
+               f"{call} returned {got_s}, expected {want_s} (the size n where "
+               f"n / beta = alpha){hint}")

@@ -17,6 +17,7 @@ from ._core import (
     randint,
     storage_key,
     tensor_close,
+    uniform,
 )
 from ._core.exits import watch_exits
 
@@ -194,7 +195,8 @@ def check_update_running_stats(fn):
        observes=[
     "on a World of 2-4 thread ranks holding different numbers of rows: every call each rank "
     "made and how many numbers it sent in all (the two per-channel sums at most, and the row "
-    "count if it likes, in any float precision), over 2-4 channels",
+    "count if it likes, in float32 or wider: each channel's dY is off zero, so float16 sums "
+    "lose digits that show in the gradient), over 2-4 channels",
     "each rank's input gradient against autograd's for one BatchNorm over the whole global "
     "batch"])
 def check_sync_bn_input_grad(fn):
@@ -206,7 +208,10 @@ def check_sync_bn_input_grad(fn):
     w, c = randint(g, 2, 4), randint(g, 2, 4)    # two channels or more: sums per channel show
     rows = [randint(g, 2, 6) + 3 * r for r in range(w)]
     X = torch.randn(sum(rows), c, generator=g) * 2 + 1
-    dY = torch.randn(sum(rows), c, generator=g)
+    # each channel's dY off zero by 4 to 16 (a loss that pushes one way): its sum, hundreds,
+    # keeps float32's digits but not float16's (spacing 0.125 to 0.5), which then shows
+    offset = torch.tensor([uniform(g, 4, 16) * (-1) ** randint(g, 0, 1) for _ in range(c)])
+    dY = torch.randn(sum(rows), c, generator=g) + offset
     invstd = torch.rsqrt(X.var(0, unbiased=False) + 1e-5)
     x_hat = (X - X.mean(0)) * invstd
     dys, x_hats = dY.split(rows), x_hat.split(rows)
@@ -239,7 +244,8 @@ def check_sync_bn_input_grad(fn):
         expect(isinstance(t, torch.Tensor) and t.shape == dys[r].shape,
                f"rank {r} returned {type(t).__name__}, expected its input gradient of shape "
                f"{tuple(dys[r].shape)}")
-        if tensor_close(t, want[r], atol=1e-4, rtol=1e-4, what=f"rank {r}'s input gradient"):
+        # float32 sums stay within 15 % of this tolerance, float16 ones exceed it 8-fold or more
+        if tensor_close(t, want[r], atol=2e-5, rtol=2e-5, what=f"rank {r}'s input gradient"):
             continue
         m1 = torch.stack([d.mean(0) for d in dys]).mean(0)
         m2 = torch.stack([(d * x).mean(0) for d, x in zip(dys, x_hats, strict=True)]).mean(0)

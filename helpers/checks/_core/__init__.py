@@ -86,10 +86,12 @@ from .inputs import (
                      fresh_generator,
                      gamma,
                      near,
+                     number_words,
                      randint,
                      rel_close,
                      replay_seeds,
                      rounding_note,
+                     same_number,
                      shown,
                      tensor_close,
                      tensor_equal,
@@ -114,6 +116,6 @@ from .world import Message, World
 __all__ = ["CheckFailed", "HarnessError", "Result", "run_check", "expect", "fresh_generator",
            "check", "REGISTRY"]
 _ = (Answer, FakeGPUs, as_int, as_number, as_pair, gamma, near, randint, rel_close, replay_seeds,
-     rounding_note, shown, tensor_close, tensor_equal, uniform, unit_roundoff, Op, Recorder, Ref,
-     describe_device, storage_key, CheckInfo, ReferenceUsed, grading, is_reader_code, Message,
-     World)
+     rounding_note, same_number, number_words, shown, tensor_close, tensor_equal, uniform,
+     unit_roundoff, Op, Recorder, Ref, describe_device, storage_key, CheckInfo, ReferenceUsed,
+     grading, is_reader_code, Message, World)

@@ -25,8 +25,8 @@ from .run import CheckFailed, expect
 from .settle import reader_class
 
 __all__ = ["fresh_generator", "replay_seeds", "randint", "uniform", "as_number", "as_int",
-           "as_pair", "unit_roundoff", "gamma", "rel_close", "tensor_close", "tensor_equal",
-           "kept", "expect_unchanged"]
+           "as_pair", "unit_roundoff", "gamma", "rel_close", "same_number", "number_words",
+           "tensor_close", "tensor_equal", "kept", "expect_unchanged"]
 
 # The course's own test suite replays the same draws on every run (tests/conftest.py calls
 # replay_seeds per test): inputs stay fresh from call to call, and a rare unlucky draw cannot
@@ -331,6 +331,20 @@ def rounding_note(got, want, dtype):
                 "Python numbers, or return the float32 tensor itself; or "
                 f"{_FLOORED})")
     return ""
+
+
+def same_number(got, want, dtype=torch.float64, steps=16, share=False):
+    """How every check compares a returned number: `got` is `want` up to `steps` roundings in
+    `dtype` (as_number's), relative to |want|; for a share or fraction (share=True: terms of
+    size up to 1) relative to max(|want|, 1), as `1 - sum(others)` is a rounding of 1 away."""
+    return near(got, want, dtype, steps, scale=max(abs(want), 1.0) if share else None)
+
+
+def number_words(got, want, dtype, digits=6, unit=""):
+    """`got` and `want` as text that tells them apart (shown), the expected one followed by
+    rounding_note's hint: a message never reads "x, expected x" without saying why."""
+    a, b = shown(got, want, digits)
+    return f"{a}{unit}", f"{b}{unit}{rounding_note(got, want, dtype)}"
 
 
 # --- expected values come after the answer ------------------------------------------------------
