@@ -3,7 +3,8 @@ streams runs independently, so an answer that reads what a side stream copied, o
 one wrote, without making its stream wait (wait_stream, wait_event, a synchronize) reads memory
 that may not be written yet (gpus.ipynb, "Streams") and fails; the same answer with the wait
 passes. A copy between two GPUs runs on the source's current stream, and only the stream then
-current on the destination waits for it, as torch orders it."""
+current on the destination waits for it, as torch orders it. Host memory a non_blocking copy
+still reads (to a GPU) or writes (to the host) is used only after a host wait for its stream."""
 import copy
 
 import torch

@@ -185,7 +185,8 @@ class Races:
             late = self._landing(Ref(t, 0)) if storage_key(t) in self.landing else None
             if late is not None:
                 return _landing_words(f"returned a {list(t.shape)} tensor on the CPU (or wrote "
-                                      "it into what it was handed)", late, ", for the caller")
+                                      "it into what it was handed)", late,
+                                      " when the caller reads it")
             if t.device.type != "cuda" or storage_key(t) not in self.written:
                 continue
             ref = Ref(t, 0)
