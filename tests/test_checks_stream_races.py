@@ -3,7 +3,8 @@ streams runs independently, so an answer that reads what a side stream copied, o
 one wrote, without making its stream wait (wait_stream, wait_event, a synchronize) reads memory
 that may not be written yet (gpus.ipynb, "Streams") and fails; the same answer with the wait
 passes. A copy between two GPUs runs on the source's current stream, and only the stream then
-current on the destination waits for it, as torch orders it."""
+current on the destination waits for it, as torch orders it. Host memory a non_blocking copy
+still reads (to a GPU) or writes (to the host) is used only after a host wait for its stream."""
 import copy
 
 import torch
@@ -216,6 +217,119 @@ def dp_forward_pinned_staging_blocking(net, X, devices):
     return _staged(net, X, devices, _copy_in, non_blocking=False)
 
 
+# A copy to the host with non_blocking=True lands in pinned memory (torch pins the result of
+# `.to("cpu", non_blocking=True)`) and returns before it runs, so the host reads what it holds
+# only after a wait for the copy's stream (PyTorch's pin_memory/non_blocking tutorial).
+LANDING = ["non_blocking copy to the host", "may still be writing", ".synchronize()"]
+
+
+def _counted(net, params, data_iter, devices):
+    """evaluate_accuracy_multi's counts of correct predictions, one tensor per device, and the
+    examples seen."""
+    replicas = [[p.to(d, copy=True) for p in params] for d in devices]
+    correct = [torch.zeros((), dtype=torch.long, device=d) for d in devices]
+    total = 0
+    with torch.no_grad():
+        for X, y in data_iter:
+            k = len(devices)
+            for i, (W, Xs, ys, d) in enumerate(zip(replicas, X.tensor_split(k),
+                                                   y.tensor_split(k), devices, strict=True)):
+                correct[i] += (net(Xs.to(d), W).argmax(dim=1) == ys.to(d)).sum()
+            total += y.numel()
+    return correct, total
+
+
+def _sync(devices):
+    for d in devices:
+        if torch.device(d).type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+@shortcut("check_evaluate_accuracy_multi", "counts copied to the host non_blocking, each read "
+          "at once (.item())", LANDING + ["(.item(), float()"])
+def evaluate_accuracy_multi_landing_item(net, params, data_iter, devices):
+    correct, total = _counted(net, params, data_iter, devices)
+    return sum(c.to("cpu", non_blocking=True).item() for c in correct) / total
+
+
+@shortcut("check_evaluate_accuracy_multi", "counts copied to the host non_blocking, added there "
+          "at once", LANDING + ["(stack, on the host)"])
+def evaluate_accuracy_multi_landing_stacked(net, params, data_iter, devices):
+    correct, total = _counted(net, params, data_iter, devices)
+    got = torch.stack([c.to("cpu", non_blocking=True) for c in correct])
+    return got.sum().item() / total
+
+
+@shortcut("check_evaluate_accuracy_multi", "the accuracy returned as a tensor copied to the host "
+          "non_blocking", ["returned", "non_blocking copy to the host", ".synchronize()"])
+def evaluate_accuracy_multi_landing_returned(net, params, data_iter, devices):
+    correct, total = _counted(net, params, data_iter, devices)
+    return (sum(c.to(devices[0]) for c in correct) / total).to("cpu", non_blocking=True)
+
+
+@other("check_evaluate_accuracy_multi", "counts copied to the host non_blocking, every device "
+       "synchronized before reading")
+def evaluate_accuracy_multi_landing_synced(net, params, data_iter, devices):
+    correct, total = _counted(net, params, data_iter, devices)
+    got = [c.to("cpu", non_blocking=True) for c in correct]
+    _sync(devices)
+    return sum(c.item() for c in got) / total
+
+
+@other("check_evaluate_accuracy_multi", "counts copied non_blocking into a pinned buffer, an "
+       "event per device synchronized before reading")
+def evaluate_accuracy_multi_landing_events(net, params, data_iter, devices):
+    correct, total = _counted(net, params, data_iter, devices)
+    got = torch.empty(len(devices), dtype=torch.long).pin_memory()
+    done = []
+    for i, (c, d) in enumerate(zip(correct, devices, strict=True)):
+        got[i].copy_(c, non_blocking=True)
+        if torch.device(d).type == "cuda":
+            done.append(torch.cuda.current_stream(d).record_event())
+    for e in done:
+        e.synchronize()
+    return got.sum().item() / total
+
+
+@other("check_evaluate_accuracy_multi", "counts copied non_blocking into pageable memory (such "
+       "a copy returns once it is done)")
+def evaluate_accuracy_multi_landing_pageable(net, params, data_iter, devices):
+    correct, total = _counted(net, params, data_iter, devices)
+    got = torch.empty(len(devices), dtype=torch.long)
+    for i, c in enumerate(correct):
+        got[i].copy_(c, non_blocking=True)
+    return got.sum().item() / total
+
+
+@other("check_evaluate_accuracy_multi", "a count read with .item() on its GPU after its "
+       "non_blocking copy on the same stream (.item() waits for that stream)")
+def evaluate_accuracy_multi_landing_item_waits(net, params, data_iter, devices):
+    correct, total = _counted(net, params, data_iter, devices)
+    got = []
+    for c in correct:
+        got.append(c.to("cpu", non_blocking=True))
+        c.item()
+    return sum(g.item() for g in got) / total
+
+
+@shortcut("check_reduce_then_broadcast", "gradients copied to the host non_blocking, summed "
+          "there at once", LANDING + ["(add, on the host)"])
+def reduce_then_broadcast_host_landing(grads):
+    total = sum(g.to("cpu", non_blocking=True) for g in grads)
+    for g in grads:
+        g.copy_(total)
+
+
+@other("check_reduce_then_broadcast", "gradients copied to the host non_blocking, every device "
+       "synchronized before summing")
+def reduce_then_broadcast_host_landing_synced(grads):
+    moved = [g.to("cpu", non_blocking=True) for g in grads]
+    _sync([g.device for g in grads])
+    total = sum(moved)
+    for g in grads:
+        g.copy_(total)
+
+
 test_case = parametrize_cases(__name__)
 
 
@@ -233,3 +347,43 @@ def test_the_streams_of_the_simulated_gpus():
             assert torch.cuda.current_stream(0) == torch.cuda.default_stream(0)
         assert torch.cuda.current_stream(d) == torch.cuda.default_stream(d)
         assert torch.cuda.current_device() == 0
+
+
+def test_every_host_read_of_a_copy_to_the_host_waits_for_its_stream():
+    """Each way the host reads what a non_blocking copy to the host wrote (an operation, a value
+    read out past the dispatcher) fails before the host waited for the copy's stream, names the
+    wait, and passes after any host wait for it; a wait for another GPU, or a GPU-side wait, is
+    none."""
+    import numpy as np
+
+    from helpers.checks._core import CheckFailed
+
+    reads = {"op": lambda y: y * 2, "item": lambda y: y.sum().item(),
+             "float": lambda y: float(y[0]), "tolist": lambda y: y.tolist(),
+             "numpy": lambda y: y.numpy(), "asarray": lambda y: np.asarray(y),
+             "equal": lambda y: torch.equal(y, y)}
+    waits = {"synchronize": lambda: torch.cuda.synchronize(1),
+             "stream": lambda: torch.cuda.current_stream(1).synchronize(),
+             "event": lambda: torch.cuda.current_stream(1).record_event().synchronize(),
+             "query": lambda: torch.cuda.current_stream(1).query(),
+             "blocking copy": lambda: torch.zeros(1, device="cuda:1").cpu()}
+    none = {"nothing": lambda: None, "another GPU": lambda: torch.cuda.synchronize(0),
+            "a GPU-side wait": lambda: torch.cuda.current_stream(0).wait_stream(
+                torch.cuda.current_stream(1))}
+    for (read_name, read), (wait_name, wait) in [(r, w) for r in reads.items()
+                                                 for w in {**waits, **none}.items()]:
+        gpus = FakeGPUs(2)
+        x = gpus.tensor(torch.randn(3), 1)
+
+        def answer(x, read=read, wait=wait):
+            y = x.to("cpu", non_blocking=True)
+            wait()
+            read(y)
+        try:
+            gpus.run(answer, x)
+        except CheckFailed as e:
+            assert wait_name in none, f"{read_name} after {wait_name}: {e}"
+            assert "may still be writing" in str(e) and "cuda:1" in str(e), str(e)
+            assert 'torch.cuda.current_stream("cuda:1").synchronize()' in str(e), str(e)
+        else:
+            assert wait_name in waits, f"{read_name} after {wait_name} passed"

@@ -10,13 +10,18 @@ what the answer returned or wrote into what it was handed. A non_blocking copy t
 pinned host memory returns before it runs (from pageable memory it is staged before it returns),
 so the host, or another stream, that writes those bytes before the host waited for the copy's
 stream may change what the GPU receives (PyTorch's pin_memory/non_blocking tutorial; CUDA's API
-synchronization behavior). Only the order of work is followed:
+synchronization behavior). The mirror: a non_blocking copy to the host lands in pinned memory
+(torch pins the result of `.to("cpu", non_blocking=True)`; into pageable memory CUDA returns
+once it is done) and returns before it runs, so the host reads those bytes only after it waited
+for the copy's stream (`.item()` of a GPU tensor waits for that GPU's current stream, as torch's
+does). Only the order of work is followed:
 the memory a freed side-stream tensor leaves (record_stream's concern) is not, and the backward
 (which runs on its forward's streams) is not judged."""
 import torch
 from torch.utils._pytree import tree_flatten
 
 from .observe import Recorder, Ref, describe_device, storage_key
+from .placeholders import READS
 from .reader_objects import is_a
 
 __all__ = ["Races", "stream_recorder", "handed"]
@@ -32,6 +37,7 @@ class Races:
         self.written = {}
         self.pinned = set()     # storage keys of pinned host memory (pin_memory, pin_memory=True)
         self.reading = {}       # key -> (first, end, stream, item) a pinned copy to a GPU reads
+        self.landing = {}       # key -> (first, end, stream, item) a copy to the host writes
         self.found = None
 
     def note(self, op, args, kwargs):
@@ -41,7 +47,7 @@ class Races:
         if op.name == "_pin_memory" or kwargs.get("pin_memory"):
             self.pinned.update(o.key for o in op.outputs)
         run, after = self._placed(op)
-        overwrite = self._overwrites(op, run)
+        overwrite = self._overwrites(op, run) or self._landed(op, run)
         if overwrite is not None and self.found is None:
             self.found = overwrite
         for i, r in enumerate(op.reads):
@@ -66,8 +72,13 @@ class Races:
         if (src is not None and src.key in self.pinned and after is None and run is not None
                 and not _blocking(op, args, kwargs)):       # returned before it read src
             self.reading.setdefault(src.key, []).append((*src.span[:2], run, launched[run]))
-        if after == "host" and _blocking(op, args, kwargs):
-            self.streams.waited(self.streams.stamp(run))      # a copy to the host waits
+        if after == "host":
+            dst = (op.writes or op.outputs)[0]
+            if _blocking(op, args, kwargs) or not (op.name == "_to_copy" or dst.key in self.pinned):
+                self.streams.waited(self.streams.stamp(run))      # it returned once done
+            else:       # torch pins a non_blocking _to_copy's result: it returns before it runs
+                self.pinned.add(dst.key)
+                self.landing.setdefault(dst.key, []).append((*dst.span[:2], run, launched[run]))
         elif after not in (None, "host"):
             self.streams.wait(after, self.streams.stamp(run))
 
@@ -100,6 +111,49 @@ class Races:
                     return _overwritten(op, w, stream, run)
         return None
 
+    def _landed(self, op, run):
+        """Words for `op`'s use (on the host, or a copy's on stream `run`) of host bytes a
+        non_blocking copy to the host may still be writing; else None."""
+        if op.view or op.name in _NO_VALUES:
+            return None
+        used = [(r, "read") for i, r in enumerate(op.reads)
+                if i not in op.blind and i not in op.targets] + [(w, "wrote") for w in op.writes]
+        for ref, how in used:
+            late = self._landing(ref, run)
+            if late is not None:
+                return _landing_words(f"{how} a {list(ref.shape)} tensor on the CPU ({op.name}, "
+                                      + ("on the host" if run is None
+                                         else f"by a copy on {_stream(run)}") + ")", late)
+        return None
+
+    def _landing(self, ref, run=None):
+        """The stream of a non_blocking copy to the host that may still write the bytes `ref`
+        covers, unwaited by the host (or, for a copy on stream `run`, not ordered before it)."""
+        if ref.device.type != "cpu":
+            return None
+        for first, end, stream, n in self.landing.get(ref.key, ()):
+            done = (self.streams.host_waited(stream, n) if run is None
+                    else self.streams.ordered(run, stream, n))
+            if first < ref.span[1] and ref.span[0] < end and not done:
+                return stream
+        return None
+
+    def read_out(self, name, args):
+        """A value read out of tensors (`.item()`, `torch.equal`: answered without running):
+        one of a GPU waits for that GPU's current stream, as torch's copy to the host does."""
+        for t in tree_flatten(args)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            ref = Ref(t, 0)
+            if t.device.type == "cuda":
+                self.streams.waited(self.streams.stamp(self._on(ref)))
+                continue
+            late = self._landing(ref)
+            if late is not None and self.found is None:
+                how = _READ_OUT.get(name, name)
+                self.found = _landing_words(f"read a {list(ref.shape)} tensor on the CPU "
+                                            f"({how}, on the host)", late)
+
     def _on(self, ref):
         """The current stream of the GPU `ref` is on (a CPU tensor's: None)."""
         d = ref.device
@@ -128,6 +182,11 @@ class Races:
         memory a stream wrote that its GPU's default stream (the caller's) does not run after;
         None when every one is waited for."""
         for t in tensors:
+            late = self._landing(Ref(t, 0)) if storage_key(t) in self.landing else None
+            if late is not None:
+                return _landing_words(f"returned a {list(t.shape)} tensor on the CPU (or wrote "
+                                      "it into what it was handed)", late,
+                                      " when the caller reads it")
             if t.device.type != "cuda" or storage_key(t) not in self.written:
                 continue
             ref = Ref(t, 0)
@@ -140,6 +199,28 @@ class Races:
                         "before returning what it wrote: torch.cuda.current_stream("
                         f"\"{t.device}\").wait_stream(s)")
         return None
+
+
+# operations that read no values of a tensor they are handed (zeros_like and its kin: op.blind)
+_NO_VALUES = frozenset({"is_pinned", "record_stream", "set_", "resize_", "rand_like",
+                        "randn_like", "randint_like"})
+
+_READ_OUT = {"_local_scalar_dense": ".item(), float(), int(), .tolist() or .numpy()",
+             "equal": "torch.equal", "allclose": "torch.allclose"}
+
+
+def _landing_words(what, stream, after=""):
+    """Words for a use of host memory that a non_blocking copy to the host on `stream` may
+    still be writing."""
+    d = f"cuda:{stream[0]}"
+    wait = (f"torch.cuda.current_stream(\"{d}\").synchronize() or torch.cuda.synchronize("
+            f"\"{d}\")" if stream[1] == 0 else "s.synchronize() on that stream s")
+    return (f"{what} that a non_blocking copy to the host from {d} on {_stream(stream)} may "
+            f"still be writing{after}: such a copy lands in pinned memory and returns before it "
+            "runs, so the host may read bytes not written yet. Make the host wait for the copy "
+            f"before using what it copied: {wait}, or synchronize() an event recorded after the "
+            "copy (wait_stream, wait_event and record_stream order GPU work, not the host); or "
+            "copy with non_blocking=False")
 
 
 def _blocking(op, args, kwargs):
@@ -183,9 +264,15 @@ def _overwritten(op, ref, stream, run):
 def stream_recorder(races, **kwargs):
     """A Recorder whose every recorded operation `races` notes (a class made here, so the
     notes are reached through a closure, never an attribute of the recorder)."""
-    note = races.note
+    note, read_out = races.note, races.read_out
 
     class StreamRecorder(Recorder):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in READS:     # answered unrecorded (placeholders.py)
+                with self._lock:
+                    read_out(func.__name__.split(".")[0], args)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
         def _record(self, func, args, kwargs, inputs, out, unread=()):
             n = len(self.ops)
             super()._record(func, args, kwargs, inputs, out, unread)
