@@ -45,10 +45,11 @@ def _modules():
             and is_a(m, types.ModuleType) and name.split(".")[0] not in _COURSE]
 
 
-def _namespaces():
-    """{name: (module, its attribute names)} of the modules loaded now (`_modules`)."""
+def _namespaces(which=None):
+    """{name: (module, its attribute names)} of the modules loaded now (`_modules`), or of
+    those `which(name, module)` picks."""
     return {name: (m, {k for k in _MODULE_DICT(m).copy() if type(k) is str})
-            for name, m in _modules()}
+            for name, m in _modules() if which is None or which(name, m)}
 
 
 def _first_import():
@@ -128,7 +129,8 @@ def added_attributes():
     sys.modules), modules left out. A store the answer keeps there, at import or while it runs
     (`setattr(torch, name, {})` read by a built name, a made module reached by
     `importlib.import_module`), is no library's own, and no load of the reader's names it."""
-    entered = _namespaces()
+    # what `added` reads only for a module not in _AT_IMPORT: those alone are noted now
+    entered = _namespaces(lambda name, m: _known(name, m, _AT_IMPORT) is None)
 
     def added():
         out = []
