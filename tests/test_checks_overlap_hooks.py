@@ -142,6 +142,20 @@ def overlap_hooks_node_sum(model):
     return finish
 
 
+@shortcut("check_overlap_hooks", "the tutorial's tensor hook all-reducing its argument",
+          ["changed its inputs", "register_post_accumulate_grad_hook"])
+def overlap_tensor_hook_in_place(model):
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_hook(lambda g: dist.all_reduce(g))
+
+    def finish():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(dist.get_world_size())
+    return finish
+
+
 @shortcut("check_overlap_hooks", "waits on the future inside the hook", "inside backward")
 def overlap_hooks_future_wait_in_hook(model):
     def hook(p):

@@ -23,6 +23,7 @@ import torch
 
 from .run import CheckFailed
 from .settle import Guarded
+from .untouched import InputsChanged
 
 __all__ = ["keeping", "recording"]
 
@@ -65,12 +66,31 @@ class _Kept(Guarded):
         self._hook, self.__name__ = hook, hook.__name__
 
     def __call__(self, *args, **kwargs):
-        out = self._hook(*args, **kwargs)
+        try:
+            out = self._hook(*args, **kwargs)
+        except InputsChanged as e:
+            if _tensor_hook(args):
+                raise InputsChanged(f"{e}. A hook registered with register_hook runs before "
+                                    "the gradient is accumulated into .grad, and torch takes "
+                                    "what it returns: return a new tensor instead of writing "
+                                    "its argument, or register the hook with "
+                                    "register_post_accumulate_grad_hook and all-reduce p.grad "
+                                    "there") from None
+            raise
         if out is not None and not kwargs:
             wrong = _wrong(args, out)
             if wrong:
                 raise CheckFailed(f"your hook `{self.__name__}`, {wrong}")
         return out
+
+
+def _tensor_hook(args):
+    """Whether a hook torch called with `args` is a tensor's register_hook (not a
+    post-accumulate-grad hook, whose node is the parameter's AccumulateGrad)."""
+    if len(args) != 1 or not issubclass(type(args[0]), torch.Tensor):
+        return False
+    node = torch._C._current_autograd_node()
+    return not (type(node) is _ACCUMULATE and node.variable is args[0])
 
 
 def _wrong(args, out):

@@ -32,7 +32,7 @@ from .parts import instance_dict, module_tree
 from .run import CheckFailed
 from .settle import reader_class
 
-__all__ = ["fingerprint", "expect_untouched", "classes", "expect_same_classes",
+__all__ = ["fingerprint", "expect_untouched", "InputsChanged", "classes", "expect_same_classes",
            "expect_named_attributes", "grad_spared"]
 
 _DEPTH = 4
@@ -45,6 +45,11 @@ _PLAIN = frozenset({bool, int, float, complex, str, bytes, type(None), torch.dty
 _DESCRIPTORS = (types.FunctionType, staticmethod, classmethod, property)
 _ROUTES = weakref.WeakKeyDictionary()    # a module class -> the names its call may run
 _COMPARED = weakref.WeakKeyDictionary()  # a module class -> the attribute names compared
+
+
+class InputsChanged(CheckFailed):
+    """The answer changed what it was handed (expect_untouched): kept_hooks.py adds what a
+    tensor hook should do instead."""
 
 
 class _Same:
@@ -309,7 +314,7 @@ def expect_untouched(name, before, args, kwargs):
     what = ", ".join(f"{w}{h and f': {h}'}" for w, h in changed) or "its arguments"
     hint = " (for a gradient of your own: `x.detach().requires_grad_()`)" * (
         "requires_grad" in what)
-    raise CheckFailed(f"{name} changed its inputs ({what}; resized, written in place, "
+    raise InputsChanged(f"{name} changed its inputs ({what}; resized, written in place, "
                       "requires_grad switched, or a module's layers, attributes or forward "
                       "replaced): compute the answer from what it is handed, and leave that as it "
                       f"was{hint}")
