@@ -31,6 +31,14 @@ def sampler_shard_tensor(n, rank, world_size, epoch, seed):
     return perm[rank:total:world_size]
 
 
+@shortcut("check_sampler_shard", "the global generator reseeded", "global random state")
+def sampler_shard_global_seed(n, rank, world_size, epoch, seed):
+    torch.manual_seed(seed + epoch)
+    perm = torch.randperm(n).tolist()
+    per_rank = -(-n // world_size)
+    return (perm * (world_size + 1))[:per_rank * world_size][rank::world_size]
+
+
 _ITER = DistributedSampler.__iter__        # bound before any check patches it
 
 

@@ -58,6 +58,9 @@ def _torch_samplers():
     return found
 
 
+_GLOBAL_RNG = torch.default_generator     # bound at import: torch's CPU default generator
+
+
 def _refuse_sampler(*args, **kwargs):
     raise CheckFailed("compute the shard yourself: do not iterate a DistributedSampler")
 
@@ -65,6 +68,8 @@ def _refuse_sampler(*args, **kwargs):
 @check("sampler_shard", observes=[
     "the indices returned for fresh (n, rank, world, epoch, seed), padding included (one longer "
     "than the data), against DistributedSampler's",
+    "torch's global random state, unchanged by the call (a reseeded default generator would "
+    "reseed training's dropout and shuffling every epoch)",
     "by identity: the answer's code may not reach DistributedSampler, torch's subclasses of it "
     "(ElasticDistributedSampler) or their __iter__ (a copy bound before the check runs "
     "included), and their __iter__ raises while it runs"])
@@ -91,11 +96,19 @@ def check_sampler_shard(fn):
         for r in range(w):
             what = f"sampler_shard({n}, {r}, {w}, epoch={epoch}, seed={seed})"
             saved, DistributedSampler.__iter__ = DistributedSampler.__iter__, _refuse_sampler
+            state = _GLOBAL_RNG.get_state()
             try:
                 with blocked(refuse, "sampler_shard"):   # a binding made before the check too
                     got = _indices(fn(n, r, w, epoch, seed), what)
             finally:
                 DistributedSampler.__iter__ = saved
+            moved = not torch.equal(_GLOBAL_RNG.get_state(), state)
+            _GLOBAL_RNG.set_state(state)
+            expect(not moved, f"{what} changed torch's global random state (torch.manual_seed, "
+                   "or a draw from the default generator): training's dropout and shuffling "
+                   "draw from it, so every epoch would reseed them. Draw from a generator of "
+                   "your own, as DistributedSampler does: "
+                   "torch.Generator().manual_seed(seed + epoch)")
             s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=True, seed=seed)
             s.set_epoch(epoch)
             want = list(s)
