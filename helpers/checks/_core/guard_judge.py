@@ -79,8 +79,9 @@ def _harness_defaults(fn, what):
         return None
     code = fn.__code__
     name = code.co_filename
-    if not (type(name) is str and os.path.abspath(name).startswith(_CHECKS) and genuine(code)):
-        return None
+    if not (type(name) is str and os.path.abspath(name).startswith(_CHECKS) and genuine(code)) \
+            or (code.co_varnames == ("args", "kwargs") and "__import__" in code.co_names):
+        return None         # (whose.forwarding_code: a course or torch function stubbed or routed)
     frame = sys._getframe(3)            # past this function, judge and the hook
     while frame is not None and frame.f_code.co_filename.startswith(_STDLIB) \
             and "-packages" not in frame.f_code.co_filename and genuine(frame.f_code):
