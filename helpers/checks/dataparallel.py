@@ -236,11 +236,11 @@ _ORIGINALS = {name: getattr(owner, name.rsplit(".", 1)[-1]) for name, owner in _
 # where each is refused while the answer runs: (owner, attribute, name, what was there); the
 # wrapper class by its __init__ (every binding of it, torch.nn's too; isinstance still works)
 _DP = _ORIGINALS["DataParallel"]
-_PLACES = [(owner, name.rsplit(".", 1)[-1], name, _ORIGINALS[name])
-           for name, owner in _OWNERS.items() if name != "DataParallel"] + [
+_PLACES = tuple([(owner, name.rsplit(".", 1)[-1], name, _ORIGINALS[name])
+                for name, owner in _OWNERS.items() if name != "DataParallel"] + [
     (torch.nn.parallel, name, name, _ORIGINALS[name]) for name in _CUDA_ONLY
     if "." not in name and name != "DataParallel"] + [
-    (_DP, "__init__", "DataParallel", _DP.__dict__["__init__"])]
+    (_DP, "__init__", "DataParallel", _DP.__dict__["__init__"])])
 
 
 def _needs_cuda(name):

@@ -52,7 +52,7 @@ def check_matmul_flops(fn):
 
 
 # ---------------------------------------------------------------------------------------------
-_DTYPES = [torch.float32, torch.float16, torch.int64, torch.bool]
+_DTYPES = (torch.float32, torch.float16, torch.int64, torch.bool)
 
 
 def _random_tensors(g, count):

@@ -31,7 +31,7 @@ def _same(saved, now, _is=operator.is_, _all=all, _map=map):
 
 
 def _course_table(table, _len=len, _type=type, _str=str, _is=operator.is_, _all=all,
-                  _map=map, _repeat=itertools.repeat):
+                  _map=map, _repeat=itertools.repeat, *, _MODULES=_MODULES, _PLANS=_PLANS):
     """The course's (name, module) entries of `table` (sys.modules) in order, or None where its
     names are not all plain strings (the full walk then reads them); kept while the table has
     the very names in order and the very objects under the course's."""
@@ -127,7 +127,7 @@ def _namespace(module, _type=type, _vars=vars):
     return _vars(module) if _type(module) is types.ModuleType else None
 
 
-def walk(table, keys, visit, hit, known, writes, swapped):
+def walk(table, keys, visit, hit, known, writes, swapped, *, _PLANS=_PLANS):
     """The full walk's bindings over the course's modules in `table` (sys.modules), by their
     plans where current: `visit(module, attr, value)` is the full step for one binding (it
     fills and clears `known` as it goes), `hit(module, attr, value, ref)` the step for a binding
@@ -252,3 +252,6 @@ def _full(course, index, items, start, visit, once=False):
         for attr, value in items[start if module_index == index else 0:]:
             visit(module, attr, value)
         items = None
+
+
+del _MODULES, _PLANS

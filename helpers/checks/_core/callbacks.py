@@ -60,7 +60,7 @@ _JUDGED = {}        # alive finalizer -> its text, or None: each judged once
 _UNSEEN = object()
 
 
-def _finalizers():
+def _finalizers(*, _JUDGED=_JUDGED):
     """The alive finalizers whose function may run the reader's code: {finalizer: its text}.
     Each is judged once (torch keeps a hundred or more alive; judging them all at every call
     made each answer's call 40 ms slower)."""
@@ -216,3 +216,6 @@ def expect_no_callbacks(name, before):
             f"{name} left {', '.join(changed[:3])} set: a process-wide callback would run your "
             "code after your function returned, while the check judges it (it is put back). "
             "Compute the result inside your function, and install nothing that runs later")
+
+
+del _JUDGED

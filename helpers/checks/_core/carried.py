@@ -30,11 +30,15 @@ def carried_function_modes():
             if _QUALNAME(type(m)).endswith("CarriedMode")]
 
 
+_WORLDS = []    # the worlds running now (world.py's run_context): their ranks' threads carry them
+# (a default argument of the functions below, no module attribute: guard.py)
+
+
 def _modes():
     return list(_get_current_dispatch_mode_stack()) + carried_function_modes()
 
 
-def _with_modes(fn, modes, task=None):
+def _with_modes(fn, modes, task=None, *, _WORLDS=_WORLDS):
     """`fn` run under `modes` (those of the thread that started it) where not already active,
     and as the rank of a running world that started it (`ranks_carried`: a process group
     belongs to the process, so a rank's collectives from its own threads are that rank's).
@@ -68,16 +72,15 @@ def _with_modes(fn, modes, task=None):
     return run
 
 
-def rank_carried():
+def rank_carried(*, _WORLDS=_WORLDS):
     """The rank of a running world the calling thread works for (None: none)."""
     return next((w.rank for w in list(_WORLDS) if w.rank is not None), None)
 
 
-_WORLDS = []    # the worlds running now (world.py's run_context): their ranks' threads carry them
 
 
 @contextlib.contextmanager
-def ranks_carried(world):
+def ranks_carried(world, *, _WORLDS=_WORLDS):
     """While `world` runs, a thread one of its ranks starts (a Thread, a pool's task) runs as
     that rank (`_with_modes`)."""
     _WORLDS.append(world)
@@ -123,3 +126,6 @@ def one_simulated_op(broke=None):
         yield
     finally:
         _ONE_OP.release()
+
+
+del _WORLDS

@@ -12,7 +12,7 @@ _KEY = torch._C.DispatchKey.CompositeImplicitAutograd
 _HAS = {}
 
 
-def split_composite(mode, func, args, kwargs):
+def split_composite(mode, func, args, kwargs, *, _HAS=_HAS):
     """func's parts run under `mode` (the result), or NotImplemented when func has none."""
     if func not in _HAS:
         _HAS[func] = _KEY in getattr(func, "py_kernels", {}) or _registered(func)
@@ -33,3 +33,6 @@ def version_of(t):
     """A tensor's version counter; None for an inference tensor, which has none (reading it
     raises)."""
     return None if t.is_inference() else t._version
+
+
+del _HAS

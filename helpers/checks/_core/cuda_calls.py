@@ -259,7 +259,7 @@ _REAL_COUNT = []        # torch.cuda.device_count as it was before the stand-ins
 
 
 @contextlib.contextmanager
-def simulated_cuda(gpus, k):
+def simulated_cuda(gpus, k, *, _REAL_COUNT=_REAL_COUNT):
     """The stand-ins for FakeGPUs(k), on `gpus` (a cuda_streams.Waits: no waits, the
     simulation runs nothing; its streams still order the work, stream_races.py)."""
     _REAL_COUNT.append(torch.cuda.device_count)
@@ -270,7 +270,7 @@ def simulated_cuda(gpus, k):
         _REAL_COUNT.pop()
 
 
-def not_stood_in(k, e):
+def not_stood_in(k, e, *, _REAL_COUNT=_REAL_COUNT):
     """The words for an error of the real CUDA runtime reached from the simulation: the call
     that reached it (the innermost torch.cuda frame of the traceback), else autograd's."""
     tb, name = e.__traceback__, None
@@ -300,3 +300,6 @@ def not_stood_in(k, e):
             "every device a tensor that needs gradients is on, and this machine lacks "
             f"cuda:{real}..{k - 1}. Not a problem with your answer: run this check on a "
             f"machine with no GPU, or with {k} GPUs")
+
+
+del _REAL_COUNT

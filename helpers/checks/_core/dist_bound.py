@@ -45,7 +45,7 @@ def unplayed_words(name):
 _ROUTED = {}            # key -> the call the function's code hands over to (bound_routed)
 
 
-def _hit(key, args, kwargs):
+def _hit(key, args, kwargs, *, _ROUTED=_ROUTED):
     """A call of a routed function, bound however early: the world's call from a rank thread
     (the dispatch decides), torch's own code otherwise."""
     return _ROUTED[key](*args, **kwargs)
@@ -85,7 +85,7 @@ def _functions():
 
 
 @contextlib.contextmanager
-def bound_routed(world):
+def bound_routed(world, *, _ROUTED=_ROUTED):
     """While `world` runs: each of torch's functions the world plays (dist.py's _CALLS), their
     ALIASES and REFUSED get a code that hands the call to dist.py's dispatch (torch's own code
     from any other thread) or refuses it from a rank."""
@@ -141,3 +141,6 @@ def _torch_call(error):
             private = private or f"{module}.{code.co_name}"
         tb = tb.tb_next
     return private or "a torch.distributed call (a ProcessGroup method, in torch's C++)"
+
+
+del _ROUTED

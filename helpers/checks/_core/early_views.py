@@ -114,7 +114,7 @@ def _key(space, k):
 
 
 @contextlib.contextmanager
-def early_views_read_only(fn, in_world):
+def early_views_read_only(fn, in_world, *, _HELD=_HELD):
     """While fn runs in a World rank (`in_world`), the views of tensors it can reach are
     read-only substitutes; the last call to end puts the originals back."""
     if not in_world:
@@ -146,3 +146,6 @@ def early_views_read_only(fn, in_world):
                     if type(entry[1]) is not dict or plain_keys(entry[1]):
                         entry[1][entry[2]] = entry[3]   # (a key added: the answer fails)
                     del _HELD[key]
+
+
+del _HELD

@@ -11,6 +11,9 @@ observed like the thread that called it.
   `exec` (or an import under another name) of code that contains a blocked reference's code, a
   new function made of it (`types.FunctionType(saved_code, ...)`, the code saved before the
   check ran, wherever it was held), and reading a blocked reference's `__code__`.
+- It refuses reading a harness function's `__defaults__`/`__kwdefaults__` from the reader's code
+  while an answer runs: the harness's live state is held there (patched.py, switches.py,
+  stubs.py), where no module attribute leads to it.
 - It refuses, while an answer runs or a check body judges one, giving a function that is not
   the reader's new `__code__`, `__defaults__` or `__kwdefaults__` in place (`expect.__code__ =
   ...`, `F.silu.__code__ = ...`): the same object, so every binding the harness compares by
@@ -182,8 +185,8 @@ def _make_hook(state):
             refuse(message)
             raise ReferenceUsed(message)
         if event not in _FRAME_EVENTS and event not in ("exec", "function.__new__") and not (
-                event == "object.__getattr__" and len(args) > 1
-                and (args[1] in _FRAME_ATTRS or args[1] == "__code__")):
+                event == "object.__getattr__" and len(args) > 1 and (
+                    args[1] in _FRAME_ATTRS or args[1] in _FUNCTION_PARTS)):
             return
         local.busy = True
         try:

@@ -1,12 +1,17 @@
 """What guard.py's audit hook refuses while an answer runs (its `judge`): a copy of the course's
 own answer run (exec, a new function, its code read), and the reader's code reading the
 running program (frames, tracebacks, the collector's lists)."""
+import os
 import sys
+import sysconfig
 import types
 
 from .whose import genuine, reader_code
 
 __all__ = ["judge"]
+
+_CHECKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # helpers/checks/
+_STDLIB = sysconfig.get_paths()["stdlib"]
 
 # stdlib walkers: blame whoever called them (logging: only its currentframe, which hands the
 # caller a frame; logging.info finding its caller's line is not reading the check)
@@ -49,6 +54,8 @@ def judge(state, event, args):
             name = name if frame is not None and reader_code(frame.f_code) else None
         return name and (f"your code read the code of {name} (the course's own answer), which "
                          "is unavailable while the check runs")
+    if event == "object.__getattr__" and args[1] != "__code__" and args[1][0] == "_":
+        return _harness_defaults(args[0], args[1])          # __defaults__, __kwdefaults__
     frame, entry, code, called = _caller()
     if frame is None or not reader_code(code):
         return None
@@ -62,6 +69,27 @@ def judge(state, event, args):
     where = f", in {code.co_name} line {frame.f_lineno}" if code.co_name != "<module>" else ""
     return (f"your code inspects the running program ({what}{where}): an answer must compute "
             "its result, not read the check's frames, tracebacks or objects")
+
+
+def _harness_defaults(fn, what):
+    """A harness function's defaults read by the reader's code (the first frame past the
+    standard library: `inspect.signature` blames its caller): they hold the harness's live
+    state (stubs.py's swaps, patched.py's kept copies), which an answer may not reach."""
+    if type(fn) is not types.FunctionType:
+        return None
+    code = fn.__code__
+    name = code.co_filename
+    if not (type(name) is str and os.path.abspath(name).startswith(_CHECKS) and genuine(code)) \
+            or (code.co_varnames == ("args", "kwargs") and "__import__" in code.co_names):
+        return None         # (whose.forwarding_code: a course or torch function stubbed or routed)
+    frame = sys._getframe(3)            # past this function, judge and the hook
+    while frame is not None and frame.f_code.co_filename.startswith(_STDLIB) \
+            and "-packages" not in frame.f_code.co_filename and genuine(frame.f_code):
+        frame = frame.f_back
+    if frame is None or not reader_code(frame.f_code):
+        return None
+    return (f"your code read {what} of the grader's {fn.__qualname__}: the check's own state is "
+            "held there, which an answer may not reach. Compute the result yourself")
 
 
 def _blocked_name(state, obj):

@@ -6,12 +6,10 @@ target to the answer. So `Answer` lists, before the call, the hooks on what it h
 (modules and their submodules, parameters, buffers and their gradients, tensors, optimizers,
 containers item by item) and the process's global ones (module and optimizer hooks for every
 instance, saved-tensor hooks, torch function and dispatch modes left entered), and fails an
-answer that returns with one more (and removes it: a hook from its dict, a saved-tensor
-hook or a mode popped until the stack's top is one that was there before). Hooks it
-registered and removed before returning are fine.
-Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare
-`@check(..., keeps_hooks=True)`; the hooks of the reader's left are then guarded in place, run as
-the answer itself (a hook that rebinds what the check compares with fails)."""
+answer that returns with one more (and removes it: a hook from its dict, a saved-tensor hook or a
+mode popped until the stack's top is one that was there before). Hooks it removed are fine.
+Exercises whose lesson is a hook that runs later (DDP's gradient hooks) declare `@check(...,
+keeps_hooks=True)`: the reader's hooks left are guarded in place, run as the answer itself."""
 import collections
 import contextlib
 import functools
@@ -46,7 +44,6 @@ _GLOBAL = tuple([(module_hooks, n) for n in dir(module_hooks)
            if n.startswith("_global_") and n.endswith("hooks")] + \
           [(optim_hooks, n) for n in ("_global_optimizer_pre_hooks",
                                       "_global_optimizer_post_hooks")])
-
 _GLOBAL_KEYS = frozenset((id(owner), attr) for owner, attr in _GLOBAL)
 
 
@@ -211,9 +208,9 @@ def expect_no_new_hooks(name, before, args, kwargs, guard=None):
 
 
 # --- hooks on autograd nodes: `t.grad_fn.register_hook`, `register_prehook` ----------------
-_NODES = {"depth": 0, "lists": {}}     # thread id -> the lists of the answers running there
-# every note ticks (bound as defaults, which guard.py keeps while an answer runs): a window that
-# ran alone and holds fewer notes than it saw ticks had its list emptied by the answer
+_NODES = {"depth": 0, "lists": {}}   # thread id -> the lists of the answers running there; every
+# note ticks (defaults: guard.py keeps them from an answer): a window that ran alone and holds
+# fewer notes than it saw ticks had its list emptied by the answer
 _TICK, _OPENED = itertools.count().__next__, itertools.count().__next__
 _NODE_LOCK = threading.Lock()
 _MIXIN = torch.autograd.function._HookMixin
@@ -253,7 +250,7 @@ def _filled(cell):
         return False
 
 
-def _note(hooks, key, *keys, _tick=_TICK):
+def _note(hooks, key, *keys, _tick=_TICK, _NODES=_NODES):
     """A hook of the reader's registered (or a table given to a tensor: `key` _TABLE, `keys` what
     it held then): noted for the answers running in this thread (all of them when none does: a
     thread the answer started)."""
@@ -354,7 +351,7 @@ def _left_hooks(mine):
 
 
 @contextlib.contextmanager
-def node_hooks(name, guard=None, *, _tick=_TICK, _opened=_OPENED):
+def node_hooks(name, guard=None, *, _tick=_TICK, _opened=_OPENED, _NODES=_NODES):
     """Fail an answer that returns with a hook it registered on an autograd node (a handed
     tensor's `grad_fn`, a node deeper in its graph, its result's) or on a tensor (any: an
     intermediate one of the result's graph too): the check's backward would run it. Its hooks
@@ -398,3 +395,6 @@ def node_hooks(name, guard=None, *, _tick=_TICK, _opened=_OPENED):
             "register_prehook), on any tensor of its graph: it would run your code in the check's "
             "backward, after your function returned. Compute the result inside your function, "
             "and remove every hook you register (handle.remove()) before returning")
+
+
+del _NODES

@@ -22,7 +22,7 @@ import torch.autograd
 import torch.autograd.graph
 import torch.autograd.variable
 
-from . import defaults, imported, patched
+from . import defaults, imported, patched, tables
 from .callbacks import callbacks, expect_no_callbacks
 from .carried import rank_carried
 from .guard import answering, started_by_answer
@@ -48,11 +48,20 @@ LATE = "after your function returned"
 def _run_backward(*args, **kwargs):
     """torch.autograd's entry into the engine: while a check judges an answer it called, the
     check's own backward is a window of the answer's (the reader's code may run in it)."""
+    answer = _late_answer()
+    if answer is None:
+        return _ENGINE(*args, **kwargs)
+    return _LATE(answer, args, kwargs)
+
+
+def _late_answer(*, _STATE=_STATE):
+    """The answer a backward run now is a late window of (None: none). `_STATE` is no parameter
+    of `_run_backward`, whose keywords are its caller's."""
     answer = _STATE["answer"]
     if answer is None or not _STATE["called"] or getattr(_LOCAL, "depth", 0) or (
             started_by_answer(threading.current_thread())):  # a thread of the answer's: watched
-        return _ENGINE(*args, **kwargs)
-    return _LATE(answer, args, kwargs)
+        return None
+    return answer
 
 
 _ROUTE = ((torch.autograd, "_engine_run_backward", _run_backward),
@@ -105,7 +114,7 @@ _LATE = _Late()
 
 
 @contextlib.contextmanager
-def inside():
+def inside(*, _STATE=_STATE):
     """Around a call of the answer (or a late window): the check's backwards run in it are the
     answer's already; at its end, the route into the engine must be the harness's."""
     _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
@@ -161,13 +170,13 @@ def _changed(spaces, copies, tagged):
 
 
 @contextlib.contextmanager
-def checking(answer):
+def checking(answer, *, _STATE=_STATE):
     """Around a check body: arms the late windows for `answer`, and compares the libraries and
     the harness's globals at the end with a copy taken at the start (fails on a change)."""
     _route_changed()          # a route replaced before the check ran is the harness's again
     spaces, _, copies, tagged = patched.copied()
     before = ((spaces, copies, tagged), patched.cells(), patched.held_defaults(),
-              imported.copy())
+              imported.copy(), tables.kept())
     outer = dict(_STATE)
     _STATE.update(answer=answer, called=False)
     failed, tried = True, _judging(1)
@@ -179,7 +188,8 @@ def checking(answer):
         _STATE.update(outer)
         odd = patched.odd_keys()
         changed = _changed(*before[0]) + patched.cells_changed(before[1]) + defaults.changed(
-            *before[2]) + _route_changed() + imported.changed(before[3])
+            *before[2]) + _route_changed() + imported.changed(before[3]) + tables.changed(
+            before[4])
         if odd and not failed:
             raise CheckFailed(odd_keys_message(f"something of your code ran {LATE}", odd))
         if rewritten and not failed:
@@ -193,3 +203,6 @@ def checking(answer):
 
 
 _route_changed()             # the stand-in installed
+
+
+del _STATE

@@ -38,11 +38,17 @@ _KERNELS = types.MappingProxyType({n: vars(_DISPATCH)[n] for n in (
 
 @stand_in(_AT_EXIT)
 def _register_at_exit(func, *args, **kwargs):
-    if _readers((func, *args, *kwargs.values())):
+    _note_exit(func, _readers((func, *args, *kwargs.values())))
+    return _AT_EXIT(func, *args, **kwargs)
+
+
+def _note_exit(func, readers, *, _WINDOW=_WINDOW, _READER_EXITS=_READER_EXITS):
+    """An exit function registered, the reader's or a library's (no parameter of the stand-in,
+    whose keywords are its caller's)."""
+    if readers:
         _READER_EXITS.append(func)
     else:
         _WINDOW["library_exits"] += 1
-    return _AT_EXIT(func, *args, **kwargs)
 
 
 def _from_reader(values):
@@ -176,7 +182,7 @@ def _collections():
     return sum(s["collections"] for s in gc.get_stats())
 
 
-def _open(scan):
+def _open(scan, *, _WINDOW=_WINDOW, _READER_EXITS=_READER_EXITS):
     """The first answer of those running at once notes what is young (`scan`: not in a World,
     whose ranks run the check's code beside it: listing the young objects while another thread
     builds a tuple fails that thread) and the exit functions, and puts the stand-ins in. It
@@ -201,7 +207,7 @@ def _open(scan):
     return mine
 
 
-def _close(fn, args, mine):
+def _close(fn, args, mine, *, _WINDOW=_WINDOW, _READER_EXITS=_READER_EXITS):
     """The last answer of those running at once judges what they all left (while another still
     ran, its objects would be taken for this one's): (objects left, exit functions left), by
     what the first noted (`mine`, when it is this one: its own copy)."""
@@ -234,7 +240,7 @@ def _close(fn, args, mine):
         return left, exits
 
 
-def collector_back():
+def collector_back(*, _WINDOW=_WINDOW):
     """The collector on again once no answer runs, after the callbacks they left were judged and
     put back (a collection between would run a gc callback of the reader's)."""
     with _WINDOW_LOCK:
@@ -268,3 +274,6 @@ def left_later(name, fn, args, world=False):
             f"{name} registered a function to run at exit (atexit.register): it would run your "
             "code after the check judged it. Compute the result inside your function, and leave "
             "nothing that runs later")
+
+
+del _WINDOW, _READER_EXITS

@@ -121,12 +121,12 @@ def _init(world, own):
     return call
 
 
-def _hit(key, args, kwargs):
+def _hit(key, args, kwargs, *, _ROUTED=_ROUTED):
     return _ROUTED[key](*args, **kwargs)
 
 
 @contextlib.contextmanager
-def meshes_played(world):
+def meshes_played(world, *, _ROUTED=_ROUTED):
     """While `world` runs: torch's init_device_mesh, however bound, gives a rank thread a
     SimulatedMesh of the world (torch's own code from any other thread)."""
     fn = _device_mesh.init_device_mesh
@@ -139,3 +139,6 @@ def meshes_played(world):
             yield
         finally:
             _ROUTED.pop(key, None)
+
+
+del _ROUTED

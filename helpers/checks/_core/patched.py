@@ -31,7 +31,7 @@ import torch.distributed
 import torch.linalg
 import torch.nn.functional
 
-from . import defaults, imported, versions
+from . import defaults, imported, tables, versions
 from .early_threads import idle_worker
 from .guard import started_by_answer
 from .keys import odd_keys_message, taken_out
@@ -127,7 +127,7 @@ def snapshot(keys=True, _SHARED=_SHARED):
         if not shared[0]:
             odd = odd_keys() if keys else []
             spaces, views, copies, tagged = copied()
-            shared[1] = (spaces, views, copies, cells(), held_defaults(),
+            shared[1] = (spaces, views, copies, cells(), held_defaults(), tables.kept(),
                          set(threading.enumerate()), imported.copy(), odd, tagged, run)
         shared[0] += 1
         return shared[1]
@@ -336,12 +336,12 @@ def _put_back(before):
     is not the answer's; one the answer found and that is gone is a change (it replaced or
     deleted the stand-in), never put back (its owner puts torch's original back when it ends;
     a rank still running after its World ended must not reinstall a stale stand-in)."""
-    spaces, views, copies, closures, held, threads, modules, odd, (tags, then), _ = before
+    spaces, views, copies, closures, held, kept, threads, modules, odd, (tags, then), _ = before
     alive = _join_started(threads)
     # sys.modules' keys before a lookup in it, its entries first: what the rest imports is
     odd = [*odd, *taken_out(_MODULES, lambda: ((), ()), versions.clean_keys)]   # the original
     swapped = imported.changed(modules)
-    changed = cells_changed(closures) + defaults.changed(*held)
+    changed = cells_changed(closures) + defaults.changed(*held) + tables.changed(kept)
     tagged = tags() if tags else None   # the same dicts' tags as before the call
     if (tagged == then) if tags else same(copies, views, _all_spaces=True):   # (keys: strs)
         return changed, alive, swapped, odd

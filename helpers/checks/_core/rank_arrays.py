@@ -45,7 +45,7 @@ __all__ = ["RankArray", "watch_numbers", "own_array", "read_only"]
 _WHO = []       # while a World runs: a function giving the calling thread's rank (None: none)
 
 
-def current_rank():
+def current_rank(*, _WHO=_WHO):
     """The calling thread's rank while a World runs, else None."""
     return _WHO[-1]() if _WHO else None
 
@@ -250,7 +250,7 @@ class _Ufunc:
 _MADE = {}      # (module, name) -> (the function, its stand-in): made once, installed per run
 
 
-def _stand_in(module, name, f):
+def _stand_in(module, name, f, *, _MADE=_MADE):
     made = _MADE.get((module, name))
     if made is None or made[0] is not f:
         made = _MADE[(module, name)] = f, (_Ufunc(f) if isinstance(f, np.ufunc) else _watched(
@@ -259,7 +259,7 @@ def _stand_in(module, name, f):
 
 
 @contextlib.contextmanager
-def watch_numbers(rank_of):
+def watch_numbers(rank_of, *, _WHO=_WHO):
     """While active: `rank_of()` names the calling thread's rank (None: not a rank, or the
     network's own work), and the namespaces above are watched."""
     _WHO.append(rank_of)
@@ -277,3 +277,6 @@ def watch_numbers(rank_of):
             for m, functions in saved.items():
                 for n, f in functions.items():
                     setattr(m, n, f)
+
+
+del _WHO, _MADE

@@ -114,7 +114,7 @@ _DTYPE_TAKERS = [(torch, name) for name in _TORCH] + [(torch.Tensor, name) for n
 _DTYPE_TAKERS = tuple(_DTYPE_TAKERS)
 
 
-def shadow(fn):
+def shadow(fn, *, _PATCHED=_PATCHED, _ACTIVE=_ACTIVE):
     """While shadowing() is active: the stand-ins in the globals `fn` was defined in (not the
     course's or torch's, nor a name the module binds to something else than the builtin)."""
     if not _ACTIVE:
@@ -133,7 +133,7 @@ def shadow(fn):
 
 
 @contextlib.contextmanager
-def shadowing():
+def shadowing(*, _PATCHED=_PATCHED, _ACTIVE=_ACTIVE):
     """For one World run: shadow() installs the stand-ins; they are removed at the end."""
     _ACTIVE.append(True)
     saved = [(owner, name, vars(owner).get(name, _MISSING)) for owner, name in _DTYPE_TAKERS]
@@ -169,3 +169,6 @@ def shadowing():
             "your function's module globals were given a key that is not a str while the ranks "
             "ran: the check looks names up there after they end, which would run that key's "
             "code. Bind only names in your module")
+
+
+del _PATCHED, _ACTIVE

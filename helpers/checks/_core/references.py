@@ -47,7 +47,10 @@ _PACKAGE = __name__.split(".checks.")[0]        # "helpers" (or the fresh copy's
 _COURSE = frozenset({_PACKAGE, "helpers"})      # the fresh copy guards the notebook's helpers
 _FACADE = importlib.import_module(_PACKAGE)     # bound now: never looked up in sys.modules later
 _HARNESS_MODULES = ("torch._subclasses", "torch.utils._python_dispatch", "torch.overrides")
-_CODE_KEYS = {}   # id(code) -> (code, code_key): found by identity (hashing a code reads it all)
+# id(code) -> (code, code_key): found by identity (hashing a code reads it all); a default
+# argument of code_key, no module attribute: an entry put there would give the reader's code the
+# key of the course's own answer (a block's guard.py and stubs.py judge by it)
+_CODE_KEYS = {}
 _TYPE_MODULE = type.__dict__["__module__"].__get__
 _TYPE_QUALNAME = type.__dict__["__qualname__"].__get__
 # the harness's code, which an answer may not consult; any other object of its was made by a
@@ -68,7 +71,7 @@ class Reference:
         return f"helpers.{self.name}"
 
 
-def code_key(code):
+def code_key(code, _CODE_KEYS=_CODE_KEYS):
     """What a code object is, not where it was defined: a hash of its bytecode, the names and
     constants it uses and its arguments, nested code included. Left out: file, line, name, the
     docstring and the names of local variables (the bytecode refers to locals by position), so
@@ -89,6 +92,9 @@ def code_key(code):
         _CODE_KEYS.clear()
     _CODE_KEYS[id(code)] = hit = (code, hashlib.sha1(text.encode()).hexdigest())
     return hit[1]
+
+
+del _CODE_KEYS
 
 
 def identity(obj):

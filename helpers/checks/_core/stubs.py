@@ -5,6 +5,7 @@ with them, and an answer that puts their code back fails (an audit hook refuses 
 block's end verifies it). Used through references.blocked.
 """
 import contextlib
+import operator
 import os
 import sys
 import threading
@@ -22,15 +23,21 @@ __all__ = ["blocked"]
 
 # --- while the answer runs ----------------------------------------------------------------------
 _LOCK = threading.RLock()
-_ACTIVE = {"depth": 0, "patched": [], "used": [], "swapping": False,   # shared by a run's ranks
-           "writing": None}
-_SWAPPED = {}      # stub key -> [function, original code, stub code, holders, ref, exercise]
-_WRITES = [0]      # functions' code written since import, but the harness's own swaps
+# The blocks' state, shared by a run's ranks: handed to the functions below as a default argument
+# (`_s`), then deleted as a module attribute, so code of the reader's that reached this module by a
+# name built at run time cannot put the reader's code where the saved original is (the harness
+# would write it into the course's function when the block ends) or switch the audit hook's
+# refusal off (guard.py refuses reading a harness function's defaults while an answer runs).
+# "swapped": stub key -> (function, original code, stub code, ref, exercise), never changed in
+# place; "holders": stub key -> how many blocks hold it; "writes": functions' code written
+# since import, but the harness's own swaps.
+_STATE = {"depth": 0, "patched": [], "used": [], "swapping": False, "writing": None,
+          "swapped": {}, "holders": {}, "writes": 0}
 
 
-def _stub(ref, exercise):
+def _stub(ref, exercise, _s=_STATE):
     def unavailable(*args, **kwargs):
-        _ACTIVE["used"].append(ref)
+        _s["used"].append(ref)
         raise ReferenceUsed(_message(ref, exercise))
     unavailable.__name__ = unavailable.__qualname__ = ref.name.split(".")[-1]
     return unavailable
@@ -54,20 +61,20 @@ def _checks_calling():
     return checks_calling(sys._getframe(3), bare=False)   # <- _hit <- the stub <- its caller
 
 
-def _hit(key, args, kwargs):
+def _hit(key, args, kwargs, _s=_STATE):
     """A call of a blocked reference, bound however early: refused from the answer's code (and
     from threads it reaches), run as itself when the check's own code computes with it."""
-    entry = _SWAPPED.get(key)
+    entry = _s["swapped"].get(key)
     if entry is None:
         raise ReferenceUsed("the course's own answer is unavailable while the check runs")
-    fn, original, _, _, ref, exercise = entry
+    fn, original, _, ref, exercise = entry
     if _checks_calling():
         with harness_busy():            # the check's own copy: not the answer's (guard.py)
             again = types.FunctionType(original, fn.__globals__, fn.__name__, fn.__defaults__,
                                        fn.__closure__)
         again.__kwdefaults__ = fn.__kwdefaults__
         return again(*args, **kwargs)
-    _ACTIVE["used"].append(ref)
+    _s["used"].append(ref)
     raise ReferenceUsed(_message(ref, exercise))
 
 
@@ -82,47 +89,54 @@ def _functions(value):
     return seen
 
 
-def _swap(fn, ref, exercise, mine):
+def _hold(key, entry, mine, first, _s=_STATE):
+    """One more block holds `key`; the block keeps (key, the entry as it saw it, whether it made
+    it) in its own frame, which no code of the reader's reaches (guard.py refuses frames)."""
+    _s["holders"][key] = _s["holders"].get(key, 0) + 1
+    mine.append((key, entry, first))
+
+
+def _swap(fn, ref, exercise, mine, _s=_STATE):
     """Replace `fn`'s code by a stub (every binding of `fn` reaches it), counted per holder."""
-    for key, entry in _SWAPPED.items():
+    swapped = _s["swapped"]
+    for key, entry in swapped.items():
         if entry[0] is fn:
-            entry[3] += 1
-            mine.append(key)
+            _hold(key, entry, mine, False)
             return
-    key = f"{id(fn)}:{len(_SWAPPED)}:{ref.name}"
+    key = f"{id(fn)}:{len(swapped)}:{ref.name}"
     stub = _stub_code(len(fn.__code__.co_freevars), key)
-    _SWAPPED[key] = [fn, fn.__code__, stub, 1, ref, exercise]
+    swapped[key] = entry = (fn, fn.__code__, stub, ref, exercise)
     _write_code(fn, stub)
-    mine.append(key)
+    _hold(key, entry, mine, True)
 
 
-def _write_code(fn, code):
+def _write_code(fn, code, _s=_STATE):
     """The harness's own write of a blocked function's code (not counted as a code written)."""
-    _ACTIVE["swapping"] = True
-    _ACTIVE["writing"] = (fn, code)
+    _s["swapping"] = True
+    _s["writing"] = (fn, code)
     try:
         fn.__code__ = code
     finally:
-        _ACTIVE["swapping"] = False
-        _ACTIVE["writing"] = None
+        _s["swapping"] = False
+        _s["writing"] = None
 
 
-def _code_writes():
+def _code_writes(_s=_STATE):
     """How many times a function's code was written, other than by the harness's swaps."""
-    return _WRITES[0]
+    return _s["writes"]
 
 
-def _swapped():
+def _swapped(_s=_STATE):
     """{id(function): its entry} of the functions stubbed now."""
-    return {id(entry[0]): entry for entry in _SWAPPED.values()}
+    return {id(entry[0]): entry for entry in _s["swapped"].values()}
 
 
-def _patch(refs, exercise, mine):
+def _patch(refs, exercise, mine, _s=_STATE):
     keys = {ref.key: ref for ref in refs}
-    for key, entry in list(_SWAPPED.items()):   # stubbed already (another rank's block, an
-        if entry[4].key in keys:                # outer one): counted, so that the first block
-            entry[3] += 1                       # out leaves it stubbed for the others (its
-            mine.append(key)                    # code is the stub's: the walk finds it no more)
+    for key, entry in list(_s["swapped"].items()):   # stubbed already (another rank's block,
+        if entry[3].key in keys:                # an outer one): counted, so that the first block
+            _hold(key, entry, mine, False)      # out leaves it stubbed for the others (its
+                                                # code is the stub's: the walk finds it no more)
     known = {}      # id(value) -> its reference or None, for the objects bound in several modules
 
     def visit(module, attr, value):
@@ -141,8 +155,8 @@ def _patch(refs, exercise, mine):
             known.clear()          # a stubbed function changes the identity of its wrappers
         for fn in inner:
             _swap(fn, ref, exercise, mine)
-        if not inner and _ACTIVE["depth"] == 0:   # not Python code: the name alone
-            _ACTIVE["patched"].append((module, attr, value))
+        if not inner and _s["depth"] == 0:   # not Python code: the name alone
+            _s["patched"].append((module, attr, value))
             setattr(module, attr, _stub(ref, exercise))
         return bool(inner)
 
@@ -160,39 +174,46 @@ def _patch(refs, exercise, mine):
                 _swap(fn, ref, exercise, mine)
 
 
-def _restore(mine):
-    """Put back the code of the functions this block stubbed; the names of the stubs that were
-    replaced while the answer ran (restored by the answer)."""
+def _restore(mine, _s=_STATE):
+    """Put back the code of the functions this block stubbed; the references whose stub was
+    replaced while the answer ran (restored by the answer), or whose entry is not the one the
+    block kept (another original put there: never written into the course's function)."""
     tampered = []
-    for key in mine:
-        entry = _SWAPPED[key]
-        fn, original, stub, _, ref, _ = entry
-        entry[3] -= 1
-        if entry[3] == 0:
+    swapped, holders = _s["swapped"], _s["holders"]
+    for key, kept, first in mine:
+        fn, original, stub, ref, _ = kept
+        entry = swapped.get(key)
+        if entry is not kept:
+            tampered.append(ref)
+            if first or entry is None:      # the block that made it holds the saved original
+                swapped[key] = entry = kept
+        holders[key] = holders.get(key, 1) - 1
+        if holders[key] <= 0:
             if fn.__code__ is not stub:
                 tampered.append(ref)
-            _write_code(fn, original)
-            del _SWAPPED[key]
+            if entry[0] is fn and entry[2] is stub:
+                _write_code(fn, (kept if first else entry)[1])
+            del swapped[key], holders[key]
     return tampered
 
 
-def _code_written(event, args):
+def _code_written(event, args, _s=_STATE):
     """Audit hook: a blocked reference's code replaced while the check runs, other than by
     the check, is refused (and remembered: the check fails). Every function's code written,
     but by the harness's own swaps, is counted (bindings.py reads its kept walks again)."""
     if event != "object.__setattr__":
         return
-    writing = _ACTIVE["writing"]    # read once: another thread's swap may end meanwhile
+    writing = _s["writing"]    # read once: another thread's swap may end meanwhile
     if len(args) >= 3 and args[1] == "__code__" and not (
             writing is not None and args[0] is writing[0] and args[2] is writing[1]):
-        _WRITES[0] += 1             # any other write: bindings.py's kept walks read it again
-    if not _SWAPPED or _ACTIVE["swapping"] or len(args) < 2 or args[1] != "__code__":
+        _s["writes"] += 1           # any other write: bindings.py's kept walks read it again
+    if not _s["swapped"] or _s["swapping"] or len(args) < 2 or args[1] != "__code__":
         return
     # one copy of the entries, read once: another rank's block may end (and delete its entry,
     # under _LOCK) between two reads
-    ref = next((e[4] for e in list(_SWAPPED.values()) if e[0] is args[0]), None)
+    ref = next((e[3] for e in list(_s["swapped"].values()) if e[0] is args[0]), None)
     if ref is not None:
-        _ACTIVE["used"].append(ref)
+        _s["used"].append(ref)
         raise ReferenceUsed(f"your code rewrote the code of {ref} (the course's own answer) "
                             "while the check ran: it stays unavailable")
 
@@ -245,7 +266,7 @@ _one_hook()
 
 
 @contextlib.contextmanager
-def blocked(refs, exercise):
+def blocked(refs, exercise, _s=_STATE):
     """Replace the code of every reference (the function objects themselves, so a binding made
     before the check ran is stubbed too) by a stub that raises ReferenceUsed while the block
     runs; fail afterwards if the answer called one (even if it caught the error) or put the
@@ -254,23 +275,28 @@ def blocked(refs, exercise):
     if not refs:
         yield
         return
-    mine = []
+    mine = []       # (key, entry, made here): in this frame, where no reader's code reaches
     with _LOCK, harness_busy():
-        if _ACTIVE["depth"] == 0:
-            _ACTIVE["used"] = []
+        if _s["depth"] == 0:
+            _s["used"] = []
         _patch(refs, exercise, mine)
-        _ACTIVE["depth"] += 1
+        _s["depth"] += 1
+        names = tuple(_s["patched"]) if _s["depth"] == 1 else ()   # kept here too
     try:
         yield
     finally:
         with _LOCK, harness_busy():
-            _ACTIVE["depth"] -= 1
+            _s["depth"] -= 1
             tampered = _restore(mine)
-            used = list(_ACTIVE["used"]) + tampered
-            if _ACTIVE["depth"] == 0:
-                for owner, attr, value in reversed(_ACTIVE["patched"]):
+            now = _s["patched"]         # the names stubbed, as this block made them?
+            if names and (len(now) != len(names) or not all(map(operator.is_, now, names))):
+                tampered.append(refs[0])                # another binding to "put back"
+                _s["patched"] = list(names)
+            used = list(_s["used"]) + tampered
+            if _s["depth"] == 0:
+                for owner, attr, value in reversed(_s["patched"]):
                     setattr(owner, attr, value)
-                _ACTIVE["patched"] = []
+                _s["patched"] = []
     if tampered:
         raise ReferenceUsed(f"the code of {tampered[0]} (the course's own answer) was put back "
                             f"while the check ran: write {exercise} yourself")
@@ -303,3 +329,6 @@ def codes_routed(codes):
         with _LOCK, harness_busy():
             for fn, code in codes.items():
                 _write_code(fn, code)
+
+
+del _STATE

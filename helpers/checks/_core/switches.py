@@ -90,7 +90,7 @@ def _make_named():
 _named = _make_named()
 
 
-def guard_switches():
+def guard_switches(*, _PATCHED=_PATCHED):
     """Put the guarded switches in place of the originals, in every loaded torch module (each
     module's names looked up by the switches' names: a dict view's `&` with the small set, read
     again only for a module changed since: `_named`)."""
@@ -107,7 +107,10 @@ def guard_switches():
             setattr(module, name, originals[id(value)])
 
 
-def restore_switches():
+def restore_switches(*, _PATCHED=_PATCHED):
     for module, name, value in reversed(_PATCHED):
         setattr(module, name, value)
     _PATCHED.clear()
+
+
+del _PATCHED
