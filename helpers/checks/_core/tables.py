@@ -26,7 +26,8 @@ READ_ONLY = (
     ("_core.waits", "_COMM_FIX"), ("_core.whose", "_FROZEN"), ("costs", "OPTIMIZER_STATE_BYTES"),
     ("dataparallel", "_CUDA_ONLY"), ("dataparallel", "_OWNERS"), ("dataparallel", "_ORIGINALS"),
     ("tensor_parallel_dist", "_ONE"), ("tensor_parallel_dist", "_REBUILDS"),
-    ("tensor_parallel_dist", "_LOGITS"), ("zero", "_NOT_RS"), ("_core.groups", "_OUTSIDE"))
+    ("tensor_parallel_dist", "_LOGITS"), ("zero", "_NOT_RS"), ("_core.groups", "_OUTSIDE"),
+    ("_core.stream_races", "_READ_OUT"))
 # tables an import adds to (torch registers a flop formula, a check module registers its checks):
 # an entry added is kept, one replaced or removed is a change
 _GROWS = frozenset({("_core.observe", "_FLOPS"), ("_core.declare", "REGISTRY")})
