@@ -207,3 +207,26 @@ def test_every_mutable_module_global_of_the_harness_is_compared_or_listed():
     stale = [(m, n) for m, n in (*tables.READ_ONLY, *tables.LIVE)
              if (m, n) not in bound and f"helpers.checks.{m}" in sys.modules]
     assert not stale, f"listed, but no such mutable global: {stale}"
+
+
+def _dp_average_asking_signatures(grads, comm):
+    """A right answer that asks torch's signatures of the calls it makes (a version check)."""
+    import inspect
+
+    import torch.distributed as dist
+    local = "use_local_synchronization" in inspect.signature(dist.new_group).parameters
+    kw = {"async_op": False} if "async_op" in inspect.signature(dist.all_reduce).parameters \
+        else {}
+    world, rank, tp = dist.get_world_size(), dist.get_rank(), dist.get_world_size() // comm.world
+    mine = [r for r in range(world) if r % tp == rank % tp]
+    group = dist.new_group(mine, use_local_synchronization=True) if local else None
+    for g in grads:
+        dist.all_reduce(g, group=group, **kw)
+        g /= comm.world
+
+
+def test_a_stand_in_s_signature_is_torch_s_and_readable():
+    """inspect.signature of a played torch call (a right answer's version check) reads torch's
+    parameters, not the harness's state: it passes, and sees use_local_synchronization."""
+    result = quiet(helpers.checks.check_dp_average, _dp_average_asking_signatures)
+    assert result.passed, result.message

@@ -102,7 +102,7 @@ def check_sampler_shard(fn):
                     got = _indices(fn(n, r, w, epoch, seed), what)
             finally:
                 DistributedSampler.__iter__ = saved
-            moved = not torch.equal(_GLOBAL_RNG.get_state(), state)
+            moved = not tensor_equal(_GLOBAL_RNG.get_state(), state)
             _GLOBAL_RNG.set_state(state)
             expect(not moved, f"{what} changed torch's global random state (torch.manual_seed, "
                    "or a draw from the default generator): training's dropout and shuffling "

@@ -16,6 +16,7 @@ grader's test cell fails.
 """
 import dis
 import functools
+import inspect
 import os
 import pathlib
 import sys
@@ -310,6 +311,10 @@ def stand_in(original):
     def decorate(fn):
         fn = functools.wraps(original)(fn)
         del fn.__wrapped__
+        try:                # inspect.signature reads the original's: a right answer may ask it
+            fn.__signature__ = inspect.signature(original)
+        except (TypeError, ValueError):     # a C function that keeps no signature
+            pass
         space = getattr(original, "__dict__", None)
         inner = space.get("__wrapped__") if type(space) is dict and str_keys(space) else None
         if inner is not None:
