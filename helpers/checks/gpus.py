@@ -384,4 +384,3 @@ def check_link_between(fn):
                               f"{shown[i]}, cuda:{j} is GPU {shown[j]}){hint}")
             if spec is not None and len(shown) < len(spec.split(",")):
                 raises_beyond(fn, topo, spec, shown)
-
