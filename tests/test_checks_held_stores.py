@@ -18,22 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from check_cases import other, parametrize_cases, shortcut
+from test_checks_held_hooks import KEPT, _average, _hook_each
 
 import helpers.checks  # noqa: F401  (imported first: the stores below are made after it)
-
-KEPT = "clear the pending list in finish() every step"
-
-
-def _hook_each(model, hook):
-    for p in model.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(hook)
-
-
-def _average(model):
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.div_(dist.get_world_size())
 
 
 def _keyed_by_handle(model, pending, cleared):
